@@ -1,0 +1,1 @@
+"""Pure cost models: specs in, numbers out. No I/O, no torch."""

@@ -1,0 +1,129 @@
+"""Activation memory: bytes saved for backward per transformer layer and per stage.
+
+The per-layer terms are those of Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", §4.1–4.2 (Megatron-LM's layer), with
+hidden size h, heads a, sequence s, micro-batch b, tensor parallel t:
+
+- no parallelism:            sbh·(34 + 5as/h)
+- TP:                        sbh·(10 + 24/t + 5as/(ht))
+- TP + sequence parallelism: sbh·(34/t + 5as/(ht))
+- TP + SP + selective:       34·sbh/t
+- full recompute:            2·sbh (layer input only; /t with SP)
+
+generalised, term by term, to grouped-query attention (K and V of width kv),
+any FFN width f, SwiGLU (Megatron's fused ``bias_swiglu`` saves its 2f-wide input,
+``megatron/core/fusions/fused_bias_swiglu.py``), flash attention (no s×s tensor is
+saved: Dao et al. 2022 §3.1), no dropout (no masks), fp32 activations (4 bytes)
+and context parallelism (each rank holds s/cp of the sequence).
+
+Small per-token statistics (norm mean/rstd, flash-attention log-sum-exp: under
+0.5 % for head dims of 64 and more) are not counted, as in the paper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .specs import ModelSpec, TrainingSpec, Layout
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one GPU saves for the backward pass of one layer and one micro-batch."""
+
+    norm_inputs: float  # inputs of the two norms
+    qkv_input: float  # output of the first norm, input of the QKV GEMM
+    qkv: float  # Q, K and V, inputs of the attention core
+    attention_core: float  # softmax output, dropout mask and output (s×s per head); 0 with flash
+    projection_input: float  # attention context, input of the output projection
+    mlp_input: float  # output of the second norm, input of the first MLP GEMM
+    mlp_hidden: float  # GeLU input and output, or SwiGLU input and down-projection input
+    dropout_masks: float  # one byte per element after attention and after the MLP
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+def activation_bytes(precision: str) -> int:
+    """Bytes per saved activation element: 4 in fp32, else 2.
+
+    fp8 recipes (Transformer Engine) run norms, softmax and residuals in bf16 and
+    keep the bf16 inputs of the GEMMs; we count every saved tensor at 2 bytes.
+    """
+    return 4 if precision == "fp32" else 2
+
+
+def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout) -> LayerActivations:
+    """Saved-for-backward bytes of one layer with no recomputation (Korthikanti §4.1, generalised)."""
+    p = activation_bytes(training.precision)
+    t = layout.tp
+    s = training.seq_len / layout.cp
+    b = layout.micro_batch_size
+    h, a, f = model.hidden_size, model.num_attention_heads, model.ffn_hidden_size
+    # With tp above the kv-head count Megatron replicates kv heads: each rank keeps one.
+    kv_per_rank = max(model.num_kv_heads // t, 1) * model.head_dim
+    # Sequence parallelism splits the tensors outside the tensor-parallel regions.
+    sp = t if layout.sequence_parallel else 1
+    mask = 1 if model.dropout > 0 else 0
+
+    if training.flash_attention:
+        core = 0.0
+    else:
+        # softmax output (p bytes), dropout mask (1 byte) and dropout output (p bytes) per score;
+        # without dropout the softmax output feeds the value GEMM directly.
+        per_score = p + mask * (1 + p)
+        core = per_score * (a / t) * s * s * b
+
+    mlp_widths = 3 if model.activation == "swiglu" else 2
+    return LayerActivations(
+        norm_inputs=2 * p * s * b * h / sp,
+        qkv_input=p * s * b * h / sp,
+        qkv=p * s * b * (h / t + 2 * kv_per_rank),
+        attention_core=core,
+        projection_input=p * s * b * h / t,
+        mlp_input=p * s * b * h / sp,
+        mlp_hidden=mlp_widths * p * s * b * f / t,
+        dropout_masks=2 * mask * s * b * h / sp,
+    )
+
+
+def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
+                           recomputed: bool = False) -> float:
+    """Bytes one layer keeps per micro-batch under the layout's recomputation.
+
+    - ``none``: everything in :func:`layer_activations`.
+    - ``selective``: the attention core is recomputed (Korthikanti §5), so its
+      s×s tensors are not kept.
+    - ``full`` (for a layer that is recomputed): only the layer's input,
+      2·sbh (divided by t under sequence parallelism).
+    """
+    full = layer_activations(model, training, layout)
+    if layout.recompute == "full" and recomputed:
+        p = activation_bytes(training.precision)
+        sp = layout.tp if layout.sequence_parallel else 1
+        return p * (training.seq_len / layout.cp) * layout.micro_batch_size * model.hidden_size / sp
+    if layout.recompute == "selective":
+        return full.total - full.attention_core
+    return full.total
+
+
+def embedding_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """First stage: the dropout mask after the input embedding (Korthikanti §4.3); 0 without dropout."""
+    if model.dropout == 0:
+        return 0.0
+    sp = layout.tp if layout.sequence_parallel else 1
+    return (training.seq_len / layout.cp) * layout.micro_batch_size * model.hidden_size / sp
+
+
+def head_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """Last stage: final-norm input, LM-head input and the fp32 logits the loss keeps.
+
+    Korthikanti §4.3 and Megatron's ``vocab_parallel_cross_entropy``, which casts the
+    vocab-parallel logits to fp32 and keeps their softmax for backward: 4·s·b·V/t.
+    """
+    p = activation_bytes(training.precision)
+    s = training.seq_len / layout.cp
+    b = layout.micro_batch_size
+    sp = layout.tp if layout.sequence_parallel else 1
+    return 2 * p * s * b * model.hidden_size / sp + 4 * s * b * model.vocab_size / layout.tp

@@ -1,0 +1,105 @@
+"""Per-GPU memory of every pipeline stage, by term; the heaviest stage is the verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .activations import (embedding_activation_bytes, head_activation_bytes,
+                          layer_activation_bytes)
+from .model_states import sharded_state_bytes, state_bytes
+from .parameters import attention_parameters, mlp_parameters, stage_parameters
+from .pipeline import in_flight_chunks
+from .specs import Job
+
+TERMS = ("parameters", "gradients", "optimizer_states", "activations", "other")
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: int
+    parameters: float
+    gradients: float
+    optimizer_states: float
+    activations: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        return sum(self.by_term().values())
+
+    def by_term(self) -> dict[str, float]:
+        return {term: getattr(self, term) for term in TERMS}
+
+
+def zero_shards(job: Job) -> int:
+    """Ranks that hold the same weights and so share the ZeRO shards: dp·cp.
+
+    Megatron reduces gradients and shards its distributed optimizer over the
+    data-parallel group with context parallelism folded in
+    (``parallel_state.get_data_parallel_group(with_context_parallel=True)``).
+    """
+    return job.layout.dp * job.layout.cp
+
+
+def stage_activation_bytes(job: Job, stage: int) -> float:
+    """Activations stage ``stage`` holds at its peak under the pipeline schedule.
+
+    Layers recomputed with ``full`` keep only their input; with
+    ``recompute_num_layers`` = N, the first N layers of the stage are recomputed
+    (Megatron's ``--recompute-method block``). While a recomputed layer runs its
+    backward, its full activations are live once more: one layer's worth is added.
+    """
+    lay, model, training = job.layout, job.model, job.training
+    layers = job.stage_layers[stage]
+    first, last = stage == 0, stage == lay.pp - 1
+    chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
+    layers_per_chunk = layers / lay.vpp
+
+    recomputed = 0
+    if lay.recompute == "full":
+        per_chunk = layers_per_chunk if lay.recompute_num_layers is None else lay.recompute_num_layers / lay.vpp
+        recomputed = min(per_chunk, layers_per_chunk)
+    kept = layer_activation_bytes(model, training, lay, recomputed=False)
+    checkpointed = layer_activation_bytes(model, training, lay, recomputed=True)
+    per_chunk_bytes = recomputed * checkpointed + (layers_per_chunk - recomputed) * kept
+
+    total = chunks * per_chunk_bytes
+    if recomputed:
+        total += kept
+    if first:
+        total += chunks * embedding_activation_bytes(model, training, lay)
+    if last:
+        total += head_activation_bytes(model, training, lay)
+    return total
+
+
+def zero3_gather_bytes(job: Job) -> float:
+    """ZeRO-3 materialises whole layers' weights while it runs them: the current one and
+    one prefetched (DeepSpeed ``stage3_prefetch_bucket_size``, FSDP's forward prefetch)."""
+    if job.layout.zero_stage < 3:
+        return 0.0
+    per_layer = (attention_parameters(job.model) + mlp_parameters(job.model)) / job.layout.tp
+    return 2 * per_layer * state_bytes(job.training).weights
+
+
+def stage_memory(job: Job, stage: int) -> StageMemory:
+    lay = job.layout
+    params = stage_parameters(job.model, job.stage_layers[stage], first=stage == 0,
+                              last=stage == lay.pp - 1, tp=lay.tp)
+    per_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, zero_shards(job))
+    activations = stage_activation_bytes(job, stage)
+    o = job.overheads
+    other = o.cuda_context + o.comm_buffers + o.fragmentation * activations + zero3_gather_bytes(job)
+    return StageMemory(
+        stage=stage,
+        parameters=params * per_param.weights,
+        gradients=params * per_param.gradients,
+        optimizer_states=params * per_param.optimizer,
+        activations=activations,
+        other=other,
+    )
+
+
+def peak_stage_memory(job: Job) -> StageMemory:
+    """The stage whose GPUs need the most memory: it decides whether the layout fits."""
+    return max((stage_memory(job, i) for i in range(job.layout.pp)), key=lambda m: m.total)

@@ -1,0 +1,56 @@
+"""Bytes of model states per parameter, and how ZeRO shards them.
+
+Rajbhandari et al. 2020 (ZeRO, §3 and §5): mixed-precision Adam keeps 2 bytes of
+fp16/bf16 weights, 2 bytes of gradients and K = 12 bytes of optimizer state (fp32
+master weights, momentum and variance) per parameter: (2 + 2 + K)·Ψ = 16Ψ.
+ZeRO-1 shards the optimizer state over the Nd data-parallel ranks, ZeRO-2 the
+gradients too, ZeRO-3 the weights too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .specs import TrainingSpec
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter held for weights, gradients and optimizer state, unsharded."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+def state_bytes(training: TrainingSpec) -> StateBytes:
+    """Per-parameter model-state bytes for the training precision and optimizer.
+
+    - fp32: 4-byte weights and gradients; Adam's two 4-byte moments, SGD's one momentum.
+    - fp16/bf16 (mixed precision, Micikevicius et al. 2018): 2-byte weights and
+      gradients, plus a 4-byte fp32 master copy kept with the optimizer state
+      (ZeRO's K = 12 for Adam; 8 for SGD with momentum).
+    - fp8 (Transformer Engine): weights are kept in bf16 and cast to fp8 per GEMM,
+      so the states are those of bf16.
+    """
+    moments = 1 if training.optimizer == "sgd" else 2
+    if training.precision == "fp32":
+        return StateBytes(weights=4, gradients=4, optimizer=4 * moments)
+    return StateBytes(weights=2, gradients=2, optimizer=4 + 4 * moments)
+
+
+def sharded_state_bytes(per_param: StateBytes, zero_stage: int, shards: int) -> StateBytes:
+    """Per-parameter bytes on one rank after ZeRO stage ``zero_stage`` over ``shards`` ranks.
+
+    ZeRO paper §5.1–5.3: stage 1 divides the optimizer state by Nd, stage 2 also
+    the gradients, stage 3 also the weights.
+    """
+    return StateBytes(
+        weights=per_param.weights / shards if zero_stage >= 3 else per_param.weights,
+        gradients=per_param.gradients / shards if zero_stage >= 2 else per_param.gradients,
+        optimizer=per_param.optimizer / shards if zero_stage >= 1 else per_param.optimizer,
+    )

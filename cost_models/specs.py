@@ -1,0 +1,316 @@
+"""Specs: the validated, immutable inputs of every cost model.
+
+All quantities are in base SI units: bytes, bytes per second, FLOP per second,
+seconds. Validation lives here, in one place (as Megatron-core's
+``TransformerConfig.__post_init__`` does): a spec that exists is a spec the
+cost models can use. Each failure raises :class:`SpecError` naming the field,
+so a caller that knows where the value came from (a case file) can say so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+ACTIVATIONS = ("gelu", "swiglu")
+PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+RECOMPUTE = ("none", "selective", "full")
+
+
+class SpecError(ValueError):
+    """A spec field holds a value the cost models cannot use.
+
+    ``key`` is the field's name within its spec (``"tp"``, ``"hidden_size"``);
+    ``section`` is the case-file section the spec corresponds to.
+    """
+
+    def __init__(self, section: str, key: str, message: str):
+        super().__init__(f"{section}.{key}: {message}")
+        self.section = section
+        self.key = key
+        self.message = message
+
+
+def _positive_int(section: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(section, name, f"expected a positive integer, got {value!r}")
+
+
+def _positive_float(section: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(section, name, f"expected a positive number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise SpecError(section, name, f"expected a positive finite number, got {value!r}")
+
+
+def _choice(section: str, name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpecError(section, name, f"expected one of {', '.join(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A dense decoder-only transformer (GPT / Llama family)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int
+    num_kv_heads: int = 0  # 0: same as num_attention_heads (multi-head attention)
+    ffn_hidden_size: int = 0  # 0: 4 * hidden_size
+    activation: str = "gelu"
+    tied_embeddings: bool = False
+    # Dropout keeps a one-byte mask per dropped element (Korthikanti et al. 2022, §4.1);
+    # modern Llama-style training runs with none.
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        s = "model"
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
+            _positive_int(s, name, getattr(self, name))
+        if self.num_kv_heads == 0:
+            object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
+        if self.ffn_hidden_size == 0:
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        _positive_int(s, "num_kv_heads", self.num_kv_heads)
+        _positive_int(s, "ffn_hidden_size", self.ffn_hidden_size)
+        _choice(s, "activation", self.activation, ACTIVATIONS)
+        if self.hidden_size % self.num_attention_heads:
+            raise SpecError(s, "num_attention_heads",
+                            f"must divide hidden_size {self.hidden_size}, got {self.num_attention_heads}")
+        if self.num_attention_heads % self.num_kv_heads:
+            raise SpecError(s, "num_kv_heads",
+                            f"must divide num_attention_heads {self.num_attention_heads}, got {self.num_kv_heads}")
+        if not isinstance(self.tied_embeddings, bool):
+            raise SpecError(s, "tied_embeddings", f"expected true or false, got {self.tied_embeddings!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
+                or not 0.0 <= self.dropout < 1.0:
+            raise SpecError(s, "dropout", f"expected a probability in [0, 1), got {self.dropout!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the K (or V) projection: kv heads × head dim (GQA)."""
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator, with datasheet (or calibrated) figures."""
+
+    name: str
+    memory_bytes: float
+    peak_flops: Mapping[str, float]  # dense, per precision: fp32, tf32, fp16, bf16, fp8
+    hbm_bandwidth: float  # bytes/s
+    intra_node_bandwidth: float  # bytes/s per GPU, one direction
+    inter_node_bandwidth: float  # bytes/s per GPU, one direction
+    gpus_per_node: int
+    nvlink_domain: int  # GPUs that share one NVLink/NVSwitch domain
+
+    def __post_init__(self) -> None:
+        s = "cluster.gpu"
+        for name in ("memory_bytes", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth"):
+            _positive_float(s, name, getattr(self, name))
+        _positive_int(s, "gpus_per_node", self.gpus_per_node)
+        _positive_int(s, "nvlink_domain", self.nvlink_domain)
+        for precision, flops in self.peak_flops.items():
+            _positive_float(s, f"peak_tflops.{precision}", flops)
+
+    def peak(self, precision: str) -> float:
+        """Dense peak FLOP/s for GEMMs in ``precision`` (fp32 GEMMs use TF32 where the GPU has it)."""
+        key = "tf32" if precision == "fp32" and "tf32" in self.peak_flops else precision
+        if key not in self.peak_flops:
+            if precision == "fp8":  # GPUs without fp8 tensor cores run fp8 recipes in bf16
+                return self.peak("bf16")
+            raise SpecError("cluster.gpu", "peak_tflops", f"has no figure for {precision}")
+        return self.peak_flops[key]
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    gpu: GPUSpec
+    num_gpus: int
+
+    def __post_init__(self) -> None:
+        _positive_int("cluster", "num_gpus", self.num_gpus)
+
+    @property
+    def num_nodes(self) -> int:
+        return math.ceil(self.num_gpus / self.gpu.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    global_batch_size: int  # sequences per optimizer step
+    seq_len: int
+    precision: str = "bf16"
+    optimizer: str = "adam"
+    # Flash attention keeps no s×s score matrix for backward (Dao et al. 2022, §3.1).
+    flash_attention: bool = True
+
+    def __post_init__(self) -> None:
+        s = "training"
+        _positive_int(s, "global_batch_size", self.global_batch_size)
+        _positive_int(s, "seq_len", self.seq_len)
+        _choice(s, "precision", self.precision, PRECISIONS)
+        _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
+        if not isinstance(self.flash_attention, bool):
+            raise SpecError(s, "flash_attention", f"expected true or false, got {self.flash_attention!r}")
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Memory that is neither model state nor activations, each a documented default.
+
+    - ``cuda_context``: the CUDA context, cuBLAS/cuDNN workspaces and the NCCL
+      communicator state. PyTorch 2.x on Hopper shows 0.5–1 GiB before the first
+      tensor (PyTorch "CUDA semantics" notes; NCCL user guide, NCCL_BUFFSIZE 4 MiB
+      per channel and peer); we take 1 GiB.
+    - ``comm_buffers``: gradient-reduction buckets and all-gather staging. Megatron's
+      DDP bucket holds 40 M parameters by default and DeepSpeed's reduce bucket
+      5e8 elements; a 2-byte bucket of 40 M elements is 0.08 GB, 5e8 elements 1 GB.
+      We take 0.5 GiB as the middle.
+    - ``fragmentation``: share of the dynamic (activation) memory lost to the caching
+      allocator's rounding and fragmentation; PyTorch's allocator rounds to 512 B
+      blocks inside 2 MiB / 20 MiB segments, observed at 5–15 % for training.
+    """
+
+    cuda_context: float = float(2**30)
+    comm_buffers: float = float(2**29)
+    fragmentation: float = 0.10
+
+    def __post_init__(self) -> None:
+        for name in ("cuda_context", "comm_buffers", "fragmentation"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise SpecError("overheads", name, f"expected a non-negative number, got {value!r}")
+        if self.fragmentation >= 1:
+            raise SpecError("overheads", "fragmentation", f"expected a fraction below 1, got {self.fragmentation!r}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one training job is spread over the cluster (Megatron rank order: tp, cp, dp, pp)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    vpp: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
+    micro_batch_size: int = 1
+    zero_stage: int = 0  # Megatron's distributed optimizer is stage 1
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    recompute_num_layers: Optional[int] = None  # with full: layers per stage recomputed; None = all
+    # Layers held by each pipeline stage; None splits them evenly.
+    stage_layers: Optional[tuple[int, ...]] = None
+
+    def __post_init__(self) -> None:
+        s = "layout"
+        for name in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size"):
+            _positive_int(s, name, getattr(self, name))
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
+            raise SpecError(s, "zero_stage", f"expected 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise SpecError(s, "sequence_parallel", f"expected true or false, got {self.sequence_parallel!r}")
+        _choice(s, "recompute", self.recompute, RECOMPUTE)
+        if self.recompute_num_layers is not None:
+            if isinstance(self.recompute_num_layers, bool) or not isinstance(self.recompute_num_layers, int) \
+                    or self.recompute_num_layers < 0:
+                raise SpecError(s, "recompute_num_layers",
+                                f"expected a non-negative integer, got {self.recompute_num_layers!r}")
+            if self.recompute != "full":
+                raise SpecError(s, "recompute_num_layers", "applies only with recompute: full")
+        if self.sequence_parallel and self.tp == 1:
+            raise SpecError(s, "sequence_parallel", "needs tp > 1")
+        if self.vpp > 1 and self.pp == 1:
+            raise SpecError(s, "vpp", "interleaving needs pp > 1")
+        if self.stage_layers is not None:
+            if len(self.stage_layers) != self.pp:
+                raise SpecError(s, "stage_layers", f"expected {self.pp} entries (one per stage), got {len(self.stage_layers)}")
+            for n in self.stage_layers:
+                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                    raise SpecError(s, "stage_layers", f"expected positive layer counts, got {n!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def with_changes(self, **changes) -> "Layout":
+        from dataclasses import replace
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything the cost models need: what is trained, on what, and how it is laid out.
+
+    Cross-spec rules live in :meth:`__post_init__`, the one place a layout is
+    checked against the model, cluster and batch.
+    """
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    layout: Layout
+    overheads: Overheads = field(default_factory=Overheads)
+
+    def __post_init__(self) -> None:
+        m, c, t, lay = self.model, self.cluster, self.training, self.layout
+        s = "layout"
+        if lay.world_size != c.num_gpus:
+            raise SpecError(s, "dp", f"dp·tp·pp·cp = {lay.dp}·{lay.tp}·{lay.pp}·{lay.cp} = {lay.world_size} "
+                                     f"must equal the cluster's {c.num_gpus} GPUs")
+        if m.num_attention_heads % lay.tp:
+            raise SpecError(s, "tp", f"must divide num_attention_heads {m.num_attention_heads}, got {lay.tp}")
+        if m.num_kv_heads % lay.tp and lay.tp % m.num_kv_heads:
+            raise SpecError(s, "tp", f"must divide or be a multiple of num_kv_heads {m.num_kv_heads}, got {lay.tp}")
+        if m.ffn_hidden_size % lay.tp:
+            raise SpecError(s, "tp", f"must divide ffn_hidden_size {m.ffn_hidden_size}, got {lay.tp}")
+        if lay.cp > 1 and t.seq_len % (2 * lay.cp):
+            raise SpecError(s, "cp", f"seq_len {t.seq_len} must divide by 2·cp = {2 * lay.cp}")
+        if lay.sequence_parallel and t.seq_len % (lay.tp * lay.cp):
+            raise SpecError(s, "sequence_parallel", f"seq_len {t.seq_len} must divide by tp·cp = {lay.tp * lay.cp}")
+        if lay.stage_layers is not None:
+            if sum(lay.stage_layers) != m.num_layers:
+                raise SpecError(s, "stage_layers", f"must sum to num_layers {m.num_layers}, got {sum(lay.stage_layers)}")
+            if lay.vpp > 1 and any(n % lay.vpp for n in lay.stage_layers):
+                raise SpecError(s, "stage_layers", f"each stage's layers must divide by vpp {lay.vpp}")
+        elif m.num_layers % (lay.pp * lay.vpp):
+            raise SpecError(s, "pp", f"num_layers {m.num_layers} must divide by pp·vpp = {lay.pp * lay.vpp} "
+                                     "(or give layout.stage_layers)")
+        if lay.recompute_num_layers is not None and lay.recompute_num_layers > max(self.stage_layers):
+            raise SpecError(s, "recompute_num_layers",
+                            f"at most the {max(self.stage_layers)} layers of a stage, got {lay.recompute_num_layers}")
+        per_step = lay.micro_batch_size * lay.dp
+        if t.global_batch_size % per_step:
+            raise SpecError("training", "global_batch_size",
+                            f"{t.global_batch_size} must divide by micro_batch_size·dp = "
+                            f"{lay.micro_batch_size}·{lay.dp} = {per_step}")
+        if lay.vpp > 1 and self.num_microbatches % lay.pp:
+            raise SpecError(s, "vpp", f"interleaving needs micro-batches per step ({self.num_microbatches}) "
+                                      f"divisible by pp {lay.pp}")
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches each data-parallel rank runs per optimizer step."""
+        return self.training.global_batch_size // (self.layout.micro_batch_size * self.layout.dp)
+
+    @property
+    def num_microbatches(self) -> int:
+        """m in the pipeline formulas: micro-batches through each pipeline per step."""
+        return self.grad_accum
+
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        lay = self.layout
+        if lay.stage_layers is not None:
+            return lay.stage_layers
+        return (self.model.num_layers // lay.pp,) * lay.pp

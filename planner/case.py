@@ -1,0 +1,333 @@
+"""Case files: the one input of the CLI and the Python API.
+
+A case is YAML (``yaml.safe_load`` only) or an equivalent dict with the sections
+``model``, ``cluster``, ``training``, ``layout`` (optional: the planner chooses
+it when absent) and ``overheads`` (optional). The README's case-file reference
+documents every key. Every problem becomes a :class:`CaseError` naming the file,
+the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+from cost_models.specs import (ClusterSpec, GPUSpec, Job, Layout, ModelSpec, Overheads, SpecError,
+                               TrainingSpec)
+
+from .errors import CaseError
+from .hf_config import read_hf_config
+from .presets import closest, gpu_presets, model_presets
+from .units import UnitError, parse_bandwidth, parse_memory
+
+SECTIONS = ("model", "cluster", "training", "layout", "overheads", "search")
+MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
+              "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout")
+GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
+            "gpus_per_node", "nvlink_domain")
+CLUSTER_KEYS = ("gpu", "num_gpus", "nodes", "gpus_per_node", "intra_node_bandwidth",
+                "inter_node_bandwidth", "memory")
+TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention")
+LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
+               "recompute", "recompute_num_layers", "stage_layers")
+OVERHEAD_KEYS = ("cuda_context", "comm_buffers", "fragmentation")
+
+
+@dataclass(frozen=True)
+class Case:
+    """A loaded case: specs plus where they came from (for error messages)."""
+
+    source: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    layout: Optional[Layout]
+    overheads: Overheads = field(default_factory=Overheads)
+    search: dict = field(default_factory=dict)
+
+    def job(self, layout: Optional[Layout] = None) -> Job:
+        """The job for ``layout`` (default: the case's own), checked against model, cluster and batch."""
+        layout = layout or self.layout
+        if layout is None:
+            raise CaseError(self.source, "layout", "missing; `estimate` needs a layout (`plan` chooses one)")
+        with spec_errors(self.source):
+            return Job(self.model, self.cluster, self.training, layout, self.overheads)
+
+
+class spec_errors:
+    """Turns a cost-model :class:`SpecError` into a :class:`CaseError` for ``source``."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if isinstance(error, SpecError):
+            raise CaseError(self.source, f"{error.section}.{error.key}", error.message) from None
+        return False
+
+
+def load_case(case: Any) -> Case:
+    """Load a case from a path or a dict in the case-file schema."""
+    if isinstance(case, dict):
+        return _build(case, "<case>", Path.cwd())
+    if isinstance(case, (str, os.PathLike)):
+        path = Path(case)
+        return _build(read_yaml(path), str(path), path.parent)
+    raise CaseError("<case>", "", f"expected a case-file path or a dict, got {type(case).__name__}")
+
+
+def read_yaml(path: Path) -> Any:
+    """Safe-load YAML: object tags are rejected, never executed."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CaseError(str(path), "", "file not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise CaseError(str(path), "", f"cannot be read ({error.__class__.__name__})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "malformed"
+        raise CaseError(str(path), "", f"expected valid YAML: {problem}{where}") from None
+
+
+# --- small readers that name the key on failure -------------------------------------------
+
+def _mapping(src: str, key: str, value: Any, allowed: tuple[str, ...]) -> dict:
+    if not isinstance(value, dict):
+        raise CaseError(src, key, f"expected a mapping, got {_kind(value)}")
+    for k in value:
+        if k not in allowed:
+            raise CaseError(src, f"{key}.{k}" if key else str(k),
+                            f"unknown key{closest(k, allowed)}; expected one of {', '.join(allowed)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else f"{type(value).__name__} {value!r}"
+
+
+def _int(src: str, key: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CaseError(src, key, f"expected an integer, got {_kind(value)}")
+    if value < minimum:
+        raise CaseError(src, key, f"expected an integer >= {minimum}, got {value}")
+    return value
+
+
+def _number(src: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CaseError(src, key, f"expected a finite number, got {_kind(value)}")
+    return float(value)
+
+
+def _bool(src: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise CaseError(src, key, f"expected true or false, got {_kind(value)}")
+    return value
+
+
+def _str(src: str, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise CaseError(src, key, f"expected a string, got {_kind(value)}")
+    return value
+
+
+def _unit(src: str, key: str, value: Any, parse: Callable[[Any], float]) -> float:
+    try:
+        return parse(value)
+    except UnitError as error:
+        raise CaseError(src, key, str(error)) from None
+
+
+def _required(src: str, section: str, data: dict, key: str) -> Any:
+    if key not in data:
+        raise CaseError(src, f"{section}.{key}", "missing")
+    return data[key]
+
+
+# --- sections ----------------------------------------------------------------------------
+
+def _build(data: Any, src: str, base: Path) -> Case:
+    data = _mapping(src, "", data if data is not None else {}, SECTIONS)
+    for section in ("model", "cluster", "training"):
+        if section not in data:
+            raise CaseError(src, section, "missing section")
+    model = _model(src, data["model"], base)
+    cluster = _cluster(src, data["cluster"])
+    training = _training(src, data["training"])
+    overheads = _overheads(src, data.get("overheads", {}))
+    layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
+    search = data.get("search") or {}
+    if not isinstance(search, dict):
+        raise CaseError(src, "search", f"expected a mapping, got {_kind(search)}")
+    case = Case(src, model, cluster, training, layout, overheads, search)
+    if layout is not None:
+        case.job()  # cross-checks now, so a bad layout is reported at load time
+    return case
+
+
+def _model(src: str, section: Any, base: Path) -> ModelSpec:
+    section = _mapping(src, "model", section, ("preset", "hf_config") + MODEL_KEYS)
+    fields: dict[str, Any] = {}
+    if "preset" in section and "hf_config" in section:
+        raise CaseError(src, "model.hf_config", "give either preset or hf_config, not both")
+    if "preset" in section:
+        name = _str(src, "model.preset", section["preset"])
+        presets = model_presets()
+        if name not in presets:
+            raise CaseError(src, "model.preset", f"unknown model preset {name!r}{closest(name, presets)}; "
+                                                 f"expected one of {', '.join(presets)}")
+        fields = {"name": name, **presets[name]}
+    elif "hf_config" in section:
+        path = Path(_str(src, "model.hf_config", section["hf_config"]))
+        fields = read_hf_config(path if path.is_absolute() else base / path)
+    overrides = {k: v for k, v in section.items() if k not in ("preset", "hf_config")}
+    fields.update(overrides)
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
+        _required(src, "model", fields, key)
+    values: dict[str, Any] = {"name": _str(src, "model.name", fields.get("name", "model"))}
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
+        values[key] = _int(src, f"model.{key}", fields[key])
+    for key in ("num_kv_heads", "ffn_hidden_size"):
+        if key in fields:
+            values[key] = _int(src, f"model.{key}", fields[key])
+    if "activation" in fields:
+        values["activation"] = _str(src, "model.activation", fields["activation"])
+    if "tied_embeddings" in fields:
+        values["tied_embeddings"] = _bool(src, "model.tied_embeddings", fields["tied_embeddings"])
+    if "dropout" in fields:
+        values["dropout"] = _number(src, "model.dropout", fields["dropout"])
+    with spec_errors(src):
+        return ModelSpec(**values)
+
+
+def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
+    """A GPUSpec from a preset entry, or an inline mapping with the same fields."""
+    data = _mapping(src, key, data, GPU_KEYS)
+    for k in GPU_KEYS:
+        _required(src, key, data, k)
+    peaks = _mapping(src, f"{key}.peak_tflops", data["peak_tflops"], ("fp32", "tf32", "fp16", "bf16", "fp8"))
+    with spec_errors(src):
+        return GPUSpec(
+            name=name,
+            memory_bytes=_unit(src, f"{key}.memory", data["memory"], parse_memory),
+            peak_flops={p: _number(src, f"{key}.peak_tflops.{p}", v) * 1e12 for p, v in peaks.items()},
+            hbm_bandwidth=_unit(src, f"{key}.hbm_bandwidth", data["hbm_bandwidth"], parse_bandwidth),
+            intra_node_bandwidth=_unit(src, f"{key}.intra_node_bandwidth", data["intra_node_bandwidth"],
+                                       parse_bandwidth),
+            inter_node_bandwidth=_unit(src, f"{key}.inter_node_bandwidth", data["inter_node_bandwidth"],
+                                       parse_bandwidth),
+            gpus_per_node=_int(src, f"{key}.gpus_per_node", data["gpus_per_node"]),
+            nvlink_domain=_int(src, f"{key}.nvlink_domain", data["nvlink_domain"]),
+        )
+
+
+def _cluster_overrides(src: str, section: dict) -> dict[str, Any]:
+    """GPUSpec fields the cluster section sets over its GPU's (a different NIC, a smaller node)."""
+    overrides: dict[str, Any] = {}
+    if "memory" in section:
+        overrides["memory_bytes"] = _unit(src, "cluster.memory", section["memory"], parse_memory)
+    for k in ("intra_node_bandwidth", "inter_node_bandwidth"):
+        if k in section:
+            overrides[k] = _unit(src, f"cluster.{k}", section[k], parse_bandwidth)
+    if "gpus_per_node" in section:
+        overrides["gpus_per_node"] = _int(src, "cluster.gpus_per_node", section["gpus_per_node"])
+    return overrides
+
+
+def _cluster(src: str, section: Any) -> ClusterSpec:
+    section = _mapping(src, "cluster", section, CLUSTER_KEYS)
+    gpu_entry = _required(src, "cluster", section, "gpu")
+    if isinstance(gpu_entry, str):
+        presets = gpu_presets()
+        if gpu_entry not in presets:
+            raise CaseError(src, "cluster.gpu", f"unknown GPU preset {gpu_entry!r}{closest(gpu_entry, presets)}; "
+                                                f"expected one of {', '.join(presets)}")
+        gpu = gpu_from_mapping(src, "cluster.gpu", gpu_entry, presets[gpu_entry])
+    elif isinstance(gpu_entry, dict):
+        gpu = gpu_from_mapping(src, "cluster.gpu", "custom", gpu_entry)
+    else:
+        raise CaseError(src, "cluster.gpu", f"expected a GPU preset name or a mapping, got {_kind(gpu_entry)}")
+    with spec_errors(src):
+        gpu = replace(gpu, **_cluster_overrides(src, section))
+    if "num_gpus" in section and "nodes" in section:
+        raise CaseError(src, "cluster.nodes", "give either num_gpus or nodes (with gpus_per_node), not both")
+    if "num_gpus" in section:
+        num_gpus = _int(src, "cluster.num_gpus", section["num_gpus"])
+    elif "nodes" in section:
+        num_gpus = _int(src, "cluster.nodes", section["nodes"]) * gpu.gpus_per_node
+    else:
+        raise CaseError(src, "cluster.num_gpus", "missing; give num_gpus, or nodes and gpus_per_node")
+    with spec_errors(src):
+        return ClusterSpec(gpu=gpu, num_gpus=num_gpus)
+
+
+def _training(src: str, section: Any) -> TrainingSpec:
+    section = _mapping(src, "training", section, TRAINING_KEYS)
+    values: dict[str, Any] = {
+        "global_batch_size": _int(src, "training.global_batch_size",
+                                  _required(src, "training", section, "global_batch_size")),
+        "seq_len": _int(src, "training.seq_len", _required(src, "training", section, "seq_len")),
+    }
+    for key in ("precision", "optimizer"):
+        if key in section:
+            values[key] = _str(src, f"training.{key}", section[key])
+    if "flash_attention" in section:
+        values["flash_attention"] = _bool(src, "training.flash_attention", section["flash_attention"])
+    with spec_errors(src):
+        return TrainingSpec(**values)
+
+
+def _overheads(src: str, section: Any) -> Overheads:
+    section = _mapping(src, "overheads", section or {}, OVERHEAD_KEYS)
+    values: dict[str, float] = {}
+    for key in ("cuda_context", "comm_buffers"):
+        if key in section:
+            values[key] = _unit(src, f"overheads.{key}", section[key], parse_memory)
+    if "fragmentation" in section:
+        values["fragmentation"] = _number(src, "overheads.fragmentation", section["fragmentation"])
+    with spec_errors(src):
+        return Overheads(**values)
+
+
+def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layout") -> Layout:
+    """A Layout from the case-file ``layout`` schema; ``dp`` defaults to what the GPUs leave."""
+    section = _mapping(src, key, section, LAYOUT_KEYS)
+    values: dict[str, Any] = {}
+    for k in ("tp", "pp", "cp", "vpp", "micro_batch_size"):
+        if k in section:
+            values[k] = _int(src, f"{key}.{k}", section[k])
+    if "zero_stage" in section:
+        values["zero_stage"] = _int(src, f"{key}.zero_stage", section["zero_stage"], minimum=0)
+    if "sequence_parallel" in section:
+        values["sequence_parallel"] = _bool(src, f"{key}.sequence_parallel", section["sequence_parallel"])
+    if "recompute" in section:
+        values["recompute"] = _str(src, f"{key}.recompute", section["recompute"])
+    if section.get("recompute_num_layers") is not None:
+        values["recompute_num_layers"] = _int(src, f"{key}.recompute_num_layers",
+                                              section["recompute_num_layers"], minimum=0)
+    if section.get("stage_layers") is not None:
+        layers = section["stage_layers"]
+        if not isinstance(layers, list):
+            raise CaseError(src, f"{key}.stage_layers", f"expected a list of layer counts, got {_kind(layers)}")
+        values["stage_layers"] = tuple(_int(src, f"{key}.stage_layers", n) for n in layers)
+    model_parallel = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
+    if "dp" in section:
+        values["dp"] = _int(src, f"{key}.dp", section["dp"])
+    else:
+        if num_gpus % model_parallel:
+            raise CaseError(src, f"{key}.tp", f"tp·pp·cp = {model_parallel} must divide the cluster's {num_gpus} GPUs")
+        values["dp"] = num_gpus // model_parallel
+    with spec_errors(src):
+        return Layout(**values)

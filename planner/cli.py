@@ -1,0 +1,56 @@
+"""The `layout-planner` command.
+
+Exit codes: 0 success; 2 bad input (one line naming the file, the key and what was
+expected); 3 the layout (or every layout) does not fit in GPU memory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from .errors import CaseError
+from .estimate import estimate
+from .report import print_estimate
+
+EXIT_BAD_INPUT = 2
+EXIT_DOES_NOT_FIT = 3
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Plan the fastest training layout that fits, at a fixed global batch.")
+
+
+@app.callback()
+def _root() -> None:
+    """layout-planner: memory and step-time models of LLM training layouts."""
+
+
+def _fail(error: Exception) -> None:
+    print(f"error: {error}", file=sys.stderr)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+@app.command("estimate")
+def estimate_command(
+    case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster, training and layout."),
+    as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
+) -> None:
+    """Memory per GPU of the case's layout, by term, and whether it fits."""
+    try:
+        est = estimate(case)
+    except CaseError as error:
+        _fail(error)
+    if as_json:
+        print(json.dumps(est.to_dict(), indent=2))
+    else:
+        print_estimate(est, Console())
+    if not est.fits:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def main() -> None:
+    app(prog_name="layout-planner")

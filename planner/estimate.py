@@ -1,0 +1,118 @@
+"""`estimate`: memory (and, where modelled, time) of one layout, and what to change when it does not fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from cost_models.memory import TERMS, StageMemory, peak_stage_memory, stage_memory
+from cost_models.specs import Job, Layout, SpecError
+
+from .case import Case, load_case
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One change to a layout that does not fit, and what it would give."""
+
+    description: str
+    layout: Layout
+    peak_bytes: float
+    fits: bool
+
+
+@dataclass(frozen=True)
+class Estimate:
+    case: Case
+    job: Job
+    stages: tuple[StageMemory, ...]
+    peak: StageMemory
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.job.cluster.gpu.memory_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.total <= self.capacity_bytes
+
+    @property
+    def largest_term(self) -> str:
+        terms = self.peak.by_term()
+        return max(terms, key=terms.get)
+
+    def remedy(self) -> Optional[Remedy]:
+        """The cheapest change that makes the layout fit (see :func:`remedies`), or None if it fits."""
+        if self.fits:
+            return None
+        ladder = list(remedies(self.job))
+        for remedy in ladder:
+            if remedy.fits:
+                return remedy
+        return min(ladder, key=lambda r: r.peak_bytes) if ladder else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fits": self.fits,
+            "memory": {
+                "peak_bytes": int(round(self.peak.total)),
+                "capacity_bytes": int(round(self.capacity_bytes)),
+                "stage": self.peak.stage,
+                "by_term": {term: int(round(v)) for term, v in self.peak.by_term().items()},
+            },
+        }
+
+
+def estimate_job(case: Case, job: Job) -> Estimate:
+    stages = tuple(stage_memory(job, i) for i in range(job.layout.pp))
+    return Estimate(case=case, job=job, stages=stages, peak=max(stages, key=lambda m: m.total))
+
+
+def estimate(case: Any) -> Estimate:
+    """Python API: estimate the case's layout. ``case`` is a path or a dict in the case-file schema."""
+    loaded = case if isinstance(case, Case) else load_case(case)
+    return estimate_job(loaded, loaded.job())
+
+
+def _try(job: Job, description: str, **changes) -> Optional[Remedy]:
+    try:
+        candidate = Job(job.model, job.cluster, job.training, job.layout.with_changes(**changes), job.overheads)
+    except SpecError:
+        return None
+    peak = peak_stage_memory(candidate).total
+    return Remedy(description, candidate.layout, peak, peak <= job.cluster.gpu.memory_bytes)
+
+
+def remedies(job: Job):
+    """Changes to try, cheapest first, each keeping the global batch:
+
+    1. a smaller micro-batch with more accumulation;
+    2. recomputation (selective, then full);
+    3. a higher ZeRO stage;
+    4. more tensor parallelism, inside one NVLink domain;
+    5. more pipeline parallelism, across nodes.
+    Each yields the best single step of its kind (the smallest change that fits,
+    else the strongest one available).
+    """
+    lay = job.layout
+    gpu = job.cluster.gpu
+    ladders: list[list[tuple[str, dict]]] = [
+        [(f"micro_batch_size {m} with {job.training.global_batch_size // (m * lay.dp)} accumulation steps",
+          {"micro_batch_size": m})
+         for m in range(lay.micro_batch_size - 1, 0, -1) if lay.micro_batch_size % m == 0],
+        [(f"recompute {r}", {"recompute": r, "recompute_num_layers": None})
+         for r in ("selective", "full") if ("none", "selective", "full").index(r) > ("none", "selective", "full").index(lay.recompute)],
+        [(f"zero_stage {z}", {"zero_stage": z}) for z in range(lay.zero_stage + 1, 4)],
+        [(f"tp {t} (dp {lay.dp * lay.tp // t})", {"tp": t, "dp": lay.dp * lay.tp // t})
+         for t in (2 * lay.tp, 4 * lay.tp, 8 * lay.tp)
+         if t <= min(gpu.nvlink_domain, job.cluster.num_gpus) and (lay.dp * lay.tp) % t == 0],
+        [(f"pp {p} (dp {lay.dp * lay.pp // p})", {"pp": p, "dp": lay.dp * lay.pp // p, "stage_layers": None})
+         for p in (2 * lay.pp, 4 * lay.pp, 8 * lay.pp) if (lay.dp * lay.pp) % p == 0],
+    ]
+    for ladder in ladders:
+        tried = [r for r in (_try(job, d, **c) for d, c in ladder) if r is not None]
+        fitting = [r for r in tried if r.fits]
+        if fitting:
+            yield fitting[0]
+        elif tried:
+            yield min(tried, key=lambda r: r.peak_bytes)

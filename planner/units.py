@@ -1,0 +1,52 @@
+"""Quantities with units, as written in case files and presets.
+
+Memory: ``"80 GB"`` (10^9 bytes) or ``"80 GiB"`` (2^30 bytes), also B, KB, MB, TB and
+their binary forms. Bandwidth: ``"400 Gbit/s"`` or ``"50 GB/s"`` (bytes), also Mbit/s,
+Tbit/s, MB/s, TB/s and the binary byte forms. A bare number is refused: the unit
+is what tells 80 GB from 80 GiB.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+MEMORY_UNITS = {
+    "B": 1.0,
+    "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+    "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "TiB": 2.0**40,
+}
+BANDWIDTH_UNITS = {
+    "bit/s": 1 / 8, "Kbit/s": 1e3 / 8, "Mbit/s": 1e6 / 8, "Gbit/s": 1e9 / 8, "Tbit/s": 1e12 / 8,
+    "B/s": 1.0, "KB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12,
+    "KiB/s": 2.0**10, "MiB/s": 2.0**20, "GiB/s": 2.0**30, "TiB/s": 2.0**40,
+}
+
+_QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z/]+)\s*$")
+
+
+class UnitError(ValueError):
+    """The text is not a quantity in one of the accepted units; the message says what is."""
+
+
+def _parse(text: object, units: dict[str, float], kind: str, example: str) -> float:
+    accepted = ", ".join(units)
+    if isinstance(text, bool) or not isinstance(text, str):
+        raise UnitError(f"expected a {kind} with a unit, like \"{example}\" ({accepted}), got {text!r}")
+    match = _QUANTITY.match(text)
+    if not match or match.group(2) not in units:
+        raise UnitError(f"expected a {kind} with a unit, like \"{example}\" ({accepted}), got {text!r}")
+    value = float(match.group(1)) * units[match.group(2)]
+    if not math.isfinite(value) or value <= 0:
+        raise UnitError(f"expected a positive {kind}, got {text!r}")
+    return value
+
+
+def parse_memory(text: object) -> float:
+    """Bytes in a memory quantity such as ``"80 GB"`` or ``"80 GiB"``."""
+    return _parse(text, MEMORY_UNITS, "memory size", "80 GB")
+
+
+def parse_bandwidth(text: object) -> float:
+    """Bytes per second in a bandwidth such as ``"400 Gbit/s"`` or ``"50 GB/s"``."""
+    return _parse(text, BANDWIDTH_UNITS, "bandwidth", "400 Gbit/s")

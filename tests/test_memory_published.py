@@ -1,0 +1,119 @@
+"""The memory model against published figures and exact formulas."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_models.activations import layer_activation_bytes, layer_activations
+from cost_models.model_states import sharded_state_bytes, state_bytes
+from cost_models.parameters import stage_parameters, total_parameters
+from cost_models.pipeline import in_flight_chunks
+from cost_models.specs import Layout, ModelSpec, TrainingSpec
+
+GB = 1e9
+BF16_ADAM = TrainingSpec(global_batch_size=1, seq_len=1, precision="bf16", optimizer="adam")
+
+
+def test_mixed_precision_adam_keeps_16_bytes_per_parameter():
+    per_param = state_bytes(BF16_ADAM)
+    assert (per_param.weights, per_param.gradients, per_param.optimizer) == (2, 2, 12)
+
+
+def test_70b_model_states_and_zero3_over_64_gpus():
+    psi = 70e9
+    assert state_bytes(BF16_ADAM).total * psi / GB == pytest.approx(1120)
+    assert sharded_state_bytes(state_bytes(BF16_ADAM), 3, 64).total * psi / GB == pytest.approx(17.5)
+
+
+@pytest.mark.parametrize("stage, published_gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.88)])
+def test_zero_paper_7_5b_over_64_ranks(stage, published_gb):
+    """Rajbhandari et al. 2020, Figure 1: Ψ = 7.5B, Nd = 64, K = 12."""
+    per_rank = sharded_state_bytes(state_bytes(BF16_ADAM), stage, 64).total * 7.5e9 / GB
+    assert round(per_rank, 2 if published_gb < 10 else 1) == published_gb
+
+
+def test_sgd_with_momentum_keeps_one_state():
+    sgd = TrainingSpec(global_batch_size=1, seq_len=1, precision="bf16", optimizer="sgd")
+    assert state_bytes(sgd).total == 2 + 2 + 4 + 4
+    fp32_adam = TrainingSpec(global_batch_size=1, seq_len=1, precision="fp32", optimizer="adam")
+    assert state_bytes(fp32_adam).total == 16
+
+
+def _gpt(h, a, dropout=0.1):
+    return ModelSpec(name="gpt", num_layers=4, hidden_size=h, num_attention_heads=a, vocab_size=51200,
+                     dropout=dropout)
+
+
+SHAPES = [(2048, 1, 12288, 96, 8), (2048, 4, 6144, 48, 4), (4096, 2, 4096, 32, 2), (1024, 8, 2304, 24, 8)]
+
+
+@pytest.mark.parametrize("s, b, h, a, t", SHAPES)
+def test_korthikanti_per_layer_activations(s, b, h, a, t):
+    """Korthikanti et al. 2022, §4.1–4.2 and Table 2, flash attention off, dropout on."""
+    model = _gpt(h, a)
+    training = TrainingSpec(global_batch_size=b, seq_len=s, flash_attention=False)
+
+    def bytes_for(**layout):
+        return layer_activation_bytes(model, training, Layout(micro_batch_size=b, **layout), recomputed=True)
+
+    sbh = s * b * h
+    assert bytes_for() == pytest.approx(sbh * (34 + 5 * a * s / h))
+    assert bytes_for(tp=t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert bytes_for(tp=t, sequence_parallel=True) == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)))
+    assert bytes_for(tp=t, sequence_parallel=True, recompute="selective") == pytest.approx(34 * sbh / t)
+    assert bytes_for(recompute="full") == pytest.approx(2 * sbh)
+
+
+def test_flash_attention_keeps_no_scores_and_gqa_narrows_k_v():
+    model = ModelSpec(name="m", num_layers=2, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+                      ffn_hidden_size=14336, activation="swiglu", vocab_size=128256)
+    s, b = 8192, 1
+    acts = layer_activations(model, TrainingSpec(global_batch_size=1, seq_len=s), Layout(micro_batch_size=b))
+    assert acts.attention_core == 0 and acts.dropout_masks == 0
+    # Q is h wide, K and V are 8 heads × 128 = 1024 wide each, 2 bytes per element.
+    assert acts.qkv == 2 * s * b * (4096 + 2 * 1024)
+    # Fused SwiGLU keeps its 2f-wide input; the down projection keeps its f-wide input.
+    assert acts.mlp_hidden == 2 * s * b * 3 * 14336
+
+
+@pytest.mark.parametrize("name, config, published", [
+    # Hugging Face model cards / safetensors index totals.
+    ("Llama-2-7b", dict(num_layers=32, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=11008,
+                        vocab_size=32000), 6_738_415_616),
+    ("Llama-2-70b", dict(num_layers=80, hidden_size=8192, num_attention_heads=64, num_kv_heads=8,
+                         ffn_hidden_size=28672, vocab_size=32000), 68_976_648_192),
+    ("Meta-Llama-3-8B", dict(num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+                             ffn_hidden_size=14336, vocab_size=128256), 8_030_261_248),
+])
+def test_parameter_counts_match_published_llama_totals(name, config, published):
+    assert total_parameters(ModelSpec(name=name, activation="swiglu", **config)) == published
+
+
+def test_pipeline_stages_partition_the_parameters():
+    model = ModelSpec(name="m", num_layers=8, hidden_size=1024, num_attention_heads=16, vocab_size=50000)
+    stages = [stage_parameters(model, 2, first=i == 0, last=i == 3, tp=1) for i in range(4)]
+    assert sum(stages) == total_parameters(model)
+    # The first stage holds the embedding, the last the head: both heavier than a middle one.
+    assert stages[0] > stages[1] == stages[2] < stages[3]
+
+
+def test_tied_embeddings_are_duplicated_on_the_last_stage_only_with_pipelining():
+    model = ModelSpec(name="m", num_layers=8, hidden_size=1024, num_attention_heads=16, vocab_size=50000,
+                      tied_embeddings=True)
+    single = stage_parameters(model, 8, first=True, last=True, tp=1)
+    assert single == total_parameters(model)
+    split = [stage_parameters(model, 4, first=i == 0, last=i == 1, tp=1) for i in range(2)]
+    assert sum(split) == total_parameters(model) + 50000 * 1024
+
+
+@pytest.mark.parametrize("p, v, m", [(4, 1, 16), (8, 1, 64), (4, 2, 16), (8, 3, 24), (16, 4, 32)])
+def test_first_stage_in_flight_activations(p, v, m):
+    """1F1B: p micro-batches; interleaved: L·(1 + (p−1)/(p·v)) layers' worth (Korthikanti §4.2.3)."""
+    layers_per_stage = 4 * v
+    held = in_flight_chunks(p, v, m, stage=0) * layers_per_stage / v
+    assert held == pytest.approx(p * layers_per_stage * (1 + (p - 1) / (p * v)) if v > 1 else p * layers_per_stage)
+
+
+def test_fewer_micro_batches_than_stages_caps_what_is_in_flight():
+    assert in_flight_chunks(8, 1, 3, stage=0) == 3
+    assert [in_flight_chunks(4, 1, 16, stage=i) for i in range(4)] == [4, 3, 2, 1]
