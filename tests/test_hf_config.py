@@ -1,0 +1,424 @@
+"""read_hf_config: published config.json files map to the case file's model fields.
+
+The fixtures under tests/fixtures/hf/ are the real files (tests/fixtures/hf/SOURCES.md
+says where each came from); the expected numbers are the published ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from planner.errors import CaseError
+from planner.hf_config import read_hf_config
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+MODEL_KEYS = {"name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
+              "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout"}
+
+
+def fixture(name: str) -> Path:
+    return FIXTURES / name / "config.json"
+
+
+def published(name: str) -> dict:
+    return json.loads(fixture(name).read_text())
+
+
+def write(tmp_path: Path, cfg: object, folder: str = "some-model") -> Path:
+    d = tmp_path / folder
+    d.mkdir(exist_ok=True)
+    p = d / "config.json"
+    p.write_text(cfg if isinstance(cfg, str) else json.dumps(cfg))
+    return p
+
+
+# --------------------------------------------------------------------------- published models
+
+EXPECTED = {
+    "Llama-2-7b-hf": dict(name="meta-llama/Llama-2-7b-hf", num_layers=32, hidden_size=4096,
+                          num_attention_heads=32, num_kv_heads=32, ffn_hidden_size=11008,
+                          activation="swiglu", vocab_size=32000, tied_embeddings=False, dropout=0.0),
+    "Meta-Llama-3-8B": dict(name="Meta-Llama-3-8B", num_layers=32, hidden_size=4096,
+                            num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+                            activation="swiglu", vocab_size=128256, tied_embeddings=False, dropout=0.0),
+    "Mistral-7B-v0.1": dict(name="Mistral-7B-v0.1", num_layers=32, hidden_size=4096,
+                            num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+                            activation="swiglu", vocab_size=32000, tied_embeddings=False, dropout=0.0),
+    "Qwen2.5-72B": dict(name="Qwen2.5-72B", num_layers=80, hidden_size=8192,
+                        num_attention_heads=64, num_kv_heads=8, ffn_hidden_size=29568,
+                        activation="swiglu", vocab_size=152064, tied_embeddings=False, dropout=0.0),
+    "gpt-neox-20b": dict(name="gpt-neox-20b", num_layers=44, hidden_size=6144,
+                         num_attention_heads=64, num_kv_heads=64, ffn_hidden_size=24576,
+                         activation="gelu", vocab_size=50432, tied_embeddings=False, dropout=0.0),
+    "gpt2": dict(name="gpt2", num_layers=12, hidden_size=768,
+                 num_attention_heads=12, num_kv_heads=12, ffn_hidden_size=3072,
+                 activation="gelu", vocab_size=50257, tied_embeddings=True, dropout=0.1),
+}
+
+
+@pytest.mark.parametrize("model", sorted(EXPECTED))
+def test_published_config_maps_to_published_numbers(model):
+    fields = read_hf_config(fixture(model))
+    assert fields == EXPECTED[model]
+    assert set(fields) == MODEL_KEYS
+    assert type(fields["dropout"]) is float
+    assert type(fields["tied_embeddings"]) is bool
+    for key in MODEL_KEYS - {"name", "activation", "tied_embeddings", "dropout"}:
+        assert type(fields[key]) is int, key
+
+
+def test_accepts_str_and_pathlike():
+    assert read_hf_config(str(fixture("gpt2"))) == read_hf_config(fixture("gpt2"))
+
+
+def test_fields_build_a_valid_model_spec():
+    """The dict is the case file's model section: ModelSpec accepts every published one."""
+    specs = pytest.importorskip("cost_models.specs")
+    for model in EXPECTED:
+        spec = specs.ModelSpec(**read_hf_config(fixture(model)))
+        assert spec.num_layers == EXPECTED[model]["num_layers"]
+    llama3 = specs.ModelSpec(**read_hf_config(fixture("Meta-Llama-3-8B")))
+    assert llama3.head_dim == 128 and llama3.kv_size == 1024  # GQA: 8 kv heads x 128
+
+
+def test_published_params_match_model_cards():
+    """Rough parameter counts from the mapped fields land on the published sizes."""
+    def params(f):
+        h, v, L, ffn = f["hidden_size"], f["vocab_size"], f["num_layers"], f["ffn_hidden_size"]
+        kv = f["num_kv_heads"] * (h // f["num_attention_heads"])
+        attn = h * h * 2 + 2 * h * kv
+        mlp = (3 if f["activation"] == "swiglu" else 2) * h * ffn
+        emb = v * h * (1 if f["tied_embeddings"] else 2)
+        return L * (attn + mlp) + emb
+
+    assert params(read_hf_config(fixture("Llama-2-7b-hf"))) == pytest.approx(6.74e9, rel=0.01)
+    assert params(read_hf_config(fixture("Meta-Llama-3-8B"))) == pytest.approx(8.03e9, rel=0.01)
+    assert params(read_hf_config(fixture("Mistral-7B-v0.1"))) == pytest.approx(7.24e9, rel=0.01)
+    assert params(read_hf_config(fixture("Qwen2.5-72B"))) == pytest.approx(72.7e9, rel=0.01)
+    assert params(read_hf_config(fixture("gpt-neox-20b"))) == pytest.approx(20.55e9, rel=0.01)
+    assert params(read_hf_config(fixture("gpt2"))) == pytest.approx(124.4e6, rel=0.02)
+
+
+def test_does_not_import_transformers_or_open_sockets(monkeypatch):
+    import socket
+    import sys
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("read_hf_config touched the network")
+
+    monkeypatch.setattr(socket, "socket", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    before = "transformers" in sys.modules
+    for model in EXPECTED:
+        read_hf_config(fixture(model))
+    assert ("transformers" in sys.modules) == before
+
+
+# --------------------------------------------------------------------------- defaults and fallbacks
+
+
+def test_name_falls_back_to_parent_folder(tmp_path):
+    cfg = published("Llama-2-7b-hf")
+    del cfg["_name_or_path"]
+    assert read_hf_config(write(tmp_path, cfg, folder="my-llama"))["name"] == "my-llama"
+    cfg["_name_or_path"] = ""
+    assert read_hf_config(write(tmp_path, cfg, folder="my-llama"))["name"] == "my-llama"
+
+
+def test_relative_path_uses_its_folder_name(tmp_path, monkeypatch):
+    write(tmp_path, published("gpt2"), folder="gpt2-copy")
+    monkeypatch.chdir(tmp_path / "gpt2-copy")
+    assert read_hf_config("config.json")["name"] == "gpt2-copy"
+
+
+def test_family_from_architectures_when_model_type_missing(tmp_path):
+    for model in EXPECTED:
+        cfg = published(model)
+        del cfg["model_type"]
+        fields = read_hf_config(write(tmp_path, cfg, folder=model))
+        assert fields == EXPECTED[model], model
+
+
+def test_llama_defaults(tmp_path):
+    cfg = published("Llama-2-7b-hf")
+    for key in ("num_key_value_heads", "tie_word_embeddings", "hidden_act"):
+        del cfg[key]
+    cfg["num_attention_heads"] = 16
+    fields = read_hf_config(write(tmp_path, cfg))
+    assert fields["num_kv_heads"] == 16  # defaults to the attention heads
+    assert fields["tied_embeddings"] is False
+    assert fields["activation"] == "swiglu"
+    assert fields["dropout"] == 0.0
+
+
+def test_null_kv_heads_means_default(tmp_path):
+    cfg = published("Mistral-7B-v0.1")
+    cfg["num_key_value_heads"] = None
+    assert read_hf_config(write(tmp_path, cfg))["num_kv_heads"] == 32
+
+
+def test_qwen_tied_and_attention_dropout(tmp_path):
+    cfg = published("Qwen2.5-72B")
+    cfg["tie_word_embeddings"] = True
+    cfg["attention_dropout"] = 0.05
+    fields = read_hf_config(write(tmp_path, cfg))
+    assert fields["tied_embeddings"] is True
+    assert fields["dropout"] == 0.05
+
+
+def test_gpt_neox_defaults_and_dropout(tmp_path):
+    cfg = published("gpt-neox-20b")
+    del cfg["intermediate_size"]
+    cfg["attention_dropout"] = 0.02
+    cfg["hidden_dropout"] = 0.1
+    fields = read_hf_config(write(tmp_path, cfg))
+    assert fields["ffn_hidden_size"] == 4 * 6144
+    assert fields["dropout"] == 0.1
+    for act in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+        cfg["hidden_act"] = act
+        assert read_hf_config(write(tmp_path, cfg))["activation"] == "gelu"
+
+
+def test_gpt2_defaults(tmp_path):
+    cfg = published("gpt2")
+    cfg["n_inner"] = None
+    cfg["n_embd"] = 1024
+    cfg["n_head"] = 16
+    for key in ("resid_pdrop", "attn_pdrop", "embd_pdrop", "activation_function"):
+        del cfg[key]
+    fields = read_hf_config(write(tmp_path, cfg))
+    assert fields["ffn_hidden_size"] == 4096
+    assert fields["dropout"] == 0.1
+    assert fields["activation"] == "gelu"
+    assert fields["tied_embeddings"] is True
+
+
+def test_gpt2_explicit_values(tmp_path):
+    cfg = published("gpt2")
+    cfg.update(n_inner=2048, resid_pdrop=0.0, attn_pdrop=0.0, embd_pdrop=0.2, tie_word_embeddings=False)
+    fields = read_hf_config(write(tmp_path, cfg))
+    assert fields["ffn_hidden_size"] == 2048
+    assert fields["dropout"] == 0.2
+    assert fields["tied_embeddings"] is False
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def raises(path: Path | str, key: str) -> CaseError:
+    with pytest.raises(CaseError) as info:
+        read_hf_config(path)
+    err = info.value
+    message = str(err)
+    assert str(path) in message
+    assert err.source == str(path)
+    assert err.key == key
+    if key:
+        assert f": {key}: " in message
+    return err
+
+
+def test_missing_file(tmp_path):
+    err = raises(tmp_path / "nope" / "config.json", "")
+    assert "file not found" in str(err)
+
+
+def test_directory_instead_of_file(tmp_path):
+    err = raises(tmp_path, "")
+    assert "directory" in str(err)
+
+
+def test_invalid_json(tmp_path):
+    err = raises(write(tmp_path, '{"model_type": "llama",\n  "hidden_size": }'), "")
+    assert "expected valid JSON" in str(err)
+    assert "line 2" in str(err)
+
+
+def test_not_utf8(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_bytes(b'{"model_type": "\xff\xfe"}')
+    assert "expected valid JSON" in str(raises(p, ""))
+
+
+def test_empty_file(tmp_path):
+    assert "expected valid JSON" in str(raises(write(tmp_path, ""), ""))
+
+
+@pytest.mark.parametrize("top", ["[1, 2]", '"llama"', "3", "null", "true"])
+def test_top_level_not_object(tmp_path, top):
+    err = raises(write(tmp_path, top), "")
+    assert "expected a JSON object" in str(err)
+
+
+def test_unsupported_model_type_lists_supported(tmp_path):
+    cfg = published("Llama-2-7b-hf")
+    cfg["model_type"] = "bert"
+    message = str(raises(write(tmp_path, cfg), "model_type"))
+    assert "'bert'" in message
+    for family in ("llama", "mistral", "qwen2", "gpt_neox", "gpt2"):
+        assert family in message
+
+
+def test_model_type_wrong_type(tmp_path):
+    cfg = published("Llama-2-7b-hf")
+    cfg["model_type"] = 7
+    raises(write(tmp_path, cfg), "model_type")
+
+
+def test_no_model_type_and_no_architectures(tmp_path):
+    cfg = published("Llama-2-7b-hf")
+    del cfg["model_type"], cfg["architectures"]
+    assert "missing" in str(raises(write(tmp_path, cfg), "model_type"))
+
+
+@pytest.mark.parametrize("archs", [["BertForMaskedLM"], ["Llama"], [], "LlamaForCausalLM", [3]])
+def test_unsupported_architectures(tmp_path, archs):
+    cfg = published("Llama-2-7b-hf")
+    del cfg["model_type"]
+    cfg["architectures"] = archs
+    raises(write(tmp_path, cfg), "architectures")
+
+
+@pytest.mark.parametrize("model,key", [
+    ("Llama-2-7b-hf", "num_hidden_layers"), ("Llama-2-7b-hf", "hidden_size"),
+    ("Llama-2-7b-hf", "num_attention_heads"), ("Llama-2-7b-hf", "intermediate_size"),
+    ("Llama-2-7b-hf", "vocab_size"), ("Qwen2.5-72B", "intermediate_size"),
+    ("gpt-neox-20b", "num_hidden_layers"), ("gpt-neox-20b", "vocab_size"),
+    ("gpt2", "n_layer"), ("gpt2", "n_embd"), ("gpt2", "n_head"), ("gpt2", "vocab_size"),
+])
+def test_required_key_missing(tmp_path, model, key):
+    cfg = published(model)
+    del cfg[key]
+    err = raises(write(tmp_path, cfg), key)
+    assert err.expected == "missing; expected an integer"
+
+
+@pytest.mark.parametrize("model,key,value", [
+    ("Llama-2-7b-hf", "num_hidden_layers", True),   # a bool is not an integer
+    ("Llama-2-7b-hf", "hidden_size", "4096"),
+    ("Llama-2-7b-hf", "intermediate_size", 11008.5),
+    ("Llama-2-7b-hf", "num_key_value_heads", False),
+    ("Llama-2-7b-hf", "vocab_size", [32000]),
+    ("Meta-Llama-3-8B", "hidden_size", None),
+    ("gpt2", "n_inner", True),
+    ("gpt2", "n_embd", 768.0),
+    ("gpt-neox-20b", "intermediate_size", "24576"),
+])
+def test_wrong_integer_types(tmp_path, model, key, value):
+    cfg = published(model)
+    cfg[key] = value
+    raises(write(tmp_path, cfg), key)
+
+
+@pytest.mark.parametrize("model,key,value", [
+    ("Llama-2-7b-hf", "num_hidden_layers", 0), ("Llama-2-7b-hf", "hidden_size", -4096),
+    ("Mistral-7B-v0.1", "num_key_value_heads", 0), ("gpt2", "n_layer", -1), ("gpt2", "n_inner", 0),
+    ("gpt-neox-20b", "vocab_size", 0),
+])
+def test_non_positive_integers(tmp_path, model, key, value):
+    cfg = published(model)
+    cfg[key] = value
+    assert "positive" in str(raises(write(tmp_path, cfg), key))
+
+
+@pytest.mark.parametrize("model,key,value", [
+    ("Llama-2-7b-hf", "tie_word_embeddings", "false"),
+    ("Llama-2-7b-hf", "tie_word_embeddings", 0),
+    ("gpt2", "tie_word_embeddings", 1),
+    ("Llama-2-7b-hf", "attention_dropout", True),
+    ("Llama-2-7b-hf", "attention_dropout", "0.1"),
+    ("Llama-2-7b-hf", "attention_dropout", 1.0),
+    ("Llama-2-7b-hf", "attention_dropout", -0.1),
+    ("gpt2", "resid_pdrop", "NaN"),
+    ("gpt-neox-20b", "hidden_dropout", 2),
+    ("Llama-2-7b-hf", "hidden_act", 3),
+    ("Llama-2-7b-hf", "_name_or_path", 42),
+])
+def test_wrong_other_types(tmp_path, model, key, value):
+    cfg = published(model)
+    cfg[key] = value
+    raises(write(tmp_path, cfg), key)
+
+
+def test_nan_dropout_rejected(tmp_path):
+    text = fixture("gpt2").read_text().replace('"attn_pdrop": 0.1', '"attn_pdrop": NaN')
+    assert "NaN" in text
+    raises(write(tmp_path, text), "attn_pdrop")
+
+
+@pytest.mark.parametrize("model,key,act", [
+    ("Llama-2-7b-hf", "hidden_act", "gelu"), ("Mistral-7B-v0.1", "hidden_act", "relu"),
+    ("Qwen2.5-72B", "hidden_act", "swiglu"), ("gpt-neox-20b", "hidden_act", "relu"),
+    ("gpt2", "activation_function", "silu"),
+])
+def test_unsupported_activation(tmp_path, model, key, act):
+    cfg = published(model)
+    cfg[key] = act
+    assert repr(act) in str(raises(write(tmp_path, cfg), key))
+
+
+def test_shape_rules_name_the_config_key(tmp_path):
+    cfg = published("Meta-Llama-3-8B")
+    cfg["num_key_value_heads"] = 5  # does not divide 32
+    raises(write(tmp_path, cfg), "num_key_value_heads")
+    cfg = published("gpt2")
+    cfg["n_head"] = 7  # does not divide 768
+    raises(write(tmp_path, cfg), "n_head")
+    cfg = published("Mistral-7B-v0.1")
+    cfg["head_dim"] = 96  # the planner derives 4096 / 32 = 128
+    raises(write(tmp_path, cfg), "head_dim")
+    cfg["head_dim"] = 128
+    assert read_hf_config(write(tmp_path, cfg))["hidden_size"] == 4096
+
+
+def test_only_case_errors_escape(tmp_path):
+    """Garbage in any supported key gives a CaseError, never another exception."""
+    junk = [None, True, False, 0, -1, 1.5, "x", "", [], {}, [1], {"a": 1}, float("inf")]
+    for model in EXPECTED:
+        base = published(model)
+        for key in list(base):
+            for value in junk:
+                cfg = dict(base)
+                cfg[key] = value
+                try:
+                    read_hf_config(write(tmp_path, json.dumps(cfg)))
+                except CaseError:
+                    pass
+
+
+def test_arbitrary_json_gives_fields_or_case_error(tmp_path):
+    """Property: whatever JSON the file holds, the result is the model dict or a CaseError."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = pytest.importorskip("hypothesis.strategies")
+
+    scalars = st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=True) | st.text(max_size=8)
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                          | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+    keys = st.sampled_from(sorted({k for m in EXPECTED for k in published(m)} | {"head_dim"}))
+    bases = st.sampled_from(sorted(EXPECTED)).map(published)
+    path = write(tmp_path, "{}")
+
+    @hypothesis.settings(max_examples=300, deadline=None)
+    @hypothesis.given(bases, st.dictionaries(keys, values, max_size=4), st.sets(keys, max_size=3))
+    def check(base, changes, removed):
+        cfg = {k: v for k, v in {**base, **changes}.items() if k not in removed}
+        path.write_text(json.dumps(cfg))
+        try:
+            fields = read_hf_config(path)
+        except CaseError as err:
+            assert err.source == str(path)
+            return
+        assert set(fields) == MODEL_KEYS
+        assert fields["activation"] in ("gelu", "swiglu")
+        assert 0.0 <= fields["dropout"] < 1.0
+        for key in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
+                    "vocab_size"):
+            assert type(fields[key]) is int and fields[key] > 0, key
+        assert fields["hidden_size"] % fields["num_attention_heads"] == 0
+        assert fields["num_attention_heads"] % fields["num_kv_heads"] == 0
+
+    check()
