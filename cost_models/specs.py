@@ -101,6 +101,37 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class Performance:
+    """What a GPU type achieves, as opposed to its datasheet: the step-time model's only fitted figures.
+
+    Each has a physical meaning and is set per GPU type (``planner/presets/performance.yaml``)
+    or measured by calibration; none is set per published run.
+    """
+
+    gemm_efficiency: float = 0.75  # share of dense peak a large GEMM sustains
+    attention_efficiency: float = 0.5  # share of dense peak of the fused attention kernels (fwd + bwd)
+    kernel_overhead_s: float = 8e-6  # fixed time per GEMM: launch, tail wave, prologue/epilogue
+    hbm_efficiency: float = 0.8  # achieved share of HBM bandwidth by element-wise kernels
+    intra_node_efficiency: float = 0.75  # achieved bus bandwidth over nominal NVLink bandwidth
+    inter_node_efficiency: float = 0.75  # achieved bus bandwidth over nominal NIC line rate
+    link_latency_s: float = 10e-6  # α: time per step of a collective algorithm
+    step_overhead_s: float = 0.0  # fixed per optimizer step: data loading, logging, launch gaps
+
+    def __post_init__(self) -> None:
+        for name in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency",
+                     "intra_node_efficiency", "inter_node_efficiency"):
+            value = getattr(self, name)
+            _positive_float("cluster.performance", name, value)
+            if value > 1:
+                raise SpecError("cluster.performance", name, f"expected a fraction in (0, 1], got {value!r}")
+        for name in ("kernel_overhead_s", "link_latency_s", "step_overhead_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise SpecError("cluster.performance", name, f"expected a non-negative time, got {value!r}")
+
+
+@dataclass(frozen=True)
 class GPUSpec:
     """One accelerator, with datasheet (or calibrated) figures."""
 
@@ -112,6 +143,7 @@ class GPUSpec:
     inter_node_bandwidth: float  # bytes/s per GPU, one direction
     gpus_per_node: int
     nvlink_domain: int  # GPUs that share one NVLink/NVSwitch domain
+    performance: Performance = field(default_factory=Performance)
 
     def __post_init__(self) -> None:
         s = "cluster.gpu"

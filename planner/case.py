@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import yaml
 
-from cost_models.specs import (ClusterSpec, GPUSpec, Job, Layout, ModelSpec, Overheads, SpecError,
-                               TrainingSpec)
+from cost_models.specs import (ClusterSpec, GPUSpec, Job, Layout, ModelSpec, Overheads, Performance,
+                               SpecError, TrainingSpec)
 
 from .errors import CaseError
 from .hf_config import read_hf_config
-from .presets import closest, gpu_presets, model_presets
+from .presets import closest, gpu_presets, model_presets, performance_presets
 from .units import UnitError, parse_bandwidth, parse_memory
 
 SECTIONS = ("model", "cluster", "training", "layout", "overheads", "search")
@@ -31,7 +31,8 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
 GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
             "gpus_per_node", "nvlink_domain")
 CLUSTER_KEYS = ("gpu", "num_gpus", "nodes", "gpus_per_node", "intra_node_bandwidth",
-                "inter_node_bandwidth", "memory")
+                "inter_node_bandwidth", "memory", "performance")
+PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
                "recompute", "recompute_num_layers", "stage_layers")
@@ -233,6 +234,14 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
         )
 
 
+def performance_from_mapping(src: str, key: str, data: Any, base: Performance) -> Performance:
+    """Performance figures over ``base``: every key optional, each a plain number (fractions, seconds)."""
+    data = _mapping(src, key, data, PERFORMANCE_KEYS)
+    values = {k: _number(src, f"{key}.{k}", v) for k, v in data.items()}
+    with spec_errors(src):
+        return replace(base, **values)
+
+
 def _cluster_overrides(src: str, section: dict) -> dict[str, Any]:
     """GPUSpec fields the cluster section sets over its GPU's (a different NIC, a smaller node)."""
     overrides: dict[str, Any] = {}
@@ -255,12 +264,19 @@ def _cluster(src: str, section: Any) -> ClusterSpec:
             raise CaseError(src, "cluster.gpu", f"unknown GPU preset {gpu_entry!r}{closest(gpu_entry, presets)}; "
                                                 f"expected one of {', '.join(presets)}")
         gpu = gpu_from_mapping(src, "cluster.gpu", gpu_entry, presets[gpu_entry])
+        perf = performance_presets()
+        gpu = replace(gpu, performance=performance_from_mapping(
+            "planner/presets/performance.yaml", gpu_entry, perf.get(gpu_entry, perf["default"]), Performance()))
     elif isinstance(gpu_entry, dict):
         gpu = gpu_from_mapping(src, "cluster.gpu", "custom", gpu_entry)
     else:
         raise CaseError(src, "cluster.gpu", f"expected a GPU preset name or a mapping, got {_kind(gpu_entry)}")
+    overrides = _cluster_overrides(src, section)
+    if "performance" in section:
+        overrides["performance"] = performance_from_mapping(src, "cluster.performance", section["performance"],
+                                                            gpu.performance)
     with spec_errors(src):
-        gpu = replace(gpu, **_cluster_overrides(src, section))
+        gpu = replace(gpu, **overrides)
     if "num_gpus" in section and "nodes" in section:
         raise CaseError(src, "cluster.nodes", "give either num_gpus or nodes (with gpus_per_node), not both")
     if "num_gpus" in section:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from cost_models.memory import TERMS, StageMemory, peak_stage_memory, stage_memory
+from cost_models.memory import StageMemory, peak_stage_memory, stage_memory
+from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import Job, Layout, SpecError
 
 from .case import Case, load_case
@@ -27,6 +28,24 @@ class Estimate:
     job: Job
     stages: tuple[StageMemory, ...]
     peak: StageMemory
+    time: StepTime
+
+    @property
+    def step_time_s(self) -> float:
+        return self.time.total
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.job.training.global_batch_size * self.job.training.seq_len / self.step_time_s
+
+    @property
+    def model_tflops_per_gpu(self) -> float:
+        return model_flops_per_step(self.job) / self.step_time_s / self.job.cluster.num_gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOP/s per GPU over the GPU's dense peak for the training precision."""
+        return self.model_tflops_per_gpu * 1e12 / self.job.cluster.gpu.peak(self.job.training.precision)
 
     @property
     def capacity_bytes(self) -> float:
@@ -60,12 +79,18 @@ class Estimate:
                 "stage": self.peak.stage,
                 "by_term": {term: int(round(v)) for term, v in self.peak.by_term().items()},
             },
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "mfu": self.mfu,
+            "time": self.time.by_part(),
         }
 
 
 def estimate_job(case: Case, job: Job) -> Estimate:
     stages = tuple(stage_memory(job, i) for i in range(job.layout.pp))
-    return Estimate(case=case, job=job, stages=stages, peak=max(stages, key=lambda m: m.total))
+    return Estimate(case=case, job=job, stages=stages, peak=max(stages, key=lambda m: m.total),
+                    time=step_time(job))
 
 
 def estimate(case: Any) -> Estimate:

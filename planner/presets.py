@@ -25,6 +25,10 @@ def model_presets() -> dict[str, dict]:
     return _load("models")
 
 
+def performance_presets() -> dict[str, dict]:
+    return _load("performance")
+
+
 def closest(name: str, choices) -> str:
     """' (did you mean X?)' for the nearest valid name, or '' when nothing is near."""
     match = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.5)

@@ -1,0 +1,48 @@
+"""Collective and point-to-point times: an α-β model per algorithm over a group's links.
+
+Per GPU, ring algorithms move (Thakur et al. 2005; NCCL's "bus bandwidth" in
+nccl-tests ``doc/PERFORMANCE.md``):
+- all-reduce: 2(n−1)/n of the buffer;
+- all-gather and reduce-scatter: (n−1)/n of the (full) buffer.
+
+A group spanning several NVLink domains runs hierarchically: every member of a
+domain drives its own NIC (one NIC per GPU, rail-optimised), so the inter-domain
+bus bandwidth is per_domain × NIC bandwidth, and the collective is bounded by the
+slower of that and the NVLink bus bandwidth. Latency grows with log2(n) steps
+(NCCL switches to tree and hierarchical algorithms at scale).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .specs import Performance
+from .topology import GroupLinks
+
+VOLUME = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+
+
+def bus_bandwidth(links: GroupLinks, perf: Performance) -> float:
+    """Achieved bytes/s per GPU for a collective over ``links``."""
+    intra = links.intra_bandwidth * perf.intra_node_efficiency
+    if links.domains == 1:
+        return intra
+    inter = links.per_domain * links.inter_bandwidth * perf.inter_node_efficiency
+    return min(intra, inter) if links.per_domain > 1 else inter
+
+
+def collective_time(kind: str, size_bytes: float, links: GroupLinks, perf: Performance) -> float:
+    """Seconds for one collective of ``size_bytes`` (the full buffer) over the group."""
+    n = links.size
+    if n == 1 or size_bytes <= 0:
+        return 0.0
+    volume = VOLUME[kind] * (n - 1) / n * size_bytes
+    steps = VOLUME[kind] * math.ceil(math.log2(n))
+    return steps * perf.link_latency_s + volume / bus_bandwidth(links, perf)
+
+
+def p2p_time(size_bytes: float, crosses_domain: bool, links: GroupLinks, perf: Performance) -> float:
+    """One send from a pipeline stage to the next."""
+    bandwidth = (links.inter_bandwidth * perf.inter_node_efficiency if crosses_domain
+                 else links.intra_bandwidth * perf.intra_node_efficiency)
+    return perf.link_latency_s + size_bytes / bandwidth

@@ -1,0 +1,259 @@
+"""Time of one optimizer step: compute, communication over the topology, pipeline bubble, optimizer.
+
+One step runs m micro-batches through each of the dp pipelines. Per micro-batch a
+stage spends forward + backward (2× forward) GEMM and attention time, element-wise
+(HBM-bound) time, recomputation, and the tensor-parallel collectives it cannot hide.
+The slowest stage sets the pipeline's clock (Narayanan et al. 2021, §2.2):
+
+    step = m·t_stage + (p − 1)/v·t_stage + pipeline sends + exposed DP traffic + optimizer
+
+The exposed part of the data-parallel traffic is what the backward pass of the
+last micro-batch cannot hide (Li et al. 2020, PyTorch DDP, §3.2.3; Megatron's
+``overlap_grad_reduce``); ZeRO-3 gathers weights for every micro-batch and hides
+them behind that micro-batch's compute (FSDP prefetch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from .activations import activation_bytes
+from .collectives import collective_time, p2p_time
+from .flops import Gemm, attention_flops, head_gemm, layer_gemms, model_flops_per_token
+from .memory import zero_shards
+from .model_states import state_bytes
+from .parameters import stage_parameters
+from .pipeline import bubble_fraction
+from .specs import GPUSpec, Job
+from .topology import group_links
+
+# Megatron's DDP bucket: 40 M parameters (``megatron/core/distributed/distributed_data_parallel_config.py``,
+# bucket_size = max(40_000_000, 1_000_000 · dp)). The last bucket cannot overlap with backward.
+DDP_BUCKET_PARAMS = 40e6
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    pp_comm_s: float
+    dp_comm_s: float
+    bubble_s: float
+    optimizer_s: float
+    overhead_s: float
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def by_part(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """One micro-batch through one stage (forward + backward)."""
+
+    compute: float
+    recompute: float
+    tp_comm: float
+    cp_comm: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.recompute + self.tp_comm + self.cp_comm
+
+
+def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
+    """Roofline with a fixed per-kernel cost: max(FLOPs/(η·peak), bytes/(η_hbm·B_hbm)) + t₀.
+
+    The fixed cost is what makes small GEMMs (narrow tensor-parallel shards, short
+    sequences) less efficient than large ones.
+    """
+    perf = gpu.performance
+    element = 4 if precision == "fp32" else (1 if precision == "fp8" else 2)
+    traffic = element * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    return max(gemm.flops / (perf.gemm_efficiency * gpu.peak(precision)),
+               traffic / (perf.hbm_efficiency * gpu.hbm_bandwidth)) + perf.kernel_overhead_s
+
+
+def elementwise_bytes(job: Job, tokens: float) -> float:
+    """HBM traffic of one layer's forward element-wise kernels on one GPU.
+
+    Per token, in elements: two norms (read + write h each), two residual adds
+    (2 reads + 1 write of h), the activation function (GeLU reads and writes f;
+    SwiGLU reads 2f and writes f), dropout (read, write, 1-byte mask) where on.
+    Non-flash attention adds the scaled-masked softmax over a·s scores (read + write)
+    and its dropout. Sequence parallelism shards the norm, residual and dropout part.
+    """
+    model, lay, training = job.model, job.layout, job.training
+    p = activation_bytes(training.precision)
+    h, f, t = model.hidden_size, model.ffn_hidden_size, lay.tp
+    sp = t if lay.sequence_parallel else 1
+    act = (3 if model.activation == "swiglu" else 2) * f / t
+    dropout = 2 * (2 * p + 1) * h / sp if model.dropout > 0 else 0.0
+    per_token = p * (4 * h + 6 * h) / sp + p * act + dropout
+    if not training.flash_attention:
+        scores = model.num_attention_heads / t * training.seq_len / lay.cp
+        per_token += scores * (2 * p + ((2 * p + 1) if model.dropout > 0 else 0))
+    return per_token * tokens
+
+
+def layer_forward_time(job: Job) -> tuple[float, float]:
+    """Forward time of one layer for one micro-batch: (whole layer, attention core alone)."""
+    model, lay, training = job.model, job.layout, job.training
+    gpu = job.cluster.gpu
+    perf = gpu.performance
+    s_local = training.seq_len / lay.cp
+    tokens = lay.micro_batch_size * s_local
+    gemms = sum(gemm_time(g, gpu, training.precision) for g in layer_gemms(model, tokens, lay.tp))
+    # Attention runs in bf16 even in fp8 recipes (Transformer Engine keeps DPA in bf16).
+    attn_precision = "bf16" if training.precision == "fp8" else training.precision
+    # Context parallelism: each rank attends its s/cp queries to all s keys, balanced causally.
+    flops = attention_flops(model, lay.micro_batch_size, s_local, training.seq_len, lay.tp)
+    if training.flash_attention:
+        core = flops / (perf.attention_efficiency * gpu.peak(attn_precision)) + perf.kernel_overhead_s
+    else:
+        # Two batched GEMMs (scores and context) over a·b/t heads, full s×s (no causal skipping).
+        heads = model.num_attention_heads / lay.tp * lay.micro_batch_size
+        per_head = Gemm("scores", s_local, training.seq_len, model.head_dim)
+        core = 2 * (heads * per_head.flops / (perf.gemm_efficiency * gpu.peak(attn_precision))
+                    + perf.kernel_overhead_s)
+    memory = elementwise_bytes(job, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+    return gemms + core + memory, core
+
+
+def stage_time(job: Job, stage: int) -> StageTime:
+    """Forward + backward of one micro-batch through stage ``stage``, with its exposed TP and CP traffic."""
+    model, lay, training = job.model, job.layout, job.training
+    cluster, gpu = job.cluster, job.cluster.gpu
+    perf = gpu.performance
+    layers = job.stage_layers[stage]
+    layer_fwd, core_fwd = layer_forward_time(job)
+    tokens = lay.micro_batch_size * training.seq_len / lay.cp
+    forward = layers * layer_fwd
+    if stage == lay.pp - 1:
+        forward += gemm_time(head_gemm(model, tokens, lay.tp), gpu, training.precision)
+        # fp32 softmax cross-entropy over the vocab shard: read logits, write probabilities.
+        forward += 8 * tokens * model.vocab_size / lay.tp / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+    if stage == 0:
+        forward += perf.kernel_overhead_s  # embedding gather: memory-trivial
+    compute = 3 * forward  # backward computes input and weight gradients: twice the forward
+
+    recomputed = 0  # layers whose whole forward runs again in backward
+    if lay.recompute == "full":
+        recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, layers)
+    recompute = recomputed * layer_fwd + (layers * core_fwd if lay.recompute == "selective" else 0.0)
+
+    # Megatron TP: two all-reduces in forward and two in backward per layer (or the same
+    # bytes as all-gather + reduce-scatter with sequence parallelism); recompute repeats
+    # the forward ones. Not overlapped (Megatron's default without TP comm overlap).
+    p = activation_bytes(training.precision)
+    tp_links = group_links(cluster, lay, "tp")
+    one = collective_time("all_reduce", p * tokens * model.hidden_size, tp_links, perf)
+    tp_comm = (4 * layers + 2 * recomputed) * one
+
+    # Context parallelism: each layer's K and V chunks travel around the cp ring
+    # (cp − 1 steps) in forward, and K, V plus their gradients in backward, overlapped
+    # with the attention core (Megatron-core ``AttnFuncWithCPAndKVP2P``).
+    cp_comm = 0.0
+    if lay.cp > 1:
+        kv = p * lay.micro_batch_size * (training.seq_len / lay.cp) * 2 * \
+            max(model.num_kv_heads // lay.tp, 1) * model.head_dim
+        cp_links = group_links(cluster, lay, "cp")
+        hop = p2p_time(kv, cp_links.domains > 1, cp_links, perf)
+        exposed_fwd = max(0.0, (lay.cp - 1) * hop - core_fwd)
+        exposed_bwd = max(0.0, 2 * (lay.cp - 1) * hop - 2 * core_fwd)
+        cp_comm = layers * (exposed_fwd + exposed_bwd)
+    return StageTime(compute=compute, recompute=recompute, tp_comm=tp_comm, cp_comm=cp_comm)
+
+
+def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
+    """Data-parallel traffic of one step that compute does not hide, for the stage's ranks.
+
+    - ZeRO 0: gradient all-reduce, bucketed and overlapped with the last micro-batch's backward.
+    - ZeRO 1/2: gradient reduce-scatter (overlapped likewise) and the parameter all-gather
+      after the optimizer step (exposed).
+    - ZeRO 3: reduce-scatter of gradients plus parameter all-gathers in forward and in
+      backward, for every micro-batch, prefetched behind that micro-batch's compute.
+    """
+    lay, training, cluster = job.layout, job.training, job.cluster
+    perf = cluster.gpu.performance
+    shards = zero_shards(job)
+    if shards == 1:
+        return 0.0
+    params = stage_parameters(job.model, job.stage_layers[stage], first=stage == 0,
+                              last=stage == lay.pp - 1, tp=lay.tp)
+    per_param = state_bytes(training)
+    dp_links = group_links(cluster, lay, "dp_cp")
+    grads = params * per_param.gradients
+    weights = params * per_param.weights
+    backward_last = 2 / 3 * slowest.compute + slowest.recompute
+    last_bucket = min(1.0, DDP_BUCKET_PARAMS / params)
+
+    if lay.zero_stage == 0:
+        reduce = collective_time("all_reduce", grads, dp_links, perf)
+        return max(reduce - backward_last, reduce * last_bucket)
+    reduce = collective_time("reduce_scatter", grads, dp_links, perf)
+    hidden_reduce = max(reduce - backward_last, reduce * last_bucket)
+    if lay.zero_stage in (1, 2):
+        return hidden_reduce + collective_time("all_gather", weights, dp_links, perf)
+    gather = collective_time("all_gather", weights, dp_links, perf)
+    forward = slowest.compute / 3
+    per_microbatch = max(0.0, gather - forward) + max(0.0, gather - backward_last)
+    return hidden_reduce + job.num_microbatches * per_microbatch
+
+
+def optimizer_time(job: Job, stage: int) -> float:
+    """The optimizer step is HBM-bound: read gradients, read and write the fp32 states, write weights."""
+    lay, gpu = job.layout, job.cluster.gpu
+    params = stage_parameters(job.model, job.stage_layers[stage], first=stage == 0,
+                              last=stage == lay.pp - 1, tp=lay.tp)
+    per_param = state_bytes(job.training)
+    local = params / (zero_shards(job) if lay.zero_stage >= 1 else 1)
+    traffic = per_param.gradients + 2 * per_param.optimizer + per_param.weights
+    return local * traffic / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
+
+
+def pipeline_comm(job: Job) -> float:
+    """Activations (forward) and their gradients (backward) sent across each stage boundary.
+
+    On the critical path each micro-batch crosses the v·p − 1 chunk boundaries of its
+    pipeline once each way; in the steady state one send per micro-batch and direction
+    is exposed per stage, the others overlap with other stages' compute.
+    """
+    lay, training, cluster = job.layout, job.training, job.cluster
+    if lay.pp == 1:
+        return 0.0
+    p = activation_bytes(training.precision)
+    sp = lay.tp if lay.sequence_parallel else 1
+    size = p * lay.micro_batch_size * training.seq_len / lay.cp * job.model.hidden_size / sp
+    links = group_links(cluster, lay, "pp")
+    send = p2p_time(size, links.domains > 1, links, cluster.gpu.performance)
+    return 2 * send * (job.num_microbatches * lay.vpp + lay.pp - 1)
+
+
+def step_time(job: Job) -> StepTime:
+    lay = job.layout
+    stages = [stage_time(job, i) for i in range(lay.pp)]
+    slowest_index = max(range(lay.pp), key=lambda i: stages[i].total)
+    slowest = stages[slowest_index]
+    m = job.num_microbatches
+    return StepTime(
+        compute_s=m * slowest.compute,
+        recompute_s=m * slowest.recompute,
+        tp_comm_s=m * slowest.tp_comm,
+        cp_comm_s=m * slowest.cp_comm,
+        pp_comm_s=pipeline_comm(job),
+        dp_comm_s=max(dp_comm_exposed(job, i, slowest) for i in range(lay.pp)),
+        bubble_s=bubble_fraction(lay.pp, lay.vpp, m) * m * slowest.total,
+        optimizer_s=max(optimizer_time(job, i) for i in range(lay.pp)),
+        overhead_s=job.cluster.gpu.performance.step_overhead_s,
+    )
+
+
+def model_flops_per_step(job: Job) -> float:
+    tokens = job.training.global_batch_size * job.training.seq_len
+    return tokens * model_flops_per_token(job.model, job.training.seq_len)
