@@ -41,6 +41,16 @@ def print_estimate(est: Estimate, console: Console) -> None:
     table.add_row("[bold]peak[/]", f"[bold]{total / GB:.2f}[/]", "")
     table.add_row("capacity", f"{est.capacity_bytes / GB:.2f}", f"{total / est.capacity_bytes:.0%} used")
     console.print(table)
+    time = Table(title="Step time (exposed parts)")
+    time.add_column("part")
+    time.add_column("s", justify="right")
+    time.add_column("share", justify="right")
+    for part, seconds in est.time.by_part().items():
+        time.add_row(part.removesuffix("_s"), f"{seconds:.3f}", f"{seconds / est.step_time_s:.0%}")
+    time.add_row("[bold]step[/]", f"[bold]{est.step_time_s:.3f}[/]", "")
+    console.print(time)
+    console.print(f"{est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, "
+                  f"MFU {est.mfu:.1%}")
     if est.fits:
         console.print("[green]fits[/]")
         return
