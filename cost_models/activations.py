@@ -62,7 +62,9 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     b = layout.micro_batch_size
     h, a, f = model.hidden_size, model.num_attention_heads, model.ffn_hidden_size
     # With tp above the kv-head count Megatron replicates kv heads: each rank keeps one.
-    kv_per_rank = max(model.num_kv_heads // t, 1) * model.head_dim
+    # Without flash attention Megatron repeats K and V to all heads before the batched
+    # GEMMs (``DotProductAttention``), and those full-width copies are what is saved.
+    kv_per_rank = max(model.num_kv_heads // t, 1) * model.head_dim if training.flash_attention else h / t
     # Sequence parallelism splits the tensors outside the tensor-parallel regions.
     sp = t if layout.sequence_parallel else 1
     mask = 1 if model.dropout > 0 else 0
