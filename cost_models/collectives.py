@@ -8,8 +8,9 @@ nccl-tests ``doc/PERFORMANCE.md``):
 A group spanning several NVLink domains runs hierarchically: every member of a
 domain drives its own NIC (one NIC per GPU, rail-optimised), so the inter-domain
 bus bandwidth is per_domain × NIC bandwidth, and the collective is bounded by the
-slower of that and the NVLink bus bandwidth. Latency grows with log2(n) steps
-(NCCL switches to tree and hierarchical algorithms at scale).
+slower of that and the NVLink bus bandwidth. Latency: all-reduce runs as a tree
+at scale (2·log2 n steps, NCCL's tree algorithm); all-gather and reduce-scatter
+have only the ring in NCCL before 2.23 (n − 1 steps).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def collective_time(kind: str, size_bytes: float, links: GroupLinks, perf: Perfo
     if n == 1 or size_bytes <= 0:
         return 0.0
     volume = VOLUME[kind] * (n - 1) / n * size_bytes
-    steps = VOLUME[kind] * math.ceil(math.log2(n))
+    steps = 2 * math.ceil(math.log2(n)) if kind == "all_reduce" else n - 1
     return steps * perf.link_latency_s + volume / bus_bandwidth(links, perf)
 
 

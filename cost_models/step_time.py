@@ -70,13 +70,19 @@ def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
     """Roofline with a fixed per-kernel cost: max(FLOPs/(η·peak), bytes/(η_hbm·B_hbm)) + t₀.
 
     The fixed cost is what makes small GEMMs (narrow tensor-parallel shards, short
-    sequences) less efficient than large ones.
+    sequences) less efficient than large ones. fp8 GEMMs (Transformer Engine) first
+    cast their bf16 inputs to fp8 in memory-bound kernels (read 2 bytes, write 1, per
+    element of both operands: ``transformer_engine`` ``cast_transpose``), which this
+    adds on top.
     """
     perf = gpu.performance
     element = 4 if precision == "fp32" else (1 if precision == "fp8" else 2)
-    traffic = element * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
-    return max(gemm.flops / (perf.gemm_efficiency * gpu.peak(precision)),
-               traffic / (perf.hbm_efficiency * gpu.hbm_bandwidth)) + perf.kernel_overhead_s
+    operands = gemm.m * gemm.k + gemm.k * gemm.n
+    traffic = element * (operands + gemm.m * gemm.n)
+    casts = 3 * operands if precision == "fp8" else 0.0
+    hbm = perf.hbm_efficiency * gpu.hbm_bandwidth
+    return max(gemm.flops / (perf.gemm_efficiency * gpu.peak(precision)), traffic / hbm) \
+        + casts / hbm + perf.kernel_overhead_s
 
 
 def elementwise_bytes(job: Job, tokens: float) -> float:
@@ -222,14 +228,16 @@ def pipeline_comm(job: Job) -> float:
 
     On the critical path each micro-batch crosses the v·p − 1 chunk boundaries of its
     pipeline once each way; in the steady state one send per micro-batch and direction
-    is exposed per stage, the others overlap with other stages' compute.
+    is exposed per stage, the others overlap with other stages' compute. With tp > 1
+    each tensor-parallel rank sends only its 1/t slice over its own NIC: the slice that
+    sequence parallelism already holds, or Megatron's scatter-gather of the replicated
+    activation, re-assembled over NVLink (Narayanan et al. 2021, §4.1).
     """
     lay, training, cluster = job.layout, job.training, job.cluster
     if lay.pp == 1:
         return 0.0
     p = activation_bytes(training.precision)
-    sp = lay.tp if lay.sequence_parallel else 1
-    size = p * lay.micro_batch_size * training.seq_len / lay.cp * job.model.hidden_size / sp
+    size = p * lay.micro_batch_size * training.seq_len / lay.cp * job.model.hidden_size / lay.tp
     links = group_links(cluster, lay, "pp")
     send = p2p_time(size, links.domains > 1, links, cluster.gpu.performance)
     return 2 * send * (job.num_microbatches * lay.vpp + lay.pp - 1)

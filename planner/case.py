@@ -266,7 +266,7 @@ def _cluster(src: str, section: Any) -> ClusterSpec:
         gpu = gpu_from_mapping(src, "cluster.gpu", gpu_entry, presets[gpu_entry])
         perf = performance_presets()
         gpu = replace(gpu, performance=performance_from_mapping(
-            "planner/presets/performance.yaml", gpu_entry, perf.get(gpu_entry, perf["default"]), Performance()))
+            "planner/presets/performance.yaml", gpu_entry, perf.get(gpu_entry) or {}, Performance()))
     elif isinstance(gpu_entry, dict):
         gpu = gpu_from_mapping(src, "cluster.gpu", "custom", gpu_entry)
     else:

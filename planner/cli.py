@@ -52,5 +52,23 @@ def estimate_command(
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
+@app.command("validate-published")
+def validate_published_command(
+    runs: Path = typer.Argument(..., help="Published runs (YAML), e.g. ../shared/validation/published_runs.yaml."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Replay published training runs and report the error of predicted tokens/s per source."""
+    from .validation import print_report, replay, report_to_dict
+
+    try:
+        report = replay(runs)
+    except CaseError as error:
+        _fail(error)
+    if as_json:
+        print(json.dumps(report_to_dict(report), indent=2))
+    else:
+        print_report(report, Console(width=120))
+
+
 def main() -> None:
     app(prog_name="layout-planner")

@@ -424,8 +424,9 @@ class Report:
 
 
 def load_rows(path: str | Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f)
+    from .case import read_yaml
+
+    data = read_yaml(Path(path))
     if not isinstance(data, list):
         raise CaseError(str(path), "", "expected a list of published runs")
     return data
@@ -524,28 +525,3 @@ def print_report(report: Report, console, worst: int = 10) -> None:
         for why, ids in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
             table.add_row(why, str(len(ids)), ids[0])
         console.print(table)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m planner.validation RUNS.yaml [--json]``."""
-    import json
-    import sys
-
-    from rich.console import Console
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in args
-    paths = [a for a in args if a != "--json"]
-    if len(paths) != 1:
-        print("usage: python -m planner.validation RUNS.yaml [--json]", file=sys.stderr)
-        return 2
-    report = replay(paths[0])
-    if as_json:
-        print(json.dumps(report_to_dict(report), indent=2))
-    else:
-        print_report(report, Console())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
