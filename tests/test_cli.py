@@ -1,0 +1,103 @@
+"""The estimate command and the Python API: what a user sees, and bad input."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import planner
+from cost_models.memory import TERMS
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "llama3-70b-h100.yaml"
+
+CASE = {
+    "model": {"preset": "llama2-7b"},
+    "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
+    "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "optimizer": "adam"},
+    "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 1, "recompute": "none"},
+}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=120)
+
+
+def write(tmp_path: Path, case: dict) -> Path:
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case))
+    return path
+
+
+def test_json_equals_the_python_api_and_terms_add_up(tmp_path):
+    result = cli("estimate", str(EXAMPLE), "--json")
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed == json.loads(json.dumps(planner.estimate(EXAMPLE).to_dict()))
+    memory = printed["memory"]
+    assert set(memory["by_term"]) == set(TERMS)
+    assert sum(memory["by_term"].values()) == pytest.approx(memory["peak_bytes"], abs=5)
+    assert printed["fits"] is (memory["peak_bytes"] <= memory["capacity_bytes"])
+    # tokens/s is the global batch over the step time.
+    assert printed["tokens_per_s"] == pytest.approx(512 * 8192 / printed["step_time_s"])
+    assert printed["step_time_s"] == pytest.approx(sum(printed["time"].values()))
+
+
+def test_zero1_shards_only_the_optimizer_state():
+    """Llama-2-7B, 8 GPUs of data parallelism, ZeRO-1: 2+2 bytes whole, 12/8 sharded."""
+    by_term = planner.estimate(CASE).to_dict()["memory"]["by_term"]
+    psi = 6_738_415_616
+    assert by_term["parameters"] == 2 * psi
+    assert by_term["gradients"] == 2 * psi
+    assert by_term["optimizer_states"] == 12 * psi // 8
+
+
+def test_a_layout_that_does_not_fit_names_the_term_and_a_remedy(tmp_path):
+    case = copy.deepcopy(CASE)
+    case["layout"].update(micro_batch_size=8)
+    result = cli("estimate", str(write(tmp_path, case)))
+    assert result.returncode == 3
+    assert "does not fit" in result.stdout
+    assert "activations is the largest term" in result.stdout
+    # The cheapest remedy keeps the global batch: a smaller micro-batch with more accumulation.
+    assert "micro_batch_size" in result.stdout and "accumulation steps" in result.stdout
+
+
+@pytest.mark.parametrize("mutate, key, expected", [
+    (lambda c: c["model"].update(hiden_size=4096), "model.hiden_size", "did you mean 'hidden_size'"),
+    (lambda c: c["cluster"].update(memory=80), "cluster.memory", "with a unit"),
+    (lambda c: c["layout"].update(tp=True), "layout.tp", "expected an integer"),
+    (lambda c: c["layout"].update(tp=3), "layout.tp", "must divide"),
+    (lambda c: c["training"].pop("seq_len"), "training.seq_len", "missing"),
+    (lambda c: c["training"].update(global_batch_size=-4), "training.global_batch_size", ">= 1"),
+    (lambda c: c["training"].update(global_batch_size=60), "training.global_batch_size", "must divide"),
+    (lambda c: c["layout"].update(dp=3), "layout.dp", "must equal the cluster's 8 GPUs"),
+    (lambda c: c["model"].update(preset="llama2-7"), "model.preset", "did you mean"),
+])
+def test_bad_input_is_one_line_naming_file_and_key(tmp_path, mutate, key, expected):
+    case = copy.deepcopy(CASE)
+    mutate(case)
+    path = write(tmp_path, case)
+    result = cli("estimate", str(path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert str(path) in lines[0] and key in lines[0] and expected in lines[0]
+    with pytest.raises(planner.CaseError, match=key.replace(".", r"\.")):
+        planner.estimate(path)
+
+
+def test_malformed_yaml_and_object_tags_are_refused(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    result = cli("estimate", str(bad))
+    assert result.returncode == 2 and "expected valid YAML" in result.stderr
+    tagged = tmp_path / "tagged.yaml"
+    tagged.write_text("model: !!python/object/apply:os.system ['echo pwned']\n")
+    result = cli("estimate", str(tagged))
+    assert result.returncode == 2 and "pwned" not in result.stdout
