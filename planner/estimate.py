@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from cost_models.memory import StageMemory, peak_stage_memory, stage_memory
 from cost_models.step_time import StepTime, model_flops_per_step, step_time
-from cost_models.specs import Job, Layout, SpecError
+from cost_models.specs import RECOMPUTE, Job, Layout, SpecError
 
 from .case import Case, load_case
 
@@ -126,7 +126,7 @@ def remedies(job: Job):
           {"micro_batch_size": m})
          for m in range(lay.micro_batch_size - 1, 0, -1) if lay.micro_batch_size % m == 0],
         [(f"recompute {r}", {"recompute": r, "recompute_num_layers": None})
-         for r in ("selective", "full") if ("none", "selective", "full").index(r) > ("none", "selective", "full").index(lay.recompute)],
+         for r in RECOMPUTE[RECOMPUTE.index(lay.recompute) + 1:]],
         [(f"zero_stage {z}", {"zero_stage": z}) for z in range(lay.zero_stage + 1, 4)],
         [(f"tp {t} (dp {lay.dp * lay.tp // t})", {"tp": t, "dp": lay.dp * lay.tp // t})
          for t in (2 * lay.tp, 4 * lay.tp, 8 * lay.tp)
