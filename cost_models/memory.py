@@ -41,6 +41,12 @@ def zero_shards(job: Job) -> int:
     return job.layout.dp * job.layout.cp
 
 
+def job_stage_parameters(job: Job, stage: int) -> float:
+    """Parameters one GPU of pipeline stage ``stage`` holds before ZeRO sharding."""
+    return stage_parameters(job.model, job.stage_layers[stage], first=stage == 0,
+                            last=stage == job.layout.pp - 1, tp=job.layout.tp)
+
+
 def stage_activation_bytes(job: Job, stage: int) -> float:
     """Activations stage ``stage`` holds at its peak under the pipeline schedule.
 
@@ -84,8 +90,7 @@ def zero3_gather_bytes(job: Job) -> float:
 
 def stage_memory(job: Job, stage: int) -> StageMemory:
     lay = job.layout
-    params = stage_parameters(job.model, job.stage_layers[stage], first=stage == 0,
-                              last=stage == lay.pp - 1, tp=lay.tp)
+    params = job_stage_parameters(job, stage)
     per_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, zero_shards(job))
     activations = stage_activation_bytes(job, stage)
     o = job.overheads

@@ -10,7 +10,7 @@ so a caller that knows where the value came from (a case file) can say so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional
 
 ACTIVATIONS = ("gelu", "swiglu")
@@ -276,7 +276,6 @@ class Layout:
         return self.dp * self.tp * self.pp * self.cp
 
     def with_changes(self, **changes) -> "Layout":
-        from dataclasses import replace
         return replace(self, **changes)
 
 

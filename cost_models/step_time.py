@@ -20,15 +20,14 @@ from dataclasses import dataclass, fields
 from .activations import activation_bytes
 from .collectives import collective_time, p2p_time
 from .flops import Gemm, attention_flops, head_gemm, layer_gemms, model_flops_per_token
-from .memory import zero_shards
+from .memory import job_stage_parameters, zero_shards
 from .model_states import state_bytes
-from .parameters import stage_parameters
 from .pipeline import bubble_fraction
 from .specs import GPUSpec, Job
 from .topology import group_links
 
-# Megatron's DDP bucket: 40 M parameters (``megatron/core/distributed/distributed_data_parallel_config.py``,
-# bucket_size = max(40_000_000, 1_000_000 · dp)). The last bucket cannot overlap with backward.
+# Megatron's DDP bucket: at least 40 M parameters (``megatron/core/distributed/``, bucket_size =
+# max(40_000_000, 1_000_000 · dp)); we take the floor. The last bucket cannot overlap with backward.
 DDP_BUCKET_PARAMS = 40e6
 
 
@@ -190,8 +189,7 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     shards = zero_shards(job)
     if shards == 1:
         return 0.0
-    params = stage_parameters(job.model, job.stage_layers[stage], first=stage == 0,
-                              last=stage == lay.pp - 1, tp=lay.tp)
+    params = job_stage_parameters(job, stage)
     per_param = state_bytes(training)
     dp_links = group_links(cluster, lay, "dp_cp")
     grads = params * per_param.gradients
@@ -215,8 +213,7 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
 def optimizer_time(job: Job, stage: int) -> float:
     """The optimizer step is HBM-bound: read gradients, read and write the fp32 states, write weights."""
     lay, gpu = job.layout, job.cluster.gpu
-    params = stage_parameters(job.model, job.stage_layers[stage], first=stage == 0,
-                              last=stage == lay.pp - 1, tp=lay.tp)
+    params = job_stage_parameters(job, stage)
     per_param = state_bytes(job.training)
     local = params / (zero_shards(job) if lay.zero_stage >= 1 else 1)
     traffic = per_param.gradients + 2 * per_param.optimizer + per_param.weights

@@ -7,7 +7,6 @@ says where each came from); the expected numbers are the published ones.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
