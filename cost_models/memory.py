@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Optional
 
 from .activations import (embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes)
@@ -47,7 +48,27 @@ def job_stage_parameters(job: Job, stage: int) -> float:
                             last=stage == job.layout.pp - 1, tp=job.layout.tp)
 
 
-def stage_activation_bytes(job: Job, stage: int) -> float:
+@dataclass(frozen=True)
+class PerMicrobatch:
+    """Activation bytes per micro-batch that every stage of a job shares."""
+
+    kept: float  # one layer that is not recomputed
+    checkpointed: float  # one layer under full recomputation: its input only
+    embedding: float  # first stage
+    head: float  # last stage
+
+
+def per_microbatch(job: Job) -> PerMicrobatch:
+    model, training, lay = job.model, job.training, job.layout
+    return PerMicrobatch(
+        kept=layer_activation_bytes(model, training, lay, recomputed=False),
+        checkpointed=layer_activation_bytes(model, training, lay, recomputed=True),
+        embedding=embedding_activation_bytes(model, training, lay),
+        head=head_activation_bytes(model, training, lay),
+    )
+
+
+def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch] = None) -> float:
     """Activations stage ``stage`` holds at its peak under the pipeline schedule.
 
     Layers recomputed with ``full`` keep only their input; with
@@ -55,27 +76,25 @@ def stage_activation_bytes(job: Job, stage: int) -> float:
     (Megatron's ``--recompute-method block``). While a recomputed layer runs its
     backward, its full activations are live once more: one layer's worth is added.
     """
-    lay, model, training = job.layout, job.model, job.training
+    lay = job.layout
+    shared = shared or per_microbatch(job)
     layers = job.stage_layers[stage]
-    first, last = stage == 0, stage == lay.pp - 1
     chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
     layers_per_chunk = layers / lay.vpp
 
-    recomputed = 0
+    recomputed = 0.0
     if lay.recompute == "full":
         per_chunk = layers_per_chunk if lay.recompute_num_layers is None else lay.recompute_num_layers / lay.vpp
         recomputed = min(per_chunk, layers_per_chunk)
-    kept = layer_activation_bytes(model, training, lay, recomputed=False)
-    checkpointed = layer_activation_bytes(model, training, lay, recomputed=True)
-    per_chunk_bytes = recomputed * checkpointed + (layers_per_chunk - recomputed) * kept
+    per_chunk_bytes = recomputed * shared.checkpointed + (layers_per_chunk - recomputed) * shared.kept
 
     total = chunks * per_chunk_bytes
     if recomputed:
-        total += kept
-    if first:
-        total += chunks * embedding_activation_bytes(model, training, lay)
-    if last:
-        total += head_activation_bytes(model, training, lay)
+        total += shared.kept
+    if stage == 0:
+        total += chunks * shared.embedding
+    if stage == lay.pp - 1:
+        total += shared.head
     return total
 
 
@@ -88,23 +107,47 @@ def zero3_gather_bytes(job: Job) -> float:
     return 2 * per_layer * state_bytes(job.training).weights
 
 
-def stage_memory(job: Job, stage: int) -> StageMemory:
+def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[StageMemory, ...]:
+    """Memory per GPU of the given pipeline stages (all by default), by term."""
     lay = job.layout
-    params = job_stage_parameters(job, stage)
+    shared = per_microbatch(job)
     per_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, zero_shards(job))
-    activations = stage_activation_bytes(job, stage)
     o = job.overheads
-    other = o.cuda_context + o.comm_buffers + o.fragmentation * activations + zero3_gather_bytes(job)
-    return StageMemory(
-        stage=stage,
-        parameters=params * per_param.weights,
-        gradients=params * per_param.gradients,
-        optimizer_states=params * per_param.optimizer,
-        activations=activations,
-        other=other,
-    )
+    fixed = o.cuda_context + o.comm_buffers + zero3_gather_bytes(job)
+    out = []
+    for stage in (range(lay.pp) if stages is None else stages):
+        params = job_stage_parameters(job, stage)
+        activations = stage_activation_bytes(job, stage, shared)
+        out.append(StageMemory(
+            stage=stage,
+            parameters=params * per_param.weights,
+            gradients=params * per_param.gradients,
+            optimizer_states=params * per_param.optimizer,
+            activations=activations,
+            other=fixed + o.fragmentation * activations,
+        ))
+    return tuple(out)
+
+
+def stage_memory(job: Job, stage: int) -> StageMemory:
+    return stage_memories(job, (stage,))[0]
+
+
+def peak_candidates(job: Job) -> list[int]:
+    """Stages that can be the heaviest: the first and last (embedding, head), and each middle
+    stage holding more layers than every middle stage before it. A later middle stage with no
+    more layers holds fewer micro-batches in flight and the same or fewer weights, so it
+    cannot be heavier."""
+    pp = job.layout.pp
+    stages = {0, pp - 1}
+    most = 0
+    for i in range(1, pp - 1):
+        if job.stage_layers[i] > most:
+            most = job.stage_layers[i]
+            stages.add(i)
+    return sorted(stages)
 
 
 def peak_stage_memory(job: Job) -> StageMemory:
     """The stage whose GPUs need the most memory: it decides whether the layout fits."""
-    return max((stage_memory(job, i) for i in range(job.layout.pp)), key=lambda m: m.total)
+    return max(stage_memories(job, peak_candidates(job)), key=lambda m: m.total)

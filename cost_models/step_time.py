@@ -15,6 +15,7 @@ them behind that micro-batch's compute (FSDP prefetch).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from .activations import activation_bytes
@@ -195,18 +196,26 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     grads = params * per_param.gradients
     weights = params * per_param.weights
     backward_last = 2 / 3 * slowest.compute + slowest.recompute
-    last_bucket = min(1.0, DDP_BUCKET_PARAMS / params)
+    # Engines issue one collective per bucket (ZeRO 0–2) or per wrapped layer (ZeRO-3:
+    # FSDP units, DeepSpeed's per-module gathers): each pays the collective's latency.
+    chunks = job.stage_layers[stage] if lay.zero_stage == 3 else max(1, math.ceil(params / DDP_BUCKET_PARAMS))
+
+    def chunked(kind: str, size: float) -> float:
+        return chunks * collective_time(kind, size / chunks, dp_links, perf)
 
     if lay.zero_stage == 0:
-        reduce = collective_time("all_reduce", grads, dp_links, perf)
-        return max(reduce - backward_last, reduce * last_bucket)
-    reduce = collective_time("reduce_scatter", grads, dp_links, perf)
-    hidden_reduce = max(reduce - backward_last, reduce * last_bucket)
+        reduce = chunked("all_reduce", grads)
+        return max(reduce - backward_last, reduce / chunks)
+    reduce = chunked("reduce_scatter", grads)
+    hidden_reduce = max(reduce - backward_last, reduce / chunks)
     if lay.zero_stage in (1, 2):
-        return hidden_reduce + collective_time("all_gather", weights, dp_links, perf)
-    gather = collective_time("all_gather", weights, dp_links, perf)
+        return hidden_reduce + chunked("all_gather", weights)
+    gather = chunked("all_gather", weights)
     forward = slowest.compute / 3
-    per_microbatch = max(0.0, gather - forward) + max(0.0, gather - backward_last)
+    # Forward gathers hide behind the forward; backward gathers (and those of a full
+    # recompute, which runs inside backward) behind the backward.
+    backward_gathers = 2 if lay.recompute == "full" else 1
+    per_microbatch = max(0.0, gather - forward) + max(0.0, backward_gathers * gather - backward_last)
     return hidden_reduce + job.num_microbatches * per_microbatch
 
 
@@ -242,9 +251,12 @@ def pipeline_comm(job: Job) -> float:
 
 def step_time(job: Job) -> StepTime:
     lay = job.layout
-    stages = [stage_time(job, i) for i in range(lay.pp)]
-    slowest_index = max(range(lay.pp), key=lambda i: stages[i].total)
-    slowest = stages[slowest_index]
+    # Stages with the same layer count and role (first, middle, last) take the same time.
+    kinds: dict[tuple, int] = {}
+    for i, layers in enumerate(job.stage_layers):
+        kinds.setdefault((layers, i == 0, i == lay.pp - 1), i)
+    stages = [stage_time(job, i) for i in kinds.values()]
+    slowest = max(stages, key=lambda s: s.total)
     m = job.num_microbatches
     return StepTime(
         compute_s=m * slowest.compute,
@@ -252,9 +264,9 @@ def step_time(job: Job) -> StepTime:
         tp_comm_s=m * slowest.tp_comm,
         cp_comm_s=m * slowest.cp_comm,
         pp_comm_s=pipeline_comm(job),
-        dp_comm_s=max(dp_comm_exposed(job, i, slowest) for i in range(lay.pp)),
+        dp_comm_s=max(dp_comm_exposed(job, i, slowest) for i in kinds.values()),
         bubble_s=bubble_fraction(lay.pp, lay.vpp, m) * m * slowest.total,
-        optimizer_s=max(optimizer_time(job, i) for i in range(lay.pp)),
+        optimizer_s=max(optimizer_time(job, i) for i in kinds.values()),
         overhead_s=job.cluster.gpu.performance.step_overhead_s,
     )
 

@@ -2,5 +2,6 @@
 
 from .errors import CaseError
 from .estimate import Estimate, estimate
+from .plan import Plan, plan
 
-__all__ = ["CaseError", "Estimate", "estimate"]
+__all__ = ["CaseError", "Estimate", "Plan", "estimate", "plan"]

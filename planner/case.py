@@ -347,3 +347,17 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
         values["dp"] = num_gpus // model_parallel
     with spec_errors(src):
         return Layout(**values)
+
+
+def layout_to_mapping(layout: Layout) -> dict[str, Any]:
+    """The case-file ``layout`` section for ``layout``: what `plan` hands to `estimate`."""
+    section: dict[str, Any] = {
+        "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vpp": layout.vpp,
+        "micro_batch_size": layout.micro_batch_size, "zero_stage": layout.zero_stage,
+        "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
+    }
+    if layout.recompute_num_layers is not None:
+        section["recompute_num_layers"] = layout.recompute_num_layers
+    if layout.stage_layers is not None:
+        section["stage_layers"] = list(layout.stage_layers)
+    return section

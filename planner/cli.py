@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -49,6 +50,39 @@ def estimate_command(
     else:
         print_estimate(est, Console())
     if not est.fits:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+@app.command("plan")
+def plan_command(
+    case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster, training and optional search."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    top: Optional[int] = typer.Option(None, "--top", min=0, help="Alternatives to list (default 5, or search.top_k)."),
+    simplest_within: Optional[float] = typer.Option(
+        None, "--simplest-within", min=0.0,
+        help="Return the least complex layout whose step time is within PCT percent of the fastest."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the memory and Pareto plots to this PNG."),
+) -> None:
+    """The fastest layout that fits, at the case's global batch, and its runners-up."""
+    from .plan import plan
+    from .report import print_plan
+
+    try:
+        result = plan(case, simplest_within=simplest_within, top_k=top)
+    except CaseError as error:
+        _fail(error)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_plan(result, Console())
+    if plot is not None and result.best is not None:
+        from .plots import write_plots
+
+        try:
+            write_plots(result, plot)
+        except CaseError as error:
+            _fail(error)
+    if result.best is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 

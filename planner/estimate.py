@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from cost_models.memory import StageMemory, peak_stage_memory, stage_memory
+from cost_models.memory import StageMemory, peak_stage_memory, stage_memories
 from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import RECOMPUTE, Job, Layout, SpecError
 
-from .case import Case, load_case
+from .case import Case, layout_to_mapping, load_case
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,8 @@ class Estimate:
                 "stage": self.peak.stage,
                 "by_term": {term: int(round(v)) for term, v in self.peak.by_term().items()},
             },
+            "layout": layout_to_mapping(self.job.layout),
+            "grad_accum": self.job.grad_accum,
             "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s,
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
@@ -88,7 +90,7 @@ class Estimate:
 
 
 def estimate_job(case: Case, job: Job) -> Estimate:
-    stages = tuple(stage_memory(job, i) for i in range(job.layout.pp))
+    stages = stage_memories(job)
     return Estimate(case=case, job=job, stages=stages, peak=max(stages, key=lambda m: m.total),
                     time=step_time(job))
 

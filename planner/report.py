@@ -59,3 +59,34 @@ def print_estimate(est: Estimate, console: Console) -> None:
     if remedy is not None:
         verdict = "fits" if remedy.fits else "still does not fit"
         console.print(f"cheapest next change: {remedy.description} → peak {remedy.peak_bytes / GB:.1f} GB, {verdict}")
+
+
+def _layout_summary(layout: dict) -> str:
+    keys = ("dp", "tp", "pp", "vpp", "cp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
+            "recompute_num_layers", "stage_layers")
+    short = {"micro_batch_size": "mbs", "zero_stage": "zero", "sequence_parallel": "sp",
+             "recompute_num_layers": "recompute layers", "stage_layers": "stages"}
+    return " ".join(f"{short.get(k, k)}={layout[k]}" for k in keys if k in layout)
+
+
+def print_plan(plan, console: Console) -> None:
+    """The best layout, its runners-up and why the first of them lost; or why nothing fits."""
+    if plan.best is None:
+        console.print(f"[red]{plan.no_fit.describe()}[/]")
+        return
+    best = plan.best
+    print_estimate(best, console)
+    console.print(f"solver: {plan.status} over {plan.fitting} fitting layouts ({plan.scored} scored)")
+    if not plan.alternatives:
+        return
+    table = Table(title="Alternatives")
+    for column in ("#", "step s", "tokens/s", "MFU", "peak GB", "differs from best"):
+        table.add_column(column, justify="right" if column not in ("differs from best",) else "left")
+    rows = [(best, {})] + [(alt, plan.differences(alt)) for alt in plan.alternatives]
+    for i, (est, diff) in enumerate(rows):
+        table.add_row("best" if i == 0 else str(i), f"{est.step_time_s:.3f}", f"{est.tokens_per_s:,.0f}",
+                      f"{est.mfu:.1%}", f"{est.peak.total / GB:.1f}",
+                      _layout_summary(est.to_dict()["layout"]) if i == 0 else
+                      ", ".join(f"{k} {a}→{b}" for k, (a, b) in diff.items()))
+    console.print(table)
+    console.print(f"runner-up: {plan.why_runner_up_lost()}")

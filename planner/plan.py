@@ -1,0 +1,190 @@
+"""`plan`: the fastest layout that fits at the case's global batch, its runners-up, and advice when nothing fits."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+from cost_models.memory import peak_stage_memory
+from cost_models.specs import ClusterSpec, Job, Layout
+
+from .case import Case, layout_to_mapping, load_case
+from .errors import CaseError
+from .estimate import Estimate, estimate_job
+from .search import Candidate, SearchSpec, search, search_spec
+from .solver import LayoutModel
+
+# A case larger than this many GPUs is refused rather than searched for minutes.
+MAX_GPUS = 1 << 20
+# The solver's table holds every fitting layout within this share of the fastest (or the
+# --simplest-within margin, if wider), and at least the top-k: all that the answer,
+# its alternatives and the simplest-within choice can be drawn from.
+TABLE_SLACK = 0.25
+
+
+def _table(candidates: list[Candidate], slack: float, top_k: int) -> list[Candidate]:
+    by_time = sorted(candidates, key=lambda c: c.step_time_s)
+    if not by_time:
+        return []
+    limit = by_time[0].step_time_s * (1 + slack)
+    within = [c for c in by_time if c.step_time_s <= limit]
+    return within if len(within) > top_k else by_time[:top_k + 1]
+
+
+@dataclass(frozen=True)
+class NoFit:
+    """Why nothing fits, and the smallest changes that would."""
+
+    term: str  # the largest memory term of the layout closest to fitting
+    peak_bytes: float
+    limit_bytes: float
+    closest_layout: Optional[Layout]
+    gpus_that_fit: Optional[int]  # the fewest GPUs at which some layout fits
+    seq_len_that_fits: Optional[int]  # the longest sequence (same GPUs) at which some layout fits
+
+    def describe(self) -> str:
+        parts = [f"no layout fits: {self.term} overflows (closest layout needs "
+                 f"{self.peak_bytes / 1e9:.1f} GB of {self.limit_bytes / 1e9:.1f} GB usable)"]
+        if self.gpus_that_fit:
+            parts.append(f"{self.gpus_that_fit} GPUs would fit")
+        if self.seq_len_that_fits:
+            parts.append(f"seq_len {self.seq_len_that_fits} would fit")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"term": self.term, "peak_bytes": int(self.peak_bytes), "limit_bytes": int(self.limit_bytes),
+                "closest_layout": layout_to_mapping(self.closest_layout) if self.closest_layout else None,
+                "gpus_that_fit": self.gpus_that_fit, "seq_len_that_fits": self.seq_len_that_fits}
+
+
+@dataclass(frozen=True)
+class Plan:
+    status: str  # CP-SAT's status: OPTIMAL, or INFEASIBLE when nothing fits
+    best: Optional[Estimate]
+    alternatives: tuple[Estimate, ...]
+    scored: int  # layouts whose memory was evaluated
+    fitting: int  # of those, layouts that fit
+    no_fit: Optional[NoFit] = None
+
+    def differences(self, other: Estimate) -> dict[str, list]:
+        """Layout fields where ``other`` differs from the best: {field: [best, other]}."""
+        assert self.best is not None
+        mine, theirs = self.best.to_dict(), other.to_dict()
+        keys = ["grad_accum"] + list(dict.fromkeys(list(mine["layout"]) + list(theirs["layout"])))
+        out = {}
+        for key in keys:
+            a = mine.get(key) if key == "grad_accum" else mine["layout"].get(key)
+            b = theirs.get(key) if key == "grad_accum" else theirs["layout"].get(key)
+            if a != b:
+                out[key] = [a, b]
+        return out
+
+    def why_runner_up_lost(self) -> Optional[str]:
+        if self.best is None or not self.alternatives:
+            return None
+        runner = self.alternatives[0]
+        gap = runner.step_time_s - self.best.step_time_s
+        if gap <= 1e-3 * self.best.step_time_s:
+            return "ties with the best on step time and ranks lower as the more complex layout " \
+                   "(order: accumulation < recomputation < ZeRO < TP < PP)"
+        mine, theirs = self.best.time.by_part(), runner.time.by_part()
+        part = max(theirs, key=lambda k: theirs[k] - mine[k])
+        return (f"{gap:.3f} s slower per step ({gap / self.best.step_time_s:+.1%}), mostly "
+                f"{part.removesuffix('_s')} ({mine[part]:.3f} s → {theirs[part]:.3f} s)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "best": self.best.to_dict() if self.best else None,
+            "alternatives": [{**alt.to_dict(), "differs_from_best": self.differences(alt)}
+                             for alt in self.alternatives],
+            "runner_up_lost_because": self.why_runner_up_lost(),
+            "search": {"scored": self.scored, "fitting": self.fitting},
+            "no_fit": self.no_fit.to_dict() if self.no_fit else None,
+        }
+
+
+def _check_size(case: Case) -> None:
+    if case.cluster.num_gpus > MAX_GPUS:
+        raise CaseError(case.source, "cluster.num_gpus", f"at most {MAX_GPUS} GPUs can be planned, "
+                                                         f"got {case.cluster.num_gpus}")
+
+
+def _some_layout_fits(case: Case, spec: SearchSpec) -> bool:
+    return bool(search(case, spec, first_only=True).candidates)
+
+
+def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
+    limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom)
+    if tightest is not None:
+        peak = peak_stage_memory(tightest)
+        terms = peak.by_term()
+        term, peak_bytes = max(terms, key=terms.get), peak.total
+    else:
+        term, peak_bytes = "parameters", math.inf
+    per_node = case.cluster.gpu.gpus_per_node
+    nodes = math.ceil(case.cluster.num_gpus / per_node)
+    gpus_that_fit = None
+    # Double the nodes until a layout fits, then bisect back to the fewest nodes that fit.
+    high = nodes
+    while high <= 64 * nodes and high * per_node <= MAX_GPUS:
+        high *= 2
+        if _some_layout_fits(replace(case, cluster=ClusterSpec(case.cluster.gpu, high * per_node)), spec):
+            low = high // 2
+            while low + 1 < high:
+                mid = (low + high) // 2
+                if _some_layout_fits(replace(case, cluster=ClusterSpec(case.cluster.gpu, mid * per_node)), spec):
+                    high = mid
+                else:
+                    low = mid
+            gpus_that_fit = high * per_node
+            break
+    seq_that_fits = None
+    seq = case.training.seq_len // 2
+    while seq >= 128:
+        shorter = replace(case, training=replace(case.training, seq_len=seq))
+        if _some_layout_fits(shorter, spec):
+            seq_that_fits = seq
+            break
+        seq //= 2
+    return NoFit(term, peak_bytes, limit, tightest.layout if tightest else None, gpus_that_fit, seq_that_fits)
+
+
+def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Optional[int] = None) -> Plan:
+    _check_size(case)
+    spec = search_spec(case)
+    if top_k is not None:
+        spec = replace(spec, top_k=top_k)
+    result = search(case, spec)
+    table = _table(result.candidates, max(TABLE_SLACK, (simplest_within or 0) / 100), spec.top_k)
+    model = LayoutModel(case, spec, table)
+    solution = model.solve()
+    if solution.index is None:
+        return Plan(solution.status, None, (), result.scored, 0, _advice(case, spec, result.tightest))
+    status = solution.status
+    chosen = solution.index
+    if simplest_within is not None:
+        fastest_us = round(table[chosen].step_time_s * 1e6)
+        chosen = model.solve(time_limit_us=int(fastest_us * (1 + simplest_within / 100)), simplest=True).index
+    model.exclude(chosen)
+    alternatives = []
+    for _ in range(spec.top_k):
+        nxt = model.solve()
+        if nxt.index is None:
+            break
+        alternatives.append(nxt.index)
+        model.exclude(nxt.index)
+
+    def estimate_of(index: int) -> Estimate:
+        layout = table[index].layout
+        return estimate_job(case, case.job(layout))
+
+    return Plan(status, estimate_of(chosen), tuple(estimate_of(i) for i in alternatives),
+                result.scored, len(result.candidates))
+
+
+def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int] = None) -> Plan:
+    """Python API: plan a case (path or dict in the case-file schema); any ``layout`` section is ignored."""
+    loaded = case if isinstance(case, Case) else load_case(case)
+    return plan_case(loaded, simplest_within=simplest_within, top_k=top_k)

@@ -1,0 +1,304 @@
+"""The search space of `plan`: every layout worth scoring, with its memory and step time.
+
+Layouts are enumerated structurally (tp, cp, pp, dp, pipeline partition, vpp) and then per
+micro-batch, ZeRO stage, sequence parallelism and recomputation. Three dominance rules of
+the cost model keep the table small without losing its optimum (the brute-force
+enumerator in the tests checks this):
+
+- With tensor parallelism, sequence parallelism never costs time and always saves memory
+  (same collective volume; norms and dropout run on 1/t of the tokens), so where the engine
+  offers the choice only ``sequence_parallel: true`` is scored.
+- Recomputation only adds time, so for every other choice only the least recomputation
+  that fits is scored: none, else selective, else full on the fewest layers per stage.
+- Memory grows with the micro-batch, so once nothing fits at a micro-batch size, larger
+  ones are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from cost_models.memory import peak_stage_memory
+from cost_models.specs import Job, Layout, SpecError
+from cost_models.step_time import step_time
+
+from .case import Case, _bool, _int, _mapping, _number, _str
+from .engines import ENGINES, EngineSupport
+from .errors import CaseError
+
+# Unless the case bounds cp itself, every context-parallel rank keeps at least this many
+# tokens: below it the ring's per-step latency and the flash-attention tiles (128 × 128)
+# leave a rank's chunk too small to pay for the exchange; NeMo's long-context recipes
+# keep 4k–16k tokens per rank.
+MIN_TOKENS_PER_CP_RANK = 1024
+
+PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
+            "recompute_num_layers")
+BOUNDED = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage")
+SEARCH_KEYS = ("target", "headroom", "top_k", "tp_across_nodes") + PINNABLE \
+    + tuple(f"{side}_{name}" for name in BOUNDED for side in ("min", "max"))
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """The case file's ``search`` section: engine, headroom, and pins or bounds on any variable."""
+
+    target: str = "any"
+    headroom: float = 0.05
+    top_k: int = 5
+    tp_across_nodes: bool = False
+    pins: dict = field(default_factory=dict)
+    bounds: dict = field(default_factory=dict)  # name -> (min, max)
+
+    @property
+    def engine(self) -> EngineSupport:
+        return ENGINES[self.target]
+
+    def admits(self, name: str, value: Any) -> bool:
+        if name in self.pins and self.pins[name] != value:
+            return False
+        low, high = self.bounds.get(name, (None, None))
+        return (low is None or value >= low) and (high is None or value <= high)
+
+
+def search_spec(case: Case) -> SearchSpec:
+    src, data = case.source, case.search
+    data = _mapping(src, "search", data, SEARCH_KEYS)
+    values: dict[str, Any] = {}
+    if "target" in data:
+        target = _str(src, "search.target", data["target"])
+        if target not in ENGINES:
+            raise CaseError(src, "search.target", f"expected one of {', '.join(ENGINES)}, got {target!r}")
+        values["target"] = target
+    if "headroom" in data:
+        headroom = _number(src, "search.headroom", data["headroom"])
+        if not 0 <= headroom < 1:
+            raise CaseError(src, "search.headroom", f"expected a fraction in [0, 1), got {headroom}")
+        values["headroom"] = headroom
+    if "top_k" in data:
+        values["top_k"] = _int(src, "search.top_k", data["top_k"], minimum=0)
+    if "tp_across_nodes" in data:
+        values["tp_across_nodes"] = _bool(src, "search.tp_across_nodes", data["tp_across_nodes"])
+    pins: dict[str, Any] = {}
+    for name in PINNABLE:
+        if name not in data:
+            continue
+        key = f"search.{name}"
+        if name == "sequence_parallel":
+            pins[name] = _bool(src, key, data[name])
+        elif name == "recompute":
+            pins[name] = _str(src, key, data[name])
+            if pins[name] not in ("none", "selective", "full"):
+                raise CaseError(src, key, f"expected none, selective or full, got {pins[name]!r}")
+        else:
+            pins[name] = _int(src, key, data[name], minimum=0 if name in ("zero_stage", "recompute_num_layers") else 1)
+    bounds: dict[str, tuple] = {}
+    for name in BOUNDED:
+        low = _int(src, f"search.min_{name}", data[f"min_{name}"], minimum=0) if f"min_{name}" in data else None
+        high = _int(src, f"search.max_{name}", data[f"max_{name}"], minimum=0) if f"max_{name}" in data else None
+        if low is not None and high is not None and low > high:
+            raise CaseError(src, f"search.min_{name}", f"must not exceed max_{name} ({high}), got {low}")
+        if low is not None or high is not None:
+            bounds[name] = (low, high)
+    if "zero_stage" in pins and pins["zero_stage"] > 3:
+        raise CaseError(src, "search.zero_stage", f"expected 0, 1, 2 or 3, got {pins['zero_stage']}")
+    return SearchSpec(pins=pins, bounds=bounds, **values)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scored layout that fits."""
+
+    layout: Layout
+    step_time_s: float
+    peak_bytes: float
+
+
+@dataclass
+class SearchResult:
+    candidates: list[Candidate]
+    scored: int  # layouts whose memory was evaluated
+    tightest: Optional[Job] = None  # the non-fitting layout closest to fitting, for advice
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def partitions(layers: int, pp: int) -> list[Optional[tuple[int, ...]]]:
+    """Pipeline partitions to score: an even split where layers divide, and one that
+    lightens the edge stages, which also hold the embedding and the LM head
+    (Megatron-DeepSpeed ``type:transformer|embedding``; Megatron's
+    ``--decoder-first/last-pipeline-num-layers``)."""
+    if pp == 1:
+        return [None]
+    if layers < pp:
+        return []
+    options: list[Optional[tuple[int, ...]]] = []
+    if layers % pp == 0:
+        options.append(None)
+    base, extra = divmod(layers, pp)
+    if extra == 0 and base > 1 and pp > 2:
+        extra, base = 2, base - 1  # move one layer from each edge to the middle stages
+    if extra:
+        counts = [base] * pp
+        order = list(range(1, pp - 1)) + [0, pp - 1]  # middle stages take the remainder first
+        while extra:
+            for i in order:
+                if extra == 0:
+                    break
+                counts[i] += 1
+                extra -= 1
+        options.append(tuple(counts))
+    return options
+
+
+def _vpp_options(partition: tuple[int, ...], engine: EngineSupport) -> list[int]:
+    if len(partition) == 1 or not engine.interleaving:
+        return [1]
+    smallest = min(partition)
+    return [v for v in divisors(smallest) if all(n % v == 0 for n in partition)]
+
+
+def fits(job: Job, headroom: float) -> tuple[bool, float]:
+    peak = peak_stage_memory(job).total
+    return peak <= job.cluster.gpu.memory_bytes * (1 - headroom), peak
+
+
+def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, int]]:
+    """(tp, cp, pp, dp) with tp·cp·pp·dp = GPUs that the model, batch, engine and bounds allow."""
+    model, training, cluster = case.model, case.training, case.cluster
+    engine = spec.engine
+    n = cluster.num_gpus
+    for tp in divisors(n):
+        if model.num_attention_heads % tp or model.ffn_hidden_size % tp \
+                or (model.num_kv_heads % tp and tp % model.num_kv_heads):
+            continue
+        if tp > cluster.gpu.nvlink_domain and not spec.tp_across_nodes:
+            continue
+        if not spec.admits("tp", tp):
+            continue
+        for cp in divisors(n // tp):
+            if cp > 1 and (not engine.context_parallel or training.seq_len % (2 * cp)):
+                continue
+            if "max_cp" not in spec.bounds and training.seq_len < cp * MIN_TOKENS_PER_CP_RANK:
+                continue
+            if not spec.admits("cp", cp):
+                continue
+            for pp in divisors(n // (tp * cp)):
+                dp = n // (tp * cp * pp)
+                if pp > model.num_layers or training.global_batch_size % dp:
+                    continue
+                if spec.admits("pp", pp) and spec.admits("dp", dp):
+                    yield tp, cp, pp, dp
+
+
+def _recompute_ladder(spec: SearchSpec, base: Layout) -> list[Layout]:
+    """Layouts from least to most recomputation that the engine and pins allow."""
+    engine = spec.engine
+    out = []
+    for level in ("none", "selective", "full"):
+        if level not in engine.recompute or not spec.admits("recompute", level):
+            continue
+        if level == "full":
+            if "recompute_num_layers" in spec.pins:
+                out.append(base.with_changes(recompute="full", recompute_num_layers=spec.pins["recompute_num_layers"]))
+                continue
+            out.append(base.with_changes(recompute="full"))
+        else:
+            if "recompute_num_layers" in spec.pins:
+                continue
+            out.append(base.with_changes(recompute=level))
+    return out
+
+
+def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout) -> Optional[tuple[Job, float]]:
+    """Full recomputation on the fewest layers per stage that fits (memory falls as layers are added)."""
+    stage_max = max(layout.stage_layers) if layout.stage_layers else case.model.num_layers // layout.pp
+
+    def trial(n: int) -> tuple[Optional[Job], float]:
+        rnl = None if n >= stage_max or not spec.engine.partial_recompute else n
+        job = Job(case.model, case.cluster, case.training, layout.with_changes(recompute_num_layers=rnl),
+                  case.overheads)
+        ok, peak = fits(job, spec.headroom)
+        return (job if ok else None), peak
+
+    job, peak = trial(stage_max)
+    if job is None or not spec.engine.partial_recompute:
+        return (job, peak) if job else None
+    low, high = 1, stage_max  # the fewest recomputed layers that still fit
+    while low < high:
+        mid = (low + high) // 2
+        if trial(mid)[0] is not None:
+            high = mid
+        else:
+            low = mid + 1
+    job, peak = trial(low)
+    return job, peak
+
+
+def search(case: Case, spec: SearchSpec, first_only: bool = False) -> SearchResult:
+    """Score every non-dominated layout; return those that fit (with ``first_only``, stop at one)."""
+    model, training = case.model, case.training
+    engine = spec.engine
+    result = SearchResult(candidates=[], scored=0)
+    tightest_peak = math.inf
+
+    def note_miss(job: Job, peak: float) -> None:
+        nonlocal tightest_peak
+        if peak < tightest_peak:
+            tightest_peak, result.tightest = peak, job
+
+    for tp, cp, pp, dp in structures(case, spec):
+        sp_options = [sp for sp in ((False,) if tp == 1 else engine.sequence_parallel)
+                      if spec.admits("sequence_parallel", sp)]
+        if True in sp_options:
+            sp_options = [True]  # dominates False (module docstring)
+        zeros = [z for z in engine.zero_stages
+                 if spec.admits("zero_stage", z) and not (pp > 1 and z > engine.max_zero_with_pp)]
+        if dp * cp == 1:
+            zeros = [z for z in zeros if z == 0] or zeros[:1]  # nothing to shard over
+        for partition in partitions(model.num_layers, pp):
+            stage_layers = partition or (model.num_layers // pp,) * pp
+            for vpp in _vpp_options(stage_layers, engine):
+                if not spec.admits("vpp", vpp):
+                    continue
+                for sp in sp_options:
+                    for zero in zeros:
+                        for mbs in divisors(training.global_batch_size // dp):
+                            if not spec.admits("micro_batch_size", mbs):
+                                continue
+                            m = training.global_batch_size // (mbs * dp)
+                            if vpp > 1 and m % pp:
+                                continue
+                            base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
+                                          zero_stage=zero, sequence_parallel=sp, stage_layers=partition)
+                            found = False
+                            for layout in _recompute_ladder(spec, base):
+                                try:
+                                    if layout.recompute == "full" and layout.recompute_num_layers is None:
+                                        hit = _least_full_recompute(case, spec, layout)
+                                        result.scored += 1
+                                        if hit is None:
+                                            continue
+                                        job, peak = hit
+                                    else:
+                                        job = Job(model, case.cluster, training, layout, case.overheads)
+                                        ok, peak = fits(job, spec.headroom)
+                                        result.scored += 1
+                                        if not ok:
+                                            note_miss(job, peak)
+                                            continue
+                                except SpecError:
+                                    continue
+                                result.candidates.append(Candidate(job.layout, step_time(job).total, peak))
+                                if first_only:
+                                    return result
+                                found = True
+                                break
+                            if not found:
+                                break  # a larger micro-batch needs more memory still
+    return result

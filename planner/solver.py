@@ -1,0 +1,133 @@
+"""The CP-SAT model that holds the decision.
+
+Decision variables are the layout's degrees and choices. The model states the world size
+(dp·tp·pp·cp = GPUs), the global batch (micro_batch·accumulation·dp = global batch), the
+pins and bounds of the case's ``search`` section, and the memory limit; the nonlinear
+step time and peak memory of each scored layout enter through a table constraint (one
+row per layout from :mod:`planner.search`), as CP-SAT's documentation suggests for
+tabulated costs. The objective is the step time in microseconds, ties broken towards
+the simpler layout; CP-SAT proves the optimum within the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ortools.sat.python import cp_model
+
+from .case import Case
+from .search import Candidate, SearchSpec
+
+RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
+
+
+def complexity(candidate: Candidate, global_batch: int) -> tuple:
+    """Complexity in the order users climb it: accumulation < recomputation < ZeRO < TP < PP."""
+    lay = candidate.layout
+    accumulation = global_batch // (lay.micro_batch_size * lay.dp)
+    return (lay.pp * lay.vpp, lay.cp, lay.tp, lay.zero_stage, RECOMPUTE_LEVEL[lay.recompute],
+            lay.recompute_num_layers or 0, accumulation)
+
+
+@dataclass(frozen=True)
+class Solution:
+    status: str
+    index: Optional[int]
+
+
+class LayoutModel:
+    def __init__(self, case: Case, spec: SearchSpec, candidates: list[Candidate]):
+        self.candidates = candidates
+        gbs = case.training.global_batch_size
+        n = case.cluster.num_gpus
+        order = sorted(range(len(candidates)), key=lambda i: (complexity(candidates[i], gbs), i))
+        self.rank = {i: r for r, i in enumerate(order)}
+        partitions = sorted({c.layout.stage_layers or () for c in candidates})
+        part_id = {p: i for i, p in enumerate(partitions)}
+
+        m = cp_model.CpModel()
+        self.model = m
+
+        def var(name: str, values) -> cp_model.IntVar:
+            values = sorted(set(values)) or [0]
+            return m.NewIntVarFromDomain(cp_model.Domain.FromValues(values), name)
+
+        lays = [c.layout for c in candidates]
+        self.idx = m.NewIntVar(0, max(len(candidates) - 1, 0), "row")
+        dp = var("dp", [lay.dp for lay in lays])
+        tp = var("tp", [lay.tp for lay in lays])
+        pp = var("pp", [lay.pp for lay in lays])
+        cp = var("cp", [lay.cp for lay in lays])
+        mbs = var("micro_batch_size", [lay.micro_batch_size for lay in lays])
+        gas = var("grad_accum", [gbs // (lay.micro_batch_size * lay.dp) for lay in lays])
+        zero = var("zero_stage", [lay.zero_stage for lay in lays])
+        self.time_us = var("step_time_us", [round(c.step_time_s * 1e6) for c in candidates])
+        mem_mb = var("peak_mb", [int(c.peak_bytes // 1e6) for c in candidates])
+        rank = m.NewIntVar(0, max(len(candidates) - 1, 0), "complexity_rank")
+        self.rank_var = rank
+        rest = [var(name, values) for name, values in (
+            ("vpp", [lay.vpp for lay in lays]),
+            ("sequence_parallel", [int(lay.sequence_parallel) for lay in lays]),
+            ("recompute", [RECOMPUTE_LEVEL[lay.recompute] for lay in lays]),
+            ("recompute_num_layers", [lay.recompute_num_layers or 0 for lay in lays]),
+            ("partition", [part_id[lay.stage_layers or ()] for lay in lays]),
+        )]
+
+        world = m.NewConstant(n)
+        m.AddMultiplicationEquality(world, [dp, tp, pp, cp])
+        m.AddMultiplicationEquality(m.NewConstant(gbs), [mbs, gas, dp])
+        capacity_mb = int(case.cluster.gpu.memory_bytes * (1 - spec.headroom) / 1e6)
+        m.Add(mem_mb <= capacity_mb)
+        for name, variable in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("micro_batch_size", mbs),
+                               ("zero_stage", zero)):
+            if name in spec.pins:
+                m.Add(variable == spec.pins[name])
+            low, high = spec.bounds.get(name, (None, None))
+            if low is not None:
+                m.Add(variable >= low)
+            if high is not None:
+                m.Add(variable <= high)
+
+        # Each scored layout is one index; every column is tied to it by an element constraint
+        # (CP-SAT propagates these far faster than a table over wide time domains).
+        m.AddElement(self.idx, [lay.dp for lay in lays], dp)
+        m.AddElement(self.idx, [lay.tp for lay in lays], tp)
+        m.AddElement(self.idx, [lay.pp for lay in lays], pp)
+        m.AddElement(self.idx, [lay.cp for lay in lays], cp)
+        m.AddElement(self.idx, [lay.micro_batch_size for lay in lays], mbs)
+        m.AddElement(self.idx, [gbs // (lay.micro_batch_size * lay.dp) for lay in lays], gas)
+        m.AddElement(self.idx, [lay.zero_stage for lay in lays], zero)
+        m.AddElement(self.idx, [round(c.step_time_s * 1e6) for c in candidates], self.time_us)
+        m.AddElement(self.idx, [int(c.peak_bytes // 1e6) for c in candidates], mem_mb)
+        m.AddElement(self.idx, [self.rank[i] for i in range(len(candidates))], rank)
+        for variable, column in zip(rest, (
+                [lay.vpp for lay in lays], [int(lay.sequence_parallel) for lay in lays],
+                [RECOMPUTE_LEVEL[lay.recompute] for lay in lays], [lay.recompute_num_layers or 0 for lay in lays],
+                [part_id[lay.stage_layers or ()] for lay in lays])):
+            m.AddElement(self.idx, column, variable)
+
+    def solve(self, time_limit_us: Optional[int] = None, simplest: bool = False) -> Solution:
+        """Fastest row (ties to the simplest), or with ``simplest`` the simplest row within ``time_limit_us``."""
+        m = self.model
+        if not self.candidates:
+            return Solution("INFEASIBLE", None)
+        bound = None
+        if time_limit_us is not None:
+            bound = m.Add(self.time_us <= time_limit_us)
+        if simplest:
+            m.Minimize(self.rank_var)
+        else:
+            m.Minimize(self.time_us * len(self.candidates) + self.rank_var)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1  # the table is small; one worker is fastest and deterministic
+        status = solver.Solve(m)
+        if bound is not None:
+            bound.Proto().Clear()  # the bound applied to this solve only
+        name = solver.StatusName(status)
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return Solution(name, solver.Value(self.idx))
+        return Solution(name, None)
+
+    def exclude(self, index: int) -> None:
+        self.model.Add(self.idx != index)
