@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable, Optional
 
 from .activations import (embedding_activation_bytes, head_activation_bytes,
@@ -10,7 +11,7 @@ from .activations import (embedding_activation_bytes, head_activation_bytes,
 from .model_states import sharded_state_bytes, state_bytes
 from .parameters import attention_parameters, mlp_parameters, stage_parameters
 from .pipeline import in_flight_chunks
-from .specs import Job
+from .specs import Job, Layout, ModelSpec, TrainingSpec
 
 TERMS = ("parameters", "gradients", "optimizer_states", "activations", "other")
 
@@ -59,7 +60,18 @@ class PerMicrobatch:
 
 
 def per_microbatch(job: Job) -> PerMicrobatch:
-    model, training, lay = job.model, job.training, job.layout
+    lay = job.layout
+    return _per_microbatch(job.model, job.training, lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel,
+                           lay.recompute)
+
+
+@lru_cache(maxsize=4096)
+def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int,
+                    sequence_parallel: bool, recompute: str) -> PerMicrobatch:
+    # Only these layout fields shape a micro-batch's activations: cache on them, since a
+    # search scores many layouts that share them.
+    lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
+                 recompute=recompute)
     return PerMicrobatch(
         kept=layer_activation_bytes(model, training, lay, recomputed=False),
         checkpointed=layer_activation_bytes(model, training, lay, recomputed=True),

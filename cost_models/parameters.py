@@ -10,6 +10,8 @@ has none; for GPT-style models they are under 0.1 % of the total).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .specs import ModelSpec
 
 
@@ -45,6 +47,7 @@ def total_parameters(model: ModelSpec) -> int:
             + norm_parameters(model) + head)
 
 
+@lru_cache(maxsize=4096)
 def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp: int) -> float:
     """Parameters one GPU of a pipeline stage holds, before any ZeRO sharding.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Mapping, Optional
 
 ACTIVATIONS = ("gelu", "swiglu")
@@ -137,7 +138,9 @@ class GPUSpec:
 
     name: str
     memory_bytes: float
-    peak_flops: Mapping[str, float]  # dense, per precision: fp32, tf32, fp16, bf16, fp8
+    # Dense, per precision: fp32, tf32, fp16, bf16, fp8. Left out of the hash (a dict is not
+    # hashable); equal specs still hash alike, so cost models can cache on a GPUSpec.
+    peak_flops: Mapping[str, float] = field(hash=False)
     hbm_bandwidth: float  # bytes/s
     intra_node_bandwidth: float  # bytes/s per GPU, one direction
     inter_node_bandwidth: float  # bytes/s per GPU, one direction
@@ -339,7 +342,7 @@ class Job:
         """m in the pipeline formulas: micro-batches through each pipeline per step."""
         return self.grad_accum
 
-    @property
+    @cached_property  # read for every stage by every cost model; a Job never changes
     def stage_layers(self) -> tuple[int, ...]:
         lay = self.layout
         if lay.stage_layers is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 from .activations import activation_bytes
 from .collectives import collective_time, p2p_time
@@ -24,7 +25,7 @@ from .flops import Gemm, attention_flops, head_gemm, layer_gemms, model_flops_pe
 from .memory import job_stage_parameters, zero_shards
 from .model_states import state_bytes
 from .pipeline import bubble_fraction
-from .specs import GPUSpec, Job
+from .specs import GPUSpec, Job, Layout, ModelSpec, TrainingSpec
 from .topology import group_links
 
 # Megatron's DDP bucket: at least 40 M parameters (``megatron/core/distributed/``, bucket_size =
@@ -85,7 +86,7 @@ def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
         + casts / hbm + perf.kernel_overhead_s
 
 
-def elementwise_bytes(job: Job, tokens: float) -> float:
+def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float) -> float:
     """HBM traffic of one layer's forward element-wise kernels on one GPU.
 
     Per token, in elements: two norms (read + write h each), two residual adds
@@ -94,7 +95,6 @@ def elementwise_bytes(job: Job, tokens: float) -> float:
     Non-flash attention adds the scaled-masked softmax over a·s scores (read + write)
     and its dropout. Sequence parallelism shards the norm, residual and dropout part.
     """
-    model, lay, training = job.model, job.layout, job.training
     p = activation_bytes(training.precision)
     h, f, t = model.hidden_size, model.ffn_hidden_size, lay.tp
     sp = t if lay.sequence_parallel else 1
@@ -109,8 +109,17 @@ def elementwise_bytes(job: Job, tokens: float) -> float:
 
 def layer_forward_time(job: Job) -> tuple[float, float]:
     """Forward time of one layer for one micro-batch: (whole layer, attention core alone)."""
-    model, lay, training = job.model, job.layout, job.training
-    gpu = job.cluster.gpu
+    lay = job.layout
+    return _layer_forward_time(job.model, job.training, job.cluster.gpu, lay.tp, lay.cp, lay.micro_batch_size,
+                               lay.sequence_parallel)
+
+
+@lru_cache(maxsize=4096)
+def _layer_forward_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                        micro_batch_size: int, sequence_parallel: bool) -> tuple[float, float]:
+    # Only these layout fields shape one layer's forward: cached, since a search scores
+    # many layouts that share them.
+    lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
     perf = gpu.performance
     s_local = training.seq_len / lay.cp
     tokens = lay.micro_batch_size * s_local
@@ -127,7 +136,7 @@ def layer_forward_time(job: Job) -> tuple[float, float]:
         per_head = Gemm("scores", s_local, training.seq_len, model.head_dim)
         core = 2 * (heads * per_head.flops / (perf.gemm_efficiency * gpu.peak(attn_precision))
                     + perf.kernel_overhead_s)
-    memory = elementwise_bytes(job, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+    memory = elementwise_bytes(model, training, lay, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
     return gemms + core + memory, core
 
 

@@ -20,7 +20,7 @@ MAX_GPUS = 1 << 20
 # The solver's table holds every fitting layout within this share of the fastest (or the
 # --simplest-within margin, if wider), and at least the top-k: all that the answer,
 # its alternatives and the simplest-within choice can be drawn from.
-TABLE_SLACK = 0.25
+TABLE_SLACK = 0.05
 
 
 def _table(candidates: list[Candidate], slack: float, top_k: int) -> list[Candidate]:

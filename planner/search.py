@@ -198,25 +198,23 @@ def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, in
 
 def _recompute_ladder(spec: SearchSpec, base: Layout) -> list[Layout]:
     """Layouts from least to most recomputation that the engine and pins allow."""
-    engine = spec.engine
     out = []
     for level in ("none", "selective", "full"):
-        if level not in engine.recompute or not spec.admits("recompute", level):
+        if level not in spec.engine.recompute or not spec.admits("recompute", level):
             continue
-        if level == "full":
-            if "recompute_num_layers" in spec.pins:
+        if "recompute_num_layers" in spec.pins:
+            if level == "full":
                 out.append(base.with_changes(recompute="full", recompute_num_layers=spec.pins["recompute_num_layers"]))
-                continue
-            out.append(base.with_changes(recompute="full"))
-        else:
-            if "recompute_num_layers" in spec.pins:
-                continue
-            out.append(base.with_changes(recompute=level))
+            continue
+        out.append(base.with_changes(recompute=level))
     return out
 
 
-def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout) -> Optional[tuple[Job, float]]:
-    """Full recomputation on the fewest layers per stage that fits (memory falls as layers are added)."""
+def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least: int) -> Optional[tuple[Job, float]]:
+    """Full recomputation on the fewest layers per stage (no fewer than ``at_least``) that fits.
+
+    Memory falls as more layers are recomputed, so the fewest that fit are found by bisection.
+    """
     stage_max = max(layout.stage_layers) if layout.stage_layers else case.model.num_layers // layout.pp
 
     def trial(n: int) -> tuple[Optional[Job], float]:
@@ -226,18 +224,41 @@ def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout) -> Optio
         ok, peak = fits(job, spec.headroom)
         return (job if ok else None), peak
 
-    job, peak = trial(stage_max)
-    if job is None or not spec.engine.partial_recompute:
-        return (job, peak) if job else None
-    low, high = 1, stage_max  # the fewest recomputed layers that still fit
+    best = trial(stage_max)
+    if best[0] is None or not spec.engine.partial_recompute:
+        return best if best[0] else None
+    low, high = min(at_least, stage_max), stage_max
     while low < high:
         mid = (low + high) // 2
-        if trial(mid)[0] is not None:
-            high = mid
+        attempt = trial(mid)
+        if attempt[0] is not None:
+            high, best = mid, attempt
         else:
             low = mid + 1
-    job, peak = trial(low)
-    return job, peak
+    return best
+
+
+def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
+                     note_miss) -> tuple[Optional[tuple[Job, float]], int]:
+    """The layout with the least recomputation that fits, and how many layouts were scored."""
+    scored = 0
+    for layout in _recompute_ladder(spec, base):
+        try:
+            if layout.recompute == "full" and layout.recompute_num_layers is None:
+                scored += 1
+                hit = _least_full_recompute(case, spec, layout, at_least)
+                if hit is not None:
+                    return hit, scored
+                continue
+            job = Job(case.model, case.cluster, case.training, layout, case.overheads)
+        except SpecError:
+            continue
+        scored += 1
+        ok, peak = fits(job, spec.headroom)
+        if ok:
+            return (job, peak), scored
+        note_miss(job, peak)
+    return None, scored
 
 
 def search(case: Case, spec: SearchSpec, first_only: bool = False) -> SearchResult:
@@ -267,38 +288,29 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False) -> SearchResu
                 if not spec.admits("vpp", vpp):
                     continue
                 for sp in sp_options:
+                    fitted_without_recompute: set[int] = set()  # micro-batches where a lower ZeRO stage needed none
                     for zero in zeros:
+                        at_least = 1  # fewest recomputed layers found at the last micro-batch
                         for mbs in divisors(training.global_batch_size // dp):
                             if not spec.admits("micro_batch_size", mbs):
                                 continue
-                            m = training.global_batch_size // (mbs * dp)
-                            if vpp > 1 and m % pp:
+                            if vpp > 1 and (training.global_batch_size // (mbs * dp)) % pp:
+                                continue
+                            # ZeRO 2 takes the time of ZeRO 1 and only saves memory: where ZeRO 1
+                            # fits with no recomputation, ZeRO 2 cannot win.
+                            if zero == 2 and mbs in fitted_without_recompute:
                                 continue
                             base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
                                           zero_stage=zero, sequence_parallel=sp, stage_layers=partition)
-                            found = False
-                            for layout in _recompute_ladder(spec, base):
-                                try:
-                                    if layout.recompute == "full" and layout.recompute_num_layers is None:
-                                        hit = _least_full_recompute(case, spec, layout)
-                                        result.scored += 1
-                                        if hit is None:
-                                            continue
-                                        job, peak = hit
-                                    else:
-                                        job = Job(model, case.cluster, training, layout, case.overheads)
-                                        ok, peak = fits(job, spec.headroom)
-                                        result.scored += 1
-                                        if not ok:
-                                            note_miss(job, peak)
-                                            continue
-                                except SpecError:
-                                    continue
-                                result.candidates.append(Candidate(job.layout, step_time(job).total, peak))
-                                if first_only:
-                                    return result
-                                found = True
-                                break
-                            if not found:
+                            hit, scored = _least_recompute(case, spec, base, at_least, note_miss)
+                            result.scored += scored
+                            if hit is None:
                                 break  # a larger micro-batch needs more memory still
+                            job, peak = hit
+                            if job.layout.recompute == "none" and zero == 1:
+                                fitted_without_recompute.add(mbs)
+                            at_least = job.layout.recompute_num_layers or at_least
+                            result.candidates.append(Candidate(job.layout, step_time(job).total, peak))
+                            if first_only:
+                                return result
     return result
