@@ -141,10 +141,12 @@ def partitions(layers: int, pp: int) -> list[Optional[tuple[int, ...]]]:
     if layers % pp == 0:
         options.append(None)
     base, extra = divmod(layers, pp)
+    counts = [base] * pp
     if extra == 0 and base > 1 and pp > 2:
-        extra, base = 2, base - 1  # move one layer from each edge to the middle stages
+        counts[0] -= 1  # move one layer from each edge to the middle stages
+        counts[-1] -= 1
+        extra = 2
     if extra:
-        counts = [base] * pp
         order = list(range(1, pp - 1)) + [0, pp - 1]  # middle stages take the remainder first
         while extra:
             for i in order:

@@ -48,6 +48,8 @@ class LayoutModel:
 
         m = cp_model.CpModel()
         self.model = m
+        if not candidates:
+            return  # nothing fits: solve() answers INFEASIBLE without a model
 
         def var(name: str, values) -> cp_model.IntVar:
             values = sorted(set(values)) or [0]
@@ -112,9 +114,12 @@ class LayoutModel:
         m = self.model
         if not self.candidates:
             return Solution("INFEASIBLE", None)
-        bound = None
+        m.ClearAssumptions()
         if time_limit_us is not None:
-            bound = m.Add(self.time_us <= time_limit_us)
+            # Enforced through an assumption, so that it binds this solve only.
+            within = m.NewBoolVar(f"within_{time_limit_us}")
+            m.Add(self.time_us <= time_limit_us).OnlyEnforceIf(within)
+            m.AddAssumptions([within])
         if simplest:
             m.Minimize(self.rank_var)
         else:
@@ -122,8 +127,7 @@ class LayoutModel:
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1  # the table is small; one worker is fastest and deterministic
         status = solver.Solve(m)
-        if bound is not None:
-            bound.Proto().Clear()  # the bound applied to this solve only
+        m.ClearAssumptions()
         name = solver.StatusName(status)
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return Solution(name, solver.Value(self.idx))

@@ -1,0 +1,185 @@
+"""`--plot`: the chosen layout's memory by term and stage, and step time against peak memory.
+
+matplotlib is optional (``pip install 'layout-planner[plot]'``) and is imported only
+inside :func:`write_plots`, so the rest of the planner never loads it. The figure is
+drawn on a bare Agg canvas (no pyplot), which neither switches the caller's backend
+nor leaves figures open.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Union
+
+from .errors import CaseError
+
+if TYPE_CHECKING:
+    from .estimate import Estimate
+    from .plan import Plan
+
+# Figure size in inches and resolution: the PNG is FIGSIZE * DPI pixels (width, height).
+FIGSIZE = (13.0, 5.5)
+DPI = 100
+GB = 1e9
+# The y axes reach this multiple of the larger of capacity and the tallest bar or point,
+# which leaves the legends room above the capacity line.
+HEADROOM = 1.4
+
+TERM_COLORS = {
+    "parameters": "#4C72B0",
+    "gradients": "#DD8452",
+    "optimizer_states": "#55A868",
+    "activations": "#C44E52",
+    "other": "#8C8C8C",
+}
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the (step_time, peak_memory) points no other point dominates, by time.
+
+    A point is dominated when another one is no slower and needs no more memory, and
+    is strictly better in at least one of the two. Equal points do not dominate each
+    other, so all copies of a front point are kept. Ties in time are ordered by memory,
+    then by index.
+    """
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1], i))
+    front: list[int] = []
+    best_memory = float("inf")  # lowest memory among strictly faster points so far
+    k = 0
+    while k < len(order):
+        # One group of equal times: only its lowest memory can be on the front, and only
+        # if it beats every strictly faster point.
+        time = points[order[k]][0]
+        group_end = k
+        while group_end < len(order) and points[order[group_end]][0] == time:
+            group_end += 1
+        lowest = points[order[k]][1]
+        if lowest < best_memory:
+            front.extend(i for i in order[k:group_end] if points[i][1] == lowest)
+            best_memory = lowest
+        k = group_end
+    return front
+
+
+def _layout_label(estimate: "Estimate") -> str:
+    lay = estimate.to_dict()["layout"]
+    parts = [f"dp{lay['dp']}", f"tp{lay['tp']}", f"pp{lay['pp']}"]
+    if lay["cp"] > 1:
+        parts.append(f"cp{lay['cp']}")
+    if lay["vpp"] > 1:
+        parts.append(f"vpp{lay['vpp']}")
+    parts.append(f"mbs{lay['micro_batch_size']}")
+    if estimate.job.grad_accum > 1:
+        parts.append(f"accum{estimate.job.grad_accum}")
+    parts.append(f"ZeRO-{lay['zero_stage']}")
+    if lay["sequence_parallel"]:
+        parts.append("SP")
+    if lay["recompute"] != "none":
+        parts.append(f"recompute {lay['recompute']}")
+    return " ".join(parts)
+
+
+def _draw_memory(ax, best: "Estimate") -> None:
+    stages = [s.stage for s in best.stages]
+    bottom = [0.0] * len(stages)
+    for term, color in _term_colors(best).items():
+        heights = [s.by_term()[term] / GB for s in best.stages]
+        ax.bar(stages, heights, bottom=bottom, color=color, width=0.7,
+               label=term.replace("_", " "), edgecolor="white", linewidth=0.5)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    capacity = best.capacity_bytes / GB
+    ax.axhline(capacity, color="black", linestyle="--", linewidth=1.2,
+               label=f"GPU capacity ({capacity:.1f} GB)")
+    ax.set_ylim(0, max(capacity, max(bottom, default=0.0)) * HEADROOM)
+    ax.set_xlim(min(stages) - 0.6, max(stages) + 0.6)
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel("memory per GPU (GB)")
+    ax.set_title(f"Chosen layout: {_layout_label(best)}", fontsize=10)
+    if len(stages) <= 16:
+        ax.set_xticks(stages)
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(loc="upper right", fontsize=8, ncols=2)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _term_colors(best: "Estimate") -> dict[str, str]:
+    terms = list(best.stages[0].by_term()) if best.stages else list(TERM_COLORS)
+    fallback = iter(["#937860", "#DA8BC3", "#CCB974", "#64B5CD"])
+    return {term: TERM_COLORS.get(term) or next(fallback, "#333333") for term in terms}
+
+
+def _draw_pareto(ax, plan: "Plan") -> None:
+    best = plan.best
+    estimates = [best, *plan.alternatives]
+    points = [(e.step_time_s, e.peak.total / GB) for e in estimates]
+    front = pareto_front(points)
+    if plan.alternatives:
+        ax.scatter([t for t, _ in points[1:]], [m for _, m in points[1:]], s=36, color="#4C72B0",
+                   alpha=0.7, label=f"alternatives ({len(plan.alternatives)})", zorder=3)
+    ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post",
+            color="#55A868", linewidth=1.5, label="Pareto front", zorder=2)
+    ax.scatter([points[0][0]], [points[0][1]], s=160, marker="*", color="#C44E52",
+               edgecolor="black", linewidth=0.6, label="best", zorder=4)
+    ax.annotate(f"{points[0][0]:.3f} s, {points[0][1]:.1f} GB", points[0], xytext=(8, 8),
+                textcoords="offset points", fontsize=8)
+    capacity = best.capacity_bytes / GB
+    ax.axhline(capacity, color="black", linestyle="--", linewidth=1.0, label="GPU capacity")
+    times = [t for t, _ in points]
+    span = max(times) - min(times)
+    pad = span * 0.08 if span > 0 else max(min(times) * 0.01, 1e-3)
+    ax.set_xlim(min(times) - pad, max(times) + pad)
+    ax.set_ylim(0, max(capacity, max(m for _, m in points)) * HEADROOM)
+    ax.set_xlabel("step time (s)")
+    ax.set_ylabel("peak memory per GPU (GB)")
+    ax.set_title("Step time against peak memory", fontsize=10)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def write_plots(plan: "Plan", path: Union[str, os.PathLike]) -> None:
+    """Write one PNG: the chosen layout's memory by term and stage, and the time/memory trade-off.
+
+    The file appears whole or not at all: it is rendered to a temporary file in the
+    target's directory and moved into place; an existing file is overwritten.
+    """
+    target = Path(path)
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise CaseError(str(path), "--plot", "needs matplotlib: pip install 'layout-planner[plot]'") from None
+    if plan.best is None:
+        raise CaseError(str(path), "--plot", "no layout fits, so there is nothing to plot")
+
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax_memory, ax_pareto = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.2]})
+    _draw_memory(ax_memory, plan.best)
+    _draw_pareto(ax_pareto, plan)
+    fig.tight_layout()
+
+    tmp_name = None
+    try:
+        with tempfile.NamedTemporaryFile(delete=False, dir=target.parent or ".", suffix=".png",
+                                         prefix=f".{target.name}.") as tmp:
+            tmp_name = tmp.name
+        # NamedTemporaryFile creates the file 0600; give it the permissions a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_name, 0o666 & ~umask)
+        fig.savefig(tmp_name, format="png", dpi=DPI)
+        os.replace(tmp_name, target)
+        tmp_name = None
+    except OSError as error:
+        raise CaseError(str(path), "--plot", f"cannot write the plot: {error.strerror or error}") from error
+    finally:
+        if tmp_name is not None:
+            try:
+                os.unlink(tmp_name)
+            except FileNotFoundError:
+                pass

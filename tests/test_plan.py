@@ -1,0 +1,127 @@
+"""`plan`: fixed global batch, pins and engines respected, estimate agrees, and answers when nothing fits."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+import planner
+from planner.engines import ENGINES
+from planner.search import partitions
+
+BASE = {
+    "model": {"preset": "llama2-7b"},
+    "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+    "training": {"global_batch_size": 128, "seq_len": 4096, "precision": "bf16", "optimizer": "adam"},
+}
+
+
+def case(**sections) -> dict:
+    out = copy.deepcopy(BASE)
+    for name, values in sections.items():
+        out.setdefault(name, {}).update(values)
+    return out
+
+
+def layout_of(estimate) -> dict:
+    return estimate.to_dict()["layout"]
+
+
+def test_plan_keeps_the_global_batch_and_fits():
+    p = planner.plan(case())
+    assert p.status == "OPTIMAL"
+    for est in (p.best,) + p.alternatives:
+        lay = est.to_dict()
+        assert lay["layout"]["micro_batch_size"] * lay["grad_accum"] * lay["layout"]["dp"] == 128
+        assert est.peak.total <= est.capacity_bytes * 0.95
+    times = [p.best.step_time_s] + [a.step_time_s for a in p.alternatives]
+    assert times == sorted(times)
+
+
+def test_estimate_of_the_best_layout_returns_the_plans_figures():
+    p = planner.plan(case())
+    replay = planner.estimate({**case(), "layout": layout_of(p.best)}).to_dict()
+    assert replay == p.best.to_dict()
+
+
+def test_pins_and_bounds_are_obeyed():
+    p = planner.plan(case(search={"tp": 2, "max_pp": 2, "zero_stage": 1}))
+    for est in (p.best,) + p.alternatives:
+        lay = layout_of(est)
+        assert lay["tp"] == 2 and lay["pp"] <= 2 and lay["zero_stage"] == 1
+
+
+@pytest.mark.parametrize("target", ["megatron", "deepspeed", "torchtitan"])
+def test_engine_restrictions(target):
+    """Each answer is expressible by its engine (e.g. DeepSpeed's pipeline takes ZeRO ≤ 1)."""
+    p = planner.plan(case(cluster={"num_gpus": 64}, model={"preset": "llama2-70b"}, search={"target": target}))
+    engine = ENGINES[target]
+    for est in (p.best,) + p.alternatives:
+        lay = layout_of(est)
+        assert engine.allows(lay["tp"], lay["pp"], lay["cp"], lay["vpp"], lay["zero_stage"],
+                             lay["sequence_parallel"], lay["recompute"])
+        if not engine.partial_recompute:
+            assert "recompute_num_layers" not in lay
+
+
+def test_tp_stays_inside_the_nvlink_domain_unless_lifted():
+    p = planner.plan(case(cluster={"num_gpus": 32}, search={"min_tp": 16}))
+    assert p.best is None  # 16 > the 8 GPUs of an A100 NVLink domain
+    lifted = planner.plan(case(cluster={"num_gpus": 32}, search={"min_tp": 16, "tp_across_nodes": True}))
+    assert layout_of(lifted.best)["tp"] == 16
+
+
+def test_simplest_within_trades_speed_for_fewer_moving_parts():
+    fastest = planner.plan(case(cluster={"num_gpus": 64}, model={"preset": "llama2-70b"}))
+    simple = planner.plan(case(cluster={"num_gpus": 64}, model={"preset": "llama2-70b"}), simplest_within=10)
+    assert simple.best.step_time_s <= fastest.best.step_time_s * 1.10 + 1e-6
+    a, b = layout_of(fastest.best), layout_of(simple.best)
+    # Pipeline stages are the costliest complexity: the simple answer never has more.
+    assert b["pp"] * b["vpp"] <= a["pp"] * a["vpp"]
+
+
+def test_nothing_fits_is_an_answer_with_the_overflowing_term_and_what_would_fit():
+    huge = case(model={"preset": "llama3.1-405b"}, cluster={"num_gpus": 8})
+    p = planner.plan(huge)
+    assert p.best is None and p.status == "INFEASIBLE"
+    advice = p.no_fit
+    assert advice.term in ("parameters", "gradients", "optimizer_states", "activations")
+    assert advice.gpus_that_fit is not None and advice.gpus_that_fit > 8
+    # The advised GPU count does fit, and one node fewer does not.
+    assert planner.plan(case(model={"preset": "llama3.1-405b"}, cluster={"num_gpus": advice.gpus_that_fit})).best
+    assert not planner.plan(case(model={"preset": "llama3.1-405b"},
+                                 cluster={"num_gpus": advice.gpus_that_fit - 8})).best
+
+
+def test_cli_plan_json_and_exit_codes(tmp_path):
+    import yaml
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(case()))
+    out = subprocess.run([sys.executable, "-m", "planner", "plan", str(good), "--json", "--top", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data == json.loads(json.dumps(planner.plan(good, top_k=2).to_dict()))
+    assert len(data["alternatives"]) == 2 and data["runner_up_lost_because"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(case(model={"preset": "llama3.1-405b"}, cluster={"num_gpus": 8})))
+    out = subprocess.run([sys.executable, "-m", "planner", "plan", str(bad)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 3 and "no layout fits" in out.stdout
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump(case(search={"max_ppp": 4})))
+    out = subprocess.run([sys.executable, "-m", "planner", "plan", str(typo)], capture_output=True, text=True)
+    assert out.returncode == 2 and "search.max_ppp" in out.stderr and "did you mean 'max_pp'" in out.stderr
+
+
+@pytest.mark.parametrize("layers, pp, expected", [
+    (32, 4, [None, (7, 9, 9, 7)]),  # even, and edges lightened by one layer each
+    (126, 16, [(7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7)]),  # Llama 3.1 405B: 126 = 7 + 14·8 + 7
+    (4, 8, []),
+])
+def test_pipeline_partitions(layers, pp, expected):
+    assert partitions(layers, pp) == expected

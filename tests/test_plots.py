@@ -1,0 +1,131 @@
+"""`--plot`: the Pareto front, and the PNG written whole or not at all."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+
+import planner
+from planner.errors import CaseError
+from planner.plots import DPI, FIGSIZE, pareto_front, write_plots
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+CASE = {
+    "model": {"preset": "llama2-7b"},
+    "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
+    "training": {"global_batch_size": 64, "seq_len": 2048},
+}
+
+
+def brute_front(points):
+    def dominated(i):
+        ti, mi = points[i]
+        return any(tj <= ti and mj <= mi and (tj < ti or mj < mi) for tj, mj in points)
+
+    return sorted((i for i in range(len(points)) if not dominated(i)), key=lambda i: (points[i], i))
+
+
+def test_pareto_front_hand_example():
+    points = [(3.0, 10.0), (1.0, 50.0), (2.0, 30.0), (2.5, 30.0), (4.0, 10.0), (5.0, 5.0), (1.0, 60.0)]
+    # (2.5, 30) is dominated by (2, 30); (4, 10) by (3, 10); (1, 60) by (1, 50).
+    assert pareto_front(points) == [1, 2, 0, 5]
+
+
+def test_pareto_front_edge_cases():
+    assert pareto_front([]) == []
+    assert pareto_front([(1.0, 1.0)]) == [0]
+    # Equal points do not dominate each other: both stay.
+    assert pareto_front([(2.0, 3.0), (1.0, 5.0), (2.0, 3.0)]) == [1, 0, 2]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pareto_front_matches_brute_force(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 40)
+    # Small integer grids make ties in time, in memory and in both common.
+    grid = rng.choice([4, 10, 1000])
+    points = [(float(rng.randint(0, grid)), float(rng.randint(0, grid))) for _ in range(n)]
+    front = pareto_front(points)
+    assert sorted(front) == sorted(brute_front(points))
+    times = [points[i][0] for i in front]
+    assert times == sorted(times)
+
+
+@pytest.fixture(scope="module")
+def small_plan():
+    pytest.importorskip("matplotlib")
+    result = planner.plan(CASE)
+    assert result.best is not None and result.alternatives
+    return result
+
+
+def test_write_plots_writes_png_of_figure_size(small_plan, tmp_path):
+    image = pytest.importorskip("matplotlib.image")
+    target = tmp_path / "plan.png"
+    target.write_bytes(b"stale")  # an existing file is overwritten
+    write_plots(small_plan, target)
+    data = target.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    height, width = image.imread(target).shape[:2]
+    assert (width, height) == (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]
+
+
+def test_failed_render_leaves_no_file(small_plan, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    def boom(self, *args, **kwargs):
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(Figure, "savefig", boom)
+    target = tmp_path / "plan.png"
+    with pytest.raises(RuntimeError, match="render failed"):
+        write_plots(small_plan, target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_render_keeps_existing_file(small_plan, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    def half_written(self, fname, *args, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(PNG_SIGNATURE)  # a partial file, then the failure
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", half_written)
+    target = tmp_path / "plan.png"
+    target.write_bytes(b"previous plot")
+    with pytest.raises(CaseError, match="--plot: cannot write the plot: No space left on device"):
+        write_plots(small_plan, target)
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]
+    assert target.read_bytes() == b"previous plot"
+
+
+def test_missing_directory_is_a_case_error(small_plan, tmp_path):
+    with pytest.raises(CaseError, match="--plot: cannot write the plot"):
+        write_plots(small_plan, tmp_path / "missing" / "plan.png")
+
+
+def test_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
+    # A None entry in sys.modules makes `import matplotlib...` raise ImportError.
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    target = tmp_path / "plan.png"
+    with pytest.raises(CaseError) as info:
+        write_plots(object(), target)  # fails before the plan is looked at
+    assert info.value.key == "--plot"
+    assert info.value.source == str(target)
+    assert "pip install 'layout-planner[plot]'" in info.value.expected
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_planner_does_not_import_matplotlib():
+    import subprocess
+
+    code = ("import sys, planner, planner.cli, planner.plots; "
+            "planner.plan(%r); print(any(m.split('.')[0] == 'matplotlib' for m in sys.modules))" % (CASE,))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
