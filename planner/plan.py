@@ -66,6 +66,8 @@ class Plan:
     scored: int  # layouts whose memory was evaluated
     fitting: int  # of those, layouts that fit
     no_fit: Optional[NoFit] = None
+    # (step time s, peak bytes) of every fitting layout scored: the cloud the Pareto plot shows.
+    candidates: tuple[tuple[float, float], ...] = ()
 
     def differences(self, other: Estimate) -> dict[str, list]:
         """Layout fields where ``other`` differs from the best: {field: [best, other]}."""
@@ -181,7 +183,8 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         return estimate_job(case, case.job(layout))
 
     return Plan(status, estimate_of(chosen), tuple(estimate_of(i) for i in alternatives),
-                result.scored, len(result.candidates))
+                result.scored, len(result.candidates),
+                candidates=tuple((c.step_time_s, c.peak_bytes) for c in result.candidates))
 
 
 def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int] = None) -> Plan:

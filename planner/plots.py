@@ -117,11 +117,15 @@ def _draw_pareto(ax, plan: "Plan") -> None:
     best = plan.best
     estimates = [best, *plan.alternatives]
     points = [(e.step_time_s, e.peak.total / GB) for e in estimates]
-    front = pareto_front(points)
+    cloud = [(t, m / GB) for t, m in plan.candidates] or points
+    front = pareto_front(cloud)
+    if plan.candidates:
+        ax.scatter([t for t, _ in cloud], [m for _, m in cloud], s=8, color="#999999", alpha=0.4,
+                   label=f"layouts that fit ({len(cloud)})", zorder=1)
     if plan.alternatives:
         ax.scatter([t for t, _ in points[1:]], [m for _, m in points[1:]], s=36, color="#4C72B0",
                    alpha=0.7, label=f"alternatives ({len(plan.alternatives)})", zorder=3)
-    ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post",
+    ax.step([cloud[i][0] for i in front], [cloud[i][1] for i in front], where="post",
             color="#55A868", linewidth=1.5, label="Pareto front", zorder=2)
     ax.scatter([points[0][0]], [points[0][1]], s=160, marker="*", color="#C44E52",
                edgecolor="black", linewidth=0.6, label="best", zorder=4)
@@ -129,11 +133,14 @@ def _draw_pareto(ax, plan: "Plan") -> None:
                 textcoords="offset points", fontsize=8)
     capacity = best.capacity_bytes / GB
     ax.axhline(capacity, color="black", linestyle="--", linewidth=1.0, label="GPU capacity")
-    times = [t for t, _ in points]
+    times = [t for t, _ in cloud + points]
     span = max(times) - min(times)
     pad = span * 0.08 if span > 0 else max(min(times) * 0.01, 1e-3)
-    ax.set_xlim(min(times) - pad, max(times) + pad)
-    ax.set_ylim(0, max(capacity, max(m for _, m in points)) * HEADROOM)
+    if max(times) > 5 * min(times):
+        ax.set_xscale("log")  # the slow tail would squeeze the front against the axis
+    else:
+        ax.set_xlim(min(times) - pad, max(times) + pad)
+    ax.set_ylim(0, max(capacity, max(m for _, m in cloud + points)) * HEADROOM)
     ax.set_xlabel("step time (s)")
     ax.set_ylabel("peak memory per GPU (GB)")
     ax.set_title("Step time against peak memory", fontsize=10)
