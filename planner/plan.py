@@ -13,7 +13,6 @@ from .case import Case, layout_to_mapping, load_case
 from .errors import CaseError
 from .estimate import Estimate, estimate_job
 from .search import Candidate, SearchSpec, search, search_spec
-from .solver import LayoutModel
 
 # A case larger than this many GPUs is refused rather than searched for minutes.
 MAX_GPUS = 1 << 20
@@ -158,6 +157,8 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     spec = search_spec(case)
     if top_k is not None:
         spec = replace(spec, top_k=top_k)
+    from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it
+
     result = search(case, spec)
     table = _table(result.candidates, max(TABLE_SLACK, (simplest_within or 0) / 100), spec.top_k)
     model = LayoutModel(case, spec, table)
