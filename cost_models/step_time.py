@@ -191,8 +191,9 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     - ZeRO 0: gradient all-reduce, bucketed and overlapped with the last micro-batch's backward.
     - ZeRO 1/2: gradient reduce-scatter (overlapped likewise) and the parameter all-gather
       after the optimizer step (exposed).
-    - ZeRO 3: reduce-scatter of gradients plus parameter all-gathers in forward and in
-      backward, for every micro-batch, prefetched behind that micro-batch's compute.
+    - ZeRO 3: parameter all-gathers in forward and in backward and a gradient reduce-scatter,
+      for every micro-batch, prefetched behind that micro-batch's compute; what a pass's
+      compute cannot cover is exposed, so more compute never shortens the step.
     """
     lay, training, cluster = job.layout, job.training, job.cluster
     perf = cluster.gpu.performance
@@ -215,17 +216,18 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     if lay.zero_stage == 0:
         reduce = chunked("all_reduce", grads)
         return max(reduce - backward_last, reduce / chunks)
-    reduce = chunked("reduce_scatter", grads)
-    hidden_reduce = max(reduce - backward_last, reduce / chunks)
     if lay.zero_stage in (1, 2):
-        return hidden_reduce + chunked("all_gather", weights)
+        reduce = chunked("reduce_scatter", grads)
+        return max(reduce - backward_last, reduce / chunks) + chunked("all_gather", weights)
+    # ZeRO-3 keeps only gradient shards, so every micro-batch reduce-scatters its gradients.
+    # Forward gathers hide behind the forward; backward gathers (two under full recompute,
+    # which re-runs the forward inside backward) and the reduce-scatter share the backward.
     gather = chunked("all_gather", weights)
-    forward = slowest.compute / 3
-    # Forward gathers hide behind the forward; backward gathers (and those of a full
-    # recompute, which runs inside backward) behind the backward.
+    reduce = chunked("reduce_scatter", grads)
     backward_gathers = 2 if lay.recompute == "full" else 1
-    per_microbatch = max(0.0, gather - forward) + max(0.0, backward_gathers * gather - backward_last)
-    return hidden_reduce + job.num_microbatches * per_microbatch
+    forward = slowest.compute / 3
+    per_microbatch = max(0.0, gather - forward) + max(0.0, backward_gathers * gather + reduce - backward_last)
+    return job.num_microbatches * per_microbatch
 
 
 def optimizer_time(job: Job, stage: int) -> float:

@@ -186,7 +186,7 @@ def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, in
         for cp in divisors(n // tp):
             if cp > 1 and (not engine.context_parallel or training.seq_len % (2 * cp)):
                 continue
-            if "max_cp" not in spec.bounds and training.seq_len < cp * MIN_TOKENS_PER_CP_RANK:
+            if cp > 1 and "max_cp" not in spec.bounds and training.seq_len < cp * MIN_TOKENS_PER_CP_RANK:
                 continue
             if not spec.admits("cp", cp):
                 continue

@@ -1,0 +1,246 @@
+"""`plan` against a brute-force oracle over the full layout space, without dominance rules.
+
+`planner.search` keeps its table small with dominance rules (sequence parallelism when
+offered, the least recomputation that fits, no larger micro-batch once nothing fits, a
+single ZeRO stage with nothing to shard over). The oracle here enumerates every layout
+the engine can express — each (tp, cp, pp, dp), pipeline partition, vpp, micro-batch,
+ZeRO stage, both sequence-parallel settings, every recomputation level and every count
+of fully recomputed layers — scores each with the cost models, and takes the fastest
+that fits. `plan` must reach the same step time on generated small cases.
+
+The oracle keeps only the space's stated bounds: tp within one NVLink domain (unless
+``search.tp_across_nodes``), the pins and bounds of the case, and, unless the case sets
+``search.max_cp``, at least MIN_TOKENS_PER_CP_RANK tokens on each rank of a context-parallel
+group (cp > 1; cp = 1 is always in the space).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+
+import planner
+from cost_models.memory import peak_stage_memory
+from cost_models.specs import Job, Layout, SpecError
+from cost_models.step_time import step_time
+from planner.case import load_case
+from planner.search import MIN_TOKENS_PER_CP_RANK, divisors, partitions, search_spec
+
+SEED = 1234
+NUM_CASES = 100
+MIN_MEMORY_BOUND = 10
+# The solver compares step times in whole microseconds.
+ABS_TOL_S = 2e-6
+REL_TOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Scored:
+    layout: Layout
+    step_time_s: float
+    peak_bytes: float
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    best: Optional[Scored]  # fastest layout that fits
+    fastest: Optional[Scored]  # fastest valid layout, fitting or not
+    valid: int  # layouts the cost models accept
+    fitting: int
+
+
+def _structures(case, spec):
+    """Every (tp, cp, pp, dp) with tp·cp·pp·dp = GPUs, tp within an NVLink domain (unless the
+    case allows otherwise) and cp under the default token bound, as the search states them."""
+    n = case.cluster.num_gpus
+    for tp in divisors(n):
+        if tp > case.cluster.gpu.nvlink_domain and not spec.tp_across_nodes:
+            continue
+        for cp in divisors(n // tp):
+            # The bound is on context-parallel ranks' chunks: cp = 1 (no context parallelism) is
+            # always a choice, whatever the sequence length.
+            if cp > 1 and "max_cp" not in spec.bounds and case.training.seq_len < cp * MIN_TOKENS_PER_CP_RANK:
+                continue
+            for pp in divisors(n // (tp * cp)):
+                yield tp, cp, pp, n // (tp * cp * pp)
+
+
+def _admits(spec, layout: Layout) -> bool:
+    values = {name: getattr(layout, name) for name in
+              ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute")}
+    values["recompute_num_layers"] = layout.recompute_num_layers
+    for name, value in values.items():
+        if name in spec.pins and spec.pins[name] != value:
+            return False
+        low, high = spec.bounds.get(name, (None, None))
+        if (low is not None and value < low) or (high is not None and value > high):
+            return False
+    return True
+
+
+def all_layouts(case, spec):
+    """The full product space, unpruned; invalid combinations are left to Job to refuse."""
+    model, training = case.model, case.training
+    engine = spec.engine
+    for tp, cp, pp, dp in _structures(case, spec):
+        for partition in partitions(model.num_layers, pp):
+            stage_layers = partition or (model.num_layers // pp,) * pp
+            vpps = [v for v in divisors(min(stage_layers)) if all(n % v == 0 for n in stage_layers)] \
+                if engine.interleaving and pp > 1 else [1]
+            for vpp in vpps:
+                for mbs in divisors(training.global_batch_size // dp) if training.global_batch_size % dp == 0 \
+                        else []:
+                    for zero in (0, 1, 2, 3):
+                        for sp in ((False,) if tp == 1 else (False, True)):
+                            recomputes = [("none", None), ("selective", None), ("full", None)]
+                            if engine.partial_recompute:
+                                recomputes += [("full", n) for n in range(1, max(stage_layers) + 1)]
+                            if "recompute_num_layers" in spec.pins:  # whatever value the case pins
+                                recomputes.append(("full", spec.pins["recompute_num_layers"]))
+                            for recompute, rnl in recomputes:
+                                if not engine.allows(tp, pp, cp, vpp, zero, sp, recompute):
+                                    continue
+                                yield Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
+                                             zero_stage=zero, sequence_parallel=sp, recompute=recompute,
+                                             recompute_num_layers=rnl, stage_layers=partition)
+
+
+def oracle(case) -> OracleResult:
+    spec = search_spec(case)
+    limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom)
+    best = fastest = None
+    valid = fitting = 0
+    for layout in all_layouts(case, spec):
+        if not _admits(spec, layout):
+            continue
+        try:
+            job = Job(case.model, case.cluster, case.training, layout, case.overheads)
+        except SpecError:
+            continue
+        valid += 1
+        peak = peak_stage_memory(job).total
+        scored = Scored(layout, step_time(job).total, peak)
+        if fastest is None or scored.step_time_s < fastest.step_time_s:
+            fastest = scored
+        if peak <= limit:
+            fitting += 1
+            if best is None or scored.step_time_s < best.step_time_s:
+                best = scored
+    return OracleResult(best, fastest, valid, fitting)
+
+
+# --- generated cases ----------------------------------------------------------------------
+
+def random_case(rng: random.Random) -> dict:
+    heads = rng.choice((4, 8, 16))
+    kv_heads = rng.choice(divisors(heads))
+    # Half the models in the upper part of the range, so that memory binds in many cases.
+    low = rng.choice((256, 1024))
+    hidden = rng.choice([h for h in range(low, 2049, 128) if h % heads == 0])
+    cluster = {"gpu": rng.choice(("a100-sxm-80gb", "h100-sxm-80gb")),
+               # Few GPUs weigh double: with many, sharding leaves memory to spare.
+               "num_gpus": rng.choice((1, 1, 2, 2, 3, 4, 4, 6, 8, 12, 16))}
+    memory = rng.choice((None, "8 GiB", "8 GiB", "8 GiB", "16 GiB"))  # small GPUs, so that memory binds
+    if memory:
+        cluster["memory"] = memory
+    case = {
+        "model": {"name": "oracle", "num_layers": rng.randint(2, 12), "hidden_size": hidden,
+                  "num_attention_heads": heads, "num_kv_heads": kv_heads,
+                  "vocab_size": rng.randint(1000, 50000), "activation": rng.choice(("gelu", "swiglu"))},
+        "cluster": cluster,
+        # Larger batches and sequences weigh double: activations are what memory binds on.
+        "training": {"global_batch_size": rng.choice((8, 16, 32, 64, 64)),
+                     "seq_len": rng.choice((256, 512, 1024, 2048, 2048))},
+        "search": {"target": rng.choice(("any", "megatron", "deepspeed", "torchtitan"))},
+    }
+    return case
+
+
+def generated_cases() -> list[dict]:
+    rng = random.Random(SEED)
+    return [random_case(rng) for _ in range(NUM_CASES)]
+
+
+def _describe(layout: Layout) -> str:
+    return ", ".join(f"{k}={v}" for k, v in vars(layout).items())
+
+
+def check_against_oracle(label: str, case_dict: dict) -> tuple[list[str], Optional[bool]]:
+    """Problems with `plan` on one case, and whether memory binds there (None: nothing fits)."""
+    case = load_case(case_dict)
+    spec = search_spec(case)
+    limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom)
+    expected = oracle(case)
+    bound = None if expected.best is None else expected.fastest.peak_bytes > limit
+    try:
+        p = planner.plan(case_dict)
+    except Exception as error:  # one case's crash should not hide the others' results
+        return [f"{label} {case_dict}: plan raised {type(error).__name__}: {error}"], bound
+    if expected.best is None:
+        if p.best is not None:
+            return [(f"{label} {case_dict}: oracle finds no fitting layout, plan chose "
+                     f"{_describe(p.best.job.layout)}")], bound
+        return [], bound
+    if p.best is None:
+        return [(f"{label} {case_dict}: plan found nothing; oracle {expected.best.step_time_s:.9f} s with "
+                 f"{_describe(expected.best.layout)}")], bound
+    problems = []
+    if p.best.step_time_s != pytest.approx(expected.best.step_time_s, rel=REL_TOL, abs=ABS_TOL_S):
+        problems.append(f"{label} {case_dict}:\n  plan   {p.best.step_time_s:.9f} s  "
+                        f"{_describe(p.best.job.layout)}\n  oracle {expected.best.step_time_s:.9f} s  "
+                        f"{_describe(expected.best.layout)}")
+    if not p.best.peak.total <= p.best.capacity_bytes * (1 - spec.headroom):
+        problems.append(f"{label} {case_dict}: the chosen layout needs {p.best.peak.total:.0f} B of "
+                        f"{limit:.0f} B usable")
+    best = p.best.to_dict()
+    lay = best["layout"]
+    if lay["micro_batch_size"] * best["grad_accum"] * lay["dp"] != case.training.global_batch_size:
+        problems.append(f"{label} {case_dict}: micro_batch_size {lay['micro_batch_size']} · grad_accum "
+                        f"{best['grad_accum']} · dp {lay['dp']} != global batch {case.training.global_batch_size}")
+    return problems, bound
+
+
+def test_plan_matches_brute_force_oracle_on_generated_cases():
+    cases = generated_cases()
+    failures: list[str] = []
+    memory_bound = 0
+    for i, case_dict in enumerate(cases):
+        problems, bound = check_against_oracle(f"case {i}", case_dict)
+        failures += problems
+        memory_bound += bool(bound)
+    assert not failures, f"plan differs from the brute-force oracle in {len(failures)} of {len(cases)} cases:\n" \
+        + "\n".join(failures)
+    # Meaningful only if the memory limit often excludes the unconstrained fastest layout.
+    assert memory_bound >= MIN_MEMORY_BOUND, \
+        f"only {memory_bound} of {len(cases)} cases have memory binding; the test would not exercise the limit"
+
+
+# --- hand-made cases --------------------------------------------------------------------
+# ZeRO-3 on 16 GPUs (two nodes) with a short sequence: the per-layer weight gathers and the
+# gradient reduce-scatter are exposed, and the step-time model lets backward compute hide
+# both, so extra backward work (recomputation, or compute left unsharded without sequence
+# parallelism) can shorten the step. The dominance rules of `planner.search` must hold there
+# too, or `plan` misses the fastest layout. Pins make such a layout the answer.
+EXPOSED_ZERO3 = {
+    "model": {"name": "exposed-zero3", "num_layers": 4, "hidden_size": 2048, "num_attention_heads": 16,
+              "num_kv_heads": 16, "vocab_size": 32000, "activation": "swiglu"},
+    "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+    "training": {"global_batch_size": 8, "seq_len": 256},
+}
+
+
+@pytest.mark.parametrize("search, cluster", [
+    pytest.param({"target": "any", "pp": 1, "tp": 2, "zero_stage": 3}, {}, id="any-zero3"),
+    pytest.param({"target": "torchtitan", "pp": 1, "tp": 2}, {}, id="torchtitan-tp2"),
+    pytest.param({"target": "any", "pp": 1, "tp": 2, "zero_stage": 3, "recompute": "full",
+                  "micro_batch_size": 1}, {"memory": "4 GiB"}, id="any-zero3-full-recompute"),
+    # A sequence shorter than MIN_TOKENS_PER_CP_RANK bounds context parallelism, not cp = 1.
+    pytest.param({"target": "any"}, {"num_gpus": 1, "memory": "16 GiB"}, id="short-sequence-one-gpu"),
+])
+def test_plan_matches_brute_force_oracle_on_hand_made_cases(search, cluster):
+    case_dict = {**EXPOSED_ZERO3, "cluster": {**EXPOSED_ZERO3["cluster"], **cluster}, "search": search}
+    problems, _ = check_against_oracle("hand-made case", case_dict)
+    assert not problems, "\n".join(problems)
