@@ -27,7 +27,7 @@ class StageMemory:
 
     @property
     def total(self) -> float:
-        return sum(self.by_term().values())
+        return self.parameters + self.gradients + self.optimizer_states + self.activations + self.other
 
     def by_term(self) -> dict[str, float]:
         return {term: getattr(self, term) for term in TERMS}

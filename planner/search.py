@@ -198,18 +198,16 @@ def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, in
                     yield tp, cp, pp, dp
 
 
-def _recompute_ladder(spec: SearchSpec, base: Layout) -> list[Layout]:
-    """Layouts from least to most recomputation that the engine and pins allow."""
-    out = []
+def _recompute_ladder(spec: SearchSpec, base: Layout) -> Iterator[Layout]:
+    """Layouts from least to most recomputation that the engine and pins allow, built as needed."""
     for level in ("none", "selective", "full"):
         if level not in spec.engine.recompute or not spec.admits("recompute", level):
             continue
         if "recompute_num_layers" in spec.pins:
             if level == "full":
-                out.append(base.with_changes(recompute="full", recompute_num_layers=spec.pins["recompute_num_layers"]))
+                yield base.with_changes(recompute="full", recompute_num_layers=spec.pins["recompute_num_layers"])
             continue
-        out.append(base.with_changes(recompute=level))
-    return out
+        yield base if level == base.recompute else base.with_changes(recompute=level)
 
 
 def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least: int) -> Optional[tuple[Job, float]]:
