@@ -62,27 +62,78 @@ def plan_command(
         None, "--simplest-within", min=0.0,
         help="Return the least complex layout whose step time is within PCT percent of the fastest."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the memory and Pareto plots to this PNG."),
+    emit: Optional[str] = typer.Option(None, "--emit", help="Write launch configs: deepspeed, megatron or torchtitan."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Folder for --emit's files."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
 ) -> None:
     """The fastest layout that fits, at the case's global batch, and its runners-up."""
+    from .emit import ENGINES
+    from .files import check_writable
     from .plan import plan
     from .report import print_plan
 
     try:
-        result = plan(case, simplest_within=simplest_within, top_k=top)
+        if emit is not None and emit not in ENGINES:
+            raise CaseError("--emit", emit, f"expected one of {', '.join(ENGINES)}")
+        if emit is not None and out is None:
+            raise CaseError("--out", "", "--emit needs --out DIR")
+        if plot is not None:
+            check_writable([plot], force)
+        result = plan(case, simplest_within=simplest_within, top_k=top, target=emit)
+        if emit is not None and result.best is not None:
+            written = emit_configs(result.best, emit, out, str(case), force)
+        if plot is not None and result.best is not None:
+            from .plots import write_plots
+
+            write_plots(result, plot)
     except CaseError as error:
         _fail(error)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print_plan(result, Console())
-    if plot is not None and result.best is not None:
-        from .plots import write_plots
-
-        try:
-            write_plots(result, plot)
-        except CaseError as error:
-            _fail(error)
+        if emit is not None and result.best is not None:
+            Console().print(f"wrote {', '.join(str(p) for p in written)}")
     if result.best is None:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def emit_configs(best, engine: str, out: Path, source: str, force: bool) -> list[Path]:
+    """Render the engine's files for ``best`` and write them all, or none."""
+    import importlib
+
+    from .emit import provenance
+    from .files import write_all
+
+    module = importlib.import_module(f"planner.emit.{engine}")
+    files = module.render(best, provenance(best, source))
+    return write_all({out / name: text for name, text in files.items()}, force)
+
+
+@app.command("diagnose")
+def diagnose_command(
+    case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster and training."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A DeepSpeed ds_config.json."),
+    pp: int = typer.Option(1, "--pp", min=1, help="Pipeline stages of the DeepSpeed run (ds_config has none)."),
+    megatron_args: Optional[Path] = typer.Option(None, "--megatron-args",
+                                                 help="A Megatron-LM argument list or launch script."),
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
+) -> None:
+    """Estimate an existing config's layout and compare it with the planner's best."""
+    from .diagnose import diagnose
+    from .report import print_diagnosis
+
+    try:
+        if (config is None) == (megatron_args is None):
+            raise CaseError("diagnose", "--config", "give exactly one of --config or --megatron-args")
+        result = diagnose(case, config=config, megatron_args=megatron_args, pp=pp)
+    except CaseError as error:
+        _fail(error)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_diagnosis(result, Console())
+    if not result.estimate.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 

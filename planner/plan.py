@@ -152,11 +152,17 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
     return NoFit(term, peak_bytes, limit, tightest.layout if tightest else None, gpus_that_fit, seq_that_fits)
 
 
-def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Optional[int] = None) -> Plan:
+def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
+              target: Optional[str] = None) -> Plan:
     _check_size(case)
     spec = search_spec(case)
     if top_k is not None:
         spec = replace(spec, top_k=top_k)
+    if target is not None and target != spec.target:
+        if spec.target != "any":
+            raise CaseError(case.source, "search.target", f"is {spec.target!r} but configs for {target!r} "
+                                                          "were asked for; drop one of them")
+        spec = replace(spec, target=target)
     from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it
 
     result = search(case, spec)
@@ -188,7 +194,10 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
                 candidates=tuple((c.step_time_s, c.peak_bytes) for c in result.candidates))
 
 
-def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int] = None) -> Plan:
-    """Python API: plan a case (path or dict in the case-file schema); any ``layout`` section is ignored."""
+def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
+         target: Optional[str] = None) -> Plan:
+    """Python API: plan a case (path or dict in the case-file schema); any ``layout`` section is ignored.
+
+    ``target`` restricts the search to one engine (as ``search.target`` does)."""
     loaded = case if isinstance(case, Case) else load_case(case)
-    return plan_case(loaded, simplest_within=simplest_within, top_k=top_k)
+    return plan_case(loaded, simplest_within=simplest_within, top_k=top_k, target=target)

@@ -90,3 +90,19 @@ def print_plan(plan, console: Console) -> None:
                       ", ".join(f"{k} {a}→{b}" for k, (a, b) in diff.items()))
     console.print(table)
     console.print(f"runner-up: {plan.why_runner_up_lost()}")
+
+
+def print_diagnosis(diagnosis, console: Console) -> None:
+    """The config's own estimate, then how far the planner's best would take it."""
+    console.print(f"[bold]{diagnosis.engine} config[/]")
+    print_estimate(diagnosis.estimate, console)
+    best = diagnosis.plan.best
+    if best is None:
+        console.print(f"[red]{diagnosis.plan.no_fit.describe()}[/]")
+        return
+    console.print(f"planner's best for {diagnosis.engine}: {_layout_summary(best.to_dict()['layout'])}")
+    console.print(f"predicted step {best.step_time_s:.3f} s against {diagnosis.estimate.step_time_s:.3f} s: "
+                  f"[bold]{diagnosis.speedup:.2f}×[/] speedup")
+    changes = diagnosis.plan.differences(diagnosis.estimate)
+    if changes:
+        console.print("change: " + ", ".join(f"{k} {b}→{a}" for k, (a, b) in changes.items()))

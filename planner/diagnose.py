@@ -1,0 +1,45 @@
+"""`diagnose`: what an existing DeepSpeed or Megatron config costs, against the planner's best."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from .case import load_case
+from .estimate import Estimate, estimate_job
+from .plan import Plan, plan_case
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    engine: str
+    estimate: Estimate  # the config's own layout
+    plan: Plan  # the planner's best for the same model, cluster, global batch and engine
+
+    @property
+    def speedup(self) -> Optional[float]:
+        """Predicted step time of the config over that of the planner's best."""
+        if self.plan.best is None:
+            return None
+        return self.estimate.step_time_s / self.plan.best.step_time_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "config": self.estimate.to_dict(),
+                "best": self.plan.best.to_dict() if self.plan.best else None,
+                "speedup": self.speedup,
+                "differs_from_best": self.plan.differences(self.estimate) if self.plan.best else None}
+
+
+def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
+             pp: int = 1) -> Diagnosis:
+    loaded = load_case(case)
+    if config is not None:
+        engine = "deepspeed"
+        layout = importlib.import_module("planner.emit.deepspeed").read(Path(config), loaded, pp=pp)
+    else:
+        engine = "megatron"
+        layout = importlib.import_module("planner.emit.megatron").read(Path(megatron_args), loaded)
+    estimate = estimate_job(loaded, loaded.job(layout))
+    return Diagnosis(engine, estimate, plan_case(loaded, target=engine))
