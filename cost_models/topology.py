@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterable
 
 import networkx as nx
 
@@ -29,11 +30,11 @@ class GroupLinks:
     inter_bandwidth: float  # bytes/s per GPU between domains (the NIC)
 
 
-@lru_cache(maxsize=8)
-def _graph(num_gpus: int, domain: int, intra: float, inter: float) -> nx.Graph:
+def _graph(gpus: Iterable[int], domain: int, intra: float, inter: float) -> nx.Graph:
+    """The graph over ``gpus`` (GPU indices), their NVSwitches and NICs, and the fabric."""
     graph = nx.Graph()
     graph.add_node("fabric", kind="switch")
-    for gpu in range(num_gpus):
+    for gpu in gpus:
         switch = ("nvswitch", gpu // domain)
         graph.add_node(("gpu", gpu), kind="gpu", domain=gpu // domain)
         graph.add_edge(("gpu", gpu), switch, bandwidth=intra, link="nvlink")
@@ -43,8 +44,9 @@ def _graph(num_gpus: int, domain: int, intra: float, inter: float) -> nx.Graph:
 
 
 def build_topology(cluster: ClusterSpec) -> nx.Graph:
+    """The whole cluster as a graph (for inspection; the cost models use small subgraphs)."""
     gpu = cluster.gpu
-    return _graph(cluster.num_gpus, gpu.nvlink_domain, gpu.intra_node_bandwidth, gpu.inter_node_bandwidth)
+    return _graph(range(cluster.num_gpus), gpu.nvlink_domain, gpu.intra_node_bandwidth, gpu.inter_node_bandwidth)
 
 
 def _path_bandwidth(graph: nx.Graph, a: int, b: int) -> float:
@@ -75,16 +77,17 @@ def group_shape(layout: Layout, dim: str) -> tuple[int, int]:
 @lru_cache(maxsize=4096)
 def _group_links(num_gpus: int, domain: int, intra: float, inter: float,
                  stride: int, size: int) -> GroupLinks:
-    graph = _graph(num_gpus, domain, intra, inter)
-    members = [i * stride for i in range(size)]  # the group of rank 0; all groups are alike
-    domains = {graph.nodes[("gpu", r)]["domain"] for r in members}
-    per_domain = size // len(domains)
-    first = members[0]
-    same = [r for r in members[1:] if graph.nodes[("gpu", r)]["domain"] == graph.nodes[("gpu", first)]["domain"]]
-    other = [r for r in members[1:] if r not in same]
-    intra_bw = _path_bandwidth(graph, first, same[0]) if same else intra
-    inter_bw = _path_bandwidth(graph, first, other[0]) if other else inter
-    return GroupLinks(size, per_domain, len(domains), intra_bw, inter_bw)
+    # The group of rank 0 stands for all groups (they are alike under Megatron's order).
+    # Its members i·stride fall into NVLink domains arithmetically; the links come from the
+    # graph over rank 0, its nearest neighbour inside its domain and its nearest outside.
+    per_domain = max(1, min(size, -(-domain // stride))) if stride < domain else 1
+    domains = -(-size // per_domain)
+    same = stride if per_domain > 1 else None
+    other = per_domain * stride if domains > 1 else None
+    graph = _graph([0] + [r for r in (same, other) if r is not None], domain, intra, inter)
+    intra_bw = _path_bandwidth(graph, 0, same) if same is not None else intra
+    inter_bw = _path_bandwidth(graph, 0, other) if other is not None else inter
+    return GroupLinks(size, per_domain, domains, intra_bw, inter_bw)
 
 
 def group_links(cluster: ClusterSpec, layout: Layout, dim: str) -> GroupLinks:

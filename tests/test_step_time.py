@@ -115,3 +115,22 @@ def test_step_time_is_the_sum_of_its_parts_and_sets_throughput():
     slowest = max(stage_time(job, i).total for i in range(4))
     assert t.bubble_s == pytest.approx(3 / m * m * slowest)
     assert t.compute_s > 0 and t.tp_comm_s > 0 and t.pp_comm_s > 0 and t.dp_comm_s >= 0
+
+
+def test_group_placement_matches_counting_on_the_whole_cluster_graph():
+    """The arithmetic placement of a group's ranks agrees with the full networkx graph."""
+    from cost_models.topology import build_topology
+
+    cluster = ClusterSpec(gpu=_gpu(), num_gpus=128)
+    graph = build_topology(cluster)
+    for tp, cp, dp, pp in [(1, 1, 128, 1), (2, 1, 64, 1), (8, 1, 8, 2), (4, 2, 4, 4), (2, 4, 2, 8), (8, 2, 8, 1)]:
+        layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp)
+        for dim in ("tp", "cp", "dp", "pp", "dp_cp"):
+            links = group_links(cluster, layout, dim)
+            stride = {"tp": 1, "cp": tp, "dp": tp * cp, "pp": tp * cp * dp, "dp_cp": tp}[dim]
+            members = [i * stride for i in range(links.size)]
+            domains = {}
+            for rank in members:
+                domains.setdefault(graph.nodes[("gpu", rank)]["domain"], []).append(rank)
+            assert links.domains == len(domains), (dim, layout)
+            assert links.per_domain == len(domains[0]), (dim, layout)
