@@ -1,0 +1,122 @@
+"""Invariants of the cost models over thousands of generated models, clusters and layouts (fixed seed)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from cost_models.memory import peak_stage_memory, stage_memories
+from cost_models.specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, SpecError, TrainingSpec
+from cost_models.step_time import step_time
+
+SETTINGS = settings(max_examples=1500, derandomize=True, deadline=None,
+                    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+GPU = GPUSpec(name="h100", memory_bytes=80e9, peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12,
+                                                          "tf32": 495e12},
+              hbm_bandwidth=3.35e12, intra_node_bandwidth=450e9, inter_node_bandwidth=50e9,
+              gpus_per_node=8, nvlink_domain=8)
+
+
+@st.composite
+def jobs(draw):
+    heads = draw(st.sampled_from([4, 8, 16, 32, 64]))
+    model = ModelSpec(
+        name="m", num_layers=draw(st.integers(1, 48)),
+        hidden_size=heads * draw(st.sampled_from([32, 64, 128])),
+        num_attention_heads=heads,
+        num_kv_heads=heads // draw(st.sampled_from([1, 2, 4])),
+        ffn_hidden_size=draw(st.sampled_from([0, 1024, 4096, 11008])),
+        activation=draw(st.sampled_from(["gelu", "swiglu"])),
+        vocab_size=draw(st.integers(1000, 150000)),
+        tied_embeddings=draw(st.booleans()),
+        dropout=draw(st.sampled_from([0.0, 0.1])),
+    )
+    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    pp = draw(st.sampled_from([1, 2, 4]))
+    cp = draw(st.sampled_from([1, 1, 2]))
+    dp = draw(st.sampled_from([1, 2, 4, 8]))
+    mbs = draw(st.sampled_from([1, 2, 4]))
+    accumulation = draw(st.sampled_from([1, 2, 4, 8]))
+    training = TrainingSpec(global_batch_size=mbs * accumulation * dp, seq_len=draw(st.sampled_from([512, 2048, 4096])),
+                            precision=draw(st.sampled_from(["bf16", "fp16", "fp32", "fp8"])),
+                            optimizer=draw(st.sampled_from(["adam", "sgd"])),
+                            flash_attention=draw(st.booleans()))
+    recompute = draw(st.sampled_from(["none", "selective", "full"]))
+    try:
+        layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=draw(st.sampled_from([1, 2])) if pp > 1 else 1,
+                        micro_batch_size=mbs, zero_stage=draw(st.integers(0, 3)),
+                        sequence_parallel=tp > 1 and draw(st.booleans()), recompute=recompute)
+        job = Job(model, ClusterSpec(GPU, dp * tp * pp * cp), training, layout)
+    except SpecError:
+        assume(False)
+    return job
+
+
+def _with(job: Job, cluster_gpus: int = None, training: TrainingSpec = None, **changes) -> Job:
+    layout = job.layout.with_changes(**changes)
+    return Job(job.model, ClusterSpec(GPU, cluster_gpus or layout.world_size), training or job.training, layout)
+
+
+def _states(job: Job) -> float:
+    peak = peak_stage_memory(job)
+    return peak.parameters + peak.gradients + peak.optimizer_states
+
+
+@SETTINGS
+@given(jobs())
+def test_memory_never_falls_as_the_micro_batch_grows(job):
+    bigger = job.training.global_batch_size * 2
+    try:
+        larger = _with(job, training=TrainingSpec(bigger, job.training.seq_len, job.training.precision,
+                                                  job.training.optimizer, job.training.flash_attention),
+                       micro_batch_size=job.layout.micro_batch_size * 2)
+    except SpecError:
+        assume(False)
+    assert peak_stage_memory(larger).total >= peak_stage_memory(job).total * (1 - 1e-12)
+
+
+@SETTINGS
+@given(jobs())
+def test_memory_never_falls_as_the_sequence_grows(job):
+    t = job.training
+    try:
+        longer = _with(job, training=TrainingSpec(t.global_batch_size, t.seq_len * 2, t.precision, t.optimizer,
+                                                  t.flash_attention))
+    except SpecError:
+        assume(False)
+    assert peak_stage_memory(longer).total >= peak_stage_memory(job).total * (1 - 1e-12)
+
+
+@SETTINGS
+@given(jobs())
+def test_more_sharding_never_raises_model_state_memory(job):
+    """A higher ZeRO stage, or (data parallelism held) a higher TP or PP degree."""
+    lay = job.layout
+    if lay.zero_stage < 3:
+        assert _states(_with(job, zero_stage=lay.zero_stage + 1)) <= _states(job) * (1 + 1e-12)
+    for change in ({"tp": lay.tp * 2}, {"pp": lay.pp * 2}):
+        try:
+            wider = _with(job, **change)
+        except SpecError:
+            continue
+        # Every stage of the wider layout holds no more state than the heaviest stage before.
+        assert max(m.parameters + m.gradients + m.optimizer_states for m in stage_memories(wider)) \
+            <= _states(job) * (1 + 1e-12)
+
+
+@SETTINGS
+@given(jobs())
+def test_step_time_is_positive_finite_and_the_sum_of_its_parts(job):
+    t = step_time(job)
+    assert 0 < t.total < math.inf
+    assert all(v >= 0 and math.isfinite(v) for v in t.by_part().values())
+    assert math.isclose(t.total, sum(t.by_part().values()))
+
+
+@SETTINGS
+@given(jobs())
+def test_the_peak_is_the_heaviest_of_all_stages(job):
+    """peak_stage_memory looks only at the stages that can be heaviest; that loses nothing."""
+    assert peak_stage_memory(job).total == max(m.total for m in stage_memories(job))
