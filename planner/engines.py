@@ -5,8 +5,9 @@
   separate FSDP path, not offered here), selective and full recomputation.
 - DeepSpeed (``deepspeed/runtime/pipe/engine.py``): its pipeline engine refuses ZeRO
   stages 2 and 3 (``assert self.zero_optimization_stage() < 2``) and has no
-  interleaving; tensor parallelism through AutoTP without sequence parallelism;
-  no context parallelism of Megatron's kind.
+  interleaving; tensor parallelism through AutoTP without sequence parallelism, and not
+  with pipelining (AutoTP builds its groups over all ranks, ignoring the pipeline grid:
+  ``engine._configure_tensor_parallel_states``); no context parallelism of Megatron's kind.
 - torchtitan (``torchtitan/distributed/parallel_dims.py``): FSDP2 sharding (ZeRO-3) or
   pure replication (ZeRO-0), TP always with sequence parallelism on the norms, PP
   with interleaved schedules, CP; selective and full activation checkpointing.
@@ -27,6 +28,7 @@ class EngineSupport:
     sequence_parallel: tuple[bool, ...]  # allowed values when tp > 1
     recompute: tuple[str, ...]
     partial_recompute: bool  # full recomputation of only some layers per stage
+    tp_with_pp: bool = True  # tensor and pipeline parallelism together
 
     def allows(self, tp: int, pp: int, cp: int, vpp: int, zero_stage: int, sequence_parallel: bool,
                recompute: str) -> bool:
@@ -38,6 +40,8 @@ class EngineSupport:
             return False
         if tp > 1 and sequence_parallel not in self.sequence_parallel:
             return False
+        if tp > 1 and pp > 1 and not self.tp_with_pp:
+            return False
         return recompute in self.recompute
 
 
@@ -47,7 +51,7 @@ ENGINES = {
                               recompute=("none", "selective", "full"), partial_recompute=True),
     "deepspeed": EngineSupport("deepspeed", zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=False,
                                context_parallel=False, sequence_parallel=(False,),
-                               recompute=("none", "full"), partial_recompute=False),
+                               recompute=("none", "full"), partial_recompute=False, tp_with_pp=False),
     "torchtitan": EngineSupport("torchtitan", zero_stages=(0, 3), max_zero_with_pp=3, interleaving=True,
                                 context_parallel=True, sequence_parallel=(True,),
                                 recompute=("none", "selective", "full"), partial_recompute=False),

@@ -194,6 +194,8 @@ def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, in
                 dp = n // (tp * cp * pp)
                 if pp > model.num_layers or training.global_batch_size % dp:
                     continue
+                if tp > 1 and pp > 1 and not engine.tp_with_pp:
+                    continue
                 if spec.admits("pp", pp) and spec.admits("dp", dp):
                     yield tp, cp, pp, dp
 

@@ -2,10 +2,10 @@
 
 Each engine module offers:
 
-- ``render(estimate: planner.estimate.Estimate, header: str) -> dict[str, str]``: file name
-  (relative to the output folder) → file text, for the estimate's layout. ``header`` is
-  the provenance comment every file starts with (in the file's own comment syntax, via
-  :func:`comment`), naming the case and the predicted step time and memory.
+- ``render(estimate: planner.estimate.Estimate, header: list[str]) -> dict[str, str]``: file
+  name (relative to the output folder) → file text, for the estimate's layout. ``header``
+  holds the provenance lines (:func:`provenance`) every file starts with, in the file's own
+  comment syntax (via :func:`comment`): the case, the predicted step time and memory.
 - ``read(path: pathlib.Path, case: planner.case.Case) -> cost_models.specs.Layout`` (DeepSpeed
   and Megatron): the layout of an existing config, for `diagnose`; contradictions are a
   :class:`planner.errors.CaseError` naming the file and key.

@@ -1,0 +1,378 @@
+"""DeepSpeed: ``ds_config.json`` and ``launch.sh`` for a layout, and a reader for an existing ds_config.
+
+What the files rest on (DeepSpeed 0.19.8 source):
+
+- ``deepspeed/runtime/config.py`` ``DeepSpeedConfig``: reads ``train_batch_size``,
+  ``train_micro_batch_size_per_gpu`` and ``gradient_accumulation_steps``; any one or two
+  of them are enough, the rest are derived (``_set_batch_related_parameters``) and
+  ``_batch_assertion`` requires ``train_batch_size == micro × accumulation × world_size``.
+  ``world_size`` is the data-parallel size only when an ``mpu`` says so
+  (``mpu.get_data_parallel_world_size()``; a ``PipelineModule`` hands its grid as the mpu);
+  without one it is every rank, AutoTP's tensor-parallel ranks included. Unknown top-level
+  keys are ignored, so the provenance goes in ``"_comment"``.
+- ``deepspeed/runtime/pipe/module.py`` ``PipelineModule(layers, num_stages, partition_method)``:
+  the pipeline degree and the stage boundaries are set in the training script, not in the
+  config (its ``"pipeline"`` section holds schedule knobs only), so ``launch.sh`` states them.
+  ``partition_method`` is ``"parameters"``, ``"uniform"`` or ``"type:REGEX"``, each a balanced
+  split; uneven stages are reproduced exactly by one list entry per stage, split uniformly.
+- ``deepspeed/runtime/pipe/engine.py``: the pipeline engine refuses ZeRO 2 and 3.
+- ``deepspeed/runtime/tensor_parallel/config.py``: ``tensor_parallel.autotp_size``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from cost_models.specs import Layout
+
+from ..errors import CaseError
+from . import comment as _marked
+
+
+def comment(lines: list[str]) -> str:
+    """``#`` lines, a bare ``#`` for an empty one."""
+    return "".join(line.rstrip() + "\n" for line in _marked(lines).splitlines())
+
+CONFIG = "ds_config.json"
+LAUNCH = "launch.sh"
+# DeepSpeed's defaults for ZeRO 1/2 buckets (deepspeed/runtime/zero/config.py: 5e8 elements).
+BUCKET = 500_000_000
+
+
+def _refuse(expected: str) -> CaseError:
+    return CaseError("--emit", "deepspeed", expected)
+
+
+def check_expressible(estimate) -> None:
+    """Raise a CaseError for a layout DeepSpeed cannot run (see planner/engines.py)."""
+    lay = estimate.job.layout
+    hint = "; plan with search.target: deepspeed"
+    if lay.cp > 1:
+        raise _refuse(f"DeepSpeed has no context parallelism of Megatron's kind, layout has cp {lay.cp}{hint}")
+    if lay.vpp > 1:
+        raise _refuse(f"DeepSpeed's pipeline engine has no interleaved schedule, layout has vpp {lay.vpp}{hint}")
+    if lay.sequence_parallel:
+        raise _refuse(f"DeepSpeed's AutoTP has no sequence parallelism, layout has sequence_parallel on{hint}")
+    if lay.recompute == "selective":
+        raise _refuse(f"DeepSpeed checkpoints whole layers only (recompute none or full), layout has "
+                      f"recompute selective{hint}")
+    if lay.pp > 1 and lay.zero_stage > 1:
+        raise _refuse(f"DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3, layout has pp {lay.pp} "
+                      f"with zero_stage {lay.zero_stage}{hint}")
+    stages = estimate.job.stage_layers
+    if lay.recompute == "full" and lay.recompute_num_layers is not None \
+            and lay.recompute_num_layers < max(stages):
+        raise _refuse(f"DeepSpeed recomputes every layer or none, layout recomputes "
+                      f"{lay.recompute_num_layers} of {max(stages)} layers per stage{hint}")
+    if lay.tp > 1 and lay.pp > 1:
+        raise _refuse(f"DeepSpeed's AutoTP builds its tensor/data-parallel groups over all ranks and "
+                      f"ignores the pipeline topology, layout has tp {lay.tp} with pp {lay.pp}; "
+                      f"use --emit megatron")
+
+
+def _lines(header: Union[list[str], str]) -> list[str]:
+    if isinstance(header, str):  # already a comment block
+        return [line[2:] if line.startswith("# ") else line.lstrip("#") for line in header.splitlines()]
+    return list(header)
+
+
+def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str, Any]:
+    """The ds_config for the estimate's layout (as a dict, before JSON)."""
+    check_expressible(estimate)
+    job = estimate.job
+    lay, training = job.layout, job.training
+    config: dict[str, Any] = {}
+    lines = _lines(header_lines)
+    if lines:
+        config["_comment"] = lines
+    config["train_batch_size"] = training.global_batch_size
+    config["train_micro_batch_size_per_gpu"] = lay.micro_batch_size
+    config["gradient_accumulation_steps"] = job.grad_accum
+    config["zero_optimization"] = _zero(lay.zero_stage, job.model.hidden_size)
+    if training.precision in ("bf16", "fp8"):  # fp8 matmuls come from Transformer Engine, not the config
+        config["bf16"] = {"enabled": True}
+    elif training.precision == "fp16":
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                          "hysteresis": 2, "min_loss_scale": 1}
+    if lay.recompute == "full":
+        # The planner's memory model keeps each recomputed layer's input whole on every TP rank.
+        config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
+                                              "cpu_checkpointing": False, "synchronize_checkpoint_boundary": False,
+                                              "profile": False}
+    config["gradient_clipping"] = 1.0
+    if lay.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": lay.tp}
+    config["steps_per_print"] = 10
+    config["wall_clock_breakdown"] = False
+    return config
+
+
+def _zero(stage: int, hidden: int) -> dict[str, Any]:
+    if stage == 0:
+        return {"stage": 0}
+    if stage in (1, 2):
+        return {"stage": stage, "overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True,
+                "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET}
+    # ZeRO 3: the sizes the Hugging Face integration fills in for "auto" (transformers
+    # integrations/deepspeed.py): buckets of hidden² elements, parameters under 10·hidden kept whole.
+    return {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": hidden * hidden,
+            "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+            "stage3_param_persistence_threshold": 10 * hidden,
+            "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000,
+            "stage3_gather_16bit_weights_on_model_save": True}
+
+
+def _nodes(num_gpus: int, per_node: int) -> tuple[int, int, Optional[str]]:
+    """(--num_nodes, --num_gpus per node, a note when the GPUs do not fill whole nodes)."""
+    if num_gpus <= per_node:
+        return 1, num_gpus, None
+    nodes = math.ceil(num_gpus / per_node)
+    if num_gpus % nodes == 0:
+        return nodes, num_gpus // nodes, None
+    return nodes, per_node, (f"{num_gpus} GPUs do not fill {nodes} nodes of {per_node}: list the slots per host "
+                             f"in the hostfile (summing to {num_gpus}) and drop --num_gpus")
+
+
+def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
+    check_expressible(estimate)
+    job = estimate.job
+    lay, cluster = job.layout, job.cluster
+    nodes, per_node, note = _nodes(cluster.num_gpus, cluster.gpu.gpus_per_node)
+    out = ["#!/usr/bin/env bash\n", comment(_lines(header_lines))]
+    out.append(comment([
+        "",
+        f"Layout: dp {lay.dp} x tp {lay.tp} x pp {lay.pp}, micro-batch {lay.micro_batch_size}, "
+        f"{job.grad_accum} accumulation step{'s' if job.grad_accum != 1 else ''}, ZeRO {lay.zero_stage}, recompute {lay.recompute}, "
+        f"{job.training.precision}",
+        f"ds_config.json: train_batch_size {job.training.global_batch_size} = micro {lay.micro_batch_size} x "
+        f"accumulation {job.grad_accum} x data-parallel {lay.dp}",
+    ]))
+    if job.training.precision == "fp8":
+        out.append(comment([
+            "",
+            "FP8: ds_config.json has no FP8 switch; it trains in bf16 and train.py runs the forward",
+            "under transformer_engine.pytorch.fp8_autocast for the FP8 matmuls the plan assumed.",
+        ]))
+    if lay.recompute == "full":
+        out.append(comment([
+            "",
+            "Recompute full: checkpoint every transformer layer (deepspeed.checkpointing.checkpoint,",
+            "configured by ds_config.json's activation_checkpointing; or model.gradient_checkpointing_enable()).",
+        ]))
+    if lay.tp > 1:
+        out.append(comment(_autotp_snippet(lay)))
+    if lay.pp > 1:
+        out.append(comment(_pipeline_snippet(job)))
+    if nodes > 1:
+        out.append(comment(["", f"{nodes} nodes: the launcher reads the hosts from /job/hostfile "
+                                f"(or pass --hostfile FILE), one line per node: HOST slots={per_node}"]))
+    if note:
+        out.append(comment([note]))
+    out.append("set -euo pipefail\n\n")
+    out.append(f"deepspeed --num_nodes {nodes} --num_gpus {per_node} train.py --deepspeed "
+               f"--deepspeed_config {CONFIG} \"$@\"\n")
+    return "".join(out)
+
+
+def _autotp_snippet(lay: Layout) -> list[str]:
+    world = lay.dp * lay.tp
+    return [
+        "",
+        f"Tensor parallelism: AutoTP over {lay.tp} GPUs (tensor_parallel.autotp_size in ds_config.json).",
+        "DeepSpeed checks train_batch_size against micro x accumulation x its data-parallel size; without",
+        f"an mpu it counts all {world} ranks as data-parallel and rejects the config. Hand it the AutoTP",
+        f"groups, whose data-parallel size is {lay.dp}, in train.py:",
+        "",
+        "    import deepspeed",
+        "    from deepspeed.utils import groups",
+        "    deepspeed.init_distributed()",
+        f"    groups._init_tp_mesh_device(tensor_model_parallel_size={lay.tp})  # the groups AutoTP itself uses",
+        "    engine, optimizer, _, _ = deepspeed.initialize(args=args, model=model,",
+        "                                                   model_parameters=model.parameters(), mpu=groups)",
+        "",
+        f"and feed the same micro-batch to the {lay.tp} ranks of each tensor-parallel group.",
+    ]
+
+
+def _pipeline_snippet(job) -> list[str]:
+    lay = job.layout
+    stages = list(job.stage_layers)
+    interval = 1 if lay.recompute == "full" else 0
+    lines = [
+        "",
+        f"Pipeline: {lay.pp} stages holding {', '.join(map(str, stages))} transformer layers (the embedding",
+        "on the first stage, the LM head on the last). ds_config.json has no pipeline degree: train.py",
+        "builds a PipelineModule, whose grid gives DeepSpeed the data-parallel size "
+        f"{lay.dp} (= {job.cluster.num_gpus} / {lay.pp}).",
+        "",
+    ]
+    if len(set(stages)) == 1:
+        lines += [
+            "    from deepspeed.pipe import PipelineModule, LayerSpec",
+            "    layers = [LayerSpec(Embedding, ...)]",
+            f"    layers += [LayerSpec(TransformerLayer, ...) for _ in range({sum(stages)})]",
+            "    layers += [LayerSpec(LMHead, ...)]",
+            f"    model = PipelineModule(layers=layers, num_stages={lay.pp}, loss_fn=loss_fn,",
+            "                           partition_method=\"type:TransformerLayer\",  # "
+            f"{stages[0]} transformer layers a stage",
+            f"                           activation_checkpoint_interval={interval})",
+        ]
+    else:
+        lines += [
+            "    from deepspeed.pipe import PipelineModule",
+            "    # DeepSpeed's partition methods balance layers evenly; for these uneven stages give",
+            "    # one entry per stage and split uniformly (one entry to each stage):",
+            f"    stage_layers = {tuple(stages)}",
+            "    blocks, start = [], 0",
+            "    for i, n in enumerate(stage_layers):",
+            "        block = [embedding] if i == 0 else []",
+            "        block += transformer_layers[start:start + n]",
+            "        start += n",
+            "        if i == len(stage_layers) - 1:",
+            "            block.append(lm_head)",
+            "        blocks.append(torch.nn.Sequential(*block))",
+            f"    model = PipelineModule(layers=blocks, num_stages={lay.pp}, loss_fn=loss_fn,",
+            "                           partition_method=\"uniform\")",
+        ]
+        if interval:
+            lines.append("    # recompute full: checkpoint each transformer layer inside its block "
+                         "(deepspeed.checkpointing.checkpoint)")
+    lines += [
+        "    engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())",
+        f"    loss = engine.train_batch(data_iter)  # runs the {job.grad_accum} micro-batches of one step",
+    ]
+    return lines
+
+
+def render(estimate, header_lines: Union[list[str], str]) -> dict[str, str]:
+    """``ds_config.json`` and ``launch.sh`` for the estimate's layout."""
+    config = config_dict(estimate, header_lines)
+    return {CONFIG: json.dumps(config, indent=2) + "\n", LAUNCH: launch_text(estimate, header_lines)}
+
+
+# --- reading an existing ds_config ------------------------------------------------------------
+
+def _positive(src: str, key: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        extra = " (\"auto\" is filled in by the Hugging Face Trainer, not DeepSpeed)" if value == "auto" else ""
+        raise CaseError(src, key, f"expected an integer, got {type(value).__name__} {value!r}{extra}")
+    if value < minimum:
+        raise CaseError(src, key, f"expected an integer >= {minimum}, got {value}")
+    return value
+
+
+def _enabled(src: str, config: dict, key: str) -> bool:
+    section = config.get(key)
+    if section is None:
+        return False
+    if not isinstance(section, dict):
+        raise CaseError(src, key, f"expected a mapping, got {type(section).__name__} {section!r}")
+    value = section.get("enabled", False)
+    if not isinstance(value, bool):
+        raise CaseError(src, f"{key}.enabled", f"expected true or false, got {value!r}")
+    return value
+
+
+def _load(path: Path) -> dict:
+    src = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CaseError(src, "", "file not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise CaseError(src, "", f"cannot be read ({error.__class__.__name__})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CaseError(src, "", f"expected valid JSON: {error.msg} at line {error.lineno}, "
+                                 f"column {error.colno}") from None
+    if not isinstance(data, dict):
+        raise CaseError(src, "", f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read(path: Union[str, Path], case, pp: int = 1) -> Layout:
+    """The layout of an existing ds_config.json on ``case``'s cluster, with ``pp`` pipeline stages.
+
+    Batch sizes follow DeepSpeed's rules: any one or two of train_batch_size,
+    train_micro_batch_size_per_gpu and gradient_accumulation_steps, the rest derived as
+    ``DeepSpeedConfig._set_batch_related_parameters`` does, then checked as
+    ``_batch_assertion`` does, with the data-parallel size num_gpus / (tp·pp).
+    """
+    path = Path(path)
+    src = str(path)
+    config = _load(path)
+    pp = _positive("--pp", "pp", pp)
+
+    tp_section = config.get("tensor_parallel", {})
+    if not isinstance(tp_section, dict):
+        raise CaseError(src, "tensor_parallel", f"expected a mapping, got {tp_section!r}")
+    tp = _positive(src, "tensor_parallel.autotp_size", tp_section.get("autotp_size", 0), minimum=0) or 1
+    gpus = case.cluster.num_gpus
+    if gpus % (tp * pp):
+        raise CaseError(src, "tensor_parallel.autotp_size",
+                        f"tp {tp} x pp {pp} = {tp * pp} must divide the cluster's {gpus} GPUs")
+    dp = gpus // (tp * pp)
+
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    given = {k: _positive(src, k, config[k]) for k in keys if config.get(k) is not None}
+    batch, micro, accum = (given.get(k) for k in keys)
+    if batch is not None and micro is not None and accum is None:
+        accum = batch // micro // dp
+        if accum < 1:
+            raise CaseError(src, "train_batch_size", f"{batch} is less than micro {micro} x data-parallel {dp} "
+                                                     f"= {micro * dp}")
+    elif batch is not None and accum is not None and micro is None:
+        micro = batch // dp // accum
+        if micro < 1:
+            raise CaseError(src, "train_batch_size", f"{batch} is less than accumulation {accum} x "
+                                                     f"data-parallel {dp} = {accum * dp}")
+    elif micro is not None and accum is not None and batch is None:
+        batch = micro * accum * dp
+    elif batch is not None and micro is None and accum is None:
+        accum, micro = 1, batch // dp
+        if micro < 1:
+            raise CaseError(src, "train_batch_size", f"{batch} is less than the data-parallel size {dp}")
+    elif micro is not None and batch is None and accum is None:
+        batch, accum = micro * dp, 1
+    elif batch is None and micro is None:
+        raise CaseError(src, "train_batch_size", "missing; give train_batch_size or train_micro_batch_size_per_gpu")
+    if batch != micro * accum * dp:
+        raise CaseError(src, "train_batch_size", f"{batch} is not micro {micro} × accumulation {accum} × "
+                                                 f"data-parallel {dp} = {micro * accum * dp}")
+    global_batch = case.training.global_batch_size
+    if batch != global_batch:
+        said = "train_batch_size" if "train_batch_size" in given else \
+            f"train_batch_size (micro {micro} × accumulation {accum} × data-parallel {dp})"
+        raise CaseError(src, "train_batch_size", f"{said} is {batch}, but the case {case.source} has "
+                                                 f"training.global_batch_size {global_batch}")
+
+    zero_section = config.get("zero_optimization", {})
+    if not isinstance(zero_section, dict):
+        raise CaseError(src, "zero_optimization", f"expected a mapping, got {zero_section!r}")
+    zero = _positive(src, "zero_optimization.stage", zero_section.get("stage", 0), minimum=0)
+    if zero > 3:
+        raise CaseError(src, "zero_optimization.stage", f"expected 0, 1, 2 or 3, got {zero}")
+    if pp > 1 and zero > 1:
+        raise CaseError(src, "zero_optimization.stage", f"DeepSpeed's pipeline engine refuses ZeRO stage {zero} "
+                                                        f"(pp {pp}); expected 0 or 1")
+
+    bf16, fp16 = _enabled(src, config, "bf16"), _enabled(src, config, "fp16")
+    if bf16 and fp16:
+        raise CaseError(src, "fp16.enabled", "bf16 and fp16 cannot both be enabled")
+    written = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    wanted = {"fp8": "bf16"}.get(case.training.precision, case.training.precision)
+    if written != wanted:
+        key = "bf16.enabled" if bf16 else "fp16.enabled" if fp16 else "bf16"
+        raise CaseError(src, key, f"the config trains in {written}, but the case {case.source} has "
+                                  f"training.precision {case.training.precision}")
+
+    checkpointing = config.get("activation_checkpointing")
+    if checkpointing is not None and not isinstance(checkpointing, dict):
+        raise CaseError(src, "activation_checkpointing", f"expected a mapping, got {checkpointing!r}")
+    recompute = "full" if checkpointing is not None else "none"
+
+    return Layout(dp=dp, tp=tp, pp=pp, micro_batch_size=micro, zero_stage=zero, recompute=recompute)

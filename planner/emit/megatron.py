@@ -1,0 +1,491 @@
+"""Megatron-LM: the argument list of ``pretrain_gpt.py`` and a torchrun launch script, and a reader
+for the arguments (or launch script) a team already has.
+
+Flag names and the rules they must obey are those of Megatron-LM's
+``megatron/training/arguments.py`` (``validate_args``) and of megatron-core's
+``TransformerConfig.__post_init__``:
+
+- ``dp = world / (tp·pp·cp)``; the global batch must divide by ``micro·dp``.
+- An uneven pipeline is given as ``--decoder-first-pipeline-num-layers`` /
+  ``--decoder-last-pipeline-num-layers``; the stages between them split the remaining
+  layers evenly. A partition whose middle stages differ (32 layers on 5 stages:
+  6, 7, 7, 6, 6) is given as ``--pipeline-model-parallel-layout`` instead, one ``|``-separated
+  entry per (virtual) stage, ``E`` the embedding, ``L`` the loss, ``t`` a transformer layer
+  (``PipelineParallelLayerLayout``); with it no other partition or interleaving flag is allowed.
+- Interleaving: ``--num-layers-per-virtual-pipeline-stage`` (layers per model chunk) on an
+  even split; with an uneven one ``validate_args`` demands ``--num-virtual-stages-per-pipeline-rank``.
+- ``--recompute-method block --recompute-num-layers N`` recomputes the first N layers of every
+  model chunk (``TransformerBlock._checkpointed_forward``), so with interleaving N is the
+  planner's layers per stage divided by vpp; ``uniform`` with 1 recomputes every layer.
+- The distributed optimizer is ZeRO stage 1; ZeRO 2 and 3 have no Megatron-LM flag here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from pathlib import Path
+from typing import Optional
+
+from cost_models.specs import Job, Layout, SpecError
+
+from ..errors import CaseError
+from . import comment
+
+ARGS_FILE = "megatron_args.txt"
+LAUNCH_FILE = "launch.sh"
+
+# Flags whose value is an integer, and what read() does with them.
+INT_FLAGS = (
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups", "--ffn-hidden-size",
+    "--seq-length", "--max-position-embeddings",
+    # torchrun
+    "--nnodes", "--nproc-per-node",
+)
+STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format", "--data-parallel-sharding-strategy")
+BOOL_FLAGS = (
+    "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
+    "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
+    "--no-overlap-p2p-communication", "--use-torch-fsdp2", "--use-megatron-fsdp", "--use-custom-fsdp",
+)
+# Spellings torchrun also accepts.
+ALIASES = {"--nproc_per_node": "--nproc-per-node"}
+
+# A SpecError's field, as the flag that set it (for read()'s final cross-check).
+FLAG_OF_FIELD = {
+    "dp": "--tensor-model-parallel-size", "tp": "--tensor-model-parallel-size",
+    "pp": "--pipeline-model-parallel-size", "cp": "--context-parallel-size",
+    "vpp": "--num-layers-per-virtual-pipeline-stage", "micro_batch_size": "--micro-batch-size",
+    "zero_stage": "--use-distributed-optimizer", "sequence_parallel": "--sequence-parallel",
+    "recompute": "--recompute-granularity", "recompute_num_layers": "--recompute-num-layers",
+    "stage_layers": "--decoder-first-pipeline-num-layers", "global_batch_size": "--global-batch-size",
+}
+
+
+def _refuse(expected: str) -> CaseError:
+    return CaseError("--emit", "megatron", expected)
+
+
+def _header(header_lines) -> str:
+    lines = header_lines.splitlines() if isinstance(header_lines, str) else list(header_lines)
+    marked = [line for line in lines if line.startswith("#")]
+    if marked and len(marked) == len(lines):  # already a comment block
+        return "".join(f"{line}\n" for line in lines)
+    return comment(lines)
+
+
+def uneven_stages(layout: Layout) -> Optional[tuple[int, int]]:
+    """(first, last) layer counts for ``--decoder-first/last-pipeline-num-layers``, or None for an
+    even split or a partition those flags cannot express (middle stages that differ)."""
+    stages = layout.stage_layers
+    if stages is None or len(set(stages)) == 1 or len(set(stages[1:-1])) > 1:
+        return None
+    return stages[0], stages[-1]
+
+
+def layout_string(layout: Layout) -> Optional[str]:
+    """``--pipeline-model-parallel-layout`` for a partition whose middle stages differ, else None.
+
+    Virtual stage ``v`` of pipeline rank ``r`` is entry ``v·pp + r``; every rank's chunks are equal."""
+    stages = layout.stage_layers
+    if stages is None or len(set(stages)) == 1 or uneven_stages(layout) is not None:
+        return None
+    entries = []
+    for v in range(layout.vpp):
+        for r, n in enumerate(stages):
+            if n % layout.vpp:
+                raise _refuse(f"stage {r} holds {n} layers, which do not split into {layout.vpp} model chunks")
+            chunk = n // layout.vpp
+            entry = "t" * chunk if chunk <= 2 else f"t*{chunk}"
+            if v == 0 and r == 0:
+                entry = "E" + entry
+            if v == layout.vpp - 1 and r == layout.pp - 1:
+                entry = entry + "L" if chunk <= 2 else f"{entry},L"
+            entries.append(entry)
+    return "|".join(entries)
+
+
+def parse_layout_string(text: str, pp: int) -> list[int]:
+    """Transformer layers per virtual stage of a ``--pipeline-model-parallel-layout`` (Megatron's
+    ``PipelineParallelLayerLayout.parse_str_to_list``); raises ValueError on what it cannot read."""
+    text = text.replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    entries = text.split("|")
+    if len(entries) % pp:
+        raise ValueError(f"{len(entries)} stages do not divide by --pipeline-model-parallel-size {pp}")
+    for entry in entries:
+        bad = set(entry) - set("ELt")
+        if bad:
+            raise ValueError(f"unsupported layer character(s) {''.join(sorted(bad))!r} "
+                             "(only E, L and t are modelled)")
+    flat = "".join(entries)
+    if flat.count("E") != 1 or flat.count("L") != 1 or not flat.startswith("E") or not flat.endswith("L"):
+        raise ValueError("expected one E at the start and one L at the end")
+    return [entry.count("t") for entry in entries]
+
+
+def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
+    """``pretrain_gpt.py`` arguments for ``job`` as (flag, value or None for a switch)."""
+    m, t, lay = job.model, job.training, job.layout
+    if lay.zero_stage > 1:
+        raise _refuse(f"ZeRO stage {lay.zero_stage} has no Megatron-LM equivalent here; its "
+                      "distributed optimizer is stage 1 (plan with search: {target: megatron})")
+    args: list[tuple[str, Optional[str]]] = [
+        ("--tensor-model-parallel-size", str(lay.tp)),
+        ("--pipeline-model-parallel-size", str(lay.pp)),
+    ]
+    uneven = uneven_stages(lay)
+    custom = layout_string(lay)
+    if uneven is not None:
+        first, last = uneven
+        args += [("--decoder-first-pipeline-num-layers", str(first)),
+                 ("--decoder-last-pipeline-num-layers", str(last))]
+    if custom is not None:  # it sets the chunks per rank too
+        args.append(("--pipeline-model-parallel-layout", custom))
+    elif lay.vpp > 1:
+        if uneven is not None:  # validate_args: uneven pipelines give the chunk count instead
+            args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
+        else:
+            args.append(("--num-layers-per-virtual-pipeline-stage", str(m.num_layers // (lay.pp * lay.vpp))))
+    args.append(("--context-parallel-size", str(lay.cp)))
+    if lay.sequence_parallel:
+        args.append(("--sequence-parallel", None))
+    if lay.zero_stage == 1:
+        args.append(("--use-distributed-optimizer", None))
+    args += [("--micro-batch-size", str(lay.micro_batch_size)),
+             ("--global-batch-size", str(t.global_batch_size))]
+    if lay.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+    elif lay.recompute == "full":
+        if lay.recompute_num_layers is None:
+            args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                     ("--recompute-num-layers", "1")]
+        else:
+            if lay.recompute_num_layers % lay.vpp:
+                raise _refuse(f"recompute_num_layers {lay.recompute_num_layers} per stage cannot be expressed "
+                              f"with {lay.vpp} model chunks per stage: --recompute-num-layers counts layers "
+                              "per chunk, so it must divide by vpp")
+            args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                     ("--recompute-num-layers", str(lay.recompute_num_layers // lay.vpp))]
+    if t.precision == "bf16":
+        args.append(("--bf16", None))
+    elif t.precision == "fp16":
+        args.append(("--fp16", None))
+    elif t.precision == "fp8":
+        args += [("--bf16", None), ("--fp8-format", "hybrid")]
+    args += [("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
+             ("--num-attention-heads", str(m.num_attention_heads))]
+    if m.num_kv_heads < m.num_attention_heads:
+        args += [("--group-query-attention", None), ("--num-query-groups", str(m.num_kv_heads))]
+    args.append(("--ffn-hidden-size", str(m.ffn_hidden_size)))
+    if m.activation == "swiglu":
+        args.append(("--swiglu", None))
+    args += [("--seq-length", str(t.seq_len)), ("--max-position-embeddings", str(t.seq_len))]
+    if not m.tied_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    args.append(("--optimizer", "sgd" if t.optimizer == "sgd" else "adam"))
+    return args
+
+
+def nodes_and_gpus(job: Job) -> tuple[int, int]:
+    """(nodes, processes per node) for torchrun, which starts as many on every node."""
+    n, per_node = job.cluster.num_gpus, job.cluster.gpu.gpus_per_node
+    if n <= per_node:
+        return 1, n
+    if n % per_node:
+        raise _refuse(f"{n} GPUs do not fill whole {per_node}-GPU nodes; torchrun starts the same "
+                      "number of processes on every node")
+    return n // per_node, per_node
+
+
+def render(estimate, header_lines) -> dict[str, str]:
+    job = estimate.job
+    args = arguments(job)
+    nodes, per_node = nodes_and_gpus(job)
+    header = _header(header_lines)
+    body = "".join(f"{flag} {value}\n" if value is not None else f"{flag}\n" for flag, value in args)
+    args_text = (header + comment([
+        f"Megatron-LM pretrain_gpt.py arguments: layout dp={job.layout.dp} tp={job.layout.tp} "
+        f"pp={job.layout.pp} cp={job.layout.cp} vpp={job.layout.vpp}, {job.grad_accum} micro-batches per step",
+        "Add data, tokenizer, learning-rate and architecture details the planner does not model",
+        "(--position-embedding-type, --normalization, --disable-bias-linear, ...) on the command line.",
+    ]) + body)
+    launch = (
+        "#!/usr/bin/env bash\n" + header + comment([
+            f"Megatron-LM on {nodes} node(s) x {per_node} GPUs; run once per node with NODE_RANK set.",
+            "MEGATRON_LM: a Megatron-LM checkout; extra arguments (data, tokenizer, schedule) pass through.",
+        ]) +
+        "set -euo pipefail\n"
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} \\\n"
+        '    --node-rank "${NODE_RANK:-0}" --master-addr "${MASTER_ADDR:-localhost}" '
+        '--master-port "${MASTER_PORT:-6000}" \\\n'
+        '    "${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/' + ARGS_FILE + '") "$@"\n'
+    )
+    return {ARGS_FILE: args_text, LAUNCH_FILE: launch}
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+_ASSIGNMENT = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _tokens(text: str) -> list[str]:
+    """Shell words of a script or argument list: comments dropped, continuations joined, quotes
+    removed, and ``$VAR`` / ``${VAR:-default}`` resolved from plain assignments in the same text."""
+    text = re.sub(r"\\\r?\n", " ", text)
+    variables: dict[str, str] = {}
+    words: list[str] = []
+    for line in text.splitlines():
+        try:
+            line_words = shlex.split(line, comments=True)
+        except ValueError:  # an unbalanced quote: fall back to whitespace
+            line_words = line.split("#", 1)[0].split()
+        match = _ASSIGNMENT.match(line)
+        if match and len(line_words) == 1:
+            name = match.group(1)
+            value = line_words[0].split("=", 1)[1]
+            variables[name] = _substitute(value, variables)
+            continue
+        words += [_substitute(w, variables) for w in line_words]
+    return words
+
+
+def _substitute(word: str, variables: dict[str, str]) -> str:
+    def one(match: re.Match) -> str:
+        name = match.group(1) or match.group(3)
+        if name in variables:
+            return variables[name]
+        if match.group(2) is not None:
+            return match.group(2)
+        return match.group(0)
+
+    return _REFERENCE.sub(one, word)
+
+
+def _flags(words: list[str]) -> dict[str, Optional[str]]:
+    """The last value of every flag read() knows (argparse keeps the last)."""
+    known = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(ALIASES)
+    found: dict[str, Optional[str]] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if "=(" in word:  # the first element of a one-line array: NAME=(--flag value ...)
+            word = word.split("=(", 1)[1]
+        word = word.lstrip("(").rstrip(")")
+        flag, _, inline = word.partition("=")
+        flag = flag.replace("_", "-") if flag.startswith("--nproc_") else flag
+        flag = ALIASES.get(flag, flag)
+        if flag in known:
+            if flag in BOOL_FLAGS:
+                found[flag] = None
+            elif inline:
+                found[flag] = inline
+            elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+                found[flag] = words[i + 1].rstrip(")")
+                i += 1
+            else:
+                found[flag] = ""
+        i += 1
+    return found
+
+
+def read(path: Path, case) -> Layout:
+    """The layout of a Megatron-LM argument list or launch script, checked against ``case``."""
+    path = Path(path)
+    src = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CaseError(src, "", "file not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise CaseError(src, "", f"cannot be read ({error.__class__.__name__})") from None
+    flags = _flags(_tokens(text))
+
+    def integer(flag: str, default: Optional[int] = None) -> Optional[int]:
+        if flag not in flags:
+            return default
+        value = flags[flag]
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise CaseError(src, flag, f"expected an integer, got {value!r}") from None
+        if number < (0 if flag == "--recompute-num-layers" else 1):
+            raise CaseError(src, flag, f"expected a positive integer, got {number}")
+        return number
+
+    model, training = case.model, case.training
+    num_gpus = case.cluster.num_gpus
+
+    # torchrun's world, where the script says it.
+    if "--nnodes" in flags and "--nproc-per-node" in flags and ":" not in (flags["--nnodes"] or ""):
+        world = integer("--nnodes") * integer("--nproc-per-node")
+        if world != num_gpus:
+            raise CaseError(src, "--nnodes", f"--nnodes x --nproc-per-node = {world} GPUs, "
+                                             f"but the case has {num_gpus}")
+
+    # The model, where given, must be the case's.
+    for flag, expected in (("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
+                           ("--num-attention-heads", model.num_attention_heads),
+                           ("--ffn-hidden-size", model.ffn_hidden_size), ("--seq-length", training.seq_len)):
+        value = integer(flag)
+        if value is not None and value != expected:
+            raise CaseError(src, flag, f"{value} differs from the case's {expected}")
+    groups = integer("--num-query-groups")
+    if groups is not None and "--group-query-attention" in flags and groups != model.num_kv_heads:
+        raise CaseError(src, "--num-query-groups", f"{groups} differs from the case's {model.num_kv_heads} KV heads")
+
+    tp = integer("--tensor-model-parallel-size", 1)
+    pp = integer("--pipeline-model-parallel-size", 1)
+    cp = integer("--context-parallel-size", 1)
+    if num_gpus % (tp * pp * cp):
+        raise CaseError(src, "--tensor-model-parallel-size",
+                        f"tp·pp·cp = {tp}·{pp}·{cp} = {tp * pp * cp} must divide the case's {num_gpus} GPUs")
+    dp = num_gpus // (tp * pp * cp)
+    if model.num_attention_heads % tp:
+        raise CaseError(src, "--tensor-model-parallel-size",
+                        f"{tp} must divide num_attention_heads {model.num_attention_heads}")
+
+    if "--micro-batch-size" not in flags:
+        raise CaseError(src, "--micro-batch-size", "missing (Megatron-LM requires it)")
+    micro = integer("--micro-batch-size")
+    global_batch = integer("--global-batch-size")
+    if global_batch is None:
+        global_batch = micro * dp  # validate_args' default
+        if global_batch != training.global_batch_size:
+            raise CaseError(src, "--global-batch-size",
+                            f"missing, so Megatron-LM uses micro-batch x dp = {micro}·{dp} = {global_batch}, "
+                            f"but the case's global batch is {training.global_batch_size}")
+    if global_batch != training.global_batch_size:
+        raise CaseError(src, "--global-batch-size",
+                        f"{global_batch} differs from the case's global batch {training.global_batch_size}")
+    if global_batch % (micro * dp):
+        raise CaseError(src, "--global-batch-size",
+                        f"{global_batch} must divide by micro-batch x dp = {micro}·{dp} = {micro * dp}")
+
+    # Pipeline partition and interleaving.
+    layers = model.num_layers
+    first = integer("--decoder-first-pipeline-num-layers")
+    last = integer("--decoder-last-pipeline-num-layers")
+    stage_layers: Optional[tuple[int, ...]] = None
+    custom = flags.get("--pipeline-model-parallel-layout")
+    if custom is None and (first is not None or last is not None):
+        if pp == 1:
+            raise CaseError(src, "--decoder-first-pipeline-num-layers", "needs --pipeline-model-parallel-size > 1")
+        rest, middle_stages = layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+        if rest < 0 or bool(rest) != bool(middle_stages) or (middle_stages and rest % middle_stages):
+            raise CaseError(src, "--decoder-first-pipeline-num-layers",
+                            f"the {rest} layers left after the first/last stages must split evenly over "
+                            f"the {middle_stages} other stages")
+        middle = rest // middle_stages if middle_stages else 0
+        stages = ([first] if first is not None else []) + [middle] * middle_stages \
+            + ([last] if last is not None else [])
+        stage_layers = tuple(stages) if len(set(stages)) > 1 else None
+    elif custom is None and pp > 1 and layers % pp:
+        raise CaseError(src, "--pipeline-model-parallel-size",
+                        f"num_layers {layers} must divide by {pp} (or give --decoder-first/last-pipeline-num-layers)")
+    per_chunk = integer("--num-layers-per-virtual-pipeline-stage")
+    chunks = integer("--num-virtual-stages-per-pipeline-rank")
+    vpp = 1
+    if custom is not None:
+        flag = "--pipeline-model-parallel-layout"
+        for other in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                      "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank"):
+            if other in flags:
+                raise CaseError(src, flag, f"cannot be combined with {other}")
+        try:
+            counts = parse_layout_string(custom, pp)
+        except ValueError as error:
+            raise CaseError(src, flag, f"{error} in {custom!r}") from None
+        if sum(counts) != layers:
+            raise CaseError(src, flag, f"holds {sum(counts)} transformer layers, the case's model {layers}")
+        vpp = len(counts) // pp
+        per_rank = [[counts[v * pp + r] for v in range(vpp)] for r in range(pp)]
+        if any(len(set(chunks_of_rank)) > 1 or 0 in chunks_of_rank for chunks_of_rank in per_rank):
+            raise CaseError(src, flag, "model chunks of one pipeline rank must hold equal, non-zero layer counts "
+                                       "(the planner models no other split)")
+        stages = [sum(chunks_of_rank) for chunks_of_rank in per_rank]
+        stage_layers = tuple(stages) if len(set(stages)) > 1 else None
+    elif per_chunk is not None and chunks is not None:
+        raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
+                        "give either it or --num-virtual-stages-per-pipeline-rank, not both")
+    if per_chunk is not None:
+        if first is not None or last is not None:
+            raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
+                            "with an uneven pipeline Megatron-LM needs --num-virtual-stages-per-pipeline-rank")
+        if (layers // pp) % per_chunk:
+            raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
+                            f"{per_chunk} must divide the {layers // pp} layers per pipeline stage")
+        vpp = layers // pp // per_chunk
+    elif chunks is not None:
+        vpp = chunks
+    if vpp > 1:
+        if pp == 1:
+            raise CaseError(src, "--num-layers-per-virtual-pipeline-stage", "interleaving needs pipeline parallelism")
+        if pp <= 2 and "--no-overlap-p2p-communication" in flags:
+            raise CaseError(src, "--no-overlap-p2p-communication",
+                            "interleaving without p2p overlap needs --pipeline-model-parallel-size > 2")
+        for n in stage_layers or (layers // pp,):
+            if n % vpp:
+                raise CaseError(src, "--num-virtual-stages-per-pipeline-rank",
+                                f"{vpp} model chunks must divide every stage's layers, got a stage of {n}")
+        microbatches = global_batch // (micro * dp)
+        if microbatches % pp:
+            raise CaseError(src, "--global-batch-size",
+                            f"interleaving needs the {microbatches} micro-batches per step to divide by pp {pp}")
+
+    # Optimizer sharding.
+    zero = 1 if "--use-distributed-optimizer" in flags else 0
+    if "--use-torch-fsdp2" in flags:
+        zero = 3
+    elif "--use-megatron-fsdp" in flags or "--use-custom-fsdp" in flags:
+        strategy = flags.get("--data-parallel-sharding-strategy") or "no_shard"
+        stages_of = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+        if strategy not in stages_of:
+            raise CaseError(src, "--data-parallel-sharding-strategy",
+                            f"expected one of {', '.join(stages_of)}, got {strategy!r}")
+        zero = max(zero, stages_of[strategy])
+
+    # Sequence parallelism: validate_args turns it off when tp is 1.
+    sequence_parallel = "--sequence-parallel" in flags and tp > 1
+
+    # Recomputation.
+    granularity = flags.get("--recompute-granularity")
+    if granularity is None and "--recompute-activations" in flags:
+        granularity = "selective"
+    recompute, recompute_layers = "none", None
+    method = flags.get("--recompute-method")
+    if granularity == "selective":
+        recompute = "selective"
+        if method is not None:
+            raise CaseError(src, "--recompute-method", "does not apply to --recompute-granularity selective")
+    elif granularity == "full":
+        recompute = "full"
+        if method not in ("uniform", "block"):
+            raise CaseError(src, "--recompute-method", f"expected uniform or block with full recomputation, "
+                                                       f"got {method!r}")
+        count = integer("--recompute-num-layers")
+        if count is None:
+            raise CaseError(src, "--recompute-num-layers", "missing (full recomputation requires it)")
+        if method == "block":
+            per_stage = count * vpp  # block counts layers per model chunk
+            if per_stage < max(stage_layers or (layers // pp,)):
+                recompute_layers = per_stage
+    elif granularity is not None:
+        raise CaseError(src, "--recompute-granularity", f"expected selective or full, got {granularity!r}")
+
+    try:
+        layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=micro, zero_stage=zero,
+                        sequence_parallel=sequence_parallel, recompute=recompute,
+                        recompute_num_layers=recompute_layers, stage_layers=stage_layers)
+        Job(case.model, case.cluster, case.training, layout, case.overheads)
+    except SpecError as error:
+        raise CaseError(src, FLAG_OF_FIELD.get(error.key, error.key), error.message) from None
+    return layout

@@ -1,0 +1,291 @@
+"""torchtitan 0.3.0 launch files for a planned layout.
+
+torchtitan 0.3.0 has no TOML job file any more (no ``--job.config_file``): its
+``ConfigManager`` (``torchtitan/config/manager.py``) loads a Python *config
+registry* — ``--module M --config F`` imports ``M.config_registry`` or ``M`` and calls
+``F()`` for a ``Trainer.Config`` — and then applies ``--section.key value`` overrides
+through tyro. So the emitted files are:
+
+- ``torchtitan_config.py``: a config-registry module whose ``layout_planner()`` takes a
+  torchtitan base config (``llama3_8b`` and kin) and sets the planned parallelism, batch,
+  activation checkpointing and mixed precision on it;
+- ``overrides.txt``: the same settings as command-line overrides, to put after
+  ``--module llama3 --config llama3_8b`` (or any other base config);
+- ``launch.sh``: ``torchrun … -m torchtitan.train --module torchtitan_config --config layout_planner``.
+
+Mapping (field names as in ``torchtitan/config/configs.py``, ``trainer.py``,
+``distributed/parallel_dims.py``, ``distributed/pipeline_parallel.py``):
+
+- ZeRO-3 is FSDP2 sharding, ``data_parallel_shard_degree = dp`` with
+  ``fsdp_reshard_after_forward = "always"`` (parameters gathered per micro-batch, as the
+  cost model assumes; torchtitan's default keeps them gathered between a pipeline's
+  micro-batches); ZeRO-0 is replication, ``data_parallel_replicate_degree = dp``.
+  ZeRO 1 and 2 have no torchtitan counterpart.
+- TP always runs with sequence parallelism (``enable_sequence_parallel``).
+- Without PP, ``local_batch_size`` is the micro-batch and torchtitan's gradient accumulation
+  (``global_batch_size / (local_batch_size · dp)``) is the plan's. With PP, torchtitan splits
+  ``local_batch_size`` into pipeline micro-batches of ``pipeline_parallel_microbatch_size``
+  inside one schedule run; the plan's micro-batches all go through one pipeline flush, so
+  ``local_batch_size = micro_batch · grad_accum`` and torchtitan accumulates once.
+- Pipeline stages are explicit ``module_fqns_per_model_part`` (``tok_embeddings``,
+  ``layers.i``, ``norm``, ``lm_head``): ``pp · vpp`` model parts, part ``v`` on rank
+  ``v mod pp`` (torchtitan's "loop" placement for ``Interleaved1F1B``), with the plan's
+  layers per stage.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Union
+
+from ..errors import CaseError
+from . import comment
+
+CONFIG_FILE = "torchtitan_config.py"
+CONFIG_MODULE = "torchtitan_config"
+CONFIG_FUNCTION = "layout_planner"
+OVERRIDES_FILE = "overrides.txt"
+LAUNCH_FILE = "launch.sh"
+
+# Models torchtitan ships a config for (torchtitan/models/llama3/__init__.py flavors 8B,
+# 70B, 405B), by shape: (layers, hidden, heads, kv heads, ffn, vocab). Any other model
+# gets the Llama 3 8B config as a stand-in whose model_spec the user replaces.
+BASE_CONFIGS = {
+    (32, 4096, 32, 8, 14336, 128256): ("llama3", "llama3_8b"),
+    (80, 8192, 64, 8, 28672, 128256): ("llama3", "llama3_70b"),
+    (126, 16384, 128, 8, 53248, 128256): ("llama3", "llama3_405b"),
+}
+DEFAULT_BASE = ("llama3", "llama3_8b")
+
+
+def base_config(model) -> tuple[tuple[str, str], bool]:
+    """((torchtitan module, config function), whether it is the model itself) for ``model``."""
+    shape = (model.num_layers, model.hidden_size, model.num_attention_heads, model.num_kv_heads,
+             model.ffn_hidden_size, model.vocab_size)
+    if model.activation == "swiglu" and not model.tied_embeddings and shape in BASE_CONFIGS:
+        return BASE_CONFIGS[shape], True
+    return DEFAULT_BASE, False
+
+# training.precision → training.mixed_precision_param (a Literal["bfloat16", "float32"]).
+PARAM_DTYPES = {"bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32"}
+
+
+def _refuse(why: str) -> CaseError:
+    return CaseError("--emit", "torchtitan", why)
+
+
+def check(estimate) -> None:
+    """Refuse layouts torchtitan cannot express."""
+    job = estimate.job
+    lay = job.layout
+    if lay.zero_stage not in (0, 3):
+        raise _refuse(f"torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0); "
+                      f"zero_stage {lay.zero_stage} has no torchtitan equivalent")
+    if lay.recompute_num_layers is not None and lay.recompute_num_layers < max(job.stage_layers):
+        raise _refuse(f"torchtitan's full activation checkpointing wraps every layer; "
+                      f"recompute_num_layers {lay.recompute_num_layers} of {max(job.stage_layers)} "
+                      "per stage has no torchtitan equivalent")
+    if lay.tp > 1 and not lay.sequence_parallel:
+        raise _refuse("torchtitan's tensor parallelism always uses sequence parallelism; "
+                      "a layout with tp > 1 needs sequence_parallel: true")
+    if job.training.precision not in PARAM_DTYPES:
+        raise _refuse(f"torchtitan's mixed precision takes bfloat16 or float32 parameters; "
+                      f"precision {job.training.precision} has no torchtitan equivalent")
+    divisor = (lay.tp if lay.tp > 1 else 1) * (2 * lay.cp if lay.cp > 1 else 1)
+    if job.training.seq_len % divisor:
+        raise _refuse(f"torchtitan needs seq_len divisible by tp·2·cp = {divisor} "
+                      f"(trainer.py), got {job.training.seq_len}")
+
+
+def stage_modules(estimate) -> list[list[str]]:
+    """``module_fqns_per_model_part``: pp·vpp parts in virtual-stage order."""
+    job = estimate.job
+    lay = job.layout
+    parts: list[list[str]] = []
+    first = 0
+    for v in range(lay.pp * lay.vpp):
+        count = job.stage_layers[v % lay.pp] // lay.vpp
+        part = [f"layers.{i}" for i in range(first, first + count)]
+        first += count
+        if v == 0:
+            part.insert(0, "tok_embeddings")
+        if v == lay.pp * lay.vpp - 1:
+            part += ["norm", "lm_head"]
+        parts.append(part)
+    assert first == job.model.num_layers
+    return parts
+
+
+def settings(estimate) -> dict[str, Any]:
+    """The torchtitan settings for the layout: {"parallelism": {...}, "training": {...},
+    "activation_checkpoint": "none" | "selective" | "full"}."""
+    check(estimate)
+    job = estimate.job
+    lay, training = job.layout, job.training
+    parallelism: dict[str, Any] = {
+        "data_parallel_replicate_degree": lay.dp if lay.zero_stage == 0 else 1,
+        "data_parallel_shard_degree": lay.dp if lay.zero_stage == 3 else 1,
+        "fsdp_reshard_after_forward": "always" if lay.zero_stage == 3 else "default",
+        "tensor_parallel_degree": lay.tp,
+        "enable_sequence_parallel": True,
+        "context_parallel_degree": lay.cp,
+        "pipeline_parallel_degree": lay.pp,
+    }
+    train: dict[str, Any] = {
+        "global_batch_size": training.global_batch_size,
+        "seq_len": training.seq_len,
+        "mixed_precision_param": PARAM_DTYPES[training.precision],
+    }
+    if lay.pp > 1:
+        parallelism.update({
+            "pipeline_parallel_schedule": "Interleaved1F1B" if lay.vpp > 1 else "1F1B",
+            "pipeline_parallel_microbatch_size": lay.micro_batch_size,
+            "module_fqns_per_model_part": stage_modules(estimate),
+        })
+        train["local_batch_size"] = lay.micro_batch_size * job.grad_accum
+        train["disable_cuda_graphs"] = True  # Trainer.Config refuses CUDA graphs with PP
+    else:
+        parallelism["module_fqns_per_model_part"] = None
+        train["local_batch_size"] = lay.micro_batch_size
+    if lay.recompute == "full" or lay.recompute_num_layers is not None:
+        ac = "full"
+    else:
+        ac = lay.recompute  # "none" or "selective"
+    return {"parallelism": parallelism, "training": train, "activation_checkpoint": ac}
+
+
+def _cli_option(section: str, key: str, value: Any) -> list[str]:
+    """One override as tyro parses it: booleans are flags (``--s.k`` / ``--s.no_k``)."""
+    if isinstance(value, bool):
+        return [f"--{section}.{key}" if value else f"--{section}.no_{key}"]
+    if value is None:
+        return [f"--{section}.{key}", "None"]
+    if isinstance(value, list):  # list[list[str]]: one comma-joined token per part
+        return [f"--{section}.{key}", *(",".join(part) for part in value)]
+    return [f"--{section}.{key}", str(value)]
+
+
+def overrides(estimate) -> list[list[str]]:
+    """Command-line overrides, one option per entry; the activation-checkpoint subcommand
+    (a tyro union) comes last, since options after it belong to its scope."""
+    s = settings(estimate)
+    out = []
+    for section in ("parallelism", "training"):
+        for key, value in s[section].items():
+            out.append(_cli_option(section, key, value))
+    out.append([f"activation_checkpoint:{s['activation_checkpoint']}"])
+    return out
+
+
+def _notes(estimate) -> list[str]:
+    job = estimate.job
+    lay = job.layout
+    notes = []
+    (module, function), exact = base_config(job.model)
+    if not exact:
+        notes.append(f"{job.model.name} is not one of torchtitan's model configs: BASE_CONFIG "
+                     f"({module}/{function}) is a stand-in; point it at a config registry "
+                     f"function for your model (the settings below are for {job.model.name})")
+    if lay.pp > 1:
+        per_stage = " ".join(str(n // lay.vpp) for n in job.stage_layers)
+        notes.append(f"pipeline: {lay.pp} stages x {lay.vpp} virtual, layers per virtual stage "
+                     f"(by rank) {per_stage}; {job.grad_accum} micro-batches of {lay.micro_batch_size} "
+                     "per flush, one torchtitan accumulation step")
+    else:
+        notes.append(f"gradient accumulation: {job.grad_accum} steps of local batch {lay.micro_batch_size}")
+    if lay.zero_stage == 0 and lay.cp > 1:
+        notes.append("torchtitan applies FSDP over the context-parallel ranks even without "
+                     "dp sharding: its states are sharded cp ways where the plan replicates them")
+    if job.training.precision == "fp8":
+        notes.append("fp8: add a Float8LinearConverter to the model spec (as torchtitan's "
+                     "*_float8 configs do); these settings keep bfloat16 parameters")
+    return notes
+
+
+def _header(header_lines: Union[list[str], str]) -> list[str]:
+    if isinstance(header_lines, str):
+        return [line[2:] if line.startswith("# ") else line.lstrip("#")
+                for line in header_lines.splitlines()]
+    return list(header_lines)
+
+
+def _config_module(estimate, header: list[str]) -> str:
+    s = settings(estimate)
+    (module, function), _ = base_config(estimate.job.model)
+
+    def block(name: str, values: dict[str, Any]) -> str:
+        lines = [f"{name} = {{"]
+        lines += [f"    {key!r}: {value!r}," for key, value in values.items()]
+        return "\n".join(lines + ["}"]) + "\n"
+
+    return (
+        comment(header) + comment(_notes(estimate))
+        + f'"""torchtitan 0.3.0 config registry for the planned layout.\n\n'
+        f"Run with this folder on PYTHONPATH (launch.sh does it):\n"
+        f"    torchrun ... -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION}\n"
+        f"Options after these (--section.key value) still override.\n"
+        f'"""\n\n'
+        "import importlib\n\n"
+        "# The torchtitan config the layout is applied to (model, data, optimizer, ...).\n"
+        f"BASE_MODULE = {f'torchtitan.models.{module}.config_registry'!r}\n"
+        f"BASE_CONFIG = {function!r}\n\n"
+        + block("PARALLELISM", s["parallelism"]) + "\n"
+        + block("TRAINING", s["training"]) + "\n"
+        + f"ACTIVATION_CHECKPOINT = {s['activation_checkpoint']!r}  # none | selective | full\n\n\n"
+        "def apply_layout(config):\n"
+        '    """Set the planned layout on a torchtitan Trainer.Config."""\n'
+        "    for key, value in PARALLELISM.items():\n"
+        "        setattr(config.parallelism, key, value)\n"
+        "    for key, value in TRAINING.items():\n"
+        "        setattr(config.training, key, value)\n"
+        "    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC\n\n"
+        "    config.activation_checkpoint = {\n"
+        '        "none": None, "selective": SelectiveAC.Config(), "full": FullAC.Config(),\n'
+        "    }[ACTIVATION_CHECKPOINT]\n"
+        "    return config\n\n\n"
+        f"def {CONFIG_FUNCTION}():\n"
+        "    base = getattr(importlib.import_module(BASE_MODULE), BASE_CONFIG)()\n"
+        "    return apply_layout(base)\n"
+    )
+
+
+def launch_shape(estimate) -> tuple[int, int]:
+    """(nnodes, nproc_per_node) for torchrun: equal processes on every node."""
+    cluster = estimate.job.cluster
+    per_node = cluster.gpu.gpus_per_node
+    if cluster.num_gpus <= per_node:
+        return 1, cluster.num_gpus
+    nproc = max(d for d in range(1, per_node + 1) if cluster.num_gpus % d == 0)
+    return cluster.num_gpus // nproc, nproc
+
+
+def render(estimate, header_lines: Union[list[str], str]) -> dict[str, str]:
+    header = _header(header_lines)
+    opts = overrides(estimate)  # also refuses what torchtitan cannot express
+    (module, function), _ = base_config(estimate.job.model)
+    nnodes, nproc = launch_shape(estimate)
+    overrides_text = (
+        comment(header)
+        + comment([f"Command-line overrides for torchtitan 0.3.0, equivalent to {CONFIG_FILE}:",
+                   f"python -m torchtitan.train --module {module} --config {function} $(grep -v '^#' {OVERRIDES_FILE})",
+                   "The activation_checkpoint:<mode> subcommand must stay last."])
+        + "".join(" ".join(opt) + "\n" for opt in opts)
+    )
+    launch = (
+        "#!/usr/bin/env bash\n"
+        + comment(header)
+        + comment([f"{nnodes} node(s) x {nproc} processes; on node i run with NODE_RANK=i and "
+                   "MASTER_ADDR set to node 0. Extra arguments are passed on as overrides."])
+        + "set -euo pipefail\n"
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+        'export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"\n'
+        f"torchrun --nnodes {nnodes} --nproc_per_node {nproc} \\\n"
+        '    --node_rank "${NODE_RANK:-0}" --master_addr "${MASTER_ADDR:-localhost}" '
+        '--master_port "${MASTER_PORT:-29500}" \\\n'
+        f'    -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION} "$@"\n'
+    )
+    return {
+        CONFIG_FILE: _config_module(estimate, header),
+        OVERRIDES_FILE: overrides_text,
+        LAUNCH_FILE: launch,
+    }

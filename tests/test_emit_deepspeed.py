@@ -1,0 +1,333 @@
+"""DeepSpeed emitter: DeepSpeed's own DeepSpeedConfig accepts every emitted ds_config.json with the
+plan's batch sizes, ZeRO stage and precision; `read` gives the layout back; contradictions name file and key."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import re
+import subprocess
+from functools import lru_cache
+
+import pytest
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported: no CUDA probing
+deepspeed = pytest.importorskip("deepspeed")
+from deepspeed import comm as ds_comm  # noqa: E402
+from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
+from deepspeed.runtime.utils import partition_balanced, partition_uniform  # noqa: E402
+
+import planner  # noqa: E402
+from planner.case import load_case  # noqa: E402
+from planner.emit import deepspeed as ds  # noqa: E402
+from planner.emit import provenance  # noqa: E402
+from planner.errors import CaseError  # noqa: E402
+
+MODELS = ("llama2-7b", "gpt-1.7b", "gpt-3.6b", "llama3-8b", "mistral-7b")
+GPUS = ("a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb")
+CASES = 40  # drawn; at least MIN_FITTING must have a plan
+MIN_FITTING = 30
+
+
+@lru_cache(maxsize=None)
+def generated() -> tuple:
+    """(case dict, best estimate or None) for CASES cases with a fixed seed.
+
+    Unpinned, DeepSpeed plans are almost all ZeRO 3 without pipeline or recomputation; a third
+    of the cases pin pipeline stages, ZeRO stages, recomputation or TP so every branch is emitted.
+    """
+    rng = random.Random(20250611)
+    out = []
+    for i in range(CASES):
+        search: dict = {"target": "deepspeed"}
+        kind = i % 6
+        if kind == 1:
+            search.update(pp=rng.choice([2, 4]), tp=1)
+        elif kind == 2:
+            search.update(zero_stage=rng.choice([0, 1, 2]), recompute="full")
+        elif kind == 3:
+            search.update(tp=2, pp=1, zero_stage=rng.choice([0, 1]))
+        case = {
+            "model": {"preset": rng.choice(MODELS)},
+            "cluster": {"gpu": rng.choice(GPUS), "num_gpus": rng.choice([8, 16, 32, 64, 128, 256])},
+            "training": {"global_batch_size": rng.choice([128, 256, 512, 1024, 2048]),
+                         "seq_len": rng.choice([1024, 2048, 4096, 8192]),
+                         "precision": rng.choice(["bf16", "bf16", "fp16", "fp8"])},
+            "search": search,
+        }
+        out.append((case, planner.plan(case, top_k=0).best))
+    return tuple(out)
+
+
+def autotp_with_pipeline(estimate) -> bool:
+    """AutoTP cannot share the ranks with a pipeline grid: the emitter refuses (planner/engines.py may not yet)."""
+    return estimate.job.layout.tp > 1 and estimate.job.layout.pp > 1
+
+
+def fitting() -> list:
+    return [(c, e) for c, e in generated() if e is not None and not autotp_with_pipeline(e)]
+
+
+def usable(index: int):
+    case, estimate = generated()[index]
+    if estimate is None:
+        pytest.skip("nothing fits")
+    if autotp_with_pipeline(estimate):
+        with pytest.raises(CaseError, match="ignores the pipeline topology"):
+            ds.render(estimate, ["x"])
+        pytest.skip("tp > 1 with pp > 1: refused")
+    return case, estimate
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """Stand in for deepspeed.comm: DeepSpeedConfig asks it for the rank and the world size."""
+
+    def set_world(size: int) -> None:
+        monkeypatch.setattr(ds_comm, "get_world_size", lambda group=None: size)
+        monkeypatch.setattr(ds_comm, "get_rank", lambda group=None: 0)
+
+    return set_world
+
+
+class DataParallelMPU:
+    """What a PipelineModule's grid or AutoTP's groups answer DeepSpeedConfig."""
+
+    def __init__(self, dp: int):
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+def emit(estimate, folder):
+    files = ds.render(estimate, provenance(estimate, "case.yaml"))
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return files
+
+
+def test_enough_generated_plans_fit():
+    assert len(fitting()) >= MIN_FITTING
+    layouts = [e.job.layout for _, e in fitting()]
+    # the pins reach every branch of the emitter
+    assert any(lay.pp > 1 for lay in layouts) and any(lay.tp > 1 for lay in layouts)
+    assert any(lay.recompute == "full" for lay in layouts)
+    assert {lay.zero_stage for lay in layouts} >= {0, 1, 3}
+
+
+@pytest.mark.parametrize("index", range(CASES))
+def test_deepspeed_accepts_emitted_config(index, tmp_path, world):
+    case, estimate = usable(index)
+    job, lay = estimate.job, estimate.job.layout
+    files = emit(estimate, tmp_path)
+    assert set(files) == {"ds_config.json", "launch.sh"}
+    path = tmp_path / "ds_config.json"
+
+    # DeepSpeed's batch arithmetic runs over its data-parallel size: patch the world to dp ...
+    world(lay.dp)
+    config = DeepSpeedConfig(str(path), mpu=None)
+    # ... and, as launched, the whole world with an mpu (pipeline grid or AutoTP groups) saying dp.
+    world(job.cluster.num_gpus)
+    launched = DeepSpeedConfig(str(path), mpu=DataParallelMPU(lay.dp))
+    for got in (config, launched):
+        assert got.world_size == lay.dp
+        assert got.train_batch_size == job.training.global_batch_size == case["training"]["global_batch_size"]
+        assert got.train_micro_batch_size_per_gpu == lay.micro_batch_size
+        assert got.gradient_accumulation_steps == job.grad_accum
+        assert got.zero_optimization_stage == lay.zero_stage
+        assert got.bfloat16_config.enabled == (job.training.precision in ("bf16", "fp8"))
+        assert got.float16_config.enabled == (job.training.precision == "fp16")
+        assert got.tensor_parallel_config.autotp_size == (lay.tp if lay.tp > 1 else 0)
+        assert got.gradient_clipping == 1.0
+    assert ("activation_checkpointing" in json.loads(path.read_text())) == (lay.recompute == "full")
+    if lay.zero_stage == 3:
+        hidden = job.model.hidden_size
+        assert config.zero_config.prefetch_bucket_size == int(0.9 * hidden * hidden)
+        assert config.zero_config.param_persistence_threshold == 10 * hidden
+
+    # read gives the layout back
+    got = ds.read(path, load_case(case), pp=lay.pp)
+    assert (got.dp, got.tp, got.pp, got.micro_batch_size, got.zero_stage, got.recompute) == \
+        (lay.dp, lay.tp, lay.pp, lay.micro_batch_size, lay.zero_stage, lay.recompute)
+
+
+@pytest.mark.parametrize("index", range(CASES))
+def test_launch_script(index, tmp_path):
+    _, estimate = usable(index)
+    job, lay = estimate.job, estimate.job.layout
+    text = emit(estimate, tmp_path)["launch.sh"]
+    for line in provenance(estimate, "case.yaml"):
+        assert f"# {line}\n" in text
+    per_node = job.cluster.gpu.gpus_per_node
+    nodes, gpus = (1, job.cluster.num_gpus) if job.cluster.num_gpus <= per_node \
+        else (job.cluster.num_gpus // per_node, per_node)
+    assert (f"\ndeepspeed --num_nodes {nodes} --num_gpus {gpus} train.py --deepspeed "
+            f"--deepspeed_config ds_config.json") in text
+    subprocess.run(["bash", "-n", str(tmp_path / "launch.sh")], check=True)
+    if lay.tp > 1:
+        assert f"groups._init_tp_mesh_device(tensor_model_parallel_size={lay.tp})" in text
+    if lay.pp > 1:
+        stages = list(job.stage_layers)
+        assert f"num_stages={lay.pp}" in text
+        assert f"{lay.pp} stages holding {', '.join(map(str, stages))} transformer layers" in text
+        if len(set(stages)) == 1:
+            # DeepSpeed's "type:" partition balances the matching layers: embedding, the
+            # transformer layers, head → exactly the plan's layers per stage.
+            assert 'partition_method="type:TransformerLayer"' in text
+            weights = [0] + [1] * sum(stages) + [0]
+            parts = partition_balanced(weights, lay.pp)
+            assert [sum(weights[a:b]) for a, b in zip(parts, parts[1:])] == stages
+        else:
+            assert f"stage_layers = {tuple(stages)}" in text and 'partition_method="uniform"' in text
+            assert partition_uniform(lay.pp, lay.pp) == list(range(lay.pp + 1))  # one block a stage
+    else:
+        assert "PipelineModule" not in text
+
+
+def test_autotp_needs_the_mpu_the_launch_file_asks_for(tmp_path, world):
+    """Without an mpu DeepSpeed 0.19.8 counts AutoTP's ranks as data-parallel (config.py)."""
+    estimate = next(e for _, e in fitting() if e.job.layout.tp > 1)
+    emit(estimate, tmp_path)
+    world(estimate.job.cluster.num_gpus)
+    with pytest.raises(AssertionError, match="train_batch_size is not equal"):
+        DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
+
+
+# --- refusals ------------------------------------------------------------------------------
+
+BASE = {
+    "model": {"preset": "llama2-7b"},
+    "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 32},
+    "training": {"global_batch_size": 1024, "seq_len": 4096, "precision": "bf16"},
+}
+
+
+def estimate_of(**layout):
+    case = copy.deepcopy(BASE)
+    case["layout"] = layout
+    return planner.estimate(case)
+
+
+@pytest.mark.parametrize("layout, says", [
+    ({"tp": 2, "cp": 2}, "no context parallelism of Megatron's kind, layout has cp 2"),
+    ({"pp": 2, "vpp": 2}, "no interleaved schedule, layout has vpp 2"),
+    ({"tp": 2, "sequence_parallel": True}, "no sequence parallelism"),
+    ({"recompute": "selective"}, "layout has recompute selective"),
+    ({"pp": 2, "zero_stage": 2}, "refuses ZeRO stages 2 and 3, layout has pp 2 with zero_stage 2"),
+    ({"recompute": "full", "recompute_num_layers": 4}, "recomputes 4 of 32 layers per stage"),
+    ({"tp": 2, "pp": 2}, "layout has tp 2 with pp 2"),
+])
+def test_refuses_what_deepspeed_cannot_run(layout, says):
+    with pytest.raises(CaseError) as error:
+        ds.render(estimate_of(**layout), ["x"])
+    assert str(error.value).startswith("--emit: deepspeed: ")
+    assert says in str(error.value)
+
+
+def test_full_recompute_of_every_layer_is_accepted():
+    files = ds.render(estimate_of(recompute="full", recompute_num_layers=32), ["x"])
+    assert "activation_checkpointing" in json.loads(files["ds_config.json"])
+
+
+# --- read: derivations and contradictions ------------------------------------------------------
+
+def write(tmp_path, config: dict, name="ds_config.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture
+def case32():
+    return load_case(copy.deepcopy(BASE))  # 32 GPUs, global batch 1024, bf16
+
+
+@pytest.mark.parametrize("given", [
+    {"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 4},
+    {"train_batch_size": 1024, "gradient_accumulation_steps": 8},
+    {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8},
+    {"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8},
+])
+def test_read_derives_the_missing_batch_size_as_deepspeed_does(given, tmp_path, case32, world):
+    path = write(tmp_path, {**given, "bf16": {"enabled": True}})
+    lay = ds.read(path, case32)
+    assert (lay.dp, lay.tp, lay.pp, lay.micro_batch_size) == (32, 1, 1, 4)
+    world(32)
+    config = DeepSpeedConfig(str(path))
+    assert (config.train_batch_size, config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps) \
+        == (1024, 4, 8)
+
+
+def test_read_only_train_batch_size(tmp_path):
+    case = load_case({**copy.deepcopy(BASE), "training": {**BASE["training"], "global_batch_size": 64}})
+    lay = ds.read(write(tmp_path, {"train_batch_size": 64, "bf16": {"enabled": True}}), case)
+    assert lay.micro_batch_size == 2  # DeepSpeed: accumulation 1, micro = 64 // 32
+
+
+def test_read_autotp_pipeline_zero_and_recompute(tmp_path, case32):
+    path = write(tmp_path, {"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 2,
+                            "gradient_accumulation_steps": 64, "zero_optimization": {"stage": 1},
+                            "tensor_parallel": {"autotp_size": 2}, "bf16": {"enabled": True},
+                            "activation_checkpointing": {"partition_activations": False}})
+    lay = ds.read(path, case32, pp=2)
+    assert (lay.dp, lay.tp, lay.pp, lay.micro_batch_size, lay.zero_stage, lay.recompute) == (8, 2, 2, 2, 1, "full")
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"train_batch_size": 512, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8},
+     "train_batch_size: 512 is not micro 4 × accumulation 8 × data-parallel 32 = 1024"),
+    ({"train_batch_size": 2048, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 16},
+     "train_batch_size: train_batch_size is 2048, but the case <case> has training.global_batch_size 1024"),
+    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4},
+     "train_batch_size: train_batch_size (micro 4 × accumulation 4 × data-parallel 32) is 512, "
+     "but the case <case> has training.global_batch_size 1024"),
+    ({"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 4.5},
+     "train_micro_batch_size_per_gpu: expected an integer, got float 4.5"),
+    ({"train_batch_size": 1024, "train_micro_batch_size_per_gpu": "auto"},
+     "train_micro_batch_size_per_gpu: expected an integer, got str 'auto' "
+     "(\"auto\" is filled in by the Hugging Face Trainer, not DeepSpeed)"),
+    ({"train_batch_size": 1024, "gradient_accumulation_steps": -8},
+     "gradient_accumulation_steps: expected an integer >= 1, got -8"),
+    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1},
+     "train_batch_size: 16 is less than micro 1 x data-parallel 32 = 32"),
+    ({"gradient_accumulation_steps": 8},
+     "train_batch_size: missing; give train_batch_size or train_micro_batch_size_per_gpu"),
+    ({"train_batch_size": 1024, "tensor_parallel": {"autotp_size": 3}},
+     "tensor_parallel.autotp_size: tp 3 x pp 1 = 3 must divide the cluster's 32 GPUs"),
+    ({"train_batch_size": 1024, "zero_optimization": {"stage": 4}},
+     "zero_optimization.stage: expected 0, 1, 2 or 3, got 4"),
+    ({"train_batch_size": 1024, "fp16": {"enabled": True}, "bf16": {"enabled": False}},
+     "fp16.enabled: the config trains in fp16, but the case <case> has training.precision bf16"),
+    ({"train_batch_size": 1024, "fp16": {"enabled": True}, "bf16": {"enabled": True}},
+     "fp16.enabled: bf16 and fp16 cannot both be enabled"),
+])
+def test_read_contradictions(config, message, tmp_path, case32):
+    config = {"bf16": {"enabled": True}, **config}
+    path = write(tmp_path, config)
+    with pytest.raises(CaseError) as error:
+        ds.read(path, case32)
+    assert str(error.value) == f"{path}: {message}"
+
+
+def test_read_zero_2_with_pipeline(tmp_path, case32):
+    path = write(tmp_path, {"train_batch_size": 1024, "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}})
+    with pytest.raises(CaseError) as error:
+        ds.read(path, case32, pp=2)
+    assert str(error.value) == (f"{path}: zero_optimization.stage: DeepSpeed's pipeline engine refuses "
+                                f"ZeRO stage 2 (pp 2); expected 0 or 1")
+
+
+def test_read_malformed_json_names_line_and_column(tmp_path, case32):
+    path = tmp_path / "ds_config.json"
+    path.write_text('{\n  "train_batch_size": 1024,\n  "bf16": {"enabled": true,}\n}\n')
+    with pytest.raises(CaseError) as error:
+        ds.read(path, case32)
+    assert re.fullmatch(rf"{re.escape(str(path))}: expected valid JSON: .* at line 3, column \d+", str(error.value))
+
+
+def test_read_missing_file(tmp_path, case32):
+    with pytest.raises(CaseError, match="file not found"):
+        ds.read(tmp_path / "nope.json", case32)
