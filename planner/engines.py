@@ -10,7 +10,8 @@
   ``engine._configure_tensor_parallel_states``); no context parallelism of Megatron's kind.
 - torchtitan (``torchtitan/distributed/parallel_dims.py``): FSDP2 sharding (ZeRO-3) or
   pure replication (ZeRO-0), TP always with sequence parallelism on the norms, PP
-  with interleaved schedules, CP; selective and full activation checkpointing.
+  with interleaved schedules, CP (whose ranks always join the FSDP shard mesh);
+  selective and full activation checkpointing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class EngineSupport:
     recompute: tuple[str, ...]
     partial_recompute: bool  # full recomputation of only some layers per stage
     tp_with_pp: bool = True  # tensor and pipeline parallelism together
+    # Context-parallel ranks always share the sharded model states (torchtitan folds cp into
+    # its FSDP mesh), so cp > 1 needs a sharded (ZeRO ≥ 1) layout.
+    cp_shards_states: bool = False
 
     def allows(self, tp: int, pp: int, cp: int, vpp: int, zero_stage: int, sequence_parallel: bool,
                recompute: str) -> bool:
@@ -42,6 +46,8 @@ class EngineSupport:
             return False
         if tp > 1 and pp > 1 and not self.tp_with_pp:
             return False
+        if cp > 1 and zero_stage == 0 and self.cp_shards_states:
+            return False
         return recompute in self.recompute
 
 
@@ -54,7 +60,8 @@ ENGINES = {
                                recompute=("none", "full"), partial_recompute=False, tp_with_pp=False),
     "torchtitan": EngineSupport("torchtitan", zero_stages=(0, 3), max_zero_with_pp=3, interleaving=True,
                                 context_parallel=True, sequence_parallel=(True,),
-                                recompute=("none", "selective", "full"), partial_recompute=False),
+                                recompute=("none", "selective", "full"), partial_recompute=False,
+                                cp_shards_states=True),
     "any": EngineSupport("any", zero_stages=(0, 1, 2, 3), max_zero_with_pp=3, interleaving=True,
                          context_parallel=True, sequence_parallel=(False, True),
                          recompute=("none", "selective", "full"), partial_recompute=True),

@@ -292,6 +292,9 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False) -> SearchResu
                 for sp in sp_options:
                     fitted_without_recompute: set[int] = set()  # micro-batches where a lower ZeRO stage needed none
                     for zero in zeros:
+                        if not engine.allows(tp, pp, cp, vpp, zero, sp, "none" if "none" in engine.recompute
+                                             else engine.recompute[0]):
+                            continue
                         at_least = 1  # fewest recomputed layers found at the last micro-batch
                         for mbs in divisors(training.global_batch_size // dp):
                             if not spec.admits("micro_batch_size", mbs):

@@ -35,8 +35,7 @@ Mapping (field names as in ``torchtitan/config/configs.py``, ``trainer.py``,
 
 from __future__ import annotations
 
-import math
-from typing import Any, Union
+from typing import Any
 
 from ..errors import CaseError
 from . import comment
@@ -66,6 +65,7 @@ def base_config(model) -> tuple[tuple[str, str], bool]:
         return BASE_CONFIGS[shape], True
     return DEFAULT_BASE, False
 
+
 # training.precision → training.mixed_precision_param (a Literal["bfloat16", "float32"]).
 PARAM_DTYPES = {"bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32"}
 
@@ -91,7 +91,7 @@ def check(estimate) -> None:
     if job.training.precision not in PARAM_DTYPES:
         raise _refuse(f"torchtitan's mixed precision takes bfloat16 or float32 parameters; "
                       f"precision {job.training.precision} has no torchtitan equivalent")
-    divisor = (lay.tp if lay.tp > 1 else 1) * (2 * lay.cp if lay.cp > 1 else 1)
+    divisor = lay.tp * (2 * lay.cp if lay.cp > 1 else 1)
     if job.training.seq_len % divisor:
         raise _refuse(f"torchtitan needs seq_len divisible by tp·2·cp = {divisor} "
                       f"(trainer.py), got {job.training.seq_len}")
@@ -202,7 +202,7 @@ def _notes(estimate) -> list[str]:
     return notes
 
 
-def _header(header_lines: Union[list[str], str]) -> list[str]:
+def _header(header_lines: list[str] | str) -> list[str]:
     if isinstance(header_lines, str):
         return [line[2:] if line.startswith("# ") else line.lstrip("#")
                 for line in header_lines.splitlines()]
@@ -259,7 +259,7 @@ def launch_shape(estimate) -> tuple[int, int]:
     return cluster.num_gpus // nproc, nproc
 
 
-def render(estimate, header_lines: Union[list[str], str]) -> dict[str, str]:
+def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
     header = _header(header_lines)
     opts = overrides(estimate)  # also refuses what torchtitan cannot express
     (module, function), _ = base_config(estimate.job.model)
@@ -274,8 +274,8 @@ def render(estimate, header_lines: Union[list[str], str]) -> dict[str, str]:
     launch = (
         "#!/usr/bin/env bash\n"
         + comment(header)
-        + comment([f"{nnodes} node(s) x {nproc} processes; on node i run with NODE_RANK=i and "
-                   "MASTER_ADDR set to node 0. Extra arguments are passed on as overrides."])
+        + comment([(f"{nnodes} node(s) x {nproc} processes; on node i run with NODE_RANK=i and "
+                    "MASTER_ADDR set to node 0. Extra arguments are passed on as overrides.")])
         + "set -euo pipefail\n"
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         'export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"\n'

@@ -1,0 +1,290 @@
+"""torchtitan emitter: torchtitan 0.3.0's own config manager loads what is emitted, its
+ParallelDims accepts the degrees, and the batch, stages and checkpointing are the plan's.
+
+torchtitan 0.3.0 loads configs through ``ConfigManager`` (``--module M --config F`` plus
+tyro ``--section.key`` overrides). Its real ``Trainer.Config`` needs the whole training stack
+(triton, datasets, ...), so the emitted module's base config is pointed at a stand-in holding
+torchtitan's own ``TrainingConfig``, ``ParallelismConfig`` and activation-checkpoint union, with
+``Trainer.Config.__post_init__``'s layout checks and ``Trainer.__init__``'s batch arithmetic
+restated below (``torchtitan/trainer.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchtitan")
+pytest.importorskip("tyro")
+pytest.importorskip("spmd_types")
+
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleSingle,
+    get_schedule_class,
+)
+from torchtitan.config import ConfigManager
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.pipeline_parallel import (
+    _get_pp_rank_to_stage_indices_mapping,
+)
+
+import planner
+from planner.emit import provenance
+from planner.emit import torchtitan as emit
+from planner.errors import CaseError
+
+STUB = "layout_planner_tt_stub"
+STUB_SOURCE = textwrap.dedent('''
+    from dataclasses import dataclass, field
+
+    from torchtitan.config import ParallelismConfig, TrainingConfig
+    from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
+
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """The layout part of torchtitan's Trainer.Config, with its field types."""
+
+        hf_assets_path: str = "."
+        training: TrainingConfig = field(default_factory=TrainingConfig)
+        parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+        activation_checkpoint: ActivationCheckpointingConfig = field(default_factory=SelectiveAC.Config)
+
+        def __post_init__(self):  # Trainer.Config.__post_init__'s layout checks
+            mbs = self.parallelism.pipeline_parallel_microbatch_size
+            if mbs <= 0:
+                raise ValueError("pipeline_parallel_microbatch_size must be > 0")
+            if self.parallelism.pipeline_parallel_degree > 1:
+                if self.training.local_batch_size % mbs:
+                    raise ValueError("local_batch_size must divide by pipeline_parallel_microbatch_size")
+                if not self.training.disable_cuda_graphs:
+                    raise ValueError("CUDA graphs do not support pipeline parallelism")
+
+
+    def base():
+        return Config()
+''')
+
+PRESETS = ("llama2-7b", "llama3-8b", "mistral-7b", "gpt-1.7b")
+GPUS = ("a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb")
+# Pins steer some searches to pipelines, interleaving, TP, CP, replication and checkpointing.
+PINS = ({}, {}, {}, {"tp": 2}, {"tp": 4, "pp": 2}, {"pp": 2, "vpp": 1}, {"pp": 4, "vpp": 2}, {"pp": 2, "vpp": 2},
+        {"cp": 2}, {"zero_stage": 0}, {"recompute": "full"}, {"recompute": "selective"}, {"tp": 2, "cp": 2})
+N_CASES = 44
+
+
+def generated_cases() -> list[dict]:
+    rng = random.Random(1234)
+    cases = []
+    for _ in range(N_CASES):
+        num_gpus = rng.choice((8, 16, 32, 64, 128, 256))
+        cases.append({
+            "model": {"preset": rng.choice(PRESETS)},
+            "cluster": {"gpu": rng.choice(GPUS), "num_gpus": num_gpus},
+            "training": {"global_batch_size": num_gpus * rng.choice((2, 4, 8)),
+                         "seq_len": rng.choice((2048, 4096, 8192))},
+            "search": {"target": "torchtitan", **rng.choice(PINS)},
+        })
+    return cases
+
+
+CASES = generated_cases()
+_plans: dict[int, object] = {}
+
+
+def best_of(index: int):
+    if index not in _plans:
+        _plans[index] = planner.plan(CASES[index], top_k=0).best
+    return _plans[index]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("torchtitan")
+    (path / f"{STUB}.py").write_text(STUB_SOURCE)
+    sys.path.insert(0, str(path))
+    yield path
+    sys.path.remove(str(path))
+
+
+def parse(*args: str):
+    return ConfigManager().parse_args(list(args))
+
+
+def override_tokens(text: str) -> list[str]:
+    return [token for line in text.splitlines() if line and not line.startswith("#") for token in line.split()]
+
+
+def load_emitted(files: dict[str, str], workdir: Path, name: str):
+    """The emitted config module, through ConfigManager, with its base swapped for the stub."""
+    (workdir / f"{name}.py").write_text(files[emit.CONFIG_FILE])
+    module = importlib.import_module(name)
+    module.BASE_MODULE, module.BASE_CONFIG = STUB, "base"
+    return parse("--module", name, "--config", emit.CONFIG_FUNCTION)
+
+
+def test_enough_generated_plans_fit():
+    fitting = [i for i in range(len(CASES)) if best_of(i) is not None]
+    assert len(fitting) >= 30
+    layouts = [best_of(i).job.layout for i in fitting]
+    assert any(lay.pp > 1 and lay.vpp == 1 for lay in layouts) and any(lay.vpp > 1 for lay in layouts)
+    assert any(lay.tp > 1 for lay in layouts) and any(lay.cp > 1 for lay in layouts)
+    assert {lay.zero_stage for lay in layouts} == {0, 3}
+    assert {lay.recompute for lay in layouts} >= {"none", "selective", "full"}
+
+
+@pytest.mark.parametrize("index", range(N_CASES))
+def test_torchtitan_loads_and_accepts_the_plan(index, workdir):
+    best = best_of(index)
+    if best is None:
+        pytest.skip("nothing fits this generated case")
+    check_emitted(best, CASES[index]["training"]["global_batch_size"], workdir, f"tt_emitted_{index}")
+
+
+EXPLICIT = {
+    "uneven_1f1b": {"pp": 4, "stage_layers": [7, 9, 8, 8], "zero_stage": 3, "micro_batch_size": 2},
+    "uneven_interleaved": {"pp": 2, "vpp": 2, "stage_layers": [12, 20], "zero_stage": 0, "recompute": "selective"},
+    "tp_cp_vpp4": {"tp": 2, "sequence_parallel": True, "cp": 2, "pp": 2, "vpp": 4, "zero_stage": 3},
+    "replicated_cp": {"cp": 4, "zero_stage": 0, "recompute": "full"},
+}
+
+
+@pytest.mark.parametrize("label", EXPLICIT)
+def test_explicit_layouts(label, workdir):
+    """Uneven stages, 1F1B, interleaving and replication, given rather than searched."""
+    case = {**BASE_CASE, "layout": EXPLICIT[label]}
+    check_emitted(planner.estimate(case), case["training"]["global_batch_size"], workdir, f"tt_explicit_{label}")
+
+
+def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str) -> None:
+    job, lay = best.job, best.job.layout
+    header = provenance(best, "case.yaml")
+    files = emit.render(best, header)
+    assert set(files) == {emit.CONFIG_FILE, emit.OVERRIDES_FILE, emit.LAUNCH_FILE}
+    for name, text in files.items():
+        body = text.removeprefix("#!/usr/bin/env bash\n")
+        assert body.startswith("".join(f"# {line}\n" for line in header)), name
+
+    cfg = load_emitted(files, workdir, module_name)
+    p, t = cfg.parallelism, cfg.training
+
+    # The overrides say the same thing as the config module.
+    via_cli = parse("--module", STUB, "--config", "base", *override_tokens(files[emit.OVERRIDES_FILE]))
+    assert via_cli.parallelism == p and via_cli.training == t
+    assert type(via_cli.activation_checkpoint) is type(cfg.activation_checkpoint)
+
+    # torchtitan's ParallelDims accepts the degrees (no mesh, no process group).
+    dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                       cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
+                       pp=p.pipeline_parallel_degree, ep=1, world_size=job.cluster.num_gpus)
+    assert ParallelDims.from_config(p, job.cluster.num_gpus).dp_shard == dims.dp_shard
+    assert (dims.dp_replicate * dims.dp_shard, dims.tp, dims.pp, dims.cp) == (lay.dp, lay.tp, lay.pp, lay.cp)
+    assert dims.fsdp_enabled == (lay.zero_stage == 3 and lay.dp > 1 or lay.cp > 1)
+    if lay.zero_stage == 3:
+        assert dims.dp_replicate == 1 and p.fsdp_reshard_after_forward == "always"
+    else:
+        assert dims.dp_shard == 1
+    assert p.enable_sequence_parallel and lay.sequence_parallel == (lay.tp > 1)
+
+    # Trainer.__init__: sequence divisibility, then the batch arithmetic.
+    assert t.seq_len == job.training.seq_len
+    assert t.seq_len % (dims.tp * (2 * dims.cp if dims.cp > 1 else 1)) == 0
+    batch_degree = dims.dp_replicate * dims.dp_shard
+    assert t.global_batch_size == job.training.global_batch_size == case_global_batch
+    assert t.global_batch_size % (t.local_batch_size * batch_degree) == 0
+    grad_accum = t.global_batch_size // (t.local_batch_size * batch_degree)
+    if dims.pp_enabled:
+        assert p.pipeline_parallel_microbatch_size == lay.micro_batch_size
+        pipeline_microbatches = t.local_batch_size // p.pipeline_parallel_microbatch_size
+        assert (grad_accum, pipeline_microbatches) == (1, job.grad_accum)
+    else:
+        assert (t.local_batch_size, grad_accum) == (lay.micro_batch_size, job.grad_accum)
+    assert t.mixed_precision_param == {"bf16": "bfloat16", "fp32": "float32"}[job.training.precision]
+
+    # Pipeline: schedule, stage placement and layers per rank as torchtitan builds them.
+    if dims.pp_enabled:
+        schedule = get_schedule_class(p.pipeline_parallel_schedule)
+        parts = p.module_fqns_per_model_part
+        assert len(parts) == lay.pp * lay.vpp
+        assert issubclass(schedule, PipelineScheduleSingle) == (lay.vpp == 1)
+        flat = [m for part in parts for m in part]
+        assert flat == ["tok_embeddings", *(f"layers.{i}" for i in range(job.model.num_layers)), "norm", "lm_head"]
+        for rank in range(lay.pp):
+            stages = _get_pp_rank_to_stage_indices_mapping(rank, lay.pp, p.pipeline_parallel_schedule, len(parts))
+            assert len(stages) == lay.vpp
+            layers = sum(1 for s in stages for m in parts[s] if m.startswith("layers."))
+            assert layers == job.stage_layers[rank]
+        if lay.vpp > 1:  # ScheduleInterleaved1F1B's rounds
+            rounds = max(1, pipeline_microbatches // lay.pp)
+            assert pipeline_microbatches % rounds == 0
+    else:
+        assert p.module_fqns_per_model_part is None
+
+    ac = cfg.activation_checkpoint
+    expected = {"none": type(None), "selective": SelectiveAC.Config, "full": FullAC.Config}[lay.recompute]
+    assert type(ac) is expected
+
+    # launch.sh: a valid script starting torchtitan's entry point on every GPU.
+    launch = files[emit.LAUNCH_FILE]
+    nnodes, nproc = emit.launch_shape(best)
+    assert nnodes * nproc == job.cluster.num_gpus and nproc <= job.cluster.gpu.gpus_per_node
+    assert f"torchrun --nnodes {nnodes} --nproc_per_node {nproc}" in launch
+    assert f"-m torchtitan.train --module {emit.CONFIG_MODULE} --config {emit.CONFIG_FUNCTION}" in launch
+    script = workdir / f"launch_{module_name}.sh"
+    script.write_text(launch)
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+
+
+def test_base_configs_name_real_torchtitan_functions():
+    import torchtitan
+
+    root = Path(torchtitan.__file__).parent / "models"
+    for module, function in list(emit.BASE_CONFIGS.values()) + [emit.DEFAULT_BASE]:
+        assert f"def {function}(" in (root / module / "config_registry.py").read_text()
+
+
+def test_llama3_8b_uses_its_own_torchtitan_config():
+    best = best_of(next(i for i in range(N_CASES) if CASES[i]["model"]["preset"] == "llama3-8b"
+                        and best_of(i) is not None))
+    text = emit.render(best, ["x"])[emit.CONFIG_FILE]
+    assert "BASE_CONFIG = 'llama3_8b'" in text and "stand-in" not in text
+    gpt = next(i for i in range(N_CASES) if CASES[i]["model"]["preset"] == "gpt-1.7b" and best_of(i) is not None)
+    assert "stand-in" in emit.render(best_of(gpt), ["x"])[emit.CONFIG_FILE]
+
+
+BASE_CASE = {
+    "model": {"preset": "llama2-7b"},
+    "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+    "training": {"global_batch_size": 64, "seq_len": 4096},
+}
+
+
+@pytest.mark.parametrize("layout, training, needle", [
+    ({"zero_stage": 1}, {}, "zero_stage 1"),
+    ({"zero_stage": 2}, {}, "zero_stage 2"),
+    ({"pp": 2, "recompute": "full", "recompute_num_layers": 4}, {}, "recompute_num_layers 4"),
+    ({"tp": 2, "sequence_parallel": False}, {}, "sequence_parallel"),
+    ({"zero_stage": 3}, {"precision": "fp16"}, "fp16"),
+])
+def test_refuses_what_torchtitan_cannot_express(layout, training, needle):
+    case = {**BASE_CASE, "layout": layout, "training": {**BASE_CASE["training"], **training}}
+    estimate = planner.estimate(case)
+    with pytest.raises(CaseError) as error:
+        emit.render(estimate, ["x"])
+    assert error.value.source == "--emit" and error.value.key == "torchtitan"
+    assert needle in str(error.value)
+
+
+def test_full_recompute_of_every_layer_counts_as_full(workdir):
+    case = {**BASE_CASE, "layout": {"pp": 2, "recompute": "full", "recompute_num_layers": 16, "zero_stage": 3}}
+    files = emit.render(planner.estimate(case), ["x"])
+    cfg = load_emitted(files, workdir, "tt_emitted_full16")
+    assert type(cfg.activation_checkpoint) is FullAC.Config
+    assert cfg.parallelism.pipeline_parallel_schedule == "1F1B"
