@@ -132,7 +132,8 @@ def partitions(layers: int, pp: int) -> list[Optional[tuple[int, ...]]]:
     """Pipeline partitions to score: an even split where layers divide, and one that
     lightens the edge stages, which also hold the embedding and the LM head
     (Megatron-DeepSpeed ``type:transformer|embedding``; Megatron's
-    ``--decoder-first/last-pipeline-num-layers``)."""
+    ``--decoder-first/last-pipeline-num-layers`` when the middle stages are equal, else
+    ``--pipeline-model-parallel-layout``)."""
     if pp == 1:
         return [None]
     if layers < pp:
@@ -229,10 +230,13 @@ def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least
     best = trial(stage_max)
     if best[0] is None or not spec.engine.partial_recompute:
         return best if best[0] else None
-    low, high = min(at_least, stage_max), stage_max
+    # With interleaving the count is per model chunk (Megatron's --recompute-num-layers), so
+    # the per-stage count moves in steps of vpp.
+    step = layout.vpp
+    low, high = max(1, -(-min(at_least, stage_max) // step)), stage_max // step
     while low < high:
         mid = (low + high) // 2
-        attempt = trial(mid)
+        attempt = trial(mid * step)
         if attempt[0] is not None:
             high, best = mid, attempt
         else:

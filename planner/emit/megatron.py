@@ -22,7 +22,6 @@ Flag names and the rules they must obey are those of Megatron-LM's
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 from pathlib import Path
@@ -47,7 +46,8 @@ INT_FLAGS = (
     # torchrun
     "--nnodes", "--nproc-per-node",
 )
-STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format", "--data-parallel-sharding-strategy")
+STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
+             "--data-parallel-sharding-strategy")
 BOOL_FLAGS = (
     "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
@@ -210,9 +210,11 @@ def render(estimate, header_lines) -> dict[str, str]:
     nodes, per_node = nodes_and_gpus(job)
     header = _header(header_lines)
     body = "".join(f"{flag} {value}\n" if value is not None else f"{flag}\n" for flag, value in args)
+    lay = job.layout
+    summary = (f"Megatron-LM pretrain_gpt.py arguments: layout dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp} "
+               f"vpp={lay.vpp}, {job.grad_accum} micro-batches per step")
     args_text = (header + comment([
-        f"Megatron-LM pretrain_gpt.py arguments: layout dp={job.layout.dp} tp={job.layout.tp} "
-        f"pp={job.layout.pp} cp={job.layout.cp} vpp={job.layout.vpp}, {job.grad_accum} micro-batches per step",
+        summary,
         "Add data, tokenizer, learning-rate and architecture details the planner does not model",
         "(--position-embedding-type, --normalization, --disable-bias-linear, ...) on the command line.",
     ]) + body)
@@ -222,6 +224,7 @@ def render(estimate, header_lines) -> dict[str, str]:
             "MEGATRON_LM: a Megatron-LM checkout; extra arguments (data, tokenizer, schedule) pass through.",
         ]) +
         "set -euo pipefail\n"
+        "set -f  # no globbing of the arguments (a pipeline layout holds '*')\n"
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         f"torchrun --nnodes {nodes} --nproc-per-node {per_node} \\\n"
         '    --node-rank "${NODE_RANK:-0}" --master-addr "${MASTER_ADDR:-localhost}" '
@@ -254,7 +257,10 @@ def _tokens(text: str) -> list[str]:
             value = line_words[0].split("=", 1)[1]
             variables[name] = _substitute(value, variables)
             continue
-        words += [_substitute(w, variables) for w in line_words]
+        for word in line_words:
+            resolved = _substitute(word, variables)
+            # An expanded variable splits into words, as unquoted in the shell.
+            words += resolved.split() if resolved != word else [word]
     return words
 
 
@@ -341,6 +347,12 @@ def read(path: Path, case) -> Layout:
     groups = integer("--num-query-groups")
     if groups is not None and "--group-query-attention" in flags and groups != model.num_kv_heads:
         raise CaseError(src, "--num-query-groups", f"{groups} differs from the case's {model.num_kv_heads} KV heads")
+
+    if {"--bf16", "--fp16", "--fp8-format"} & set(flags):
+        precision = "fp8" if flags.get("--fp8-format") else "fp16" if "--fp16" in flags else "bf16"
+        if precision != training.precision:
+            flag = {"fp8": "--fp8-format", "fp16": "--fp16", "bf16": "--bf16"}[precision]
+            raise CaseError(src, flag, f"trains in {precision}, but the case's precision is {training.precision}")
 
     tp = integer("--tensor-model-parallel-size", 1)
     pp = integer("--pipeline-model-parallel-size", 1)

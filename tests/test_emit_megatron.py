@@ -1,0 +1,447 @@
+"""The Megatron-LM emitter against megatron-core itself, and its reader against the emitter.
+
+Over generated plans (fixed seed, ``search: {target: megatron}``) and the example cases that
+leave the layout to the planner:
+
+- the emitted ``megatron_args.txt`` builds a ``megatron.core`` ``TransformerConfig`` (whose
+  ``__post_init__`` validates tensor/pipeline/virtual/context parallelism, sequence
+  parallelism, recomputation, GQA and the pipeline partition), and the layers megatron-core
+  builds on every pipeline rank are the plan's;
+- megatron-core's micro-batch calculator accepts the batch and gives the plan's accumulation;
+- megatron-core's ``RankGenerator`` accepts the degrees, with tensor-parallel groups of
+  contiguous ranks;
+- the ``validate_args`` rules of Megatron-LM (``megatron/training/arguments.py``, not on PyPI)
+  hold, restated below;
+- ``read`` of the emitted arguments gives back the plan's layout, field for field.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("megatron.core")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from megatron.core import num_microbatches_calculator as microbatches  # noqa: E402
+from megatron.core.parallel_state import RankGenerator  # noqa: E402
+from megatron.core.transformer.enums import LayerType  # noqa: E402
+from megatron.core.transformer.transformer_block import get_num_layers_to_build  # noqa: E402
+from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+
+from cost_models.specs import Layout  # noqa: E402
+from planner.case import load_case  # noqa: E402
+from planner.emit import megatron, provenance  # noqa: E402
+from planner.errors import CaseError  # noqa: E402
+from planner.estimate import estimate_job  # noqa: E402
+from planner.plan import plan  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+PRESETS = ("llama2-7b", "gpt-1.7b", "gpt-3.6b", "llama3-8b", "mistral-7b", "llama2-13b")
+GPUS = ("a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb")
+WANTED = 32  # generated cases that fit (at least 30 required)
+
+
+def generated_cases(seed: int = 20240611):
+    rng = random.Random(seed)
+    while True:
+        yield {
+            "model": {"preset": rng.choice(PRESETS)},
+            "cluster": {"gpu": rng.choice(GPUS),
+                        "num_gpus": rng.choice([8, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256])},
+            "training": {"global_batch_size": rng.choice([32, 64, 96, 128, 256, 512, 1024]),
+                         "seq_len": rng.choice([1024, 2048, 4096, 8192, 16384]),
+                         "precision": rng.choice(["bf16", "bf16", "fp16", "fp8"])},
+            "search": {"target": "megatron"},
+        }
+
+
+def parse_args(text: str) -> dict:
+    """The emitted argument list as {flag: value, or True for a switch}; one flag a line."""
+    args = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        flag, *value = line.split()
+        assert flag.startswith("--") and len(value) <= 1, line
+        assert flag not in args, f"{flag} given twice"
+        args[flag] = value[0] if value else True
+    return args
+
+
+CASE = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+        "training": {"global_batch_size": 256, "seq_len": 4096}}
+GIVEN = {
+    "selective": {"tp": 4, "pp": 2, "micro_batch_size": 2, "zero_stage": 1, "sequence_parallel": True,
+                  "recompute": "selective"},
+    "block, interleaved": {"tp": 2, "pp": 4, "vpp": 2, "micro_batch_size": 1, "recompute": "full",
+                           "recompute_num_layers": 4},
+    "uniform, uneven": {"tp": 2, "pp": 4, "micro_batch_size": 1, "recompute": "full",
+                        "stage_layers": [7, 9, 9, 7]},
+    "uneven, interleaved": {"tp": 2, "pp": 4, "vpp": 2, "micro_batch_size": 1, "stage_layers": [6, 10, 10, 6]},
+    "layout, interleaved": {"pp": 4, "vpp": 2, "micro_batch_size": 1, "stage_layers": [8, 10, 8, 6]},
+}
+
+
+class Emitted:
+    def __init__(self, name: str, case, estimate):
+        self.name, self.case, self.estimate = name, case, estimate
+        self.job = estimate.job
+        self.files = megatron.render(estimate, provenance(estimate, name))
+        self.args = parse_args(self.files["megatron_args.txt"])
+
+    def __repr__(self) -> str:
+        return f"{self.name}: {self.job.layout}"
+
+
+@pytest.fixture(scope="module")
+def emitted() -> list[Emitted]:
+    out: list[Emitted] = []
+    tried = 0
+    for data in generated_cases():
+        if len(out) == WANTED or tried == 80:
+            break
+        tried += 1
+        case = load_case(data)
+        result = plan(case, top_k=0)
+        if result.best is not None:
+            name = f"{data['model']['preset']} x{data['cluster']['num_gpus']} {data['cluster']['gpu']} " \
+                   f"gb{data['training']['global_batch_size']} s{data['training']['seq_len']}"
+            out.append(Emitted(name, case, result.best))
+    assert len(out) >= 30, f"only {len(out)} of {tried} generated cases fit"
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        if yaml.safe_load(path.read_text()).get("layout") is None:
+            case = load_case(path)
+            result = plan(case, top_k=0)
+            assert result.best is not None, path
+            out.append(Emitted(path.name, case, result.best))
+        else:  # a layout given: emitted as is
+            case = load_case(path)
+            out.append(Emitted(path.name, case, estimate_job(case, case.job())))
+    for name, layout in GIVEN.items():  # what the search rarely picks: selective, block recomputation
+        case = load_case({**CASE, "layout": layout})
+        out.append(Emitted(name, case, estimate_job(case, case.job())))
+    return out
+
+
+def virtual_size(args: dict, num_layers: int, pp: int):
+    """virtual_pipeline_model_parallel_size as validate_args derives it (None for 1)."""
+    if "--pipeline-model-parallel-layout" in args:
+        stages = args["--pipeline-model-parallel-layout"].replace(",", "").count("|") + 1
+        vpp = stages // pp
+    elif "--num-layers-per-virtual-pipeline-stage" in args:
+        vpp = num_layers // pp // int(args["--num-layers-per-virtual-pipeline-stage"])
+    else:
+        vpp = int(args.get("--num-virtual-stages-per-pipeline-rank", 1))
+    return vpp if vpp > 1 else None
+
+
+def transformer_config(args: dict) -> TransformerConfig:
+    """A TransformerConfig from the arguments, as Megatron-LM's core_transformer_config_from_args
+    maps them; fused kernels (CUDA / Transformer Engine) off, as on a CPU-only machine."""
+
+    def integer(flag, default=None):
+        return int(args[flag]) if flag in args else default
+
+    num_layers, pp = integer("--num-layers"), integer("--pipeline-model-parallel-size", 1)
+    dtype = torch.bfloat16 if "--bf16" in args else torch.float16 if "--fp16" in args else torch.float32
+    swiglu = "--swiglu" in args
+    return TransformerConfig(
+        num_layers=num_layers,
+        hidden_size=integer("--hidden-size"),
+        num_attention_heads=integer("--num-attention-heads"),
+        num_query_groups=integer("--num-query-groups") if "--group-query-attention" in args else None,
+        ffn_hidden_size=integer("--ffn-hidden-size"),
+        tensor_model_parallel_size=integer("--tensor-model-parallel-size", 1),
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=virtual_size(args, num_layers, pp),
+        context_parallel_size=integer("--context-parallel-size", 1),
+        sequence_parallel="--sequence-parallel" in args,
+        pipeline_model_parallel_layout=args.get("--pipeline-model-parallel-layout"),
+        num_layers_in_first_pipeline_stage=integer("--decoder-first-pipeline-num-layers"),
+        num_layers_in_last_pipeline_stage=integer("--decoder-last-pipeline-num-layers"),
+        recompute_granularity=args.get("--recompute-granularity"),
+        recompute_method=args.get("--recompute-method"),
+        recompute_num_layers=integer("--recompute-num-layers"),
+        bf16="--bf16" in args,
+        fp16="--fp16" in args,
+        fp8=args.get("--fp8-format"),
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        gated_linear_unit=swiglu,
+        activation_func=F.silu if swiglu else F.gelu,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+    )
+
+
+def layers_built(config: TransformerConfig, pp_rank: int, vp_stage: int) -> int:
+    layout = config.pipeline_model_parallel_layout
+    if layout is not None:
+        return layout.layout[pp_rank][vp_stage].count(LayerType.decoder)
+    return get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
+
+
+def test_transformer_config_accepts_every_plan(emitted):
+    for e in emitted:
+        lay, model = e.job.layout, e.job.model
+        try:
+            config = transformer_config(e.args)
+        except (ValueError, AssertionError) as error:
+            pytest.fail(f"{e}: TransformerConfig refused the arguments: {error}")
+        assert config.tensor_model_parallel_size == lay.tp, e
+        assert config.pipeline_model_parallel_size == lay.pp, e
+        assert config.context_parallel_size == lay.cp, e
+        assert (config.virtual_pipeline_model_parallel_size or 1) == lay.vpp, e
+        assert config.sequence_parallel == lay.sequence_parallel, e
+        assert config.num_query_groups == model.num_kv_heads, e
+        assert config.ffn_hidden_size == model.ffn_hidden_size, e
+        assert config.gated_linear_unit == (model.activation == "swiglu"), e
+        for rank, expected in enumerate(e.job.stage_layers):
+            built = [layers_built(config, rank, v) for v in range(lay.vpp)]
+            assert sum(built) == expected and len(set(built)) == 1, (e, rank, built)
+        # Full recomputation: Megatron's block method recomputes the first N layers of each chunk.
+        if lay.recompute == "full":
+            per_chunk = config.recompute_num_layers
+            if lay.recompute_num_layers is None:
+                assert (config.recompute_method, per_chunk) == ("uniform", 1), e
+            else:
+                assert config.recompute_method == "block" and per_chunk * lay.vpp == lay.recompute_num_layers, e
+        else:
+            assert config.recompute_granularity == (None if lay.recompute == "none" else lay.recompute), e
+
+
+def test_microbatch_calculator_gives_the_plans_accumulation(emitted):
+    for e in emitted:
+        gbs, mbs = int(e.args["--global-batch-size"]), int(e.args["--micro-batch-size"])
+        assert gbs == e.job.training.global_batch_size, e
+        calculator = microbatches.ConstantNumMicroBatchesCalculator(gbs, mbs, e.job.layout.dp, False, rank=1)
+        assert calculator.get() == e.job.grad_accum, e
+        microbatches.init_num_microbatches_calculator(1, None, gbs, mbs, e.job.layout.dp, False)
+        try:
+            assert microbatches.get_num_microbatches() == e.job.grad_accum, e
+        finally:
+            microbatches.destroy_num_microbatches_calculator()
+
+
+def test_rank_generator_accepts_the_degrees(emitted):
+    for e in emitted:
+        lay = e.job.layout
+        ranks = RankGenerator(tp=lay.tp, ep=1, dp=lay.dp, pp=lay.pp, cp=lay.cp, order="tp-cp-ep-dp-pp")
+        assert ranks.world_size == e.job.cluster.num_gpus, e
+        tp_groups = ranks.get_ranks("tp")
+        assert tp_groups == [list(range(i, i + lay.tp)) for i in range(0, ranks.world_size, lay.tp)], e
+        assert len(ranks.get_ranks("pp")) == ranks.world_size // lay.pp, e
+        assert all(len(g) == lay.dp for g in ranks.get_ranks("dp")), e
+        assert all(len(g) == lay.cp for g in ranks.get_ranks("cp")), e
+
+
+def test_validate_args_rules(emitted):
+    """Megatron-LM's megatron/training/arguments.py ``validate_args`` (and the interleaved
+    schedule in megatron/core/pipeline_parallel/schedules.py), restated."""
+    for e in emitted:
+        a, world = e.args, e.job.cluster.num_gpus
+
+        def get(flag, default=None, a=a):
+            return int(a[flag]) if flag in a else default
+
+        tp, pp, cp = get("--tensor-model-parallel-size", 1), get("--pipeline-model-parallel-size", 1), \
+            get("--context-parallel-size", 1)
+        layers, heads = get("--num-layers"), get("--num-attention-heads")
+        # data_parallel_size = world_size // (tp * pp * cp), which must be exact.
+        assert world % (tp * pp * cp) == 0, e
+        dp = world // (tp * pp * cp)
+        assert dp == e.job.layout.dp, e
+        # global_batch_size % (micro_batch_size * data_parallel_size) == 0 (the micro-batch calculator).
+        gbs, mbs = get("--global-batch-size"), get("--micro-batch-size")
+        assert gbs % (mbs * dp) == 0, e
+        num_microbatches = gbs // (mbs * dp)
+        first, last = get("--decoder-first-pipeline-num-layers"), get("--decoder-last-pipeline-num-layers")
+        layout = a.get("--pipeline-model-parallel-layout")
+        per_chunk = get("--num-layers-per-virtual-pipeline-stage")
+        chunks = get("--num-virtual-stages-per-pipeline-rank")
+        # At most one of --num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank,
+        # --pipeline-model-parallel-layout; the layout excludes --decoder-first/last too (TransformerConfig).
+        assert (per_chunk is not None) + (chunks is not None) + (layout is not None) <= 1, e
+        if layout is not None:
+            assert first is None and last is None, e
+            stages = layout.count("|") + 1
+            assert stages % pp == 0, e  # the layout's length divides by pipeline_model_parallel_size
+        elif first is None and last is None:
+            # 'Number of layers should be divisible by the pipeline-model-parallel size'
+            assert layers % pp == 0, e
+        else:
+            middle = pp - (first is not None) - (last is not None)
+            rest = layers - (first or 0) - (last or 0)
+            assert bool(rest) == bool(middle) and (middle == 0 or rest % middle == 0), e
+        if per_chunk is not None:
+            # With --num-layers-per-virtual-pipeline-stage: no uneven first/last stage
+            # ('please use --num-virtual-stages-per-pipeline-rank ... uneven pipeline parallelism'),
+            # and it divides the layers per pipeline stage.
+            assert first is None and last is None, e
+            assert (layers // pp) % per_chunk == 0, e
+        vpp = virtual_size(a, layers, pp) or 1
+        if vpp > 1:
+            # Interleaving: pp > 2 unless p2p overlap is on (the default), and
+            # schedules.py's micro-batch groups of pp need num_microbatches % pp == 0.
+            assert pp > 2 or "--no-overlap-p2p-communication" not in a, e
+            assert num_microbatches % pp == 0 and num_microbatches >= pp, e
+            assert all(n % vpp == 0 for n in e.job.stage_layers), e
+        # Sequence parallelism needs tensor parallelism (validate_args turns it off at tp = 1).
+        assert "--sequence-parallel" not in a or tp > 1, e
+        # Attention heads and query groups split over tp (TransformerConfig).
+        assert heads % tp == 0, e
+        groups = get("--num-query-groups", heads)
+        assert groups % tp == 0 or tp % groups == 0, e
+        # Context parallelism: seq-length % (2 * context-parallel-size) == 0.
+        assert cp == 1 or get("--seq-length") % (2 * cp) == 0, e
+        # max_position_embeddings >= seq_length.
+        assert get("--max-position-embeddings") >= get("--seq-length"), e
+        # Selective recomputation takes no --recompute-method.
+        assert a.get("--recompute-granularity") != "selective" or "--recompute-method" not in a, e
+        # Precision: not both --fp16 and --bf16.
+        assert not ("--fp16" in a and "--bf16" in a), e
+
+
+def test_launch_script(emitted):
+    for e in emitted:
+        text = e.files["launch.sh"]
+        nodes, per_node = megatron.nodes_and_gpus(e.job)
+        assert nodes * per_node == e.job.cluster.num_gpus, e
+        assert text.startswith("#!/usr/bin/env bash\n# Generated by layout-planner"), e
+        assert f"torchrun --nnodes {nodes} --nproc-per-node {per_node} " in text, e
+        assert "pretrain_gpt.py\" $(grep -v '^#' \"$HERE/megatron_args.txt\")" in text, e
+        assert e.files["megatron_args.txt"].startswith("# Generated by layout-planner"), e
+
+
+def test_launch_script_runs_torchrun_with_the_arguments(emitted, tmp_path):
+    """launch.sh under bash, with a stand-in torchrun that prints what it was given."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    for e in (emitted[0], emitted[-1]):
+        for name, text in e.files.items():
+            (tmp_path / name).write_text(text)
+        run = subprocess.run([bash, str(tmp_path / "launch.sh"), "--data-path", "/data/x y"], capture_output=True,
+                             text=True, env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                                             "MEGATRON_LM": "/opt/megatron"}, check=True)
+        given = run.stdout.splitlines()
+        nodes, per_node = megatron.nodes_and_gpus(e.job)
+        assert given[:4] == ["--nnodes", str(nodes), "--nproc-per-node", str(per_node)], e
+        script = given.index("/opt/megatron/pretrain_gpt.py")
+        expected = [word for line in e.files["megatron_args.txt"].splitlines() if not line.startswith("#")
+                    for word in line.split()]
+        assert given[script + 1:] == expected + ["--data-path", "/data/x y"], e
+
+
+def test_read_gives_back_the_plan(emitted, tmp_path):
+    for i, e in enumerate(emitted):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        for name, text in e.files.items():
+            (folder / name).write_text(text)
+        assert megatron.read(folder / "megatron_args.txt", e.case) == e.job.layout, e
+
+
+def test_the_generated_plans_cover_megatrons_features(emitted):
+    flags = set().union(*(e.args for e in emitted))
+    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--context-parallel-size",
+                 "--decoder-first-pipeline-num-layers", "--pipeline-model-parallel-layout",
+                 "--num-layers-per-virtual-pipeline-stage", "--group-query-attention", "--swiglu",
+                 "--fp16", "--fp8-format"):
+        assert flag in flags, flag
+    assert {a.get("--recompute-method") for a in (e.args for e in emitted)} >= {"block", "uniform"}
+    assert any(e.args.get("--recompute-granularity") == "selective" for e in emitted)
+    assert any(e.job.layout.cp > 1 for e in emitted)
+    assert any(e.job.layout.vpp > 1 and e.job.layout.stage_layers for e in emitted)
+
+
+# --- the reader on configs a team wrote ----------------------------------------------------------
+
+SCRIPT = """#!/bin/bash
+# Llama 2 7B, 8 nodes
+GPUS_PER_NODE=8
+NNODES=${NNODES:-8}
+TP=2
+DISTRIBUTED_ARGS="--nproc_per_node $GPUS_PER_NODE --nnodes $NNODES"
+GPT_ARGS=(
+    --num-layers 32 --hidden-size 4096   # model
+    --num-attention-heads 32
+    --tensor-model-parallel-size $TP
+    --pipeline-model-parallel-size=4
+    --num-layers-per-virtual-pipeline-stage 2
+    --sequence-parallel
+    --micro-batch-size 1 --global-batch-size 256
+    --recompute-granularity full --recompute-method block --recompute-num-layers 1
+    --use-distributed-optimizer --bf16
+)
+torchrun $DISTRIBUTED_ARGS pretrain_gpt.py \\
+    "${GPT_ARGS[@]}" \\
+    --data-path "/data/my corpus"
+"""
+
+
+def test_read_a_launch_script(tmp_path):
+    path = tmp_path / "train.sh"
+    path.write_text(SCRIPT)
+    layout = megatron.read(path, load_case(CASE))
+    assert layout == Layout(dp=8, tp=2, pp=4, cp=1, vpp=4, micro_batch_size=1, zero_stage=1,
+                                     sequence_parallel=True, recompute="full", recompute_num_layers=4)
+
+
+@pytest.mark.parametrize("change, flag, expected", [
+    (("--global-batch-size 256", "--global-batch-size 250"), "--global-batch-size",
+     "250 differs from the case's global batch 256"),
+    (("--micro-batch-size 1", "--micro-batch-size 3"), "--global-batch-size",
+     "256 must divide by micro-batch x dp = 3·8 = 24"),
+    (("--tensor-model-parallel-size $TP", "--tensor-model-parallel-size 3"), "--tensor-model-parallel-size",
+     "tp·pp·cp = 3·4·1 = 12 must divide the case's 64 GPUs"),
+    (("--pipeline-model-parallel-size=4", "--pipeline-model-parallel-size=four"), "--pipeline-model-parallel-size",
+     "expected an integer, got 'four'"),
+    (("NNODES=${NNODES:-8}", "NNODES=4"), "--nnodes", "--nnodes x --nproc-per-node = 32 GPUs, but the case has 64"),
+    (("--num-layers 32", "--num-layers 40"), "--num-layers", "40 differs from the case's 32"),
+    (("--bf16", "--fp16"), "--fp16", "trains in fp16, but the case's precision is bf16"),
+    (("--num-layers-per-virtual-pipeline-stage 2", "--num-layers-per-virtual-pipeline-stage 3"),
+     "--num-layers-per-virtual-pipeline-stage", "3 must divide the 8 layers per pipeline stage"),
+    (("--recompute-method block", "--recompute-method"), "--recompute-method",
+     "expected uniform or block with full recomputation, got ''"),
+])
+def test_read_names_the_file_and_flag_of_a_contradiction(tmp_path, change, flag, expected):
+    path = tmp_path / "train.sh"
+    old, new = change
+    assert old in SCRIPT
+    path.write_text(SCRIPT.replace(old, new))
+    with pytest.raises(CaseError) as error:
+        megatron.read(path, load_case(CASE))
+    assert str(error.value) == f"{path}: {flag}: {expected}"
+
+
+def test_read_a_custom_pipeline_layout(tmp_path):
+    path = tmp_path / "args.txt"
+    path.write_text("--pipeline-model-parallel-size 5\n--pipeline-model-parallel-layout Et*6|t*7|t*7|t*6|t*6,L\n"
+                    "--micro-batch-size 2\n--global-batch-size 256\n")
+    case = load_case({**CASE, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 40}})
+    layout = megatron.read(path, case)
+    assert (layout.pp, layout.dp, layout.stage_layers) == (5, 8, (6, 7, 7, 6, 6))
+
+
+def test_render_refuses_what_megatron_cannot_run():
+    case = load_case({**CASE, "layout": {"tp": 1, "pp": 1, "zero_stage": 3, "micro_batch_size": 1}})
+    with pytest.raises(CaseError, match="--emit: megatron: ZeRO stage 3 has no Megatron-LM equivalent"):
+        megatron.render(estimate_job(case, case.job()), ["header"])
