@@ -156,4 +156,24 @@ def validate_published_command(
 
 
 def main() -> None:
-    app(prog_name="layout-planner")
+    """Entry point: a usage error (unknown option, bad value) is one line and exit code 2 too."""
+    try:  # typer ≥ 0.20 ships its own click; earlier ones use click itself
+        from typer._click.exceptions import UsageError
+    except ImportError:  # pragma: no cover
+        from click.exceptions import UsageError
+
+    try:
+        result = app(prog_name="layout-planner", standalone_mode=False)
+    except UsageError as error:
+        if not error.format_message() and error.ctx is not None:  # bare command: show its help
+            print(error.ctx.get_help())
+            sys.exit(0)
+        command = error.ctx.command_path if error.ctx else "layout-planner"
+        print(f"error: {command}: {error.format_message()}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    except (typer.Abort, KeyboardInterrupt):
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    sys.exit(result if isinstance(result, int) else 0)

@@ -101,3 +101,17 @@ def test_malformed_yaml_and_object_tags_are_refused(tmp_path):
     tagged.write_text("model: !!python/object/apply:os.system ['echo pwned']\n")
     result = cli("estimate", str(tagged))
     assert result.returncode == 2 and "pwned" not in result.stdout
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["plan", str(EXAMPLE), "--top", "-1"], "--top"),
+    (["estimate", "--bogus", "x"], "--bogus"),
+    (["estimate"], "Missing argument"),
+    (["plan", str(EXAMPLE), "--emit", "slurm", "--out", "/tmp/x"], "expected one of deepspeed, megatron, torchtitan"),
+    (["plan", str(EXAMPLE), "--emit", "megatron"], "--emit needs --out"),
+])
+def test_bad_options_are_one_line_too(args, expected):
+    result = cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
