@@ -30,7 +30,7 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
               "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout")
 GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
             "gpus_per_node", "nvlink_domain")
-CLUSTER_KEYS = ("gpu", "num_gpus", "nodes", "gpus_per_node", "intra_node_bandwidth",
+CLUSTER_KEYS = ("gpu", "profile", "num_gpus", "nodes", "gpus_per_node", "intra_node_bandwidth",
                 "inter_node_bandwidth", "memory", "performance")
 PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention")
@@ -165,7 +165,7 @@ def _build(data: Any, src: str, base: Path) -> Case:
         if section not in data:
             raise CaseError(src, section, "missing section")
     model = _model(src, data["model"], base)
-    cluster = _cluster(src, data["cluster"])
+    cluster = _cluster(src, data["cluster"], base)
     training = _training(src, data["training"])
     overheads = _overheads(src, data.get("overheads", {}))
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
@@ -255,9 +255,35 @@ def _cluster_overrides(src: str, section: dict) -> dict[str, Any]:
     return overrides
 
 
-def _cluster(src: str, section: Any) -> ClusterSpec:
+PROFILE_KEYS = ("machine", "gpu", "performance", "measurements")
+
+
+def gpu_from_profile(path: Path) -> GPUSpec:
+    """The measured GPU of a hardware profile written by `layout-planner calibrate`.
+
+    A profile holds ``gpu`` (the fields of a GPU preset, with measured figures),
+    ``performance`` (the fitted achieved figures), ``machine`` and ``measurements``.
+    """
+    src = str(path)
+    data = _mapping(src, "", read_yaml(path), PROFILE_KEYS)
+    machine = data.get("machine") or {}
+    name = str(machine.get("device", "profiled")) if isinstance(machine, dict) else "profiled"
+    gpu = gpu_from_mapping(src, "gpu", name, _required(src, "", data, "gpu"))
+    performance = performance_from_mapping(src, "performance", data.get("performance") or {}, Performance())
+    with spec_errors(src):
+        return replace(gpu, performance=performance)
+
+
+def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
     section = _mapping(src, "cluster", section, CLUSTER_KEYS)
-    gpu_entry = _required(src, "cluster", section, "gpu")
+    if "profile" in section:
+        if "gpu" in section:
+            raise CaseError(src, "cluster.profile", "give either gpu or profile, not both")
+        profile = Path(_str(src, "cluster.profile", section["profile"]))
+        gpu_entry = None
+        gpu = gpu_from_profile(profile if profile.is_absolute() else base / profile)
+    else:
+        gpu_entry = _required(src, "cluster", section, "gpu")
     if isinstance(gpu_entry, str):
         presets = gpu_presets()
         if gpu_entry not in presets:
@@ -269,7 +295,7 @@ def _cluster(src: str, section: Any) -> ClusterSpec:
             "planner/presets/performance.yaml", gpu_entry, perf.get(gpu_entry) or {}, Performance()))
     elif isinstance(gpu_entry, dict):
         gpu = gpu_from_mapping(src, "cluster.gpu", "custom", gpu_entry)
-    else:
+    elif gpu_entry is not None:
         raise CaseError(src, "cluster.gpu", f"expected a GPU preset name or a mapping, got {_kind(gpu_entry)}")
     overrides = _cluster_overrides(src, section)
     if "performance" in section:
