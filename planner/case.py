@@ -78,10 +78,10 @@ class spec_errors:
 def load_case(case: Any) -> Case:
     """Load a case from a path or a dict in the case-file schema."""
     if isinstance(case, dict):
-        return _build(case, "<case>", Path.cwd())
+        return build_case(case, "<case>", Path.cwd())
     if isinstance(case, (str, os.PathLike)):
         path = Path(case)
-        return _build(read_yaml(path), str(path), path.parent)
+        return build_case(read_yaml(path), str(path), path.parent)
     raise CaseError("<case>", "", f"expected a case-file path or a dict, got {type(case).__name__}")
 
 
@@ -159,7 +159,8 @@ def _required(src: str, section: str, data: dict, key: str) -> Any:
 
 # --- sections ----------------------------------------------------------------------------
 
-def _build(data: Any, src: str, base: Path) -> Case:
+def build_case(data: Any, src: str, base: Path) -> Case:
+    """A case from already-parsed data; ``src`` names it in errors, ``base`` anchors relative paths."""
     data = _mapping(src, "", data if data is not None else {}, SECTIONS)
     for section in ("model", "cluster", "training"):
         if section not in data:

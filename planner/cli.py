@@ -1,7 +1,8 @@
 """The `layout-planner` command.
 
 Exit codes: 0 success; 2 bad input (one line naming the file, the key and what was
-expected); 3 the layout (or every layout) does not fit in GPU memory.
+expected); 3 the layout (or every layout) does not fit in GPU memory; 4 a calibration or
+validation run failed (one line naming the rank); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -153,6 +154,81 @@ def validate_published_command(
         print(json.dumps(report_to_dict(report), indent=2))
     else:
         print_report(report, Console(width=120))
+
+
+@app.command("validate")
+def validate_command(
+    case: Path = typer.Argument(..., help="Case file (YAML): a small model in fp32 and a data-parallel layout."),
+    profile: Optional[Path] = typer.Option(None, "--profile",
+                                           help="Hardware profile (from `calibrate`) to predict with; "
+                                                "replaces the case's cluster.gpu or cluster.profile."),
+    steps: int = typer.Option(5, "--steps", min=1, help="Timed steps; the median is reported."),
+    warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed steps before them."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds before the run is stopped."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """Train the case's layout for real on this machine's CPUs (torchrun, gloo) and compare with the prediction."""
+    import importlib.util
+
+    from calibration.train import EXIT_RUN_FAILED, RunFailed
+    from calibration.validate import print_validation, validate
+
+    try:
+        if importlib.util.find_spec("torch") is None:
+            raise CaseError("validate", "", "needs torch: pip install 'layout-planner[calibrate]'")
+        result = validate(case, profile, steps=steps, warmup=warmup, timeout_s=timeout)
+    except CaseError as error:
+        _fail(error)
+    except RunFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise typer.Exit(EXIT_RUN_FAILED)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_validation(result, Console())
+
+
+@app.command("calibrate")
+def calibrate_command(
+    out: Path = typer.Option(..., "--out", help="Where to write the hardware profile (YAML)."),
+    case: Optional[Path] = typer.Option(None, "--case",
+                                        help="Time the GEMM and attention shapes of this case's model."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
+                                        help="Ranks on this node (default: the GPUs, or 2 on a CPU-only machine)."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny shapes and few repeats: a smoke test, not a profile."),
+    timeout: float = typer.Option(300.0, "--timeout", min=1.0,
+                                  help="Seconds a rank may make no progress before the run is stopped."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing profile."),
+    gpu_preset: Optional[str] = typer.Option(
+        None, "--gpu-preset", help="Take peak_tflops from this GPU preset (datasheet) instead of the best measured."),
+    nnodes: int = typer.Option(1, "--nnodes", min=1, help="Nodes (run the same command on each)."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
+                                                help="HOST:PORT of the rendezvous (nnodes > 1)."),
+) -> None:
+    """Measure this machine under torchrun (GEMMs, attention, memory, collectives) and write a hardware profile."""
+    from calibration.launch import EXIT_CALIBRATION_FAILED, CalibrationError, calibrate
+
+    try:
+        outcome = calibrate(out, case=case, nproc=nproc, quick=quick, timeout=timeout, force=force,
+                            gpu_preset=gpu_preset, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                            show_progress=sys.stderr.isatty())
+    except CaseError as error:
+        _fail(error)
+    except CalibrationError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise typer.Exit(EXIT_CALIBRATION_FAILED)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every rank is stopped and nothing is written
+        print("error: calibration interrupted; no profile written", file=sys.stderr)
+        raise typer.Exit(130)
+    if outcome.path is None:
+        print(f"calibrated {outcome.world_size} ranks in {outcome.seconds:.0f} s; rank 0's node wrote the profile")
+        return
+    perf = outcome.profile["performance"]
+    gpu = outcome.profile["gpu"]
+    print(f"wrote {outcome.path} ({outcome.world_size} ranks, {outcome.seconds:.0f} s)")
+    print("  peak_tflops " + ", ".join(f"{k} {v}" for k, v in gpu["peak_tflops"].items())
+          + f"; hbm {gpu['hbm_bandwidth']}; intra-node {gpu['intra_node_bandwidth']}")
+    print("  " + ", ".join(f"{k} {v}" for k, v in perf.items()))
 
 
 def main() -> None:

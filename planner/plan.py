@@ -9,7 +9,7 @@ from typing import Any, Optional
 from cost_models.memory import peak_stage_memory
 from cost_models.specs import ClusterSpec, Job, Layout
 
-from .case import Case, layout_to_mapping, load_case
+from .case import Case, layout_to_mapping, load_case, spec_errors
 from .errors import CaseError
 from .estimate import Estimate, estimate_job
 from .search import Candidate, SearchSpec, search, search_spec
@@ -165,7 +165,8 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         spec = replace(spec, target=target)
     from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it
 
-    result = search(case, spec)
+    with spec_errors(case.source):  # e.g. a precision the GPU (or profile) has no peak for
+        result = search(case, spec)
     table = _table(result.candidates, max(TABLE_SLACK, (simplest_within or 0) / 100), spec.top_k)
     model = LayoutModel(case, spec, table)
     solution = model.solve()

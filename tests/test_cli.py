@@ -115,3 +115,13 @@ def test_bad_options_are_one_line_too(args, expected):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], result.stderr
+
+
+def test_a_precision_the_gpu_has_no_peak_for_is_a_case_error(tmp_path):
+    case = copy.deepcopy(CASE)
+    case["cluster"]["gpu"] = {"memory": "16 GiB", "peak_tflops": {"fp32": 0.2}, "hbm_bandwidth": "10 GB/s",
+                              "intra_node_bandwidth": "2 GB/s", "inter_node_bandwidth": "1 GB/s",
+                              "gpus_per_node": 8, "nvlink_domain": 8}
+    for command in ("estimate", "plan"):
+        result = cli(command, str(write(tmp_path, case)))
+        assert result.returncode == 2 and "peak_tflops: has no figure for bf16" in result.stderr, result.stderr

@@ -1,0 +1,176 @@
+"""Microbenchmarks on one rank: GEMMs, attention, memory bandwidth and collectives.
+
+Each benchmark runs the kernel the model runs (the ``nn.Linear`` GEMM and element-wise
+kernels into preallocated outputs, SDPA forward and backward, ``torch.distributed``
+collectives), warms it up, then takes ``samples`` timings. A timing runs the
+operation ``inner`` times back to back and divides, so that microsecond kernels are
+timed as they run in training (queued one after another), not with a host
+synchronisation each; ``inner`` is chosen so a sample lasts about ``target_s``.
+Results are per-call seconds, one per sample.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .shapes import AttentionShape, GemmShape
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Budget:
+    warmup: int = 2
+    samples: int = 7
+    target_s: float = 0.02  # length of one timing sample
+    max_inner: int = 1000
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def inner_count(fn: Callable[[], object], sync: Callable[[], None], budget: Budget) -> int:
+    """Calls per sample so one sample lasts about ``budget.target_s``."""
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    one = time.perf_counter() - start
+    return max(1, min(budget.max_inner, int(budget.target_s / max(one, 1e-7))))
+
+
+def time_calls(fn: Callable[[], object], sync: Callable[[], None], budget: Budget,
+               inner: Optional[int] = None, before_sample: Optional[Callable[[], None]] = None) -> list[float]:
+    """Per-call seconds of ``fn``, one per sample, after ``budget.warmup`` calls."""
+    for _ in range(budget.warmup):
+        fn()
+    if inner is None:
+        inner = inner_count(fn, sync, budget)
+    times = []
+    for _ in range(budget.samples):
+        if before_sample is not None:
+            before_sample()
+        sync()
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        sync()
+        times.append((time.perf_counter() - start) / inner)
+    return times
+
+
+def gemm(shape: GemmShape, precision: str, device: torch.device, budget: Budget) -> list[float]:
+    """m tokens by an n×k weight, ``x @ w.T``: the BLAS call of ``nn.Linear``'s forward.
+
+    The output is preallocated: the GEMM kernel is what ``gemm_efficiency`` describes.
+    On GPUs the caching allocator makes the model's fresh outputs free anyway; on CPUs
+    glibc returns large blocks to the OS, and first-touch page faults on each fresh
+    output would add up to a third to wide, shallow GEMMs (k = 256), a cost of the
+    allocator and not of the GEMM (see the README's calibration section).
+    """
+    dtype = DTYPES[precision]
+    x = torch.empty(shape.m, shape.k, device=device, dtype=dtype).uniform_(-1, 1)
+    w = torch.empty(shape.n, shape.k, device=device, dtype=dtype).uniform_(-1, 1)
+    out = torch.empty(shape.m, shape.n, device=device, dtype=dtype)
+    wt = w.t()
+    return time_calls(lambda: torch.mm(x, wt, out=out), synchronizer(device), budget)
+
+
+def attention(shape: AttentionShape, precision: str, device: torch.device, budget: Budget) -> list[float]:
+    """Causal SDPA forward and backward (flash where the device has it), grouped-query as the model."""
+    dtype = DTYPES[precision]
+    q = torch.randn(shape.batch, shape.heads, shape.seq_len, shape.head_dim, device=device, dtype=dtype,
+                    requires_grad=True)
+    k = torch.randn(shape.batch, shape.kv_heads, shape.seq_len, shape.head_dim, device=device, dtype=dtype,
+                    requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    grad = torch.randn(shape.batch, shape.heads, shape.seq_len, shape.head_dim, device=device, dtype=dtype)
+    gqa = shape.kv_heads != shape.heads
+
+    def step() -> None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        torch.autograd.grad(out, (q, k, v), grad)
+
+    return time_calls(step, synchronizer(device), budget)
+
+
+MEMORY_OPS = ("copy", "add", "gelu")
+MEMORY_TRAFFIC = {"copy": 2, "add": 3, "gelu": 2}  # tensors read + written per element
+
+
+def memory(op: str, nbytes: int, precision: str, device: torch.device, budget: Budget) -> tuple[list[float], int]:
+    """A copy or an element-wise op over ``nbytes`` tensors; returns times and bytes moved per call."""
+    dtype = DTYPES[precision]
+    numel = nbytes // torch.tensor([], dtype=dtype).element_size()
+    a = torch.empty(numel, device=device, dtype=dtype).uniform_(-1, 1)
+    out = torch.empty_like(a)  # touched by the warm-up: no page faults in the timed calls
+    if op == "copy":
+        fn = lambda: out.copy_(a)  # noqa: E731
+    elif op == "add":
+        b = torch.empty_like(a).uniform_(-1, 1)
+        fn = lambda: torch.add(a, b, out=out)  # noqa: E731
+    elif op == "gelu":
+        fn = lambda: torch.ops.aten.gelu.out(a, out=out)  # noqa: E731
+    else:
+        raise ValueError(f"unknown memory benchmark {op!r}")
+    times = time_calls(fn, synchronizer(device), budget)
+    return times, MEMORY_TRAFFIC[op] * numel * a.element_size()
+
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
+
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def collective(kind: str, group: Optional[dist.ProcessGroup], members: list[int], size_bytes: int,
+               precision: str, device: torch.device, budget: Budget) -> tuple[list[float], int]:
+    """One collective over ``group`` (``members`` are its global ranks), full buffer ``size_bytes``.
+
+    Returns this rank's per-call times and the buffer size actually used (a multiple of
+    the group size in elements). ``p2p`` sends from members 2i to 2i+1 at once. Every
+    member must call this with the same arguments: the calls per sample are agreed on
+    (the largest any member wants), and every sample starts at a barrier.
+    """
+    dtype = DTYPES[precision]
+    n = len(members)
+    element = torch.tensor([], dtype=dtype).element_size()
+    numel = max(n, size_bytes // element // n * n)
+    rank = dist.get_rank()
+    index = members.index(rank)
+    full = torch.ones(numel, device=device, dtype=dtype)
+    shard = torch.ones(numel // n, device=device, dtype=dtype)
+    if kind == "all_reduce":
+        fn = lambda: dist.all_reduce(full, group=group)  # noqa: E731
+    elif kind == "all_gather":
+        fn = lambda: _all_gather(full, shard, group=group)  # noqa: E731
+    elif kind == "reduce_scatter":
+        fn = lambda: _reduce_scatter(shard, full, group=group)  # noqa: E731
+    elif kind == "p2p":
+        if index % 2 == 0 and index + 1 < n:
+            peer = members[index + 1]
+            fn = lambda: dist.send(full, dst=peer, group=group)  # noqa: E731
+        elif index % 2 == 1:
+            peer = members[index - 1]
+            fn = lambda: dist.recv(full, src=peer, group=group)  # noqa: E731
+        else:
+            fn = lambda: None  # noqa: E731  (odd member out)
+    else:
+        raise ValueError(f"unknown collective {kind!r}")
+    sync = synchronizer(device)
+    for _ in range(budget.warmup):
+        fn()
+    wanted = torch.tensor([inner_count(fn, sync, budget)], device=device, dtype=torch.int64)
+    dist.all_reduce(wanted, op=dist.ReduceOp.MAX, group=group)
+    times = time_calls(fn, sync, Budget(0, budget.samples, budget.target_s, budget.max_inner), inner=int(wanted.item()),
+                       before_sample=lambda: dist.barrier(group=group))
+    return times, numel * element

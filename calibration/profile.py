@@ -1,0 +1,233 @@
+"""The hardware profile: measured figures and fits, in the form ``cluster.profile`` reads.
+
+``planner.case.gpu_from_profile`` reads four sections:
+
+- ``machine``: where and how it was measured (host, device, torch, NCCL, date, ranks);
+- ``gpu``: the fields of a GPU preset, measured: ``peak_tflops`` per precision timed,
+  ``hbm_bandwidth`` (device copy, bytes read + written per second), ``intra_node_bandwidth``
+  and ``inter_node_bandwidth`` (fitted all-reduce bus bandwidth), ``gpus_per_node`` and
+  ``nvlink_domain`` (ranks per node), ``memory`` (the GPU's, or the host's RAM shared by
+  its ranks);
+- ``performance``: the cost model's achieved figures, fitted to the measurements
+  with its own formulas (:mod:`calibration.fit`); link efficiencies are 1 because the
+  bandwidths above are already the achieved bus bandwidths;
+- ``measurements``: every timing (median, p10, p90 over samples) and fit.
+
+Peaks: with ``datasheet_peaks`` (a GPU preset's ``peak_tflops``) efficiencies are
+shares of the datasheet, as in ``planner/presets/performance.yaml``. Without one (a
+CPU, or a GPU with no preset named) the peak of a precision is the best FLOP/s any
+timed GEMM reached, so ``gemm_efficiency`` comes out near 1 and ``kernel_overhead_s``
+carries what small GEMMs lose; the product η·peak, all the cost model uses for GEMM
+time, is the measured one either way.
+
+Pure Python: the ranks hand in plain timings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import yaml
+
+from .fit import KINDS, fit_attention, fit_collective, fit_gemm, percentile
+from .shapes import AttentionShape, GemmShape
+
+
+def sig(x: float, digits: int = 4) -> float:
+    """``x`` to ``digits`` significant figures (for a readable profile)."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    return float(f"{x:.{digits}g}")
+
+
+def spread(samples: list[float]) -> dict[str, float]:
+    return {"median_s": sig(percentile(samples, 0.5)), "p10_s": sig(percentile(samples, 0.1)),
+            "p90_s": sig(percentile(samples, 0.9))}
+
+
+@dataclass
+class Measurements:
+    """All timings of a run (per-call seconds, pooled over ranks), as rank 0 gathers them."""
+
+    gemm: dict[str, list[tuple[GemmShape, list[float]]]] = field(default_factory=dict)  # by precision
+    attention: list[tuple[AttentionShape, list[float]]] = field(default_factory=list)
+    attention_precision: str = "fp32"
+    # op → [(tensor bytes, bytes moved per call, samples)]
+    memory: dict[str, list[tuple[int, int, list[float]]]] = field(default_factory=dict)
+    # link class → kind → (group size, [(buffer bytes, samples)])
+    collectives: dict[str, dict[str, tuple[int, list[tuple[int, list[float]]]]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _bandwidth(value: float) -> str:
+    return f"{value / 1e9:.6g} GB/s"
+
+
+def _memory(value: float) -> str:
+    return f"{value / 2**30:.6g} GiB"
+
+
+def _median(samples: list[float]) -> float:
+    return percentile(samples, 0.5)
+
+
+def _peak_for(precision: str, peaks: dict[str, float]) -> float:
+    """FLOP/s the cost model divides by for ``precision`` (``GPUSpec.peak``'s rule)."""
+    key = "tf32" if precision == "fp32" and "tf32" in peaks else precision
+    return peaks[key] * 1e12
+
+
+def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: float, gpus_per_node: int,
+                  main_precision: str, datasheet_peaks: Optional[dict[str, float]] = None) -> dict[str, Any]:
+    """The profile document (a dict ready for YAML) from ``m``.
+
+    ``main_precision`` is the training precision whose GEMM fit becomes ``gemm_efficiency``
+    and ``kernel_overhead_s``; ``datasheet_peaks`` are TFLOP/s per precision.
+    """
+    notes = list(m.notes)
+    performance: dict[str, float] = {}
+    measured: dict[str, Any] = {}
+
+    # GEMMs: peak per precision, then η and t₀ under the cost model's formula.
+    peaks: dict[str, float] = dict(datasheet_peaks or {})
+    gemm_section: dict[str, Any] = {}
+    fits = {}
+    for precision, points in m.gemm.items():
+        best = max(s.flops / _median(t) for s, t in points)
+        if not datasheet_peaks:
+            peaks[precision] = sig(best / 1e12, 6)
+        peak = _peak_for(precision, peaks)
+        fit = fit_gemm([s.flops for s, _ in points], [_median(t) for _, t in points], peak)
+        fits[precision] = fit
+        gemm_section[precision] = {
+            "peak_tflops": sig(peak / 1e12, 6),
+            "peak_source": "datasheet (GPU preset)" if datasheet_peaks else "best measured GEMM",
+            "best_measured_tflops": sig(best / 1e12),
+            "fit": {"gemm_efficiency": sig(fit.efficiency), "kernel_overhead_s": sig(fit.overhead_s),
+                    "rms_relative_error": sig(fit.rms_rel_error, 3)},
+            "points": [{"name": s.name, "m": s.m, "n": s.n, "k": s.k, "flops": s.flops,
+                        **({"model_m": s.capped_from_m} if s.capped_from_m else {}),
+                        "tflops": sig(s.flops / _median(t) / 1e12), **spread(t)} for s, t in points],
+        }
+    if main_precision not in fits:
+        raise ValueError(f"no GEMM timings in {main_precision}")
+    performance["gemm_efficiency"] = sig(fits[main_precision].efficiency)
+    performance["kernel_overhead_s"] = sig(fits[main_precision].overhead_s)
+    measured["gemm"] = gemm_section
+
+    if m.attention:
+        p = m.attention_precision
+        overhead = fits[p].overhead_s if p in fits else fits[main_precision].overhead_s
+        peak = _peak_for(p, peaks)
+        fit = fit_attention([s.forward_flops for s, _ in m.attention], [_median(t) for _, t in m.attention],
+                            peak, overhead)
+        performance["attention_efficiency"] = sig(fit.efficiency)
+        measured["attention"] = {
+            "precision": p, "kernel": "torch scaled_dot_product_attention, causal, forward + backward",
+            "fit": {"attention_efficiency": sig(fit.efficiency), "kernel_overhead_s": sig(overhead),
+                    "rms_relative_error": sig(fit.rms_rel_error, 3)},
+            "points": [{"name": s.name, "batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads,
+                        "seq_len": s.seq_len, "head_dim": s.head_dim, "forward_flops": s.forward_flops,
+                        "tflops": sig(3 * s.forward_flops / _median(t) / 1e12), **spread(t)}
+                       for s, t in m.attention],
+        }
+
+    # Memory: the copy's bandwidth at the largest size is the HBM (or DRAM) figure;
+    # element-wise kernels' achieved share of it is hbm_efficiency.
+    memory_section: dict[str, Any] = {}
+    for op, points in m.memory.items():
+        memory_section[op] = [{"tensor_bytes": size, "bytes_moved": moved,
+                               "gb_s": sig(moved / _median(t) / 1e9), **spread(t)} for size, moved, t in points]
+    copy = max(m.memory["copy"], key=lambda p: p[0])
+    hbm = copy[1] / _median(copy[2])
+    elementwise = [max(points, key=lambda p: p[0]) for op, points in m.memory.items() if op != "copy"]
+    achieved = sum(p[1] for p in elementwise) / sum(_median(p[2]) for p in elementwise) if elementwise else hbm
+    performance["hbm_efficiency"] = sig(min(1.0, achieved / hbm))
+    memory_section["hbm_bandwidth_gb_s"] = sig(hbm / 1e9)
+    memory_section["elementwise_gb_s"] = sig(achieved / 1e9)
+    measured["memory"] = memory_section
+
+    # Collectives: α and bus bandwidth per kind and link class.
+    links: dict[str, dict[str, Any]] = {}
+    coll_fits: dict[str, dict[str, Any]] = {}
+    for link, kinds in m.collectives.items():
+        links[link] = {}
+        for kind in KINDS:
+            if kind not in kinds:
+                continue
+            n, points = kinds[kind]
+            fit = fit_collective(kind, n, [s for s, _ in points], [_median(t) for _, t in points])
+            coll_fits.setdefault(link, {})[kind] = fit
+            links[link][kind] = {
+                "group_size": n,
+                "fit": {"latency_s": sig(fit.latency_s), "bus_bandwidth_gb_s": sig(fit.bus_bandwidth / 1e9),
+                        "rms_relative_error": sig(fit.rms_rel_error, 3)},
+                "points": [{"bytes": s, **spread(t)} for s, t in points],
+            }
+    measured["collectives"] = links
+    intra = coll_fits.get("intra_node", {}).get("all_reduce")
+    inter = coll_fits.get("inter_node", {}).get("all_reduce")
+    if intra is None and inter is None:
+        notes.append("collectives not measured (one rank): intra- and inter-node bandwidth are set to the "
+                     "device copy bandwidth as placeholders, link_latency_s is the cost model's default")
+        intra_bw = inter_bw = hbm
+    else:
+        intra_bw = intra.bus_bandwidth if intra else inter.bus_bandwidth
+        inter_bw = inter.bus_bandwidth if inter else intra_bw
+        performance["link_latency_s"] = sig((intra or inter).latency_s)
+        if intra is None:
+            notes.append("one rank per node: intra_node_bandwidth is the inter-node figure")
+        if inter is None:
+            notes.append("one node: inter_node_bandwidth is the intra-node figure (not measured); "
+                         "set cluster.inter_node_bandwidth in a case for a multi-node cluster")
+    performance["intra_node_efficiency"] = 1.0
+    performance["inter_node_efficiency"] = 1.0
+
+    gpu = {
+        "memory": _memory(memory_bytes),
+        "peak_tflops": {k: sig(v, 6) for k, v in peaks.items()},
+        "hbm_bandwidth": _bandwidth(hbm),
+        "intra_node_bandwidth": _bandwidth(intra_bw),
+        "inter_node_bandwidth": _bandwidth(inter_bw),
+        "gpus_per_node": gpus_per_node,
+        "nvlink_domain": gpus_per_node,
+    }
+    measured["notes"] = notes
+    return {"machine": machine, "gpu": gpu, "performance": performance, "measurements": measured}
+
+
+HEADER = """\
+# Hardware profile written by `layout-planner calibrate`. Use it in a case file as
+#   cluster: {profile: PATH, num_gpus: N}
+# gpu: measured figures in the GPU-preset schema; performance: the cost model's achieved
+# figures fitted to the timings under its own formulas; measurements: every timing
+# (median, p10, p90 over samples, per call) and fit. See calibration/profile.py.
+"""
+
+
+class _Inline(dict):
+    """A mapping written on one line (a measurement point)."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Inline, lambda dumper, data: dumper.represent_mapping(
+    "tag:yaml.org,2002:map", data.items(), flow_style=True))
+
+
+def _inline_points(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _inline_points(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_Inline(v) if isinstance(v, dict) else _inline_points(v) for v in node]
+    return node
+
+
+def render(profile: dict[str, Any]) -> str:
+    """YAML text of a profile: block mappings, one line per measurement point."""
+    return HEADER + yaml.dump(_inline_points(profile), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                              width=160, allow_unicode=True)

@@ -1,0 +1,194 @@
+"""Per-rank progress files: how the launcher watches the ranks and names the one that failed.
+
+Every rank writes ``rank<R>.json`` in the run's work folder after each measurement
+(its step count, stage, whether it is waiting in a collective, and any error); the
+supervisor that torchrun starts for the rank (``calibration.run``) writes
+``rank<R>.exit.json`` with how the rank's worker ended. Files are replaced
+atomically, so a reader never sees half of one. No torch here: the launcher reads
+these files without importing it.
+
+A fault can be injected for tests: ``LAYOUT_PLANNER_CALIBRATE_FAULT=RANK:STAGE:ACTION``
+makes rank RANK ``exit`` (code 3), ``hang`` or ``raise`` at the first step of STAGE
+(one of :data:`STAGES`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional
+
+FAULT_ENV = "LAYOUT_PLANNER_CALIBRATE_FAULT"
+FAULT_EXIT_CODE = 3
+PEER_FAILURE_EXIT = 75  # a rank whose collective failed because of another rank (EX_TEMPFAIL)
+STAGES = {
+    "start": "start-up",
+    "init": "process-group set-up",
+    "gemm": "the GEMM benchmarks",
+    "attention": "the attention benchmarks",
+    "memory": "the memory-bandwidth benchmarks",
+    "collectives": "the collective benchmarks",
+    "write": "writing the profile",
+}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def progress_path(workdir: Path, rank: int) -> Path:
+    return Path(workdir) / f"rank{rank}.json"
+
+
+def exit_path(workdir: Path, rank: int) -> Path:
+    return Path(workdir) / f"rank{rank}.exit.json"
+
+
+def write_exit(workdir: Path, rank: int, code: int, terminated: bool) -> None:
+    """Written by the rank's supervisor: the worker's exit code, and whether the launcher stopped it."""
+    _write_json(exit_path(workdir, rank), {"rank": rank, "code": code, "terminated": terminated,
+                                           "time": time.time()})
+
+
+class RankProgress:
+    """The progress file of one rank, written by that rank."""
+
+    def __init__(self, workdir: Path, rank: int, local_rank: int):
+        self.path = progress_path(workdir, rank)
+        self.rank = rank
+        self.state: dict[str, Any] = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
+                                      "ppid": os.getppid(), "step": 0,
+                                      "total": 0, "stage": "start", "label": "", "in_comm": False,
+                                      "status": "running", "error": None, "time": time.time()}
+        self._fault = self._parse_fault(os.environ.get(FAULT_ENV, ""))
+        self._comm_failed = False
+        self._write()
+
+    def _parse_fault(self, text: str) -> Optional[tuple[str, str]]:
+        parts = text.split(":")
+        if len(parts) != 3 or not parts[0].isdigit() or int(parts[0]) != self.rank:
+            return None
+        return parts[1], parts[2]
+
+    def _write(self) -> None:
+        self.state["time"] = time.time()
+        _write_json(self.path, self.state)
+
+    def set_total(self, total: int) -> None:
+        self.state["total"] = total
+        self._write()
+
+    def step(self, stage: str, label: str = "") -> None:
+        """Start one measurement (or phase) of ``stage``."""
+        if self._fault and self._fault[0] == stage:
+            action, self._fault = self._fault[1], None
+            self.state.update(stage=stage, label=label)  # where it happened; the step is not counted
+            self._write()
+            if action == "exit":
+                os._exit(FAULT_EXIT_CODE)
+            if action == "hang":
+                while True:
+                    time.sleep(3600)
+            if action == "raise":
+                raise RuntimeError(f"injected fault at {stage}")
+        self.state.update(step=self.state["step"] + 1, stage=stage, label=label)
+        self._write()
+
+    @contextmanager
+    def comm(self):
+        """Marks a collective: an error inside one is another rank's doing, a wait inside one is not a hang."""
+        self.state["in_comm"] = True
+        self._write()
+        try:
+            yield
+        except BaseException:
+            self._comm_failed = True
+            raise
+        finally:
+            self.state["in_comm"] = False
+
+    def failed(self, error: BaseException) -> bool:
+        """Record ``error``; True when it was raised inside a collective (a peer's failure)."""
+        message = f"{type(error).__name__}: {error}".strip().splitlines()
+        self.state.update(status="error", error=message[0][:300] if message else type(error).__name__,
+                          comm_error=self._comm_failed)
+        self._write()
+        return self._comm_failed
+
+    def done(self) -> None:
+        self.state.update(status="done", in_comm=False)
+        self._write()
+
+
+def read_ranks(workdir: Path) -> dict[int, dict]:
+    """Every rank's progress, with its ``exit`` record where its supervisor wrote one."""
+    ranks: dict[int, dict] = {}
+    for path in Path(workdir).glob("rank*.json"):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        rank = data.get("rank")
+        if not isinstance(rank, int):
+            continue
+        entry = ranks.setdefault(rank, {})
+        if path.name.endswith(".exit.json"):
+            entry["exit"] = data
+        else:
+            entry.update(data)
+    return ranks
+
+
+def _where(info: dict) -> str:
+    stage = STAGES.get(info.get("stage", ""), info.get("stage", "?"))
+    label = info.get("label")
+    return f"during {stage}" + (f" ({label})" if label else "")
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def diagnose(ranks: dict[int, dict], expected: list[int], stalled_s: Optional[float] = None) -> Optional[str]:
+    """One line naming the rank that caused the failure, or None when the files name none.
+
+    Root causes first: a rank whose worker ended on its own (not stopped by the
+    launcher) other than by a peer's failure; the earliest if several. Otherwise a
+    hang: the rank furthest behind, preferring one not waiting in a collective.
+    ``stalled_s`` is set when the launcher's watchdog saw no progress for that long.
+    """
+    causes = []
+    for rank, info in ranks.items():
+        end = info.get("exit")
+        if not end or end.get("terminated") or end.get("code") in (0, PEER_FAILURE_EXIT):
+            continue
+        causes.append((end.get("time", 0.0), rank, info, end["code"]))
+    if causes:
+        _, rank, info, code = min(causes)
+        if info.get("status") == "error" and info.get("error"):
+            return f"rank {rank} failed {_where(info)}: {info['error']}"
+        how = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with code {code}"
+        return f"rank {rank} {how} {_where(info)}"
+    missing = [r for r in expected if r not in ranks or "step" not in ranks[r]]
+    if missing:
+        return f"rank {missing[0]} did not start" + (f" within {stalled_s:.0f} s" if stalled_s else "")
+    running = {r: ranks[r] for r in expected if ranks[r].get("status") != "done"}
+    if not running:
+        return None
+    behind = min(info["step"] for info in running.values())
+    laggards = sorted(running.items(), key=lambda kv: (kv[1]["step"] != behind, bool(kv[1].get("in_comm")), kv[0]))
+    rank, info = laggards[0]
+    if all(i["step"] == behind and i.get("in_comm") for i in running.values()) and len(running) > 1:
+        names = ", ".join(str(r) for r in sorted(running))
+        return f"ranks {names} hung in a collective {_where(info)}"
+    waited = f"no progress for {stalled_s:.0f} s" if stalled_s else "the others timed out waiting for it"
+    return f"rank {rank} hung {_where(info)}: {waited}"

@@ -1,0 +1,362 @@
+"""Real training steps of :mod:`calibration.gpt` for one layout, on CPU: what `validate` measures.
+
+One rank per data-parallel replica, each a ``torch.distributed.run`` process on the
+gloo backend, with ``torch.set_num_threads(max(1, cpu_count // dp))``, or the profile's
+``machine.threads_per_rank`` when it has one (the profiled "GPU" is a rank with that many
+threads; a run with more would be faster than the device the prediction describes):
+
+- ``zero_stage: 0``: ``DistributedDataParallel``; gradients are all-reduced once per
+  optimizer step, during the backward pass of the last micro-batch (``no_sync`` for
+  the others), as the step-time model assumes.
+- ``zero_stage: 3``: FSDP2 (``torch.distributed.fsdp.fully_shard``), one unit per
+  transformer layer and one for the rest (embeddings, final norm, LM head); weights
+  are gathered for every micro-batch's forward and backward and gradients
+  reduce-scattered after every micro-batch, as the model's ZeRO-3 term assumes.
+- Gradient accumulation: ``global_batch_size / (micro_batch_size · dp)`` micro-batches
+  per step, the loss scaled by its inverse.
+- Recomputation: ``calibration.gpt``'s ``full`` (whole layers) and ``selective`` (the
+  attention core), both ``torch.utils.checkpoint``.
+- Optimizer: ``torch.optim.Adam`` / ``AdamW`` with ``fused=True`` (one pass over
+  weights, gradients and the two fp32 moments, like Apex's and Megatron's fused
+  Adam), or SGD with momentum; all state fp32.
+
+What is measured, on rank 0:
+
+- the wall time of each optimizer step, between two barriers (all ranks have
+  finished the previous step and this one), of which the optimizer step itself;
+- the bytes one micro-batch's forward saves for backward, through
+  ``torch.autograd.graph.saved_tensors_hooks`` (as ``tests/test_activations_torch.py``
+  does): each storage once, leaving out parameters and buffers (model state) and the
+  token ids and targets (the batch). Taken after the timed steps, so it cannot
+  disturb them.
+
+Tensor, pipeline and context parallelism, ZeRO 1/2, partial recomputation and
+precisions other than fp32 are refused with :class:`Unsupported`: this loop does
+not implement them.
+
+The parent side (:func:`run_spec`, :func:`launch`) imports no torch; the worker
+(``python -m calibration.train SPEC.json OUT.json`` under ``torch.distributed.run``)
+does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+if TYPE_CHECKING:
+    from cost_models.specs import Job
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+EXIT_RUN_FAILED = 4  # the CLI's exit code when the training run fails or times out
+SGD_MOMENTUM = 0.9
+
+
+class Unsupported(ValueError):
+    """A case this CPU loop cannot run; ``key`` names the case-file key (``layout.tp``)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+class RunFailed(RuntimeError):
+    """The training processes failed or ran out of time; the message ends with their output."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a worker needs: the model config, the layout as run, and how long to measure."""
+
+    config: dict  # calibration.gpt.GPTConfig fields
+    dp: int
+    micro_batch_size: int
+    grad_accum: int
+    seq_len: int
+    zero_stage: int  # 0 (DDP) or 3 (FSDP2)
+    optimizer: str
+    threads: int  # torch threads per rank
+    steps: int  # timed steps
+    warmup: int  # untimed steps first
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What rank 0 saw: per-step wall times and the bytes one micro-batch's forward saved."""
+
+    step_times_s: tuple[float, ...]  # timed steps only
+    optimizer_times_s: tuple[float, ...]  # of which optimizer.step, zero_grad and the closing barrier
+    warmup_times_s: tuple[float, ...]
+    activation_bytes: int
+    losses: tuple[float, ...]  # rank 0's loss per step (warm-up included), for sanity
+    threads: int
+    torch_version: str
+    extra: dict = field(default_factory=dict)  # microbatch_times_s: forward + backward of each, per timed step
+
+    @property
+    def step_time_s(self) -> float:
+        """Median over the timed steps."""
+        return statistics.median(self.step_times_s)
+
+    @property
+    def optimizer_time_s(self) -> float:
+        return statistics.median(self.optimizer_times_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["step_time_s"] = self.step_time_s
+        data["optimizer_time_s"] = self.optimizer_time_s
+        return data
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+def threads_per_rank(dp: int, cpu_count: Optional[int] = None) -> int:
+    """Each rank gets an equal share of the machine's cores."""
+    return max(1, (cpu_count or os.cpu_count() or 1) // dp)
+
+
+def run_spec(job: "Job", *, steps: int = 5, warmup: int = 2, seed: int = 0,
+             cpu_count: Optional[int] = None, threads: Optional[int] = None) -> RunSpec:
+    """The run of ``job``'s layout, or :class:`Unsupported` naming the key this loop cannot run.
+
+    ``threads`` per rank defaults to an equal share of the cores.
+    """
+    from .gpt import GPTConfig
+
+    model, training, lay = job.model, job.training, job.layout
+    for key in ("tp", "pp", "cp"):
+        if getattr(lay, key) != 1:
+            raise Unsupported(f"layout.{key}", f"the CPU validation loop runs data parallelism only; "
+                                               f"{key} must be 1, got {getattr(lay, key)}")
+    if lay.zero_stage not in (0, 3):
+        raise Unsupported("layout.zero_stage", "the CPU validation loop runs ZeRO 0 (DDP) or 3 (FSDP2), "
+                                               f"got {lay.zero_stage}")
+    if lay.recompute == "full" and lay.recompute_num_layers not in (None, model.num_layers):
+        raise Unsupported("layout.recompute_num_layers", "the CPU validation loop recomputes every layer "
+                                                         "under full recomputation; leave it out")
+    if training.precision != "fp32":
+        raise Unsupported("training.precision", f"the CPU validation loop trains in fp32, got {training.precision}")
+    if training.optimizer not in OPTIMIZERS:
+        raise Unsupported("training.optimizer", f"expected one of {', '.join(OPTIMIZERS)}")
+    if training.flash_attention and model.dropout > 0:
+        raise Unsupported("model.dropout", "PyTorch's CPU flash attention has no dropout (it falls back to the "
+                                           "math kernel, which keeps s×s scores); use dropout 0 or "
+                                           "training.flash_attention: false")
+    cpus = cpu_count or os.cpu_count() or 1
+    if lay.dp > cpus:
+        raise Unsupported("layout.dp", f"each rank needs a core of its own; this machine has {cpus}, got dp {lay.dp}")
+    threads = threads_per_rank(lay.dp, cpus) if threads is None else threads
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1 or threads * lay.dp > cpus:
+        raise Unsupported("layout.dp", f"{lay.dp} ranks × {threads!r} threads do not fit in this machine's "
+                                       f"{cpus} cores")
+    for name, value in (("steps", steps), ("warmup", warmup)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "steps" else 0):
+            raise ValueError(f"{name}: expected a {'positive' if name == 'steps' else 'non-negative'} "
+                             f"integer, got {value!r}")
+    config = GPTConfig.from_model_spec(model, attention="sdpa" if training.flash_attention else "megatron",
+                                       recompute=lay.recompute, max_seq_len=training.seq_len)
+    return RunSpec(config=asdict(config), dp=lay.dp, micro_batch_size=lay.micro_batch_size,
+                   grad_accum=job.grad_accum, seq_len=training.seq_len, zero_stage=lay.zero_stage,
+                   optimizer=training.optimizer, threads=threads, steps=steps,
+                   warmup=warmup, seed=seed)
+
+
+def launch_command(spec: RunSpec, spec_path: Path, out_path: Path) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node dp -m calibration.train …``."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.dp}",
+            "-m", "calibration.train", str(spec_path), str(out_path)]
+
+
+def launch(spec: RunSpec, *, timeout_s: float = 600.0) -> Measurement:
+    """Run ``spec`` in ``dp`` processes and return rank 0's measurement.
+
+    The launcher and its workers run in a session of their own: on timeout the whole
+    group is killed. Raises :class:`RunFailed` with the tail of their output.
+    """
+    with tempfile.TemporaryDirectory(prefix="layout-planner-validate-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "measurement.json"
+        spec_path.write_text(json.dumps(asdict(spec)))
+        env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads)}
+        root = str(Path(__file__).resolve().parent.parent)  # calibration importable without installing
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        proc = subprocess.Popen(launch_command(spec, spec_path, out_path), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            raise RunFailed(f"training run exceeded its {timeout_s:g} s timeout\n{_tail(output)}") from None
+        if proc.returncode != 0 or not out_path.exists():
+            raise RunFailed(f"training run failed (exit code {proc.returncode})\n{_tail(output)}")
+        data = json.loads(out_path.read_text())
+    return Measurement(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _tail(output: Optional[str], lines: int = 20) -> str:
+    """The end of the first failing rank's traceback (torchrun prefixes it ``[rankN]:``), else the output's end."""
+    text = (output or "").splitlines()
+    ranked = [line for line in text if line.startswith("[rank")]
+    if ranked:
+        first = ranked[0].split("]:", 1)[0] + "]:"
+        text = [line for line in ranked if line.startswith(first)]
+    return "\n".join(text[-lines:])
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def saved_activation_bytes(module, forward, exclude: Sequence = ()) -> int:
+    """Bytes of the tensors autograd saves for backward while ``forward()`` runs.
+
+    Each storage is counted once (q, k and v are views of one QKV output). Left out:
+    the storages of ``module``'s parameters and buffers as they are *when saved* (under
+    FSDP2 a layer's parameters are the gathered, unsharded tensors while it runs), and
+    those of the tensors in ``exclude`` (token ids, targets). Sizes are read after the
+    forward, with every saved tensor kept alive meanwhile so no address is reused.
+    """
+    import torch
+
+    excluded = {_storage_ptr(t) for t in exclude}
+    saved: list = []
+
+    def pack(t):
+        state = {_storage_ptr(p) for p in (*module.parameters(), *module.buffers())}
+        ptr = _storage_ptr(t)
+        saved.append((t, ptr in state or ptr in excluded))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    counted: dict[int, int] = {}
+    state_ptrs = {_storage_ptr(t) for t, is_state in saved if is_state}
+    for t, _ in saved:
+        ptr = _storage_ptr(t)
+        if ptr not in state_ptrs and ptr not in counted:
+            counted[ptr] = t.untyped_storage().nbytes()
+    del out
+    return sum(counted.values())
+
+
+def _storage_ptr(t) -> Optional[int]:
+    """Address of ``t``'s storage; a DTensor's local shard's; None where there is none
+    (FSDP2 frees a resharded parameter's storage)."""
+    local = getattr(t, "_local_tensor", None)  # DTensor
+    try:
+        return (t if local is None else local).untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
+
+
+def _optimizer(name: str, params):
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=SGD_MOMENTUM, fused=True)
+    cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+    return cls(params, lr=1e-4, fused=True)
+
+
+def _worker(spec_path: str, out_path: str) -> None:
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+
+    from .gpt import GPT, GPTConfig
+
+    spec = RunSpec(**json.loads(Path(spec_path).read_text()))
+    torch.set_num_threads(spec.threads)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    assert dist.get_world_size() == spec.dp, (dist.get_world_size(), spec.dp)
+
+    torch.manual_seed(spec.seed)  # the same initial weights on every rank
+    config = GPTConfig(**spec.config)
+    gpt = GPT(config).train()
+    ddp = None
+    if spec.zero_stage == 3:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in gpt.layers:
+            fully_shard(layer)
+        fully_shard(gpt)
+        model = gpt
+    elif spec.dp > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # Gradients live in the all-reduce buckets (as Megatron's contiguous grad buffer): no copies.
+        model = ddp = DistributedDataParallel(gpt, gradient_as_bucket_view=True)
+    else:
+        model = gpt
+    optimizer = _optimizer(spec.optimizer, model.parameters())
+
+    generator = torch.Generator().manual_seed(spec.seed + 1 + rank)  # each rank its own data
+    shape = (spec.grad_accum, spec.micro_batch_size, spec.seq_len)
+    ids = torch.randint(config.vocab_size, shape, generator=generator)
+    targets = ids.roll(-1, dims=-1).contiguous()
+
+    def step() -> tuple[float, float, list[float], float]:
+        dist.barrier()
+        start = time.perf_counter()
+        marks = [start]
+        for i in range(spec.grad_accum):
+            last = i == spec.grad_accum - 1
+            sync = ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext()
+            with sync:
+                loss = model(ids[i], targets[i]) / spec.grad_accum
+                loss.backward()
+            marks.append(time.perf_counter())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        dist.barrier()
+        end = time.perf_counter()
+        microbatches = [b - a for a, b in zip(marks, marks[1:])]
+        return end - start, end - marks[-1], microbatches, loss.item() * spec.grad_accum
+
+    warmup, timed, optimizer_times, microbatch_times, losses = [], [], [], [], []
+    for n in range(spec.warmup + spec.steps):
+        total, opt, microbatches, loss = step()
+        losses.append(loss)
+        if n < spec.warmup:
+            warmup.append(total)
+        else:
+            timed.append(total)
+            optimizer_times.append(opt)
+            microbatch_times.append(microbatches)
+
+    # One micro-batch's forward. DDP's inner module runs it without collectives (rank 0
+    # alone); FSDP2 gathers weights for it, so every rank runs it.
+    activation_bytes = 0
+    if spec.zero_stage == 3 or rank == 0:
+        module = gpt
+        activation_bytes = saved_activation_bytes(module, lambda: module(ids[0], targets[0]),
+                                                  exclude=(ids, targets))
+    if rank == 0:
+        result = Measurement(step_times_s=tuple(timed), optimizer_times_s=tuple(optimizer_times),
+                             warmup_times_s=tuple(warmup), activation_bytes=activation_bytes,
+                             losses=tuple(losses), threads=torch.get_num_threads(),
+                             torch_version=torch.__version__,
+                             extra={"microbatch_times_s": microbatch_times})
+        Path(out_path).write_text(json.dumps(asdict(result)))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m torch.distributed.run --nproc-per-node DP -m calibration.train SPEC.json OUT.json")
+    _worker(sys.argv[1], sys.argv[2])

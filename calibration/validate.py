@@ -1,0 +1,167 @@
+"""Predicted against measured: one case's layout through the cost models and through real training steps.
+
+`layout-planner validate CASE.yaml --profile PROFILE.yaml` and ``bench/validate_loop.py``
+call :func:`validate`. The prediction is :func:`planner.estimate` of the case with its
+GPU taken from the profile; the measurement is :func:`calibration.train.launch`.
+
+Activations are compared as the bytes one micro-batch's forward saves for backward:
+the model's activation term of the (only) stage, less, under full recomputation, the
+one layer's worth it adds for the layer being recomputed in backward — live only
+during backward, so no forward saves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from cost_models.memory import per_microbatch, stage_activation_bytes
+from cost_models.specs import Job
+from planner.errors import CaseError
+from planner.estimate import Estimate, estimate
+
+from .train import Measurement, RunSpec, Unsupported, launch, run_spec
+
+
+@dataclass(frozen=True)
+class Validation:
+    estimate: Estimate
+    spec: RunSpec
+    measurement: Measurement
+    profile: Optional[str]
+
+    @property
+    def predicted_step_s(self) -> float:
+        return self.estimate.step_time_s
+
+    @property
+    def measured_step_s(self) -> float:
+        return self.measurement.step_time_s
+
+    @property
+    def step_ratio(self) -> float:
+        """Predicted over measured step time."""
+        return self.predicted_step_s / self.measured_step_s
+
+    @property
+    def predicted_activation_bytes(self) -> float:
+        return forward_activation_bytes(self.estimate.job)
+
+    @property
+    def activation_ratio(self) -> float:
+        return self.predicted_activation_bytes / self.measurement.activation_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "case": self.estimate.case.source,
+            "profile": self.profile,
+            "gpu": self.estimate.job.cluster.gpu.name,
+            "run": {"dp": self.spec.dp, "micro_batch_size": self.spec.micro_batch_size,
+                    "grad_accum": self.spec.grad_accum, "zero_stage": self.spec.zero_stage,
+                    "recompute": self.spec.config["recompute"], "attention": self.spec.config["attention"],
+                    "threads_per_rank": self.spec.threads, "steps": self.spec.steps, "warmup": self.spec.warmup},
+            "step_time_s": {"predicted": self.predicted_step_s, "measured": self.measured_step_s,
+                            "ratio": self.step_ratio},
+            "activation_bytes": {"predicted": self.predicted_activation_bytes,
+                                 "measured": self.measurement.activation_bytes, "ratio": self.activation_ratio},
+            "predicted_by_part": self.estimate.time.by_part(),
+            "measurement": self.measurement.to_dict(),
+        }
+
+
+def forward_activation_bytes(job: Job) -> float:
+    """The model's activations of one micro-batch as its forward saves them (pp = 1)."""
+    lay = job.layout
+    if lay.pp != 1:
+        raise ValueError("forward_activation_bytes: only for pp = 1")
+    working_layer = per_microbatch(job).kept if lay.recompute == "full" else 0.0
+    return stage_activation_bytes(job, 0) - working_layer
+
+
+def load_with_profile(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]):
+    """Load ``case``; with ``profile``, its GPU is the profile's (``cluster.profile``), whatever the case says."""
+    from planner.case import build_case, load_case, read_yaml
+
+    if profile is None:
+        return load_case(case)
+    profile = Path(profile)
+    if not profile.exists():
+        raise CaseError(str(profile), "", "profile not found")
+    if isinstance(case, dict):
+        data, source, base = dict(case), "<case>", Path.cwd()
+    else:
+        path = Path(case)
+        data, source, base = read_yaml(path), str(path), path.parent
+        if not isinstance(data, dict):
+            return load_case(path)  # reports the malformed file
+    cluster = data.get("cluster")
+    if isinstance(cluster, dict):
+        cluster = {k: v for k, v in cluster.items() if k != "gpu"}
+        cluster["profile"] = str(profile.resolve())
+        data["cluster"] = cluster
+    return build_case(data, source, base)
+
+
+def profiled_threads(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> Optional[int]:
+    """``machine.threads_per_rank`` of the profile in use (``--profile``, else the case's
+    ``cluster.profile``), or None: the threads one profiled "GPU" had."""
+    from planner.case import read_yaml
+
+    if profile is None:
+        data = case if isinstance(case, dict) else read_yaml(Path(case))
+        cluster = data.get("cluster") if isinstance(data, dict) else None
+        if not isinstance(cluster, dict) or not isinstance(cluster.get("profile"), str):
+            return None
+        profile = Path(cluster["profile"])
+        if not profile.is_absolute() and not isinstance(case, dict):
+            profile = Path(case).parent / profile
+    machine = read_yaml(Path(profile)).get("machine") or {}
+    threads = machine.get("threads_per_rank") if isinstance(machine, dict) else None
+    return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
+
+
+def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] = None, *, steps: int = 5,
+             warmup: int = 2, timeout_s: float = 600.0) -> Validation:
+    """Predict the case's step time and activations, run the layout for real, and return both.
+
+    Raises :class:`CaseError` for bad input and for layouts the CPU loop cannot run,
+    :class:`calibration.train.RunFailed` when the run fails or times out.
+    """
+    from planner.case import spec_errors
+
+    loaded = load_with_profile(case, profile)
+    try:
+        spec = run_spec(loaded.job(), steps=steps, warmup=warmup, threads=profiled_threads(case, profile))
+    except Unsupported as error:
+        raise CaseError(loaded.source, error.key, error.message) from None
+    with spec_errors(loaded.source):  # e.g. a profile without a figure for the precision
+        est = estimate(loaded)
+    measurement = launch(spec, timeout_s=timeout_s)
+    return Validation(est, spec, measurement, str(profile) if profile is not None else None)
+
+
+def print_validation(result: Validation, console) -> None:
+    from rich.table import Table
+
+    from planner.report import describe_layout
+
+    job, spec, m = result.estimate.job, result.spec, result.measurement
+    console.print(f"[bold]{job.model.name}[/] on {job.cluster.num_gpus} × {job.cluster.gpu.name}"
+                  + (f" (profile {result.profile})" if result.profile else "")
+                  + f", global batch {job.training.global_batch_size} × {job.training.seq_len} tokens")
+    console.print(describe_layout(result.estimate) + f"; {spec.threads} thread(s) per rank")
+    table = Table(title="Predicted against measured")
+    for column in ("", "predicted", "measured", "predicted / measured"):
+        table.add_column(column, justify="right" if column else "left")
+    table.add_row("step time (s)", f"{result.predicted_step_s:.4f}", f"{result.measured_step_s:.4f}",
+                  f"{result.step_ratio:.3f}")
+    mib = 2**20
+    table.add_row("activations per micro-batch (MiB)", f"{result.predicted_activation_bytes / mib:.2f}",
+                  f"{m.activation_bytes / mib:.2f}", f"{result.activation_ratio:.4f}")
+    console.print(table)
+    parts = ", ".join(f"{k.removesuffix('_s')} {v:.4f}" for k, v in result.estimate.time.by_part().items() if v)
+    console.print(f"predicted by part (s): {parts}")
+    console.print(f"measured: median of {len(m.step_times_s)} steps after {len(m.warmup_times_s)} warm-up "
+                  f"(min {min(m.step_times_s):.4f}, max {max(m.step_times_s):.4f}); "
+                  f"optimizer step median {m.optimizer_time_s:.4f} s")

@@ -1,0 +1,311 @@
+"""One rank's calibration run: the plan of measurements, running it in lockstep, and (rank 0) the profile.
+
+Started by :mod:`calibration.run` under torchrun. Every rank runs every compute and
+memory benchmark at the same time as the others (a barrier before each), as ranks
+share a node in training; collectives run within each node (and, with several
+nodes, between the ranks of the same local index on each node, one NIC each).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import benchmarks
+from .benchmarks import Budget
+from .profile import Measurements, build_profile, render
+from .progress import RankProgress
+from .shapes import (DEFAULT_GPU_MODELS, DEFAULT_GPU_SEQ_LEN, DEFAULT_MODELS, DEFAULT_SEQ_LEN, MICRO_BATCHES,
+                     QUICK_MODEL, QUICK_SEQ_LEN, AttentionShape, GemmShape, attention_shapes, cap_attention,
+                     cap_gemms, gemm_shapes, tp_degrees)
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+
+
+@dataclass
+class Plan:
+    """What one rank times, the same on every rank."""
+
+    precisions: list[str]
+    main_precision: str
+    gemms: list[GemmShape]
+    attention: list[AttentionShape]
+    memory_sizes: list[int]
+    collective_sizes: list[int]
+    budget: Budget
+    memory_budget: Budget
+    collective_budget: Budget
+    notes: list[str] = field(default_factory=list)
+
+
+def make_plan(case: Optional[Path], quick: bool, cuda: bool, device: torch.device) -> Plan:
+    notes: list[str] = []
+    micro_batches: tuple[int, ...] = MICRO_BATCHES
+    precision = "bf16" if cuda else "fp32"
+    if quick:
+        models, seq_len, micro_batches = [QUICK_MODEL], QUICK_SEQ_LEN, (1,)
+    elif case is not None:
+        from planner.case import load_case
+
+        loaded = load_case(case)
+        models, seq_len = [loaded.model], loaded.training.seq_len
+        if loaded.layout is not None:
+            micro_batches = tuple(sorted({*MICRO_BATCHES, loaded.layout.micro_batch_size}))
+        wanted = loaded.training.precision
+        if cuda:
+            precision = "bf16" if wanted == "fp8" else wanted
+            if wanted == "fp8":
+                notes.append("fp8 GEMMs are timed in bf16 (no Transformer Engine here)")
+        elif wanted != "fp32":
+            notes.append(f"the case trains in {wanted}; a CPU run times fp32 only (CPU bf16 is far slower "
+                         "than any accelerator's)")
+    elif cuda:
+        models, seq_len = list(DEFAULT_GPU_MODELS), DEFAULT_GPU_SEQ_LEN
+    else:
+        models, seq_len = list(DEFAULT_MODELS), DEFAULT_SEQ_LEN
+    gemms: list[GemmShape] = []
+    attention: list[AttentionShape] = []
+    for model in models:
+        tps = tp_degrees(model)[:2] if quick else None
+        gemms += gemm_shapes(model, seq_len, micro_batches, tps)
+        attention += attention_shapes(model, seq_len, micro_batches, tps)
+    if cuda:
+        max_flops, max_elements, attention_flops = 2e13, 2**30, 2e13
+    else:
+        max_flops, max_elements, attention_flops = 2e10, 2**27, 6e9
+    if quick:
+        max_flops, attention_flops = 2e8, 2e8
+    gemms, dropped = cap_gemms(gemms, max_flops, max_elements)
+    attention, dropped_attention = cap_attention(attention, attention_flops)
+    notes += dropped + dropped_attention
+    if any(s.capped_from_m for s in gemms):
+        notes.append(f"GEMMs over {max_flops:.0e} FLOPs ran fewer tokens (model_m is the model's)")
+    if quick:
+        budget = memory_budget = collective_budget = Budget(warmup=1, samples=3, target_s=0.002, max_inner=50)
+        memory_sizes, collective_sizes = [1 * MiB], [4 * KiB, 16 * KiB, 64 * KiB]
+    elif cuda:
+        budget = Budget(warmup=5, samples=10, target_s=0.005)
+        memory_budget = Budget(warmup=3, samples=10, target_s=0.02)
+        collective_budget = Budget(warmup=5, samples=10, target_s=0.005)
+        memory_sizes = [64 * MiB, 1 * GiB]
+        collective_sizes = [4 * KiB * 4**i for i in range(11)]  # 4 KiB … 4 GiB/4 = 1 GiB
+    else:
+        budget = Budget(warmup=2, samples=7, target_s=0.02)
+        memory_budget = Budget(warmup=2, samples=7, target_s=0.1)
+        collective_budget = Budget(warmup=3, samples=15, target_s=0.02)  # gloo's small messages are noisy
+        memory_sizes = [16 * MiB, 256 * MiB]
+        collective_sizes = [4 * KiB * 4**i for i in range(8)]  # 4 KiB … 64 MiB
+    return Plan([precision], precision, gemms, attention, memory_sizes, collective_sizes, budget, memory_budget,
+                collective_budget, notes)
+
+
+def machine_info(cuda: bool, device: torch.device, world: int, local_world: int, nodes: int, backend: str,
+                 threads: int, case: Optional[Path], quick: bool) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(device) if cuda else None
+    nccl = None
+    if cuda:
+        try:
+            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:  # noqa: BLE001 - a build without NCCL
+            nccl = None
+    return {
+        "hostname": socket.gethostname(),
+        "device": gpu or f"CPU: {cpu}",
+        "cpu": cpu,
+        "gpu": gpu,
+        "torch": str(torch.__version__),
+        "nccl": nccl,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "world_size": world,
+        "local_world_size": local_world,
+        "nodes": nodes,
+        "backend": backend,
+        "threads_per_rank": None if cuda else threads,
+        "case": str(case) if case else None,
+        "quick": quick,
+    }
+
+
+def _groups(places: list[tuple[int, int]]) -> tuple[dict[str, list[list[int]]], int]:
+    """Rank lists per link class: intra-node (one per node), inter-node (one per local index)."""
+    nodes = sorted({n for n, _ in places})
+    locals_ = sorted({lr for _, lr in places})
+    intra = [[r for r, (n, _) in enumerate(places) if n == node] for node in nodes]
+    inter = [[r for r, (_, lr) in enumerate(places) if lr == index] for index in locals_]
+    lists = {}
+    if max(len(g) for g in intra) > 1:
+        lists["intra_node"] = intra
+    if len(nodes) > 1:
+        lists["inter_node"] = inter
+    return lists, len(nodes)
+
+
+def work(args, progress: RankProgress) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    node = int(os.environ.get("GROUP_RANK", "0"))
+    progress.step("start")
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    cuda = torch.cuda.is_available()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cpus // local_world)
+    if cuda:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        torch.set_num_threads(threads)
+
+    progress.step("init")
+    with progress.comm():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=2 * args.timeout),
+                                **({"device_id": device} if cuda else {}))
+        places: list[Any] = [None] * world
+        dist.all_gather_object(places, (node, local_rank))
+    group_lists, nodes = _groups(places)
+    groups: dict[str, tuple[Optional[dist.ProcessGroup], list[int], int]] = {}
+    for link, lists in group_lists.items():
+        with progress.comm():
+            if len(lists) == 1 and len(lists[0]) == world:
+                mine, members = None, lists[0]
+            else:
+                mine, _ = dist.new_subgroups_by_enumeration(lists)
+                members = next(g for g in lists if rank in g)
+        groups[link] = (mine, members, next(i for i, g in enumerate(lists) if rank in g))
+
+    plan = make_plan(args.case, args.quick, cuda, device)
+    if cuda and "fp32" in plan.precisions:
+        torch.backends.cuda.matmul.allow_tf32 = True  # the cost model's fp32 GEMMs run in TF32
+        plan.notes.append("fp32 GEMMs ran with TF32 allowed, as the cost model assumes")
+    collective_items = [(link, kind, size) for link in groups for kind in benchmarks.COLLECTIVES
+                        for size in plan.collective_sizes]
+    progress.set_total(len(plan.precisions) * len(plan.gemms) + len(plan.attention)
+                       + len(benchmarks.MEMORY_OPS) * len(plan.memory_sizes) + len(collective_items) + 1)
+
+    def barrier() -> None:
+        with progress.comm():
+            dist.barrier()
+
+    local: list[list[float]] = []
+    memory_moved: list[int] = []
+    collective_bytes: list[int] = []
+    for precision in plan.precisions:
+        for shape in plan.gemms:
+            progress.step("gemm", f"{precision} {shape.m}x{shape.n}x{shape.k}")
+            barrier()
+            local.append(benchmarks.gemm(shape, precision, device, plan.budget))
+    for shape in plan.attention:
+        progress.step("attention", f"{plan.main_precision} b={shape.batch} heads={shape.heads} s={shape.seq_len}")
+        barrier()
+        local.append(benchmarks.attention(shape, plan.main_precision, device, plan.budget))
+    for op in benchmarks.MEMORY_OPS:
+        for size in plan.memory_sizes:
+            progress.step("memory", f"{op} {size // MiB} MiB")
+            barrier()
+            times, moved = benchmarks.memory(op, size, plan.main_precision, device, plan.memory_budget)
+            local.append(times)
+            memory_moved.append(moved)
+    if cuda:
+        torch.cuda.empty_cache()
+    for link, kind, size in collective_items:
+        group, members, _ = groups[link]
+        progress.step("collectives", f"{link} {kind} {_size(size)}")
+        barrier()
+        with progress.comm():
+            times, used = benchmarks.collective(kind, group, members, size, plan.main_precision, device,
+                                                plan.collective_budget)
+        local.append(times)
+        collective_bytes.append(used)
+
+    progress.step("write", "gathering timings")
+    gathered: Optional[list[Any]] = [None] * world if rank == 0 else None
+    with progress.comm():
+        dist.gather_object((local, {link: g[2] for link, g in groups.items()}), gathered, dst=0)
+    if rank == 0:
+        assert gathered is not None
+        m = _measurements(plan, gathered, memory_moved, collective_bytes, collective_items, groups)
+        peaks = None
+        if args.gpu_preset:
+            from planner.presets import gpu_presets
+
+            peaks = dict(gpu_presets()[args.gpu_preset]["peak_tflops"])
+        if cuda:
+            memory_bytes = float(torch.cuda.get_device_properties(device).total_memory)
+        else:
+            memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / local_world
+        machine = machine_info(cuda, device, world, local_world, nodes, backend, threads, args.case, args.quick)
+        if args.gpu_preset:
+            machine["gpu_preset"] = args.gpu_preset
+        if load_before is not None:  # other work on the host skews CPU timings: a load above the ranks' is a sign
+            machine["load_average_1min"] = {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}
+        profile = build_profile(machine, m, memory_bytes=memory_bytes, gpus_per_node=local_world,
+                                main_precision=plan.main_precision, datasheet_peaks=peaks)
+        target = Path(args.workdir) / "profile.yaml"
+        tmp = target.with_name(".profile.yaml.tmp")
+        tmp.write_text(render(profile), encoding="utf-8")
+        os.replace(tmp, target)
+    barrier()
+    dist.destroy_process_group()
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= scale:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def _measurements(plan: Plan, gathered: list[Any], memory_moved: list[int], collective_bytes: list[int],
+                  collective_items: list[tuple[str, str, int]], groups: dict) -> Measurements:
+    """Rank 0: pool every rank's samples per item (collectives: slowest member per sample first)."""
+    per_rank = [g[0] for g in gathered]
+    group_of = [g[1] for g in gathered]
+    m = Measurements(attention_precision=plan.main_precision, notes=list(plan.notes))
+    i = 0
+
+    def pooled(index: int) -> list[float]:
+        return [t for samples in per_rank for t in samples[index]]
+
+    for precision in plan.precisions:
+        m.gemm[precision] = []
+        for shape in plan.gemms:
+            m.gemm[precision].append((shape, pooled(i)))
+            i += 1
+    for shape in plan.attention:
+        m.attention.append((shape, pooled(i)))
+        i += 1
+    j = 0
+    for op in benchmarks.MEMORY_OPS:
+        m.memory[op] = []
+        for size in plan.memory_sizes:
+            m.memory[op].append((size, memory_moved[j], pooled(i)))
+            i += 1
+            j += 1
+    for c, (link, kind, size) in enumerate(collective_items):
+        by_group: dict[int, list[list[float]]] = {}
+        for r, samples in enumerate(per_rank):
+            by_group.setdefault(group_of[r][link], []).append(samples[i])
+        times = [max(column) for members in by_group.values() for column in zip(*members)]
+        n = len(groups[link][1])
+        entry = m.collectives.setdefault(link, {}).setdefault(kind, (n, []))
+        entry[1].append((collective_bytes[c], times))
+        i += 1
+    return m

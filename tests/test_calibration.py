@@ -1,0 +1,309 @@
+"""`layout-planner calibrate`: the fits recover known figures, a quick 2-rank gloo run writes a
+profile the planner accepts, and a rank that dies or hangs (or an interrupt) ends the run with a
+one-line message naming the rank and no profile written."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import planner
+from calibration.fit import (collective_steps_and_volume, fit_attention, fit_collective, fit_gemm, fit_two,
+                             percentile)
+from calibration.profile import Measurements, build_profile, render
+from calibration.progress import FAULT_ENV, PEER_FAILURE_EXIT, diagnose
+from calibration.shapes import (AttentionShape, GemmShape, attention_shapes, cap_gemms, gemm_shapes,
+                                tp_degrees)
+from cost_models.collectives import collective_time
+from cost_models.flops import attention_flops, head_gemm, layer_gemms
+from cost_models.specs import ModelSpec, Performance
+from cost_models.topology import GroupLinks
+from planner.case import gpu_from_profile, load_case
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = ModelSpec("m", num_layers=2, hidden_size=768, num_attention_heads=12, vocab_size=1001, num_kv_heads=4,
+                  activation="swiglu", ffn_hidden_size=2048)
+
+
+# --- fits: the cost model's formulas, solved back -----------------------------------------
+
+@pytest.mark.parametrize("eta,t0", [(0.7, 8e-6), (0.93, 0.0), (1.0, 3e-5), (0.05, 1e-3)])
+def test_gemm_fit_recovers_efficiency_and_overhead(eta, t0):
+    peak = 989e12
+    flops = [2.0 * m * n * k for m, n, k in ((128, 128, 128), (4096, 4096, 4096), (8192, 1024, 8192),
+                                             (512, 28672, 8192), (64, 64, 64))]
+    times = [f / (eta * peak) + t0 for f in flops]
+    fit = fit_gemm(flops, times, peak)
+    assert fit.efficiency == pytest.approx(eta, rel=1e-9)
+    assert fit.overhead_s == pytest.approx(t0, rel=1e-9, abs=1e-15)
+    assert fit.rms_rel_error == pytest.approx(0.0, abs=1e-9)
+
+
+def test_gemm_fit_keeps_efficiency_at_most_one_and_overhead_non_negative():
+    peak = 1e12
+    flops = [1e6, 1e8, 1e10]
+    faster = fit_gemm(flops, [f / (1.25 * peak) + 1e-6 for f in flops], peak)  # "η = 1.25": not physical
+    assert faster.efficiency == 1.0 and faster.overhead_s >= 0
+    negative = fit_gemm(flops, [max(f / (0.5 * peak) - 1e-6, 1e-9) for f in flops], peak)
+    assert negative.overhead_s == 0.0 and 0 < negative.efficiency <= 1
+
+
+def test_fit_two_is_the_constrained_least_squares_optimum():
+    """Against a brute-force grid: the box-constrained relative least squares is found exactly."""
+    u, v, y = [1.0, 2.0, 3.0, 5.0], [1.0, 1.0, 1.0, 1.0], [2.5, 3.1, 4.9, 6.2]
+    fit = fit_two(u, v, y, p_min=1.0, q_min=0.0)
+
+    def sse(p, q):
+        return sum(((p * a + q * b - t) / t) ** 2 for a, b, t in zip(u, v, y))
+
+    best = min(((1 + i / 150, j / 150) for i in range(300) for j in range(300)), key=lambda c: sse(*c))
+    assert sse(fit.p, fit.q) <= sse(*best) + 1e-12
+
+
+def test_attention_fit_recovers_efficiency_under_the_cost_models_formula():
+    peak, eta, t0 = 312e12, 0.42, 7e-6
+    shapes = [AttentionShape("a", b, h, h, s, 128) for b, h, s in ((1, 32, 4096), (2, 8, 2048), (4, 64, 8192))]
+    flops = [s.forward_flops for s in shapes]
+    # the forward FLOPs are cost_models.flops.attention_flops' (causal), for one rank
+    model = ModelSpec("x", num_layers=1, hidden_size=32 * 128, num_attention_heads=32, vocab_size=1)
+    assert flops[0] == attention_flops(model, 1, 4096, 4096, 1)
+    times = [3 * f / (eta * peak) + 3 * t0 for f in flops]
+    fit = fit_attention(flops, times, peak, t0)
+    assert fit.efficiency == pytest.approx(eta, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "reduce_scatter", "p2p"])
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_collective_fit_recovers_latency_and_bus_bandwidth(kind, n):
+    alpha, bandwidth = 12e-6, 150e9
+    sizes = [4096 * 4**i for i in range(11)]
+    times = []
+    for size in sizes:
+        steps, volume = collective_steps_and_volume(kind, n, size)
+        times.append(steps * alpha + volume / bandwidth)
+    fit = fit_collective(kind, n, sizes, times)
+    assert fit.latency_s == pytest.approx(alpha, rel=1e-9)
+    assert fit.bus_bandwidth == pytest.approx(bandwidth, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_collective_steps_and_volume_are_the_cost_models(kind):
+    """What the fit inverts is exactly cost_models.collectives.collective_time."""
+    perf = Performance(link_latency_s=9e-6, intra_node_efficiency=1.0)
+    links = GroupLinks(size=8, per_domain=8, domains=1, intra_bandwidth=200e9, inter_bandwidth=50e9)
+    steps, volume = collective_steps_and_volume(kind, 8, 1e8)
+    assert steps * 9e-6 + volume / 200e9 == pytest.approx(collective_time(kind, 1e8, links, perf), rel=1e-12)
+
+
+def test_collective_fit_without_a_bandwidth_signal_stays_finite():
+    fit = fit_collective("all_reduce", 2, [4096, 16384, 65536], [3e-4, 2e-4, 2.5e-4])
+    assert math.isfinite(fit.bus_bandwidth) and fit.bus_bandwidth > 0 and fit.latency_s >= 0
+
+
+def test_percentile_interpolates():
+    values = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert percentile(values, 0.5) == 3.0
+    assert percentile(values, 0.1) == pytest.approx(1.4)
+    assert percentile(values, 0.9) == pytest.approx(4.6)
+
+
+# --- shapes -------------------------------------------------------------------------------
+
+def test_shapes_are_the_models_gemms_at_each_admissible_degree():
+    assert tp_degrees(MODEL) == [1, 2, 4]  # 8 does not divide 12 heads
+    shapes = {(s.m, s.n, s.k) for s in gemm_shapes(MODEL, 256, (1, 2))}
+    for tp in tp_degrees(MODEL):
+        for mbs in (1, 2):
+            for g in (*layer_gemms(MODEL, mbs * 256, tp), head_gemm(MODEL, mbs * 256, tp)):
+                assert (int(g.m), int(math.ceil(g.n)), int(g.k)) in shapes
+    kept, dropped = cap_gemms([GemmShape("big", 8192, 8192, 8192), GemmShape("huge", 16, 2**20, 2**20)], 1e10, 2**27)
+    assert kept[0].flops <= 1e10 and kept[0].capped_from_m == 8192 and len(dropped) == 1
+    assert {(s.heads, s.kv_heads) for s in attention_shapes(MODEL, 256, (1, 2))} == {(12, 4), (3, 1)}
+
+
+# --- the profile: synthetic timings made by the formulas give back their figures ----------
+
+def synthetic_measurements(eta=0.61, t0=2e-5, eta_attn=0.33, hbm=2e12, eff=0.8, alpha=1.5e-5, busbw=90e9,
+                           peak=400e12) -> Measurements:
+    m = Measurements(attention_precision="bf16")
+    shapes = [GemmShape(f"g{i}", m_, n, k) for i, (m_, n, k) in
+              enumerate(((64, 64, 64), (1024, 1024, 1024), (4096, 8192, 4096), (2048, 512, 2048)))]
+    m.gemm["bf16"] = [(s, [s.flops / (eta * peak) + t0] * 3) for s in shapes]
+    att = [AttentionShape("a", 1, 16, 16, 2048, 128), AttentionShape("b", 4, 8, 2, 4096, 128)]
+    m.attention = [(s, [3 * s.forward_flops / (eta_attn * peak) + 3 * t0] * 3) for s in att]
+    size = 2**30
+    m.memory = {"copy": [(size, 2 * size, [2 * size / hbm] * 3)],
+                "add": [(size, 3 * size, [3 * size / (eff * hbm)] * 3)],
+                "gelu": [(size, 2 * size, [2 * size / (eff * hbm)] * 3)]}
+    sizes = [4096 * 4**i for i in range(8)]
+    kinds = {}
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "p2p"):
+        points = []
+        for s in sizes:
+            steps, volume = collective_steps_and_volume(kind, 8, s)
+            points.append((s, [steps * alpha + volume / busbw] * 3))
+        kinds[kind] = (8, points)
+    m.collectives["intra_node"] = kinds
+    return m
+
+
+def test_profile_from_synthetic_timings_gives_back_the_figures_and_loads(tmp_path):
+    machine = {"hostname": "h", "device": "Synthetic GPU", "backend": "nccl", "world_size": 8}
+    profile = build_profile(machine, synthetic_measurements(), memory_bytes=80 * 2**30, gpus_per_node=8,
+                            main_precision="bf16", datasheet_peaks={"bf16": 400.0, "fp8": 800.0})
+    perf = profile["performance"]
+    assert perf["gemm_efficiency"] == pytest.approx(0.61, rel=1e-3)
+    assert perf["kernel_overhead_s"] == pytest.approx(2e-5, rel=1e-3)
+    assert perf["attention_efficiency"] == pytest.approx(0.33, rel=1e-3)
+    assert perf["hbm_efficiency"] == pytest.approx(0.8, rel=1e-3)
+    assert perf["link_latency_s"] == pytest.approx(1.5e-5, rel=1e-3)
+    assert perf["intra_node_efficiency"] == 1.0
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    gpu = gpu_from_profile(path)
+    assert gpu.name == "Synthetic GPU"
+    assert gpu.hbm_bandwidth == pytest.approx(2e12, rel=1e-5)
+    assert gpu.intra_node_bandwidth == pytest.approx(90e9, rel=1e-5)
+    assert gpu.peak("bf16") == 400e12 and gpu.gpus_per_node == 8 and gpu.memory_bytes == 80 * 2**30
+    assert gpu.performance.gemm_efficiency == perf["gemm_efficiency"]
+
+
+def test_without_a_datasheet_the_peak_is_the_best_measured_gemm():
+    m = synthetic_measurements()
+    profile = build_profile({}, m, memory_bytes=1e9, gpus_per_node=2, main_precision="bf16")
+    best = max(s.flops / t[0] for s, t in m.gemm["bf16"])
+    assert profile["gpu"]["peak_tflops"]["bf16"] == pytest.approx(best / 1e12, rel=1e-5)
+    assert 0 < profile["performance"]["gemm_efficiency"] <= 1
+
+
+# --- failure diagnosis from the ranks' records ---------------------------------------------
+
+def rank(step, stage="gemm", in_comm=False, status="running", error=None, exit=None):
+    info = {"step": step, "stage": stage, "label": "", "in_comm": in_comm, "status": status, "error": error}
+    if exit is not None:
+        info["exit"] = exit
+    return info
+
+
+def test_diagnosis_names_the_rank_that_died_not_those_torn_down_after_it():
+    ranks = {0: rank(5, in_comm=True, status="error", error="DistBackendError: connection closed",
+                     exit={"code": PEER_FAILURE_EXIT, "terminated": False, "time": 1.0}),
+             1: rank(4, exit={"code": 3, "terminated": False, "time": 2.0}),
+             2: rank(5, exit={"code": -15, "terminated": True, "time": 3.0})}
+    assert diagnose(ranks, [0, 1, 2]) == "rank 1 exited with code 3 during the GEMM benchmarks"
+    ranks[1]["exit"]["code"] = -9
+    assert "rank 1 was killed by SIGKILL" in diagnose(ranks, [0, 1, 2])
+
+
+def test_diagnosis_of_a_hang_names_the_rank_behind():
+    ranks = {0: rank(7, "collectives", in_comm=True), 1: rank(6, "collectives"), 2: rank(7, in_comm=True)}
+    assert diagnose(ranks, [0, 1, 2], stalled_s=30).startswith("rank 1 hung during the collective benchmarks")
+    assert diagnose({0: rank(1)}, [0, 1], stalled_s=30) == "rank 1 did not start within 30 s"
+
+
+# --- end to end: torchrun, 2 gloo ranks --------------------------------------------------------
+
+def calibrate(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner", "calibrate", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
+
+
+def test_quick_calibration_writes_a_profile_the_planner_uses(tmp_path):
+    out = tmp_path / "profiles" / "cpu.yaml"
+    result = calibrate("--out", str(out), "--quick", "--nproc", "2")
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {out}" in result.stdout
+    profile = yaml.safe_load(out.read_text())
+    assert profile["machine"]["backend"] == "gloo" and profile["machine"]["world_size"] == 2
+    assert set(profile["gpu"]["peak_tflops"]) == {"fp32"}  # a CPU run times fp32 only
+    assert profile["gpu"]["gpus_per_node"] == 2
+    assert set(profile["measurements"]["collectives"]["intra_node"]) == {"all_reduce", "all_gather",
+                                                                          "reduce_scatter", "p2p"}
+    point = profile["measurements"]["gemm"]["fp32"]["points"][0]
+    assert point["p10_s"] <= point["median_s"] <= point["p90_s"]
+    case = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
+            "cluster": {"profile": str(out), "num_gpus": 2},
+            "training": {"global_batch_size": 8, "seq_len": 64, "precision": "fp32"},
+            "layout": {"dp": 2, "tp": 1, "pp": 1, "micro_batch_size": 2}}
+    loaded = load_case(case)
+    assert loaded.cluster.gpu.performance.gemm_efficiency == profile["performance"]["gemm_efficiency"]
+    estimate = planner.estimate(case)
+    assert estimate.fits and 0 < estimate.to_dict()["step_time_s"] < math.inf
+    assert not list(out.parent.glob(".*"))  # no temporary file left beside the profile
+
+
+def test_a_rank_that_dies_fails_the_run_naming_it_and_leaves_the_old_profile(tmp_path):
+    out = tmp_path / "profile.yaml"
+    out.write_text("old\n")
+    result = calibrate("--out", str(out), "--quick", "--force", "--timeout", "30",
+                       env={FAULT_ENV: "1:gemm:exit"})
+    assert result.returncode == 4
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rank 1 exited with code 3" in lines[0] and "no profile written" in lines[0]
+    assert out.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.yaml"]
+
+
+def test_a_rank_that_hangs_is_stopped_within_the_timeout(tmp_path):
+    out = tmp_path / "profile.yaml"
+    start = time.monotonic()
+    result = calibrate("--out", str(out), "--quick", "--timeout", "6", env={FAULT_ENV: "1:attention:hang"})
+    assert result.returncode == 4
+    assert result.stderr.strip().startswith("error: calibration failed: rank 1 hung during the attention benchmarks")
+    assert not out.exists()
+    assert time.monotonic() - start < 60
+
+
+def test_an_interrupted_run_writes_nothing_and_stops_every_rank(tmp_path):
+    out = tmp_path / "profile.yaml"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    process = subprocess.Popen([sys.executable, "-m", "planner", "calibrate", "--out", str(out), "--quick"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, FAULT_ENV: "1:memory:hang", "TMPDIR": str(scratch)})
+    pids: set[int] = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not pids:  # wait until rank 1 is stuck in the memory benchmarks
+        for record in scratch.glob("*/rank1.json"):
+            try:
+                info = json.loads(record.read_text())
+            except ValueError:
+                continue
+            if info.get("stage") == "memory":
+                pids = {info["pid"], info["ppid"]}
+        time.sleep(0.1)
+    assert pids, "rank 1 never reached the memory benchmarks"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert stderr.strip() == "error: calibration interrupted; no profile written"
+    assert not out.exists() and not list(scratch.iterdir())
+    time.sleep(0.5)
+    assert not [pid for pid in pids if running(pid)]
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
+def test_calibrate_refuses_bad_arguments_before_starting(tmp_path):
+    existing = tmp_path / "profile.yaml"
+    existing.write_text("old\n")
+    result = calibrate("--out", str(existing), "--quick")
+    assert result.returncode == 2 and "exists; pass --force" in result.stderr
+    result = calibrate("--out", str(tmp_path / "new.yaml"), "--case", str(tmp_path / "missing.yaml"))
+    assert result.returncode == 2 and "file not found" in result.stderr
+    assert not (tmp_path / "new.yaml").exists()

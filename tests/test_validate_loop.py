@@ -1,0 +1,158 @@
+"""`layout-planner validate` end to end at a small size: real training steps against the cost models.
+
+What is asserted, and why it is robust:
+
+- the run completes (DDP with gradient accumulation; FSDP2 with full recomputation;
+  one rank with selective recomputation) and trains: the loss on its fixed batch falls;
+- the bytes one micro-batch's forward saves for backward (saved-tensor hooks, as in
+  ``tests/test_activations_torch.py``) equal the model's activation term to 2 %, and
+  are never below it. The model leaves out, by design, only per-token statistics:
+  each norm's mean and 1/std (8 bytes a token in fp32), flash attention's log-sum-exp
+  (4 bytes a head and token) and cross-entropy's scalars; at h = 128 and 4 heads that
+  is about 32 bytes a token per layer against the model's 64·h = 8192, i.e. ≈ 0.4 %;
+- predicted and measured step times are positive. No timing is compared: timings
+  on a shared CI machine are noise. ``bench/validate_loop.py`` compares them.
+
+The profile here is a fixture (its figures only scale the prediction); the real one
+comes from `layout-planner calibrate`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("torch")
+
+from calibration.train import Unsupported, run_spec  # noqa: E402
+from calibration.validate import forward_activation_bytes, load_with_profile, validate  # noqa: E402
+from planner.errors import CaseError  # noqa: E402
+
+PROFILE = {
+    "machine": {"device": "test-cpu"},
+    "gpu": {"memory": "4 GiB", "peak_tflops": {"fp32": 0.1}, "hbm_bandwidth": "10 GB/s",
+            "intra_node_bandwidth": "1 GB/s", "inter_node_bandwidth": "1 GB/s",
+            "gpus_per_node": 2, "nvlink_domain": 2},
+    "performance": {"gemm_efficiency": 0.9, "attention_efficiency": 0.3, "kernel_overhead_s": 5e-6,
+                    "hbm_efficiency": 0.5, "link_latency_s": 1e-4, "step_overhead_s": 0.001},
+}
+MODEL = {"name": "tiny-gpt", "num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512}
+REL_TOL = 0.02
+
+
+@pytest.fixture
+def profile(tmp_path: Path) -> Path:
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(PROFILE))
+    return path
+
+
+def case(num_gpus: int = 2, model: dict = MODEL, training: dict = None, **layout) -> dict:
+    return {"model": dict(model), "cluster": {"num_gpus": num_gpus},
+            "training": {"precision": "fp32", "global_batch_size": 4, "seq_len": 64, **(training or {})},
+            "layout": {"dp": num_gpus, **layout}}
+
+
+def check(result) -> None:
+    m = result.measurement
+    assert len(m.step_times_s) == result.spec.steps and len(m.warmup_times_s) == result.spec.warmup
+    assert result.predicted_step_s > 0 and result.measured_step_s > 0
+    assert all(math.isfinite(x) for x in m.losses) and m.losses[-1] < m.losses[0]
+    modelled = forward_activation_bytes(result.estimate.job)
+    assert modelled == result.predicted_activation_bytes
+    assert 1 - REL_TOL <= modelled / m.activation_bytes <= 1.0, (modelled, m.activation_bytes)
+
+
+def test_ddp_with_gradient_accumulation_through_the_cli(tmp_path, profile):
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case(micro_batch_size=1, zero_stage=0)))
+    run = subprocess.run([sys.executable, "-m", "planner", "validate", str(path), "--profile", str(profile),
+                          "--steps", "2", "--warmup", "1", "--timeout", "120", "--json"],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["run"] == {"dp": 2, "micro_batch_size": 1, "grad_accum": 2, "zero_stage": 0, "recompute": "none",
+                          "attention": "sdpa", "threads_per_rank": out["run"]["threads_per_rank"],
+                          "steps": 2, "warmup": 1}
+    assert out["gpu"] == "test-cpu"
+    assert out["step_time_s"]["predicted"] > 0 and out["step_time_s"]["measured"] > 0
+    acts = out["activation_bytes"]
+    assert 1 - REL_TOL <= acts["predicted"] / acts["measured"] <= 1.0
+
+
+def test_fsdp2_with_full_recomputation(profile):
+    result = validate(case(micro_batch_size=2, zero_stage=3, recompute="full"), profile, steps=2, warmup=1,
+                      timeout_s=120)
+    assert result.spec.zero_stage == 3 and result.spec.grad_accum == 1
+    check(result)
+
+
+def test_one_rank_selective_recomputation_swiglu_gqa(profile):
+    llama = {**MODEL, "activation": "swiglu", "num_kv_heads": 2, "ffn_hidden_size": 352}
+    result = validate(case(num_gpus=1, model=llama, micro_batch_size=2, recompute="selective"), profile,
+                      steps=2, warmup=1, timeout_s=120)
+    assert result.spec.dp == 1 and result.spec.grad_accum == 2
+    check(result)
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"layout": {"dp": 1, "tp": 2}}, "layout.tp"),
+    ({"layout": {"dp": 1, "pp": 2}}, "layout.pp"),
+    ({"layout": {"dp": 2, "zero_stage": 1}}, "layout.zero_stage"),
+    ({"layout": {"dp": 2, "recompute": "full", "recompute_num_layers": 1}}, "layout.recompute_num_layers"),
+    ({"training": {"precision": "bf16", "global_batch_size": 4, "seq_len": 64}}, "training.precision"),
+    ({"model": {**MODEL, "dropout": 0.1}}, "model.dropout"),
+])
+def test_layouts_the_cpu_loop_cannot_run_are_refused_by_key(profile, change, key):
+    data = {**case(), **change}
+    loaded = load_with_profile(data, profile)
+    with pytest.raises(Unsupported) as error:
+        run_spec(loaded.job(), cpu_count=2)
+    assert error.value.key == key
+    with pytest.raises(CaseError, match=key.replace(".", r"\.")):
+        validate(data, profile)
+
+
+def test_cli_refusal_is_one_line_with_exit_code_2(tmp_path, profile):
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case(num_gpus=2, tp=2, dp=1)))
+    run = subprocess.run([sys.executable, "-m", "planner", "validate", str(path), "--profile", str(profile)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1 and "layout.tp" in run.stderr and "data parallelism only" in run.stderr
+
+
+def test_more_ranks_than_cores_is_refused(profile):
+    loaded = load_with_profile(case(num_gpus=4), profile)
+    with pytest.raises(Unsupported, match="core"):
+        run_spec(loaded.job(), cpu_count=2)
+
+
+def test_ranks_get_the_profiled_threads(tmp_path, profile):
+    """A profile measured with N threads a rank describes that device: the run gives each rank N threads."""
+    from calibration.validate import profiled_threads
+
+    assert profiled_threads(case(), profile) is None  # the fixture says nothing: an equal share of the cores
+    threaded = tmp_path / "threaded.yaml"
+    threaded.write_text(yaml.safe_dump({**PROFILE, "machine": {"device": "x", "threads_per_rank": 1}}))
+    data = case(num_gpus=1)
+    assert profiled_threads(data, threaded) == 1
+    assert run_spec(load_with_profile(data, threaded).job(), cpu_count=2, threads=1).threads == 1
+    assert run_spec(load_with_profile(data, threaded).job(), cpu_count=2).threads == 2
+    data["cluster"]["profile"] = str(threaded)  # found through the case too
+    assert profiled_threads(data, None) == 1
+    with pytest.raises(Unsupported, match="threads"):
+        run_spec(load_with_profile(case(num_gpus=2), threaded).job(), cpu_count=2, threads=2)
+
+
+def test_a_run_past_its_timeout_is_stopped(profile):
+    from calibration.train import RunFailed
+
+    with pytest.raises(RunFailed, match="timeout"):
+        validate(case(micro_batch_size=1), profile, steps=1, warmup=0, timeout_s=1)
