@@ -125,3 +125,26 @@ def test_a_precision_the_gpu_has_no_peak_for_is_a_case_error(tmp_path):
     for command in ("estimate", "plan"):
         result = cli(command, str(write(tmp_path, case)))
         assert result.returncode == 2 and "peak_tflops: has no figure for bf16" in result.stderr, result.stderr
+
+
+def test_absurd_sizes_are_answered_quickly_or_refused_with_the_bound(tmp_path):
+    import time
+
+    huge = copy.deepcopy(CASE)
+    huge["cluster"]["num_gpus"] = 10**18
+    huge["training"]["global_batch_size"] = 10**18
+    huge["layout"] = {"micro_batch_size": 1}
+    start = time.perf_counter()
+    result = cli("estimate", str(write(tmp_path, huge)), "--json")
+    assert result.returncode in (0, 3) and json.loads(result.stdout)["memory"]["peak_bytes"] > 0
+    del huge["layout"]
+    result = cli("plan", str(write(tmp_path, huge)))
+    assert result.returncode == 2 and "at most 1048576 GPUs" in result.stderr
+    # About 10^16 parameters: nothing fits anywhere, and the answer says so.
+    giant = copy.deepcopy(CASE)
+    giant["model"] = {"num_layers": 1000, "hidden_size": 1_000_000, "num_attention_heads": 1000,
+                      "vocab_size": 100_000}
+    del giant["layout"]
+    result = cli("plan", str(write(tmp_path, giant)))
+    assert result.returncode == 3 and "no layout fits" in result.stdout
+    assert time.perf_counter() - start < 60

@@ -200,6 +200,10 @@ def check_against_oracle(label: str, case_dict: dict) -> tuple[list[str], Option
     if lay["micro_batch_size"] * best["grad_accum"] * lay["dp"] != case.training.global_batch_size:
         problems.append(f"{label} {case_dict}: micro_batch_size {lay['micro_batch_size']} · grad_accum "
                         f"{best['grad_accum']} · dp {lay['dp']} != global batch {case.training.global_batch_size}")
+    # `estimate` of the chosen layout returns exactly the plan's figures.
+    replay = planner.estimate({**case_dict, "layout": lay}).to_dict()
+    if replay != best:
+        problems.append(f"{label} {case_dict}: estimate of the chosen layout differs from the plan")
     return problems, bound
 
 
