@@ -21,6 +21,7 @@ from cost_models.specs import (ClusterSpec, GPUSpec, Job, Layout, ModelSpec, Ove
                                SpecError, TrainingSpec)
 
 from .errors import CaseError
+from .files import read_text
 from .hf_config import read_hf_config
 from .presets import closest, gpu_presets, model_presets, performance_presets
 from .units import UnitError, parse_bandwidth, parse_memory
@@ -87,12 +88,7 @@ def load_case(case: Any) -> Case:
 
 def read_yaml(path: Path) -> Any:
     """Safe-load YAML: object tags are rejected, never executed."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CaseError(str(path), "", "file not found") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise CaseError(str(path), "", f"cannot be read ({error.__class__.__name__})") from None
+    text = read_text(path)
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:

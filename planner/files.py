@@ -9,6 +9,16 @@ from pathlib import Path
 from .errors import CaseError
 
 
+def read_text(path: Path) -> str:
+    """The text of an input file, or a CaseError naming it: missing, unreadable or not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CaseError(str(path), "", "file not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise CaseError(str(path), "", f"cannot be read ({error.__class__.__name__})") from None
+
+
 def check_writable(paths: list[Path], force: bool) -> None:
     """Refuse before anything is written if any target exists and ``force`` is off."""
     for path in paths:

@@ -29,6 +29,7 @@ from typing import Any, Optional, Union
 from cost_models.specs import Layout
 
 from ..errors import CaseError
+from ..files import read_text
 from . import comment as _marked
 
 
@@ -278,12 +279,7 @@ def _enabled(src: str, config: dict, key: str) -> bool:
 
 def _load(path: Path) -> dict:
     src = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CaseError(src, "", "file not found") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise CaseError(src, "", f"cannot be read ({error.__class__.__name__})") from None
+    text = read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:

@@ -30,6 +30,7 @@ from typing import Optional
 from cost_models.specs import Job, Layout, SpecError
 
 from ..errors import CaseError
+from ..files import read_text
 from . import comment
 
 ARGS_FILE = "megatron_args.txt"
@@ -307,12 +308,7 @@ def read(path: Path, case) -> Layout:
     """The layout of a Megatron-LM argument list or launch script, checked against ``case``."""
     path = Path(path)
     src = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CaseError(src, "", "file not found") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise CaseError(src, "", f"cannot be read ({error.__class__.__name__})") from None
+    text = read_text(path)
     flags = _flags(_tokens(text))
 
     def integer(flag: str, default: Optional[int] = None) -> Optional[int]:
