@@ -110,12 +110,12 @@ def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tok
 def layer_forward_time(job: Job) -> tuple[float, float]:
     """Forward time of one layer for one micro-batch: (whole layer, attention core alone)."""
     lay = job.layout
-    return _layer_forward_time(job.model, job.training, job.cluster.gpu, lay.tp, lay.cp, lay.micro_batch_size,
+    return layer_forward_time_for(job.model, job.training, job.cluster.gpu, lay.tp, lay.cp, lay.micro_batch_size,
                                lay.sequence_parallel)
 
 
 @lru_cache(maxsize=4096)
-def _layer_forward_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
                         micro_batch_size: int, sequence_parallel: bool) -> tuple[float, float]:
     # Only these layout fields shape one layer's forward: cached, since a search scores
     # many layouts that share them.

@@ -64,6 +64,7 @@ class Plan:
     alternatives: tuple[Estimate, ...]
     scored: int  # layouts whose memory was evaluated
     fitting: int  # of those, layouts that fit
+    pruned: int = 0  # layouts skipped as provably too slow to be the answer or an alternative
     no_fit: Optional[NoFit] = None
     # (step time s, peak bytes) of every fitting layout scored: the cloud the Pareto plot shows.
     candidates: tuple[tuple[float, float], ...] = ()
@@ -101,7 +102,7 @@ class Plan:
             "alternatives": [{**alt.to_dict(), "differs_from_best": self.differences(alt)}
                              for alt in self.alternatives],
             "runner_up_lost_because": self.why_runner_up_lost(),
-            "search": {"scored": self.scored, "fitting": self.fitting},
+            "search": {"scored": self.scored, "fitting": self.fitting, "pruned": self.pruned},
             "no_fit": self.no_fit.to_dict() if self.no_fit else None,
         }
 
@@ -165,13 +166,14 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         spec = replace(spec, target=target)
     from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it
 
+    slack = max(TABLE_SLACK, (simplest_within or 0) / 100)
     with spec_errors(case.source):  # e.g. a precision the GPU (or profile) has no peak for
-        result = search(case, spec)
-    table = _table(result.candidates, max(TABLE_SLACK, (simplest_within or 0) / 100), spec.top_k)
+        result = search(case, spec, keep_within=slack)
+    table = _table(result.candidates, slack, spec.top_k)
     model = LayoutModel(case, spec, table)
     solution = model.solve()
     if solution.index is None:
-        return Plan(solution.status, None, (), result.scored, 0, _advice(case, spec, result.tightest))
+        return Plan(solution.status, None, (), result.scored, 0, no_fit=_advice(case, spec, result.tightest))
     status = solution.status
     chosen = solution.index
     if simplest_within is not None:
@@ -191,7 +193,7 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         return estimate_job(case, case.job(layout))
 
     return Plan(status, estimate_of(chosen), tuple(estimate_of(i) for i in alternatives),
-                result.scored, len(result.candidates),
+                result.scored, len(result.candidates), pruned=result.pruned,
                 candidates=tuple((c.step_time_s, c.peak_bytes) for c in result.candidates))
 
 

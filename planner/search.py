@@ -16,13 +16,14 @@ enumerator in the tests checks this):
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from cost_models.memory import peak_stage_memory
 from cost_models.specs import Job, Layout, SpecError
-from cost_models.step_time import step_time
+from cost_models.step_time import layer_forward_time_for, step_time
 
 from .case import Case, _bool, _int, _mapping, _number, _str
 from .engines import ENGINES, EngineSupport
@@ -121,6 +122,7 @@ class SearchResult:
     candidates: list[Candidate]
     scored: int  # layouts whose memory was evaluated
     tightest: Optional[Job] = None  # the non-fitting layout closest to fitting, for advice
+    pruned: int = 0  # layouts skipped because they could not be fast enough to matter
 
 
 def divisors(n: int) -> list[int]:
@@ -267,11 +269,20 @@ def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
     return None, scored
 
 
-def search(case: Case, spec: SearchSpec, first_only: bool = False) -> SearchResult:
-    """Score every non-dominated layout; return those that fit (with ``first_only``, stop at one)."""
+def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: Optional[float] = None) \
+        -> SearchResult:
+    """Score every non-dominated layout; return those that fit (with ``first_only``, stop at one).
+
+    With ``keep_within`` (a fraction), layouts that cannot come within that share of the
+    fastest found so far, nor among the top_k + 1 fastest, are skipped before their memory is
+    scored: their step time is at least (m + (p − 1)/v) · 3 · L_max · t_layer — every
+    micro-batch and the bubble run the forward and backward of the stage with the most
+    layers — and the rest of the step only adds to that.
+    """
     model, training = case.model, case.training
     engine = spec.engine
     result = SearchResult(candidates=[], scored=0)
+    fastest: list[float] = []
     tightest_peak = math.inf
 
     def note_miss(job: Job, peak: float) -> None:
@@ -279,6 +290,15 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False) -> SearchResu
         if peak < tightest_peak:
             tightest_peak, result.tightest = peak, job
 
+    def lower_bound(tp: int, cp: int, pp: int, dp: int, vpp: int, sp: bool, mbs: int,
+                    stage_layers: tuple[int, ...]) -> float:
+        m = training.global_batch_size // (mbs * dp)
+        layer = layer_forward_time_for(model, training, case.cluster.gpu, tp, cp, mbs, sp)[0]
+        return (m + (pp - 1) / vpp) * 3 * max(stage_layers) * layer
+
+    # Every (structure, partition, vpp, sp) with its micro-batches, the most promising first,
+    # so that a good incumbent prunes early.
+    groups = []
     for tp, cp, pp, dp in structures(case, spec):
         sp_options = [sp for sp in ((False,) if tp == 1 else engine.sequence_parallel)
                       if spec.admits("sequence_parallel", sp)]
@@ -293,33 +313,57 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False) -> SearchResu
             for vpp in _vpp_options(stage_layers, engine):
                 if not spec.admits("vpp", vpp):
                     continue
+                micro_batches = [mbs for mbs in divisors(training.global_batch_size // dp)
+                                 if spec.admits("micro_batch_size", mbs)
+                                 and not (vpp > 1 and (training.global_batch_size // (mbs * dp)) % pp)]
+                if not micro_batches:
+                    continue
                 for sp in sp_options:
-                    fitted_without_recompute: set[int] = set()  # micro-batches where a lower ZeRO stage needed none
-                    for zero in zeros:
-                        if not engine.allows(tp, pp, cp, vpp, zero, sp, "none" if "none" in engine.recompute
-                                             else engine.recompute[0]):
-                            continue
-                        at_least = 1  # fewest recomputed layers found at the last micro-batch
-                        for mbs in divisors(training.global_batch_size // dp):
-                            if not spec.admits("micro_batch_size", mbs):
-                                continue
-                            if vpp > 1 and (training.global_batch_size // (mbs * dp)) % pp:
-                                continue
-                            # ZeRO 2 takes the time of ZeRO 1 and only saves memory: where ZeRO 1
-                            # fits with no recomputation, ZeRO 2 cannot win.
-                            if zero == 2 and mbs in fitted_without_recompute:
-                                continue
-                            base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
-                                          zero_stage=zero, sequence_parallel=sp, stage_layers=partition)
-                            hit, scored = _least_recompute(case, spec, base, at_least, note_miss)
-                            result.scored += scored
-                            if hit is None:
-                                break  # a larger micro-batch needs more memory still
-                            job, peak = hit
-                            if job.layout.recompute == "none" and zero == 1:
-                                fitted_without_recompute.add(mbs)
-                            at_least = job.layout.recompute_num_layers or at_least
-                            result.candidates.append(Candidate(job.layout, step_time(job).total, peak))
-                            if first_only:
-                                return result
+                    bounds = {mbs: lower_bound(tp, cp, pp, dp, vpp, sp, mbs, stage_layers) for mbs in micro_batches}
+                    groups.append((min(bounds.values()), tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros,
+                                   bounds))
+    if keep_within is not None:
+        groups.sort(key=lambda g: g[0])
+
+    def threshold() -> float:
+        if keep_within is None or len(fastest) <= spec.top_k:
+            return math.inf
+        return max(-fastest[0], min(-t for t in fastest) * (1 + keep_within))
+
+    for index, (least, tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros, bounds) in enumerate(groups):
+        if least > threshold():
+            result.pruned += sum(len(g[10]) for g in groups[index:])  # sorted: none after can do better
+            break
+        fitted_without_recompute: set[int] = set()  # micro-batches where a lower ZeRO stage needed none
+        for zero in zeros:
+            if not engine.allows(tp, pp, cp, vpp, zero, sp, "none" if "none" in engine.recompute
+                                 else engine.recompute[0]):
+                continue
+            at_least = 1  # fewest recomputed layers found at the last micro-batch
+            for mbs, bound in bounds.items():
+                # ZeRO 2 takes the time of ZeRO 1 and only saves memory: where ZeRO 1
+                # fits with no recomputation, ZeRO 2 cannot win.
+                if zero == 2 and mbs in fitted_without_recompute:
+                    continue
+                if bound > threshold():
+                    result.pruned += 1
+                    continue
+                base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
+                              zero_stage=zero, sequence_parallel=sp, stage_layers=partition)
+                hit, scored = _least_recompute(case, spec, base, at_least, note_miss)
+                result.scored += scored
+                if hit is None:
+                    break  # a larger micro-batch needs more memory still
+                job, peak = hit
+                if job.layout.recompute == "none" and zero == 1:
+                    fitted_without_recompute.add(mbs)
+                at_least = job.layout.recompute_num_layers or at_least
+                seconds = step_time(job).total
+                result.candidates.append(Candidate(job.layout, seconds, peak))
+                if first_only:
+                    return result
+                # The top_k + 1 fastest so far, as a max-heap of negated times.
+                heapq.heappush(fastest, -seconds)
+                if len(fastest) > spec.top_k + 1:
+                    heapq.heappop(fastest)
     return result
