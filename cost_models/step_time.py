@@ -25,7 +25,7 @@ from .flops import Gemm, attention_flops, head_gemm, layer_gemms, model_flops_pe
 from .memory import job_stage_parameters, zero_shards
 from .model_states import state_bytes
 from .pipeline import bubble_fraction
-from .specs import GPUSpec, Job, Layout, ModelSpec, TrainingSpec
+from .specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, TrainingSpec
 from .topology import group_links
 
 # Megatron's DDP bucket: at least 40 M parameters (``megatron/core/distributed/``, bucket_size =
@@ -140,6 +140,19 @@ def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpe
     return gemms + core + memory, core
 
 
+@lru_cache(maxsize=4096)
+def tp_collective_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
+                       micro_batch_size: int) -> float:
+    """One of a layer's tensor-parallel all-reduces (or all-gather + reduce-scatter pairs, which
+    move the same bytes) of a micro-batch's activations: b·(s/cp)·h elements."""
+    if tp == 1:
+        return 0.0
+    p = activation_bytes(training.precision)
+    tokens = micro_batch_size * training.seq_len / cp
+    links = group_links(cluster, Layout(tp=tp, dp=cluster.num_gpus // tp), "tp")
+    return collective_time("all_reduce", p * tokens * model.hidden_size, links, cluster.gpu.performance)
+
+
 def stage_time(job: Job, stage: int) -> StageTime:
     """Forward + backward of one micro-batch through stage ``stage``, with its exposed TP and CP traffic."""
     model, lay, training = job.model, job.layout, job.training
@@ -166,8 +179,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
     # bytes as all-gather + reduce-scatter with sequence parallelism); recompute repeats
     # the forward ones. Not overlapped (Megatron's default without TP comm overlap).
     p = activation_bytes(training.precision)
-    tp_links = group_links(cluster, lay, "tp")
-    one = collective_time("all_reduce", p * tokens * model.hidden_size, tp_links, perf)
+    one = tp_collective_time(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size)
     tp_comm = (4 * layers + 2 * recomputed) * one
 
     # Context parallelism: each layer's K and V chunks travel around the cp ring

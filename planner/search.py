@@ -23,7 +23,7 @@ from typing import Any, Iterator, Optional
 
 from cost_models.memory import peak_stage_memory
 from cost_models.specs import Job, Layout, SpecError
-from cost_models.step_time import layer_forward_time_for, step_time
+from cost_models.step_time import layer_forward_time_for, step_time, tp_collective_time
 
 from .case import Case, _bool, _int, _mapping, _number, _str
 from .engines import ENGINES, EngineSupport
@@ -275,9 +275,10 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
 
     With ``keep_within`` (a fraction), layouts that cannot come within that share of the
     fastest found so far, nor among the top_k + 1 fastest, are skipped before their memory is
-    scored: their step time is at least (m + (p − 1)/v) · 3 · L_max · t_layer — every
-    micro-batch and the bubble run the forward and backward of the stage with the most
-    layers — and the rest of the step only adds to that.
+    scored: their step time is at least (m + (p − 1)/v) · L_max · (3 · t_layer + 4 · t_tp) —
+    every micro-batch and the bubble run the forward and backward of the stage with the most
+    layers, with its four tensor-parallel collectives per layer — and the rest of the step
+    only adds to that.
     """
     model, training = case.model, case.training
     engine = spec.engine
@@ -294,7 +295,8 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                     stage_layers: tuple[int, ...]) -> float:
         m = training.global_batch_size // (mbs * dp)
         layer = layer_forward_time_for(model, training, case.cluster.gpu, tp, cp, mbs, sp)[0]
-        return (m + (pp - 1) / vpp) * 3 * max(stage_layers) * layer
+        collectives = tp_collective_time(model, training, case.cluster, tp, cp, mbs)
+        return (m + (pp - 1) / vpp) * max(stage_layers) * (3 * layer + 4 * collectives)
 
     # Every (structure, partition, vpp, sp) with its micro-batches, the most promising first,
     # so that a good incumbent prunes early.
