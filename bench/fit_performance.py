@@ -20,10 +20,11 @@ from planner.validation import load_rows, measured_tokens_per_s, row_to_case, so
 
 GPUS = {"a100": ("a100-sxm-80gb", "a100-sxm-40gb"), "h100": ("h100-sxm-80gb",)}
 GRID = {
-    "gemm_efficiency": (0.6, 0.65, 0.7, 0.75),
-    "attention_efficiency": (0.25, 0.3, 0.4, 0.5),
+    "gemm_efficiency": (0.5, 0.55, 0.6, 0.65, 0.7, 0.75),
+    "attention_efficiency": (0.15, 0.2, 0.25, 0.3, 0.4, 0.5),
     "kernel_overhead_s": (5e-6, 20e-6),
     "inter_node_efficiency": (0.6, 0.8),
+    "inter_node_rails": (1, 2, 8),
 }
 
 

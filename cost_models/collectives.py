@@ -8,7 +8,10 @@ nccl-tests ``doc/PERFORMANCE.md``):
 A group spanning several NVLink domains runs hierarchically: every member of a
 domain drives its own NIC (one NIC per GPU, rail-optimised), so the inter-domain
 bus bandwidth is per_domain × NIC bandwidth, and the collective is bounded by the
-slower of that and the NVLink bus bandwidth. Latency: all-reduce runs as a tree
+slower of that and the NVLink bus bandwidth. ``Performance.inter_node_rails`` caps
+how many of a node's NICs one collective drives at once where a cluster's measured
+runs show less than the sum (NCCL ``doc/PERFORMANCE.md``: the inter-node bus
+bandwidth is the NICs' line rate times the NICs a ring's channels use). Latency: all-reduce runs as a tree
 at scale (2·log2 n steps, NCCL's tree algorithm); all-gather and reduce-scatter
 have only the ring in NCCL before 2.23 (n − 1 steps).
 """
@@ -28,7 +31,8 @@ def bus_bandwidth(links: GroupLinks, perf: Performance) -> float:
     intra = links.intra_bandwidth * perf.intra_node_efficiency
     if links.domains == 1:
         return intra
-    inter = links.per_domain * links.inter_bandwidth * perf.inter_node_efficiency
+    rails = links.per_domain if perf.inter_node_rails is None else min(links.per_domain, perf.inter_node_rails)
+    inter = rails * links.inter_bandwidth * perf.inter_node_efficiency
     return min(intra, inter) if links.per_domain > 1 else inter
 
 

@@ -27,20 +27,37 @@ class StateBytes:
         return self.weights + self.gradients + self.optimizer
 
 
+# Engines that accumulate and reduce bf16 gradients in fp32 unless told otherwise:
+# Megatron-LM sets accumulate_allreduce_grads_in_fp32 for bf16 unless --grad-reduce-in-bf16
+# (``megatron/training/arguments.py``); torchtitan's FSDP2 reduces in float32, its only
+# choice (``torchtitan/config/configs.py``, mixed_precision_reduce).
+FP32_GRADS_FOR_BF16 = frozenset({"megatron", "torchtitan"})
+
+
+def fp32_gradients(training: TrainingSpec) -> bool:
+    """Whether gradients are held and reduced in fp32: the case's choice, else the engine's default."""
+    if training.precision == "fp32":
+        return True
+    if training.fp32_grads is not None:
+        return training.fp32_grads
+    return training.precision in ("bf16", "fp8") and training.engine in FP32_GRADS_FOR_BF16
+
+
 def state_bytes(training: TrainingSpec) -> StateBytes:
     """Per-parameter model-state bytes for the training precision and optimizer.
 
     - fp32: 4-byte weights and gradients; Adam's two 4-byte moments, SGD's one momentum.
     - fp16/bf16 (mixed precision, Micikevicius et al. 2018): 2-byte weights and
       gradients, plus a 4-byte fp32 master copy kept with the optimizer state
-      (ZeRO's K = 12 for Adam; 8 for SGD with momentum).
+      (ZeRO's K = 12 for Adam; 8 for SGD with momentum). Gradients kept in fp32
+      (:func:`fp32_gradients`) take 4 bytes: Megatron's bf16 default, 18 bytes in all.
     - fp8 (Transformer Engine): weights are kept in bf16 and cast to fp8 per GEMM,
       so the states are those of bf16.
     """
     moments = 1 if training.optimizer == "sgd" else 2
     if training.precision == "fp32":
         return StateBytes(weights=4, gradients=4, optimizer=4 * moments)
-    return StateBytes(weights=2, gradients=2, optimizer=4 + 4 * moments)
+    return StateBytes(weights=2, gradients=4 if fp32_gradients(training) else 2, optimizer=4 + 4 * moments)
 
 
 def sharded_state_bytes(per_param: StateBytes, zero_stage: int, shards: int) -> StateBytes:

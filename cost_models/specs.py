@@ -17,6 +17,9 @@ from typing import Mapping, Optional
 ACTIVATIONS = ("gelu", "swiglu")
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+# Training engines whose run-time behaviour the step-time model distinguishes ("any": no engine
+# in particular); what each can express is declared in ``planner/engines.py``.
+ENGINE_NAMES = ("any", "megatron", "deepspeed", "torchtitan")
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -117,6 +120,9 @@ class Performance:
     inter_node_efficiency: float = 0.75  # achieved bus bandwidth over nominal NIC line rate
     link_latency_s: float = 10e-6  # α: time per step of a collective algorithm
     step_overhead_s: float = 0.0  # fixed per optimizer step: data loading, logging, launch gaps
+    # NICs of a node that one cross-node collective drives at once. None: one per group
+    # member on the node (NCCL's rail-aligned channels reach the sum of the NICs).
+    inter_node_rails: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency",
@@ -130,6 +136,10 @@ class Performance:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
                 raise SpecError("cluster.performance", name, f"expected a non-negative time, got {value!r}")
+        rails = self.inter_node_rails
+        if rails is not None and (isinstance(rails, bool) or not isinstance(rails, (int, float))
+                                  or not math.isfinite(rails) or rails < 1):
+            raise SpecError("cluster.performance", "inter_node_rails", f"expected a number of NICs ≥ 1, got {rails!r}")
 
 
 @dataclass(frozen=True)
@@ -188,6 +198,13 @@ class TrainingSpec:
     optimizer: str = "adam"
     # Flash attention keeps no s×s score matrix for backward (Dao et al. 2022, §3.1).
     flash_attention: bool = True
+    engine: str = "any"
+    # Tensor-parallel collectives pipelined with their GEMMs (Megatron --tp-comm-overlap,
+    # torchtitan async TP).
+    tp_comm_overlap: bool = False
+    # Gradients accumulated and reduced in fp32 under mixed precision; None: the engine's
+    # default (``cost_models.model_states.fp32_gradients``).
+    fp32_grads: Optional[bool] = None
 
     def __post_init__(self) -> None:
         s = "training"
@@ -195,8 +212,11 @@ class TrainingSpec:
         _positive_int(s, "seq_len", self.seq_len)
         _choice(s, "precision", self.precision, PRECISIONS)
         _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
-        if not isinstance(self.flash_attention, bool):
-            raise SpecError(s, "flash_attention", f"expected true or false, got {self.flash_attention!r}")
+        _choice(s, "engine", self.engine, ENGINE_NAMES)
+        for name in ("flash_attention", "tp_comm_overlap", "fp32_grads"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "fp32_grads" and value is None):
+                raise SpecError(s, name, f"expected true or false, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from .activations import activation_bytes
 from .collectives import collective_time, p2p_time
 from .flops import Gemm, attention_flops, head_gemm, layer_gemms, model_flops_per_token
 from .memory import job_stage_parameters, zero_shards
+from .parameters import embedding_parameters
 from .model_states import state_bytes
 from .pipeline import bubble_fraction
 from .specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, TrainingSpec
@@ -31,6 +32,24 @@ from .topology import group_links
 # Megatron's DDP bucket: at least 40 M parameters (``megatron/core/distributed/``, bucket_size =
 # max(40_000_000, 1_000_000 · dp)); we take the floor. The last bucket cannot overlap with backward.
 DDP_BUCKET_PARAMS = 40e6
+
+# Engines whose ZeRO-3 gathers the weights once more for the recompute forward inside
+# backward. DeepSpeed fetches a module's partitioned weights in every forward pre-hook
+# (``deepspeed/runtime/zero/parameter_offload.py``, ``pre_sub_module_forward_function``),
+# the recompute's included, and releases them after. FSDP (torchtitan's FSDP2 and
+# PyTorch FSDP) shards the checkpointed block as one unit: its backward pre-hook gathers
+# once and the recompute runs inside the unsharded unit. "any" is taken as FSDP-like.
+REGATHER_FOR_RECOMPUTE = frozenset({"deepspeed"})
+
+# Engines that overlap interleaved pipelines' sends with compute: Megatron-core posts the
+# next chunk's send/receive before computing the current one (``overlap_p2p_comm``, on
+# unless --no-overlap-p2p-communication; ``pipeline_parallel/schedules.py``).
+P2P_OVERLAP_INTERLEAVED = frozenset({"megatron"})
+
+# Engines whose pipeline reduces data-parallel gradients only after the last micro-batch,
+# with nothing to overlap: DeepSpeed's ``TrainSchedule`` ends every step with
+# ReduceTiedGrads, ReduceGrads, OptimizerStep (``deepspeed/runtime/pipe/schedule.py``).
+REDUCE_AFTER_PIPELINE = frozenset({"deepspeed"})
 
 
 @dataclass(frozen=True)
@@ -107,6 +126,20 @@ def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tok
     return per_token * tokens
 
 
+def cross_entropy_bytes(logits: float, training: TrainingSpec) -> float:
+    """HBM traffic of the loss over ``logits`` elements (one GPU's vocab shard), forward and backward.
+
+    The softmax cross-entropy runs in fp32 whatever the training precision (PyTorch
+    autocast's fp32 list holds ``log_softmax``/``cross_entropy``; Megatron's
+    ``vocab_parallel_cross_entropy`` calls ``.float()``). Per logit, in bytes: forward
+    reads the logits and writes an fp32 copy (p + 4), reads it for the max (4) and
+    reads and writes it for exp-and-sum (8); backward reads the probabilities and writes
+    the fp32 gradient (8), then casts it to the logits' precision (4 + p).
+    """
+    p = activation_bytes(training.precision)
+    return logits * ((p + 4) + 4 + 8 + 8 + (4 + p))
+
+
 def layer_forward_time(job: Job) -> tuple[float, float]:
     """Forward time of one layer for one micro-batch: (whole layer, attention core alone)."""
     lay = job.layout
@@ -153,6 +186,28 @@ def tp_collective_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     return collective_time("all_reduce", p * tokens * model.hidden_size, links, cluster.gpu.performance)
 
 
+@lru_cache(maxsize=4096)
+def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
+                         micro_batch_size: int) -> tuple[float, float]:
+    """Tensor-parallel time one layer cannot hide, (forward, backward), for one micro-batch.
+
+    Megatron TP runs two collectives in forward and two in backward per layer (all-reduces,
+    or the same bytes as all-gather + reduce-scatter with sequence parallelism), not
+    overlapped by default. With ``training.tp_comm_overlap`` (Megatron's
+    ``--tp-comm-overlap``: Transformer Engine userbuffers; torchtitan's async TP) each
+    collective is split into chunks pipelined with the GEMM it feeds or follows, so only
+    what exceeds the layer's GEMM time shows (Wang et al., "Overlap communication with
+    dependent computation via decomposition", ASPLOS 2023); backward has twice the
+    forward's GEMM time.
+    """
+    one = tp_collective_time(model, training, cluster, tp, cp, micro_batch_size)
+    if not training.tp_comm_overlap:
+        return 2 * one, 2 * one
+    tokens = micro_batch_size * training.seq_len / cp
+    gemms = sum(gemm_time(g, cluster.gpu, training.precision) for g in layer_gemms(model, tokens, tp))
+    return max(0.0, 2 * one - gemms), max(0.0, 2 * one - 2 * gemms)
+
+
 def stage_time(job: Job, stage: int) -> StageTime:
     """Forward + backward of one micro-batch through stage ``stage``, with its exposed TP and CP traffic."""
     model, lay, training = job.model, job.layout, job.training
@@ -162,25 +217,24 @@ def stage_time(job: Job, stage: int) -> StageTime:
     layer_fwd, core_fwd = layer_forward_time(job)
     tokens = lay.micro_batch_size * training.seq_len / lay.cp
     forward = layers * layer_fwd
+    loss = 0.0
     if stage == lay.pp - 1:
         forward += gemm_time(head_gemm(model, tokens, lay.tp), gpu, training.precision)
-        # fp32 softmax cross-entropy over the vocab shard: read logits, write probabilities.
-        forward += 8 * tokens * model.vocab_size / lay.tp / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+        loss = cross_entropy_bytes(tokens * model.vocab_size / lay.tp, training) \
+            / (perf.hbm_efficiency * gpu.hbm_bandwidth)
     if stage == 0:
         forward += perf.kernel_overhead_s  # embedding gather: memory-trivial
-    compute = 3 * forward  # backward computes input and weight gradients: twice the forward
+    compute = 3 * forward + loss  # backward computes input and weight gradients: twice the forward
 
     recomputed = 0  # layers whose whole forward runs again in backward
     if lay.recompute == "full":
         recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, layers)
     recompute = recomputed * layer_fwd + (layers * core_fwd if lay.recompute == "selective" else 0.0)
 
-    # Megatron TP: two all-reduces in forward and two in backward per layer (or the same
-    # bytes as all-gather + reduce-scatter with sequence parallelism); recompute repeats
-    # the forward ones. Not overlapped (Megatron's default without TP comm overlap).
+    # Recompute repeats the forward's TP collectives.
     p = activation_bytes(training.precision)
-    one = tp_collective_time(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size)
-    tp_comm = (4 * layers + 2 * recomputed) * one
+    tp_fwd, tp_bwd = tp_exposed_per_layer(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size)
+    tp_comm = layers * (tp_fwd + tp_bwd) + recomputed * tp_fwd
 
     # Context parallelism: each layer's K and V chunks travel around the cp ring
     # (cp − 1 steps) in forward, and K, V plus their gradients in backward, overlapped
@@ -209,9 +263,9 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     """
     lay, training, cluster = job.layout, job.training, job.cluster
     perf = cluster.gpu.performance
-    shards = zero_shards(job)
-    if shards == 1:
-        return 0.0
+    tied = tied_embedding_reduce(job, stage)
+    if zero_shards(job) == 1:
+        return tied
     params = job_stage_parameters(job, stage)
     per_param = state_bytes(training)
     dp_links = group_links(cluster, lay, "dp_cp")
@@ -225,21 +279,42 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     def chunked(kind: str, size: float) -> float:
         return chunks * collective_time(kind, size / chunks, dp_links, perf)
 
+    if lay.pp > 1 and lay.zero_stage < 3 and training.engine in REDUCE_AFTER_PIPELINE:
+        # DeepSpeed's pipeline all-reduces gradients (its BF16 optimizer's fallback) once the
+        # schedule has drained; ZeRO-1 then gathers the updated weight shards.
+        return tied + chunked("all_reduce", grads) + (chunked("all_gather", weights) if lay.zero_stage else 0.0)
     if lay.zero_stage == 0:
         reduce = chunked("all_reduce", grads)
-        return max(reduce - backward_last, reduce / chunks)
+        return tied + max(reduce - backward_last, reduce / chunks)
     if lay.zero_stage in (1, 2):
         reduce = chunked("reduce_scatter", grads)
-        return max(reduce - backward_last, reduce / chunks) + chunked("all_gather", weights)
+        return tied + max(reduce - backward_last, reduce / chunks) + chunked("all_gather", weights)
     # ZeRO-3 keeps only gradient shards, so every micro-batch reduce-scatters its gradients.
-    # Forward gathers hide behind the forward; backward gathers (two under full recompute,
-    # which re-runs the forward inside backward) and the reduce-scatter share the backward.
+    # Forward gathers hide behind the forward; backward gathers and the reduce-scatter share
+    # the backward.
     gather = chunked("all_gather", weights)
     reduce = chunked("reduce_scatter", grads)
-    backward_gathers = 2 if lay.recompute == "full" else 1
+    backward_gathers = 1 + (lay.recompute == "full" and job.training.engine in REGATHER_FOR_RECOMPUTE)
     forward = slowest.compute / 3
     per_microbatch = max(0.0, gather - forward) + max(0.0, backward_gathers * gather + reduce - backward_last)
-    return job.num_microbatches * per_microbatch
+    return tied + job.num_microbatches * per_microbatch
+
+
+def tied_embedding_reduce(job: Job, stage: int) -> float:
+    """All-reduce of a tied embedding's gradients between the first and the last stage.
+
+    With pipelining the two copies of a tied embedding (input embedding on the first
+    stage, LM head on the last) sum their gradients once the pipeline has drained:
+    Megatron ``finalize_model_grads`` → ``_allreduce_word_embedding_grads``, DeepSpeed's
+    ``ReduceTiedGrads`` instruction. Nothing is left to overlap it with. Two ranks: each
+    sends and receives the whole shard once.
+    """
+    lay, model = job.layout, job.model
+    if lay.pp == 1 or not model.tied_embeddings or stage not in (0, lay.pp - 1):
+        return 0.0
+    size = embedding_parameters(model) / lay.tp * state_bytes(job.training).gradients
+    links = group_links(job.cluster, lay, "pp")
+    return p2p_time(size, links.domains > 1, links, job.cluster.gpu.performance)
 
 
 def optimizer_time(job: Job, stage: int) -> float:
@@ -269,6 +344,8 @@ def pipeline_comm(job: Job) -> float:
     size = p * lay.micro_batch_size * training.seq_len / lay.cp * job.model.hidden_size / lay.tp
     links = group_links(cluster, lay, "pp")
     send = p2p_time(size, links.domains > 1, links, cluster.gpu.performance)
+    if lay.vpp > 1 and job.training.engine in P2P_OVERLAP_INTERLEAVED:
+        return 2 * send * (lay.pp - 1)  # steady-state sends run under the other chunks' compute
     return 2 * send * (job.num_microbatches * lay.vpp + lay.pp - 1)
 
 

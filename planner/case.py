@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from cost_models.specs import (ClusterSpec, GPUSpec, Job, Layout, ModelSpec, Overheads, Performance,
+from cost_models.specs import (ENGINE_NAMES, ClusterSpec, GPUSpec, Job, Layout, ModelSpec, Overheads, Performance,
                                SpecError, TrainingSpec)
 
 from .errors import CaseError
@@ -34,7 +34,8 @@ GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "i
 CLUSTER_KEYS = ("gpu", "profile", "num_gpus", "nodes", "gpus_per_node", "intra_node_bandwidth",
                 "inter_node_bandwidth", "memory", "performance")
 PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
-TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention")
+TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
+                 "tp_comm_overlap", "fp32_grads")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
                "recompute", "recompute_num_layers", "stage_layers")
 OVERHEAD_KEYS = ("cuda_context", "comm_buffers", "fragmentation")
@@ -164,6 +165,14 @@ def build_case(data: Any, src: str, base: Path) -> Case:
     model = _model(src, data["model"], base)
     cluster = _cluster(src, data["cluster"], base)
     training = _training(src, data["training"])
+    # The engine searched for is the engine trained with: estimate and plan time it alike.
+    target = (data.get("search") or {}).get("target") if isinstance(data.get("search"), dict) else None
+    if isinstance(target, str) and target in ENGINE_NAMES:
+        if training.engine == "any":
+            training = replace(training, engine=target)
+        elif target not in ("any", training.engine):
+            raise CaseError(src, "search.target", f"is {target!r} but training.engine is {training.engine!r}; "
+                                                  "drop one of them")
     overheads = _overheads(src, data.get("overheads", {}))
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
     search = data.get("search") or {}
@@ -319,11 +328,12 @@ def _training(src: str, section: Any) -> TrainingSpec:
                                   _required(src, "training", section, "global_batch_size")),
         "seq_len": _int(src, "training.seq_len", _required(src, "training", section, "seq_len")),
     }
-    for key in ("precision", "optimizer"):
+    for key in ("precision", "optimizer", "engine"):
         if key in section:
             values[key] = _str(src, f"training.{key}", section[key])
-    if "flash_attention" in section:
-        values["flash_attention"] = _bool(src, "training.flash_attention", section["flash_attention"])
+    for key in ("flash_attention", "tp_comm_overlap", "fp32_grads"):
+        if key in section:
+            values[key] = _bool(src, f"training.{key}", section[key])
     with spec_errors(src):
         return TrainingSpec(**values)
 

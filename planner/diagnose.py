@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -41,5 +41,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     else:
         engine = "megatron"
         layout = importlib.import_module("planner.emit.megatron").read(Path(megatron_args), loaded)
+    if loaded.training.engine == "any":  # the config's engine is the one that will run it
+        loaded = replace(loaded, training=replace(loaded.training, engine=engine))
     estimate = estimate_job(loaded, loaded.job(layout))
     return Diagnosis(engine, estimate, plan_case(loaded, target=engine))

@@ -33,6 +33,9 @@ class EngineSupport:
     # Context-parallel ranks always share the sharded model states (torchtitan folds cp into
     # its FSDP mesh), so cp > 1 needs a sharded (ZeRO ≥ 1) layout.
     cp_shards_states: bool = False
+    # TP collectives pipelined with their GEMMs (training.tp_comm_overlap): Megatron's
+    # --tp-comm-overlap, torchtitan's async TP; DeepSpeed's AutoTP has none.
+    tp_comm_overlap: bool = True
 
     def allows(self, tp: int, pp: int, cp: int, vpp: int, zero_stage: int, sequence_parallel: bool,
                recompute: str) -> bool:
@@ -57,7 +60,8 @@ ENGINES = {
                               recompute=("none", "selective", "full"), partial_recompute=True),
     "deepspeed": EngineSupport("deepspeed", zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=False,
                                context_parallel=False, sequence_parallel=(False,),
-                               recompute=("none", "full"), partial_recompute=False, tp_with_pp=False),
+                               recompute=("none", "full"), partial_recompute=False, tp_with_pp=False,
+                               tp_comm_overlap=False),
     "torchtitan": EngineSupport("torchtitan", zero_stages=(0, 3), max_zero_with_pp=3, interleaving=True,
                                 context_parallel=True, sequence_parallel=(True,),
                                 recompute=("none", "selective", "full"), partial_recompute=False,

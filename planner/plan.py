@@ -161,9 +161,12 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         spec = replace(spec, top_k=top_k)
     if target is not None and target != spec.target:
         if spec.target != "any":
-            raise CaseError(case.source, "search.target", f"is {spec.target!r} but configs for {target!r} "
+            key = "search.target" if "target" in (case.search or {}) else "training.engine"
+            raise CaseError(case.source, key, f"is {spec.target!r} but configs for {target!r} "
                                                           "were asked for; drop one of them")
         spec = replace(spec, target=target)
+    if case.training.engine != spec.target:  # every layout is timed as the chosen engine runs it
+        case = replace(case, training=replace(case.training, engine=spec.target))
     from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it
 
     slack = max(TABLE_SLACK, (simplest_within or 0) / 100)

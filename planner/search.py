@@ -23,7 +23,7 @@ from typing import Any, Iterator, Optional
 
 from cost_models.memory import peak_stage_memory
 from cost_models.specs import Job, Layout, SpecError
-from cost_models.step_time import layer_forward_time_for, step_time, tp_collective_time
+from cost_models.step_time import layer_forward_time_for, step_time, tp_exposed_per_layer
 
 from .case import Case, _bool, _int, _mapping, _number, _str
 from .engines import ENGINES, EngineSupport
@@ -67,12 +67,17 @@ class SearchSpec:
 def search_spec(case: Case) -> SearchSpec:
     src, data = case.source, case.search
     data = _mapping(src, "search", data, SEARCH_KEYS)
-    values: dict[str, Any] = {}
+    # The engine the case trains with is the one to search for, unless the search names one.
+    values: dict[str, Any] = {"target": case.training.engine}
     if "target" in data:
         target = _str(src, "search.target", data["target"])
         if target not in ENGINES:
             raise CaseError(src, "search.target", f"expected one of {', '.join(ENGINES)}, got {target!r}")
-        values["target"] = target
+        if target != "any":
+            values["target"] = target
+    if case.training.tp_comm_overlap and not ENGINES[values["target"]].tp_comm_overlap:
+        raise CaseError(src, "training.tp_comm_overlap", f"{values['target']} cannot overlap tensor-parallel "
+                                                         "collectives with GEMMs; set it false")
     if "headroom" in data:
         headroom = _number(src, "search.headroom", data["headroom"])
         if not 0 <= headroom < 1:
@@ -295,8 +300,8 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                     stage_layers: tuple[int, ...]) -> float:
         m = training.global_batch_size // (mbs * dp)
         layer = layer_forward_time_for(model, training, case.cluster.gpu, tp, cp, mbs, sp)[0]
-        collectives = tp_collective_time(model, training, case.cluster, tp, cp, mbs)
-        return (m + (pp - 1) / vpp) * max(stage_layers) * (3 * layer + 4 * collectives)
+        collectives = sum(tp_exposed_per_layer(model, training, case.cluster, tp, cp, mbs))
+        return (m + (pp - 1) / vpp) * max(stage_layers) * (3 * layer + collectives)
 
     # Every (structure, partition, vpp, sp) with its micro-batches, the most promising first,
     # so that a good incumbent prunes early.

@@ -53,13 +53,21 @@ _FABRICS = {"omni-path": 4 * 100.0}  # Gbit/s per node
 #   fabric:  when the gpu string names none. BLOOM's tr11 runs all ran on Jean Zay (the
 #            ramp-up rows' gpu string omits "Jean Zay, Omni-Path" but notes the production setup).
 #   pp_partition: tr11-176B-ml.slurm sets --pp-partition-method 'type:transformer|embedding'.
+#   tp_overlap: NeMo's performance recipes pipeline TP collectives with their GEMMs
+#            (NeMo-Framework-Launcher conf/training/gpt3/175b_fp8_performance.yaml:
+#            ub_tp_comm_overlap: True); the 2021–22 Megatron papers, MPT and BLOOM had no such thing.
+#   fp32_grads: gradients accumulated and reduced in fp32. NeMo's recipes reduce in bf16
+#            (optim.grad_sync_dtype: bf16, same file); BLOOM's BF16_Optimizer (bigscience
+#            fork of 2022) kept fp32 gradient buffers and all-reduced them; MPT's FSDP
+#            mixed precision PURE reduces in bf16. None: the engine's default.
 _SOURCE_RECIPES: dict[str, dict[str, Any]] = {
     "narayanan2021": {"tied": True, "dropout": 0.1, "flash": False, "zero": 0, "sp_if_tp": False},
     "korthikanti2022": {"tied": True, "dropout": 0.1, "flash": False, "zero": 0, "sp_if_tp": False},
-    "nemo": {"tied": False, "dropout": 0.0, "flash": True, "zero": 1, "sp_if_tp": True},
-    "mpt": {"tied": True, "dropout": 0.0, "flash": True, "zero": 0, "sp_if_tp": False},
+    "nemo": {"tied": False, "dropout": 0.0, "flash": True, "zero": 1, "sp_if_tp": True, "tp_overlap": True,
+             "fp32_grads": False},
+    "mpt": {"tied": True, "dropout": 0.0, "flash": True, "zero": 0, "sp_if_tp": False, "fp32_grads": False},
     "bloom": {"tied": True, "dropout": 0.0, "flash": False, "zero": 0, "sp_if_tp": False,
-              "fabric": "omni-path", "pp_partition": "transformer|embedding"},
+              "fabric": "omni-path", "pp_partition": "transformer|embedding", "fp32_grads": True},
 }
 
 # NeMo's GPT3 rows leave the vocabulary null (GPT-2 BPE, ~50k padded). NeMo's own FLOP
@@ -253,6 +261,19 @@ def source_flops_per_token(row: dict) -> Optional[float]:
     return None
 
 
+def engine_of(framework: str) -> str:
+    """The engine whose run-time behaviour a row's framework shows: anything with DeepSpeed
+    (its ZeRO, pipeline engine or BF16 optimizer) runs as DeepSpeed; Megatron-LM and NeMo
+    (Megatron-core) as Megatron; PyTorch FSDP (MPT's Composer) as "any", which the step-time
+    model treats as FSDP."""
+    text = framework.lower()
+    if "deepspeed" in text:
+        return "deepspeed"
+    if "megatron" in text or "nemo" in text:
+        return "megatron"
+    return "any"
+
+
 # --- row → case ----------------------------------------------------------------------------
 
 def row_to_case(row: dict) -> tuple[Optional[dict], str]:
@@ -319,7 +340,11 @@ def row_to_case(row: dict) -> tuple[Optional[dict], str]:
         "precision": _precision(row.get("precision")),
         "optimizer": "adam",
         "flash_attention": bool(recipe["flash"]),
+        "engine": engine_of(str(row.get("framework") or "")),
+        "tp_comm_overlap": bool(recipe.get("tp_overlap", False)),
     }
+    if recipe.get("fp32_grads") is not None:
+        training["fp32_grads"] = bool(recipe["fp32_grads"])
 
     # layout
     tp, pp, cp = (int(p.get(k) or 1) for k in ("tp", "pp", "cp"))

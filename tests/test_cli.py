@@ -78,6 +78,11 @@ def test_a_layout_that_does_not_fit_names_the_term_and_a_remedy(tmp_path):
     (lambda c: c["training"].update(global_batch_size=60), "training.global_batch_size", "must divide"),
     (lambda c: c["layout"].update(dp=3), "layout.dp", "must equal the cluster's 8 GPUs"),
     (lambda c: c["model"].update(preset="llama2-7"), "model.preset", "did you mean"),
+    (lambda c: c["training"].update(engine="nemo"), "training.engine", "megatron"),
+    (lambda c: c["training"].update(fp32_grads="yes"), "training.fp32_grads", "true or false"),
+    (lambda c: c["training"].update(tp_comm_overlap=1), "training.tp_comm_overlap", "true or false"),
+    (lambda c: c.update(search={"target": "deepspeed"}) or c["training"].update(engine="megatron"),
+     "search.target", "training.engine is 'megatron'"),
 ])
 def test_bad_input_is_one_line_naming_file_and_key(tmp_path, mutate, key, expected):
     case = copy.deepcopy(CASE)

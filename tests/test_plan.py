@@ -42,10 +42,17 @@ def test_plan_keeps_the_global_batch_and_fits():
     assert times == sorted(times)
 
 
-def test_estimate_of_the_best_layout_returns_the_plans_figures():
-    p = planner.plan(case())
-    replay = planner.estimate({**case(), "layout": layout_of(p.best)}).to_dict()
+@pytest.mark.parametrize("search", [{}, {"target": "megatron"}, {"target": "deepspeed"}])
+def test_estimate_of_the_best_layout_returns_the_plans_figures(search):
+    """Also when the engine (searched for, and so trained with) changes the timing."""
+    p = planner.plan(case(search=search))
+    replay = planner.estimate({**case(search=search), "layout": layout_of(p.best)}).to_dict()
     assert replay == p.best.to_dict()
+
+
+def test_an_engine_without_tp_overlap_refuses_it():
+    with pytest.raises(planner.CaseError, match="training.tp_comm_overlap: deepspeed cannot overlap"):
+        planner.plan(case(training={"tp_comm_overlap": True}, search={"target": "deepspeed"}))
 
 
 def test_pins_and_bounds_are_obeyed():

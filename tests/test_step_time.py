@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from cost_models.collectives import bus_bandwidth, collective_time
 from cost_models.flops import layer_gemms, model_flops_per_token
 from cost_models.pipeline import bubble_fraction
-from cost_models.specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, Performance, TrainingSpec
-from cost_models.step_time import gemm_time, stage_time, step_time
+from cost_models.memory import job_stage_parameters
+from cost_models.model_states import state_bytes
+from cost_models.specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, Performance, SpecError, TrainingSpec
+from cost_models.step_time import (DDP_BUCKET_PARAMS, cross_entropy_bytes, dp_comm_exposed, gemm_time, stage_time,
+                                   step_time, tp_collective_time)
 from cost_models.topology import GroupLinks, group_links
 
 NO_LATENCY = Performance(intra_node_efficiency=1.0, inter_node_efficiency=1.0, link_latency_s=0.0)
@@ -134,3 +139,115 @@ def test_group_placement_matches_counting_on_the_whole_cluster_graph():
                 domains.setdefault(graph.nodes[("gpu", rank)]["domain"], []).append(rank)
             assert links.domains == len(domains), (dim, layout)
             assert links.per_domain == len(domains[0]), (dim, layout)
+
+
+def test_rails_cap_the_nics_a_cross_node_collective_drives():
+    """Performance.inter_node_rails: at most that many of a node's NICs carry one collective."""
+    four = GroupLinks(size=16, per_domain=4, domains=4, intra_bandwidth=100e9, inter_bandwidth=10e9)
+    assert bus_bandwidth(four, Performance(intra_node_efficiency=1.0, inter_node_efficiency=1.0,
+                                           inter_node_rails=1)) == 10e9
+    assert bus_bandwidth(four, Performance(intra_node_efficiency=1.0, inter_node_efficiency=1.0,
+                                           inter_node_rails=2)) == 20e9
+    # A cap above the group's members on a node changes nothing.
+    assert bus_bandwidth(four, Performance(intra_node_efficiency=1.0, inter_node_efficiency=1.0,
+                                           inter_node_rails=8)) == 40e9
+    with pytest.raises(SpecError, match="inter_node_rails"):
+        Performance(inter_node_rails=0.5)
+
+
+def _zero3_job(engine: str, recompute: str = "full", dp: int = 64) -> Job:
+    # Two tokens per GPU and no latency: compute is negligible, the gathers are all exposed.
+    gpu = GPUSpec(name="a100", memory_bytes=80e9, peak_flops={"bf16": 312e12}, hbm_bandwidth=2.0e12,
+                  intra_node_bandwidth=300e9, inter_node_bandwidth=25e9, gpus_per_node=8, nvlink_domain=8,
+                  performance=NO_LATENCY)
+    return Job(_gpt(layers=24), ClusterSpec(gpu=gpu, num_gpus=dp),
+               TrainingSpec(global_batch_size=dp, seq_len=2, precision="bf16", engine=engine),
+               Layout(dp=dp, micro_batch_size=1, zero_stage=3, recompute=recompute))
+
+
+def test_deepspeed_zero3_gathers_again_for_the_recompute_fsdp_does_not():
+    """Per micro-batch: a forward gather, the backward gathers and a gradient reduce-scatter.
+    DeepSpeed's forward pre-hook gathers once more when the recompute runs the forward again
+    inside backward; FSDP recomputes inside the unit its backward hook has already gathered."""
+    fsdp, deepspeed = _zero3_job("torchtitan"), _zero3_job("deepspeed")
+    params = job_stage_parameters(fsdp, 0)
+    links = group_links(fsdp.cluster, fsdp.layout, "dp_cp")
+    layers = fsdp.stage_layers[0]
+
+    def collectives(kind: str, per_param_bytes: float) -> float:
+        return layers * collective_time(kind, params * per_param_bytes / layers, links, NO_LATENCY)
+
+    gather = collectives("all_gather", 2)
+    reduce_fsdp = collectives("reduce_scatter", 4)  # torchtitan reduces in fp32
+    reduce_ds = collectives("reduce_scatter", 2)
+    # What the (weight-reading) compute of the one micro-batch hides: the forward gather
+    # behind the forward, the rest behind the backward and the recompute.
+    stage = stage_time(fsdp, 0)
+    forward, backward = stage.compute / 3, 2 * stage.compute / 3 + stage.recompute
+    assert gather > forward and gather > backward  # communication-bound by construction
+    assert step_time(fsdp).dp_comm_s == pytest.approx(
+        gather - forward + gather + reduce_fsdp - backward, rel=1e-6)
+    assert step_time(deepspeed).dp_comm_s == pytest.approx(
+        gather - forward + 2 * gather + reduce_ds - backward, rel=1e-6)
+
+
+def test_tp_comm_overlap_hides_collectives_behind_the_layer_gemms():
+    def job(overlap: bool) -> Job:
+        return Job(_gpt(layers=24), ClusterSpec(gpu=_gpu(), num_gpus=64),
+                   TrainingSpec(global_batch_size=512, seq_len=2048, precision="bf16", tp_comm_overlap=overlap),
+                   Layout(dp=8, tp=8, micro_batch_size=1, sequence_parallel=True))
+    plain, overlapped = job(False), job(True)
+    one = tp_collective_time(plain.model, plain.training, plain.cluster, 8, 1, 1)
+    gemms = sum(gemm_time(g, plain.cluster.gpu, "bf16") for g in layer_gemms(plain.model, 2048, 8))
+    assert stage_time(plain, 0).tp_comm == pytest.approx(24 * 4 * one)
+    expected = 24 * (max(0.0, 2 * one - gemms) + max(0.0, 2 * one - 2 * gemms))
+    assert stage_time(overlapped, 0).tp_comm == pytest.approx(expected)
+    assert stage_time(overlapped, 0).tp_comm < stage_time(plain, 0).tp_comm
+
+
+def test_tied_embedding_gradients_cross_the_pipeline_once_per_step():
+    """First and last stage sum their tied-embedding gradients after the pipeline drains:
+    V·h/t gradients, one send each way's worth over the link between them."""
+    tied = ModelSpec(name="gpt", num_layers=24, hidden_size=2304, num_attention_heads=24, vocab_size=51200,
+                     tied_embeddings=True)
+    job = Job(tied, ClusterSpec(gpu=_gpu(**{"inter_node_efficiency": 1.0,
+                                                                    "link_latency_s": 0.0}), num_gpus=16),
+              TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16"),
+              Layout(dp=1, tp=8, pp=2, micro_batch_size=1))
+    expected = 51200 * 2304 / 8 * 2 / 25e9  # fp16 gradients over one 25 GB/s NIC
+    assert dp_comm_exposed(job, 0, stage_time(job, 0)) == pytest.approx(expected)
+    assert dp_comm_exposed(job, 1, stage_time(job, 1)) == pytest.approx(expected)
+
+
+def test_deepspeed_pipelines_reduce_gradients_after_the_last_microbatch():
+    def job(engine: str) -> Job:
+        return Job(_gpt(layers=24), ClusterSpec(gpu=_gpu(), num_gpus=64),
+                   TrainingSpec(global_batch_size=512, seq_len=2048, precision="bf16", engine=engine,
+                                fp32_grads=False),
+                   Layout(dp=16, pp=4, micro_batch_size=1, zero_stage=0))
+    ds, mg = job("deepspeed"), job("megatron")
+    # A middle stage: no tied embedding; the whole bucketed all-reduce is exposed for DeepSpeed.
+    params = job_stage_parameters(ds, 1)
+    links = group_links(ds.cluster, ds.layout, "dp_cp")
+    chunks = max(1, math.ceil(params / DDP_BUCKET_PARAMS))
+    whole = chunks * collective_time("all_reduce", params * 2 / chunks, links, ds.cluster.gpu.performance)
+    assert dp_comm_exposed(ds, 1, stage_time(ds, 1)) == pytest.approx(whole)
+    assert dp_comm_exposed(mg, 1, stage_time(mg, 1)) < whole
+
+
+def test_megatron_bf16_keeps_fp32_gradients_unless_told_otherwise():
+    """Megatron-LM accumulates and all-reduces bf16 gradients in fp32 (18 bytes per parameter
+    with Adam) unless --grad-reduce-in-bf16; the ZeRO paper's 16 bytes holds otherwise."""
+    def training(**kw) -> TrainingSpec:
+        return TrainingSpec(global_batch_size=8, seq_len=2048, precision="bf16", **kw)
+    assert state_bytes(training(engine="megatron")).total == 18
+    assert state_bytes(training(engine="megatron", fp32_grads=False)).total == 16
+    assert state_bytes(training(engine="any")).total == 16
+    assert state_bytes(training(engine="deepspeed", fp32_grads=True)).total == 18
+    assert state_bytes(TrainingSpec(global_batch_size=8, seq_len=2048, precision="fp16", engine="megatron")).total == 16
+
+
+def test_cross_entropy_traffic_per_logit():
+    """fp32 softmax cross-entropy: forward (p+4) + 4 + 8, backward 8 + (4+p) bytes per logit."""
+    assert cross_entropy_bytes(1000, TrainingSpec(global_batch_size=1, seq_len=8, precision="bf16")) == 1000 * 32
+    assert cross_entropy_bytes(1000, TrainingSpec(global_batch_size=1, seq_len=8, precision="fp32")) == 1000 * 36

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from planner.case import load_case
-from planner.validation import (NEMO_GPT3_VOCAB, korthikanti_model_flops_per_iteration, measured_tokens_per_s,
+from planner.validation import (NEMO_GPT3_VOCAB, engine_of, korthikanti_model_flops_per_iteration, measured_tokens_per_s,
                                 mpt_model_flops_per_token, narayanan_flops_per_iteration, nemo_model_flops_per_token,
                                 replay, report_to_dict, row_to_case, source_name)
 
@@ -24,7 +24,7 @@ BLOOM = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md and tr11-17
 
 
 def _row(id, source, gpu, num_gpus, model, parallel, batch, measured, recompute="full", precision="bf16",
-         record_type="measured_throughput", notes=""):
+         record_type="measured_throughput", notes="", framework="Megatron-LM (2021)"):
     par = {"dp": None, "tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "sp": False,
            "distributed_optimizer": False, "zero_stage": 0, "fsdp": None}
     par.update(parallel)
@@ -32,6 +32,7 @@ def _row(id, source, gpu, num_gpus, model, parallel, batch, measured, recompute=
             "tokens_per_sec_total": None, "iteration_time_s": None}
     meas.update(measured)
     return {"id": id, "source": source, "record_type": record_type, "gpu": gpu, "num_gpus": num_gpus,
+            "framework": framework,
             "model": model, "parallel": par, "batch": batch, "recompute": recompute, "precision": precision,
             "measured": meas, "notes": notes}
 
@@ -192,7 +193,7 @@ def test_narayanan_row_converts_field_by_field():
                              "tied_embeddings": True, "dropout": 0.1}
     assert case["cluster"] == {"gpu": "a100-sxm-80gb", "num_gpus": 32}
     assert case["training"] == {"global_batch_size": 512, "seq_len": 2048, "precision": "fp16", "optimizer": "adam",
-                                "flash_attention": False}
+                                "flash_attention": False, "engine": "megatron", "tp_comm_overlap": False}
     assert case["layout"] == {"dp": 32, "tp": 1, "pp": 1, "cp": 1, "vpp": 1, "micro_batch_size": 16, "zero_stage": 0,
                               "sequence_parallel": False, "recompute": "full"}
 
@@ -314,3 +315,15 @@ def test_replay_skips_layouts_the_model_rejects(tmp_path):
     report = replay(path, estimate_fn=reject)
     assert report.rows == () and report.overall is None
     assert report.skipped == (("narayanan21_t1_1.7B", "rejected by the model: layout.tp: must divide num_attention_heads"),)
+
+
+@pytest.mark.parametrize("framework, engine", [
+    # The framework strings of ../shared/validation/published_runs.yaml.
+    ("Megatron-LM + DeepSpeed ZeRO-3 (no model parallelism)", "deepspeed"),
+    ("Megatron-DeepSpeed (bigscience fork) + DeepSpeed BF16_Optimizer", "deepspeed"),
+    ("Megatron-LM PTD-P (2021)", "megatron"),
+    ("NeMo 24.07 (Megatron-Core)", "megatron"),
+    ("MosaicML Composer + PyTorch FSDP (llm-foundry)", "any"),
+])
+def test_each_framework_runs_as_its_engine(framework, engine):
+    assert engine_of(framework) == engine
