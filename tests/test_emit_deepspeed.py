@@ -19,6 +19,7 @@ from deepspeed import comm as ds_comm  # noqa: E402
 from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
 from deepspeed.runtime.utils import partition_balanced, partition_uniform  # noqa: E402
 
+from cost_models.model_states import state_bytes  # noqa: E402
 import planner  # noqa: E402
 from planner.case import load_case  # noqa: E402
 from planner.emit import deepspeed as ds  # noqa: E402
@@ -143,6 +144,8 @@ def test_deepspeed_accepts_emitted_config(index, tmp_path, world):
         assert got.tensor_parallel_config.autotp_size == (lay.tp if lay.tp > 1 else 0)
         assert got.gradient_clipping == 1.0
     assert ("activation_checkpointing" in json.loads(path.read_text())) == (lay.recompute == "full")
+    # Gradients accumulate in the precision the estimate timed them in.
+    assert (config.grad_accum_dtype == "fp32") == (state_bytes(job.training).gradients == 4)
     if lay.zero_stage == 3:
         hidden = job.model.hidden_size
         assert config.zero_config.prefetch_bucket_size == int(0.9 * hidden * hidden)
@@ -205,8 +208,9 @@ BASE = {
 }
 
 
-def estimate_of(**layout):
+def estimate_of(training=None, **layout):
     case = copy.deepcopy(BASE)
+    case["training"].update(training or {})
     case["layout"] = layout
     return planner.estimate(case)
 
@@ -219,6 +223,8 @@ def estimate_of(**layout):
     ({"pp": 2, "zero_stage": 2}, "refuses ZeRO stages 2 and 3, layout has pp 2 with zero_stage 2"),
     ({"recompute": "full", "recompute_num_layers": 4}, "recomputes 4 of 32 layers per stage"),
     ({"tp": 2, "pp": 2}, "layout has tp 2 with pp 2"),
+    ({"tp": 2, "training": {"tp_comm_overlap": True}}, "does not overlap its collectives"),
+    ({"training": {"precision": "fp16", "fp32_grads": True}}, "accumulates fp16 gradients in fp16"),
 ])
 def test_refuses_what_deepspeed_cannot_run(layout, says):
     with pytest.raises(CaseError) as error:
@@ -331,3 +337,14 @@ def test_read_malformed_json_names_line_and_column(tmp_path, case32):
 def test_read_missing_file(tmp_path, case32):
     with pytest.raises(CaseError, match="file not found"):
         ds.read(tmp_path / "nope.json", case32)
+
+
+@pytest.mark.parametrize("fp32_grads", [True, False])
+def test_gradient_precision_reaches_the_config(fp32_grads, tmp_path, world):
+    """fp32 gradient accumulation (BLOOM's BF16_Optimizer) is data_types.grad_accum_dtype."""
+    estimate = estimate_of(training={"fp32_grads": fp32_grads}, zero_stage=1)
+    emit(estimate, tmp_path)
+    world(estimate.job.layout.dp)
+    config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
+    assert (config.grad_accum_dtype == "fp32") is fp32_grads
+    assert state_bytes(estimate.job.training).gradients == (4 if fp32_grads else 2)

@@ -36,6 +36,7 @@ from megatron.core.transformer.enums import LayerType  # noqa: E402
 from megatron.core.transformer.transformer_block import get_num_layers_to_build  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
+from cost_models.model_states import state_bytes  # noqa: E402
 from cost_models.specs import Layout  # noqa: E402
 from planner.case import load_case  # noqa: E402
 from planner.emit import megatron, provenance  # noqa: E402
@@ -92,6 +93,12 @@ GIVEN = {
 }
 
 
+GIVEN_TRAINING = {
+    "tp overlap, bf16 gradients": {"tp_comm_overlap": True, "fp32_grads": False},
+    "fp16, fp32 gradients": {"precision": "fp16", "fp32_grads": True},
+}
+
+
 class Emitted:
     def __init__(self, name: str, case, estimate):
         self.name, self.case, self.estimate = name, case, estimate
@@ -129,6 +136,9 @@ def emitted() -> list[Emitted]:
             out.append(Emitted(path.name, case, estimate_job(case, case.job())))
     for name, layout in GIVEN.items():  # what the search rarely picks: selective, block recomputation
         case = load_case({**CASE, "layout": layout})
+        out.append(Emitted(name, case, estimate_job(case, case.job())))
+    for name, training in GIVEN_TRAINING.items():  # training options with their own flags
+        case = load_case({**CASE, "training": {**CASE["training"], **training}, "layout": GIVEN["selective"]})
         out.append(Emitted(name, case, estimate_job(case, case.job())))
     return out
 
@@ -313,6 +323,15 @@ def test_validate_args_rules(emitted):
         assert a.get("--recompute-granularity") != "selective" or "--recompute-method" not in a, e
         # Precision: not both --fp16 and --bf16.
         assert not ("--fp16" in a and "--bf16" in a), e
+        # --tp-comm-overlap only with sequence parallelism; --grad-reduce-in-bf16 only with bf16,
+        # and it turns fp32 accumulation off.
+        assert "--tp-comm-overlap" not in a or "--sequence-parallel" in a, e
+        assert "--grad-reduce-in-bf16" not in a or ("--bf16" in a
+                                                    and "--accumulate-allreduce-grads-in-fp32" not in a), e
+        # The gradient precision the plan timed is the one these flags give.
+        fp32_grads = ("--bf16" in a and "--grad-reduce-in-bf16" not in a) or "--accumulate-allreduce-grads-in-fp32" in a
+        assert (state_bytes(e.job.training).gradients == 4) == fp32_grads, e
+        assert ("--tp-comm-overlap" in a) == (e.job.training.tp_comm_overlap and tp > 1), e
 
 
 def test_launch_script(emitted):

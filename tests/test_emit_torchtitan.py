@@ -44,7 +44,7 @@ STUB = "layout_planner_tt_stub"
 STUB_SOURCE = textwrap.dedent('''
     from dataclasses import dataclass, field
 
-    from torchtitan.config import ParallelismConfig, TrainingConfig
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
 
 
@@ -55,6 +55,7 @@ STUB_SOURCE = textwrap.dedent('''
         hf_assets_path: str = "."
         training: TrainingConfig = field(default_factory=TrainingConfig)
         parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+        compile: CompileConfig = field(default_factory=CompileConfig)
         activation_checkpoint: ActivationCheckpointingConfig = field(default_factory=SelectiveAC.Config)
 
         def __post_init__(self):  # Trainer.Config.__post_init__'s layout checks
@@ -153,13 +154,16 @@ EXPLICIT = {
     "uneven_interleaved": {"pp": 2, "vpp": 2, "stage_layers": [12, 20], "zero_stage": 0, "recompute": "selective"},
     "tp_cp_vpp4": {"tp": 2, "sequence_parallel": True, "cp": 2, "pp": 2, "vpp": 4, "zero_stage": 3},
     "replicated_cp": {"cp": 4, "zero_stage": 0, "recompute": "full"},
+    "async_tp": {"tp": 4, "sequence_parallel": True, "zero_stage": 3},
 }
+EXPLICIT_TRAINING = {"async_tp": {"tp_comm_overlap": True}}
 
 
 @pytest.mark.parametrize("label", EXPLICIT)
 def test_explicit_layouts(label, workdir):
     """Uneven stages, 1F1B, interleaving and replication, given rather than searched."""
-    case = {**BASE_CASE, "layout": EXPLICIT[label]}
+    case = {**BASE_CASE, "layout": EXPLICIT[label],
+            "training": {**BASE_CASE["training"], **EXPLICIT_TRAINING.get(label, {})}}
     check_emitted(planner.estimate(case), case["training"]["global_batch_size"], workdir, f"tt_explicit_{label}")
 
 
@@ -177,7 +181,10 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
 
     # The overrides say the same thing as the config module.
     via_cli = parse("--module", STUB, "--config", "base", *override_tokens(files[emit.OVERRIDES_FILE]))
-    assert via_cli.parallelism == p and via_cli.training == t
+    assert via_cli.parallelism == p and via_cli.training == t and via_cli.compile == cfg.compile
+    # TP collectives overlapped in the plan are async TP here, which needs the model compiled.
+    overlap = job.training.tp_comm_overlap and lay.tp > 1
+    assert (cfg.compile.enable_async_tensor_parallel, cfg.compile.enable) == (overlap, overlap)
     assert type(via_cli.activation_checkpoint) is type(cfg.activation_checkpoint)
 
     # torchtitan's ParallelDims accepts the degrees (no mesh, no process group).
@@ -272,6 +279,7 @@ BASE_CASE = {
     ({"pp": 2, "recompute": "full", "recompute_num_layers": 4}, {}, "recompute_num_layers 4"),
     ({"tp": 2, "sequence_parallel": False}, {}, "sequence_parallel"),
     ({"zero_stage": 3}, {"precision": "fp16"}, "fp16"),
+    ({"zero_stage": 3}, {"fp32_grads": False}, "float32 only"),
 ])
 def test_refuses_what_torchtitan_cannot_express(layout, training, needle):
     case = {**BASE_CASE, "layout": layout, "training": {**BASE_CASE["training"], **training}}

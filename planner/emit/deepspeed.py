@@ -26,6 +26,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from cost_models.model_states import fp32_gradients
 from cost_models.specs import Layout
 
 from ..errors import CaseError
@@ -68,6 +69,13 @@ def check_expressible(estimate) -> None:
             and lay.recompute_num_layers < max(stages):
         raise _refuse(f"DeepSpeed recomputes every layer or none, layout recomputes "
                       f"{lay.recompute_num_layers} of {max(stages)} layers per stage{hint}")
+    training = estimate.job.training
+    if training.tp_comm_overlap and lay.tp > 1:
+        raise _refuse("DeepSpeed's AutoTP does not overlap its collectives with the GEMMs, case has "
+                      "training.tp_comm_overlap true")
+    if training.precision == "fp16" and fp32_gradients(training):
+        raise _refuse("DeepSpeed accumulates fp16 gradients in fp16 (data_types.grad_accum_dtype), "
+                      "case has training.fp32_grads true")
     if lay.tp > 1 and lay.pp > 1:
         raise _refuse(f"DeepSpeed's AutoTP builds its tensor/data-parallel groups over all ranks and "
                       f"ignores the pipeline topology, layout has tp {lay.tp} with pp {lay.pp}; "
@@ -98,6 +106,8 @@ def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str,
     elif training.precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                           "hysteresis": 2, "min_loss_scale": 1}
+    if training.precision in ("bf16", "fp8") and fp32_gradients(training):
+        config["data_types"] = {"grad_accum_dtype": "fp32"}  # as the estimate timed the gradients
     if lay.recompute == "full":
         # The planner's memory model keeps each recomputed layer's input whole on every TP rank.
         config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,

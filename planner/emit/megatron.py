@@ -27,6 +27,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
+from cost_models.model_states import fp32_gradients
 from cost_models.specs import Job, Layout, SpecError
 
 from ..errors import CaseError
@@ -134,6 +135,9 @@ def parse_layout_string(text: str, pp: int) -> list[int]:
 def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     """``pretrain_gpt.py`` arguments for ``job`` as (flag, value or None for a switch)."""
     m, t, lay = job.model, job.training, job.layout
+    if job.training.tp_comm_overlap and lay.tp > 1 and not lay.sequence_parallel:
+        raise _refuse("--tp-comm-overlap needs --sequence-parallel (validate_args); "
+                      "set sequence_parallel: true or tp_comm_overlap: false")
     if lay.zero_stage > 1:
         raise _refuse(f"ZeRO stage {lay.zero_stage} has no Megatron-LM equivalent here; its "
                       "distributed optimizer is stage 1 (plan with search: {target: megatron})")
@@ -191,6 +195,14 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
     args.append(("--optimizer", "sgd" if t.optimizer == "sgd" else "adam"))
+    # Gradient precision as the estimate timed it: Megatron keeps bf16 gradients in fp32 by
+    # default, fp16 ones in fp16 (megatron/training/arguments.py).
+    if t.precision in ("bf16", "fp8") and not fp32_gradients(t):
+        args.append(("--grad-reduce-in-bf16", None))
+    elif t.precision == "fp16" and fp32_gradients(t):
+        args.append(("--accumulate-allreduce-grads-in-fp32", None))
+    if t.tp_comm_overlap and lay.tp > 1:
+        args.append(("--tp-comm-overlap", None))  # Transformer Engine userbuffers
     return args
 
 

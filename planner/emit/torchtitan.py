@@ -91,6 +91,9 @@ def check(estimate) -> None:
     if job.training.precision not in PARAM_DTYPES:
         raise _refuse(f"torchtitan's mixed precision takes bfloat16 or float32 parameters; "
                       f"precision {job.training.precision} has no torchtitan equivalent")
+    if job.training.precision != "fp32" and job.training.fp32_grads is False:
+        raise _refuse("torchtitan reduces gradients in float32 only (training.mixed_precision_reduce); "
+                      "fp32_grads: false has no torchtitan equivalent")
     divisor = lay.tp * (2 * lay.cp if lay.cp > 1 else 1)
     if job.training.seq_len % divisor:
         raise _refuse(f"torchtitan needs seq_len divisible by tp·2·cp = {divisor} "
@@ -151,7 +154,12 @@ def settings(estimate) -> dict[str, Any]:
         ac = "full"
     else:
         ac = lay.recompute  # "none" or "selective"
-    return {"parallelism": parallelism, "training": train, "activation_checkpoint": ac}
+    out = {"parallelism": parallelism, "training": train, "activation_checkpoint": ac}
+    if training.tp_comm_overlap and lay.tp > 1:
+        # Async TP pipelines the TP collectives with their matmuls; torchtitan builds it
+        # with torch.compile of the model (CompileConfig refuses it otherwise).
+        out["compile"] = {"enable": True, "enable_async_tensor_parallel": True}
+    return out
 
 
 def _cli_option(section: str, key: str, value: Any) -> list[str]:
@@ -170,8 +178,8 @@ def overrides(estimate) -> list[list[str]]:
     (a tyro union) comes last, since options after it belong to its scope."""
     s = settings(estimate)
     out = []
-    for section in ("parallelism", "training"):
-        for key, value in s[section].items():
+    for section in ("parallelism", "training", "compile"):
+        for key, value in s.get(section, {}).items():
             out.append(_cli_option(section, key, value))
     out.append([f"activation_checkpoint:{s['activation_checkpoint']}"])
     return out
@@ -231,6 +239,7 @@ def _config_module(estimate, header: list[str]) -> str:
         f"BASE_CONFIG = {function!r}\n\n"
         + block("PARALLELISM", s["parallelism"]) + "\n"
         + block("TRAINING", s["training"]) + "\n"
+        + block("COMPILE", s.get("compile", {})) + "\n"
         + f"ACTIVATION_CHECKPOINT = {s['activation_checkpoint']!r}  # none | selective | full\n\n\n"
         "def apply_layout(config):\n"
         '    """Set the planned layout on a torchtitan Trainer.Config."""\n'
@@ -238,6 +247,8 @@ def _config_module(estimate, header: list[str]) -> str:
         "        setattr(config.parallelism, key, value)\n"
         "    for key, value in TRAINING.items():\n"
         "        setattr(config.training, key, value)\n"
+        "    for key, value in COMPILE.items():\n"
+        "        setattr(config.compile, key, value)\n"
         "    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC\n\n"
         "    config.activation_checkpoint = {\n"
         '        "none": None, "selective": SelectiveAC.Config(), "full": FullAC.Config(),\n'
