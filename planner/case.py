@@ -21,7 +21,7 @@ from cost_models.specs import (ENGINE_NAMES, ClusterSpec, GPUSpec, Job, Layout, 
                                SpecError, TrainingSpec)
 
 from .errors import CaseError
-from .files import read_text
+from .files import SAFE_LOADER, read_text
 from .hf_config import read_hf_config
 from .presets import closest, gpu_presets, model_presets, performance_presets
 from .units import UnitError, parse_bandwidth, parse_memory
@@ -91,7 +91,7 @@ def read_yaml(path: Path) -> Any:
     """Safe-load YAML: object tags are rejected, never executed."""
     text = read_text(path)
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=SAFE_LOADER)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -1,4 +1,5 @@
-"""Writing output files: atomically, and never over an existing file without --force."""
+"""Reading input files, and writing output files: atomically, and never over an existing
+file without --force."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ import os
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from .errors import CaseError
+
+# yaml.safe_load's loader, on libyaml's C parser where PyYAML has it: the same safe subset
+# (no object tags), several times faster on the preset files every run reads.
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def read_text(path: Path) -> str:

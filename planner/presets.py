@@ -8,13 +8,15 @@ from pathlib import Path
 
 import yaml
 
+from .files import SAFE_LOADER
+
 PRESET_DIR = Path(__file__).parent / "presets"
 
 
 @lru_cache(maxsize=None)
 def _load(kind: str) -> dict:
     with open(PRESET_DIR / f"{kind}.yaml", encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=SAFE_LOADER)
 
 
 def gpu_presets() -> dict[str, dict]:

@@ -153,3 +153,18 @@ def test_absurd_sizes_are_answered_quickly_or_refused_with_the_bound(tmp_path):
     result = cli("plan", str(write(tmp_path, giant)))
     assert result.returncode == 3 and "no layout fits" in result.stdout
     assert time.perf_counter() - start < 60
+
+
+def test_the_cli_loads_the_solver_without_pandas_and_plans_as_the_api_does(tmp_path):
+    """The CLI's pandas stand-in leaves no trace: pandas imports for real afterwards, and
+    `plan --json` prints exactly planner.plan(...).to_dict()."""
+    code = ("import sys; from planner.cli import _load_solver_without_pandas as load; load(); "
+            "assert 'pandas' not in sys.modules and 'ortools.sat.python.cp_model' in sys.modules; "
+            "import pandas; assert hasattr(pandas, 'DataFrame')")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+    case = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 128, "seq_len": 4096}}
+    path = write(tmp_path, case)
+    result = cli("plan", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(json.dumps(planner.plan(path).to_dict()))
