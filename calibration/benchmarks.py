@@ -68,6 +68,19 @@ def time_calls(fn: Callable[[], object], sync: Callable[[], None], budget: Budge
     return times
 
 
+# Bytes of operands a GEMM benchmark rotates through, so that each call finds its operands
+# out of cache as a training step does (each layer's weights and activations were last
+# touched a whole layer stack ago): 256 MB, the buffer triton.testing.do_bench writes to
+# flush the L2 between timings; past a CPU's per-core L2 and a GPU's L2 (50 MB on H100).
+COLD_BYTES = 256 * 2**20
+MAX_COPIES = 64
+
+
+def operand_copies(set_bytes: int) -> int:
+    """Operand sets to cycle through so that together they span ``COLD_BYTES``."""
+    return max(1, min(MAX_COPIES, -(-COLD_BYTES // max(set_bytes, 1))))
+
+
 def gemm(shape: GemmShape, precision: str, device: torch.device, budget: Budget) -> list[float]:
     """m tokens by an n×k weight, ``x @ w.T``: the BLAS call of ``nn.Linear``'s forward.
 
@@ -75,14 +88,25 @@ def gemm(shape: GemmShape, precision: str, device: torch.device, budget: Budget)
     On GPUs the caching allocator makes the model's fresh outputs free anyway; on CPUs
     glibc returns large blocks to the OS, and first-touch page faults on each fresh
     output would add up to a third to wide, shallow GEMMs (k = 256), a cost of the
-    allocator and not of the GEMM (see the README's calibration section).
+    allocator and not of the GEMM (see the README's calibration section). Calls cycle
+    through :func:`operand_copies` sets of operands, cold as in training, still queued
+    back to back.
     """
     dtype = DTYPES[precision]
-    x = torch.empty(shape.m, shape.k, device=device, dtype=dtype).uniform_(-1, 1)
-    w = torch.empty(shape.n, shape.k, device=device, dtype=dtype).uniform_(-1, 1)
-    out = torch.empty(shape.m, shape.n, device=device, dtype=dtype)
-    wt = w.t()
-    return time_calls(lambda: torch.mm(x, wt, out=out), synchronizer(device), budget)
+    element = torch.tensor([], dtype=dtype).element_size()
+    copies = operand_copies(element * (shape.m * shape.k + shape.n * shape.k + shape.m * shape.n))
+    sets = []
+    for _ in range(copies):
+        x = torch.empty(shape.m, shape.k, device=device, dtype=dtype).uniform_(-1, 1)
+        w = torch.empty(shape.n, shape.k, device=device, dtype=dtype).uniform_(-1, 1)
+        sets.append((x, w.t(), torch.empty(shape.m, shape.n, device=device, dtype=dtype)))
+    turn = iter(range(1 << 62))
+
+    def call() -> None:
+        x, wt, out = sets[next(turn) % copies]
+        torch.mm(x, wt, out=out)
+
+    return time_calls(call, synchronizer(device), budget)
 
 
 def attention(shape: AttentionShape, precision: str, device: torch.device, budget: Budget) -> list[float]:
@@ -119,7 +143,9 @@ def memory(op: str, nbytes: int, precision: str, device: torch.device, budget: B
         b = torch.empty_like(a).uniform_(-1, 1)
         fn = lambda: torch.add(a, b, out=out)  # noqa: E731
     elif op == "gelu":
-        fn = lambda: torch.ops.aten.gelu.out(a, out=out)  # noqa: E731
+        # The tanh form, as the model runs it (Megatron's bias_gelu; calibration/gpt.py): on a
+        # CPU it is compute-bound, 4-5x slower than the erf form, whose figure would not apply.
+        fn = lambda: torch.ops.aten.gelu.out(a, approximate="tanh", out=out)  # noqa: E731
     else:
         raise ValueError(f"unknown memory benchmark {op!r}")
     times = time_calls(fn, synchronizer(device), budget)
@@ -174,3 +200,56 @@ def collective(kind: str, group: Optional[dist.ProcessGroup], members: list[int]
     times = time_calls(fn, sync, Budget(0, budget.samples, budget.target_s, budget.max_inner), inner=int(wanted.item()),
                        before_sample=lambda: dist.barrier(group=group))
     return times, numel * element
+
+
+def overlap(group: Optional[dist.ProcessGroup], size_bytes: int, shape: GemmShape, precision: str,
+            device: torch.device, budget: Budget) -> list[float]:
+    """Share of compute time a collective can run under, one value per sample.
+
+    Times an all-reduce of ``size_bytes`` alone (t_c), a run of GEMMs lasting about as
+    long alone (t_g), and the all-reduce launched asynchronously beside the same GEMMs
+    (t_b); the overlap is (t_c + t_g − t_b) / min(t_c, t_g), clamped to [0, 1]: 1 when the
+    two run side by side (NCCL on a GPU), 0 when they take turns on the same cores (gloo
+    on a CPU). ``Performance.comm_overlap`` is its median. Every member of ``group``
+    calls this with the same arguments.
+    """
+    dtype = DTYPES[precision]
+    element = torch.tensor([], dtype=dtype).element_size()
+    buffer = torch.ones(max(1, size_bytes // element), device=device, dtype=dtype)
+    x = torch.empty(shape.m, shape.k, device=device, dtype=dtype).uniform_(-1, 1)
+    wt = torch.empty(shape.n, shape.k, device=device, dtype=dtype).uniform_(-1, 1).t()
+    out = torch.empty(shape.m, shape.n, device=device, dtype=dtype)
+    sync = synchronizer(device)
+
+    def timed(fn: Callable[[], object]) -> float:
+        dist.barrier(group=group)
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - start
+
+    def comm() -> None:
+        dist.all_reduce(buffer, group=group)
+
+    for _ in range(budget.warmup):
+        comm()
+        torch.mm(x, wt, out=out)
+    t_comm = sorted(timed(comm) for _ in range(3))[1]
+    t_one = sorted(timed(lambda: torch.mm(x, wt, out=out)) for _ in range(3))[1]
+    calls = max(1, round(t_comm / max(t_one, 1e-7)))
+
+    def gemms() -> None:
+        for _ in range(calls):
+            torch.mm(x, wt, out=out)
+
+    def both() -> None:
+        work = dist.all_reduce(buffer, group=group, async_op=True)
+        gemms()
+        work.wait()
+
+    shares = []
+    for _ in range(budget.samples):
+        t_c, t_g, t_b = timed(comm), timed(gemms), timed(both)
+        shares.append(min(1.0, max(0.0, (t_c + t_g - t_b) / min(t_c, t_g))))
+    return shares

@@ -58,6 +58,8 @@ class Measurements:
     memory: dict[str, list[tuple[int, int, list[float]]]] = field(default_factory=dict)
     # link class → kind → (group size, [(buffer bytes, samples)])
     collectives: dict[str, dict[str, tuple[int, list[tuple[int, list[float]]]]]] = field(default_factory=dict)
+    # Share of compute a collective ran under (benchmarks.overlap), pooled over ranks; empty: not measured.
+    overlap: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -184,6 +186,21 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
                          "set cluster.inter_node_bandwidth in a case for a multi-node cluster")
     performance["intra_node_efficiency"] = 1.0
     performance["inter_node_efficiency"] = 1.0
+    # The cost model runs all-gather and reduce-scatter at a share of the all-reduce's bus
+    # bandwidth (cost_models.collectives.collective_time): the measured ratios, per link class.
+    for link in ("intra_node", "inter_node"):
+        kinds = coll_fits.get(link, {})
+        if "all_reduce" in kinds:
+            for kind in ("all_gather", "reduce_scatter"):
+                if kind in kinds:
+                    ratio = kinds[kind].bus_bandwidth / kinds["all_reduce"].bus_bandwidth
+                    performance[f"{kind}_efficiency"] = sig(min(1.0, ratio))
+            break
+    if m.overlap:
+        performance["comm_overlap"] = sig(_median(m.overlap))
+        measured["overlap"] = {"all_reduce_beside_gemms": {
+            "median": sig(percentile(m.overlap, 0.5)), "p10": sig(percentile(m.overlap, 0.1)),
+            "p90": sig(percentile(m.overlap, 0.9)), "samples": len(m.overlap)}}
 
     gpu = {
         "memory": _memory(memory_bytes),

@@ -197,8 +197,11 @@ def work(args, progress: RankProgress) -> None:
         plan.notes.append("fp32 GEMMs ran with TF32 allowed, as the cost model assumes")
     collective_items = [(link, kind, size) for link in groups for kind in benchmarks.COLLECTIVES
                         for size in plan.collective_sizes]
+    # Overlap of a collective with compute: over the widest group, at the largest size.
+    overlap_link = next((link for link in groups if len(groups[link][1]) > 1), None)
     progress.set_total(len(plan.precisions) * len(plan.gemms) + len(plan.attention)
-                       + len(benchmarks.MEMORY_OPS) * len(plan.memory_sizes) + len(collective_items) + 1)
+                       + len(benchmarks.MEMORY_OPS) * len(plan.memory_sizes) + len(collective_items)
+                       + (overlap_link is not None) + 1)
 
     def barrier() -> None:
         with progress.comm():
@@ -234,6 +237,13 @@ def work(args, progress: RankProgress) -> None:
                                                 plan.collective_budget)
         local.append(times)
         collective_bytes.append(used)
+    if overlap_link is not None:
+        progress.step("overlap", f"{overlap_link} all_reduce beside GEMMs")
+        barrier()
+        with progress.comm():
+            local.append(benchmarks.overlap(groups[overlap_link][0], max(plan.collective_sizes),
+                                            max(plan.gemms, key=lambda g: g.flops), plan.main_precision,
+                                            device, plan.collective_budget))
 
     progress.step("write", "gathering timings")
     gathered: Optional[list[Any]] = [None] * world if rank == 0 else None
@@ -308,4 +318,6 @@ def _measurements(plan: Plan, gathered: list[Any], memory_moved: list[int], coll
         entry = m.collectives.setdefault(link, {}).setdefault(kind, (n, []))
         entry[1].append((collective_bytes[c], times))
         i += 1
+    if i < len(per_rank[0]):  # the overlap samples, last
+        m.overlap = pooled(i)
     return m

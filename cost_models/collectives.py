@@ -37,13 +37,27 @@ def bus_bandwidth(links: GroupLinks, perf: Performance) -> float:
 
 
 def collective_time(kind: str, size_bytes: float, links: GroupLinks, perf: Performance) -> float:
-    """Seconds for one collective of ``size_bytes`` (the full buffer) over the group."""
+    """Seconds for one collective of ``size_bytes`` (the full buffer) over the group.
+
+    All-gather and reduce-scatter run at their own share of the all-reduce's bus
+    bandwidth (``Performance.all_gather_efficiency``, ``reduce_scatter_efficiency``): about
+    1 on NCCL, well under on gloo, whose reduce-scatter is not a native ring.
+    """
     n = links.size
     if n == 1 or size_bytes <= 0:
         return 0.0
     volume = VOLUME[kind] * (n - 1) / n * size_bytes
     steps = 2 * math.ceil(math.log2(n)) if kind == "all_reduce" else n - 1
-    return steps * perf.link_latency_s + volume / bus_bandwidth(links, perf)
+    share = {"all_gather": perf.all_gather_efficiency, "reduce_scatter": perf.reduce_scatter_efficiency}.get(kind, 1.0)
+    return steps * perf.link_latency_s + volume / (share * bus_bandwidth(links, perf))
+
+
+def exposed(comm_s: float, compute_s: float, perf: Performance) -> float:
+    """The part of ``comm_s`` of communication that ``compute_s`` of compute running beside it
+    cannot hide. ``Performance.comm_overlap`` is the share of compute time communication can
+    run under: 1 on GPUs (NCCL kernels and copy engines beside the compute kernels), near 0
+    where collectives take the cores compute runs on (gloo on a CPU); calibration measures it."""
+    return max(0.0, comm_s - perf.comm_overlap * compute_s)
 
 
 def p2p_time(size_bytes: float, crosses_domain: bool, links: GroupLinks, perf: Performance) -> float:

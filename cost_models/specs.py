@@ -123,14 +123,21 @@ class Performance:
     # NICs of a node that one cross-node collective drives at once. None: one per group
     # member on the node (NCCL's rail-aligned channels reach the sum of the NICs).
     inter_node_rails: Optional[float] = None
+    # All-gather and reduce-scatter bus bandwidth as a share of the all-reduce's.
+    all_gather_efficiency: float = 1.0
+    reduce_scatter_efficiency: float = 1.0
+    comm_overlap: float = 1.0  # share of compute time that communication can run under
 
     def __post_init__(self) -> None:
-        for name in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency",
-                     "intra_node_efficiency", "inter_node_efficiency"):
+        for name in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency", "intra_node_efficiency",
+                     "inter_node_efficiency", "all_gather_efficiency", "reduce_scatter_efficiency"):
             value = getattr(self, name)
             _positive_float("cluster.performance", name, value)
             if value > 1:
                 raise SpecError("cluster.performance", name, f"expected a fraction in (0, 1], got {value!r}")
+        overlap = self.comm_overlap
+        if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0 <= overlap <= 1:
+            raise SpecError("cluster.performance", "comm_overlap", f"expected a fraction in [0, 1], got {overlap!r}")
         for name in ("kernel_overhead_s", "link_latency_s", "step_overhead_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from .activations import activation_bytes
-from .collectives import collective_time, p2p_time
+from .collectives import collective_time, exposed, p2p_time
 from .flops import Gemm, attention_flops, head_gemm, layer_gemms, model_flops_per_token
 from .memory import job_stage_parameters, zero_shards
 from .parameters import embedding_parameters
@@ -205,7 +205,8 @@ def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
         return 2 * one, 2 * one
     tokens = micro_batch_size * training.seq_len / cp
     gemms = sum(gemm_time(g, cluster.gpu, training.precision) for g in layer_gemms(model, tokens, tp))
-    return max(0.0, 2 * one - gemms), max(0.0, 2 * one - 2 * gemms)
+    perf = cluster.gpu.performance
+    return exposed(2 * one, gemms, perf), exposed(2 * one, 2 * gemms, perf)
 
 
 def stage_time(job: Job, stage: int) -> StageTime:
@@ -245,8 +246,8 @@ def stage_time(job: Job, stage: int) -> StageTime:
             max(model.num_kv_heads // lay.tp, 1) * model.head_dim
         cp_links = group_links(cluster, lay, "cp")
         hop = p2p_time(kv, cp_links.domains > 1, cp_links, perf)
-        exposed_fwd = max(0.0, (lay.cp - 1) * hop - core_fwd)
-        exposed_bwd = max(0.0, 2 * (lay.cp - 1) * hop - 2 * core_fwd)
+        exposed_fwd = exposed((lay.cp - 1) * hop, core_fwd, perf)
+        exposed_bwd = exposed(2 * (lay.cp - 1) * hop, 2 * core_fwd, perf)
         cp_comm = layers * (exposed_fwd + exposed_bwd)
     return StageTime(compute=compute, recompute=recompute, tp_comm=tp_comm, cp_comm=cp_comm)
 
@@ -285,10 +286,10 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
         return tied + chunked("all_reduce", grads) + (chunked("all_gather", weights) if lay.zero_stage else 0.0)
     if lay.zero_stage == 0:
         reduce = chunked("all_reduce", grads)
-        return tied + max(reduce - backward_last, reduce / chunks)
+        return tied + max(exposed(reduce, backward_last, perf), reduce / chunks)
     if lay.zero_stage in (1, 2):
         reduce = chunked("reduce_scatter", grads)
-        return tied + max(reduce - backward_last, reduce / chunks) + chunked("all_gather", weights)
+        return tied + max(exposed(reduce, backward_last, perf), reduce / chunks) + chunked("all_gather", weights)
     # ZeRO-3 keeps only gradient shards, so every micro-batch reduce-scatters its gradients.
     # Forward gathers hide behind the forward; backward gathers and the reduce-scatter share
     # the backward.
@@ -296,7 +297,7 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     reduce = chunked("reduce_scatter", grads)
     backward_gathers = 1 + (lay.recompute == "full" and job.training.engine in REGATHER_FOR_RECOMPUTE)
     forward = slowest.compute / 3
-    per_microbatch = max(0.0, gather - forward) + max(0.0, backward_gathers * gather + reduce - backward_last)
+    per_microbatch = exposed(gather, forward, perf) + exposed(backward_gathers * gather + reduce, backward_last, perf)
     return tied + job.num_microbatches * per_microbatch
 
 

@@ -133,7 +133,7 @@ def test_shapes_are_the_models_gemms_at_each_admissible_degree():
 # --- the profile: synthetic timings made by the formulas give back their figures ----------
 
 def synthetic_measurements(eta=0.61, t0=2e-5, eta_attn=0.33, hbm=2e12, eff=0.8, alpha=1.5e-5, busbw=90e9,
-                           peak=400e12) -> Measurements:
+                           peak=400e12, share=None, overlap=()) -> Measurements:
     m = Measurements(attention_precision="bf16")
     shapes = [GemmShape(f"g{i}", m_, n, k) for i, (m_, n, k) in
               enumerate(((64, 64, 64), (1024, 1024, 1024), (4096, 8192, 4096), (2048, 512, 2048)))]
@@ -150,9 +150,11 @@ def synthetic_measurements(eta=0.61, t0=2e-5, eta_attn=0.33, hbm=2e12, eff=0.8, 
         points = []
         for s in sizes:
             steps, volume = collective_steps_and_volume(kind, 8, s)
-            points.append((s, [steps * alpha + volume / busbw] * 3))
+            bandwidth = busbw * (share or {}).get(kind, 1.0)
+            points.append((s, [steps * alpha + volume / bandwidth] * 3))
         kinds[kind] = (8, points)
     m.collectives["intra_node"] = kinds
+    m.overlap = list(overlap)
     return m
 
 
@@ -175,6 +177,21 @@ def test_profile_from_synthetic_timings_gives_back_the_figures_and_loads(tmp_pat
     assert gpu.intra_node_bandwidth == pytest.approx(90e9, rel=1e-5)
     assert gpu.peak("bf16") == 400e12 and gpu.gpus_per_node == 8 and gpu.memory_bytes == 80 * 2**30
     assert gpu.performance.gemm_efficiency == perf["gemm_efficiency"]
+
+
+def test_collective_shares_and_overlap_reach_the_profile(tmp_path):
+    """All-gather and reduce-scatter run at their measured share of the all-reduce's bus
+    bandwidth; comm_overlap is the median of the overlap samples."""
+    m = synthetic_measurements(share={"all_gather": 0.5, "reduce_scatter": 0.25}, overlap=(0.1, 0.3, 0.2))
+    perf = build_profile({"device": "x"}, m, memory_bytes=1e9, gpus_per_node=8, main_precision="bf16",
+                         datasheet_peaks={"bf16": 400.0})["performance"]
+    assert perf["all_gather_efficiency"] == pytest.approx(0.5, rel=1e-3)
+    assert perf["reduce_scatter_efficiency"] == pytest.approx(0.25, rel=1e-3)
+    assert perf["comm_overlap"] == pytest.approx(0.2)
+    # Without overlap samples the cost model's default (1: side by side, as on GPUs) stays.
+    assert "comm_overlap" not in build_profile({"device": "x"}, synthetic_measurements(), memory_bytes=1e9,
+                                               gpus_per_node=8, main_precision="bf16",
+                                               datasheet_peaks={"bf16": 400.0})["performance"]
 
 
 def test_without_a_datasheet_the_peak_is_the_best_measured_gemm():
@@ -230,6 +247,9 @@ def test_quick_calibration_writes_a_profile_the_planner_uses(tmp_path):
                                                                           "reduce_scatter", "p2p"}
     point = profile["measurements"]["gemm"]["fp32"]["points"][0]
     assert point["p10_s"] <= point["median_s"] <= point["p90_s"]
+    overlap = profile["measurements"]["overlap"]["all_reduce_beside_gemms"]
+    assert 0 <= overlap["p10"] <= overlap["median"] <= overlap["p90"] <= 1
+    assert profile["performance"]["comm_overlap"] == pytest.approx(overlap["median"], rel=1e-3)
     case = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
             "cluster": {"profile": str(out), "num_gpus": 2},
             "training": {"global_batch_size": 8, "seq_len": 64, "precision": "fp32"},

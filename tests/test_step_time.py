@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from cost_models.collectives import bus_bandwidth, collective_time
+from cost_models.collectives import bus_bandwidth, collective_time, exposed
 from cost_models.flops import layer_gemms, model_flops_per_token
 from cost_models.pipeline import bubble_fraction
 from cost_models.memory import job_stage_parameters
@@ -251,3 +251,23 @@ def test_cross_entropy_traffic_per_logit():
     """fp32 softmax cross-entropy: forward (p+4) + 4 + 8, backward 8 + (4+p) bytes per logit."""
     assert cross_entropy_bytes(1000, TrainingSpec(global_batch_size=1, seq_len=8, precision="bf16")) == 1000 * 32
     assert cross_entropy_bytes(1000, TrainingSpec(global_batch_size=1, seq_len=8, precision="fp32")) == 1000 * 36
+
+
+def test_comm_overlap_scales_what_compute_hides():
+    """exposed = max(0, comm − overlap × compute): everything at overlap 0, as before at 1."""
+    assert exposed(3.0, 2.0, Performance(comm_overlap=0.0)) == 3.0
+    assert exposed(3.0, 2.0, Performance(comm_overlap=1.0)) == 1.0
+    assert exposed(3.0, 2.0, Performance(comm_overlap=0.5)) == 2.0
+    assert exposed(1.0, 2.0, Performance()) == 0.0
+    with pytest.raises(SpecError, match="comm_overlap"):
+        Performance(comm_overlap=1.5)
+
+
+def test_gather_and_scatter_run_at_their_share_of_the_bus_bandwidth():
+    links = GroupLinks(size=8, per_domain=8, domains=1, intra_bandwidth=100e9, inter_bandwidth=10e9)
+    perf = Performance(intra_node_efficiency=1.0, link_latency_s=0.0, all_gather_efficiency=0.5,
+                       reduce_scatter_efficiency=0.25)
+    S = 1e9
+    assert collective_time("all_gather", S, links, perf) == pytest.approx(7 / 8 * S / 50e9)
+    assert collective_time("reduce_scatter", S, links, perf) == pytest.approx(7 / 8 * S / 25e9)
+    assert collective_time("all_reduce", S, links, perf) == pytest.approx(2 * 7 / 8 * S / 100e9)
