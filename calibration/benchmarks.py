@@ -6,6 +6,7 @@ collectives), warms it up, then takes ``samples`` timings. A timing runs the
 operation ``inner`` times back to back and divides, so that microsecond kernels are
 timed as they run in training (queued one after another), not with a host
 synchronisation each; ``inner`` is chosen so a sample lasts about ``target_s``.
+A sample is timed by :class:`Clock`: CUDA events on a GPU, the host clock on a CPU.
 Results are per-call seconds, one per sample.
 """
 
@@ -32,39 +33,56 @@ class Budget:
     max_inner: int = 1000
 
 
-def synchronizer(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
+class Clock:
+    """Seconds a block of work takes on ``device``: CUDA events recorded on the current stream
+    around it on a GPU (the kernels' time, launch gaps included only where the stream
+    waits for the host), the host clock otherwise."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def time(self, block: Callable[[], object]) -> float:
+        self.sync()
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            block()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        start_s = time.perf_counter()
+        block()
+        return time.perf_counter() - start_s
 
 
-def inner_count(fn: Callable[[], object], sync: Callable[[], None], budget: Budget) -> int:
+def inner_count(fn: Callable[[], object], clock: Clock, budget: Budget) -> int:
     """Calls per sample so one sample lasts about ``budget.target_s``."""
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    one = time.perf_counter() - start
+    one = clock.time(fn)
     return max(1, min(budget.max_inner, int(budget.target_s / max(one, 1e-7))))
 
 
-def time_calls(fn: Callable[[], object], sync: Callable[[], None], budget: Budget,
+def time_calls(fn: Callable[[], object], clock: Clock, budget: Budget,
                inner: Optional[int] = None, before_sample: Optional[Callable[[], None]] = None) -> list[float]:
     """Per-call seconds of ``fn``, one per sample, after ``budget.warmup`` calls."""
     for _ in range(budget.warmup):
         fn()
     if inner is None:
-        inner = inner_count(fn, sync, budget)
+        inner = inner_count(fn, clock, budget)
+
+    def calls() -> None:
+        for _ in range(inner):
+            fn()
+
     times = []
     for _ in range(budget.samples):
         if before_sample is not None:
             before_sample()
-        sync()
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        sync()
-        times.append((time.perf_counter() - start) / inner)
+        times.append(clock.time(calls) / inner)
     return times
 
 
@@ -106,7 +124,7 @@ def gemm(shape: GemmShape, precision: str, device: torch.device, budget: Budget)
         x, wt, out = sets[next(turn) % copies]
         torch.mm(x, wt, out=out)
 
-    return time_calls(call, synchronizer(device), budget)
+    return time_calls(call, Clock(device), budget)
 
 
 def attention(shape: AttentionShape, precision: str, device: torch.device, budget: Budget) -> list[float]:
@@ -124,7 +142,7 @@ def attention(shape: AttentionShape, precision: str, device: torch.device, budge
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         torch.autograd.grad(out, (q, k, v), grad)
 
-    return time_calls(step, synchronizer(device), budget)
+    return time_calls(step, Clock(device), budget)
 
 
 MEMORY_OPS = ("copy", "add", "gelu")
@@ -148,7 +166,7 @@ def memory(op: str, nbytes: int, precision: str, device: torch.device, budget: B
         fn = lambda: torch.ops.aten.gelu.out(a, approximate="tanh", out=out)  # noqa: E731
     else:
         raise ValueError(f"unknown memory benchmark {op!r}")
-    times = time_calls(fn, synchronizer(device), budget)
+    times = time_calls(fn, Clock(device), budget)
     return times, MEMORY_TRAFFIC[op] * numel * a.element_size()
 
 
@@ -192,12 +210,12 @@ def collective(kind: str, group: Optional[dist.ProcessGroup], members: list[int]
             fn = lambda: None  # noqa: E731  (odd member out)
     else:
         raise ValueError(f"unknown collective {kind!r}")
-    sync = synchronizer(device)
+    clock = Clock(device)
     for _ in range(budget.warmup):
         fn()
-    wanted = torch.tensor([inner_count(fn, sync, budget)], device=device, dtype=torch.int64)
+    wanted = torch.tensor([inner_count(fn, clock, budget)], device=device, dtype=torch.int64)
     dist.all_reduce(wanted, op=dist.ReduceOp.MAX, group=group)
-    times = time_calls(fn, sync, Budget(0, budget.samples, budget.target_s, budget.max_inner), inner=int(wanted.item()),
+    times = time_calls(fn, clock, Budget(0, budget.samples, budget.target_s, budget.max_inner), inner=int(wanted.item()),
                        before_sample=lambda: dist.barrier(group=group))
     return times, numel * element
 
@@ -219,15 +237,11 @@ def overlap(group: Optional[dist.ProcessGroup], size_bytes: int, shape: GemmShap
     x = torch.empty(shape.m, shape.k, device=device, dtype=dtype).uniform_(-1, 1)
     wt = torch.empty(shape.n, shape.k, device=device, dtype=dtype).uniform_(-1, 1).t()
     out = torch.empty(shape.m, shape.n, device=device, dtype=dtype)
-    sync = synchronizer(device)
+    clock = Clock(device)
 
     def timed(fn: Callable[[], object]) -> float:
         dist.barrier(group=group)
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        return time.perf_counter() - start
+        return clock.time(fn)
 
     def comm() -> None:
         dist.all_reduce(buffer, group=group)

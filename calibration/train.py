@@ -1,9 +1,12 @@
-"""Real training steps of :mod:`calibration.gpt` for one layout, on CPU: what `validate` measures.
+"""Real training steps of :mod:`calibration.gpt` for one layout: what `validate` measures.
 
-One rank per data-parallel replica, each a ``torch.distributed.run`` process on the
-gloo backend, with ``torch.set_num_threads(max(1, cpu_count // dp))``, or the profile's
+One rank per data-parallel replica, each a ``torch.distributed.run`` process. On CPUs:
+the gloo backend, with ``torch.set_num_threads(max(1, cpu_count // dp))``, or the profile's
 ``machine.threads_per_rank`` when it has one (the profiled "GPU" is a rank with that many
-threads; a run with more would be faster than the device the prediction describes):
+threads; a run with more would be faster than the device the prediction describes). On
+GPUs (``device: cuda``, chosen when the profile was measured with NCCL): one GPU per rank,
+NCCL, fp32 (TF32 GEMMs) or bf16 (autocast for DDP, FSDP2's mixed-precision policy for
+ZeRO-3; fp32 master weights and gradients either way):
 
 - ``zero_stage: 0``: ``DistributedDataParallel``; gradients are all-reduced once per
   optimizer step, during the backward pass of the last micro-batch (``no_sync`` for
@@ -23,16 +26,17 @@ threads; a run with more would be faster than the device the prediction describe
 What is measured, on rank 0:
 
 - the wall time of each optimizer step, between two barriers (all ranks have
-  finished the previous step and this one), of which the optimizer step itself;
+  finished the previous step and this one), of which the optimizer step itself: host
+  clock marks on a CPU, CUDA events on the compute stream on a GPU;
+- on a GPU, the peak of ``torch.cuda.max_memory_allocated`` over the timed steps;
 - the bytes one micro-batch's forward saves for backward, through
   ``torch.autograd.graph.saved_tensors_hooks`` (as ``tests/test_activations_torch.py``
   does): each storage once, leaving out parameters and buffers (model state) and the
   token ids and targets (the batch). Taken after the timed steps, so it cannot
   disturb them.
 
-Tensor, pipeline and context parallelism, ZeRO 1/2, partial recomputation and
-precisions other than fp32 are refused with :class:`Unsupported`: this loop does
-not implement them.
+Tensor, pipeline and context parallelism, ZeRO 1/2, partial recomputation, fp16, fp8,
+and bf16 on a CPU are refused with :class:`Unsupported`: this loop does not implement them.
 
 The parent side (:func:`run_spec`, :func:`launch`) imports no torch; the worker
 (``python -m calibration.train SPEC.json OUT.json`` under ``torch.distributed.run``)
@@ -89,6 +93,8 @@ class RunSpec:
     steps: int  # timed steps
     warmup: int  # untimed steps first
     seed: int = 0
+    device: str = "cpu"  # "cpu" (gloo) or "cuda" (NCCL, one GPU per rank)
+    precision: str = "fp32"  # "fp32", or "bf16" on cuda
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,7 @@ class Measurement:
     threads: int
     torch_version: str
     extra: dict = field(default_factory=dict)  # microbatch_times_s: forward + backward of each, per timed step
+    peak_memory_bytes: Optional[int] = None  # torch.cuda.max_memory_allocated over the timed steps (GPU only)
 
     @property
     def step_time_s(self) -> float:
@@ -128,12 +135,18 @@ def threads_per_rank(dp: int, cpu_count: Optional[int] = None) -> int:
     return max(1, (cpu_count or os.cpu_count() or 1) // dp)
 
 
+DEVICES = ("cpu", "cuda")
+
+
 def run_spec(job: "Job", *, steps: int = 5, warmup: int = 2, seed: int = 0,
-             cpu_count: Optional[int] = None, threads: Optional[int] = None) -> RunSpec:
+             cpu_count: Optional[int] = None, threads: Optional[int] = None, device: str = "cpu") -> RunSpec:
     """The run of ``job``'s layout, or :class:`Unsupported` naming the key this loop cannot run.
 
-    ``threads`` per rank defaults to an equal share of the cores.
+    ``threads`` per rank defaults to an equal share of the cores. ``device`` "cuda" runs
+    one rank per GPU with NCCL.
     """
+    if device not in DEVICES:
+        raise ValueError(f"device: expected one of {', '.join(DEVICES)}, got {device!r}")
     from .gpt import GPTConfig
 
     model, training, lay = job.model, job.training, job.layout
@@ -147,15 +160,19 @@ def run_spec(job: "Job", *, steps: int = 5, warmup: int = 2, seed: int = 0,
     if lay.recompute == "full" and lay.recompute_num_layers not in (None, model.num_layers):
         raise Unsupported("layout.recompute_num_layers", "the CPU validation loop recomputes every layer "
                                                          "under full recomputation; leave it out")
-    if training.precision != "fp32":
-        raise Unsupported("training.precision", f"the CPU validation loop trains in fp32, got {training.precision}")
+    if training.precision not in (("fp32", "bf16") if device == "cuda" else ("fp32",)):
+        raise Unsupported("training.precision", "the validation loop trains in fp32" + (" or bf16" if device == "cuda"
+                          else " on a CPU (CPU bf16 GEMMs are far slower than anything real)")
+                          + f", got {training.precision}")
     if training.optimizer not in OPTIMIZERS:
         raise Unsupported("training.optimizer", f"expected one of {', '.join(OPTIMIZERS)}")
-    if training.flash_attention and model.dropout > 0:
+    if device == "cpu" and training.flash_attention and model.dropout > 0:
         raise Unsupported("model.dropout", "PyTorch's CPU flash attention has no dropout (it falls back to the "
                                            "math kernel, which keeps s×s scores); use dropout 0 or "
                                            "training.flash_attention: false")
     cpus = cpu_count or os.cpu_count() or 1
+    if device == "cuda":  # one GPU per rank; torchrun's workers say so if there are too few
+        cpus = max(cpus, lay.dp)
     if lay.dp > cpus:
         raise Unsupported("layout.dp", f"each rank needs a core of its own; this machine has {cpus}, got dp {lay.dp}")
     threads = threads_per_rank(lay.dp, cpus) if threads is None else threads
@@ -171,7 +188,7 @@ def run_spec(job: "Job", *, steps: int = 5, warmup: int = 2, seed: int = 0,
     return RunSpec(config=asdict(config), dp=lay.dp, micro_batch_size=lay.micro_batch_size,
                    grad_accum=job.grad_accum, seq_len=training.seq_len, zero_stage=lay.zero_stage,
                    optimizer=training.optimizer, threads=threads, steps=steps,
-                   warmup=warmup, seed=seed)
+                   warmup=warmup, seed=seed, device=device, precision=training.precision)
 
 
 def launch_command(spec: RunSpec, spec_path: Path, out_path: Path) -> list[str]:
@@ -197,13 +214,48 @@ def launch(spec: RunSpec, *, timeout_s: float = 600.0) -> Measurement:
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_all(proc)
             output, _ = proc.communicate()
             raise RunFailed(f"training run exceeded its {timeout_s:g} s timeout\n{_tail(output)}") from None
         if proc.returncode != 0 or not out_path.exists():
             raise RunFailed(f"training run failed (exit code {proc.returncode})\n{_tail(output)}")
         data = json.loads(out_path.read_text())
     return Measurement(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _kill_all(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher's session and every process below it: torchrun starts each
+    worker in a session of its own, which a signal to the launcher's group misses, and a
+    surviving worker would hold the output pipe open for ever."""
+    try:  # freeze the launcher first, so it cannot start a worker after the count
+        os.killpg(proc.pid, signal.SIGSTOP)
+    except (ProcessLookupError, PermissionError):
+        pass
+    workers = _descendants(proc.pid)
+    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), *[(lambda p=p: os.kill(p, signal.SIGKILL))
+                                                                 for p in workers]):
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _tail(output: Optional[str], lines: int = 20) -> str:
@@ -270,6 +322,33 @@ def _optimizer(name: str, params):
     return cls(params, lr=1e-4, fused=True)
 
 
+class _Clock:
+    """Marks of one step: the host clock on a CPU, CUDA events on the compute stream on a GPU
+    (which time the kernels, not their launch); seconds between consecutive marks."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def intervals(self) -> list[float]:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
 def _worker(spec_path: str, out_path: str) -> None:
     import contextlib
 
@@ -280,55 +359,75 @@ def _worker(spec_path: str, out_path: str) -> None:
 
     spec = RunSpec(**json.loads(Path(spec_path).read_text()))
     torch.set_num_threads(spec.threads)
-    dist.init_process_group("gloo")
+    cuda = spec.device == "cuda"
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 GEMMs in TF32, as the profile measured them
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
     rank = dist.get_rank()
     assert dist.get_world_size() == spec.dp, (dist.get_world_size(), spec.dp)
+    bf16 = spec.precision == "bf16"
 
     torch.manual_seed(spec.seed)  # the same initial weights on every rank
     config = GPTConfig(**spec.config)
-    gpt = GPT(config).train()
+    gpt = GPT(config).to(device).train()
     ddp = None
     if spec.zero_stage == 3:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        # bf16: gathered weights in bf16, gradients reduced in fp32 (torchtitan's policy).
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
+            else MixedPrecisionPolicy()
         for layer in gpt.layers:
-            fully_shard(layer)
-        fully_shard(gpt)
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(gpt, mp_policy=policy)
         model = gpt
     elif spec.dp > 1:
         from torch.nn.parallel import DistributedDataParallel
 
         # Gradients live in the all-reduce buckets (as Megatron's contiguous grad buffer): no copies.
-        model = ddp = DistributedDataParallel(gpt, gradient_as_bucket_view=True)
+        model = ddp = DistributedDataParallel(gpt, gradient_as_bucket_view=True,
+                                              device_ids=[device.index] if cuda else None)
     else:
         model = gpt
     optimizer = _optimizer(spec.optimizer, model.parameters())
+    # DDP under bf16 autocasts its GEMMs; FSDP2's policy already computes in bf16.
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 and spec.zero_stage != 3 \
+        else contextlib.nullcontext
 
     generator = torch.Generator().manual_seed(spec.seed + 1 + rank)  # each rank its own data
     shape = (spec.grad_accum, spec.micro_batch_size, spec.seq_len)
-    ids = torch.randint(config.vocab_size, shape, generator=generator)
+    ids = torch.randint(config.vocab_size, shape, generator=generator).to(device)
     targets = ids.roll(-1, dims=-1).contiguous()
 
     def step() -> tuple[float, float, list[float], float]:
         dist.barrier()
-        start = time.perf_counter()
-        marks = [start]
+        clock = _Clock(cuda)
+        clock.mark()
         for i in range(spec.grad_accum):
             last = i == spec.grad_accum - 1
             sync = ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext()
             with sync:
-                loss = model(ids[i], targets[i]) / spec.grad_accum
+                with autocast():
+                    loss = model(ids[i], targets[i]) / spec.grad_accum
                 loss.backward()
-            marks.append(time.perf_counter())
+            clock.mark()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         dist.barrier()
-        end = time.perf_counter()
-        microbatches = [b - a for a, b in zip(marks, marks[1:])]
-        return end - start, end - marks[-1], microbatches, loss.item() * spec.grad_accum
+        clock.mark()
+        intervals = clock.intervals()
+        return sum(intervals), intervals[-1], intervals[:-1], loss.item() * spec.grad_accum
 
     warmup, timed, optimizer_times, microbatch_times, losses = [], [], [], [], []
+    peak_memory = None
     for n in range(spec.warmup + spec.steps):
+        if cuda and n == spec.warmup:
+            torch.cuda.reset_peak_memory_stats(device)
         total, opt, microbatches, loss = step()
         losses.append(loss)
         if n < spec.warmup:
@@ -337,20 +436,23 @@ def _worker(spec_path: str, out_path: str) -> None:
             timed.append(total)
             optimizer_times.append(opt)
             microbatch_times.append(microbatches)
+    if cuda:
+        peak_memory = int(torch.cuda.max_memory_allocated(device))
 
     # One micro-batch's forward. DDP's inner module runs it without collectives (rank 0
     # alone); FSDP2 gathers weights for it, so every rank runs it.
     activation_bytes = 0
     if spec.zero_stage == 3 or rank == 0:
         module = gpt
-        activation_bytes = saved_activation_bytes(module, lambda: module(ids[0], targets[0]),
-                                                  exclude=(ids, targets))
+        with autocast():
+            activation_bytes = saved_activation_bytes(module, lambda: module(ids[0], targets[0]),
+                                                      exclude=(ids, targets))
     if rank == 0:
         result = Measurement(step_times_s=tuple(timed), optimizer_times_s=tuple(optimizer_times),
                              warmup_times_s=tuple(warmup), activation_bytes=activation_bytes,
                              losses=tuple(losses), threads=torch.get_num_threads(),
                              torch_version=torch.__version__,
-                             extra={"microbatch_times_s": microbatch_times})
+                             extra={"microbatch_times_s": microbatch_times}, peak_memory_bytes=peak_memory)
         Path(out_path).write_text(json.dumps(asdict(result)))
     dist.barrier()
     dist.destroy_process_group()

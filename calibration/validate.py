@@ -52,6 +52,14 @@ class Validation:
     def activation_ratio(self) -> float:
         return self.predicted_activation_bytes / self.measurement.activation_bytes
 
+    @property
+    def predicted_allocated_bytes(self) -> float:
+        """What the allocator holds at the peak: model states and activations of the heaviest
+        stage (the CUDA context, NCCL buffers and fragmentation are outside
+        ``torch.cuda.max_memory_allocated``)."""
+        peak = self.estimate.peak
+        return peak.parameters + peak.gradients + peak.optimizer_states + peak.activations
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "case": self.estimate.case.source,
@@ -65,6 +73,9 @@ class Validation:
                             "ratio": self.step_ratio},
             "activation_bytes": {"predicted": self.predicted_activation_bytes,
                                  "measured": self.measurement.activation_bytes, "ratio": self.activation_ratio},
+            "peak_allocated_bytes": None if self.measurement.peak_memory_bytes is None else {
+                "predicted": self.predicted_allocated_bytes, "measured": self.measurement.peak_memory_bytes,
+                "ratio": self.predicted_allocated_bytes / self.measurement.peak_memory_bytes},
             "predicted_by_part": self.estimate.time.by_part(),
             "measurement": self.measurement.to_dict(),
         }
@@ -103,22 +114,32 @@ def load_with_profile(case: Union[str, Path, dict], profile: Optional[Union[str,
     return build_case(data, source, base)
 
 
-def profiled_threads(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> Optional[int]:
-    """``machine.threads_per_rank`` of the profile in use (``--profile``, else the case's
-    ``cluster.profile``), or None: the threads one profiled "GPU" had."""
+def profiled_machine(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> dict:
+    """The ``machine`` section of the profile in use (``--profile``, else the case's
+    ``cluster.profile``), or {} without one."""
     from planner.case import read_yaml
 
     if profile is None:
         data = case if isinstance(case, dict) else read_yaml(Path(case))
         cluster = data.get("cluster") if isinstance(data, dict) else None
         if not isinstance(cluster, dict) or not isinstance(cluster.get("profile"), str):
-            return None
+            return {}
         profile = Path(cluster["profile"])
         if not profile.is_absolute() and not isinstance(case, dict):
             profile = Path(case).parent / profile
     machine = read_yaml(Path(profile)).get("machine") or {}
-    threads = machine.get("threads_per_rank") if isinstance(machine, dict) else None
+    return machine if isinstance(machine, dict) else {}
+
+
+def profiled_threads(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> Optional[int]:
+    """``machine.threads_per_rank`` of the profile in use, or None: the threads one profiled "GPU" had."""
+    threads = profiled_machine(case, profile).get("threads_per_rank")
     return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
+
+
+def profiled_device(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> str:
+    """"cuda" when the profile in use was measured with NCCL (on GPUs), else "cpu"."""
+    return "cuda" if profiled_machine(case, profile).get("backend") == "nccl" else "cpu"
 
 
 def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] = None, *, steps: int = 5,
@@ -130,11 +151,17 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     """
     from planner.case import spec_errors
 
+    from dataclasses import replace
+
     loaded = load_with_profile(case, profile)
     try:
-        spec = run_spec(loaded.job(), steps=steps, warmup=warmup, threads=profiled_threads(case, profile))
+        spec = run_spec(loaded.job(), steps=steps, warmup=warmup, threads=profiled_threads(case, profile),
+                        device=profiled_device(case, profile))
     except Unsupported as error:
         raise CaseError(loaded.source, error.key, error.message) from None
+    if spec.precision == "bf16" and loaded.training.fp32_grads is None:
+        # The loop keeps fp32 master weights and gradients under bf16: predict that run.
+        loaded = replace(loaded, training=replace(loaded.training, fp32_grads=True))
     with spec_errors(loaded.source):  # e.g. a profile without a figure for the precision
         est = estimate(loaded)
     measurement = launch(spec, timeout_s=timeout_s)
@@ -159,6 +186,10 @@ def print_validation(result: Validation, console) -> None:
     mib = 2**20
     table.add_row("activations per micro-batch (MiB)", f"{result.predicted_activation_bytes / mib:.2f}",
                   f"{m.activation_bytes / mib:.2f}", f"{result.activation_ratio:.4f}")
+    if m.peak_memory_bytes:
+        table.add_row("peak allocated memory (MiB)", f"{result.predicted_allocated_bytes / mib:.1f}",
+                      f"{m.peak_memory_bytes / mib:.1f}",
+                      f"{result.predicted_allocated_bytes / m.peak_memory_bytes:.4f}")
     console.print(table)
     parts = ", ".join(f"{k.removesuffix('_s')} {v:.4f}" for k, v in result.estimate.time.by_part().items() if v)
     console.print(f"predicted by part (s): {parts}")

@@ -156,3 +156,27 @@ def test_a_run_past_its_timeout_is_stopped(profile):
 
     with pytest.raises(RunFailed, match="timeout"):
         validate(case(micro_batch_size=1), profile, steps=1, warmup=0, timeout_s=1)
+
+
+def test_a_gpu_profile_runs_the_loop_on_cuda_with_bf16_allowed(tmp_path, profile):
+    """A profile measured with NCCL sends the run to the GPUs (one per rank), where bf16 is
+    allowed and the prediction keeps the loop's fp32 gradients; a CPU profile refuses bf16."""
+    from calibration.validate import profiled_device
+
+    gpu = tmp_path / "gpu.yaml"
+    gpu.write_text(yaml.safe_dump({**PROFILE, "machine": {"device": "NVIDIA H200", "backend": "nccl"},
+                                   "gpu": {**PROFILE["gpu"], "peak_tflops": {"fp32": 60.0, "bf16": 900.0}}}))
+    assert profiled_device(case(), profile) == "cpu" and profiled_device(case(), gpu) == "cuda"
+    data = case(num_gpus=4, training={"precision": "bf16"}, micro_batch_size=1)
+    spec = run_spec(load_with_profile(data, gpu).job(), cpu_count=2, device="cuda")
+    assert (spec.device, spec.precision, spec.dp) == ("cuda", "bf16", 4)  # 4 ranks on 4 GPUs, not 4 cores
+    with pytest.raises(Unsupported, match="on a CPU"):
+        run_spec(load_with_profile(data, gpu).job(), cpu_count=2, device="cpu")
+    with pytest.raises(Unsupported, match="fp32 or bf16"):
+        run_spec(load_with_profile(case(num_gpus=4, training={"precision": "fp16"}), gpu).job(), device="cuda")
+
+
+def test_a_cpu_measurement_has_no_allocator_peak(profile):
+    result = validate(case(num_gpus=1, micro_batch_size=2), profile, steps=1, warmup=0)
+    assert result.spec.device == "cpu" and result.measurement.peak_memory_bytes is None
+    assert result.to_dict()["peak_allocated_bytes"] is None
