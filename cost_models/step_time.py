@@ -258,9 +258,14 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     - ZeRO 0: gradient all-reduce, bucketed and overlapped with the last micro-batch's backward.
     - ZeRO 1/2: gradient reduce-scatter (overlapped likewise) and the parameter all-gather
       after the optimizer step (exposed).
-    - ZeRO 3: parameter all-gathers in forward and in backward and a gradient reduce-scatter,
-      for every micro-batch, prefetched behind that micro-batch's compute; what a pass's
-      compute cannot cover is exposed, so more compute never shortens the step.
+    - ZeRO 3: parameter all-gathers in forward and in backward (again for the recompute
+      where the engine re-gathers) and a gradient reduce-scatter, for every micro-batch,
+      prefetched behind that micro-batch's compute; what a pass's compute cannot cover is
+      exposed, so more compute never shortens the step.
+    - DeepSpeed's pipeline: the whole gradient all-reduce after the last micro-batch.
+    - First and last stage, tied embeddings with pipelining: :func:`tied_embedding_reduce`.
+
+    What compute hides is scaled by ``Performance.comm_overlap`` (:func:`collectives.exposed`).
     """
     lay, training, cluster = job.layout, job.training, job.cluster
     perf = cluster.gpu.performance
