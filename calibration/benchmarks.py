@@ -34,30 +34,42 @@ class Budget:
 
 
 class Clock:
-    """Seconds a block of work takes on ``device``: CUDA events recorded on the current stream
-    around it on a GPU (the kernels' time, launch gaps included only where the stream
-    waits for the host), the host clock otherwise."""
+    """Time on ``device``: CUDA events recorded on the current stream on a GPU (the kernels'
+    time, launch gaps included only where the stream waits for the host), the host clock
+    otherwise. ``mark()`` as work is queued, then ``intervals()`` between the marks."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
+        self.marks: list = []
 
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def time(self, block: Callable[[], object]) -> float:
-        self.sync()
+    def mark(self) -> None:
         if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            block()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        start_s = time.perf_counter()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def intervals(self) -> list[float]:
+        """Seconds between consecutive marks; the marks are cleared."""
+        marks, self.marks = self.marks, []
+        if self.cuda:
+            self.sync()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
+        return [b - a for a, b in zip(marks, marks[1:])]
+
+    def time(self, block: Callable[[], object]) -> float:
+        """Seconds ``block`` takes, from an idle device."""
+        self.sync()
+        self.mark()
         block()
-        return time.perf_counter() - start_s
+        self.mark()
+        return self.intervals()[0]
 
 
 def inner_count(fn: Callable[[], object], clock: Clock, budget: Budget) -> int:

@@ -52,7 +52,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -322,39 +321,13 @@ def _optimizer(name: str, params):
     return cls(params, lr=1e-4, fused=True)
 
 
-class _Clock:
-    """Marks of one step: the host clock on a CPU, CUDA events on the compute stream on a GPU
-    (which time the kernels, not their launch); seconds between consecutive marks."""
-
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
-        self.marks: list = []
-
-    def mark(self) -> None:
-        if self.cuda:
-            import torch
-
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def intervals(self) -> list[float]:
-        if self.cuda:
-            import torch
-
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
-        return [b - a for a, b in zip(self.marks, self.marks[1:])]
-
-
 def _worker(spec_path: str, out_path: str) -> None:
     import contextlib
 
     import torch
     import torch.distributed as dist
 
+    from .benchmarks import Clock
     from .gpt import GPT, GPTConfig
 
     spec = RunSpec(**json.loads(Path(spec_path).read_text()))
@@ -406,7 +379,7 @@ def _worker(spec_path: str, out_path: str) -> None:
 
     def step() -> tuple[float, float, list[float], float]:
         dist.barrier()
-        clock = _Clock(cuda)
+        clock = Clock(device)
         clock.mark()
         for i in range(spec.grad_accum):
             last = i == spec.grad_accum - 1

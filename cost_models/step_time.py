@@ -147,6 +147,11 @@ def layer_forward_time(job: Job) -> tuple[float, float]:
                                lay.sequence_parallel)
 
 
+def layer_gemm_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float) -> float:
+    """Forward time of one layer's GEMMs (QKV, projection, MLP) on ``tokens`` tokens."""
+    return sum(gemm_time(g, gpu, training.precision) for g in layer_gemms(model, tokens, tp))
+
+
 @lru_cache(maxsize=4096)
 def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
                         micro_batch_size: int, sequence_parallel: bool) -> tuple[float, float]:
@@ -156,7 +161,7 @@ def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpe
     perf = gpu.performance
     s_local = training.seq_len / lay.cp
     tokens = lay.micro_batch_size * s_local
-    gemms = sum(gemm_time(g, gpu, training.precision) for g in layer_gemms(model, tokens, lay.tp))
+    gemms = layer_gemm_time(model, training, gpu, lay.tp, tokens)
     # Attention runs in bf16 even in fp8 recipes (Transformer Engine keeps DPA in bf16).
     attn_precision = "bf16" if training.precision == "fp8" else training.precision
     # Context parallelism: each rank attends its s/cp queries to all s keys, balanced causally.
@@ -204,7 +209,7 @@ def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     if not training.tp_comm_overlap:
         return 2 * one, 2 * one
     tokens = micro_batch_size * training.seq_len / cp
-    gemms = sum(gemm_time(g, cluster.gpu, training.precision) for g in layer_gemms(model, tokens, tp))
+    gemms = layer_gemm_time(model, training, cluster.gpu, tp, tokens)
     perf = cluster.gpu.performance
     return exposed(2 * one, gemms, perf), exposed(2 * one, 2 * gemms, perf)
 

@@ -67,14 +67,13 @@ class SearchSpec:
 def search_spec(case: Case) -> SearchSpec:
     src, data = case.source, case.search
     data = _mapping(src, "search", data, SEARCH_KEYS)
-    # The engine the case trains with is the one to search for, unless the search names one.
+    # The engine searched for is the one the case trains with: build_case has already
+    # taken a named search.target as training.engine (or refused a contradiction).
     values: dict[str, Any] = {"target": case.training.engine}
     if "target" in data:
         target = _str(src, "search.target", data["target"])
         if target not in ENGINES:
             raise CaseError(src, "search.target", f"expected one of {', '.join(ENGINES)}, got {target!r}")
-        if target != "any":
-            values["target"] = target
     if case.training.tp_comm_overlap and not ENGINES[values["target"]].tp_comm_overlap:
         raise CaseError(src, "training.tp_comm_overlap", f"{values['target']} cannot overlap tensor-parallel "
                                                          "collectives with GEMMs; set it false")
