@@ -1,6 +1,6 @@
 """The hardware profile: measured figures and fits, in the form ``cluster.profile`` reads.
 
-``planner.case.gpu_from_profile`` reads four sections:
+``planner.case.gpu_from_profile`` reads five sections:
 
 - ``machine``: where and how it was measured (host, device, torch, NCCL, date, ranks);
 - ``gpu``: the fields of a GPU preset, measured: ``peak_tflops`` per precision timed,
@@ -8,7 +8,7 @@
   and ``inter_node_bandwidth`` (fitted all-reduce bus bandwidth), ``gpus_per_node`` and
   ``nvlink_domain`` (ranks per node), ``memory`` (the GPU's, or the host's RAM shared by
   its ranks);
-- ``performance``: the cost model's achieved figures, fitted to the measurements
+- ``performance`` and ``fabric``: the cost model's achieved figures, fitted to the measurements
   with its own formulas (:mod:`calibration.fit`); link efficiencies are 1 because the
   bandwidths above are already the achieved bus bandwidths;
 - ``measurements``: every timing (median, p10, p90 over samples) and fit.
@@ -185,7 +185,10 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
             notes.append("one node: inter_node_bandwidth is the intra-node figure (not measured); "
                          "set cluster.inter_node_bandwidth in a case for a multi-node cluster")
     performance["intra_node_efficiency"] = 1.0
-    performance["inter_node_efficiency"] = 1.0
+    # The inter-node bus bandwidth is measured as such: the fabric delivers it as it stands.
+    fabric: dict[str, Any] = {"efficiency": 1.0}
+    if inter is not None:
+        fabric["latency_s"] = sig(inter.latency_s)
     # The cost model runs all-gather and reduce-scatter at a share of the all-reduce's bus
     # bandwidth (cost_models.collectives.collective_time): the measured ratios, per link class.
     for link in ("intra_node", "inter_node"):
@@ -212,14 +215,15 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
         "nvlink_domain": gpus_per_node,
     }
     measured["notes"] = notes
-    return {"machine": machine, "gpu": gpu, "performance": performance, "measurements": measured}
+    return {"machine": machine, "gpu": gpu, "performance": performance, "fabric": fabric,
+            "measurements": measured}
 
 
 HEADER = """\
 # Hardware profile written by `layout-planner calibrate`. Use it in a case file as
 #   cluster: {profile: PATH, num_gpus: N}
-# gpu: measured figures in the GPU-preset schema; performance: the cost model's achieved
-# figures fitted to the timings under its own formulas; measurements: every timing
+# gpu: measured figures in the GPU-preset schema; performance and fabric: the cost model's
+# achieved figures fitted to the timings under its own formulas; measurements: every timing
 # (median, p10, p90 over samples, per call) and fit. See calibration/profile.py.
 """
 

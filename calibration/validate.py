@@ -82,12 +82,15 @@ class Validation:
 
 
 def forward_activation_bytes(job: Job) -> float:
-    """The model's activations of one micro-batch as its forward saves them (pp = 1)."""
+    """The model's activations of one micro-batch as its forward saves them (pp = 1): the
+    stage's peak less what exists only in backward (a recomputed layer's working set, the
+    loss's gradients)."""
     lay = job.layout
     if lay.pp != 1:
         raise ValueError("forward_activation_bytes: only for pp = 1")
-    working_layer = per_microbatch(job).kept if lay.recompute == "full" else 0.0
-    return stage_activation_bytes(job, 0) - working_layer
+    shared = per_microbatch(job)
+    working_layer = shared.kept if lay.recompute == "full" else 0.0
+    return stage_activation_bytes(job, 0) - working_layer - shared.loss_gradients
 
 
 def load_with_profile(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]):
@@ -162,6 +165,8 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     if spec.precision == "bf16" and loaded.training.fp32_grads is None:
         # The loop keeps fp32 master weights and gradients under bf16: predict that run.
         loaded = replace(loaded, training=replace(loaded.training, fp32_grads=True))
+    # What runs is the repo's own GPT, whatever engine the case names: predict it as it runs.
+    loaded = replace(loaded, training=replace(loaded.training, engine="reference"))
     with spec_errors(loaded.source):  # e.g. a profile without a figure for the precision
         est = estimate(loaded)
     measurement = launch(spec, timeout_s=timeout_s)

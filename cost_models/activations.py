@@ -90,22 +90,50 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     )
 
 
+# What ``recompute: selective`` keeps, by engine (``EngineBehaviour.selective``):
+# "attention": Megatron's --recompute-granularity selective recomputes the core attention;
+# "matmuls": PyTorch selective activation checkpointing as torchtitan configures it
+# (``torchtitan/distributed/activation_checkpoint.py``, op SAC): the outputs of attention and
+# of every other matmul are saved, everything else is recomputed.
+SELECTIVE_POLICIES = ("attention", "matmuls")
+
+
+def matmul_policy_saved_elements(model: ModelSpec, layout: Layout) -> float:
+    """Elements per token one layer keeps under the "matmuls" policy.
+
+    torchtitan's policy counts the matmuls of a block and saves the odd-numbered ones'
+    outputs. A Llama block (SwiGLU) runs wq, wk, wv, wo, w1, w3, w2: q, v, w1's and w2's
+    outputs are kept; a GPT block (GeLU) runs qkv, proj, fc1, fc2: qkv's and fc1's. Both
+    keep the block's input (the checkpoint's) and the attention output.
+    """
+    h, f, t = model.hidden_size, model.ffn_hidden_size, layout.tp
+    kv = max(model.num_kv_heads // t, 1) * model.head_dim
+    sp = t if layout.sequence_parallel else 1
+    if model.activation == "swiglu":
+        return h / sp + h / t + kv + f / t + h / sp + h / t
+    return h / sp + (h / t + 2 * kv) + f / t + h / t
+
+
 def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
-                           recomputed: bool = False) -> float:
+                           recomputed: bool = False, selective: str = "attention") -> float:
     """Bytes one layer keeps per micro-batch under the layout's recomputation.
 
     - ``none``: everything in :func:`layer_activations`.
-    - ``selective``: the attention core is recomputed (Korthikanti §5), so its
-      s×s tensors are not kept.
+    - ``selective``: with the "attention" policy the attention core is recomputed
+      (Korthikanti §5), so its s×s tensors are not kept; with "matmuls", what
+      :func:`matmul_policy_saved_elements` counts.
     - ``full`` (for a layer that is recomputed): only the layer's input,
       2·sbh (divided by t under sequence parallelism).
     """
     full = layer_activations(model, training, layout)
+    p = activation_bytes(training.precision)
+    tokens = (training.seq_len / layout.cp) * layout.micro_batch_size
     if layout.recompute == "full" and recomputed:
-        p = activation_bytes(training.precision)
         sp = layout.tp if layout.sequence_parallel else 1
-        return p * (training.seq_len / layout.cp) * layout.micro_batch_size * model.hidden_size / sp
+        return p * tokens * model.hidden_size / sp
     if layout.recompute == "selective":
+        if selective == "matmuls":
+            return p * tokens * matmul_policy_saved_elements(model, layout)
         return full.total - full.attention_core
     return full.total
 
@@ -116,6 +144,20 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingSpec, layout:
         return 0.0
     sp = layout.tp if layout.sequence_parallel else 1
     return (training.seq_len / layout.cp) * layout.micro_batch_size * model.hidden_size / sp
+
+
+def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, per_logit: float) -> float:
+    """Last stage, while the loss runs backward: the logits' gradients that exist beside the
+    saved fp32 log-softmax, ``per_logit`` bytes each (``EngineBehaviour.loss_gradient_bytes``).
+
+    Eager PyTorch (``F.cross_entropy`` on upcast logits) allocates the fp32 gradient of the
+    log-softmax and then its bf16 cast for the LM head's backward: 4 + 2 bytes. Megatron's
+    ``vocab_parallel_cross_entropy`` writes the gradient into the saved softmax in place and
+    hands back one bf16 copy: 2 bytes. Not saved for backward, so not in
+    :func:`head_activation_bytes`; it is part of the stage's peak.
+    """
+    s = training.seq_len / layout.cp
+    return per_logit * s * layout.micro_batch_size * model.vocab_size / layout.tp
 
 
 def head_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:

@@ -7,13 +7,15 @@ nccl-tests ``doc/PERFORMANCE.md``):
 
 A group spanning several NVLink domains runs hierarchically: every member of a
 domain drives its own NIC (one NIC per GPU, rail-optimised), so the inter-domain
-bus bandwidth is per_domain × NIC bandwidth, and the collective is bounded by the
-slower of that and the NVLink bus bandwidth. ``Performance.inter_node_rails`` caps
-how many of a node's NICs one collective drives at once where a cluster's measured
-runs show less than the sum (NCCL ``doc/PERFORMANCE.md``: the inter-node bus
-bandwidth is the NICs' line rate times the NICs a ring's channels use). Latency: all-reduce runs as a tree
-at scale (2·log2 n steps, NCCL's tree algorithm); all-gather and reduce-scatter
-have only the ring in NCCL before 2.23 (n − 1 steps).
+bus bandwidth is per_domain × the achieved NIC bandwidth (``topology.GroupLinks``:
+the fabric's efficiency at the group's span, spine oversubscription), and the
+collective is bounded by the slower of that and the NVLink bus bandwidth.
+``FabricSpec.rails`` caps how many of a domain's NICs one collective drives (NCCL
+``doc/PERFORMANCE.md``: the inter-node bus bandwidth is the NICs' line rate times the
+NICs a ring's channels use). Latency: all-reduce runs as a tree at scale (2·log2 n
+steps, NCCL's tree algorithm); all-gather and reduce-scatter have only the ring in
+NCCL before 2.23 (n − 1 steps). A step that crosses the fabric costs the fabric's α;
+a ring step waits for its slowest hop, so every step of a ring that leaves its domain does.
 """
 
 from __future__ import annotations
@@ -31,9 +33,18 @@ def bus_bandwidth(links: GroupLinks, perf: Performance) -> float:
     intra = links.intra_bandwidth * perf.intra_node_efficiency
     if links.domains == 1:
         return intra
-    rails = links.per_domain if perf.inter_node_rails is None else min(links.per_domain, perf.inter_node_rails)
-    inter = rails * links.inter_bandwidth * perf.inter_node_efficiency
+    inter = links.nics * links.inter_bandwidth
     return min(intra, inter) if links.per_domain > 1 else inter
+
+
+def latency(kind: str, links: GroupLinks, perf: Performance) -> float:
+    """The α part of one collective: its algorithm steps, each at its link's latency."""
+    if kind == "all_reduce":  # tree: up and down, within the domains then across them
+        inside = 2 * math.ceil(math.log2(links.per_domain)) if links.per_domain > 1 else 0
+        across = 2 * math.ceil(math.log2(links.domains)) if links.domains > 1 else 0
+        return inside * perf.link_latency_s + across * links.inter_latency
+    steps = links.size - 1  # ring
+    return steps * (links.inter_latency if links.domains > 1 else perf.link_latency_s)
 
 
 def collective_time(kind: str, size_bytes: float, links: GroupLinks, perf: Performance) -> float:
@@ -47,21 +58,22 @@ def collective_time(kind: str, size_bytes: float, links: GroupLinks, perf: Perfo
     if n == 1 or size_bytes <= 0:
         return 0.0
     volume = VOLUME[kind] * (n - 1) / n * size_bytes
-    steps = 2 * math.ceil(math.log2(n)) if kind == "all_reduce" else n - 1
     share = {"all_gather": perf.all_gather_efficiency, "reduce_scatter": perf.reduce_scatter_efficiency}.get(kind, 1.0)
-    return steps * perf.link_latency_s + volume / (share * bus_bandwidth(links, perf))
+    return latency(kind, links, perf) + volume / (share * bus_bandwidth(links, perf))
 
 
 def exposed(comm_s: float, compute_s: float, perf: Performance) -> float:
     """The part of ``comm_s`` of communication that ``compute_s`` of compute running beside it
-    cannot hide. ``Performance.comm_overlap`` is the share of compute time communication can
-    run under: 1 on GPUs (NCCL kernels and copy engines beside the compute kernels), near 0
-    where collectives take the cores compute runs on (gloo on a CPU); calibration measures it."""
-    return max(0.0, comm_s - perf.comm_overlap * compute_s)
+    does not hide: c − ov·min(c, C). ``Performance.comm_overlap`` (ov) is the share of the
+    overlapped time that runs side by side, as calibration measures it: (t_comm + t_compute −
+    t_both) / min(t_comm, t_compute). Near 1 on GPUs (NCCL kernels beside the compute
+    kernels, though they take SMs and HBM bandwidth from them); near 0 where collectives take
+    the cores compute runs on (gloo on a CPU)."""
+    return comm_s - perf.comm_overlap * min(comm_s, compute_s)
 
 
 def p2p_time(size_bytes: float, crosses_domain: bool, links: GroupLinks, perf: Performance) -> float:
     """One send from a pipeline stage to the next."""
-    bandwidth = (links.inter_bandwidth * perf.inter_node_efficiency if crosses_domain
-                 else links.intra_bandwidth * perf.intra_node_efficiency)
-    return perf.link_latency_s + size_bytes / bandwidth
+    if crosses_domain:
+        return links.inter_latency + size_bytes / links.inter_bandwidth
+    return perf.link_latency_s + size_bytes / (links.intra_bandwidth * perf.intra_node_efficiency)

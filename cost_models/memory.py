@@ -7,7 +7,8 @@ from functools import lru_cache
 from typing import Iterable, Optional
 
 from .activations import (embedding_activation_bytes, head_activation_bytes,
-                          layer_activation_bytes)
+                          layer_activation_bytes, loss_gradient_bytes)
+from .behaviour import behaviour
 from .model_states import sharded_state_bytes, state_bytes
 from .parameters import attention_parameters, mlp_parameters, stage_parameters
 from .pipeline import in_flight_chunks
@@ -56,7 +57,8 @@ class PerMicrobatch:
     kept: float  # one layer that is not recomputed
     checkpointed: float  # one layer under full recomputation: its input only
     embedding: float  # first stage
-    head: float  # last stage
+    head: float  # last stage: saved for backward
+    loss_gradients: float  # last stage: the loss's gradients, alive at its peak
 
 
 def per_microbatch(job: Job) -> PerMicrobatch:
@@ -72,11 +74,13 @@ def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, 
     # search scores many layouts that share them.
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
                  recompute=recompute)
+    selective = behaviour(training.engine).selective
     return PerMicrobatch(
-        kept=layer_activation_bytes(model, training, lay, recomputed=False),
-        checkpointed=layer_activation_bytes(model, training, lay, recomputed=True),
+        kept=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective),
+        checkpointed=layer_activation_bytes(model, training, lay, recomputed=True, selective=selective),
         embedding=embedding_activation_bytes(model, training, lay),
         head=head_activation_bytes(model, training, lay),
+        loss_gradients=loss_gradient_bytes(model, lay, training, behaviour(training.engine).loss_gradient_bytes),
     )
 
 
@@ -106,7 +110,7 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     if stage == 0:
         total += chunks * shared.embedding
     if stage == lay.pp - 1:
-        total += shared.head
+        total += shared.head + shared.loss_gradients
     return total
 
 

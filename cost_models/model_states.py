@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .behaviour import behaviour
 from .specs import TrainingSpec
 
 
@@ -27,11 +28,6 @@ class StateBytes:
         return self.weights + self.gradients + self.optimizer
 
 
-# Engines that accumulate and reduce bf16 gradients in fp32 unless told otherwise:
-# Megatron-LM sets accumulate_allreduce_grads_in_fp32 for bf16 unless --grad-reduce-in-bf16
-# (``megatron/training/arguments.py``); torchtitan's FSDP2 reduces in float32, its only
-# choice (``torchtitan/config/configs.py``, mixed_precision_reduce).
-FP32_GRADS_FOR_BF16 = frozenset({"megatron", "torchtitan"})
 
 
 def fp32_gradients(training: TrainingSpec) -> bool:
@@ -40,7 +36,7 @@ def fp32_gradients(training: TrainingSpec) -> bool:
         return True
     if training.fp32_grads is not None:
         return training.fp32_grads
-    return training.precision in ("bf16", "fp8") and training.engine in FP32_GRADS_FOR_BF16
+    return training.precision in ("bf16", "fp8") and behaviour(training.engine).fp32_grads_for_bf16
 
 
 def state_bytes(training: TrainingSpec) -> StateBytes:

@@ -14,12 +14,15 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Mapping, Optional
 
+from .behaviour import BEHAVIOURS
+
 ACTIVATIONS = ("gelu", "swiglu")
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
 OPTIMIZERS = ("adam", "adamw", "sgd")
-# Training engines whose run-time behaviour the step-time model distinguishes ("any": no engine
-# in particular); what each can express is declared in ``planner/engines.py``.
-ENGINE_NAMES = ("any", "megatron", "deepspeed", "torchtitan")
+# Training engines whose run-time behaviour the cost models distinguish ("any": no engine in
+# particular): ``cost_models/behaviour.py``; what each can express is declared in
+# ``planner/engines.py``.
+ENGINE_NAMES = tuple(BEHAVIOURS)
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -112,41 +115,65 @@ class Performance:
     or measured by calibration; none is set per published run.
     """
 
-    gemm_efficiency: float = 0.75  # share of dense peak a large GEMM sustains
-    attention_efficiency: float = 0.5  # share of dense peak of the fused attention kernels (fwd + bwd)
+    gemm_efficiency: float = 0.75  # share of dense peak a large GEMM sustains (16-bit and tf32)
+    # The same for fp8 GEMMs, whose share of their (twice as high) peak is lower: H100
+    # mamf-finder reaches 0.80 of the bf16 and 0.71 of the fp8 peak. None: as gemm_efficiency.
+    gemm_efficiency_fp8: Optional[float] = None
+    # Share of dense peak of flash attention, forward + backward, at head dim 128 and 16k keys
+    # (the condition FlashAttention's published benchmarks report): FlashAttention-2-class
+    # kernels (flash-attn 2, PyTorch SDPA) in ``attention_efficiency``; the vendor's fused
+    # kernels where an engine runs them (Transformer Engine's cuDNN attention, FlashAttention-3
+    # on Hopper) in ``attention_efficiency_fused`` (None: the same).
+    attention_efficiency: float = 0.5
+    attention_efficiency_fused: Optional[float] = None
+    # Head dim and key length at which a flash-attention tile does half its peak work: smaller
+    # heads and shorter key blocks leave the tensor cores idle for a larger share of each tile
+    # (``cost_models.kernels.attention_shape_efficiency``).
+    attention_head_dim_half: float = 32.0
+    attention_seq_half: float = 550.0
     kernel_overhead_s: float = 8e-6  # fixed time per GEMM: launch, tail wave, prologue/epilogue
     hbm_efficiency: float = 0.8  # achieved share of HBM bandwidth by element-wise kernels
     intra_node_efficiency: float = 0.75  # achieved bus bandwidth over nominal NVLink bandwidth
-    inter_node_efficiency: float = 0.75  # achieved bus bandwidth over nominal NIC line rate
-    link_latency_s: float = 10e-6  # α: time per step of a collective algorithm
+    link_latency_s: float = 10e-6  # α: time per step of a collective algorithm inside an NVLink domain
     step_overhead_s: float = 0.0  # fixed per optimizer step: data loading, logging, launch gaps
-    # NICs of a node that one cross-node collective drives at once. None: one per group
-    # member on the node (NCCL's rail-aligned channels reach the sum of the NICs).
-    inter_node_rails: Optional[float] = None
     # All-gather and reduce-scatter bus bandwidth as a share of the all-reduce's.
     all_gather_efficiency: float = 1.0
     reduce_scatter_efficiency: float = 1.0
     comm_overlap: float = 1.0  # share of compute time that communication can run under
+    # Output tile one SM computes at a time (rows × columns): with the GPU's SM count it sets
+    # how full the last wave of a GEMM is (``cost_models.kernels.wave_efficiency``).
+    gemm_tile_m: int = 128
+    gemm_tile_n: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency", "intra_node_efficiency",
-                     "inter_node_efficiency", "all_gather_efficiency", "reduce_scatter_efficiency"):
+        for name in ("gemm_efficiency", "gemm_efficiency_fp8", "attention_efficiency", "attention_efficiency_fused",
+                     "hbm_efficiency",
+                     "intra_node_efficiency", "all_gather_efficiency",
+                     "reduce_scatter_efficiency"):
             value = getattr(self, name)
+            if value is None and name in ("gemm_efficiency_fp8", "attention_efficiency_fused"):
+                continue
             _positive_float("cluster.performance", name, value)
             if value > 1:
                 raise SpecError("cluster.performance", name, f"expected a fraction in (0, 1], got {value!r}")
         overlap = self.comm_overlap
         if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0 <= overlap <= 1:
             raise SpecError("cluster.performance", "comm_overlap", f"expected a fraction in [0, 1], got {overlap!r}")
+        for name in ("attention_head_dim_half", "attention_seq_half"):
+            _positive_float("cluster.performance", name, getattr(self, name))
         for name in ("kernel_overhead_s", "link_latency_s", "step_overhead_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
                 raise SpecError("cluster.performance", name, f"expected a non-negative time, got {value!r}")
-        rails = self.inter_node_rails
-        if rails is not None and (isinstance(rails, bool) or not isinstance(rails, (int, float))
-                                  or not math.isfinite(rails) or rails < 1):
-            raise SpecError("cluster.performance", "inter_node_rails", f"expected a number of NICs ≥ 1, got {rails!r}")
+        for name in ("gemm_tile_m", "gemm_tile_n"):
+            _positive_int("cluster.performance", name, getattr(self, name))
+
+    def gemm_efficiency_for(self, precision: str) -> float:
+        """Share of the ``precision`` peak a large GEMM sustains."""
+        if precision == "fp8" and self.gemm_efficiency_fp8 is not None:
+            return self.gemm_efficiency_fp8
+        return self.gemm_efficiency
 
 
 @dataclass(frozen=True)
@@ -164,6 +191,9 @@ class GPUSpec:
     gpus_per_node: int
     nvlink_domain: int  # GPUs that share one NVLink/NVSwitch domain
     performance: Performance = field(default_factory=Performance)
+    # Streaming multiprocessors (AMD: compute units) that share a GEMM's output tiles;
+    # None: no wave quantization is modelled.
+    sm_count: Optional[int] = None
 
     def __post_init__(self) -> None:
         s = "cluster.gpu"
@@ -171,6 +201,8 @@ class GPUSpec:
             _positive_float(s, name, getattr(self, name))
         _positive_int(s, "gpus_per_node", self.gpus_per_node)
         _positive_int(s, "nvlink_domain", self.nvlink_domain)
+        if self.sm_count is not None:
+            _positive_int(s, "sm_count", self.sm_count)
         for precision, flops in self.peak_flops.items():
             _positive_float(s, f"peak_tflops.{precision}", flops)
 
@@ -185,9 +217,70 @@ class GPUSpec:
 
 
 @dataclass(frozen=True)
+class FabricSpec:
+    """The scale-out network between NVLink domains: a property of the cluster, not the GPU.
+
+    The NIC line rate per GPU is ``GPUSpec.inter_node_bandwidth`` (the cluster's, where it
+    sets one); the fabric says what collectives achieve over it and where they slow down.
+    """
+
+    name: str = "generic"
+    # Achieved bus bandwidth over the NIC line rate, for a collective spanning 2 nodes, and at
+    # larger spans ((nodes, efficiency) points, interpolated in log2(nodes), held beyond the
+    # last): nccl-tests bus bandwidth falls as rings and trees grow (p5 EFA all-reduce 357 GB/s
+    # at 4 nodes, 321 at 32).
+    efficiency: float = 0.8
+    efficiency_at: tuple[tuple[int, float], ...] = ()
+    latency_s: float = 10e-6  # α per algorithm step that crosses the fabric
+    # NICs of a node that one collective drives at once. None: one per group member on the
+    # node (NCCL's rail-aligned rings reach the sum of the NICs).
+    rails: Optional[float] = None
+    alltoall_efficiency: float = 0.5  # all-to-all bus bandwidth over the all-reduce's
+    # Nodes under one leaf group (a DGX SuperPOD scalable unit is 32 nodes) and the
+    # oversubscription of the links above it (1: non-blocking). A collective whose group
+    # spans more nodes than a leaf holds crosses the spine at 1/oversubscription of the NIC rate.
+    leaf_nodes: Optional[int] = None
+    oversubscription: float = 1.0
+
+    def __post_init__(self) -> None:
+        s = "cluster.fabric"
+        for name in ("efficiency", "alltoall_efficiency"):
+            value = getattr(self, name)
+            _positive_float(s, name, value)
+            if value > 1.5:
+                raise SpecError(s, name, f"expected a fraction of the line rate (at most 1.5), got {value!r}")
+        for nodes, value in self.efficiency_at:
+            _positive_int(s, "efficiency_at", nodes)
+            _positive_float(s, "efficiency_at", value)
+        if isinstance(self.latency_s, bool) or not isinstance(self.latency_s, (int, float)) \
+                or not math.isfinite(self.latency_s) or self.latency_s < 0:
+            raise SpecError(s, "latency_s", f"expected a non-negative time, got {self.latency_s!r}")
+        if self.rails is not None:
+            _positive_float(s, "rails", self.rails)
+            if self.rails < 1:
+                raise SpecError(s, "rails", f"expected a number of NICs ≥ 1, got {self.rails!r}")
+        if self.leaf_nodes is not None:
+            _positive_int(s, "leaf_nodes", self.leaf_nodes)
+        _positive_float(s, "oversubscription", self.oversubscription)
+        if self.oversubscription < 1:
+            raise SpecError(s, "oversubscription", f"expected a ratio ≥ 1, got {self.oversubscription!r}")
+
+    def efficiency_for(self, nodes: int) -> float:
+        """Achieved share of the line rate for a collective spanning ``nodes`` nodes."""
+        points = [(2, self.efficiency)] + sorted(self.efficiency_at)
+        x = math.log2(max(nodes, 2))
+        for (n0, e0), (n1, e1) in zip(points, points[1:]):
+            x0, x1 = math.log2(n0), math.log2(n1)
+            if x <= x1:
+                return e0 + (e1 - e0) * (x - x0) / (x1 - x0) if x1 > x0 else e1
+        return points[-1][1]
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     gpu: GPUSpec
     num_gpus: int
+    fabric: FabricSpec = field(default_factory=FabricSpec)
 
     def __post_init__(self) -> None:
         _positive_int("cluster", "num_gpus", self.num_gpus)
@@ -297,9 +390,12 @@ class Layout:
         if self.stage_layers is not None:
             if len(self.stage_layers) != self.pp:
                 raise SpecError(s, "stage_layers", f"expected {self.pp} entries (one per stage), got {len(self.stage_layers)}")
-            for n in self.stage_layers:
-                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                    raise SpecError(s, "stage_layers", f"expected positive layer counts, got {n!r}")
+            for i, n in enumerate(self.stage_layers):
+                # The edge stages also hold the embedding or the LM head, so they may hold no layer.
+                least = 0 if i in (0, self.pp - 1) else 1
+                if isinstance(n, bool) or not isinstance(n, int) or n < least:
+                    raise SpecError(s, "stage_layers", "expected layer counts of at least 1 (0 on the first and "
+                                                       f"last stage), got {n!r}")
 
     @property
     def world_size(self) -> int:
@@ -344,6 +440,9 @@ class Job:
                 raise SpecError(s, "stage_layers", f"must sum to num_layers {m.num_layers}, got {sum(lay.stage_layers)}")
             if lay.vpp > 1 and any(n % lay.vpp for n in lay.stage_layers):
                 raise SpecError(s, "stage_layers", f"each stage's layers must divide by vpp {lay.vpp}")
+        elif self.training.engine == "any" and lay.vpp == 1:  # balanced split (cost_models.partition)
+            if m.num_layers < lay.pp - 2:
+                raise SpecError(s, "pp", f"num_layers {m.num_layers} cannot fill pp {lay.pp} stages")
         elif m.num_layers % (lay.pp * lay.vpp):
             raise SpecError(s, "pp", f"num_layers {m.num_layers} must divide by pp·vpp = {lay.pp * lay.vpp} "
                                      "(or give layout.stage_layers)")
@@ -371,7 +470,11 @@ class Job:
 
     @cached_property  # read for every stage by every cost model; a Job never changes
     def stage_layers(self) -> tuple[int, ...]:
+        """Layers of each pipeline stage: the layout's, else the engine's own split
+        (:mod:`cost_models.partition`)."""
+        from .partition import default_partition
+
         lay = self.layout
         if lay.stage_layers is not None:
             return lay.stage_layers
-        return (self.model.num_layers // lay.pp,) * lay.pp
+        return default_partition(self.model, self.training, lay.pp, lay.vpp)

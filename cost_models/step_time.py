@@ -20,37 +20,16 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from .activations import activation_bytes
+from .behaviour import behaviour
 from .collectives import collective_time, exposed, p2p_time
 from .flops import Gemm, attention_flops, head_gemm, layer_gemms, model_flops_per_token
+from .kernels import flash_attention_time, gemm_kernel_time, gemm_time
 from .memory import job_stage_parameters, zero_shards
 from .parameters import embedding_parameters
 from .model_states import state_bytes
 from .pipeline import bubble_fraction
 from .specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, TrainingSpec
 from .topology import group_links
-
-# Megatron's DDP bucket: at least 40 M parameters (``megatron/core/distributed/``, bucket_size =
-# max(40_000_000, 1_000_000 · dp)); we take the floor. The last bucket cannot overlap with backward.
-DDP_BUCKET_PARAMS = 40e6
-
-# Engines whose ZeRO-3 gathers the weights once more for the recompute forward inside
-# backward. DeepSpeed fetches a module's partitioned weights in every forward pre-hook
-# (``deepspeed/runtime/zero/parameter_offload.py``, ``pre_sub_module_forward_function``),
-# the recompute's included, and releases them after. FSDP (torchtitan's FSDP2 and
-# PyTorch FSDP) shards the checkpointed block as one unit: its backward pre-hook gathers
-# once and the recompute runs inside the unsharded unit. "any" is taken as FSDP-like.
-REGATHER_FOR_RECOMPUTE = frozenset({"deepspeed"})
-
-# Engines that overlap interleaved pipelines' sends with compute: Megatron-core posts the
-# next chunk's send/receive before computing the current one (``overlap_p2p_comm``, on
-# unless --no-overlap-p2p-communication; ``pipeline_parallel/schedules.py``).
-P2P_OVERLAP_INTERLEAVED = frozenset({"megatron"})
-
-# Engines whose pipeline reduces data-parallel gradients only after the last micro-batch,
-# with nothing to overlap: DeepSpeed's ``TrainSchedule`` ends every step with
-# ReduceTiedGrads, ReduceGrads, OptimizerStep (``deepspeed/runtime/pipe/schedule.py``).
-REDUCE_AFTER_PIPELINE = frozenset({"deepspeed"})
-
 
 @dataclass(frozen=True)
 class StepTime:
@@ -86,40 +65,32 @@ class StageTime:
         return self.compute + self.recompute + self.tp_comm + self.cp_comm
 
 
-def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
-    """Roofline with a fixed per-kernel cost: max(FLOPs/(η·peak), bytes/(η_hbm·B_hbm)) + t₀.
-
-    The fixed cost is what makes small GEMMs (narrow tensor-parallel shards, short
-    sequences) less efficient than large ones. fp8 GEMMs (Transformer Engine) first
-    cast their bf16 inputs to fp8 in memory-bound kernels (read 2 bytes, write 1, per
-    element of both operands: ``transformer_engine`` ``cast_transpose``), which this
-    adds on top.
-    """
-    perf = gpu.performance
-    element = 4 if precision == "fp32" else (1 if precision == "fp8" else 2)
-    operands = gemm.m * gemm.k + gemm.k * gemm.n
-    traffic = element * (operands + gemm.m * gemm.n)
-    casts = 3 * operands if precision == "fp8" else 0.0
-    hbm = perf.hbm_efficiency * gpu.hbm_bandwidth
-    return max(gemm.flops / (perf.gemm_efficiency * gpu.peak(precision)), traffic / hbm) \
-        + casts / hbm + perf.kernel_overhead_s
-
-
 def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float) -> float:
     """HBM traffic of one layer's forward element-wise kernels on one GPU.
 
     Per token, in elements: two norms (read + write h each), two residual adds
-    (2 reads + 1 write of h), the activation function (GeLU reads and writes f;
-    SwiGLU reads 2f and writes f), dropout (read, write, 1-byte mask) where on.
-    Non-flash attention adds the scaled-masked softmax over a·s scores (read + write)
-    and its dropout. Sequence parallelism shards the norm, residual and dropout part.
+    (2 reads + 1 write of h), rotary embeddings on q and k (read + write each), the
+    activation function (GeLU reads and writes f; SwiGLU reads 2f and writes f), dropout
+    (read, write, 1-byte mask) where on. Non-flash attention adds the scaled-masked softmax
+    over a·s scores (read + write) and its dropout. Sequence parallelism shards the norm,
+    residual and dropout part.
+
+    Engines without fused kernels (``EngineBehaviour.fused_elementwise`` false: eager
+    PyTorch) run SwiGLU as silu then multiply (read f, write f; read 2f, write f) and rotary
+    embeddings as x·cos + rotate_half(x)·sin (five passes over q and k instead of two).
     """
     p = activation_bytes(training.precision)
     h, f, t = model.hidden_size, model.ffn_hidden_size, lay.tp
+    fused = behaviour(training.engine).fused_elementwise
     sp = t if lay.sequence_parallel else 1
-    act = (3 if model.activation == "swiglu" else 2) * f / t
+    kv = max(model.num_kv_heads // t, 1) * model.head_dim
+    if model.activation == "swiglu":
+        act = (3 if fused else 5) * f / t
+    else:
+        act = 2 * f / t
+    rotary = (2 if fused else 5) * (h / t + kv)
     dropout = 2 * (2 * p + 1) * h / sp if model.dropout > 0 else 0.0
-    per_token = p * (4 * h + 6 * h) / sp + p * act + dropout
+    per_token = p * (4 * h + 6 * h) / sp + p * (act + rotary) + dropout
     if not training.flash_attention:
         scores = model.num_attention_heads / t * training.seq_len / lay.cp
         per_token += scores * (2 * p + ((2 * p + 1) if model.dropout > 0 else 0))
@@ -164,18 +135,43 @@ def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpe
     gemms = layer_gemm_time(model, training, gpu, lay.tp, tokens)
     # Attention runs in bf16 even in fp8 recipes (Transformer Engine keeps DPA in bf16).
     attn_precision = "bf16" if training.precision == "fp8" else training.precision
-    # Context parallelism: each rank attends its s/cp queries to all s keys, balanced causally.
+    # Context parallelism: each rank attends its s/cp queries to all s keys, balanced causally,
+    # in cp ring steps of s/cp keys each (Megatron-core ``AttnFuncWithCPAndKVP2P``).
     flops = attention_flops(model, lay.micro_batch_size, s_local, training.seq_len, lay.tp)
     if training.flash_attention:
-        core = flops / (perf.attention_efficiency * gpu.peak(attn_precision)) + perf.kernel_overhead_s
+        core = flash_attention_time(flops, model.head_dim, s_local, lay.cp, gpu, attn_precision,
+                                    behaviour(training.engine).fused_attention)
     else:
         # Two batched GEMMs (scores and context) over a·b/t heads, full s×s (no causal skipping).
         heads = model.num_attention_heads / lay.tp * lay.micro_batch_size
         per_head = Gemm("scores", s_local, training.seq_len, model.head_dim)
-        core = 2 * (heads * per_head.flops / (perf.gemm_efficiency * gpu.peak(attn_precision))
+        core = 2 * (heads * per_head.flops / (perf.gemm_efficiency_for(attn_precision) * gpu.peak(attn_precision))
                     + perf.kernel_overhead_s)
     memory = elementwise_bytes(model, training, lay, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
     return gemms + core + memory, core
+
+
+@lru_cache(maxsize=4096)
+def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                             micro_batch_size: int, sequence_parallel: bool) -> float:
+    """What one layer runs again in backward under ``recompute: selective``, per the engine's
+    policy (``EngineBehaviour.selective``): the attention core ("attention"), or the matmuls
+    whose outputs are not kept and every element-wise kernel ("matmuls": wk, wo and w3 of a
+    Llama block, proj and fc2 of a GPT block; :func:`activations.matmul_policy_saved_elements`)."""
+    whole, core = layer_forward_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel)
+    if behaviour(training.engine).selective == "attention":
+        return core
+    lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
+    tokens = micro_batch_size * training.seq_len / cp
+    h, f = model.hidden_size, model.ffn_hidden_size
+    kv = max(model.num_kv_heads // tp, 1) * model.head_dim
+    if model.activation == "swiglu":
+        gemms = (Gemm("wk", tokens, kv, h), Gemm("wo", tokens, h, h / tp), Gemm("w3", tokens, f / tp, h))
+    else:
+        gemms = (Gemm("proj", tokens, h, h / tp), Gemm("fc2", tokens, h, f / tp))
+    perf = gpu.performance
+    memory = elementwise_bytes(model, training, lay, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+    return sum(gemm_time(g, gpu, training.precision) for g in gemms) + memory
 
 
 @lru_cache(maxsize=4096)
@@ -193,25 +189,41 @@ def tp_collective_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
 
 @lru_cache(maxsize=4096)
 def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
-                         micro_batch_size: int) -> tuple[float, float]:
+                         micro_batch_size: int, sequence_parallel: bool = False) -> tuple[float, float]:
     """Tensor-parallel time one layer cannot hide, (forward, backward), for one micro-batch.
 
     Megatron TP runs two collectives in forward and two in backward per layer (all-reduces,
     or the same bytes as all-gather + reduce-scatter with sequence parallelism), not
     overlapped by default. With ``training.tp_comm_overlap`` (Megatron's
-    ``--tp-comm-overlap``: Transformer Engine userbuffers; torchtitan's async TP) each
-    collective is split into chunks pipelined with the GEMM it feeds or follows, so only
-    what exceeds the layer's GEMM time shows (Wang et al., "Overlap communication with
-    dependent computation via decomposition", ASPLOS 2023); backward has twice the
-    forward's GEMM time.
+    ``--tp-comm-overlap``: Transformer Engine userbuffers; torchtitan's async TP) each of
+    the four all-gathers or reduce-scatters is cut into tp chunks pipelined with the GEMM
+    it feeds or follows (Wang et al., "Overlap communication with dependent computation via
+    decomposition", ASPLOS 2023). That is not free: the first chunk's transfer waits in the
+    open (the pipeline fills), what the GEMM cannot cover shows, and the GEMM runs as tp
+    GEMMs of 1/tp of the tokens, each with its own launch and a less full last wave.
+    Backward pairs each collective with twice the GEMM work (input and weight gradients).
+
+    Without overlap, each collective is also issued from the host on the critical path:
+    engines that issue them from eager Python pay ``EngineBehaviour.collective_launch_s``
+    per call (two all-reduces per pass, or four all-gathers and reduce-scatters with
+    sequence parallelism).
     """
     one = tp_collective_time(model, training, cluster, tp, cp, micro_batch_size)
     if not training.tp_comm_overlap:
-        return 2 * one, 2 * one
+        calls = 4 if sequence_parallel else 2
+        launch = calls * behaviour(training.engine).collective_launch_s if tp > 1 else 0.0
+        return 2 * one + launch, 2 * one + launch
     tokens = micro_batch_size * training.seq_len / cp
-    gemms = layer_gemm_time(model, training, cluster.gpu, tp, tokens)
-    perf = cluster.gpu.performance
-    return exposed(2 * one, gemms, perf), exposed(2 * one, 2 * gemms, perf)
+    gpu, precision = cluster.gpu, training.precision
+    perf = gpu.performance
+    chunk = one / 2 / tp  # one of the four collectives, cut in tp pieces
+    forward = backward = 0.0
+    for gemm in layer_gemms(model, tokens, tp):
+        whole = gemm_kernel_time(gemm, gpu, precision)
+        chunked = tp * gemm_kernel_time(Gemm(gemm.name, gemm.m / tp, gemm.n, gemm.k), gpu, precision)
+        forward += chunk + exposed(chunk * (tp - 1), chunked, perf) + (chunked - whole)
+        backward += chunk + exposed(chunk * (tp - 1), 2 * chunked, perf) + 2 * (chunked - whole)
+    return forward, backward
 
 
 def stage_time(job: Job, stage: int) -> StageTime:
@@ -230,16 +242,24 @@ def stage_time(job: Job, stage: int) -> StageTime:
             / (perf.hbm_efficiency * gpu.hbm_bandwidth)
     if stage == 0:
         forward += perf.kernel_overhead_s  # embedding gather: memory-trivial
-    compute = 3 * forward + loss  # backward computes input and weight gradients: twice the forward
+    # Backward computes input and weight gradients: twice the forward. Flash attention's
+    # backward also recomputes the scores: 2.5 times its forward (FlashAttention's benchmark
+    # counts fwd + bwd as 3.5 forward passes, which is how attention_efficiency is quoted).
+    attention_backward = 2.5 if training.flash_attention else 2.0
+    compute = 3 * forward + (attention_backward - 2.0) * layers * core_fwd + loss
 
     recomputed = 0  # layers whose whole forward runs again in backward
     if lay.recompute == "full":
         recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, layers)
-    recompute = recomputed * layer_fwd + (layers * core_fwd if lay.recompute == "selective" else 0.0)
+    recompute = recomputed * layer_fwd
+    if lay.recompute == "selective":
+        recompute += layers * selective_recompute_time(model, training, gpu, lay.tp, lay.cp, lay.micro_batch_size,
+                                                       lay.sequence_parallel)
 
     # Recompute repeats the forward's TP collectives.
     p = activation_bytes(training.precision)
-    tp_fwd, tp_bwd = tp_exposed_per_layer(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size)
+    tp_fwd, tp_bwd = tp_exposed_per_layer(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size,
+                                          lay.sequence_parallel)
     tp_comm = layers * (tp_fwd + tp_bwd) + recomputed * tp_fwd
 
     # Context parallelism: each layer's K and V chunks travel around the cp ring
@@ -250,9 +270,14 @@ def stage_time(job: Job, stage: int) -> StageTime:
         kv = p * lay.micro_batch_size * (training.seq_len / lay.cp) * 2 * \
             max(model.num_kv_heads // lay.tp, 1) * model.head_dim
         cp_links = group_links(cluster, lay, "cp")
-        hop = p2p_time(kv, cp_links.domains > 1, cp_links, perf)
-        exposed_fwd = exposed((lay.cp - 1) * hop, core_fwd, perf)
-        exposed_bwd = exposed(2 * (lay.cp - 1) * hop, 2 * core_fwd, perf)
+        crosses = cp_links.domains > 1
+        hop = p2p_time(kv, crosses, cp_links, perf)
+        # Each ring step waits for its block: the transfer's latency is never hidden, and
+        # what the step's attention cannot cover of the rest shows.
+        wait = cp_links.inter_latency if crosses else perf.link_latency_s
+        steps = lay.cp - 1
+        exposed_fwd = steps * wait + exposed(steps * (hop - wait), core_fwd, perf)
+        exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * core_fwd, perf)
         cp_comm = layers * (exposed_fwd + exposed_bwd)
     return StageTime(compute=compute, recompute=recompute, tp_comm=tp_comm, cp_comm=cp_comm)
 
@@ -262,11 +287,14 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
 
     - ZeRO 0: gradient all-reduce, bucketed and overlapped with the last micro-batch's backward.
     - ZeRO 1/2: gradient reduce-scatter (overlapped likewise) and the parameter all-gather
-      after the optimizer step (exposed).
+      after the optimizer step (behind the next forward where the engine prefetches it).
     - ZeRO 3: parameter all-gathers in forward and in backward (again for the recompute
       where the engine re-gathers) and a gradient reduce-scatter, for every micro-batch,
       prefetched behind that micro-batch's compute; what a pass's compute cannot cover is
       exposed, so more compute never shortens the step.
+    Every stage prices its collectives alike (:func:`pipelined`): the first gather or last
+    bucket of a pass waits in the open, each collective pays its latency, and overlapped
+    traffic still costs what ``Performance.comm_overlap`` leaves.
     - DeepSpeed's pipeline: the whole gradient all-reduce after the last micro-batch.
     - First and last stage, tied embeddings with pipelining: :func:`tied_embedding_reduce`.
 
@@ -285,30 +313,54 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     backward_last = 2 / 3 * slowest.compute + slowest.recompute
     # Engines issue one collective per bucket (ZeRO 0–2) or per wrapped layer (ZeRO-3:
     # FSDP units, DeepSpeed's per-module gathers): each pays the collective's latency.
-    chunks = job.stage_layers[stage] if lay.zero_stage == 3 else max(1, math.ceil(params / DDP_BUCKET_PARAMS))
+    chunks = gradient_chunks(job, params, per_param.gradients) if lay.zero_stage < 3 else \
+        max(1, job.stage_layers[stage]) * behaviour(training.engine).zero3_collectives_per_layer
 
     def chunked(kind: str, size: float) -> float:
         return chunks * collective_time(kind, size / chunks, dp_links, perf)
 
-    if lay.pp > 1 and lay.zero_stage < 3 and training.engine in REDUCE_AFTER_PIPELINE:
+    engine = behaviour(training.engine)
+    if lay.pp > 1 and lay.zero_stage < 3 and engine.reduce_after_pipeline:
         # DeepSpeed's pipeline all-reduces gradients (its BF16 optimizer's fallback) once the
         # schedule has drained; ZeRO-1 then gathers the updated weight shards.
         return tied + chunked("all_reduce", grads) + (chunked("all_gather", weights) if lay.zero_stage else 0.0)
-    if lay.zero_stage == 0:
-        reduce = chunked("all_reduce", grads)
-        return tied + max(exposed(reduce, backward_last, perf), reduce / chunks)
-    if lay.zero_stage in (1, 2):
-        reduce = chunked("reduce_scatter", grads)
-        return tied + max(exposed(reduce, backward_last, perf), reduce / chunks) + chunked("all_gather", weights)
-    # ZeRO-3 keeps only gradient shards, so every micro-batch reduce-scatters its gradients.
-    # Forward gathers hide behind the forward; backward gathers and the reduce-scatter share
-    # the backward.
+    forward = slowest.compute / 3
+    if lay.zero_stage < 3:
+        # Buckets reduce as the last micro-batch's backward produces them; the last bucket waits.
+        kind = "all_reduce" if lay.zero_stage == 0 else "reduce_scatter"
+        reduce = pipelined(chunked(kind, grads), chunks, backward_last, perf)
+        if lay.zero_stage == 0:
+            return tied + reduce
+        # The updated weight shards are gathered after the optimizer step: behind the next
+        # step's forward where the engine prefetches them (Megatron --overlap-param-gather,
+        # FSDP-style), else in the open.
+        gather = chunked("all_gather", weights)
+        return tied + reduce + (pipelined(gather, chunks, forward, perf) if engine.overlap_param_gather else gather)
+    # ZeRO-3 keeps only gradient shards, so every micro-batch gathers the weights again and
+    # reduce-scatters its gradients, unit by unit, each behind the compute of the unit before:
+    # the first gather of each pass waits, and what the pass's compute cannot cover.
     gather = chunked("all_gather", weights)
     reduce = chunked("reduce_scatter", grads)
-    backward_gathers = 1 + (lay.recompute == "full" and job.training.engine in REGATHER_FOR_RECOMPUTE)
-    forward = slowest.compute / 3
-    per_microbatch = exposed(gather, forward, perf) + exposed(backward_gathers * gather + reduce, backward_last, perf)
+    backward_gathers = 1 + (lay.recompute == "full" and engine.regather_for_recompute)
+    per_microbatch = pipelined(gather, chunks, forward, perf) \
+        + pipelined(backward_gathers * gather + reduce, chunks, backward_last, perf)
     return tied + job.num_microbatches * per_microbatch
+
+
+def pipelined(comm_s: float, pieces: int, compute_s: float, perf) -> float:
+    """Communication issued in ``pieces`` equal collectives beside ``compute_s`` of compute,
+    each overlapping the compute before or after it: one piece always waits in the open
+    (the first prefetch, or the last bucket), the rest as :func:`collectives.exposed` says."""
+    piece = comm_s / pieces
+    return piece + exposed(comm_s - piece, compute_s, perf)
+
+
+def gradient_chunks(job: Job, params: float, grad_bytes: float) -> int:
+    """Buckets of a ZeRO 0–2 gradient reduction: each is one collective, and each pays its latency."""
+    engine = behaviour(job.training.engine)
+    per_bucket = max(engine.bucket_params, engine.bucket_bytes / grad_bytes, 1e6 * job.layout.dp
+                     if engine.bucket_params else 0.0)
+    return max(1, math.ceil(params / per_bucket)) if per_bucket else 1
 
 
 def tied_embedding_reduce(job: Job, stage: int) -> float:
@@ -354,9 +406,13 @@ def pipeline_comm(job: Job) -> float:
     p = activation_bytes(training.precision)
     size = p * lay.micro_batch_size * training.seq_len / lay.cp * job.model.hidden_size / lay.tp
     links = group_links(cluster, lay, "pp")
-    send = p2p_time(size, links.domains > 1, links, cluster.gpu.performance)
-    if lay.vpp > 1 and job.training.engine in P2P_OVERLAP_INTERLEAVED:
-        return 2 * send * (lay.pp - 1)  # steady-state sends run under the other chunks' compute
+    crosses = links.domains > 1
+    send = p2p_time(size, crosses, links, cluster.gpu.performance)
+    if lay.vpp > 1 and behaviour(job.training.engine).p2p_overlap_interleaved:
+        # Steady-state sends run under the other chunks' compute, but every chunk of every
+        # micro-batch still waits for its receive to be posted and land: the latency shows.
+        wait = links.inter_latency if crosses else cluster.gpu.performance.link_latency_s
+        return 2 * send * (lay.pp - 1) + 2 * wait * job.num_microbatches * lay.vpp
     return 2 * send * (job.num_microbatches * lay.vpp + lay.pp - 1)
 
 

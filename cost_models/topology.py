@@ -1,52 +1,86 @@
 """The cluster as a graph, and which links each parallel group's collectives run over.
 
-Nodes are GPUs, one NVSwitch per NVLink domain, one NIC per GPU and the
-scale-out fabric (a non-blocking fat tree, as in DGX SuperPOD rail-optimised
-designs, is one switch node here). Edge attribute ``bandwidth`` is bytes/s in one
-direction. Ranks are placed in Megatron's order, tensor-parallel fastest, then
-context, data and pipeline parallel (``megatron/core/parallel_state.py``,
-``RankGenerator`` with order "tp-cp-ep-dp-pp"), rank r on GPU r.
+Nodes are GPUs, one NVSwitch per NVLink domain, one NIC per GPU, the leaf switches of a
+rail-optimised fabric (one per rail, i.e. per local GPU index, and per group of
+``FabricSpec.leaf_nodes`` nodes, as in a DGX SuperPOD scalable unit) and the spine above
+them. Edge attribute ``bandwidth`` is bytes/s per GPU in one direction; a leaf's uplink
+to the spine carries 1/oversubscription of what its NICs bring in. Ranks are placed in
+Megatron's order, tensor-parallel fastest, then context, data and pipeline parallel
+(``megatron/core/parallel_state.py``, ``RankGenerator`` with order "tp-cp-ep-dp-pp"),
+rank r on GPU r.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable
+from typing import Iterable, Optional
 
 import networkx as nx
 
-from .specs import ClusterSpec, Layout
+from .specs import ClusterSpec, FabricSpec, Layout
 
 
 @dataclass(frozen=True)
 class GroupLinks:
-    """Where one parallel group's ranks sit, and the bandwidth of the links between them."""
+    """Where one parallel group's ranks sit, and what the links between them carry."""
 
     size: int  # ranks in the group
     per_domain: int  # ranks of the group inside one NVLink domain
     domains: int  # NVLink domains the group spans
-    intra_bandwidth: float  # bytes/s per GPU between members of one domain
-    inter_bandwidth: float  # bytes/s per GPU between domains (the NIC)
+    intra_bandwidth: float  # nominal bytes/s per GPU between members of one domain
+    # Achieved bytes/s of one NIC between the group's domains: the line rate, times the
+    # fabric's efficiency at the group's span, over any spine oversubscription it crosses.
+    inter_bandwidth: float
+    inter_latency: float = 0.0  # α of an algorithm step that crosses the fabric
+    rails: Optional[float] = None  # NICs per domain one collective drives (None: per_domain)
+
+    @property
+    def nics(self) -> float:
+        """NICs of each domain that carry the group's cross-domain traffic."""
+        return self.per_domain if self.rails is None else min(self.per_domain, self.rails)
 
 
-def _graph(gpus: Iterable[int], domain: int, intra: float, inter: float) -> nx.Graph:
-    """The graph over ``gpus`` (GPU indices), their NVSwitches and NICs, and the fabric."""
+@dataclass(frozen=True)
+class _Shape:
+    """What the graph needs of a cluster: hashable, so group links can be cached."""
+
+    num_gpus: int
+    domain: int
+    gpus_per_node: int
+    intra: float
+    nic: float
+    leaf_nodes: Optional[int]
+    oversubscription: float
+
+
+def _shape(cluster: ClusterSpec) -> _Shape:
+    gpu, fabric = cluster.gpu, cluster.fabric
+    return _Shape(cluster.num_gpus, gpu.nvlink_domain, gpu.gpus_per_node, gpu.intra_node_bandwidth,
+                  gpu.inter_node_bandwidth, fabric.leaf_nodes, fabric.oversubscription)
+
+
+def _graph(gpus: Iterable[int], shape: _Shape) -> nx.Graph:
+    """The graph over ``gpus`` (GPU indices), their NVSwitches, NICs, leaves and the spine."""
     graph = nx.Graph()
-    graph.add_node("fabric", kind="switch")
+    graph.add_node("spine", kind="switch")
+    uplink = shape.nic / shape.oversubscription
     for gpu in gpus:
-        switch = ("nvswitch", gpu // domain)
-        graph.add_node(("gpu", gpu), kind="gpu", domain=gpu // domain)
-        graph.add_edge(("gpu", gpu), switch, bandwidth=intra, link="nvlink")
-        graph.add_edge(("gpu", gpu), ("nic", gpu), bandwidth=inter, link="network")
-        graph.add_edge(("nic", gpu), "fabric", bandwidth=inter, link="network")
+        node = gpu // shape.gpus_per_node
+        rail = gpu % shape.gpus_per_node
+        unit = node // shape.leaf_nodes if shape.leaf_nodes else 0
+        leaf = ("leaf", rail, unit)
+        graph.add_node(("gpu", gpu), kind="gpu", domain=gpu // shape.domain)
+        graph.add_edge(("gpu", gpu), ("nvswitch", gpu // shape.domain), bandwidth=shape.intra, link="nvlink")
+        graph.add_edge(("gpu", gpu), ("nic", gpu), bandwidth=shape.nic, link="network")
+        graph.add_edge(("nic", gpu), leaf, bandwidth=shape.nic, link="network")
+        graph.add_edge(leaf, "spine", bandwidth=uplink, link="network")
     return graph
 
 
 def build_topology(cluster: ClusterSpec) -> nx.Graph:
     """The whole cluster as a graph (for inspection; the cost models use small subgraphs)."""
-    gpu = cluster.gpu
-    return _graph(range(cluster.num_gpus), gpu.nvlink_domain, gpu.intra_node_bandwidth, gpu.inter_node_bandwidth)
+    return _graph(range(cluster.num_gpus), _shape(cluster))
 
 
 def _path_bandwidth(graph: nx.Graph, a: int, b: int) -> float:
@@ -75,22 +109,26 @@ def group_shape(layout: Layout, dim: str) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=4096)
-def _group_links(num_gpus: int, domain: int, intra: float, inter: float,
-                 stride: int, size: int) -> GroupLinks:
+def _group_links(shape: _Shape, fabric: FabricSpec, stride: int, size: int) -> GroupLinks:
     # The group of rank 0 stands for all groups (they are alike under Megatron's order).
     # Its members i·stride fall into NVLink domains arithmetically; the links come from the
-    # graph over rank 0, its nearest neighbour inside its domain and its nearest outside.
+    # graph over rank 0, its nearest neighbour inside its domain, its nearest outside, and
+    # its farthest member (whose path shows whether the group leaves its leaf switches).
+    domain = shape.domain
     per_domain = max(1, min(size, -(-domain // stride))) if stride < domain else 1
     domains = -(-size // per_domain)
     same = stride if per_domain > 1 else None
     other = per_domain * stride if domains > 1 else None
-    graph = _graph([0] + [r for r in (same, other) if r is not None], domain, intra, inter)
-    intra_bw = _path_bandwidth(graph, 0, same) if same is not None else intra
-    inter_bw = _path_bandwidth(graph, 0, other) if other is not None else inter
-    return GroupLinks(size, per_domain, domains, intra_bw, inter_bw)
+    farthest = (size - 1) * stride if domains > 1 else None
+    graph = _graph([0] + [r for r in {same, other, farthest} if r is not None], shape)
+    intra_bw = _path_bandwidth(graph, 0, same) if same is not None else shape.intra
+    if other is None:
+        return GroupLinks(size, per_domain, domains, intra_bw, shape.nic * fabric.efficiency_for(1),
+                          fabric.latency_s, fabric.rails)
+    line = min(_path_bandwidth(graph, 0, other), _path_bandwidth(graph, 0, farthest))
+    return GroupLinks(size, per_domain, domains, intra_bw, line * fabric.efficiency_for(domains),
+                      fabric.latency_s, fabric.rails)
 
 
 def group_links(cluster: ClusterSpec, layout: Layout, dim: str) -> GroupLinks:
-    gpu = cluster.gpu
-    return _group_links(cluster.num_gpus, gpu.nvlink_domain, gpu.intra_node_bandwidth,
-                        gpu.inter_node_bandwidth, *group_shape(layout, dim))
+    return _group_links(_shape(cluster), cluster.fabric, *group_shape(layout, dim))

@@ -17,23 +17,29 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from cost_models.specs import (ENGINE_NAMES, ClusterSpec, GPUSpec, Job, Layout, ModelSpec, Overheads, Performance,
-                               SpecError, TrainingSpec)
+from cost_models.specs import (ENGINE_NAMES, ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Overheads,
+                               Performance, SpecError, TrainingSpec)
 
 from .errors import CaseError
 from .files import SAFE_LOADER, read_text
 from .hf_config import read_hf_config
-from .presets import closest, gpu_presets, model_presets, performance_presets
+from .presets import closest, fabric_presets, gpu_presets, model_presets, performance_presets
 from .units import UnitError, parse_bandwidth, parse_memory
 
 SECTIONS = ("model", "cluster", "training", "layout", "overheads", "search")
+# Engines a case can name (``cost_models.behaviour`` also knows the repo's own validation trainer).
+CASE_ENGINES = ("any", "megatron", "deepspeed", "torchtitan")
 MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
               "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout")
 GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
-            "gpus_per_node", "nvlink_domain")
+            "gpus_per_node", "nvlink_domain", "sm_count", "fabric")
+# A GPU preset may name the fabric of its reference system; the cluster's fabric overrides it.
+OPTIONAL_GPU_KEYS = ("sm_count", "fabric")
+FABRIC_KEYS = tuple(f.name for f in fields(FabricSpec) if f.name != "name") + ("nic_bandwidth",)
 CLUSTER_KEYS = ("gpu", "profile", "num_gpus", "nodes", "gpus_per_node", "intra_node_bandwidth",
-                "inter_node_bandwidth", "memory", "performance")
+                "inter_node_bandwidth", "memory", "performance", "fabric")
 PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
+INTEGER_PERFORMANCE_KEYS = ("gemm_tile_m", "gemm_tile_n")
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
                  "tp_comm_overlap", "fp32_grads")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
@@ -167,7 +173,7 @@ def build_case(data: Any, src: str, base: Path) -> Case:
     training = _training(src, data["training"])
     # The engine searched for is the engine trained with: estimate and plan time it alike.
     target = (data.get("search") or {}).get("target") if isinstance(data.get("search"), dict) else None
-    if isinstance(target, str) and target in ENGINE_NAMES:
+    if isinstance(target, str) and target in CASE_ENGINES:
         if training.engine == "any":
             training = replace(training, engine=target)
         elif target not in ("any", training.engine):
@@ -223,7 +229,8 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
     """A GPUSpec from a preset entry, or an inline mapping with the same fields."""
     data = _mapping(src, key, data, GPU_KEYS)
     for k in GPU_KEYS:
-        _required(src, key, data, k)
+        if k not in OPTIONAL_GPU_KEYS:
+            _required(src, key, data, k)
     peaks = _mapping(src, f"{key}.peak_tflops", data["peak_tflops"], ("fp32", "tf32", "fp16", "bf16", "fp8"))
     with spec_errors(src):
         return GPUSpec(
@@ -237,13 +244,49 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
                                        parse_bandwidth),
             gpus_per_node=_int(src, f"{key}.gpus_per_node", data["gpus_per_node"]),
             nvlink_domain=_int(src, f"{key}.nvlink_domain", data["nvlink_domain"]),
+            sm_count=_int(src, f"{key}.sm_count", data["sm_count"]) if "sm_count" in data else None,
         )
+
+
+def fabric_from_mapping(src: str, key: str, name: str, data: Any) -> tuple[FabricSpec, Optional[float]]:
+    """A FabricSpec (and the NIC line rate per GPU it sets, if any) from a preset entry or an
+    inline mapping with the same fields."""
+    data = _mapping(src, key, data or {}, FABRIC_KEYS)
+    values: dict[str, Any] = {"name": name}
+    for k in ("efficiency", "latency_s", "rails", "alltoall_efficiency", "oversubscription"):
+        if k in data:
+            values[k] = _number(src, f"{key}.{k}", data[k])
+    if "leaf_nodes" in data:
+        values["leaf_nodes"] = _int(src, f"{key}.leaf_nodes", data["leaf_nodes"])
+    if "efficiency_at" in data:
+        points = data["efficiency_at"]
+        if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
+            raise CaseError(src, f"{key}.efficiency_at", f"expected a list of [nodes, efficiency] pairs, got {_kind(points)}")
+        values["efficiency_at"] = tuple((_int(src, f"{key}.efficiency_at", n), _number(src, f"{key}.efficiency_at", e))
+                                        for n, e in points)
+    nic = _unit(src, f"{key}.nic_bandwidth", data["nic_bandwidth"], parse_bandwidth) if "nic_bandwidth" in data else None
+    with spec_errors(src):
+        return FabricSpec(**values), nic
+
+
+def _fabric(src: str, entry: Any, key: str) -> tuple[FabricSpec, Optional[float]]:
+    """A fabric named by a preset, or given as a mapping."""
+    if isinstance(entry, str):
+        presets = fabric_presets()
+        if entry not in presets:
+            raise CaseError(src, key, f"unknown fabric preset {entry!r}{closest(entry, presets)}; "
+                                      f"expected one of {', '.join(presets)}")
+        return fabric_from_mapping("planner/presets/fabrics.yaml", entry, entry, presets[entry])
+    if isinstance(entry, dict):
+        return fabric_from_mapping(src, key, "custom", entry)
+    raise CaseError(src, key, f"expected a fabric preset name or a mapping, got {_kind(entry)}")
 
 
 def performance_from_mapping(src: str, key: str, data: Any, base: Performance) -> Performance:
     """Performance figures over ``base``: every key optional, each a plain number (fractions, seconds)."""
     data = _mapping(src, key, data, PERFORMANCE_KEYS)
-    values = {k: _number(src, f"{key}.{k}", v) for k, v in data.items()}
+    values = {k: _int(src, f"{key}.{k}", v) if k in INTEGER_PERFORMANCE_KEYS else _number(src, f"{key}.{k}", v)
+              for k, v in data.items()}
     with spec_errors(src):
         return replace(base, **values)
 
@@ -261,14 +304,15 @@ def _cluster_overrides(src: str, section: dict) -> dict[str, Any]:
     return overrides
 
 
-PROFILE_KEYS = ("machine", "gpu", "performance", "measurements")
+PROFILE_KEYS = ("machine", "gpu", "performance", "fabric", "measurements")
 
 
-def gpu_from_profile(path: Path) -> GPUSpec:
-    """The measured GPU of a hardware profile written by `layout-planner calibrate`.
+def gpu_from_profile(path: Path) -> tuple[GPUSpec, Optional[FabricSpec]]:
+    """The measured GPU of a hardware profile written by `layout-planner calibrate`, and its
+    measured fabric where the profile has one.
 
     A profile holds ``gpu`` (the fields of a GPU preset, with measured figures),
-    ``performance`` (the fitted achieved figures), ``machine`` and ``measurements``.
+    ``performance`` and ``fabric`` (the fitted achieved figures), ``machine`` and ``measurements``.
     """
     src = str(path)
     data = _mapping(src, "", read_yaml(path), PROFILE_KEYS)
@@ -276,8 +320,9 @@ def gpu_from_profile(path: Path) -> GPUSpec:
     name = str(machine.get("device", "profiled")) if isinstance(machine, dict) else "profiled"
     gpu = gpu_from_mapping(src, "gpu", name, _required(src, "", data, "gpu"))
     performance = performance_from_mapping(src, "performance", data.get("performance") or {}, Performance())
+    fabric = fabric_from_mapping(src, "fabric", "measured", data["fabric"])[0] if data.get("fabric") else None
     with spec_errors(src):
-        return replace(gpu, performance=performance)
+        return replace(gpu, performance=performance), fabric
 
 
 def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
@@ -287,7 +332,7 @@ def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
             raise CaseError(src, "cluster.profile", "give either gpu or profile, not both")
         profile = Path(_str(src, "cluster.profile", section["profile"]))
         gpu_entry = None
-        gpu = gpu_from_profile(profile if profile.is_absolute() else base / profile)
+        gpu, profile_fabric = gpu_from_profile(profile if profile.is_absolute() else base / profile)
     else:
         gpu_entry = _required(src, "cluster", section, "gpu")
     if isinstance(gpu_entry, str):
@@ -303,7 +348,19 @@ def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
         gpu = gpu_from_mapping(src, "cluster.gpu", "custom", gpu_entry)
     elif gpu_entry is not None:
         raise CaseError(src, "cluster.gpu", f"expected a GPU preset name or a mapping, got {_kind(gpu_entry)}")
-    overrides = _cluster_overrides(src, section)
+    # The fabric: the cluster's, else the one the GPU preset's reference system has.
+    default_fabric = gpu_entry.get("fabric") if isinstance(gpu_entry, dict) else \
+        gpu_presets()[gpu_entry].get("fabric") if isinstance(gpu_entry, str) else None
+    if "fabric" in section:
+        fabric, nic = _fabric(src, section["fabric"], "cluster.fabric")
+    elif "profile" in section and profile_fabric is not None:
+        fabric, nic = profile_fabric, None
+    elif default_fabric is not None:
+        fabric, nic = _fabric(src, default_fabric, "cluster.gpu.fabric")
+    else:
+        fabric, nic = FabricSpec(), None
+    overrides = {"inter_node_bandwidth": nic} if nic is not None else {}
+    overrides.update(_cluster_overrides(src, section))
     if "performance" in section:
         overrides["performance"] = performance_from_mapping(src, "cluster.performance", section["performance"],
                                                             gpu.performance)
@@ -318,7 +375,7 @@ def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
     else:
         raise CaseError(src, "cluster.num_gpus", "missing; give num_gpus, or nodes and gpus_per_node")
     with spec_errors(src):
-        return ClusterSpec(gpu=gpu, num_gpus=num_gpus)
+        return ClusterSpec(gpu=gpu, num_gpus=num_gpus, fabric=fabric)
 
 
 def _training(src: str, section: Any) -> TrainingSpec:
@@ -331,6 +388,8 @@ def _training(src: str, section: Any) -> TrainingSpec:
     for key in ("precision", "optimizer", "engine"):
         if key in section:
             values[key] = _str(src, f"training.{key}", section[key])
+    if values.get("engine", "any") not in CASE_ENGINES:
+        raise CaseError(src, "training.engine", f"expected one of {', '.join(CASE_ENGINES)}, got {values['engine']!r}")
     for key in ("flash_attention", "tp_comm_overlap", "fp32_grads"):
         if key in section:
             values[key] = _bool(src, f"training.{key}", section[key])

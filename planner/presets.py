@@ -31,6 +31,10 @@ def performance_presets() -> dict[str, dict]:
     return _load("performance")
 
 
+def fabric_presets() -> dict[str, dict]:
+    return _load("fabrics")
+
+
 def closest(name: str, choices) -> str:
     """' (did you mean X?)' for the nearest valid name, or '' when nothing is near."""
     match = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.5)

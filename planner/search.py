@@ -5,9 +5,11 @@ micro-batch, ZeRO stage, sequence parallelism and recomputation. Three dominance
 the cost model keep the table small without losing its optimum (the brute-force
 enumerator in the tests checks this):
 
-- With tensor parallelism, sequence parallelism never costs time and always saves memory
-  (same collective volume; norms and dropout run on 1/t of the tokens), so where the engine
-  offers the choice only ``sequence_parallel: true`` is scored.
+- With tensor parallelism, sequence parallelism always saves memory and moves the same
+  collective volume (norms and dropout run on 1/t of the tokens); it costs no time unless
+  the engine pays a host cost per collective call (twice the calls: all-gather and
+  reduce-scatter for each all-reduce). Where the engine offers the choice and pays no
+  such cost, only ``sequence_parallel: true`` is scored.
 - Recomputation only adds time, so for every other choice only the least recomputation
   that fits is scored: none, else selective, else full on the fewest layers per stage.
 - Memory grows with the micro-batch, so once nothing fits at a micro-batch size, larger
@@ -21,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
+from cost_models.behaviour import behaviour
 from cost_models.memory import peak_stage_memory
 from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import layer_forward_time_for, step_time, tp_exposed_per_layer
@@ -299,7 +302,7 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                     stage_layers: tuple[int, ...]) -> float:
         m = training.global_batch_size // (mbs * dp)
         layer = layer_forward_time_for(model, training, case.cluster.gpu, tp, cp, mbs, sp)[0]
-        collectives = sum(tp_exposed_per_layer(model, training, case.cluster, tp, cp, mbs))
+        collectives = sum(tp_exposed_per_layer(model, training, case.cluster, tp, cp, mbs, sp))
         return (m + (pp - 1) / vpp) * max(stage_layers) * (3 * layer + collectives)
 
     # Every (structure, partition, vpp, sp) with its micro-batches, the most promising first,
@@ -308,7 +311,7 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     for tp, cp, pp, dp in structures(case, spec):
         sp_options = [sp for sp in ((False,) if tp == 1 else engine.sequence_parallel)
                       if spec.admits("sequence_parallel", sp)]
-        if True in sp_options:
+        if True in sp_options and not behaviour(training.engine).collective_launch_s:
             sp_options = [True]  # dominates False (module docstring)
         zeros = [z for z in engine.zero_stages
                  if spec.admits("zero_stage", z) and not (pp > 1 and z > engine.max_zero_with_pp)]

@@ -171,7 +171,8 @@ def test_profile_from_synthetic_timings_gives_back_the_figures_and_loads(tmp_pat
     assert perf["intra_node_efficiency"] == 1.0
     path = tmp_path / "profile.yaml"
     path.write_text(render(profile))
-    gpu = gpu_from_profile(path)
+    gpu, fabric = gpu_from_profile(path)
+    assert fabric.efficiency == 1.0
     assert gpu.name == "Synthetic GPU"
     assert gpu.hbm_bandwidth == pytest.approx(2e12, rel=1e-5)
     assert gpu.intra_node_bandwidth == pytest.approx(90e9, rel=1e-5)

@@ -36,8 +36,8 @@ MIN_FITTING = 30
 def generated() -> tuple:
     """(case dict, best estimate or None) for CASES cases with a fixed seed.
 
-    Unpinned, DeepSpeed plans are almost all ZeRO 3 without pipeline or recomputation; a third
-    of the cases pin pipeline stages, ZeRO stages, recomputation or TP so every branch is emitted.
+    Unpinned plans settle on few layouts; two thirds of the cases pin pipeline stages, ZeRO
+    stages (ZeRO 3 among them), recomputation or TP so every branch of the emitter is reached.
     """
     rng = random.Random(20250611)
     out = []
@@ -50,6 +50,8 @@ def generated() -> tuple:
             search.update(zero_stage=rng.choice([0, 1, 2]), recompute="full")
         elif kind == 3:
             search.update(tp=2, pp=1, zero_stage=rng.choice([0, 1]))
+        elif kind == 4:
+            search.update(zero_stage=3)
         case = {
             "model": {"preset": rng.choice(MODELS)},
             "cluster": {"gpu": rng.choice(GPUS), "num_gpus": rng.choice([8, 16, 32, 64, 128, 256])},

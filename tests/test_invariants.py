@@ -61,8 +61,8 @@ def _with(job: Job, cluster_gpus: int = None, training: TrainingSpec = None, **c
 
 
 def _states(job: Job) -> float:
-    peak = peak_stage_memory(job)
-    return peak.parameters + peak.gradients + peak.optimizer_states
+    """Model-state bytes of the stage that holds the most of them."""
+    return max(m.parameters + m.gradients + m.optimizer_states for m in stage_memories(job))
 
 
 @SETTINGS

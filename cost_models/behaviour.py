@@ -1,0 +1,91 @@
+"""How each training engine runs a layout: the facts the cost models read, as data.
+
+The step-time and memory models never test an engine's name; they read its
+:class:`EngineBehaviour`. What each engine can *express* (the search's constraints) is
+declared beside it in ``planner/engines.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineBehaviour:
+    # ZeRO-3 gathers the weights once more for the recompute forward inside backward.
+    # DeepSpeed fetches a module's partitioned weights in every forward pre-hook
+    # (``deepspeed/runtime/zero/parameter_offload.py``, ``pre_sub_module_forward_function``),
+    # the recompute's included, and releases them after. FSDP (torchtitan's FSDP2 and PyTorch
+    # FSDP) shards the checkpointed block as one unit: its backward pre-hook gathers once and
+    # the recompute runs inside the unsharded unit.
+    regather_for_recompute: bool = False
+    # ZeRO-3 collectives per layer and pass: FSDP gathers a wrapped transformer block at once;
+    # DeepSpeed gathers each submodule's parameters on its own (QKV, projection, two MLP
+    # matrices and two norms in a GPT layer: ``all_gather_coalesced`` per module).
+    zero3_collectives_per_layer: int = 1
+    # Interleaved pipelines post the next chunk's send/receive before computing the current
+    # one (Megatron-core ``overlap_p2p_comm``, on unless --no-overlap-p2p-communication;
+    # ``pipeline_parallel/schedules.py``).
+    p2p_overlap_interleaved: bool = False
+    # The pipeline reduces data-parallel gradients only after the last micro-batch, with
+    # nothing to overlap: DeepSpeed's ``TrainSchedule`` ends every step with ReduceTiedGrads,
+    # ReduceGrads, OptimizerStep (``deepspeed/runtime/pipe/schedule.py``).
+    reduce_after_pipeline: bool = False
+    # Gradients of bf16 training accumulated and reduced in fp32 unless told otherwise.
+    # Megatron-LM sets accumulate_allreduce_grads_in_fp32 for bf16 unless --grad-reduce-in-bf16
+    # (``megatron/training/arguments.py``); torchtitan's FSDP2 reduces in float32
+    # (``torchtitan/config/configs.py``, mixed_precision_reduce).
+    fp32_grads_for_bf16: bool = False
+    # Gradient bucket of ZeRO 0–2 data parallelism, in parameters (at least), or in bytes.
+    # Megatron: max(40 M, 1 M · dp) parameters (``megatron/core/distributed/``); DeepSpeed:
+    # reduce_bucket_size 5e8 elements; PyTorch DDP: bucket_cap_mb = 25 MB.
+    bucket_params: float = 0.0
+    bucket_bytes: float = 0.0
+    # ZeRO-1/2 weight shards gathered after the optimizer step behind the next forward
+    # (Megatron --overlap-param-gather, which NeMo's recipes set; FSDP-style prefetch), not
+    # in the open (DeepSpeed's ZeRO-1/2 gathers them before the step returns).
+    overlap_param_gather: bool = False
+    # Bytes per logit of the loss's gradients alive beside the saved log-softmax while the loss
+    # runs backward (``activations.loss_gradient_bytes``): 4 + 2 for eager PyTorch's
+    # cross-entropy on upcast logits, 2 for Megatron's in-place vocab-parallel cross-entropy.
+    loss_gradient_bytes: float = 6.0
+    # What ``recompute: selective`` means (``activations.SELECTIVE_POLICIES``): Megatron's
+    # core-attention recomputation, or PyTorch op-level selective checkpointing that keeps
+    # attention and every other matmul (torchtitan's default selective mode).
+    selective: str = "matmuls"
+    # Fused kernels: the vendor's fused attention (Transformer Engine → cuDNN) and fused
+    # element-wise kernels (SwiGLU, rotary embeddings: Megatron's fusions, or torch.compile).
+    fused_attention: bool = False
+    fused_elementwise: bool = False
+    # Host time per tensor-parallel collective on the critical path, beyond NCCL's own latency:
+    # issuing it from eager Python (autograd functions around torch.distributed calls, stream
+    # waits). Fitted to the published runs of the engines that show it.
+    collective_launch_s: float = 0.0
+    # Split pipeline stages by compute where the layout does not say (else evenly).
+    balance_stages: bool = False
+
+
+BEHAVIOURS = {
+    "megatron": EngineBehaviour(p2p_overlap_interleaved=True, fp32_grads_for_bf16=True, bucket_params=40e6,
+                                overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention",
+                                fused_attention=True, fused_elementwise=True),
+    # Megatron-DeepSpeed keeps Megatron's vocab-parallel cross-entropy.
+    "deepspeed": EngineBehaviour(regather_for_recompute=True, zero3_collectives_per_layer=6,
+                                 reduce_after_pipeline=True, bucket_params=5e8, loss_gradient_bytes=2.0,
+                                 selective="attention", fused_elementwise=True),
+    # torchtitan compiles each block (fused element-wise kernels); attention through SDPA.
+    "torchtitan": EngineBehaviour(fp32_grads_for_bf16=True, bucket_bytes=25 * 2**20, overlap_param_gather=True,
+                                  fused_elementwise=True),
+    # The repo's own GPT (calibration/gpt.py) as `layout-planner validate` trains it: PyTorch
+    # DDP or FSDP2, Megatron-style selective recomputation (the attention core) and SwiGLU that
+    # keeps only its 2f input, eager cross-entropy. Not an engine a case can name.
+    "reference": EngineBehaviour(bucket_bytes=25 * 2**20, overlap_param_gather=True, selective="attention"),
+    # No engine in particular: plain PyTorch DDP buckets and FSDP units, stages balanced by
+    # compute (as nanotron does).
+    "any": EngineBehaviour(bucket_bytes=25 * 2**20, balance_stages=True, overlap_param_gather=True,
+                           collective_launch_s=300e-6),
+}
+
+
+def behaviour(engine: str) -> EngineBehaviour:
+    return BEHAVIOURS[engine]

@@ -1,0 +1,99 @@
+"""Time of one kernel on one GPU: GEMMs through a roofline with SM occupancy.
+
+A GEMM's output is cut into tiles; each streaming multiprocessor (SM) computes one tile
+at a time (NVIDIA, "Matrix Multiplication Background User's Guide", §"Wave
+quantization"). A GEMM with fewer tiles than the GPU has SMs leaves the rest idle: this
+is what makes a narrow tensor-parallel shard or a short micro-batch slower per FLOP than
+a large GEMM. An H100 fp8 GEMM of 1024³ fills 32 of 132 SMs and reaches 14 % of peak
+against 70 % at 16384³; 2048³ (128 tiles, one wave) reaches 51 %, the rest of the gap
+being the fixed per-kernel cost (``shared/hardware/achieved.yaml``, Azure ND H100 v5).
+Partial later waves are filled by the stream-K and split-K kernels cuBLAS and CUTLASS
+pick for them, so only the first wave's occupancy is modelled.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .flops import Gemm
+from .specs import GPUSpec, Performance
+
+# The benchmark condition ``Performance.attention_efficiency`` is quoted at.
+ATTENTION_REFERENCE_HEAD_DIM = 128
+ATTENTION_REFERENCE_KEYS = 16384
+
+
+def wave_efficiency(m: float, n: float, gpu: GPUSpec) -> float:
+    """Share of the SMs the output tiles of an m×n GEMM keep busy: min(1, tiles / SMs)."""
+    if gpu.sm_count is None:
+        return 1.0
+    perf = gpu.performance
+    tiles = math.ceil(m / perf.gemm_tile_m) * math.ceil(n / perf.gemm_tile_n)
+    return min(1.0, tiles / gpu.sm_count)
+
+
+def element_bytes(precision: str) -> int:
+    """Bytes per GEMM operand element in ``precision``."""
+    return 4 if precision == "fp32" else (1 if precision == "fp8" else 2)
+
+
+def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
+    """Roofline with wave quantization and a fixed per-kernel cost:
+    max(F / (η·peak·q), bytes / (η_hbm·B_hbm)) + t₀, q = :func:`wave_efficiency`,
+    plus :func:`cast_time`.
+
+    The fixed cost t₀ (launch, prologue and epilogue) weighs on small GEMMs.
+    """
+    return gemm_kernel_time(gemm, gpu, precision) + cast_time(gemm, gpu, precision)
+
+
+def gemm_kernel_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
+    """The GEMM kernel alone: max(F / (η·peak·q), bytes / (η_hbm·B_hbm)) + t₀."""
+    perf = gpu.performance
+    traffic = element_bytes(precision) * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    hbm = perf.hbm_efficiency * gpu.hbm_bandwidth
+    compute = gemm.flops / (perf.gemm_efficiency_for(precision) * gpu.peak(precision)
+                            * wave_efficiency(gemm.m, gemm.n, gpu))
+    return max(compute, traffic / hbm) + perf.kernel_overhead_s
+
+
+def cast_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
+    """fp8 GEMMs (Transformer Engine) first cast their bf16 inputs to fp8 in memory-bound
+    kernels: read 2 bytes, write 1, per element of both operands (``transformer_engine``
+    ``cast_transpose``)."""
+    if precision != "fp8":
+        return 0.0
+    perf = gpu.performance
+    return 3 * (gemm.m * gemm.k + gemm.k * gemm.n) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+
+
+def attention_shape_efficiency(head_dim: float, keys: float, perf: Performance) -> float:
+    """Flash attention's efficiency at ``head_dim`` and ``keys`` per query block, relative to
+    head dim 128 and 16k keys: d/(d + d½) · s/(s + s½), normalised there.
+
+    FlashAttention-2 fwd+bwd (causal, head dim 128) runs at 0.61 of the A100 peak at 16k
+    and 0.32 at 512; on H100 at 0.33 and 0.17 (s½ ≈ 550). Head dim 64 reaches 0.87–0.90
+    of head dim 128's rate with FA2 and 0.77 with FA3 (d½ ≈ 32). Dao-AILab/flash-attention
+    benchmark figures, ``shared/hardware/achieved.yaml``.
+    """
+    def per_dim(d: float) -> float:
+        return d / (d + perf.attention_head_dim_half)
+
+    def per_keys(s: float) -> float:
+        return s / (s + perf.attention_seq_half)
+
+    return (per_dim(head_dim) / per_dim(ATTENTION_REFERENCE_HEAD_DIM)
+            * per_keys(keys) / per_keys(ATTENTION_REFERENCE_KEYS))
+
+
+def flash_attention_time(flops: float, head_dim: float, keys: float, calls: int, gpu: GPUSpec,
+                         precision: str, fused: bool = False) -> float:
+    """Forward time of flash attention doing ``flops`` in ``calls`` kernels over key blocks of
+    ``keys``: F / (η_attn · shape · peak) + calls · t₀, η_attn of the vendor's fused kernels
+    (``Performance.attention_efficiency_fused``) where the engine runs them. The backward
+    pass takes 2.5 times as long (``step_time.stage_time``)."""
+    perf = gpu.performance
+    efficiency = perf.attention_efficiency_fused if fused and perf.attention_efficiency_fused else \
+        perf.attention_efficiency
+    rate = efficiency * attention_shape_efficiency(head_dim, keys, perf) * gpu.peak(precision)
+    return flops / rate + calls * perf.kernel_overhead_s

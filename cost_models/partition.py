@@ -1,0 +1,64 @@
+"""How the layers of a model are cut into pipeline stages when a layout does not say.
+
+Engines differ, and the difference is a large share of a pipeline's step time: the last
+stage also runs the LM head, which for a small model with a large vocabulary costs as
+much as several layers (Llama-style 1B, h = 2048, V = 131,072: the head's 2·h·V FLOPs per
+token are four layers' worth).
+
+- Megatron-LM splits the decoder layers evenly (``--pipeline-model-parallel-size`` needs
+  them to divide), unless told to count the embedding or the loss as layers.
+- An engine-neutral plan (``engine: any``) balances stage compute, as nanotron does
+  (``nanotron/models/base.py``: blocks are assigned to pipeline ranks by cumulative
+  ``get_block_compute_costs``, the LM head weighted V·h against a layer's 4h² + 3hf) and as
+  PipeDream-style partitioners do: the contiguous split whose slowest stage is fastest.
+  The edge stages may hold no decoder layer at all.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .behaviour import behaviour
+from .flops import attention_flops, head_gemm, layer_gemms
+from .specs import ModelSpec, TrainingSpec
+
+
+def layer_and_head_cost(model: ModelSpec, seq_len: int) -> tuple[float, float]:
+    """Forward FLOPs per token of one layer (GEMMs and causal attention) and of the LM head."""
+    layer = sum(g.flops for g in layer_gemms(model, 1, 1)) + attention_flops(model, 1, 1, seq_len, 1)
+    return layer, head_gemm(model, 1, 1).flops
+
+
+@lru_cache(maxsize=4096)
+def balanced_partition(layers: int, stages: int, layer_cost: float, head_cost: float) -> tuple[int, ...]:
+    """Contiguous layer counts per stage that minimise the largest stage cost, the LM head
+    on the last stage (which may then hold no decoder layer).
+
+    The last stage takes k layers and the others share the rest as evenly as possible, the
+    spare layers on the middle stages first (the first stage holds the most micro-batches
+    in flight under 1F1B); k is the count whose largest stage cost is least, the larger k
+    on a tie.
+    """
+    if stages == 1:
+        return (layers,)
+    others = stages - 1
+
+    def largest(k: int) -> float:
+        return max(k * layer_cost + head_cost, -(-(layers - k) // others) * layer_cost)
+
+    feasible = [k for k in range(layers + 1) if layers - k >= others - 1]
+    last = min(feasible, key=lambda k: (largest(k), -k))
+    base, spare = divmod(layers - last, others)
+    order = list(range(1, others)) + [0]  # middle stages first, then the first
+    counts = [base] * others
+    for i in order[:spare]:
+        counts[i] += 1
+    return tuple(counts) + (last,)
+
+
+def default_partition(model: ModelSpec, training: TrainingSpec, pp: int, vpp: int) -> tuple[int, ...]:
+    """The split an engine makes by itself: balanced by compute for ``any`` (without
+    interleaving), else even."""
+    if behaviour(training.engine).balance_stages and vpp == 1 and pp > 1:
+        return balanced_partition(model.num_layers, pp, *layer_and_head_cost(model, training.seq_len))
+    return (model.num_layers // pp,) * pp
