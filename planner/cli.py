@@ -166,20 +166,25 @@ def diagnose_command(
 
 @app.command("validate-published")
 def validate_published_command(
-    runs: Path = typer.Argument(..., help="Published runs (YAML), e.g. ../shared/validation/published_runs.yaml."),
+    runs: Optional[list[Path]] = typer.Argument(None, help="Published-run files (YAML); default: the repo's own "
+                                                           "copies (planner/published/)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    experts: bool = typer.Option(True, "--experts/--no-experts",
+                                 help="Also plan each tuned recipe's job (about 20 s) and report the gain claimed."),
 ) -> None:
-    """Replay published training runs and report the error of predicted tokens/s per source."""
-    from .validation import print_report, replay, report_to_dict
+    """Score the cost model on published runs: throughput and memory per source, layout-sweep
+    regret and rank correlation, and the gain plan claims over tuned recipes."""
+    from .fidelity import evaluate, print_report, to_dict
+    from .published_runs import load_rows
 
     try:
-        report = replay(runs)
+        result = evaluate(load_rows(runs) if runs else None, experts=experts)
     except CaseError as error:
         _fail(error)
     if as_json:
-        print(json.dumps(report_to_dict(report), indent=2))
+        print(json.dumps(to_dict(result), indent=2))
     else:
-        print_report(report, Console(width=120))
+        print_report(result, Console(width=120), experts=experts)
 
 
 @app.command("validate")

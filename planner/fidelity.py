@@ -1,0 +1,276 @@
+"""How right the cost model is on published runs, four ways.
+
+- throughput: predicted tokens/s against measured, mean |error| per source; the headline is
+  the mean over sources, so that one large table cannot dominate it. A layout sweep
+  publishes pathological layouts too: rows measured below half the best layout of their own
+  job are left to the sweep measure.
+- memory: predicted peak memory per GPU against the published peak (GiB, torch's allocator
+  counters), per source.
+- sweeps: in each published sweep (same model, GPUs, global batch, sequence and precision, at
+  least five layouts), the layout the model ranks fastest among those it predicts to fit,
+  against the best measured: regret = best measured / measured of the pick − 1; and the
+  Spearman rank correlation of predicted and measured throughput.
+- experts: for each tuned recipe (Megatron-Bridge, NeMo, torchtitan, MLPerf), ``plan`` on the
+  same job: the gain it claims over the recipe's own layout, and recipes that ran but are
+  predicted not to fit.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+from .errors import CaseError
+from .published_runs import case_of, load_rows, measured_tokens_per_s, source_of
+
+TUNED = ("Megatron-Bridge", "NVIDIA-NeMo/Megatron-Bridge", "torchtitan", "MLPerf", "NVIDIA/NeMo")
+MIN_SWEEP = 5
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published run the model could estimate."""
+
+    row: dict
+    case: dict
+    predicted: float  # tokens/s
+    measured: Optional[float]  # tokens/s
+    fits: bool
+    peak_gib: float
+    measured_gib: Optional[float]
+
+    @property
+    def source(self) -> str:
+        return source_of(self.row)
+
+    @property
+    def job(self) -> tuple:
+        """What a sweep holds fixed."""
+        c = self.case
+        return (self.source, c["model"]["name"], self.row["num_gpus"], c["training"]["global_batch_size"],
+                c["training"]["seq_len"], c["training"]["precision"])
+
+
+@dataclass(frozen=True)
+class Summary:
+    count: int
+    mean_abs: float
+    median_abs: float
+    max_abs: float
+    bias: float
+
+    @staticmethod
+    def of(errors: Iterable[float]) -> "Summary":
+        e = list(errors)
+        a = [abs(x) for x in e]
+        return Summary(len(e), statistics.mean(a), statistics.median(a), max(a), statistics.mean(e))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    job: tuple
+    size: int
+    rho: float
+    regret: float  # inf where nothing measured is predicted to fit
+    pick: Optional[dict]  # the picked layout
+
+
+@dataclass
+class Fidelity:
+    rows: list[Row] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    throughput: dict[str, Summary] = field(default_factory=dict)
+    memory: dict[str, Summary] = field(default_factory=dict)
+    sweeps: list[Sweep] = field(default_factory=list)
+    expert_gains: list[tuple[str, float]] = field(default_factory=list)
+    expert_misfits: list[str] = field(default_factory=list)
+    experts_scored: int = 0
+
+    @property
+    def throughput_headline(self) -> float:
+        return statistics.mean(s.mean_abs for s in self.throughput.values())
+
+    @property
+    def memory_headline(self) -> float:
+        return statistics.mean(s.mean_abs for s in self.memory.values())
+
+    @property
+    def median_regret(self) -> float:
+        return statistics.median(s.regret for s in self.sweeps)
+
+    @property
+    def max_regret(self) -> float:
+        return max((s.regret for s in self.sweeps if s.regret != float("inf")), default=0.0)
+
+    @property
+    def median_rho(self) -> float:
+        return statistics.median(s.rho for s in self.sweeps)
+
+    @property
+    def median_gain(self) -> float:
+        return statistics.median(g for _, g in self.expert_gains)
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    n = len(a)
+    ra = {i: k for k, i in enumerate(sorted(range(n), key=lambda i: a[i]))}
+    rb = {i: k for k, i in enumerate(sorted(range(n), key=lambda i: b[i]))}
+    return 1 - 6 * sum((ra[i] - rb[i]) ** 2 for i in range(n)) / (n * (n * n - 1))
+
+
+def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
+             estimate: Optional[Callable] = None, plan: Optional[Callable] = None) -> Fidelity:
+    """Score the model on ``rows`` (the repo's published runs by default)."""
+    if estimate is None or plan is None:
+        from .estimate import estimate as estimate_api
+        from .plan import plan as plan_api
+        estimate, plan = estimate or estimate_api, plan or plan_api
+    rows = load_rows() if rows is None else rows
+    out = Fidelity()
+    for r in rows:
+        case, why = case_of(r)
+        measured = measured_tokens_per_s(r) if case else None
+        mem = (r.get("measured") or {}).get("memory_gb_per_gpu") if case else None
+        if case and not measured and not mem:
+            why = "no convention-free measurement"
+        if why:
+            out.skipped[why] = out.skipped.get(why, 0) + 1
+            continue
+        try:
+            est = estimate(case)
+        except CaseError as error:  # a row the model cannot take counts against it
+            out.failed.append((r["id"], f"{error.key}: {error.expected}"))
+            continue
+        tokens = case["training"]["global_batch_size"] * case["training"]["seq_len"]
+        out.rows.append(Row(r, case, tokens / est.step_time_s, measured, est.fits, est.peak.total / 2**30, mem))
+    _throughput(out)
+    _memory(out)
+    _sweeps(out)
+    if experts:
+        _experts(out, plan)
+    return out
+
+
+def _throughput(out: Fidelity) -> None:
+    best: dict[tuple, float] = defaultdict(float)
+    for r in out.rows:
+        if r.measured:
+            best[r.job] = max(best[r.job], r.measured)
+    errors: dict[str, list[float]] = defaultdict(list)
+    implausible = 0
+    for r in out.rows:
+        if r.measured and r.measured * 2 >= best[r.job]:
+            errors[r.source].append(r.predicted / r.measured - 1)
+        elif r.measured:
+            implausible += 1
+    if implausible:
+        out.skipped["measured below half the best layout of its sweep (ranked by the sweep measure)"] = implausible
+    out.throughput = {s: Summary.of(e) for s, e in sorted(errors.items())}
+
+
+def _memory(out: Fidelity) -> None:
+    errors: dict[str, list[float]] = defaultdict(list)
+    for r in out.rows:
+        if r.measured_gib:
+            errors[r.source].append(r.peak_gib / r.measured_gib - 1)
+    out.memory = {s: Summary.of(e) for s, e in sorted(errors.items())}
+
+
+def _sweeps(out: Fidelity) -> None:
+    groups: dict[tuple, list[Row]] = defaultdict(list)
+    for r in out.rows:
+        if r.measured and r.row.get("trust") != "low":
+            groups[r.job].append(r)
+    for job, group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        if len(group) < MIN_SWEEP:
+            continue
+        best = max(r.measured for r in group)
+        pick = max((r for r in group if r.fits), key=lambda r: r.predicted, default=None)
+        regret = best / pick.measured - 1 if pick else float("inf")
+        rho = spearman([r.predicted for r in group], [r.measured for r in group])
+        out.sweeps.append(Sweep(job, len(group), rho, regret, pick.case["layout"] if pick else None))
+
+
+def _experts(out: Fidelity, plan: Callable) -> None:
+    for r in out.rows:
+        if not r.row["source"].startswith(TUNED):
+            continue
+        out.experts_scored += 1
+        if not r.fits:
+            out.expert_misfits.append(r.row["id"])
+        case = {k: v for k, v in r.case.items() if k != "layout"}
+        try:
+            best = plan(case)
+        except CaseError as error:
+            out.expert_misfits.append(f"{r.row['id']} (plan failed: {error.key})")
+            continue
+        if best.best is None:
+            out.expert_misfits.append(f"{r.row['id']} (plan: nothing fits)")
+            continue
+        tokens = case["training"]["global_batch_size"] * case["training"]["seq_len"]
+        out.expert_gains.append((r.row["id"], tokens / best.best.step_time_s / r.predicted - 1))
+
+
+def to_dict(f: Fidelity) -> dict[str, Any]:
+    def summaries(d: dict[str, Summary]) -> dict:
+        return {s: vars(v) for s, v in d.items()}
+
+    return {
+        "throughput": {"headline_mean_abs_error": f.throughput_headline, "by_source": summaries(f.throughput)},
+        "memory": {"headline_mean_abs_error": f.memory_headline if f.memory else None,
+                   "by_source": summaries(f.memory)},
+        "sweeps": {"median_regret": f.median_regret if f.sweeps else None,
+                   "max_finite_regret": f.max_regret, "median_rank_correlation": f.median_rho if f.sweeps else None,
+                   "sweeps": [{"job": list(s.job), "size": s.size, "rho": s.rho, "regret": s.regret, "pick": s.pick}
+                              for s in f.sweeps]},
+        "experts": {"scored": f.experts_scored,
+                    "median_claimed_gain": f.median_gain if f.expert_gains else None,
+                    "max_claimed_gain": max((g for _, g in f.expert_gains), default=None),
+                    "predicted_not_to_fit": f.expert_misfits,
+                    "gains": dict(f.expert_gains)},
+        "rows_scored": len(f.rows),
+        "skipped": f.skipped,
+        "failed": [{"id": i, "why": w} for i, w in f.failed],
+    }
+
+
+def print_report(f: Fidelity, console, experts: bool = True) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    for title, d, unit in (("Throughput: predicted / measured tokens/s − 1", f.throughput, "error"),
+                           ("Peak memory: predicted / published − 1", f.memory, "error")):
+        table = Table(title=title)
+        for col in ("source", "rows", "mean |error|", "median", "max", "bias"):
+            table.add_column(col, justify="left" if col == "source" else "right")
+        for src, s in d.items():
+            table.add_row(escape(src), str(s.count), f"{s.mean_abs:.1%}", f"{s.median_abs:.1%}", f"{s.max_abs:.1%}",
+                          f"{s.bias:+.1%}")
+        if d:
+            table.add_row("[bold]mean over sources[/]", "", f"{statistics.mean(s.mean_abs for s in d.values()):.1%}",
+                          "", "", "")
+        console.print(table)
+    if f.sweeps:
+        table = Table(title="Layout sweeps: the model's pick against the best measured")
+        for col in ("model", "GPUs", "layouts", "rank corr.", "regret", "pick"):
+            table.add_column(col, justify="left" if col in ("model", "pick") else "right")
+        for s in f.sweeps:
+            pick = " ".join(f"{k}{s.pick[k]}" for k in ("dp", "tp", "pp", "zero_stage", "micro_batch_size")) \
+                if s.pick else "—"
+            table.add_row(escape(str(s.job[1])[:30]), str(s.job[2]), str(s.size), f"{s.rho:+.2f}",
+                          f"{s.regret:.1%}", pick.replace("zero_stage", "z").replace("micro_batch_size", "mb"))
+        console.print(table)
+        console.print(f"sweeps: median regret {f.median_regret:.1%}, max {f.max_regret:.1%}, "
+                      f"median rank correlation {f.median_rho:+.2f} over {len(f.sweeps)} sweeps")
+    if experts and f.experts_scored:
+        gains = f"median claimed gain {f.median_gain:+.1%}, max {max(g for _, g in f.expert_gains):+.1%}" \
+            if f.expert_gains else "no plan"
+        console.print(f"experts: {f.experts_scored} tuned recipes; {gains}; "
+                      f"{len(f.expert_misfits)} predicted not to fit")
+    console.print(f"rows scored {len(f.rows)}; failed {len(f.failed)}; "
+                  + "; ".join(f"skipped {n}: {escape(why)}" for why, n in f.skipped.items()))
+    for rid, why in f.failed[:5]:
+        console.print(f"  failed {escape(rid)}: {escape(why)}")

@@ -1,0 +1,222 @@
+"""Published training runs as cases: each row written as a user of that run would write it.
+
+The rows (``planner/published/*.yaml``, README beside them) carry a layout and a measured
+result. :func:`case_of` turns one into a case dict in the case-file schema with what a user
+of the run knows: the model, the GPU, the layout, the engine the framework is, and what the
+source's own scripts set (flash attention, dropout, tied embeddings, TP overlap in NeMo's
+recipes). :func:`measured_tokens_per_s` reads the measured throughput without any FLOP
+convention where the row allows, and inverts Narayanan et al.'s eq. (3) where that is all a
+row gives. Nothing here is fitted: these are the facts the model is scored against.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import CaseError
+
+DATA = Path(__file__).parent / "published"
+DEFAULT_FILES = tuple(DATA / name for name in ("published_runs.yaml", "published_runs_2.yaml",
+                                               "published_runs_moe.yaml"))
+
+# Sources whose runs predate flash attention and kept Megatron's 0.1 dropout (BLOOM used none),
+# and the GPT-style models whose input embedding and LM head share weights.
+PRE_FLASH = ("Narayanan", "Korthikanti", "bigscience", "Smith", "Black")
+DROPOUT = ("Narayanan", "Korthikanti", "Smith")
+TIED = ("Narayanan", "Korthikanti", "bigscience", "Smith", "mosaicml", "Black", "NVIDIA/NeMo docs")
+# NeMo's GPT3 recipes: the GPT-2 BPE padded to 51,200 (NeMo's LLM_VOCAB_SIZE_MAP["gpt3"]).
+NEMO_GPT3_VOCAB = 51200
+
+# Row `gpu` strings (upper-cased, without "NVIDIA ") by prefix, most specific first.
+GPU_PREFIXES = (
+    ("BLACKWELL ULTRA", "gb300"), ("BLACKWELL GPU (GB2", "gb200"), ("H200", "h200-sxm-141gb"),
+    ("H800", "h800"), ("B300", "b300"), ("AMD-MI300X", "mi300x"), ("AMD INSTINCT MI300X", "mi300x"),
+    ("GB300", "gb300"), ("GB200", "gb200"), ("B200", "b200"), ("H100", "h100-sxm-80gb"),
+    ("V100", "v100-sxm-32gb"),
+)
+
+
+def load_rows(paths=DEFAULT_FILES) -> list[dict]:
+    """The rows of the given published-run files (the repo's own copies by default)."""
+    from .case import read_yaml
+
+    rows: list[dict] = []
+    for path in paths:
+        data = read_yaml(Path(path))
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise CaseError(str(path), "", "expected a list of published runs (mappings)")
+        rows.extend(data)
+    return rows
+
+
+def gpu_preset(name: str) -> Optional[str]:
+    n = str(name).upper().replace("NVIDIA ", "")
+    if n.startswith("A100"):
+        return "a100-sxm-40gb" if "40GB" in n else "a100-sxm-80gb"
+    return next((preset for prefix, preset in GPU_PREFIXES if n.startswith(prefix)), None)
+
+
+def precision(text: Any) -> Optional[str]:
+    """The training precision a row states; None for adapter fine-tuning (not a pretraining layout)."""
+    p = str(text or "").lower()
+    if "lora" in p:
+        return None
+    for name in ("nvfp4", "mxfp8", "fp8"):
+        if name in p:
+            return name
+    return "fp16" if "fp16" in p and "bf16" not in p else "bf16"
+
+
+def recompute(row: dict) -> str:
+    v = str(row.get("recompute") or "none").lower()
+    return "full" if v.startswith("full") else "selective" if v.startswith("selective") else "none"
+
+
+def zero_stage(row: dict) -> int:
+    """FSDP's sharding strategy, an explicit stage, or the distributed optimizer (ZeRO-1);
+    Megatron-Core's performance recipes run the distributed optimizer unless they say."""
+    par = row["parallel"]
+    fsdp = str(par.get("fsdp") or "").upper()
+    if "FULL_SHARD" in fsdp or "HYBRID" in fsdp:
+        return 3
+    if "SHARD_GRAD_OP" in fsdp:
+        return 2
+    if par.get("zero_stage") is not None:
+        return int(par["zero_stage"])
+    if par.get("distributed_optimizer") or (par.get("distributed_optimizer") is None
+                                            and "Megatron-Core" in row["framework"]):
+        return 1
+    return 0
+
+
+def engine(row: dict) -> str:
+    """The engine a user of the run would name: DeepSpeed where it drives the run, Megatron for
+    Megatron-LM, NeMo, Megatron-Bridge and MegaScale, and no engine in particular for PyTorch
+    stacks (FSDP, torchtitan, nanotron)."""
+    fw = row["framework"]
+    if "DeepSpeed" in fw or "GPT-NeoX" in fw:
+        return "deepspeed"
+    if any(k in fw for k in ("Megatron", "NeMo", "MegaScale")) and "FSDP" not in fw:
+        return "megatron"
+    return "any"
+
+
+def measured_tokens_per_s(row: dict) -> Optional[float]:
+    """Measured tokens/s over all GPUs: from the iteration time, or tokens/s as printed; for
+    the rows that give only hardware TFLOP/s per GPU (Narayanan, BLOOM, MT-NLG), through
+    Narayanan et al. 2021 eq. (3): F = 96·B·s·l·h²·(1 + s/6h + V/16lh) per iteration."""
+    m, b = row.get("measured") or {}, row["batch"]
+    tokens = b["global_batch_size"] * row["model"]["seq_len"]
+    if m.get("iteration_time_s"):
+        return tokens / m["iteration_time_s"]
+    if m.get("tokens_per_sec_total"):
+        return m["tokens_per_sec_total"]
+    if m.get("tokens_per_sec_per_gpu"):
+        return m["tokens_per_sec_per_gpu"] * row["num_gpus"]
+    if m.get("tflops_per_gpu") and row["source"].startswith(("Narayanan", "bigscience", "Smith")):
+        md = row["model"]
+        B, s, l, h, V = b["global_batch_size"], md["seq_len"], md["layers"], md["hidden"], md["vocab"]
+        flops = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+        return tokens / (flops / (m["tflops_per_gpu"] * 1e12 * row["num_gpus"]))
+    return None
+
+
+def pipeline_split(layers: int, stages: int) -> Optional[dict]:
+    """Megatron's --account-for-embedding/loss-in-pipeline-split (BLOOM's
+    'type:transformer|embedding' likewise): recipes whose layer count pp·vpp does not divide
+    count the embedding and the loss as a layer each. {} where the layers divide."""
+    if layers % stages == 0:
+        return {}
+    if (layers + 2) % stages == 0:
+        return {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
+    return None
+
+
+def balanced_stages(layers: int, pp: int) -> list[int]:
+    """What an engine that splits unevenly by itself does (nanotron, torchtitan): as even as
+    possible, spare layers on the middle stages first (the edges also hold embedding and head)."""
+    base, spare = divmod(layers, pp)
+    order = list(range(1, pp - 1)) + [0, pp - 1] if pp > 2 else list(range(pp))
+    extra = set(order[:spare])
+    return [base + (i in extra) for i in range(pp)]
+
+
+def _moe_fields(md: dict) -> Optional[dict]:
+    moe = md.get("moe") or {}
+    if not moe.get("num_experts"):
+        return {}
+    if not (moe.get("top_k") and moe.get("expert_ffn_hidden")):
+        return None
+    return {"num_experts": moe["num_experts"], "moe_top_k": moe["top_k"],
+            "moe_ffn_hidden_size": moe["expert_ffn_hidden"],
+            "moe_shared_expert_ffn_hidden_size": (moe.get("shared_experts") or 0)
+            * (moe.get("shared_expert_ffn_hidden") or moe["expert_ffn_hidden"]),
+            "moe_first_dense_layers": moe.get("first_dense_layers") or 0}
+
+
+def _mla_fields(md: dict) -> Optional[dict]:
+    attn = md.get("attention") or {}
+    if str(attn.get("type")).lower() != "mla":
+        return {}
+    keys = ("kv_lora_rank", "qk_head_dim", "qk_rope_head_dim", "v_head_dim")
+    if not all(attn.get(k) for k in keys):
+        return None
+    return {"attention_type": "mla", "q_lora_rank": attn.get("q_lora_rank"), **{k: attn[k] for k in keys}}
+
+
+def case_of(row: dict) -> tuple[Optional[dict], str]:
+    """(the case a user of the run would write, "") or (None, why the row cannot be one)."""
+    md, par, b = row["model"], row["parallel"], row["batch"]
+    if not md.get("vocab"):
+        if "NeMo" in row["source"] and "GPT" in str(md.get("name")):
+            md = {**md, "vocab": NEMO_GPT3_VOCAB}
+        else:
+            return None, "model not fully published"
+    prec, gpu = precision(row["precision"]), gpu_preset(row["gpu"])
+    if row["record_type"] != "measured_throughput" or not prec or not gpu:
+        return None, "not a supported row"
+    if b.get("micro_batch_size") is None or par.get("tp") is None or par.get("pp") is None:
+        return None, "layout not published"
+    if ((par.get("ep") or 1) > 1 or md.get("moe")) and not (md.get("moe") or {}).get("num_experts"):
+        return None, "mixture of experts without its expert fields"
+    moe, mla = _moe_fields(md), _mla_fields(md)
+    if moe is None or mla is None:
+        return None, "model not fully published"
+    tp, pp, cp, vpp = par["tp"], par["pp"], par.get("cp") or 1, par.get("vpp") or 1
+    sp = par.get("sp")
+    if sp is None:
+        sp = tp > 1 and "Megatron-Core" in row["framework"]
+    source = row["source"]
+    model = {"name": md.get("name") or row["id"], "num_layers": md["layers"], "hidden_size": md["hidden"],
+             "num_attention_heads": md["heads"], "num_kv_heads": md.get("kv_heads") or md["heads"],
+             "ffn_hidden_size": md.get("ffn_hidden") or 4 * md["hidden"],
+             "activation": "swiglu" if "swiglu" in str(md.get("ffn_act")).lower() else "gelu",
+             "vocab_size": md["vocab"],
+             "tied_embeddings": source.startswith(TIED) and "Llama" not in str(md.get("name")),
+             "dropout": 0.1 if source.startswith(DROPOUT) else 0.0, **moe, **mla}
+    if mla:
+        model.pop("num_kv_heads")
+    cluster: dict[str, Any] = {"gpu": gpu, "num_gpus": row["num_gpus"]}
+    if gpu.startswith("h100") and ("96GB" in row["gpu"] or "95GB" in row["gpu"]):
+        cluster["memory"] = "96 GiB"  # Meta's Grand Teton H100 with 96 GB HBM2e
+    training = {"global_batch_size": b["global_batch_size"], "seq_len": md["seq_len"], "precision": prec,
+                "optimizer": "adam", "engine": engine(row), "flash_attention": not source.startswith(PRE_FLASH),
+                # NeMo and Megatron-Bridge performance recipes overlap TP communication with TP.
+                "tp_comm_overlap": tp > 1 and ("NeMo" in row["framework"] or "Bridge" in row["framework"])}
+    layout: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "dp": row["num_gpus"] // (tp * pp * cp), "vpp": vpp,
+                              "micro_batch_size": b["micro_batch_size"], "zero_stage": zero_stage(row),
+                              "sequence_parallel": bool(sp), "recompute": recompute(row)}
+    for key in ("ep", "etp"):
+        if (par.get(key) or 1) > 1:
+            layout[key] = par[key]
+    split = pipeline_split(md["layers"], pp * vpp)
+    if split is None and vpp == 1:
+        split = {"stage_layers": balanced_stages(md["layers"], pp)}
+    layout.update(split or {})
+    return {"model": model, "cluster": cluster, "training": training, "layout": layout}, ""
+
+
+def source_of(row: dict) -> str:
+    """The short name a row's source is reported under."""
+    return row["source"].split(",")[0].split("'")[0].split("(")[0].strip()[:38]

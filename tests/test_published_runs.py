@@ -1,0 +1,90 @@
+"""Published rows → the cases their users would write, and measured throughput without FLOP conventions."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.case import load_case
+from planner.published_runs import (balanced_stages, case_of, gpu_preset, load_rows, measured_tokens_per_s,
+                                    pipeline_split, precision, zero_stage)
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict:
+    return {r["id"]: r for r in load_rows()}
+
+
+def test_narayanan_tflops_are_inverted_with_eq3(rows):
+    # F = 96·B·s·l·h²·(1 + s/6h + V/16lh), B = 512, s = 2048, l = 24, h = 2304, V = 51200
+    #   = 1.54668e16 FLOP per iteration; 137 TFLOP/s per GPU on 32 GPUs: 3.52802 s;
+    #   512 · 2048 / 3.52802 = 297,214 tokens/s.
+    assert measured_tokens_per_s(rows["narayanan21_t1_1.7B"]) == pytest.approx(297_214, rel=1e-5)
+
+
+def test_bloom_prints_the_iteration_time_eq3_gives(rows):
+    # 96·2048·2048·70·14336²·(1 + 2048/86016 + 250880/(16·70·14336)) = 6.02119e18 FLOP at
+    # 149.77 TFLOP/s on 384 GPUs is 104.695 s: the log line prints 104.70 s.
+    row = rows["bloom176b_main_iter85376"]
+    assert row["measured"]["iteration_time_s"] == pytest.approx(104.70)
+    assert measured_tokens_per_s(row) == pytest.approx(2048 * 2048 / 104.70)
+
+
+def test_a_playbook_row_is_written_as_its_user_would(rows):
+    case, why = case_of(rows["playbook_1b_1n_dp4_tp1_pp2_mbs4_ga16_z1"])
+    assert why == ""
+    assert case["model"] == {"name": "playbook-1B (Llama-style, MHA)", "num_layers": 16, "hidden_size": 2048,
+                             "num_attention_heads": 32, "num_kv_heads": 32, "ffn_hidden_size": 8192,
+                             "activation": "swiglu", "vocab_size": 131072, "tied_embeddings": False, "dropout": 0.0}
+    assert case["cluster"] == {"gpu": "h100-sxm-80gb", "num_gpus": 8}
+    assert case["training"]["engine"] == "any" and case["training"]["flash_attention"]
+    assert case["layout"] == {"tp": 1, "pp": 2, "cp": 1, "dp": 4, "vpp": 1, "micro_batch_size": 4, "zero_stage": 1,
+                              "sequence_parallel": False, "recompute": "none"}
+    assert load_case(case).layout.dp == 4
+
+
+def test_nemo_rows_run_megatron_with_tp_overlap_and_the_distributed_optimizer(rows):
+    case, _ = case_of(rows["nemo2407_h100_fp8_GPT3-175B_128gpu"])
+    assert case["model"]["vocab_size"] == 51200 and case["model"]["tied_embeddings"]
+    assert case["training"] | {"precision": "fp8", "engine": "megatron", "tp_comm_overlap": True} == case["training"]
+    assert case["layout"]["zero_stage"] == 1 and case["layout"]["vpp"] == 6
+
+
+def test_megatron_recipes_count_embedding_and_loss_as_layers_where_the_layers_do_not_divide():
+    assert pipeline_split(126, 32) == {"account_for_embedding_in_pipeline_split": True,
+                                       "account_for_loss_in_pipeline_split": True}
+    assert pipeline_split(96, 8) == {}
+    assert pipeline_split(80, 3) is None
+    assert balanced_stages(80, 3) == [27, 27, 26]  # the middle stage first, then the first
+    assert balanced_stages(30, 4) == [7, 8, 8, 7]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm-80gb"), ("A100-40GB (1600 Gbps RoCE)", "a100-sxm-40gb"),
+    ("A100-SXM4-80GB (Selene)", "a100-sxm-80gb"), ("NVIDIA GB200", "gb200"), ("NVIDIA Blackwell Ultra", "gb300"),
+    ("AMD Instinct MI300X", "mi300x"), ("TPU v5p", None)])
+def test_gpu_names_map_to_presets(text, expected):
+    assert gpu_preset(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [("bf16", "bf16"), ("FP8 (delayed)", "fp8"), ("MXFP8", "mxfp8"),
+                                            ("NVFP4", "nvfp4"), ("fp16 mixed", "fp16"), ("LoRA bf16", None),
+                                            ("mixed (fp16/bf16 not stated)", "bf16")])
+def test_precision_as_stated(text, expected):
+    assert precision(text) == expected
+
+
+def test_zero_stage_from_fsdp_the_stage_or_the_distributed_optimizer():
+    def row(framework="x", **parallel):
+        return {"framework": framework, "parallel": {"fsdp": None, "zero_stage": None, "distributed_optimizer": False,
+                                                     **parallel}}
+    assert zero_stage(row(fsdp="FULL_SHARD")) == 3
+    assert zero_stage(row(fsdp="SHARD_GRAD_OP")) == 2
+    assert zero_stage(row(zero_stage=1)) == 1
+    assert zero_stage(row(distributed_optimizer=True)) == 1
+    assert zero_stage(row("Megatron-Core 0.9", distributed_optimizer=None)) == 1
+    assert zero_stage(row()) == 0
+
+
+def test_rows_without_a_layout_or_a_pretraining_precision_are_not_cases(rows):
+    reasons = {case_of(r)[1] for r in rows.values()}
+    assert {"", "layout not published", "not a supported row", "model not fully published"} <= reasons
