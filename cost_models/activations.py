@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .behaviour import behaviour
 from .specs import ModelSpec, TrainingSpec, Layout
 
 
@@ -37,7 +38,7 @@ class LayerActivations:
     attention_core: float  # softmax output, dropout mask and output (s×s per head); 0 with flash
     projection_input: float  # attention context, input of the output projection
     mlp_input: float  # output of the second norm, input of the first MLP GEMM
-    mlp_hidden: float  # GeLU input and output, or SwiGLU input and down-projection input
+    mlp_hidden: float  # GeLU input and output, or SwiGLU input (and silu's output, unfused) and down-projection input
     dropout_masks: float  # one byte per element after attention and after the MLP
 
     @property
@@ -77,15 +78,21 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout) 
         per_score = p + mask * (1 + p)
         core = per_score * (a / t) * s * s * b
 
-    mlp_widths = 3 if model.activation == "swiglu" else 2
+    engine = behaviour(training.engine)
+    # SwiGLU: a fused kernel (Megatron's ``bias_swiglu``, torch.compile) keeps its 2f input and
+    # the down projection its f input; eager silu-then-multiply also keeps silu's f output.
+    mlp_widths = (3 if engine.fused_elementwise else 4) if model.activation == "swiglu" else 2
+    # Transformer Engine's fp8 linears keep their input as the fp8 copy their wgrad GEMM reads
+    # (1 byte), not the bf16 tensor: the QKV, projection, first-MLP and down-projection inputs.
+    g = 1 if training.precision == "fp8" and engine.fp8_saves_inputs else p
     return LayerActivations(
         norm_inputs=2 * p * s * b * h / sp,
-        qkv_input=p * s * b * h / sp,
+        qkv_input=g * s * b * h / sp,
         qkv=p * s * b * (h / t + 2 * kv_per_rank),
         attention_core=core,
-        projection_input=p * s * b * h / t,
-        mlp_input=p * s * b * h / sp,
-        mlp_hidden=mlp_widths * p * s * b * f / t,
+        projection_input=g * s * b * h / t,
+        mlp_input=g * s * b * h / sp,
+        mlp_hidden=((mlp_widths - 1) * p + g) * s * b * f / t,
         dropout_masks=2 * mask * s * b * h / sp,
     )
 

@@ -31,10 +31,12 @@ class EngineBehaviour:
     # nothing to overlap: DeepSpeed's ``TrainSchedule`` ends every step with ReduceTiedGrads,
     # ReduceGrads, OptimizerStep (``deepspeed/runtime/pipe/schedule.py``).
     reduce_after_pipeline: bool = False
-    # Gradients of bf16 training accumulated and reduced in fp32 unless told otherwise.
-    # Megatron-LM sets accumulate_allreduce_grads_in_fp32 for bf16 unless --grad-reduce-in-bf16
-    # (``megatron/training/arguments.py``); torchtitan's FSDP2 reduces in float32
-    # (``torchtitan/config/configs.py``, mixed_precision_reduce).
+    # Gradients of bf16 training accumulated and reduced in fp32 unless told otherwise:
+    # torchtitan's FSDP2 reduces in float32 (``torchtitan/config/configs.py``,
+    # mixed_precision_reduce). Megatron-core's DistributedDataParallelConfig reduces in the
+    # parameters' dtype (grad_reduce_in_fp32 = False), as NeMo's and Megatron-Bridge's
+    # performance recipes and MLPerf's run; Megatron-LM's own pretrain script turns fp32 on
+    # for bf16 unless --grad-reduce-in-bf16 (a case says fp32_grads: true for it).
     fp32_grads_for_bf16: bool = False
     # Gradient bucket of ZeRO 0–2 data parallelism, in parameters (at least), or in bytes.
     # Megatron: max(40 M, 1 M · dp) parameters (``megatron/core/distributed/``); DeepSpeed:
@@ -54,32 +56,43 @@ class EngineBehaviour:
     # attention and every other matmul (torchtitan's default selective mode).
     selective: str = "matmuls"
     # Fused kernels: the vendor's fused attention (Transformer Engine → cuDNN) and fused
-    # element-wise kernels (SwiGLU, rotary embeddings: Megatron's fusions, or torch.compile).
+    # element-wise kernels (SwiGLU, rotary embeddings: Megatron's fusions, or torch.compile),
+    # which also keep fewer tensors for backward (``activations.layer_activations``).
     fused_attention: bool = False
     fused_elementwise: bool = False
     # Host time per tensor-parallel collective on the critical path, beyond NCCL's own latency:
     # issuing it from eager Python (autograd functions around torch.distributed calls, stream
     # waits). Fitted to the published runs of the engines that show it.
     collective_launch_s: float = 0.0
+    # HBM bytes per operand element of casting a GEMM's bf16 inputs to fp8
+    # (``kernels.cast_time``): Transformer Engine's fused cast_transpose reads 2 and writes 1;
+    # dynamic scaling (torchao's float8 training) first reads the operand for its amax.
+    fp8_cast_bytes: float = 5.0
+    # fp8 weight copies cast once per step and reused by every micro-batch (Transformer Engine).
+    fp8_weight_cache: bool = False
+    # fp8 linears keep their inputs for backward as fp8 (Transformer Engine), not in bf16.
+    fp8_saves_inputs: bool = False
     # Split pipeline stages by compute where the layout does not say (else evenly).
     balance_stages: bool = False
 
 
 BEHAVIOURS = {
-    "megatron": EngineBehaviour(p2p_overlap_interleaved=True, fp32_grads_for_bf16=True, bucket_params=40e6,
+    "megatron": EngineBehaviour(p2p_overlap_interleaved=True, bucket_params=40e6,
                                 overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention",
-                                fused_attention=True, fused_elementwise=True),
+                                fused_attention=True, fused_elementwise=True, fp8_cast_bytes=3.0,
+                                fp8_weight_cache=True, fp8_saves_inputs=True),
     # Megatron-DeepSpeed keeps Megatron's vocab-parallel cross-entropy.
     "deepspeed": EngineBehaviour(regather_for_recompute=True, zero3_collectives_per_layer=6,
                                  reduce_after_pipeline=True, bucket_params=5e8, loss_gradient_bytes=2.0,
-                                 selective="attention", fused_elementwise=True),
+                                 selective="attention", fused_elementwise=True, fp8_cast_bytes=3.0),
     # torchtitan compiles each block (fused element-wise kernels); attention through SDPA.
     "torchtitan": EngineBehaviour(fp32_grads_for_bf16=True, bucket_bytes=25 * 2**20, overlap_param_gather=True,
                                   fused_elementwise=True),
     # The repo's own GPT (calibration/gpt.py) as `layout-planner validate` trains it: PyTorch
     # DDP or FSDP2, Megatron-style selective recomputation (the attention core) and SwiGLU that
     # keeps only its 2f input, eager cross-entropy. Not an engine a case can name.
-    "reference": EngineBehaviour(bucket_bytes=25 * 2**20, overlap_param_gather=True, selective="attention"),
+    "reference": EngineBehaviour(bucket_bytes=25 * 2**20, overlap_param_gather=True, selective="attention",
+                                 fused_elementwise=True),
     # No engine in particular: plain PyTorch DDP buckets and FSDP units, stages balanced by
     # compute (as nanotron does).
     "any": EngineBehaviour(bucket_bytes=25 * 2**20, balance_stages=True, overlap_param_gather=True,

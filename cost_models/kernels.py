@@ -8,7 +8,9 @@ a large GEMM. An H100 fp8 GEMM of 1024³ fills 32 of 132 SMs and reaches 14 % of
 against 70 % at 16384³; 2048³ (128 tiles, one wave) reaches 51 %, the rest of the gap
 being the fixed per-kernel cost (``shared/hardware/achieved.yaml``, Azure ND H100 v5).
 Partial later waves are filled by the stream-K and split-K kernels cuBLAS and CUTLASS
-pick for them, so only the first wave's occupancy is modelled.
+pick for them, so only the first wave's occupancy is modelled; a GEMM with few tiles but a
+long K splits K over more SMs (split-K), at least ``Performance.gemm_split_k`` of K each
+(1024: the 1024³ GEMM above is not split).
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ ATTENTION_REFERENCE_HEAD_DIM = 128
 ATTENTION_REFERENCE_KEYS = 16384
 
 
-def wave_efficiency(m: float, n: float, gpu: GPUSpec) -> float:
-    """Share of the SMs the output tiles of an m×n GEMM keep busy: min(1, tiles / SMs)."""
+def wave_efficiency(m: float, n: float, gpu: GPUSpec, k: float = 0.0) -> float:
+    """Share of the SMs the output tiles of an m×n×k GEMM keep busy: min(1, tiles · splits / SMs),
+    splits = the K-splits the SMs left idle allow, at least gemm_split_k of K each."""
     if gpu.sm_count is None:
         return 1.0
     perf = gpu.performance
     tiles = math.ceil(m / perf.gemm_tile_m) * math.ceil(n / perf.gemm_tile_n)
-    return min(1.0, tiles / gpu.sm_count)
+    splits = max(1, min(math.floor(k / perf.gemm_split_k), math.ceil(gpu.sm_count / tiles)))
+    return min(1.0, tiles * splits / gpu.sm_count)
 
 
 def element_bytes(precision: str) -> int:
@@ -37,14 +41,15 @@ def element_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else (1 if precision == "fp8" else 2)
 
 
-def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
-    """Roofline with wave quantization and a fixed per-kernel cost:
+def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, cast_bytes: float = 3.0,
+              cached_weights: bool = False) -> float:
+    """Roofline with SM occupancy and a fixed per-kernel cost:
     max(F / (η·peak·q), bytes / (η_hbm·B_hbm)) + t₀, q = :func:`wave_efficiency`,
     plus :func:`cast_time`.
 
     The fixed cost t₀ (launch, prologue and epilogue) weighs on small GEMMs.
     """
-    return gemm_kernel_time(gemm, gpu, precision) + cast_time(gemm, gpu, precision)
+    return gemm_kernel_time(gemm, gpu, precision) + cast_time(gemm, gpu, precision, cast_bytes, cached_weights)
 
 
 def gemm_kernel_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
@@ -53,18 +58,23 @@ def gemm_kernel_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
     traffic = element_bytes(precision) * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
     hbm = perf.hbm_efficiency * gpu.hbm_bandwidth
     compute = gemm.flops / (perf.gemm_efficiency_for(precision) * gpu.peak(precision)
-                            * wave_efficiency(gemm.m, gemm.n, gpu))
+                            * wave_efficiency(gemm.m, gemm.n, gpu, gemm.k))
     return max(compute, traffic / hbm) + perf.kernel_overhead_s
 
 
-def cast_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
-    """fp8 GEMMs (Transformer Engine) first cast their bf16 inputs to fp8 in memory-bound
-    kernels: read 2 bytes, write 1, per element of both operands (``transformer_engine``
-    ``cast_transpose``)."""
+def cast_time(gemm: Gemm, gpu: GPUSpec, precision: str, cast_bytes: float = 3.0,
+              cached_weights: bool = False) -> float:
+    """fp8 GEMMs first cast their bf16 inputs to fp8 in memory-bound kernels, ``cast_bytes``
+    of HBM traffic per element of both operands (``EngineBehaviour.fp8_cast_bytes``):
+    Transformer Engine's fused ``cast_transpose`` reads 2 bytes and writes 1; dynamic scaling
+    (torchao) first reads the operand once more for its amax. Transformer Engine casts the
+    weights once per optimizer step and reuses the fp8 copy for every micro-batch
+    (``is_first_microbatch``): with ``cached_weights`` only the activation operand is cast."""
     if precision != "fp8":
         return 0.0
     perf = gpu.performance
-    return 3 * (gemm.m * gemm.k + gemm.k * gemm.n) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+    elements = gemm.m * gemm.k + (0.0 if cached_weights else gemm.k * gemm.n)
+    return cast_bytes * elements / (perf.hbm_efficiency * gpu.hbm_bandwidth)
 
 
 def attention_shape_efficiency(head_dim: float, keys: float, perf: Performance) -> float:

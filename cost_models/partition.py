@@ -6,7 +6,8 @@ much as several layers (Llama-style 1B, h = 2048, V = 131,072: the head's 2·h·
 token are four layers' worth).
 
 - Megatron-LM splits the decoder layers evenly (``--pipeline-model-parallel-size`` needs
-  them to divide), unless told to count the embedding or the loss as layers.
+  them to divide), unless told to count the embedding or the loss as layers
+  (:func:`embedding_and_loss_partition`).
 - An engine-neutral plan (``engine: any``) balances stage compute, as nanotron does
   (``nanotron/models/base.py``: blocks are assigned to pipeline ranks by cumulative
   ``get_block_compute_costs``, the LM head weighted V·h against a layer's 4h² + 3hf) and as
@@ -20,7 +21,7 @@ from functools import lru_cache
 
 from .behaviour import behaviour
 from .flops import attention_flops, head_gemm, layer_gemms
-from .specs import ModelSpec, TrainingSpec
+from .specs import Layout, ModelSpec, TrainingSpec
 
 
 def layer_and_head_cost(model: ModelSpec, seq_len: int) -> tuple[float, float]:
@@ -56,9 +57,27 @@ def balanced_partition(layers: int, stages: int, layer_cost: float, head_cost: f
     return tuple(counts) + (last,)
 
 
-def default_partition(model: ModelSpec, training: TrainingSpec, pp: int, vpp: int) -> tuple[int, ...]:
-    """The split an engine makes by itself: balanced by compute for ``any`` (without
-    interleaving), else even."""
+def embedding_and_loss_partition(layers: int, pp: int, vpp: int, embedding: bool, loss: bool) -> tuple[int, ...]:
+    """Megatron's --account-for-embedding/loss-in-pipeline-split: the embedding and the loss
+    count as a layer each of the first and the last virtual stage, and the pp·vpp virtual
+    stages split the units evenly (``megatron/core/transformer/transformer_block.py``,
+    ``get_num_layers_to_build``). Rank i holds virtual stages i, pp + i, …; the returned
+    counts are per rank."""
+    per_virtual = (layers + embedding + loss) // (pp * vpp)
+    counts = [vpp * per_virtual] * pp
+    counts[0] -= embedding
+    counts[-1] -= loss
+    return tuple(counts)
+
+
+def default_partition(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[int, ...]:
+    """The split an engine makes by itself: Megatron's embedding- and loss-aware split where the
+    layout asks for it, balanced by compute for engines that balance (without interleaving),
+    else even."""
+    pp, vpp = layout.pp, layout.vpp
+    if layout.account_for_embedding_in_pipeline_split or layout.account_for_loss_in_pipeline_split:
+        return embedding_and_loss_partition(model.num_layers, pp, vpp, layout.account_for_embedding_in_pipeline_split,
+                                            layout.account_for_loss_in_pipeline_split)
     if behaviour(training.engine).balance_stages and vpp == 1 and pp > 1:
         return balanced_partition(model.num_layers, pp, *layer_and_head_cost(model, training.seq_len))
     return (model.num_layers // pp,) * pp

@@ -144,6 +144,7 @@ class Performance:
     # how full the last wave of a GEMM is (``cost_models.kernels.wave_efficiency``).
     gemm_tile_m: int = 128
     gemm_tile_n: int = 256
+    gemm_split_k: int = 1024  # least K per split of a split-K GEMM
 
     def __post_init__(self) -> None:
         for name in ("gemm_efficiency", "gemm_efficiency_fp8", "attention_efficiency", "attention_efficiency_fused",
@@ -166,7 +167,7 @@ class Performance:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
                 raise SpecError("cluster.performance", name, f"expected a non-negative time, got {value!r}")
-        for name in ("gemm_tile_m", "gemm_tile_n"):
+        for name in ("gemm_tile_m", "gemm_tile_n", "gemm_split_k"):
             _positive_int("cluster.performance", name, getattr(self, name))
 
     def gemm_efficiency_for(self, precision: str) -> float:
@@ -364,8 +365,13 @@ class Layout:
     sequence_parallel: bool = False
     recompute: str = "none"
     recompute_num_layers: Optional[int] = None  # with full: layers per stage recomputed; None = all
-    # Layers held by each pipeline stage; None splits them evenly.
+    # Layers held by each pipeline stage; None leaves the split to the engine
+    # (``cost_models.partition``).
     stage_layers: Optional[tuple[int, ...]] = None
+    # Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split:
+    # the embedding (loss) counts as one layer of the first (last) virtual stage.
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
         s = "layout"
@@ -385,6 +391,14 @@ class Layout:
                 raise SpecError(s, "recompute_num_layers", "applies only with recompute: full")
         if self.sequence_parallel and self.tp == 1:
             raise SpecError(s, "sequence_parallel", "needs tp > 1")
+        for name in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise SpecError(s, name, f"expected true or false, got {value!r}")
+            if value and self.pp == 1:
+                raise SpecError(s, name, "needs pp > 1")
+            if value and self.stage_layers is not None:
+                raise SpecError(s, name, "give either stage_layers or the account-for flags, not both")
         if self.vpp > 1 and self.pp == 1:
             raise SpecError(s, "vpp", "interleaving needs pp > 1")
         if self.stage_layers is not None:
@@ -440,6 +454,11 @@ class Job:
                 raise SpecError(s, "stage_layers", f"must sum to num_layers {m.num_layers}, got {sum(lay.stage_layers)}")
             if lay.vpp > 1 and any(n % lay.vpp for n in lay.stage_layers):
                 raise SpecError(s, "stage_layers", f"each stage's layers must divide by vpp {lay.vpp}")
+        elif lay.account_for_embedding_in_pipeline_split or lay.account_for_loss_in_pipeline_split:
+            units = m.num_layers + lay.account_for_embedding_in_pipeline_split + lay.account_for_loss_in_pipeline_split
+            if units % (lay.pp * lay.vpp):
+                raise SpecError(s, "pp", f"num_layers {m.num_layers} with the embedding and loss counted ({units}) "
+                                         f"must divide by pp·vpp = {lay.pp * lay.vpp}")
         elif self.training.engine == "any" and lay.vpp == 1:  # balanced split (cost_models.partition)
             if m.num_layers < lay.pp - 2:
                 raise SpecError(s, "pp", f"num_layers {m.num_layers} cannot fill pp {lay.pp} stages")
@@ -477,4 +496,4 @@ class Job:
         lay = self.layout
         if lay.stage_layers is not None:
             return lay.stage_layers
-        return default_partition(self.model, self.training, lay.pp, lay.vpp)
+        return default_partition(self.model, self.training, lay)

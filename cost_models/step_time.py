@@ -120,7 +120,9 @@ def layer_forward_time(job: Job) -> tuple[float, float]:
 
 def layer_gemm_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float) -> float:
     """Forward time of one layer's GEMMs (QKV, projection, MLP) on ``tokens`` tokens."""
-    return sum(gemm_time(g, gpu, training.precision) for g in layer_gemms(model, tokens, tp))
+    engine = behaviour(training.engine)
+    return sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
+               for g in layer_gemms(model, tokens, tp))
 
 
 @lru_cache(maxsize=4096)
@@ -171,7 +173,9 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
         gemms = (Gemm("proj", tokens, h, h / tp), Gemm("fc2", tokens, h, f / tp))
     perf = gpu.performance
     memory = elementwise_bytes(model, training, lay, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
-    return sum(gemm_time(g, gpu, training.precision) for g in gemms) + memory
+    engine = behaviour(training.engine)
+    return sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
+               for g in gemms) + memory
 
 
 @lru_cache(maxsize=4096)
@@ -202,6 +206,9 @@ def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     open (the pipeline fills), what the GEMM cannot cover shows, and the GEMM runs as tp
     GEMMs of 1/tp of the tokens, each with its own launch and a less full last wave.
     Backward pairs each collective with twice the GEMM work (input and weight gradients).
+    The chunks move by the copy engines (Transformer Engine userbuffers' ring exchange;
+    symmetric-memory async TP), not by SM kernels, so they do not slow the GEMMs beside them
+    as NCCL collectives do (``Performance.comm_overlap`` does not apply).
 
     Without overlap, each collective is also issued from the host on the critical path:
     engines that issue them from eager Python pay ``EngineBehaviour.collective_launch_s``
@@ -221,8 +228,8 @@ def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     for gemm in layer_gemms(model, tokens, tp):
         whole = gemm_kernel_time(gemm, gpu, precision)
         chunked = tp * gemm_kernel_time(Gemm(gemm.name, gemm.m / tp, gemm.n, gemm.k), gpu, precision)
-        forward += chunk + exposed(chunk * (tp - 1), chunked, perf) + (chunked - whole)
-        backward += chunk + exposed(chunk * (tp - 1), 2 * chunked, perf) + 2 * (chunked - whole)
+        forward += chunk + max(0.0, chunk * (tp - 1) - chunked) + (chunked - whole)
+        backward += chunk + max(0.0, chunk * (tp - 1) - 2 * chunked) + 2 * (chunked - whole)
     return forward, backward
 
 
@@ -237,7 +244,10 @@ def stage_time(job: Job, stage: int) -> StageTime:
     forward = layers * layer_fwd
     loss = 0.0
     if stage == lay.pp - 1:
-        forward += gemm_time(head_gemm(model, tokens, lay.tp), gpu, training.precision)
+        # fp8 recipes keep the LM head in bf16 (Transformer Engine's output layer; torchao's
+        # float8 conversion skips it).
+        head_precision = "bf16" if training.precision == "fp8" else training.precision
+        forward += gemm_time(head_gemm(model, tokens, lay.tp), gpu, head_precision)
         loss = cross_entropy_bytes(tokens * model.vocab_size / lay.tp, training) \
             / (perf.hbm_efficiency * gpu.hbm_bandwidth)
     if stage == 0:

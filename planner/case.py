@@ -39,11 +39,12 @@ FABRIC_KEYS = tuple(f.name for f in fields(FabricSpec) if f.name != "name") + ("
 CLUSTER_KEYS = ("gpu", "profile", "num_gpus", "nodes", "gpus_per_node", "intra_node_bandwidth",
                 "inter_node_bandwidth", "memory", "performance", "fabric")
 PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
-INTEGER_PERFORMANCE_KEYS = ("gemm_tile_m", "gemm_tile_n")
+INTEGER_PERFORMANCE_KEYS = ("gemm_tile_m", "gemm_tile_n", "gemm_split_k")
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
                  "tp_comm_overlap", "fp32_grads")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
-               "recompute", "recompute_num_layers", "stage_layers")
+               "recompute", "recompute_num_layers", "stage_layers", "account_for_embedding_in_pipeline_split",
+               "account_for_loss_in_pipeline_split")
 OVERHEAD_KEYS = ("cuda_context", "comm_buffers", "fragmentation")
 
 
@@ -418,8 +419,9 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
             values[k] = _int(src, f"{key}.{k}", section[k])
     if "zero_stage" in section:
         values["zero_stage"] = _int(src, f"{key}.zero_stage", section["zero_stage"], minimum=0)
-    if "sequence_parallel" in section:
-        values["sequence_parallel"] = _bool(src, f"{key}.sequence_parallel", section["sequence_parallel"])
+    for flag in ("sequence_parallel", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if flag in section:
+            values[flag] = _bool(src, f"{key}.{flag}", section[flag])
     if "recompute" in section:
         values["recompute"] = _str(src, f"{key}.recompute", section["recompute"])
     if section.get("recompute_num_layers") is not None:
@@ -452,4 +454,7 @@ def layout_to_mapping(layout: Layout) -> dict[str, Any]:
         section["recompute_num_layers"] = layout.recompute_num_layers
     if layout.stage_layers is not None:
         section["stage_layers"] = list(layout.stage_layers)
+    for flag in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if getattr(layout, flag):
+            section[flag] = True
     return section

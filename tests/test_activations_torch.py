@@ -133,8 +133,9 @@ class Case:
                          activation=self.activation, dropout=self.dropout)
 
     def training(self, b: int, s: int, precision: str) -> TrainingSpec:
+        # The repo's GPT is the "reference" trainer: fused SwiGLU, Megatron-style selective recompute.
         return TrainingSpec(global_batch_size=b, seq_len=s, precision=precision,
-                            flash_attention=self.attention == "sdpa")
+                            flash_attention=self.attention == "sdpa", engine="reference")
 
 
 # (b, s, h, a); head dims 64, 64, 64, 128.

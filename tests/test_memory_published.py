@@ -68,12 +68,17 @@ def test_flash_attention_keeps_no_scores_and_gqa_narrows_k_v():
     model = ModelSpec(name="m", num_layers=2, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
                       ffn_hidden_size=14336, activation="swiglu", vocab_size=128256)
     s, b = 8192, 1
-    acts = layer_activations(model, TrainingSpec(global_batch_size=1, seq_len=s), Layout(micro_batch_size=b))
+    acts = layer_activations(model, TrainingSpec(global_batch_size=1, seq_len=s, engine="megatron"),
+                             Layout(micro_batch_size=b))
     assert acts.attention_core == 0 and acts.dropout_masks == 0
     # Q is h wide, K and V are 8 heads × 128 = 1024 wide each, 2 bytes per element.
     assert acts.qkv == 2 * s * b * (4096 + 2 * 1024)
     # Fused SwiGLU keeps its 2f-wide input; the down projection keeps its f-wide input.
     assert acts.mlp_hidden == 2 * s * b * 3 * 14336
+    # Eager silu-then-multiply also keeps silu's output.
+    eager = layer_activations(model, TrainingSpec(global_batch_size=1, seq_len=s, engine="any"),
+                              Layout(micro_batch_size=b))
+    assert eager.mlp_hidden == 2 * s * b * 4 * 14336
 
 
 @pytest.mark.parametrize("name, config, published", [

@@ -289,13 +289,15 @@ def test_deepspeed_pipelines_reduce_gradients_after_the_last_microbatch():
     assert dp_comm_exposed(mg, 1, stage_time(mg, 1)) < whole
 
 
-def test_megatron_bf16_keeps_fp32_gradients_unless_told_otherwise():
-    """Megatron-LM accumulates and all-reduces bf16 gradients in fp32 (18 bytes per parameter
-    with Adam) unless --grad-reduce-in-bf16; the ZeRO paper's 16 bytes holds otherwise."""
+def test_bf16_gradients_stay_bf16_unless_the_engine_or_case_says_fp32():
+    """Megatron-core reduces gradients in the parameters' dtype (DistributedDataParallelConfig
+    grad_reduce_in_fp32 = False): the ZeRO paper's 16 bytes. torchtitan's FSDP2 reduces in
+    fp32, and a case may ask for it (Megatron-LM's pretrain script): 18 bytes with Adam."""
     def training(**kw) -> TrainingSpec:
         return TrainingSpec(global_batch_size=8, seq_len=2048, precision="bf16", **kw)
-    assert state_bytes(training(engine="megatron")).total == 18
-    assert state_bytes(training(engine="megatron", fp32_grads=False)).total == 16
+    assert state_bytes(training(engine="megatron")).total == 16
+    assert state_bytes(training(engine="megatron", fp32_grads=True)).total == 18
+    assert state_bytes(training(engine="torchtitan")).total == 18
     assert state_bytes(training(engine="any")).total == 16
     assert state_bytes(training(engine="deepspeed", fp32_grads=True)).total == 18
     assert state_bytes(TrainingSpec(global_batch_size=8, seq_len=2048, precision="fp16", engine="megatron")).total == 16

@@ -54,7 +54,10 @@ BOOL_FLAGS = (
     "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
     "--no-overlap-p2p-communication", "--use-torch-fsdp2", "--use-megatron-fsdp", "--use-custom-fsdp",
+    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
 )
+ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+                 "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
 # Spellings torchrun also accepts.
 ALIASES = {"--nproc_per_node": "--nproc-per-node"}
 
@@ -147,6 +150,8 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     ]
     uneven = uneven_stages(lay)
     custom = layout_string(lay)
+    accounted = [flag for field, flag in ACCOUNT_FLAGS.items() if getattr(lay, field)]
+    args += [(flag, None) for flag in accounted]
     if uneven is not None:
         first, last = uneven
         args += [("--decoder-first-pipeline-num-layers", str(first)),
@@ -154,7 +159,7 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     if custom is not None:  # it sets the chunks per rank too
         args.append(("--pipeline-model-parallel-layout", custom))
     elif lay.vpp > 1:
-        if uneven is not None:  # validate_args: uneven pipelines give the chunk count instead
+        if uneven is not None or accounted:  # validate_args: uneven pipelines give the chunk count instead
             args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
         else:
             args.append(("--num-layers-per-virtual-pipeline-stage", str(m.num_layers // (lay.pp * lay.vpp))))
@@ -396,6 +401,19 @@ def read(path: Path, case) -> Layout:
     last = integer("--decoder-last-pipeline-num-layers")
     stage_layers: Optional[tuple[int, ...]] = None
     custom = flags.get("--pipeline-model-parallel-layout")
+    accounted = {field: flag in flags for field, flag in ACCOUNT_FLAGS.items()}
+    units = layers + sum(accounted.values())
+    if any(accounted.values()):
+        flag = next(f for field, f in ACCOUNT_FLAGS.items() if accounted[field])
+        for other in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                      "--pipeline-model-parallel-layout"):
+            if other in flags:
+                raise CaseError(src, flag, f"cannot be combined with {other} (TransformerConfig)")
+        if pp == 1:
+            raise CaseError(src, flag, "needs --pipeline-model-parallel-size > 1")
+        if units % pp:
+            raise CaseError(src, flag, f"num_layers {layers} with the embedding and loss counted ({units}) "
+                                       f"must divide by --pipeline-model-parallel-size {pp}")
     if custom is None and (first is not None or last is not None):
         if pp == 1:
             raise CaseError(src, "--decoder-first-pipeline-num-layers", "needs --pipeline-model-parallel-size > 1")
@@ -408,7 +426,7 @@ def read(path: Path, case) -> Layout:
         stages = ([first] if first is not None else []) + [middle] * middle_stages \
             + ([last] if last is not None else [])
         stage_layers = tuple(stages) if len(set(stages)) > 1 else None
-    elif custom is None and pp > 1 and layers % pp:
+    elif custom is None and pp > 1 and units % pp:
         raise CaseError(src, "--pipeline-model-parallel-size",
                         f"num_layers {layers} must divide by {pp} (or give --decoder-first/last-pipeline-num-layers)")
     per_chunk = integer("--num-layers-per-virtual-pipeline-stage")
@@ -452,7 +470,7 @@ def read(path: Path, case) -> Layout:
         if pp <= 2 and "--no-overlap-p2p-communication" in flags:
             raise CaseError(src, "--no-overlap-p2p-communication",
                             "interleaving without p2p overlap needs --pipeline-model-parallel-size > 2")
-        for n in stage_layers or (layers // pp,):
+        for n in stage_layers or (units // pp,):
             if n % vpp:
                 raise CaseError(src, "--num-virtual-stages-per-pipeline-rank",
                                 f"{vpp} model chunks must divide every stage's layers, got a stage of {n}")
@@ -504,7 +522,7 @@ def read(path: Path, case) -> Layout:
     try:
         layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=micro, zero_stage=zero,
                         sequence_parallel=sequence_parallel, recompute=recompute,
-                        recompute_num_layers=recompute_layers, stage_layers=stage_layers)
+                        recompute_num_layers=recompute_layers, stage_layers=stage_layers, **accounted)
         Job(case.model, case.cluster, case.training, layout, case.overheads)
     except SpecError as error:
         raise CaseError(src, FLAG_OF_FIELD.get(error.key, error.key), error.message) from None

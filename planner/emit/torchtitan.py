@@ -85,6 +85,9 @@ def check(estimate) -> None:
         raise _refuse(f"torchtitan's full activation checkpointing wraps every layer; "
                       f"recompute_num_layers {lay.recompute_num_layers} of {max(job.stage_layers)} "
                       "per stage has no torchtitan equivalent")
+    if any(n % lay.vpp for n in job.stage_layers):
+        raise _refuse(f"stages of {list(job.stage_layers)} layers do not split into {lay.vpp} equal model chunks "
+                      "per rank, the only interleaved split written here")
     if lay.tp > 1 and not lay.sequence_parallel:
         raise _refuse("torchtitan's tensor parallelism always uses sequence parallelism; "
                       "a layout with tp > 1 needs sequence_parallel: true")
