@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 
-from .errors import CaseError
+from .errors import CaseError, one_line
 
 SOURCES = ("narayanan2021", "korthikanti2022", "nemo", "mpt", "bloom")
 
@@ -448,7 +448,7 @@ class Report:
 
 
 def load_rows(path: str | Path) -> list[dict]:
-    from .case import read_yaml
+    from .inputs import read_yaml
 
     data = read_yaml(Path(path))
     if not isinstance(data, list):
@@ -462,13 +462,20 @@ def replay(path: str | Path, estimate_fn: Optional[Callable[[dict], Any]] = None
         from .estimate import estimate as estimate_fn
     results: list[RowResult] = []
     skipped: list[tuple[str, str]] = []
-    for row in load_rows(path):
-        rid = str(row.get("id", "?"))
-        case, reason = row_to_case(row)
+    for index, row in enumerate(load_rows(path)):
+        if not isinstance(row, dict):
+            skipped.append((f"row {index}", f"expected a mapping, got {type(row).__name__}"))
+            continue
+        rid = one_line(row.get("id", f"row {index}"), 80)
+        try:  # a field of the wrong type (a list of layers, a string of GPUs) skips its row, with why
+            case, reason = row_to_case(row)
+            measured = measured_tokens_per_s(row) if case is not None else None
+        except (TypeError, ValueError, AttributeError, OverflowError) as error:
+            skipped.append((rid, f"a field has the wrong type ({one_line(error, 80)})"))
+            continue
         if case is None:
             skipped.append((rid, reason))
             continue
-        measured = measured_tokens_per_s(row)
         try:
             out = estimate_fn(case).to_dict()
         except CaseError as error:
@@ -507,24 +514,25 @@ def report_to_dict(report: Report) -> dict:
 
 
 def print_report(report: Report, console, worst: int = 10) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     def pct(x: float) -> str:
         return f"{x:+.1%}"
 
     for src in report.by_source:
-        table = Table(title=f"{src}: predicted vs measured tokens/s")
+        table = Table(title=f"{escape(src)}: predicted vs measured tokens/s")
         for col in ("run", "measured", "predicted", "error", "fits"):
             table.add_column(col, justify="left" if col == "run" else "right", no_wrap=col == "run")
         for r in (r for r in report.rows if r.source == src):
-            table.add_row(r.id, f"{r.measured_tokens_per_s:,.0f}", f"{r.predicted_tokens_per_s:,.0f}",
+            table.add_row(escape(r.id), f"{r.measured_tokens_per_s:,.0f}", f"{r.predicted_tokens_per_s:,.0f}",
                           pct(r.error), "" if r.fits is None else ("yes" if r.fits else "[red]no[/]"))
         console.print(table)
 
     summary = Table(title="Error of predicted tokens/s (predicted / measured − 1)")
     for col in ("source", "rows", "mean |error|", "max |error|", "bias"):
         summary.add_column(col, justify="left" if col == "source" else "right")
-    for src, s in list(report.by_source.items()) + [("[bold]overall[/]", report.overall)]:
+    for src, s in [(escape(k), v) for k, v in report.by_source.items()] + [("[bold]overall[/]", report.overall)]:
         if s is not None:
             summary.add_row(src, str(s.count), f"{s.mean_abs_error:.1%}", f"{s.max_abs_error:.1%}", pct(s.bias))
     console.print(summary)
@@ -534,7 +542,8 @@ def print_report(report: Report, console, worst: int = 10) -> None:
         for col in ("run", "source", "measured", "predicted", "error"):
             table.add_column(col, justify="left" if col in ("run", "source") else "right")
         for r in report.worst(worst):
-            table.add_row(r.id, r.source, f"{r.measured_tokens_per_s:,.0f}", f"{r.predicted_tokens_per_s:,.0f}",
+            table.add_row(escape(r.id), escape(r.source), f"{r.measured_tokens_per_s:,.0f}",
+                          f"{r.predicted_tokens_per_s:,.0f}",
                           pct(r.error))
         console.print(table)
 
@@ -547,5 +556,5 @@ def print_report(report: Report, console, worst: int = 10) -> None:
         table.add_column("rows", justify="right")
         table.add_column("e.g.")
         for why, ids in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
-            table.add_row(why, str(len(ids)), ids[0])
+            table.add_row(escape(why), str(len(ids)), escape(ids[0]))
         console.print(table)
