@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,26 +88,26 @@ def test_failed_render_leaves_no_file(small_plan, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_failed_render_keeps_existing_file(small_plan, tmp_path, monkeypatch):
-    from matplotlib.figure import Figure
+def test_failed_write_keeps_existing_file(small_plan, tmp_path, monkeypatch):
+    real_replace = os.replace
 
-    def half_written(self, fname, *args, **kwargs):
-        with open(fname, "wb") as f:
-            f.write(PNG_SIGNATURE)  # a partial file, then the failure
-        raise OSError(28, "No space left on device")
+    def full_disk(src, dst):
+        if Path(src).name == Path(dst).name == "plan.png":  # the new plot, not the old one moved back
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
 
-    monkeypatch.setattr(Figure, "savefig", half_written)
+    monkeypatch.setattr(os, "replace", full_disk)
     target = tmp_path / "plan.png"
     target.write_bytes(b"previous plot")
-    with pytest.raises(CaseError, match="--plot: cannot write the plot: No space left on device"):
+    with pytest.raises(CaseError, match="--plot: cannot write .No space left on device.; nothing written"):
         write_plots(small_plan, target)
     assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]
     assert target.read_bytes() == b"previous plot"
 
 
-def test_missing_directory_is_a_case_error(small_plan, tmp_path):
-    with pytest.raises(CaseError, match="--plot: cannot write the plot"):
-        write_plots(small_plan, tmp_path / "missing" / "plan.png")
+def test_a_missing_folder_is_made(small_plan, tmp_path):
+    write_plots(small_plan, tmp_path / "missing" / "plan.png")
+    assert (tmp_path / "missing" / "plan.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
 def test_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
