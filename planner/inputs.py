@@ -137,19 +137,18 @@ class _BudgetComposer(Composer):
 class _CheckedConstructor(SafeConstructor):
     """Numbers past Python's digit limit are the file's error, not a crash."""
 
-    def construct_yaml_int(self, node):
+    def _sized(self, construct, node):
         try:
-            return super().construct_yaml_int(node)
-        except ValueError:
-            raise _Refused("", f"an integer of {len(node.value):,} characters{_line(node.start_mark)}; "
-                               "expected a number of sensible size") from None
-
-    def construct_yaml_float(self, node):
-        try:
-            return super().construct_yaml_float(node)
+            return construct(self, node)
         except ValueError:
             raise _Refused("", f"a number of {len(node.value):,} characters{_line(node.start_mark)}; "
                                "expected a number of sensible size") from None
+
+    def construct_yaml_int(self, node):
+        return self._sized(SafeConstructor.construct_yaml_int, node)
+
+    def construct_yaml_float(self, node):
+        return self._sized(SafeConstructor.construct_yaml_float, node)
 
 
 _CheckedConstructor.add_constructor("tag:yaml.org,2002:int", _CheckedConstructor.construct_yaml_int)

@@ -155,7 +155,7 @@ def test_megatron_arguments_that_would_expand_without_end_are_refused(tmp_path, 
 @pytest.mark.parametrize("text, key, needle", [
     ("model: {preset: llama2-7b, dropout: 1" + "0" * 400 + "}", "model.dropout", "expected a finite number"),
     ("model: {preset: llama2-7b}\ncluster: {gpu: a100-sxm-80gb, num_gpus: 1" + "0" * 5001 + "}",
-     "", "an integer of 5,002 characters at line"),
+     "", "a number of 5,002 characters at line"),
     ("model: {preset: llama2-7b}\ncluster: {gpu: a100-sxm-80gb, num_gpus: 1" + "0" * 30 + "}",
      "cluster.num_gpus", "<= 9223372036854775807"),
     ("model: {preset: llama2-7b}\nmodel: {preset: llama2-13b}\n", "model", "given twice"),

@@ -131,3 +131,27 @@ def test_planner_does_not_import_matplotlib():
             "planner.plan(%r); print(any(m.split('.')[0] == 'matplotlib' for m in sys.modules))" % (CASE,))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_plot_draws_the_headroom_line_and_alternatives_over_the_star(small_plan, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from planner.plots import render_plots
+
+    figures = []
+    real_savefig = Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return real_savefig(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    render_plots(small_plan, "plan.png")
+    memory, pareto = figures[0].axes
+    usable = small_plan.best.capacity_bytes / 1e9 * (1 - small_plan.headroom)
+    for ax in (memory, pareto):
+        labels = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines()}
+        assert any(label.startswith("usable") and y == pytest.approx(usable) for label, y in labels.items())
+    layers = {c.get_label(): c.get_zorder() for c in pareto.collections}
+    assert layers["best"] < next(z for label, z in layers.items() if label.startswith("alternatives"))
