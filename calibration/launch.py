@@ -35,6 +35,7 @@ import yaml
 
 from planner.errors import CaseError
 
+from .host import cores
 from .progress import STAGES, diagnose, read_ranks
 
 POLL_S = 0.2
@@ -62,6 +63,21 @@ def default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
+def check_nproc(nproc: int) -> None:
+    """Refuse more ranks than this machine has cores or GPUs: each rank needs one of its own,
+    and hundreds of processes on a few cores only thrash."""
+    from planner.limits import MAX_RANKS_PER_CORE
+
+    most = cores() * MAX_RANKS_PER_CORE
+    if nproc > most:
+        import torch  # only now: most runs never need the GPU count
+
+        most = max(most, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if nproc > most:
+        raise CaseError("--nproc", "", f"expected at most {most} ranks (one per CPU core or GPU of this machine), "
+                                       f"got {nproc}")
+
+
 def torchrun_command(workdir: Path, nproc: int, *, timeout: float, case: Optional[Path], quick: bool,
                      gpu_preset: Optional[str], nnodes: int, rdzv_endpoint: Optional[str]) -> list[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
@@ -82,10 +98,13 @@ def torchrun_command(workdir: Path, nproc: int, *, timeout: float, case: Optiona
     return command
 
 
-def _environment(nproc: int) -> dict[str, str]:
-    env = dict(os.environ)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cpus // max(nproc, 1))))
+def _environment(nproc: int, workdir: Path) -> dict[str, str]:
+    # torchrun's torchelastic_* folders go in the work folder, removed with it even when
+    # the run is killed.
+    scratch = workdir / "tmp"
+    scratch.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores() // max(nproc, 1))))
     # NCCL: a timed-out collective aborts the communicator and raises in the rank (CleanUpOnly)
     # rather than tearing the process down, which would look like that rank's own failure.
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
@@ -175,24 +194,25 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
 
     Bad arguments raise :class:`planner.errors.CaseError` before anything runs.
     """
-    from planner.files import check_writable, write_atomically
+    from planner.files import Output, check_writable, write_atomically
 
-    check_writable([out], force)
+    check_writable([Output(out, "")], force)  # an existing or unwritable --out fails now, not after the run
     if case is not None:
         from planner.case import load_case
 
         load_case(case)  # a bad case fails here, in one line, before any rank starts
     if gpu_preset is not None:
-        from planner.presets import closest, gpu_presets
+        from planner.presets import resolve_gpu_preset
 
-        if gpu_preset not in gpu_presets():
-            raise CaseError("--gpu-preset", gpu_preset, f"unknown GPU preset{closest(gpu_preset, gpu_presets())}")
+        gpu_preset = resolve_gpu_preset("--gpu-preset", "", gpu_preset)
     if timeout <= 0:
         raise CaseError("--timeout", str(timeout), "expected a positive number of seconds")
     if nnodes > 1 and not rdzv_endpoint:
         raise CaseError("--nnodes", str(nnodes), "several nodes need --rdzv-endpoint HOST:PORT")
     if importlib.util.find_spec("torch") is None:
         raise CaseError("calibrate", "torch", "not installed; pip install 'layout-planner[calibrate]'")
+    if nproc is not None:
+        check_nproc(nproc)
     nproc = nproc or default_nproc()
     if nproc < 1:
         raise CaseError("--nproc", str(nproc), "no GPUs found; pass --nproc")
@@ -214,7 +234,7 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
                 torchrun_command(workdir, nproc, timeout=timeout, case=case, quick=quick, gpu_preset=gpu_preset,
                                  nnodes=nnodes, rdzv_endpoint=rdzv_endpoint),
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                env=_environment(nproc))
+                env=_environment(nproc, workdir))
         expected = list(range(nproc))  # this node's ranks, by local index
         seen: dict[int, tuple] = {}
         changed: dict[int, float] = {}
@@ -260,10 +280,7 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
             raise CalibrationError(f"calibration failed: the profile does not load ({error}); "
                                    "no profile written") from None
         text = profile.read_text(encoding="utf-8")
-        try:
-            write_atomically(out, text)
-        except OSError as error:
-            raise CaseError(str(out), "--out", f"cannot write ({error.strerror or error})") from None
+        write_atomically(out, text, force=force)
         return Outcome(out, time.monotonic() - start, nproc * nnodes, yaml.safe_load(text))
     finally:
         bar.close()

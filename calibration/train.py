@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -74,7 +75,12 @@ class Unsupported(ValueError):
 
 
 class RunFailed(RuntimeError):
-    """The training processes failed or ran out of time; the message ends with their output."""
+    """The training processes failed or ran out of time: one line saying how, and the first
+    failing rank's last error; ``output`` holds the end of what they printed."""
+
+    def __init__(self, message: str, output: str = ""):
+        super().__init__(message)
+        self.output = output
 
 
 @dataclass(frozen=True)
@@ -199,13 +205,16 @@ def launch_command(spec: RunSpec, spec_path: Path, out_path: Path) -> list[str]:
 def launch(spec: RunSpec, *, timeout_s: float = 600.0) -> Measurement:
     """Run ``spec`` in ``dp`` processes and return rank 0's measurement.
 
-    The launcher and its workers run in a session of their own: on timeout the whole
-    group is killed. Raises :class:`RunFailed` with the tail of their output.
+    The launcher and its workers run in a session of their own: on timeout or an interrupt
+    (Ctrl-C, SIGTERM) every one of them is killed. torchrun's own temporary folders
+    (``torchelastic_*``) go in the run's folder, removed with it. Raises :class:`RunFailed`.
     """
     with tempfile.TemporaryDirectory(prefix="layout-planner-validate-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "measurement.json"
         spec_path.write_text(json.dumps(asdict(spec)))
-        env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads)}
+        scratch = Path(tmp) / "tmp"
+        scratch.mkdir()
+        env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads), "TMPDIR": str(scratch)}
         root = str(Path(__file__).resolve().parent.parent)  # calibration importable without installing
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = subprocess.Popen(launch_command(spec, spec_path, out_path), stdout=subprocess.PIPE,
@@ -215,9 +224,15 @@ def launch(spec: RunSpec, *, timeout_s: float = 600.0) -> Measurement:
         except subprocess.TimeoutExpired:
             _kill_all(proc)
             output, _ = proc.communicate()
-            raise RunFailed(f"training run exceeded its {timeout_s:g} s timeout\n{_tail(output)}") from None
+            raise RunFailed(f"training run exceeded its {timeout_s:g} s timeout: {_last_error(output)}",
+                            _tail(output)) from None
+        except BaseException:  # an interrupt: no rank may outlive the command
+            _kill_all(proc)
+            proc.communicate()
+            raise
         if proc.returncode != 0 or not out_path.exists():
-            raise RunFailed(f"training run failed (exit code {proc.returncode})\n{_tail(output)}")
+            raise RunFailed(f"training run failed (exit code {proc.returncode}): {_last_error(output)}",
+                            _tail(output))
         data = json.loads(out_path.read_text())
     return Measurement(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
@@ -255,6 +270,15 @@ def _kill_all(proc: subprocess.Popen) -> None:
             kill()
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _last_error(output: Optional[str]) -> str:
+    """The first failing rank's error line (``XxxError: ...``), else the output's last line, as one line."""
+    from planner.errors import one_line  # parent side only: the ranks need not import the planner
+
+    lines = [line.strip() for line in _tail(output).splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"\b\w*(Error|Exception|Killed)\b", line)]
+    return one_line((errors or lines or ["no output"])[-1], 300)
 
 
 def _tail(output: Optional[str], lines: int = 20) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from cost_models.memory import per_microbatch, stage_activation_bytes
 from cost_models.specs import Job
@@ -22,6 +22,10 @@ from planner.errors import CaseError
 from planner.estimate import Estimate, estimate
 
 from .train import Measurement, RunSpec, Unsupported, launch, run_spec
+
+
+class DoesNotFit(Exception):
+    """The case's layout does not fit in the profiled memory: one line; nothing was run."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,8 @@ def forward_activation_bytes(job: Job) -> float:
 
 def load_with_profile(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]):
     """Load ``case``; with ``profile``, its GPU is the profile's (``cluster.profile``), whatever the case says."""
-    from planner.case import build_case, load_case, read_yaml
+    from planner.case import build_case, load_case
+    from planner.inputs import read_yaml
 
     if profile is None:
         return load_case(case)
@@ -120,7 +125,7 @@ def load_with_profile(case: Union[str, Path, dict], profile: Optional[Union[str,
 def profiled_machine(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> dict:
     """The ``machine`` section of the profile in use (``--profile``, else the case's
     ``cluster.profile``), or {} without one."""
-    from planner.case import read_yaml
+    from planner.inputs import read_yaml
 
     if profile is None:
         data = case if isinstance(case, dict) else read_yaml(Path(case))
@@ -130,8 +135,17 @@ def profiled_machine(case: Union[str, Path, dict], profile: Optional[Union[str, 
         profile = Path(cluster["profile"])
         if not profile.is_absolute() and not isinstance(case, dict):
             profile = Path(case).parent / profile
-    machine = read_yaml(Path(profile)).get("machine") or {}
+    data = read_yaml(Path(profile))
+    machine = data.get("machine") if isinstance(data, dict) else None
     return machine if isinstance(machine, dict) else {}
+
+
+def warnings_for(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> list[str]:
+    """Why measuring here and now may not compare with the profile (another CPU, a busy machine)."""
+    from .host import cores, cpu_model, load_average, machine_warnings
+
+    return machine_warnings(profiled_machine(case, profile), cpu_model(), load_average(), cores(),
+                            profiled_device(case, profile))
 
 
 def profiled_threads(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> Optional[int]:
@@ -146,11 +160,13 @@ def profiled_device(case: Union[str, Path, dict], profile: Optional[Union[str, P
 
 
 def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] = None, *, steps: int = 5,
-             warmup: int = 2, timeout_s: float = 600.0) -> Validation:
+             warmup: int = 2, timeout_s: float = 600.0, warn: Callable[[str], None] = lambda _: None) -> Validation:
     """Predict the case's step time and activations, run the layout for real, and return both.
 
     Raises :class:`CaseError` for bad input and for layouts the CPU loop cannot run,
-    :class:`calibration.train.RunFailed` when the run fails or times out.
+    :class:`DoesNotFit` for one that does not fit in the profiled memory,
+    :class:`calibration.train.RunFailed` when the run fails or times out. Just before the
+    run starts, ``warn`` gets each reason the measurement may not compare with the profile.
     """
     from planner.case import spec_errors
 
@@ -169,18 +185,24 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     loaded = replace(loaded, training=replace(loaded.training, engine="reference"))
     with spec_errors(loaded.source):  # e.g. a profile without a figure for the precision
         est = estimate(loaded)
+    if not est.fits:  # the ranks would only die out of memory, or swap for hours
+        raise DoesNotFit(f"{loaded.source}: layout: does not fit in the profile's {est.capacity_bytes / 1e9:.1f} GB "
+                         f"(peak {est.peak.total / 1e9:.1f} GB, {est.largest_term} the largest term); nothing run")
+    for warning in warnings_for(case, profile):
+        warn(warning)
     measurement = launch(spec, timeout_s=timeout_s)
     return Validation(est, spec, measurement, str(profile) if profile is not None else None)
 
 
 def print_validation(result: Validation, console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from planner.report import describe_layout
 
     job, spec, m = result.estimate.job, result.spec, result.measurement
-    console.print(f"[bold]{job.model.name}[/] on {job.cluster.num_gpus} × {job.cluster.gpu.name}"
-                  + (f" (profile {result.profile})" if result.profile else "")
+    console.print(f"[bold]{escape(job.model.name)}[/] on {job.cluster.num_gpus} × {escape(job.cluster.gpu.name)}"
+                  + (f" (profile {escape(result.profile)})" if result.profile else "")
                   + f", global batch {job.training.global_batch_size} × {job.training.seq_len} tokens")
     console.print(describe_layout(result.estimate) + f"; {spec.threads} thread(s) per rank")
     table = Table(title="Predicted against measured")

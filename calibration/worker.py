@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch.distributed as dist
 
 from . import benchmarks
 from .benchmarks import Budget
+from .host import cpu_model
 from .profile import Measurements, build_profile, render
 from .progress import RankProgress
 from .shapes import (DEFAULT_GPU_MODELS, DEFAULT_GPU_SEQ_LEN, DEFAULT_MODELS, DEFAULT_SEQ_LEN, MICRO_BATCHES,
@@ -109,12 +109,7 @@ def make_plan(case: Optional[Path], quick: bool, cuda: bool, device: torch.devic
 
 def machine_info(cuda: bool, device: torch.device, world: int, local_world: int, nodes: int, backend: str,
                  threads: int, case: Optional[Path], quick: bool) -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_model()
     gpu = torch.cuda.get_device_name(device) if cuda else None
     nccl = None
     if cuda:

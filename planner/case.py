@@ -1,6 +1,6 @@
 """Case files: the one input of the CLI and the Python API.
 
-A case is YAML (``yaml.safe_load`` only) or an equivalent dict with the sections
+A case is YAML (read by :mod:`planner.inputs`: safe, bounded) or an equivalent dict with the sections
 ``model``, ``cluster``, ``training``, ``layout`` (optional: the planner chooses
 it when absent) and ``overheads`` (optional). The README's case-file reference
 documents every key. Every problem becomes a :class:`CaseError` naming the file,
@@ -15,15 +15,15 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import yaml
 
 from cost_models.specs import (ENGINE_NAMES, ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Overheads,
                                Performance, SpecError, TrainingSpec)
 
-from .errors import CaseError
-from .files import SAFE_LOADER, read_text
+from .errors import CaseError, one_line
 from .hf_config import read_hf_config
-from .presets import closest, fabric_presets, gpu_presets, model_presets, performance_presets
+from .inputs import read_yaml
+from .limits import MAX_INT, MIN_FIGURE
+from .presets import closest, fabric_presets, gpu_presets, model_presets, performance_presets, resolve_gpu_preset
 from .units import UnitError, parse_bandwidth, parse_memory
 
 SECTIONS = ("model", "cluster", "training", "layout", "overheads", "search")
@@ -84,26 +84,33 @@ class spec_errors:
         return False
 
 
-def load_case(case: Any) -> Case:
-    """Load a case from a path or a dict in the case-file schema."""
+def load_case(case: Any, engine: Optional[str] = None) -> Case:
+    """Load a case from a path or a dict in the case-file schema.
+
+    ``engine`` (`plan --engine`) replaces training.engine, and search.target where the
+    case has one, so the two never contradict each other."""
     if isinstance(case, dict):
-        return build_case(case, "<case>", Path.cwd())
-    if isinstance(case, (str, os.PathLike)):
+        data, src, base = case, "<case>", Path.cwd()
+    elif isinstance(case, (str, os.PathLike)):
         path = Path(case)
-        return build_case(read_yaml(path), str(path), path.parent)
-    raise CaseError("<case>", "", f"expected a case-file path or a dict, got {type(case).__name__}")
+        data, src, base = read_yaml(path), str(path), path.parent
+    else:
+        raise CaseError("<case>", "", f"expected a case-file path or a dict, got {type(case).__name__}")
+    if engine is not None:
+        data = with_engine(src, data, engine)
+    return build_case(data, src, base)
 
 
-def read_yaml(path: Path) -> Any:
-    """Safe-load YAML: object tags are rejected, never executed."""
-    text = read_text(path)
-    try:
-        return yaml.load(text, Loader=SAFE_LOADER)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or "malformed"
-        raise CaseError(str(path), "", f"expected valid YAML: {problem}{where}") from None
+def with_engine(src: str, data: Any, engine: Any) -> Any:
+    """``data`` with training.engine (and search.target, if given) set to ``engine``."""
+    if not isinstance(engine, str) or engine not in ENGINE_NAMES:
+        raise CaseError("--engine", "", f"expected one of {', '.join(ENGINE_NAMES)}, got {engine!r}")
+    if not isinstance(data, dict) or not isinstance(data.get("training"), dict):
+        return data  # build_case reports what is wrong with it
+    data = {**data, "training": {**data["training"], "engine": engine}}
+    if isinstance(data.get("search"), dict) and "target" in data["search"]:
+        data["search"] = {**data["search"], "target": engine}
+    return data
 
 
 # --- small readers that name the key on failure -------------------------------------------
@@ -119,21 +126,40 @@ def _mapping(src: str, key: str, value: Any, allowed: tuple[str, ...]) -> dict:
 
 
 def _kind(value: Any) -> str:
-    return "nothing" if value is None else f"{type(value).__name__} {value!r}"
+    if value is None:
+        return "nothing"
+    if isinstance(value, int) and value.bit_length() > 200:  # its repr may pass Python's digit limit
+        return f"an integer of {value.bit_length()} bits"
+    return f"{type(value).__name__} {one_line(repr(value), 80)}"
 
 
-def _int(src: str, key: str, value: Any, minimum: int = 1) -> int:
+def _int(src: str, key: str, value: Any, minimum: int = 1, maximum: int = MAX_INT) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise CaseError(src, key, f"expected an integer, got {_kind(value)}")
     if value < minimum:
-        raise CaseError(src, key, f"expected an integer >= {minimum}, got {value}")
+        raise CaseError(src, key, f"expected an integer >= {minimum}, got {_kind(value)}")
+    if value > maximum:
+        raise CaseError(src, key, f"expected an integer <= {maximum}, got {_kind(value)}")
     return value
 
 
 def _number(src: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise CaseError(src, key, f"expected a finite number, got {_kind(value)}")
-    return float(value)
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        try:
+            number = float(value)  # an integer past float range overflows here
+        except OverflowError:
+            number = math.inf
+        if math.isfinite(number):
+            return number
+    raise CaseError(src, key, f"expected a finite number, got {_kind(value)}")
+
+
+def _figure(src: str, key: str, value: Any) -> float:
+    """A positive figure the step time divides by: below MIN_FIGURE it would make it endless."""
+    number = _number(src, key, value)
+    if 0 < number < MIN_FIGURE:
+        raise CaseError(src, key, f"expected a figure of at least {MIN_FIGURE:g}, got {number:g}")
+    return number
 
 
 def _bool(src: str, key: str, value: Any) -> bool:
@@ -186,6 +212,9 @@ def build_case(data: Any, src: str, base: Path) -> Case:
     if not isinstance(search, dict):
         raise CaseError(src, "search", f"expected a mapping, got {_kind(search)}")
     case = Case(src, model, cluster, training, layout, overheads, search)
+    from .search import search_spec  # it reads sections through this module's readers
+
+    search_spec(case)  # an unknown or bad search key fails `estimate` as it fails `plan`
     if layout is not None:
         case.job()  # cross-checks now, so a bad layout is reported at load time
     return case
@@ -237,7 +266,7 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
         return GPUSpec(
             name=name,
             memory_bytes=_unit(src, f"{key}.memory", data["memory"], parse_memory),
-            peak_flops={p: _number(src, f"{key}.peak_tflops.{p}", v) * 1e12 for p, v in peaks.items()},
+            peak_flops={p: _figure(src, f"{key}.peak_tflops.{p}", v) * 1e12 for p, v in peaks.items()},
             hbm_bandwidth=_unit(src, f"{key}.hbm_bandwidth", data["hbm_bandwidth"], parse_bandwidth),
             intra_node_bandwidth=_unit(src, f"{key}.intra_node_bandwidth", data["intra_node_bandwidth"],
                                        parse_bandwidth),
@@ -286,8 +315,8 @@ def _fabric(src: str, entry: Any, key: str) -> tuple[FabricSpec, Optional[float]
 def performance_from_mapping(src: str, key: str, data: Any, base: Performance) -> Performance:
     """Performance figures over ``base``: every key optional, each a plain number (fractions, seconds)."""
     data = _mapping(src, key, data, PERFORMANCE_KEYS)
-    values = {k: _int(src, f"{key}.{k}", v) if k in INTEGER_PERFORMANCE_KEYS else _number(src, f"{key}.{k}", v)
-              for k, v in data.items()}
+    values = {k: _int(src, f"{key}.{k}", v) if k in INTEGER_PERFORMANCE_KEYS
+              else (_figure if "efficiency" in k else _number)(src, f"{key}.{k}", v) for k, v in data.items()}
     with spec_errors(src):
         return replace(base, **values)
 
@@ -337,10 +366,8 @@ def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
     else:
         gpu_entry = _required(src, "cluster", section, "gpu")
     if isinstance(gpu_entry, str):
+        gpu_entry = resolve_gpu_preset(src, "cluster.gpu", gpu_entry)
         presets = gpu_presets()
-        if gpu_entry not in presets:
-            raise CaseError(src, "cluster.gpu", f"unknown GPU preset {gpu_entry!r}{closest(gpu_entry, presets)}; "
-                                                f"expected one of {', '.join(presets)}")
         gpu = gpu_from_mapping(src, "cluster.gpu", gpu_entry, presets[gpu_entry])
         perf = performance_presets()
         gpu = replace(gpu, performance=performance_from_mapping(

@@ -8,6 +8,7 @@ validation run failed (one line naming the rank); 130 interrupted.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -15,7 +16,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .errors import CaseError
+from .errors import CaseError, Interrupted, one_line
 from .estimate import estimate
 from .report import print_estimate
 
@@ -88,52 +89,65 @@ def plan_command(
         help="Return the least complex layout whose step time is within PCT percent of the fastest."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the memory and Pareto plots to this PNG."),
     emit: Optional[str] = typer.Option(None, "--emit", help="Write launch configs: deepspeed, megatron or torchtitan."),
+    engine: Optional[str] = typer.Option(
+        None, "--engine", help="Plan for this engine (megatron, deepspeed, torchtitan or any), overriding "
+                               "the case's training.engine and search.target."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for --emit's files."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
 ) -> None:
     """The fastest layout that fits, at the case's global batch, and its runners-up."""
     _load_solver_without_pandas()
     from .emit import ENGINES
-    from .files import check_writable
-    from .plan import plan
+    from .files import Output, check_writable, write_all
+    from .plan import plan, plan_options
     from .report import print_plan
 
+    written: list[Path] = []
+    notes: list[str] = []
     try:
         if emit is not None and emit not in ENGINES:
             raise CaseError("--emit", emit, f"expected one of {', '.join(ENGINES)}")
         if emit is not None and out is None:
             raise CaseError("--out", "", "--emit needs --out DIR")
+        if emit is not None and engine not in (None, emit):
+            raise CaseError("--engine", engine, f"differs from --emit {emit}; give the same engine to both")
+        plan_options(top, simplest_within, None, names={"top_k": "--top", "simplest_within": "--simplest-within"})
         if plot is not None:
-            check_writable([plot], force)
-        result = plan(case, simplest_within=simplest_within, top_k=top, target=emit)
+            check_writable([Output(plot, b"", "--plot")], force)
+        result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine)
+        outputs: list[Output] = []
         if emit is not None and result.best is not None:
-            written = emit_configs(result.best, emit, out, str(case), force)
+            files, notes = render_configs(result.best, emit, str(case))
+            outputs += [Output(out / name, text) for name, text in files.items()]
         if plot is not None and result.best is not None:
-            from .plots import write_plots
+            from .plots import render_plots
 
-            write_plots(result, plot)
+            outputs.append(Output(plot, render_plots(result, plot), "--plot"))
+        written = write_all(outputs, force)  # all or none, emitted configs and plot together
     except CaseError as error:
         _fail(error)
+    for note in notes:
+        print(f"note: {one_line(note, 1000)}", file=sys.stderr)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print_plan(result, Console())
-        if emit is not None and result.best is not None:
-            Console().print(f"wrote {', '.join(str(p) for p in written)}")
+        if written:
+            Console().print(f"wrote {', '.join(str(p) for p in written)}", markup=False)
     if result.best is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
-def emit_configs(best, engine: str, out: Path, source: str, force: bool) -> list[Path]:
-    """Render the engine's files for ``best`` and write them all, or none."""
+def render_configs(best, engine: str, source: str) -> tuple[dict[str, str], list[str]]:
+    """The engine's files for ``best`` ({name: text}) and what the user must know about them."""
     import importlib
 
     from .emit import provenance
-    from .files import write_all
 
     module = importlib.import_module(f"planner.emit.{engine}")
     files = module.render(best, provenance(best, source))
-    return write_all({out / name: text for name, text in files.items()}, force)
+    notes = module.warnings(best) if hasattr(module, "warnings") else []
+    return files, notes
 
 
 @app.command("diagnose")
@@ -202,16 +216,20 @@ def validate_command(
     import importlib.util
 
     from calibration.train import EXIT_RUN_FAILED, RunFailed
-    from calibration.validate import print_validation, validate
+    from calibration.validate import DoesNotFit, print_validation, validate
 
     try:
         if importlib.util.find_spec("torch") is None:
             raise CaseError("validate", "", "needs torch: pip install 'layout-planner[calibrate]'")
-        result = validate(case, profile, steps=steps, warmup=warmup, timeout_s=timeout)
+        result = validate(case, profile, steps=steps, warmup=warmup, timeout_s=timeout,
+                          warn=lambda warning: print(f"warning: {one_line(warning, 1000)}", file=sys.stderr))
     except CaseError as error:
         _fail(error)
+    except DoesNotFit as error:
+        print(f"error: {one_line(error, 1000)}", file=sys.stderr)
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
     except RunFailed as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {one_line(error, 1000)}", file=sys.stderr)
         raise typer.Exit(EXIT_RUN_FAILED)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
@@ -248,7 +266,7 @@ def calibrate_command(
     except CalibrationError as error:
         print(f"error: {error}", file=sys.stderr)
         raise typer.Exit(EXIT_CALIBRATION_FAILED)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every rank is stopped and nothing is written
+    except (KeyboardInterrupt, Interrupted):  # Ctrl-C or SIGTERM: every rank is stopped, nothing is written
         print("error: calibration interrupted; no profile written", file=sys.stderr)
         raise typer.Exit(130)
     if outcome.path is None:
@@ -262,6 +280,22 @@ def calibrate_command(
     print("  " + ", ".join(f"{k} {v}" for k, v in perf.items()))
 
 
+def _interrupted(signum, frame) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def _caused_by_interrupt(error: Optional[BaseException]) -> bool:
+    """An interrupt, or an error it caused (an extension module interrupted while loading
+    raises ImportError from the interrupt)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, (Interrupted, KeyboardInterrupt)):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def main() -> None:
     """Entry point: a usage error (unknown option, bad value) is one line and exit code 2 too."""
     try:  # typer ≥ 0.20 ships its own click; earlier ones use click itself
@@ -269,6 +303,9 @@ def main() -> None:
     except ImportError:  # pragma: no cover
         from click.exceptions import UsageError
 
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` alike: exit 130, nothing written
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and background jobs ignore them
+            signal.signal(signum, _interrupted)
     try:
         result = app(prog_name="layout-planner", standalone_mode=False)
     except UsageError as error:
@@ -278,9 +315,11 @@ def main() -> None:
         command = error.ctx.command_path if error.ctx else "layout-planner"
         print(f"error: {command}: {error.format_message()}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    except (typer.Abort, KeyboardInterrupt):
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
     except typer.Exit as done:
         sys.exit(done.exit_code)
+    except BaseException as error:
+        if not _caused_by_interrupt(error):
+            raise
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
     sys.exit(result if isinstance(result, int) else 0)

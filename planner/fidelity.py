@@ -22,7 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
-from .errors import CaseError
+from .errors import CaseError, one_line
 from .published_runs import case_of, load_rows, measured_tokens_per_s, source_of
 
 TUNED = ("Megatron-Bridge", "NVIDIA-NeMo/Megatron-Bridge", "torchtitan", "MLPerf", "NVIDIA/NeMo")
@@ -81,6 +81,7 @@ class Sweep:
 class Fidelity:
     rows: list[Row] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
+    malformed: list[tuple[str, str]] = field(default_factory=list)  # (row, why): not a run as the schema has it
     failed: list[tuple[str, str]] = field(default_factory=list)
     throughput: dict[str, Summary] = field(default_factory=dict)
     memory: dict[str, Summary] = field(default_factory=dict)
@@ -89,29 +90,30 @@ class Fidelity:
     expert_misfits: list[str] = field(default_factory=list)
     experts_scored: int = 0
 
+    # Each headline is None where nothing was scored.
     @property
-    def throughput_headline(self) -> float:
-        return statistics.mean(s.mean_abs for s in self.throughput.values())
+    def throughput_headline(self) -> Optional[float]:
+        return statistics.mean(s.mean_abs for s in self.throughput.values()) if self.throughput else None
 
     @property
-    def memory_headline(self) -> float:
-        return statistics.mean(s.mean_abs for s in self.memory.values())
+    def memory_headline(self) -> Optional[float]:
+        return statistics.mean(s.mean_abs for s in self.memory.values()) if self.memory else None
 
     @property
-    def median_regret(self) -> float:
-        return statistics.median(s.regret for s in self.sweeps)
+    def median_regret(self) -> Optional[float]:
+        return statistics.median(s.regret for s in self.sweeps) if self.sweeps else None
 
     @property
     def max_regret(self) -> float:
         return max((s.regret for s in self.sweeps if s.regret != float("inf")), default=0.0)
 
     @property
-    def median_rho(self) -> float:
-        return statistics.median(s.rho for s in self.sweeps)
+    def median_rho(self) -> Optional[float]:
+        return statistics.median(s.rho for s in self.sweeps) if self.sweeps else None
 
     @property
-    def median_gain(self) -> float:
-        return statistics.median(g for _, g in self.expert_gains)
+    def median_gain(self) -> Optional[float]:
+        return statistics.median(g for _, g in self.expert_gains) if self.expert_gains else None
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -130,10 +132,18 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
         estimate, plan = estimate or estimate_api, plan or plan_api
     rows = load_rows() if rows is None else rows
     out = Fidelity()
-    for r in rows:
-        case, why = case_of(r)
-        measured = measured_tokens_per_s(r) if case else None
-        mem = (r.get("measured") or {}).get("memory_gb_per_gpu") if case else None
+    for index, r in enumerate(rows):
+        if not isinstance(r, dict):
+            out.malformed.append((f"row {index}", f"expected a mapping, got {type(r).__name__}"))
+            continue
+        try:  # a field of the wrong type (a list of layers, a string of GPUs) skips its row, with why
+            case, why = case_of(r)
+            measured = measured_tokens_per_s(r) if case else None
+            mem = (r.get("measured") or {}).get("memory_gb_per_gpu") if case else None
+        except (TypeError, ValueError, AttributeError, KeyError, OverflowError, ZeroDivisionError) as error:
+            out.malformed.append((one_line(r.get("id", f"row {index}"), 80),
+                                  f"a field has the wrong type or is missing ({one_line(error, 80)})"))
+            continue
         if case and not measured and not mem:
             why = "no convention-free measurement"
         if why:
@@ -220,20 +230,22 @@ def to_dict(f: Fidelity) -> dict[str, Any]:
 
     return {
         "throughput": {"headline_mean_abs_error": f.throughput_headline, "by_source": summaries(f.throughput)},
-        "memory": {"headline_mean_abs_error": f.memory_headline if f.memory else None,
-                   "by_source": summaries(f.memory)},
-        "sweeps": {"median_regret": f.median_regret if f.sweeps else None,
-                   "max_finite_regret": f.max_regret, "median_rank_correlation": f.median_rho if f.sweeps else None,
-                   "sweeps": [{"job": list(s.job), "size": s.size, "rho": s.rho, "regret": s.regret, "pick": s.pick}
+        "memory": {"headline_mean_abs_error": f.memory_headline, "by_source": summaries(f.memory)},
+        "sweeps": {"median_regret": f.median_regret, "max_finite_regret": f.max_regret,
+                   "median_rank_correlation": f.median_rho,
+                   # regret None: nothing measured in the sweep was predicted to fit
+                   "sweeps": [{"job": list(s.job), "size": s.size, "rho": s.rho,
+                               "regret": s.regret if s.regret != float("inf") else None, "pick": s.pick}
                               for s in f.sweeps]},
         "experts": {"scored": f.experts_scored,
-                    "median_claimed_gain": f.median_gain if f.expert_gains else None,
+                    "median_claimed_gain": f.median_gain,
                     "max_claimed_gain": max((g for _, g in f.expert_gains), default=None),
                     "predicted_not_to_fit": f.expert_misfits,
                     "gains": dict(f.expert_gains)},
         "rows_scored": len(f.rows),
         "skipped": f.skipped,
         "failed": [{"id": i, "why": w} for i, w in f.failed],
+        "malformed": [{"id": i, "reason": w} for i, w in f.malformed],
     }
 
 
@@ -270,7 +282,7 @@ def print_report(f: Fidelity, console, experts: bool = True) -> None:
             if f.expert_gains else "no plan"
         console.print(f"experts: {f.experts_scored} tuned recipes; {gains}; "
                       f"{len(f.expert_misfits)} predicted not to fit")
-    console.print(f"rows scored {len(f.rows)}; failed {len(f.failed)}; "
+    console.print(f"rows scored {len(f.rows)}; failed {len(f.failed)}; malformed {len(f.malformed)}; "
                   + "; ".join(f"skipped {n}: {escape(why)}" for why, n in f.skipped.items()))
     for rid, why in f.failed[:5]:
         console.print(f"  failed {escape(rid)}: {escape(why)}")

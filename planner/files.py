@@ -1,75 +1,178 @@
-"""Reading input files, and writing output files: atomically, and never over an existing
-file without --force."""
+"""Writing output files: all of a command's files or none, never over an existing file
+without --force, and never a mix of two runs' files.
+
+Every file is first written in full to a private staging folder beside its target.
+Then, holding an exclusive lock on each target folder (``flock`` on the folder itself,
+so no lock file is left behind) and with SIGINT and SIGTERM held back, the existence
+check is made again and the files are renamed into place, each old file moved aside
+first. If a rename fails, or an interrupt arrived meanwhile, every file moved so far is
+put back: the folders hold the old files, or no files, and no partial one.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+import signal
 import tempfile
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
+from typing import Iterator, Optional, Union
 
 from .errors import CaseError
 
-# yaml.safe_load's loader, on libyaml's C parser where PyYAML has it: the same safe subset
-# (no object tags), several times faster on the preset files every run reads.
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_STAGING_PREFIX = ".layout-planner-"
+_HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
-def read_text(path: Path) -> str:
-    """The text of an input file, or a CaseError naming it: missing, unreadable or not UTF-8."""
+@dataclass(frozen=True)
+class Output:
+    """One file to write; ``option`` is the command-line option that named it (for errors)."""
+
+    path: Path
+    data: Union[str, bytes]
+    option: str = "--out"
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable(outputs: list[Output], force: bool) -> None:
+    """Refuse, before any work, a target that exists (without ``force``) or whose folder
+    cannot be created or written (a probe file is made and removed: permission bits alone
+    do not tell, e.g. for root on a read-only file system)."""
+    probed: set[Path] = set()
+    for out in outputs:
+        if out.path.is_dir():
+            raise CaseError(str(out.path), out.option, "is a folder; expected a file name")
+        if out.path.exists() and not force:
+            raise CaseError(str(out.path), out.option, "exists; pass --force to overwrite")
+        folder = _nearest_existing(out.path.parent)
+        if folder in probed:
+            continue
+        probed.add(folder)
+        if not folder.is_dir():
+            raise CaseError(str(out.path), out.option, f"cannot be written: {folder} is not a folder")
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=_STAGING_PREFIX)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as error:
+            raise CaseError(str(out.path), out.option,
+                            f"cannot be written: folder {folder} is not writable ({error.strerror or error})") from None
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block is done; a pending one is raised after it."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CaseError(str(path), "", "file not found") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise CaseError(str(path), "", f"cannot be read ({error.__class__.__name__})") from None
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def check_writable(paths: list[Path], force: bool) -> None:
-    """Refuse before anything is written if any target exists and ``force`` is off."""
-    for path in paths:
-        if path.exists() and not force:
-            raise CaseError(str(path), "--out", "exists; pass --force to overwrite")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it into place.
-
-    A failure leaves the old file (or no file) and no partial one.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
-def write_all(files: dict[Path, str], force: bool) -> list[Path]:
-    """Write several files, all or none: each is staged, then all are renamed into place."""
-    check_writable(list(files), force)
-    staged: list[tuple[str, Path]] = []
+def _make_folder(folder: Path, created: list[Path]) -> None:
+    """mkdir -p, remembering the folders made here (removed again if nothing is written)."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+            created.append(path)
+        except FileExistsError:  # another run made it meanwhile
+            pass
+
+
+def _put_back(moved: list[tuple[Path, Optional[Path]]]) -> None:
+    for target, backup in reversed(moved):
+        try:
+            if backup is not None:
+                os.replace(backup, target)
+            else:
+                target.unlink()
+        except OSError:
+            pass
+
+
+def write_all(outputs: list[Output], force: bool) -> list[Path]:
+    """Write every output, all or none (see the module docstring); returns their paths."""
+    outputs = list(outputs)
+    created: list[Path] = []
+    stages: dict[Path, Path] = {}
+    staged: list[tuple[Output, Path]] = []
+    moved: list[tuple[Path, Optional[Path]]] = []
+    done = False
+    umask = os.umask(0)
+    os.umask(umask)
     try:
-        for path, text in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            staged.append((tmp, path))
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.chmod(tmp, 0o644)
-        for tmp, path in staged:
-            os.replace(tmp, path)
-    except OSError as error:
-        for tmp, _ in staged:
-            Path(tmp).unlink(missing_ok=True)
-        raise CaseError(str(next(iter(files), "")), "--out", f"cannot write ({error.strerror or error})") from None
-    except BaseException:
-        for tmp, _ in staged:
-            Path(tmp).unlink(missing_ok=True)
-        raise
-    return list(files)
+        try:
+            for out in outputs:
+                if out.path.is_dir():
+                    raise CaseError(str(out.path), out.option, "is a folder; expected a file name")
+                folder = Path(os.path.abspath(out.path.parent))
+                _make_folder(folder, created)
+                if folder not in stages:
+                    stages[folder] = Path(tempfile.mkdtemp(dir=folder, prefix=_STAGING_PREFIX))
+                tmp = stages[folder] / out.path.name
+                mode = "wb" if isinstance(out.data, bytes) else "w"
+                with open(tmp, mode, **({} if isinstance(out.data, bytes) else {"encoding": "utf-8"})) as f:
+                    f.write(out.data)
+                os.chmod(tmp, 0o666 & ~umask)  # what a plain open() would give; mkdtemp's folder is private
+                staged.append((out, tmp))
+            with ExitStack() as locks:
+                for folder in sorted(stages):
+                    locks.enter_context(_locked(folder))
+                for out, _ in staged:  # again, now that no other run can write here
+                    if out.path.exists() and not force:
+                        raise CaseError(str(out.path), out.option, "exists; pass --force to overwrite")
+                try:
+                    with _signals_held():
+                        for out, tmp in staged:
+                            backup = None
+                            if out.path.exists() or out.path.is_symlink():
+                                backup = tmp.with_name(tmp.name + ".old")
+                                os.replace(out.path, backup)
+                            moved.append((out.path, backup))
+                            os.replace(tmp, out.path)
+                    done = True  # past this point, an interrupt held back above has been raised
+                except BaseException:
+                    _put_back(moved)
+                    raise
+        except OSError as error:
+            first = outputs[0] if outputs else Output(Path("."), "")
+            raise CaseError(str(first.path), first.option,
+                            f"cannot write ({error.strerror or error}); nothing written") from None
+    finally:
+        for stage in stages.values():
+            shutil.rmtree(stage, ignore_errors=True)
+        if not done:
+            for folder in reversed(created):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass
+    return [out.path for out in outputs]
+
+
+def write_atomically(path: Path, data: Union[str, bytes], force: bool = True, option: str = "--out") -> None:
+    """One file, whole or not at all."""
+    write_all([Output(Path(path), data, option)], force)

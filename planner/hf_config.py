@@ -1,6 +1,6 @@
 """Model fields for a case file, read from a local Hugging Face ``config.json``.
 
-Only the file on disk is read (``json.load``); nothing is imported from
+Only the file on disk is read (``planner.inputs.read_json``: bounded); nothing is imported from
 ``transformers`` and nothing touches the network. Supported families, chosen by
 ``model_type`` (or, when that key is absent, by ``architectures[0]``):
 
@@ -18,11 +18,12 @@ names the file and the key.
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Callable
 
 from planner.errors import CaseError
+from planner.inputs import read_json
+from planner.limits import MAX_INT
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 SUPPORTED = LLAMA_LIKE + ("gpt_neox", "gpt2")
@@ -56,26 +57,7 @@ def read_hf_config(path: str | os.PathLike) -> dict:
 
 
 def _load(source: str) -> dict:
-    try:
-        # utf-8-sig: a byte-order mark some editors add is not a JSON error.
-        with open(source, encoding="utf-8-sig") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise CaseError(source, "", "file not found") from None
-    except IsADirectoryError:
-        raise CaseError(source, "", "file not found (it is a directory); expected a config.json file") from None
-    except UnicodeDecodeError:
-        raise CaseError(source, "", "expected valid JSON: the file is not UTF-8 text") from None
-    except (OSError, ValueError) as e:  # permissions, a NUL byte in the path, ...
-        raise CaseError(source, "", f"file not readable: {_short(getattr(e, 'strerror', None) or str(e))}") from None
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CaseError(source, "", f"expected valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    except RecursionError:
-        raise CaseError(source, "", "expected valid JSON: nested too deeply to read") from None
-    except ValueError as e:  # e.g. an integer literal longer than Python's digit limit
-        raise CaseError(source, "", f"expected valid JSON: {_short(str(e))}") from None
+    cfg = read_json(source)
     if not isinstance(cfg, dict):
         raise CaseError(source, "", f"expected a JSON object at the top level, got {_json_kind(cfg)}")
     return cfg
@@ -108,6 +90,8 @@ class _Reader:
             raise self.fail(key, f"expected an integer, got {_show(value)}")
         if value < 1:
             raise self.fail(key, f"expected a positive integer, got {value}")
+        if value > MAX_INT:
+            raise self.fail(key, f"expected an integer at most {MAX_INT}, got {_show(value)}")
         return value
 
     def bool(self, key: str, default: bool) -> bool:
@@ -124,7 +108,7 @@ class _Reader:
             return float(default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(key, f"expected a dropout probability in [0, 1), got {_show(value)}")
-        if not math.isfinite(value) or not 0.0 <= value < 1.0:
+        if not 0.0 <= value < 1.0:  # false for NaN and infinities; no float() of a huge integer
             raise self.fail(key, f"expected a dropout probability in [0, 1), got {_show(value)}")
         return float(value)
 

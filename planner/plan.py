@@ -10,12 +10,12 @@ from cost_models.memory import peak_stage_memory
 from cost_models.specs import ClusterSpec, Job, Layout
 
 from .case import Case, layout_to_mapping, load_case, spec_errors
-from .errors import CaseError
+from .complexity import COMPLEXITY_ORDER
+from .errors import CaseError, one_line
 from .estimate import Estimate, estimate_job
+from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_STEP_TIME_S, MAX_TOP_K
 from .search import Candidate, SearchSpec, search, search_spec
 
-# A case larger than this many GPUs is refused rather than searched for minutes.
-MAX_GPUS = 1 << 20
 # The solver's table holds every fitting layout within this share of the fastest (or the
 # --simplest-within margin, if wider), and at least the top-k: all that the answer,
 # its alternatives and the simplest-within choice can be drawn from.
@@ -41,10 +41,15 @@ class NoFit:
     closest_layout: Optional[Layout]
     gpus_that_fit: Optional[int]  # the fewest GPUs at which some layout fits
     seq_len_that_fits: Optional[int]  # the longest sequence (same GPUs) at which some layout fits
+    # When no layout was scored at all: what excluded every one (the pins, the engine, ...).
+    excluded_by: Optional[str] = None
 
     def describe(self) -> str:
-        parts = [f"no layout fits: {self.term} overflows (closest layout needs "
-                 f"{self.peak_bytes / 1e9:.1f} GB of {self.limit_bytes / 1e9:.1f} GB usable)"]
+        if self.closest_layout is None:
+            parts = [f"no layout fits: {self.excluded_by or 'no layout could be scored'}"]
+        else:
+            parts = [f"no layout fits: {self.term} overflows (closest layout needs "
+                     f"{self.peak_bytes / 1e9:.1f} GB of {self.limit_bytes / 1e9:.1f} GB usable)"]
         if self.gpus_that_fit:
             parts.append(f"{self.gpus_that_fit} GPUs would fit")
         if self.seq_len_that_fits:
@@ -52,9 +57,12 @@ class NoFit:
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"term": self.term, "peak_bytes": int(self.peak_bytes), "limit_bytes": int(self.limit_bytes),
-                "closest_layout": layout_to_mapping(self.closest_layout) if self.closest_layout else None,
-                "gpus_that_fit": self.gpus_that_fit, "seq_len_that_fits": self.seq_len_that_fits}
+        known = self.closest_layout is not None
+        return {"term": self.term if known else None, "peak_bytes": int(self.peak_bytes) if known else None,
+                "limit_bytes": int(self.limit_bytes),
+                "closest_layout": layout_to_mapping(self.closest_layout) if known else None,
+                "gpus_that_fit": self.gpus_that_fit, "seq_len_that_fits": self.seq_len_that_fits,
+                "excluded_by": self.excluded_by}
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,7 @@ class Plan:
     no_fit: Optional[NoFit] = None
     # (step time s, peak bytes) of every fitting layout scored: the cloud the Pareto plot shows.
     candidates: tuple[tuple[float, float], ...] = ()
+    headroom: float = 0.0  # share of GPU memory every layout had to leave free
 
     def differences(self, other: Estimate) -> dict[str, list]:
         """Layout fields where ``other`` differs from the best: {field: [best, other]}."""
@@ -87,9 +96,12 @@ class Plan:
             return None
         runner = self.alternatives[0]
         gap = runner.step_time_s - self.best.step_time_s
+        if gap < -1e-3 * self.best.step_time_s:  # --simplest-within chose a slower, simpler layout
+            return (f"{-gap:.3f} s faster per step ({gap / self.best.step_time_s:+.1%}), but the best is the "
+                    f"simplest layout within the --simplest-within margin (order: {COMPLEXITY_ORDER})")
         if gap <= 1e-3 * self.best.step_time_s:
-            return "ties with the best on step time and ranks lower as the more complex layout " \
-                   "(order: accumulation < recomputation < ZeRO < TP < PP)"
+            return f"ties with the best on step time and ranks lower as the more complex layout " \
+                   f"(order: {COMPLEXITY_ORDER})"
         mine, theirs = self.best.time.by_part(), runner.time.by_part()
         part = max(theirs, key=lambda k: theirs[k] - mine[k])
         return (f"{gap:.3f} s slower per step ({gap / self.best.step_time_s:+.1%}), mostly "
@@ -108,9 +120,44 @@ class Plan:
 
 
 def _check_size(case: Case) -> None:
-    if case.cluster.num_gpus > MAX_GPUS:
-        raise CaseError(case.source, "cluster.num_gpus", f"at most {MAX_GPUS} GPUs can be planned, "
-                                                         f"got {case.cluster.num_gpus}")
+    """Refuse a case the search would take minutes over: it enumerates divisors of these."""
+    for key, value, bound, what in (
+            ("cluster.num_gpus", case.cluster.num_gpus, MAX_GPUS, "GPUs"),
+            ("model.num_layers", case.model.num_layers, MAX_LAYERS, "layers"),
+            ("training.global_batch_size", case.training.global_batch_size, MAX_GLOBAL_BATCH, "sequences")):
+        if value > bound:
+            raise CaseError(case.source, key, f"at most {bound} {what} can be planned, got {value}")
+
+
+def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[dict[str, str]] = None) -> None:
+    """Refuse options `plan` cannot honour, as a CaseError naming the option (``names``: CLI spellings)."""
+    from .emit import ENGINES
+
+    names = names or {}
+
+    def refuse(key: str, expected: str, value: Any) -> CaseError:
+        return CaseError(names.get(key, "plan"), "" if key in names else key,
+                         f"{expected}, got {one_line(repr(value), 60)}")
+
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                              or not 0 <= top_k <= MAX_TOP_K):
+        raise refuse("top_k", f"expected an integer from 0 to {MAX_TOP_K}", top_k)
+    if simplest_within is not None and (isinstance(simplest_within, bool)
+                                        or not isinstance(simplest_within, (int, float))
+                                        or not 0 <= simplest_within <= MAX_SIMPLEST_WITHIN_PCT):
+        raise refuse("simplest_within", f"expected a percentage from 0 to {MAX_SIMPLEST_WITHIN_PCT:g}",
+                     simplest_within)
+    if target is not None and target not in ENGINES:
+        raise refuse("target", f"expected one of {', '.join(ENGINES)}", target)
+
+
+def _check_times(case: Case, candidates: list[Candidate]) -> None:
+    """The solver works in whole microseconds: a step time past MAX_STEP_TIME_S comes from
+    figures no hardware has (a bandwidth of a few bytes per second, say)."""
+    slowest = max((c.step_time_s for c in candidates), default=0.0)
+    if not slowest <= MAX_STEP_TIME_S:
+        raise CaseError(case.source, "cluster", f"the GPU's figures give steps of {slowest:.3g} s; expected figures "
+                                                f"that give steps under {MAX_STEP_TIME_S:g} s")
 
 
 def _some_layout_fits(case: Case, spec: SearchSpec) -> bool:
@@ -119,12 +166,17 @@ def _some_layout_fits(case: Case, spec: SearchSpec) -> bool:
 
 def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
     limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom)
+    excluded_by = None
     if tightest is not None:
         peak = peak_stage_memory(tightest)
         terms = peak.by_term()
         term, peak_bytes = max(terms, key=terms.get), peak.total
-    else:
+    else:  # not one layout was scored: say what left none
         term, peak_bytes = "parameters", math.inf
+        narrowed = sorted(set(spec.pins) | set(spec.bounds))
+        engine = "" if spec.target == "any" else f"{spec.target} "
+        excluded_by = (f"no {engine}layout of {case.cluster.num_gpus} GPUs for this model and global batch"
+                       + (f" meets the search section's {', '.join(narrowed)}" if narrowed else ""))
     per_node = case.cluster.gpu.gpus_per_node
     nodes = math.ceil(case.cluster.num_gpus / per_node)
     gpus_that_fit = None
@@ -150,11 +202,13 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
             seq_that_fits = seq
             break
         seq //= 2
-    return NoFit(term, peak_bytes, limit, tightest.layout if tightest else None, gpus_that_fit, seq_that_fits)
+    return NoFit(term, peak_bytes, limit, tightest.layout if tightest else None, gpus_that_fit, seq_that_fits,
+                 excluded_by)
 
 
 def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
               target: Optional[str] = None) -> Plan:
+    plan_options(top_k, simplest_within, target)
     _check_size(case)
     spec = search_spec(case)
     if top_k is not None:
@@ -162,8 +216,9 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     if target is not None and target != spec.target:
         if spec.target != "any":
             key = "search.target" if "target" in (case.search or {}) else "training.engine"
-            raise CaseError(case.source, key, f"is {spec.target!r} but configs for {target!r} "
-                                                          "were asked for; drop one of them")
+            raise CaseError(case.source, key, f"is {spec.target!r} but configs for {target!r} were asked for; "
+                                              f"pass --engine {target} (plan(..., engine={target!r})) to plan "
+                                              "for it instead")
         spec = replace(spec, target=target)
     if case.training.engine != spec.target:  # every layout is timed as the chosen engine runs it
         case = replace(case, training=replace(case.training, engine=spec.target))
@@ -172,11 +227,13 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     slack = max(TABLE_SLACK, (simplest_within or 0) / 100)
     with spec_errors(case.source):  # e.g. a precision the GPU (or profile) has no peak for
         result = search(case, spec, keep_within=slack)
+    _check_times(case, result.candidates)
     table = _table(result.candidates, slack, spec.top_k)
     model = LayoutModel(case, spec, table)
     solution = model.solve()
     if solution.index is None:
-        return Plan(solution.status, None, (), result.scored, 0, no_fit=_advice(case, spec, result.tightest))
+        return Plan(solution.status, None, (), result.scored, 0, no_fit=_advice(case, spec, result.tightest),
+                    headroom=spec.headroom)
     status = solution.status
     chosen = solution.index
     if simplest_within is not None:
@@ -197,13 +254,20 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
 
     return Plan(status, estimate_of(chosen), tuple(estimate_of(i) for i in alternatives),
                 result.scored, len(result.candidates), pruned=result.pruned,
-                candidates=tuple((c.step_time_s, c.peak_bytes) for c in result.candidates))
+                candidates=tuple((c.step_time_s, c.peak_bytes) for c in result.candidates), headroom=spec.headroom)
 
 
 def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
-         target: Optional[str] = None) -> Plan:
+         target: Optional[str] = None, engine: Optional[str] = None) -> Plan:
     """Python API: plan a case (path or dict in the case-file schema); any ``layout`` section is ignored.
 
-    ``target`` restricts the search to one engine (as ``search.target`` does)."""
-    loaded = case if isinstance(case, Case) else load_case(case)
+    ``target`` restricts the search to one engine (as ``search.target`` does); ``engine``
+    replaces the case's training.engine and search.target (`plan --engine`)."""
+    plan_options(top_k, simplest_within, target)
+    if isinstance(case, Case):
+        if engine is not None:
+            raise CaseError(case.source, "engine", "applies to a case path or dict, not to a loaded Case")
+        loaded = case
+    else:
+        loaded = load_case(case, engine=engine)
     return plan_case(loaded, simplest_within=simplest_within, top_k=top_k, target=target)

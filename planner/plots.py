@@ -1,15 +1,15 @@
 """`--plot`: the chosen layout's memory by term and stage, and step time against peak memory.
 
 matplotlib is optional (``pip install 'layout-planner[plot]'``) and is imported only
-inside :func:`write_plots`, so the rest of the planner never loads it. The figure is
+inside :func:`render_plots`, so the rest of the planner never loads it. The figure is
 drawn on a bare Agg canvas (no pyplot), which neither switches the caller's backend
 nor leaves figures open.
 """
 
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
@@ -81,7 +81,15 @@ def _layout_label(estimate: "Estimate") -> str:
     return " ".join(parts)
 
 
-def _draw_memory(ax, best: "Estimate") -> None:
+def _draw_usable(ax, capacity_gb: float, headroom: float) -> None:
+    """The line every layout had to stay under: capacity less the plan's headroom."""
+    if headroom > 0:
+        usable = capacity_gb * (1 - headroom)
+        ax.axhline(usable, color="#C44E52", linestyle=":", linewidth=1.2,
+                   label=f"usable ({usable:.1f} GB, {headroom:.0%} headroom)")
+
+
+def _draw_memory(ax, best: "Estimate", headroom: float) -> None:
     stages = [s.stage for s in best.stages]
     bottom = [0.0] * len(stages)
     for term, color in _term_colors(best).items():
@@ -92,6 +100,7 @@ def _draw_memory(ax, best: "Estimate") -> None:
     capacity = best.capacity_bytes / GB
     ax.axhline(capacity, color="black", linestyle="--", linewidth=1.2,
                label=f"GPU capacity ({capacity:.1f} GB)")
+    _draw_usable(ax, capacity, headroom)
     ax.set_ylim(0, max(capacity, max(bottom, default=0.0)) * HEADROOM)
     ax.set_xlim(min(stages) - 0.6, max(stages) + 0.6)
     ax.set_xlabel("pipeline stage")
@@ -122,17 +131,21 @@ def _draw_pareto(ax, plan: "Plan") -> None:
     if plan.candidates:
         ax.scatter([t for t, _ in cloud], [m for _, m in cloud], s=8, color="#999999", alpha=0.4,
                    label=f"layouts that fit ({len(cloud)})", zorder=1)
+    # The best's star under the alternatives: one that ties with it on time and memory
+    # still shows, as a dot inside the star.
+    ax.scatter([points[0][0]], [points[0][1]], s=160, marker="*", color="#C44E52",
+               edgecolor="black", linewidth=0.6, label="best", zorder=3)
     if plan.alternatives:
-        ax.scatter([t for t, _ in points[1:]], [m for _, m in points[1:]], s=36, color="#4C72B0",
-                   alpha=0.7, label=f"alternatives ({len(plan.alternatives)})", zorder=3)
+        ax.scatter([t for t, _ in points[1:]], [m for _, m in points[1:]], s=24, color="#4C72B0",
+                   edgecolor="white", linewidth=0.5, alpha=0.9, label=f"alternatives ({len(plan.alternatives)})",
+                   zorder=4)
     ax.step([cloud[i][0] for i in front], [cloud[i][1] for i in front], where="post",
             color="#55A868", linewidth=1.5, label="Pareto front", zorder=2)
-    ax.scatter([points[0][0]], [points[0][1]], s=160, marker="*", color="#C44E52",
-               edgecolor="black", linewidth=0.6, label="best", zorder=4)
     ax.annotate(f"{points[0][0]:.3f} s, {points[0][1]:.1f} GB", points[0], xytext=(8, 8),
                 textcoords="offset points", fontsize=8)
     capacity = best.capacity_bytes / GB
     ax.axhline(capacity, color="black", linestyle="--", linewidth=1.0, label="GPU capacity")
+    _draw_usable(ax, capacity, plan.headroom)
     times = [t for t, _ in cloud + points]
     span = max(times) - min(times)
     pad = span * 0.08 if span > 0 else max(min(times) * 0.01, 1e-3)
@@ -148,13 +161,10 @@ def _draw_pareto(ax, plan: "Plan") -> None:
     ax.grid(alpha=0.3)
 
 
-def write_plots(plan: "Plan", path: Union[str, os.PathLike]) -> None:
-    """Write one PNG: the chosen layout's memory by term and stage, and the time/memory trade-off.
+def render_plots(plan: "Plan", path: Union[str, os.PathLike]) -> bytes:
+    """One PNG: the chosen layout's memory by term and stage, and the time/memory trade-off.
 
-    The file appears whole or not at all: it is rendered to a temporary file in the
-    target's directory and moved into place; an existing file is overwritten.
-    """
-    target = Path(path)
+    ``path`` (where it will go) names the file in errors; nothing is written here."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -166,27 +176,16 @@ def write_plots(plan: "Plan", path: Union[str, os.PathLike]) -> None:
     fig = Figure(figsize=FIGSIZE, dpi=DPI)
     FigureCanvasAgg(fig)
     ax_memory, ax_pareto = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.2]})
-    _draw_memory(ax_memory, plan.best)
+    _draw_memory(ax_memory, plan.best, plan.headroom)
     _draw_pareto(ax_pareto, plan)
     fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
 
-    tmp_name = None
-    try:
-        with tempfile.NamedTemporaryFile(delete=False, dir=target.parent or ".", suffix=".png",
-                                         prefix=f".{target.name}.") as tmp:
-            tmp_name = tmp.name
-        # NamedTemporaryFile creates the file 0600; give it the permissions a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_name, 0o666 & ~umask)
-        fig.savefig(tmp_name, format="png", dpi=DPI)
-        os.replace(tmp_name, target)
-        tmp_name = None
-    except OSError as error:
-        raise CaseError(str(path), "--plot", f"cannot write the plot: {error.strerror or error}") from error
-    finally:
-        if tmp_name is not None:
-            try:
-                os.unlink(tmp_name)
-            except FileNotFoundError:
-                pass
+
+def write_plots(plan: "Plan", path: Union[str, os.PathLike]) -> None:
+    """Render the plots and write them to ``path``, whole or not at all (over an existing file)."""
+    from .files import write_atomically
+
+    write_atomically(Path(path), render_plots(plan, path), option="--plot")

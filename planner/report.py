@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from .estimate import Estimate
 
@@ -27,7 +29,7 @@ def describe_layout(est: Estimate) -> str:
 
 def print_estimate(est: Estimate, console: Console) -> None:
     job = est.job
-    console.print(f"[bold]{job.model.name}[/] on {job.cluster.num_gpus} × {job.cluster.gpu.name}, "
+    console.print(f"[bold]{escape(job.model.name)}[/] on {job.cluster.num_gpus} × {escape(job.cluster.gpu.name)}, "
                   f"global batch {job.training.global_batch_size} × {job.training.seq_len} tokens")
     console.print(describe_layout(est))
     table = Table(title=f"Memory per GPU, heaviest stage ({est.peak.stage} of {job.layout.pp})")
@@ -61,18 +63,45 @@ def print_estimate(est: Estimate, console: Console) -> None:
         console.print(f"cheapest next change: {remedy.description} → peak {remedy.peak_bytes / GB:.1f} GB, {verdict}")
 
 
+# What a layout field's None means, as a person reads it.
+_UNSET = {"stage_layers": "even", "recompute_num_layers": "all"}
+
+
+def value_text(key: str, value: Any) -> str:
+    """A layout value for a table: None as what it means, a stage list with repeats folded
+    (``5, 6×10, 5``), booleans as on/off."""
+    if value is None:
+        return _UNSET.get(key, "-")
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        runs: list[list] = []
+        for item in value:
+            if runs and runs[-1][0] == item:
+                runs[-1][1] += 1
+            else:
+                runs.append([item, 1])
+        text = ", ".join(f"{item}×{count}" if count > 1 else str(item) for item, count in runs)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return str(value)
+
+
 def _layout_summary(layout: dict) -> str:
     keys = ("dp", "tp", "pp", "vpp", "cp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
             "recompute_num_layers", "stage_layers")
     short = {"micro_batch_size": "mbs", "zero_stage": "zero", "sequence_parallel": "sp",
              "recompute_num_layers": "recompute layers", "stage_layers": "stages"}
-    return " ".join(f"{short.get(k, k)}={layout[k]}" for k in keys if k in layout)
+    return " ".join(f"{short.get(k, k)}={value_text(k, layout[k])}" for k in keys if k in layout)
+
+
+def _changes(diff: dict) -> str:
+    return ", ".join(f"{k} {value_text(k, a)}→{value_text(k, b)}" for k, (a, b) in diff.items())
 
 
 def print_plan(plan, console: Console) -> None:
     """The best layout, its runners-up and why the first of them lost; or why nothing fits."""
     if plan.best is None:
-        console.print(f"[red]{plan.no_fit.describe()}[/]")
+        console.print(f"[red]{escape(plan.no_fit.describe())}[/]")
         return
     best = plan.best
     print_estimate(best, console)
@@ -86,10 +115,9 @@ def print_plan(plan, console: Console) -> None:
     for i, (est, diff) in enumerate(rows):
         table.add_row("best" if i == 0 else str(i), f"{est.step_time_s:.3f}", f"{est.tokens_per_s:,.0f}",
                       f"{est.mfu:.1%}", f"{est.peak.total / GB:.1f}",
-                      _layout_summary(est.to_dict()["layout"]) if i == 0 else
-                      ", ".join(f"{k} {a}→{b}" for k, (a, b) in diff.items()))
+                      _layout_summary(est.to_dict()["layout"]) if i == 0 else _changes(diff))
     console.print(table)
-    console.print(f"runner-up: {plan.why_runner_up_lost()}")
+    console.print(f"runner-up: {plan.why_runner_up_lost()}", markup=False)
 
 
 def print_diagnosis(diagnosis, console: Console) -> None:
@@ -98,11 +126,11 @@ def print_diagnosis(diagnosis, console: Console) -> None:
     print_estimate(diagnosis.estimate, console)
     best = diagnosis.plan.best
     if best is None:
-        console.print(f"[red]{diagnosis.plan.no_fit.describe()}[/]")
+        console.print(f"[red]{escape(diagnosis.plan.no_fit.describe())}[/]")
         return
     console.print(f"planner's best for {diagnosis.engine}: {_layout_summary(best.to_dict()['layout'])}")
     console.print(f"predicted step {best.step_time_s:.3f} s against {diagnosis.estimate.step_time_s:.3f} s: "
                   f"[bold]{diagnosis.speedup:.2f}×[/] speedup")
     changes = diagnosis.plan.differences(diagnosis.estimate)
     if changes:
-        console.print("change: " + ", ".join(f"{k} {b}→{a}" for k, (a, b) in changes.items()))
+        console.print("change: " + _changes({k: (b, a) for k, (a, b) in changes.items()}), markup=False)

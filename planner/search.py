@@ -31,6 +31,7 @@ from cost_models.step_time import layer_forward_time_for, step_time, tp_exposed_
 from .case import Case, _bool, _int, _mapping, _number, _str
 from .engines import ENGINES, EngineSupport
 from .errors import CaseError
+from .limits import MAX_TOP_K
 
 # Unless the case bounds cp itself, every context-parallel rank keeps at least this many
 # tokens: below it the ring's per-step latency and the flash-attention tiles (128 × 128)
@@ -86,7 +87,7 @@ def search_spec(case: Case) -> SearchSpec:
             raise CaseError(src, "search.headroom", f"expected a fraction in [0, 1), got {headroom}")
         values["headroom"] = headroom
     if "top_k" in data:
-        values["top_k"] = _int(src, "search.top_k", data["top_k"], minimum=0)
+        values["top_k"] = _int(src, "search.top_k", data["top_k"], minimum=0, maximum=MAX_TOP_K)
     if "tp_across_nodes" in data:
         values["tp_across_nodes"] = _bool(src, "search.tp_across_nodes", data["tp_across_nodes"])
     pins: dict[str, Any] = {}
@@ -222,7 +223,8 @@ def _recompute_ladder(spec: SearchSpec, base: Layout) -> Iterator[Layout]:
         yield base if level == base.recompute else base.with_changes(recompute=level)
 
 
-def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least: int) -> Optional[tuple[Job, float]]:
+def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least: int,
+                          note_miss) -> Optional[tuple[Job, float]]:
     """Full recomputation on the fewest layers per stage (no fewer than ``at_least``) that fits.
 
     Memory falls as more layers are recomputed, so the fewest that fit are found by bisection.
@@ -234,6 +236,8 @@ def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least
         job = Job(case.model, case.cluster, case.training, layout.with_changes(recompute_num_layers=rnl),
                   case.overheads)
         ok, peak = fits(job, spec.headroom)
+        if not ok and n >= stage_max:  # the most recomputation there is: the advice's closest layout
+            note_miss(job, peak)
         return (job if ok else None), peak
 
     best = trial(stage_max)
@@ -261,7 +265,7 @@ def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
         try:
             if layout.recompute == "full" and layout.recompute_num_layers is None:
                 scored += 1
-                hit = _least_full_recompute(case, spec, layout, at_least)
+                hit = _least_full_recompute(case, spec, layout, at_least, note_miss)
                 if hit is not None:
                     return hit, scored
                 continue

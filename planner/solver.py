@@ -17,18 +17,8 @@ from typing import Optional
 from ortools.sat.python import cp_model
 
 from .case import Case
+from .complexity import RECOMPUTE_LEVEL, complexity
 from .search import Candidate, SearchSpec
-
-RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
-
-
-def complexity(candidate: Candidate, global_batch: int) -> tuple:
-    """Complexity in the order users climb it: accumulation < recomputation < ZeRO < TP < PP."""
-    lay = candidate.layout
-    accumulation = global_batch // (lay.micro_batch_size * lay.dp)
-    return (lay.pp * lay.vpp, lay.cp, lay.tp, lay.zero_stage, RECOMPUTE_LEVEL[lay.recompute],
-            lay.recompute_num_layers or 0, accumulation)
-
 
 @dataclass(frozen=True)
 class Solution:
@@ -126,6 +116,8 @@ class LayoutModel:
             m.Minimize(self.time_us * len(self.candidates) + self.rank_var)
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1  # the table is small; one worker is fastest and deterministic
+        # Ctrl-C must interrupt `plan` (exit 130), not end the search early as a time limit would.
+        solver.parameters.catch_sigint_signal = False
         status = solver.Solve(m)
         m.ClearAssumptions()
         name = solver.StatusName(status)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import re
 
+from .limits import MAX_QUANTITY, MIN_QUANTITY
+
 MEMORY_UNITS = {
     "B": 1.0,
     "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
@@ -39,6 +41,10 @@ def _parse(text: object, units: dict[str, float], kind: str, example: str) -> fl
     value = float(match.group(1)) * units[match.group(2)]
     if not math.isfinite(value) or value <= 0:
         raise UnitError(f"expected a positive {kind}, got {text!r}")
+    base = "B" if units is MEMORY_UNITS else "B/s"
+    if not MIN_QUANTITY <= value <= MAX_QUANTITY:
+        raise UnitError(f"expected a {kind} between {MIN_QUANTITY:g} {base} and {MAX_QUANTITY:g} {base}, "
+                        f"got {text!r}")
     return value
 
 

@@ -275,13 +275,32 @@ def test_a_rank_that_dies_fails_the_run_naming_it_and_leaves_the_old_profile(tmp
 
 
 def test_a_rank_that_hangs_is_stopped_within_the_timeout(tmp_path):
+    """The watchdog's timeout is what a quick step needs on a loaded 2-core machine, many times
+    over; what is asserted is that the hung run was stopped and named, and left nothing."""
     out = tmp_path / "profile.yaml"
-    start = time.monotonic()
-    result = calibrate("--out", str(out), "--quick", "--timeout", "6", env={FAULT_ENV: "1:attention:hang"})
-    assert result.returncode == 4
-    assert result.stderr.strip().startswith("error: calibration failed: rank 1 hung during the attention benchmarks")
-    assert not out.exists()
-    assert time.monotonic() - start < 60
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    seen: set[int] = set()
+
+    def note_ranks() -> None:
+        for record in scratch.glob("*/rank*.json"):
+            try:
+                info = json.loads(record.read_text())
+            except (OSError, ValueError):
+                continue
+            seen.update(p for p in (info.get("pid"), info.get("ppid")) if isinstance(p, int))
+
+    process = subprocess.Popen([sys.executable, "-m", "planner", "calibrate", "--out", str(out), "--quick",
+                                "--timeout", "20"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, FAULT_ENV: "1:attention:hang", "TMPDIR": str(scratch)})
+    while process.poll() is None:
+        note_ranks()
+        time.sleep(0.2)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 4, stderr
+    assert stderr.strip().startswith("error: calibration failed: rank 1 hung during the attention benchmarks")
+    assert not out.exists() and not list(scratch.iterdir())
+    assert seen and not [pid for pid in seen if running(pid)]
 
 
 def test_an_interrupted_run_writes_nothing_and_stops_every_rank(tmp_path):
@@ -318,6 +337,17 @@ def running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
     except OSError:
         return False
+
+
+def test_calibrate_refuses_more_ranks_than_the_machine_has_and_an_unwritable_out_up_front(tmp_path):
+    start = time.monotonic()
+    result = calibrate("--out", str(tmp_path / "p.yaml"), "--nproc", "10000", timeout=60)
+    assert result.returncode == 2 and "--nproc" in result.stderr and "expected at most" in result.stderr
+    (tmp_path / "file").write_text("")
+    result = calibrate("--out", str(tmp_path / "file" / "p.yaml"), "--quick", timeout=60)
+    assert result.returncode == 2 and "--out" in result.stderr and "is not a folder" in result.stderr
+    assert time.monotonic() - start < 30  # refused before any rank starts
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
 def test_calibrate_refuses_bad_arguments_before_starting(tmp_path):

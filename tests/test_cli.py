@@ -168,3 +168,51 @@ def test_the_cli_loads_the_solver_without_pandas_and_plans_as_the_api_does(tmp_p
     result = cli("plan", str(path), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == json.loads(json.dumps(planner.plan(path).to_dict()))
+
+
+@pytest.mark.parametrize("name, preset", [
+    ("h100", "h100-sxm-80gb"), ("H100", "h100-sxm-80gb"), ("h200", "h200-sxm-141gb"), ("v100", "v100-sxm-32gb"),
+    ("a100-40gb", "a100-sxm-40gb"), ("B200", "b200"), ("mi300", "mi300x"), ("gb200", "gb200"),
+])
+def test_short_gpu_names_resolve_to_their_preset(name, preset):
+    case = copy.deepcopy(CASE)
+    case["cluster"]["gpu"] = name
+    case["training"]["precision"] = "fp16"  # every preset has a figure for it (V100 has no bf16)
+    assert planner.estimate(case).job.cluster.gpu.name == preset
+
+
+def test_an_ambiguous_gpu_name_suggests_the_presets_it_may_mean(tmp_path):
+    case = copy.deepcopy(CASE)
+    case["cluster"]["gpu"] = "a100"
+    result = cli("estimate", str(write(tmp_path, case)))
+    assert result.returncode == 2 and "did you mean 'a100-sxm-80gb' or 'a100-sxm-40gb'" in result.stderr
+
+
+@pytest.mark.parametrize("key", ["num_experts", "num_local_experts", "moe_router_topk"])
+def test_moe_keys_say_moe_is_not_supported_rather_than_suggest_num_layers(tmp_path, key):
+    case = copy.deepcopy(CASE)
+    case["model"][key] = 8
+    result = cli("estimate", str(write(tmp_path, case)))
+    assert result.returncode == 2 and f"model.{key}" in result.stderr
+    assert "mixture-of-experts models are not supported yet" in result.stderr and "num_layers'?" not in result.stderr
+
+
+def test_a_torchtitan_stand_in_is_named_on_stderr(tmp_path):
+    case = {"model": {"preset": "qwen2.5-72b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096}}
+    result = cli("plan", str(write(tmp_path, case)), "--emit", "torchtitan", "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    notes = result.stderr.strip().splitlines()
+    assert len(notes) == 1 and notes[0].startswith("note: Qwen2.5 72B is not one of torchtitan's model configs")
+    assert "llama3/llama3_8b" in notes[0] and "stand-in" in notes[0]
+
+
+def test_the_readme_test_command_is_cis_and_pins_the_cpu_torch():
+    repo = Path(__file__).parent.parent
+    readme = (repo / "README.md").read_text()
+    ci = (repo / ".ci" / "run").read_text()
+    command = next(line for line in ci.splitlines() if line.startswith("python3 -m venv"))
+    assert f"```bash\n{command}\n```" in readme
+    assert "--index-url https://download.pytorch.org/whl/cpu" in command and "torch==2.13.0+cpu" in command
+    assert "torch==2.13.0+cpu" in (repo / "constraints.txt").read_text().splitlines()
+    assert "Python 3.11" in readme

@@ -14,8 +14,9 @@ pytest.importorskip("megatron.core")
 
 import planner  # noqa: E402
 from planner.case import layout_to_mapping  # noqa: E402
-from planner.cli import emit_configs  # noqa: E402
+from planner.cli import render_configs  # noqa: E402
 from planner.diagnose import diagnose  # noqa: E402
+from planner.files import Output, write_all  # noqa: E402
 
 PRESETS = ["llama2-7b", "gpt-1.7b", "gpt-3.6b", "llama3-8b", "mistral-7b"]
 
@@ -38,15 +39,18 @@ def test_every_emitted_config_round_trips_through_diagnose(tmp_path, engine, opt
         if best is None:
             continue
         folder = tmp_path / f"{engine}{i}"
-        written = emit_configs(best, engine, folder, "<generated>", force=False)
-        config = next(p for p in written if p.name in ("ds_config.json", "megatron_args.txt"))
-        kwargs = {option: config}
-        if engine == "deepspeed":
-            kwargs["pp"] = best.job.layout.pp
-        result = diagnose(case, **kwargs)
-        assert layout_to_mapping(result.estimate.job.layout) == best.to_dict()["layout"]
-        # Diagnosing the planner's own best finds nothing faster.
-        assert result.speedup == pytest.approx(1.0, abs=1e-9)
+        files, _ = render_configs(best, engine, "<generated>")
+        written = write_all([Output(folder / name, text) for name, text in files.items()], force=False)
+        # Megatron: the argument list, and the launch script that reads it from beside itself.
+        names = ("ds_config.json",) if engine == "deepspeed" else ("megatron_args.txt", "launch.sh")
+        for config in (p for p in written if p.name in names):
+            kwargs = {option: config}
+            if engine == "deepspeed":
+                kwargs["pp"] = best.job.layout.pp
+            result = diagnose(case, **kwargs)
+            assert layout_to_mapping(result.estimate.job.layout) == best.to_dict()["layout"]
+            # Diagnosing the planner's own best finds nothing faster.
+            assert result.speedup == pytest.approx(1.0, abs=1e-9)
         checked += 1
     assert checked >= 10
 

@@ -132,3 +132,64 @@ def test_cli_plan_json_and_exit_codes(tmp_path):
 ])
 def test_pipeline_partitions(layers, pp, expected):
     assert partitions(layers, pp) == expected
+
+
+def test_a_faster_runner_up_of_simplest_within_is_not_called_a_tie():
+    p = planner.plan(case(cluster={"num_gpus": 64}, model={"preset": "llama2-70b"}), simplest_within=10)
+    runner = p.alternatives[0]
+    assert runner.step_time_s < p.best.step_time_s * (1 - 1e-3)  # the simplest choice left a faster one
+    why = p.why_runner_up_lost()
+    assert "tie" not in why and "faster" in why
+    assert "TP < CP < PP (with VPP)" in why
+
+
+@pytest.mark.parametrize("search, says", [
+    ({"tp": 3}, "meets the search section's tp"),  # pins that no layout can meet
+    ({"tp": 1, "pp": 1, "recompute": "full"}, "closest layout needs"),  # only full recomputation left
+])
+def test_nothing_fits_never_says_inf_gb(tmp_path, search, says):
+    import yaml
+
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case(model={"preset": "llama2-70b"}, cluster={"num_gpus": 8}, search=search)))
+    out = subprocess.run([sys.executable, "-m", "planner", "plan", str(path)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 3, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "inf GB" not in text and says in text
+    data = json.loads(json.dumps(planner.plan(path).to_dict()))["no_fit"]
+    assert data["peak_bytes"] is None or data["peak_bytes"] > 0
+
+
+def test_engine_on_the_command_line_overrides_the_cases_engine(tmp_path):
+    import yaml
+
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case(training={"engine": "megatron"}, search={"target": "megatron"})))
+    out = tmp_path / "out"
+    refused = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--emit", "deepspeed",
+                              "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "pass --engine deepspeed" in refused.stderr and not out.exists()
+    done = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--emit", "deepspeed",
+                           "--engine", "deepspeed", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["ds_config.json", "launch.sh"]
+    assert planner.plan(path, engine="deepspeed").best.job.training.engine == "deepspeed"
+    clash = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--emit", "deepspeed",
+                            "--engine", "megatron", "--out", str(tmp_path / "x")], capture_output=True, text=True)
+    assert clash.returncode == 2 and "--engine" in clash.stderr
+
+
+def test_the_alternatives_table_folds_stage_lists_and_never_prints_none(tmp_path):
+    import yaml
+
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case(model={"preset": "llama3.1-405b"}, cluster={"num_gpus": 1024},
+                                        training={"global_batch_size": 1024}, search={"min_pp": 16})))
+    out = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--top", "8"], capture_output=True,
+                         text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "300"})
+    assert out.returncode == 0, out.stderr
+    table = out.stdout[out.stdout.index("Alternatives"):]
+    assert "None" not in table
+    assert "[" not in table  # no Python list
+    assert "×" in table  # repeated stage sizes folded, e.g. 7, 8×14, 7

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,26 +88,26 @@ def test_failed_render_leaves_no_file(small_plan, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_failed_render_keeps_existing_file(small_plan, tmp_path, monkeypatch):
-    from matplotlib.figure import Figure
+def test_failed_write_keeps_existing_file(small_plan, tmp_path, monkeypatch):
+    real_replace = os.replace
 
-    def half_written(self, fname, *args, **kwargs):
-        with open(fname, "wb") as f:
-            f.write(PNG_SIGNATURE)  # a partial file, then the failure
-        raise OSError(28, "No space left on device")
+    def full_disk(src, dst):
+        if Path(src).name == Path(dst).name == "plan.png":  # the new plot, not the old one moved back
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
 
-    monkeypatch.setattr(Figure, "savefig", half_written)
+    monkeypatch.setattr(os, "replace", full_disk)
     target = tmp_path / "plan.png"
     target.write_bytes(b"previous plot")
-    with pytest.raises(CaseError, match="--plot: cannot write the plot: No space left on device"):
+    with pytest.raises(CaseError, match="--plot: cannot write .No space left on device.; nothing written"):
         write_plots(small_plan, target)
     assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]
     assert target.read_bytes() == b"previous plot"
 
 
-def test_missing_directory_is_a_case_error(small_plan, tmp_path):
-    with pytest.raises(CaseError, match="--plot: cannot write the plot"):
-        write_plots(small_plan, tmp_path / "missing" / "plan.png")
+def test_a_missing_folder_is_made(small_plan, tmp_path):
+    write_plots(small_plan, tmp_path / "missing" / "plan.png")
+    assert (tmp_path / "missing" / "plan.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
 def test_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
@@ -129,3 +131,27 @@ def test_planner_does_not_import_matplotlib():
             "planner.plan(%r); print(any(m.split('.')[0] == 'matplotlib' for m in sys.modules))" % (CASE,))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_plot_draws_the_headroom_line_and_alternatives_over_the_star(small_plan, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from planner.plots import render_plots
+
+    figures = []
+    real_savefig = Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return real_savefig(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    render_plots(small_plan, "plan.png")
+    memory, pareto = figures[0].axes
+    usable = small_plan.best.capacity_bytes / 1e9 * (1 - small_plan.headroom)
+    for ax in (memory, pareto):
+        labels = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines()}
+        assert any(label.startswith("usable") and y == pytest.approx(usable) for label, y in labels.items())
+    layers = {c.get_label(): c.get_zorder() for c in pareto.collections}
+    assert layers["best"] < next(z for label, z in layers.items() if label.startswith("alternatives"))

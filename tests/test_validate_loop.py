@@ -180,3 +180,27 @@ def test_a_cpu_measurement_has_no_allocator_peak(profile):
     result = validate(case(num_gpus=1, micro_batch_size=2), profile, steps=1, warmup=0)
     assert result.spec.device == "cpu" and result.measurement.peak_memory_bytes is None
     assert result.to_dict()["peak_allocated_bytes"] is None
+
+
+def test_a_profile_from_another_cpu_or_a_busy_machine_is_warned_about():
+    from calibration.host import machine_warnings
+
+    profiled = {"cpu": "Intel(R) Xeon(R) Platinum 8480+"}
+    assert machine_warnings(profiled, "Intel(R) Xeon(R) Platinum 8480+", 0.3, 2) == []
+    other, = machine_warnings(profiled, "AMD EPYC 9654", 0.3, 2)
+    assert "another CPU (Intel(R) Xeon(R) Platinum 8480+)" in other and "AMD EPYC 9654" in other
+    busy, = machine_warnings(profiled, "Intel(R) Xeon(R) Platinum 8480+", 1.7, 2)
+    assert "busy" in busy and "1.70" in busy
+    assert machine_warnings(profiled, "AMD EPYC 9654", 9.0, 8, device="cuda") == []  # GPU timings: the host differs
+
+
+def test_validate_tells_what_may_skew_the_measurement_before_running(tmp_path, profile, monkeypatch):
+    import calibration.host as host
+
+    monkeypatch.setattr(host, "cpu_model", lambda: "AMD EPYC 9654")
+    monkeypatch.setattr(host, "load_average", lambda: 0.0)
+    other_cpu = tmp_path / "other.yaml"
+    other_cpu.write_text(yaml.safe_dump({**PROFILE, "machine": {"device": "x", "cpu": "Some Other CPU"}}))
+    said = []
+    validate(case(num_gpus=1, micro_batch_size=2), other_cpu, steps=1, warmup=0, timeout_s=120, warn=said.append)
+    assert len(said) == 1 and "another CPU (Some Other CPU)" in said[0]

@@ -15,6 +15,12 @@ The global batch in every emitted config equals the case's.
 
 from __future__ import annotations
 
+from typing import Union
+
+from .quoting import comment, comment_text
+
+__all__ = ["ENGINES", "comment", "comment_text", "header_lines", "provenance"]
+
 ENGINES = ("deepspeed", "megatron", "torchtitan")
 
 
@@ -32,5 +38,8 @@ def provenance(estimate, source: str) -> list[str]:
     ]
 
 
-def comment(lines: list[str], marker: str = "#") -> str:
-    return "".join(f"{marker} {line}\n" for line in lines)
+def header_lines(header: Union[list[str], str]) -> list[str]:
+    """Provenance lines without their comment markers, from a list or an already-marked block."""
+    if isinstance(header, str):
+        return [line[2:] if line.startswith("# ") else line.lstrip("#") for line in header.splitlines()]
+    return list(header)

@@ -30,13 +30,10 @@ from cost_models.model_states import fp32_gradients
 from cost_models.specs import Layout
 
 from ..errors import CaseError
-from ..files import read_text
-from . import comment as _marked
-
-
-def comment(lines: list[str]) -> str:
-    """``#`` lines, a bare ``#`` for an empty one."""
-    return "".join(line.rstrip() + "\n" for line in _marked(lines).splitlines())
+from ..inputs import read_json
+from ..limits import MAX_INT
+from . import header_lines as _lines
+from .quoting import comment, shell_word
 
 CONFIG = "ds_config.json"
 LAUNCH = "launch.sh"
@@ -80,12 +77,6 @@ def check_expressible(estimate) -> None:
         raise _refuse(f"DeepSpeed's AutoTP builds its tensor/data-parallel groups over all ranks and "
                       f"ignores the pipeline topology, layout has tp {lay.tp} with pp {lay.pp}; "
                       f"use --emit megatron")
-
-
-def _lines(header: Union[list[str], str]) -> list[str]:
-    if isinstance(header, str):  # already a comment block
-        return [line[2:] if line.startswith("# ") else line.lstrip("#") for line in header.splitlines()]
-    return list(header)
 
 
 def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str, Any]:
@@ -183,8 +174,8 @@ def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
     if note:
         out.append(comment([note]))
     out.append("set -euo pipefail\n\n")
-    out.append(f"deepspeed --num_nodes {nodes} --num_gpus {per_node} train.py --deepspeed "
-               f"--deepspeed_config {CONFIG} \"$@\"\n")
+    out.append(f"deepspeed --num_nodes {shell_word(nodes)} --num_gpus {shell_word(per_node)} train.py --deepspeed "
+               f"--deepspeed_config {shell_word(CONFIG)} \"$@\"\n")
     return "".join(out)
 
 
@@ -272,6 +263,8 @@ def _positive(src: str, key: str, value: Any, minimum: int = 1) -> int:
         raise CaseError(src, key, f"expected an integer, got {type(value).__name__} {value!r}{extra}")
     if value < minimum:
         raise CaseError(src, key, f"expected an integer >= {minimum}, got {value}")
+    if value > MAX_INT:
+        raise CaseError(src, key, f"expected an integer <= {MAX_INT}, got {value}")
     return value
 
 
@@ -288,15 +281,9 @@ def _enabled(src: str, config: dict, key: str) -> bool:
 
 
 def _load(path: Path) -> dict:
-    src = str(path)
-    text = read_text(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise CaseError(src, "", f"expected valid JSON: {error.msg} at line {error.lineno}, "
-                                 f"column {error.colno}") from None
+    data = read_json(path)
     if not isinstance(data, dict):
-        raise CaseError(src, "", f"expected a JSON object, got {type(data).__name__}")
+        raise CaseError(str(path), "", f"expected a JSON object, got {type(data).__name__}")
     return data
 
 

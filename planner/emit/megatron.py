@@ -30,9 +30,11 @@ from typing import Optional
 from cost_models.model_states import fp32_gradients
 from cost_models.specs import Job, Layout, SpecError
 
-from ..errors import CaseError
-from ..files import read_text
-from . import comment
+from ..errors import CaseError, one_line
+from ..inputs import read_text
+from ..limits import MAX_EXPANDED_CHARS, MAX_INT
+from . import header_lines as _lines
+from .quoting import argument_word, comment, shell_word
 
 ARGS_FILE = "megatron_args.txt"
 LAUNCH_FILE = "launch.sh"
@@ -76,14 +78,6 @@ def _refuse(expected: str) -> CaseError:
     return CaseError("--emit", "megatron", expected)
 
 
-def _header(header_lines) -> str:
-    lines = header_lines.splitlines() if isinstance(header_lines, str) else list(header_lines)
-    marked = [line for line in lines if line.startswith("#")]
-    if marked and len(marked) == len(lines):  # already a comment block
-        return "".join(f"{line}\n" for line in lines)
-    return comment(lines)
-
-
 def uneven_stages(layout: Layout) -> Optional[tuple[int, int]]:
     """(first, last) layer counts for ``--decoder-first/last-pipeline-num-layers``, or None for an
     even split or a partition those flags cannot express (middle stages that differ)."""
@@ -115,12 +109,25 @@ def layout_string(layout: Layout) -> Optional[str]:
     return "|".join(entries)
 
 
+def _repeat(pattern: str, text: str) -> str:
+    """``text`` with every ``X*n`` of ``pattern`` written out, refused past MAX_EXPANDED_CHARS."""
+    length = len(text)
+    for match in re.finditer(pattern, text):
+        count = match.group(2)
+        if len(count) > len(str(MAX_EXPANDED_CHARS)):
+            raise ValueError(f"repeat count {one_line(count, 20)} is past the bound of {MAX_EXPANDED_CHARS:,}")
+        length += len(match.group(1)) * int(count) - len(match.group(0))
+        if length > MAX_EXPANDED_CHARS:
+            raise ValueError(f"expands past {MAX_EXPANDED_CHARS:,} characters")
+    return re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+
+
 def parse_layout_string(text: str, pp: int) -> list[int]:
     """Transformer layers per virtual stage of a ``--pipeline-model-parallel-layout`` (Megatron's
     ``PipelineParallelLayerLayout.parse_str_to_list``); raises ValueError on what it cannot read."""
     text = text.replace(",", "")
-    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = _repeat(r"\(([^)]+)\)\*(\d+)", text)
+    text = _repeat(r"(.)\*(\d+)", text)
     entries = text.split("|")
     if len(entries) % pp:
         raise ValueError(f"{len(entries)} stages do not divide by --pipeline-model-parallel-size {pp}")
@@ -226,8 +233,9 @@ def render(estimate, header_lines) -> dict[str, str]:
     job = estimate.job
     args = arguments(job)
     nodes, per_node = nodes_and_gpus(job)
-    header = _header(header_lines)
-    body = "".join(f"{flag} {value}\n" if value is not None else f"{flag}\n" for flag, value in args)
+    header = comment(_lines(header_lines))
+    body = "".join(" ".join(argument_word("megatron", word) for word in (flag, value) if word is not None) + "\n"
+                   for flag, value in args)
     lay = job.layout
     summary = (f"Megatron-LM pretrain_gpt.py arguments: layout dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp} "
                f"vpp={lay.vpp}, {job.grad_accum} micro-batches per step")
@@ -244,7 +252,7 @@ def render(estimate, header_lines) -> dict[str, str]:
         "set -euo pipefail\n"
         "set -f  # no globbing of the arguments (a pipeline layout holds '*')\n"
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
-        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} \\\n"
+        f"torchrun --nnodes {shell_word(nodes)} --nproc-per-node {shell_word(per_node)} \\\n"
         '    --node-rank "${NODE_RANK:-0}" --master-addr "${MASTER_ADDR:-localhost}" '
         '--master-port "${MASTER_PORT:-6000}" \\\n'
         '    "${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/' + ARGS_FILE + '") "$@"\n'
@@ -258,9 +266,11 @@ _ASSIGNMENT = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+)?([A-Za-z_][A-Z
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
-def _tokens(text: str) -> list[str]:
+def _tokens(text: str, src: str) -> list[str]:
     """Shell words of a script or argument list: comments dropped, continuations joined, quotes
-    removed, and ``$VAR`` / ``${VAR:-default}`` resolved from plain assignments in the same text."""
+    removed, and ``$VAR`` / ``${VAR:-default}`` resolved from plain assignments in the same text
+    (a value past MAX_EXPANDED_CHARS is refused: variables that double on every line would
+    otherwise fill the memory)."""
     text = re.sub(r"\\\r?\n", " ", text)
     variables: dict[str, str] = {}
     words: list[str] = []
@@ -273,16 +283,16 @@ def _tokens(text: str) -> list[str]:
         if match and len(line_words) == 1:
             name = match.group(1)
             value = line_words[0].split("=", 1)[1]
-            variables[name] = _substitute(value, variables)
+            variables[name] = _substitute(value, variables, src, name)
             continue
         for word in line_words:
-            resolved = _substitute(word, variables)
+            resolved = _substitute(word, variables, src, word)
             # An expanded variable splits into words, as unquoted in the shell.
             words += resolved.split() if resolved != word else [word]
     return words
 
 
-def _substitute(word: str, variables: dict[str, str]) -> str:
+def _substitute(word: str, variables: dict[str, str], src: str, key: str) -> str:
     def one(match: re.Match) -> str:
         name = match.group(1) or match.group(3)
         if name in variables:
@@ -291,6 +301,10 @@ def _substitute(word: str, variables: dict[str, str]) -> str:
             return match.group(2)
         return match.group(0)
 
+    length = len(word) + sum(len(variables.get(m.group(1) or m.group(3), "")) for m in _REFERENCE.finditer(word))
+    if length > MAX_EXPANDED_CHARS:
+        raise CaseError(src, key, f"expands past {MAX_EXPANDED_CHARS:,} characters; expected a launch script "
+                                  "whose variables hold arguments")
     return _REFERENCE.sub(one, word)
 
 
@@ -321,21 +335,37 @@ def _flags(words: list[str]) -> dict[str, Optional[str]]:
     return found
 
 
+# How launch.sh (ours, and scripts written like it) takes its arguments from a file beside it.
+_INCLUDED_ARGS = re.compile(r"""\$\(\s*grep\s+-v\s+(['"])\^#\1\s+"?\$\{?HERE\}?/([A-Za-z0-9_.-]+)"?\s*\)""")
+
+
+def _with_included_args(text: str, path: Path) -> str:
+    """``text`` with each ``$(grep -v '^#' "$HERE/FILE")`` replaced by FILE's lines (FILE beside ``path``)."""
+    included = []
+    for match in _INCLUDED_ARGS.finditer(text):
+        included.append(read_text(path.parent / match.group(2)))
+    if not included:
+        return text
+    return "\n".join([_INCLUDED_ARGS.sub(" ", text), *included])
+
+
 def read(path: Path, case) -> Layout:
     """The layout of a Megatron-LM argument list or launch script, checked against ``case``."""
     path = Path(path)
     src = str(path)
-    text = read_text(path)
-    flags = _flags(_tokens(text))
+    text = _with_included_args(read_text(path), path)
+    flags = _flags(_tokens(text, src))
 
     def integer(flag: str, default: Optional[int] = None) -> Optional[int]:
         if flag not in flags:
             return default
         value = flags[flag]
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            raise CaseError(src, flag, f"expected an integer, got {value!r}") from None
+        digits = (value or "").strip()
+        if not re.fullmatch(r"[+-]?\d+", digits):
+            raise CaseError(src, flag, f"expected an integer, got {value!r}")
+        if len(digits.lstrip("+-")) > len(str(MAX_INT)) or int(digits) > MAX_INT:
+            raise CaseError(src, flag, f"expected an integer <= {MAX_INT}, got {digits}")
+        number = int(digits)
         if number < (0 if flag == "--recompute-num-layers" else 1):
             raise CaseError(src, flag, f"expected a positive integer, got {number}")
         return number

@@ -38,7 +38,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import CaseError
-from . import comment
+from . import header_lines as _header
+from .quoting import argument_word, comment, python_literal, shell_word
 
 CONFIG_FILE = "torchtitan_config.py"
 CONFIG_MODULE = "torchtitan_config"
@@ -188,15 +189,21 @@ def overrides(estimate) -> list[list[str]]:
     return out
 
 
+def warnings(estimate) -> list[str]:
+    """What the user must do before the files run: the CLI prints these on stderr."""
+    model = estimate.job.model
+    (module, function), exact = base_config(model)
+    if exact:
+        return []
+    return [f"{model.name} is not one of torchtitan's model configs: BASE_CONFIG ({module}/{function}) "
+            f"in {CONFIG_FILE} is a stand-in; point it at a config registry function for your model "
+            f"(the settings are for {model.name})"]
+
+
 def _notes(estimate) -> list[str]:
     job = estimate.job
     lay = job.layout
-    notes = []
-    (module, function), exact = base_config(job.model)
-    if not exact:
-        notes.append(f"{job.model.name} is not one of torchtitan's model configs: BASE_CONFIG "
-                     f"({module}/{function}) is a stand-in; point it at a config registry "
-                     f"function for your model (the settings below are for {job.model.name})")
+    notes = warnings(estimate)
     if lay.pp > 1:
         per_stage = " ".join(str(n // lay.vpp) for n in job.stage_layers)
         notes.append(f"pipeline: {lay.pp} stages x {lay.vpp} virtual, layers per virtual stage "
@@ -213,20 +220,13 @@ def _notes(estimate) -> list[str]:
     return notes
 
 
-def _header(header_lines: list[str] | str) -> list[str]:
-    if isinstance(header_lines, str):
-        return [line[2:] if line.startswith("# ") else line.lstrip("#")
-                for line in header_lines.splitlines()]
-    return list(header_lines)
-
-
 def _config_module(estimate, header: list[str]) -> str:
     s = settings(estimate)
     (module, function), _ = base_config(estimate.job.model)
 
     def block(name: str, values: dict[str, Any]) -> str:
         lines = [f"{name} = {{"]
-        lines += [f"    {key!r}: {value!r}," for key, value in values.items()]
+        lines += [f"    {python_literal(key)}: {python_literal(value)}," for key, value in values.items()]
         return "\n".join(lines + ["}"]) + "\n"
 
     return (
@@ -238,12 +238,12 @@ def _config_module(estimate, header: list[str]) -> str:
         f'"""\n\n'
         "import importlib\n\n"
         "# The torchtitan config the layout is applied to (model, data, optimizer, ...).\n"
-        f"BASE_MODULE = {f'torchtitan.models.{module}.config_registry'!r}\n"
-        f"BASE_CONFIG = {function!r}\n\n"
+        f"BASE_MODULE = {python_literal(f'torchtitan.models.{module}.config_registry')}\n"
+        f"BASE_CONFIG = {python_literal(function)}\n\n"
         + block("PARALLELISM", s["parallelism"]) + "\n"
         + block("TRAINING", s["training"]) + "\n"
         + block("COMPILE", s.get("compile", {})) + "\n"
-        + f"ACTIVATION_CHECKPOINT = {s['activation_checkpoint']!r}  # none | selective | full\n\n\n"
+        + f"ACTIVATION_CHECKPOINT = {python_literal(s['activation_checkpoint'])}  # none | selective | full\n\n\n"
         "def apply_layout(config):\n"
         '    """Set the planned layout on a torchtitan Trainer.Config."""\n'
         "    for key, value in PARALLELISM.items():\n"
@@ -283,7 +283,7 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
         + comment([f"Command-line overrides for torchtitan 0.3.0, equivalent to {CONFIG_FILE}:",
                    f"python -m torchtitan.train --module {module} --config {function} $(grep -v '^#' {OVERRIDES_FILE})",
                    "The activation_checkpoint:<mode> subcommand must stay last."])
-        + "".join(" ".join(opt) + "\n" for opt in opts)
+        + "".join(" ".join(argument_word("torchtitan", word) for word in opt) + "\n" for opt in opts)
     )
     launch = (
         "#!/usr/bin/env bash\n"
@@ -293,7 +293,7 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
         + "set -euo pipefail\n"
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         'export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"\n'
-        f"torchrun --nnodes {nnodes} --nproc_per_node {nproc} \\\n"
+        f"torchrun --nnodes {shell_word(nnodes)} --nproc_per_node {shell_word(nproc)} \\\n"
         '    --node_rank "${NODE_RANK:-0}" --master_addr "${MASTER_ADDR:-localhost}" '
         '--master_port "${MASTER_PORT:-29500}" \\\n'
         f'    -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION} "$@"\n'

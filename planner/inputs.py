@@ -1,0 +1,257 @@
+"""Reading input files, whoever wrote them: every reader of the planner goes through here.
+
+- Only regular files, and at most :data:`~planner.limits.MAX_INPUT_BYTES` of them: a FIFO,
+  ``/dev/zero`` or a directory is refused before anything is read.
+- YAML: the safe subset only (object tags are refused, never executed), within a budget
+  of nodes counted with every alias expanded, a few alias uses and a nesting depth, and
+  with no key given twice in one mapping (YAML would silently keep the last).
+- JSON: integers past Python's digit limit and nesting past the recursion limit are
+  errors of the file, not crashes.
+
+Every problem is a :class:`~planner.errors.CaseError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import Any, Optional, Union
+
+import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.events import AliasEvent
+from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+from yaml.resolver import Resolver
+
+from .errors import CaseError
+from .limits import MAX_INPUT_BYTES, MAX_NESTING, MAX_YAML_ALIASES, MAX_YAML_NODES
+
+PathLike = Union[str, os.PathLike]
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_bytes(path: PathLike) -> bytes:
+    """The bytes of a regular file of at most MAX_INPUT_BYTES, or a CaseError naming it."""
+    source = os.fsdecode(path)
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer would otherwise wait for ever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise CaseError(source, "", "file not found") from None
+    except (OSError, ValueError) as error:  # permissions, a NUL byte in the name, ...
+        raise CaseError(source, "", f"cannot be read ({getattr(error, 'strerror', None) or error})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+            raise CaseError(source, "", f"expected a regular file, got {kind}")
+        chunks, size = [], 0
+        while size <= MAX_INPUT_BYTES:
+            chunk = os.read(fd, MAX_INPUT_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+    except OSError as error:
+        raise CaseError(source, "", f"cannot be read ({error.strerror or error})") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_INPUT_BYTES:
+        raise CaseError(source, "", f"larger than {MAX_INPUT_BYTES // 2**20} MiB; expected an input file "
+                                    "no larger than that")
+    return data
+
+
+def read_text(path: PathLike, expected: str = "UTF-8 text") -> str:
+    """The UTF-8 text of an input file (a byte-order mark dropped), or a CaseError naming it."""
+    try:
+        return read_bytes(path).decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise CaseError(os.fsdecode(path), "", f"expected {expected}: the file is not UTF-8 text (byte "
+                                               f"0x{error.object[error.start]:02x} at offset {error.start})") from None
+
+
+# --- YAML -------------------------------------------------------------------------------
+
+class _Refused(Exception):
+    """Raised inside the loader; read_yaml turns it into a CaseError for the file."""
+
+    def __init__(self, key: str, expected: str):
+        super().__init__(expected)
+        self.key = key
+        self.expected = expected
+
+
+def _line(mark) -> str:
+    return f" at line {mark.line + 1}" if mark is not None else ""
+
+
+class _BudgetComposer(Composer):
+    """PyYAML's composer, counting every node it builds, aliases expanded.
+
+    An alias costs the size of the node it repeats, so a document that would expand
+    past MAX_YAML_NODES is refused after at most that much work, however deep its
+    aliases nest.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes = 0
+        self.aliases = 0
+        self.depth = 0
+        self.sizes: dict[str, int] = {}
+
+    def _spend(self, count: int, mark) -> None:
+        self.nodes += count
+        if self.nodes > MAX_YAML_NODES:
+            raise _Refused("", f"holds more than {MAX_YAML_NODES:,} YAML nodes (aliases expanded){_line(mark)}; "
+                               "expected a smaller document")
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if self.check_event(AliasEvent):
+            if event.anchor in self.anchors:
+                self.aliases += 1
+                if self.aliases > MAX_YAML_ALIASES:
+                    raise _Refused("", f"uses more than {MAX_YAML_ALIASES} YAML aliases{_line(event.start_mark)}")
+                self._spend(self.sizes.get(event.anchor, 1), event.start_mark)
+            return super().compose_node(parent, index)
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise _Refused("", f"nested more than {MAX_NESTING} levels deep{_line(event.start_mark)}")
+        before = self.nodes
+        self._spend(1, event.start_mark)
+        node = super().compose_node(parent, index)
+        self.depth -= 1
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self.sizes[anchor] = self.nodes - before
+        return node
+
+
+class _CheckedConstructor(SafeConstructor):
+    """Numbers past Python's digit limit are the file's error, not a crash."""
+
+    def _sized(self, construct, node):
+        try:
+            return construct(self, node)
+        except ValueError:
+            raise _Refused("", f"a number of {len(node.value):,} characters{_line(node.start_mark)}; "
+                               "expected a number of sensible size") from None
+
+    def construct_yaml_int(self, node):
+        return self._sized(SafeConstructor.construct_yaml_int, node)
+
+    def construct_yaml_float(self, node):
+        return self._sized(SafeConstructor.construct_yaml_float, node)
+
+
+_CheckedConstructor.add_constructor("tag:yaml.org,2002:int", _CheckedConstructor.construct_yaml_int)
+_CheckedConstructor.add_constructor("tag:yaml.org,2002:float", _CheckedConstructor.construct_yaml_float)
+
+# Events from libyaml's C parser where PyYAML has it (several times faster on the preset
+# files every run reads), composed in Python so that the budget holds.
+try:
+    from yaml._yaml import CParser
+
+    class _Parser(CParser):
+        pass
+except ImportError:  # pragma: no cover - PyYAML without libyaml
+    from yaml.parser import Parser
+    from yaml.reader import Reader
+    from yaml.scanner import Scanner
+
+    class _Parser(Reader, Scanner, Parser):  # type: ignore[no-redef]
+        def __init__(self, stream) -> None:
+            Reader.__init__(self, stream)
+            Scanner.__init__(self)
+            Parser.__init__(self)
+
+
+class BoundedLoader(_BudgetComposer, _Parser, _CheckedConstructor, Resolver):
+    def __init__(self, stream) -> None:
+        _Parser.__init__(self, stream)
+        _BudgetComposer.__init__(self)
+        _CheckedConstructor.__init__(self)
+        Resolver.__init__(self)
+
+
+def _duplicate_key(node, path: str = "", seen: Optional[set] = None) -> Optional[tuple[str, Any]]:
+    """(dotted key, mark) of the first key given twice in one mapping, else None."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return None
+    seen.add(id(node))
+    if isinstance(node, MappingNode):
+        keys: set = set()
+        for key, value in node.value:
+            name = key.value if isinstance(key, ScalarNode) else None
+            here = f"{path}.{name}" if path and name is not None else (name or path)
+            if name is not None and key.tag != "tag:yaml.org,2002:merge":
+                if (key.tag, name) in keys:
+                    return here, key.start_mark
+                keys.add((key.tag, name))
+            found = _duplicate_key(value, str(here), seen)
+            if found:
+                return found
+    elif isinstance(node, SequenceNode):
+        for item in node.value:
+            found = _duplicate_key(item, path, seen)
+            if found:
+                return found
+    return None
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Safe-load YAML text within the budget; ``source`` names it in errors."""
+    loader = BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        duplicate = _duplicate_key(node)
+        if duplicate:
+            key, mark = duplicate
+            raise _Refused(key, f"given twice in one mapping{_line(mark)}; expected each key once")
+        return loader.construct_document(node)
+    except _Refused as refused:
+        raise CaseError(source, refused.key, refused.expected) from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "malformed"
+        raise CaseError(source, "", f"expected valid YAML: {problem}{where}") from None
+    except RecursionError:
+        raise CaseError(source, "", "expected valid YAML: nested too deeply to read") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: PathLike) -> Any:
+    """An input YAML file, read and loaded within the bounds above."""
+    return load_yaml(read_text(path, "YAML"), os.fsdecode(path))
+
+
+# --- JSON -------------------------------------------------------------------------------
+
+def load_json(text: str, source: str) -> Any:
+    """JSON text, or a CaseError naming ``source``: malformed, too deep, or a number too long."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CaseError(source, "", f"expected valid JSON: {error.msg} at line {error.lineno}, "
+                                    f"column {error.colno}") from None
+    except RecursionError:
+        raise CaseError(source, "", "expected valid JSON: nested too deeply to read") from None
+    except ValueError as error:  # an integer longer than Python's digit limit
+        raise CaseError(source, "", f"expected valid JSON: {error}") from None
+
+
+def read_json(path: PathLike) -> Any:
+    return load_json(read_text(path, "valid JSON"), os.fsdecode(path))
+

@@ -1,0 +1,49 @@
+"""Every bound the planner puts on its input, in one place.
+
+Each bound sits far above any real training job and far below what would make a
+command run for minutes or exhaust memory; an input past one is refused in one line
+that names the key and the bound.
+"""
+
+from __future__ import annotations
+
+# Input files (case, hf_config, cluster.profile, --config, --megatron-args, published
+# runs): the largest real one, a published-runs file, is about 3 MB.
+MAX_INPUT_BYTES = 16 * 2**20
+# YAML nodes after alias expansion (the largest published-runs file holds ~130,000), alias uses
+# (the presets use a handful) and nesting depth: a "billion laughs" document or a
+# multi-million-entry list is refused before it is built.
+MAX_YAML_NODES = 250_000
+MAX_YAML_ALIASES = 100
+MAX_NESTING = 100
+# Integers anywhere in a case: within a 64-bit integer, so every figure converts to a
+# finite float.
+MAX_INT = 2**63 - 1
+
+# `plan`: the search enumerates divisors of these, so each is bounded.
+MAX_GPUS = 1 << 20
+MAX_LAYERS = 10_000
+MAX_GLOBAL_BATCH = 1 << 24
+MAX_TOP_K = 100
+# --simplest-within, in percent of the fastest step time.
+MAX_SIMPLEST_WITHIN_PCT = 1000.0
+# The solver holds step times in whole microseconds, weighted by the table's rows, in
+# 64-bit integers; a step over this (116 days) comes from figures of no real hardware.
+MAX_STEP_TIME_S = 1e7
+
+# Quantities with units, in bytes or bytes/s: a figure below one byte (per second) gives
+# infinite step times.
+MIN_QUANTITY = 1.0
+MAX_QUANTITY = 1e21
+# Achieved-performance fractions and TFLOP/s figures below this are no measurement.
+MIN_FIGURE = 1e-6
+
+# Reading a Megatron argument list or launch script: the longest value a shell variable
+# or an expanded --pipeline-model-parallel-layout may reach.
+MAX_EXPANDED_CHARS = 1_000_000
+
+# `calibrate --nproc`: ranks per CPU core (or per GPU) at most.
+MAX_RANKS_PER_CORE = 1
+
+# Error messages: one line of at most this many characters per part.
+MAX_MESSAGE_PART = 300

@@ -1,0 +1,277 @@
+"""Hostile and absurd input: every command answers quickly, in one line naming the file,
+the key and the bound, with exit code 2; the Python API raises CaseError and nothing else."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import planner
+from planner.errors import CaseError
+from planner.inputs import load_yaml
+
+CASE = {
+    "model": {"preset": "llama2-7b"},
+    "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
+    "training": {"global_batch_size": 64, "seq_len": 4096},
+    "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 1},
+}
+# Generous for a loaded 2-core machine; a refusal takes well under a second.
+QUICK_S = 20
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(result: subprocess.CompletedProcess, *needles: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
+    assert len(lines[0]) < 1000
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# --- denial of service --------------------------------------------------------------------
+
+BILLION_LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+
+
+@pytest.mark.parametrize("text, needle", [
+    (BILLION_LAUGHS, "YAML nodes"),
+    ("model: {preset: llama2-7b, name: &n [[[[x]]]]}\n" + "".join(f"k{i}: *n\n" for i in range(200)), "aliases"),
+    ("[" + ",".join(["1"] * 2_000_000) + "]", "YAML nodes"),
+    ("[" * 500 + "]" * 500, "nested"),
+])
+def test_yaml_bombs_are_refused_quickly(tmp_path, text, needle):
+    path = write(tmp_path / "bomb.yaml", text)
+    start = time.monotonic()
+    one_line_error(cli("estimate", str(path)), str(path), needle)
+    assert time.monotonic() - start < QUICK_S
+
+
+def fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda tmp: Path("/dev/zero"), "character device"),
+    (lambda tmp: Path("/dev/urandom"), "character device"),
+    (fifo, "FIFO"),
+    (lambda tmp: tmp, "directory"),
+])
+def test_special_files_are_refused_as_every_input(tmp_path, make, needle):
+    special = make(tmp_path)
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump(CASE))
+    hf = copy.deepcopy(CASE)
+    hf["model"] = {"hf_config": str(special)}
+    profiled = copy.deepcopy(CASE)
+    profiled["cluster"] = {"profile": str(special), "num_gpus": 8}
+    runs = [
+        ("estimate", str(special)),
+        ("estimate", str(write(tmp_path / "hf.yaml", yaml.safe_dump(hf)))),
+        ("estimate", str(write(tmp_path / "profiled.yaml", yaml.safe_dump(profiled)))),
+        ("diagnose", str(case), "--config", str(special)),
+        ("diagnose", str(case), "--megatron-args", str(special)),
+        ("validate-published", str(special)),
+    ]
+    start = time.monotonic()
+    for args in runs:
+        one_line_error(cli(*args), str(special), needle)
+    assert time.monotonic() - start < 6 * QUICK_S
+
+
+def test_an_input_past_the_size_bound_is_refused(tmp_path):
+    path = tmp_path / "big.yaml"
+    with open(path, "wb") as f:
+        f.truncate(17 * 2**20)  # sparse: 17 MiB of NUL bytes
+    one_line_error(cli("estimate", str(path)), str(path), "larger than 16 MiB")
+
+
+@pytest.mark.parametrize("change, args, key, bound", [
+    (lambda c: c["model"].update(num_layers=10**18), (), "model.num_layers", "at most 10000"),
+    (lambda c: c["training"].update(global_batch_size=2**40), (), "training.global_batch_size", "at most 16777216"),
+    (lambda c: None, ("--top", str(10**20)), "--top", "0 to 100"),
+    (lambda c: None, ("--simplest-within", "inf"), "--simplest-within", "0 to 1000"),
+    (lambda c: None, ("--simplest-within", "nan"), "--simplest-within", "greater than or equal to 0"),
+])
+def test_absurd_sizes_for_plan_are_refused_with_the_bound(tmp_path, change, args, key, bound):
+    case = copy.deepcopy(CASE)
+    del case["layout"]
+    change(case)
+    path = write(tmp_path / "case.yaml", yaml.safe_dump(case))
+    start = time.monotonic()
+    one_line_error(cli("plan", str(path), *args), key, bound)
+    assert time.monotonic() - start < QUICK_S
+
+
+def megatron_case(tmp_path: Path) -> Path:
+    case = {"model": {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000},
+            "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16}, "training": {"global_batch_size": 64, "seq_len": 2048}}
+    return write(tmp_path / "case.yaml", yaml.safe_dump(case))
+
+
+@pytest.mark.parametrize("script, key, needle", [
+    ("--pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 64 "
+     "--pipeline-model-parallel-layout 'E|(t|)*100000000000,L'", "--pipeline-model-parallel-layout",
+     "past the bound"),
+    ("--pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 64 "
+     "--pipeline-model-parallel-layout 'Et*99999|t*99999|t*99999|t*99999|t*99999|t*99999|t*99999|t*99999"
+     "|t*99999|t*99999|t*99999|t*99999|t*99999,L'", "--pipeline-model-parallel-layout", "expands past"),
+    ("A=--micro-batch-size\n" + "".join(f"V{i + 1}=$V{i}$V{i}\n" for i in range(40)).replace("$V0$V0", "xx")
+     + "torchrun pretrain_gpt.py $A 1 $V40\n", "V", "expands past"),
+    ("--micro-batch-size 1" + "0" * 5000, "--micro-batch-size", "<= 9223372036854775807"),
+    ("--micro-batch-size 1 --tensor-model-parallel-size 1" + "0" * 400, "--tensor-model-parallel-size", "<="),
+])
+def test_megatron_arguments_that_would_expand_without_end_are_refused(tmp_path, script, key, needle):
+    args = write(tmp_path / "launch.sh", script)
+    start = time.monotonic()
+    one_line_error(cli("diagnose", str(megatron_case(tmp_path)), "--megatron-args", str(args)), key, needle)
+    assert time.monotonic() - start < QUICK_S
+
+
+# --- crashes that are input errors --------------------------------------------------------
+
+@pytest.mark.parametrize("text, key, needle", [
+    ("model: {preset: llama2-7b, dropout: 1" + "0" * 400 + "}", "model.dropout", "expected a finite number"),
+    ("model: {preset: llama2-7b}\ncluster: {gpu: a100-sxm-80gb, num_gpus: 1" + "0" * 5001 + "}",
+     "", "a number of 5,002 characters at line"),
+    ("model: {preset: llama2-7b}\ncluster: {gpu: a100-sxm-80gb, num_gpus: 1" + "0" * 30 + "}",
+     "cluster.num_gpus", "<= 9223372036854775807"),
+    ("model: {preset: llama2-7b}\nmodel: {preset: llama2-13b}\n", "model", "given twice"),
+    ("model: {preset: llama2-7b, preset: llama2-13b}\n", "model.preset", "given twice"),
+    ("search: {bogus: 1}", "search.bogus", "unknown key"),
+    ("cluster: {gpu: a100-sxm-80gb, num_gpus: 8, intra_node_bandwidth: '1e-320 GB/s'}",
+     "cluster.intra_node_bandwidth", "between 1 B/s"),
+    ("cluster: {gpu: a100-sxm-80gb, num_gpus: 8, performance: {gemm_efficiency: 1.0e-320}}",
+     "cluster.performance.gemm_efficiency", "at least 1e-06"),
+    ("model: {preset: llama2-7b, \"bad\\nkey\": 1}", "model.bad\\nkey", "unknown key"),
+])
+def test_input_that_crashed_is_one_line_naming_the_key(tmp_path, text, key, needle):
+    data = yaml.safe_load(yaml.safe_dump(CASE))
+    path = tmp_path / "case.yaml"
+    # The snippet's sections replace the case's; a duplicate key must survive as written.
+    base = "\n".join(f"{k}: {json.dumps(v)}" for k, v in data.items() if k not in {
+        line.split(":", 1)[0] for line in text.splitlines()})
+    path.write_text(base + "\n" + text + "\n")
+    for command in ("estimate", "plan"):
+        line = one_line_error(cli(command, str(path)), str(path), needle)
+        assert f": {key}: " in line if key else True
+    with pytest.raises(CaseError):
+        planner.estimate(path)
+
+
+def test_a_file_name_with_a_line_break_is_shown_on_one_line(tmp_path):
+    path = tmp_path / "bad\nname.yaml"
+    path.write_text("model: [unclosed\n")
+    one_line_error(cli("estimate", str(path)), "bad\\nname.yaml", "expected valid YAML")
+
+
+def test_an_absurd_figure_that_gives_endless_steps_is_refused_by_plan(tmp_path):
+    case = copy.deepcopy(CASE)
+    del case["layout"]
+    case["cluster"]["intra_node_bandwidth"] = "1 B/s"
+    path = write(tmp_path / "case.yaml", yaml.safe_dump(case))
+    one_line_error(cli("plan", str(path)), str(path), "cluster", "steps under 1e+07 s")
+
+
+def test_deep_or_huge_json_is_one_line(tmp_path):
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
+    deep = write(tmp_path / "deep.json", "[" * 100_000 + "]" * 100_000)
+    one_line_error(cli("diagnose", str(case), "--config", str(deep)), str(deep), "nested too deeply")
+    digits = write(tmp_path / "digits.json", '{"train_batch_size": 1' + "0" * 5001 + "}")
+    one_line_error(cli("diagnose", str(case), "--config", str(digits)), str(digits), "expected valid JSON")
+    huge = write(tmp_path / "huge.json", '{"train_batch_size": 1' + "0" * 400 + "}")
+    one_line_error(cli("diagnose", str(case), "--config", str(huge)), "train_batch_size", "<= 9223372036854775807")
+    hf = write(tmp_path / "config.json", json.dumps({
+        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "intermediate_size": 11008, "vocab_size": 32000}).replace(
+        '"vocab_size": 32000', '"vocab_size": 32000, "attention_dropout": 1' + "0" * 400))
+    hf_case = write(tmp_path / "hf.yaml", yaml.safe_dump({**{k: v for k, v in CASE.items() if k != "model"},
+                                                          "model": {"hf_config": str(hf)}}))
+    one_line_error(cli("estimate", str(hf_case)), str(hf), "attention_dropout", "probability")
+
+
+def test_rich_markup_in_names_is_printed_as_written(tmp_path):
+    case = copy.deepcopy(CASE)
+    case["model"]["name"] = "x[/]y[bold]z[link=u]"
+    path = write(tmp_path / "case.yaml", yaml.safe_dump(case))
+    for command in ("estimate", "plan"):
+        result = cli(command, str(path))
+        assert result.returncode == 0, result.stderr
+        assert "x[/]y[bold]z[link=u]" in result.stdout
+
+
+def test_rows_of_the_wrong_type_in_published_runs_are_skipped_with_why(tmp_path):
+    rows = [{"id": "bad_layers", "record_type": "measured_throughput", "source": "Narayanan et al. 2021",
+             "gpu": "A100-SXM4-80GB", "num_gpus": 8, "model": {"layers": [1, 2], "hidden": "x", "heads": 8,
+                                                            "vocab": 1000, "seq_len": 2048},
+             "batch": {"global_batch_size": 8, "micro_batch_size": 1},
+             "measured": {"tokens_per_sec_total": 1000.0}},
+            "not a mapping", 42]
+    path = write(tmp_path / "runs.yaml", yaml.safe_dump(rows))
+    result = cli("validate-published", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    skipped = {row["id"]: row["reason"] for row in json.loads(result.stdout)["malformed"]}
+    assert "wrong type" in skipped["bad_layers"]
+    assert "expected a mapping" in skipped["row 1"] and "expected a mapping" in skipped["row 2"]
+
+
+# --- the Python API raises CaseError and nothing else ---------------------------------------
+
+@pytest.mark.parametrize("kwargs, key", [
+    ({"top_k": "5"}, "top_k"), ({"top_k": -3}, "top_k"), ({"top_k": 10**20}, "top_k"), ({"top_k": True}, "top_k"),
+    ({"simplest_within": math.inf}, "simplest_within"), ({"simplest_within": math.nan}, "simplest_within"),
+    ({"simplest_within": -50}, "simplest_within"), ({"simplest_within": "5"}, "simplest_within"),
+    ({"target": "nemo"}, "target"), ({"engine": "nemo"}, "--engine"),
+])
+def test_the_api_refuses_bad_arguments_with_a_case_error(kwargs, key):
+    case = {k: v for k, v in CASE.items() if k != "layout"}
+    with pytest.raises(CaseError) as error:
+        planner.plan(case, **kwargs)
+    assert key in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda c: c["model"].update(dropout=10**400),
+    lambda c: c["model"].update(dropout=10**5000),
+    lambda c: c["cluster"].update(num_gpus=10**5000),
+    lambda c: c["model"].update(name=["x"] * 100_000),
+    lambda c: c["cluster"].update(performance={"hbm_efficiency": 5e-324}),
+])
+def test_the_api_raises_only_case_errors_for_absurd_values(mutate):
+    case = copy.deepcopy(CASE)
+    mutate(case)
+    with pytest.raises(CaseError) as error:
+        planner.estimate(case)
+    assert len(str(error.value)) < 1000
+
+
+# --- the loader itself ----------------------------------------------------------------------
+
+def test_the_loader_keeps_yaml_aliases_merges_and_numbers():
+    text = "base: &b {x: 1, y: [1.5, .inf]}\nother:\n  <<: *b\n  y: 2\ncopy: *b\n"
+    assert load_yaml(text, "t") == {"base": {"x": 1, "y": [1.5, math.inf]}, "other": {"x": 1, "y": 2},
+                                    "copy": {"x": 1, "y": [1.5, math.inf]}}
+    with pytest.raises(CaseError, match="could not determine a constructor"):
+        load_yaml("x: !!python/object/apply:os.system ['true']", "t")

@@ -1,0 +1,145 @@
+"""Ctrl-C and SIGTERM: exit code 130, nothing written, no process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "llama3.1-405b-16384-h100-plan.yaml"
+
+
+def handles(pid: int, signum: int) -> bool:
+    """Whether the process has installed a handler for ``signum`` (the CLI's main() has started)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signum - 1)))
+
+
+def start(*args: str, env: dict | None = None) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-m", "planner", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + 60
+    while not handles(process.pid, signal.SIGTERM):
+        assert process.poll() is None and time.monotonic() < deadline, "the command never started"
+        time.sleep(0.01)
+    return process
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_plan_interrupted_exits_130_and_writes_neither_plot_nor_configs(tmp_path, signum):
+    plot, out = tmp_path / "plan.png", tmp_path / "out"
+    process = start("plan", str(EXAMPLE), "--top", "100", "--plot", str(plot), "--emit", "megatron",
+                    "--out", str(out))
+    time.sleep(0.3)  # inside the plan: imports, search, solves
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip() == "error: interrupted"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_solver_leaves_ctrl_c_to_python():
+    """CP-SAT catches SIGINT by default and ends its search as if out of time; the plan would
+    then go on and write its files. Solving in a loop, a Ctrl-C must stop the loop."""
+    code = f"""
+import sys
+from planner.case import load_case
+from planner.search import search, search_spec
+from planner.solver import LayoutModel
+case = load_case({str(EXAMPLE)!r})
+spec = search_spec(case)
+model = LayoutModel(case, spec, search(case, spec).candidates)
+print("ready", flush=True)
+try:
+    while True:
+        model.solve()
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert process.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    try:
+        assert process.wait(timeout=30) == 130
+    finally:
+        process.kill()
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def descendants(pid: int) -> set[int]:
+    from calibration.train import _descendants
+
+    return _descendants(pid)
+
+
+PROFILE = {
+    "machine": {"device": "test-cpu"},
+    "gpu": {"memory": "4 GiB", "peak_tflops": {"fp32": 0.1}, "hbm_bandwidth": "10 GB/s",
+            "intra_node_bandwidth": "1 GB/s", "inter_node_bandwidth": "1 GB/s", "gpus_per_node": 2,
+            "nvlink_domain": 2},
+}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_validate_interrupted_stops_torchrun_and_every_rank_and_leaves_no_folder(tmp_path, signum):
+    pytest.importorskip("torch")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(PROFILE))
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({
+        "model": {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512},
+        "cluster": {"num_gpus": 2}, "training": {"precision": "fp32", "global_batch_size": 4, "seq_len": 64},
+        "layout": {"dp": 2}}))
+    process = start("validate", str(case), "--profile", str(profile), "--steps", "100000", "--warmup", "0",
+                    env={"TMPDIR": str(scratch)})
+    ranks: set[int] = set()
+    deadline = time.monotonic() + 120
+    while len(ranks) < 3 and time.monotonic() < deadline:  # torchrun and its two ranks
+        ranks = descendants(process.pid)
+        time.sleep(0.2)
+    assert len(ranks) >= 3, "torchrun never started its ranks"
+    time.sleep(1.0)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "error: interrupted"
+    time.sleep(0.5)
+    assert not [pid for pid in ranks if running(pid)]
+    assert list(scratch.iterdir()) == []  # neither our run folder nor torchrun's torchelastic_*
+
+
+def test_a_validate_whose_model_does_not_fit_is_one_line(tmp_path):
+    pytest.importorskip("torch")
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({**PROFILE, "gpu": {**PROFILE["gpu"], "memory": "1 MiB"}}))
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({
+        "model": {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512},
+        "cluster": {"num_gpus": 2}, "training": {"precision": "fp32", "global_batch_size": 4, "seq_len": 64},
+        "layout": {"dp": 2}}))
+    run = subprocess.run([sys.executable, "-m", "planner", "validate", str(case), "--profile", str(profile)],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert run.returncode == 3
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not fit" in lines[0] and "nothing run" in lines[0]

@@ -1,0 +1,90 @@
+"""Output files are all or none, also when two runs write into one folder at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.errors import CaseError
+from planner.files import Output, write_all
+
+CASE = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
+        "training": {"global_batch_size": 64, "seq_len": 4096}}
+TRIALS = 10
+
+
+def plan_emit(case: Path, out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "planner", "plan", str(case), "--emit", "megatron",
+                             "--out", str(out), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def writers(tmp_path: Path) -> list[Path]:
+    """Two cases that differ only in their name: every file says which one wrote it."""
+    paths = []
+    for name in ("writer-a", "writer-b"):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**CASE, "model": {"preset": "llama2-7b", "name": name}}))
+        paths.append(path)
+    return paths
+
+
+def test_two_runs_into_one_fresh_folder_one_wins_and_files_never_mix(tmp_path):
+    cases = writers(tmp_path)
+    for trial in range(TRIALS):
+        out = tmp_path / f"out{trial}"
+        runs = [plan_emit(case, out) for case in cases]
+        results = [(run.wait(timeout=120), run.communicate()[1]) for run in runs]
+        codes = sorted(code for code, _ in results)
+        assert codes == [0, 2], results
+        loser = next(err for code, err in results if code == 2).strip().splitlines()
+        assert len(loser) == 1 and "exists; pass --force to overwrite" in loser[0]
+        assert sorted(p.name for p in out.iterdir()) == ["launch.sh", "megatron_args.txt"]
+        authors = {name for p in out.iterdir() for name in ("writer-a", "writer-b") if name in p.read_text()}
+        assert len(authors) == 1, f"trial {trial}: files from {authors}"
+
+
+def test_forced_runs_at_once_leave_one_writers_files(tmp_path):
+    cases = writers(tmp_path)
+    out = tmp_path / "out"
+    for _ in range(3):
+        runs = [plan_emit(case, out, "--force") for case in cases]
+        assert [run.wait(timeout=120) for run in runs] == [0, 0]
+        authors = {name for p in out.iterdir() for name in ("writer-a", "writer-b") if name in p.read_text()}
+        assert len(authors) == 1 and sorted(p.name for p in out.iterdir()) == ["launch.sh", "megatron_args.txt"]
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_forced_write_that_fails_part_way_puts_the_old_files_back(tmp_path, monkeypatch, failure):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "megatron_args.txt").write_text("old args\n")
+    (out / "launch.sh").write_text("old launch\n")
+    real_replace = os.replace
+
+    def fail_on_launch(src, dst):
+        if Path(dst) == out / "launch.sh" and Path(src).name == "launch.sh":  # the new one, not a put-back
+            raise failure
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_on_launch)
+    files = [Output(out / "megatron_args.txt", "new args\n"), Output(out / "launch.sh", "new launch\n")]
+    with pytest.raises(CaseError if isinstance(failure, OSError) else KeyboardInterrupt):
+        write_all(files, force=True)
+    assert (out / "megatron_args.txt").read_text() == "old args\n"
+    assert (out / "launch.sh").read_text() == "old launch\n"
+    assert sorted(p.name for p in out.iterdir()) == ["launch.sh", "megatron_args.txt"]  # nothing staged is left
+
+
+def test_a_failed_write_into_a_new_folder_leaves_no_folder(tmp_path, monkeypatch):
+    def no_space(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_space)
+    with pytest.raises(CaseError, match="nothing written"):
+        write_all([Output(tmp_path / "new" / "deeper" / "a.txt", "a")], force=False)
+    assert list(tmp_path.iterdir()) == []
