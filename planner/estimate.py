@@ -29,6 +29,9 @@ class Estimate:
     stages: tuple[StageMemory, ...]
     peak: StageMemory
     time: StepTime
+    # Share of GPU memory a layout must leave free to fit (the case's search.headroom): the
+    # same limit `estimate`, `diagnose` and `plan` hold every layout to.
+    headroom: float = 0.0
 
     @property
     def step_time_s(self) -> float:
@@ -52,8 +55,12 @@ class Estimate:
         return self.job.cluster.gpu.memory_bytes
 
     @property
+    def usable_bytes(self) -> float:
+        return usable_bytes(self.job, self.headroom)
+
+    @property
     def fits(self) -> bool:
-        return self.peak.total <= self.capacity_bytes
+        return self.peak.total <= self.usable_bytes
 
     @property
     def largest_term(self) -> str:
@@ -64,7 +71,7 @@ class Estimate:
         """The cheapest change that makes the layout fit (see :func:`remedies`), or None if it fits."""
         if self.fits:
             return None
-        ladder = list(remedies(self.job))
+        ladder = list(remedies(self.job, self.headroom))
         for remedy in ladder:
             if remedy.fits:
                 return remedy
@@ -76,6 +83,7 @@ class Estimate:
             "memory": {
                 "peak_bytes": int(round(self.peak.total)),
                 "capacity_bytes": int(round(self.capacity_bytes)),
+                "usable_bytes": int(round(self.usable_bytes)),
                 "stage": self.peak.stage,
                 "by_term": {term: int(round(v)) for term, v in self.peak.by_term().items()},
             },
@@ -92,10 +100,17 @@ class Estimate:
 def estimate_job(case: Case, job: Job) -> Estimate:
     # A figure the cost models need but the case lacks (a bf16 peak on an fp32-only
     # profile) surfaces here, as the case's error.
+    from .search import search_spec
+
     with spec_errors(case.source):
         stages = stage_memories(job)
         return Estimate(case=case, job=job, stages=stages, peak=max(stages, key=lambda m: m.total),
-                        time=step_time(job))
+                        time=step_time(job), headroom=search_spec(case).headroom)
+
+
+def usable_bytes(job: Job, headroom: float) -> float:
+    """GPU memory a layout may use: the capacity less the headroom it must leave free."""
+    return job.cluster.gpu.memory_bytes * (1 - headroom)
 
 
 def estimate(case: Any) -> Estimate:
@@ -104,16 +119,16 @@ def estimate(case: Any) -> Estimate:
     return estimate_job(loaded, loaded.job())
 
 
-def _try(job: Job, description: str, **changes) -> Optional[Remedy]:
+def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Remedy]:
     try:
         candidate = Job(job.model, job.cluster, job.training, job.layout.with_changes(**changes), job.overheads)
     except SpecError:
         return None
     peak = peak_stage_memory(candidate).total
-    return Remedy(description, candidate.layout, peak, peak <= job.cluster.gpu.memory_bytes)
+    return Remedy(description, candidate.layout, peak, peak <= usable_bytes(job, headroom))
 
 
-def remedies(job: Job):
+def remedies(job: Job, headroom: float = 0.0):
     """Changes to try, cheapest first, each keeping the global batch:
 
     1. a smaller micro-batch with more accumulation;
@@ -140,7 +155,7 @@ def remedies(job: Job):
          for p in (2 * lay.pp, 4 * lay.pp, 8 * lay.pp) if (lay.dp * lay.pp) % p == 0],
     ]
     for ladder in ladders:
-        tried = [r for r in (_try(job, d, **c) for d, c in ladder) if r is not None]
+        tried = [r for r in (_try(job, headroom, d, **c) for d, c in ladder) if r is not None]
         fitting = [r for r in tried if r.fits]
         if fitting:
             yield fitting[0]

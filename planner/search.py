@@ -51,7 +51,10 @@ class SearchSpec:
     """The case file's ``search`` section: engine, headroom, and pins or bounds on any variable."""
 
     target: str = "any"
-    headroom: float = 0.05
+    # Share of GPU memory every layout leaves free beyond what the memory model counts (CUDA
+    # context, buffers, fragmentation): the driver's own reserve (H100 reports 79.6 of its
+    # 80 GiB) and what no model sees. `estimate` and `diagnose` hold layouts to it too.
+    headroom: float = 0.03
     top_k: int = 5
     tp_across_nodes: bool = False
     pins: dict = field(default_factory=dict)
@@ -177,8 +180,10 @@ def _vpp_options(partition: tuple[int, ...], engine: EngineSupport) -> list[int]
 
 
 def fits(job: Job, headroom: float) -> tuple[bool, float]:
+    from .estimate import usable_bytes
+
     peak = peak_stage_memory(job).total
-    return peak <= job.cluster.gpu.memory_bytes * (1 - headroom), peak
+    return peak <= usable_bytes(job, headroom), peak
 
 
 def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, int]]:
