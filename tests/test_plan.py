@@ -44,9 +44,8 @@ def test_plan_keeps_the_global_batch_and_fits():
 
 
 def test_estimate_and_plan_hold_a_layout_to_the_same_headroom():
-    """A layout that needs a share of memory fits with a little less headroom than it leaves, and not with a
-    little more, in
-    `estimate` as in `plan` (which then finds nothing with every variable pinned)."""
+    """A layout fits with a little less headroom than it leaves free and not with a little more,
+    in `estimate` as in `plan` (which then finds nothing with every variable pinned)."""
     layout = {"dp": 16, "micro_batch_size": 1, "zero_stage": 3, "recompute": "full"}
     probe = planner.estimate(case(layout=layout))
     share = probe.peak.total / probe.capacity_bytes
