@@ -48,6 +48,8 @@ def balanced_partition(layers: int, stages: int, layer_cost: float, head_cost: f
         return max(k * layer_cost + head_cost, -(-(layers - k) // others) * layer_cost)
 
     feasible = [k for k in range(layers + 1) if layers - k >= others - 1]
+    if not feasible:  # fewer layers than middle stages: no split (Job refuses the layout)
+        return (layers // stages,) * stages
     last = min(feasible, key=lambda k: (largest(k), -k))
     base, spare = divmod(layers - last, others)
     order = list(range(1, others)) + [0]  # middle stages first, then the first

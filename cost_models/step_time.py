@@ -180,15 +180,20 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
 
 @lru_cache(maxsize=4096)
 def tp_collective_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
-                       micro_batch_size: int) -> float:
-    """One of a layer's tensor-parallel all-reduces (or all-gather + reduce-scatter pairs, which
-    move the same bytes) of a micro-batch's activations: b·(s/cp)·h elements."""
+                       micro_batch_size: int, sequence_parallel: bool = False) -> float:
+    """One of a layer's two tensor-parallel reductions per pass, of a micro-batch's
+    activations (b·(s/cp)·h elements): an all-reduce, or with sequence parallelism the
+    all-gather and reduce-scatter that move the same bytes as rings (n − 1 steps each: a
+    group that spans nodes waits for the fabric at every step)."""
     if tp == 1:
         return 0.0
     p = activation_bytes(training.precision)
-    tokens = micro_batch_size * training.seq_len / cp
+    size = p * micro_batch_size * training.seq_len / cp * model.hidden_size
     links = group_links(cluster, Layout(tp=tp, dp=cluster.num_gpus // tp), "tp")
-    return collective_time("all_reduce", p * tokens * model.hidden_size, links, cluster.gpu.performance)
+    perf = cluster.gpu.performance
+    if sequence_parallel:
+        return collective_time("all_gather", size, links, perf) + collective_time("reduce_scatter", size, links, perf)
+    return collective_time("all_reduce", size, links, perf)
 
 
 @lru_cache(maxsize=4096)
@@ -215,7 +220,7 @@ def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     per call (two all-reduces per pass, or four all-gathers and reduce-scatters with
     sequence parallelism).
     """
-    one = tp_collective_time(model, training, cluster, tp, cp, micro_batch_size)
+    one = tp_collective_time(model, training, cluster, tp, cp, micro_batch_size, sequence_parallel)
     if not training.tp_comm_overlap:
         calls = 4 if sequence_parallel else 2
         launch = calls * behaviour(training.engine).collective_launch_s if tp > 1 else 0.0

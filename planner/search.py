@@ -25,6 +25,7 @@ from typing import Any, Iterator, Optional
 
 from cost_models.behaviour import behaviour
 from cost_models.memory import peak_stage_memory
+from cost_models.partition import default_partition
 from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import layer_forward_time_for, step_time, tp_exposed_per_layer
 
@@ -173,7 +174,7 @@ def partitions(layers: int, pp: int) -> list[Optional[tuple[int, ...]]]:
 
 
 def _vpp_options(partition: tuple[int, ...], engine: EngineSupport) -> list[int]:
-    if len(partition) == 1 or not engine.interleaving:
+    if len(partition) == 1 or not engine.interleaving or min(partition) == 0:
         return [1]
     smallest = min(partition)
     return [v for v in divisors(smallest) if all(n % v == 0 for n in partition)]
@@ -326,10 +327,15 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                  if spec.admits("zero_stage", z) and not (pp > 1 and z > engine.max_zero_with_pp)]
         if dp * cp == 1:
             zeros = [z for z in zeros if z == 0] or zeros[:1]  # nothing to shard over
-        for partition in partitions(model.num_layers, pp):
-            stage_layers = partition or (model.num_layers // pp,) * pp
+        balances = behaviour(training.engine).balance_stages and pp > 1
+        options = partitions(model.num_layers, pp)
+        if balances and None not in options:
+            options = [None] + options  # the engine's own split, balanced by compute
+        for partition in options:
+            stage_layers = partition or default_partition(model, training, Layout(pp=pp))
             for vpp in _vpp_options(stage_layers, engine):
-                if not spec.admits("vpp", vpp):
+                if not spec.admits("vpp", vpp) or (vpp > 1 and partition is None and balances
+                                                   and model.num_layers % (pp * vpp)):
                     continue
                 micro_batches = [mbs for mbs in divisors(training.global_batch_size // dp)
                                  if spec.admits("micro_batch_size", mbs)

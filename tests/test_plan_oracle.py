@@ -23,7 +23,9 @@ from typing import Optional
 import pytest
 
 import planner
+from cost_models.behaviour import behaviour
 from cost_models.memory import peak_stage_memory
+from cost_models.partition import default_partition
 from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import step_time
 from planner.case import load_case
@@ -86,10 +88,13 @@ def all_layouts(case, spec):
     model, training = case.model, case.training
     engine = spec.engine
     for tp, cp, pp, dp in _structures(case, spec):
-        for partition in partitions(model.num_layers, pp):
-            stage_layers = partition or (model.num_layers // pp,) * pp
+        options = partitions(model.num_layers, pp)
+        if behaviour(training.engine).balance_stages and pp > 1 and None not in options:
+            options = [None] + options  # the engine's own split, balanced by compute
+        for partition in options:
+            stage_layers = partition or default_partition(model, training, Layout(pp=pp))
             vpps = [v for v in divisors(min(stage_layers)) if all(n % v == 0 for n in stage_layers)] \
-                if engine.interleaving and pp > 1 else [1]
+                if engine.interleaving and pp > 1 and min(stage_layers) > 0 else [1]
             for vpp in vpps:
                 for mbs in divisors(training.global_batch_size // dp) if training.global_batch_size % dp == 0 \
                         else []:

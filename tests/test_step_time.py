@@ -251,7 +251,7 @@ def test_tp_comm_overlap_hides_collectives_of_large_gemms_not_small_ones(h, head
                                 engine="megatron"),
                    Layout(dp=8, tp=8, micro_batch_size=1, sequence_parallel=True))
     plain, overlapped = job(False), job(True)
-    one = tp_collective_time(model, plain.training, plain.cluster, 8, 1, 1)
+    one = tp_collective_time(model, plain.training, plain.cluster, 8, 1, 1, sequence_parallel=True)
     assert stage_time(plain, 0).tp_comm == pytest.approx(4 * 4 * one)
     fill = 4 * 2 * 4 * (one / 2 / 8)
     assert stage_time(overlapped, 0).tp_comm > fill
