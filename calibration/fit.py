@@ -5,8 +5,10 @@ Each fit is the formula ``cost_models`` evaluates, solved for its figures:
 - GEMM (``cost_models.step_time.gemm_time``, compute-bound branch):
   ``t = F / (η · peak) + t₀`` for η (``gemm_efficiency``, at most 1) and t₀
   (``kernel_overhead_s``, at least 0).
-- Attention, forward + backward (``_layer_forward_time`` with flash attention, times 3):
-  ``t = 3 · F_fwd / (η_attn · peak) + 3 · t₀`` for η_attn, t₀ taken from the GEMM fit.
+- Attention, forward + backward (``cost_models.kernels.flash_attention_time``; its backward
+  takes 2.5 forward passes, as FlashAttention counts it):
+  ``t = 3.5 · (F_fwd / (η_attn · q · peak) + t₀)`` for η_attn, with q the shape efficiency
+  (``attention_shape_efficiency``) and t₀ taken from the GEMM fit.
 - Collectives (``cost_models.collectives.collective_time`` and ``p2p_time``):
   ``t = steps · α + volume / B`` for α (``link_latency_s``) and the bus bandwidth B,
   with the cost model's steps and volume factors for the group size.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from cost_models.collectives import VOLUME
 
@@ -97,22 +99,30 @@ class AttentionFit:
     rms_rel_error: float
 
 
+# Flash attention's backward recomputes the scores: forward + backward is 3.5 forward passes
+# (FlashAttention's own count; ``cost_models.step_time.stage_time`` times it so).
+ATTENTION_PASSES = 3.5
+
+
 def fit_attention(forward_flops: Sequence[float], times: Sequence[float], peak: float,
-                  overhead_s: float) -> AttentionFit:
-    """η_attn ≤ 1 of ``t = 3·F/(η_attn·peak) + 3·t₀`` (forward + backward), t₀ given.
+                  overhead_s: float, shape_efficiency: Optional[Sequence[float]] = None) -> AttentionFit:
+    """η_attn ≤ 1 of ``t = 3.5·(F/(η_attn·q·peak) + t₀)`` (forward + backward), t₀ and each
+    point's shape efficiency q given (1 where not).
 
     One free figure, p = 1/η_attn ≥ 1: the relative least-squares p of
-    ``t − 3·t₀ = p · 3F/peak``, clamped to 1.
+    ``t − 3.5·t₀ = p · 3.5·F/(q·peak)``, clamped to 1.
     """
     if not peak > 0:
         raise ValueError("fit_attention: peak must be positive")
     if not times or len(times) != len(forward_flops):
         raise ValueError("fit_attention: flops and times need the same, non-zero length")
-    u = [3.0 * f / peak for f in forward_flops]
+    q = list(shape_efficiency) if shape_efficiency is not None else [1.0] * len(times)
+    u = [ATTENTION_PASSES * f / (qi * peak) for f, qi in zip(forward_flops, q)]
+    fixed = ATTENTION_PASSES * overhead_s
     w = [1.0 / (t * t) for t in times]
-    p = sum(wi * a * (t - 3.0 * overhead_s) for wi, a, t in zip(w, u, times)) / sum(wi * a * a for wi, a in zip(w, u))
+    p = sum(wi * a * (t - fixed) for wi, a, t in zip(w, u, times)) / sum(wi * a * a for wi, a in zip(w, u))
     p = max(1.0, p)
-    rms = math.sqrt(sum(((p * a + 3.0 * overhead_s - t) / t) ** 2 for a, t in zip(u, times)) / len(times))
+    rms = math.sqrt(sum(((p * a + fixed - t) / t) ** 2 for a, t in zip(u, times)) / len(times))
     return AttentionFit(1.0 / p, rms)
 
 

@@ -31,7 +31,10 @@ from typing import Any, Optional
 
 import yaml
 
-from .fit import KINDS, fit_attention, fit_collective, fit_gemm, percentile
+from cost_models.kernels import attention_shape_efficiency
+from cost_models.specs import Performance
+
+from .fit import ATTENTION_PASSES, KINDS, fit_attention, fit_collective, fit_gemm, percentile
 from .shapes import AttentionShape, GemmShape
 
 
@@ -82,13 +85,16 @@ def _peak_for(precision: str, peaks: dict[str, float]) -> float:
 
 
 def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: float, gpus_per_node: int,
-                  main_precision: str, datasheet_peaks: Optional[dict[str, float]] = None) -> dict[str, Any]:
+                  main_precision: str, datasheet_peaks: Optional[dict[str, float]] = None,
+                  tiled_attention: Optional[bool] = None) -> dict[str, Any]:
     """The profile document (a dict ready for YAML) from ``m``.
 
     ``main_precision`` is the training precision whose GEMM fit becomes ``gemm_efficiency``
     and ``kernel_overhead_s``; ``datasheet_peaks`` are TFLOP/s per precision.
     """
     notes = list(m.notes)
+    if tiled_attention is None:  # GPUs (NCCL) run tiled flash attention; CPUs (gloo) do not
+        tiled_attention = machine.get("backend") == "nccl"
     performance: dict[str, float] = {}
     measured: dict[str, Any] = {}
 
@@ -123,8 +129,16 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
         p = m.attention_precision
         overhead = fits[p].overhead_s if p in fits else fits[main_precision].overhead_s
         peak = _peak_for(p, peaks)
+        # GPU flash-attention kernels fill fewer tensor-core tiles at small head dims and short
+        # key blocks (cost_models.kernels.attention_shape_efficiency); a CPU's SDPA has no such
+        # tiles: its profile turns the effect off.
+        if not tiled_attention:
+            performance["attention_head_dim_half"] = performance["attention_seq_half"] = 1e-3
+        shape_perf = Performance(**{k: performance[k] for k in ("attention_head_dim_half", "attention_seq_half")
+                                    if k in performance})
+        q = [attention_shape_efficiency(s.head_dim, s.seq_len, shape_perf) for s, _ in m.attention]
         fit = fit_attention([s.forward_flops for s, _ in m.attention], [_median(t) for _, t in m.attention],
-                            peak, overhead)
+                            peak, overhead, q)
         performance["attention_efficiency"] = sig(fit.efficiency)
         measured["attention"] = {
             "precision": p, "kernel": "torch scaled_dot_product_attention, causal, forward + backward",
@@ -132,7 +146,7 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
                     "rms_relative_error": sig(fit.rms_rel_error, 3)},
             "points": [{"name": s.name, "batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads,
                         "seq_len": s.seq_len, "head_dim": s.head_dim, "forward_flops": s.forward_flops,
-                        "tflops": sig(3 * s.forward_flops / _median(t) / 1e12), **spread(t)}
+                        "tflops": sig(ATTENTION_PASSES * s.forward_flops / _median(t) / 1e12), **spread(t)}
                        for s, t in m.attention],
         }
 

@@ -25,7 +25,8 @@ from calibration.shapes import (AttentionShape, GemmShape, attention_shapes, cap
                                 tp_degrees)
 from cost_models.collectives import collective_time
 from cost_models.flops import attention_flops, head_gemm, layer_gemms
-from cost_models.specs import ModelSpec, Performance
+from cost_models.kernels import attention_shape_efficiency, flash_attention_time
+from cost_models.specs import GPUSpec, ModelSpec, Performance
 from cost_models.topology import GroupLinks
 from planner.case import gpu_from_profile, load_case
 
@@ -76,8 +77,13 @@ def test_attention_fit_recovers_efficiency_under_the_cost_models_formula():
     # the forward FLOPs are cost_models.flops.attention_flops' (causal), for one rank
     model = ModelSpec("x", num_layers=1, hidden_size=32 * 128, num_attention_heads=32, vocab_size=1)
     assert flops[0] == attention_flops(model, 1, 4096, 4096, 1)
-    times = [3 * f / (eta * peak) + 3 * t0 for f in flops]
-    fit = fit_attention(flops, times, peak, t0)
+    # Timings made by the cost model itself: a layer's attention forward and its 2.5x backward.
+    gpu = GPUSpec(name="g", memory_bytes=80e9, peak_flops={"bf16": peak}, hbm_bandwidth=2e12,
+                  intra_node_bandwidth=300e9, inter_node_bandwidth=25e9, gpus_per_node=8, nvlink_domain=8,
+                  performance=Performance(attention_efficiency=eta, kernel_overhead_s=t0))
+    times = [3.5 * flash_attention_time(f, s.head_dim, s.seq_len, 1, gpu, "bf16") for f, s in zip(flops, shapes)]
+    q = [attention_shape_efficiency(s.head_dim, s.seq_len, gpu.performance) for s in shapes]
+    fit = fit_attention(flops, times, peak, t0, q)
     assert fit.efficiency == pytest.approx(eta, rel=1e-9)
 
 
@@ -139,7 +145,9 @@ def synthetic_measurements(eta=0.61, t0=2e-5, eta_attn=0.33, hbm=2e12, eff=0.8, 
               enumerate(((64, 64, 64), (1024, 1024, 1024), (4096, 8192, 4096), (2048, 512, 2048)))]
     m.gemm["bf16"] = [(s, [s.flops / (eta * peak) + t0] * 3) for s in shapes]
     att = [AttentionShape("a", 1, 16, 16, 2048, 128), AttentionShape("b", 4, 8, 2, 4096, 128)]
-    m.attention = [(s, [3 * s.forward_flops / (eta_attn * peak) + 3 * t0] * 3) for s in att]
+    # The cost model's attention (cost_models.kernels, GPU shape efficiency at these defaults).
+    q = [attention_shape_efficiency(s.head_dim, s.seq_len, Performance()) for s in att]
+    m.attention = [(s, [3.5 * (s.forward_flops / (eta_attn * qi * peak) + t0)] * 3) for s, qi in zip(att, q)]
     size = 2**30
     m.memory = {"copy": [(size, 2 * size, [2 * size / hbm] * 3)],
                 "add": [(size, 3 * size, [3 * size / (eff * hbm)] * 3)],
