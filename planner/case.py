@@ -458,7 +458,7 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
         layers = section["stage_layers"]
         if not isinstance(layers, list):
             raise CaseError(src, f"{key}.stage_layers", f"expected a list of layer counts, got {_kind(layers)}")
-        values["stage_layers"] = tuple(_int(src, f"{key}.stage_layers", n) for n in layers)
+        values["stage_layers"] = tuple(_int(src, f"{key}.stage_layers", n, minimum=0) for n in layers)
     model_parallel = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
     if "dp" in section:
         values["dp"] = _int(src, f"{key}.dp", section["dp"])
