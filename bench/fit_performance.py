@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 import statistics
 
-import cost_models.behaviour as engines
+import planner.engines as engines
 from cost_models import memory, partition, step_time, topology
 from planner.fidelity import evaluate
 from planner.presets import fabric_presets, gpu_presets, performance_presets
@@ -53,7 +53,9 @@ def apply(kind: str, figures: dict) -> None:
         if name == "fabric.latency_s":
             fabrics[fabric]["latency_s"] = value
         elif name == "any.collective_launch_s":
-            engines.BEHAVIOURS["any"] = dataclasses.replace(engines.BEHAVIOURS["any"], collective_launch_s=value)
+            generic = engines.ENGINES["any"]
+            engines.ENGINES["any"] = dataclasses.replace(
+                generic, behaviour=dataclasses.replace(generic.behaviour, collective_launch_s=value))
         else:
             for gpu in TYPES[kind]:
                 presets[gpu] = {**presets[gpu], name: value}

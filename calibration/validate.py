@@ -16,12 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+from cost_models.behaviour import EngineBehaviour
 from cost_models.memory import per_microbatch, stage_activation_bytes
 from cost_models.specs import Job
 from planner.errors import CaseError
 from planner.estimate import Estimate, estimate
 
 from .train import Measurement, RunSpec, Unsupported, launch, run_spec
+
+# The repo's own GPT (calibration/gpt.py) as `layout-planner validate` trains it: PyTorch DDP
+# or FSDP2, Megatron-style selective recomputation (the attention core), SwiGLU that keeps
+# only its 2f input, eager cross-entropy, collectives issued from plain torch.distributed with
+# no host cost worth timing at its sizes, the layers split evenly. Not an engine a case names.
+REFERENCE = EngineBehaviour(name="reference", selective="attention", fused_elementwise=True,
+                            collective_launch_s=0.0, balance_stages=False)
 
 
 class DoesNotFit(Exception):
@@ -182,7 +190,7 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
         # The loop keeps fp32 master weights and gradients under bf16: predict that run.
         loaded = replace(loaded, training=replace(loaded.training, fp32_grads=True))
     # What runs is the repo's own GPT, whatever engine the case names: predict it as it runs.
-    loaded = replace(loaded, training=replace(loaded.training, engine="reference"))
+    loaded = replace(loaded, training=replace(loaded.training, engine=REFERENCE))
     with spec_errors(loaded.source):  # e.g. a profile without a figure for the precision
         est = estimate(loaded)
     if not est.fits:  # the ranks would only die out of memory, or swap for hours

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .behaviour import behaviour
 from .specs import ModelSpec, TrainingSpec, Layout
 
 
@@ -78,7 +77,7 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout) 
         per_score = p + mask * (1 + p)
         core = per_score * (a / t) * s * s * b
 
-    engine = behaviour(training.engine)
+    engine = training.engine
     # SwiGLU: a fused kernel (Megatron's ``bias_swiglu``, torch.compile) keeps its 2f input and
     # the down projection its f input; eager silu-then-multiply also keeps silu's f output.
     mlp_widths = (3 if engine.fused_elementwise else 4) if model.activation == "swiglu" else 2

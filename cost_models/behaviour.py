@@ -1,8 +1,10 @@
-"""How each training engine runs a layout: the facts the cost models read, as data.
+"""How a training engine runs a layout: the facts the cost models read, as data.
 
-The step-time and memory models never test an engine's name; they read its
-:class:`EngineBehaviour`. What each engine can *express* (the search's constraints) is
-declared beside it in ``planner/engines.py``.
+The step-time and memory models never test an engine's name: a job's
+``TrainingSpec.engine`` is an :class:`EngineBehaviour`, and the models read its fields.
+Each engine's own behaviour is declared with what it can express, its emitter and its
+reader, in one module of ``planner/engines/``; the defaults here are those of no engine in
+particular (plain PyTorch), :data:`GENERIC`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EngineBehaviour:
+    name: str = "any"
     # ZeRO-3 gathers the weights once more for the recompute forward inside backward.
     # DeepSpeed fetches a module's partitioned weights in every forward pre-hook
     # (``deepspeed/runtime/zero/parameter_offload.py``, ``pre_sub_module_forward_function``),
@@ -42,11 +45,11 @@ class EngineBehaviour:
     # Megatron: max(40 M, 1 M · dp) parameters (``megatron/core/distributed/``); DeepSpeed:
     # reduce_bucket_size 5e8 elements; PyTorch DDP: bucket_cap_mb = 25 MB.
     bucket_params: float = 0.0
-    bucket_bytes: float = 0.0
+    bucket_bytes: float = 25 * 2**20
     # ZeRO-1/2 weight shards gathered after the optimizer step behind the next forward
     # (Megatron --overlap-param-gather, which NeMo's recipes set; FSDP-style prefetch), not
     # in the open (DeepSpeed's ZeRO-1/2 gathers them before the step returns).
-    overlap_param_gather: bool = False
+    overlap_param_gather: bool = True
     # Bytes per logit of the loss's gradients alive beside the saved log-softmax while the loss
     # runs backward (``activations.loss_gradient_bytes``): 4 + 2 for eager PyTorch's
     # cross-entropy on upcast logits, 2 for Megatron's in-place vocab-parallel cross-entropy.
@@ -62,8 +65,9 @@ class EngineBehaviour:
     fused_elementwise: bool = False
     # Host time per tensor-parallel collective on the critical path, beyond NCCL's own latency:
     # issuing it from eager Python (autograd functions around torch.distributed calls, stream
-    # waits). Fitted to the published runs of the engines that show it.
-    collective_launch_s: float = 0.0
+    # waits). Fitted to the published runs of the engines that show it (plain PyTorch stacks:
+    # the Playbook's nanotron sweep, bench/fit_performance.py h100).
+    collective_launch_s: float = 300e-6
     # HBM bytes per operand element of casting a GEMM's bf16 inputs to fp8
     # (``kernels.cast_time``): Transformer Engine's fused cast_transpose reads 2 and writes 1;
     # dynamic scaling (torchao's float8 training) first reads the operand for its amax.
@@ -72,33 +76,15 @@ class EngineBehaviour:
     fp8_weight_cache: bool = False
     # fp8 linears keep their inputs for backward as fp8 (Transformer Engine), not in bf16.
     fp8_saves_inputs: bool = False
-    # Split pipeline stages by compute where the layout does not say (else evenly).
-    balance_stages: bool = False
+    # Split pipeline stages by compute where the layout does not say (else evenly), as nanotron
+    # does (``cost_models.partition``).
+    balance_stages: bool = True
+
+    def __post_init__(self) -> None:
+        if self.selective not in ("attention", "matmuls"):
+            raise ValueError(f"EngineBehaviour.selective: expected attention or matmuls, got {self.selective!r}")
 
 
-BEHAVIOURS = {
-    "megatron": EngineBehaviour(p2p_overlap_interleaved=True, bucket_params=40e6,
-                                overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention",
-                                fused_attention=True, fused_elementwise=True, fp8_cast_bytes=3.0,
-                                fp8_weight_cache=True, fp8_saves_inputs=True),
-    # Megatron-DeepSpeed keeps Megatron's vocab-parallel cross-entropy.
-    "deepspeed": EngineBehaviour(regather_for_recompute=True, zero3_collectives_per_layer=6,
-                                 reduce_after_pipeline=True, bucket_params=5e8, loss_gradient_bytes=2.0,
-                                 selective="attention", fused_elementwise=True, fp8_cast_bytes=3.0),
-    # torchtitan compiles each block (fused element-wise kernels); attention through SDPA.
-    "torchtitan": EngineBehaviour(fp32_grads_for_bf16=True, bucket_bytes=25 * 2**20, overlap_param_gather=True,
-                                  fused_elementwise=True),
-    # The repo's own GPT (calibration/gpt.py) as `layout-planner validate` trains it: PyTorch
-    # DDP or FSDP2, Megatron-style selective recomputation (the attention core) and SwiGLU that
-    # keeps only its 2f input, eager cross-entropy. Not an engine a case can name.
-    "reference": EngineBehaviour(bucket_bytes=25 * 2**20, overlap_param_gather=True, selective="attention",
-                                 fused_elementwise=True),
-    # No engine in particular: plain PyTorch DDP buckets and FSDP units, stages balanced by
-    # compute (as nanotron does).
-    "any": EngineBehaviour(bucket_bytes=25 * 2**20, balance_stages=True, overlap_param_gather=True,
-                           collective_launch_s=300e-6),
-}
-
-
-def behaviour(engine: str) -> EngineBehaviour:
-    return BEHAVIOURS[engine]
+# No engine in particular: plain PyTorch DDP buckets and FSDP units, eager kernels, stages
+# balanced by compute.
+GENERIC = EngineBehaviour()

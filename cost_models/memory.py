@@ -8,7 +8,6 @@ from typing import Iterable, Optional
 
 from .activations import (embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, loss_gradient_bytes)
-from .behaviour import behaviour
 from .model_states import sharded_state_bytes, state_bytes
 from .parameters import attention_parameters, mlp_parameters, stage_parameters
 from .pipeline import in_flight_chunks
@@ -74,13 +73,13 @@ def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, 
     # search scores many layouts that share them.
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
                  recompute=recompute)
-    selective = behaviour(training.engine).selective
+    selective = training.engine.selective
     return PerMicrobatch(
         kept=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective),
         checkpointed=layer_activation_bytes(model, training, lay, recomputed=True, selective=selective),
         embedding=embedding_activation_bytes(model, training, lay),
         head=head_activation_bytes(model, training, lay),
-        loss_gradients=loss_gradient_bytes(model, lay, training, behaviour(training.engine).loss_gradient_bytes),
+        loss_gradients=loss_gradient_bytes(model, lay, training, training.engine.loss_gradient_bytes),
     )
 
 

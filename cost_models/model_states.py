@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .behaviour import behaviour
 from .specs import TrainingSpec
 
 
@@ -36,7 +35,7 @@ def fp32_gradients(training: TrainingSpec) -> bool:
         return True
     if training.fp32_grads is not None:
         return training.fp32_grads
-    return training.precision in ("bf16", "fp8") and behaviour(training.engine).fp32_grads_for_bf16
+    return training.precision in ("bf16", "fp8") and training.engine.fp32_grads_for_bf16
 
 
 def state_bytes(training: TrainingSpec) -> StateBytes:

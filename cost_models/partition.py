@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .behaviour import behaviour
 from .flops import attention_flops, head_gemm, layer_gemms
 from .specs import Layout, ModelSpec, TrainingSpec
 
@@ -80,6 +79,6 @@ def default_partition(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     if layout.account_for_embedding_in_pipeline_split or layout.account_for_loss_in_pipeline_split:
         return embedding_and_loss_partition(model.num_layers, pp, vpp, layout.account_for_embedding_in_pipeline_split,
                                             layout.account_for_loss_in_pipeline_split)
-    if behaviour(training.engine).balance_stages and vpp == 1 and pp > 1:
+    if training.engine.balance_stages and vpp == 1 and pp > 1:
         return balanced_partition(model.num_layers, pp, *layer_and_head_cost(model, training.seq_len))
     return (model.num_layers // pp,) * pp

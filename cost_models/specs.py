@@ -14,15 +14,11 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Mapping, Optional
 
-from .behaviour import BEHAVIOURS
+from .behaviour import GENERIC, EngineBehaviour
 
 ACTIVATIONS = ("gelu", "swiglu")
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
 OPTIMIZERS = ("adam", "adamw", "sgd")
-# Training engines whose run-time behaviour the cost models distinguish ("any": no engine in
-# particular): ``cost_models/behaviour.py``; what each can express is declared in
-# ``planner/engines.py``.
-ENGINE_NAMES = tuple(BEHAVIOURS)
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -211,8 +207,9 @@ class GPUSpec:
         """Dense peak FLOP/s for GEMMs in ``precision`` (fp32 GEMMs use TF32 where the GPU has it)."""
         key = "tf32" if precision == "fp32" and "tf32" in self.peak_flops else precision
         if key not in self.peak_flops:
-            if precision == "fp8":  # GPUs without fp8 tensor cores run fp8 recipes in bf16
-                return self.peak("bf16")
+            if precision == "fp8":  # Transformer Engine refuses fp8 below compute capability 8.9
+                raise SpecError("training", "precision", f"fp8 needs fp8 tensor cores (Hopper, Ada, Blackwell, "
+                                                         f"CDNA3), and {self.name} has none: no fp8 peak")
             raise SpecError("cluster.gpu", "peak_tflops", f"has no figure for {precision}")
         return self.peak_flops[key]
 
@@ -299,7 +296,9 @@ class TrainingSpec:
     optimizer: str = "adam"
     # Flash attention keeps no s×s score matrix for backward (Dao et al. 2022, §3.1).
     flash_attention: bool = True
-    engine: str = "any"
+    # How the engine runs the job (``cost_models.behaviour``); the planner's engines are in
+    # ``planner/engines/``.
+    engine: EngineBehaviour = GENERIC
     # Tensor-parallel collectives pipelined with their GEMMs (Megatron --tp-comm-overlap,
     # torchtitan async TP).
     tp_comm_overlap: bool = False
@@ -313,7 +312,8 @@ class TrainingSpec:
         _positive_int(s, "seq_len", self.seq_len)
         _choice(s, "precision", self.precision, PRECISIONS)
         _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
-        _choice(s, "engine", self.engine, ENGINE_NAMES)
+        if not isinstance(self.engine, EngineBehaviour):
+            raise SpecError(s, "engine", f"expected an engine's behaviour, got {self.engine!r}")
         for name in ("flash_attention", "tp_comm_overlap", "fp32_grads"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "fp32_grads" and value is None):
@@ -459,7 +459,7 @@ class Job:
             if units % (lay.pp * lay.vpp):
                 raise SpecError(s, "pp", f"num_layers {m.num_layers} with the embedding and loss counted ({units}) "
                                          f"must divide by pp·vpp = {lay.pp * lay.vpp}")
-        elif self.training.engine == "any" and lay.vpp == 1:  # balanced split (cost_models.partition)
+        elif self.training.engine.balance_stages and lay.vpp == 1:  # balanced split (cost_models.partition)
             if m.num_layers < lay.pp - 2:
                 raise SpecError(s, "pp", f"num_layers {m.num_layers} cannot fill pp {lay.pp} stages")
         elif m.num_layers % (lay.pp * lay.vpp):

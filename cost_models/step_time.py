@@ -20,7 +20,6 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from .activations import activation_bytes
-from .behaviour import behaviour
 from .collectives import collective_time, exposed, p2p_time
 from .flops import Gemm, attention_flops, head_gemm, layer_gemms, model_flops_per_token
 from .kernels import flash_attention_time, gemm_kernel_time, gemm_time
@@ -81,7 +80,7 @@ def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tok
     """
     p = activation_bytes(training.precision)
     h, f, t = model.hidden_size, model.ffn_hidden_size, lay.tp
-    fused = behaviour(training.engine).fused_elementwise
+    fused = training.engine.fused_elementwise
     sp = t if lay.sequence_parallel else 1
     kv = max(model.num_kv_heads // t, 1) * model.head_dim
     if model.activation == "swiglu":
@@ -120,7 +119,7 @@ def layer_forward_time(job: Job) -> tuple[float, float]:
 
 def layer_gemm_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float) -> float:
     """Forward time of one layer's GEMMs (QKV, projection, MLP) on ``tokens`` tokens."""
-    engine = behaviour(training.engine)
+    engine = training.engine
     return sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
                for g in layer_gemms(model, tokens, tp))
 
@@ -142,7 +141,7 @@ def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpe
     flops = attention_flops(model, lay.micro_batch_size, s_local, training.seq_len, lay.tp)
     if training.flash_attention:
         core = flash_attention_time(flops, model.head_dim, s_local, lay.cp, gpu, attn_precision,
-                                    behaviour(training.engine).fused_attention)
+                                    training.engine.fused_attention)
     else:
         # Two batched GEMMs (scores and context) over a·b/t heads, full s×s (no causal skipping).
         heads = model.num_attention_heads / lay.tp * lay.micro_batch_size
@@ -161,7 +160,7 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
     whose outputs are not kept and every element-wise kernel ("matmuls": wk, wo and w3 of a
     Llama block, proj and fc2 of a GPT block; :func:`activations.matmul_policy_saved_elements`)."""
     whole, core = layer_forward_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel)
-    if behaviour(training.engine).selective == "attention":
+    if training.engine.selective == "attention":
         return core
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
     tokens = micro_batch_size * training.seq_len / cp
@@ -173,7 +172,7 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
         gemms = (Gemm("proj", tokens, h, h / tp), Gemm("fc2", tokens, h, f / tp))
     perf = gpu.performance
     memory = elementwise_bytes(model, training, lay, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
-    engine = behaviour(training.engine)
+    engine = training.engine
     return sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
                for g in gemms) + memory
 
@@ -223,7 +222,7 @@ def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     one = tp_collective_time(model, training, cluster, tp, cp, micro_batch_size, sequence_parallel)
     if not training.tp_comm_overlap:
         calls = 4 if sequence_parallel else 2
-        launch = calls * behaviour(training.engine).collective_launch_s if tp > 1 else 0.0
+        launch = calls * training.engine.collective_launch_s if tp > 1 else 0.0
         return 2 * one + launch, 2 * one + launch
     tokens = micro_batch_size * training.seq_len / cp
     gpu, precision = cluster.gpu, training.precision
@@ -303,6 +302,11 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     - ZeRO 0: gradient all-reduce, bucketed and overlapped with the last micro-batch's backward.
     - ZeRO 1/2: gradient reduce-scatter (overlapped likewise) and the parameter all-gather
       after the optimizer step (behind the next forward where the engine prefetches it).
+      ZeRO-2 keeps only its gradient shard, so it reduce-scatters every micro-batch's
+      gradients as they are produced, not once per step: DeepSpeed's stage 2 reduces in each
+      backward's hooks (``zero/stage_1_and_2.py``, ``partition_gradients``) where stage 1
+      waits for the accumulation boundary; FSDP's SHARD_GRAD_OP and Megatron-FSDP's
+      ``optim_grads`` likewise.
     - ZeRO 3: parameter all-gathers in forward and in backward (again for the recompute
       where the engine re-gathers) and a gradient reduce-scatter, for every micro-batch,
       prefetched behind that micro-batch's compute; what a pass's compute cannot cover is
@@ -329,12 +333,12 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     # Engines issue one collective per bucket (ZeRO 0–2) or per wrapped layer (ZeRO-3:
     # FSDP units, DeepSpeed's per-module gathers): each pays the collective's latency.
     chunks = gradient_chunks(job, params, per_param.gradients) if lay.zero_stage < 3 else \
-        max(1, job.stage_layers[stage]) * behaviour(training.engine).zero3_collectives_per_layer
+        max(1, job.stage_layers[stage]) * training.engine.zero3_collectives_per_layer
 
     def chunked(kind: str, size: float) -> float:
         return chunks * collective_time(kind, size / chunks, dp_links, perf)
 
-    engine = behaviour(training.engine)
+    engine = training.engine
     if lay.pp > 1 and lay.zero_stage < 3 and engine.reduce_after_pipeline:
         # DeepSpeed's pipeline all-reduces gradients (its BF16 optimizer's fallback) once the
         # schedule has drained; ZeRO-1 then gathers the updated weight shards.
@@ -344,6 +348,8 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
         # Buckets reduce as the last micro-batch's backward produces them; the last bucket waits.
         kind = "all_reduce" if lay.zero_stage == 0 else "reduce_scatter"
         reduce = pipelined(chunked(kind, grads), chunks, backward_last, perf)
+        if lay.zero_stage == 2:
+            reduce *= job.num_microbatches
         if lay.zero_stage == 0:
             return tied + reduce
         # The updated weight shards are gathered after the optimizer step: behind the next
@@ -372,7 +378,7 @@ def pipelined(comm_s: float, pieces: int, compute_s: float, perf) -> float:
 
 def gradient_chunks(job: Job, params: float, grad_bytes: float) -> int:
     """Buckets of a ZeRO 0–2 gradient reduction: each is one collective, and each pays its latency."""
-    engine = behaviour(job.training.engine)
+    engine = job.training.engine
     per_bucket = max(engine.bucket_params, engine.bucket_bytes / grad_bytes, 1e6 * job.layout.dp
                      if engine.bucket_params else 0.0)
     return max(1, math.ceil(params / per_bucket)) if per_bucket else 1
@@ -423,7 +429,7 @@ def pipeline_comm(job: Job) -> float:
     links = group_links(cluster, lay, "pp")
     crosses = links.domains > 1
     send = p2p_time(size, crosses, links, cluster.gpu.performance)
-    if lay.vpp > 1 and behaviour(job.training.engine).p2p_overlap_interleaved:
+    if lay.vpp > 1 and job.training.engine.p2p_overlap_interleaved:
         # Steady-state sends run under the other chunks' compute, but every chunk of every
         # micro-batch still waits for its receive to be posted and land: the latency shows.
         wait = links.inter_latency if crosses else cluster.gpu.performance.link_latency_s

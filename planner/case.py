@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 
-from cost_models.specs import (ENGINE_NAMES, ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Overheads,
+from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Overheads,
                                Performance, SpecError, TrainingSpec)
 
+from .engines import ENGINES
 from .errors import CaseError, one_line
 from .hf_config import read_hf_config
 from .inputs import read_yaml
@@ -27,8 +28,8 @@ from .presets import closest, fabric_presets, gpu_presets, model_presets, perfor
 from .units import UnitError, parse_bandwidth, parse_memory
 
 SECTIONS = ("model", "cluster", "training", "layout", "overheads", "search")
-# Engines a case can name (``cost_models.behaviour`` also knows the repo's own validation trainer).
-CASE_ENGINES = ("any", "megatron", "deepspeed", "torchtitan")
+# Engines a case can name (``planner/engines/``).
+CASE_ENGINES = tuple(ENGINES)
 MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
               "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout")
 GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
@@ -103,8 +104,8 @@ def load_case(case: Any, engine: Optional[str] = None) -> Case:
 
 def with_engine(src: str, data: Any, engine: Any) -> Any:
     """``data`` with training.engine (and search.target, if given) set to ``engine``."""
-    if not isinstance(engine, str) or engine not in ENGINE_NAMES:
-        raise CaseError("--engine", "", f"expected one of {', '.join(ENGINE_NAMES)}, got {engine!r}")
+    if not isinstance(engine, str) or engine not in CASE_ENGINES:
+        raise CaseError("--engine", "", f"expected one of {', '.join(CASE_ENGINES)}, got {engine!r}")
     if not isinstance(data, dict) or not isinstance(data.get("training"), dict):
         return data  # build_case reports what is wrong with it
     data = {**data, "training": {**data["training"], "engine": engine}}
@@ -201,11 +202,11 @@ def build_case(data: Any, src: str, base: Path) -> Case:
     # The engine searched for is the engine trained with: estimate and plan time it alike.
     target = (data.get("search") or {}).get("target") if isinstance(data.get("search"), dict) else None
     if isinstance(target, str) and target in CASE_ENGINES:
-        if training.engine == "any":
-            training = replace(training, engine=target)
-        elif target not in ("any", training.engine):
-            raise CaseError(src, "search.target", f"is {target!r} but training.engine is {training.engine!r}; "
-                                                  "drop one of them")
+        if training.engine.name == "any":
+            training = replace(training, engine=ENGINES[target].behaviour)
+        elif target not in ("any", training.engine.name):
+            raise CaseError(src, "search.target", f"is {target!r} but training.engine is "
+                                                  f"{training.engine.name!r}; drop one of them")
     overheads = _overheads(src, data.get("overheads", {}))
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
     search = data.get("search") or {}
@@ -416,8 +417,11 @@ def _training(src: str, section: Any) -> TrainingSpec:
     for key in ("precision", "optimizer", "engine"):
         if key in section:
             values[key] = _str(src, f"training.{key}", section[key])
-    if values.get("engine", "any") not in CASE_ENGINES:
-        raise CaseError(src, "training.engine", f"expected one of {', '.join(CASE_ENGINES)}, got {values['engine']!r}")
+    if "engine" in values:
+        if values["engine"] not in CASE_ENGINES:
+            raise CaseError(src, "training.engine",
+                            f"expected one of {', '.join(CASE_ENGINES)}, got {values['engine']!r}")
+        values["engine"] = ENGINES[values["engine"]].behaviour
     for key in ("flash_attention", "tp_comm_overlap", "fp32_grads"):
         if key in section:
             values[key] = _bool(src, f"training.{key}", section[key])

@@ -155,6 +155,9 @@ def diagnose_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster and training."),
     config: Optional[Path] = typer.Option(None, "--config", help="A DeepSpeed ds_config.json."),
     pp: int = typer.Option(1, "--pp", min=1, help="Pipeline stages of the DeepSpeed run (ds_config has none)."),
+    tp: Optional[int] = typer.Option(None, "--tp", min=1,
+                                     help="Tensor parallelism of a DeepSpeed pipeline whose model splits its own "
+                                          "layers (Megatron-DeepSpeed); without a pipeline, ds_config's autotp_size."),
     megatron_args: Optional[Path] = typer.Option(None, "--megatron-args",
                                                  help="A Megatron-LM argument list or launch script."),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
@@ -167,7 +170,7 @@ def diagnose_command(
     try:
         if (config is None) == (megatron_args is None):
             raise CaseError("diagnose", "--config", "give exactly one of --config or --megatron-args")
-        result = diagnose(case, config=config, megatron_args=megatron_args, pp=pp)
+        result = diagnose(case, config=config, megatron_args=megatron_args, pp=pp, tp=tp)
     except CaseError as error:
         _fail(error)
     if as_json:

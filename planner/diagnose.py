@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .case import load_case
+from .engines import ENGINES
 from .estimate import Estimate, estimate_job
 from .plan import Plan, plan_case
 
@@ -33,15 +34,15 @@ class Diagnosis:
 
 
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
-             pp: int = 1) -> Diagnosis:
+             pp: int = 1, tp: Optional[int] = None) -> Diagnosis:
     loaded = load_case(case)
     if config is not None:
         engine = "deepspeed"
-        layout = importlib.import_module("planner.emit.deepspeed").read(Path(config), loaded, pp=pp)
+        layout = importlib.import_module("planner.emit.deepspeed").read(Path(config), loaded, pp=pp, tp=tp)
     else:
         engine = "megatron"
         layout = importlib.import_module("planner.emit.megatron").read(Path(megatron_args), loaded)
-    if loaded.training.engine == "any":  # the config's engine is the one that will run it
-        loaded = replace(loaded, training=replace(loaded.training, engine=engine))
+    if loaded.training.engine.name == "any":  # the config's engine is the one that will run it
+        loaded = replace(loaded, training=replace(loaded.training, engine=ENGINES[engine].behaviour))
     estimate = estimate_job(loaded, loaded.job(layout))
     return Diagnosis(engine, estimate, plan_case(loaded, target=engine))

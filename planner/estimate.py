@@ -10,6 +10,8 @@ from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import RECOMPUTE, Job, Layout, SpecError
 
 from .case import Case, layout_to_mapping, load_case, spec_errors
+from .engines import ENGINES
+from .errors import CaseError
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,16 @@ class Estimate:
     def mfu(self) -> float:
         """Model FLOP/s per GPU over the GPU's dense peak for the training precision."""
         return self.model_tflops_per_gpu * 1e12 / self.job.cluster.gpu.peak(self.job.training.precision)
+
+    @property
+    def mfu_bf16(self) -> Optional[float]:
+        """Model FLOP/s per GPU over the bf16 dense peak, whatever the precision: an fp8 run's MFU
+        against its own (twice as high) peak halves it, so runs compare on this one. None where
+        the GPU (a CPU profile) has no bf16 figure."""
+        try:
+            return self.model_tflops_per_gpu * 1e12 / self.job.cluster.gpu.peak("bf16")
+        except SpecError:
+            return None
 
     @property
     def capacity_bytes(self) -> float:
@@ -93,6 +105,7 @@ class Estimate:
             "tokens_per_s": self.tokens_per_s,
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "mfu": self.mfu,
+            "mfu_bf16": self.mfu_bf16,
             "time": self.time.by_part(),
         }
 
@@ -102,10 +115,20 @@ def estimate_job(case: Case, job: Job) -> Estimate:
     # profile) surfaces here, as the case's error.
     from .search import search_spec
 
+    refuse_what_the_engine_cannot_run(case, job)
     with spec_errors(case.source):
         stages = stage_memories(job)
         return Estimate(case=case, job=job, stages=stages, peak=max(stages, key=lambda m: m.total),
                         time=step_time(job), headroom=search_spec(case).headroom)
+
+
+def refuse_what_the_engine_cannot_run(case: Case, job: Job) -> None:
+    """A layout the case's engine cannot run is the case's error, not a figure (planner/engines/)."""
+    engine = ENGINES.get(job.training.engine.name)
+    problems = engine.problems(job) if engine is not None else []
+    if problems:
+        key, why = problems[0]
+        raise CaseError(case.source, key, f"{engine.name} cannot run it: {why}")
 
 
 def usable_bytes(job: Job, headroom: float) -> float:

@@ -11,6 +11,7 @@ from cost_models.specs import ClusterSpec, Job, Layout
 
 from .case import Case, layout_to_mapping, load_case, spec_errors
 from .complexity import COMPLEXITY_ORDER
+from .engines import ENGINES
 from .errors import CaseError, one_line
 from .estimate import Estimate, estimate_job
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_STEP_TIME_S, MAX_TOP_K
@@ -220,8 +221,8 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
                                               f"pass --engine {target} (plan(..., engine={target!r})) to plan "
                                               "for it instead")
         spec = replace(spec, target=target)
-    if case.training.engine != spec.target:  # every layout is timed as the chosen engine runs it
-        case = replace(case, training=replace(case.training, engine=spec.target))
+    if case.training.engine.name != spec.target:  # every layout is timed as the chosen engine runs it
+        case = replace(case, training=replace(case.training, engine=ENGINES[spec.target].behaviour))
     from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it
 
     slack = max(TABLE_SLACK, (simplest_within or 0) / 100)

@@ -51,7 +51,8 @@ def print_estimate(est: Estimate, console: Console) -> None:
     time.add_row("[bold]step[/]", f"[bold]{est.step_time_s:.3f}[/]", "")
     console.print(time)
     console.print(f"{est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, "
-                  f"MFU {est.mfu:.1%}")
+                  f"MFU {est.mfu:.1%}" + (f" ({est.mfu_bf16:.1%} of the bf16 peak)"
+                                          if est.job.training.precision == "fp8" and est.mfu_bf16 else ""))
     if est.fits:
         console.print("[green]fits[/]")
         return

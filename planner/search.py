@@ -23,14 +23,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-from cost_models.behaviour import behaviour
 from cost_models.memory import peak_stage_memory
 from cost_models.partition import default_partition
 from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import layer_forward_time_for, step_time, tp_exposed_per_layer
 
 from .case import Case, _bool, _int, _mapping, _number, _str
-from .engines import ENGINES, EngineSupport
+from .engines import ENGINES, Engine, EngineSupport
 from .errors import CaseError
 from .limits import MAX_TOP_K
 
@@ -63,6 +62,10 @@ class SearchSpec:
 
     @property
     def engine(self) -> EngineSupport:
+        return ENGINES[self.target].support
+
+    @property
+    def runner(self) -> Engine:
         return ENGINES[self.target]
 
     def admits(self, name: str, value: Any) -> bool:
@@ -77,12 +80,12 @@ def search_spec(case: Case) -> SearchSpec:
     data = _mapping(src, "search", data, SEARCH_KEYS)
     # The engine searched for is the one the case trains with: build_case has already
     # taken a named search.target as training.engine (or refused a contradiction).
-    values: dict[str, Any] = {"target": case.training.engine}
+    values: dict[str, Any] = {"target": case.training.engine.name}
     if "target" in data:
         target = _str(src, "search.target", data["target"])
         if target not in ENGINES:
             raise CaseError(src, "search.target", f"expected one of {', '.join(ENGINES)}, got {target!r}")
-    if case.training.tp_comm_overlap and not ENGINES[values["target"]].tp_comm_overlap:
+    if case.training.tp_comm_overlap and not ENGINES[values["target"]].support.tp_comm_overlap:
         raise CaseError(src, "training.tp_comm_overlap", f"{values['target']} cannot overlap tensor-parallel "
                                                          "collectives with GEMMs; set it false")
     if "headroom" in data:
@@ -272,11 +275,13 @@ def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
             if layout.recompute == "full" and layout.recompute_num_layers is None:
                 scored += 1
                 hit = _least_full_recompute(case, spec, layout, at_least, note_miss)
-                if hit is not None:
+                if hit is not None and not spec.runner.problems(hit[0]):
                     return hit, scored
                 continue
             job = Job(case.model, case.cluster, case.training, layout, case.overheads)
         except SpecError:
+            continue
+        if spec.runner.problems(job):  # a rule of the engine's own code (planner/engines/)
             continue
         scored += 1
         ok, peak = fits(job, spec.headroom)
@@ -321,13 +326,13 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     for tp, cp, pp, dp in structures(case, spec):
         sp_options = [sp for sp in ((False,) if tp == 1 else engine.sequence_parallel)
                       if spec.admits("sequence_parallel", sp)]
-        if True in sp_options and not behaviour(training.engine).collective_launch_s:
+        if True in sp_options and not training.engine.collective_launch_s:
             sp_options = [True]  # dominates False (module docstring)
         zeros = [z for z in engine.zero_stages
                  if spec.admits("zero_stage", z) and not (pp > 1 and z > engine.max_zero_with_pp)]
         if dp * cp == 1:
             zeros = [z for z in zeros if z == 0] or zeros[:1]  # nothing to shard over
-        balances = behaviour(training.engine).balance_stages and pp > 1
+        balances = training.engine.balance_stages and pp > 1
         options = partitions(model.num_layers, pp)
         if balances and None not in options:
             options = [None] + options  # the engine's own split, balanced by compute

@@ -45,6 +45,7 @@ from cost_models.activations import (  # noqa: E402
     layer_activations,
 )
 from cost_models.specs import Layout, ModelSpec, TrainingSpec  # noqa: E402
+from calibration.validate import REFERENCE  # noqa: E402
 
 REL_TOL = 0.02
 VOCAB = 1000
@@ -135,7 +136,7 @@ class Case:
     def training(self, b: int, s: int, precision: str) -> TrainingSpec:
         # The repo's GPT is the "reference" trainer: fused SwiGLU, Megatron-style selective recompute.
         return TrainingSpec(global_batch_size=b, seq_len=s, precision=precision,
-                            flash_attention=self.attention == "sdpa", engine="reference")
+                            flash_attention=self.attention == "sdpa", engine=REFERENCE)
 
 
 # (b, s, h, a); head dims 64, 64, 64, 128.

@@ -55,7 +55,7 @@ WANTED = 32  # generated cases that fit (at least 30 required)
 def generated_cases(seed: int = 20240611):
     rng = random.Random(seed)
     while True:
-        yield {
+        case = {
             "model": {"preset": rng.choice(PRESETS)},
             "cluster": {"gpu": rng.choice(GPUS),
                         "num_gpus": rng.choice([8, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256])},
@@ -64,6 +64,9 @@ def generated_cases(seed: int = 20240611):
                          "precision": rng.choice(["bf16", "bf16", "fp16", "fp8"])},
             "search": {"target": "megatron"},
         }
+        if case["training"]["precision"] == "fp8" and case["cluster"]["gpu"].startswith("a100"):
+            case["training"]["precision"] = "bf16"  # no fp8 tensor cores: estimate and plan refuse it
+        yield case
 
 
 def parse_args(text: str) -> dict:
@@ -461,6 +464,24 @@ def test_read_a_custom_pipeline_layout(tmp_path):
 
 
 def test_render_refuses_what_megatron_cannot_run():
-    case = load_case({**CASE, "layout": {"tp": 1, "pp": 1, "zero_stage": 3, "micro_batch_size": 1}})
-    with pytest.raises(CaseError, match="--emit: megatron: ZeRO stage 3 has no Megatron-LM equivalent"):
+    case = load_case({**CASE, "layout": {"tp": 1, "pp": 2, "zero_stage": 3, "micro_batch_size": 1}})
+    with pytest.raises(CaseError, match="--emit: megatron: layout.zero_stage is 3: pipelines with the distributed "
+                                        "optimizer"):
         megatron.render(estimate_job(case, case.job()), ["header"])
+
+
+@pytest.mark.parametrize("zero, strategy", [(2, "optim_grads"), (3, "optim_grads_params")])
+def test_zero_2_and_3_are_megatron_fsdp(tmp_path, zero, strategy):
+    """Megatron-Core's Megatron-FSDP guide: its flags, the distributed optimizer, the dtensor checkpoints
+    validate_args demands, and a launch that leaves CUDA_DEVICE_MAX_CONNECTIONS unset; read() gives the
+    same ZeRO stage back."""
+    case = load_case({**CASE, "layout": {"tp": 2, "sequence_parallel": True, "zero_stage": zero,
+                                         "micro_batch_size": 1}})
+    files = megatron.render(estimate_job(case, case.job()), ["header"])
+    args = files[megatron.ARGS_FILE]
+    for line in ("--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
+                 "--use-distributed-optimizer", "--ckpt-format fsdp_dtensor"):
+        assert f"\n{line}\n" in args
+    assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in files[megatron.LAUNCH_FILE]
+    (tmp_path / megatron.ARGS_FILE).write_text(args)
+    assert megatron.read(tmp_path / megatron.ARGS_FILE, case).zero_stage == zero

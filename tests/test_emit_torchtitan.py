@@ -153,7 +153,7 @@ EXPLICIT = {
     "uneven_1f1b": {"pp": 4, "stage_layers": [7, 9, 8, 8], "zero_stage": 3, "micro_batch_size": 2},
     "uneven_interleaved": {"pp": 2, "vpp": 2, "stage_layers": [12, 20], "zero_stage": 0, "recompute": "selective"},
     "tp_cp_vpp4": {"tp": 2, "sequence_parallel": True, "cp": 2, "pp": 2, "vpp": 4, "zero_stage": 3},
-    "replicated_cp": {"cp": 4, "zero_stage": 0, "recompute": "full"},
+    "sharded_cp": {"cp": 4, "zero_stage": 3, "recompute": "full"},
     "async_tp": {"tp": 4, "sequence_parallel": True, "zero_stage": 3},
 }
 EXPLICIT_TRAINING = {"async_tp": {"tp_comm_overlap": True}}
@@ -274,9 +274,9 @@ BASE_CASE = {
 
 
 @pytest.mark.parametrize("layout, training, needle", [
-    ({"zero_stage": 1}, {}, "zero_stage 1"),
-    ({"zero_stage": 2}, {}, "zero_stage 2"),
-    ({"pp": 2, "recompute": "full", "recompute_num_layers": 4}, {}, "recompute_num_layers 4"),
+    ({"zero_stage": 1}, {}, "layout.zero_stage is 1"),
+    ({"zero_stage": 2}, {}, "layout.zero_stage is 2"),
+    ({"pp": 2, "recompute": "full", "recompute_num_layers": 4}, {}, "layout.recompute_num_layers is 4"),
     ({"tp": 2, "sequence_parallel": False}, {}, "sequence_parallel"),
     ({"zero_stage": 3}, {"precision": "fp16"}, "fp16"),
     ({"zero_stage": 3}, {"fp32_grads": False}, "float32 only"),

@@ -9,6 +9,7 @@ from cost_models.model_states import sharded_state_bytes, state_bytes
 from cost_models.parameters import stage_parameters, total_parameters
 from cost_models.pipeline import in_flight_chunks
 from cost_models.specs import Layout, ModelSpec, TrainingSpec
+from planner.engines import behaviour_of
 
 GB = 1e9
 BF16_ADAM = TrainingSpec(global_batch_size=1, seq_len=1, precision="bf16", optimizer="adam")
@@ -68,7 +69,7 @@ def test_flash_attention_keeps_no_scores_and_gqa_narrows_k_v():
     model = ModelSpec(name="m", num_layers=2, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
                       ffn_hidden_size=14336, activation="swiglu", vocab_size=128256)
     s, b = 8192, 1
-    acts = layer_activations(model, TrainingSpec(global_batch_size=1, seq_len=s, engine="megatron"),
+    acts = layer_activations(model, TrainingSpec(global_batch_size=1, seq_len=s, engine=behaviour_of("megatron")),
                              Layout(micro_batch_size=b))
     assert acts.attention_core == 0 and acts.dropout_masks == 0
     # Q is h wide, K and V are 8 heads × 128 = 1024 wide each, 2 bytes per element.
@@ -76,7 +77,7 @@ def test_flash_attention_keeps_no_scores_and_gqa_narrows_k_v():
     # Fused SwiGLU keeps its 2f-wide input; the down projection keeps its f-wide input.
     assert acts.mlp_hidden == 2 * s * b * 3 * 14336
     # Eager silu-then-multiply also keeps silu's output.
-    eager = layer_activations(model, TrainingSpec(global_batch_size=1, seq_len=s, engine="any"),
+    eager = layer_activations(model, TrainingSpec(global_batch_size=1, seq_len=s, engine=behaviour_of("any")),
                               Layout(micro_batch_size=b))
     assert eager.mlp_hidden == 2 * s * b * 4 * 14336
 

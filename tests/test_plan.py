@@ -83,8 +83,9 @@ def test_pins_and_bounds_are_obeyed():
 def test_engine_restrictions(target):
     """Each answer is expressible by its engine (e.g. DeepSpeed's pipeline takes ZeRO ≤ 1)."""
     p = planner.plan(case(cluster={"num_gpus": 64}, model={"preset": "llama2-70b"}, search={"target": target}))
-    engine = ENGINES[target]
+    engine = ENGINES[target].support
     for est in (p.best,) + p.alternatives:
+        assert ENGINES[target].problems(est.job) == []
         lay = layout_of(est)
         assert engine.allows(lay["tp"], lay["pp"], lay["cp"], lay["vpp"], lay["zero_stage"],
                              lay["sequence_parallel"], lay["recompute"])
@@ -191,7 +192,7 @@ def test_engine_on_the_command_line_overrides_the_cases_engine(tmp_path):
                            "--engine", "deepspeed", "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["ds_config.json", "launch.sh"]
-    assert planner.plan(path, engine="deepspeed").best.job.training.engine == "deepspeed"
+    assert planner.plan(path, engine="deepspeed").best.job.training.engine.name == "deepspeed"
     clash = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--emit", "deepspeed",
                             "--engine", "megatron", "--out", str(tmp_path / "x")], capture_output=True, text=True)
     assert clash.returncode == 2 and "--engine" in clash.stderr

@@ -23,7 +23,6 @@ from typing import Optional
 import pytest
 
 import planner
-from cost_models.behaviour import behaviour
 from cost_models.memory import peak_stage_memory
 from cost_models.partition import default_partition
 from cost_models.specs import Job, Layout, SpecError
@@ -89,7 +88,7 @@ def all_layouts(case, spec):
     engine = spec.engine
     for tp, cp, pp, dp in _structures(case, spec):
         options = partitions(model.num_layers, pp)
-        if behaviour(training.engine).balance_stages and pp > 1 and None not in options:
+        if training.engine.balance_stages and pp > 1 and None not in options:
             options = [None] + options  # the engine's own split, balanced by compute
         for partition in options:
             stage_layers = partition or default_partition(model, training, Layout(pp=pp))
@@ -124,6 +123,8 @@ def oracle(case) -> OracleResult:
         try:
             job = Job(case.model, case.cluster, case.training, layout, case.overheads)
         except SpecError:
+            continue
+        if spec.runner.problems(job):  # a rule of the engine's own code
             continue
         valid += 1
         peak = peak_stage_memory(job).total

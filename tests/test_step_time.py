@@ -18,6 +18,7 @@ from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, Job, Layout, Mo
 from cost_models.step_time import (cross_entropy_bytes, dp_comm_exposed, gradient_chunks, layer_forward_time,
                                    stage_time, step_time, tp_collective_time)
 from cost_models.topology import GroupLinks, group_links
+from planner.engines import behaviour_of
 
 NO_LATENCY = Performance(intra_node_efficiency=1.0, link_latency_s=0.0)
 # A fabric that delivers the NIC's line rate with no latency: collective times are bytes over bandwidth.
@@ -207,8 +208,25 @@ def _zero3_job(engine: str, recompute: str = "full", dp: int = 64) -> Job:
                   intra_node_bandwidth=300e9, inter_node_bandwidth=25e9, gpus_per_node=8, nvlink_domain=8,
                   performance=NO_LATENCY)
     return Job(_gpt(layers=24), ClusterSpec(gpu=gpu, num_gpus=dp, fabric=IDEAL_FABRIC),
-               TrainingSpec(global_batch_size=dp, seq_len=2, precision="bf16", engine=engine),
+               TrainingSpec(global_batch_size=dp, seq_len=2, precision="bf16", engine=behaviour_of(engine)),
                Layout(dp=dp, micro_batch_size=1, zero_stage=3, recompute=recompute))
+
+
+def test_zero2_reduces_every_microbatch_zero1_once_a_step():
+    """ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are reduce-scattered
+    (DeepSpeed stage_1_and_2 partition_gradients); ZeRO-1 reduces at the accumulation boundary.
+    With m micro-batches: d(2, m) − d(1, m) = (m − 1) · R, R the reduce-scatter of one."""
+    def exposed(zero: int, microbatches: int) -> float:
+        job = _zero3_job("deepspeed", recompute="none", dp=16)
+        job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=16 * microbatches, seq_len=2,
+                                                       precision="bf16", engine=behaviour_of("deepspeed")),
+                  job.layout.with_changes(zero_stage=zero))
+        return dp_comm_exposed(job, 0, stage_time(job, 0))
+
+    one_reduce = exposed(2, 2) - exposed(1, 2)
+    assert one_reduce > 0
+    assert exposed(2, 1) == pytest.approx(exposed(1, 1))
+    assert exposed(2, 4) - exposed(1, 4) == pytest.approx(3 * one_reduce)
 
 
 def test_deepspeed_zero3_gathers_again_for_the_recompute_fsdp_does_not():
@@ -248,7 +266,7 @@ def test_tp_comm_overlap_hides_collectives_of_large_gemms_not_small_ones(h, head
     def job(overlap: bool) -> Job:
         return Job(model, ClusterSpec(gpu=_gpu(), num_gpus=64),
                    TrainingSpec(global_batch_size=512, seq_len=2048, precision="bf16", tp_comm_overlap=overlap,
-                                engine="megatron"),
+                                engine=behaviour_of("megatron")),
                    Layout(dp=8, tp=8, micro_batch_size=1, sequence_parallel=True))
     plain, overlapped = job(False), job(True)
     one = tp_collective_time(model, plain.training, plain.cluster, 8, 1, 1, sequence_parallel=True)
@@ -274,7 +292,7 @@ def test_tied_embedding_gradients_cross_the_pipeline_once_per_step():
 def test_deepspeed_pipelines_reduce_gradients_after_the_last_microbatch():
     def job(engine: str) -> Job:
         return Job(_gpt(layers=24), ClusterSpec(gpu=_gpu(), num_gpus=64),
-                   TrainingSpec(global_batch_size=512, seq_len=2048, precision="bf16", engine=engine,
+                   TrainingSpec(global_batch_size=512, seq_len=2048, precision="bf16", engine=behaviour_of(engine),
                                 fp32_grads=False),
                    Layout(dp=16, pp=4, micro_batch_size=1, zero_stage=0))
     ds, mg = job("deepspeed"), job("megatron")
@@ -295,12 +313,13 @@ def test_bf16_gradients_stay_bf16_unless_the_engine_or_case_says_fp32():
     fp32, and a case may ask for it (Megatron-LM's pretrain script): 18 bytes with Adam."""
     def training(**kw) -> TrainingSpec:
         return TrainingSpec(global_batch_size=8, seq_len=2048, precision="bf16", **kw)
-    assert state_bytes(training(engine="megatron")).total == 16
-    assert state_bytes(training(engine="megatron", fp32_grads=True)).total == 18
-    assert state_bytes(training(engine="torchtitan")).total == 18
-    assert state_bytes(training(engine="any")).total == 16
-    assert state_bytes(training(engine="deepspeed", fp32_grads=True)).total == 18
-    assert state_bytes(TrainingSpec(global_batch_size=8, seq_len=2048, precision="fp16", engine="megatron")).total == 16
+    assert state_bytes(training(engine=behaviour_of("megatron"))).total == 16
+    assert state_bytes(training(engine=behaviour_of("megatron"), fp32_grads=True)).total == 18
+    assert state_bytes(training(engine=behaviour_of("torchtitan"))).total == 18
+    assert state_bytes(training(engine=behaviour_of("any"))).total == 16
+    assert state_bytes(training(engine=behaviour_of("deepspeed"), fp32_grads=True)).total == 18
+    assert state_bytes(TrainingSpec(global_batch_size=8, seq_len=2048, precision="fp16",
+                                    engine=behaviour_of("megatron"))).total == 16
 
 
 def test_cross_entropy_traffic_per_logit():

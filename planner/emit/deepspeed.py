@@ -29,6 +29,7 @@ from typing import Any, Optional, Union
 from cost_models.model_states import fp32_gradients
 from cost_models.specs import Layout
 
+from ..engines import ENGINES
 from ..errors import CaseError
 from ..inputs import read_json
 from ..limits import MAX_INT
@@ -46,37 +47,11 @@ def _refuse(expected: str) -> CaseError:
 
 
 def check_expressible(estimate) -> None:
-    """Raise a CaseError for a layout DeepSpeed cannot run (see planner/engines.py)."""
-    lay = estimate.job.layout
-    hint = "; plan with search.target: deepspeed"
-    if lay.cp > 1:
-        raise _refuse(f"DeepSpeed has no context parallelism of Megatron's kind, layout has cp {lay.cp}{hint}")
-    if lay.vpp > 1:
-        raise _refuse(f"DeepSpeed's pipeline engine has no interleaved schedule, layout has vpp {lay.vpp}{hint}")
-    if lay.sequence_parallel:
-        raise _refuse(f"DeepSpeed's AutoTP has no sequence parallelism, layout has sequence_parallel on{hint}")
-    if lay.recompute == "selective":
-        raise _refuse(f"DeepSpeed checkpoints whole layers only (recompute none or full), layout has "
-                      f"recompute selective{hint}")
-    if lay.pp > 1 and lay.zero_stage > 1:
-        raise _refuse(f"DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3, layout has pp {lay.pp} "
-                      f"with zero_stage {lay.zero_stage}{hint}")
-    stages = estimate.job.stage_layers
-    if lay.recompute == "full" and lay.recompute_num_layers is not None \
-            and lay.recompute_num_layers < max(stages):
-        raise _refuse(f"DeepSpeed recomputes every layer or none, layout recomputes "
-                      f"{lay.recompute_num_layers} of {max(stages)} layers per stage{hint}")
-    training = estimate.job.training
-    if training.tp_comm_overlap and lay.tp > 1:
-        raise _refuse("DeepSpeed's AutoTP does not overlap its collectives with the GEMMs, case has "
-                      "training.tp_comm_overlap true")
-    if training.precision == "fp16" and fp32_gradients(training):
-        raise _refuse("DeepSpeed accumulates fp16 gradients in fp16 (data_types.grad_accum_dtype), "
-                      "case has training.fp32_grads true")
-    if lay.tp > 1 and lay.pp > 1:
-        raise _refuse(f"DeepSpeed's AutoTP builds its tensor/data-parallel groups over all ranks and "
-                      f"ignores the pipeline topology, layout has tp {lay.tp} with pp {lay.pp}; "
-                      f"use --emit megatron")
+    """Raise a CaseError for the first thing in the layout DeepSpeed cannot run
+    (planner/engines/deepspeed.py)."""
+    refusal = ENGINES["deepspeed"].refusal(estimate.job)
+    if refusal:
+        raise _refuse(f"{refusal}; plan with --engine deepspeed")
 
 
 def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str, Any]:
@@ -105,7 +80,7 @@ def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str,
                                               "cpu_checkpointing": False, "synchronize_checkpoint_boundary": False,
                                               "profile": False}
     config["gradient_clipping"] = 1.0
-    if lay.tp > 1:
+    if lay.tp > 1 and lay.pp == 1:  # with a pipeline the model's own layers split (launch.sh)
         config["tensor_parallel"] = {"autotp_size": lay.tp}
     config["steps_per_print"] = 10
     config["wall_clock_breakdown"] = False
@@ -164,7 +139,7 @@ def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
             "Recompute full: checkpoint every transformer layer (deepspeed.checkpointing.checkpoint,",
             "configured by ds_config.json's activation_checkpointing; or model.gradient_checkpointing_enable()).",
         ]))
-    if lay.tp > 1:
+    if lay.tp > 1 and lay.pp == 1:
         out.append(comment(_autotp_snippet(lay)))
     if lay.pp > 1:
         out.append(comment(_pipeline_snippet(job)))
@@ -211,13 +186,27 @@ def _pipeline_snippet(job) -> list[str]:
         f"{lay.dp} (= {job.cluster.num_gpus} / {lay.pp}).",
         "",
     ]
+    topology = ""
+    if lay.tp > 1:
+        # AutoTP ignores the pipeline grid; Megatron-DeepSpeed's way: a 3D topology whose model
+        # axis the model's tensor-parallel layers split over (deepspeed/runtime/pipe/topology.py).
+        lines += [
+            f"Tensor parallelism inside the pipeline: tp {lay.tp} is the model's own (Megatron-style",
+            "column/row-parallel layers over the grid's model-parallel group, as Megatron-DeepSpeed builds",
+            "them); DeepSpeed's AutoTP does not combine with a pipeline. Give the PipelineModule the 3D grid:",
+            "",
+            "    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology",
+            f"    topology = PipeModelDataParallelTopology(num_pp={lay.pp}, num_mp={lay.tp}, num_dp={lay.dp})",
+            "",
+        ]
+        topology = "topology=topology, "
     if len(set(stages)) == 1:
         lines += [
             "    from deepspeed.pipe import PipelineModule, LayerSpec",
             "    layers = [LayerSpec(Embedding, ...)]",
             f"    layers += [LayerSpec(TransformerLayer, ...) for _ in range({sum(stages)})]",
             "    layers += [LayerSpec(LMHead, ...)]",
-            f"    model = PipelineModule(layers=layers, num_stages={lay.pp}, loss_fn=loss_fn,",
+            f"    model = PipelineModule(layers=layers, num_stages={lay.pp}, {topology}loss_fn=loss_fn,",
             "                           partition_method=\"type:TransformerLayer\",  # "
             f"{stages[0]} transformer layers a stage",
             f"                           activation_checkpoint_interval={interval})",
@@ -236,7 +225,7 @@ def _pipeline_snippet(job) -> list[str]:
             "        if i == len(stage_layers) - 1:",
             "            block.append(lm_head)",
             "        blocks.append(torch.nn.Sequential(*block))",
-            f"    model = PipelineModule(layers=blocks, num_stages={lay.pp}, loss_fn=loss_fn,",
+            f"    model = PipelineModule(layers=blocks, num_stages={lay.pp}, {topology}loss_fn=loss_fn,",
             "                           partition_method=\"uniform\")",
         ]
         if interval:
@@ -287,8 +276,10 @@ def _load(path: Path) -> dict:
     return data
 
 
-def read(path: Union[str, Path], case, pp: int = 1) -> Layout:
-    """The layout of an existing ds_config.json on ``case``'s cluster, with ``pp`` pipeline stages.
+def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None) -> Layout:
+    """The layout of an existing ds_config.json on ``case``'s cluster, with ``pp`` pipeline stages
+    and, for a pipeline whose model splits its own layers (Megatron-DeepSpeed's 3D grid), ``tp``;
+    without a pipeline tp is AutoTP's ``tensor_parallel.autotp_size``.
 
     Batch sizes follow DeepSpeed's rules: any one or two of train_batch_size,
     train_micro_batch_size_per_gpu and gradient_accumulation_steps, the rest derived as
@@ -303,7 +294,12 @@ def read(path: Union[str, Path], case, pp: int = 1) -> Layout:
     tp_section = config.get("tensor_parallel", {})
     if not isinstance(tp_section, dict):
         raise CaseError(src, "tensor_parallel", f"expected a mapping, got {tp_section!r}")
-    tp = _positive(src, "tensor_parallel.autotp_size", tp_section.get("autotp_size", 0), minimum=0) or 1
+    autotp = _positive(src, "tensor_parallel.autotp_size", tp_section.get("autotp_size", 0), minimum=0)
+    if tp is not None:
+        tp = _positive("--tp", "tp", tp)
+        if autotp and autotp != tp:
+            raise CaseError(src, "tensor_parallel.autotp_size", f"{autotp} differs from --tp {tp}")
+    tp = tp or autotp or 1
     gpus = case.cluster.num_gpus
     if gpus % (tp * pp):
         raise CaseError(src, "tensor_parallel.autotp_size",

@@ -17,7 +17,10 @@ Flag names and the rules they must obey are those of Megatron-LM's
 - ``--recompute-method block --recompute-num-layers N`` recomputes the first N layers of every
   model chunk (``TransformerBlock._checkpointed_forward``), so with interleaving N is the
   planner's layers per stage divided by vpp; ``uniform`` with 1 recomputes every layer.
-- The distributed optimizer is ZeRO stage 1; ZeRO 2 and 3 have no Megatron-LM flag here.
+- The distributed optimizer is ZeRO stage 1; ZeRO 2 and 3 are Megatron-FSDP
+  (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` or
+  ``optim_grads_params``, with ``--use-distributed-optimizer``, ``--no-gradient-accumulation-fusion``
+  and ``--ckpt-format fsdp_dtensor``, which validate_args demands; Megatron-Core's Megatron-FSDP guide).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Optional
 from cost_models.model_states import fp32_gradients
 from cost_models.specs import Job, Layout, SpecError
 
+from ..engines import ENGINES
 from ..errors import CaseError, one_line
 from ..inputs import read_text
 from ..limits import MAX_EXPANDED_CHARS, MAX_INT
@@ -74,8 +78,19 @@ FLAG_OF_FIELD = {
 }
 
 
+# Megatron-FSDP's --data-parallel-sharding-strategy for each ZeRO stage it stands for.
+FSDP_STRATEGIES = {0: "no_shard", 1: "optim", 2: "optim_grads", 3: "optim_grads_params"}
+
+
 def _refuse(expected: str) -> CaseError:
     return CaseError("--emit", "megatron", expected)
+
+
+def refuse_what_megatron_cannot_run(job: Job) -> None:
+    """Raise a CaseError for the first thing in ``job`` Megatron-LM refuses (planner/engines/megatron.py)."""
+    refusal = ENGINES["megatron"].refusal(job)
+    if refusal:
+        raise _refuse(f"{refusal}; plan with --engine megatron")
 
 
 def uneven_stages(layout: Layout) -> Optional[tuple[int, int]]:
@@ -145,12 +160,7 @@ def parse_layout_string(text: str, pp: int) -> list[int]:
 def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     """``pretrain_gpt.py`` arguments for ``job`` as (flag, value or None for a switch)."""
     m, t, lay = job.model, job.training, job.layout
-    if job.training.tp_comm_overlap and lay.tp > 1 and not lay.sequence_parallel:
-        raise _refuse("--tp-comm-overlap needs --sequence-parallel (validate_args); "
-                      "set sequence_parallel: true or tp_comm_overlap: false")
-    if lay.zero_stage > 1:
-        raise _refuse(f"ZeRO stage {lay.zero_stage} has no Megatron-LM equivalent here; its "
-                      "distributed optimizer is stage 1 (plan with search: {target: megatron})")
+    refuse_what_megatron_cannot_run(job)
     args: list[tuple[str, Optional[str]]] = [
         ("--tensor-model-parallel-size", str(lay.tp)),
         ("--pipeline-model-parallel-size", str(lay.pp)),
@@ -173,8 +183,12 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     args.append(("--context-parallel-size", str(lay.cp)))
     if lay.sequence_parallel:
         args.append(("--sequence-parallel", None))
-    if lay.zero_stage == 1:
+    if lay.zero_stage >= 1:
         args.append(("--use-distributed-optimizer", None))
+    if lay.zero_stage >= 2:  # Megatron-FSDP (the user guide's flags; validate_args wants its checkpoints)
+        args += [("--use-megatron-fsdp", None),
+                 ("--data-parallel-sharding-strategy", FSDP_STRATEGIES[lay.zero_stage]),
+                 ("--no-gradient-accumulation-fusion", None), ("--ckpt-format", "fsdp_dtensor")]
     args += [("--micro-batch-size", str(lay.micro_batch_size)),
              ("--global-batch-size", str(t.global_batch_size))]
     if lay.recompute == "selective":
@@ -229,6 +243,17 @@ def nodes_and_gpus(job: Job) -> tuple[int, int]:
     return n // per_node, per_node
 
 
+def connections_line(lay: Layout) -> str:
+    """CUDA_DEVICE_MAX_CONNECTIONS as validate_args wants it: 1 for tp or cp > 1 (on Hopper and
+    older, so that the communication kernels launch before the GEMMs they overlap), anything but
+    1 under Megatron-FSDP."""
+    if lay.zero_stage >= 2:
+        return "unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP refuses 1\n"
+    if lay.tp > 1 or lay.cp > 1:
+        return "export CUDA_DEVICE_MAX_CONNECTIONS=1  # validate_args: tp or cp > 1 needs it before Blackwell\n"
+    return ""
+
+
 def render(estimate, header_lines) -> dict[str, str]:
     job = estimate.job
     args = arguments(job)
@@ -251,6 +276,7 @@ def render(estimate, header_lines) -> dict[str, str]:
         ]) +
         "set -euo pipefail\n"
         "set -f  # no globbing of the arguments (a pipeline layout holds '*')\n"
+        + connections_line(lay) +
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         f"torchrun --nnodes {shell_word(nodes)} --nproc-per-node {shell_word(per_node)} \\\n"
         '    --node-rank "${NODE_RANK:-0}" --master-addr "${MASTER_ADDR:-localhost}" '

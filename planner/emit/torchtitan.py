@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engines import ENGINES
 from ..errors import CaseError
 from . import header_lines as _header
 from .quoting import argument_word, comment, python_literal, shell_word
@@ -76,32 +77,11 @@ def _refuse(why: str) -> CaseError:
 
 
 def check(estimate) -> None:
-    """Refuse layouts torchtitan cannot express."""
-    job = estimate.job
-    lay = job.layout
-    if lay.zero_stage not in (0, 3):
-        raise _refuse(f"torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0); "
-                      f"zero_stage {lay.zero_stage} has no torchtitan equivalent")
-    if lay.recompute_num_layers is not None and lay.recompute_num_layers < max(job.stage_layers):
-        raise _refuse(f"torchtitan's full activation checkpointing wraps every layer; "
-                      f"recompute_num_layers {lay.recompute_num_layers} of {max(job.stage_layers)} "
-                      "per stage has no torchtitan equivalent")
-    if any(n % lay.vpp for n in job.stage_layers):
-        raise _refuse(f"stages of {list(job.stage_layers)} layers do not split into {lay.vpp} equal model chunks "
-                      "per rank, the only interleaved split written here")
-    if lay.tp > 1 and not lay.sequence_parallel:
-        raise _refuse("torchtitan's tensor parallelism always uses sequence parallelism; "
-                      "a layout with tp > 1 needs sequence_parallel: true")
-    if job.training.precision not in PARAM_DTYPES:
-        raise _refuse(f"torchtitan's mixed precision takes bfloat16 or float32 parameters; "
-                      f"precision {job.training.precision} has no torchtitan equivalent")
-    if job.training.precision != "fp32" and job.training.fp32_grads is False:
-        raise _refuse("torchtitan reduces gradients in float32 only (training.mixed_precision_reduce); "
-                      "fp32_grads: false has no torchtitan equivalent")
-    divisor = lay.tp * (2 * lay.cp if lay.cp > 1 else 1)
-    if job.training.seq_len % divisor:
-        raise _refuse(f"torchtitan needs seq_len divisible by tp·2·cp = {divisor} "
-                      f"(trainer.py), got {job.training.seq_len}")
+    """Raise a CaseError for the first thing in the layout torchtitan cannot run
+    (planner/engines/torchtitan.py)."""
+    refusal = ENGINES["torchtitan"].refusal(estimate.job)
+    if refusal:
+        raise _refuse(f"{refusal}; plan with --engine torchtitan")
 
 
 def stage_modules(estimate) -> list[list[str]]:

@@ -1,0 +1,115 @@
+"""What an engine can express, and the rules a layout must meet for it to run.
+
+An :class:`Engine` couples three things its module declares: :class:`EngineSupport` (the
+choices the search may make), its :class:`~cost_models.behaviour.EngineBehaviour` (how the
+cost models time and size what it runs) and the rules of its own code that a job must meet
+(``rules``), each with the reason the engine gives. :meth:`Engine.problems` is the one list
+the search filters by, ``estimate`` refuses on and the emitters repeat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from cost_models.behaviour import EngineBehaviour
+from cost_models.specs import Job
+
+
+@dataclass(frozen=True)
+class EngineSupport:
+    """The layout choices an engine offers the search."""
+
+    zero_stages: tuple[int, ...]
+    max_zero_with_pp: int  # highest ZeRO stage the engine combines with pipeline parallelism
+    interleaving: bool
+    context_parallel: bool
+    sequence_parallel: tuple[bool, ...]  # allowed values when tp > 1
+    recompute: tuple[str, ...]
+    partial_recompute: bool  # full recomputation of only some layers per stage
+    tp_with_pp: bool = True  # tensor and pipeline parallelism together
+    # Context-parallel ranks always share the sharded model states (torchtitan folds cp into
+    # its FSDP mesh), so cp > 1 needs a sharded (ZeRO ≥ 1) layout.
+    cp_shards_states: bool = False
+    # TP collectives pipelined with their GEMMs (training.tp_comm_overlap).
+    tp_comm_overlap: bool = True
+    # The highest ZeRO stage tensor parallelism combines with (DeepSpeed's AutoTP: 2).
+    max_zero_with_tp: int = 3
+    # What the engine says where a choice is missing: field name → reason.
+    why: tuple[tuple[str, str], ...] = ()
+
+    def reason(self, name: str, default: str) -> str:
+        return dict(self.why).get(name, default)
+
+    def allows(self, tp: int, pp: int, cp: int, vpp: int, zero_stage: int, sequence_parallel: bool,
+               recompute: str) -> bool:
+        return not self.refusals(tp, pp, cp, vpp, zero_stage, sequence_parallel, recompute)
+
+    def refusals(self, tp: int, pp: int, cp: int, vpp: int, zero_stage: int, sequence_parallel: bool,
+                 recompute: str) -> list[tuple[str, str]]:
+        """(layout key, reason) for each choice the engine does not offer."""
+        out = []
+        if zero_stage not in self.zero_stages:
+            out.append(("zero_stage", self.reason("zero_stages", f"offers ZeRO stages {self.zero_stages}, "
+                                                                 f"not {zero_stage}")))
+        elif pp > 1 and zero_stage > self.max_zero_with_pp:
+            out.append(("zero_stage", self.reason("max_zero_with_pp", f"combines pipelining with ZeRO stages up "
+                                                                      f"to {self.max_zero_with_pp}, not {zero_stage}")))
+        if tp > 1 and zero_stage > self.max_zero_with_tp:
+            out.append(("zero_stage", self.reason("max_zero_with_tp", f"combines tensor parallelism with ZeRO "
+                                                                      f"stages up to {self.max_zero_with_tp}")))
+        if vpp > 1 and not self.interleaving:
+            out.append(("vpp", self.reason("interleaving", "has no interleaved pipeline schedule")))
+        if cp > 1 and not self.context_parallel:
+            out.append(("cp", self.reason("context_parallel", "has no context parallelism")))
+        if tp > 1 and sequence_parallel not in self.sequence_parallel:
+            out.append(("sequence_parallel", self.reason("sequence_parallel",
+                                                         f"runs tensor parallelism with sequence_parallel "
+                                                         f"{self.sequence_parallel[0]} only")))
+        if tp > 1 and pp > 1 and not self.tp_with_pp:
+            out.append(("tp", self.reason("tp_with_pp", "cannot combine tensor and pipeline parallelism")))
+        if cp > 1 and zero_stage == 0 and self.cp_shards_states:
+            out.append(("zero_stage", self.reason("cp_shards_states", "shards model states over context-parallel "
+                                                                      "ranks: cp > 1 needs zero_stage ≥ 1")))
+        if recompute not in self.recompute:
+            out.append(("recompute", self.reason("recompute", f"recomputes {' or '.join(self.recompute)}, "
+                                                              f"not {recompute}")))
+        return out
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    support: EngineSupport
+    behaviour: EngineBehaviour
+    # Rules of the engine's own code beyond the choices above: (layout or training key, reason)
+    # for each the job breaks.
+    rules: Callable[[Job], list[tuple[str, str]]] = field(default=lambda job: [])
+    emitter: Optional[str] = None  # module under planner.emit that writes its launch config
+
+    def problems(self, job: Job) -> list[tuple[str, str]]:
+        """(key, reason) for everything in ``job`` this engine cannot run; [] if it can."""
+        lay, training = job.layout, job.training
+        out = [(f"layout.{key}", why) for key, why in self.support.refusals(
+            lay.tp, lay.pp, lay.cp, lay.vpp, lay.zero_stage, lay.sequence_parallel, lay.recompute)]
+        if lay.recompute_num_layers is not None and lay.recompute_num_layers < max(job.stage_layers) \
+                and not self.support.partial_recompute:
+            out.append(("layout.recompute_num_layers",
+                        self.support.reason("partial_recompute", "recomputes every layer of a stage or none")))
+        if training.tp_comm_overlap and lay.tp > 1 and not self.support.tp_comm_overlap:
+            out.append(("training.tp_comm_overlap", self.support.reason(
+                "tp_comm_overlap", "cannot overlap tensor-parallel collectives with GEMMs")))
+        return out + list(self.rules(job))
+
+    def refusal(self, job: Job) -> Optional[str]:
+        """The first problem as one line (``layout.cp is 2: ...``), or None if the engine runs ``job``."""
+        for key, why in self.problems(job):
+            section, _, name = key.partition(".")
+            owner = {"layout": job.layout, "training": job.training}.get(section)
+            value = getattr(owner, name, None)
+            if isinstance(value, tuple):
+                value = list(value)
+            shown = value.name if hasattr(value, "name") else value
+            return f"{key} is {shown}: {why}" if value is not None else f"{key}: {why}"
+        return None
+

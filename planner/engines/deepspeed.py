@@ -1,0 +1,56 @@
+"""DeepSpeed (Megatron-DeepSpeed and plain DeepSpeed): what it runs and how.
+
+- Choices (``deepspeed/runtime``): ZeRO 0-3; its pipeline engine refuses ZeRO stages 2 and
+  3 (``pipe/engine.py``: ``assert self.zero_optimization_stage() < 2``) and has no
+  interleaving; tensor parallelism without sequence parallelism, with ZeRO up to 2: through
+  AutoTP without a pipeline, and with one through the model's own Megatron-style layers on
+  the pipeline's 3D grid (``PipeModelDataParallelTopology``: Megatron-DeepSpeed, as BLOOM
+  ran), since AutoTP builds its groups over all ranks and ignores the pipeline
+  (``engine._configure_tensor_parallel_states``); no context parallelism of Megatron's kind;
+  whole-layer activation checkpointing of every layer or none.
+- Behaviour: ZeRO-3 gathers each submodule's weights on its own and again for the recompute
+  (``zero/parameter_offload.py``); its pipeline reduces gradients after the last
+  micro-batch (``pipe/schedule.py``: ReduceTiedGrads, ReduceGrads, OptimizerStep);
+  reduce buckets of 5e8 elements; ZeRO-1/2 weights gathered before the step returns;
+  Megatron's vocab-parallel cross-entropy and fused element-wise kernels (Megatron-DeepSpeed).
+"""
+
+from __future__ import annotations
+
+from cost_models.behaviour import EngineBehaviour
+from cost_models.model_states import fp32_gradients
+from cost_models.specs import Job
+
+from .base import Engine, EngineSupport
+
+SUPPORT = EngineSupport(
+    zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=False, context_parallel=False,
+    sequence_parallel=(False,), recompute=("none", "full"), partial_recompute=False,
+    tp_comm_overlap=False, max_zero_with_tp=2,
+    why=(("max_zero_with_pp", "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3"),
+         ("interleaving", "DeepSpeed's pipeline engine has no interleaved schedule"),
+         ("context_parallel", "DeepSpeed has no context parallelism of Megatron's kind"),
+         ("sequence_parallel", "DeepSpeed's AutoTP has no sequence parallelism"),
+         ("recompute", "DeepSpeed checkpoints whole layers only (recompute none or full)"),
+         ("partial_recompute", "DeepSpeed recomputes every layer or none"),
+         ("tp_comm_overlap", "DeepSpeed's AutoTP does not overlap its collectives with the GEMMs"),
+         ("max_zero_with_tp", "DeepSpeed's AutoTP training supports ZeRO stages up to 2")),
+)
+
+BEHAVIOUR = EngineBehaviour(
+    name="deepspeed", regather_for_recompute=True, zero3_collectives_per_layer=6, reduce_after_pipeline=True,
+    bucket_params=5e8, bucket_bytes=0.0, overlap_param_gather=False, loss_gradient_bytes=2.0,
+    selective="attention", fused_elementwise=True, fp8_cast_bytes=3.0, collective_launch_s=0.0,
+    balance_stages=False,
+)
+
+
+def rules(job: Job) -> list[tuple[str, str]]:
+    training = job.training
+    if training.precision == "fp16" and fp32_gradients(training):
+        return [("training.fp32_grads", "DeepSpeed accumulates fp16 gradients in fp16 "
+                                        "(data_types.grad_accum_dtype)")]
+    return []
+
+
+ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, rules, emitter="deepspeed")

@@ -1,0 +1,50 @@
+"""Megatron-LM / Megatron-core (NeMo, Megatron-Bridge): what it runs and how.
+
+- Choices (``megatron/training/arguments.py``, ``megatron/core``): TP with or without
+  sequence parallelism, PP with virtual stages, CP, the distributed optimizer (ZeRO-1) and
+  Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` or
+  ``optim_grads_params``: ZeRO-2/3, offered to the search without pipelining), selective
+  (core attention) and full recomputation, uniform or of the first N layers per chunk.
+- Behaviour: Transformer Engine's fused kernels (cuDNN attention, fused norm/SwiGLU/rotary,
+  fp8 with cached weights and fp8-saved inputs), its in-place vocab-parallel cross-entropy,
+  buckets of max(40 M, 1 M·dp) parameters (``megatron/core/distributed``), parameters
+  gathered behind the next forward (--overlap-param-gather) and interleaved sends posted
+  ahead (``overlap_p2p_comm``); gradients reduced in the parameters' dtype
+  (``DistributedDataParallelConfig.grad_reduce_in_fp32 = False``), even layer splits.
+"""
+
+from __future__ import annotations
+
+from cost_models.behaviour import EngineBehaviour
+from cost_models.specs import Job
+
+from .base import Engine, EngineSupport
+
+SUPPORT = EngineSupport(
+    zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=True, context_parallel=True,
+    sequence_parallel=(False, True), recompute=("none", "selective", "full"), partial_recompute=True,
+    why=(("zero_stages", "offers ZeRO 0, the distributed optimizer (1) and Megatron-FSDP (2, 3)"),
+         ("max_zero_with_pp", "pipelines with the distributed optimizer (ZeRO ≤ 1) here, not Megatron-FSDP")),
+)
+
+BEHAVIOUR = EngineBehaviour(
+    name="megatron", p2p_overlap_interleaved=True, bucket_params=40e6, bucket_bytes=0.0,
+    overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention", fused_attention=True,
+    fused_elementwise=True, fp8_cast_bytes=3.0, fp8_weight_cache=True, fp8_saves_inputs=True,
+    collective_launch_s=0.0, balance_stages=False,
+)
+
+
+def rules(job: Job) -> list[tuple[str, str]]:
+    lay, training = job.layout, job.training
+    out = []
+    if training.tp_comm_overlap and lay.tp > 1 and not lay.sequence_parallel:
+        out.append(("training.tp_comm_overlap", "--tp-comm-overlap needs --sequence-parallel (validate_args): "
+                                                "set layout.sequence_parallel: true"))
+    if lay.recompute_num_layers is not None and lay.recompute_num_layers % lay.vpp:
+        out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
+                                                   f"{lay.recompute_num_layers} must divide by vpp {lay.vpp}"))
+    return out
+
+
+ENGINE = Engine("megatron", SUPPORT, BEHAVIOUR, rules, emitter="megatron")

@@ -1,0 +1,57 @@
+"""torchtitan: what it runs and how.
+
+- Choices (``torchtitan/distributed/parallel_dims.py``, ``config``): FSDP2 sharding (ZeRO-3)
+  or replication (ZeRO-0), TP always with sequence parallelism on the norms, PP with
+  interleaved schedules of equal model chunks, CP (whose ranks always join the FSDP shard
+  mesh), selective (op-level) and full activation checkpointing of every layer; bfloat16 or
+  float32 parameters (fp8 GEMMs through torchao), gradients reduced in float32.
+- Behaviour: each block compiled (fused element-wise kernels), attention through SDPA,
+  op-level selective checkpointing, float32 gradient reduction (``mixed_precision_reduce``),
+  dynamic fp8 scaling (torchao), even layer splits.
+"""
+
+from __future__ import annotations
+
+from cost_models.behaviour import EngineBehaviour
+from cost_models.specs import Job
+
+from .base import Engine, EngineSupport
+
+SUPPORT = EngineSupport(
+    zero_stages=(0, 3), max_zero_with_pp=3, interleaving=True, context_parallel=True,
+    sequence_parallel=(True,), recompute=("none", "selective", "full"), partial_recompute=False,
+    cp_shards_states=True,
+    why=(("zero_stages", "torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0)"),
+         ("sequence_parallel", "torchtitan's tensor parallelism always uses sequence parallelism"),
+         ("partial_recompute", "torchtitan's full activation checkpointing wraps every layer"),
+         ("cp_shards_states", "torchtitan folds context-parallel ranks into its FSDP mesh: cp > 1 needs "
+                              "zero_stage 3")),
+)
+
+BEHAVIOUR = EngineBehaviour(
+    name="torchtitan", fp32_grads_for_bf16=True, fused_elementwise=True, collective_launch_s=0.0,
+    balance_stages=False,
+)
+
+PARAM_PRECISIONS = ("bf16", "fp32", "fp8")
+
+
+def rules(job: Job) -> list[tuple[str, str]]:
+    lay, training = job.layout, job.training
+    out = []
+    if any(n % lay.vpp for n in job.stage_layers):
+        out.append(("layout.stage_layers", f"torchtitan splits each rank's layers into {lay.vpp} equal model chunks; "
+                                           f"stages of {list(job.stage_layers)} layers do not"))
+    if training.precision not in PARAM_PRECISIONS:
+        out.append(("training.precision", f"torchtitan's mixed precision takes bfloat16 or float32 parameters, "
+                                          f"not {training.precision}"))
+    elif training.precision != "fp32" and training.fp32_grads is False:
+        out.append(("training.fp32_grads", "torchtitan reduces gradients in float32 only "
+                                           "(training.mixed_precision_reduce)"))
+    divisor = lay.tp * (2 * lay.cp if lay.cp > 1 else 1)
+    if training.seq_len % divisor:
+        out.append(("training.seq_len", f"torchtitan needs seq_len divisible by tp·2·cp = {divisor} (trainer.py)"))
+    return out
+
+
+ENGINE = Engine("torchtitan", SUPPORT, BEHAVIOUR, rules, emitter="torchtitan")
