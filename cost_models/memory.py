@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Optional
@@ -95,7 +97,8 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     shared = shared or per_microbatch(job)
     layers = job.stage_layers[stage]
     chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
-    layers_per_chunk = layers / lay.vpp
+    # Unequal chunks (a stage's layers not divisible by vpp): the larger ones set the peak.
+    layers_per_chunk = math.ceil(layers / lay.vpp)
 
     recomputed = 0.0
     if lay.recompute == "full":

@@ -452,8 +452,12 @@ class Job:
         if lay.stage_layers is not None:
             if sum(lay.stage_layers) != m.num_layers:
                 raise SpecError(s, "stage_layers", f"must sum to num_layers {m.num_layers}, got {sum(lay.stage_layers)}")
-            if lay.vpp > 1 and any(n % lay.vpp for n in lay.stage_layers):
-                raise SpecError(s, "stage_layers", f"each stage's layers must divide by vpp {lay.vpp}")
+            # With interleaving, a stage's layers may split into unequal model chunks (Meta's
+            # Llama 3 405B: 126 layers on 16 stages, one fewer on the first and last), as
+            # Megatron's --pipeline-model-parallel-layout writes them; each chunk holds one at least.
+            if lay.vpp > 1 and min(lay.stage_layers) < lay.vpp:
+                raise SpecError(s, "stage_layers", f"every stage needs at least vpp {lay.vpp} layers "
+                                                   f"(one per model chunk), got {min(lay.stage_layers)}")
         elif lay.account_for_embedding_in_pipeline_split or lay.account_for_loss_in_pipeline_split:
             units = m.num_layers + lay.account_for_embedding_in_pipeline_split + lay.account_for_loss_in_pipeline_split
             if units % (lay.pp * lay.vpp):

@@ -97,24 +97,25 @@ def uneven_stages(layout: Layout) -> Optional[tuple[int, int]]:
     """(first, last) layer counts for ``--decoder-first/last-pipeline-num-layers``, or None for an
     even split or a partition those flags cannot express (middle stages that differ)."""
     stages = layout.stage_layers
-    if stages is None or len(set(stages)) == 1 or len(set(stages[1:-1])) > 1:
+    if stages is None or len(set(stages)) == 1 or len(set(stages[1:-1])) > 1 \
+            or any(n % layout.vpp for n in stages):
         return None
     return stages[0], stages[-1]
 
 
 def layout_string(layout: Layout) -> Optional[str]:
-    """``--pipeline-model-parallel-layout`` for a partition whose middle stages differ, else None.
+    """``--pipeline-model-parallel-layout`` for a partition whose middle stages differ, or whose
+    stages do not split into equal model chunks, else None.
 
-    Virtual stage ``v`` of pipeline rank ``r`` is entry ``v·pp + r``; every rank's chunks are equal."""
+    Virtual stage ``v`` of pipeline rank ``r`` is entry ``v·pp + r``; a rank's spare layers go to
+    its first chunks."""
     stages = layout.stage_layers
     if stages is None or len(set(stages)) == 1 or uneven_stages(layout) is not None:
         return None
     entries = []
     for v in range(layout.vpp):
         for r, n in enumerate(stages):
-            if n % layout.vpp:
-                raise _refuse(f"stage {r} holds {n} layers, which do not split into {layout.vpp} model chunks")
-            chunk = n // layout.vpp
+            chunk = n // layout.vpp + (v < n % layout.vpp)
             entry = "t" * chunk if chunk <= 2 else f"t*{chunk}"
             if v == 0 and r == 0:
                 entry = "E" + entry
@@ -502,9 +503,9 @@ def read(path: Path, case) -> Layout:
             raise CaseError(src, flag, f"holds {sum(counts)} transformer layers, the case's model {layers}")
         vpp = len(counts) // pp
         per_rank = [[counts[v * pp + r] for v in range(vpp)] for r in range(pp)]
-        if any(len(set(chunks_of_rank)) > 1 or 0 in chunks_of_rank for chunks_of_rank in per_rank):
-            raise CaseError(src, flag, "model chunks of one pipeline rank must hold equal, non-zero layer counts "
-                                       "(the planner models no other split)")
+        if vpp > 1 and any(0 in chunks_of_rank for chunks_of_rank in per_rank):
+            raise CaseError(src, flag, "every model chunk of an interleaved pipeline must hold a transformer layer "
+                                       "(the planner models no empty chunk)")
         stages = [sum(chunks_of_rank) for chunks_of_rank in per_rank]
         stage_layers = tuple(stages) if len(set(stages)) > 1 else None
     elif per_chunk is not None and chunks is not None:
@@ -527,9 +528,10 @@ def read(path: Path, case) -> Layout:
             raise CaseError(src, "--no-overlap-p2p-communication",
                             "interleaving without p2p overlap needs --pipeline-model-parallel-size > 2")
         for n in stage_layers or (units // pp,):
-            if n % vpp:
+            if n % vpp and custom is None:  # only a layout string splits a stage into unequal chunks
                 raise CaseError(src, "--num-virtual-stages-per-pipeline-rank",
-                                f"{vpp} model chunks must divide every stage's layers, got a stage of {n}")
+                                f"{vpp} model chunks must divide every stage's layers, got a stage of {n}; "
+                                "give --pipeline-model-parallel-layout for unequal chunks")
         microbatches = global_batch // (micro * dp)
         if microbatches % pp:
             raise CaseError(src, "--global-batch-size",
