@@ -79,6 +79,10 @@ class EngineBehaviour:
     # Split pipeline stages by compute where the layout does not say (else evenly), as nanotron
     # does (``cost_models.partition``).
     balance_stages: bool = True
+    # With the whole optimizer offloaded and gradients sharded (ZeRO ≥ 2), the reduced gradient
+    # shards go straight to host buffers (DeepSpeed ``stage_1_and_2.py`` with cpu_offload), so
+    # the GPU keeps none (``cost_models.offload.gradients_on_host``).
+    offload_moves_gradients: bool = False
 
     def __post_init__(self) -> None:
         if self.selective not in ("attention", "matmuls"):

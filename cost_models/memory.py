@@ -11,6 +11,7 @@ from typing import Iterable, Optional
 from .activations import (embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, loss_gradient_bytes)
 from .model_states import sharded_state_bytes, state_bytes
+from .offload import gradients_on_host, host_state_bytes, offloaded_activation_layers
 from .parameters import attention_parameters, mlp_parameters, stage_parameters
 from .pipeline import in_flight_chunks
 from .specs import Job, Layout, ModelSpec, TrainingSpec
@@ -104,10 +105,13 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     if lay.recompute == "full":
         per_chunk = layers_per_chunk if lay.recompute_num_layers is None else lay.recompute_num_layers / lay.vpp
         recomputed = min(per_chunk, layers_per_chunk)
-    per_chunk_bytes = recomputed * shared.checkpointed + (layers_per_chunk - recomputed) * shared.kept
+    offloaded = offloaded_activation_layers(job, stage)  # on the host (cost_models.offload)
+    per_chunk_bytes = recomputed * shared.checkpointed + (layers_per_chunk - recomputed - offloaded) * shared.kept
 
     total = chunks * per_chunk_bytes
     if recomputed:
+        total += shared.kept
+    if offloaded:  # the layer whose copy is under way
         total += shared.kept
     if stage == 0:
         total += chunks * shared.embedding
@@ -133,18 +137,37 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[St
     o = job.overheads
     fixed = o.cuda_context + o.comm_buffers + zero3_gather_bytes(job)
     out = []
+    # Offloaded states live on the host (cost_models.offload).
+    on_gpu_weights = 0.0 if lay.offload_params else 1.0
+    on_gpu_gradients = 0.0 if gradients_on_host(job) else 1.0
+    on_gpu_optimizer = 1.0 - lay.offload_optimizer
     for stage in (range(lay.pp) if stages is None else stages):
         params = job_stage_parameters(job, stage)
         activations = stage_activation_bytes(job, stage, shared)
         out.append(StageMemory(
             stage=stage,
-            parameters=params * per_param.weights,
-            gradients=params * per_param.gradients,
-            optimizer_states=params * per_param.optimizer,
+            parameters=params * per_param.weights * on_gpu_weights,
+            gradients=params * per_param.gradients * on_gpu_gradients,
+            optimizer_states=params * per_param.optimizer * on_gpu_optimizer,
             activations=activations,
             other=fixed + o.fragmentation * activations,
         ))
     return tuple(out)
+
+
+def host_bytes(job: Job) -> float:
+    """Host memory one GPU's offload needs, on its heaviest stage: model states and the
+    offloaded layers' activations of every micro-batch in flight."""
+    if not job.layout.offloads:
+        return 0.0
+    lay = job.layout
+    shared = per_microbatch(job)
+    most = 0.0
+    for stage in range(lay.pp):
+        chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
+        activations = chunks * offloaded_activation_layers(job, stage) * shared.kept
+        most = max(most, host_state_bytes(job, job_stage_parameters(job, stage), zero_shards(job)) + activations)
+    return most
 
 
 def stage_memory(job: Job, stage: int) -> StageMemory:

@@ -55,6 +55,12 @@ def state_bytes(training: TrainingSpec) -> StateBytes:
     return StateBytes(weights=2, gradients=4 if fp32_gradients(training) else 2, optimizer=4 + 4 * moments)
 
 
+def optimizer_step_bytes(per_param: StateBytes) -> float:
+    """Bytes an optimizer step streams per parameter: it reads the gradient, reads and writes the
+    fp32 states (master weights and moments), and writes the new weights."""
+    return per_param.gradients + 2 * per_param.optimizer + per_param.weights
+
+
 def sharded_state_bytes(per_param: StateBytes, zero_stage: int, shards: int) -> StateBytes:
     """Per-parameter bytes on one rank after ZeRO stage ``zero_stage`` over ``shards`` ranks.
 

@@ -141,12 +141,16 @@ class Performance:
     gemm_tile_m: int = 128
     gemm_tile_n: int = 256
     gemm_split_k: int = 1024  # least K per split of a split-K GEMM
+    # Offload (``cost_models.offload``): achieved share of the GPU↔host link's datasheet rate
+    # by pinned-memory copies, and of the host DRAM bandwidth by the CPU optimizer step.
+    host_link_efficiency: float = 0.8
+    host_memory_efficiency: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("gemm_efficiency", "gemm_efficiency_fp8", "attention_efficiency", "attention_efficiency_fused",
                      "hbm_efficiency",
                      "intra_node_efficiency", "all_gather_efficiency",
-                     "reduce_scatter_efficiency"):
+                     "reduce_scatter_efficiency", "host_link_efficiency", "host_memory_efficiency"):
             value = getattr(self, name)
             if value is None and name in ("gemm_efficiency_fp8", "attention_efficiency_fused"):
                 continue
@@ -174,6 +178,23 @@ class Performance:
 
 
 @dataclass(frozen=True)
+class HostSpec:
+    """The host memory one GPU can offload to, and the ways to it (datasheet figures, per GPU).
+
+    Each is the node's figure shared by its GPUs: DRAM capacity and bandwidth over the GPUs of
+    the node; the link is the GPU's own (PCIe x16, or NVLink-C2C to its Grace).
+    """
+
+    memory_bytes: float
+    link_bandwidth: float  # bytes/s GPU↔host, one direction
+    memory_bandwidth: float  # bytes/s of host DRAM, for the optimizer step on the CPU
+
+    def __post_init__(self) -> None:
+        for name in ("memory_bytes", "link_bandwidth", "memory_bandwidth"):
+            _positive_float("cluster.gpu.host", name, getattr(self, name))
+
+
+@dataclass(frozen=True)
 class GPUSpec:
     """One accelerator, with datasheet (or calibrated) figures."""
 
@@ -191,6 +212,7 @@ class GPUSpec:
     # Streaming multiprocessors (AMD: compute units) that share a GEMM's output tiles;
     # None: no wave quantization is modelled.
     sm_count: Optional[int] = None
+    host: Optional[HostSpec] = None  # what offload reaches; None: no offload is modelled
 
     def __post_init__(self) -> None:
         s = "cluster.gpu"
@@ -372,6 +394,13 @@ class Layout:
     # the embedding (loss) counts as one layer of the first (last) virtual stage.
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    # Offload to host memory (``cost_models.offload``): the share of the optimizer states
+    # (fp32 master weights and moments) kept and stepped on the CPU; ZeRO-3's parameter (and
+    # gradient) shards kept there between uses; the saved activations of the first N layers
+    # of each stage, copied out in forward and back in backward.
+    offload_optimizer: float = 0.0
+    offload_params: bool = False
+    offload_activations: int = 0
 
     def __post_init__(self) -> None:
         s = "layout"
@@ -401,6 +430,16 @@ class Layout:
                 raise SpecError(s, name, "give either stage_layers or the account-for flags, not both")
         if self.vpp > 1 and self.pp == 1:
             raise SpecError(s, "vpp", "interleaving needs pp > 1")
+        f = self.offload_optimizer
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
+            raise SpecError(s, "offload_optimizer", f"expected a fraction in [0, 1], got {f!r}")
+        if not isinstance(self.offload_params, bool):
+            raise SpecError(s, "offload_params", f"expected true or false, got {self.offload_params!r}")
+        if self.offload_params and self.zero_stage != 3:
+            raise SpecError(s, "offload_params", "needs zero_stage 3 (only sharded parameters live off the GPU)")
+        n = self.offload_activations
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise SpecError(s, "offload_activations", f"expected a non-negative integer, got {n!r}")
         if self.stage_layers is not None:
             if len(self.stage_layers) != self.pp:
                 raise SpecError(s, "stage_layers", f"expected {self.pp} entries (one per stage), got {len(self.stage_layers)}")
@@ -414,6 +453,10 @@ class Layout:
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def offloads(self) -> bool:
+        return bool(self.offload_optimizer or self.offload_params or self.offload_activations)
 
     def with_changes(self, **changes) -> "Layout":
         return replace(self, **changes)
@@ -469,6 +512,12 @@ class Job:
         elif m.num_layers % (lay.pp * lay.vpp):
             raise SpecError(s, "pp", f"num_layers {m.num_layers} must divide by pp·vpp = {lay.pp * lay.vpp} "
                                      "(or give layout.stage_layers)")
+        if lay.offloads and c.gpu.host is None:
+            raise SpecError("cluster.gpu", "host", "has no host figures (memory, link and memory bandwidth) "
+                                                   "for the layout's offload")
+        if lay.offload_activations > max(self.stage_layers):
+            raise SpecError(s, "offload_activations",
+                            f"at most the {max(self.stage_layers)} layers of a stage, got {lay.offload_activations}")
         if lay.recompute_num_layers is not None and lay.recompute_num_layers > max(self.stage_layers):
             raise SpecError(s, "recompute_num_layers",
                             f"at most the {max(self.stage_layers)} layers of a stage, got {lay.recompute_num_layers}")

@@ -23,9 +23,10 @@ from .activations import activation_bytes
 from .collectives import collective_time, exposed, p2p_time
 from .flops import Gemm, attention_flops, head_gemm, layer_gemms, model_flops_per_token
 from .kernels import flash_attention_time, gemm_kernel_time, gemm_time
-from .memory import job_stage_parameters, zero_shards
+from .memory import job_stage_parameters, per_microbatch, zero_shards
 from .parameters import embedding_parameters
-from .model_states import state_bytes
+from .model_states import optimizer_step_bytes, state_bytes
+from .offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from .pipeline import bubble_fraction
 from .specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, TrainingSpec
 from .topology import group_links
@@ -40,6 +41,7 @@ class StepTime:
     dp_comm_s: float
     bubble_s: float
     optimizer_s: float
+    offload_s: float  # host copies and the optimizer step on the CPU (cost_models.offload)
     overhead_s: float
 
     @property
@@ -406,9 +408,22 @@ def optimizer_time(job: Job, stage: int) -> float:
     lay, gpu = job.layout, job.cluster.gpu
     params = job_stage_parameters(job, stage)
     per_param = state_bytes(job.training)
-    local = params / (zero_shards(job) if lay.zero_stage >= 1 else 1)
-    traffic = per_param.gradients + 2 * per_param.optimizer + per_param.weights
-    return local * traffic / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
+    local = params / (zero_shards(job) if lay.zero_stage >= 1 else 1) * (1 - lay.offload_optimizer)
+    return local * optimizer_step_bytes(per_param) / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
+
+
+def offload_time(job: Job, stage: int, slowest: "StageTime") -> float:
+    """What offload adds to the step on the stage's ranks (:mod:`cost_models.offload`)."""
+    lay = job.layout
+    if not lay.offloads:
+        return 0.0
+    params, shards = job_stage_parameters(job, stage), zero_shards(job)
+    forward = slowest.compute / 3
+    backward = 2 / 3 * slowest.compute + slowest.recompute
+    gathers = 2 + (lay.recompute == "full" and job.training.engine.regather_for_recompute)
+    return (optimizer_offload_time(job, params, shards, backward)
+            + param_offload_time(job, params, shards, slowest.compute + slowest.recompute, gathers)
+            + activation_offload_time(job, stage, per_microbatch(job).kept, forward, backward))
 
 
 def pipeline_comm(job: Job) -> float:
@@ -455,6 +470,7 @@ def step_time(job: Job) -> StepTime:
         dp_comm_s=max(dp_comm_exposed(job, i, slowest) for i in kinds.values()),
         bubble_s=bubble_fraction(lay.pp, lay.vpp, m) * m * slowest.total,
         optimizer_s=max(optimizer_time(job, i) for i in kinds.values()),
+        offload_s=max(offload_time(job, i, slowest) for i in kinds.values()),
         overhead_s=job.cluster.gpu.performance.step_overhead_s,
     )
 

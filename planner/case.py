@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 
-from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Overheads,
+from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, HostSpec, Job, Layout, ModelSpec, Overheads,
                                Performance, SpecError, TrainingSpec)
 
 from .engines import ENGINES
@@ -33,19 +33,21 @@ CASE_ENGINES = tuple(ENGINES)
 MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
               "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout")
 GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
-            "gpus_per_node", "nvlink_domain", "sm_count", "fabric")
+            "gpus_per_node", "nvlink_domain", "sm_count", "fabric", "host")
 # A GPU preset may name the fabric of its reference system; the cluster's fabric overrides it.
-OPTIONAL_GPU_KEYS = ("sm_count", "fabric")
+# ``host`` (what offload reaches) is the reference system's too; ``cluster.host`` overrides it.
+OPTIONAL_GPU_KEYS = ("sm_count", "fabric", "host")
+HOST_KEYS = ("memory", "link_bandwidth", "memory_bandwidth")
 FABRIC_KEYS = tuple(f.name for f in fields(FabricSpec) if f.name != "name") + ("nic_bandwidth",)
 CLUSTER_KEYS = ("gpu", "profile", "num_gpus", "nodes", "gpus_per_node", "intra_node_bandwidth",
-                "inter_node_bandwidth", "memory", "performance", "fabric")
+                "inter_node_bandwidth", "memory", "performance", "fabric", "host")
 PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
 INTEGER_PERFORMANCE_KEYS = ("gemm_tile_m", "gemm_tile_n", "gemm_split_k")
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
                  "tp_comm_overlap", "fp32_grads")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
                "recompute", "recompute_num_layers", "stage_layers", "account_for_embedding_in_pipeline_split",
-               "account_for_loss_in_pipeline_split")
+               "account_for_loss_in_pipeline_split", "offload_optimizer", "offload_params", "offload_activations")
 OVERHEAD_KEYS = ("cuda_context", "comm_buffers", "fragmentation")
 
 
@@ -276,7 +278,20 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
             gpus_per_node=_int(src, f"{key}.gpus_per_node", data["gpus_per_node"]),
             nvlink_domain=_int(src, f"{key}.nvlink_domain", data["nvlink_domain"]),
             sm_count=_int(src, f"{key}.sm_count", data["sm_count"]) if "sm_count" in data else None,
+            host=host_from_mapping(src, f"{key}.host", data["host"]) if "host" in data else None,
         )
+
+
+def host_from_mapping(src: str, key: str, data: Any) -> HostSpec:
+    """What offload reaches: host memory, the GPU↔host link and host DRAM bandwidth, per GPU."""
+    data = _mapping(src, key, data, HOST_KEYS)
+    for k in HOST_KEYS:
+        _required(src, key, data, k)
+    with spec_errors(src):
+        return HostSpec(memory_bytes=_unit(src, f"{key}.memory", data["memory"], parse_memory),
+                        link_bandwidth=_unit(src, f"{key}.link_bandwidth", data["link_bandwidth"], parse_bandwidth),
+                        memory_bandwidth=_unit(src, f"{key}.memory_bandwidth", data["memory_bandwidth"],
+                                               parse_bandwidth))
 
 
 def fabric_from_mapping(src: str, key: str, name: str, data: Any) -> tuple[FabricSpec, Optional[float]]:
@@ -332,6 +347,8 @@ def _cluster_overrides(src: str, section: dict) -> dict[str, Any]:
             overrides[k] = _unit(src, f"cluster.{k}", section[k], parse_bandwidth)
     if "gpus_per_node" in section:
         overrides["gpus_per_node"] = _int(src, "cluster.gpus_per_node", section["gpus_per_node"])
+    if "host" in section:
+        overrides["host"] = host_from_mapping(src, "cluster.host", section["host"])
     return overrides
 
 
@@ -458,6 +475,13 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
     if section.get("recompute_num_layers") is not None:
         values["recompute_num_layers"] = _int(src, f"{key}.recompute_num_layers",
                                               section["recompute_num_layers"], minimum=0)
+    if "offload_optimizer" in section:
+        values["offload_optimizer"] = _number(src, f"{key}.offload_optimizer", section["offload_optimizer"])
+    if "offload_params" in section:
+        values["offload_params"] = _bool(src, f"{key}.offload_params", section["offload_params"])
+    if "offload_activations" in section:
+        values["offload_activations"] = _int(src, f"{key}.offload_activations", section["offload_activations"],
+                                             minimum=0)
     if section.get("stage_layers") is not None:
         layers = section["stage_layers"]
         if not isinstance(layers, list):
@@ -488,4 +512,7 @@ def layout_to_mapping(layout: Layout) -> dict[str, Any]:
     for flag in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
         if getattr(layout, flag):
             section[flag] = True
+    for name in ("offload_optimizer", "offload_params", "offload_activations"):
+        if getattr(layout, name):
+            section[name] = getattr(layout, name)
     return section

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from cost_models.memory import StageMemory, peak_stage_memory, stage_memories
+from cost_models.memory import StageMemory, host_bytes, peak_stage_memory, stage_memories
 from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import RECOMPUTE, Job, Layout, SpecError
 
@@ -71,8 +71,13 @@ class Estimate:
         return usable_bytes(self.job, self.headroom)
 
     @property
+    def host_bytes(self) -> float:
+        """Host memory the layout's offload takes per GPU (0 without offload)."""
+        return host_bytes(self.job)
+
+    @property
     def fits(self) -> bool:
-        return self.peak.total <= self.usable_bytes
+        return self.peak.total <= self.usable_bytes and host_fits(self.job, self.headroom)
 
     @property
     def largest_term(self) -> str:
@@ -98,6 +103,7 @@ class Estimate:
                 "usable_bytes": int(round(self.usable_bytes)),
                 "stage": self.peak.stage,
                 "by_term": {term: int(round(v)) for term, v in self.peak.by_term().items()},
+                "host_bytes": int(round(self.host_bytes)),
             },
             "layout": layout_to_mapping(self.job.layout),
             "grad_accum": self.job.grad_accum,
@@ -134,6 +140,12 @@ def refuse_what_the_engine_cannot_run(case: Case, job: Job) -> None:
 def usable_bytes(job: Job, headroom: float) -> float:
     """GPU memory a layout may use: the capacity less the headroom it must leave free."""
     return job.cluster.gpu.memory_bytes * (1 - headroom)
+
+
+def host_fits(job: Job, headroom: float) -> bool:
+    """What offload puts on the host fits its share of host memory, less the same headroom."""
+    host = job.cluster.gpu.host
+    return not job.layout.offloads or host_bytes(job) <= host.memory_bytes * (1 - headroom)
 
 
 def estimate(case: Any) -> Estimate:

@@ -24,6 +24,13 @@ def describe_layout(est: Estimate) -> str:
               f"ZeRO {lay.zero_stage}", f"recompute {lay.recompute}"]
     if lay.sequence_parallel:
         parts.append("sequence parallel")
+    if lay.offload_optimizer:
+        parts.append("optimizer offloaded" if lay.offload_optimizer == 1
+                     else f"{lay.offload_optimizer:.0%} of the optimizer offloaded")
+    if lay.offload_params:
+        parts.append("parameters offloaded")
+    if lay.offload_activations:
+        parts.append(f"activations of {lay.offload_activations} layers offloaded")
     return ", ".join(parts)
 
 
@@ -41,6 +48,10 @@ def print_estimate(est: Estimate, console: Console) -> None:
         table.add_row(term, f"{value / GB:.2f}", f"{value / total:.0%}")
     table.add_row("[bold]peak[/]", f"[bold]{total / GB:.2f}[/]", "")
     table.add_row("capacity", f"{est.capacity_bytes / GB:.2f}", f"{total / est.capacity_bytes:.0%} used")
+    if job.layout.offloads:
+        host = job.cluster.gpu.host.memory_bytes
+        table.add_row("host (offload)", f"{est.host_bytes / GB:.2f}", f"{est.host_bytes / host:.0%} of "
+                                                                        f"{host / GB:.0f} used")
     console.print(table)
     time = Table(title="Step time (exposed parts)")
     time.add_column("part")
@@ -89,9 +100,11 @@ def value_text(key: str, value: Any) -> str:
 
 def _layout_summary(layout: dict) -> str:
     keys = ("dp", "tp", "pp", "vpp", "cp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
-            "recompute_num_layers", "stage_layers")
+            "recompute_num_layers", "stage_layers", "offload_optimizer", "offload_params", "offload_activations")
     short = {"micro_batch_size": "mbs", "zero_stage": "zero", "sequence_parallel": "sp",
-             "recompute_num_layers": "recompute layers", "stage_layers": "stages"}
+             "recompute_num_layers": "recompute layers", "stage_layers": "stages",
+             "offload_optimizer": "offload optimizer", "offload_params": "offload params",
+             "offload_activations": "offload activations"}
     return " ".join(f"{short.get(k, k)}={value_text(k, layout[k])}" for k in keys if k in layout)
 
 

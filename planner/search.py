@@ -40,7 +40,7 @@ from .limits import MAX_TOP_K
 MIN_TOKENS_PER_CP_RANK = 1024
 
 PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
-            "recompute_num_layers")
+            "recompute_num_layers", "offload_optimizer", "offload_params", "offload_activations")
 BOUNDED = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage")
 SEARCH_KEYS = ("target", "headroom", "top_k", "tp_across_nodes") + PINNABLE \
     + tuple(f"{side}_{name}" for name in BOUNDED for side in ("min", "max"))
@@ -102,14 +102,19 @@ def search_spec(case: Case) -> SearchSpec:
         if name not in data:
             continue
         key = f"search.{name}"
-        if name == "sequence_parallel":
+        if name in ("sequence_parallel", "offload_params"):
             pins[name] = _bool(src, key, data[name])
+        elif name == "offload_optimizer":
+            pins[name] = _number(src, key, data[name])
+            if not 0 <= pins[name] <= 1:
+                raise CaseError(src, key, f"expected a fraction in [0, 1], got {pins[name]}")
         elif name == "recompute":
             pins[name] = _str(src, key, data[name])
             if pins[name] not in ("none", "selective", "full"):
                 raise CaseError(src, key, f"expected none, selective or full, got {pins[name]!r}")
         else:
-            pins[name] = _int(src, key, data[name], minimum=0 if name in ("zero_stage", "recompute_num_layers") else 1)
+            pins[name] = _int(src, key, data[name],
+                              minimum=0 if name in ("zero_stage", "recompute_num_layers", "offload_activations") else 1)
     bounds: dict[str, tuple] = {}
     for name in BOUNDED:
         low = _int(src, f"search.min_{name}", data[f"min_{name}"], minimum=0) if f"min_{name}" in data else None
@@ -184,10 +189,66 @@ def _vpp_options(partition: tuple[int, ...], engine: EngineSupport) -> list[int]
 
 
 def fits(job: Job, headroom: float) -> tuple[bool, float]:
-    from .estimate import usable_bytes
+    from .estimate import host_fits, usable_bytes
 
     peak = peak_stage_memory(job).total
-    return peak <= usable_bytes(job, headroom), peak
+    return peak <= usable_bytes(job, headroom) and host_fits(job, headroom), peak
+
+
+def offload_options(spec: SearchSpec, zero: int) -> list[dict]:
+    """Offloads to score beyond none, as the engine offers them: the whole optimizer, then
+    with it ZeRO-3's parameters (every one adds time, so only the least that fits matters)."""
+    engine = spec.engine
+    options = []
+    if engine.optimizer_offload != "none" and zero in engine.optimizer_offload_zero and not engine.offload_together:
+        options.append({"offload_optimizer": 1.0, "offload_params": False})
+    if engine.param_offload and zero == 3 and engine.optimizer_offload != "none":
+        options.append({"offload_optimizer": 1.0, "offload_params": True})
+    return [o for o in options if all(spec.admits(k, v) for k, v in o.items())]
+
+
+def _least_activation_offload(case: Case, spec: SearchSpec, layout: Layout, note_miss) \
+        -> tuple[Optional[tuple[Job, float]], int]:
+    """Activations of the fewest leading layers per stage offloaded, with no recomputation, that fits
+    (memory falls as more are offloaded: bisection), where the engine runs it."""
+    if not spec.engine.activation_offload or not spec.admits("recompute", "none"):
+        return None, 0
+    stage_max = max(layout.stage_layers) if layout.stage_layers else case.model.num_layers // layout.pp
+    pinned = spec.pins.get("offload_activations")
+    scored = 0
+
+    def trial(n: int) -> Optional[tuple[Job, float]]:
+        nonlocal scored
+        try:
+            job = Job(case.model, case.cluster, case.training,
+                      layout.with_changes(recompute="none", recompute_num_layers=None, offload_activations=n),
+                      case.overheads)
+        except SpecError:
+            return None
+        if spec.runner.problems(job):
+            return None
+        scored += 1
+        ok, peak = fits(job, spec.headroom)
+        if not ok:
+            note_miss(job, peak)
+        return (job, peak) if ok else None
+
+    if pinned is not None:
+        return (trial(pinned) if pinned else None), scored
+    high = stage_max
+    best = trial(high) or trial(high - 1)  # an engine may keep one layer on the GPU (Megatron)
+    if best is None:
+        return None, scored
+    high = best[0].layout.offload_activations
+    low = 1
+    while low < high:
+        mid = (low + high) // 2
+        attempt = trial(mid)
+        if attempt is not None:
+            high, best = mid, attempt
+        else:
+            low = mid + 1
+    return best, scored
 
 
 def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, int]]:
@@ -308,8 +369,12 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     fastest: list[float] = []
     tightest_peak = math.inf
 
+    from .estimate import usable_bytes
+
     def note_miss(job: Job, peak: float) -> None:
         nonlocal tightest_peak
+        if peak <= usable_bytes(job, spec.headroom):
+            return  # it missed on host memory: the advice is about the GPU's
         if peak < tightest_peak:
             tightest_peak, result.tightest = peak, job
 
@@ -330,8 +395,12 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
             sp_options = [True]  # dominates False (module docstring)
         zeros = [z for z in engine.zero_stages
                  if spec.admits("zero_stage", z) and not (pp > 1 and z > engine.max_zero_with_pp)]
+        offload_only: set[int] = set()  # ZeRO stages scored only for the offload they allow
         if dp * cp == 1:
-            zeros = [z for z in zeros if z == 0] or zeros[:1]  # nothing to shard over
+            # Nothing to shard over: one ZeRO stage, and those the engine offloads with.
+            kept = [z for z in zeros if z == 0] or zeros[:1]
+            offload_only = {z for z in zeros if z not in kept and offload_options(spec, z)}
+            zeros = [z for z in zeros if z in kept or z in offload_only]
         balances = training.engine.balance_stages and pp > 1
         options = partitions(model.num_layers, pp)
         if balances and None not in options:
@@ -350,7 +419,7 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                 for sp in sp_options:
                     bounds = {mbs: lower_bound(tp, cp, pp, dp, vpp, sp, mbs, stage_layers) for mbs in micro_batches}
                     groups.append((min(bounds.values()), tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros,
-                                   bounds))
+                                   bounds, offload_only))
     if keep_within is not None:
         groups.sort(key=lambda g: g[0])
 
@@ -359,7 +428,8 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
             return math.inf
         return max(-fastest[0], min(-t for t in fastest) * (1 + keep_within))
 
-    for index, (least, tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros, bounds) in enumerate(groups):
+    for index, (least, tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros, bounds, offload_only) \
+            in enumerate(groups):
         if least > threshold():
             result.pruned += sum(len(g[10]) for g in groups[index:])  # sorted: none after can do better
             break
@@ -379,20 +449,38 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                     continue
                 base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
                               zero_stage=zero, sequence_parallel=sp, stage_layers=partition)
-                hit, scored = _least_recompute(case, spec, base, at_least, note_miss)
-                result.scored += scored
-                if hit is None:
+                hits = []
+                if zero not in offload_only and spec.admits("offload_optimizer", 0.0) \
+                        and spec.admits("offload_params", False) and spec.admits("offload_activations", 0):
+                    hit, scored = _least_recompute(case, spec, base, at_least, note_miss)
+                    result.scored += scored
+                    if hit is not None:
+                        hits.append(hit)
+                        if hit[0].layout.recompute == "none" and zero == 1:
+                            fitted_without_recompute.add(mbs)
+                        at_least = hit[0].layout.recompute_num_layers or at_least
+                # Offload only adds time: worth scoring only where memory forces recomputation, or
+                # where nothing fits without it.
+                if not hits or hits[0][0].layout.recompute != "none":
+                    for offload in offload_options(spec, zero):
+                        hit, scored = _least_recompute(case, spec, base.with_changes(**offload), 1, note_miss)
+                        result.scored += scored
+                        if hit is not None:
+                            hits.append(hit)
+                    if zero not in offload_only:
+                        hit, scored = _least_activation_offload(case, spec, base, note_miss)
+                        result.scored += scored
+                        if hit is not None:
+                            hits.append(hit)
+                if not hits:
                     break  # a larger micro-batch needs more memory still
-                job, peak = hit
-                if job.layout.recompute == "none" and zero == 1:
-                    fitted_without_recompute.add(mbs)
-                at_least = job.layout.recompute_num_layers or at_least
-                seconds = step_time(job).total
-                result.candidates.append(Candidate(job.layout, seconds, peak))
-                if first_only:
-                    return result
-                # The top_k + 1 fastest so far, as a max-heap of negated times.
-                heapq.heappush(fastest, -seconds)
-                if len(fastest) > spec.top_k + 1:
-                    heapq.heappop(fastest)
+                for job, peak in hits:
+                    seconds = step_time(job).total
+                    result.candidates.append(Candidate(job.layout, seconds, peak))
+                    if first_only:
+                        return result
+                    # The top_k + 1 fastest so far, as a max-heap of negated times.
+                    heapq.heappush(fastest, -seconds)
+                    if len(fastest) > spec.top_k + 1:
+                        heapq.heappop(fastest)
     return result

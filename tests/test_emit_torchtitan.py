@@ -155,6 +155,7 @@ EXPLICIT = {
     "tp_cp_vpp4": {"tp": 2, "sequence_parallel": True, "cp": 2, "pp": 2, "vpp": 4, "zero_stage": 3},
     "sharded_cp": {"cp": 4, "zero_stage": 3, "recompute": "full"},
     "async_tp": {"tp": 4, "sequence_parallel": True, "zero_stage": 3},
+    "cpu_offload": {"zero_stage": 3, "offload_optimizer": 1.0, "offload_params": True, "recompute": "full"},
 }
 EXPLICIT_TRAINING = {"async_tp": {"tp_comm_overlap": True}}
 
@@ -199,6 +200,8 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
     else:
         assert dims.dp_shard == 1
     assert p.enable_sequence_parallel and lay.sequence_parallel == (lay.tp > 1)
+    # FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step on the host together.
+    assert t.enable_cpu_offload == lay.offload_params == (lay.offload_optimizer == 1)
 
     # Trainer.__init__: sequence divisibility, then the batch arithmetic.
     assert t.seq_len == job.training.seq_len

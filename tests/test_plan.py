@@ -51,7 +51,8 @@ def test_estimate_and_plan_hold_a_layout_to_the_same_headroom():
     share = probe.peak.total / probe.capacity_bytes
     assert 0.0 < share < 0.97
     low, high = round(1 - share - 0.02, 3), round(1 - share + 0.02, 3)
-    pins = {"dp": 16, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": 1, "zero_stage": 3, "recompute": "full"}
+    pins = {"dp": 16, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": 1, "zero_stage": 3, "recompute": "full",
+            "offload_optimizer": 0, "offload_params": False, "offload_activations": 0}
     for headroom, fits in ((low, True), (high, False)):
         est = planner.estimate(case(layout=layout, search={"headroom": headroom}))
         assert est.fits is fits
@@ -163,7 +164,8 @@ def test_a_faster_runner_up_of_simplest_within_is_not_called_a_tie():
 
 @pytest.mark.parametrize("search, says", [
     ({"tp": 3}, "meets the search section's tp"),  # pins that no layout can meet
-    ({"tp": 1, "pp": 1, "recompute": "full"}, "closest layout needs"),  # only full recomputation left
+    # only full recomputation left, no offload
+    ({"tp": 1, "pp": 1, "recompute": "full", "offload_optimizer": 0, "offload_params": False}, "closest layout needs"),
 ])
 def test_nothing_fits_never_says_inf_gb(tmp_path, search, says):
     import yaml

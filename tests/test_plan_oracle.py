@@ -5,7 +5,7 @@ offered, the least recomputation that fits, no larger micro-batch once nothing f
 single ZeRO stage with nothing to shard over). The oracle here enumerates every layout
 the engine can express — each (tp, cp, pp, dp), pipeline partition, vpp, micro-batch,
 ZeRO stage, both sequence-parallel settings, every recomputation level and every count
-of fully recomputed layers — scores each with the cost models, and takes the fastest
+of fully recomputed layers, with and without each offload — scores each with the cost models, and takes the fastest
 that fits. `plan` must reach the same step time on generated small cases.
 
 The oracle keeps only the space's stated bounds: tp within one NVLink domain (unless
@@ -28,6 +28,7 @@ from cost_models.partition import default_partition
 from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import step_time
 from planner.case import load_case
+from planner.estimate import host_fits
 from planner.search import MIN_TOKENS_PER_CP_RANK, divisors, partitions, search_spec
 
 SEED = 1234
@@ -73,6 +74,8 @@ def _admits(spec, layout: Layout) -> bool:
     values = {name: getattr(layout, name) for name in
               ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute")}
     values["recompute_num_layers"] = layout.recompute_num_layers
+    for name in ("offload_optimizer", "offload_params", "offload_activations"):
+        values[name] = getattr(layout, name)
     for name, value in values.items():
         if name in spec.pins and spec.pins[name] != value:
             return False
@@ -80,6 +83,12 @@ def _admits(spec, layout: Layout) -> bool:
         if (low is not None and value < low) or (high is not None and value > high):
             return False
     return True
+
+
+# Offload as the search offers it: the whole optimizer, alone or with ZeRO-3's parameters
+# (engines that take fractions are searched at all or nothing); activations of any count of
+# leading layers, without recomputation.
+OFFLOADS = ({"offload_optimizer": 1.0, "offload_params": False}, {"offload_optimizer": 1.0, "offload_params": True})
 
 
 def all_layouts(case, spec):
@@ -107,9 +116,16 @@ def all_layouts(case, spec):
                             for recompute, rnl in recomputes:
                                 if not engine.allows(tp, pp, cp, vpp, zero, sp, recompute):
                                     continue
-                                yield Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
-                                             zero_stage=zero, sequence_parallel=sp, recompute=recompute,
-                                             recompute_num_layers=rnl, stage_layers=partition)
+                                base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
+                                              zero_stage=zero, sequence_parallel=sp, recompute=recompute,
+                                              recompute_num_layers=rnl, stage_layers=partition)
+                                yield base
+                                for offload in OFFLOADS:
+                                    if not offload["offload_params"] or zero == 3:
+                                        yield base.with_changes(**offload)
+                                if recompute == "none":
+                                    for n in range(1, max(stage_layers) + 1):
+                                        yield base.with_changes(offload_activations=n)
 
 
 def oracle(case) -> OracleResult:
@@ -131,7 +147,7 @@ def oracle(case) -> OracleResult:
         scored = Scored(layout, step_time(job).total, peak)
         if fastest is None or scored.step_time_s < fastest.step_time_s:
             fastest = scored
-        if peak <= limit:
+        if peak <= limit and host_fits(job, spec.headroom):
             fitting += 1
             if best is None or scored.step_time_s < best.step_time_s:
                 best = scored

@@ -67,6 +67,12 @@ def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str,
     config["train_micro_batch_size_per_gpu"] = lay.micro_batch_size
     config["gradient_accumulation_steps"] = job.grad_accum
     config["zero_optimization"] = _zero(lay.zero_stage, job.model.hidden_size)
+    # ZeRO-Offload / ZeRO-Infinity to CPU memory, pinned for the copies the estimate timed
+    # (deepspeed/runtime/zero/offload_config.py).
+    if lay.offload_optimizer:
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if lay.offload_params:
+        config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
     if training.precision in ("bf16", "fp8"):  # fp8 matmuls come from Transformer Engine, not the config
         config["bf16"] = {"enabled": True}
     elif training.precision == "fp16":
@@ -364,4 +370,24 @@ def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None) ->
         raise CaseError(src, "activation_checkpointing", f"expected a mapping, got {checkpointing!r}")
     recompute = "full" if checkpointing is not None else "none"
 
-    return Layout(dp=dp, tp=tp, pp=pp, micro_batch_size=micro, zero_stage=zero, recompute=recompute)
+    offload = {name: _offload_device(src, zero_section, name) for name in ("offload_optimizer", "offload_param")}
+    if offload["offload_param"] and zero != 3:
+        raise CaseError(src, "zero_optimization.offload_param", f"applies to ZeRO stage 3 only, the config has {zero}")
+    return Layout(dp=dp, tp=tp, pp=pp, micro_batch_size=micro, zero_stage=zero, recompute=recompute,
+                  offload_optimizer=1.0 if offload["offload_optimizer"] else 0.0,
+                  offload_params=offload["offload_param"])
+
+
+def _offload_device(src: str, zero_section: dict, name: str) -> bool:
+    """Whether ``zero_optimization.<name>`` sends its states to host memory (device cpu)."""
+    section = zero_section.get(name)
+    if section is None:
+        return False
+    if not isinstance(section, dict):
+        raise CaseError(src, f"zero_optimization.{name}", f"expected a mapping, got {section!r}")
+    device = section.get("device", "none")
+    if device == "nvme":
+        raise CaseError(src, f"zero_optimization.{name}.device", "nvme offload is not modelled; expected cpu or none")
+    if device not in ("cpu", "none"):
+        raise CaseError(src, f"zero_optimization.{name}.device", f"expected cpu or none, got {device!r}")
+    return device == "cpu"

@@ -48,19 +48,20 @@ INT_FLAGS = (
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
     "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
-    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--cpu-offloading-num-layers",
     "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups", "--ffn-hidden-size",
     "--seq-length", "--max-position-embeddings",
     # torchrun
     "--nnodes", "--nproc-per-node",
 )
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
-             "--data-parallel-sharding-strategy")
+             "--data-parallel-sharding-strategy", "--optimizer-offload-fraction")
 BOOL_FLAGS = (
     "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
     "--no-overlap-p2p-communication", "--use-torch-fsdp2", "--use-megatron-fsdp", "--use-custom-fsdp",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+    "--optimizer-cpu-offload", "--cpu-offloading",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
@@ -230,6 +231,12 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args.append(("--accumulate-allreduce-grads-in-fp32", None))
     if t.tp_comm_overlap and lay.tp > 1:
         args.append(("--tp-comm-overlap", None))  # Transformer Engine userbuffers
+    if lay.offload_optimizer:
+        # HybridDeviceOptimizer: validate_args wants the precision-aware optimizer with it.
+        args += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", f"{lay.offload_optimizer:g}"),
+                 ("--use-precision-aware-optimizer", None), ("--overlap-cpu-optimizer-d2h-h2d", None)]
+    if lay.offload_activations:
+        args += [("--cpu-offloading", None), ("--cpu-offloading-num-layers", str(lay.offload_activations))]
     return args
 
 
@@ -577,10 +584,23 @@ def read(path: Path, case) -> Layout:
     elif granularity is not None:
         raise CaseError(src, "--recompute-granularity", f"expected selective or full, got {granularity!r}")
 
+    # Offload: the distributed optimizer's share on the CPU, the first layers' activations.
+    offload_optimizer = 0.0
+    if "--optimizer-cpu-offload" in flags:
+        text = flags.get("--optimizer-offload-fraction") or "1.0"
+        try:
+            offload_optimizer = float(text)
+        except ValueError:
+            raise CaseError(src, "--optimizer-offload-fraction", f"expected a fraction, got {text!r}") from None
+        if not 0 <= offload_optimizer <= 1:
+            raise CaseError(src, "--optimizer-offload-fraction", f"expected a fraction in [0, 1], got {text}")
+    offload_activations = integer("--cpu-offloading-num-layers", 0) if "--cpu-offloading" in flags else 0
+
     try:
         layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=micro, zero_stage=zero,
                         sequence_parallel=sequence_parallel, recompute=recompute,
-                        recompute_num_layers=recompute_layers, stage_layers=stage_layers, **accounted)
+                        recompute_num_layers=recompute_layers, stage_layers=stage_layers,
+                        offload_optimizer=offload_optimizer, offload_activations=offload_activations, **accounted)
         Job(case.model, case.cluster, case.training, layout, case.overheads)
     except SpecError as error:
         raise CaseError(src, FLAG_OF_FIELD.get(error.key, error.key), error.message) from None

@@ -134,6 +134,8 @@ def settings(estimate) -> dict[str, Any]:
     else:
         parallelism["module_fqns_per_model_part"] = None
         train["local_batch_size"] = lay.micro_batch_size
+    if lay.offload_params:  # FSDP2 CPUOffloadPolicy: parameters, gradients and the optimizer step on the CPU
+        train["enable_cpu_offload"] = True
     if lay.recompute == "full" or lay.recompute_num_layers is not None:
         ac = "full"
     else:

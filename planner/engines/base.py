@@ -35,6 +35,15 @@ class EngineSupport:
     tp_comm_overlap: bool = True
     # The highest ZeRO stage tensor parallelism combines with (DeepSpeed's AutoTP: 2).
     max_zero_with_tp: int = 3
+    # Offload (cost_models.offload). The optimizer: "none", "all" (all of it or none) or
+    # "fraction" (any share), from ZeRO stage ``optimizer_offload_zero`` up; ZeRO-3
+    # parameters; the first N layers' activations. ``offload_together``: parameters and the
+    # whole optimizer go to the host together or not at all (FSDP2's CPUOffloadPolicy).
+    optimizer_offload: str = "none"
+    optimizer_offload_zero: tuple[int, ...] = (1, 2, 3)
+    param_offload: bool = False
+    activation_offload: bool = False
+    offload_together: bool = False
     # What the engine says where a choice is missing: field name → reason.
     why: tuple[tuple[str, str], ...] = ()
 
@@ -77,6 +86,30 @@ class EngineSupport:
         return out
 
 
+    def offload_refusals(self, offload_optimizer: float, offload_params: bool, offload_activations: int,
+                         zero_stage: int) -> list[tuple[str, str]]:
+        """(layout key, reason) for each offload the engine does not run."""
+        out = []
+        if offload_optimizer:
+            if self.optimizer_offload == "none":
+                out.append(("offload_optimizer", self.reason("optimizer_offload", "cannot offload the optimizer")))
+            elif self.optimizer_offload == "all" and offload_optimizer != 1:
+                out.append(("offload_optimizer", self.reason("optimizer_offload", "offloads all of the optimizer "
+                                                                                  "(1) or none of it (0)")))
+            elif zero_stage not in self.optimizer_offload_zero:
+                out.append(("offload_optimizer", self.reason("optimizer_offload_zero", "offloads the optimizer with "
+                                                             f"ZeRO stages {self.optimizer_offload_zero}")))
+        if offload_params and not self.param_offload:
+            out.append(("offload_params", self.reason("param_offload", "cannot offload parameters")))
+        if self.offload_together and (offload_params or offload_optimizer) \
+                and not (offload_params and offload_optimizer == 1):
+            out.append(("offload_params", self.reason("offload_together", "offloads parameters and the whole "
+                                                                          "optimizer together or neither")))
+        if offload_activations and not self.activation_offload:
+            out.append(("offload_activations", self.reason("activation_offload", "cannot offload activations")))
+        return out
+
+
 @dataclass(frozen=True)
 class Engine:
     name: str
@@ -91,7 +124,9 @@ class Engine:
         """(key, reason) for everything in ``job`` this engine cannot run; [] if it can."""
         lay, training = job.layout, job.training
         out = [(f"layout.{key}", why) for key, why in self.support.refusals(
-            lay.tp, lay.pp, lay.cp, lay.vpp, lay.zero_stage, lay.sequence_parallel, lay.recompute)]
+            lay.tp, lay.pp, lay.cp, lay.vpp, lay.zero_stage, lay.sequence_parallel, lay.recompute)
+            + self.support.offload_refusals(lay.offload_optimizer, lay.offload_params, lay.offload_activations,
+                                            lay.zero_stage)]
         if lay.recompute_num_layers is not None and lay.recompute_num_layers < max(job.stage_layers) \
                 and not self.support.partial_recompute:
             out.append(("layout.recompute_num_layers",

@@ -7,7 +7,9 @@
   the pipeline's 3D grid (``PipeModelDataParallelTopology``: Megatron-DeepSpeed, as BLOOM
   ran), since AutoTP builds its groups over all ranks and ignores the pipeline
   (``engine._configure_tensor_parallel_states``); no context parallelism of Megatron's kind;
-  whole-layer activation checkpointing of every layer or none.
+  whole-layer activation checkpointing of every layer or none; ZeRO-Offload of the whole
+  optimizer (``zero_optimization.offload_optimizer``, stages 1-3) and ZeRO-Infinity's parameter
+  offload (``offload_param``, stage 3).
 - Behaviour: ZeRO-3 gathers each submodule's weights on its own and again for the recompute
   (``zero/parameter_offload.py``); its pipeline reduces gradients after the last
   micro-batch (``pipe/schedule.py``: ReduceTiedGrads, ReduceGrads, OptimizerStep);
@@ -26,7 +28,7 @@ from .base import Engine, EngineSupport
 SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=False, context_parallel=False,
     sequence_parallel=(False,), recompute=("none", "full"), partial_recompute=False,
-    tp_comm_overlap=False, max_zero_with_tp=2,
+    tp_comm_overlap=False, max_zero_with_tp=2, optimizer_offload="all", param_offload=True,
     why=(("max_zero_with_pp", "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3"),
          ("interleaving", "DeepSpeed's pipeline engine has no interleaved schedule"),
          ("context_parallel", "DeepSpeed has no context parallelism of Megatron's kind"),
@@ -34,14 +36,17 @@ SUPPORT = EngineSupport(
          ("recompute", "DeepSpeed checkpoints whole layers only (recompute none or full)"),
          ("partial_recompute", "DeepSpeed recomputes every layer or none"),
          ("tp_comm_overlap", "DeepSpeed's AutoTP does not overlap its collectives with the GEMMs"),
-         ("max_zero_with_tp", "DeepSpeed's AutoTP training supports ZeRO stages up to 2")),
+         ("max_zero_with_tp", "DeepSpeed's AutoTP training supports ZeRO stages up to 2"),
+         ("optimizer_offload", "DeepSpeed's offload_optimizer moves all of the optimizer (1) or none (0)"),
+         ("activation_offload", "DeepSpeed offloads only checkpointed activations (cpu_checkpointing), not "
+                                "modelled")),
 )
 
 BEHAVIOUR = EngineBehaviour(
     name="deepspeed", regather_for_recompute=True, zero3_collectives_per_layer=6, reduce_after_pipeline=True,
     bucket_params=5e8, bucket_bytes=0.0, overlap_param_gather=False, loss_gradient_bytes=2.0,
     selective="attention", fused_elementwise=True, fp8_cast_bytes=3.0, collective_launch_s=0.0,
-    balance_stages=False,
+    balance_stages=False, offload_moves_gradients=True,
 )
 
 

@@ -12,6 +12,7 @@ from .base import Engine, EngineSupport
 SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=3, interleaving=True, context_parallel=True,
     sequence_parallel=(False, True), recompute=("none", "selective", "full"), partial_recompute=True,
+    optimizer_offload="fraction", optimizer_offload_zero=(0, 1, 2, 3), param_offload=True, activation_offload=True,
 )
 
 ENGINE = Engine("any", SUPPORT, GENERIC)

@@ -11,6 +11,9 @@
   gathered behind the next forward (--overlap-param-gather) and interleaved sends posted
   ahead (``overlap_p2p_comm``); gradients reduced in the parameters' dtype
   (``DistributedDataParallelConfig.grad_reduce_in_fp32 = False``), even layer splits.
+- Offload: any share of the distributed optimizer (HybridDeviceOptimizer: --optimizer-cpu-offload
+  --optimizer-offload-fraction) and the activations of the first N layers (cpu_offloading, without
+  pipelining or recomputation: ``TransformerConfig.__post_init__``).
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ from .base import Engine, EngineSupport
 SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=True, context_parallel=True,
     sequence_parallel=(False, True), recompute=("none", "selective", "full"), partial_recompute=True,
+    optimizer_offload="fraction", optimizer_offload_zero=(1,), activation_offload=True,
     why=(("zero_stages", "offers ZeRO 0, the distributed optimizer (1) and Megatron-FSDP (2, 3)"),
-         ("max_zero_with_pp", "pipelines with the distributed optimizer (ZeRO ≤ 1) here, not Megatron-FSDP")),
+         ("max_zero_with_pp", "pipelines with the distributed optimizer (ZeRO ≤ 1) here, not Megatron-FSDP"),
+         ("optimizer_offload_zero", "offloads the distributed optimizer (--optimizer-cpu-offload needs "
+                                    "--use-precision-aware-optimizer, which needs zero_stage 1)"),
+         ("param_offload", "keeps parameters on the GPU (--cpu-offloading-weights is not modelled)")),
 )
 
 BEHAVIOUR = EngineBehaviour(
@@ -41,6 +48,16 @@ def rules(job: Job) -> list[tuple[str, str]]:
     if training.tp_comm_overlap and lay.tp > 1 and not lay.sequence_parallel:
         out.append(("training.tp_comm_overlap", "--tp-comm-overlap needs --sequence-parallel (validate_args): "
                                                 "set layout.sequence_parallel: true"))
+    if lay.offload_activations:  # TransformerConfig.__post_init__ (cpu_offloading)
+        if lay.pp > 1:
+            out.append(("layout.offload_activations", "Megatron's CPU offloading has no support for pipeline "
+                                                      "parallelism (TransformerConfig)"))
+        if lay.recompute != "none":
+            out.append(("layout.offload_activations", "Megatron's CPU offloading does not work with activation "
+                                                      "recomputation (TransformerConfig)"))
+        if lay.offload_activations >= job.model.num_layers:
+            out.append(("layout.offload_activations", f"Megatron offloads fewer layers than the model's "
+                                                      f"{job.model.num_layers} (TransformerConfig)"))
     if lay.recompute_num_layers is not None and lay.recompute_num_layers % lay.vpp:
         out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
                                                    f"{lay.recompute_num_layers} must divide by vpp {lay.vpp}"))

@@ -4,7 +4,8 @@
   or replication (ZeRO-0), TP always with sequence parallelism on the norms, PP with
   interleaved schedules of equal model chunks, CP (whose ranks always join the FSDP shard
   mesh), selective (op-level) and full activation checkpointing of every layer; bfloat16 or
-  float32 parameters (fp8 GEMMs through torchao), gradients reduced in float32.
+  float32 parameters (fp8 GEMMs through torchao), gradients reduced in float32; CPU offload of
+  parameters, gradients and the optimizer step together (``training.enable_cpu_offload``).
 - Behaviour: each block compiled (fused element-wise kernels), attention through SDPA,
   op-level selective checkpointing, float32 gradient reduction (``mixed_precision_reduce``),
   dynamic fp8 scaling (torchao), even layer splits.
@@ -20,12 +21,16 @@ from .base import Engine, EngineSupport
 SUPPORT = EngineSupport(
     zero_stages=(0, 3), max_zero_with_pp=3, interleaving=True, context_parallel=True,
     sequence_parallel=(True,), recompute=("none", "selective", "full"), partial_recompute=False,
-    cp_shards_states=True,
+    cp_shards_states=True, optimizer_offload="all", optimizer_offload_zero=(3,), param_offload=True,
+    offload_together=True,
     why=(("zero_stages", "torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0)"),
          ("sequence_parallel", "torchtitan's tensor parallelism always uses sequence parallelism"),
          ("partial_recompute", "torchtitan's full activation checkpointing wraps every layer"),
          ("cp_shards_states", "torchtitan folds context-parallel ranks into its FSDP mesh: cp > 1 needs "
-                              "zero_stage 3")),
+                              "zero_stage 3"),
+         ("offload_together", "torchtitan's training.enable_cpu_offload (FSDP2 CPUOffloadPolicy) moves the "
+                              "parameters, gradients and the optimizer step to the CPU together"),
+         ("activation_offload", "torchtitan has no activation offload")),
 )
 
 BEHAVIOUR = EngineBehaviour(

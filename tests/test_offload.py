@@ -1,0 +1,149 @@
+"""Offload to host memory: the bytes it moves, the time it adds, the engines that run it, and
+`plan` reaching for it where nothing fits without (cost_models.offload)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from deepspeed.runtime.config import DeepSpeedConfig
+
+import planner
+from cost_models.memory import job_stage_parameters, per_microbatch, zero_shards
+from cost_models.model_states import state_bytes
+from cost_models.offload import optimizer_offload_time
+from planner.case import load_case
+from planner.emit import deepspeed as ds
+from planner.emit import megatron
+from planner.errors import CaseError
+
+# 70B on one 8-GPU H100 node: 16 bytes a parameter is 1.1 TB, 140 GB a GPU even fully sharded.
+BIG = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+       "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"}}
+SMALL = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+         "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"}}
+
+
+def estimate(base, engine="any", **layout):
+    case = copy.deepcopy(base)
+    case["training"]["engine"] = engine
+    case["layout"] = {"dp": 8, "micro_batch_size": 1, "recompute": "full", **layout}
+    return planner.estimate(case)
+
+
+def test_offloaded_states_leave_the_gpu_for_the_host():
+    """ZeRO-Offload (Ren et al. 2021 §4): the optimizer states (12 bytes a parameter) leave the GPU;
+    DeepSpeed's ZeRO-2 offload also reduces the gradient shards straight into host buffers.
+    Megatron's --optimizer-offload-fraction moves that share of the distributed optimizer only."""
+    plain = estimate(SMALL, "deepspeed", zero_stage=2)
+    offloaded = estimate(SMALL, "deepspeed", zero_stage=2, offload_optimizer=1.0)
+    params = job_stage_parameters(plain.job, 0) / 8
+    assert plain.peak.optimizer_states == pytest.approx(12 * params)
+    assert plain.peak.gradients == pytest.approx(2 * params)
+    assert offloaded.peak.optimizer_states == offloaded.peak.gradients == 0
+    assert offloaded.host_bytes == pytest.approx((12 + 2) * params)
+    assert plain.host_bytes == 0
+
+    half = estimate(SMALL, "megatron", zero_stage=1, offload_optimizer=0.5)
+    assert half.peak.optimizer_states == pytest.approx(6 * params)
+    assert half.peak.gradients == pytest.approx(2 * 8 * params)  # ZeRO-1: gradients whole, on the GPU
+    assert half.host_bytes == pytest.approx(6 * params)
+
+
+def test_parameter_offload_keeps_no_shard_on_the_gpu():
+    """ZeRO-Infinity / FSDP2 CPU offload: weight and gradient shards on the host, the per-layer
+    gathers (cost_models.memory.zero3_gather_bytes) still on the GPU."""
+    plain = estimate(SMALL, "torchtitan", zero_stage=3)
+    offloaded = estimate(SMALL, "torchtitan", zero_stage=3, offload_optimizer=1.0, offload_params=True)
+    assert offloaded.peak.parameters == offloaded.peak.gradients == offloaded.peak.optimizer_states == 0
+    moved = plain.peak.parameters + plain.peak.gradients + plain.peak.optimizer_states
+    assert offloaded.host_bytes == pytest.approx(moved)
+    assert offloaded.peak.other == plain.peak.other
+
+
+def test_the_optimizer_step_on_the_cpu_streams_its_bytes_over_host_memory():
+    """Gradients out and weights back over the link, the step's bytes (read the gradient, read and
+    write 12 bytes of states, write the weights) over host DRAM; nothing to hide them behind here."""
+    est = estimate(SMALL, "deepspeed", zero_stage=1, offload_optimizer=1.0)
+    job = est.job
+    gpu = job.cluster.gpu
+    local = job_stage_parameters(job, 0) / zero_shards(job)
+    link = gpu.host.link_bandwidth * gpu.performance.host_link_efficiency
+    dram = gpu.host.memory_bandwidth * gpu.performance.host_memory_efficiency
+    per = state_bytes(job.training)
+    expected = local * per.gradients / link + local * (2 + 24 + 2) / dram + local * per.weights / link
+    assert optimizer_offload_time(job, job_stage_parameters(job, 0), zero_shards(job), 0.0) == pytest.approx(expected)
+    # In the step the gradients go out behind the last micro-batch's backward: only that copy hides.
+    out = local * per.gradients / link
+    assert est.time.optimizer_s == 0 and expected - out <= est.time.offload_s < expected
+
+
+def test_activation_offload_keeps_one_layer_in_transit():
+    """Megatron's cpu_offloading_num_layers: N layers' saved tensors on the host, one layer's worth
+    on the GPU as the copy's buffer; the copies run behind each micro-batch's compute."""
+    plain = estimate(SMALL, "megatron", zero_stage=1, recompute="none")
+    offloaded = estimate(SMALL, "megatron", zero_stage=1, recompute="none", offload_activations=8)
+    layer = per_microbatch(plain.job).kept
+    assert plain.peak.activations - offloaded.peak.activations == pytest.approx(7 * layer)
+    assert offloaded.host_bytes == pytest.approx(8 * layer)
+    assert offloaded.time.offload_s > 0 == plain.time.offload_s
+
+
+@pytest.mark.parametrize("engine, layout, key", [
+    ("megatron", {"pp": 2, "dp": 4, "recompute": "none", "offload_activations": 4}, "layout.offload_activations"),
+    ("megatron", {"zero_stage": 3, "offload_optimizer": 1.0}, "layout.offload_optimizer"),
+    ("deepspeed", {"zero_stage": 1, "offload_optimizer": 0.5}, "layout.offload_optimizer"),
+    ("torchtitan", {"zero_stage": 3, "offload_optimizer": 1.0}, "layout.offload_params"),
+])
+def test_estimate_refuses_offload_the_engine_does_not_run(engine, layout, key):
+    with pytest.raises(CaseError) as error:
+        estimate(SMALL, engine, **layout)
+    assert error.value.key == key
+
+
+def test_offload_needs_host_figures():
+    case = copy.deepcopy(SMALL)
+    case["cluster"] = {"gpu": {"memory": "80 GiB", "peak_tflops": {"bf16": 989}, "hbm_bandwidth": "3.35 TB/s",
+                               "intra_node_bandwidth": "450 GB/s", "inter_node_bandwidth": "400 Gbit/s",
+                               "gpus_per_node": 8, "nvlink_domain": 8}, "num_gpus": 8}
+    case["layout"] = {"dp": 8, "zero_stage": 1, "offload_optimizer": 1.0}
+    with pytest.raises(CaseError, match="cluster.gpu.host"):
+        planner.estimate(case)
+
+
+def test_plan_for_deepspeed_fits_70b_on_one_node_with_the_optimizer_on_the_host():
+    """Nothing fits 70B on 8 H100s without offload; with it DeepSpeed's plan fits and says what the
+    offload costs in the step."""
+    assert planner.plan({**BIG, "search": {"offload_optimizer": 0, "offload_params": False}},
+                        engine="deepspeed").best is None
+    best = planner.plan(BIG, engine="deepspeed").best
+    assert best is not None and best.fits and best.job.layout.offload_optimizer == 1.0
+    assert best.host_bytes <= best.job.cluster.gpu.host.memory_bytes
+    assert 0 < best.time.offload_s < best.step_time_s
+    assert best.to_dict()["time"]["offload_s"] == best.time.offload_s
+
+
+def test_emitted_offload_is_what_the_engines_read(tmp_path, monkeypatch):
+    import deepspeed.comm as ds_comm
+
+    est = planner.plan(BIG, engine="deepspeed").best
+    files = ds.render(est, ["x"])
+    (tmp_path / ds.CONFIG).write_text(files[ds.CONFIG])
+    monkeypatch.setattr(ds_comm, "get_world_size", lambda group=None: est.job.layout.dp)
+    monkeypatch.setattr(ds_comm, "get_rank", lambda group=None: 0)
+    config = DeepSpeedConfig(str(tmp_path / ds.CONFIG), mpu=None)
+    assert config.zero_config.offload_optimizer.device == "cpu"
+    read = ds.read(tmp_path / ds.CONFIG, load_case(BIG), pp=est.job.layout.pp)
+    assert read.offload_optimizer == 1.0 and read.offload_params == est.job.layout.offload_params
+
+    case = load_case({**SMALL, "training": {**SMALL["training"], "engine": "megatron"},
+                      "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": 1, "offload_optimizer": 0.5,
+                                 "recompute": "none"}})
+    mega = planner.estimate(case)
+    args = megatron.render(mega, ["x"])[megatron.ARGS_FILE]
+    for line in ("--optimizer-cpu-offload", "--optimizer-offload-fraction 0.5", "--use-precision-aware-optimizer"):
+        assert f"\n{line}\n" in args
+    (tmp_path / "args.txt").write_text(args)
+    assert megatron.read(tmp_path / "args.txt", case).offload_optimizer == 0.5
+    assert json.loads(json.dumps(mega.to_dict()))["memory"]["host_bytes"] > 0
