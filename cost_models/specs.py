@@ -232,7 +232,9 @@ class GPUSpec:
             if precision == "fp8":  # Transformer Engine refuses fp8 below compute capability 8.9
                 raise SpecError("training", "precision", f"fp8 needs fp8 tensor cores (Hopper, Ada, Blackwell, "
                                                          f"CDNA3), and {self.name} has none: no fp8 peak")
-            raise SpecError("cluster.gpu", "peak_tflops", f"has no figure for {precision}")
+            # bf16 on a V100, or a precision a calibrated profile did not measure.
+            raise SpecError("training", "precision", f"{precision} has no peak on {self.name} "
+                                                     f"(cluster.gpu.peak_tflops has no figure for it)")
         return self.peak_flops[key]
 
 

@@ -129,7 +129,7 @@ def test_a_precision_the_gpu_has_no_peak_for_is_a_case_error(tmp_path):
                               "gpus_per_node": 8, "nvlink_domain": 8}
     for command in ("estimate", "plan"):
         result = cli(command, str(write(tmp_path, case)))
-        assert result.returncode == 2 and "peak_tflops: has no figure for bf16" in result.stderr, result.stderr
+        assert result.returncode == 2 and "training.precision: bf16 has no peak on" in result.stderr, result.stderr
 
 
 def test_absurd_sizes_are_answered_quickly_or_refused_with_the_bound(tmp_path):

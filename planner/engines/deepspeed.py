@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
 from cost_models.model_states import fp32_gradients
-from cost_models.specs import Job
+from cost_models.specs import TrainingSpec
 
 from .base import Engine, EngineSupport
 
@@ -50,12 +50,11 @@ BEHAVIOUR = EngineBehaviour(
 )
 
 
-def rules(job: Job) -> list[tuple[str, str]]:
-    training = job.training
+def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
     if training.precision == "fp16" and fp32_gradients(training):
         return [("training.fp32_grads", "DeepSpeed accumulates fp16 gradients in fp16 "
                                         "(data_types.grad_accum_dtype)")]
     return []
 
 
-ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, rules, emitter="deepspeed")
+ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, emitter="deepspeed", training_rules=training_rules)

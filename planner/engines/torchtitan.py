@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
-from cost_models.specs import Job
+from cost_models.specs import Job, TrainingSpec
 
 from .base import Engine, EngineSupport
 
@@ -41,22 +41,26 @@ BEHAVIOUR = EngineBehaviour(
 PARAM_PRECISIONS = ("bf16", "fp32", "fp8")
 
 
+def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
+    if training.precision not in PARAM_PRECISIONS:
+        return [("training.precision", f"torchtitan's mixed precision takes bfloat16 or float32 parameters, "
+                                       f"not {training.precision}")]
+    if training.precision != "fp32" and training.fp32_grads is False:
+        return [("training.fp32_grads", "torchtitan reduces gradients in float32 only "
+                                        "(training.mixed_precision_reduce)")]
+    return []
+
+
 def rules(job: Job) -> list[tuple[str, str]]:
     lay, training = job.layout, job.training
     out = []
     if any(n % lay.vpp for n in job.stage_layers):
         out.append(("layout.stage_layers", f"torchtitan splits each rank's layers into {lay.vpp} equal model chunks; "
                                            f"stages of {list(job.stage_layers)} layers do not"))
-    if training.precision not in PARAM_PRECISIONS:
-        out.append(("training.precision", f"torchtitan's mixed precision takes bfloat16 or float32 parameters, "
-                                          f"not {training.precision}"))
-    elif training.precision != "fp32" and training.fp32_grads is False:
-        out.append(("training.fp32_grads", "torchtitan reduces gradients in float32 only "
-                                           "(training.mixed_precision_reduce)"))
     divisor = lay.tp * (2 * lay.cp if lay.cp > 1 else 1)
     if training.seq_len % divisor:
         out.append(("training.seq_len", f"torchtitan needs seq_len divisible by tp·2·cp = {divisor} (trainer.py)"))
     return out
 
 
-ENGINE = Engine("torchtitan", SUPPORT, BEHAVIOUR, rules, emitter="torchtitan")
+ENGINE = Engine("torchtitan", SUPPORT, BEHAVIOUR, rules, emitter="torchtitan", training_rules=training_rules)

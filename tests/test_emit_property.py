@@ -1,0 +1,110 @@
+"""`plan --emit ENGINE` on generated jobs: over models, GPUs, cluster sizes, precisions and
+training options, for each of the three engines, the planner either writes files the engine's
+own code accepts (DeepSpeed's DeepSpeedConfig, megatron-core's TransformerConfig, torchtitan's
+ConfigManager and ParallelDims), or answers that nothing fits, or refuses the case itself
+with the engine's reason (fp16 for torchtitan, fp8 without fp8 tensor cores). It never plans
+a layout its own emitter then refuses."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+pytest.importorskip("deepspeed")
+pytest.importorskip("megatron.core")
+pytest.importorskip("torchtitan")
+
+import deepspeed.comm as ds_comm  # noqa: E402
+from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
+from test_emit_megatron import parse_args, transformer_config  # noqa: E402
+from test_emit_torchtitan import check_emitted, workdir  # noqa: E402,F401
+
+import planner  # noqa: E402
+from planner.cli import render_configs  # noqa: E402
+from planner.errors import CaseError  # noqa: E402
+
+SEED = 20261130
+PER_ENGINE = 10
+MODELS = ("gpt-1.7b", "llama2-7b", "llama3-8b", "mistral-7b", "llama2-13b", "llama3-70b")
+GPUS = ("v100-sxm-32gb", "a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "b200", "mi300x")
+ENGINES = ("megatron", "deepspeed", "torchtitan")
+
+
+def generated() -> list[tuple[str, dict]]:
+    rng = random.Random(SEED)
+    out = []
+    for engine in ENGINES:
+        for _ in range(PER_ENGINE):
+            training = {"global_batch_size": rng.choice((32, 64, 128, 256, 512)),
+                        "seq_len": rng.choice((1024, 2048, 4096, 8192)),
+                        "precision": rng.choice(("fp32", "fp16", "bf16", "bf16", "fp8"))}
+            if rng.random() < 0.3:
+                training["tp_comm_overlap"] = True
+            if rng.random() < 0.3:
+                training["fp32_grads"] = rng.choice((True, False))
+            out.append((engine, {"model": {"preset": rng.choice(MODELS)},
+                                 "cluster": {"gpu": rng.choice(GPUS), "num_gpus": rng.choice((8, 16, 32, 64, 128))},
+                                 "training": training}))
+    return out
+
+
+CASES = generated()
+
+
+def no_fp8_tensor_cores(case: dict) -> bool:
+    return case["cluster"]["gpu"].startswith(("v100", "a100"))
+
+
+@pytest.mark.parametrize("index", range(len(CASES)))
+def test_plan_emits_what_the_engine_accepts_or_says_why_not(index, tmp_path, workdir, monkeypatch):  # noqa: F811
+    engine, case = CASES[index]
+    try:
+        result = planner.plan(case, top_k=0, target=engine, engine=engine)
+    except CaseError as error:
+        # A case no layout can serve on this engine: refused with the key and the engine's reason.
+        assert error.key.startswith("training.") or error.key == "--engine", error
+        precision = case["training"]["precision"]
+        assert (error.key == "training.precision" and (precision == "fp8" and no_fp8_tensor_cores(case)
+                                                        or precision == "bf16" and case["cluster"]["gpu"] == GPUS[0]
+                                                        or engine == "torchtitan" and precision == "fp16")) \
+            or error.key in ("training.fp32_grads", "training.tp_comm_overlap"), error
+        return
+    if result.best is None:
+        assert result.no_fit is not None and "no layout fits" in result.no_fit.describe()
+        return
+    best = result.best
+    files, _ = render_configs(best, engine, "case.yaml")  # what `plan --emit` writes; must not raise
+    lay = best.job.layout
+    if engine == "deepspeed":
+        (tmp_path / "ds_config.json").write_text(files["ds_config.json"])
+        monkeypatch.setattr(ds_comm, "get_world_size", lambda group=None: lay.dp)
+        monkeypatch.setattr(ds_comm, "get_rank", lambda group=None: 0)
+        config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
+        assert config.train_batch_size == case["training"]["global_batch_size"]
+        assert config.zero_optimization_stage == lay.zero_stage
+        assert (config.zero_config.offload_optimizer is not None) == bool(lay.offload_optimizer)
+        assert json.loads(files["ds_config.json"])["train_micro_batch_size_per_gpu"] == lay.micro_batch_size
+    elif engine == "megatron":
+        args = parse_args(files["megatron_args.txt"])
+        config = transformer_config(args)
+        assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (lay.tp, lay.pp)
+        assert "--tp-comm-overlap" not in args or "--sequence-parallel" in args
+        assert int(args["--global-batch-size"]) == case["training"]["global_batch_size"]
+    else:
+        check_emitted(best, case["training"]["global_batch_size"], workdir, f"tt_property_{index}")
+
+
+def test_the_generated_jobs_reach_every_outcome():
+    """Some fit and are written, some are refused up front; every engine writes some."""
+    written = {engine: 0 for engine in ENGINES}
+    refused = 0
+    for engine, case in CASES:
+        try:
+            best = planner.plan(case, top_k=0, target=engine, engine=engine).best
+        except CaseError:
+            refused += 1
+            continue
+        written[engine] += best is not None
+    assert refused >= 3 and all(n >= 3 for n in written.values()), (written, refused)
