@@ -456,3 +456,25 @@ def test_the_command_prints_the_api_json_and_one_line_errors(tmp_path):
         assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"error: {option}: "), done.stderr
     done = cli("plan", str(path))
     assert done.returncode == 2 and done.stderr.startswith(f"error: {path}: cluster.options: ")
+
+
+def test_an_interrupted_sizing_exits_130():
+    import os
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "planner", "size", str(EXAMPLE), "--tokens", "15T",
+                                "--deadline", "60d"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=REPO)
+    deadline = time.monotonic() + 60
+    while True:  # until main() has installed its handler
+        status = Path(f"/proc/{process.pid}/status").read_text()
+        caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+        if caught & (1 << (signal.SIGINT - 1)):
+            break
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.5)  # inside the sizing: imports, searches, solves
+    os.kill(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130 and stderr.strip() == "error: interrupted" and stdout == ""
