@@ -4,7 +4,6 @@ the constraints its solver holds, the cluster-options schema and the command lin
 from __future__ import annotations
 
 import json
-import math
 import random
 import subprocess
 import sys
@@ -18,7 +17,6 @@ import yaml
 
 import planner
 from cost_models.specs import Layout
-from planner.case import load_case
 from planner.presets import gpu_presets
 from planner.search import Candidate, divisors, search_spec
 from planner.size import SECONDS_PER_DAY, load_sizing_case, work_lower_bound
