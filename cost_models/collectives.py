@@ -62,6 +62,27 @@ def collective_time(kind: str, size_bytes: float, links: GroupLinks, perf: Perfo
     return latency(kind, links, perf) + volume / (share * bus_bandwidth(links, perf))
 
 
+def all_to_all_time(size_bytes: float, links: GroupLinks, perf: Performance) -> float:
+    """Seconds for one all-to-all in which every rank sends ``size_bytes`` in all, an equal share
+    to each of the n ranks of the group (its own share stays).
+
+    Each rank's share for the peers of its own NVLink domain goes over NVLink, the share for the
+    other domains through its own NIC, both at once; the slower decides. nccl-tests' all-to-all
+    on 2 p5 nodes (16 H100, EFA) moves 84.5 GB/s per GPU (algbw), half of it across: 42 GB/s
+    through each 50 GB/s NIC, which is what ``FabricSpec.alltoall_efficiency`` holds
+    (``shared/hardware/achieved.yaml``). The ranks exchange with all peers at once, so the
+    latency is one step's."""
+    n = links.size
+    if n == 1 or size_bytes <= 0:
+        return 0.0
+    inside = size_bytes * (links.per_domain - 1) / n
+    outside = size_bytes * (n - links.per_domain) / n
+    t_inside = inside / (links.intra_bandwidth * perf.intra_node_efficiency)
+    if outside <= 0:
+        return perf.link_latency_s + t_inside
+    return links.inter_latency + max(t_inside, outside / links.alltoall_bandwidth)
+
+
 def exposed(comm_s: float, compute_s: float, perf: Performance) -> float:
     """The part of ``comm_s`` of communication that ``compute_s`` of compute running beside it
     does not hide: c − ov·min(c, C). ``Performance.comm_overlap`` (ov) is the share of the

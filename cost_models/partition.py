@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .flops import attention_flops, head_gemm, layer_gemms
+from .flops import head_gemm, layer_forward_flops
 from .specs import Layout, ModelSpec, TrainingSpec
 
 
 def layer_and_head_cost(model: ModelSpec, seq_len: int) -> tuple[float, float]:
-    """Forward FLOPs per token of one layer (GEMMs and causal attention) and of the LM head."""
-    layer = sum(g.flops for g in layer_gemms(model, 1, 1)) + attention_flops(model, 1, 1, seq_len, 1)
+    """Forward FLOPs per token of one layer (GEMMs and causal attention; a mixture of experts'
+    mean over its dense and MoE layers) and of the LM head."""
+    moe = model.num_moe_layers
+    layer = ((model.num_layers - moe) * layer_forward_flops(model, seq_len, False)
+             + moe * layer_forward_flops(model, seq_len, True)) / model.num_layers
     return layer, head_gemm(model, 1, 1).flops
 
 

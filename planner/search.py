@@ -25,8 +25,9 @@ from typing import Any, Iterator, Optional
 
 from cost_models.memory import peak_stage_memory
 from cost_models.partition import default_partition
-from cost_models.specs import Job, Layout, SpecError
-from cost_models.step_time import layer_forward_time_for, step_time, tp_exposed_per_layer
+from cost_models.experts import dispatch_combine_time
+from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
+from cost_models.step_time import layer_forward_time_for, moe_layer_forward_time_for, step_time, tp_exposed_per_layer
 
 from .case import Case, _bool, _int, _mapping, _number, _str
 from .engines import ENGINES, Engine, EngineSupport
@@ -40,8 +41,8 @@ from .limits import MAX_TOP_K
 MIN_TOKENS_PER_CP_RANK = 1024
 
 PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
-            "recompute_num_layers")
-BOUNDED = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage")
+            "recompute_num_layers", "ep", "etp")
+BOUNDED = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "ep", "etp")
 SEARCH_KEYS = ("target", "headroom", "top_k", "tp_across_nodes") + PINNABLE \
     + tuple(f"{side}_{name}" for name in BOUNDED for side in ("min", "max"))
 
@@ -220,6 +221,31 @@ def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, in
                     yield tp, cp, pp, dp
 
 
+def expert_options(case: Case, spec: SearchSpec, tp: int, cp: int, dp: int) -> list[tuple[int, Optional[int]]]:
+    """(ep, etp) pairs to score for one structure: for a dense model only (1, None); for a
+    mixture of experts every ep that divides the experts and, with etp, the attention's
+    tp·cp·dp ranks (the expert grid folds over them), and the engine's etp choices (1 and tp
+    where it runs any: ``EngineSupport.expert_tp_choices``) within one NVLink domain unless
+    ``tp_across_nodes``."""
+    model, cluster = case.model, case.cluster
+    if not model.is_moe:
+        return [(1, None)]
+    engine = spec.engine
+    out = []
+    for etp in engine.expert_tp_choices(tp):
+        if model.moe_ffn_hidden_size % etp or not spec.admits("etp", etp):
+            continue
+        if etp > cluster.gpu.nvlink_domain and not spec.tp_across_nodes:
+            continue
+        for ep in divisors(model.num_experts):
+            if (tp * cp * dp) % (etp * ep) or not spec.admits("ep", ep):
+                continue
+            if ep > 1 and not engine.expert_parallel:
+                continue
+            out.append((ep, etp))
+    return out
+
+
 def _recompute_ladder(spec: SearchSpec, base: Layout) -> Iterator[Layout]:
     """Layouts from least to most recomputation that the engine and pins allow, built as needed."""
     for level in ("none", "selective", "full"):
@@ -314,11 +340,22 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
             tightest_peak, result.tightest = peak, job
 
     def lower_bound(tp: int, cp: int, pp: int, dp: int, vpp: int, sp: bool, mbs: int,
-                    stage_layers: tuple[int, ...]) -> float:
+                    stage_layers: tuple[int, ...], ep: int, etp: Optional[int]) -> float:
         m = training.global_batch_size // (mbs * dp)
-        layer = layer_forward_time_for(model, training, case.cluster.gpu, tp, cp, mbs, sp)[0]
+        gpu = case.cluster.gpu
+        layer = layer_forward_time_for(model, training, gpu, tp, cp, mbs, sp)[0]
         collectives = sum(tp_exposed_per_layer(model, training, case.cluster, tp, cp, mbs, sp))
-        return (m + (pp - 1) / vpp) * max(stage_layers) * (3 * layer + collectives)
+        per_layer = 3 * layer + collectives
+        if not model.is_moe:
+            return (m + (pp - 1) / vpp) * max(stage_layers) * per_layer
+        # An MoE layer: its compute, half or all of the TP pair, and its dispatches and combines.
+        etp = etp or tp
+        moe = 3 * moe_layer_forward_time_for(model, training, gpu, tp, cp, mbs, sp, ep, etp)[0] \
+            + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) \
+            + 2 * dispatch_combine_time(model, training, case.cluster, tp, cp, mbs, ep, etp)
+        moe_counts = moe_layers_per_stage(model, stage_layers, vpp)
+        stage = max((n - k) * per_layer + k * moe for n, k in zip(stage_layers, moe_counts))
+        return (m + (pp - 1) / vpp) * stage
 
     # Every (structure, partition, vpp, sp) with its micro-batches, the most promising first,
     # so that a good incumbent prunes early.
@@ -348,9 +385,11 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                 if not micro_batches:
                     continue
                 for sp in sp_options:
-                    bounds = {mbs: lower_bound(tp, cp, pp, dp, vpp, sp, mbs, stage_layers) for mbs in micro_batches}
-                    groups.append((min(bounds.values()), tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros,
-                                   bounds))
+                    for ep, etp in expert_options(case, spec, tp, cp, dp):
+                        bounds = {mbs: lower_bound(tp, cp, pp, dp, vpp, sp, mbs, stage_layers, ep, etp)
+                                  for mbs in micro_batches}
+                        groups.append((min(bounds.values()), tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros,
+                                       bounds, ep, etp))
     if keep_within is not None:
         groups.sort(key=lambda g: g[0])
 
@@ -359,7 +398,7 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
             return math.inf
         return max(-fastest[0], min(-t for t in fastest) * (1 + keep_within))
 
-    for index, (least, tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros, bounds) in enumerate(groups):
+    for index, (least, tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros, bounds, ep, etp) in enumerate(groups):
         if least > threshold():
             result.pruned += sum(len(g[10]) for g in groups[index:])  # sorted: none after can do better
             break
@@ -378,7 +417,7 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                     result.pruned += 1
                     continue
                 base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
-                              zero_stage=zero, sequence_parallel=sp, stage_layers=partition)
+                              zero_stage=zero, sequence_parallel=sp, stage_layers=partition, ep=ep, etp=etp)
                 hit, scored = _least_recompute(case, spec, base, at_least, note_miss)
                 result.scored += scored
                 if hit is None:

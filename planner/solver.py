@@ -1,7 +1,7 @@
 """The CP-SAT model that holds the decision.
 
 Decision variables are the layout's degrees and choices. The model states the world size
-(dp·tp·pp·cp = GPUs), the global batch (micro_batch·accumulation·dp = global batch), the
+(dp·tp·pp·cp = GPUs), the expert grid folded over the same ranks (etp·ep·edp = tp·cp·dp), the global batch (micro_batch·accumulation·dp = global batch), the
 pins and bounds of the case's ``search`` section, and the memory limit; the nonlinear
 step time and peak memory of each scored layout enter through a table constraint (one
 row per layout from :mod:`planner.search`), as CP-SAT's documentation suggests for
@@ -54,6 +54,8 @@ class LayoutModel:
         mbs = var("micro_batch_size", [lay.micro_batch_size for lay in lays])
         gas = var("grad_accum", [gbs // (lay.micro_batch_size * lay.dp) for lay in lays])
         zero = var("zero_stage", [lay.zero_stage for lay in lays])
+        ep = var("ep", [lay.ep for lay in lays])
+        etp = var("etp", [lay.expert_tp for lay in lays])
         self.time_us = var("step_time_us", [round(c.step_time_s * 1e6) for c in candidates])
         mem_mb = var("peak_mb", [int(c.peak_bytes // 1e6) for c in candidates])
         rank = m.NewIntVar(0, max(len(candidates) - 1, 0), "complexity_rank")
@@ -72,7 +74,7 @@ class LayoutModel:
         capacity_mb = int(case.cluster.gpu.memory_bytes * (1 - spec.headroom) / 1e6)
         m.Add(mem_mb <= capacity_mb)
         for name, variable in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("micro_batch_size", mbs),
-                               ("zero_stage", zero)):
+                               ("zero_stage", zero), ("ep", ep), ("etp", etp)):
             if name in spec.pins:
                 m.Add(variable == spec.pins[name])
             low, high = spec.bounds.get(name, (None, None))
@@ -90,6 +92,14 @@ class LayoutModel:
         m.AddElement(self.idx, [lay.micro_batch_size for lay in lays], mbs)
         m.AddElement(self.idx, [gbs // (lay.micro_batch_size * lay.dp) for lay in lays], gas)
         m.AddElement(self.idx, [lay.zero_stage for lay in lays], zero)
+        m.AddElement(self.idx, [lay.ep for lay in lays], ep)
+        m.AddElement(self.idx, [lay.expert_tp for lay in lays], etp)
+        # The expert grid etp·ep·edp folds over the attention's tp·cp·dp ranks.
+        edp = var("edp", [lay.edp for lay in lays])
+        m.AddElement(self.idx, [lay.edp for lay in lays], edp)
+        stage_ranks = m.NewIntVar(1, n, "tp_cp_dp")
+        m.AddMultiplicationEquality(stage_ranks, [tp, cp, dp])
+        m.AddMultiplicationEquality(stage_ranks, [etp, ep, edp])
         m.AddElement(self.idx, [round(c.step_time_s * 1e6) for c in candidates], self.time_us)
         m.AddElement(self.idx, [int(c.peak_bytes // 1e6) for c in candidates], mem_mb)
         m.AddElement(self.idx, [self.rank[i] for i in range(len(candidates))], rank)

@@ -35,11 +35,37 @@ class EngineSupport:
     tp_comm_overlap: bool = True
     # The highest ZeRO stage tensor parallelism combines with (DeepSpeed's AutoTP: 2).
     max_zero_with_tp: int = 3
+    # Expert parallelism (layout.ep > 1) for mixtures of experts, and which expert
+    # tensor-parallel degrees the engine runs: "any" divisor (Megatron's
+    # --expert-tensor-parallel-size), "tp" (the experts split as the attention is: DeepSpeed's
+    # enable_expert_tensor_parallelism) or "one" (whole experts: torchtitan shards them with FSDP
+    # over the ranks expert parallelism leaves). The search tries etp 1 and tp where "any".
+    expert_parallel: bool = True
+    expert_tp: str = "any"
     # What the engine says where a choice is missing: field name → reason.
     why: tuple[tuple[str, str], ...] = ()
 
     def reason(self, name: str, default: str) -> str:
         return dict(self.why).get(name, default)
+
+    def expert_tp_choices(self, tp: int) -> tuple[int, ...]:
+        """The expert tensor-parallel degrees the search tries at attention tensor parallelism ``tp``."""
+        if self.expert_tp == "one":
+            return (1,)
+        if self.expert_tp == "tp":
+            return (tp,)
+        return tuple(sorted({1, tp}))
+
+    def expert_refusals(self, tp: int, ep: int, etp: int) -> list[tuple[str, str]]:
+        """(layout key, reason) for each expert-parallel choice the engine does not offer."""
+        out = []
+        if ep > 1 and not self.expert_parallel:
+            out.append(("ep", self.reason("expert_parallel", "has no expert parallelism")))
+        if self.expert_tp == "one" and etp != 1:
+            out.append(("etp", self.reason("expert_tp", "runs whole experts (etp 1) only")))
+        elif self.expert_tp == "tp" and etp != tp:
+            out.append(("etp", self.reason("expert_tp", f"splits experts as the attention (etp = tp = {tp}) only")))
+        return out
 
     def allows(self, tp: int, pp: int, cp: int, vpp: int, zero_stage: int, sequence_parallel: bool,
                recompute: str) -> bool:
@@ -92,6 +118,8 @@ class Engine:
         lay, training = job.layout, job.training
         out = [(f"layout.{key}", why) for key, why in self.support.refusals(
             lay.tp, lay.pp, lay.cp, lay.vpp, lay.zero_stage, lay.sequence_parallel, lay.recompute)]
+        if job.model.is_moe:
+            out += [(f"layout.{key}", why) for key, why in self.support.expert_refusals(lay.tp, lay.ep, lay.expert_tp)]
         if lay.recompute_num_layers is not None and lay.recompute_num_layers < max(job.stage_layers) \
                 and not self.support.partial_recompute:
             out.append(("layout.recompute_num_layers",

@@ -7,7 +7,10 @@
   the pipeline's 3D grid (``PipeModelDataParallelTopology``: Megatron-DeepSpeed, as BLOOM
   ran), since AutoTP builds its groups over all ranks and ignores the pipeline
   (``engine._configure_tensor_parallel_states``); no context parallelism of Megatron's kind;
-  whole-layer activation checkpointing of every layer or none.
+  whole-layer activation checkpointing of every layer or none; mixtures of experts through
+  ``deepspeed.moe.layer.MoE(ep_size=…)``, its expert-parallel groups inside each pipeline
+  stage's data-parallel ranks (``utils/groups.py``), experts split over tensor-parallel ranks
+  when there are any.
 - Behaviour: ZeRO-3 gathers each submodule's weights on its own and again for the recompute
   (``zero/parameter_offload.py``); its pipeline reduces gradients after the last
   micro-batch (``pipe/schedule.py``: ReduceTiedGrads, ReduceGrads, OptimizerStep);
@@ -26,8 +29,11 @@ from .base import Engine, EngineSupport
 SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=False, context_parallel=False,
     sequence_parallel=(False,), recompute=("none", "full"), partial_recompute=False,
-    tp_comm_overlap=False, max_zero_with_tp=2,
-    why=(("max_zero_with_pp", "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3"),
+    tp_comm_overlap=False, max_zero_with_tp=2, expert_tp="tp",
+    why=(("expert_tp", "DeepSpeed-MoE splits experts over the tensor-parallel ranks "
+                       "(deepspeed.moe.layer.MoE, enable_expert_tensor_parallelism) or runs them whole without "
+                       "tensor parallelism: etp = tp"),
+         ("max_zero_with_pp", "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3"),
          ("interleaving", "DeepSpeed's pipeline engine has no interleaved schedule"),
          ("context_parallel", "DeepSpeed has no context parallelism of Megatron's kind"),
          ("sequence_parallel", "DeepSpeed's AutoTP has no sequence parallelism"),

@@ -4,7 +4,10 @@
   sequence parallelism, PP with virtual stages, CP, the distributed optimizer (ZeRO-1) and
   Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` or
   ``optim_grads_params``: ZeRO-2/3, offered to the search without pipelining), selective
-  (core attention) and full recomputation, uniform or of the first N layers per chunk.
+  (core attention) and full recomputation, uniform or of the first N layers per chunk; for
+  mixtures of experts, expert parallelism with any expert tensor-parallel degree on its own
+  grid (MoE parallel folding, ``--expert-tensor-parallel-size``), sequence parallelism required
+  with tensor parallelism (``MoELayer.forward``).
 - Behaviour: Transformer Engine's fused kernels (cuDNN attention, fused norm/SwiGLU/rotary,
   fp8 with cached weights and fp8-saved inputs), its in-place vocab-parallel cross-entropy,
   buckets of max(40 M, 1 M·dp) parameters (``megatron/core/distributed``), parameters
@@ -41,6 +44,9 @@ def rules(job: Job) -> list[tuple[str, str]]:
     if training.tp_comm_overlap and lay.tp > 1 and not lay.sequence_parallel:
         out.append(("training.tp_comm_overlap", "--tp-comm-overlap needs --sequence-parallel (validate_args): "
                                                 "set layout.sequence_parallel: true"))
+    if job.model.is_moe and lay.tp > 1 and not lay.sequence_parallel:
+        out.append(("layout.sequence_parallel", "megatron-core's MoELayer refuses to train with tensor parallelism "
+                                                "and no sequence parallelism: set layout.sequence_parallel: true"))
     if lay.recompute_num_layers is not None and lay.recompute_num_layers % lay.vpp:
         out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
                                                    f"{lay.recompute_num_layers} must divide by vpp {lay.vpp}"))

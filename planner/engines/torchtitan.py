@@ -3,7 +3,8 @@
 - Choices (``torchtitan/distributed/parallel_dims.py``, ``config``): FSDP2 sharding (ZeRO-3)
   or replication (ZeRO-0), TP always with sequence parallelism on the norms, PP with
   interleaved schedules of equal model chunks, CP (whose ranks always join the FSDP shard
-  mesh), selective (op-level) and full activation checkpointing of every layer; bfloat16 or
+  mesh), expert parallelism (``parallelism.expert_parallel_degree``) over whole experts,
+  selective (op-level) and full activation checkpointing of every layer; bfloat16 or
   float32 parameters (fp8 GEMMs through torchao), gradients reduced in float32.
 - Behaviour: each block compiled (fused element-wise kernels), attention through SDPA,
   op-level selective checkpointing, float32 gradient reduction (``mixed_precision_reduce``),
@@ -20,8 +21,11 @@ from .base import Engine, EngineSupport
 SUPPORT = EngineSupport(
     zero_stages=(0, 3), max_zero_with_pp=3, interleaving=True, context_parallel=True,
     sequence_parallel=(True,), recompute=("none", "selective", "full"), partial_recompute=False,
-    cp_shards_states=True,
-    why=(("zero_stages", "torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0)"),
+    cp_shards_states=True, expert_tp="one",
+    why=(("expert_tp", "torchtitan runs whole experts: expert parallelism borrows ranks from FSDP and TP, and the "
+                       "experts are FSDP-sharded over the rest (ParallelDims: efsdp = dp_shard·cp·tp / ep); "
+                       "set layout.etp: 1"),
+         ("zero_stages", "torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0)"),
          ("sequence_parallel", "torchtitan's tensor parallelism always uses sequence parallelism"),
          ("partial_recompute", "torchtitan's full activation checkpointing wraps every layer"),
          ("cp_shards_states", "torchtitan folds context-parallel ranks into its FSDP mesh: cp > 1 needs "
