@@ -79,6 +79,11 @@ class EngineBehaviour:
     # Split pipeline stages by compute where the layout does not say (else evenly), as nanotron
     # does (``cost_models.partition``).
     balance_stages: bool = True
+    # Expert-parallel dispatch that sends a token once to each NVLink domain holding one of its
+    # experts and forwards it inside the domain over NVLink (DeepEP's and HybridEP's kernels, the
+    # flex token dispatcher of megatron-core), rather than once per expert
+    # (``experts.dispatch_combine_time``).
+    hierarchical_dispatch: bool = False
 
     def __post_init__(self) -> None:
         if self.selective not in ("attention", "matmuls"):

@@ -115,16 +115,35 @@ def dispatch_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, m
         * model.routed_factor
 
 
+def remote_domains_per_token(model: ModelSpec, domains: int) -> float:
+    """NVLink domains other than its own that one token's k copies reach, on average, when its
+    experts are spread evenly over ``domains`` domains of the expert-parallel group:
+    (D − 1)·(1 − (1 − 1/D)^k) (each copy lands in a given domain with probability 1/D)."""
+    if domains <= 1:
+        return 0.0
+    return (domains - 1) * (1 - (1 - 1 / domains) ** model.moe_top_k)
+
+
 @lru_cache(maxsize=4096)
 def dispatch_combine_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
                           micro_batch_size: int, ep: int, etp: int) -> float:
     """One dispatch and one combine (a forward pass; the backward runs the same pair reversed)
     over the links the expert-parallel group spans (``topology.group_shape``: stride etp, ep
-    ranks), with etp's all-gather and reduce-scatter of the routed copies."""
+    ranks), with etp's all-gather and reduce-scatter of the routed copies.
+
+    A plain all-to-all sends every copy to its expert's rank: (ep − per-domain)/ep of them
+    leave the domain. A hierarchical dispatch (``EngineBehaviour.hierarchical_dispatch``)
+    sends each token once to each other domain that holds one of its experts
+    (:func:`remote_domains_per_token`) and forwards it there over NVLink; the combine reduces
+    in the domain before sending back."""
     lay = Layout(tp=tp, cp=cp, dp=cluster.num_gpus // (tp * cp), ep=ep, etp=etp)
     perf = cluster.gpu.performance
     size = dispatch_bytes(model, training, tp, cp, micro_batch_size)
-    time = 2 * all_to_all_time(size, group_links(cluster, lay, "ep"), perf)
+    links = group_links(cluster, lay, "ep")
+    crossing = None
+    if training.engine.hierarchical_dispatch and links.domains > 1:
+        crossing = size / model.moe_top_k * remote_domains_per_token(model, links.domains)
+    time = 2 * all_to_all_time(size, links, perf, crossing)
     if etp > 1:
         gathered = size * etp
         links = group_links(cluster, lay, "etp")
@@ -142,9 +161,9 @@ def moe_mlp_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: L
     - each expert's input (the dispatched copies), R·h; in one byte where Transformer Engine
       keeps fp8 inputs;
     - the experts' hidden activations, as a dense MLP's (SwiGLU fused: its 2f input and the f
-      input of the down projection), on R copies of width f_e/etp;
-    - the experts' outputs, R·h, which the probability-weighted unpermutation keeps for the
-      probabilities' gradient;
+      input of the down projection), on R copies of width f_e/etp; the router's probabilities
+      are applied inside the activation (``TEGroupedMLP.activation_func_with_probs``), so the
+      unpermutation keeps no expert output;
     - the shared experts' hidden activations on the group's tokens, width f_s/tp.
     """
     p = activation_bytes(training.precision)
@@ -155,8 +174,7 @@ def moe_mlp_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: L
     widths = (3 if fused else 4) if model.activation == "swiglu" else 2
     hidden_per_width = (widths - 1) * p + g
     router = 2 * ROUTER_BYTES * tokens * model.num_experts
-    experts = routed * (g * model.hidden_size + hidden_per_width * model.moe_ffn_hidden_size / lay.expert_tp
-                        + p * model.hidden_size)
+    experts = routed * (g * model.hidden_size + hidden_per_width * model.moe_ffn_hidden_size / lay.expert_tp)
     shared = hidden_per_width * tokens * model.moe_shared_expert_ffn_hidden_size
     return router + experts + shared
 

@@ -632,8 +632,8 @@ class Job:
         if lay.stage_layers is not None:
             if sum(lay.stage_layers) != m.num_layers:
                 raise SpecError(s, "stage_layers", f"must sum to num_layers {m.num_layers}, got {sum(lay.stage_layers)}")
-            if lay.vpp > 1 and any(n % lay.vpp for n in lay.stage_layers):
-                raise SpecError(s, "stage_layers", f"each stage's layers must divide by vpp {lay.vpp}")
+            if lay.vpp > 1 and min(lay.stage_layers) < lay.vpp:
+                raise SpecError(s, "stage_layers", f"each stage needs a layer in each of its {lay.vpp} model chunks")
         elif lay.account_for_embedding_in_pipeline_split or lay.account_for_loss_in_pipeline_split:
             units = m.num_layers + lay.account_for_embedding_in_pipeline_split + lay.account_for_loss_in_pipeline_split
             if units % (lay.pp * lay.vpp):
@@ -642,8 +642,10 @@ class Job:
         elif self.training.engine.balance_stages and lay.vpp == 1:  # balanced split (cost_models.partition)
             if m.num_layers < lay.pp - 2:
                 raise SpecError(s, "pp", f"num_layers {m.num_layers} cannot fill pp {lay.pp} stages")
-        elif m.num_layers % (lay.pp * lay.vpp):
-            raise SpecError(s, "pp", f"num_layers {m.num_layers} must divide by pp·vpp = {lay.pp * lay.vpp} "
+        elif lay.vpp > 1 and m.num_layers < lay.pp * lay.vpp:
+            raise SpecError(s, "vpp", f"num_layers {m.num_layers} cannot fill pp·vpp = {lay.pp * lay.vpp} model chunks")
+        elif lay.vpp == 1 and m.num_layers % lay.pp:
+            raise SpecError(s, "pp", f"num_layers {m.num_layers} must divide by pp = {lay.pp} "
                                      "(or give layout.stage_layers)")
         if lay.recompute_num_layers is not None and lay.recompute_num_layers > max(self.stage_layers):
             raise SpecError(s, "recompute_num_layers",
@@ -709,11 +711,13 @@ def moe_layers_per_stage(model: ModelSpec, stage_layers: tuple[int, ...], vpp: i
     r, pp + r, … of stage_layers[r] / vpp consecutive layers each (Megatron's order)."""
     if not model.is_moe:
         return (0,) * len(stage_layers)
+    from .partition import chunk_layers
+
+    chunks = [chunk_layers(layers, vpp) for layers in stage_layers]
     counts = [0] * len(stage_layers)
     start = 0
-    for _ in range(vpp):
-        for rank, layers in enumerate(stage_layers):
-            chunk = layers // vpp
-            counts[rank] += model.moe_layers_in(start, chunk)
-            start += chunk
+    for v in range(vpp):
+        for rank in range(len(stage_layers)):
+            counts[rank] += model.moe_layers_in(start, chunks[rank][v])
+            start += chunks[rank][v]
     return tuple(counts)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from cost_models.model_states import fp32_gradients
+from cost_models.partition import chunk_layers
 from cost_models.specs import Job, Layout, SpecError
 
 from ..engines import ENGINES
@@ -105,16 +106,19 @@ def uneven_stages(layout: Layout) -> Optional[tuple[int, int]]:
 def layout_string(layout: Layout) -> Optional[str]:
     """``--pipeline-model-parallel-layout`` for a partition whose middle stages differ, else None.
 
-    Virtual stage ``v`` of pipeline rank ``r`` is entry ``v·pp + r``; every rank's chunks are equal."""
+    Virtual stage ``v`` of pipeline rank ``r`` is entry ``v·pp + r``; a rank's chunks are equal, or
+    differ by one layer, the spare ones first (``cost_models.partition.chunk_layers``), as for
+    layers the pp·vpp virtual stages do not divide."""
     stages = layout.stage_layers
-    if stages is None or len(set(stages)) == 1 or uneven_stages(layout) is not None:
+    if stages is None or uneven_stages(layout) is not None:
         return None
+    if len(set(stages)) == 1 and stages[0] % layout.vpp == 0:
+        return None
+    chunks = [chunk_layers(n, layout.vpp) for n in stages]
     entries = []
     for v in range(layout.vpp):
         for r, n in enumerate(stages):
-            if n % layout.vpp:
-                raise _refuse(f"stage {r} holds {n} layers, which do not split into {layout.vpp} model chunks")
-            chunk = n // layout.vpp
+            chunk = chunks[r][v]
             entry = "t" * chunk if chunk <= 2 else f"t*{chunk}"
             if v == 0 and r == 0:
                 entry = "E" + entry
@@ -165,6 +169,9 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         ("--tensor-model-parallel-size", str(lay.tp)),
         ("--pipeline-model-parallel-size", str(lay.pp)),
     ]
+    if lay.stage_layers is None and lay.vpp > 1 and m.num_layers % (lay.pp * lay.vpp):
+        # Interleaving over layers the virtual stages do not divide: the layout string says how.
+        lay = lay.with_changes(stage_layers=job.stage_layers)
     uneven = uneven_stages(lay)
     custom = layout_string(lay)
     accounted = [flag for field, flag in ACCOUNT_FLAGS.items() if getattr(lay, field)]
@@ -502,9 +509,10 @@ def read(path: Path, case) -> Layout:
             raise CaseError(src, flag, f"holds {sum(counts)} transformer layers, the case's model {layers}")
         vpp = len(counts) // pp
         per_rank = [[counts[v * pp + r] for v in range(vpp)] for r in range(pp)]
-        if any(len(set(chunks_of_rank)) > 1 or 0 in chunks_of_rank for chunks_of_rank in per_rank):
-            raise CaseError(src, flag, "model chunks of one pipeline rank must hold equal, non-zero layer counts "
-                                       "(the planner models no other split)")
+        if any(tuple(chunks_of_rank) != chunk_layers(sum(chunks_of_rank), vpp) or 0 in chunks_of_rank
+               for chunks_of_rank in per_rank):
+            raise CaseError(src, flag, "model chunks of one pipeline rank must hold equal, non-zero layer counts, "
+                                       "or differ by one with the larger first (the planner models no other split)")
         stages = [sum(chunks_of_rank) for chunks_of_rank in per_rank]
         stage_layers = tuple(stages) if len(set(stages)) > 1 else None
     elif per_chunk is not None and chunks is not None:
@@ -526,7 +534,7 @@ def read(path: Path, case) -> Layout:
         if pp <= 2 and "--no-overlap-p2p-communication" in flags:
             raise CaseError(src, "--no-overlap-p2p-communication",
                             "interleaving without p2p overlap needs --pipeline-model-parallel-size > 2")
-        for n in stage_layers or (units // pp,):
+        for n in (() if custom is not None else stage_layers or (units // pp,)):
             if n % vpp:
                 raise CaseError(src, "--num-virtual-stages-per-pipeline-rank",
                                 f"{vpp} model chunks must divide every stage's layers, got a stage of {n}")

@@ -13,7 +13,9 @@
   buckets of max(40 M, 1 M·dp) parameters (``megatron/core/distributed``), parameters
   gathered behind the next forward (--overlap-param-gather) and interleaved sends posted
   ahead (``overlap_p2p_comm``); gradients reduced in the parameters' dtype
-  (``DistributedDataParallelConfig.grad_reduce_in_fp32 = False``), even layer splits.
+  (``DistributedDataParallelConfig.grad_reduce_in_fp32 = False``), even layer splits; the
+  flex token dispatcher (``--moe-token-dispatcher-type flex``, DeepEP or HybridEP as NeMo's and
+  Megatron-Bridge's MoE recipes run it), which sends a token once per destination NVLink domain.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ BEHAVIOUR = EngineBehaviour(
     name="megatron", p2p_overlap_interleaved=True, bucket_params=40e6, bucket_bytes=0.0,
     overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention", fused_attention=True,
     fused_elementwise=True, fp8_cast_bytes=3.0, fp8_weight_cache=True, fp8_saves_inputs=True,
-    collective_launch_s=0.0, balance_stages=False,
+    collective_launch_s=0.0, balance_stages=False, hierarchical_dispatch=True,
 )
 
 
