@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from cost_models.model_states import fp32_gradients
-from cost_models.partition import chunk_layers
+from cost_models.partition import chunk_layers, virtual_partition
 from cost_models.specs import Job, Layout, SpecError
 
 from ..engines import ENGINES
@@ -51,14 +51,15 @@ INT_FLAGS = (
     "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups", "--ffn-hidden-size",
-    "--seq-length", "--max-position-embeddings",
+    "--seq-length", "--max-position-embeddings", "--num-experts", "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size", "--moe-router-topk",
     # torchrun
     "--nnodes", "--nproc-per-node",
 )
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
              "--data-parallel-sharding-strategy")
 BOOL_FLAGS = (
-    "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
+    "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
     "--no-overlap-p2p-communication", "--use-torch-fsdp2", "--use-megatron-fsdp", "--use-custom-fsdp",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
@@ -76,6 +77,7 @@ FLAG_OF_FIELD = {
     "zero_stage": "--use-distributed-optimizer", "sequence_parallel": "--sequence-parallel",
     "recompute": "--recompute-granularity", "recompute_num_layers": "--recompute-num-layers",
     "stage_layers": "--decoder-first-pipeline-num-layers", "global_batch_size": "--global-batch-size",
+    "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
 }
 
 
@@ -99,6 +101,8 @@ def uneven_stages(layout: Layout) -> Optional[tuple[int, int]]:
     even split or a partition those flags cannot express (middle stages that differ)."""
     stages = layout.stage_layers
     if stages is None or len(set(stages)) == 1 or len(set(stages[1:-1])) > 1:
+        return None
+    if any(n % layout.vpp for n in stages):  # unequal model chunks: only a layout string says them
         return None
     return stages[0], stages[-1]
 
@@ -224,6 +228,16 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     args.append(("--ffn-hidden-size", str(m.ffn_hidden_size)))
     if m.activation == "swiglu":
         args.append(("--swiglu", None))
+    if m.attention_type == "mla":
+        args.append(("--multi-latent-attention", None))
+        if m.q_lora_rank:
+            args.append(("--q-lora-rank", str(m.q_lora_rank)))
+        args += [("--kv-lora-rank", str(m.kv_lora_rank)), ("--qk-head-dim", str(m.qk_head_dim)),
+                 ("--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)), ("--v-head-dim", str(m.v_head_dim))]
+    elif m.head_dim * m.num_attention_heads != m.hidden_size:
+        args.append(("--kv-channels", str(m.head_dim)))
+    if m.is_moe:
+        args += moe_arguments(job)
     args += [("--seq-length", str(t.seq_len)), ("--max-position-embeddings", str(t.seq_len))]
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
@@ -236,6 +250,58 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args.append(("--accumulate-allreduce-grads-in-fp32", None))
     if t.tp_comm_overlap and lay.tp > 1:
         args.append(("--tp-comm-overlap", None))  # Transformer Engine userbuffers
+    return args
+
+
+def moe_layer_pattern(model) -> str:
+    """``--moe-layer-freq`` as the Python list expression Megatron-LM evaluates, one entry per
+    layer (1: experts), e.g. ``([0]*3+[1]*58)`` for DeepSeek-V3, ``([0,1]*24)`` for Llama 4
+    Maverick; a plain 1 when every layer has experts. The layers follow
+    ``ModelSpec.is_moe_layer``: the leading dense ones, then blocks of freq − 1 dense layers and
+    one MoE layer, then any dense layers left."""
+    dense, freq = model.moe_first_dense_layers, model.moe_layer_freq
+    blocks = model.num_moe_layers
+    tail = model.num_layers - dense - blocks * freq
+    if dense == 0 and freq == 1 and tail == 0:
+        return "1"
+    terms = [f"[0]*{dense}"] if dense else []
+    terms.append(f"[{','.join(['0'] * (freq - 1) + ['1'])}]*{blocks}")
+    if tail:
+        terms.append(f"[0]*{tail}")
+    return "(" + "+".join(terms) + ")"
+
+
+def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
+    """The mixture-of-experts arguments (Megatron-LM's MoE guide, ``megatron/core/transformer/moe``):
+    the experts and their widths, the router, the expert grid (MoE parallel folding), grouped
+    GEMMs and the token dispatcher the estimate timed: flex (DeepEP) where tokens cross ranks,
+    which megatron-core's flex dispatcher needs tp·ep > 1 for; all-to-all with a capacity
+    factor, whose padding the DeepEP backend refuses (``TransformerConfig.__post_init__``)."""
+    m, lay = job.model, job.layout
+    args: list[tuple[str, Optional[str]]] = [
+        # No linear biases, as the parameter count has none; megatron-core also allows MoE biases
+        # only with etp 1 (TransformerConfig).
+        ("--disable-bias-linear", None),
+        ("--num-experts", str(m.num_experts)), ("--moe-router-topk", str(m.moe_top_k)),
+        ("--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size))]
+    if m.moe_shared_expert_ffn_hidden_size:
+        args.append(("--moe-shared-expert-intermediate-size", str(m.moe_shared_expert_ffn_hidden_size)))
+    pattern = moe_layer_pattern(m)
+    if pattern != "1":
+        args.append(("--moe-layer-freq", pattern))
+    args += [("--moe-router-score-function", m.moe_router), ("--moe-router-dtype", "fp32")]
+    if m.moe_top_k == 1 and m.moe_router == "softmax":
+        args.append(("--moe-router-pre-softmax", None))  # TransformerConfig: softmax over one expert has no gradient
+    args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.expert_tp)),
+             ("--moe-grouped-gemm", None)]
+    if m.moe_capacity_factor is not None:
+        args += [("--moe-token-dispatcher-type", "alltoall"),
+                 ("--moe-expert-capacity-factor", f"{m.moe_capacity_factor:g}"),
+                 ("--moe-pad-expert-input-to-capacity", None)]
+    elif lay.tp * lay.ep > 1:
+        args += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
+    else:
+        args.append(("--moe-token-dispatcher-type", "alltoall"))
     return args
 
 
@@ -270,7 +336,8 @@ def render(estimate, header_lines) -> dict[str, str]:
                    for flag, value in args)
     lay = job.layout
     summary = (f"Megatron-LM pretrain_gpt.py arguments: layout dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp} "
-               f"vpp={lay.vpp}, {job.grad_accum} micro-batches per step")
+               f"vpp={lay.vpp}" + (f" ep={lay.ep} etp={lay.expert_tp}" if job.model.is_moe else "")
+               + f", {job.grad_accum} micro-batches per step")
     args_text = (header + comment([
         summary,
         "Add data, tokenizer, learning-rate and architecture details the planner does not model",
@@ -420,6 +487,10 @@ def read(path: Path, case) -> Layout:
         value = integer(flag)
         if value is not None and value != expected:
             raise CaseError(src, flag, f"{value} differs from the case's {expected}")
+    for flag, expected in (("--num-experts", model.num_experts), ("--moe-router-topk", model.moe_top_k)):
+        value = integer(flag)
+        if value is not None and value != expected:
+            raise CaseError(src, flag, f"{value} differs from the case's {expected or 'dense model (no experts)'}")
     groups = integer("--num-query-groups")
     if groups is not None and "--group-query-attention" in flags and groups != model.num_kv_heads:
         raise CaseError(src, "--num-query-groups", f"{groups} differs from the case's {model.num_kv_heads} KV heads")
@@ -515,6 +586,8 @@ def read(path: Path, case) -> Layout:
                                        "or differ by one with the larger first (the planner models no other split)")
         stages = [sum(chunks_of_rank) for chunks_of_rank in per_rank]
         stage_layers = tuple(stages) if len(set(stages)) > 1 else None
+        if layers % (pp * vpp) and stage_layers == virtual_partition(layers, pp, vpp):
+            stage_layers = None  # the split the planner makes by itself (cost_models.partition)
     elif per_chunk is not None and chunks is not None:
         raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
                         "give either it or --num-virtual-stages-per-pipeline-rank, not both")
@@ -584,9 +657,13 @@ def read(path: Path, case) -> Layout:
         raise CaseError(src, "--recompute-granularity", f"expected selective or full, got {granularity!r}")
 
     try:
+        experts = {}
+        if model.is_moe:  # megatron-core's default expert tensor parallel size is tp
+            experts = {"ep": integer("--expert-model-parallel-size", 1),
+                       "etp": integer("--expert-tensor-parallel-size", tp)}
         layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=micro, zero_stage=zero,
                         sequence_parallel=sequence_parallel, recompute=recompute,
-                        recompute_num_layers=recompute_layers, stage_layers=stage_layers, **accounted)
+                        recompute_num_layers=recompute_layers, stage_layers=stage_layers, **accounted, **experts)
         Job(case.model, case.cluster, case.training, layout, case.overheads)
     except SpecError as error:
         raise CaseError(src, FLAG_OF_FIELD.get(error.key, error.key), error.message) from None

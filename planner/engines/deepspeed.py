@@ -52,11 +52,16 @@ BEHAVIOUR = EngineBehaviour(
 
 
 def rules(job: Job) -> list[tuple[str, str]]:
-    training = job.training
+    training, lay = job.training, job.layout
+    out = []
     if training.precision == "fp16" and fp32_gradients(training):
-        return [("training.fp32_grads", "DeepSpeed accumulates fp16 gradients in fp16 "
-                                        "(data_types.grad_accum_dtype)")]
-    return []
+        out.append(("training.fp32_grads", "DeepSpeed accumulates fp16 gradients in fp16 "
+                                           "(data_types.grad_accum_dtype)"))
+    if job.model.is_moe and lay.zero_stage == 3:
+        out.append(("layout.zero_stage", "DeepSpeed's engine refuses its MoE layers under ZeRO stage 3 "
+                                         "(runtime/engine.py: 'Native DeepSpeed MoE is not supported with ZeRO "
+                                         "Stage 3'); use 1 or 2"))
+    return out
 
 
 ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, rules, emitter="deepspeed")

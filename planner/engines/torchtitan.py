@@ -52,6 +52,11 @@ def rules(job: Job) -> list[tuple[str, str]]:
     elif training.precision != "fp32" and training.fp32_grads is False:
         out.append(("training.fp32_grads", "torchtitan reduces gradients in float32 only "
                                            "(training.mixed_precision_reduce)"))
+    shard = lay.dp if lay.zero_stage == 3 else 1
+    if lay.ep > 1 and (shard * lay.cp * lay.tp) % lay.ep:
+        out.append(("layout.ep", f"torchtitan's expert parallelism borrows ranks from FSDP and TP only: ep must "
+                                 f"divide dp_shard·cp·tp = {shard}·{lay.cp}·{lay.tp} (ParallelDims: efsdp = "
+                                 "dp_shard·cp·tp / ep); replicated (zero_stage 0) data parallelism lends none"))
     divisor = lay.tp * (2 * lay.cp if lay.cp > 1 else 1)
     if training.seq_len % divisor:
         out.append(("training.seq_len", f"torchtitan needs seq_len divisible by tp·2·cp = {divisor} (trainer.py)"))
