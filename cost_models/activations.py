@@ -111,6 +111,20 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, 
     )
 
 
+def selective_modules(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
+    """What the "attention" policy of ``recompute: selective`` recomputes, in megatron-core's
+    ``--recompute-modules`` names: the attention core, and for models that have them MLA's
+    up-projections (the per-head queries, keys and values, rebuilt from the latents: DeepSeek-V3
+    report §3.2.3) and the experts' activation function (``moe_act``; megatron-core takes it
+    with fp8 only under current scaling, which the fp8 this planner emits is not, so not in fp8)."""
+    modules = ["core_attn"]
+    if model.attention_type == "mla":
+        modules.append("mla_up_proj")
+    if model.is_moe and training.precision != "fp8":
+        modules.append("moe_act")
+    return tuple(modules)
+
+
 # What ``recompute: selective`` keeps, by engine (``EngineBehaviour.selective``):
 # "attention": Megatron's --recompute-granularity selective recomputes the core attention;
 # "matmuls": PyTorch selective activation checkpointing as torchtitan configures it
@@ -160,7 +174,15 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
             # the outputs of its grouped GEMMs, and the dispatch is not run twice.
             kept = p * tokens * matmul_policy_saved_elements(model, layout, mlp=not moe)
             return kept + (full.mlp_hidden if moe else 0.0)
-        return full.total - full.attention_core
+        modules = selective_modules(model, training)
+        kept = full.total - full.attention_core
+        if "mla_up_proj" in modules:
+            kept -= full.qkv
+        if "moe_act" in modules and moe:
+            from .experts import moe_act_output_bytes
+
+            kept -= moe_act_output_bytes(model, training, layout, training.engine.fp8_saves_inputs)
+        return kept
     return full.total
 
 

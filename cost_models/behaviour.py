@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .frozen import cached_hash
+
 
 @dataclass(frozen=True)
 class EngineBehaviour:
+    __hash__ = cached_hash
+
     name: str = "any"
     # ZeRO-3 gathers the weights once more for the recompute forward inside backward.
     # DeepSpeed fetches a module's partitioned weights in every forward pre-hook

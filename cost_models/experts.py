@@ -179,6 +179,16 @@ def moe_mlp_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: L
     return router + experts + shared
 
 
+def moe_act_output_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, fp8_inputs: bool) -> float:
+    """The experts' activation output (the down projection's input, R·f_e/etp) that recomputing
+    the activation function (megatron-core's ``moe_act``) leaves unsaved."""
+    p = activation_bytes(training.precision)
+    g = 1 if fp8_inputs and training.precision == "fp8" else p
+    lay = layout
+    routed = routed_tokens(model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp)
+    return g * routed * model.moe_ffn_hidden_size / lay.expert_tp
+
+
 def alltoall_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
     """The dispatch's send and receive buffers of the one MoE layer running (the permuted copies
     before and after the all-to-all): transient, so counted once per GPU."""

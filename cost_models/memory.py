@@ -55,8 +55,10 @@ def expert_zero_shards(job: Job) -> int:
 def job_stage_parameters(job: Job, stage: int) -> StageParameters:
     """Parameters one GPU of pipeline stage ``stage`` holds before ZeRO sharding."""
     lay = job.layout
-    return stage_parameters(job.model, job.stage_layers[stage], first=stage == 0, last=stage == lay.pp - 1,
-                            tp=lay.tp, moe_layers=job.stage_moe_layers[stage], ep=lay.ep, etp=lay.expert_tp)
+    if not job.model.is_moe:
+        return stage_parameters(job.model, job.stage_layers[stage], stage == 0, stage == lay.pp - 1, lay.tp)
+    return stage_parameters(job.model, job.stage_layers[stage], stage == 0, stage == lay.pp - 1, lay.tp,
+                            job.stage_moe_layers[stage], lay.ep, lay.expert_tp)
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,8 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
     layers_per_chunk = layers / lay.vpp
     # A stage of dense and MoE layers keeps their mean per layer (the recomputed ones are any of them).
-    moe = job.stage_moe_layers[stage]
-    kept = (shared.kept * (layers - moe) + shared.kept_moe * moe) / layers if layers else shared.kept
+    moe = job.stage_moe_layers[stage] if job.model.is_moe else 0
+    kept = (shared.kept * (layers - moe) + shared.kept_moe * moe) / layers if moe else shared.kept
 
     recomputed = 0.0
     if lay.recompute == "full":
@@ -149,10 +151,12 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[St
     lay = job.layout
     shared = per_microbatch(job)
     per_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, zero_shards(job))
-    per_expert_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, expert_zero_shards(job))
+    moe = job.model.is_moe
+    per_expert_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, expert_zero_shards(job)) \
+        if moe else per_param
     o = job.overheads
     fixed = o.cuda_context + o.comm_buffers + zero3_gather_bytes(job)
-    if job.model.is_moe:
+    if moe:
         fixed += alltoall_buffer_bytes(job.model, job.training, lay)
     out = []
     for stage in (range(lay.pp) if stages is None else stages):
@@ -180,6 +184,13 @@ def peak_candidates(job: Job) -> list[int]:
     same or fewer weights, so it cannot be heavier."""
     pp = job.layout.pp
     stages = {0, pp - 1}
+    if not job.model.is_moe:
+        most = 0
+        for i in range(1, pp - 1):
+            if job.stage_layers[i] > most:
+                most = job.stage_layers[i]
+                stages.add(i)
+        return sorted(stages)
     seen: list[tuple[int, int]] = []  # (dense layers, MoE layers) of the middle stages kept so far
     for i in range(1, pp - 1):
         mine = (job.stage_layers[i] - job.stage_moe_layers[i], job.stage_moe_layers[i])

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Mapping, Optional
 
 from .behaviour import GENERIC, EngineBehaviour
+from .frozen import cached_hash
 
 ACTIVATIONS = ("gelu", "swiglu")
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
@@ -64,6 +65,8 @@ ROUTERS = ("softmax", "sigmoid")
 
 @dataclass(frozen=True)
 class ModelSpec:
+    __hash__ = cached_hash
+
     """A decoder-only transformer (GPT / Llama family), dense or a mixture of experts.
 
     Attention is multi-head or grouped-query (``num_kv_heads``), or DeepSeek's multi-head
@@ -248,8 +251,14 @@ class ModelSpec:
             self.num_layers > self.moe_first_dense_layers else 0
 
     def moe_layers_in(self, start: int, count: int) -> int:
-        """MoE layers among layers start … start + count − 1."""
-        return sum(self.is_moe_layer(i) for i in range(start, start + count))
+        """MoE layers among layers start … start + count − 1 (those whose index i has
+        i − first_dense + 1 a positive multiple of the frequency)."""
+        if not self.is_moe or count <= 0:
+            return 0
+        f = self.moe_layer_freq
+        low = max(1, start - self.moe_first_dense_layers + 1)
+        high = start + count - self.moe_first_dense_layers
+        return max(0, high // f - (low - 1) // f)
 
     @property
     def routed_factor(self) -> float:
@@ -330,6 +339,8 @@ class Performance:
 
 @dataclass(frozen=True)
 class GPUSpec:
+    __hash__ = cached_hash
+
     """One accelerator, with datasheet (or calibrated) figures."""
 
     name: str
@@ -433,6 +444,8 @@ class FabricSpec:
 
 @dataclass(frozen=True)
 class ClusterSpec:
+    __hash__ = cached_hash
+
     gpu: GPUSpec
     num_gpus: int
     fabric: FabricSpec = field(default_factory=FabricSpec)
@@ -447,6 +460,8 @@ class ClusterSpec:
 
 @dataclass(frozen=True)
 class TrainingSpec:
+    __hash__ = cached_hash
+
     global_batch_size: int  # sequences per optimizer step
     seq_len: int
     precision: str = "bf16"
@@ -459,6 +474,10 @@ class TrainingSpec:
     # Tensor-parallel collectives pipelined with their GEMMs (Megatron --tp-comm-overlap,
     # torchtitan async TP).
     tp_comm_overlap: bool = False
+    # Expert-parallel dispatch and combine run beside another micro-batch's compute (Megatron's
+    # --overlap-moe-expert-parallel-comm, pairing one micro-batch's forward with another's
+    # backward; DeepSeek-V3's DualPipe).
+    moe_comm_overlap: bool = False
     # Gradients accumulated and reduced in fp32 under mixed precision; None: the engine's
     # default (``cost_models.model_states.fp32_gradients``).
     fp32_grads: Optional[bool] = None
@@ -471,7 +490,7 @@ class TrainingSpec:
         _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
         if not isinstance(self.engine, EngineBehaviour):
             raise SpecError(s, "engine", f"expected an engine's behaviour, got {self.engine!r}")
-        for name in ("flash_attention", "tp_comm_overlap", "fp32_grads"):
+        for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "fp32_grads" and value is None):
                 raise SpecError(s, name, f"expected true or false, got {value!r}")
@@ -706,6 +725,7 @@ class Job:
         return moe_layers_per_stage(self.model, self.stage_layers, self.layout.vpp)
 
 
+@lru_cache(maxsize=4096)
 def moe_layers_per_stage(model: ModelSpec, stage_layers: tuple[int, ...], vpp: int = 1) -> tuple[int, ...]:
     """MoE layers of each pipeline stage. With interleaving, rank r holds virtual stages
     r, pp + r, … of stage_layers[r] / vpp consecutive layers each (Megatron's order)."""

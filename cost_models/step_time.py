@@ -19,9 +19,9 @@ import math
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
-from .activations import activation_bytes
+from .activations import activation_bytes, selective_modules
 from .collectives import collective_time, exposed, p2p_time
-from .experts import dispatch_combine_time, moe_mlp_forward_time
+from .experts import dispatch_combine_time, moe_mlp_forward_time, routed_tokens
 from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, model_flops_per_token
 from .kernels import flash_attention_time, gemm_kernel_time, gemm_time
 from .memory import job_stage_parameters, zero_shards
@@ -184,7 +184,15 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
     Llama block, proj and fc2 of a GPT block; :func:`activations.matmul_policy_saved_elements`)."""
     whole, core = layer_forward_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel)
     if training.engine.selective == "attention":
-        return core
+        # The attention core, and MLA's up-projections where they are recomputed too
+        # (:func:`activations.selective_modules`).
+        if "mla_up_proj" not in selective_modules(model, training):
+            return core
+        engine = training.engine
+        tokens = micro_batch_size * training.seq_len / cp
+        up = [g for g in attention_gemms(model, tokens, tp) if g.name in ("q_up", "kv_up", "q")]
+        return core + sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
+                          for g in up)
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
     tokens = micro_batch_size * training.seq_len / cp
     h, f = model.hidden_size, model.ffn_hidden_size
@@ -299,6 +307,12 @@ def stage_time(job: Job, stage: int) -> StageTime:
     if lay.recompute == "selective":
         recompute += layers * selective_recompute_time(model, training, gpu, lay.tp, lay.cp, lay.micro_batch_size,
                                                        lay.sequence_parallel)
+        if moe_layers and "moe_act" in selective_modules(model, training):
+            # The experts' activation function again: one read of its 2f-wide input, one write.
+            act = activation_bytes(training.precision) * 3 * routed_tokens(
+                model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp) \
+                * model.moe_ffn_hidden_size / lay.expert_tp
+            recompute += moe_layers * act / (perf.hbm_efficiency * gpu.hbm_bandwidth)
 
     # Recompute repeats the forward's TP collectives.
     p = activation_bytes(training.precision)
@@ -318,6 +332,11 @@ def stage_time(job: Job, stage: int) -> StageTime:
         pair = dispatch_combine_time(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size, lay.ep,
                                      lay.expert_tp)
         ep_comm = moe_layers * 2 * pair + recomputed * moe_layers / layers * pair
+        if training.moe_comm_overlap:
+            # Each MoE layer's forward dispatch and combine run beside another micro-batch's
+            # backward of a layer, its backward pair beside a forward: what that compute cannot
+            # cover shows (:func:`collectives.exposed`).
+            ep_comm = exposed(ep_comm, compute + recompute, perf)
 
     # Context parallelism: each layer's K and V chunks travel around the cp ring
     # (cp − 1 steps) in forward, and K, V plus their gradients in backward, overlapped

@@ -49,7 +49,7 @@ CLUSTER_KEYS = ("gpu", "profile", "num_gpus", "nodes", "gpus_per_node", "intra_n
 PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
 INTEGER_PERFORMANCE_KEYS = ("gemm_tile_m", "gemm_tile_n", "gemm_split_k")
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
-                 "tp_comm_overlap", "fp32_grads")
+                 "tp_comm_overlap", "fp32_grads", "moe_comm_overlap")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
                "recompute", "recompute_num_layers", "stage_layers", "account_for_embedding_in_pipeline_split",
                "account_for_loss_in_pipeline_split", "ep", "etp")
@@ -438,7 +438,7 @@ def _training(src: str, section: Any) -> TrainingSpec:
             raise CaseError(src, "training.engine",
                             f"expected one of {', '.join(CASE_ENGINES)}, got {values['engine']!r}")
         values["engine"] = ENGINES[values["engine"]].behaviour
-    for key in ("flash_attention", "tp_comm_overlap", "fp32_grads"):
+    for key in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap"):
         if key in section:
             values[key] = _bool(src, f"training.{key}", section[key])
     with spec_errors(src):

@@ -18,6 +18,7 @@ GPU_ALIASES: dict[str, tuple[str, ...]] = {
     "a100": ("a100-sxm-80gb", "a100-sxm-40gb"), "a100-sxm": ("a100-sxm-80gb", "a100-sxm-40gb"),
     "a100-80gb": ("a100-sxm-80gb",), "a100-40gb": ("a100-sxm-40gb",),
     "h100": ("h100-sxm-80gb",), "h100-sxm": ("h100-sxm-80gb",), "h100-80gb": ("h100-sxm-80gb",),
+    "h800-sxm": ("h800",), "h800-80gb": ("h800",),
     "h200": ("h200-sxm-141gb",), "h200-sxm": ("h200-sxm-141gb",), "h200-141gb": ("h200-sxm-141gb",),
     "b200-sxm": ("b200",), "gb200-nvl72": ("gb200",), "gb300-nvl72": ("gb300",),
     "mi300": ("mi300x",), "mi300x-oam": ("mi300x",),

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from cost_models.memory import peak_stage_memory
-from cost_models.partition import default_partition
+from cost_models.partition import default_partition, virtual_partition
 from cost_models.experts import dispatch_combine_time
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
 from cost_models.step_time import layer_forward_time_for, moe_layer_forward_time_for, step_time, tp_exposed_per_layer
@@ -39,6 +39,9 @@ from .limits import MAX_TOP_K
 # leave a rank's chunk too small to pay for the exchange; NeMo's long-context recipes
 # keep 4k–16k tokens per rank.
 MIN_TOKENS_PER_CP_RANK = 1024
+# Model chunks per pipeline rank the search tries where the layers do not divide by pp
+# (DeepSeek-V3's 61 layers): the unequal chunks an engine with a pipeline layout runs.
+UNEVEN_VPP = (2, 4)
 
 PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
             "recompute_num_layers", "ep", "etp")
@@ -86,6 +89,9 @@ def search_spec(case: Case) -> SearchSpec:
         target = _str(src, "search.target", data["target"])
         if target not in ENGINES:
             raise CaseError(src, "search.target", f"expected one of {', '.join(ENGINES)}, got {target!r}")
+    if case.training.moe_comm_overlap and not ENGINES[values["target"]].support.moe_comm_overlap:
+        raise CaseError(src, "training.moe_comm_overlap", f"{values['target']} cannot overlap expert-parallel "
+                                                          "dispatch and combine with compute; set it false")
     if case.training.tp_comm_overlap and not ENGINES[values["target"]].support.tp_comm_overlap:
         raise CaseError(src, "training.tp_comm_overlap", f"{values['target']} cannot overlap tensor-parallel "
                                                          "collectives with GEMMs; set it false")
@@ -264,7 +270,7 @@ def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least
 
     Memory falls as more layers are recomputed, so the fewest that fit are found by bisection.
     """
-    stage_max = max(layout.stage_layers) if layout.stage_layers else case.model.num_layers // layout.pp
+    stage_max = max(layout.stage_layers or default_partition(case.model, case.training, layout))
 
     def trial(n: int) -> tuple[Optional[Job], float]:
         rnl = None if n >= stage_max or not spec.engine.partial_recompute else n
@@ -353,8 +359,8 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
         moe = 3 * moe_layer_forward_time_for(model, training, gpu, tp, cp, mbs, sp, ep, etp)[0] \
             + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) \
             + 2 * dispatch_combine_time(model, training, case.cluster, tp, cp, mbs, ep, etp)
-        moe_counts = moe_layers_per_stage(model, stage_layers, vpp)
-        stage = max((n - k) * per_layer + k * moe for n, k in zip(stage_layers, moe_counts))
+        moe_counts = moe_layers_per_stage(model, tuple(stage_layers), vpp)
+        stage = max((n - k) * per_layer + k * moe for n, k in set(zip(stage_layers, moe_counts)))
         return (m + (pp - 1) / vpp) * stage
 
     # Every (structure, partition, vpp, sp) with its micro-batches, the most promising first,
@@ -373,23 +379,30 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
         options = partitions(model.num_layers, pp)
         if balances and None not in options:
             options = [None] + options  # the engine's own split, balanced by compute
-        for partition in options:
-            stage_layers = partition or default_partition(model, training, Layout(pp=pp))
-            for vpp in _vpp_options(stage_layers, engine):
-                if not spec.admits("vpp", vpp) or (vpp > 1 and partition is None and balances
-                                                   and model.num_layers % (pp * vpp)):
-                    continue
-                micro_batches = [mbs for mbs in divisors(training.global_batch_size // dp)
-                                 if spec.admits("micro_batch_size", mbs)
-                                 and not (vpp > 1 and (training.global_batch_size // (mbs * dp)) % pp)]
-                if not micro_batches:
-                    continue
-                for sp in sp_options:
-                    for ep, etp in expert_options(case, spec, tp, cp, dp):
-                        bounds = {mbs: lower_bound(tp, cp, pp, dp, vpp, sp, mbs, stage_layers, ep, etp)
-                                  for mbs in micro_batches}
-                        groups.append((min(bounds.values()), tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros,
-                                       bounds, ep, etp))
+        splits = [(partition, partition or default_partition(model, training, Layout(pp=pp)), vpp)
+                  for partition in options
+                  for vpp in _vpp_options(partition or default_partition(model, training, Layout(pp=pp)), engine)]
+        if engine.interleaving and pp > 1 and not balances and model.num_layers % pp:
+            # Interleaving where the layers do not divide by pp, so no even split interleaves: the
+            # engine's uneven split over the virtual stages (cost_models.partition.virtual_partition),
+            # at UNEVEN_VPP model chunks per rank.
+            splits += [(None, virtual_partition(model.num_layers, pp, vpp), vpp) for vpp in UNEVEN_VPP
+                       if model.num_layers % (pp * vpp) and model.num_layers >= pp * vpp]
+        for partition, stage_layers, vpp in splits:
+            if not spec.admits("vpp", vpp) or (vpp > 1 and partition is None and balances
+                                               and model.num_layers % (pp * vpp)):
+                continue
+            micro_batches = [mbs for mbs in divisors(training.global_batch_size // dp)
+                             if spec.admits("micro_batch_size", mbs)
+                             and not (vpp > 1 and (training.global_batch_size // (mbs * dp)) % pp)]
+            if not micro_batches:
+                continue
+            for sp in sp_options:
+                for ep, etp in expert_options(case, spec, tp, cp, dp):
+                    bounds = {mbs: lower_bound(tp, cp, pp, dp, vpp, sp, mbs, stage_layers, ep, etp)
+                              for mbs in micro_batches}
+                    groups.append((min(bounds.values()), tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros,
+                                   bounds, ep, etp))
     if keep_within is not None:
         groups.sort(key=lambda g: g[0])
 

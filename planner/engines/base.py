@@ -33,6 +33,8 @@ class EngineSupport:
     cp_shards_states: bool = False
     # TP collectives pipelined with their GEMMs (training.tp_comm_overlap).
     tp_comm_overlap: bool = True
+    # Expert-parallel dispatch and combine beside another micro-batch's compute (training.moe_comm_overlap).
+    moe_comm_overlap: bool = False
     # The highest ZeRO stage tensor parallelism combines with (DeepSpeed's AutoTP: 2).
     max_zero_with_tp: int = 3
     # Expert parallelism (layout.ep > 1) for mixtures of experts, and which expert
@@ -124,6 +126,9 @@ class Engine:
                 and not self.support.partial_recompute:
             out.append(("layout.recompute_num_layers",
                         self.support.reason("partial_recompute", "recomputes every layer of a stage or none")))
+        if training.moe_comm_overlap and not self.support.moe_comm_overlap:
+            out.append(("training.moe_comm_overlap", self.support.reason(
+                "moe_comm_overlap", "cannot overlap expert-parallel dispatch and combine with compute")))
         if training.tp_comm_overlap and lay.tp > 1 and not self.support.tp_comm_overlap:
             out.append(("training.tp_comm_overlap", self.support.reason(
                 "tp_comm_overlap", "cannot overlap tensor-parallel collectives with GEMMs")))

@@ -28,6 +28,7 @@ from .base import Engine, EngineSupport
 SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=True, context_parallel=True,
     sequence_parallel=(False, True), recompute=("none", "selective", "full"), partial_recompute=True,
+    moe_comm_overlap=True,
     why=(("zero_stages", "offers ZeRO 0, the distributed optimizer (1) and Megatron-FSDP (2, 3)"),
          ("max_zero_with_pp", "pipelines with the distributed optimizer (ZeRO ≤ 1) here, not Megatron-FSDP")),
 )
@@ -49,6 +50,15 @@ def rules(job: Job) -> list[tuple[str, str]]:
     if job.model.is_moe and lay.tp > 1 and not lay.sequence_parallel:
         out.append(("layout.sequence_parallel", "megatron-core's MoELayer refuses to train with tensor parallelism "
                                                 "and no sequence parallelism: set layout.sequence_parallel: true"))
+    if training.moe_comm_overlap:  # TransformerConfig.__post_init__ on overlap_moe_expert_parallel_comm
+        if lay.ep == 1:
+            out.append(("training.moe_comm_overlap", "--overlap-moe-expert-parallel-comm needs expert "
+                                                     "parallelism (layout.ep > 1)"))
+        if lay.pp > 1 and lay.vpp == 1:
+            out.append(("layout.vpp", "--overlap-moe-expert-parallel-comm pairs micro-batches of the interleaved "
+                                      "schedule: with pp > 1 it needs vpp > 1"))
+        if lay.recompute == "full":
+            out.append(("layout.recompute", "--overlap-moe-expert-parallel-comm refuses full recomputation"))
     if lay.recompute_num_layers is not None and lay.recompute_num_layers % lay.vpp:
         out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
                                                    f"{lay.recompute_num_layers} must divide by vpp {lay.vpp}"))
