@@ -36,6 +36,7 @@ from megatron.core.transformer.enums import LayerType  # noqa: E402
 from megatron.core.transformer.transformer_block import get_num_layers_to_build  # noqa: E402
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig  # noqa: E402
 
+from cost_models.activations import selective_modules  # noqa: E402
 from cost_models.model_states import state_bytes  # noqa: E402
 from cost_models.partition import chunk_layers  # noqa: E402
 from cost_models.specs import Layout  # noqa: E402
@@ -77,9 +78,9 @@ def parse_args(text: str) -> dict:
         if not line.strip() or line.startswith("#"):
             continue
         flag, *value = line.split()
-        assert flag.startswith("--") and len(value) <= 1, line
+        assert flag.startswith("--") and (len(value) <= 1 or flag == "--recompute-modules"), line
         assert flag not in args, f"{flag} given twice"
-        args[flag] = value[0] if value else True
+        args[flag] = (value if flag == "--recompute-modules" else value[0]) if value else True
     return args
 
 
@@ -118,6 +119,11 @@ MOE_GIVEN = {
          "training": {"global_batch_size": 512, "seq_len": 8192, "engine": "megatron"}},
         {"tp": 2, "pp": 4, "ep": 8, "etp": 2, "micro_batch_size": 1, "zero_stage": 1, "sequence_parallel": True,
          "recompute": "full"}),
+    "deepseek-v2-lite, selective modules, overlapped dispatch": (
+        {"model": {"preset": "deepseek-v2-lite"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+         "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron", "moe_comm_overlap": True}},
+        {"tp": 1, "pp": 2, "vpp": 2, "ep": 16, "etp": 1, "micro_batch_size": 1, "zero_stage": 1,
+         "recompute": "selective"}),
     "mixtral-8x7b, capacity factor 1.25, top-1": (
         {"model": {"preset": "mixtral-8x7b", "moe_capacity_factor": 1.25, "moe_top_k": 1},
          "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
@@ -249,6 +255,8 @@ def transformer_config(args: dict) -> TransformerConfig:
         num_layers_in_first_pipeline_stage=integer("--decoder-first-pipeline-num-layers"),
         num_layers_in_last_pipeline_stage=integer("--decoder-last-pipeline-num-layers"),
         recompute_granularity=args.get("--recompute-granularity"),
+        recompute_modules=args.get("--recompute-modules", ["core_attn"]),
+        overlap_moe_expert_parallel_comm="--overlap-moe-expert-parallel-comm" in args,
         recompute_method=args.get("--recompute-method"),
         recompute_num_layers=integer("--recompute-num-layers"),
         bf16="--bf16" in args,
@@ -326,6 +334,9 @@ def test_transformer_config_takes_the_experts_and_their_grid(emitted):
         assert config.expert_tensor_parallel_size == lay.expert_tp, e
         assert config.moe_grouped_gemm, e
         assert config.multi_latent_attention == (model.attention_type == "mla"), e
+        assert config.overlap_moe_expert_parallel_comm == e.job.training.moe_comm_overlap, e
+        if lay.recompute == "selective":  # what the estimate recomputed (activations.selective_modules)
+            assert tuple(config.recompute_modules) == selective_modules(model, e.job.training), e
         if model.attention_type == "mla":
             assert (config.kv_lora_rank, config.qk_head_dim, config.qk_pos_emb_head_dim, config.v_head_dim) == \
                 (model.kv_lora_rank, model.qk_head_dim, model.qk_rope_head_dim, model.v_head_dim), e

@@ -30,6 +30,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
+from cost_models.activations import selective_modules
 from cost_models.model_states import fp32_gradients
 from cost_models.partition import chunk_layers, virtual_partition
 from cost_models.specs import Job, Layout, SpecError
@@ -204,6 +205,9 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
              ("--global-batch-size", str(t.global_batch_size))]
     if lay.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
+        modules = selective_modules(m, t)
+        if modules != ("core_attn",):  # what the estimate recomputed beyond Megatron's default
+            args.append(("--recompute-modules", " ".join(modules)))
     elif lay.recompute == "full":
         if lay.recompute_num_layers is None:
             args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
@@ -250,6 +254,8 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args.append(("--accumulate-allreduce-grads-in-fp32", None))
     if t.tp_comm_overlap and lay.tp > 1:
         args.append(("--tp-comm-overlap", None))  # Transformer Engine userbuffers
+    if t.moe_comm_overlap:
+        args.append(("--overlap-moe-expert-parallel-comm", None))  # dispatch and combine beside another micro-batch
     return args
 
 
@@ -332,7 +338,8 @@ def render(estimate, header_lines) -> dict[str, str]:
     args = arguments(job)
     nodes, per_node = nodes_and_gpus(job)
     header = comment(_lines(header_lines))
-    body = "".join(" ".join(argument_word("megatron", word) for word in (flag, value) if word is not None) + "\n"
+    # A value of several words (--recompute-modules) is several arguments.
+    body = "".join(" ".join(argument_word("megatron", word) for word in [flag, *(value or "").split()]) + "\n"
                    for flag, value in args)
     lay = job.layout
     summary = (f"Megatron-LM pretrain_gpt.py arguments: layout dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp} "
