@@ -57,6 +57,7 @@ class _Shape:
     oversubscription: float
 
 
+@lru_cache(maxsize=256)
 def _shape(cluster: ClusterSpec) -> _Shape:
     gpu, fabric = cluster.gpu, cluster.fabric
     return _Shape(cluster.num_gpus, gpu.nvlink_domain, gpu.gpus_per_node, gpu.intra_node_bandwidth,
@@ -144,4 +145,9 @@ def _group_links(shape: _Shape, fabric: FabricSpec, stride: int, size: int) -> G
 
 
 def group_links(cluster: ClusterSpec, layout: Layout, dim: str) -> GroupLinks:
-    return _group_links(_shape(cluster), cluster.fabric, *group_shape(layout, dim))
+    return _cluster_group_links(cluster, *group_shape(layout, dim))
+
+
+@lru_cache(maxsize=4096)
+def _cluster_group_links(cluster: ClusterSpec, stride: int, size: int) -> GroupLinks:
+    return _group_links(_shape(cluster), cluster.fabric, stride, size)
