@@ -195,3 +195,28 @@ def test_every_moe_preset_loads():
     for name in PUBLISHED:
         assert name in model_presets()
         assert preset(name).is_moe
+
+
+def test_junk_in_any_key_of_a_moe_config_is_a_case_error(tmp_path):
+    """Garbage in any key of the MoE and MLA configs (Llama 4's text_config included) gives
+    either a model the spec accepts or a CaseError naming the file, never another exception."""
+    junk = [None, True, 0, -1, 1.5, "x", [], {}, [1], {"a": 1}]
+    path = tmp_path / "config.json"
+    for folder in FIXTURE_OF.values():
+        base = json.loads((FIXTURES / folder / "config.json").read_text())
+        nested = "text_config" in base
+        keys = list(base["text_config"] if nested else base)
+        for key in keys:
+            for value in junk:
+                cfg = json.loads(json.dumps(base))
+                (cfg["text_config"] if nested else cfg)[key] = value
+                path.write_text(json.dumps(cfg))
+                try:
+                    fields = read_hf_config(path)
+                except CaseError as error:
+                    assert error.source == str(path)
+                    continue
+                try:
+                    ModelSpec(**fields)
+                except SpecError:
+                    pass  # the case reader turns it into a CaseError naming the model key
