@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ["examples/llama3-70b-1024-h100-plan.yaml", "examples/llama3.1-405b-16384-h100-plan.yaml"]
+CASES = ["examples/llama3-70b-1024-h100-plan.yaml", "examples/llama3.1-405b-16384-h100-plan.yaml",
+         "examples/mixtral-8x7b-64-h100-plan.yaml", "examples/deepseek-v3-2048-h800.yaml"]
 
 
 def main() -> None:

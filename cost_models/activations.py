@@ -54,8 +54,14 @@ def activation_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout) -> LayerActivations:
-    """Saved-for-backward bytes of one layer with no recomputation (Korthikanti §4.1, generalised)."""
+def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, moe: bool = False) \
+        -> LayerActivations:
+    """Saved-for-backward bytes of one layer with no recomputation (Korthikanti §4.1, generalised).
+
+    In an MoE layer the MLP's hidden activations are those of the experts
+    (:func:`experts.moe_mlp_activation_bytes`). Queries, keys and values are kept at their own
+    widths (a·d, kv·d, kv·d_v); multi-head latent attention also keeps the two latents, the
+    inputs of the up-projections."""
     p = activation_bytes(training.precision)
     t = layout.tp
     s = training.seq_len / layout.cp
@@ -64,7 +70,9 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     # With tp above the kv-head count Megatron replicates kv heads: each rank keeps one.
     # Without flash attention Megatron repeats K and V to all heads before the batched
     # GEMMs (``DotProductAttention``), and those full-width copies are what is saved.
-    kv_per_rank = max(model.num_kv_heads // t, 1) * model.head_dim if training.flash_attention else h / t
+    kv_heads = max(model.num_kv_heads // t, 1) if training.flash_attention else a / t
+    q_k_v = model.q_size / t + kv_heads * (model.head_dim + model.value_head_dim)
+    latents = model.q_lora_rank + model.kv_lora_rank if model.attention_type == "mla" else 0
     # Sequence parallelism splits the tensors outside the tensor-parallel regions.
     sp = t if layout.sequence_parallel else 1
     mask = 1 if model.dropout > 0 else 0
@@ -84,16 +92,37 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     # Transformer Engine's fp8 linears keep their input as the fp8 copy their wgrad GEMM reads
     # (1 byte), not the bf16 tensor: the QKV, projection, first-MLP and down-projection inputs.
     g = 1 if training.precision == "fp8" and engine.fp8_saves_inputs else p
+    if moe:
+        from .experts import moe_mlp_activation_bytes
+
+        mlp_hidden = moe_mlp_activation_bytes(model, training, layout, engine.fused_elementwise,
+                                              engine.fp8_saves_inputs)
+    else:
+        mlp_hidden = ((mlp_widths - 1) * p + g) * s * b * f / t
     return LayerActivations(
         norm_inputs=2 * p * s * b * h / sp,
-        qkv_input=g * s * b * h / sp,
-        qkv=p * s * b * (h / t + 2 * kv_per_rank),
+        qkv_input=g * s * b * h / sp + g * s * b * latents,
+        qkv=p * s * b * q_k_v,
         attention_core=core,
-        projection_input=g * s * b * h / t,
+        projection_input=g * s * b * model.context_size / t,
         mlp_input=g * s * b * h / sp,
-        mlp_hidden=((mlp_widths - 1) * p + g) * s * b * f / t,
+        mlp_hidden=mlp_hidden,
         dropout_masks=2 * mask * s * b * h / sp,
     )
+
+
+def selective_modules(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
+    """What the "attention" policy of ``recompute: selective`` recomputes, in megatron-core's
+    ``--recompute-modules`` names: the attention core, and for models that have them MLA's
+    up-projections (the per-head queries, keys and values, rebuilt from the latents: DeepSeek-V3
+    report §3.2.3) and the experts' activation function (``moe_act``; megatron-core takes it
+    with fp8 only under current scaling, which the fp8 this planner emits is not, so not in fp8)."""
+    modules = ["core_attn"]
+    if model.attention_type == "mla":
+        modules.append("mla_up_proj")
+    if model.is_moe and training.precision != "fp8":
+        modules.append("moe_act")
+    return tuple(modules)
 
 
 # What ``recompute: selective`` keeps, by engine (``EngineBehaviour.selective``):
@@ -104,7 +133,7 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout) 
 SELECTIVE_POLICIES = ("attention", "matmuls")
 
 
-def matmul_policy_saved_elements(model: ModelSpec, layout: Layout) -> float:
+def matmul_policy_saved_elements(model: ModelSpec, layout: Layout, mlp: bool = True) -> float:
     """Elements per token one layer keeps under the "matmuls" policy.
 
     torchtitan's policy counts the matmuls of a block and saves the odd-numbered ones'
@@ -112,16 +141,18 @@ def matmul_policy_saved_elements(model: ModelSpec, layout: Layout) -> float:
     outputs are kept; a GPT block (GeLU) runs qkv, proj, fc1, fc2: qkv's and fc1's. Both
     keep the block's input (the checkpoint's) and the attention output.
     """
-    h, f, t = model.hidden_size, model.ffn_hidden_size, layout.tp
-    kv = max(model.num_kv_heads // t, 1) * model.head_dim
+    h, t = model.hidden_size, layout.tp
+    f = model.ffn_hidden_size if mlp else 0
+    kv = max(model.num_kv_heads // t, 1) * model.value_head_dim
+    q, context = model.q_size / t, model.context_size / t
     sp = t if layout.sequence_parallel else 1
     if model.activation == "swiglu":
-        return h / sp + h / t + kv + f / t + h / sp + h / t
-    return h / sp + (h / t + 2 * kv) + f / t + h / t
+        return h / sp + q + kv + f / t + h / sp + context
+    return h / sp + (q + 2 * kv) + f / t + context
 
 
 def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
-                           recomputed: bool = False, selective: str = "attention") -> float:
+                           recomputed: bool = False, selective: str = "attention", moe: bool = False) -> float:
     """Bytes one layer keeps per micro-batch under the layout's recomputation.
 
     - ``none``: everything in :func:`layer_activations`.
@@ -131,7 +162,7 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
     - ``full`` (for a layer that is recomputed): only the layer's input,
       2·sbh (divided by t under sequence parallelism).
     """
-    full = layer_activations(model, training, layout)
+    full = layer_activations(model, training, layout, moe)
     p = activation_bytes(training.precision)
     tokens = (training.seq_len / layout.cp) * layout.micro_batch_size
     if layout.recompute == "full" and recomputed:
@@ -139,8 +170,19 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
         return p * tokens * model.hidden_size / sp
     if layout.recompute == "selective":
         if selective == "matmuls":
-            return p * tokens * matmul_policy_saved_elements(model, layout)
-        return full.total - full.attention_core
+            # An MoE layer keeps its experts' tensors as without recomputation: the policy saves
+            # the outputs of its grouped GEMMs, and the dispatch is not run twice.
+            kept = p * tokens * matmul_policy_saved_elements(model, layout, mlp=not moe)
+            return kept + (full.mlp_hidden if moe else 0.0)
+        modules = selective_modules(model, training)
+        kept = full.total - full.attention_core
+        if "mla_up_proj" in modules:
+            kept -= full.qkv
+        if "moe_act" in modules and moe:
+            from .experts import moe_act_output_bytes
+
+            kept -= moe_act_output_bytes(model, training, layout, training.engine.fp8_saves_inputs)
+        return kept
     return full.total
 
 

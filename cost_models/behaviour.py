@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .frozen import cached_hash
+
 
 @dataclass(frozen=True)
 class EngineBehaviour:
+    __hash__ = cached_hash
+
     name: str = "any"
     # ZeRO-3 gathers the weights once more for the recompute forward inside backward.
     # DeepSpeed fetches a module's partitioned weights in every forward pre-hook
@@ -83,6 +87,12 @@ class EngineBehaviour:
     # shards go straight to host buffers (DeepSpeed ``stage_1_and_2.py`` with cpu_offload), so
     # the GPU keeps none (``cost_models.offload.gradients_on_host``).
     offload_moves_gradients: bool = False
+
+    # Expert-parallel dispatch that sends a token once to each NVLink domain holding one of its
+    # experts and forwards it inside the domain over NVLink (DeepEP's and HybridEP's kernels, the
+    # flex token dispatcher of megatron-core), rather than once per expert
+    # (``experts.dispatch_combine_time``).
+    hierarchical_dispatch: bool = False
 
     def __post_init__(self) -> None:
         if self.selective not in ("attention", "matmuls"):

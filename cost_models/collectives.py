@@ -21,6 +21,7 @@ a ring step waits for its slowest hop, so every step of a ring that leaves its d
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from .specs import Performance
 from .topology import GroupLinks
@@ -60,6 +61,29 @@ def collective_time(kind: str, size_bytes: float, links: GroupLinks, perf: Perfo
     volume = VOLUME[kind] * (n - 1) / n * size_bytes
     share = {"all_gather": perf.all_gather_efficiency, "reduce_scatter": perf.reduce_scatter_efficiency}.get(kind, 1.0)
     return latency(kind, links, perf) + volume / (share * bus_bandwidth(links, perf))
+
+
+def all_to_all_time(size_bytes: float, links: GroupLinks, perf: Performance,
+                    crossing_bytes: Optional[float] = None) -> float:
+    """Seconds for one all-to-all in which every rank sends ``size_bytes`` in all, an equal share
+    to each of the n ranks of the group (its own share stays).
+
+    Each rank's share for the peers of its own NVLink domain goes over NVLink, the share for the
+    other domains through its own NIC, both at once; the slower decides. nccl-tests' all-to-all
+    on 2 p5 nodes (16 H100, EFA) moves 84.5 GB/s per GPU (algbw), half of it across: 42 GB/s
+    through each 50 GB/s NIC, which is what ``FabricSpec.alltoall_efficiency`` holds
+    (``shared/hardware/achieved.yaml``). The ranks exchange with all peers at once, so the
+    latency is one step's. ``crossing_bytes``, where given, is what leaves the domain instead
+    of the even share (a dispatch that sends each token once per domain)."""
+    n = links.size
+    if n == 1 or size_bytes <= 0:
+        return 0.0
+    inside = size_bytes * (links.per_domain - 1) / n
+    outside = size_bytes * (n - links.per_domain) / n if crossing_bytes is None else crossing_bytes
+    t_inside = inside / (links.intra_bandwidth * perf.intra_node_efficiency)
+    if outside <= 0:
+        return perf.link_latency_s + t_inside
+    return links.inter_latency + max(t_inside, outside / links.alltoall_bandwidth)
 
 
 def exposed(comm_s: float, compute_s: float, perf: Performance) -> float:

@@ -3,16 +3,25 @@
 A GEMM of an (m×k) by (k×n) matrix is 2·m·n·k FLOPs. Per layer, with m = b·s tokens
 (Narayanan et al. 2021, §5.1; Korthikanti et al. 2022, §6, for the same terms):
 
-- QKV projection: 2·m·h·(h + 2·kv)  (GQA narrows K and V to kv = kv_heads·head_dim)
-- attention scores QKᵀ and context ·V: 2·2·m·s·h, halved for causal masking
+- QKV projection: 2·m·h·(a·d + 2·kv)  (GQA narrows K and V to kv = kv_heads·head_dim)
+- attention scores QKᵀ and context ·V: 2·2·m·s·a·d, halved for causal masking
   (only the lower triangle is computed: flash attention and cuDNN skip the rest)
-- output projection: 2·m·h²
+- output projection: 2·m·a·d·h
 - MLP: 2·m·h·f per matrix, two for GeLU and three for SwiGLU
 - LM head: 2·m·h·V
 
+Multi-head latent attention (DeepSeek-V2 report, §2.1) runs, per token, the down-projections
+to the query and key-value latents, their up-projections to a heads of d_qk + d_rope (queries,
+keys) and d_v (values), and the output projection; its core is 2·m·s·a·(d_qk + d_rope + d_v).
+
+A mixture-of-experts layer (megatron-core ``MoELayer``) runs the router (2·m·h·E), each token
+through top-k experts of width f_e and through the shared experts of total width f_s: its
+model FLOPs count the experts a token uses, not all of them.
+
 The backward pass is twice the forward (one GEMM each for the input and the
 weight gradient). Model FLOPs per token are 3× the forward, recomputation not
-counted (Chowdhery et al. 2022, PaLM, Appendix B).
+counted (Chowdhery et al. 2022, PaLM, Appendix B); for a mixture of experts they are those
+of its active parameters, as the MoE papers report MFU (DeepSeek-V3 report §3.1).
 """
 
 from __future__ import annotations
@@ -36,17 +45,54 @@ class Gemm:
         return 2.0 * self.m * self.n * self.k
 
 
+def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+    """KV heads on one tensor-parallel rank: replicated when tp exceeds them."""
+    return max(model.num_kv_heads // tp, 1)
+
+
+def attention_gemms(model: ModelSpec, tokens: float, tp: int) -> tuple[Gemm, ...]:
+    """The forward GEMMs of one layer's attention on one tensor-parallel rank (core excluded)."""
+    h, a = model.hidden_size, model.num_attention_heads
+    proj = Gemm("proj", tokens, h, model.context_size / tp)
+    if model.attention_type != "mla":
+        kv = kv_heads_per_rank(model, tp)
+        qkv = model.q_size / tp + kv * (model.head_dim + model.value_head_dim)
+        return Gemm("qkv", tokens, qkv, h), proj
+    # MLA: the down-projections are replicated on every tensor-parallel rank.
+    heads = a / tp
+    gemms = []
+    if model.q_lora_rank:
+        gemms += [Gemm("q_down", tokens, model.q_lora_rank, h),
+                  Gemm("q_up", tokens, heads * model.head_dim, model.q_lora_rank)]
+    else:
+        gemms.append(Gemm("q", tokens, heads * model.head_dim, h))
+    gemms += [Gemm("kv_down", tokens, model.kv_lora_rank + model.qk_rope_head_dim, h),
+              Gemm("kv_up", tokens, heads * (model.qk_head_dim + model.v_head_dim), model.kv_lora_rank),
+              proj]
+    return tuple(gemms)
+
+
+def mlp_gemms(model: ModelSpec, tokens: float, width: float, split: int = 1, prefix: str = "fc") -> tuple[Gemm, Gemm]:
+    """An MLP of ``width`` on ``tokens``, its width split over ``split`` ranks: the up (and gate,
+    fused) projection and the down projection."""
+    up = 2 * width if model.activation == "swiglu" else width  # gate and up projections fused
+    return Gemm(f"{prefix}1", tokens, up / split, model.hidden_size), \
+        Gemm(f"{prefix}2", tokens, model.hidden_size, width / split)
+
+
 def layer_gemms(model: ModelSpec, tokens: float, tp: int) -> tuple[Gemm, ...]:
-    """The forward GEMMs of one layer on one tensor-parallel rank (attention core excluded)."""
-    h, f = model.hidden_size, model.ffn_hidden_size
-    kv = max(model.num_kv_heads // tp, 1) * model.head_dim  # kv heads are replicated when tp exceeds them
-    up = 2 * f if model.activation == "swiglu" else f  # gate and up projections fused
-    return (
-        Gemm("qkv", tokens, h / tp + 2 * kv, h),
-        Gemm("proj", tokens, h, h / tp),
-        Gemm("fc1", tokens, up / tp, h),
-        Gemm("fc2", tokens, h, f / tp),
-    )
+    """The forward GEMMs of one dense layer on one tensor-parallel rank (attention core excluded)."""
+    return attention_gemms(model, tokens, tp) + mlp_gemms(model, tokens, model.ffn_hidden_size, tp)
+
+
+def moe_mlp_flops(model: ModelSpec, tokens: float) -> float:
+    """Forward FLOPs of an MoE layer's MLP part on ``tokens``: router, the top-k experts of each
+    token, the shared experts."""
+    router = Gemm("router", tokens, model.num_experts, model.hidden_size).flops
+    experts = model.moe_top_k * sum(g.flops for g in mlp_gemms(model, tokens, model.moe_ffn_hidden_size))
+    shared = sum(g.flops for g in mlp_gemms(model, tokens, model.moe_shared_expert_ffn_hidden_size)) \
+        if model.moe_shared_expert_ffn_hidden_size else 0.0
+    return router + experts + shared
 
 
 def head_gemm(model: ModelSpec, tokens: float, tp: int) -> Gemm:
@@ -55,13 +101,25 @@ def head_gemm(model: ModelSpec, tokens: float, tp: int) -> Gemm:
 
 def attention_flops(model: ModelSpec, batch: float, seq_len: float, kv_len: float, tp: int,
                     causal: bool = True) -> float:
-    """Forward FLOPs of QKᵀ and ·V on one rank: 4·b·s·s_kv·h/t, halved when causal."""
-    full = 4.0 * batch * seq_len * kv_len * model.hidden_size / tp
+    """Forward FLOPs of QKᵀ and ·V on one rank: 2·b·s·s_kv·(a/t)·(d_qk + d_v), halved when causal
+    (4·b·s·s_kv·h/t for standard attention)."""
+    heads = model.num_attention_heads / tp
+    full = 2.0 * batch * seq_len * kv_len * heads * (model.head_dim + model.value_head_dim)
     return full / 2 if causal else full
 
 
+def layer_forward_flops(model: ModelSpec, seq_len: int, moe: bool) -> float:
+    """Forward model FLOPs of one layer per token (GEMMs and causal attention)."""
+    attention = sum(g.flops for g in attention_gemms(model, 1, 1)) + attention_flops(model, 1, 1, seq_len, 1)
+    if moe:
+        return attention + moe_mlp_flops(model, 1)
+    return attention + sum(g.flops for g in mlp_gemms(model, 1, model.ffn_hidden_size))
+
+
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward, no recompute), causal attention."""
-    layer = sum(g.flops for g in layer_gemms(model, 1, 1)) + attention_flops(model, 1, 1, seq_len, 1)
-    forward = model.num_layers * layer + head_gemm(model, 1, 1).flops
+    """Training FLOPs per token (forward + backward, no recompute), causal attention; a mixture
+    of experts counts the experts each token is routed to."""
+    moe = model.num_moe_layers
+    forward = (model.num_layers - moe) * layer_forward_flops(model, seq_len, False) \
+        + moe * layer_forward_flops(model, seq_len, True) + head_gemm(model, 1, 1).flops
     return 3.0 * forward

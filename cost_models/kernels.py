@@ -107,3 +107,21 @@ def flash_attention_time(flops: float, head_dim: float, keys: float, calls: int,
         perf.attention_efficiency
     rate = efficiency * attention_shape_efficiency(head_dim, keys, perf) * gpu.peak(precision)
     return flops / rate + calls * perf.kernel_overhead_s
+
+
+def grouped_gemm_time(gemm: Gemm, groups: int, gpu: GPUSpec, precision: str, cast_bytes: float = 3.0,
+                      cached_weights: bool = False) -> float:
+    """``groups`` GEMMs of the shape ``gemm`` (one per local expert) in one grouped kernel
+    (Transformer Engine's and CUTLASS's grouped GEMM, megatron-core ``TEGroupedMLP``): the
+    groups' output tiles share the SMs (:func:`wave_efficiency` over all of them), each group's
+    rows are rounded up to whole tiles, and the kernel pays its fixed cost once. fp8 casts as
+    :func:`cast_time`, for every group's operands."""
+    perf = gpu.performance
+    rows = math.ceil(gemm.m / perf.gemm_tile_m) * perf.gemm_tile_m if gemm.m else 0.0
+    padded = Gemm(gemm.name, rows * groups, gemm.n, gemm.k)  # tiles of all groups, as one wave count
+    flops = groups * 2.0 * rows * gemm.n * gemm.k
+    traffic = element_bytes(precision) * groups * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    compute = flops / (perf.gemm_efficiency_for(precision) * gpu.peak(precision)
+                       * wave_efficiency(padded.m, padded.n, gpu, padded.k))
+    kernel = max(compute, traffic / (perf.hbm_efficiency * gpu.hbm_bandwidth)) + perf.kernel_overhead_s
+    return kernel + groups * cast_time(gemm, gpu, precision, cast_bytes, cached_weights)

@@ -10,9 +10,11 @@ from typing import Iterable, Optional
 
 from .activations import (embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, loss_gradient_bytes)
-from .model_states import sharded_state_bytes, state_bytes
-from .offload import gradients_on_host, host_state_bytes, offloaded_activation_layers
-from .parameters import attention_parameters, mlp_parameters, stage_parameters
+from .experts import alltoall_buffer_bytes
+from .model_states import StateBytes, sharded_state_bytes, state_bytes
+from .offload import gradients_on_host, offloaded_activation_layers
+from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
+                         router_parameters, shared_expert_parameters, stage_parameters)
 from .pipeline import in_flight_chunks
 from .specs import Job, Layout, ModelSpec, TrainingSpec
 
@@ -46,10 +48,20 @@ def zero_shards(job: Job) -> int:
     return job.layout.dp * job.layout.cp
 
 
-def job_stage_parameters(job: Job, stage: int) -> float:
+def expert_zero_shards(job: Job) -> int:
+    """Ranks that hold the same experts and so share their ZeRO shards: the expert data-parallel
+    group (megatron-core's distributed optimizer over ``expert_data_parallel``; torchtitan's
+    ``efsdp`` mesh)."""
+    return job.layout.edp
+
+
+def job_stage_parameters(job: Job, stage: int) -> StageParameters:
     """Parameters one GPU of pipeline stage ``stage`` holds before ZeRO sharding."""
-    return stage_parameters(job.model, job.stage_layers[stage], first=stage == 0,
-                            last=stage == job.layout.pp - 1, tp=job.layout.tp)
+    lay = job.layout
+    if not job.model.is_moe:
+        return stage_parameters(job.model, job.stage_layers[stage], stage == 0, stage == lay.pp - 1, lay.tp)
+    return stage_parameters(job.model, job.stage_layers[stage], stage == 0, stage == lay.pp - 1, lay.tp,
+                            job.stage_moe_layers[stage], lay.ep, lay.expert_tp)
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,7 @@ class PerMicrobatch:
     """Activation bytes per micro-batch that every stage of a job shares."""
 
     kept: float  # one layer that is not recomputed
+    kept_moe: float  # one MoE layer that is not recomputed
     checkpointed: float  # one layer under full recomputation: its input only
     embedding: float  # first stage
     head: float  # last stage: saved for backward
@@ -66,19 +79,21 @@ class PerMicrobatch:
 def per_microbatch(job: Job) -> PerMicrobatch:
     lay = job.layout
     return _per_microbatch(job.model, job.training, lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel,
-                           lay.recompute)
+                           lay.recompute, lay.expert_tp)
 
 
 @lru_cache(maxsize=4096)
 def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int,
-                    sequence_parallel: bool, recompute: str) -> PerMicrobatch:
+                    sequence_parallel: bool, recompute: str, etp: int = 1) -> PerMicrobatch:
     # Only these layout fields shape a micro-batch's activations: cache on them, since a
     # search scores many layouts that share them.
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
-                 recompute=recompute)
+                 recompute=recompute, etp=etp)
     selective = training.engine.selective
     return PerMicrobatch(
         kept=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective),
+        kept_moe=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective, moe=True)
+        if model.is_moe else 0.0,
         checkpointed=layer_activation_bytes(model, training, lay, recomputed=True, selective=selective),
         embedding=embedding_activation_bytes(model, training, lay),
         head=head_activation_bytes(model, training, lay),
@@ -100,19 +115,22 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
     # Unequal chunks (a stage's layers not divisible by vpp): the larger ones set the peak.
     layers_per_chunk = math.ceil(layers / lay.vpp)
+    # A stage of dense and MoE layers keeps their mean per layer (the recomputed ones are any of them).
+    moe = job.stage_moe_layers[stage] if job.model.is_moe else 0
+    kept = (shared.kept * (layers - moe) + shared.kept_moe * moe) / layers if moe else shared.kept
 
     recomputed = 0.0
     if lay.recompute == "full":
         per_chunk = layers_per_chunk if lay.recompute_num_layers is None else lay.recompute_num_layers / lay.vpp
         recomputed = min(per_chunk, layers_per_chunk)
     offloaded = offloaded_activation_layers(job, stage)  # on the host (cost_models.offload)
-    per_chunk_bytes = recomputed * shared.checkpointed + (layers_per_chunk - recomputed - offloaded) * shared.kept
+    per_chunk_bytes = recomputed * shared.checkpointed + (layers_per_chunk - recomputed - offloaded) * kept
 
     total = chunks * per_chunk_bytes
     if recomputed:
-        total += shared.kept
+        total += max(shared.kept, shared.kept_moe if moe else 0.0)
     if offloaded:  # the layer whose copy is under way
-        total += shared.kept
+        total += kept
     if stage == 0:
         total += chunks * shared.embedding
     if stage == lay.pp - 1:
@@ -122,33 +140,61 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
 
 def zero3_gather_bytes(job: Job) -> float:
     """ZeRO-3 materialises whole layers' weights while it runs them: the current one and
-    one prefetched (DeepSpeed ``stage3_prefetch_bucket_size``, FSDP's forward prefetch)."""
+    one prefetched (DeepSpeed ``stage3_prefetch_bucket_size``, FSDP's forward prefetch); an MoE
+    layer's, with this GPU's experts."""
     if job.layout.zero_stage < 3:
         return 0.0
-    per_layer = (attention_parameters(job.model) + mlp_parameters(job.model)) / job.layout.tp
+    model, lay = job.model, job.layout
+    per_layer = (attention_parameters(model) + mlp_parameters(model)) / lay.tp
+    if model.is_moe:
+        moe_layer = (attention_parameters(model) + shared_expert_parameters(model)) / lay.tp \
+            + router_parameters(model) + model.num_experts // lay.ep * expert_parameters(model) / lay.expert_tp
+        per_layer = max(per_layer, moe_layer) if model.num_moe_layers < model.num_layers else moe_layer
     return 2 * per_layer * state_bytes(job.training).weights
+
+
+def stage_state_bytes(job: Job, stage: int) -> StateBytes:
+    """Model-state bytes one rank of the stage holds, wherever they live (GPU or host): the dense
+    parameters' sharded over dp·cp by the ZeRO stage, the experts' over the expert data-parallel
+    ranks (ZeRO paper §5; megatron-core's expert distributed optimizer)."""
+    lay = job.layout
+    per_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, zero_shards(job))
+    per_expert_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, expert_zero_shards(job)) \
+        if job.model.is_moe else per_param
+    params = job_stage_parameters(job, stage)
+    return StateBytes(weights=params.dense * per_param.weights + params.expert * per_expert_param.weights,
+                      gradients=params.dense * per_param.gradients + params.expert * per_expert_param.gradients,
+                      optimizer=params.dense * per_param.optimizer + params.expert * per_expert_param.optimizer)
+
+
+def on_gpu_shares(job: Job) -> StateBytes:
+    """The share of each model-state term that stays on the GPU; the rest is offloaded to the host
+    (cost_models.offload)."""
+    lay = job.layout
+    return StateBytes(weights=0.0 if lay.offload_params else 1.0,
+                      gradients=0.0 if gradients_on_host(job) else 1.0,
+                      optimizer=1.0 - lay.offload_optimizer)
 
 
 def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[StageMemory, ...]:
     """Memory per GPU of the given pipeline stages (all by default), by term."""
     lay = job.layout
     shared = per_microbatch(job)
-    per_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, zero_shards(job))
     o = job.overheads
     fixed = o.cuda_context + o.comm_buffers + zero3_gather_bytes(job)
+    if job.model.is_moe:
+        fixed += alltoall_buffer_bytes(job.model, job.training, lay)
     out = []
-    # Offloaded states live on the host (cost_models.offload).
-    on_gpu_weights = 0.0 if lay.offload_params else 1.0
-    on_gpu_gradients = 0.0 if gradients_on_host(job) else 1.0
-    on_gpu_optimizer = 1.0 - lay.offload_optimizer
+    gpu = on_gpu_shares(job)
+    on_gpu_weights, on_gpu_gradients, on_gpu_optimizer = gpu.weights, gpu.gradients, gpu.optimizer
     for stage in (range(lay.pp) if stages is None else stages):
-        params = job_stage_parameters(job, stage)
+        states = stage_state_bytes(job, stage)
         activations = stage_activation_bytes(job, stage, shared)
         out.append(StageMemory(
             stage=stage,
-            parameters=params * per_param.weights * on_gpu_weights,
-            gradients=params * per_param.gradients * on_gpu_gradients,
-            optimizer_states=params * per_param.optimizer * on_gpu_optimizer,
+            parameters=states.weights * on_gpu_weights,
+            gradients=states.gradients * on_gpu_gradients,
+            optimizer_states=states.optimizer * on_gpu_optimizer,
             activations=activations,
             other=fixed + o.fragmentation * activations,
         ))
@@ -166,7 +212,10 @@ def host_bytes(job: Job) -> float:
     for stage in range(lay.pp):
         chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
         activations = chunks * offloaded_activation_layers(job, stage) * shared.kept
-        most = max(most, host_state_bytes(job, job_stage_parameters(job, stage), zero_shards(job)) + activations)
+        states, gpu = stage_state_bytes(job, stage), on_gpu_shares(job)
+        on_host = states.weights * (1 - gpu.weights) + states.gradients * (1 - gpu.gradients) \
+            + states.optimizer * (1 - gpu.optimizer)
+        most = max(most, on_host + activations)
     return most
 
 
@@ -176,15 +225,23 @@ def stage_memory(job: Job, stage: int) -> StageMemory:
 
 def peak_candidates(job: Job) -> list[int]:
     """Stages that can be the heaviest: the first and last (embedding, head), and each middle
-    stage holding more layers than every middle stage before it. A later middle stage with no
-    more layers holds fewer micro-batches in flight and the same or fewer weights, so it
-    cannot be heavier."""
+    stage that holds more dense layers, or more MoE layers, than every middle stage before it.
+    A later middle stage with no more of either holds fewer micro-batches in flight and the
+    same or fewer weights, so it cannot be heavier."""
     pp = job.layout.pp
     stages = {0, pp - 1}
-    most = 0
+    if not job.model.is_moe:
+        most = 0
+        for i in range(1, pp - 1):
+            if job.stage_layers[i] > most:
+                most = job.stage_layers[i]
+                stages.add(i)
+        return sorted(stages)
+    seen: list[tuple[int, int]] = []  # (dense layers, MoE layers) of the middle stages kept so far
     for i in range(1, pp - 1):
-        if job.stage_layers[i] > most:
-            most = job.stage_layers[i]
+        mine = (job.stage_layers[i] - job.stage_moe_layers[i], job.stage_moe_layers[i])
+        if not any(dense >= mine[0] and moe >= mine[1] for dense, moe in seen):
+            seen.append(mine)
             stages.add(i)
     return sorted(stages)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from .collectives import exposed
-from .model_states import optimizer_step_bytes, sharded_state_bytes, state_bytes
+from .model_states import optimizer_step_bytes, state_bytes
 from .specs import Job
 
 
@@ -45,26 +45,15 @@ def offloaded_activation_layers(job: Job, stage: int) -> float:
     return min(lay.offload_activations / lay.vpp, max(0.0, per_chunk - recomputed))
 
 
-def host_state_bytes(job: Job, params: float, shards: int) -> float:
-    """Model-state bytes one rank keeps on the host for ``params`` parameters of its stage."""
-    lay = job.layout
-    per_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, shards)
-    host = params * per_param.optimizer * lay.offload_optimizer
-    if lay.offload_params:
-        host += params * per_param.weights
-    if gradients_on_host(job):
-        host += params * per_param.gradients
-    return host
-
-
-def optimizer_offload_time(job: Job, params: float, shards: int, backward_s: float) -> float:
-    """Gradients out behind the last micro-batch's backward, the step on the CPU, weights back in."""
+def optimizer_offload_time(job: Job, local_params: float, backward_s: float) -> float:
+    """Gradients out behind the last micro-batch's backward, the step on the CPU, weights back in,
+    for the offloaded share of the ``local_params`` whose optimizer states a rank holds."""
     lay, gpu = job.layout, job.cluster.gpu
     if not lay.offload_optimizer:
         return 0.0
     perf, host = gpu.performance, gpu.host
     per_param = state_bytes(job.training)
-    local = params / (shards if lay.zero_stage >= 1 else 1) * lay.offload_optimizer
+    local = local_params * lay.offload_optimizer
     link = host.link_bandwidth * perf.host_link_efficiency
     out = local * per_param.gradients / link
     cpu_step = local * optimizer_step_bytes(per_param) / (host.memory_bandwidth * perf.host_memory_efficiency)
@@ -72,15 +61,14 @@ def optimizer_offload_time(job: Job, params: float, shards: int, backward_s: flo
     return exposed(out, backward_s, perf) + cpu_step + back
 
 
-def param_offload_time(job: Job, params: float, shards: int, microbatch_s: float, gathers: int) -> float:
-    """ZeRO-3 shards in from the host before each of a micro-batch's ``gathers``, gradient shard
-    out after its reduce-scatter, beside that micro-batch's compute."""
+def param_offload_time(job: Job, shard: float, microbatch_s: float, gathers: int) -> float:
+    """ZeRO-3 shards (``shard`` parameters a rank) in from the host before each of a micro-batch's
+    ``gathers``, the gradient shard out after its reduce-scatter, beside that micro-batch's compute."""
     lay, gpu = job.layout, job.cluster.gpu
     if not lay.offload_params:
         return 0.0
     perf = gpu.performance
     per_param = state_bytes(job.training)
-    shard = params / shards
     copies = shard * (gathers * per_param.weights + per_param.gradients)
     return job.num_microbatches * exposed(copies / (gpu.host.link_bandwidth * perf.host_link_efficiency),
                                           microbatch_s, perf)

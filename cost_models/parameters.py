@@ -1,15 +1,27 @@
-"""Parameter counts of a dense decoder-only transformer, whole and per GPU.
+"""Parameter counts of a decoder-only transformer, dense or a mixture of experts, whole and per GPU.
 
-Counts follow the weight shapes of Megatron-LM's GPT model and Hugging Face's
-Llama (``modeling_llama.py``): Q, K, V and output projections (K and V narrowed by
-grouped-query attention), two MLP matrices for GeLU or three for SwiGLU, one norm
-before attention and one before the MLP, a final norm, input embeddings and an
-LM head that may share the embedding matrix. Linear biases are not counted (Llama
-has none; for GPT-style models they are under 0.1 % of the total).
+Counts follow the weight shapes of Megatron-LM's GPT model and Hugging Face's Llama
+(``modeling_llama.py``): Q, K, V and output projections (K and V narrowed by grouped-query
+attention), two MLP matrices for GeLU or three for SwiGLU, one norm before attention and
+one before the MLP, a final norm, input embeddings and an LM head that may share the
+embedding matrix. Linear biases are not counted (Llama has none; for GPT-style models they
+are under 0.1 % of the total).
+
+Multi-head latent attention (DeepSeek-V2 report, arXiv:2405.04434, §2.1; megatron-core
+``MLASelfAttention``): W_DQ (h × q_lora) and W_UQ (q_lora × a·(d_qk + d_rope)), or W_Q
+(h × a·(d_qk + d_rope)) without query compression; W_DKV (h × (kv_lora + d_rope)), the latent
+and the one shared rotary key; W_UKV (kv_lora × a·(d_qk + d_v)); W_O (a·d_v × h); and norms of
+the two latents.
+
+A mixture-of-experts layer (Shazeer et al. 2017; Fedus et al. 2022, Switch Transformer §2;
+megatron-core ``MoELayer``) holds a router (h × E), E experts each an MLP of width f_e, and
+shared experts of total width f_s that every token passes through. A token uses top-k
+experts: the active parameters count only those.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from .specs import ModelSpec
@@ -20,20 +32,71 @@ def norm_parameters(model: ModelSpec) -> int:
     return 2 * model.hidden_size if model.activation == "gelu" else model.hidden_size
 
 
+def attention_matrices(model: ModelSpec) -> tuple[int, int]:
+    """(weights split over tensor-parallel ranks, weights every tensor-parallel rank holds whole).
+
+    Standard attention: W_Q (h × a·d), W_K and W_V (h × kv·d each, GQA) and W_O (a·d_v × h), all
+    split. MLA: the up-projections and W_O are split; the down-projections to the latents and
+    the latents' norms are replicated on every tensor-parallel rank (megatron-core builds them
+    ``duplicated``)."""
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.attention_type != "mla":
+        return h * (model.q_size + model.kv_size + model.v_size) + model.context_size * h, 0
+    q_width = a * model.head_dim  # head_dim = qk_head_dim + qk_rope_head_dim
+    split = a * (model.qk_head_dim + model.v_head_dim) * model.kv_lora_rank + model.context_size * h
+    whole = h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
+    if model.q_lora_rank:
+        split += model.q_lora_rank * q_width
+        whole += h * model.q_lora_rank + model.q_lora_rank
+    else:
+        split += h * q_width
+    return split, whole
+
+
 def attention_parameters(model: ModelSpec) -> int:
-    """W_Q (h×h), W_K and W_V (h×kv each, GQA) and W_O (h×h)."""
-    h = model.hidden_size
-    return h * (h + 2 * model.kv_size) + h * h
+    split, whole = attention_matrices(model)
+    return split + whole
 
 
-def mlp_parameters(model: ModelSpec) -> int:
-    """GeLU: up and down (2·h·f); SwiGLU: gate, up and down (3·h·f)."""
-    matrices = 3 if model.activation == "swiglu" else 2
-    return matrices * model.hidden_size * model.ffn_hidden_size
+def mlp_matrices(model: ModelSpec) -> int:
+    """Matrices of one MLP: GeLU up and down (2), SwiGLU gate, up and down (3)."""
+    return 3 if model.activation == "swiglu" else 2
+
+
+def mlp_parameters(model: ModelSpec, width: int = 0) -> int:
+    """One MLP of ``width`` (default: the dense ffn_hidden_size): matrices × h × width."""
+    return mlp_matrices(model) * model.hidden_size * (width or model.ffn_hidden_size)
+
+
+def expert_parameters(model: ModelSpec) -> int:
+    """One routed expert: an MLP of moe_ffn_hidden_size."""
+    return mlp_parameters(model, model.moe_ffn_hidden_size)
+
+
+def router_parameters(model: ModelSpec) -> int:
+    return model.hidden_size * model.num_experts
+
+
+def shared_expert_parameters(model: ModelSpec) -> int:
+    width = model.moe_shared_expert_ffn_hidden_size
+    return mlp_parameters(model, width) if width else 0
+
+
+def dense_layer_parameters(model: ModelSpec) -> int:
+    """A layer with a dense MLP."""
+    return attention_parameters(model) + mlp_parameters(model) + 2 * norm_parameters(model)
+
+
+def moe_layer_parameters(model: ModelSpec, experts: int = 0) -> int:
+    """A layer with experts: all of them, or ``experts`` of them (a token's top-k)."""
+    experts = experts or model.num_experts
+    return (attention_parameters(model) + router_parameters(model) + experts * expert_parameters(model)
+            + shared_expert_parameters(model) + 2 * norm_parameters(model))
 
 
 def layer_parameters(model: ModelSpec) -> int:
-    return attention_parameters(model) + mlp_parameters(model) + 2 * norm_parameters(model)
+    """A dense model's layer (kept for the dense formulas: Narayanan et al. 2021 eq. 2)."""
+    return dense_layer_parameters(model)
 
 
 def embedding_parameters(model: ModelSpec) -> int:
@@ -43,28 +106,60 @@ def embedding_parameters(model: ModelSpec) -> int:
 def total_parameters(model: ModelSpec) -> int:
     """All distinct parameters: layers, input embedding, final norm and (untied) LM head."""
     head = 0 if model.tied_embeddings else embedding_parameters(model)
-    return (model.num_layers * layer_parameters(model) + embedding_parameters(model)
-            + norm_parameters(model) + head)
+    moe = model.num_moe_layers
+    layers = (model.num_layers - moe) * dense_layer_parameters(model) + moe * moe_layer_parameters(model)
+    return layers + embedding_parameters(model) + norm_parameters(model) + head
+
+
+def active_parameters(model: ModelSpec) -> int:
+    """Parameters one token's forward pass uses: every parameter but the routed experts it is
+    not sent to (top-k of E in each MoE layer). Embeddings are counted, as Mistral (Mixtral
+    8x7B: 12.9B of 46.7B) and Qwen (Qwen3-30B-A3B: 3.3B of 30.5B) count them; DeepSeek and
+    OpenAI (GPT-OSS) leave the input embedding out of their active figures. Equal to
+    :func:`total_parameters` for a dense model."""
+    if not model.is_moe:
+        return total_parameters(model)
+    unused = model.num_moe_layers * (model.num_experts - model.moe_top_k) * expert_parameters(model)
+    return total_parameters(model) - unused
+
+
+@dataclass(frozen=True)
+class StageParameters:
+    """Parameters one GPU of a pipeline stage holds, before any ZeRO sharding: those every
+    data-parallel (and context-parallel) rank replicates, and the experts, which the expert
+    grid shards over ep and etp and replicates over the expert data-parallel ranks."""
+
+    dense: float
+    expert: float
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.expert
 
 
 @lru_cache(maxsize=4096)
-def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp: int) -> float:
-    """Parameters one GPU of a pipeline stage holds, before any ZeRO sharding.
+def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp: int, moe_layers: int = 0,
+                     ep: int = 1, etp: int = 1) -> StageParameters:
+    """Parameters one GPU of a pipeline stage of ``layers`` layers (``moe_layers`` of them with
+    experts) holds, before any ZeRO sharding.
 
-    Matrices split over tp (Megatron column/row-parallel layers and the
-    vocab-parallel embedding); norms are replicated. The first stage holds the
-    embedding, the last the final norm and LM head. With tied embeddings and more
-    than one stage, the last stage keeps its own copy of the embedding matrix for
-    the head and the two are all-reduced (Megatron ``LanguageModule
-    .setup_embeddings_and_output_layer``).
+    Matrices split over tp (Megatron column/row-parallel layers and the vocab-parallel
+    embedding); norms, the router and MLA's down-projections are replicated. Each GPU holds
+    E/ep of a layer's experts, each split over etp. The first stage holds the embedding, the
+    last the final norm and LM head. With tied embeddings and more than one stage, the last
+    stage keeps its own copy of the embedding matrix for the head and the two are all-reduced
+    (Megatron ``LanguageModule.setup_embeddings_and_output_layer``).
     """
     norms = norm_parameters(model)
-    matrices = layers * (attention_parameters(model) + mlp_parameters(model))
-    replicated = layers * 2 * norms
+    split, whole = attention_matrices(model)
+    dense = layers - moe_layers
+    matrices = layers * split + dense * mlp_parameters(model) + moe_layers * shared_expert_parameters(model)
+    replicated = layers * (2 * norms + whole) + moe_layers * router_parameters(model)
     if first:
         matrices += embedding_parameters(model)
     if last:
         replicated += norms
         if not model.tied_embeddings or not first:
             matrices += embedding_parameters(model)
-    return matrices / tp + replicated
+    experts = moe_layers * (model.num_experts // ep) * expert_parameters(model) / etp if moe_layers else 0.0
+    return StageParameters(dense=matrices / tp + replicated, expert=experts)

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .flops import attention_flops, head_gemm, layer_gemms
+from .flops import head_gemm, layer_forward_flops
 from .specs import Layout, ModelSpec, TrainingSpec
 
 
 def layer_and_head_cost(model: ModelSpec, seq_len: int) -> tuple[float, float]:
-    """Forward FLOPs per token of one layer (GEMMs and causal attention) and of the LM head."""
-    layer = sum(g.flops for g in layer_gemms(model, 1, 1)) + attention_flops(model, 1, 1, seq_len, 1)
+    """Forward FLOPs per token of one layer (GEMMs and causal attention; a mixture of experts'
+    mean over its dense and MoE layers) and of the LM head."""
+    moe = model.num_moe_layers
+    layer = ((model.num_layers - moe) * layer_forward_flops(model, seq_len, False)
+             + moe * layer_forward_flops(model, seq_len, True)) / model.num_layers
     return layer, head_gemm(model, 1, 1).flops
 
 
@@ -71,14 +74,34 @@ def embedding_and_loss_partition(layers: int, pp: int, vpp: int, embedding: bool
     return tuple(counts)
 
 
+def chunk_layers(layers: int, vpp: int) -> tuple[int, ...]:
+    """The layers of one pipeline rank's vpp model chunks: as equal as possible, the spare ones
+    in the earlier chunks."""
+    base, spare = divmod(layers, vpp)
+    return tuple(base + (i < spare) for i in range(vpp))
+
+
+def virtual_partition(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
+    """Layers per pipeline rank when the pp·vpp virtual stages cannot hold equal shares: each
+    virtual stage takes ⌊L/(pp·vpp)⌋ layers and the first L mod (pp·vpp) one more, rank r
+    holding virtual stages r, pp + r, … (the pipeline layout Megatron-Bridge writes for
+    DeepSeek-V3's 61 layers, ``--pipeline-model-parallel-layout``). Each rank's chunks then
+    differ by at most one layer (:func:`chunk_layers`)."""
+    base, spare = divmod(layers, pp * vpp)
+    return tuple(sum(base + (v * pp + r < spare) for v in range(vpp)) for r in range(pp))
+
+
 def default_partition(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[int, ...]:
     """The split an engine makes by itself: Megatron's embedding- and loss-aware split where the
     layout asks for it, balanced by compute for engines that balance (without interleaving),
-    else even."""
+    even, or with interleaving over layers the virtual stages do not divide
+    :func:`virtual_partition`."""
     pp, vpp = layout.pp, layout.vpp
     if layout.account_for_embedding_in_pipeline_split or layout.account_for_loss_in_pipeline_split:
         return embedding_and_loss_partition(model.num_layers, pp, vpp, layout.account_for_embedding_in_pipeline_split,
                                             layout.account_for_loss_in_pipeline_split)
     if training.engine.balance_stages and vpp == 1 and pp > 1:
         return balanced_partition(model.num_layers, pp, *layer_and_head_cost(model, training.seq_len))
+    if vpp > 1 and model.num_layers % (pp * vpp):
+        return virtual_partition(model.num_layers, pp, vpp)
     return (model.num_layers // pp,) * pp

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Mapping, Optional
 
 from .behaviour import GENERIC, EngineBehaviour
+from .frozen import cached_hash
 
 ACTIVATIONS = ("gelu", "swiglu")
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
@@ -41,6 +42,11 @@ def _positive_int(section: str, name: str, value: object) -> None:
         raise SpecError(section, name, f"expected a positive integer, got {value!r}")
 
 
+def _non_negative_int(section: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(section, name, f"expected a non-negative integer, got {value!r}")
+
+
 def _positive_float(section: str, name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(section, name, f"expected a positive number, got {value!r}")
@@ -53,9 +59,37 @@ def _choice(section: str, name: str, value: object, choices: tuple[str, ...]) ->
         raise SpecError(section, name, f"expected one of {', '.join(choices)}, got {value!r}")
 
 
+ATTENTION_TYPES = ("mha", "gqa", "mla")
+ROUTERS = ("softmax", "sigmoid")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """A dense decoder-only transformer (GPT / Llama family)."""
+    __hash__ = cached_hash
+
+    """A decoder-only transformer (GPT / Llama family), dense or a mixture of experts.
+
+    Attention is multi-head or grouped-query (``num_kv_heads``), or DeepSeek's multi-head
+    latent attention (``attention_type: mla``; DeepSeek-V2 report, arXiv:2405.04434, §2.1):
+    queries through a rank-``q_lora_rank`` bottleneck (none when 0), keys and values
+    up-projected from a shared rank-``kv_lora_rank`` latent, each query and key head
+    ``qk_head_dim`` wide plus ``qk_rope_head_dim`` rotary dimensions (the rotary key is one
+    head shared by all), each value head ``v_head_dim`` wide. Names follow megatron-core's
+    ``MLATransformerConfig``.
+
+    A mixture of experts (``num_experts`` > 0) replaces the MLP of its MoE layers by a router,
+    ``num_experts`` routed experts of width ``moe_ffn_hidden_size`` of which each token uses
+    ``moe_top_k``, and optionally shared experts every token uses
+    (``moe_shared_expert_ffn_hidden_size``: their total width, megatron-core's
+    ``moe_shared_expert_intermediate_size``). The first ``moe_first_dense_layers`` layers keep a
+    dense MLP of ``ffn_hidden_size`` (DeepSeek's ``first_k_dense_replace``); after them every
+    ``moe_layer_freq``-th layer is an MoE layer (Llama 4 Maverick's interleave step 2).
+    ``moe_capacity_factor`` caps (and pads) the tokens each expert takes at that multiple of
+    the mean (Megatron's ``--moe-expert-capacity-factor`` with
+    ``--moe-pad-expert-input-to-capacity``); None is dropless. ``moe_load_imbalance`` is the
+    busiest expert-parallel rank's tokens over the mean: 1 for the force-balanced routing of
+    published benchmarks, above it for a real router.
+    """
 
     name: str
     num_layers: int
@@ -69,11 +103,46 @@ class ModelSpec:
     # Dropout keeps a one-byte mask per dropped element (Korthikanti et al. 2022, §4.1);
     # modern Llama-style training runs with none.
     dropout: float = 0.0
+    # Width of one attention head; 0: hidden_size / num_attention_heads. Qwen3 (128 at hidden
+    # 2048 with 32 heads) and GPT-OSS (64 at 2880 with 64 heads) decouple the two.
+    head_dim: int = 0
+    attention_type: str = "gqa"  # mha and gqa are the same thing here: num_kv_heads says which
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    num_experts: int = 0  # 0: a dense model
+    moe_top_k: int = 0
+    moe_ffn_hidden_size: int = 0  # 0: ffn_hidden_size (megatron-core's default)
+    moe_shared_expert_ffn_hidden_size: int = 0
+    moe_first_dense_layers: int = 0
+    moe_layer_freq: int = 1
+    moe_router: str = "softmax"
+    moe_capacity_factor: Optional[float] = None
+    moe_load_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         s = "model"
         for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
             _positive_int(s, name, getattr(self, name))
+        _choice(s, "attention_type", self.attention_type, ATTENTION_TYPES)
+        mla = self.attention_type == "mla"
+        if mla:
+            if self.num_kv_heads not in (0, self.num_attention_heads):
+                raise SpecError(s, "num_kv_heads", "does not apply to attention_type mla (every head has its own "
+                                                   "keys and values, up-projected from the latent)")
+            object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
+            for name in ("kv_lora_rank", "qk_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                _positive_int(s, name, getattr(self, name))
+            _non_negative_int(s, "q_lora_rank", self.q_lora_rank)
+            if self.head_dim and self.head_dim != self.qk_head_dim + self.qk_rope_head_dim:
+                raise SpecError(s, "head_dim", "with attention_type mla it is qk_head_dim + qk_rope_head_dim "
+                                               f"= {self.qk_head_dim + self.qk_rope_head_dim}, got {self.head_dim}")
+        else:
+            for name in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, name):
+                    raise SpecError(s, name, "applies only with attention_type mla")
         if self.num_kv_heads == 0:
             object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
         if self.ffn_hidden_size == 0:
@@ -81,26 +150,121 @@ class ModelSpec:
         _positive_int(s, "num_kv_heads", self.num_kv_heads)
         _positive_int(s, "ffn_hidden_size", self.ffn_hidden_size)
         _choice(s, "activation", self.activation, ACTIVATIONS)
-        if self.hidden_size % self.num_attention_heads:
-            raise SpecError(s, "num_attention_heads",
-                            f"must divide hidden_size {self.hidden_size}, got {self.num_attention_heads}")
+        if self.head_dim == 0 and not mla:
+            if self.hidden_size % self.num_attention_heads:
+                raise SpecError(s, "num_attention_heads",
+                                f"must divide hidden_size {self.hidden_size}, got {self.num_attention_heads} "
+                                "(or give head_dim)")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        elif mla:
+            object.__setattr__(self, "head_dim", self.qk_head_dim + self.qk_rope_head_dim)
+        _positive_int(s, "head_dim", self.head_dim)
         if self.num_attention_heads % self.num_kv_heads:
             raise SpecError(s, "num_kv_heads",
                             f"must divide num_attention_heads {self.num_attention_heads}, got {self.num_kv_heads}")
+        if self.attention_type == "mha" and self.num_kv_heads != self.num_attention_heads:
+            raise SpecError(s, "attention_type", f"mha has as many key/value heads as heads "
+                                                 f"({self.num_attention_heads}), got num_kv_heads {self.num_kv_heads}; "
+                                                 "say gqa")
         if not isinstance(self.tied_embeddings, bool):
             raise SpecError(s, "tied_embeddings", f"expected true or false, got {self.tied_embeddings!r}")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
                 or not 0.0 <= self.dropout < 1.0:
             raise SpecError(s, "dropout", f"expected a probability in [0, 1), got {self.dropout!r}")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        s = "model"
+        _non_negative_int(s, "num_experts", self.num_experts)
+        if not self.num_experts:
+            for name, unset in (("moe_top_k", 0), ("moe_ffn_hidden_size", 0), ("moe_shared_expert_ffn_hidden_size", 0),
+                                ("moe_first_dense_layers", 0), ("moe_layer_freq", 1), ("moe_router", "softmax"),
+                                ("moe_capacity_factor", None), ("moe_load_imbalance", 1.0)):
+                if getattr(self, name) != unset:
+                    raise SpecError(s, name, "applies only to a mixture of experts (num_experts > 0)")
+            return
+        _positive_int(s, "moe_top_k", self.moe_top_k)
+        if self.moe_top_k > self.num_experts:
+            raise SpecError(s, "moe_top_k", f"at most num_experts {self.num_experts}, got {self.moe_top_k}")
+        if self.moe_ffn_hidden_size == 0:
+            object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
+        _positive_int(s, "moe_ffn_hidden_size", self.moe_ffn_hidden_size)
+        _non_negative_int(s, "moe_shared_expert_ffn_hidden_size", self.moe_shared_expert_ffn_hidden_size)
+        _non_negative_int(s, "moe_first_dense_layers", self.moe_first_dense_layers)
+        _positive_int(s, "moe_layer_freq", self.moe_layer_freq)
+        if self.num_moe_layers == 0:
+            raise SpecError(s, "moe_first_dense_layers", f"leaves no MoE layer among the {self.num_layers} layers")
+        _choice(s, "moe_router", self.moe_router, ROUTERS)
+        if self.moe_capacity_factor is not None:
+            _positive_float(s, "moe_capacity_factor", self.moe_capacity_factor)
+        _positive_float(s, "moe_load_imbalance", self.moe_load_imbalance)
+        if self.moe_load_imbalance < 1:
+            raise SpecError(s, "moe_load_imbalance", f"expected the busiest rank's share over the mean, at least 1, "
+                                                     f"got {self.moe_load_imbalance!r}")
+
+    # --- attention shapes -------------------------------------------------------------
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def value_head_dim(self) -> int:
+        """Width of one value (and attention-output) head."""
+        return self.v_head_dim if self.attention_type == "mla" else self.head_dim
+
+    @property
+    def q_size(self) -> int:
+        """Width of the queries (and of the keys, with all heads): heads × head dim."""
+        return self.num_attention_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
-        """Width of the K (or V) projection: kv heads × head dim (GQA)."""
+        """Width of the K projection: kv heads × head dim (GQA)."""
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def v_size(self) -> int:
+        """Width of the V projection: kv heads × value head dim."""
+        return self.num_kv_heads * self.value_head_dim
+
+    @property
+    def context_size(self) -> int:
+        """Width of the attention output, the input of the output projection: heads × value head dim."""
+        return self.num_attention_heads * self.value_head_dim
+
+    # --- experts ----------------------------------------------------------------------
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer ``index`` (0-based) holds experts: after the leading dense layers, every
+        ``moe_layer_freq``-th layer, counting from the last of each group (Hugging Face Llama 4:
+        ``(layer_idx + 1) % interleave_moe_layer_step == 0``)."""
+        if not self.is_moe or index < self.moe_first_dense_layers:
+            return False
+        return (index - self.moe_first_dense_layers + 1) % self.moe_layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        if not self.is_moe:
+            return 0
+        return (self.num_layers - self.moe_first_dense_layers) // self.moe_layer_freq if \
+            self.num_layers > self.moe_first_dense_layers else 0
+
+    def moe_layers_in(self, start: int, count: int) -> int:
+        """MoE layers among layers start … start + count − 1 (those whose index i has
+        i − first_dense + 1 a positive multiple of the frequency)."""
+        if not self.is_moe or count <= 0:
+            return 0
+        f = self.moe_layer_freq
+        low = max(1, start - self.moe_first_dense_layers + 1)
+        high = start + count - self.moe_first_dense_layers
+        return max(0, high // f - (low - 1) // f)
+
+    @property
+    def routed_factor(self) -> float:
+        """Tokens the busiest expert rank takes, over the balanced mean: the capacity factor where
+        experts are padded to it, else the load imbalance of a dropless router."""
+        return self.moe_capacity_factor if self.moe_capacity_factor is not None else self.moe_load_imbalance
 
 
 @dataclass(frozen=True)
@@ -196,6 +360,8 @@ class HostSpec:
 
 @dataclass(frozen=True)
 class GPUSpec:
+    __hash__ = cached_hash
+
     """One accelerator, with datasheet (or calibrated) figures."""
 
     name: str
@@ -257,7 +423,9 @@ class FabricSpec:
     # NICs of a node that one collective drives at once. None: one per group member on the
     # node (NCCL's rail-aligned rings reach the sum of the NICs).
     rails: Optional[float] = None
-    alltoall_efficiency: float = 0.5  # all-to-all bus bandwidth over the all-reduce's
+    # Achieved share of a GPU's NIC line rate for all-to-all traffic that leaves its NVLink
+    # domain (expert-parallel dispatch and combine; ``collectives.all_to_all_time``).
+    alltoall_efficiency: float = 0.8
     # Nodes under one leaf group (a DGX SuperPOD scalable unit is 32 nodes) and the
     # oversubscription of the links above it (1: non-blocking). A collective whose group
     # spans more nodes than a leaf holds crosses the spine at 1/oversubscription of the NIC rate.
@@ -300,6 +468,8 @@ class FabricSpec:
 
 @dataclass(frozen=True)
 class ClusterSpec:
+    __hash__ = cached_hash
+
     gpu: GPUSpec
     num_gpus: int
     fabric: FabricSpec = field(default_factory=FabricSpec)
@@ -314,6 +484,8 @@ class ClusterSpec:
 
 @dataclass(frozen=True)
 class TrainingSpec:
+    __hash__ = cached_hash
+
     global_batch_size: int  # sequences per optimizer step
     seq_len: int
     precision: str = "bf16"
@@ -326,6 +498,10 @@ class TrainingSpec:
     # Tensor-parallel collectives pipelined with their GEMMs (Megatron --tp-comm-overlap,
     # torchtitan async TP).
     tp_comm_overlap: bool = False
+    # Expert-parallel dispatch and combine run beside another micro-batch's compute (Megatron's
+    # --overlap-moe-expert-parallel-comm, pairing one micro-batch's forward with another's
+    # backward; DeepSeek-V3's DualPipe).
+    moe_comm_overlap: bool = False
     # Gradients accumulated and reduced in fp32 under mixed precision; None: the engine's
     # default (``cost_models.model_states.fp32_gradients``).
     fp32_grads: Optional[bool] = None
@@ -338,7 +514,7 @@ class TrainingSpec:
         _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
         if not isinstance(self.engine, EngineBehaviour):
             raise SpecError(s, "engine", f"expected an engine's behaviour, got {self.engine!r}")
-        for name in ("flash_attention", "tp_comm_overlap", "fp32_grads"):
+        for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "fp32_grads" and value is None):
                 raise SpecError(s, name, f"expected true or false, got {value!r}")
@@ -385,6 +561,12 @@ class Layout:
     cp: int = 1
     vpp: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
     micro_batch_size: int = 1
+    # Expert parallelism (Megatron's MoE parallel folding): the MoE layers' experts are split
+    # over ep ranks and each expert's matrices over etp ranks, on a grid etp × ep × edp over
+    # the same GPUs as the attention's tp × cp × dp (``expert_data_parallel``). etp None: tp
+    # (megatron-core's default).
+    ep: int = 1
+    etp: Optional[int] = None
     zero_stage: int = 0  # Megatron's distributed optimizer is stage 1
     sequence_parallel: bool = False
     recompute: str = "none"
@@ -406,8 +588,10 @@ class Layout:
 
     def __post_init__(self) -> None:
         s = "layout"
-        for name in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size"):
+        for name in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "ep"):
             _positive_int(s, name, getattr(self, name))
+        if self.etp is not None:
+            _positive_int(s, "etp", self.etp)
         if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
             raise SpecError(s, "zero_stage", f"expected 0, 1, 2 or 3, got {self.zero_stage!r}")
         if not isinstance(self.sequence_parallel, bool):
@@ -460,6 +644,17 @@ class Layout:
     def offloads(self) -> bool:
         return bool(self.offload_optimizer or self.offload_params or self.offload_activations)
 
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallel degree: etp, else tp."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallel: the ranks that hold the same experts, tp·cp·dp / (etp·ep)
+        (megatron-core ``parallel_state``: the expert grid folds over the attention's)."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
+
     def with_changes(self, **changes) -> "Layout":
         return replace(self, **changes)
 
@@ -488,8 +683,12 @@ class Job:
             raise SpecError(s, "tp", f"must divide num_attention_heads {m.num_attention_heads}, got {lay.tp}")
         if m.num_kv_heads % lay.tp and lay.tp % m.num_kv_heads:
             raise SpecError(s, "tp", f"must divide or be a multiple of num_kv_heads {m.num_kv_heads}, got {lay.tp}")
-        if m.ffn_hidden_size % lay.tp:
+        if m.ffn_hidden_size % lay.tp and m.num_moe_layers < m.num_layers:
             raise SpecError(s, "tp", f"must divide ffn_hidden_size {m.ffn_hidden_size}, got {lay.tp}")
+        if m.moe_shared_expert_ffn_hidden_size % lay.tp:
+            raise SpecError(s, "tp", f"must divide moe_shared_expert_ffn_hidden_size "
+                                     f"{m.moe_shared_expert_ffn_hidden_size}, got {lay.tp}")
+        self._check_experts()
         if lay.cp > 1 and t.seq_len % (2 * lay.cp):
             raise SpecError(s, "cp", f"seq_len {t.seq_len} must divide by 2·cp = {2 * lay.cp}")
         if lay.sequence_parallel and t.seq_len % (lay.tp * lay.cp):
@@ -511,8 +710,10 @@ class Job:
         elif self.training.engine.balance_stages and lay.vpp == 1:  # balanced split (cost_models.partition)
             if m.num_layers < lay.pp - 2:
                 raise SpecError(s, "pp", f"num_layers {m.num_layers} cannot fill pp {lay.pp} stages")
-        elif m.num_layers % (lay.pp * lay.vpp):
-            raise SpecError(s, "pp", f"num_layers {m.num_layers} must divide by pp·vpp = {lay.pp * lay.vpp} "
+        elif lay.vpp > 1 and m.num_layers < lay.pp * lay.vpp:
+            raise SpecError(s, "vpp", f"num_layers {m.num_layers} cannot fill pp·vpp = {lay.pp * lay.vpp} model chunks")
+        elif lay.vpp == 1 and m.num_layers % lay.pp:
+            raise SpecError(s, "pp", f"num_layers {m.num_layers} must divide by pp = {lay.pp} "
                                      "(or give layout.stage_layers)")
         if lay.offloads and c.gpu.host is None:
             raise SpecError("cluster.gpu", "host", "has no host figures (memory, link and memory bandwidth) "
@@ -531,6 +732,26 @@ class Job:
         if lay.vpp > 1 and self.num_microbatches % lay.pp:
             raise SpecError(s, "vpp", f"interleaving needs micro-batches per step ({self.num_microbatches}) "
                                       f"divisible by pp {lay.pp}")
+
+    def _check_experts(self) -> None:
+        """Expert parallelism against the model and the attention's grid (megatron-core
+        ``MoELayer``: experts divide by ep; the expert grid etp·ep·edp folds over tp·cp·dp)."""
+        m, lay, s = self.model, self.layout, "layout"
+        if not m.is_moe:
+            if lay.ep > 1:
+                raise SpecError(s, "ep", f"expert parallelism needs a mixture of experts (model.num_experts), got {lay.ep}")
+            if lay.etp is not None and lay.etp != lay.tp:
+                raise SpecError(s, "etp", "expert tensor parallelism needs a mixture of experts (model.num_experts)")
+            return
+        if m.num_experts % lay.ep:
+            raise SpecError(s, "ep", f"must divide num_experts {m.num_experts}, got {lay.ep}")
+        etp = lay.expert_tp
+        if m.moe_ffn_hidden_size % etp:
+            raise SpecError(s, "etp", f"must divide moe_ffn_hidden_size {m.moe_ffn_hidden_size}, got {etp}")
+        if (lay.tp * lay.cp * lay.dp) % (etp * lay.ep):
+            raise SpecError(s, "ep", f"etp·ep = {etp}·{lay.ep} must divide tp·cp·dp = "
+                                     f"{lay.tp}·{lay.cp}·{lay.dp} = {lay.tp * lay.cp * lay.dp} (the expert grid "
+                                     "folds over the same GPUs)")
 
     @property
     def grad_accum(self) -> int:
@@ -552,3 +773,26 @@ class Job:
         if lay.stage_layers is not None:
             return lay.stage_layers
         return default_partition(self.model, self.training, lay)
+
+    @cached_property
+    def stage_moe_layers(self) -> tuple[int, ...]:
+        """MoE layers of each pipeline stage (:func:`moe_layers_per_stage`)."""
+        return moe_layers_per_stage(self.model, self.stage_layers, self.layout.vpp)
+
+
+@lru_cache(maxsize=4096)
+def moe_layers_per_stage(model: ModelSpec, stage_layers: tuple[int, ...], vpp: int = 1) -> tuple[int, ...]:
+    """MoE layers of each pipeline stage. With interleaving, rank r holds virtual stages
+    r, pp + r, … of stage_layers[r] / vpp consecutive layers each (Megatron's order)."""
+    if not model.is_moe:
+        return (0,) * len(stage_layers)
+    from .partition import chunk_layers
+
+    chunks = [chunk_layers(layers, vpp) for layers in stage_layers]
+    counts = [0] * len(stage_layers)
+    start = 0
+    for v in range(vpp):
+        for rank in range(len(stage_layers)):
+            counts[rank] += model.moe_layers_in(start, chunks[rank][v])
+            start += chunks[rank][v]
+    return tuple(counts)

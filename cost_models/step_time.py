@@ -19,9 +19,10 @@ import math
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
-from .activations import activation_bytes
+from .activations import activation_bytes, selective_modules
 from .collectives import collective_time, exposed, p2p_time
-from .flops import Gemm, attention_flops, head_gemm, layer_gemms, model_flops_per_token
+from .experts import dispatch_combine_time, moe_mlp_forward_time, routed_tokens
+from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, model_flops_per_token
 from .kernels import flash_attention_time, gemm_kernel_time, gemm_time
 from .memory import job_stage_parameters, per_microbatch, zero_shards
 from .parameters import embedding_parameters
@@ -37,6 +38,7 @@ class StepTime:
     recompute_s: float
     tp_comm_s: float
     cp_comm_s: float
+    ep_comm_s: float
     pp_comm_s: float
     dp_comm_s: float
     bubble_s: float
@@ -60,13 +62,14 @@ class StageTime:
     recompute: float
     tp_comm: float
     cp_comm: float
+    ep_comm: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.recompute + self.tp_comm + self.cp_comm
+        return self.compute + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
 
 
-def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float) -> float:
+def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float, mlp: bool = True) -> float:
     """HBM traffic of one layer's forward element-wise kernels on one GPU.
 
     Per token, in elements: two norms (read + write h each), two residual adds
@@ -79,17 +82,21 @@ def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tok
     Engines without fused kernels (``EngineBehaviour.fused_elementwise`` false: eager
     PyTorch) run SwiGLU as silu then multiply (read f, write f; read 2f, write f) and rotary
     embeddings as x·cos + rotate_half(x)·sin (five passes over q and k instead of two).
+    Without ``mlp`` the activation function is left out (an MoE layer's experts have their own:
+    ``experts.moe_elementwise_bytes``).
     """
     p = activation_bytes(training.precision)
     h, f, t = model.hidden_size, model.ffn_hidden_size, lay.tp
     fused = training.engine.fused_elementwise
     sp = t if lay.sequence_parallel else 1
     kv = max(model.num_kv_heads // t, 1) * model.head_dim
-    if model.activation == "swiglu":
+    if not mlp:
+        act = 0.0
+    elif model.activation == "swiglu":
         act = (3 if fused else 5) * f / t
     else:
         act = 2 * f / t
-    rotary = (2 if fused else 5) * (h / t + kv)
+    rotary = (2 if fused else 5) * (model.q_size / t + kv)
     dropout = 2 * (2 * p + 1) * h / sp if model.dropout > 0 else 0.0
     per_token = p * (4 * h + 6 * h) / sp + p * (act + rotary) + dropout
     if not training.flash_attention:
@@ -119,23 +126,38 @@ def layer_forward_time(job: Job) -> tuple[float, float]:
                                lay.sequence_parallel)
 
 
-def layer_gemm_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float) -> float:
-    """Forward time of one layer's GEMMs (QKV, projection, MLP) on ``tokens`` tokens."""
+def layer_gemm_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float,
+                    mlp: bool = True) -> float:
+    """Forward time of one layer's GEMMs (QKV, projection, and the dense MLP unless not ``mlp``)
+    on ``tokens`` tokens."""
     engine = training.engine
+    gemms = layer_gemms(model, tokens, tp) if mlp else attention_gemms(model, tokens, tp)
     return sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
-               for g in layer_gemms(model, tokens, tp))
+               for g in gemms)
+
+
+@lru_cache(maxsize=4096)
+def moe_layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                               micro_batch_size: int, sequence_parallel: bool, ep: int, etp: int) \
+        -> tuple[float, float]:
+    """Forward time of one MoE layer for one micro-batch, its dispatch and combine excluded:
+    (whole layer, attention core alone). The attention half is a dense layer's; the MLP half
+    is the experts' (:func:`experts.moe_mlp_forward_time`)."""
+    attention, core = layer_forward_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel,
+                                             mlp=False)
+    return attention + moe_mlp_forward_time(model, training, gpu, tp, cp, micro_batch_size, ep, etp), core
 
 
 @lru_cache(maxsize=4096)
 def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
-                        micro_batch_size: int, sequence_parallel: bool) -> tuple[float, float]:
+                        micro_batch_size: int, sequence_parallel: bool, mlp: bool = True) -> tuple[float, float]:
     # Only these layout fields shape one layer's forward: cached, since a search scores
     # many layouts that share them.
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
     perf = gpu.performance
     s_local = training.seq_len / lay.cp
     tokens = lay.micro_batch_size * s_local
-    gemms = layer_gemm_time(model, training, gpu, lay.tp, tokens)
+    gemms = layer_gemm_time(model, training, gpu, lay.tp, tokens, mlp)
     # Attention runs in bf16 even in fp8 recipes (Transformer Engine keeps DPA in bf16).
     attn_precision = "bf16" if training.precision == "fp8" else training.precision
     # Context parallelism: each rank attends its s/cp queries to all s keys, balanced causally,
@@ -147,10 +169,11 @@ def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpe
     else:
         # Two batched GEMMs (scores and context) over a·b/t heads, full s×s (no causal skipping).
         heads = model.num_attention_heads / lay.tp * lay.micro_batch_size
-        per_head = Gemm("scores", s_local, training.seq_len, model.head_dim)
-        core = 2 * (heads * per_head.flops / (perf.gemm_efficiency_for(attn_precision) * gpu.peak(attn_precision))
-                    + perf.kernel_overhead_s)
-    memory = elementwise_bytes(model, training, lay, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+        scores = Gemm("scores", s_local, training.seq_len, model.head_dim)
+        context = Gemm("context", s_local, model.value_head_dim, training.seq_len)
+        core = heads * (scores.flops + context.flops) / (perf.gemm_efficiency_for(attn_precision)
+                                                          * gpu.peak(attn_precision)) + 2 * perf.kernel_overhead_s
+    memory = elementwise_bytes(model, training, lay, tokens, mlp) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
     return gemms + core + memory, core
 
 
@@ -163,15 +186,24 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
     Llama block, proj and fc2 of a GPT block; :func:`activations.matmul_policy_saved_elements`)."""
     whole, core = layer_forward_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel)
     if training.engine.selective == "attention":
-        return core
+        # The attention core, and MLA's up-projections where they are recomputed too
+        # (:func:`activations.selective_modules`).
+        if "mla_up_proj" not in selective_modules(model, training):
+            return core
+        engine = training.engine
+        tokens = micro_batch_size * training.seq_len / cp
+        up = [g for g in attention_gemms(model, tokens, tp) if g.name in ("q_up", "kv_up", "q")]
+        return core + sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
+                          for g in up)
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
     tokens = micro_batch_size * training.seq_len / cp
     h, f = model.hidden_size, model.ffn_hidden_size
     kv = max(model.num_kv_heads // tp, 1) * model.head_dim
     if model.activation == "swiglu":
-        gemms = (Gemm("wk", tokens, kv, h), Gemm("wo", tokens, h, h / tp), Gemm("w3", tokens, f / tp, h))
+        gemms = (Gemm("wk", tokens, kv, h), Gemm("wo", tokens, h, model.context_size / tp),
+                 Gemm("w3", tokens, f / tp, h))
     else:
-        gemms = (Gemm("proj", tokens, h, h / tp), Gemm("fc2", tokens, h, f / tp))
+        gemms = (Gemm("proj", tokens, h, model.context_size / tp), Gemm("fc2", tokens, h, f / tp))
     perf = gpu.performance
     memory = elementwise_bytes(model, training, lay, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
     engine = training.engine
@@ -240,14 +272,18 @@ def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
 
 
 def stage_time(job: Job, stage: int) -> StageTime:
-    """Forward + backward of one micro-batch through stage ``stage``, with its exposed TP and CP traffic."""
+    """Forward + backward of one micro-batch through stage ``stage``, with its exposed TP, CP and
+    EP traffic."""
     model, lay, training = job.model, job.layout, job.training
     cluster, gpu = job.cluster, job.cluster.gpu
     perf = gpu.performance
     layers = job.stage_layers[stage]
+    moe_layers = job.stage_moe_layers[stage]
     layer_fwd, core_fwd = layer_forward_time(job)
+    moe_fwd = moe_layer_forward_time_for(model, training, gpu, lay.tp, lay.cp, lay.micro_batch_size,
+                                         lay.sequence_parallel, lay.ep, lay.expert_tp)[0] if moe_layers else 0.0
     tokens = lay.micro_batch_size * training.seq_len / lay.cp
-    forward = layers * layer_fwd
+    forward = (layers - moe_layers) * layer_fwd + moe_layers * moe_fwd
     loss = 0.0
     if stage == lay.pp - 1:
         # fp8 recipes keep the LM head in bf16 (Transformer Engine's output layer; torchao's
@@ -267,16 +303,42 @@ def stage_time(job: Job, stage: int) -> StageTime:
     recomputed = 0  # layers whose whole forward runs again in backward
     if lay.recompute == "full":
         recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, layers)
-    recompute = recomputed * layer_fwd
+    # The recomputed layers are a stage's mix of dense and MoE layers.
+    mean_fwd = ((layers - moe_layers) * layer_fwd + moe_layers * moe_fwd) / layers if layers else layer_fwd
+    recompute = recomputed * mean_fwd
     if lay.recompute == "selective":
         recompute += layers * selective_recompute_time(model, training, gpu, lay.tp, lay.cp, lay.micro_batch_size,
                                                        lay.sequence_parallel)
+        if moe_layers and "moe_act" in selective_modules(model, training):
+            # The experts' activation function again: one read of its 2f-wide input, one write.
+            act = activation_bytes(training.precision) * 3 * routed_tokens(
+                model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp) \
+                * model.moe_ffn_hidden_size / lay.expert_tp
+            recompute += moe_layers * act / (perf.hbm_efficiency * gpu.hbm_bandwidth)
 
     # Recompute repeats the forward's TP collectives.
     p = activation_bytes(training.precision)
     tp_fwd, tp_bwd = tp_exposed_per_layer(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size,
                                           lay.sequence_parallel)
-    tp_comm = layers * (tp_fwd + tp_bwd) + recomputed * tp_fwd
+    # An MoE layer's routed experts need no tensor-parallel collective (each rank routes its own
+    # sequence-parallel tokens); its shared experts need the dense MLP's pair.
+    moe_tp = 1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5
+    tp_layers = layers - moe_layers + moe_tp * moe_layers
+    tp_comm = tp_layers * (tp_fwd + tp_bwd) + recomputed * tp_layers / max(layers, 1) * tp_fwd
+
+    # Expert parallelism: each MoE layer dispatches and combines its tokens in forward and again
+    # (reversed) in backward, and once more for a recomputed forward; nothing hides them in
+    # megatron-core's default schedule.
+    ep_comm = 0.0
+    if moe_layers:
+        pair = dispatch_combine_time(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size, lay.ep,
+                                     lay.expert_tp)
+        ep_comm = moe_layers * 2 * pair + recomputed * moe_layers / layers * pair
+        if training.moe_comm_overlap:
+            # Each MoE layer's forward dispatch and combine run beside another micro-batch's
+            # backward of a layer, its backward pair beside a forward: what that compute cannot
+            # cover shows (:func:`collectives.exposed`).
+            ep_comm = exposed(ep_comm, compute + recompute, perf)
 
     # Context parallelism: each layer's K and V chunks travel around the cp ring
     # (cp − 1 steps) in forward, and K, V plus their gradients in backward, overlapped
@@ -295,7 +357,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
         exposed_fwd = steps * wait + exposed(steps * (hop - wait), core_fwd, perf)
         exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * core_fwd, perf)
         cp_comm = layers * (exposed_fwd + exposed_bwd)
-    return StageTime(compute=compute, recompute=recompute, tp_comm=tp_comm, cp_comm=cp_comm)
+    return StageTime(compute=compute, recompute=recompute, tp_comm=tp_comm, cp_comm=cp_comm, ep_comm=ep_comm)
 
 
 def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
@@ -321,17 +383,31 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
 
     What compute hides is scaled by ``Performance.comm_overlap`` (:func:`collectives.exposed`).
     """
-    lay, training, cluster = job.layout, job.training, job.cluster
-    perf = cluster.gpu.performance
+    lay, cluster = job.layout, job.cluster
     tied = tied_embedding_reduce(job, stage)
-    if zero_shards(job) == 1:
-        return tied
-    params = job_stage_parameters(job, stage)
+    stage_params = job_stage_parameters(job, stage)
+    backward_last = 2 / 3 * slowest.compute + slowest.recompute
+    # The experts' gradients are reduced over the expert data-parallel group, the rest over
+    # dp·cp; the two share the step's overlap, one after the other.
+    exposed_total = tied
+    for params, group, shards in ((stage_params.dense, "dp_cp", zero_shards(job)),
+                                  (stage_params.expert, "edp", lay.edp)):
+        if params and shards > 1:
+            exposed_total += _dp_traffic_exposed(job, stage, slowest, params, group_links(cluster, lay, group),
+                                                 backward_last)
+    return exposed_total
+
+
+def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float, dp_links, backward_last: float) \
+        -> float:
+    """The exposed data-parallel traffic of ``params`` parameters over ``dp_links``
+    (:func:`dp_comm_exposed`)."""
+    lay, training = job.layout, job.training
+    perf = job.cluster.gpu.performance
+    tied = 0.0  # counted once, by dp_comm_exposed
     per_param = state_bytes(training)
-    dp_links = group_links(cluster, lay, "dp_cp")
     grads = params * per_param.gradients
     weights = params * per_param.weights
-    backward_last = 2 / 3 * slowest.compute + slowest.recompute
     # Engines issue one collective per bucket (ZeRO 0–2) or per wrapped layer (ZeRO-3:
     # FSDP units, DeepSpeed's per-module gathers): each pays the collective's latency.
     chunks = gradient_chunks(job, params, per_param.gradients) if lay.zero_stage < 3 else \
@@ -408,8 +484,18 @@ def optimizer_time(job: Job, stage: int) -> float:
     lay, gpu = job.layout, job.cluster.gpu
     params = job_stage_parameters(job, stage)
     per_param = state_bytes(job.training)
-    local = params / (zero_shards(job) if lay.zero_stage >= 1 else 1) * (1 - lay.offload_optimizer)
+    local = optimizer_local_parameters(job, stage) * (1 - lay.offload_optimizer)
     return local * optimizer_step_bytes(per_param) / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
+
+
+def optimizer_local_parameters(job: Job, stage: int) -> float:
+    """Parameters whose optimizer states one rank of the stage holds: the dense ones over the
+    ZeRO shards (dp·cp), the experts' over the expert data-parallel ranks."""
+    lay = job.layout
+    params = job_stage_parameters(job, stage)
+    if lay.zero_stage == 0:
+        return params.total
+    return params.dense / zero_shards(job) + params.expert / lay.edp
 
 
 def offload_time(job: Job, stage: int, slowest: "StageTime") -> float:
@@ -417,12 +503,12 @@ def offload_time(job: Job, stage: int, slowest: "StageTime") -> float:
     lay = job.layout
     if not lay.offloads:
         return 0.0
-    params, shards = job_stage_parameters(job, stage), zero_shards(job)
+    local = optimizer_local_parameters(job, stage)
     forward = slowest.compute / 3
     backward = 2 / 3 * slowest.compute + slowest.recompute
     gathers = 2 + (lay.recompute == "full" and job.training.engine.regather_for_recompute)
-    return (optimizer_offload_time(job, params, shards, backward)
-            + param_offload_time(job, params, shards, slowest.compute + slowest.recompute, gathers)
+    return (optimizer_offload_time(job, local, backward)
+            + param_offload_time(job, local, slowest.compute + slowest.recompute, gathers)
             + activation_offload_time(job, stage, per_microbatch(job).kept, forward, backward))
 
 
@@ -457,7 +543,7 @@ def step_time(job: Job) -> StepTime:
     # Stages with the same layer count and role (first, middle, last) take the same time.
     kinds: dict[tuple, int] = {}
     for i, layers in enumerate(job.stage_layers):
-        kinds.setdefault((layers, i == 0, i == lay.pp - 1), i)
+        kinds.setdefault((layers, job.stage_moe_layers[i], i == 0, i == lay.pp - 1), i)
     stages = [stage_time(job, i) for i in kinds.values()]
     slowest = max(stages, key=lambda s: s.total)
     m = job.num_microbatches
@@ -466,6 +552,7 @@ def step_time(job: Job) -> StepTime:
         recompute_s=m * slowest.recompute,
         tp_comm_s=m * slowest.tp_comm,
         cp_comm_s=m * slowest.cp_comm,
+        ep_comm_s=m * slowest.ep_comm,
         pp_comm_s=pipeline_comm(job),
         dp_comm_s=max(dp_comm_exposed(job, i, slowest) for i in kinds.values()),
         bubble_s=bubble_fraction(lay.pp, lay.vpp, m) * m * slowest.total,

@@ -34,6 +34,9 @@ class GroupLinks:
     inter_bandwidth: float
     inter_latency: float = 0.0  # α of an algorithm step that crosses the fabric
     rails: Optional[float] = None  # NICs per domain one collective drives (None: per_domain)
+    # Achieved bytes/s of one GPU's own NIC for all-to-all traffic that leaves its domain: the
+    # line rate (over any spine oversubscription) times FabricSpec.alltoall_efficiency.
+    alltoall_bandwidth: float = 0.0
 
     @property
     def nics(self) -> float:
@@ -54,6 +57,7 @@ class _Shape:
     oversubscription: float
 
 
+@lru_cache(maxsize=256)
 def _shape(cluster: ClusterSpec) -> _Shape:
     gpu, fabric = cluster.gpu, cluster.fabric
     return _Shape(cluster.num_gpus, gpu.nvlink_domain, gpu.gpus_per_node, gpu.intra_node_bandwidth,
@@ -97,7 +101,17 @@ ORDER = ("tp", "cp", "dp", "pp")
 
 def group_shape(layout: Layout, dim: str) -> tuple[int, int]:
     """(stride, size) of a parallel group: tp, cp, dp, pp, or dp_cp (the gradient group,
-    data parallel with context parallel folded in, which is contiguous in cp then dp)."""
+    data parallel with context parallel folded in, which is contiguous in cp then dp).
+
+    The expert layers' groups lie on their own grid over the same ranks, expert tensor
+    parallel fastest, then expert parallel and expert data parallel, pipeline outermost
+    (megatron-core ``RankGenerator`` for the expert grid, order "tp-ep-dp-pp"): etp, ep, edp."""
+    if dim == "etp":
+        return 1, layout.expert_tp
+    if dim == "ep":
+        return layout.expert_tp, layout.ep
+    if dim == "edp":
+        return layout.expert_tp * layout.ep, layout.edp
     dims = dim.split("_")
     stride = 1
     for d in ORDER[:ORDER.index(min(dims, key=ORDER.index))]:
@@ -124,11 +138,16 @@ def _group_links(shape: _Shape, fabric: FabricSpec, stride: int, size: int) -> G
     intra_bw = _path_bandwidth(graph, 0, same) if same is not None else shape.intra
     if other is None:
         return GroupLinks(size, per_domain, domains, intra_bw, shape.nic * fabric.efficiency_for(1),
-                          fabric.latency_s, fabric.rails)
+                          fabric.latency_s, fabric.rails, shape.nic * fabric.alltoall_efficiency)
     line = min(_path_bandwidth(graph, 0, other), _path_bandwidth(graph, 0, farthest))
     return GroupLinks(size, per_domain, domains, intra_bw, line * fabric.efficiency_for(domains),
-                      fabric.latency_s, fabric.rails)
+                      fabric.latency_s, fabric.rails, line * fabric.alltoall_efficiency)
 
 
 def group_links(cluster: ClusterSpec, layout: Layout, dim: str) -> GroupLinks:
-    return _group_links(_shape(cluster), cluster.fabric, *group_shape(layout, dim))
+    return _cluster_group_links(cluster, *group_shape(layout, dim))
+
+
+@lru_cache(maxsize=4096)
+def _cluster_group_links(cluster: ClusterSpec, stride: int, size: int) -> GroupLinks:
+    return _group_links(_shape(cluster), cluster.fabric, stride, size)

@@ -31,7 +31,14 @@ SECTIONS = ("model", "cluster", "training", "layout", "overheads", "search")
 # Engines a case can name (``planner/engines/``).
 CASE_ENGINES = tuple(ENGINES)
 MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
-              "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout")
+              "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout", "head_dim",
+              "attention_type", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_rope_head_dim", "v_head_dim",
+              "num_experts", "moe_top_k", "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size",
+              "moe_first_dense_layers", "moe_layer_freq", "moe_router", "moe_capacity_factor",
+              "moe_load_imbalance")
+# Integer model fields that may be 0 (none) or null: a model without query compression, shared
+# experts or leading dense layers.
+OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidden_size", "moe_first_dense_layers")
 GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
             "gpus_per_node", "nvlink_domain", "sm_count", "fabric", "host")
 # A GPU preset may name the fabric of its reference system; the cluster's fabric overrides it.
@@ -48,10 +55,11 @@ CLUSTER_KEYS = HARDWARE_KEYS + ("num_gpus", "nodes") + SIZING_KEYS + ("options",
 PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
 INTEGER_PERFORMANCE_KEYS = ("gemm_tile_m", "gemm_tile_n", "gemm_split_k")
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
-                 "tp_comm_overlap", "fp32_grads")
+                 "tp_comm_overlap", "fp32_grads", "moe_comm_overlap")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
                "recompute", "recompute_num_layers", "stage_layers", "account_for_embedding_in_pipeline_split",
-               "account_for_loss_in_pipeline_split", "offload_optimizer", "offload_params", "offload_activations")
+               "account_for_loss_in_pipeline_split", "offload_optimizer", "offload_params", "offload_activations",
+               "ep", "etp")
 OVERHEAD_KEYS = ("cuda_context", "comm_buffers", "fragmentation")
 
 
@@ -255,11 +263,20 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
     values: dict[str, Any] = {"name": _str(src, "model.name", fields.get("name", "model"))}
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
         values[key] = _int(src, f"model.{key}", fields[key])
-    for key in ("num_kv_heads", "ffn_hidden_size"):
+    for key in ("num_kv_heads", "ffn_hidden_size", "head_dim", "kv_lora_rank", "qk_head_dim", "qk_rope_head_dim",
+                "v_head_dim", "moe_top_k", "moe_ffn_hidden_size", "moe_layer_freq"):
         if key in fields:
             values[key] = _int(src, f"model.{key}", fields[key])
-    if "activation" in fields:
-        values["activation"] = _str(src, "model.activation", fields["activation"])
+    for key in OPTIONAL_COUNT_KEYS:
+        if fields.get(key) is not None:
+            values[key] = _int(src, f"model.{key}", fields[key], minimum=0)
+    for key in ("activation", "attention_type", "moe_router"):
+        if key in fields:
+            values[key] = _str(src, f"model.{key}", fields[key])
+    if fields.get("moe_capacity_factor") is not None:
+        values["moe_capacity_factor"] = _figure(src, "model.moe_capacity_factor", fields["moe_capacity_factor"])
+    if "moe_load_imbalance" in fields:
+        values["moe_load_imbalance"] = _figure(src, "model.moe_load_imbalance", fields["moe_load_imbalance"])
     if "tied_embeddings" in fields:
         values["tied_embeddings"] = _bool(src, "model.tied_embeddings", fields["tied_embeddings"])
     if "dropout" in fields:
@@ -481,7 +498,7 @@ def _training(src: str, section: Any) -> TrainingSpec:
             raise CaseError(src, "training.engine",
                             f"expected one of {', '.join(CASE_ENGINES)}, got {values['engine']!r}")
         values["engine"] = ENGINES[values["engine"]].behaviour
-    for key in ("flash_attention", "tp_comm_overlap", "fp32_grads"):
+    for key in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap"):
         if key in section:
             values[key] = _bool(src, f"training.{key}", section[key])
     with spec_errors(src):
@@ -504,9 +521,11 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
     """A Layout from the case-file ``layout`` schema; ``dp`` defaults to what the GPUs leave."""
     section = _mapping(src, key, section, LAYOUT_KEYS)
     values: dict[str, Any] = {}
-    for k in ("tp", "pp", "cp", "vpp", "micro_batch_size"):
+    for k in ("tp", "pp", "cp", "vpp", "micro_batch_size", "ep"):
         if k in section:
             values[k] = _int(src, f"{key}.{k}", section[k])
+    if section.get("etp") is not None:
+        values["etp"] = _int(src, f"{key}.etp", section["etp"])
     if "zero_stage" in section:
         values["zero_stage"] = _int(src, f"{key}.zero_stage", section["zero_stage"], minimum=0)
     for flag in ("sequence_parallel", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
@@ -547,6 +566,9 @@ def layout_to_mapping(layout: Layout) -> dict[str, Any]:
         "micro_batch_size": layout.micro_batch_size, "zero_stage": layout.zero_stage,
         "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
     }
+    if layout.ep > 1 or layout.etp is not None:
+        section["ep"] = layout.ep
+        section["etp"] = layout.expert_tp
     if layout.recompute_num_layers is not None:
         section["recompute_num_layers"] = layout.recompute_num_layers
     if layout.stage_layers is not None:

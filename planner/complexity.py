@@ -8,14 +8,15 @@ RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
 
 
 # The order complexity() ranks by, least complex first, as users read it.
-COMPLEXITY_ORDER = "accumulation < recomputation < offload < ZeRO < TP < CP < PP (with VPP)"
+COMPLEXITY_ORDER = "accumulation < recomputation < offload < ZeRO < EP < TP < CP < PP (with VPP)"
 
 
 def complexity(candidate: Candidate, global_batch: int) -> tuple:
     """Complexity in the order users climb it (COMPLEXITY_ORDER): pipeline stages with their
-    virtual stages first, then CP, TP, ZeRO, offload, recomputation and accumulation."""
+    virtual stages first, then CP, TP, EP (expert tensor then expert parallel), ZeRO, offload,
+    recomputation and accumulation."""
     lay = candidate.layout
     accumulation = global_batch // (lay.micro_batch_size * lay.dp)
     offload = (lay.offload_params, lay.offload_optimizer, lay.offload_activations)
-    return (lay.pp * lay.vpp, lay.cp, lay.tp, lay.zero_stage, offload, RECOMPUTE_LEVEL[lay.recompute],
+    return (lay.pp * lay.vpp, lay.cp, lay.tp, lay.expert_tp, lay.ep, lay.zero_stage, offload, RECOMPUTE_LEVEL[lay.recompute],
             lay.recompute_num_layers or 0, accumulation)

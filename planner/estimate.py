@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from cost_models.memory import StageMemory, host_bytes, peak_stage_memory, stage_memories
+from cost_models.parameters import active_parameters, total_parameters
 from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import RECOMPUTE, Job, Layout, SpecError
 
@@ -95,7 +96,9 @@ class Estimate:
         return min(ladder, key=lambda r: r.peak_bytes) if ladder else None
 
     def to_dict(self) -> dict[str, Any]:
+        model = self.job.model
         return {
+            "model": {"parameters": total_parameters(model), "active_parameters": active_parameters(model)},
             "fits": self.fits,
             "memory": {
                 "peak_bytes": int(round(self.peak.total)),

@@ -10,6 +10,24 @@ Only the file on disk is read (``planner.inputs.read_json``: bounded); nothing i
 * ``gpt2``: GELU MLP, ``n_inner`` defaulting to 4 x ``n_embd``, tied unless
   ``tie_word_embeddings`` is explicitly false.
 
+Mixtures of experts and multi-head latent attention:
+
+* ``mixtral``: Mistral's layer with ``num_local_experts`` experts of ``intermediate_size`` in
+  every layer, ``num_experts_per_tok`` per token.
+* ``qwen3`` (dense, with its own ``head_dim``) and ``qwen3_moe``: ``num_experts`` of
+  ``moe_intermediate_size``, MoE every ``decoder_sparse_step`` layers, ``mlp_only_layers``
+  dense (a leading run only).
+* ``deepseek_v2`` and ``deepseek_v3``: MLA (``q_lora_rank`` (null: none), ``kv_lora_rank``,
+  ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``), ``n_routed_experts`` of
+  ``moe_intermediate_size``, ``n_shared_experts`` of the same width, the first
+  ``first_k_dense_replace`` layers dense of ``intermediate_size``, router ``scoring_func``.
+* ``llama4`` (its ``text_config``) and ``llama4_text``: ``num_local_experts`` of
+  ``intermediate_size`` and one shared expert of the same width in every
+  ``interleave_moe_layer_step``-th layer, the others dense of ``intermediate_size_mlp``;
+  sigmoid router.
+* ``gpt_oss``: ``num_local_experts`` of ``intermediate_size`` in every layer; its clamped
+  SwiGLU counts as SwiGLU.
+
 Defaults are the ones the ``transformers`` config classes use when a key is
 absent or ``null``. Every problem raises :class:`planner.errors.CaseError`, which
 names the file and the key.
@@ -25,12 +43,15 @@ from planner.errors import CaseError
 from planner.inputs import read_json
 from planner.limits import MAX_INT
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2")
-SUPPORTED = LLAMA_LIKE + ("gpt_neox", "gpt2")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+MOE = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss")
+SUPPORTED = LLAMA_LIKE + ("gpt_neox", "gpt2") + MOE
 
 # architectures[0] with its head suffix removed, lower-cased, mapped to model_type.
-_ARCH_TO_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "gptneox": "gpt_neox", "gpt2": "gpt2"}
-_ARCH_SUFFIXES = ("ForCausalLM", "LMHeadModel", "Model")
+_ARCH_TO_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gptneox": "gpt_neox",
+                 "gpt2": "gpt2", "mixtral": "mixtral", "qwen3moe": "qwen3_moe", "deepseekv2": "deepseek_v2",
+                 "deepseekv3": "deepseek_v3", "llama4": "llama4", "gptoss": "gpt_oss"}
+_ARCH_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM", "LMHeadModel", "Model")
 
 _MISSING = object()
 
@@ -43,14 +64,12 @@ def read_hf_config(path: str | os.PathLike) -> dict:
     cfg = _load(source)
     reader = _Reader(source, cfg)
     family = _family(reader)
-    if family in LLAMA_LIKE:
-        fields = _llama_like(reader)
-    elif family == "gpt_neox":
-        fields = _gpt_neox(reader)
-    else:
-        fields = _gpt2(reader)
+    name = _name(reader)
+    if family == "llama4":  # a vision-language model: the text decoder is under text_config
+        reader = reader.nested("text_config")
+    fields = _READERS[family](reader)
     _check_shapes(reader, family, fields)
-    return {"name": _name(reader), **fields}
+    return {"name": name, **fields}
 
 
 # --------------------------------------------------------------------------- loading
@@ -70,8 +89,33 @@ class _Reader:
         self.source = source
         self.cfg = cfg
 
+    prefix = ""
+
     def fail(self, key: str, expected: str) -> CaseError:
-        return CaseError(self.source, key, expected)
+        return CaseError(self.source, self.prefix + key, expected)
+
+    def nested(self, key: str) -> "_Reader":
+        """A reader of the object under ``key``, whose errors name ``key.inner``."""
+        value = self.get(key)
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected an object (the text model's config), got "
+                                 f"{'nothing' if value is _MISSING else _show(value)}")
+        inner = _Reader(self.source, value)
+        inner.prefix = f"{self.prefix}{key}."
+        return inner
+
+    def zero_or_int(self, key: str) -> int:
+        """An integer that may be absent or null, meaning none (0)."""
+        return 0 if self.get(key) is _MISSING else self.int(key)
+
+    def int_list(self, key: str) -> list[int]:
+        value = self.get(key)
+        if value is _MISSING:
+            return []
+        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0
+                                              for v in value):
+            raise self.fail(key, f"expected a list of layer indices, got {_show(value)}")
+        return value
 
     def get(self, key: str) -> object:
         """The value, or _MISSING when the key is absent or null (transformers treats both as unset)."""
@@ -152,21 +196,111 @@ def _family(r: _Reader) -> str:
 
 
 def _llama_like(r: _Reader) -> dict:
-    heads = r.int("num_attention_heads")
+    _swiglu(r)
+    return _head_dim(r, _decoder(r, "intermediate_size"))
+
+
+def _head_dim(r: _Reader, fields: dict) -> dict:
+    """``head_dim`` where the config gives one that is not hidden / heads (Qwen3, GPT-OSS, Llama 4)."""
+    head_dim = r.get("head_dim")
+    if head_dim is not _MISSING:
+        value = r.int("head_dim")
+        if value * fields["num_attention_heads"] != fields["hidden_size"]:
+            fields["head_dim"] = value
+    return fields
+
+
+def _swiglu(r: _Reader, allowed: tuple[str, ...] = ("silu",)) -> None:
     act = r.string("hidden_act", "silu")
-    if act != "silu":
+    if act not in allowed:
         raise r.fail("hidden_act", f"expected \"silu\" (a SwiGLU MLP), got {act!r}")
+
+
+def _decoder(r: _Reader, ffn_key: str) -> dict:
+    """Fields every gated-SiLU decoder of these families shares."""
+    heads = r.int("num_attention_heads")
     return {
         "num_layers": r.int("num_hidden_layers"),
         "hidden_size": r.int("hidden_size"),
         "num_attention_heads": heads,
         "num_kv_heads": r.int("num_key_value_heads", heads),
-        "ffn_hidden_size": r.int("intermediate_size"),
+        "ffn_hidden_size": r.int(ffn_key),
         "activation": "swiglu",
         "vocab_size": r.int("vocab_size"),
         "tied_embeddings": r.bool("tie_word_embeddings", False),
         "dropout": r.probability("attention_dropout", 0.0),
     }
+
+
+def _leading_dense(r: _Reader, key: str) -> int:
+    """Dense layers given as a list of indices: only a leading run (0, 1, …, n − 1) is modelled."""
+    layers = sorted(set(r.int_list(key)))
+    if layers != list(range(len(layers))):
+        raise r.fail(key, f"expected the leading layers 0 … n−1 (the planner models dense layers before the MoE "
+                          f"layers only), got {_show(layers)}")
+    return len(layers)
+
+
+def _mixtral(r: _Reader) -> dict:
+    _swiglu(r)
+    fields = _decoder(r, "intermediate_size")
+    fields.update(num_experts=r.int("num_local_experts"), moe_top_k=r.int("num_experts_per_tok"))
+    return _head_dim(r, fields)
+
+
+def _qwen3_moe(r: _Reader) -> dict:
+    _swiglu(r)
+    fields = _decoder(r, "intermediate_size")
+    fields.update(num_experts=r.int("num_experts"), moe_top_k=r.int("num_experts_per_tok"),
+                  moe_ffn_hidden_size=r.int("moe_intermediate_size"),
+                  moe_layer_freq=r.int("decoder_sparse_step", 1))
+    dense = _leading_dense(r, "mlp_only_layers")
+    if dense:
+        fields["moe_first_dense_layers"] = dense
+    shared = r.zero_or_int("shared_expert_intermediate_size")
+    if shared:
+        fields["moe_shared_expert_ffn_hidden_size"] = shared
+    return _head_dim(r, fields)
+
+
+def _deepseek(r: _Reader) -> dict:
+    _swiglu(r)
+    fields = _decoder(r, "intermediate_size")
+    del fields["num_kv_heads"]  # MLA: every head has its own keys and values
+    width = r.int("moe_intermediate_size")
+    shared = r.zero_or_int("n_shared_experts")
+    router = r.string("scoring_func", "softmax")
+    if router not in ("softmax", "sigmoid"):
+        raise r.fail("scoring_func", f"expected softmax or sigmoid, got {router!r}")
+    fields.update(attention_type="mla", q_lora_rank=r.zero_or_int("q_lora_rank"),
+                  kv_lora_rank=r.int("kv_lora_rank"), qk_head_dim=r.int("qk_nope_head_dim"),
+                  qk_rope_head_dim=r.int("qk_rope_head_dim"), v_head_dim=r.int("v_head_dim"),
+                  num_experts=r.int("n_routed_experts"), moe_top_k=r.int("num_experts_per_tok"),
+                  moe_ffn_hidden_size=width, moe_first_dense_layers=r.zero_or_int("first_k_dense_replace"),
+                  moe_layer_freq=r.int("moe_layer_freq", 1), moe_router=router)
+    if shared:
+        fields["moe_shared_expert_ffn_hidden_size"] = shared * width
+    if not fields["q_lora_rank"]:
+        del fields["q_lora_rank"]
+    return fields
+
+
+def _llama4(r: _Reader) -> dict:
+    _swiglu(r)
+    fields = _decoder(r, "intermediate_size_mlp")
+    width = r.int("intermediate_size")
+    fields.update(num_experts=r.int("num_local_experts"), moe_top_k=r.int("num_experts_per_tok"),
+                  moe_ffn_hidden_size=width, moe_shared_expert_ffn_hidden_size=width,
+                  moe_layer_freq=r.int("interleave_moe_layer_step", 1), moe_router="sigmoid")
+    return _head_dim(r, fields)
+
+
+def _gpt_oss(r: _Reader) -> dict:
+    _swiglu(r)  # a clamped SwiGLU: three matrices as SwiGLU
+    fields = _decoder(r, "intermediate_size")
+    top_k = r.int("num_experts_per_tok", lambda: r.int("experts_per_token"))
+    fields.update(num_experts=r.int("num_local_experts"), moe_top_k=top_k)
+    return _head_dim(r, fields)
 
 
 def _gpt_neox(r: _Reader) -> dict:
@@ -213,15 +347,19 @@ def _check_shapes(r: _Reader, family: str, fields: dict) -> None:
     """Shape rules the planner relies on, reported against the config's own keys."""
     gpt2 = family == "gpt2"
     hidden_key, heads_key = ("n_embd", "n_head") if gpt2 else ("hidden_size", "num_attention_heads")
-    hidden, heads, kv = fields["hidden_size"], fields["num_attention_heads"], fields["num_kv_heads"]
-    if hidden % heads:
+    hidden, heads = fields["hidden_size"], fields["num_attention_heads"]
+    kv = fields.get("num_kv_heads", heads)
+    if hidden % heads and "head_dim" not in fields and fields.get("attention_type") != "mla":
         raise r.fail(heads_key, f"must divide {hidden_key} {hidden}, got {heads}")
     if heads % kv:
         raise r.fail("num_key_value_heads", f"must divide num_attention_heads {heads}, got {kv}")
-    head_dim = r.get("head_dim")
-    if head_dim is not _MISSING and head_dim != hidden // heads:
-        raise r.fail("head_dim", f"expected {hidden_key} / {heads_key} = {hidden // heads} "
-                                 f"(the planner derives the head size), got {_show(head_dim)}")
+    if fields.get("num_experts"):
+        experts, top_k = fields["num_experts"], fields["moe_top_k"]
+        if top_k > experts:
+            raise r.fail("num_experts_per_tok", f"at most the {experts} experts, got {top_k}")
+        if fields.get("moe_first_dense_layers", 0) >= fields["num_layers"]:
+            raise r.fail("first_k_dense_replace" if family.startswith("deepseek") else "mlp_only_layers",
+                         f"leaves no MoE layer among the {fields['num_layers']} layers")
 
 
 def _name(r: _Reader) -> str:
@@ -232,6 +370,11 @@ def _name(r: _Reader) -> str:
         return name
     folder = os.path.basename(os.path.dirname(os.path.abspath(r.source)))
     return folder or os.path.splitext(os.path.basename(r.source))[0]
+
+
+_READERS = {**{family: _llama_like for family in LLAMA_LIKE}, "gpt_neox": _gpt_neox, "gpt2": _gpt2,
+            "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+            "llama4": _llama4, "llama4_text": _llama4, "gpt_oss": _gpt_oss}
 
 
 # --------------------------------------------------------------------------- helpers

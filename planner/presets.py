@@ -18,15 +18,22 @@ GPU_ALIASES: dict[str, tuple[str, ...]] = {
     "a100": ("a100-sxm-80gb", "a100-sxm-40gb"), "a100-sxm": ("a100-sxm-80gb", "a100-sxm-40gb"),
     "a100-80gb": ("a100-sxm-80gb",), "a100-40gb": ("a100-sxm-40gb",),
     "h100": ("h100-sxm-80gb",), "h100-sxm": ("h100-sxm-80gb",), "h100-80gb": ("h100-sxm-80gb",),
+    "h800-sxm": ("h800",), "h800-80gb": ("h800",),
     "h200": ("h200-sxm-141gb",), "h200-sxm": ("h200-sxm-141gb",), "h200-141gb": ("h200-sxm-141gb",),
     "b200-sxm": ("b200",), "gb200-nvl72": ("gb200",), "gb300-nvl72": ("gb300",),
     "mi300": ("mi300x",), "mi300x-oam": ("mi300x",),
 }
 
-# Mixture-of-experts keys (case files, Hugging Face and Megatron spellings): the cost
-# models are for dense transformers, and a near miss like num_layers would mislead.
-MOE_KEYS = ("num_experts", "num_local_experts", "num_experts_per_tok", "n_routed_experts", "n_shared_experts",
-            "experts_per_token", "expert_parallel", "expert_model_parallel_size", "ep", "top_k_experts")
+# Mixture-of-experts keys as Hugging Face and Megatron spell them, to the case file's own.
+MOE_SPELLINGS = {"num_local_experts": "num_experts", "n_routed_experts": "num_experts",
+                 "num_moe_experts": "num_experts", "num_experts_per_tok": "moe_top_k",
+                 "experts_per_token": "moe_top_k", "moe_router_topk": "moe_top_k", "top_k": "moe_top_k",
+                 "moe_intermediate_size": "moe_ffn_hidden_size", "n_shared_experts": "moe_shared_expert_ffn_hidden_size",
+                 "shared_expert_intermediate_size": "moe_shared_expert_ffn_hidden_size",
+                 "moe_shared_expert_intermediate_size": "moe_shared_expert_ffn_hidden_size",
+                 "first_k_dense_replace": "moe_first_dense_layers", "expert_model_parallel_size": "ep",
+                 "expert_parallel": "ep", "expert_tensor_parallel_size": "etp", "qk_nope_head_dim": "qk_head_dim",
+                 "capacity_factor": "moe_capacity_factor", "moe_expert_capacity_factor": "moe_capacity_factor"}
 
 
 @lru_cache(maxsize=None)
@@ -74,12 +81,8 @@ def resolve_gpu_preset(source: str, key: str, name: str) -> str:
 
 def closest(name: str, choices) -> str:
     """' (did you mean X?)' for a close valid name, or '' when nothing is close."""
-    if is_moe_key(name):
-        return " (mixture-of-experts models are not supported yet: the planner models dense transformers)"
+    spelled = MOE_SPELLINGS.get(str(name).lower())
+    if spelled is not None and spelled in choices:
+        return f" (the case file spells it {spelled!r})"
     match = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.75)
     return f" (did you mean {match[0]!r}?)" if match else ""
-
-
-def is_moe_key(name: object) -> bool:
-    text = str(name).lower()
-    return text in MOE_KEYS or text.startswith("moe_") or "expert" in text

@@ -20,6 +20,8 @@ def describe_layout(est: Estimate) -> str:
         parts.append(f"vpp {lay.vpp}")
     if lay.cp > 1:
         parts.append(f"cp {lay.cp}")
+    if job.model.is_moe:
+        parts.append(f"ep {lay.ep}, etp {lay.expert_tp} (expert data parallel {lay.edp})")
     parts += [f"micro-batch {lay.micro_batch_size} × {job.grad_accum} accumulation",
               f"ZeRO {lay.zero_stage}", f"recompute {lay.recompute}"]
     if lay.sequence_parallel:
@@ -36,8 +38,12 @@ def describe_layout(est: Estimate) -> str:
 
 def print_estimate(est: Estimate, console: Console) -> None:
     job = est.job
-    console.print(f"[bold]{escape(job.model.name)}[/] on {job.cluster.num_gpus} × {escape(job.cluster.gpu.name)}, "
-                  f"global batch {job.training.global_batch_size} × {job.training.seq_len} tokens")
+    model = est.to_dict()["model"]
+    size = f"{model['parameters'] / 1e9:,.1f}B parameters" + (
+        f", {model['active_parameters'] / 1e9:,.1f}B active" if job.model.is_moe else "")
+    console.print(f"[bold]{escape(job.model.name)}[/] ({size}) on {job.cluster.num_gpus} × "
+                  f"{escape(job.cluster.gpu.name)}, global batch {job.training.global_batch_size} × "
+                  f"{job.training.seq_len} tokens")
     console.print(describe_layout(est))
     table = Table(title=f"Memory per GPU, heaviest stage ({est.peak.stage} of {job.layout.pp})")
     table.add_column("term")

@@ -25,9 +25,10 @@ from functools import lru_cache
 from typing import Any, Iterator, Optional
 
 from cost_models.memory import peak_stage_memory
-from cost_models.partition import default_partition
-from cost_models.specs import Job, Layout, SpecError
-from cost_models.step_time import layer_forward_time_for, step_time, tp_exposed_per_layer
+from cost_models.partition import default_partition, virtual_partition
+from cost_models.experts import dispatch_combine_time
+from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
+from cost_models.step_time import layer_forward_time_for, moe_layer_forward_time_for, step_time, tp_exposed_per_layer
 
 from .case import Case, _bool, _int, _mapping, _number, _str
 from .engines import ENGINES, Engine, EngineSupport
@@ -39,10 +40,13 @@ from .limits import MAX_TOP_K
 # leave a rank's chunk too small to pay for the exchange; NeMo's long-context recipes
 # keep 4k–16k tokens per rank.
 MIN_TOKENS_PER_CP_RANK = 1024
+# Model chunks per pipeline rank the search tries where the layers do not divide by pp
+# (DeepSeek-V3's 61 layers): the unequal chunks an engine with a pipeline layout runs.
+UNEVEN_VPP = (2, 4)
 
 PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
-            "recompute_num_layers", "offload_optimizer", "offload_params", "offload_activations")
-BOUNDED = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage")
+            "recompute_num_layers", "offload_optimizer", "offload_params", "offload_activations", "ep", "etp")
+BOUNDED = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "ep", "etp")
 SEARCH_KEYS = ("target", "headroom", "top_k", "tp_across_nodes") + PINNABLE \
     + tuple(f"{side}_{name}" for name in BOUNDED for side in ("min", "max"))
 
@@ -86,6 +90,9 @@ def search_spec(case: Case) -> SearchSpec:
         target = _str(src, "search.target", data["target"])
         if target not in ENGINES:
             raise CaseError(src, "search.target", f"expected one of {', '.join(ENGINES)}, got {target!r}")
+    if case.training.moe_comm_overlap and not ENGINES[values["target"]].support.moe_comm_overlap:
+        raise CaseError(src, "training.moe_comm_overlap", f"{values['target']} cannot overlap expert-parallel "
+                                                          "dispatch and combine with compute; set it false")
     if case.training.tp_comm_overlap and not ENGINES[values["target"]].support.tp_comm_overlap:
         raise CaseError(src, "training.tp_comm_overlap", f"{values['target']} cannot overlap tensor-parallel "
                                                          "collectives with GEMMs; set it false")
@@ -283,6 +290,31 @@ def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, in
                     yield tp, cp, pp, dp
 
 
+def expert_options(case: Case, spec: SearchSpec, tp: int, cp: int, dp: int) -> list[tuple[int, Optional[int]]]:
+    """(ep, etp) pairs to score for one structure: for a dense model only (1, None); for a
+    mixture of experts every ep that divides the experts and, with etp, the attention's
+    tp·cp·dp ranks (the expert grid folds over them), and the engine's etp choices (1 and tp
+    where it runs any: ``EngineSupport.expert_tp_choices``) within one NVLink domain unless
+    ``tp_across_nodes``."""
+    model, cluster = case.model, case.cluster
+    if not model.is_moe:
+        return [(1, None)]
+    engine = spec.engine
+    out = []
+    for etp in engine.expert_tp_choices(tp):
+        if model.moe_ffn_hidden_size % etp or not spec.admits("etp", etp):
+            continue
+        if etp > cluster.gpu.nvlink_domain and not spec.tp_across_nodes:
+            continue
+        for ep in divisors(model.num_experts):
+            if (tp * cp * dp) % (etp * ep) or not spec.admits("ep", ep):
+                continue
+            if ep > 1 and not engine.expert_parallel:
+                continue
+            out.append((ep, etp))
+    return out
+
+
 def _recompute_ladder(spec: SearchSpec, base: Layout) -> Iterator[Layout]:
     """Layouts from least to most recomputation that the engine and pins allow, built as needed."""
     for level in ("none", "selective", "full"):
@@ -301,7 +333,7 @@ def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least
 
     Memory falls as more layers are recomputed, so the fewest that fit are found by bisection.
     """
-    stage_max = max(layout.stage_layers) if layout.stage_layers else case.model.num_layers // layout.pp
+    stage_max = max(layout.stage_layers or default_partition(case.model, case.training, layout))
 
     def trial(n: int) -> tuple[Optional[Job], float]:
         rnl = None if n >= stage_max or not spec.engine.partial_recompute else n
@@ -386,14 +418,25 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     per_layer: dict[tuple, float] = {}  # many groups share a layer's shape: hash the specs once per shape
 
     def lower_bound(tp: int, cp: int, pp: int, dp: int, vpp: int, sp: bool, mbs: int,
-                    stage_layers: tuple[int, ...]) -> float:
+                    stage_layers: tuple[int, ...], ep: int, etp: Optional[int]) -> float:
         m = training.global_batch_size // (mbs * dp)
         shape = (tp, cp, mbs, sp)
         if shape not in per_layer:
             layer = layer_forward_time_for(model, training, case.cluster.gpu, tp, cp, mbs, sp)[0]
             collectives = sum(tp_exposed_per_layer(model, training, case.cluster, tp, cp, mbs, sp))
-            per_layer[shape] = 3 * layer + collectives
-        return (m + (pp - 1) / vpp) * max(stage_layers) * per_layer[shape]
+            per_layer[shape] = (3 * layer + collectives, collectives)
+        dense, collectives = per_layer[shape]
+        if not model.is_moe:
+            return (m + (pp - 1) / vpp) * max(stage_layers) * dense
+        # An MoE layer: its compute, half or all of the TP pair, and its dispatches and combines.
+        gpu = case.cluster.gpu
+        etp = etp or tp
+        moe = 3 * moe_layer_forward_time_for(model, training, gpu, tp, cp, mbs, sp, ep, etp)[0] \
+            + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) \
+            + 2 * dispatch_combine_time(model, training, case.cluster, tp, cp, mbs, ep, etp)
+        moe_counts = moe_layers_per_stage(model, tuple(stage_layers), vpp)
+        stage = max((n - k) * dense + k * moe for n, k in set(zip(stage_layers, moe_counts)))
+        return (m + (pp - 1) / vpp) * stage
 
     # Every (structure, partition, vpp, sp) with its micro-batches, the most promising first,
     # so that a good incumbent prunes early.
@@ -415,21 +458,30 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
         options = partitions(model.num_layers, pp)
         if balances and None not in options:
             options = [None] + options  # the engine's own split, balanced by compute
-        for partition in options:
-            stage_layers = partition or default_partition(model, training, Layout(pp=pp))
-            for vpp in _vpp_options(stage_layers, engine):
-                if not spec.admits("vpp", vpp) or (vpp > 1 and partition is None and balances
-                                                   and model.num_layers % (pp * vpp)):
-                    continue
-                micro_batches = [mbs for mbs in divisors(training.global_batch_size // dp)
-                                 if spec.admits("micro_batch_size", mbs)
-                                 and not (vpp > 1 and (training.global_batch_size // (mbs * dp)) % pp)]
-                if not micro_batches:
-                    continue
-                for sp in sp_options:
-                    bounds = {mbs: lower_bound(tp, cp, pp, dp, vpp, sp, mbs, stage_layers) for mbs in micro_batches}
+        splits = [(partition, partition or default_partition(model, training, Layout(pp=pp)), vpp)
+                  for partition in options
+                  for vpp in _vpp_options(partition or default_partition(model, training, Layout(pp=pp)), engine)]
+        if engine.interleaving and pp > 1 and not balances and model.num_layers % pp:
+            # Interleaving where the layers do not divide by pp, so no even split interleaves: the
+            # engine's uneven split over the virtual stages (cost_models.partition.virtual_partition),
+            # at UNEVEN_VPP model chunks per rank.
+            splits += [(None, virtual_partition(model.num_layers, pp, vpp), vpp) for vpp in UNEVEN_VPP
+                       if model.num_layers % (pp * vpp) and model.num_layers >= pp * vpp]
+        for partition, stage_layers, vpp in splits:
+            if not spec.admits("vpp", vpp) or (vpp > 1 and partition is None and balances
+                                               and model.num_layers % (pp * vpp)):
+                continue
+            micro_batches = [mbs for mbs in divisors(training.global_batch_size // dp)
+                             if spec.admits("micro_batch_size", mbs)
+                             and not (vpp > 1 and (training.global_batch_size // (mbs * dp)) % pp)]
+            if not micro_batches:
+                continue
+            for sp in sp_options:
+                for ep, etp in expert_options(case, spec, tp, cp, dp):
+                    bounds = {mbs: lower_bound(tp, cp, pp, dp, vpp, sp, mbs, stage_layers, ep, etp)
+                              for mbs in micro_batches}
                     groups.append((min(bounds.values()), tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros,
-                                   bounds, offload_only))
+                                   bounds, ep, etp, offload_only))
     if keep_within is not None or ceiling < math.inf:
         groups.sort(key=lambda g: g[0])
 
@@ -438,7 +490,7 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
             return ceiling
         return min(ceiling, max(-fastest[0], min(-t for t in fastest) * (1 + keep_within)))
 
-    for index, (least, tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros, bounds, offload_only) \
+    for index, (least, tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros, bounds, ep, etp, offload_only) \
             in enumerate(groups):
         if least > threshold():
             result.pruned += sum(len(g[10]) for g in groups[index:])  # sorted: none after can do better
@@ -458,7 +510,7 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                     result.pruned += 1
                     continue
                 base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
-                              zero_stage=zero, sequence_parallel=sp, stage_layers=partition)
+                              zero_stage=zero, sequence_parallel=sp, stage_layers=partition, ep=ep, etp=etp)
                 hits = []
                 if zero not in offload_only and spec.admits("offload_optimizer", 0.0) \
                         and spec.admits("offload_params", False) and spec.admits("offload_activations", 0):

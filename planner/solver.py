@@ -1,7 +1,7 @@
 """The CP-SAT model that holds the decision.
 
 Decision variables are the layout's degrees and choices. The model states the world size
-(dp·tp·pp·cp = GPUs), the global batch (micro_batch·accumulation·dp = global batch), the
+(dp·tp·pp·cp = GPUs), the expert grid folded over the same ranks (etp·ep·edp = tp·cp·dp), the global batch (micro_batch·accumulation·dp = global batch), the
 pins and bounds of the case's ``search`` section, and the memory limit; the nonlinear
 step time and peak memory of each scored layout enter through a table constraint (one
 row per layout from :mod:`planner.search`), as CP-SAT's documentation suggests for
@@ -18,6 +18,7 @@ from ortools.sat.python import cp_model
 
 from .case import Case
 from .complexity import RECOMPUTE_LEVEL, complexity
+from .limits import MAX_GPUS
 from .search import Candidate, SearchSpec
 
 
@@ -38,6 +39,7 @@ def layout_columns(candidates: list[Candidate], global_batch: int) -> dict[str, 
         "cp": [lay.cp for lay in lays], "micro_batch_size": [lay.micro_batch_size for lay in lays],
         "grad_accum": [global_batch // (lay.micro_batch_size * lay.dp) for lay in lays],
         "zero_stage": [lay.zero_stage for lay in lays], "vpp": [lay.vpp for lay in lays],
+        "ep": [lay.ep for lay in lays], "etp": [lay.expert_tp for lay in lays], "edp": [lay.edp for lay in lays],
         "sequence_parallel": [int(lay.sequence_parallel) for lay in lays],
         "recompute": [RECOMPUTE_LEVEL[lay.recompute] for lay in lays],
         "recompute_num_layers": [lay.recompute_num_layers or 0 for lay in lays],
@@ -65,7 +67,11 @@ def constrain_layout(m: cp_model.CpModel, spec: SearchSpec, variables: dict[str,
     ``search`` section, over the layout's variables."""
     m.AddMultiplicationEquality(m.NewConstant(global_batch),
                                 [variables["micro_batch_size"], variables["grad_accum"], variables["dp"]])
-    for name in ("dp", "tp", "pp", "cp", "micro_batch_size", "zero_stage"):
+    # The expert grid etp·ep·edp folds over the attention's tp·cp·dp ranks (megatron-core parallel_state).
+    stage_ranks = m.NewIntVar(1, MAX_GPUS, "tp_cp_dp")
+    m.AddMultiplicationEquality(stage_ranks, [variables["tp"], variables["cp"], variables["dp"]])
+    m.AddMultiplicationEquality(stage_ranks, [variables["etp"], variables["ep"], variables["edp"]])
+    for name in ("dp", "tp", "pp", "cp", "micro_batch_size", "zero_stage", "ep", "etp"):
         variable = variables[name]
         if name in spec.pins:
             m.Add(variable == spec.pins[name])

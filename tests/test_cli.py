@@ -188,13 +188,22 @@ def test_an_ambiguous_gpu_name_suggests_the_presets_it_may_mean(tmp_path):
     assert result.returncode == 2 and "did you mean 'a100-sxm-80gb' or 'a100-sxm-40gb'" in result.stderr
 
 
-@pytest.mark.parametrize("key", ["num_experts", "num_local_experts", "moe_router_topk"])
-def test_moe_keys_say_moe_is_not_supported_rather_than_suggest_num_layers(tmp_path, key):
+@pytest.mark.parametrize("key,spelled", [("num_local_experts", "num_experts"), ("moe_router_topk", "moe_top_k"),
+                                         ("n_routed_experts", "num_experts")])
+def test_moe_keys_of_other_spellings_name_the_case_file_key(tmp_path, key, spelled):
     case = copy.deepcopy(CASE)
     case["model"][key] = 8
     result = cli("estimate", str(write(tmp_path, case)))
     assert result.returncode == 2 and f"model.{key}" in result.stderr
-    assert "mixture-of-experts models are not supported yet" in result.stderr and "num_layers'?" not in result.stderr
+    assert f"spells it '{spelled}'" in result.stderr and "num_layers'?" not in result.stderr
+
+
+def test_moe_fields_without_experts_are_one_line_errors(tmp_path):
+    case = copy.deepcopy(CASE)
+    case["model"]["moe_top_k"] = 2
+    result = cli("estimate", str(write(tmp_path, case)))
+    assert result.returncode == 2 and "model.moe_top_k: applies only to a mixture of experts" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_a_torchtitan_stand_in_is_named_on_stderr(tmp_path):

@@ -358,3 +358,39 @@ def test_gradient_precision_reaches_the_config(fp32_grads, tmp_path, world):
     config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
     assert (config.grad_accum_dtype == "fp32") is fp32_grads
     assert state_bytes(estimate.job.training).gradients == (4 if fp32_grads else 2)
+
+
+MOE_CASE = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096}, "search": {"target": "deepspeed"}}
+
+
+def test_mixture_of_experts_plan_builds_deepspeed_moe_layers(tmp_path, world):
+    """The plan's expert-parallel degree reaches DeepSpeed-MoE as launch.sh tells train.py to build
+    it: deepspeed.moe.layer.MoE accepts the experts and ep_size (its constructor checks that ep
+    divides the experts), and DeepSpeedConfig the batch over the data-parallel ranks."""
+    estimate = planner.plan(MOE_CASE, top_k=0).best
+    assert estimate is not None
+    job, lay = estimate.job, estimate.job.layout
+    assert lay.expert_tp == lay.tp and lay.zero_stage < 3  # DeepSpeed's expert TP and ZeRO rules
+    files = emit(estimate, tmp_path)
+    world(lay.dp)
+    config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
+    assert config.train_batch_size == job.training.global_batch_size
+    launch = files["launch.sh"]
+    call = re.search(r"num_experts=(\d+),\s*#?\s*ep_size=(\d+), k=(\d+), drop_tokens=(\w+)", launch)
+    assert call is not None, launch
+    experts, ep_size, k, drop = int(call[1]), int(call[2]), int(call[3]), call[4] == "True"
+    assert (experts, ep_size, k, drop) == (8, lay.ep, 2, False)
+    import torch
+    from deepspeed.moe.layer import MoE
+
+    layer = MoE(hidden_size=64, expert=torch.nn.Linear(64, 64), num_experts=experts, ep_size=ep_size, k=k,
+                drop_tokens=drop)
+    assert layer.num_local_experts == experts // lay.ep
+
+
+def test_deepspeed_moe_refuses_zero_3():
+    with pytest.raises(CaseError, match="layout.zero_stage: deepspeed cannot run it: DeepSpeed's engine refuses "
+                                        "its MoE layers under ZeRO stage 3"):
+        planner.estimate({**MOE_CASE, "training": {**MOE_CASE["training"], "engine": "deepspeed"},
+                          "search": {}, "layout": {"ep": 8, "zero_stage": 3}})

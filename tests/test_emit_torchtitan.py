@@ -158,6 +158,36 @@ EXPLICIT = {
     "cpu_offload": {"zero_stage": 3, "offload_optimizer": 1.0, "offload_params": True, "recompute": "full"},
 }
 EXPLICIT_TRAINING = {"async_tp": {"tp_comm_overlap": True}}
+# Mixtures of experts: planned (the search picks ep; etp is 1) and given.
+MOE_CASES = {
+    "qwen3_30b_a3b_planned": ({"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+                               "training": {"global_batch_size": 256, "seq_len": 4096},
+                               "search": {"target": "torchtitan"}}, None),
+    "deepseek_v2_lite_ep8": ({"model": {"preset": "deepseek-v2-lite"},
+                              "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+                              "training": {"global_batch_size": 128, "seq_len": 4096, "engine": "torchtitan"}},
+                             {"ep": 8, "etp": 1, "zero_stage": 3, "recompute": "full"}),
+}
+
+
+@pytest.mark.parametrize("label", MOE_CASES)
+def test_moe_layouts(label, workdir):
+    """The expert-parallel degree reaches torchtitan's ParallelDims, and the base config is the
+    model's own where torchtitan ships it."""
+    case, layout = MOE_CASES[label]
+    best = planner.plan(case, top_k=0).best if layout is None else planner.estimate({**case, "layout": layout})
+    assert best is not None and best.job.model.is_moe
+    assert emit.base_config(best.job.model)[1]  # deepseek_v3_16b, qwen3_30b_a3b
+    check_emitted(best, case["training"]["global_batch_size"], workdir, f"tt_moe_{label}")
+
+
+def test_torchtitan_refuses_expert_tensor_parallelism_and_replicated_expert_parallelism():
+    case = {**MOE_CASES["deepseek_v2_lite_ep8"][0]}
+    with pytest.raises(CaseError, match="layout.etp"):
+        planner.estimate({**case, "layout": {"tp": 2, "ep": 4, "etp": 2, "zero_stage": 3,
+                                             "sequence_parallel": True}})
+    with pytest.raises(CaseError, match="borrows ranks from FSDP and TP only"):
+        planner.estimate({**case, "layout": {"ep": 8, "etp": 1, "zero_stage": 0}})
 
 
 @pytest.mark.parametrize("label", EXPLICIT)
@@ -191,7 +221,12 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
     # torchtitan's ParallelDims accepts the degrees (no mesh, no process group).
     dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
                        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
-                       pp=p.pipeline_parallel_degree, ep=1, world_size=job.cluster.num_gpus)
+                       pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree, world_size=job.cluster.num_gpus)
+    assert p.expert_parallel_degree == lay.ep
+    if job.model.is_moe:  # the sparse mesh efsdp × ep covers the dense one's dp_shard·cp·tp ranks
+        efsdp = dims.dp_shard * dims.cp * dims.tp // dims.ep
+        assert efsdp * dims.ep == dims.dp_shard * dims.cp * dims.tp and efsdp * dims.dp_replicate == lay.edp
+        assert lay.expert_tp == 1
     assert ParallelDims.from_config(p, job.cluster.num_gpus).dp_shard == dims.dp_shard
     assert (dims.dp_replicate * dims.dp_shard, dims.tp, dims.pp, dims.cp) == (lay.dp, lay.tp, lay.pp, lay.cp)
     assert dims.fsdp_enabled == (lay.zero_stage == 3 and lay.dp > 1 or lay.cp > 1)
@@ -256,7 +291,8 @@ def test_base_configs_name_real_torchtitan_functions():
     import torchtitan
 
     root = Path(torchtitan.__file__).parent / "models"
-    for module, function in list(emit.BASE_CONFIGS.values()) + [emit.DEFAULT_BASE]:
+    for module, function in list(emit.BASE_CONFIGS.values()) + [emit.DEFAULT_BASE] \
+            + list(emit.MOE_BASE_CONFIGS.values()) + [emit.DEFAULT_MOE_BASE]:
         assert f"def {function}(" in (root / module / "config_registry.py").read_text()
 
 

@@ -8,6 +8,7 @@ with a margin of half a point for the noise-free but order-sensitive sweep measu
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -27,14 +28,29 @@ THROUGHPUT = {
     "bigscience-workshop/bigscience train/t": 0.682,
     "mosaicml/llm-foundry scripts/train/ben": 0.051,
     "torchtitan docs/performance.md": 0.030,
+    # Mixtures of experts (published_runs_moe.yaml). Megatron-Bridge's cases say no recomputation and
+    # no head width of their own (Qwen3-30B-A3B's attention counted at half its width), and its
+    # table repeats layouts at up to twice the throughput across containers: see the README.
+    "Megatron-Bridge performance summary": 0.544,
+    "NeMo AutoModel performance summary": 0.184,
+    "NeMo Framework user guide performance ": 0.138,
 }
+MOE_SOURCES = ("Megatron-Bridge performance summary", "NeMo AutoModel performance summary",
+               "NeMo Framework user guide performance ")
 MEMORY = {
     "The Ultra-Scale Playbook: Training LLM": 0.201,
     "TorchAO MX formats README: training e2": 0.346,
     "TorchAO float8 training README: e2e tr": 0.110,
 }
-MEDIAN_REGRET, MEDIAN_RHO = 0.136, 0.746
-MEDIAN_CLAIMED_GAIN, EXPERTS_NOT_FITTING = 0.015, 0
+MEDIAN_REGRET, MEDIAN_RHO = 0.125, 0.746  # 20 sweeps: Megatron-Bridge's five Qwen3-30B-A3B runs on 16 H100 added
+# Tuned dense recipes: plan reaches the interleaved layouts of MLPerf's Llama 3.1 405B recipes (126
+# layers, which no pp divides) since it interleaves over unequal model chunks, so their claimed
+# gains went from -3..-11 % to 0..+3 %: the median rose from 0.015, the mean |gain| fell from 0.066.
+MEDIAN_CLAIMED_GAIN, MEAN_ABS_CLAIMED_GAIN, EXPERTS_NOT_FITTING = 0.027, 0.053, 0
+# Tuned MoE recipes (Megatron-Bridge, NeMo): two predicted not to fit, as their cases say: no
+# recomputation, where the recipes recompute MLA's up-projections (mb_2511_deepseekv3_gb200_256g_bf16,
+# mb_2509_deepseekv3_h100_1024g_fp8; Megatron-Bridge deepseek_workload_base_configs.py).
+MOE_MEDIAN_CLAIMED_GAIN, MOE_EXPERTS_NOT_FITTING = 0.084, 2
 SLACK = 0.005
 
 
@@ -54,15 +70,34 @@ def test_memory_error_per_source_does_not_grow(fidelity, source):
 
 
 def test_sweeps_rank_no_worse(fidelity):
-    assert len(fidelity.sweeps) == 19
+    assert len(fidelity.sweeps) == 20
     assert fidelity.median_regret <= MEDIAN_REGRET + SLACK
     assert fidelity.median_rho >= MEDIAN_RHO - SLACK
 
 
+def _is_moe(fidelity, row_id: str) -> bool:
+    return any(r.row["id"] == row_id and r.row["model"].get("moe") for r in fidelity.rows)
+
+
 def test_plan_claims_no_more_over_tuned_recipes(fidelity):
-    assert fidelity.experts_scored == 34
-    assert fidelity.median_gain <= MEDIAN_CLAIMED_GAIN + SLACK
-    assert len(fidelity.expert_misfits) <= EXPERTS_NOT_FITTING
+    assert fidelity.experts_scored == 50
+    dense = [g for rid, g in fidelity.expert_gains if not _is_moe(fidelity, rid)]
+    moe = [g for rid, g in fidelity.expert_gains if _is_moe(fidelity, rid)]
+    assert (len(dense), len(moe)) == (34, 16)
+    assert statistics.median(dense) <= MEDIAN_CLAIMED_GAIN + SLACK
+    assert statistics.mean(abs(g) for g in dense) <= MEAN_ABS_CLAIMED_GAIN + SLACK
+    assert statistics.median(moe) <= MOE_MEDIAN_CLAIMED_GAIN + SLACK
+    misfits = [m.split(" ")[0] for m in fidelity.expert_misfits]
+    assert sum(not _is_moe(fidelity, m) for m in misfits) <= EXPERTS_NOT_FITTING
+    assert sum(_is_moe(fidelity, m) for m in misfits) <= MOE_EXPERTS_NOT_FITTING
+
+
+def test_every_moe_row_the_schema_can_express_is_scored(fidelity):
+    """What still fails is what the case schema cannot say yet (MXFP8 and NVFP4, the B300 preset:
+    issue 14) and one row whose layout cannot exist (EP64 with PP8 on 256 GPUs: 32 ranks a stage)."""
+    for rid, why in fidelity.failed:
+        assert "precision" in why or "b300" in why or rid == "mb_2509_deepseekv3_gb200_256g_fp8_32x32_alt", (rid, why)
+    assert all(source in fidelity.throughput for source in MOE_SOURCES)
 
 
 def test_spearman_is_one_for_the_same_order_and_minus_one_reversed():
@@ -78,4 +113,4 @@ def test_validate_published_runs_from_a_fresh_clone_with_no_argument():
     out = json.loads(run.stdout)
     assert set(out) >= {"throughput", "memory", "sweeps", "experts"}
     assert out["throughput"]["by_source"]["Narayanan et al. 2021"]["count"] == 20
-    assert len(out["sweeps"]["sweeps"]) == 19
+    assert len(out["sweeps"]["sweeps"]) == 20

@@ -368,10 +368,13 @@ def test_shape_rules_name_the_config_key(tmp_path):
     cfg["n_head"] = 7  # does not divide 768
     raises(write(tmp_path, cfg), "n_head")
     cfg = published("Mistral-7B-v0.1")
-    cfg["head_dim"] = 96  # the planner derives 4096 / 32 = 128
+    cfg["head_dim"] = 96  # not 4096 / 32: a head width of its own (as Qwen3 and GPT-OSS have)
+    assert read_hf_config(write(tmp_path, cfg))["head_dim"] == 96
+    cfg["head_dim"] = 128  # hidden / heads: nothing to say
+    fields = read_hf_config(write(tmp_path, cfg))
+    assert fields["hidden_size"] == 4096 and "head_dim" not in fields
+    cfg["head_dim"] = 0
     raises(write(tmp_path, cfg), "head_dim")
-    cfg["head_dim"] = 128
-    assert read_hf_config(write(tmp_path, cfg))["hidden_size"] == 4096
 
 
 def test_only_case_errors_escape(tmp_path):
@@ -411,13 +414,13 @@ def test_arbitrary_json_gives_fields_or_case_error(tmp_path):
         except CaseError as err:
             assert err.source == str(path)
             return
-        assert set(fields) == MODEL_KEYS
+        assert set(fields) - {"head_dim"} == MODEL_KEYS
         assert fields["activation"] in ("gelu", "swiglu")
         assert 0.0 <= fields["dropout"] < 1.0
         for key in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                     "vocab_size"):
             assert type(fields[key]) is int and fields[key] > 0, key
-        assert fields["hidden_size"] % fields["num_attention_heads"] == 0
+        assert "head_dim" in fields or fields["hidden_size"] % fields["num_attention_heads"] == 0
         assert fields["num_attention_heads"] % fields["num_kv_heads"] == 0
 
     check()

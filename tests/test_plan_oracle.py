@@ -24,12 +24,12 @@ import pytest
 
 import planner
 from cost_models.memory import peak_stage_memory
-from cost_models.partition import default_partition
+from cost_models.partition import default_partition, virtual_partition
 from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import step_time
 from planner.case import load_case
 from planner.estimate import host_fits
-from planner.search import MIN_TOKENS_PER_CP_RANK, divisors, partitions, search_spec
+from planner.search import MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, partitions, search_spec
 
 SEED = 1234
 NUM_CASES = 100
@@ -72,7 +72,9 @@ def _structures(case, spec):
 
 def _admits(spec, layout: Layout) -> bool:
     values = {name: getattr(layout, name) for name in
-              ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute")}
+              ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
+               "ep")}
+    values["etp"] = layout.expert_tp
     values["recompute_num_layers"] = layout.recompute_num_layers
     for name in ("offload_optimizer", "offload_params", "offload_activations"):
         values[name] = getattr(layout, name)
@@ -91,19 +93,48 @@ def _admits(spec, layout: Layout) -> bool:
 OFFLOADS = ({"offload_optimizer": 1.0, "offload_params": False}, {"offload_optimizer": 1.0, "offload_params": True})
 
 
+def _experts(case, spec, tp, cp, dp):
+    """(ep, etp) of the space: every ep dividing the experts, etp 1 or tp as the engine runs them
+    (within an NVLink domain unless tp_across_nodes); the grid must fold (Job refuses the rest)."""
+    model = case.model
+    if not model.is_moe:
+        return [(1, None)]
+    out = []
+    for etp in spec.engine.expert_tp_choices(tp):
+        if etp > case.cluster.gpu.nvlink_domain and not spec.tp_across_nodes:
+            continue
+        out += [(ep, etp) for ep in divisors(model.num_experts)]
+    return out
+
+
+def _splits(case, spec, pp):
+    """(partition, stage layers, vpp): the search's partitions with every vpp that divides them,
+    and, where the layers do not divide by pp, interleaving over the engine's uneven split."""
+    model, training = case.model, case.training
+    engine = spec.engine
+    balances = training.engine.balance_stages and pp > 1
+    options = partitions(model.num_layers, pp)
+    if balances and None not in options:
+        options = [None] + options  # the engine's own split, balanced by compute
+    out = []
+    for partition in options:
+        stage_layers = partition or default_partition(model, training, Layout(pp=pp))
+        vpps = [v for v in divisors(min(stage_layers)) if all(n % v == 0 for n in stage_layers)] \
+            if engine.interleaving and pp > 1 and min(stage_layers) > 0 else [1]
+        out += [(partition, stage_layers, vpp) for vpp in vpps]
+    if engine.interleaving and pp > 1 and not balances and model.num_layers % pp:
+        out += [(None, virtual_partition(model.num_layers, pp, vpp), vpp) for vpp in UNEVEN_VPP
+                if model.num_layers >= pp * vpp]
+    return out
+
+
 def all_layouts(case, spec):
     """The full product space, unpruned; invalid combinations are left to Job to refuse."""
     model, training = case.model, case.training
     engine = spec.engine
     for tp, cp, pp, dp in _structures(case, spec):
-        options = partitions(model.num_layers, pp)
-        if training.engine.balance_stages and pp > 1 and None not in options:
-            options = [None] + options  # the engine's own split, balanced by compute
-        for partition in options:
-            stage_layers = partition or default_partition(model, training, Layout(pp=pp))
-            vpps = [v for v in divisors(min(stage_layers)) if all(n % v == 0 for n in stage_layers)] \
-                if engine.interleaving and pp > 1 and min(stage_layers) > 0 else [1]
-            for vpp in vpps:
+        for partition, stage_layers, vpp in _splits(case, spec, pp):
+            for ep, etp in _experts(case, spec, tp, cp, dp):
                 for mbs in divisors(training.global_batch_size // dp) if training.global_batch_size % dp == 0 \
                         else []:
                     for zero in (0, 1, 2, 3):
@@ -118,7 +149,7 @@ def all_layouts(case, spec):
                                     continue
                                 base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
                                               zero_stage=zero, sequence_parallel=sp, recompute=recompute,
-                                              recompute_num_layers=rnl, stage_layers=partition)
+                                              recompute_num_layers=rnl, stage_layers=partition, ep=ep, etp=etp)
                                 yield base
                                 for offload in OFFLOADS:
                                     if not offload["offload_params"] or zero == 3:
@@ -242,6 +273,41 @@ def test_plan_matches_brute_force_oracle_on_generated_cases():
     # Meaningful only if the memory limit often excludes the unconstrained fastest layout.
     assert memory_bound >= MIN_MEMORY_BOUND, \
         f"only {memory_bound} of {len(cases)} cases have memory binding; the test would not exercise the limit"
+
+
+# Mixtures of experts: the search adds ep and etp (Megatron's folded expert grid) and, for
+# layer counts pp does not divide, interleaving over unequal model chunks.
+MOE_SEED = 4321
+MOE_CASES = 12
+
+
+def random_moe_case(rng: random.Random) -> dict:
+    case = random_case(rng)
+    model = case["model"]
+    experts = rng.choice((4, 8, 16))
+    model.update(num_layers=rng.randint(3, 9), num_experts=experts, moe_top_k=rng.choice((1, 2)),
+                 moe_ffn_hidden_size=rng.choice((256, 512, 768)),
+                 moe_first_dense_layers=rng.choice((0, 0, 1)),
+                 moe_shared_expert_ffn_hidden_size=rng.choice((0, 0, 512)))
+    case["cluster"]["num_gpus"] = rng.choice((2, 4, 8, 8, 16))
+    return case
+
+
+def test_plan_matches_brute_force_oracle_on_generated_moe_cases():
+    rng = random.Random(MOE_SEED)
+    cases = [random_moe_case(rng) for _ in range(MOE_CASES)]
+    failures: list[str] = []
+    with_experts = 0
+    for i, case_dict in enumerate(cases):
+        problems, bound = check_against_oracle(f"moe case {i}", case_dict)
+        failures += problems
+        if bound is not None:
+            best = planner.plan(case_dict, top_k=0).best
+            with_experts += best.job.layout.ep > 1
+    assert not failures, f"plan differs from the brute-force oracle in {len(failures)} of {len(cases)} cases:\n" \
+        + "\n".join(failures)
+    # Meaningful only if expert parallelism is often the answer.
+    assert with_experts >= 3, f"only {with_experts} plans use expert parallelism"
 
 
 # --- hand-made cases --------------------------------------------------------------------

@@ -234,7 +234,7 @@ def test_deepspeed_zero3_gathers_again_for_the_recompute_fsdp_does_not():
     DeepSpeed's forward pre-hook gathers once more when the recompute runs the forward again
     inside backward; FSDP recomputes inside the unit its backward hook has already gathered."""
     fsdp, deepspeed = _zero3_job("torchtitan"), _zero3_job("deepspeed")
-    params = job_stage_parameters(fsdp, 0)
+    params = job_stage_parameters(fsdp, 0).total
     links = group_links(fsdp.cluster, fsdp.layout, "dp_cp")
     layers = fsdp.stage_layers[0]
 
@@ -297,7 +297,7 @@ def test_deepspeed_pipelines_reduce_gradients_after_the_last_microbatch():
                    Layout(dp=16, pp=4, micro_batch_size=1, zero_stage=0))
     ds, mg = job("deepspeed"), job("megatron")
     # A middle stage: no tied embedding; the whole bucketed all-reduce is exposed for DeepSpeed.
-    params = job_stage_parameters(ds, 1)
+    params = job_stage_parameters(ds, 1).total
     links = group_links(ds.cluster, ds.layout, "dp_cp")
     # Megatron's bucket: max(40 M, 1 M · dp) parameters; DeepSpeed's: 5e8 elements.
     chunks = gradient_chunks(ds, params, 2)

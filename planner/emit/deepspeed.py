@@ -127,7 +127,9 @@ def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
     out = ["#!/usr/bin/env bash\n", comment(_lines(header_lines))]
     out.append(comment([
         "",
-        f"Layout: dp {lay.dp} x tp {lay.tp} x pp {lay.pp}, micro-batch {lay.micro_batch_size}, "
+        f"Layout: dp {lay.dp} x tp {lay.tp} x pp {lay.pp}"
+        + (f" (experts: ep {lay.ep}, etp {lay.expert_tp})" if job.model.is_moe else "")
+        + f", micro-batch {lay.micro_batch_size}, "
         f"{job.grad_accum} accumulation step{'s' if job.grad_accum != 1 else ''}, ZeRO {lay.zero_stage}, recompute {lay.recompute}, "
         f"{job.training.precision}",
         f"ds_config.json: train_batch_size {job.training.global_batch_size} = micro {lay.micro_batch_size} x "
@@ -145,6 +147,8 @@ def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
             "Recompute full: checkpoint every transformer layer (deepspeed.checkpointing.checkpoint,",
             "configured by ds_config.json's activation_checkpointing; or model.gradient_checkpointing_enable()).",
         ]))
+    if job.model.is_moe:
+        out.append(comment(_moe_snippet(job)))
     if lay.tp > 1 and lay.pp == 1:
         out.append(comment(_autotp_snippet(lay)))
     if lay.pp > 1:
@@ -158,6 +162,38 @@ def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
     out.append(f"deepspeed --num_nodes {shell_word(nodes)} --num_gpus {shell_word(per_node)} train.py --deepspeed "
                f"--deepspeed_config {shell_word(CONFIG)} \"$@\"\n")
     return "".join(out)
+
+
+def _moe_snippet(job) -> list[str]:
+    """DeepSpeed-MoE is built in the model, not the config: ``deepspeed.moe.layer.MoE`` with the
+    planned expert-parallel degree, its expert-parallel groups inside each pipeline stage's
+    data-parallel ranks (``deepspeed/utils/groups.py``), and the optimizer's parameter groups
+    split so that expert weights reduce over the expert data-parallel group."""
+    m, lay = job.model, job.layout
+    capacity = (f"capacity_factor={m.moe_capacity_factor:g}, drop_tokens=True" if m.moe_capacity_factor is not None
+                else "drop_tokens=False")  # dropless, as the plan timed it
+    layers = (f"layers {m.moe_first_dense_layers}.. of every {m.moe_layer_freq}" if m.moe_first_dense_layers
+              or m.moe_layer_freq > 1 else "every layer")
+    lines = [
+        "",
+        f"Mixture of experts: the MLP of {m.num_moe_layers} layers ({layers}) is a DeepSpeed-MoE layer of "
+        f"{m.num_experts} experts, top-{m.moe_top_k},",
+        f"expert-parallel over {lay.ep} ranks (each holds {m.num_experts // lay.ep}); the expert weights are "
+        f"replicated over the {lay.edp} expert data-parallel ranks. In train.py:",
+        "",
+        "    from deepspeed.moe.layer import MoE",
+        "    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer",
+        f"    mlp = MoE(hidden_size={m.hidden_size}, expert=Expert(ffn_hidden_size={m.moe_ffn_hidden_size}), "
+        f"num_experts={m.num_experts},",
+        f"              ep_size={lay.ep}, k={m.moe_top_k}, {capacity}, use_residual=False"
+        + (f", enable_expert_tensor_parallelism=True)  # experts split over the {lay.tp} TP ranks" if lay.tp > 1
+           else ")"),
+        "    params = split_params_into_different_moe_groups_for_optimizer({'params': list(model.parameters())})",
+        "    engine, optimizer, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=params)",
+    ]
+    if m.moe_shared_expert_ffn_hidden_size:
+        lines.append(f"    # shared experts ({m.moe_shared_expert_ffn_hidden_size} wide) are an ordinary MLP beside it")
+    return lines
 
 
 def _autotp_snippet(lay: Layout) -> list[str]:

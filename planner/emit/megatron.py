@@ -30,7 +30,9 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
+from cost_models.activations import selective_modules
 from cost_models.model_states import fp32_gradients
+from cost_models.partition import chunk_layers, virtual_partition
 from cost_models.specs import Job, Layout, SpecError
 
 from ..engines import ENGINES
@@ -50,14 +52,15 @@ INT_FLAGS = (
     "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--cpu-offloading-num-layers",
     "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups", "--ffn-hidden-size",
-    "--seq-length", "--max-position-embeddings",
+    "--seq-length", "--max-position-embeddings", "--num-experts", "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size", "--moe-router-topk",
     # torchrun
     "--nnodes", "--nproc-per-node",
 )
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
              "--data-parallel-sharding-strategy", "--optimizer-offload-fraction")
 BOOL_FLAGS = (
-    "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
+    "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
     "--no-overlap-p2p-communication", "--use-torch-fsdp2", "--use-megatron-fsdp", "--use-custom-fsdp",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
@@ -76,6 +79,7 @@ FLAG_OF_FIELD = {
     "zero_stage": "--use-distributed-optimizer", "sequence_parallel": "--sequence-parallel",
     "recompute": "--recompute-granularity", "recompute_num_layers": "--recompute-num-layers",
     "stage_layers": "--decoder-first-pipeline-num-layers", "global_batch_size": "--global-batch-size",
+    "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
 }
 
 
@@ -101,6 +105,8 @@ def uneven_stages(layout: Layout) -> Optional[tuple[int, int]]:
     if stages is None or len(set(stages)) == 1 or len(set(stages[1:-1])) > 1 \
             or any(n % layout.vpp for n in stages):
         return None
+    if any(n % layout.vpp for n in stages):  # unequal model chunks: only a layout string says them
+        return None
     return stages[0], stages[-1]
 
 
@@ -108,15 +114,19 @@ def layout_string(layout: Layout) -> Optional[str]:
     """``--pipeline-model-parallel-layout`` for a partition whose middle stages differ, or whose
     stages do not split into equal model chunks, else None.
 
-    Virtual stage ``v`` of pipeline rank ``r`` is entry ``v·pp + r``; a rank's spare layers go to
-    its first chunks."""
+    Virtual stage ``v`` of pipeline rank ``r`` is entry ``v·pp + r``; a rank's chunks are equal, or
+    differ by one layer, the spare ones first (``cost_models.partition.chunk_layers``), as for
+    layers the pp·vpp virtual stages do not divide."""
     stages = layout.stage_layers
-    if stages is None or len(set(stages)) == 1 or uneven_stages(layout) is not None:
+    if stages is None or uneven_stages(layout) is not None:
         return None
+    if len(set(stages)) == 1 and stages[0] % layout.vpp == 0:
+        return None
+    chunks = [chunk_layers(n, layout.vpp) for n in stages]
     entries = []
     for v in range(layout.vpp):
         for r, n in enumerate(stages):
-            chunk = n // layout.vpp + (v < n % layout.vpp)
+            chunk = chunks[r][v]
             entry = "t" * chunk if chunk <= 2 else f"t*{chunk}"
             if v == 0 and r == 0:
                 entry = "E" + entry
@@ -167,6 +177,9 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         ("--tensor-model-parallel-size", str(lay.tp)),
         ("--pipeline-model-parallel-size", str(lay.pp)),
     ]
+    if lay.stage_layers is None and lay.vpp > 1 and m.num_layers % (lay.pp * lay.vpp):
+        # Interleaving over layers the virtual stages do not divide: the layout string says how.
+        lay = lay.with_changes(stage_layers=job.stage_layers)
     uneven = uneven_stages(lay)
     custom = layout_string(lay)
     accounted = [flag for field, flag in ACCOUNT_FLAGS.items() if getattr(lay, field)]
@@ -195,6 +208,9 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
              ("--global-batch-size", str(t.global_batch_size))]
     if lay.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
+        modules = selective_modules(m, t)
+        if modules != ("core_attn",):  # what the estimate recomputed beyond Megatron's default
+            args.append(("--recompute-modules", " ".join(modules)))
     elif lay.recompute == "full":
         if lay.recompute_num_layers is None:
             args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
@@ -219,6 +235,16 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     args.append(("--ffn-hidden-size", str(m.ffn_hidden_size)))
     if m.activation == "swiglu":
         args.append(("--swiglu", None))
+    if m.attention_type == "mla":
+        args.append(("--multi-latent-attention", None))
+        if m.q_lora_rank:
+            args.append(("--q-lora-rank", str(m.q_lora_rank)))
+        args += [("--kv-lora-rank", str(m.kv_lora_rank)), ("--qk-head-dim", str(m.qk_head_dim)),
+                 ("--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)), ("--v-head-dim", str(m.v_head_dim))]
+    elif m.head_dim * m.num_attention_heads != m.hidden_size:
+        args.append(("--kv-channels", str(m.head_dim)))
+    if m.is_moe:
+        args += moe_arguments(job)
     args += [("--seq-length", str(t.seq_len)), ("--max-position-embeddings", str(t.seq_len))]
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
@@ -237,6 +263,60 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
                  ("--use-precision-aware-optimizer", None), ("--overlap-cpu-optimizer-d2h-h2d", None)]
     if lay.offload_activations:
         args += [("--cpu-offloading", None), ("--cpu-offloading-num-layers", str(lay.offload_activations))]
+    if t.moe_comm_overlap:
+        args.append(("--overlap-moe-expert-parallel-comm", None))  # dispatch and combine beside another micro-batch
+    return args
+
+
+def moe_layer_pattern(model) -> str:
+    """``--moe-layer-freq`` as the Python list expression Megatron-LM evaluates, one entry per
+    layer (1: experts), e.g. ``([0]*3+[1]*58)`` for DeepSeek-V3, ``([0,1]*24)`` for Llama 4
+    Maverick; a plain 1 when every layer has experts. The layers follow
+    ``ModelSpec.is_moe_layer``: the leading dense ones, then blocks of freq − 1 dense layers and
+    one MoE layer, then any dense layers left."""
+    dense, freq = model.moe_first_dense_layers, model.moe_layer_freq
+    blocks = model.num_moe_layers
+    tail = model.num_layers - dense - blocks * freq
+    if dense == 0 and freq == 1 and tail == 0:
+        return "1"
+    terms = [f"[0]*{dense}"] if dense else []
+    terms.append(f"[{','.join(['0'] * (freq - 1) + ['1'])}]*{blocks}")
+    if tail:
+        terms.append(f"[0]*{tail}")
+    return "(" + "+".join(terms) + ")"
+
+
+def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
+    """The mixture-of-experts arguments (Megatron-LM's MoE guide, ``megatron/core/transformer/moe``):
+    the experts and their widths, the router, the expert grid (MoE parallel folding), grouped
+    GEMMs and the token dispatcher the estimate timed: flex (DeepEP) where tokens cross ranks,
+    which megatron-core's flex dispatcher needs tp·ep > 1 for; all-to-all with a capacity
+    factor, whose padding the DeepEP backend refuses (``TransformerConfig.__post_init__``)."""
+    m, lay = job.model, job.layout
+    args: list[tuple[str, Optional[str]]] = [
+        # No linear biases, as the parameter count has none; megatron-core also allows MoE biases
+        # only with etp 1 (TransformerConfig).
+        ("--disable-bias-linear", None),
+        ("--num-experts", str(m.num_experts)), ("--moe-router-topk", str(m.moe_top_k)),
+        ("--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size))]
+    if m.moe_shared_expert_ffn_hidden_size:
+        args.append(("--moe-shared-expert-intermediate-size", str(m.moe_shared_expert_ffn_hidden_size)))
+    pattern = moe_layer_pattern(m)
+    if pattern != "1":
+        args.append(("--moe-layer-freq", pattern))
+    args += [("--moe-router-score-function", m.moe_router), ("--moe-router-dtype", "fp32")]
+    if m.moe_top_k == 1 and m.moe_router == "softmax":
+        args.append(("--moe-router-pre-softmax", None))  # TransformerConfig: softmax over one expert has no gradient
+    args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.expert_tp)),
+             ("--moe-grouped-gemm", None)]
+    if m.moe_capacity_factor is not None:
+        args += [("--moe-token-dispatcher-type", "alltoall"),
+                 ("--moe-expert-capacity-factor", f"{m.moe_capacity_factor:g}"),
+                 ("--moe-pad-expert-input-to-capacity", None)]
+    elif lay.tp * lay.ep > 1:
+        args += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
+    else:
+        args.append(("--moe-token-dispatcher-type", "alltoall"))
     return args
 
 
@@ -267,11 +347,13 @@ def render(estimate, header_lines) -> dict[str, str]:
     args = arguments(job)
     nodes, per_node = nodes_and_gpus(job)
     header = comment(_lines(header_lines))
-    body = "".join(" ".join(argument_word("megatron", word) for word in (flag, value) if word is not None) + "\n"
+    # A value of several words (--recompute-modules) is several arguments.
+    body = "".join(" ".join(argument_word("megatron", word) for word in [flag, *(value or "").split()]) + "\n"
                    for flag, value in args)
     lay = job.layout
     summary = (f"Megatron-LM pretrain_gpt.py arguments: layout dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp} "
-               f"vpp={lay.vpp}, {job.grad_accum} micro-batches per step")
+               f"vpp={lay.vpp}" + (f" ep={lay.ep} etp={lay.expert_tp}" if job.model.is_moe else "")
+               + f", {job.grad_accum} micro-batches per step")
     args_text = (header + comment([
         summary,
         "Add data, tokenizer, learning-rate and architecture details the planner does not model",
@@ -421,6 +503,10 @@ def read(path: Path, case) -> Layout:
         value = integer(flag)
         if value is not None and value != expected:
             raise CaseError(src, flag, f"{value} differs from the case's {expected}")
+    for flag, expected in (("--num-experts", model.num_experts), ("--moe-router-topk", model.moe_top_k)):
+        value = integer(flag)
+        if value is not None and value != expected:
+            raise CaseError(src, flag, f"{value} differs from the case's {expected or 'dense model (no experts)'}")
     groups = integer("--num-query-groups")
     if groups is not None and "--group-query-attention" in flags and groups != model.num_kv_heads:
         raise CaseError(src, "--num-query-groups", f"{groups} differs from the case's {model.num_kv_heads} KV heads")
@@ -510,11 +596,14 @@ def read(path: Path, case) -> Layout:
             raise CaseError(src, flag, f"holds {sum(counts)} transformer layers, the case's model {layers}")
         vpp = len(counts) // pp
         per_rank = [[counts[v * pp + r] for v in range(vpp)] for r in range(pp)]
-        if vpp > 1 and any(0 in chunks_of_rank for chunks_of_rank in per_rank):
-            raise CaseError(src, flag, "every model chunk of an interleaved pipeline must hold a transformer layer "
-                                       "(the planner models no empty chunk)")
+        if any(tuple(chunks_of_rank) != chunk_layers(sum(chunks_of_rank), vpp) or 0 in chunks_of_rank
+               for chunks_of_rank in per_rank):
+            raise CaseError(src, flag, "model chunks of one pipeline rank must hold equal, non-zero layer counts, "
+                                       "or differ by one with the larger first (the planner models no other split)")
         stages = [sum(chunks_of_rank) for chunks_of_rank in per_rank]
         stage_layers = tuple(stages) if len(set(stages)) > 1 else None
+        if layers % (pp * vpp) and stage_layers == virtual_partition(layers, pp, vpp):
+            stage_layers = None  # the split the planner makes by itself (cost_models.partition)
     elif per_chunk is not None and chunks is not None:
         raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
                         "give either it or --num-virtual-stages-per-pipeline-rank, not both")
@@ -534,8 +623,8 @@ def read(path: Path, case) -> Layout:
         if pp <= 2 and "--no-overlap-p2p-communication" in flags:
             raise CaseError(src, "--no-overlap-p2p-communication",
                             "interleaving without p2p overlap needs --pipeline-model-parallel-size > 2")
-        for n in stage_layers or (units // pp,):
-            if n % vpp and custom is None:  # only a layout string splits a stage into unequal chunks
+        for n in (() if custom is not None else stage_layers or (units // pp,)):
+            if n % vpp:
                 raise CaseError(src, "--num-virtual-stages-per-pipeline-rank",
                                 f"{vpp} model chunks must divide every stage's layers, got a stage of {n}; "
                                 "give --pipeline-model-parallel-layout for unequal chunks")
@@ -597,10 +686,15 @@ def read(path: Path, case) -> Layout:
     offload_activations = integer("--cpu-offloading-num-layers", 0) if "--cpu-offloading" in flags else 0
 
     try:
+        experts = {}
+        if model.is_moe:  # megatron-core's default expert tensor parallel size is tp
+            experts = {"ep": integer("--expert-model-parallel-size", 1),
+                       "etp": integer("--expert-tensor-parallel-size", tp)}
         layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=micro, zero_stage=zero,
                         sequence_parallel=sequence_parallel, recompute=recompute,
                         recompute_num_layers=recompute_layers, stage_layers=stage_layers,
-                        offload_optimizer=offload_optimizer, offload_activations=offload_activations, **accounted)
+                        offload_optimizer=offload_optimizer, offload_activations=offload_activations, **accounted,
+                        **experts)
         Job(case.model, case.cluster, case.training, layout, case.overheads)
     except SpecError as error:
         raise CaseError(src, FLAG_OF_FIELD.get(error.key, error.key), error.message) from None

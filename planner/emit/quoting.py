@@ -21,9 +21,10 @@ from typing import Any
 
 from ..errors import CaseError
 
-# Plain tokens: flags, numbers, module paths, a pipeline layout (``Et*3|t*4,L``). launch.sh
-# reads these files with globbing off (set -f), so '*' stays literal.
-_PLAIN = re.compile(r"[A-Za-z0-9_.,:|*()+=/@%-]+")
+# Plain tokens: flags, numbers, module paths, a pipeline layout (``Et*3|t*4,L``), an MoE layer
+# pattern (``([0]*3+[1]*58)``). launch.sh reads these files with globbing off (set -f), so '*'
+# and brackets stay literal.
+_PLAIN = re.compile(r"[A-Za-z0-9_.,:|*()+=/@%\[\]-]+")
 
 
 def comment_text(line: str) -> str:
@@ -58,5 +59,5 @@ def argument_word(engine: str, value: Any) -> str:
     text = str(value)
     if not _PLAIN.fullmatch(text):
         raise CaseError("--emit", engine, f"the argument {text!r} would not reach the launcher as one word; "
-                                          "expected letters, digits and .,:|*()+=/@%-")
+                                          "expected letters, digits and .,:|*()+=/@%[]-")
     return text

@@ -57,10 +57,24 @@ BASE_CONFIGS = {
     (126, 16384, 128, 8, 53248, 128256): ("llama3", "llama3_405b"),
 }
 DEFAULT_BASE = ("llama3", "llama3_8b")
+# Mixtures of experts torchtitan ships (torchtitan/models/{deepseek_v3,qwen3,gpt_oss}/config_registry.py),
+# by (layers, hidden, experts, top-k, expert width); any other gets Qwen3-30B-A3B's as a stand-in,
+# so that the expert-parallel degree applies to a model with experts.
+MOE_BASE_CONFIGS = {
+    (61, 7168, 256, 8, 2048): ("deepseek_v3", "deepseek_v3_671b"),
+    (27, 2048, 64, 6, 1408): ("deepseek_v3", "deepseek_v3_16b"),  # DeepSeek-V2-Lite's shape
+    (48, 2048, 128, 8, 768): ("qwen3", "qwen3_30b_a3b"),
+    (24, 2880, 32, 4, 2880): ("gpt_oss", "gpt_oss_20b"),
+    (36, 2880, 128, 4, 2880): ("gpt_oss", "gpt_oss_120b"),
+}
+DEFAULT_MOE_BASE = ("qwen3", "qwen3_30b_a3b")
 
 
 def base_config(model) -> tuple[tuple[str, str], bool]:
     """((torchtitan module, config function), whether it is the model itself) for ``model``."""
+    if model.is_moe:
+        shape = (model.num_layers, model.hidden_size, model.num_experts, model.moe_top_k, model.moe_ffn_hidden_size)
+        return (MOE_BASE_CONFIGS[shape], True) if shape in MOE_BASE_CONFIGS else (DEFAULT_MOE_BASE, False)
     shape = (model.num_layers, model.hidden_size, model.num_attention_heads, model.num_kv_heads,
              model.ffn_hidden_size, model.vocab_size)
     if model.activation == "swiglu" and not model.tied_embeddings and shape in BASE_CONFIGS:
@@ -118,6 +132,10 @@ def settings(estimate) -> dict[str, Any]:
         "context_parallel_degree": lay.cp,
         "pipeline_parallel_degree": lay.pp,
     }
+    if job.model.is_moe:
+        # Expert parallelism borrows its ranks from FSDP and TP; the experts are FSDP-sharded over
+        # the rest (ParallelDims: efsdp = dp_shard·cp·tp / ep).
+        parallelism["expert_parallel_degree"] = lay.ep
     train: dict[str, Any] = {
         "global_batch_size": training.global_batch_size,
         "seq_len": training.seq_len,

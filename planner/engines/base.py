@@ -33,6 +33,8 @@ class EngineSupport:
     cp_shards_states: bool = False
     # TP collectives pipelined with their GEMMs (training.tp_comm_overlap).
     tp_comm_overlap: bool = True
+    # Expert-parallel dispatch and combine beside another micro-batch's compute (training.moe_comm_overlap).
+    moe_comm_overlap: bool = False
     # The highest ZeRO stage tensor parallelism combines with (DeepSpeed's AutoTP: 2).
     max_zero_with_tp: int = 3
     # Offload (cost_models.offload). The optimizer: "none", "all" (all of it or none) or
@@ -44,11 +46,37 @@ class EngineSupport:
     param_offload: bool = False
     activation_offload: bool = False
     offload_together: bool = False
+    # Expert parallelism (layout.ep > 1) for mixtures of experts, and which expert
+    # tensor-parallel degrees the engine runs: "any" divisor (Megatron's
+    # --expert-tensor-parallel-size), "tp" (the experts split as the attention is: DeepSpeed's
+    # enable_expert_tensor_parallelism) or "one" (whole experts: torchtitan shards them with FSDP
+    # over the ranks expert parallelism leaves). The search tries etp 1 and tp where "any".
+    expert_parallel: bool = True
+    expert_tp: str = "any"
     # What the engine says where a choice is missing: field name → reason.
     why: tuple[tuple[str, str], ...] = ()
 
     def reason(self, name: str, default: str) -> str:
         return dict(self.why).get(name, default)
+
+    def expert_tp_choices(self, tp: int) -> tuple[int, ...]:
+        """The expert tensor-parallel degrees the search tries at attention tensor parallelism ``tp``."""
+        if self.expert_tp == "one":
+            return (1,)
+        if self.expert_tp == "tp":
+            return (tp,)
+        return tuple(sorted({1, tp}))
+
+    def expert_refusals(self, tp: int, ep: int, etp: int) -> list[tuple[str, str]]:
+        """(layout key, reason) for each expert-parallel choice the engine does not offer."""
+        out = []
+        if ep > 1 and not self.expert_parallel:
+            out.append(("ep", self.reason("expert_parallel", "has no expert parallelism")))
+        if self.expert_tp == "one" and etp != 1:
+            out.append(("etp", self.reason("expert_tp", "runs whole experts (etp 1) only")))
+        elif self.expert_tp == "tp" and etp != tp:
+            out.append(("etp", self.reason("expert_tp", f"splits experts as the attention (etp = tp = {tp}) only")))
+        return out
 
     def allows(self, tp: int, pp: int, cp: int, vpp: int, zero_stage: int, sequence_parallel: bool,
                recompute: str) -> bool:
@@ -130,10 +158,15 @@ class Engine:
             lay.tp, lay.pp, lay.cp, lay.vpp, lay.zero_stage, lay.sequence_parallel, lay.recompute)
             + self.support.offload_refusals(lay.offload_optimizer, lay.offload_params, lay.offload_activations,
                                             lay.zero_stage)]
+        if job.model.is_moe:
+            out += [(f"layout.{key}", why) for key, why in self.support.expert_refusals(lay.tp, lay.ep, lay.expert_tp)]
         if lay.recompute_num_layers is not None and lay.recompute_num_layers < max(job.stage_layers) \
                 and not self.support.partial_recompute:
             out.append(("layout.recompute_num_layers",
                         self.support.reason("partial_recompute", "recomputes every layer of a stage or none")))
+        if training.moe_comm_overlap and not self.support.moe_comm_overlap:
+            out.append(("training.moe_comm_overlap", self.support.reason(
+                "moe_comm_overlap", "cannot overlap expert-parallel dispatch and combine with compute")))
         if training.tp_comm_overlap and lay.tp > 1 and not self.support.tp_comm_overlap:
             out.append(("training.tp_comm_overlap", self.support.reason(
                 "tp_comm_overlap", "cannot overlap tensor-parallel collectives with GEMMs")))

@@ -9,7 +9,10 @@
   (``engine._configure_tensor_parallel_states``); no context parallelism of Megatron's kind;
   whole-layer activation checkpointing of every layer or none; ZeRO-Offload of the whole
   optimizer (``zero_optimization.offload_optimizer``, stages 1-3) and ZeRO-Infinity's parameter
-  offload (``offload_param``, stage 3).
+  offload (``offload_param``, stage 3); mixtures of experts through
+  ``deepspeed.moe.layer.MoE(ep_size=…)``, its expert-parallel groups inside each pipeline
+  stage's data-parallel ranks (``utils/groups.py``), experts split over tensor-parallel ranks
+  when there are any.
 - Behaviour: ZeRO-3 gathers each submodule's weights on its own and again for the recompute
   (``zero/parameter_offload.py``); its pipeline reduces gradients after the last
   micro-batch (``pipe/schedule.py``: ReduceTiedGrads, ReduceGrads, OptimizerStep);
@@ -28,8 +31,11 @@ from .base import Engine, EngineSupport
 SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=False, context_parallel=False,
     sequence_parallel=(False,), recompute=("none", "full"), partial_recompute=False,
-    tp_comm_overlap=False, max_zero_with_tp=2, optimizer_offload="all", param_offload=True,
-    why=(("max_zero_with_pp", "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3"),
+    tp_comm_overlap=False, max_zero_with_tp=2, expert_tp="tp", optimizer_offload="all", param_offload=True,
+    why=(("expert_tp", "DeepSpeed-MoE splits experts over the tensor-parallel ranks "
+                       "(deepspeed.moe.layer.MoE, enable_expert_tensor_parallelism) or runs them whole without "
+                       "tensor parallelism: etp = tp"),
+         ("max_zero_with_pp", "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3"),
          ("interleaving", "DeepSpeed's pipeline engine has no interleaved schedule"),
          ("context_parallel", "DeepSpeed has no context parallelism of Megatron's kind"),
          ("sequence_parallel", "DeepSpeed's AutoTP has no sequence parallelism"),
@@ -52,9 +58,16 @@ BEHAVIOUR = EngineBehaviour(
 
 def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
     if training.precision == "fp16" and fp32_gradients(training):
-        return [("training.fp32_grads", "DeepSpeed accumulates fp16 gradients in fp16 "
-                                        "(data_types.grad_accum_dtype)")]
+        return [("training.fp32_grads", "DeepSpeed accumulates fp16 gradients in fp16 (data_types.grad_accum_dtype)")]
     return []
 
 
-ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, emitter="deepspeed", training_rules=training_rules)
+def rules(job: Job) -> list[tuple[str, str]]:
+    if job.model.is_moe and job.layout.zero_stage == 3:
+        return [("layout.zero_stage", "DeepSpeed's engine refuses its MoE layers under ZeRO stage 3 "
+                                      "(runtime/engine.py: 'Native DeepSpeed MoE is not supported with ZeRO "
+                                      "Stage 3'); use 1 or 2")]
+    return []
+
+
+ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, rules, emitter="deepspeed", training_rules=training_rules)

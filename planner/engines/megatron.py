@@ -4,13 +4,18 @@
   sequence parallelism, PP with virtual stages, CP, the distributed optimizer (ZeRO-1) and
   Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` or
   ``optim_grads_params``: ZeRO-2/3, offered to the search without pipelining), selective
-  (core attention) and full recomputation, uniform or of the first N layers per chunk.
+  (core attention) and full recomputation, uniform or of the first N layers per chunk; for
+  mixtures of experts, expert parallelism with any expert tensor-parallel degree on its own
+  grid (MoE parallel folding, ``--expert-tensor-parallel-size``), sequence parallelism required
+  with tensor parallelism (``MoELayer.forward``).
 - Behaviour: Transformer Engine's fused kernels (cuDNN attention, fused norm/SwiGLU/rotary,
   fp8 with cached weights and fp8-saved inputs), its in-place vocab-parallel cross-entropy,
   buckets of max(40 M, 1 M·dp) parameters (``megatron/core/distributed``), parameters
   gathered behind the next forward (--overlap-param-gather) and interleaved sends posted
   ahead (``overlap_p2p_comm``); gradients reduced in the parameters' dtype
-  (``DistributedDataParallelConfig.grad_reduce_in_fp32 = False``), even layer splits.
+  (``DistributedDataParallelConfig.grad_reduce_in_fp32 = False``), even layer splits; the
+  flex token dispatcher (``--moe-token-dispatcher-type flex``, DeepEP or HybridEP as NeMo's and
+  Megatron-Bridge's MoE recipes run it), which sends a token once per destination NVLink domain.
 - Offload: any share of the distributed optimizer (HybridDeviceOptimizer: --optimizer-cpu-offload
   --optimizer-offload-fraction) and the activations of the first N layers (cpu_offloading, without
   pipelining or recomputation: ``TransformerConfig.__post_init__``).
@@ -27,6 +32,7 @@ SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=True, context_parallel=True,
     sequence_parallel=(False, True), recompute=("none", "selective", "full"), partial_recompute=True,
     optimizer_offload="fraction", optimizer_offload_zero=(1,), activation_offload=True,
+    moe_comm_overlap=True,
     why=(("zero_stages", "offers ZeRO 0, the distributed optimizer (1) and Megatron-FSDP (2, 3)"),
          ("max_zero_with_pp", "pipelines with the distributed optimizer (ZeRO ≤ 1) here, not Megatron-FSDP"),
          ("optimizer_offload_zero", "offloads the distributed optimizer (--optimizer-cpu-offload needs "
@@ -38,7 +44,7 @@ BEHAVIOUR = EngineBehaviour(
     name="megatron", p2p_overlap_interleaved=True, bucket_params=40e6, bucket_bytes=0.0,
     overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention", fused_attention=True,
     fused_elementwise=True, fp8_cast_bytes=3.0, fp8_weight_cache=True, fp8_saves_inputs=True,
-    collective_launch_s=0.0, balance_stages=False,
+    collective_launch_s=0.0, balance_stages=False, hierarchical_dispatch=True,
 )
 
 
@@ -58,6 +64,18 @@ def rules(job: Job) -> list[tuple[str, str]]:
         if lay.offload_activations >= job.model.num_layers:
             out.append(("layout.offload_activations", f"Megatron offloads fewer layers than the model's "
                                                       f"{job.model.num_layers} (TransformerConfig)"))
+    if job.model.is_moe and lay.tp > 1 and not lay.sequence_parallel:
+        out.append(("layout.sequence_parallel", "megatron-core's MoELayer refuses to train with tensor parallelism "
+                                                "and no sequence parallelism: set layout.sequence_parallel: true"))
+    if training.moe_comm_overlap:  # TransformerConfig.__post_init__ on overlap_moe_expert_parallel_comm
+        if lay.ep == 1:
+            out.append(("training.moe_comm_overlap", "--overlap-moe-expert-parallel-comm needs expert "
+                                                     "parallelism (layout.ep > 1)"))
+        if lay.pp > 1 and lay.vpp == 1:
+            out.append(("layout.vpp", "--overlap-moe-expert-parallel-comm pairs micro-batches of the interleaved "
+                                      "schedule: with pp > 1 it needs vpp > 1"))
+        if lay.recompute == "full":
+            out.append(("layout.recompute", "--overlap-moe-expert-parallel-comm refuses full recomputation"))
     if lay.recompute_num_layers is not None and lay.recompute_num_layers % lay.vpp:
         out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
                                                    f"{lay.recompute_num_layers} must divide by vpp {lay.vpp}"))

@@ -3,7 +3,8 @@
 - Choices (``torchtitan/distributed/parallel_dims.py``, ``config``): FSDP2 sharding (ZeRO-3)
   or replication (ZeRO-0), TP always with sequence parallelism on the norms, PP with
   interleaved schedules of equal model chunks, CP (whose ranks always join the FSDP shard
-  mesh), selective (op-level) and full activation checkpointing of every layer; bfloat16 or
+  mesh), expert parallelism (``parallelism.expert_parallel_degree``) over whole experts,
+  selective (op-level) and full activation checkpointing of every layer; bfloat16 or
   float32 parameters (fp8 GEMMs through torchao), gradients reduced in float32; CPU offload of
   parameters, gradients and the optimizer step together (``training.enable_cpu_offload``).
 - Behaviour: each block compiled (fused element-wise kernels), attention through SDPA,
@@ -21,9 +22,12 @@ from .base import Engine, EngineSupport
 SUPPORT = EngineSupport(
     zero_stages=(0, 3), max_zero_with_pp=3, interleaving=True, context_parallel=True,
     sequence_parallel=(True,), recompute=("none", "selective", "full"), partial_recompute=False,
-    cp_shards_states=True, optimizer_offload="all", optimizer_offload_zero=(3,), param_offload=True,
-    offload_together=True,
-    why=(("zero_stages", "torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0)"),
+    cp_shards_states=True, expert_tp="one", optimizer_offload="all", optimizer_offload_zero=(3,),
+    param_offload=True, offload_together=True,
+    why=(("expert_tp", "torchtitan runs whole experts: expert parallelism borrows ranks from FSDP and TP, and the "
+                       "experts are FSDP-sharded over the rest (ParallelDims: efsdp = dp_shard·cp·tp / ep); "
+                       "set layout.etp: 1"),
+         ("zero_stages", "torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0)"),
          ("sequence_parallel", "torchtitan's tensor parallelism always uses sequence parallelism"),
          ("partial_recompute", "torchtitan's full activation checkpointing wraps every layer"),
          ("cp_shards_states", "torchtitan folds context-parallel ranks into its FSDP mesh: cp > 1 needs "
@@ -57,6 +61,11 @@ def rules(job: Job) -> list[tuple[str, str]]:
     if any(n % lay.vpp for n in job.stage_layers):
         out.append(("layout.stage_layers", f"torchtitan splits each rank's layers into {lay.vpp} equal model chunks; "
                                            f"stages of {list(job.stage_layers)} layers do not"))
+    shard = lay.dp if lay.zero_stage == 3 else 1
+    if lay.ep > 1 and (shard * lay.cp * lay.tp) % lay.ep:
+        out.append(("layout.ep", f"torchtitan's expert parallelism borrows ranks from FSDP and TP only: ep must "
+                                 f"divide dp_shard·cp·tp = {shard}·{lay.cp}·{lay.tp} (ParallelDims: efsdp = "
+                                 "dp_shard·cp·tp / ep); replicated (zero_stage 0) data parallelism lends none"))
     divisor = lay.tp * (2 * lay.cp if lay.cp > 1 else 1)
     if training.seq_len % divisor:
         out.append(("training.seq_len", f"torchtitan needs seq_len divisible by tp·2·cp = {divisor} (trainer.py)"))

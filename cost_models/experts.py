@@ -1,0 +1,196 @@
+"""The expert (MoE) part of a mixture-of-experts layer on one GPU: tokens, GEMMs, traffic, bytes.
+
+The layer runs as megatron-core's ``MoELayer`` with the all-to-all token dispatcher
+(``megatron/core/transformer/moe/token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher``):
+
+1. the router scores each of the rank's tokens against the E experts (an h × E GEMM, then
+   softmax or sigmoid and top-k);
+2. permutation: each token is copied once per chosen expert and sorted by expert;
+3. dispatch: an all-to-all over the expert-parallel group sends each copy to the rank holding
+   its expert, then, with expert tensor parallelism, an all-gather over the etp group;
+4. the local experts run as grouped GEMMs (``TEGroupedMLP``), each on the copies it received;
+5. combine: the reverse (reduce-scatter over etp, all-to-all over ep), and unpermutation sums
+   each token's expert outputs weighted by the router's probabilities;
+6. shared experts, if any, run on every token as a dense MLP, tensor-parallel like the
+   attention's.
+
+Under tensor parallelism the layer's input is sequence-parallel (megatron-core refuses MoE
+with tp > 1 and no sequence parallelism in training), so each rank routes b·s/(cp·tp) tokens
+and, balanced, receives as many copies times k as it sends; with expert tensor parallelism
+the etp group's copies are gathered, so an expert rank runs b·s/(cp·tp)·k·etp copies on
+1/etp of each expert's width. The busiest rank decides the layer's time: a capacity factor
+pads every expert to that multiple of the mean, a dropless router's imbalance gives its
+busiest rank that multiple (``ModelSpec.routed_factor``; 1 for the force-balanced routing of
+published benchmarks).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .activations import activation_bytes
+from .collectives import all_to_all_time, collective_time
+from .flops import Gemm, mlp_gemms
+from .kernels import gemm_time, grouped_gemm_time
+from .specs import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
+from .topology import group_links
+
+# Bytes per element of the router's scores: megatron-core computes the logits and the
+# softmax or sigmoid in fp32 (``moe_router_dtype: fp32`` in the Megatron-Bridge MoE recipes).
+ROUTER_BYTES = 4
+
+
+def moe_tokens(training: TrainingSpec, tp: int, cp: int, micro_batch_size: int) -> float:
+    """Tokens one rank routes per micro-batch: b·s/(cp·tp) (the sequence-parallel input)."""
+    return micro_batch_size * training.seq_len / (cp * tp)
+
+
+def routed_tokens(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int,
+                  etp: int) -> float:
+    """Token copies the busiest expert rank runs per micro-batch: b·s/(cp·tp)·k·etp, times the
+    capacity factor or the router's imbalance."""
+    return moe_tokens(training, tp, cp, micro_batch_size) * model.moe_top_k * etp * model.routed_factor
+
+
+def expert_gemms(model: ModelSpec, routed: float, ep: int, etp: int) -> tuple[Gemm, Gemm, int]:
+    """(up projection of one local expert, its down projection, local experts): each of the
+    E/ep local experts takes an equal share of the ``routed`` copies, on 1/etp of its width."""
+    local = model.num_experts // ep
+    fc1, fc2 = mlp_gemms(model, routed / local, model.moe_ffn_hidden_size, etp, prefix="expert_fc")
+    return fc1, fc2, local
+
+
+def moe_elementwise_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int,
+                          etp: int, fused: bool) -> float:
+    """HBM traffic of the expert part's forward element-wise kernels on one GPU.
+
+    - router: softmax (or sigmoid) and top-k over T·E fp32 scores: write, read, read (12 bytes each);
+    - four permutations of the routed copies (before and after the all-to-all, both ways), each
+      reading and writing R·h elements;
+    - the experts' activation on R copies of width f_e/etp (SwiGLU 3 passes fused, 5 eager;
+      GeLU 2), and the shared experts' on the tensor-parallel group's tokens.
+    """
+    p = activation_bytes(training.precision)
+    tokens = moe_tokens(training, tp, cp, micro_batch_size)
+    routed = routed_tokens(model, training, tp, cp, micro_batch_size, etp)
+    passes = (3 if fused else 5) if model.activation == "swiglu" else 2
+    router = 3 * ROUTER_BYTES * tokens * model.num_experts
+    permute = 4 * 2 * p * routed * model.hidden_size
+    act = p * passes * routed * model.moe_ffn_hidden_size / etp
+    shared = p * passes * tokens * model.moe_shared_expert_ffn_hidden_size  # (b·s/cp)·f_s/tp
+    return router + permute + act + shared
+
+
+@lru_cache(maxsize=4096)
+def moe_mlp_forward_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                         micro_batch_size: int, ep: int, etp: int) -> float:
+    """Forward time of an MoE layer's expert part on one GPU, communication excluded: the router
+    GEMM, the grouped expert GEMMs at the copies the busiest rank receives, the shared experts
+    and the element-wise kernels (:func:`moe_elementwise_bytes`)."""
+    engine, perf = training.engine, gpu.performance
+    precision = training.precision
+    # The router stays in 16 bits in fp8 recipes (Transformer Engine quantizes the linear layers only).
+    router_precision = "bf16" if precision == "fp8" else precision
+    tokens = moe_tokens(training, tp, cp, micro_batch_size)
+    time = gemm_time(Gemm("router", tokens, model.num_experts, model.hidden_size), gpu, router_precision)
+    routed = routed_tokens(model, training, tp, cp, micro_batch_size, etp)
+    fc1, fc2, local = expert_gemms(model, routed, ep, etp)
+    time += sum(grouped_gemm_time(g, local, gpu, precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
+                for g in (fc1, fc2))
+    if model.moe_shared_expert_ffn_hidden_size:
+        # The shared experts run on the tensor-parallel group's tokens, their width split over tp.
+        gathered = micro_batch_size * training.seq_len / cp
+        time += sum(gemm_time(g, gpu, precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
+                    for g in mlp_gemms(model, gathered, model.moe_shared_expert_ffn_hidden_size, tp, "shared_fc"))
+    memory = moe_elementwise_bytes(model, training, tp, cp, micro_batch_size, etp, engine.fused_elementwise)
+    return time + memory / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+
+
+def dispatch_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int) -> float:
+    """Bytes one rank sends (and, at the busiest rank, receives) in one dispatch or combine
+    all-to-all: its token copies, b·s/(cp·tp)·k·h in 16 bits (megatron-core dispatches the
+    activations unquantized), times the capacity factor or imbalance at the busiest rank."""
+    p = activation_bytes(training.precision)
+    return p * moe_tokens(training, tp, cp, micro_batch_size) * model.moe_top_k * model.hidden_size \
+        * model.routed_factor
+
+
+def remote_domains_per_token(model: ModelSpec, domains: int) -> float:
+    """NVLink domains other than its own that one token's k copies reach, on average, when its
+    experts are spread evenly over ``domains`` domains of the expert-parallel group:
+    (D − 1)·(1 − (1 − 1/D)^k) (each copy lands in a given domain with probability 1/D)."""
+    if domains <= 1:
+        return 0.0
+    return (domains - 1) * (1 - (1 - 1 / domains) ** model.moe_top_k)
+
+
+@lru_cache(maxsize=4096)
+def dispatch_combine_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
+                          micro_batch_size: int, ep: int, etp: int) -> float:
+    """One dispatch and one combine (a forward pass; the backward runs the same pair reversed)
+    over the links the expert-parallel group spans (``topology.group_shape``: stride etp, ep
+    ranks), with etp's all-gather and reduce-scatter of the routed copies.
+
+    A plain all-to-all sends every copy to its expert's rank: (ep − per-domain)/ep of them
+    leave the domain. A hierarchical dispatch (``EngineBehaviour.hierarchical_dispatch``)
+    sends each token once to each other domain that holds one of its experts
+    (:func:`remote_domains_per_token`) and forwards it there over NVLink; the combine reduces
+    in the domain before sending back."""
+    lay = Layout(tp=tp, cp=cp, dp=cluster.num_gpus // (tp * cp), ep=ep, etp=etp)
+    perf = cluster.gpu.performance
+    size = dispatch_bytes(model, training, tp, cp, micro_batch_size)
+    links = group_links(cluster, lay, "ep")
+    crossing = None
+    if training.engine.hierarchical_dispatch and links.domains > 1:
+        crossing = size / model.moe_top_k * remote_domains_per_token(model, links.domains)
+    time = 2 * all_to_all_time(size, links, perf, crossing)
+    if etp > 1:
+        gathered = size * etp
+        links = group_links(cluster, lay, "etp")
+        time += collective_time("all_gather", gathered, links, perf) + \
+            collective_time("reduce_scatter", gathered, links, perf)
+    return time
+
+
+def moe_mlp_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
+                             fused: bool, fp8_inputs: bool) -> float:
+    """Bytes the expert part saves for backward per micro-batch on one GPU, in place of a dense
+    MLP's hidden activations:
+
+    - the router's fp32 logits and scores, 2·4·T·E;
+    - each expert's input (the dispatched copies), R·h; in one byte where Transformer Engine
+      keeps fp8 inputs;
+    - the experts' hidden activations, as a dense MLP's (SwiGLU fused: its 2f input and the f
+      input of the down projection), on R copies of width f_e/etp; the router's probabilities
+      are applied inside the activation (``TEGroupedMLP.activation_func_with_probs``), so the
+      unpermutation keeps no expert output;
+    - the shared experts' hidden activations on the group's tokens, width f_s/tp.
+    """
+    p = activation_bytes(training.precision)
+    g = 1 if fp8_inputs and training.precision == "fp8" else p
+    lay = layout
+    tokens = moe_tokens(training, lay.tp, lay.cp, lay.micro_batch_size)
+    routed = routed_tokens(model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp)
+    widths = (3 if fused else 4) if model.activation == "swiglu" else 2
+    hidden_per_width = (widths - 1) * p + g
+    router = 2 * ROUTER_BYTES * tokens * model.num_experts
+    experts = routed * (g * model.hidden_size + hidden_per_width * model.moe_ffn_hidden_size / lay.expert_tp)
+    shared = hidden_per_width * tokens * model.moe_shared_expert_ffn_hidden_size
+    return router + experts + shared
+
+
+def moe_act_output_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, fp8_inputs: bool) -> float:
+    """The experts' activation output (the down projection's input, R·f_e/etp) that recomputing
+    the activation function (megatron-core's ``moe_act``) leaves unsaved."""
+    p = activation_bytes(training.precision)
+    g = 1 if fp8_inputs and training.precision == "fp8" else p
+    lay = layout
+    routed = routed_tokens(model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp)
+    return g * routed * model.moe_ffn_hidden_size / lay.expert_tp
+
+
+def alltoall_buffer_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """The dispatch's send and receive buffers of the one MoE layer running (the permuted copies
+    before and after the all-to-all): transient, so counted once per GPU."""
+    lay = layout
+    return 2 * dispatch_bytes(model, training, lay.tp, lay.cp, lay.micro_batch_size) * lay.expert_tp

@@ -1,0 +1,222 @@
+"""Mixture-of-experts and MLA models: parameter counts, FLOPs and the case-file and config readers.
+
+Every preset's total and active parameter count is held to the figure its publisher gives.
+Published figures are rounded: each is met to half a unit of its last digit, with 0.5 % more
+for what the presets leave out (GPT-OSS's biases and attention sinks, Qwen3's query/key
+norms, routers' expert-bias terms). Publishers differ on one thing, said where it matters:
+DeepSeek and OpenAI leave the input embedding (a lookup, no arithmetic) out of the active
+count, Mistral, Qwen and Meta count it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cost_models.flops import model_flops_per_token
+from cost_models.parameters import active_parameters, embedding_parameters, total_parameters
+from cost_models.specs import ModelSpec, SpecError
+from planner import CaseError, estimate
+from planner.case import load_case
+from planner.hf_config import read_hf_config
+from planner.presets import model_presets
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+B = 1e9
+
+# preset: (total, active, whether the publisher's active count leaves out the input embedding, source)
+PUBLISHED = {
+    "mixtral-8x7b": (46.7, 12.9, False, "Mistral AI, 'Mixtral of experts' (2023-12-11)"),
+    "mixtral-8x22b": (141, 39, False, "Mistral AI, 'Cheaper, Better, Faster, Stronger' (2024-04-17)"),
+    "deepseek-v3": (671, 37, True, "DeepSeek-V3 technical report, arXiv:2412.19437, abstract and §4.2"),
+    "deepseek-v2-lite": (15.7, 2.4, True, "DeepSeek-V2 report, arXiv:2405.04434, Appendix B"),
+    "qwen3-30b-a3b": (30.5, 3.3, False, "Qwen/Qwen3-30B-A3B model card"),
+    "qwen3-235b-a22b": (235, 22, False, "Qwen/Qwen3-235B-A22B model card"),
+    "llama4-scout": (109, 17, False, "Meta, Llama 4 model card (Scout: 17B active, 109B total)"),
+    "llama4-maverick": (400, 17, False, "Meta, Llama 4 model card (Maverick: 17B active, 400B total)"),
+    "gpt-oss-20b": (20.91, 3.61, True, "OpenAI, gpt-oss-120b & gpt-oss-20b model card, Table 1"),
+    "gpt-oss-120b": (116.83, 5.13, True, "OpenAI, gpt-oss-120b & gpt-oss-20b model card, Table 1"),
+}
+FIXTURE_OF = {"mixtral-8x7b": "Mixtral-8x7B-v0.1", "mixtral-8x22b": "Mixtral-8x22B-v0.1",
+              "deepseek-v3": "DeepSeek-V3", "deepseek-v2-lite": "DeepSeek-V2-Lite",
+              "qwen3-30b-a3b": "Qwen3-30B-A3B", "qwen3-235b-a22b": "Qwen3-235B-A22B",
+              "llama4-scout": "Llama-4-Scout-17B-16E", "llama4-maverick": "Llama-4-Maverick-17B-128E",
+              "gpt-oss-20b": "gpt-oss-20b", "gpt-oss-120b": "gpt-oss-120b"}
+
+
+def preset(name: str) -> ModelSpec:
+    return load_case({"model": {"preset": name}, "cluster": {"gpu": "h100", "num_gpus": 8},
+                      "training": {"global_batch_size": 8, "seq_len": 4096}}).model
+
+
+def tolerance(figure: float) -> float:
+    """Half a unit of the figure's last published digit, plus 0.5 % of it."""
+    text = f"{figure:g}"
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return 0.5 * 10 ** -decimals + 0.005 * figure
+
+
+def vision_encoder_parameters(path: Path) -> float:
+    """Llama 4's vision encoder, which Meta's totals include and the text preset leaves out: its
+    transformer layers (4·d² attention + 2·d·f MLP each), from the fixture's vision_config."""
+    vision = json.loads(path.read_text())["vision_config"]
+    d, f, n = vision["hidden_size"], vision["intermediate_size"], vision["num_hidden_layers"]
+    return n * (4 * d * d + 2 * d * f)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_total_parameters_match_the_published_figure(name):
+    total, _, _, source = PUBLISHED[name]
+    counted = total_parameters(preset(name))
+    if name.startswith("llama4"):
+        counted += vision_encoder_parameters(FIXTURES / FIXTURE_OF[name] / "config.json")
+    assert abs(counted / B - total) <= tolerance(total), source
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_active_parameters_match_the_published_figure(name):
+    _, active, without_input_embedding, source = PUBLISHED[name]
+    model = preset(name)
+    counted = active_parameters(model) - (embedding_parameters(model) if without_input_embedding else 0)
+    assert abs(counted / B - active) <= tolerance(active), source
+
+
+def test_dense_models_have_as_many_active_parameters_as_parameters():
+    for name in ("llama3-8b", "gpt3-175b", "mpt-7b"):
+        model = preset(name)
+        assert active_parameters(model) == total_parameters(model)
+
+
+def test_deepseek_v3_counts_term_by_term():
+    """DeepSeek-V3's 671B: 58 MoE layers of 256 experts (3·7168·2048 each) carry 653.9B; the
+    rest is MLA attention (61 × 187.1M), 3 dense MLPs, shared experts, routers and embeddings."""
+    model = preset("deepseek-v3")
+    assert model.num_moe_layers == 58
+    experts = 58 * 256 * 3 * 7168 * 2048
+    attention = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168 + 1536 + 512
+    rest = 61 * attention + 3 * 3 * 7168 * 18432 + 58 * (3 * 7168 * 2048 + 7168 * 256) + 2 * 129280 * 7168
+    norms = (2 * 61 + 1) * 7168
+    assert total_parameters(model) == experts + rest + norms
+
+
+def test_maverick_interleaves_dense_and_moe_layers():
+    model = preset("llama4-maverick")
+    assert model.num_moe_layers == 24
+    assert [model.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    deepseek = preset("deepseek-v3")
+    assert [deepseek.is_moe_layer(i) for i in (0, 2, 3, 60)] == [False, False, True, True]
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_OF))
+def test_hugging_face_config_reads_as_the_preset(name):
+    fields = read_hf_config(FIXTURES / FIXTURE_OF[name] / "config.json")
+    fields.pop("name")
+    model = ModelSpec(name=name, **fields)
+    assert model == replace(preset(name), name=name)
+
+
+def test_flops_per_token_match_megatron_bridge_and_nemo():
+    """Model FLOPs per token against what the published columns imply (model TFLOP/s per GPU
+    over tokens/s per GPU, both as printed: three or four digits each, so to 1 %):
+
+    - Qwen3-30B-A3B at 4096 tokens: 241 TFLOP/s at 10,494 tokens/s (Megatron-Bridge 25.09,
+      H100), 22.97 GFLOP per token, causal attention counted at half;
+    - Mixtral 8x7B at 4096: 1,598 at 19,275 (NeMo 25.04, GB200), 82.9 GFLOP, which NeMo counts
+      with the full s² attention: ours plus the causal half it leaves out;
+    - DeepSeek-V3 at 4096: 216 at 865 (NeMo AutoModel, H100), 249.7 GFLOP (no MTP module).
+    """
+    qwen = model_flops_per_token(preset("qwen3-30b-a3b"), 4096)
+    assert abs(qwen / (241e12 / 10494) - 1) < 0.01
+    mixtral = preset("mixtral-8x7b")
+    causal_half = 3 * mixtral.num_layers * 2 * 4096 * mixtral.hidden_size  # 3 × L × (4·s·h)/2 per token
+    assert abs((model_flops_per_token(mixtral, 4096) + causal_half) / (1598e12 / 19275) - 1) < 0.01
+    deepseek = model_flops_per_token(preset("deepseek-v3"), 4096)
+    assert abs(deepseek / (216e12 / 865) - 1) < 0.01
+
+
+def test_estimate_reports_parameters_and_active_parameters():
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16", "engine": "megatron"},
+            "layout": {"tp": 1, "pp": 1, "ep": 8, "micro_batch_size": 1, "zero_stage": 1}}
+    out = estimate(case).to_dict()
+    assert out["model"] == {"parameters": total_parameters(preset("mixtral-8x7b")),
+                            "active_parameters": active_parameters(preset("mixtral-8x7b"))}
+    dense = {**case, "model": {"preset": "llama3-8b"}, "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1}}
+    out = estimate(dense).to_dict()
+    assert out["model"]["parameters"] == out["model"]["active_parameters"] == 8_030_261_248
+
+
+@pytest.mark.parametrize("fields,key", [
+    ({"num_experts": 8}, "moe_top_k"),
+    ({"num_experts": 8, "moe_top_k": 9}, "moe_top_k"),
+    ({"moe_top_k": 2}, "moe_top_k"),
+    ({"num_experts": 8, "moe_top_k": 2, "moe_first_dense_layers": 32}, "moe_first_dense_layers"),
+    ({"num_experts": 8, "moe_top_k": 2, "moe_router": "sinkhorn"}, "moe_router"),
+    ({"num_experts": 8, "moe_top_k": 2, "moe_load_imbalance": 0.5}, "moe_load_imbalance"),
+    ({"attention_type": "mla"}, "kv_lora_rank"),
+    ({"kv_lora_rank": 512}, "kv_lora_rank"),
+    ({"attention_type": "mha", "num_kv_heads": 8}, "attention_type"),
+    ({"attention_type": "mla", "kv_lora_rank": 512, "qk_head_dim": 128, "qk_rope_head_dim": 64,
+      "v_head_dim": 128, "num_kv_heads": 8}, "num_kv_heads"),
+])
+def test_bad_moe_and_mla_fields_name_the_key(fields, key):
+    base = {"name": "m", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}
+    with pytest.raises(SpecError) as info:
+        ModelSpec(**base, **fields)
+    assert info.value.key == key
+
+
+@pytest.mark.parametrize("layout,key", [
+    ({"ep": 3}, "layout.ep"),  # 8 experts
+    ({"ep": 16}, "layout.ep"),  # more than the 8 the grid holds
+    ({"ep": 2, "etp": 3}, "layout.etp"),
+])
+def test_expert_layouts_the_model_cannot_take_are_case_errors(layout, key):
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096},
+            "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1, **layout}}
+    with pytest.raises(CaseError) as info:
+        estimate(case)
+    assert info.value.key == key
+
+
+def test_expert_parallelism_needs_experts():
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096}, "layout": {"ep": 2}}
+    with pytest.raises(CaseError) as info:
+        estimate(case)
+    assert info.value.key == "layout.ep"
+
+
+def test_every_moe_preset_loads():
+    for name in PUBLISHED:
+        assert name in model_presets()
+        assert preset(name).is_moe
+
+
+def test_junk_in_any_key_of_a_moe_config_is_a_case_error(tmp_path):
+    """Garbage in any key of the MoE and MLA configs (Llama 4's text_config included) gives
+    either a model the spec accepts or a CaseError naming the file, never another exception."""
+    junk = [None, True, 0, -1, 1.5, "x", [], {}, [1], {"a": 1}]
+    path = tmp_path / "config.json"
+    for folder in FIXTURE_OF.values():
+        base = json.loads((FIXTURES / folder / "config.json").read_text())
+        nested = "text_config" in base
+        keys = list(base["text_config"] if nested else base)
+        for key in keys:
+            for value in junk:
+                cfg = json.loads(json.dumps(base))
+                (cfg["text_config"] if nested else cfg)[key] = value
+                path.write_text(json.dumps(cfg))
+                try:
+                    fields = read_hf_config(path)
+                except CaseError as error:
+                    assert error.source == str(path)
+                    continue
+                try:
+                    ModelSpec(**fields)
+                except SpecError:
+                    pass  # the case reader turns it into a CaseError naming the model key
