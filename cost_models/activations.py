@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .quantization import saved_input_bytes
 from .specs import ModelSpec, TrainingSpec, Layout
 
 
@@ -48,14 +49,16 @@ class LayerActivations:
 def activation_bytes(precision: str) -> int:
     """Bytes per saved activation element: 4 in fp32, else 2.
 
-    fp8 recipes (Transformer Engine) run norms, softmax and residuals in bf16 and
-    keep the bf16 inputs of the GEMMs; we count every saved tensor at 2 bytes.
+    Low-precision recipes run norms, softmax and residuals in bf16; what their linears keep of
+    their inputs is :func:`quantization.saved_input_bytes`.
     """
     return 4 if precision == "fp32" else 2
 
 
-def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout) -> LayerActivations:
-    """Saved-for-backward bytes of one layer with no recomputation (Korthikanti §4.1, generalised)."""
+def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout,
+                      quantized: bool = True) -> LayerActivations:
+    """Saved-for-backward bytes of one layer with no recomputation (Korthikanti §4.1, generalised);
+    ``quantized``: its linears run the training's low-precision recipe, if it has one."""
     p = activation_bytes(training.precision)
     t = layout.tp
     s = training.seq_len / layout.cp
@@ -81,9 +84,10 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     # SwiGLU: a fused kernel (Megatron's ``bias_swiglu``, torch.compile) keeps its 2f input and
     # the down projection its f input; eager silu-then-multiply also keeps silu's f output.
     mlp_widths = (3 if engine.fused_elementwise else 4) if model.activation == "swiglu" else 2
-    # Transformer Engine's fp8 linears keep their input as the fp8 copy their wgrad GEMM reads
-    # (1 byte), not the bf16 tensor: the QKV, projection, first-MLP and down-projection inputs.
-    g = 1 if training.precision == "fp8" and engine.fp8_saves_inputs else p
+    # Transformer Engine's quantized linears keep their input as the copy their wgrad GEMM reads
+    # (1 byte in fp8, with its scales for MX and NVFP4), not the bf16 tensor: the QKV, projection,
+    # first-MLP and down-projection inputs (``quantization.saved_input_bytes``).
+    g = saved_input_bytes(training.recipe if quantized else None, engine.fused_quantize, p)
     return LayerActivations(
         norm_inputs=2 * p * s * b * h / sp,
         qkv_input=g * s * b * h / sp,
@@ -121,7 +125,7 @@ def matmul_policy_saved_elements(model: ModelSpec, layout: Layout) -> float:
 
 
 def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
-                           recomputed: bool = False, selective: str = "attention") -> float:
+                           recomputed: bool = False, selective: str = "attention", quantized: bool = True) -> float:
     """Bytes one layer keeps per micro-batch under the layout's recomputation.
 
     - ``none``: everything in :func:`layer_activations`.
@@ -131,7 +135,7 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
     - ``full`` (for a layer that is recomputed): only the layer's input,
       2·sbh (divided by t under sequence parallelism).
     """
-    full = layer_activations(model, training, layout)
+    full = layer_activations(model, training, layout, quantized)
     p = activation_bytes(training.precision)
     tokens = (training.seq_len / layout.cp) * layout.micro_batch_size
     if layout.recompute == "full" and recomputed:

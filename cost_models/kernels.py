@@ -16,8 +16,10 @@ long K splits K over more SMs (split-K), at least ``Performance.gemm_split_k`` o
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from .flops import Gemm
+from .quantization import LOW_PRECISIONS, Recipe, recipe_for
 from .specs import GPUSpec, Performance
 
 # The benchmark condition ``Performance.attention_efficiency`` is quoted at.
@@ -36,45 +38,45 @@ def wave_efficiency(m: float, n: float, gpu: GPUSpec, k: float = 0.0) -> float:
     return min(1.0, tiles * splits / gpu.sm_count)
 
 
-def element_bytes(precision: str) -> int:
-    """Bytes per GEMM operand element in ``precision``."""
-    return 4 if precision == "fp32" else (1 if precision == "fp8" else 2)
+def element_bytes(precision: str) -> float:
+    """Bytes per GEMM operand element in ``precision``: 4 in fp32, 2 in 16-bit, and a
+    low-precision recipe's element size (``quantization.Recipe.element_bytes``)."""
+    if precision == "fp32":
+        return 4.0
+    recipe = recipe_for(precision, None) if precision in LOW_PRECISIONS else None
+    return recipe.element_bytes if recipe else 2.0
 
 
-def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, cast_bytes: float = 3.0,
-              cached_weights: bool = False) -> float:
+def tensor_core_rate(gpu: GPUSpec, peak_key: str, efficiency: float) -> float:
+    """FLOP/s a large GEMM or attention kernel sustains: η · peak · the sustained clock
+    (``Performance.sustained_clock``: 1 unless a power cap holds the clock down)."""
+    return efficiency * gpu.peak(peak_key) * gpu.performance.sustained_clock
+
+
+def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, recipe: Optional[Recipe] = None) -> float:
     """Roofline with SM occupancy and a fixed per-kernel cost:
-    max(F / (η·peak·q), bytes / (η_hbm·B_hbm)) + t₀, q = :func:`wave_efficiency`,
-    plus :func:`cast_time`.
+    max(F / (η·peak·q), bytes / (η_hbm·B_hbm)) + t₀, q = :func:`wave_efficiency`.
 
-    The fixed cost t₀ (launch, prologue and epilogue) weighs on small GEMMs.
+    The GEMM runs at ``precision``'s peak and achieved efficiency, or, where a low-precision
+    ``recipe`` quantizes it, at the recipe's (``Recipe.peak``, ``Recipe.kernel``: fp8 or fp4,
+    row-scaled fp8 kernels apart). The fixed cost t₀ (launch, prologue and epilogue) weighs on
+    small GEMMs. Quantizing the operands is priced apart (:func:`quantize_time`).
     """
-    return gemm_kernel_time(gemm, gpu, precision) + cast_time(gemm, gpu, precision, cast_bytes, cached_weights)
-
-
-def gemm_kernel_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
-    """The GEMM kernel alone: max(F / (η·peak·q), bytes / (η_hbm·B_hbm)) + t₀."""
     perf = gpu.performance
-    traffic = element_bytes(precision) * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    if recipe is not None:
+        rate, size = tensor_core_rate(gpu, recipe.peak, perf.gemm_efficiency_for(recipe.kernel)), recipe.element_bytes
+    else:
+        rate, size = tensor_core_rate(gpu, precision, perf.gemm_efficiency_for(precision)), element_bytes(precision)
+    traffic = size * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
     hbm = perf.hbm_efficiency * gpu.hbm_bandwidth
-    compute = gemm.flops / (perf.gemm_efficiency_for(precision) * gpu.peak(precision)
-                            * wave_efficiency(gemm.m, gemm.n, gpu, gemm.k))
+    compute = gemm.flops / (rate * wave_efficiency(gemm.m, gemm.n, gpu, gemm.k))
     return max(compute, traffic / hbm) + perf.kernel_overhead_s
 
 
-def cast_time(gemm: Gemm, gpu: GPUSpec, precision: str, cast_bytes: float = 3.0,
-              cached_weights: bool = False) -> float:
-    """fp8 GEMMs first cast their bf16 inputs to fp8 in memory-bound kernels, ``cast_bytes``
-    of HBM traffic per element of both operands (``EngineBehaviour.fp8_cast_bytes``):
-    Transformer Engine's fused ``cast_transpose`` reads 2 bytes and writes 1; dynamic scaling
-    (torchao) first reads the operand once more for its amax. Transformer Engine casts the
-    weights once per optimizer step and reuses the fp8 copy for every micro-batch
-    (``is_first_microbatch``): with ``cached_weights`` only the activation operand is cast."""
-    if precision != "fp8":
-        return 0.0
-    perf = gpu.performance
-    elements = gemm.m * gemm.k + (0.0 if cached_weights else gemm.k * gemm.n)
-    return cast_bytes * elements / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+def quantize_time(traffic_bytes: float, gpu: GPUSpec) -> float:
+    """Quantize kernels are memory-bound: their HBM traffic (``quantization.linear_quantize_bytes``)
+    at the element-wise kernels' achieved bandwidth."""
+    return traffic_bytes / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
 
 
 def attention_shape_efficiency(head_dim: float, keys: float, perf: Performance) -> float:
@@ -105,5 +107,5 @@ def flash_attention_time(flops: float, head_dim: float, keys: float, calls: int,
     perf = gpu.performance
     efficiency = perf.attention_efficiency_fused if fused and perf.attention_efficiency_fused else \
         perf.attention_efficiency
-    rate = efficiency * attention_shape_efficiency(head_dim, keys, perf) * gpu.peak(precision)
+    rate = tensor_core_rate(gpu, precision, efficiency) * attention_shape_efficiency(head_dim, keys, perf)
     return flops / rate + calls * perf.kernel_overhead_s

@@ -10,7 +10,7 @@ from typing import Iterable, Optional
 
 from .activations import (embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, loss_gradient_bytes)
-from .model_states import sharded_state_bytes, state_bytes
+from .model_states import gathered_weight_bytes, sharded_state_bytes, state_bytes
 from .offload import gradients_on_host, host_state_bytes, offloaded_activation_layers
 from .parameters import attention_parameters, mlp_parameters, stage_parameters
 from .pipeline import in_flight_chunks
@@ -57,6 +57,7 @@ class PerMicrobatch:
     """Activation bytes per micro-batch that every stage of a job shares."""
 
     kept: float  # one layer that is not recomputed
+    kept_high: float  # the same for a layer whose linears the recipe keeps in bf16
     checkpointed: float  # one layer under full recomputation: its input only
     embedding: float  # first stage
     head: float  # last stage: saved for backward
@@ -79,6 +80,8 @@ def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, 
     selective = training.engine.selective
     return PerMicrobatch(
         kept=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective),
+        kept_high=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective,
+                                         quantized=False),
         checkpointed=layer_activation_bytes(model, training, lay, recomputed=True, selective=selective),
         embedding=embedding_activation_bytes(model, training, lay),
         head=head_activation_bytes(model, training, lay),
@@ -106,13 +109,17 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
         per_chunk = layers_per_chunk if lay.recompute_num_layers is None else lay.recompute_num_layers / lay.vpp
         recomputed = min(per_chunk, layers_per_chunk)
     offloaded = offloaded_activation_layers(job, stage)  # on the host (cost_models.offload)
-    per_chunk_bytes = recomputed * shared.checkpointed + (layers_per_chunk - recomputed - offloaded) * shared.kept
+    # Layers whose linears the recipe keeps in bf16 keep bf16 inputs: counted at their share of
+    # the stage in every chunk (they are the model's last layers: NVFP4's tail).
+    high = job.high_precision_layers[stage] / layers if layers else 0.0
+    kept = (1 - high) * shared.kept + high * shared.kept_high
+    per_chunk_bytes = recomputed * shared.checkpointed + (layers_per_chunk - recomputed - offloaded) * kept
 
     total = chunks * per_chunk_bytes
     if recomputed:
-        total += shared.kept
+        total += kept
     if offloaded:  # the layer whose copy is under way
-        total += shared.kept
+        total += kept
     if stage == 0:
         total += chunks * shared.embedding
     if stage == lay.pp - 1:
@@ -126,7 +133,7 @@ def zero3_gather_bytes(job: Job) -> float:
     if job.layout.zero_stage < 3:
         return 0.0
     per_layer = (attention_parameters(job.model) + mlp_parameters(job.model)) / job.layout.tp
-    return 2 * per_layer * state_bytes(job.training).weights
+    return 2 * per_layer * gathered_weight_bytes(job.training)
 
 
 def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[StageMemory, ...]:

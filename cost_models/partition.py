@@ -82,3 +82,29 @@ def default_partition(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     if training.engine.balance_stages and vpp == 1 and pp > 1:
         return balanced_partition(model.num_layers, pp, *layer_and_head_cost(model, training.seq_len))
     return (model.num_layers // pp,) * pp
+
+
+def chunk_layers(stage_layers: tuple[int, ...], vpp: int) -> list[tuple[int, int]]:
+    """(rank, layers) of every model chunk in model order: chunk v·pp + r is rank r's v-th.
+
+    A rank's layers split as evenly as its vpp chunks allow; where they do not divide, the
+    smaller chunks are the first (the embedding's, on rank 0) except on the last rank, whose
+    last chunk also holds the loss (Megatron's account-for-embedding/loss split)."""
+    pp = len(stage_layers)
+    sizes = []
+    for rank, n in enumerate(stage_layers):
+        base, extra = divmod(n, vpp)
+        small_first = [base] * (vpp - extra) + [base + 1] * extra
+        sizes.append(small_first[::-1] if rank == pp - 1 else small_first)
+    return [(r, sizes[r][v]) for v in range(vpp) for r in range(pp)]
+
+
+def tail_layers_per_stage(stage_layers: tuple[int, ...], vpp: int, tail: int) -> tuple[int, ...]:
+    """How many of the model's last ``tail`` decoder layers each pipeline rank holds."""
+    held = [0] * len(stage_layers)
+    remaining = tail
+    for rank, layers in reversed(chunk_layers(stage_layers, vpp)):
+        take = min(layers, remaining)
+        held[rank] += take
+        remaining -= take
+    return tuple(held)

@@ -22,12 +22,13 @@ from functools import lru_cache
 from .activations import activation_bytes
 from .collectives import collective_time, exposed, p2p_time
 from .flops import Gemm, attention_flops, head_gemm, layer_gemms, model_flops_per_token
-from .kernels import flash_attention_time, gemm_kernel_time, gemm_time
+from .kernels import flash_attention_time, gemm_time, quantize_time, tensor_core_rate
 from .memory import job_stage_parameters, per_microbatch, zero_shards
 from .parameters import embedding_parameters
-from .model_states import optimizer_step_bytes, state_bytes
+from .model_states import gathered_weight_bytes, optimizer_step_bytes, state_bytes
 from .offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from .pipeline import bubble_fraction
+from .quantization import linear_quantize_bytes
 from .specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, TrainingSpec
 from .topology import group_links
 
@@ -112,32 +113,96 @@ def cross_entropy_bytes(logits: float, training: TrainingSpec) -> float:
     return logits * ((p + 4) + 4 + 8 + 8 + (4 + p))
 
 
+def high_precision_precision(training: TrainingSpec) -> str:
+    """What runs outside the recipe's GEMMs (attention, the LM head, the layers a recipe keeps
+    high): bf16 under a low-precision recipe, else the training precision."""
+    return "bf16" if training.recipe is not None else training.precision
+
+
+# The linears whose input a norm (QKV and the first MLP matrix, w1/w3) or the activation (the
+# down projection) computes: where a fused library quantizes in that kernel.
+NORM_OR_ACTIVATION_INPUTS = ("qkv", "fc1", "fc2", "w3")
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """One layer, one micro-batch: forward, backward, and the attention core's forward alone."""
+
+    forward: float
+    backward: float
+    core: float
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward
+
+
+def weight_quantize_share(job: Job) -> float:
+    """Part of a weight's quantize each micro-batch pays (``quantization.linear_quantize_bytes``):
+    once a step where the engine caches the quantized weights (Transformer Engine, as Megatron
+    runs it), and on the weight's shard where the ZeRO gather moves quantized weights."""
+    training = job.training
+    share = 1.0 / job.num_microbatches if training.engine.fp8_weight_cache else 1.0
+    if training.fp8_param_gather and job.layout.zero_stage >= 1:
+        share /= zero_shards(job)
+    return share
+
+
+def layer_time(job: Job, quantized: bool = True) -> LayerTime:
+    """One layer of the job's layout: its GEMMs under the recipe (``quantized``) or in bf16."""
+    lay = job.layout
+    share = weight_quantize_share(job) if quantized and job.training.recipe else 1.0
+    return layer_time_for(job.model, job.training, job.cluster.gpu, lay.tp, lay.cp, lay.micro_batch_size,
+                          lay.sequence_parallel, quantized, share)
+
+
 def layer_forward_time(job: Job) -> tuple[float, float]:
     """Forward time of one layer for one micro-batch: (whole layer, attention core alone)."""
-    lay = job.layout
-    return layer_forward_time_for(job.model, job.training, job.cluster.gpu, lay.tp, lay.cp, lay.micro_batch_size,
-                               lay.sequence_parallel)
+    t = layer_time(job)
+    return t.forward, t.core
 
 
-def layer_gemm_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float) -> float:
-    """Forward time of one layer's GEMMs (QKV, projection, MLP) on ``tokens`` tokens."""
-    engine = training.engine
-    return sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
-               for g in layer_gemms(model, tokens, tp))
+def layer_gemm_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float,
+                    quantized: bool = True, weight_share: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) of one layer's GEMMs (QKV, projection, MLP) on ``tokens`` tokens.
+
+    In 16 or 32 bits the backward runs the input- and weight-gradient GEMMs, each as long as the
+    forward one. Under a low-precision recipe every GEMM runs at the recipe's rate (the wgrad GEMM
+    in bf16 where the recipe keeps it there), and the quantize kernels of each pass
+    (``quantization.linear_quantize_bytes``) are added.
+    """
+    recipe = training.recipe if quantized else None
+    precision = high_precision_precision(training)
+    forward = backward = 0.0
+    for g in layer_gemms(model, tokens, tp):
+        if recipe is None:
+            t = gemm_time(g, gpu, precision)
+            forward += t
+            backward += 2 * t
+            continue
+        low = gemm_time(g, gpu, training.precision, recipe)
+        wgrad = low if recipe.wgrad_low else gemm_time(g, gpu, precision)
+        q = linear_quantize_bytes(recipe, g.m, g.n, g.k, training.engine.fused_quantize, weight_share,
+                                  g.name in NORM_OR_ACTIVATION_INPUTS)
+        forward += low + quantize_time(q.forward, gpu)
+        backward += low + wgrad + quantize_time(q.backward, gpu)
+    return forward, backward
 
 
 @lru_cache(maxsize=4096)
-def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
-                        micro_batch_size: int, sequence_parallel: bool) -> tuple[float, float]:
-    # Only these layout fields shape one layer's forward: cached, since a search scores
-    # many layouts that share them.
+def layer_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                   micro_batch_size: int, sequence_parallel: bool, quantized: bool = True,
+                   weight_share: float = 1.0) -> LayerTime:
+    # Only these layout fields shape one layer's time: cached, since a search scores many
+    # layouts that share them.
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
     perf = gpu.performance
     s_local = training.seq_len / lay.cp
     tokens = lay.micro_batch_size * s_local
-    gemms = layer_gemm_time(model, training, gpu, lay.tp, tokens)
-    # Attention runs in bf16 even in fp8 recipes (Transformer Engine keeps DPA in bf16).
-    attn_precision = "bf16" if training.precision == "fp8" else training.precision
+    gemm_forward, gemm_backward = layer_gemm_time(model, training, gpu, lay.tp, tokens, quantized, weight_share)
+    # Attention runs in bf16 under every recipe (Transformer Engine keeps DPA in bf16 unless
+    # fp8 attention is asked for; torchao converts linears only).
+    attn_precision = high_precision_precision(training)
     # Context parallelism: each rank attends its s/cp queries to all s keys, balanced causally,
     # in cp ring steps of s/cp keys each (Megatron-core ``AttnFuncWithCPAndKVP2P``).
     flops = attention_flops(model, lay.micro_batch_size, s_local, training.seq_len, lay.tp)
@@ -148,22 +213,37 @@ def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpe
         # Two batched GEMMs (scores and context) over a·b/t heads, full s×s (no causal skipping).
         heads = model.num_attention_heads / lay.tp * lay.micro_batch_size
         per_head = Gemm("scores", s_local, training.seq_len, model.head_dim)
-        core = 2 * (heads * per_head.flops / (perf.gemm_efficiency_for(attn_precision) * gpu.peak(attn_precision))
+        core = 2 * (heads * per_head.flops / tensor_core_rate(gpu, attn_precision,
+                                                                perf.gemm_efficiency_for(attn_precision))
                     + perf.kernel_overhead_s)
     memory = elementwise_bytes(model, training, lay, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
-    return gemms + core + memory, core
+    # Backward: element-wise kernels twice the forward's traffic; flash attention's backward also
+    # recomputes the scores: 2.5 times its forward (FlashAttention's benchmark counts fwd + bwd as
+    # 3.5 forward passes, which is how attention_efficiency is quoted), without flash 2 times.
+    attention_backward = 2.5 if training.flash_attention else 2.0
+    return LayerTime(forward=gemm_forward + core + memory,
+                     backward=gemm_backward + attention_backward * core + 2 * memory, core=core)
+
+
+def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                           micro_batch_size: int, sequence_parallel: bool) -> tuple[float, float]:
+    """(forward of one quantized layer, its attention core) for the search's lower bound."""
+    t = layer_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel)
+    return t.forward, t.core
 
 
 @lru_cache(maxsize=4096)
 def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
-                             micro_batch_size: int, sequence_parallel: bool) -> float:
+                             micro_batch_size: int, sequence_parallel: bool, quantized: bool = True,
+                             weight_share: float = 1.0) -> float:
     """What one layer runs again in backward under ``recompute: selective``, per the engine's
     policy (``EngineBehaviour.selective``): the attention core ("attention"), or the matmuls
     whose outputs are not kept and every element-wise kernel ("matmuls": wk, wo and w3 of a
-    Llama block, proj and fc2 of a GPT block; :func:`activations.matmul_policy_saved_elements`)."""
-    whole, core = layer_forward_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel)
+    Llama block, proj and fc2 of a GPT block; :func:`activations.matmul_policy_saved_elements`),
+    each with its forward quantize under a low-precision recipe."""
+    t = layer_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel, quantized, weight_share)
     if training.engine.selective == "attention":
-        return core
+        return t.core
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
     tokens = micro_batch_size * training.seq_len / cp
     h, f = model.hidden_size, model.ffn_hidden_size
@@ -174,8 +254,13 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
         gemms = (Gemm("proj", tokens, h, h / tp), Gemm("fc2", tokens, h, f / tp))
     perf = gpu.performance
     memory = elementwise_bytes(model, training, lay, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+    recipe = training.recipe if quantized else None
+    if recipe is None:
+        return sum(gemm_time(g, gpu, high_precision_precision(training)) for g in gemms) + memory
     engine = training.engine
-    return sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
+    return sum(gemm_time(g, gpu, training.precision, recipe)
+               + quantize_time(linear_quantize_bytes(recipe, g.m, g.n, g.k, engine.fused_quantize,
+                                                     weight_share, g.name in NORM_OR_ACTIVATION_INPUTS).forward, gpu)
                for g in gemms) + memory
 
 
@@ -227,13 +312,12 @@ def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
         launch = calls * training.engine.collective_launch_s if tp > 1 else 0.0
         return 2 * one + launch, 2 * one + launch
     tokens = micro_batch_size * training.seq_len / cp
-    gpu, precision = cluster.gpu, training.precision
-    perf = gpu.performance
+    gpu, precision, recipe = cluster.gpu, training.precision, training.recipe
     chunk = one / 2 / tp  # one of the four collectives, cut in tp pieces
     forward = backward = 0.0
     for gemm in layer_gemms(model, tokens, tp):
-        whole = gemm_kernel_time(gemm, gpu, precision)
-        chunked = tp * gemm_kernel_time(Gemm(gemm.name, gemm.m / tp, gemm.n, gemm.k), gpu, precision)
+        whole = gemm_time(gemm, gpu, precision, recipe)
+        chunked = tp * gemm_time(Gemm(gemm.name, gemm.m / tp, gemm.n, gemm.k), gpu, precision, recipe)
         forward += chunk + max(0.0, chunk * (tp - 1) - chunked) + (chunked - whole)
         backward += chunk + max(0.0, chunk * (tp - 1) - 2 * chunked) + 2 * (chunked - whole)
     return forward, backward
@@ -245,32 +329,33 @@ def stage_time(job: Job, stage: int) -> StageTime:
     cluster, gpu = job.cluster, job.cluster.gpu
     perf = gpu.performance
     layers = job.stage_layers[stage]
-    layer_fwd, core_fwd = layer_forward_time(job)
+    # Layers under the recipe, and those it keeps in bf16 (none for most recipes).
+    high = job.high_precision_layers[stage]
+    low = layer_time(job)
+    kept = layer_time(job, quantized=False) if high else low
     tokens = lay.micro_batch_size * training.seq_len / lay.cp
-    forward = layers * layer_fwd
-    loss = 0.0
+    compute = (layers - high) * low.total + high * kept.total
     if stage == lay.pp - 1:
-        # fp8 recipes keep the LM head in bf16 (Transformer Engine's output layer; torchao's
-        # float8 conversion skips it).
-        head_precision = "bf16" if training.precision == "fp8" else training.precision
-        forward += gemm_time(head_gemm(model, tokens, lay.tp), gpu, head_precision)
-        loss = cross_entropy_bytes(tokens * model.vocab_size / lay.tp, training) \
+        # The LM head runs in bf16 under every recipe (Transformer Engine's output layer is
+        # Megatron's bf16 ColumnParallelLinear; torchao's conversions skip lm_head); its backward
+        # is twice its forward; the loss's traffic is its own.
+        compute += 3 * gemm_time(head_gemm(model, tokens, lay.tp), gpu, high_precision_precision(training))
+        compute += cross_entropy_bytes(tokens * model.vocab_size / lay.tp, training) \
             / (perf.hbm_efficiency * gpu.hbm_bandwidth)
     if stage == 0:
-        forward += perf.kernel_overhead_s  # embedding gather: memory-trivial
-    # Backward computes input and weight gradients: twice the forward. Flash attention's
-    # backward also recomputes the scores: 2.5 times its forward (FlashAttention's benchmark
-    # counts fwd + bwd as 3.5 forward passes, which is how attention_efficiency is quoted).
-    attention_backward = 2.5 if training.flash_attention else 2.0
-    compute = 3 * forward + (attention_backward - 2.0) * layers * core_fwd + loss
+        compute += 3 * perf.kernel_overhead_s  # embedding gather: memory-trivial
 
     recomputed = 0  # layers whose whole forward runs again in backward
     if lay.recompute == "full":
         recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, layers)
-    recompute = recomputed * layer_fwd
+    # The recomputed layers are the stage's first (Megatron's block method); the kept-high ones its last.
+    recomputed_high = max(0, recomputed - (layers - high))
+    recompute = (recomputed - recomputed_high) * low.forward + recomputed_high * kept.forward
     if lay.recompute == "selective":
-        recompute += layers * selective_recompute_time(model, training, gpu, lay.tp, lay.cp, lay.micro_batch_size,
-                                                       lay.sequence_parallel)
+        share = weight_quantize_share(job) if training.recipe else 1.0
+        args = (model, training, gpu, lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel)
+        recompute += (layers - high) * selective_recompute_time(*args, True, share) \
+            + high * selective_recompute_time(*args, False)
 
     # Recompute repeats the forward's TP collectives.
     p = activation_bytes(training.precision)
@@ -292,8 +377,8 @@ def stage_time(job: Job, stage: int) -> StageTime:
         # what the step's attention cannot cover of the rest shows.
         wait = cp_links.inter_latency if crosses else perf.link_latency_s
         steps = lay.cp - 1
-        exposed_fwd = steps * wait + exposed(steps * (hop - wait), core_fwd, perf)
-        exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * core_fwd, perf)
+        exposed_fwd = steps * wait + exposed(steps * (hop - wait), low.core, perf)
+        exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * low.core, perf)
         cp_comm = layers * (exposed_fwd + exposed_bwd)
     return StageTime(compute=compute, recompute=recompute, tp_comm=tp_comm, cp_comm=cp_comm)
 
@@ -330,7 +415,7 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     per_param = state_bytes(training)
     dp_links = group_links(cluster, lay, "dp_cp")
     grads = params * per_param.gradients
-    weights = params * per_param.weights
+    weights = params * gathered_weight_bytes(training)
     backward_last = 2 / 3 * slowest.compute + slowest.recompute
     # Engines issue one collective per bucket (ZeRO 0–2) or per wrapped layer (ZeRO-3:
     # FSDP units, DeepSpeed's per-module gathers): each pays the collective's latency.
@@ -457,7 +542,7 @@ def step_time(job: Job) -> StepTime:
     # Stages with the same layer count and role (first, middle, last) take the same time.
     kinds: dict[tuple, int] = {}
     for i, layers in enumerate(job.stage_layers):
-        kinds.setdefault((layers, i == 0, i == lay.pp - 1), i)
+        kinds.setdefault((layers, job.high_precision_layers[i], i == 0, i == lay.pp - 1), i)
     stages = [stage_time(job, i) for i in kinds.values()]
     slowest = max(stages, key=lambda s: s.total)
     m = job.num_microbatches

@@ -45,16 +45,35 @@ SUPPORT = EngineSupport(
 BEHAVIOUR = EngineBehaviour(
     name="deepspeed", regather_for_recompute=True, zero3_collectives_per_layer=6, reduce_after_pipeline=True,
     bucket_params=5e8, bucket_bytes=0.0, overlap_param_gather=False, loss_gradient_bytes=2.0,
-    selective="attention", fused_elementwise=True, fp8_cast_bytes=3.0, collective_launch_s=0.0,
+    selective="attention", fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine",
+    collective_launch_s=0.0,
     balance_stages=False, offload_moves_gradients=True,
 )
 
 
+# DeepSpeed has no low-precision GEMMs of its own (ds_config knows fp16 and bf16): its fp8 is
+# Transformer Engine's fp8_autocast around the model (Megatron-DeepSpeed's TE layers), with TE's
+# per-tensor and block recipes; the MX and NVFP4 recipes and torchao's row-wise scaling are not
+# written for it here, and its ZeRO gathers the bf16 weights.
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
+
+
 def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
+    out = []
     if training.precision == "fp16" and fp32_gradients(training):
-        return [("training.fp32_grads", "DeepSpeed accumulates fp16 gradients in fp16 "
-                                        "(data_types.grad_accum_dtype)")]
-    return []
+        out.append(("training.fp32_grads", "DeepSpeed accumulates fp16 gradients in fp16 "
+                                           "(data_types.grad_accum_dtype)"))
+    if training.precision in ("mxfp8", "nvfp4"):
+        out.append(("training.precision", f"DeepSpeed has no {training.precision} of its own (ds_config: fp16, "
+                                          "bf16); its fp8 is Transformer Engine's fp8_autocast in the model, "
+                                          f"with the recipes {', '.join(FP8_RECIPES)}"))
+    if training.precision == "fp8" and training.fp8_recipe not in (None,) + FP8_RECIPES:
+        out.append(("training.fp8_recipe", f"DeepSpeed's fp8 is Transformer Engine's, whose recipes are "
+                                           f"{', '.join(FP8_RECIPES)}, not {training.fp8_recipe}"))
+    if training.fp8_param_gather:
+        out.append(("training.fp8_param_gather", "DeepSpeed's ZeRO gathers the bf16 weights "
+                                                 "(no fp8 parameter all-gather)"))
+    return out
 
 
 ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, emitter="deepspeed", training_rules=training_rules)

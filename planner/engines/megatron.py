@@ -6,7 +6,8 @@
   ``optim_grads_params``: ZeRO-2/3, offered to the search without pipelining), selective
   (core attention) and full recomputation, uniform or of the first N layers per chunk.
 - Behaviour: Transformer Engine's fused kernels (cuDNN attention, fused norm/SwiGLU/rotary,
-  fp8 with cached weights and fp8-saved inputs), its in-place vocab-parallel cross-entropy,
+  low-precision recipes with cached weights and quantized saved inputs; its default fp8 recipe
+  is delayed scaling, ``TransformerConfig.fp8_recipe``), its in-place vocab-parallel cross-entropy,
   buckets of max(40 M, 1 M·dp) parameters (``megatron/core/distributed``), parameters
   gathered behind the next forward (--overlap-param-gather) and interleaved sends posted
   ahead (``overlap_p2p_comm``); gradients reduced in the parameters' dtype
@@ -37,9 +38,13 @@ SUPPORT = EngineSupport(
 BEHAVIOUR = EngineBehaviour(
     name="megatron", p2p_overlap_interleaved=True, bucket_params=40e6, bucket_bytes=0.0,
     overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention", fused_attention=True,
-    fused_elementwise=True, fp8_cast_bytes=3.0, fp8_weight_cache=True, fp8_saves_inputs=True,
+    fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine", fp8_weight_cache=True,
     collective_launch_s=0.0, balance_stages=False,
 )
+
+# Transformer Engine's fp8 recipes as megatron-core 0.16 names them (TransformerConfig.fp8_recipe:
+# tensorwise, delayed, mxfp8, blockwise); torchao's row-wise scaling has no TE counterpart.
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 
 
 def rules(job: Job) -> list[tuple[str, str]]:
@@ -58,6 +63,20 @@ def rules(job: Job) -> list[tuple[str, str]]:
         if lay.offload_activations >= job.model.num_layers:
             out.append(("layout.offload_activations", f"Megatron offloads fewer layers than the model's "
                                                       f"{job.model.num_layers} (TransformerConfig)"))
+    if training.precision == "fp8" and training.fp8_recipe not in (None,) + FP8_RECIPES:
+        out.append(("training.fp8_recipe", f"Transformer Engine's fp8 recipes in Megatron are "
+                                           f"{', '.join(FP8_RECIPES)} (--fp8-recipe), not {training.fp8_recipe}"))
+    if training.fp8_param_gather and lay.zero_stage not in (1, 3):
+        out.append(("training.fp8_param_gather", "--fp8-param-gather quantizes the distributed optimizer's "
+                                                 "(or Megatron-FSDP's) weight gather: it needs zero_stage 1 or 3"))
+    high = job.high_precision_layers
+    if training.recipe is not None and any(high):
+        # TransformerConfig: num_layers_at_end_in_bf16 at most num_layers // pp.
+        tail = sum(high)
+        if tail > job.model.num_layers // lay.pp:
+            out.append(("layout.pp", f"Megatron keeps at most num_layers // pp = {job.model.num_layers // lay.pp} "
+                                     f"last layers in bf16 (--num-layers-at-end-in-bf16, TransformerConfig); "
+                                     f"{training.precision} keeps {tail}"))
     if lay.recompute_num_layers is not None and lay.recompute_num_layers % lay.vpp:
         out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
                                                    f"{lay.recompute_num_layers} must divide by vpp {lay.vpp}"))

@@ -4,11 +4,12 @@
   or replication (ZeRO-0), TP always with sequence parallelism on the norms, PP with
   interleaved schedules of equal model chunks, CP (whose ranks always join the FSDP shard
   mesh), selective (op-level) and full activation checkpointing of every layer; bfloat16 or
-  float32 parameters (fp8 GEMMs through torchao), gradients reduced in float32; CPU offload of
+  float32 parameters (fp8, MXFP8 and NVFP4 GEMMs through torchao's converters; fp8 row-wise by
+  default), gradients reduced in float32; CPU offload of
   parameters, gradients and the optimizer step together (``training.enable_cpu_offload``).
 - Behaviour: each block compiled (fused element-wise kernels), attention through SDPA,
   op-level selective checkpointing, float32 gradient reduction (``mixed_precision_reduce``),
-  dynamic fp8 scaling (torchao), even layer splits.
+  torchao's quantizers (each use cast from bf16, bf16 inputs saved), even layer splits.
 """
 
 from __future__ import annotations
@@ -35,10 +36,14 @@ SUPPORT = EngineSupport(
 
 BEHAVIOUR = EngineBehaviour(
     name="torchtitan", fp32_grads_for_bf16=True, fused_elementwise=True, collective_launch_s=0.0,
-    balance_stages=False,
+    balance_stages=False, fp8_recipe="rowwise", quantizer="torchao",
 )
 
-PARAM_PRECISIONS = ("bf16", "fp32", "fp8")
+PARAM_PRECISIONS = ("bf16", "fp32", "fp8", "mxfp8", "nvfp4")
+# torchtitan 0.3.0's Float8LinearConverter.Config.recipe_name: Literal["rowwise",
+# "rowwise_with_gw_hp"] = "rowwise" (components/quantization/float8.py); its MXFP8 and NVFP4
+# converters need SM100 (has_cuda_capability(10, 0)): CUDA Blackwell, not ROCm.
+FP8_RECIPES = ("rowwise", "rowwise_with_gw_hp")
 
 
 def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
@@ -48,12 +53,25 @@ def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
     if training.precision != "fp32" and training.fp32_grads is False:
         return [("training.fp32_grads", "torchtitan reduces gradients in float32 only "
                                         "(training.mixed_precision_reduce)")]
-    return []
+    out = []
+    if training.precision == "fp8" and training.fp8_recipe not in (None,) + FP8_RECIPES:
+        out.append(("training.fp8_recipe", f"torchtitan's Float8LinearConverter takes recipe_name "
+                                           f"{' or '.join(FP8_RECIPES)}, not {training.fp8_recipe}"))
+    if training.fp8_param_gather:
+        out.append(("training.fp8_param_gather", "torchtitan's float8 converter has no float8 all-gather "
+                                                 "(row-wise scaling gathers bf16 weights)"))
+    return out
 
 
 def rules(job: Job) -> list[tuple[str, str]]:
     lay, training = job.layout, job.training
     out = []
+    gpu = job.cluster.gpu
+    if training.precision in ("mxfp8", "nvfp4") and "nvfp4" not in gpu.block_scaling:
+        # MXFP8LinearConverter / NVFP4LinearConverter check has_cuda_capability(10, 0): NVIDIA
+        # Blackwell, whose tensor cores are the ones that scale NVFP4 blocks (CDNA4 scales MX only).
+        out.append(("training.precision", f"torchtitan's {training.precision} converter needs an NVIDIA "
+                                          f"Blackwell GPU (SM100), not {gpu.name}"))
     if any(n % lay.vpp for n in job.stage_layers):
         out.append(("layout.stage_layers", f"torchtitan splits each rank's layers into {lay.vpp} equal model chunks; "
                                            f"stages of {list(job.stage_layers)} layers do not"))
