@@ -64,7 +64,8 @@ def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, recipe: Optional[Recipe]
     """
     perf = gpu.performance
     if recipe is not None:
-        rate, size = tensor_core_rate(gpu, recipe.peak, perf.gemm_efficiency_for(recipe.kernel)), recipe.element_bytes
+        # The training precision's peak: the recipe's elements' (fp8, fp4), where the GPU runs its format.
+        rate, size = tensor_core_rate(gpu, precision, perf.gemm_efficiency_for(recipe.kernel)), recipe.element_bytes
     else:
         rate, size = tensor_core_rate(gpu, precision, perf.gemm_efficiency_for(precision)), element_bytes(precision)
     traffic = size * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from cost_models.behaviour import EngineBehaviour
-from cost_models.specs import Job, TrainingSpec
+from cost_models.specs import GPUSpec, Job, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -119,9 +119,10 @@ class Engine:
     # for each the job breaks.
     rules: Callable[[Job], list[tuple[str, str]]] = field(default=lambda job: [])
     emitter: Optional[str] = None  # module under planner.emit that writes its launch config
-    # Rules on the training section alone, which no layout can meet: `plan` refuses the case
-    # with them before it searches.
-    training_rules: Callable[[TrainingSpec], list[tuple[str, str]]] = field(default=lambda training: [])
+    # Rules on the training section and the GPU alone, which no layout can meet: `plan` refuses
+    # the case with them before it searches.
+    training_rules: Callable[[TrainingSpec, GPUSpec], list[tuple[str, str]]] = \
+        field(default=lambda training, gpu: [])
 
     def problems(self, job: Job) -> list[tuple[str, str]]:
         """(key, reason) for everything in ``job`` this engine cannot run; [] if it can."""
@@ -137,7 +138,7 @@ class Engine:
         if training.tp_comm_overlap and lay.tp > 1 and not self.support.tp_comm_overlap:
             out.append(("training.tp_comm_overlap", self.support.reason(
                 "tp_comm_overlap", "cannot overlap tensor-parallel collectives with GEMMs")))
-        return out + list(self.training_rules(training)) + list(self.rules(job))
+        return out + list(self.training_rules(training, job.cluster.gpu)) + list(self.rules(job))
 
     def refusal(self, job: Job) -> Optional[str]:
         """The first problem as one line (``layout.cp is 2: ...``), or None if the engine runs ``job``."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
 from cost_models.model_states import fp32_gradients
-from cost_models.specs import TrainingSpec
+from cost_models.specs import GPUSpec, TrainingSpec
 
 from .base import Engine, EngineSupport
 
@@ -58,7 +58,7 @@ BEHAVIOUR = EngineBehaviour(
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 
 
-def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
+def training_rules(training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]]:
     out = []
     if training.precision == "fp16" and fp32_gradients(training):
         out.append(("training.fp32_grads", "DeepSpeed accumulates fp16 gradients in fp16 "

@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
-from cost_models.specs import Job
+from cost_models.specs import GPUSpec, Job, TrainingSpec
 
 from .base import Engine, EngineSupport
 
@@ -63,24 +63,20 @@ def rules(job: Job) -> list[tuple[str, str]]:
         if lay.offload_activations >= job.model.num_layers:
             out.append(("layout.offload_activations", f"Megatron offloads fewer layers than the model's "
                                                       f"{job.model.num_layers} (TransformerConfig)"))
-    if training.precision == "fp8" and training.fp8_recipe not in (None,) + FP8_RECIPES:
-        out.append(("training.fp8_recipe", f"Transformer Engine's fp8 recipes in Megatron are "
-                                           f"{', '.join(FP8_RECIPES)} (--fp8-recipe), not {training.fp8_recipe}"))
     if training.fp8_param_gather and lay.zero_stage not in (1, 3):
         out.append(("training.fp8_param_gather", "--fp8-param-gather quantizes the distributed optimizer's "
                                                  "(or Megatron-FSDP's) weight gather: it needs zero_stage 1 or 3"))
-    high = job.high_precision_layers
-    if training.recipe is not None and any(high):
-        # TransformerConfig: num_layers_at_end_in_bf16 at most num_layers // pp.
-        tail = sum(high)
-        if tail > job.model.num_layers // lay.pp:
-            out.append(("layout.pp", f"Megatron keeps at most num_layers // pp = {job.model.num_layers // lay.pp} "
-                                     f"last layers in bf16 (--num-layers-at-end-in-bf16, TransformerConfig); "
-                                     f"{training.precision} keeps {tail}"))
     if lay.recompute_num_layers is not None and lay.recompute_num_layers % lay.vpp:
         out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
                                                    f"{lay.recompute_num_layers} must divide by vpp {lay.vpp}"))
     return out
 
 
-ENGINE = Engine("megatron", SUPPORT, BEHAVIOUR, rules, emitter="megatron")
+def training_rules(training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]]:
+    if training.precision == "fp8" and training.fp8_recipe not in (None,) + FP8_RECIPES:
+        return [("training.fp8_recipe", f"Transformer Engine's fp8 recipes in Megatron are "
+                                        f"{', '.join(FP8_RECIPES)} (--fp8-recipe), not {training.fp8_recipe}")]
+    return []
+
+
+ENGINE = Engine("megatron", SUPPORT, BEHAVIOUR, rules, emitter="megatron", training_rules=training_rules)

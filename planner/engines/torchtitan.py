@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
-from cost_models.specs import Job, TrainingSpec
+from cost_models.specs import GPUSpec, Job, TrainingSpec
 
 from .base import Engine, EngineSupport
 
@@ -46,7 +46,7 @@ PARAM_PRECISIONS = ("bf16", "fp32", "fp8", "mxfp8", "nvfp4")
 FP8_RECIPES = ("rowwise", "rowwise_with_gw_hp")
 
 
-def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
+def training_rules(training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]]:
     if training.precision not in PARAM_PRECISIONS:
         return [("training.precision", f"torchtitan's mixed precision takes bfloat16 or float32 parameters, "
                                        f"not {training.precision}")]
@@ -54,6 +54,11 @@ def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
         return [("training.fp32_grads", "torchtitan reduces gradients in float32 only "
                                         "(training.mixed_precision_reduce)")]
     out = []
+    if training.precision in ("mxfp8", "nvfp4") and "nvfp4" not in gpu.block_scaling:
+        # MXFP8LinearConverter / NVFP4LinearConverter check has_cuda_capability(10, 0): NVIDIA
+        # Blackwell, whose tensor cores are the ones that scale NVFP4 blocks (CDNA4 scales MX only).
+        out.append(("training.precision", f"torchtitan's {training.precision} converter needs an NVIDIA "
+                                          f"Blackwell GPU (SM100), not {gpu.name}"))
     if training.precision == "fp8" and training.fp8_recipe not in (None,) + FP8_RECIPES:
         out.append(("training.fp8_recipe", f"torchtitan's Float8LinearConverter takes recipe_name "
                                            f"{' or '.join(FP8_RECIPES)}, not {training.fp8_recipe}"))
@@ -66,12 +71,6 @@ def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
 def rules(job: Job) -> list[tuple[str, str]]:
     lay, training = job.layout, job.training
     out = []
-    gpu = job.cluster.gpu
-    if training.precision in ("mxfp8", "nvfp4") and "nvfp4" not in gpu.block_scaling:
-        # MXFP8LinearConverter / NVFP4LinearConverter check has_cuda_capability(10, 0): NVIDIA
-        # Blackwell, whose tensor cores are the ones that scale NVFP4 blocks (CDNA4 scales MX only).
-        out.append(("training.precision", f"torchtitan's {training.precision} converter needs an NVIDIA "
-                                          f"Blackwell GPU (SM100), not {gpu.name}"))
     if any(n % lay.vpp for n in job.stage_layers):
         out.append(("layout.stage_layers", f"torchtitan splits each rank's layers into {lay.vpp} equal model chunks; "
                                            f"stages of {list(job.stage_layers)} layers do not"))
