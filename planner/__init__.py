@@ -1,7 +1,9 @@
-"""layout-planner: the fastest training layout that fits, at the global batch you chose."""
+"""layout-planner: the fastest training layout that fits, at the global batch you chose; and how
+many GPUs of which type a run of so many tokens needs."""
 
 from .errors import CaseError
 from .estimate import Estimate, estimate
 from .plan import Plan, plan
+from .size import Sizing, size
 
-__all__ = ["CaseError", "Estimate", "Plan", "estimate", "plan"]
+__all__ = ["CaseError", "Estimate", "Plan", "Sizing", "estimate", "plan", "size"]

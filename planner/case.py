@@ -23,7 +23,7 @@ from .engines import ENGINES
 from .errors import CaseError, one_line
 from .hf_config import read_hf_config
 from .inputs import read_yaml
-from .limits import MAX_INT, MIN_FIGURE
+from .limits import MAX_GPU_HOUR_COST, MAX_GPUS, MAX_INT, MIN_FIGURE
 from .presets import closest, fabric_presets, gpu_presets, model_presets, performance_presets, resolve_gpu_preset
 from .units import UnitError, parse_bandwidth, parse_memory
 
@@ -40,8 +40,12 @@ OPTIONAL_GPU_KEYS = ("sm_count", "fabric", "host", "block_scaling")
 PEAK_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
 HOST_KEYS = ("memory", "link_bandwidth", "memory_bandwidth")
 FABRIC_KEYS = tuple(f.name for f in fields(FabricSpec) if f.name != "name") + ("nic_bandwidth",)
-CLUSTER_KEYS = ("gpu", "profile", "num_gpus", "nodes", "gpus_per_node", "intra_node_bandwidth",
-                "inter_node_bandwidth", "memory", "performance", "fabric", "host")
+# What one GPU type is, as a cluster section (or each of `size`'s cluster.options) gives it.
+HARDWARE_KEYS = ("gpu", "profile", "gpus_per_node", "intra_node_bandwidth", "inter_node_bandwidth", "memory",
+                 "performance", "fabric", "host")
+# `size` only: the most GPUs of a type it may use, and their price (planner/cluster_options.py).
+SIZING_KEYS = ("max_gpus", "max_nodes", "gpu_hour_cost")
+CLUSTER_KEYS = HARDWARE_KEYS + ("num_gpus", "nodes") + SIZING_KEYS + ("options",)
 PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
 INTEGER_PERFORMANCE_KEYS = ("gemm_tile_m", "gemm_tile_n", "gemm_split_k")
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
@@ -93,16 +97,20 @@ def load_case(case: Any, engine: Optional[str] = None) -> Case:
 
     ``engine`` (`plan --engine`) replaces training.engine, and search.target where the
     case has one, so the two never contradict each other."""
-    if isinstance(case, dict):
-        data, src, base = case, "<case>", Path.cwd()
-    elif isinstance(case, (str, os.PathLike)):
-        path = Path(case)
-        data, src, base = read_yaml(path), str(path), path.parent
-    else:
-        raise CaseError("<case>", "", f"expected a case-file path or a dict, got {type(case).__name__}")
+    data, src, base = read_case(case)
     if engine is not None:
         data = with_engine(src, data, engine)
     return build_case(data, src, base)
+
+
+def read_case(case: Any) -> tuple[Any, str, Path]:
+    """The parsed data of a case path or dict, its name for errors, and the folder relative paths start from."""
+    if isinstance(case, dict):
+        return case, "<case>", Path.cwd()
+    if isinstance(case, (str, os.PathLike)):
+        path = Path(case)
+        return read_yaml(path), str(path), path.parent
+    raise CaseError("<case>", "", f"expected a case-file path or a dict, got {type(case).__name__}")
 
 
 def with_engine(src: str, data: Any, engine: Any) -> Any:
@@ -193,14 +201,16 @@ def _required(src: str, section: str, data: dict, key: str) -> Any:
 
 # --- sections ----------------------------------------------------------------------------
 
-def build_case(data: Any, src: str, base: Path) -> Case:
-    """A case from already-parsed data; ``src`` names it in errors, ``base`` anchors relative paths."""
+def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] = None) -> Case:
+    """A case from already-parsed data; ``src`` names it in errors, ``base`` anchors relative paths.
+
+    ``cluster`` replaces what the cluster section says (`size` reads that section itself)."""
     data = _mapping(src, "", data if data is not None else {}, SECTIONS)
     for section in ("model", "cluster", "training"):
         if section not in data:
             raise CaseError(src, section, "missing section")
     model = _model(src, data["model"], base)
-    cluster = _cluster(src, data["cluster"], base)
+    cluster = cluster or _cluster(src, data["cluster"], base)
     training = _training(src, data["training"])
     # The engine searched for is the engine trained with: estimate and plan time it alike.
     target = (data.get("search") or {}).get("target") if isinstance(data.get("search"), dict) else None
@@ -343,18 +353,18 @@ def performance_from_mapping(src: str, key: str, data: Any, base: Performance) -
         return replace(base, **values)
 
 
-def _cluster_overrides(src: str, section: dict) -> dict[str, Any]:
+def _cluster_overrides(src: str, section: dict, key: str) -> dict[str, Any]:
     """GPUSpec fields the cluster section sets over its GPU's (a different NIC, a smaller node)."""
     overrides: dict[str, Any] = {}
     if "memory" in section:
-        overrides["memory_bytes"] = _unit(src, "cluster.memory", section["memory"], parse_memory)
+        overrides["memory_bytes"] = _unit(src, f"{key}.memory", section["memory"], parse_memory)
     for k in ("intra_node_bandwidth", "inter_node_bandwidth"):
         if k in section:
-            overrides[k] = _unit(src, f"cluster.{k}", section[k], parse_bandwidth)
+            overrides[k] = _unit(src, f"{key}.{k}", section[k], parse_bandwidth)
     if "gpus_per_node" in section:
-        overrides["gpus_per_node"] = _int(src, "cluster.gpus_per_node", section["gpus_per_node"])
+        overrides["gpus_per_node"] = _int(src, f"{key}.gpus_per_node", section["gpus_per_node"])
     if "host" in section:
-        overrides["host"] = host_from_mapping(src, "cluster.host", section["host"])
+        overrides["host"] = host_from_mapping(src, f"{key}.host", section["host"])
     return overrides
 
 
@@ -379,55 +389,87 @@ def gpu_from_profile(path: Path) -> tuple[GPUSpec, Optional[FabricSpec]]:
         return replace(gpu, performance=performance), fabric
 
 
-def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
-    section = _mapping(src, "cluster", section, CLUSTER_KEYS)
+def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster") -> tuple[GPUSpec, FabricSpec]:
+    """The GPU type a cluster section (``key``: where it sits in the case) describes, with the
+    section's overrides, and its fabric."""
     if "profile" in section:
         if "gpu" in section:
-            raise CaseError(src, "cluster.profile", "give either gpu or profile, not both")
-        profile = Path(_str(src, "cluster.profile", section["profile"]))
+            raise CaseError(src, f"{key}.profile", "give either gpu or profile, not both")
+        profile = Path(_str(src, f"{key}.profile", section["profile"]))
         gpu_entry = None
         gpu, profile_fabric = gpu_from_profile(profile if profile.is_absolute() else base / profile)
     else:
-        gpu_entry = _required(src, "cluster", section, "gpu")
+        gpu_entry = _required(src, key, section, "gpu")
     if isinstance(gpu_entry, str):
-        gpu_entry = resolve_gpu_preset(src, "cluster.gpu", gpu_entry)
+        gpu_entry = resolve_gpu_preset(src, f"{key}.gpu", gpu_entry)
         presets = gpu_presets()
-        gpu = gpu_from_mapping(src, "cluster.gpu", gpu_entry, presets[gpu_entry])
+        gpu = gpu_from_mapping(src, f"{key}.gpu", gpu_entry, presets[gpu_entry])
         perf = performance_presets()
         gpu = replace(gpu, performance=performance_from_mapping(
             "planner/presets/performance.yaml", gpu_entry, perf.get(gpu_entry) or {}, Performance()))
     elif isinstance(gpu_entry, dict):
-        gpu = gpu_from_mapping(src, "cluster.gpu", "custom", gpu_entry)
+        gpu = gpu_from_mapping(src, f"{key}.gpu", "custom", gpu_entry)
     elif gpu_entry is not None:
-        raise CaseError(src, "cluster.gpu", f"expected a GPU preset name or a mapping, got {_kind(gpu_entry)}")
+        raise CaseError(src, f"{key}.gpu", f"expected a GPU preset name or a mapping, got {_kind(gpu_entry)}")
     # The fabric: the cluster's, else the one the GPU preset's reference system has.
     default_fabric = gpu_entry.get("fabric") if isinstance(gpu_entry, dict) else \
         gpu_presets()[gpu_entry].get("fabric") if isinstance(gpu_entry, str) else None
     if "fabric" in section:
-        fabric, nic = _fabric(src, section["fabric"], "cluster.fabric")
+        fabric, nic = _fabric(src, section["fabric"], f"{key}.fabric")
     elif "profile" in section and profile_fabric is not None:
         fabric, nic = profile_fabric, None
     elif default_fabric is not None:
-        fabric, nic = _fabric(src, default_fabric, "cluster.gpu.fabric")
+        fabric, nic = _fabric(src, default_fabric, f"{key}.gpu.fabric")
     else:
         fabric, nic = FabricSpec(), None
     overrides = {"inter_node_bandwidth": nic} if nic is not None else {}
-    overrides.update(_cluster_overrides(src, section))
+    overrides.update(_cluster_overrides(src, section, key))
     if "performance" in section:
-        overrides["performance"] = performance_from_mapping(src, "cluster.performance", section["performance"],
+        overrides["performance"] = performance_from_mapping(src, f"{key}.performance", section["performance"],
                                                             gpu.performance)
     with spec_errors(src):
-        gpu = replace(gpu, **overrides)
-    if "num_gpus" in section and "nodes" in section:
-        raise CaseError(src, "cluster.nodes", "give either num_gpus or nodes (with gpus_per_node), not both")
-    if "num_gpus" in section:
-        num_gpus = _int(src, "cluster.num_gpus", section["num_gpus"])
-    elif "nodes" in section:
-        num_gpus = _int(src, "cluster.nodes", section["nodes"]) * gpu.gpus_per_node
-    else:
+        return replace(gpu, **overrides), fabric
+
+
+def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
+    section = _mapping(src, "cluster", section, CLUSTER_KEYS)
+    if "options" in section:
+        raise CaseError(src, "cluster.options", "lists GPU types for `size` to choose from; plan and estimate "
+                                                "run on one: give cluster.gpu with num_gpus or nodes")
+    gpu, fabric = cluster_hardware(src, section, base)
+    sizing_terms(src, section, "cluster", gpu.gpus_per_node)  # `size`'s keys, checked here as there
+    num_gpus = gpu_count(src, section, "cluster", gpu.gpus_per_node, ("num_gpus", "nodes"))
+    if num_gpus is None:
         raise CaseError(src, "cluster.num_gpus", "missing; give num_gpus, or nodes and gpus_per_node")
     with spec_errors(src):
         return ClusterSpec(gpu=gpu, num_gpus=num_gpus, fabric=fabric)
+
+
+def gpu_count(src: str, section: dict, key: str, gpus_per_node: int, names: tuple[str, str]) -> Optional[int]:
+    """The GPUs a section gives as ``names[0]``, or as ``names[1]`` whole nodes; None if neither."""
+    gpus, nodes = names
+    if gpus in section and nodes in section:
+        raise CaseError(src, f"{key}.{nodes}", f"give either {gpus} or {nodes} (with gpus_per_node), not both")
+    if gpus in section:
+        return _int(src, f"{key}.{gpus}", section[gpus])
+    if nodes in section:
+        return _int(src, f"{key}.{nodes}", section[nodes]) * gpus_per_node
+    return None
+
+
+def sizing_terms(src: str, section: dict, key: str, gpus_per_node: int) -> tuple[Optional[int], Optional[float]]:
+    """`size`'s terms for one GPU type: the most GPUs it may use (max_gpus, or max_nodes whole
+    nodes) and the price of a GPU-hour; None where the section gives none."""
+    most = gpu_count(src, section, key, gpus_per_node, ("max_gpus", "max_nodes"))
+    if most is not None and most > MAX_GPUS:
+        raise CaseError(src, f"{key}.max_gpus", f"at most {MAX_GPUS} GPUs can be sized, got {most}")
+    price = None
+    if "gpu_hour_cost" in section:
+        price = _number(src, f"{key}.gpu_hour_cost", section["gpu_hour_cost"])
+        if not 0 < price <= MAX_GPU_HOUR_COST:
+            raise CaseError(src, f"{key}.gpu_hour_cost", f"expected a price per GPU-hour above 0 and at most "
+                                                         f"{MAX_GPU_HOUR_COST:g}, got {price:g}")
+    return most, price
 
 
 def _training(src: str, section: Any) -> TrainingSpec:

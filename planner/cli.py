@@ -1,7 +1,8 @@
 """The `layout-planner` command.
 
 Exit codes: 0 success; 2 bad input (one line naming the file, the key and what was
-expected); 3 the layout (or every layout) does not fit in GPU memory; 4 a calibration or
+expected); 3 the layout (or every layout) does not fit in GPU memory, or no cluster within
+`size`'s limits meets its deadline; 4 a calibration or
 validation run failed (one line naming the rank); 130 interrupted.
 """
 
@@ -134,6 +135,42 @@ def plan_command(
         print_plan(result, Console())
         if written:
             Console().print(f"wrote {', '.join(str(p) for p in written)}", markup=False)
+    if result.best is None:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+@app.command("size")
+def size_command(
+    case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster (one GPU type, or cluster.options) "
+                                          "and training."),
+    tokens: str = typer.Option(..., "--tokens", help="Tokens to train on: 15T, 300B, 2.5e12 (K, M, B, T)."),
+    deadline: Optional[str] = typer.Option(None, "--deadline", help="Finish within this (60d, 36h): the least "
+                                                                    "GPU-hours, or cost, that meets it."),
+    max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="Use at most this many GPUs (of any one type); "
+                                                                    "without --deadline, the shortest time within it."),
+    max_nodes: Optional[int] = typer.Option(None, "--max-nodes", help="Use at most this many nodes, as --max-gpus."),
+    gpu_hour_cost: Optional[float] = typer.Option(None, "--gpu-hour-cost",
+                                                  help="Price of a GPU-hour, for every GPU type of the case."),
+    top: Optional[int] = typer.Option(None, "--top", help="Alternatives to list (default 3)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the sizing as JSON."),
+) -> None:
+    """How many GPUs of which type, in which layout, for a run of so many tokens: days, GPU-hours, cost."""
+    _load_solver_without_pandas()
+    from .report import print_sizing
+    from .size import size, size_target
+
+    try:
+        size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top,
+                    names={"tokens": "--tokens", "deadline": "--deadline", "max_gpus": "--max-gpus",
+                           "max_nodes": "--max-nodes", "gpu_hour_cost": "--gpu-hour-cost", "top_k": "--top"})
+        result = size(case, tokens, deadline=deadline, max_gpus=max_gpus, max_nodes=max_nodes,
+                      gpu_hour_cost=gpu_hour_cost, top_k=top)
+    except CaseError as error:
+        _fail(error)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_sizing(result, Console())
     if result.best is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 

@@ -25,6 +25,11 @@ MAX_GPUS = 1 << 20
 MAX_LAYERS = 10_000
 MAX_GLOBAL_BATCH = 1 << 24
 MAX_TOP_K = 100
+# `size`: the price of one GPU-hour, and the tokens and deadline of a run (a thousand
+# years of the largest cluster at a million tokens per second per GPU is under 10^25 tokens).
+MAX_GPU_HOUR_COST = 1e6
+MAX_TOKENS = 1e25
+MAX_DEADLINE_S = 1000 * 365 * 86400.0
 # --simplest-within, in percent of the fastest step time.
 MAX_SIMPLEST_WITHIN_PCT = 1000.0
 # The solver holds step times in whole microseconds, weighted by the table's rows, in

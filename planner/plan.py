@@ -15,7 +15,7 @@ from .engines import ENGINES
 from .errors import CaseError, one_line
 from .estimate import Estimate, estimate_job
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_STEP_TIME_S, MAX_TOP_K
-from .search import Candidate, SearchSpec, search, search_spec
+from .search import Candidate, SearchResult, SearchSpec, search, search_spec
 
 # The solver's table holds every fitting layout within this share of the fastest (or the
 # --simplest-within margin, if wider), and at least the top-k: all that the answer,
@@ -207,6 +207,16 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
                  excluded_by)
 
 
+def layout_table(case: Case, spec: SearchSpec, slack: float = TABLE_SLACK, ceiling: float = math.inf) \
+        -> tuple[SearchResult, list[Candidate]]:
+    """The search on this cluster, and the solver's table from it: every fitting layout within
+    ``slack`` of the fastest, and at least the top_k + 1 fastest (none slower than ``ceiling``)."""
+    with spec_errors(case.source):  # e.g. a precision the GPU (or profile) has no peak for
+        result = search(case, spec, keep_within=slack, ceiling=ceiling)
+    _check_times(case, result.candidates)
+    return result, _table(result.candidates, slack, spec.top_k)
+
+
 def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
               target: Optional[str] = None) -> Plan:
     plan_options(top_k, simplest_within, target)
@@ -228,10 +238,7 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it
 
     slack = max(TABLE_SLACK, (simplest_within or 0) / 100)
-    with spec_errors(case.source):  # e.g. a precision the GPU (or profile) has no peak for
-        result = search(case, spec, keep_within=slack)
-    _check_times(case, result.candidates)
-    table = _table(result.candidates, slack, spec.top_k)
+    result, table = layout_table(case, spec, slack)
     model = LayoutModel(case, spec, table)
     solution = model.solve()
     if solution.index is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Iterator, Optional
 
 from cost_models.memory import peak_stage_memory
@@ -145,9 +146,10 @@ class SearchResult:
     pruned: int = 0  # layouts skipped because they could not be fast enough to matter
 
 
-def divisors(n: int) -> list[int]:
+@lru_cache(maxsize=65536)  # `size` searches thousands of cluster sizes that share divisors
+def divisors(n: int) -> tuple[int, ...]:
     small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    return tuple(sorted(set(small + [n // d for d in small])))
 
 
 def partitions(layers: int, pp: int) -> list[Optional[tuple[int, ...]]]:
@@ -352,9 +354,12 @@ def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
     return None, scored
 
 
-def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: Optional[float] = None) \
-        -> SearchResult:
+def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: Optional[float] = None,
+           ceiling: float = math.inf) -> SearchResult:
     """Score every non-dominated layout; return those that fit (with ``first_only``, stop at one).
+
+    With ``ceiling`` (seconds), layouts whose step time cannot come under it are skipped too:
+    `size` knows how slow a layout on this cluster may be and still matter.
 
     With ``keep_within`` (a fraction), layouts that cannot come within that share of the
     fastest found so far, nor among the top_k + 1 fastest, are skipped before their memory is
@@ -378,12 +383,17 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
         if peak < tightest_peak:
             tightest_peak, result.tightest = peak, job
 
+    per_layer: dict[tuple, float] = {}  # many groups share a layer's shape: hash the specs once per shape
+
     def lower_bound(tp: int, cp: int, pp: int, dp: int, vpp: int, sp: bool, mbs: int,
                     stage_layers: tuple[int, ...]) -> float:
         m = training.global_batch_size // (mbs * dp)
-        layer = layer_forward_time_for(model, training, case.cluster.gpu, tp, cp, mbs, sp)[0]
-        collectives = sum(tp_exposed_per_layer(model, training, case.cluster, tp, cp, mbs, sp))
-        return (m + (pp - 1) / vpp) * max(stage_layers) * (3 * layer + collectives)
+        shape = (tp, cp, mbs, sp)
+        if shape not in per_layer:
+            layer = layer_forward_time_for(model, training, case.cluster.gpu, tp, cp, mbs, sp)[0]
+            collectives = sum(tp_exposed_per_layer(model, training, case.cluster, tp, cp, mbs, sp))
+            per_layer[shape] = 3 * layer + collectives
+        return (m + (pp - 1) / vpp) * max(stage_layers) * per_layer[shape]
 
     # Every (structure, partition, vpp, sp) with its micro-batches, the most promising first,
     # so that a good incumbent prunes early.
@@ -420,13 +430,13 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                     bounds = {mbs: lower_bound(tp, cp, pp, dp, vpp, sp, mbs, stage_layers) for mbs in micro_batches}
                     groups.append((min(bounds.values()), tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros,
                                    bounds, offload_only))
-    if keep_within is not None:
+    if keep_within is not None or ceiling < math.inf:
         groups.sort(key=lambda g: g[0])
 
     def threshold() -> float:
         if keep_within is None or len(fastest) <= spec.top_k:
-            return math.inf
-        return max(-fastest[0], min(-t for t in fastest) * (1 + keep_within))
+            return ceiling
+        return min(ceiling, max(-fastest[0], min(-t for t in fastest) * (1 + keep_within)))
 
     for index, (least, tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros, bounds, offload_only) \
             in enumerate(groups):

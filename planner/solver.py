@@ -20,10 +20,69 @@ from .case import Case
 from .complexity import RECOMPUTE_LEVEL, complexity
 from .search import Candidate, SearchSpec
 
+
 @dataclass(frozen=True)
 class Solution:
     status: str
     index: Optional[int]
+
+
+def layout_columns(candidates: list[Candidate], global_batch: int) -> dict[str, list[int]]:
+    """Each decision of the scored layouts as an integer column, one entry per row, and the
+    row's step time (whole microseconds) and peak memory (whole MB)."""
+    lays = [c.layout for c in candidates]
+    partitions = sorted({lay.stage_layers or () for lay in lays})
+    part_id = {p: i for i, p in enumerate(partitions)}
+    return {
+        "dp": [lay.dp for lay in lays], "tp": [lay.tp for lay in lays], "pp": [lay.pp for lay in lays],
+        "cp": [lay.cp for lay in lays], "micro_batch_size": [lay.micro_batch_size for lay in lays],
+        "grad_accum": [global_batch // (lay.micro_batch_size * lay.dp) for lay in lays],
+        "zero_stage": [lay.zero_stage for lay in lays], "vpp": [lay.vpp for lay in lays],
+        "sequence_parallel": [int(lay.sequence_parallel) for lay in lays],
+        "recompute": [RECOMPUTE_LEVEL[lay.recompute] for lay in lays],
+        "recompute_num_layers": [lay.recompute_num_layers or 0 for lay in lays],
+        "partition": [part_id[lay.stage_layers or ()] for lay in lays],
+        "step_time_us": [round(c.step_time_s * 1e6) for c in candidates],
+        "peak_mb": [int(c.peak_bytes // 1e6) for c in candidates],
+    }
+
+
+def linked_variables(m: cp_model.CpModel, row: cp_model.IntVar, columns: dict[str, list[int]]) \
+        -> dict[str, cp_model.IntVar]:
+    """A variable per column, over the column's values, tied to the chosen row by an element
+    constraint (CP-SAT propagates these far faster than a table over wide time domains)."""
+    variables = {}
+    for name, column in columns.items():
+        variable = m.NewIntVarFromDomain(cp_model.Domain.FromValues(sorted(set(column)) or [0]), name)
+        m.AddElement(row, column, variable)
+        variables[name] = variable
+    return variables
+
+
+def constrain_layout(m: cp_model.CpModel, spec: SearchSpec, variables: dict[str, cp_model.IntVar],
+                     global_batch: int) -> None:
+    """The global batch (micro_batch·accumulation·dp) and the pins and bounds of the case's
+    ``search`` section, over the layout's variables."""
+    m.AddMultiplicationEquality(m.NewConstant(global_batch),
+                                [variables["micro_batch_size"], variables["grad_accum"], variables["dp"]])
+    for name in ("dp", "tp", "pp", "cp", "micro_batch_size", "zero_stage"):
+        variable = variables[name]
+        if name in spec.pins:
+            m.Add(variable == spec.pins[name])
+        low, high = spec.bounds.get(name, (None, None))
+        if low is not None:
+            m.Add(variable >= low)
+        if high is not None:
+            m.Add(variable <= high)
+
+
+def complexity_ranks(candidates: list[Candidate], global_batch: int) -> list[int]:
+    """Each row's rank from the simplest layout (0) up; ties by row order."""
+    order = sorted(range(len(candidates)), key=lambda i: (complexity(candidates[i], global_batch), i))
+    ranks = [0] * len(candidates)
+    for r, i in enumerate(order):
+        ranks[i] = r
+    return ranks
 
 
 class LayoutModel:
@@ -31,73 +90,21 @@ class LayoutModel:
         self.candidates = candidates
         gbs = case.training.global_batch_size
         n = case.cluster.num_gpus
-        order = sorted(range(len(candidates)), key=lambda i: (complexity(candidates[i], gbs), i))
-        self.rank = {i: r for r, i in enumerate(order)}
-        partitions = sorted({c.layout.stage_layers or () for c in candidates})
-        part_id = {p: i for i, p in enumerate(partitions)}
-
         m = cp_model.CpModel()
         self.model = m
         if not candidates:
             return  # nothing fits: solve() answers INFEASIBLE without a model
 
-        def var(name: str, values) -> cp_model.IntVar:
-            values = sorted(set(values)) or [0]
-            return m.NewIntVarFromDomain(cp_model.Domain.FromValues(values), name)
-
-        lays = [c.layout for c in candidates]
         self.idx = m.NewIntVar(0, max(len(candidates) - 1, 0), "row")
-        dp = var("dp", [lay.dp for lay in lays])
-        tp = var("tp", [lay.tp for lay in lays])
-        pp = var("pp", [lay.pp for lay in lays])
-        cp = var("cp", [lay.cp for lay in lays])
-        mbs = var("micro_batch_size", [lay.micro_batch_size for lay in lays])
-        gas = var("grad_accum", [gbs // (lay.micro_batch_size * lay.dp) for lay in lays])
-        zero = var("zero_stage", [lay.zero_stage for lay in lays])
-        self.time_us = var("step_time_us", [round(c.step_time_s * 1e6) for c in candidates])
-        mem_mb = var("peak_mb", [int(c.peak_bytes // 1e6) for c in candidates])
-        rank = m.NewIntVar(0, max(len(candidates) - 1, 0), "complexity_rank")
-        self.rank_var = rank
-        rest = [var(name, values) for name, values in (
-            ("vpp", [lay.vpp for lay in lays]),
-            ("sequence_parallel", [int(lay.sequence_parallel) for lay in lays]),
-            ("recompute", [RECOMPUTE_LEVEL[lay.recompute] for lay in lays]),
-            ("recompute_num_layers", [lay.recompute_num_layers or 0 for lay in lays]),
-            ("partition", [part_id[lay.stage_layers or ()] for lay in lays]),
-        )]
-
-        world = m.NewConstant(n)
-        m.AddMultiplicationEquality(world, [dp, tp, pp, cp])
-        m.AddMultiplicationEquality(m.NewConstant(gbs), [mbs, gas, dp])
+        columns = layout_columns(candidates, gbs)
+        columns["complexity_rank"] = complexity_ranks(candidates, gbs)
+        variables = linked_variables(m, self.idx, columns)
+        self.time_us = variables["step_time_us"]
+        self.rank_var = variables["complexity_rank"]
+        m.AddMultiplicationEquality(m.NewConstant(n), [variables[k] for k in ("dp", "tp", "pp", "cp")])
+        constrain_layout(m, spec, variables, gbs)
         capacity_mb = int(case.cluster.gpu.memory_bytes * (1 - spec.headroom) / 1e6)
-        m.Add(mem_mb <= capacity_mb)
-        for name, variable in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("micro_batch_size", mbs),
-                               ("zero_stage", zero)):
-            if name in spec.pins:
-                m.Add(variable == spec.pins[name])
-            low, high = spec.bounds.get(name, (None, None))
-            if low is not None:
-                m.Add(variable >= low)
-            if high is not None:
-                m.Add(variable <= high)
-
-        # Each scored layout is one index; every column is tied to it by an element constraint
-        # (CP-SAT propagates these far faster than a table over wide time domains).
-        m.AddElement(self.idx, [lay.dp for lay in lays], dp)
-        m.AddElement(self.idx, [lay.tp for lay in lays], tp)
-        m.AddElement(self.idx, [lay.pp for lay in lays], pp)
-        m.AddElement(self.idx, [lay.cp for lay in lays], cp)
-        m.AddElement(self.idx, [lay.micro_batch_size for lay in lays], mbs)
-        m.AddElement(self.idx, [gbs // (lay.micro_batch_size * lay.dp) for lay in lays], gas)
-        m.AddElement(self.idx, [lay.zero_stage for lay in lays], zero)
-        m.AddElement(self.idx, [round(c.step_time_s * 1e6) for c in candidates], self.time_us)
-        m.AddElement(self.idx, [int(c.peak_bytes // 1e6) for c in candidates], mem_mb)
-        m.AddElement(self.idx, [self.rank[i] for i in range(len(candidates))], rank)
-        for variable, column in zip(rest, (
-                [lay.vpp for lay in lays], [int(lay.sequence_parallel) for lay in lays],
-                [RECOMPUTE_LEVEL[lay.recompute] for lay in lays], [lay.recompute_num_layers or 0 for lay in lays],
-                [part_id[lay.stage_layers or ()] for lay in lays])):
-            m.AddElement(self.idx, column, variable)
+        m.Add(variables["peak_mb"] <= capacity_mb)
 
     def solve(self, time_limit_us: Optional[int] = None, simplest: bool = False) -> Solution:
         """Fastest row (ties to the simplest), or with ``simplest`` the simplest row within ``time_limit_us``."""

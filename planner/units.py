@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 
-from .limits import MAX_QUANTITY, MIN_QUANTITY
+from .limits import MAX_DEADLINE_S, MAX_QUANTITY, MAX_TOKENS, MIN_QUANTITY
 
 MEMORY_UNITS = {
     "B": 1.0,
@@ -56,3 +56,39 @@ def parse_memory(text: object) -> float:
 def parse_bandwidth(text: object) -> float:
     """Bytes per second in a bandwidth such as ``"400 Gbit/s"`` or ``"50 GB/s"``."""
     return _parse(text, BANDWIDTH_UNITS, "bandwidth", "400 Gbit/s")
+
+
+# `size`: token counts with a decimal suffix, and durations in days or hours.
+COUNT_SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+DURATION_UNITS = {"d": 86400.0, "h": 3600.0}
+_SUFFIXED = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def _suffixed(text: object, units: dict[str, float], what: str, example: str, maximum: float,
+              bare: bool) -> float:
+    """A positive number with one of ``units`` after it (none needed where ``bare``), at most ``maximum``."""
+    accepted = ", ".join(u for u in units if u)
+    expected = f"expected {what} like {example} ({accepted})"
+    if bare and not isinstance(text, bool) and isinstance(text, (int, float)):
+        value = float(text)
+    elif isinstance(text, str) and (match := _SUFFIXED.match(text)) and match.group(2).upper() in \
+            {u.upper() for u in units if u or bare}:
+        unit = next(u for u in units if u.upper() == match.group(2).upper())
+        value = float(match.group(1)) * units[unit]
+    else:
+        raise UnitError(f"{expected}, got {text!r}")
+    if value <= 0:
+        raise UnitError(f"{expected}, above zero, got {text!r}")
+    if not value <= maximum:  # an overflow to infinity too
+        raise UnitError(f"{expected}, at most {maximum:g}, got {text!r}")
+    return value
+
+
+def parse_tokens(text: object) -> float:
+    """Tokens in a count such as ``"15T"``, ``"300B"``, ``"2.5e12"`` or a plain number."""
+    return _suffixed(text, COUNT_SUFFIXES, "a token count", "15T", MAX_TOKENS, bare=True)
+
+
+def parse_duration(text: object) -> float:
+    """Seconds in a duration such as ``"60d"`` or ``"36h"``; a bare number has no unit and is refused."""
+    return _suffixed(text, DURATION_UNITS, "a duration", "60d or 36h", MAX_DEADLINE_S, bare=False)

@@ -30,6 +30,8 @@ from cost_models.specs import GPUSpec, ModelSpec, Performance
 from cost_models.topology import GroupLinks
 from planner.case import gpu_from_profile, load_case
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = ModelSpec("m", num_layers=2, hidden_size=768, num_attention_heads=12, vocab_size=1001, num_kv_heads=4,
                   activation="swiglu", ffn_hidden_size=2048)

@@ -131,8 +131,10 @@ def emitted() -> list[Emitted]:
             out.append(Emitted(name, case, result.best))
     assert len(out) >= 30, f"only {len(out)} of {tried} generated cases fit"
     for path in sorted(EXAMPLES.glob("*.yaml")):
+        if "options" in yaml.safe_load(path.read_text())["cluster"]:
+            continue  # a case for `size`, which picks the GPU type and count
         if yaml.safe_load(path.read_text()).get("layout") is None:
-            case = load_case(path)
+            case = load_case(path, engine="megatron")  # as `plan --emit megatron` plans it
             result = plan(case, top_k=0)
             assert result.best is not None, path
             out.append(Emitted(path.name, case, result.best))

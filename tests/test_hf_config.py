@@ -401,7 +401,7 @@ def test_arbitrary_json_gives_fields_or_case_error(tmp_path):
     bases = st.sampled_from(sorted(EXPECTED)).map(published)
     path = write(tmp_path, "{}")
 
-    @hypothesis.settings(max_examples=300, deadline=None)
+    @hypothesis.settings()  # the loaded profile (tests/conftest.py)
     @hypothesis.given(bases, st.dictionaries(keys, values, max_size=4), st.sets(keys, max_size=3))
     def check(base, changes, removed):
         cfg = {k: v for k, v in {**base, **changes}.items() if k not in removed}

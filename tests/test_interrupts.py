@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "llama3.1-405b-16384-h100-plan.yaml"
 

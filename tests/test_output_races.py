@@ -13,6 +13,8 @@ import yaml
 from planner.errors import CaseError
 from planner.files import Output, write_all
 
+pytestmark = pytest.mark.slow
+
 CASE = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
         "training": {"global_batch_size": 64, "seq_len": 4096}}
 TRIALS = 10

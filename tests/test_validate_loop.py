@@ -34,6 +34,8 @@ from calibration.train import Unsupported, run_spec  # noqa: E402
 from calibration.validate import forward_activation_bytes, load_with_profile, validate  # noqa: E402
 from planner.errors import CaseError  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 PROFILE = {
     "machine": {"device": "test-cpu"},
     "gpu": {"memory": "4 GiB", "peak_tflops": {"fp32": 0.1}, "hbm_bandwidth": "10 GB/s",

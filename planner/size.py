@@ -1,0 +1,429 @@
+"""`size`: how many GPUs of which type, in which layout, for a run of so many tokens.
+
+A run of T tokens at a global batch of B sequences of S tokens steps T / (B·S) times. On N
+GPUs whose layout steps in t seconds it runs at B·S / t tokens/s, takes T ÷ tokens/s ÷
+86,400 days and days × 24 × N GPU-hours, which cost GPU-hours × the price of one
+(:class:`SizeChoice`, the one place these are computed). `size` chooses the GPU type, N
+(whole nodes, or whole racks where an NVLink domain spans several nodes) and the layout,
+at the case's global batch, for one objective:
+
+- with a deadline: the least GPU-hours that meets it (the least cost, when every type
+  has a price);
+- without one, within a budget (``--max-gpus`` or ``--max-nodes``): the shortest time;
+- with neither: the least GPU-hours (or cost) within the case's limits.
+
+Ties go to the other measure (time, or GPU-hours/cost), then to the simpler layout.
+
+The cluster sizes of each type are enumerated, the most promising first (the smallest when
+spending decides, the largest when time does), under a ceiling on the step time that could
+still matter on each: the deadline's share of a step, and what the (k+1)-th best size found
+so far leaves for this one. A size too small for any layout to step that fast
+(:func:`work_lower_bound`) is skipped outright; the others are searched by plan's own search
+with the ceiling, so that one none of whose layouts can come under it costs only the
+search's lower bounds. Enumerating sizes this way is faster than letting CP-SAT branch over
+them with every size's layouts in its model. The layouts each search keeps (its fastest,
+and any the solver cannot tell from it in whole microseconds) are the rows of one CP-SAT
+model (:mod:`planner.size_solver`), which decides type, size and layout. Plan's search on
+one size is plan's answer on it, so `size` and `plan` agree on any cluster.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+from cost_models.specs import GPUSpec
+from cost_models.step_time import layer_forward_time_for
+
+from .case import SECTIONS, Case, _mapping, build_case, read_case, spec_errors
+from .cluster_options import ClusterOption, read_cluster_options
+from .errors import CaseError, one_line
+from .estimate import Estimate, estimate_job
+from .limits import MAX_GPU_HOUR_COST, MAX_GPUS, MAX_TOP_K
+from .plan import _check_size, layout_table, plan_case
+from .search import MIN_TOKENS_PER_CP_RANK, Candidate, SearchSpec, divisors, search_spec
+from .units import UnitError, parse_duration, parse_tokens
+
+SECONDS_PER_DAY = 86400.0
+DEFAULT_ALTERNATIVES = 3
+# A size's rows: its fastest layout and those within this share of it, and never fewer than
+# the solver's whole microsecond holds (so that on one size it breaks ties as `plan` does).
+TIE_WINDOW = 1e-4
+TIE_SPAN_S = 2e-6
+# When no size within the limits meets the deadline, sizes up to this many times the
+# limit are tried for one that would.
+ADVICE_REACH = 64
+OBJECTIVE_TEXT = {"gpu_hours": "the least GPU-hours", "cost": "the least cost", "time": "the shortest time"}
+
+
+@dataclass(frozen=True)
+class SizeTarget:
+    """What the run must do and within what: tokens, and optionally a deadline, a budget of
+    GPUs (of any one type), and a price per GPU-hour that replaces every type's own."""
+
+    tokens: float
+    deadline_s: Optional[float] = None
+    max_gpus: Optional[int] = None
+    max_nodes: Optional[int] = None
+    gpu_hour_cost: Optional[float] = None
+    top_k: int = DEFAULT_ALTERNATIVES
+
+
+def size_target(tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nodes: Any = None,
+                gpu_hour_cost: Any = None, top_k: Any = None,
+                names: Optional[dict[str, str]] = None) -> SizeTarget:
+    """The run's target from option values, or a CaseError naming the option (``names``: CLI spellings)."""
+    names = names or {}
+
+    def refuse(key: str, expected: str) -> CaseError:
+        return CaseError(names.get(key, "size"), "" if key in names else key, expected)
+
+    def count(key: str, value: Any, most: int, least: int = 1) -> Optional[int]:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+            raise refuse(key, f"expected an integer from {least} to {most}, got {one_line(repr(value), 60)}")
+        return value
+
+    try:
+        parsed_tokens = parse_tokens(tokens)
+    except UnitError as error:
+        raise refuse("tokens", str(error)) from None
+    try:
+        deadline_s = None if deadline is None else parse_duration(deadline)
+    except UnitError as error:
+        raise refuse("deadline", str(error)) from None
+    if max_gpus is not None and max_nodes is not None:
+        raise refuse("max_nodes", f"give either {names.get('max_gpus', 'max_gpus')} or "
+                                  f"{names.get('max_nodes', 'max_nodes')}, not both")
+    if gpu_hour_cost is not None and (isinstance(gpu_hour_cost, bool) or not isinstance(gpu_hour_cost, (int, float))
+                                      or not 0 < gpu_hour_cost <= MAX_GPU_HOUR_COST):
+        raise refuse("gpu_hour_cost", f"expected a price per GPU-hour above 0 and at most {MAX_GPU_HOUR_COST:g}, "
+                                      f"got {one_line(repr(gpu_hour_cost), 60)}")
+    return SizeTarget(parsed_tokens, deadline_s, count("max_gpus", max_gpus, MAX_GPUS),
+                      count("max_nodes", max_nodes, MAX_GPUS),
+                      None if gpu_hour_cost is None else float(gpu_hour_cost),
+                      DEFAULT_ALTERNATIVES if top_k is None else count("top_k", top_k, MAX_TOP_K, least=0))
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    """A GPU type, a cluster size and its layout, and what the run takes on them."""
+
+    option: ClusterOption
+    estimate: Estimate  # the layout on this cluster, as `estimate` gives it
+    tokens: float
+    price: Optional[float]  # per GPU-hour
+
+    @property
+    def gpus(self) -> int:
+        return self.estimate.job.cluster.num_gpus
+
+    @property
+    def nodes(self) -> int:
+        return self.estimate.job.cluster.num_nodes
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.estimate.tokens_per_s
+
+    @property
+    def days(self) -> float:
+        return self.tokens / self.tokens_per_s / SECONDS_PER_DAY
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.days * 24 * self.gpus
+
+    @property
+    def cost(self) -> Optional[float]:
+        return None if self.price is None else self.gpu_hours * self.price
+
+    def trade(self, other: "SizeChoice") -> dict[str, Optional[float]]:
+        """``other`` against this choice: each measure as a ratio."""
+        return {"gpus": other.gpus / self.gpus, "days": other.days / self.days,
+                "gpu_hours": other.gpu_hours / self.gpu_hours,
+                "cost": None if self.cost is None or other.cost is None else other.cost / self.cost}
+
+    def trade_text(self, other: "SizeChoice") -> str:
+        """What ``other`` trades against this choice, e.g. "1.30× the GPUs for 0.80× the days"."""
+        ratio = self.trade(other)
+        kind = "" if other.option is self.option else f"{other.option.gpu.name}: "
+        spent = f"{ratio['cost']:.2f}× the cost" if ratio["cost"] is not None else \
+            f"{ratio['gpu_hours']:.2f}× the GPU-hours"
+        return f"{kind}{ratio['gpus']:.2f}× the GPUs for {ratio['days']:.2f}× the days ({spent})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.option.gpu.name, "option": self.option.key, "gpus": self.gpus, "nodes": self.nodes,
+                "layout": self.estimate.to_dict()["layout"], "step_time_s": self.step_time_s,
+                "tokens_per_s": self.tokens_per_s, "days": self.days, "gpu_hours": self.gpu_hours,
+                "cost": self.cost, "mfu": self.estimate.mfu}
+
+    @property
+    def step_time_s(self) -> float:
+        return self.estimate.step_time_s
+
+
+@dataclass(frozen=True)
+class Sizing:
+    status: str  # CP-SAT's: OPTIMAL, or INFEASIBLE when no cluster within the limits meets the target
+    objective: str  # gpu_hours, cost or time
+    tokens: float
+    deadline_s: Optional[float]
+    best: Optional[SizeChoice]
+    alternatives: tuple[SizeChoice, ...]
+    sizes: int  # (type, size) pairs within the limits
+    sizes_searched: int  # of those, sizes whose layouts were scored (the rest: no layout could matter)
+    layouts_scored: int
+    rows: int  # layouts the solver chose among
+    no_fit: Optional[str] = None  # why nothing within the limits meets the target, and what would
+    fastest: Optional[SizeChoice] = None  # a missed deadline: the fastest cluster within the limits
+    would_meet: Optional[SizeChoice] = None  # ... and one past them that meets it
+
+    @property
+    def deadline_days(self) -> Optional[float]:
+        return None if self.deadline_s is None else self.deadline_s / SECONDS_PER_DAY
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best.to_dict() if self.best else dict.fromkeys(
+            ("gpu", "option", "gpus", "nodes", "layout", "step_time_s", "tokens_per_s", "days", "gpu_hours", "cost",
+             "mfu"))
+        return {
+            **best,
+            "alternatives": [{**alt.to_dict(), "trade": self.best.trade(alt), "trades": self.best.trade_text(alt)}
+                             for alt in self.alternatives],
+            "objective": self.objective, "tokens": self.tokens, "deadline_days": self.deadline_days,
+            "status": self.status,
+            "search": {"sizes": self.sizes, "sizes_searched": self.sizes_searched,
+                       "layouts_scored": self.layouts_scored, "rows": self.rows},
+            "no_fit": None if self.no_fit is None else {
+                "reason": self.no_fit,
+                "fastest": self.fastest.to_dict() if self.fastest else None,
+                "would_meet": self.would_meet.to_dict() if self.would_meet else None},
+        }
+
+
+def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
+    """The case (on one node of its first GPU type: `size` chooses the cluster) and its GPU types.
+
+    Like `plan`, `size` chooses the layout: any ``layout`` section is ignored."""
+    data, src, base = read_case(case)
+    data = _mapping(src, "", data if data is not None else {}, SECTIONS)
+    if "cluster" not in data:
+        raise CaseError(src, "cluster", "missing section")
+    options = read_cluster_options(src, data["cluster"], base)
+    first = options[0]
+    loaded = build_case({k: v for k, v in data.items() if k != "layout"}, src, base,
+                        cluster=first.cluster(first.unit))
+    return loaded, options
+
+
+def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nodes: Any = None,
+         gpu_hour_cost: Any = None, top_k: Any = None) -> Sizing:
+    """Python API: size a case (path or dict in the case-file schema) for ``tokens`` (15e12 or
+    "15T"), optionally by a ``deadline`` ("60d", "36h"), within ``max_gpus`` or ``max_nodes``
+    (of any one type), at ``gpu_hour_cost`` per GPU-hour (replacing every type's price)."""
+    target = size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top_k)
+    loaded, options = load_sizing_case(case)
+    return size_case(loaded, options, target)
+
+
+def gpu_limit(source: str, option: ClusterOption, target: SizeTarget) -> int:
+    """The most GPUs of this type `size` may use: the case's, and the budget's."""
+    limits = [option.max_gpus, target.max_gpus,
+              None if target.max_nodes is None else target.max_nodes * option.gpu.gpus_per_node]
+    given = [n for n in limits if n is not None]
+    if not given:
+        key = "cluster.num_gpus" if option.key == "cluster" else f"{option.key}.max_gpus"
+        raise CaseError(source, key, "missing; size needs the most GPUs of each type it may use: give max_gpus or "
+                                     "max_nodes (for one type also num_gpus or nodes), or --max-gpus or --max-nodes")
+    return min(min(given), MAX_GPUS)
+
+
+def work_lower_bound(case: Case, spec: SearchSpec, gpu: GPUSpec) -> float:
+    """GPU-seconds per step that no layout on any number of these GPUs goes below.
+
+    A step is at least m times its slowest stage, each stage runs its layers' forward and
+    backward, at least three forwards, for each micro-batch (``step_time.stage_time``), so with
+    L layers in pp stages, m = B / (b·dp) micro-batches and N = dp·tp·cp·pp GPUs:
+    N · step ≥ 3·B·L · t_layer(tp, cp, b) · tp·cp / b, where t_layer is one layer's forward on
+    one GPU (``step_time.layer_forward_time_for``). The least over every shape the search may
+    choose (tp, cp, micro-batch b, sequence parallelism) holds on every cluster size: a size
+    of N GPUs cannot step faster than this / N."""
+    model, training = case.model, case.training
+    least = math.inf
+    for tp in divisors(model.num_attention_heads):
+        if (tp > gpu.nvlink_domain and not spec.tp_across_nodes) or not spec.admits("tp", tp):
+            continue
+        for cp in sorted({1, *divisors(max(training.seq_len // 2, 1))}):
+            if cp > 1 and ("max_cp" not in spec.bounds and training.seq_len < cp * MIN_TOKENS_PER_CP_RANK):
+                continue
+            if not spec.admits("cp", cp):
+                continue
+            for mbs in divisors(training.global_batch_size):
+                for sp in ((False,) if tp == 1 else (False, True)):
+                    if spec.admits("micro_batch_size", mbs) and spec.admits("sequence_parallel", sp):
+                        with spec_errors(case.source):
+                            layer = layer_forward_time_for(model, training, gpu, tp, cp, mbs, sp)[0]
+                        least = min(least, 3 * training.global_batch_size * model.num_layers * layer * tp * cp / mbs)
+    return least
+
+
+class _Sweep:
+    """The enumeration of (type, size) pairs and their searches, with what it has found so far."""
+
+    def __init__(self, case: Case, spec: SearchSpec, options: tuple[ClusterOption, ...], limits: list[int],
+                 weights: list[float], objective: str, step_deadline: Optional[float], keep: int):
+        self.case, self.spec, self.options, self.limits = case, spec, options, limits
+        self.weights, self.objective, self.step_deadline, self.keep = weights, objective, step_deadline, keep
+        self.rows: list = []
+        self.searched = self.scored = 0
+        self.work = [work_lower_bound(case, spec, o.gpu) for o in options]
+        self.cut: list[float] = []  # the `keep` best values of sizes that meet the deadline, as a max-heap
+
+    def sizes(self) -> list[tuple[int, int]]:
+        pairs = [(i, n) for i, o in enumerate(self.options) for n in range(o.unit, self.limits[i] + 1, o.unit)]
+        return sorted(pairs, key=lambda p: (-p[1] if self.objective == "time" else p[1], p[0]))
+
+    def value(self, option: int, gpus: int, step_s: float) -> float:
+        return step_s if self.objective == "time" else self.weights[option] * gpus * step_s
+
+    def ceiling(self, option: int, gpus: int) -> float:
+        """The slowest step on this size that could still be the answer or an alternative."""
+        ceiling = math.inf if self.step_deadline is None else self.step_deadline
+        if len(self.cut) >= self.keep:
+            worst = -self.cut[0]
+            ceiling = min(ceiling, worst if self.objective == "time" else worst / (self.weights[option] * gpus))
+        # The solver compares whole microseconds: a step within one of the ceiling may still tie.
+        return ceiling * (1 + 1e-9) + 1e-6
+
+    def cluster_case(self, option: int, gpus: int) -> Case:
+        return replace(self.case, cluster=self.options[option].cluster(gpus))
+
+    def fastest(self, option: int, gpus: int, ceiling: float = math.inf) -> list[Candidate]:
+        """Plan's fastest layouts on this size, and those the solver could not tell from them."""
+        cluster_case = self.cluster_case(option, gpus)
+        result, table = layout_table(cluster_case, self.spec, TIE_WINDOW, ceiling)
+        self.searched += bool(result.scored)
+        self.scored += result.scored
+        if table and table[0].step_time_s * TIE_WINDOW < TIE_SPAN_S:
+            result, table = layout_table(cluster_case, self.spec, TIE_SPAN_S / table[0].step_time_s, ceiling)
+            self.scored += result.scored
+        return table
+
+    def run(self) -> "_Sweep":
+        from .size_solver import SizeRow, within_deadline
+
+        for option, gpus in self.sizes():
+            ceiling = self.ceiling(option, gpus)
+            if self.work[option] / gpus > ceiling:  # too few GPUs for any layout to step that fast
+                continue
+            table = self.fastest(option, gpus, ceiling)
+            self.rows += [SizeRow(option, gpus, c) for c in table]
+            if table and (self.step_deadline is None or within_deadline(table[0].step_time_s, self.step_deadline)):
+                heapq.heappush(self.cut, -self.value(option, gpus, table[0].step_time_s))
+                if len(self.cut) > self.keep:
+                    heapq.heappop(self.cut)
+        return self
+
+
+def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget) -> Sizing:
+    from .size_solver import SizeModel  # ortools loads in ~0.3 s: only `plan` and `size` pay for it
+
+    _check_size(case)  # layers and global batch within what the search can enumerate
+    spec = replace(search_spec(case), top_k=0)  # each size's table: its fastest layouts only
+    limits = [gpu_limit(case.source, o, target) for o in options]
+    prices = [target.gpu_hour_cost if target.gpu_hour_cost is not None else o.gpu_hour_cost for o in options]
+    priced = all(p is not None for p in prices)
+    budget = target.max_gpus is not None or target.max_nodes is not None
+    objective = "time" if target.deadline_s is None and budget else "cost" if priced else "gpu_hours"
+    weights = [p if priced else 1.0 for p in prices]
+    tokens_per_step = case.training.global_batch_size * case.training.seq_len
+    step_deadline = None if target.deadline_s is None else target.deadline_s * tokens_per_step / target.tokens
+    gbs = case.training.global_batch_size
+
+    def decide(sweep: _Sweep, objective: str, deadline: Optional[float], count: int) -> tuple[str, list]:
+        model = SizeModel(sweep.rows, options, limits, weights, spec, gbs, objective, deadline)
+        status, chosen = "INFEASIBLE", []
+        for _ in range(count):
+            solution = model.solve()
+            if solution.index is None:
+                break
+            status = status if chosen else solution.status
+            chosen.append(sweep.rows[solution.index])
+            model.exclude_size(solution.index)
+        return status, chosen
+
+    def choice(sweep: _Sweep, row) -> SizeChoice:
+        cluster_case = sweep.cluster_case(row.option, row.gpus)
+        return SizeChoice(options[row.option], estimate_job(cluster_case, cluster_case.job(row.candidate.layout)),
+                          target.tokens, prices[row.option])
+
+    sweep = _Sweep(case, spec, options, limits, weights, objective, step_deadline, target.top_k + 1).run()
+    status, chosen = decide(sweep, objective, step_deadline, target.top_k + 1)
+    sizes = len(sweep.sizes())
+    common = dict(objective=objective, tokens=target.tokens, deadline_s=target.deadline_s, sizes=sizes,
+                  sizes_searched=sweep.searched, layouts_scored=sweep.scored, rows=len(sweep.rows))
+    if chosen:
+        picks = [choice(sweep, row) for row in chosen]
+        return Sizing(status, best=picks[0], alternatives=tuple(picks[1:]), **common)
+
+    # Nothing within the limits meets the target: say what is fastest there, and what would.
+    if not sizes:
+        units = ", ".join(f"{o.gpu.name} {o.unit} GPUs per {o.unit_name}" for o in options)
+        return Sizing(status, best=None, alternatives=(), **common,
+                      no_fit=f"the limits leave no whole node or rack of any type ({units})")
+    fastest_sweep = _Sweep(case, spec, options, limits, weights, "time", None, 1).run() \
+        if step_deadline is not None else sweep
+    _, quickest = decide(fastest_sweep, "time", None, 1)
+    if not quickest:
+        option = max(range(len(options)), key=lambda i: limits[i] // options[i].unit * options[i].unit)
+        largest = limits[option] // options[option].unit * options[option].unit
+        advice = plan_case(sweep.cluster_case(option, largest)).no_fit
+        where = f"the largest cluster within the limits: {largest} {options[option].gpu.name} GPUs"
+        return Sizing(status, best=None, alternatives=(), **common,
+                      no_fit=f"{advice.describe()} ({where})" if advice else f"no layout fits ({where})")
+    fastest = choice(fastest_sweep, quickest[0])
+    deadline_days = target.deadline_s / SECONDS_PER_DAY
+    reason = (f"no cluster within the limits meets the deadline of {deadline_days:.4g} days: the fastest, "
+              f"{fastest.gpus} {fastest.option.gpu.name} GPUs, takes {fastest.days:.4g} days")
+    would = _would_meet(sweep, options, limits, step_deadline)
+    if would is not None:
+        met = choice(sweep, would)
+        reason += f"; {met.gpus} {met.option.gpu.name} GPUs would take {met.days:.4g} days"
+    else:
+        met = None
+        reason += f"; no cluster up to {ADVICE_REACH}× the limits would"
+    return Sizing(status, best=None, alternatives=(), **common, no_fit=reason, fastest=fastest, would_meet=met)
+
+
+def _would_meet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int], step_deadline: float):
+    """The fewest GPUs past the limits, of the type that spends least there, that meet the deadline:
+    doubling the size until one does, then bisecting back in whole nodes (or racks)."""
+    from .size_solver import SizeRow, within_deadline
+
+    def meets(option: int, units: int) -> Optional[Candidate]:
+        table = sweep.fastest(option, units * options[option].unit, step_deadline)
+        return table[0] if table and within_deadline(table[0].step_time_s, step_deadline) else None
+
+    found = []
+    for option, unit in enumerate(o.unit for o in options):
+        start = max(limits[option] // unit, 1)
+        low = high = start
+        hit = None
+        while hit is None and high < start * ADVICE_REACH and 2 * high * unit <= MAX_GPUS:
+            low, high = high, 2 * high
+            hit = meets(option, high)
+        if hit is None:
+            continue
+        while low + 1 < high:
+            mid = (low + high) // 2
+            attempt = meets(option, mid)
+            if attempt is not None:
+                high, hit = mid, attempt
+            else:
+                low = mid
+        found.append(SizeRow(option, high * unit, hit))
+    return min(found, key=lambda r: sweep.weights[r.option] * r.gpus * r.candidate.step_time_s, default=None)

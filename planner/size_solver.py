@@ -1,0 +1,126 @@
+"""The CP-SAT model of `size`: which GPU type, how many of it, and which layout.
+
+Decision variables: the GPU type, the cluster size in whole nodes (or racks) and in GPUs, and
+every decision of the layout (dp, tp, pp, cp, vpp, micro-batch and accumulation, ZeRO stage,
+sequence parallelism, recomputation and how many layers of each stage it covers, the
+pipeline partition). Constraints: GPUs = units × the type's GPUs per unit, at most the
+type's limit (the case's, and any budget); dp·tp·pp·cp = GPUs; micro_batch·accumulation·dp
+= global batch; the pins and bounds of the case's ``search`` section; peak memory within
+the chosen type's usable memory; the step time within the deadline's share of a step.
+
+What is not linear in those variables (a layout's step time and peak memory on a type and
+size, from the cost models) is precomputed per choice, one row per scored layout, and tied
+to the variables by element constraints, as :mod:`planner.solver` does for `plan`. The
+rows come from plan's own search on each (type, size) that can still matter
+(:mod:`planner.size`): enumerating those sizes with plan's pruning is faster than letting
+CP-SAT branch over them, and it makes `size` and `plan` agree on any one cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ortools.sat.python import cp_model
+
+from .cluster_options import ClusterOption
+from .search import Candidate, SearchSpec
+from .solver import Solution, complexity_ranks, constrain_layout, layout_columns, linked_variables
+
+OBJECTIVES = ("gpu_hours", "cost", "time")
+
+
+@dataclass(frozen=True)
+class SizeRow:
+    """One scored layout on one GPU type and cluster size."""
+
+    option: int  # index into the options
+    gpus: int
+    candidate: Candidate
+
+
+def within_deadline(step_s: float, step_deadline_s: float) -> bool:
+    """Whether a step meets the deadline's share of a step, as the model judges it: in whole
+    microseconds, the step rounded up and the share rounded down, so that what passes meets it."""
+    return math.ceil(step_s * 1e6) <= math.floor(step_deadline_s * 1e6)
+
+
+def dense_ranks(values: Sequence[float]) -> list[int]:
+    """Each value's place among the distinct values (0 for the least): the order of the
+    floats exactly, in integers small enough to weigh against each other in 64 bits."""
+    order = {v: i for i, v in enumerate(sorted(set(values)))}
+    return [order[v] for v in values]
+
+
+class SizeModel:
+    """The model over every row; :meth:`solve` answers the best (type, size, layout) not yet excluded."""
+
+    def __init__(self, rows: list[SizeRow], options: Sequence[ClusterOption], limits: Sequence[int],
+                 prices: Sequence[float], spec: SearchSpec, global_batch: int, objective: str,
+                 step_deadline_s: Optional[float]):
+        assert objective in OBJECTIVES
+        self.rows = rows
+        m = cp_model.CpModel()
+        self.model = m
+        if not rows:
+            return
+        candidates = [r.candidate for r in rows]
+        sizes = sorted({(r.option, r.gpus) for r in rows})
+        size_id = {s: i for i, s in enumerate(sizes)}
+        self.size_id = size_id
+        time_us = [round(c.step_time_s * 1e6) for c in candidates]
+        # Equal whole microseconds spend alike, so that on one cluster size the order is plan's.
+        spend = [prices[r.option] * r.gpus * t for r, t in zip(rows, time_us)]
+        columns = layout_columns(candidates, global_batch)
+        columns.update(
+            gpu_type=[r.option for r in rows],
+            gpus=[r.gpus for r in rows],
+            units=[r.gpus // options[r.option].unit for r in rows],
+            size=[size_id[(r.option, r.gpus)] for r in rows],
+            # Rounded up: a row that passes the deadline in whole microseconds meets it exactly.
+            step_time_up_us=[math.ceil(c.step_time_s * 1e6) for c in candidates],
+            spend_rank=dense_ranks(spend),
+            time_rank=dense_ranks(time_us),
+            complexity_rank=complexity_ranks(candidates, global_batch),
+        )
+        self.row = m.NewIntVar(0, len(rows) - 1, "row")
+        v = linked_variables(m, self.row, columns)
+        self.size_var = v["size"]
+        gpu_type, gpus = v["gpu_type"], v["gpus"]
+
+        def by_type(name: str, values: list[int]) -> cp_model.IntVar:
+            variable = m.NewIntVarFromDomain(cp_model.Domain.FromValues(sorted(set(values))), name)
+            m.AddElement(gpu_type, values, variable)
+            return variable
+
+        unit = by_type("gpus_per_unit", [o.unit for o in options])
+        m.AddMultiplicationEquality(gpus, [v["units"], unit])
+        m.Add(gpus <= by_type("gpu_limit", list(limits)))
+        usable_mb = [int(o.gpu.memory_bytes * (1 - spec.headroom) / 1e6) for o in options]
+        m.Add(v["peak_mb"] <= by_type("usable_mb", usable_mb))
+        m.AddMultiplicationEquality(gpus, [v[k] for k in ("dp", "tp", "pp", "cp")])
+        constrain_layout(m, spec, v, global_batch)
+        if step_deadline_s is not None:
+            m.Add(v["step_time_up_us"] <= math.floor(step_deadline_s * 1e6))
+        # Lexicographic: the objective, then the other of spend and time, then the simpler layout.
+        first, second = ("time_rank", "spend_rank") if objective == "time" else ("spend_rank", "time_rank")
+        n = len(rows)
+        m.Minimize((v[first] * n + v[second]) * n + v["complexity_rank"])
+
+    def solve(self) -> Solution:
+        if not self.rows:
+            return Solution("INFEASIBLE", None)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1  # small tables: one worker is fastest and deterministic
+        solver.parameters.catch_sigint_signal = False  # Ctrl-C stops `size` (exit 130)
+        status = solver.Solve(self.model)
+        name = solver.StatusName(status)
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return Solution(name, solver.Value(self.row))
+        return Solution(name, None)
+
+    def exclude_size(self, index: int) -> None:
+        """No more answers on the type and size of row ``index``: alternatives differ in either."""
+        row = self.rows[index]
+        self.model.Add(self.size_var != self.size_id[(row.option, row.gpus)])

@@ -1,0 +1,478 @@
+"""`size` against an independent sweep of `plan` over every cluster size, its arithmetic,
+the constraints its solver holds, the cluster-options schema and the command line."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import yaml
+
+import planner
+from cost_models.specs import Layout
+from planner.presets import gpu_presets
+from planner.search import Candidate, divisors, search_spec
+from planner.size import SECONDS_PER_DAY, load_sizing_case, work_lower_bound
+from planner.size_solver import SizeModel, SizeRow, within_deadline
+from planner.units import parse_tokens
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "llama3-70b-15t-size.yaml"
+SEED = 1515
+NUM_CASES = 40
+COUNT_KEYS = ("max_gpus", "max_nodes", "gpu_hour_cost", "num_gpus", "nodes")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+
+
+# --- the independent sweep -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Swept:
+    """Plan's best layout on one GPU type and cluster size, and what the run takes there."""
+
+    option: int
+    gpus: int
+    step_time_s: float
+    layout: dict
+    days: float
+    spend: float  # GPU-hours, or cost where every type has a price
+
+
+def one_type_case(case: dict, option: dict, gpus: int) -> dict:
+    """The case on ``gpus`` GPUs of one option, as `plan` reads it."""
+    cluster = {k: v for k, v in option.items() if k not in COUNT_KEYS}
+    return {**case, "cluster": {**cluster, "num_gpus": gpus}}
+
+
+def option_entries(case: dict) -> list[dict]:
+    return case["cluster"]["options"] if "options" in case["cluster"] else [case["cluster"]]
+
+
+def sweep(case: dict, tokens: float, units: list[int], limits: list[int], prices: list[Optional[float]]) \
+        -> list[Swept]:
+    """Every whole-node (or rack) cluster size of every type within its limit, planned one by one."""
+    priced = all(p is not None for p in prices)
+    tokens_per_step = case["training"]["global_batch_size"] * case["training"]["seq_len"]
+    out = []
+    for i, option in enumerate(option_entries(case)):
+        for gpus in range(units[i], limits[i] + 1, units[i]):
+            best = plan_best(json.dumps(one_type_case(case, option, gpus), sort_keys=True))
+            if best is None:
+                continue
+            step_time_s, layout = best
+            days = tokens / (tokens_per_step / step_time_s) / SECONDS_PER_DAY
+            gpu_hours = days * 24 * gpus
+            out.append(Swept(i, gpus, step_time_s, layout, days, gpu_hours * prices[i] if priced else gpu_hours))
+    return out
+
+
+@lru_cache(maxsize=None)  # several tests size one case
+def plan_best(case_json: str) -> Optional[tuple[float, dict]]:
+    best = planner.plan(json.loads(case_json)).best
+    return None if best is None else (best.step_time_s, best.to_dict()["layout"])
+
+
+def ranked(swept: list[Swept], objective: str, deadline_days: Optional[float], step_deadline: Optional[float]) \
+        -> list[Swept]:
+    """The sizes in the order the README states: the objective, then the other measure."""
+    if deadline_days is not None:
+        swept = [s for s in swept if within_deadline(s.step_time_s, step_deadline)]
+    key = (lambda s: (s.days, s.spend)) if objective == "time" else (lambda s: (s.spend, s.days))
+    return sorted(swept, key=key)
+
+
+def random_option(rng: random.Random) -> dict:
+    """A GPU type of a preset's figures in nodes of 1, 2 or 4 (so that a few nodes give many
+    sizes), or now and then the preset itself (8 per node) or a GB200 NVL72 rack of 72."""
+    name = rng.choice(("a100-sxm-80gb", "h100-sxm-80gb", "b200"))
+    kind = rng.choice(("small",) * 6 + ("preset", "rack"))
+    if kind == "rack":
+        option: dict = {"gpu": "gb200", "max_gpus": rng.choice((72, 144))}
+    elif kind == "preset":
+        option = {"gpu": name, "max_nodes": rng.randint(1, 3)}
+    else:
+        per_node = rng.choice((1, 2, 4))
+        option = {"gpu": {**gpu_presets()[name], "gpus_per_node": per_node, "nvlink_domain": per_node}}
+        if rng.random() < 0.5:
+            option["max_gpus"] = rng.randint(4, 16)
+        else:
+            option["max_nodes"] = rng.randint(4 // per_node + 1, 16 // per_node)
+    if rng.random() < 0.5:
+        option["memory"] = rng.choice(("4 GiB", "8 GiB", "16 GiB"))  # small GPUs: memory binds at small sizes
+    if rng.random() < 0.7:
+        option["gpu_hour_cost"] = rng.choice((1.0, 2.5, 4.0))
+    return option
+
+
+def random_sizing(rng: random.Random) -> tuple[dict, dict]:
+    """A small case with one or two GPU types, and the `size` arguments for it."""
+    heads = rng.choice((4, 8, 16))
+    hidden = rng.choice([h for h in range(256, 1537, 128) if h % heads == 0])
+    options = [random_option(rng) for _ in range(rng.choice((1, 1, 2)))]
+    single = len(options) == 1 and rng.random() < 0.5  # one type as a plain cluster section, its count the limit
+    cluster = {{"max_gpus": "num_gpus", "max_nodes": "nodes"}.get(k, k): v for k, v in options[0].items()} \
+        if single else {"options": options}
+    case = {
+        "model": {"name": "sized", "num_layers": rng.randint(2, 12), "hidden_size": hidden,
+                  "num_attention_heads": heads, "num_kv_heads": rng.choice(divisors(heads)),
+                  "vocab_size": rng.randint(1000, 50000), "activation": rng.choice(("gelu", "swiglu"))},
+        "cluster": cluster,
+        "training": {"global_batch_size": rng.choice((8, 16, 24, 32, 64)), "seq_len": rng.choice((512, 1024, 2048))},
+        "search": {"target": rng.choice(("any", "megatron", "deepspeed", "torchtitan"))},
+    }
+    args: dict = {"tokens": rng.choice((3e9, "20B", "1.5e11"))}
+    mode = rng.choice(("deadline", "deadline", "budget", "neither"))
+    if mode == "budget" or rng.random() < 0.15:
+        args["max_gpus"] = rng.randint(4, 16)
+    if mode == "deadline":
+        args["deadline_at"] = rng.randrange(1000)  # the days of one swept size, so that it binds
+    if rng.random() < 0.3:
+        args["gpu_hour_cost"] = 3.0
+    return case, args
+
+
+def generated() -> list[tuple[dict, dict]]:
+    rng = random.Random(SEED)
+    return [random_sizing(rng) for _ in range(NUM_CASES)]
+
+
+def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
+    """Problems with `size` against the sweep. ``args`` are size's, but a deadline may be given
+    as ``deadline_at``: k, the days of the (k mod sizes)-th fastest size, a hair more."""
+    loaded, options = load_sizing_case(case)
+    tokens = parse_tokens(args["tokens"])
+    budget = {"max_gpus": args.get("max_gpus"),
+              "max_nodes": args.get("max_nodes")}
+    limits = [min(n for n in (o.max_gpus, budget["max_gpus"],
+                              None if budget["max_nodes"] is None else budget["max_nodes"] * o.gpu.gpus_per_node)
+                  if n is not None) for o in options]
+    prices = [args.get("gpu_hour_cost", o.gpu_hour_cost) for o in options]
+    swept = sweep(case, tokens, [o.unit for o in options], limits, prices)
+    problems = []
+    spec = search_spec(loaded)
+    for s in swept:  # the bound `size` skips sizes with holds on every size
+        bound = work_lower_bound(loaded, spec, options[s.option].gpu) / s.gpus
+        if not bound <= s.step_time_s * (1 + 1e-12):
+            problems.append(f"{label}: work bound {bound} s above plan's {s.step_time_s} s on {s.gpus} GPUs")
+    if "deadline_at" in args:
+        days = sorted(s.days for s in swept) or [1000.0]
+        args = {**{k: v for k, v in args.items() if k != "deadline_at"},
+                "deadline": f"{days[args['deadline_at'] % len(days)] * 24 * 1.0001:.6f}h"}
+    result = planner.size(case, **args)
+    deadline_s = None if "deadline" not in args else float(args["deadline"][:-1]) * 3600
+    objective = "time" if deadline_s is None and ("max_gpus" in args or "max_nodes" in args) else \
+        "cost" if all(p is not None for p in prices) else "gpu_hours"
+    tokens_per_step = case["training"]["global_batch_size"] * case["training"]["seq_len"]
+    step_deadline = None if deadline_s is None else deadline_s * tokens_per_step / tokens
+    order = ranked(swept, objective, deadline_s, step_deadline)
+    if result.objective != objective:
+        problems.append(f"{label}: objective {result.objective}, expected {objective}")
+    if not order:
+        if result.best is not None:
+            problems.append(f"{label}: the sweep finds nothing, size chose {result.best.gpus} GPUs")
+        return problems
+    if result.best is None:
+        return problems + [f"{label}: size found nothing; the sweep {order[0]}"]
+    picks = [result.best, *result.alternatives]
+    expected = order[:len(picks)]
+    if len(picks) != min(len(order), 1 + 3):
+        problems.append(f"{label}: {len(picks)} answers, the sweep has {len(order)} sizes")
+    for rank, (pick, want) in enumerate(zip(picks, expected)):
+        measure = (pick.days if objective == "time" else (pick.cost if objective == "cost" else pick.gpu_hours))
+        target = want.days if objective == "time" else want.spend
+        if measure != pytest.approx(target, rel=1e-9):
+            problems.append(f"{label} #{rank}: size {pick.gpus} × {pick.option.gpu.name} at {measure}, "
+                            f"sweep {want.gpus} × option {want.option} at {target}")
+            continue
+        # On its size, `size` takes plan's own layout (ties in whole microseconds aside).
+        same = next(s for s in swept if (s.option, s.gpus) == (options.index(pick.option), pick.gpus))
+        if pick.estimate.to_dict()["layout"] != same.layout:
+            problems.append(f"{label} #{rank}: on {pick.gpus} GPUs size chose {pick.estimate.to_dict()['layout']}, "
+                            f"plan {same.layout}")
+    return problems
+
+
+def test_size_matches_a_sweep_of_plan_over_cluster_sizes_on_generated_cases():
+    failures = []
+    for i, (case, args) in enumerate(generated()):
+        failures += check_against_sweep(f"case {i}", case, args)
+    assert not failures, "\n".join(failures)
+
+
+# Llama 3 8B on up to 32 nodes of H100 or 16 of A100: sizes enough that the ceilings and the
+# work bound skip many of them, and the answers depend on it.
+MID = {"model": {"preset": "llama3-8b"},
+       "cluster": {"options": [{"gpu": "h100-sxm-80gb", "max_gpus": 256, "gpu_hour_cost": 2.5},
+                               {"gpu": "a100-sxm-80gb", "max_nodes": 16, "gpu_hour_cost": 1.2}]},
+       "training": {"global_batch_size": 64, "seq_len": 4096}, "search": {"target": "megatron"}}
+
+
+@pytest.mark.parametrize("cluster, args", [
+    pytest.param(None, {"tokens": "1T", "deadline_at": 0}, id="deadline-fastest"),
+    pytest.param(None, {"tokens": "1T", "deadline_at": 12}, id="deadline-middle"),
+    pytest.param(None, {"tokens": "1T", "max_gpus": 200}, id="budget"),
+    pytest.param(None, {"tokens": "1T"}, id="least-cost"),
+    pytest.param({"gpu": "h100-sxm-80gb", "nodes": 32}, {"tokens": "1T", "deadline_at": 20}, id="one-type-gpu-hours"),
+    pytest.param({"gpu": "h100-sxm-80gb", "nodes": 32}, {"tokens": "1T", "max_nodes": 24}, id="one-type-budget"),
+])
+def test_size_matches_a_sweep_of_plan_on_a_mid_size_case(cluster, args):
+    case = MID if cluster is None else {**MID, "cluster": cluster}
+    problems = check_against_sweep("llama3-8b", case, args)
+    assert not problems, "\n".join(problems)
+
+
+# --- what a run takes ----------------------------------------------------------------------
+
+def test_days_gpu_hours_and_cost_follow_from_tokens_per_second():
+    result = planner.size(MID, "1T", deadline="20d")
+    gbs, seq = MID["training"]["global_batch_size"], MID["training"]["seq_len"]
+    for choice in (result.best, *result.alternatives):
+        price = {"h100-sxm-80gb": 2.5, "a100-sxm-80gb": 1.2}[choice.option.gpu.name]
+        assert choice.tokens_per_s == pytest.approx(gbs * seq / choice.step_time_s, rel=1e-12)
+        assert choice.days == pytest.approx(1e12 / choice.tokens_per_s / 86400, rel=1e-12)
+        assert choice.gpu_hours == pytest.approx(choice.days * 24 * choice.gpus, rel=1e-12)
+        assert choice.cost == pytest.approx(choice.gpu_hours * price, rel=1e-12)
+        assert choice.days <= 20
+        ratio = result.best.trade(choice)
+        assert ratio["gpus"] == choice.gpus / result.best.gpus
+        assert ratio["days"] == pytest.approx(choice.days / result.best.days, rel=1e-12)
+    # the objective is cost: each answer costs no less than the one before
+    costs = [c.cost for c in (result.best, *result.alternatives)]
+    assert costs == sorted(costs)
+
+
+def test_size_and_plan_agree_on_the_chosen_cluster_of_the_example():
+    result = planner.size(EXAMPLE, "15T", deadline="60d")
+    best = result.best
+    assert best.days <= 60
+    data = yaml.safe_load(EXAMPLE.read_text())
+    option = next(o for o in data["cluster"]["options"] if o["gpu"] == best.option.gpu.name)
+    one = {**data, "cluster": {"gpu": option["gpu"], "num_gpus": best.gpus}}
+    planned = planner.plan(one).best
+    assert planned.to_dict()["layout"] == best.estimate.to_dict()["layout"]
+    assert planned.step_time_s == best.step_time_s
+    # What estimate says of that layout is what size reports.
+    assert planner.estimate({**one, "layout": planned.to_dict()["layout"]}).step_time_s == best.step_time_s
+
+
+# --- the solver's constraints ---------------------------------------------------------------
+
+TWO_TYPES = {"model": {"preset": "gpt-1.7b"},
+             "cluster": {"options": [{"gpu": "h100-sxm-80gb", "max_gpus": 16, "memory": "40 GiB"},
+                                     {"gpu": "a100-sxm-80gb", "max_gpus": 8}]},
+             "training": {"global_batch_size": 32, "seq_len": 2048}}
+
+
+def solve_all(model: SizeModel) -> list[int]:
+    """Every answer in order, each excluding the type and size of those before."""
+    out = []
+    while (index := model.solve().index) is not None:
+        out.append(index)
+        model.exclude_size(index)
+    return out
+
+
+def row(option: int, gpus: int, step_s: float, peak_gb: float = 10.0, **layout) -> SizeRow:
+    fields = {"dp": gpus, **layout}
+    fields["dp"] = gpus // (fields.get("tp", 1) * fields.get("pp", 1) * fields.get("cp", 1))
+    return SizeRow(option, gpus, Candidate(Layout(**fields), step_s, peak_gb * 1e9))
+
+
+def model_for(rows: list[SizeRow], objective: str = "gpu_hours", deadline: Optional[float] = None,
+              pins: Optional[dict] = None, limits: tuple[int, int] = (16, 8)) -> SizeModel:
+    loaded, options = load_sizing_case(TWO_TYPES)
+    spec = search_spec(loaded)
+    if pins:
+        from dataclasses import replace
+
+        spec = replace(spec, pins=pins)
+    return SizeModel(rows, options, list(limits), [1.0, 1.0], spec, 32, objective, deadline)
+
+
+def test_the_solver_holds_the_deadline_and_spends_least():
+    rows = [row(0, 8, 10.0), row(0, 16, 5.5), row(1, 8, 6.2)]  # GPU-seconds per step: 80, 88, 49.6
+    assert solve_all(model_for(rows)) == [2, 0, 1]
+    # 6 s a step: the 10 s row is out, and so is 6.2 s; then only the 16-GPU row meets it.
+    assert solve_all(model_for(rows, deadline=6.0)) == [1]
+    assert solve_all(model_for(rows, deadline=5.4)) == []
+    # Within a microsecond: the step rounded up, the deadline's share rounded down.
+    assert solve_all(model_for([row(0, 16, 5.5000004)], deadline=5.5000004)) == []
+    assert solve_all(model_for([row(0, 16, 5.5000004)], deadline=5.500001)) == [0]
+
+
+def test_the_solver_holds_each_types_memory_and_limit():
+    rows = [row(0, 8, 1.0, peak_gb=39.0), row(0, 16, 0.4, peak_gb=42.0), row(1, 8, 1.2, peak_gb=70.0)]
+    # The H100s here have 40 GiB less 3 % headroom (41.7 GB): the 42 GB row is out however fast.
+    assert solve_all(model_for(rows, objective="time")) == [0, 2]
+    # A limit of 8 H100s leaves out a 16-GPU row, fitting or not.
+    rows = [row(0, 8, 1.0), row(0, 16, 0.4), row(1, 8, 1.2)]
+    assert solve_all(model_for(rows, objective="time", limits=(8, 8))) == [0, 2]
+
+
+def test_the_solver_holds_world_size_batch_pins_and_breaks_ties_to_the_simpler_layout():
+    rows = [row(0, 8, 1.0, pp=2), row(0, 8, 1.0), row(0, 8, 0.9, tp=2), row(0, 16, 0.5, micro_batch_size=4)]
+    # 16 GPUs as dp 16 with micro-batch 4 is 64 sequences a step, not the case's 32: never chosen.
+    assert solve_all(model_for(rows, objective="time"))[0] == 2
+    assert [r for r in solve_all(model_for(rows, objective="time", pins={"tp": 1}))] == [1]
+    # Same size and time: the layout without pipelining first.
+    assert solve_all(model_for(rows[:2], objective="time")) == [1]
+    # A row whose degrees do not make its GPUs is refused too.
+    bad = SizeRow(0, 16, Candidate(Layout(dp=4), 0.1, 1e9))
+    assert solve_all(model_for([bad, row(0, 8, 1.0)], objective="time")) == [1]
+
+
+# --- cluster options, racks and what size says when nothing meets the target ---------------
+
+TINY = {"model": {"name": "tiny", "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+                  "vocab_size": 8000},
+        "training": {"global_batch_size": 16, "seq_len": 1024}}
+
+
+def test_nvl72_racks_are_the_unit_of_size():
+    case = {**TINY, "cluster": {"gpu": "gb200", "max_gpus": 300},
+            "training": {**TINY["training"], "global_batch_size": 144}}
+    result = planner.size(case, "1B", top_k=10)
+    chosen = [result.best, *result.alternatives]
+    assert {c.gpus for c in chosen} == {72, 144, 216, 288}
+    assert all(c.nodes == c.gpus // 4 for c in chosen)
+    assert result.sizes == 4
+
+
+def test_a_missed_deadline_exits_3_and_says_what_would_meet_it(tmp_path):
+    case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "nodes": 1},
+            "training": {**TINY["training"], "global_batch_size": 64}}
+    fastest = planner.size(case, "50B", max_gpus=8).best
+    deadline_days = fastest.days / 2
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case))
+    done = cli("size", str(path), "--tokens", "50B", "--deadline", f"{deadline_days * 24:.6f}h", "--json")
+    assert done.returncode == 3, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["gpus"] is None and printed["alternatives"] == []
+    no_fit = printed["no_fit"]
+    assert no_fit["fastest"]["gpus"] == 8 and no_fit["fastest"]["days"] == pytest.approx(fastest.days)
+    would = no_fit["would_meet"]
+    assert would["gpus"] > 8 and would["gpus"] % 8 == 0 and would["days"] <= deadline_days
+    assert f"{would['gpus']} h100-sxm-80gb GPUs would take" in no_fit["reason"]
+    # What would meet it is what `size` answers when the limit allows it.
+    allowed = planner.size({**case, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": would["gpus"]}}, "50B",
+                           deadline=f"{deadline_days * 24:.6f}h")
+    assert allowed.best.days <= deadline_days and allowed.best.gpus <= would["gpus"]
+
+
+def test_nothing_that_fits_exits_3_with_plans_advice():
+    case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "nodes": 1, "memory": "64 MiB"}}
+    result = planner.size(case, "1B")
+    assert result.best is None and result.status == "INFEASIBLE"
+    assert result.no_fit.startswith("no layout fits: ")
+    assert result.no_fit.endswith("(the largest cluster within the limits: 8 h100-sxm-80gb GPUs)")
+    result = planner.size({**TINY, "cluster": {"gpu": "gb200", "max_gpus": 4}}, "1B")
+    assert result.best is None and "no whole node or rack" in result.no_fit
+
+
+@pytest.mark.parametrize("cluster, key, expected", [
+    ({"options": [{"gpu": "h100", "max_gpus": 8, "num_gpus": 8}]}, "cluster.options[0].num_gpus", "unknown key"),
+    ({"options": [{"gpu": "h100", "max_gpus": 8}, {"gpu": "b2000", "max_gpus": 8}]}, "cluster.options[1].gpu",
+     "unknown GPU preset"),
+    ({"options": [{"gpu": "h100", "max_gpus": 8, "max_nodes": 1}]}, "cluster.options[0].max_nodes",
+     "give either max_gpus or max_nodes"),
+    ({"options": [{"gpu": "h100", "max_gpus": 8, "gpu_hour_cost": "2.5$"}]}, "cluster.options[0].gpu_hour_cost",
+     "expected a finite number"),
+    ({"options": [{"gpu": "h100", "max_gpus": 8, "gpu_hour_cost": 0}]}, "cluster.options[0].gpu_hour_cost",
+     "above 0"),
+    ({"options": [{"gpu": "h100", "max_gpus": 2 ** 21}]}, "cluster.options[0].max_gpus", "at most"),
+    ({"options": []}, "cluster.options", "expected a list of GPU types"),
+    ({"options": [{"gpu": "h100", "max_gpus": 8}], "gpu": "b200"}, "cluster.gpu", "inside its cluster.options"),
+    ({"gpu": "h100"}, "cluster.num_gpus", "size needs the most GPUs"),
+    ({"options": [{"gpu": "h100"}]}, "cluster.options[0].max_gpus", "size needs the most GPUs"),
+])
+def test_bad_cluster_sections_name_the_key(cluster, key, expected):
+    with pytest.raises(planner.CaseError) as error:
+        planner.size({**TINY, "cluster": cluster}, "1T")
+    assert f"<case>: {key}: " in str(error.value) and expected in str(error.value)
+
+
+def test_plan_and_estimate_need_one_gpu_type_and_ignore_sizing_keys():
+    with pytest.raises(planner.CaseError, match=r"cluster\.options: lists GPU types for `size`"):
+        planner.plan({**TINY, "cluster": {"options": [{"gpu": "h100", "max_gpus": 8}]}})
+    with pytest.raises(planner.CaseError, match=r"cluster\.gpu_hour_cost: expected a price"):
+        planner.plan({**TINY, "cluster": {"gpu": "h100", "num_gpus": 8, "gpu_hour_cost": -2}})
+    priced = planner.plan({**TINY, "cluster": {"gpu": "h100", "num_gpus": 8, "gpu_hour_cost": 2, "max_gpus": 64}})
+    plain = planner.plan({**TINY, "cluster": {"gpu": "h100", "num_gpus": 8}})
+    assert priced.to_dict() == plain.to_dict()
+    # --max-gpus stands in for a count the case lacks; the case's own count is size's limit.
+    assert planner.size({**TINY, "cluster": {"gpu": "h100"}}, "1B", max_nodes=2).best.gpus <= 16
+
+
+@pytest.mark.parametrize("args, key, expected", [
+    ({"tokens": "15X"}, "tokens", "expected a token count like 15T"),
+    ({"tokens": 0}, "tokens", "above zero"),
+    ({"tokens": "1e30"}, "tokens", "at most 1e+25"),
+    ({"tokens": "1T", "deadline": 60}, "deadline", "expected a duration like 60d or 36h"),
+    ({"tokens": "1T", "deadline": "-3d"}, "deadline", "expected a duration"),
+    ({"tokens": "1T", "max_gpus": 0}, "max_gpus", "from 1 to"),
+    ({"tokens": "1T", "max_gpus": 8, "max_nodes": 1}, "max_nodes", "not both"),
+    ({"tokens": "1T", "gpu_hour_cost": float("nan")}, "gpu_hour_cost", "above 0"),
+    ({"tokens": "1T", "top_k": 101}, "top_k", "from 0 to 100"),
+])
+def test_bad_size_options_name_the_option(args, key, expected):
+    with pytest.raises(planner.CaseError) as error:
+        planner.size({**TINY, "cluster": {"gpu": "h100", "num_gpus": 8}}, **args)
+    assert str(error.value).startswith(f"size: {key}: ") and expected in str(error.value)
+
+
+def test_the_command_prints_the_api_json_and_one_line_errors(tmp_path):
+    path = tmp_path / "case.yaml"
+    case = {**TINY, "cluster": {"options": [{"gpu": "h100", "max_nodes": 4, "gpu_hour_cost": 3},
+                                            {"gpu": "a100-80gb", "max_nodes": 4, "gpu_hour_cost": 1.5}]}}
+    path.write_text(yaml.safe_dump(case))
+    done = cli("size", str(path), "--tokens", "30B", "--deadline", "36h", "--json")
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert {"gpu", "gpus", "layout", "tokens_per_s", "days", "gpu_hours", "cost", "alternatives"} <= set(printed)
+    assert printed == json.loads(json.dumps(planner.size(path, "30B", deadline="36h").to_dict()))
+    assert printed["days"] <= 1.5 and printed["objective"] == "cost"
+    for alt in printed["alternatives"]:
+        assert alt["cost"] >= printed["cost"] and set(alt["trade"]) == {"gpus", "days", "gpu_hours", "cost"}
+    text = cli("size", str(path), "--tokens", "30B", "--deadline", "36h")
+    assert text.returncode == 0 and f"{printed['gpus']} × {printed['gpu']}" in text.stdout
+    for args, option in ((["--tokens", "lots"], "--tokens"), (["--tokens", "1T", "--max-gpus", "8", "--max-nodes", "1"],
+                                                              "--max-nodes")):
+        done = cli("size", str(path), *args)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"error: {option}: "), done.stderr
+    done = cli("plan", str(path))
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {path}: cluster.options: ")
+
+
+def test_an_interrupted_sizing_exits_130():
+    import os
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "planner", "size", str(EXAMPLE), "--tokens", "15T",
+                                "--deadline", "60d"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=REPO)
+    deadline = time.monotonic() + 60
+    while True:  # until main() has installed its handler
+        status = Path(f"/proc/{process.pid}/status").read_text()
+        caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+        if caught & (1 << (signal.SIGINT - 1)):
+            break
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.5)  # inside the sizing: imports, searches, solves
+    os.kill(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130 and stderr.strip() == "error: interrupted" and stdout == ""
