@@ -25,7 +25,8 @@ from planner.fidelity import evaluate
 from planner.presets import fabric_presets, gpu_presets, performance_presets
 from planner.published_runs import gpu_preset, load_rows
 
-TYPES = {"a100": ("a100-sxm-80gb", "a100-sxm-40gb"), "h100": ("h100-sxm-80gb",)}
+TYPES = {"a100": ("a100-sxm-80gb", "a100-sxm-40gb"), "h100": ("h100-sxm-80gb",), "b200": ("b200",),
+         "mi300x": ("mi300x",), "gb200": ("gb200",)}
 GRID = {
     "gemm_efficiency": (0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8),
     "gemm_efficiency_fp8": (0.45, 0.5, 0.55, 0.6, 0.65, 0.7),
@@ -35,6 +36,19 @@ GRID = {
     "hbm_efficiency": (0.6, 0.7, 0.8, 0.9),
     "fabric.latency_s": (5e-6, 1e-5, 2e-5, 4e-5),
     "any.collective_launch_s": (0.0, 1e-4, 2e-4, 3e-4, 4e-4),
+}
+# GPU types with a handful of runs of one kind each (torchao's torchtitan runs on B200 and MI300X,
+# MLPerf's on GB200): only the figures those runs measure, on finer grids.
+FEW_RUNS = {
+    # Power-limited B200s: the bf16 run measures the clock, the tensorwise run the fp8 GEMMs, the
+    # rowwise run the row-scaled ones; the MXFP8 runs are predictions.
+    "b200": {"sustained_clock": tuple(round(0.55 + 0.005 * i, 3) for i in range(31)),
+             "gemm_efficiency_fp8": tuple(round(0.36 + 0.01 * i, 2) for i in range(25)),
+             "gemm_efficiency_fp8_rowwise": tuple(round(0.2 + 0.01 * i, 2) for i in range(21))},
+    "mi300x": {"gemm_efficiency": tuple(round(0.22 + 0.005 * i, 3) for i in range(21)),
+               "gemm_efficiency_fp8": tuple(round(0.14 + 0.002 * i, 3) for i in range(31)),
+               "gemm_efficiency_fp8_rowwise": tuple(round(0.12 + 0.01 * i, 2) for i in range(11))},
+    "gb200": {"gemm_efficiency_fp8": tuple(round(0.46 + 0.01 * i, 2) for i in range(15))},
 }
 
 
@@ -78,8 +92,8 @@ def main() -> None:
     parser.add_argument("--weight", type=float, default=0.5)
     args = parser.parse_args()
     rows = [r for r in load_rows() if gpu_preset(r["gpu"]) in TYPES[args.gpu]]
-    grid = dict(GRID)
-    if args.gpu != "h100":
+    grid = dict(FEW_RUNS.get(args.gpu, GRID))
+    if args.gpu not in FEW_RUNS and args.gpu != "h100":
         grid.pop("gemm_efficiency_fp8")
         grid.pop("any.collective_launch_s")
     current = {name: performance_presets()[TYPES[args.gpu][0]].get(name) for name in grid}

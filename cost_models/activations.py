@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .quantization import saved_input_bytes
 from .specs import ModelSpec, TrainingSpec, Layout
 
 
@@ -48,20 +49,21 @@ class LayerActivations:
 def activation_bytes(precision: str) -> int:
     """Bytes per saved activation element: 4 in fp32, else 2.
 
-    fp8 recipes (Transformer Engine) run norms, softmax and residuals in bf16 and
-    keep the bf16 inputs of the GEMMs; we count every saved tensor at 2 bytes.
+    Low-precision recipes run norms, softmax and residuals in bf16; what their linears keep of
+    their inputs is :func:`quantization.saved_input_bytes`.
     """
     return 4 if precision == "fp32" else 2
 
 
-def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, moe: bool = False) \
-        -> LayerActivations:
+def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, moe: bool = False,
+                      quantized: bool = True) -> LayerActivations:
     """Saved-for-backward bytes of one layer with no recomputation (Korthikanti §4.1, generalised).
 
     In an MoE layer the MLP's hidden activations are those of the experts
     (:func:`experts.moe_mlp_activation_bytes`). Queries, keys and values are kept at their own
     widths (a·d, kv·d, kv·d_v); multi-head latent attention also keeps the two latents, the
-    inputs of the up-projections."""
+    inputs of the up-projections. ``quantized``: its linears run the training's low-precision
+    recipe, if it has one."""
     p = activation_bytes(training.precision)
     t = layout.tp
     s = training.seq_len / layout.cp
@@ -89,14 +91,14 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, 
     # SwiGLU: a fused kernel (Megatron's ``bias_swiglu``, torch.compile) keeps its 2f input and
     # the down projection its f input; eager silu-then-multiply also keeps silu's f output.
     mlp_widths = (3 if engine.fused_elementwise else 4) if model.activation == "swiglu" else 2
-    # Transformer Engine's fp8 linears keep their input as the fp8 copy their wgrad GEMM reads
-    # (1 byte), not the bf16 tensor: the QKV, projection, first-MLP and down-projection inputs.
-    g = 1 if training.precision == "fp8" and engine.fp8_saves_inputs else p
+    # Transformer Engine's quantized linears keep their input as the copy their wgrad GEMM reads
+    # (1 byte in fp8, with its scales for MX and NVFP4), not the bf16 tensor: the QKV, projection,
+    # first-MLP and down-projection inputs (``quantization.saved_input_bytes``).
+    g = saved_input_bytes(training.recipe if quantized else None, engine.fused_quantize, p)
     if moe:
         from .experts import moe_mlp_activation_bytes
 
-        mlp_hidden = moe_mlp_activation_bytes(model, training, layout, engine.fused_elementwise,
-                                              engine.fp8_saves_inputs)
+        mlp_hidden = moe_mlp_activation_bytes(model, training, layout, engine.fused_elementwise, g)
     else:
         mlp_hidden = ((mlp_widths - 1) * p + g) * s * b * f / t
     return LayerActivations(
@@ -115,12 +117,12 @@ def selective_modules(model: ModelSpec, training: TrainingSpec) -> tuple[str, ..
     """What the "attention" policy of ``recompute: selective`` recomputes, in megatron-core's
     ``--recompute-modules`` names: the attention core, and for models that have them MLA's
     up-projections (the per-head queries, keys and values, rebuilt from the latents: DeepSeek-V3
-    report §3.2.3) and the experts' activation function (``moe_act``; megatron-core takes it
-    with fp8 only under current scaling, which the fp8 this planner emits is not, so not in fp8)."""
+    report §3.2.3) and the experts' activation function (``moe_act``, which megatron-core's
+    ``TransformerConfig`` refuses under fp8's delayed scaling)."""
     modules = ["core_attn"]
     if model.attention_type == "mla":
         modules.append("mla_up_proj")
-    if model.is_moe and training.precision != "fp8":
+    if model.is_moe and not (training.recipe is not None and training.recipe.name == "delayed"):
         modules.append("moe_act")
     return tuple(modules)
 
@@ -152,7 +154,8 @@ def matmul_policy_saved_elements(model: ModelSpec, layout: Layout, mlp: bool = T
 
 
 def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
-                           recomputed: bool = False, selective: str = "attention", moe: bool = False) -> float:
+                           recomputed: bool = False, selective: str = "attention", moe: bool = False,
+                           quantized: bool = True) -> float:
     """Bytes one layer keeps per micro-batch under the layout's recomputation.
 
     - ``none``: everything in :func:`layer_activations`.
@@ -162,7 +165,7 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
     - ``full`` (for a layer that is recomputed): only the layer's input,
       2·sbh (divided by t under sequence parallelism).
     """
-    full = layer_activations(model, training, layout, moe)
+    full = layer_activations(model, training, layout, moe, quantized)
     p = activation_bytes(training.precision)
     tokens = (training.seq_len / layout.cp) * layout.micro_batch_size
     if layout.recompute == "full" and recomputed:
@@ -181,7 +184,9 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
         if "moe_act" in modules and moe:
             from .experts import moe_act_output_bytes
 
-            kept -= moe_act_output_bytes(model, training, layout, training.engine.fp8_saves_inputs)
+            g = saved_input_bytes(training.recipe if quantized else None, training.engine.fused_quantize,
+                                  activation_bytes(training.precision))
+            kept -= moe_act_output_bytes(model, training, layout, g)
         return kept
     return full.total
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from .frozen import cached_hash
 
+QUANTIZERS = ("transformer_engine", "torchao")
+
 
 @dataclass(frozen=True)
 class EngineBehaviour:
@@ -72,14 +74,17 @@ class EngineBehaviour:
     # waits). Fitted to the published runs of the engines that show it (plain PyTorch stacks:
     # the Playbook's nanotron sweep, bench/fit_performance.py h100).
     collective_launch_s: float = 300e-6
-    # HBM bytes per operand element of casting a GEMM's bf16 inputs to fp8
-    # (``kernels.cast_time``): Transformer Engine's fused cast_transpose reads 2 and writes 1;
-    # dynamic scaling (torchao's float8 training) first reads the operand for its amax.
-    fp8_cast_bytes: float = 5.0
-    # fp8 weight copies cast once per step and reused by every micro-batch (Transformer Engine).
+    # The fp8 recipe a job runs when it names none (``cost_models.quantization.FP8_RECIPES``):
+    # torchao's Float8LinearConfig() scales per tensor, dynamically.
+    fp8_recipe: str = "tensorwise"
+    # The library that quantizes the GEMM operands: Transformer Engine writes both layouts of a
+    # tensor from one read and keeps its linears' inputs for backward as the quantized copy wgrad
+    # reads; torchao casts each use from the bf16 tensor and keeps the bf16 input
+    # (``cost_models.quantization``).
+    quantizer: str = "torchao"
+    # Quantized weights cast once per step and reused by every micro-batch (Transformer Engine's
+    # ``is_first_microbatch``, which Megatron passes).
     fp8_weight_cache: bool = False
-    # fp8 linears keep their inputs for backward as fp8 (Transformer Engine), not in bf16.
-    fp8_saves_inputs: bool = False
     # Split pipeline stages by compute where the layout does not say (else evenly), as nanotron
     # does (``cost_models.partition``).
     balance_stages: bool = True
@@ -97,6 +102,13 @@ class EngineBehaviour:
     def __post_init__(self) -> None:
         if self.selective not in ("attention", "matmuls"):
             raise ValueError(f"EngineBehaviour.selective: expected attention or matmuls, got {self.selective!r}")
+        if self.quantizer not in QUANTIZERS:
+            raise ValueError(f"EngineBehaviour.quantizer: expected one of {QUANTIZERS}, got {self.quantizer!r}")
+
+    @property
+    def fused_quantize(self) -> bool:
+        """Both layouts of a tensor from one read, and the quantized input kept for backward."""
+        return self.quantizer == "transformer_engine"
 
 
 # No engine in particular: plain PyTorch DDP buckets and FSDP units, eager kernels, stages

@@ -31,7 +31,7 @@ from functools import lru_cache
 from .activations import activation_bytes
 from .collectives import all_to_all_time, collective_time
 from .flops import Gemm, mlp_gemms
-from .kernels import gemm_time, grouped_gemm_time
+from .kernels import linear_time
 from .specs import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
 from .topology import group_links
 
@@ -82,28 +82,29 @@ def moe_elementwise_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp:
 
 
 @lru_cache(maxsize=4096)
-def moe_mlp_forward_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
-                         micro_batch_size: int, ep: int, etp: int) -> float:
-    """Forward time of an MoE layer's expert part on one GPU, communication excluded: the router
-    GEMM, the grouped expert GEMMs at the copies the busiest rank receives, the shared experts
-    and the element-wise kernels (:func:`moe_elementwise_bytes`)."""
+def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                 micro_batch_size: int, ep: int, etp: int, weight_share: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) of an MoE layer's expert part on one GPU, communication excluded: the
+    router GEMM, the grouped expert GEMMs at the copies the busiest rank receives, the shared
+    experts (each a linear layer's, :func:`kernels.linear_time`) and the element-wise kernels
+    (:func:`moe_elementwise_bytes`, twice their traffic in backward)."""
     engine, perf = training.engine, gpu.performance
-    precision = training.precision
-    # The router stays in 16 bits in fp8 recipes (Transformer Engine quantizes the linear layers only).
-    router_precision = "bf16" if precision == "fp8" else precision
     tokens = moe_tokens(training, tp, cp, micro_batch_size)
-    time = gemm_time(Gemm("router", tokens, model.num_experts, model.hidden_size), gpu, router_precision)
+    # The router stays in 16 bits under every recipe (Transformer Engine quantizes the experts'
+    # linear layers only; megatron-core's router is a plain GEMM).
+    times = [linear_time(Gemm("router", tokens, model.num_experts, model.hidden_size), gpu, training,
+                         quantized=False)]
     routed = routed_tokens(model, training, tp, cp, micro_batch_size, etp)
     fc1, fc2, local = expert_gemms(model, routed, ep, etp)
-    time += sum(grouped_gemm_time(g, local, gpu, precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
-                for g in (fc1, fc2))
+    times += [linear_time(g, gpu, training, True, weight_share, groups=local) for g in (fc1, fc2)]
     if model.moe_shared_expert_ffn_hidden_size:
         # The shared experts run on the tensor-parallel group's tokens, their width split over tp.
         gathered = micro_batch_size * training.seq_len / cp
-        time += sum(gemm_time(g, gpu, precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
-                    for g in mlp_gemms(model, gathered, model.moe_shared_expert_ffn_hidden_size, tp, "shared_fc"))
-    memory = moe_elementwise_bytes(model, training, tp, cp, micro_batch_size, etp, engine.fused_elementwise)
-    return time + memory / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+        times += [linear_time(g, gpu, training, True, weight_share)
+                  for g in mlp_gemms(model, gathered, model.moe_shared_expert_ffn_hidden_size, tp, "shared_fc")]
+    memory = moe_elementwise_bytes(model, training, tp, cp, micro_batch_size, etp, engine.fused_elementwise) \
+        / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+    return sum(f for f, _ in times) + memory, sum(b for _, b in times) + 2 * memory
 
 
 def dispatch_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int) -> float:
@@ -153,13 +154,13 @@ def dispatch_combine_time(model: ModelSpec, training: TrainingSpec, cluster: Clu
 
 
 def moe_mlp_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
-                             fused: bool, fp8_inputs: bool) -> float:
+                             fused: bool, saved_input: float) -> float:
     """Bytes the expert part saves for backward per micro-batch on one GPU, in place of a dense
     MLP's hidden activations:
 
     - the router's fp32 logits and scores, 2·4·T·E;
-    - each expert's input (the dispatched copies), R·h; in one byte where Transformer Engine
-      keeps fp8 inputs;
+    - each expert's input (the dispatched copies), R·h, at ``saved_input`` bytes per element
+      (``quantization.saved_input_bytes``: the quantized copy where Transformer Engine keeps it);
     - the experts' hidden activations, as a dense MLP's (SwiGLU fused: its 2f input and the f
       input of the down projection), on R copies of width f_e/etp; the router's probabilities
       are applied inside the activation (``TEGroupedMLP.activation_func_with_probs``), so the
@@ -167,7 +168,7 @@ def moe_mlp_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: L
     - the shared experts' hidden activations on the group's tokens, width f_s/tp.
     """
     p = activation_bytes(training.precision)
-    g = 1 if fp8_inputs and training.precision == "fp8" else p
+    g = saved_input
     lay = layout
     tokens = moe_tokens(training, lay.tp, lay.cp, lay.micro_batch_size)
     routed = routed_tokens(model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp)
@@ -179,11 +180,10 @@ def moe_mlp_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: L
     return router + experts + shared
 
 
-def moe_act_output_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, fp8_inputs: bool) -> float:
+def moe_act_output_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, saved_input: float) -> float:
     """The experts' activation output (the down projection's input, R·f_e/etp) that recomputing
     the activation function (megatron-core's ``moe_act``) leaves unsaved."""
-    p = activation_bytes(training.precision)
-    g = 1 if fp8_inputs and training.precision == "fp8" else p
+    g = saved_input
     lay = layout
     routed = routed_tokens(model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp)
     return g * routed * model.moe_ffn_hidden_size / lay.expert_tp

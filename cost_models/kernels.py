@@ -16,9 +16,11 @@ long K splits K over more SMs (split-K), at least ``Performance.gemm_split_k`` o
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from .flops import Gemm
-from .specs import GPUSpec, Performance
+from .quantization import LOW_PRECISIONS, Recipe, linear_quantize_bytes, recipe_for
+from .specs import GPUSpec, Performance, TrainingSpec
 
 # The benchmark condition ``Performance.attention_efficiency`` is quoted at.
 ATTENTION_REFERENCE_HEAD_DIM = 128
@@ -36,45 +38,51 @@ def wave_efficiency(m: float, n: float, gpu: GPUSpec, k: float = 0.0) -> float:
     return min(1.0, tiles * splits / gpu.sm_count)
 
 
-def element_bytes(precision: str) -> int:
-    """Bytes per GEMM operand element in ``precision``."""
-    return 4 if precision == "fp32" else (1 if precision == "fp8" else 2)
+def element_bytes(precision: str) -> float:
+    """Bytes per GEMM operand element in ``precision``: 4 in fp32, 2 in 16-bit, and a
+    low-precision recipe's element size (``quantization.Recipe.element_bytes``)."""
+    if precision == "fp32":
+        return 4.0
+    recipe = recipe_for(precision, None) if precision in LOW_PRECISIONS else None
+    return recipe.element_bytes if recipe else 2.0
 
 
-def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, cast_bytes: float = 3.0,
-              cached_weights: bool = False) -> float:
-    """Roofline with SM occupancy and a fixed per-kernel cost:
-    max(F / (η·peak·q), bytes / (η_hbm·B_hbm)) + t₀, q = :func:`wave_efficiency`,
-    plus :func:`cast_time`.
-
-    The fixed cost t₀ (launch, prologue and epilogue) weighs on small GEMMs.
-    """
-    return gemm_kernel_time(gemm, gpu, precision) + cast_time(gemm, gpu, precision, cast_bytes, cached_weights)
+def tensor_core_rate(gpu: GPUSpec, peak_key: str, efficiency: float) -> float:
+    """FLOP/s a large GEMM or attention kernel sustains: η · peak · the sustained clock
+    (``Performance.sustained_clock``: 1 unless a power cap holds the clock down)."""
+    return efficiency * gpu.peak(peak_key) * gpu.performance.sustained_clock
 
 
-def gemm_kernel_time(gemm: Gemm, gpu: GPUSpec, precision: str) -> float:
-    """The GEMM kernel alone: max(F / (η·peak·q), bytes / (η_hbm·B_hbm)) + t₀."""
+def _rate_and_size(gpu: GPUSpec, precision: str, recipe: Optional[Recipe]) -> tuple[float, float]:
+    """(FLOP/s, bytes per operand element) of a GEMM in ``precision``, or under ``recipe`` at the
+    training precision's peak (the recipe's elements': fp8, fp4) and the recipe's kernels'
+    achieved efficiency (``Recipe.kernel``: row-scaled fp8 kernels apart)."""
     perf = gpu.performance
-    traffic = element_bytes(precision) * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    if recipe is not None:
+        return tensor_core_rate(gpu, precision, perf.gemm_efficiency_for(recipe.kernel)), recipe.element_bytes
+    return tensor_core_rate(gpu, precision, perf.gemm_efficiency_for(precision)), element_bytes(precision)
+
+
+def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, recipe: Optional[Recipe] = None) -> float:
+    """Roofline with SM occupancy and a fixed per-kernel cost:
+    max(F / (η·peak·q), bytes / (η_hbm·B_hbm)) + t₀, q = :func:`wave_efficiency`.
+
+    The GEMM runs at ``precision``'s peak and achieved efficiency, or at a low-precision
+    ``recipe``'s (:func:`_rate_and_size`). The fixed cost t₀ (launch, prologue and epilogue)
+    weighs on small GEMMs. Quantizing the operands is priced apart (:func:`quantize_time`).
+    """
+    perf = gpu.performance
+    rate, size = _rate_and_size(gpu, precision, recipe)
+    traffic = size * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
     hbm = perf.hbm_efficiency * gpu.hbm_bandwidth
-    compute = gemm.flops / (perf.gemm_efficiency_for(precision) * gpu.peak(precision)
-                            * wave_efficiency(gemm.m, gemm.n, gpu, gemm.k))
+    compute = gemm.flops / (rate * wave_efficiency(gemm.m, gemm.n, gpu, gemm.k))
     return max(compute, traffic / hbm) + perf.kernel_overhead_s
 
 
-def cast_time(gemm: Gemm, gpu: GPUSpec, precision: str, cast_bytes: float = 3.0,
-              cached_weights: bool = False) -> float:
-    """fp8 GEMMs first cast their bf16 inputs to fp8 in memory-bound kernels, ``cast_bytes``
-    of HBM traffic per element of both operands (``EngineBehaviour.fp8_cast_bytes``):
-    Transformer Engine's fused ``cast_transpose`` reads 2 bytes and writes 1; dynamic scaling
-    (torchao) first reads the operand once more for its amax. Transformer Engine casts the
-    weights once per optimizer step and reuses the fp8 copy for every micro-batch
-    (``is_first_microbatch``): with ``cached_weights`` only the activation operand is cast."""
-    if precision != "fp8":
-        return 0.0
-    perf = gpu.performance
-    elements = gemm.m * gemm.k + (0.0 if cached_weights else gemm.k * gemm.n)
-    return cast_bytes * elements / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+def quantize_time(traffic_bytes: float, gpu: GPUSpec) -> float:
+    """Quantize kernels are memory-bound: their HBM traffic (``quantization.linear_quantize_bytes``)
+    at the element-wise kernels' achieved bandwidth."""
+    return traffic_bytes / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
 
 
 def attention_shape_efficiency(head_dim: float, keys: float, perf: Performance) -> float:
@@ -105,23 +113,61 @@ def flash_attention_time(flops: float, head_dim: float, keys: float, calls: int,
     perf = gpu.performance
     efficiency = perf.attention_efficiency_fused if fused and perf.attention_efficiency_fused else \
         perf.attention_efficiency
-    rate = efficiency * attention_shape_efficiency(head_dim, keys, perf) * gpu.peak(precision)
+    rate = tensor_core_rate(gpu, precision, efficiency) * attention_shape_efficiency(head_dim, keys, perf)
     return flops / rate + calls * perf.kernel_overhead_s
 
 
-def grouped_gemm_time(gemm: Gemm, groups: int, gpu: GPUSpec, precision: str, cast_bytes: float = 3.0,
-                      cached_weights: bool = False) -> float:
+def grouped_gemm_time(gemm: Gemm, groups: int, gpu: GPUSpec, precision: str, recipe: Optional[Recipe] = None) \
+        -> float:
     """``groups`` GEMMs of the shape ``gemm`` (one per local expert) in one grouped kernel
     (Transformer Engine's and CUTLASS's grouped GEMM, megatron-core ``TEGroupedMLP``): the
     groups' output tiles share the SMs (:func:`wave_efficiency` over all of them), each group's
-    rows are rounded up to whole tiles, and the kernel pays its fixed cost once. fp8 casts as
-    :func:`cast_time`, for every group's operands."""
+    rows are rounded up to whole tiles, and the kernel pays its fixed cost once. Rate and
+    element size as :func:`gemm_time`'s; quantizing priced apart."""
     perf = gpu.performance
+    rate, size = _rate_and_size(gpu, precision, recipe)
     rows = math.ceil(gemm.m / perf.gemm_tile_m) * perf.gemm_tile_m if gemm.m else 0.0
-    padded = Gemm(gemm.name, rows * groups, gemm.n, gemm.k)  # tiles of all groups, as one wave count
     flops = groups * 2.0 * rows * gemm.n * gemm.k
-    traffic = element_bytes(precision) * groups * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
-    compute = flops / (perf.gemm_efficiency_for(precision) * gpu.peak(precision)
-                       * wave_efficiency(padded.m, padded.n, gpu, padded.k))
-    kernel = max(compute, traffic / (perf.hbm_efficiency * gpu.hbm_bandwidth)) + perf.kernel_overhead_s
-    return kernel + groups * cast_time(gemm, gpu, precision, cast_bytes, cached_weights)
+    traffic = size * groups * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    compute = flops / (rate * wave_efficiency(rows * groups, gemm.n, gpu, gemm.k))
+    return max(compute, traffic / (perf.hbm_efficiency * gpu.hbm_bandwidth)) + perf.kernel_overhead_s
+
+
+def high_precision_precision(training: TrainingSpec) -> str:
+    """What runs outside the recipe's GEMMs (attention, the LM head, routers, the layers a recipe
+    keeps high): bf16 under a low-precision recipe, else the training precision."""
+    return "bf16" if training.recipe is not None else training.precision
+
+
+# The linears whose input a norm (QKV and the first MLP matrix, w1/w3) or the activation (the
+# down projection) computes: where a fused library quantizes in that kernel.
+NORM_OR_ACTIVATION_INPUTS = ("qkv", "fc1", "fc2", "w3")
+
+
+def linear_time(gemm: Gemm, gpu: GPUSpec, training: TrainingSpec, quantized: bool = True,
+                weight_share: float = 1.0, input_in_producer: bool = False, groups: int = 1) \
+        -> tuple[float, float]:
+    """(forward, backward) of a linear layer Y = X·Wᵀ of shape ``gemm``: the forward GEMM, and in
+    backward the input- and weight-gradient GEMMs, each as long as the forward one.
+
+    Under the training's low-precision recipe (where ``quantized``) every GEMM runs at the
+    recipe's rate, the wgrad in bf16 where the recipe keeps it there, and the quantize kernels of
+    each pass (``quantization.linear_quantize_bytes``: ``weight_share``, ``input_in_producer``)
+    are added. ``groups`` such linears (one per local expert) run as one grouped kernel
+    (:func:`grouped_gemm_time`), each quantizing its own operands.
+    """
+    recipe = training.recipe if quantized else None
+    high = high_precision_precision(training)
+
+    def kernel(precision: str, r: Optional[Recipe]) -> float:
+        return gemm_time(gemm, gpu, precision, r) if groups == 1 else grouped_gemm_time(gemm, groups, gpu, precision, r)
+
+    if recipe is None:
+        t = kernel(high, None)
+        return t, 2 * t
+    low = kernel(training.precision, recipe)
+    wgrad = low if recipe.wgrad_low else kernel(high, None)
+    q = linear_quantize_bytes(recipe, gemm.m, gemm.n, gemm.k, training.engine.fused_quantize, weight_share,
+                              input_in_producer)
+    return (low + groups * quantize_time(q.forward, gpu),
+            low + wgrad + groups * quantize_time(q.backward, gpu))

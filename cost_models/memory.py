@@ -11,7 +11,7 @@ from typing import Iterable, Optional
 from .activations import (embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, loss_gradient_bytes)
 from .experts import alltoall_buffer_bytes
-from .model_states import StateBytes, sharded_state_bytes, state_bytes
+from .model_states import StateBytes, gathered_weight_bytes, sharded_state_bytes, state_bytes
 from .offload import gradients_on_host, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
                          router_parameters, shared_expert_parameters, stage_parameters)
@@ -70,6 +70,7 @@ class PerMicrobatch:
 
     kept: float  # one layer that is not recomputed
     kept_moe: float  # one MoE layer that is not recomputed
+    kept_high: float  # one dense layer that is not recomputed, its linears kept in bf16 by the recipe
     checkpointed: float  # one layer under full recomputation: its input only
     embedding: float  # first stage
     head: float  # last stage: saved for backward
@@ -94,6 +95,8 @@ def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, 
         kept=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective),
         kept_moe=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective, moe=True)
         if model.is_moe else 0.0,
+        kept_high=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective,
+                                         quantized=False),
         checkpointed=layer_activation_bytes(model, training, lay, recomputed=True, selective=selective),
         embedding=embedding_activation_bytes(model, training, lay),
         head=head_activation_bytes(model, training, lay),
@@ -115,9 +118,13 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
     # Unequal chunks (a stage's layers not divisible by vpp): the larger ones set the peak.
     layers_per_chunk = math.ceil(layers / lay.vpp)
+    # Layers whose linears the recipe keeps in bf16 keep bf16 inputs: counted at their share of
+    # the stage in every chunk (they are the model's last layers: NVFP4's tail).
+    high = job.high_precision_layers[stage] / layers if layers else 0.0
+    dense_kept = (1 - high) * shared.kept + high * shared.kept_high
     # A stage of dense and MoE layers keeps their mean per layer (the recomputed ones are any of them).
     moe = job.stage_moe_layers[stage] if job.model.is_moe else 0
-    kept = (shared.kept * (layers - moe) + shared.kept_moe * moe) / layers if moe else shared.kept
+    kept = (dense_kept * (layers - moe) + shared.kept_moe * moe) / layers if moe else dense_kept
 
     recomputed = 0.0
     if lay.recompute == "full":
@@ -128,7 +135,7 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
 
     total = chunks * per_chunk_bytes
     if recomputed:
-        total += max(shared.kept, shared.kept_moe if moe else 0.0)
+        total += max(dense_kept, shared.kept_moe if moe else 0.0)
     if offloaded:  # the layer whose copy is under way
         total += kept
     if stage == 0:
@@ -150,7 +157,7 @@ def zero3_gather_bytes(job: Job) -> float:
         moe_layer = (attention_parameters(model) + shared_expert_parameters(model)) / lay.tp \
             + router_parameters(model) + model.num_experts // lay.ep * expert_parameters(model) / lay.expert_tp
         per_layer = max(per_layer, moe_layer) if model.num_moe_layers < model.num_layers else moe_layer
-    return 2 * per_layer * state_bytes(job.training).weights
+    return 2 * per_layer * gathered_weight_bytes(job.training)
 
 
 def stage_state_bytes(job: Job, stage: int) -> StateBytes:

@@ -35,7 +35,7 @@ def fp32_gradients(training: TrainingSpec) -> bool:
         return True
     if training.fp32_grads is not None:
         return training.fp32_grads
-    return training.precision in ("bf16", "fp8") and training.engine.fp32_grads_for_bf16
+    return training.precision != "fp16" and training.engine.fp32_grads_for_bf16
 
 
 def state_bytes(training: TrainingSpec) -> StateBytes:
@@ -46,13 +46,28 @@ def state_bytes(training: TrainingSpec) -> StateBytes:
       gradients, plus a 4-byte fp32 master copy kept with the optimizer state
       (ZeRO's K = 12 for Adam; 8 for SGD with momentum). Gradients kept in fp32
       (:func:`fp32_gradients`) take 4 bytes: Megatron's bf16 default, 18 bytes in all.
-    - fp8 (Transformer Engine): weights are kept in bf16 and cast to fp8 per GEMM,
-      so the states are those of bf16.
+    - fp8, mxfp8, nvfp4: weights are kept in bf16 and quantized per GEMM, so the states are
+      those of bf16; where the weights are gathered quantized and the engine keeps them so
+      (Megatron's --fp8-param-gather: Transformer Engine's quantized parameters, the fp32
+      master copy in the distributed optimizer), a weight takes the recipe's bytes
+      (``quantization.Recipe.quantized_bytes``: 1 for fp8).
     """
     moments = 1 if training.optimizer == "sgd" else 2
     if training.precision == "fp32":
         return StateBytes(weights=4, gradients=4, optimizer=4 * moments)
-    return StateBytes(weights=2, gradients=4 if fp32_gradients(training) else 2, optimizer=4 + 4 * moments)
+    weights = 2.0
+    if training.fp8_param_gather and training.recipe is not None and training.engine.fused_quantize:
+        weights = training.recipe.quantized_bytes
+    return StateBytes(weights=weights, gradients=4 if fp32_gradients(training) else 2, optimizer=4 + 4 * moments)
+
+
+def gathered_weight_bytes(training: TrainingSpec) -> float:
+    """Bytes per parameter a ZeRO weight gather moves and materialises: the held weights, or the
+    quantized ones where the weights are quantized on their shard first (Megatron's
+    --fp8-param-gather, MLPerf's FP8_PARAM_GATHER; torchao's FSDP float8 all-gather)."""
+    if training.fp8_param_gather and training.recipe is not None:
+        return training.recipe.quantized_bytes
+    return state_bytes(training).weights
 
 
 def optimizer_step_bytes(per_param: StateBytes) -> float:

@@ -105,3 +105,21 @@ def default_partition(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     if vpp > 1 and model.num_layers % (pp * vpp):
         return virtual_partition(model.num_layers, pp, vpp)
     return (model.num_layers // pp,) * pp
+
+
+def model_chunks(stage_layers: tuple[int, ...], vpp: int) -> list[tuple[int, int]]:
+    """(rank, layers) of every model chunk in model order: chunk v·pp + r is rank r's v-th
+    (Megatron's interleaved order), each rank's chunks as :func:`chunk_layers` splits them."""
+    sizes = [chunk_layers(n, vpp) for n in stage_layers]
+    return [(r, sizes[r][v]) for v in range(vpp) for r in range(len(stage_layers))]
+
+
+def tail_layers_per_stage(stage_layers: tuple[int, ...], vpp: int, tail: int) -> tuple[int, ...]:
+    """How many of the model's last ``tail`` decoder layers each pipeline rank holds."""
+    held = [0] * len(stage_layers)
+    remaining = tail
+    for rank, layers in reversed(model_chunks(stage_layers, vpp)):
+        take = min(layers, remaining)
+        held[rank] += take
+        remaining -= take
+    return tuple(held)

@@ -16,9 +16,13 @@ from typing import Mapping, Optional
 
 from .behaviour import GENERIC, EngineBehaviour
 from .frozen import cached_hash
+from .quantization import FP8_RECIPES, Recipe, recipe_for
 
 ACTIVATIONS = ("gelu", "swiglu")
-PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
+PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
+# Block-scaled formats a GPU's tensor cores run natively (GPUSpec.block_scaling): OCP MX (32-element
+# blocks, E8M0 scales) and NVIDIA's NVFP4 (16-element blocks, E4M3 scales).
+BLOCK_SCALED_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 RECOMPUTE = ("none", "selective", "full")
 
@@ -279,6 +283,11 @@ class Performance:
     # The same for fp8 GEMMs, whose share of their (twice as high) peak is lower: H100
     # mamf-finder reaches 0.80 of the bf16 and 0.71 of the fp8 peak. None: as gemm_efficiency.
     gemm_efficiency_fp8: Optional[float] = None
+    # Row-scaled fp8 GEMMs (torchao's rowwise recipes: CUTLASS kernels through torch._scaled_mm on
+    # NVIDIA, hipBLASLt on AMD) reach less of the fp8 peak than per-tensor ones. None: as fp8.
+    gemm_efficiency_fp8_rowwise: Optional[float] = None
+    # The same for fp4 GEMMs (NVFP4), of the fp4 peak. None: as fp8.
+    gemm_efficiency_fp4: Optional[float] = None
     # Share of dense peak of flash attention, forward + backward, at head dim 128 and 16k keys
     # (the condition FlashAttention's published benchmarks report): FlashAttention-2-class
     # kernels (flash-attn 2, PyTorch SDPA) in ``attention_efficiency``; the vendor's fused
@@ -291,6 +300,10 @@ class Performance:
     # (``cost_models.kernels.attention_shape_efficiency``).
     attention_head_dim_half: float = 32.0
     attention_seq_half: float = 550.0
+    # Tensor-core clock sustained under training load, relative to the one the efficiencies above
+    # hold at: a power cap lowers it for GEMMs and attention alike, while HBM-bound kernels keep
+    # their bandwidth (``kernels.tensor_core_rate``).
+    sustained_clock: float = 1.0
     kernel_overhead_s: float = 8e-6  # fixed time per GEMM: launch, tail wave, prologue/epilogue
     hbm_efficiency: float = 0.8  # achieved share of HBM bandwidth by element-wise kernels
     intra_node_efficiency: float = 0.75  # achieved bus bandwidth over nominal NVLink bandwidth
@@ -311,12 +324,14 @@ class Performance:
     host_memory_efficiency: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("gemm_efficiency", "gemm_efficiency_fp8", "attention_efficiency", "attention_efficiency_fused",
-                     "hbm_efficiency",
+        optional = ("gemm_efficiency_fp8", "gemm_efficiency_fp8_rowwise", "gemm_efficiency_fp4",
+                    "attention_efficiency_fused")
+        for name in ("gemm_efficiency", "gemm_efficiency_fp8", "gemm_efficiency_fp8_rowwise", "gemm_efficiency_fp4",
+                     "attention_efficiency", "attention_efficiency_fused", "hbm_efficiency", "sustained_clock",
                      "intra_node_efficiency", "all_gather_efficiency",
                      "reduce_scatter_efficiency", "host_link_efficiency", "host_memory_efficiency"):
             value = getattr(self, name)
-            if value is None and name in ("gemm_efficiency_fp8", "attention_efficiency_fused"):
+            if value is None and name in optional:
                 continue
             _positive_float("cluster.performance", name, value)
             if value > 1:
@@ -334,10 +349,17 @@ class Performance:
         for name in ("gemm_tile_m", "gemm_tile_n", "gemm_split_k"):
             _positive_int("cluster.performance", name, getattr(self, name))
 
-    def gemm_efficiency_for(self, precision: str) -> float:
-        """Share of the ``precision`` peak a large GEMM sustains."""
-        if precision == "fp8" and self.gemm_efficiency_fp8 is not None:
-            return self.gemm_efficiency_fp8
+    def gemm_efficiency_for(self, kernel: str) -> float:
+        """Share of its peak a large GEMM of ``kernel`` sustains: a training precision (fp32, fp16,
+        bf16), or a recipe's kernel (``quantization.Recipe.kernel``: fp8, fp8_rowwise, fp4), each
+        falling back to the one before it (fp4 and row-scaled to fp8, fp8 to 16-bit)."""
+        fp8 = self.gemm_efficiency if self.gemm_efficiency_fp8 is None else self.gemm_efficiency_fp8
+        if kernel == "fp8":
+            return fp8
+        if kernel == "fp8_rowwise":
+            return fp8 if self.gemm_efficiency_fp8_rowwise is None else self.gemm_efficiency_fp8_rowwise
+        if kernel == "fp4":
+            return fp8 if self.gemm_efficiency_fp4 is None else self.gemm_efficiency_fp4
         return self.gemm_efficiency
 
 
@@ -379,9 +401,14 @@ class GPUSpec:
     # None: no wave quantization is modelled.
     sm_count: Optional[int] = None
     host: Optional[HostSpec] = None  # what offload reaches; None: no offload is modelled
+    # Block-scaled formats the tensor cores run (BLOCK_SCALED_FORMATS): Blackwell's fifth-generation
+    # tensor cores scale MXFP8, MXFP4 and NVFP4 blocks in hardware; CDNA4 (MI355X) the MX formats.
+    block_scaling: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         s = "cluster.gpu"
+        for fmt in self.block_scaling:
+            _choice(s, "block_scaling", fmt, BLOCK_SCALED_FORMATS)
         for name in ("memory_bytes", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth"):
             _positive_float(s, name, getattr(self, name))
         _positive_int(s, "gpus_per_node", self.gpus_per_node)
@@ -392,12 +419,23 @@ class GPUSpec:
             _positive_float(s, f"peak_tflops.{precision}", flops)
 
     def peak(self, precision: str) -> float:
-        """Dense peak FLOP/s for GEMMs in ``precision`` (fp32 GEMMs use TF32 where the GPU has it)."""
+        """Dense peak FLOP/s for GEMMs in ``precision`` (fp32 GEMMs use TF32 where the GPU has it);
+        a block-scaled training precision (mxfp8, nvfp4) at the peak of its elements (fp8, fp4),
+        where the tensor cores scale its blocks."""
+        if precision in ("mxfp8", "nvfp4"):
+            if precision not in self.block_scaling:
+                raise SpecError("training", "precision", f"{precision} needs tensor cores that scale its blocks "
+                                                         f"({'Blackwell or CDNA4' if precision == 'mxfp8' else 'Blackwell'}), "
+                                                         f"and {self.name} has none (cluster.gpu.block_scaling)")
+            return self.peak(recipe_for(precision, None).peak)
         key = "tf32" if precision == "fp32" and "tf32" in self.peak_flops else precision
         if key not in self.peak_flops:
             if precision == "fp8":  # Transformer Engine refuses fp8 below compute capability 8.9
                 raise SpecError("training", "precision", f"fp8 needs fp8 tensor cores (Hopper, Ada, Blackwell, "
                                                          f"CDNA3), and {self.name} has none: no fp8 peak")
+            if precision == "fp4":
+                raise SpecError("training", "precision", f"fp4 GEMMs need fp4 tensor cores (Blackwell, CDNA4), "
+                                                         f"and {self.name} has none: no fp4 peak")
             # bf16 on a V100, or a precision a calibrated profile did not measure.
             raise SpecError("training", "precision", f"{precision} has no peak on {self.name} "
                                                      f"(cluster.gpu.peak_tflops has no figure for it)")
@@ -505,6 +543,13 @@ class TrainingSpec:
     # Gradients accumulated and reduced in fp32 under mixed precision; None: the engine's
     # default (``cost_models.model_states.fp32_gradients``).
     fp32_grads: Optional[bool] = None
+    # How fp8 scales its tensors (``cost_models.quantization.FP8_RECIPES``); None: the engine's
+    # default (``EngineBehaviour.fp8_recipe``). Only with precision fp8: mxfp8 and nvfp4 are recipes.
+    fp8_recipe: Optional[str] = None
+    # Weights quantized on their shard before the ZeRO gather, which then moves the low-precision
+    # weights (Megatron --fp8-param-gather, MLPerf's FP8_PARAM_GATHER; torchao's FSDP float8
+    # all-gather).
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         s = "training"
@@ -514,10 +559,27 @@ class TrainingSpec:
         _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
         if not isinstance(self.engine, EngineBehaviour):
             raise SpecError(s, "engine", f"expected an engine's behaviour, got {self.engine!r}")
-        for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap"):
+        for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "fp32_grads" and value is None):
                 raise SpecError(s, name, f"expected true or false, got {value!r}")
+        if self.fp8_recipe is not None:
+            _choice(s, "fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+            if self.precision != "fp8":
+                raise SpecError(s, "fp8_recipe", f"applies only with precision fp8 ({self.precision} is a recipe "
+                                                 f"of its own)" if self.precision in ("mxfp8", "nvfp4")
+                                else f"applies only with precision fp8, not {self.precision}")
+        if self.fp8_param_gather and self.precision not in ("fp8", "mxfp8", "nvfp4"):
+            raise SpecError(s, "fp8_param_gather", f"applies only to a low precision (fp8, mxfp8, nvfp4), "
+                                                   f"not {self.precision}")
+
+    @property
+    def recipe(self) -> Optional[Recipe]:
+        """The low-precision recipe the linear GEMMs run (``cost_models.quantization``); None
+        for fp32, fp16 and bf16. fp8 without a recipe runs the engine's default."""
+        return recipe_for(self.precision, self.fp8_recipe or self.engine.fp8_recipe)
+
+
 
 
 @dataclass(frozen=True)
@@ -779,6 +841,17 @@ class Job:
         """MoE layers of each pipeline stage (:func:`moe_layers_per_stage`)."""
         return moe_layers_per_stage(self.model, self.stage_layers, self.layout.vpp)
 
+    @cached_property
+    def high_precision_layers(self) -> tuple[int, ...]:
+        """Decoder layers of each stage whose linears the recipe keeps in bf16: the model's last
+        ⌈share·L⌉ (``quantization.Recipe.high_precision_layers``; torchtitan's
+        ``nvfp4_bf16_tail_fqns`` rounds up likewise), 0 everywhere without such a recipe."""
+        from .partition import tail_layers_per_stage
+
+        recipe = self.training.recipe
+        tail = math.ceil(recipe.high_precision_layers * self.model.num_layers) if recipe else 0
+        return tail_layers_per_stage(self.stage_layers, self.layout.vpp, tail)
+
 
 @lru_cache(maxsize=4096)
 def moe_layers_per_stage(model: ModelSpec, stage_layers: tuple[int, ...], vpp: int = 1) -> tuple[int, ...]:
@@ -786,13 +859,11 @@ def moe_layers_per_stage(model: ModelSpec, stage_layers: tuple[int, ...], vpp: i
     r, pp + r, … of stage_layers[r] / vpp consecutive layers each (Megatron's order)."""
     if not model.is_moe:
         return (0,) * len(stage_layers)
-    from .partition import chunk_layers
+    from .partition import model_chunks
 
-    chunks = [chunk_layers(layers, vpp) for layers in stage_layers]
     counts = [0] * len(stage_layers)
     start = 0
-    for v in range(vpp):
-        for rank in range(len(stage_layers)):
-            counts[rank] += model.moe_layers_in(start, chunks[rank][v])
-            start += chunks[rank][v]
+    for rank, layers in model_chunks(stage_layers, vpp):
+        counts[rank] += model.moe_layers_in(start, layers)
+        start += layers
     return tuple(counts)

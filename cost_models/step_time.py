@@ -21,12 +21,13 @@ from functools import lru_cache
 
 from .activations import activation_bytes, selective_modules
 from .collectives import collective_time, exposed, p2p_time
-from .experts import dispatch_combine_time, moe_mlp_forward_time, routed_tokens
+from .experts import dispatch_combine_time, moe_mlp_time, routed_tokens
 from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, model_flops_per_token
-from .kernels import flash_attention_time, gemm_kernel_time, gemm_time
+from .kernels import (NORM_OR_ACTIVATION_INPUTS, flash_attention_time, gemm_time, high_precision_precision,
+                      linear_time, tensor_core_rate)
 from .memory import job_stage_parameters, per_microbatch, zero_shards
 from .parameters import embedding_parameters
-from .model_states import optimizer_step_bytes, state_bytes
+from .model_states import gathered_weight_bytes, optimizer_step_bytes, state_bytes
 from .offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from .pipeline import bubble_fraction
 from .specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, TrainingSpec
@@ -119,47 +120,99 @@ def cross_entropy_bytes(logits: float, training: TrainingSpec) -> float:
     return logits * ((p + 4) + 4 + 8 + 8 + (4 + p))
 
 
+@dataclass(frozen=True)
+class LayerTime:
+    """One layer, one micro-batch: forward, backward, and the attention core's forward alone."""
+
+    forward: float
+    backward: float
+    core: float
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward
+
+
+def weight_quantize_share(job: Job) -> float:
+    """Part of a weight's quantize each micro-batch pays (``quantization.linear_quantize_bytes``):
+    once a step where the engine caches the quantized weights (Transformer Engine, as Megatron
+    runs it), and on the weight's shard where the ZeRO gather moves quantized weights."""
+    training = job.training
+    share = 1.0 / job.num_microbatches if training.engine.fp8_weight_cache else 1.0
+    if training.fp8_param_gather and job.layout.zero_stage >= 1:
+        share /= zero_shards(job)
+    return share
+
+
+def layer_time(job: Job, quantized: bool = True) -> LayerTime:
+    """One layer of the job's layout: its GEMMs under the recipe (``quantized``) or in bf16."""
+    lay = job.layout
+    share = weight_quantize_share(job) if quantized and job.training.recipe else 1.0
+    return layer_time_for(job.model, job.training, job.cluster.gpu, lay.tp, lay.cp, lay.micro_batch_size,
+                          lay.sequence_parallel, quantized, share)
+
+
+def moe_layer_time(job: Job) -> LayerTime:
+    """One MoE layer of the job's layout under the recipe, its dispatch and combine excluded."""
+    lay = job.layout
+    share = weight_quantize_share(job) if job.training.recipe else 1.0
+    return moe_layer_time_for(job.model, job.training, job.cluster.gpu, lay.tp, lay.cp, lay.micro_batch_size,
+                              lay.sequence_parallel, lay.ep, lay.expert_tp, share)
+
+
+def layer_time_bound(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                     micro_batch_size: int, sequence_parallel: bool) -> float:
+    """Forward + backward of one dense layer that no layout of this shape goes below, for the
+    searches' bounds: under the recipe (the layers a recipe keeps in bf16 are slower), with no
+    weight quantize (the least share, :func:`weight_quantize_share`, is above 0)."""
+    return layer_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel, True, 0.0).total
+
+
 def layer_forward_time(job: Job) -> tuple[float, float]:
     """Forward time of one layer for one micro-batch: (whole layer, attention core alone)."""
-    lay = job.layout
-    return layer_forward_time_for(job.model, job.training, job.cluster.gpu, lay.tp, lay.cp, lay.micro_batch_size,
-                               lay.sequence_parallel)
+    t = layer_time(job)
+    return t.forward, t.core
 
 
 def layer_gemm_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float,
-                    mlp: bool = True) -> float:
-    """Forward time of one layer's GEMMs (QKV, projection, and the dense MLP unless not ``mlp``)
-    on ``tokens`` tokens."""
-    engine = training.engine
+                    quantized: bool = True, weight_share: float = 1.0, mlp: bool = True) -> tuple[float, float]:
+    """(forward, backward) of one layer's GEMMs (QKV, projection, and the dense MLP unless not
+    ``mlp``) on ``tokens`` tokens, each a linear layer's (:func:`kernels.linear_time`): under the
+    training's low-precision recipe where ``quantized``, with its quantize kernels."""
     gemms = layer_gemms(model, tokens, tp) if mlp else attention_gemms(model, tokens, tp)
-    return sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
-               for g in gemms)
+    times = [linear_time(g, gpu, training, quantized, weight_share, g.name in NORM_OR_ACTIVATION_INPUTS)
+             for g in gemms]
+    return sum(f for f, _ in times), sum(b for _, b in times)
 
 
 @lru_cache(maxsize=4096)
-def moe_layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
-                               micro_batch_size: int, sequence_parallel: bool, ep: int, etp: int) \
-        -> tuple[float, float]:
-    """Forward time of one MoE layer for one micro-batch, its dispatch and combine excluded:
-    (whole layer, attention core alone). The attention half is a dense layer's; the MLP half
-    is the experts' (:func:`experts.moe_mlp_forward_time`)."""
-    attention, core = layer_forward_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel,
-                                             mlp=False)
-    return attention + moe_mlp_forward_time(model, training, gpu, tp, cp, micro_batch_size, ep, etp), core
+def moe_layer_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                       micro_batch_size: int, sequence_parallel: bool, ep: int, etp: int,
+                       weight_share: float = 1.0) -> LayerTime:
+    """One MoE layer for one micro-batch, its dispatch and combine excluded. The attention half
+    is a dense layer's; the MLP half is the experts' (:func:`experts.moe_mlp_time`)."""
+    attention = layer_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel,
+                               weight_share=weight_share, mlp=False)
+    forward, backward = moe_mlp_time(model, training, gpu, tp, cp, micro_batch_size, ep, etp, weight_share)
+    return LayerTime(forward=attention.forward + forward, backward=attention.backward + backward,
+                     core=attention.core)
 
 
 @lru_cache(maxsize=4096)
-def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
-                        micro_batch_size: int, sequence_parallel: bool, mlp: bool = True) -> tuple[float, float]:
-    # Only these layout fields shape one layer's forward: cached, since a search scores
-    # many layouts that share them.
+def layer_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                   micro_batch_size: int, sequence_parallel: bool, quantized: bool = True,
+                   weight_share: float = 1.0, mlp: bool = True) -> LayerTime:
+    # Only these layout fields shape one layer's time: cached, since a search scores many
+    # layouts that share them.
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
     perf = gpu.performance
     s_local = training.seq_len / lay.cp
     tokens = lay.micro_batch_size * s_local
-    gemms = layer_gemm_time(model, training, gpu, lay.tp, tokens, mlp)
-    # Attention runs in bf16 even in fp8 recipes (Transformer Engine keeps DPA in bf16).
-    attn_precision = "bf16" if training.precision == "fp8" else training.precision
+    gemm_forward, gemm_backward = layer_gemm_time(model, training, gpu, lay.tp, tokens, quantized, weight_share,
+                                                  mlp)
+    # Attention runs in bf16 under every recipe (Transformer Engine keeps DPA in bf16 unless
+    # fp8 attention is asked for; torchao converts linears only).
+    attn_precision = high_precision_precision(training)
     # Context parallelism: each rank attends its s/cp queries to all s keys, balanced causally,
     # in cp ring steps of s/cp keys each (Megatron-core ``AttnFuncWithCPAndKVP2P``).
     flops = attention_flops(model, lay.micro_batch_size, s_local, training.seq_len, lay.tp)
@@ -171,30 +224,35 @@ def layer_forward_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpe
         heads = model.num_attention_heads / lay.tp * lay.micro_batch_size
         scores = Gemm("scores", s_local, training.seq_len, model.head_dim)
         context = Gemm("context", s_local, model.value_head_dim, training.seq_len)
-        core = heads * (scores.flops + context.flops) / (perf.gemm_efficiency_for(attn_precision)
-                                                          * gpu.peak(attn_precision)) + 2 * perf.kernel_overhead_s
+        core = heads * (scores.flops + context.flops) / tensor_core_rate(
+            gpu, attn_precision, perf.gemm_efficiency_for(attn_precision)) + 2 * perf.kernel_overhead_s
     memory = elementwise_bytes(model, training, lay, tokens, mlp) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
-    return gemms + core + memory, core
+    # Backward: element-wise kernels twice the forward's traffic; flash attention's backward also
+    # recomputes the scores: 2.5 times its forward (FlashAttention's benchmark counts fwd + bwd as
+    # 3.5 forward passes, which is how attention_efficiency is quoted), without flash 2 times.
+    attention_backward = 2.5 if training.flash_attention else 2.0
+    return LayerTime(forward=gemm_forward + core + memory,
+                     backward=gemm_backward + attention_backward * core + 2 * memory, core=core)
 
 
 @lru_cache(maxsize=4096)
 def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
-                             micro_batch_size: int, sequence_parallel: bool) -> float:
+                             micro_batch_size: int, sequence_parallel: bool, quantized: bool = True,
+                             weight_share: float = 1.0) -> float:
     """What one layer runs again in backward under ``recompute: selective``, per the engine's
     policy (``EngineBehaviour.selective``): the attention core ("attention"), or the matmuls
     whose outputs are not kept and every element-wise kernel ("matmuls": wk, wo and w3 of a
-    Llama block, proj and fc2 of a GPT block; :func:`activations.matmul_policy_saved_elements`)."""
-    whole, core = layer_forward_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel)
+    Llama block, proj and fc2 of a GPT block; :func:`activations.matmul_policy_saved_elements`),
+    each with its forward quantize under a low-precision recipe."""
+    t = layer_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel, quantized, weight_share)
     if training.engine.selective == "attention":
         # The attention core, and MLA's up-projections where they are recomputed too
-        # (:func:`activations.selective_modules`).
+        # (:func:`activations.selective_modules`), each with its forward quantize.
         if "mla_up_proj" not in selective_modules(model, training):
-            return core
-        engine = training.engine
+            return t.core
         tokens = micro_batch_size * training.seq_len / cp
         up = [g for g in attention_gemms(model, tokens, tp) if g.name in ("q_up", "kv_up", "q")]
-        return core + sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
-                          for g in up)
+        return t.core + sum(linear_time(g, gpu, training, quantized, weight_share)[0] for g in up)
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
     tokens = micro_batch_size * training.seq_len / cp
     h, f = model.hidden_size, model.ffn_hidden_size
@@ -206,8 +264,7 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
         gemms = (Gemm("proj", tokens, h, model.context_size / tp), Gemm("fc2", tokens, h, f / tp))
     perf = gpu.performance
     memory = elementwise_bytes(model, training, lay, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
-    engine = training.engine
-    return sum(gemm_time(g, gpu, training.precision, engine.fp8_cast_bytes, engine.fp8_weight_cache)
+    return sum(linear_time(g, gpu, training, quantized, weight_share, g.name in NORM_OR_ACTIVATION_INPUTS)[0]
                for g in gemms) + memory
 
 
@@ -259,13 +316,12 @@ def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
         launch = calls * training.engine.collective_launch_s if tp > 1 else 0.0
         return 2 * one + launch, 2 * one + launch
     tokens = micro_batch_size * training.seq_len / cp
-    gpu, precision = cluster.gpu, training.precision
-    perf = gpu.performance
+    gpu, precision, recipe = cluster.gpu, training.precision, training.recipe
     chunk = one / 2 / tp  # one of the four collectives, cut in tp pieces
     forward = backward = 0.0
     for gemm in layer_gemms(model, tokens, tp):
-        whole = gemm_kernel_time(gemm, gpu, precision)
-        chunked = tp * gemm_kernel_time(Gemm(gemm.name, gemm.m / tp, gemm.n, gemm.k), gpu, precision)
+        whole = gemm_time(gemm, gpu, precision, recipe)
+        chunked = tp * gemm_time(Gemm(gemm.name, gemm.m / tp, gemm.n, gemm.k), gpu, precision, recipe)
         forward += chunk + max(0.0, chunk * (tp - 1) - chunked) + (chunked - whole)
         backward += chunk + max(0.0, chunk * (tp - 1) - 2 * chunked) + 2 * (chunked - whole)
     return forward, backward
@@ -278,37 +334,40 @@ def stage_time(job: Job, stage: int) -> StageTime:
     cluster, gpu = job.cluster, job.cluster.gpu
     perf = gpu.performance
     layers = job.stage_layers[stage]
+    # Layers under the recipe, those it keeps in bf16 (none for most recipes), and MoE layers.
+    high = job.high_precision_layers[stage]
     moe_layers = job.stage_moe_layers[stage]
-    layer_fwd, core_fwd = layer_forward_time(job)
-    moe_fwd = moe_layer_forward_time_for(model, training, gpu, lay.tp, lay.cp, lay.micro_batch_size,
-                                         lay.sequence_parallel, lay.ep, lay.expert_tp)[0] if moe_layers else 0.0
+    low = layer_time(job)
+    kept = layer_time(job, quantized=False) if high else low
+    moe = moe_layer_time(job) if moe_layers else low
     tokens = lay.micro_batch_size * training.seq_len / lay.cp
-    forward = (layers - moe_layers) * layer_fwd + moe_layers * moe_fwd
-    loss = 0.0
+    # The tail the recipe keeps high is counted among the dense layers (no MoE model keeps one).
+    high = min(high, layers - moe_layers)
+    compute = (layers - high - moe_layers) * low.total + high * kept.total + moe_layers * moe.total
     if stage == lay.pp - 1:
-        # fp8 recipes keep the LM head in bf16 (Transformer Engine's output layer; torchao's
-        # float8 conversion skips it).
-        head_precision = "bf16" if training.precision == "fp8" else training.precision
-        forward += gemm_time(head_gemm(model, tokens, lay.tp), gpu, head_precision)
-        loss = cross_entropy_bytes(tokens * model.vocab_size / lay.tp, training) \
+        # The LM head runs in bf16 under every recipe (Transformer Engine's output layer is
+        # Megatron's bf16 ColumnParallelLinear; torchao's conversions skip lm_head); its backward
+        # is twice its forward; the loss's traffic is its own.
+        compute += 3 * gemm_time(head_gemm(model, tokens, lay.tp), gpu, high_precision_precision(training))
+        compute += cross_entropy_bytes(tokens * model.vocab_size / lay.tp, training) \
             / (perf.hbm_efficiency * gpu.hbm_bandwidth)
     if stage == 0:
-        forward += perf.kernel_overhead_s  # embedding gather: memory-trivial
-    # Backward computes input and weight gradients: twice the forward. Flash attention's
-    # backward also recomputes the scores: 2.5 times its forward (FlashAttention's benchmark
-    # counts fwd + bwd as 3.5 forward passes, which is how attention_efficiency is quoted).
-    attention_backward = 2.5 if training.flash_attention else 2.0
-    compute = 3 * forward + (attention_backward - 2.0) * layers * core_fwd + loss
+        compute += 3 * perf.kernel_overhead_s  # embedding gather: memory-trivial
 
     recomputed = 0  # layers whose whole forward runs again in backward
     if lay.recompute == "full":
         recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, layers)
-    # The recomputed layers are a stage's mix of dense and MoE layers.
-    mean_fwd = ((layers - moe_layers) * layer_fwd + moe_layers * moe_fwd) / layers if layers else layer_fwd
-    recompute = recomputed * mean_fwd
+    # The recomputed layers are the stage's first (Megatron's block method), the kept-high ones
+    # its last; the MoE layers are spread among them.
+    recomputed_high = max(0, recomputed - (layers - high))
+    moe_share = moe_layers / layers if layers else 0.0
+    dense_forward = (1 - moe_share) * low.forward + moe_share * moe.forward
+    recompute = (recomputed - recomputed_high) * dense_forward + recomputed_high * kept.forward
     if lay.recompute == "selective":
-        recompute += layers * selective_recompute_time(model, training, gpu, lay.tp, lay.cp, lay.micro_batch_size,
-                                                       lay.sequence_parallel)
+        share = weight_quantize_share(job) if training.recipe else 1.0
+        args = (model, training, gpu, lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel)
+        recompute += (layers - high) * selective_recompute_time(*args, True, share) \
+            + high * selective_recompute_time(*args, False)
         if moe_layers and "moe_act" in selective_modules(model, training):
             # The experts' activation function again: one read of its 2f-wide input, one write.
             act = activation_bytes(training.precision) * 3 * routed_tokens(
@@ -354,8 +413,8 @@ def stage_time(job: Job, stage: int) -> StageTime:
         # what the step's attention cannot cover of the rest shows.
         wait = cp_links.inter_latency if crosses else perf.link_latency_s
         steps = lay.cp - 1
-        exposed_fwd = steps * wait + exposed(steps * (hop - wait), core_fwd, perf)
-        exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * core_fwd, perf)
+        exposed_fwd = steps * wait + exposed(steps * (hop - wait), low.core, perf)
+        exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * low.core, perf)
         cp_comm = layers * (exposed_fwd + exposed_bwd)
     return StageTime(compute=compute, recompute=recompute, tp_comm=tp_comm, cp_comm=cp_comm, ep_comm=ep_comm)
 
@@ -407,7 +466,7 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     tied = 0.0  # counted once, by dp_comm_exposed
     per_param = state_bytes(training)
     grads = params * per_param.gradients
-    weights = params * per_param.weights
+    weights = params * gathered_weight_bytes(training)
     # Engines issue one collective per bucket (ZeRO 0–2) or per wrapped layer (ZeRO-3:
     # FSDP units, DeepSpeed's per-module gathers): each pays the collective's latency.
     chunks = gradient_chunks(job, params, per_param.gradients) if lay.zero_stage < 3 else \
@@ -482,7 +541,6 @@ def tied_embedding_reduce(job: Job, stage: int) -> float:
 def optimizer_time(job: Job, stage: int) -> float:
     """The optimizer step is HBM-bound: read gradients, read and write the fp32 states, write weights."""
     lay, gpu = job.layout, job.cluster.gpu
-    params = job_stage_parameters(job, stage)
     per_param = state_bytes(job.training)
     local = optimizer_local_parameters(job, stage) * (1 - lay.offload_optimizer)
     return local * optimizer_step_bytes(per_param) / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
@@ -543,7 +601,7 @@ def step_time(job: Job) -> StepTime:
     # Stages with the same layer count and role (first, middle, last) take the same time.
     kinds: dict[tuple, int] = {}
     for i, layers in enumerate(job.stage_layers):
-        kinds.setdefault((layers, job.stage_moe_layers[i], i == 0, i == lay.pp - 1), i)
+        kinds.setdefault((layers, job.stage_moe_layers[i], job.high_precision_layers[i], i == 0, i == lay.pp - 1), i)
     stages = [stage_time(job, i) for i in kinds.values()]
     slowest = max(stages, key=lambda s: s.total)
     m = job.num_microbatches

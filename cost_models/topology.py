@@ -151,3 +151,14 @@ def group_links(cluster: ClusterSpec, layout: Layout, dim: str) -> GroupLinks:
 @lru_cache(maxsize=4096)
 def _cluster_group_links(cluster: ClusterSpec, stride: int, size: int) -> GroupLinks:
     return _group_links(_shape(cluster), cluster.fabric, stride, size)
+
+
+def domains_spanned(cluster: ClusterSpec, layout: Layout) -> dict[str, int]:
+    """NVLink domains each parallel group of the layout spans (racks, on NVL72 systems): a group
+    spanning more than one leaves its domain and runs its collectives over the scale-out fabric.
+    Domains, not nodes: on an NVL72 rack a tensor-parallel group of 8 spans two 4-GPU trays and
+    stays on NVLink. The expert groups (ep, and etp where it differs from tp) are listed for
+    models with experts (``layout.ep`` > 1)."""
+    dims = ["tp", "cp", "dp", "pp"] + (["ep"] if layout.ep > 1 else []) + \
+        (["etp"] if layout.ep > 1 and layout.expert_tp != layout.tp else [])
+    return {dim: group_links(cluster, layout, dim).domains for dim in dims}

@@ -40,10 +40,11 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
 # experts or leading dense layers.
 OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidden_size", "moe_first_dense_layers")
 GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
-            "gpus_per_node", "nvlink_domain", "sm_count", "fabric", "host")
+            "gpus_per_node", "nvlink_domain", "sm_count", "fabric", "host", "block_scaling")
 # A GPU preset may name the fabric of its reference system; the cluster's fabric overrides it.
 # ``host`` (what offload reaches) is the reference system's too; ``cluster.host`` overrides it.
-OPTIONAL_GPU_KEYS = ("sm_count", "fabric", "host")
+OPTIONAL_GPU_KEYS = ("sm_count", "fabric", "host", "block_scaling")
+PEAK_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
 HOST_KEYS = ("memory", "link_bandwidth", "memory_bandwidth")
 FABRIC_KEYS = tuple(f.name for f in fields(FabricSpec) if f.name != "name") + ("nic_bandwidth",)
 # What one GPU type is, as a cluster section (or each of `size`'s cluster.options) gives it.
@@ -55,7 +56,7 @@ CLUSTER_KEYS = HARDWARE_KEYS + ("num_gpus", "nodes") + SIZING_KEYS + ("options",
 PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
 INTEGER_PERFORMANCE_KEYS = ("gemm_tile_m", "gemm_tile_n", "gemm_split_k")
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
-                 "tp_comm_overlap", "fp32_grads", "moe_comm_overlap")
+                 "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_recipe", "fp8_param_gather")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
                "recompute", "recompute_num_layers", "stage_layers", "account_for_embedding_in_pipeline_split",
                "account_for_loss_in_pipeline_split", "offload_optimizer", "offload_params", "offload_activations",
@@ -291,7 +292,10 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
     for k in GPU_KEYS:
         if k not in OPTIONAL_GPU_KEYS:
             _required(src, key, data, k)
-    peaks = _mapping(src, f"{key}.peak_tflops", data["peak_tflops"], ("fp32", "tf32", "fp16", "bf16", "fp8"))
+    peaks = _mapping(src, f"{key}.peak_tflops", data["peak_tflops"], PEAK_KEYS)
+    formats = data.get("block_scaling", [])
+    if not isinstance(formats, list) or not all(isinstance(f, str) for f in formats):
+        raise CaseError(src, f"{key}.block_scaling", f"expected a list of formats, got {_kind(formats)}")
     with spec_errors(src):
         return GPUSpec(
             name=name,
@@ -306,6 +310,7 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
             nvlink_domain=_int(src, f"{key}.nvlink_domain", data["nvlink_domain"]),
             sm_count=_int(src, f"{key}.sm_count", data["sm_count"]) if "sm_count" in data else None,
             host=host_from_mapping(src, f"{key}.host", data["host"]) if "host" in data else None,
+            block_scaling=tuple(formats),
         )
 
 
@@ -359,7 +364,8 @@ def performance_from_mapping(src: str, key: str, data: Any, base: Performance) -
     """Performance figures over ``base``: every key optional, each a plain number (fractions, seconds)."""
     data = _mapping(src, key, data, PERFORMANCE_KEYS)
     values = {k: _int(src, f"{key}.{k}", v) if k in INTEGER_PERFORMANCE_KEYS
-              else (_figure if "efficiency" in k else _number)(src, f"{key}.{k}", v) for k, v in data.items()}
+              else (_figure if "efficiency" in k or k == "sustained_clock" else _number)(src, f"{key}.{k}", v)
+              for k, v in data.items()}
     with spec_errors(src):
         return replace(base, **values)
 
@@ -490,7 +496,7 @@ def _training(src: str, section: Any) -> TrainingSpec:
                                   _required(src, "training", section, "global_batch_size")),
         "seq_len": _int(src, "training.seq_len", _required(src, "training", section, "seq_len")),
     }
-    for key in ("precision", "optimizer", "engine"):
+    for key in ("precision", "optimizer", "engine", "fp8_recipe"):
         if key in section:
             values[key] = _str(src, f"training.{key}", section[key])
     if "engine" in values:
@@ -498,7 +504,7 @@ def _training(src: str, section: Any) -> TrainingSpec:
             raise CaseError(src, "training.engine",
                             f"expected one of {', '.join(CASE_ENGINES)}, got {values['engine']!r}")
         values["engine"] = ENGINES[values["engine"]].behaviour
-    for key in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap"):
+    for key in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather"):
         if key in section:
             values[key] = _bool(src, f"training.{key}", section[key])
     with spec_errors(src):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from cost_models.topology import domains_spanned
 from cost_models.memory import StageMemory, host_bytes, peak_stage_memory, stage_memories
 from cost_models.parameters import active_parameters, total_parameters
 from cost_models.step_time import StepTime, model_flops_per_step, step_time
@@ -109,6 +110,8 @@ class Estimate:
                 "host_bytes": int(round(self.host_bytes)),
             },
             "layout": layout_to_mapping(self.job.layout),
+            # NVLink domains (nodes, or NVL72 racks) each parallel group spans: > 1 leaves it.
+            "nvlink_domains_spanned": domains_spanned(self.job.cluster, self.job.layout),
             "grad_accum": self.job.grad_accum,
             "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s,

@@ -233,7 +233,7 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         spec = replace(spec, target=target)
     if case.training.engine.name != spec.target:  # every layout is timed as the chosen engine runs it
         case = replace(case, training=replace(case.training, engine=ENGINES[spec.target].behaviour))
-    for key, why in ENGINES[spec.target].training_rules(case.training):  # no layout could meet these
+    for key, why in ENGINES[spec.target].training_problems(case.training, case.cluster.gpu):  # no layout could meet these
         raise CaseError(case.source, key, f"{spec.target} cannot run it: {why}")
     from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it
 

@@ -22,6 +22,8 @@ GPU_ALIASES: dict[str, tuple[str, ...]] = {
     "h200": ("h200-sxm-141gb",), "h200-sxm": ("h200-sxm-141gb",), "h200-141gb": ("h200-sxm-141gb",),
     "b200-sxm": ("b200",), "gb200-nvl72": ("gb200",), "gb300-nvl72": ("gb300",),
     "mi300": ("mi300x",), "mi300x-oam": ("mi300x",),
+    "h800-sxm": ("h800",), "h800-80gb": ("h800",), "b300-sxm": ("b300",), "hgx-b300": ("b300",),
+    "mi325": ("mi325x",), "mi355": ("mi355x",),
 }
 
 # Mixture-of-experts keys as Hugging Face and Megatron spell them, to the case file's own.

@@ -68,6 +68,25 @@ def precision(text: Any) -> Optional[str]:
     return "fp16" if "fp16" in p and "bf16" not in p else "bf16"
 
 
+def fp8_recipe(text: Any) -> Optional[str]:
+    """The fp8 scaling a row states (torchao's recipe names, Transformer Engine's FP8_RECIPE, the
+    DeepSeek-V3 tiles); None where it states none (the engine's default)."""
+    p = str(text or "").lower()
+    for names, recipe in ((("rowwise_with_gw_hp",), "rowwise_with_gw_hp"), (("rowwise",), "rowwise"),
+                          (("tensorwise", "per-tensor current"), "tensorwise"),
+                          (("blockwise", "1x128"), "blockwise"), (("delayed",), "delayed")):
+        if any(name in p for name in names):
+            return recipe
+    return None
+
+
+def quantized_weight_gather(text: Any) -> bool:
+    """Whether a row's weights were gathered in fp8: torchao's "float8 all-gather", MLPerf's
+    FP8_PARAM_GATHER ("fp8 param all-gather")."""
+    p = str(text or "").lower()
+    return "float8 all-gather" in p or "f8 all-gather" in p or "param all-gather" in p
+
+
 def recompute(row: dict) -> str:
     v = str(row.get("recompute") or "none").lower()
     return "full" if v.startswith("full") else "selective" if v.startswith("selective") else "none"
@@ -204,6 +223,11 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
                 "optimizer": "adam", "engine": engine(row), "flash_attention": not source.startswith(PRE_FLASH),
                 # NeMo and Megatron-Bridge performance recipes overlap TP communication with TP.
                 "tp_comm_overlap": tp > 1 and ("NeMo" in row["framework"] or "Bridge" in row["framework"])}
+    # The fp8 scaling and the fp8 weight gather the row states (else the engine's defaults).
+    if prec == "fp8" and fp8_recipe(row["precision"]):
+        training["fp8_recipe"] = fp8_recipe(row["precision"])
+    if prec in ("fp8", "mxfp8", "nvfp4") and quantized_weight_gather(row["precision"]):
+        training["fp8_param_gather"] = True
     layout: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "dp": row["num_gpus"] // (tp * pp * cp), "vpp": vpp,
                               "micro_batch_size": b["micro_batch_size"], "zero_stage": zero_stage(row),
                               "sequence_parallel": bool(sp), "recompute": recompute(row)}

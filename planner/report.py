@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cost_models.topology import domains_spanned
+
 from .estimate import Estimate
 
 GB = 1e9
@@ -36,6 +38,17 @@ def describe_layout(est: Estimate) -> str:
     return ", ".join(parts)
 
 
+def describe_domains(est: Estimate) -> str:
+    """Which parallel groups stay inside one NVLink domain (a node, or an NVL72 rack) and which
+    leave it for the scale-out fabric (``topology.domains_spanned``)."""
+    job = est.job
+    spans = domains_spanned(job.cluster, job.layout)
+    size = job.cluster.gpu.nvlink_domain
+    leaving = [f"{dim} ({n} domains)" for dim, n in spans.items() if n > 1]
+    return f"NVLink domain of {size} GPUs; " + (
+        "groups leaving it: " + ", ".join(leaving) if leaving else "every group stays inside it")
+
+
 def print_estimate(est: Estimate, console: Console) -> None:
     job = est.job
     model = est.to_dict()["model"]
@@ -45,6 +58,7 @@ def print_estimate(est: Estimate, console: Console) -> None:
                   f"{escape(job.cluster.gpu.name)}, global batch {job.training.global_batch_size} × "
                   f"{job.training.seq_len} tokens")
     console.print(describe_layout(est))
+    console.print(describe_domains(est))
     table = Table(title=f"Memory per GPU, heaviest stage ({est.peak.stage} of {job.layout.pp})")
     table.add_column("term")
     table.add_column("GB", justify="right")

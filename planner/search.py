@@ -28,7 +28,7 @@ from cost_models.memory import peak_stage_memory
 from cost_models.partition import default_partition, virtual_partition
 from cost_models.experts import dispatch_combine_time
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
-from cost_models.step_time import layer_forward_time_for, moe_layer_forward_time_for, step_time, tp_exposed_per_layer
+from cost_models.step_time import layer_time_bound, moe_layer_time_for, step_time, tp_exposed_per_layer
 
 from .case import Case, _bool, _int, _mapping, _number, _str
 from .engines import ENGINES, Engine, EngineSupport
@@ -422,16 +422,16 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
         m = training.global_batch_size // (mbs * dp)
         shape = (tp, cp, mbs, sp)
         if shape not in per_layer:
-            layer = layer_forward_time_for(model, training, case.cluster.gpu, tp, cp, mbs, sp)[0]
+            layer = layer_time_bound(model, training, case.cluster.gpu, tp, cp, mbs, sp)
             collectives = sum(tp_exposed_per_layer(model, training, case.cluster, tp, cp, mbs, sp))
-            per_layer[shape] = (3 * layer + collectives, collectives)
+            per_layer[shape] = (layer + collectives, collectives)
         dense, collectives = per_layer[shape]
         if not model.is_moe:
             return (m + (pp - 1) / vpp) * max(stage_layers) * dense
         # An MoE layer: its compute, half or all of the TP pair, and its dispatches and combines.
         gpu = case.cluster.gpu
         etp = etp or tp
-        moe = 3 * moe_layer_forward_time_for(model, training, gpu, tp, cp, mbs, sp, ep, etp)[0] \
+        moe = moe_layer_time_for(model, training, gpu, tp, cp, mbs, sp, ep, etp, 0.0).total \
             + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) \
             + 2 * dispatch_combine_time(model, training, case.cluster, tp, cp, mbs, ep, etp)
         moe_counts = moe_layers_per_stage(model, tuple(stage_layers), vpp)

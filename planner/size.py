@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from cost_models.specs import GPUSpec
-from cost_models.step_time import layer_forward_time_for
+from cost_models.step_time import layer_time_bound
 
 from .case import SECTIONS, Case, _mapping, build_case, read_case, spec_errors
 from .cluster_options import ClusterOption, read_cluster_options
@@ -246,10 +246,10 @@ def work_lower_bound(case: Case, spec: SearchSpec, gpu: GPUSpec) -> float:
     """GPU-seconds per step that no layout on any number of these GPUs goes below.
 
     A step is at least m times its slowest stage, each stage runs its layers' forward and
-    backward, at least three forwards, for each micro-batch (``step_time.stage_time``), so with
-    L layers in pp stages, m = B / (b·dp) micro-batches and N = dp·tp·cp·pp GPUs:
-    N · step ≥ 3·B·L · t_layer(tp, cp, b) · tp·cp / b, where t_layer is one layer's forward on
-    one GPU (``step_time.layer_forward_time_for``). The least over every shape the search may
+    backward for each micro-batch (``step_time.stage_time``), so with L layers in pp stages,
+    m = B / (b·dp) micro-batches and N = dp·tp·cp·pp GPUs:
+    N · step ≥ B·L · t_layer(tp, cp, b) · tp·cp / b, where t_layer is the least forward and
+    backward of one layer on one GPU (``step_time.layer_time_bound``). The least over every shape the search may
     choose (tp, cp, micro-batch b, sequence parallelism) holds on every cluster size: a size
     of N GPUs cannot step faster than this / N."""
     model, training = case.model, case.training
@@ -266,8 +266,8 @@ def work_lower_bound(case: Case, spec: SearchSpec, gpu: GPUSpec) -> float:
                 for sp in ((False,) if tp == 1 else (False, True)):
                     if spec.admits("micro_batch_size", mbs) and spec.admits("sequence_parallel", sp):
                         with spec_errors(case.source):
-                            layer = layer_forward_time_for(model, training, gpu, tp, cp, mbs, sp)[0]
-                        least = min(least, 3 * training.global_batch_size * model.num_layers * layer * tp * cp / mbs)
+                            layer = layer_time_bound(model, training, gpu, tp, cp, mbs, sp)
+                        least = min(least, training.global_batch_size * model.num_layers * layer * tp * cp / mbs)
     return least
 
 

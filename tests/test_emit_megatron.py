@@ -265,9 +265,17 @@ def transformer_config(args: dict) -> TransformerConfig:
         recompute_num_layers=integer("--recompute-num-layers"),
         bf16="--bf16" in args,
         fp16="--fp16" in args,
-        # MoE with fp8 makes TransformerConfig ask Transformer Engine for its version, which a
-        # CPU-only machine does not have: that one check is left out (the flag is checked above).
+        # MoE with fp8 or fp4 makes TransformerConfig ask Transformer Engine for its version, which
+        # a CPU-only machine does not have: that one check is left out (the flags are checked above).
         fp8=None if "--num-experts" in args else args.get("--fp8-format"),
+        fp8_recipe=args.get("--fp8-recipe", "delayed"),
+        fp8_param="--fp8-param-gather" in args,
+        fp4=None if "--num-experts" in args else args.get("--fp4-format"),
+        fp4_recipe=args.get("--fp4-recipe", "nvfp4"),
+        fp4_param="--fp4-param-gather" in args,
+        first_last_layers_bf16="--first-last-layers-bf16" in args,
+        num_layers_at_start_in_bf16=integer("--num-layers-at-start-in-bf16", 1),
+        num_layers_at_end_in_bf16=integer("--num-layers-at-end-in-bf16", 1),
         params_dtype=dtype,
         pipeline_dtype=dtype,
         gated_linear_unit=swiglu,
@@ -618,3 +626,46 @@ def test_metas_405b_layout_is_written_down(tmp_path):
     assert built[0] == [4, 3] and built[-1] == [4, 3] and all(b == [4, 4] for b in built[1:-1])
     (tmp_path / megatron.ARGS_FILE).write_text(files[megatron.ARGS_FILE])
     assert megatron.read(tmp_path / megatron.ARGS_FILE, result.case) == lay
+
+
+# --- low-precision recipes ----------------------------------------------------------------------
+
+def _recipe_case(gpu: str, precision: str, **training) -> dict:
+    return {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": gpu, "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": precision, **training},
+            "search": {"target": "megatron"}}
+
+
+@pytest.mark.parametrize("gpu, precision, training, flags", [
+    ("h100-sxm-80gb", "fp8", {}, {"--fp8-format": "hybrid", "--fp8-recipe": "delayed"}),
+    ("h100-sxm-80gb", "fp8", {"fp8_recipe": "tensorwise"}, {"--fp8-format": "hybrid", "--fp8-recipe": "tensorwise"}),
+    ("h100-sxm-80gb", "fp8", {"fp8_recipe": "blockwise", "fp8_param_gather": True},
+     {"--fp8-format": "e4m3", "--fp8-recipe": "blockwise", "--fp8-param-gather": True}),
+    ("b200", "mxfp8", {}, {"--fp8-format": "e4m3", "--fp8-recipe": "mxfp8"}),
+    # NVFP4 keeps the last ceil(0.15 · 32) = 5 layers in bf16.
+    ("gb200", "nvfp4", {}, {"--fp4-format": "e2m1", "--fp4-recipe": "nvfp4", "--first-last-layers-bf16": True,
+                            "--num-layers-at-start-in-bf16": "0", "--num-layers-at-end-in-bf16": "5"}),
+])
+def test_recipes_are_written_as_transformer_config_takes_them(tmp_path, gpu, precision, training, flags):
+    best = plan(_recipe_case(gpu, precision, **training), top_k=0).best
+    files = megatron.render(best, provenance(best, "case.yaml"))
+    args = parse_args(files["megatron_args.txt"])
+    for flag, value in flags.items():
+        assert args.get(flag, "absent") == value, flag
+    config = transformer_config(args)  # TransformerConfig.__post_init__ accepts them
+    assert config.bf16 and (config.fp4 == "e2m1") == (precision == "nvfp4")
+    (tmp_path / "megatron_args.txt").write_text(files["megatron_args.txt"])
+    assert megatron.read(tmp_path / "megatron_args.txt", best.case) == best.job.layout
+
+
+def test_read_refuses_another_fp8_recipe_than_the_cases(tmp_path):
+    best = plan(_recipe_case("h100-sxm-80gb", "fp8"), top_k=0).best
+    text = megatron.render(best, provenance(best, "case.yaml"))["megatron_args.txt"]
+    (tmp_path / "args.txt").write_text(text.replace("--fp8-recipe delayed", "--fp8-recipe tensorwise"))
+    with pytest.raises(CaseError, match="--fp8-recipe: scales fp8 tensorwise, but the case's recipe is delayed"):
+        megatron.read(tmp_path / "args.txt", best.case)
+
+
+def test_megatron_refuses_torchaos_rowwise_scaling():
+    with pytest.raises(CaseError, match="training.fp8_recipe.*tensorwise"):
+        plan(_recipe_case("h100-sxm-80gb", "fp8", fp8_recipe="rowwise"), top_k=0)

@@ -2,7 +2,8 @@
 training options, for each of the three engines, the planner either writes files the engine's
 own code accepts (DeepSpeed's DeepSpeedConfig, megatron-core's TransformerConfig, torchtitan's
 ConfigManager and ParallelDims), or answers that nothing fits, or refuses the case itself
-with the engine's reason (fp16 for torchtitan, fp8 without fp8 tensor cores). It never plans
+with the engine's reason (fp16 for torchtitan, fp8 without fp8 tensor cores, MXFP8 or NVFP4 without
+tensor cores that scale their blocks, a recipe the engine has no name for). It never plans
 a layout its own emitter then refuses."""
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ def generated() -> list[tuple[str, dict]]:
             out.append((engine, {"model": {"preset": rng.choice(MODELS)},
                                  "cluster": {"gpu": rng.choice(GPUS), "num_gpus": rng.choice((8, 16, 32, 64, 128))},
                                  "training": training}))
+    # Low-precision recipes on the GPUs that have their formats and on some that do not.
+    for engine in ENGINES:
+        for gpu, precision, recipe in (("b200", "mxfp8", None), ("gb200", "nvfp4", None), ("mi355x", "mxfp8", None),
+                                       ("h100-sxm-80gb", "nvfp4", None), ("h100-sxm-80gb", "fp8", "tensorwise")):
+            training = {"global_batch_size": 64, "seq_len": 4096, "precision": precision}
+            if recipe:
+                training["fp8_recipe"] = recipe
+            out.append((engine, {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": gpu, "num_gpus": 16},
+                                 "training": training}))
     return out
 
 
@@ -55,6 +65,15 @@ CASES = generated()
 
 def no_fp8_tensor_cores(case: dict) -> bool:
     return case["cluster"]["gpu"].startswith(("v100", "a100"))
+
+
+def no_block_scaling(case: dict, engine: str) -> bool:
+    """mxfp8 / nvfp4 where the GPU's tensor cores lack the format, DeepSpeed (no such mode) or
+    torchtitan off NVIDIA Blackwell (its converters need SM100)."""
+    gpu, precision = case["cluster"]["gpu"], case["training"]["precision"]
+    return precision in ("mxfp8", "nvfp4") and (
+        gpu.startswith(("v100", "a100", "h100", "h200", "mi300")) or (precision == "nvfp4" and gpu == "mi355x")
+        or engine == "deepspeed" or (engine == "torchtitan" and gpu == "mi355x"))
 
 
 @pytest.mark.parametrize("index", range(len(CASES)))
@@ -67,9 +86,11 @@ def test_plan_emits_what_the_engine_accepts_or_says_why_not(index, tmp_path, wor
         assert error.key.startswith("training.") or error.key == "--engine", error
         precision = case["training"]["precision"]
         assert (error.key == "training.precision" and (precision == "fp8" and no_fp8_tensor_cores(case)
+                                                        or no_block_scaling(case, engine)
                                                         or precision == "bf16" and case["cluster"]["gpu"] == GPUS[0]
                                                         or engine == "torchtitan" and precision == "fp16")) \
-            or error.key in ("training.fp32_grads", "training.tp_comm_overlap"), error
+            or error.key in ("training.fp32_grads", "training.tp_comm_overlap") \
+            or error.key == "training.fp8_recipe" and engine == "torchtitan", error
         return
     if result.best is None:
         assert result.no_fit is not None and "no layout fits" in result.no_fit.describe()

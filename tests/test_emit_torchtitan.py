@@ -43,7 +43,9 @@ from planner.errors import CaseError
 STUB = "layout_planner_tt_stub"
 STUB_SOURCE = textwrap.dedent('''
     from dataclasses import dataclass, field
+    from typing import Annotated
 
+    import tyro
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
 
@@ -57,6 +59,8 @@ STUB_SOURCE = textwrap.dedent('''
         parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
         compile: CompileConfig = field(default_factory=CompileConfig)
         activation_checkpoint: ActivationCheckpointingConfig = field(default_factory=SelectiveAC.Config)
+        # As Trainer.Config: not a command-line option.
+        model_spec: Annotated[object, tyro.conf.Suppress] = None
 
         def __post_init__(self):  # Trainer.Config.__post_init__'s layout checks
             mbs = self.parallelism.pipeline_parallel_microbatch_size
@@ -71,6 +75,12 @@ STUB_SOURCE = textwrap.dedent('''
 
     def base():
         return Config()
+
+
+    def model_registry(flavor, converters=None):
+        """Stands in for torchtitan.models.llama3.model_registry, whose converters probe the GPU
+        (has_cuda_capability) and import torchao when built: what it was asked to build."""
+        return {"flavor": flavor, "converters": converters}
 ''')
 
 PRESETS = ("llama2-7b", "llama3-8b", "mistral-7b", "gpt-1.7b")
@@ -127,7 +137,11 @@ def load_emitted(files: dict[str, str], workdir: Path, name: str):
     """The emitted config module, through ConfigManager, with its base swapped for the stub."""
     (workdir / f"{name}.py").write_text(files[emit.CONFIG_FILE])
     module = importlib.import_module(name)
-    module.BASE_MODULE, module.BASE_CONFIG = STUB, "base"
+    module.BASE_MODULE, module.BASE_CONFIG, module.MODEL_REGISTRY = STUB, "base", STUB
+    # torchtitan.components.quantization imports its MoE kernels, which need triton (not installed
+    # here): the converter configs are checked against its source instead (check_converters).
+    module.converters = lambda: [(name, {"model_compile_enabled": module.COMPILE.get("enable", False), **fields})
+                                 for name, fields in module.CONVERTERS]
     return parse("--module", name, "--config", emit.CONFIG_FUNCTION)
 
 
@@ -213,9 +227,11 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
     # The overrides say the same thing as the config module.
     via_cli = parse("--module", STUB, "--config", "base", *override_tokens(files[emit.OVERRIDES_FILE]))
     assert via_cli.parallelism == p and via_cli.training == t and via_cli.compile == cfg.compile
-    # TP collectives overlapped in the plan are async TP here, which needs the model compiled.
+    # TP collectives overlapped in the plan are async TP here, which needs the model compiled, as
+    # do the quantization converters of a low-precision recipe.
     overlap = job.training.tp_comm_overlap and lay.tp > 1
-    assert (cfg.compile.enable_async_tensor_parallel, cfg.compile.enable) == (overlap, overlap)
+    assert cfg.compile.enable_async_tensor_parallel == overlap
+    assert cfg.compile.enable == (overlap or job.training.recipe is not None)
     assert type(via_cli.activation_checkpoint) is type(cfg.activation_checkpoint)
 
     # torchtitan's ParallelDims accepts the degrees (no mesh, no process group).
@@ -251,7 +267,7 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
         assert (grad_accum, pipeline_microbatches) == (1, job.grad_accum)
     else:
         assert (t.local_batch_size, grad_accum) == (lay.micro_batch_size, job.grad_accum)
-    assert t.mixed_precision_param == {"bf16": "bfloat16", "fp32": "float32"}[job.training.precision]
+    assert t.mixed_precision_param == ("float32" if job.training.precision == "fp32" else "bfloat16")
 
     # Pipeline: schedule, stage placement and layers per rank as torchtitan builds them.
     if dims.pp_enabled:
@@ -275,6 +291,7 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
     ac = cfg.activation_checkpoint
     expected = {"none": type(None), "selective": SelectiveAC.Config, "full": FullAC.Config}[lay.recompute]
     assert type(ac) is expected
+    check_converters(job, cfg)
 
     # launch.sh: a valid script starting torchtitan's entry point on every GPU.
     launch = files[emit.LAUNCH_FILE]
@@ -335,3 +352,86 @@ def test_full_recompute_of_every_layer_counts_as_full(workdir):
     cfg = load_emitted(files, workdir, "tt_emitted_full16")
     assert type(cfg.activation_checkpoint) is FullAC.Config
     assert cfg.parallelism.pipeline_parallel_schedule == "1F1B"
+
+
+def converter_fields(name: str) -> dict[str, tuple]:
+    """The fields of torchtitan's ``<name>.Config`` (with QuantizationConverter.Config's), read
+    from torchtitan's source: field name -> the values its Literal type admits (() if any)."""
+    import ast
+
+    import torchtitan
+
+    root = Path(torchtitan.__file__).parent / "components" / "quantization"
+    fields: dict[str, tuple] = {}
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name in (name, "QuantizationConverter"):
+                config = next(c for c in node.body if isinstance(c, ast.ClassDef) and c.name == "Config")
+                for item in config.body:
+                    if isinstance(item, ast.AnnAssign):
+                        hint = item.annotation
+                        literal = isinstance(hint, ast.Subscript) and getattr(hint.value, "id", "") == "Literal"
+                        values = hint.slice.elts if literal and isinstance(hint.slice, ast.Tuple) else \
+                            [hint.slice] if literal else []
+                        fields[item.target.id] = tuple(v.value for v in values)
+    return fields
+
+
+def check_converters(job, cfg) -> None:
+    """The model is rebuilt with torchtitan's converter configs for the recipe: classes of
+    torchtitan.components.quantization, fields its Configs declare, values its Literal types
+    admit, compiled; none in 16 or 32 bits."""
+    recipe = job.training.recipe
+    if recipe is None:
+        assert cfg.model_spec is None
+        return
+    spec = cfg.model_spec
+    assert spec["flavor"] == emit.FLAVORS[emit.base_config(job.model)[0][1]]
+    ((kind, fields),) = spec["converters"]
+    declared = converter_fields(kind)
+    assert "model_compile_enabled" in declared and fields["model_compile_enabled"] and cfg.compile.enable
+    for name, value in fields.items():
+        assert name in declared, (kind, name)
+        assert not declared[name] or value in declared[name], (kind, name, value)
+    if job.training.precision == "fp8":
+        assert kind == "Float8LinearConverter" and fields["recipe_name"] == recipe.name
+        assert fields["filter_fqns"] == ["lm_head"]
+    else:
+        assert kind == {"mxfp8": "MXFP8LinearConverter", "nvfp4": "NVFP4LinearConverter"}[job.training.precision]
+        # Decoder layers only, matched as torchtitan's convert() does (substring of the fqn): the
+        # LM head stays bf16, and NVFP4 keeps the last 15 % of the layers too.
+        converted = [i for i in range(job.model.num_layers)
+                     if any(f in f"layers.{i}.feed_forward.w1" for f in fields["fqns"])]
+        assert converted == list(range(job.model.num_layers - sum(job.high_precision_layers)))
+        assert not any(f in "lm_head" for f in fields["fqns"])
+
+
+RECIPES = {
+    "fp8_default_rowwise": ("h100-sxm-80gb", {"precision": "fp8"}),
+    "fp8_rowwise_with_gw_hp": ("h100-sxm-80gb", {"precision": "fp8", "fp8_recipe": "rowwise_with_gw_hp"}),
+    "mxfp8": ("b200", {"precision": "mxfp8"}),
+    "nvfp4": ("gb200", {"precision": "nvfp4"}),
+}
+
+
+@pytest.mark.parametrize("label", RECIPES)
+def test_recipes_become_torchtitans_converters(label, workdir):
+    gpu, training = RECIPES[label]
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": gpu, "num_gpus": 8},
+            "training": {"global_batch_size": 32, "seq_len": 8192, **training}, "search": {"target": "torchtitan"}}
+    best = planner.plan(case, top_k=0).best
+    check_emitted(best, 32, workdir, f"tt_recipe_{label}")
+
+
+@pytest.mark.parametrize("gpu, training, needle", [
+    ("h100-sxm-80gb", {"precision": "fp8", "fp8_recipe": "tensorwise"}, "recipe_name rowwise, rowwise_with_gw_hp, not"),
+    ("h100-sxm-80gb", {"precision": "fp8", "fp8_param_gather": True}, "no float8 all-gather"),
+    ("mi355x", {"precision": "mxfp8"}, "needs an NVIDIA Blackwell GPU"),
+])
+def test_torchtitan_refuses_recipes_it_has_no_converter_for(gpu, training, needle):
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": gpu, "num_gpus": 8},
+            "training": {"global_batch_size": 32, "seq_len": 8192, "engine": "torchtitan", **training}}
+    with pytest.raises(CaseError, match=needle):  # estimate refuses, with the key
+        planner.estimate({**case, "layout": {"zero_stage": 3}})
+    with pytest.raises(CaseError, match=needle):  # plan refuses it up front, before any layout
+        planner.plan(case, top_k=0)

@@ -195,7 +195,7 @@ def test_a_small_gemm_fills_only_some_sms():
 
     def share(n: int) -> float:
         gemm = Gemm("square", n, n, n)
-        return gemm.flops / (gemm_time(gemm, h100, "fp8") - 3 * 2 * n * n / (0.8 * 3.35e12)) / 1979e12
+        return gemm.flops / gemm_time(gemm, h100, "fp8") / 1979e12  # the kernel alone: casts are priced apart
     assert share(1024) == pytest.approx(0.14, abs=0.05)
     assert share(2048) == pytest.approx(0.51, abs=0.05)
     assert share(4096) == pytest.approx(0.61, abs=0.06)

@@ -108,6 +108,11 @@ def _zero(stage: int, hidden: int) -> dict[str, Any]:
             "stage3_gather_16bit_weights_on_model_save": True}
 
 
+# The plan's fp8 recipe as Transformer Engine's recipe class (transformer_engine/common/recipe).
+TE_RECIPES = {"delayed": "DelayedScaling()", "tensorwise": "Float8CurrentScaling()",
+              "blockwise": "Float8BlockScaling()"}
+
+
 def _nodes(num_gpus: int, per_node: int) -> tuple[int, int, Optional[str]]:
     """(--num_nodes, --num_gpus per node, a note when the GPUs do not fill whole nodes)."""
     if num_gpus <= per_node:
@@ -136,10 +141,12 @@ def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
         f"accumulation {job.grad_accum} x data-parallel {lay.dp}",
     ]))
     if job.training.precision == "fp8":
+        recipe = TE_RECIPES[job.training.recipe.name]
         out.append(comment([
             "",
             "FP8: ds_config.json has no FP8 switch; it trains in bf16 and train.py runs the forward",
-            "under transformer_engine.pytorch.fp8_autocast for the FP8 matmuls the plan assumed.",
+            "under transformer_engine.pytorch.fp8_autocast for the FP8 matmuls the plan assumed, with",
+            f"fp8_recipe=transformer_engine.common.recipe.{recipe} (the plan's {job.training.recipe.name} scaling).",
         ]))
     if lay.recompute == "full":
         out.append(comment([

@@ -58,13 +58,15 @@ INT_FLAGS = (
     "--nnodes", "--nproc-per-node",
 )
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
-             "--data-parallel-sharding-strategy", "--optimizer-offload-fraction")
+             "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
+             "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
     "--no-overlap-p2p-communication", "--use-torch-fsdp2", "--use-megatron-fsdp", "--use-custom-fsdp",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-    "--optimizer-cpu-offload", "--cpu-offloading",
+    "--optimizer-cpu-offload", "--cpu-offloading", "--fp8-param-gather", "--fp4-param-gather",
+    "--first-last-layers-bf16",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
@@ -226,8 +228,8 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args.append(("--bf16", None))
     elif t.precision == "fp16":
         args.append(("--fp16", None))
-    elif t.precision == "fp8":
-        args += [("--bf16", None), ("--fp8-format", "hybrid")]
+    elif t.recipe is not None:
+        args += precision_args(job)
     args += [("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
              ("--num-attention-heads", str(m.num_attention_heads))]
     if m.num_kv_heads < m.num_attention_heads:
@@ -251,7 +253,7 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     args.append(("--optimizer", "sgd" if t.optimizer == "sgd" else "adam"))
     # Gradient precision as the estimate timed it: Megatron keeps bf16 gradients in fp32 by
     # default, fp16 ones in fp16 (megatron/training/arguments.py).
-    if t.precision in ("bf16", "fp8") and not fp32_gradients(t):
+    if t.precision not in ("fp16", "fp32") and not fp32_gradients(t):
         args.append(("--grad-reduce-in-bf16", None))
     elif t.precision == "fp16" and fp32_gradients(t):
         args.append(("--accumulate-allreduce-grads-in-fp32", None))
@@ -318,6 +320,47 @@ def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     else:
         args.append(("--moe-token-dispatcher-type", "alltoall"))
     return args
+
+
+def precision_args(job: Job) -> list[tuple[str, Optional[str]]]:
+    """A low-precision recipe as megatron-core 0.16's TransformerConfig spells it: fp8 recipes by
+    --fp8-format and --fp8-recipe (tensorwise, delayed, blockwise and mxfp8; E4M3 forward with E5M2
+    gradients, "hybrid", for the per-tensor recipes, E4M3 throughout for the block-scaled ones, as
+    Transformer Engine's Float8BlockScaling and MXFP8BlockScaling default to), NVFP4 by --fp4-format
+    e2m1 --fp4-recipe nvfp4 with the recipe's last layers kept in bf16 (--first-last-layers-bf16,
+    which fp4_utils.get_fp4_context counts over the whole model), weights gathered quantized by
+    --fp8-param-gather (--fp4-param-gather). The rest of the model trains in bf16."""
+    t = job.training
+    recipe = t.recipe
+    args: list[tuple[str, Optional[str]]] = [("--bf16", None)]
+    if recipe.peak == "fp4":
+        args += [("--fp4-format", "e2m1"), ("--fp4-recipe", recipe.name)]
+        tail = sum(job.high_precision_layers)
+        if tail:
+            args += [("--first-last-layers-bf16", None), ("--num-layers-at-start-in-bf16", "0"),
+                     ("--num-layers-at-end-in-bf16", str(tail))]
+        if t.fp8_param_gather:
+            args.append(("--fp4-param-gather", None))
+        return args
+    per_tensor = recipe.name in ("delayed", "tensorwise")
+    args += [("--fp8-format", "hybrid" if per_tensor else "e4m3"), ("--fp8-recipe", recipe.name)]
+    if t.fp8_param_gather:
+        args.append(("--fp8-param-gather", None))
+    return args
+
+
+def read_precision(flags: dict) -> Optional[tuple[str, Optional[str]]]:
+    """(training.precision, fp8_recipe) a Megatron argument list trains in; None where it says nothing."""
+    if flags.get("--fp4-format"):
+        return "nvfp4", None
+    if flags.get("--fp8-format"):
+        recipe = flags.get("--fp8-recipe") or "delayed"  # TransformerConfig.fp8_recipe's default
+        return ("mxfp8", None) if recipe == "mxfp8" else ("fp8", recipe)
+    if "--fp16" in flags:
+        return "fp16", None
+    if "--bf16" in flags:
+        return "bf16", None
+    return None
 
 
 def nodes_and_gpus(job: Job) -> tuple[int, int]:
@@ -511,11 +554,16 @@ def read(path: Path, case) -> Layout:
     if groups is not None and "--group-query-attention" in flags and groups != model.num_kv_heads:
         raise CaseError(src, "--num-query-groups", f"{groups} differs from the case's {model.num_kv_heads} KV heads")
 
-    if {"--bf16", "--fp16", "--fp8-format"} & set(flags):
-        precision = "fp8" if flags.get("--fp8-format") else "fp16" if "--fp16" in flags else "bf16"
+    read = read_precision(flags)
+    if read is not None:
+        precision, recipe = read
         if precision != training.precision:
-            flag = {"fp8": "--fp8-format", "fp16": "--fp16", "bf16": "--bf16"}[precision]
+            flag = {"fp8": "--fp8-format", "mxfp8": "--fp8-recipe", "nvfp4": "--fp4-format", "fp16": "--fp16",
+                    "bf16": "--bf16"}[precision]
             raise CaseError(src, flag, f"trains in {precision}, but the case's precision is {training.precision}")
+        if precision == "fp8" and recipe != training.recipe.name:
+            raise CaseError(src, "--fp8-recipe", f"scales fp8 {recipe}, but the case's recipe is "
+                                                 f"{training.recipe.name} (training.fp8_recipe)")
 
     tp = integer("--tensor-model-parallel-size", 1)
     pp = integer("--pipeline-model-parallel-size", 1)

@@ -68,6 +68,11 @@ MOE_BASE_CONFIGS = {
     (36, 2880, 128, 4, 2880): ("gpt_oss", "gpt_oss_120b"),
 }
 DEFAULT_MOE_BASE = ("qwen3", "qwen3_30b_a3b")
+# The flavour each config's model_registry(flavor, converters=...) builds (models/*/__init__.py);
+# the configs call it with the registry's default backends, so rebuilding with converters keeps them.
+FLAVORS = {"llama3_8b": "8B", "llama3_70b": "70B", "llama3_405b": "405B",
+           "deepseek_v3_671b": "671B", "deepseek_v3_16b": "16B", "qwen3_30b_a3b": "30B-A3B",
+           "gpt_oss_20b": "20b", "gpt_oss_120b": "120b"}
 
 
 def base_config(model) -> tuple[tuple[str, str], bool]:
@@ -83,7 +88,24 @@ def base_config(model) -> tuple[tuple[str, str], bool]:
 
 
 # training.precision → training.mixed_precision_param (a Literal["bfloat16", "float32"]).
-PARAM_DTYPES = {"bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32"}
+PARAM_DTYPES = {"bf16": "bfloat16", "fp8": "bfloat16", "mxfp8": "bfloat16", "nvfp4": "bfloat16", "fp32": "float32"}
+
+
+def converters(job) -> list[tuple[str, dict[str, Any]]]:
+    """torchtitan's quantization converters for the recipe, as (class in
+    torchtitan.components.quantization, Config fields): what the cost model prices. fp8 by
+    Float8LinearConverter with the recipe's name and the LM head left in bf16 (as torchtitan's
+    llama3_405b config filters "lm_head"); MXFP8 and NVFP4 by fqns that match the decoder layers
+    only ("layers.N." as nvfp4_bf16_tail_fqns writes them), NVFP4's last layers left in bf16."""
+    recipe = job.training.recipe
+    if recipe is None:
+        return []
+    if job.training.precision == "fp8":
+        return [("Float8LinearConverter", {"recipe_name": recipe.name, "filter_fqns": ["lm_head"]})]
+    converted = job.model.num_layers - sum(job.high_precision_layers)
+    fqns = ["layers."] if converted == job.model.num_layers else [f"layers.{i}." for i in range(converted)]
+    name = "MXFP8LinearConverter" if job.training.precision == "mxfp8" else "NVFP4LinearConverter"
+    return [(name, {"fqns": fqns})]
 
 
 def _refuse(why: str) -> CaseError:
@@ -163,6 +185,10 @@ def settings(estimate) -> dict[str, Any]:
         # Async TP pipelines the TP collectives with their matmuls; torchtitan builds it
         # with torch.compile of the model (CompileConfig refuses it otherwise).
         out["compile"] = {"enable": True, "enable_async_tensor_parallel": True}
+    if training.recipe is not None:
+        # The quantization converters want the model compiled (their casts fused, as priced).
+        out.setdefault("compile", {})["enable"] = True
+        out["converters"] = converters(job)
     return out
 
 
@@ -214,15 +240,29 @@ def _notes(estimate) -> list[str]:
     if lay.zero_stage == 0 and lay.cp > 1:
         notes.append("torchtitan applies FSDP over the context-parallel ranks even without "
                      "dp sharding: its states are sharded cp ways where the plan replicates them")
-    if job.training.precision == "fp8":
-        notes.append("fp8: add a Float8LinearConverter to the model spec (as torchtitan's "
-                     "*_float8 configs do); these settings keep bfloat16 parameters")
+    if job.training.recipe is not None:
+        notes.append(f"{job.training.precision}: the model is rebuilt with torchtitan's quantization converters "
+                     f"(CONVERTERS below; model_spec is not a command-line option, so overrides.txt cannot "
+                     f"carry them); parameters stay bfloat16")
     return notes
 
 
 def _config_module(estimate, header: list[str]) -> str:
     s = settings(estimate)
     (module, function), _ = base_config(estimate.job.model)
+
+    converter_block = (
+        "# Low-precision linears: torchtitan quantization converters (class, Config fields), applied by\n"
+        "# rebuilding the model spec with MODEL_REGISTRY's model_registry(MODEL_FLAVOR, converters=...).\n"
+        f"CONVERTERS = {python_literal([[name, fields] for name, fields in s.get('converters', [])])}\n"
+        f"MODEL_REGISTRY = {python_literal(f'torchtitan.models.{module}')}\n"
+        f"MODEL_FLAVOR = {python_literal(FLAVORS[function])}\n\n\n"
+        "def converters():\n"
+        '    """The converter configs, as torchtitan.components.quantization defines them."""\n'
+        "    from torchtitan.components import quantization\n\n"
+        '    return [getattr(quantization, name).Config(model_compile_enabled=COMPILE.get("enable", False), **fields)\n'
+        "            for name, fields in CONVERTERS]\n\n\n"
+    )
 
     def block(name: str, values: dict[str, Any]) -> str:
         lines = [f"{name} = {{"]
@@ -243,8 +283,9 @@ def _config_module(estimate, header: list[str]) -> str:
         + block("PARALLELISM", s["parallelism"]) + "\n"
         + block("TRAINING", s["training"]) + "\n"
         + block("COMPILE", s.get("compile", {})) + "\n"
-        + f"ACTIVATION_CHECKPOINT = {python_literal(s['activation_checkpoint'])}  # none | selective | full\n\n\n"
-        "def apply_layout(config):\n"
+        + f"ACTIVATION_CHECKPOINT = {python_literal(s['activation_checkpoint'])}  # none | selective | full\n\n"
+        + converter_block
+        + "def apply_layout(config):\n"
         '    """Set the planned layout on a torchtitan Trainer.Config."""\n'
         "    for key, value in PARALLELISM.items():\n"
         "        setattr(config.parallelism, key, value)\n"
@@ -256,6 +297,9 @@ def _config_module(estimate, header: list[str]) -> str:
         "    config.activation_checkpoint = {\n"
         '        "none": None, "selective": SelectiveAC.Config(), "full": FullAC.Config(),\n'
         "    }[ACTIVATION_CHECKPOINT]\n"
+        "    if CONVERTERS:\n"
+        "        registry = importlib.import_module(MODEL_REGISTRY)\n"
+        "        config.model_spec = registry.model_registry(MODEL_FLAVOR, converters=converters())\n"
         "    return config\n\n\n"
         f"def {CONFIG_FUNCTION}():\n"
         "    base = getattr(importlib.import_module(BASE_MODULE), BASE_CONFIG)()\n"
@@ -282,7 +326,9 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
         comment(header)
         + comment([f"Command-line overrides for torchtitan 0.3.0, equivalent to {CONFIG_FILE}:",
                    f"python -m torchtitan.train --module {module} --config {function} $(grep -v '^#' {OVERRIDES_FILE})",
-                   "The activation_checkpoint:<mode> subcommand must stay last."])
+                   "The activation_checkpoint:<mode> subcommand must stay last."]
+                  + ([f"Not here: the quantization converters (CONVERTERS in {CONFIG_FILE}); the model spec is "
+                      "no command-line option."] if estimate.job.training.recipe is not None else []))
         + "".join(" ".join(argument_word("torchtitan", word) for word in opt) + "\n" for opt in opts)
     )
     launch = (

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from cost_models.behaviour import EngineBehaviour
-from cost_models.specs import Job, TrainingSpec
+from cost_models.quantization import FP8_RECIPES
+from cost_models.specs import GPUSpec, Job, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,27 @@ class EngineSupport:
     # over the ranks expert parallelism leaves). The search tries etp 1 and tp where "any".
     expert_parallel: bool = True
     expert_tp: str = "any"
+    # The fp8 recipes the engine runs (``training.fp8_recipe``), and whether its weight gathers
+    # can move quantized weights (``training.fp8_param_gather``): all of them for no engine in
+    # particular.
+    fp8_recipes: tuple[str, ...] = FP8_RECIPES
+    fp8_param_gather: bool = True
     # What the engine says where a choice is missing: field name → reason.
     why: tuple[tuple[str, str], ...] = ()
 
     def reason(self, name: str, default: str) -> str:
         return dict(self.why).get(name, default)
+
+    def recipe_refusals(self, training: TrainingSpec) -> list[tuple[str, str]]:
+        """(key, reason) for a low-precision recipe the engine does not run."""
+        out = []
+        if training.precision == "fp8" and training.fp8_recipe not in (None,) + self.fp8_recipes:
+            out.append(("training.fp8_recipe", self.reason("fp8_recipe", "its fp8 recipes are")
+                        + f" {', '.join(self.fp8_recipes)}, not {training.fp8_recipe}"))
+        if training.fp8_param_gather and not self.fp8_param_gather:
+            out.append(("training.fp8_param_gather", self.reason(
+                "fp8_param_gather", "its weight gathers move bf16 weights (no fp8 parameter all-gather)")))
+        return out
 
     def expert_tp_choices(self, tp: int) -> tuple[int, ...]:
         """The expert tensor-parallel degrees the search tries at attention tensor parallelism ``tp``."""
@@ -147,9 +164,10 @@ class Engine:
     # for each the job breaks.
     rules: Callable[[Job], list[tuple[str, str]]] = field(default=lambda job: [])
     emitter: Optional[str] = None  # module under planner.emit that writes its launch config
-    # Rules on the training section alone, which no layout can meet: `plan` refuses the case
-    # with them before it searches.
-    training_rules: Callable[[TrainingSpec], list[tuple[str, str]]] = field(default=lambda training: [])
+    # Rules on the training section and the GPU alone, which no layout can meet: `plan` refuses
+    # the case with them before it searches.
+    training_rules: Callable[[TrainingSpec, GPUSpec], list[tuple[str, str]]] = \
+        field(default=lambda training, gpu: [])
 
     def problems(self, job: Job) -> list[tuple[str, str]]:
         """(key, reason) for everything in ``job`` this engine cannot run; [] if it can."""
@@ -170,7 +188,11 @@ class Engine:
         if training.tp_comm_overlap and lay.tp > 1 and not self.support.tp_comm_overlap:
             out.append(("training.tp_comm_overlap", self.support.reason(
                 "tp_comm_overlap", "cannot overlap tensor-parallel collectives with GEMMs")))
-        return out + list(self.training_rules(training)) + list(self.rules(job))
+        return out + self.training_problems(training, job.cluster.gpu) + list(self.rules(job))
+
+    def training_problems(self, training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]]:
+        """(key, reason) for what in the training section no layout on ``gpu`` can meet."""
+        return self.support.recipe_refusals(training) + list(self.training_rules(training, gpu))
 
     def refusal(self, job: Job) -> Optional[str]:
         """The first problem as one line (``layout.cp is 2: ...``), or None if the engine runs ``job``."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
 from cost_models.model_states import fp32_gradients
-from cost_models.specs import TrainingSpec
+from cost_models.specs import GPUSpec, Job, TrainingSpec
 
 from .base import Engine, EngineSupport
 
@@ -32,7 +32,13 @@ SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=False, context_parallel=False,
     sequence_parallel=(False,), recompute=("none", "full"), partial_recompute=False,
     tp_comm_overlap=False, max_zero_with_tp=2, expert_tp="tp", optimizer_offload="all", param_offload=True,
-    why=(("expert_tp", "DeepSpeed-MoE splits experts over the tensor-parallel ranks "
+    # DeepSpeed has no low-precision GEMMs of its own (ds_config knows fp16 and bf16): its fp8 is
+    # Transformer Engine's fp8_autocast around the model (Megatron-DeepSpeed's TE layers), with
+    # TE's per-tensor and block recipes; its ZeRO gathers the bf16 weights.
+    fp8_recipes=("delayed", "tensorwise", "blockwise"), fp8_param_gather=False,
+    why=(("fp8_recipe", "DeepSpeed's fp8 is Transformer Engine's, whose recipes are"),
+         ("fp8_param_gather", "DeepSpeed's ZeRO gathers the bf16 weights (no fp8 parameter all-gather)"),
+         ("expert_tp", "DeepSpeed-MoE splits experts over the tensor-parallel ranks "
                        "(deepspeed.moe.layer.MoE, enable_expert_tensor_parallelism) or runs them whole without "
                        "tensor parallelism: etp = tp"),
          ("max_zero_with_pp", "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3"),
@@ -51,15 +57,22 @@ SUPPORT = EngineSupport(
 BEHAVIOUR = EngineBehaviour(
     name="deepspeed", regather_for_recompute=True, zero3_collectives_per_layer=6, reduce_after_pipeline=True,
     bucket_params=5e8, bucket_bytes=0.0, overlap_param_gather=False, loss_gradient_bytes=2.0,
-    selective="attention", fused_elementwise=True, fp8_cast_bytes=3.0, collective_launch_s=0.0,
+    selective="attention", fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine",
+    collective_launch_s=0.0,
     balance_stages=False, offload_moves_gradients=True,
 )
 
 
-def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
+def training_rules(training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]]:
+    out = []
     if training.precision == "fp16" and fp32_gradients(training):
-        return [("training.fp32_grads", "DeepSpeed accumulates fp16 gradients in fp16 (data_types.grad_accum_dtype)")]
-    return []
+        out.append(("training.fp32_grads", "DeepSpeed accumulates fp16 gradients in fp16 "
+                                           "(data_types.grad_accum_dtype)"))
+    if training.precision in ("mxfp8", "nvfp4"):
+        out.append(("training.precision", f"DeepSpeed has no {training.precision} of its own (ds_config: fp16, "
+                                          "bf16); its fp8 is Transformer Engine's fp8_autocast in the model, "
+                                          f"with the recipes {', '.join(SUPPORT.fp8_recipes)}"))
+    return out
 
 
 def rules(job: Job) -> list[tuple[str, str]]:

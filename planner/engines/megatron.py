@@ -9,7 +9,8 @@
   grid (MoE parallel folding, ``--expert-tensor-parallel-size``), sequence parallelism required
   with tensor parallelism (``MoELayer.forward``).
 - Behaviour: Transformer Engine's fused kernels (cuDNN attention, fused norm/SwiGLU/rotary,
-  fp8 with cached weights and fp8-saved inputs), its in-place vocab-parallel cross-entropy,
+  low-precision recipes with cached weights and quantized saved inputs; its default fp8 recipe
+  is delayed scaling, ``TransformerConfig.fp8_recipe``), its in-place vocab-parallel cross-entropy,
   buckets of max(40 M, 1 M·dp) parameters (``megatron/core/distributed``), parameters
   gathered behind the next forward (--overlap-param-gather) and interleaved sends posted
   ahead (``overlap_p2p_comm``); gradients reduced in the parameters' dtype
@@ -33,7 +34,11 @@ SUPPORT = EngineSupport(
     sequence_parallel=(False, True), recompute=("none", "selective", "full"), partial_recompute=True,
     optimizer_offload="fraction", optimizer_offload_zero=(1,), activation_offload=True,
     moe_comm_overlap=True,
-    why=(("zero_stages", "offers ZeRO 0, the distributed optimizer (1) and Megatron-FSDP (2, 3)"),
+    # Transformer Engine's fp8 recipes as megatron-core 0.16 names them (TransformerConfig.fp8_recipe:
+    # tensorwise, delayed, mxfp8, blockwise); torchao's row-wise scaling has no TE counterpart.
+    fp8_recipes=("delayed", "tensorwise", "blockwise"),
+    why=(("fp8_recipe", "Transformer Engine's fp8 recipes in Megatron (--fp8-recipe) are"),
+         ("zero_stages", "offers ZeRO 0, the distributed optimizer (1) and Megatron-FSDP (2, 3)"),
          ("max_zero_with_pp", "pipelines with the distributed optimizer (ZeRO ≤ 1) here, not Megatron-FSDP"),
          ("optimizer_offload_zero", "offloads the distributed optimizer (--optimizer-cpu-offload needs "
                                     "--use-precision-aware-optimizer, which needs zero_stage 1)"),
@@ -43,7 +48,7 @@ SUPPORT = EngineSupport(
 BEHAVIOUR = EngineBehaviour(
     name="megatron", p2p_overlap_interleaved=True, bucket_params=40e6, bucket_bytes=0.0,
     overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention", fused_attention=True,
-    fused_elementwise=True, fp8_cast_bytes=3.0, fp8_weight_cache=True, fp8_saves_inputs=True,
+    fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine", fp8_weight_cache=True,
     collective_launch_s=0.0, balance_stages=False, hierarchical_dispatch=True,
 )
 
@@ -76,6 +81,9 @@ def rules(job: Job) -> list[tuple[str, str]]:
                                       "schedule: with pp > 1 it needs vpp > 1"))
         if lay.recompute == "full":
             out.append(("layout.recompute", "--overlap-moe-expert-parallel-comm refuses full recomputation"))
+    if training.fp8_param_gather and lay.zero_stage not in (1, 3):
+        out.append(("training.fp8_param_gather", "--fp8-param-gather quantizes the distributed optimizer's "
+                                                 "(or Megatron-FSDP's) weight gather: it needs zero_stage 1 or 3"))
     if lay.recompute_num_layers is not None and lay.recompute_num_layers % lay.vpp:
         out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
                                                    f"{lay.recompute_num_layers} must divide by vpp {lay.vpp}"))

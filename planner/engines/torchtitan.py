@@ -5,17 +5,18 @@
   interleaved schedules of equal model chunks, CP (whose ranks always join the FSDP shard
   mesh), expert parallelism (``parallelism.expert_parallel_degree``) over whole experts,
   selective (op-level) and full activation checkpointing of every layer; bfloat16 or
-  float32 parameters (fp8 GEMMs through torchao), gradients reduced in float32; CPU offload of
+  float32 parameters (fp8, MXFP8 and NVFP4 GEMMs through torchao's converters; fp8 row-wise by
+  default), gradients reduced in float32; CPU offload of
   parameters, gradients and the optimizer step together (``training.enable_cpu_offload``).
 - Behaviour: each block compiled (fused element-wise kernels), attention through SDPA,
   op-level selective checkpointing, float32 gradient reduction (``mixed_precision_reduce``),
-  dynamic fp8 scaling (torchao), even layer splits.
+  torchao's quantizers (each use cast from bf16, bf16 inputs saved), even layer splits.
 """
 
 from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
-from cost_models.specs import Job, TrainingSpec
+from cost_models.specs import GPUSpec, Job, TrainingSpec
 
 from .base import Engine, EngineSupport
 
@@ -24,7 +25,13 @@ SUPPORT = EngineSupport(
     sequence_parallel=(True,), recompute=("none", "selective", "full"), partial_recompute=False,
     cp_shards_states=True, expert_tp="one", optimizer_offload="all", optimizer_offload_zero=(3,),
     param_offload=True, offload_together=True,
-    why=(("expert_tp", "torchtitan runs whole experts: expert parallelism borrows ranks from FSDP and TP, and the "
+    # torchtitan 0.3.0's Float8LinearConverter.Config.recipe_name: Literal["rowwise",
+    # "rowwise_with_gw_hp"] = "rowwise" (components/quantization/float8.py).
+    fp8_recipes=("rowwise", "rowwise_with_gw_hp"), fp8_param_gather=False,
+    why=(("fp8_recipe", "torchtitan's Float8LinearConverter takes recipe_name"),
+         ("fp8_param_gather", "torchtitan's float8 converter has no float8 all-gather (row-wise scaling "
+                              "gathers bf16 weights)"),
+         ("expert_tp", "torchtitan runs whole experts: expert parallelism borrows ranks from FSDP and TP, and the "
                        "experts are FSDP-sharded over the rest (ParallelDims: efsdp = dp_shard·cp·tp / ep); "
                        "set layout.etp: 1"),
          ("zero_stages", "torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0)"),
@@ -39,20 +46,27 @@ SUPPORT = EngineSupport(
 
 BEHAVIOUR = EngineBehaviour(
     name="torchtitan", fp32_grads_for_bf16=True, fused_elementwise=True, collective_launch_s=0.0,
-    balance_stages=False,
+    balance_stages=False, fp8_recipe="rowwise", quantizer="torchao",
 )
 
-PARAM_PRECISIONS = ("bf16", "fp32", "fp8")
+PARAM_PRECISIONS = ("bf16", "fp32", "fp8", "mxfp8", "nvfp4")
+# Its MXFP8 and NVFP4 converters need SM100 (has_cuda_capability(10, 0)): CUDA Blackwell, not ROCm.
 
 
-def training_rules(training: TrainingSpec) -> list[tuple[str, str]]:
+def training_rules(training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]]:
     if training.precision not in PARAM_PRECISIONS:
         return [("training.precision", f"torchtitan's mixed precision takes bfloat16 or float32 parameters, "
                                        f"not {training.precision}")]
     if training.precision != "fp32" and training.fp32_grads is False:
         return [("training.fp32_grads", "torchtitan reduces gradients in float32 only "
                                         "(training.mixed_precision_reduce)")]
-    return []
+    out = []
+    if training.precision in ("mxfp8", "nvfp4") and "nvfp4" not in gpu.block_scaling:
+        # MXFP8LinearConverter / NVFP4LinearConverter check has_cuda_capability(10, 0): NVIDIA
+        # Blackwell, whose tensor cores are the ones that scale NVFP4 blocks (CDNA4 scales MX only).
+        out.append(("training.precision", f"torchtitan's {training.precision} converter needs an NVIDIA "
+                                          f"Blackwell GPU (SM100), not {gpu.name}"))
+    return out
 
 
 def rules(job: Job) -> list[tuple[str, str]]:

@@ -1,0 +1,218 @@
+"""The cost models' newer formulas, each against its exact expression or a limit it must meet:
+linear layers under a recipe, grouped expert GEMMs, the expert part of an MoE layer (tokens,
+GEMMs, dispatch, memory), the search's lower bound, the optimizer's local parameters and the
+offload copies."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cost_models.collectives import all_to_all_time, exposed
+from cost_models.experts import (alltoall_buffer_bytes, dispatch_bytes, dispatch_combine_time, expert_gemms,
+                                 moe_mlp_activation_bytes, moe_mlp_time, moe_tokens, remote_domains_per_token,
+                                 routed_tokens)
+from cost_models.flops import Gemm
+from cost_models.kernels import gemm_time, grouped_gemm_time, linear_time, quantize_time
+from cost_models.memory import job_stage_parameters, zero_shards
+from cost_models.model_states import optimizer_step_bytes, state_bytes
+from cost_models.offload import activation_offload_time, optimizer_offload_time, param_offload_time
+from cost_models.quantization import RECIPES, linear_quantize_bytes
+from cost_models.specs import Layout
+from cost_models.step_time import (layer_time, layer_time_bound, layer_time_for, moe_layer_time_for,
+                                   optimizer_local_parameters)
+from cost_models.topology import group_links
+from planner.case import load_case
+
+
+def _job(model="mixtral-8x7b", gpu="h100-sxm-80gb", num_gpus=64, precision="bf16", layout=None, engine="megatron",
+         **training):
+    case = {"model": {"preset": model}, "cluster": {"gpu": gpu, "num_gpus": num_gpus},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": precision, **training},
+            "search": {"target": engine},
+            "layout": layout or {"tp": 2, "pp": 1, "dp": num_gpus // 2, "ep": 8, "zero_stage": 1,
+                                 "sequence_parallel": True, "micro_batch_size": 1}}
+    return load_case(case).job()
+
+
+# --- linear layers and grouped GEMMs (cost_models/kernels.py) ---
+
+def test_a_16_bit_linear_runs_two_gemms_as_long_as_its_forward_in_backward():
+    job = _job()
+    g = Gemm("fc1", 4096, 14336, 4096)
+    forward, backward = linear_time(g, job.cluster.gpu, job.training)
+    assert forward == gemm_time(g, job.cluster.gpu, "bf16")
+    assert backward == 2 * forward
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise_with_gw_hp"])
+def test_a_quantized_linear_adds_its_quantize_traffic_and_keeps_wgrad_where_the_recipe_says(recipe):
+    job = _job(model="llama3-8b", precision="fp8", fp8_recipe=recipe, engine="torchtitan",
+               layout={"tp": 1, "dp": 64, "micro_batch_size": 1})
+    gpu, r = job.cluster.gpu, RECIPES[recipe]
+    g = Gemm("wo", 8192, 4096, 4096)
+    q = linear_quantize_bytes(r, g.m, g.n, g.k, fused_layouts=False, weight_share=0.5)
+    low = gemm_time(g, gpu, "fp8", r)
+    wgrad = low if r.wgrad_low else gemm_time(g, gpu, "bf16")
+    forward, backward = linear_time(g, gpu, job.training, weight_share=0.5)
+    assert forward == pytest.approx(low + q.forward / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth))
+    assert backward == pytest.approx(low + wgrad + quantize_time(q.backward, gpu))
+    assert (wgrad > low) == (recipe == "rowwise_with_gw_hp")  # the bf16 wgrad is the slower GEMM
+
+
+def test_compute_bound_experts_run_as_one_gemm_of_all_their_rows():
+    """G experts of m rows each (m a whole number of tiles) in one grouped kernel: the tiles of all
+    groups share the SMs, so where compute bounds it the kernel takes what one GEMM of G·m rows
+    takes; a group of one is exactly :func:`gemm_time`."""
+    gpu = _job().cluster.gpu
+    g = Gemm("expert_fc1", 1024, 2 * 14336, 4096)
+    assert grouped_gemm_time(g, 1, gpu, "bf16") == gemm_time(g, gpu, "bf16")
+    assert grouped_gemm_time(g, 4, gpu, "bf16") == pytest.approx(gemm_time(Gemm("all", 4096, g.n, g.k), gpu, "bf16"))
+
+
+# --- the expert part of an MoE layer (cost_models/experts.py) ---
+
+def test_each_rank_routes_its_sequence_parallel_tokens_to_k_experts():
+    """Mixtral (top-2), s 4096, b 2, tp 2, cp 2: 2·4096/4 = 2048 tokens; with etp 2 the busiest
+    rank runs 2048·2·2 copies; the all-to-all moves 2048·2·4096 bf16 elements."""
+    job = _job()
+    model, training = job.model, job.training
+    assert moe_tokens(training, tp=2, cp=2, micro_batch_size=2) == 2048
+    assert routed_tokens(model, training, 2, 2, 2, etp=2) == 2048 * 2 * 2 * model.routed_factor
+    assert dispatch_bytes(model, training, 2, 2, 2) == 2 * 2048 * 2 * 4096 * model.routed_factor
+
+
+def test_local_experts_share_the_routed_copies_on_their_width_share():
+    """8 experts over ep 4: 2 local experts, each on half the copies, SwiGLU's gate and up fused
+    (2·f/etp wide), down projection f/etp deep."""
+    model = _job().model
+    fc1, fc2, local = expert_gemms(model, routed=8192, ep=4, etp=2)
+    assert local == 2
+    assert (fc1.m, fc1.n, fc1.k) == (4096, 2 * 14336 / 2, 4096)
+    assert (fc2.m, fc2.n, fc2.k) == (4096, 4096, 14336 / 2)
+
+
+@pytest.mark.parametrize("domains, k, expected", [(1, 8, 0.0), (2, 1, 0.5), (4, 8, 3 * (1 - 0.75 ** 8))])
+def test_a_token_reaches_the_domains_its_experts_are_in(domains, k, expected):
+    from dataclasses import replace
+
+    model = replace(_job().model, moe_top_k=k)
+    assert remote_domains_per_token(model, domains) == pytest.approx(expected)
+
+
+def test_dispatch_inside_one_node_is_two_all_to_alls_of_the_routed_copies():
+    job = _job(layout={"tp": 1, "dp": 64, "ep": 8, "micro_batch_size": 1})
+    model, training, cluster = job.model, job.training, job.cluster
+    lay = Layout(tp=1, dp=64, ep=8)
+    links = group_links(cluster, lay, "ep")
+    assert links.domains == 1
+    size = dispatch_bytes(model, training, 1, 1, 1)
+    assert dispatch_combine_time(model, training, cluster, 1, 1, 1, 8, 1) == \
+        pytest.approx(2 * all_to_all_time(size, links, cluster.gpu.performance))
+
+
+def test_the_experts_backward_is_twice_their_forward_in_16_bits():
+    job = _job()
+    gpu, lay = job.cluster.gpu, job.layout
+    forward, backward = moe_mlp_time(job.model, job.training, gpu, lay.tp, lay.cp, 1, lay.ep, lay.expert_tp)
+    assert forward > 0 and backward == pytest.approx(2 * forward)
+
+
+def test_an_moe_layer_is_a_dense_layers_attention_and_the_experts():
+    job = _job()
+    gpu, lay, model, training = job.cluster.gpu, job.layout, job.model, job.training
+    layer = moe_layer_time_for(model, training, gpu, lay.tp, lay.cp, 1, True, lay.ep, lay.expert_tp)
+    attention = layer_time_for(model, training, gpu, lay.tp, lay.cp, 1, True, mlp=False)
+    forward, backward = moe_mlp_time(model, training, gpu, lay.tp, lay.cp, 1, lay.ep, lay.expert_tp)
+    assert layer.forward == pytest.approx(attention.forward + forward)
+    assert layer.backward == pytest.approx(attention.backward + backward)
+    assert layer.core == attention.core
+
+
+def test_the_experts_save_router_scores_inputs_and_hidden_activations():
+    """Fused SwiGLU (Megatron), bf16, tp 2 and etp 2 (the expert tensor-parallel degree defaults
+    to tp): router 2·4·T·E, experts R·(2·h + (2·2 + 2)·f/etp), no shared experts; T = b·s/tp
+    tokens, R = T·k·etp copies."""
+    job = _job()
+    model, training, lay = job.model, job.training, job.layout
+    assert lay.expert_tp == 2 and model.routed_factor == 1
+    T = 4096 / 2
+    R = T * 2 * 2
+    expected = 2 * 4 * T * 8 + R * (2 * 4096 + 6 * 14336 / 2)
+    assert moe_mlp_activation_bytes(model, training, lay, fused=True, saved_input=2) == pytest.approx(expected)
+    # The send and receive buffers, gathered over the etp group.
+    assert alltoall_buffer_bytes(model, training, lay) == 2 * dispatch_bytes(model, training, 2, 1, 1) * 2
+
+
+# --- the search's lower bound (cost_models/step_time.py) ---
+
+@pytest.mark.parametrize("precision, recipe", [("bf16", None), ("fp8", "tensorwise"), ("fp8", "delayed")])
+def test_the_bound_never_exceeds_a_layers_time(precision, recipe):
+    training = {"fp8_recipe": recipe} if recipe else {}
+    for engine in ("megatron", "torchtitan"):
+        job = _job(model="llama3-8b", precision=precision, engine=engine,
+                   layout={"tp": 2, "dp": 32, "sequence_parallel": True, "micro_batch_size": 2}, **training)
+        lay = job.layout
+        bound = layer_time_bound(job.model, job.training, job.cluster.gpu, lay.tp, lay.cp, 2, True)
+        if recipe is None:
+            assert bound == layer_time(job).total
+        else:
+            assert bound < layer_time(job).total
+
+
+# --- optimizer shards and offload (cost_models/step_time.py, cost_models/offload.py) ---
+
+def test_the_optimizer_shards_dense_parameters_over_dp_cp_and_experts_over_edp():
+    job = _job()  # tp 2, dp 32, ep 8: edp = 32·1/8 = 4
+    params = job_stage_parameters(job, 0)
+    assert job.layout.edp == 4 and zero_shards(job) == 32
+    assert optimizer_local_parameters(job, 0) == pytest.approx(params.dense / 32 + params.expert / 4)
+    unsharded = _job(layout={"tp": 2, "dp": 32, "ep": 8, "zero_stage": 0, "sequence_parallel": True,
+                             "micro_batch_size": 1})
+    assert optimizer_local_parameters(unsharded, 0) == pytest.approx(params.total)
+
+
+def _offload_job(**layout):
+    return _job(model="llama3-8b", num_gpus=8, engine="deepspeed",
+                layout={"tp": 1, "dp": 8, "micro_batch_size": 1, **layout})
+
+
+def test_optimizer_offload_sends_gradients_out_steps_on_the_cpu_and_weights_back():
+    """Out: gradients over PCIe behind the backward; the step streams its bytes over host memory;
+    back: the bf16 weights, in the open."""
+    job = _offload_job(zero_stage=2, offload_optimizer=1)
+    gpu = job.cluster.gpu
+    perf, host = gpu.performance, gpu.host
+    per = state_bytes(job.training)
+    local, backward = 1e9, 0.5
+    link = host.link_bandwidth * perf.host_link_efficiency
+    expected = exposed(local * per.gradients / link, backward, perf) \
+        + local * optimizer_step_bytes(per) / (host.memory_bandwidth * perf.host_memory_efficiency) \
+        + local * per.weights / link
+    assert optimizer_offload_time(job, local, backward) == pytest.approx(expected)
+    assert optimizer_offload_time(_offload_job(zero_stage=2), local, backward) == 0.0
+
+
+def test_parameter_offload_copies_each_gathers_shard_in_and_the_gradient_shard_out():
+    job = _offload_job(zero_stage=3, offload_params=True, offload_optimizer=1)
+    gpu = job.cluster.gpu
+    per = state_bytes(job.training)
+    shard, microbatch, gathers = 1e9, 0.2, 2
+    copy = shard * (gathers * per.weights + per.gradients) / (gpu.host.link_bandwidth
+                                                               * gpu.performance.host_link_efficiency)
+    assert param_offload_time(job, shard, microbatch, gathers) == \
+        pytest.approx(job.num_microbatches * exposed(copy, microbatch, gpu.performance))
+
+
+def test_activation_offload_copies_each_layer_out_in_forward_and_in_for_backward():
+    job = _job(model="llama3-8b", num_gpus=8, engine="megatron",
+               layout={"tp": 1, "dp": 8, "micro_batch_size": 1, "offload_activations": 4})
+    gpu = job.cluster.gpu
+    copy = 4 * 1e8 / (gpu.host.link_bandwidth * gpu.performance.host_link_efficiency)
+    perf = gpu.performance
+    assert activation_offload_time(job, 0, 1e8, 0.01, 0.02) == \
+        pytest.approx(job.num_microbatches * (exposed(copy, 0.01, perf) + exposed(copy, 0.02, perf)))
+    # Copies the compute covers leave only what comm_overlap does not hide.
+    assert activation_offload_time(job, 0, 1e8, 10.0, 20.0) < 2 * job.num_microbatches * copy
+    assert math.isclose(activation_offload_time(_offload_job(), 0, 1e8, 0.01, 0.02), 0.0)

@@ -1,0 +1,202 @@
+"""Low-precision recipes: the quantize traffic, peaks, kept-high layers, saved bytes and weight
+gathers, each against the exact formula or the figure it comes from."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import planner
+from cost_models.activations import layer_activations
+from cost_models.model_states import gathered_weight_bytes, state_bytes
+from cost_models.partition import model_chunks, tail_layers_per_stage
+from cost_models.quantization import RECIPES, linear_quantize_bytes, tensor_quantize_bytes
+from cost_models.specs import Layout, ModelSpec, SpecError, TrainingSpec
+from planner.case import load_case
+from planner.engines import behaviour_of
+from planner.errors import CaseError
+
+
+def test_one_pass_reads_the_bf16_tensor_once_and_writes_each_layout():
+    """Transformer Engine's cast_transpose (delayed scaling): read 2 bytes, write fp8 and its
+    transpose: 4 bytes an element. Current per-tensor scaling reads once more for the amax: 6."""
+    assert tensor_quantize_bytes(RECIPES["delayed"], 1000, 2, fused_layouts=True) == 4000
+    assert tensor_quantize_bytes(RECIPES["tensorwise"], 1000, 2, fused_layouts=True) == 6000
+
+
+def test_torchao_casts_each_use_from_bf16():
+    """torchao casts each of the two uses on its own: 2 × (amax 2 + read 2 + write 1) = 10 bytes
+    an element with per-tensor scaling, 2 × (2 + 1) = 6 row-wise."""
+    assert tensor_quantize_bytes(RECIPES["tensorwise"], 1000, 2, fused_layouts=False) == 10000
+    assert tensor_quantize_bytes(RECIPES["rowwise"], 1000, 2, fused_layouts=False) == 6000
+
+
+def test_block_scales_are_written_with_the_data():
+    """MXFP8: one E8M0 byte per 32 elements; NVFP4: half-byte elements, one E4M3 byte per 16 and a
+    per-tensor amax pass: (2 + 2) + 2 × (0.5 + 1/16) bytes an element from one fused pass."""
+    assert tensor_quantize_bytes(RECIPES["mxfp8"], 3200, 1, fused_layouts=True) == 3200 * 2 + 3200 + 100
+    assert tensor_quantize_bytes(RECIPES["nvfp4"], 1600, 2, fused_layouts=True) == pytest.approx(
+        1600 * 4 + 2 * (800 + 100))
+
+
+def test_a_quantize_in_the_norm_kernel_reads_nothing_more():
+    """LayerNormLinear writes X quantized from the norm: only the two layouts' writes remain."""
+    assert tensor_quantize_bytes(RECIPES["delayed"], 1000, 2, fused_layouts=True, in_producer=True) == 2000
+
+
+def test_linear_quantize_splits_forward_and_backward():
+    """X and W in forward (both layouts where the library writes them together), dY in backward;
+    the weight at the share each micro-batch pays."""
+    r = RECIPES["delayed"]
+    q = linear_quantize_bytes(r, m=10, n=30, k=20, fused_layouts=True, weight_share=0.25)
+    assert q.forward == 4 * 10 * 20 + 4 * 30 * 20 * 0.25 and q.backward == 4 * 10 * 30
+    # torchao: the wgrad copy of X and the dgrad copy of W are cast in backward.
+    q = linear_quantize_bytes(RECIPES["rowwise"], m=10, n=30, k=20, fused_layouts=False)
+    assert q.forward == 3 * 10 * 20 + 3 * 30 * 20 and q.backward == 3 * 10 * 20 + 3 * 30 * 20 + 6 * 10 * 30
+
+
+def test_rowwise_with_high_precision_wgrad_quantizes_for_one_gemm():
+    q = linear_quantize_bytes(RECIPES["rowwise_with_gw_hp"], m=10, n=30, k=20, fused_layouts=False)
+    assert q.forward == 3 * 10 * 20 + 3 * 30 * 20 and q.backward == 3 * 30 * 20 + 3 * 10 * 30
+
+
+def _case(gpu: str, precision: str, engine: str = "megatron", **training) -> dict:
+    return {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": gpu, "num_gpus": 8},
+            "training": {"global_batch_size": 32, "seq_len": 4096, "precision": precision, "engine": engine,
+                         **training},
+            "layout": {"zero_stage": 1, "micro_batch_size": 1}}
+
+
+def test_block_scaled_precisions_run_at_their_elements_peak():
+    """MXFP8 at the fp8 peak, NVFP4 at the fp4 peak: B200 9,000 TFLOP/s (HGX B200 datasheet, 18 PF
+    sparse halved), twice fp8; GB300 15,000, three times fp8 (GB300 NVL72: 1,080 PF dense / 72)."""
+    b200 = load_case(_case("b200", "nvfp4")).cluster.gpu
+    assert b200.peak("mxfp8") == b200.peak("fp8") == 4500e12 and b200.peak("nvfp4") == 9000e12
+    gb300 = load_case(_case("gb300", "nvfp4")).cluster.gpu
+    assert gb300.peak("nvfp4") == 3 * gb300.peak("fp8")
+
+
+@pytest.mark.parametrize("gpu, precision", [("h100", "mxfp8"), ("h200", "nvfp4"), ("mi300x", "mxfp8"),
+                                            ("mi355x", "nvfp4"), ("a100-80gb", "fp8"), ("h800", "nvfp4")])
+def test_a_gpu_without_the_format_is_refused_with_the_key(gpu, precision):
+    with pytest.raises(CaseError) as error:
+        planner.estimate(_case(gpu, precision))
+    assert error.value.key == "training.precision"
+
+
+def test_mi355x_runs_mx_formats():
+    assert planner.estimate(_case("mi355x", "mxfp8")).step_time_s > 0
+
+
+def test_nvfp4_keeps_the_last_fifteen_percent_of_layers_in_bf16():
+    """⌈0.15 · 32⌉ = 5 layers, all on the last of 4 stages; with 8 stages of 4, 4 on the last and
+    1 on the one before (torchtitan's nvfp4_bf16_tail_fqns rounds up likewise)."""
+    job = load_case({**_case("b200", "nvfp4"), "layout": {"pp": 4, "micro_batch_size": 1}}).job()
+    assert job.high_precision_layers == (0, 0, 0, 5)
+    job = load_case({**_case("b200", "nvfp4"), "layout": {"pp": 8, "micro_batch_size": 1}}).job()
+    assert job.high_precision_layers == (0,) * 6 + (1, 4)
+    assert load_case(_case("b200", "mxfp8")).job().high_precision_layers == (0,)
+
+
+def test_interleaved_chunks_hold_the_tail_on_every_rank():
+    """vpp 2 on 2 ranks of 8 layers: chunks 4, 4, 4, 4 in model order r0, r1, r0, r1; the last 5
+    layers are chunk 3 (rank 1) and one of chunk 2 (rank 0)."""
+    assert model_chunks((8, 8), 2) == [(0, 4), (1, 4), (0, 4), (1, 4)]
+    assert tail_layers_per_stage((8, 8), 2, 5) == (1, 4)
+
+
+def test_kept_high_layers_cost_what_bf16_layers_cost():
+    """A stage of bf16-kept layers runs at the bf16 rate: NVFP4's last stage is slower per layer."""
+    from cost_models.step_time import layer_time
+
+    job = load_case({**_case("b200", "nvfp4"), "layout": {"pp": 4, "micro_batch_size": 1}}).job()
+    assert layer_time(job, quantized=False).total > layer_time(job).total
+
+
+def test_transformer_engine_keeps_quantized_inputs_torchao_bf16():
+    """The four linear inputs saved for wgrad: 1 byte in fp8 under Transformer Engine, 0.5 + 1/16
+    under NVFP4; torchao keeps them bf16 (2 bytes)."""
+    model = ModelSpec("m", num_layers=1, hidden_size=1024, num_attention_heads=8, vocab_size=1000,
+                      activation="swiglu", ffn_hidden_size=4096)
+    lay = Layout(micro_batch_size=1)
+
+    def inputs(precision, engine):
+        a = layer_activations(model, TrainingSpec(8, 1024, precision=precision, engine=behaviour_of(engine)), lay)
+        return a.qkv_input + a.projection_input + a.mlp_input
+
+    s, h = 1024, 1024
+    assert inputs("fp8", "megatron") == 3 * s * h
+    assert inputs("nvfp4", "megatron") == pytest.approx(3 * s * h * (0.5 + 1 / 16))
+    assert inputs("fp8", "any") == inputs("bf16", "any") == 3 * 2 * s * h
+
+
+def test_fp8_parameter_gather_halves_the_gathered_bytes():
+    """--fp8-param-gather: the distributed optimizer's gather moves 1 byte a weight, not 2, and
+    Megatron keeps the weights quantized (1 byte); torchao's FSDP float8 all-gather keeps bf16 shards."""
+    te = TrainingSpec(8, 1024, precision="fp8", engine=behaviour_of("megatron"), fp8_param_gather=True)
+    ao = TrainingSpec(8, 1024, precision="fp8", engine=behaviour_of("any"), fp8_param_gather=True)
+    plain = TrainingSpec(8, 1024, precision="fp8", engine=behaviour_of("megatron"))
+    assert gathered_weight_bytes(te) == gathered_weight_bytes(ao) == 1 and gathered_weight_bytes(plain) == 2
+    assert state_bytes(te).weights == 1 and state_bytes(ao).weights == 2
+
+
+def test_fp8_param_gather_shortens_the_gathers():
+    slow = planner.estimate(_case("h100", "fp8"))
+    fast = planner.estimate(_case("h100", "fp8", fp8_param_gather=True))
+    assert fast.time.dp_comm_s < slow.time.dp_comm_s
+
+
+@pytest.mark.parametrize("training, key", [
+    ({"precision": "bf16", "fp8_recipe": "delayed"}, "training.fp8_recipe"),
+    ({"precision": "mxfp8", "fp8_recipe": "delayed"}, "training.fp8_recipe"),
+    ({"precision": "fp8", "fp8_recipe": "per-block"}, "training.fp8_recipe"),
+    ({"precision": "bf16", "fp8_param_gather": True}, "training.fp8_param_gather"),
+])
+def test_bad_recipe_keys_name_the_key(training, key):
+    with pytest.raises(CaseError) as error:
+        load_case(_case("h100", **training))
+    assert error.value.key == key
+
+
+def test_engines_default_recipes():
+    """Megatron: TransformerConfig.fp8_recipe = "delayed"; torchtitan 0.3.0's Float8LinearConverter:
+    recipe_name = "rowwise"; plain PyTorch with torchao: Float8LinearConfig() scales per tensor."""
+    names = {engine: TrainingSpec(8, 1024, precision="fp8", engine=behaviour_of(engine)).recipe.name
+             for engine in ("megatron", "deepspeed", "torchtitan", "any")}
+    assert names == {"megatron": "delayed", "deepspeed": "delayed", "torchtitan": "rowwise", "any": "tensorwise"}
+
+
+def test_a_low_precision_recipe_on_fp32_is_refused():
+    with pytest.raises(SpecError):
+        TrainingSpec(8, 1024, precision="fp32", fp8_param_gather=True)
+
+
+def test_the_power_cap_slows_tensor_cores_only():
+    """sustained_clock scales GEMM and attention rates; an HBM-bound kernel is unchanged."""
+    from cost_models.flops import Gemm
+    from cost_models.kernels import gemm_time, quantize_time
+    import dataclasses
+
+    gpu = load_case(_case("b200", "bf16")).cluster.gpu
+    full = dataclasses.replace(gpu, performance=dataclasses.replace(gpu.performance, sustained_clock=1.0))
+    gemm = Gemm("g", 8192, 8192, 8192)
+    overhead = gpu.performance.kernel_overhead_s
+    ratio = (gemm_time(gemm, gpu, "bf16") - overhead) / (gemm_time(gemm, full, "bf16") - overhead)
+    assert ratio == pytest.approx(1 / gpu.performance.sustained_clock)
+    assert quantize_time(1e9, gpu) == quantize_time(1e9, full)
+    assert math.isclose(gpu.performance.sustained_clock, 0.635)
+
+
+@pytest.mark.parametrize("engine, recipe, runs", [
+    ("any", "tensorwise", True), ("any", "rowwise", True), ("any", "blockwise", True),
+    ("megatron", "blockwise", True), ("megatron", "rowwise", False),
+    ("torchtitan", "rowwise_with_gw_hp", True), ("torchtitan", "tensorwise", False),
+    ("deepspeed", "delayed", True), ("deepspeed", "rowwise", False)])
+def test_each_engine_takes_the_fp8_recipes_its_library_has(engine, recipe, runs):
+    """Transformer Engine (Megatron, DeepSpeed): delayed, tensorwise, blockwise; torchao
+    (torchtitan): the row-wise ones; no engine in particular: every recipe."""
+    from planner.engines import ENGINES
+
+    training = TrainingSpec(8, 1024, precision="fp8", fp8_recipe=recipe)
+    assert (ENGINES[engine].support.recipe_refusals(training) == []) == runs
