@@ -1,9 +1,10 @@
 """layout-planner: the fastest training layout that fits, at the global batch you chose; and how
 many GPUs of which type a run of so many tokens needs."""
 
+from .configs import Emitted, emit, read_config
 from .errors import CaseError
 from .estimate import Estimate, estimate
 from .plan import Plan, plan
 from .size import Sizing, size
 
-__all__ = ["CaseError", "Estimate", "Plan", "Sizing", "estimate", "plan", "size"]
+__all__ = ["CaseError", "Emitted", "Estimate", "Plan", "Sizing", "emit", "estimate", "plan", "read_config", "size"]

@@ -98,7 +98,7 @@ def plan_command(
 ) -> None:
     """The fastest layout that fits, at the case's global batch, and its runners-up."""
     _load_solver_without_pandas()
-    from .emit import ENGINES
+    from .configs import EMITTERS as ENGINES, render
     from .files import Output, check_writable, write_all
     from .plan import plan, plan_options
     from .report import print_plan
@@ -118,7 +118,7 @@ def plan_command(
         result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine)
         outputs: list[Output] = []
         if emit is not None and result.best is not None:
-            files, notes = render_configs(result.best, emit, str(case))
+            files, notes = render(result.best, emit, str(case))
             outputs += [Output(out / name, text) for name, text in files.items()]
         if plot is not None and result.best is not None:
             from .plots import render_plots
@@ -173,18 +173,6 @@ def size_command(
         print_sizing(result, Console())
     if result.best is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
-
-
-def render_configs(best, engine: str, source: str) -> tuple[dict[str, str], list[str]]:
-    """The engine's files for ``best`` ({name: text}) and what the user must know about them."""
-    import importlib
-
-    from .emit import provenance
-
-    module = importlib.import_module(f"planner.emit.{engine}")
-    files = module.render(best, provenance(best, source))
-    notes = module.warnings(best) if hasattr(module, "warnings") else []
-    return files, notes
 
 
 @app.command("diagnose")

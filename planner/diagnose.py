@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from .case import load_case
+from .configs import read_config
 from .engines import ENGINES
 from .estimate import Estimate, estimate_job
 from .plan import Plan, plan_case
@@ -36,12 +36,8 @@ class Diagnosis:
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
              pp: int = 1, tp: Optional[int] = None) -> Diagnosis:
     loaded = load_case(case)
-    if config is not None:
-        engine = "deepspeed"
-        layout = importlib.import_module("planner.emit.deepspeed").read(Path(config), loaded, pp=pp, tp=tp)
-    else:
-        engine = "megatron"
-        layout = importlib.import_module("planner.emit.megatron").read(Path(megatron_args), loaded)
+    engine = "deepspeed" if config is not None else "megatron"
+    layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp)
     if loaded.training.engine.name == "any":  # the config's engine is the one that will run it
         loaded = replace(loaded, training=replace(loaded.training, engine=ENGINES[engine].behaviour))
     estimate = estimate_job(loaded, loaded.job(layout))

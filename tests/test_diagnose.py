@@ -14,7 +14,7 @@ pytest.importorskip("megatron.core")
 
 import planner  # noqa: E402
 from planner.case import layout_to_mapping  # noqa: E402
-from planner.cli import render_configs  # noqa: E402
+from planner.configs import render  # noqa: E402
 from planner.diagnose import diagnose  # noqa: E402
 from planner.files import Output, write_all  # noqa: E402
 
@@ -39,7 +39,7 @@ def test_every_emitted_config_round_trips_through_diagnose(tmp_path, engine, opt
         if best is None:
             continue
         folder = tmp_path / f"{engine}{i}"
-        files, _ = render_configs(best, engine, "<generated>")
+        files, _ = render(best, engine, "<generated>")
         written = write_all([Output(folder / name, text) for name, text in files.items()], force=False)
         # Megatron: the argument list, and the launch script that reads it from beside itself.
         names = ("ds_config.json",) if engine == "deepspeed" else ("megatron_args.txt", "launch.sh")

@@ -42,6 +42,7 @@ from cost_models.partition import chunk_layers  # noqa: E402
 from cost_models.specs import Layout  # noqa: E402
 from planner.case import load_case  # noqa: E402
 from planner.emit import megatron, provenance  # noqa: E402
+from planner.readers import megatron as megatron_reader  # noqa: E402
 from planner.errors import CaseError  # noqa: E402
 from planner.estimate import estimate, estimate_job  # noqa: E402
 from planner.plan import plan  # noqa: E402
@@ -502,7 +503,7 @@ def test_read_gives_back_the_plan(emitted, tmp_path):
         folder.mkdir()
         for name, text in e.files.items():
             (folder / name).write_text(text)
-        assert megatron.read(folder / "megatron_args.txt", e.case) == e.job.layout, e
+        assert megatron_reader.read(folder / "megatron_args.txt", e.case) == e.job.layout, e
 
 
 def test_the_generated_plans_cover_megatrons_features(emitted):
@@ -546,7 +547,7 @@ torchrun $DISTRIBUTED_ARGS pretrain_gpt.py \\
 def test_read_a_launch_script(tmp_path):
     path = tmp_path / "train.sh"
     path.write_text(SCRIPT)
-    layout = megatron.read(path, load_case(CASE))
+    layout = megatron_reader.read(path, load_case(CASE))
     assert layout == Layout(dp=8, tp=2, pp=4, cp=1, vpp=4, micro_batch_size=1, zero_stage=1,
                                      sequence_parallel=True, recompute="full", recompute_num_layers=4)
 
@@ -574,7 +575,7 @@ def test_read_names_the_file_and_flag_of_a_contradiction(tmp_path, change, flag,
     assert old in SCRIPT
     path.write_text(SCRIPT.replace(old, new))
     with pytest.raises(CaseError) as error:
-        megatron.read(path, load_case(CASE))
+        megatron_reader.read(path, load_case(CASE))
     assert str(error.value) == f"{path}: {flag}: {expected}"
 
 
@@ -583,7 +584,7 @@ def test_read_a_custom_pipeline_layout(tmp_path):
     path.write_text("--pipeline-model-parallel-size 5\n--pipeline-model-parallel-layout Et*6|t*7|t*7|t*6|t*6,L\n"
                     "--micro-batch-size 2\n--global-batch-size 256\n")
     case = load_case({**CASE, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 40}})
-    layout = megatron.read(path, case)
+    layout = megatron_reader.read(path, case)
     assert (layout.pp, layout.dp, layout.stage_layers) == (5, 8, (6, 7, 7, 6, 6))
 
 
@@ -608,7 +609,7 @@ def test_zero_2_and_3_are_megatron_fsdp(tmp_path, zero, strategy):
         assert f"\n{line}\n" in args
     assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in files[megatron.LAUNCH_FILE]
     (tmp_path / megatron.ARGS_FILE).write_text(args)
-    assert megatron.read(tmp_path / megatron.ARGS_FILE, case).zero_stage == zero
+    assert megatron_reader.read(tmp_path / megatron.ARGS_FILE, case).zero_stage == zero
 
 
 def test_metas_405b_layout_is_written_down(tmp_path):
@@ -625,7 +626,7 @@ def test_metas_405b_layout_is_written_down(tmp_path):
     built = [[layers_built(config, rank, v) for v in range(2)] for rank in range(16)]
     assert built[0] == [4, 3] and built[-1] == [4, 3] and all(b == [4, 4] for b in built[1:-1])
     (tmp_path / megatron.ARGS_FILE).write_text(files[megatron.ARGS_FILE])
-    assert megatron.read(tmp_path / megatron.ARGS_FILE, result.case) == lay
+    assert megatron_reader.read(tmp_path / megatron.ARGS_FILE, result.case) == lay
 
 
 # --- low-precision recipes ----------------------------------------------------------------------
@@ -655,7 +656,7 @@ def test_recipes_are_written_as_transformer_config_takes_them(tmp_path, gpu, pre
     config = transformer_config(args)  # TransformerConfig.__post_init__ accepts them
     assert config.bf16 and (config.fp4 == "e2m1") == (precision == "nvfp4")
     (tmp_path / "megatron_args.txt").write_text(files["megatron_args.txt"])
-    assert megatron.read(tmp_path / "megatron_args.txt", best.case) == best.job.layout
+    assert megatron_reader.read(tmp_path / "megatron_args.txt", best.case) == best.job.layout
 
 
 def test_read_refuses_another_fp8_recipe_than_the_cases(tmp_path):
@@ -663,7 +664,7 @@ def test_read_refuses_another_fp8_recipe_than_the_cases(tmp_path):
     text = megatron.render(best, provenance(best, "case.yaml"))["megatron_args.txt"]
     (tmp_path / "args.txt").write_text(text.replace("--fp8-recipe delayed", "--fp8-recipe tensorwise"))
     with pytest.raises(CaseError, match="--fp8-recipe: scales fp8 tensorwise, but the case's recipe is delayed"):
-        megatron.read(tmp_path / "args.txt", best.case)
+        megatron_reader.read(tmp_path / "args.txt", best.case)
 
 
 def test_megatron_refuses_torchaos_rowwise_scaling():

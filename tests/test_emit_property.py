@@ -23,7 +23,7 @@ from test_emit_megatron import parse_args, transformer_config  # noqa: E402
 from test_emit_torchtitan import check_emitted, workdir  # noqa: E402,F401
 
 import planner  # noqa: E402
-from planner.cli import render_configs  # noqa: E402
+from planner.configs import render  # noqa: E402
 from planner.errors import CaseError  # noqa: E402
 
 SEED = 20261130
@@ -96,7 +96,7 @@ def test_plan_emits_what_the_engine_accepts_or_says_why_not(index, tmp_path, wor
         assert result.no_fit is not None and "no layout fits" in result.no_fit.describe()
         return
     best = result.best
-    files, _ = render_configs(best, engine, "case.yaml")  # what `plan --emit` writes; must not raise
+    files, _ = render(best, engine, "case.yaml")  # what `plan --emit` writes; must not raise
     lay = best.job.layout
     if engine == "deepspeed":
         (tmp_path / "ds_config.json").write_text(files["ds_config.json"])

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import planner
-from planner.cli import render_configs
+from planner.configs import render
 from planner.files import Output, write_all
 
 
@@ -40,7 +40,7 @@ def emit(tmp_path: Path, engine: str, model: dict) -> Path:
     best = planner.plan({**CASE, "model": model}, target=engine, top_k=0).best
     assert best is not None
     out = tmp_path / engine
-    files, _ = render_configs(best, engine, payload(tmp_path / "pwned-by-source"))
+    files, _ = render(best, engine, payload(tmp_path / "pwned-by-source"))
     write_all([Output(out / name, text) for name, text in files.items()], force=False)
     return out
 

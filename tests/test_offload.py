@@ -16,6 +16,8 @@ from cost_models.offload import optimizer_offload_time
 from planner.case import load_case
 from planner.emit import deepspeed as ds
 from planner.emit import megatron
+from planner.readers import deepspeed as ds_reader
+from planner.readers import megatron as megatron_reader
 from planner.errors import CaseError
 
 # 70B on one 8-GPU H100 node: 16 bytes a parameter is 1.1 TB, 140 GB a GPU even fully sharded.
@@ -134,7 +136,7 @@ def test_emitted_offload_is_what_the_engines_read(tmp_path, monkeypatch):
     monkeypatch.setattr(ds_comm, "get_rank", lambda group=None: 0)
     config = DeepSpeedConfig(str(tmp_path / ds.CONFIG), mpu=None)
     assert config.zero_config.offload_optimizer.device == "cpu"
-    read = ds.read(tmp_path / ds.CONFIG, load_case(BIG), pp=est.job.layout.pp)
+    read = ds_reader.read(tmp_path / ds.CONFIG, load_case(BIG), pp=est.job.layout.pp)
     assert read.offload_optimizer == 1.0 and read.offload_params == est.job.layout.offload_params
 
     case = load_case({**SMALL, "training": {**SMALL["training"], "engine": "megatron"},
@@ -145,5 +147,5 @@ def test_emitted_offload_is_what_the_engines_read(tmp_path, monkeypatch):
     for line in ("--optimizer-cpu-offload", "--optimizer-offload-fraction 0.5", "--use-precision-aware-optimizer"):
         assert f"\n{line}\n" in args
     (tmp_path / "args.txt").write_text(args)
-    assert megatron.read(tmp_path / "args.txt", case).offload_optimizer == 0.5
+    assert megatron_reader.read(tmp_path / "args.txt", case).offload_optimizer == 0.5
     assert json.loads(json.dumps(mega.to_dict()))["memory"]["host_bytes"] > 0

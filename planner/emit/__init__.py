@@ -1,4 +1,5 @@
-"""Launch configs for the engines, and readers for configs a team already has.
+"""Launch configs for the engines (their readers are beside them, in :mod:`planner.readers`;
+the library API is :mod:`planner.configs`).
 
 Each engine module offers:
 
@@ -6,9 +7,7 @@ Each engine module offers:
   name (relative to the output folder) → file text, for the estimate's layout. ``header``
   holds the provenance lines (:func:`provenance`) every file starts with, in the file's own
   comment syntax (via :func:`comment`): the case, the predicted step time and memory.
-- ``read(path: pathlib.Path, case: planner.case.Case) -> cost_models.specs.Layout`` (DeepSpeed
-  and Megatron): the layout of an existing config, for `diagnose`; contradictions are a
-  :class:`planner.errors.CaseError` naming the file and key.
+- ``warnings(estimate) -> list[str]`` (optional): what the user must know about the files.
 
 The global batch in every emitted config equals the case's.
 """

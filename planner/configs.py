@@ -1,0 +1,91 @@
+"""Launch configs as a library: an engine's files for a plan or an estimate, written all or
+none, and a team's existing config read back into a layout. `plan --emit` and `diagnose` call
+these; so can an orchestration tool.
+
+    result = planner.plan("case.yaml", engine="megatron")
+    written = planner.emit(result, "megatron", "out/")
+    layout = planner.read_config("case.yaml", "megatron", "out/megatron_args.txt")
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from cost_models.specs import Layout
+
+from .emit import ENGINES as EMITTERS
+from .errors import CaseError
+from .estimate import Estimate
+
+READERS = ("deepspeed", "megatron")  # torchtitan's configs are Python: not read back
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """The files an emitter wrote, and what the user must know about them."""
+
+    paths: tuple[Path, ...]
+    notes: tuple[str, ...]
+
+
+def _estimate_of(result: Any) -> Estimate:
+    """The layout to write: an Estimate as it is, a Plan's best (a plan where nothing fits has none)."""
+    if isinstance(result, Estimate):
+        return result
+    best = getattr(result, "best", None)
+    if isinstance(best, Estimate):
+        return best
+    if hasattr(result, "best"):
+        raise CaseError("plan", "best", "nothing fits, so there is no layout to write")
+    raise CaseError("emit", "result", f"expected a Plan or an Estimate, got {type(result).__name__}")
+
+
+def render(result: Any, engine: str, source: str = "the Python API") -> tuple[dict[str, str], list[str]]:
+    """The engine's files for the result's layout ({name relative to the folder: text}) and the
+    notes that go with them; ``source`` names the case in every file's provenance header."""
+    from .emit import provenance
+
+    if engine not in EMITTERS:
+        raise CaseError("emit", "engine", f"expected one of {', '.join(EMITTERS)}, got {engine!r}")
+    estimate = _estimate_of(result)
+    planned_for = estimate.job.training.engine.name
+    if planned_for not in ("any", engine):
+        raise CaseError("emit", "engine", f"is {engine}, but the layout was timed as {planned_for} runs it; "
+                                          f"plan with engine={engine!r} to write {engine}'s configs")
+    module = importlib.import_module(f"planner.emit.{engine}")
+    files = module.render(estimate, provenance(estimate, source))
+    notes = module.warnings(estimate) if hasattr(module, "warnings") else []
+    return files, notes
+
+
+def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: str = "the Python API",
+         force: bool = False) -> Emitted:
+    """Write the engine's launch files for ``result`` (a Plan's best layout, or an Estimate) into
+    ``out_dir``, all or none (:func:`planner.files.write_all`); existing files only with ``force``."""
+    from .files import Output, write_all
+
+    files, notes = render(result, engine, source)
+    written = write_all([Output(Path(out_dir) / name, text) for name, text in files.items()], force)
+    return Emitted(tuple(written), tuple(notes))
+
+
+def read_config(case: Any, engine: str, path: Union[str, Path], pp: int = 1, tp: Optional[int] = None) -> Layout:
+    """The layout of an existing config: a DeepSpeed ds_config.json (``pp`` and ``tp`` say what it
+    does not: the pipeline stages, and tensor parallelism in a Megatron-DeepSpeed pipeline) or a
+    Megatron-LM argument list or launch script. Contradictions with the case are a CaseError
+    naming the file and key."""
+    from .case import Case, load_case
+
+    if engine not in READERS:
+        raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
+    loaded = case if isinstance(case, Case) else load_case(case)
+    if engine == "deepspeed":
+        from .readers import deepspeed
+
+        return deepspeed.read(Path(path), loaded, pp=pp, tp=tp)
+    from .readers import megatron
+
+    return megatron.read(Path(path), loaded)

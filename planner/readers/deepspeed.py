@@ -1,0 +1,151 @@
+"""Reads an existing DeepSpeed ds_config.json into a layout, for `diagnose` (the counterpart of
+:mod:`planner.emit.deepspeed`): contradictions are a :class:`planner.errors.CaseError` naming
+the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from cost_models.specs import Layout
+
+from ..case import _int as integer
+from ..errors import CaseError
+from ..inputs import read_json
+
+
+def _positive(src: str, key: str, value: Any, minimum: int = 1) -> int:
+    if value == "auto":
+        raise CaseError(src, key, "expected an integer, got str 'auto' (\"auto\" is filled in by the Hugging Face "
+                                  "Trainer, not DeepSpeed)")
+    return integer(src, key, value, minimum)
+
+
+def _enabled(src: str, config: dict, key: str) -> bool:
+    section = config.get(key)
+    if section is None:
+        return False
+    if not isinstance(section, dict):
+        raise CaseError(src, key, f"expected a mapping, got {type(section).__name__} {section!r}")
+    value = section.get("enabled", False)
+    if not isinstance(value, bool):
+        raise CaseError(src, f"{key}.enabled", f"expected true or false, got {value!r}")
+    return value
+
+
+def _load(path: Path) -> dict:
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise CaseError(str(path), "", f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None) -> Layout:
+    """The layout of an existing ds_config.json on ``case``'s cluster, with ``pp`` pipeline stages
+    and, for a pipeline whose model splits its own layers (Megatron-DeepSpeed's 3D grid), ``tp``;
+    without a pipeline tp is AutoTP's ``tensor_parallel.autotp_size``.
+
+    Batch sizes follow DeepSpeed's rules: any one or two of train_batch_size,
+    train_micro_batch_size_per_gpu and gradient_accumulation_steps, the rest derived as
+    ``DeepSpeedConfig._set_batch_related_parameters`` does, then checked as
+    ``_batch_assertion`` does, with the data-parallel size num_gpus / (tp·pp).
+    """
+    path = Path(path)
+    src = str(path)
+    config = _load(path)
+    pp = _positive("--pp", "pp", pp)
+
+    tp_section = config.get("tensor_parallel", {})
+    if not isinstance(tp_section, dict):
+        raise CaseError(src, "tensor_parallel", f"expected a mapping, got {tp_section!r}")
+    autotp = _positive(src, "tensor_parallel.autotp_size", tp_section.get("autotp_size", 0), minimum=0)
+    if tp is not None:
+        tp = _positive("--tp", "tp", tp)
+        if autotp and autotp != tp:
+            raise CaseError(src, "tensor_parallel.autotp_size", f"{autotp} differs from --tp {tp}")
+    tp = tp or autotp or 1
+    gpus = case.cluster.num_gpus
+    if gpus % (tp * pp):
+        raise CaseError(src, "tensor_parallel.autotp_size",
+                        f"tp {tp} x pp {pp} = {tp * pp} must divide the cluster's {gpus} GPUs")
+    dp = gpus // (tp * pp)
+
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    given = {k: _positive(src, k, config[k]) for k in keys if config.get(k) is not None}
+    batch, micro, accum = (given.get(k) for k in keys)
+    if batch is not None and micro is not None and accum is None:
+        accum = batch // micro // dp
+        if accum < 1:
+            raise CaseError(src, "train_batch_size", f"{batch} is less than micro {micro} x data-parallel {dp} "
+                                                     f"= {micro * dp}")
+    elif batch is not None and accum is not None and micro is None:
+        micro = batch // dp // accum
+        if micro < 1:
+            raise CaseError(src, "train_batch_size", f"{batch} is less than accumulation {accum} x "
+                                                     f"data-parallel {dp} = {accum * dp}")
+    elif micro is not None and accum is not None and batch is None:
+        batch = micro * accum * dp
+    elif batch is not None and micro is None and accum is None:
+        accum, micro = 1, batch // dp
+        if micro < 1:
+            raise CaseError(src, "train_batch_size", f"{batch} is less than the data-parallel size {dp}")
+    elif micro is not None and batch is None and accum is None:
+        batch, accum = micro * dp, 1
+    elif batch is None and micro is None:
+        raise CaseError(src, "train_batch_size", "missing; give train_batch_size or train_micro_batch_size_per_gpu")
+    if batch != micro * accum * dp:
+        raise CaseError(src, "train_batch_size", f"{batch} is not micro {micro} × accumulation {accum} × "
+                                                 f"data-parallel {dp} = {micro * accum * dp}")
+    global_batch = case.training.global_batch_size
+    if batch != global_batch:
+        said = "train_batch_size" if "train_batch_size" in given else \
+            f"train_batch_size (micro {micro} × accumulation {accum} × data-parallel {dp})"
+        raise CaseError(src, "train_batch_size", f"{said} is {batch}, but the case {case.source} has "
+                                                 f"training.global_batch_size {global_batch}")
+
+    zero_section = config.get("zero_optimization", {})
+    if not isinstance(zero_section, dict):
+        raise CaseError(src, "zero_optimization", f"expected a mapping, got {zero_section!r}")
+    zero = _positive(src, "zero_optimization.stage", zero_section.get("stage", 0), minimum=0)
+    if zero > 3:
+        raise CaseError(src, "zero_optimization.stage", f"expected 0, 1, 2 or 3, got {zero}")
+    if pp > 1 and zero > 1:
+        raise CaseError(src, "zero_optimization.stage", f"DeepSpeed's pipeline engine refuses ZeRO stage {zero} "
+                                                        f"(pp {pp}); expected 0 or 1")
+
+    bf16, fp16 = _enabled(src, config, "bf16"), _enabled(src, config, "fp16")
+    if bf16 and fp16:
+        raise CaseError(src, "fp16.enabled", "bf16 and fp16 cannot both be enabled")
+    written = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    wanted = {"fp8": "bf16"}.get(case.training.precision, case.training.precision)
+    if written != wanted:
+        key = "bf16.enabled" if bf16 else "fp16.enabled" if fp16 else "bf16"
+        raise CaseError(src, key, f"the config trains in {written}, but the case {case.source} has "
+                                  f"training.precision {case.training.precision}")
+
+    checkpointing = config.get("activation_checkpointing")
+    if checkpointing is not None and not isinstance(checkpointing, dict):
+        raise CaseError(src, "activation_checkpointing", f"expected a mapping, got {checkpointing!r}")
+    recompute = "full" if checkpointing is not None else "none"
+
+    offload = {name: _offload_device(src, zero_section, name) for name in ("offload_optimizer", "offload_param")}
+    if offload["offload_param"] and zero != 3:
+        raise CaseError(src, "zero_optimization.offload_param", f"applies to ZeRO stage 3 only, the config has {zero}")
+    return Layout(dp=dp, tp=tp, pp=pp, micro_batch_size=micro, zero_stage=zero, recompute=recompute,
+                  offload_optimizer=1.0 if offload["offload_optimizer"] else 0.0,
+                  offload_params=offload["offload_param"])
+
+
+def _offload_device(src: str, zero_section: dict, name: str) -> bool:
+    """Whether ``zero_optimization.<name>`` sends its states to host memory (device cpu)."""
+    section = zero_section.get(name)
+    if section is None:
+        return False
+    if not isinstance(section, dict):
+        raise CaseError(src, f"zero_optimization.{name}", f"expected a mapping, got {section!r}")
+    device = section.get("device", "none")
+    if device == "nvme":
+        raise CaseError(src, f"zero_optimization.{name}.device", "nvme offload is not modelled; expected cpu or none")
+    if device not in ("cpu", "none"):
+        raise CaseError(src, f"zero_optimization.{name}.device", f"expected cpu or none, got {device!r}")
+    return device == "cpu"

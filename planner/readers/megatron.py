@@ -1,0 +1,393 @@
+"""Reads an existing Megatron-LM argument list or launch script into a layout, for `diagnose`
+(the counterpart of :mod:`planner.emit.megatron`): contradictions are a
+:class:`planner.errors.CaseError` naming the file and the flag."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Optional
+
+from cost_models.partition import chunk_layers, virtual_partition
+from cost_models.specs import Job, Layout, SpecError
+
+from ..emit.megatron import ACCOUNT_FLAGS, ALIASES, BOOL_FLAGS, FLAG_OF_FIELD, INT_FLAGS, STR_FLAGS
+from ..errors import CaseError, one_line
+from ..inputs import read_text
+from ..limits import MAX_EXPANDED_CHARS, MAX_INT
+
+
+def _repeat(pattern: str, text: str) -> str:
+    """``text`` with every ``X*n`` of ``pattern`` written out, refused past MAX_EXPANDED_CHARS."""
+    length = len(text)
+    for match in re.finditer(pattern, text):
+        count = match.group(2)
+        if len(count) > len(str(MAX_EXPANDED_CHARS)):
+            raise ValueError(f"repeat count {one_line(count, 20)} is past the bound of {MAX_EXPANDED_CHARS:,}")
+        length += len(match.group(1)) * int(count) - len(match.group(0))
+        if length > MAX_EXPANDED_CHARS:
+            raise ValueError(f"expands past {MAX_EXPANDED_CHARS:,} characters")
+    return re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+
+
+def parse_layout_string(text: str, pp: int) -> list[int]:
+    """Transformer layers per virtual stage of a ``--pipeline-model-parallel-layout`` (Megatron's
+    ``PipelineParallelLayerLayout.parse_str_to_list``); raises ValueError on what it cannot read."""
+    text = text.replace(",", "")
+    text = _repeat(r"\(([^)]+)\)\*(\d+)", text)
+    text = _repeat(r"(.)\*(\d+)", text)
+    entries = text.split("|")
+    if len(entries) % pp:
+        raise ValueError(f"{len(entries)} stages do not divide by --pipeline-model-parallel-size {pp}")
+    for entry in entries:
+        bad = set(entry) - set("ELt")
+        if bad:
+            raise ValueError(f"unsupported layer character(s) {''.join(sorted(bad))!r} "
+                             "(only E, L and t are modelled)")
+    flat = "".join(entries)
+    if flat.count("E") != 1 or flat.count("L") != 1 or not flat.startswith("E") or not flat.endswith("L"):
+        raise ValueError("expected one E at the start and one L at the end")
+    return [entry.count("t") for entry in entries]
+
+
+def read_precision(flags: dict) -> Optional[tuple[str, Optional[str]]]:
+    """(training.precision, fp8_recipe) a Megatron argument list trains in; None where it says nothing."""
+    if flags.get("--fp4-format"):
+        return "nvfp4", None
+    if flags.get("--fp8-format"):
+        recipe = flags.get("--fp8-recipe") or "delayed"  # TransformerConfig.fp8_recipe's default
+        return ("mxfp8", None) if recipe == "mxfp8" else ("fp8", recipe)
+    if "--fp16" in flags:
+        return "fp16", None
+    if "--bf16" in flags:
+        return "bf16", None
+    return None
+
+
+_ASSIGNMENT = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _tokens(text: str, src: str) -> list[str]:
+    """Shell words of a script or argument list: comments dropped, continuations joined, quotes
+    removed, and ``$VAR`` / ``${VAR:-default}`` resolved from plain assignments in the same text
+    (a value past MAX_EXPANDED_CHARS is refused: variables that double on every line would
+    otherwise fill the memory)."""
+    text = re.sub(r"\\\r?\n", " ", text)
+    variables: dict[str, str] = {}
+    words: list[str] = []
+    for line in text.splitlines():
+        try:
+            line_words = shlex.split(line, comments=True)
+        except ValueError:  # an unbalanced quote: fall back to whitespace
+            line_words = line.split("#", 1)[0].split()
+        match = _ASSIGNMENT.match(line)
+        if match and len(line_words) == 1:
+            name = match.group(1)
+            value = line_words[0].split("=", 1)[1]
+            variables[name] = _substitute(value, variables, src, name)
+            continue
+        for word in line_words:
+            resolved = _substitute(word, variables, src, word)
+            # An expanded variable splits into words, as unquoted in the shell.
+            words += resolved.split() if resolved != word else [word]
+    return words
+
+
+def _substitute(word: str, variables: dict[str, str], src: str, key: str) -> str:
+    def one(match: re.Match) -> str:
+        name = match.group(1) or match.group(3)
+        if name in variables:
+            return variables[name]
+        if match.group(2) is not None:
+            return match.group(2)
+        return match.group(0)
+
+    length = len(word) + sum(len(variables.get(m.group(1) or m.group(3), "")) for m in _REFERENCE.finditer(word))
+    if length > MAX_EXPANDED_CHARS:
+        raise CaseError(src, key, f"expands past {MAX_EXPANDED_CHARS:,} characters; expected a launch script "
+                                  "whose variables hold arguments")
+    return _REFERENCE.sub(one, word)
+
+
+def _flags(words: list[str]) -> dict[str, Optional[str]]:
+    """The last value of every flag read() knows (argparse keeps the last)."""
+    known = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(ALIASES)
+    found: dict[str, Optional[str]] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if "=(" in word:  # the first element of a one-line array: NAME=(--flag value ...)
+            word = word.split("=(", 1)[1]
+        word = word.lstrip("(").rstrip(")")
+        flag, _, inline = word.partition("=")
+        flag = flag.replace("_", "-") if flag.startswith("--nproc_") else flag
+        flag = ALIASES.get(flag, flag)
+        if flag in known:
+            if flag in BOOL_FLAGS:
+                found[flag] = None
+            elif inline:
+                found[flag] = inline
+            elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+                found[flag] = words[i + 1].rstrip(")")
+                i += 1
+            else:
+                found[flag] = ""
+        i += 1
+    return found
+
+
+# How launch.sh (ours, and scripts written like it) takes its arguments from a file beside it.
+_INCLUDED_ARGS = re.compile(r"""\$\(\s*grep\s+-v\s+(['"])\^#\1\s+"?\$\{?HERE\}?/([A-Za-z0-9_.-]+)"?\s*\)""")
+
+
+def _with_included_args(text: str, path: Path) -> str:
+    """``text`` with each ``$(grep -v '^#' "$HERE/FILE")`` replaced by FILE's lines (FILE beside ``path``)."""
+    included = []
+    for match in _INCLUDED_ARGS.finditer(text):
+        included.append(read_text(path.parent / match.group(2)))
+    if not included:
+        return text
+    return "\n".join([_INCLUDED_ARGS.sub(" ", text), *included])
+
+
+def read(path: Path, case) -> Layout:
+    """The layout of a Megatron-LM argument list or launch script, checked against ``case``."""
+    path = Path(path)
+    src = str(path)
+    text = _with_included_args(read_text(path), path)
+    flags = _flags(_tokens(text, src))
+
+    def integer(flag: str, default: Optional[int] = None) -> Optional[int]:
+        if flag not in flags:
+            return default
+        value = flags[flag]
+        digits = (value or "").strip()
+        if not re.fullmatch(r"[+-]?\d+", digits):
+            raise CaseError(src, flag, f"expected an integer, got {value!r}")
+        if len(digits.lstrip("+-")) > len(str(MAX_INT)) or int(digits) > MAX_INT:
+            raise CaseError(src, flag, f"expected an integer <= {MAX_INT}, got {digits}")
+        number = int(digits)
+        if number < (0 if flag == "--recompute-num-layers" else 1):
+            raise CaseError(src, flag, f"expected a positive integer, got {number}")
+        return number
+
+    model, training = case.model, case.training
+    num_gpus = case.cluster.num_gpus
+
+    # torchrun's world, where the script says it.
+    if "--nnodes" in flags and "--nproc-per-node" in flags and ":" not in (flags["--nnodes"] or ""):
+        world = integer("--nnodes") * integer("--nproc-per-node")
+        if world != num_gpus:
+            raise CaseError(src, "--nnodes", f"--nnodes x --nproc-per-node = {world} GPUs, "
+                                             f"but the case has {num_gpus}")
+
+    # The model, where given, must be the case's.
+    for flag, expected in (("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
+                           ("--num-attention-heads", model.num_attention_heads),
+                           ("--ffn-hidden-size", model.ffn_hidden_size), ("--seq-length", training.seq_len)):
+        value = integer(flag)
+        if value is not None and value != expected:
+            raise CaseError(src, flag, f"{value} differs from the case's {expected}")
+    for flag, expected in (("--num-experts", model.num_experts), ("--moe-router-topk", model.moe_top_k)):
+        value = integer(flag)
+        if value is not None and value != expected:
+            raise CaseError(src, flag, f"{value} differs from the case's {expected or 'dense model (no experts)'}")
+    groups = integer("--num-query-groups")
+    if groups is not None and "--group-query-attention" in flags and groups != model.num_kv_heads:
+        raise CaseError(src, "--num-query-groups", f"{groups} differs from the case's {model.num_kv_heads} KV heads")
+
+    read = read_precision(flags)
+    if read is not None:
+        precision, recipe = read
+        if precision != training.precision:
+            flag = {"fp8": "--fp8-format", "mxfp8": "--fp8-recipe", "nvfp4": "--fp4-format", "fp16": "--fp16",
+                    "bf16": "--bf16"}[precision]
+            raise CaseError(src, flag, f"trains in {precision}, but the case's precision is {training.precision}")
+        if precision == "fp8" and recipe != training.recipe.name:
+            raise CaseError(src, "--fp8-recipe", f"scales fp8 {recipe}, but the case's recipe is "
+                                                 f"{training.recipe.name} (training.fp8_recipe)")
+
+    tp = integer("--tensor-model-parallel-size", 1)
+    pp = integer("--pipeline-model-parallel-size", 1)
+    cp = integer("--context-parallel-size", 1)
+    if num_gpus % (tp * pp * cp):
+        raise CaseError(src, "--tensor-model-parallel-size",
+                        f"tp·pp·cp = {tp}·{pp}·{cp} = {tp * pp * cp} must divide the case's {num_gpus} GPUs")
+    dp = num_gpus // (tp * pp * cp)
+    if model.num_attention_heads % tp:
+        raise CaseError(src, "--tensor-model-parallel-size",
+                        f"{tp} must divide num_attention_heads {model.num_attention_heads}")
+
+    if "--micro-batch-size" not in flags:
+        raise CaseError(src, "--micro-batch-size", "missing (Megatron-LM requires it)")
+    micro = integer("--micro-batch-size")
+    global_batch = integer("--global-batch-size")
+    if global_batch is None:
+        global_batch = micro * dp  # validate_args' default
+        if global_batch != training.global_batch_size:
+            raise CaseError(src, "--global-batch-size",
+                            f"missing, so Megatron-LM uses micro-batch x dp = {micro}·{dp} = {global_batch}, "
+                            f"but the case's global batch is {training.global_batch_size}")
+    if global_batch != training.global_batch_size:
+        raise CaseError(src, "--global-batch-size",
+                        f"{global_batch} differs from the case's global batch {training.global_batch_size}")
+    if global_batch % (micro * dp):
+        raise CaseError(src, "--global-batch-size",
+                        f"{global_batch} must divide by micro-batch x dp = {micro}·{dp} = {micro * dp}")
+
+    # Pipeline partition and interleaving.
+    layers = model.num_layers
+    first = integer("--decoder-first-pipeline-num-layers")
+    last = integer("--decoder-last-pipeline-num-layers")
+    stage_layers: Optional[tuple[int, ...]] = None
+    custom = flags.get("--pipeline-model-parallel-layout")
+    accounted = {field: flag in flags for field, flag in ACCOUNT_FLAGS.items()}
+    units = layers + sum(accounted.values())
+    if any(accounted.values()):
+        flag = next(f for field, f in ACCOUNT_FLAGS.items() if accounted[field])
+        for other in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                      "--pipeline-model-parallel-layout"):
+            if other in flags:
+                raise CaseError(src, flag, f"cannot be combined with {other} (TransformerConfig)")
+        if pp == 1:
+            raise CaseError(src, flag, "needs --pipeline-model-parallel-size > 1")
+        if units % pp:
+            raise CaseError(src, flag, f"num_layers {layers} with the embedding and loss counted ({units}) "
+                                       f"must divide by --pipeline-model-parallel-size {pp}")
+    if custom is None and (first is not None or last is not None):
+        if pp == 1:
+            raise CaseError(src, "--decoder-first-pipeline-num-layers", "needs --pipeline-model-parallel-size > 1")
+        rest, middle_stages = layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+        if rest < 0 or bool(rest) != bool(middle_stages) or (middle_stages and rest % middle_stages):
+            raise CaseError(src, "--decoder-first-pipeline-num-layers",
+                            f"the {rest} layers left after the first/last stages must split evenly over "
+                            f"the {middle_stages} other stages")
+        middle = rest // middle_stages if middle_stages else 0
+        stages = ([first] if first is not None else []) + [middle] * middle_stages \
+            + ([last] if last is not None else [])
+        stage_layers = tuple(stages) if len(set(stages)) > 1 else None
+    elif custom is None and pp > 1 and units % pp:
+        raise CaseError(src, "--pipeline-model-parallel-size",
+                        f"num_layers {layers} must divide by {pp} (or give --decoder-first/last-pipeline-num-layers)")
+    per_chunk = integer("--num-layers-per-virtual-pipeline-stage")
+    chunks = integer("--num-virtual-stages-per-pipeline-rank")
+    vpp = 1
+    if custom is not None:
+        flag = "--pipeline-model-parallel-layout"
+        for other in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                      "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank"):
+            if other in flags:
+                raise CaseError(src, flag, f"cannot be combined with {other}")
+        try:
+            counts = parse_layout_string(custom, pp)
+        except ValueError as error:
+            raise CaseError(src, flag, f"{error} in {custom!r}") from None
+        if sum(counts) != layers:
+            raise CaseError(src, flag, f"holds {sum(counts)} transformer layers, the case's model {layers}")
+        vpp = len(counts) // pp
+        per_rank = [[counts[v * pp + r] for v in range(vpp)] for r in range(pp)]
+        if any(tuple(chunks_of_rank) != chunk_layers(sum(chunks_of_rank), vpp) or 0 in chunks_of_rank
+               for chunks_of_rank in per_rank):
+            raise CaseError(src, flag, "model chunks of one pipeline rank must hold equal, non-zero layer counts, "
+                                       "or differ by one with the larger first (the planner models no other split)")
+        stages = [sum(chunks_of_rank) for chunks_of_rank in per_rank]
+        stage_layers = tuple(stages) if len(set(stages)) > 1 else None
+        if layers % (pp * vpp) and stage_layers == virtual_partition(layers, pp, vpp):
+            stage_layers = None  # the split the planner makes by itself (cost_models.partition)
+    elif per_chunk is not None and chunks is not None:
+        raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
+                        "give either it or --num-virtual-stages-per-pipeline-rank, not both")
+    if per_chunk is not None:
+        if first is not None or last is not None:
+            raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
+                            "with an uneven pipeline Megatron-LM needs --num-virtual-stages-per-pipeline-rank")
+        if (layers // pp) % per_chunk:
+            raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
+                            f"{per_chunk} must divide the {layers // pp} layers per pipeline stage")
+        vpp = layers // pp // per_chunk
+    elif chunks is not None:
+        vpp = chunks
+    if vpp > 1:
+        if pp == 1:
+            raise CaseError(src, "--num-layers-per-virtual-pipeline-stage", "interleaving needs pipeline parallelism")
+        if pp <= 2 and "--no-overlap-p2p-communication" in flags:
+            raise CaseError(src, "--no-overlap-p2p-communication",
+                            "interleaving without p2p overlap needs --pipeline-model-parallel-size > 2")
+        for n in (() if custom is not None else stage_layers or (units // pp,)):
+            if n % vpp:
+                raise CaseError(src, "--num-virtual-stages-per-pipeline-rank",
+                                f"{vpp} model chunks must divide every stage's layers, got a stage of {n}; "
+                                "give --pipeline-model-parallel-layout for unequal chunks")
+        microbatches = global_batch // (micro * dp)
+        if microbatches % pp:
+            raise CaseError(src, "--global-batch-size",
+                            f"interleaving needs the {microbatches} micro-batches per step to divide by pp {pp}")
+
+    # Optimizer sharding.
+    zero = 1 if "--use-distributed-optimizer" in flags else 0
+    if "--use-torch-fsdp2" in flags:
+        zero = 3
+    elif "--use-megatron-fsdp" in flags or "--use-custom-fsdp" in flags:
+        strategy = flags.get("--data-parallel-sharding-strategy") or "no_shard"
+        stages_of = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+        if strategy not in stages_of:
+            raise CaseError(src, "--data-parallel-sharding-strategy",
+                            f"expected one of {', '.join(stages_of)}, got {strategy!r}")
+        zero = max(zero, stages_of[strategy])
+
+    # Sequence parallelism: validate_args turns it off when tp is 1.
+    sequence_parallel = "--sequence-parallel" in flags and tp > 1
+
+    # Recomputation.
+    granularity = flags.get("--recompute-granularity")
+    if granularity is None and "--recompute-activations" in flags:
+        granularity = "selective"
+    recompute, recompute_layers = "none", None
+    method = flags.get("--recompute-method")
+    if granularity == "selective":
+        recompute = "selective"
+        if method is not None:
+            raise CaseError(src, "--recompute-method", "does not apply to --recompute-granularity selective")
+    elif granularity == "full":
+        recompute = "full"
+        if method not in ("uniform", "block"):
+            raise CaseError(src, "--recompute-method", f"expected uniform or block with full recomputation, "
+                                                       f"got {method!r}")
+        count = integer("--recompute-num-layers")
+        if count is None:
+            raise CaseError(src, "--recompute-num-layers", "missing (full recomputation requires it)")
+        if method == "block":
+            per_stage = count * vpp  # block counts layers per model chunk
+            if per_stage < max(stage_layers or (layers // pp,)):
+                recompute_layers = per_stage
+    elif granularity is not None:
+        raise CaseError(src, "--recompute-granularity", f"expected selective or full, got {granularity!r}")
+
+    # Offload: the distributed optimizer's share on the CPU, the first layers' activations.
+    offload_optimizer = 0.0
+    if "--optimizer-cpu-offload" in flags:
+        text = flags.get("--optimizer-offload-fraction") or "1.0"
+        try:
+            offload_optimizer = float(text)
+        except ValueError:
+            raise CaseError(src, "--optimizer-offload-fraction", f"expected a fraction, got {text!r}") from None
+        if not 0 <= offload_optimizer <= 1:
+            raise CaseError(src, "--optimizer-offload-fraction", f"expected a fraction in [0, 1], got {text}")
+    offload_activations = integer("--cpu-offloading-num-layers", 0) if "--cpu-offloading" in flags else 0
+
+    try:
+        experts = {}
+        if model.is_moe:  # megatron-core's default expert tensor parallel size is tp
+            experts = {"ep": integer("--expert-model-parallel-size", 1),
+                       "etp": integer("--expert-tensor-parallel-size", tp)}
+        layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=micro, zero_stage=zero,
+                        sequence_parallel=sequence_parallel, recompute=recompute,
+                        recompute_num_layers=recompute_layers, stage_layers=stage_layers,
+                        offload_optimizer=offload_optimizer, offload_activations=offload_activations, **accounted,
+                        **experts)
+        Job(case.model, case.cluster, case.training, layout, case.overheads)
+    except SpecError as error:
+        raise CaseError(src, FLAG_OF_FIELD.get(error.key, error.key), error.message) from None
+    return layout

@@ -1,0 +1,59 @@
+"""The library's config API (planner.emit, planner.read_config): what the CLI's `plan --emit` and
+`diagnose` run, reachable from Python. A written config reads back as the layout it was
+written for; what cannot be written is refused with the key, and nothing is left behind."""
+
+from __future__ import annotations
+
+import pytest
+
+import planner
+from planner.errors import CaseError
+
+CASE = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+        "training": {"global_batch_size": 128, "seq_len": 4096}}
+
+
+@pytest.mark.parametrize("engine, name, layout", [
+    ("megatron", "megatron_args.txt", {"tp": 2, "pp": 2, "dp": 4, "micro_batch_size": 2, "zero_stage": 1,
+                                       "sequence_parallel": True, "recompute": "selective"}),
+    ("deepspeed", "ds_config.json", {"tp": 1, "pp": 1, "dp": 16, "micro_batch_size": 2, "zero_stage": 2}),
+])
+def test_an_emitted_config_reads_back_as_its_layout(tmp_path, engine, name, layout):
+    est = planner.estimate({**CASE, "training": {**CASE["training"], "engine": engine}, "layout": layout})
+    written = planner.emit(est, engine, tmp_path)
+    assert tmp_path / name in written.paths and all(p.exists() for p in written.paths)
+    assert planner.read_config(CASE, engine, tmp_path / name, pp=est.job.layout.pp) == est.job.layout
+
+
+def test_a_plans_best_layout_is_what_emit_writes(tmp_path):
+    result = planner.plan({**CASE, "search": {"target": "megatron"}}, top_k=0)
+    planner.emit(result, "megatron", tmp_path)
+    assert planner.read_config(CASE, "megatron", tmp_path / "megatron_args.txt") == result.best.job.layout
+
+
+def test_a_layout_timed_for_one_engine_is_not_written_for_another(tmp_path):
+    est = planner.estimate({**CASE, "training": {**CASE["training"], "engine": "deepspeed"},
+                            "layout": {"dp": 16, "micro_batch_size": 2}})
+    with pytest.raises(CaseError, match="emit: engine: is megatron, but the layout was timed as deepspeed"):
+        planner.emit(est, "megatron", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_files_are_kept_unless_forced(tmp_path):
+    est = planner.estimate({**CASE, "layout": {"dp": 16, "micro_batch_size": 2}})
+    (tmp_path / "megatron_args.txt").write_text("mine\n")
+    with pytest.raises(CaseError):
+        planner.emit(est, "megatron", tmp_path)
+    assert (tmp_path / "megatron_args.txt").read_text() == "mine\n"
+    planner.emit(est, "megatron", tmp_path, force=True)
+    assert (tmp_path / "megatron_args.txt").read_text() != "mine\n"
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda p: planner.emit(planner.estimate({**CASE, "layout": {"dp": 16, "micro_batch_size": 2}}), "nemo", p),
+     "emit: engine: expected one of deepspeed, megatron, torchtitan"),
+    (lambda p: planner.read_config(CASE, "torchtitan", p / "x.py"), "read_config: engine: expected one of"),
+])
+def test_unknown_engines_name_the_choices(tmp_path, call, match):
+    with pytest.raises(CaseError, match=match):
+        call(tmp_path)
