@@ -100,12 +100,15 @@ class spec_errors:
         return False
 
 
-def load_case(case: Any, engine: Optional[str] = None) -> Case:
+def load_case(case: Any, engine: Optional[str] = None, ignore_layout: bool = False) -> Case:
     """Load a case from a path or a dict in the case-file schema.
 
     ``engine`` (`plan --engine`) replaces training.engine, and search.target where the
-    case has one, so the two never contradict each other."""
+    case has one, so the two never contradict each other. ``ignore_layout``: the commands that
+    choose the layout (`plan`, `size`) say they ignore a ``layout`` section, so it is not read."""
     data, src, base = read_case(case)
+    if ignore_layout and isinstance(data, dict):
+        data = {key: value for key, value in data.items() if key != "layout"}
     if engine is not None:
         data = with_engine(src, data, engine)
     return build_case(data, src, base)

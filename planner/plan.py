@@ -279,5 +279,5 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
             raise CaseError(case.source, "engine", "applies to a case path or dict, not to a loaded Case")
         loaded = case
     else:
-        loaded = load_case(case, engine=engine)
+        loaded = load_case(case, engine=engine, ignore_layout=True)
     return plan_case(loaded, simplest_within=simplest_within, top_k=top_k, target=target)

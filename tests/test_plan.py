@@ -213,3 +213,12 @@ def test_the_alternatives_table_folds_stage_lists_and_never_prints_none(tmp_path
     assert "None" not in table
     assert "[" not in table  # no Python list
     assert "×" in table  # repeated stage sizes folded, e.g. 7, 8×14, 7
+
+
+def test_plan_does_not_read_the_layout_it_ignores():
+    """A case whose layout section is meant for `estimate` (here one that cannot exist on 8 GPUs)
+    plans exactly as the same case without it."""
+    base = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100", "num_gpus": 8},
+            "training": {"global_batch_size": 32, "seq_len": 4096}}
+    with_layout = planner.plan({**base, "layout": {"tp": 3}}, top_k=0)
+    assert with_layout.best.job.layout == planner.plan(base, top_k=0).best.job.layout
