@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from cost_models.collectives import VOLUME
+from cost_models.collectives import VOLUME, algorithm_steps, volume_per_gpu
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
 
@@ -132,13 +132,11 @@ def collective_steps_and_volume(kind: str, group_size: int, size_bytes: float) -
     ``size_bytes`` is the full buffer (all-reduce input, all-gather output,
     reduce-scatter input); for ``p2p`` it is the message, sent once.
     """
-    n = group_size
     if kind == "p2p":
         return 1.0, float(size_bytes)
     if kind not in VOLUME:
         raise ValueError(f"unknown collective {kind!r}")
-    steps = 2 * math.ceil(math.log2(n)) if kind == "all_reduce" else n - 1
-    return float(steps), VOLUME[kind] * (n - 1) / n * size_bytes
+    return float(algorithm_steps(kind, group_size)), volume_per_gpu(kind, group_size, size_bytes)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any, Optional
 import yaml
 
 from cost_models.kernels import attention_shape_efficiency
-from cost_models.specs import Performance
+from cost_models.specs import Performance, peak_key
 
 from .fit import ATTENTION_PASSES, KINDS, fit_attention, fit_collective, fit_gemm, percentile
 from .shapes import AttentionShape, GemmShape
@@ -79,9 +79,8 @@ def _median(samples: list[float]) -> float:
 
 
 def _peak_for(precision: str, peaks: dict[str, float]) -> float:
-    """FLOP/s the cost model divides by for ``precision`` (``GPUSpec.peak``'s rule)."""
-    key = "tf32" if precision == "fp32" and "tf32" in peaks else precision
-    return peaks[key] * 1e12
+    """FLOP/s the cost model divides by for ``precision`` (``specs.peak_key``, as ``GPUSpec.peak``)."""
+    return peaks[peak_key(precision, peaks)] * 1e12
 
 
 def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: float, gpus_per_node: int,

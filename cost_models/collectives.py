@@ -38,14 +38,28 @@ def bus_bandwidth(links: GroupLinks, perf: Performance) -> float:
     return min(intra, inter) if links.per_domain > 1 else inter
 
 
+def algorithm_steps(kind: str, group_size: int) -> int:
+    """Latency steps of one collective among ``group_size`` ranks: 2⌈log₂ n⌉ for the all-reduce
+    (a tree, up and down: NCCL's small-message algorithm), n − 1 for the ring all-gather and
+    reduce-scatter."""
+    if group_size <= 1:
+        return 0
+    return 2 * math.ceil(math.log2(group_size)) if kind == "all_reduce" else group_size - 1
+
+
+def volume_per_gpu(kind: str, group_size: int, size_bytes: float) -> float:
+    """Bytes each rank moves in one ring collective of the full buffer ``size_bytes``:
+    2(n − 1)/n · S for the all-reduce, (n − 1)/n · S for the all-gather and reduce-scatter
+    (Patarasuk and Yuan 2009; NCCL's bus-bandwidth convention, nccl-tests PERFORMANCE.md)."""
+    return VOLUME[kind] * (group_size - 1) / group_size * size_bytes
+
+
 def latency(kind: str, links: GroupLinks, perf: Performance) -> float:
     """The α part of one collective: its algorithm steps, each at its link's latency."""
-    if kind == "all_reduce":  # tree: up and down, within the domains then across them
-        inside = 2 * math.ceil(math.log2(links.per_domain)) if links.per_domain > 1 else 0
-        across = 2 * math.ceil(math.log2(links.domains)) if links.domains > 1 else 0
-        return inside * perf.link_latency_s + across * links.inter_latency
-    steps = links.size - 1  # ring
-    return steps * (links.inter_latency if links.domains > 1 else perf.link_latency_s)
+    if kind == "all_reduce":  # tree: within the domains, then across them
+        return algorithm_steps(kind, links.per_domain) * perf.link_latency_s \
+            + algorithm_steps(kind, links.domains) * links.inter_latency
+    return algorithm_steps(kind, links.size) * (links.inter_latency if links.domains > 1 else perf.link_latency_s)
 
 
 def collective_time(kind: str, size_bytes: float, links: GroupLinks, perf: Performance) -> float:
@@ -58,7 +72,7 @@ def collective_time(kind: str, size_bytes: float, links: GroupLinks, perf: Perfo
     n = links.size
     if n == 1 or size_bytes <= 0:
         return 0.0
-    volume = VOLUME[kind] * (n - 1) / n * size_bytes
+    volume = volume_per_gpu(kind, n, size_bytes)
     share = {"all_gather": perf.all_gather_efficiency, "reduce_scatter": perf.reduce_scatter_efficiency}.get(kind, 1.0)
     return latency(kind, links, perf) + volume / (share * bus_bandwidth(links, perf))
 

@@ -428,7 +428,7 @@ class GPUSpec:
                                                          f"({'Blackwell or CDNA4' if precision == 'mxfp8' else 'Blackwell'}), "
                                                          f"and {self.name} has none (cluster.gpu.block_scaling)")
             return self.peak(recipe_for(precision, None).peak)
-        key = "tf32" if precision == "fp32" and "tf32" in self.peak_flops else precision
+        key = peak_key(precision, self.peak_flops)
         if key not in self.peak_flops:
             if precision == "fp8":  # Transformer Engine refuses fp8 below compute capability 8.9
                 raise SpecError("training", "precision", f"fp8 needs fp8 tensor cores (Hopper, Ada, Blackwell, "
@@ -440,6 +440,12 @@ class GPUSpec:
             raise SpecError("training", "precision", f"{precision} has no peak on {self.name} "
                                                      f"(cluster.gpu.peak_tflops has no figure for it)")
         return self.peak_flops[key]
+
+
+def peak_key(precision: str, peak_flops: Mapping[str, float]) -> str:
+    """Which tensor-core peak a GEMM in ``precision`` runs at: TF32 for fp32 where the GPU has
+    it (PyTorch's allow_tf32 matmuls, cuBLAS's TF32 mode), else the precision's own."""
+    return "tf32" if precision == "fp32" and "tf32" in peak_flops else precision
 
 
 @dataclass(frozen=True)
