@@ -336,11 +336,14 @@ def _storage_ptr(t) -> Optional[int]:
         return None
 
 
-def _optimizer(name: str, params):
+def _optimizer(name: str, params, sharded: bool = False):
     import torch
 
     if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=SGD_MOMENTUM, fused=True)
+        # Fused SGD has no DTensor sharding rule (aten._fused_sgd_), so FSDP2's sharded parameters
+        # take the multi-tensor (foreach) kernels: the same one pass over each tensor list.
+        kernels = {"foreach": True} if sharded else {"fused": True}
+        return torch.optim.SGD(params, lr=1e-3, momentum=SGD_MOMENTUM, **kernels)
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
     return cls(params, lr=1e-4, fused=True)
 
@@ -391,7 +394,7 @@ def _worker(spec_path: str, out_path: str) -> None:
                                               device_ids=[device.index] if cuda else None)
     else:
         model = gpt
-    optimizer = _optimizer(spec.optimizer, model.parameters())
+    optimizer = _optimizer(spec.optimizer, model.parameters(), sharded=spec.zero_stage == 3)
     # DDP under bf16 autocasts its GEMMs; FSDP2's policy already computes in bf16.
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 and spec.zero_stage != 3 \
         else contextlib.nullcontext

@@ -181,6 +181,12 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     from dataclasses import replace
 
     loaded = load_with_profile(case, profile)
+    if not profiled_machine(case, profile):
+        # A preset (or hand-written) GPU describes another machine: its prediction and a run here
+        # do not compare (an H100's 0.0007 s against a CPU's 8 s).
+        raise CaseError(loaded.source, "cluster.profile", "validate runs the layout on this machine, so it needs "
+                                                          "the profile `calibrate` measured here (--profile, or "
+                                                          "cluster.profile in the case)")
     try:
         spec = run_spec(loaded.job(), steps=steps, warmup=warmup, threads=profiled_threads(case, profile),
                         device=profiled_device(case, profile))

@@ -1,0 +1,66 @@
+"""What `validate` runs, checked without torchrun. The trainer's optimizers step on FSDP2's
+sharded parameters: SGD's fused kernel has no DTensor rule (aten._fused_sgd_), so ZeRO-3 with
+SGD crashed before it took the multi-tensor path. One process, a gloo group of one, a two-layer model, one step: the
+parameters move by exactly what SGD with momentum prescribes for a first step (-lr · grad)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+SCRIPT = textwrap.dedent("""
+    import os, socket, sys
+    import torch, torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from calibration.train import _optimizer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = _optimizer(sys.argv[1], model.parameters(), sharded=True)
+    before = [p.full_tensor().clone() for p in model.parameters()]
+    model(torch.randn(4, 8)).sum().backward()
+    grads = [p.grad.full_tensor().clone() for p in model.parameters()]
+    optimizer.step()
+    lr = optimizer.param_groups[0]["lr"]
+    if sys.argv[1] == "sgd":  # first step with momentum: the buffer is the gradient itself
+        for p, b, g in zip(model.parameters(), before, grads):
+            torch.testing.assert_close(p.full_tensor(), b - lr * g)
+    else:
+        assert any(not torch.equal(p.full_tensor(), b) for p, b in zip(model.parameters(), before))
+    dist.destroy_process_group()
+    print("stepped")
+""")
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_every_optimizer_steps_on_sharded_parameters(optimizer):
+    run = subprocess.run([sys.executable, "-c", SCRIPT, optimizer], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and "stepped" in run.stdout, run.stderr[-2000:]
+
+
+def test_validate_refuses_a_prediction_for_another_machine(tmp_path):
+    """Without a profile measured here, the prediction is a preset GPU's: refused before any run,
+    with the key and exit 2."""
+    case = tmp_path / "case.yaml"
+    case.write_text("model: {preset: gpt-1.7b}\ncluster: {gpu: h100, num_gpus: 1}\n"
+                    "training: {global_batch_size: 8, seq_len: 512, precision: fp32}\n"
+                    "layout: {micro_batch_size: 1}\n")
+    run = subprocess.run([sys.executable, "-m", "planner", "validate", str(case)], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 2
+    assert run.stderr.strip().startswith(f"error: {case}: cluster.profile: validate runs the layout on this machine")
