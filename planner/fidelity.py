@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -205,6 +206,20 @@ def _sweeps(out: Fidelity) -> None:
 
 
 def _experts(out: Fidelity, plan: Callable) -> None:
+    # Tables repeat a recipe across containers and releases: each distinct case is planned once.
+    plans: dict[str, Any] = {}
+
+    def planned(case: dict) -> Any:
+        key = json.dumps(case, sort_keys=True, default=str)
+        if key not in plans:
+            try:
+                plans[key] = plan(case)
+            except CaseError as error:
+                plans[key] = error
+        if isinstance(plans[key], CaseError):
+            raise plans[key]
+        return plans[key]
+
     for r in out.rows:
         if not r.row["source"].startswith(TUNED):
             continue
@@ -213,7 +228,7 @@ def _experts(out: Fidelity, plan: Callable) -> None:
             out.expert_misfits.append(r.row["id"])
         case = {k: v for k, v in r.case.items() if k != "layout"}
         try:
-            best = plan(case)
+            best = planned(case)
         except CaseError as error:
             out.expert_misfits.append(f"{r.row['id']} (plan failed: {error.key})")
             continue
