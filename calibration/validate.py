@@ -168,20 +168,28 @@ def profiled_device(case: Union[str, Path, dict], profile: Optional[Union[str, P
 
 
 def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] = None, *, steps: int = 5,
-             warmup: int = 2, timeout_s: float = 600.0, warn: Callable[[str], None] = lambda _: None) -> Validation:
+             warmup: int = 2, timeout_s: float = 600.0, warn: Callable[[str], None] = lambda _: None,
+             allow_quick: bool = False) -> Validation:
     """Predict the case's step time and activations, run the layout for real, and return both.
 
     Raises :class:`CaseError` for bad input and for layouts the CPU loop cannot run,
     :class:`DoesNotFit` for one that does not fit in the profiled memory,
     :class:`calibration.train.RunFailed` when the run fails or times out. Just before the
     run starts, ``warn`` gets each reason the measurement may not compare with the profile.
+    A ``calibrate --quick`` profile (tiny shapes, few repeats) is refused unless ``allow_quick``.
     """
     from planner.case import spec_errors
 
     from dataclasses import replace
 
     loaded = load_with_profile(case, profile)
-    if not profiled_machine(case, profile):
+    machine = profiled_machine(case, profile)
+    if machine.get("quick") is True and not allow_quick:
+        raise CaseError(loaded.source, "cluster.profile", "is a `calibrate --quick` profile (tiny shapes and few "
+                                                          "repeats: a smoke test, whose figures do not describe "
+                                                          "this machine); calibrate without --quick, or pass "
+                                                          "--allow-quick")
+    if not machine:
         # A preset (or hand-written) GPU describes another machine: its prediction and a run here
         # do not compare (an H100's 0.0007 s against a CPU's 8 s).
         raise CaseError(loaded.source, "cluster.profile", "validate runs the layout on this machine, so it needs "

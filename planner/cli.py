@@ -239,6 +239,7 @@ def validate_command(
     warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed steps before them."),
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds before the run is stopped."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    allow_quick: bool = typer.Option(False, "--allow-quick", help="Predict with a `calibrate --quick` profile anyway."),
 ) -> None:
     """Train the case's layout for real on this machine's CPUs (torchrun, gloo) and compare with the prediction."""
     import importlib.util
@@ -249,7 +250,7 @@ def validate_command(
     try:
         if importlib.util.find_spec("torch") is None:
             raise CaseError("validate", "", "needs torch: pip install 'layout-planner[calibrate]'")
-        result = validate(case, profile, steps=steps, warmup=warmup, timeout_s=timeout,
+        result = validate(case, profile, steps=steps, warmup=warmup, timeout_s=timeout, allow_quick=allow_quick,
                           warn=lambda warning: print(f"warning: {one_line(warning, 1000)}", file=sys.stderr))
     except CaseError as error:
         _fail(error)

@@ -64,3 +64,24 @@ def test_validate_refuses_a_prediction_for_another_machine(tmp_path):
                          text=True, timeout=300)
     assert run.returncode == 2
     assert run.stderr.strip().startswith(f"error: {case}: cluster.profile: validate runs the layout on this machine")
+
+
+@pytest.mark.parametrize("flags, code, message", [
+    ([], 2, "cluster.profile: is a `calibrate --quick` profile"),
+    (["--allow-quick"], 3, "does not fit"),  # past the check: refused for memory before anything runs
+])
+def test_a_quick_profile_is_refused_unless_asked(tmp_path, flags, code, message):
+    import yaml
+    from test_validate_loop import PROFILE
+
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({**PROFILE, "machine": {**PROFILE["machine"], "quick": True},
+                                       "gpu": {**PROFILE["gpu"], "memory": "1 MiB"}}))
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({
+        "model": {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512},
+        "cluster": {"num_gpus": 2}, "training": {"precision": "fp32", "global_batch_size": 4, "seq_len": 64},
+        "layout": {"dp": 2}}))
+    run = subprocess.run([sys.executable, "-m", "planner", "validate", str(case), "--profile", str(profile), *flags],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == code and message in run.stderr, run.stderr
