@@ -162,25 +162,45 @@ def _torchrun_failure(log: Path, code: int) -> str:
 
 
 class _ProgressBar:
-    def __init__(self, show: bool):
+    """Rank 0's progress: a bar with the time left where stderr is a terminal; elsewhere (a log,
+    CI) one line per stage on stdout, with the step, the time so far and the time left, so a long
+    run is never silent and stderr keeps only the one-line error."""
+
+    def __init__(self, show: bool, stream=None):
         self.bar = None
-        if show:
+        self.lines = show and (stream is not None or not sys.stderr.isatty())
+        self.stream = stream if stream is not None else sys.stdout
+        self.stage: Optional[str] = None
+        self.started = time.monotonic()
+        if show and not self.lines:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
 
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+                                TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
+                                transient=True)
             self.task = self.bar.add_task("calibrate: starting", total=None)
             self.bar.start()
 
     def update(self, info: Optional[dict]) -> None:
-        if self.bar is None or not info:
+        if not info or (self.bar is None and not self.lines):
             return
         stage = STAGES.get(info.get("stage", ""), info.get("stage", ""))
         label = info.get("label") or ""
         total = info.get("total") or None
-        self.bar.update(self.task, completed=info.get("step", 0), total=total,
-                        description=f"calibrate: {stage}" + (f" · {label}" if label else ""))
+        step = info.get("step", 0)
+        step = min(step, total) if total else step  # a stage may count past the planned total
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, total=total,
+                            description=f"calibrate: {stage}" + (f" · {label}" if label else ""))
+            return
+        if stage != self.stage:
+            self.stage = stage
+            elapsed = time.monotonic() - self.started
+            left = f", about {elapsed / step * (total - step):.0f} s left" if total and step else ""
+            of = f" {step}/{total}" if total else ""
+            print(f"calibrate: {stage}{of} ({elapsed:.0f} s{left})", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

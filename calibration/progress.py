@@ -32,6 +32,7 @@ STAGES = {
     "attention": "the attention benchmarks",
     "memory": "the memory-bandwidth benchmarks",
     "collectives": "the collective benchmarks",
+    "overlap": "the overlap benchmark",
     "write": "writing the profile",
 }
 

@@ -289,7 +289,7 @@ def calibrate_command(
     try:
         outcome = calibrate(out, case=case, nproc=nproc, quick=quick, timeout=timeout, force=force,
                             gpu_preset=gpu_preset, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                            show_progress=sys.stderr.isatty())
+                            show_progress=True)
     except CaseError as error:
         _fail(error)
     except CalibrationError as error:
