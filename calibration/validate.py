@@ -169,7 +169,7 @@ def profiled_device(case: Union[str, Path, dict], profile: Optional[Union[str, P
 
 def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] = None, *, steps: int = 5,
              warmup: int = 2, timeout_s: float = 600.0, warn: Callable[[str], None] = lambda _: None,
-             allow_quick: bool = False) -> Validation:
+             allow_quick: bool = False, progress: Callable[[str], None] = lambda _: None) -> Validation:
     """Predict the case's step time and activations, run the layout for real, and return both.
 
     Raises :class:`CaseError` for bad input and for layouts the CPU loop cannot run,
@@ -177,6 +177,7 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     :class:`calibration.train.RunFailed` when the run fails or times out. Just before the
     run starts, ``warn`` gets each reason the measurement may not compare with the profile.
     A ``calibrate --quick`` profile (tiny shapes, few repeats) is refused unless ``allow_quick``.
+    ``progress`` gets a line before the run starts: what runs, and how long it may take.
     """
     from planner.case import spec_errors
 
@@ -212,6 +213,9 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
                          f"(peak {est.peak.total / 1e9:.1f} GB, {est.largest_term} the largest term); nothing run")
     for warning in warnings_for(case, profile):
         warn(warning)
+    progress(f"validate: predicted {est.step_time_s:.3g} s a step; running {spec.warmup} warm-up and {spec.steps} "
+             f"timed steps on {spec.dp} rank{'s' if spec.dp > 1 else ''} ({spec.device}), stopped after "
+             f"{timeout_s:.0f} s at most")
     measurement = launch(spec, timeout_s=timeout_s)
     return Validation(est, spec, measurement, str(profile) if profile is not None else None)
 

@@ -251,7 +251,8 @@ def validate_command(
         if importlib.util.find_spec("torch") is None:
             raise CaseError("validate", "", "needs torch: pip install 'layout-planner[calibrate]'")
         result = validate(case, profile, steps=steps, warmup=warmup, timeout_s=timeout, allow_quick=allow_quick,
-                          warn=lambda warning: print(f"warning: {one_line(warning, 1000)}", file=sys.stderr))
+                          warn=lambda warning: print(f"warning: {one_line(warning, 1000)}", file=sys.stderr),
+                          progress=(lambda line: None) if as_json else (lambda line: print(line, flush=True)))
     except CaseError as error:
         _fail(error)
     except DoesNotFit as error:

@@ -85,3 +85,28 @@ def test_a_quick_profile_is_refused_unless_asked(tmp_path, flags, code, message)
     run = subprocess.run([sys.executable, "-m", "planner", "validate", str(case), "--profile", str(profile), *flags],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == code and message in run.stderr, run.stderr
+
+
+def test_validate_says_what_it_runs_before_the_run(tmp_path, monkeypatch):
+    import yaml
+
+    import calibration.validate as validation
+    from test_validate_loop import PROFILE, case
+
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(PROFILE))
+    lines: list[str] = []
+
+    class Launched(Exception):
+        pass
+
+    def launch(spec, timeout_s):
+        raise Launched(lines[:])  # what was said before the ranks start
+
+    monkeypatch.setattr(validation, "launch", launch)
+    with pytest.raises(Launched) as said:
+        validation.validate(case(micro_batch_size=1), profile, steps=3, warmup=1, timeout_s=90,
+                            progress=lines.append)
+    (line,) = said.value.args[0]
+    assert line.startswith("validate: predicted ") and \
+        line.endswith("running 1 warm-up and 3 timed steps on 2 ranks (cpu), stopped after 90 s at most")
