@@ -12,6 +12,10 @@ from typing import Any, Optional
 # A load average (1 min) past this share of the cores means other work shares them, and
 # timings taken now describe a slower machine than the one profiled.
 BUSY_SHARE = 0.5
+# Other processes keeping more than this share of the cores busy, measured just before a run:
+# calibrate and validate refuse to measure (or, asked to, warn). A quarter of a 2-core machine is
+# half a core: enough to move a compute-bound benchmark by tens of percent.
+OTHERS_BUSY_SHARE = 0.25
 
 
 def cpu_model() -> str:
@@ -47,3 +51,46 @@ def machine_warnings(profiled: dict[str, Any], cpu: str, load: Optional[float], 
         warnings.append(f"this machine is busy (load average {load:.2f} on {ncores} cores): other work shares "
                         "the cores and the measured steps will be slower than the profile predicts")
     return warnings
+
+
+def _cpu_times() -> Optional[tuple[float, float]]:
+    """(busy, total) jiffies of all CPUs since boot (/proc/stat), or None where there is none."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    total = sum(fields[:8])  # user … steal; guest time is inside user already
+    return total - idle, total
+
+
+def _own_jiffies() -> float:
+    """CPU time this process has used, in jiffies (its children run only after the sample)."""
+    t = os.times()
+    return (t.user + t.system) * os.sysconf("SC_CLK_TCK")
+
+
+def other_cpu_share(interval_s: float = 0.5) -> Optional[float]:
+    """Share of the machine's CPU time other processes used over ``interval_s`` (0 idle, 1 every
+    core busy): the busy time of all CPUs less this process's own, over the time that passed."""
+    import time
+
+    before, own_before = _cpu_times(), _own_jiffies()
+    if before is None:
+        return None
+    time.sleep(interval_s)
+    after, own_after = _cpu_times(), _own_jiffies()
+    if after is None or after[1] <= before[1]:
+        return None
+    busy = (after[0] - before[0]) - (own_after - own_before)
+    return min(1.0, max(0.0, busy / (after[1] - before[1])))
+
+
+def busy_reason(share: Optional[float]) -> Optional[str]:
+    """Why measuring now would describe a slower machine, or None when the others leave it alone."""
+    if share is None or share <= OTHERS_BUSY_SHARE:
+        return None
+    return (f"other processes use {share:.0%} of this machine's CPU time (more than {OTHERS_BUSY_SHARE:.0%}): "
+            "timings taken now describe a slower machine; stop them, or pass --allow-busy to measure anyway")
+

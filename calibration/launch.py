@@ -79,7 +79,8 @@ def check_nproc(nproc: int) -> None:
 
 
 def torchrun_command(workdir: Path, nproc: int, *, timeout: float, case: Optional[Path], quick: bool,
-                     gpu_preset: Optional[str], nnodes: int, rdzv_endpoint: Optional[str]) -> list[str]:
+                     gpu_preset: Optional[str], nnodes: int, rdzv_endpoint: Optional[str],
+                     other_cpu_share: Optional[float] = None) -> list[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                "--max-restarts", "0", "--log-dir", str(workdir / "torchrun")]  # its files go with the work folder
     if nnodes == 1:
@@ -95,6 +96,8 @@ def torchrun_command(workdir: Path, nproc: int, *, timeout: float, case: Optiona
         command += ["--quick"]
     if gpu_preset:
         command += ["--gpu-preset", gpu_preset]
+    if other_cpu_share is not None:
+        command += ["--other-cpu-share", f"{other_cpu_share:.4f}"]
     return command
 
 
@@ -209,11 +212,16 @@ class _ProgressBar:
 
 def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = None, quick: bool = False,
               timeout: float = 300.0, force: bool = False, gpu_preset: Optional[str] = None, nnodes: int = 1,
-              rdzv_endpoint: Optional[str] = None, show_progress: bool = True) -> Outcome:
+              rdzv_endpoint: Optional[str] = None, show_progress: bool = True, allow_busy: bool = False,
+              warn=lambda line: print(f"warning: {line}", file=sys.stderr)) -> Outcome:
     """Run the calibration and write the profile to ``out``; :class:`CalibrationError` if it fails.
 
-    Bad arguments raise :class:`planner.errors.CaseError` before anything runs.
+    Bad arguments raise :class:`planner.errors.CaseError` before anything runs, and so does a
+    machine that other processes keep busy (:func:`host.busy_reason`) unless ``allow_busy``
+    (then ``warn`` is told); the share measured goes into the profile's ``machine`` section.
     """
+    from .host import busy_reason, other_cpu_share
+
     from planner.files import Output, check_writable, write_atomically
 
     check_writable([Output(out, "")], force)  # an existing or unwritable --out fails now, not after the run
@@ -236,6 +244,12 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
     nproc = nproc or default_nproc()
     if nproc < 1:
         raise CaseError("--nproc", str(nproc), "no GPUs found; pass --nproc")
+    others = other_cpu_share()
+    busy = busy_reason(others)
+    if busy and not allow_busy:
+        raise CaseError("calibrate", "host", busy)
+    if busy:
+        warn(busy)
 
     workdir = Path(tempfile.mkdtemp(prefix="layout-planner-calibrate-"))
     start = time.monotonic()
@@ -252,7 +266,7 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
         with open(log, "wb") as log_file:
             process = subprocess.Popen(
                 torchrun_command(workdir, nproc, timeout=timeout, case=case, quick=quick, gpu_preset=gpu_preset,
-                                 nnodes=nnodes, rdzv_endpoint=rdzv_endpoint),
+                                 nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, other_cpu_share=others),
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
                 env=_environment(nproc, workdir))
         expected = list(range(nproc))  # this node's ranks, by local index

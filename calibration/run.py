@@ -35,6 +35,7 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--gpu-preset", default=None)
     parser.add_argument("--launcher-pid", type=int, default=None)
+    parser.add_argument("--other-cpu-share", type=float, default=None)  # measured by the launcher before the run
     parser.add_argument("--worker", action="store_true")
     return parser.parse_args(argv)
 

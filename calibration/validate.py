@@ -42,6 +42,8 @@ class Validation:
     spec: RunSpec
     measurement: Measurement
     profile: Optional[str]
+    # Share of the machine's CPU time other processes used just before the run (host.other_cpu_share).
+    other_cpu_share: Optional[float] = None
 
     @property
     def predicted_step_s(self) -> float:
@@ -77,6 +79,7 @@ class Validation:
             "case": self.estimate.case.source,
             "profile": self.profile,
             "gpu": self.estimate.job.cluster.gpu.name,
+            "host": {"other_cpu_share": self.other_cpu_share},
             "run": {"dp": self.spec.dp, "micro_batch_size": self.spec.micro_batch_size,
                     "grad_accum": self.spec.grad_accum, "zero_stage": self.spec.zero_stage,
                     "recompute": self.spec.config["recompute"], "attention": self.spec.config["attention"],
@@ -169,7 +172,8 @@ def profiled_device(case: Union[str, Path, dict], profile: Optional[Union[str, P
 
 def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] = None, *, steps: int = 5,
              warmup: int = 2, timeout_s: float = 600.0, warn: Callable[[str], None] = lambda _: None,
-             allow_quick: bool = False, progress: Callable[[str], None] = lambda _: None) -> Validation:
+             allow_quick: bool = False, allow_busy: bool = False,
+             progress: Callable[[str], None] = lambda _: None) -> Validation:
     """Predict the case's step time and activations, run the layout for real, and return both.
 
     Raises :class:`CaseError` for bad input and for layouts the CPU loop cannot run,
@@ -177,8 +181,12 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     :class:`calibration.train.RunFailed` when the run fails or times out. Just before the
     run starts, ``warn`` gets each reason the measurement may not compare with the profile.
     A ``calibrate --quick`` profile (tiny shapes, few repeats) is refused unless ``allow_quick``.
-    ``progress`` gets a line before the run starts: what runs, and how long it may take.
+    ``progress`` gets a line before the run starts: what runs, and how long it may take. A
+    machine whose other processes keep it busy (:func:`host.busy_reason`) is refused, or with
+    ``allow_busy`` warned about; the share measured is in the result.
     """
+    from .host import busy_reason, other_cpu_share
+
     from planner.case import spec_errors
 
     from dataclasses import replace
@@ -213,11 +221,17 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
                          f"(peak {est.peak.total / 1e9:.1f} GB, {est.largest_term} the largest term); nothing run")
     for warning in warnings_for(case, profile):
         warn(warning)
+    others = other_cpu_share()
+    busy = busy_reason(others)
+    if busy and not allow_busy:
+        raise CaseError(loaded.source, "host", busy)
+    if busy:
+        warn(busy)
     progress(f"validate: predicted {est.step_time_s:.3g} s a step; running {spec.warmup} warm-up and {spec.steps} "
              f"timed steps on {spec.dp} rank{'s' if spec.dp > 1 else ''} ({spec.device}), stopped after "
              f"{timeout_s:.0f} s at most")
     measurement = launch(spec, timeout_s=timeout_s)
-    return Validation(est, spec, measurement, str(profile) if profile is not None else None)
+    return Validation(est, spec, measurement, str(profile) if profile is not None else None, others)
 
 
 def print_validation(result: Validation, console) -> None:

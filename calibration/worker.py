@@ -259,6 +259,8 @@ def work(args, progress: RankProgress) -> None:
         machine = machine_info(cuda, device, world, local_world, nodes, backend, threads, args.case, args.quick)
         if args.gpu_preset:
             machine["gpu_preset"] = args.gpu_preset
+        if args.other_cpu_share is not None:  # what other processes used just before the run
+            machine["other_cpu_share"] = round(args.other_cpu_share, 3)
         if load_before is not None:  # other work on the host skews CPU timings: a load above the ranks' is a sign
             machine["load_average_1min"] = {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}
         profile = build_profile(machine, m, memory_bytes=memory_bytes, gpus_per_node=local_world,

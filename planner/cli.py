@@ -240,6 +240,8 @@ def validate_command(
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds before the run is stopped."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     allow_quick: bool = typer.Option(False, "--allow-quick", help="Predict with a `calibrate --quick` profile anyway."),
+    allow_busy: bool = typer.Option(False, "--allow-busy", help="Measure even while other processes keep the "
+                                                                "machine busy (warned about, and recorded)."),
 ) -> None:
     """Train the case's layout for real on this machine's CPUs (torchrun, gloo) and compare with the prediction."""
     import importlib.util
@@ -251,6 +253,7 @@ def validate_command(
         if importlib.util.find_spec("torch") is None:
             raise CaseError("validate", "", "needs torch: pip install 'layout-planner[calibrate]'")
         result = validate(case, profile, steps=steps, warmup=warmup, timeout_s=timeout, allow_quick=allow_quick,
+                          allow_busy=allow_busy,
                           warn=lambda warning: print(f"warning: {one_line(warning, 1000)}", file=sys.stderr),
                           progress=(lambda line: None) if as_json else (lambda line: print(line, flush=True)))
     except CaseError as error:
@@ -283,6 +286,8 @@ def calibrate_command(
     nnodes: int = typer.Option(1, "--nnodes", min=1, help="Nodes (run the same command on each)."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
                                                 help="HOST:PORT of the rendezvous (nnodes > 1)."),
+    allow_busy: bool = typer.Option(False, "--allow-busy", help="Measure even while other processes keep the "
+                                                                "machine busy (warned about, and recorded)."),
 ) -> None:
     """Measure this machine under torchrun (GEMMs, attention, memory, collectives) and write a hardware profile."""
     from calibration.launch import EXIT_CALIBRATION_FAILED, CalibrationError, calibrate
@@ -290,7 +295,7 @@ def calibrate_command(
     try:
         outcome = calibrate(out, case=case, nproc=nproc, quick=quick, timeout=timeout, force=force,
                             gpu_preset=gpu_preset, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                            show_progress=True)
+                            show_progress=True, allow_busy=allow_busy)
     except CaseError as error:
         _fail(error)
     except CalibrationError as error:
