@@ -1,7 +1,11 @@
 """Calibrate → predict → measure, end to end on this CPU machine: predicted against measured step time.
 
-    python bench/validate_loop.py [--profile calibration/profiles/cpu-2core-dev.yaml]
-                                  [--steps 7] [--warmup 2] [--only NAME ...] [--json OUT.json]
+    python bench/validate_loop.py [--profile PROFILE.yaml] [--steps 7] [--warmup 2]
+                                  [--only NAME ...] [--json OUT.json]
+
+Without ``--profile`` it uses this machine's own profile, ``bench/out/profile-<host>.yaml``,
+and calibrates it first when there is none (a few minutes): a profile measured elsewhere is
+refused by ``validate``.
 
 Runs each layout below for real (``calibration.train``: the repo's GPT, gloo
 processes, DDP or FSDP2, Adam) and prints the cost model's prediction
@@ -20,14 +24,16 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import socket
 import statistics
 import sys
 from pathlib import Path
 
 from calibration.validate import validate
+from planner.errors import CaseError
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PROFILE = ROOT / "calibration" / "profiles" / "cpu-2core-dev.yaml"
+HOST_PROFILE = ROOT / "bench" / "out" / f"profile-{socket.gethostname()}.yaml"
 TOLERANCE = 0.15
 
 GPT = {"name": "gpt-4L-512", "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
@@ -58,12 +64,24 @@ def case_for(name: str, profile: Path) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
+    parser.add_argument("--profile", type=Path, default=None)
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--only", nargs="*", choices=list(LAYOUTS), default=None)
     parser.add_argument("--json", type=Path, default=None, help="Also write every result here.")
     args = parser.parse_args(argv)
+    if args.profile is None:
+        args.profile = HOST_PROFILE
+        if not HOST_PROFILE.exists():
+            from calibration.launch import calibrate
+
+            print(f"no profile of this machine yet: calibrating into {HOST_PROFILE}", flush=True)
+            HOST_PROFILE.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                calibrate(HOST_PROFILE)
+            except CaseError as error:
+                print(f"error: {error}", file=sys.stderr)
+                return 2
     if not args.profile.exists():
         print(f"error: profile {args.profile} not found (run `layout-planner calibrate` first)", file=sys.stderr)
         return 2
@@ -75,7 +93,12 @@ def main(argv=None) -> int:
     print("-" * len(header))
     results = []
     for name in args.only or LAYOUTS:
-        r = validate(case_for(name, profile), steps=args.steps, warmup=args.warmup)
+        try:
+            r = validate(case_for(name, profile), steps=args.steps, warmup=args.warmup,
+                         warn=lambda line: print(f"warning: {line}", file=sys.stderr))
+        except CaseError as error:  # another machine's profile, a busy machine: nothing measured
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         m = r.measurement
         parts = " ".join(f"{k.removesuffix('_s')}={v:.3f}" for k, v in r.estimate.time.by_part().items() if v)
         print(f"{name:20} {r.estimate.job.model.name:17} {f'{r.spec.micro_batch_size}×{r.spec.grad_accum}':>7} "

@@ -43,14 +43,35 @@ def machine_warnings(profiled: dict[str, Any], cpu: str, load: Optional[float], 
                      device: str = "cpu") -> list[str]:
     """Why a measurement taken now may not describe the profiled machine, one line each."""
     warnings = []
-    measured_on = profiled.get("cpu")
-    if device == "cpu" and isinstance(measured_on, str) and measured_on != cpu:
-        warnings.append(f"the profile was measured on another CPU ({measured_on}); this machine has {cpu}: "
-                        "compare predicted and measured with care, or calibrate here")
     if device == "cpu" and load is not None and load > BUSY_SHARE * ncores:
         warnings.append(f"this machine is busy (load average {load:.2f} on {ncores} cores): other work shares "
                         "the cores and the measured steps will be slower than the profile predicts")
     return warnings
+
+
+def device_mismatch(profiled: dict[str, Any], cpu: str, device: str, gpu: Optional[str]) -> Optional[str]:
+    """Why this machine is not the kind the profile was measured on (another CPU model for a CPU
+    profile; no CUDA, or another GPU model, for a GPU one), or None when it is."""
+    if device == "cuda":
+        measured_on = profiled.get("gpu")
+        if gpu is None:
+            return f"was measured on GPUs ({measured_on or 'NCCL'}), and this machine has no CUDA device"
+        if isinstance(measured_on, str) and measured_on != gpu:
+            return f"was measured on {measured_on}; this machine has {gpu}: calibrate here"
+        return None
+    measured_on = profiled.get("cpu")
+    if isinstance(measured_on, str) and measured_on != cpu:
+        return f"was measured on another CPU ({measured_on}); this machine has {cpu}: calibrate here"
+    return None
+
+
+def local_gpu() -> Optional[str]:
+    """The first CUDA device's name, or None without one (or without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 def _cpu_times() -> Optional[tuple[float, float]]:

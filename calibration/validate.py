@@ -198,6 +198,12 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
                                                           "repeats: a smoke test, whose figures do not describe "
                                                           "this machine); calibrate without --quick, or pass "
                                                           "--allow-quick")
+    from .host import cpu_model, device_mismatch, local_gpu
+
+    device = profiled_device(case, profile)
+    other = device_mismatch(machine, cpu_model(), device, local_gpu() if device == "cuda" else None)
+    if machine and other:
+        raise CaseError(loaded.source, "cluster.profile", other)
     if not machine:
         # A preset (or hand-written) GPU describes another machine: its prediction and a run here
         # do not compare (an H100's 0.0007 s against a CPU's 8 s).

@@ -184,25 +184,30 @@ def test_a_cpu_measurement_has_no_allocator_peak(profile):
     assert result.to_dict()["peak_allocated_bytes"] is None
 
 
-def test_a_profile_from_another_cpu_or_a_busy_machine_is_warned_about():
-    from calibration.host import machine_warnings
+def test_a_busy_machine_is_warned_about_and_another_device_named():
+    from calibration.host import device_mismatch, machine_warnings
 
     profiled = {"cpu": "Intel(R) Xeon(R) Platinum 8480+"}
     assert machine_warnings(profiled, "Intel(R) Xeon(R) Platinum 8480+", 0.3, 2) == []
-    other, = machine_warnings(profiled, "AMD EPYC 9654", 0.3, 2)
-    assert "another CPU (Intel(R) Xeon(R) Platinum 8480+)" in other and "AMD EPYC 9654" in other
     busy, = machine_warnings(profiled, "Intel(R) Xeon(R) Platinum 8480+", 1.7, 2)
     assert "busy" in busy and "1.70" in busy
     assert machine_warnings(profiled, "AMD EPYC 9654", 9.0, 8, device="cuda") == []  # GPU timings: the host differs
+    assert device_mismatch(profiled, "Intel(R) Xeon(R) Platinum 8480+", "cpu", None) is None
+    other = device_mismatch(profiled, "AMD EPYC 9654", "cpu", None)
+    assert "another CPU (Intel(R) Xeon(R) Platinum 8480+)" in other and "AMD EPYC 9654" in other
+    gpus = {"gpu": "NVIDIA H100 80GB HBM3", "cpu": "x"}
+    assert device_mismatch(gpus, "y", "cuda", "NVIDIA H100 80GB HBM3") is None  # the host CPU may differ
+    assert "NVIDIA H200" in device_mismatch(gpus, "y", "cuda", "NVIDIA H200")
+    assert "no CUDA device" in device_mismatch(gpus, "y", "cuda", None)
 
 
-def test_validate_tells_what_may_skew_the_measurement_before_running(tmp_path, profile, monkeypatch):
+def test_validate_refuses_a_profile_from_another_cpu_before_running(tmp_path, profile, monkeypatch):
     import calibration.host as host
+    from planner.errors import CaseError
 
     monkeypatch.setattr(host, "cpu_model", lambda: "AMD EPYC 9654")
-    monkeypatch.setattr(host, "load_average", lambda: 0.0)
     other_cpu = tmp_path / "other.yaml"
     other_cpu.write_text(yaml.safe_dump({**PROFILE, "machine": {"device": "x", "cpu": "Some Other CPU"}}))
-    said = []
-    validate(case(num_gpus=1, micro_batch_size=2), other_cpu, steps=1, warmup=0, timeout_s=120, warn=said.append)
-    assert len(said) == 1 and "another CPU (Some Other CPU)" in said[0]
+    with pytest.raises(CaseError, match=r"cluster.profile: was measured on another CPU \(Some Other CPU\); "
+                                        r"this machine has AMD EPYC 9654"):
+        validate(case(num_gpus=1, micro_batch_size=2), other_cpu, steps=1, warmup=0, timeout_s=120)
