@@ -74,6 +74,15 @@ def local_gpu() -> Optional[str]:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+def local_gpu_count() -> int:
+    """CUDA devices this process sees (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _cpu_times() -> Optional[tuple[float, float]]:
     """(busy, total) jiffies of all CPUs since boot (/proc/stat), or None where there is none."""
     try:

@@ -215,6 +215,12 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
                         device=profiled_device(case, profile))
     except Unsupported as error:
         raise CaseError(loaded.source, error.key, error.message) from None
+    if spec.device == "cuda":
+        from .host import local_gpu_count
+
+        if spec.dp > local_gpu_count():  # one GPU per rank: caught here, not as a rank's crash
+            raise CaseError(loaded.source, "layout.dp", f"{spec.dp} ranks need {spec.dp} GPUs, one each, and this "
+                                                        f"machine has {local_gpu_count()}")
     if spec.precision == "bf16" and loaded.training.fp32_grads is None:
         # The loop keeps fp32 master weights and gradients under bf16: predict that run.
         loaded = replace(loaded, training=replace(loaded.training, fp32_grads=True))

@@ -152,3 +152,22 @@ def test_a_busy_machine_is_refused_up_front_unless_asked(tmp_path, busy_machine,
     assert run.returncode == 2 and "host: other processes use" in run.stderr and "--allow-busy" in run.stderr, \
         run.stderr
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_gpu_profile_needs_a_gpu_for_every_rank(tmp_path, monkeypatch):
+    """A GPU profile on a machine with that GPU, but fewer of them than the layout's ranks:
+    refused with layout.dp before any rank starts (the ranks would crash on a missing device)."""
+    import yaml
+
+    import calibration.host as host
+    from calibration.validate import validate
+    from planner.errors import CaseError
+    from test_validate_loop import PROFILE, case
+
+    monkeypatch.setattr(host, "local_gpu", lambda: "NVIDIA H200")
+    monkeypatch.setattr(host, "local_gpu_count", lambda: 1)
+    profile = tmp_path / "gpu.yaml"
+    profile.write_text(yaml.safe_dump({**PROFILE, "machine": {"device": "NVIDIA H200", "gpu": "NVIDIA H200",
+                                                              "backend": "nccl"}}))
+    with pytest.raises(CaseError, match=r"layout.dp: 2 ranks need 2 GPUs, one each, and this machine has 1"):
+        validate(case(num_gpus=2, micro_batch_size=1), profile, steps=1, warmup=0)
