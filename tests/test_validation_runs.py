@@ -73,15 +73,13 @@ def test_validate_refuses_a_prediction_for_another_machine(tmp_path):
 def test_a_quick_profile_is_refused_unless_asked(tmp_path, flags, code, message):
     import yaml
     from test_validate_loop import PROFILE
+    from test_validate_loop import case as small_case
 
     profile = tmp_path / "profile.yaml"
     profile.write_text(yaml.safe_dump({**PROFILE, "machine": {**PROFILE["machine"], "quick": True},
                                        "gpu": {**PROFILE["gpu"], "memory": "1 MiB"}}))
     case = tmp_path / "case.yaml"
-    case.write_text(yaml.safe_dump({
-        "model": {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512},
-        "cluster": {"num_gpus": 2}, "training": {"precision": "fp32", "global_batch_size": 4, "seq_len": 64},
-        "layout": {"dp": 2}}))
+    case.write_text(yaml.safe_dump(small_case()))
     run = subprocess.run([sys.executable, "-m", "planner", "validate", str(case), "--profile", str(profile), *flags],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == code and message in run.stderr, run.stderr
@@ -135,16 +133,14 @@ def test_a_busy_machine_is_refused_up_front_unless_asked(tmp_path, busy_machine,
 
     from calibration.host import OTHERS_BUSY_SHARE, cores
     from test_validate_loop import PROFILE
+    from test_validate_loop import case as small_case
 
     if 1 / cores() <= OTHERS_BUSY_SHARE:
         pytest.skip("one busy core is not a busy machine here")
     profile = tmp_path / "profile.yaml"
     profile.write_text(yaml.safe_dump(PROFILE))
     case = tmp_path / "case.yaml"
-    case.write_text(yaml.safe_dump({
-        "model": {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512},
-        "cluster": {"num_gpus": 2}, "training": {"precision": "fp32", "global_batch_size": 4, "seq_len": 64},
-        "layout": {"dp": 2}}))
+    case.write_text(yaml.safe_dump(small_case()))
     args = ["calibrate", "--out", str(tmp_path / "p.yaml"), "--quick"] if command == "calibrate" else \
         ["validate", str(case), "--profile", str(profile)]
     run = subprocess.run([sys.executable, "-m", "planner", *args], cwd=REPO, capture_output=True, text=True,
