@@ -39,9 +39,9 @@ def load_average() -> Optional[float]:
         return None
 
 
-def machine_warnings(profiled: dict[str, Any], cpu: str, load: Optional[float], ncores: int,
-                     device: str = "cpu") -> list[str]:
-    """Why a measurement taken now may not describe the profiled machine, one line each."""
+def machine_warnings(load: Optional[float], ncores: int, device: str = "cpu") -> list[str]:
+    """Why a CPU measurement taken now may be slower than the profile says, one line each (the
+    other processes' share, measured just before the run, is refused: :func:`busy_reason`)."""
     warnings = []
     if device == "cpu" and load is not None and load > BUSY_SHARE * ncores:
         warnings.append(f"this machine is busy (load average {load:.2f} on {ncores} cores): other work shares "

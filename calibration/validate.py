@@ -151,23 +151,23 @@ def profiled_machine(case: Union[str, Path, dict], profile: Optional[Union[str, 
     return machine if isinstance(machine, dict) else {}
 
 
-def warnings_for(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> list[str]:
-    """Why measuring here and now may not compare with the profile (another CPU, a busy machine)."""
-    from .host import cores, cpu_model, load_average, machine_warnings
+def _threads(machine: dict) -> Optional[int]:
+    threads = machine.get("threads_per_rank")
+    return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
 
-    return machine_warnings(profiled_machine(case, profile), cpu_model(), load_average(), cores(),
-                            profiled_device(case, profile))
+
+def _device(machine: dict) -> str:
+    return "cuda" if machine.get("backend") == "nccl" else "cpu"
 
 
 def profiled_threads(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> Optional[int]:
     """``machine.threads_per_rank`` of the profile in use, or None: the threads one profiled "GPU" had."""
-    threads = profiled_machine(case, profile).get("threads_per_rank")
-    return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
+    return _threads(profiled_machine(case, profile))
 
 
 def profiled_device(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> str:
     """"cuda" when the profile in use was measured with NCCL (on GPUs), else "cpu"."""
-    return "cuda" if profiled_machine(case, profile).get("backend") == "nccl" else "cpu"
+    return _device(profiled_machine(case, profile))
 
 
 def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] = None, *, steps: int = 5,
@@ -185,39 +185,35 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     machine whose other processes keep it busy (:func:`host.busy_reason`) is refused, or with
     ``allow_busy`` warned about; the share measured is in the result.
     """
-    from .host import busy_reason, other_cpu_share
+    from dataclasses import replace
 
     from planner.case import spec_errors
 
-    from dataclasses import replace
+    from .host import (busy_reason, cores, cpu_model, device_mismatch, load_average, local_gpu, local_gpu_count,
+                       machine_warnings, other_cpu_share)
 
     loaded = load_with_profile(case, profile)
-    machine = profiled_machine(case, profile)
-    if machine.get("quick") is True and not allow_quick:
-        raise CaseError(loaded.source, "cluster.profile", "is a `calibrate --quick` profile (tiny shapes and few "
-                                                          "repeats: a smoke test, whose figures do not describe "
-                                                          "this machine); calibrate without --quick, or pass "
-                                                          "--allow-quick")
-    from .host import cpu_model, device_mismatch, local_gpu
-
-    device = profiled_device(case, profile)
-    other = device_mismatch(machine, cpu_model(), device, local_gpu() if device == "cuda" else None)
-    if machine and other:
-        raise CaseError(loaded.source, "cluster.profile", other)
+    machine = profiled_machine(case, profile)  # the profile is read once; what follows derives from it
     if not machine:
         # A preset (or hand-written) GPU describes another machine: its prediction and a run here
         # do not compare (an H100's 0.0007 s against a CPU's 8 s).
         raise CaseError(loaded.source, "cluster.profile", "validate runs the layout on this machine, so it needs "
                                                           "the profile `calibrate` measured here (--profile, or "
                                                           "cluster.profile in the case)")
+    if machine.get("quick") is True and not allow_quick:
+        raise CaseError(loaded.source, "cluster.profile", "is a `calibrate --quick` profile (tiny shapes and few "
+                                                          "repeats: a smoke test, whose figures do not describe "
+                                                          "this machine); calibrate without --quick, or pass "
+                                                          "--allow-quick")
+    device = _device(machine)
+    other = device_mismatch(machine, cpu_model(), device, local_gpu() if device == "cuda" else None)
+    if other:
+        raise CaseError(loaded.source, "cluster.profile", other)
     try:
-        spec = run_spec(loaded.job(), steps=steps, warmup=warmup, threads=profiled_threads(case, profile),
-                        device=profiled_device(case, profile))
+        spec = run_spec(loaded.job(), steps=steps, warmup=warmup, threads=_threads(machine), device=device)
     except Unsupported as error:
         raise CaseError(loaded.source, error.key, error.message) from None
     if spec.device == "cuda":
-        from .host import local_gpu_count
-
         if spec.dp > local_gpu_count():  # one GPU per rank: caught here, not as a rank's crash
             raise CaseError(loaded.source, "layout.dp", f"{spec.dp} ranks need {spec.dp} GPUs, one each, and this "
                                                         f"machine has {local_gpu_count()}")
@@ -231,7 +227,7 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     if not est.fits:  # the ranks would only die out of memory, or swap for hours
         raise DoesNotFit(f"{loaded.source}: layout: does not fit in the profile's {est.capacity_bytes / 1e9:.1f} GB "
                          f"(peak {est.peak.total / 1e9:.1f} GB, {est.largest_term} the largest term); nothing run")
-    for warning in warnings_for(case, profile):
+    for warning in machine_warnings(load_average(), cores(), device):
         warn(warning)
     others = other_cpu_share()
     busy = busy_reason(others)

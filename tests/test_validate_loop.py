@@ -188,10 +188,10 @@ def test_a_busy_machine_is_warned_about_and_another_device_named():
     from calibration.host import device_mismatch, machine_warnings
 
     profiled = {"cpu": "Intel(R) Xeon(R) Platinum 8480+"}
-    assert machine_warnings(profiled, "Intel(R) Xeon(R) Platinum 8480+", 0.3, 2) == []
-    busy, = machine_warnings(profiled, "Intel(R) Xeon(R) Platinum 8480+", 1.7, 2)
+    assert machine_warnings(0.3, 2) == []
+    busy, = machine_warnings(1.7, 2)
     assert "busy" in busy and "1.70" in busy
-    assert machine_warnings(profiled, "AMD EPYC 9654", 9.0, 8, device="cuda") == []  # GPU timings: the host differs
+    assert machine_warnings(9.0, 8, device="cuda") == []  # GPU timings: the host differs
     assert device_mismatch(profiled, "Intel(R) Xeon(R) Platinum 8480+", "cpu", None) is None
     other = device_mismatch(profiled, "AMD EPYC 9654", "cpu", None)
     assert "another CPU (Intel(R) Xeon(R) Platinum 8480+)" in other and "AMD EPYC 9654" in other
