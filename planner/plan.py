@@ -259,8 +259,7 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         model.exclude(nxt.index)
 
     def estimate_of(index: int) -> Estimate:
-        layout = table[index].layout
-        return estimate_job(case, case.job(layout))
+        return estimate_job(case, table[index].job, table[index].time)
 
     return Plan(status, estimate_of(chosen), tuple(estimate_of(i) for i in alternatives),
                 result.scored, len(result.candidates), pruned=result.pruned,

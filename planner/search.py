@@ -28,7 +28,7 @@ from cost_models.memory import peak_stage_memory
 from cost_models.partition import default_partition, virtual_partition
 from cost_models.experts import dispatch_combine_time
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
-from cost_models.step_time import layer_time_bound, moe_layer_time_for, step_time, tp_exposed_per_layer
+from cost_models.step_time import StepTime, layer_time_bound, moe_layer_time_for, step_time, tp_exposed_per_layer
 
 from .case import Case, _bool, _int, _mapping, _number, _str
 from .engines import ENGINES, Engine, EngineSupport
@@ -138,11 +138,14 @@ def search_spec(case: Case) -> SearchSpec:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One scored layout that fits."""
+    """One scored layout that fits, with the job and step time the search computed for it
+    (`plan` reports its winners from these rather than timing them again)."""
 
     layout: Layout
     step_time_s: float
     peak_bytes: float
+    job: Optional[Job] = None
+    time: Optional[StepTime] = None
 
 
 @dataclass
@@ -537,8 +540,9 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                 if not hits:
                     break  # a larger micro-batch needs more memory still
                 for job, peak in hits:
-                    seconds = step_time(job).total
-                    result.candidates.append(Candidate(job.layout, seconds, peak))
+                    time = step_time(job)
+                    seconds = time.total
+                    result.candidates.append(Candidate(job.layout, seconds, peak, job, time))
                     if first_only:
                         return result
                     # The top_k + 1 fastest so far, as a max-heap of negated times.

@@ -358,7 +358,9 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
 
     def choice(sweep: _Sweep, row) -> SizeChoice:
         cluster_case = sweep.cluster_case(row.option, row.gpus)
-        return SizeChoice(options[row.option], estimate_job(cluster_case, cluster_case.job(row.candidate.layout)),
+        found = row.candidate  # the search's own job and time where it kept them
+        job = found.job or cluster_case.job(found.layout)
+        return SizeChoice(options[row.option], estimate_job(cluster_case, job, found.time),
                           target.tokens, prices[row.option])
 
     sweep = _Sweep(case, spec, options, limits, weights, objective, step_deadline, target.top_k + 1).run()
