@@ -30,37 +30,41 @@ RECOMPUTE = ("none", "selective", "full")
 class SpecError(ValueError):
     """A spec field holds a value the cost models cannot use.
 
-    ``key`` is the field's name within its spec (``"tp"``, ``"hidden_size"``);
-    ``section`` is the case-file section the spec corresponds to.
+    The error names the field in the cost models' own terms: ``spec`` is the name of the spec
+    class that holds it (``"Layout"``, ``"ModelSpec"``), ``field`` the field's name there
+    (``"tp"``, ``"hidden_size"``; a mapping's entry as ``"peak_flops.bf16"``). Where the spec's
+    values came from (a case file, a launch command) is the caller's to say: the case layer
+    turns ``(spec, field)`` into the case-file key (``planner.case.case_key``).
     """
 
-    def __init__(self, section: str, key: str, message: str):
-        super().__init__(f"{section}.{key}: {message}")
-        self.section = section
-        self.key = key
+    def __init__(self, spec: "type | str", field: str, message: str):
+        name = spec if isinstance(spec, str) else spec.__name__
+        super().__init__(f"{name}.{field}: {message}")
+        self.spec = name
+        self.field = field
         self.message = message
 
 
-def _positive_int(section: str, name: str, value: object) -> None:
+def _positive_int(spec: "type | str", name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(section, name, f"expected a positive integer, got {value!r}")
+        raise SpecError(spec, name, f"expected a positive integer, got {value!r}")
 
 
-def _non_negative_int(section: str, name: str, value: object) -> None:
+def _non_negative_int(spec: "type | str", name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SpecError(section, name, f"expected a non-negative integer, got {value!r}")
+        raise SpecError(spec, name, f"expected a non-negative integer, got {value!r}")
 
 
-def _positive_float(section: str, name: str, value: object) -> None:
+def _positive_float(spec: "type | str", name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(section, name, f"expected a positive number, got {value!r}")
+        raise SpecError(spec, name, f"expected a positive number, got {value!r}")
     if not math.isfinite(value) or value <= 0:
-        raise SpecError(section, name, f"expected a positive finite number, got {value!r}")
+        raise SpecError(spec, name, f"expected a positive finite number, got {value!r}")
 
 
-def _choice(section: str, name: str, value: object, choices: tuple[str, ...]) -> None:
+def _choice(spec: "type | str", name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise SpecError(section, name, f"expected one of {', '.join(choices)}, got {value!r}")
+        raise SpecError(spec, name, f"expected one of {', '.join(choices)}, got {value!r}")
 
 
 ATTENTION_TYPES = ("mha", "gqa", "mla")
@@ -127,7 +131,7 @@ class ModelSpec:
     moe_load_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
-        s = "model"
+        s = ModelSpec
         for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
             _positive_int(s, name, getattr(self, name))
         _choice(s, "attention_type", self.attention_type, ATTENTION_TYPES)
@@ -178,7 +182,7 @@ class ModelSpec:
         self._check_experts()
 
     def _check_experts(self) -> None:
-        s = "model"
+        s = ModelSpec
         _non_negative_int(s, "num_experts", self.num_experts)
         if not self.num_experts:
             for name, unset in (("moe_top_k", 0), ("moe_ffn_hidden_size", 0), ("moe_shared_expert_ffn_hidden_size", 0),
@@ -333,21 +337,21 @@ class Performance:
             value = getattr(self, name)
             if value is None and name in optional:
                 continue
-            _positive_float("cluster.performance", name, value)
+            _positive_float(Performance, name, value)
             if value > 1:
-                raise SpecError("cluster.performance", name, f"expected a fraction in (0, 1], got {value!r}")
+                raise SpecError(Performance, name, f"expected a fraction in (0, 1], got {value!r}")
         overlap = self.comm_overlap
         if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0 <= overlap <= 1:
-            raise SpecError("cluster.performance", "comm_overlap", f"expected a fraction in [0, 1], got {overlap!r}")
+            raise SpecError(Performance, "comm_overlap", f"expected a fraction in [0, 1], got {overlap!r}")
         for name in ("attention_head_dim_half", "attention_seq_half"):
-            _positive_float("cluster.performance", name, getattr(self, name))
+            _positive_float(Performance, name, getattr(self, name))
         for name in ("kernel_overhead_s", "link_latency_s", "step_overhead_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
-                raise SpecError("cluster.performance", name, f"expected a non-negative time, got {value!r}")
+                raise SpecError(Performance, name, f"expected a non-negative time, got {value!r}")
         for name in ("gemm_tile_m", "gemm_tile_n", "gemm_split_k"):
-            _positive_int("cluster.performance", name, getattr(self, name))
+            _positive_int(Performance, name, getattr(self, name))
 
     def gemm_efficiency_for(self, kernel: str) -> float:
         """Share of its peak a large GEMM of ``kernel`` sustains: a training precision (fp32, fp16,
@@ -377,7 +381,7 @@ class HostSpec:
 
     def __post_init__(self) -> None:
         for name in ("memory_bytes", "link_bandwidth", "memory_bandwidth"):
-            _positive_float("cluster.gpu.host", name, getattr(self, name))
+            _positive_float(HostSpec, name, getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -406,7 +410,7 @@ class GPUSpec:
     block_scaling: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        s = "cluster.gpu"
+        s = GPUSpec
         for fmt in self.block_scaling:
             _choice(s, "block_scaling", fmt, BLOCK_SCALED_FORMATS)
         for name in ("memory_bytes", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth"):
@@ -416,7 +420,7 @@ class GPUSpec:
         if self.sm_count is not None:
             _positive_int(s, "sm_count", self.sm_count)
         for precision, flops in self.peak_flops.items():
-            _positive_float(s, f"peak_tflops.{precision}", flops)
+            _positive_float(s, f"peak_flops.{precision}", flops)
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s for GEMMs in ``precision`` (fp32 GEMMs use TF32 where the GPU has it);
@@ -424,20 +428,20 @@ class GPUSpec:
         where the tensor cores scale its blocks."""
         if precision in ("mxfp8", "nvfp4"):
             if precision not in self.block_scaling:
-                raise SpecError("training", "precision", f"{precision} needs tensor cores that scale its blocks "
+                raise SpecError(TrainingSpec, "precision", f"{precision} needs tensor cores that scale its blocks "
                                                          f"({'Blackwell or CDNA4' if precision == 'mxfp8' else 'Blackwell'}), "
                                                          f"and {self.name} has none (cluster.gpu.block_scaling)")
             return self.peak(recipe_for(precision, None).peak)
         key = peak_key(precision, self.peak_flops)
         if key not in self.peak_flops:
             if precision == "fp8":  # Transformer Engine refuses fp8 below compute capability 8.9
-                raise SpecError("training", "precision", f"fp8 needs fp8 tensor cores (Hopper, Ada, Blackwell, "
+                raise SpecError(TrainingSpec, "precision", f"fp8 needs fp8 tensor cores (Hopper, Ada, Blackwell, "
                                                          f"CDNA3), and {self.name} has none: no fp8 peak")
             if precision == "fp4":
-                raise SpecError("training", "precision", f"fp4 GEMMs need fp4 tensor cores (Blackwell, CDNA4), "
+                raise SpecError(TrainingSpec, "precision", f"fp4 GEMMs need fp4 tensor cores (Blackwell, CDNA4), "
                                                          f"and {self.name} has none: no fp4 peak")
             # bf16 on a V100, or a precision a calibrated profile did not measure.
-            raise SpecError("training", "precision", f"{precision} has no peak on {self.name} "
+            raise SpecError(TrainingSpec, "precision", f"{precision} has no peak on {self.name} "
                                                      f"(cluster.gpu.peak_tflops has no figure for it)")
         return self.peak_flops[key]
 
@@ -477,7 +481,7 @@ class FabricSpec:
     oversubscription: float = 1.0
 
     def __post_init__(self) -> None:
-        s = "cluster.fabric"
+        s = FabricSpec
         for name in ("efficiency", "alltoall_efficiency"):
             value = getattr(self, name)
             _positive_float(s, name, value)
@@ -519,7 +523,7 @@ class ClusterSpec:
     fabric: FabricSpec = field(default_factory=FabricSpec)
 
     def __post_init__(self) -> None:
-        _positive_int("cluster", "num_gpus", self.num_gpus)
+        _positive_int(ClusterSpec, "num_gpus", self.num_gpus)
 
     @property
     def num_nodes(self) -> int:
@@ -558,7 +562,7 @@ class TrainingSpec:
     fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
-        s = "training"
+        s = TrainingSpec
         _positive_int(s, "global_batch_size", self.global_batch_size)
         _positive_int(s, "seq_len", self.seq_len)
         _choice(s, "precision", self.precision, PRECISIONS)
@@ -614,9 +618,9 @@ class Overheads:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value < 0:
-                raise SpecError("overheads", name, f"expected a non-negative number, got {value!r}")
+                raise SpecError(Overheads, name, f"expected a non-negative number, got {value!r}")
         if self.fragmentation >= 1:
-            raise SpecError("overheads", "fragmentation", f"expected a fraction below 1, got {self.fragmentation!r}")
+            raise SpecError(Overheads, "fragmentation", f"expected a fraction below 1, got {self.fragmentation!r}")
 
 
 @dataclass(frozen=True)
@@ -655,7 +659,7 @@ class Layout:
     offload_activations: int = 0
 
     def __post_init__(self) -> None:
-        s = "layout"
+        s = Layout
         for name in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "ep"):
             _positive_int(s, name, getattr(self, name))
         if self.etp is not None:
@@ -743,7 +747,7 @@ class Job:
 
     def __post_init__(self) -> None:
         m, c, t, lay = self.model, self.cluster, self.training, self.layout
-        s = "layout"
+        s = Layout
         if lay.world_size != c.num_gpus:
             raise SpecError(s, "dp", f"dp·tp·pp·cp = {lay.dp}·{lay.tp}·{lay.pp}·{lay.cp} = {lay.world_size} "
                                      f"must equal the cluster's {c.num_gpus} GPUs")
@@ -784,7 +788,7 @@ class Job:
             raise SpecError(s, "pp", f"num_layers {m.num_layers} must divide by pp = {lay.pp} "
                                      "(or give layout.stage_layers)")
         if lay.offloads and c.gpu.host is None:
-            raise SpecError("cluster.gpu", "host", "has no host figures (memory, link and memory bandwidth) "
+            raise SpecError(GPUSpec, "host", "has no host figures (memory, link and memory bandwidth) "
                                                    "for the layout's offload")
         if lay.offload_activations > max(self.stage_layers):
             raise SpecError(s, "offload_activations",
@@ -794,7 +798,7 @@ class Job:
                             f"at most the {max(self.stage_layers)} layers of a stage, got {lay.recompute_num_layers}")
         per_step = lay.micro_batch_size * lay.dp
         if t.global_batch_size % per_step:
-            raise SpecError("training", "global_batch_size",
+            raise SpecError(TrainingSpec, "global_batch_size",
                             f"{t.global_batch_size} must divide by micro_batch_size·dp = "
                             f"{lay.micro_batch_size}·{lay.dp} = {per_step}")
         if lay.vpp > 1 and self.num_microbatches % lay.pp:
@@ -804,7 +808,7 @@ class Job:
     def _check_experts(self) -> None:
         """Expert parallelism against the model and the attention's grid (megatron-core
         ``MoELayer``: experts divide by ep; the expert grid etp·ep·edp folds over tp·cp·dp)."""
-        m, lay, s = self.model, self.layout, "layout"
+        m, lay, s = self.model, self.layout, Layout
         if not m.is_moe:
             if lay.ep > 1:
                 raise SpecError(s, "ep", f"expert parallelism needs a mixture of experts (model.num_experts), got {lay.ep}")

@@ -85,8 +85,29 @@ class Case:
             return Job(self.model, self.cluster, self.training, layout, self.overheads)
 
 
+# Where each cost-model spec sits in a case file: a SpecError names (spec class, field), the case
+# file's user a key. GPU specs built for `size`'s cluster.options, from presets or a profile are
+# named as the case's cluster.gpu, as all GPU figures are.
+SPEC_SECTIONS = {spec.__name__: section for spec, section in (
+    (ModelSpec, "model"), (ClusterSpec, "cluster"), (GPUSpec, "cluster.gpu"), (HostSpec, "cluster.gpu.host"),
+    (FabricSpec, "cluster.fabric"), (Performance, "cluster.performance"), (TrainingSpec, "training"),
+    (Layout, "layout"), (Overheads, "overheads"))}
+# Spec fields the case file spells differently (it gives sizes with units, peaks in TFLOP/s).
+SPEC_FIELD_KEYS = {("GPUSpec", "memory_bytes"): "memory", ("GPUSpec", "peak_flops"): "peak_tflops",
+                   ("HostSpec", "memory_bytes"): "memory"}
+
+
+def case_key(error: SpecError) -> str:
+    """The case-file key of the field a :class:`SpecError` names (``Performance.comm_overlap``
+    is ``cluster.performance.comm_overlap``); a field's sub-key (``peak_flops.bf16``) is kept."""
+    name, dot, rest = error.field.partition(".")
+    name = SPEC_FIELD_KEYS.get((error.spec, name), name)
+    return f"{SPEC_SECTIONS.get(error.spec, error.spec)}.{name}{dot}{rest}"
+
+
 class spec_errors:
-    """Turns a cost-model :class:`SpecError` into a :class:`CaseError` for ``source``."""
+    """Turns a cost-model :class:`SpecError` into a :class:`CaseError` for ``source``, at the
+    case-file key of the field it names (:func:`case_key`)."""
 
     def __init__(self, source: str):
         self.source = source
@@ -96,7 +117,7 @@ class spec_errors:
 
     def __exit__(self, kind, error, tb):
         if isinstance(error, SpecError):
-            raise CaseError(self.source, f"{error.section}.{error.key}", error.message) from None
+            raise CaseError(self.source, case_key(error), error.message) from None
         return False
 
 

@@ -166,7 +166,7 @@ def test_bad_moe_and_mla_fields_name_the_key(fields, key):
     base = {"name": "m", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}
     with pytest.raises(SpecError) as info:
         ModelSpec(**base, **fields)
-    assert info.value.key == key
+    assert (info.value.spec, info.value.field) == ("ModelSpec", key)
 
 
 @pytest.mark.parametrize("layout,key", [

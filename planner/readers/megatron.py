@@ -389,5 +389,5 @@ def read(path: Path, case) -> Layout:
                         **experts)
         Job(case.model, case.cluster, case.training, layout, case.overheads)
     except SpecError as error:
-        raise CaseError(src, FLAG_OF_FIELD.get(error.key, error.key), error.message) from None
+        raise CaseError(src, FLAG_OF_FIELD.get(error.field, error.field), error.message) from None
     return layout
