@@ -9,23 +9,25 @@ the key and what was expected.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 
 from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, HostSpec, Job, Layout, ModelSpec, Overheads,
                                Performance, SpecError, TrainingSpec)
 
 from .engines import ENGINES
-from .errors import CaseError, one_line
+from .errors import CaseError
+from .fields import (describe, read_bool, read_figure, read_int, read_mapping, read_number, read_str,
+                     read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import read_yaml
-from .limits import MAX_GPU_HOUR_COST, MAX_GPUS, MAX_INT, MIN_FIGURE
+from .limits import MAX_GPU_HOUR_COST, MAX_GPUS
 from .presets import closest, fabric_presets, gpu_presets, model_presets, performance_presets, resolve_gpu_preset
-from .units import UnitError, parse_bandwidth, parse_memory
+from .search_options import SearchSpec, read_search, training_for_target
+from .units import parse_bandwidth, parse_memory
 
 SECTIONS = ("model", "cluster", "training", "layout", "overheads", "search")
 # Engines a case can name (``planner/engines/``).
@@ -74,7 +76,7 @@ class Case:
     training: TrainingSpec
     layout: Optional[Layout]
     overheads: Overheads = field(default_factory=Overheads)
-    search: dict = field(default_factory=dict)
+    search: SearchSpec = field(default_factory=SearchSpec)
 
     def job(self, layout: Optional[Layout] = None) -> Job:
         """The job for ``layout`` (default: the case's own), checked against model, cluster and batch."""
@@ -159,85 +161,13 @@ def with_engine(src: str, data: Any, engine: Any) -> Any:
 
 # --- small readers that name the key on failure -------------------------------------------
 
-def _mapping(src: str, key: str, value: Any, allowed: tuple[str, ...]) -> dict:
-    if not isinstance(value, dict):
-        raise CaseError(src, key, f"expected a mapping, got {_kind(value)}")
-    for k in value:
-        if k not in allowed:
-            raise CaseError(src, f"{key}.{k}" if key else str(k),
-                            f"unknown key{closest(k, allowed)}; expected one of {', '.join(allowed)}")
-    return value
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, int) and value.bit_length() > 200:  # its repr may pass Python's digit limit
-        return f"an integer of {value.bit_length()} bits"
-    return f"{type(value).__name__} {one_line(repr(value), 80)}"
-
-
-def _int(src: str, key: str, value: Any, minimum: int = 1, maximum: int = MAX_INT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise CaseError(src, key, f"expected an integer, got {_kind(value)}")
-    if value < minimum:
-        raise CaseError(src, key, f"expected an integer >= {minimum}, got {_kind(value)}")
-    if value > maximum:
-        raise CaseError(src, key, f"expected an integer <= {maximum}, got {_kind(value)}")
-    return value
-
-
-def _number(src: str, key: str, value: Any) -> float:
-    if not isinstance(value, bool) and isinstance(value, (int, float)):
-        try:
-            number = float(value)  # an integer past float range overflows here
-        except OverflowError:
-            number = math.inf
-        if math.isfinite(number):
-            return number
-    raise CaseError(src, key, f"expected a finite number, got {_kind(value)}")
-
-
-def _figure(src: str, key: str, value: Any) -> float:
-    """A positive figure the step time divides by: below MIN_FIGURE it would make it endless."""
-    number = _number(src, key, value)
-    if 0 < number < MIN_FIGURE:
-        raise CaseError(src, key, f"expected a figure of at least {MIN_FIGURE:g}, got {number:g}")
-    return number
-
-
-def _bool(src: str, key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise CaseError(src, key, f"expected true or false, got {_kind(value)}")
-    return value
-
-
-def _str(src: str, key: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise CaseError(src, key, f"expected a string, got {_kind(value)}")
-    return value
-
-
-def _unit(src: str, key: str, value: Any, parse: Callable[[Any], float]) -> float:
-    try:
-        return parse(value)
-    except UnitError as error:
-        raise CaseError(src, key, str(error)) from None
-
-
-def _required(src: str, section: str, data: dict, key: str) -> Any:
-    if key not in data:
-        raise CaseError(src, f"{section}.{key}", "missing")
-    return data[key]
-
-
 # --- sections ----------------------------------------------------------------------------
 
 def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] = None) -> Case:
     """A case from already-parsed data; ``src`` names it in errors, ``base`` anchors relative paths.
 
     ``cluster`` replaces what the cluster section says (`size` reads that section itself)."""
-    data = _mapping(src, "", data if data is not None else {}, SECTIONS)
+    data = read_mapping(src, "", data if data is not None else {}, SECTIONS)
     for section in ("model", "cluster", "training"):
         if section not in data:
             raise CaseError(src, section, "missing section")
@@ -245,94 +175,83 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     cluster = cluster or _cluster(src, data["cluster"], base)
     training = _training(src, data["training"])
     # The engine searched for is the engine trained with: estimate and plan time it alike.
-    target = (data.get("search") or {}).get("target") if isinstance(data.get("search"), dict) else None
-    if isinstance(target, str) and target in CASE_ENGINES:
-        if training.engine.name == "any":
-            training = replace(training, engine=ENGINES[target].behaviour)
-        elif target not in ("any", training.engine.name):
-            raise CaseError(src, "search.target", f"is {target!r} but training.engine is "
-                                                  f"{training.engine.name!r}; drop one of them")
+    training = training_for_target(src, data.get("search"), training)
     overheads = _overheads(src, data.get("overheads", {}))
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
-    search = data.get("search") or {}
-    if not isinstance(search, dict):
-        raise CaseError(src, "search", f"expected a mapping, got {_kind(search)}")
+    search = read_search(src, data.get("search"), training)  # a bad search key fails `estimate` as it fails `plan`
     case = Case(src, model, cluster, training, layout, overheads, search)
-    from .search import search_spec  # it reads sections through this module's readers
-
-    search_spec(case)  # an unknown or bad search key fails `estimate` as it fails `plan`
     if layout is not None:
         case.job()  # cross-checks now, so a bad layout is reported at load time
     return case
 
 
 def _model(src: str, section: Any, base: Path) -> ModelSpec:
-    section = _mapping(src, "model", section, ("preset", "hf_config") + MODEL_KEYS)
+    section = read_mapping(src, "model", section, ("preset", "hf_config") + MODEL_KEYS)
     fields: dict[str, Any] = {}
     if "preset" in section and "hf_config" in section:
         raise CaseError(src, "model.hf_config", "give either preset or hf_config, not both")
     if "preset" in section:
-        name = _str(src, "model.preset", section["preset"])
+        name = read_str(src, "model.preset", section["preset"])
         presets = model_presets()
         if name not in presets:
             raise CaseError(src, "model.preset", f"unknown model preset {name!r}{closest(name, presets)}; "
                                                  f"expected one of {', '.join(presets)}")
         fields = {"name": name, **presets[name]}
     elif "hf_config" in section:
-        path = Path(_str(src, "model.hf_config", section["hf_config"]))
+        path = Path(read_str(src, "model.hf_config", section["hf_config"]))
         fields = read_hf_config(path if path.is_absolute() else base / path)
     overrides = {k: v for k, v in section.items() if k not in ("preset", "hf_config")}
     fields.update(overrides)
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
-        _required(src, "model", fields, key)
-    values: dict[str, Any] = {"name": _str(src, "model.name", fields.get("name", "model"))}
+        required(src, "model", fields, key)
+    values: dict[str, Any] = {"name": read_str(src, "model.name", fields.get("name", "model"))}
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
-        values[key] = _int(src, f"model.{key}", fields[key])
+        values[key] = read_int(src, f"model.{key}", fields[key])
     for key in ("num_kv_heads", "ffn_hidden_size", "head_dim", "kv_lora_rank", "qk_head_dim", "qk_rope_head_dim",
                 "v_head_dim", "moe_top_k", "moe_ffn_hidden_size", "moe_layer_freq"):
         if key in fields:
-            values[key] = _int(src, f"model.{key}", fields[key])
+            values[key] = read_int(src, f"model.{key}", fields[key])
     for key in OPTIONAL_COUNT_KEYS:
         if fields.get(key) is not None:
-            values[key] = _int(src, f"model.{key}", fields[key], minimum=0)
+            values[key] = read_int(src, f"model.{key}", fields[key], minimum=0)
     for key in ("activation", "attention_type", "moe_router"):
         if key in fields:
-            values[key] = _str(src, f"model.{key}", fields[key])
+            values[key] = read_str(src, f"model.{key}", fields[key])
     if fields.get("moe_capacity_factor") is not None:
-        values["moe_capacity_factor"] = _figure(src, "model.moe_capacity_factor", fields["moe_capacity_factor"])
+        values["moe_capacity_factor"] = read_figure(src, "model.moe_capacity_factor", fields["moe_capacity_factor"])
     if "moe_load_imbalance" in fields:
-        values["moe_load_imbalance"] = _figure(src, "model.moe_load_imbalance", fields["moe_load_imbalance"])
+        values["moe_load_imbalance"] = read_figure(src, "model.moe_load_imbalance", fields["moe_load_imbalance"])
     if "tied_embeddings" in fields:
-        values["tied_embeddings"] = _bool(src, "model.tied_embeddings", fields["tied_embeddings"])
+        values["tied_embeddings"] = read_bool(src, "model.tied_embeddings", fields["tied_embeddings"])
     if "dropout" in fields:
-        values["dropout"] = _number(src, "model.dropout", fields["dropout"])
+        values["dropout"] = read_number(src, "model.dropout", fields["dropout"])
     with spec_errors(src):
         return ModelSpec(**values)
 
 
 def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
     """A GPUSpec from a preset entry, or an inline mapping with the same fields."""
-    data = _mapping(src, key, data, GPU_KEYS)
+    data = read_mapping(src, key, data, GPU_KEYS)
     for k in GPU_KEYS:
         if k not in OPTIONAL_GPU_KEYS:
-            _required(src, key, data, k)
-    peaks = _mapping(src, f"{key}.peak_tflops", data["peak_tflops"], PEAK_KEYS)
+            required(src, key, data, k)
+    peaks = read_mapping(src, f"{key}.peak_tflops", data["peak_tflops"], PEAK_KEYS)
     formats = data.get("block_scaling", [])
     if not isinstance(formats, list) or not all(isinstance(f, str) for f in formats):
-        raise CaseError(src, f"{key}.block_scaling", f"expected a list of formats, got {_kind(formats)}")
+        raise CaseError(src, f"{key}.block_scaling", f"expected a list of formats, got {describe(formats)}")
     with spec_errors(src):
         return GPUSpec(
             name=name,
-            memory_bytes=_unit(src, f"{key}.memory", data["memory"], parse_memory),
-            peak_flops={p: _figure(src, f"{key}.peak_tflops.{p}", v) * 1e12 for p, v in peaks.items()},
-            hbm_bandwidth=_unit(src, f"{key}.hbm_bandwidth", data["hbm_bandwidth"], parse_bandwidth),
-            intra_node_bandwidth=_unit(src, f"{key}.intra_node_bandwidth", data["intra_node_bandwidth"],
+            memory_bytes=read_unit(src, f"{key}.memory", data["memory"], parse_memory),
+            peak_flops={p: read_figure(src, f"{key}.peak_tflops.{p}", v) * 1e12 for p, v in peaks.items()},
+            hbm_bandwidth=read_unit(src, f"{key}.hbm_bandwidth", data["hbm_bandwidth"], parse_bandwidth),
+            intra_node_bandwidth=read_unit(src, f"{key}.intra_node_bandwidth", data["intra_node_bandwidth"],
                                        parse_bandwidth),
-            inter_node_bandwidth=_unit(src, f"{key}.inter_node_bandwidth", data["inter_node_bandwidth"],
+            inter_node_bandwidth=read_unit(src, f"{key}.inter_node_bandwidth", data["inter_node_bandwidth"],
                                        parse_bandwidth),
-            gpus_per_node=_int(src, f"{key}.gpus_per_node", data["gpus_per_node"]),
-            nvlink_domain=_int(src, f"{key}.nvlink_domain", data["nvlink_domain"]),
-            sm_count=_int(src, f"{key}.sm_count", data["sm_count"]) if "sm_count" in data else None,
+            gpus_per_node=read_int(src, f"{key}.gpus_per_node", data["gpus_per_node"]),
+            nvlink_domain=read_int(src, f"{key}.nvlink_domain", data["nvlink_domain"]),
+            sm_count=read_int(src, f"{key}.sm_count", data["sm_count"]) if "sm_count" in data else None,
             host=host_from_mapping(src, f"{key}.host", data["host"]) if "host" in data else None,
             block_scaling=tuple(formats),
         )
@@ -340,33 +259,33 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
 
 def host_from_mapping(src: str, key: str, data: Any) -> HostSpec:
     """What offload reaches: host memory, the GPU↔host link and host DRAM bandwidth, per GPU."""
-    data = _mapping(src, key, data, HOST_KEYS)
+    data = read_mapping(src, key, data, HOST_KEYS)
     for k in HOST_KEYS:
-        _required(src, key, data, k)
+        required(src, key, data, k)
     with spec_errors(src):
-        return HostSpec(memory_bytes=_unit(src, f"{key}.memory", data["memory"], parse_memory),
-                        link_bandwidth=_unit(src, f"{key}.link_bandwidth", data["link_bandwidth"], parse_bandwidth),
-                        memory_bandwidth=_unit(src, f"{key}.memory_bandwidth", data["memory_bandwidth"],
+        return HostSpec(memory_bytes=read_unit(src, f"{key}.memory", data["memory"], parse_memory),
+                        link_bandwidth=read_unit(src, f"{key}.link_bandwidth", data["link_bandwidth"], parse_bandwidth),
+                        memory_bandwidth=read_unit(src, f"{key}.memory_bandwidth", data["memory_bandwidth"],
                                                parse_bandwidth))
 
 
 def fabric_from_mapping(src: str, key: str, name: str, data: Any) -> tuple[FabricSpec, Optional[float]]:
     """A FabricSpec (and the NIC line rate per GPU it sets, if any) from a preset entry or an
     inline mapping with the same fields."""
-    data = _mapping(src, key, data or {}, FABRIC_KEYS)
+    data = read_mapping(src, key, data or {}, FABRIC_KEYS)
     values: dict[str, Any] = {"name": name}
     for k in ("efficiency", "latency_s", "rails", "alltoall_efficiency", "oversubscription"):
         if k in data:
-            values[k] = _number(src, f"{key}.{k}", data[k])
+            values[k] = read_number(src, f"{key}.{k}", data[k])
     if "leaf_nodes" in data:
-        values["leaf_nodes"] = _int(src, f"{key}.leaf_nodes", data["leaf_nodes"])
+        values["leaf_nodes"] = read_int(src, f"{key}.leaf_nodes", data["leaf_nodes"])
     if "efficiency_at" in data:
         points = data["efficiency_at"]
         if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
-            raise CaseError(src, f"{key}.efficiency_at", f"expected a list of [nodes, efficiency] pairs, got {_kind(points)}")
-        values["efficiency_at"] = tuple((_int(src, f"{key}.efficiency_at", n), _number(src, f"{key}.efficiency_at", e))
+            raise CaseError(src, f"{key}.efficiency_at", f"expected a list of [nodes, efficiency] pairs, got {describe(points)}")
+        values["efficiency_at"] = tuple((read_int(src, f"{key}.efficiency_at", n), read_number(src, f"{key}.efficiency_at", e))
                                         for n, e in points)
-    nic = _unit(src, f"{key}.nic_bandwidth", data["nic_bandwidth"], parse_bandwidth) if "nic_bandwidth" in data else None
+    nic = read_unit(src, f"{key}.nic_bandwidth", data["nic_bandwidth"], parse_bandwidth) if "nic_bandwidth" in data else None
     with spec_errors(src):
         return FabricSpec(**values), nic
 
@@ -381,14 +300,14 @@ def _fabric(src: str, entry: Any, key: str) -> tuple[FabricSpec, Optional[float]
         return fabric_from_mapping("planner/presets/fabrics.yaml", entry, entry, presets[entry])
     if isinstance(entry, dict):
         return fabric_from_mapping(src, key, "custom", entry)
-    raise CaseError(src, key, f"expected a fabric preset name or a mapping, got {_kind(entry)}")
+    raise CaseError(src, key, f"expected a fabric preset name or a mapping, got {describe(entry)}")
 
 
 def performance_from_mapping(src: str, key: str, data: Any, base: Performance) -> Performance:
     """Performance figures over ``base``: every key optional, each a plain number (fractions, seconds)."""
-    data = _mapping(src, key, data, PERFORMANCE_KEYS)
-    values = {k: _int(src, f"{key}.{k}", v) if k in INTEGER_PERFORMANCE_KEYS
-              else (_figure if "efficiency" in k or k == "sustained_clock" else _number)(src, f"{key}.{k}", v)
+    data = read_mapping(src, key, data, PERFORMANCE_KEYS)
+    values = {k: read_int(src, f"{key}.{k}", v) if k in INTEGER_PERFORMANCE_KEYS
+              else (read_figure if "efficiency" in k or k == "sustained_clock" else read_number)(src, f"{key}.{k}", v)
               for k, v in data.items()}
     with spec_errors(src):
         return replace(base, **values)
@@ -398,12 +317,12 @@ def _cluster_overrides(src: str, section: dict, key: str) -> dict[str, Any]:
     """GPUSpec fields the cluster section sets over its GPU's (a different NIC, a smaller node)."""
     overrides: dict[str, Any] = {}
     if "memory" in section:
-        overrides["memory_bytes"] = _unit(src, f"{key}.memory", section["memory"], parse_memory)
+        overrides["memory_bytes"] = read_unit(src, f"{key}.memory", section["memory"], parse_memory)
     for k in ("intra_node_bandwidth", "inter_node_bandwidth"):
         if k in section:
-            overrides[k] = _unit(src, f"{key}.{k}", section[k], parse_bandwidth)
+            overrides[k] = read_unit(src, f"{key}.{k}", section[k], parse_bandwidth)
     if "gpus_per_node" in section:
-        overrides["gpus_per_node"] = _int(src, f"{key}.gpus_per_node", section["gpus_per_node"])
+        overrides["gpus_per_node"] = read_int(src, f"{key}.gpus_per_node", section["gpus_per_node"])
     if "host" in section:
         overrides["host"] = host_from_mapping(src, f"{key}.host", section["host"])
     return overrides
@@ -420,10 +339,10 @@ def gpu_from_profile(path: Path) -> tuple[GPUSpec, Optional[FabricSpec]]:
     ``performance`` and ``fabric`` (the fitted achieved figures), ``machine`` and ``measurements``.
     """
     src = str(path)
-    data = _mapping(src, "", read_yaml(path), PROFILE_KEYS)
+    data = read_mapping(src, "", read_yaml(path), PROFILE_KEYS)
     machine = data.get("machine") or {}
     name = str(machine.get("device", "profiled")) if isinstance(machine, dict) else "profiled"
-    gpu = gpu_from_mapping(src, "gpu", name, _required(src, "", data, "gpu"))
+    gpu = gpu_from_mapping(src, "gpu", name, required(src, "", data, "gpu"))
     performance = performance_from_mapping(src, "performance", data.get("performance") or {}, Performance())
     fabric = fabric_from_mapping(src, "fabric", "measured", data["fabric"])[0] if data.get("fabric") else None
     with spec_errors(src):
@@ -436,11 +355,11 @@ def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster") 
     if "profile" in section:
         if "gpu" in section:
             raise CaseError(src, f"{key}.profile", "give either gpu or profile, not both")
-        profile = Path(_str(src, f"{key}.profile", section["profile"]))
+        profile = Path(read_str(src, f"{key}.profile", section["profile"]))
         gpu_entry = None
         gpu, profile_fabric = gpu_from_profile(profile if profile.is_absolute() else base / profile)
     else:
-        gpu_entry = _required(src, key, section, "gpu")
+        gpu_entry = required(src, key, section, "gpu")
     if isinstance(gpu_entry, str):
         gpu_entry = resolve_gpu_preset(src, f"{key}.gpu", gpu_entry)
         presets = gpu_presets()
@@ -451,7 +370,7 @@ def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster") 
     elif isinstance(gpu_entry, dict):
         gpu = gpu_from_mapping(src, f"{key}.gpu", "custom", gpu_entry)
     elif gpu_entry is not None:
-        raise CaseError(src, f"{key}.gpu", f"expected a GPU preset name or a mapping, got {_kind(gpu_entry)}")
+        raise CaseError(src, f"{key}.gpu", f"expected a GPU preset name or a mapping, got {describe(gpu_entry)}")
     # The fabric: the cluster's, else the one the GPU preset's reference system has.
     default_fabric = gpu_entry.get("fabric") if isinstance(gpu_entry, dict) else \
         gpu_presets()[gpu_entry].get("fabric") if isinstance(gpu_entry, str) else None
@@ -473,7 +392,7 @@ def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster") 
 
 
 def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
-    section = _mapping(src, "cluster", section, CLUSTER_KEYS)
+    section = read_mapping(src, "cluster", section, CLUSTER_KEYS)
     if "options" in section:
         raise CaseError(src, "cluster.options", "lists GPU types for `size` to choose from; plan and estimate "
                                                 "run on one: give cluster.gpu with num_gpus or nodes")
@@ -492,9 +411,9 @@ def gpu_count(src: str, section: dict, key: str, gpus_per_node: int, names: tupl
     if gpus in section and nodes in section:
         raise CaseError(src, f"{key}.{nodes}", f"give either {gpus} or {nodes} (with gpus_per_node), not both")
     if gpus in section:
-        return _int(src, f"{key}.{gpus}", section[gpus])
+        return read_int(src, f"{key}.{gpus}", section[gpus])
     if nodes in section:
-        return _int(src, f"{key}.{nodes}", section[nodes]) * gpus_per_node
+        return read_int(src, f"{key}.{nodes}", section[nodes]) * gpus_per_node
     return None
 
 
@@ -506,7 +425,7 @@ def sizing_terms(src: str, section: dict, key: str, gpus_per_node: int) -> tuple
         raise CaseError(src, f"{key}.max_gpus", f"at most {MAX_GPUS} GPUs can be sized, got {most}")
     price = None
     if "gpu_hour_cost" in section:
-        price = _number(src, f"{key}.gpu_hour_cost", section["gpu_hour_cost"])
+        price = read_number(src, f"{key}.gpu_hour_cost", section["gpu_hour_cost"])
         if not 0 < price <= MAX_GPU_HOUR_COST:
             raise CaseError(src, f"{key}.gpu_hour_cost", f"expected a price per GPU-hour above 0 and at most "
                                                          f"{MAX_GPU_HOUR_COST:g}, got {price:g}")
@@ -514,15 +433,15 @@ def sizing_terms(src: str, section: dict, key: str, gpus_per_node: int) -> tuple
 
 
 def _training(src: str, section: Any) -> TrainingSpec:
-    section = _mapping(src, "training", section, TRAINING_KEYS)
+    section = read_mapping(src, "training", section, TRAINING_KEYS)
     values: dict[str, Any] = {
-        "global_batch_size": _int(src, "training.global_batch_size",
-                                  _required(src, "training", section, "global_batch_size")),
-        "seq_len": _int(src, "training.seq_len", _required(src, "training", section, "seq_len")),
+        "global_batch_size": read_int(src, "training.global_batch_size",
+                                  required(src, "training", section, "global_batch_size")),
+        "seq_len": read_int(src, "training.seq_len", required(src, "training", section, "seq_len")),
     }
     for key in ("precision", "optimizer", "engine", "fp8_recipe"):
         if key in section:
-            values[key] = _str(src, f"training.{key}", section[key])
+            values[key] = read_str(src, f"training.{key}", section[key])
     if "engine" in values:
         if values["engine"] not in CASE_ENGINES:
             raise CaseError(src, "training.engine",
@@ -530,57 +449,57 @@ def _training(src: str, section: Any) -> TrainingSpec:
         values["engine"] = ENGINES[values["engine"]].behaviour
     for key in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather"):
         if key in section:
-            values[key] = _bool(src, f"training.{key}", section[key])
+            values[key] = read_bool(src, f"training.{key}", section[key])
     with spec_errors(src):
         return TrainingSpec(**values)
 
 
 def _overheads(src: str, section: Any) -> Overheads:
-    section = _mapping(src, "overheads", section or {}, OVERHEAD_KEYS)
+    section = read_mapping(src, "overheads", section or {}, OVERHEAD_KEYS)
     values: dict[str, float] = {}
     for key in ("cuda_context", "comm_buffers"):
         if key in section:
-            values[key] = _unit(src, f"overheads.{key}", section[key], parse_memory)
+            values[key] = read_unit(src, f"overheads.{key}", section[key], parse_memory)
     if "fragmentation" in section:
-        values["fragmentation"] = _number(src, "overheads.fragmentation", section["fragmentation"])
+        values["fragmentation"] = read_number(src, "overheads.fragmentation", section["fragmentation"])
     with spec_errors(src):
         return Overheads(**values)
 
 
 def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layout") -> Layout:
     """A Layout from the case-file ``layout`` schema; ``dp`` defaults to what the GPUs leave."""
-    section = _mapping(src, key, section, LAYOUT_KEYS)
+    section = read_mapping(src, key, section, LAYOUT_KEYS)
     values: dict[str, Any] = {}
     for k in ("tp", "pp", "cp", "vpp", "micro_batch_size", "ep"):
         if k in section:
-            values[k] = _int(src, f"{key}.{k}", section[k])
+            values[k] = read_int(src, f"{key}.{k}", section[k])
     if section.get("etp") is not None:
-        values["etp"] = _int(src, f"{key}.etp", section["etp"])
+        values["etp"] = read_int(src, f"{key}.etp", section["etp"])
     if "zero_stage" in section:
-        values["zero_stage"] = _int(src, f"{key}.zero_stage", section["zero_stage"], minimum=0)
+        values["zero_stage"] = read_int(src, f"{key}.zero_stage", section["zero_stage"], minimum=0)
     for flag in ("sequence_parallel", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
         if flag in section:
-            values[flag] = _bool(src, f"{key}.{flag}", section[flag])
+            values[flag] = read_bool(src, f"{key}.{flag}", section[flag])
     if "recompute" in section:
-        values["recompute"] = _str(src, f"{key}.recompute", section["recompute"])
+        values["recompute"] = read_str(src, f"{key}.recompute", section["recompute"])
     if section.get("recompute_num_layers") is not None:
-        values["recompute_num_layers"] = _int(src, f"{key}.recompute_num_layers",
+        values["recompute_num_layers"] = read_int(src, f"{key}.recompute_num_layers",
                                               section["recompute_num_layers"], minimum=0)
     if "offload_optimizer" in section:
-        values["offload_optimizer"] = _number(src, f"{key}.offload_optimizer", section["offload_optimizer"])
+        values["offload_optimizer"] = read_number(src, f"{key}.offload_optimizer", section["offload_optimizer"])
     if "offload_params" in section:
-        values["offload_params"] = _bool(src, f"{key}.offload_params", section["offload_params"])
+        values["offload_params"] = read_bool(src, f"{key}.offload_params", section["offload_params"])
     if "offload_activations" in section:
-        values["offload_activations"] = _int(src, f"{key}.offload_activations", section["offload_activations"],
+        values["offload_activations"] = read_int(src, f"{key}.offload_activations", section["offload_activations"],
                                              minimum=0)
     if section.get("stage_layers") is not None:
         layers = section["stage_layers"]
         if not isinstance(layers, list):
-            raise CaseError(src, f"{key}.stage_layers", f"expected a list of layer counts, got {_kind(layers)}")
-        values["stage_layers"] = tuple(_int(src, f"{key}.stage_layers", n, minimum=0) for n in layers)
+            raise CaseError(src, f"{key}.stage_layers", f"expected a list of layer counts, got {describe(layers)}")
+        values["stage_layers"] = tuple(read_int(src, f"{key}.stage_layers", n, minimum=0) for n in layers)
     model_parallel = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
     if "dp" in section:
-        values["dp"] = _int(src, f"{key}.dp", section["dp"])
+        values["dp"] = read_int(src, f"{key}.dp", section["dp"])
     else:
         if num_gpus % model_parallel:
             raise CaseError(src, f"{key}.tp", f"tp·pp·cp = {model_parallel} must divide the cluster's {num_gpus} GPUs")

@@ -15,9 +15,9 @@ from typing import Any, Optional
 
 from cost_models.specs import ClusterSpec, FabricSpec, GPUSpec
 
-from .case import (CLUSTER_KEYS, HARDWARE_KEYS, SIZING_KEYS, _kind, _mapping, cluster_hardware, gpu_count,
-                   sizing_terms)
+from .case import CLUSTER_KEYS, HARDWARE_KEYS, SIZING_KEYS, cluster_hardware, gpu_count, sizing_terms
 from .errors import CaseError
+from .fields import describe, read_mapping
 
 # More types than any real procurement weighs; each is sized separately.
 MAX_OPTIONS = 16
@@ -49,7 +49,7 @@ class ClusterOption:
 
 def read_cluster_options(src: str, section: Any, base: Path) -> tuple[ClusterOption, ...]:
     """The GPU types of a cluster section, each checked as a cluster section is."""
-    section = _mapping(src, "cluster", section, CLUSTER_KEYS)
+    section = read_mapping(src, "cluster", section, CLUSTER_KEYS)
     if "options" not in section:
         gpu, fabric = cluster_hardware(src, section, base)
         most, price = sizing_terms(src, section, "cluster", gpu.gpus_per_node)
@@ -61,13 +61,13 @@ def read_cluster_options(src: str, section: Any, base: Path) -> tuple[ClusterOpt
         raise CaseError(src, f"cluster.{beside[0]}", "give each GPU type's keys inside its cluster.options entry")
     entries = section["options"]
     if not isinstance(entries, list) or not entries:
-        raise CaseError(src, "cluster.options", f"expected a list of GPU types, got {_kind(entries)}")
+        raise CaseError(src, "cluster.options", f"expected a list of GPU types, got {describe(entries)}")
     if len(entries) > MAX_OPTIONS:
         raise CaseError(src, "cluster.options", f"expected at most {MAX_OPTIONS} GPU types, got {len(entries)}")
     options = []
     for i, entry in enumerate(entries):
         key = f"cluster.options[{i}]"
-        entry = _mapping(src, key, entry, HARDWARE_KEYS + SIZING_KEYS)
+        entry = read_mapping(src, key, entry, HARDWARE_KEYS + SIZING_KEYS)
         gpu, fabric = cluster_hardware(src, entry, base, key)
         most, price = sizing_terms(src, entry, key, gpu.gpus_per_node)
         options.append(ClusterOption(key, gpu, fabric, most, price))

@@ -8,9 +8,9 @@ from typing import Any, Optional
 
 from .case import load_case
 from .configs import read_config
-from .engines import ENGINES
 from .estimate import Estimate, estimate_job
 from .plan import Plan, plan_case
+from .search_options import retarget
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     loaded = load_case(case)
     engine = "deepspeed" if config is not None else "megatron"
     layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp)
-    if loaded.training.engine.name == "any":  # the config's engine is the one that will run it
-        loaded = replace(loaded, training=replace(loaded.training, engine=ENGINES[engine].behaviour))
+    spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
+    loaded = replace(loaded, training=training, search=spec)
     estimate = estimate_job(loaded, loaded.job(layout))
     return Diagnosis(engine, estimate, plan_case(loaded, target=engine))

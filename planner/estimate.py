@@ -126,13 +126,11 @@ def estimate_job(case: Case, job: Job, time: Optional[StepTime] = None) -> Estim
     """The estimate of ``job``; ``time``, where the search has already timed it, is not computed again."""
     # A figure the cost models need but the case lacks (a bf16 peak on an fp32-only
     # profile) surfaces here, as the case's error.
-    from .search import search_spec
-
     refuse_what_the_engine_cannot_run(case, job)
     with spec_errors(case.source):
         stages = stage_memories(job)
         return Estimate(case=case, job=job, stages=stages, peak=max(stages, key=lambda m: m.total),
-                        time=time or step_time(job), headroom=search_spec(case).headroom)
+                        time=time or step_time(job), headroom=case.search.headroom)
 
 
 def refuse_what_the_engine_cannot_run(case: Case, job: Job) -> None:

@@ -15,7 +15,8 @@ from .engines import ENGINES
 from .errors import CaseError, one_line
 from .estimate import Estimate, estimate_job
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_STEP_TIME_S, MAX_TOP_K
-from .search import Candidate, SearchResult, SearchSpec, search, search_spec
+from .search import Candidate, SearchResult, search
+from .search_options import SearchSpec, retarget
 
 # The solver's table holds every fitting layout within this share of the fastest (or the
 # --simplest-within margin, if wider), and at least the top-k: all that the answer,
@@ -221,18 +222,11 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
               target: Optional[str] = None) -> Plan:
     plan_options(top_k, simplest_within, target)
     _check_size(case)
-    spec = search_spec(case)
+    spec = case.search
     if top_k is not None:
         spec = replace(spec, top_k=top_k)
-    if target is not None and target != spec.target:
-        if spec.target != "any":
-            key = "search.target" if "target" in (case.search or {}) else "training.engine"
-            raise CaseError(case.source, key, f"is {spec.target!r} but configs for {target!r} were asked for; "
-                                              f"pass --engine {target} (plan(..., engine={target!r})) to plan "
-                                              "for it instead")
-        spec = replace(spec, target=target)
-    if case.training.engine.name != spec.target:  # every layout is timed as the chosen engine runs it
-        case = replace(case, training=replace(case.training, engine=ENGINES[spec.target].behaviour))
+    spec, training = retarget(case.source, spec, case.training, target)
+    case = replace(case, training=training, search=spec)
     for key, why in ENGINES[spec.target].training_problems(case.training, case.cluster.gpu):  # no layout could meet these
         raise CaseError(case.source, key, f"{spec.target} cannot run it: {why}")
     from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 from cost_models.memory import peak_stage_memory
 from cost_models.partition import default_partition, virtual_partition
@@ -30,10 +30,9 @@ from cost_models.experts import dispatch_combine_time
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
 from cost_models.step_time import StepTime, layer_time_bound, moe_layer_time_for, step_time, tp_exposed_per_layer
 
-from .case import Case, _bool, _int, _mapping, _number, _str
-from .engines import ENGINES, Engine, EngineSupport
-from .errors import CaseError
-from .limits import MAX_TOP_K
+from .case import Case
+from .engines import EngineSupport
+from .search_options import SearchSpec
 
 # Unless the case bounds cp itself, every context-parallel rank keeps at least this many
 # tokens: below it the ring's per-step latency and the flash-attention tiles (128 × 128)
@@ -43,98 +42,6 @@ MIN_TOKENS_PER_CP_RANK = 1024
 # Model chunks per pipeline rank the search tries where the layers do not divide by pp
 # (DeepSeek-V3's 61 layers): the unequal chunks an engine with a pipeline layout runs.
 UNEVEN_VPP = (2, 4)
-
-PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
-            "recompute_num_layers", "offload_optimizer", "offload_params", "offload_activations", "ep", "etp")
-BOUNDED = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "ep", "etp")
-SEARCH_KEYS = ("target", "headroom", "top_k", "tp_across_nodes") + PINNABLE \
-    + tuple(f"{side}_{name}" for name in BOUNDED for side in ("min", "max"))
-
-
-@dataclass(frozen=True)
-class SearchSpec:
-    """The case file's ``search`` section: engine, headroom, and pins or bounds on any variable."""
-
-    target: str = "any"
-    # Share of GPU memory every layout leaves free beyond what the memory model counts (CUDA
-    # context, buffers, fragmentation): the driver's own reserve (H100 reports 79.6 of its
-    # 80 GiB) and what no model sees. `estimate` and `diagnose` hold layouts to it too.
-    headroom: float = 0.03
-    top_k: int = 5
-    tp_across_nodes: bool = False
-    pins: dict = field(default_factory=dict)
-    bounds: dict = field(default_factory=dict)  # name -> (min, max)
-
-    @property
-    def engine(self) -> EngineSupport:
-        return ENGINES[self.target].support
-
-    @property
-    def runner(self) -> Engine:
-        return ENGINES[self.target]
-
-    def admits(self, name: str, value: Any) -> bool:
-        if name in self.pins and self.pins[name] != value:
-            return False
-        low, high = self.bounds.get(name, (None, None))
-        return (low is None or value >= low) and (high is None or value <= high)
-
-
-def search_spec(case: Case) -> SearchSpec:
-    src, data = case.source, case.search
-    data = _mapping(src, "search", data, SEARCH_KEYS)
-    # The engine searched for is the one the case trains with: build_case has already
-    # taken a named search.target as training.engine (or refused a contradiction).
-    values: dict[str, Any] = {"target": case.training.engine.name}
-    if "target" in data:
-        target = _str(src, "search.target", data["target"])
-        if target not in ENGINES:
-            raise CaseError(src, "search.target", f"expected one of {', '.join(ENGINES)}, got {target!r}")
-    if case.training.moe_comm_overlap and not ENGINES[values["target"]].support.moe_comm_overlap:
-        raise CaseError(src, "training.moe_comm_overlap", f"{values['target']} cannot overlap expert-parallel "
-                                                          "dispatch and combine with compute; set it false")
-    if case.training.tp_comm_overlap and not ENGINES[values["target"]].support.tp_comm_overlap:
-        raise CaseError(src, "training.tp_comm_overlap", f"{values['target']} cannot overlap tensor-parallel "
-                                                         "collectives with GEMMs; set it false")
-    if "headroom" in data:
-        headroom = _number(src, "search.headroom", data["headroom"])
-        if not 0 <= headroom < 1:
-            raise CaseError(src, "search.headroom", f"expected a fraction in [0, 1), got {headroom}")
-        values["headroom"] = headroom
-    if "top_k" in data:
-        values["top_k"] = _int(src, "search.top_k", data["top_k"], minimum=0, maximum=MAX_TOP_K)
-    if "tp_across_nodes" in data:
-        values["tp_across_nodes"] = _bool(src, "search.tp_across_nodes", data["tp_across_nodes"])
-    pins: dict[str, Any] = {}
-    for name in PINNABLE:
-        if name not in data:
-            continue
-        key = f"search.{name}"
-        if name in ("sequence_parallel", "offload_params"):
-            pins[name] = _bool(src, key, data[name])
-        elif name == "offload_optimizer":
-            pins[name] = _number(src, key, data[name])
-            if not 0 <= pins[name] <= 1:
-                raise CaseError(src, key, f"expected a fraction in [0, 1], got {pins[name]}")
-        elif name == "recompute":
-            pins[name] = _str(src, key, data[name])
-            if pins[name] not in ("none", "selective", "full"):
-                raise CaseError(src, key, f"expected none, selective or full, got {pins[name]!r}")
-        else:
-            pins[name] = _int(src, key, data[name],
-                              minimum=0 if name in ("zero_stage", "recompute_num_layers", "offload_activations") else 1)
-    bounds: dict[str, tuple] = {}
-    for name in BOUNDED:
-        low = _int(src, f"search.min_{name}", data[f"min_{name}"], minimum=0) if f"min_{name}" in data else None
-        high = _int(src, f"search.max_{name}", data[f"max_{name}"], minimum=0) if f"max_{name}" in data else None
-        if low is not None and high is not None and low > high:
-            raise CaseError(src, f"search.min_{name}", f"must not exceed max_{name} ({high}), got {low}")
-        if low is not None or high is not None:
-            bounds[name] = (low, high)
-    if "zero_stage" in pins and pins["zero_stage"] > 3:
-        raise CaseError(src, "search.zero_stage", f"expected 0, 1, 2 or 3, got {pins['zero_stage']}")
-    return SearchSpec(pins=pins, bounds=bounds, **values)
-
 
 @dataclass(frozen=True)
 class Candidate:

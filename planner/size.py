@@ -37,13 +37,15 @@ from typing import Any, Optional
 from cost_models.specs import GPUSpec
 from cost_models.step_time import layer_time_bound
 
-from .case import SECTIONS, Case, _mapping, build_case, read_case, spec_errors
+from .case import SECTIONS, Case, build_case, read_case, spec_errors
 from .cluster_options import ClusterOption, read_cluster_options
 from .errors import CaseError, one_line
+from .fields import read_mapping
 from .estimate import Estimate, estimate_job
 from .limits import MAX_GPU_HOUR_COST, MAX_GPUS, MAX_TOP_K
 from .plan import _check_size, layout_table, plan_case
-from .search import MIN_TOKENS_PER_CP_RANK, Candidate, SearchSpec, divisors, search_spec
+from .search import MIN_TOKENS_PER_CP_RANK, Candidate, divisors
+from .search_options import SearchSpec
 from .units import UnitError, parse_duration, parse_tokens
 
 SECONDS_PER_DAY = 86400.0
@@ -210,7 +212,7 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
 
     Like `plan`, `size` chooses the layout: any ``layout`` section is ignored."""
     data, src, base = read_case(case)
-    data = _mapping(src, "", data if data is not None else {}, SECTIONS)
+    data = read_mapping(src, "", data if data is not None else {}, SECTIONS)
     if "cluster" not in data:
         raise CaseError(src, "cluster", "missing section")
     options = read_cluster_options(src, data["cluster"], base)
@@ -333,7 +335,7 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     from .size_solver import SizeModel  # ortools loads in ~0.3 s: only `plan` and `size` pay for it
 
     _check_size(case)  # layers and global batch within what the search can enumerate
-    spec = replace(search_spec(case), top_k=0)  # each size's table: its fastest layouts only
+    spec = replace(case.search, top_k=0)  # each size's table: its fastest layouts only
     limits = [gpu_limit(case.source, o, target) for o in options]
     prices = [target.gpu_hour_cost if target.gpu_hour_cost is not None else o.gpu_hour_cost for o in options]
     priced = all(p is not None for p in prices)

@@ -25,7 +25,8 @@ from typing import Optional, Sequence
 from ortools.sat.python import cp_model
 
 from .cluster_options import ClusterOption
-from .search import Candidate, SearchSpec
+from .search import Candidate
+from .search_options import SearchSpec
 from .solver import Solution, complexity_ranks, constrain_layout, layout_columns, linked_variables
 
 OBJECTIVES = ("gpu_hours", "cost", "time")

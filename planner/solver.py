@@ -19,7 +19,8 @@ from ortools.sat.python import cp_model
 from .case import Case
 from .complexity import RECOMPUTE_LEVEL, complexity
 from .limits import MAX_GPUS
-from .search import Candidate, SearchSpec
+from .search import Candidate
+from .search_options import SearchSpec
 
 
 @dataclass(frozen=True)

@@ -57,10 +57,10 @@ def test_the_solver_leaves_ctrl_c_to_python():
     code = f"""
 import sys
 from planner.case import load_case
-from planner.search import search, search_spec
+from planner.search import search
 from planner.solver import LayoutModel
 case = load_case({str(EXAMPLE)!r})
-spec = search_spec(case)
+spec = case.search
 model = LayoutModel(case, spec, search(case, spec).candidates)
 print("ready", flush=True)
 try:

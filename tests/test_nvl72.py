@@ -7,7 +7,7 @@ import planner
 from cost_models.specs import Layout
 from cost_models.topology import domains_spanned, group_links
 from planner.case import load_case
-from planner.search import search_spec, structures
+from planner.search import structures
 
 
 def _case(gpu: str, num_gpus: int) -> dict:
@@ -24,10 +24,10 @@ def test_tensor_parallelism_spans_trays_inside_the_rack():
     """tp 8 and 16 exceed a 4-GPU tray but not the 72-GPU rack: the search offers them on GB200
     (tp 64 too: it divides the 64 heads and fits a rack), and on a B200 node caps tp at 8."""
     case = load_case(_case("gb200", 144))
-    tps = {tp for tp, _, _, _ in structures(case, search_spec(case))}
+    tps = {tp for tp, _, _, _ in structures(case, case.search)}
     assert {8, 16} <= tps and max(tps) <= 72
     b200 = load_case(_case("b200", 144))
-    assert max(tp for tp, _, _, _ in structures(b200, search_spec(b200))) == 8
+    assert max(tp for tp, _, _, _ in structures(b200, b200.search)) == 8
 
 
 def test_the_topology_says_which_groups_leave_the_rack():

@@ -29,7 +29,7 @@ from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import step_time
 from planner.case import load_case
 from planner.estimate import host_fits
-from planner.search import MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, partitions, search_spec
+from planner.search import MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, partitions
 
 SEED = 1234
 NUM_CASES = 100
@@ -160,7 +160,7 @@ def all_layouts(case, spec):
 
 
 def oracle(case) -> OracleResult:
-    spec = search_spec(case)
+    spec = case.search
     limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom)
     best = fastest = None
     valid = fitting = 0
@@ -224,7 +224,7 @@ def _describe(layout: Layout) -> str:
 def check_against_oracle(label: str, case_dict: dict) -> tuple[list[str], Optional[bool]]:
     """Problems with `plan` on one case, and whether memory binds there (None: nothing fits)."""
     case = load_case(case_dict)
-    spec = search_spec(case)
+    spec = case.search
     limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom)
     expected = oracle(case)
     bound = None if expected.best is None else expected.fastest.peak_bytes > limit

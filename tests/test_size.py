@@ -18,7 +18,7 @@ import yaml
 import planner
 from cost_models.specs import Layout
 from planner.presets import gpu_presets
-from planner.search import Candidate, divisors, search_spec
+from planner.search import Candidate, divisors
 from planner.size import SECONDS_PER_DAY, load_sizing_case, work_lower_bound
 from planner.size_solver import SizeModel, SizeRow, within_deadline
 from planner.units import parse_tokens
@@ -160,7 +160,7 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
     prices = [args.get("gpu_hour_cost", o.gpu_hour_cost) for o in options]
     swept = sweep(case, tokens, [o.unit for o in options], limits, prices)
     problems = []
-    spec = search_spec(loaded)
+    spec = loaded.search
     for s in swept:  # the bound `size` skips sizes with holds on every size
         bound = work_lower_bound(loaded, spec, options[s.option].gpu) / s.gpus
         if not bound <= s.step_time_s * (1 + 1e-12):
@@ -292,7 +292,7 @@ def row(option: int, gpus: int, step_s: float, peak_gb: float = 10.0, **layout) 
 def model_for(rows: list[SizeRow], objective: str = "gpu_hours", deadline: Optional[float] = None,
               pins: Optional[dict] = None, limits: tuple[int, int] = (16, 8)) -> SizeModel:
     loaded, options = load_sizing_case(TWO_TYPES)
-    spec = search_spec(loaded)
+    spec = loaded.search
     if pins:
         from dataclasses import replace
 

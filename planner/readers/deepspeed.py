@@ -9,7 +9,7 @@ from typing import Any, Optional, Union
 
 from cost_models.specs import Layout
 
-from ..case import _int as integer
+from ..fields import read_int as integer
 from ..errors import CaseError
 from ..inputs import read_json
 

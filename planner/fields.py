@@ -1,0 +1,86 @@
+"""Typed readers for one value of a case file: each returns the value or raises a
+:class:`CaseError` naming the file, the key and what was expected. Every section reader
+(:mod:`planner.case`, :mod:`planner.search_options`, :mod:`planner.cluster_options`) uses these."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from .errors import CaseError, one_line
+from .limits import MAX_INT, MIN_FIGURE
+from .presets import closest
+from .units import UnitError
+
+
+def describe(value: Any) -> str:
+    """A value as an error message quotes it: its type and a short repr."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, int) and value.bit_length() > 200:  # its repr may pass Python's digit limit
+        return f"an integer of {value.bit_length()} bits"
+    return f"{type(value).__name__} {one_line(repr(value), 80)}"
+
+
+def read_mapping(src: str, key: str, value: Any, allowed: tuple[str, ...]) -> dict:
+    if not isinstance(value, dict):
+        raise CaseError(src, key, f"expected a mapping, got {describe(value)}")
+    for k in value:
+        if k not in allowed:
+            raise CaseError(src, f"{key}.{k}" if key else str(k),
+                            f"unknown key{closest(k, allowed)}; expected one of {', '.join(allowed)}")
+    return value
+
+
+def read_int(src: str, key: str, value: Any, minimum: int = 1, maximum: int = MAX_INT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CaseError(src, key, f"expected an integer, got {describe(value)}")
+    if value < minimum:
+        raise CaseError(src, key, f"expected an integer >= {minimum}, got {describe(value)}")
+    if value > maximum:
+        raise CaseError(src, key, f"expected an integer <= {maximum}, got {describe(value)}")
+    return value
+
+
+def read_number(src: str, key: str, value: Any) -> float:
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        try:
+            number = float(value)  # an integer past float range overflows here
+        except OverflowError:
+            number = math.inf
+        if math.isfinite(number):
+            return number
+    raise CaseError(src, key, f"expected a finite number, got {describe(value)}")
+
+
+def read_figure(src: str, key: str, value: Any) -> float:
+    """A positive figure the step time divides by: below MIN_FIGURE it would make it endless."""
+    number = read_number(src, key, value)
+    if 0 < number < MIN_FIGURE:
+        raise CaseError(src, key, f"expected a figure of at least {MIN_FIGURE:g}, got {number:g}")
+    return number
+
+
+def read_bool(src: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise CaseError(src, key, f"expected true or false, got {describe(value)}")
+    return value
+
+
+def read_str(src: str, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise CaseError(src, key, f"expected a string, got {describe(value)}")
+    return value
+
+
+def read_unit(src: str, key: str, value: Any, parse: Callable[[Any], float]) -> float:
+    try:
+        return parse(value)
+    except UnitError as error:
+        raise CaseError(src, key, str(error)) from None
+
+
+def required(src: str, section: str, data: dict, key: str) -> Any:
+    if key not in data:
+        raise CaseError(src, f"{section}.{key}", "missing")
+    return data[key]

@@ -1,0 +1,148 @@
+"""The case file's ``search`` section, read once (by :func:`planner.case.build_case`) into a
+:class:`SearchSpec`: the engine searched for, the memory headroom, and pins or bounds on any
+variable of the layout. Also the one place where ``search.target`` and ``training.engine`` are
+reconciled: a layout is timed as the engine that will run it runs it, for every command."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from cost_models.specs import TrainingSpec
+
+from .engines import ENGINES, Engine, EngineSupport
+from .errors import CaseError
+from .fields import read_bool, read_int, read_mapping, read_number, read_str
+from .limits import MAX_TOP_K
+
+PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
+            "recompute_num_layers", "offload_optimizer", "offload_params", "offload_activations", "ep", "etp")
+BOUNDED = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "ep", "etp")
+SEARCH_KEYS = ("target", "headroom", "top_k", "tp_across_nodes") + PINNABLE \
+    + tuple(f"{side}_{name}" for name in BOUNDED for side in ("min", "max"))
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """The case file's ``search`` section: engine, headroom, and pins or bounds on any variable."""
+
+    target: str = "any"
+    # Share of GPU memory every layout leaves free beyond what the memory model counts (CUDA
+    # context, buffers, fragmentation): the driver's own reserve (H100 reports 79.6 of its
+    # 80 GiB) and what no model sees. `estimate` and `diagnose` hold layouts to it too.
+    headroom: float = 0.03
+    top_k: int = 5
+    tp_across_nodes: bool = False
+    pins: dict = field(default_factory=dict)
+    bounds: dict = field(default_factory=dict)  # name -> (min, max)
+    # The case-file key that named the target, for errors that contradict it.
+    target_key: str = "training.engine"
+
+    @property
+    def engine(self) -> EngineSupport:
+        return ENGINES[self.target].support
+
+    @property
+    def runner(self) -> Engine:
+        return ENGINES[self.target]
+
+    def admits(self, name: str, value: Any) -> bool:
+        if name in self.pins and self.pins[name] != value:
+            return False
+        low, high = self.bounds.get(name, (None, None))
+        return (low is None or value >= low) and (high is None or value <= high)
+
+
+def training_for_target(src: str, search: Any, training: TrainingSpec) -> TrainingSpec:
+    """``training`` with the engine the search is for: a named ``search.target`` becomes
+    training.engine where that is ``any``, and contradicting it is an error."""
+    if not isinstance(search, dict) or "target" not in search:
+        return training
+    target = read_str(src, "search.target", search["target"])
+    if target not in ENGINES:
+        raise CaseError(src, "search.target", f"expected one of {', '.join(ENGINES)}, got {target!r}")
+    if training.engine.name == "any":
+        return replace(training, engine=ENGINES[target].behaviour)
+    if target not in ("any", training.engine.name):
+        raise CaseError(src, "search.target", f"is {target!r} but training.engine is "
+                                              f"{training.engine.name!r}; drop one of them")
+    return training
+
+
+def retarget(src: str, spec: SearchSpec, training: TrainingSpec, target: Optional[str]) \
+        -> tuple[SearchSpec, TrainingSpec]:
+    """The search and training for configs of ``target`` (`plan --emit`, ``plan(..., target=)``):
+    a case for ``any`` engine is searched as ``target`` runs it; a case for another engine is an
+    error. Every layout is timed as the engine chosen runs it."""
+    if target is not None and target != spec.target:
+        if spec.target != "any":
+            raise CaseError(src, spec.target_key, f"is {spec.target!r} but configs for {target!r} were asked for; "
+                                                  f"pass --engine {target} (plan(..., engine={target!r})) to plan "
+                                                  "for it instead")
+        spec = replace(spec, target=target)
+    if training.engine.name != spec.target:
+        training = replace(training, engine=ENGINES[spec.target].behaviour)
+    return spec, training
+
+
+def read_search(src: str, data: Any, training: TrainingSpec) -> SearchSpec:
+    """The ``search`` section, for a case whose ``training`` has already taken the target
+    (:func:`training_for_target`)."""
+    data = read_mapping(src, "search", data if data is not None else {}, SEARCH_KEYS)
+    target = training.engine.name
+    values: dict[str, Any] = {"target": target,
+                              "target_key": "search.target" if "target" in data else "training.engine"}
+    support = ENGINES[target].support
+    if training.moe_comm_overlap and not support.moe_comm_overlap:
+        raise CaseError(src, "training.moe_comm_overlap", f"{target} cannot overlap expert-parallel "
+                                                          "dispatch and combine with compute; set it false")
+    if training.tp_comm_overlap and not support.tp_comm_overlap:
+        raise CaseError(src, "training.tp_comm_overlap", f"{target} cannot overlap tensor-parallel "
+                                                         "collectives with GEMMs; set it false")
+    if "headroom" in data:
+        headroom = read_number(src, "search.headroom", data["headroom"])
+        if not 0 <= headroom < 1:
+            raise CaseError(src, "search.headroom", f"expected a fraction in [0, 1), got {headroom}")
+        values["headroom"] = headroom
+    if "top_k" in data:
+        values["top_k"] = read_int(src, "search.top_k", data["top_k"], minimum=0, maximum=MAX_TOP_K)
+    if "tp_across_nodes" in data:
+        values["tp_across_nodes"] = read_bool(src, "search.tp_across_nodes", data["tp_across_nodes"])
+    return SearchSpec(pins=_pins(src, data), bounds=_bounds(src, data), **values)
+
+
+def _pins(src: str, data: dict) -> dict[str, Any]:
+    pins: dict[str, Any] = {}
+    for name in PINNABLE:
+        if name not in data:
+            continue
+        key = f"search.{name}"
+        if name in ("sequence_parallel", "offload_params"):
+            pins[name] = read_bool(src, key, data[name])
+        elif name == "offload_optimizer":
+            pins[name] = read_number(src, key, data[name])
+            if not 0 <= pins[name] <= 1:
+                raise CaseError(src, key, f"expected a fraction in [0, 1], got {pins[name]}")
+        elif name == "recompute":
+            pins[name] = read_str(src, key, data[name])
+            if pins[name] not in ("none", "selective", "full"):
+                raise CaseError(src, key, f"expected none, selective or full, got {pins[name]!r}")
+        else:
+            pins[name] = read_int(src, key, data[name],
+                                  minimum=0 if name in ("zero_stage", "recompute_num_layers", "offload_activations")
+                                  else 1)
+    if "zero_stage" in pins and pins["zero_stage"] > 3:
+        raise CaseError(src, "search.zero_stage", f"expected 0, 1, 2 or 3, got {pins['zero_stage']}")
+    return pins
+
+
+def _bounds(src: str, data: dict) -> dict[str, tuple]:
+    bounds: dict[str, tuple] = {}
+    for name in BOUNDED:
+        low = read_int(src, f"search.min_{name}", data[f"min_{name}"], minimum=0) if f"min_{name}" in data else None
+        high = read_int(src, f"search.max_{name}", data[f"max_{name}"], minimum=0) if f"max_{name}" in data else None
+        if low is not None and high is not None and low > high:
+            raise CaseError(src, f"search.min_{name}", f"must not exceed max_{name} ({high}), got {low}")
+        if low is not None or high is not None:
+            bounds[name] = (low, high)
+    return bounds
