@@ -225,3 +225,46 @@ def test_the_readme_test_command_is_cis_and_pins_the_cpu_torch():
     assert "--index-url https://download.pytorch.org/whl/cpu" in command and "torch==2.13.0+cpu" in command
     assert "torch==2.13.0+cpu" in (repo / "constraints.txt").read_text().splitlines()
     assert "Python 3.11" in readme
+
+
+def test_plan_simplest_within_on_the_command_line_is_the_apis_and_stays_within_its_margin(tmp_path):
+    """`plan --simplest-within 10`: the API's answer, no more than 10 % slower than the fastest,
+    and no more complex (planner.complexity) than it."""
+    from planner.complexity import complexity
+    from planner.search import Candidate
+
+    case = {"model": {"preset": "llama2-70b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 512, "seq_len": 4096}}
+    path = write(tmp_path, case)
+    result = cli("plan", str(path), "--simplest-within", "10", "--json")
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed == json.loads(json.dumps(planner.plan(path, simplest_within=10).to_dict()))
+    fastest = planner.plan(path, top_k=0).best
+    assert printed["best"]["step_time_s"] <= 1.10 * fastest.step_time_s
+    simple = planner.plan(path, simplest_within=10, top_k=0).best
+    def rank(best):
+        return complexity(Candidate(best.job.layout, best.step_time_s, best.peak.total), 512)
+
+    assert rank(simple) <= rank(fastest)
+
+
+def test_diagnose_reads_a_hand_written_megatron_argument_list(tmp_path):
+    """`diagnose --megatron-args`: the layout as Megatron reads those flags (dp from the world
+    size, accumulation from the global batch), and a speedup that is the ratio of the two
+    step times."""
+    case = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 128, "seq_len": 4096}}
+    args = tmp_path / "args.txt"
+    args.write_text("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
+                    "--global-batch-size 128 --seq-length 4096 --bf16 --use-distributed-optimizer "
+                    "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1\n")
+    result = cli("diagnose", str(write(tmp_path, case)), "--megatron-args", str(args), "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    layout = data["config"]["layout"]
+    assert (layout["tp"], layout["pp"], layout["dp"], layout["micro_batch_size"]) == (4, 2, 2, 1)
+    assert (layout["zero_stage"], layout["recompute"]) == (1, "full")
+    assert data["config"]["grad_accum"] == 128 // (1 * 2)
+    assert data["speedup"] == pytest.approx(data["config"]["step_time_s"] / data["best"]["step_time_s"])
+    assert data["speedup"] >= 1.0
