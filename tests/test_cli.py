@@ -34,7 +34,7 @@ def write(tmp_path: Path, case: dict) -> Path:
     return path
 
 
-def test_json_equals_the_python_api_and_terms_add_up(tmp_path):
+def test_json_equals_the_python_api_and_memory_terms_add_up_to_the_peak(tmp_path):
     result = cli("estimate", str(EXAMPLE), "--json")
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
@@ -45,7 +45,6 @@ def test_json_equals_the_python_api_and_terms_add_up(tmp_path):
     assert printed["fits"] is (memory["peak_bytes"] <= memory["capacity_bytes"])
     # tokens/s is the global batch over the step time.
     assert printed["tokens_per_s"] == pytest.approx(512 * 8192 / printed["step_time_s"])
-    assert printed["step_time_s"] == pytest.approx(sum(printed["time"].values()))
 
 
 def test_zero1_shards_only_the_optimizer_state():

@@ -121,10 +121,9 @@ def test_full_recompute_repeats_exactly_one_forward():
     assert full.recompute <= plain.compute / 3
 
 
-def test_step_time_is_the_sum_of_its_parts_and_sets_throughput():
+def test_the_bubble_is_p_minus_one_slowest_stages_and_every_link_is_paid():
     job = _job(tp=2, pp=4, micro_batch_size=1)
     t = step_time(job)
-    assert t.total == pytest.approx(sum(t.by_part().values()))
     m = job.num_microbatches
     slowest = max(stage_time(job, i).total for i in range(4))
     assert t.bubble_s == pytest.approx(3 / m * m * slowest)
