@@ -1,15 +1,15 @@
-"""Per-rank progress files: how the launcher watches the ranks and names the one that failed.
+"""Per-rank progress files: how the supervisor watches the ranks and names the one that failed.
 
-Every rank writes ``rank<R>.json`` in the run's work folder after each measurement
-(its step count, stage, whether it is waiting in a collective, and any error); the
-supervisor that torchrun starts for the rank (``calibration.run``) writes
-``rank<R>.exit.json`` with how the rank's worker ended. Files are replaced
-atomically, so a reader never sees half of one. No torch here: the launcher reads
-these files without importing it.
+Every rank (a calibration worker or a training worker) writes ``rank<R>.json`` in the
+run's work folder at each step (its step count, stage, whether it is waiting in a
+collective, and any error); the light supervisor that torchrun starts for the rank
+(``calibration.run``) writes ``rank<R>.exit.json`` with how the rank's worker ended.
+Files are replaced atomically, so a reader never sees half of one. No torch here: the
+launcher reads these files without importing it.
 
 A fault can be injected for tests: ``LAYOUT_PLANNER_CALIBRATE_FAULT=RANK:STAGE:ACTION``
 makes rank RANK ``exit`` (code 3), ``hang`` or ``raise`` at the first step of STAGE
-(one of :data:`STAGES`).
+(one of :data:`STAGES`), in `calibrate` and `validate` alike.
 """
 
 from __future__ import annotations
@@ -34,6 +34,12 @@ STAGES = {
     "collectives": "the collective benchmarks",
     "overlap": "the overlap benchmark",
     "write": "writing the profile",
+    # validate's training run (calibration.train)
+    "build": "building the model",
+    "warmup": "the warm-up steps",
+    "train": "the timed steps",
+    "activations": "measuring activations",
+    "result": "writing the measurement",
 }
 
 
@@ -61,6 +67,7 @@ class RankProgress:
     """The progress file of one rank, written by that rank."""
 
     def __init__(self, workdir: Path, rank: int, local_rank: int):
+        self.workdir = Path(workdir)  # the run's folder: where rank 0 leaves its result
         self.path = progress_path(workdir, rank)
         self.rank = rank
         self.state: dict[str, Any] = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
@@ -111,8 +118,9 @@ class RankProgress:
         except BaseException:
             self._comm_failed = True
             raise
-        finally:
+        finally:  # written, so that a rank stuck in its own work afterwards is not taken for a waiting one
             self.state["in_comm"] = False
+            self._write()
 
     def failed(self, error: BaseException) -> bool:
         """Record ``error``; True when it was raised inside a collective (a peer's failure)."""
@@ -159,6 +167,38 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def _cause(ranks: dict[int, dict]) -> Optional[str]:
+    """The rank whose worker ended on its own (not stopped by the launcher) other than by a
+    peer's failure; the earliest if several."""
+    causes = []
+    for rank, info in ranks.items():
+        end = info.get("exit")
+        if not end or end.get("terminated") or end.get("code") in (0, PEER_FAILURE_EXIT):
+            continue
+        causes.append((end.get("time", 0.0), rank, info, end["code"]))
+    if not causes:
+        return None
+    _, rank, info, code = min(causes)
+    if info.get("status") == "error" and info.get("error"):
+        return f"rank {rank} failed {_where(info)}: {info['error']}"
+    how = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with code {code}"
+    return f"rank {rank} {how} {_where(info)}"
+
+
+def _missing(ranks: dict[int, dict], expected: list[int]) -> list[int]:
+    return [r for r in expected if r not in ranks or "step" not in ranks[r]]
+
+
+def _running(ranks: dict[int, dict], expected: list[int]) -> dict[int, dict]:
+    return {r: ranks[r] for r in expected if ranks[r].get("status") != "done"}
+
+
+def _furthest_behind(running: dict[int, dict]) -> tuple[int, dict]:
+    """The rank with the fewest steps, preferring one not waiting in a collective (the others wait for it)."""
+    behind = min(info["step"] for info in running.values())
+    return min(running.items(), key=lambda kv: (kv[1]["step"] != behind, bool(kv[1].get("in_comm")), kv[0]))
+
+
 def diagnose(ranks: dict[int, dict], expected: list[int], stalled_s: Optional[float] = None) -> Optional[str]:
     """One line naming the rank that caused the failure, or None when the files name none.
 
@@ -167,29 +207,36 @@ def diagnose(ranks: dict[int, dict], expected: list[int], stalled_s: Optional[fl
     hang: the rank furthest behind, preferring one not waiting in a collective.
     ``stalled_s`` is set when the launcher's watchdog saw no progress for that long.
     """
-    causes = []
-    for rank, info in ranks.items():
-        end = info.get("exit")
-        if not end or end.get("terminated") or end.get("code") in (0, PEER_FAILURE_EXIT):
-            continue
-        causes.append((end.get("time", 0.0), rank, info, end["code"]))
-    if causes:
-        _, rank, info, code = min(causes)
-        if info.get("status") == "error" and info.get("error"):
-            return f"rank {rank} failed {_where(info)}: {info['error']}"
-        how = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with code {code}"
-        return f"rank {rank} {how} {_where(info)}"
-    missing = [r for r in expected if r not in ranks or "step" not in ranks[r]]
+    cause = _cause(ranks)
+    if cause:
+        return cause
+    missing = _missing(ranks, expected)
     if missing:
         return f"rank {missing[0]} did not start" + (f" within {stalled_s:.0f} s" if stalled_s else "")
-    running = {r: ranks[r] for r in expected if ranks[r].get("status") != "done"}
+    running = _running(ranks, expected)
     if not running:
         return None
-    behind = min(info["step"] for info in running.values())
-    laggards = sorted(running.items(), key=lambda kv: (kv[1]["step"] != behind, bool(kv[1].get("in_comm")), kv[0]))
-    rank, info = laggards[0]
-    if all(i["step"] == behind and i.get("in_comm") for i in running.values()) and len(running) > 1:
+    rank, info = _furthest_behind(running)
+    if all(i["step"] == info["step"] and i.get("in_comm") for i in running.values()) and len(running) > 1:
         names = ", ".join(str(r) for r in sorted(running))
         return f"ranks {names} hung in a collective {_where(info)}"
     waited = f"no progress for {stalled_s:.0f} s" if stalled_s else "the others timed out waiting for it"
     return f"rank {rank} hung {_where(info)}: {waited}"
+
+
+def overdue(ranks: dict[int, dict], expected: list[int]) -> str:
+    """One line for a run stopped at its deadline: the rank that failed if one did, else where
+    the rank furthest behind was and how long since it last moved (a hang, or only a slow run:
+    the reader can tell)."""
+    cause = _cause(ranks)
+    if cause:
+        return cause
+    missing = _missing(ranks, expected)
+    if missing:
+        return f"rank {missing[0]} had not started"
+    running = _running(ranks, expected)
+    if not running:
+        return "every rank had finished"
+    rank, info = _furthest_behind(running)
+    idle = max(0.0, time.time() - info.get("time", time.time()))
+    return f"rank {rank} was furthest behind, {_where(info)}, with no progress for {idle:.0f} s"

@@ -1,22 +1,22 @@
-"""What torchrun starts on every rank: ``python -m calibration.run --workdir DIR [...]``.
+"""What torchrun starts on every rank: ``python -m calibration.run --workdir DIR [--launcher-pid PID] MODULE ARG...``.
 
-Each rank is two processes. This module's ``main`` is a light supervisor (no torch)
-that runs the rank's benchmarks in a child (``--worker``), and records how the
-child ended in the work folder: its exit code, and whether the launcher stopped it
-(torchrun tearing the job down) or it ended on its own. That record is what lets
-the launcher name the rank that failed rather than the ones torn down after it.
-The supervisor also stops the child if the launcher (``--launcher-pid``) dies.
+Each rank is two processes, for `calibrate` (MODULE ``calibration.worker``) and
+`validate` (``calibration.train``) alike. This module's ``main`` is a light supervisor
+(no torch) that runs the rank's work in a child (``--worker``), and records how the
+child ended in the work folder: its exit code, and whether it was stopped (torchrun
+tearing the job down) or ended on its own. That record is what lets the launcher name
+the rank that failed rather than the ones torn down after it. The supervisor also
+stops the child if the launcher (``--launcher-pid``) dies.
 
-The worker: sets up the process group (NCCL on GPUs, gloo on CPUs), runs every
-benchmark in lockstep (a barrier before each, so ranks share the machine as in
-training), gathers all timings on rank 0, which fits them and writes
-``DIR/profile.yaml``. The launcher moves that file into place only when every
-rank succeeded.
+The child opens the rank's progress file (:class:`calibration.progress.RankProgress`),
+calls ``MODULE.work(ARGS, progress)``, and records any exception in that file before it
+exits: code 75 when the error came out of a collective (another rank's failure), else 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import subprocess
@@ -24,30 +24,18 @@ import sys
 import time
 from pathlib import Path
 
+from .processes import alive
 from .progress import PEER_FAILURE_EXIT, RankProgress, write_exit
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m calibration.run")
     parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--case", type=Path, default=None)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--gpu-preset", default=None)
     parser.add_argument("--launcher-pid", type=int, default=None)
-    parser.add_argument("--other-cpu-share", type=float, default=None)  # measured by the launcher before the run
     parser.add_argument("--worker", action="store_true")
+    parser.add_argument("module")  # its work(args, progress) is the rank's work
+    parser.add_argument("args", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def supervise(argv: list[str]) -> int:
@@ -71,7 +59,7 @@ def supervise(argv: list[str]) -> int:
             break
         except subprocess.TimeoutExpired:
             pass
-        if stopping["by"] is None and args.launcher_pid and not _alive(args.launcher_pid):
+        if stopping["by"] is None and args.launcher_pid and not alive(args.launcher_pid):
             stop(signal.SIGTERM, None)
         if stopping["by"] is not None:
             deadline = deadline or time.monotonic() + 3.0
@@ -83,15 +71,12 @@ def supervise(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--worker" not in argv:
-        return supervise(argv)
     args = _arguments(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    progress = RankProgress(args.workdir, rank, int(os.environ.get("LOCAL_RANK", "0")))
+    if not args.worker:
+        return supervise(argv)
+    progress = RankProgress(args.workdir, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
     try:
-        from .worker import work
-
-        work(args, progress)
+        importlib.import_module(args.module).work(args.args, progress)
     except BaseException as error:  # noqa: BLE001 - every failure is recorded for the launcher
         import traceback
 

@@ -38,30 +38,31 @@ What is measured, on rank 0:
 Tensor, pipeline and context parallelism, ZeRO 1/2, partial recomputation, fp16, fp8,
 and bf16 on a CPU are refused with :class:`Unsupported`: this loop does not implement them.
 
-The parent side (:func:`run_spec`, :func:`launch`) imports no torch; the worker
-(``python -m calibration.train SPEC.json OUT.json`` under ``torch.distributed.run``)
-does.
+The parent side (:func:`run_spec`, :func:`launch`) imports no torch; it runs the ranks
+through :func:`calibration.supervisor.run_ranks`, the supervisor `calibrate` uses too. Each
+rank's :func:`work` (under :mod:`calibration.run`) imports torch and reports its stage to
+:class:`calibration.progress.RankProgress` (set-up, building the model, each warm-up and timed
+step, the activation measurement), so a rank that fails or hangs is named with its stage.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from .supervisor import RunFailed, run_ranks
+
 if TYPE_CHECKING:
     from cost_models.specs import Job
 
+    from .progress import RankProgress
+
 OPTIMIZERS = ("adam", "adamw", "sgd")
-EXIT_RUN_FAILED = 4  # the CLI's exit code when the training run fails or times out
 SGD_MOMENTUM = 0.9
 
 
@@ -72,15 +73,6 @@ class Unsupported(ValueError):
         super().__init__(f"{key}: {message}")
         self.key = key
         self.message = message
-
-
-class RunFailed(RuntimeError):
-    """The training processes failed or ran out of time: one line saying how, and the first
-    failing rank's last error; ``output`` holds the end of what they printed."""
-
-    def __init__(self, message: str, output: str = ""):
-        super().__init__(message)
-        self.output = output
 
 
 @dataclass(frozen=True)
@@ -196,99 +188,21 @@ def run_spec(job: "Job", *, steps: int = 5, warmup: int = 2, seed: int = 0,
                    warmup=warmup, seed=seed, device=device, precision=training.precision)
 
 
-def launch_command(spec: RunSpec, spec_path: Path, out_path: Path) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node dp -m calibration.train …``."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.dp}",
-            "-m", "calibration.train", str(spec_path), str(out_path)]
-
-
 def launch(spec: RunSpec, *, timeout_s: float = 600.0) -> Measurement:
-    """Run ``spec`` in ``dp`` processes and return rank 0's measurement.
-
-    The launcher and its workers run in a session of their own: on timeout or an interrupt
-    (Ctrl-C, SIGTERM) every one of them is killed. torchrun's own temporary folders
-    (``torchelastic_*``) go in the run's folder, removed with it. Raises :class:`RunFailed`.
-    """
-    with tempfile.TemporaryDirectory(prefix="layout-planner-validate-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "measurement.json"
+    """Run ``spec`` in ``dp`` ranks and return rank 0's measurement; :class:`RunFailed`
+    naming the rank and its stage when a rank fails, or when the run passes ``timeout_s``.
+    An interrupt stops every rank. The run's folder (spec, result, the ranks' records,
+    torchrun's files) is removed with it."""
+    with tempfile.TemporaryDirectory(prefix="layout-planner-validate-", ignore_cleanup_errors=True) as tmp:
+        workdir = Path(tmp)
+        spec_path, out_path = workdir / "spec.json", workdir / "measurement.json"
         spec_path.write_text(json.dumps(asdict(spec)))
-        scratch = Path(tmp) / "tmp"
-        scratch.mkdir()
-        env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads), "TMPDIR": str(scratch)}
-        root = str(Path(__file__).resolve().parent.parent)  # calibration importable without installing
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.Popen(launch_command(spec, spec_path, out_path), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_all(proc)
-            output, _ = proc.communicate()
-            raise RunFailed(f"training run exceeded its {timeout_s:g} s timeout: {_last_error(output)}",
-                            _tail(output)) from None
-        except BaseException:  # an interrupt: no rank may outlive the command
-            _kill_all(proc)
-            proc.communicate()
-            raise
-        if proc.returncode != 0 or not out_path.exists():
-            raise RunFailed(f"training run failed (exit code {proc.returncode}): {_last_error(output)}",
-                            _tail(output))
+        run_ranks(["calibration.train", str(spec_path), str(out_path)], spec.dp, workdir, name="training run",
+                  deadline_s=timeout_s, threads=spec.threads)
+        if not out_path.exists():
+            raise RunFailed("training run failed: rank 0 wrote no measurement")
         data = json.loads(out_path.read_text())
     return Measurement(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _kill_all(proc: subprocess.Popen) -> None:
-    """SIGKILL the launcher's session and every process below it: torchrun starts each
-    worker in a session of its own, which a signal to the launcher's group misses, and a
-    surviving worker would hold the output pipe open for ever."""
-    try:  # freeze the launcher first, so it cannot start a worker after the count
-        os.killpg(proc.pid, signal.SIGSTOP)
-    except (ProcessLookupError, PermissionError):
-        pass
-    workers = _descendants(proc.pid)
-    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), *[(lambda p=p: os.kill(p, signal.SIGKILL))
-                                                                 for p in workers]):
-        try:
-            kill()
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _last_error(output: Optional[str]) -> str:
-    """The first failing rank's error line (``XxxError: ...``), else the output's last line, as one line."""
-    from planner.errors import one_line  # parent side only: the ranks need not import the planner
-
-    lines = [line.strip() for line in _tail(output).splitlines() if line.strip()]
-    errors = [line for line in lines if re.search(r"\b\w*(Error|Exception|Killed)\b", line)]
-    return one_line((errors or lines or ["no output"])[-1], 300)
-
-
-def _tail(output: Optional[str], lines: int = 20) -> str:
-    """The end of the first failing rank's traceback (torchrun prefixes it ``[rankN]:``), else the output's end."""
-    text = (output or "").splitlines()
-    ranked = [line for line in text if line.startswith("[rank")]
-    if ranked:
-        first = ranked[0].split("]:", 1)[0] + "]:"
-        text = [line for line in ranked if line.startswith(first)]
-    return "\n".join(text[-lines:])
 
 
 # --------------------------------------------------------------------------- measuring
@@ -348,7 +262,12 @@ def _optimizer(name: str, params, sharded: bool = False):
     return cls(params, lr=1e-4, fused=True)
 
 
-def _worker(spec_path: str, out_path: str) -> None:
+def work(argv: list[str], progress: "RankProgress") -> None:
+    """One rank of the run: ``argv`` is ``[SPEC.json, OUT.json]``; rank 0 writes its measurement to OUT.json.
+
+    Every wait on the other ranks (set-up, wrapping the model, barriers) is marked as a
+    collective, so an error there is read as another rank's failure and a wait there is
+    not taken for a hang; the stages say where a failing or hung rank was."""
     import contextlib
 
     import torch
@@ -357,43 +276,31 @@ def _worker(spec_path: str, out_path: str) -> None:
     from .benchmarks import Clock
     from .gpt import GPT, GPTConfig
 
+    spec_path, out_path = argv
     spec = RunSpec(**json.loads(Path(spec_path).read_text()))
+    progress.step("start")
     torch.set_num_threads(spec.threads)
     cuda = spec.device == "cuda"
     if cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 GEMMs in TF32, as the profile measured them
-        dist.init_process_group("nccl", device_id=device)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    progress.step("init")
+    with progress.comm():  # a rendezvous: its wait is for the other ranks
+        dist.init_process_group(**({"backend": "nccl", "device_id": device} if cuda else {"backend": "gloo"}))
     rank = dist.get_rank()
     assert dist.get_world_size() == spec.dp, (dist.get_world_size(), spec.dp)
     bf16 = spec.precision == "bf16"
 
+    progress.set_total(3 + spec.warmup + spec.steps + 2)  # start, init, build; the steps; activations, result
+    progress.step("build", f"dp {spec.dp}, ZeRO {spec.zero_stage}")
     torch.manual_seed(spec.seed)  # the same initial weights on every rank
     config = GPTConfig(**spec.config)
     gpt = GPT(config).to(device).train()
-    ddp = None
-    if spec.zero_stage == 3:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        # bf16: gathered weights in bf16, gradients reduced in fp32 (torchtitan's policy).
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
-            else MixedPrecisionPolicy()
-        for layer in gpt.layers:
-            fully_shard(layer, mp_policy=policy)
-        fully_shard(gpt, mp_policy=policy)
-        model = gpt
-    elif spec.dp > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        # Gradients live in the all-reduce buckets (as Megatron's contiguous grad buffer): no copies.
-        model = ddp = DistributedDataParallel(gpt, gradient_as_bucket_view=True,
-                                              device_ids=[device.index] if cuda else None)
-    else:
-        model = gpt
+    with progress.comm() if spec.dp > 1 else contextlib.nullcontext():  # DDP broadcasts the weights
+        model, ddp = _wrap(gpt, spec, device)
     optimizer = _optimizer(spec.optimizer, model.parameters(), sharded=spec.zero_stage == 3)
     # DDP under bf16 autocasts its GEMMs; FSDP2's policy already computes in bf16.
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 and spec.zero_stage != 3 \
@@ -404,8 +311,12 @@ def _worker(spec_path: str, out_path: str) -> None:
     ids = torch.randint(config.vocab_size, shape, generator=generator).to(device)
     targets = ids.roll(-1, dims=-1).contiguous()
 
+    def barrier() -> None:
+        with progress.comm():
+            dist.barrier()
+
     def step() -> tuple[float, float, list[float], float]:
-        dist.barrier()
+        barrier()
         clock = Clock(device)
         clock.mark()
         for i in range(spec.grad_accum):
@@ -418,7 +329,7 @@ def _worker(spec_path: str, out_path: str) -> None:
             clock.mark()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        dist.barrier()
+        barrier()
         clock.mark()
         intervals = clock.intervals()
         return sum(intervals), intervals[-1], intervals[:-1], loss.item() * spec.grad_accum
@@ -426,6 +337,10 @@ def _worker(spec_path: str, out_path: str) -> None:
     warmup, timed, optimizer_times, microbatch_times, losses = [], [], [], [], []
     peak_memory = None
     for n in range(spec.warmup + spec.steps):
+        if n < spec.warmup:
+            progress.step("warmup", f"step {n + 1}/{spec.warmup}")
+        else:
+            progress.step("train", f"step {n - spec.warmup + 1}/{spec.steps}")
         if cuda and n == spec.warmup:
             torch.cuda.reset_peak_memory_stats(device)
         total, opt, microbatches, loss = step()
@@ -441,6 +356,7 @@ def _worker(spec_path: str, out_path: str) -> None:
 
     # One micro-batch's forward. DDP's inner module runs it without collectives (rank 0
     # alone); FSDP2 gathers weights for it, so every rank runs it.
+    progress.step("activations", "one micro-batch's forward")
     activation_bytes = 0
     if spec.zero_stage == 3 or rank == 0:
         module = gpt
@@ -448,17 +364,36 @@ def _worker(spec_path: str, out_path: str) -> None:
             activation_bytes = saved_activation_bytes(module, lambda: module(ids[0], targets[0]),
                                                       exclude=(ids, targets))
     if rank == 0:
+        progress.step("result")
         result = Measurement(step_times_s=tuple(timed), optimizer_times_s=tuple(optimizer_times),
                              warmup_times_s=tuple(warmup), activation_bytes=activation_bytes,
                              losses=tuple(losses), threads=torch.get_num_threads(),
                              torch_version=torch.__version__,
                              extra={"microbatch_times_s": microbatch_times}, peak_memory_bytes=peak_memory)
         Path(out_path).write_text(json.dumps(asdict(result)))
-    dist.barrier()
+    barrier()
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m torch.distributed.run --nproc-per-node DP -m calibration.train SPEC.json OUT.json")
-    _worker(sys.argv[1], sys.argv[2])
+def _wrap(gpt, spec: RunSpec, device):
+    """The model as it trains, and its DDP wrapper (None without one): FSDP2 for ZeRO-3, DDP for dp > 1."""
+    import torch
+
+    if spec.zero_stage == 3:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # bf16: gathered weights in bf16, gradients reduced in fp32 (torchtitan's policy).
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if spec.precision == "bf16" else MixedPrecisionPolicy()
+        for layer in gpt.layers:
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(gpt, mp_policy=policy)
+        return gpt, None
+    if spec.dp > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # Gradients live in the all-reduce buckets (as Megatron's contiguous grad buffer): no copies.
+        ddp = DistributedDataParallel(gpt, gradient_as_bucket_view=True,
+                                      device_ids=[device.index] if device.type == "cuda" else None)
+        return ddp, ddp
+    return gpt, None

@@ -178,8 +178,9 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
 
     Raises :class:`CaseError` for bad input and for layouts the CPU loop cannot run,
     :class:`DoesNotFit` for one that does not fit in the profiled memory,
-    :class:`calibration.train.RunFailed` when the run fails or times out. Just before the
-    run starts, ``warn`` gets each reason the measurement may not compare with the profile.
+    :class:`calibration.supervisor.RunFailed` naming the rank when the run fails or times out.
+    Just before the run starts, ``warn`` gets each reason the measurement may not compare with
+    the profile.
     A ``calibrate --quick`` profile (tiny shapes, few repeats) is refused unless ``allow_quick``.
     ``progress`` gets a line before the run starts: what runs, and how long it may take. A
     machine whose other processes keep it busy (:func:`host.busy_reason`) is refused, or with

@@ -1,6 +1,7 @@
 """One rank's calibration run: the plan of measurements, running it in lockstep, and (rank 0) the profile.
 
-Started by :mod:`calibration.run` under torchrun. Every rank runs every compute and
+Started by :mod:`calibration.run` under torchrun (``... calibration.worker [--case CASE]
+[--quick] ...``, as :mod:`calibration.launch` asks). Every rank runs every compute and
 memory benchmark at the same time as the others (a barrier before each), as ranks
 share a node in training; collectives run within each node (and, with several
 nodes, between the ranks of the same local index on each node, one NIC each).
@@ -8,6 +9,7 @@ nodes, between the ranks of the same local index on each node, one NIC each).
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import socket
@@ -149,7 +151,19 @@ def _groups(places: list[tuple[int, int]]) -> tuple[dict[str, list[list[int]]], 
     return lists, len(nodes)
 
 
-def work(args, progress: RankProgress) -> None:
+def _arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m calibration.run ... calibration.worker")
+    parser.add_argument("--timeout", type=float, default=300.0)  # the launcher's watchdog, in seconds
+    parser.add_argument("--case", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--gpu-preset", default=None)
+    parser.add_argument("--other-cpu-share", type=float, default=None)  # measured by the launcher before the run
+    return parser.parse_args(argv)
+
+
+def work(argv: list[str], progress: RankProgress) -> None:
+    """This rank's measurements; rank 0 writes ``profile.yaml`` in the run's folder."""
+    args = _arguments(argv)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -265,7 +279,7 @@ def work(args, progress: RankProgress) -> None:
             machine["load_average_1min"] = {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}
         profile = build_profile(machine, m, memory_bytes=memory_bytes, gpus_per_node=local_world,
                                 main_precision=plan.main_precision, datasheet_peaks=peaks)
-        target = Path(args.workdir) / "profile.yaml"
+        target = progress.workdir / "profile.yaml"
         tmp = target.with_name(".profile.yaml.tmp")
         tmp.write_text(render(profile), encoding="utf-8")
         os.replace(tmp, target)

@@ -246,7 +246,7 @@ def validate_command(
     """Train the case's layout for real on this machine's CPUs (torchrun, gloo) and compare with the prediction."""
     import importlib.util
 
-    from calibration.train import EXIT_RUN_FAILED, RunFailed
+    from calibration.supervisor import EXIT_RUN_FAILED, RunFailed
     from calibration.validate import DoesNotFit, print_validation, validate
 
     try:
@@ -290,7 +290,8 @@ def calibrate_command(
                                                                 "machine busy (warned about, and recorded)."),
 ) -> None:
     """Measure this machine under torchrun (GEMMs, attention, memory, collectives) and write a hardware profile."""
-    from calibration.launch import EXIT_CALIBRATION_FAILED, CalibrationError, calibrate
+    from calibration.launch import calibrate
+    from calibration.supervisor import EXIT_RUN_FAILED, RunFailed
 
     try:
         outcome = calibrate(out, case=case, nproc=nproc, quick=quick, timeout=timeout, force=force,
@@ -298,9 +299,9 @@ def calibrate_command(
                             show_progress=True, allow_busy=allow_busy)
     except CaseError as error:
         _fail(error)
-    except CalibrationError as error:
+    except RunFailed as error:
         print(f"error: {error}", file=sys.stderr)
-        raise typer.Exit(EXIT_CALIBRATION_FAILED)
+        raise typer.Exit(EXIT_RUN_FAILED)
     except (KeyboardInterrupt, Interrupted):  # Ctrl-C or SIGTERM: every rank is stopped, nothing is written
         print("error: calibration interrupted; no profile written", file=sys.stderr)
         raise typer.Exit(130)

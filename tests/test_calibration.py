@@ -241,8 +241,15 @@ def test_diagnosis_of_a_hang_names_the_rank_behind():
 # --- end to end: torchrun, 2 gloo ranks --------------------------------------------------------
 
 def calibrate(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner", "calibrate", *args], capture_output=True, text=True,
+    # --allow-busy: these runs check what calibrate does, not its figures, on a machine others share
+    return subprocess.run([sys.executable, "-m", "planner", "calibrate", *args, "--allow-busy"], capture_output=True,
+                          text=True,
                           timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
+
+
+def errors(stderr: str) -> list[str]:
+    """stderr less the warnings a busy machine gives (--allow-busy)."""
+    return [line for line in stderr.strip().splitlines() if not line.startswith("warning: ")]
 
 
 def test_quick_calibration_writes_a_profile_the_planner_uses(tmp_path):
@@ -278,7 +285,7 @@ def test_a_rank_that_dies_fails_the_run_naming_it_and_leaves_the_old_profile(tmp
     result = calibrate("--out", str(out), "--quick", "--force", "--timeout", "30",
                        env={FAULT_ENV: "1:gemm:exit"})
     assert result.returncode == 4
-    lines = result.stderr.strip().splitlines()
+    lines = errors(result.stderr)
     assert len(lines) == 1 and "rank 1 exited with code 3" in lines[0] and "no profile written" in lines[0]
     assert out.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["profile.yaml"]
@@ -301,14 +308,16 @@ def test_a_rank_that_hangs_is_stopped_within_the_timeout(tmp_path):
             seen.update(p for p in (info.get("pid"), info.get("ppid")) if isinstance(p, int))
 
     process = subprocess.Popen([sys.executable, "-m", "planner", "calibrate", "--out", str(out), "--quick",
-                                "--timeout", "20"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env={**os.environ, FAULT_ENV: "1:attention:hang", "TMPDIR": str(scratch)})
+                                "--timeout", "20", "--allow-busy"], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, FAULT_ENV: "1:attention:hang", "TMPDIR": str(scratch)})
     while process.poll() is None:
         note_ranks()
         time.sleep(0.2)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 4, stderr
-    assert stderr.strip().startswith("error: calibration failed: rank 1 hung during the attention benchmarks")
+    (line,) = errors(stderr)
+    assert line.startswith("error: calibration failed: rank 1 hung during the attention benchmarks")
     assert not out.exists() and not list(scratch.iterdir())
     assert seen and not [pid for pid in seen if running(pid)]
 
@@ -317,7 +326,8 @@ def test_an_interrupted_run_writes_nothing_and_stops_every_rank(tmp_path):
     out = tmp_path / "profile.yaml"
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    process = subprocess.Popen([sys.executable, "-m", "planner", "calibrate", "--out", str(out), "--quick"],
+    process = subprocess.Popen([sys.executable, "-m", "planner", "calibrate", "--out", str(out), "--quick",
+                                "--allow-busy"],
                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, FAULT_ENV: "1:memory:hang", "TMPDIR": str(scratch)})
     pids: set[int] = set()
@@ -335,7 +345,7 @@ def test_an_interrupted_run_writes_nothing_and_stops_every_rank(tmp_path):
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
-    assert stderr.strip() == "error: calibration interrupted; no profile written"
+    assert errors(stderr) == ["error: calibration interrupted; no profile written"]
     assert not out.exists() and not list(scratch.iterdir())
     time.sleep(0.5)
     assert not [pid for pid in pids if running(pid)]

@@ -88,9 +88,9 @@ def running(pid: int) -> bool:
 
 
 def descendants(pid: int) -> set[int]:
-    from calibration.train import _descendants
+    from calibration.processes import descendants as below
 
-    return _descendants(pid)
+    return below(pid)
 
 
 PROFILE = {
@@ -114,6 +114,7 @@ def test_validate_interrupted_stops_torchrun_and_every_rank_and_leaves_no_folder
         "cluster": {"num_gpus": 2}, "training": {"precision": "fp32", "global_batch_size": 4, "seq_len": 64},
         "layout": {"dp": 2}}))
     process = start("validate", str(case), "--profile", str(profile), "--steps", "100000", "--warmup", "0",
+                    "--allow-busy",
                     env={"TMPDIR": str(scratch)})
     ranks: set[int] = set()
     deadline = time.monotonic() + 120

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,7 +77,7 @@ def test_ddp_with_gradient_accumulation_through_the_cli(tmp_path, profile):
     path = tmp_path / "case.yaml"
     path.write_text(yaml.safe_dump(case(micro_batch_size=1, zero_stage=0)))
     run = subprocess.run([sys.executable, "-m", "planner", "validate", str(path), "--profile", str(profile),
-                          "--steps", "2", "--warmup", "1", "--timeout", "120", "--json"],
+                          "--steps", "2", "--warmup", "1", "--timeout", "120", "--json", "--allow-busy"],
                          capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
@@ -90,7 +92,7 @@ def test_ddp_with_gradient_accumulation_through_the_cli(tmp_path, profile):
 
 def test_fsdp2_with_full_recomputation(profile):
     result = validate(case(micro_batch_size=2, zero_stage=3, recompute="full"), profile, steps=2, warmup=1,
-                      timeout_s=120)
+                      timeout_s=120, allow_busy=True)
     assert result.spec.zero_stage == 3 and result.spec.grad_accum == 1
     check(result)
 
@@ -98,7 +100,7 @@ def test_fsdp2_with_full_recomputation(profile):
 def test_one_rank_selective_recomputation_swiglu_gqa(profile):
     llama = {**MODEL, "activation": "swiglu", "num_kv_heads": 2, "ffn_hidden_size": 352}
     result = validate(case(num_gpus=1, model=llama, micro_batch_size=2, recompute="selective"), profile,
-                      steps=2, warmup=1, timeout_s=120)
+                      steps=2, warmup=1, timeout_s=120, allow_busy=True)
     assert result.spec.dp == 1 and result.spec.grad_accum == 2
     check(result)
 
@@ -154,10 +156,75 @@ def test_ranks_get_the_profiled_threads(tmp_path, profile):
 
 
 def test_a_run_past_its_timeout_is_stopped(profile):
-    from calibration.train import RunFailed
+    from calibration.supervisor import RunFailed
 
     with pytest.raises(RunFailed, match="timeout"):
-        validate(case(micro_batch_size=1), profile, steps=1, warmup=0, timeout_s=1)
+        validate(case(micro_batch_size=1), profile, steps=1, warmup=0, timeout_s=1, allow_busy=True)
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("1:train:exit", "training run failed: rank 1 exited with code 3 during the timed steps (step 1/1)"),
+    ("1:warmup:raise", "training run failed: rank 1 failed during the warm-up steps (step 1/1): "
+                       "RuntimeError: injected fault at warmup"),
+])
+def test_a_rank_that_fails_is_named_with_its_stage(tmp_path, profile, fault, message):
+    """The training run goes through calibrate's supervisor: the rank that failed, not the one
+    torn down after it, is named with where it was; no rank and no run folder is left."""
+    from calibration.progress import FAULT_ENV
+    from calibration.supervisor import EXIT_RUN_FAILED
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case(micro_batch_size=1, zero_stage=0)))
+    run = subprocess.run([sys.executable, "-m", "planner", "validate", str(path), "--profile", str(profile),
+                          "--steps", "1", "--warmup", "1", "--timeout", "240", "--allow-busy"], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, FAULT_ENV: fault, "TMPDIR": str(scratch)})
+    assert run.returncode == EXIT_RUN_FAILED, run.stderr
+    errors = [line for line in run.stderr.splitlines() if not line.startswith("warning: ")]  # a busy machine's
+    assert errors == [f"error: {message}"], run.stderr
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_rank_that_hangs_is_stopped_at_the_timeout_and_named(tmp_path, profile, monkeypatch):
+    """Rank 1 hangs in its first warm-up step while rank 0 waits for it in a barrier: the run is
+    stopped at its timeout (generous: start-up alone takes seconds on a loaded 2-core machine)
+    and rank 1 is named as the one behind, with its stage; every rank is gone, and the run's folder."""
+    import tempfile
+    import threading
+
+    from calibration.processes import alive, descendants
+    from calibration.progress import FAULT_ENV
+    from calibration.supervisor import RunFailed
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv(FAULT_ENV, "1:warmup:hang")
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    seen: set[int] = set()
+    running = threading.Event()
+    running.set()
+
+    def watch() -> None:  # torchrun and the ranks below this process, while they run
+        while running.is_set():
+            seen.update(descendants(os.getpid()))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(RunFailed) as failed:
+            validate(case(micro_batch_size=1), profile, steps=1, warmup=1, timeout_s=45, allow_busy=True)
+    finally:
+        running.clear()
+        watcher.join()
+    assert time.monotonic() - start < 45 + 30
+    assert str(failed.value).startswith("training run exceeded its 45 s timeout: rank 1 was furthest behind, "
+                                        "during the warm-up steps (step 1/1), with no progress for "), failed.value
+    assert len(seen) >= 5  # torchrun, and each rank's supervisor and worker
+    assert not [pid for pid in seen if alive(pid)]
+    assert list(scratch.iterdir()) == []
 
 
 def test_a_gpu_profile_runs_the_loop_on_cuda_with_bf16_allowed(tmp_path, profile):
@@ -179,7 +246,7 @@ def test_a_gpu_profile_runs_the_loop_on_cuda_with_bf16_allowed(tmp_path, profile
 
 
 def test_a_cpu_measurement_has_no_allocator_peak(profile):
-    result = validate(case(num_gpus=1, micro_batch_size=2), profile, steps=1, warmup=0)
+    result = validate(case(num_gpus=1, micro_batch_size=2), profile, steps=1, warmup=0, allow_busy=True)
     assert result.spec.device == "cpu" and result.measurement.peak_memory_bytes is None
     assert result.to_dict()["peak_allocated_bytes"] is None
 

@@ -103,7 +103,7 @@ def test_validate_says_what_it_runs_before_the_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(validation, "launch", launch)
     with pytest.raises(Launched) as said:
-        validation.validate(case(micro_batch_size=1), profile, steps=3, warmup=1, timeout_s=90,
+        validation.validate(case(micro_batch_size=1), profile, steps=3, warmup=1, timeout_s=90, allow_busy=True,
                             progress=lines.append)
     (line,) = said.value.args[0]
     assert line.startswith("validate: predicted ") and \
