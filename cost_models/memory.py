@@ -160,14 +160,22 @@ def zero3_gather_bytes(job: Job) -> float:
     return 2 * per_layer * gathered_weight_bytes(job.training)
 
 
-def stage_state_bytes(job: Job, stage: int) -> StateBytes:
-    """Model-state bytes one rank of the stage holds, wherever they live (GPU or host): the dense
-    parameters' sharded over dp·cp by the ZeRO stage, the experts' over the expert data-parallel
-    ranks (ZeRO paper §5; megatron-core's expert distributed optimizer)."""
+def per_parameter_states(job: Job) -> tuple[StateBytes, StateBytes]:
+    """Bytes one rank holds per dense and per expert parameter: the dense parameters' states
+    sharded over dp·cp by the ZeRO stage, the experts' over the expert data-parallel ranks
+    (ZeRO paper §5; megatron-core's expert distributed optimizer)."""
     lay = job.layout
     per_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, zero_shards(job))
     per_expert_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, expert_zero_shards(job)) \
         if job.model.is_moe else per_param
+    return per_param, per_expert_param
+
+
+def stage_state_bytes(job: Job, stage: int, per_parameter: Optional[tuple[StateBytes, StateBytes]] = None) \
+        -> StateBytes:
+    """Model-state bytes one rank of the stage holds, wherever they live (GPU or host)
+    (:func:`per_parameter_states`; a caller scoring every stage passes them in)."""
+    per_param, per_expert_param = per_parameter or per_parameter_states(job)
     params = job_stage_parameters(job, stage)
     return StateBytes(weights=params.dense * per_param.weights + params.expert * per_expert_param.weights,
                       gradients=params.dense * per_param.gradients + params.expert * per_expert_param.gradients,
@@ -194,8 +202,9 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[St
     out = []
     gpu = on_gpu_shares(job)
     on_gpu_weights, on_gpu_gradients, on_gpu_optimizer = gpu.weights, gpu.gradients, gpu.optimizer
+    per_parameter = per_parameter_states(job)
     for stage in (range(lay.pp) if stages is None else stages):
-        states = stage_state_bytes(job, stage)
+        states = stage_state_bytes(job, stage, per_parameter)
         activations = stage_activation_bytes(job, stage, shared)
         out.append(StageMemory(
             stage=stage,

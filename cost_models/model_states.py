@@ -10,6 +10,7 @@ gradients too, ZeRO-3 the weights too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .specs import TrainingSpec
 
@@ -38,6 +39,7 @@ def fp32_gradients(training: TrainingSpec) -> bool:
     return training.precision != "fp16" and training.engine.fp32_grads_for_bf16
 
 
+@lru_cache(maxsize=256)  # read for every stage of every layout a search scores
 def state_bytes(training: TrainingSpec) -> StateBytes:
     """Per-parameter model-state bytes for the training precision and optimizer.
 
@@ -76,6 +78,7 @@ def optimizer_step_bytes(per_param: StateBytes) -> float:
     return per_param.gradients + 2 * per_param.optimizer + per_param.weights
 
 
+@lru_cache(maxsize=4096)
 def sharded_state_bytes(per_param: StateBytes, zero_stage: int, shards: int) -> StateBytes:
     """Per-parameter bytes on one rank after ZeRO stage ``zero_stage`` over ``shards`` ranks.
 

@@ -860,6 +860,8 @@ class Job:
 
         recipe = self.training.recipe
         tail = math.ceil(recipe.high_precision_layers * self.model.num_layers) if recipe else 0
+        if not tail:  # most recipes keep no layer in bf16: no chunk walk for every layout scored
+            return (0,) * len(self.stage_layers)
         return tail_layers_per_stage(self.stage_layers, self.layout.vpp, tail)
 
 
