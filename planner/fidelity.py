@@ -130,7 +130,9 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
     if estimate is None or plan is None:
         from .estimate import estimate as estimate_api
         from .plan import plan as plan_api
-        estimate, plan = estimate or estimate_api, plan or plan_api
+        # Only each recipe's best layout is scored: no alternatives to search for (top_k 0 lets
+        # the search prune against the fastest alone; the best is the same).
+        estimate, plan = estimate or estimate_api, plan or (lambda case: plan_api(case, top_k=0))
     rows = load_rows() if rows is None else rows
     out = Fidelity()
     for index, r in enumerate(rows):
