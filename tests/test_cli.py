@@ -226,26 +226,17 @@ def test_the_readme_test_command_is_cis_and_pins_the_cpu_torch():
     assert "Python 3.11" in readme
 
 
-def test_plan_simplest_within_on_the_command_line_is_the_apis_and_stays_within_its_margin(tmp_path):
-    """`plan --simplest-within 10`: the API's answer, no more than 10 % slower than the fastest,
-    and no more complex (planner.complexity) than it."""
-    from planner.complexity import complexity
-    from planner.search import Candidate
-
-    case = {"model": {"preset": "llama2-70b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 64},
-            "training": {"global_batch_size": 512, "seq_len": 4096}}
+def test_plan_simplest_within_on_the_command_line_is_the_apis_answer(tmp_path):
+    """`plan --simplest-within 10` prints what plan(..., simplest_within=10) returns (its
+    semantics, within the margin and never more complex, are tests/test_plan.py's)."""
+    case = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 128, "seq_len": 4096}}
     path = write(tmp_path, case)
-    result = cli("plan", str(path), "--simplest-within", "10", "--json")
+    result = cli("plan", str(path), "--simplest-within", "10", "--top", "1", "--json")
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
-    assert printed == json.loads(json.dumps(planner.plan(path, simplest_within=10).to_dict()))
-    fastest = planner.plan(path, top_k=0).best
-    assert printed["best"]["step_time_s"] <= 1.10 * fastest.step_time_s
-    simple = planner.plan(path, simplest_within=10, top_k=0).best
-    def rank(best):
-        return complexity(Candidate(best.job.layout, best.step_time_s, best.peak.total), 512)
-
-    assert rank(simple) <= rank(fastest)
+    assert printed == json.loads(json.dumps(planner.plan(path, simplest_within=10, top_k=1).to_dict()))
+    assert printed["runner_up_lost_because"]  # faster but more complex, or slower: it says which
 
 
 def test_diagnose_reads_a_hand_written_megatron_argument_list(tmp_path):

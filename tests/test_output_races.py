@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 CASE = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
         "training": {"global_batch_size": 64, "seq_len": 4096}}
-TRIALS = 10
+TRIALS = 5  # each trial is a fresh race of two processes
 
 
 def plan_emit(case: Path, out: Path, *extra: str) -> subprocess.Popen:

@@ -16,6 +16,7 @@ group (cp > 1; cp = 1 is always in the space).
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from typing import Optional
@@ -32,7 +33,10 @@ from planner.estimate import host_fits
 from planner.search import MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, partitions
 
 SEED = 1234
-NUM_CASES = 100
+# The scheduled run (HYPOTHESIS_PROFILE=thorough, tests/conftest.py) checks 100 generated cases;
+# every run checks the first 40 of them (14 with memory binding).
+THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
+NUM_CASES = 100 if THOROUGH else 40
 MIN_MEMORY_BOUND = 10
 # The solver compares step times in whole microseconds.
 ABS_TOL_S = 2e-6
@@ -49,7 +53,7 @@ class Scored:
 @dataclass(frozen=True)
 class OracleResult:
     best: Optional[Scored]  # fastest layout that fits
-    fastest: Optional[Scored]  # fastest valid layout, fitting or not
+    fastest: Optional[Scored]  # a valid layout faster than the best that does not fit, else the best
     valid: int  # layouts the cost models accept
     fitting: int
 
@@ -162,8 +166,9 @@ def all_layouts(case, spec):
 def oracle(case) -> OracleResult:
     spec = case.search
     limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom)
-    best = fastest = None
+    best = None
     valid = fitting = 0
+    too_big: list[tuple[Layout, Job, float]] = []
     for layout in all_layouts(case, spec):
         if not _admits(spec, layout):
             continue
@@ -175,13 +180,22 @@ def oracle(case) -> OracleResult:
             continue
         valid += 1
         peak = peak_stage_memory(job).total
-        scored = Scored(layout, step_time(job).total, peak)
-        if fastest is None or scored.step_time_s < fastest.step_time_s:
-            fastest = scored
         if peak <= limit and host_fits(job, spec.headroom):
             fitting += 1
+            scored = Scored(layout, step_time(job).total, peak)
             if best is None or scored.step_time_s < best.step_time_s:
                 best = scored
+        else:
+            too_big.append((layout, job, peak))
+    # The fastest layout of all, fitting or not, matters only as whether memory binds: the best,
+    # unless a layout that does not fit beats it (the first found says so).
+    fastest = best
+    if best is not None:
+        for layout, job, peak in too_big:
+            seconds = step_time(job).total
+            if seconds < best.step_time_s:
+                fastest = Scored(layout, seconds, peak)
+                break
     return OracleResult(best, fastest, valid, fitting)
 
 

@@ -119,6 +119,7 @@ def busy_machine():
     burner.wait()
 
 
+@pytest.mark.exclusive  # the other processes it counts must be the burner alone
 def test_the_busy_share_counts_other_processes_not_this_one(busy_machine):
     from calibration.host import OTHERS_BUSY_SHARE, busy_reason, cores, other_cpu_share
 
