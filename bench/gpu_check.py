@@ -8,7 +8,8 @@ Writes the profile to ``PROFILES/<device>.yaml`` (``calibration/profiles`` by de
 results to ``DIR/results.json`` and ``DIR/results.txt`` (``bench/out/gpu_check``). On one GPU
 (NCCL, bf16) the layouts are the three recomputation modes of a 1.3B-class GPT slice; on a
 CPU (gloo, fp32: how this script is tested) a small model, so that the whole path runs in
-seconds. ``--quick`` calibrates with tiny shapes (a smoke test of the script, not a profile).
+seconds. ``--quick`` calibrates with tiny shapes and times 2 steps after 1 warm-up (a smoke test of
+the script, not a profile).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
         path = args.out / f"case-{recompute}.yaml"
         path.write_text(yaml.safe_dump(case))
         try:
-            r = validate(path, steps=5, warmup=2, timeout_s=90.0, allow_quick=args.quick, allow_busy=args.quick,
+            r = validate(path, steps=2 if args.quick else 5, warmup=1 if args.quick else 2, timeout_s=90.0, allow_quick=args.quick, allow_busy=args.quick,
                          warn=lambda line: print(f"warning: {line}", file=sys.stderr))
         except CaseError as error:
             print(f"error: {error}", file=sys.stderr)

@@ -44,3 +44,4 @@ def _machine_shared_or_alone(request, tmp_path_factory):
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+

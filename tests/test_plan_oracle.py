@@ -293,6 +293,9 @@ def test_plan_matches_brute_force_oracle_on_generated_cases():
 # layer counts pp does not divide, interleaving over unequal model chunks.
 MOE_SEED = 4321
 MOE_CASES = 12
+# Every run leaves out the cases whose space passes this many layouts (2 of the 12, which take
+# two thirds of the time); the scheduled thorough run checks them all.
+QUICK_MOE_SPACE = 50_000
 
 
 def random_moe_case(rng: random.Random) -> dict:
@@ -310,6 +313,8 @@ def random_moe_case(rng: random.Random) -> dict:
 def test_plan_matches_brute_force_oracle_on_generated_moe_cases():
     rng = random.Random(MOE_SEED)
     cases = [random_moe_case(rng) for _ in range(MOE_CASES)]
+    if not THOROUGH:
+        cases = [c for c in cases if sum(1 for _ in all_layouts(load_case(c), load_case(c).search)) <= QUICK_MOE_SPACE]
     failures: list[str] = []
     with_experts = 0
     for i, case_dict in enumerate(cases):
