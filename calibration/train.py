@@ -213,19 +213,22 @@ def saved_activation_bytes(module, forward, exclude: Sequence = ()) -> int:
 
     Each storage is counted once (q, k and v are views of one QKV output). Left out:
     the storages of ``module``'s parameters and buffers as they are *when saved* (under
-    FSDP2 a layer's parameters are the gathered, unsharded tensors while it runs), and
-    those of the tensors in ``exclude`` (token ids, targets). Sizes are read after the
-    forward, with every saved tensor kept alive meanwhile so no address is reused.
+    FSDP2 a layer's parameters are the gathered, unsharded tensors while it runs), the
+    16-bit copies autocast makes of them (:func:`_cast_of_parameter`: weights, which the
+    model counts as such), and those of the tensors in ``exclude`` (token ids, targets).
+    Sizes are read after the forward, with every saved tensor kept alive meanwhile so no
+    address is reused.
     """
     import torch
 
     excluded = {_storage_ptr(t) for t in exclude}
+    parameters = {id(p) for p in module.parameters()}
     saved: list = []
 
     def pack(t):
         state = {_storage_ptr(p) for p in (*module.parameters(), *module.buffers())}
         ptr = _storage_ptr(t)
-        saved.append((t, ptr in state or ptr in excluded))
+        saved.append((t, ptr in state or ptr in excluded or _cast_of_parameter(t, parameters)))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -238,6 +241,23 @@ def saved_activation_bytes(module, forward, exclude: Sequence = ()) -> int:
             counted[ptr] = t.untyped_storage().nbytes()
     del out
     return sum(counted.values())
+
+
+def _cast_of_parameter(t, parameters: set[int], depth: int = 4) -> bool:
+    """Whether ``t`` is (a view of) a dtype cast of a parameter: under autocast a GEMM saves
+    the cached 16-bit copy of its weight (``ToCopyBackward0`` over the parameter's
+    ``AccumulateGrad``), or a transpose of it."""
+    fn = getattr(t, "grad_fn", None)
+    for _ in range(depth):
+        if fn is None:
+            return False
+        inputs = [f for f, _ in fn.next_functions if f is not None]
+        if type(fn).__name__ == "ToCopyBackward0":
+            return any(id(getattr(f, "variable", None)) in parameters for f in inputs)
+        if len(inputs) != 1:  # not a view or cast of one tensor
+            return False
+        fn = inputs[0]
+    return False
 
 
 def _storage_ptr(t) -> Optional[int]:

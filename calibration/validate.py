@@ -32,6 +32,14 @@ REFERENCE = EngineBehaviour(name="reference", selective="attention", fused_eleme
                             collective_launch_s=0.0, balance_stages=False)
 
 
+def reference_engine(spec: RunSpec) -> EngineBehaviour:
+    """The loop as it runs ``spec``: DDP in bf16 autocasts its GEMMs over fp32 weights, keeping
+    the residual stream and the norms in fp32; FSDP2's bf16 policy computes all in bf16."""
+    from dataclasses import replace
+
+    return replace(REFERENCE, fp32_residual=spec.precision == "bf16" and spec.zero_stage != 3)
+
+
 class DoesNotFit(Exception):
     """The case's layout does not fit in the profiled memory: one line; nothing was run."""
 
@@ -222,7 +230,7 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
         # The loop keeps fp32 master weights and gradients under bf16: predict that run.
         loaded = replace(loaded, training=replace(loaded.training, fp32_grads=True))
     # What runs is the repo's own GPT, whatever engine the case names: predict it as it runs.
-    loaded = replace(loaded, training=replace(loaded.training, engine=REFERENCE))
+    loaded = replace(loaded, training=replace(loaded.training, engine=reference_engine(spec)))
     with spec_errors(loaded.source):  # e.g. a profile without a figure for the precision
         est = estimate(loaded)
     if not est.fits:  # the ranks would only die out of memory, or swap for hours

@@ -55,6 +55,13 @@ def activation_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+def residual_bytes(training: TrainingSpec) -> int:
+    """Bytes per element of the residual stream, which the norms keep as their inputs and a
+    fully recomputed layer as its input: the activations' (:func:`activation_bytes`), or 4
+    where autocast keeps the stream in fp32 (``EngineBehaviour.fp32_residual``)."""
+    return 4 if training.engine.fp32_residual else activation_bytes(training.precision)
+
+
 def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, moe: bool = False,
                       quantized: bool = True) -> LayerActivations:
     """Saved-for-backward bytes of one layer with no recomputation (Korthikanti §4.1, generalised).
@@ -102,7 +109,7 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, 
     else:
         mlp_hidden = ((mlp_widths - 1) * p + g) * s * b * f / t
     return LayerActivations(
-        norm_inputs=2 * p * s * b * h / sp,
+        norm_inputs=2 * residual_bytes(training) * s * b * h / sp,
         qkv_input=g * s * b * h / sp + g * s * b * latents,
         qkv=p * s * b * q_k_v,
         attention_core=core,
@@ -170,7 +177,7 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
     tokens = (training.seq_len / layout.cp) * layout.micro_batch_size
     if layout.recompute == "full" and recomputed:
         sp = layout.tp if layout.sequence_parallel else 1
-        return p * tokens * model.hidden_size / sp
+        return residual_bytes(training) * tokens * model.hidden_size / sp
     if layout.recompute == "selective":
         if selective == "matmuls":
             # An MoE layer keeps its experts' tensors as without recomputation: the policy saves
@@ -223,4 +230,4 @@ def head_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layo
     s = training.seq_len / layout.cp
     b = layout.micro_batch_size
     sp = layout.tp if layout.sequence_parallel else 1
-    return 2 * p * s * b * model.hidden_size / sp + 4 * s * b * model.vocab_size / layout.tp
+    return (residual_bytes(training) + p) * s * b * model.hidden_size / sp + 4 * s * b * model.vocab_size / layout.tp

@@ -69,6 +69,12 @@ class EngineBehaviour:
     # which also keep fewer tensors for backward (``activations.layer_activations``).
     fused_attention: bool = False
     fused_elementwise: bool = False
+    # Mixed precision by ``torch.autocast`` over fp32 weights (PyTorch's AMP recipe; the repo's
+    # validation loop under DDP): the residual stream stays fp32 and the norms run in fp32
+    # (autocast's fp32 op list), so a norm keeps its input, and a fully recomputed layer its
+    # input, in 4 bytes; the linears keep the 16-bit casts of their inputs. Engines that hold
+    # 16-bit weights (Megatron, DeepSpeed, FSDP2's mixed precision) keep all of them in 16 bits.
+    fp32_residual: bool = False
     # Host time per tensor-parallel collective on the critical path, beyond NCCL's own latency:
     # issuing it from eager Python (autograd functions around torch.distributed calls, stream
     # waits). Fitted to the published runs of the engines that show it (plain PyTorch stacks:
