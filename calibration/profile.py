@@ -120,7 +120,13 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
         }
     if main_precision not in fits:
         raise ValueError(f"no GEMM timings in {main_precision}")
-    performance["gemm_efficiency"] = sig(fits[main_precision].efficiency)
+    # gemm_efficiency is the 16-bit GEMMs' share of their peak where they were timed (GPUs), else
+    # the training precision's (a CPU times fp32 alone); fp32 GEMMs timed beside 16-bit ones (TF32
+    # on GPUs) get their own share, so an fp32 case is not priced at the bf16 kernels' efficiency.
+    sixteen_bit = next((p for p in ("bf16", "fp16") if p in fits), None)
+    performance["gemm_efficiency"] = sig(fits[sixteen_bit or main_precision].efficiency)
+    if sixteen_bit and "fp32" in fits:
+        performance["gemm_efficiency_fp32"] = sig(fits["fp32"].efficiency)
     performance["kernel_overhead_s"] = sig(fits[main_precision].overhead_s)
     measured["gemm"] = gemm_section
 

@@ -105,7 +105,10 @@ def make_plan(case: Optional[Path], quick: bool, cuda: bool, device: torch.devic
         collective_budget = Budget(warmup=3, samples=15, target_s=0.02)  # gloo's small messages are noisy
         memory_sizes = [16 * MiB, 256 * MiB]
         collective_sizes = [4 * KiB * 4**i for i in range(8)]  # 4 KiB … 64 MiB
-    return Plan([precision], precision, gemms, attention, memory_sizes, collective_sizes, budget, memory_budget,
+    # GPUs time fp32 (TF32) GEMMs beside the 16-bit ones: a case in either precision then has its
+    # own peak and efficiency in the profile. A CPU times fp32 alone (its bf16 GEMMs are far slower).
+    precisions = [precision, "bf16" if precision == "fp32" else "fp32"] if cuda else [precision]
+    return Plan(precisions, precision, gemms, attention, memory_sizes, collective_sizes, budget, memory_budget,
                 collective_budget, notes)
 
 

@@ -283,7 +283,10 @@ class Performance:
     or measured by calibration; none is set per published run.
     """
 
-    gemm_efficiency: float = 0.75  # share of dense peak a large GEMM sustains (16-bit and tf32)
+    gemm_efficiency: float = 0.75  # share of dense peak a large GEMM sustains (16-bit, and fp32 unless below)
+    # The same for fp32 GEMMs, of the TF32 peak where the GPU has one (a calibration that times
+    # both measures both: TF32 kernels reach a different share than bf16). None: as gemm_efficiency.
+    gemm_efficiency_fp32: Optional[float] = None
     # The same for fp8 GEMMs, whose share of their (twice as high) peak is lower: H100
     # mamf-finder reaches 0.80 of the bf16 and 0.71 of the fp8 peak. None: as gemm_efficiency.
     gemm_efficiency_fp8: Optional[float] = None
@@ -328,9 +331,9 @@ class Performance:
     host_memory_efficiency: float = 0.5
 
     def __post_init__(self) -> None:
-        optional = ("gemm_efficiency_fp8", "gemm_efficiency_fp8_rowwise", "gemm_efficiency_fp4",
-                    "attention_efficiency_fused")
-        for name in ("gemm_efficiency", "gemm_efficiency_fp8", "gemm_efficiency_fp8_rowwise", "gemm_efficiency_fp4",
+        optional = ("gemm_efficiency_fp32", "gemm_efficiency_fp8", "gemm_efficiency_fp8_rowwise",
+                    "gemm_efficiency_fp4", "attention_efficiency_fused")
+        for name in ("gemm_efficiency", "gemm_efficiency_fp32", "gemm_efficiency_fp8", "gemm_efficiency_fp8_rowwise", "gemm_efficiency_fp4",
                      "attention_efficiency", "attention_efficiency_fused", "hbm_efficiency", "sustained_clock",
                      "intra_node_efficiency", "all_gather_efficiency",
                      "reduce_scatter_efficiency", "host_link_efficiency", "host_memory_efficiency"):
@@ -356,7 +359,9 @@ class Performance:
     def gemm_efficiency_for(self, kernel: str) -> float:
         """Share of its peak a large GEMM of ``kernel`` sustains: a training precision (fp32, fp16,
         bf16), or a recipe's kernel (``quantization.Recipe.kernel``: fp8, fp8_rowwise, fp4), each
-        falling back to the one before it (fp4 and row-scaled to fp8, fp8 to 16-bit)."""
+        falling back to the one before it (fp4 and row-scaled to fp8, fp8 and fp32 to 16-bit)."""
+        if kernel == "fp32" and self.gemm_efficiency_fp32 is not None:
+            return self.gemm_efficiency_fp32
         fp8 = self.gemm_efficiency if self.gemm_efficiency_fp8 is None else self.gemm_efficiency_fp8
         if kernel == "fp8":
             return fp8

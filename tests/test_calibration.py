@@ -378,3 +378,27 @@ def test_calibrate_refuses_bad_arguments_before_starting(tmp_path):
     result = calibrate("--out", str(tmp_path / "new.yaml"), "--case", str(tmp_path / "missing.yaml"))
     assert result.returncode == 2 and "file not found" in result.stderr
     assert not (tmp_path / "new.yaml").exists()
+
+
+def test_fp32_gemms_timed_beside_bf16_get_their_own_efficiency(tmp_path):
+    """A GPU calibration times TF32 GEMMs beside bf16 ones: each fit against its own datasheet
+    peak, so an fp32 case is priced at what TF32 kernels reach, not at bf16's share."""
+    m = synthetic_measurements(eta=0.61, peak=400e12)
+    shapes = [s for s, _ in m.gemm["bf16"]]
+    m.gemm["fp32"] = [(s, [s.flops / (0.45 * 200e12) + 2e-5] * 3) for s in shapes]
+    profile = build_profile({"device": "Synthetic GPU", "backend": "nccl"}, m, memory_bytes=80 * 2**30,
+                            gpus_per_node=8, main_precision="bf16", datasheet_peaks={"bf16": 400.0, "tf32": 200.0})
+    perf = profile["performance"]
+    assert perf["gemm_efficiency"] == pytest.approx(0.61, rel=1e-3)
+    assert perf["gemm_efficiency_fp32"] == pytest.approx(0.45, rel=1e-3)
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    gpu, _ = gpu_from_profile(path)
+    assert gpu.performance.gemm_efficiency_for("fp32") == perf["gemm_efficiency_fp32"]
+    assert gpu.performance.gemm_efficiency_for("bf16") == perf["gemm_efficiency"]
+    # A CPU times fp32 alone: its fit is the one efficiency there is.
+    cpu = synthetic_measurements()
+    cpu.gemm, cpu.attention_precision = {"fp32": m.gemm["fp32"]}, "fp32"
+    cpu_perf = build_profile({"device": "cpu"}, cpu, memory_bytes=1e9, gpus_per_node=2, main_precision="fp32",
+                             datasheet_peaks={"fp32": 200.0})["performance"]
+    assert cpu_perf["gemm_efficiency"] == pytest.approx(0.45, rel=1e-3) and "gemm_efficiency_fp32" not in cpu_perf
