@@ -24,16 +24,17 @@ settings.register_profile("thorough", max_examples=1500, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 
 
-@pytest.fixture(autouse=True)
-def _machine_shared_or_alone(request, tmp_path_factory):
-    """A readers-writer lock over the workers of one run (files in the run's shared temporary
-    folder). An exclusive test first takes the turnstile, so that tests starting after it wait
-    rather than keep the machine busy for ever."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A readers-writer lock over the workers of one run, held from a test's set-up (its module's
+    fixtures included: one computes for a minute) to its tear-down. An exclusive test first takes
+    the turnstile, so that tests starting after it wait rather than keep the machine busy for
+    ever. The files live in the run's temporary folder, which every worker's sits in."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
-    alone = request.node.get_closest_marker("exclusive") is not None
-    shared = tmp_path_factory.getbasetemp().parent  # each worker's base folder sits in the run's one
+    alone = item.get_closest_marker("exclusive") is not None
+    shared = item.config._tmp_path_factory.getbasetemp().parent
     with open(shared / "machine.turnstile", "a") as turnstile, open(shared / "machine.lock", "a") as lock:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
@@ -45,3 +46,9 @@ def _machine_shared_or_alone(request, tmp_path_factory):
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
+
+def pytest_collection_modifyitems(config, items):
+    """A module with a test that runs alone goes last: by then the other workers are on their
+    last modules, so it waits for little, and for nothing that computes for a minute."""
+    alone = {item.path for item in items if item.get_closest_marker("exclusive") is not None}
+    items.sort(key=lambda item: item.path in alone)  # stable: the rest keep their order

@@ -465,10 +465,10 @@ def test_an_interrupted_sizing_exits_130():
                                 "--deadline", "60d"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                cwd=REPO)
     deadline = time.monotonic() + 60
-    while True:  # until main() has installed its handler
+    while True:  # until main() has installed its handlers: SIGTERM's (Python itself catches SIGINT from the start)
         status = Path(f"/proc/{process.pid}/status").read_text()
         caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
-        if caught & (1 << (signal.SIGINT - 1)):
+        if caught & (1 << (signal.SIGTERM - 1)):
             break
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.01)
