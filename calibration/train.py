@@ -188,9 +188,10 @@ def run_spec(job: "Job", *, steps: int = 5, warmup: int = 2, seed: int = 0,
                    warmup=warmup, seed=seed, device=device, precision=training.precision)
 
 
-def launch(spec: RunSpec, *, timeout_s: float = 600.0) -> Measurement:
+def launch(spec: RunSpec, *, timeout_s: float = 600.0, stall_s: Optional[float] = None) -> Measurement:
     """Run ``spec`` in ``dp`` ranks and return rank 0's measurement; :class:`RunFailed`
-    naming the rank and its stage when a rank fails, or when the run passes ``timeout_s``.
+    naming the rank and its stage when a rank fails, makes no progress for ``stall_s`` (the
+    watchdog `calibrate` runs under), or when the run passes ``timeout_s``.
     An interrupt stops every rank. The run's folder (spec, result, the ranks' records,
     torchrun's files) is removed with it."""
     with tempfile.TemporaryDirectory(prefix="layout-planner-validate-", ignore_cleanup_errors=True) as tmp:
@@ -198,7 +199,7 @@ def launch(spec: RunSpec, *, timeout_s: float = 600.0) -> Measurement:
         spec_path, out_path = workdir / "spec.json", workdir / "measurement.json"
         spec_path.write_text(json.dumps(asdict(spec)))
         run_ranks(["calibration.train", str(spec_path), str(out_path)], spec.dp, workdir, name="training run",
-                  deadline_s=timeout_s, threads=spec.threads)
+                  stall_s=stall_s, deadline_s=timeout_s, threads=spec.threads)
         if not out_path.exists():
             raise RunFailed("training run failed: rank 0 wrote no measurement")
         data = json.loads(out_path.read_text())

@@ -32,6 +32,12 @@ REFERENCE = EngineBehaviour(name="reference", selective="attention", fused_eleme
                             collective_launch_s=0.0, balance_stages=False)
 
 
+# The training run's watchdog: no progress for this many predicted steps, and never less than
+# the floor (start-up, the first CUDA step's kernel selection), is a hang.
+STALL_STEPS = 20
+STALL_FLOOR_S = 120.0
+
+
 def reference_engine(spec: RunSpec) -> EngineBehaviour:
     """The loop as it runs ``spec``: DDP in bf16 autocasts its GEMMs over fp32 weights, keeping
     the residual stream and the norms in fp32; FSDP2's bf16 policy computes all in bf16."""
@@ -180,7 +186,7 @@ def profiled_device(case: Union[str, Path, dict], profile: Optional[Union[str, P
 
 def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] = None, *, steps: int = 5,
              warmup: int = 2, timeout_s: float = 600.0, warn: Callable[[str], None] = lambda _: None,
-             allow_quick: bool = False, allow_busy: bool = False,
+             allow_quick: bool = False, allow_busy: bool = False, stall_s: Optional[float] = None,
              progress: Callable[[str], None] = lambda _: None) -> Validation:
     """Predict the case's step time and activations, run the layout for real, and return both.
 
@@ -192,7 +198,9 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     A ``calibrate --quick`` profile (tiny shapes, few repeats) is refused unless ``allow_quick``.
     ``progress`` gets a line before the run starts: what runs, and how long it may take. A
     machine whose other processes keep it busy (:func:`host.busy_reason`) is refused, or with
-    ``allow_busy`` warned about; the share measured is in the result.
+    ``allow_busy`` warned about; the share measured is in the result. A rank that makes no
+    progress for ``stall_s`` (default: 20 predicted steps, at least two minutes) is taken for
+    hung and the run stopped, naming it, without waiting for ``timeout_s``.
     """
     from dataclasses import replace
 
@@ -247,7 +255,9 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     progress(f"validate: predicted {est.step_time_s:.3g} s a step; running {spec.warmup} warm-up and {spec.steps} "
              f"timed steps on {spec.dp} rank{'s' if spec.dp > 1 else ''} ({spec.device}), stopped after "
              f"{timeout_s:.0f} s at most")
-    measurement = launch(spec, timeout_s=timeout_s)
+    if stall_s is None:  # a step may take many times its prediction, never minutes with no progress at all
+        stall_s = max(STALL_FLOOR_S, STALL_STEPS * est.step_time_s)
+    measurement = launch(spec, timeout_s=timeout_s, stall_s=stall_s)
     return Validation(est, spec, measurement, str(profile) if profile is not None else None, others)
 
 
