@@ -98,7 +98,7 @@ def test_validate_says_what_it_runs_before_the_run(tmp_path, monkeypatch):
     class Launched(Exception):
         pass
 
-    def launch(spec, timeout_s):
+    def launch(spec, timeout_s, stall_s=None):
         raise Launched(lines[:])  # what was said before the ranks start
 
     monkeypatch.setattr(validation, "launch", launch)
