@@ -12,7 +12,7 @@ during backward, so no forward saves it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -41,8 +41,6 @@ STALL_FLOOR_S = 120.0
 def reference_engine(spec: RunSpec) -> EngineBehaviour:
     """The loop as it runs ``spec``: DDP in bf16 autocasts its GEMMs over fp32 weights, keeping
     the residual stream and the norms in fp32; FSDP2's bf16 policy computes all in bf16."""
-    from dataclasses import replace
-
     return replace(REFERENCE, fp32_residual=spec.precision == "bf16" and spec.zero_stage != 3)
 
 
@@ -202,8 +200,6 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     progress for ``stall_s`` (default: 20 predicted steps, at least two minutes) is taken for
     hung and the run stopped, naming it, without waiting for ``timeout_s``.
     """
-    from dataclasses import replace
-
     from planner.case import spec_errors
 
     from .host import (busy_reason, cores, cpu_model, device_mismatch, load_average, local_gpu, local_gpu_count,

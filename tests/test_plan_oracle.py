@@ -134,7 +134,7 @@ def _splits(case, spec, pp):
 
 def all_layouts(case, spec):
     """The full product space, unpruned; invalid combinations are left to Job to refuse."""
-    model, training = case.model, case.training
+    training = case.training
     engine = spec.engine
     for tp, cp, pp, dp in _structures(case, spec):
         for partition, stage_layers, vpp in _splits(case, spec, pp):
