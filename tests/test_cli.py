@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 import planner
+from cli_in_process import run_cli
 from cost_models.memory import TERMS
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "llama3-70b-h100.yaml"
@@ -24,8 +25,7 @@ CASE = {
 }
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=120)
+cli = run_cli  # the real interpreter's start-up is tested below (pandas) and in test_plan.py
 
 
 def write(tmp_path: Path, case: dict) -> Path:

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 import planner
+from cli_in_process import run_cli
 from cost_models.specs import Layout
 from planner.presets import gpu_presets
 from planner.search import Candidate, divisors
@@ -30,9 +31,7 @@ NUM_CASES = 40
 COUNT_KEYS = ("max_gpus", "max_nodes", "gpu_hour_cost", "num_gpus", "nodes")
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=300,
-                          cwd=REPO)
+cli = run_cli  # the real process is tested below: an interrupted sizing
 
 
 # --- the independent sweep -------------------------------------------------------------
