@@ -48,7 +48,10 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A module with a test that runs alone goes last: by then the other workers are on their
-    last modules, so it waits for little, and for nothing that computes for a minute."""
+    """Modules in the order the workers take them (xdist runs with --no-loadscope-reorder):
+    those with a slow test first, so that the run does not end on a minute-long module while the
+    other worker waits; the module with a test that runs alone last, when the other workers are on
+    their last, short modules and it waits for little."""
     alone = {item.path for item in items if item.get_closest_marker("exclusive") is not None}
-    items.sort(key=lambda item: item.path in alone)  # stable: the rest keep their order
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: (item.path in alone, item.path not in slow))  # stable: the rest keep their order

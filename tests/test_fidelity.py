@@ -16,6 +16,8 @@ import pytest
 
 from planner.fidelity import evaluate, spearman
 
+pytestmark = pytest.mark.slow  # the module's fixture plans 51 tuned recipes: a minute
+
 # Mean |error| of tokens/s per source (fractions), as measured when pinned.
 THROUGHPUT = {
     "Korthikanti et al. 2022": 0.049,

@@ -274,6 +274,7 @@ def check_against_oracle(label: str, case_dict: dict) -> tuple[list[str], Option
     return problems, bound
 
 
+@pytest.mark.slow  # tens of thousands of layouts timed one by one
 def test_plan_matches_brute_force_oracle_on_generated_cases():
     cases = generated_cases()
     failures: list[str] = []
@@ -310,6 +311,7 @@ def random_moe_case(rng: random.Random) -> dict:
     return case
 
 
+@pytest.mark.slow  # tens of thousands of layouts timed one by one
 def test_plan_matches_brute_force_oracle_on_generated_moe_cases():
     rng = random.Random(MOE_SEED)
     cases = [random_moe_case(rng) for _ in range(MOE_CASES)]
