@@ -16,7 +16,6 @@ from cost_models.experts import (alltoall_buffer_bytes, dispatch_bytes, dispatch
 from cost_models.flops import Gemm
 from cost_models.kernels import gemm_time, grouped_gemm_time, linear_time, quantize_time
 from cost_models.memory import job_stage_parameters, zero_shards
-from cost_models.model_states import optimizer_step_bytes, state_bytes
 from cost_models.offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from cost_models.quantization import RECIPES, linear_quantize_bytes
 from cost_models.specs import Layout
@@ -184,12 +183,13 @@ def test_optimizer_offload_sends_gradients_out_steps_on_the_cpu_and_weights_back
     job = _offload_job(zero_stage=2, offload_optimizer=1)
     gpu = job.cluster.gpu
     perf, host = gpu.performance, gpu.host
-    per = state_bytes(job.training)
     local, backward = 1e9, 0.5
     link = host.link_bandwidth * perf.host_link_efficiency
-    expected = exposed(local * per.gradients / link, backward, perf) \
-        + local * optimizer_step_bytes(per) / (host.memory_bandwidth * perf.host_memory_efficiency) \
-        + local * per.weights / link
+    # bf16 gradients out (2 bytes a parameter) and bf16 weights back (2); the CPU's step reads the
+    # gradient (2), reads and writes the fp32 master weight and both moments (2 · 12), writes the weight (2).
+    expected = exposed(local * 2 / link, backward, perf) \
+        + local * (2 + 24 + 2) / (host.memory_bandwidth * perf.host_memory_efficiency) \
+        + local * 2 / link
     assert optimizer_offload_time(job, local, backward) == pytest.approx(expected)
     assert optimizer_offload_time(_offload_job(zero_stage=2), local, backward) == 0.0
 
@@ -197,10 +197,9 @@ def test_optimizer_offload_sends_gradients_out_steps_on_the_cpu_and_weights_back
 def test_parameter_offload_copies_each_gathers_shard_in_and_the_gradient_shard_out():
     job = _offload_job(zero_stage=3, offload_params=True, offload_optimizer=1)
     gpu = job.cluster.gpu
-    per = state_bytes(job.training)
     shard, microbatch, gathers = 1e9, 0.2, 2
-    copy = shard * (gathers * per.weights + per.gradients) / (gpu.host.link_bandwidth
-                                                               * gpu.performance.host_link_efficiency)
+    # The bf16 weight shard in for each gather (2 bytes a parameter), the bf16 gradient shard out (2).
+    copy = shard * (gathers * 2 + 2) / (gpu.host.link_bandwidth * gpu.performance.host_link_efficiency)
     assert param_offload_time(job, shard, microbatch, gathers) == \
         pytest.approx(job.num_microbatches * exposed(copy, microbatch, gpu.performance))
 

@@ -10,8 +10,7 @@ import pytest
 from deepspeed.runtime.config import DeepSpeedConfig
 
 import planner
-from cost_models.memory import job_stage_parameters, per_microbatch, zero_shards
-from cost_models.model_states import state_bytes
+from cost_models.memory import per_microbatch
 from cost_models.offload import optimizer_offload_time
 from planner.case import load_case
 from planner.emit import deepspeed as ds
@@ -25,6 +24,8 @@ BIG = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "n
        "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"}}
 SMALL = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
          "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"}}
+# Llama 2 7B's parameters, counted in Meta's released checkpoint (meta-llama/Llama-2-7b-hf).
+LLAMA2_7B_PARAMETERS = 6_738_415_616
 
 
 def estimate(base, engine="any", **layout):
@@ -40,7 +41,7 @@ def test_offloaded_states_leave_the_gpu_for_the_host():
     Megatron's --optimizer-offload-fraction moves that share of the distributed optimizer only."""
     plain = estimate(SMALL, "deepspeed", zero_stage=2)
     offloaded = estimate(SMALL, "deepspeed", zero_stage=2, offload_optimizer=1.0)
-    params = job_stage_parameters(plain.job, 0).total / 8
+    params = LLAMA2_7B_PARAMETERS / 8  # one stage; ZeRO shards over the 8 GPUs
     assert plain.peak.optimizer_states == pytest.approx(12 * params)
     assert plain.peak.gradients == pytest.approx(2 * params)
     assert offloaded.peak.optimizer_states == offloaded.peak.gradients == 0
@@ -70,14 +71,15 @@ def test_the_optimizer_step_on_the_cpu_streams_its_bytes_over_host_memory():
     est = estimate(SMALL, "deepspeed", zero_stage=1, offload_optimizer=1.0)
     job = est.job
     gpu = job.cluster.gpu
-    local = job_stage_parameters(job, 0).total / zero_shards(job)
-    link = gpu.host.link_bandwidth * gpu.performance.host_link_efficiency
+    local = LLAMA2_7B_PARAMETERS / 8  # the optimizer shard of one of the 8 data-parallel ranks
+    link = gpu.host.link_bandwidth * gpu.performance.host_link_efficiency  # the preset's PCIe figures
     dram = gpu.host.memory_bandwidth * gpu.performance.host_memory_efficiency
-    per = state_bytes(job.training)
-    expected = local * per.gradients / link + local * (2 + 24 + 2) / dram + local * per.weights / link
+    # bf16 gradients out (2 bytes), bf16 weights back (2); on the CPU, read the gradient (2), read
+    # and write the fp32 master weight and both moments (2 · 12), write the bf16 weight (2).
+    expected = local * 2 / link + local * (2 + 24 + 2) / dram + local * 2 / link
     assert optimizer_offload_time(job, local, 0.0) == pytest.approx(expected)
     # In the step the gradients go out behind the last micro-batch's backward: only that copy hides.
-    out = local * per.gradients / link
+    out = local * 2 / link
     assert est.time.optimizer_s == 0 and expected - out <= est.time.offload_s < expected
 
 
