@@ -435,7 +435,7 @@ class GPUSpec:
             if precision not in self.block_scaling:
                 raise SpecError(TrainingSpec, "precision", f"{precision} needs tensor cores that scale its blocks "
                                                          f"({'Blackwell or CDNA4' if precision == 'mxfp8' else 'Blackwell'}), "
-                                                         f"and {self.name} has none (cluster.gpu.block_scaling)")
+                                                         f"and {self.name} has none (GPUSpec.block_scaling)")
             return self.peak(recipe_for(precision, None).peak)
         key = peak_key(precision, self.peak_flops)
         if key not in self.peak_flops:
@@ -791,7 +791,7 @@ class Job:
             raise SpecError(s, "vpp", f"num_layers {m.num_layers} cannot fill pp·vpp = {lay.pp * lay.vpp} model chunks")
         elif lay.vpp == 1 and m.num_layers % lay.pp:
             raise SpecError(s, "pp", f"num_layers {m.num_layers} must divide by pp = {lay.pp} "
-                                     "(or give layout.stage_layers)")
+                                     "(or give Layout.stage_layers)")
         if lay.offloads and c.gpu.host is None:
             raise SpecError(GPUSpec, "host", "has no host figures (memory, link and memory bandwidth) "
                                                    "for the layout's offload")

@@ -10,6 +10,7 @@ the key and what was expected.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -99,12 +100,26 @@ SPEC_FIELD_KEYS = {("GPUSpec", "memory_bytes"): "memory", ("GPUSpec", "peak_flop
                    ("HostSpec", "memory_bytes"): "memory"}
 
 
+def spec_key(spec: str, field: str) -> str:
+    """The case-file key of a spec's field (``Performance.comm_overlap`` is
+    ``cluster.performance.comm_overlap``); a field's sub-key (``peak_flops.bf16``) is kept."""
+    name, dot, rest = field.partition(".")
+    name = SPEC_FIELD_KEYS.get((spec, name), name)
+    return f"{SPEC_SECTIONS.get(spec, spec)}.{name}{dot}{rest}"
+
+
 def case_key(error: SpecError) -> str:
-    """The case-file key of the field a :class:`SpecError` names (``Performance.comm_overlap``
-    is ``cluster.performance.comm_overlap``); a field's sub-key (``peak_flops.bf16``) is kept."""
-    name, dot, rest = error.field.partition(".")
-    name = SPEC_FIELD_KEYS.get((error.spec, name), name)
-    return f"{SPEC_SECTIONS.get(error.spec, error.spec)}.{name}{dot}{rest}"
+    """The case-file key of the field a :class:`SpecError` names."""
+    return spec_key(error.spec, error.field)
+
+
+# A message may point at another field than the one it is about ("... (GPUSpec.block_scaling)").
+_SPEC_FIELD = re.compile(r"\b(" + "|".join(SPEC_SECTIONS) + r")\.([a-z_][a-z0-9_]*)")
+
+
+def case_message(message: str) -> str:
+    """A :class:`SpecError`'s message with every spec field it names written as its case-file key."""
+    return _SPEC_FIELD.sub(lambda m: spec_key(m[1], m[2]), message)
 
 
 class spec_errors:
@@ -119,7 +134,7 @@ class spec_errors:
 
     def __exit__(self, kind, error, tb):
         if isinstance(error, SpecError):
-            raise CaseError(self.source, case_key(error), error.message) from None
+            raise CaseError(self.source, case_key(error), case_message(error.message)) from None
         return False
 
 

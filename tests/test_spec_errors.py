@@ -12,7 +12,7 @@ import yaml
 
 import cost_models.specs as specs
 from cost_models.specs import GPUSpec, ModelSpec, Performance, SpecError
-from planner.case import SPEC_FIELD_KEYS, SPEC_SECTIONS, case_key, load_case
+from planner.case import SPEC_FIELD_KEYS, SPEC_SECTIONS, case_key, case_message, load_case
 from planner.errors import CaseError
 
 CASE = {
@@ -83,6 +83,23 @@ def test_a_gpu_without_the_precision_names_the_training_precision():
     assert (error.spec, error.field) == ("TrainingSpec", "precision")
     assert case_key(error) == "training.precision"
 
+
+
+def test_a_field_the_message_points_to_is_named_in_the_same_language():
+    """A message about one field may point at another (the GPU's block scaling, the layout's
+    stage split): the cost models name it as a spec field, the user reads its case-file key."""
+    gpu = GPUSpec(name="h100", memory_bytes=80e9, peak_flops={"bf16": 989e12, "fp8": 1979e12}, hbm_bandwidth=3.35e12,
+                  intra_node_bandwidth=450e9, inter_node_bandwidth=50e9, gpus_per_node=8, nvlink_domain=8)
+    error = spec_error(lambda: gpu.peak("mxfp8"))
+    assert error.message.endswith("h100 has none (GPUSpec.block_scaling)")
+    assert case_message(error.message).endswith("h100 has none (cluster.gpu.block_scaling)")
+
+    error = case_error(training={"engine": "megatron"}, layout={"pp": 3, "dp": 2}, cluster={"num_gpus": 6})
+    assert (error.key, error.expected) == ("layout.pp", "num_layers 32 must divide by pp = 3 (or give layout.stage_layers)")
+    assert error.__context__.message.endswith("(or give Layout.stage_layers)")
+    # Only spec classes are translated, and a sub-key stays: dotted text of any other kind is kept.
+    assert case_message("see GPUSpec.peak_flops.bf16 and torch.cuda, 1.5 GB") == \
+        "see cluster.gpu.peak_tflops.bf16 and torch.cuda, 1.5 GB"
 
 def test_the_mapping_covers_every_spec_and_renames_fields_the_case_file_spells_otherwise():
     assert all(isinstance(getattr(specs, name, None), type) for name in SPEC_SECTIONS)

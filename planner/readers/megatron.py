@@ -12,6 +12,7 @@ from typing import Optional
 from cost_models.partition import chunk_layers, virtual_partition
 from cost_models.specs import Job, Layout, SpecError
 
+from ..case import case_message
 from ..emit.megatron import ACCOUNT_FLAGS, ALIASES, BOOL_FLAGS, FLAG_OF_FIELD, INT_FLAGS, STR_FLAGS
 from ..errors import CaseError, one_line
 from ..inputs import read_text
@@ -389,5 +390,5 @@ def read(path: Path, case) -> Layout:
                         **experts)
         Job(case.model, case.cluster, case.training, layout, case.overheads)
     except SpecError as error:
-        raise CaseError(src, FLAG_OF_FIELD.get(error.field, error.field), error.message) from None
+        raise CaseError(src, FLAG_OF_FIELD.get(error.field, error.field), case_message(error.message)) from None
     return layout
