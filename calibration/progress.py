@@ -169,13 +169,19 @@ def _signal_name(code: int) -> str:
 
 def _cause(ranks: dict[int, dict]) -> Optional[str]:
     """The rank whose worker ended on its own (not stopped by the launcher) other than by a
-    peer's failure; the earliest if several."""
+    peer's failure; the earliest if several.
+
+    Earliest by the worker's own last record, not by its exit record: a rank's supervisor
+    notices its worker's end up to half a second late, so a peer whose socket broke when
+    the first rank died, outside a collective the progress file marks, can have its exit
+    recorded first. Its worker's record (the error it hit) still comes after the dead rank's
+    last one."""
     causes = []
     for rank, info in ranks.items():
         end = info.get("exit")
         if not end or end.get("terminated") or end.get("code") in (0, PEER_FAILURE_EXIT):
             continue
-        causes.append((end.get("time", 0.0), rank, info, end["code"]))
+        causes.append((info.get("time", end.get("time", 0.0)), rank, info, end["code"]))
     if not causes:
         return None
     _, rank, info, code = min(causes)

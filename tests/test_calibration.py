@@ -232,6 +232,16 @@ def test_diagnosis_names_the_rank_that_died_not_those_torn_down_after_it():
     assert "rank 1 was killed by SIGKILL" in diagnose(ranks, [0, 1, 2])
 
 
+def test_diagnosis_orders_failures_by_when_the_workers_failed_not_when_their_exits_were_seen():
+    """Rank 1 raises and dies; rank 0's socket to it breaks outside a marked collective, so it
+    exits with an error of its own, and its supervisor happens to record that first."""
+    ranks = {0: {**rank(3, "warmup", status="error", error="RuntimeError: Connection closed by peer",
+                      exit={"code": 1, "terminated": False, "time": 100.2}), "time": 100.1},
+             1: {**rank(3, "warmup", status="error", error="RuntimeError: injected fault at warmup",
+                      exit={"code": 1, "terminated": False, "time": 100.4}), "time": 100.0}}
+    assert diagnose(ranks, [0, 1]) == "rank 1 failed during the warm-up steps: RuntimeError: injected fault at warmup"
+
+
 def test_diagnosis_of_a_hang_names_the_rank_behind():
     ranks = {0: rank(7, "collectives", in_comm=True), 1: rank(6, "collectives"), 2: rank(7, in_comm=True)}
     assert diagnose(ranks, [0, 1, 2], stalled_s=30).startswith("rank 1 hung during the collective benchmarks")
