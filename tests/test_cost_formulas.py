@@ -14,10 +14,10 @@ from cost_models.experts import (alltoall_buffer_bytes, dispatch_bytes, dispatch
                                  moe_mlp_activation_bytes, moe_mlp_time, moe_tokens, remote_domains_per_token,
                                  routed_tokens)
 from cost_models.flops import Gemm
-from cost_models.kernels import gemm_time, grouped_gemm_time, linear_time, quantize_time
+from cost_models.kernels import gemm_time, grouped_gemm_time, linear_time
 from cost_models.memory import job_stage_parameters, zero_shards
 from cost_models.offload import activation_offload_time, optimizer_offload_time, param_offload_time
-from cost_models.quantization import RECIPES, linear_quantize_bytes
+from cost_models.quantization import RECIPES
 from cost_models.specs import Layout
 from cost_models.step_time import (layer_time, layer_time_bound, layer_time_for, moe_layer_time_for,
                                    optimizer_local_parameters)
@@ -45,18 +45,28 @@ def test_a_16_bit_linear_runs_two_gemms_as_long_as_its_forward_in_backward():
     assert backward == 2 * forward
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise_with_gw_hp"])
-def test_a_quantized_linear_adds_its_quantize_traffic_and_keeps_wgrad_where_the_recipe_says(recipe):
+# Quantize bytes counted by hand for torchao (each use cast from the bf16 tensor, 2 bytes read per
+# pass, 1 byte written per fp8 layout), X = m·k = 2²⁵, W = n·k = 2²⁴ at half its share, dY = m·n = 2²⁵.
+# tensorwise reads each tensor twice (amax, then cast) and quantizes X, W and dY for two GEMMs each:
+#   forward: X once (2·2 + 1 = 5 B) and W once (5 B · ½) = 5·2²⁵ + 2.5·2²⁴
+#   backward: X's second layout, W's second layout, dY twice (10 B) = 5·2²⁵ + 2.5·2²⁴ + 10·2²⁵
+# rowwise_with_gw_hp has no amax pass and runs wgrad in bf16, so X and dY are cast once (3 B):
+#   forward: X (3 B) and W (3 B · ½) = 3·2²⁵ + 1.5·2²⁴;  backward: W (1.5 B) and dY (3 B).
+@pytest.mark.parametrize("recipe, forward_bytes, backward_bytes", [
+    ("tensorwise", 12.5 * 2 ** 24, 32.5 * 2 ** 24),
+    ("rowwise_with_gw_hp", 7.5 * 2 ** 24, 7.5 * 2 ** 24)])
+def test_a_quantized_linear_adds_its_quantize_traffic_and_keeps_wgrad_where_the_recipe_says(
+        recipe, forward_bytes, backward_bytes):
     job = _job(model="llama3-8b", precision="fp8", fp8_recipe=recipe, engine="torchtitan",
                layout={"tp": 1, "dp": 64, "micro_batch_size": 1})
-    gpu, r = job.cluster.gpu, RECIPES[recipe]
+    gpu = job.cluster.gpu
     g = Gemm("wo", 8192, 4096, 4096)
-    q = linear_quantize_bytes(r, g.m, g.n, g.k, fused_layouts=False, weight_share=0.5)
-    low = gemm_time(g, gpu, "fp8", r)
-    wgrad = low if r.wgrad_low else gemm_time(g, gpu, "bf16")
+    bandwidth = gpu.performance.hbm_efficiency * gpu.hbm_bandwidth
+    low = gemm_time(g, gpu, "fp8", RECIPES[recipe])
+    wgrad = gemm_time(g, gpu, "bf16") if recipe == "rowwise_with_gw_hp" else low
     forward, backward = linear_time(g, gpu, job.training, weight_share=0.5)
-    assert forward == pytest.approx(low + q.forward / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth))
-    assert backward == pytest.approx(low + wgrad + quantize_time(q.backward, gpu))
+    assert forward == pytest.approx(low + forward_bytes / bandwidth)
+    assert backward == pytest.approx(low + wgrad + backward_bytes / bandwidth)
     assert (wgrad > low) == (recipe == "rowwise_with_gw_hp")  # the bf16 wgrad is the slower GEMM
 
 
