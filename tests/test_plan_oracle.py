@@ -3,10 +3,14 @@
 `planner.search` keeps its table small with dominance rules (sequence parallelism when
 offered, the least recomputation that fits, no larger micro-batch once nothing fits, a
 single ZeRO stage with nothing to shard over). The oracle here enumerates every layout
-the engine can express — each (tp, cp, pp, dp), pipeline partition, vpp, micro-batch,
-ZeRO stage, both sequence-parallel settings, every recomputation level and every count
-of fully recomputed layers, with and without each offload — scores each with the cost models, and takes the fastest
-that fits. `plan` must reach the same step time on generated small cases.
+the engine can express — each (tp, cp, pp, dp), vpp, micro-batch, ZeRO stage, both
+sequence-parallel settings, every recomputation level and every count of fully recomputed
+layers, with and without each offload — scores each with the cost models, and takes the
+fastest that fits. `plan` must reach the same step time on generated small cases. What this
+checks is the pruning and the solver, not the space: the oracle draws the pipeline splits
+from the search's own candidates (``planner.search.partitions``: the even split and the
+edge-light ones; every composition of the layers into stages would be combinatorial), and
+the divisors, expert-parallel choices and engine rules from the same helpers.
 
 The oracle keeps only the space's stated bounds: tp within one NVLink domain (unless
 ``search.tp_across_nodes``), the pins and bounds of the case, and, unless the case sets

@@ -16,7 +16,7 @@ from cost_models.kernels import gemm_time, wave_efficiency
 from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Performance, SpecError,
                                TrainingSpec)
 from cost_models.step_time import (cross_entropy_bytes, dp_comm_exposed, gradient_chunks, layer_forward_time,
-                                   stage_time, step_time, tp_collective_time)
+                                   stage_time, step_time)
 from cost_models.topology import GroupLinks, group_links
 from planner.engines import behaviour_of
 
@@ -233,16 +233,16 @@ def test_deepspeed_zero3_gathers_again_for_the_recompute_fsdp_does_not():
     DeepSpeed's forward pre-hook gathers once more when the recompute runs the forward again
     inside backward; FSDP recomputes inside the unit its backward hook has already gathered."""
     fsdp, deepspeed = _zero3_job("torchtitan"), _zero3_job("deepspeed")
-    params = job_stage_parameters(fsdp, 0).total
-    links = group_links(fsdp.cluster, fsdp.layout, "dp_cp")
-    layers = fsdp.stage_layers[0]
-
-    def collectives(kind: str, per_param_bytes: float) -> float:
-        return layers * collective_time(kind, params * per_param_bytes / layers, links, NO_LATENCY)
-
-    gather = collectives("all_gather", 2)
-    reduce_fsdp = collectives("reduce_scatter", 4)  # torchtitan reduces in fp32
-    reduce_ds = collectives("reduce_scatter", 2)
+    # 24 layers of 12h² + 4h, an untied embedding and head of V·h each, a final norm (2h):
+    # h = 2304, V = 51,200.
+    params = 24 * (12 * 2304 ** 2 + 4 * 2304) + 2 * 51200 * 2304 + 2 * 2304
+    assert job_stage_parameters(fsdp, 0).total == params == 1_764_979_200
+    # 64 ranks over 8 nodes: the ring runs on the eight NICs of a node (8 · 25 GB/s, under NVLink's
+    # 300); each rank moves 63/64 of the gathered bf16 weights, and of the reduced gradients.
+    bus = 8 * 25e9
+    gather = 63 / 64 * 2 * params / bus
+    reduce_fsdp = 63 / 64 * 4 * params / bus  # torchtitan reduces in fp32
+    reduce_ds = 63 / 64 * 2 * params / bus
     # What the (weight-reading) compute of the one micro-batch hides: the forward gather
     # behind the forward, the rest behind the backward and the recompute.
     stage = stage_time(fsdp, 0)
@@ -268,9 +268,13 @@ def test_tp_comm_overlap_hides_collectives_of_large_gemms_not_small_ones(h, head
                                 engine=behaviour_of("megatron")),
                    Layout(dp=8, tp=8, micro_batch_size=1, sequence_parallel=True))
     plain, overlapped = job(False), job(True)
-    one = tp_collective_time(model, plain.training, plain.cluster, 8, 1, 1, sequence_parallel=True)
-    assert stage_time(plain, 0).tp_comm == pytest.approx(4 * 4 * one)
-    fill = 4 * 2 * 4 * (one / 2 / 8)
+    # Sequence parallel: an all-gather or reduce-scatter of the b·s·h bf16 activations, a ring of
+    # 7 steps of 10 µs moving 7/8 of them at NVLink's 300 · 0.75 GB/s. Each layer gathers before
+    # and reduce-scatters after its attention and its MLP in forward, and the same in backward:
+    # 8 collectives in each of the 4 layers.
+    one = 7 * 10e-6 + 7 / 8 * (2048 * h * 2) / (300e9 * 0.75)
+    assert stage_time(plain, 0).tp_comm == pytest.approx(4 * 8 * one)
+    fill = 4 * 8 * one / 8  # the first of tp = 8 chunks of each
     assert stage_time(overlapped, 0).tp_comm > fill
     assert (stage_time(overlapped, 0).tp_comm < stage_time(plain, 0).tp_comm / 2) == pays
 
@@ -295,13 +299,15 @@ def test_deepspeed_pipelines_reduce_gradients_after_the_last_microbatch():
                                 fp32_grads=False),
                    Layout(dp=16, pp=4, micro_batch_size=1, zero_stage=0))
     ds, mg = job("deepspeed"), job("megatron")
-    # A middle stage: no tied embedding; the whole bucketed all-reduce is exposed for DeepSpeed.
-    params = job_stage_parameters(ds, 1).total
-    links = group_links(ds.cluster, ds.layout, "dp_cp")
-    # Megatron's bucket: max(40 M, 1 M · dp) parameters; DeepSpeed's: 5e8 elements.
-    chunks = gradient_chunks(ds, params, 2)
-    assert chunks == max(1, math.ceil(params / 5e8))
-    whole = chunks * collective_time("all_reduce", params * 2 / chunks, links, ds.cluster.gpu.performance)
+    # A middle stage holds 6 layers of 12h² + 4h (h = 2304) and no embedding; the whole bucketed
+    # all-reduce is exposed for DeepSpeed. Its bucket is 5e8 elements: one bucket here
+    # (Megatron's: max(40 M, 1 M · dp) parameters).
+    params = 6 * (12 * 2304 ** 2 + 4 * 2304)
+    assert job_stage_parameters(ds, 1).total == params == 382_261_248
+    assert gradient_chunks(ds, params, 2) == 1
+    # dp 16 spans two nodes: a tree of 2·log₂8 steps inside and 2·log₂2 across, 10 µs each; the
+    # ring moves 2·15/16 of the bf16 gradients at min(NVLink 300 · 0.75, eight NICs 8 · 25 · 0.8).
+    whole = (2 * 3 + 2 * 1) * 10e-6 + 2 * 15 / 16 * 2 * params / min(300e9 * 0.75, 8 * 25e9 * 0.8)
     assert dp_comm_exposed(ds, 1, stage_time(ds, 1)) == pytest.approx(whole)
     assert dp_comm_exposed(mg, 1, stage_time(mg, 1)) < whole
 
