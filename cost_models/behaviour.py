@@ -47,6 +47,15 @@ class EngineBehaviour:
     # performance recipes and MLPerf's run; Megatron-LM's own pretrain script turns fp32 on
     # for bf16 unless --grad-reduce-in-bf16 (a case says fp32_grads: true for it).
     fp32_grads_for_bf16: bool = False
+    # ZeRO-3 that shards the fp32 parameters themselves: PyTorch's FSDP2 keeps each sharded
+    # parameter in the dtype the model was built in (``FSDPParam.orig_dtype``: fp32 in
+    # torchtitan) and casts to the mixed-precision policy's param_dtype only for the all-gather;
+    # the reduce-scattered gradient is cast back to that dtype (``_fully_shard/_fsdp_param.py``,
+    # ``_fsdp_collectives.py``); FSDP1 likewise keeps the fp32 flat shard and casts a 16-bit
+    # copy for each gather. The fp32 shard is the master the optimizer steps, and no 16-bit copy
+    # is held between gathers (``model_states.state_bytes``). DeepSpeed's ZeRO-3 and Megatron's
+    # distributed optimizer hold 16-bit weight shards beside an fp32 master.
+    sharded_master_weights: bool = True
     # Gradient bucket of ZeRO 0–2 data parallelism, in parameters (at least), or in bytes.
     # Megatron: max(40 M, 1 M · dp) parameters (``megatron/core/distributed/``); DeepSpeed:
     # reduce_bucket_size 5e8 elements; PyTorch DDP: bucket_cap_mb = 25 MB.

@@ -165,8 +165,9 @@ def per_parameter_states(job: Job) -> tuple[StateBytes, StateBytes]:
     sharded over dp·cp by the ZeRO stage, the experts' over the expert data-parallel ranks
     (ZeRO paper §5; megatron-core's expert distributed optimizer)."""
     lay = job.layout
-    per_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, zero_shards(job))
-    per_expert_param = sharded_state_bytes(state_bytes(job.training), lay.zero_stage, expert_zero_shards(job)) \
+    held = state_bytes(job.training, lay.zero_stage)
+    per_param = sharded_state_bytes(held, lay.zero_stage, zero_shards(job))
+    per_expert_param = sharded_state_bytes(held, lay.zero_stage, expert_zero_shards(job)) \
         if job.model.is_moe else per_param
     return per_param, per_expert_param
 

@@ -39,8 +39,14 @@ def fp32_gradients(training: TrainingSpec) -> bool:
     return training.precision != "fp16" and training.engine.fp32_grads_for_bf16
 
 
+def weights_are_master(training: TrainingSpec, zero_stage: int) -> bool:
+    """Whether the weights a rank holds are the fp32 master copy itself: 16-bit training under
+    a ZeRO-3 that shards the fp32 parameters (``EngineBehaviour.sharded_master_weights``)."""
+    return zero_stage == 3 and training.engine.sharded_master_weights and training.precision != "fp32"
+
+
 @lru_cache(maxsize=256)  # read for every stage of every layout a search scores
-def state_bytes(training: TrainingSpec) -> StateBytes:
+def state_bytes(training: TrainingSpec, zero_stage: int = 0) -> StateBytes:
     """Per-parameter model-state bytes for the training precision and optimizer.
 
     - fp32: 4-byte weights and gradients; Adam's two 4-byte moments, SGD's one momentum.
@@ -53,9 +59,14 @@ def state_bytes(training: TrainingSpec) -> StateBytes:
       (Megatron's --fp8-param-gather: Transformer Engine's quantized parameters, the fp32
       master copy in the distributed optimizer), a weight takes the recipe's bytes
       (``quantization.Recipe.quantized_bytes``: 1 for fp8).
+    - Where the held weights are the fp32 master (:func:`weights_are_master`: PyTorch FSDP at
+      ``zero_stage`` 3), a weight takes 4 bytes, its gradient shard 4 (FSDP casts the reduced
+      gradient to the parameter's dtype, whatever dtype it reduced in) and the optimizer only
+      its moments: 16 bytes for Adam. The 16-bit weights exist only gathered
+      (``memory.zero3_gather_bytes``), which :func:`gathered_weight_bytes` prices.
     """
     moments = 1 if training.optimizer == "sgd" else 2
-    if training.precision == "fp32":
+    if training.precision == "fp32" or weights_are_master(training, zero_stage):
         return StateBytes(weights=4, gradients=4, optimizer=4 * moments)
     weights = 2.0
     if training.fp8_param_gather and training.recipe is not None and training.engine.fused_quantize:
@@ -72,10 +83,11 @@ def gathered_weight_bytes(training: TrainingSpec) -> float:
     return state_bytes(training).weights
 
 
-def optimizer_step_bytes(per_param: StateBytes) -> float:
+def optimizer_step_bytes(per_param: StateBytes, master_weights: bool = False) -> float:
     """Bytes an optimizer step streams per parameter: it reads the gradient, reads and writes the
-    fp32 states (master weights and moments), and writes the new weights."""
-    return per_param.gradients + 2 * per_param.optimizer + per_param.weights
+    fp32 states (master weights and moments), and writes the new weights; where the weights are
+    the master (``master_weights``, :func:`weights_are_master`), it reads them too."""
+    return per_param.gradients + 2 * per_param.optimizer + per_param.weights * (2 if master_weights else 1)
 
 
 @lru_cache(maxsize=4096)

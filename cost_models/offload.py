@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from .collectives import exposed
-from .model_states import optimizer_step_bytes, state_bytes
+from .model_states import optimizer_step_bytes, state_bytes, weights_are_master
 from .specs import Job
 
 
@@ -52,11 +52,12 @@ def optimizer_offload_time(job: Job, local_params: float, backward_s: float) -> 
     if not lay.offload_optimizer:
         return 0.0
     perf, host = gpu.performance, gpu.host
-    per_param = state_bytes(job.training)
+    per_param = state_bytes(job.training, lay.zero_stage)
     local = local_params * lay.offload_optimizer
     link = host.link_bandwidth * perf.host_link_efficiency
     out = local * per_param.gradients / link
-    cpu_step = local * optimizer_step_bytes(per_param) / (host.memory_bandwidth * perf.host_memory_efficiency)
+    cpu_step = local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage)) \
+        / (host.memory_bandwidth * perf.host_memory_efficiency)
     back = local * per_param.weights / link
     return exposed(out, backward_s, perf) + cpu_step + back
 
@@ -68,7 +69,7 @@ def param_offload_time(job: Job, shard: float, microbatch_s: float, gathers: int
     if not lay.offload_params:
         return 0.0
     perf = gpu.performance
-    per_param = state_bytes(job.training)
+    per_param = state_bytes(job.training, lay.zero_stage)  # what the host holds, in the dtype it holds
     copies = shard * (gathers * per_param.weights + per_param.gradients)
     return job.num_microbatches * exposed(copies / (gpu.host.link_bandwidth * perf.host_link_efficiency),
                                           microbatch_s, perf)

@@ -27,7 +27,7 @@ from .kernels import (NORM_OR_ACTIVATION_INPUTS, flash_attention_time, gemm_time
                       linear_time, tensor_core_rate)
 from .memory import job_stage_parameters, per_microbatch, zero_shards
 from .parameters import embedding_parameters
-from .model_states import gathered_weight_bytes, optimizer_step_bytes, state_bytes
+from .model_states import gathered_weight_bytes, optimizer_step_bytes, state_bytes, weights_are_master
 from .offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from .pipeline import bubble_fraction
 from .specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, TrainingSpec
@@ -541,9 +541,10 @@ def tied_embedding_reduce(job: Job, stage: int) -> float:
 def optimizer_time(job: Job, stage: int) -> float:
     """The optimizer step is HBM-bound: read gradients, read and write the fp32 states, write weights."""
     lay, gpu = job.layout, job.cluster.gpu
-    per_param = state_bytes(job.training)
+    per_param = state_bytes(job.training, lay.zero_stage)
     local = optimizer_local_parameters(job, stage) * (1 - lay.offload_optimizer)
-    return local * optimizer_step_bytes(per_param) / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
+    return local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage)) \
+        / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
 
 
 def optimizer_local_parameters(job: Job, stage: int) -> float:

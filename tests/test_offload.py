@@ -54,6 +54,18 @@ def test_offloaded_states_leave_the_gpu_for_the_host():
     assert half.host_bytes == pytest.approx(6 * params)
 
 
+def test_fsdp_holds_its_fp32_shard_as_the_master_deepspeed_a_bf16_shard_beside_one():
+    """ZeRO-3 over 8 GPUs, Llama 2 7B in bf16 with Adam. torchtitan's FSDP2 keeps each sharded
+    parameter in fp32, the master the optimizer steps, its gradient shard in fp32 and Adam's two
+    moments: 4 + 4 + 8 bytes; the bf16 weights exist only gathered. DeepSpeed's ZeRO-3 holds a
+    bf16 weight shard and a bf16 gradient shard beside the fp32 master and moments: 2 + 2 + 12."""
+    shard = LLAMA2_7B_PARAMETERS / 8
+    fsdp = estimate(SMALL, "torchtitan", zero_stage=3).peak
+    assert (fsdp.parameters, fsdp.gradients, fsdp.optimizer_states) == pytest.approx((4 * shard, 4 * shard, 8 * shard))
+    ds = estimate(SMALL, "deepspeed", zero_stage=3).peak
+    assert (ds.parameters, ds.gradients, ds.optimizer_states) == pytest.approx((2 * shard, 2 * shard, 12 * shard))
+
+
 def test_parameter_offload_keeps_no_shard_on_the_gpu():
     """ZeRO-Infinity / FSDP2 CPU offload: weight and gradient shards on the host, the per-layer
     gathers (cost_models.memory.zero3_gather_bytes) still on the GPU."""
