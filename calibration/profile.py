@@ -1,6 +1,6 @@
 """The hardware profile: measured figures and fits, in the form ``cluster.profile`` reads.
 
-``planner.case.gpu_from_profile`` reads five sections:
+``planner.case.gpu_from_profile`` reads these sections:
 
 - ``machine``: where and how it was measured (host, device, torch, NCCL, date, ranks);
 - ``gpu``: the fields of a GPU preset, measured: ``peak_tflops`` per precision timed,
@@ -11,6 +11,10 @@
 - ``performance`` and ``fabric``: the cost model's achieved figures, fitted to the measurements
   with its own formulas (:mod:`calibration.fit`); link efficiencies are 1 because the
   bandwidths above are already the achieved bus bandwidths;
+- ``alone``: ``peak_tflops``, ``hbm_bandwidth`` and the compute and memory figures of
+  ``performance`` fitted to the GEMMs, attention and element-wise kernels timed again on rank 0
+  while the others wait: what a case of one rank gets (on a CPU its rank has the shared cores'
+  caches and memory bandwidth to itself); absent where one rank was measured;
 - ``measurements``: every timing (median, p10, p90 over samples) and fit.
 
 Peaks: with ``datasheet_peaks`` (a GPU preset's ``peak_tflops``) efficiencies are
@@ -64,6 +68,10 @@ class Measurements:
     # Share of compute a collective ran under (benchmarks.overlap), pooled over ranks; empty: not measured.
     overlap: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The GEMMs, attention and element-wise kernels timed again on rank 0 while every other rank
+    # waits: what one rank achieves with the device (on a CPU, the shared cores, caches and memory
+    # bandwidth) to itself. None: one rank, whose figures already are that.
+    alone: Optional["Measurements"] = None
 
 
 def _bandwidth(value: float) -> str:
@@ -83,17 +91,11 @@ def _peak_for(precision: str, peaks: dict[str, float]) -> float:
     return peaks[peak_key(precision, peaks)] * 1e12
 
 
-def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: float, gpus_per_node: int,
-                  main_precision: str, datasheet_peaks: Optional[dict[str, float]] = None,
-                  tiled_attention: Optional[bool] = None) -> dict[str, Any]:
-    """The profile document (a dict ready for YAML) from ``m``.
-
-    ``main_precision`` is the training precision whose GEMM fit becomes ``gemm_efficiency``
-    and ``kernel_overhead_s``; ``datasheet_peaks`` are TFLOP/s per precision.
-    """
-    notes = list(m.notes)
-    if tiled_attention is None:  # GPUs (NCCL) run tiled flash attention; CPUs (gloo) do not
-        tiled_attention = machine.get("backend") == "nccl"
+def compute_figures(m: Measurements, main_precision: str, datasheet_peaks: Optional[dict[str, float]],
+                    tiled_attention: bool) -> tuple[dict[str, float], dict[str, float], dict[str, Any], float]:
+    """Peaks (TFLOP/s per precision), the compute and memory figures of ``performance``, their
+    measurements section and the copy bandwidth (bytes/s), fitted to ``m``'s GEMM, attention and
+    element-wise timings."""
     performance: dict[str, float] = {}
     measured: dict[str, Any] = {}
 
@@ -170,6 +172,22 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
     memory_section["elementwise_gb_s"] = sig(achieved / 1e9)
     measured["memory"] = memory_section
 
+    return peaks, performance, measured, hbm
+
+
+def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: float, gpus_per_node: int,
+                  main_precision: str, datasheet_peaks: Optional[dict[str, float]] = None,
+                  tiled_attention: Optional[bool] = None) -> dict[str, Any]:
+    """The profile document (a dict ready for YAML) from ``m``.
+
+    ``main_precision`` is the training precision whose GEMM fit becomes ``gemm_efficiency``
+    and ``kernel_overhead_s``; ``datasheet_peaks`` are TFLOP/s per precision.
+    """
+    notes = list(m.notes)
+    if tiled_attention is None:  # GPUs (NCCL) run tiled flash attention; CPUs (gloo) do not
+        tiled_attention = machine.get("backend") == "nccl"
+    peaks, performance, measured, hbm = compute_figures(m, main_precision, datasheet_peaks, tiled_attention)
+
     # Collectives: α and bus bandwidth per kind and link class.
     links: dict[str, dict[str, Any]] = {}
     coll_fits: dict[str, dict[str, Any]] = {}
@@ -233,9 +251,14 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
         "gpus_per_node": gpus_per_node,
         "nvlink_domain": gpus_per_node,
     }
+    document = {"machine": machine, "gpu": gpu, "performance": performance, "fabric": fabric}
+    if m.alone is not None:
+        alone_peaks, alone_performance, measured["alone"], alone_hbm = compute_figures(
+            m.alone, main_precision, datasheet_peaks, tiled_attention)
+        document["alone"] = {"peak_tflops": {k: sig(v, 6) for k, v in alone_peaks.items()},
+                             "hbm_bandwidth": _bandwidth(alone_hbm), "performance": alone_performance}
     measured["notes"] = notes
-    return {"machine": machine, "gpu": gpu, "performance": performance, "fabric": fabric,
-            "measurements": measured}
+    return {**document, "measurements": measured}
 
 
 HEADER = """\

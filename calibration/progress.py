@@ -31,6 +31,7 @@ STAGES = {
     "gemm": "the GEMM benchmarks",
     "attention": "the attention benchmarks",
     "memory": "the memory-bandwidth benchmarks",
+    "alone": "the single-rank benchmarks",
     "collectives": "the collective benchmarks",
     "overlap": "the overlap benchmark",
     "write": "writing the profile",

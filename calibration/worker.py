@@ -211,8 +211,11 @@ def work(argv: list[str], progress: RankProgress) -> None:
                         for size in plan.collective_sizes]
     # Overlap of a collective with compute: over the widest group, at the largest size.
     overlap_link = next((link for link in groups if len(groups[link][1]) > 1), None)
+    # The compute benchmarks again on rank 0 alone, where there are other ranks: the GEMMs of
+    # the training precision, attention, and each element-wise kernel at the largest size.
+    alone_items = (len(plan.gemms) + len(plan.attention) + len(benchmarks.MEMORY_OPS)) if world > 1 else 0
     progress.set_total(len(plan.precisions) * len(plan.gemms) + len(plan.attention)
-                       + len(benchmarks.MEMORY_OPS) * len(plan.memory_sizes) + len(collective_items)
+                       + len(benchmarks.MEMORY_OPS) * len(plan.memory_sizes) + alone_items + len(collective_items)
                        + (overlap_link is not None) + 1)
 
     def barrier() -> None:
@@ -238,6 +241,31 @@ def work(argv: list[str], progress: RankProgress) -> None:
             times, moved = benchmarks.memory(op, size, plan.main_precision, device, plan.memory_budget)
             local.append(times)
             memory_moved.append(moved)
+    alone: Optional[Measurements] = None
+    if alone_items:
+        # Every rank steps through the items (so the watchdog sees them move) and meets at a
+        # barrier before each; only rank 0 works between them.
+        alone = Measurements(attention_precision=plan.main_precision)
+        gemms: list[tuple[Any, list[float]]] = []
+        for shape in plan.gemms:
+            progress.step("alone", f"{plan.main_precision} {shape.m}x{shape.n}x{shape.k} on rank 0")
+            barrier()
+            if rank == 0:
+                gemms.append((shape, benchmarks.gemm(shape, plan.main_precision, device, plan.budget)))
+        alone.gemm[plan.main_precision] = gemms
+        for shape in plan.attention:
+            progress.step("alone", f"attention b={shape.batch} heads={shape.heads} s={shape.seq_len} on rank 0")
+            barrier()
+            if rank == 0:
+                alone.attention.append((shape, benchmarks.attention(shape, plan.main_precision, device,
+                                                                    plan.budget)))
+        size = max(plan.memory_sizes)
+        for op in benchmarks.MEMORY_OPS:
+            progress.step("alone", f"{op} {size // MiB} MiB on rank 0")
+            barrier()
+            if rank == 0:
+                times, moved = benchmarks.memory(op, size, plan.main_precision, device, plan.memory_budget)
+                alone.memory[op] = [(size, moved, times)]
     if cuda:
         torch.cuda.empty_cache()
     for link, kind, size in collective_items:
@@ -264,6 +292,7 @@ def work(argv: list[str], progress: RankProgress) -> None:
     if rank == 0:
         assert gathered is not None
         m = _measurements(plan, gathered, memory_moved, collective_bytes, collective_items, groups)
+        m.alone = alone
         peaks = None
         if args.gpu_preset:
             from planner.presets import gpu_presets

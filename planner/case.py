@@ -343,36 +343,46 @@ def _cluster_overrides(src: str, section: dict, key: str) -> dict[str, Any]:
     return overrides
 
 
-PROFILE_KEYS = ("machine", "gpu", "performance", "fabric", "measurements")
+PROFILE_KEYS = ("machine", "gpu", "performance", "fabric", "alone", "measurements")
+ALONE_KEYS = ("peak_tflops", "hbm_bandwidth", "performance")
 
 
-def gpu_from_profile(path: Path) -> tuple[GPUSpec, Optional[FabricSpec]]:
+def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional[FabricSpec]]:
     """The measured GPU of a hardware profile written by `layout-planner calibrate`, and its
     measured fabric where the profile has one.
 
     A profile holds ``gpu`` (the fields of a GPU preset, with measured figures),
-    ``performance`` and ``fabric`` (the fitted achieved figures), ``machine`` and ``measurements``.
+    ``performance`` and ``fabric`` (the fitted achieved figures), ``machine`` and ``measurements``,
+    and ``alone``: the compute and memory figures measured with one rank running, which a case of
+    one rank (``alone``) takes where the profile has them.
     """
     src = str(path)
     data = read_mapping(src, "", read_yaml(path), PROFILE_KEYS)
     machine = data.get("machine") or {}
     name = str(machine.get("device", "profiled")) if isinstance(machine, dict) else "profiled"
-    gpu = gpu_from_mapping(src, "gpu", name, required(src, "", data, "gpu"))
+    gpu_data = required(src, "", data, "gpu")
     performance = performance_from_mapping(src, "performance", data.get("performance") or {}, Performance())
+    if alone and data.get("alone") is not None:
+        one = read_mapping(src, "alone", data["alone"], ALONE_KEYS)
+        if isinstance(gpu_data, dict):
+            gpu_data = {**gpu_data, **{k: one[k] for k in ("peak_tflops", "hbm_bandwidth") if k in one}}
+        performance = performance_from_mapping(src, "alone.performance", one.get("performance") or {}, performance)
+    gpu = gpu_from_mapping(src, "gpu", name, gpu_data)
     fabric = fabric_from_mapping(src, "fabric", "measured", data["fabric"])[0] if data.get("fabric") else None
     with spec_errors(src):
         return replace(gpu, performance=performance), fabric
 
 
-def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster") -> tuple[GPUSpec, FabricSpec]:
+def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster", alone: bool = False) \
+        -> tuple[GPUSpec, FabricSpec]:
     """The GPU type a cluster section (``key``: where it sits in the case) describes, with the
-    section's overrides, and its fabric."""
+    section's overrides, and its fabric; a profile's single-rank figures where ``alone``."""
     if "profile" in section:
         if "gpu" in section:
             raise CaseError(src, f"{key}.profile", "give either gpu or profile, not both")
         profile = Path(read_str(src, f"{key}.profile", section["profile"]))
         gpu_entry = None
-        gpu, profile_fabric = gpu_from_profile(profile if profile.is_absolute() else base / profile)
+        gpu, profile_fabric = gpu_from_profile(profile if profile.is_absolute() else base / profile, alone)
     else:
         gpu_entry = required(src, key, section, "gpu")
     if isinstance(gpu_entry, str):
@@ -416,6 +426,9 @@ def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
     num_gpus = gpu_count(src, section, "cluster", gpu.gpus_per_node, ("num_gpus", "nodes"))
     if num_gpus is None:
         raise CaseError(src, "cluster.num_gpus", "missing; give num_gpus, or nodes and gpus_per_node")
+    if num_gpus == 1 and "profile" in section:
+        # One rank has the measured machine to itself: the profile's single-rank figures.
+        gpu, fabric = cluster_hardware(src, section, base, alone=True)
     with spec_errors(src):
         return ClusterSpec(gpu=gpu, num_gpus=num_gpus, fabric=fabric)
 

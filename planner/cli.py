@@ -314,6 +314,12 @@ def calibrate_command(
     print("  peak_tflops " + ", ".join(f"{k} {v}" for k, v in gpu["peak_tflops"].items())
           + f"; hbm {gpu['hbm_bandwidth']}; intra-node {gpu['intra_node_bandwidth']}")
     print("  " + ", ".join(f"{k} {v}" for k, v in perf.items()))
+    alone = outcome.profile.get("alone")
+    if alone:  # what a case of one rank is priced with
+        print("  one rank alone: peak_tflops " + ", ".join(f"{k} {v}" for k, v in alone["peak_tflops"].items())
+              + f"; hbm {alone['hbm_bandwidth']}; "
+              + ", ".join(f"{k} {v}" for k, v in alone["performance"].items()
+                          if k in ("gemm_efficiency", "kernel_overhead_s", "attention_efficiency", "hbm_efficiency")))
 
 
 def _interrupted(signum, frame) -> None:

@@ -205,6 +205,37 @@ def test_collective_shares_and_overlap_reach_the_profile(tmp_path):
                                                datasheet_peaks={"bf16": 400.0})["performance"]
 
 
+def test_a_case_of_one_rank_takes_the_figures_measured_with_one_rank_running(tmp_path):
+    """Rank 0 timed alone runs its GEMMs at η 0.7 and its element-wise kernels at 0.9 of a 2.4 TB/s
+    copy, where all ranks together got 0.61 and 0.8 of 2 TB/s: a case of one rank gets the first,
+    a case of two the second."""
+    m = synthetic_measurements()
+    m.alone = synthetic_measurements(eta=0.7, eff=0.9, hbm=2.4e12)
+    profile = build_profile({"device": "Synthetic GPU", "backend": "nccl"}, m, memory_bytes=80 * 2**30,
+                            gpus_per_node=8, main_precision="bf16", datasheet_peaks={"bf16": 400.0})
+    alone = profile["alone"]
+    assert alone["performance"]["gemm_efficiency"] == pytest.approx(0.7, rel=1e-3)
+    assert alone["performance"]["hbm_efficiency"] == pytest.approx(0.9, rel=1e-3)
+    assert alone["peak_tflops"] == {"bf16": 400.0}
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+
+    def gpu(num_gpus: int):
+        return load_case({"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
+                          "cluster": {"profile": str(path), "num_gpus": num_gpus},
+                          "training": {"global_batch_size": 8, "seq_len": 64}}).cluster.gpu
+
+    one, two = gpu(1), gpu(2)
+    assert one.performance.gemm_efficiency == pytest.approx(0.7, rel=1e-3)
+    assert one.performance.hbm_efficiency == pytest.approx(0.9, rel=1e-3)
+    assert one.hbm_bandwidth == pytest.approx(2.4e12, rel=1e-5)
+    assert two.performance.gemm_efficiency == pytest.approx(0.61, rel=1e-3)
+    assert two.hbm_bandwidth == pytest.approx(2e12, rel=1e-5)
+    # Measured with one rank, a profile has no second figure.
+    assert "alone" not in build_profile({"device": "x"}, synthetic_measurements(), memory_bytes=1e9,
+                                        gpus_per_node=1, main_precision="bf16", datasheet_peaks={"bf16": 400.0})
+
+
 def test_without_a_datasheet_the_peak_is_the_best_measured_gemm():
     m = synthetic_measurements()
     profile = build_profile({}, m, memory_bytes=1e9, gpus_per_node=2, main_precision="bf16")
@@ -284,6 +315,13 @@ def test_quick_calibration_writes_a_profile_the_planner_uses(tmp_path):
             "layout": {"dp": 2, "tp": 1, "pp": 1, "micro_batch_size": 2}}
     loaded = load_case(case)
     assert loaded.cluster.gpu.performance.gemm_efficiency == profile["performance"]["gemm_efficiency"]
+    # Rank 0 timed the training precision's GEMMs and each element-wise kernel again alone.
+    alone = profile["measurements"]["alone"]
+    assert len(alone["gemm"]["fp32"]["points"]) == len(profile["measurements"]["gemm"]["fp32"]["points"])
+    assert set(alone["memory"]) >= {"copy", "add", "gelu"}
+    one_rank = load_case({**case, "cluster": {"profile": str(out), "num_gpus": 1},
+                          "layout": {"dp": 1, "tp": 1, "pp": 1, "micro_batch_size": 2}})
+    assert one_rank.cluster.gpu.performance.gemm_efficiency == profile["alone"]["performance"]["gemm_efficiency"]
     estimate = planner.estimate(case)
     assert estimate.fits and 0 < estimate.to_dict()["step_time_s"] < math.inf
     assert not list(out.parent.glob(".*"))  # no temporary file left beside the profile
