@@ -32,6 +32,13 @@ class EngineBehaviour:
     # DeepSpeed gathers each submodule's parameters on its own (QKV, projection, two MLP
     # matrices and two norms in a GPT layer: ``all_gather_coalesced`` per module).
     zero3_collectives_per_layer: int = 1
+    # ZeRO-3 units copied through flat buffers around each collective, PyTorch FSDP2's way
+    # (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``): the shards into the
+    # all-gather's input and the gathered unit out to its parameters (``foreach_all_gather``,
+    # ``split_with_sizes_copy``), the unit's gradients into the reduce-scatter's input
+    # (``chunk_cat``) and the reduced shard into the sharded gradient. DeepSpeed and Megatron
+    # gather into buffers their parameters are views of.
+    zero3_unit_copies: bool = True
     # Interleaved pipelines post the next chunk's send/receive before computing the current
     # one (Megatron-core ``overlap_p2p_comm``, on unless --no-overlap-p2p-communication;
     # ``pipeline_parallel/schedules.py``).

@@ -433,7 +433,8 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     - ZeRO 3: parameter all-gathers in forward and in backward (again for the recompute
       where the engine re-gathers) and a gradient reduce-scatter, for every micro-batch,
       prefetched behind that micro-batch's compute; what a pass's compute cannot cover is
-      exposed, so more compute never shortens the step.
+      exposed, so more compute never shortens the step. Where the engine copies units through
+      flat buffers (``EngineBehaviour.zero3_unit_copies``), each collective carries its copies.
     Every stage prices its collectives alike (:func:`pipelined`): the first gather or last
     bucket of a pass waits in the open, each collective pays its latency, and overlapped
     traffic still costs what ``Performance.comm_overlap`` leaves.
@@ -499,6 +500,12 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     # the first gather of each pass waits, and what the pass's compute cannot cover.
     gather = chunked("all_gather", weights)
     reduce = chunked("reduce_scatter", grads)
+    if engine.zero3_unit_copies:
+        # Each copy reads and writes the unit (or its shard, 1/n of it) beside the collective,
+        # at the element-wise kernels' bandwidth.
+        copy_rate = perf.hbm_efficiency * job.cluster.gpu.hbm_bandwidth
+        gather += 2 * weights * (1 + 1 / dp_links.size) / copy_rate
+        reduce += 2 * grads * (1 + 1 / dp_links.size) / copy_rate
     backward_gathers = 1 + (lay.recompute == "full" and engine.regather_for_recompute)
     per_microbatch = pipelined(gather, chunks, forward, perf) \
         + pipelined(backward_gathers * gather + reduce, chunks, backward_last, perf)
