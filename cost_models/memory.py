@@ -11,7 +11,7 @@ from typing import Iterable, Optional
 from .activations import (embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, loss_gradient_bytes)
 from .experts import alltoall_buffer_bytes
-from .model_states import StateBytes, gathered_weight_bytes, sharded_state_bytes, state_bytes
+from .model_states import StateBytes, gathered_weight_bytes, sharded_state_bytes, state_bytes, zero_shards
 from .offload import gradients_on_host, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
                          router_parameters, shared_expert_parameters, stage_parameters)
@@ -36,16 +36,6 @@ class StageMemory:
 
     def by_term(self) -> dict[str, float]:
         return {term: getattr(self, term) for term in TERMS}
-
-
-def zero_shards(job: Job) -> int:
-    """Ranks that hold the same weights and so share the ZeRO shards: dp·cp.
-
-    Megatron reduces gradients and shards its distributed optimizer over the
-    data-parallel group with context parallelism folded in
-    (``parallel_state.get_data_parallel_group(with_context_parallel=True)``).
-    """
-    return job.layout.dp * job.layout.cp
 
 
 def expert_zero_shards(job: Job) -> int:
@@ -165,10 +155,10 @@ def per_parameter_states(job: Job) -> tuple[StateBytes, StateBytes]:
     sharded over dp·cp by the ZeRO stage, the experts' over the expert data-parallel ranks
     (ZeRO paper §5; megatron-core's expert distributed optimizer)."""
     lay = job.layout
-    held = state_bytes(job.training, lay.zero_stage)
-    per_param = sharded_state_bytes(held, lay.zero_stage, zero_shards(job))
-    per_expert_param = sharded_state_bytes(held, lay.zero_stage, expert_zero_shards(job)) \
-        if job.model.is_moe else per_param
+    shards, expert_shards = zero_shards(job), expert_zero_shards(job)
+    per_param = sharded_state_bytes(state_bytes(job.training, lay.zero_stage, shards), lay.zero_stage, shards)
+    per_expert_param = sharded_state_bytes(state_bytes(job.training, lay.zero_stage, expert_shards), lay.zero_stage,
+                                           expert_shards) if job.model.is_moe else per_param
     return per_param, per_expert_param
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .specs import TrainingSpec
+from .specs import Job, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -39,14 +39,26 @@ def fp32_gradients(training: TrainingSpec) -> bool:
     return training.precision != "fp16" and training.engine.fp32_grads_for_bf16
 
 
-def weights_are_master(training: TrainingSpec, zero_stage: int) -> bool:
+def zero_shards(job: Job) -> int:
+    """Ranks that hold the same weights and so share the ZeRO shards: dp·cp.
+
+    Megatron reduces gradients and shards its distributed optimizer over the
+    data-parallel group with context parallelism folded in
+    (``parallel_state.get_data_parallel_group(with_context_parallel=True)``).
+    """
+    return job.layout.dp * job.layout.cp
+
+
+def weights_are_master(training: TrainingSpec, zero_stage: int, shards: int) -> bool:
     """Whether the weights a rank holds are the fp32 master copy itself: 16-bit training under
-    a ZeRO-3 that shards the fp32 parameters (``EngineBehaviour.sharded_master_weights``)."""
-    return zero_stage == 3 and training.engine.sharded_master_weights and training.precision != "fp32"
+    a ZeRO-3 that shards the fp32 parameters (``EngineBehaviour.sharded_master_weights``) over
+    more than one rank (torchtitan applies FSDP only then: ``ParallelDims.fsdp_enabled``)."""
+    return zero_stage == 3 and shards > 1 and training.engine.sharded_master_weights \
+        and training.precision != "fp32"
 
 
 @lru_cache(maxsize=256)  # read for every stage of every layout a search scores
-def state_bytes(training: TrainingSpec, zero_stage: int = 0) -> StateBytes:
+def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) -> StateBytes:
     """Per-parameter model-state bytes for the training precision and optimizer.
 
     - fp32: 4-byte weights and gradients; Adam's two 4-byte moments, SGD's one momentum.
@@ -60,13 +72,13 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0) -> StateBytes:
       master copy in the distributed optimizer), a weight takes the recipe's bytes
       (``quantization.Recipe.quantized_bytes``: 1 for fp8).
     - Where the held weights are the fp32 master (:func:`weights_are_master`: PyTorch FSDP at
-      ``zero_stage`` 3), a weight takes 4 bytes, its gradient shard 4 (FSDP casts the reduced
+      ``zero_stage`` 3 over ``shards`` > 1 ranks), a weight takes 4 bytes, its gradient shard 4 (FSDP casts the reduced
       gradient to the parameter's dtype, whatever dtype it reduced in) and the optimizer only
       its moments: 16 bytes for Adam. The 16-bit weights exist only gathered
       (``memory.zero3_gather_bytes``), which :func:`gathered_weight_bytes` prices.
     """
     moments = 1 if training.optimizer == "sgd" else 2
-    if training.precision == "fp32" or weights_are_master(training, zero_stage):
+    if training.precision == "fp32" or weights_are_master(training, zero_stage, shards):
         return StateBytes(weights=4, gradients=4, optimizer=4 * moments)
     weights = 2.0
     if training.fp8_param_gather and training.recipe is not None and training.engine.fused_quantize:

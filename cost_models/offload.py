@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from .collectives import exposed
-from .model_states import optimizer_step_bytes, state_bytes, weights_are_master
+from .model_states import optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
 from .specs import Job
 
 
@@ -52,11 +52,12 @@ def optimizer_offload_time(job: Job, local_params: float, backward_s: float) -> 
     if not lay.offload_optimizer:
         return 0.0
     perf, host = gpu.performance, gpu.host
-    per_param = state_bytes(job.training, lay.zero_stage)
+    shards = zero_shards(job)
+    per_param = state_bytes(job.training, lay.zero_stage, shards)
     local = local_params * lay.offload_optimizer
     link = host.link_bandwidth * perf.host_link_efficiency
     out = local * per_param.gradients / link
-    cpu_step = local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage)) \
+    cpu_step = local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage, shards)) \
         / (host.memory_bandwidth * perf.host_memory_efficiency)
     back = local * per_param.weights / link
     return exposed(out, backward_s, perf) + cpu_step + back
@@ -69,7 +70,7 @@ def param_offload_time(job: Job, shard: float, microbatch_s: float, gathers: int
     if not lay.offload_params:
         return 0.0
     perf = gpu.performance
-    per_param = state_bytes(job.training, lay.zero_stage)  # what the host holds, in the dtype it holds
+    per_param = state_bytes(job.training, lay.zero_stage, zero_shards(job))  # what the host holds, as it holds it
     copies = shard * (gathers * per_param.weights + per_param.gradients)
     return job.num_microbatches * exposed(copies / (gpu.host.link_bandwidth * perf.host_link_efficiency),
                                           microbatch_s, perf)

@@ -548,9 +548,10 @@ def tied_embedding_reduce(job: Job, stage: int) -> float:
 def optimizer_time(job: Job, stage: int) -> float:
     """The optimizer step is HBM-bound: read gradients, read and write the fp32 states, write weights."""
     lay, gpu = job.layout, job.cluster.gpu
-    per_param = state_bytes(job.training, lay.zero_stage)
+    shards = zero_shards(job)
+    per_param = state_bytes(job.training, lay.zero_stage, shards)
     local = optimizer_local_parameters(job, stage) * (1 - lay.offload_optimizer)
-    return local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage)) \
+    return local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage, shards)) \
         / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
 
 
