@@ -72,10 +72,10 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
       master copy in the distributed optimizer), a weight takes the recipe's bytes
       (``quantization.Recipe.quantized_bytes``: 1 for fp8).
     - Where the held weights are the fp32 master (:func:`weights_are_master`: PyTorch FSDP at
-      ``zero_stage`` 3 over ``shards`` > 1 ranks), a weight takes 4 bytes, its gradient shard 4 (FSDP casts the reduced
-      gradient to the parameter's dtype, whatever dtype it reduced in) and the optimizer only
-      its moments: 16 bytes for Adam. The 16-bit weights exist only gathered
-      (``memory.zero3_gather_bytes``), which :func:`gathered_weight_bytes` prices.
+      ``zero_stage`` 3 over ``shards`` > 1 ranks), a weight takes 4 bytes, its gradient shard 4
+      (FSDP casts the reduced gradient to the parameter's dtype, whatever dtype it reduced in)
+      and the optimizer only its moments: 16 bytes for Adam. The 16-bit weights exist only
+      gathered (``memory.zero3_gather_bytes``), which :func:`gathered_weight_bytes` prices.
     """
     moments = 1 if training.optimizer == "sgd" else 2
     if training.precision == "fp32" or weights_are_master(training, zero_stage, shards):

@@ -70,7 +70,7 @@ def param_offload_time(job: Job, shard: float, microbatch_s: float, gathers: int
     if not lay.offload_params:
         return 0.0
     perf = gpu.performance
-    per_param = state_bytes(job.training, lay.zero_stage, zero_shards(job))  # what the host holds, as it holds it
+    per_param = state_bytes(job.training, lay.zero_stage, zero_shards(job))  # as the host holds them
     copies = shard * (gathers * per_param.weights + per_param.gradients)
     return job.num_microbatches * exposed(copies / (gpu.host.link_bandwidth * perf.host_link_efficiency),
                                           microbatch_s, perf)

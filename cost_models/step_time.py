@@ -25,9 +25,9 @@ from .experts import dispatch_combine_time, moe_mlp_time, routed_tokens
 from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, model_flops_per_token
 from .kernels import (NORM_OR_ACTIVATION_INPUTS, flash_attention_time, gemm_time, high_precision_precision,
                       linear_time, tensor_core_rate)
-from .memory import job_stage_parameters, per_microbatch, zero_shards
+from .memory import job_stage_parameters, per_microbatch
 from .parameters import embedding_parameters
-from .model_states import gathered_weight_bytes, optimizer_step_bytes, state_bytes, weights_are_master
+from .model_states import gathered_weight_bytes, optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
 from .offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from .pipeline import bubble_fraction
 from .specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, TrainingSpec

@@ -365,7 +365,12 @@ def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional
     if alone and data.get("alone") is not None:
         one = read_mapping(src, "alone", data["alone"], ALONE_KEYS)
         if isinstance(gpu_data, dict):
-            gpu_data = {**gpu_data, **{k: one[k] for k in ("peak_tflops", "hbm_bandwidth") if k in one}}
+            # Rank 0 timed the training precision alone: the other precisions keep their figures.
+            peaks = gpu_data.get("peak_tflops")
+            if isinstance(peaks, dict) and isinstance(one.get("peak_tflops"), dict):
+                gpu_data = {**gpu_data, "peak_tflops": {**peaks, **one["peak_tflops"]}}
+            if "hbm_bandwidth" in one:
+                gpu_data = {**gpu_data, "hbm_bandwidth": one["hbm_bandwidth"]}
         performance = performance_from_mapping(src, "alone.performance", one.get("performance") or {}, performance)
     gpu = gpu_from_mapping(src, "gpu", name, gpu_data)
     fabric = fabric_from_mapping(src, "fabric", "measured", data["fabric"])[0] if data.get("fabric") else None

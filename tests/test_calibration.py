@@ -213,6 +213,7 @@ def test_a_case_of_one_rank_takes_the_figures_measured_with_one_rank_running(tmp
     m.alone = synthetic_measurements(eta=0.7, eff=0.9, hbm=2.4e12)
     profile = build_profile({"device": "Synthetic GPU", "backend": "nccl"}, m, memory_bytes=80 * 2**30,
                             gpus_per_node=8, main_precision="bf16", datasheet_peaks={"bf16": 400.0})
+    profile["gpu"]["peak_tflops"]["fp8"] = 800.0
     alone = profile["alone"]
     assert alone["performance"]["gemm_efficiency"] == pytest.approx(0.7, rel=1e-3)
     assert alone["performance"]["hbm_efficiency"] == pytest.approx(0.9, rel=1e-3)
@@ -229,6 +230,7 @@ def test_a_case_of_one_rank_takes_the_figures_measured_with_one_rank_running(tmp
     assert one.performance.gemm_efficiency == pytest.approx(0.7, rel=1e-3)
     assert one.performance.hbm_efficiency == pytest.approx(0.9, rel=1e-3)
     assert one.hbm_bandwidth == pytest.approx(2.4e12, rel=1e-5)
+    assert one.peak("fp8") == 800e12  # a precision rank 0 did not time again keeps its figure
     assert two.performance.gemm_efficiency == pytest.approx(0.61, rel=1e-3)
     assert two.hbm_bandwidth == pytest.approx(2e12, rel=1e-5)
     # Measured with one rank, a profile has no second figure.

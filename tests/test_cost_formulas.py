@@ -14,7 +14,7 @@ from cost_models.experts import (alltoall_buffer_bytes, dispatch_bytes, dispatch
                                  routed_tokens)
 from cost_models.flops import Gemm
 from cost_models.kernels import gemm_time, grouped_gemm_time, linear_time
-from cost_models.memory import zero_shards
+from cost_models.model_states import zero_shards
 from cost_models.offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from cost_models.quantization import RECIPES
 from cost_models.specs import Layout
