@@ -240,7 +240,7 @@ def overlap(group: Optional[dist.ProcessGroup], size_bytes: int, shape: GemmShap
     long alone (t_g), and the all-reduce launched asynchronously beside the same GEMMs
     (t_b); the overlap is (t_c + t_g − t_b) / min(t_c, t_g), clamped to [0, 1]: 1 when the
     two run side by side (NCCL on a GPU), 0 when they take turns on the same cores (gloo
-    on a CPU). ``Performance.comm_overlap`` is its median. Every member of ``group``
+    on a CPU). ``Performance.comm_overlap`` is its mean. Every member of ``group``
     calls this with the same arguments.
     """
     dtype = DTYPES[precision]
