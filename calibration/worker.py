@@ -245,14 +245,13 @@ def work(argv: list[str], progress: RankProgress) -> None:
     if alone_items:
         # Every rank steps through the items (so the watchdog sees them move) and meets at a
         # barrier before each; only rank 0 works between them.
-        alone = Measurements(attention_precision=plan.main_precision)
-        gemms: list[tuple[Any, list[float]]] = []
+        alone = Measurements(attention_precision=plan.main_precision, gemm={plan.main_precision: []})
         for shape in plan.gemms:
             progress.step("alone", f"{plan.main_precision} {shape.m}x{shape.n}x{shape.k} on rank 0")
             barrier()
             if rank == 0:
-                gemms.append((shape, benchmarks.gemm(shape, plan.main_precision, device, plan.budget)))
-        alone.gemm[plan.main_precision] = gemms
+                alone.gemm[plan.main_precision].append(
+                    (shape, benchmarks.gemm(shape, plan.main_precision, device, plan.budget)))
         for shape in plan.attention:
             progress.step("alone", f"attention b={shape.batch} heads={shape.heads} s={shape.seq_len} on rank 0")
             barrier()

@@ -31,7 +31,7 @@ from functools import lru_cache
 from .activations import activation_bytes
 from .collectives import all_to_all_time, collective_time
 from .flops import Gemm, mlp_gemms
-from .kernels import linear_time
+from .kernels import elementwise_time, linear_time
 from .specs import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
 from .topology import group_links
 
@@ -88,7 +88,7 @@ def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int
     router GEMM, the grouped expert GEMMs at the copies the busiest rank receives, the shared
     experts (each a linear layer's, :func:`kernels.linear_time`) and the element-wise kernels
     (:func:`moe_elementwise_bytes`, twice their traffic in backward)."""
-    engine, perf = training.engine, gpu.performance
+    engine = training.engine
     tokens = moe_tokens(training, tp, cp, micro_batch_size)
     # The router stays in 16 bits under every recipe (Transformer Engine quantizes the experts'
     # linear layers only; megatron-core's router is a plain GEMM).
@@ -102,8 +102,8 @@ def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int
         gathered = micro_batch_size * training.seq_len / cp
         times += [linear_time(g, gpu, training, True, weight_share)
                   for g in mlp_gemms(model, gathered, model.moe_shared_expert_ffn_hidden_size, tp, "shared_fc")]
-    memory = moe_elementwise_bytes(model, training, tp, cp, micro_batch_size, etp, engine.fused_elementwise) \
-        / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+    memory = elementwise_time(moe_elementwise_bytes(model, training, tp, cp, micro_batch_size, etp,
+                                                    engine.fused_elementwise), gpu)
     return sum(f for f, _ in times) + memory, sum(b for _, b in times) + 2 * memory
 
 

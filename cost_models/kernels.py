@@ -69,7 +69,7 @@ def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, recipe: Optional[Recipe]
 
     The GEMM runs at ``precision``'s peak and achieved efficiency, or at a low-precision
     ``recipe``'s (:func:`_rate_and_size`). The fixed cost t₀ (launch, prologue and epilogue)
-    weighs on small GEMMs. Quantizing the operands is priced apart (:func:`quantize_time`).
+    weighs on small GEMMs. Quantizing the operands is priced apart (:func:`elementwise_time`).
     """
     perf = gpu.performance
     rate, size = _rate_and_size(gpu, precision, recipe)
@@ -79,9 +79,9 @@ def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, recipe: Optional[Recipe]
     return max(compute, traffic / hbm) + perf.kernel_overhead_s
 
 
-def quantize_time(traffic_bytes: float, gpu: GPUSpec) -> float:
-    """Quantize kernels are memory-bound: their HBM traffic (``quantization.linear_quantize_bytes``)
-    at the element-wise kernels' achieved bandwidth."""
+def elementwise_time(traffic_bytes: float, gpu: GPUSpec) -> float:
+    """Memory-bound kernels (norms, activations, the loss, quantize kernels, the optimizer step,
+    copies): their HBM traffic at the element-wise kernels' achieved bandwidth."""
     return traffic_bytes / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
 
 
@@ -169,5 +169,5 @@ def linear_time(gemm: Gemm, gpu: GPUSpec, training: TrainingSpec, quantized: boo
     wgrad = low if recipe.wgrad_low else kernel(high, None)
     q = linear_quantize_bytes(recipe, gemm.m, gemm.n, gemm.k, training.engine.fused_quantize, weight_share,
                               input_in_producer)
-    return (low + groups * quantize_time(q.forward, gpu),
-            low + wgrad + groups * quantize_time(q.backward, gpu))
+    return (low + groups * elementwise_time(q.forward, gpu),
+            low + wgrad + groups * elementwise_time(q.backward, gpu))

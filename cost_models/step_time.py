@@ -23,8 +23,8 @@ from .activations import activation_bytes, selective_modules
 from .collectives import collective_time, exposed, p2p_time
 from .experts import dispatch_combine_time, moe_mlp_time, routed_tokens
 from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, model_flops_per_token
-from .kernels import (NORM_OR_ACTIVATION_INPUTS, flash_attention_time, gemm_time, high_precision_precision,
-                      linear_time, tensor_core_rate)
+from .kernels import (NORM_OR_ACTIVATION_INPUTS, elementwise_time, flash_attention_time, gemm_time,
+                      high_precision_precision, linear_time, tensor_core_rate)
 from .memory import job_stage_parameters, per_microbatch
 from .parameters import embedding_parameters
 from .model_states import gathered_weight_bytes, optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
@@ -226,7 +226,7 @@ def layer_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: i
         context = Gemm("context", s_local, model.value_head_dim, training.seq_len)
         core = heads * (scores.flops + context.flops) / tensor_core_rate(
             gpu, attn_precision, perf.gemm_efficiency_for(attn_precision)) + 2 * perf.kernel_overhead_s
-    memory = elementwise_bytes(model, training, lay, tokens, mlp) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+    memory = elementwise_time(elementwise_bytes(model, training, lay, tokens, mlp), gpu)
     # Backward: element-wise kernels twice the forward's traffic; flash attention's backward also
     # recomputes the scores: 2.5 times its forward (FlashAttention's benchmark counts fwd + bwd as
     # 3.5 forward passes, which is how attention_efficiency is quoted), without flash 2 times.
@@ -262,8 +262,7 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
                  Gemm("w3", tokens, f / tp, h))
     else:
         gemms = (Gemm("proj", tokens, h, model.context_size / tp), Gemm("fc2", tokens, h, f / tp))
-    perf = gpu.performance
-    memory = elementwise_bytes(model, training, lay, tokens) / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+    memory = elementwise_time(elementwise_bytes(model, training, lay, tokens), gpu)
     return sum(linear_time(g, gpu, training, quantized, weight_share, g.name in NORM_OR_ACTIVATION_INPUTS)[0]
                for g in gemms) + memory
 
@@ -349,8 +348,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
         # Megatron's bf16 ColumnParallelLinear; torchao's conversions skip lm_head); its backward
         # is twice its forward; the loss's traffic is its own.
         compute += 3 * gemm_time(head_gemm(model, tokens, lay.tp), gpu, high_precision_precision(training))
-        compute += cross_entropy_bytes(tokens * model.vocab_size / lay.tp, training) \
-            / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+        compute += elementwise_time(cross_entropy_bytes(tokens * model.vocab_size / lay.tp, training), gpu)
     if stage == 0:
         compute += 3 * perf.kernel_overhead_s  # embedding gather: memory-trivial
 
@@ -373,7 +371,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
             act = activation_bytes(training.precision) * 3 * routed_tokens(
                 model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp) \
                 * model.moe_ffn_hidden_size / lay.expert_tp
-            recompute += moe_layers * act / (perf.hbm_efficiency * gpu.hbm_bandwidth)
+            recompute += elementwise_time(moe_layers * act, gpu)
 
     # Recompute repeats the forward's TP collectives.
     p = activation_bytes(training.precision)
@@ -503,9 +501,8 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     if engine.zero3_unit_copies:
         # Each copy reads and writes the unit (or its shard, 1/n of it) beside the collective,
         # at the element-wise kernels' bandwidth.
-        copy_rate = perf.hbm_efficiency * job.cluster.gpu.hbm_bandwidth
-        gather += 2 * weights * (1 + 1 / dp_links.size) / copy_rate
-        reduce += 2 * grads * (1 + 1 / dp_links.size) / copy_rate
+        gather += elementwise_time(2 * weights * (1 + 1 / dp_links.size), job.cluster.gpu)
+        reduce += elementwise_time(2 * grads * (1 + 1 / dp_links.size), job.cluster.gpu)
     backward_gathers = 1 + (lay.recompute == "full" and engine.regather_for_recompute)
     per_microbatch = pipelined(gather, chunks, forward, perf) \
         + pipelined(backward_gathers * gather + reduce, chunks, backward_last, perf)
@@ -551,8 +548,8 @@ def optimizer_time(job: Job, stage: int) -> float:
     shards = zero_shards(job)
     per_param = state_bytes(job.training, lay.zero_stage, shards)
     local = optimizer_local_parameters(job, stage) * (1 - lay.offload_optimizer)
-    return local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage, shards)) \
-        / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
+    return elementwise_time(local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage,
+                                                                                       shards)), gpu)
 
 
 def optimizer_local_parameters(job: Job, stage: int) -> float:

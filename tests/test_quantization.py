@@ -180,7 +180,7 @@ def test_a_low_precision_recipe_on_fp32_is_refused():
 def test_the_power_cap_slows_tensor_cores_only():
     """sustained_clock scales GEMM and attention rates; an HBM-bound kernel is unchanged."""
     from cost_models.flops import Gemm
-    from cost_models.kernels import gemm_time, quantize_time
+    from cost_models.kernels import elementwise_time, gemm_time
     import dataclasses
 
     gpu = load_case(_case("b200", "bf16")).cluster.gpu
@@ -189,7 +189,7 @@ def test_the_power_cap_slows_tensor_cores_only():
     overhead = gpu.performance.kernel_overhead_s
     ratio = (gemm_time(gemm, gpu, "bf16") - overhead) / (gemm_time(gemm, full, "bf16") - overhead)
     assert ratio == pytest.approx(1 / gpu.performance.sustained_clock)
-    assert quantize_time(1e9, gpu) == quantize_time(1e9, full)
+    assert elementwise_time(1e9, gpu) == elementwise_time(1e9, full)
     assert math.isclose(gpu.performance.sustained_clock, 0.635)
 
 
