@@ -157,12 +157,16 @@ def attention(shape: AttentionShape, precision: str, device: torch.device, budge
     return time_calls(step, Clock(device), budget)
 
 
-MEMORY_OPS = ("copy", "add", "gelu")
-MEMORY_TRAFFIC = {"copy": 2, "add": 3, "gelu": 2}  # tensors read + written per element
+# A copy and an add write fresh tensors, as norms and residual adds do; the in-place add updates
+# its operand, as the optimizer step does (on a CPU it skips the read of each destination line
+# before the write, write-allocate); the tanh GeLU is the activation function.
+MEMORY_OPS = ("copy", "add", "add_in_place", "gelu")
+MEMORY_TRAFFIC = {"copy": 2, "add": 3, "add_in_place": 3, "gelu": 2}  # tensors read + written per element
 
 
 def memory(op: str, nbytes: int, precision: str, device: torch.device, budget: Budget) -> tuple[list[float], int]:
-    """A copy or an element-wise op over ``nbytes`` tensors; returns times and bytes moved per call."""
+    """A copy or an element-wise op (:data:`MEMORY_OPS`) over ``nbytes`` tensors; returns times and
+    bytes moved per call."""
     dtype = DTYPES[precision]
     numel = nbytes // torch.tensor([], dtype=dtype).element_size()
     a = torch.empty(numel, device=device, dtype=dtype).uniform_(-1, 1)
@@ -172,6 +176,9 @@ def memory(op: str, nbytes: int, precision: str, device: torch.device, budget: B
     elif op == "add":
         b = torch.empty_like(a).uniform_(-1, 1)
         fn = lambda: torch.add(a, b, out=out)  # noqa: E731
+    elif op == "add_in_place":
+        b = torch.empty_like(a).uniform_(-1e-6, 1e-6)  # small: the values stay bounded over many calls
+        fn = lambda: a.add_(b)  # noqa: E731
     elif op == "gelu":
         # The tanh form, as the model runs it (Megatron's bias_gelu; calibration/gpt.py): on a
         # CPU it is compute-bound, 4-5x slower than the erf form, whose figure would not apply.

@@ -4,7 +4,7 @@
 
 - ``machine``: where and how it was measured (host, device, torch, NCCL, date, ranks);
 - ``gpu``: the fields of a GPU preset, measured: ``peak_tflops`` per precision timed,
-  ``hbm_bandwidth`` (device copy, bytes read + written per second), ``intra_node_bandwidth``
+  ``hbm_bandwidth`` (the fastest streaming kernel, bytes read + written per second), ``intra_node_bandwidth``
   and ``inter_node_bandwidth`` (fitted all-reduce bus bandwidth), ``gpus_per_node`` and
   ``nvlink_domain`` (ranks per node), ``memory`` (the GPU's, or the host's RAM shared by
   its ranks);
@@ -157,19 +157,28 @@ def compute_figures(m: Measurements, main_precision: str, datasheet_peaks: Optio
                        for s, t in m.attention],
         }
 
-    # Memory: the copy's bandwidth at the largest size is the HBM (or DRAM) figure;
-    # element-wise kernels' achieved share of it is hbm_efficiency.
+    # Memory: the fastest rate a streaming kernel reached at the largest size is the HBM (or DRAM)
+    # figure: on a GPU the copy's, on a CPU the in-place add's, since a write to a fresh tensor
+    # first reads its line there. Each class of element-wise kernel gets its share of it.
     memory_section: dict[str, Any] = {}
     for op, points in m.memory.items():
         memory_section[op] = [{"tensor_bytes": size, "bytes_moved": moved,
                                "gb_s": sig(moved / _median(t) / 1e9), **spread(t)} for size, moved, t in points]
-    copy = max(m.memory["copy"], key=lambda p: p[0])
-    hbm = copy[1] / _median(copy[2])
-    elementwise = [max(points, key=lambda p: p[0]) for op, points in m.memory.items() if op != "copy"]
-    achieved = sum(p[1] for p in elementwise) / sum(_median(p[2]) for p in elementwise) if elementwise else hbm
-    performance["hbm_efficiency"] = sig(min(1.0, achieved / hbm))
+    largest = {op: max(points, key=lambda p: p[0]) for op, points in m.memory.items() if points}
+
+    def rate(ops: tuple[str, ...]) -> Optional[float]:
+        """Bytes per second over ``ops`` together (their bytes over their times)."""
+        points = [largest[op] for op in ops if op in largest]
+        return sum(p[1] for p in points) / sum(_median(p[2]) for p in points) if points else None
+
+    hbm = max(rate((op,)) for op in ("copy", "add", "add_in_place") if op in largest)
+    for name, ops in (("hbm_efficiency", ("copy", "add")), ("in_place_efficiency", ("add_in_place",)),
+                      ("activation_efficiency", ("gelu",))):
+        achieved = rate(ops)
+        if achieved is not None:
+            performance[name] = sig(min(1.0, achieved / hbm))
     memory_section["hbm_bandwidth_gb_s"] = sig(hbm / 1e9)
-    memory_section["elementwise_gb_s"] = sig(achieved / 1e9)
+    memory_section["elementwise_gb_s"] = sig(rate(("copy", "add")) / 1e9)
     measured["memory"] = memory_section
 
     return peaks, performance, measured, hbm

@@ -31,7 +31,7 @@ from functools import lru_cache
 from .activations import activation_bytes
 from .collectives import all_to_all_time, collective_time
 from .flops import Gemm, mlp_gemms
-from .kernels import elementwise_time, linear_time
+from .kernels import activation_function_time, activation_passes, elementwise_time, linear_time
 from .specs import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
 from .topology import group_links
 
@@ -62,23 +62,38 @@ def expert_gemms(model: ModelSpec, routed: float, ep: int, etp: int) -> tuple[Ge
 
 def moe_elementwise_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int,
                           etp: int, fused: bool) -> float:
-    """HBM traffic of the expert part's forward element-wise kernels on one GPU.
+    """HBM traffic of the expert part's forward element-wise kernels on one GPU, the activation
+    function's apart (:func:`moe_activation_bytes`).
 
     - router: softmax (or sigmoid) and top-k over T·E fp32 scores: write, read, read (12 bytes each);
     - four permutations of the routed copies (before and after the all-to-all, both ways), each
       reading and writing R·h elements;
-    - the experts' activation on R copies of width f_e/etp (SwiGLU 3 passes fused, 5 eager;
-      GeLU 2), and the shared experts' on the tensor-parallel group's tokens.
+    - eager SwiGLU's multiply (read 2, write 1) on the experts' and shared experts' widths.
     """
     p = activation_bytes(training.precision)
     tokens = moe_tokens(training, tp, cp, micro_batch_size)
     routed = routed_tokens(model, training, tp, cp, micro_batch_size, etp)
-    passes = (3 if fused else 5) if model.activation == "swiglu" else 2
     router = 3 * ROUTER_BYTES * tokens * model.num_experts
     permute = 4 * 2 * p * routed * model.hidden_size
-    act = p * passes * routed * model.moe_ffn_hidden_size / etp
-    shared = p * passes * tokens * model.moe_shared_expert_ffn_hidden_size  # (b·s/cp)·f_s/tp
-    return router + permute + act + shared
+    multiply = 3 if model.activation == "swiglu" and not fused else 0
+    return router + permute + p * multiply * _expert_widths(model, tokens, routed, etp)
+
+
+def moe_activation_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int,
+                         etp: int, fused: bool) -> float:
+    """HBM traffic of the experts' forward activation function on one GPU: its passes
+    (``kernels.activation_passes``) over R routed copies of width f_e/etp, and over the
+    tensor-parallel group's tokens at the shared experts' width."""
+    tokens = moe_tokens(training, tp, cp, micro_batch_size)
+    routed = routed_tokens(model, training, tp, cp, micro_batch_size, etp)
+    return activation_bytes(training.precision) * activation_passes(model.activation, fused) \
+        * _expert_widths(model, tokens, routed, etp)
+
+
+def _expert_widths(model: ModelSpec, tokens: float, routed: float, etp: int) -> float:
+    """Elements of one MLP-width tensor over the routed experts and the shared ones:
+    R·f_e/etp + (b·s/cp)·f_s/tp (``tokens`` are already over tp)."""
+    return routed * model.moe_ffn_hidden_size / etp + tokens * model.moe_shared_expert_ffn_hidden_size
 
 
 @lru_cache(maxsize=4096)
@@ -87,7 +102,7 @@ def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int
     """(forward, backward) of an MoE layer's expert part on one GPU, communication excluded: the
     router GEMM, the grouped expert GEMMs at the copies the busiest rank receives, the shared
     experts (each a linear layer's, :func:`kernels.linear_time`) and the element-wise kernels
-    (:func:`moe_elementwise_bytes`, twice their traffic in backward)."""
+    (:func:`moe_elementwise_bytes`, :func:`moe_activation_bytes`, twice their traffic in backward)."""
     engine = training.engine
     tokens = moe_tokens(training, tp, cp, micro_batch_size)
     # The router stays in 16 bits under every recipe (Transformer Engine quantizes the experts'
@@ -102,8 +117,9 @@ def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int
         gathered = micro_batch_size * training.seq_len / cp
         times += [linear_time(g, gpu, training, True, weight_share)
                   for g in mlp_gemms(model, gathered, model.moe_shared_expert_ffn_hidden_size, tp, "shared_fc")]
-    memory = elementwise_time(moe_elementwise_bytes(model, training, tp, cp, micro_batch_size, etp,
-                                                    engine.fused_elementwise), gpu)
+    args = (model, training, tp, cp, micro_batch_size, etp, engine.fused_elementwise)
+    memory = elementwise_time(moe_elementwise_bytes(*args), gpu) \
+        + activation_function_time(moe_activation_bytes(*args), gpu)
     return sum(f for f, _ in times) + memory, sum(b for _, b in times) + 2 * memory
 
 

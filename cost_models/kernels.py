@@ -80,9 +80,36 @@ def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, recipe: Optional[Recipe]
 
 
 def elementwise_time(traffic_bytes: float, gpu: GPUSpec) -> float:
-    """Memory-bound kernels (norms, activations, the loss, quantize kernels, the optimizer step,
-    copies): their HBM traffic at the element-wise kernels' achieved bandwidth."""
+    """Memory-bound kernels that write fresh tensors (norms, residual adds, the loss, quantize
+    kernels, copies): their HBM traffic at the element-wise kernels' achieved bandwidth."""
     return traffic_bytes / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
+
+
+def in_place_time(traffic_bytes: float, gpu: GPUSpec) -> float:
+    """Memory-bound kernels that update their operands in place (the optimizer step): their HBM
+    traffic at the in-place kernels' achieved bandwidth (``Performance.in_place_efficiency``),
+    which skips the read a CPU makes of every line a fresh tensor is written to."""
+    perf = gpu.performance
+    efficiency = perf.in_place_efficiency if perf.in_place_efficiency is not None else perf.hbm_efficiency
+    return traffic_bytes / (efficiency * gpu.hbm_bandwidth)
+
+
+def activation_function_time(traffic_bytes: float, gpu: GPUSpec) -> float:
+    """The activation function (GeLU, SiLU, fused SwiGLU) over ``traffic_bytes`` of HBM traffic,
+    at its achieved share of the bandwidth (``Performance.activation_efficiency``): the memory's
+    rate on a GPU, the tanh or exp's on a CPU's vector units."""
+    perf = gpu.performance
+    efficiency = perf.activation_efficiency if perf.activation_efficiency is not None else perf.hbm_efficiency
+    return traffic_bytes / (efficiency * gpu.hbm_bandwidth)
+
+
+def activation_passes(activation: str, fused: bool) -> int:
+    """Tensors of the MLP's width the activation function reads and writes per token: GeLU reads
+    and writes one; fused SwiGLU reads two and writes one; eager SwiGLU's SiLU reads and writes
+    one (its multiply is a plain element-wise kernel: ``step_time.elementwise_bytes``)."""
+    if activation == "swiglu":
+        return 3 if fused else 2
+    return 2
 
 
 def attention_shape_efficiency(head_dim: float, keys: float, perf: Performance) -> float:

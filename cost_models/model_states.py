@@ -50,11 +50,11 @@ def zero_shards(job: Job) -> int:
 
 
 def weights_are_master(training: TrainingSpec, zero_stage: int, shards: int) -> bool:
-    """Whether the weights a rank holds are the fp32 master copy itself: 16-bit training under
-    a ZeRO-3 that shards the fp32 parameters (``EngineBehaviour.sharded_master_weights``) over
-    more than one rank (torchtitan applies FSDP only then: ``ParallelDims.fsdp_enabled``)."""
-    return zero_stage == 3 and shards > 1 and training.engine.sharded_master_weights \
-        and training.precision != "fp32"
+    """Whether the weights a rank holds are the fp32 master copy itself: in fp32 training, and in
+    16-bit training under a ZeRO-3 that shards the fp32 parameters
+    (``EngineBehaviour.sharded_master_weights``) over more than one rank (torchtitan applies
+    FSDP only then: ``ParallelDims.fsdp_enabled``)."""
+    return training.precision == "fp32" or (zero_stage == 3 and shards > 1 and training.engine.sharded_master_weights)
 
 
 @lru_cache(maxsize=256)  # read for every stage of every layout a search scores
@@ -78,7 +78,7 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
       gathered (``memory.zero3_gather_bytes``), which :func:`gathered_weight_bytes` prices.
     """
     moments = 1 if training.optimizer == "sgd" else 2
-    if training.precision == "fp32" or weights_are_master(training, zero_stage, shards):
+    if weights_are_master(training, zero_stage, shards):
         return StateBytes(weights=4, gradients=4, optimizer=4 * moments)
     weights = 2.0
     if training.fp8_param_gather and training.recipe is not None and training.engine.fused_quantize:

@@ -23,8 +23,9 @@ from .activations import activation_bytes, selective_modules
 from .collectives import collective_time, exposed, p2p_time
 from .experts import dispatch_combine_time, moe_mlp_time, routed_tokens
 from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, model_flops_per_token
-from .kernels import (NORM_OR_ACTIVATION_INPUTS, elementwise_time, flash_attention_time, gemm_time,
-                      high_precision_precision, linear_time, tensor_core_rate)
+from .kernels import (NORM_OR_ACTIVATION_INPUTS, activation_function_time, activation_passes, elementwise_time,
+                      flash_attention_time, gemm_time, high_precision_precision, in_place_time, linear_time,
+                      tensor_core_rate)
 from .memory import job_stage_parameters, per_microbatch
 from .parameters import embedding_parameters
 from .model_states import gathered_weight_bytes, optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
@@ -71,39 +72,49 @@ class StageTime:
 
 
 def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float, mlp: bool = True) -> float:
-    """HBM traffic of one layer's forward element-wise kernels on one GPU.
+    """HBM traffic of one layer's forward element-wise kernels on one GPU, the activation
+    function's apart (:func:`activation_function_bytes`).
 
     Per token, in elements: two norms (read + write h each), two residual adds
-    (2 reads + 1 write of h), rotary embeddings on q and k (read + write each), the
-    activation function (GeLU reads and writes f; SwiGLU reads 2f and writes f), dropout
+    (2 reads + 1 write of h), rotary embeddings on q and k (read + write each), dropout
     (read, write, 1-byte mask) where on. Non-flash attention adds the scaled-masked softmax
     over a·s scores (read + write) and its dropout. Sequence parallelism shards the norm,
     residual and dropout part.
 
     Engines without fused kernels (``EngineBehaviour.fused_elementwise`` false: eager
-    PyTorch) run SwiGLU as silu then multiply (read f, write f; read 2f, write f) and rotary
+    PyTorch) run SwiGLU as silu then multiply, the multiply here (read 2f, write f), and rotary
     embeddings as x·cos + rotate_half(x)·sin (five passes over q and k instead of two).
-    Without ``mlp`` the activation function is left out (an MoE layer's experts have their own:
+    Without ``mlp`` the SwiGLU multiply is left out too (an MoE layer's experts have their own:
     ``experts.moe_elementwise_bytes``).
     """
     p = activation_bytes(training.precision)
-    h, f, t = model.hidden_size, model.ffn_hidden_size, lay.tp
+    h, t = model.hidden_size, lay.tp
     fused = training.engine.fused_elementwise
     sp = t if lay.sequence_parallel else 1
     kv = max(model.num_kv_heads // t, 1) * model.head_dim
-    if not mlp:
-        act = 0.0
-    elif model.activation == "swiglu":
-        act = (3 if fused else 5) * f / t
-    else:
-        act = 2 * f / t
+    multiply = 3 * model.ffn_hidden_size / t if mlp and model.activation == "swiglu" and not fused else 0.0
     rotary = (2 if fused else 5) * (model.q_size / t + kv)
     dropout = 2 * (2 * p + 1) * h / sp if model.dropout > 0 else 0.0
-    per_token = p * (4 * h + 6 * h) / sp + p * (act + rotary) + dropout
+    per_token = p * (4 * h + 6 * h) / sp + p * (multiply + rotary) + dropout
     if not training.flash_attention:
         scores = model.num_attention_heads / t * training.seq_len / lay.cp
         per_token += scores * (2 * p + ((2 * p + 1) if model.dropout > 0 else 0))
     return per_token * tokens
+
+
+def activation_function_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float) -> float:
+    """HBM traffic of one layer's forward activation function on one GPU: its passes
+    (:func:`activation_passes`) over the f/tp-wide MLP activations of ``tokens``."""
+    passes = activation_passes(model.activation, training.engine.fused_elementwise)
+    return activation_bytes(training.precision) * passes * model.ffn_hidden_size / lay.tp * tokens
+
+
+def layer_elementwise_time(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float, gpu: GPUSpec,
+                           mlp: bool = True) -> float:
+    """One layer's forward element-wise kernels: the activation function at its own rate
+    (:func:`kernels.activation_function_time`), the rest at the element-wise one."""
+    act = activation_function_time(activation_function_bytes(model, training, lay, tokens), gpu) if mlp else 0.0
+    return elementwise_time(elementwise_bytes(model, training, lay, tokens, mlp), gpu) + act
 
 
 def cross_entropy_bytes(logits: float, training: TrainingSpec) -> float:
@@ -226,7 +237,7 @@ def layer_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: i
         context = Gemm("context", s_local, model.value_head_dim, training.seq_len)
         core = heads * (scores.flops + context.flops) / tensor_core_rate(
             gpu, attn_precision, perf.gemm_efficiency_for(attn_precision)) + 2 * perf.kernel_overhead_s
-    memory = elementwise_time(elementwise_bytes(model, training, lay, tokens, mlp), gpu)
+    memory = layer_elementwise_time(model, training, lay, tokens, gpu, mlp)
     # Backward: element-wise kernels twice the forward's traffic; flash attention's backward also
     # recomputes the scores: 2.5 times its forward (FlashAttention's benchmark counts fwd + bwd as
     # 3.5 forward passes, which is how attention_efficiency is quoted), without flash 2 times.
@@ -262,7 +273,7 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
                  Gemm("w3", tokens, f / tp, h))
     else:
         gemms = (Gemm("proj", tokens, h, model.context_size / tp), Gemm("fc2", tokens, h, f / tp))
-    memory = elementwise_time(elementwise_bytes(model, training, lay, tokens), gpu)
+    memory = layer_elementwise_time(model, training, lay, tokens, gpu)
     return sum(linear_time(g, gpu, training, quantized, weight_share, g.name in NORM_OR_ACTIVATION_INPUTS)[0]
                for g in gemms) + memory
 
@@ -371,7 +382,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
             act = activation_bytes(training.precision) * 3 * routed_tokens(
                 model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp) \
                 * model.moe_ffn_hidden_size / lay.expert_tp
-            recompute += elementwise_time(moe_layers * act, gpu)
+            recompute += activation_function_time(moe_layers * act, gpu)
 
     # Recompute repeats the forward's TP collectives.
     p = activation_bytes(training.precision)
@@ -543,13 +554,14 @@ def tied_embedding_reduce(job: Job, stage: int) -> float:
 
 
 def optimizer_time(job: Job, stage: int) -> float:
-    """The optimizer step is HBM-bound: read gradients, read and write the fp32 states, write weights."""
+    """The optimizer step is HBM-bound: read gradients, read and write the fp32 states, write
+    weights. The states are updated in place (:func:`kernels.in_place_time`)."""
     lay, gpu = job.layout, job.cluster.gpu
     shards = zero_shards(job)
     per_param = state_bytes(job.training, lay.zero_stage, shards)
     local = optimizer_local_parameters(job, stage) * (1 - lay.offload_optimizer)
-    return elementwise_time(local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage,
-                                                                                       shards)), gpu)
+    return in_place_time(local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage,
+                                                                                    shards)), gpu)
 
 
 def optimizer_local_parameters(job: Job, stage: int) -> float:

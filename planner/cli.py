@@ -319,7 +319,8 @@ def calibrate_command(
         print("  one rank alone: peak_tflops " + ", ".join(f"{k} {v}" for k, v in alone["peak_tflops"].items())
               + f"; hbm {alone['hbm_bandwidth']}; "
               + ", ".join(f"{k} {v}" for k, v in alone["performance"].items()
-                          if k in ("gemm_efficiency", "kernel_overhead_s", "attention_efficiency", "hbm_efficiency")))
+                          if k in ("gemm_efficiency", "kernel_overhead_s", "attention_efficiency", "hbm_efficiency",
+                                   "in_place_efficiency", "activation_efficiency")))
 
 
 def _interrupted(signum, frame) -> None:

@@ -140,7 +140,7 @@ def test_shapes_are_the_models_gemms_at_each_admissible_degree():
 
 # --- the profile: synthetic timings made by the formulas give back their figures ----------
 
-def synthetic_measurements(eta=0.61, t0=2e-5, eta_attn=0.33, hbm=2e12, eff=0.8, alpha=1.5e-5, busbw=90e9,
+def synthetic_measurements(eta=0.61, t0=2e-5, eta_attn=0.33, hbm=2e12, eff=0.8, act=0.2, alpha=1.5e-5, busbw=90e9,
                            peak=400e12, share=None, overlap=()) -> Measurements:
     m = Measurements(attention_precision="bf16")
     shapes = [GemmShape(f"g{i}", m_, n, k) for i, (m_, n, k) in
@@ -151,9 +151,12 @@ def synthetic_measurements(eta=0.61, t0=2e-5, eta_attn=0.33, hbm=2e12, eff=0.8, 
     q = [attention_shape_efficiency(s.head_dim, s.seq_len, Performance()) for s in att]
     m.attention = [(s, [3.5 * (s.forward_flops / (eta_attn * qi * peak) + t0)] * 3) for s, qi in zip(att, q)]
     size = 2**30
-    m.memory = {"copy": [(size, 2 * size, [2 * size / hbm] * 3)],
+    # The in-place add streams at the full rate, a copy and an add at eff of it (as on a CPU,
+    # where they read each destination line first), the GeLU at act of it.
+    m.memory = {"copy": [(size, 2 * size, [2 * size / (eff * hbm)] * 3)],
                 "add": [(size, 3 * size, [3 * size / (eff * hbm)] * 3)],
-                "gelu": [(size, 2 * size, [2 * size / (eff * hbm)] * 3)]}
+                "add_in_place": [(size, 3 * size, [3 * size / hbm] * 3)],
+                "gelu": [(size, 2 * size, [2 * size / (act * hbm)] * 3)]}
     sizes = [4096 * 4**i for i in range(8)]
     kinds = {}
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "p2p"):
@@ -177,6 +180,8 @@ def test_profile_from_synthetic_timings_gives_back_the_figures_and_loads(tmp_pat
     assert perf["kernel_overhead_s"] == pytest.approx(2e-5, rel=1e-3)
     assert perf["attention_efficiency"] == pytest.approx(0.33, rel=1e-3)
     assert perf["hbm_efficiency"] == pytest.approx(0.8, rel=1e-3)
+    assert perf["in_place_efficiency"] == 1.0
+    assert perf["activation_efficiency"] == pytest.approx(0.2, rel=1e-3)
     assert perf["link_latency_s"] == pytest.approx(1.5e-5, rel=1e-3)
     assert perf["intra_node_efficiency"] == 1.0
     path = tmp_path / "profile.yaml"
@@ -188,6 +193,7 @@ def test_profile_from_synthetic_timings_gives_back_the_figures_and_loads(tmp_pat
     assert gpu.intra_node_bandwidth == pytest.approx(90e9, rel=1e-5)
     assert gpu.peak("bf16") == 400e12 and gpu.gpus_per_node == 8 and gpu.memory_bytes == 80 * 2**30
     assert gpu.performance.gemm_efficiency == perf["gemm_efficiency"]
+    assert gpu.performance.activation_efficiency == perf["activation_efficiency"]
 
 
 def test_collective_shares_and_overlap_reach_the_profile(tmp_path):

@@ -14,12 +14,12 @@ from cost_models.experts import (alltoall_buffer_bytes, dispatch_bytes, dispatch
                                  routed_tokens)
 from cost_models.flops import Gemm
 from cost_models.kernels import gemm_time, grouped_gemm_time, linear_time
-from cost_models.model_states import zero_shards
+from cost_models.model_states import optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
 from cost_models.offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from cost_models.quantization import RECIPES
 from cost_models.specs import Layout
 from cost_models.step_time import (layer_time, layer_time_bound, layer_time_for, moe_layer_time_for,
-                                   optimizer_local_parameters)
+                                   optimizer_local_parameters, optimizer_time)
 from cost_models.topology import group_links
 from planner.case import load_case
 
@@ -194,6 +194,60 @@ def test_the_optimizer_shards_dense_parameters_over_dp_cp_and_experts_over_edp()
     unsharded = _job(layout={"tp": 2, "dp": 32, "ep": 8, "zero_stage": 0, "sequence_parallel": True,
                              "micro_batch_size": 1})
     assert optimizer_local_parameters(unsharded, 0) == 803_475_456 + 2_818_572_288
+
+
+@pytest.mark.parametrize("precision, optimizer, zero_stage, engine, step_bytes", [
+    # fp32 (torch's fused Adam): reads p, g, m, v and writes p, m, v, 7 tensors of 4 bytes; SGD
+    # with momentum reads p, g, buf and writes p, buf: 5 of 4.
+    ("fp32", "adam", 0, "any", 28), ("fp32", "sgd", 0, "any", 20),
+    # Megatron bf16 Adam: reads the bf16 gradient (2), reads and writes the fp32 master and both
+    # moments (2 · 12), writes the bf16 weight (2).
+    ("bf16", "adam", 1, "megatron", 28),
+    # FSDP2 bf16 Adam: the fp32 sharded parameter is the master, read and written (8), with its
+    # fp32 gradient (4) and both moments (16).
+    ("bf16", "adam", 3, "torchtitan", 28)])
+def test_an_optimizer_step_streams_its_states_once_each_way(precision, optimizer, zero_stage, engine, step_bytes):
+    job = _job(model="llama3-8b", num_gpus=8, precision=precision, engine=engine, optimizer=optimizer,
+               layout={"tp": 1, "dp": 8, "zero_stage": zero_stage, "micro_batch_size": 1})
+    shards = zero_shards(job)
+    per_param = state_bytes(job.training, zero_stage, shards)
+    assert optimizer_step_bytes(per_param, weights_are_master(job.training, zero_stage, shards)) == step_bytes
+
+
+def test_the_optimizer_step_streams_at_the_in_place_rate():
+    """The step updates its states in place: on a CPU profile whose in-place kernels reach 0.9 of
+    the memory's rate and whose out-of-place ones 0.6, it takes 0.6/0.9 of what the element-wise
+    rate would give."""
+    def step(**performance):
+        case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8,
+                                                              "performance": {"hbm_efficiency": 0.6, **performance}},
+                "training": {"global_batch_size": 8, "seq_len": 4096, "precision": "fp32"},
+                "layout": {"tp": 1, "dp": 8, "micro_batch_size": 1}}
+        return optimizer_time(load_case(case).job(), 0)
+
+    assert step(in_place_efficiency=0.9) == pytest.approx(step() * 0.6 / 0.9)
+
+
+@pytest.mark.parametrize("engine, passes", [("megatron", 3), ("any", 2)])
+def test_the_activation_function_runs_at_its_own_rate(engine, passes):
+    """Llama 3 8B, tp 2, b 2·4096 tokens: the SwiGLU activation's traffic is passes · 2 bytes ·
+    (14336/2) · 8192 (fused, as Megatron runs it: reads gate and up, writes one; eager PyTorch:
+    SiLU reads and writes one, the multiply is a plain element-wise kernel). Where it runs at 0.2 of the bandwidth rather than
+    the element-wise 0.7, the forward grows by that traffic's time difference, the backward by twice it."""
+    def layer(**performance):
+        case = {"model": {"preset": "llama3-8b"},
+                "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8,
+                            "performance": {"hbm_efficiency": 0.7, **performance}},
+                "training": {"global_batch_size": 8, "seq_len": 4096},
+                "search": {"target": engine}, "layout": {"tp": 2, "dp": 4, "micro_batch_size": 2}}
+        job = load_case(case).job()
+        return layer_time_for(job.model, job.training, job.cluster.gpu, 2, 1, 2, False), job.cluster.gpu
+
+    (plain, gpu), (slow, _) = layer(), layer(activation_efficiency=0.2)
+    traffic = passes * 2 * 14336 / 2 * 8192
+    extra = traffic / (0.2 * gpu.hbm_bandwidth) - traffic / (0.7 * gpu.hbm_bandwidth)
+    assert slow.forward - plain.forward == pytest.approx(extra)
+    assert slow.backward - plain.backward == pytest.approx(2 * extra)
 
 
 def _offload_job(**layout):
