@@ -173,7 +173,7 @@ def compute_figures(m: Measurements, main_precision: str, datasheet_peaks: Optio
 
     hbm = max(rate((op,)) for op in ("copy", "add", "add_in_place") if op in largest)
     for name, ops in (("hbm_efficiency", ("copy", "add")), ("in_place_efficiency", ("add_in_place",)),
-                      ("activation_efficiency", ("gelu",))):
+                      ("transcendental_efficiency", ("gelu",))):
         achieved = rate(ops)
         if achieved is not None:
             performance[name] = sig(min(1.0, achieved / hbm))

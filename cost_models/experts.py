@@ -31,7 +31,7 @@ from functools import lru_cache
 from .activations import activation_bytes
 from .collectives import all_to_all_time, collective_time
 from .flops import Gemm, mlp_gemms
-from .kernels import activation_function_time, activation_passes, elementwise_time, linear_time
+from .kernels import activation_passes, elementwise_time, linear_time, transcendental_time
 from .specs import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
 from .topology import group_links
 
@@ -119,7 +119,7 @@ def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int
                   for g in mlp_gemms(model, gathered, model.moe_shared_expert_ffn_hidden_size, tp, "shared_fc")]
     args = (model, training, tp, cp, micro_batch_size, etp, engine.fused_elementwise)
     memory = elementwise_time(moe_elementwise_bytes(*args), gpu) \
-        + activation_function_time(moe_activation_bytes(*args), gpu)
+        + transcendental_time(moe_activation_bytes(*args), gpu)
     return sum(f for f, _ in times) + memory, sum(b for _, b in times) + 2 * memory
 
 

@@ -94,12 +94,14 @@ def in_place_time(traffic_bytes: float, gpu: GPUSpec) -> float:
     return traffic_bytes / (efficiency * gpu.hbm_bandwidth)
 
 
-def activation_function_time(traffic_bytes: float, gpu: GPUSpec) -> float:
-    """The activation function (GeLU, SiLU, fused SwiGLU) over ``traffic_bytes`` of HBM traffic,
-    at its achieved share of the bandwidth (``Performance.activation_efficiency``): the memory's
-    rate on a GPU, the tanh or exp's on a CPU's vector units."""
+def transcendental_time(traffic_bytes: float, gpu: GPUSpec) -> float:
+    """Element-wise kernels that evaluate a tanh or an exponent per element (the activation
+    function: GeLU, SiLU, fused SwiGLU; the loss's softmax) over ``traffic_bytes`` of HBM
+    traffic, at their achieved share of the bandwidth (``Performance.transcendental_efficiency``):
+    the memory's rate on a GPU, the vector units' on a CPU."""
     perf = gpu.performance
-    efficiency = perf.activation_efficiency if perf.activation_efficiency is not None else perf.hbm_efficiency
+    efficiency = perf.transcendental_efficiency if perf.transcendental_efficiency is not None \
+        else perf.hbm_efficiency
     return traffic_bytes / (efficiency * gpu.hbm_bandwidth)
 
 

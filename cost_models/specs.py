@@ -318,9 +318,10 @@ class Performance:
     # an out-of-place kernel moves a third to a half more bytes than it counts, and an in-place
     # one does not; GPUs write whole sectors and the two agree. None: ``hbm_efficiency``.
     in_place_efficiency: Optional[float] = None
-    # The same share for the activation function (GeLU, SiLU): a bandwidth-bound kernel on a GPU,
-    # but on a CPU its tanh or exp runs at a fifth of the memory's rate. None: ``hbm_efficiency``.
-    activation_efficiency: Optional[float] = None
+    # The same share for kernels that evaluate a tanh or an exponent per element (the activation
+    # function, the loss's softmax): bandwidth-bound on a GPU, but on a CPU the vector units
+    # compute them at a fifth of the memory's rate. None: ``hbm_efficiency``.
+    transcendental_efficiency: Optional[float] = None
     intra_node_efficiency: float = 0.75  # achieved bus bandwidth over nominal NVLink bandwidth
     link_latency_s: float = 10e-6  # α: time per step of a collective algorithm inside an NVLink domain
     step_overhead_s: float = 0.0  # fixed per optimizer step: data loading, logging, launch gaps
@@ -341,10 +342,10 @@ class Performance:
     def __post_init__(self) -> None:
         optional = ("gemm_efficiency_fp32", "gemm_efficiency_fp8", "gemm_efficiency_fp8_rowwise",
                     "gemm_efficiency_fp4", "attention_efficiency_fused", "in_place_efficiency",
-                    "activation_efficiency")
+                    "transcendental_efficiency")
         for name in ("gemm_efficiency", "gemm_efficiency_fp32", "gemm_efficiency_fp8", "gemm_efficiency_fp8_rowwise", "gemm_efficiency_fp4",
                      "attention_efficiency", "attention_efficiency_fused", "hbm_efficiency", "in_place_efficiency",
-                     "activation_efficiency", "sustained_clock",
+                     "transcendental_efficiency", "sustained_clock",
                      "intra_node_efficiency", "all_gather_efficiency",
                      "reduce_scatter_efficiency", "host_link_efficiency", "host_memory_efficiency"):
             value = getattr(self, name)

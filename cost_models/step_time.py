@@ -23,9 +23,9 @@ from .activations import activation_bytes, selective_modules
 from .collectives import collective_time, exposed, p2p_time
 from .experts import dispatch_combine_time, moe_mlp_time, routed_tokens
 from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, model_flops_per_token
-from .kernels import (NORM_OR_ACTIVATION_INPUTS, activation_function_time, activation_passes, elementwise_time,
-                      flash_attention_time, gemm_time, high_precision_precision, in_place_time, linear_time,
-                      tensor_core_rate)
+from .kernels import (NORM_OR_ACTIVATION_INPUTS, activation_passes, elementwise_time, flash_attention_time,
+                      gemm_time, high_precision_precision, in_place_time, linear_time, tensor_core_rate,
+                      transcendental_time)
 from .memory import job_stage_parameters, per_microbatch
 from .parameters import embedding_parameters
 from .model_states import gathered_weight_bytes, optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
@@ -111,9 +111,10 @@ def activation_function_bytes(model: ModelSpec, training: TrainingSpec, lay: Lay
 
 def layer_elementwise_time(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float, gpu: GPUSpec,
                            mlp: bool = True) -> float:
-    """One layer's forward element-wise kernels: the activation function at its own rate
-    (:func:`kernels.activation_function_time`), the rest at the element-wise one."""
-    act = activation_function_time(activation_function_bytes(model, training, lay, tokens), gpu) if mlp else 0.0
+    """One layer's forward element-wise kernels: the activation function at the rate of kernels
+    that evaluate a tanh or an exponent (:func:`kernels.transcendental_time`), the rest at the
+    element-wise one."""
+    act = transcendental_time(activation_function_bytes(model, training, lay, tokens), gpu) if mlp else 0.0
     return elementwise_time(elementwise_bytes(model, training, lay, tokens, mlp), gpu) + act
 
 
@@ -129,6 +130,15 @@ def cross_entropy_bytes(logits: float, training: TrainingSpec) -> float:
     """
     p = activation_bytes(training.precision)
     return logits * ((p + 4) + 4 + 8 + 8 + (4 + p))
+
+
+def cross_entropy_time(logits: float, training: TrainingSpec, gpu: GPUSpec) -> float:
+    """The loss over ``logits`` elements, forward and backward (:func:`cross_entropy_bytes`). Two
+    of its passes evaluate an exponent per logit, at :func:`kernels.transcendental_time`'s rate:
+    the forward's exp-and-sum and the backward's softmax from the log-probabilities (PyTorch's
+    ``log_softmax`` and ``_log_softmax_backward_data``), 8 bytes per logit each."""
+    exponent = 16 * logits
+    return elementwise_time(cross_entropy_bytes(logits, training) - exponent, gpu) + transcendental_time(exponent, gpu)
 
 
 @dataclass(frozen=True)
@@ -359,7 +369,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
         # Megatron's bf16 ColumnParallelLinear; torchao's conversions skip lm_head); its backward
         # is twice its forward; the loss's traffic is its own.
         compute += 3 * gemm_time(head_gemm(model, tokens, lay.tp), gpu, high_precision_precision(training))
-        compute += elementwise_time(cross_entropy_bytes(tokens * model.vocab_size / lay.tp, training), gpu)
+        compute += cross_entropy_time(tokens * model.vocab_size / lay.tp, training, gpu)
     if stage == 0:
         compute += 3 * perf.kernel_overhead_s  # embedding gather: memory-trivial
 
@@ -382,7 +392,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
             act = activation_bytes(training.precision) * 3 * routed_tokens(
                 model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp) \
                 * model.moe_ffn_hidden_size / lay.expert_tp
-            recompute += activation_function_time(moe_layers * act, gpu)
+            recompute += transcendental_time(moe_layers * act, gpu)
 
     # Recompute repeats the forward's TP collectives.
     p = activation_bytes(training.precision)

@@ -320,7 +320,7 @@ def calibrate_command(
               + f"; hbm {alone['hbm_bandwidth']}; "
               + ", ".join(f"{k} {v}" for k, v in alone["performance"].items()
                           if k in ("gemm_efficiency", "kernel_overhead_s", "attention_efficiency", "hbm_efficiency",
-                                   "in_place_efficiency", "activation_efficiency")))
+                                   "in_place_efficiency", "transcendental_efficiency")))
 
 
 def _interrupted(signum, frame) -> None:

@@ -181,7 +181,7 @@ def test_profile_from_synthetic_timings_gives_back_the_figures_and_loads(tmp_pat
     assert perf["attention_efficiency"] == pytest.approx(0.33, rel=1e-3)
     assert perf["hbm_efficiency"] == pytest.approx(0.8, rel=1e-3)
     assert perf["in_place_efficiency"] == 1.0
-    assert perf["activation_efficiency"] == pytest.approx(0.2, rel=1e-3)
+    assert perf["transcendental_efficiency"] == pytest.approx(0.2, rel=1e-3)
     assert perf["link_latency_s"] == pytest.approx(1.5e-5, rel=1e-3)
     assert perf["intra_node_efficiency"] == 1.0
     path = tmp_path / "profile.yaml"
@@ -193,7 +193,7 @@ def test_profile_from_synthetic_timings_gives_back_the_figures_and_loads(tmp_pat
     assert gpu.intra_node_bandwidth == pytest.approx(90e9, rel=1e-5)
     assert gpu.peak("bf16") == 400e12 and gpu.gpus_per_node == 8 and gpu.memory_bytes == 80 * 2**30
     assert gpu.performance.gemm_efficiency == perf["gemm_efficiency"]
-    assert gpu.performance.activation_efficiency == perf["activation_efficiency"]
+    assert gpu.performance.transcendental_efficiency == perf["transcendental_efficiency"]
 
 
 def test_collective_shares_and_overlap_reach_the_profile(tmp_path):

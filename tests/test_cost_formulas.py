@@ -229,7 +229,7 @@ def test_the_optimizer_step_streams_at_the_in_place_rate():
 
 
 @pytest.mark.parametrize("engine, passes", [("megatron", 3), ("any", 2)])
-def test_the_activation_function_runs_at_its_own_rate(engine, passes):
+def test_the_activation_function_runs_at_the_transcendental_rate(engine, passes):
     """Llama 3 8B, tp 2, b 2·4096 tokens: the SwiGLU activation's traffic is passes · 2 bytes ·
     (14336/2) · 8192 (fused, as Megatron runs it: reads gate and up, writes one; eager PyTorch:
     SiLU reads and writes one, the multiply is a plain element-wise kernel). Where it runs at 0.2 of the bandwidth rather than
@@ -243,7 +243,7 @@ def test_the_activation_function_runs_at_its_own_rate(engine, passes):
         job = load_case(case).job()
         return layer_time_for(job.model, job.training, job.cluster.gpu, 2, 1, 2, False), job.cluster.gpu
 
-    (plain, gpu), (slow, _) = layer(), layer(activation_efficiency=0.2)
+    (plain, gpu), (slow, _) = layer(), layer(transcendental_efficiency=0.2)
     traffic = passes * 2 * 14336 / 2 * 8192
     extra = traffic / (0.2 * gpu.hbm_bandwidth) - traffic / (0.7 * gpu.hbm_bandwidth)
     assert slow.forward - plain.forward == pytest.approx(extra)

@@ -15,7 +15,7 @@ from cost_models.flops import Gemm
 from cost_models.kernels import gemm_time, wave_efficiency
 from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Performance, SpecError,
                                TrainingSpec)
-from cost_models.step_time import (cross_entropy_bytes, dp_comm_exposed, gradient_chunks, layer_forward_time,
+from cost_models.step_time import (cross_entropy_bytes, cross_entropy_time, dp_comm_exposed, gradient_chunks, layer_forward_time,
                                    stage_time, step_time)
 from cost_models.topology import GroupLinks, group_links
 from planner.engines import behaviour_of
@@ -339,6 +339,15 @@ def test_cross_entropy_traffic_per_logit():
     """fp32 softmax cross-entropy: forward (p+4) + 4 + 8, backward 8 + (4+p) bytes per logit."""
     assert cross_entropy_bytes(1000, TrainingSpec(global_batch_size=1, seq_len=8, precision="bf16")) == 1000 * 32
     assert cross_entropy_bytes(1000, TrainingSpec(global_batch_size=1, seq_len=8, precision="fp32")) == 1000 * 36
+
+
+def test_the_loss_evaluates_its_exponents_at_the_transcendental_rate():
+    """bf16, 1000 logits: 32 bytes each, of which the exp-and-sum (8) and the backward's softmax (8)
+    run at the transcendental share (0.2 here) of the bandwidth, the other 16 at hbm_efficiency (0.7)."""
+    gpu = _gpu(hbm_efficiency=0.7, transcendental_efficiency=0.2)
+    training = TrainingSpec(global_batch_size=1, seq_len=8, precision="bf16")
+    assert cross_entropy_time(1000, training, gpu) == pytest.approx(
+        16_000 / (0.7 * gpu.hbm_bandwidth) + 16_000 / (0.2 * gpu.hbm_bandwidth))
 
 
 def test_comm_overlap_scales_what_compute_hides():
