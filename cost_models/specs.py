@@ -46,6 +46,8 @@ class SpecError(ValueError):
 
 
 def _positive_int(spec: "type | str", name: str, value: object) -> None:
+    if type(value) is int and value >= 1:  # the common case first: a search builds layouts by the million
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(spec, name, f"expected a positive integer, got {value!r}")
 
@@ -744,7 +746,9 @@ class Layout:
         return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
 
     def with_changes(self, **changes) -> "Layout":
-        return replace(self, **changes)
+        # dataclasses.replace inspects the fields on every call; the search calls this for every
+        # rung of every recompute ladder. The new layout is validated all the same.
+        return Layout(**{**self.__dict__, **changes})
 
 
 @dataclass(frozen=True)
