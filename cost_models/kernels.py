@@ -89,9 +89,7 @@ def in_place_time(traffic_bytes: float, gpu: GPUSpec) -> float:
     """Memory-bound kernels that update their operands in place (the optimizer step): their HBM
     traffic at the in-place kernels' achieved bandwidth (``Performance.in_place_efficiency``),
     which skips the read a CPU makes of every line a fresh tensor is written to."""
-    perf = gpu.performance
-    efficiency = perf.in_place_efficiency if perf.in_place_efficiency is not None else perf.hbm_efficiency
-    return traffic_bytes / (efficiency * gpu.hbm_bandwidth)
+    return traffic_bytes / _share_of_hbm(gpu.performance.in_place_efficiency, gpu)
 
 
 def transcendental_time(traffic_bytes: float, gpu: GPUSpec) -> float:
@@ -99,10 +97,12 @@ def transcendental_time(traffic_bytes: float, gpu: GPUSpec) -> float:
     function: GeLU, SiLU, fused SwiGLU; the loss's softmax) over ``traffic_bytes`` of HBM
     traffic, at their achieved share of the bandwidth (``Performance.transcendental_efficiency``):
     the memory's rate on a GPU, the vector units' on a CPU."""
-    perf = gpu.performance
-    efficiency = perf.transcendental_efficiency if perf.transcendental_efficiency is not None \
-        else perf.hbm_efficiency
-    return traffic_bytes / (efficiency * gpu.hbm_bandwidth)
+    return traffic_bytes / _share_of_hbm(gpu.performance.transcendental_efficiency, gpu)
+
+
+def _share_of_hbm(efficiency: Optional[float], gpu: GPUSpec) -> float:
+    """Bytes per second at ``efficiency`` of the HBM bandwidth; unset, at the element-wise share."""
+    return (gpu.performance.hbm_efficiency if efficiency is None else efficiency) * gpu.hbm_bandwidth
 
 
 def activation_passes(activation: str, fused: bool) -> int:
