@@ -14,8 +14,10 @@ collective is bounded by the slower of that and the NVLink bus bandwidth.
 ``doc/PERFORMANCE.md``: the inter-node bus bandwidth is the NICs' line rate times the
 NICs a ring's channels use). Latency: all-reduce runs as a tree at scale (2·log2 n
 steps, NCCL's tree algorithm); all-gather and reduce-scatter have only the ring in
-NCCL before 2.23 (n − 1 steps). A step that crosses the fabric costs the fabric's α;
-a ring step waits for its slowest hop, so every step of a ring that leaves its domain does.
+NCCL before 2.23 (n − 1 steps). As in NCCL's own tuning model (``src/graph/tuning.cc``,
+``ncclTopoTuneModel``: ``(nsteps − nInterSteps)·intraLat + nInterSteps·interLat``), a ring
+pays the fabric's α only at the steps that cross it, one per domain it leaves; the rest run
+at NVLink's.
 """
 
 from __future__ import annotations
@@ -55,11 +57,18 @@ def volume_per_gpu(kind: str, group_size: int, size_bytes: float) -> float:
 
 
 def latency(kind: str, links: GroupLinks, perf: Performance) -> float:
-    """The α part of one collective: its algorithm steps, each at its link's latency."""
-    if kind == "all_reduce":  # tree: within the domains, then across them
+    """The α part of one collective: its algorithm steps, each at its link's latency. The tree
+    all-reduce climbs within the domains, then across them; the ring's n − 1 steps include
+    D − 1 across the fabric for the D domains it visits (NCCL ``tuning.cc``: nInterSteps).
+
+    nccl-tests' all-gather of 32 MiB on p5 (EFA) takes 0.24 ms on 2 nodes and 2.70 ms on 32
+    (crazyguitar/aws-gpu-communication-benchmark ``data/nccl_all_gather.csv``): about 80 µs
+    per node, one fabric step and seven NVLink steps, not 255 fabric steps."""
+    if kind == "all_reduce":
         return algorithm_steps(kind, links.per_domain) * perf.link_latency_s \
             + algorithm_steps(kind, links.domains) * links.inter_latency
-    return algorithm_steps(kind, links.size) * (links.inter_latency if links.domains > 1 else perf.link_latency_s)
+    crossing = links.domains - 1
+    return (algorithm_steps(kind, links.size) - crossing) * perf.link_latency_s + crossing * links.inter_latency
 
 
 def collective_time(kind: str, size_bytes: float, links: GroupLinks, perf: Performance) -> float:

@@ -21,15 +21,18 @@ pytestmark = pytest.mark.slow  # the module's fixture plans 51 tuned recipes: a 
 # Mean |error| of tokens/s per source (fractions), as measured when pinned.
 THROUGHPUT = {
     "Korthikanti et al. 2022": 0.049,
-    "MLPerf Training v5.0 results": 0.054,
-    "NVIDIA/NeMo docs/source/performance/pe": 0.041,
-    "Narayanan et al. 2021": 0.085,
-    "The Ultra-Scale Playbook: Training LLM": 0.177,
+    "MLPerf Training v5.0 results": 0.060,
+    "NVIDIA/NeMo docs/source/performance/pe": 0.038,
+    # DeepSpeed ZeRO-3 on 384-2,240 A100s (Table 2) ran flat from 768 to 1,536 GPUs: far below NCCL's
+    # all-gather there. A ring paying the fabric's latency at all n - 1 steps imitated it; NCCL pays it
+    # once per node (collectives.latency), and these six rows went from 27 % to 62 %: see the README.
+    "Narayanan et al. 2021": 0.166,
+    "The Ultra-Scale Playbook: Training LLM": 0.186,
     "TorchAO MX formats README: training e2": 0.036,
     "TorchAO float8 training README: e2e tr": 0.061,
     "bigscience-workshop/bigscience train/t": 0.682,
-    "mosaicml/llm-foundry scripts/train/ben": 0.051,
-    "torchtitan docs/performance.md": 0.025,
+    "mosaicml/llm-foundry scripts/train/ben": 0.041,
+    "torchtitan docs/performance.md": 0.037,
     # Mixtures of experts (published_runs_moe.yaml). Megatron-Bridge's cases say no recomputation and
     # no head width of their own (Qwen3-30B-A3B's attention counted at half its width), and its
     # table repeats layouts at up to twice the throughput across containers: see the README.
@@ -45,7 +48,8 @@ MEMORY = {
     "TorchAO float8 training README: e2e tr": 0.110,
 }
 # 22 sweeps: Megatron-Bridge's Qwen3-30B-A3B runs on 16 H100 and its MXFP8 DeepSeek-V3 runs added.
-MEDIAN_REGRET, MEDIAN_RHO = 0.080, 0.747
+# Rings paying the fabric's latency once per node (NCCL's model) took the median regret from 0.080.
+MEDIAN_REGRET, MEDIAN_RHO = 0.070, 0.763
 # Tuned dense recipes: plan reaches the interleaved layouts of MLPerf's Llama 3.1 405B recipes (126
 # layers, which no pp divides) since it interleaves over unequal model chunks, so their claimed
 # gains went from -3..-11 % to 0..+3 %: the median rose from 0.015, the mean |gain| fell from 0.066.
@@ -55,7 +59,7 @@ MEDIAN_CLAIMED_GAIN, MEAN_ABS_CLAIMED_GAIN, EXPERTS_NOT_FITTING = 0.030, 0.054, 
 # recomputation, where the recipes recompute MLA's up-projections (mb_2511_deepseekv3_gb200_256g_bf16,
 # mb_2509_deepseekv3_h100_1024g_fp8; Megatron-Bridge deepseek_workload_base_configs.py). 73 recipes since
 # MXFP8 and NVFP4 can be written (16 before), most on Blackwell: the README says what stands behind them.
-MOE_MEDIAN_CLAIMED_GAIN, MOE_EXPERTS_NOT_FITTING = 0.148, 2
+MOE_MEDIAN_CLAIMED_GAIN, MOE_EXPERTS_NOT_FITTING = 0.153, 2
 SLACK = 0.005
 
 

@@ -172,6 +172,31 @@ def test_fabric_efficiency_falls_with_the_nodes_a_collective_spans():
     assert efa.efficiency_for(23) == pytest.approx(0.89 + (0.80 - 0.89) * (math.log2(23) - 4))
 
 
+def test_a_ring_pays_the_fabric_latency_once_per_node_it_leaves():
+    """nccl-tests all_gather_perf, 32 MiB, on p5.48xlarge nodes (8 H100, EFA; NCCL 2.28, ring):
+    0.24 ms on 2 nodes and 2.70 ms on 32 (algbw 140.06 and 12.43 GB/s;
+    crazyguitar/aws-gpu-communication-benchmark data/nccl_all_gather.csv). The time grows by
+    about 80 µs a node: one step across the fabric and seven over NVLink (NCCL tuning.cc's
+    nInterSteps), where 255 steps at the fabric's α would take 9 ms. Both predictions fall about
+    a quarter short (the fabric's α is the 8-byte all-reduce's); their growth from 2 to 32 nodes,
+    11.3× measured, is the ring's latency alone."""
+    from planner.case import load_case
+
+    size = 32 * 2**20
+    times = {}
+    for nodes, measured in ((2, size / 140.06e9), (32, size / 12.43e9)):
+        case = load_case({"model": {"preset": "llama3-8b"},
+                          "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8 * nodes, "fabric": "aws-efa-p5"},
+                          "training": {"global_batch_size": 8 * nodes, "seq_len": 4096}})
+        cluster = case.cluster
+        links = group_links(cluster, Layout(dp=8 * nodes), "dp")
+        assert links.domains == nodes
+        predicted = collective_time("all_gather", size, links, cluster.gpu.performance)
+        assert predicted == pytest.approx(measured, rel=0.3), (nodes, predicted, measured)
+        times[nodes] = predicted
+    assert times[32] / times[2] == pytest.approx(140.06 / 12.43, rel=0.1)
+
+
 def test_groups_that_leave_their_leaf_cross_an_oversubscribed_spine():
     """A data-parallel group spanning more nodes than a leaf holds runs at 1/oversubscription of
     the NIC rate; one that stays under its leaves keeps the full rate."""
