@@ -11,7 +11,9 @@ enumerator in the tests checks this):
   reduce-scatter for each all-reduce). Where the engine offers the choice and pays no
   such cost, only ``sequence_parallel: true`` is scored.
 - Recomputation only adds time, so for every other choice only the least recomputation
-  that fits is scored: none, else selective, else full on the fewest layers per stage.
+  that fits is scored: none, else selective (or, where faster, full on the fewest layers
+  per stage that fit: selective on every layer and full on a few are not ordered), else
+  full on the fewest.
 - Memory grows with the micro-batch, so once nothing fits at a micro-batch size, larger
   ones are skipped.
 """
@@ -28,7 +30,8 @@ from cost_models.memory import peak_stage_memory
 from cost_models.partition import default_partition, virtual_partition
 from cost_models.experts import dispatch_combine_time
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
-from cost_models.step_time import StepTime, layer_time_bound, moe_layer_time_for, step_time, tp_exposed_per_layer
+from cost_models.step_time import (StepTime, layer_time_bound, moe_layer_time_for, stage_time, step_time,
+                                   tp_exposed_per_layer)
 
 from .case import Case
 from .engines import EngineSupport
@@ -238,8 +241,9 @@ def _recompute_ladder(spec: SearchSpec, base: Layout) -> Iterator[Layout]:
 
 
 def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least: int,
-                          note_miss) -> Optional[tuple[Job, float]]:
-    """Full recomputation on the fewest layers per stage (no fewer than ``at_least``) that fits.
+                          note_miss, at_most: Optional[int] = None) -> Optional[tuple[Job, float]]:
+    """Full recomputation on the fewest layers per stage (no fewer than ``at_least``, no more
+    than ``at_most``) that fits.
 
     Memory falls as more layers are recomputed, so the fewest that fit are found by bisection.
     """
@@ -254,13 +258,14 @@ def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least
             note_miss(job, peak)
         return (job if ok else None), peak
 
-    best = trial(stage_max)
+    top = stage_max if at_most is None else min(at_most, stage_max)
+    best = trial(top)
     if best[0] is None or not spec.engine.partial_recompute:
         return best if best[0] else None
     # With interleaving the count is per model chunk (Megatron's --recompute-num-layers), so
     # the per-stage count moves in steps of vpp.
     step = layout.vpp
-    low, high = max(1, -(-min(at_least, stage_max) // step)), stage_max // step
+    low, high = max(1, -(-min(at_least, stage_max) // step)), top // step
     while low < high:
         mid = (low + high) // 2
         attempt = trial(mid * step)
@@ -271,11 +276,45 @@ def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least
     return best
 
 
+def _full_layers_faster_than(case: Case, selective: Job, full: Layout, at_least: int) -> int:
+    """The most layers a stage can recompute in full and still run faster than ``selective``
+    (0 where even the fewest the search tries cannot), on the stage with the most layers: each
+    more layer recomputed adds its forward there, so its time grows by one step per layer."""
+    partition = full.stage_layers or default_partition(case.model, case.training, full)
+    stage_max = max(partition)
+    widest = partition.index(stage_max)
+    fewest = min(stage_max, max(1, -(-min(at_least, stage_max) // full.vpp)) * full.vpp)
+
+    def widest_stage(layers: int) -> float:
+        job = Job(case.model, case.cluster, case.training, full.with_changes(recompute_num_layers=layers),
+                  case.overheads)
+        return stage_time(job, widest).total
+    target = stage_time(selective, widest).total
+    try:
+        first = widest_stage(fewest)
+        if first >= target:
+            return 0
+        if fewest + full.vpp > stage_max:
+            return stage_max
+        per_step = widest_stage(fewest + full.vpp) - first
+    except SpecError:
+        return stage_max
+    if per_step <= 0:
+        return stage_max
+    return min(stage_max, fewest + full.vpp * math.floor((target - first) / per_step))
+
+
 def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
                      note_miss) -> tuple[Optional[tuple[Job, float]], int]:
-    """The layout with the least recomputation that fits, and how many layouts were scored."""
+    """The layout with the least recomputation that fits, and how many layouts were scored.
+
+    Selective recomputation on every layer and full recomputation of a few layers are not
+    ordered: either can cost less (the first repeats part of every layer, the second all of a
+    few). Where selective is the least that fits and the engine recomputes some layers in full,
+    full recomputation of the fewest layers that fit takes its place where that is faster."""
     scored = 0
-    for layout in _recompute_ladder(spec, base):
+    ladder = list(_recompute_ladder(spec, base))
+    for layout in ladder:
         try:
             if layout.recompute == "full" and layout.recompute_num_layers is None:
                 scored += 1
@@ -291,6 +330,14 @@ def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
         scored += 1
         ok, peak = fits(job, spec.headroom)
         if ok:
+            full = [rung for rung in ladder if rung.recompute == "full" and rung.recompute_num_layers is None]
+            at_most = _full_layers_faster_than(case, job, full[0], at_least) \
+                if layout.recompute == "selective" and full and spec.engine.partial_recompute else 0
+            if at_most:
+                scored += 1
+                hit = _least_full_recompute(case, spec, full[0], at_least, note_miss, at_most)
+                if hit is not None and not spec.runner.problems(hit[0]):
+                    return hit, scored
             return (job, peak), scored
         note_miss(job, peak)
     return None, scored

@@ -101,6 +101,24 @@ def test_tp_stays_inside_the_nvlink_domain_unless_lifted():
     assert layout_of(lifted.best)["tp"] == 16
 
 
+def test_full_recomputation_of_a_few_layers_is_weighed_against_selective_of_all():
+    """Llama 2 7B on 8 A100 80GB at 4,096 tokens without flash attention, pinned to dp 8, ZeRO 2
+    and micro-batch 1: nothing fits without recomputation, and Megatron's selective recomputation
+    (every layer's attention core, quadratic here) costs more than recomputing 2 whole layers of
+    32, which fits. The plan takes the faster, though selective is the lesser recomputation."""
+    pins = {"tp": 1, "pp": 1, "cp": 1, "micro_batch_size": 1, "zero_stage": 2, "offload_optimizer": 0,
+            "offload_params": False, "offload_activations": 0}
+    job = case(model={"preset": "llama2-7b"}, cluster={"num_gpus": 8},
+               training={"global_batch_size": 16, "engine": "megatron", "flash_attention": False})
+    layout = {**pins, "dp": 8, "sequence_parallel": False}
+    full = planner.estimate({**job, "layout": {**layout, "recompute": "full", "recompute_num_layers": 2}})
+    selective = planner.estimate({**job, "layout": {**layout, "recompute": "selective"}})
+    assert full.fits and selective.fits and full.step_time_s < selective.step_time_s
+    assert not planner.estimate({**job, "layout": {**layout, "recompute": "full", "recompute_num_layers": 1}}).fits
+    best = planner.plan({**job, "search": pins}).best
+    assert layout_of(best)["recompute"] == "full" and best.step_time_s == pytest.approx(full.step_time_s)
+
+
 def test_simplest_within_trades_speed_for_fewer_moving_parts():
     fastest = planner.plan(case(cluster={"num_gpus": 64}, model={"preset": "llama2-70b"}))
     simple = planner.plan(case(cluster={"num_gpus": 64}, model={"preset": "llama2-70b"}), simplest_within=10)
