@@ -265,7 +265,7 @@ def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least
     # With interleaving the count is per model chunk (Megatron's --recompute-num-layers), so
     # the per-stage count moves in steps of vpp.
     step = layout.vpp
-    low, high = max(1, -(-min(at_least, stage_max) // step)), top // step
+    low, high = _fewest_recomputed(stage_max, at_least, step) // step, top // step
     while low < high:
         mid = (low + high) // 2
         attempt = trial(mid * step)
@@ -276,6 +276,12 @@ def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least
     return best
 
 
+def _fewest_recomputed(stage_max: int, at_least: int, vpp: int) -> int:
+    """The fewest layers a stage may recompute in full: ``at_least`` (capped at the stage), in
+    whole steps of vpp, since Megatron's --recompute-num-layers counts per model chunk."""
+    return max(1, -(-min(at_least, stage_max) // vpp)) * vpp
+
+
 def _full_layers_faster_than(case: Case, selective: Job, full: Layout, at_least: int) -> int:
     """The most layers a stage can recompute in full and still run faster than ``selective``
     (0 where even the fewest the search tries cannot), on the stage with the most layers: each
@@ -283,7 +289,7 @@ def _full_layers_faster_than(case: Case, selective: Job, full: Layout, at_least:
     partition = full.stage_layers or default_partition(case.model, case.training, full)
     stage_max = max(partition)
     widest = partition.index(stage_max)
-    fewest = min(stage_max, max(1, -(-min(at_least, stage_max) // full.vpp)) * full.vpp)
+    fewest = min(stage_max, _fewest_recomputed(stage_max, at_least, full.vpp))
 
     def widest_stage(layers: int) -> float:
         job = Job(case.model, case.cluster, case.training, full.with_changes(recompute_num_layers=layers),
