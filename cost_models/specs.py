@@ -10,7 +10,7 @@ so a caller that knows where the value came from (a case file) can say so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Mapping, Optional
 
