@@ -42,6 +42,10 @@ STAGES = {
     "activations": "measuring activations",
     "result": "writing the measurement",
 }
+# Stages of set-up, before a rank's first measured step: importing torch, the process group's
+# rendezvous and building the model take seconds on a loaded host and minutes at scale, while a
+# measured step takes a fraction of that; the watchdog allows them a start-up allowance of their own.
+SETUP_STAGES = frozenset({"start", "init", "build"})
 
 
 def _write_json(path: Path, data: dict) -> None:

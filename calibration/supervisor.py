@@ -6,8 +6,11 @@ supervisor, with the run's folder (``DIR``, the caller's) holding the ranks' pro
 records (:mod:`calibration.progress`), torchrun's log and its temporary files. While it runs:
 
 - the caller sees rank 0's progress (``on_progress``);
-- the watchdog: a local rank that makes no progress for ``stall_s`` seconds (or never
-  starts) ends the run, and so does the whole run passing ``deadline_s``;
+- the watchdog: a local rank that makes no progress for ``stall_s`` seconds once it has
+  reached its first measured step ends the run; before that (start-up: importing torch,
+  the rendezvous, building the model; :data:`calibration.progress.SETUP_STAGES`) a rank
+  may take ``startup_s`` (at least ``STARTUP_S``, and never less than ``stall_s``). The whole
+  run passing ``deadline_s`` ends it too;
 - on failure the whole job is stopped and :class:`RunFailed` names the rank that caused
   it and its stage, in one line (:func:`calibration.progress.diagnose`);
 - an interrupt (Ctrl-C, or SIGTERM where nothing else handles it) stops the job and
@@ -28,13 +31,14 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from .host import cores
 from .processes import kill_all
-from .progress import diagnose, overdue, read_ranks
+from .progress import SETUP_STAGES, diagnose, overdue, read_ranks
 
 POLL_S = 0.2
+STARTUP_S = 120.0  # torch's import and a rendezvous on a busy node; NCCL's set-up at scale
 EXIT_RUN_FAILED = 4  # the CLI's exit code when a calibration or validation run fails or times out
 
 
@@ -45,6 +49,19 @@ class RunFailed(RuntimeError):
     def __init__(self, message: str, output: str = ""):
         super().__init__(message)
         self.output = output
+
+
+def _waits(ranks: dict[int, dict], expected: list[int], changed: dict[int, float], start: float, now: float,
+           stall_s: Optional[float], startup_s: Optional[float]) -> Iterator[tuple[float, float]]:
+    """(seconds since its last progress, seconds it is allowed) for each rank still running:
+    ``startup_s`` while it sets up (or has not reported yet), ``stall_s`` after."""
+    if stall_s is None:
+        return
+    for local in expected:
+        info = ranks.get(local, {})
+        if info.get("status") == "done":
+            continue
+        yield now - changed.get(local, start), startup_s if info.get("stage", "start") in SETUP_STAGES else stall_s
 
 
 def torchrun_command(workdir: Path, nproc: int, worker: Sequence[str], *, nnodes: int = 1,
@@ -115,13 +132,15 @@ def _sigterm_interrupts():
 
 
 def run_ranks(worker: Sequence[str], nproc: int, workdir: Path, *, name: str, stall_s: Optional[float] = None,
-              deadline_s: Optional[float] = None, threads: Optional[int] = None, nnodes: int = 1,
+              startup_s: Optional[float] = None, deadline_s: Optional[float] = None, threads: Optional[int] = None, nnodes: int = 1,
               rdzv_endpoint: Optional[str] = None,
               on_progress: Callable[[Optional[dict]], None] = lambda info: None) -> None:
     """Run ``worker`` on ``nproc`` ranks of this node until every rank is done; :class:`RunFailed`
     (``"{name} failed: ..."`` or ``"{name} exceeded its N s timeout: ..."``) otherwise."""
     log = workdir / "torchrun.log"
     start = time.monotonic()
+    if stall_s is not None:
+        startup_s = max(stall_s, STARTUP_S if startup_s is None else startup_s)
     process: Optional[subprocess.Popen] = None
     with _sigterm_interrupts():
         try:
@@ -145,10 +164,10 @@ def run_ranks(worker: Sequence[str], nproc: int, workdir: Path, *, name: str, st
                     if seen.get(local) != mark:
                         seen[local], changed[local] = mark, now
                 on_progress(ranks.get(0))
-                waiting = [now - changed.get(local, start) for local in expected
-                           if ranks.get(local, {}).get("status") != "done"]
-                if stall_s is not None and waiting and max(waiting) > stall_s:
-                    stalled = max(waiting)
+                late = [waited for waited, allowed in _waits(ranks, expected, changed, start, now, stall_s, startup_s)
+                        if waited > allowed]
+                if late:
+                    stalled = max(late)
                     break
                 if deadline_s is not None and now - start > deadline_s:
                     overran = True

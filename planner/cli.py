@@ -279,7 +279,8 @@ def calibrate_command(
                                         help="Ranks on this node (default: the GPUs, or 2 on a CPU-only machine)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny shapes and few repeats: a smoke test, not a profile."),
     timeout: float = typer.Option(300.0, "--timeout", min=1.0,
-                                  help="Seconds a rank may make no progress before the run is stopped."),
+                                  help="Seconds a rank may make no progress before the run is stopped "
+                                       "(its start-up: at least two minutes)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing profile."),
     gpu_preset: Optional[str] = typer.Option(
         None, "--gpu-preset", help="Take peak_tflops from this GPU preset (datasheet) instead of the best measured."),
