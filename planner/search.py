@@ -310,6 +310,17 @@ def _full_layers_faster_than(case: Case, selective: Job, full: Layout, at_least:
     return min(stage_max, fewest + full.vpp * math.floor((target - first) / per_step))
 
 
+def _floor(case: Case, base: Layout) -> Optional[StepTime]:
+    """The least step time any layout built on ``base`` can take: ``base``'s own, with neither
+    recomputation nor offload, since each only adds work (a recomputed forward, a copy to or
+    from the host) to the step; its memory is not needed for that. None where ``base`` alone
+    is not a layout the cost models take."""
+    try:
+        return step_time(Job(case.model, case.cluster, case.training, base, case.overheads))
+    except SpecError:
+        return None
+
+
 def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
                      note_miss) -> tuple[Optional[tuple[Job, float]], int]:
     """The layout with the least recomputation that fits, and how many layouts were scored.
@@ -361,7 +372,8 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     scored: their step time is at least (m + (p − 1)/v) · L_max · (3 · t_layer + 4 · t_tp) —
     every micro-batch and the bubble run the forward and backward of the stage with the most
     layers, with its four tensor-parallel collectives per layer — and the rest of the step
-    only adds to that.
+    only adds to that. Those that pass are skipped still, before their memory is scored, when
+    their step with neither recomputation nor offload is too slow (:func:`_floor`).
     """
     model, training = case.model, case.training
     engine = spec.engine
@@ -379,6 +391,7 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
             tightest_peak, result.tightest = peak, job
 
     per_layer: dict[tuple, float] = {}  # many groups share a layer's shape: hash the specs once per shape
+    per_moe_layer: dict[tuple, float] = {}
 
     def lower_bound(tp: int, cp: int, pp: int, dp: int, vpp: int, sp: bool, mbs: int,
                     stage_layers: tuple[int, ...], ep: int, etp: Optional[int]) -> float:
@@ -392,11 +405,14 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
         if not model.is_moe:
             return (m + (pp - 1) / vpp) * max(stage_layers) * dense
         # An MoE layer: its compute, half or all of the TP pair, and its dispatches and combines.
-        gpu = case.cluster.gpu
         etp = etp or tp
-        moe = moe_layer_time_for(model, training, gpu, tp, cp, mbs, sp, ep, etp, 0.0).total \
-            + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) \
-            + 2 * dispatch_combine_time(model, training, case.cluster, tp, cp, mbs, ep, etp)
+        moe_shape = (tp, cp, mbs, sp, ep, etp)
+        if moe_shape not in per_moe_layer:
+            per_moe_layer[moe_shape] = \
+                moe_layer_time_for(model, training, case.cluster.gpu, tp, cp, mbs, sp, ep, etp, 0.0).total \
+                + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) \
+                + 2 * dispatch_combine_time(model, training, case.cluster, tp, cp, mbs, ep, etp)
+        moe = per_moe_layer[moe_shape]
         moe_counts = moe_layers_per_stage(model, tuple(stage_layers), vpp)
         stage = max((n - k) * dense + k * moe for n, k in set(zip(stage_layers, moe_counts)))
         return (m + (pp - 1) / vpp) * stage
@@ -474,6 +490,10 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                     continue
                 base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
                               zero_stage=zero, sequence_parallel=sp, stage_layers=partition, ep=ep, etp=etp)
+                floor = _floor(case, base) if threshold() < math.inf else None
+                if floor is not None and floor.total > threshold():
+                    result.pruned += 1
+                    continue
                 hits = []
                 if zero not in offload_only and spec.admits("offload_optimizer", 0.0) \
                         and spec.admits("offload_params", False) and spec.admits("offload_activations", 0):
@@ -500,7 +520,7 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                 if not hits:
                     break  # a larger micro-batch needs more memory still
                 for job, peak in hits:
-                    time = step_time(job)
+                    time = floor if floor is not None and job.layout == base else step_time(job)
                     seconds = time.total
                     result.candidates.append(Candidate(job.layout, seconds, peak, job, time))
                     if first_only:

@@ -10,14 +10,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cost_models.memory import peak_stage_memory, stage_memories
-from cost_models.specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, SpecError, TrainingSpec
+from cost_models.specs import ClusterSpec, GPUSpec, HostSpec, Job, Layout, ModelSpec, SpecError, TrainingSpec
 from cost_models.step_time import step_time
 
 SETTINGS = settings()  # the loaded profile (tests/conftest.py): quick by default, thorough when scheduled
 GPU = GPUSpec(name="h100", memory_bytes=80e9, peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12,
                                                           "tf32": 495e12},
               hbm_bandwidth=3.35e12, intra_node_bandwidth=450e9, inter_node_bandwidth=50e9,
-              gpus_per_node=8, nvlink_domain=8)
+              gpus_per_node=8, nvlink_domain=8,
+              host=HostSpec(memory_bytes=250e9, link_bandwidth=55e9, memory_bandwidth=40e9))  # PCIe 5, DDR5
 
 
 @st.composite
@@ -118,3 +119,24 @@ def test_step_time_and_every_part_of_it_are_positive_and_finite(job):
 def test_the_peak_is_the_heaviest_of_all_stages(job):
     """peak_stage_memory looks only at the stages that can be heaviest; that loses nothing."""
     assert peak_stage_memory(job).total == max(m.total for m in stage_memories(job))
+
+
+@SETTINGS
+@given(jobs(), st.data())
+def test_recomputation_and_offload_never_shorten_the_step(job, data):
+    """Each only adds work (a forward run again, a copy to or from the host, an optimizer step on
+    the CPU): the search prunes every layout built on one whose bare step is already too slow
+    (planner.search._floor)."""
+    bare = _with(job, recompute="none")
+    layers = max(bare.stage_layers)
+    more = data.draw(st.sampled_from([
+        {"recompute": "selective"}, {"recompute": "full"},
+        {"recompute": "full", "recompute_num_layers": data.draw(st.integers(0, layers))},
+        {"offload_optimizer": data.draw(st.sampled_from([0.5, 1.0]))},
+        {"offload_activations": data.draw(st.integers(1, max(1, layers)))},
+        {"offload_params": True, "offload_optimizer": 1.0}]))  # ZeRO 3 only
+    try:
+        heavier = _with(bare, **more)
+    except SpecError:
+        assume(False)
+    assert step_time(heavier).total >= step_time(bare).total * (1 - 1e-12)
