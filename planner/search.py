@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator, Optional
 
-from cost_models.memory import peak_stage_memory
+from cost_models.memory import peak_candidates, peak_stage_memory, stage_memories
 from cost_models.partition import default_partition, virtual_partition
 from cost_models.experts import dispatch_combine_time
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
@@ -321,6 +321,24 @@ def _floor(case: Case, base: Layout) -> Optional[StepTime]:
         return None
 
 
+def _states_cannot_fit(case: Case, spec: SearchSpec, base: Layout) -> bool:
+    """Whether the model states on the GPU alone, with the fixed buffers, fill more than its usable
+    memory under the most offload the search may try for ``base``'s ZeRO stage. They depend on
+    neither the micro-batch nor the recomputation, and offload only moves them off the GPU, so
+    then no layout on ``base``'s grid and ZeRO stage fits."""
+    from .estimate import usable_bytes
+
+    strongest = ([{}] + offload_options(spec, base.zero_stage))[-1]
+    try:
+        job = Job(case.model, case.cluster, case.training, base.with_changes(**strongest), case.overheads)
+    except SpecError:
+        return False
+    o = job.overheads
+    least = max(m.parameters + m.gradients + m.optimizer_states + m.other - o.fragmentation * m.activations
+                for m in stage_memories(job, peak_candidates(job)))  # which hold the most states too
+    return least > usable_bytes(job, spec.headroom)
+
+
 def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
                      note_miss) -> tuple[Optional[tuple[Job, float]], int]:
     """The layout with the least recomputation that fits, and how many layouts were scored.
@@ -478,6 +496,13 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
         for zero in zeros:
             if not engine.allows(tp, pp, cp, vpp, zero, sp, "none" if "none" in engine.recompute
                                  else engine.recompute[0]):
+                continue
+            if first_only and _states_cannot_fit(case, spec, Layout(
+                    dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=min(bounds), zero_stage=zero,
+                    sequence_parallel=sp, stage_layers=partition, ep=ep, etp=etp)):
+                # Only whether anything fits is asked: no layout of this ZeRO stage can, and the
+                # closest miss (the advice's) is not needed.
+                result.pruned += len(bounds)
                 continue
             at_least = 1  # fewest recomputed layers found at the last micro-batch
             for mbs, bound in bounds.items():
