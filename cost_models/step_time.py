@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from typing import Optional
 
 from .activations import activation_bytes, selective_modules
 from .collectives import collective_time, exposed, p2p_time
@@ -624,14 +625,37 @@ def pipeline_comm(job: Job) -> float:
     return 2 * send * (job.num_microbatches * lay.vpp + lay.pp - 1)
 
 
-def step_time(job: Job) -> StepTime:
+@dataclass(frozen=True)
+class Pipeline:
+    """The stages of a job that differ (one of each kind: layer count and role, first, middle
+    or last, take the same time), and the slowest of them, which sets every micro-batch's pace."""
+
+    kinds: tuple[int, ...]  # a stage of each kind
+    slowest: StageTime
+
+    def least_step(self, job: Job) -> float:
+        """What every micro-batch and the bubble take at the slowest stage's pace: the step
+        (:func:`step_time`) less its data-parallel, pipeline, optimizer and offload terms."""
+        m = job.num_microbatches
+        lay = job.layout
+        return (m + bubble_fraction(lay.pp, lay.vpp, m) * m) * self.slowest.total
+
+
+def pipeline(job: Job) -> Pipeline:
     lay = job.layout
-    # Stages with the same layer count and role (first, middle, last) take the same time.
     kinds: dict[tuple, int] = {}
     for i, layers in enumerate(job.stage_layers):
         kinds.setdefault((layers, job.stage_moe_layers[i], job.high_precision_layers[i], i == 0, i == lay.pp - 1), i)
-    stages = [stage_time(job, i) for i in kinds.values()]
-    slowest = max(stages, key=lambda s: s.total)
+    return Pipeline(tuple(kinds.values()), max((stage_time(job, i) for i in kinds.values()), key=lambda s: s.total))
+
+
+def step_time(job: Job, stages: Optional[Pipeline] = None) -> StepTime:
+    """The step: every micro-batch at the slowest stage's pace, the bubble, and what the
+    pipeline, data-parallel, optimizer and offload traffic add (``stages``: :func:`pipeline`'s,
+    where the caller has it)."""
+    lay = job.layout
+    stages = stages or pipeline(job)
+    kinds, slowest = stages.kinds, stages.slowest
     m = job.num_microbatches
     return StepTime(
         compute_s=m * slowest.compute,
@@ -640,10 +664,10 @@ def step_time(job: Job) -> StepTime:
         cp_comm_s=m * slowest.cp_comm,
         ep_comm_s=m * slowest.ep_comm,
         pp_comm_s=pipeline_comm(job),
-        dp_comm_s=max(dp_comm_exposed(job, i, slowest) for i in kinds.values()),
+        dp_comm_s=max(dp_comm_exposed(job, i, slowest) for i in kinds),
         bubble_s=bubble_fraction(lay.pp, lay.vpp, m) * m * slowest.total,
-        optimizer_s=max(optimizer_time(job, i) for i in kinds.values()),
-        offload_s=max(offload_time(job, i, slowest) for i in kinds.values()),
+        optimizer_s=max(optimizer_time(job, i) for i in kinds),
+        offload_s=max(offload_time(job, i, slowest) for i in kinds),
         overhead_s=job.cluster.gpu.performance.step_overhead_s,
     )
 

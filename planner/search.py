@@ -30,7 +30,7 @@ from cost_models.memory import peak_candidates, peak_stage_memory, stage_memorie
 from cost_models.partition import default_partition, virtual_partition
 from cost_models.experts import dispatch_combine_time
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
-from cost_models.step_time import (StepTime, layer_time_bound, moe_layer_time_for, stage_time, step_time,
+from cost_models.step_time import (StepTime, layer_time_bound, moe_layer_time_for, pipeline, stage_time, step_time,
                                    tp_exposed_per_layer)
 
 from .case import Case
@@ -310,15 +310,23 @@ def _full_layers_faster_than(case: Case, selective: Job, full: Layout, at_least:
     return min(stage_max, fewest + full.vpp * math.floor((target - first) / per_step))
 
 
-def _floor(case: Case, base: Layout) -> Optional[StepTime]:
+def _floor(case: Case, base: Layout, threshold: float) -> tuple[float, Optional[StepTime]]:
     """The least step time any layout built on ``base`` can take: ``base``'s own, with neither
     recomputation nor offload, since each only adds work (a recomputed forward, a copy to or
-    from the host) to the step; its memory is not needed for that. None where ``base`` alone
-    is not a layout the cost models take."""
+    from the host) to the step; its memory is not needed for that. With that step where it
+    took all of it: where the micro-batches and the bubble alone pass ``threshold``, the rest
+    of the step is not priced. (0, None) where ``base`` alone is not a layout the cost models
+    take."""
     try:
-        return step_time(Job(case.model, case.cluster, case.training, base, case.overheads))
+        job = Job(case.model, case.cluster, case.training, base, case.overheads)
     except SpecError:
-        return None
+        return 0.0, None
+    stages = pipeline(job)
+    least = stages.least_step(job)
+    if least > threshold:
+        return least, None
+    time = step_time(job, stages)
+    return time.total, time
 
 
 def _states_cannot_fit(case: Case, spec: SearchSpec, base: Layout) -> bool:
@@ -515,10 +523,12 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                     continue
                 base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
                               zero_stage=zero, sequence_parallel=sp, stage_layers=partition, ep=ep, etp=etp)
-                floor = _floor(case, base) if threshold() < math.inf else None
-                if floor is not None and floor.total > threshold():
-                    result.pruned += 1
-                    continue
+                floor = None
+                if threshold() < math.inf:
+                    least, floor = _floor(case, base, threshold())
+                    if least > threshold():
+                        result.pruned += 1
+                        continue
                 hits = []
                 if zero not in offload_only and spec.admits("offload_optimizer", 0.0) \
                         and spec.admits("offload_params", False) and spec.admits("offload_activations", 0):
