@@ -119,6 +119,7 @@ def test_full_recomputation_of_a_few_layers_is_weighed_against_selective_of_all(
     assert layout_of(best)["recompute"] == "full" and best.step_time_s == pytest.approx(full.step_time_s)
 
 
+@pytest.mark.slow  # 70B on 64 GPUs, twice, with a wide simplest-within table: its module goes first
 def test_simplest_within_trades_speed_for_fewer_moving_parts():
     fastest = planner.plan(case(cluster={"num_gpus": 64}, model={"preset": "llama2-70b"}))
     simple = planner.plan(case(cluster={"num_gpus": 64}, model={"preset": "llama2-70b"}), simplest_within=10)
@@ -171,6 +172,7 @@ def test_pipeline_partitions(layers, pp, expected):
     assert partitions(layers, pp) == expected
 
 
+@pytest.mark.slow  # 70B on 64 GPUs with a wide simplest-within table
 def test_a_faster_runner_up_of_simplest_within_is_not_called_a_tie():
     p = planner.plan(case(cluster={"num_gpus": 64}, model={"preset": "llama2-70b"}), simplest_within=10)
     runner = p.alternatives[0]

@@ -202,6 +202,7 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
     return problems
 
 
+@pytest.mark.slow  # plans generated cases at every cluster size: its module goes first
 def test_size_matches_a_sweep_of_plan_over_cluster_sizes_on_generated_cases():
     failures = []
     for i, (case, args) in enumerate(generated()):
