@@ -118,12 +118,11 @@ class LayoutModel:
         m = self.model
         if not self.candidates:
             return Solution("INFEASIBLE", None)
-        m.ClearAssumptions()
         if time_limit_us is not None:
-            # Enforced through an assumption, so that it binds this solve only.
-            within = m.NewBoolVar(f"within_{time_limit_us}")
-            m.Add(self.time_us <= time_limit_us).OnlyEnforceIf(within)
-            m.AddAssumptions([within])
+            # A bound of this solve only, stated on a copy where presolve can use it: under an
+            # assumption on the model itself, a 600-row table took seconds.
+            m = m.Clone()
+            m.Add(self.time_us <= time_limit_us)
         if simplest:
             m.Minimize(self.rank_var)
         else:
@@ -133,7 +132,6 @@ class LayoutModel:
         # Ctrl-C must interrupt `plan` (exit 130), not end the search early as a time limit would.
         solver.parameters.catch_sigint_signal = False
         status = solver.Solve(m)
-        m.ClearAssumptions()
         name = solver.StatusName(status)
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return Solution(name, solver.Value(self.idx))
