@@ -132,8 +132,8 @@ def _sigterm_interrupts():
 
 
 def run_ranks(worker: Sequence[str], nproc: int, workdir: Path, *, name: str, stall_s: Optional[float] = None,
-              startup_s: Optional[float] = None, deadline_s: Optional[float] = None, threads: Optional[int] = None, nnodes: int = 1,
-              rdzv_endpoint: Optional[str] = None,
+              startup_s: Optional[float] = None, deadline_s: Optional[float] = None, threads: Optional[int] = None,
+              nnodes: int = 1, rdzv_endpoint: Optional[str] = None,
               on_progress: Callable[[Optional[dict]], None] = lambda info: None) -> None:
     """Run ``worker`` on ``nproc`` ranks of this node until every rank is done; :class:`RunFailed`
     (``"{name} failed: ..."`` or ``"{name} exceeded its N s timeout: ..."``) otherwise."""

@@ -642,6 +642,7 @@ class Pipeline:
 
 
 def pipeline(job: Job) -> Pipeline:
+    """The job's stages by kind, each kind's time computed once (:func:`stage_time`)."""
     lay = job.layout
     kinds: dict[tuple, int] = {}
     for i, layers in enumerate(job.stage_layers):
