@@ -172,6 +172,30 @@ def test_pipeline_partitions(layers, pp, expected):
     assert partitions(layers, pp) == expected
 
 
+@pytest.mark.parametrize("within, sections", [
+    (2, {"model": {"preset": "llama2-13b"}, "training": {"engine": "megatron"}}),  # the simplest row is slower
+    (25, {}),  # a table of hundreds of rows
+])
+def test_simplest_within_is_the_simplest_row_of_the_table_within_its_bound(monkeypatch, within, sections):
+    """The solver's pick, checked by brute force over the table it was given: of the rows within
+    ``within`` % of the fastest, the one of least complexity (planner.complexity), ties to the
+    first row."""
+    from planner.complexity import complexity
+
+    plan_module = sys.modules["planner.plan"]
+    tables = []
+    table_of = plan_module._table
+    monkeypatch.setattr(plan_module, "_table", lambda *a: tables.append(table_of(*a)) or tables[-1])
+    p = planner.plan(case(**sections), simplest_within=within)
+    (table,) = tables
+    fastest_us = min(round(c.step_time_s * 1e6) for c in table)
+    bound = int(fastest_us * (1 + within / 100))
+    rows = [i for i, c in enumerate(table) if round(c.step_time_s * 1e6) <= bound]
+    assert len(rows) > 1  # a choice to make
+    simplest = min(rows, key=lambda i: (complexity(table[i], 128), i))
+    assert p.best.job.layout == table[simplest].layout
+
+
 @pytest.mark.slow  # 70B on 64 GPUs with a wide simplest-within table
 def test_a_faster_runner_up_of_simplest_within_is_not_called_a_tie():
     p = planner.plan(case(cluster={"num_gpus": 64}, model={"preset": "llama2-70b"}), simplest_within=10)
