@@ -9,7 +9,7 @@ records (:mod:`calibration.progress`), torchrun's log and its temporary files. W
 - the watchdog: a local rank that makes no progress for ``stall_s`` seconds once it has
   reached its first measured step ends the run; before that (start-up: importing torch,
   the rendezvous, building the model; :data:`calibration.progress.SETUP_STAGES`) a rank
-  may take ``startup_s`` (at least ``STARTUP_S``, and never less than ``stall_s``). The whole
+  may take ``STARTUP_S``, or ``stall_s`` where that is longer. The whole
   run passing ``deadline_s`` ends it too;
 - on failure the whole job is stopped and :class:`RunFailed` names the rank that caused
   it and its stage, in one line (:func:`calibration.progress.diagnose`);
@@ -52,11 +52,12 @@ class RunFailed(RuntimeError):
 
 
 def _waits(ranks: dict[int, dict], expected: list[int], changed: dict[int, float], start: float, now: float,
-           stall_s: Optional[float], startup_s: Optional[float]) -> Iterator[tuple[float, float]]:
+           stall_s: Optional[float]) -> Iterator[tuple[float, float]]:
     """(seconds since its last progress, seconds it is allowed) for each rank still running:
-    ``startup_s`` while it sets up (or has not reported yet), ``stall_s`` after."""
+    the start-up allowance while it sets up (or has not reported yet), ``stall_s`` after."""
     if stall_s is None:
         return
+    startup_s = max(stall_s, STARTUP_S)
     for local in expected:
         info = ranks.get(local, {})
         if info.get("status") == "done":
@@ -132,15 +133,13 @@ def _sigterm_interrupts():
 
 
 def run_ranks(worker: Sequence[str], nproc: int, workdir: Path, *, name: str, stall_s: Optional[float] = None,
-              startup_s: Optional[float] = None, deadline_s: Optional[float] = None, threads: Optional[int] = None,
-              nnodes: int = 1, rdzv_endpoint: Optional[str] = None,
+              deadline_s: Optional[float] = None, threads: Optional[int] = None, nnodes: int = 1,
+              rdzv_endpoint: Optional[str] = None,
               on_progress: Callable[[Optional[dict]], None] = lambda info: None) -> None:
     """Run ``worker`` on ``nproc`` ranks of this node until every rank is done; :class:`RunFailed`
     (``"{name} failed: ..."`` or ``"{name} exceeded its N s timeout: ..."``) otherwise."""
     log = workdir / "torchrun.log"
     start = time.monotonic()
-    if stall_s is not None:
-        startup_s = max(stall_s, STARTUP_S if startup_s is None else startup_s)
     process: Optional[subprocess.Popen] = None
     with _sigterm_interrupts():
         try:
@@ -164,7 +163,7 @@ def run_ranks(worker: Sequence[str], nproc: int, workdir: Path, *, name: str, st
                     if seen.get(local) != mark:
                         seen[local], changed[local] = mark, now
                 on_progress(ranks.get(0))
-                late = [waited for waited, allowed in _waits(ranks, expected, changed, start, now, stall_s, startup_s)
+                late = [waited for waited, allowed in _waits(ranks, expected, changed, start, now, stall_s)
                         if waited > allowed]
                 if late:
                     stalled = max(late)

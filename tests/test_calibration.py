@@ -294,9 +294,9 @@ def test_the_watchdog_allows_set_up_longer_than_a_measured_step():
     from calibration.supervisor import _waits
 
     ranks = {0: rank(3, "build"), 1: rank(4, "warmup"), 3: {**rank(9, "train"), "status": "done"}}
-    waits = list(_waits(ranks, [0, 1, 2, 3], {0: 5.0, 1: 5.0}, 0.0, 15.0, stall_s=5.0, startup_s=120.0))
+    waits = list(_waits(ranks, [0, 1, 2, 3], {0: 5.0, 1: 5.0}, 0.0, 15.0, stall_s=5.0))
     assert waits == [(10.0, 120.0), (10.0, 5.0), (15.0, 120.0)]
-    assert list(_waits(ranks, [0, 1], {}, 0.0, 15.0, stall_s=None, startup_s=None)) == []
+    assert list(_waits(ranks, [0, 1], {}, 0.0, 15.0, stall_s=None)) == []
 
 
 # --- end to end: torchrun, 2 gloo ranks --------------------------------------------------------
