@@ -144,7 +144,7 @@ def run_spec(job: "Job", *, steps: int = 5, warmup: int = 2, seed: int = 0,
     """
     if device not in DEVICES:
         raise ValueError(f"device: expected one of {', '.join(DEVICES)}, got {device!r}")
-    from .gpt import GPTConfig
+    from .gpt_config import GPTConfig  # not .gpt: this process never needs torch
 
     model, training, lay = job.model, job.training, job.layout
     for key in ("tp", "pp", "cp"):
