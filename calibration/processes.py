@@ -9,7 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
+
+# SIGKILL is delivered at once, but a process takes a moment to end (its memory freed: tens of
+# milliseconds for a rank holding torch, on a loaded machine); kill_all waits this long at most.
+GONE_S = 10.0
 
 
 def alive(pid: int) -> bool:
@@ -60,7 +65,8 @@ def kill_all(process: subprocess.Popen) -> None:
     misses, so the tree is walked. Everything found is frozen (SIGSTOP) first, until a walk
     finds nothing new: a process that is still running could start a child after the walk,
     and that child would outlive the run. Killing before the parents die matters too: an
-    orphan is re-parented away from the tree and no walk finds it again.
+    orphan is re-parented away from the tree and no walk finds it again. It returns when every
+    process it killed has ended.
     """
     try:
         os.killpg(process.pid, signal.SIGSTOP)
@@ -79,3 +85,6 @@ def kill_all(process: subprocess.Popen) -> None:
         pass
     _send(frozen, signal.SIGKILL)
     process.wait()
+    deadline = time.monotonic() + GONE_S  # so that no rank still runs when the caller says the run stopped
+    while any(alive(pid) for pid in frozen) and time.monotonic() < deadline:
+        time.sleep(0.01)
