@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from cost_models.specs import ACTIVATIONS, RECOMPUTE
+
 if TYPE_CHECKING:
     from cost_models.specs import ModelSpec
 
 ATTENTIONS = ("megatron", "sdpa")
-ACTIVATIONS = ("gelu", "swiglu")
-RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
