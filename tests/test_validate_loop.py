@@ -141,6 +141,17 @@ def test_more_ranks_than_cores_is_refused(profile):
         run_spec(loaded.job(), cpu_count=2)
 
 
+def test_the_parent_of_a_run_does_not_import_torch(tmp_path, profile):
+    """validate's own process estimates, writes the run's spec and watches torchrun; the ranks
+    need torch, it does not, and importing it there would add 2-3 s to every run."""
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case(micro_batch_size=1)))
+    code = ("import sys; from calibration.train import run_spec; from calibration.validate import load_with_profile; "
+            f"run_spec(load_with_profile({str(path)!r}, {str(profile)!r}).job()); print('torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "False", run.stderr
+
+
 def test_ranks_get_the_profiled_threads(tmp_path, profile):
     """A profile measured with N threads a rank describes that device: the run gives each rank N threads."""
     from calibration.validate import profiled_threads
