@@ -97,6 +97,24 @@ def _expert_widths(model: ModelSpec, tokens: float, routed: float, etp: int) -> 
 
 
 @lru_cache(maxsize=4096)
+def _token_linear_times(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                        micro_batch_size: int, weight_share: float) -> tuple[tuple[float, float], ...]:
+    """(forward, backward) of the router's linear, then of each shared-expert linear: they run on
+    the rank's own tokens, whatever the expert grid, so a search shares them over its ep and etp."""
+    tokens = moe_tokens(training, tp, cp, micro_batch_size)
+    # The router stays in 16 bits under every recipe (Transformer Engine quantizes the experts'
+    # linear layers only; megatron-core's router is a plain GEMM).
+    times = [linear_time(Gemm("router", tokens, model.num_experts, model.hidden_size), gpu, training,
+                         quantized=False)]
+    if model.moe_shared_expert_ffn_hidden_size:
+        # The shared experts run on the tensor-parallel group's tokens, their width split over tp.
+        gathered = micro_batch_size * training.seq_len / cp
+        times += [linear_time(g, gpu, training, True, weight_share)
+                  for g in mlp_gemms(model, gathered, model.moe_shared_expert_ffn_hidden_size, tp, "shared_fc")]
+    return tuple(times)
+
+
+@lru_cache(maxsize=4096)
 def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
                  micro_batch_size: int, ep: int, etp: int, weight_share: float = 1.0) -> tuple[float, float]:
     """(forward, backward) of an MoE layer's expert part on one GPU, communication excluded: the
@@ -104,19 +122,10 @@ def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int
     experts (each a linear layer's, :func:`kernels.linear_time`) and the element-wise kernels
     (:func:`moe_elementwise_bytes`, :func:`moe_activation_bytes`, twice their traffic in backward)."""
     engine = training.engine
-    tokens = moe_tokens(training, tp, cp, micro_batch_size)
-    # The router stays in 16 bits under every recipe (Transformer Engine quantizes the experts'
-    # linear layers only; megatron-core's router is a plain GEMM).
-    times = [linear_time(Gemm("router", tokens, model.num_experts, model.hidden_size), gpu, training,
-                         quantized=False)]
+    router, *shared = _token_linear_times(model, training, gpu, tp, cp, micro_batch_size, weight_share)
     routed = routed_tokens(model, training, tp, cp, micro_batch_size, etp)
     fc1, fc2, local = expert_gemms(model, routed, ep, etp)
-    times += [linear_time(g, gpu, training, True, weight_share, groups=local) for g in (fc1, fc2)]
-    if model.moe_shared_expert_ffn_hidden_size:
-        # The shared experts run on the tensor-parallel group's tokens, their width split over tp.
-        gathered = micro_batch_size * training.seq_len / cp
-        times += [linear_time(g, gpu, training, True, weight_share)
-                  for g in mlp_gemms(model, gathered, model.moe_shared_expert_ffn_hidden_size, tp, "shared_fc")]
+    times = [router, *(linear_time(g, gpu, training, True, weight_share, groups=local) for g in (fc1, fc2)), *shared]
     args = (model, training, tp, cp, micro_batch_size, etp, engine.fused_elementwise)
     memory = elementwise_time(moe_elementwise_bytes(*args), gpu) \
         + transcendental_time(moe_activation_bytes(*args), gpu)
