@@ -114,13 +114,13 @@ def _token_linear_times(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, 
     return tuple(times)
 
 
-@lru_cache(maxsize=4096)
 def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
                  micro_batch_size: int, ep: int, etp: int, weight_share: float = 1.0) -> tuple[float, float]:
     """(forward, backward) of an MoE layer's expert part on one GPU, communication excluded: the
     router GEMM, the grouped expert GEMMs at the copies the busiest rank receives, the shared
     experts (each a linear layer's, :func:`kernels.linear_time`) and the element-wise kernels
-    (:func:`moe_elementwise_bytes`, :func:`moe_activation_bytes`, twice their traffic in backward)."""
+    (:func:`moe_elementwise_bytes`, :func:`moe_activation_bytes`, twice their traffic in backward).
+    Not cached: its one caller, ``step_time.moe_layer_time_for``, is."""
     engine = training.engine
     router, *shared = _token_linear_times(model, training, gpu, tp, cp, micro_batch_size, weight_share)
     routed = routed_tokens(model, training, tp, cp, micro_batch_size, etp)
