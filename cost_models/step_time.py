@@ -633,12 +633,16 @@ class Pipeline:
     kinds: tuple[int, ...]  # a stage of each kind
     slowest: StageTime
 
+    def bubble(self, job: Job) -> float:
+        """The pipeline's idle time in a step: its bubble fraction of the micro-batches, at the
+        slowest stage's pace (Narayanan et al. 2021, §2.2)."""
+        m, lay = job.num_microbatches, job.layout
+        return bubble_fraction(lay.pp, lay.vpp, m) * m * self.slowest.total
+
     def least_step(self, job: Job) -> float:
         """What every micro-batch and the bubble take at the slowest stage's pace: the step
         (:func:`step_time`) less its data-parallel, pipeline, optimizer and offload terms."""
-        m = job.num_microbatches
-        lay = job.layout
-        return (m + bubble_fraction(lay.pp, lay.vpp, m) * m) * self.slowest.total
+        return job.num_microbatches * self.slowest.total + self.bubble(job)
 
 
 def pipeline(job: Job) -> Pipeline:
@@ -654,7 +658,6 @@ def step_time(job: Job, stages: Optional[Pipeline] = None) -> StepTime:
     """The step: every micro-batch at the slowest stage's pace, the bubble, and what the
     pipeline, data-parallel, optimizer and offload traffic add (``stages``: :func:`pipeline`'s,
     where the caller has it)."""
-    lay = job.layout
     stages = stages or pipeline(job)
     kinds, slowest = stages.kinds, stages.slowest
     m = job.num_microbatches
@@ -666,7 +669,7 @@ def step_time(job: Job, stages: Optional[Pipeline] = None) -> StepTime:
         ep_comm_s=m * slowest.ep_comm,
         pp_comm_s=pipeline_comm(job),
         dp_comm_s=max(dp_comm_exposed(job, i, slowest) for i in kinds),
-        bubble_s=bubble_fraction(lay.pp, lay.vpp, m) * m * slowest.total,
+        bubble_s=stages.bubble(job),
         optimizer_s=max(optimizer_time(job, i) for i in kinds),
         offload_s=max(offload_time(job, i, slowest) for i in kinds),
         overhead_s=job.cluster.gpu.performance.step_overhead_s,
