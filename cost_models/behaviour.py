@@ -107,6 +107,10 @@ class EngineBehaviour:
     # Quantized weights cast once per step and reused by every micro-batch (Transformer Engine's
     # ``is_first_microbatch``, which Megatron passes).
     fp8_weight_cache: bool = False
+    # How the local experts' GEMMs run (``kernels.grouped_gemm_time``): 0, one grouped kernel for
+    # all of them (torchtitan's ``torch._grouped_mm``); n, one GEMM per expert round-robin on n CUDA
+    # streams (Transformer Engine's GroupedLinear: 4; DeepSpeed-MoE's loop over its experts: 1).
+    grouped_gemm_streams: int = 0
     # Split pipeline stages by compute where the layout does not say (else evenly), as nanotron
     # does (``cost_models.partition``).
     balance_stages: bool = True
@@ -124,6 +128,9 @@ class EngineBehaviour:
     def __post_init__(self) -> None:
         if self.selective not in ("attention", "matmuls"):
             raise ValueError(f"EngineBehaviour.selective: expected attention or matmuls, got {self.selective!r}")
+        if self.grouped_gemm_streams < 0:
+            raise ValueError(f"EngineBehaviour.grouped_gemm_streams: expected 0 or more, "
+                             f"got {self.grouped_gemm_streams}")
         if self.quantizer not in QUANTIZERS:
             raise ValueError(f"EngineBehaviour.quantizer: expected one of {QUANTIZERS}, got {self.quantizer!r}")
 

@@ -146,20 +146,31 @@ def flash_attention_time(flops: float, head_dim: float, keys: float, calls: int,
     return flops / rate + calls * perf.kernel_overhead_s
 
 
-def grouped_gemm_time(gemm: Gemm, groups: int, gpu: GPUSpec, precision: str, recipe: Optional[Recipe] = None) \
-        -> float:
-    """``groups`` GEMMs of the shape ``gemm`` (one per local expert) in one grouped kernel
-    (Transformer Engine's and CUTLASS's grouped GEMM, megatron-core ``TEGroupedMLP``): the
-    groups' output tiles share the SMs (:func:`wave_efficiency` over all of them), each group's
-    rows are rounded up to whole tiles, and the kernel pays its fixed cost once. Rate and
-    element size as :func:`gemm_time`'s; quantizing priced apart."""
+def grouped_gemm_time(gemm: Gemm, groups: int, gpu: GPUSpec, precision: str, recipe: Optional[Recipe] = None,
+                      streams: int = 0) -> float:
+    """``groups`` GEMMs of the shape ``gemm`` (one per local expert), each group's rows rounded up
+    to whole tiles. Rate and element size as :func:`gemm_time`'s; quantizing priced apart.
+
+    - ``streams`` 0: one grouped kernel (``torch._grouped_mm``, CUTLASS's grouped GEMM): the
+      groups' output tiles share the SMs (:func:`wave_efficiency` over all of them) and the
+      kernel pays its fixed cost once.
+    - ``streams`` n: one GEMM kernel per group, issued round-robin on n CUDA streams
+      (``EngineBehaviour.grouped_gemm_streams``). At most n groups share the SMs at a time, and
+      each stream pays the fixed cost of each of its ⌈groups/n⌉ kernels. Transformer Engine's
+      ``GroupedLinear`` runs so (``nvte_multi_stream_cublas_gemm``: one cuBLAS GEMM per group on
+      ``nvte_get_num_compute_streams()`` = 4 streams), which is what makes many small local
+      experts slower per FLOP than a few large ones.
+    """
     perf = gpu.performance
     rate, size = _rate_and_size(gpu, precision, recipe)
     rows = math.ceil(gemm.m / perf.gemm_tile_m) * perf.gemm_tile_m if gemm.m else 0.0
     flops = groups * 2.0 * rows * gemm.n * gemm.k
     traffic = size * groups * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
-    compute = flops / (rate * wave_efficiency(rows * groups, gemm.n, gpu, gemm.k))
-    return max(compute, traffic / (perf.hbm_efficiency * gpu.hbm_bandwidth)) + perf.kernel_overhead_s
+    side_by_side = min(groups, streams) if streams else groups
+    compute = flops / (rate * wave_efficiency(rows * side_by_side, gemm.n, gpu, gemm.k))
+    kernels_per_stream = math.ceil(groups / streams) if streams else 1
+    return max(compute, traffic / (perf.hbm_efficiency * gpu.hbm_bandwidth)) \
+        + kernels_per_stream * perf.kernel_overhead_s
 
 
 def high_precision_precision(training: TrainingSpec) -> str:
@@ -189,7 +200,8 @@ def linear_time(gemm: Gemm, gpu: GPUSpec, training: TrainingSpec, quantized: boo
     high = high_precision_precision(training)
 
     def kernel(precision: str, r: Optional[Recipe]) -> float:
-        return gemm_time(gemm, gpu, precision, r) if groups == 1 else grouped_gemm_time(gemm, groups, gpu, precision, r)
+        return gemm_time(gemm, gpu, precision, r) if groups == 1 else \
+            grouped_gemm_time(gemm, groups, gpu, precision, r, training.engine.grouped_gemm_streams)
 
     if recipe is None:
         t = kernel(high, None)

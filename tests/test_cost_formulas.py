@@ -79,6 +79,24 @@ def test_compute_bound_experts_run_as_one_gemm_of_all_their_rows():
     assert grouped_gemm_time(g, 4, gpu, "bf16") == pytest.approx(gemm_time(Gemm("all", 4096, g.n, g.k), gpu, "bf16"))
 
 
+
+def test_experts_on_four_streams_share_the_sms_four_at_a_time_and_pay_each_kernel():
+    """Transformer Engine's GroupedLinear: one GEMM per expert, round-robin on 4 streams. 128
+    experts of 256 rows (Qwen3-30B-A3B's fc1, 2·768 wide, 2048 deep, at EP 1): four GEMMs' tiles
+    at a time (4·2·6 = 48 of H100's 132 SMs; K = 2048 splits in two, 96 busy) and 32 fixed costs
+    per stream; 16 experts of 2,048 rows (EP 8) fill the SMs and pay 4."""
+    gpu = _job().cluster.gpu
+    perf = gpu.performance
+    t0 = perf.kernel_overhead_s
+    one_gemm = Gemm("expert_fc1", 256, 2 * 768, 2048)
+    flops = 128 * 2 * 256 * 2 * 768 * 2048
+    rate = perf.gemm_efficiency_for("bf16") * gpu.peak("bf16") * perf.sustained_clock
+    four_at_a_time = flops / (rate * 96 / 132)
+    assert grouped_gemm_time(one_gemm, 128, gpu, "bf16", streams=4) == pytest.approx(four_at_a_time + 32 * t0)
+    large = Gemm("expert_fc1", 2048, 2 * 768, 2048)
+    assert grouped_gemm_time(large, 16, gpu, "bf16", streams=4) == pytest.approx(flops / rate + 4 * t0)
+    assert grouped_gemm_time(large, 16, gpu, "bf16") == pytest.approx(flops / rate + t0)  # one grouped kernel
+
 # --- the expert part of an MoE layer (cost_models/experts.py) ---
 
 def test_each_rank_routes_its_sequence_parallel_tokens_to_k_experts():

@@ -36,7 +36,7 @@ THROUGHPUT = {
     # Mixtures of experts (published_runs_moe.yaml). Megatron-Bridge's cases say no recomputation and
     # no head width of their own (Qwen3-30B-A3B's attention counted at half its width), and its
     # table repeats layouts at up to twice the throughput across containers: see the README.
-    "Megatron-Bridge performance summary": 0.232,
+    "Megatron-Bridge performance summary": 0.227,
     "NeMo AutoModel performance summary": 0.184,
     "NeMo Framework user guide performance ": 0.172,
 }
@@ -59,7 +59,8 @@ MEDIAN_CLAIMED_GAIN, MEAN_ABS_CLAIMED_GAIN, EXPERTS_NOT_FITTING = 0.030, 0.054, 
 # recomputation, where the recipes recompute MLA's up-projections (mb_2511_deepseekv3_gb200_256g_bf16,
 # mb_2509_deepseekv3_h100_1024g_fp8; Megatron-Bridge deepseek_workload_base_configs.py). 73 recipes since
 # MXFP8 and NVFP4 can be written (16 before), most on Blackwell: the README says what stands behind them.
-MOE_MEDIAN_CLAIMED_GAIN, MOE_EXPERTS_NOT_FITTING = 0.153, 2
+# Each local expert's GEMM its own kernel under Transformer Engine (kernels.grouped_gemm_time): from 0.153.
+MOE_MEDIAN_CLAIMED_GAIN, MOE_EXPERTS_NOT_FITTING = 0.086, 2
 SLACK = 0.005
 
 

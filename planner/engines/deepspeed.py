@@ -16,7 +16,8 @@
 - Behaviour: ZeRO-3 gathers each submodule's weights on its own and again for the recompute
   (``zero/parameter_offload.py``); its pipeline reduces gradients after the last
   micro-batch (``pipe/schedule.py``: ReduceTiedGrads, ReduceGrads, OptimizerStep);
-  reduce buckets of 5e8 elements; ZeRO-1/2 weights gathered before the step returns;
+  reduce buckets of 5e8 elements; ZeRO-1/2 weights gathered before the step returns; the local
+  experts run one after another (``moe/experts.py``: ``Experts.forward`` loops over them);
   Megatron's vocab-parallel cross-entropy and fused element-wise kernels (Megatron-DeepSpeed).
 """
 
@@ -59,7 +60,7 @@ BEHAVIOUR = EngineBehaviour(
     reduce_after_pipeline=True,
     bucket_params=5e8, bucket_bytes=0.0, overlap_param_gather=False, loss_gradient_bytes=2.0,
     selective="attention", fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine",
-    collective_launch_s=0.0,
+    collective_launch_s=0.0, grouped_gemm_streams=1,
     balance_stages=False, offload_moves_gradients=True,
 )
 

@@ -16,7 +16,9 @@
   ahead (``overlap_p2p_comm``); gradients reduced in the parameters' dtype
   (``DistributedDataParallelConfig.grad_reduce_in_fp32 = False``), even layer splits; the
   flex token dispatcher (``--moe-token-dispatcher-type flex``, DeepEP or HybridEP as NeMo's and
-  Megatron-Bridge's MoE recipes run it), which sends a token once per destination NVLink domain.
+  Megatron-Bridge's MoE recipes run it), which sends a token once per destination NVLink domain;
+  the local experts' GEMMs one per expert on Transformer Engine's four compute streams
+  (``TEGroupedMLP`` → ``GroupedLinear``).
 - Offload: any share of the distributed optimizer (HybridDeviceOptimizer: --optimizer-cpu-offload
   --optimizer-offload-fraction) and the activations of the first N layers (cpu_offloading, without
   pipelining or recomputation: ``TransformerConfig.__post_init__``).
@@ -49,6 +51,7 @@ BEHAVIOUR = EngineBehaviour(
     name="megatron", sharded_master_weights=False, zero3_unit_copies=False, p2p_overlap_interleaved=True, bucket_params=40e6, bucket_bytes=0.0,
     overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention", fused_attention=True,
     fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine", fp8_weight_cache=True,
+    grouped_gemm_streams=4,
     collective_launch_s=0.0, balance_stages=False, hierarchical_dispatch=True,
 )
 
