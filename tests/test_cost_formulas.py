@@ -79,7 +79,6 @@ def test_compute_bound_experts_run_as_one_gemm_of_all_their_rows():
     assert grouped_gemm_time(g, 4, gpu, "bf16") == pytest.approx(gemm_time(Gemm("all", 4096, g.n, g.k), gpu, "bf16"))
 
 
-
 def test_experts_on_four_streams_share_the_sms_four_at_a_time_and_pay_each_kernel():
     """Transformer Engine's GroupedLinear: one GEMM per expert, round-robin on 4 streams. 128
     experts of 256 rows (Qwen3-30B-A3B's fc1, 2·768 wide, 2048 deep, at EP 1): four GEMMs' tiles
@@ -96,6 +95,7 @@ def test_experts_on_four_streams_share_the_sms_four_at_a_time_and_pay_each_kerne
     large = Gemm("expert_fc1", 2048, 2 * 768, 2048)
     assert grouped_gemm_time(large, 16, gpu, "bf16", streams=4) == pytest.approx(flops / rate + 4 * t0)
     assert grouped_gemm_time(large, 16, gpu, "bf16") == pytest.approx(flops / rate + t0)  # one grouped kernel
+
 
 # --- the expert part of an MoE layer (cost_models/experts.py) ---
 
