@@ -166,11 +166,10 @@ def grouped_gemm_time(gemm: Gemm, groups: int, gpu: GPUSpec, precision: str, rec
     rows = math.ceil(gemm.m / perf.gemm_tile_m) * perf.gemm_tile_m if gemm.m else 0.0
     flops = groups * 2.0 * rows * gemm.n * gemm.k
     traffic = size * groups * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
-    side_by_side = min(groups, streams) if streams else groups
+    side_by_side = min(groups, streams or groups)  # one grouped kernel: every group at once
     compute = flops / (rate * wave_efficiency(rows * side_by_side, gemm.n, gpu, gemm.k))
-    kernels_per_stream = math.ceil(groups / streams) if streams else 1
     return max(compute, traffic / (perf.hbm_efficiency * gpu.hbm_bandwidth)) \
-        + kernels_per_stream * perf.kernel_overhead_s
+        + math.ceil(groups / side_by_side) * perf.kernel_overhead_s
 
 
 def high_precision_precision(training: TrainingSpec) -> str:
