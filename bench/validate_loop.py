@@ -1,7 +1,7 @@
 """Calibrate → predict → measure, end to end on this CPU machine: predicted against measured step time.
 
     python bench/validate_loop.py [--profile PROFILE.yaml] [--steps 7] [--warmup 2]
-                                  [--only NAME ...] [--json OUT.json]
+                                  [--only NAME ...] [--json OUT.json] [--allow-busy]
 
 Without ``--profile`` it uses this machine's own profile, ``bench/out/profile-<host>.yaml``,
 and calibrates it first when there is none (a few minutes): a profile measured elsewhere is
@@ -16,7 +16,10 @@ Nothing here is fitted: every layout uses the same profile.
 
 The target (issue 18) is a mean |ratio − 1| of at most 8 % over the layouts, none above 15 %. Timings are
 wall-clock on a shared machine: run it on an otherwise idle machine, and read the
-min/max columns for the spread.
+min/max columns for the spread. The speed column is this machine's reference GEMM around
+each run over its speed when profiled (``calibration/speed.py``, the slower of before and
+after): ``validate`` refuses to start a layout below 0.9 (``--allow-busy`` measures anyway),
+and a ratio that follows the speed column measures the machine's drift, not the model.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--only", nargs="*", choices=list(LAYOUTS), default=None)
     parser.add_argument("--json", type=Path, default=None, help="Also write every result here.")
+    parser.add_argument("--allow-busy", action="store_true",
+                        help="Measure even on a busy or slowed machine (warned about; the speed column shows it).")
     args = parser.parse_args(argv)
     if args.profile is None:
         args.profile = HOST_PROFILE
@@ -97,22 +102,23 @@ def main(argv=None) -> int:
     profile = args.profile.resolve()
     print(f"profile: {profile}; median of {args.steps} steps after {args.warmup} warm-up")
     header = (f"{'layout':20} {'model':17} {'mbs×ga':>7} {'pred s':>8} {'meas s':>8} {'min':>7} {'max':>7} "
-              f"{'ratio':>6} {'act ratio':>9}  predicted parts (s)")
+              f"{'ratio':>6} {'act ratio':>9} {'speed':>6}  predicted parts (s)")
     print(header)
     print("-" * len(header))
     results = []
     for name in args.only or LAYOUTS:
         try:
-            r = validate(case_for(name, profile), steps=args.steps, warmup=args.warmup,
+            r = validate(case_for(name, profile), steps=args.steps, warmup=args.warmup, allow_busy=args.allow_busy,
                          warn=lambda line: print(f"warning: {line}", file=sys.stderr))
-        except CaseError as error:  # another machine's profile, a busy machine: nothing measured
+        except CaseError as error:  # another machine's profile, a busy or slowed machine: nothing measured
             print(f"error: {error}", file=sys.stderr)
             return 2
         m = r.measurement
         parts = " ".join(f"{k.removesuffix('_s')}={v:.3f}" for k, v in r.estimate.time.by_part().items() if v)
         print(f"{name:20} {r.estimate.job.model.name:17} {f'{r.spec.micro_batch_size}×{r.spec.grad_accum}':>7} "
               f"{r.predicted_step_s:8.3f} {r.measured_step_s:8.3f} {min(m.step_times_s):7.3f} "
-              f"{max(m.step_times_s):7.3f} {r.step_ratio:6.3f} {r.activation_ratio:9.4f}  {parts}", flush=True)
+              f"{max(m.step_times_s):7.3f} {r.step_ratio:6.3f} {r.activation_ratio:9.4f} "
+              f"{f'{r.speed.ratio:.3f}' if r.speed else '-':>6}  {parts}", flush=True)
         results.append({"name": name, **r.to_dict()})
     within = [x for x in results if abs(x["step_time_s"]["ratio"] - 1) <= TOLERANCE]
     ratios = [x["step_time_s"]["ratio"] for x in results]

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+import time
 from typing import Any, Optional
 
-# A load average (1 min) past this share of the cores means other work shares them, and
-# timings taken now describe a slower machine than the one profiled.
-BUSY_SHARE = 0.5
 # Other processes keeping more than this share of the cores busy, measured just before a run:
 # calibrate and validate refuse to measure (or, asked to, warn). A quarter of a 2-core machine is
 # half a core: enough to move a compute-bound benchmark by tens of percent.
 OTHERS_BUSY_SHARE = 0.25
+# A GPU that others drive before any rank starts: a kernel running in more than this share of
+# nvidia-smi's samples, or more than this much of its memory already taken.
+OTHERS_GPU_UTILISATION = 0.10
+OTHERS_GPU_MEMORY_MIB = 1024
 
 
 def cpu_model() -> str:
@@ -30,23 +33,6 @@ def cpu_model() -> str:
 
 def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def load_average() -> Optional[float]:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
-
-
-def machine_warnings(load: Optional[float], ncores: int, device: str = "cpu") -> list[str]:
-    """Why a CPU measurement taken now may be slower than the profile says, one line each (the
-    other processes' share, measured just before the run, is refused: :func:`busy_reason`)."""
-    warnings = []
-    if device == "cpu" and load is not None and load > BUSY_SHARE * ncores:
-        warnings.append(f"this machine is busy (load average {load:.2f} on {ncores} cores): other work shares "
-                        "the cores and the measured steps will be slower than the profile predicts")
-    return warnings
 
 
 def device_mismatch(profiled: dict[str, Any], cpu: str, device: str, gpu: Optional[str]) -> Optional[str]:
@@ -124,3 +110,49 @@ def busy_reason(share: Optional[float]) -> Optional[str]:
     return (f"other processes use {share:.0%} of this machine's CPU time (more than {OTHERS_BUSY_SHARE:.0%}): "
             "timings taken now describe a slower machine; stop them, or pass --allow-busy to measure anyway")
 
+
+
+def visible_gpus(count: int) -> list[str]:
+    """nvidia-smi's ids of the first ``count`` GPUs this process's ranks use: CUDA_VISIBLE_DEVICES
+    renumbers them (indices or UUIDs, in order), and nvidia-smi takes either."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [x.strip() for x in visible.split(",") if x.strip()] if visible is not None else \
+        [str(i) for i in range(count)]
+    return ids[:count]
+
+
+def gpu_use(count: int, samples: int = 5, interval_s: float = 0.1, smi: str = "nvidia-smi") \
+        -> Optional[dict[str, float]]:
+    """The most any of the first ``count`` GPUs was used over ``samples`` nvidia-smi readings,
+    ``interval_s`` apart, before any rank starts (so all of it is other processes'): utilisation
+    (the share of the sample period a kernel ran) and memory in use, in MiB. None where
+    nvidia-smi is missing or fails: then nothing can be said."""
+    ids = visible_gpus(count)
+    if not ids:
+        return None
+    command = [smi, "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits", "-i", ",".join(ids)]
+    utilisation = memory = 0.0
+    for i in range(samples):
+        if i:
+            time.sleep(interval_s)
+        try:
+            run = subprocess.run(command, capture_output=True, text=True, timeout=10)
+            readings = [[float(x) for x in line.split(",")] for line in run.stdout.splitlines() if line.strip()]
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            return None
+        if run.returncode != 0 or not readings or any(len(r) != 2 for r in readings):
+            return None
+        utilisation = max(utilisation, *(r[0] / 100 for r in readings))
+        memory = max(memory, *(r[1] for r in readings))
+    return {"utilisation": utilisation, "memory_used_mib": memory}
+
+
+def gpu_busy_reason(use: Optional[dict[str, float]]) -> Optional[str]:
+    """Why the GPUs are not free for a measurement (:func:`gpu_use`), or None when they are."""
+    if use is None:
+        return None
+    if use["utilisation"] <= OTHERS_GPU_UTILISATION and use["memory_used_mib"] <= OTHERS_GPU_MEMORY_MIB:
+        return None
+    return (f"other processes use these GPUs (utilisation up to {use['utilisation']:.0%}, {use['memory_used_mib']:.0f} "
+            f"MiB of memory in use; more than {OTHERS_GPU_UTILISATION:.0%} or {OTHERS_GPU_MEMORY_MIB} MiB): timings "
+            "taken now describe slower GPUs; stop them, or pass --allow-busy to measure anyway")

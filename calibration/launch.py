@@ -7,7 +7,9 @@ temporary folder for the run. Meanwhile it draws a progress bar from rank 0's pr
 success it checks that the profile rank 0 left in the folder loads
 (``planner.case.gpu_from_profile``) and only then writes it to ``out``, atomically
 (``planner.files.write_atomically``); on failure or an interrupt it writes nothing.
-No torch is imported here unless the GPU count is needed for the default ``--nproc``.
+Before the ranks start it measures what else uses the machine (other processes' CPU share;
+on GPUs, their utilisation), and on CPUs it times the reference GEMM before and after them
+(:mod:`calibration.speed`); the profile's ``machine`` section keeps all of it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import yaml
 from planner.errors import CaseError
 
 from .host import cores
+from .profile import render
 from .progress import STAGES
+from .speed import moved_reason, reference_gemm_tflops
 from .supervisor import RunFailed, run_ranks
 
 
@@ -129,10 +133,12 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
     """Run the calibration and write the profile to ``out``; :class:`RunFailed` if it fails.
 
     Bad arguments raise :class:`planner.errors.CaseError` before anything runs, and so does a
-    machine that other processes keep busy (:func:`host.busy_reason`) unless ``allow_busy``
-    (then ``warn`` is told); the share measured goes into the profile's ``machine`` section.
+    machine that other processes keep busy (:func:`host.busy_reason`, on GPUs
+    :func:`host.gpu_busy_reason`) unless ``allow_busy`` (then ``warn`` is told); what was measured
+    goes into the profile's ``machine`` section, with the reference GEMM's speed before and after
+    the ranks ran on CPUs (``warn`` is told when it moved: :func:`speed.moved_reason`).
     """
-    from .host import busy_reason, other_cpu_share
+    from .host import busy_reason, gpu_busy_reason, gpu_use, other_cpu_share
 
     from planner.files import Output, check_writable, write_atomically
 
@@ -157,11 +163,17 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
     if nproc < 1:
         raise CaseError("--nproc", str(nproc), "no GPUs found; pass --nproc")
     others = other_cpu_share()
-    busy = busy_reason(others)
-    if busy and not allow_busy:
-        raise CaseError("calibrate", "host", busy)
-    if busy:
-        warn(busy)
+    import torch  # the device decides which checks apply; the ranks import it anyway
+
+    cuda = torch.cuda.is_available()
+    used = gpu_use(nproc) if cuda else None
+    for busy in (busy_reason(others), gpu_busy_reason(used)):
+        if busy and not allow_busy:
+            raise CaseError("calibrate", "host", busy)
+        if busy:
+            warn(busy)
+    threads = max(1, cores() // nproc)  # as each rank sets (calibration.worker)
+    before = None if cuda else reference_gemm_tflops(threads)
 
     workdir = Path(tempfile.mkdtemp(prefix="layout-planner-calibrate-"))
     start = time.monotonic()
@@ -185,6 +197,17 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
             raise RunFailed(f"calibration failed: the profile does not load ({error}); "
                             "no profile written") from None
         text = profile.read_text(encoding="utf-8")
+        if before is not None or used is not None:
+            data = yaml.safe_load(text)
+            if before is not None:
+                after = reference_gemm_tflops(threads)
+                data["machine"]["reference_gemm_tflops"] = {"before": round(before, 4), "after": round(after, 4)}
+                moved = moved_reason(before, after)
+                if moved:
+                    warn(moved)
+            if used is not None:
+                data["machine"]["other_gpu_use"] = used
+            text = render(data)
         write_atomically(out, text, force=force)
         return Outcome(out, time.monotonic() - start, nproc * nnodes, yaml.safe_load(text))
     finally:

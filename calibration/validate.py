@@ -22,6 +22,7 @@ from cost_models.specs import Job
 from planner.errors import CaseError
 from planner.estimate import Estimate, estimate
 
+from .speed import Speed
 from .train import Measurement, RunSpec, Unsupported, launch, run_spec
 
 # The repo's own GPT (calibration/gpt.py) as `layout-planner validate` trains it: PyTorch DDP
@@ -56,6 +57,10 @@ class Validation:
     profile: Optional[str]
     # Share of the machine's CPU time other processes used just before the run (host.other_cpu_share).
     other_cpu_share: Optional[float] = None
+    # On GPUs, what others used of them just before the run (host.gpu_use).
+    gpu_use: Optional[dict[str, float]] = None
+    # On CPUs, the reference GEMM's speed when profiled and around the run (speed.Speed).
+    speed: Optional[Speed] = None
 
     @property
     def predicted_step_s(self) -> float:
@@ -91,7 +96,8 @@ class Validation:
             "case": self.estimate.case.source,
             "profile": self.profile,
             "gpu": self.estimate.job.cluster.gpu.name,
-            "host": {"other_cpu_share": self.other_cpu_share},
+            "host": {"other_cpu_share": self.other_cpu_share, "gpu_use": self.gpu_use,
+                     "reference_gemm_tflops": self.speed.to_dict() if self.speed else None},
             "run": {"dp": self.spec.dp, "micro_batch_size": self.spec.micro_batch_size,
                     "grad_accum": self.spec.grad_accum, "zero_stage": self.spec.zero_stage,
                     "recompute": self.spec.config["recompute"], "attention": self.spec.config["attention"],
@@ -195,15 +201,18 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     the profile.
     A ``calibrate --quick`` profile (tiny shapes, few repeats) is refused unless ``allow_quick``.
     ``progress`` gets a line before the run starts: what runs, and how long it may take. A
-    machine whose other processes keep it busy (:func:`host.busy_reason`) is refused, or with
-    ``allow_busy`` warned about; the share measured is in the result. A rank that makes no
+    machine whose other processes keep it busy (:func:`host.busy_reason`; on GPUs,
+    :func:`host.gpu_busy_reason`), or a CPU that runs the reference GEMM slower than when it was
+    profiled (:mod:`calibration.speed`), is refused, or with ``allow_busy`` warned about; what was
+    measured is in the result, with the reference GEMM timed again after the run. A rank that makes no
     progress for ``stall_s`` (default: 20 predicted steps, at least two minutes) is taken for
     hung and the run stopped, naming it, without waiting for ``timeout_s``.
     """
     from planner.case import spec_errors
 
-    from .host import (busy_reason, cores, cpu_model, device_mismatch, load_average, local_gpu, local_gpu_count,
-                       machine_warnings, other_cpu_share)
+    from .host import (busy_reason, cpu_model, device_mismatch, gpu_busy_reason, gpu_use, local_gpu, local_gpu_count,
+                       other_cpu_share)
+    from .speed import profiled_speed, reference_gemm_tflops
 
     loaded = load_with_profile(case, profile)
     machine = profiled_machine(case, profile)  # the profile is read once; what follows derives from it
@@ -240,21 +249,29 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     if not est.fits:  # the ranks would only die out of memory, or swap for hours
         raise DoesNotFit(f"{loaded.source}: layout: does not fit in the profile's {est.capacity_bytes / 1e9:.1f} GB "
                          f"(peak {est.peak.total / 1e9:.1f} GB, {est.largest_term} the largest term); nothing run")
-    for warning in machine_warnings(load_average(), cores(), device):
-        warn(warning)
     others = other_cpu_share()
-    busy = busy_reason(others)
-    if busy and not allow_busy:
-        raise CaseError(loaded.source, "host", busy)
-    if busy:
-        warn(busy)
+    used = gpu_use(spec.dp) if spec.device == "cuda" else None
+    profiled = profiled_speed(machine) if spec.device == "cpu" else None
+    speed = Speed(profiled, reference_gemm_tflops(spec.threads)) if profiled else None
+    slower = speed.slower_reason() if speed else None
+    for reason in (busy_reason(others), gpu_busy_reason(used),
+                   slower and f"{slower}: timings taken now describe a slower machine; wait, or calibrate again, or "
+                              "pass --allow-busy to measure anyway"):
+        if reason and not allow_busy:
+            raise CaseError(loaded.source, "host", reason)
+        if reason:
+            warn(reason)
     progress(f"validate: predicted {est.step_time_s:.3g} s a step; running {spec.warmup} warm-up and {spec.steps} "
              f"timed steps on {spec.dp} rank{'s' if spec.dp > 1 else ''} ({spec.device}), stopped after "
              f"{timeout_s:.0f} s at most")
     if stall_s is None:  # a step may take many times its prediction, never minutes with no progress at all
         stall_s = max(STALL_FLOOR_S, STALL_STEPS * est.step_time_s)
     measurement = launch(spec, timeout_s=timeout_s, stall_s=stall_s)
-    return Validation(est, spec, measurement, str(profile) if profile is not None else None, others)
+    if speed:
+        speed = replace(speed, after=reference_gemm_tflops(spec.threads))
+        if not slower and speed.slower_reason():
+            warn(f"{speed.slower_reason()} after the run: the measured steps may describe a slower machine")
+    return Validation(est, spec, measurement, str(profile) if profile is not None else None, others, used, speed)
 
 
 def print_validation(result: Validation, console) -> None:
@@ -286,3 +303,7 @@ def print_validation(result: Validation, console) -> None:
     console.print(f"measured: median of {len(m.step_times_s)} steps after {len(m.warmup_times_s)} warm-up "
                   f"(min {min(m.step_times_s):.4f}, max {max(m.step_times_s):.4f}); "
                   f"optimizer step median {m.optimizer_time_s:.4f} s")
+    if result.speed:
+        s = result.speed
+        console.print(f"this machine's speed: reference GEMM {s.before:.3g} TFLOP/s before the run, "
+                      f"{s.after:.3g} after, against {s.profiled:.3g} when profiled (ratio {s.ratio:.3f})")

@@ -322,6 +322,9 @@ def calibrate_command(
               + ", ".join(f"{k} {v}" for k, v in alone["performance"].items()
                           if k in ("gemm_efficiency", "kernel_overhead_s", "attention_efficiency", "hbm_efficiency",
                                    "in_place_efficiency", "transcendental_efficiency")))
+    timed = outcome.profile["machine"].get("reference_gemm_tflops")
+    if timed:  # what `validate` compares this machine's speed with later (calibration/speed.py)
+        print(f"  reference GEMM {timed['before']} TFLOP/s before the ranks, {timed['after']} after")
 
 
 def _interrupted(signum, frame) -> None:

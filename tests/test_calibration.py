@@ -370,6 +370,9 @@ def test_quick_calibration_writes_a_profile_the_planner_uses(tmp_path):
     estimate = planner.estimate(case)
     assert estimate.fits and 0 < estimate.to_dict()["step_time_s"] < math.inf
     assert not list(out.parent.glob(".*"))  # no temporary file left beside the profile
+    timed = profile["machine"]["reference_gemm_tflops"]  # this machine's speed, for validate to compare with
+    assert timed["before"] > 0 and timed["after"] > 0
+    assert f"reference GEMM {timed['before']} TFLOP/s before the ranks, {timed['after']} after" in result.stdout
 
 
 def test_a_rank_that_dies_fails_the_run_naming_it_and_leaves_the_old_profile(tmp_path):

@@ -265,14 +265,10 @@ def test_a_gpu_profile_runs_the_loop_on_cuda_with_bf16_allowed(tmp_path, profile
         run_spec(load_with_profile(case(num_gpus=4, training={"precision": "fp16"}), gpu).job(), device="cuda")
 
 
-def test_a_busy_machine_is_warned_about_and_another_device_named():
-    from calibration.host import device_mismatch, machine_warnings
+def test_another_device_is_named():
+    from calibration.host import device_mismatch
 
     profiled = {"cpu": "Intel(R) Xeon(R) Platinum 8480+"}
-    assert machine_warnings(0.3, 2) == []
-    busy, = machine_warnings(1.7, 2)
-    assert "busy" in busy and "1.70" in busy
-    assert machine_warnings(9.0, 8, device="cuda") == []  # GPU timings: the host differs
     assert device_mismatch(profiled, "Intel(R) Xeon(R) Platinum 8480+", "cpu", None) is None
     other = device_mismatch(profiled, "AMD EPYC 9654", "cpu", None)
     assert "another CPU (Intel(R) Xeon(R) Platinum 8480+)" in other and "AMD EPYC 9654" in other
