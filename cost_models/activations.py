@@ -206,28 +206,47 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingSpec, layout:
     return (training.seq_len / layout.cp) * layout.micro_batch_size * model.hidden_size / sp
 
 
-def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec, per_logit: float) -> float:
-    """Last stage, while the loss runs backward: the logits' gradients that exist beside the
-    saved fp32 log-softmax, ``per_logit`` bytes each (``EngineBehaviour.loss_gradient_bytes``).
+def saved_logit_bytes(training: TrainingSpec) -> float:
+    """Bytes per logit the loss keeps for backward.
 
-    Eager PyTorch (``F.cross_entropy`` on upcast logits) allocates the fp32 gradient of the
-    log-softmax and then its bf16 cast for the LM head's backward: 4 + 2 bytes. Megatron's
-    ``vocab_parallel_cross_entropy`` writes the gradient into the saved softmax in place and
-    hands back one bf16 copy: 2 bytes. Not saved for backward, so not in
-    :func:`head_activation_bytes`; it is part of the stage's peak.
+    Eager PyTorch (``F.cross_entropy`` on upcast logits) and Megatron's
+    ``vocab_parallel_cross_entropy`` keep the fp32 log-softmax (softmax): 4. Compiled
+    (``EngineBehaviour.compiled_loss``), inductor's partition keeps the logits themselves, at
+    the activations' width, and recomputes the softmax in backward from two fp32 numbers a row:
+    on CPU (torch 2.13), a compiled ``cross_entropy(logits.float())`` of bf16 logits saves one
+    bf16 tensor of the logits' shape, and its forward and backward kernels allocate nothing else
+    of that size but the bf16 gradient (``tests/test_compiled_loss.py``).
     """
+    return activation_bytes(training.precision) if training.engine.compiled_loss else 4.0
+
+
+def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    """Last stage, while the loss runs backward: the logits' gradients that exist beside what
+    the loss saved (:func:`saved_logit_bytes`), per logit:
+
+    - eager PyTorch allocates the fp32 gradient of the log-softmax and then its bf16 cast for
+      the LM head's backward: 4 + 2 bytes (``EngineBehaviour.loss_gradient_bytes``);
+    - Megatron's ``vocab_parallel_cross_entropy`` writes the gradient into the saved softmax in
+      place and hands back one bf16 copy: 2 bytes;
+    - a compiled loss writes the gradient once, at the logits' width.
+    Not saved for backward, so not in :func:`head_activation_bytes`; it is part of the stage's peak.
+    """
+    engine = training.engine
+    per_logit = activation_bytes(training.precision) if engine.compiled_loss else engine.loss_gradient_bytes
     s = training.seq_len / layout.cp
     return per_logit * s * layout.micro_batch_size * model.vocab_size / layout.tp
 
 
 def head_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
-    """Last stage: final-norm input, LM-head input and the fp32 logits the loss keeps.
+    """Last stage: final-norm input, LM-head input and the logits the loss keeps.
 
     Korthikanti §4.3 and Megatron's ``vocab_parallel_cross_entropy``, which casts the
-    vocab-parallel logits to fp32 and keeps their softmax for backward: 4·s·b·V/t.
+    vocab-parallel logits to fp32 and keeps their softmax for backward: 4·s·b·V/t
+    (:func:`saved_logit_bytes`: less where the loss is compiled).
     """
     p = activation_bytes(training.precision)
     s = training.seq_len / layout.cp
     b = layout.micro_batch_size
     sp = layout.tp if layout.sequence_parallel else 1
-    return (residual_bytes(training) + p) * s * b * model.hidden_size / sp + 4 * s * b * model.vocab_size / layout.tp
+    return (residual_bytes(training) + p) * s * b * model.hidden_size / sp \
+        + saved_logit_bytes(training) * s * b * model.vocab_size / layout.tp

@@ -76,6 +76,11 @@ class EngineBehaviour:
     # runs backward (``activations.loss_gradient_bytes``): 4 + 2 for eager PyTorch's
     # cross-entropy on upcast logits, 2 for Megatron's in-place vocab-parallel cross-entropy.
     loss_gradient_bytes: float = 6.0
+    # The loss compiled by torch.compile (torchtitan's compile.components default ["model",
+    # "loss"]): inductor fuses the upcast, log-softmax and NLL, saves the logits at their own
+    # width and two fp32 numbers a row, and writes their gradient at that width in one kernel
+    # (``activations.saved_logit_bytes``, ``loss_gradient_bytes``).
+    compiled_loss: bool = False
     # What ``recompute: selective`` means (``activations.SELECTIVE_POLICIES``): Megatron's
     # core-attention recomputation, or PyTorch op-level selective checkpointing that keeps
     # attention and every other matmul (torchtitan's default selective mode).

@@ -90,7 +90,7 @@ def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, 
         checkpointed=layer_activation_bytes(model, training, lay, recomputed=True, selective=selective),
         embedding=embedding_activation_bytes(model, training, lay),
         head=head_activation_bytes(model, training, lay),
-        loss_gradients=loss_gradient_bytes(model, lay, training, training.engine.loss_gradient_bytes),
+        loss_gradients=loss_gradient_bytes(model, lay, training),
     )
 
 

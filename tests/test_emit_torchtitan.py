@@ -227,11 +227,12 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
     # The overrides say the same thing as the config module.
     via_cli = parse("--module", STUB, "--config", "base", *override_tokens(files[emit.OVERRIDES_FILE]))
     assert via_cli.parallelism == p and via_cli.training == t and via_cli.compile == cfg.compile
-    # TP collectives overlapped in the plan are async TP here, which needs the model compiled, as
-    # do the quantization converters of a low-precision recipe.
+    # The plan priced the model and the loss compiled (fused element-wise kernels, the compiled
+    # loss's memory), so every config compiles both; TP collectives overlapped in the plan are
+    # async TP here.
     overlap = job.training.tp_comm_overlap and lay.tp > 1
     assert cfg.compile.enable_async_tensor_parallel == overlap
-    assert cfg.compile.enable == (overlap or job.training.recipe is not None)
+    assert cfg.compile.enable and set(cfg.compile.components) == {"model", "loss"}
     assert type(via_cli.activation_checkpoint) is type(cfg.activation_checkpoint)
 
     # torchtitan's ParallelDims accepts the degrees (no mesh, no process group).

@@ -180,14 +180,15 @@ def settings(estimate) -> dict[str, Any]:
         ac = "full"
     else:
         ac = lay.recompute  # "none" or "selective"
-    out = {"parallelism": parallelism, "training": train, "activation_checkpoint": ac}
+    # The plan priced the model and the loss compiled (engines/torchtitan.py: fused element-wise
+    # kernels, the compiled loss's memory; compile.components defaults to both); the
+    # quantization converters want it too (their casts fused).
+    out = {"parallelism": parallelism, "training": train, "activation_checkpoint": ac, "compile": {"enable": True}}
     if training.tp_comm_overlap and lay.tp > 1:
         # Async TP pipelines the TP collectives with their matmuls; torchtitan builds it
         # with torch.compile of the model (CompileConfig refuses it otherwise).
-        out["compile"] = {"enable": True, "enable_async_tensor_parallel": True}
+        out["compile"]["enable_async_tensor_parallel"] = True
     if training.recipe is not None:
-        # The quantization converters want the model compiled (their casts fused, as priced).
-        out.setdefault("compile", {})["enable"] = True
         out["converters"] = converters(job)
     return out
 

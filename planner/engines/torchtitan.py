@@ -8,7 +8,8 @@
   float32 parameters (fp8, MXFP8 and NVFP4 GEMMs through torchao's converters; fp8 row-wise by
   default), gradients reduced in float32; CPU offload of
   parameters, gradients and the optimizer step together (``training.enable_cpu_offload``).
-- Behaviour: each block compiled (fused element-wise kernels), attention through SDPA,
+- Behaviour: each block and the loss compiled (fused element-wise kernels; compile.components
+  defaults to ["model", "loss"], and the emitted config enables compile), attention through SDPA,
   op-level selective checkpointing, float32 gradient reduction (``mixed_precision_reduce``),
   torchao's quantizers (each use cast from bf16, bf16 inputs saved), even layer splits.
 """
@@ -45,7 +46,7 @@ SUPPORT = EngineSupport(
 )
 
 BEHAVIOUR = EngineBehaviour(
-    name="torchtitan", fp32_grads_for_bf16=True, fused_elementwise=True, collective_launch_s=0.0,
+    name="torchtitan", fp32_grads_for_bf16=True, fused_elementwise=True, compiled_loss=True, collective_launch_s=0.0,
     balance_stages=False, fp8_recipe="rowwise", quantizer="torchao",
 )
 

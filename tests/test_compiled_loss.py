@@ -1,0 +1,71 @@
+"""The loss as torchtitan runs it, compiled: what it keeps for backward and what its gradient
+costs (``activations.saved_logit_bytes``, ``activations.loss_gradient_bytes``), measured on
+real PyTorch (inductor on this CPU) and priced exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_models.activations import head_activation_bytes, loss_gradient_bytes, saved_logit_bytes
+from planner.case import load_case
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+T, V = 256, 2048  # tokens and vocabulary: big enough that the logits dwarf the per-row statistics
+
+
+def job(engine: str, precision: str = "bf16"):
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 8192, "precision": precision},
+            "search": {"target": engine},
+            "layout": {"dp": 8, "tp": 1, "pp": 1, "zero_stage": 3, "micro_batch_size": 1}}
+    return load_case(case).job()
+
+
+def saved_by(loss_fn) -> list[torch.Tensor]:
+    """The tensors autograd keeps for the loss's backward, one entry per distinct storage."""
+    saved, seen = [], set()
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            saved.append(t)
+        return t
+
+    logits = torch.randn(1, T, V, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(V, (1, T))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(logits, labels)
+    loss.backward()
+    assert logits.grad.dtype == torch.bfloat16  # the gradient the LM head's backward takes, either way
+    return saved
+
+
+def torchtitan_loss(pred, labels):  # torchtitan components/loss.py: cross_entropy_loss, one rank
+    return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum")
+
+
+@pytest.mark.slow  # inductor compiles C++ for the CPU: seconds to a minute, once
+def test_the_compiled_loss_keeps_the_16_bit_logits_where_eager_keeps_the_fp32_log_softmax():
+    def logit_bytes(saved):
+        return sum(t.numel() * t.element_size() for t in saved if t.numel() >= T * V) / (T * V)
+
+    eager, compiled = saved_by(torchtitan_loss), saved_by(torch.compile(torchtitan_loss))
+    assert logit_bytes(eager) == saved_logit_bytes(job("any").training) == 4
+    assert logit_bytes(compiled) == saved_logit_bytes(job("torchtitan").training) == 2
+    # Beside them, only per-row numbers (fp32 statistics, the labels).
+    assert all(t.numel() <= T for t in compiled if t.numel() < T * V)
+
+
+def test_a_compiled_loss_holds_four_bytes_a_logit_in_16_bits_where_eager_holds_ten():
+    logits = 8192 * 1 * 128256  # s·b·V of llama3-8b at 8k tokens, one sequence, tp 1
+    for engine, saved, gradient in (("any", 4, 6), ("torchtitan", 2, 2), ("megatron", 4, 2)):
+        j = job(engine)
+        head = head_activation_bytes(j.model, j.training, j.layout)
+        inputs = head - saved * logits  # the final norm's and the LM head's inputs
+        assert inputs == 2 * 2 * 8192 * 4096, engine
+        assert loss_gradient_bytes(j.model, j.layout, j.training) == gradient * logits, engine
+    fp32 = job("torchtitan", precision="fp32")
+    assert saved_logit_bytes(fp32.training) == 4
+    assert loss_gradient_bytes(fp32.model, fp32.layout, fp32.training) == 4 * logits
