@@ -128,17 +128,30 @@ def cross_entropy_bytes(logits: float, training: TrainingSpec) -> float:
     reads the logits and writes an fp32 copy (p + 4), reads it for the max (4) and
     reads and writes it for exp-and-sum (8); backward reads the probabilities and writes
     the fp32 gradient (8), then casts it to the logits' precision (4 + p).
+    Compiled (``EngineBehaviour.compiled_loss``), the upcast is fused into the reads: the
+    forward reads the logits for the max and again for exp-and-sum (2p), the backward reads
+    them and writes their gradient (2p) (``activations.saved_logit_bytes``).
     """
     p = activation_bytes(training.precision)
+    if training.engine.compiled_loss:
+        return logits * 4 * p
     return logits * ((p + 4) + 4 + 8 + 8 + (4 + p))
 
 
-def cross_entropy_time(logits: float, training: TrainingSpec, gpu: GPUSpec) -> float:
-    """The loss over ``logits`` elements, forward and backward (:func:`cross_entropy_bytes`). Two
-    of its passes evaluate an exponent per logit, at :func:`kernels.transcendental_time`'s rate:
+def cross_entropy_exponent_bytes(logits: float, training: TrainingSpec) -> float:
+    """The loss's traffic in passes that evaluate an exponent per logit (:func:`cross_entropy_bytes`):
     the forward's exp-and-sum and the backward's softmax from the log-probabilities (PyTorch's
-    ``log_softmax`` and ``_log_softmax_backward_data``), 8 bytes per logit each."""
-    exponent = 16 * logits
+    ``log_softmax`` and ``_log_softmax_backward_data``), 8 bytes per logit each; compiled,
+    the exp-and-sum read (p) and the backward's read and write (2p)."""
+    if training.engine.compiled_loss:
+        return logits * 3 * activation_bytes(training.precision)
+    return 16 * logits
+
+
+def cross_entropy_time(logits: float, training: TrainingSpec, gpu: GPUSpec) -> float:
+    """The loss over ``logits`` elements, forward and backward (:func:`cross_entropy_bytes`), its
+    exponent passes at :func:`kernels.transcendental_time`'s rate (:func:`cross_entropy_exponent_bytes`)."""
+    exponent = cross_entropy_exponent_bytes(logits, training)
     return elementwise_time(cross_entropy_bytes(logits, training) - exponent, gpu) + transcendental_time(exponent, gpu)
 
 

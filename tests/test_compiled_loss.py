@@ -69,3 +69,17 @@ def test_a_compiled_loss_holds_four_bytes_a_logit_in_16_bits_where_eager_holds_t
     fp32 = job("torchtitan", precision="fp32")
     assert saved_logit_bytes(fp32.training) == 4
     assert loss_gradient_bytes(fp32.model, fp32.layout, fp32.training) == 4 * logits
+
+
+def test_a_compiled_loss_reads_the_logits_twice_forward_and_once_backward_writing_its_gradient():
+    from cost_models.step_time import cross_entropy_bytes, cross_entropy_exponent_bytes, cross_entropy_time
+
+    eager, compiled = job("any"), job("torchtitan")
+    gpu = compiled.cluster.gpu
+    assert cross_entropy_bytes(1000, eager.training) == 1000 * 32  # (2 + 4) + 4 + 8 + 8 + (4 + 2)
+    assert cross_entropy_bytes(1000, compiled.training) == 1000 * 8  # 2 + 2 forward, 2 + 2 backward
+    assert cross_entropy_exponent_bytes(1000, compiled.training) == 1000 * 6
+    # A GPU preset leaves the exponent's own share unset: the memory's rate (kernels._share_of_hbm).
+    assert gpu.performance.transcendental_efficiency is None
+    assert cross_entropy_time(1000, compiled.training, gpu) == pytest.approx(
+        1000 * 8 / (gpu.hbm_bandwidth * gpu.performance.hbm_efficiency))
