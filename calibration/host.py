@@ -111,7 +111,6 @@ def busy_reason(share: Optional[float]) -> Optional[str]:
             "timings taken now describe a slower machine; stop them, or pass --allow-busy to measure anyway")
 
 
-
 def visible_gpus(count: int) -> list[str]:
     """nvidia-smi's ids of the first ``count`` GPUs this process's ranks use: CUDA_VISIBLE_DEVICES
     renumbers them (indices or UUIDs, in order), and nvidia-smi takes either."""

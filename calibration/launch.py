@@ -32,6 +32,7 @@ from .profile import render
 from .progress import STAGES
 from .speed import moved_reason, reference_gemm_tflops
 from .supervisor import RunFailed, run_ranks
+from .train import threads_per_rank
 
 
 
@@ -172,7 +173,7 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
             raise CaseError("calibrate", "host", busy)
         if busy:
             warn(busy)
-    threads = max(1, cores() // nproc)  # as each rank sets (calibration.worker)
+    threads = threads_per_rank(nproc, cores())  # as each rank sets (calibration.worker)
     before = None if cuda else reference_gemm_tflops(threads)
 
     workdir = Path(tempfile.mkdtemp(prefix="layout-planner-calibrate-"))

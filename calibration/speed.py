@@ -78,17 +78,20 @@ class Speed:
     after: Optional[float] = None
 
     @property
+    def slowest(self) -> float:
+        return self.before if self.after is None else min(self.before, self.after)
+
+    @property
     def ratio(self) -> float:
-        """The slowest of the two timings over the profile's: below 1, the run met a slower machine."""
-        return min(x for x in (self.before, self.after) if x is not None) / self.profiled
+        """The slower of the two timings over the profile's: below 1, the run met a slower machine."""
+        return self.slowest / self.profiled
 
     def slower_reason(self) -> Optional[str]:
         """Why timings taken beside these figures describe a slower machine than the profile's, or None."""
         if self.ratio >= 1 - SLOWER_SHARE:
             return None
-        now = min(x for x in (self.before, self.after) if x is not None)
         return (f"this machine runs the reference GEMM {1 - self.ratio:.0%} slower than when it was profiled "
-                f"({now:.3g} against {self.profiled:.3g} TFLOP/s; more than {SLOWER_SHARE:.0%})")
+                f"({self.slowest:.3g} against {self.profiled:.3g} TFLOP/s; more than {SLOWER_SHARE:.0%})")
 
     def to_dict(self) -> dict[str, Any]:
         return {"profiled": self.profiled, "before": self.before, "after": self.after, "ratio": self.ratio}

@@ -22,7 +22,7 @@ from cost_models.specs import Job
 from planner.errors import CaseError
 from planner.estimate import Estimate, estimate
 
-from .speed import Speed
+from .speed import Speed, profiled_speed, reference_gemm_tflops
 from .train import Measurement, RunSpec, Unsupported, launch, run_spec
 
 # The repo's own GPT (calibration/gpt.py) as `layout-planner validate` trains it: PyTorch DDP
@@ -212,7 +212,6 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
 
     from .host import (busy_reason, cpu_model, device_mismatch, gpu_busy_reason, gpu_use, local_gpu, local_gpu_count,
                        other_cpu_share)
-    from .speed import profiled_speed, reference_gemm_tflops
 
     loaded = load_with_profile(case, profile)
     machine = profiled_machine(case, profile)  # the profile is read once; what follows derives from it

@@ -22,12 +22,13 @@ import torch.distributed as dist
 
 from . import benchmarks
 from .benchmarks import Budget
-from .host import cpu_model
+from .host import cores, cpu_model
 from .profile import Measurements, build_profile, render
 from .progress import RankProgress
 from .shapes import (DEFAULT_GPU_MODELS, DEFAULT_GPU_SEQ_LEN, DEFAULT_MODELS, DEFAULT_SEQ_LEN, MICRO_BATCHES,
                      QUICK_MODEL, QUICK_SEQ_LEN, AttentionShape, GemmShape, attention_shapes, cap_attention,
                      cap_gemms, gemm_shapes, tp_degrees)
+from .train import threads_per_rank
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -175,8 +176,7 @@ def work(argv: list[str], progress: RankProgress) -> None:
     progress.step("start")
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cuda = torch.cuda.is_available()
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = max(1, cpus // local_world)
+    threads = threads_per_rank(local_world, cores())
     if cuda:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
