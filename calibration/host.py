@@ -16,7 +16,9 @@ from typing import Any, Optional
 # half a core: enough to move a compute-bound benchmark by tens of percent.
 OTHERS_BUSY_SHARE = 0.25
 # A GPU that others drive before any rank starts: a kernel running in more than this share of
-# nvidia-smi's samples, or more than this much of its memory already taken.
+# nvidia-smi's samples, or more than this much of its memory already taken. The memory allows for
+# this process's own CUDA context (a few hundred MiB with lazy module loading): validate asks
+# torch for the GPU's name first.
 OTHERS_GPU_UTILISATION = 0.10
 OTHERS_GPU_MEMORY_MIB = 1024
 
