@@ -39,6 +39,12 @@ class EngineBehaviour:
     # (``chunk_cat``) and the reduced shard into the sharded gradient. DeepSpeed and Megatron
     # gather into buffers their parameters are views of.
     zero3_unit_copies: bool = True
+    # The ZeRO-3 unit a pass starts and ends with (:func:`step_time.first_unit_parameters`): a
+    # plain FSDP model's root unit holds everything outside its wrapped blocks, the input
+    # embedding, the final norm and the LM head together; torchtitan wraps the embedding on its
+    # own (``distributed/fsdp.py``: ``fully_shard(model.tok_embeddings)``, then ``[norm, lm_head]``;
+    # tied, all three in one unit), and DeepSpeed gathers the embedding module on its own.
+    zero3_root_unit: bool = True
     # Interleaved pipelines post the next chunk's send/receive before computing the current
     # one (Megatron-core ``overlap_p2p_comm``, on unless --no-overlap-p2p-communication;
     # ``pipeline_parallel/schedules.py``).

@@ -28,7 +28,7 @@ from .kernels import (NORM_OR_ACTIVATION_INPUTS, activation_passes, elementwise_
                       gemm_time, high_precision_precision, in_place_time, linear_time, tensor_core_rate,
                       transcendental_time)
 from .memory import job_stage_parameters, per_microbatch
-from .parameters import embedding_parameters
+from .parameters import embedding_parameters, norm_parameters
 from .model_states import gathered_weight_bytes, optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
 from .offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from .pipeline import bubble_fraction
@@ -483,18 +483,36 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     # The experts' gradients are reduced over the expert data-parallel group, the rest over
     # dp·cp; the two share the step's overlap, one after the other.
     exposed_total = tied
-    for params, group, shards in ((stage_params.dense, "dp_cp", zero_shards(job)),
-                                  (stage_params.expert, "edp", lay.edp)):
+    for params, group, shards, first in ((stage_params.dense, "dp_cp", zero_shards(job),
+                                          first_unit_parameters(job, stage)),
+                                         (stage_params.expert, "edp", lay.edp, 0.0)):
         if params and shards > 1:
             exposed_total += _dp_traffic_exposed(job, stage, slowest, params, group_links(cluster, lay, group),
-                                                 backward_last)
+                                                 backward_last, first)
     return exposed_total
 
 
-def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float, dp_links, backward_last: float) \
-        -> float:
+def first_unit_parameters(job: Job, stage: int) -> float:
+    """Parameters of the ZeRO-3 unit that opens the first stage's forward and closes its backward:
+    its gather waits in the open before anything can compute, and its gradients are the last
+    produced, so their reduce-scatter waits after everything has. On the first stage this is the
+    input embedding's unit (vocab-parallel: V·h/tp), with the final norm and the LM head where the
+    engine's root unit holds them too (``EngineBehaviour.zero3_root_unit``; on one stage only).
+    Other stages open with a layer's unit, as large as the rest (0 here)."""
+    lay, model = job.layout, job.model
+    if stage != 0:
+        return 0.0
+    unit = embedding_parameters(model) / lay.tp
+    if job.training.engine.zero3_root_unit and lay.pp == 1:
+        unit += (0 if model.tied_embeddings else embedding_parameters(model) / lay.tp) + norm_parameters(model)
+    return unit
+
+
+def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float, dp_links, backward_last: float,
+                        first_unit: float) -> float:
     """The exposed data-parallel traffic of ``params`` parameters over ``dp_links``
-    (:func:`dp_comm_exposed`)."""
+    (:func:`dp_comm_exposed`); ``first_unit`` of them form the ZeRO-3 unit that opens and closes
+    the passes (:func:`first_unit_parameters`)."""
     lay, training = job.layout, job.training
     perf = job.cluster.gpu.performance
     tied = 0.0  # counted once, by dp_comm_exposed
@@ -539,16 +557,20 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
         gather += elementwise_time(2 * weights * (1 + 1 / dp_links.size), job.cluster.gpu)
         reduce += elementwise_time(2 * grads * (1 + 1 / dp_links.size), job.cluster.gpu)
     backward_gathers = 1 + (lay.recompute == "full" and engine.regather_for_recompute)
-    per_microbatch = pipelined(gather, chunks, forward, perf) \
-        + pipelined(backward_gathers * gather + reduce, chunks, backward_last, perf)
+    # The pass waits in the open for its first unit (the embedding's, where it is larger than a
+    # layer's), and the backward for the same unit's reduce-scatter at its end.
+    opening = max(1 / chunks, min(1.0, first_unit / params))
+    per_microbatch = pipelined(gather, chunks, forward, perf, opening) \
+        + pipelined(backward_gathers * gather + reduce, chunks, backward_last, perf, opening)
     return tied + job.num_microbatches * per_microbatch
 
 
-def pipelined(comm_s: float, pieces: int, compute_s: float, perf) -> float:
-    """Communication issued in ``pieces`` equal collectives beside ``compute_s`` of compute,
-    each overlapping the compute before or after it: one piece always waits in the open
-    (the first prefetch, or the last bucket), the rest as :func:`collectives.exposed` says."""
-    piece = comm_s / pieces
+def pipelined(comm_s: float, pieces: int, compute_s: float, perf, in_the_open: Optional[float] = None) -> float:
+    """Communication issued in ``pieces`` collectives beside ``compute_s`` of compute, each
+    overlapping the compute before or after it: one piece always waits in the open (the first
+    prefetch, or the last bucket), the rest as :func:`collectives.exposed` says. That piece is
+    ``in_the_open`` of the traffic where given, else an equal share."""
+    piece = comm_s * in_the_open if in_the_open is not None else comm_s / pieces
     return piece + exposed(comm_s - piece, compute_s, perf)
 
 

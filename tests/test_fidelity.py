@@ -28,11 +28,11 @@ THROUGHPUT = {
     # once per node (collectives.latency), and these six rows went from 27 % to 62 %: see the README.
     "Narayanan et al. 2021": 0.166,
     "The Ultra-Scale Playbook: Training LLM": 0.186,
-    "TorchAO MX formats README: training e2": 0.036,
-    "TorchAO float8 training README: e2e tr": 0.061,
+    "TorchAO MX formats README: training e2": 0.035,
+    "TorchAO float8 training README: e2e tr": 0.059,
     "bigscience-workshop/bigscience train/t": 0.682,
     "mosaicml/llm-foundry scripts/train/ben": 0.041,
-    "torchtitan docs/performance.md": 0.037,
+    "torchtitan docs/performance.md": 0.036,
     # Mixtures of experts (published_runs_moe.yaml). Megatron-Bridge's cases say no recomputation and
     # no head width of their own (Qwen3-30B-A3B's attention counted at half its width), and its
     # table repeats layouts at up to twice the throughput across containers: see the README.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -234,6 +235,34 @@ def _zero3_job(engine: str, recompute: str = "full", dp: int = 64) -> Job:
     return Job(_gpt(layers=24), ClusterSpec(gpu=gpu, num_gpus=dp, fabric=IDEAL_FABRIC),
                TrainingSpec(global_batch_size=dp, seq_len=2, precision="bf16", engine=behaviour_of(engine)),
                Layout(dp=dp, micro_batch_size=1, zero_stage=3, recompute=recompute))
+
+
+def test_zero3_waits_in_the_open_for_the_embeddings_unit_not_an_average_one():
+    """The first stage's forward cannot start before the input embedding's unit is gathered, and
+    its backward ends with that unit's reduce-scatter (its gradients come last). With compute
+    long enough to hide everything else (4,096 tokens, overlap 1), DeepSpeed's exposed traffic
+    is that unit's share of each pass: V·h of the 1.765 B parameters, not 1/144 (24 layers of 6
+    module gathers). A plain FSDP root unit holds the head and the final norm too; torchtitan
+    wraps the embedding alone; stages after the first open with a layer."""
+    from cost_models.step_time import first_unit_parameters
+
+    job = _zero3_job("deepspeed", recompute="none")
+    job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",
+                                                   engine=behaviour_of("deepspeed")), job.layout)
+    params = 1_764_979_200
+    embedding = 51200 * 2304
+    assert first_unit_parameters(job, 0) == embedding
+    assert first_unit_parameters(replace(job, training=replace(job.training, engine=behaviour_of("any"))), 0) \
+        == 2 * embedding + 2 * 2304  # embedding, LM head and the final LayerNorm's weight and bias
+    assert first_unit_parameters(replace(job, training=replace(job.training, engine=behaviour_of("torchtitan"))),
+                                 0) == embedding
+    assert first_unit_parameters(replace(job, layout=replace(job.layout, pp=2, dp=32)), 1) == 0
+    bus = 8 * 25e9
+    gather = reduce = 63 / 64 * 2 * params / bus  # bf16 weights and gradients, on the node's eight NICs
+    stage = stage_time(job, 0)
+    assert stage.compute / 3 > gather and 2 * stage.compute / 3 > gather + reduce  # all but the opening hidden
+    opening = embedding / params
+    assert step_time(job).dp_comm_s == pytest.approx(opening * gather + opening * (gather + reduce), rel=1e-9)
 
 
 def test_zero2_reduces_every_microbatch_zero1_once_a_step():
