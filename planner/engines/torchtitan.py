@@ -46,7 +46,8 @@ SUPPORT = EngineSupport(
 )
 
 BEHAVIOUR = EngineBehaviour(
-    name="torchtitan", fp32_grads_for_bf16=True, fused_elementwise=True, compiled_loss=True, zero3_root_unit=False, collective_launch_s=0.0,
+    name="torchtitan", fp32_grads_for_bf16=True, fused_elementwise=True, compiled_loss=True, zero3_root_unit=False,
+    collective_launch_s=0.0,
     balance_stages=False, fp8_recipe="rowwise", quantizer="torchao",
 )
 
