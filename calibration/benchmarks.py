@@ -159,9 +159,12 @@ def attention(shape: AttentionShape, precision: str, device: torch.device, budge
 
 # A copy and an add write fresh tensors, as norms and residual adds do; the in-place add updates
 # its operand, as the optimizer step does (on a CPU it skips the read of each destination line
-# before the write, write-allocate); the tanh GeLU is the activation function.
-MEMORY_OPS = ("copy", "add", "add_in_place", "gelu")
-MEMORY_TRAFFIC = {"copy": 2, "add": 3, "add_in_place": 3, "gelu": 2}  # tensors read + written per element
+# before the write, write-allocate); the tanh GeLU is the activation function. The two fills
+# write a buffer written before and one allocated for the call: their difference is what a
+# buffer allocated anew costs (page faults on a CPU, nothing under CUDA's caching allocator).
+MEMORY_OPS = ("copy", "add", "add_in_place", "gelu", "fill", "fill_fresh")
+# Tensors read + written per element.
+MEMORY_TRAFFIC = {"copy": 2, "add": 3, "add_in_place": 3, "gelu": 2, "fill": 1, "fill_fresh": 1}
 
 
 def memory(op: str, nbytes: int, precision: str, device: torch.device, budget: Budget) -> tuple[list[float], int]:
@@ -183,6 +186,10 @@ def memory(op: str, nbytes: int, precision: str, device: torch.device, budget: B
         # The tanh form, as the model runs it (Megatron's bias_gelu; calibration/gpt.py): on a
         # CPU it is compute-bound, 4-5x slower than the erf form, whose figure would not apply.
         fn = lambda: torch.ops.aten.gelu.out(a, approximate="tanh", out=out)  # noqa: E731
+    elif op == "fill":
+        fn = lambda: out.fill_(1.0)  # noqa: E731
+    elif op == "fill_fresh":
+        fn = lambda: torch.empty(numel, device=device, dtype=dtype).fill_(1.0)  # noqa: E731
     else:
         raise ValueError(f"unknown memory benchmark {op!r}")
     times = time_calls(fn, Clock(device), budget)

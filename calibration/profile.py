@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 import yaml
 
-from cost_models.kernels import attention_shape_efficiency
+from cost_models.kernels import PAGE_BYTES, attention_shape_efficiency
 from cost_models.specs import Performance, peak_key
 
 from .fit import ATTENTION_PASSES, KINDS, fit_attention, fit_collective, fit_gemm, percentile
@@ -89,6 +89,17 @@ def _median(samples: list[float]) -> float:
 def _peak_for(precision: str, peaks: dict[str, float]) -> float:
     """FLOP/s the cost model divides by for ``precision`` (``specs.peak_key``, as ``GPUSpec.peak``)."""
     return peaks[peak_key(precision, peaks)] * 1e12
+
+
+def page_fault_s(fresh: tuple[int, int, list[float]], written: tuple[int, int, list[float]]) -> float:
+    """``Performance.page_fault_s``: what filling a buffer allocated for the call takes beyond filling
+    one written before, per page (``cost_models.kernels.PAGE_BYTES``) of the buffer, or 0 where
+    it takes no longer (an allocator that reuses freed blocks). A full calibration's largest
+    memory size (256 MiB on a CPU) is past glibc's mmap threshold (at most 32 MiB), so every
+    call's buffer is mapped afresh; a quick one's 1 MiB may be reused from the heap and read 0."""
+    size, _, fresh_times = fresh
+    extra = _median(fresh_times) - _median(written[2])
+    return max(0.0, extra) / (size / PAGE_BYTES)
 
 
 def compute_figures(m: Measurements, main_precision: str, datasheet_peaks: Optional[dict[str, float]],
@@ -177,6 +188,8 @@ def compute_figures(m: Measurements, main_precision: str, datasheet_peaks: Optio
         achieved = rate(ops)
         if achieved is not None:
             performance[name] = sig(min(1.0, achieved / hbm))
+    if "fill" in largest and "fill_fresh" in largest:
+        performance["page_fault_s"] = sig(page_fault_s(largest["fill_fresh"], largest["fill"]))
     memory_section["hbm_bandwidth_gb_s"] = sig(hbm / 1e9)
     memory_section["elementwise_gb_s"] = sig(rate(("copy", "add")) / 1e9)
     measured["memory"] = memory_section

@@ -24,9 +24,9 @@ from .activations import activation_bytes, selective_modules
 from .collectives import collective_time, exposed, p2p_time
 from .experts import dispatch_combine_time, moe_mlp_time, routed_tokens
 from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, model_flops_per_token
-from .kernels import (NORM_OR_ACTIVATION_INPUTS, activation_passes, elementwise_time, flash_attention_time,
-                      gemm_time, high_precision_precision, in_place_time, linear_time, tensor_core_rate,
-                      transcendental_time)
+from .kernels import (NORM_OR_ACTIVATION_INPUTS, activation_passes, elementwise_time, first_touch_time,
+                      flash_attention_time, gemm_time, high_precision_precision, in_place_time, linear_time,
+                      tensor_core_rate, transcendental_time)
 from .memory import job_stage_parameters, per_microbatch
 from .parameters import embedding_parameters, norm_parameters
 from .model_states import gathered_weight_bytes, optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
@@ -556,6 +556,12 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
         # at the element-wise kernels' bandwidth.
         gather += elementwise_time(2 * weights * (1 + 1 / dp_links.size), job.cluster.gpu)
         reduce += elementwise_time(2 * grads * (1 + 1 / dp_links.size), job.cluster.gpu)
+        # The buffers are allocated per collective and freed after: a gather writes the unit twice
+        # afresh, its all-gather output and the unsharded parameters (FSDP2's ``foreach_all_gather``,
+        # ``FSDPParam.alloc_all_gather_outputs``), a reduction once, its reduce-scatter input, and
+        # its shard (``foreach_reduce``).
+        gather += first_touch_time(2 * weights, job.cluster.gpu)
+        reduce += first_touch_time(grads * (1 + 1 / dp_links.size), job.cluster.gpu)
     backward_gathers = 1 + (lay.recompute == "full" and engine.regather_for_recompute)
     # The pass waits in the open for its first unit (the embedding's, where it is larger than a
     # layer's), and the backward for the same unit's reduce-scatter at its end.

@@ -141,7 +141,7 @@ def test_shapes_are_the_models_gemms_at_each_admissible_degree():
 # --- the profile: synthetic timings made by the formulas give back their figures ----------
 
 def synthetic_measurements(eta=0.61, t0=2e-5, eta_attn=0.33, hbm=2e12, eff=0.8, act=0.2, alpha=1.5e-5, busbw=90e9,
-                           peak=400e12, share=None, overlap=()) -> Measurements:
+                           peak=400e12, share=None, overlap=(), fault=1.5e-6) -> Measurements:
     m = Measurements(attention_precision="bf16")
     shapes = [GemmShape(f"g{i}", m_, n, k) for i, (m_, n, k) in
               enumerate(((64, 64, 64), (1024, 1024, 1024), (4096, 8192, 4096), (2048, 512, 2048)))]
@@ -156,7 +156,10 @@ def synthetic_measurements(eta=0.61, t0=2e-5, eta_attn=0.33, hbm=2e12, eff=0.8, 
     m.memory = {"copy": [(size, 2 * size, [2 * size / (eff * hbm)] * 3)],
                 "add": [(size, 3 * size, [3 * size / (eff * hbm)] * 3)],
                 "add_in_place": [(size, 3 * size, [3 * size / hbm] * 3)],
-                "gelu": [(size, 2 * size, [2 * size / (act * hbm)] * 3)]}
+                "gelu": [(size, 2 * size, [2 * size / (act * hbm)] * 3)],
+                # A fill of a fresh buffer pays a fault per 4 KiB page on top of the fill.
+                "fill": [(size, size, [size / hbm] * 3)],
+                "fill_fresh": [(size, size, [size / hbm + size / 4096 * fault] * 3)]}
     sizes = [4096 * 4**i for i in range(8)]
     kinds = {}
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "p2p"):
@@ -182,6 +185,7 @@ def test_profile_from_synthetic_timings_gives_back_the_figures_and_loads(tmp_pat
     assert perf["hbm_efficiency"] == pytest.approx(0.8, rel=1e-3)
     assert perf["in_place_efficiency"] == 1.0
     assert perf["transcendental_efficiency"] == pytest.approx(0.2, rel=1e-3)
+    assert perf["page_fault_s"] == pytest.approx(1.5e-6, rel=1e-3)
     assert perf["link_latency_s"] == pytest.approx(1.5e-5, rel=1e-3)
     assert perf["intra_node_efficiency"] == 1.0
     path = tmp_path / "profile.yaml"
@@ -194,6 +198,7 @@ def test_profile_from_synthetic_timings_gives_back_the_figures_and_loads(tmp_pat
     assert gpu.peak("bf16") == 400e12 and gpu.gpus_per_node == 8 and gpu.memory_bytes == 80 * 2**30
     assert gpu.performance.gemm_efficiency == perf["gemm_efficiency"]
     assert gpu.performance.transcendental_efficiency == perf["transcendental_efficiency"]
+    assert gpu.performance.page_fault_s == perf["page_fault_s"]
 
 
 def test_collective_shares_and_overlap_reach_the_profile(tmp_path):
@@ -363,7 +368,8 @@ def test_quick_calibration_writes_a_profile_the_planner_uses(tmp_path):
     # Rank 0 timed the training precision's GEMMs and each element-wise kernel again alone.
     alone = profile["measurements"]["alone"]
     assert len(alone["gemm"]["fp32"]["points"]) == len(profile["measurements"]["gemm"]["fp32"]["points"])
-    assert set(alone["memory"]) >= {"copy", "add", "gelu"}
+    assert set(alone["memory"]) >= {"copy", "add", "gelu", "fill", "fill_fresh"}
+    assert profile["performance"]["page_fault_s"] >= 0  # a quick 1 MiB buffer may come from the heap: 0
     one_rank = load_case({**case, "cluster": {"profile": str(out), "num_gpus": 1},
                           "layout": {"dp": 1, "tp": 1, "pp": 1, "micro_batch_size": 2}})
     assert one_rank.cluster.gpu.performance.gemm_efficiency == profile["alone"]["performance"]["gemm_efficiency"]

@@ -265,6 +265,27 @@ def test_zero3_waits_in_the_open_for_the_embeddings_unit_not_an_average_one():
     assert step_time(job).dp_comm_s == pytest.approx(opening * gather + opening * (gather + reduce), rel=1e-9)
 
 
+def test_fsdp_pays_page_faults_on_the_buffers_it_allocates_per_collective_where_the_device_has_them():
+    """A device whose allocator maps fresh memory for each buffer (a CPU: ``Performance.page_fault_s``
+    per 4 KiB page) pays it on every byte FSDP2 writes afresh: per gather the all-gather output and
+    the unsharded parameters (the unit twice), per reduce-scatter its input and the reduced shard.
+    In this communication-bound job everything is exposed, so one micro-batch's forward gather,
+    backward gather and reduce-scatter add exactly that. DeepSpeed gathers into the parameters'
+    own storage and is priced as before; so is every device with a caching allocator (0)."""
+    fault = 1.5e-6
+    params = 1_764_979_200
+    weights, grads = 2 * params, 4 * params  # bf16 gathered, fp32 reduced (torchtitan)
+    added = 2 * (2 * weights / 4096 * fault) + grads * (1 + 1 / 64) / 4096 * fault
+
+    def with_faults(job: Job) -> Job:
+        gpu = replace(job.cluster.gpu, performance=replace(NO_LATENCY, page_fault_s=fault))
+        return replace(job, cluster=replace(job.cluster, gpu=gpu))
+
+    fsdp, deepspeed = _zero3_job("torchtitan"), _zero3_job("deepspeed")
+    assert step_time(with_faults(fsdp)).dp_comm_s - step_time(fsdp).dp_comm_s == pytest.approx(added, rel=1e-9)
+    assert step_time(with_faults(deepspeed)).dp_comm_s == pytest.approx(step_time(deepspeed).dp_comm_s, rel=1e-12)
+
+
 def test_zero2_reduces_every_microbatch_zero1_once_a_step():
     """ZeRO-2 keeps only its gradient shard, so every micro-batch's gradients are reduce-scattered
     (DeepSpeed stage_1_and_2 partition_gradients); ZeRO-1 reduces at the accumulation boundary.
