@@ -85,8 +85,8 @@ def elementwise_time(traffic_bytes: float, gpu: GPUSpec) -> float:
     return traffic_bytes / (gpu.performance.hbm_efficiency * gpu.hbm_bandwidth)
 
 
-# The page the kernel maps at a fault: x86-64 and Arm64 Linux's base page (transparent huge
-# pages are not used for PyTorch's CPU tensors unless asked: THP_MEM_ALLOC_ENABLE).
+# The unit ``Performance.page_fault_s`` counts in: x86-64 Linux's base page. Calibration divides
+# by the same figure, so a host with larger pages still gets its per-byte cost right.
 PAGE_BYTES = 4096
 
 
