@@ -180,13 +180,21 @@ def _cause(ranks: dict[int, dict]) -> Optional[str]:
     notices its worker's end up to half a second late, so a peer whose socket broke when
     the first rank died, outside a collective the progress file marks, can have its exit
     recorded first. Its worker's record (the error it hit) still comes after the dead rank's
-    last one."""
+    last one.
+
+    A worker that recorded an error of its own (outside a collective) is a cause even where its
+    end was recorded as stopped, or not at all: it writes the error before it exits, and the
+    launcher's teardown, set off by a peer that failed on the broken connection, can reach its
+    supervisor in the moment between."""
     causes = []
     for rank, info in ranks.items():
-        end = info.get("exit")
-        if not end or end.get("terminated") or end.get("code") in (0, PEER_FAILURE_EXIT):
+        end = info.get("exit") or {}
+        # RankProgress.failed writes comm_error beside every error: False is the worker's own.
+        own_error = info.get("status") == "error" and info.get("error") and info.get("comm_error") is False \
+            and end.get("code") != PEER_FAILURE_EXIT
+        if not own_error and (not end or end.get("terminated") or end.get("code") in (0, PEER_FAILURE_EXIT)):
             continue
-        causes.append((info.get("time", end.get("time", 0.0)), rank, info, end["code"]))
+        causes.append((info.get("time", end.get("time", 0.0)), rank, info, end.get("code", 1)))
     if not causes:
         return None
     _, rank, info, code = min(causes)

@@ -287,6 +287,21 @@ def test_diagnosis_orders_failures_by_when_the_workers_failed_not_when_their_exi
     assert diagnose(ranks, [0, 1]) == "rank 1 failed during the warm-up steps: RuntimeError: injected fault at warmup"
 
 
+def test_diagnosis_names_a_rank_that_recorded_its_own_error_even_when_its_end_was_recorded_as_stopped():
+    """Rank 1 records its error and exits; rank 0's barrier breaks on it, and the launcher's
+    teardown reaches rank 1's supervisor before that supervisor has seen its worker end (seen
+    once in a fresh-clone run on two loaded cores, where it was then called a hang)."""
+    ranks = {0: {**rank(3, "warmup", in_comm=True, status="error", error="DistBackendError: connection closed",
+                      exit={"code": PEER_FAILURE_EXIT, "terminated": False, "time": 100.2}), "comm_error": True,
+                 "time": 100.1},
+             1: {**rank(3, "warmup", status="error", error="RuntimeError: injected fault at warmup",
+                      exit={"code": 1, "terminated": True, "time": 100.5}), "comm_error": False, "time": 100.0}}
+    expected = "rank 1 failed during the warm-up steps: RuntimeError: injected fault at warmup"
+    assert diagnose(ranks, [0, 1]) == expected
+    del ranks[1]["exit"]  # its supervisor killed before it wrote the exit record
+    assert diagnose(ranks, [0, 1]) == expected
+
+
 def test_diagnosis_of_a_hang_names_the_rank_behind():
     ranks = {0: rank(7, "collectives", in_comm=True), 1: rank(6, "collectives"), 2: rank(7, in_comm=True)}
     assert diagnose(ranks, [0, 1, 2], stalled_s=30).startswith("rank 1 hung during the collective benchmarks")
