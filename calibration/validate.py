@@ -28,9 +28,10 @@ from .train import Measurement, RunSpec, Unsupported, launch, run_spec
 # The repo's own GPT (calibration/gpt.py) as `layout-planner validate` trains it: PyTorch DDP
 # or FSDP2, Megatron-style selective recomputation (the attention core), SwiGLU that keeps
 # only its 2f input, eager cross-entropy, collectives issued from plain torch.distributed with
-# no host cost worth timing at its sizes, the layers split evenly. Not an engine a case names.
+# no host cost worth timing at its sizes, the layers split evenly, DDP reducing the gradients
+# in place (gradient_as_bucket_view, ``train.py``). Not an engine a case names.
 REFERENCE = EngineBehaviour(name="reference", selective="attention", fused_elementwise=True,
-                            collective_launch_s=0.0, balance_stages=False)
+                            collective_launch_s=0.0, balance_stages=False, gradient_bucket_copy=False)
 
 
 # The training run's watchdog: no progress for this many predicted steps, and never less than

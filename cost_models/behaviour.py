@@ -60,6 +60,13 @@ class EngineBehaviour:
     # performance recipes and MLPerf's run; Megatron-LM's own pretrain script turns fp32 on
     # for bf16 unless --grad-reduce-in-bf16 (a case says fp32_grads: true for it).
     fp32_grads_for_bf16: bool = False
+    # PyTorch DDP copies each gradient into its flat all-reduce buckets and keeps both unless
+    # ``gradient_as_bucket_view=True`` (off by default; torch.nn.parallel.DistributedDataParallel:
+    # "the saved memory size will be equal to the total gradients size"): one more copy of the
+    # gradients in the parameters' dtype wherever DDP runs, ZeRO 0 and 1 (ZeroRedundancyOptimizer,
+    # nanotron's ZeRO-1) over more than one replica (``model_states.bucket_copy_bytes``).
+    # Megatron's and DeepSpeed's gradients live in the buffers they reduce.
+    gradient_bucket_copy: bool = True
     # ZeRO-3 that shards the fp32 parameters themselves: PyTorch's FSDP2 keeps each sharded
     # parameter in the dtype the model was built in (``FSDPParam.orig_dtype``: fp32 in
     # torchtitan) and casts to the mixed-precision policy's param_dtype only for the all-gather;

@@ -11,7 +11,8 @@ from typing import Iterable, Optional
 from .activations import (embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, loss_gradient_bytes)
 from .experts import alltoall_buffer_bytes
-from .model_states import StateBytes, gathered_weight_bytes, sharded_state_bytes, state_bytes, zero_shards
+from .model_states import (StateBytes, bucket_copy_bytes, gathered_weight_bytes, sharded_state_bytes, state_bytes,
+                           zero_shards)
 from .offload import gradients_on_host, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
                          router_parameters, shared_expert_parameters, stage_parameters)
@@ -194,13 +195,17 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[St
     gpu = on_gpu_shares(job)
     on_gpu_weights, on_gpu_gradients, on_gpu_optimizer = gpu.weights, gpu.gradients, gpu.optimizer
     per_parameter = per_parameter_states(job)
+    # DDP's buckets stay on the GPU whatever the optimizer offloads.
+    buckets = (bucket_copy_bytes(job.training, lay.zero_stage, zero_shards(job)),
+               bucket_copy_bytes(job.training, lay.zero_stage, expert_zero_shards(job)))
     for stage in (range(lay.pp) if stages is None else stages):
         states = stage_state_bytes(job, stage, per_parameter)
         activations = stage_activation_bytes(job, stage, shared)
+        params = job_stage_parameters(job, stage)
         out.append(StageMemory(
             stage=stage,
             parameters=states.weights * on_gpu_weights,
-            gradients=states.gradients * on_gpu_gradients,
+            gradients=states.gradients * on_gpu_gradients + params.dense * buckets[0] + params.expert * buckets[1],
             optimizer_states=states.optimizer * on_gpu_optimizer,
             activations=activations,
             other=fixed + o.fragmentation * activations,

@@ -86,6 +86,18 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
     return StateBytes(weights=weights, gradients=4 if fp32_gradients(training) else 2, optimizer=4 + 4 * moments)
 
 
+def bucket_copy_bytes(training: TrainingSpec, zero_stage: int, shards: int) -> float:
+    """Bytes per parameter of PyTorch DDP's all-reduce buckets, held beside the gradients where
+    the engine copies them in (``EngineBehaviour.gradient_bucket_copy``): the parameters' dtype
+    (DDP buckets what autograd writes to ``param.grad``), wherever DDP runs, ZeRO 0 and 1 over
+    ``shards`` > 1 replicas (nanotron's ZeRO-1 and PyTorch's ZeroRedundancyOptimizer run under
+    DDP). A bf16 model with 2-byte gradients then holds 2 + 2 + 2 bytes beside its 12 of
+    optimizer state."""
+    if not training.engine.gradient_bucket_copy or zero_stage >= 2 or shards <= 1:
+        return 0.0
+    return state_bytes(training).weights
+
+
 def gathered_weight_bytes(training: TrainingSpec) -> float:
     """Bytes per parameter a ZeRO weight gather moves and materialises: the held weights, or the
     quantized ones where the weights are quantized on their shard first (Megatron's

@@ -123,3 +123,35 @@ def test_first_stage_in_flight_activations(p, v, m):
 def test_fewer_micro_batches_than_stages_caps_what_is_in_flight():
     assert in_flight_chunks(8, 1, 3, stage=0) == 3
     assert [in_flight_chunks(4, 1, 16, stage=i) for i in range(4)] == [4, 3, 2, 1]
+
+
+def _ddp_job(engine: str, zero_stage: int, dp: int):
+    from cost_models.specs import ClusterSpec, GPUSpec, Job
+
+    gpu = GPUSpec(name="h100", memory_bytes=80e9, peak_flops={"bf16": 989e12}, hbm_bandwidth=3.35e12,
+                  intra_node_bandwidth=450e9, inter_node_bandwidth=50e9, gpus_per_node=8, nvlink_domain=8)
+    model = ModelSpec(name="m", num_layers=8, hidden_size=1024, num_attention_heads=16, vocab_size=50000)
+    training = TrainingSpec(global_batch_size=dp, seq_len=1024, precision="bf16", engine=behaviour_of(engine))
+    return Job(model, ClusterSpec(gpu=gpu, num_gpus=dp), training,
+               Layout(dp=dp, micro_batch_size=1, zero_stage=zero_stage))
+
+
+@pytest.mark.parametrize("engine, zero_stage, dp, gradient_bytes", [
+    ("any", 0, 8, 2 + 2),       # param.grad and DDP's bucket beside it
+    ("any", 1, 8, 2 + 2),       # ZeroRedundancyOptimizer / nanotron ZeRO-1 run under DDP
+    ("any", 0, 1, 2),           # one replica: no DDP, no buckets
+    ("any", 2, 8, 2 / 8),       # sharded gradients: FSDP, no DDP
+    ("megatron", 1, 8, 2),      # main_grad is a view of the buffer Megatron reduces
+    ("deepspeed", 0, 8, 2),
+])
+def test_plain_ddp_keeps_its_buckets_beside_the_gradients(engine, zero_stage, dp, gradient_bytes):
+    """PyTorch DDP copies every gradient into its flat buckets and keeps both unless
+    gradient_as_bucket_view=True ("the saved memory size will be equal to the total gradients
+    size", torch.nn.parallel.DistributedDataParallel): one more 2-byte copy per parameter in bf16
+    wherever DDP runs. The Ultra-Scale Playbook's 80B runs (nanotron under DDP) measure about 6
+    bytes per parameter above 2 + 2 + 12/dp."""
+    from cost_models.memory import job_stage_parameters, stage_memory
+
+    job = _ddp_job(engine, zero_stage, dp)
+    params = job_stage_parameters(job, 0).total
+    assert stage_memory(job, 0).gradients == pytest.approx(params * gradient_bytes, rel=1e-12)

@@ -56,7 +56,8 @@ SUPPORT = EngineSupport(
 )
 
 BEHAVIOUR = EngineBehaviour(
-    name="deepspeed", sharded_master_weights=False, zero3_unit_copies=False, zero3_root_unit=False,
+    name="deepspeed", gradient_bucket_copy=False,
+    sharded_master_weights=False, zero3_unit_copies=False, zero3_root_unit=False,
     regather_for_recompute=True, zero3_collectives_per_layer=6,
     reduce_after_pipeline=True,
     bucket_params=5e8, bucket_bytes=0.0, overlap_param_gather=False, loss_gradient_bytes=2.0,
