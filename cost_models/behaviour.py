@@ -83,7 +83,9 @@ class EngineBehaviour:
     bucket_bytes: float = 25 * 2**20
     # ZeRO-1/2 weight shards gathered after the optimizer step behind the next forward
     # (Megatron --overlap-param-gather, which NeMo's recipes set; FSDP-style prefetch), not
-    # in the open (DeepSpeed's ZeRO-1/2 gathers them before the step returns).
+    # in the open (DeepSpeed's ZeRO-1/2 gathers them before the step returns; so do PyTorch's
+    # ZeroRedundancyOptimizer, ``_sync_params`` at the end of step() with overlap_with_ddp off,
+    # and nanotron's ZeroDistributedOptimizer, ``step`` → ``_all_gather_params``).
     overlap_param_gather: bool = True
     # Bytes per logit of the loss's gradients alive beside the saved log-softmax while the loss
     # runs backward (``activations.loss_gradient_bytes``): 4 + 2 for eager PyTorch's
@@ -159,5 +161,5 @@ class EngineBehaviour:
 
 
 # No engine in particular: plain PyTorch DDP buckets and FSDP units, eager kernels, stages
-# balanced by compute.
-GENERIC = EngineBehaviour()
+# balanced by compute, ZeRO-1's weight shards gathered before the step returns.
+GENERIC = EngineBehaviour(overlap_param_gather=False)

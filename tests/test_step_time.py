@@ -303,6 +303,28 @@ def test_zero2_reduces_every_microbatch_zero1_once_a_step():
     assert exposed(2, 4) - exposed(1, 4) == pytest.approx(3 * one_reduce)
 
 
+def test_plain_pytorch_zero1_gathers_its_updated_weights_before_the_step_returns():
+    """PyTorch's ZeroRedundancyOptimizer (``_sync_params`` at the end of step()) and nanotron's
+    ZeroDistributedOptimizer (``step`` → ``_all_gather_params``) send the updated shards to every
+    rank before the next forward can start; Megatron's --overlap-param-gather hides all but the
+    first bucket's behind that forward. With compute long enough to hide the rest (4,096 tokens),
+    the generic engine's ZeRO-1 pays the whole gather, 63/64 of the bf16 weights over the node's
+    eight NICs, where the same engine with the gather overlapped pays one bucket's share."""
+    from cost_models.step_time import gradient_chunks
+
+    job = _zero3_job("any", recompute="none")
+    job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",
+                                                   engine=behaviour_of("any")), job.layout.with_changes(zero_stage=1))
+    overlapped = replace(job, training=replace(job.training,
+                                               engine=replace(job.training.engine, overlap_param_gather=True)))
+    params = 1_764_979_200
+    gather = 63 / 64 * 2 * params / (8 * 25e9)
+    chunks = gradient_chunks(job, params, 2)
+    assert stage_time(job, 0).compute / 3 > gather  # the forward could hide it
+    assert dp_comm_exposed(job, 0, stage_time(job, 0)) - dp_comm_exposed(overlapped, 0, stage_time(overlapped, 0)) \
+        == pytest.approx(gather * (1 - 1 / chunks), rel=1e-9)
+
+
 def test_deepspeed_zero3_gathers_again_for_the_recompute_fsdp_does_not():
     """Per micro-batch: a forward gather, the backward gathers and a gradient reduce-scatter.
     DeepSpeed's forward pre-hook gathers once more when the recompute runs the forward again
