@@ -83,10 +83,14 @@ class EngineBehaviour:
     bucket_bytes: float = 25 * 2**20
     # ZeRO-1/2 weight shards gathered after the optimizer step behind the next forward
     # (Megatron --overlap-param-gather, which NeMo's recipes set; FSDP-style prefetch), not
-    # in the open (DeepSpeed's ZeRO-1/2 gathers them before the step returns; so do PyTorch's
-    # ZeroRedundancyOptimizer, ``_sync_params`` at the end of step() with overlap_with_ddp off,
-    # and nanotron's ZeroDistributedOptimizer, ``step`` → ``_all_gather_params``).
+    # in the open (DeepSpeed's ZeRO-1/2 gathers them before the step returns).
     overlap_param_gather: bool = True
+    # ZeRO-1 that sends the updated shards to every rank before step() returns, whatever the
+    # engine does at ZeRO-2: PyTorch's ZeroRedundancyOptimizer (``_sync_params`` at the end of
+    # step(), overlap_with_ddp off by default) and nanotron's ZeroDistributedOptimizer (``step``
+    # → ``_all_gather_params``). Plain PyTorch's ZeRO-2 is FSDP's SHARD_GRAD_OP, whose next
+    # forward prefetches the gathers.
+    zero1_gather_in_step: bool = False
     # Bytes per logit of the loss's gradients alive beside the saved log-softmax while the loss
     # runs backward (``activations.loss_gradient_bytes``): 4 + 2 for eager PyTorch's
     # cross-entropy on upcast logits, 2 for Megatron's in-place vocab-parallel cross-entropy.
@@ -162,4 +166,4 @@ class EngineBehaviour:
 
 # No engine in particular: plain PyTorch DDP buckets and FSDP units, eager kernels, stages
 # balanced by compute, ZeRO-1's weight shards gathered before the step returns.
-GENERIC = EngineBehaviour(overlap_param_gather=False)
+GENERIC = EngineBehaviour(zero1_gather_in_step=True)

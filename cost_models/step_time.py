@@ -545,7 +545,8 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
         # step's forward where the engine prefetches them (Megatron --overlap-param-gather,
         # FSDP-style), else in the open.
         gather = chunked("all_gather", weights)
-        return tied + reduce + (pipelined(gather, chunks, forward, perf) if engine.overlap_param_gather else gather)
+        hidden = engine.overlap_param_gather and not (lay.zero_stage == 1 and engine.zero1_gather_in_step)
+        return tied + reduce + (pipelined(gather, chunks, forward, perf) if hidden else gather)
     # ZeRO-3 keeps only gradient shards, so every micro-batch gathers the weights again and
     # reduce-scatters its gradients, unit by unit, each behind the compute of the unit before:
     # the first gather of each pass waits, and what the pass's compute cannot cover.

@@ -27,8 +27,8 @@ THROUGHPUT = {
     # all-gather there. A ring paying the fabric's latency at all n - 1 steps imitated it; NCCL pays it
     # once per node (collectives.latency), and these six rows went from 27 % to 62 %: see the README.
     "Narayanan et al. 2021": 0.166,
-    # nanotron's ZeRO-1 gathers its updated weights before the step returns (EngineBehaviour.overlap_param_gather
-    # off for `any`): from 0.186.
+    # nanotron's ZeRO-1 gathers its updated weights before the step returns (EngineBehaviour.zero1_gather_in_step
+    # for `any`): from 0.186.
     "The Ultra-Scale Playbook: Training LLM": 0.180,
     "TorchAO MX formats README: training e2": 0.035,
     "TorchAO float8 training README: e2e tr": 0.059,

@@ -316,13 +316,17 @@ def test_plain_pytorch_zero1_gathers_its_updated_weights_before_the_step_returns
     job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",
                                                    engine=behaviour_of("any")), job.layout.with_changes(zero_stage=1))
     overlapped = replace(job, training=replace(job.training,
-                                               engine=replace(job.training.engine, overlap_param_gather=True)))
+                                               engine=replace(job.training.engine, zero1_gather_in_step=False)))
     params = 1_764_979_200
     gather = 63 / 64 * 2 * params / (8 * 25e9)
     chunks = gradient_chunks(job, params, 2)
     assert stage_time(job, 0).compute / 3 > gather  # the forward could hide it
     assert dp_comm_exposed(job, 0, stage_time(job, 0)) - dp_comm_exposed(overlapped, 0, stage_time(overlapped, 0)) \
         == pytest.approx(gather * (1 - 1 / chunks), rel=1e-9)
+    # Its ZeRO-2 is FSDP's SHARD_GRAD_OP, whose next forward prefetches the gathers.
+    zero2, zero2_overlapped = (replace(j, layout=j.layout.with_changes(zero_stage=2)) for j in (job, overlapped))
+    assert dp_comm_exposed(zero2, 0, stage_time(zero2, 0)) \
+        == pytest.approx(dp_comm_exposed(zero2_overlapped, 0, stage_time(zero2_overlapped, 0)), rel=1e-12)
 
 
 def test_deepspeed_zero3_gathers_again_for_the_recompute_fsdp_does_not():
