@@ -515,8 +515,9 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
             at_least = 1  # fewest recomputed layers found at the last micro-batch
             for mbs, bound in bounds.items():
                 # ZeRO 2 takes the time of ZeRO 1 and only saves memory: where ZeRO 1
-                # fits with no recomputation, ZeRO 2 cannot win.
-                if zero == 2 and mbs in fitted_without_recompute:
+                # fits with no recomputation, ZeRO 2 cannot win. Not where ZeRO 1 gathers
+                # in the step and ZeRO 2 (plain FSDP's) behind the next forward.
+                if zero == 2 and mbs in fitted_without_recompute and not training.engine.zero1_gather_in_step:
                     continue
                 if bound > threshold():
                     result.pruned += 1
