@@ -18,21 +18,15 @@ import pytest
 pytest.importorskip("torch")
 
 from cost_models.model_states import bucket_copy_bytes, state_bytes  # noqa: E402
+from gloo_one_rank import PRELUDE  # noqa: E402
 from cost_models.specs import TrainingSpec  # noqa: E402
 from planner.engines import behaviour_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
-SCRIPT = textwrap.dedent("""
-    import os, socket
-    import torch, torch.distributed as dist
+SCRIPT = PRELUDE + textwrap.dedent("""
     from torch.nn.parallel import DistributedDataParallel
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
     for view in (False, True):
         torch.manual_seed(0)
         model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])

@@ -12,21 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from gloo_one_rank import PRELUDE
+
 pytestmark = pytest.mark.slow  # real training steps in subprocesses
 
 REPO = Path(__file__).resolve().parent.parent
 
-SCRIPT = textwrap.dedent("""
-    import os, socket, sys
-    import torch, torch.distributed as dist
+SCRIPT = PRELUDE + textwrap.dedent("""
+    import sys
     from torch.distributed.fsdp import fully_shard
     from calibration.train import _optimizer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     for layer in model:

@@ -1,0 +1,13 @@
+"""The prelude of a test script that runs torch.distributed in one process: a gloo group of one
+on a free local port. Run in a subprocess, so that no process group outlives the test."""
+
+PRELUDE = """
+import os, socket
+import torch, torch.distributed as dist
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+dist.init_process_group("gloo", rank=0, world_size=1)
+"""
