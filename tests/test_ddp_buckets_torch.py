@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("torch")
 
 from cost_models.model_states import bucket_copy_bytes, state_bytes  # noqa: E402
-from gloo_one_rank import PRELUDE  # noqa: E402
 from cost_models.specs import TrainingSpec  # noqa: E402
+from gloo_one_rank import PRELUDE  # noqa: E402
 from planner.engines import behaviour_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
