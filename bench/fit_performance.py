@@ -76,6 +76,17 @@ def apply(kind: str, figures: dict) -> None:
     clear_caches()
 
 
+def current_value(kind: str, name: str):
+    """The figure as it stands: the fabric's latency from the GPU's fabric preset, the generic
+    engine's host cost from its behaviour, the rest from the GPU's performance preset (None where
+    the preset leaves it to the default), so that a grid that finds nothing better puts it back."""
+    if name == "fabric.latency_s":
+        return fabric_presets()[gpu_presets()[TYPES[kind][0]]["fabric"]].get("latency_s")
+    if name == "any.collective_launch_s":
+        return engines.ENGINES["any"].behaviour.collective_launch_s
+    return performance_presets()[TYPES[kind][0]].get(name)
+
+
 def objective(rows: list[dict], weight: float) -> tuple[float, dict]:
     f = evaluate(rows, experts=False)
     rho = statistics.mean(s.rho for s in f.sweeps) if f.sweeps else 1.0
@@ -96,7 +107,7 @@ def main() -> None:
     if args.gpu not in FEW_RUNS and args.gpu != "h100":
         grid.pop("gemm_efficiency_fp8")
         grid.pop("any.collective_launch_s")
-    current = {name: performance_presets()[TYPES[args.gpu][0]].get(name) for name in grid}
+    current = {name: current_value(args.gpu, name) for name in grid}
     best, report = objective(rows, args.weight)
     print(f"start {best:.4f} {report}")
     for round_ in range(args.rounds):
