@@ -27,9 +27,7 @@ def main() -> None:
         case, _ = case_of(row)
         if case is None:
             continue
-        estimate = planner.estimate(case)
-        tokens = case["training"]["global_batch_size"] * case["training"]["seq_len"]
-        pairs[match.group(1)][int(match.group(2))] = (measured_tokens_per_s(row), tokens / estimate.step_time_s)
+        pairs[match.group(1)][int(match.group(2))] = (measured_tokens_per_s(row), planner.estimate(case).tokens_per_s)
     ratios = defaultdict(list)
     for key, stages in pairs.items():
         if 0 in stages and 1 in stages:
