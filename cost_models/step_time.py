@@ -508,6 +508,17 @@ def first_unit_parameters(job: Job, stage: int) -> float:
     return unit
 
 
+def last_bucket_parameters(job: Job, stage: int) -> float:
+    """Parameters of the ZeRO 0–2 gradient bucket that closes the first stage's backward: the
+    input embedding's gradient is the last one produced, and a parameter larger than the bucket
+    size gets a bucket of its own (PyTorch DDP ``_compute_bucket_assignment_by_size``; Megatron's
+    ``_ParamAndGradBuffer`` and DeepSpeed's IPG bucket close a bucket once it is full, so the last
+    one holds at least the embedding). Its reduction starts once nothing is left to compute, and
+    the next step's first weight gather (ZeRO-1/2) is the same bucket's. Vocab-parallel: V·h/tp.
+    Other stages end with a layer's bucket, no larger than the rest (0 here)."""
+    return embedding_parameters(job.model) / job.layout.tp if stage == 0 else 0.0
+
+
 def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float, dp_links, backward_last: float,
                         first_unit: float) -> float:
     """The exposed data-parallel traffic of ``params`` parameters over ``dp_links``
@@ -534,9 +545,11 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
         return tied + chunked("all_reduce", grads) + (chunked("all_gather", weights) if lay.zero_stage else 0.0)
     forward = slowest.compute / 3
     if lay.zero_stage < 3:
-        # Buckets reduce as the last micro-batch's backward produces them; the last bucket waits.
+        # Buckets reduce as the last micro-batch's backward produces them; the last bucket waits,
+        # and on the first stage it holds the input embedding's gradients (the last produced).
         kind = "all_reduce" if lay.zero_stage == 0 else "reduce_scatter"
-        reduce = pipelined(chunked(kind, grads), chunks, backward_last, perf)
+        last = max(1 / chunks, min(1.0, last_bucket_parameters(job, stage) / params))
+        reduce = pipelined(chunked(kind, grads), chunks, backward_last, perf, last)
         if lay.zero_stage == 2:
             reduce *= job.num_microbatches
         if lay.zero_stage == 0:
@@ -546,7 +559,7 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
         # FSDP-style), else in the open.
         gather = chunked("all_gather", weights)
         hidden = engine.overlap_param_gather and not (lay.zero_stage == 1 and engine.zero1_gather_in_step)
-        return tied + reduce + (pipelined(gather, chunks, forward, perf) if hidden else gather)
+        return tied + reduce + (pipelined(gather, chunks, forward, perf, last) if hidden else gather)
     # ZeRO-3 keeps only gradient shards, so every micro-batch gathers the weights again and
     # reduce-scatters its gradients, unit by unit, each behind the compute of the unit before:
     # the first gather of each pass waits, and what the pass's compute cannot cover.

@@ -309,9 +309,8 @@ def test_plain_pytorch_zero1_gathers_its_updated_weights_before_the_step_returns
     rank before the next forward can start; Megatron's --overlap-param-gather hides all but the
     first bucket's behind that forward. With compute long enough to hide the rest (4,096 tokens),
     the generic engine's ZeRO-1 pays the whole gather, 63/64 of the bf16 weights over the node's
-    eight NICs, where the same engine with the gather overlapped pays one bucket's share."""
-    from cost_models.step_time import gradient_chunks
-
+    eight NICs, where the same engine with the gather overlapped pays the first bucket's share:
+    the input embedding's, V·h of the parameters."""
     job = _zero3_job("any", recompute="none")
     job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",
                                                    engine=behaviour_of("any")), job.layout.with_changes(zero_stage=1))
@@ -319,14 +318,38 @@ def test_plain_pytorch_zero1_gathers_its_updated_weights_before_the_step_returns
                                                engine=replace(job.training.engine, zero1_gather_in_step=False)))
     params = 1_764_979_200
     gather = 63 / 64 * 2 * params / (8 * 25e9)
-    chunks = gradient_chunks(job, params, 2)
     assert stage_time(job, 0).compute / 3 > gather  # the forward could hide it
     assert dp_comm_exposed(job, 0, stage_time(job, 0)) - dp_comm_exposed(overlapped, 0, stage_time(overlapped, 0)) \
-        == pytest.approx(gather * (1 - 1 / chunks), rel=1e-9)
+        == pytest.approx(gather * (1 - 51200 * 2304 / params), rel=1e-9)
     # Its ZeRO-2 is FSDP's SHARD_GRAD_OP, whose next forward prefetches the gathers.
     zero2, zero2_overlapped = (replace(j, layout=j.layout.with_changes(zero_stage=2)) for j in (job, overlapped))
     assert dp_comm_exposed(zero2, 0, stage_time(zero2, 0)) \
         == pytest.approx(dp_comm_exposed(zero2_overlapped, 0, stage_time(zero2_overlapped, 0)), rel=1e-12)
+
+
+def test_the_embeddings_gradient_bucket_reduces_in_the_open():
+    """The input embedding's gradient is the last one backward produces, and a parameter larger
+    than DDP's 25 MB buckets gets one of its own: its all-reduce starts once nothing is left to
+    compute. With compute long enough to hide the rest (4,096 tokens, overlap 1), ZeRO-0 pays
+    that bucket's share of the all-reduce, 2·63/64 of V·h bf16 gradients over the node's eight
+    NICs, where a stage without the embedding pays one 25 MB bucket's share."""
+    from cost_models.step_time import gradient_chunks, last_bucket_parameters
+
+    job = _zero3_job("any", recompute="none")
+    job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",
+                                                   engine=behaviour_of("any")), job.layout.with_changes(zero_stage=0))
+    params, embedding = 1_764_979_200, 51200 * 2304
+    all_reduce = 2 * 63 / 64 * 2 * params / (8 * 25e9)
+    assert 2 * stage_time(job, 0).compute / 3 > all_reduce  # the backward could hide it all
+    assert last_bucket_parameters(job, 0) == embedding
+    assert dp_comm_exposed(job, 0, stage_time(job, 0)) == pytest.approx(all_reduce * embedding / params, rel=1e-9)
+    # The stages after the first end their backward with a layer: one bucket's share waits.
+    assert last_bucket_parameters(replace(job, layout=job.layout.with_changes(pp=2, dp=32)), 1) == 0
+    two_stages = replace(job, layout=job.layout.with_changes(pp=2, dp=32))
+    stage1 = job_stage_parameters(two_stages, 1).total
+    chunks = gradient_chunks(two_stages, stage1, 2)
+    assert dp_comm_exposed(two_stages, 1, stage_time(two_stages, 1)) \
+        == pytest.approx(2 * 31 / 32 * 2 * stage1 / (8 * 25e9) / chunks, rel=1e-9)
 
 
 def test_deepspeed_zero3_gathers_again_for_the_recompute_fsdp_does_not():
