@@ -25,6 +25,12 @@ DEFAULT_FILES = tuple(DATA / name for name in ("published_runs.yaml", "published
 PRE_FLASH = ("Narayanan", "Korthikanti", "bigscience", "Smith", "Black")
 DROPOUT = ("Narayanan", "Korthikanti", "Smith")
 TIED = ("Narayanan", "Korthikanti", "bigscience", "Smith", "mosaicml", "Black", "NVIDIA/NeMo docs")
+# nanotron's scaling_benchmarks.py (the Ultra-Scale Playbook's sweep) ties the embeddings of the
+# models it builds with an FFN under 10,000 wide ("model < 4B": its 1B and 3B), not the 80B.
+NANOTRON_TIED_BELOW_FFN = 10_000
+# Clusters a row names by their scale-out network where it is not the GPU preset's own (the
+# Playbook's AWS p5 nodes: "EFA inter-node"), by GPU preset.
+EFA_FABRICS = {"h100-sxm-80gb": "aws-efa-p5", "a100-sxm-80gb": "aws-efa-p4d", "a100-sxm-40gb": "aws-efa-p4d"}
 # NeMo's GPT3 recipes: the GPT-2 BPE padded to 51,200 (NeMo's LLM_VOCAB_SIZE_MAP["gpt3"]).
 NEMO_GPT3_VOCAB = 51200
 
@@ -152,6 +158,37 @@ def pipeline_split(layers: int, stages: int) -> Optional[dict]:
     return None
 
 
+def tied_embeddings(row: dict) -> bool:
+    """Whether the run shares its input embedding and LM head: the GPT-style models of the
+    sources in ``TIED`` (not their Llamas), and nanotron's scaling-benchmark models narrower
+    than ``NANOTRON_TIED_BELOW_FFN`` (``scripts/scaling_benchmarks.py``: ``tie_word_embeddings``)."""
+    md, source = row["model"], row["source"]
+    if row["framework"].startswith("nanotron") and "Playbook" in source:
+        return (md.get("ffn_hidden") or 4 * md["hidden"]) < NANOTRON_TIED_BELOW_FFN
+    return source.startswith(TIED) and "Llama" not in str(md.get("name"))
+
+
+def head_dim(md: dict) -> Optional[int]:
+    """The attention head width where the row publishes one other than hidden/heads (Qwen3:
+    32 heads of 128 over a hidden size of 2,048)."""
+    width = (md.get("extra") or {}).get("head_dim")
+    return width if width and width * md["heads"] != md["hidden"] else None
+
+
+def stage_split(row: dict, layers: int, pp: int, vpp: int) -> dict:
+    """The layout's split of the layers over pipeline stages, as the run's engine makes it:
+    Megatron's (:func:`pipeline_split`); nanotron's is its own, by each block's compute with the
+    LM head weighed in (``nanotron/models/base.py``), which is what the model does where a case
+    gives none (``cost_models.partition``), so a nanotron row gives none while every stage can
+    hold a layer; other engines split as evenly as they can (:func:`balanced_stages`)."""
+    split = pipeline_split(layers, pp * vpp)
+    if split is not None or vpp > 1:
+        return split or {}
+    if row["framework"].startswith("nanotron") and layers >= pp:
+        return {}
+    return {"stage_layers": balanced_stages(layers, pp)}
+
+
 def balanced_stages(layers: int, pp: int) -> list[int]:
     """What an engine that splits unevenly by itself does (nanotron, torchtitan): as even as
     possible, spare layers on the middle stages first (the edges also hold embedding and head)."""
@@ -212,11 +249,15 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
              "ffn_hidden_size": md.get("ffn_hidden") or 4 * md["hidden"],
              "activation": "swiglu" if "swiglu" in str(md.get("ffn_act")).lower() else "gelu",
              "vocab_size": md["vocab"],
-             "tied_embeddings": source.startswith(TIED) and "Llama" not in str(md.get("name")),
+             "tied_embeddings": tied_embeddings(row),
              "dropout": 0.1 if source.startswith(DROPOUT) else 0.0, **moe, **mla}
     if mla:
         model.pop("num_kv_heads")
+    elif head_dim(md):
+        model["head_dim"] = head_dim(md)
     cluster: dict[str, Any] = {"gpu": gpu, "num_gpus": row["num_gpus"]}
+    if "EFA" in row["gpu"] and gpu in EFA_FABRICS:
+        cluster["fabric"] = EFA_FABRICS[gpu]
     if gpu.startswith("h100") and ("96GB" in row["gpu"] or "95GB" in row["gpu"]):
         cluster["memory"] = "96 GiB"  # Meta's Grand Teton H100 with 96 GB HBM2e
     training = {"global_batch_size": b["global_batch_size"], "seq_len": md["seq_len"], "precision": prec,
@@ -234,10 +275,7 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
     for key in ("ep", "etp"):
         if (par.get(key) or 1) > 1:
             layout[key] = par[key]
-    split = pipeline_split(md["layers"], pp * vpp)
-    if split is None and vpp == 1:
-        split = {"stage_layers": balanced_stages(md["layers"], pp)}
-    layout.update(split or {})
+    layout.update(stage_split(row, md["layers"], pp, vpp))
     return {"model": model, "cluster": cluster, "training": training, "layout": layout}, ""
 
 

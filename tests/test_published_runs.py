@@ -34,12 +34,40 @@ def test_a_playbook_row_is_written_as_its_user_would(rows):
     assert why == ""
     assert case["model"] == {"name": "playbook-1B (Llama-style, MHA)", "num_layers": 16, "hidden_size": 2048,
                              "num_attention_heads": 32, "num_kv_heads": 32, "ffn_hidden_size": 8192,
-                             "activation": "swiglu", "vocab_size": 131072, "tied_embeddings": False, "dropout": 0.0}
-    assert case["cluster"] == {"gpu": "h100-sxm-80gb", "num_gpus": 8}
+                             "activation": "swiglu", "vocab_size": 131072, "tied_embeddings": True, "dropout": 0.0}
+    assert case["cluster"] == {"gpu": "h100-sxm-80gb", "num_gpus": 8, "fabric": "aws-efa-p5"}
     assert case["training"]["engine"] == "any" and case["training"]["flash_attention"]
     assert case["layout"] == {"tp": 1, "pp": 2, "cp": 1, "dp": 4, "vpp": 1, "micro_batch_size": 4, "zero_stage": 1,
                               "sequence_parallel": False, "recompute": "none"}
     assert load_case(case).layout.dp == 4
+
+
+def test_the_playbook_is_written_as_nanotron_built_it(rows):
+    """nanotron's scaling_benchmarks.py ties the embeddings of the models with an FFN under
+    10,000 wide (the 1B and 3B: the rows say "tied emb"), not the 80B's (28,672: "untied emb");
+    its nodes are AWS p5 ("EFA inter-node"); and nanotron splits the layers over the stages by
+    compute itself, so a case gives no split while every stage can hold a layer (28 layers over
+    8 stages) and the most even one where some cannot (over 32)."""
+    def case(row_id):
+        return case_of(rows[row_id])[0]
+
+    assert "tied emb" in rows["playbook_3b_1n_dp1_tp1_pp8_mbs1_ga256_z0"]["inferred"][0]
+    assert case("playbook_3b_1n_dp1_tp1_pp8_mbs1_ga256_z0")["model"]["tied_embeddings"]
+    assert "untied emb" in rows["playbook_80b_4n_dp1_tp8_pp4_mbs1_ga256_z0"]["inferred"][0]
+    assert not case("playbook_80b_4n_dp1_tp8_pp4_mbs1_ga256_z0")["model"]["tied_embeddings"]
+    assert case("playbook_80b_4n_dp1_tp8_pp4_mbs1_ga256_z0")["cluster"]["fabric"] == "aws-efa-p5"
+    assert "stage_layers" not in case("playbook_3b_1n_dp1_tp1_pp8_mbs1_ga256_z0")["layout"]
+    assert case("playbook_3b_16n_dp1_tp4_pp32_mbs1_ga256_z0")["layout"]["stage_layers"] == balanced_stages(28, 32)
+    # The 3B's LM head (2·V·h = 805 MFLOP a token, against a layer's 2·(4h² + 3hf) = 226 M and its
+    # attention) outweighs three layers: the last stage runs it alone.
+    assert load_case(case("playbook_3b_1n_dp1_tp1_pp8_mbs1_ga256_z0")).job().stage_layers == (4, 4, 4, 4, 4, 4, 4, 0)
+
+
+def test_a_head_width_other_than_hidden_over_heads_is_written(rows):
+    """Qwen3-30B-A3B: 32 heads of 128 over a hidden size of 2,048 (HF config head_dim 128)."""
+    model = case_of(rows["automodel_qwen330ba3b_h100_8g_bf16"])[0]["model"]
+    assert (model["hidden_size"], model["num_attention_heads"], model["head_dim"]) == (2048, 32, 128)
+    assert "head_dim" not in case_of(rows["playbook_3b_1n_dp1_tp1_pp8_mbs1_ga256_z0"])[0]["model"]
 
 
 def test_nemo_rows_run_megatron_with_tp_overlap_and_the_distributed_optimizer(rows):
