@@ -100,8 +100,12 @@ def recompute(row: dict) -> str:
 
 def zero_stage(row: dict) -> int:
     """FSDP's sharding strategy, an explicit stage, or the distributed optimizer (ZeRO-1);
-    Megatron-Core's performance recipes run the distributed optimizer unless they say."""
+    Megatron-Core's performance recipes run the distributed optimizer unless they say. A row
+    that gives FSDP as the number of ranks it shards over (NeMo AutoModel's FSDP column) runs
+    FSDP2's ``fully_shard``: ZeRO-3."""
     par = row["parallel"]
+    if isinstance(par.get("fsdp"), int) and not isinstance(par.get("fsdp"), bool) and par["fsdp"] > 1:
+        return 3
     fsdp = str(par.get("fsdp") or "").upper()
     if "FULL_SHARD" in fsdp or "HYBRID" in fsdp:
         return 3

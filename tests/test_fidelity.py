@@ -41,9 +41,10 @@ THROUGHPUT = {
     # table repeats layouts at up to twice the throughput across containers: see the README.
     # Qwen3-30B-A3B's attention at its own width (head_dim 128, not hidden/heads = 64): from 0.227
     # here, and from 0.184 to 0.233 for AutoModel, whose two Qwen3 rows go from -2 % and 0 % to -16 %
-    # and -15 %: they had matched with half the attention's FLOPs.
+    # and -15 %: they had matched with half the attention's FLOPs. AutoModel's FSDP2 as ZeRO-3 (its
+    # FSDP column, which read as ZeRO-0): 0.264, every row slower than measured (DeepEP, see the README).
     "Megatron-Bridge performance summary": 0.202,
-    "NeMo AutoModel performance summary": 0.233,
+    "NeMo AutoModel performance summary": 0.264,
     "NeMo Framework user guide performance ": 0.172,
 }
 MOE_SOURCES = ("Megatron-Bridge performance summary", "NeMo AutoModel performance summary",

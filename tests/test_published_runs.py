@@ -107,6 +107,8 @@ def test_zero_stage_from_fsdp_the_stage_or_the_distributed_optimizer():
                                                      **parallel}}
     assert zero_stage(row(fsdp="FULL_SHARD")) == 3
     assert zero_stage(row(fsdp="SHARD_GRAD_OP")) == 2
+    assert zero_stage(row(fsdp=64)) == 3  # NeMo AutoModel: FSDP2 fully_shard over 64 ranks
+    assert zero_stage(row(fsdp=1)) == zero_stage(row(fsdp=False)) == 0
     assert zero_stage(row(zero_stage=1)) == 1
     assert zero_stage(row(distributed_optimizer=True)) == 1
     assert zero_stage(row("Megatron-Core 0.9", distributed_optimizer=None)) == 1
