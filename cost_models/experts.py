@@ -161,13 +161,13 @@ def dispatch_combine_time(model: ModelSpec, training: TrainingSpec, cluster: Clu
     leave the domain. A hierarchical dispatch (``EngineBehaviour.hierarchical_dispatch``)
     sends each token once to each other domain that holds one of its experts
     (:func:`remote_domains_per_token`) and forwards it there over NVLink; the combine reduces
-    in the domain before sending back."""
+    in the domain before sending back (``TrainingSpec.hierarchical_dispatch``)."""
     lay = Layout(tp=tp, cp=cp, dp=cluster.num_gpus // (tp * cp), ep=ep, etp=etp)
     perf = cluster.gpu.performance
     size = dispatch_bytes(model, training, tp, cp, micro_batch_size)
     links = group_links(cluster, lay, "ep")
     crossing = None
-    if training.engine.hierarchical_dispatch and links.domains > 1:
+    if training.hierarchical_dispatch and links.domains > 1:
         crossing = size / model.moe_top_k * remote_domains_per_token(model, links.domains)
     time = 2 * all_to_all_time(size, links, perf, crossing)
     if etp > 1:

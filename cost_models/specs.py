@@ -24,6 +24,10 @@ PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
 # blocks, E8M0 scales) and NVIDIA's NVFP4 (16-element blocks, E4M3 scales).
 BLOCK_SCALED_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+# How expert-parallel tokens reach their experts (``TrainingSpec.expert_dispatch``): one
+# all-to-all copy per chosen expert, or DeepEP-style kernels that send a token once to each
+# NVLink domain holding one of its experts and forward it inside the domain.
+EXPERT_DISPATCHES = ("all_to_all", "deepep")
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -583,6 +587,9 @@ class TrainingSpec:
     # weights (Megatron --fp8-param-gather, MLPerf's FP8_PARAM_GATHER; torchao's FSDP float8
     # all-gather).
     fp8_param_gather: bool = False
+    # The expert-parallel dispatch (``EXPERT_DISPATCHES``); None: the engine's
+    # (``EngineBehaviour.hierarchical_dispatch``: Megatron's flex dispatcher runs DeepEP).
+    expert_dispatch: Optional[str] = None
 
     def __post_init__(self) -> None:
         s = TrainingSpec
@@ -602,9 +609,19 @@ class TrainingSpec:
                 raise SpecError(s, "fp8_recipe", f"applies only with precision fp8 ({self.precision} is a recipe "
                                                  f"of its own)" if self.precision in ("mxfp8", "nvfp4")
                                 else f"applies only with precision fp8, not {self.precision}")
+        if self.expert_dispatch is not None:
+            _choice(s, "expert_dispatch", self.expert_dispatch, EXPERT_DISPATCHES)
         if self.fp8_param_gather and self.precision not in ("fp8", "mxfp8", "nvfp4"):
             raise SpecError(s, "fp8_param_gather", f"applies only to a low precision (fp8, mxfp8, nvfp4), "
                                                    f"not {self.precision}")
+
+    @property
+    def hierarchical_dispatch(self) -> bool:
+        """Whether the expert-parallel dispatch sends a token once per NVLink domain
+        (``cost_models.experts.dispatch_combine_time``): as the case says, else as the engine does."""
+        if self.expert_dispatch is None:
+            return self.engine.hierarchical_dispatch
+        return self.expert_dispatch == "deepep"
 
     @property
     def recipe(self) -> Optional[Recipe]:

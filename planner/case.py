@@ -59,7 +59,8 @@ CLUSTER_KEYS = HARDWARE_KEYS + ("num_gpus", "nodes") + SIZING_KEYS + ("options",
 PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
 INTEGER_PERFORMANCE_KEYS = ("gemm_tile_m", "gemm_tile_n", "gemm_split_k")
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
-                 "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_recipe", "fp8_param_gather")
+                 "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_recipe", "fp8_param_gather",
+                 "expert_dispatch")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
                "recompute", "recompute_num_layers", "stage_layers", "account_for_embedding_in_pipeline_split",
                "account_for_loss_in_pipeline_split", "offload_optimizer", "offload_params", "offload_activations",
@@ -472,7 +473,7 @@ def _training(src: str, section: Any) -> TrainingSpec:
                                   required(src, "training", section, "global_batch_size")),
         "seq_len": read_int(src, "training.seq_len", required(src, "training", section, "seq_len")),
     }
-    for key in ("precision", "optimizer", "engine", "fp8_recipe"):
+    for key in ("precision", "optimizer", "engine", "fp8_recipe", "expert_dispatch"):
         if key in section:
             values[key] = read_str(src, f"training.{key}", section[key])
     if "engine" in values:

@@ -268,6 +268,10 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
                 "optimizer": "adam", "engine": engine(row), "flash_attention": not source.startswith(PRE_FLASH),
                 # NeMo and Megatron-Bridge performance recipes overlap TP communication with TP.
                 "tp_comm_overlap": tp > 1 and ("NeMo" in row["framework"] or "Bridge" in row["framework"])}
+    # DeepEP or HybridEP where the row names it and the engine would not run it by itself.
+    dispatcher = str((row.get("moe_runtime") or {}).get("token_dispatcher") or "").lower()
+    if moe and training["engine"] == "any" and ("deepep" in dispatcher or "hybridep" in dispatcher):
+        training["expert_dispatch"] = "deepep"
     # The fp8 scaling and the fp8 weight gather the row states (else the engine's defaults).
     if prec == "fp8" and fp8_recipe(row["precision"]):
         training["fp8_recipe"] = fp8_recipe(row["precision"])

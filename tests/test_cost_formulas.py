@@ -22,6 +22,7 @@ from cost_models.step_time import (layer_time, layer_time_bound, layer_time_for,
                                    optimizer_local_parameters, optimizer_time)
 from cost_models.topology import group_links
 from planner.case import load_case
+from planner.engines import behaviour_of
 
 
 def _job(model="mixtral-8x7b", gpu="h100-sxm-80gb", num_gpus=64, precision="bf16", layout=None, engine="megatron",
@@ -137,6 +138,34 @@ def test_dispatch_inside_one_node_is_two_all_to_alls_of_the_routed_copies():
     gpu, perf = cluster.gpu, cluster.gpu.performance
     one = perf.link_latency_s + 67_108_864 * 7 / 8 / (gpu.intra_node_bandwidth * perf.intra_node_efficiency)
     assert dispatch_combine_time(model, training, cluster, 1, 1, 1, 8, 1) == pytest.approx(2 * one)
+
+
+def test_a_deepep_dispatch_sends_a_token_once_to_each_domain_its_experts_are_in():
+    """Qwen3-30B-A3B (top-8) with ep 16 over two nodes: a plain all-to-all sends 8/16 of each
+    rank's copies across the fabric; DeepEP sends each of its 4096 tokens once to the other node
+    where one of its eight experts lives there (1 − (1/2)⁸ of them) and forwards it over NVLink.
+    Megatron's flex dispatcher runs DeepEP by default; any engine's dispatch is as the case says."""
+    from dataclasses import replace
+
+    from cost_models.collectives import all_to_all_time
+
+    job = _job("qwen3-30b-a3b", layout={"tp": 1, "dp": 64, "ep": 16, "micro_batch_size": 1})
+    model, cluster = job.model, job.cluster
+    links = group_links(cluster, Layout(tp=1, dp=64, ep=16), "ep")
+    assert links.domains == 2
+    size = dispatch_bytes(model, job.training, 1, 1, 1)
+    plain = 2 * all_to_all_time(size, links, cluster.gpu.performance)
+    deepep = 2 * all_to_all_time(size, links, cluster.gpu.performance, crossing_bytes=size / 8 * (1 - 0.5 ** 8))
+    assert deepep < plain
+
+    def dispatch(engine, expert_dispatch=None):
+        training = replace(job.training, engine=behaviour_of(engine), expert_dispatch=expert_dispatch)
+        return dispatch_combine_time(model, training, cluster, 1, 1, 1, 16, 1)
+
+    assert dispatch("megatron") == pytest.approx(deepep)
+    assert dispatch("megatron", "all_to_all") == pytest.approx(plain)
+    assert dispatch("any") == pytest.approx(plain)
+    assert dispatch("any", "deepep") == pytest.approx(deepep)
 
 
 def test_the_experts_backward_is_twice_their_forward_in_16_bits():

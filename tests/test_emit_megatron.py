@@ -122,6 +122,11 @@ MOE_GIVEN = {
          "training": {"global_batch_size": 512, "seq_len": 8192, "engine": "megatron"}},
         {"tp": 2, "pp": 4, "ep": 8, "etp": 2, "micro_batch_size": 1, "zero_stage": 1, "sequence_parallel": True,
          "recompute": "full"}),
+    "mixtral-8x7b, ep8 over the all-to-all dispatcher": (
+        {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+         "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron",
+                      "expert_dispatch": "all_to_all"}},
+        {"tp": 1, "pp": 1, "ep": 8, "etp": 1, "micro_batch_size": 1, "zero_stage": 1, "recompute": "full"}),
     "deepseek-v2-lite, selective modules, overlapped dispatch": (
         {"model": {"preset": "deepseek-v2-lite"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
          "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron", "moe_comm_overlap": True}},
@@ -348,6 +353,9 @@ def test_transformer_config_takes_the_experts_and_their_grid(emitted):
         assert config.moe_grouped_gemm, e
         assert config.multi_latent_attention == (model.attention_type == "mla"), e
         assert config.overlap_moe_expert_parallel_comm == e.job.training.moe_comm_overlap, e
+        # The dispatcher the estimate timed (training.expert_dispatch, else Megatron's flex dispatcher).
+        flex = e.job.training.hierarchical_dispatch and lay.tp * lay.ep > 1 and model.moe_capacity_factor is None
+        assert config.moe_token_dispatcher_type == ("flex" if flex else "alltoall"), e
         if lay.recompute == "selective":  # what the estimate recomputed (activations.selective_modules)
             assert tuple(config.recompute_modules) == selective_modules(model, e.job.training), e
         if model.attention_type == "mla":

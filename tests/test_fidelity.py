@@ -42,9 +42,10 @@ THROUGHPUT = {
     # Qwen3-30B-A3B's attention at its own width (head_dim 128, not hidden/heads = 64): from 0.227
     # here, and from 0.184 to 0.233 for AutoModel, whose two Qwen3 rows go from -2 % and 0 % to -16 %
     # and -15 %: they had matched with half the attention's FLOPs. AutoModel's FSDP2 as ZeRO-3 (its
-    # FSDP column, which read as ZeRO-0): 0.264, every row slower than measured (DeepEP, see the README).
+    # FSDP column, which read as ZeRO-0): 0.264, every row slower than measured; with its DeepEP
+    # dispatch (training.expert_dispatch): 0.195.
     "Megatron-Bridge performance summary": 0.202,
-    "NeMo AutoModel performance summary": 0.264,
+    "NeMo AutoModel performance summary": 0.195,
     "NeMo Framework user guide performance ": 0.172,
 }
 MOE_SOURCES = ("Megatron-Bridge performance summary", "NeMo AutoModel performance summary",

@@ -223,3 +223,20 @@ def test_junk_in_any_key_of_a_moe_config_is_a_case_error(tmp_path):
                     ModelSpec(**fields)
                 except SpecError:
                     pass  # the case reader turns it into a CaseError naming the model key
+
+
+@pytest.mark.parametrize("engine, dispatch, expected", [
+    ("any", "sideways", "expected one of all_to_all, deepep, got 'sideways'"),
+    ("deepspeed", "deepep", "DeepSpeed-MoE dispatches with one all-to-all"),
+    ("torchtitan", "deepep", "keeps the model registry's all-to-all token dispatcher"),
+])
+def test_an_expert_dispatch_the_engine_does_not_run_is_a_case_error(engine, dispatch, expected):
+    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "engine": engine, "expert_dispatch": dispatch},
+            "layout": {"tp": 1, "dp": 16, "ep": 8, "micro_batch_size": 1, "zero_stage": 0 if engine != "torchtitan"
+                       else 3, "recompute": "full"}}
+    with pytest.raises(CaseError) as error:
+        estimate(case)
+    assert error.value.key == "training.expert_dispatch" and expected in str(error.value)
+    case["training"]["expert_dispatch"] = "all_to_all"
+    assert estimate(case).step_time_s > 0

@@ -254,8 +254,9 @@ def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     """The mixture-of-experts arguments (Megatron-LM's MoE guide, ``megatron/core/transformer/moe``):
     the experts and their widths, the router, the expert grid (MoE parallel folding), grouped
     GEMMs and the token dispatcher the estimate timed: flex (DeepEP) where tokens cross ranks,
-    which megatron-core's flex dispatcher needs tp·ep > 1 for; all-to-all with a capacity
-    factor, whose padding the DeepEP backend refuses (``TransformerConfig.__post_init__``)."""
+    which megatron-core's flex dispatcher needs tp·ep > 1 for, unless the case asks for the
+    all-to-all (``training.expert_dispatch``); all-to-all with a capacity factor, whose padding
+    the DeepEP backend refuses (``TransformerConfig.__post_init__``)."""
     m, lay = job.model, job.layout
     args: list[tuple[str, Optional[str]]] = [
         # No linear biases, as the parameter count has none; megatron-core also allows MoE biases
@@ -277,7 +278,7 @@ def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args += [("--moe-token-dispatcher-type", "alltoall"),
                  ("--moe-expert-capacity-factor", f"{m.moe_capacity_factor:g}"),
                  ("--moe-pad-expert-input-to-capacity", None)]
-    elif lay.tp * lay.ep > 1:
+    elif lay.tp * lay.ep > 1 and job.training.hierarchical_dispatch:
         args += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
     else:
         args.append(("--moe-token-dispatcher-type", "alltoall"))

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 from cost_models.behaviour import EngineBehaviour
 from cost_models.quantization import FP8_RECIPES
-from cost_models.specs import GPUSpec, Job, TrainingSpec
+from cost_models.specs import EXPERT_DISPATCHES, GPUSpec, Job, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,8 @@ class EngineSupport:
     # particular.
     fp8_recipes: tuple[str, ...] = FP8_RECIPES
     fp8_param_gather: bool = True
+    # The expert-parallel dispatches the engine runs (``training.expert_dispatch``).
+    expert_dispatches: tuple[str, ...] = EXPERT_DISPATCHES
     # What the engine says where a choice is missing: field name → reason.
     why: tuple[tuple[str, str], ...] = ()
 
@@ -71,6 +73,9 @@ class EngineSupport:
         if training.precision == "fp8" and training.fp8_recipe not in (None,) + self.fp8_recipes:
             out.append(("training.fp8_recipe", self.reason("fp8_recipe", "its fp8 recipes are")
                         + f" {', '.join(self.fp8_recipes)}, not {training.fp8_recipe}"))
+        if training.expert_dispatch not in (None,) + self.expert_dispatches:
+            out.append(("training.expert_dispatch", self.reason("expert_dispatch", "its expert-parallel dispatch is")
+                        + f" {', '.join(self.expert_dispatches)}, not {training.expert_dispatch}"))
         if training.fp8_param_gather and not self.fp8_param_gather:
             out.append(("training.fp8_param_gather", self.reason(
                 "fp8_param_gather", "its weight gathers move bf16 weights (no fp8 parameter all-gather)")))

@@ -36,8 +36,10 @@ SUPPORT = EngineSupport(
     # DeepSpeed has no low-precision GEMMs of its own (ds_config knows fp16 and bf16): its fp8 is
     # Transformer Engine's fp8_autocast around the model (Megatron-DeepSpeed's TE layers), with
     # TE's per-tensor and block recipes; its ZeRO gathers the bf16 weights.
-    fp8_recipes=("delayed", "tensorwise", "blockwise"), fp8_param_gather=False,
+    fp8_recipes=("delayed", "tensorwise", "blockwise"), fp8_param_gather=False, expert_dispatches=("all_to_all",),
     why=(("fp8_recipe", "DeepSpeed's fp8 is Transformer Engine's, whose recipes are"),
+         ("expert_dispatch", "DeepSpeed-MoE dispatches with one all-to-all (deepspeed.moe.sharded_moe, _AllToAll): "
+                             "its dispatch is"),
          ("fp8_param_gather", "DeepSpeed's ZeRO gathers the bf16 weights (no fp8 parameter all-gather)"),
          ("expert_tp", "DeepSpeed-MoE splits experts over the tensor-parallel ranks "
                        "(deepspeed.moe.layer.MoE, enable_expert_tensor_parallelism) or runs them whole without "

@@ -28,8 +28,11 @@ SUPPORT = EngineSupport(
     param_offload=True, offload_together=True,
     # torchtitan 0.3.0's Float8LinearConverter.Config.recipe_name: Literal["rowwise",
     # "rowwise_with_gw_hp"] = "rowwise" (components/quantization/float8.py).
-    fp8_recipes=("rowwise", "rowwise_with_gw_hp"), fp8_param_gather=False,
+    fp8_recipes=("rowwise", "rowwise_with_gw_hp"), fp8_param_gather=False, expert_dispatches=("all_to_all",),
     why=(("fp8_recipe", "torchtitan's Float8LinearConverter takes recipe_name"),
+         ("expert_dispatch", "the torchtitan config written here keeps the model registry's all-to-all token "
+                             "dispatcher (DeepEPTokenDispatcher is a model_spec choice it does not write): its "
+                             "dispatch is"),
          ("fp8_param_gather", "torchtitan's float8 converter has no float8 all-gather (row-wise scaling "
                               "gathers bf16 weights)"),
          ("expert_tp", "torchtitan runs whole experts: expert parallelism borrows ranks from FSDP and TP, and the "
