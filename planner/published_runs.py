@@ -93,9 +93,29 @@ def quantized_weight_gather(text: Any) -> bool:
     return "float8 all-gather" in p or "f8 all-gather" in p or "param all-gather" in p
 
 
+def recipe_settings(row: dict) -> dict:
+    """The settings of the recipe a row ran, as its source's recipe files give them
+    (Megatron-Bridge's ``*workload_base_configs.py`` fields, or a perf recipe's explicit
+    assignments, keyed without their ``model.``/``comm_overlap.`` prefix)."""
+    recipe = row.get("recipe") or {}
+    out = dict(recipe.get("base_config_fields") or {})
+    for key, value in (recipe.get("explicit_settings") or {}).items():
+        out[key.split(".")[-1]] = value
+    return out
+
+
 def recompute(row: dict) -> str:
+    """The row's recomputation, else its recipe's: Megatron's recompute modules (MLA's
+    up-projections, the experts' activation, the MLP) are selective recomputation."""
     v = str(row.get("recompute") or "none").lower()
-    return "full" if v.startswith("full") else "selective" if v.startswith("selective") else "none"
+    if v.startswith("full"):
+        return "full"
+    if v.startswith("selective"):
+        return "selective"
+    settings = recipe_settings(row)
+    if str(settings.get("recompute_granularity") or "").lower() == "full":
+        return "full"
+    return "selective" if settings.get("recompute_modules") else "none"
 
 
 def zero_stage(row: dict) -> int:
@@ -170,6 +190,17 @@ def tied_embeddings(row: dict) -> bool:
     if row["framework"].startswith("nanotron") and "Playbook" in source:
         return (md.get("ffn_hidden") or 4 * md["hidden"]) < NANOTRON_TIED_BELOW_FFN
     return source.startswith(TIED) and "Llama" not in str(md.get("name"))
+
+
+def cluster_fabric(row: dict, gpu: str) -> Optional[str]:
+    """The scale-out fabric a row names where it is not the GPU preset's own: AWS EFA."""
+    return EFA_FABRICS.get(gpu) if "EFA" in row["gpu"] else None
+
+
+def runs_deepep(row: dict) -> bool:
+    """Whether the run dispatches its experts with DeepEP or HybridEP (``moe_runtime.token_dispatcher``)."""
+    dispatcher = str((row.get("moe_runtime") or {}).get("token_dispatcher") or "").lower()
+    return "deepep" in dispatcher or "hybridep" in dispatcher
 
 
 def head_dim(md: dict) -> Optional[int]:
@@ -260,17 +291,20 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
     elif head_dim(md):
         model["head_dim"] = head_dim(md)
     cluster: dict[str, Any] = {"gpu": gpu, "num_gpus": row["num_gpus"]}
-    if "EFA" in row["gpu"] and gpu in EFA_FABRICS:
-        cluster["fabric"] = EFA_FABRICS[gpu]
+    if cluster_fabric(row, gpu):
+        cluster["fabric"] = cluster_fabric(row, gpu)
     if gpu.startswith("h100") and ("96GB" in row["gpu"] or "95GB" in row["gpu"]):
         cluster["memory"] = "96 GiB"  # Meta's Grand Teton H100 with 96 GB HBM2e
     training = {"global_batch_size": b["global_batch_size"], "seq_len": md["seq_len"], "precision": prec,
                 "optimizer": "adam", "engine": engine(row), "flash_attention": not source.startswith(PRE_FLASH),
                 # NeMo and Megatron-Bridge performance recipes overlap TP communication with TP.
                 "tp_comm_overlap": tp > 1 and ("NeMo" in row["framework"] or "Bridge" in row["framework"])}
+    # The experts' dispatch overlapped with another micro-batch's compute where the recipe says so.
+    settings = recipe_settings(row)
+    if moe and (settings.get("moe_a2a_overlap") or settings.get("overlap_moe_expert_parallel_comm")):
+        training["moe_comm_overlap"] = True
     # DeepEP or HybridEP where the row names it and the engine would not run it by itself.
-    dispatcher = str((row.get("moe_runtime") or {}).get("token_dispatcher") or "").lower()
-    if moe and training["engine"] == "any" and ("deepep" in dispatcher or "hybridep" in dispatcher):
+    if moe and training["engine"] == "any" and runs_deepep(row):
         training["expert_dispatch"] = "deepep"
     # The fp8 scaling and the fp8 weight gather the row states (else the engine's defaults).
     if prec == "fp8" and fp8_recipe(row["precision"]):

@@ -64,10 +64,23 @@ def test_the_playbook_is_written_as_nanotron_built_it(rows):
 
 
 def test_a_head_width_other_than_hidden_over_heads_is_written(rows):
-    """Qwen3-30B-A3B: 32 heads of 128 over a hidden size of 2,048 (HF config head_dim 128)."""
-    model = case_of(rows["automodel_qwen330ba3b_h100_8g_bf16"])[0]["model"]
+    """Qwen3-30B-A3B: 32 heads of 128 over a hidden size of 2,048 (HF config head_dim 128); NeMo
+    AutoModel runs it with DeepEP (``training.expert_dispatch``)."""
+    case = case_of(rows["automodel_qwen330ba3b_h100_8g_bf16"])[0]
+    assert case["training"]["expert_dispatch"] == "deepep"
+    model = case["model"]
     assert (model["hidden_size"], model["num_attention_heads"], model["head_dim"]) == (2048, 32, 128)
     assert "head_dim" not in case_of(rows["playbook_3b_1n_dp1_tp1_pp8_mbs1_ga256_z0"])[0]["model"]
+
+
+def test_megatron_bridge_rows_run_what_their_recipes_set(rows):
+    """Megatron-Bridge's recipe for DeepSeek-V3 on 256 GB200 (26.04) recomputes modules
+    (``recompute_modules: [mlp]``: selective recomputation); its 26.06 GB300 recipe recomputes
+    nothing and overlaps the experts' dispatch with compute (``moe_a2a_overlap``)."""
+    gb200, _ = case_of(rows["mb_2604_deepseekv3_gb200_256g_mxfp8"])
+    assert gb200["layout"]["recompute"] == "selective" and "moe_comm_overlap" not in gb200["training"]
+    gb300, _ = case_of(rows["mb_260601_deepseekv3_gb300_256g_mxfp8"])
+    assert gb300["layout"]["recompute"] == "none" and gb300["training"]["moe_comm_overlap"]
 
 
 def test_nemo_rows_run_megatron_with_tp_overlap_and_the_distributed_optimizer(rows):
