@@ -89,7 +89,10 @@ class EngineBehaviour:
     # engine does at ZeRO-2: PyTorch's ZeroRedundancyOptimizer (``_sync_params`` at the end of
     # step(), overlap_with_ddp off by default) and nanotron's ZeroDistributedOptimizer (``step``
     # → ``_all_gather_params``). Plain PyTorch's ZeRO-2 is FSDP's SHARD_GRAD_OP, whose next
-    # forward prefetches the gathers.
+    # forward prefetches the gathers. nanotron gathers every updated shard in one coalesced
+    # all-gather (``nanotron.distributed.all_gather_coalesced``: one flat buffer, one
+    # collective), so it pays the collective's latency once, not once per gradient bucket;
+    # ZeroRedundancyOptimizer's per-rank broadcasts move the same bytes in more launches.
     zero1_gather_in_step: bool = False
     # Bytes per logit of the loss's gradients alive beside the saved log-softmax while the loss
     # runs backward (``activations.loss_gradient_bytes``): 4 + 2 for eager PyTorch's

@@ -557,8 +557,13 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
         # The updated weight shards are gathered after the optimizer step: behind the next
         # step's forward where the engine prefetches them (Megatron --overlap-param-gather,
         # FSDP-style), else in the open.
+        if lay.zero_stage == 1 and engine.zero1_gather_in_step:
+            # One coalesced all-gather of every updated shard before step() returns (nanotron's
+            # ZeroDistributedOptimizer._all_gather_params → all_gather_coalesced): in the open, and
+            # paying the collective's latency once, not once per gradient bucket.
+            return tied + reduce + collective_time("all_gather", weights, dp_links, perf)
         gather = chunked("all_gather", weights)
-        hidden = engine.overlap_param_gather and not (lay.zero_stage == 1 and engine.zero1_gather_in_step)
+        hidden = engine.overlap_param_gather
         return tied + reduce + (pipelined(gather, chunks, forward, perf, last) if hidden else gather)
     # ZeRO-3 keeps only gradient shards, so every micro-batch gathers the weights again and
     # reduce-scatters its gradients, unit by unit, each behind the compute of the unit before:

@@ -310,7 +310,7 @@ def test_plain_pytorch_zero1_gathers_its_updated_weights_before_the_step_returns
     first bucket's behind that forward. With compute long enough to hide the rest (4,096 tokens),
     the generic engine's ZeRO-1 pays the whole gather, 63/64 of the bf16 weights over the node's
     eight NICs, where the same engine with the gather overlapped pays the first bucket's share:
-    the input embedding's, V·h of the parameters."""
+    the input embedding's, V·h of the parameters. nanotron gathers in one coalesced collective."""
     job = _zero3_job("any", recompute="none")
     job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",
                                                    engine=behaviour_of("any")), job.layout.with_changes(zero_stage=1))
@@ -321,6 +321,20 @@ def test_plain_pytorch_zero1_gathers_its_updated_weights_before_the_step_returns
     assert stage_time(job, 0).compute / 3 > gather  # the forward could hide it
     assert dp_comm_exposed(job, 0, stage_time(job, 0)) - dp_comm_exposed(overlapped, 0, stage_time(overlapped, 0)) \
         == pytest.approx(gather * (1 - 51200 * 2304 / params), rel=1e-9)
+    # One coalesced all-gather (nanotron's all_gather_coalesced) pays the collective's latency once,
+    # where an engine that gathers bucket by bucket in the open (DeepSpeed's ZeRO-1) pays it per bucket.
+    from cost_models.collectives import latency
+
+    slow = replace(job.cluster.gpu, performance=replace(NO_LATENCY, link_latency_s=20e-6))
+    coalesced = replace(job, cluster=replace(job.cluster, gpu=slow))
+    by_bucket = replace(coalesced, training=replace(coalesced.training, engine=replace(
+        coalesced.training.engine, zero1_gather_in_step=False, overlap_param_gather=False)))
+    links = group_links(coalesced.cluster, coalesced.layout, "dp_cp")
+    chunks = gradient_chunks(coalesced, params, 2)
+    assert chunks > 100 and latency("all_gather", links, slow.performance) > 0
+    assert dp_comm_exposed(by_bucket, 0, stage_time(by_bucket, 0)) \
+        - dp_comm_exposed(coalesced, 0, stage_time(coalesced, 0)) \
+        == pytest.approx((chunks - 1) * latency("all_gather", links, slow.performance), rel=1e-9)
     # Its ZeRO-2 is FSDP's SHARD_GRAD_OP, whose next forward prefetches the gathers.
     zero2, zero2_overlapped = (replace(j, layout=j.layout.with_changes(zero_stage=2)) for j in (job, overlapped))
     assert dp_comm_exposed(zero2, 0, stage_time(zero2, 0)) \
