@@ -41,6 +41,7 @@ FACTS = {
     "nanotron's tied embeddings": ("tied_embeddings", lambda row: row["source"].startswith(pr.TIED)
                                    and "Llama" not in str(row["model"].get("name"))),
     "the Playbook's EFA": ("cluster_fabric", lambda row, gpu: None),
+    "nanotron's fp32 gradients": ("fp32_gradients", lambda row: None),
     "nanotron's own stage split": ("stage_split", _even_split),
     "Qwen3's head width": ("head_dim", lambda md: None),
     "AutoModel's FSDP2 (ZeRO-3)": ("zero_stage", _zero_stage_without_fsdp_ranks),

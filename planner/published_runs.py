@@ -197,6 +197,13 @@ def cluster_fabric(row: dict, gpu: str) -> Optional[str]:
     return EFA_FABRICS.get(gpu) if "EFA" in row["gpu"] else None
 
 
+def fp32_gradients(row: dict) -> Optional[bool]:
+    """Gradients accumulated and reduced in fp32 where the run's own config says so, else None
+    (the engine's default): nanotron's sweep config (``examples/config_tiny_llama_bench.yaml``:
+    ``accumulate_grad_in_fp32: true``) reduces its fp32 accumulation buffers."""
+    return True if row["framework"].startswith("nanotron") else None
+
+
 def runs_deepep(row: dict) -> bool:
     """Whether the run dispatches its experts with DeepEP or HybridEP (``moe_runtime.token_dispatcher``)."""
     dispatcher = str((row.get("moe_runtime") or {}).get("token_dispatcher") or "").lower()
@@ -299,6 +306,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
                 "optimizer": "adam", "engine": engine(row), "flash_attention": not source.startswith(PRE_FLASH),
                 # NeMo and Megatron-Bridge performance recipes overlap TP communication with TP.
                 "tp_comm_overlap": tp > 1 and ("NeMo" in row["framework"] or "Bridge" in row["framework"])}
+    if fp32_gradients(row) is not None and prec in ("bf16", "fp16"):
+        training["fp32_grads"] = fp32_gradients(row)
     # The experts' dispatch overlapped with another micro-batch's compute where the recipe says so.
     settings = recipe_settings(row)
     if moe and (settings.get("moe_a2a_overlap") or settings.get("overlap_moe_expert_parallel_comm")):

@@ -45,7 +45,7 @@ def test_a_playbook_row_is_written_as_its_user_would(rows):
 def test_the_playbook_is_written_as_nanotron_built_it(rows):
     """nanotron's scaling_benchmarks.py ties the embeddings of the models with an FFN under
     10,000 wide (the 1B and 3B: the rows say "tied emb"), not the 80B's (28,672: "untied emb");
-    its nodes are AWS p5 ("EFA inter-node"); and nanotron splits the layers over the stages by
+    its nodes are AWS p5 ("EFA inter-node"); it reduces fp32 gradients; and nanotron splits the layers over the stages by
     compute itself, so a case gives no split while every stage can hold a layer (28 layers over
     8 stages) and the most even one where some cannot (over 32)."""
     def case(row_id):
@@ -56,6 +56,8 @@ def test_the_playbook_is_written_as_nanotron_built_it(rows):
     assert "untied emb" in rows["playbook_80b_4n_dp1_tp8_pp4_mbs1_ga256_z0"]["inferred"][0]
     assert not case("playbook_80b_4n_dp1_tp8_pp4_mbs1_ga256_z0")["model"]["tied_embeddings"]
     assert case("playbook_80b_4n_dp1_tp8_pp4_mbs1_ga256_z0")["cluster"]["fabric"] == "aws-efa-p5"
+    # The sweep's config accumulates and reduces the gradients in fp32 (accumulate_grad_in_fp32).
+    assert case("playbook_80b_4n_dp1_tp8_pp4_mbs1_ga256_z0")["training"]["fp32_grads"] is True
     assert "stage_layers" not in case("playbook_3b_1n_dp1_tp1_pp8_mbs1_ga256_z0")["layout"]
     assert case("playbook_3b_16n_dp1_tp4_pp32_mbs1_ga256_z0")["layout"]["stage_layers"] == balanced_stages(28, 32)
     # The 3B's LM head (2·V·h = 805 MFLOP a token, against a layer's 2·(4h² + 3hf) = 226 M and its
