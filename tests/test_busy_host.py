@@ -27,7 +27,9 @@ def test_the_busy_share_counts_other_processes_not_this_one(busy_machine):
     from calibration.host import OTHERS_BUSY_SHARE, busy_reason, cores, other_cpu_share
 
     share = other_cpu_share(0.5)
-    assert share == pytest.approx(1 / cores(), abs=0.2)  # one core of all of them
+    # At least the spinning core of all of them; a parallel test worker may add its own core, so the
+    # share has no tighter upper bound than the machine.
+    assert 1 / cores() - 0.2 <= share <= 1.0 + 1e-9
     assert (busy_reason(share) is not None) == (share > OTHERS_BUSY_SHARE)
 
 
