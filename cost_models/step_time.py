@@ -502,10 +502,15 @@ def first_unit_parameters(job: Job, stage: int) -> float:
     lay, model = job.layout, job.model
     if stage != 0:
         return 0.0
-    unit = embedding_parameters(model) / lay.tp
+    unit = input_embedding_shard(job, stage)
     if job.training.engine.zero3_root_unit and lay.pp == 1:
         unit += (0 if model.tied_embeddings else embedding_parameters(model) / lay.tp) + norm_parameters(model)
     return unit
+
+
+def input_embedding_shard(job: Job, stage: int) -> float:
+    """Parameters of the input embedding on ``stage``: V·h/tp (vocab-parallel) on the first, 0 elsewhere."""
+    return embedding_parameters(job.model) / job.layout.tp if stage == 0 else 0.0
 
 
 def last_bucket_parameters(job: Job, stage: int) -> float:
@@ -516,7 +521,7 @@ def last_bucket_parameters(job: Job, stage: int) -> float:
     one holds at least the embedding). Its reduction starts once nothing is left to compute, and
     the next step's first weight gather (ZeRO-1/2) is the same bucket's. Vocab-parallel: V·h/tp.
     Other stages end with a layer's bucket, no larger than the rest (0 here)."""
-    return embedding_parameters(job.model) / job.layout.tp if stage == 0 else 0.0
+    return input_embedding_shard(job, stage)
 
 
 def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float, dp_links, backward_last: float,
@@ -563,8 +568,8 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
             # paying the collective's latency once, not once per gradient bucket.
             return tied + reduce + collective_time("all_gather", weights, dp_links, perf)
         gather = chunked("all_gather", weights)
-        hidden = engine.overlap_param_gather
-        return tied + reduce + (pipelined(gather, chunks, forward, perf, last) if hidden else gather)
+        return tied + reduce + (pipelined(gather, chunks, forward, perf, last) if engine.overlap_param_gather
+                                else gather)
     # ZeRO-3 keeps only gradient shards, so every micro-batch gathers the weights again and
     # reduce-scatters its gradients, unit by unit, each behind the compute of the unit before:
     # the first gather of each pass waits, and what the pass's compute cannot cover.

@@ -295,19 +295,19 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
              "dropout": 0.1 if source.startswith(DROPOUT) else 0.0, **moe, **mla}
     if mla:
         model.pop("num_kv_heads")
-    elif head_dim(md):
-        model["head_dim"] = head_dim(md)
+    elif width := head_dim(md):
+        model["head_dim"] = width
     cluster: dict[str, Any] = {"gpu": gpu, "num_gpus": row["num_gpus"]}
-    if cluster_fabric(row, gpu):
-        cluster["fabric"] = cluster_fabric(row, gpu)
+    if fabric := cluster_fabric(row, gpu):
+        cluster["fabric"] = fabric
     if gpu.startswith("h100") and ("96GB" in row["gpu"] or "95GB" in row["gpu"]):
         cluster["memory"] = "96 GiB"  # Meta's Grand Teton H100 with 96 GB HBM2e
     training = {"global_batch_size": b["global_batch_size"], "seq_len": md["seq_len"], "precision": prec,
                 "optimizer": "adam", "engine": engine(row), "flash_attention": not source.startswith(PRE_FLASH),
                 # NeMo and Megatron-Bridge performance recipes overlap TP communication with TP.
                 "tp_comm_overlap": tp > 1 and ("NeMo" in row["framework"] or "Bridge" in row["framework"])}
-    if fp32_gradients(row) is not None and prec in ("bf16", "fp16"):
-        training["fp32_grads"] = fp32_gradients(row)
+    if (fp32 := fp32_gradients(row)) is not None and prec in ("bf16", "fp16"):
+        training["fp32_grads"] = fp32
     # The experts' dispatch overlapped with another micro-batch's compute where the recipe says so.
     settings = recipe_settings(row)
     if moe and (settings.get("moe_a2a_overlap") or settings.get("overlap_moe_expert_parallel_comm")):

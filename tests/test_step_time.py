@@ -358,8 +358,8 @@ def test_the_embeddings_gradient_bucket_reduces_in_the_open():
     assert last_bucket_parameters(job, 0) == embedding
     assert dp_comm_exposed(job, 0, stage_time(job, 0)) == pytest.approx(all_reduce * embedding / params, rel=1e-9)
     # The stages after the first end their backward with a layer: one bucket's share waits.
-    assert last_bucket_parameters(replace(job, layout=job.layout.with_changes(pp=2, dp=32)), 1) == 0
     two_stages = replace(job, layout=job.layout.with_changes(pp=2, dp=32))
+    assert last_bucket_parameters(two_stages, 1) == 0
     stage1 = job_stage_parameters(two_stages, 1).total
     chunks = gradient_chunks(two_stages, stage1, 2)
     assert dp_comm_exposed(two_stages, 1, stage_time(two_stages, 1)) \
