@@ -11,11 +11,12 @@ from typing import Iterable, Optional
 from .activations import (embedding_activation_bytes, head_activation_bytes,
                           layer_activation_bytes, loss_gradient_bytes)
 from .experts import alltoall_buffer_bytes
-from .model_states import (StateBytes, bucket_copy_bytes, gathered_weight_bytes, sharded_state_bytes, state_bytes,
-                           zero_shards)
+from .model_states import (StateBytes, bucket_copy_bytes, gathered_weight_bytes, quantizes_weights_once_a_step,
+                           sharded_state_bytes, state_bytes, zero_shards)
 from .offload import gradients_on_host, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
-                         router_parameters, shared_expert_parameters, stage_parameters)
+                         router_parameters, shared_expert_parameters, stage_linear_parameters, stage_parameters)
+from .quantization import cached_weight_bytes
 from .pipeline import in_flight_chunks
 from .specs import Job, Layout, ModelSpec, TrainingSpec
 
@@ -151,6 +152,32 @@ def zero3_gather_bytes(job: Job) -> float:
     return 2 * per_layer * gathered_weight_bytes(job.training)
 
 
+def quantized_weight_copy_bytes(job: Job, stage: int) -> float:
+    """Quantized copies of the stage's linear weights that Transformer Engine keeps beside the held
+    weights (:func:`model_states.state_bytes`) for the whole step, and across steps, where the
+    engine keeps them (:func:`model_states.quantizes_weights_once_a_step`) and the weights stay
+    whole (below ZeRO-3: Megatron-FSDP drops them after each module's forward,
+    ``keep_fp8_transpose_cache``):
+
+    - 16-bit weights: the whole quantized copy, in the layouts the GEMMs read
+      (:func:`quantization.cached_weight_bytes`);
+    - weights kept quantized (``fp8_param_gather``: state_bytes counts their row-wise data): the
+      column-wise layout dgrad reads, where it is not the same data.
+
+    Over the stage's linear weights (:func:`parameters.stage_linear_parameters`), less those of
+    the layers the recipe keeps in bf16 (NVFP4's tail, at a layer's mean share)."""
+    training, lay = job.training, job.layout
+    recipe, layers = training.recipe, job.stage_layers[stage]
+    if not quantizes_weights_once_a_step(job) or lay.zero_stage >= 3 or not layers:
+        return 0.0
+    per_weight = cached_weight_bytes(recipe, job.cluster.gpu.any_layout_fp8_gemm)
+    if training.fp8_param_gather:
+        per_weight -= recipe.quantized_bytes
+    moe_layers = job.stage_moe_layers[stage] if job.model.is_moe else 0
+    linear = stage_linear_parameters(job.model, layers, lay.tp, moe_layers, lay.ep, lay.expert_tp)
+    return per_weight * linear * (1 - job.high_precision_layers[stage] / layers)
+
+
 def per_parameter_states(job: Job) -> tuple[StateBytes, StateBytes]:
     """Bytes one rank holds per dense and per expert parameter: the dense parameters' states
     sharded over dp·cp by the ZeRO stage, the experts' over the expert data-parallel ranks
@@ -204,7 +231,7 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[St
         params = job_stage_parameters(job, stage)
         out.append(StageMemory(
             stage=stage,
-            parameters=states.weights * on_gpu_weights,
+            parameters=states.weights * on_gpu_weights + quantized_weight_copy_bytes(job, stage),
             gradients=states.gradients * on_gpu_gradients + params.dense * buckets[0] + params.expert * buckets[1],
             optimizer_states=states.optimizer * on_gpu_optimizer,
             activations=activations,

@@ -86,6 +86,17 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
     return StateBytes(weights=weights, gradients=4 if fp32_gradients(training) else 2, optimizer=4 + 4 * moments)
 
 
+def quantizes_weights_once_a_step(job: Job) -> bool:
+    """Whether each linear's weight is quantized once a step, not once a micro-batch: where the
+    engine keeps the quantized copy for the step (``EngineBehaviour.fp8_weight_cache``) and the
+    weights stay whole (below ZeRO-3; Megatron-FSDP drops the quantized copies after each
+    module's forward unless ``keep_fp8_transpose_cache``), or where the weights are themselves
+    kept quantized (``TrainingSpec.fp8_param_gather``: the optimizer writes them so)."""
+    training = job.training
+    return training.engine.fp8_weight_cache and training.recipe is not None \
+        and (job.layout.zero_stage < 3 or training.fp8_param_gather)
+
+
 def bucket_copy_bytes(training: TrainingSpec, zero_stage: int, shards: int) -> float:
     """Bytes per parameter of PyTorch DDP's all-reduce buckets, held beside the gradients where
     the engine copies them in (``EngineBehaviour.gradient_bucket_copy``): the parameters' dtype

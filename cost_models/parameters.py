@@ -151,15 +151,37 @@ def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp:
     (Megatron ``LanguageModule.setup_embeddings_and_output_layer``).
     """
     norms = norm_parameters(model)
-    split, whole = attention_matrices(model)
-    dense = layers - moe_layers
-    matrices = layers * split + dense * mlp_parameters(model) + moe_layers * shared_expert_parameters(model)
-    replicated = layers * (2 * norms + whole) + moe_layers * router_parameters(model)
+    split, whole = _layer_linears(model, layers, moe_layers)
+    replicated = whole + layers * 2 * norms + moe_layers * router_parameters(model)
     if first:
-        matrices += embedding_parameters(model)
+        split += embedding_parameters(model)
     if last:
         replicated += norms
         if not model.tied_embeddings or not first:
-            matrices += embedding_parameters(model)
-    experts = moe_layers * (model.num_experts // ep) * expert_parameters(model) / etp if moe_layers else 0.0
-    return StageParameters(dense=matrices / tp + replicated, expert=experts)
+            split += embedding_parameters(model)
+    return StageParameters(dense=split / tp + replicated, expert=_local_experts(model, moe_layers, ep, etp))
+
+
+def _layer_linears(model: ModelSpec, layers: int, moe_layers: int) -> tuple[int, int]:
+    """(linear weights split over tensor-parallel ranks, those replicated on each) of ``layers``
+    layers, ``moe_layers`` of them with experts, the routed experts apart: attention, the dense
+    MLPs and the shared experts (:func:`attention_matrices`)."""
+    split, whole = attention_matrices(model)
+    dense = layers - moe_layers
+    return (layers * split + dense * mlp_parameters(model) + moe_layers * shared_expert_parameters(model),
+            layers * whole)
+
+
+def _local_experts(model: ModelSpec, moe_layers: int, ep: int, etp: int) -> float:
+    """Routed-expert weights one GPU holds: E/ep experts of each MoE layer, each split over etp."""
+    return moe_layers * (model.num_experts // ep) * expert_parameters(model) / etp if moe_layers else 0.0
+
+
+@lru_cache(maxsize=4096)
+def stage_linear_parameters(model: ModelSpec, layers: int, tp: int, moe_layers: int = 0, ep: int = 1,
+                            etp: int = 1) -> float:
+    """Weights of the layers' linear GEMMs one GPU of a pipeline stage holds: what a low-precision
+    recipe quantizes (``cost_models.quantization``: not the embedding, the LM head, the norms or
+    the router, which stay in bf16)."""
+    split, whole = _layer_linears(model, layers, moe_layers)
+    return split / tp + whole + _local_experts(model, moe_layers, ep, etp)

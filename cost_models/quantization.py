@@ -61,6 +61,8 @@ class Recipe:
     amax_pass: bool  # the tensor is read once for its (per-tensor) amax before it is cast
     wgrad_low: bool = True  # the wgrad GEMM runs at the low precision too
     high_precision_layers: float = 0.0  # share of the decoder layers whose linears stay bf16
+    # One per-tensor scale serves both layouts, so the column-wise copy is the row-wise data transposed.
+    per_tensor: bool = False
 
     @property
     def quantized_bytes(self) -> float:
@@ -71,8 +73,8 @@ class Recipe:
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise")
 
 RECIPES: dict[str, Recipe] = {
-    "delayed": Recipe("delayed", "fp8", "fp8", 1.0, 0.0, amax_pass=False),
-    "tensorwise": Recipe("tensorwise", "fp8", "fp8", 1.0, 0.0, amax_pass=True),
+    "delayed": Recipe("delayed", "fp8", "fp8", 1.0, 0.0, amax_pass=False, per_tensor=True),
+    "tensorwise": Recipe("tensorwise", "fp8", "fp8", 1.0, 0.0, amax_pass=True, per_tensor=True),
     # One fp32 scale per row of k elements: negligible bytes.
     "rowwise": Recipe("rowwise", "fp8", "fp8_rowwise", 1.0, 0.0, amax_pass=False),
     "rowwise_with_gw_hp": Recipe("rowwise_with_gw_hp", "fp8", "fp8_rowwise", 1.0, 0.0, amax_pass=False,
@@ -141,6 +143,19 @@ def linear_quantize_bytes(recipe: Recipe, m: float, n: float, k: float, fused_la
         return LinearQuantization(forward=x + w, backward=dy)
     x_first = x / uses
     return LinearQuantization(forward=x_first + w / 2, backward=(x - x_first) + w / 2 + dy)
+
+
+def cached_weight_bytes(recipe: Recipe, any_layout_gemm: bool) -> float:
+    """Bytes per weight element of the quantized copy Transformer Engine keeps for a whole step
+    (its weight workspace, ``TransformerEngineBaseModule._fp8_workspaces``, filled on the first
+    micro-batch where Megatron passes ``is_first_microbatch``; ``transformer_engine/pytorch/module/
+    linear.py``): the row-wise layout forward reads and the column-wise one dgrad reads, each at
+    ``quantized_bytes``. A per-tensor-scaled copy on a GPU whose fp8 GEMMs take either operand
+    layout (``any_layout_gemm``: Blackwell, TE's ``is_non_tn_fp8_gemm_supported``) keeps the
+    row-wise data alone: Megatron-FSDP's README prices that transpose cache at one byte a
+    parameter, "no benefit from the Blackwell architecture"."""
+    layouts = 1 if recipe.per_tensor and any_layout_gemm else 2
+    return layouts * recipe.quantized_bytes
 
 
 def saved_input_bytes(recipe: Optional[Recipe], saves_quantized: bool, high_precision: float) -> float:

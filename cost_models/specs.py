@@ -449,6 +449,13 @@ class GPUSpec:
         for precision, flops in self.peak_flops.items():
             _positive_float(s, f"peak_flops.{precision}", flops)
 
+    @property
+    def any_layout_fp8_gemm(self) -> bool:
+        """Whether fp8 GEMMs take their operands in either layout, not only "TN": Blackwell's
+        fifth-generation tensor cores, the ones that scale NVFP4 blocks (Transformer Engine's
+        ``is_non_tn_fp8_gemm_supported``: compute capability 10 and above)."""
+        return "nvfp4" in self.block_scaling
+
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s for GEMMs in ``precision`` (fp32 GEMMs use TF32 where the GPU has it);
         a block-scaled training precision (mxfp8, nvfp4) at the peak of its elements (fp8, fp4),

@@ -79,7 +79,7 @@ def fp8_recipe(text: Any) -> Optional[str]:
     DeepSeek-V3 tiles); None where it states none (the engine's default)."""
     p = str(text or "").lower()
     for names, recipe in ((("rowwise_with_gw_hp",), "rowwise_with_gw_hp"), (("rowwise",), "rowwise"),
-                          (("tensorwise", "per-tensor current"), "tensorwise"),
+                          (("tensorwise", "per-tensor current", "fp8_cs"), "tensorwise"),
                           (("blockwise", "1x128"), "blockwise"), (("delayed",), "delayed")):
         if any(name in p for name in names):
             return recipe
@@ -91,6 +91,17 @@ def quantized_weight_gather(text: Any) -> bool:
     FP8_PARAM_GATHER ("fp8 param all-gather")."""
     p = str(text or "").lower()
     return "float8 all-gather" in p or "f8 all-gather" in p or "param all-gather" in p
+
+
+def bridge_param_gather(row: dict, prec: str) -> bool:
+    """Whether a Megatron-Bridge performance run kept its weights quantized: the perf scripts take
+    their precision from ``scripts/performance/utils/precision.py`` (``get_precision_config``),
+    whose ``bf16_with_mxfp8_mixed`` and ``bf16_with_fp8_current_scaling_mixed`` set
+    ``fp8_param_gather = True`` in every release the rows cite (v0.2.0 to v0.6.0); the
+    sub-channel (blockwise) and NVFP4 configs leave it off."""
+    if not row["source"].startswith("Megatron-Bridge"):
+        return False
+    return prec == "mxfp8" or (prec == "fp8" and fp8_recipe(row["precision"]) == "tensorwise")
 
 
 def recipe_settings(row: dict) -> dict:
@@ -318,7 +329,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
     # The fp8 scaling and the fp8 weight gather the row states (else the engine's defaults).
     if prec == "fp8" and fp8_recipe(row["precision"]):
         training["fp8_recipe"] = fp8_recipe(row["precision"])
-    if prec in ("fp8", "mxfp8", "nvfp4") and quantized_weight_gather(row["precision"]):
+    if prec in ("fp8", "mxfp8", "nvfp4") and (quantized_weight_gather(row["precision"])
+                                              or bridge_param_gather(row, prec)):
         training["fp8_param_gather"] = True
     layout: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "dp": row["num_gpus"] // (tp * pp * cp), "vpp": vpp,
                               "micro_batch_size": b["micro_batch_size"], "zero_stage": zero_stage(row),

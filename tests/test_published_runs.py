@@ -85,6 +85,18 @@ def test_megatron_bridge_rows_run_what_their_recipes_set(rows):
     assert gb300["layout"]["recompute"] == "none" and gb300["training"]["moe_comm_overlap"]
 
 
+def test_megatron_bridge_fp8_runs_keep_their_weights_quantized(rows):
+    """The perf scripts' precision configs (``scripts/performance/utils/precision.py``): MXFP8 and
+    FP8 current scaling (FP8_CS, per-tensor) set fp8_param_gather; the sub-channel (blockwise)
+    config does not."""
+    mx, _ = case_of(rows["mb_2604_qwen330ba3b_gb300_8g_mxfp8"])
+    cs, _ = case_of(rows["mb_2604_qwen330ba3b_h100_16g_fp8"])
+    block, _ = case_of(rows["mb_2509_deepseekv3_h100_1024g_fp8_128x128_alt"])
+    assert mx["training"]["fp8_param_gather"] and cs["training"]["fp8_param_gather"]
+    assert cs["training"]["fp8_recipe"] == "tensorwise"
+    assert block["training"]["fp8_recipe"] == "blockwise" and "fp8_param_gather" not in block["training"]
+
+
 def test_nemo_rows_run_megatron_with_tp_overlap_and_the_distributed_optimizer(rows):
     case, _ = case_of(rows["nemo2407_h100_fp8_GPT3-175B_128gpu"])
     assert case["model"]["vocab_size"] == 51200 and case["model"]["tied_embeddings"]

@@ -205,3 +205,62 @@ def test_each_engine_takes_the_fp8_recipes_its_library_has(engine, recipe, runs)
 
     training = TrainingSpec(8, 1024, precision="fp8", fp8_recipe=recipe)
     assert (ENGINES[engine].support.recipe_refusals(training) == []) == runs
+
+
+def _weight_memory(gpu: str, precision: str, zero_stage: int = 1, **training) -> tuple[float, float]:
+    """(parameters term of the estimate, the stage's linear weights) of llama3-8b on 8 GPUs."""
+    from cost_models.parameters import stage_linear_parameters
+    case = _case(gpu, precision, **training)
+    case["layout"]["zero_stage"] = zero_stage
+    job = load_case(case)
+    linear = stage_linear_parameters(job.model, job.model.num_layers, 1)
+    return planner.estimate(case).to_dict()["memory"]["by_term"]["parameters"], linear
+
+
+@pytest.mark.parametrize("gpu, precision, recipe, copy", [
+    ("h100", "fp8", "delayed", 2.0),  # fp8 data and its transpose (Hopper's fp8 GEMMs are TN only)
+    ("b200", "fp8", "tensorwise", 1.0),  # Blackwell's take either layout: the data alone
+    ("b200", "mxfp8", None, 2 * (1 + 1 / 32)),  # row- and column-wise blocks, each with its E8M0 scales
+    ("b200", "fp8", "blockwise", 2 * (1 + 4 / 128)),  # scaled along k: two layouts at the recipe's bytes
+])
+def test_megatron_keeps_a_quantized_copy_of_every_linear_weight(gpu, precision, recipe, copy):
+    """Transformer Engine's weight workspace (``_fp8_workspaces``, kept across micro-batches and steps
+    where Megatron passes is_first_microbatch) holds each linear weight quantized beside the bf16 one:
+    the estimate's weights grow by exactly that many bytes per linear weight over bf16 training."""
+    extra = {"fp8_recipe": recipe} if recipe else {}
+    quantized, linear = _weight_memory(gpu, precision, **extra)
+    bf16, _ = _weight_memory(gpu, "bf16")
+    assert quantized - bf16 == pytest.approx(copy * linear, rel=1e-12)
+
+
+def test_quantized_parameters_add_only_their_other_layout():
+    """--fp8-param-gather: the weights are Transformer Engine's quantized parameters (1 byte each,
+    every parameter: ``state_bytes``) and, on Hopper, the transpose dgrad reads beside the linears'
+    (Megatron-FSDP's README: "number of parameter × 1 Byte")."""
+    from cost_models.parameters import total_parameters
+    quantized, linear = _weight_memory("h100", "fp8", fp8_param_gather=True)
+    job = load_case(_case("h100", "fp8"))
+    assert quantized == pytest.approx(1.0 * total_parameters(job.model) + 1.0 * linear, rel=1e-12)
+
+
+def test_no_copy_is_kept_where_the_weights_are_sharded_or_torchao_casts_them():
+    """ZeRO-3 (Megatron-FSDP drops the quantized copies after each module's forward) and torchao
+    (which casts each use) keep no quantized weights: the weights are bf16 training's."""
+    assert _weight_memory("h100", "fp8", zero_stage=3)[0] == _weight_memory("h100", "bf16", zero_stage=3)[0]
+    assert _weight_memory("h100", "fp8", engine="any")[0] == _weight_memory("h100", "bf16", engine="any")[0]
+
+
+def test_the_linear_weights_are_all_but_the_embeddings_norms_and_router():
+    """What a recipe quantizes: every parameter of the layers but their norms (and a MoE layer's
+    router), the experts E/ep per GPU; the embedding, final norm and LM head stay bf16."""
+    from cost_models.parameters import (embedding_parameters, norm_parameters, router_parameters,
+                                        stage_linear_parameters, stage_parameters, total_parameters)
+    dense = load_case(_case("h100", "bf16")).model
+    layers = dense.num_layers
+    assert stage_linear_parameters(dense, layers, 1) == total_parameters(dense) - 2 * embedding_parameters(dense) \
+        - (2 * layers + 1) * norm_parameters(dense)
+    moe = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=256, num_attention_heads=4, ffn_hidden_size=1024, vocab_size=1000,
+                    activation="swiglu", num_experts=8, moe_top_k=2, moe_ffn_hidden_size=128)
+    held = stage_parameters(moe, 4, False, False, 1, 4, 2, 1)
+    assert stage_linear_parameters(moe, 4, 1, 4, 2, 1) == held.total - 4 * (2 * norm_parameters(moe)
+                                                                            + router_parameters(moe))
