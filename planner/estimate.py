@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from cost_models.topology import domains_spanned
@@ -168,9 +168,29 @@ def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Rem
     return Remedy(description, candidate.layout, peak, peak <= usable_bytes(job, headroom))
 
 
+def _quantized_weights(job: Job, headroom: float) -> Optional[Remedy]:
+    """The weights kept quantized (``training.fp8_param_gather``) where the engine keeps a quantized
+    copy of each linear weight beside the 16-bit one (``memory.quantized_weight_copy_bytes``) and
+    runs the gather so at this layout; None elsewhere. It costs no time: the gathers move half the
+    bytes and the weights are quantized once a step either way."""
+    training = job.training
+    if training.recipe is None or training.fp8_param_gather or not training.engine.fp8_weight_cache:
+        return None
+    try:
+        candidate = Job(job.model, job.cluster, replace(training, fp8_param_gather=True), job.layout, job.overheads)
+    except SpecError:
+        return None
+    if ENGINES[training.engine.name].problems(candidate):
+        return None
+    peak = peak_stage_memory(candidate).total
+    return Remedy("training.fp8_param_gather: true (the weights kept quantized, no 16-bit copy beside them)",
+                  job.layout, peak, peak <= usable_bytes(job, headroom))
+
+
 def remedies(job: Job, headroom: float = 0.0):
     """Changes to try, cheapest first, each keeping the global batch:
 
+    0. the weights kept quantized, where that drops a copy (:func:`_quantized_weights`);
     1. a smaller micro-batch with more accumulation;
     2. recomputation (selective, then full);
     3. a higher ZeRO stage;
@@ -179,6 +199,9 @@ def remedies(job: Job, headroom: float = 0.0):
     Each yields the best single step of its kind (the smallest change that fits,
     else the strongest one available).
     """
+    quantized = _quantized_weights(job, headroom)
+    if quantized is not None:
+        yield quantized
     lay = job.layout
     gpu = job.cluster.gpu
     ladders: list[list[tuple[str, dict]]] = [
