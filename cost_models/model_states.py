@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .quantization import HIGH_PRECISION_BYTES
 from .specs import Job, TrainingSpec
 
 
@@ -109,12 +110,25 @@ def bucket_copy_bytes(training: TrainingSpec, zero_stage: int, shards: int) -> f
     return state_bytes(training).weights
 
 
+def gathers_quantized_shards(training: TrainingSpec) -> bool:
+    """Whether a ZeRO weight gather moves weights quantized on their shard (Megatron's
+    --fp8-param-gather, MLPerf's FP8_PARAM_GATHER; torchao's FSDP float8 all-gather): where the
+    recipe's one quantized layout serves both GEMMs (``Recipe.weight_layouts_from_one``). MXFP8's
+    column-wise blocks do not follow from its row-wise ones, so Megatron gathers those weights in
+    16 bits into the gradient buffer and quantizes both layouts after the gather
+    (``--reuse-grad-buf-for-mxfp8-param-ag``: ``fp8_utils.copy_tensors_to_quantized_params``)."""
+    recipe = training.recipe
+    return training.fp8_param_gather and recipe is not None and recipe.weight_layouts_from_one
+
+
 def gathered_weight_bytes(training: TrainingSpec) -> float:
-    """Bytes per parameter a ZeRO weight gather moves and materialises: the held weights, or the
-    quantized ones where the weights are quantized on their shard first (Megatron's
-    --fp8-param-gather, MLPerf's FP8_PARAM_GATHER; torchao's FSDP float8 all-gather)."""
-    if training.fp8_param_gather and training.recipe is not None:
+    """Bytes per parameter a ZeRO weight gather moves and materialises: the held weights, the
+    quantized ones where the gather moves quantized shards (:func:`gathers_quantized_shards`), or
+    16-bit ones where the weights are kept quantized in layouts a gather cannot carry."""
+    if gathers_quantized_shards(training):
         return training.recipe.quantized_bytes
+    if training.fp8_param_gather and training.recipe is not None:
+        return HIGH_PRECISION_BYTES
     return state_bytes(training).weights
 
 

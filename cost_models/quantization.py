@@ -63,6 +63,10 @@ class Recipe:
     high_precision_layers: float = 0.0  # share of the decoder layers whose linears stay bf16
     # One per-tensor scale serves both layouts, so the column-wise copy is the row-wise data transposed.
     per_tensor: bool = False
+    # A weight's column-wise layout follows from its row-wise quantized data (one per-tensor scale, or
+    # square blocks, 128×128 or NVFP4's 16×16, whose scales transpose with them), so one quantized copy
+    # serves both GEMMs.
+    weight_layouts_from_one: bool = False
 
     @property
     def quantized_bytes(self) -> float:
@@ -73,15 +77,20 @@ class Recipe:
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise")
 
 RECIPES: dict[str, Recipe] = {
-    "delayed": Recipe("delayed", "fp8", "fp8", 1.0, 0.0, amax_pass=False, per_tensor=True),
-    "tensorwise": Recipe("tensorwise", "fp8", "fp8", 1.0, 0.0, amax_pass=True, per_tensor=True),
+    "delayed": Recipe("delayed", "fp8", "fp8", 1.0, 0.0, amax_pass=False, per_tensor=True,
+                      weight_layouts_from_one=True),
+    "tensorwise": Recipe("tensorwise", "fp8", "fp8", 1.0, 0.0, amax_pass=True, per_tensor=True,
+                         weight_layouts_from_one=True),
     # One fp32 scale per row of k elements: negligible bytes.
     "rowwise": Recipe("rowwise", "fp8", "fp8_rowwise", 1.0, 0.0, amax_pass=False),
     "rowwise_with_gw_hp": Recipe("rowwise_with_gw_hp", "fp8", "fp8_rowwise", 1.0, 0.0, amax_pass=False,
                                  wgrad_low=False),
-    "blockwise": Recipe("blockwise", "fp8", "fp8", 1.0, 4 / 128, amax_pass=False),
+    "blockwise": Recipe("blockwise", "fp8", "fp8", 1.0, 4 / 128, amax_pass=False, weight_layouts_from_one=True),
     "mxfp8": Recipe("mxfp8", "fp8", "fp8", 1.0, 1 / 32, amax_pass=False),
-    "nvfp4": Recipe("nvfp4", "fp4", "fp4", 0.5, 1 / 16, amax_pass=True, high_precision_layers=0.15),
+    # Weights share one scale per 16×16 block (TE NVFP4BlockScaling: "a 2D block of 16x16 elements"),
+    # so their two layouts are one quantization.
+    "nvfp4": Recipe("nvfp4", "fp4", "fp4", 0.5, 1 / 16, amax_pass=True, high_precision_layers=0.15,
+                    weight_layouts_from_one=True),
 }
 
 # training.precision values that quantize GEMMs, and the recipe each names by itself.

@@ -29,8 +29,8 @@ from .kernels import (NORM_OR_ACTIVATION_INPUTS, activation_passes, elementwise_
                       tensor_core_rate, transcendental_time)
 from .memory import job_stage_parameters, per_microbatch
 from .parameters import embedding_parameters, norm_parameters
-from .model_states import (gathered_weight_bytes, optimizer_step_bytes, quantizes_weights_once_a_step, state_bytes,
-                           weights_are_master, zero_shards)
+from .model_states import (gathered_weight_bytes, gathers_quantized_shards, optimizer_step_bytes,
+                           quantizes_weights_once_a_step, state_bytes, weights_are_master, zero_shards)
 from .offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from .pipeline import bubble_fraction
 from .specs import ClusterSpec, GPUSpec, Job, Layout, ModelSpec, TrainingSpec
@@ -176,7 +176,7 @@ def weight_quantize_share(job: Job) -> float:
     ZeRO gather moves quantized weights."""
     training = job.training
     share = 1.0 / job.num_microbatches if quantizes_weights_once_a_step(job) else 1.0
-    if training.fp8_param_gather and job.layout.zero_stage >= 1:
+    if gathers_quantized_shards(training) and job.layout.zero_stage >= 1:
         share /= zero_shards(job)
     return share
 

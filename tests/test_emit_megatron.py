@@ -651,6 +651,9 @@ def _recipe_case(gpu: str, precision: str, **training) -> dict:
     ("h100-sxm-80gb", "fp8", {"fp8_recipe": "blockwise", "fp8_param_gather": True},
      {"--fp8-format": "e4m3", "--fp8-recipe": "blockwise", "--fp8-param-gather": True}),
     ("b200", "mxfp8", {}, {"--fp8-format": "e4m3", "--fp8-recipe": "mxfp8"}),
+    # MXFP8 weights kept quantized are gathered in bf16 through the gradient buffer, as estimated.
+    ("b200", "mxfp8", {"fp8_param_gather": True},
+     {"--fp8-recipe": "mxfp8", "--fp8-param-gather": True, "--reuse-grad-buf-for-mxfp8-param-ag": True}),
     # NVFP4 keeps the last ceil(0.15 · 32) = 5 layers in bf16.
     ("gb200", "nvfp4", {}, {"--fp4-format": "e2m1", "--fp4-recipe": "nvfp4", "--first-last-layers-bf16": True,
                             "--num-layers-at-start-in-bf16": "0", "--num-layers-at-end-in-bf16": "5"}),

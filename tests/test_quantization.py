@@ -286,3 +286,22 @@ def test_keeping_the_weights_quantized_is_the_first_remedy_where_it_drops_a_copy
     case["training"]["fp8_param_gather"] = False
     case["layout"]["zero_stage"] = 2
     assert not any(r.description.startswith("training.") for r in remedies(load_case(case).job()))
+
+
+def test_mx_weights_kept_quantized_are_gathered_in_16_bits():
+    """MXFP8's column-wise blocks do not follow from its row-wise ones, so Megatron gathers MXFP8
+    weights in bf16 into the gradient buffer and quantizes both layouts after the gather
+    (--reuse-grad-buf-for-mxfp8-param-ag): 2 bytes a weight gathered, and each weight quantized
+    whole once a step, not on its shard. Per-tensor fp8 and 128×128 blocks gather the quantized
+    shard (1 byte and its block scales)."""
+    from cost_models.step_time import weight_quantize_share
+    mx = TrainingSpec(8, 1024, precision="mxfp8", engine=behaviour_of("megatron"), fp8_param_gather=True)
+    block = TrainingSpec(8, 1024, precision="fp8", fp8_recipe="blockwise", engine=behaviour_of("megatron"),
+                         fp8_param_gather=True)
+    assert gathered_weight_bytes(mx) == 2 and gathered_weight_bytes(block) == 1 + 4 / 128
+    case = _case("b200", "mxfp8", fp8_param_gather=True)
+    case["layout"]["micro_batch_size"] = 1
+    job = load_case(case).job()  # 8 GPUs, dp 8, 32 sequences: 4 micro-batches
+    assert weight_quantize_share(job) == 1 / job.num_microbatches
+    block_job = load_case(_case("h100", "fp8", fp8_recipe="blockwise", fp8_param_gather=True)).job()
+    assert weight_quantize_share(block_job) == 1 / (block_job.num_microbatches * 8)

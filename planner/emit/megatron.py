@@ -61,7 +61,7 @@ BOOL_FLAGS = (
     "--no-overlap-p2p-communication", "--use-torch-fsdp2", "--use-megatron-fsdp", "--use-custom-fsdp",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--optimizer-cpu-offload", "--cpu-offloading", "--fp8-param-gather", "--fp4-param-gather",
-    "--first-last-layers-bf16",
+    "--reuse-grad-buf-for-mxfp8-param-ag", "--first-last-layers-bf16",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
@@ -292,7 +292,8 @@ def precision_args(job: Job) -> list[tuple[str, Optional[str]]]:
     Transformer Engine's Float8BlockScaling and MXFP8BlockScaling default to), NVFP4 by --fp4-format
     e2m1 --fp4-recipe nvfp4 with the recipe's last layers kept in bf16 (--first-last-layers-bf16,
     which fp4_utils.get_fp4_context counts over the whole model), weights gathered quantized by
-    --fp8-param-gather (--fp4-param-gather). The rest of the model trains in bf16."""
+    --fp8-param-gather (--fp4-param-gather; MXFP8's through the gradient buffer,
+    --reuse-grad-buf-for-mxfp8-param-ag). The rest of the model trains in bf16."""
     t = job.training
     recipe = t.recipe
     args: list[tuple[str, Optional[str]]] = [("--bf16", None)]
@@ -309,6 +310,11 @@ def precision_args(job: Job) -> list[tuple[str, Optional[str]]]:
     args += [("--fp8-format", "hybrid" if per_tensor else "e4m3"), ("--fp8-recipe", recipe.name)]
     if t.fp8_param_gather:
         args.append(("--fp8-param-gather", None))
+        if not recipe.weight_layouts_from_one and job.layout.zero_stage == 1:
+            # MXFP8 weights are gathered in 16 bits through the gradient buffer and quantized after,
+            # as the estimate prices them (model_states.gathered_weight_bytes); Megatron-FSDP sets
+            # this off by itself.
+            args.append(("--reuse-grad-buf-for-mxfp8-param-ag", None))
     return args
 
 
