@@ -29,10 +29,7 @@ def _zero_stage_without_fsdp_ranks(row: dict) -> int:
 
 
 def _even_split(row: dict, layers: int, pp: int, vpp: int) -> dict:
-    split = pr.pipeline_split(layers, pp * vpp)
-    if split is None and vpp == 1:
-        return {"stage_layers": pr.balanced_stages(layers, pp)}
-    return split or {}
+    return pr.engine_split(layers, pp, vpp)
 
 
 ZERO_STAGE = pr.zero_stage

@@ -234,12 +234,19 @@ def stage_split(row: dict, layers: int, pp: int, vpp: int) -> dict:
     LM head weighed in (``nanotron/models/base.py``), which is what the model does where a case
     gives none (``cost_models.partition``), so a nanotron row gives none while every stage can
     hold a layer; other engines split as evenly as they can (:func:`balanced_stages`)."""
-    split = pipeline_split(layers, pp * vpp)
-    if split is not None or vpp > 1:
-        return split or {}
-    if row["framework"].startswith("nanotron") and layers >= pp:
+    if row["framework"].startswith("nanotron") and layers >= pp and vpp == 1 \
+            and pipeline_split(layers, pp) is None:
         return {}
-    return {"stage_layers": balanced_stages(layers, pp)}
+    return engine_split(layers, pp, vpp)
+
+
+def engine_split(layers: int, pp: int, vpp: int) -> dict:
+    """Megatron's split where it has one (:func:`pipeline_split`), else, without interleaving,
+    as even as an engine makes it (:func:`balanced_stages`)."""
+    split = pipeline_split(layers, pp * vpp)
+    if split is None and vpp == 1:
+        return {"stage_layers": balanced_stages(layers, pp)}
+    return split or {}
 
 
 def balanced_stages(layers: int, pp: int) -> list[int]:
