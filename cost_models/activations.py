@@ -120,13 +120,23 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, 
     )
 
 
-def selective_modules(model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
+def selective_modules(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[str, ...]:
     """What the "attention" policy of ``recompute: selective`` recomputes, in megatron-core's
-    ``--recompute-modules`` names: the attention core, and for models that have them MLA's
-    up-projections (the per-head queries, keys and values, rebuilt from the latents: DeepSeek-V3
-    report §3.2.3) and the experts' activation function (``moe_act``, which megatron-core's
-    ``TransformerConfig`` refuses under fp8's delayed scaling)."""
-    modules = ["core_attn"]
+    ``--recompute-modules`` names: the layout's ``recompute_modules`` where it names them, else
+    the modules whose recomputation frees memory for this model and training:
+
+    - the attention core where it keeps s×s tensors, i.e. without flash attention (Korthikanti
+      §5). A fused (flash) attention keeps only its inputs, output and log-sum-exp, so
+      recomputing it frees nothing: megatron-core warns that "for fused attention, you have no
+      need to set 'core_attn' to recompute" (``TransformerConfig.__post_init__``);
+    - MLA's up-projections (the per-head queries, keys and values, rebuilt from the latents:
+      DeepSeek-V3 report §3.2.3);
+    - the experts' activation function (``moe_act``, which megatron-core's ``TransformerConfig``
+      refuses under fp8's delayed scaling).
+    """
+    if layout.recompute_modules is not None:
+        return layout.recompute_modules
+    modules = [] if training.flash_attention else ["core_attn"]
     if model.attention_type == "mla":
         modules.append("mla_up_proj")
     if model.is_moe and not (training.recipe is not None and training.recipe.name == "delayed"):
@@ -166,9 +176,9 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
     """Bytes one layer keeps per micro-batch under the layout's recomputation.
 
     - ``none``: everything in :func:`layer_activations`.
-    - ``selective``: with the "attention" policy the attention core is recomputed
-      (Korthikanti §5), so its s×s tensors are not kept; with "matmuls", what
-      :func:`matmul_policy_saved_elements` counts.
+    - ``selective``: with the "attention" policy, all but what the recomputed modules free
+      (:func:`selective_freed_bytes`); with "matmuls", what :func:`matmul_policy_saved_elements`
+      counts.
     - ``full`` (for a layer that is recomputed): only the layer's input,
       2·sbh (divided by t under sequence parallelism).
     """
@@ -184,18 +194,61 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
             # the outputs of its grouped GEMMs, and the dispatch is not run twice.
             kept = p * tokens * matmul_policy_saved_elements(model, layout, mlp=not moe)
             return kept + (full.mlp_hidden if moe else 0.0)
-        modules = selective_modules(model, training)
-        kept = full.total - full.attention_core
-        if "mla_up_proj" in modules:
-            kept -= full.qkv
-        if "moe_act" in modules and moe:
-            from .experts import moe_act_output_bytes
-
-            g = saved_input_bytes(training.recipe if quantized else None, training.engine.fused_quantize,
-                                  activation_bytes(training.precision))
-            kept -= moe_act_output_bytes(model, training, layout, g)
-        return kept
+        return full.total - selective_freed_bytes(model, training, layout, full, moe, quantized)
     return full.total
+
+
+def selective_freed_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, full: LayerActivations,
+                          moe: bool, quantized: bool) -> float:
+    """What one layer's recomputed modules (:func:`selective_modules`) leave unsaved, of the
+    tensors :func:`layer_activations` counts (``full``):
+
+    - ``core_attn``: the attention core's s×s tensors (0 with flash attention);
+    - ``mla_up_proj``: the queries, keys and values the up-projections rebuild;
+    - ``layernorm``: the outputs of the norms that stand apart from the linear they feed. In
+      megatron-core's Transformer Engine layer spec (``gpt_layer_specs.py``) the input norm
+      stands apart under MLA (it feeds the two down-projections) and is fused into the QKV
+      linear otherwise; the pre-MLP norm stands apart in MoE layers (it feeds the router and
+      the dispatch) and is fused into the first MLP linear otherwise. A fused norm is an
+      ``IdentityOp``, which the module skips. Under a low-precision recipe the consumers keep
+      the 16-bit output instead of their quantized copy and the checkpoint discards it
+      (``set_save_original_input``): what is freed is what those linears kept;
+    - ``mlp`` (dense layers; megatron-core skips it in MoE layers): the MLP's input and hidden
+      activations. The checkpoint keeps its input, which under Transformer Engine's fused
+      norm-and-linear is the residual the norm already keeps;
+    - ``moe`` (MoE layers): all the expert part keeps, but its input, the pre-MLP norm's output
+      (itself recomputed under ``layernorm``);
+    - ``moe_act``: the experts' activation output (:func:`experts.moe_act_output_bytes`);
+    - ``shared_experts``: the shared experts' hidden activations.
+    ``moe`` covers ``moe_act`` and ``shared_experts``, and a norm output is freed once.
+    """
+    from .experts import moe_act_output_bytes, shared_expert_activation_bytes
+
+    modules = selective_modules(model, training, layout)
+    g = saved_input_bytes(training.recipe if quantized else None, training.engine.fused_quantize,
+                          activation_bytes(training.precision))
+    sp = layout.tp if layout.sequence_parallel else 1
+    tokens = (training.seq_len / layout.cp) * layout.micro_batch_size
+    freed = 0.0
+    if "core_attn" in modules:
+        freed += full.attention_core
+    if "mla_up_proj" in modules:
+        freed += full.qkv
+    if "layernorm" in modules and model.attention_type == "mla":
+        freed += g * tokens * model.hidden_size / sp  # the input norm's output, the down-projections' input
+    if not moe:
+        return freed + (full.mlp_input + full.mlp_hidden if "mlp" in modules else 0.0)
+    if "moe" in modules:
+        kept_input = 0.0 if "layernorm" in modules else activation_bytes(training.precision) * tokens \
+            * model.hidden_size / sp
+        return freed + full.mlp_input + full.mlp_hidden - kept_input
+    if "layernorm" in modules:
+        freed += full.mlp_input
+    if "moe_act" in modules:
+        freed += moe_act_output_bytes(model, training, layout, g)
+    if "shared_experts" in modules:
+        freed += shared_expert_activation_bytes(model, training, layout, g)
+    return freed
 
 
 def embedding_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:

@@ -27,6 +27,7 @@ published benchmarks).
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Optional
 
 from .activations import activation_bytes
 from .collectives import all_to_all_time, collective_time
@@ -132,6 +133,36 @@ def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int
     return sum(f for f, _ in times) + memory, sum(b for _, b in times) + 2 * memory
 
 
+def moe_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                       micro_batch_size: int, sequence_parallel: bool, ep: int, etp: int, weight_share: float,
+                       modules: tuple[str, ...]) -> float:
+    """What one MoE layer's expert part runs again in backward under selective recomputation by
+    module (``activations.selective_modules``), its dispatch and combine apart:
+
+    - ``moe``: the whole expert part's forward (:func:`moe_mlp_time`);
+    - ``moe_act``: the experts' activation function, one read of its 2f-wide input and one write;
+    - ``shared_experts``: the shared experts' linears' forward;
+    - ``layernorm``: the pre-MLP norm (it stands apart from the linears in an MoE layer), one
+      read and one write of the sequence-parallel hidden states.
+    """
+    time = 0.0
+    if "moe" in modules:
+        time += moe_mlp_time(model, training, gpu, tp, cp, micro_batch_size, ep, etp, weight_share)[0]
+    else:
+        if "moe_act" in modules:
+            routed = routed_tokens(model, training, tp, cp, micro_batch_size, etp)
+            time += transcendental_time(activation_bytes(training.precision) * 3 * routed
+                                        * model.moe_ffn_hidden_size / etp, gpu)
+        if "shared_experts" in modules:
+            time += sum(f for f, _ in _token_linear_times(model, training, gpu, tp, cp, micro_batch_size,
+                                                          weight_share)[1:])
+    if "layernorm" in modules:
+        sp = tp if sequence_parallel else 1
+        time += elementwise_time(2 * activation_bytes(training.precision) * micro_batch_size * training.seq_len / cp
+                                 * model.hidden_size / sp, gpu)
+    return time
+
+
 def dispatch_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int) -> float:
     """Bytes one rank sends (and, at the busiest rank, receives) in one dispatch or combine
     all-to-all: its token copies, b·s/(cp·tp)·k·h in 16 bits (megatron-core dispatches the
@@ -192,17 +223,31 @@ def moe_mlp_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: L
       unpermutation keeps no expert output;
     - the shared experts' hidden activations on the group's tokens, width f_s/tp.
     """
-    p = activation_bytes(training.precision)
     g = saved_input
     lay = layout
     tokens = moe_tokens(training, lay.tp, lay.cp, lay.micro_batch_size)
     routed = routed_tokens(model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp)
-    widths = (3 if fused else 4) if model.activation == "swiglu" else 2
-    hidden_per_width = (widths - 1) * p + g
     router = 2 * ROUTER_BYTES * tokens * model.num_experts
-    experts = routed * (g * model.hidden_size + hidden_per_width * model.moe_ffn_hidden_size / lay.expert_tp)
-    shared = hidden_per_width * tokens * model.moe_shared_expert_ffn_hidden_size
-    return router + experts + shared
+    hidden = _hidden_bytes_per_width(model, training, fused, g) * model.moe_ffn_hidden_size / lay.expert_tp
+    experts = routed * (g * model.hidden_size + hidden)
+    return router + experts + shared_expert_activation_bytes(model, training, layout, g, fused)
+
+
+def _hidden_bytes_per_width(model: ModelSpec, training: TrainingSpec, fused: bool, saved_input: float) -> float:
+    """Bytes an MLP saves per element of its width: a dense MLP's (SwiGLU fused: its 2f input and
+    the f input of the down projection, which a quantized linear keeps at ``saved_input``)."""
+    widths = (3 if fused else 4) if model.activation == "swiglu" else 2
+    return (widths - 1) * activation_bytes(training.precision) + saved_input
+
+
+def shared_expert_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, saved_input: float,
+                                   fused: Optional[bool] = None) -> float:
+    """The shared experts' hidden activations on the group's tokens, width f_s/tp, as a dense
+    MLP keeps them (:func:`moe_mlp_activation_bytes`): what recomputing them frees."""
+    fused = training.engine.fused_elementwise if fused is None else fused
+    tokens = moe_tokens(training, layout.tp, layout.cp, layout.micro_batch_size)
+    return _hidden_bytes_per_width(model, training, fused, saved_input) * tokens \
+        * model.moe_shared_expert_ffn_hidden_size
 
 
 def moe_act_output_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout, saved_input: float) -> float:

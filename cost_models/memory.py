@@ -9,7 +9,7 @@ from functools import lru_cache
 from typing import Iterable, Optional
 
 from .activations import (embedding_activation_bytes, head_activation_bytes,
-                          layer_activation_bytes, loss_gradient_bytes)
+                          layer_activation_bytes, layer_activations, loss_gradient_bytes)
 from .experts import alltoall_buffer_bytes
 from .model_states import (StateBytes, bucket_copy_bytes, gathered_weight_bytes, quantizes_weights_once_a_step,
                            sharded_state_bytes, state_bytes, zero_shards)
@@ -67,22 +67,31 @@ class PerMicrobatch:
     embedding: float  # first stage
     head: float  # last stage: saved for backward
     loss_gradients: float  # last stage: the loss's gradients, alive at its peak
+    # Under selective recomputation by module: what one layer's recomputed modules hold again
+    # while that layer runs its backward (the most of a dense and an MoE layer).
+    restored: float = 0.0
 
 
 def per_microbatch(job: Job) -> PerMicrobatch:
     lay = job.layout
     return _per_microbatch(job.model, job.training, lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel,
-                           lay.recompute, lay.expert_tp)
+                           lay.recompute, lay.expert_tp, lay.recompute_modules)
 
 
 @lru_cache(maxsize=4096)
 def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int,
-                    sequence_parallel: bool, recompute: str, etp: int = 1) -> PerMicrobatch:
+                    sequence_parallel: bool, recompute: str, etp: int = 1,
+                    recompute_modules: Optional[tuple[str, ...]] = None) -> PerMicrobatch:
     # Only these layout fields shape a micro-batch's activations: cache on them, since a
     # search scores many layouts that share them.
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
-                 recompute=recompute, etp=etp)
+                 recompute=recompute, etp=etp, recompute_modules=recompute_modules)
     selective = training.engine.selective
+    restored = 0.0
+    if recompute == "selective" and selective == "attention":
+        kinds = (False, True) if model.is_moe else (False,)
+        restored = max(layer_activations(model, training, lay, moe).total
+                       - layer_activation_bytes(model, training, lay, selective=selective, moe=moe) for moe in kinds)
     return PerMicrobatch(
         kept=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective),
         kept_moe=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective, moe=True)
@@ -93,6 +102,7 @@ def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, 
         embedding=embedding_activation_bytes(model, training, lay),
         head=head_activation_bytes(model, training, lay),
         loss_gradients=loss_gradient_bytes(model, lay, training),
+        restored=restored,
     )
 
 
@@ -102,7 +112,8 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     Layers recomputed with ``full`` keep only their input; with
     ``recompute_num_layers`` = N, the first N layers of the stage are recomputed
     (Megatron's ``--recompute-method block``). While a recomputed layer runs its
-    backward, its full activations are live once more: one layer's worth is added.
+    backward, its full activations are live once more: one layer's worth is added; under
+    selective recomputation by module, what one layer's modules hold again.
     """
     lay = job.layout
     shared = shared or per_microbatch(job)
@@ -128,6 +139,7 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     total = chunks * per_chunk_bytes
     if recomputed:
         total += max(dense_kept, shared.kept_moe if moe else 0.0)
+    total += shared.restored
     if offloaded:  # the layer whose copy is under way
         total += kept
     if stage == 0:

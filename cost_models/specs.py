@@ -29,6 +29,10 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 # NVLink domain holding one of its experts and forward it inside the domain.
 EXPERT_DISPATCHES = ("all_to_all", "deepep")
 RECOMPUTE = ("none", "selective", "full")
+# The parts of a layer selective recomputation can run again, in megatron-core's
+# ``--recompute-modules`` names (``TransformerConfig.recompute_modules``); what each frees and
+# costs is ``activations.layer_activation_bytes`` and ``step_time.selective_recompute_time``.
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "layernorm", "mlp", "moe_act", "moe", "shared_experts")
 
 
 class SpecError(ValueError):
@@ -690,6 +694,9 @@ class Layout:
     sequence_parallel: bool = False
     recompute: str = "none"
     recompute_num_layers: Optional[int] = None  # with full: layers per stage recomputed; None = all
+    # With selective: the modules recomputed (RECOMPUTE_MODULES); None = those that free memory
+    # for this model and training (``activations.selective_modules``).
+    recompute_modules: Optional[tuple[str, ...]] = None
     # Layers held by each pipeline stage; None leaves the split to the engine
     # (``cost_models.partition``).
     stage_layers: Optional[tuple[int, ...]] = None
@@ -723,6 +730,16 @@ class Layout:
                                 f"expected a non-negative integer, got {self.recompute_num_layers!r}")
             if self.recompute != "full":
                 raise SpecError(s, "recompute_num_layers", "applies only with recompute: full")
+        if self.recompute_modules is not None:
+            if self.recompute != "selective":
+                raise SpecError(s, "recompute_modules", "applies only with recompute: selective")
+            if not self.recompute_modules:
+                raise SpecError(s, "recompute_modules", "expected at least one module (nothing recomputed is "
+                                                        "recompute: none)")
+            for name in self.recompute_modules:
+                _choice(s, "recompute_modules", name, RECOMPUTE_MODULES)
+            if len(set(self.recompute_modules)) != len(self.recompute_modules):
+                raise SpecError(s, "recompute_modules", f"names a module twice: {list(self.recompute_modules)}")
         if self.sequence_parallel and self.tp == 1:
             raise SpecError(s, "sequence_parallel", "needs tp > 1")
         for name in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):

@@ -22,8 +22,8 @@ from typing import Optional
 
 from .activations import activation_bytes, selective_modules
 from .collectives import collective_time, exposed, p2p_time
-from .experts import dispatch_combine_time, moe_mlp_time, routed_tokens
-from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, model_flops_per_token
+from .experts import dispatch_combine_time, moe_mlp_time, moe_recompute_time
+from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, mlp_gemms, model_flops_per_token
 from .kernels import (NORM_OR_ACTIVATION_INPUTS, activation_passes, elementwise_time, first_touch_time,
                       flash_attention_time, gemm_time, high_precision_precision, in_place_time, linear_time,
                       tensor_core_rate, transcendental_time)
@@ -275,23 +275,35 @@ def layer_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: i
 @lru_cache(maxsize=4096)
 def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
                              micro_batch_size: int, sequence_parallel: bool, quantized: bool = True,
-                             weight_share: float = 1.0) -> float:
+                             weight_share: float = 1.0, modules: tuple[str, ...] = (), mlp: bool = True) -> float:
     """What one layer runs again in backward under ``recompute: selective``, per the engine's
-    policy (``EngineBehaviour.selective``): the attention core ("attention"), or the matmuls
-    whose outputs are not kept and every element-wise kernel ("matmuls": wk, wo and w3 of a
-    Llama block, proj and fc2 of a GPT block; :func:`activations.matmul_policy_saved_elements`),
-    each with its forward quantize under a low-precision recipe."""
+    policy (``EngineBehaviour.selective``), its expert part apart (:func:`experts.moe_recompute_time`):
+
+    - "attention": the recomputed ``modules`` (:func:`activations.selective_modules`), each with
+      its forward quantize under a low-precision recipe: the attention core (``core_attn``), MLA's
+      up-projections (``mla_up_proj``), MLA's input norm, which stands apart from its linears
+      (``layernorm``: one read and one write of the hidden states), and the dense MLP's forward
+      (``mlp``, where ``mlp``: its two linears and its activation function);
+    - "matmuls": the matmuls whose outputs are not kept and every element-wise kernel (wk, wo
+      and w3 of a Llama block, proj and fc2 of a GPT block;
+      :func:`activations.matmul_policy_saved_elements`).
+    """
     t = layer_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel, quantized, weight_share)
-    if training.engine.selective == "attention":
-        # The attention core, and MLA's up-projections where they are recomputed too
-        # (:func:`activations.selective_modules`), each with its forward quantize.
-        if "mla_up_proj" not in selective_modules(model, training):
-            return t.core
-        tokens = micro_batch_size * training.seq_len / cp
-        up = [g for g in attention_gemms(model, tokens, tp) if g.name in ("q_up", "kv_up", "q")]
-        return t.core + sum(linear_time(g, gpu, training, quantized, weight_share)[0] for g in up)
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
     tokens = micro_batch_size * training.seq_len / cp
+    if training.engine.selective == "attention":
+        time = t.core if "core_attn" in modules else 0.0
+        if "mla_up_proj" in modules:
+            up = [g for g in attention_gemms(model, tokens, tp) if g.name in ("q_up", "kv_up", "q")]
+            time += sum(linear_time(g, gpu, training, quantized, weight_share)[0] for g in up)
+        if "layernorm" in modules and model.attention_type == "mla":
+            sp = tp if sequence_parallel else 1
+            time += elementwise_time(2 * activation_bytes(training.precision) * tokens * model.hidden_size / sp, gpu)
+        if "mlp" in modules and mlp:
+            time += sum(linear_time(g, gpu, training, quantized, weight_share, g.name in NORM_OR_ACTIVATION_INPUTS)[0]
+                        for g in mlp_gemms(model, tokens, model.ffn_hidden_size, tp)) \
+                + transcendental_time(activation_function_bytes(model, training, lay, tokens), gpu)
+        return time
     h, f = model.hidden_size, model.ffn_hidden_size
     kv = max(model.num_kv_heads // tp, 1) * model.head_dim
     if model.activation == "swiglu":
@@ -398,17 +410,16 @@ def stage_time(job: Job, stage: int) -> StageTime:
     moe_share = moe_layers / layers if layers else 0.0
     dense_forward = (1 - moe_share) * low.forward + moe_share * moe.forward
     recompute = (recomputed - recomputed_high) * dense_forward + recomputed_high * kept.forward
+    modules = selective_modules(model, training, lay) if lay.recompute == "selective" else ()
     if lay.recompute == "selective":
         share = weight_quantize_share(job) if training.recipe else 1.0
         args = (model, training, gpu, lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel)
-        recompute += (layers - high) * selective_recompute_time(*args, True, share) \
-            + high * selective_recompute_time(*args, False)
-        if moe_layers and "moe_act" in selective_modules(model, training):
-            # The experts' activation function again: one read of its 2f-wide input, one write.
-            act = activation_bytes(training.precision) * 3 * routed_tokens(
-                model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp) \
-                * model.moe_ffn_hidden_size / lay.expert_tp
-            recompute += transcendental_time(moe_layers * act, gpu)
+        dense = layers - high - moe_layers
+        recompute += dense * selective_recompute_time(*args, True, share, modules) \
+            + high * selective_recompute_time(*args, False, 1.0, modules)
+        if moe_layers:
+            recompute += moe_layers * (selective_recompute_time(*args, True, share, modules, False)
+                                       + moe_recompute_time(*args, lay.ep, lay.expert_tp, share, modules))
 
     # Recompute repeats the forward's TP collectives.
     p = activation_bytes(training.precision)
@@ -419,6 +430,11 @@ def stage_time(job: Job, stage: int) -> StageTime:
     moe_tp = 1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5
     tp_layers = layers - moe_layers + moe_tp * moe_layers
     tp_comm = tp_layers * (tp_fwd + tp_bwd) + recomputed * tp_layers / max(layers, 1) * tp_fwd
+    # A recomputed dense MLP, or shared experts, repeat the forward's second collective.
+    if "mlp" in modules:
+        tp_comm += (layers - moe_layers) * tp_fwd / 2
+    if moe_layers and model.moe_shared_expert_ffn_hidden_size and {"moe", "shared_experts"} & set(modules):
+        tp_comm += moe_layers * tp_fwd / 2
 
     # Expert parallelism: each MoE layer dispatches and combines its tokens in forward and again
     # (reversed) in backward, and once more for a recomputed forward; nothing hides them in
@@ -427,7 +443,8 @@ def stage_time(job: Job, stage: int) -> StageTime:
     if moe_layers:
         pair = dispatch_combine_time(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size, lay.ep,
                                      lay.expert_tp)
-        ep_comm = moe_layers * 2 * pair + recomputed * moe_layers / layers * pair
+        # A recomputed expert part (``moe``) dispatches and combines its tokens once more.
+        ep_comm = moe_layers * 2 * pair + (recomputed * moe_layers / layers + ("moe" in modules) * moe_layers) * pair
         if training.moe_comm_overlap:
             # Each MoE layer's forward dispatch and combine run beside another micro-batch's
             # backward of a layer, its backward pair beside a forward: what that compute cannot

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 
 from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, HostSpec, Job, Layout, ModelSpec, Overheads,
-                               Performance, SpecError, TrainingSpec)
+                               Performance, RECOMPUTE_MODULES, SpecError, TrainingSpec)
 
 from .engines import ENGINES
 from .errors import CaseError
@@ -62,7 +62,8 @@ TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flas
                  "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_recipe", "fp8_param_gather",
                  "expert_dispatch")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
-               "recompute", "recompute_num_layers", "stage_layers", "account_for_embedding_in_pipeline_split",
+               "recompute", "recompute_num_layers", "recompute_modules", "stage_layers",
+               "account_for_embedding_in_pipeline_split",
                "account_for_loss_in_pipeline_split", "offload_optimizer", "offload_params", "offload_activations",
                "ep", "etp")
 OVERHEAD_KEYS = ("cuda_context", "comm_buffers", "fragmentation")
@@ -519,6 +520,13 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
     if section.get("recompute_num_layers") is not None:
         values["recompute_num_layers"] = read_int(src, f"{key}.recompute_num_layers",
                                               section["recompute_num_layers"], minimum=0)
+    if section.get("recompute_modules") is not None:
+        modules = section["recompute_modules"]
+        if not isinstance(modules, list):
+            names = ", ".join(RECOMPUTE_MODULES)
+            raise CaseError(src, f"{key}.recompute_modules", f"expected a list of module names ({names}), "
+                                                             f"got {describe(modules)}")
+        values["recompute_modules"] = tuple(read_str(src, f"{key}.recompute_modules", m) for m in modules)
     if "offload_optimizer" in section:
         values["offload_optimizer"] = read_number(src, f"{key}.offload_optimizer", section["offload_optimizer"])
     if "offload_params" in section:
@@ -554,6 +562,8 @@ def layout_to_mapping(layout: Layout) -> dict[str, Any]:
         section["etp"] = layout.expert_tp
     if layout.recompute_num_layers is not None:
         section["recompute_num_layers"] = layout.recompute_num_layers
+    if layout.recompute_modules is not None:
+        section["recompute_modules"] = list(layout.recompute_modules)
     if layout.stage_layers is not None:
         section["stage_layers"] = list(layout.stage_layers)
     for flag in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):

@@ -208,7 +208,8 @@ def remedies(job: Job, headroom: float = 0.0):
         [(f"micro_batch_size {m} with {job.training.global_batch_size // (m * lay.dp)} accumulation steps",
           {"micro_batch_size": m})
          for m in range(lay.micro_batch_size - 1, 0, -1) if lay.micro_batch_size % m == 0],
-        [(f"recompute {r}", {"recompute": r, "recompute_num_layers": None})
+        [(f"recompute {r}", {"recompute": r, "recompute_num_layers": None,
+                                         "recompute_modules": None})
          for r in RECOMPUTE[RECOMPUTE.index(lay.recompute) + 1:]],
         [(f"zero_stage {z}", {"zero_stage": z}) for z in range(lay.zero_stage + 1, 4)],
         [(f"tp {t} (dp {lay.dp * lay.tp // t})", {"tp": t, "dp": lay.dp * lay.tp // t})

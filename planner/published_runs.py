@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from cost_models.specs import RECOMPUTE_MODULES
+
 from .errors import CaseError
 
 DATA = Path(__file__).parent / "published"
@@ -127,6 +129,20 @@ def recompute(row: dict) -> str:
     if str(settings.get("recompute_granularity") or "").lower() == "full":
         return "full"
     return "selective" if settings.get("recompute_modules") else "none"
+
+
+def recompute_modules(row: dict) -> Optional[list[str]]:
+    """The modules a Megatron row's selective recomputation names: its recipe's
+    ``recompute_modules``, else the row's "selective: a, b" text; None where it names none (or
+    one the planner does not price)."""
+    if recompute(row) != "selective":
+        return None
+    names = recipe_settings(row).get("recompute_modules")
+    if names is None:
+        text = str(row.get("recompute") or "")
+        names = [n.strip() for n in text.partition(":")[2].split(",")] if text.startswith("selective:") else []
+    names = [str(n) for n in names if str(n)]
+    return names if names and all(n in RECOMPUTE_MODULES for n in names) else None
 
 
 def zero_stage(row: dict) -> int:
@@ -342,6 +358,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
     layout: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "dp": row["num_gpus"] // (tp * pp * cp), "vpp": vpp,
                               "micro_batch_size": b["micro_batch_size"], "zero_stage": zero_stage(row),
                               "sequence_parallel": bool(sp), "recompute": recompute(row)}
+    if training["engine"] == "megatron" and (modules := recompute_modules(row)):
+        layout["recompute_modules"] = modules
     for key in ("ep", "etp"):
         if (par.get(key) or 1) > 1:
             layout[key] = par[key]

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cost_models.activations import selective_modules
 from cost_models.topology import domains_spanned
 
 from .estimate import Estimate
@@ -24,8 +25,12 @@ def describe_layout(est: Estimate) -> str:
         parts.append(f"cp {lay.cp}")
     if job.model.is_moe:
         parts.append(f"ep {lay.ep}, etp {lay.expert_tp} (expert data parallel {lay.edp})")
+    recompute = f"recompute {lay.recompute}"
+    if lay.recompute == "selective" and job.training.engine.selective == "attention":  # by module
+        modules = selective_modules(job.model, job.training, lay)
+        recompute += f" ({', '.join(modules)})" if modules else " (nothing that frees memory)"
     parts += [f"micro-batch {lay.micro_batch_size} × {job.grad_accum} accumulation",
-              f"ZeRO {lay.zero_stage}", f"recompute {lay.recompute}"]
+              f"ZeRO {lay.zero_stage}", recompute]
     if lay.sequence_parallel:
         parts.append("sequence parallel")
     if lay.offload_optimizer:

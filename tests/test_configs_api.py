@@ -15,7 +15,8 @@ CASE = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "h100-sxm-80gb", "n
 
 @pytest.mark.parametrize("engine, name, layout", [
     ("megatron", "megatron_args.txt", {"tp": 2, "pp": 2, "dp": 4, "micro_batch_size": 2, "zero_stage": 1,
-                                       "sequence_parallel": True, "recompute": "selective"}),
+                                       "sequence_parallel": True, "recompute": "selective",
+                                       "recompute_modules": ["mlp"]}),
     ("deepspeed", "ds_config.json", {"tp": 1, "pp": 1, "dp": 16, "micro_batch_size": 2, "zero_stage": 2}),
 ])
 def test_an_emitted_config_reads_back_as_its_layout(tmp_path, engine, name, layout):

@@ -132,6 +132,12 @@ MOE_GIVEN = {
          "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron", "moe_comm_overlap": True}},
         {"tp": 1, "pp": 2, "vpp": 2, "ep": 16, "etp": 1, "micro_batch_size": 1, "zero_stage": 1,
          "recompute": "selective"}),
+    "deepseek-v2-lite, modules named": (
+        {"model": {"preset": "deepseek-v2-lite"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+         "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron", "precision": "fp8",
+                      "fp8_recipe": "tensorwise"}},
+        {"tp": 1, "pp": 2, "ep": 16, "etp": 1, "micro_batch_size": 1, "zero_stage": 1, "stage_layers": [13, 14],
+         "recompute": "selective", "recompute_modules": ["mla_up_proj", "layernorm", "moe", "shared_experts"]}),
     "mixtral-8x7b, capacity factor 1.25, top-1": (
         {"model": {"preset": "mixtral-8x7b", "moe_capacity_factor": 1.25, "moe_top_k": 1},
          "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
@@ -327,8 +333,9 @@ def test_transformer_config_accepts_every_plan(emitted):
                 assert (config.recompute_method, per_chunk) == ("uniform", 1), e
             else:
                 assert config.recompute_method == "block" and per_chunk * lay.vpp == lay.recompute_num_layers, e
-        else:
-            assert config.recompute_granularity == (None if lay.recompute == "none" else lay.recompute), e
+        else:  # selective with nothing that frees memory recomputes nothing
+            recomputes = lay.recompute == "selective" and selective_modules(model, e.job.training, lay)
+            assert config.recompute_granularity == ("selective" if recomputes else None), e
 
 
 def test_transformer_config_takes_the_experts_and_their_grid(emitted):
@@ -357,7 +364,12 @@ def test_transformer_config_takes_the_experts_and_their_grid(emitted):
         flex = e.job.training.hierarchical_dispatch and lay.tp * lay.ep > 1 and model.moe_capacity_factor is None
         assert config.moe_token_dispatcher_type == ("flex" if flex else "alltoall"), e
         if lay.recompute == "selective":  # what the estimate recomputed (activations.selective_modules)
-            assert tuple(config.recompute_modules) == selective_modules(model, e.job.training), e
+            modules = selective_modules(model, e.job.training, lay)
+            if modules:
+                assert config.recompute_granularity == "selective", e
+                assert tuple(config.recompute_modules) == modules, e
+            else:  # nothing frees memory, so nothing is recomputed
+                assert config.recompute_granularity is None, e
         if model.attention_type == "mla":
             assert (config.kv_lora_rank, config.qk_head_dim, config.qk_pos_emb_head_dim, config.v_head_dim) == \
                 (model.kv_lora_rank, model.qk_head_dim, model.qk_rope_head_dim, model.v_head_dim), e
@@ -511,7 +523,17 @@ def test_read_gives_back_the_plan(emitted, tmp_path):
         folder.mkdir()
         for name, text in e.files.items():
             (folder / name).write_text(text)
-        assert megatron_reader.read(folder / "megatron_args.txt", e.case) == e.job.layout, e
+        assert megatron_reader.read(folder / "megatron_args.txt", e.case) == as_launched(e.job), e
+
+
+def as_launched(job):
+    """The job's layout as its Megatron arguments say it: the modules selective recomputation runs
+    named (activations.selective_modules), and nothing recomputed where none frees memory."""
+    lay = job.layout
+    if lay.recompute != "selective" or lay.recompute_modules is not None:
+        return lay
+    modules = selective_modules(job.model, job.training, lay)
+    return lay.with_changes(recompute_modules=modules) if modules else lay.with_changes(recompute="none")
 
 
 def test_the_generated_plans_cover_megatrons_features(emitted):
@@ -558,6 +580,21 @@ def test_read_a_launch_script(tmp_path):
     layout = megatron_reader.read(path, load_case(CASE))
     assert layout == Layout(dp=8, tp=2, pp=4, cp=1, vpp=4, micro_batch_size=1, zero_stage=1,
                                      sequence_parallel=True, recompute="full", recompute_num_layers=4)
+
+
+@pytest.mark.parametrize("recompute, modules", [
+    ("--recompute-granularity selective", ("core_attn",)),  # TransformerConfig.recompute_modules' default
+    ("--recompute-granularity selective --recompute-modules core_attn mlp", ("core_attn", "mlp")),
+    ("--recompute-granularity=selective --recompute-modules=mlp", ("mlp",)),
+    ("--recompute-granularity selective --recompute-modules", None),  # an empty list recomputes nothing
+])
+def test_read_the_modules_selective_recomputation_names(tmp_path, recompute, modules):
+    path = tmp_path / "train.sh"
+    path.write_text(SCRIPT.replace("--recompute-granularity full --recompute-method block --recompute-num-layers 1",
+                                   recompute))
+    layout = megatron_reader.read(path, load_case(CASE))
+    assert (layout.recompute, layout.recompute_modules) == ("selective", modules) if modules else \
+        (layout.recompute, layout.recompute_modules) == ("none", None)
 
 
 @pytest.mark.parametrize("change, flag, expected", [

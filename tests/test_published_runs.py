@@ -76,11 +76,16 @@ def test_a_head_width_other_than_hidden_over_heads_is_written(rows):
 
 
 def test_megatron_bridge_rows_run_what_their_recipes_set(rows):
-    """Megatron-Bridge's recipe for DeepSeek-V3 on 256 GB200 (26.04) recomputes modules
-    (``recompute_modules: [mlp]``: selective recomputation); its 26.06 GB300 recipe recomputes
-    nothing and overlaps the experts' dispatch with compute (``moe_a2a_overlap``)."""
+    """Megatron-Bridge's recipe for DeepSeek-V3 on 256 GB200 (26.04) recomputes the dense MLPs
+    (``recompute_modules: [mlp]``), on 256 B200 (26.04.01) the up-projections and the MLPs, and
+    in 26.02 the up-projections alone; its 26.06 GB300 recipe recomputes nothing and overlaps the
+    experts' dispatch with compute (``moe_a2a_overlap``)."""
     gb200, _ = case_of(rows["mb_2604_deepseekv3_gb200_256g_mxfp8"])
     assert gb200["layout"]["recompute"] == "selective" and "moe_comm_overlap" not in gb200["training"]
+    assert gb200["layout"]["recompute_modules"] == ["mlp"]
+    assert case_of(rows["mb_260401_deepseekv3_b200_256g_mxfp8"])[0]["layout"]["recompute_modules"] \
+        == ["mla_up_proj", "mlp"]
+    assert case_of(rows["mb_2602_deepseekv3_gb200_256g_mxfp8"])[0]["layout"]["recompute_modules"] == ["mla_up_proj"]
     gb300, _ = case_of(rows["mb_260601_deepseekv3_gb300_256g_mxfp8"])
     assert gb300["layout"]["recompute"] == "none" and gb300["training"]["moe_comm_overlap"]
 

@@ -52,6 +52,8 @@ INT_FLAGS = (
     # torchrun
     "--nnodes", "--nproc-per-node",
 )
+# Flags of several values (argparse nargs="*"): the reader keeps all the words up to the next flag.
+LIST_FLAGS = ("--recompute-modules",)
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
              "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16")
@@ -75,6 +77,7 @@ FLAG_OF_FIELD = {
     "vpp": "--num-layers-per-virtual-pipeline-stage", "micro_batch_size": "--micro-batch-size",
     "zero_stage": "--use-distributed-optimizer", "sequence_parallel": "--sequence-parallel",
     "recompute": "--recompute-granularity", "recompute_num_layers": "--recompute-num-layers",
+    "recompute_modules": "--recompute-modules",
     "stage_layers": "--decoder-first-pipeline-num-layers", "global_batch_size": "--global-batch-size",
     "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
 }
@@ -170,10 +173,12 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
                  ("--no-gradient-accumulation-fusion", None), ("--ckpt-format", "fsdp_dtensor")]
     args += [("--micro-batch-size", str(lay.micro_batch_size)),
              ("--global-batch-size", str(t.global_batch_size))]
-    if lay.recompute == "selective":
+    if lay.recompute == "selective" and selective_modules(m, t, lay):
+        # Named whenever they are not Megatron's default (core_attn): what the estimate recomputed.
+        # Where no module frees memory (flash attention, no MLA, no experts) nothing is recomputed.
         args.append(("--recompute-granularity", "selective"))
-        modules = selective_modules(m, t)
-        if modules != ("core_attn",):  # what the estimate recomputed beyond Megatron's default
+        modules = selective_modules(m, t, lay)
+        if modules != ("core_attn",):
             args.append(("--recompute-modules", " ".join(modules)))
     elif lay.recompute == "full":
         if lay.recompute_num_layers is None:

@@ -28,6 +28,8 @@ class EngineSupport:
     sequence_parallel: tuple[bool, ...]  # allowed values when tp > 1
     recompute: tuple[str, ...]
     partial_recompute: bool  # full recomputation of only some layers per stage
+    # Selective recomputation of the modules a layout names (layout.recompute_modules).
+    recompute_modules: bool = False
     tp_with_pp: bool = True  # tensor and pipeline parallelism together
     # Context-parallel ranks always share the sharded model states (torchtitan folds cp into
     # its FSDP mesh), so cp > 1 needs a sharded (ZeRO ≥ 1) layout.
@@ -187,6 +189,9 @@ class Engine:
                 and not self.support.partial_recompute:
             out.append(("layout.recompute_num_layers",
                         self.support.reason("partial_recompute", "recomputes every layer of a stage or none")))
+        if lay.recompute_modules is not None and not self.support.recompute_modules:
+            out.append(("layout.recompute_modules", self.support.reason(
+                "recompute_modules", "recomputes by its own selective policy, not by the modules a layout names")))
         if training.moe_comm_overlap and not self.support.moe_comm_overlap:
             out.append(("training.moe_comm_overlap", self.support.reason(
                 "moe_comm_overlap", "cannot overlap expert-parallel dispatch and combine with compute")))

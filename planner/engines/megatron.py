@@ -34,7 +34,7 @@ from .base import Engine, EngineSupport
 SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=True, context_parallel=True,
     sequence_parallel=(False, True), recompute=("none", "selective", "full"), partial_recompute=True,
-    optimizer_offload="fraction", optimizer_offload_zero=(1,), activation_offload=True,
+    recompute_modules=True, optimizer_offload="fraction", optimizer_offload_zero=(1,), activation_offload=True,
     moe_comm_overlap=True,
     # Transformer Engine's fp8 recipes as megatron-core 0.16 names them (TransformerConfig.fp8_recipe:
     # tensorwise, delayed, mxfp8, blockwise); torchao's row-wise scaling has no TE counterpart.
@@ -89,9 +89,34 @@ def rules(job: Job) -> list[tuple[str, str]]:
     if training.fp8_param_gather and lay.zero_stage not in (1, 3):
         out.append(("training.fp8_param_gather", "--fp8-param-gather quantizes the distributed optimizer's "
                                                  "(or Megatron-FSDP's) weight gather: it needs zero_stage 1 or 3"))
+    out += _recompute_module_rules(job)
     if lay.recompute_num_layers is not None and lay.recompute_num_layers % lay.vpp:
         out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
                                                    f"{lay.recompute_num_layers} must divide by vpp {lay.vpp}"))
+    return out
+
+
+def _recompute_module_rules(job: Job) -> list[tuple[str, str]]:
+    """megatron-core's refusals of the modules a layout names (``TransformerConfig.__post_init__``),
+    and the modules the model has nothing for (megatron-core would skip them silently)."""
+    modules = job.layout.recompute_modules or ()
+    model, training = job.model, job.training
+    key, out = "layout.recompute_modules", []
+    if "mla_up_proj" in modules and model.attention_type != "mla":
+        out.append((key, "mla_up_proj is only supported with multi-latent attention (TransformerConfig)"))
+    for name in ("moe_act", "moe", "shared_experts"):
+        if name in modules and not model.is_moe:
+            out.append((key, f"{name} recomputes part of an MoE layer, and the model has no experts"))
+    if "shared_experts" in modules and model.is_moe and not model.moe_shared_expert_ffn_hidden_size:
+        out.append((key, "shared_experts: the model has no shared experts"))
+    if training.recipe is not None and training.recipe.name == "delayed":
+        for name in ("moe_act", "layernorm"):
+            if name in modules:
+                out.append((key, f"{name}: delayed scaling does not support moe_act and layernorm recompute for fp8 "
+                                 f"(TransformerConfig)"))
+    if "moe" in modules and training.moe_comm_overlap:
+        out.append((key, "disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm "
+                         "(TransformerConfig)"))
     return out
 
 

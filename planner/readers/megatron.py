@@ -13,7 +13,7 @@ from cost_models.partition import chunk_layers, virtual_partition
 from cost_models.specs import Job, Layout, SpecError
 
 from ..case import case_message
-from ..emit.megatron import ACCOUNT_FLAGS, ALIASES, BOOL_FLAGS, FLAG_OF_FIELD, INT_FLAGS, STR_FLAGS
+from ..emit.megatron import ACCOUNT_FLAGS, ALIASES, BOOL_FLAGS, FLAG_OF_FIELD, INT_FLAGS, LIST_FLAGS, STR_FLAGS
 from ..errors import CaseError, one_line
 from ..inputs import read_text
 from ..limits import MAX_EXPANDED_CHARS, MAX_INT
@@ -114,7 +114,7 @@ def _substitute(word: str, variables: dict[str, str], src: str, key: str) -> str
 
 def _flags(words: list[str]) -> dict[str, Optional[str]]:
     """The last value of every flag read() knows (argparse keeps the last)."""
-    known = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(ALIASES)
+    known = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(LIST_FLAGS) | set(ALIASES)
     found: dict[str, Optional[str]] = {}
     i = 0
     while i < len(words):
@@ -128,6 +128,12 @@ def _flags(words: list[str]) -> dict[str, Optional[str]]:
         if flag in known:
             if flag in BOOL_FLAGS:
                 found[flag] = None
+            elif flag in LIST_FLAGS:  # its values, space-separated, up to the next flag
+                values = [inline] if inline else []
+                while i + 1 < len(words) and not words[i + 1].startswith("--") and not words[i].endswith(")"):
+                    values.append(words[i + 1].rstrip(")"))
+                    i += 1
+                found[flag] = " ".join(values)
             elif inline:
                 found[flag] = inline
             elif i + 1 < len(words) and not words[i + 1].startswith("--"):
@@ -347,10 +353,17 @@ def read(path: Path, case) -> Layout:
         granularity = "selective"
     recompute, recompute_layers = "none", None
     method = flags.get("--recompute-method")
+    modules = None
     if granularity == "selective":
         recompute = "selective"
         if method is not None:
             raise CaseError(src, "--recompute-method", "does not apply to --recompute-granularity selective")
+        # megatron-core recomputes the core attention where the modules are not named
+        # (TransformerConfig.recompute_modules); an empty list recomputes nothing.
+        modules = tuple((flags.get("--recompute-modules") or "").split()) if "--recompute-modules" in flags \
+            else ("core_attn",)
+        if not modules:
+            recompute, modules = "none", None
     elif granularity == "full":
         recompute = "full"
         if method not in ("uniform", "block"):
@@ -384,7 +397,7 @@ def read(path: Path, case) -> Layout:
             experts = {"ep": integer("--expert-model-parallel-size", 1),
                        "etp": integer("--expert-tensor-parallel-size", tp)}
         layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=micro, zero_stage=zero,
-                        sequence_parallel=sequence_parallel, recompute=recompute,
+                        sequence_parallel=sequence_parallel, recompute=recompute, recompute_modules=modules,
                         recompute_num_layers=recompute_layers, stage_layers=stage_layers,
                         offload_optimizer=offload_optimizer, offload_activations=offload_activations, **accounted,
                         **experts)

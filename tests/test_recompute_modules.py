@@ -1,0 +1,202 @@
+"""Selective recomputation by module (``layout.recompute_modules``, megatron-core's
+``--recompute-modules``): what each module frees and what it runs again, term by term, and the
+modules the case gets where it names none."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_models.activations import layer_activation_bytes, layer_activations, selective_modules
+from cost_models.experts import dispatch_combine_time, moe_mlp_time
+from cost_models.flops import mlp_gemms
+from cost_models.kernels import NORM_OR_ACTIVATION_INPUTS, linear_time, transcendental_time
+from cost_models.memory import stage_activation_bytes
+from cost_models.step_time import activation_function_bytes, layer_time_for, stage_time, tp_exposed_per_layer
+from cost_models.specs import Layout
+from planner import CaseError, estimate
+from planner.case import load_case
+from planner.report import describe_layout
+
+# DeepSeek-V2-Lite: MLA, one dense layer then 26 MoE layers with two shared experts.
+LITE = {"tp": 2, "pp": 1, "ep": 8, "etp": 1, "micro_batch_size": 2, "zero_stage": 1, "sequence_parallel": True}
+LLAMA = {"tp": 2, "pp": 1, "micro_batch_size": 1, "zero_stage": 1, "sequence_parallel": True}
+
+
+def job(layout: dict, model: str = "deepseek-v2-lite", engine: str = "megatron", **training):
+    case = {"model": {"preset": model}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": engine, **training},
+            "layout": layout}
+    return load_case(case).job()
+
+
+def modules(*names: str) -> dict:
+    return {"recompute": "selective", "recompute_modules": list(names)}
+
+
+# --- what the case gets where it names no module ---
+
+@pytest.mark.parametrize("model, training, expected", [
+    ("deepseek-v2-lite", {}, ("mla_up_proj", "moe_act")),
+    # Without flash attention the core keeps s×s tensors, which recomputing it frees (Korthikanti §5).
+    ("deepseek-v2-lite", {"flash_attention": False}, ("core_attn", "mla_up_proj", "moe_act")),
+    # megatron-core refuses moe_act under fp8's delayed scaling.
+    ("deepseek-v2-lite", {"precision": "fp8", "fp8_recipe": "delayed"}, ("mla_up_proj",)),
+    # Fused attention frees nothing when recomputed: a dense GQA model has nothing to recompute.
+    ("llama3-8b", {}, ()),
+])
+def test_the_modules_that_free_memory_are_the_default(model, training, expected):
+    j = job({**(LITE if model != "llama3-8b" else LLAMA), "recompute": "selective"}, model, **training)
+    assert selective_modules(j.model, j.training, j.layout) == expected
+
+
+def test_with_nothing_to_recompute_selective_costs_and_saves_nothing():
+    none, selective = (estimate({"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+                                 "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"},
+                                 "layout": {**LLAMA, "recompute": r}}) for r in ("none", "selective"))
+    assert selective.time.total == none.time.total and selective.peak.total == none.peak.total
+
+
+# --- what each module frees (per layer and micro-batch) ---
+
+def kept(j, moe: bool) -> float:
+    return layer_activation_bytes(j.model, j.training, j.layout, selective="attention", moe=moe)
+
+
+def test_each_module_frees_the_tensors_it_rebuilds():
+    base = job(LITE)
+    dense, moe = layer_activations(base.model, base.training, base.layout), \
+        layer_activations(base.model, base.training, base.layout, moe=True)
+    m, lay = base.model, base.layout
+    tokens = 4096 * lay.micro_batch_size
+    norm_output = 2 * tokens * m.hidden_size / lay.tp  # bf16, sequence-parallel
+
+    # Flash attention: the core keeps no s×s tensor, so recomputing it frees nothing.
+    assert kept(job({**LITE, **modules("core_attn")}), False) == dense.total
+    j = job({**LITE, **modules("mla_up_proj")})
+    assert kept(j, False) == dense.total - dense.qkv and kept(j, True) == moe.total - moe.qkv
+    # MLA's input norm stands apart (it feeds the two down-projections); an MoE layer's pre-MLP
+    # norm too (it feeds the router and the dispatch).
+    j = job({**LITE, **modules("layernorm")})
+    assert kept(j, False) == pytest.approx(dense.total - norm_output)
+    assert kept(j, True) == pytest.approx(moe.total - norm_output - moe.mlp_input)
+    # The dense MLP: megatron-core skips it in MoE layers.
+    j = job({**LITE, **modules("mlp")})
+    assert kept(j, False) == pytest.approx(dense.total - dense.mlp_input - dense.mlp_hidden)
+    assert kept(j, True) == moe.total
+    # The whole expert part: its input (the pre-MLP norm's output) is what the checkpoint keeps.
+    j = job({**LITE, **modules("moe")})
+    assert kept(j, True) == pytest.approx(moe.total - moe.mlp_input - moe.mlp_hidden + norm_output)
+    # With the norms recomputed the checkpoint's input is discarded too, as is MLA's input norm output.
+    assert kept(job({**LITE, **modules("moe", "layernorm")}), True) == \
+        pytest.approx(moe.total - moe.mlp_input - moe.mlp_hidden - norm_output)
+    # The experts' activation output: R·f_e/etp at 2 bytes, R = b·s/tp·k·etp copies.
+    routed = tokens / lay.tp * m.moe_top_k * lay.expert_tp * m.routed_factor
+    j = job({**LITE, **modules("moe_act")})
+    assert kept(j, True) == pytest.approx(moe.total - 2 * routed * m.moe_ffn_hidden_size / lay.expert_tp)
+    # The shared experts' hidden tensors: fused SwiGLU keeps its 2f input and the f input of the
+    # down projection, 6 bytes a width element, on the group's tokens at f_s/tp.
+    j = job({**LITE, **modules("shared_experts")})
+    assert kept(j, True) == pytest.approx(moe.total - 6 * tokens / lay.tp * m.moe_shared_expert_ffn_hidden_size)
+
+
+def test_a_recomputed_layer_holds_its_modules_again_in_its_backward():
+    """The stage's peak holds every in-flight layer's kept tensors and, while one layer runs its
+    backward, what its recomputed modules rebuilt (the most of a dense and an MoE layer)."""
+    none, up = job(LITE), job({**LITE, **modules("mla_up_proj")})
+    dense, moe = (layer_activations(none.model, none.training, none.layout, moe=k) for k in (False, True))
+    freed = max(dense.qkv, moe.qkv)
+    layers = none.model.num_layers
+    assert stage_activation_bytes(none, 0) - stage_activation_bytes(up, 0) == \
+        pytest.approx((layers - 1) * moe.qkv + dense.qkv - freed)
+
+
+# --- what each module runs again (per stage, one micro-batch) ---
+
+def added(j, field: str) -> float:
+    """What the job's recomputation adds to one micro-batch's ``field`` over none."""
+    none = Layout(**{**j.layout.__dict__, "recompute": "none", "recompute_modules": None})
+    plain = type(j)(j.model, j.cluster, j.training, none, j.overheads)
+    return getattr(stage_time(j, 0), field) - getattr(stage_time(plain, 0), field)
+
+
+def test_the_attention_core_runs_its_forward_again():
+    j = job({**LLAMA, **modules("core_attn")}, "llama3-8b")
+    lay = j.layout
+    core = layer_time_for(j.model, j.training, j.cluster.gpu, lay.tp, lay.cp, lay.micro_batch_size,
+                          lay.sequence_parallel).core
+    assert added(j, "recompute") == pytest.approx(j.model.num_layers * core)
+
+
+def test_a_dense_mlp_runs_its_linears_activation_and_second_collective_again():
+    j = job({**LLAMA, **modules("mlp")}, "llama3-8b")
+    m, lay, gpu = j.model, j.layout, j.cluster.gpu
+    tokens = 4096 * lay.micro_batch_size
+    forward = sum(linear_time(g, gpu, j.training, True, 1.0, g.name in NORM_OR_ACTIVATION_INPUTS)[0]
+                  for g in mlp_gemms(m, tokens, m.ffn_hidden_size, lay.tp)) \
+        + transcendental_time(activation_function_bytes(m, j.training, lay, tokens), gpu)
+    assert added(j, "recompute") == pytest.approx(m.num_layers * forward)
+    tp_forward = tp_exposed_per_layer(m, j.training, j.cluster, lay.tp, lay.cp, lay.micro_batch_size, True)[0]
+    assert added(j, "tp_comm") == pytest.approx(m.num_layers * tp_forward / 2)
+
+
+def test_a_recomputed_expert_part_runs_its_forward_and_its_dispatch_again():
+    j = job({**LITE, **modules("moe")})
+    m, lay, gpu = j.model, j.layout, j.cluster.gpu
+    moe_layers = m.num_moe_layers
+    forward = moe_mlp_time(m, j.training, gpu, lay.tp, lay.cp, lay.micro_batch_size, lay.ep, lay.expert_tp)[0]
+    assert added(j, "recompute") == pytest.approx(moe_layers * forward)
+    pair = dispatch_combine_time(m, j.training, j.cluster, lay.tp, lay.cp, lay.micro_batch_size, lay.ep,
+                                 lay.expert_tp)
+    assert added(j, "ep_comm") == pytest.approx(moe_layers * pair)
+    # The shared experts' second collective, as in forward.
+    tp_forward = tp_exposed_per_layer(m, j.training, j.cluster, lay.tp, lay.cp, lay.micro_batch_size, True)[0]
+    assert added(j, "tp_comm") == pytest.approx(moe_layers * tp_forward / 2)
+
+
+def test_recomputing_more_modules_costs_more_and_keeps_less():
+    lighter, heavier = job({**LITE, **modules("mla_up_proj")}), job({**LITE, **modules("mla_up_proj", "moe")})
+    assert added(heavier, "recompute") > added(lighter, "recompute") > 0
+    assert stage_activation_bytes(heavier, 0) < stage_activation_bytes(lighter, 0)
+
+
+# --- what the case and the engine refuse ---
+
+@pytest.mark.parametrize("layout, expected", [
+    ({**LITE, **modules("attention")}, "expected one of core_attn, mla_up_proj, layernorm, mlp, moe_act, moe, "
+                                       "shared_experts, got 'attention'"),
+    ({**LITE, "recompute": "selective", "recompute_modules": []}, "expected at least one module"),
+    ({**LITE, "recompute": "full", "recompute_modules": ["mlp"]}, "applies only with recompute: selective"),
+    ({**LITE, **modules("mlp", "mlp")}, "names a module twice"),
+    ({**LITE, "recompute": "selective", "recompute_modules": "mlp"}, "expected a list of module names"),
+])
+def test_a_bad_module_list_names_the_key(layout, expected):
+    with pytest.raises(CaseError) as error:
+        job(layout)
+    assert "layout.recompute_modules" in str(error.value) and expected in str(error.value)
+
+
+@pytest.mark.parametrize("model, layout, training, expected", [
+    ("llama3-8b", {**LLAMA, **modules("mla_up_proj")}, {}, "only supported with multi-latent attention"),
+    ("llama3-8b", {**LLAMA, **modules("moe")}, {}, "the model has no experts"),
+    ("mixtral-8x7b", {**LITE, **modules("shared_experts")}, {}, "the model has no shared experts"),
+    ("deepseek-v2-lite", {**LITE, **modules("layernorm")}, {"precision": "fp8", "fp8_recipe": "delayed"},
+     "delayed scaling does not support"),
+    ("deepseek-v2-lite", {**LITE, "zero_stage": 3, **modules("mla_up_proj")}, {"engine": "torchtitan"},
+     "recomputes by its own selective policy"),
+])
+def test_modules_the_engine_or_model_cannot_run_are_refused(model, layout, training, expected):
+    case = {"model": {"preset": model}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron", **training},
+            "layout": layout}
+    with pytest.raises(CaseError) as error:
+        estimate(case)
+    assert "layout.recompute_modules" in str(error.value) and expected in str(error.value)
+
+
+def test_the_report_names_what_selective_recomputes():
+    case = {"model": {"preset": "deepseek-v2-lite"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"},
+            "layout": {**LITE, "recompute": "selective"}}
+    assert "recompute selective (mla_up_proj, moe_act)" in describe_layout(estimate(case))
+    dense = {**case, "model": {"preset": "llama3-8b"}, "layout": {**LLAMA, "recompute": "selective"}}
+    assert "recompute selective (nothing that frees memory)" in describe_layout(estimate(dense))
