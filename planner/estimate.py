@@ -9,7 +9,7 @@ from cost_models.topology import domains_spanned
 from cost_models.memory import StageMemory, host_bytes, peak_stage_memory, stage_memories
 from cost_models.parameters import active_parameters, total_parameters
 from cost_models.step_time import StepTime, model_flops_per_step, step_time
-from cost_models.specs import RECOMPUTE, Job, Layout, SpecError
+from cost_models.specs import Job, Layout, SpecError
 
 from .case import Case, layout_to_mapping, load_case, spec_errors
 from .engines import ENGINES
@@ -187,6 +187,25 @@ def _quantized_weights(job: Job, headroom: float) -> Optional[Remedy]:
                   job.layout, peak, peak <= usable_bytes(job, headroom))
 
 
+def _recompute_rungs(job: Job) -> list[tuple[str, dict]]:
+    """More recomputation than the layout's, lightest first: selective at each module set the
+    search scores (``search.selective_bundles``) heavier than the layout's, then full."""
+    from .search import selective_bundles
+
+    lay, rungs = job.layout, []
+    if lay.recompute == "none" or (lay.recompute == "selective" and lay.recompute_modules is None):
+        engine = ENGINES.get(job.training.engine.name)
+        bundles = selective_bundles(job.model, job.training, engine.support) if engine else (None,)
+        for modules in bundles[1 if lay.recompute == "selective" and bundles[:1] == (None,) else 0:]:
+            name = "recompute selective" + (f" (recompute_modules: [{', '.join(modules)}])" if modules else "")
+            rungs.append((name, {"recompute": "selective", "recompute_num_layers": None,
+                                 "recompute_modules": modules}))
+    if lay.recompute != "full":
+        rungs.append(("recompute full", {"recompute": "full", "recompute_num_layers": None,
+                                         "recompute_modules": None}))
+    return rungs
+
+
 def remedies(job: Job, headroom: float = 0.0):
     """Changes to try, cheapest first, each keeping the global batch:
 
@@ -208,9 +227,7 @@ def remedies(job: Job, headroom: float = 0.0):
         [(f"micro_batch_size {m} with {job.training.global_batch_size // (m * lay.dp)} accumulation steps",
           {"micro_batch_size": m})
          for m in range(lay.micro_batch_size - 1, 0, -1) if lay.micro_batch_size % m == 0],
-        [(f"recompute {r}", {"recompute": r, "recompute_num_layers": None,
-                                         "recompute_modules": None})
-         for r in RECOMPUTE[RECOMPUTE.index(lay.recompute) + 1:]],
+        _recompute_rungs(job),
         [(f"zero_stage {z}", {"zero_stage": z}) for z in range(lay.zero_stage + 1, 4)],
         [(f"tp {t} (dp {lay.dp * lay.tp // t})", {"tp": t, "dp": lay.dp * lay.tp // t})
          for t in (2 * lay.tp, 4 * lay.tp, 8 * lay.tp)

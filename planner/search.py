@@ -11,9 +11,10 @@ enumerator in the tests checks this):
   reduce-scatter for each all-reduce). Where the engine offers the choice and pays no
   such cost, only ``sequence_parallel: true`` is scored.
 - Recomputation only adds time, so for every other choice only the least recomputation
-  that fits is scored: none, else selective (or, where faster, full on the fewest layers
-  per stage that fit: selective on every layer and full on a few are not ordered), else
-  full on the fewest.
+  that fits is scored: none, else selective at the lightest module set that fits (the sets
+  are nested: :func:`selective_bundles`), or, where faster, full on the fewest layers per
+  stage that fit (selective on every layer and full on a few are not ordered), else full on
+  the fewest.
 - Memory grows with the micro-batch, so once nothing fits at a micro-batch size, larger
   ones are skipped.
 """
@@ -26,10 +27,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator, Optional
 
+from cost_models.activations import selective_modules
 from cost_models.memory import peak_candidates, peak_stage_memory, stage_memories
 from cost_models.partition import default_partition, virtual_partition
 from cost_models.experts import dispatch_combine_time
-from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
+from cost_models.specs import Job, Layout, ModelSpec, SpecError, TrainingSpec, moe_layers_per_stage
 from cost_models.step_time import (StepTime, layer_time_bound, moe_layer_time_for, pipeline, stage_time, step_time,
                                    tp_exposed_per_layer)
 
@@ -143,7 +145,8 @@ def _least_activation_offload(case: Case, spec: SearchSpec, layout: Layout, note
         nonlocal scored
         try:
             job = Job(case.model, case.cluster, case.training,
-                      layout.with_changes(recompute="none", recompute_num_layers=None, offload_activations=n),
+                      layout.with_changes(recompute="none", recompute_num_layers=None, recompute_modules=None,
+                                          offload_activations=n),
                       case.overheads)
         except SpecError:
             return None
@@ -228,8 +231,32 @@ def expert_options(case: Case, spec: SearchSpec, tp: int, cp: int, dp: int) -> l
     return out
 
 
-def _recompute_ladder(spec: SearchSpec, base: Layout) -> Iterator[Layout]:
-    """Layouts from least to most recomputation that the engine and pins allow, built as needed."""
+def selective_bundles(model: ModelSpec, training: TrainingSpec, engine: EngineSupport) \
+        -> tuple[Optional[tuple[str, ...]], ...]:
+    """The module sets selective recomputation is scored with, lightest first, each holding the
+    one before (so each frees more and costs more): the modules that free memory for the case
+    (None: ``activations.selective_modules``), then, where the engine recomputes by module, those
+    with the norms that stand apart (MLA's input norm, MoE layers' pre-MLP norm), then with the
+    dense MLPs and MoE layers' whole expert part (``mlp``, ``moe``: the heaviest short of full)."""
+    if not engine.recompute_modules:
+        return (None,)
+    modules = selective_modules(model, training, Layout(recompute="selective"))
+    bundles: list[Optional[tuple[str, ...]]] = [None] if modules else []  # nothing frees memory: none's twin
+    delayed = training.recipe is not None and training.recipe.name == "delayed"
+    if (model.attention_type == "mla" or model.is_moe) and not delayed:
+        modules += ("layernorm",)
+        bundles.append(modules)
+    heavy = modules + (("mlp",) if model.num_moe_layers < model.num_layers else ())
+    if model.is_moe and not training.moe_comm_overlap:  # megatron-core refuses moe with the overlap
+        heavy = tuple(m for m in heavy if m != "moe_act") + ("moe",)
+    if heavy != modules:
+        bundles.append(heavy)
+    return tuple(bundles)
+
+
+def _recompute_ladder(spec: SearchSpec, base: Layout, bundles: tuple = (None,)) -> Iterator[Layout]:
+    """Layouts from least to most recomputation that the engine and pins allow, built as needed:
+    selective with each of ``bundles`` (:func:`selective_bundles`) in turn."""
     for level in ("none", "selective", "full"):
         if level not in spec.engine.recompute or not spec.admits("recompute", level):
             continue
@@ -237,7 +264,11 @@ def _recompute_ladder(spec: SearchSpec, base: Layout) -> Iterator[Layout]:
             if level == "full":
                 yield base.with_changes(recompute="full", recompute_num_layers=spec.pins["recompute_num_layers"])
             continue
-        yield base if level == base.recompute else base.with_changes(recompute=level)
+        if level == "selective":
+            for modules in bundles:
+                yield base.with_changes(recompute="selective", recompute_modules=modules)
+            continue
+        yield base if level == base.recompute else base.with_changes(recompute=level, recompute_modules=None)
 
 
 def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least: int,
@@ -356,7 +387,7 @@ def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
     few). Where selective is the least that fits and the engine recomputes some layers in full,
     full recomputation of the fewest layers that fit takes its place where that is faster."""
     scored = 0
-    ladder = list(_recompute_ladder(spec, base))
+    ladder = list(_recompute_ladder(spec, base, selective_bundles(case.model, case.training, spec.engine)))
     for layout in ladder:
         try:
             if layout.recompute == "full" and layout.recompute_num_layers is None:

@@ -34,7 +34,7 @@ from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import step_time
 from planner.case import load_case
 from planner.estimate import host_fits
-from planner.search import MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, partitions
+from planner.search import MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, partitions, selective_bundles
 
 SEED = 1234
 # The scheduled run (HYPOTHESIS_PROFILE=thorough, tests/conftest.py) checks 100 generated cases;
@@ -147,17 +147,21 @@ def all_layouts(case, spec):
                         else []:
                     for zero in (0, 1, 2, 3):
                         for sp in ((False,) if tp == 1 else (False, True)):
-                            recomputes = [("none", None), ("selective", None), ("full", None)]
+                            # Selective with every module set the engine offers (None: its own policy).
+                            bundles = selective_bundles(case.model, case.training, engine)
+                            recomputes = [("none", None, None)] + [("selective", None, m) for m in bundles] \
+                                + [("full", None, None)]
                             if engine.partial_recompute:
-                                recomputes += [("full", n) for n in range(1, max(stage_layers) + 1)]
+                                recomputes += [("full", n, None) for n in range(1, max(stage_layers) + 1)]
                             if "recompute_num_layers" in spec.pins:  # whatever value the case pins
-                                recomputes.append(("full", spec.pins["recompute_num_layers"]))
-                            for recompute, rnl in recomputes:
+                                recomputes.append(("full", spec.pins["recompute_num_layers"], None))
+                            for recompute, rnl, modules in recomputes:
                                 if not engine.allows(tp, pp, cp, vpp, zero, sp, recompute):
                                     continue
                                 base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
                                               zero_stage=zero, sequence_parallel=sp, recompute=recompute,
-                                              recompute_num_layers=rnl, stage_layers=partition, ep=ep, etp=etp)
+                                              recompute_num_layers=rnl, recompute_modules=modules,
+                                              stage_layers=partition, ep=ep, etp=etp)
                                 yield base
                                 for offload in OFFLOADS:
                                     if not offload["offload_params"] or zero == 3:
@@ -361,3 +365,26 @@ def test_plan_matches_brute_force_oracle_on_hand_made_cases(search, cluster):
     case_dict = {**EXPOSED_ZERO3, "cluster": {**EXPOSED_ZERO3["cluster"], **cluster}, "search": search}
     problems, _ = check_against_oracle("hand-made case", case_dict)
     assert not problems, "\n".join(problems)
+
+
+# Megatron recomputes by module: on a small MLA mixture of experts at 12 GiB the answer is
+# selective recomputation of the up-projections, the norms, the dense MLP and the expert part
+# (planner.search.selective_bundles), which the oracle must find among every bundle too.
+MLA_MOE = {
+    "model": {"name": "mla-moe", "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8, "vocab_size": 32000,
+              "activation": "swiglu", "attention_type": "mla", "q_lora_rank": 256, "kv_lora_rank": 128,
+              "qk_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "num_experts": 8, "moe_top_k": 2,
+              "moe_ffn_hidden_size": 768, "moe_first_dense_layers": 1, "moe_shared_expert_ffn_hidden_size": 512,
+              "ffn_hidden_size": 4096},
+    "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4, "memory": "12 GiB"},
+    "training": {"global_batch_size": 4, "seq_len": 32768},
+    "search": {"target": "megatron", "max_tp": 1, "max_cp": 1},
+}
+
+
+def test_plan_matches_brute_force_oracle_where_the_heaviest_module_set_is_the_answer():
+    problems, _ = check_against_oracle("mla-moe case", MLA_MOE)
+    assert not problems, "\n".join(problems)
+    best = planner.plan(MLA_MOE, top_k=0).best
+    assert (best.job.layout.recompute, best.job.layout.recompute_modules) == \
+        ("selective", ("mla_up_proj", "layernorm", "mlp", "moe"))

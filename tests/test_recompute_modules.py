@@ -15,6 +15,7 @@ from cost_models.step_time import activation_function_bytes, layer_time_for, sta
 from cost_models.specs import Layout
 from planner import CaseError, estimate
 from planner.case import load_case
+from planner.estimate import remedies
 from planner.report import describe_layout
 
 # DeepSeek-V2-Lite: MLA, one dense layer then 26 MoE layers with two shared experts.
@@ -200,3 +201,24 @@ def test_the_report_names_what_selective_recomputes():
     assert "recompute selective (mla_up_proj, moe_act)" in describe_layout(estimate(case))
     dense = {**case, "model": {"preset": "llama3-8b"}, "layout": {**LLAMA, "recompute": "selective"}}
     assert "recompute selective (nothing that frees memory)" in describe_layout(estimate(dense))
+
+
+def test_a_layout_that_does_not_fit_is_offered_the_module_sets_the_search_scores():
+    """Llama 3 70B on 8 H100s a node at tp 8 and micro-batch 2 does not fit; with flash attention
+    only the dense MLPs free memory by module, and recomputing them is the rung before full."""
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 128, "seq_len": 8192, "engine": "megatron"},
+            "layout": {"tp": 8, "pp": 1, "micro_batch_size": 2, "zero_stage": 1, "sequence_parallel": True}}
+    e = estimate(case)
+    assert not e.fits
+    rungs = [r for r in remedies(e.job, e.headroom) if r.description.startswith("recompute")]
+    assert rungs[0].description == "recompute selective (recompute_modules: [mlp])"
+    assert (rungs[0].layout.recompute, rungs[0].layout.recompute_modules, rungs[0].fits) == \
+        ("selective", ("mlp",), True)
+    # What the rung frees is the MLP's input and hidden tensors of every layer but the one whose
+    # backward holds them again.
+    j = e.job
+    dense = layer_activations(j.model, j.training, j.layout)
+    freed = stage_activation_bytes(j, 0) - stage_activation_bytes(
+        type(j)(j.model, j.cluster, j.training, rungs[0].layout, j.overheads), 0)
+    assert freed == pytest.approx((j.model.num_layers - 1) * (dense.mlp_input + dense.mlp_hidden))
