@@ -195,7 +195,7 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     training = training_for_target(src, data.get("search"), training)
     overheads = _overheads(src, data.get("overheads", {}))
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
-    search = read_search(src, data.get("search"), training)  # a bad search key fails `estimate` as it fails `plan`
+    search = read_search(src, data.get("search"), training, model)  # a bad search key fails `estimate` as `plan`
     case = Case(src, model, cluster, training, layout, overheads, search)
     if layout is not None:
         case.job()  # cross-checks now, so a bad layout is reported at load time

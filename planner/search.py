@@ -387,7 +387,9 @@ def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
     few). Where selective is the least that fits and the engine recomputes some layers in full,
     full recomputation of the fewest layers that fit takes its place where that is faster."""
     scored = 0
-    ladder = list(_recompute_ladder(spec, base, selective_bundles(case.model, case.training, spec.engine)))
+    bundles = (spec.pins["recompute_modules"],) if "recompute_modules" in spec.pins \
+        else selective_bundles(case.model, case.training, spec.engine)
+    ladder = list(_recompute_ladder(spec, base, bundles))
     for layout in ladder:
         try:
             if layout.recompute == "full" and layout.recompute_num_layers is None:

@@ -8,15 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from cost_models.specs import TrainingSpec
+from cost_models.specs import RECOMPUTE_MODULES, Layout, ModelSpec, SpecError, TrainingSpec
 
 from .engines import ENGINES, Engine, EngineSupport
+from .engines.megatron import recompute_module_refusals
 from .errors import CaseError
-from .fields import read_bool, read_int, read_mapping, read_number, read_str
+from .fields import describe, read_bool, read_int, read_mapping, read_number, read_str
 from .limits import MAX_TOP_K
 
 PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
-            "recompute_num_layers", "offload_optimizer", "offload_params", "offload_activations", "ep", "etp")
+            "recompute_num_layers", "recompute_modules", "offload_optimizer", "offload_params", "offload_activations",
+            "ep", "etp")
 BOUNDED = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "ep", "etp")
 SEARCH_KEYS = ("target", "headroom", "top_k", "tp_across_nodes") + PINNABLE \
     + tuple(f"{side}_{name}" for name in BOUNDED for side in ("min", "max"))
@@ -85,9 +87,9 @@ def retarget(src: str, spec: SearchSpec, training: TrainingSpec, target: Optiona
     return spec, training
 
 
-def read_search(src: str, data: Any, training: TrainingSpec) -> SearchSpec:
+def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[ModelSpec] = None) -> SearchSpec:
     """The ``search`` section, for a case whose ``training`` has already taken the target
-    (:func:`training_for_target`)."""
+    (:func:`training_for_target`) and whose ``model`` a pinned module set is checked against."""
     data = read_mapping(src, "search", data if data is not None else {}, SEARCH_KEYS)
     target = training.engine.name
     values: dict[str, Any] = {"target": target,
@@ -108,7 +110,15 @@ def read_search(src: str, data: Any, training: TrainingSpec) -> SearchSpec:
         values["top_k"] = read_int(src, "search.top_k", data["top_k"], minimum=0, maximum=MAX_TOP_K)
     if "tp_across_nodes" in data:
         values["tp_across_nodes"] = read_bool(src, "search.tp_across_nodes", data["tp_across_nodes"])
-    return SearchSpec(pins=_pins(src, data), bounds=_bounds(src, data), **values)
+    pins = _pins(src, data)
+    if "recompute_modules" in pins:
+        if not support.recompute_modules:
+            raise CaseError(src, "search.recompute_modules", f"{target} recomputes by its own selective policy, "
+                                                             "not by the modules a search names")
+        refusals = recompute_module_refusals(model, training, pins["recompute_modules"]) if model else []
+        if refusals:
+            raise CaseError(src, "search.recompute_modules", f"{target} cannot run it: {refusals[0]}")
+    return SearchSpec(pins=pins, bounds=_bounds(src, data), **values)
 
 
 def _pins(src: str, data: dict) -> dict[str, Any]:
@@ -127,13 +137,32 @@ def _pins(src: str, data: dict) -> dict[str, Any]:
             pins[name] = read_str(src, key, data[name])
             if pins[name] not in ("none", "selective", "full"):
                 raise CaseError(src, key, f"expected none, selective or full, got {pins[name]!r}")
+        elif name == "recompute_modules":
+            pins[name] = _modules(src, key, data[name])
         else:
             pins[name] = read_int(src, key, data[name],
                                   minimum=0 if name in ("zero_stage", "recompute_num_layers", "offload_activations")
                                   else 1)
+    if "recompute_modules" in pins:  # modules are selective recomputation's
+        if pins.setdefault("recompute", "selective") != "selective":
+            raise CaseError(src, "search.recompute_modules", f"applies only with recompute: selective, but "
+                                                             f"search.recompute is {pins['recompute']}")
     if "zero_stage" in pins and pins["zero_stage"] > 3:
         raise CaseError(src, "search.zero_stage", f"expected 0, 1, 2 or 3, got {pins['zero_stage']}")
     return pins
+
+
+def _modules(src: str, key: str, value: Any) -> tuple[str, ...]:
+    """A list of megatron-core module names, checked as ``Layout.recompute_modules`` checks them."""
+    if not isinstance(value, list):
+        raise CaseError(src, key, f"expected a list of module names ({', '.join(RECOMPUTE_MODULES)}), "
+                                  f"got {describe(value)}")
+    modules = tuple(read_str(src, key, m) for m in value)
+    try:
+        Layout(recompute="selective", recompute_modules=modules)
+    except SpecError as error:
+        raise CaseError(src, key, error.message) from None
+    return modules
 
 
 def _bounds(src: str, data: dict) -> dict[str, tuple]:

@@ -84,6 +84,7 @@ def _admits(spec, layout: Layout) -> bool:
                "ep")}
     values["etp"] = layout.expert_tp
     values["recompute_num_layers"] = layout.recompute_num_layers
+    values["recompute_modules"] = layout.recompute_modules
     for name in ("offload_optimizer", "offload_params", "offload_activations"):
         values[name] = getattr(layout, name)
     for name, value in values.items():
@@ -148,7 +149,8 @@ def all_layouts(case, spec):
                     for zero in (0, 1, 2, 3):
                         for sp in ((False,) if tp == 1 else (False, True)):
                             # Selective with every module set the engine offers (None: its own policy).
-                            bundles = selective_bundles(case.model, case.training, engine)
+                            bundles = (spec.pins["recompute_modules"],) if "recompute_modules" in spec.pins \
+                                else selective_bundles(case.model, case.training, engine)
                             recomputes = [("none", None, None)] + [("selective", None, m) for m in bundles] \
                                 + [("full", None, None)]
                             if engine.partial_recompute:
@@ -388,3 +390,13 @@ def test_plan_matches_brute_force_oracle_where_the_heaviest_module_set_is_the_an
     best = planner.plan(MLA_MOE, top_k=0).best
     assert (best.job.layout.recompute, best.job.layout.recompute_modules) == \
         ("selective", ("mla_up_proj", "layernorm", "mlp", "moe"))
+
+
+def test_plan_matches_brute_force_oracle_with_the_modules_pinned():
+    """A pinned module set (search.recompute_modules) is the only recomputation scored: here one
+    that frees too little at pp 1, so the answer pipelines instead."""
+    case = {**MLA_MOE, "search": {**MLA_MOE["search"], "recompute_modules": ["mla_up_proj"]}}
+    problems, _ = check_against_oracle("mla-moe case, modules pinned", case)
+    assert not problems, "\n".join(problems)
+    best = planner.plan(case, top_k=0).best
+    assert (best.job.layout.recompute, best.job.layout.recompute_modules) == ("selective", ("mla_up_proj",))

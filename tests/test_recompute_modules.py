@@ -222,3 +222,19 @@ def test_a_layout_that_does_not_fit_is_offered_the_module_sets_the_search_scores
     freed = stage_activation_bytes(j, 0) - stage_activation_bytes(
         type(j)(j.model, j.cluster, j.training, rungs[0].layout, j.overheads), 0)
     assert freed == pytest.approx((j.model.num_layers - 1) * (dense.mlp_input + dense.mlp_hidden))
+
+
+@pytest.mark.parametrize("search, expected", [
+    ({"recompute_modules": ["mla_up_proj"]}, "megatron cannot run it: mla_up_proj is only supported with "
+                                             "multi-latent attention"),
+    ({"recompute_modules": ["mlp"], "recompute": "full"}, "applies only with recompute: selective"),
+    ({"recompute_modules": ["mlp"], "target": "torchtitan"}, "torchtitan recomputes by its own selective policy"),
+    ({"recompute_modules": []}, "expected at least one module"),
+])
+def test_a_pinned_module_set_the_engine_or_model_cannot_run_is_refused_before_the_search(search, expected):
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096},
+            "search": {"target": "megatron", **search}}
+    with pytest.raises(CaseError) as error:
+        load_case(case)
+    assert "search.recompute_modules" in str(error.value) and expected in str(error.value)

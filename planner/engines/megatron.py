@@ -27,7 +27,7 @@
 from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
-from cost_models.specs import Job
+from cost_models.specs import Job, ModelSpec, TrainingSpec
 
 from .base import Engine, EngineSupport
 
@@ -97,27 +97,30 @@ def rules(job: Job) -> list[tuple[str, str]]:
 
 
 def _recompute_module_rules(job: Job) -> list[tuple[str, str]]:
-    """megatron-core's refusals of the modules a layout names (``TransformerConfig.__post_init__``),
-    and the modules the model has nothing for (megatron-core would skip them silently)."""
-    modules = job.layout.recompute_modules or ()
-    model, training = job.model, job.training
-    key, out = "layout.recompute_modules", []
+    return [("layout.recompute_modules", why)
+            for why in recompute_module_refusals(job.model, job.training, job.layout.recompute_modules or ())]
+
+
+def recompute_module_refusals(model: ModelSpec, training: TrainingSpec, modules: tuple[str, ...]) -> list[str]:
+    """megatron-core's refusals of the modules a layout (or a search) names
+    (``TransformerConfig.__post_init__``), and the modules the model has nothing for (megatron-core
+    would skip them silently)."""
+    out = []
     if "mla_up_proj" in modules and model.attention_type != "mla":
-        out.append((key, "mla_up_proj is only supported with multi-latent attention (TransformerConfig)"))
+        out.append("mla_up_proj is only supported with multi-latent attention (TransformerConfig)")
     for name in ("moe_act", "moe", "shared_experts"):
         if name in modules and not model.is_moe:
-            out.append((key, f"{name} recomputes part of an MoE layer, and the model has no experts"))
+            out.append(f"{name} recomputes part of an MoE layer, and the model has no experts")
     if "shared_experts" in modules and model.is_moe and not model.moe_shared_expert_ffn_hidden_size:
-        out.append((key, "shared_experts: the model has no shared experts"))
+        out.append("shared_experts: the model has no shared experts")
     if training.recipe is not None and training.recipe.name == "delayed":
         for name in ("moe_act", "layernorm"):
             if name in modules:
-                out.append((key, f"{name}: delayed scaling does not support moe_act and layernorm recompute for fp8 "
-                                 f"(TransformerConfig)"))
+                out.append(f"{name}: delayed scaling does not support moe_act and layernorm recompute for fp8 "
+                           f"(TransformerConfig)")
     if "moe" in modules and training.moe_comm_overlap:
-        out.append((key, "disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm "
-                         "(TransformerConfig)"))
+        out.append("disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm "
+                   "(TransformerConfig)")
     return out
-
 
 ENGINE = Engine("megatron", SUPPORT, BEHAVIOUR, rules, emitter="megatron")
