@@ -154,6 +154,10 @@ def run_spec(job: "Job", *, steps: int = 5, warmup: int = 2, seed: int = 0,
     if lay.zero_stage not in (0, 3):
         raise Unsupported("layout.zero_stage", "the CPU validation loop runs ZeRO 0 (DDP) or 3 (FSDP2), "
                                                f"got {lay.zero_stage}")
+    if lay.recompute_modules not in (None, ("core_attn",)):
+        raise Unsupported("layout.recompute_modules", "the validation loop's selective recomputation checkpoints "
+                                                      "the attention core; leave recompute_modules out or give "
+                                                      "[core_attn]")
     if lay.recompute == "full" and lay.recompute_num_layers not in (None, model.num_layers):
         raise Unsupported("layout.recompute_num_layers", "the CPU validation loop recomputes every layer "
                                                          "under full recomputation; leave it out")

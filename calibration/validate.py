@@ -242,8 +242,11 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     if spec.precision == "bf16" and loaded.training.fp32_grads is None:
         # The loop keeps fp32 master weights and gradients under bf16: predict that run.
         loaded = replace(loaded, training=replace(loaded.training, fp32_grads=True))
-    # What runs is the repo's own GPT, whatever engine the case names: predict it as it runs.
+    # What runs is the repo's own GPT, whatever engine the case names: predict it as it runs. Its
+    # selective recomputation checkpoints the attention core, flash attention or not (gpt.py).
     loaded = replace(loaded, training=replace(loaded.training, engine=reference_engine(spec)))
+    if loaded.layout.recompute == "selective":
+        loaded = replace(loaded, layout=loaded.layout.with_changes(recompute_modules=("core_attn",)))
     with spec_errors(loaded.source):  # e.g. a profile without a figure for the precision
         est = estimate(loaded)
     if not est.fits:  # the ranks would only die out of memory, or swap for hours

@@ -113,6 +113,7 @@ def test_one_rank_selective_recomputation_swiglu_gqa(profile):
     ({"layout": {"dp": 1, "pp": 2}}, "layout.pp"),
     ({"layout": {"dp": 2, "zero_stage": 1}}, "layout.zero_stage"),
     ({"layout": {"dp": 2, "recompute": "full", "recompute_num_layers": 1}}, "layout.recompute_num_layers"),
+    ({"layout": {"dp": 2, "recompute": "selective", "recompute_modules": ["mlp"]}}, "layout.recompute_modules"),
     ({"training": {"precision": "bf16", "global_batch_size": 4, "seq_len": 64}}, "training.precision"),
     ({"model": {**MODEL, "dropout": 0.1}}, "model.dropout"),
 ])
