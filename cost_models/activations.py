@@ -139,7 +139,7 @@ def selective_modules(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     modules = [] if training.flash_attention else ["core_attn"]
     if model.attention_type == "mla":
         modules.append("mla_up_proj")
-    if model.is_moe and not (training.recipe is not None and training.recipe.name == "delayed"):
+    if model.is_moe and not training.delayed_scaling:
         modules.append("moe_act")
     return tuple(modules)
 

@@ -87,15 +87,17 @@ def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, 
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
                  recompute=recompute, etp=etp, recompute_modules=recompute_modules)
     selective = training.engine.selective
+    kept = layer_activation_bytes(model, training, lay, recomputed=False, selective=selective)
+    kept_moe = layer_activation_bytes(model, training, lay, recomputed=False, selective=selective, moe=True) \
+        if model.is_moe else 0.0
     restored = 0.0
     if recompute == "selective" and selective == "attention":
-        kinds = (False, True) if model.is_moe else (False,)
-        restored = max(layer_activations(model, training, lay, moe).total
-                       - layer_activation_bytes(model, training, lay, selective=selective, moe=moe) for moe in kinds)
+        restored = layer_activations(model, training, lay).total - kept
+        if model.is_moe:
+            restored = max(restored, layer_activations(model, training, lay, moe=True).total - kept_moe)
     return PerMicrobatch(
-        kept=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective),
-        kept_moe=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective, moe=True)
-        if model.is_moe else 0.0,
+        kept=kept,
+        kept_moe=kept_moe,
         kept_high=layer_activation_bytes(model, training, lay, recomputed=False, selective=selective,
                                          quantized=False),
         checkpointed=layer_activation_bytes(model, training, lay, recomputed=True, selective=selective),

@@ -640,6 +640,12 @@ class TrainingSpec:
         for fp32, fp16 and bf16. fp8 without a recipe runs the engine's default."""
         return recipe_for(self.precision, self.fp8_recipe or self.engine.fp8_recipe)
 
+    @property
+    def delayed_scaling(self) -> bool:
+        """fp8 under delayed scaling, with which megatron-core recomputes neither the experts'
+        activation nor the norms (``TransformerConfig.__post_init__``)."""
+        return self.recipe is not None and self.recipe.name == "delayed"
+
 
 
 

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 
 from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, HostSpec, Job, Layout, ModelSpec, Overheads,
-                               Performance, RECOMPUTE_MODULES, SpecError, TrainingSpec)
+                               Performance, SpecError, TrainingSpec)
 
 from .engines import ENGINES
 from .errors import CaseError
@@ -27,7 +27,7 @@ from .hf_config import read_hf_config
 from .inputs import read_yaml
 from .limits import MAX_GPU_HOUR_COST, MAX_GPUS
 from .presets import closest, fabric_presets, gpu_presets, model_presets, performance_presets, resolve_gpu_preset
-from .search_options import SearchSpec, read_search, training_for_target
+from .search_options import SearchSpec, read_module_names, read_search, training_for_target
 from .units import parse_bandwidth, parse_memory
 
 SECTIONS = ("model", "cluster", "training", "layout", "overheads", "search")
@@ -521,12 +521,7 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
         values["recompute_num_layers"] = read_int(src, f"{key}.recompute_num_layers",
                                               section["recompute_num_layers"], minimum=0)
     if section.get("recompute_modules") is not None:
-        modules = section["recompute_modules"]
-        if not isinstance(modules, list):
-            names = ", ".join(RECOMPUTE_MODULES)
-            raise CaseError(src, f"{key}.recompute_modules", f"expected a list of module names ({names}), "
-                                                             f"got {describe(modules)}")
-        values["recompute_modules"] = tuple(read_str(src, f"{key}.recompute_modules", m) for m in modules)
+        values["recompute_modules"] = read_module_names(src, f"{key}.recompute_modules", section["recompute_modules"])
     if "offload_optimizer" in section:
         values["offload_optimizer"] = read_number(src, f"{key}.offload_optimizer", section["offload_optimizer"])
     if "offload_params" in section:

@@ -196,7 +196,9 @@ def _recompute_rungs(job: Job) -> list[tuple[str, dict]]:
     if lay.recompute == "none" or (lay.recompute == "selective" and lay.recompute_modules is None):
         engine = ENGINES.get(job.training.engine.name)
         bundles = selective_bundles(job.model, job.training, engine.support) if engine else (None,)
-        for modules in bundles[1 if lay.recompute == "selective" and bundles[:1] == (None,) else 0:]:
+        if lay.recompute == "selective":  # the layout runs the default set (None): only the heavier ones
+            bundles = tuple(b for b in bundles if b is not None)
+        for modules in bundles:
             name = "recompute selective" + (f" (recompute_modules: [{', '.join(modules)}])" if modules else "")
             rungs.append((name, {"recompute": "selective", "recompute_num_layers": None,
                                  "recompute_modules": modules}))

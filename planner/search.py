@@ -242,8 +242,7 @@ def selective_bundles(model: ModelSpec, training: TrainingSpec, engine: EngineSu
         return (None,)
     modules = selective_modules(model, training, Layout(recompute="selective"))
     bundles: list[Optional[tuple[str, ...]]] = [None] if modules else []  # nothing frees memory: none's twin
-    delayed = training.recipe is not None and training.recipe.name == "delayed"
-    if (model.attention_type == "mla" or model.is_moe) and not delayed:
+    if (model.attention_type == "mla" or model.is_moe) and not training.delayed_scaling:
         modules += ("layernorm",)
         bundles.append(modules)
     heavy = modules + (("mlp",) if model.num_moe_layers < model.num_layers else ())

@@ -152,12 +152,18 @@ def _pins(src: str, data: dict) -> dict[str, Any]:
     return pins
 
 
-def _modules(src: str, key: str, value: Any) -> tuple[str, ...]:
-    """A list of megatron-core module names, checked as ``Layout.recompute_modules`` checks them."""
+def read_module_names(src: str, key: str, value: Any) -> tuple[str, ...]:
+    """A list of megatron-core module names (``layout.recompute_modules``, ``search.recompute_modules``)
+    as a tuple of strings; ``Layout`` checks the names themselves."""
     if not isinstance(value, list):
         raise CaseError(src, key, f"expected a list of module names ({', '.join(RECOMPUTE_MODULES)}), "
                                   f"got {describe(value)}")
-    modules = tuple(read_str(src, key, m) for m in value)
+    return tuple(read_str(src, key, m) for m in value)
+
+
+def _modules(src: str, key: str, value: Any) -> tuple[str, ...]:
+    """A pinned module set, checked as ``Layout.recompute_modules`` checks one."""
+    modules = read_module_names(src, key, value)
     try:
         Layout(recompute="selective", recompute_modules=modules)
     except SpecError as error:

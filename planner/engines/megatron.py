@@ -113,7 +113,7 @@ def recompute_module_refusals(model: ModelSpec, training: TrainingSpec, modules:
             out.append(f"{name} recomputes part of an MoE layer, and the model has no experts")
     if "shared_experts" in modules and model.is_moe and not model.moe_shared_expert_ffn_hidden_size:
         out.append("shared_experts: the model has no shared experts")
-    if training.recipe is not None and training.recipe.name == "delayed":
+    if training.delayed_scaling:
         for name in ("moe_act", "layernorm"):
             if name in modules:
                 out.append(f"{name}: delayed scaling does not support moe_act and layernorm recompute for fp8 "
