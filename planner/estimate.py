@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from cost_models.activations import selective_modules
 from cost_models.topology import domains_spanned
 from cost_models.memory import StageMemory, host_bytes, peak_stage_memory, stage_memories
 from cost_models.parameters import active_parameters, total_parameters
@@ -96,6 +97,19 @@ class Estimate:
                 return remedy
         return min(ladder, key=lambda r: r.peak_bytes) if ladder else None
 
+    def layout_mapping(self) -> dict[str, Any]:
+        """The layout as a case file gives it, selective recomputation with the modules it runs
+        named (``activations.selective_modules``) where the engine recomputes by module: what the
+        emitted arguments say, and what a launcher or a later case can take as is."""
+        section = layout_to_mapping(self.job.layout)
+        lay, job = self.job.layout, self.job
+        if lay.recompute == "selective" and lay.recompute_modules is None \
+                and job.training.engine.selective == "attention":
+            modules = selective_modules(job.model, job.training, lay)
+            if modules:  # none frees memory: nothing is recomputed, and no module list says that
+                section["recompute_modules"] = list(modules)
+        return section
+
     def to_dict(self) -> dict[str, Any]:
         model = self.job.model
         return {
@@ -109,7 +123,7 @@ class Estimate:
                 "by_term": {term: int(round(v)) for term, v in self.peak.by_term().items()},
                 "host_bytes": int(round(self.host_bytes)),
             },
-            "layout": layout_to_mapping(self.job.layout),
+            "layout": self.layout_mapping(),
             # NVLink domains (nodes, or NVL72 racks) each parallel group spans: > 1 leaves it.
             "nvlink_domains_spanned": domains_spanned(self.job.cluster, self.job.layout),
             "grad_accum": self.job.grad_accum,

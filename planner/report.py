@@ -125,9 +125,10 @@ def value_text(key: str, value: Any) -> str:
 
 def _layout_summary(layout: dict) -> str:
     keys = ("dp", "tp", "pp", "vpp", "cp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
-            "recompute_num_layers", "stage_layers", "offload_optimizer", "offload_params", "offload_activations")
+            "recompute_num_layers", "recompute_modules", "stage_layers", "offload_optimizer", "offload_params",
+            "offload_activations")
     short = {"micro_batch_size": "mbs", "zero_stage": "zero", "sequence_parallel": "sp",
-             "recompute_num_layers": "recompute layers", "stage_layers": "stages",
+             "recompute_num_layers": "recompute layers", "recompute_modules": "modules", "stage_layers": "stages",
              "offload_optimizer": "offload optimizer", "offload_params": "offload params",
              "offload_activations": "offload activations"}
     return " ".join(f"{short.get(k, k)}={value_text(k, layout[k])}" for k in keys if k in layout)

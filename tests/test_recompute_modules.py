@@ -238,3 +238,17 @@ def test_a_pinned_module_set_the_engine_or_model_cannot_run_is_refused_before_th
     with pytest.raises(CaseError) as error:
         load_case(case)
     assert "search.recompute_modules" in str(error.value) and expected in str(error.value)
+
+
+def test_the_json_layout_names_the_modules_it_was_timed_with():
+    """`estimate --json` and `plan --json` name what selective runs, so the layout goes back into
+    a case (or a launcher) as is and is timed the same."""
+    case = {"model": {"preset": "deepseek-v2-lite"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"},
+            "layout": {**LITE, "recompute": "selective"}}
+    e = estimate(case)
+    layout = e.to_dict()["layout"]
+    assert layout["recompute_modules"] == ["mla_up_proj", "moe_act"]
+    assert estimate({**case, "layout": layout}).step_time_s == e.step_time_s
+    dense = {**case, "model": {"preset": "llama3-8b"}, "layout": {**LLAMA, "recompute": "selective"}}
+    assert "recompute_modules" not in estimate(dense).to_dict()["layout"]  # none frees memory
