@@ -157,10 +157,15 @@ def moe_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, t
             time += sum(f for f, _ in _token_linear_times(model, training, gpu, tp, cp, micro_batch_size,
                                                           weight_share)[1:])
     if "layernorm" in modules:
-        sp = tp if sequence_parallel else 1
-        time += elementwise_time(2 * activation_bytes(training.precision) * micro_batch_size * training.seq_len / cp
-                                 * model.hidden_size / sp, gpu)
+        time += norm_forward_time(model, training, micro_batch_size * training.seq_len / cp,
+                                  tp if sequence_parallel else 1, gpu)
     return time
+
+
+def norm_forward_time(model: ModelSpec, training: TrainingSpec, tokens: float, sp: int, gpu: GPUSpec) -> float:
+    """One norm's forward, run again under ``layernorm`` recomputation: one read and one write of
+    the hidden states of ``tokens`` (split ``sp`` ways under sequence parallelism)."""
+    return elementwise_time(2 * activation_bytes(training.precision) * tokens * model.hidden_size / sp, gpu)
 
 
 def dispatch_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int) -> float:

@@ -30,8 +30,9 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 EXPERT_DISPATCHES = ("all_to_all", "deepep")
 RECOMPUTE = ("none", "selective", "full")
 # The parts of a layer selective recomputation can run again, in megatron-core's
-# ``--recompute-modules`` names (``TransformerConfig.recompute_modules``); what each frees and
-# costs is ``activations.layer_activation_bytes`` and ``step_time.selective_recompute_time``.
+# ``--recompute-modules`` names (``TransformerConfig.recompute_modules``); what each frees is
+# ``activations.selective_freed_bytes``, what it runs again ``step_time.selective_recompute_time``
+# and ``experts.moe_recompute_time``.
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "layernorm", "mlp", "moe_act", "moe", "shared_experts")
 
 

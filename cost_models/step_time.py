@@ -22,7 +22,7 @@ from typing import Optional
 
 from .activations import activation_bytes, selective_modules
 from .collectives import collective_time, exposed, p2p_time
-from .experts import dispatch_combine_time, moe_mlp_time, moe_recompute_time
+from .experts import dispatch_combine_time, moe_mlp_time, moe_recompute_time, norm_forward_time
 from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, mlp_gemms, model_flops_per_token
 from .kernels import (NORM_OR_ACTIVATION_INPUTS, activation_passes, elementwise_time, first_touch_time,
                       flash_attention_time, gemm_time, high_precision_precision, in_place_time, linear_time,
@@ -297,8 +297,7 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
             up = [g for g in attention_gemms(model, tokens, tp) if g.name in ("q_up", "kv_up", "q")]
             time += sum(linear_time(g, gpu, training, quantized, weight_share)[0] for g in up)
         if "layernorm" in modules and model.attention_type == "mla":
-            sp = tp if sequence_parallel else 1
-            time += elementwise_time(2 * activation_bytes(training.precision) * tokens * model.hidden_size / sp, gpu)
+            time += norm_forward_time(model, training, tokens, tp if sequence_parallel else 1, gpu)
         if "mlp" in modules and mlp:
             time += sum(linear_time(g, gpu, training, quantized, weight_share, g.name in NORM_OR_ACTIVATION_INPUTS)[0]
                         for g in mlp_gemms(model, tokens, model.ffn_hidden_size, tp)) \
