@@ -155,3 +155,22 @@ def test_plain_ddp_keeps_its_buckets_beside_the_gradients(engine, zero_stage, dp
     job = _ddp_job(engine, zero_stage, dp)
     params = job_stage_parameters(job, 0).total
     assert stage_memory(job, 0).gradients == pytest.approx(params * gradient_bytes, rel=1e-12)
+
+
+# The totals nvidia-smi prints for each GPU ("Memory-Usage" column, MiB), as published in logs of real machines.
+REPORTED_MIB = {"a100-sxm-80gb": 81920, "h100-sxm-80gb": 81559, "h200-sxm-141gb": 143771, "b200": 183359,
+                "gb200": 189471, "b300": 275040, "gb300": 284208}
+
+
+@pytest.mark.parametrize("name", sorted(REPORTED_MIB))
+def test_no_preset_counts_memory_its_gpu_does_not_report(name):
+    """A preset may round the device's total up to its datasheet figure only by the driver's reserve (under 1%),
+    which the default headroom covers; never by more, or a plan fills memory the GPU does not have."""
+    from planner.presets import gpu_presets
+    from planner.units import parse_memory
+    from planner.search_options import SearchSpec
+
+    preset = parse_memory(gpu_presets()[name]["memory"])
+    reported = REPORTED_MIB[name] * 2**20
+    assert reported <= preset <= reported * 1.01
+    assert preset * (1 - SearchSpec().headroom) < reported
