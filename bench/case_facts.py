@@ -45,7 +45,7 @@ FACTS = {
     "AutoModel's DeepEP": ("runs_deepep", lambda row: False),
     "Megatron-Bridge's recipe settings": ("recipe_settings", lambda row: {}),
     "Megatron-Bridge's recompute modules": ("recompute_modules", lambda row: None),
-    "Megatron-Bridge's quantized weights": ("bridge_param_gather", lambda row, prec: False),
+    "Megatron-Bridge's quantized weights": ("bridge_param_gather", lambda row, prec: None),
 }
 
 

@@ -10,6 +10,7 @@ particular (plain PyTorch), :data:`GENERIC`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from .frozen import cached_hash
 
@@ -151,6 +152,14 @@ class EngineBehaviour:
     # flex token dispatcher of megatron-core), rather than once per expert
     # (``experts.dispatch_combine_time``).
     hierarchical_dispatch: bool = False
+    # The low-precision recipes whose weights the engine keeps quantized, and gathers so, where a
+    # job does not say (``TrainingSpec.fp8_param_gather`` None): at ZeRO 1 and 3, the stages whose
+    # weights come out of a sharded optimizer or a sharded gather (Megatron's --fp8-param-gather
+    # needs the distributed optimizer or Megatron-FSDP). Megatron-Bridge's precision configs
+    # (``training/mixed_precision.py``) set it for delayed and per-tensor current scaling and for
+    # MXFP8 (``fp8_param_gather = True``) and NVFP4 (``fp4_param_gather = True``), not for the
+    # 1×128 / 128×128 blockwise recipe.
+    quantized_param_gather: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.selective not in ("attention", "matmuls"):
@@ -160,6 +169,11 @@ class EngineBehaviour:
                              f"got {self.grouped_gemm_streams}")
         if self.quantizer not in QUANTIZERS:
             raise ValueError(f"EngineBehaviour.quantizer: expected one of {QUANTIZERS}, got {self.quantizer!r}")
+
+    def gathers_quantized_weights(self, recipe: Optional[str], zero_stage: int) -> bool:
+        """Whether the engine keeps the weights quantized under ``recipe`` at ``zero_stage`` where a
+        job does not say (``quantized_param_gather``)."""
+        return recipe in self.quantized_param_gather and zero_stage in (1, 3)
 
     @property
     def fused_quantize(self) -> bool:

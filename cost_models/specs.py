@@ -10,7 +10,7 @@ so a caller that knows where the value came from (a case file) can say so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property, lru_cache
 from typing import Mapping, Optional
 
@@ -597,8 +597,9 @@ class TrainingSpec:
     fp8_recipe: Optional[str] = None
     # Weights quantized on their shard before the ZeRO gather, which then moves the low-precision
     # weights (Megatron --fp8-param-gather, MLPerf's FP8_PARAM_GATHER; torchao's FSDP float8
-    # all-gather).
-    fp8_param_gather: bool = False
+    # all-gather). None: the engine's default at the job's layout, which a Job resolves
+    # (``model_states.quantized_weights_by_default``).
+    fp8_param_gather: Optional[bool] = None
     # The expert-parallel dispatch (``EXPERT_DISPATCHES``); None: the engine's
     # (``EngineBehaviour.hierarchical_dispatch``: Megatron's flex dispatcher runs DeepEP).
     expert_dispatch: Optional[str] = None
@@ -613,7 +614,7 @@ class TrainingSpec:
             raise SpecError(s, "engine", f"expected an engine's behaviour, got {self.engine!r}")
         for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather"):
             value = getattr(self, name)
-            if not isinstance(value, bool) and not (name == "fp32_grads" and value is None):
+            if not isinstance(value, bool) and not (name in ("fp32_grads", "fp8_param_gather") and value is None):
                 raise SpecError(s, name, f"expected true or false, got {value!r}")
         if self.fp8_recipe is not None:
             _choice(s, "fp8_recipe", self.fp8_recipe, FP8_RECIPES)
@@ -804,6 +805,12 @@ class Layout:
         return Layout(**{**self.__dict__, **changes})
 
 
+@lru_cache(maxsize=256)  # a search builds a Job for every layout it scores
+def _with_param_gather(training: TrainingSpec, keep: bool) -> TrainingSpec:
+    return TrainingSpec(**{**{f.name: getattr(training, f.name) for f in fields(TrainingSpec)},
+                           "fp8_param_gather": keep})
+
+
 @dataclass(frozen=True)
 class Job:
     """Everything the cost models need: what is trained, on what, and how it is laid out.
@@ -821,6 +828,13 @@ class Job:
     def __post_init__(self) -> None:
         m, c, t, lay = self.model, self.cluster, self.training, self.layout
         s = Layout
+        if t.fp8_param_gather is None:
+            # The engine's default depends on the layout's ZeRO stage: the cost models read the
+            # resolved flag; the request is kept for the same job at another layout (with_layout).
+            recipe = t.recipe
+            keep = recipe is not None and t.engine.gathers_quantized_weights(recipe.name, lay.zero_stage)
+            object.__setattr__(self, "_requested", t)
+            object.__setattr__(self, "training", _with_param_gather(t, keep))
         if lay.world_size != c.num_gpus:
             raise SpecError(s, "dp", f"dp·tp·pp·cp = {lay.dp}·{lay.tp}·{lay.pp}·{lay.cp} = {lay.world_size} "
                                      f"must equal the cluster's {c.num_gpus} GPUs")
@@ -907,6 +921,15 @@ class Job:
     def num_microbatches(self) -> int:
         """m in the pipeline formulas: micro-batches through each pipeline per step."""
         return self.grad_accum
+
+    @property
+    def requested_training(self) -> TrainingSpec:
+        """The training as the case gave it, before its engine's defaults were resolved at this layout."""
+        return self.__dict__.get("_requested", self.training)
+
+    def with_layout(self, layout: Layout) -> "Job":
+        """The same job at another layout, with the engine's defaults resolved afresh for it."""
+        return Job(self.model, self.cluster, self.requested_training, layout, self.overheads)
 
     @cached_property  # read for every stage by every cost model; a Job never changes
     def stage_layers(self) -> tuple[int, ...]:

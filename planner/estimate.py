@@ -175,7 +175,7 @@ def estimate(case: Any) -> Estimate:
 
 def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Remedy]:
     try:
-        candidate = Job(job.model, job.cluster, job.training, job.layout.with_changes(**changes), job.overheads)
+        candidate = job.with_layout(job.layout.with_changes(**changes))
     except SpecError:
         return None
     peak = peak_stage_memory(candidate).total

@@ -95,14 +95,16 @@ def quantized_weight_gather(text: Any) -> bool:
     return "float8 all-gather" in p or "f8 all-gather" in p or "param all-gather" in p
 
 
-def bridge_param_gather(row: dict, prec: str) -> bool:
+def bridge_param_gather(row: dict, prec: str) -> Optional[bool]:
     """Whether a Megatron-Bridge performance run kept its weights quantized: the perf scripts take
     their precision from ``scripts/performance/utils/precision.py`` (``get_precision_config``),
     whose ``bf16_with_mxfp8_mixed`` and ``bf16_with_fp8_current_scaling_mixed`` set
     ``fp8_param_gather = True`` in every release the rows cite (v0.2.0 to v0.6.0); the
-    sub-channel (blockwise) and NVFP4 configs leave it off."""
+    sub-channel (blockwise) and NVFP4 configs leave it off (``fp4_param_gather`` came in v0.5.0,
+    and which rows ran it is not said), as do the 25.09 rows, whose fp8 recipe is unstated.
+    None for other sources: the engine's default."""
     if not row["source"].startswith("Megatron-Bridge"):
-        return False
+        return None
     return prec == "mxfp8" or (prec == "fp8" and fp8_recipe(row["precision"]) == "tensorwise")
 
 
@@ -352,9 +354,9 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
     # The fp8 scaling and the fp8 weight gather the row states (else the engine's defaults).
     if prec == "fp8" and fp8_recipe(row["precision"]):
         training["fp8_recipe"] = fp8_recipe(row["precision"])
-    if prec in ("fp8", "mxfp8", "nvfp4") and (quantized_weight_gather(row["precision"])
-                                              or bridge_param_gather(row, prec)):
-        training["fp8_param_gather"] = True
+    gather = True if quantized_weight_gather(row["precision"]) else bridge_param_gather(row, prec)
+    if prec in ("fp8", "mxfp8", "nvfp4") and gather is not None:
+        training["fp8_param_gather"] = gather
     layout: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "dp": row["num_gpus"] // (tp * pp * cp), "vpp": vpp,
                               "micro_batch_size": b["micro_batch_size"], "zero_stage": zero_stage(row),
                               "sequence_parallel": bool(sp), "recompute": recompute(row)}

@@ -278,13 +278,14 @@ def transformer_config(args: dict) -> TransformerConfig:
         bf16="--bf16" in args,
         fp16="--fp16" in args,
         # MoE with fp8 or fp4 makes TransformerConfig ask Transformer Engine for its version, which
-        # a CPU-only machine does not have: that one check is left out (the flags are checked above).
+        # a CPU-only machine does not have: that one check is left out (the flags are checked above),
+        # and with it the quantized parameters, which TransformerConfig refuses without the format.
         fp8=None if "--num-experts" in args else args.get("--fp8-format"),
         fp8_recipe=args.get("--fp8-recipe", "delayed"),
-        fp8_param="--fp8-param-gather" in args,
+        fp8_param="--fp8-param-gather" in args and "--num-experts" not in args,
         fp4=None if "--num-experts" in args else args.get("--fp4-format"),
         fp4_recipe=args.get("--fp4-recipe", "nvfp4"),
-        fp4_param="--fp4-param-gather" in args,
+        fp4_param="--fp4-param-gather" in args and "--num-experts" not in args,
         first_last_layers_bf16="--first-last-layers-bf16" in args,
         num_layers_at_start_in_bf16=integer("--num-layers-at-start-in-bf16", 1),
         num_layers_at_end_in_bf16=integer("--num-layers-at-end-in-bf16", 1),
@@ -718,3 +719,18 @@ def test_read_refuses_another_fp8_recipe_than_the_cases(tmp_path):
 def test_megatron_refuses_torchaos_rowwise_scaling():
     with pytest.raises(CaseError, match="training.fp8_recipe.*tensorwise"):
         plan(_recipe_case("h100-sxm-80gb", "fp8", fp8_recipe="rowwise"), top_k=0)
+
+
+def test_weights_kept_quantized_by_default_are_written_and_read_back(tmp_path):
+    """Megatron-Bridge's delayed-scaling precision config sets fp8_param_gather
+    (``training/mixed_precision.py``), which the engine's default follows where the distributed
+    optimizer runs: the plan writes --fp8-param-gather, and a launch without it is refused against
+    a case that says nothing, naming the key that would make them agree."""
+    best = plan(_recipe_case("h100-sxm-80gb", "fp8"), top_k=0).best
+    assert best.job.layout.zero_stage == 1 and best.job.training.fp8_param_gather
+    text = megatron.render(best, provenance(best, "case.yaml"))["megatron_args.txt"]
+    assert "--fp8-param-gather" in parse_args(text)
+    (tmp_path / "args.txt").write_text(text.replace("--fp8-param-gather", ""))
+    with pytest.raises(CaseError, match="--fp8-param-gather: absent, but the case defaults to "
+                                        "training.fp8_param_gather: true at this layout: set it to false"):
+        megatron_reader.read(tmp_path / "args.txt", best.case)

@@ -93,13 +93,16 @@ def test_megatron_bridge_rows_run_what_their_recipes_set(rows):
 def test_megatron_bridge_fp8_runs_keep_their_weights_quantized(rows):
     """The perf scripts' precision configs (``scripts/performance/utils/precision.py``): MXFP8 and
     FP8 current scaling (FP8_CS, per-tensor) set fp8_param_gather; the sub-channel (blockwise)
-    config does not."""
+    config does not, and the case says so (false); other sources' cases leave it to the engine's
+    default."""
     mx, _ = case_of(rows["mb_2604_qwen330ba3b_gb300_8g_mxfp8"])
     cs, _ = case_of(rows["mb_2604_qwen330ba3b_h100_16g_fp8"])
     block, _ = case_of(rows["mb_2509_deepseekv3_h100_1024g_fp8_128x128_alt"])
     assert mx["training"]["fp8_param_gather"] and cs["training"]["fp8_param_gather"]
     assert cs["training"]["fp8_recipe"] == "tensorwise"
-    assert block["training"]["fp8_recipe"] == "blockwise" and "fp8_param_gather" not in block["training"]
+    assert block["training"]["fp8_recipe"] == "blockwise" and block["training"]["fp8_param_gather"] is False
+    nemo, _ = case_of(rows["nemo2407_h100_fp8_LLAMA3-70B_64gpu"])
+    assert "fp8_param_gather" not in nemo["training"]
 
 
 def test_nemo_rows_run_megatron_with_tp_overlap_and_the_distributed_optimizer(rows):

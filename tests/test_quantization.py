@@ -147,7 +147,7 @@ def test_fp8_parameter_gather_halves_the_gathered_bytes():
 
 
 def test_fp8_param_gather_shortens_the_gathers():
-    slow = planner.estimate(_case("h100", "fp8"))
+    slow = planner.estimate(_case("h100", "fp8", fp8_param_gather=False))
     fast = planner.estimate(_case("h100", "fp8", fp8_param_gather=True))
     assert fast.time.dp_comm_s < slow.time.dp_comm_s
 
@@ -228,7 +228,7 @@ def test_megatron_keeps_a_quantized_copy_of_every_linear_weight(gpu, precision, 
     where Megatron passes is_first_microbatch) holds each linear weight quantized beside the bf16 one:
     the estimate's weights grow by exactly that many bytes per linear weight over bf16 training."""
     extra = {"fp8_recipe": recipe} if recipe else {}
-    quantized, linear = _weight_memory(gpu, precision, **extra)
+    quantized, linear = _weight_memory(gpu, precision, fp8_param_gather=False, **extra)
     bf16, _ = _weight_memory(gpu, "bf16")
     assert quantized - bf16 == pytest.approx(copy * linear, rel=1e-12)
 
@@ -246,7 +246,8 @@ def test_quantized_parameters_add_only_their_other_layout():
 def test_no_copy_is_kept_where_the_weights_are_sharded_or_torchao_casts_them():
     """ZeRO-3 (Megatron-FSDP drops the quantized copies after each module's forward) and torchao
     (which casts each use) keep no quantized weights: the weights are bf16 training's."""
-    assert _weight_memory("h100", "fp8", zero_stage=3)[0] == _weight_memory("h100", "bf16", zero_stage=3)[0]
+    assert _weight_memory("h100", "fp8", zero_stage=3, fp8_param_gather=False)[0] \
+        == _weight_memory("h100", "bf16", zero_stage=3)[0]
     assert _weight_memory("h100", "fp8", engine="any")[0] == _weight_memory("h100", "bf16", engine="any")[0]
 
 
@@ -271,7 +272,8 @@ def test_keeping_the_weights_quantized_is_the_first_remedy_where_it_drops_a_copy
     one does not fit; the weights kept quantized (--fp8-param-gather) fit, at no cost in time,
     so that is the cheapest change named, with the peak the estimate of that case gives."""
     case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100", "num_gpus": 64},
-            "training": {"global_batch_size": 64, "seq_len": 8192, "precision": "fp8", "engine": "megatron"},
+            "training": {"global_batch_size": 64, "seq_len": 8192, "precision": "fp8", "engine": "megatron",
+                         "fp8_param_gather": False},
             "layout": {"tp": 8, "dp": 8, "micro_batch_size": 1, "zero_stage": 1, "sequence_parallel": True,
                        "recompute": "selective"}}
     copy = planner.estimate(case)
@@ -305,3 +307,37 @@ def test_mx_weights_kept_quantized_are_gathered_in_16_bits():
     assert weight_quantize_share(job) == 1 / job.num_microbatches
     block_job = load_case(_case("h100", "fp8", fp8_recipe="blockwise", fp8_param_gather=True)).job()
     assert weight_quantize_share(block_job) == 1 / (block_job.num_microbatches * 8)
+
+
+@pytest.mark.parametrize("gpu, precision, extra, zero_stage, engine, kept", [
+    ("h100", "fp8", {}, 1, "megatron", True),  # bf16_with_fp8_delayed_scaling_mixed
+    ("h100", "fp8", {"fp8_recipe": "tensorwise"}, 3, "megatron", True),  # bf16_with_fp8_current_scaling_mixed
+    ("b200", "mxfp8", {}, 1, "megatron", True),  # bf16_with_mxfp8_mixed
+    ("b200", "nvfp4", {}, 1, "megatron", True),  # bf16_with_nvfp4_mixed: fp4_param_gather
+    ("h100", "fp8", {"fp8_recipe": "blockwise"}, 1, "megatron", False),  # the sub-channel config
+    ("h100", "fp8", {}, 0, "megatron", False),  # --fp8-param-gather needs the distributed optimizer
+    ("h100", "fp8", {}, 1, "any", False),
+    ("h100", "fp8", {}, 3, "torchtitan", False),
+])
+def test_the_engines_default_keeps_weights_quantized_where_its_recipes_do(gpu, precision, extra, zero_stage,
+                                                                          engine, kept):
+    """A case that does not say takes the engine's default at its layout: Megatron keeps the weights
+    quantized as Megatron-Bridge's precision configs do (``training/mixed_precision.py``), at ZeRO 1
+    and 3; the estimate is then exactly the one of a case that says so."""
+    case = _case(gpu, precision, engine=engine, **extra)
+    case["layout"]["zero_stage"] = zero_stage
+    if engine == "torchtitan":
+        case["training"]["fp8_recipe"] = "rowwise"
+    job = load_case(case).job()
+    assert job.training.fp8_param_gather is kept and job.requested_training.fp8_param_gather is None
+    said = {**case, "training": {**case["training"], "fp8_param_gather": kept}}
+    assert planner.estimate(case).peak.total == planner.estimate(said).peak.total
+
+
+def test_the_same_job_at_another_zero_stage_resolves_the_default_afresh():
+    """A remedy that changes the ZeRO stage prices the weights as the engine holds them there."""
+    job = load_case(_case("h100", "fp8")).job()
+    assert job.training.fp8_param_gather
+    at_zero_2 = job.with_layout(job.layout.with_changes(zero_stage=2))
+    assert not at_zero_2.training.fp8_param_gather
+    assert job.with_layout(job.layout.with_changes(zero_stage=3)).training.fp8_param_gather

@@ -401,7 +401,24 @@ def read(path: Path, case) -> Layout:
                         recompute_num_layers=recompute_layers, stage_layers=stage_layers,
                         offload_optimizer=offload_optimizer, offload_activations=offload_activations, **accounted,
                         **experts)
-        Job(case.model, case.cluster, case.training, layout, case.overheads)
+        job = Job(case.model, case.cluster, case.training, layout, case.overheads)
     except SpecError as error:
         raise CaseError(src, FLAG_OF_FIELD.get(error.field, error.field), case_message(error.message)) from None
+    _check_quantized_weights(src, flags, job)
     return layout
+
+
+def _check_quantized_weights(src: str, flags: dict, job: Job) -> None:
+    """The launch and the case keep the weights alike: quantized (--fp8-param-gather, or
+    --fp4-param-gather under NVFP4) or in 16 bits, as the case says or its engine's default at
+    this layout does (``TrainingSpec.fp8_param_gather``); else the estimate would price weights
+    the launch does not hold."""
+    if job.training.recipe is None:
+        return
+    flag = "--fp4-param-gather" if job.training.precision == "nvfp4" else "--fp8-param-gather"
+    launched = flag in flags
+    if launched != job.training.fp8_param_gather:
+        said = "defaults to" if job.requested_training.fp8_param_gather is None else "says"
+        raise CaseError(src, flag, f"{'given' if launched else 'absent'}, but the case {said} "
+                                   f"training.fp8_param_gather: {str(job.training.fp8_param_gather).lower()} "
+                                   f"at this layout: set it to {str(launched).lower()}")
