@@ -33,6 +33,8 @@ def describe_layout(est: Estimate) -> str:
               f"ZeRO {lay.zero_stage}", recompute]
     if lay.sequence_parallel:
         parts.append("sequence parallel")
+    if job.training.fp8_param_gather:  # the case's, or its engine's default at this layout
+        parts.append(f"weights kept in {job.training.precision}")
     if lay.offload_optimizer:
         parts.append("optimizer offloaded" if lay.offload_optimizer == 1
                      else f"{lay.offload_optimizer:.0%} of the optimizer offloaded")

@@ -341,3 +341,10 @@ def test_the_same_job_at_another_zero_stage_resolves_the_default_afresh():
     at_zero_2 = job.with_layout(job.layout.with_changes(zero_stage=2))
     assert not at_zero_2.training.fp8_param_gather
     assert job.with_layout(job.layout.with_changes(zero_stage=3)).training.fp8_param_gather
+
+
+def test_the_report_says_where_the_weights_are_kept_quantized():
+    from planner.report import describe_layout
+    kept = describe_layout(planner.estimate(_case("h100", "fp8")))
+    copied = describe_layout(planner.estimate(_case("h100", "fp8", fp8_param_gather=False)))
+    assert kept.endswith(", weights kept in fp8") and "weights kept" not in copied
