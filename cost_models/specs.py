@@ -598,7 +598,7 @@ class TrainingSpec:
     # Weights quantized on their shard before the ZeRO gather, which then moves the low-precision
     # weights (Megatron --fp8-param-gather, MLPerf's FP8_PARAM_GATHER; torchao's FSDP float8
     # all-gather). None: the engine's default at the job's layout, which a Job resolves
-    # (``model_states.quantized_weights_by_default``).
+    # (``EngineBehaviour.gathers_quantized_weights``).
     fp8_param_gather: Optional[bool] = None
     # The expert-parallel dispatch (``EXPERT_DISPATCHES``); None: the engine's
     # (``EngineBehaviour.hierarchical_dispatch``: Megatron's flex dispatcher runs DeepEP).
