@@ -157,12 +157,15 @@ def test_plain_ddp_keeps_its_buckets_beside_the_gradients(engine, zero_stage, dp
     assert stage_memory(job, 0).gradients == pytest.approx(params * gradient_bytes, rel=1e-12)
 
 
-# The totals nvidia-smi prints for each GPU ("Memory-Usage" column, MiB), as published in logs of real machines.
-REPORTED_MIB = {"a100-sxm-80gb": 81920, "h100-sxm-80gb": 81559, "h200-sxm-141gb": 143771, "b200": 183359,
-                "gb200": 189471, "b300": 275040, "gb300": 284208}
+# The totals each GPU reports, as published in logs of real machines: nvidia-smi's "Memory-Usage" column (MiB),
+# rocm-smi's "VRAM Total Memory (B)".
+REPORTED_BYTES = {**{name: mib * 2**20 for name, mib in (
+    ("a100-sxm-80gb", 81920), ("h100-sxm-80gb", 81559), ("h200-sxm-141gb", 143771), ("b200", 183359),
+    ("gb200", 189471), ("b300", 275040), ("gb300", 284208))},
+    "mi300x": 205822885888, "mi355x": 309220868096}
 
 
-@pytest.mark.parametrize("name", sorted(REPORTED_MIB))
+@pytest.mark.parametrize("name", sorted(REPORTED_BYTES))
 def test_no_preset_counts_memory_its_gpu_does_not_report(name):
     """A preset may round the device's total up to its datasheet figure only by the driver's reserve (under 1%),
     which the default headroom covers; never by more, or a plan fills memory the GPU does not have."""
@@ -171,6 +174,6 @@ def test_no_preset_counts_memory_its_gpu_does_not_report(name):
     from planner.search_options import SearchSpec
 
     preset = parse_memory(gpu_presets()[name]["memory"])
-    reported = REPORTED_MIB[name] * 2**20
+    reported = REPORTED_BYTES[name]
     assert reported <= preset <= reported * 1.01
     assert preset * (1 - SearchSpec().headroom) < reported
