@@ -160,6 +160,10 @@ class EngineBehaviour:
     # MXFP8 (``fp8_param_gather = True``) and NVFP4 (``fp4_param_gather = True``), not for the
     # 1×128 / 128×128 blockwise recipe.
     quantized_param_gather: tuple[str, ...] = ()
+    # Of those, the recipes whose quantized weights the engine still gathers with the optimizer on
+    # the host: Megatron-LM's arguments.py asserts that --optimizer-cpu-offload with
+    # --fp8-param-gather runs --fp8-recipe delayed.
+    quantized_param_gather_offloaded: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.selective not in ("attention", "matmuls"):
@@ -170,10 +174,11 @@ class EngineBehaviour:
         if self.quantizer not in QUANTIZERS:
             raise ValueError(f"EngineBehaviour.quantizer: expected one of {QUANTIZERS}, got {self.quantizer!r}")
 
-    def gathers_quantized_weights(self, recipe: Optional[str], zero_stage: int) -> bool:
+    def gathers_quantized_weights(self, recipe: Optional[str], zero_stage: int, optimizer_offloaded: bool) -> bool:
         """Whether the engine keeps the weights quantized under ``recipe`` at ``zero_stage`` where a
-        job does not say (``quantized_param_gather``)."""
-        return recipe in self.quantized_param_gather and zero_stage in (1, 3)
+        job does not say (``quantized_param_gather``, ``quantized_param_gather_offloaded``)."""
+        recipes = self.quantized_param_gather_offloaded if optimizer_offloaded else self.quantized_param_gather
+        return recipe in recipes and zero_stage in (1, 3)
 
     @property
     def fused_quantize(self) -> bool:

@@ -832,7 +832,8 @@ class Job:
             # The engine's default depends on the layout's ZeRO stage: the cost models read the
             # resolved flag; the request is kept for the same job at another layout (with_layout).
             recipe = t.recipe
-            keep = recipe is not None and t.engine.gathers_quantized_weights(recipe.name, lay.zero_stage)
+            keep = recipe is not None and t.engine.gathers_quantized_weights(recipe.name, lay.zero_stage,
+                                                                             lay.offload_optimizer > 0)
             object.__setattr__(self, "_requested", t)
             object.__setattr__(self, "training", _with_param_gather(t, keep))
         if lay.world_size != c.num_gpus:

@@ -348,3 +348,19 @@ def test_the_report_says_where_the_weights_are_kept_quantized():
     kept = describe_layout(planner.estimate(_case("h100", "fp8")))
     copied = describe_layout(planner.estimate(_case("h100", "fp8", fp8_param_gather=False)))
     assert kept.endswith(", weights kept in fp8") and "weights kept" not in copied
+
+
+def test_with_the_optimizer_offloaded_only_delayed_scaling_keeps_weights_quantized():
+    """Megatron-LM's arguments.py: --optimizer-cpu-offload with --fp8-param-gather needs --fp8-recipe
+    delayed. The default follows it, and a case that asks for the pair otherwise is refused by key."""
+    def job(recipe: str, **training):
+        case = _case("h100", "fp8", fp8_recipe=recipe, **training)
+        case["layout"]["offload_optimizer"] = 1.0
+        return load_case(case).job()
+
+    assert job("delayed").training.fp8_param_gather and not job("tensorwise").training.fp8_param_gather
+    case = _case("h100", "fp8", fp8_recipe="tensorwise", fp8_param_gather=True)
+    case["layout"]["offload_optimizer"] = 1.0
+    with pytest.raises(CaseError) as error:
+        planner.estimate(case)
+    assert error.value.key == "training.fp8_param_gather" and "fp8-recipe delayed" in str(error.value)

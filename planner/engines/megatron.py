@@ -55,7 +55,7 @@ BEHAVIOUR = EngineBehaviour(
     fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine", fp8_weight_cache=True,
     grouped_gemm_streams=4,
     collective_launch_s=0.0, balance_stages=False, hierarchical_dispatch=True,
-    quantized_param_gather=("delayed", "tensorwise", "mxfp8", "nvfp4"),
+    quantized_param_gather=("delayed", "tensorwise", "mxfp8", "nvfp4"), quantized_param_gather_offloaded=("delayed",),
 )
 
 
@@ -90,6 +90,10 @@ def rules(job: Job) -> list[tuple[str, str]]:
     if training.fp8_param_gather and lay.zero_stage not in (1, 3):
         out.append(("training.fp8_param_gather", "--fp8-param-gather quantizes the distributed optimizer's "
                                                  "(or Megatron-FSDP's) weight gather: it needs zero_stage 1 or 3"))
+    if training.fp8_param_gather and lay.offload_optimizer \
+            and training.recipe.name not in BEHAVIOUR.quantized_param_gather_offloaded:
+        out.append(("training.fp8_param_gather", "--fp8-param-gather with --optimizer-cpu-offload needs "
+                                                 "--fp8-recipe delayed (Megatron-LM's arguments.py): set it false"))
     out += _recompute_module_rules(job)
     if lay.recompute_num_layers is not None and lay.recompute_num_layers % lay.vpp:
         out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
