@@ -361,20 +361,25 @@ def _floor(case: Case, base: Layout, threshold: float) -> tuple[float, Optional[
 
 def _states_cannot_fit(case: Case, spec: SearchSpec, base: Layout) -> bool:
     """Whether the model states on the GPU alone, with the fixed buffers, fill more than its usable
-    memory under the most offload the search may try for ``base``'s ZeRO stage. They depend on
-    neither the micro-batch nor the recomputation, and offload only moves them off the GPU, so
-    then no layout on ``base``'s grid and ZeRO stage fits."""
+    memory both without offload and under the most offload the search may try for ``base``'s ZeRO
+    stage. They depend on neither the micro-batch nor the recomputation, so then no layout on
+    ``base``'s grid and ZeRO stage fits. Offload moves states off the GPU, but an engine's defaults
+    may hold more on it once the optimizer is offloaded (Megatron keeps non-delayed fp8 weights in
+    16 bits there: ``EngineBehaviour.quantized_param_gather_offloaded``), so both ends are priced."""
     from .estimate import usable_bytes
+
+    def least_states(changes: dict) -> float:
+        job = Job(case.model, case.cluster, case.training, base.with_changes(**changes), case.overheads)
+        o = job.overheads
+        return max(m.parameters + m.gradients + m.optimizer_states + m.other - o.fragmentation * m.activations
+                   for m in stage_memories(job, peak_candidates(job)))  # which hold the most states too
 
     strongest = ([{}] + offload_options(spec, base.zero_stage))[-1]
     try:
-        job = Job(case.model, case.cluster, case.training, base.with_changes(**strongest), case.overheads)
+        least = min(least_states(changes) for changes in ({}, strongest))
     except SpecError:
         return False
-    o = job.overheads
-    least = max(m.parameters + m.gradients + m.optimizer_states + m.other - o.fragmentation * m.activations
-                for m in stage_memories(job, peak_candidates(job)))  # which hold the most states too
-    return least > usable_bytes(job, spec.headroom)
+    return least > usable_bytes(Job(case.model, case.cluster, case.training, base, case.overheads), spec.headroom)
 
 
 def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
