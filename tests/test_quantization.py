@@ -343,11 +343,15 @@ def test_the_same_job_at_another_zero_stage_resolves_the_default_afresh():
     assert job.with_layout(job.layout.with_changes(zero_stage=3)).training.fp8_param_gather
 
 
-def test_the_report_says_where_the_weights_are_kept_quantized():
+def test_the_report_and_the_json_say_where_the_weights_are_kept_quantized():
     from planner.report import describe_layout
     kept = describe_layout(planner.estimate(_case("h100", "fp8")))
     copied = describe_layout(planner.estimate(_case("h100", "fp8", fp8_param_gather=False)))
     assert kept.endswith(", weights kept in fp8") and "weights kept" not in copied
+    assert planner.estimate(_case("h100", "fp8")).to_dict()["training"] == {"fp8_param_gather": True}
+    at_zero_0 = _case("h100", "fp8")
+    at_zero_0["layout"]["zero_stage"] = 0
+    assert planner.estimate(at_zero_0).to_dict()["training"] == {"fp8_param_gather": False}
 
 
 def test_with_the_optimizer_offloaded_only_delayed_scaling_keeps_weights_quantized():
