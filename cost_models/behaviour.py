@@ -15,6 +15,10 @@ from typing import Optional
 from .frozen import cached_hash
 
 QUANTIZERS = ("transformer_engine", "torchao")
+# The ZeRO stages whose weights come out of a sharded optimizer or a sharded gather, the only ones
+# that can gather quantized weights (Megatron's --fp8-param-gather needs the distributed optimizer
+# or Megatron-FSDP: megatron/training/arguments.py).
+QUANTIZED_GATHER_ZERO_STAGES = (1, 3)
 
 
 @dataclass(frozen=True)
@@ -153,12 +157,10 @@ class EngineBehaviour:
     # (``experts.dispatch_combine_time``).
     hierarchical_dispatch: bool = False
     # The low-precision recipes whose weights the engine keeps quantized, and gathers so, where a
-    # job does not say (``TrainingSpec.fp8_param_gather`` None): at ZeRO 1 and 3, the stages whose
-    # weights come out of a sharded optimizer or a sharded gather (Megatron's --fp8-param-gather
-    # needs the distributed optimizer or Megatron-FSDP). Megatron-Bridge's precision configs
-    # (``training/mixed_precision.py``) set it for delayed and per-tensor current scaling and for
-    # MXFP8 (``fp8_param_gather = True``) and NVFP4 (``fp4_param_gather = True``), not for the
-    # 1×128 / 128×128 blockwise recipe.
+    # job does not say (``TrainingSpec.fp8_param_gather`` None), at QUANTIZED_GATHER_ZERO_STAGES.
+    # Megatron-Bridge's precision configs (``training/mixed_precision.py``) set it for delayed and
+    # per-tensor current scaling and for MXFP8 (``fp8_param_gather = True``) and NVFP4
+    # (``fp4_param_gather = True``), not for the 1×128 / 128×128 blockwise recipe.
     quantized_param_gather: tuple[str, ...] = ()
     # Of those, the recipes whose quantized weights the engine still gathers with the optimizer on
     # the host: Megatron-LM's arguments.py asserts that --optimizer-cpu-offload with
@@ -178,7 +180,7 @@ class EngineBehaviour:
         """Whether the engine keeps the weights quantized under ``recipe`` at ``zero_stage`` where a
         job does not say (``quantized_param_gather``, ``quantized_param_gather_offloaded``)."""
         recipes = self.quantized_param_gather_offloaded if optimizer_offloaded else self.quantized_param_gather
-        return recipe in recipes and zero_stage in (1, 3)
+        return recipe in recipes and zero_stage in QUANTIZED_GATHER_ZERO_STAGES
 
     @property
     def fused_quantize(self) -> bool:

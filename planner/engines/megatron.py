@@ -26,7 +26,7 @@
 
 from __future__ import annotations
 
-from cost_models.behaviour import EngineBehaviour
+from cost_models.behaviour import QUANTIZED_GATHER_ZERO_STAGES, EngineBehaviour
 from cost_models.specs import Job, ModelSpec, TrainingSpec
 
 from .base import Engine, EngineSupport
@@ -87,7 +87,7 @@ def rules(job: Job) -> list[tuple[str, str]]:
                                       "schedule: with pp > 1 it needs vpp > 1"))
         if lay.recompute == "full":
             out.append(("layout.recompute", "--overlap-moe-expert-parallel-comm refuses full recomputation"))
-    if training.fp8_param_gather and lay.zero_stage not in (1, 3):
+    if training.fp8_param_gather and lay.zero_stage not in QUANTIZED_GATHER_ZERO_STAGES:
         out.append(("training.fp8_param_gather", "--fp8-param-gather quantizes the distributed optimizer's "
                                                  "(or Megatron-FSDP's) weight gather: it needs zero_stage 1 or 3"))
     if training.fp8_param_gather and lay.offload_optimizer \
