@@ -290,6 +290,18 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     return per_logit * s * layout.micro_batch_size * model.vocab_size / layout.tp
 
 
+def mtp_projection_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """One multi-token prediction module beside its transformer layer, saved for backward: the
+    inputs of its two norms (the hidden state and the next tokens' embedding) and of its 2h → h
+    projection (the two normed halves joined): (2·residual + 2·p)·s·b·h/sp (megatron-core
+    ``MultiTokenPredictionLayer``: ``enorm``, ``hnorm``, ``eh_proj``). Its layer and its head
+    are counted as the decoder's (:func:`layer_activation_bytes`, :func:`head_activation_bytes`)."""
+    s = training.seq_len / layout.cp
+    sp = layout.tp if layout.sequence_parallel else 1
+    return 2 * (residual_bytes(training) + activation_bytes(training.precision)) * s \
+        * layout.micro_batch_size * model.hidden_size / sp
+
+
 def head_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
     """Last stage: final-norm input, LM-head input and the logits the loss keeps.
 

@@ -116,10 +116,27 @@ def layer_forward_flops(model: ModelSpec, seq_len: int, moe: bool) -> float:
     return attention + sum(g.flops for g in mlp_gemms(model, 1, model.ffn_hidden_size))
 
 
+def mtp_projection_gemm(model: ModelSpec, tokens: float, tp: int) -> Gemm:
+    """A multi-token prediction module's 2h → h projection (``eh_proj``, column-parallel)."""
+    return Gemm("eh_proj", tokens, model.hidden_size / tp, 2 * model.hidden_size)
+
+
+def mtp_forward_flops(model: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs per token of the multi-token prediction modules: each one layer of the
+    decoder's last kind, its projection and the LM head again (Megatron-LM
+    ``num_floating_point_operations``: the MTP layers among the MoE or dense ones by
+    ``last_layer_is_moe``, ``eh_proj``, and the logits ``(mtp_num_layers + 1)`` times)."""
+    per_module = layer_forward_flops(model, seq_len, model.mtp_layers_are_moe) \
+        + mtp_projection_gemm(model, 1, 1).flops + head_gemm(model, 1, 1).flops
+    return model.mtp_layers * per_module
+
+
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward, no recompute), causal attention; a mixture
-    of experts counts the experts each token is routed to."""
+    of experts counts the experts each token is routed to; multi-token prediction modules
+    count as Megatron-LM counts them (:func:`mtp_forward_flops`)."""
     moe = model.num_moe_layers
     forward = (model.num_layers - moe) * layer_forward_flops(model, seq_len, False) \
-        + moe * layer_forward_flops(model, seq_len, True) + head_gemm(model, 1, 1).flops
+        + moe * layer_forward_flops(model, seq_len, True) + head_gemm(model, 1, 1).flops \
+        + mtp_forward_flops(model, seq_len)
     return 3.0 * forward

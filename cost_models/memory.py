@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Optional
 
-from .activations import (embedding_activation_bytes, head_activation_bytes,
-                          layer_activation_bytes, layer_activations, loss_gradient_bytes)
+from .activations import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
+                          layer_activations, loss_gradient_bytes, mtp_projection_activation_bytes)
 from .experts import alltoall_buffer_bytes
 from .model_states import (StateBytes, bucket_copy_bytes, gathered_weight_bytes, quantizes_weights_once_a_step,
                            sharded_state_bytes, state_bytes, zero_shards)
@@ -70,6 +70,7 @@ class PerMicrobatch:
     # Under selective recomputation by module: what one layer's recomputed modules hold again
     # while that layer runs its backward (the most of a dense and an MoE layer).
     restored: float = 0.0
+    mtp_projection: float = 0.0  # last stage: one multi-token prediction module beside its layer
 
 
 def per_microbatch(job: Job) -> PerMicrobatch:
@@ -105,6 +106,7 @@ def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, 
         head=head_activation_bytes(model, training, lay),
         loss_gradients=loss_gradient_bytes(model, lay, training),
         restored=restored,
+        mtp_projection=mtp_projection_activation_bytes(model, training, lay) if model.mtp_layers else 0.0,
     )
 
 
@@ -148,7 +150,23 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
         total += chunks * shared.embedding
     if stage == lay.pp - 1:
         total += shared.head + shared.loss_gradients
+        total += mtp_activation_bytes(job, shared, dense_kept)
     return total
+
+
+def mtp_activation_bytes(job: Job, shared: PerMicrobatch, dense_kept: float) -> float:
+    """What the multi-token prediction modules keep on the last stage: for one micro-batch (they
+    close its last model chunk, whose backward follows the forward), each module's layer (only
+    its input where Megatron's uniform full recomputation takes it in), projection inputs and
+    second logits (:func:`activations.mtp_projection_activation_bytes`)."""
+    model, lay = job.model, job.layout
+    if not model.mtp_layers:
+        return 0.0
+    if lay.recompute == "full" and lay.recompute_num_layers is None:
+        layer = shared.checkpointed
+    else:
+        layer = shared.kept_moe if model.mtp_layers_are_moe else dense_kept
+    return model.mtp_layers * (layer + shared.mtp_projection + shared.head)
 
 
 def zero3_gather_bytes(job: Job) -> float:
@@ -187,8 +205,12 @@ def quantized_weight_copy_bytes(job: Job, stage: int) -> float:
     per_weight = cached_weight_bytes(recipe, job.cluster.gpu.any_layout_fp8_gemm)
     if training.fp8_param_gather:
         per_weight -= recipe.quantized_bytes
-    moe_layers = job.stage_moe_layers[stage] if job.model.is_moe else 0
-    linear = stage_linear_parameters(job.model, layers, lay.tp, moe_layers, lay.ep, lay.expert_tp)
+    model = job.model
+    moe_layers = job.stage_moe_layers[stage] if model.is_moe else 0
+    if stage == lay.pp - 1:  # the prediction modules' layers run under the recipe too
+        layers += model.mtp_layers
+        moe_layers += model.mtp_layers if model.mtp_layers_are_moe else 0
+    linear = stage_linear_parameters(model, layers, lay.tp, moe_layers, lay.ep, lay.expert_tp)
     return per_weight * linear * (1 - job.high_precision_layers[stage] / layers)
 
 

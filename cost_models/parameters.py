@@ -103,12 +103,29 @@ def embedding_parameters(model: ModelSpec) -> int:
     return model.vocab_size * model.hidden_size
 
 
+def mtp_projection_matrices(model: ModelSpec) -> tuple[int, int]:
+    """One multi-token prediction module's own weights beside its transformer layer, as (split over
+    tensor-parallel ranks, held whole): the column-parallel 2h → h projection of the joined
+    hidden state and embedding (``eh_proj``), and its three norms (of the embedding, of the hidden
+    state, and the final one; megatron-core ``MultiTokenPredictionLayer``)."""
+    return 2 * model.hidden_size * model.hidden_size, 3 * norm_parameters(model)
+
+
+def mtp_parameters(model: ModelSpec) -> int:
+    """The multi-token prediction modules: each a layer of the decoder's last kind and its
+    projection. They share the model's embedding and LM head, which are not counted again
+    (Hugging Face's checkpoint keeps copies of both: DeepSeek-V3's 685B = 671B + 14B of MTP)."""
+    layer = moe_layer_parameters(model) if model.mtp_layers_are_moe else dense_layer_parameters(model)
+    return model.mtp_layers * (layer + sum(mtp_projection_matrices(model)))
+
+
 def total_parameters(model: ModelSpec) -> int:
-    """All distinct parameters: layers, input embedding, final norm and (untied) LM head."""
+    """All distinct parameters: layers, input embedding, final norm, (untied) LM head and the
+    multi-token prediction modules."""
     head = 0 if model.tied_embeddings else embedding_parameters(model)
     moe = model.num_moe_layers
     layers = (model.num_layers - moe) * dense_layer_parameters(model) + moe * moe_layer_parameters(model)
-    return layers + embedding_parameters(model) + norm_parameters(model) + head
+    return layers + embedding_parameters(model) + norm_parameters(model) + head + mtp_parameters(model)
 
 
 def active_parameters(model: ModelSpec) -> int:
@@ -119,7 +136,8 @@ def active_parameters(model: ModelSpec) -> int:
     :func:`total_parameters` for a dense model."""
     if not model.is_moe:
         return total_parameters(model)
-    unused = model.num_moe_layers * (model.num_experts - model.moe_top_k) * expert_parameters(model)
+    moe = model.num_moe_layers + (model.mtp_layers if model.mtp_layers_are_moe else 0)
+    unused = moe * (model.num_experts - model.moe_top_k) * expert_parameters(model)
     return total_parameters(model) - unused
 
 
@@ -153,13 +171,28 @@ def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp:
     norms = norm_parameters(model)
     split, whole = _layer_linears(model, layers, moe_layers)
     replicated = whole + layers * 2 * norms + moe_layers * router_parameters(model)
+    experts = _local_experts(model, moe_layers, ep, etp)
     if first:
         split += embedding_parameters(model)
     if last:
         replicated += norms
         if not model.tied_embeddings or not first:
             split += embedding_parameters(model)
-    return StageParameters(dense=split / tp + replicated, expert=_local_experts(model, moe_layers, ep, etp))
+        if model.mtp_layers:
+            # The prediction modules (megatron-core builds them on the last stage), and, with an
+            # untied head after the first stage, a copy of the input embedding for the tokens they
+            # look ahead to (``GPTModel``: ``self.embedding`` where ``mtp_process``), all-reduced
+            # with the first stage's like a tied one.
+            mtp = model.mtp_layers
+            mtp_moe = mtp if model.mtp_layers_are_moe else 0
+            mtp_split, mtp_whole = _layer_linears(model, mtp, mtp_moe)
+            projection, projection_norms = mtp_projection_matrices(model)
+            split += mtp_split + mtp * projection
+            replicated += mtp_whole + mtp * (2 * norms + projection_norms) + mtp_moe * router_parameters(model)
+            experts += _local_experts(model, mtp_moe, ep, etp)
+            if not first and not model.tied_embeddings:
+                split += embedding_parameters(model)
+    return StageParameters(dense=split / tp + replicated, expert=experts)
 
 
 def _layer_linears(model: ModelSpec, layers: int, moe_layers: int) -> tuple[int, int]:

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .flops import head_gemm, layer_forward_flops
+from .flops import head_gemm, layer_forward_flops, mtp_forward_flops
 from .specs import Layout, ModelSpec, TrainingSpec
 
 
 def layer_and_head_cost(model: ModelSpec, seq_len: int) -> tuple[float, float]:
     """Forward FLOPs per token of one layer (GEMMs and causal attention; a mixture of experts'
-    mean over its dense and MoE layers) and of the LM head."""
+    mean over its dense and MoE layers) and of what follows the decoder on the last stage: the
+    LM head and any multi-token prediction modules."""
     moe = model.num_moe_layers
     layer = ((model.num_layers - moe) * layer_forward_flops(model, seq_len, False)
              + moe * layer_forward_flops(model, seq_len, True)) / model.num_layers
-    return layer, head_gemm(model, 1, 1).flops
+    return layer, head_gemm(model, 1, 1).flops + mtp_forward_flops(model, seq_len)
 
 
 @lru_cache(maxsize=4096)

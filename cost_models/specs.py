@@ -108,6 +108,13 @@ class ModelSpec:
     ``--moe-pad-expert-input-to-capacity``); None is dropless. ``moe_load_imbalance`` is the
     busiest expert-parallel rank's tokens over the mean: 1 for the force-balanced routing of
     published benchmarks, above it for a real router.
+
+    ``mtp_layers`` multi-token prediction modules follow the decoder (DeepSeek-V3 report,
+    arXiv:2412.19437, §2.2; megatron-core ``MultiTokenPredictionBlock``, ``--mtp-num-layers``;
+    Hugging Face's ``num_nextn_predict_layers``). Each joins the previous depth's hidden state
+    and the embedding of the token one further ahead (two norms, a 2h → h projection), runs one
+    transformer layer of the decoder's last layer's kind (an MoE layer for DeepSeek-V3), a final
+    norm, and the shared LM head and loss again. They run on the last pipeline stage.
     """
 
     name: str
@@ -140,6 +147,7 @@ class ModelSpec:
     moe_router: str = "softmax"
     moe_capacity_factor: Optional[float] = None
     moe_load_imbalance: float = 1.0
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         s = ModelSpec
@@ -190,6 +198,7 @@ class ModelSpec:
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
                 or not 0.0 <= self.dropout < 1.0:
             raise SpecError(s, "dropout", f"expected a probability in [0, 1), got {self.dropout!r}")
+        _non_negative_int(s, "mtp_layers", self.mtp_layers)
         self._check_experts()
 
     def _check_experts(self) -> None:
@@ -278,6 +287,13 @@ class ModelSpec:
         low = max(1, start - self.moe_first_dense_layers + 1)
         high = start + count - self.moe_first_dense_layers
         return max(0, high // f - (low - 1) // f)
+
+    @property
+    def mtp_layers_are_moe(self) -> bool:
+        """Whether the multi-token prediction layers hold experts: they take the decoder's last
+        layer's kind (megatron-core ``get_gpt_mtp_block_spec`` uses the last layer's spec;
+        ``num_floating_point_operations``: ``last_layer_is_moe``)."""
+        return self.is_moe_layer(self.num_layers - 1)
 
     @property
     def routed_factor(self) -> float:

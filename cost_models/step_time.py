@@ -23,7 +23,8 @@ from typing import Optional
 from .activations import activation_bytes, selective_modules
 from .collectives import collective_time, exposed, p2p_time
 from .experts import dispatch_combine_time, moe_mlp_time, moe_recompute_time, norm_forward_time
-from .flops import Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, mlp_gemms, model_flops_per_token
+from .flops import (Gemm, attention_flops, attention_gemms, head_gemm, layer_gemms, mlp_gemms, model_flops_per_token,
+                    mtp_projection_gemm)
 from .kernels import (NORM_OR_ACTIVATION_INPUTS, activation_passes, elementwise_time, first_touch_time,
                       flash_attention_time, gemm_time, high_precision_precision, in_place_time, linear_time,
                       tensor_core_rate, transcendental_time)
@@ -384,6 +385,13 @@ def stage_time(job: Job, stage: int) -> StageTime:
     # Layers under the recipe, those it keeps in bf16 (none for most recipes), and MoE layers.
     high = job.high_precision_layers[stage]
     moe_layers = job.stage_moe_layers[stage]
+    last = stage == lay.pp - 1
+    decoder_layers = layers
+    if last:
+        # The multi-token prediction modules' layers run after the decoder's, on the last stage,
+        # with its TP, CP and EP traffic and its recomputation (megatron-core builds them there).
+        layers += model.mtp_layers
+        moe_layers += model.mtp_layers if model.mtp_layers_are_moe else 0
     low = layer_time(job)
     kept = layer_time(job, quantized=False) if high else low
     moe = moe_layer_time(job) if moe_layers else low
@@ -391,18 +399,25 @@ def stage_time(job: Job, stage: int) -> StageTime:
     # The tail the recipe keeps high is counted among the dense layers (no MoE model keeps one).
     high = min(high, layers - moe_layers)
     compute = (layers - high - moe_layers) * low.total + high * kept.total + moe_layers * moe.total
-    if stage == lay.pp - 1:
+    if last:
         # The LM head runs in bf16 under every recipe (Transformer Engine's output layer is
         # Megatron's bf16 ColumnParallelLinear; torchao's conversions skip lm_head); its backward
-        # is twice its forward; the loss's traffic is its own.
-        compute += 3 * gemm_time(head_gemm(model, tokens, lay.tp), gpu, high_precision_precision(training))
-        compute += cross_entropy_time(tokens * model.vocab_size / lay.tp, training, gpu)
+        # is twice its forward; the loss's traffic is its own. Each multi-token prediction module
+        # runs the head and the loss again, after its 2h → h projection (priced as the head).
+        high_precision = high_precision_precision(training)
+        heads = 1 + model.mtp_layers
+        compute += heads * (3 * gemm_time(head_gemm(model, tokens, lay.tp), gpu, high_precision)
+                            + cross_entropy_time(tokens * model.vocab_size / lay.tp, training, gpu))
+        if model.mtp_layers:
+            compute += model.mtp_layers * 3 * gemm_time(mtp_projection_gemm(model, tokens, lay.tp), gpu, high_precision)
     if stage == 0:
         compute += 3 * perf.kernel_overhead_s  # embedding gather: memory-trivial
 
     recomputed = 0  # layers whose whole forward runs again in backward
     if lay.recompute == "full":
-        recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, layers)
+        # Megatron's uniform method recomputes the prediction modules too, its block method only
+        # the decoder's first layers (``MultiTokenPredictionBlock``: "block ... Skipping recompute").
+        recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, decoder_layers)
     # The recomputed layers are the stage's first (Megatron's block method), the kept-high ones
     # its last; the MoE layers are spread among them.
     recomputed_high = max(0, recomputed - (layers - high))
@@ -636,11 +651,13 @@ def tied_embedding_reduce(job: Job, stage: int) -> float:
     With pipelining the two copies of a tied embedding (input embedding on the first
     stage, LM head on the last) sum their gradients once the pipeline has drained:
     Megatron ``finalize_model_grads`` → ``_allreduce_word_embedding_grads``, DeepSpeed's
-    ``ReduceTiedGrads`` instruction. Nothing is left to overlap it with. Two ranks: each
-    sends and receives the whole shard once.
+    ``ReduceTiedGrads`` instruction. Multi-token prediction keeps such a copy of the input
+    embedding on the last stage for an untied head too (megatron-core
+    ``is_rank_in_embedding_group``: the last stage where MTP runs). Nothing is left to overlap
+    it with. Two ranks: each sends and receives the whole shard once.
     """
     lay, model = job.layout, job.model
-    if lay.pp == 1 or not model.tied_embeddings or stage not in (0, lay.pp - 1):
+    if lay.pp == 1 or not (model.tied_embeddings or model.mtp_layers) or stage not in (0, lay.pp - 1):
         return 0.0
     size = embedding_parameters(model) / lay.tp * state_bytes(job.training).gradients
     links = group_links(job.cluster, lay, "pp")

@@ -38,10 +38,11 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
               "attention_type", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_rope_head_dim", "v_head_dim",
               "num_experts", "moe_top_k", "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size",
               "moe_first_dense_layers", "moe_layer_freq", "moe_router", "moe_capacity_factor",
-              "moe_load_imbalance")
+              "moe_load_imbalance", "mtp_layers")
 # Integer model fields that may be 0 (none) or null: a model without query compression, shared
-# experts or leading dense layers.
-OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidden_size", "moe_first_dense_layers")
+# experts, leading dense layers or multi-token prediction.
+OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidden_size", "moe_first_dense_layers",
+                       "mtp_layers")
 GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
             "gpus_per_node", "nvlink_domain", "sm_count", "fabric", "host", "block_scaling")
 # A GPU preset may name the fabric of its reference system; the cluster's fabric overrides it.

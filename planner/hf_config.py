@@ -20,7 +20,8 @@ Mixtures of experts and multi-head latent attention:
 * ``deepseek_v2`` and ``deepseek_v3``: MLA (``q_lora_rank`` (null: none), ``kv_lora_rank``,
   ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``), ``n_routed_experts`` of
   ``moe_intermediate_size``, ``n_shared_experts`` of the same width, the first
-  ``first_k_dense_replace`` layers dense of ``intermediate_size``, router ``scoring_func``.
+  ``first_k_dense_replace`` layers dense of ``intermediate_size``, router ``scoring_func``,
+  ``num_nextn_predict_layers`` multi-token prediction modules.
 * ``llama4`` (its ``text_config``) and ``llama4_text``: ``num_local_experts`` of
   ``intermediate_size`` and one shared expert of the same width in every
   ``interleave_moe_layer_step``-th layer, the others dense of ``intermediate_size_mlp``;
@@ -105,8 +106,9 @@ class _Reader:
         return inner
 
     def zero_or_int(self, key: str) -> int:
-        """An integer that may be absent or null, meaning none (0)."""
-        return 0 if self.get(key) is _MISSING else self.int(key)
+        """An integer that may be 0, absent or null, each meaning none."""
+        value = self.get(key)
+        return 0 if value is _MISSING or (value == 0 and type(value) is int) else self.int(key)
 
     def int_list(self, key: str) -> list[int]:
         value = self.get(key)
@@ -278,6 +280,9 @@ def _deepseek(r: _Reader) -> dict:
                   num_experts=r.int("n_routed_experts"), moe_top_k=r.int("num_experts_per_tok"),
                   moe_ffn_hidden_size=width, moe_first_dense_layers=r.zero_or_int("first_k_dense_replace"),
                   moe_layer_freq=r.int("moe_layer_freq", 1), moe_router=router)
+    mtp = r.zero_or_int("num_nextn_predict_layers")  # DeepSeek's configuration_deepseek.py; V3 ships 1
+    if mtp:
+        fields["mtp_layers"] = mtp
     if shared:
         fields["moe_shared_expert_ffn_hidden_size"] = shared * width
     if not fields["q_lora_rank"]:

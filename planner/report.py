@@ -60,7 +60,9 @@ def print_estimate(est: Estimate, console: Console) -> None:
     job = est.job
     model = est.to_dict()["model"]
     size = f"{model['parameters'] / 1e9:,.1f}B parameters" + (
-        f", {model['active_parameters'] / 1e9:,.1f}B active" if job.model.is_moe else "")
+        f", {model['active_parameters'] / 1e9:,.1f}B active" if job.model.is_moe else "") + (
+        f", with {job.model.mtp_layers} multi-token prediction layer{'s' * (job.model.mtp_layers > 1)}"
+        if job.model.mtp_layers else "")
     console.print(f"[bold]{escape(job.model.name)}[/] ({size}) on {job.cluster.num_gpus} × "
                   f"{escape(job.cluster.gpu.name)}, global batch {job.training.global_batch_size} × "
                   f"{job.training.seq_len} tokens")

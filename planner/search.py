@@ -29,7 +29,7 @@ from typing import Iterator, Optional
 
 from cost_models.activations import selective_modules
 from cost_models.memory import peak_candidates, peak_stage_memory, stage_memories
-from cost_models.partition import default_partition, virtual_partition
+from cost_models.partition import balanced_partition, default_partition, layer_and_head_cost, virtual_partition
 from cost_models.experts import dispatch_combine_time
 from cost_models.specs import Job, Layout, ModelSpec, SpecError, TrainingSpec, moe_layers_per_stage
 from cost_models.step_time import (StepTime, layer_time_bound, moe_layer_time_for, pipeline, stage_time, step_time,
@@ -503,6 +503,16 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
         splits = [(partition, partition or default_partition(model, training, Layout(pp=pp)), vpp)
                   for partition in options
                   for vpp in _vpp_options(partition or default_partition(model, training, Layout(pp=pp)), engine)]
+        if model.mtp_layers and pp > 1 and not balances:
+            # Multi-token prediction runs a layer and the LM head again on the last stage, more than
+            # lightening the edges offsets: the split balanced by compute (Megatron-Bridge's
+            # DeepSeek-V3 layouts likewise leave the last stage one decoder layer beside "mL",
+            # recipes/deepseek/h100/deepseek_v3.py), interleaved in unequal chunks where the
+            # engine's pipeline layout allows them.
+            lighter = balanced_partition(model.num_layers, pp, *layer_and_head_cost(model, training.seq_len))
+            if lighter not in options and min(lighter) > 0:
+                splits += [(lighter, lighter, vpp) for vpp in (1,) + (UNEVEN_VPP if engine.interleaving else ())
+                           if min(lighter) >= vpp]
         if engine.interleaving and pp > 1 and not balances and model.num_layers % pp:
             # Interleaving where the layers do not divide by pp, so no even split interleaves: the
             # engine's uneven split over the virtual stages (cost_models.partition.virtual_partition),

@@ -274,6 +274,7 @@ def transformer_config(args: dict) -> TransformerConfig:
         recompute_modules=args.get("--recompute-modules", ["core_attn"]),
         overlap_moe_expert_parallel_comm="--overlap-moe-expert-parallel-comm" in args,
         recompute_method=args.get("--recompute-method"),
+        mtp_num_layers=integer("--mtp-num-layers"),
         recompute_num_layers=integer("--recompute-num-layers"),
         bf16="--bf16" in args,
         fp16="--fp16" in args,
@@ -324,6 +325,7 @@ def test_transformer_config_accepts_every_plan(emitted):
         assert config.num_query_groups == model.num_kv_heads, e
         assert config.ffn_hidden_size == model.ffn_hidden_size, e
         assert config.gated_linear_unit == (model.activation == "swiglu"), e
+        assert (config.mtp_num_layers or 0) == model.mtp_layers, e
         for rank, expected in enumerate(e.job.stage_layers):
             built = [layers_built(config, rank, v) for v in range(lay.vpp)]
             assert tuple(built) == chunk_layers(expected, lay.vpp), (e, rank, built)
@@ -632,6 +634,48 @@ def test_read_a_custom_pipeline_layout(tmp_path):
     case = load_case({**CASE, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 40}})
     layout = megatron_reader.read(path, case)
     assert (layout.pp, layout.dp, layout.stage_layers) == (5, 8, (6, 7, 7, 6, 6))
+
+
+MTP_CASE = {"model": {"preset": "deepseek-v2-lite", "mtp_layers": 1},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"}}
+
+
+def test_multi_token_prediction_is_written_and_placed_before_the_loss(tmp_path):
+    """DeepSeek-V2-Lite with one MTP layer over 4 uneven stages: ``--mtp-num-layers 1``, the ``m``
+    in the last virtual stage with the loss, where megatron-core's layout puts it and the cost
+    model prices it; TransformerConfig takes the layout, and read() gives the plan back."""
+    layout = {"pp": 4, "vpp": 2, "stage_layers": [6, 8, 8, 5], "ep": 8, "etp": 1, "zero_stage": 1}
+    case = load_case({**MTP_CASE, "layout": layout})
+    files = megatron.render(estimate_job(case, case.job()), ["header"])
+    args = parse_args(files["megatron_args.txt"])
+    assert args["--mtp-num-layers"] == "1"
+    entries = args["--pipeline-model-parallel-layout"].split("|")
+    assert entries[-1].endswith("mL") and sum("m" in e for e in entries) == 1
+    config = transformer_config(args)
+    assert config.mtp_num_layers == 1
+    assert config.pipeline_model_parallel_layout.layout[3][-1].count(LayerType.mtp) == 1
+    path = tmp_path / "megatron_args.txt"
+    path.write_text(files["megatron_args.txt"])
+    assert megatron_reader.read(path, case).stage_layers == (6, 8, 8, 5)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda text: text.replace("--mtp-num-layers 1\n", ""),
+     "--mtp-num-layers: absent (no multi-token prediction), but the case's model has 1 multi-token prediction "
+     "layers (model.mtp_layers)"),
+    (lambda text: text.replace("mL", "L").replace("Et", "Emt", 1),
+     "--pipeline-model-parallel-layout: multi-token prediction layers (m) are modelled on the last stage only"),
+])
+def test_read_refuses_multi_token_prediction_the_case_does_not_have(tmp_path, edit, expected):
+    layout = {"pp": 4, "vpp": 2, "stage_layers": [6, 8, 8, 5], "ep": 8, "etp": 1, "zero_stage": 1}
+    case = load_case({**MTP_CASE, "layout": layout})
+    text = megatron.render(estimate_job(case, case.job()), ["header"])["megatron_args.txt"]
+    path = tmp_path / "megatron_args.txt"
+    path.write_text(edit(text))
+    with pytest.raises(CaseError) as error:
+        megatron_reader.read(path, case)
+    assert str(error.value).startswith(f"{path}: {expected}")
 
 
 def test_render_refuses_what_megatron_cannot_run():

@@ -59,8 +59,9 @@ STUB_SOURCE = textwrap.dedent('''
         parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
         compile: CompileConfig = field(default_factory=CompileConfig)
         activation_checkpoint: ActivationCheckpointingConfig = field(default_factory=SelectiveAC.Config)
-        # As Trainer.Config: not a command-line option.
+        # As Trainer.Config: not command-line options.
         model_spec: Annotated[object, tyro.conf.Suppress] = None
+        loss: Annotated[object, tyro.conf.Suppress] = None
 
         def __post_init__(self):  # Trainer.Config.__post_init__'s layout checks
             mbs = self.parallelism.pipeline_parallel_microbatch_size
@@ -77,10 +78,10 @@ STUB_SOURCE = textwrap.dedent('''
         return Config()
 
 
-    def model_registry(flavor, converters=None):
+    def model_registry(flavor, converters=None, **extra):
         """Stands in for torchtitan.models.llama3.model_registry, whose converters probe the GPU
         (has_cuda_capability) and import torchao when built: what it was asked to build."""
-        return {"flavor": flavor, "converters": converters}
+        return {"flavor": flavor, "converters": converters, **extra}
 ''')
 
 PRESETS = ("llama2-7b", "llama3-8b", "mistral-7b", "gpt-1.7b")
@@ -142,6 +143,8 @@ def load_emitted(files: dict[str, str], workdir: Path, name: str):
     # here): the converter configs are checked against its source instead (check_converters).
     module.converters = lambda: [(name, {"model_compile_enabled": module.COMPILE.get("enable", False), **fields})
                                  for name, fields in module.CONVERTERS]
+    # So does the deepseek_v3 package that holds MTPLoss (check_mtp reads its source instead).
+    module.mtp_loss = lambda: ("MTPLoss", {"global_vocab_size": module.VOCAB_SIZE})
     return parse("--module", name, "--config", emit.CONFIG_FUNCTION)
 
 
@@ -182,6 +185,33 @@ MOE_CASES = {
                               "training": {"global_batch_size": 128, "seq_len": 4096, "engine": "torchtitan"}},
                              {"ep": 8, "etp": 1, "zero_stage": 3, "recompute": "full"}),
 }
+
+
+def test_multi_token_prediction_rebuilds_deepseeks_model_with_its_loss(workdir):
+    """DeepSeek-V2-Lite's shape (torchtitan's deepseek_v3 16B flavour) with one MTP layer; the
+    plan keeps to what torchtitan's MTP runs: no pipeline, no context parallelism."""
+    case, _ = MOE_CASES["deepseek_v2_lite_ep8"]
+    case = {**case, "model": {**case["model"], "mtp_layers": 1}}
+    best = planner.plan(case, top_k=0).best
+    assert best is not None and best.job.layout.pp == best.job.layout.cp == 1
+    check_emitted(best, case["training"]["global_batch_size"], workdir, "tt_moe_mtp")
+
+
+@pytest.mark.parametrize("model, layout, needle", [
+    ({"preset": "deepseek-v2-lite", "mtp_layers": 1},
+     {"ep": 8, "etp": 1, "zero_stage": 3, "pp": 2, "stage_layers": [13, 14]},
+     "layout.pp: torchtitan cannot run it: torchtitan's multi-token prediction does not support pipeline"),
+    ({"preset": "deepseek-v2-lite", "mtp_layers": 1}, {"ep": 8, "etp": 1, "zero_stage": 3, "cp": 2},
+     "layout.cp: torchtitan cannot run it: torchtitan's multi-token prediction does not support context"),
+    ({"preset": "qwen3-30b-a3b", "mtp_layers": 1}, {"ep": 8, "etp": 1, "zero_stage": 3},
+     "model.mtp_layers: torchtitan cannot run it: torchtitan builds multi-token prediction modules for its "
+     "DeepSeek-V3"),
+])
+def test_torchtitan_refuses_multi_token_prediction_where_it_has_none(model, layout, needle):
+    case = {"model": model, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 128, "seq_len": 4096, "engine": "torchtitan"}}
+    with pytest.raises(CaseError, match=needle):
+        planner.estimate({**case, "layout": layout})
 
 
 @pytest.mark.parametrize("label", MOE_CASES)
@@ -378,13 +408,40 @@ def converter_fields(name: str) -> dict[str, tuple]:
     return fields
 
 
+def check_mtp(job, cfg) -> None:
+    """Multi-token prediction: the DeepSeek-V3 model spec rebuilt with the layers
+    (``model_registry(flavor, num_mtp_layers=N)``) and torchtitan's MTPLoss over the model's
+    vocabulary, as its ``deepseek_v3_debugmodel_mtp`` config does; neither without."""
+    import ast
+
+    import torchtitan
+
+    if not job.model.mtp_layers:
+        assert cfg.loss is None and (cfg.model_spec is None or "num_mtp_layers" not in cfg.model_spec)
+        return
+    assert cfg.model_spec["flavor"] == emit.FLAVORS[emit.base_config(job.model)[0][1]]
+    assert cfg.model_spec["num_mtp_layers"] == job.model.mtp_layers
+    kind, fields = cfg.loss
+    assert (kind, fields) == ("MTPLoss", {"global_vocab_size": job.model.vocab_size})
+    # torchtitan's source declares both: model_registry's num_mtp_layers, MTPLoss.Config's field.
+    package = Path(torchtitan.__file__).parent / "models" / "deepseek_v3"
+    registry = next(node for node in ast.walk(ast.parse((package / "__init__.py").read_text()))
+                    if isinstance(node, ast.FunctionDef) and node.name == "model_registry")
+    assert "num_mtp_layers" in [a.arg for a in registry.args.args + registry.args.kwonlyargs]
+    loss = next(node for node in ast.walk(ast.parse((package / "mtp.py").read_text()))
+                if isinstance(node, ast.ClassDef) and node.name == kind)
+    config = next(c for c in loss.body if isinstance(c, ast.ClassDef) and c.name == "Config")
+    assert set(fields) <= {item.target.id for item in config.body if isinstance(item, ast.AnnAssign)}
+
+
 def check_converters(job, cfg) -> None:
     """The model is rebuilt with torchtitan's converter configs for the recipe: classes of
     torchtitan.components.quantization, fields its Configs declare, values its Literal types
     admit, compiled; none in 16 or 32 bits."""
     recipe = job.training.recipe
+    check_mtp(job, cfg)
     if recipe is None:
-        assert cfg.model_spec is None
+        assert cfg.model_spec is None or cfg.model_spec["converters"] == []
         return
     spec = cfg.model_spec
     assert spec["flavor"] == emit.FLAVORS[emit.base_config(job.model)[0][1]]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cost_models.flops import model_flops_per_token
-from cost_models.parameters import active_parameters, embedding_parameters, total_parameters
+from cost_models.parameters import active_parameters, embedding_parameters, mtp_parameters, total_parameters
 from cost_models.specs import ModelSpec, SpecError
 from planner import CaseError, estimate
 from planner.case import load_case
@@ -67,10 +67,16 @@ def vision_encoder_parameters(path: Path) -> float:
     return n * (4 * d * d + 2 * d * f)
 
 
+def main_model(name: str) -> ModelSpec:
+    """The preset without its multi-token prediction modules: DeepSeek's 671B and 37B count the
+    main model only, and the MTP module apart (:func:`test_deepseek_v3_mtp_module_is_the_model_cards_14b`)."""
+    return replace(preset(name), mtp_layers=0)
+
+
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_total_parameters_match_the_published_figure(name):
     total, _, _, source = PUBLISHED[name]
-    counted = total_parameters(preset(name))
+    counted = total_parameters(main_model(name))
     if name.startswith("llama4"):
         counted += vision_encoder_parameters(FIXTURES / FIXTURE_OF[name] / "config.json")
     assert abs(counted / B - total) <= tolerance(total), source
@@ -79,7 +85,7 @@ def test_total_parameters_match_the_published_figure(name):
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_active_parameters_match_the_published_figure(name):
     _, active, without_input_embedding, source = PUBLISHED[name]
-    model = preset(name)
+    model = main_model(name)
     counted = active_parameters(model) - (embedding_parameters(model) if without_input_embedding else 0)
     assert abs(counted / B - active) <= tolerance(active), source
 
@@ -95,13 +101,33 @@ def test_a_dense_model_activates_every_parameter():
 def test_deepseek_v3_counts_term_by_term():
     """DeepSeek-V3's 671B: 58 MoE layers of 256 experts (3·7168·2048 each) carry 653.9B; the
     rest is MLA attention (61 × 187.1M), 3 dense MLPs, shared experts, routers and embeddings."""
-    model = preset("deepseek-v3")
+    model = main_model("deepseek-v3")
     assert model.num_moe_layers == 58
     experts = 58 * 256 * 3 * 7168 * 2048
     attention = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168 + 1536 + 512
     rest = 61 * attention + 3 * 3 * 7168 * 18432 + 58 * (3 * 7168 * 2048 + 7168 * 256) + 2 * 129280 * 7168
     norms = (2 * 61 + 1) * 7168
     assert total_parameters(model) == experts + rest + norms
+
+
+def test_deepseek_v3_mtp_module_is_the_model_cards_14b():
+    """The model card: "685B ... includes 671B of the Main Model weights and 14B of the
+    Multi-Token Prediction (MTP) Module weights". The module is one MoE layer (its attention,
+    256 experts, the shared expert and the router), the 2h → h projection and three norms,
+    and in the checkpoint its own copies of the embedding and the LM head, which training
+    shares with the main model (so the preset's total counts them once)."""
+    model = preset("deepseek-v3")
+    h, v = 7168, 129280
+    attention = h * 1536 + 1536 * 128 * 192 + h * 576 + 512 * 128 * 256 + 128 * 128 * h + 1536 + 512
+    layer = attention + 256 * 3 * h * 2048 + 3 * h * 2048 + h * 256 + 2 * h
+    module = layer + 2 * h * h + 3 * h
+    assert model.mtp_layers == 1
+    assert mtp_parameters(model) == module
+    assert total_parameters(model) == total_parameters(main_model("deepseek-v3")) + module
+    checkpoint_copies = 2 * v * h
+    assert abs((total_parameters(model) + checkpoint_copies) / B - 685) <= tolerance(685)
+    # Each token meets one module's 8 of its 256 experts, as in every main-model MoE layer.
+    assert active_parameters(model) - active_parameters(main_model("deepseek-v3")) == module - 248 * 3 * h * 2048
 
 
 def test_maverick_interleaves_dense_and_moe_layers():
@@ -128,15 +154,19 @@ def test_flops_per_token_match_megatron_bridge_and_nemo():
       H100), 22.97 GFLOP per token, causal attention counted at half;
     - Mixtral 8x7B at 4096: 1,598 at 19,275 (NeMo 25.04, GB200), 82.9 GFLOP, which NeMo counts
       with the full s² attention: ours plus the causal half it leaves out;
-    - DeepSeek-V3 at 4096: 216 at 865 (NeMo AutoModel, H100), 249.7 GFLOP (no MTP module).
+    - DeepSeek-V3 at 4096: 216 at 865 (NeMo AutoModel, H100), 249.7 GFLOP (no MTP module);
+      with its MTP module, as Megatron-Bridge trains and counts it (``num_floating_point_operations``):
+      1,635 at 6,288 (Megatron-Bridge 26.08, GB300), 260.0 GFLOP.
     """
     qwen = model_flops_per_token(preset("qwen3-30b-a3b"), 4096)
     assert abs(qwen / (241e12 / 10494) - 1) < 0.01
     mixtral = preset("mixtral-8x7b")
     causal_half = 3 * mixtral.num_layers * 2 * 4096 * mixtral.hidden_size  # 3 × L × (4·s·h)/2 per token
     assert abs((model_flops_per_token(mixtral, 4096) + causal_half) / (1598e12 / 19275) - 1) < 0.01
-    deepseek = model_flops_per_token(preset("deepseek-v3"), 4096)
+    deepseek = model_flops_per_token(main_model("deepseek-v3"), 4096)
     assert abs(deepseek / (216e12 / 865) - 1) < 0.01
+    with_mtp = model_flops_per_token(preset("deepseek-v3"), 4096)
+    assert abs(with_mtp / (1635e12 / 6288) - 1) < 0.01
 
 
 def test_estimate_reports_parameters_and_active_parameters():

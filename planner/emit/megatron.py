@@ -48,7 +48,7 @@ INT_FLAGS = (
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--cpu-offloading-num-layers",
     "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups", "--ffn-hidden-size",
     "--seq-length", "--max-position-embeddings", "--num-experts", "--expert-model-parallel-size",
-    "--expert-tensor-parallel-size", "--moe-router-topk",
+    "--expert-tensor-parallel-size", "--moe-router-topk", "--mtp-num-layers",
     # torchrun
     "--nnodes", "--nproc-per-node",
 )
@@ -110,13 +110,15 @@ def uneven_stages(layout: Layout) -> Optional[tuple[int, int]]:
     return stages[0], stages[-1]
 
 
-def layout_string(layout: Layout) -> Optional[str]:
+def layout_string(layout: Layout, mtp: int = 0) -> Optional[str]:
     """``--pipeline-model-parallel-layout`` for a partition whose middle stages differ, or whose
     stages do not split into equal model chunks, else None.
 
     Virtual stage ``v`` of pipeline rank ``r`` is entry ``v·pp + r``; a rank's chunks are equal, or
     differ by one layer, the spare ones first (``cost_models.partition.chunk_layers``), as for
-    layers the pp·vpp virtual stages do not divide."""
+    layers the pp·vpp virtual stages do not divide. The ``mtp`` multi-token prediction layers
+    (``m``) go before the loss in the last entry, where Megatron builds them without a layout
+    (``PipelineParallelLayerLayout.validate_layer_layout``: only in a rank's last virtual stage)."""
     stages = layout.stage_layers
     if stages is None or uneven_stages(layout) is not None:
         return None
@@ -131,7 +133,8 @@ def layout_string(layout: Layout) -> Optional[str]:
             if v == 0 and r == 0:
                 entry = "E" + entry
             if v == layout.vpp - 1 and r == layout.pp - 1:
-                entry = entry + "L" if chunk <= 2 else f"{entry},L"
+                tail = "m" * mtp + "L"
+                entry = entry + tail if chunk <= 2 else f"{entry},{tail}"
             entries.append(entry)
     return "|".join(entries)
 
@@ -148,7 +151,7 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         # Interleaving over layers the virtual stages do not divide: the layout string says how.
         lay = lay.with_changes(stage_layers=job.stage_layers)
     uneven = uneven_stages(lay)
-    custom = layout_string(lay)
+    custom = layout_string(lay, m.mtp_layers)
     accounted = [flag for field, flag in ACCOUNT_FLAGS.items() if getattr(lay, field)]
     args += [(flag, None) for flag in accounted]
     if uneven is not None:
@@ -214,6 +217,8 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args.append(("--kv-channels", str(m.head_dim)))
     if m.is_moe:
         args += moe_arguments(job)
+    if m.mtp_layers:
+        args.append(("--mtp-num-layers", str(m.mtp_layers)))
     args += [("--seq-length", str(t.seq_len)), ("--max-position-embeddings", str(t.seq_len))]
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))

@@ -118,6 +118,10 @@ def check(estimate) -> None:
     refusal = ENGINES["torchtitan"].refusal(estimate.job)
     if refusal:
         raise _refuse(f"{refusal}; plan with --engine torchtitan")
+    (module, _), exact = base_config(estimate.job.model)
+    if estimate.job.model.mtp_layers and not (exact and module == "deepseek_v3"):
+        raise _refuse("model.mtp_layers: torchtitan builds multi-token prediction layers into its own DeepSeek-V3 "
+                      "configs only (671B, 16B); this model is neither")
 
 
 def stage_modules(estimate) -> list[list[str]]:
@@ -190,6 +194,8 @@ def settings(estimate) -> dict[str, Any]:
         out["compile"]["enable_async_tensor_parallel"] = True
     if training.recipe is not None:
         out["converters"] = converters(job)
+    if job.model.mtp_layers:
+        out["mtp_layers"] = job.model.mtp_layers
     return out
 
 
@@ -245,6 +251,9 @@ def _notes(estimate) -> list[str]:
         notes.append(f"{job.training.precision}: the model is rebuilt with torchtitan's quantization converters "
                      f"(CONVERTERS below; model_spec is not a command-line option, so overrides.txt cannot "
                      f"carry them); parameters stay bfloat16")
+    if job.model.mtp_layers:
+        notes.append(f"multi-token prediction: the model is rebuilt with {job.model.mtp_layers} MTP layer(s) and "
+                     "trained with MTPLoss (MTP_LAYERS below; not a command-line option either)")
     return notes
 
 
@@ -257,7 +266,15 @@ def _config_module(estimate, header: list[str]) -> str:
         "# rebuilding the model spec with MODEL_REGISTRY's model_registry(MODEL_FLAVOR, converters=...).\n"
         f"CONVERTERS = {python_literal([[name, fields] for name, fields in s.get('converters', [])])}\n"
         f"MODEL_REGISTRY = {python_literal(f'torchtitan.models.{module}')}\n"
-        f"MODEL_FLAVOR = {python_literal(FLAVORS[function])}\n\n\n"
+        f"MODEL_FLAVOR = {python_literal(FLAVORS[function])}\n"
+        "# Multi-token prediction layers (DeepSeek-V3's MTP modules): the model spec is rebuilt with them\n"
+        "# and the loss is torchtitan's MTPLoss (models/deepseek_v3/mtp.py).\n"
+        f"MTP_LAYERS = {python_literal(s.get('mtp_layers', 0))}\n"
+        f"VOCAB_SIZE = {python_literal(estimate.job.model.vocab_size)}  # MTPLoss's global_vocab_size\n\n\n"
+        "def mtp_loss():\n"
+        '    """The loss of the main and the MTP predictions, as torchtitan\'s deepseek_v3_debugmodel_mtp sets it."""\n'
+        "    from torchtitan.models.deepseek_v3.mtp import MTPLoss\n\n"
+        "    return MTPLoss.Config(global_vocab_size=VOCAB_SIZE)\n\n\n"
         "def converters():\n"
         '    """The converter configs, as torchtitan.components.quantization defines them."""\n'
         "    from torchtitan.components import quantization\n\n"
@@ -298,9 +315,12 @@ def _config_module(estimate, header: list[str]) -> str:
         "    config.activation_checkpoint = {\n"
         '        "none": None, "selective": SelectiveAC.Config(), "full": FullAC.Config(),\n'
         "    }[ACTIVATION_CHECKPOINT]\n"
-        "    if CONVERTERS:\n"
+        "    if CONVERTERS or MTP_LAYERS:\n"
         "        registry = importlib.import_module(MODEL_REGISTRY)\n"
-        "        config.model_spec = registry.model_registry(MODEL_FLAVOR, converters=converters())\n"
+        "        extra = {\"num_mtp_layers\": MTP_LAYERS} if MTP_LAYERS else {}\n"
+        "        config.model_spec = registry.model_registry(MODEL_FLAVOR, converters=converters(), **extra)\n"
+        "    if MTP_LAYERS:\n"
+        "        config.loss = mtp_loss()\n"
         "    return config\n\n\n"
         f"def {CONFIG_FUNCTION}():\n"
         "    base = getattr(importlib.import_module(BASE_MODULE), BASE_CONFIG)()\n"
@@ -329,7 +349,9 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
                    f"python -m torchtitan.train --module {module} --config {function} $(grep -v '^#' {OVERRIDES_FILE})",
                    "The activation_checkpoint:<mode> subcommand must stay last."]
                   + ([f"Not here: the quantization converters (CONVERTERS in {CONFIG_FILE}); the model spec is "
-                      "no command-line option."] if estimate.job.training.recipe is not None else []))
+                      "no command-line option."] if estimate.job.training.recipe is not None else [])
+                  + ([f"Not here: the multi-token prediction layers and their loss (MTP_LAYERS in {CONFIG_FILE}); "
+                      "neither is a command-line option."] if estimate.job.model.mtp_layers else []))
         + "".join(" ".join(argument_word("torchtitan", word) for word in opt) + "\n" for opt in opts)
     )
     launch = (

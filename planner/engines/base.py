@@ -208,7 +208,7 @@ class Engine:
         """The first problem as one line (``layout.cp is 2: ...``), or None if the engine runs ``job``."""
         for key, why in self.problems(job):
             section, _, name = key.partition(".")
-            owner = {"layout": job.layout, "training": job.training}.get(section)
+            owner = {"layout": job.layout, "training": job.training, "model": job.model}.get(section)
             value = getattr(owner, name, None)
             if isinstance(value, tuple):
                 value = list(value)

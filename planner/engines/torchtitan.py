@@ -85,6 +85,18 @@ def rules(job: Job) -> list[tuple[str, str]]:
         out.append(("layout.ep", f"torchtitan's expert parallelism borrows ranks from FSDP and TP only: ep must "
                                  f"divide dp_shard·cp·tp = {shard}·{lay.cp}·{lay.tp} (ParallelDims: efsdp = "
                                  "dp_shard·cp·tp / ep); replicated (zero_stage 0) data parallelism lends none"))
+    if job.model.mtp_layers:
+        # torchtitan 0.3.0 builds multi-token prediction for its DeepSeek-V3 models only
+        # (models/deepseek_v3/mtp.py ``MTPDecoder``), and its Config refuses them with PP or CP.
+        if job.model.attention_type != "mla":
+            out.append(("model.mtp_layers", "torchtitan builds multi-token prediction modules for its DeepSeek-V3 "
+                                            "models only (models/deepseek_v3/mtp.py)"))
+        if lay.pp > 1:
+            out.append(("layout.pp", "torchtitan's multi-token prediction does not support pipeline parallelism "
+                                     "(MTPDecoder.Config: NotImplementedError)"))
+        if lay.cp > 1:
+            out.append(("layout.cp", "torchtitan's multi-token prediction does not support context parallelism "
+                                     "(MTPDecoder.Config: NotImplementedError)"))
     divisor = lay.tp * (2 * lay.cp if lay.cp > 1 else 1)
     if training.seq_len % divisor:
         out.append(("training.seq_len", f"torchtitan needs seq_len divisible by tp·2·cp = {divisor} (trainer.py)"))

@@ -32,9 +32,12 @@ def _repeat(pattern: str, text: str) -> str:
     return re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
 
 
-def parse_layout_string(text: str, pp: int) -> list[int]:
+def parse_layout_string(text: str, pp: int, mtp: int = 0) -> list[int]:
     """Transformer layers per virtual stage of a ``--pipeline-model-parallel-layout`` (Megatron's
-    ``PipelineParallelLayerLayout.parse_str_to_list``); raises ValueError on what it cannot read."""
+    ``PipelineParallelLayerLayout.parse_str_to_list``), whose last stage holds the ``mtp``
+    multi-token prediction layers (``m``) where the model has them: the cost model runs them on
+    the last pipeline stage, Megatron's placement without a layout. Raises ValueError on what it
+    cannot read."""
     text = text.replace(",", "")
     text = _repeat(r"\(([^)]+)\)\*(\d+)", text)
     text = _repeat(r"(.)\*(\d+)", text)
@@ -42,13 +45,18 @@ def parse_layout_string(text: str, pp: int) -> list[int]:
     if len(entries) % pp:
         raise ValueError(f"{len(entries)} stages do not divide by --pipeline-model-parallel-size {pp}")
     for entry in entries:
-        bad = set(entry) - set("ELt")
+        bad = set(entry) - set("ELtm")
         if bad:
             raise ValueError(f"unsupported layer character(s) {''.join(sorted(bad))!r} "
-                             "(only E, L and t are modelled)")
+                             "(only E, L, t and m are modelled)")
     flat = "".join(entries)
     if flat.count("E") != 1 or flat.count("L") != 1 or not flat.startswith("E") or not flat.endswith("L"):
         raise ValueError("expected one E at the start and one L at the end")
+    if flat.count("m") != mtp:
+        raise ValueError(f"holds {flat.count('m')} multi-token prediction layers (m), the case's model "
+                         f"{mtp} (model.mtp_layers)")
+    if mtp and entries[-1].count("m") != mtp:
+        raise ValueError("multi-token prediction layers (m) are modelled on the last stage only, with the loss (L)")
     return [entry.count("t") for entry in entries]
 
 
@@ -201,6 +209,11 @@ def read(path: Path, case) -> Layout:
         value = integer(flag)
         if value is not None and value != expected:
             raise CaseError(src, flag, f"{value} differs from the case's {expected or 'dense model (no experts)'}")
+    mtp = integer("--mtp-num-layers", 0)
+    if mtp != model.mtp_layers:
+        said = f"{mtp}" if "--mtp-num-layers" in flags else "absent (no multi-token prediction)"
+        raise CaseError(src, "--mtp-num-layers", f"{said}, but the case's model has {model.mtp_layers} "
+                                                 "multi-token prediction layers (model.mtp_layers)")
     groups = integer("--num-query-groups")
     if groups is not None and "--group-query-attention" in flags and groups != model.num_kv_heads:
         raise CaseError(src, "--num-query-groups", f"{groups} differs from the case's {model.num_kv_heads} KV heads")
@@ -288,7 +301,7 @@ def read(path: Path, case) -> Layout:
             if other in flags:
                 raise CaseError(src, flag, f"cannot be combined with {other}")
         try:
-            counts = parse_layout_string(custom, pp)
+            counts = parse_layout_string(custom, pp, model.mtp_layers)
         except ValueError as error:
             raise CaseError(src, flag, f"{error} in {custom!r}") from None
         if sum(counts) != layers:

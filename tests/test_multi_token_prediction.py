@@ -1,0 +1,167 @@
+"""Multi-token prediction (DeepSeek-V3 report §2.2; megatron-core ``MultiTokenPredictionBlock``):
+what one module adds to the last pipeline stage, term by term, against the formulas the cost
+model states, and what the search does with it.
+
+Each module is one layer of the decoder's last kind, a 2h → h projection with three norms, and
+the shared LM head and loss run again, all on the last stage; with an untied head that stage also
+keeps a copy of the input embedding, whose gradients are all-reduced with the first stage's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import planner
+from cost_models.activations import head_activation_bytes, mtp_projection_activation_bytes
+from cost_models.flops import head_gemm, mtp_projection_gemm
+from cost_models.kernels import gemm_time
+from cost_models.memory import per_microbatch, stage_activation_bytes
+from cost_models.parameters import attention_parameters, embedding_parameters, norm_parameters, stage_parameters
+from cost_models.step_time import cross_entropy_time, moe_layer_time, stage_time, tied_embedding_reduce
+from planner.case import load_case
+from planner.hf_config import read_hf_config
+
+# DeepSeek-V2-Lite's shape (27 layers, 64 experts, the last an MoE layer), untied, on 4 stages.
+CASE = {"model": {"preset": "deepseek-v2-lite", "mtp_layers": 1},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+        "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"},
+        "layout": {"pp": 4, "stage_layers": [6, 7, 7, 7], "ep": 8, "etp": 1, "zero_stage": 1,
+                   "micro_batch_size": 1}}
+
+
+def jobs(**layout):
+    """The job with one MTP module and the same without it."""
+    case = {**CASE, "layout": {**CASE["layout"], **layout}}
+    with_mtp = load_case(case).job()
+    without = load_case({**case, "model": {**case["model"], "mtp_layers": 0}}).job()
+    return with_mtp, without
+
+
+def test_the_last_stage_holds_the_module_and_a_copy_of_the_embedding():
+    """Dense weights split over tp: the layer's attention and shared expert, the projection, the
+    embedding copy; held whole: five norms (the layer's two, the module's three) and the router;
+    the experts E/ep. Stages other than the last hold nothing more."""
+    job, base = jobs()
+    model, last = job.model, job.layout.pp - 1
+    assert model.mtp_layers_are_moe
+    args = (job.stage_layers[last], False, True, 1, job.stage_moe_layers[last], 8, 1)
+    extra = stage_parameters(model, *args)
+    plain = stage_parameters(base.model, *args)
+    h = model.hidden_size
+    dense = attention_parameters(model) + 3 * h * model.moe_shared_expert_ffn_hidden_size + 2 * h * h \
+        + embedding_parameters(model) + 5 * norm_parameters(model) + h * model.num_experts
+    assert extra.dense - plain.dense == dense
+    assert extra.expert - plain.expert == (model.num_experts // 8) * 3 * h * model.moe_ffn_hidden_size
+    first = (job.stage_layers[0], True, False, 1, job.stage_moe_layers[0], 8, 1)
+    assert stage_parameters(model, *first) == stage_parameters(base.model, *first)
+    # On one stage the embedding is already there: no copy.
+    alone = stage_parameters(model, 27, True, True, 1, 26, 8, 1).dense - \
+        stage_parameters(base.model, 27, True, True, 1, 26, 8, 1).dense
+    assert alone == dense - embedding_parameters(model)
+
+
+def test_the_embedding_copy_is_all_reduced_between_the_edge_stages():
+    job, base = jobs()
+    assert tied_embedding_reduce(base, 0) == tied_embedding_reduce(base, 3) == 0.0
+    assert tied_embedding_reduce(job, 0) == tied_embedding_reduce(job, 3) > 0.0
+    assert tied_embedding_reduce(job, 1) == 0.0
+
+
+def test_the_last_stage_runs_a_layer_the_projection_and_the_head_again():
+    """Compute: one MoE layer's forward and backward, three times the projection's and the LM
+    head's forward GEMM (bf16 beside the recipe, like the head) and the loss once more; its
+    dispatch and combine too. The other stages are as before."""
+    job, base = jobs()
+    last, gpu = job.layout.pp - 1, job.cluster.gpu
+    tokens = job.layout.micro_batch_size * job.training.seq_len
+    head = 3 * gemm_time(head_gemm(job.model, tokens, 1), gpu, "bf16") \
+        + cross_entropy_time(tokens * job.model.vocab_size, job.training, gpu)
+    projection = 3 * gemm_time(mtp_projection_gemm(job.model, tokens, 1), gpu, "bf16")
+    added = stage_time(job, last).compute - stage_time(base, last).compute
+    assert added == pytest.approx(moe_layer_time(job).total + head + projection, rel=1e-12)
+    layers = job.stage_moe_layers[last]
+    assert stage_time(job, last).ep_comm == pytest.approx(stage_time(base, last).ep_comm * (layers + 1) / layers)
+    assert stage_time(job, 1) == stage_time(base, 1)
+
+
+@pytest.mark.parametrize("recompute, recomputed", [
+    ({"recompute": "full"}, True),  # Megatron's uniform method: the module's layer too
+    ({"recompute": "full", "recompute_num_layers": 7}, False),  # block: "Skipping recompute" for MTP
+])
+def test_full_recomputation_takes_the_module_in_only_with_the_uniform_method(recompute, recomputed):
+    job, base = jobs(**recompute)
+    last = job.layout.pp - 1
+    added = stage_time(job, last).recompute - stage_time(base, last).recompute
+    assert (added == pytest.approx(moe_layer_time(job).forward, rel=1e-12)) if recomputed else added == 0.0
+
+
+def test_the_last_stage_keeps_the_modules_activations_for_one_micro_batch():
+    """The module's MoE layer, its norm and projection inputs, and its logits: once, as the last
+    model chunk's backward follows its forward."""
+    job, base = jobs()
+    last = job.layout.pp - 1
+    shared = per_microbatch(job)
+    lay = job.layout
+    expected = shared.kept_moe + mtp_projection_activation_bytes(job.model, job.training, lay) \
+        + head_activation_bytes(job.model, job.training, lay)
+    assert stage_activation_bytes(job, last) - stage_activation_bytes(base, last) == pytest.approx(expected)
+    assert stage_activation_bytes(job, 0) == stage_activation_bytes(base, 0)
+
+
+def test_the_search_lightens_the_last_stage_for_the_module():
+    """Without a layout, Megatron's plan for DeepSeek-V3 with MTP leaves its last pipeline rank
+    fewer layers than the others (as Megatron-Bridge's DeepSeek-V3 layouts do); without MTP the
+    even split stands."""
+    case = {"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "h800", "num_gpus": 2048},
+            "training": {"global_batch_size": 15360, "seq_len": 4096, "precision": "fp8",
+                         "fp8_recipe": "blockwise", "engine": "megatron"}}
+    best = planner.plan(case, top_k=0).best
+    stages = best.job.stage_layers
+    assert best.job.layout.pp > 1 and stages[-1] < min(stages[:-1])
+    plain = planner.plan({**case, "model": {"preset": "deepseek-v3", "mtp_layers": 0}}, top_k=0).best
+    assert plain.step_time_s < best.step_time_s
+
+
+def test_hugging_face_configs_say_how_many_modules(tmp_path):
+    """``num_nextn_predict_layers``: 1 in DeepSeek-V3's config, 0 or absent for none."""
+    source = Path(__file__).parent / "fixtures" / "hf" / "DeepSeek-V3" / "config.json"
+    assert read_hf_config(source)["mtp_layers"] == 1
+    for value in ("0", "null"):
+        path = tmp_path / f"config_{value}.json"
+        text = source.read_text().replace('"num_nextn_predict_layers": 1', f'"num_nextn_predict_layers": {value}')
+        path.write_text(text)
+        assert "mtp_layers" not in read_hf_config(path)
+
+
+def test_a_negative_count_is_refused_by_key():
+    with pytest.raises(planner.CaseError, match="model.mtp_layers"):
+        load_case({**CASE, "model": {**CASE["model"], "mtp_layers": -1}})
+
+
+def test_estimate_counts_the_module_in_the_parameters_and_the_model_flops():
+    job, base = jobs()
+    with_mtp = planner.estimate({**CASE}).to_dict()
+    without = planner.estimate({**CASE, "model": {**CASE["model"], "mtp_layers": 0}}).to_dict()
+    assert with_mtp["model"]["parameters"] > without["model"]["parameters"]
+    assert with_mtp["model_tflops_per_gpu"] * with_mtp["step_time_s"] > \
+        without["model_tflops_per_gpu"] * without["step_time_s"]
+    assert replace(job.model, mtp_layers=0) == base.model
+
+
+def test_the_report_names_the_modules_beside_the_parameter_count():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from planner.report import print_estimate
+
+    def first_line(case) -> str:
+        out = StringIO()
+        print_estimate(planner.estimate(case), Console(file=out, width=400))
+        return out.getvalue().splitlines()[0]
+
+    assert "with 1 multi-token prediction layer)" in first_line(CASE)
+    assert "multi-token" not in first_line({**CASE, "model": {**CASE["model"], "mtp_layers": 0}})
