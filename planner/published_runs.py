@@ -276,6 +276,41 @@ def balanced_stages(layers: int, pp: int) -> list[int]:
     return [base + (i in extra) for i in range(pp)]
 
 
+def mtp_layers(row: dict, model: dict) -> int:
+    """The multi-token prediction modules the run trained: the row's ``model.extra.mtp_layers``,
+    where its published model FLOPs count them. Megatron-Bridge counts the module
+    (``num_floating_point_operations``): DeepSeek-V3's rows with it imply 260 GFLOP a token,
+    those labelled "w/o MTP" 249.6, as NeMo AutoModel's do; so the count the published TFLOP/s
+    and tokens/s imply decides, the closer of the model with and without the modules. Rows that
+    publish no FLOPs keep the field."""
+    count = (row["model"].get("extra") or {}).get("mtp_layers") or 0
+    measured = row.get("measured") or {}
+    tflops, tokens = measured.get("tflops_per_gpu"), measured.get("tokens_per_sec_per_gpu")
+    if not count or not (tflops and tokens):
+        return count
+    from cost_models.flops import model_flops_per_token
+    from cost_models.specs import ModelSpec
+
+    implied = tflops * 1e12 / tokens
+    seq = row["model"]["seq_len"]
+    with_mtp, without = (model_flops_per_token(ModelSpec(**model, mtp_layers=n), seq) for n in (count, 0))
+    return count if abs(implied - with_mtp) < abs(implied - without) else 0
+
+
+def bridge_mtp_split(layers: int, pp: int, vpp: int) -> Optional[list[int]]:
+    """Layers per pipeline rank as Megatron-Bridge lays out a model with MTP: each of the pp·vpp
+    virtual stages ⌈L/(pp·vpp)⌉ layers, the last the rest beside the MTP layers and the loss
+    (``recipes/deepseek/h100/deepseek_v3.py`` ``_get_deepseek_v3_pipeline_layout``; its
+    performance recipes' ``"Et*4|(t*4|)*14tmL"``); None where the rest would be empty."""
+    stages = pp * vpp
+    each = -(-layers // stages)
+    last = layers - each * (stages - 1)
+    if stages == 1 or last < 1:
+        return None
+    virtual = [each] * (stages - 1) + [last]
+    return [sum(virtual[v * pp + r] for v in range(vpp)) for r in range(pp)]
+
+
 def _moe_fields(md: dict) -> Optional[dict]:
     moe = md.get("moe") or {}
     if not moe.get("num_experts"):
@@ -366,6 +401,12 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
         if (par.get(key) or 1) > 1:
             layout[key] = par[key]
     layout.update(stage_split(row, md["layers"], pp, vpp))
+    if mtp := mtp_layers(row, model):
+        model["mtp_layers"] = mtp
+        split = bridge_mtp_split(md["layers"], pp, vpp) if training["engine"] == "megatron" else None
+        if split is not None:
+            layout = {k: v for k, v in layout.items() if not k.startswith("account_for")}
+            layout["stage_layers"] = split
     return {"model": model, "cluster": cluster, "training": training, "layout": layout}, ""
 
 

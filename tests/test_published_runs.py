@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from planner.case import load_case
-from planner.published_runs import (balanced_stages, case_of, gpu_preset, load_rows, measured_tokens_per_s,
-                                    pipeline_split, precision, zero_stage)
+from planner.published_runs import (balanced_stages, bridge_mtp_split, case_of, gpu_preset, load_rows,
+                                    measured_tokens_per_s, pipeline_split, precision, zero_stage)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,30 @@ def test_megatron_bridge_fp8_runs_keep_their_weights_quantized(rows):
     assert block["training"]["fp8_recipe"] == "blockwise" and block["training"]["fp8_param_gather"] is False
     nemo, _ = case_of(rows["nemo2407_h100_fp8_LLAMA3-70B_64gpu"])
     assert "fp8_param_gather" not in nemo["training"]
+
+
+def test_deepseek_v3_rows_train_the_mtp_module_their_flops_count(rows):
+    """Megatron-Bridge's DeepSeek-V3 rows publish model TFLOP/s that count the MTP module (260
+    GFLOP a token), except 25.11's GB200 and GB300 rows, labelled "w/o MTP" (249.6), as NeMo
+    AutoModel's (249.7): only the former train it."""
+    for row_id, mtp in (("mb_2608_deepseekv3_gb300_256g_mxfp8", 1), ("mb_2511_deepseekv3_b200_256g_mxfp8", 1),
+                        ("mb_2511_deepseekv3_gb200_256g_mxfp8", None), ("automodel_deepseekv3_h100_256g_bf16", None)):
+        assert case_of(rows[row_id])[0]["model"].get("mtp_layers") == mtp, row_id
+
+
+def test_mtp_stages_are_megatron_bridges_deepseek_v3_layouts():
+    """``_get_deepseek_v3_pipeline_layout`` (recipes/deepseek/h100/deepseek_v3.py), per rank: (4, 1)
+    16, 16, 16, 13; (8, 1) and (4, 2) virtual stages of 8 and a last of 5; (16, 1), (8, 2) and (4, 4)
+    of 4 and a last of 1, as the perf recipes' "Et*4|(t*4|)*14tmL" at (2, 8); none where the last
+    virtual stage would be empty (61 over 32)."""
+    assert bridge_mtp_split(61, 4, 1) == [16, 16, 16, 13]
+    assert bridge_mtp_split(61, 8, 1) == [8] * 7 + [5]
+    assert bridge_mtp_split(61, 4, 2) == [16, 16, 16, 13]
+    assert bridge_mtp_split(61, 16, 1) == [4] * 15 + [1]
+    assert bridge_mtp_split(61, 8, 2) == [8] * 7 + [5]
+    assert bridge_mtp_split(61, 4, 4) == [16, 16, 16, 13]
+    assert bridge_mtp_split(61, 2, 8) == [32, 29]
+    assert bridge_mtp_split(61, 8, 4) is None and bridge_mtp_split(61, 1, 1) is None
 
 
 def test_nemo_rows_run_megatron_with_tp_overlap_and_the_distributed_optimizer(rows):
