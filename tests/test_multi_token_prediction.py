@@ -165,3 +165,18 @@ def test_the_report_names_the_modules_beside_the_parameter_count():
 
     assert "with 1 multi-token prediction layer)" in first_line(CASE)
     assert "multi-token" not in first_line({**CASE, "model": {**CASE["model"], "mtp_layers": 0}})
+
+
+def test_deepspeeds_launch_notes_say_where_the_modules_go():
+    """DeepSpeed runs the user's model: the pipeline notes of launch.sh place the modules where the
+    plan priced them, and say nothing of them for a model without."""
+    from planner.emit import deepspeed, provenance
+
+    def notes(mtp: int) -> str:
+        case = {**CASE, "model": {**CASE["model"], "mtp_layers": mtp},
+                "training": {**CASE["training"], "engine": "deepspeed"}}
+        est = planner.estimate(case)
+        return "\n".join(deepspeed.render(est, provenance(est, "case.yaml")).values())
+
+    assert "1 multi-token prediction module(s) go on the last stage" in notes(1)
+    assert "multi-token" not in notes(0)

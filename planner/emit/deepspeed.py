@@ -232,6 +232,9 @@ def _pipeline_snippet(job) -> list[str]:
         f"{lay.dp} (= {job.cluster.num_gpus} / {lay.pp}).",
         "",
     ]
+    if job.model.mtp_layers:
+        lines[-1:-1] = [f"The model's {job.model.mtp_layers} multi-token prediction module(s) go on the last stage, "
+                        "after the LM head,", "with a copy of the input embedding: where the plan priced them."]
     topology = ""
     if lay.tp > 1:
         # AutoTP ignores the pipeline grid; Megatron-DeepSpeed's way: a 3D topology whose model
