@@ -180,3 +180,20 @@ def test_deepspeeds_launch_notes_say_where_the_modules_go():
 
     assert "1 multi-token prediction module(s) go on the last stage" in notes(1)
     assert "multi-token" not in notes(0)
+
+
+@pytest.mark.parametrize("mtp, layout, needle", [
+    (2, {"pp": 4, "vpp": 2, "stage_layers": [6, 8, 8, 5]},
+     "model.mtp_layers: megatron cannot run it: --overlap-moe-expert-parallel-comm takes one"),
+    (1, {"pp": 1, "stage_layers": None},
+     "layout.pp: megatron cannot run it: --overlap-moe-expert-parallel-comm with a multi-token prediction layer"),
+])
+def test_megatron_overlaps_the_dispatch_with_one_module_and_a_pipeline_only(mtp, layout, needle):
+    """megatron-core 0.16's TransformerConfig: overlap_moe_expert_parallel_comm takes MTP layers
+    ≤ 1, and with one, pipeline parallelism."""
+    lay = {k: v for k, v in {**CASE["layout"], **layout}.items() if v is not None}
+    case = {**CASE, "model": {**CASE["model"], "mtp_layers": mtp},
+            "training": {**CASE["training"], "moe_comm_overlap": True}, "layout": lay}
+    with pytest.raises(planner.CaseError, match=needle):
+        planner.estimate(case)
+    planner.estimate({**case, "model": {**case["model"], "mtp_layers": 0}})  # the same layout without

@@ -87,6 +87,12 @@ def rules(job: Job) -> list[tuple[str, str]]:
                                       "schedule: with pp > 1 it needs vpp > 1"))
         if lay.recompute == "full":
             out.append(("layout.recompute", "--overlap-moe-expert-parallel-comm refuses full recomputation"))
+        if job.model.mtp_layers > 1:
+            out.append(("model.mtp_layers", "--overlap-moe-expert-parallel-comm takes one multi-token prediction "
+                                            "layer at most"))
+        if job.model.mtp_layers and lay.pp == 1:
+            out.append(("layout.pp", "--overlap-moe-expert-parallel-comm with a multi-token prediction layer "
+                                     "needs pipeline parallelism (pp > 1)"))
     if training.fp8_param_gather and lay.zero_stage not in QUANTIZED_GATHER_ZERO_STAGES:
         out.append(("training.fp8_param_gather", "--fp8-param-gather quantizes the distributed optimizer's "
                                                  "(or Megatron-FSDP's) weight gather: it needs zero_stage 1 or 3"))
