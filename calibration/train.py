@@ -147,6 +147,17 @@ def run_spec(job: "Job", *, steps: int = 5, warmup: int = 2, seed: int = 0,
     from .gpt_config import GPTConfig  # not .gpt: this process never needs torch
 
     model, training, lay = job.model, job.training, job.layout
+    # The loop's GPT (calibration/gpt.py) is a dense decoder of multi-head or grouped-query
+    # attention, h/a wide a head: a model it does not build would time another model.
+    for key, built, what in (
+            ("num_experts", not model.is_moe, "no mixture of experts"),
+            ("attention_type", model.attention_type != "mla", "no multi-head latent attention"),
+            ("head_dim", model.attention_type == "mla" or model.head_dim * model.num_attention_heads
+             == model.hidden_size, "attention heads hidden_size / num_attention_heads wide"),
+            ("mtp_layers", not model.mtp_layers, "no multi-token prediction modules")):
+        if not built:
+            raise Unsupported(f"model.{key}", f"the validation loop builds a dense GPT with {what}, so it "
+                                              f"cannot time this model; got {getattr(model, key)!r}")
     for key in ("tp", "pp", "cp"):
         if getattr(lay, key) != 1:
             raise Unsupported(f"layout.{key}", f"the CPU validation loop runs data parallelism only; "

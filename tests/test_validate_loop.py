@@ -116,6 +116,12 @@ def test_one_rank_selective_recomputation_swiglu_gqa(profile):
     ({"layout": {"dp": 2, "recompute": "selective", "recompute_modules": ["mlp"]}}, "layout.recompute_modules"),
     ({"training": {"precision": "bf16", "global_batch_size": 4, "seq_len": 64}}, "training.precision"),
     ({"model": {**MODEL, "dropout": 0.1}}, "model.dropout"),
+    # Models the loop's dense GPT does not build.
+    ({"model": {**MODEL, "num_experts": 4, "moe_top_k": 2}}, "model.num_experts"),
+    ({"model": {**MODEL, "head_dim": 64}}, "model.head_dim"),
+    ({"model": {**MODEL, "mtp_layers": 1}}, "model.mtp_layers"),
+    ({"model": {**MODEL, "attention_type": "mla", "kv_lora_rank": 32, "qk_head_dim": 32, "qk_rope_head_dim": 16,
+                "v_head_dim": 32}}, "model.attention_type"),
 ])
 def test_layouts_the_cpu_loop_cannot_run_are_refused_by_key(profile, change, key):
     data = {**case(), **change}
