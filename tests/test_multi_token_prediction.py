@@ -197,3 +197,24 @@ def test_megatron_overlaps_the_dispatch_with_one_module_and_a_pipeline_only(mtp,
     with pytest.raises(planner.CaseError, match=needle):
         planner.estimate(case)
     planner.estimate({**case, "model": {**case["model"], "mtp_layers": 0}})  # the same layout without
+
+
+def test_diagnose_reads_megatron_bridges_deepseek_v3_layout_with_mtp(tmp_path):
+    """Megatron-Bridge's GB200 DeepSeek-V3 recipe (perf_recipes/deepseek/gb200/deepseek_v3.py):
+    pp 4, vpp 4, "Et*4|(t*4|)*14tmL", the last rank's chunks 4, 4, 4 and 1 beside the MTP layer
+    and the loss: read as 16, 16, 16 and 13 layers a rank, each chunk priced at 4. A split with a
+    chunk above that (4 and 1 on one rank at vpp 2, priced at 3) is refused by its flag."""
+    from planner.readers import megatron as reader
+
+    case = load_case({"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "gb200", "num_gpus": 256},
+                      "training": {"global_batch_size": 4096, "seq_len": 4096, "precision": "mxfp8",
+                                   "engine": "megatron", "fp8_param_gather": False}})
+    args = tmp_path / "args.txt"
+    common = ("--tensor-model-parallel-size 1 --expert-model-parallel-size 64 --expert-tensor-parallel-size 1 "
+              "--micro-batch-size 1 --global-batch-size 4096 --use-distributed-optimizer --mtp-num-layers 1 ")
+    args.write_text(common + "--pipeline-model-parallel-size 4 --pipeline-model-parallel-layout 'Et*4|(t*4|)*14tmL'\n")
+    layout = reader.read(args, case)
+    assert (layout.pp, layout.vpp, layout.stage_layers) == (4, 4, (16, 16, 16, 13))
+    args.write_text(common + "--pipeline-model-parallel-size 8 --pipeline-model-parallel-layout 'Et*4|(t*4|)*14tmL'\n")
+    with pytest.raises(planner.CaseError, match="--pipeline-model-parallel-layout: model chunks of one pipeline rank"):
+        reader.read(args, case)

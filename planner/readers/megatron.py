@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
-from cost_models.partition import chunk_layers, virtual_partition
+from cost_models.partition import virtual_partition
 from cost_models.specs import Job, Layout, SpecError
 
 from ..case import case_message
@@ -308,10 +308,15 @@ def read(path: Path, case) -> Layout:
             raise CaseError(src, flag, f"holds {sum(counts)} transformer layers, the case's model {layers}")
         vpp = len(counts) // pp
         per_rank = [[counts[v * pp + r] for v in range(vpp)] for r in range(pp)]
-        if any(tuple(chunks_of_rank) != chunk_layers(sum(chunks_of_rank), vpp) or 0 in chunks_of_rank
+        # The cost model times a rank by its layers and keeps each of its chunks' activations at
+        # ⌈layers/vpp⌉ (cost_models.partition.chunk_layers): exact for any split whose largest chunk
+        # is no larger, as Megatron-Bridge's DeepSeek-V3 layouts with MTP ("Et*4|(t*4|)*14tmL": a last
+        # rank of 4, 4, 4 and 1).
+        if any(0 in chunks_of_rank or max(chunks_of_rank) > -(-sum(chunks_of_rank) // vpp)
                for chunks_of_rank in per_rank):
-            raise CaseError(src, flag, "model chunks of one pipeline rank must hold equal, non-zero layer counts, "
-                                       "or differ by one with the larger first (the planner models no other split)")
+            raise CaseError(src, flag, "model chunks of one pipeline rank must hold non-zero layer counts, none "
+                                       "above the rank's layers over its chunks, rounded up (the planner prices "
+                                       "each chunk at that)")
         stages = [sum(chunks_of_rank) for chunks_of_rank in per_rank]
         stage_layers = tuple(stages) if len(set(stages)) > 1 else None
         if layers % (pp * vpp) and stage_layers == virtual_partition(layers, pp, vpp):
