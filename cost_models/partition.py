@@ -18,6 +18,7 @@ token are four layers' worth).
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Sequence
 
 from .flops import head_gemm, layer_forward_flops, mtp_forward_flops
 from .specs import Layout, ModelSpec, TrainingSpec
@@ -82,14 +83,20 @@ def chunk_layers(layers: int, vpp: int) -> tuple[int, ...]:
     return tuple(base + (i < spare) for i in range(vpp))
 
 
+def rank_chunks(virtual: Sequence[int], pp: int) -> list[tuple[int, ...]]:
+    """Each pipeline rank's model chunks, from the layers of the pp·vpp virtual stages in model
+    order: virtual stage v·pp + r is rank r's v-th (Megatron's interleaved order)."""
+    return [tuple(virtual[r::pp]) for r in range(pp)]
+
+
 def virtual_partition(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     """Layers per pipeline rank when the pp·vpp virtual stages cannot hold equal shares: each
     virtual stage takes ⌊L/(pp·vpp)⌋ layers and the first L mod (pp·vpp) one more, rank r
-    holding virtual stages r, pp + r, … (the pipeline layout Megatron-Bridge writes for
-    DeepSeek-V3's 61 layers, ``--pipeline-model-parallel-layout``). Each rank's chunks then
-    differ by at most one layer (:func:`chunk_layers`)."""
+    holding virtual stages r, pp + r, … (:func:`rank_chunks`; the pipeline layout
+    Megatron-Bridge writes for DeepSeek-V3's 61 layers, ``--pipeline-model-parallel-layout``).
+    Each rank's chunks then differ by at most one layer (:func:`chunk_layers`)."""
     base, spare = divmod(layers, pp * vpp)
-    return tuple(sum(base + (v * pp + r < spare) for v in range(vpp)) for r in range(pp))
+    return tuple(map(sum, rank_chunks([base + (v < spare) for v in range(pp * vpp)], pp)))
 
 
 def default_partition(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[int, ...]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from cost_models.specs import RECOMPUTE_MODULES
+from cost_models.flops import model_flops_per_token
+from cost_models.partition import rank_chunks
+from cost_models.specs import RECOMPUTE_MODULES, ModelSpec
 
 from .errors import CaseError
 
@@ -288,9 +290,6 @@ def mtp_layers(row: dict, model: dict) -> int:
     tflops, tokens = measured.get("tflops_per_gpu"), measured.get("tokens_per_sec_per_gpu")
     if not count or not (tflops and tokens):
         return count
-    from cost_models.flops import model_flops_per_token
-    from cost_models.specs import ModelSpec
-
     implied = tflops * 1e12 / tokens
     seq = row["model"]["seq_len"]
     with_mtp, without = (model_flops_per_token(ModelSpec(**model, mtp_layers=n), seq) for n in (count, 0))
@@ -307,8 +306,7 @@ def bridge_mtp_split(layers: int, pp: int, vpp: int) -> Optional[list[int]]:
     last = layers - each * (stages - 1)
     if stages == 1 or last < 1:
         return None
-    virtual = [each] * (stages - 1) + [last]
-    return [sum(virtual[v * pp + r] for v in range(vpp)) for r in range(pp)]
+    return [sum(chunks) for chunks in rank_chunks([each] * (stages - 1) + [last], pp)]
 
 
 def _moe_fields(md: dict) -> Optional[dict]:

