@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Optional
@@ -123,8 +121,9 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     shared = shared or per_microbatch(job)
     layers = job.stage_layers[stage]
     chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
-    # Unequal chunks (a stage's layers not divisible by vpp): the larger ones set the peak.
-    layers_per_chunk = math.ceil(layers / lay.vpp)
+    # Unequal chunks (a stage's layers not divisible by vpp, or a layout's own split): the
+    # largest sets the peak.
+    layers_per_chunk = job.largest_chunk(stage)
     # Layers whose linears the recipe keeps in bf16 keep bf16 inputs: counted at their share of
     # the stage in every chunk (they are the model's last layers: NVFP4's tail).
     high = job.high_precision_layers[stage] / layers if layers else 0.0

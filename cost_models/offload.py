@@ -19,8 +19,6 @@ of its rate, beside compute as :func:`collectives.exposed` allows; the CPU step 
 
 from __future__ import annotations
 
-import math
-
 from .collectives import exposed
 from .model_states import optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
 from .specs import Job
@@ -38,7 +36,7 @@ def gradients_on_host(job: Job) -> bool:
 def offloaded_activation_layers(job: Job, stage: int) -> float:
     """Layers per model chunk whose saved activations live on the host, of those not recomputed."""
     lay = job.layout
-    per_chunk = math.ceil(job.stage_layers[stage] / lay.vpp)
+    per_chunk = job.largest_chunk(stage)
     recomputed = 0.0
     if lay.recompute == "full":
         recomputed = per_chunk if lay.recompute_num_layers is None else lay.recompute_num_layers / lay.vpp

@@ -18,7 +18,7 @@ token are four layers' worth).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Sequence
+from typing import Optional, Sequence
 
 from .flops import head_gemm, layer_forward_flops, mtp_forward_flops
 from .specs import Layout, ModelSpec, TrainingSpec
@@ -115,18 +115,24 @@ def default_partition(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     return (model.num_layers // pp,) * pp
 
 
-def model_chunks(stage_layers: tuple[int, ...], vpp: int) -> list[tuple[int, int]]:
+def model_chunks(stage_layers: tuple[int, ...], vpp: int,
+                 chunks: Optional[tuple[int, ...]] = None) -> list[tuple[int, int]]:
     """(rank, layers) of every model chunk in model order: chunk v·pp + r is rank r's v-th
-    (Megatron's interleaved order), each rank's chunks as :func:`chunk_layers` splits them."""
+    (Megatron's interleaved order), each rank's chunks as ``chunks`` gives them
+    (``Layout.chunk_layers``), else as :func:`chunk_layers` splits them."""
+    pp = len(stage_layers)
+    if chunks is not None:
+        return [(i % pp, n) for i, n in enumerate(chunks)]
     sizes = [chunk_layers(n, vpp) for n in stage_layers]
-    return [(r, sizes[r][v]) for v in range(vpp) for r in range(len(stage_layers))]
+    return [(r, sizes[r][v]) for v in range(vpp) for r in range(pp)]
 
 
-def tail_layers_per_stage(stage_layers: tuple[int, ...], vpp: int, tail: int) -> tuple[int, ...]:
+def tail_layers_per_stage(stage_layers: tuple[int, ...], vpp: int, tail: int,
+                          chunks: Optional[tuple[int, ...]] = None) -> tuple[int, ...]:
     """How many of the model's last ``tail`` decoder layers each pipeline rank holds."""
     held = [0] * len(stage_layers)
     remaining = tail
-    for rank, layers in reversed(model_chunks(stage_layers, vpp)):
+    for rank, layers in reversed(model_chunks(stage_layers, vpp, chunks)):
         take = min(layers, remaining)
         held[rank] += take
         remaining -= take

@@ -724,6 +724,10 @@ class Layout:
     # Layers held by each pipeline stage; None leaves the split to the engine
     # (``cost_models.partition``).
     stage_layers: Optional[tuple[int, ...]] = None
+    # Layers of each of the pp·vpp model chunks in model order (chunk v·pp + r is rank r's v-th:
+    # what a ``--pipeline-model-parallel-layout`` counts); None splits each stage's layers as
+    # evenly as they go, the spare ones first (``partition.chunk_layers``). Sets stage_layers.
+    chunk_layers: Optional[tuple[int, ...]] = None
     # Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split:
     # the embedding (loss) counts as one layer of the first (last) virtual stage.
     account_for_embedding_in_pipeline_split: bool = False
@@ -786,6 +790,8 @@ class Layout:
         n = self.offload_activations
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise SpecError(s, "offload_activations", f"expected a non-negative integer, got {n!r}")
+        if self.chunk_layers is not None:
+            self._check_chunk_layers()
         if self.stage_layers is not None:
             if len(self.stage_layers) != self.pp:
                 raise SpecError(s, "stage_layers", f"expected {self.pp} entries (one per stage), got {len(self.stage_layers)}")
@@ -795,6 +801,22 @@ class Layout:
                 # (nanotron) leaves some with none.
                 if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                     raise SpecError(s, "stage_layers", f"expected non-negative layer counts, got {n!r}")
+
+    def _check_chunk_layers(self) -> None:
+        s, chunks = Layout, self.chunk_layers
+        if len(chunks) != self.pp * self.vpp:
+            raise SpecError(s, "chunk_layers", f"expected pp·vpp = {self.pp * self.vpp} entries (one per model "
+                                               f"chunk), got {len(chunks)}")
+        for n in chunks:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise SpecError(s, "chunk_layers", f"expected a positive layer count for every model chunk, got {n!r}")
+        from .partition import rank_chunks
+
+        stages = tuple(sum(c) for c in rank_chunks(chunks, self.pp))
+        if self.stage_layers is not None and tuple(self.stage_layers) != stages:
+            raise SpecError(s, "chunk_layers", f"hold {list(stages)} layers per stage, but stage_layers says "
+                                               f"{list(self.stage_layers)}")
+        object.__setattr__(self, "stage_layers", stages)
 
     @property
     def world_size(self) -> int:
@@ -962,7 +984,7 @@ class Job:
     @cached_property
     def stage_moe_layers(self) -> tuple[int, ...]:
         """MoE layers of each pipeline stage (:func:`moe_layers_per_stage`)."""
-        return moe_layers_per_stage(self.model, self.stage_layers, self.layout.vpp)
+        return moe_layers_per_stage(self.model, self.stage_layers, self.layout.vpp, self.layout.chunk_layers)
 
     @cached_property
     def high_precision_layers(self) -> tuple[int, ...]:
@@ -975,11 +997,22 @@ class Job:
         tail = math.ceil(recipe.high_precision_layers * self.model.num_layers) if recipe else 0
         if not tail:  # most recipes keep no layer in bf16: no chunk walk for every layout scored
             return (0,) * len(self.stage_layers)
-        return tail_layers_per_stage(self.stage_layers, self.layout.vpp, tail)
+        return tail_layers_per_stage(self.stage_layers, self.layout.vpp, tail, self.layout.chunk_layers)
+
+    def largest_chunk(self, stage: int) -> int:
+        """Layers of the largest model chunk of pipeline rank ``stage``: the one whose activations
+        set the rank's peak (``memory.stage_activation_bytes``)."""
+        lay = self.layout
+        if lay.chunk_layers is not None:
+            from .partition import rank_chunks
+
+            return max(rank_chunks(lay.chunk_layers, lay.pp)[stage])
+        return math.ceil(self.stage_layers[stage] / lay.vpp)
 
 
 @lru_cache(maxsize=4096)
-def moe_layers_per_stage(model: ModelSpec, stage_layers: tuple[int, ...], vpp: int = 1) -> tuple[int, ...]:
+def moe_layers_per_stage(model: ModelSpec, stage_layers: tuple[int, ...], vpp: int = 1,
+                         chunks: Optional[tuple[int, ...]] = None) -> tuple[int, ...]:
     """MoE layers of each pipeline stage. With interleaving, rank r holds virtual stages
     r, pp + r, … of stage_layers[r] / vpp consecutive layers each (Megatron's order)."""
     if not model.is_moe:
@@ -988,7 +1021,7 @@ def moe_layers_per_stage(model: ModelSpec, stage_layers: tuple[int, ...], vpp: i
 
     counts = [0] * len(stage_layers)
     start = 0
-    for rank, layers in model_chunks(stage_layers, vpp):
+    for rank, layers in model_chunks(stage_layers, vpp, chunks):
         counts[rank] += model.moe_layers_in(start, layers)
         start += layers
     return tuple(counts)

@@ -63,7 +63,7 @@ TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flas
                  "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_recipe", "fp8_param_gather",
                  "expert_dispatch")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
-               "recompute", "recompute_num_layers", "recompute_modules", "stage_layers",
+               "recompute", "recompute_num_layers", "recompute_modules", "stage_layers", "chunk_layers",
                "account_for_embedding_in_pipeline_split",
                "account_for_loss_in_pipeline_split", "offload_optimizer", "offload_params", "offload_activations",
                "ep", "etp")
@@ -535,6 +535,11 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
         if not isinstance(layers, list):
             raise CaseError(src, f"{key}.stage_layers", f"expected a list of layer counts, got {describe(layers)}")
         values["stage_layers"] = tuple(read_int(src, f"{key}.stage_layers", n, minimum=0) for n in layers)
+    if section.get("chunk_layers") is not None:
+        layers = section["chunk_layers"]
+        if not isinstance(layers, list):
+            raise CaseError(src, f"{key}.chunk_layers", f"expected a list of layer counts, got {describe(layers)}")
+        values["chunk_layers"] = tuple(read_int(src, f"{key}.chunk_layers", n) for n in layers)
     model_parallel = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
     if "dp" in section:
         values["dp"] = read_int(src, f"{key}.dp", section["dp"])
@@ -562,6 +567,8 @@ def layout_to_mapping(layout: Layout) -> dict[str, Any]:
         section["recompute_modules"] = list(layout.recompute_modules)
     if layout.stage_layers is not None:
         section["stage_layers"] = list(layout.stage_layers)
+    if layout.chunk_layers is not None:
+        section["chunk_layers"] = list(layout.chunk_layers)
     for flag in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
         if getattr(layout, flag):
             section[flag] = True

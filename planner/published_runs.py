@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from cost_models.flops import model_flops_per_token
-from cost_models.partition import rank_chunks
 from cost_models.specs import RECOMPUTE_MODULES, ModelSpec
 
 from .errors import CaseError
@@ -297,16 +296,17 @@ def mtp_layers(row: dict, model: dict) -> int:
 
 
 def bridge_mtp_split(layers: int, pp: int, vpp: int) -> Optional[list[int]]:
-    """Layers per pipeline rank as Megatron-Bridge lays out a model with MTP: each of the pp·vpp
-    virtual stages ⌈L/(pp·vpp)⌉ layers, the last the rest beside the MTP layers and the loss
-    (``recipes/deepseek/h100/deepseek_v3.py`` ``_get_deepseek_v3_pipeline_layout``; its
-    performance recipes' ``"Et*4|(t*4|)*14tmL"``); None where the rest would be empty."""
+    """Layers of each model chunk (``layout.chunk_layers``, model order) as Megatron-Bridge lays
+    out a model with MTP: each of the pp·vpp virtual stages ⌈L/(pp·vpp)⌉ layers, the last the rest
+    beside the MTP layers and the loss (``recipes/deepseek/h100/deepseek_v3.py``
+    ``_get_deepseek_v3_pipeline_layout``; its performance recipes' ``"Et*4|(t*4|)*14tmL"``); None
+    where the rest would be empty."""
     stages = pp * vpp
     each = -(-layers // stages)
     last = layers - each * (stages - 1)
     if stages == 1 or last < 1:
         return None
-    return [sum(chunks) for chunks in rank_chunks([each] * (stages - 1) + [last], pp)]
+    return [each] * (stages - 1) + [last]
 
 
 def _moe_fields(md: dict) -> Optional[dict]:
@@ -403,8 +403,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
         model["mtp_layers"] = mtp
         split = bridge_mtp_split(md["layers"], pp, vpp) if training["engine"] == "megatron" else None
         if split is not None:
-            layout = {k: v for k, v in layout.items() if not k.startswith("account_for")}
-            layout["stage_layers"] = split
+            layout = {k: v for k, v in layout.items() if not k.startswith("account_for") and k != "stage_layers"}
+            layout["chunk_layers"] = split
     return {"model": model, "cluster": cluster, "training": training, "layout": layout}, ""
 
 

@@ -21,7 +21,7 @@ from cost_models.memory import per_microbatch, stage_activation_bytes
 from cost_models.parameters import (attention_parameters, embedding_parameters, mtp_parameters, norm_parameters,
                                      stage_parameters)
 from cost_models.step_time import cross_entropy_time, moe_layer_time, stage_time, tied_embedding_reduce
-from planner.case import load_case
+from planner.case import layout_to_mapping, load_case
 from planner.hf_config import read_hf_config
 
 # DeepSeek-V2-Lite's shape (27 layers, 64 experts, the last an MoE layer), untied, on 4 stages.
@@ -203,22 +203,73 @@ def test_megatron_overlaps_the_dispatch_with_one_module_and_a_pipeline_only(mtp,
     planner.estimate({**case, "model": {**case["model"], "mtp_layers": 0}})  # the same layout without
 
 
-def test_diagnose_reads_megatron_bridges_deepseek_v3_layout_with_mtp(tmp_path):
-    """Megatron-Bridge's GB200 DeepSeek-V3 recipe (perf_recipes/deepseek/gb200/deepseek_v3.py):
-    pp 4, vpp 4, "Et*4|(t*4|)*14tmL", the last rank's chunks 4, 4, 4 and 1 beside the MTP layer
-    and the loss: read as 16, 16, 16 and 13 layers a rank, each chunk priced at 4. A split with a
-    chunk above that (4 and 1 on one rank at vpp 2, priced at 3) is refused by its flag."""
+def test_diagnose_reads_megatron_bridges_deepseek_v3_layouts_with_mtp(tmp_path):
+    """Megatron-Bridge's DeepSeek-V3 layouts with MTP (recipes/deepseek/h100/deepseek_v3.py,
+    perf_recipes/deepseek/gb200/deepseek_v3.py): "Et*4|(t*4|)*14tmL", 16 model chunks of 4 layers
+    but the last, of one, beside the MTP layer and the loss. At pp 4 (vpp 4) the last rank's chunks
+    are 4, 4, 4 and 1; at pp 8 (vpp 2), 4 and 1. Both read as the layout's own chunks, which the
+    estimate prices (its largest chunk sets the rank's activations) and the emitter writes back."""
+    from planner.emit import megatron as emit
     from planner.readers import megatron as reader
 
     case = load_case({"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "gb200", "num_gpus": 256},
                       "training": {"global_batch_size": 4096, "seq_len": 4096, "precision": "mxfp8",
                                    "engine": "megatron", "fp8_param_gather": False}})
     args = tmp_path / "args.txt"
-    common = ("--tensor-model-parallel-size 1 --expert-model-parallel-size 64 --expert-tensor-parallel-size 1 "
-              "--micro-batch-size 1 --global-batch-size 4096 --use-distributed-optimizer --mtp-num-layers 1 ")
-    args.write_text(common + "--pipeline-model-parallel-size 4 --pipeline-model-parallel-layout 'Et*4|(t*4|)*14tmL'\n")
-    layout = reader.read(args, case)
-    assert (layout.pp, layout.vpp, layout.stage_layers) == (4, 4, (16, 16, 16, 13))
-    args.write_text(common + "--pipeline-model-parallel-size 8 --pipeline-model-parallel-layout 'Et*4|(t*4|)*14tmL'\n")
-    with pytest.raises(planner.CaseError, match="--pipeline-model-parallel-layout: model chunks of one pipeline rank"):
-        reader.read(args, case)
+    mb_layout = "Et*4|(t*4|)*14tmL"
+    for pp, ep, stages in ((4, 64, (16, 16, 16, 13)), (8, 32, (8,) * 7 + (5,))):
+        args.write_text(f"--tensor-model-parallel-size 1 --expert-model-parallel-size {ep} "
+                        "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 4096 "
+                        f"--use-distributed-optimizer --mtp-num-layers 1 --pipeline-model-parallel-size {pp} "
+                        f"--pipeline-model-parallel-layout '{mb_layout}'\n")
+        layout = reader.read(args, case)
+        assert (layout.pp, layout.vpp, layout.stage_layers) == (pp, 16 // pp, stages)
+        assert layout.chunk_layers == (4,) * 15 + (1,)
+        est = planner.estimate({"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "gb200", "num_gpus": 256},
+                                "training": {"global_batch_size": 4096, "seq_len": 4096, "precision": "mxfp8",
+                                             "engine": "megatron", "fp8_param_gather": False},
+                                "layout": layout_to_mapping(layout)})
+        assert est.job.largest_chunk(pp - 1) == 4
+        text = emit.render(est, ["header"])["megatron_args.txt"]
+        written = text.split("--pipeline-model-parallel-layout")[1].split()[0].strip("'\"")
+        assert written.endswith("|tmL")
+        assert reader.parse_layout_string(written, pp, 1) == [4] * 15 + [1]
+
+
+def test_a_layouts_chunks_must_hold_its_stages():
+    with pytest.raises(planner.CaseError, match="layout.chunk_layers: expected pp·vpp = 8 entries"):
+        load_case({**CASE, "layout": {**CASE["layout"], "vpp": 2, "chunk_layers": [6, 7, 7]}})
+    with pytest.raises(planner.CaseError, match=r"layout.chunk_layers: hold \[7, 7, 7, 6\] layers per stage, but"):
+        load_case({**CASE, "layout": {**CASE["layout"], "vpp": 2, "chunk_layers": [4, 4, 4, 4, 3, 3, 3, 2]}})
+
+
+def test_a_layouts_largest_chunk_sets_its_ranks_activations():
+    """Llama 3 8B over 2 ranks of 2 chunks, 12 and 4 layers on the first rank instead of 8 and 8:
+    the same layers a rank, so the same step, and every chunk in flight on that rank priced at
+    12 layers' activations, 4 more than the even split's."""
+    from cost_models.memory import per_microbatch
+    from cost_models.pipeline import in_flight_chunks
+
+    base = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"},
+            "layout": {"pp": 2, "vpp": 2, "tp": 2, "sequence_parallel": True, "zero_stage": 1}}
+    even = load_case(base).job()
+    own = load_case({**base, "layout": {**base["layout"], "chunk_layers": [12, 8, 4, 8]}}).job()
+    assert own.stage_layers == even.stage_layers == (16, 16)
+    assert (own.largest_chunk(0), even.largest_chunk(0)) == (12, 8)
+    chunks = in_flight_chunks(2, 2, own.num_microbatches, 0)
+    assert stage_activation_bytes(own, 0) - stage_activation_bytes(even, 0) \
+        == pytest.approx(chunks * 4 * per_microbatch(own).kept)
+    assert stage_activation_bytes(own, 1) == stage_activation_bytes(even, 1)
+    assert stage_time(own, 0) == stage_time(even, 0)
+
+
+def test_torchtitan_refuses_unequal_chunks_of_a_rank():
+    """torchtitan gives each rank's model chunks equal layer counts (module_fqns_per_model_part
+    as the emitter splits them); a layout whose chunks differ on a rank is refused by its key."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "torchtitan"},
+            "layout": {"pp": 2, "vpp": 2, "zero_stage": 3, "chunk_layers": [12, 8, 4, 8]}}
+    with pytest.raises(planner.CaseError, match="layout.chunk_layers: torchtitan cannot run it: torchtitan splits"):
+        planner.estimate(case)
+    planner.estimate({**case, "layout": {**case["layout"], "chunk_layers": [8, 8, 8, 8]}})

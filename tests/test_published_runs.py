@@ -112,20 +112,21 @@ def test_deepseek_v3_rows_train_the_mtp_module_their_flops_count(rows):
     for row_id, mtp in (("mb_2608_deepseekv3_gb300_256g_mxfp8", 1), ("mb_2511_deepseekv3_b200_256g_mxfp8", 1),
                         ("mb_2511_deepseekv3_gb200_256g_mxfp8", None), ("automodel_deepseekv3_h100_256g_bf16", None)):
         assert case_of(rows[row_id])[0]["model"].get("mtp_layers") == mtp, row_id
+    # Written in Megatron-Bridge's layout for MTP: pp 4, vpp 4, "Et*4|(t*4|)*14tmL".
+    layout = case_of(rows["mb_2608_deepseekv3_gb200_256g_mxfp8"])[0]["layout"]
+    assert layout["chunk_layers"] == [4] * 15 + [1] and "stage_layers" not in layout
+    assert load_case(case_of(rows["mb_2608_deepseekv3_gb200_256g_mxfp8"])[0]).job().stage_layers == (16, 16, 16, 13)
 
 
 def test_mtp_stages_are_megatron_bridges_deepseek_v3_layouts():
-    """``_get_deepseek_v3_pipeline_layout`` (recipes/deepseek/h100/deepseek_v3.py), per rank: (4, 1)
-    16, 16, 16, 13; (8, 1) and (4, 2) virtual stages of 8 and a last of 5; (16, 1), (8, 2) and (4, 4)
-    of 4 and a last of 1, as the perf recipes' "Et*4|(t*4|)*14tmL" at (2, 8); none where the last
-    virtual stage would be empty (61 over 32)."""
+    """``_get_deepseek_v3_pipeline_layout`` (recipes/deepseek/h100/deepseek_v3.py), chunk by chunk:
+    (4, 1) 16, 16, 16 and 13; (8, 1) and (4, 2) seven of 8 and one of 5; (16, 1), (8, 2) and (4, 4)
+    fifteen of 4 and one of 1, as the perf recipes' "Et*4|(t*4|)*14tmL" at (2, 8); none where the
+    last would be empty (61 over 32)."""
     assert bridge_mtp_split(61, 4, 1) == [16, 16, 16, 13]
-    assert bridge_mtp_split(61, 8, 1) == [8] * 7 + [5]
-    assert bridge_mtp_split(61, 4, 2) == [16, 16, 16, 13]
-    assert bridge_mtp_split(61, 16, 1) == [4] * 15 + [1]
-    assert bridge_mtp_split(61, 8, 2) == [8] * 7 + [5]
-    assert bridge_mtp_split(61, 4, 4) == [16, 16, 16, 13]
-    assert bridge_mtp_split(61, 2, 8) == [32, 29]
+    assert bridge_mtp_split(61, 8, 1) == bridge_mtp_split(61, 4, 2) == [8] * 7 + [5]
+    assert bridge_mtp_split(61, 16, 1) == bridge_mtp_split(61, 8, 2) == bridge_mtp_split(61, 4, 4) \
+        == bridge_mtp_split(61, 2, 8) == [4] * 15 + [1]
     assert bridge_mtp_split(61, 8, 4) is None and bridge_mtp_split(61, 1, 1) is None
 
 

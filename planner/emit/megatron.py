@@ -29,7 +29,7 @@ from typing import Optional
 
 from cost_models.activations import selective_modules
 from cost_models.model_states import fp32_gradients
-from cost_models.partition import chunk_layers
+from cost_models.partition import chunk_layers, rank_chunks
 from cost_models.specs import Job, Layout
 
 from ..engines import ENGINES
@@ -78,7 +78,8 @@ FLAG_OF_FIELD = {
     "zero_stage": "--use-distributed-optimizer", "sequence_parallel": "--sequence-parallel",
     "recompute": "--recompute-granularity", "recompute_num_layers": "--recompute-num-layers",
     "recompute_modules": "--recompute-modules",
-    "stage_layers": "--decoder-first-pipeline-num-layers", "global_batch_size": "--global-batch-size",
+    "stage_layers": "--decoder-first-pipeline-num-layers", "chunk_layers": "--pipeline-model-parallel-layout",
+    "global_batch_size": "--global-batch-size",
     "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
 }
 
@@ -103,9 +104,10 @@ def uneven_stages(layout: Layout) -> Optional[tuple[int, int]]:
     even split or a partition those flags cannot express (middle stages that differ)."""
     stages = layout.stage_layers
     if stages is None or len(set(stages)) == 1 or len(set(stages[1:-1])) > 1 \
-            or any(n % layout.vpp for n in stages):
+            or any(n % layout.vpp for n in stages):  # unequal model chunks: only a layout string says them
         return None
-    if any(n % layout.vpp for n in stages):  # unequal model chunks: only a layout string says them
+    if layout.chunk_layers is not None \
+            and any(len(set(chunks)) > 1 for chunks in rank_chunks(layout.chunk_layers, layout.pp)):
         return None
     return stages[0], stages[-1]
 
@@ -114,17 +116,23 @@ def layout_string(layout: Layout, mtp: int = 0) -> Optional[str]:
     """``--pipeline-model-parallel-layout`` for a partition whose middle stages differ, or whose
     stages do not split into equal model chunks, else None.
 
-    Virtual stage ``v`` of pipeline rank ``r`` is entry ``v·pp + r``; a rank's chunks are equal, or
-    differ by one layer, the spare ones first (``cost_models.partition.chunk_layers``), as for
-    layers the pp·vpp virtual stages do not divide. The ``mtp`` multi-token prediction layers
+    Virtual stage ``v`` of pipeline rank ``r`` is entry ``v·pp + r``; a rank's chunks are the
+    layout's own (``Layout.chunk_layers``), else equal, or differing by one layer, the spare ones
+    first (``cost_models.partition.chunk_layers``), as for layers the pp·vpp virtual stages do not
+    divide. The ``mtp`` multi-token prediction layers
     (``m``) go before the loss in the last entry, where Megatron builds them without a layout
     (``PipelineParallelLayerLayout.validate_layer_layout``: only in a rank's last virtual stage)."""
     stages = layout.stage_layers
     if stages is None or uneven_stages(layout) is not None:
         return None
-    if len(set(stages)) == 1 and stages[0] % layout.vpp == 0:
-        return None
-    chunks = [chunk_layers(n, layout.vpp) for n in stages]
+    if layout.chunk_layers is not None:
+        chunks = rank_chunks(layout.chunk_layers, layout.pp)
+        if len(set(layout.chunk_layers)) == 1:
+            return None
+    else:
+        if len(set(stages)) == 1 and stages[0] % layout.vpp == 0:
+            return None
+        chunks = [chunk_layers(n, layout.vpp) for n in stages]
     entries = []
     for v in range(layout.vpp):
         for r, n in enumerate(stages):

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
-from cost_models.partition import rank_chunks, virtual_partition
+from cost_models.partition import chunk_layers, rank_chunks, virtual_partition
 from cost_models.specs import Job, Layout, SpecError
 
 from ..case import case_message
@@ -262,6 +262,7 @@ def read(path: Path, case) -> Layout:
     first = integer("--decoder-first-pipeline-num-layers")
     last = integer("--decoder-last-pipeline-num-layers")
     stage_layers: Optional[tuple[int, ...]] = None
+    chunk_split: Optional[tuple[int, ...]] = None
     custom = flags.get("--pipeline-model-parallel-layout")
     accounted = {field: flag in flags for field, flag in ACCOUNT_FLAGS.items()}
     units = layers + sum(accounted.values())
@@ -307,20 +308,18 @@ def read(path: Path, case) -> Layout:
         if sum(counts) != layers:
             raise CaseError(src, flag, f"holds {sum(counts)} transformer layers, the case's model {layers}")
         vpp = len(counts) // pp
+        if 0 in counts:
+            raise CaseError(src, flag, "every model chunk must hold a transformer layer (the planner models no "
+                                       "chunk without one)")
         per_rank = rank_chunks(counts, pp)
-        # The cost model times a rank by its layers and keeps each of its chunks' activations at
-        # ⌈layers/vpp⌉ (cost_models.partition.chunk_layers): exact for any split whose largest chunk
-        # is no larger, as Megatron-Bridge's DeepSeek-V3 layouts with MTP ("Et*4|(t*4|)*14tmL": a last
-        # rank of 4, 4, 4 and 1).
-        if any(0 in chunks_of_rank or max(chunks_of_rank) > -(-sum(chunks_of_rank) // vpp)
-               for chunks_of_rank in per_rank):
-            raise CaseError(src, flag, "model chunks of one pipeline rank must hold non-zero layer counts, none "
-                                       "above the rank's layers over its chunks, rounded up (the planner prices "
-                                       "each chunk at that)")
         stages = [sum(chunks_of_rank) for chunks_of_rank in per_rank]
         stage_layers = tuple(stages) if len(set(stages)) > 1 else None
         if layers % (pp * vpp) and stage_layers == virtual_partition(layers, pp, vpp):
             stage_layers = None  # the split the planner makes by itself (cost_models.partition)
+        if any(tuple(c) != chunk_layers(sum(c), vpp) for c in per_rank):
+            # Chunks of its own (Megatron-Bridge's DeepSeek-V3 layouts with MTP, "Et*4|(t*4|)*14tmL":
+            # a last rank of 4, 4, 4 and 1): the layout keeps them.
+            chunk_split = tuple(counts)
     elif per_chunk is not None and chunks is not None:
         raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
                         "give either it or --num-virtual-stages-per-pipeline-rank, not both")
@@ -416,7 +415,7 @@ def read(path: Path, case) -> Layout:
                        "etp": integer("--expert-tensor-parallel-size", tp)}
         layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=micro, zero_stage=zero,
                         sequence_parallel=sequence_parallel, recompute=recompute, recompute_modules=modules,
-                        recompute_num_layers=recompute_layers, stage_layers=stage_layers,
+                        recompute_num_layers=recompute_layers, stage_layers=stage_layers, chunk_layers=chunk_split,
                         offload_optimizer=offload_optimizer, offload_activations=offload_activations, **accounted,
                         **experts)
         job = Job(case.model, case.cluster, case.training, layout, case.overheads)
