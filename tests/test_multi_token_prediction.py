@@ -209,6 +209,10 @@ def test_diagnose_reads_megatron_bridges_deepseek_v3_layouts_with_mtp(tmp_path):
     but the last, of one, beside the MTP layer and the loss. At pp 4 (vpp 4) the last rank's chunks
     are 4, 4, 4 and 1; at pp 8 (vpp 2), 4 and 1. Both read as the layout's own chunks, which the
     estimate prices (its largest chunk sets the rank's activations) and the emitter writes back."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
     from planner.emit import megatron as emit
     from planner.readers import megatron as reader
 
@@ -234,6 +238,11 @@ def test_diagnose_reads_megatron_bridges_deepseek_v3_layouts_with_mtp(tmp_path):
         written = text.split("--pipeline-model-parallel-layout")[1].split()[0].strip("'\"")
         assert written.endswith("|tmL")
         assert reader.parse_layout_string(written, pp, 1) == [4] * 15 + [1]
+        # megatron-core takes it: the MTP layer on the last rank's last chunk, that rank's chunks as read.
+        megatron_layout = PipelineParallelLayerLayout(written, pp)
+        assert megatron_layout.validate_layer_layout(num_layers=61, mtp_num_layers=1) is False  # not standalone
+        assert [chunk.count(LayerType.decoder) for chunk in megatron_layout.layout[-1]] == \
+            [4] * (16 // pp - 1) + [1]
 
 
 def test_a_layouts_chunks_must_hold_its_stages():
