@@ -208,7 +208,7 @@ def quantized_weight_copy_bytes(job: Job, stage: int) -> float:
     moe_layers = job.stage_moe_layers[stage] if model.is_moe else 0
     if stage == lay.pp - 1:  # the prediction modules' layers run under the recipe too
         layers += model.mtp_layers
-        moe_layers += model.mtp_layers if model.mtp_layers_are_moe else 0
+        moe_layers += model.mtp_moe_layers
     linear = stage_linear_parameters(model, layers, lay.tp, moe_layers, lay.ep, lay.expert_tp)
     return per_weight * linear * (1 - job.high_precision_layers[stage] / layers)
 

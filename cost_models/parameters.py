@@ -136,7 +136,7 @@ def active_parameters(model: ModelSpec) -> int:
     :func:`total_parameters` for a dense model."""
     if not model.is_moe:
         return total_parameters(model)
-    moe = model.num_moe_layers + (model.mtp_layers if model.mtp_layers_are_moe else 0)
+    moe = model.num_moe_layers + model.mtp_moe_layers
     unused = moe * (model.num_experts - model.moe_top_k) * expert_parameters(model)
     return total_parameters(model) - unused
 
@@ -184,7 +184,7 @@ def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp:
             # look ahead to (``GPTModel``: ``self.embedding`` where ``mtp_process``), all-reduced
             # with the first stage's like a tied one.
             mtp = model.mtp_layers
-            mtp_moe = mtp if model.mtp_layers_are_moe else 0
+            mtp_moe = model.mtp_moe_layers
             mtp_split, mtp_whole = _layer_linears(model, mtp, mtp_moe)
             projection, projection_norms = mtp_projection_matrices(model)
             split += mtp_split + mtp * projection

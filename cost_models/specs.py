@@ -296,6 +296,12 @@ class ModelSpec:
         return self.is_moe_layer(self.num_layers - 1)
 
     @property
+    def mtp_moe_layers(self) -> int:
+        """The multi-token prediction layers that hold experts: all of them or none
+        (:attr:`mtp_layers_are_moe`)."""
+        return self.mtp_layers if self.mtp_layers_are_moe else 0
+
+    @property
     def routed_factor(self) -> float:
         """Tokens the busiest expert rank takes, over the balanced mean: the capacity factor where
         experts are padded to it, else the load imbalance of a dropless router."""

@@ -391,7 +391,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
         # The multi-token prediction modules' layers run after the decoder's, on the last stage,
         # with its TP, CP and EP traffic and its recomputation (megatron-core builds them there).
         layers += model.mtp_layers
-        moe_layers += model.mtp_layers if model.mtp_layers_are_moe else 0
+        moe_layers += model.mtp_moe_layers
     low = layer_time(job)
     kept = layer_time(job, quantized=False) if high else low
     moe = moe_layer_time(job) if moe_layers else low

@@ -216,9 +216,10 @@ def test_diagnose_reads_megatron_bridges_deepseek_v3_layouts_with_mtp(tmp_path):
     from planner.emit import megatron as emit
     from planner.readers import megatron as reader
 
-    case = load_case({"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "gb200", "num_gpus": 256},
-                      "training": {"global_batch_size": 4096, "seq_len": 4096, "precision": "mxfp8",
-                                   "engine": "megatron", "fp8_param_gather": False}})
+    data = {"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "gb200", "num_gpus": 256},
+            "training": {"global_batch_size": 4096, "seq_len": 4096, "precision": "mxfp8", "engine": "megatron",
+                         "fp8_param_gather": False}}
+    case = load_case(data)
     args = tmp_path / "args.txt"
     mb_layout = "Et*4|(t*4|)*14tmL"
     for pp, ep, stages in ((4, 64, (16, 16, 16, 13)), (8, 32, (8,) * 7 + (5,))):
@@ -229,10 +230,7 @@ def test_diagnose_reads_megatron_bridges_deepseek_v3_layouts_with_mtp(tmp_path):
         layout = reader.read(args, case)
         assert (layout.pp, layout.vpp, layout.stage_layers) == (pp, 16 // pp, stages)
         assert layout.chunk_layers == (4,) * 15 + (1,)
-        est = planner.estimate({"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "gb200", "num_gpus": 256},
-                                "training": {"global_batch_size": 4096, "seq_len": 4096, "precision": "mxfp8",
-                                             "engine": "megatron", "fp8_param_gather": False},
-                                "layout": layout_to_mapping(layout)})
+        est = planner.estimate({**data, "layout": layout_to_mapping(layout)})
         assert est.job.largest_chunk(pp - 1) == 4
         text = emit.render(est, ["header"])["megatron_args.txt"]
         written = text.split("--pipeline-model-parallel-layout")[1].split()[0].strip("'\"")
