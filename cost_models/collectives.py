@@ -58,15 +58,17 @@ def volume_per_gpu(kind: str, group_size: int, size_bytes: float) -> float:
 
 def latency(kind: str, links: GroupLinks, perf: Performance) -> float:
     """The α part of one collective: its algorithm steps, each at its link's latency. The tree
-    all-reduce climbs within the domains, then across them; the ring's n − 1 steps include
-    D − 1 across the fabric for the D domains it visits (NCCL ``tuning.cc``: nInterSteps).
+    all-reduce climbs within the domains, then across them, each fabric level at the fabric's
+    tree step (``FabricSpec.tree_latency_s``); the ring's n − 1 steps include D − 1 across the
+    fabric for the D domains it visits (NCCL ``tuning.cc``: nInterSteps).
 
     nccl-tests' all-gather of 32 MiB on p5 (EFA) takes 0.24 ms on 2 nodes and 2.70 ms on 32
     (crazyguitar/aws-gpu-communication-benchmark ``data/nccl_all_gather.csv``): about 80 µs
     per node, one fabric step and seven NVLink steps, not 255 fabric steps."""
     if kind == "all_reduce":
+        tree = links.inter_latency if links.inter_tree_latency is None else links.inter_tree_latency
         return algorithm_steps(kind, links.per_domain) * perf.link_latency_s \
-            + algorithm_steps(kind, links.domains) * links.inter_latency
+            + algorithm_steps(kind, links.domains) * tree
     crossing = links.domains - 1
     return (algorithm_steps(kind, links.size) - crossing) * perf.link_latency_s + crossing * links.inter_latency
 

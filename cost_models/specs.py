@@ -528,7 +528,11 @@ class FabricSpec:
     # at 4 nodes, 321 at 32).
     efficiency: float = 0.8
     efficiency_at: tuple[tuple[int, float], ...] = ()
-    latency_s: float = 10e-6  # α per algorithm step that crosses the fabric
+    latency_s: float = 10e-6  # α per algorithm step that crosses the fabric (a ring's)
+    # α per step of a tree across the fabric (the all-reduce at scale), where it differs from a
+    # ring's: NCCL's tree forwards and reduces each chunk at every level, and a ring step only
+    # forwards it. None: ``latency_s``.
+    tree_latency_s: Optional[float] = None
     # NICs of a node that one collective drives at once. None: one per group member on the
     # node (NCCL's rail-aligned rings reach the sum of the NICs).
     rails: Optional[float] = None
@@ -551,9 +555,12 @@ class FabricSpec:
         for nodes, value in self.efficiency_at:
             _positive_int(s, "efficiency_at", nodes)
             _positive_float(s, "efficiency_at", value)
-        if isinstance(self.latency_s, bool) or not isinstance(self.latency_s, (int, float)) \
-                or not math.isfinite(self.latency_s) or self.latency_s < 0:
-            raise SpecError(s, "latency_s", f"expected a non-negative time, got {self.latency_s!r}")
+        for name in ("latency_s", "tree_latency_s"):
+            value = getattr(self, name)
+            if name == "tree_latency_s" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise SpecError(s, name, f"expected a non-negative time, got {value!r}")
         if self.rails is not None:
             _positive_float(s, "rails", self.rails)
             if self.rails < 1:
@@ -563,6 +570,11 @@ class FabricSpec:
         _positive_float(s, "oversubscription", self.oversubscription)
         if self.oversubscription < 1:
             raise SpecError(s, "oversubscription", f"expected a ratio ≥ 1, got {self.oversubscription!r}")
+
+    @property
+    def tree_latency(self) -> float:
+        """α per tree step across the fabric (``tree_latency_s``, else a ring step's)."""
+        return self.latency_s if self.tree_latency_s is None else self.tree_latency_s
 
     def efficiency_for(self, nodes: int) -> float:
         """Achieved share of the line rate for a collective spanning ``nodes`` nodes."""

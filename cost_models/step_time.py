@@ -569,8 +569,10 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     grads = params * per_param.gradients
     weights = params * gathered_weight_bytes(training)
     # Engines issue one collective per bucket (ZeRO 0–2) or per wrapped layer (ZeRO-3:
-    # FSDP units, DeepSpeed's per-module gathers): each pays the collective's latency.
-    chunks = gradient_chunks(job, params, per_param.gradients) if lay.zero_stage < 3 else \
+    # FSDP units, DeepSpeed's per-module gathers): each pays the collective's latency. A bucket
+    # holds what autograd writes, gradients in the parameters' dtype, whatever dtype they are
+    # then reduced in (:func:`gradient_chunks`).
+    chunks = gradient_chunks(job, params, per_param.weights) if lay.zero_stage < 3 else \
         max(1, job.stage_layers[stage]) * training.engine.zero3_collectives_per_layer
 
     def chunked(kind: str, size: float) -> float:
@@ -637,10 +639,18 @@ def pipelined(comm_s: float, pieces: int, compute_s: float, perf, in_the_open: O
     return piece + exposed(comm_s - piece, compute_s, perf)
 
 
-def gradient_chunks(job: Job, params: float, grad_bytes: float) -> int:
-    """Buckets of a ZeRO 0–2 gradient reduction: each is one collective, and each pays its latency."""
+def gradient_chunks(job: Job, params: float, bucketed_bytes: float) -> int:
+    """Buckets of a ZeRO 0–2 gradient reduction: each is one collective, and each pays its latency.
+
+    Buckets of a byte size (``EngineBehaviour.bucket_bytes``) are filled with the gradients
+    autograd writes, ``bucketed_bytes`` per parameter: the parameters' dtype. PyTorch DDP's
+    ``bucket_cap_mb`` counts ``param.grad`` (``_compute_bucket_assignment_by_size``); where the
+    engine reduces in fp32 all the same, it does so bucket by bucket: nanotron's fp32
+    accumulation hook (``optim/gradient_accumulator.py``, ``get_fp32_accum_hook``) reduces each
+    16-bit bucket's fp32 accumulation buffers in one coalesced collective. Megatron's and
+    DeepSpeed's buckets count parameters."""
     engine = job.training.engine
-    per_bucket = max(engine.bucket_params, engine.bucket_bytes / grad_bytes, 1e6 * job.layout.dp
+    per_bucket = max(engine.bucket_params, engine.bucket_bytes / bucketed_bytes, 1e6 * job.layout.dp
                      if engine.bucket_params else 0.0)
     return max(1, math.ceil(params / per_bucket)) if per_bucket else 1
 

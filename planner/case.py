@@ -292,7 +292,7 @@ def fabric_from_mapping(src: str, key: str, name: str, data: Any) -> tuple[Fabri
     inline mapping with the same fields."""
     data = read_mapping(src, key, data or {}, FABRIC_KEYS)
     values: dict[str, Any] = {"name": name}
-    for k in ("efficiency", "latency_s", "rails", "alltoall_efficiency", "oversubscription"):
+    for k in ("efficiency", "latency_s", "tree_latency_s", "rails", "alltoall_efficiency", "oversubscription"):
         if k in data:
             values[k] = read_number(src, f"{key}.{k}", data[k])
     if "leaf_nodes" in data:

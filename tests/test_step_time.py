@@ -178,9 +178,10 @@ def test_a_ring_pays_the_fabric_latency_once_per_node_it_leaves():
     0.24 ms on 2 nodes and 2.70 ms on 32 (algbw 140.06 and 12.43 GB/s;
     crazyguitar/aws-gpu-communication-benchmark data/nccl_all_gather.csv). The time grows by
     about 80 µs a node: one step across the fabric and seven over NVLink (NCCL tuning.cc's
-    nInterSteps), where 255 steps at the fabric's α would take 9 ms. Both predictions fall about
-    a quarter short (the fabric's α is the 8-byte all-reduce's); their growth from 2 to 32 nodes,
-    11.3× measured, is the ring's latency alone."""
+    nInterSteps), where 255 steps at the fabric's α would take 13 ms. With the ring step the
+    whole all-gather series fits (50 µs, ``bench/fit_fabric_latency.py``) the predictions fall
+    19 % and 6 % short; their growth from 2 to 32 nodes, 11.3× measured and 13.1× predicted, is
+    the ring's latency alone."""
     from planner.case import load_case
 
     size = 32 * 2**20
@@ -193,9 +194,9 @@ def test_a_ring_pays_the_fabric_latency_once_per_node_it_leaves():
         links = group_links(cluster, Layout(dp=8 * nodes), "dp")
         assert links.domains == nodes
         predicted = collective_time("all_gather", size, links, cluster.gpu.performance)
-        assert predicted == pytest.approx(measured, rel=0.3), (nodes, predicted, measured)
+        assert predicted == pytest.approx(measured, rel=0.2), (nodes, predicted, measured)
         times[nodes] = predicted
-    assert times[32] / times[2] == pytest.approx(140.06 / 12.43, rel=0.1)
+    assert times[32] / times[2] == pytest.approx(140.06 / 12.43, rel=0.2)
 
 
 def test_groups_that_leave_their_leaf_cross_an_oversubscribed_spine():
@@ -339,6 +340,31 @@ def test_plain_pytorch_zero1_gathers_its_updated_weights_before_the_step_returns
     zero2, zero2_overlapped = (replace(j, layout=j.layout.with_changes(zero_stage=2)) for j in (job, overlapped))
     assert dp_comm_exposed(zero2, 0, stage_time(zero2, 0)) \
         == pytest.approx(dp_comm_exposed(zero2_overlapped, 0, stage_time(zero2_overlapped, 0)), rel=1e-12)
+
+
+def test_ddp_buckets_hold_the_16_bit_gradients_when_reduced_in_fp32():
+    """PyTorch DDP fills its 25 MiB buckets with what autograd writes, gradients in the
+    parameters' dtype; an engine that reduces them in fp32 (nanotron's accumulation hook) reduces
+    each bucket's fp32 buffers in one collective. So fp32 doubles the bytes, not the collectives:
+    on links with no bandwidth limit each step pays ⌈P ÷ (25 MiB ÷ 2 B)⌉ all-reduces' latency,
+    in bf16 and in fp32 alike."""
+    from cost_models.collectives import latency
+
+    gpu = GPUSpec(name="a100", memory_bytes=80e9, peak_flops={"bf16": 312e12}, hbm_bandwidth=2.0e12,
+                  intra_node_bandwidth=1e21, inter_node_bandwidth=1e21, gpus_per_node=8, nvlink_domain=8,
+                  performance=Performance(link_latency_s=4e-6, comm_overlap=0.0))
+    cluster = ClusterSpec(gpu=gpu, num_gpus=16, fabric=FabricSpec(efficiency=1.0, latency_s=50e-6))
+    layout = Layout(dp=16, micro_batch_size=1, zero_stage=0)
+    jobs = [Job(_gpt(), cluster, TrainingSpec(global_batch_size=16, seq_len=2, precision="bf16",
+                                              engine=behaviour_of("any"), fp32_grads=fp32), layout)
+            for fp32 in (False, True)]
+    params = job_stage_parameters(jobs[0], 0).total
+    buckets = math.ceil(params / (25 * 2**20 / 2))
+    assert state_bytes(jobs[1].training).gradients == 4
+    one = latency("all_reduce", group_links(cluster, layout, "dp_cp"), gpu.performance)
+    for job in jobs:
+        assert gradient_chunks(job, params, state_bytes(job.training).weights) == buckets
+        assert dp_comm_exposed(job, 0, stage_time(job, 0)) == pytest.approx(buckets * one, rel=1e-6)
 
 
 def test_the_embeddings_gradient_bucket_reduces_in_the_open():
