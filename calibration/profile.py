@@ -247,7 +247,11 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
     # The inter-node bus bandwidth is measured as such: the fabric delivers it as it stands.
     fabric: dict[str, Any] = {"efficiency": 1.0}
     if inter is not None:
-        fabric["latency_s"] = sig(inter.latency_s)
+        # The all-reduce's α is a tree level's (its steps are the tree's: cost_models.collectives);
+        # a ring step's is the all-gather's where it was measured across nodes, else the same.
+        ring = coll_fits.get("inter_node", {}).get("all_gather")
+        fabric["latency_s"] = sig((ring or inter).latency_s)
+        fabric["tree_latency_s"] = sig(inter.latency_s)
     # The cost model runs all-gather and reduce-scatter at a share of the all-reduce's bus
     # bandwidth (cost_models.collectives.collective_time): the measured ratios, per link class.
     for link in ("intra_node", "inter_node"):

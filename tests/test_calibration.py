@@ -201,6 +201,30 @@ def test_profile_from_synthetic_timings_gives_back_the_figures_and_loads(tmp_pat
     assert gpu.performance.page_fault_s == perf["page_fault_s"]
 
 
+def test_the_profile_fabric_takes_a_tree_level_from_the_all_reduce_and_a_ring_step_from_the_all_gather(tmp_path):
+    """Across nodes (one rank per node) the all-reduce runs as a tree, 2·⌈log₂ n⌉ levels, and the
+    all-gather as a ring, n − 1 steps (``collective_steps_and_volume``, the cost model's counts):
+    timings made with 120 µs a level and 50 µs a step come back as the fabric's
+    ``tree_latency_s`` and ``latency_s``."""
+    m = synthetic_measurements()
+    inter = {}
+    for kind, alpha in (("all_reduce", 120e-6), ("all_gather", 50e-6)):
+        points = []
+        for size in [4096 * 4**i for i in range(8)]:
+            steps, volume = collective_steps_and_volume(kind, 16, size)
+            points.append((size, [steps * alpha + volume / 40e9] * 3))
+        inter[kind] = (16, points)
+    m.collectives["inter_node"] = inter
+    profile = build_profile({"device": "x"}, m, memory_bytes=1e9, gpus_per_node=8, main_precision="bf16",
+                            datasheet_peaks={"bf16": 400.0})
+    assert profile["fabric"]["tree_latency_s"] == pytest.approx(120e-6, rel=1e-3)
+    assert profile["fabric"]["latency_s"] == pytest.approx(50e-6, rel=1e-3)
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    _, fabric = gpu_from_profile(path)
+    assert fabric.tree_latency == pytest.approx(120e-6, rel=1e-3) and fabric.latency_s == pytest.approx(50e-6, rel=1e-3)
+
+
 def test_collective_shares_and_overlap_reach_the_profile(tmp_path):
     """All-gather and reduce-scatter run at their measured share of the all-reduce's bus
     bandwidth; comm_overlap is the mean of the overlap samples, the share to expect (their
