@@ -66,9 +66,8 @@ def latency(kind: str, links: GroupLinks, perf: Performance) -> float:
     (crazyguitar/aws-gpu-communication-benchmark ``data/nccl_all_gather.csv``): about 80 µs
     per node, one fabric step and seven NVLink steps, not 255 fabric steps."""
     if kind == "all_reduce":
-        tree = links.inter_latency if links.inter_tree_latency is None else links.inter_tree_latency
         return algorithm_steps(kind, links.per_domain) * perf.link_latency_s \
-            + algorithm_steps(kind, links.domains) * tree
+            + algorithm_steps(kind, links.domains) * links.tree_latency
     crossing = links.domains - 1
     return (algorithm_steps(kind, links.size) - crossing) * perf.link_latency_s + crossing * links.inter_latency
 

@@ -571,11 +571,6 @@ class FabricSpec:
         if self.oversubscription < 1:
             raise SpecError(s, "oversubscription", f"expected a ratio ≥ 1, got {self.oversubscription!r}")
 
-    @property
-    def tree_latency(self) -> float:
-        """α per tree step across the fabric (``tree_latency_s``, else a ring step's)."""
-        return self.latency_s if self.tree_latency_s is None else self.tree_latency_s
-
     def efficiency_for(self, nodes: int) -> float:
         """Achieved share of the line rate for a collective spanning ``nodes`` nodes."""
         points = [(2, self.efficiency)] + sorted(self.efficiency_at)

@@ -33,11 +33,16 @@ class GroupLinks:
     # fabric's efficiency at the group's span, over any spine oversubscription it crosses.
     inter_bandwidth: float
     inter_latency: float = 0.0  # α of an algorithm step that crosses the fabric
-    inter_tree_latency: Optional[float] = None  # α of a tree step across it (None: inter_latency)
+    inter_tree_latency: Optional[float] = None  # α of a tree level across it (None: inter_latency)
     rails: Optional[float] = None  # NICs per domain one collective drives (None: per_domain)
     # Achieved bytes/s of one GPU's own NIC for all-to-all traffic that leaves its domain: the
     # line rate (over any spine oversubscription) times FabricSpec.alltoall_efficiency.
     alltoall_bandwidth: float = 0.0
+
+    @property
+    def tree_latency(self) -> float:
+        """α of a tree level across the fabric (``FabricSpec.tree_latency_s``), else a ring step's."""
+        return self.inter_latency if self.inter_tree_latency is None else self.inter_tree_latency
 
     @property
     def nics(self) -> float:
@@ -139,10 +144,10 @@ def _group_links(shape: _Shape, fabric: FabricSpec, stride: int, size: int) -> G
     intra_bw = _path_bandwidth(graph, 0, same) if same is not None else shape.intra
     if other is None:
         return GroupLinks(size, per_domain, domains, intra_bw, shape.nic * fabric.efficiency_for(1),
-                          fabric.latency_s, fabric.tree_latency, fabric.rails, shape.nic * fabric.alltoall_efficiency)
+                          fabric.latency_s, fabric.tree_latency_s, fabric.rails, shape.nic * fabric.alltoall_efficiency)
     line = min(_path_bandwidth(graph, 0, other), _path_bandwidth(graph, 0, farthest))
     return GroupLinks(size, per_domain, domains, intra_bw, line * fabric.efficiency_for(domains),
-                      fabric.latency_s, fabric.tree_latency, fabric.rails, line * fabric.alltoall_efficiency)
+                      fabric.latency_s, fabric.tree_latency_s, fabric.rails, line * fabric.alltoall_efficiency)
 
 
 def group_links(cluster: ClusterSpec, layout: Layout, dim: str) -> GroupLinks:

@@ -222,7 +222,7 @@ def test_the_profile_fabric_takes_a_tree_level_from_the_all_reduce_and_a_ring_st
     path = tmp_path / "profile.yaml"
     path.write_text(render(profile))
     _, fabric = gpu_from_profile(path)
-    assert fabric.tree_latency == pytest.approx(120e-6, rel=1e-3) and fabric.latency_s == pytest.approx(50e-6, rel=1e-3)
+    assert fabric.tree_latency_s == pytest.approx(120e-6, rel=1e-3) and fabric.latency_s == pytest.approx(50e-6, rel=1e-3)
 
 
 def test_collective_shares_and_overlap_reach_the_profile(tmp_path):
