@@ -28,8 +28,7 @@ def main() -> None:
         for us, score in scores.items():
             print(f"  {us:4d} µs  {score:.3f}")
         best = min(scores, key=scores.get)
-        current = preset.get(field, preset.get("latency_s"))
-        print(f"  best {best} µs ({scores[best]:.3f}); the preset's {current * 1e6:.0f} µs: "
+        print(f"  best {best} µs ({scores[best]:.3f}); the preset's {preset[field] * 1e6:.0f} µs: "
               f"{rms(log_errors(kind)):.3f}")
 
 
