@@ -17,6 +17,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported: 
 deepspeed = pytest.importorskip("deepspeed")
 from deepspeed import comm as ds_comm  # noqa: E402
 from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
+import torch  # noqa: E402  (deepspeed depends on it)
 from deepspeed.runtime.utils import partition_balanced, partition_uniform  # noqa: E402
 
 from cost_models.model_states import state_bytes  # noqa: E402
@@ -352,12 +353,15 @@ def test_read_missing_file(tmp_path, case32):
 
 @pytest.mark.parametrize("fp32_grads", [True, False])
 def test_gradient_precision_reaches_the_config(fp32_grads, tmp_path, world):
-    """fp32 gradient accumulation (BLOOM's BF16_Optimizer) is data_types.grad_accum_dtype."""
+    """fp32 gradients (accumulated as BLOOM's BF16_Optimizer does, and reduced so, as the estimate
+    times them) are data_types.grad_accum_dtype and communication_data_type: DeepSpeed would otherwise
+    cast each bucket to bf16 before reducing it."""
     estimate = estimate_of(training={"fp32_grads": fp32_grads}, zero_stage=1)
     emit(estimate, tmp_path)
     world(estimate.job.layout.dp)
     config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
     assert (config.grad_accum_dtype == "fp32") is fp32_grads
+    assert config.communication_data_type == (torch.float32 if fp32_grads else None)
     assert state_bytes(estimate.job.training).gradients == (4 if fp32_grads else 2)
 
 

@@ -76,7 +76,11 @@ def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str,
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                           "hysteresis": 2, "min_loss_scale": 1}
     if training.precision in ("bf16", "fp8") and fp32_gradients(training):
-        config["data_types"] = {"grad_accum_dtype": "fp32"}  # as the estimate timed the gradients
+        # Accumulated and reduced in fp32, as the estimate timed the gradients: DeepSpeed casts each
+        # bucket to communication_data_type before reducing it, the model's dtype unless set
+        # (runtime/engine.py: communication_data_type, allreduce_bucket).
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+        config["communication_data_type"] = "fp32"
     if lay.recompute == "full":
         # The planner's memory model keeps each recomputed layer's input whole on every TP rank.
         config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
