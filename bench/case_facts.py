@@ -37,7 +37,9 @@ ZERO_STAGE = pr.zero_stage
 FACTS = {
     "nanotron's tied embeddings": ("tied_embeddings", lambda row: row["source"].startswith(pr.TIED)
                                    and "Llama" not in str(row["model"].get("name"))),
-    "the Playbook's EFA": ("cluster_fabric", lambda row, gpu: None),
+    "the Playbook's EFA": ("efa_fabric", lambda row, gpu: None),
+    "BLOOM's Omni-Path": ("SOURCE_FABRICS", {}),
+    "BLOOM's dropout": ("DROPOUT", tuple(s for s in pr.DROPOUT if s != "bigscience")),
     "nanotron's fp32 gradients": ("fp32_gradients", lambda row: None),
     "nanotron's own stage split": ("stage_split", _even_split),
     "Qwen3's head width": ("head_dim", lambda md: None),

@@ -23,17 +23,22 @@ DATA = Path(__file__).parent / "published"
 DEFAULT_FILES = tuple(DATA / name for name in ("published_runs.yaml", "published_runs_2.yaml",
                                                "published_runs_moe.yaml"))
 
-# Sources whose runs predate flash attention and kept Megatron's 0.1 dropout (BLOOM used none),
-# and the GPT-style models whose input embedding and LM head share weights.
+# Sources whose runs predate flash attention and kept Megatron's 0.1 dropout, and the GPT-style
+# models whose input embedding and LM head share weights. BLOOM's script sets no dropout, so the
+# bigscience fork's defaults apply (megatron/arguments.py: --attention-dropout and --hidden-dropout
+# 0.1; train/tr11-176B-ml/README.md: "The default Megatron-LM dropout settings are inherited").
 PRE_FLASH = ("Narayanan", "Korthikanti", "bigscience", "Smith", "Black")
-DROPOUT = ("Narayanan", "Korthikanti", "Smith")
+DROPOUT = ("Narayanan", "Korthikanti", "Smith", "bigscience")
 TIED = ("Narayanan", "Korthikanti", "bigscience", "Smith", "mosaicml", "Black", "NVIDIA/NeMo docs")
 # nanotron's scaling_benchmarks.py (the Ultra-Scale Playbook's sweep) ties the embeddings of the
 # models it builds with an FFN under 10,000 wide ("model < 4B": its 1B and 3B), not the 80B.
 NANOTRON_TIED_BELOW_FFN = 10_000
 # Clusters a row names by their scale-out network where it is not the GPU preset's own (the
-# Playbook's AWS p5 nodes: "EFA inter-node"), by GPU preset.
+# Playbook's AWS p5 nodes: "EFA inter-node"), by GPU preset; and the networks of sources that ran
+# on one machine, by source: BLOOM on Jean Zay's A100 nodes, 4 Omni-Path 100 Gbit/s links each
+# (train/tr11-176B-ml/README.md, "Hardware"; only its main row's GPU names the network).
 EFA_FABRICS = {"h100-sxm-80gb": "aws-efa-p5", "a100-sxm-80gb": "aws-efa-p4d", "a100-sxm-40gb": "aws-efa-p4d"}
+SOURCE_FABRICS = {"bigscience-workshop/bigscience train/tr11": "omni-path-100"}
 # NeMo's GPT3 recipes: the GPT-2 BPE padded to 51,200 (NeMo's LLM_VOCAB_SIZE_MAP["gpt3"]).
 NEMO_GPT3_VOCAB = 51200
 
@@ -223,7 +228,13 @@ def tied_embeddings(row: dict) -> bool:
 
 
 def cluster_fabric(row: dict, gpu: str) -> Optional[str]:
-    """The scale-out fabric a row names where it is not the GPU preset's own: AWS EFA."""
+    """The scale-out fabric a row or its source names where it is not the GPU preset's own."""
+    return efa_fabric(row, gpu) or next((fabric for source, fabric in SOURCE_FABRICS.items()
+                                         if row["source"].startswith(source)), None)
+
+
+def efa_fabric(row: dict, gpu: str) -> Optional[str]:
+    """AWS EFA where the row's GPU names it (the Playbook's p5 nodes: "EFA inter-node")."""
     return EFA_FABRICS.get(gpu) if "EFA" in row["gpu"] else None
 
 

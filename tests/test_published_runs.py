@@ -178,3 +178,26 @@ def test_zero_stage_from_fsdp_the_stage_or_the_distributed_optimizer():
 def test_rows_without_a_layout_or_a_pretraining_precision_are_not_cases(rows):
     reasons = {case_of(r)[1] for r in rows.values()}
     assert {"", "layout not published", "not a supported row", "model not fully published"} <= reasons
+
+
+def test_bloom_is_written_as_it_ran_on_jean_zay(rows):
+    """BLOOM trained on Jean Zay's A100 nodes, 4 Omni-Path 100 Gbit/s links each (tr11 README:
+    "4 OmniPath links"), with the bigscience fork's default dropout of 0.1 (its slurm script sets
+    none; the README: "The default Megatron-LM dropout settings are inherited"). Only the main
+    row's GPU string names the network; the ramp-up rows are the same run. Megatron-DeepSpeed's
+    grid puts tp fastest, then dp: a node holds two of a replica's 8 data-parallel ranks, so the
+    gradient all-reduce drives 2 NICs of 4 · 100 / 8 = 50 Gbit/s, at the fabric's 0.80:
+    2 · 6.25 GB/s · 0.80 = 10 GB/s of bus bandwidth (against 2 · 25 · 0.96 = 48 on HDR)."""
+    from cost_models.collectives import bus_bandwidth
+    from cost_models.topology import group_links
+
+    for row_id in ("bloom176b_main_iter85376", "bloom176b_rampup_gbs16", "bloom176b_rampup_gbs192"):
+        case, why = case_of(rows[row_id])
+        assert why == "" and case["cluster"]["fabric"] == "omni-path-100", row_id
+        assert case["model"]["dropout"] == 0.1, row_id
+    assert "Omni-Path" in rows["bloom176b_main_iter85376"]["gpu"]
+    assert "Omni-Path" not in rows["bloom176b_rampup_gbs16"]["gpu"]
+    job = load_case(case_of(rows["bloom176b_rampup_gbs16"])[0]).job()
+    links = group_links(job.cluster, job.layout, "dp_cp")
+    assert (links.size, links.per_domain) == (8, 2)
+    assert bus_bandwidth(links, job.cluster.gpu.performance) == pytest.approx(2 * 6.25e9 * 0.80)
