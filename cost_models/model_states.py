@@ -32,9 +32,12 @@ class StateBytes:
 
 
 def fp32_gradients(training: TrainingSpec) -> bool:
-    """Whether gradients are held and reduced in fp32: the case's choice, else the engine's default."""
+    """Whether gradients are held and reduced in fp32: the case's choice, else the engine's default.
+    Without master weights they are the bf16 weights' dtype (autograd's, and FSDP's cast back)."""
     if training.precision == "fp32":
         return True
+    if not training.master_weights:
+        return False
     if training.fp32_grads is not None:
         return training.fp32_grads
     return training.precision != "fp16" and training.engine.fp32_grads_for_bf16
@@ -51,11 +54,13 @@ def zero_shards(job: Job) -> int:
 
 
 def weights_are_master(training: TrainingSpec, zero_stage: int, shards: int) -> bool:
-    """Whether the weights a rank holds are the fp32 master copy itself: in fp32 training, and in
+    """Whether the weights a rank holds are the optimizer's master copy itself: in fp32 training,
+    without master weights (``TrainingSpec.master_weights``: the bf16 weights are stepped), and in
     16-bit training under a ZeRO-3 that shards the fp32 parameters
     (``EngineBehaviour.sharded_master_weights``) over more than one rank (torchtitan applies
     FSDP only then: ``ParallelDims.fsdp_enabled``)."""
-    return training.precision == "fp32" or (zero_stage == 3 and shards > 1 and training.engine.sharded_master_weights)
+    return training.precision == "fp32" or not training.master_weights \
+        or (zero_stage == 3 and shards > 1 and training.engine.sharded_master_weights)
 
 
 @lru_cache(maxsize=256)  # read for every stage of every layout a search scores
@@ -77,8 +82,13 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
       (FSDP casts the reduced gradient to the parameter's dtype, whatever dtype it reduced in)
       and the optimizer only its moments: 16 bytes for Adam. The 16-bit weights exist only
       gathered (``memory.zero3_gather_bytes``), which :func:`gathered_weight_bytes` prices.
+    - Without master weights (``TrainingSpec.master_weights`` false, "pure bf16"): the bf16
+      weights are the master, their gradients bf16, and the moments take their dtype
+      (torch.optim.Adam's ``zeros_like(param)``): 2 + 2 + 4 = 8 bytes for Adam.
     """
     moments = 1 if training.optimizer == "sgd" else 2
+    if not training.master_weights:
+        return StateBytes(weights=2, gradients=2, optimizer=2 * moments)
     if weights_are_master(training, zero_stage, shards):
         return StateBytes(weights=4, gradients=4, optimizer=4 * moments)
     weights = 2.0
@@ -134,8 +144,8 @@ def gathered_weight_bytes(training: TrainingSpec) -> float:
 
 def optimizer_step_bytes(per_param: StateBytes, master_weights: bool = False) -> float:
     """Bytes an optimizer step streams per parameter: it reads the gradient, reads and writes the
-    fp32 states (master weights and moments), and writes the new weights; where the weights are
-    the master (``master_weights``, :func:`weights_are_master`), it reads them too."""
+    optimizer's states (master weights and moments), and writes the new weights; where the weights
+    are the master (``master_weights``, :func:`weights_are_master`), it reads them too."""
     return per_param.gradients + 2 * per_param.optimizer + per_param.weights * (2 if master_weights else 1)
 
 

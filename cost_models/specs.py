@@ -632,6 +632,11 @@ class TrainingSpec:
     # The expert-parallel dispatch (``EXPERT_DISPATCHES``); None: the engine's
     # (``EngineBehaviour.hierarchical_dispatch``: Megatron's flex dispatcher runs DeepEP).
     expert_dispatch: Optional[str] = None
+    # The optimizer keeps an fp32 master copy of the 16-bit weights and fp32 moments (mixed
+    # precision, Micikevicius et al. 2018, §3.1). False: "pure bf16": the optimizer steps the
+    # bf16 weights themselves and its moments take their dtype, as torch.optim.Adam does for a
+    # model built in bf16 (NeMo AutoModel builds its models in config.torch_dtype, bf16).
+    master_weights: bool = True
 
     def __post_init__(self) -> None:
         s = TrainingSpec
@@ -641,10 +646,21 @@ class TrainingSpec:
         _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
         if not isinstance(self.engine, EngineBehaviour):
             raise SpecError(s, "engine", f"expected an engine's behaviour, got {self.engine!r}")
-        for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather"):
+        for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather",
+                     "master_weights"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name in ("fp32_grads", "fp8_param_gather") and value is None):
                 raise SpecError(s, name, f"expected true or false, got {value!r}")
+        if not self.master_weights:
+            # Without a master copy the weights are the bf16 ones the GEMMs read (fp8 recipes
+            # quantize them per GEMM): fp16 would need a master for its loss scaling, and fp32
+            # weights are their own master already.
+            if self.precision in ("fp32", "fp16"):
+                raise SpecError(s, "master_weights", f"false needs 16-bit weights kept in bf16 (precision bf16, fp8, "
+                                                     f"mxfp8 or nvfp4), not {self.precision}")
+            if self.fp32_grads:
+                raise SpecError(s, "master_weights", "false keeps the gradients in bf16, the weights' dtype: "
+                                                     "fp32_grads needs the fp32 master weights")
         if self.fp8_recipe is not None:
             _choice(s, "fp8_recipe", self.fp8_recipe, FP8_RECIPES)
             if self.precision != "fp8":

@@ -63,6 +63,9 @@ class EngineSupport:
     fp8_param_gather: bool = True
     # The expert-parallel dispatches the engine runs (``training.expert_dispatch``).
     expert_dispatches: tuple[str, ...] = EXPERT_DISPATCHES
+    # Training without master weights (``training.master_weights: false``): the optimizer steps the
+    # bf16 weights themselves, as plain PyTorch does for a model built in bf16.
+    pure_bf16: bool = True
     # What the engine says where a choice is missing: field name → reason.
     why: tuple[tuple[str, str], ...] = ()
 
@@ -81,6 +84,9 @@ class EngineSupport:
         if training.fp8_param_gather and not self.fp8_param_gather:
             out.append(("training.fp8_param_gather", self.reason(
                 "fp8_param_gather", "its weight gathers move bf16 weights (no fp8 parameter all-gather)")))
+        if not training.master_weights and not self.pure_bf16:
+            out.append(("training.master_weights", self.reason(
+                "pure_bf16", "its optimizer keeps master weights beside the bf16 ones")))
         return out
 
     def expert_tp_choices(self, tp: int) -> tuple[int, ...]:

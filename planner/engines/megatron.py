@@ -39,7 +39,11 @@ SUPPORT = EngineSupport(
     # Transformer Engine's fp8 recipes as megatron-core 0.16 names them (TransformerConfig.fp8_recipe:
     # tensorwise, delayed, mxfp8, blockwise); torchao's row-wise scaling has no TE counterpart.
     fp8_recipes=("delayed", "tensorwise", "blockwise"),
-    why=(("fp8_recipe", "Transformer Engine's fp8 recipes in Megatron (--fp8-recipe) are"),
+    pure_bf16=False,
+    why=(("pure_bf16", "Megatron's optimizer keeps main parameters in fp32 or fp16 beside the bf16 weights "
+                       "(--main-params-dtype: fp32, fp16; --use-precision-aware-optimizer puts only the moments "
+                       "in bf16)"),
+         ("fp8_recipe", "Transformer Engine's fp8 recipes in Megatron (--fp8-recipe) are"),
          ("zero_stages", "offers ZeRO 0, the distributed optimizer (1) and Megatron-FSDP (2, 3)"),
          ("max_zero_with_pp", "pipelines with the distributed optimizer (ZeRO ≤ 1) here, not Megatron-FSDP"),
          ("optimizer_offload_zero", "offloads the distributed optimizer (--optimizer-cpu-offload needs "

@@ -30,7 +30,10 @@ SUPPORT = EngineSupport(
     # torchtitan 0.3.0's Float8LinearConverter.Config.recipe_name: Literal["rowwise",
     # "rowwise_with_gw_hp"] = "rowwise" (components/quantization/float8.py).
     fp8_recipes=("rowwise", "rowwise_with_gw_hp"), fp8_param_gather=False, expert_dispatches=("all_to_all",),
-    why=(("fp8_recipe", "torchtitan's Float8LinearConverter takes recipe_name"),
+    pure_bf16=False,
+    why=(("pure_bf16", "torchtitan builds its models in float32, which FSDP2 keeps as the sharded master "
+                       "(training.mixed_precision_param is the dtype the GEMMs read)"),
+         ("fp8_recipe", "torchtitan's Float8LinearConverter takes recipe_name"),
          ("expert_dispatch", "the torchtitan config written here keeps the model registry's all-to-all token "
                              "dispatcher (DeepEPTokenDispatcher is a model_spec choice it does not write): its "
                              "dispatch is"),
