@@ -97,3 +97,10 @@ def test_a_word_for_master_weights_names_the_key():
     with pytest.raises(CaseError) as error:
         load_case({**CASE, "training": {**CASE["training"], "master_weights": "no"}})
     assert error.value.key == "training.master_weights" and "true or false" in error.value.expected
+
+
+def test_the_report_says_there_is_no_master_copy():
+    from planner.report import describe_layout
+    assert describe_layout(planner_estimate(CASE)).endswith(", no master weights (pure bf16)")
+    mixed = {**CASE, "training": {**CASE["training"], "master_weights": True}}
+    assert "master" not in describe_layout(planner_estimate(mixed))
