@@ -45,6 +45,8 @@ FACTS = {
     "Qwen3's head width": ("head_dim", lambda md: None),
     "AutoModel's FSDP2 (ZeRO-3)": ("zero_stage", _zero_stage_without_fsdp_ranks),
     "AutoModel's DeepEP": ("runs_deepep", lambda row: False),
+    "AutoModel's pure bf16": ("master_weights", lambda row: None),
+    "AutoModel's Qwen3 checkpointing": ("AUTOMODEL_CHECKPOINTED", ()),
     "Megatron-Bridge's recipe settings": ("recipe_settings", lambda row: {}),
     "Megatron-Bridge's recompute modules": ("recompute_modules", lambda row: None),
     "Megatron-Bridge's quantized weights": ("bridge_param_gather", lambda row, prec: None),

@@ -39,6 +39,11 @@ NANOTRON_TIED_BELOW_FFN = 10_000
 # (train/tr11-176B-ml/README.md, "Hardware"; only its main row's GPU names the network).
 EFA_FABRICS = {"h100-sxm-80gb": "aws-efa-p5", "a100-sxm-80gb": "aws-efa-p4d", "a100-sxm-40gb": "aws-efa-p4d"}
 SOURCE_FABRICS = {"bigscience-workshop/bigscience train/tr11": "omni-path-100"}
+# NeMo AutoModel's benchmark configs (examples/llm_benchmark/*.yaml, formerly examples/benchmark/configs/)
+# by model, where the row leaves out what the config sets: Qwen3-30B-A3B's checkpoints every block
+# (parallelizer.activation_checkpointing: true in every revision, 2025-10 to 2026-08).
+AUTOMODEL_SOURCE = "NeMo AutoModel"
+AUTOMODEL_CHECKPOINTED = ("Qwen3-30B-A3B",)
 # NeMo's GPT3 recipes: the GPT-2 BPE padded to 51,200 (NeMo's LLM_VOCAB_SIZE_MAP["gpt3"]).
 NEMO_GPT3_VOCAB = 51200
 
@@ -127,9 +132,12 @@ def recipe_settings(row: dict) -> dict:
 
 def recompute(row: dict) -> str:
     """The row's recomputation, else its recipe's: Megatron's recompute modules (MLA's
-    up-projections, the experts' activation, the MLP) are selective recomputation."""
+    up-projections, the experts' activation, the MLP) are selective recomputation; NeMo
+    AutoModel's activation checkpointing (``AUTOMODEL_CHECKPOINTED``) wraps whole blocks
+    (``moe/parallelizer.py``: ``apply_ac``, ``checkpoint_wrapper`` per block)."""
     v = str(row.get("recompute") or "none").lower()
-    if v.startswith("full"):
+    if v.startswith("full") or (row["source"].startswith(AUTOMODEL_SOURCE) and not row.get("recompute")
+                                and row["model"].get("name") in AUTOMODEL_CHECKPOINTED):
         return "full"
     if v.startswith("selective"):
         return "selective"
@@ -243,6 +251,13 @@ def fp32_gradients(row: dict) -> Optional[bool]:
     (the engine's default): nanotron's sweep config (``examples/config_tiny_llama_bench.yaml``:
     ``accumulate_grad_in_fp32: true``) reduces its fp32 accumulation buffers."""
     return True if row["framework"].startswith("nanotron") else None
+
+
+def master_weights(row: dict) -> Optional[bool]:
+    """False where the run keeps no master copy: NeMo AutoModel builds its models in the HF
+    config's torch_dtype, bf16 (``components/models/*/model.py``), and steps them with
+    ``torch.optim.Adam`` (its benchmark configs), whose moments take the weights' dtype."""
+    return False if row["source"].startswith(AUTOMODEL_SOURCE) else None
 
 
 def runs_deepep(row: dict) -> bool:
@@ -388,6 +403,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
                 "tp_comm_overlap": tp > 1 and ("NeMo" in row["framework"] or "Bridge" in row["framework"])}
     if (fp32 := fp32_gradients(row)) is not None and prec in ("bf16", "fp16"):
         training["fp32_grads"] = fp32
+    if (master := master_weights(row)) is not None and prec == "bf16":
+        training["master_weights"] = master
     # The experts' dispatch overlapped with another micro-batch's compute where the recipe says so.
     settings = recipe_settings(row)
     if moe and (settings.get("moe_a2a_overlap") or settings.get("overlap_moe_expert_parallel_comm")):

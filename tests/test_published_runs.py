@@ -201,3 +201,23 @@ def test_bloom_is_written_as_it_ran_on_jean_zay(rows):
     links = group_links(job.cluster, job.layout, "dp_cp")
     assert (links.size, links.per_domain) == (8, 2)
     assert bus_bandwidth(links, job.cluster.gpu.performance) == pytest.approx(2 * 6.25e9 * 0.80)
+
+
+def test_automodel_runs_are_written_as_its_configs_build_them(rows):
+    """NeMo AutoModel builds its models in bf16 and steps them with torch.optim.Adam (no master
+    copy: training.master_weights false), and its Qwen3-30B-A3B benchmark config checkpoints every
+    block (parallelizer.activation_checkpointing: true), which the row leaves out. So written, the
+    run on 8 H100s fits as it ran: 3.8 G parameters a GPU (16 of the 128 experts whole, the rest
+    sharded over 8) at 8 bytes, where the fp32 master and moments would take 16 and no memory be left."""
+    case, why = case_of(rows["automodel_qwen330ba3b_h100_8g_bf16"])
+    assert why == "" and case["training"]["master_weights"] is False and case["layout"]["recompute"] == "full"
+    assert rows["automodel_qwen330ba3b_h100_8g_bf16"]["recompute"] is None
+    from planner.estimate import estimate
+    ran = estimate(case)
+    assert ran.fits
+    states = ran.peak.parameters + ran.peak.gradients + ran.peak.optimizer_states
+    assert states == pytest.approx(8 * 3.81e9, rel=0.01)
+    assert not estimate({**case, "training": {**case["training"], "master_weights": True}}).fits
+    # Rows that publish their recomputation keep it; other sources keep their master weights.
+    assert case_of(rows["automodel_gptoss20b_h100_8g_bf16"])[0]["layout"]["recompute"] == "full"
+    assert "master_weights" not in case_of(rows["playbook_1b_1n_dp4_tp1_pp2_mbs4_ga16_z1"])[0]["training"]
