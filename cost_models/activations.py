@@ -264,13 +264,13 @@ def saved_logit_bytes(training: TrainingSpec) -> float:
 
     Eager PyTorch (``F.cross_entropy`` on upcast logits) and Megatron's
     ``vocab_parallel_cross_entropy`` keep the fp32 log-softmax (softmax): 4. Compiled
-    (``EngineBehaviour.compiled_loss``), inductor's partition keeps the logits themselves, at
+    (``TrainingSpec.loss_compiled``), inductor's partition keeps the logits themselves, at
     the activations' width, and recomputes the softmax in backward from two fp32 numbers a row:
     on CPU (torch 2.13), a compiled ``cross_entropy(logits.float())`` of bf16 logits saves one
     bf16 tensor of the logits' shape, and its forward and backward kernels allocate nothing else
     of that size but the bf16 gradient (``tests/test_compiled_loss.py``).
     """
-    return activation_bytes(training.precision) if training.engine.compiled_loss else 4.0
+    return activation_bytes(training.precision) if training.loss_compiled else 4.0
 
 
 def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
@@ -284,8 +284,8 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     - a compiled loss writes the gradient once, at the logits' width.
     Not saved for backward, so not in :func:`head_activation_bytes`; it is part of the stage's peak.
     """
-    engine = training.engine
-    per_logit = activation_bytes(training.precision) if engine.compiled_loss else engine.loss_gradient_bytes
+    per_logit = activation_bytes(training.precision) if training.loss_compiled \
+        else training.engine.loss_gradient_bytes
     s = training.seq_len / layout.cp
     return per_logit * s * layout.micro_batch_size * model.vocab_size / layout.tp
 

@@ -637,6 +637,10 @@ class TrainingSpec:
     # bf16 weights themselves and its moments take their dtype, as torch.optim.Adam does for a
     # model built in bf16 (NeMo AutoModel builds its models in config.torch_dtype, bf16).
     master_weights: bool = True
+    # The loss compiled by torch.compile (torchtitan's compile.components "loss"; a script's
+    # torch.compile(loss_fn)): inductor fuses its upcast, log-softmax and NLL
+    # (``EngineBehaviour.compiled_loss``). None: the engine's default (``loss_compiled``).
+    compiled_loss: Optional[bool] = None
 
     def __post_init__(self) -> None:
         s = TrainingSpec
@@ -647,9 +651,10 @@ class TrainingSpec:
         if not isinstance(self.engine, EngineBehaviour):
             raise SpecError(s, "engine", f"expected an engine's behaviour, got {self.engine!r}")
         for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather",
-                     "master_weights"):
+                     "master_weights", "compiled_loss"):
             value = getattr(self, name)
-            if not isinstance(value, bool) and not (name in ("fp32_grads", "fp8_param_gather") and value is None):
+            if not isinstance(value, bool) and not (name in ("fp32_grads", "fp8_param_gather", "compiled_loss")
+                                                    and value is None):
                 raise SpecError(s, name, f"expected true or false, got {value!r}")
         if not self.master_weights:
             # Without a master copy the weights are the bf16 ones the GEMMs read (fp8 recipes
@@ -672,6 +677,11 @@ class TrainingSpec:
         if self.fp8_param_gather and self.precision not in ("fp8", "mxfp8", "nvfp4"):
             raise SpecError(s, "fp8_param_gather", f"applies only to a low precision (fp8, mxfp8, nvfp4), "
                                                    f"not {self.precision}")
+
+    @property
+    def loss_compiled(self) -> bool:
+        """Whether the loss runs compiled: as the case says, else as the engine does."""
+        return self.engine.compiled_loss if self.compiled_loss is None else self.compiled_loss
 
     @property
     def hierarchical_dispatch(self) -> bool:

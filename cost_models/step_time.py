@@ -130,12 +130,12 @@ def cross_entropy_bytes(logits: float, training: TrainingSpec) -> float:
     reads the logits and writes an fp32 copy (p + 4), reads it for the max (4) and
     reads and writes it for exp-and-sum (8); backward reads the probabilities and writes
     the fp32 gradient (8), then casts it to the logits' precision (4 + p).
-    Compiled (``EngineBehaviour.compiled_loss``), the upcast is fused into the reads: the
+    Compiled (``TrainingSpec.loss_compiled``), the upcast is fused into the reads: the
     forward reads the logits for the max and again for exp-and-sum (2p), the backward reads
     them and writes their gradient (2p) (``activations.saved_logit_bytes``).
     """
     p = activation_bytes(training.precision)
-    if training.engine.compiled_loss:
+    if training.loss_compiled:
         return logits * 4 * p
     return logits * ((p + 4) + 4 + 8 + 8 + (4 + p))
 
@@ -145,7 +145,7 @@ def cross_entropy_exponent_bytes(logits: float, training: TrainingSpec) -> float
     the forward's exp-and-sum and the backward's softmax from the log-probabilities (PyTorch's
     ``log_softmax`` and ``_log_softmax_backward_data``), 8 bytes per logit each; compiled,
     the exp-and-sum read (p) and the backward's read and write (2p)."""
-    if training.engine.compiled_loss:
+    if training.loss_compiled:
         return logits * 3 * activation_bytes(training.precision)
     return 16 * logits
 

@@ -15,9 +15,9 @@ F = torch.nn.functional
 T, V = 256, 2048  # tokens and vocabulary: big enough that the logits dwarf the per-row statistics
 
 
-def job(engine: str, precision: str = "bf16"):
+def job(engine: str, precision: str = "bf16", **training):
     case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
-            "training": {"global_batch_size": 8, "seq_len": 8192, "precision": precision},
+            "training": {"global_batch_size": 8, "seq_len": 8192, "precision": precision, **training},
             "search": {"target": engine},
             "layout": {"dp": 8, "tp": 1, "pp": 1, "zero_stage": 3, "micro_batch_size": 1}}
     return load_case(case).job()
@@ -83,3 +83,24 @@ def test_a_compiled_loss_reads_the_logits_twice_forward_and_once_backward_writin
     assert gpu.performance.transcendental_efficiency is None
     assert cross_entropy_time(1000, compiled.training, gpu) == pytest.approx(
         1000 * 8 / (gpu.hbm_bandwidth * gpu.performance.hbm_efficiency))
+
+
+def test_a_case_says_whether_its_loss_is_compiled_whatever_the_engine_default():
+    """training.compiled_loss: a plain PyTorch script that compiles its loss holds what torchtitan's
+    does, and a torchtitan run that leaves it out of compile.components holds what eager does;
+    Megatron's loss is its own vocab-parallel kernel, and a compiled one is refused by key."""
+    from planner.errors import CaseError
+
+    logits = 8192 * 1 * 128256
+    for engine, compiled, saved, gradient in (("any", True, 2, 2), ("torchtitan", False, 4, 6)):
+        j = job(engine, compiled_loss=compiled)
+        assert j.training.loss_compiled is compiled
+        assert saved_logit_bytes(j.training) == saved
+        assert loss_gradient_bytes(j.model, j.layout, j.training) == gradient * logits
+    from planner.estimate import estimate
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 8192, "engine": "megatron", "compiled_loss": True},
+            "layout": {"dp": 8, "micro_batch_size": 1}}
+    with pytest.raises(CaseError) as error:
+        estimate(case)
+    assert error.value.key == "training.compiled_loss" and "vocab-parallel" in error.value.expected

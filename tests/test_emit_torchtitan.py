@@ -262,7 +262,8 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
     # async TP here.
     overlap = job.training.tp_comm_overlap and lay.tp > 1
     assert cfg.compile.enable_async_tensor_parallel == overlap
-    assert cfg.compile.enable and set(cfg.compile.components) == {"model", "loss"}
+    assert cfg.compile.enable and set(cfg.compile.components) == ({"model"} if job.training.compiled_loss is False
+                                                                   else {"model", "loss"})
     assert type(via_cli.activation_checkpoint) is type(cfg.activation_checkpoint)
 
     # torchtitan's ParallelDims accepts the degrees (no mesh, no process group).
@@ -375,6 +376,22 @@ def test_refuses_what_torchtitan_cannot_express(layout, training, needle):
         emit.render(estimate, ["x"])
     assert error.value.source == "--emit" and error.value.key == "torchtitan"
     assert needle in str(error.value)
+
+
+def test_a_loss_left_uncompiled_is_left_out_of_compile_components(workdir):
+    """training.compiled_loss false: the plan priced eager PyTorch's cross-entropy (the fp32
+    log-softmax kept, 6 bytes a logit of gradients), so torchtitan compiles the model alone."""
+    training = {**BASE_CASE["training"], "engine": "torchtitan"}
+    case = {**BASE_CASE, "training": {**training, "compiled_loss": False}, "layout": {"zero_stage": 3}}
+    compiled = planner.estimate({**case, "training": training})
+    eager = planner.estimate(case)
+    assert compiled.job.training.loss_compiled and not eager.job.training.loss_compiled
+    files = emit.render(eager, ["x"])
+    cfg = load_emitted(files, workdir, "tt_emitted_eager_loss")
+    assert cfg.compile.enable and list(cfg.compile.components) == ["model"]
+    via_cli = parse("--module", STUB, "--config", "base", *override_tokens(files[emit.OVERRIDES_FILE]))
+    assert via_cli.compile == cfg.compile
+    assert eager.peak.activations > compiled.peak.activations
 
 
 def test_full_recompute_of_every_layer_counts_as_full(workdir):

@@ -184,10 +184,12 @@ def settings(estimate) -> dict[str, Any]:
         ac = "full"
     else:
         ac = lay.recompute  # "none" or "selective"
-    # The plan priced the model and the loss compiled (engines/torchtitan.py: fused element-wise
-    # kernels, the compiled loss's memory; compile.components defaults to both); the
-    # quantization converters want it too (their casts fused).
+    # The plan priced the model compiled (engines/torchtitan.py: fused element-wise kernels), and
+    # the loss unless the case says not (training.compiled_loss false: eager cross-entropy's
+    # memory; compile.components defaults to both); the quantization converters want it too.
     out = {"parallelism": parallelism, "training": train, "activation_checkpoint": ac, "compile": {"enable": True}}
+    if training.compiled_loss is False:
+        out["compile"]["components"] = ["model"]
     if training.tp_comm_overlap and lay.tp > 1:
         # Async TP pipelines the TP collectives with their matmuls; torchtitan builds it
         # with torch.compile of the model (CompileConfig refuses it otherwise).
@@ -205,8 +207,8 @@ def _cli_option(section: str, key: str, value: Any) -> list[str]:
         return [f"--{section}.{key}" if value else f"--{section}.no_{key}"]
     if value is None:
         return [f"--{section}.{key}", "None"]
-    if isinstance(value, list):  # list[list[str]]: one comma-joined token per part
-        return [f"--{section}.{key}", *(",".join(part) for part in value)]
+    if isinstance(value, list):  # list[str]: one token each; list[list[str]]: one comma-joined token per part
+        return [f"--{section}.{key}", *(part if isinstance(part, str) else ",".join(part) for part in value)]
     return [f"--{section}.{key}", str(value)]
 
 

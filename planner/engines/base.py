@@ -66,6 +66,9 @@ class EngineSupport:
     # Training without master weights (``training.master_weights: false``): the optimizer steps the
     # bf16 weights themselves, as plain PyTorch does for a model built in bf16.
     pure_bf16: bool = True
+    # The loss compiled by torch.compile, or not (``training.compiled_loss``): the PyTorch stacks
+    # run either; Megatron's and Megatron-DeepSpeed's vocab-parallel cross-entropy is their own.
+    compiled_loss: bool = True
     # What the engine says where a choice is missing: field name → reason.
     why: tuple[tuple[str, str], ...] = ()
 
@@ -84,6 +87,9 @@ class EngineSupport:
         if training.fp8_param_gather and not self.fp8_param_gather:
             out.append(("training.fp8_param_gather", self.reason(
                 "fp8_param_gather", "its weight gathers move bf16 weights (no fp8 parameter all-gather)")))
+        if training.compiled_loss and not self.compiled_loss:
+            out.append(("training.compiled_loss", self.reason(
+                "compiled_loss", "its cross-entropy is its own kernel, not a compiled one")))
         if not training.master_weights and not self.pure_bf16:
             out.append(("training.master_weights", self.reason(
                 "pure_bf16", "its optimizer keeps master weights beside the bf16 ones")))

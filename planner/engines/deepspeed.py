@@ -37,8 +37,10 @@ SUPPORT = EngineSupport(
     # Transformer Engine's fp8_autocast around the model (Megatron-DeepSpeed's TE layers), with
     # TE's per-tensor and block recipes; its ZeRO gathers the bf16 weights.
     fp8_recipes=("delayed", "tensorwise", "blockwise"), fp8_param_gather=False, expert_dispatches=("all_to_all",),
-    pure_bf16=False,
-    why=(("pure_bf16", "DeepSpeed keeps a master partition beside the bf16 weights (bf16.bf16_master_weights_"
+    pure_bf16=False, compiled_loss=False,
+    why=(("compiled_loss", "Megatron-DeepSpeed computes its loss in Megatron's vocab-parallel cross-entropy, "
+                           "not a compiled one"),
+         ("pure_bf16", "DeepSpeed keeps a master partition beside the bf16 weights (bf16.bf16_master_weights_"
                        "and_grads makes that copy bf16, at ZeRO 1-3), which the model does not price"),
          ("fp8_recipe", "DeepSpeed's fp8 is Transformer Engine's, whose recipes are"),
          ("expert_dispatch", "DeepSpeed-MoE dispatches with one all-to-all (deepspeed.moe.sharded_moe, _AllToAll): "
