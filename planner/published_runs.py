@@ -44,6 +44,11 @@ SOURCE_FABRICS = {"bigscience-workshop/bigscience train/tr11": "omni-path-100"}
 # (parallelizer.activation_checkpointing: true in every revision, 2025-10 to 2026-08).
 AUTOMODEL_SOURCE = "NeMo AutoModel"
 AUTOMODEL_CHECKPOINTED = ("Qwen3-30B-A3B",)
+# torchtitan compiles the loss with the model (training.compile) since bbb1b616e (2025-04-02: "Enable
+# compiling the loss function ... reduction of memory"); its 0.0.2 release did not (e8977b0,
+# 2024-12-18, had turned the loss's compile off). The torchtitan versions the rows name, by whether
+# their compiled runs compile the loss.
+TORCHTITAN_COMPILES_LOSS = {"0.0.2": False, "2c8b594": True, "6fc499f": True}
 # NeMo's GPT3 recipes: the GPT-2 BPE padded to 51,200 (NeMo's LLM_VOCAB_SIZE_MAP["gpt3"]).
 NEMO_GPT3_VOCAB = 51200
 
@@ -260,6 +265,15 @@ def master_weights(row: dict) -> Optional[bool]:
     return False if row["source"].startswith(AUTOMODEL_SOURCE) else None
 
 
+def compiled_loss(row: dict) -> Optional[bool]:
+    """Whether a torchtitan run with torch.compile compiled its loss, by the torchtitan version its
+    framework names (``TORCHTITAN_COMPILES_LOSS``); None where the row does not say."""
+    words = row["framework"].split()
+    if len(words) < 2 or words[0] != "torchtitan" or "torch.compile" not in row["framework"]:
+        return None
+    return TORCHTITAN_COMPILES_LOSS.get(words[1])
+
+
 def runs_deepep(row: dict) -> bool:
     """Whether the run dispatches its experts with DeepEP or HybridEP (``moe_runtime.token_dispatcher``)."""
     dispatcher = str((row.get("moe_runtime") or {}).get("token_dispatcher") or "").lower()
@@ -405,6 +419,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
         training["fp32_grads"] = fp32
     if (master := master_weights(row)) is not None and prec == "bf16":
         training["master_weights"] = master
+    if (compiled := compiled_loss(row)) is not None:
+        training["compiled_loss"] = compiled
     # The experts' dispatch overlapped with another micro-batch's compute where the recipe says so.
     settings = recipe_settings(row)
     if moe and (settings.get("moe_a2a_overlap") or settings.get("overlap_moe_expert_parallel_comm")):
