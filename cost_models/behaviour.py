@@ -50,6 +50,13 @@ class EngineBehaviour:
     # own (``distributed/fsdp.py``: ``fully_shard(model.tok_embeddings)``, then ``[norm, lm_head]``;
     # tied, all three in one unit), and DeepSpeed gathers the embedding module on its own.
     zero3_root_unit: bool = True
+    # Gathered ZeRO-3 weights resident at once. None: whole units, the one running and the one
+    # prefetched (FSDP). DeepSpeed gathers each submodule on its own, prefetching up to
+    # ``stage3_prefetch_bucket_size`` parameters ahead (given here in units of h²) and keeping at
+    # most ``stage3_max_live_parameters`` gathered, a larger submodule alone excepted
+    # (``zero/partitioned_param_coordinator.py``): ``memory.zero3_gather_bytes``.
+    zero3_max_live_parameters: Optional[float] = None
+    zero3_prefetch_bucket_h2: float = 0.0
     # Interleaved pipelines post the next chunk's send/receive before computing the current
     # one (Megatron-core ``overlap_p2p_comm``, on unless --no-overlap-p2p-communication;
     # ``pipeline_parallel/schedules.py``).

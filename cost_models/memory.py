@@ -9,6 +9,7 @@ from typing import Iterable, Optional
 from .activations import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
                           layer_activations, loss_gradient_bytes, mtp_projection_activation_bytes)
 from .experts import alltoall_buffer_bytes
+from .flops import layer_gemms
 from .model_states import (StateBytes, bucket_copy_bytes, gathered_weight_bytes, quantizes_weights_once_a_step,
                            sharded_state_bytes, state_bytes, zero_shards)
 from .offload import gradients_on_host, offloaded_activation_layers
@@ -169,12 +170,19 @@ def mtp_activation_bytes(job: Job, shared: PerMicrobatch, dense_kept: float) -> 
 
 
 def zero3_gather_bytes(job: Job) -> float:
-    """ZeRO-3 materialises whole layers' weights while it runs them: the current one and
-    one prefetched (DeepSpeed ``stage3_prefetch_bucket_size``, FSDP's forward prefetch); an MoE
-    layer's, with this GPU's experts."""
+    """ZeRO-3 materialises the weights it runs. FSDP gathers whole units: the current layer and
+    one prefetched (its forward prefetch); an MoE layer's, with this GPU's experts. DeepSpeed
+    gathers submodule by submodule (``EngineBehaviour.zero3_max_live_parameters``): the largest
+    linear and the prefetch bucket behind it, at most the live-parameter cap unless that
+    linear alone is larger."""
     if job.layout.zero_stage < 3:
         return 0.0
     model, lay = job.model, job.layout
+    engine = job.training.engine
+    if engine.zero3_max_live_parameters is not None:
+        largest = max(g.n * g.k for g in layer_gemms(model, 1, lay.tp))
+        prefetched = largest + engine.zero3_prefetch_bucket_h2 * model.hidden_size ** 2
+        return max(largest, min(engine.zero3_max_live_parameters, prefetched)) * gathered_weight_bytes(job.training)
     per_layer = (attention_parameters(model) + mlp_parameters(model)) / lay.tp
     if model.is_moe:
         moe_layer = (attention_parameters(model) + shared_expert_parameters(model)) / lay.tp \

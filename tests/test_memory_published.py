@@ -177,3 +177,37 @@ def test_no_preset_counts_memory_its_gpu_does_not_report(name):
     reported = REPORTED_BYTES[name]
     assert reported <= preset <= reported * 1.01
     assert preset * (1 - SearchSpec().headroom) < reported
+
+
+@pytest.mark.parametrize("model, hidden, live", [
+    # GPT-3 175B: its largest linear, fc1 (h × 4h), and the 0.9·h² prefetch bucket behind it.
+    ("gpt3-175b", 12288, 4.9 * 12288 ** 2),
+    # Narayanan et al.'s 529.6B (h 20,480): fc1 alone, 1.68 G parameters, outgrows the 1e9 cap.
+    ("gpt-529.6b", 20480, 4 * 20480 ** 2),
+])
+def test_deepspeed_zero3_holds_a_submodule_and_its_prefetch_not_two_layers(model, hidden, live):
+    """DeepSpeed gathers each submodule on its own (stage3_prefetch_bucket_size 0.9·h² as the
+    emitter writes it, stage3_max_live_parameters 1e9); FSDP holds the running layer and the one
+    it prefetches, 2 · 12h² parameters. 16-bit weights, 2 bytes each."""
+    from cost_models.memory import zero3_gather_bytes
+    from planner.case import load_case
+
+    def job(engine):
+        return load_case({"model": {"preset": model}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 64},
+                          "training": {"global_batch_size": 64, "seq_len": 2048, "engine": engine},
+                          "layout": {"dp": 64, "micro_batch_size": 1, "zero_stage": 3}}).job()
+
+    assert zero3_gather_bytes(job("deepspeed")) == pytest.approx(2 * live)
+    assert zero3_gather_bytes(job("any")) == pytest.approx(2 * 2 * (12 * hidden ** 2 + 13 * hidden), rel=1e-3)
+
+
+def test_narayanan_529b_under_deepspeed_zero3_fits_as_it_ran():
+    """Narayanan et al. 2021, Table 2: the 529.6B model trained with DeepSpeed ZeRO-3 on 640 A100
+    80GB (micro-batch 4, full recomputation). Holding two whole layers gathered (20 GB) the model
+    read 95.5 GB and "does not fit"; a submodule and its prefetch (3.4 GB) leave it at 78.7."""
+    from planner.estimate import estimate
+    from planner.published_runs import case_of, load_rows
+
+    row = next(r for r in load_rows() if r["id"] == "narayanan21_t2_zero3_529.6B_640gpu")
+    ran = estimate(case_of(row)[0])
+    assert ran.job.training.engine.name == "deepspeed" and ran.fits

@@ -29,6 +29,7 @@ from cost_models.model_states import fp32_gradients
 from cost_models.specs import Layout
 
 from ..engines import ENGINES
+from ..engines import deepspeed as ds_engine
 from ..errors import CaseError
 from . import header_lines as _lines
 from .quoting import comment, shell_word
@@ -102,10 +103,13 @@ def _zero(stage: int, hidden: int) -> dict[str, Any]:
                 "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET}
     # ZeRO 3: the sizes the Hugging Face integration fills in for "auto" (transformers
     # integrations/deepspeed.py): buckets of hidden² elements, parameters under 10·hidden kept whole.
+    # The prefetch bucket and live parameters as the estimate priced them (engines/deepspeed.py).
+    behaviour = ds_engine.BEHAVIOUR
     return {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": hidden * hidden,
-            "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+            "stage3_prefetch_bucket_size": int(behaviour.zero3_prefetch_bucket_h2 * hidden * hidden),
             "stage3_param_persistence_threshold": 10 * hidden,
-            "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000,
+            "stage3_max_live_parameters": int(behaviour.zero3_max_live_parameters),
+            "stage3_max_reuse_distance": 1_000_000_000,
             "stage3_gather_16bit_weights_on_model_save": True}
 
 

@@ -66,6 +66,10 @@ BEHAVIOUR = EngineBehaviour(
     name="deepspeed", gradient_bucket_copy=False,
     sharded_master_weights=False, zero3_unit_copies=False, zero3_root_unit=False,
     regather_for_recompute=True, zero3_collectives_per_layer=6,
+    # The sizes the Hugging Face integration fills in for "auto" (transformers
+    # integrations/deepspeed.py), which the emitter writes: a prefetch bucket of 0.9·h², and
+    # DeepSpeed's default of 1e9 live parameters.
+    zero3_max_live_parameters=1e9, zero3_prefetch_bucket_h2=0.9,
     reduce_after_pipeline=True,
     bucket_params=5e8, bucket_bytes=0.0, overlap_param_gather=False, loss_gradient_bytes=2.0,
     selective="attention", fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine",
