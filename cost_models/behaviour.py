@@ -72,6 +72,11 @@ class EngineBehaviour:
     # performance recipes and MLPerf's run; Megatron-LM's own pretrain script turns fp32 on
     # for bf16 unless --grad-reduce-in-bf16 (a case says fp32_grads: true for it).
     fp32_grads_for_bf16: bool = False
+    # Without fp32 master weights (``TrainingSpec.master_weights`` false) the optimizer still keeps
+    # a master partition of its own, in bf16, beside the bf16 weights: DeepSpeed's
+    # bf16_master_weights_and_grads with bf16_optimizer_states (``runtime/zero/stage_1_and_2.py``:
+    # its master partition in ``master_weights_and_grads_dtype``). Else the weights are the master.
+    bf16_master_partition: bool = False
     # PyTorch DDP copies each gradient into its flat all-reduce buckets and keeps both unless
     # ``gradient_as_bucket_view=True`` (off by default; torch.nn.parallel.DistributedDataParallel:
     # "the saved memory size will be equal to the total gradients size"): one more copy of the

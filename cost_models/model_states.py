@@ -59,7 +59,7 @@ def weights_are_master(training: TrainingSpec, zero_stage: int, shards: int) -> 
     16-bit training under a ZeRO-3 that shards the fp32 parameters
     (``EngineBehaviour.sharded_master_weights``) over more than one rank (torchtitan applies
     FSDP only then: ``ParallelDims.fsdp_enabled``)."""
-    return training.precision == "fp32" or not training.master_weights \
+    return training.precision == "fp32" or (not training.master_weights and not training.engine.bf16_master_partition) \
         or (zero_stage == 3 and shards > 1 and training.engine.sharded_master_weights)
 
 
@@ -84,11 +84,13 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
       gathered (``memory.zero3_gather_bytes``), which :func:`gathered_weight_bytes` prices.
     - Without master weights (``TrainingSpec.master_weights`` false, "pure bf16"): the bf16
       weights are the master, their gradients bf16, and the moments take their dtype
-      (torch.optim.Adam's ``zeros_like(param)``): 2 + 2 + 4 = 8 bytes for Adam.
+      (torch.optim.Adam's ``zeros_like(param)``): 2 + 2 + 4 = 8 bytes for Adam; 10 where the
+      engine keeps a bf16 master partition of its own (``EngineBehaviour.bf16_master_partition``).
     """
     moments = 1 if training.optimizer == "sgd" else 2
     if not training.master_weights:
-        return StateBytes(weights=2, gradients=2, optimizer=2 * moments)
+        master = 2 if training.engine.bf16_master_partition else 0
+        return StateBytes(weights=2, gradients=2, optimizer=master + 2 * moments)
     if weights_are_master(training, zero_stage, shards):
         return StateBytes(weights=4, gradients=4, optimizer=4 * moments)
     weights = 2.0

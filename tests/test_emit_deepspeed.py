@@ -365,6 +365,39 @@ def test_gradient_precision_reaches_the_config(fp32_grads, tmp_path, world):
     assert state_bytes(estimate.job.training).gradients == (4 if fp32_grads else 2)
 
 
+@pytest.mark.parametrize("zero_stage", [1, 3])
+def test_bf16_master_weights_reach_the_config_and_come_back(zero_stage, tmp_path, world):
+    """training.master_weights false under DeepSpeed: its optimizer keeps a master partition of its
+    own, in bf16, with bf16 moments (bf16.bf16_master_weights_and_grads, bf16_optimizer_states):
+    2 + 2 + (2 + 4) = 10 bytes a parameter, against 16 with the fp32 master. DeepSpeedConfig takes
+    the pair (it asserts ZeRO 1-3), and read() gives the case back or names the key it contradicts."""
+    pure = estimate_of(training={"master_weights": False, "engine": "deepspeed"}, zero_stage=zero_stage)
+    files = emit(pure, tmp_path)
+    world(pure.job.layout.dp)
+    config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
+    assert config.bfloat16_config.bf16_master_weights_and_grads and config.bfloat16_config.bf16_optimizer_states
+    assert state_bytes(pure.job.training).total == 10
+    mixed = estimate_of(training={"engine": "deepspeed"}, zero_stage=zero_stage)
+    (tmp_path / "m").mkdir()
+    assert "bf16_master_weights_and_grads" not in json.loads(emit(mixed, tmp_path / "m")["ds_config.json"])["bf16"]
+    case = {**BASE, "training": {**BASE["training"], "master_weights": False}, "layout": None}
+    assert ds_reader.read(tmp_path / "ds_config.json", load_case(case)).zero_stage == zero_stage
+    with pytest.raises(CaseError) as error:
+        ds_reader.read(tmp_path / "ds_config.json", load_case({**BASE, "layout": None}))
+    assert error.value.key == "bf16.bf16_master_weights_and_grads" and "bf16 master weights" in error.value.expected
+    assert files
+
+
+@pytest.mark.parametrize("layout, says", [
+    ({"zero_stage": 0}, "layout.zero_stage is 0: DeepSpeed keeps bf16 master weights"),
+    ({"zero_stage": 1, "offload_optimizer": 1.0}, "layout.offload_optimizer is 1.0: DeepSpeed offloads bf16"),
+])
+def test_bf16_master_weights_where_deepspeed_refuses_them(layout, says):
+    with pytest.raises(CaseError) as error:
+        ds.render(estimate_of(training={"master_weights": False}, **layout), ["x"])
+    assert says in str(error.value)
+
+
 MOE_CASE = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
             "training": {"global_batch_size": 256, "seq_len": 4096}, "search": {"target": "deepspeed"}}
 

@@ -54,10 +54,16 @@ def test_a_bf16_model_holds_what_the_model_prices(optimizer, measured_bytes, mix
 
 
 def test_the_step_reads_and_writes_the_bf16_weights_it_steps():
-    """Adam without master weights reads p, g, m, v and writes p, m, v: 7 tensors of 2 bytes."""
+    """Adam without master weights reads p, g, m, v and writes p, m, v: 7 tensors of 2 bytes.
+    DeepSpeed's bf16 master partition is stepped instead and copied to the weights: it reads g
+    and the master, m, v, writes those three and the weights, 8 tensors of 2 bytes."""
     training = load_case(CASE).training
     per_param = state_bytes(training, 3, 8)
     assert optimizer_step_bytes(per_param, weights_are_master(training, 3, 8)) == 14
+    deepspeed = load_case({**CASE, "training": {**CASE["training"], "engine": "deepspeed"}}).training
+    per_param = state_bytes(deepspeed, 3, 8)
+    assert (per_param.total, weights_are_master(deepspeed, 3, 8)) == (10, False)
+    assert optimizer_step_bytes(per_param, False) == 16
 
 
 def test_llama3_8b_under_zero3_holds_half_the_model_states():
@@ -84,7 +90,6 @@ def test_what_cannot_go_without_master_weights_is_refused(training, expected):
 @pytest.mark.parametrize("engine, reason", [
     ("megatron", "--main-params-dtype: fp32, fp16"),
     ("torchtitan", "builds its models in float32"),
-    ("deepspeed", "keeps a master partition beside the bf16 weights"),
 ])
 def test_engines_that_keep_master_weights_refuse_the_case(engine, reason):
     case = {**CASE, "training": {**CASE["training"], "engine": engine}, "layout": {"dp": 8, "micro_batch_size": 1}}

@@ -73,6 +73,8 @@ def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str,
         config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
     if training.precision in ("bf16", "fp8"):  # fp8 matmuls come from Transformer Engine, not the config
         config["bf16"] = {"enabled": True}
+        if not training.master_weights:  # its master partition and moments in bf16, as the estimate held them
+            config["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
     elif training.precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                           "hysteresis": 2, "min_loss_scale": 1}

@@ -37,11 +37,9 @@ SUPPORT = EngineSupport(
     # Transformer Engine's fp8_autocast around the model (Megatron-DeepSpeed's TE layers), with
     # TE's per-tensor and block recipes; its ZeRO gathers the bf16 weights.
     fp8_recipes=("delayed", "tensorwise", "blockwise"), fp8_param_gather=False, expert_dispatches=("all_to_all",),
-    pure_bf16=False, compiled_loss=False,
+    compiled_loss=False,
     why=(("compiled_loss", "Megatron-DeepSpeed computes its loss in Megatron's vocab-parallel cross-entropy, "
                            "not a compiled one"),
-         ("pure_bf16", "DeepSpeed keeps a master partition beside the bf16 weights (bf16.bf16_master_weights_"
-                       "and_grads makes that copy bf16, at ZeRO 1-3), which the model does not price"),
          ("fp8_recipe", "DeepSpeed's fp8 is Transformer Engine's, whose recipes are"),
          ("expert_dispatch", "DeepSpeed-MoE dispatches with one all-to-all (deepspeed.moe.sharded_moe, _AllToAll): "
                              "its dispatch is"),
@@ -70,6 +68,8 @@ BEHAVIOUR = EngineBehaviour(
     # integrations/deepspeed.py), which the emitter writes: a prefetch bucket of 0.9·h², and
     # DeepSpeed's default of 1e9 live parameters.
     zero3_max_live_parameters=1e9, zero3_prefetch_bucket_h2=0.9,
+    # Without fp32 master weights: bf16.bf16_master_weights_and_grads and bf16_optimizer_states.
+    bf16_master_partition=True,
     reduce_after_pipeline=True,
     bucket_params=5e8, bucket_bytes=0.0, overlap_param_gather=False, loss_gradient_bytes=2.0,
     selective="attention", fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine",
@@ -95,6 +95,17 @@ def rules(job: Job) -> list[tuple[str, str]]:
         return [("layout.zero_stage", "DeepSpeed's engine refuses its MoE layers under ZeRO stage 3 "
                                       "(runtime/engine.py: 'Native DeepSpeed MoE is not supported with ZeRO "
                                       "Stage 3'); use 1 or 2")]
+    if not job.training.master_weights:
+        # runtime/config.py: "Bf16_master_weights_and_grads is only supported with ZeRO Stage 1, 2, or 3";
+        # offloaded, its bf16 states need DeepSpeedCPUAdam built for them (runtime/base_optimizer.py).
+        if job.layout.zero_stage == 0:
+            return [("layout.zero_stage", "DeepSpeed keeps bf16 master weights (bf16_master_weights_and_grads) "
+                                          "with ZeRO stages 1-3 only; use 1, 2 or 3, or training.master_weights "
+                                          "true")]
+        if job.layout.offload_optimizer:
+            return [("layout.offload_optimizer", "DeepSpeed offloads bf16 optimizer states only to a "
+                                                 "DeepSpeedCPUAdam built with fp32_optimizer_states false, which "
+                                                 "the plan does not write; keep the optimizer on the GPU")]
     return []
 
 

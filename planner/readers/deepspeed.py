@@ -123,6 +123,14 @@ def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None) ->
         raise CaseError(src, key, f"the config trains in {written}, but the case {case.source} has "
                                   f"training.precision {case.training.precision}")
 
+    master_bf16 = bf16 and config["bf16"].get("bf16_master_weights_and_grads", False)
+    if not isinstance(master_bf16, bool):
+        raise CaseError(src, "bf16.bf16_master_weights_and_grads", f"expected true or false, got {master_bf16!r}")
+    if master_bf16 == case.training.master_weights:
+        raise CaseError(src, "bf16.bf16_master_weights_and_grads",
+                        f"the config keeps {'bf16' if master_bf16 else 'fp32'} master weights, but the case "
+                        f"{case.source} has training.master_weights {str(case.training.master_weights).lower()}")
+
     checkpointing = config.get("activation_checkpointing")
     if checkpointing is not None and not isinstance(checkpointing, dict):
         raise CaseError(src, "activation_checkpointing", f"expected a mapping, got {checkpointing!r}")
