@@ -36,7 +36,8 @@ def describe_layout(est: Estimate) -> str:
     if job.training.fp8_param_gather:  # the case's, or its engine's default at this layout
         parts.append(f"weights kept in {job.training.precision}")
     if not job.training.master_weights:
-        parts.append("no master weights (pure bf16)")
+        parts.append("bf16 master weights" if job.training.engine.bf16_master_partition
+                     else "no master weights (pure bf16)")
     if lay.offload_optimizer:
         parts.append("optimizer offloaded" if lay.offload_optimizer == 1
                      else f"{lay.offload_optimizer:.0%} of the optimizer offloaded")

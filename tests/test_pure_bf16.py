@@ -109,3 +109,5 @@ def test_the_report_says_there_is_no_master_copy():
     assert describe_layout(planner_estimate(CASE)).endswith(", no master weights (pure bf16)")
     mixed = {**CASE, "training": {**CASE["training"], "master_weights": True}}
     assert "master" not in describe_layout(planner_estimate(mixed))
+    deepspeed = {**CASE, "training": {**CASE["training"], "engine": "deepspeed"}}
+    assert describe_layout(planner_estimate(deepspeed)).endswith(", bf16 master weights")
