@@ -48,6 +48,7 @@ FACTS = {
     "AutoModel's pure bf16": ("master_weights", lambda row: None),
     "AutoModel's Qwen3 checkpointing": ("AUTOMODEL_CHECKPOINTED", ()),
     "torchtitan's compiled loss": ("TORCHTITAN_COMPILES_LOSS", {}),
+    "torchao's power-limited B200s": ("POWER_LIMITED_CLOCK", {}),
     "Megatron-Bridge's recipe settings": ("recipe_settings", lambda row: {}),
     "Megatron-Bridge's recompute modules": ("recompute_modules", lambda row: None),
     "Megatron-Bridge's quantized weights": ("bridge_param_gather", lambda row, prec: None),

@@ -39,6 +39,11 @@ NANOTRON_TIED_BELOW_FFN = 10_000
 # (train/tr11-176B-ml/README.md, "Hardware"; only its main row's GPU names the network).
 EFA_FABRICS = {"h100-sxm-80gb": "aws-efa-p5", "a100-sxm-80gb": "aws-efa-p4d", "a100-sxm-40gb": "aws-efa-p4d"}
 SOURCE_FABRICS = {"bigscience-workshop/bigscience train/tr11": "omni-path-100"}
+# Machines that ran under a power cap, by what their row's `gpu` says: torchao's MX README ran on "8x power
+# limited B200" GPUs (limit not stated). Their tensor cores run at 0.635 of the clock the B200 preset's
+# efficiencies hold at: MEASURED from that machine's bf16 run (8,307.5 tok/s a GPU, torchtitan Llama 3 8B),
+# where the preset's GEMM and fused-attention figures give it at that clock (-1 %, bench/fidelity.py).
+POWER_LIMITED_CLOCK = {"B200 (POWER LIMITED": 0.635}
 # NeMo AutoModel's benchmark configs (examples/llm_benchmark/*.yaml, formerly examples/benchmark/configs/)
 # by model, where the row leaves out what the config sets: Qwen3-30B-A3B's checkpoints every block
 # (parallelizer.activation_checkpointing: true in every revision, 2025-10 to 2026-08).
@@ -246,6 +251,14 @@ def cluster_fabric(row: dict, gpu: str) -> Optional[str]:
                                          if row["source"].startswith(source)), None)
 
 
+def cluster_performance(row: dict) -> Optional[dict]:
+    """``cluster.performance`` settings of a machine whose row says it ran power-limited
+    (``POWER_LIMITED_CLOCK``): its sustained clock; None for a GPU at its full power."""
+    name = row["gpu"].upper()
+    clock = next((value for prefix, value in POWER_LIMITED_CLOCK.items() if name.startswith(prefix)), None)
+    return {"sustained_clock": clock} if clock is not None else None
+
+
 def efa_fabric(row: dict, gpu: str) -> Optional[str]:
     """AWS EFA where the row's GPU names it (the Playbook's p5 nodes: "EFA inter-node")."""
     return EFA_FABRICS.get(gpu) if "EFA" in row["gpu"] else None
@@ -409,6 +422,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
     cluster: dict[str, Any] = {"gpu": gpu, "num_gpus": row["num_gpus"]}
     if fabric := cluster_fabric(row, gpu):
         cluster["fabric"] = fabric
+    if performance := cluster_performance(row):
+        cluster["performance"] = performance
     if gpu.startswith("h100") and ("96GB" in row["gpu"] or "95GB" in row["gpu"]):
         cluster["memory"] = "96 GiB"  # Meta's Grand Teton H100 with 96 GB HBM2e
     training = {"global_batch_size": b["global_batch_size"], "seq_len": md["seq_len"], "precision": prec,

@@ -61,12 +61,15 @@ THROUGHPUT = {
     # modules each recipe names (layout.recompute_modules), and no core attention recomputed under flash: 0.181.
     # DeepSeek-V3's multi-token prediction module priced where its rows' model FLOPs count it (31 rows, their
     # stages as Megatron-Bridge lays them out; published_runs.mtp_layers, bridge_mtp_split): 0.199, those rows
-    # 4-16 % slower, most of them already below what they measured.
-    "Megatron-Bridge performance summary": 0.199,
+    # 4-16 % slower, most of them already below what they measured. The B200 preset at full power (only
+    # torchao's machine was power-limited: its cases carry its clock, published_runs.POWER_LIMITED_CLOCK):
+    # 0.190, its 26.02-26.04 B200 rows from -23..-32 % to -3..+2 %.
+    "Megatron-Bridge performance summary": 0.190,
     # NeMo AutoModel's Qwen3-30B-A3B written as its config runs it, every block checkpointed (with no master
     # weights it fits as it ran): from 0.195, its two rows from -17 % to -37 %.
     "NeMo AutoModel performance summary": 0.263,
-    "NeMo Framework user guide performance ": 0.157,
+    # The B200 preset at full power: its Mixtral 8x7B B200 row from -31 % to -5 %; from 0.157.
+    "NeMo Framework user guide performance ": 0.090,
 }
 MOE_SOURCES = ("Megatron-Bridge performance summary", "NeMo AutoModel performance summary",
                "NeMo Framework user guide performance ")

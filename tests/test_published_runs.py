@@ -244,3 +244,15 @@ def test_torchtitan_rows_compile_the_loss_where_their_torchtitan_did(rows):
     fragmentation = compiled.job.overheads.fragmentation
     assert eager.peak.total - compiled.peak.total == pytest.approx(6 * logits * (1 + fragmentation))
     assert "compiled_loss" not in case("torchtitan_2024_a100_llama3_8b_64gpu_bs1_ac_selective_op")["training"]
+
+
+def test_torchaos_power_limited_b200s_carry_their_clock(rows):
+    """torchao's MX README ran on "8x power limited B200" GPUs: their cases state that machine's
+    clock (0.635 of the B200 preset's), measured from its bf16 run, which it then predicts: 8,307.5
+    tokens/s a GPU. Megatron-Bridge's B200s ran at full power: their cases state no cap."""
+    from planner.estimate import estimate
+
+    capped = case_of(rows["torchao_mx_b200_llama3_8b_8gpu_bf16"])[0]
+    assert capped["cluster"]["performance"] == {"sustained_clock": 0.635}
+    assert estimate(capped).tokens_per_s / 8 == pytest.approx(8307.5, rel=0.03)
+    assert "performance" not in case_of(rows["mb_2604_deepseekv3_b200_256g_mxfp8"])[0]["cluster"]
