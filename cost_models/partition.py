@@ -92,9 +92,13 @@ def rank_chunks(virtual: Sequence[int], pp: int) -> list[tuple[int, ...]]:
 def virtual_partition(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     """Layers per pipeline rank when the pp·vpp virtual stages cannot hold equal shares: each
     virtual stage takes ⌊L/(pp·vpp)⌋ layers and the first L mod (pp·vpp) one more, rank r
-    holding virtual stages r, pp + r, … (:func:`rank_chunks`; the pipeline layout
-    Megatron-Bridge writes for DeepSeek-V3's 61 layers, ``--pipeline-model-parallel-layout``).
-    Each rank's chunks then differ by at most one layer (:func:`chunk_layers`)."""
+    holding virtual stages r, pp + r, … (:func:`rank_chunks`), emitted as a
+    ``--pipeline-model-parallel-layout`` (Megatron builds no uneven interleaved split without
+    one). Each rank's chunks then differ by at most one layer (:func:`chunk_layers`).
+    Megatron-Bridge's own DeepSeek-V3 layouts differ: full chunks of ⌈L/(pp·vpp)⌉ and the
+    shortfall on the last virtual stages, beside the MTP layer and the loss
+    (``recipes/deepseek/h100/deepseek_v3.py``; its published rows' cases give them,
+    ``planner.published_runs.bridge_mtp_split``)."""
     base, spare = divmod(layers, pp * vpp)
     return tuple(map(sum, rank_chunks([base + (v < spare) for v in range(pp * vpp)], pp)))
 
