@@ -16,7 +16,7 @@ from .offload import gradients_on_host, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
                          router_parameters, shared_expert_parameters, stage_linear_parameters, stage_parameters)
 from .quantization import cached_weight_bytes
-from .pipeline import in_flight_chunks
+from .pipeline import in_flight_chunks, in_flight_peak
 from .specs import Job, Layout, ModelSpec, TrainingSpec
 
 TERMS = ("parameters", "gradients", "optimizer_states", "activations", "other")
@@ -122,9 +122,9 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     shared = shared or per_microbatch(job)
     layers = job.stage_layers[stage]
     chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
-    # Unequal chunks (a stage's layers not divisible by vpp, or a layout's own split): the
-    # largest sets the peak.
-    layers_per_chunk = job.largest_chunk(stage)
+    # Unequal chunks (a stage's layers not divisible by vpp, or a layout's own split): each
+    # chunk's micro-batches in flight by the schedule (pipeline.in_flight_peak).
+    chunk_sizes = job.rank_chunk_layers(stage)
     # Layers whose linears the recipe keeps in bf16 keep bf16 inputs: counted at their share of
     # the stage in every chunk (they are the model's last layers: NVFP4's tail).
     high = job.high_precision_layers[stage] / layers if layers else 0.0
@@ -133,15 +133,16 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     moe = job.stage_moe_layers[stage] if job.model.is_moe else 0
     kept = (dense_kept * (layers - moe) + shared.kept_moe * moe) / layers if moe else dense_kept
 
-    recomputed = 0.0
-    if lay.recompute == "full":
-        per_chunk = layers_per_chunk if lay.recompute_num_layers is None else lay.recompute_num_layers / lay.vpp
-        recomputed = min(per_chunk, layers_per_chunk)
     offloaded = offloaded_activation_layers(job, stage)  # on the host (cost_models.offload)
-    per_chunk_bytes = recomputed * shared.checkpointed + (layers_per_chunk - recomputed - offloaded) * kept
 
-    total = chunks * per_chunk_bytes
-    if recomputed:
+    def chunk_bytes(size: int) -> float:
+        recomputed = 0.0
+        if lay.recompute == "full":
+            recomputed = min(size if lay.recompute_num_layers is None else lay.recompute_num_layers / lay.vpp, size)
+        return recomputed * shared.checkpointed + max(0.0, size - recomputed - offloaded) * kept
+
+    total = in_flight_peak(lay.pp, lay.vpp, job.num_microbatches, stage, [chunk_bytes(n) for n in chunk_sizes])
+    if lay.recompute == "full" and (lay.recompute_num_layers is None or lay.recompute_num_layers > 0):
         total += max(dense_kept, shared.kept_moe if moe else 0.0)
     total += shared.restored
     if offloaded:  # the layer whose copy is under way

@@ -89,18 +89,45 @@ def rank_chunks(virtual: Sequence[int], pp: int) -> list[tuple[int, ...]]:
     return [tuple(virtual[r::pp]) for r in range(pp)]
 
 
+def virtual_stage_layers(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
+    """Layers of each of the pp·vpp virtual stages, in model order, when they cannot hold equal
+    shares: ⌊L/(pp·vpp)⌋ each, and the L mod (pp·vpp) spare ones spread over the ranks as evenly
+    as they go, the middle ranks' share first, then the first rank's, then the last's (as
+    :func:`balanced_partition` spares the edges). Within a rank they go to its chunks in order,
+    the model's first and last virtual stage last of all. The first virtual stage runs the
+    embedding and holds the most micro-batches in flight (:func:`pipeline.in_flight_peak`: rank
+    0's first chunk runs ahead), the last rank runs the LM head. Megatron-Bridge lightens both
+    ends of DeepSeek-V3's 61 layers on 8 ranks of 4 chunks likewise (``"Et|(tt|)*30mL"``, its H100
+    performance recipe: 7 layers on the first rank, one in its first chunk). Megatron builds no
+    uneven interleaved split by itself: the plan says it as a ``--pipeline-model-parallel-layout``."""
+    stages = pp * vpp
+    base, spare = divmod(layers, stages)
+    counts = [base] * stages
+    each, extra = divmod(spare, pp)
+    ranks = list(range(1, pp - 1)) + [0, pp - 1] if pp > 2 else list(range(pp))
+    for rank in range(pp):
+        chunks = [rank + pp * c for c in range(vpp)]
+        chunks = [v for v in chunks if v not in (0, stages - 1)] + [v for v in chunks if v in (0, stages - 1)]
+        for v in chunks[:each + (rank in ranks[:extra])]:
+            counts[v] += 1
+    return tuple(counts)
+
+
 def virtual_partition(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
-    """Layers per pipeline rank when the pp·vpp virtual stages cannot hold equal shares: each
-    virtual stage takes ⌊L/(pp·vpp)⌋ layers and the first L mod (pp·vpp) one more, rank r
-    holding virtual stages r, pp + r, … (:func:`rank_chunks`), emitted as a
-    ``--pipeline-model-parallel-layout`` (Megatron builds no uneven interleaved split without
-    one). Each rank's chunks then differ by at most one layer (:func:`chunk_layers`).
-    Megatron-Bridge's own DeepSeek-V3 layouts differ: full chunks of ⌈L/(pp·vpp)⌉ and the
-    shortfall on the last virtual stages, beside the MTP layer and the loss
-    (``recipes/deepseek/h100/deepseek_v3.py``; its published rows' cases give them,
-    ``planner.published_runs.bridge_mtp_split``)."""
-    base, spare = divmod(layers, pp * vpp)
-    return tuple(map(sum, rank_chunks([base + (v < spare) for v in range(pp * vpp)], pp)))
+    """Layers per pipeline rank of :func:`virtual_stage_layers`, rank r holding virtual stages
+    r, pp + r, … (:func:`rank_chunks`)."""
+    return tuple(map(sum, rank_chunks(virtual_stage_layers(layers, pp, vpp), pp)))
+
+
+def default_chunk_layers(model: ModelSpec, training: TrainingSpec, layout: Layout) -> Optional[tuple[int, ...]]:
+    """Layers of each model chunk (model order) where the engine's own split is uneven over the
+    virtual stages (:func:`virtual_stage_layers`, the chunks of :func:`default_partition`'s
+    interleaved split); None where each rank's chunks are :func:`chunk_layers` of its layers."""
+    if layout.stage_layers is not None or layout.chunk_layers is not None or layout.vpp == 1 \
+            or layout.account_for_embedding_in_pipeline_split or layout.account_for_loss_in_pipeline_split \
+            or model.num_layers % (layout.pp * layout.vpp) == 0:
+        return None
+    return virtual_stage_layers(model.num_layers, layout.pp, layout.vpp)
 
 
 def default_partition(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[int, ...]:

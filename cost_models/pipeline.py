@@ -12,6 +12,9 @@ Korthikanti et al. 2022 §4.2.3.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import Sequence
+
 
 def in_flight_chunks(pp: int, vpp: int, microbatches: int, stage: int) -> int:
     """Model-chunk micro-batches whose activations stage ``stage`` holds at its peak."""
@@ -19,6 +22,40 @@ def in_flight_chunks(pp: int, vpp: int, microbatches: int, stage: int) -> int:
         return min(pp - stage, microbatches)
     warmup = (pp - stage - 1) * 2 + (vpp - 1) * pp
     return min(warmup + 1, microbatches * vpp)
+
+
+def in_flight_peak(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: Sequence[float]) -> float:
+    """The most that stage ``stage`` holds at once of what each of its model chunks keeps per
+    micro-batch in flight (``per_chunk``, the rank's chunks in model order).
+
+    Megatron runs each rank's forwards and backwards by its schedule table
+    (``schedules.get_schedule_table``, ``microbatch_group_size_per_vp_stage`` = p): the k-th
+    forward is of chunk ⌊k/p⌋ mod v, the j-th backward of chunk v − 1 − ⌊j/p⌋ mod v. The warm-up
+    runs its forwards (:func:`in_flight_chunks`), then each steady-state step one forward before
+    one backward, so the first chunk's forwards run ahead of its backwards: with chunks of unequal
+    size the peak is where the heavy ones are most in flight, which may come after the warm-up.
+    The composition repeats every p·v steps. Chunks of one size: :func:`in_flight_chunks` of them."""
+    if vpp == 1 or len(set(per_chunk)) == 1:
+        return in_flight_chunks(pp, vpp, microbatches, stage) * max(per_chunk)
+    counts = _in_flight_counts(pp, vpp, microbatches, stage)
+    return max(sum(n * w for n, w in zip(held, per_chunk)) for held in counts)
+
+
+@lru_cache(maxsize=1024)
+def _in_flight_counts(pp: int, vpp: int, microbatches: int, stage: int) -> tuple[tuple[int, ...], ...]:
+    """Micro-batches in flight per chunk at each point the rank can peak: after the warm-up's last
+    forward, then after each steady-state forward (one period of p·v steps suffices)."""
+    forwards = microbatches * vpp
+    warmup = min((pp - stage - 1) * 2 + (vpp - 1) * pp, forwards)
+    held = [0] * vpp
+    for k in range(warmup):
+        held[(k // pp) % vpp] += 1
+    points = [tuple(held)]
+    for j in range(min(forwards - warmup, pp * vpp)):
+        held[((warmup + j) // pp) % vpp] += 1
+        points.append(tuple(held))
+        held[vpp - 1 - (j // pp) % vpp] -= 1
+    return tuple(points)
 
 
 def bubble_fraction(pp: int, vpp: int, microbatches: int) -> float:

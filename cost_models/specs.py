@@ -1021,9 +1021,27 @@ class Job:
         return default_partition(self.model, self.training, lay)
 
     @cached_property
+    def chunk_layers(self) -> Optional[tuple[int, ...]]:
+        """Layers of each model chunk in model order where they are not each rank's layers split
+        evenly (:func:`partition.chunk_layers`): the layout's own, else the engine's uneven
+        interleaved split (:func:`partition.default_chunk_layers`); None otherwise."""
+        from .partition import default_chunk_layers
+
+        lay = self.layout
+        return lay.chunk_layers if lay.chunk_layers is not None else default_chunk_layers(self.model, self.training, lay)
+
+    def rank_chunk_layers(self, stage: int) -> tuple[int, ...]:
+        """Layers of each of pipeline rank ``stage``'s model chunks, in model order."""
+        from .partition import chunk_layers, rank_chunks
+
+        if self.chunk_layers is not None:
+            return tuple(rank_chunks(self.chunk_layers, self.layout.pp)[stage])
+        return chunk_layers(self.stage_layers[stage], self.layout.vpp)
+
+    @cached_property
     def stage_moe_layers(self) -> tuple[int, ...]:
         """MoE layers of each pipeline stage (:func:`moe_layers_per_stage`)."""
-        return moe_layers_per_stage(self.model, self.stage_layers, self.layout.vpp, self.layout.chunk_layers)
+        return moe_layers_per_stage(self.model, self.stage_layers, self.layout.vpp, self.chunk_layers)
 
     @cached_property
     def high_precision_layers(self) -> tuple[int, ...]:
@@ -1036,17 +1054,11 @@ class Job:
         tail = math.ceil(recipe.high_precision_layers * self.model.num_layers) if recipe else 0
         if not tail:  # most recipes keep no layer in bf16: no chunk walk for every layout scored
             return (0,) * len(self.stage_layers)
-        return tail_layers_per_stage(self.stage_layers, self.layout.vpp, tail, self.layout.chunk_layers)
+        return tail_layers_per_stage(self.stage_layers, self.layout.vpp, tail, self.chunk_layers)
 
     def largest_chunk(self, stage: int) -> int:
-        """Layers of the largest model chunk of pipeline rank ``stage``: the one whose activations
-        set the rank's peak (``memory.stage_activation_bytes``)."""
-        lay = self.layout
-        if lay.chunk_layers is not None:
-            from .partition import rank_chunks
-
-            return max(rank_chunks(lay.chunk_layers, lay.pp)[stage])
-        return math.ceil(self.stage_layers[stage] / lay.vpp)
+        """Layers of the largest model chunk of pipeline rank ``stage``."""
+        return max(self.rank_chunk_layers(stage))
 
 
 @lru_cache(maxsize=4096)

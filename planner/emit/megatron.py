@@ -157,7 +157,7 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     ]
     if lay.stage_layers is None and lay.vpp > 1 and m.num_layers % (lay.pp * lay.vpp):
         # Interleaving over layers the virtual stages do not divide: the layout string says how.
-        lay = lay.with_changes(stage_layers=job.stage_layers)
+        lay = lay.with_changes(stage_layers=job.stage_layers, chunk_layers=job.chunk_layers)
     uneven = uneven_stages(lay)
     custom = layout_string(lay, m.mtp_layers)
     accounted = [flag for field, flag in ACCOUNT_FLAGS.items() if getattr(lay, field)]

@@ -84,9 +84,9 @@ def rules(job: Job) -> list[tuple[str, str]]:
     if any(n % lay.vpp for n in job.stage_layers):
         out.append(("layout.stage_layers", f"torchtitan splits each rank's layers into {lay.vpp} equal model chunks; "
                                            f"stages of {list(job.stage_layers)} layers do not"))
-    elif lay.chunk_layers is not None and any(len(set(c)) > 1 for c in rank_chunks(lay.chunk_layers, lay.pp)):
+    elif job.chunk_layers is not None and any(len(set(c)) > 1 for c in rank_chunks(job.chunk_layers, lay.pp)):
         out.append(("layout.chunk_layers", f"torchtitan splits each rank's layers into {lay.vpp} equal model "
-                                           f"chunks; {list(lay.chunk_layers)} are not"))
+                                           f"chunks; {list(job.chunk_layers)} are not"))
     shard = lay.dp if lay.zero_stage == 3 else 1
     if lay.ep > 1 and (shard * lay.cp * lay.tp) % lay.ep:
         out.append(("layout.ep", f"torchtitan's expert parallelism borrows ranks from FSDP and TP only: ep must "

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
-from cost_models.partition import chunk_layers, rank_chunks, virtual_partition
+from cost_models.partition import chunk_layers, rank_chunks, virtual_stage_layers
 from cost_models.specs import Job, Layout, SpecError
 
 from ..case import case_message
@@ -314,9 +314,9 @@ def read(path: Path, case) -> Layout:
         per_rank = rank_chunks(counts, pp)
         stages = [sum(chunks_of_rank) for chunks_of_rank in per_rank]
         stage_layers = tuple(stages) if len(set(stages)) > 1 else None
-        if layers % (pp * vpp) and stage_layers == virtual_partition(layers, pp, vpp):
+        if vpp > 1 and layers % (pp * vpp) and tuple(counts) == virtual_stage_layers(layers, pp, vpp):
             stage_layers = None  # the split the planner makes by itself (cost_models.partition)
-        if any(tuple(c) != chunk_layers(sum(c), vpp) for c in per_rank):
+        elif any(tuple(c) != chunk_layers(sum(c), vpp) for c in per_rank):
             # Chunks of its own (Megatron-Bridge's DeepSeek-V3 layouts with MTP, "Et*4|(t*4|)*14tmL":
             # a last rank of 4, 4, 4 and 1): the layout keeps them.
             chunk_split = tuple(counts)

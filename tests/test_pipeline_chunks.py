@@ -1,0 +1,57 @@
+"""Interleaved pipelines over chunks of unequal size: the split the planner makes where the
+layers do not divide by the virtual stages, and what each rank holds under Megatron's schedule."""
+
+from __future__ import annotations
+
+import planner
+from cost_models.partition import rank_chunks, virtual_partition, virtual_stage_layers
+from cost_models.pipeline import in_flight_chunks, in_flight_peak
+
+
+def test_spare_layers_spread_over_the_ranks_and_off_the_first_chunk():
+    """DeepSeek-V3's 61 layers over 8 ranks of 4 chunks: 32 virtual stages of 1 layer and 29
+    spare ones, 3 a rank and one more on each of the five middle ranks. Rank 0's go to its later
+    chunks: its first (the embedding, the most micro-batches in flight) keeps one layer, as in
+    Megatron-Bridge's own layout ("Et|(tt|)*30mL"), and so does the model's last virtual stage."""
+    virtual = virtual_stage_layers(61, 8, 4)
+    assert sum(virtual) == 61 and virtual[0] == virtual[-1] == 1
+    assert virtual_partition(61, 8, 4) == (7, 8, 8, 8, 8, 8, 7, 7)
+    assert rank_chunks(virtual, 8)[0] == (1, 2, 2, 2) and rank_chunks(virtual, 8)[7] == (2, 2, 2, 1)
+    # Two ranks: one spare layer each; rank 0's in its second chunk, rank 1's in its first.
+    assert virtual_stage_layers(10, 2, 4) == (1, 2, 2, 1, 1, 1, 1, 1)
+    assert virtual_partition(10, 2, 4) == (5, 5)
+
+
+def test_chunks_of_one_size_hold_what_the_warm_up_leaves_in_flight():
+    """Korthikanti et al. 2022 §4.2.3 (Megatron's warm-up): rank i of p with v chunks holds
+    (p − i − 1)·2 + (v − 1)·p + 1 chunk micro-batches at its peak."""
+    for stage in range(8):
+        assert in_flight_peak(8, 4, 64, stage, [3.0] * 4) == 3.0 * in_flight_chunks(8, 4, 64, stage)
+    assert in_flight_chunks(8, 4, 64, 0) == 39
+
+
+def test_the_first_chunk_runs_ahead_so_lightening_it_lowers_the_peak():
+    """Rank 0's forwards of its first chunk run ahead of their backwards (the schedule issues
+    chunk 0's forwards first and its backwards last): a light first chunk lowers the peak, a
+    light last chunk does not, and neither is above all chunks at the larger size."""
+    light_first = in_flight_peak(8, 4, 64, 0, [1, 2, 2, 2])
+    light_last = in_flight_peak(8, 4, 64, 0, [2, 2, 2, 1])
+    assert light_first < light_last <= 2 * 39
+    # The warm-up alone leaves 15 of rank 0's 39 in its first chunk: at least 15·1 + 24·2.
+    assert light_first >= 15 + 24 * 2
+
+
+def test_the_planners_uneven_split_is_what_megatron_builds_and_fits_deepseek_v3():
+    """DeepSeek-V3 in fp8 on 1,024 H100s at tp 2, pp 8, vpp 4, ep 64, micro-batch 1, no
+    recomputation: Megatron-Bridge's 25.09 performance table ran it (1,328,128 tokens/s). With the
+    spare layers on rank 0's first chunk the model had it at 78.1 GiB, over an H100's 77.6 usable;
+    with them in the middle, rank 0 holds 7 layers, the busiest rank (2) 76.0 GiB, and it fits."""
+    case = {"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "h100", "num_gpus": 1024},
+            "training": {"global_batch_size": 8192, "seq_len": 4096, "precision": "fp8", "engine": "megatron",
+                         "tp_comm_overlap": True},
+            "layout": {"tp": 2, "pp": 8, "vpp": 4, "dp": 64, "ep": 64, "micro_batch_size": 1, "zero_stage": 1,
+                       "sequence_parallel": True}}
+    estimate = planner.estimate(case)
+    assert estimate.job.stage_layers == (7, 8, 8, 8, 8, 8, 7, 7)
+    assert estimate.job.rank_chunk_layers(0) == (1, 2, 2, 2)
+    assert estimate.fits, estimate.peak.total / 2**30
