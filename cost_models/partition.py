@@ -119,7 +119,7 @@ def virtual_partition(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     return tuple(map(sum, rank_chunks(virtual_stage_layers(layers, pp, vpp), pp)))
 
 
-def default_chunk_layers(model: ModelSpec, training: TrainingSpec, layout: Layout) -> Optional[tuple[int, ...]]:
+def default_chunk_layers(model: ModelSpec, layout: Layout) -> Optional[tuple[int, ...]]:
     """Layers of each model chunk (model order) where the engine's own split is uneven over the
     virtual stages (:func:`virtual_stage_layers`, the chunks of :func:`default_partition`'s
     interleaved split); None where each rank's chunks are :func:`chunk_layers` of its layers."""
@@ -134,15 +134,16 @@ def default_partition(model: ModelSpec, training: TrainingSpec, layout: Layout) 
     """The split an engine makes by itself: Megatron's embedding- and loss-aware split where the
     layout asks for it, balanced by compute for engines that balance (without interleaving),
     even, or with interleaving over layers the virtual stages do not divide
-    :func:`virtual_partition`."""
+    :func:`default_chunk_layers`."""
     pp, vpp = layout.pp, layout.vpp
     if layout.account_for_embedding_in_pipeline_split or layout.account_for_loss_in_pipeline_split:
         return embedding_and_loss_partition(model.num_layers, pp, vpp, layout.account_for_embedding_in_pipeline_split,
                                             layout.account_for_loss_in_pipeline_split)
     if training.engine.balance_stages and vpp == 1 and pp > 1:
         return balanced_partition(model.num_layers, pp, *layer_and_head_cost(model, training.seq_len))
-    if vpp > 1 and model.num_layers % (pp * vpp):
-        return virtual_partition(model.num_layers, pp, vpp)
+    chunks = default_chunk_layers(model, layout)
+    if chunks is not None:
+        return tuple(map(sum, rank_chunks(chunks, pp)))
     return (model.num_layers // pp,) * pp
 
 

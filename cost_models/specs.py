@@ -1028,7 +1028,7 @@ class Job:
         from .partition import default_chunk_layers
 
         lay = self.layout
-        return lay.chunk_layers if lay.chunk_layers is not None else default_chunk_layers(self.model, self.training, lay)
+        return lay.chunk_layers if lay.chunk_layers is not None else default_chunk_layers(self.model, lay)
 
     def rank_chunk_layers(self, stage: int) -> tuple[int, ...]:
         """Layers of each of pipeline rank ``stage``'s model chunks, in model order."""
