@@ -47,6 +47,7 @@ FACTS = {
     "AutoModel's DeepEP": ("runs_deepep", lambda row: False),
     "AutoModel's pure bf16": ("master_weights", lambda row: None),
     "AutoModel's Qwen3 checkpointing": ("AUTOMODEL_CHECKPOINTED", ()),
+    "AutoModel's TE attention": ("fused_attention", lambda row: None),
     "torchtitan's compiled loss": ("TORCHTITAN_COMPILES_LOSS", {}),
     "torchao's power-limited B200s": ("POWER_LIMITED_CLOCK", {}),
     "Megatron-Bridge's recipe settings": ("recipe_settings", lambda row: {}),

@@ -641,6 +641,10 @@ class TrainingSpec:
     # torch.compile(loss_fn)): inductor fuses its upcast, log-softmax and NLL
     # (``EngineBehaviour.compiled_loss``). None: the engine's default (``loss_compiled``).
     compiled_loss: Optional[bool] = None
+    # The vendor's fused attention kernel (cuDNN through Transformer Engine's DotProductAttention)
+    # rather than a FlashAttention-2-class one, timed at ``Performance.attention_efficiency_fused``
+    # (``EngineBehaviour.fused_attention``). None: the engine's default (``attention_fused``).
+    fused_attention: Optional[bool] = None
 
     def __post_init__(self) -> None:
         s = TrainingSpec
@@ -651,11 +655,16 @@ class TrainingSpec:
         if not isinstance(self.engine, EngineBehaviour):
             raise SpecError(s, "engine", f"expected an engine's behaviour, got {self.engine!r}")
         for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather",
-                     "master_weights", "compiled_loss"):
+                     "master_weights", "compiled_loss", "fused_attention"):
             value = getattr(self, name)
-            if not isinstance(value, bool) and not (name in ("fp32_grads", "fp8_param_gather", "compiled_loss")
-                                                    and value is None):
+            if not isinstance(value, bool) and not (name in ("fp32_grads", "fp8_param_gather", "compiled_loss",
+                                                             "fused_attention") and value is None):
                 raise SpecError(s, name, f"expected true or false, got {value!r}")
+        if self.fused_attention and not self.flash_attention:
+            # The fused kernels are flash-style: they never write the s×s scores, which
+            # flash_attention false says the attention keeps.
+            raise SpecError(s, "fused_attention", "true needs flash_attention true: a fused attention kernel "
+                                                  "keeps no s×s scores")
         if not self.master_weights:
             # Without a master copy the weights are the bf16 ones the GEMMs read (fp8 recipes
             # quantize them per GEMM): fp16 would need a master for its loss scaling, and fp32
@@ -677,6 +686,11 @@ class TrainingSpec:
         if self.fp8_param_gather and self.precision not in ("fp8", "mxfp8", "nvfp4"):
             raise SpecError(s, "fp8_param_gather", f"applies only to a low precision (fp8, mxfp8, nvfp4), "
                                                    f"not {self.precision}")
+
+    @property
+    def attention_fused(self) -> bool:
+        """Whether attention runs the vendor's fused kernel: as the case says, else as the engine does."""
+        return self.engine.fused_attention if self.fused_attention is None else self.fused_attention
 
     @property
     def loss_compiled(self) -> bool:

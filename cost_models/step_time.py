@@ -256,7 +256,7 @@ def layer_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: i
     flops = attention_flops(model, lay.micro_batch_size, s_local, training.seq_len, lay.tp)
     if training.flash_attention:
         core = flash_attention_time(flops, model.head_dim, s_local, lay.cp, gpu, attn_precision,
-                                    training.engine.fused_attention)
+                                    training.attention_fused)
     else:
         # Two batched GEMMs (scores and context) over a·b/t heads, full s×s (no causal skipping).
         heads = model.num_attention_heads / lay.tp * lay.micro_batch_size

@@ -61,7 +61,7 @@ PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
 INTEGER_PERFORMANCE_KEYS = ("gemm_tile_m", "gemm_tile_n", "gemm_split_k")
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
                  "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_recipe", "fp8_param_gather",
-                 "expert_dispatch", "master_weights", "compiled_loss")
+                 "expert_dispatch", "master_weights", "compiled_loss", "fused_attention")
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
                "recompute", "recompute_num_layers", "recompute_modules", "stage_layers", "chunk_layers",
                "account_for_embedding_in_pipeline_split",
@@ -484,7 +484,7 @@ def _training(src: str, section: Any) -> TrainingSpec:
                             f"expected one of {', '.join(CASE_ENGINES)}, got {values['engine']!r}")
         values["engine"] = ENGINES[values["engine"]].behaviour
     for key in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather",
-                "master_weights", "compiled_loss"):
+                "master_weights", "compiled_loss", "fused_attention"):
         if key in section:
             values[key] = read_bool(src, f"training.{key}", section[key])
     with spec_errors(src):

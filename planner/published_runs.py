@@ -287,6 +287,15 @@ def compiled_loss(row: dict) -> Optional[bool]:
     return TORCHTITAN_COMPILES_LOSS.get(words[1])
 
 
+def fused_attention(row: dict) -> Optional[bool]:
+    """True where the run's attention is Transformer Engine's fused kernel: NeMo AutoModel's rows
+    whose kernels name TE and no other attention kernel (its benchmark configs' ``backend.attn:
+    te``; the Nemotron 3 rows name TorchSDPA, GPT-OSS FlexAttn); None (the engine's own) elsewhere."""
+    kernels = str((row.get("moe_runtime") or {}).get("kernels") or "")
+    named = [k.strip() for k in kernels.split("+")]
+    return True if "TE" in named and not any("SDPA" in k or "Flex" in k for k in named) else None
+
+
 def runs_deepep(row: dict) -> bool:
     """Whether the run dispatches its experts with DeepEP or HybridEP (``moe_runtime.token_dispatcher``)."""
     dispatcher = str((row.get("moe_runtime") or {}).get("token_dispatcher") or "").lower()
@@ -436,6 +445,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
         training["master_weights"] = master
     if (compiled := compiled_loss(row)) is not None:
         training["compiled_loss"] = compiled
+    if (fused := fused_attention(row)) is not None:
+        training["fused_attention"] = fused
     # The experts' dispatch overlapped with another micro-batch's compute where the recipe says so.
     settings = recipe_settings(row)
     if moe and (settings.get("moe_a2a_overlap") or settings.get("overlap_moe_expert_parallel_comm")):

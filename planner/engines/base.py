@@ -69,6 +69,10 @@ class EngineSupport:
     # The loss compiled by torch.compile, or not (``training.compiled_loss``): the PyTorch stacks
     # run either; Megatron's and Megatron-DeepSpeed's vocab-parallel cross-entropy is their own.
     compiled_loss: bool = True
+    # The attention kernels a case may name (``training.fused_attention``): the vendor's fused one
+    # (True) and a FlashAttention-2-class one (False). Engines whose attention is one kernel of
+    # their own list only it.
+    fused_attention: tuple[bool, ...] = (True, False)
     # What the engine says where a choice is missing: field name → reason.
     why: tuple[tuple[str, str], ...] = ()
 
@@ -90,6 +94,9 @@ class EngineSupport:
         if training.compiled_loss and not self.compiled_loss:
             out.append(("training.compiled_loss", self.reason(
                 "compiled_loss", "its cross-entropy is its own kernel, not a compiled one")))
+        if training.fused_attention is not None and training.fused_attention not in self.fused_attention:
+            out.append(("training.fused_attention", self.reason(
+                "fused_attention", "its attention runs one kernel of its own")))
         if not training.master_weights and not self.pure_bf16:
             out.append(("training.master_weights", self.reason(
                 "pure_bf16", "its optimizer keeps master weights beside the bf16 ones")))

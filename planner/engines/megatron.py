@@ -39,9 +39,11 @@ SUPPORT = EngineSupport(
     # Transformer Engine's fp8 recipes as megatron-core 0.16 names them (TransformerConfig.fp8_recipe:
     # tensorwise, delayed, mxfp8, blockwise); torchao's row-wise scaling has no TE counterpart.
     fp8_recipes=("delayed", "tensorwise", "blockwise"),
-    pure_bf16=False, compiled_loss=False,
+    pure_bf16=False, compiled_loss=False, fused_attention=(True,),
     why=(("compiled_loss", "Megatron computes its loss in its own fused vocab-parallel cross-entropy "
                            "(tensor_parallel.vocab_parallel_cross_entropy), not a compiled one"),
+         ("fused_attention", "Megatron's attention is Transformer Engine's DotProductAttention, whose fused "
+                             "(cuDNN) kernel the emitted arguments leave it to run (--attention-backend auto)"),
          ("pure_bf16", "Megatron's optimizer keeps main parameters in fp32 or fp16 beside the bf16 weights "
                        "(--main-params-dtype: fp32, fp16; --use-precision-aware-optimizer puts only the moments "
                        "in bf16)"),

@@ -31,7 +31,10 @@ SUPPORT = EngineSupport(
     # "rowwise_with_gw_hp"] = "rowwise" (components/quantization/float8.py).
     fp8_recipes=("rowwise", "rowwise_with_gw_hp"), fp8_param_gather=False, expert_dispatches=("all_to_all",),
     pure_bf16=False,
-    why=(("pure_bf16", "torchtitan builds its models in float32, which FSDP2 keeps as the sharded master "
+    fused_attention=(False,),
+    why=(("fused_attention", "torchtitan's attention is PyTorch's scaled_dot_product_attention (or flex "
+                             "attention), priced as a FlashAttention-2-class kernel; no config key selects cuDNN's"),
+         ("pure_bf16", "torchtitan builds its models in float32, which FSDP2 keeps as the sharded master "
                        "(training.mixed_precision_param is the dtype the GEMMs read)"),
          ("fp8_recipe", "torchtitan's Float8LinearConverter takes recipe_name"),
          ("expert_dispatch", "the torchtitan config written here keeps the model registry's all-to-all token "
