@@ -27,6 +27,7 @@ published benchmarks).
 from __future__ import annotations
 
 from functools import lru_cache
+from math import comb
 from typing import Optional
 
 from .activations import activation_bytes
@@ -178,12 +179,43 @@ def dispatch_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, m
 
 
 def remote_domains_per_token(model: ModelSpec, domains: int) -> float:
-    """NVLink domains other than its own that one token's k copies reach, on average, when its
-    experts are spread evenly over ``domains`` domains of the expert-parallel group:
-    (D − 1)·(1 − (1 − 1/D)^k) (each copy lands in a given domain with probability 1/D)."""
+    """NVLink domains other than its own that one token's k copies reach, on average, when the
+    E experts lie in contiguous blocks over ``domains`` domains of the expert-parallel group
+    (megatron-core gives expert-parallel rank r the experts r·E/ep onwards, and the group's ranks
+    fill one domain before the next).
+
+    Each domain d is missed by all k copies with probability (1 − n_d/N)^k, where n_d of the N
+    experts a token may choose lie in d (the copies drawn as with replacement). Without
+    group-limited routing N = E and n_d = E/D: (D − 1)·(1 − (1 − 1/D)^k).
+
+    Group-limited routing (``ModelSpec.moe_router_num_groups`` G, ``moe_router_group_topk`` g;
+    megatron-core ``group_limited_topk``, DeepSeek-V2 §2.1.3 device-limited and DeepSeek-V3
+    §2.1.2 node-limited routing) first picks g of the G groups of E/G contiguous experts, then the
+    k experts among those N = g·E/G: n_d is what the picked groups hold of d. Force-balanced
+    (random) routing picks every g-set of groups alike, wherever the token is, so P(d reached)
+    averages over the g-sets, and the token's own domain is any of the D alike:
+    remote = (D − 1)/D · Σ_d P(d reached). DeepSeek-V3's 8 groups, 4 picked, over 8 domains reach
+    3.15 remote domains a token, against 4.59 ungrouped."""
     if domains <= 1:
         return 0.0
-    return (domains - 1) * (1 - (1 - 1 / domains) ** model.moe_top_k)
+    experts, groups, picked = model.num_experts, model.moe_router_num_groups, model.moe_router_group_topk
+    width = experts / groups
+    eligible = picked * width
+    reached = 0.0
+    for d in range(domains):
+        low, high = d * experts / domains, (d + 1) * experts / domains
+        overlaps = [o for o in (min(high, (c + 1) * width) - max(low, c * width) for c in range(groups)) if o > 0]
+        # Ways to pick c of the groups that overlap d holding t of its experts: {(c, t): ways}.
+        ways: dict[tuple[int, float], int] = {(0, 0.0): 1}
+        for o in overlaps:
+            for (c, t), w in list(ways.items()):
+                key = (c + 1, round(t + o, 9))
+                ways[key] = ways.get(key, 0) + w
+        others = groups - len(overlaps)
+        missed = sum(w * comb(others, picked - c) * (1 - t / eligible) ** model.moe_top_k
+                     for (c, t), w in ways.items() if picked - c >= 0) / comb(groups, picked)
+        reached += 1 - missed
+    return (domains - 1) / domains * reached
 
 
 @lru_cache(maxsize=4096)

@@ -145,6 +145,12 @@ class ModelSpec:
     moe_first_dense_layers: int = 0
     moe_layer_freq: int = 1
     moe_router: str = "softmax"
+    # Group-limited routing: the experts in this many groups of contiguous experts, of which a
+    # token picks ``moe_router_group_topk`` before its top k (megatron-core's
+    # ``moe_router_num_groups``/``moe_router_group_topk``, Hugging Face's ``n_group``/``topk_group``;
+    # DeepSeek-V3: 8 and 4). 1 and 1: none.
+    moe_router_num_groups: int = 1
+    moe_router_group_topk: int = 1
     moe_capacity_factor: Optional[float] = None
     moe_load_imbalance: float = 1.0
     mtp_layers: int = 0
@@ -207,6 +213,7 @@ class ModelSpec:
         if not self.num_experts:
             for name, unset in (("moe_top_k", 0), ("moe_ffn_hidden_size", 0), ("moe_shared_expert_ffn_hidden_size", 0),
                                 ("moe_first_dense_layers", 0), ("moe_layer_freq", 1), ("moe_router", "softmax"),
+                                ("moe_router_num_groups", 1), ("moe_router_group_topk", 1),
                                 ("moe_capacity_factor", None), ("moe_load_imbalance", 1.0)):
                 if getattr(self, name) != unset:
                     raise SpecError(s, name, "applies only to a mixture of experts (num_experts > 0)")
@@ -223,12 +230,30 @@ class ModelSpec:
         if self.num_moe_layers == 0:
             raise SpecError(s, "moe_first_dense_layers", f"leaves no MoE layer among the {self.num_layers} layers")
         _choice(s, "moe_router", self.moe_router, ROUTERS)
+        self._check_router_groups()
         if self.moe_capacity_factor is not None:
             _positive_float(s, "moe_capacity_factor", self.moe_capacity_factor)
         _positive_float(s, "moe_load_imbalance", self.moe_load_imbalance)
         if self.moe_load_imbalance < 1:
             raise SpecError(s, "moe_load_imbalance", f"expected the busiest rank's share over the mean, at least 1, "
                                                      f"got {self.moe_load_imbalance!r}")
+
+    def _check_router_groups(self) -> None:
+        """megatron-core's checks (``TransformerConfig.__post_init__``), and enough experts in
+        the picked groups for a token's k."""
+        s = ModelSpec
+        _positive_int(s, "moe_router_num_groups", self.moe_router_num_groups)
+        _positive_int(s, "moe_router_group_topk", self.moe_router_group_topk)
+        if self.num_experts % self.moe_router_num_groups:
+            raise SpecError(s, "moe_router_num_groups", f"must divide num_experts {self.num_experts}, "
+                                                        f"got {self.moe_router_num_groups}")
+        if self.moe_router_group_topk > self.moe_router_num_groups:
+            raise SpecError(s, "moe_router_group_topk", f"at most moe_router_num_groups {self.moe_router_num_groups}, "
+                                                        f"got {self.moe_router_group_topk}")
+        eligible = self.moe_router_group_topk * self.num_experts // self.moe_router_num_groups
+        if self.moe_top_k > eligible:
+            raise SpecError(s, "moe_router_group_topk", f"leaves {eligible} experts in the picked groups, fewer than "
+                                                        f"moe_top_k {self.moe_top_k}")
 
     # --- attention shapes -------------------------------------------------------------
 

@@ -37,8 +37,8 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
               "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout", "head_dim",
               "attention_type", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_rope_head_dim", "v_head_dim",
               "num_experts", "moe_top_k", "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size",
-              "moe_first_dense_layers", "moe_layer_freq", "moe_router", "moe_capacity_factor",
-              "moe_load_imbalance", "mtp_layers")
+              "moe_first_dense_layers", "moe_layer_freq", "moe_router", "moe_router_num_groups",
+              "moe_router_group_topk", "moe_capacity_factor", "moe_load_imbalance", "mtp_layers")
 # Integer model fields that may be 0 (none) or null: a model without query compression, shared
 # experts, leading dense layers or multi-token prediction.
 OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidden_size", "moe_first_dense_layers",
@@ -226,7 +226,8 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
         values[key] = read_int(src, f"model.{key}", fields[key])
     for key in ("num_kv_heads", "ffn_hidden_size", "head_dim", "kv_lora_rank", "qk_head_dim", "qk_rope_head_dim",
-                "v_head_dim", "moe_top_k", "moe_ffn_hidden_size", "moe_layer_freq"):
+                "v_head_dim", "moe_top_k", "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_num_groups",
+                "moe_router_group_topk"):
         if key in fields:
             values[key] = read_int(src, f"model.{key}", fields[key])
     for key in OPTIONAL_COUNT_KEYS:

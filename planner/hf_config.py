@@ -21,6 +21,7 @@ Mixtures of experts and multi-head latent attention:
   ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``), ``n_routed_experts`` of
   ``moe_intermediate_size``, ``n_shared_experts`` of the same width, the first
   ``first_k_dense_replace`` layers dense of ``intermediate_size``, router ``scoring_func``,
+  group-limited routing (``n_group``, ``topk_group``) unless ``topk_method`` is greedy,
   ``num_nextn_predict_layers`` multi-token prediction modules.
 * ``llama4`` (its ``text_config``) and ``llama4_text``: ``num_local_experts`` of
   ``intermediate_size`` and one shared expert of the same width in every
@@ -265,7 +266,27 @@ def _qwen3_moe(r: _Reader) -> dict:
     return _head_dim(r, fields)
 
 
-def _deepseek(r: _Reader) -> dict:
+def _deepseek_v2(r: _Reader) -> dict:
+    return _deepseek(r, _router_groups(r, "greedy", None))
+
+
+def _deepseek_v3(r: _Reader) -> dict:
+    return _deepseek(r, _router_groups(r, "noaux_tc", (8, 4)))
+
+
+def _router_groups(r: _Reader, method: str, groups: tuple[int, int] | None) -> dict:
+    """Group-limited routing: DeepSeek's modeling code picks ``topk_group`` of ``n_group`` expert
+    groups first under ``topk_method`` group_limited_greedy (V2) and noaux_tc (V3), not under
+    greedy. ``method`` and ``groups``: the config class's defaults (DeepseekV3Config: noaux_tc,
+    8 groups, 4 picked; DeepseekV2Config: greedy, none)."""
+    if r.string("topk_method", method) == "greedy":
+        return {}
+    fields = {"moe_router_num_groups": r.int("n_group", groups and groups[0]),
+              "moe_router_group_topk": r.int("topk_group", groups and groups[1])}
+    return {} if fields["moe_router_num_groups"] == 1 else fields
+
+
+def _deepseek(r: _Reader, groups: dict) -> dict:
     _swiglu(r)
     fields = _decoder(r, "intermediate_size")
     del fields["num_kv_heads"]  # MLA: every head has its own keys and values
@@ -279,7 +300,7 @@ def _deepseek(r: _Reader) -> dict:
                   qk_rope_head_dim=r.int("qk_rope_head_dim"), v_head_dim=r.int("v_head_dim"),
                   num_experts=r.int("n_routed_experts"), moe_top_k=r.int("num_experts_per_tok"),
                   moe_ffn_hidden_size=width, moe_first_dense_layers=r.zero_or_int("first_k_dense_replace"),
-                  moe_layer_freq=r.int("moe_layer_freq", 1), moe_router=router)
+                  moe_layer_freq=r.int("moe_layer_freq", 1), moe_router=router, **groups)
     mtp = r.zero_or_int("num_nextn_predict_layers")  # DeepSeek's configuration_deepseek.py; V3 ships 1
     if mtp:
         fields["mtp_layers"] = mtp
@@ -378,7 +399,7 @@ def _name(r: _Reader) -> str:
 
 
 _READERS = {**{family: _llama_like for family in LLAMA_LIKE}, "gpt_neox": _gpt_neox, "gpt2": _gpt2,
-            "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+            "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
             "llama4": _llama4, "llama4_text": _llama4, "gpt_oss": _gpt_oss}
 
 

@@ -35,7 +35,8 @@ MOE_SPELLINGS = {"num_local_experts": "num_experts", "n_routed_experts": "num_ex
                  "moe_shared_expert_intermediate_size": "moe_shared_expert_ffn_hidden_size",
                  "first_k_dense_replace": "moe_first_dense_layers", "expert_model_parallel_size": "ep",
                  "expert_parallel": "ep", "expert_tensor_parallel_size": "etp", "qk_nope_head_dim": "qk_head_dim",
-                 "capacity_factor": "moe_capacity_factor", "moe_expert_capacity_factor": "moe_capacity_factor"}
+                 "capacity_factor": "moe_capacity_factor", "moe_expert_capacity_factor": "moe_capacity_factor",
+                 "n_group": "moe_router_num_groups", "topk_group": "moe_router_group_topk"}
 
 
 @lru_cache(maxsize=None)

@@ -11,6 +11,7 @@ row gives. Nothing here is fitted: these are the facts the model is scored again
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -381,7 +382,16 @@ def _moe_fields(md: dict) -> Optional[dict]:
             "moe_ffn_hidden_size": moe["expert_ffn_hidden"],
             "moe_shared_expert_ffn_hidden_size": (moe.get("shared_experts") or 0)
             * (moe.get("shared_expert_ffn_hidden") or moe["expert_ffn_hidden"]),
-            "moe_first_dense_layers": moe.get("first_dense_layers") or 0}
+            "moe_first_dense_layers": moe.get("first_dense_layers") or 0, **router_groups(md)}
+
+
+def router_groups(md: dict) -> dict:
+    """Group-limited routing as a row's model states it ("group-limited (8 groups, top-4
+    groups)": DeepSeek-V3's node-limited routing), as the model fields that carry it."""
+    found = re.search(r"group-limited \((\d+) groups, top-(\d+) groups\)", str((md.get("extra") or {}).get("router")))
+    if not found:
+        return {}
+    return {"moe_router_num_groups": int(found[1]), "moe_router_group_topk": int(found[2])}
 
 
 def _mla_fields(md: dict) -> Optional[dict]:

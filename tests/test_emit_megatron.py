@@ -238,6 +238,8 @@ def transformer_config(args: dict) -> TransformerConfig:
             moe_router_score_function=args["--moe-router-score-function"],
             moe_router_dtype=args.get("--moe-router-dtype"),
             moe_router_pre_softmax="--moe-router-pre-softmax" in args,
+            moe_router_num_groups=integer("--moe-router-num-groups"),
+            moe_router_group_topk=integer("--moe-router-group-topk"),
             expert_model_parallel_size=integer("--expert-model-parallel-size", 1),
             expert_tensor_parallel_size=integer("--expert-tensor-parallel-size"),
             moe_grouped_gemm="--moe-grouped-gemm" in args,
@@ -351,6 +353,9 @@ def test_transformer_config_takes_the_experts_and_their_grid(emitted):
         config = transformer_config(e.args)
         assert config.num_moe_experts == model.num_experts and config.moe_router_topk == model.moe_top_k, e
         assert config.moe_ffn_hidden_size == model.moe_ffn_hidden_size, e
+        # Group-limited routing, as the estimate's dispatch priced it (DeepSeek-V3: 8 groups, 4 picked).
+        assert (config.moe_router_num_groups or 1, config.moe_router_group_topk or 1) == \
+            (model.moe_router_num_groups, model.moe_router_group_topk), e
         assert (config.moe_shared_expert_intermediate_size or 0) == model.moe_shared_expert_ffn_hidden_size, e
         pattern = config.moe_layer_freq
         moe_layers = model.num_layers if pattern == 1 else sum(pattern)

@@ -63,12 +63,14 @@ THROUGHPUT = {
     # stages as Megatron-Bridge lays them out; published_runs.mtp_layers, bridge_mtp_split): 0.199, those rows
     # 4-16 % slower, most of them already below what they measured. The B200 preset at full power (only
     # torchao's machine was power-limited: its cases carry its clock, published_runs.POWER_LIMITED_CLOCK):
-    # 0.190, its 26.02-26.04 B200 rows from -23..-32 % to -3..+2 %.
-    "Megatron-Bridge performance summary": 0.190,
+    # 0.190, its 26.02-26.04 B200 rows from -23..-32 % to -3..+2 %. DeepSeek-V3's node-limited routing
+    # (8 groups, 4 picked: fewer nodes a token crosses to): 0.189, its B200 run over 4 nodes from -14 % to -11 %.
+    "Megatron-Bridge performance summary": 0.189,
     # NeMo AutoModel's Qwen3-30B-A3B written as its config runs it, every block checkpointed (with no master
     # weights it fits as it ran): from 0.195, its two rows from -17 % to -37 %. Transformer Engine's fused
-    # attention where its kernels say "TE" (training.fused_attention): from 0.262.
-    "NeMo AutoModel performance summary": 0.233,
+    # attention where its kernels say "TE" (training.fused_attention): from 0.262. DeepSeek-V3's node-limited
+    # routing: from 0.233, its two H100 rows (ep 64 over 8 nodes) from -10 % and -38 % to -1 % and -29 %.
+    "NeMo AutoModel performance summary": 0.204,
     # The B200 preset at full power: its Mixtral 8x7B B200 row from -31 % to -5 %; from 0.157.
     "NeMo Framework user guide performance ": 0.090,
 }

@@ -288,6 +288,9 @@ def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     if pattern != "1":
         args.append(("--moe-layer-freq", pattern))
     args += [("--moe-router-score-function", m.moe_router), ("--moe-router-dtype", "fp32")]
+    if m.moe_router_num_groups > 1:
+        args += [("--moe-router-num-groups", str(m.moe_router_num_groups)),
+                 ("--moe-router-group-topk", str(m.moe_router_group_topk))]
     if m.moe_top_k == 1 and m.moe_router == "softmax":
         args.append(("--moe-router-pre-softmax", None))  # TransformerConfig: softmax over one expert has no gradient
     args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.expert_tp)),
