@@ -431,3 +431,12 @@ def test_deepspeed_moe_refuses_zero_3():
                                         "its MoE layers under ZeRO stage 3"):
         planner.estimate({**MOE_CASE, "training": {**MOE_CASE["training"], "engine": "deepspeed"},
                           "search": {}, "layout": {"ep": 8, "zero_stage": 3}})
+
+
+def test_deepspeed_moe_says_its_gate_has_no_router_groups():
+    """DeepSpeed-MoE's TopKGate (deepspeed/moe/sharded_moe.py) takes the top k of all experts: a model
+    with group-limited routing is told to keep its own router; one without is not."""
+    grouped = {**MOE_CASE, "model": {"preset": "mixtral-8x7b", "moe_router_num_groups": 4, "moe_router_group_topk": 2}}
+    snippets = ["\n".join(ds._moe_snippet(planner.plan(case, top_k=0).best.job)) for case in (grouped, MOE_CASE)]
+    assert "no group-limited routing: keep the model's router (4 groups, 2 picked)" in snippets[0]
+    assert "group-limited" not in snippets[1]

@@ -128,3 +128,31 @@ def test_published_deepseek_v3_runs_carry_the_groups_they_state():
         case, why = case_of(row)
         if case is not None:
             assert (case["model"]["moe_router_num_groups"], case["model"]["moe_router_group_topk"]) == (8, 4), row["id"]
+
+
+def test_torchtitan_takes_its_671b_flavour_only_with_its_routing():
+    """torchtitan's DeepSeek-V3 671B flavour routes over 8 groups, 4 picked
+    (models/deepseek_v3/__init__.py): the same shape without them is not that model."""
+    from planner.emit import torchtitan as emit
+
+    model = deepseek_v3().model
+    assert emit.base_config(model) == (("deepseek_v3", "deepseek_v3_671b"), True)
+    assert emit.base_config(replace(model, moe_router_num_groups=1, moe_router_group_topk=1))[1] is False
+
+
+def test_a_megatron_script_that_routes_otherwise_is_refused(tmp_path):
+    """diagnose reads a script's --moe-router-num-groups where it gives one: a script that routes
+    over other groups than the case's model runs another dispatch than the one priced."""
+    from planner.readers import megatron as reader
+
+    case = load_case({"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "gb200", "num_gpus": 256},
+                      "training": {"global_batch_size": 4096, "seq_len": 4096, "engine": "megatron"}})
+    common = ("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --expert-model-parallel-size 64 "
+              "--micro-batch-size 1 --global-batch-size 4096 --mtp-num-layers 1 ")
+    same, other = tmp_path / "same.txt", tmp_path / "other.txt"
+    same.write_text(common + "--moe-router-num-groups 8 --moe-router-group-topk 4\n")
+    assert reader.read(same, case).ep == 64
+    other.write_text(common + "--moe-router-num-groups 8 --moe-router-group-topk 2\n")
+    with pytest.raises(CaseError) as info:
+        reader.read(other, case)
+    assert info.value.key == "--moe-router-group-topk" and "2 differs from the case's 4" in info.value.expected

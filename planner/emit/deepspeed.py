@@ -207,6 +207,12 @@ def _moe_snippet(job) -> list[str]:
     ]
     if m.moe_shared_expert_ffn_hidden_size:
         lines.append(f"    # shared experts ({m.moe_shared_expert_ffn_hidden_size} wide) are an ordinary MLP beside it")
+    if m.moe_router_num_groups > 1:
+        # TopKGate (deepspeed/moe/sharded_moe.py) takes the top k of all experts: the model's own
+        # group-limited router is a different model. The plan's all-to-all is priced the same
+        # either way (DeepSpeed sends every copy to its expert's rank).
+        lines.append(f"    # DeepSpeed-MoE's TopKGate has no group-limited routing: keep the model's router "
+                     f"({m.moe_router_num_groups} groups, {m.moe_router_group_topk} picked) in place of its gate")
     return lines
 
 

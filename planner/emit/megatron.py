@@ -48,7 +48,8 @@ INT_FLAGS = (
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--cpu-offloading-num-layers",
     "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups", "--ffn-hidden-size",
     "--seq-length", "--max-position-embeddings", "--num-experts", "--expert-model-parallel-size",
-    "--expert-tensor-parallel-size", "--moe-router-topk", "--mtp-num-layers",
+    "--expert-tensor-parallel-size", "--moe-router-topk", "--moe-router-num-groups", "--moe-router-group-topk",
+    "--mtp-num-layers",
     # torchrun
     "--nnodes", "--nproc-per-node",
 )

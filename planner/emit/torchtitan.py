@@ -58,14 +58,15 @@ BASE_CONFIGS = {
 }
 DEFAULT_BASE = ("llama3", "llama3_8b")
 # Mixtures of experts torchtitan ships (torchtitan/models/{deepseek_v3,qwen3,gpt_oss}/config_registry.py),
-# by (layers, hidden, experts, top-k, expert width); any other gets Qwen3-30B-A3B's as a stand-in,
+# by (layers, hidden, experts, top-k, expert width, router groups, groups picked: the 671B flavour routes
+# over 8 groups, 4 picked, models/deepseek_v3/__init__.py); any other gets Qwen3-30B-A3B's as a stand-in,
 # so that the expert-parallel degree applies to a model with experts.
 MOE_BASE_CONFIGS = {
-    (61, 7168, 256, 8, 2048): ("deepseek_v3", "deepseek_v3_671b"),
-    (27, 2048, 64, 6, 1408): ("deepseek_v3", "deepseek_v3_16b"),  # DeepSeek-V2-Lite's shape
-    (48, 2048, 128, 8, 768): ("qwen3", "qwen3_30b_a3b"),
-    (24, 2880, 32, 4, 2880): ("gpt_oss", "gpt_oss_20b"),
-    (36, 2880, 128, 4, 2880): ("gpt_oss", "gpt_oss_120b"),
+    (61, 7168, 256, 8, 2048, 8, 4): ("deepseek_v3", "deepseek_v3_671b"),
+    (27, 2048, 64, 6, 1408, 1, 1): ("deepseek_v3", "deepseek_v3_16b"),  # DeepSeek-V2-Lite's shape
+    (48, 2048, 128, 8, 768, 1, 1): ("qwen3", "qwen3_30b_a3b"),
+    (24, 2880, 32, 4, 2880, 1, 1): ("gpt_oss", "gpt_oss_20b"),
+    (36, 2880, 128, 4, 2880, 1, 1): ("gpt_oss", "gpt_oss_120b"),
 }
 DEFAULT_MOE_BASE = ("qwen3", "qwen3_30b_a3b")
 # The flavour each config's model_registry(flavor, converters=...) builds (models/*/__init__.py);
@@ -78,7 +79,8 @@ FLAVORS = {"llama3_8b": "8B", "llama3_70b": "70B", "llama3_405b": "405B",
 def base_config(model) -> tuple[tuple[str, str], bool]:
     """((torchtitan module, config function), whether it is the model itself) for ``model``."""
     if model.is_moe:
-        shape = (model.num_layers, model.hidden_size, model.num_experts, model.moe_top_k, model.moe_ffn_hidden_size)
+        shape = (model.num_layers, model.hidden_size, model.num_experts, model.moe_top_k, model.moe_ffn_hidden_size,
+                 model.moe_router_num_groups, model.moe_router_group_topk)
         return (MOE_BASE_CONFIGS[shape], True) if shape in MOE_BASE_CONFIGS else (DEFAULT_MOE_BASE, False)
     shape = (model.num_layers, model.hidden_size, model.num_attention_heads, model.num_kv_heads,
              model.ffn_hidden_size, model.vocab_size)

@@ -209,6 +209,12 @@ def read(path: Path, case) -> Layout:
         value = integer(flag)
         if value is not None and value != expected:
             raise CaseError(src, flag, f"{value} differs from the case's {expected or 'dense model (no experts)'}")
+    for flag, expected in (("--moe-router-num-groups", model.moe_router_num_groups),
+                           ("--moe-router-group-topk", model.moe_router_group_topk)):
+        value = integer(flag)
+        if value is not None and value != expected:
+            raise CaseError(src, flag, f"{value} differs from the case's {expected} "
+                                       f"(model.{flag[2:].replace('-', '_')}: the expert dispatch is priced by it)")
     mtp = integer("--mtp-num-layers", 0)
     if mtp != model.mtp_layers:
         said = f"{mtp}" if "--mtp-num-layers" in flags else "absent (no multi-token prediction)"
