@@ -55,6 +55,7 @@ FACTS = {
     "Megatron-Bridge's quantized weights": ("bridge_param_gather", lambda row, prec: None),
     "DeepSeek-V3's MTP module": ("mtp_layers", lambda row, model: 0),
     "DeepSeek-V3's node-limited routing": ("router_groups", lambda md: {}),
+    "Megatron-Bridge's token drop": ("token_drop_capacity", lambda row: None),
 }
 
 

@@ -218,6 +218,14 @@ def remote_domains_per_token(model: ModelSpec, domains: int) -> float:
     return (domains - 1) / domains * reached
 
 
+def hierarchical_dispatch(model: ModelSpec, training: TrainingSpec) -> bool:
+    """Whether the dispatch sends a token once per NVLink domain (DeepEP: ``TrainingSpec.hierarchical_dispatch``).
+    Not with a capacity factor: DeepEP pads no expert to a capacity (megatron-core's flex dispatcher
+    refuses ``moe_pad_expert_input_to_capacity``, ``TransformerConfig.__post_init__``), so a padded
+    router dispatches by the plain all-to-all, as Megatron-Bridge's token-drop runs do."""
+    return training.hierarchical_dispatch and model.moe_capacity_factor is None
+
+
 @lru_cache(maxsize=4096)
 def dispatch_combine_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
                           micro_batch_size: int, ep: int, etp: int) -> float:
@@ -235,7 +243,7 @@ def dispatch_combine_time(model: ModelSpec, training: TrainingSpec, cluster: Clu
     size = dispatch_bytes(model, training, tp, cp, micro_batch_size)
     links = group_links(cluster, lay, "ep")
     crossing = None
-    if training.hierarchical_dispatch and links.domains > 1:
+    if hierarchical_dispatch(model, training) and links.domains > 1:
         crossing = size / model.moe_top_k * remote_domains_per_token(model, links.domains)
     time = 2 * all_to_all_time(size, links, perf, crossing)
     if etp > 1:

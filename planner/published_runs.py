@@ -55,6 +55,21 @@ AUTOMODEL_CHECKPOINTED = ("Qwen3-30B-A3B",)
 # 2024-12-18, had turned the loss's compile off). The torchtitan versions the rows name, by whether
 # their compiled runs compile the loss.
 TORCHTITAN_COMPILES_LOSS = {"0.0.2": False, "2c8b594": True, "6fc499f": True}
+# Megatron-Bridge's 25.09 rows carry no recipe: their settings are its perf script's
+# (scripts/performance/run_script.py at v0.1.0rc4, the first release whose docs hold the 25.09 table), by
+# model and GPU preset. DeepSeek-V3: on H100 (the "dropless" row) DeepEP with its dispatch overlapped in
+# the 1F1B schedule (A2A_1F1B: overlap_moe_expert_parallel_comm) and MLA's up-projections and the dense
+# MLPs recomputed; on B200 and GB200 (the "tokendrop" rows) MLA's up-projections recomputed.
+BRIDGE_2509_SOURCE = "Megatron-Bridge performance summary, NeMo 25.09"
+BRIDGE_2509_SETTINGS = {
+    ("DeepSeek-V3", "h100-sxm-80gb"): {"overlap_moe_expert_parallel_comm": True,
+                                       "recompute_modules": ["mla_up_proj", "mlp"]},
+    ("DeepSeek-V3", "b200"): {"recompute_modules": ["mla_up_proj"]},
+    ("DeepSeek-V3", "gb200"): {"recompute_modules": ["mla_up_proj"]},
+}
+# Megatron-Bridge's "(tokendrop)" runs: apply_moe_token_drop's capacity factor 1.0, each expert padded to
+# it (src/megatron/bridge/training/utils/moe_token_drop.py, v0.1.0rc4 onwards).
+BRIDGE_TOKEN_DROP_CAPACITY = 1.0
 # NeMo's GPT3 recipes: the GPT-2 BPE padded to 51,200 (NeMo's LLM_VOCAB_SIZE_MAP["gpt3"]).
 NEMO_GPT3_VOCAB = 51200
 
@@ -133,8 +148,11 @@ def bridge_param_gather(row: dict, prec: str) -> Optional[bool]:
 def recipe_settings(row: dict) -> dict:
     """The settings of the recipe a row ran, as its source's recipe files give them
     (Megatron-Bridge's ``*workload_base_configs.py`` fields, or a perf recipe's explicit
-    assignments, keyed without their ``model.``/``comm_overlap.`` prefix)."""
+    assignments, keyed without their ``model.``/``comm_overlap.`` prefix); for its 25.09 rows, which
+    name no recipe, its perf script's (``BRIDGE_2509_SETTINGS``)."""
     recipe = row.get("recipe") or {}
+    if not recipe and row["source"].startswith(BRIDGE_2509_SOURCE):
+        return dict(BRIDGE_2509_SETTINGS.get((row["model"].get("name"), gpu_preset(row["gpu"])), {}))
     out = dict(recipe.get("base_config_fields") or {})
     for key, value in (recipe.get("explicit_settings") or {}).items():
         out[key.split(".")[-1]] = value
@@ -394,6 +412,14 @@ def router_groups(md: dict) -> dict:
     return {"moe_router_num_groups": int(found[1]), "moe_router_group_topk": int(found[2])}
 
 
+def token_drop_capacity(row: dict) -> Optional[float]:
+    """The capacity factor of a Megatron-Bridge run its table labels "(tokendrop)" (apply_moe_token_drop's
+    1.0, padded); None for a dropless run or another source."""
+    if not row["source"].startswith("Megatron-Bridge") or "(tokendrop)" not in str(row.get("notes")):
+        return None
+    return BRIDGE_TOKEN_DROP_CAPACITY
+
+
 def _mla_fields(md: dict) -> Optional[dict]:
     attn = md.get("attention") or {}
     if str(attn.get("type")).lower() != "mla":
@@ -434,6 +460,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
              "vocab_size": md["vocab"],
              "tied_embeddings": tied_embeddings(row),
              "dropout": 0.1 if source.startswith(DROPOUT) else 0.0, **moe, **mla}
+    if moe and (capacity := token_drop_capacity(row)) is not None:
+        model["moe_capacity_factor"] = capacity
     if mla:
         model.pop("num_kv_heads")
     elif width := head_dim(md):

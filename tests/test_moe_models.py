@@ -270,3 +270,29 @@ def test_an_expert_dispatch_the_engine_does_not_run_is_a_case_error(engine, disp
     assert error.value.key == "training.expert_dispatch" and expected in str(error.value)
     case["training"]["expert_dispatch"] = "all_to_all"
     assert estimate(case).step_time_s > 0
+
+
+def test_a_padded_capacity_dispatches_by_the_plain_all_to_all():
+    """DeepEP pads no expert to a capacity (megatron-core's flex dispatcher refuses
+    moe_pad_expert_input_to_capacity): a capacity factor's dispatch across nodes is the plain
+    all-to-all, every copy crossing, as Megatron-Bridge's token-drop runs dispatch; asked for
+    DeepEP, the case is refused."""
+    from cost_models.experts import dispatch_combine_time
+
+    def case(**model):
+        return {"model": {"preset": "qwen3-30b-a3b", **model}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+                "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"},
+                "layout": {"tp": 1, "dp": 32, "ep": 32, "micro_batch_size": 1, "zero_stage": 1}}
+
+    def pair(data):
+        job = estimate(data).job
+        return dispatch_combine_time(job.model, job.training, job.cluster, 1, 1, 1, 32, 1)
+
+    dropless, padded = case(), case(moe_capacity_factor=1.0)
+    plain = {**dropless, "training": {**dropless["training"], "expert_dispatch": "all_to_all"}}
+    # Capacity 1.0 under balanced routing moves the same copies: exactly the plain all-to-all's time.
+    assert pair(padded) == pytest.approx(pair(plain)) and pair(padded) > pair(dropless)
+    asked = {**padded, "training": {**padded["training"], "expert_dispatch": "deepep"}}
+    with pytest.raises(CaseError) as error:
+        estimate(asked)
+    assert error.value.key == "training.expert_dispatch" and "pads no expert to a capacity" in str(error.value)

@@ -90,6 +90,23 @@ def test_megatron_bridge_rows_run_what_their_recipes_set(rows):
     assert gb300["layout"]["recompute"] == "none" and gb300["training"]["moe_comm_overlap"]
 
 
+def test_megatron_bridges_2509_rows_run_what_its_perf_script_set(rows):
+    """The 25.09 rows name no recipe; its perf script (scripts/performance/run_script.py, v0.1.0rc4) runs
+    DeepSeek-V3 on H100 with the dispatch overlapped in 1F1B and MLA's up-projections and the dense MLPs
+    recomputed, on B200 and GB200 with the up-projections recomputed and the token drop its table labels
+    "(tokendrop)": capacity factor 1.0, padded (apply_moe_token_drop)."""
+    h100, _ = case_of(rows["mb_2509_deepseekv3_h100_1024g_fp8"])
+    assert h100["training"]["moe_comm_overlap"] and h100["layout"]["recompute_modules"] == ["mla_up_proj", "mlp"]
+    assert "moe_capacity_factor" not in h100["model"]  # its row: "DeepSeekV3 (dropless)"
+    for rid in ("mb_2509_deepseekv3_b200_256g_fp8", "mb_2509_deepseekv3_gb200_256g_fp8"):
+        case, _ = case_of(rows[rid])
+        assert case["layout"]["recompute_modules"] == ["mla_up_proj"] and "moe_comm_overlap" not in case["training"]
+        assert case["model"]["moe_capacity_factor"] == 1.0
+    assert case_of(rows["mb_2509_qwen330ba3b_b200_8g_fp8"])[0]["model"]["moe_capacity_factor"] == 1.0
+    # A later container's row states its own recipe, or none: no 25.09 settings leak into it.
+    assert "moe_capacity_factor" not in case_of(rows["mb_2511_deepseekv3_b200_256g_mxfp8"])[0]["model"]
+
+
 def test_megatron_bridge_fp8_runs_keep_their_weights_quantized(rows):
     """The perf scripts' precision configs (``scripts/performance/utils/precision.py``): MXFP8 and
     FP8 current scaling (FP8_CS, per-tensor) set fp8_param_gather; the sub-channel (blockwise)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Optional
 
 from cost_models.activations import selective_modules
+from cost_models.experts import hierarchical_dispatch
 from cost_models.model_states import fp32_gradients
 from cost_models.partition import chunk_layers, rank_chunks
 from cost_models.specs import Job, Layout
@@ -296,14 +297,14 @@ def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args.append(("--moe-router-pre-softmax", None))  # TransformerConfig: softmax over one expert has no gradient
     args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.expert_tp)),
              ("--moe-grouped-gemm", None)]
-    if m.moe_capacity_factor is not None:
-        args += [("--moe-token-dispatcher-type", "alltoall"),
-                 ("--moe-expert-capacity-factor", f"{m.moe_capacity_factor:g}"),
-                 ("--moe-pad-expert-input-to-capacity", None)]
-    elif lay.tp * lay.ep > 1 and job.training.hierarchical_dispatch:
+    # The dispatch the estimate priced (experts.hierarchical_dispatch: no DeepEP with a capacity factor).
+    if lay.tp * lay.ep > 1 and hierarchical_dispatch(m, job.training):
         args += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
     else:
         args.append(("--moe-token-dispatcher-type", "alltoall"))
+    if m.moe_capacity_factor is not None:
+        args += [("--moe-expert-capacity-factor", f"{m.moe_capacity_factor:g}"),
+                 ("--moe-pad-expert-input-to-capacity", None)]
     return args
 
 
