@@ -178,6 +178,7 @@ def dispatch_bytes(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, m
         * model.routed_factor
 
 
+@lru_cache(maxsize=1024)
 def remote_domains_per_token(model: ModelSpec, domains: int) -> float:
     """NVLink domains other than its own that one token's k copies reach, on average, when the
     E experts lie in contiguous blocks over ``domains`` domains of the expert-parallel group
