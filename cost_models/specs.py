@@ -966,9 +966,9 @@ class Job:
                                      f"{m.moe_shared_expert_ffn_hidden_size}, got {lay.tp}")
         self._check_experts()
         if t.expert_dispatch == "deepep" and m.moe_capacity_factor is not None:
-            raise SpecError(TrainingSpec, "expert_dispatch", "deepep pads no expert to a capacity (megatron-core's "
-                                                             "flex dispatcher refuses moe_pad_expert_input_to_capacity):"
-                                                             " drop model.moe_capacity_factor or dispatch all_to_all")
+            raise SpecError(TrainingSpec, "expert_dispatch",
+                            "deepep pads no expert to a capacity (megatron-core's flex dispatcher refuses "
+                            "moe_pad_expert_input_to_capacity): drop model.moe_capacity_factor or dispatch all_to_all")
         if lay.cp > 1 and t.seq_len % (2 * lay.cp):
             raise SpecError(s, "cp", f"seq_len {t.seq_len} must divide by 2·cp = {2 * lay.cp}")
         if lay.sequence_parallel and t.seq_len % (lay.tp * lay.cp):
