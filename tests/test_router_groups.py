@@ -118,6 +118,10 @@ def test_hugging_face_configs_give_their_groups(tmp_path):
     with pytest.raises(CaseError) as info:
         read_hf_config(path)
     assert info.value.key == "topk_group"
+    # Kimi-K2's config is DeepSeek-V3's architecture with one group (n_group 1, topk_group 1): no groups.
+    k2 = {**json.loads((FIXTURES / "DeepSeek-V3" / "config.json").read_text()), "n_group": 1, "topk_group": 1}
+    path.write_text(json.dumps(k2))
+    assert "moe_router_num_groups" not in read_hf_config(path)
 
 
 def test_published_deepseek_v3_runs_carry_the_groups_they_state():
