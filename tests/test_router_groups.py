@@ -127,11 +127,11 @@ def test_hugging_face_configs_give_their_groups(tmp_path):
 def test_published_deepseek_v3_runs_carry_the_groups_they_state():
     """Each row whose router says "group-limited (8 groups, top-4 groups)" is a case with them."""
     stated = [r for r in load_rows() if "group-limited" in str((r["model"].get("extra") or {}).get("router"))]
-    assert stated
-    for row in stated:
-        case, why = case_of(row)
-        if case is not None:
-            assert (case["model"]["moe_router_num_groups"], case["model"]["moe_router_group_topk"]) == (8, 4), row["id"]
+    cases = [(row["id"], case_of(row)[0]) for row in stated]
+    cases = [(rid, case) for rid, case in cases if case is not None]
+    assert len(cases) >= 30  # Megatron-Bridge's and AutoModel's DeepSeek-V3 runs
+    for rid, case in cases:
+        assert (case["model"]["moe_router_num_groups"], case["model"]["moe_router_group_topk"]) == (8, 4), rid
 
 
 def test_torchtitan_takes_its_671b_flavour_only_with_its_routing():
