@@ -40,6 +40,10 @@ NANOTRON_TIED_BELOW_FFN = 10_000
 # (train/tr11-176B-ml/README.md, "Hardware"; only its main row's GPU names the network).
 EFA_FABRICS = {"h100-sxm-80gb": "aws-efa-p5", "a100-sxm-80gb": "aws-efa-p4d", "a100-sxm-40gb": "aws-efa-p4d"}
 SOURCE_FABRICS = {"bigscience-workshop/bigscience train/tr11": "omni-path-100"}
+# Runs that accumulate and reduce their gradients in fp32 (``fp32_gradients``): by framework, nanotron's
+# sweep; by source, BLOOM, which trained bf16 through DeepSpeed's BF16_Optimizer.
+FP32_GRADIENT_FRAMEWORKS = ("nanotron",)
+BF16_OPTIMIZER_SOURCES = ("bigscience",)
 # Machines that ran under a power cap, by what their row's `gpu` says: torchao's MX README ran on "8x power
 # limited B200" GPUs (limit not stated). Their tensor cores run at 0.635 of the clock the B200 preset's
 # efficiencies hold at: MEASURED from that machine's bf16 run (8,307.5 tok/s a GPU, torchtitan Llama 3 8B),
@@ -285,9 +289,17 @@ def efa_fabric(row: dict, gpu: str) -> Optional[str]:
 
 def fp32_gradients(row: dict) -> Optional[bool]:
     """Gradients accumulated and reduced in fp32 where the run's own config says so, else None
-    (the engine's default): nanotron's sweep config (``examples/config_tiny_llama_bench.yaml``:
-    ``accumulate_grad_in_fp32: true``) reduces its fp32 accumulation buffers."""
-    return True if row["framework"].startswith("nanotron") else None
+    (the engine's default):
+    - nanotron's sweep config (``examples/config_tiny_llama_bench.yaml``:
+      ``accumulate_grad_in_fp32: true``) reduces its fp32 accumulation buffers;
+    - BLOOM's script runs DeepSpeed at stage 0 with bf16 (tr11-176B-ml.slurm: "bf16 must use z0! it
+      implements its own zero stage 1 equivalent"), that is DeepSpeed's BF16_Optimizer, whose pipeline
+      all-reduces its fp32 gradient buffers (``runtime/pipe/engine.py`` ``_bf16_reduce_grads`` →
+      ``BF16_Optimizer.get_grads_for_reduction``: ``fp32_groups_gradients_flat``, from the first
+      bf16 + pipeline release, 2022-04)."""
+    if row["framework"].startswith(FP32_GRADIENT_FRAMEWORKS) or row["source"].startswith(BF16_OPTIMIZER_SOURCES):
+        return True
+    return None
 
 
 def master_weights(row: dict) -> Optional[bool]:

@@ -204,14 +204,19 @@ def test_bloom_is_written_as_it_ran_on_jean_zay(rows):
     row's GPU string names the network; the ramp-up rows are the same run. Megatron-DeepSpeed's
     grid puts tp fastest, then dp: a node holds two of a replica's 8 data-parallel ranks, so the
     gradient all-reduce drives 2 NICs of 4 · 100 / 8 = 50 Gbit/s, at the fabric's 0.80:
-    2 · 6.25 GB/s · 0.80 = 10 GB/s of bus bandwidth (against 2 · 25 · 0.96 = 48 on HDR)."""
+    2 · 6.25 GB/s · 0.80 = 10 GB/s of bus bandwidth (against 2 · 25 · 0.96 = 48 on HDR).
+    Its script runs DeepSpeed at stage 0 with bf16 ("bf16 must use z0! it implements its own zero
+    stage 1 equivalent"): DeepSpeed's BF16_Optimizer, whose pipeline all-reduces fp32 gradients."""
     from cost_models.collectives import bus_bandwidth
+    from cost_models.model_states import state_bytes
     from cost_models.topology import group_links
 
     for row_id in ("bloom176b_main_iter85376", "bloom176b_rampup_gbs16", "bloom176b_rampup_gbs192"):
         case, why = case_of(rows[row_id])
         assert why == "" and case["cluster"]["fabric"] == "omni-path-100", row_id
         assert case["model"]["dropout"] == 0.1, row_id
+        assert case["training"]["fp32_grads"] is True, row_id
+        assert state_bytes(load_case(case).training).gradients == 4, row_id
     assert "Omni-Path" in rows["bloom176b_main_iter85376"]["gpu"]
     assert "Omni-Path" not in rows["bloom176b_rampup_gbs16"]["gpu"]
     job = load_case(case_of(rows["bloom176b_rampup_gbs16"])[0]).job()
