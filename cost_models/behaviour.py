@@ -93,6 +93,13 @@ class EngineBehaviour:
     # is held between gathers (``model_states.state_bytes``). DeepSpeed's ZeRO-3 and Megatron's
     # distributed optimizer hold 16-bit weight shards beside an fp32 master.
     sharded_master_weights: bool = True
+    # HBM traffic per parameter, each micro-batch, with which the engine folds the backward's 16-bit
+    # gradients into its fp32 gradients at ZeRO 0-1, outside the weight-gradient GEMMs
+    # (``step_time.gradient_accumulation_time``). DeepSpeed's BF16_Optimizer: ``clear_lp_grads``
+    # zeroes the bf16 gradients (2 bytes written), ``update_hp_grads`` casts each to a fresh fp32
+    # tensor (2 read, 4 written) and adds it to the fp32 buffer (8 read, 4 written): 20. Megatron
+    # accumulates into main_grad inside the wgrad GEMM (gradient_accumulation_fusion): 0.
+    fp32_accumulation_bytes: float = 0.0
     # Gradient bucket of ZeRO 0–2 data parallelism, in parameters (at least), or in bytes.
     # Megatron: max(40 M, 1 M · dp) parameters (``megatron/core/distributed/``); DeepSpeed:
     # reduce_bucket_size 5e8 elements; PyTorch DDP: bucket_cap_mb = 25 MB.

@@ -30,7 +30,7 @@ from .kernels import (NORM_OR_ACTIVATION_INPUTS, activation_passes, elementwise_
                       tensor_core_rate, transcendental_time)
 from .memory import job_stage_parameters, per_microbatch
 from .parameters import embedding_parameters, norm_parameters
-from .model_states import (gathered_weight_bytes, gathers_quantized_shards, optimizer_step_bytes,
+from .model_states import (fp32_gradients, gathered_weight_bytes, gathers_quantized_shards, optimizer_step_bytes,
                            quantizes_weights_once_a_step, state_bytes, weights_are_master, zero_shards)
 from .offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from .pipeline import bubble_fraction
@@ -317,6 +317,20 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
 
 
 @lru_cache(maxsize=4096)
+def gradient_accumulation_time(job: Job, stage: int) -> float:
+    """One micro-batch's fold of its 16-bit gradients into the fp32 gradients, where the engine
+    runs it as a pass of its own (``EngineBehaviour.fp32_accumulation_bytes``): over every
+    parameter of the stage's ranks, at ZeRO 0-1, where each rank holds all of its gradients. An fp32
+    model's backward writes fp32 gradients itself.
+    DeepSpeed's BF16_Optimizer does so after every backward (``runtime/pipe/engine.py``
+    ``_exec_backward_pass``: ``clear_lp_grads``, ``update_hp_grads``; ``bf16_optimizer.py``)."""
+    training, lay = job.training, job.layout
+    per_param = training.engine.fp32_accumulation_bytes
+    if not per_param or lay.zero_stage > 1 or training.precision == "fp32" or not fp32_gradients(training):
+        return 0.0
+    return in_place_time(job_stage_parameters(job, stage).total * per_param, job.cluster.gpu)
+
+
 def tp_collective_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
                        micro_batch_size: int, sequence_parallel: bool = False) -> float:
     """One of a layer's two tensor-parallel reductions per pass, of a micro-batch's
@@ -412,6 +426,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
             compute += model.mtp_layers * 3 * gemm_time(mtp_projection_gemm(model, tokens, lay.tp), gpu, high_precision)
     if stage == 0:
         compute += 3 * perf.kernel_overhead_s  # embedding gather: memory-trivial
+    compute += gradient_accumulation_time(job, stage)
 
     recomputed = 0  # layers whose whole forward runs again in backward
     if lay.recompute == "full":

@@ -487,6 +487,23 @@ def test_deepspeed_pipelines_reduce_gradients_after_the_last_microbatch():
     assert dp_comm_exposed(mg, 1, stage_time(mg, 1)) < whole
 
 
+def test_deepspeeds_bf16_optimizer_folds_every_microbatchs_gradients_into_fp32():
+    """DeepSpeed's BF16_Optimizer (bf16 with fp32 gradients at ZeRO 0-1) zeroes the bf16 gradients
+    before each backward and adds their fp32 cast to its fp32 buffers after it: 2 + (2 + 4) + (8 + 4)
+    = 20 bytes a parameter, each micro-batch, at the in-place kernels' bandwidth. Megatron folds
+    them inside its wgrad GEMMs; DeepSpeed's ZeRO-2 holds gradient shards."""
+    def stage(engine: str, fp32_grads: bool, zero: int = 1) -> float:
+        job = Job(_gpt(layers=24), ClusterSpec(gpu=_gpu(in_place_efficiency=0.8), num_gpus=64),
+                  TrainingSpec(global_batch_size=512, seq_len=2048, precision="bf16", engine=behaviour_of(engine),
+                               fp32_grads=fp32_grads),
+                  Layout(dp=16, pp=4, micro_batch_size=1, zero_stage=zero))
+        return stage_time(job, 1).compute
+    params = 6 * (12 * 2304 ** 2 + 4 * 2304)  # a middle stage's 6 layers
+    assert stage("deepspeed", True) - stage("deepspeed", False) == pytest.approx(20 * params / (0.8 * 2.0e12))
+    assert stage("deepspeed", True, zero=2) == stage("deepspeed", False, zero=2)
+    assert stage("megatron", True) == stage("megatron", False)
+
+
 def test_bf16_gradients_stay_bf16_unless_the_engine_or_case_says_fp32():
     """Megatron-core reduces gradients in the parameters' dtype (DistributedDataParallelConfig
     grad_reduce_in_fp32 = False): the ZeRO paper's 16 bytes. torchtitan's FSDP2 reduces in
