@@ -316,7 +316,6 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
                for g in gemms) + memory
 
 
-@lru_cache(maxsize=4096)
 def gradient_accumulation_time(job: Job, stage: int) -> float:
     """One micro-batch's fold of its 16-bit gradients into the fp32 gradients, where the engine
     runs it as a pass of its own (``EngineBehaviour.fp32_accumulation_bytes``): over every
@@ -331,6 +330,7 @@ def gradient_accumulation_time(job: Job, stage: int) -> float:
     return in_place_time(job_stage_parameters(job, stage).total * per_param, job.cluster.gpu)
 
 
+@lru_cache(maxsize=4096)
 def tp_collective_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
                        micro_batch_size: int, sequence_parallel: bool = False) -> float:
     """One of a layer's two tensor-parallel reductions per pass, of a micro-batch's
