@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .errors import CaseError, Interrupted, one_line
+from .errors import CaseError, Interrupted, forget_interrupts, interrupt, one_line, raise_if_interrupted
 from .estimate import estimate
 from .report import print_estimate
 
@@ -328,7 +328,7 @@ def calibrate_command(
 
 
 def _interrupted(signum, frame) -> None:
-    raise Interrupted(signal.Signals(signum).name)
+    interrupt(signal.Signals(signum).name)
 
 
 def _caused_by_interrupt(error: Optional[BaseException]) -> bool:
@@ -350,11 +350,13 @@ def main() -> None:
     except ImportError:  # pragma: no cover
         from click.exceptions import UsageError
 
+    forget_interrupts()
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` alike: exit 130, nothing written
         if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and background jobs ignore them
             signal.signal(signum, _interrupted)
     try:
         result = app(prog_name="layout-planner", standalone_mode=False)
+        raise_if_interrupted()  # one that landed where Python drops exceptions
     except UsageError as error:
         if not error.format_message() and error.ctx is not None:  # bare command: show its help
             print(error.ctx.get_help())

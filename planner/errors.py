@@ -37,3 +37,27 @@ class Interrupted(BaseException):
     to the CLI's entry point. Clean-up code (``finally``, ``except BaseException``) runs
     on the way out as for any exception.
     """
+
+
+# The interrupts the CLI's handler raised (``interrupt``). Python drops an exception raised where
+# it cannot propagate, such as a weakref callback that runs inside an import, and prints "Exception
+# ignored": the command would go on and write its files. So each one is also kept here, and checked
+# before any file is written and before the CLI reports success.
+_RECEIVED: list[str] = []
+
+
+def interrupt(name: str) -> None:
+    """Record the interrupt ``name`` (SIGINT, SIGTERM) and raise it."""
+    _RECEIVED.append(name)
+    raise Interrupted(name)
+
+
+def raise_if_interrupted() -> None:
+    """Raise an interrupt recorded by :func:`interrupt` that something swallowed."""
+    if _RECEIVED:
+        raise Interrupted(_RECEIVED[0])
+
+
+def forget_interrupts() -> None:
+    """A new command starts with none recorded."""
+    _RECEIVED.clear()

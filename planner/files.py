@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
-from .errors import CaseError
+from .errors import CaseError, raise_if_interrupted
 
 _STAGING_PREFIX = ".layout-planner-"
 _HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -146,6 +146,7 @@ def write_all(outputs: list[Output], force: bool) -> list[Path]:
                         raise CaseError(str(out.path), out.option, "exists; pass --force to overwrite")
                 try:
                     with _signals_held():
+                        raise_if_interrupted()  # one that landed where Python drops exceptions
                         for out, tmp in staged:
                             backup = None
                             if out.path.exists() or out.path.is_symlink():

@@ -51,6 +51,32 @@ def test_plan_interrupted_exits_130_and_writes_neither_plot_nor_configs(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_interrupt_python_drops_still_stops_the_writes(tmp_path):
+    """An interrupt raised where Python drops exceptions (a weakref callback inside an import prints
+    "Exception ignored") is kept, and the files are not written: the CLI exits 130."""
+    import gc
+    import weakref
+
+    from planner.errors import Interrupted, forget_interrupts, interrupt
+    from planner.files import Output, write_all
+
+    class Dropped:
+        pass
+
+    forget_interrupts()
+    try:
+        target = Dropped()
+        ref = weakref.ref(target, lambda _: interrupt("SIGTERM"))  # raised in the callback, dropped by Python
+        del target
+        gc.collect()
+        assert ref() is None
+        with pytest.raises(Interrupted):
+            write_all([Output(tmp_path / "out" / "a.txt", "a")], force=False)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        forget_interrupts()
+
+
 def test_the_solver_leaves_ctrl_c_to_python():
     """CP-SAT catches SIGINT by default and ends its search as if out of time; the plan would
     then go on and write its files. Solving in a loop, a Ctrl-C must stop the loop."""
