@@ -356,7 +356,8 @@ def main() -> None:
             signal.signal(signum, _interrupted)
     try:
         result = app(prog_name="layout-planner", standalone_mode=False)
-        raise_if_interrupted()  # one that landed where Python drops exceptions
+        if not result:  # a command about to report success, past an interrupt Python dropped
+            raise_if_interrupted()
     except UsageError as error:
         if not error.format_message() and error.ctx is not None:  # bare command: show its help
             print(error.ctx.get_help())
