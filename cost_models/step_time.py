@@ -316,17 +316,24 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
                for g in gemms) + memory
 
 
+def folds_gradients_into_fp32(job: Job) -> bool:
+    """Whether the engine keeps fp32 gradients beside the 16-bit ones autograd writes and folds
+    these into them in a pass of its own (``EngineBehaviour.fp32_accumulation_bytes``): at ZeRO 0-1,
+    where each rank holds all of its gradients, under mixed precision with fp32 gradients (an fp32
+    model's backward writes fp32 gradients itself). DeepSpeed's BF16_Optimizer (``bf16_optimizer.py``)."""
+    training = job.training
+    return bool(training.engine.fp32_accumulation_bytes) and job.layout.zero_stage <= 1 \
+        and training.precision != "fp32" and fp32_gradients(training)
+
+
 def gradient_accumulation_time(job: Job, stage: int) -> float:
-    """One micro-batch's fold of its 16-bit gradients into the fp32 gradients, where the engine
-    runs it as a pass of its own (``EngineBehaviour.fp32_accumulation_bytes``): over every
-    parameter of the stage's ranks, at ZeRO 0-1, where each rank holds all of its gradients. An fp32
-    model's backward writes fp32 gradients itself.
-    DeepSpeed's BF16_Optimizer does so after every backward (``runtime/pipe/engine.py``
-    ``_exec_backward_pass``: ``clear_lp_grads``, ``update_hp_grads``; ``bf16_optimizer.py``)."""
-    training, lay = job.training, job.layout
-    per_param = training.engine.fp32_accumulation_bytes
-    if not per_param or lay.zero_stage > 1 or training.precision == "fp32" or not fp32_gradients(training):
+    """One micro-batch's fold of its 16-bit gradients into the fp32 gradients
+    (:func:`folds_gradients_into_fp32`), over every parameter of the stage's ranks. DeepSpeed's
+    BF16_Optimizer does so after every backward (``runtime/pipe/engine.py`` ``_exec_backward_pass``:
+    ``clear_lp_grads``, ``update_hp_grads``)."""
+    if not folds_gradients_into_fp32(job):
         return 0.0
+    per_param = job.training.engine.fp32_accumulation_bytes
     return in_place_time(job_stage_parameters(job, stage).total * per_param, job.cluster.gpu)
 
 
@@ -594,9 +601,12 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
         return chunks * collective_time(kind, size / chunks, dp_links, perf)
 
     engine = training.engine
-    if lay.pp > 1 and lay.zero_stage < 3 and engine.reduce_after_pipeline:
+    if lay.zero_stage < 3 and (lay.pp > 1 and engine.reduce_after_pipeline or folds_gradients_into_fp32(job)):
         # DeepSpeed's pipeline all-reduces gradients (its BF16 optimizer's fallback) once the
-        # schedule has drained; ZeRO-1 then gathers the updated weight shards.
+        # schedule has drained, and so does its BF16_Optimizer without a pipeline, once the last
+        # backward is done (``engine.allreduce_gradients`` → ``buffered_allreduce_fallback``: it has no
+        # reduce_gradients of its own); ZeRO-1 then gathers the updated weight shards
+        # (``BF16_Optimizer.update_lp_params`` → ``all_gather_dp_groups``).
         return tied + chunked("all_reduce", grads) + (chunked("all_gather", weights) if lay.zero_stage else 0.0)
     forward = slowest.compute / 3
     if lay.zero_stage < 3:

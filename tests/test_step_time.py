@@ -504,6 +504,22 @@ def test_deepspeeds_bf16_optimizer_folds_every_microbatchs_gradients_into_fp32()
     assert stage("megatron", True) == stage("megatron", False)
 
 
+def test_deepspeeds_bf16_optimizer_reduces_after_the_backward_without_a_pipeline_too():
+    """Without a pipeline the BF16_Optimizer has no reduce_gradients of its own: DeepSpeed all-reduces
+    its fp32 gradients once the last backward is done (engine.allreduce_gradients →
+    buffered_allreduce_fallback) and gathers the updated bf16 weights after the step: nothing overlaps."""
+    job = Job(_gpt(layers=24), ClusterSpec(gpu=_gpu(), num_gpus=64),
+              TrainingSpec(global_batch_size=512, seq_len=2048, precision="bf16", engine=behaviour_of("deepspeed"),
+                           fp32_grads=True),
+              Layout(dp=64, micro_batch_size=1, zero_stage=1))
+    params = job_stage_parameters(job, 0).dense
+    links, perf = group_links(job.cluster, job.layout, "dp_cp"), job.cluster.gpu.performance
+    chunks = gradient_chunks(job, params, 2)
+    whole = chunks * (collective_time("all_reduce", 4 * params / chunks, links, perf)
+                      + collective_time("all_gather", 2 * params / chunks, links, perf))
+    assert dp_comm_exposed(job, 0, stage_time(job, 0)) == pytest.approx(whole)
+
+
 def test_bf16_gradients_stay_bf16_unless_the_engine_or_case_says_fp32():
     """Megatron-core reduces gradients in the parameters' dtype (DistributedDataParallelConfig
     grad_reduce_in_fp32 = False): the ZeRO paper's 16 bytes. torchtitan's FSDP2 reduces in
