@@ -488,7 +488,7 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
                       if spec.admits("sequence_parallel", sp)]
         if True in sp_options and not training.engine.collective_launch_s:
             sp_options = [True]  # dominates False (module docstring)
-        zeros = [z for z in engine.zero_stages
+        zeros = [z for z in engine.zero_stages_for(training.precision)
                  if spec.admits("zero_stage", z) and not (pp > 1 and z > engine.max_zero_with_pp)]
         offload_only: set[int] = set()  # ZeRO stages scored only for the offload they allow
         if dp * cp == 1:

@@ -34,7 +34,7 @@ def test_a_plans_best_layout_is_what_emit_writes(tmp_path):
 
 def test_a_layout_timed_for_one_engine_is_not_written_for_another(tmp_path):
     est = planner.estimate({**CASE, "training": {**CASE["training"], "engine": "deepspeed"},
-                            "layout": {"dp": 16, "micro_batch_size": 2}})
+                            "layout": {"dp": 16, "micro_batch_size": 2, "zero_stage": 1}})
     with pytest.raises(CaseError, match="emit: engine: is megatron, but the layout was timed as deepspeed"):
         planner.emit(est, "megatron", tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -64,6 +64,8 @@ def generated() -> tuple:
         }
         if case["training"]["precision"] == "fp8" and case["cluster"]["gpu"].startswith("a100"):
             case["training"]["precision"] = "bf16"  # no fp8 tensor cores: estimate and plan refuse it
+        if search.get("zero_stage") == 0:
+            case["training"]["precision"] = "fp16"  # bf16's stage 0 is the BF16_Optimizer, a ZeRO-1
         out.append((case, planner.plan(case, top_k=0).best))
     return tuple(out)
 
@@ -209,9 +211,10 @@ BASE = {
 
 
 def estimate_of(training=None, **layout):
+    """BASE trains in bf16, whose stage 0 DeepSpeed runs as its BF16_Optimizer: ZeRO 1 unless given."""
     case = copy.deepcopy(BASE)
     case["training"].update(training or {})
-    case["layout"] = layout
+    case["layout"] = {"zero_stage": 1, **layout}
     return planner.estimate(case)
 
 
@@ -224,12 +227,19 @@ def estimate_of(training=None, **layout):
     ({"recompute": "full", "recompute_num_layers": 4}, "layout.recompute_num_layers is 4: DeepSpeed recomputes every layer or none"),
     ({"tp": 2, "training": {"tp_comm_overlap": True}}, "does not overlap its collectives"),
     ({"training": {"precision": "fp16", "fp32_grads": True}}, "accumulates fp16 gradients in fp16"),
+    ({"zero_stage": 0}, "layout.zero_stage is 0: DeepSpeed runs bf16 at stage 0 through its BF16_Optimizer"),
 ])
 def test_refuses_what_deepspeed_cannot_run(layout, says):
     with pytest.raises(CaseError) as error:
         ds.render(estimate_of(**layout), ["x"])
     assert str(error.value).startswith("--emit: deepspeed: ")
     assert says in str(error.value)
+
+
+def test_fp16_keeps_a_stage_0_of_its_own():
+    """DeepSpeed's FP16_Optimizer at stage 0 keeps every state on every rank: no BF16_Optimizer."""
+    files = ds.render(estimate_of(training={"precision": "fp16"}, zero_stage=0), ["x"])
+    assert json.loads(files["ds_config.json"])["zero_optimization"] == {"stage": 0}
 
 
 def test_tensor_parallelism_in_a_pipeline_is_the_models_own(tmp_path, world):
@@ -270,7 +280,7 @@ def case32():
     {"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8},
 ])
 def test_read_derives_the_missing_batch_size_as_deepspeed_does(given, tmp_path, case32, world):
-    path = write(tmp_path, {**given, "bf16": {"enabled": True}})
+    path = write(tmp_path, {**given, "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}})
     lay = ds_reader.read(path, case32)
     assert (lay.dp, lay.tp, lay.pp, lay.micro_batch_size) == (32, 1, 1, 4)
     world(32)
@@ -281,8 +291,27 @@ def test_read_derives_the_missing_batch_size_as_deepspeed_does(given, tmp_path, 
 
 def test_read_only_train_batch_size(tmp_path):
     case = load_case({**copy.deepcopy(BASE), "training": {**BASE["training"], "global_batch_size": 64}})
-    lay = ds_reader.read(write(tmp_path, {"train_batch_size": 64, "bf16": {"enabled": True}}), case)
+    lay = ds_reader.read(write(tmp_path, {"train_batch_size": 64, "bf16": {"enabled": True},
+                                          "zero_optimization": {"stage": 1}}), case)
     assert lay.micro_batch_size == 2  # DeepSpeed: accumulation 1, micro = 64 // 32
+
+
+def test_read_bf16_at_stage_0_as_the_bf16_optimizers_zero_1(tmp_path, case32):
+    """BLOOM's kind of config: bf16 with stage 0 runs DeepSpeed's BF16_Optimizer, which accumulates
+    fp32 gradients and shards the optimizer states as ZeRO-1 does; so does stage 1 with
+    grad_accum_dtype fp32. A case that says otherwise of its gradients is refused, by key."""
+    bloom_like = {"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+                  "zero_optimization": {"stage": 0}}
+    fp32_case = load_case({**copy.deepcopy(BASE), "training": {**BASE["training"], "fp32_grads": True}})
+    assert ds_reader.read(write(tmp_path, bloom_like), fp32_case).zero_stage == 1
+    explicit = {**bloom_like, "zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"}}
+    assert ds_reader.read(write(tmp_path, explicit, "explicit.json"), fp32_case).zero_stage == 1
+    with pytest.raises(CaseError) as error:
+        ds_reader.read(write(tmp_path, bloom_like, "bloom.json"), case32)
+    assert error.value.key == "zero_optimization.stage" and "training.fp32_grads false" in error.value.expected
+    with pytest.raises(CaseError) as error:
+        ds_reader.read(write(tmp_path, {**bloom_like, "zero_optimization": {"stage": 1}}, "z1.json"), fp32_case)
+    assert error.value.key == "data_types.grad_accum_dtype" and "accumulates bf16 gradients" in error.value.expected
 
 
 def test_read_autotp_pipeline_zero_and_recompute(tmp_path, case32):
@@ -388,7 +417,7 @@ def test_bf16_master_weights_reach_the_config_and_come_back(zero_stage, tmp_path
 
 
 @pytest.mark.parametrize("layout, says", [
-    ({"zero_stage": 0}, "layout.zero_stage is 0: DeepSpeed keeps bf16 master weights"),
+    ({"zero_stage": 0}, "layout.zero_stage is 0: DeepSpeed runs bf16 at stage 0 through its BF16_Optimizer"),
     ({"zero_stage": 1, "offload_optimizer": 1.0}, "layout.offload_optimizer is 1.0: DeepSpeed offloads bf16"),
 ])
 def test_bf16_master_weights_where_deepspeed_refuses_them(layout, says):

@@ -263,8 +263,8 @@ def test_junk_in_any_key_of_a_moe_config_is_a_case_error(tmp_path):
 def test_an_expert_dispatch_the_engine_does_not_run_is_a_case_error(engine, dispatch, expected):
     case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
             "training": {"global_batch_size": 256, "seq_len": 4096, "engine": engine, "expert_dispatch": dispatch},
-            "layout": {"tp": 1, "dp": 16, "ep": 8, "micro_batch_size": 1, "zero_stage": 0 if engine != "torchtitan"
-                       else 3, "recompute": "full"}}
+            "layout": {"tp": 1, "dp": 16, "ep": 8, "micro_batch_size": 1,
+                       "zero_stage": {"any": 0, "deepspeed": 1, "torchtitan": 3}[engine], "recompute": "full"}}
     with pytest.raises(CaseError) as error:
         estimate(case)
     assert error.value.key == "training.expert_dispatch" and expected in str(error.value)

@@ -38,7 +38,17 @@ SUPPORT = EngineSupport(
     # TE's per-tensor and block recipes; its ZeRO gathers the bf16 weights.
     fp8_recipes=("delayed", "tensorwise", "blockwise"), fp8_param_gather=False, expert_dispatches=("all_to_all",),
     compiled_loss=False,
-    why=(("compiled_loss", "Megatron-DeepSpeed computes its loss in Megatron's vocab-parallel cross-entropy, "
+    # Without ZeRO, DeepSpeed accumulates bf16 gradients in fp32 (runtime/engine.py, get_data_types) in its
+    # BF16_Optimizer, which shards the fp32 master and moments over the data-parallel ranks and gathers the
+    # updated weights after its step (runtime/bf16_optimizer.py): a ZeRO-1, as BLOOM's script says ("bf16
+    # must use z0! it implements its own zero stage 1 equivalent"). fp8 trains under bf16 (Transformer Engine
+    # in the model). fp16 and fp32 keep a stage 0 of their own.
+    zero0_precisions=("fp32", "fp16"),
+    why=(("zero0_precisions", "DeepSpeed runs bf16 at stage 0 through its BF16_Optimizer, which shards the "
+                              "optimizer states as stage 1 does and keeps fp32 gradients "
+                              "(runtime/bf16_optimizer.py); use zero_stage 1, with training.fp32_grads true for "
+                              "the BF16_Optimizer itself"),
+         ("compiled_loss", "Megatron-DeepSpeed computes its loss in Megatron's vocab-parallel cross-entropy, "
                            "not a compiled one"),
          ("fp8_recipe", "DeepSpeed's fp8 is Transformer Engine's, whose recipes are"),
          ("expert_dispatch", "DeepSpeed-MoE dispatches with one all-to-all (deepspeed.moe.sharded_moe, _AllToAll): "
@@ -95,17 +105,13 @@ def rules(job: Job) -> list[tuple[str, str]]:
         return [("layout.zero_stage", "DeepSpeed's engine refuses its MoE layers under ZeRO stage 3 "
                                       "(runtime/engine.py: 'Native DeepSpeed MoE is not supported with ZeRO "
                                       "Stage 3'); use 1 or 2")]
-    if not job.training.master_weights:
-        # runtime/config.py: "Bf16_master_weights_and_grads is only supported with ZeRO Stage 1, 2, or 3";
-        # offloaded, its bf16 states need DeepSpeedCPUAdam built for them (runtime/base_optimizer.py).
-        if job.layout.zero_stage == 0:
-            return [("layout.zero_stage", "DeepSpeed keeps bf16 master weights (bf16_master_weights_and_grads) "
-                                          "with ZeRO stages 1-3 only; use 1, 2 or 3, or training.master_weights "
-                                          "true")]
-        if job.layout.offload_optimizer:
-            return [("layout.offload_optimizer", "DeepSpeed offloads bf16 optimizer states only to a "
-                                                 "DeepSpeedCPUAdam built with fp32_optimizer_states false, which "
-                                                 "the plan does not write; keep the optimizer on the GPU")]
+    # Without master weights, at stage 1-3 (runtime/config.py: "Bf16_master_weights_and_grads is only
+    # supported with ZeRO Stage 1, 2, or 3"; bf16's stage 0 is refused as the BF16_Optimizer's, SUPPORT):
+    # offloaded, its bf16 states need DeepSpeedCPUAdam built for them (runtime/base_optimizer.py).
+    if not job.training.master_weights and job.layout.offload_optimizer:
+        return [("layout.offload_optimizer", "DeepSpeed offloads bf16 optimizer states only to a "
+                                             "DeepSpeedCPUAdam built with fp32_optimizer_states false, which "
+                                             "the plan does not write; keep the optimizer on the GPU")]
     return []
 
 

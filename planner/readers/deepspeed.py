@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from cost_models.model_states import fp32_gradients
 from cost_models.specs import Layout
 
 from ..fields import read_int as integer
@@ -131,6 +132,9 @@ def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None) ->
                         f"the config keeps {'bf16' if master_bf16 else 'fp32'} master weights, but the case "
                         f"{case.source} has training.master_weights {str(case.training.master_weights).lower()}")
 
+    if bf16:
+        zero = _bf16_optimizer_stage(src, config, zero, case)
+
     checkpointing = config.get("activation_checkpointing")
     if checkpointing is not None and not isinstance(checkpointing, dict):
         raise CaseError(src, "activation_checkpointing", f"expected a mapping, got {checkpointing!r}")
@@ -142,6 +146,29 @@ def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None) ->
     return Layout(dp=dp, tp=tp, pp=pp, micro_batch_size=micro, zero_stage=zero, recompute=recompute,
                   offload_optimizer=1.0 if offload["offload_optimizer"] else 0.0,
                   offload_params=offload["offload_param"])
+
+
+# DeepSpeed's names for fp32 (runtime/config_utils.py DtypeEnum).
+_FP32_NAMES = ("fp32", "float32", "float", "torch.float32")
+
+
+def _bf16_optimizer_stage(src: str, config: dict, zero: int, case) -> int:
+    """The ZeRO stage a bf16 config runs, checked against the case's gradients. Without ZeRO DeepSpeed
+    accumulates fp32 gradients (``runtime/engine.py`` ``get_data_types``), as it does at stage 1 with
+    ``data_types.grad_accum_dtype`` fp32; both run its BF16_Optimizer, which shards the optimizer
+    states as ZeRO-1 does (``runtime/bf16_optimizer.py``): stage 0 reads as 1."""
+    data_types = config.get("data_types", {})
+    if not isinstance(data_types, dict):
+        raise CaseError(src, "data_types", f"expected a mapping, got {data_types!r}")
+    accumulated = data_types.get("grad_accum_dtype")
+    fp32 = zero == 0 if accumulated is None else str(accumulated).lower() in _FP32_NAMES
+    if fp32 != fp32_gradients(case.training):
+        by_stage = zero == 0 and accumulated is None
+        key = "zero_optimization.stage" if by_stage else "data_types.grad_accum_dtype"
+        why = " (bf16 at stage 0: the BF16_Optimizer)" if by_stage else ""
+        raise CaseError(src, key, f"the config accumulates {'fp32' if fp32 else 'bf16'} gradients{why}, but the "
+                                  f"case {case.source} has training.fp32_grads {str(not fp32).lower()}")
+    return max(zero, 1) if fp32 else zero
 
 
 def _offload_device(src: str, zero_section: dict, name: str) -> bool:
