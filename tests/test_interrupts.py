@@ -54,7 +54,7 @@ def test_plan_interrupted_exits_130_and_writes_neither_plot_nor_configs(tmp_path
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the drop it stages
 def test_an_interrupt_python_drops_still_stops_the_writes(tmp_path):
     """An interrupt raised where Python drops exceptions (a weakref callback inside an import prints
-    "Exception ignored") is kept, and the files are not written: the CLI exits 130."""
+    "Exception ignored") is kept: write_all raises it before renaming anything into place."""
     import gc
     import weakref
 
