@@ -1,6 +1,6 @@
 """Fit a GPU type's achieved figures to every published run on that GPU type at once.
 
-    python bench/fit_performance.py h100 [--rounds 2]
+    python bench/fit_performance.py h100 [--rounds 2] [--only NAME,NAME]
 
 Coordinate descent over a small grid of the physical figures in
 ``planner/presets/performance.yaml`` (GEMM efficiency per precision, per-kernel overhead,
@@ -8,9 +8,9 @@ NVLink latency, communication overlap, element-wise HBM efficiency) and the fabr
 latency, minimising the mean over sources of the mean |error| of tokens/s plus the layout
 sweeps' rank disagreement (1 − mean rank correlation) and median regret, weighted by
 ``--weight``. Attention efficiencies are held at their published kernel benchmarks. One
-setting per GPU type: nothing here can fit a row or a source on its own. For H100 the host
-cost per TP collective of engine-neutral stacks ("any") is fitted alongside, the one engine
-figure no benchmark publishes.
+setting per GPU type: nothing here can fit a row or a source on its own. For H100 the engine
+figures of engine-neutral stacks ("any") that no benchmark publishes are fitted alongside: the
+host cost per TP collective and the floor of a TP collective in a pipeline across nodes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,12 @@ GRID = {
     "hbm_efficiency": (0.6, 0.7, 0.8, 0.9),
     "fabric.latency_s": (5e-6, 1e-5, 2e-5, 4e-5),
     "any.collective_launch_s": (0.0, 1e-4, 2e-4, 3e-4, 4e-4),
+    "any.pipeline_collective_floor_s": (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1.0e-3, 1.25e-3, 1.5e-3),
+    "any.pipeline_collective_floor_rank_s": (0.0, 0.1e-3, 0.2e-3, 0.25e-3, 0.3e-3, 0.35e-3, 0.4e-3, 0.5e-3),
 }
+# The generic engine's figures in the grid ("any.<EngineBehaviour field>"): engine figures no
+# benchmark publishes, fitted on H100 (the Playbook's nanotron sweep) alone.
+ENGINE_FIGURES = tuple(name for name in GRID if name.startswith("any."))
 # GPU types with a handful of runs of one kind each (torchao's torchtitan runs on B200 and MI300X,
 # MLPerf's on GB200): only the figures those runs measure, on finer grids.
 FEW_RUNS = {
@@ -66,10 +71,10 @@ def apply(kind: str, figures: dict) -> None:
     for name, value in figures.items():
         if name == "fabric.latency_s":
             fabrics[fabric]["latency_s"] = value
-        elif name == "any.collective_launch_s":
+        elif name in ENGINE_FIGURES:
             generic = engines.ENGINES["any"]
             engines.ENGINES["any"] = dataclasses.replace(
-                generic, behaviour=dataclasses.replace(generic.behaviour, collective_launch_s=value))
+                generic, behaviour=dataclasses.replace(generic.behaviour, **{name[len("any."):]: value}))
         else:
             for gpu in TYPES[kind]:
                 presets[gpu] = {**presets[gpu], name: value}
@@ -82,8 +87,8 @@ def current_value(kind: str, name: str):
     the preset leaves it to the default), so that a grid that finds nothing better puts it back."""
     if name == "fabric.latency_s":
         return fabric_presets()[gpu_presets()[TYPES[kind][0]]["fabric"]].get("latency_s")
-    if name == "any.collective_launch_s":
-        return engines.ENGINES["any"].behaviour.collective_launch_s
+    if name in ENGINE_FIGURES:
+        return getattr(engines.ENGINES["any"].behaviour, name[len("any."):])
     return performance_presets()[TYPES[kind][0]].get(name)
 
 
@@ -101,12 +106,19 @@ def main() -> None:
     parser.add_argument("gpu", choices=sorted(TYPES))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--weight", type=float, default=0.5)
+    parser.add_argument("--only", default="", help="comma-separated figures to fit, the rest held")
     args = parser.parse_args()
     rows = [r for r in load_rows() if gpu_preset(r["gpu"]) in TYPES[args.gpu]]
     grid = dict(FEW_RUNS.get(args.gpu, GRID))
     if args.gpu not in FEW_RUNS and args.gpu != "h100":
         grid.pop("gemm_efficiency_fp8")
-        grid.pop("any.collective_launch_s")
+        for name in ENGINE_FIGURES:
+            grid.pop(name)
+    if args.only:
+        unknown = set(args.only.split(",")) - set(grid)
+        if unknown:
+            parser.error(f"--only: not in the {args.gpu} grid: {', '.join(sorted(unknown))}")
+        grid = {name: values for name, values in grid.items() if name in args.only.split(",")}
     current = {name: current_value(args.gpu, name) for name in grid}
     best, report = objective(rows, args.weight)
     print(f"start {best:.4f} {report}")

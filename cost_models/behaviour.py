@@ -146,7 +146,21 @@ class EngineBehaviour:
     # issuing it from eager Python (autograd functions around torch.distributed calls, stream
     # waits). Fitted to the published runs of the engines that show it (plain PyTorch stacks:
     # the Playbook's nanotron sweep, bench/fit_performance.py h100).
-    collective_launch_s: float = 300e-6
+    collective_launch_s: float = 200e-6
+    # The least time of a tensor-parallel collective in a pipeline stage whose neighbours are in
+    # another NVLink domain: f0 + f1 * (tp - 1) each (``step_time.cross_domain_pipeline_floor``),
+    # with the GPU's work running beneath it. Measured, not derived: in the Playbook's nanotron
+    # sweep on 8-GPU EFA nodes, such a stage takes a median 15, 18 and 30 ms a layer and
+    # micro-batch at tp 2, 4 and 8 (micro-batches of 1-4; the 1B, 3B and 80B alike), where its GPU
+    # work takes 9, 7 and 6 ms; with the neighbours on the node, and tensor parallelism without a
+    # pipeline on several nodes, it runs at its GPU time (bench/pipeline_floor.py). nanotron's
+    # pipeline reads the shape of every tensor it receives on the host (``P2P._recv_meta``:
+    # blocking receives, then the metadata read back from the GPU), so a stage cannot issue ahead
+    # of its last receive; why the cost then grows with the ranks of each collective is not
+    # established. Fitted to that sweep (bench/fit_performance.py h100: 0.75 ms and 0.31 ms, with
+    # the host cost above from 300 to 200 us); 0 for the engines that send fixed shapes.
+    pipeline_collective_floor_s: float = 0.0
+    pipeline_collective_floor_rank_s: float = 0.0
     # The fp8 recipe a job runs when it names none (``cost_models.quantization.FP8_RECIPES``):
     # torchao's Float8LinearConfig() scales per tensor, dynamically.
     fp8_recipe: str = "tensorwise"
@@ -209,4 +223,5 @@ class EngineBehaviour:
 
 # No engine in particular: plain PyTorch DDP buckets and FSDP units, eager kernels, stages
 # balanced by compute, ZeRO-1's weight shards gathered before the step returns.
-GENERIC = EngineBehaviour(zero1_gather_in_step=True)
+GENERIC = EngineBehaviour(zero1_gather_in_step=True, pipeline_collective_floor_s=0.75e-3,
+                          pipeline_collective_floor_rank_s=0.31e-3)

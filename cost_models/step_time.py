@@ -355,6 +355,27 @@ def tp_collective_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     return collective_time("all_reduce", size, links, perf)
 
 
+def tp_collectives_per_pass(sequence_parallel: bool) -> int:
+    """Tensor-parallel collectives of one layer's forward (or backward): two all-reduces, or with
+    sequence parallelism two all-gathers and two reduce-scatters."""
+    return 4 if sequence_parallel else 2
+
+
+def cross_domain_pipeline_floor(job: Job, collectives: float) -> float:
+    """The least time one micro-batch takes through a stage whose pipeline neighbours are in
+    another NVLink domain, for the engines that show one: each of its ``collectives``
+    tensor-parallel collectives costs at least f₀ + f₁·(tp − 1)
+    (``EngineBehaviour.pipeline_collective_floor_s``, ``pipeline_collective_floor_rank_s``), and
+    the stage's GPU work runs beneath that, not after it (the Playbook's nanotron sweep: a stage
+    at tp 8 takes the same 25 ms a layer at micro-batches of 1, 2 and 4). 0 without tensor
+    parallelism, without a pipeline, within one domain, or for an engine that shows none."""
+    lay, engine = job.layout, job.training.engine
+    per_collective = engine.pipeline_collective_floor_s + engine.pipeline_collective_floor_rank_s * (lay.tp - 1)
+    if lay.pp == 1 or lay.tp == 1 or not per_collective or group_links(job.cluster, lay, "pp").domains == 1:
+        return 0.0
+    return collectives * per_collective
+
+
 @lru_cache(maxsize=4096)
 def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
                          micro_batch_size: int, sequence_parallel: bool = False) -> tuple[float, float]:
@@ -381,8 +402,7 @@ def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     """
     one = tp_collective_time(model, training, cluster, tp, cp, micro_batch_size, sequence_parallel)
     if not training.tp_comm_overlap:
-        calls = 4 if sequence_parallel else 2
-        launch = calls * training.engine.collective_launch_s if tp > 1 else 0.0
+        launch = tp_collectives_per_pass(sequence_parallel) * training.engine.collective_launch_s if tp > 1 else 0.0
         return 2 * one + launch, 2 * one + launch
     tokens = micro_batch_size * training.seq_len / cp
     gpu, precision, recipe = cluster.gpu, training.precision, training.recipe
@@ -465,12 +485,14 @@ def stage_time(job: Job, stage: int) -> StageTime:
     # sequence-parallel tokens); its shared experts need the dense MLP's pair.
     moe_tp = 1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5
     tp_layers = layers - moe_layers + moe_tp * moe_layers
-    tp_comm = tp_layers * (tp_fwd + tp_bwd) + recomputed * tp_layers / max(layers, 1) * tp_fwd
-    # A recomputed dense MLP, or shared experts, repeat the forward's second collective.
+    # Passes that run the layers' TP collectives: forward, backward, and the forwards recomputed;
+    # a recomputed dense MLP, or shared experts, repeat the forward's second half.
+    repeated = recomputed * tp_layers / max(layers, 1)
     if "mlp" in modules:
-        tp_comm += (layers - moe_layers) * tp_fwd / 2
+        repeated += (layers - moe_layers) / 2
     if moe_layers and model.moe_shared_expert_ffn_hidden_size and {"moe", "shared_experts"} & set(modules):
-        tp_comm += moe_layers * tp_fwd / 2
+        repeated += moe_layers / 2
+    tp_comm = tp_layers * (tp_fwd + tp_bwd) + repeated * tp_fwd
 
     # Expert parallelism: each MoE layer dispatches and combines its tokens in forward and again
     # (reversed) in backward, and once more for a recomputed forward; nothing hides them in
@@ -504,6 +526,11 @@ def stage_time(job: Job, stage: int) -> StageTime:
         exposed_fwd = steps * wait + exposed(steps * (hop - wait), low.core, perf)
         exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * low.core, perf)
         cp_comm = layers * (exposed_fwd + exposed_bwd)
+    # A stage whose neighbours are across the fabric may not run faster than its collectives'
+    # floor: what the floor adds shows as tensor-parallel time.
+    floor = cross_domain_pipeline_floor(job, tp_collectives_per_pass(lay.sequence_parallel)
+                                        * (2 * tp_layers + repeated))
+    tp_comm += max(0.0, floor - (compute + recompute + tp_comm + cp_comm + ep_comm))
     return StageTime(compute=compute, recompute=recompute, tp_comm=tp_comm, cp_comm=cp_comm, ep_comm=ep_comm)
 
 

@@ -17,7 +17,7 @@ from cost_models.kernels import gemm_time, wave_efficiency
 from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Performance, SpecError,
                                TrainingSpec)
 from cost_models.step_time import (cross_entropy_bytes, cross_entropy_time, dp_comm_exposed, gradient_chunks, layer_forward_time,
-                                   stage_time, step_time)
+                                   stage_time, step_time, tp_exposed_per_layer)
 from cost_models.topology import GroupLinks, group_links
 from planner.engines import behaviour_of
 
@@ -518,6 +518,37 @@ def test_deepspeeds_bf16_optimizer_reduces_after_the_backward_without_a_pipeline
     whole = chunks * (collective_time("all_reduce", 4 * params / chunks, links, perf)
                       + collective_time("all_gather", 2 * params / chunks, links, perf))
     assert dp_comm_exposed(job, 0, stage_time(job, 0)) == pytest.approx(whole)
+
+
+def test_a_stage_whose_pipeline_neighbours_are_across_nodes_runs_no_faster_than_its_collectives_floor():
+    """Engine-neutral stacks (nanotron's Playbook sweep): with its pipeline neighbours in another node, a
+    stage takes at least f0 + f1·(tp − 1) per tensor-parallel collective for a micro-batch, the GPU's
+    work beneath it: its layers × 2 passes × 4 collectives (sequence parallelism) × (f0 + 7·f1) at tp 8.
+    The same stage within one node, and Megatron's (fixed shapes, no host read per receive), run at
+    their GPU time."""
+    generic = behaviour_of("any")
+    f0, f1 = generic.pipeline_collective_floor_s, generic.pipeline_collective_floor_rank_s
+    assert f0 > 0 and f1 > 0
+
+    def job(engine: str, num_gpus: int, micro_batch_size: int = 1) -> Job:
+        return Job(_gpt(layers=24), ClusterSpec(gpu=_gpu(), num_gpus=num_gpus),
+                   TrainingSpec(global_batch_size=512, seq_len=2048, precision="bf16", flash_attention=True,
+                                engine=behaviour_of(engine)),
+                   Layout(tp=8, pp=4, dp=num_gpus // 32, micro_batch_size=micro_batch_size, sequence_parallel=True))
+
+    layers = job("any", 32).stage_layers[1]  # the engine balances the stages: the middle ones hold 7
+    across = stage_time(job("any", 32), 1)  # 4 stages of 8: each stage a node of its own
+    assert across.total == pytest.approx(layers * 2 * 4 * (f0 + 7 * f1))
+    # Beneath the floor the micro-batch does not matter; above it, the GPU's time stands.
+    assert stage_time(job("any", 32, micro_batch_size=2), 1).total == pytest.approx(across.total)
+    big = job("any", 32, micro_batch_size=64)
+    fwd, bwd = tp_exposed_per_layer(big.model, big.training, big.cluster, 8, 1, 64, True)
+    assert stage_time(big, 1).tp_comm == pytest.approx(layers * (fwd + bwd))
+    # Where one NVLink domain holds the whole pipeline (64 GPUs a node), no stage has a neighbour across.
+    inside = replace(job("any", 32), cluster=ClusterSpec(gpu=replace(_gpu(), gpus_per_node=64, nvlink_domain=64),
+                                                          num_gpus=32))
+    assert stage_time(inside, 1).total < across.total / 2
+    assert stage_time(job("megatron", 32), 1).total < across.total / 2
 
 
 def test_bf16_gradients_stay_bf16_unless_the_engine_or_case_says_fp32():
