@@ -366,8 +366,8 @@ def cross_domain_pipeline_floor(job: Job, collectives: float) -> float:
     another NVLink domain, for the engines that show one: each of its ``collectives``
     tensor-parallel collectives costs at least f₀ + f₁·(tp − 1)
     (``EngineBehaviour.pipeline_collective_floor_s``, ``pipeline_collective_floor_rank_s``), and
-    the stage's GPU work runs beneath that, not after it (the Playbook's nanotron sweep: a stage
-    at tp 8 takes the same 25 ms a layer at micro-batches of 1, 2 and 4). 0 without tensor
+    the stage's GPU work runs beneath that, not after it (the Playbook's nanotron sweep: the 1B's
+    stages at tp 8 and pp 2 take about 26 ms a layer at micro-batches of 1, 2 and 4). 0 without tensor
     parallelism, without a pipeline, within one domain, or for an engine that shows none."""
     lay, engine = job.layout, job.training.engine
     per_collective = engine.pipeline_collective_floor_s + engine.pipeline_collective_floor_rank_s * (lay.tp - 1)
