@@ -209,6 +209,14 @@ class EngineBehaviour:
         if self.quantizer not in QUANTIZERS:
             raise ValueError(f"EngineBehaviour.quantizer: expected one of {QUANTIZERS}, got {self.quantizer!r}")
 
+    @property
+    def costs_per_collective(self) -> bool:
+        """Whether each tensor-parallel collective call costs the engine time beyond its bytes: a host
+        cost (``collective_launch_s``) or a floor in pipelines across nodes
+        (``pipeline_collective_floor_s``, ``_rank_s``). Sequence parallelism makes twice the calls."""
+        return bool(self.collective_launch_s or self.pipeline_collective_floor_s
+                    or self.pipeline_collective_floor_rank_s)
+
     def gathers_quantized_weights(self, recipe: Optional[str], zero_stage: int, optimizer_offloaded: bool) -> bool:
         """Whether the engine keeps the weights quantized under ``recipe`` at ``zero_stage`` where a
         job does not say (``quantized_param_gather``, ``quantized_param_gather_offloaded``)."""

@@ -7,9 +7,10 @@ enumerator in the tests checks this):
 
 - With tensor parallelism, sequence parallelism always saves memory and moves the same
   collective volume (norms and dropout run on 1/t of the tokens); it costs no time unless
-  the engine pays a host cost per collective call (twice the calls: all-gather and
-  reduce-scatter for each all-reduce). Where the engine offers the choice and pays no
-  such cost, only ``sequence_parallel: true`` is scored.
+  the engine pays per collective call (a host cost, or a floor in pipelines across nodes:
+  ``EngineBehaviour.costs_per_collective``; twice the calls: all-gather and reduce-scatter
+  for each all-reduce). Where the engine offers the choice and pays no such cost, only
+  ``sequence_parallel: true`` is scored.
 - Recomputation only adds time, so for every other choice only the least recomputation
   that fits is scored: none, else selective at the lightest module set that fits (the sets
   are nested: :func:`selective_bundles`), or, where faster, full on the fewest layers per
@@ -486,7 +487,7 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     for tp, cp, pp, dp in structures(case, spec):
         sp_options = [sp for sp in ((False,) if tp == 1 else engine.sequence_parallel)
                       if spec.admits("sequence_parallel", sp)]
-        if True in sp_options and not training.engine.collective_launch_s:
+        if True in sp_options and not training.engine.costs_per_collective:
             sp_options = [True]  # dominates False (module docstring)
         zeros = [z for z in engine.zero_stages_for(training.precision)
                  if spec.admits("zero_stage", z) and not (pp > 1 and z > engine.max_zero_with_pp)]
