@@ -8,11 +8,13 @@ token are four layers' worth).
 - Megatron-LM splits the decoder layers evenly (``--pipeline-model-parallel-size`` needs
   them to divide), unless told to count the embedding or the loss as layers
   (:func:`embedding_and_loss_partition`).
-- An engine-neutral plan (``engine: any``) balances stage compute, as nanotron does
-  (``nanotron/models/base.py``: blocks are assigned to pipeline ranks by cumulative
-  ``get_block_compute_costs``, the LM head weighted V·h against a layer's 4h² + 3hf) and as
-  PipeDream-style partitioners do: the contiguous split whose slowest stage is fastest.
-  The edge stages may hold no decoder layer at all.
+- An engine-neutral plan (``engine: any``) balances stage compute as PipeDream-style
+  partitioners do: the contiguous split whose slowest stage is fastest, the spare layers off
+  the first stage (it holds the most micro-batches in flight). The edge stages may hold no
+  decoder layer at all. nanotron fills ranks in order until each reaches its share of the
+  running cost, the LM head weighted V·h against a layer's 4h² + 3hf (``nanotron/models/base.py``);
+  on the Playbook's models that reaches the same slowest stage, with the first stages fuller
+  (``planner.published_runs.nanotron_split`` writes it into those runs' cases).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
   publishes pathological layouts too: rows measured below half the best layout of their own
   job are left to the sweep measure.
 - memory: predicted peak memory per GPU against the published peak (GiB, torch's allocator
-  counters), per source.
+  counters), per source; where a source publishes one rank's, that rank's stage
+  (``published_runs.published_memory_stage``).
 - sweeps: in each published sweep (same model, GPUs, global batch, sequence and precision, at
   least five layouts), the layout the model ranks fastest among those it predicts to fit,
   against the best measured: regret = best measured / measured of the pick − 1; and the
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from .errors import CaseError, one_line
-from .published_runs import case_of, load_rows, measured_tokens_per_s, source_of
+from .published_runs import case_of, load_rows, measured_tokens_per_s, published_memory_stage, source_of
 
 TUNED = ("Megatron-Bridge", "NVIDIA-NeMo/Megatron-Bridge", "torchtitan", "MLPerf", "NVIDIA/NeMo")
 MIN_SWEEP = 5
@@ -158,7 +159,9 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
             out.failed.append((r["id"], f"{error.key}: {error.expected}"))
             continue
         tokens = case["training"]["global_batch_size"] * case["training"]["seq_len"]
-        out.rows.append(Row(r, case, tokens / est.step_time_s, measured, est.fits, est.peak.total / 2**30, mem))
+        stage = published_memory_stage(r)
+        peak = est.peak if stage is None else est.stages[stage]
+        out.rows.append(Row(r, case, tokens / est.step_time_s, measured, est.fits, peak.total / 2**30, mem))
     _throughput(out)
     _memory(out)
     _sweeps(out)
