@@ -1,10 +1,16 @@
-"""The memory model on the Ultra-Scale Playbook's sweep, per model (the README's fidelity section).
+"""The memory model on the Ultra-Scale Playbook's sweep (the README's fidelity section).
 
     python bench/playbook_memory.py
 
-For each Playbook model: rows, mean |predicted / published − 1| of the peak, its bias, and the
-median of what the published peak holds above the prediction per parameter a GPU holds (bytes),
-for the rows with data parallelism (DDP) and those without.
+Each row is scored on the stage whose memory it publishes (``published_runs.published_memory_stage``:
+nanotron's first stage), in the split nanotron makes (``published_runs.nanotron_split``). Three tables:
+
+- per model: rows, mean |predicted / published − 1|, its bias, and the median of what the published
+  peak holds above the prediction per parameter a GPU holds (bytes), with data parallelism (DDP) and
+  without;
+- per pipeline depth, and tensor parallelism 1 against more: rows, mean |error|, bias;
+- without a pipeline, per model and tp: the median of the published activations (the peak less the
+  model's states and buffers) over the model's.
 """
 
 from __future__ import annotations
@@ -13,13 +19,14 @@ import statistics
 from collections import defaultdict
 
 import planner
-from planner.published_runs import case_of, load_rows
+from planner.published_runs import case_of, load_rows, published_memory_stage
 
 GIB = 2**30
 
 
-def main() -> None:
-    by_model = defaultdict(list)
+def scored_rows() -> list[tuple[dict, dict, object, float]]:
+    """(row, case, the stage memory the row publishes, the published GiB) for the Playbook's rows."""
+    out = []
     for row in load_rows():
         published = (row.get("measured") or {}).get("memory_gb_per_gpu")
         if "Playbook" not in row["source"] or not published:
@@ -27,19 +34,45 @@ def main() -> None:
         case, _ = case_of(row)
         if case is None:
             continue
-        peak = planner.estimate(case).peak
+        estimate = planner.estimate(case)
+        stage = published_memory_stage(row)
+        out.append((row, case, estimate.peak if stage is None else estimate.stages[stage], published))
+    return out
+
+
+def table(title: str, groups: dict, columns: str, line) -> None:
+    print(f"\n{title}\n\n{columns}\n|" + " --- |" * (columns.count("|") - 1))
+    for key, values in sorted(groups.items()):
+        print(line(key, values))
+
+
+def main() -> None:
+    by_model, by_depth, activations = defaultdict(list), defaultdict(list), defaultdict(list)
+    for row, case, memory, published in scored_rows():
+        lay, model = case["layout"], case["model"]["name"].split(" ")[0]
+        error = memory.total / GIB / published - 1
         # The weights' term is 2 bytes per parameter at ZeRO 0-1 (bf16): the parameters a GPU holds.
-        params = peak.parameters / 2
-        by_model[case["model"]["name"].split(" ")[0]].append(
-            (peak.total / GIB / published - 1, (published * GIB - peak.total) / params, case["layout"]["dp"] > 1))
-    print("| model | rows | mean abs error | bias | above the model per parameter, with DDP | without |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for model, rows in sorted(by_model.items()):
+        above = (published * GIB - memory.total) / (memory.parameters / 2)
+        by_model[model].append((error, above, lay["dp"] > 1))
+        by_depth[(lay["pp"], "tp 1" if lay["tp"] == 1 else "tp > 1")].append(error)
+        if lay["pp"] == 1 and memory.activations > 2 * GIB:
+            activations[(model, lay["tp"])].append((published * GIB - (memory.total - memory.activations))
+                                                   / memory.activations)
+
+    def per_model(model, rows):
         errors = [e for e, _, _ in rows]
-        ddp = [x for _, x, d in rows if d]
-        alone = [x for _, x, d in rows if not d]
-        print(f"| {model} | {len(rows)} | {statistics.mean(map(abs, errors)):.1%} | {statistics.mean(errors):+.1%} "
-              f"| {statistics.median(ddp):.1f} B | {statistics.median(alone):.1f} B |")
+        ddp, alone = [x for _, x, d in rows if d], [x for _, x, d in rows if not d]
+        return (f"| {model} | {len(rows)} | {statistics.mean(map(abs, errors)):.1%} | {statistics.mean(errors):+.1%} "
+                f"| {statistics.median(ddp):.1f} B | {statistics.median(alone):.1f} B |")
+
+    table("Per model", by_model,
+          "| model | rows | mean abs error | bias | above the model per parameter, with DDP | without |", per_model)
+    table("Per pipeline depth", by_depth, "| pp | tp | rows | mean abs error | bias |",
+          lambda key, e: f"| {key[0]} | {key[1]} | {len(e)} | {statistics.mean(map(abs, e)):.1%} "
+                         f"| {statistics.mean(e):+.1%} |")
+    table("Without a pipeline: published activations over the model's", activations,
+          "| model | tp | rows | median ratio |",
+          lambda key, r: f"| {key[0]} | {key[1]} | {len(r)} | {statistics.median(r):.2f} |")
 
 
 if __name__ == "__main__":
