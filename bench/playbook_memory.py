@@ -10,7 +10,9 @@ nanotron's first stage), in the split nanotron makes (``published_runs.nanotron_
   without;
 - per pipeline depth, and tensor parallelism 1 against more: rows, mean |error|, bias;
 - without a pipeline, per model and tp: the median of the published activations (the peak less the
-  model's states and buffers) over the model's.
+  model's states and buffers) over the model's;
+- with a pipeline, by the published peak: rows, how many ran below half the predicted throughput,
+  and the median of measured over predicted (rows not marked low-trust).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import statistics
 from collections import defaultdict
 
 import planner
-from planner.published_runs import case_of, load_rows, published_memory_stage
+from planner.published_runs import case_of, load_rows, measured_tokens_per_s, published_memory_stage
 
 GIB = 2**30
 
 
-def scored_rows() -> list[tuple[dict, dict, object, float]]:
-    """(row, case, the stage memory the row publishes, the published GiB) for the Playbook's rows."""
+def scored_rows() -> list[tuple[dict, dict, object, float, float]]:
+    """(row, case, the stage memory the row publishes, the published GiB, measured / predicted
+    tokens/s) for the Playbook's rows."""
     out = []
     for row in load_rows():
         published = (row.get("measured") or {}).get("memory_gb_per_gpu")
@@ -36,7 +39,8 @@ def scored_rows() -> list[tuple[dict, dict, object, float]]:
             continue
         estimate = planner.estimate(case)
         stage = published_memory_stage(row)
-        out.append((row, case, estimate.peak if stage is None else estimate.stages[stage], published))
+        out.append((row, case, estimate.peak if stage is None else estimate.stages[stage], published,
+                    (measured_tokens_per_s(row) or 0.0) / estimate.tokens_per_s))
     return out
 
 
@@ -47,8 +51,9 @@ def table(title: str, groups: dict, columns: str, line) -> None:
 
 
 def main() -> None:
-    by_model, by_depth, activations = defaultdict(list), defaultdict(list), defaultdict(list)
-    for row, case, memory, published in scored_rows():
+    by_model, by_depth = defaultdict(list), defaultdict(list)
+    activations, pressure = defaultdict(list), defaultdict(list)
+    for row, case, memory, published, speed in scored_rows():
         lay, model = case["layout"], case["model"]["name"].split(" ")[0]
         error = memory.total / GIB / published - 1
         # The weights' term is 2 bytes per parameter at ZeRO 0-1 (bf16): the parameters a GPU holds.
@@ -58,6 +63,8 @@ def main() -> None:
         if lay["pp"] == 1 and memory.activations > 2 * GIB:
             activations[(model, lay["tp"])].append((published * GIB - (memory.total - memory.activations))
                                                    / memory.activations)
+        if lay["pp"] > 1 and speed and row.get("trust") != "low":
+            pressure["68 GiB or more" if published >= 68 else "below 68 GiB"].append(speed)
 
     def per_model(model, rows):
         errors = [e for e, _, _ in rows]
@@ -73,6 +80,9 @@ def main() -> None:
     table("Without a pipeline: published activations over the model's", activations,
           "| model | tp | rows | median ratio |",
           lambda key, r: f"| {key[0]} | {key[1]} | {len(r)} | {statistics.median(r):.2f} |")
+    table("With a pipeline, by the published peak: measured over predicted throughput", pressure,
+          "| published peak | rows | below half | median |",
+          lambda key, r: f"| {key} | {len(r)} | {sum(x < 0.5 for x in r)} | {statistics.median(r):.2f} |")
 
 
 if __name__ == "__main__":
