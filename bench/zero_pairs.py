@@ -1,44 +1,80 @@
 """ZeRO-1 against ZeRO-0 on the Ultra-Scale Playbook's sweep: the same layout measured at both
-stages, measured and predicted speed ratios (the README's fidelity section).
+stages, measured and predicted (the README's fidelity section).
 
     python bench/zero_pairs.py
 
-For every pair of Playbook rows that differ only in the ZeRO stage (trusted rows), the ratio of
-ZeRO-1's tokens/s to ZeRO-0's, measured and predicted by `planner.estimate` of the row's case;
-medians per model, inside one node (dp ≤ 8) and across nodes.
+For every pair of Playbook rows that differ only in the ZeRO stage (trusted rows), two tables:
+
+- the ratio of ZeRO-1's tokens/s to ZeRO-0's, measured and predicted by `planner.estimate` of the
+  row's case; medians per model, inside one node (dp ≤ 8) and across nodes;
+- without a pipeline, on 8 nodes or more: ZeRO-1's step time less ZeRO-0's, measured, predicted,
+  and predicted without the copies out of the gather's flat buffer
+  (``EngineBehaviour.zero1_gather_copies``, ``step_time.gather_copies_time``); medians per model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from collections import defaultdict
 
 import planner
+import planner.engines as engines
 from planner.published_runs import case_of, load_rows, measured_tokens_per_s
 
 
-def main() -> None:
-    pairs: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
+def pairs() -> dict[str, dict[int, tuple[dict, dict, float]]]:
+    """{layout without the stage: {ZeRO stage: (row, case, measured tokens/s)}}."""
+    out: dict[str, dict[int, tuple[dict, dict, float]]] = defaultdict(dict)
     for row in load_rows():
         match = re.match(r"(playbook_.*)_z([01])$", row["id"])
         if not match or row.get("trust") == "low":
             continue
         case, _ = case_of(row)
-        if case is None:
-            continue
-        pairs[match.group(1)][int(match.group(2))] = (measured_tokens_per_s(row), planner.estimate(case).tokens_per_s)
-    ratios = defaultdict(list)
-    for key, stages in pairs.items():
-        if 0 in stages and 1 in stages:
-            dp = int(re.search(r"_dp(\d+)_", key).group(1))
-            group = (key.split("_")[1], "across nodes" if dp > 8 else "one node")
-            ratios[group].append((stages[1][0] / stages[0][0], stages[1][1] / stages[0][1]))
+        if case is not None:
+            out[match.group(1)][int(match.group(2))] = (row, case, measured_tokens_per_s(row))
+    return {key: stages for key, stages in out.items() if 0 in stages and 1 in stages}
+
+
+def step_s(case: dict, tokens_per_s: float) -> float:
+    return case["training"]["global_batch_size"] * case["training"]["seq_len"] / tokens_per_s
+
+
+def main() -> None:
+    matched = pairs()
+    ratios, deltas = defaultdict(list), defaultdict(list)
+    for key, stages in matched.items():
+        (_, case0, measured0), (row1, case1, measured1) = stages[0], stages[1]
+        predicted0, predicted1 = planner.estimate(case0).tokens_per_s, planner.estimate(case1).tokens_per_s
+        dp, model = case1["layout"]["dp"], key.split("_")[1]
+        ratios[(model, "across nodes" if dp > 8 else "one node")].append(
+            (measured1 / measured0, predicted1 / predicted0))
+        if case1["layout"]["pp"] == 1 and row1["num_gpus"] >= 64:
+            deltas[model].append([step_s(case1, measured1) - step_s(case0, measured0),
+                                  step_s(case1, predicted1) - step_s(case0, predicted0), case0, case1])
+    generic = engines.ENGINES["any"]
+    engines.ENGINES["any"] = dataclasses.replace(generic, behaviour=dataclasses.replace(
+        generic.behaviour, zero1_gather_copies=False))
+    for values in deltas.values():
+        for value in values:
+            case0, case1 = value.pop(), value.pop()
+            value.append(planner.estimate(case1).step_time_s - planner.estimate(case0).step_time_s)
+    engines.ENGINES["any"] = generic
     print("| model | data parallelism | pairs | measured ZeRO-1 / ZeRO-0 | predicted |")
     print("| --- | --- | ---: | ---: | ---: |")
     for (model, where), values in sorted(ratios.items()):
         print(f"| {model} | {where} | {len(values)} | {statistics.median(m for m, _ in values):.3f} "
               f"| {statistics.median(p for _, p in values):.3f} |")
+    print("\nZeRO-1's step less ZeRO-0's, without a pipeline on 8 nodes or more (s, medians)\n")
+    print("| model | pairs | measured | predicted | predicted without the gather's copies |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for model, values in sorted(deltas.items()):
+        print(f"| {model} | {len(values)} | {statistics.median(v[0] for v in values):+.3f} "
+              f"| {statistics.median(v[1] for v in values):+.3f} | {statistics.median(v[2] for v in values):+.3f} |")
+    every = [v for values in deltas.values() for v in values]
+    print(f"| all | {len(every)} | {statistics.median(v[0] for v in every):+.3f} "
+          f"| {statistics.median(v[1] for v in every):+.3f} | {statistics.median(v[2] for v in every):+.3f} |")
 
 
 if __name__ == "__main__":

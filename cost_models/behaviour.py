@@ -118,6 +118,16 @@ class EngineBehaviour:
     # collective), so it pays the collective's latency once, not once per gradient bucket;
     # ZeroRedundancyOptimizer's per-rank broadcasts move the same bytes in more launches.
     zero1_gather_in_step: bool = False
+    # That gather then copies each rank's chunk of every parameter back out of its flat buffer, one
+    # copy_ a chunk in a Python loop (nanotron's ``distributed.all_gather_coalesced``,
+    # ``update_output``): data-parallel size × parameter tensors copies, each a kernel launch
+    # (``Performance.kernel_overhead_s``), before the step returns (``step_time.gather_copies_time``).
+    zero1_gather_copies: bool = False
+    # With fp32 gradients at ZeRO-1, one all-reduce of the whole fp32 gradient buffer after the last
+    # backward, in the open: nanotron builds no DDP wrapper when it accumulates in fp32 under ZeRO
+    # (``trainer.py``, ``make_ddp``), and its trainer all-reduces the accumulator's contiguous buffer
+    # (``sync_gradients_across_dp`` with ``reduce_scatter=False``) before the optimizer steps.
+    zero1_fp32_reduce_after_backward: bool = False
     # Bytes per logit of the loss's gradients alive beside the saved log-softmax while the loss
     # runs backward (``activations.loss_gradient_bytes``): 4 + 2 for eager PyTorch's
     # cross-entropy on upcast logits, 2 for Megatron's in-place vocab-parallel cross-entropy.
@@ -152,7 +162,7 @@ class EngineBehaviour:
     # with the GPU's work running beneath it. Measured, not derived: in the Playbook's nanotron
     # sweep on 8-GPU EFA nodes, such a stage takes a median 15, 18 and 30 ms a layer and
     # micro-batch at tp 2, 4 and 8 (micro-batches of 1-4; the 1B, 3B and 80B alike), where its GPU
-    # work takes 9, 7 and 6 ms; with the neighbours on the node, and tensor parallelism without a
+    # work takes 9, 7.5 and 6 ms; with the neighbours on the node, and tensor parallelism without a
     # pipeline on several nodes, it runs at its GPU time (bench/pipeline_floor.py). nanotron's
     # pipeline reads the shape of every tensor it receives on the host (``P2P._recv_meta``:
     # blocking receives, then the metadata read back from the GPU), so a stage cannot issue ahead
@@ -230,6 +240,7 @@ class EngineBehaviour:
 
 
 # No engine in particular: plain PyTorch DDP buckets and FSDP units, eager kernels, stages
-# balanced by compute, ZeRO-1's weight shards gathered before the step returns.
-GENERIC = EngineBehaviour(zero1_gather_in_step=True, pipeline_collective_floor_s=0.75e-3,
-                          pipeline_collective_floor_rank_s=0.31e-3)
+# balanced by compute; ZeRO-1 as nanotron runs it: fp32 gradients reduced after the backward in one
+# all-reduce, and the weight shards gathered, and copied out parameter by parameter, before the step returns.
+GENERIC = EngineBehaviour(zero1_gather_in_step=True, zero1_gather_copies=True, zero1_fp32_reduce_after_backward=True,
+                          pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3)

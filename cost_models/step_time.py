@@ -545,6 +545,9 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
       backward's hooks (``zero/stage_1_and_2.py``, ``partition_gradients``) where stage 1
       waits for the accumulation boundary; FSDP's SHARD_GRAD_OP and Megatron-FSDP's
       ``optim_grads`` likewise.
+    - The generic engine's ZeRO-1 with fp32 gradients (nanotron's, without DDP): one all-reduce of
+      the whole fp32 buffer after the last backward, in the open, and the gather's copies
+      (:func:`gather_copies_time`).
     - ZeRO 3: parameter all-gathers in forward and in backward (again for the recompute
       where the engine re-gathers) and a gradient reduce-scatter, for every micro-batch,
       prefetched behind that micro-batch's compute; what a pass's compute cannot cover is
@@ -565,13 +568,31 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     # The experts' gradients are reduced over the expert data-parallel group, the rest over
     # dp·cp; the two share the step's overlap, one after the other.
     exposed_total = tied
-    for params, group, shards, first in ((stage_params.dense, "dp_cp", zero_shards(job),
-                                          first_unit_parameters(job, stage)),
-                                         (stage_params.expert, "edp", lay.edp, 0.0)):
+    dense_tensors, expert_tensors = parameter_tensors(job, stage)
+    for params, tensors, group, shards, first in ((stage_params.dense, dense_tensors, "dp_cp", zero_shards(job),
+                                                   first_unit_parameters(job, stage)),
+                                                  (stage_params.expert, expert_tensors, "edp", lay.edp, 0.0)):
         if params and shards > 1:
             exposed_total += _dp_traffic_exposed(job, stage, slowest, params, group_links(cluster, lay, group),
-                                                 backward_last, first)
+                                                 backward_last, first, tensors)
     return exposed_total
+
+
+def parameter_tensors(job: Job, stage: int) -> tuple[int, int]:
+    """(dense, expert) parameter tensors a rank of the stage holds, as nanotron's Llama lays them
+    out (``models/llama.py``): a decoder layer's fused qkv_proj, o_proj, fused gate_up_proj,
+    down_proj and two RMSNorm weights, six (MLA's kv down- and up-projections and their norm in
+    place of qkv_proj's k and v: three more, and with a compressed query its down-projection and
+    norm: five); an MoE layer's router and two weights a shared expert in place of its MLP's two, and
+    two a local expert; the input embedding on the first stage, the final norm and the LM head on
+    the last (one tensor with the embedding where they are tied on one stage)."""
+    model, lay = job.model, job.layout
+    layers, moe = job.stage_layers[stage], job.stage_moe_layers[stage]
+    per_layer = 6 + ((5 if model.q_lora_rank else 3) if model.attention_type == "mla" else 0)
+    shared = 2 if model.moe_shared_expert_ffn_hidden_size else 0
+    first, last = stage == 0, stage == lay.pp - 1
+    edges = first + last * (2 - (first and model.tied_embeddings))
+    return layers * per_layer + moe * (1 + shared - 2) + edges, moe * 2 * (model.num_experts // lay.ep)
 
 
 def first_unit_parameters(job: Job, stage: int) -> float:
@@ -607,10 +628,10 @@ def last_bucket_parameters(job: Job, stage: int) -> float:
 
 
 def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float, dp_links, backward_last: float,
-                        first_unit: float) -> float:
-    """The exposed data-parallel traffic of ``params`` parameters over ``dp_links``
-    (:func:`dp_comm_exposed`); ``first_unit`` of them form the ZeRO-3 unit that opens and closes
-    the passes (:func:`first_unit_parameters`)."""
+                        first_unit: float, tensors: int) -> float:
+    """The exposed data-parallel traffic of ``params`` parameters in ``tensors`` tensors over
+    ``dp_links`` (:func:`dp_comm_exposed`); ``first_unit`` of them form the ZeRO-3 unit that opens
+    and closes the passes (:func:`first_unit_parameters`)."""
     lay, training = job.layout, job.training
     perf = job.cluster.gpu.performance
     tied = 0.0  # counted once, by dp_comm_exposed
@@ -641,7 +662,11 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
         # and on the first stage it holds the input embedding's gradients (the last produced).
         kind = "all_reduce" if lay.zero_stage == 0 else "reduce_scatter"
         last = max(1 / chunks, min(1.0, last_bucket_parameters(job, stage) / params))
-        reduce = pipelined(chunked(kind, grads), chunks, backward_last, perf, last)
+        if lay.zero_stage == 1 and engine.zero1_fp32_reduce_after_backward and fp32_gradients(training):
+            # No DDP: the whole fp32 gradient buffer in one all-reduce, once the backward is done.
+            reduce = collective_time("all_reduce", grads, dp_links, perf)
+        else:
+            reduce = pipelined(chunked(kind, grads), chunks, backward_last, perf, last)
         if lay.zero_stage == 2:
             reduce *= job.num_microbatches
         if lay.zero_stage == 0:
@@ -653,7 +678,8 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
             # One coalesced all-gather of every updated shard before step() returns (nanotron's
             # ZeroDistributedOptimizer._all_gather_params → all_gather_coalesced): in the open, and
             # paying the collective's latency once, not once per gradient bucket.
-            return tied + reduce + collective_time("all_gather", weights, dp_links, perf)
+            return tied + reduce + collective_time("all_gather", weights, dp_links, perf) \
+                + gather_copies_time(job, dp_links.size, tensors)
         gather = chunked("all_gather", weights)
         return tied + reduce + (pipelined(gather, chunks, forward, perf, last) if engine.overlap_param_gather
                                 else gather)
@@ -680,6 +706,17 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     per_microbatch = pipelined(gather, chunks, forward, perf, opening) \
         + pipelined(backward_gathers * gather + reduce, chunks, backward_last, perf, opening)
     return tied + job.num_microbatches * per_microbatch
+
+
+def gather_copies_time(job: Job, ranks: int, tensors: int) -> float:
+    """The host's time to copy every rank's chunk of each of ``tensors`` parameters out of a ZeRO-1
+    gather's flat buffer, one kernel launch each, where the engine does so
+    (``EngineBehaviour.zero1_gather_copies``: nanotron's ``all_gather_coalesced``). In the Playbook's
+    sweep, without a pipeline on 8 nodes or more, a ZeRO-1 step takes a median 0.030 s longer than the
+    same layout's at ZeRO-0: 0.031 s with these copies, -0.004 s without (bench/zero_pairs.py)."""
+    if not job.training.engine.zero1_gather_copies:
+        return 0.0
+    return ranks * tensors * job.cluster.gpu.performance.kernel_overhead_s
 
 
 def pipelined(comm_s: float, pieces: int, compute_s: float, perf, in_the_open: Optional[float] = None) -> float:

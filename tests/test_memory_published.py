@@ -138,7 +138,7 @@ def _ddp_job(engine: str, zero_stage: int, dp: int):
 
 @pytest.mark.parametrize("engine, zero_stage, dp, gradient_bytes", [
     ("any", 0, 8, 2 + 2),       # param.grad and DDP's bucket beside it
-    ("any", 1, 8, 2 + 2),       # ZeroRedundancyOptimizer / nanotron ZeRO-1 run under DDP
+    ("any", 1, 8, 2 + 2),       # ZeroRedundancyOptimizer runs under DDP
     ("any", 0, 1, 2),           # one replica: no DDP, no buckets
     ("any", 2, 8, 2 / 8),       # sharded gradients: FSDP, no DDP
     ("megatron", 1, 8, 2),      # main_grad is a view of the buffer Megatron reduces
@@ -148,7 +148,7 @@ def test_plain_ddp_keeps_its_buckets_beside_the_gradients(engine, zero_stage, dp
     """PyTorch DDP copies every gradient into its flat buckets and keeps both unless
     gradient_as_bucket_view=True ("the saved memory size will be equal to the total gradients
     size", torch.nn.parallel.DistributedDataParallel): one more 2-byte copy per parameter in bf16
-    wherever DDP runs. The Ultra-Scale Playbook's 80B runs (nanotron under DDP) measure about 6
+    wherever DDP runs. The Ultra-Scale Playbook's 80B runs (nanotron) measure about 6
     bytes per parameter above 2 + 2 + 12/dp."""
     from cost_models.memory import job_stage_parameters, stage_memory
 

@@ -313,8 +313,10 @@ def test_plain_pytorch_zero1_gathers_its_updated_weights_before_the_step_returns
     eight NICs, where the same engine with the gather overlapped pays the first bucket's share:
     the input embedding's, V·h of the parameters. nanotron gathers in one coalesced collective."""
     job = _zero3_job("any", recompute="none")
+    # Without the copies out of the gather's buffer, which the next test prices.
+    engine = replace(behaviour_of("any"), zero1_gather_copies=False)
     job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",
-                                                   engine=behaviour_of("any")), job.layout.with_changes(zero_stage=1))
+                                                   engine=engine), job.layout.with_changes(zero_stage=1))
     overlapped = replace(job, training=replace(job.training,
                                                engine=replace(job.training.engine, zero1_gather_in_step=False)))
     params = 1_764_979_200
@@ -340,6 +342,38 @@ def test_plain_pytorch_zero1_gathers_its_updated_weights_before_the_step_returns
     zero2, zero2_overlapped = (replace(j, layout=j.layout.with_changes(zero_stage=2)) for j in (job, overlapped))
     assert dp_comm_exposed(zero2, 0, stage_time(zero2, 0)) \
         == pytest.approx(dp_comm_exposed(zero2_overlapped, 0, stage_time(zero2_overlapped, 0)), rel=1e-12)
+
+
+def test_nanotron_zero1_reduces_fp32_gradients_after_the_backward_and_copies_its_gather_out():
+    """nanotron accumulating in fp32 under ZeRO builds no DDP wrapper (``trainer.py``, ``make_ddp``):
+    its trainer all-reduces the accumulator's whole fp32 buffer once the backward is done
+    (``sync_gradients_across_dp``), its optimizer gathers the updated bf16 shards in one collective and
+    then copies every rank's chunk of every parameter out of the flat buffer, one ``copy_`` each
+    (``all_gather_coalesced``). The generic engine's ZeRO-1 with fp32 gradients exposes exactly that,
+    whatever compute could have hidden (4,096 tokens): one all-reduce of 4 bytes a parameter, one
+    all-gather of 2, and 64 ranks × 147 tensors (24 layers of six, the embedding, the final norm and
+    the head) kernel launches. With 16-bit gradients (DDP) the reduction is the overlapped buckets'."""
+    from cost_models.step_time import gather_copies_time, parameter_tensors
+
+    job = _zero3_job("any", recompute="none")
+    job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",
+                                                   engine=behaviour_of("any"), fp32_grads=True),
+              job.layout.with_changes(zero_stage=1))
+    params, perf = 1_764_979_200, job.cluster.gpu.performance
+    links = group_links(job.cluster, job.layout, "dp_cp")
+    assert job_stage_parameters(job, 0).total == params and parameter_tensors(job, 0) == (147, 0)
+    assert gather_copies_time(job, 64, 147) == pytest.approx(64 * 147 * 8e-6)
+    assert dp_comm_exposed(job, 0, stage_time(job, 0)) == pytest.approx(
+        collective_time("all_reduce", 4 * params, links, perf) + collective_time("all_gather", 2 * params, links, perf)
+        + 64 * 147 * 8e-6, rel=1e-9)
+    ddp = replace(job, training=replace(job.training, fp32_grads=False))
+    assert dp_comm_exposed(ddp, 0, stage_time(ddp, 0)) < collective_time("all_reduce", 2 * params, links, perf) \
+        + collective_time("all_gather", 2 * params, links, perf) + 64 * 147 * 8e-6
+    # Megatron neither reduces in the open nor copies the gather out.
+    megatron = replace(job, training=replace(job.training, engine=behaviour_of("megatron")))
+    assert gather_copies_time(megatron, 64, 147) == 0.0
+    assert dp_comm_exposed(megatron, 0, stage_time(megatron, 0)) \
+        < collective_time("all_reduce", 4 * params, links, perf)
 
 
 def test_ddp_buckets_hold_the_16_bit_gradients_when_reduced_in_fp32():
