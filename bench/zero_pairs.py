@@ -42,24 +42,22 @@ def step_s(case: dict, tokens_per_s: float) -> float:
 
 
 def main() -> None:
-    matched = pairs()
-    ratios, deltas = defaultdict(list), defaultdict(list)
-    for key, stages in matched.items():
+    ratios, deltas, cross_node = defaultdict(list), defaultdict(list), []
+    for key, stages in pairs().items():
         (_, case0, measured0), (row1, case1, measured1) = stages[0], stages[1]
         predicted0, predicted1 = planner.estimate(case0).tokens_per_s, planner.estimate(case1).tokens_per_s
         dp, model = case1["layout"]["dp"], key.split("_")[1]
         ratios[(model, "across nodes" if dp > 8 else "one node")].append(
             (measured1 / measured0, predicted1 / predicted0))
         if case1["layout"]["pp"] == 1 and row1["num_gpus"] >= 64:
-            deltas[model].append([step_s(case1, measured1) - step_s(case0, measured0),
-                                  step_s(case1, predicted1) - step_s(case0, predicted0), case0, case1])
+            cross_node.append((model, case0, case1, step_s(case1, measured1) - step_s(case0, measured0),
+                               step_s(case1, predicted1) - step_s(case0, predicted0)))
     generic = engines.ENGINES["any"]
     engines.ENGINES["any"] = dataclasses.replace(generic, behaviour=dataclasses.replace(
         generic.behaviour, zero1_gather_copies=False))
-    for values in deltas.values():
-        for value in values:
-            case0, case1 = value.pop(), value.pop()
-            value.append(planner.estimate(case1).step_time_s - planner.estimate(case0).step_time_s)
+    for model, case0, case1, measured, predicted in cross_node:
+        without = planner.estimate(case1).step_time_s - planner.estimate(case0).step_time_s
+        deltas[model].append((measured, predicted, without))
     engines.ENGINES["any"] = generic
     print("| model | data parallelism | pairs | measured ZeRO-1 / ZeRO-0 | predicted |")
     print("| --- | --- | ---: | ---: | ---: |")

@@ -713,7 +713,7 @@ def gather_copies_time(job: Job, ranks: int, tensors: int) -> float:
     gather's flat buffer, one kernel launch each, where the engine does so
     (``EngineBehaviour.zero1_gather_copies``: nanotron's ``all_gather_coalesced``). In the Playbook's
     sweep, without a pipeline on 8 nodes or more, a ZeRO-1 step takes a median 0.030 s longer than the
-    same layout's at ZeRO-0: 0.031 s with these copies, -0.004 s without (bench/zero_pairs.py)."""
+    same layout's at ZeRO-0: 0.031 s with these copies, 0.004 s without (bench/zero_pairs.py)."""
     if not job.training.engine.zero1_gather_copies:
         return 0.0
     return ranks * tensors * job.cluster.gpu.performance.kernel_overhead_s
