@@ -71,6 +71,17 @@ BRIDGE_2509_SETTINGS = {
     ("DeepSeek-V3", "b200"): {"recompute_modules": ["mla_up_proj"]},
     ("DeepSeek-V3", "gb200"): {"recompute_modules": ["mla_up_proj"]},
 }
+# Megatron-Bridge's 25.11 rows whose recipe the source could not attach (no workload base config of
+# v0.2.0-v0.2.2 reproduces their TP/PP/VP/EP/MBS/GBS) but whose layout is the one base config for
+# their model and GPU in all but the global batch: that config's settings, which do not depend on it.
+# DeepSeek-V3 on GB200 in BF16 (4,096 sequences, where DEEPSEEK_V3_GB200_BASE_CONFIG has 2,048):
+# MLA's up-projections recomputed (scripts/performance/configs/deepseek/workload_base_configs.py at
+# v0.2.1, the first release whose docs hold the 25.11 table). Keyed by model, GPU preset and
+# (tp, pp, vpp, ep, micro-batch).
+BRIDGE_2511_SOURCE = "Megatron-Bridge performance summary, NeMo 25.11"
+BRIDGE_2511_SETTINGS = {
+    ("DeepSeek-V3", "gb200", (1, 4, 4, 64, 1)): {"recompute_modules": ["mla_up_proj"]},
+}
 # Megatron-Bridge's "(tokendrop)" runs: apply_moe_token_drop's capacity factor 1.0, each expert padded to
 # it (src/megatron/bridge/training/utils/moe_token_drop.py, v0.1.0rc4 onwards).
 BRIDGE_TOKEN_DROP_CAPACITY = 1.0
@@ -153,10 +164,16 @@ def recipe_settings(row: dict) -> dict:
     """The settings of the recipe a row ran, as its source's recipe files give them
     (Megatron-Bridge's ``*workload_base_configs.py`` fields, or a perf recipe's explicit
     assignments, keyed without their ``model.``/``comm_overlap.`` prefix); for its 25.09 rows, which
-    name no recipe, its perf script's (``BRIDGE_2509_SETTINGS``)."""
+    name no recipe, its perf script's (``BRIDGE_2509_SETTINGS``); for its 25.11 rows without one, the
+    base config their layout matches in all but the global batch (``BRIDGE_2511_SETTINGS``)."""
     recipe = row.get("recipe") or {}
     if not recipe and row["source"].startswith(BRIDGE_2509_SOURCE):
         return dict(BRIDGE_2509_SETTINGS.get((row["model"].get("name"), gpu_preset(row["gpu"])), {}))
+    if not recipe.get("layout_match") and row["source"].startswith(BRIDGE_2511_SOURCE):
+        par = row["parallel"]
+        layout = (par.get("tp"), par.get("pp"), par.get("vpp") or 1, par.get("ep") or 1,
+                  row["batch"].get("micro_batch_size"))
+        return dict(BRIDGE_2511_SETTINGS.get((row["model"].get("name"), gpu_preset(row["gpu"]), layout), {}))
     out = dict(recipe.get("base_config_fields") or {})
     for key, value in (recipe.get("explicit_settings") or {}).items():
         out[key.split(".")[-1]] = value
