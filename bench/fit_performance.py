@@ -10,7 +10,8 @@ sweeps' rank disagreement (1 − mean rank correlation) and median regret, weigh
 ``--weight``. Attention efficiencies are held at their published kernel benchmarks. One
 setting per GPU type: nothing here can fit a row or a source on its own. For H100 the engine
 figures of engine-neutral stacks ("any") that no benchmark publishes are fitted alongside: the
-host cost per TP collective and the floor of a TP collective in a pipeline across nodes.
+host cost per TP collective and the floor of a TP collective in a pipeline across nodes or in a TP
+group across nodes.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ GRID = {
     "any.collective_launch_s": (0.0, 1e-4, 2e-4, 3e-4, 4e-4),
     "any.pipeline_collective_floor_s": (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1.0e-3, 1.25e-3, 1.5e-3),
     "any.pipeline_collective_floor_rank_s": (0.0, 0.1e-3, 0.2e-3, 0.25e-3, 0.3e-3, 0.35e-3, 0.4e-3, 0.5e-3),
+    "any.cross_domain_tp_rank_s": (0.0, 0.04e-3, 0.06e-3, 0.07e-3, 0.08e-3, 0.09e-3, 0.1e-3, 0.12e-3),
 }
 # The generic engine's figures in the grid ("any.<EngineBehaviour field>"): engine figures no
 # benchmark publishes, fitted on H100 (the Playbook's nanotron sweep) alone.

@@ -7,8 +7,10 @@ Per layer and micro-batch (a stage's step time over the micro-batches' slots, m 
 at micro-batches of 1–4 and tensor parallelism within a node, by tp and by where the pipeline's
 neighbours are: on another node (nanotron's rank order, tp then dp then pp, puts a stage's
 neighbours tp·dp ranks away), on the same node, or no pipeline on several nodes. "model" is the
-estimate as it stands; "GPU" is the same estimate without the generic engine's floor
-(``EngineBehaviour.pipeline_collective_floor_s`` and ``_rank_s`` at 0), what the stage's work takes.
+estimate as it stands; "GPU" is the same estimate without the generic engine's floors
+(``EngineBehaviour.pipeline_collective_floor_s``, ``_rank_s`` and ``cross_domain_tp_rank_s`` at 0),
+what the stage's work takes. A second table does the same for tensor parallelism across nodes (tp 16
+and 32 on 8-GPU nodes), by model and by whether there is a pipeline.
 """
 
 from __future__ import annotations
@@ -24,17 +26,20 @@ from planner.fidelity import evaluate
 from planner.published_runs import load_rows
 
 
-def per_layer_ms(rows) -> dict:
-    """{(where, tp): [(measured, predicted) ms per layer and micro-batch]} for the Playbook's rows."""
+def per_layer_ms(rows, across: bool = False) -> dict:
+    """{(where, tp): [(measured, predicted) ms per layer and micro-batch]} for the Playbook's rows;
+    with ``across``, {(model, tp, pipeline or not): ...} for those whose tensor parallelism spans nodes."""
     out = defaultdict(list)
     for r in rows:
         lay, training = r.case["layout"], r.case["training"]
-        if r.row.get("trust") == "low" or lay["micro_batch_size"] > 4 or lay["tp"] > 8:
+        if r.row.get("trust") == "low" or lay["micro_batch_size"] > 4 or (lay["tp"] > 8) != across:
             continue
         job = load_case(r.case).job()
-        if lay["pp"] > 1:
-            across = group_links(job.cluster, job.layout, "pp").domains > 1
-            where = "pipeline neighbours on another node" if across else "pipeline neighbours on the node"
+        if across:
+            where = (r.case["model"]["name"].split(" ")[0], "pipeline" if lay["pp"] > 1 else "no pipeline")
+        elif lay["pp"] > 1:
+            elsewhere = group_links(job.cluster, job.layout, "pp").domains > 1
+            where = "pipeline neighbours on another node" if elsewhere else "pipeline neighbours on the node"
         elif r.row["num_gpus"] > job.cluster.gpu.nvlink_domain:
             where = "no pipeline, several nodes"
         else:
@@ -42,24 +47,39 @@ def per_layer_ms(rows) -> dict:
         tokens = training["global_batch_size"] * training["seq_len"]
         microbatches = training["global_batch_size"] // (lay["dp"] * lay["micro_batch_size"])
         per = (microbatches + lay["pp"] - 1) * r.case["model"]["num_layers"] / lay["pp"]
-        out[(where, lay["tp"])].append((tokens / r.measured / per * 1e3, tokens / r.predicted / per * 1e3))
+        key = (where[0], lay["tp"], where[1]) if across else (where, lay["tp"])
+        out[key].append((tokens / r.measured / per * 1e3, tokens / r.predicted / per * 1e3))
     return out
+
+
+def medians(pairs) -> tuple[float, float]:
+    return statistics.median(m for m, _ in pairs), statistics.median(p for _, p in pairs)
 
 
 def main() -> None:
     rows = [r for r in load_rows() if "Playbook" in r["source"]]
-    model = per_layer_ms(evaluate(rows, experts=False).rows)
+    evaluated = evaluate(rows, experts=False).rows
+    model, model_across = per_layer_ms(evaluated), per_layer_ms(evaluated, across=True)
     generic = engines.ENGINES["any"]
     engines.ENGINES["any"] = dataclasses.replace(generic, behaviour=dataclasses.replace(
-        generic.behaviour, pipeline_collective_floor_s=0.0, pipeline_collective_floor_rank_s=0.0))
-    gpu = per_layer_ms(evaluate(rows, experts=False).rows)
+        generic.behaviour, pipeline_collective_floor_s=0.0, pipeline_collective_floor_rank_s=0.0,
+        cross_domain_tp_rank_s=0.0))
+    bare = evaluate(rows, experts=False).rows
+    gpu, gpu_across = per_layer_ms(bare), per_layer_ms(bare, across=True)
     engines.ENGINES["any"] = generic
     print("| where | tp | rows | measured ms | model ms | GPU ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for key in sorted(model):
-        measured = statistics.median(m for m, _ in model[key])
-        print(f"| {key[0]} | {key[1]} | {len(model[key])} | {measured:.1f} | "
-              f"{statistics.median(p for _, p in model[key]):.1f} | {statistics.median(p for _, p in gpu[key]):.1f} |")
+        measured, predicted = medians(model[key])
+        print(f"| {key[0]} | {key[1]} | {len(model[key])} | {measured:.1f} | {predicted:.1f} | "
+              f"{medians(gpu[key])[1]:.1f} |")
+    print("\nTensor parallelism across nodes\n")
+    print("| model | tp | pipeline | rows | measured ms | model ms | GPU ms |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    for key in sorted(model_across):
+        measured, predicted = medians(model_across[key])
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {len(model_across[key])} | {measured:.1f} | {predicted:.1f} | "
+              f"{medians(gpu_across[key])[1]:.1f} |")
 
 
 if __name__ == "__main__":

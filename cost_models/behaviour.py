@@ -171,6 +171,12 @@ class EngineBehaviour:
     # the host cost above from 300 to 200 us); 0 for the engines that send fixed shapes.
     pipeline_collective_floor_s: float = 0.0
     pipeline_collective_floor_rank_s: float = 0.0
+    # The least time of a tensor-parallel collective whose group spans NVLink domains, per rank of
+    # the group beyond the first (``step_time.cross_domain_tp_floor``), with the GPU's work beneath
+    # it. Measured, not derived: nanotron's tp 16 and 32 on 8-GPU EFA nodes in the Playbook's sweep
+    # run a layer 2-4x slower than NCCL's collectives and the GPU's work account for (fitted by
+    # bench/fit_performance.py h100); 0 for the engines without such runs.
+    cross_domain_tp_rank_s: float = 0.0
     # The fp8 recipe a job runs when it names none (``cost_models.quantization.FP8_RECIPES``):
     # torchao's Float8LinearConfig() scales per tensor, dynamically.
     fp8_recipe: str = "tensorwise"
@@ -223,9 +229,10 @@ class EngineBehaviour:
     def costs_per_collective(self) -> bool:
         """Whether each tensor-parallel collective call costs the engine time beyond its bytes: a host
         cost (``collective_launch_s``) or a floor in pipelines across nodes
-        (``pipeline_collective_floor_s``, ``_rank_s``). Sequence parallelism makes twice the calls."""
+        (``pipeline_collective_floor_s``, ``_rank_s``) or in tensor-parallel groups across nodes
+        (``cross_domain_tp_rank_s``). Sequence parallelism makes twice the calls."""
         return bool(self.collective_launch_s or self.pipeline_collective_floor_s
-                    or self.pipeline_collective_floor_rank_s)
+                    or self.pipeline_collective_floor_rank_s or self.cross_domain_tp_rank_s)
 
     def gathers_quantized_weights(self, recipe: Optional[str], zero_stage: int, optimizer_offloaded: bool) -> bool:
         """Whether the engine keeps the weights quantized under ``recipe`` at ``zero_stage`` where a
@@ -243,4 +250,5 @@ class EngineBehaviour:
 # balanced by compute; ZeRO-1 as nanotron runs it: fp32 gradients reduced after the backward in one
 # all-reduce, and the weight shards gathered, and copied out parameter by parameter, before the step returns.
 GENERIC = EngineBehaviour(zero1_gather_in_step=True, zero1_gather_copies=True, zero1_fp32_reduce_after_backward=True,
-                          pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3)
+                          pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3,
+                          cross_domain_tp_rank_s=0.06e-3)

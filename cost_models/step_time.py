@@ -376,6 +376,21 @@ def cross_domain_pipeline_floor(job: Job, collectives: float) -> float:
     return collectives * per_collective
 
 
+def cross_domain_tp_floor(job: Job, collectives: float) -> float:
+    """The least time one micro-batch takes through a stage whose tensor-parallel group itself spans
+    NVLink domains, for the engines that show one: each of its ``collectives`` tensor-parallel
+    collectives costs at least c·(tp − 1) (``EngineBehaviour.cross_domain_tp_rank_s``), the stage's GPU
+    work running beneath it. Measured, not derived: in the Playbook's nanotron sweep (8-GPU EFA nodes,
+    no pipeline) a layer and micro-batch takes a median 9.8 ms at tp 16 for the 1B and the 3B alike and
+    16-20 ms at tp 32, at micro-batches of 1-4, where NCCL's own all-gather of those sizes between 2
+    and 4 p5 nodes takes 0.2-0.4 ms (nccl-tests) and the GPU work 4-5 ms (bench/pipeline_floor.py,
+    second table). 0 within one domain, or for an engine that shows none."""
+    lay, rank_s = job.layout, job.training.engine.cross_domain_tp_rank_s
+    if lay.tp == 1 or not rank_s or group_links(job.cluster, lay, "tp").domains == 1:
+        return 0.0
+    return collectives * rank_s * (lay.tp - 1)
+
+
 @lru_cache(maxsize=4096)
 def tp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
                          micro_batch_size: int, sequence_parallel: bool = False) -> tuple[float, float]:
@@ -526,10 +541,10 @@ def stage_time(job: Job, stage: int) -> StageTime:
         exposed_fwd = steps * wait + exposed(steps * (hop - wait), low.core, perf)
         exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * low.core, perf)
         cp_comm = layers * (exposed_fwd + exposed_bwd)
-    # A stage whose neighbours are across the fabric may not run faster than its collectives'
-    # floor: what the floor adds shows as tensor-parallel time.
-    floor = cross_domain_pipeline_floor(job, tp_collectives_per_pass(lay.sequence_parallel)
-                                        * (2 * tp_layers + repeated))
+    # A stage whose pipeline neighbours, or tensor-parallel peers, are across the fabric may not run
+    # faster than its collectives' floor (the larger of the two): what it adds shows as tensor-parallel time.
+    collectives = tp_collectives_per_pass(lay.sequence_parallel) * (2 * tp_layers + repeated)
+    floor = max(cross_domain_pipeline_floor(job, collectives), cross_domain_tp_floor(job, collectives))
     tp_comm += max(0.0, floor - (compute + recompute + tp_comm + cp_comm + ep_comm))
     return StageTime(compute=compute, recompute=recompute, tp_comm=tp_comm, cp_comm=cp_comm, ep_comm=ep_comm)
 

@@ -16,7 +16,7 @@ from cost_models.flops import Gemm
 from cost_models.kernels import gemm_time, wave_efficiency
 from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Performance, SpecError,
                                TrainingSpec)
-from cost_models.step_time import (cross_entropy_bytes, cross_entropy_time, dp_comm_exposed, gradient_chunks, layer_forward_time,
+from cost_models.step_time import (cross_domain_tp_floor, cross_entropy_bytes, cross_entropy_time, dp_comm_exposed, gradient_chunks, layer_forward_time,
                                    stage_time, step_time, tp_exposed_per_layer)
 from cost_models.topology import GroupLinks, group_links
 from planner.engines import behaviour_of
@@ -583,6 +583,32 @@ def test_a_stage_whose_pipeline_neighbours_are_across_nodes_runs_no_faster_than_
                                                           num_gpus=32))
     assert stage_time(inside, 1).total < across.total / 2
     assert stage_time(job("megatron", 32), 1).total < across.total / 2
+
+
+def test_a_tensor_parallel_group_across_nodes_runs_no_faster_than_its_collectives_floor():
+    """Engine-neutral stacks (nanotron's tp 16 and 32 in the Playbook's sweep): a tensor-parallel group
+    that spans NVLink domains takes at least c·(tp − 1) per collective, the GPU's work beneath it: without
+    a pipeline, 24 layers × 2 passes × 4 collectives × 15·c at tp 16 on 8-GPU nodes. The group inside a
+    node (tp 8), and Megatron's, pay none; with a pipeline across nodes the larger floor stands."""
+    c = behaviour_of("any").cross_domain_tp_rank_s
+    assert c > 0
+
+    def job(engine: str, tp: int, pp: int = 1) -> Job:
+        return Job(_gpt(layers=24, h=2048, a=32), ClusterSpec(gpu=_gpu(), num_gpus=64),
+                   TrainingSpec(global_batch_size=512, seq_len=2048, precision="bf16", flash_attention=True,
+                                engine=behaviour_of(engine)),
+                   Layout(tp=tp, pp=pp, dp=64 // (tp * pp), micro_batch_size=1, sequence_parallel=True))
+
+    spans = stage_time(job("any", 16), 0)
+    assert spans.total == pytest.approx(24 * 2 * 4 * 15 * c)
+    assert cross_domain_tp_floor(job("any", 8), 8) == 0.0
+    assert cross_domain_tp_floor(job("megatron", 16), 8) == 0.0
+    assert stage_time(job("megatron", 16), 0).total < spans.total / 2
+    # With a pipeline whose neighbours are across nodes, the pipeline's floor is the larger: it alone stands.
+    piped = job("any", 16, pp=2)
+    generic = behaviour_of("any")
+    per = generic.pipeline_collective_floor_s + 15 * generic.pipeline_collective_floor_rank_s
+    assert stage_time(piped, 1).total == pytest.approx(piped.stage_layers[1] * 2 * 4 * per)
 
 
 def test_bf16_gradients_stay_bf16_unless_the_engine_or_case_says_fp32():
