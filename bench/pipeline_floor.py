@@ -56,6 +56,16 @@ def medians(pairs) -> tuple[float, float]:
     return statistics.median(m for m, _ in pairs), statistics.median(p for _, p in pairs)
 
 
+def table(header: str, rule: str, model: dict, gpu: dict) -> None:
+    """One row per key (its parts, then rows, measured, model and GPU ms)."""
+    print(header)
+    print(rule)
+    for key in sorted(model):
+        measured, predicted = medians(model[key])
+        print(f"| {' | '.join(str(part) for part in key)} | {len(model[key])} | {measured:.1f} | {predicted:.1f} | "
+              f"{medians(gpu[key])[1]:.1f} |")
+
+
 def main() -> None:
     rows = [r for r in load_rows() if "Playbook" in r["source"]]
     evaluated = evaluate(rows, experts=False).rows
@@ -67,19 +77,11 @@ def main() -> None:
     bare = evaluate(rows, experts=False).rows
     gpu, gpu_across = per_layer_ms(bare), per_layer_ms(bare, across=True)
     engines.ENGINES["any"] = generic
-    print("| where | tp | rows | measured ms | model ms | GPU ms |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for key in sorted(model):
-        measured, predicted = medians(model[key])
-        print(f"| {key[0]} | {key[1]} | {len(model[key])} | {measured:.1f} | {predicted:.1f} | "
-              f"{medians(gpu[key])[1]:.1f} |")
+    table("| where | tp | rows | measured ms | model ms | GPU ms |", "| --- | ---: | ---: | ---: | ---: | ---: |",
+          model, gpu)
     print("\nTensor parallelism across nodes\n")
-    print("| model | tp | pipeline | rows | measured ms | model ms | GPU ms |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
-    for key in sorted(model_across):
-        measured, predicted = medians(model_across[key])
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {len(model_across[key])} | {measured:.1f} | {predicted:.1f} | "
-              f"{medians(gpu_across[key])[1]:.1f} |")
+    table("| model | tp | pipeline | rows | measured ms | model ms | GPU ms |",
+          "| --- | ---: | --- | ---: | ---: | ---: | ---: |", model_across, gpu_across)
 
 
 if __name__ == "__main__":
