@@ -10,7 +10,7 @@ neighbours tp·dp ranks away), on the same node, or no pipeline on several nodes
 estimate as it stands; "GPU" is the same estimate without the generic engine's floors
 (``EngineBehaviour.pipeline_collective_floor_s``, ``_rank_s`` and ``cross_domain_tp_rank_s`` at 0),
 what the stage's work takes. A second table does the same for tensor parallelism across nodes (tp 16
-and 32 on 8-GPU nodes), by model and by whether there is a pipeline.
+and 32 on 8-GPU nodes), by model, by whether there is a pipeline and by micro-batch (1-4, 8 or more).
 """
 
 from __future__ import annotations
@@ -28,15 +28,17 @@ from planner.published_runs import load_rows
 
 def per_layer_ms(rows, across: bool = False) -> dict:
     """{(where, tp): [(measured, predicted) ms per layer and micro-batch]} for the Playbook's rows;
-    with ``across``, {(model, tp, pipeline or not): ...} for those whose tensor parallelism spans nodes."""
+    with ``across``, {(model, tp, pipeline or not, micro-batch): ...} for those whose tensor parallelism
+    spans nodes."""
     out = defaultdict(list)
     for r in rows:
         lay, training = r.case["layout"], r.case["training"]
-        if r.row.get("trust") == "low" or lay["micro_batch_size"] > 4 or (lay["tp"] > 8) != across:
+        if r.row.get("trust") == "low" or (lay["micro_batch_size"] > 4 and not across) or (lay["tp"] > 8) != across:
             continue
         job = load_case(r.case).job()
         if across:
-            where = (r.case["model"]["name"].split(" ")[0], "pipeline" if lay["pp"] > 1 else "no pipeline")
+            where = (r.case["model"]["name"].split(" ")[0], "pipeline" if lay["pp"] > 1 else "no pipeline",
+                     "1-4" if lay["micro_batch_size"] <= 4 else "8 or more")
         elif lay["pp"] > 1:
             elsewhere = group_links(job.cluster, job.layout, "pp").domains > 1
             where = "pipeline neighbours on another node" if elsewhere else "pipeline neighbours on the node"
@@ -47,7 +49,7 @@ def per_layer_ms(rows, across: bool = False) -> dict:
         tokens = training["global_batch_size"] * training["seq_len"]
         microbatches = training["global_batch_size"] // (lay["dp"] * lay["micro_batch_size"])
         per = (microbatches + lay["pp"] - 1) * r.case["model"]["num_layers"] / lay["pp"]
-        key = (where[0], lay["tp"], where[1]) if across else (where, lay["tp"])
+        key = (where[0], lay["tp"], *where[1:]) if across else (where, lay["tp"])
         out[key].append((tokens / r.measured / per * 1e3, tokens / r.predicted / per * 1e3))
     return out
 
@@ -80,8 +82,8 @@ def main() -> None:
     table("| where | tp | rows | measured ms | model ms | GPU ms |", "| --- | ---: | ---: | ---: | ---: | ---: |",
           model, gpu)
     print("\nTensor parallelism across nodes\n")
-    table("| model | tp | pipeline | rows | measured ms | model ms | GPU ms |",
-          "| --- | ---: | --- | ---: | ---: | ---: | ---: |", model_across, gpu_across)
+    table("| model | tp | pipeline | micro-batch | rows | measured ms | model ms | GPU ms |",
+          "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: |", model_across, gpu_across)
 
 
 if __name__ == "__main__":
