@@ -36,7 +36,7 @@ GRID = {
     "comm_overlap": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     "hbm_efficiency": (0.6, 0.7, 0.8, 0.9),
     "fabric.latency_s": (5e-6, 1e-5, 2e-5, 4e-5),
-    "any.collective_launch_s": (0.0, 0.5e-4, 1e-4, 1.5e-4, 2e-4, 3e-4, 4e-4),
+    "any.collective_launch_s": (0.0, 1e-4, 2e-4, 3e-4, 4e-4),
     "any.pipeline_collective_floor_s": (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1.0e-3, 1.25e-3, 1.5e-3),
     "any.pipeline_collective_floor_rank_s": (0.0, 0.1e-3, 0.2e-3, 0.25e-3, 0.3e-3, 0.35e-3, 0.4e-3, 0.5e-3),
     "any.cross_domain_tp_rank_s": (0.0, 0.04e-3, 0.06e-3, 0.07e-3, 0.08e-3, 0.09e-3, 0.1e-3, 0.12e-3),

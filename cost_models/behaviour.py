@@ -155,9 +155,8 @@ class EngineBehaviour:
     # Host time per tensor-parallel collective on the critical path, beyond NCCL's own latency:
     # issuing it from eager Python (autograd functions around torch.distributed calls, stream
     # waits). Fitted to the published runs of the engines that show it (plain PyTorch stacks:
-    # the Playbook's nanotron sweep, bench/fit_performance.py h100): 200 us until the floor of
-    # tensor-parallel groups across nodes (``cross_domain_tp_rank_s``) took the cost it had stood in for.
-    collective_launch_s: float = 100e-6
+    # the Playbook's nanotron sweep, bench/fit_performance.py h100).
+    collective_launch_s: float = 200e-6
     # The least time of a tensor-parallel collective in a pipeline stage whose neighbours are in
     # another NVLink domain: f0 + f1 * (tp - 1) each (``step_time.cross_domain_pipeline_floor``),
     # with the GPU's work running beneath it. Measured, not derived: in the Playbook's nanotron

@@ -383,7 +383,7 @@ def cross_domain_tp_floor(job: Job, collectives: float) -> float:
     work running beneath it. Measured, not derived: in the Playbook's nanotron sweep (8-GPU EFA nodes,
     no pipeline) a layer and micro-batch takes a median 9.8 ms at tp 16 for the 1B and the 3B alike and
     16-20 ms at tp 32, at micro-batches of 1-4, where NCCL's own all-gather of those sizes between 2
-    and 4 p5 nodes takes 0.2-0.4 ms (nccl-tests) and the GPU work 3-4 ms (bench/pipeline_floor.py,
+    and 4 p5 nodes takes 0.2-0.4 ms (nccl-tests) and the GPU work 4-5 ms (bench/pipeline_floor.py,
     second table). 0 within one domain, or for an engine that shows none."""
     lay, rank_s = job.layout, job.training.engine.cross_domain_tp_rank_s
     if lay.tp == 1 or not rank_s or group_links(job.cluster, lay, "tp").domains == 1:
