@@ -16,8 +16,8 @@ from cost_models.flops import Gemm
 from cost_models.kernels import gemm_time, wave_efficiency
 from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Performance, SpecError,
                                TrainingSpec)
-from cost_models.step_time import (cross_domain_tp_floor, cross_entropy_bytes, cross_entropy_time, dp_comm_exposed, gradient_chunks, layer_forward_time,
-                                   stage_time, step_time, tp_exposed_per_layer)
+from cost_models.step_time import (cross_domain_tp_floor, cross_entropy_bytes, cross_entropy_time, dp_comm_exposed,
+                                   gradient_chunks, layer_forward_time, stage_time, step_time, tp_exposed_per_layer)
 from cost_models.topology import GroupLinks, group_links
 from planner.engines import behaviour_of
 
