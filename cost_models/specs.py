@@ -804,7 +804,8 @@ class Layout:
     stage_layers: Optional[tuple[int, ...]] = None
     # Layers of each of the pp·vpp model chunks in model order (chunk v·pp + r is rank r's v-th:
     # what a ``--pipeline-model-parallel-layout`` counts); None splits each stage's layers as
-    # evenly as they go, the spare ones first (``partition.chunk_layers``). Sets stage_layers.
+    # evenly as they go, the spare ones first (``partition.chunk_layers``). Sets stage_layers. Every
+    # chunk holds a layer but the last, which may hold only the MTP layers and the loss.
     chunk_layers: Optional[tuple[int, ...]] = None
     # Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split:
     # the embedding (loss) counts as one layer of the first (last) virtual stage.
@@ -885,9 +886,13 @@ class Layout:
         if len(chunks) != self.pp * self.vpp:
             raise SpecError(s, "chunk_layers", f"expected pp·vpp = {self.pp * self.vpp} entries (one per model "
                                                f"chunk), got {len(chunks)}")
-        for n in chunks:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise SpecError(s, "chunk_layers", f"expected a positive layer count for every model chunk, got {n!r}")
+        # The model's last chunk may hold no decoder layer when it holds the MTP modules and the loss
+        # (Megatron-Bridge's DeepSeek-V3 layout on H100, "Et|(tt|)*30mL"); Job checks the model has them.
+        for i, n in enumerate(chunks):
+            last = i == len(chunks) - 1
+            if isinstance(n, bool) or not isinstance(n, int) or n < (0 if last else 1):
+                raise SpecError(s, "chunk_layers", f"expected a positive layer count for every model chunk (the last "
+                                                   f"may hold none where it holds the MTP layers), got {n!r}")
         from .partition import rank_chunks
 
         stages = tuple(sum(c) for c in rank_chunks(chunks, self.pp))
@@ -979,9 +984,13 @@ class Job:
             # With interleaving, a stage's layers may split into unequal model chunks (Meta's
             # Llama 3 405B: 126 layers on 16 stages, one fewer on the first and last), as
             # Megatron's --pipeline-model-parallel-layout writes them; each chunk holds one at least.
-            if lay.vpp > 1 and min(lay.stage_layers) < lay.vpp:
+            if lay.vpp > 1 and lay.chunk_layers is None and min(lay.stage_layers) < lay.vpp:
                 raise SpecError(s, "stage_layers", f"every stage needs at least vpp {lay.vpp} layers "
                                                    f"(one per model chunk), got {min(lay.stage_layers)}")
+            if lay.chunk_layers is not None and lay.chunk_layers[-1] == 0 and not m.mtp_layers:
+                raise SpecError(s, "chunk_layers", "the last model chunk holds no decoder layer: only a model with "
+                                                   "multi-token prediction layers (mtp_layers) may end in a chunk "
+                                                   "of its MTP layers and loss alone")
         elif lay.account_for_embedding_in_pipeline_split or lay.account_for_loss_in_pipeline_split:
             units = m.num_layers + lay.account_for_embedding_in_pipeline_split + lay.account_for_loss_in_pipeline_split
             if units % (lay.pp * lay.vpp):

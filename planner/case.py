@@ -541,7 +541,9 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
         layers = section["chunk_layers"]
         if not isinstance(layers, list):
             raise CaseError(src, f"{key}.chunk_layers", f"expected a list of layer counts, got {describe(layers)}")
-        values["chunk_layers"] = tuple(read_int(src, f"{key}.chunk_layers", n) for n in layers)
+        # The last chunk may hold none, where it holds the MTP layers (Layout and Job say when it may).
+        values["chunk_layers"] = tuple(read_int(src, f"{key}.chunk_layers", n, minimum=int(i < len(layers) - 1))
+                                       for i, n in enumerate(layers))
     model_parallel = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
     if "dp" in section:
         values["dp"] = read_int(src, f"{key}.dp", section["dp"])

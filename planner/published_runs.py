@@ -63,11 +63,14 @@ TORCHTITAN_COMPILES_LOSS = {"0.0.2": False, "2c8b594": True, "6fc499f": True}
 # (scripts/performance/run_script.py at v0.1.0rc4, the first release whose docs hold the 25.09 table), by
 # model and GPU preset. DeepSeek-V3: on H100 (the "dropless" row) DeepEP with its dispatch overlapped in
 # the 1F1B schedule (A2A_1F1B: overlap_moe_expert_parallel_comm) and MLA's up-projections and the dense
-# MLPs recomputed; on B200 and GB200 (the "tokendrop" rows) MLA's up-projections recomputed.
+# MLPs recomputed, in its own pipeline layout, whose last model chunk holds the MTP module and the loss
+# alone (run_script.py: layout = "Et|(tt|)*30mL" on H100); on B200 and GB200 (the "tokendrop" rows)
+# MLA's up-projections recomputed.
 BRIDGE_2509_SOURCE = "Megatron-Bridge performance summary, NeMo 25.09"
 BRIDGE_2509_SETTINGS = {
     ("DeepSeek-V3", "h100-sxm-80gb"): {"overlap_moe_expert_parallel_comm": True,
-                                       "recompute_modules": ["mla_up_proj", "mlp"]},
+                                       "recompute_modules": ["mla_up_proj", "mlp"],
+                                       "pipeline_model_parallel_layout": "Et|(tt|)*30mL"},
     ("DeepSeek-V3", "b200"): {"recompute_modules": ["mla_up_proj"]},
     ("DeepSeek-V3", "gb200"): {"recompute_modules": ["mla_up_proj"]},
 }
@@ -574,6 +577,10 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
     if mtp := mtp_layers(row, model):
         model["mtp_layers"] = mtp
         split = bridge_mtp_split(md["layers"], pp, vpp) if training["engine"] == "megatron" else None
+        if (text := recipe_settings(row).get("pipeline_model_parallel_layout")) and training["engine"] == "megatron":
+            from .readers.megatron import parse_layout_string
+
+            split = parse_layout_string(text, pp, mtp)
         if split is not None:
             layout = {k: v for k, v in layout.items() if not k.startswith("account_for") and k != "stage_layers"}
             layout["chunk_layers"] = split

@@ -243,6 +243,53 @@ def test_diagnose_reads_megatron_bridges_deepseek_v3_layouts_with_mtp(tmp_path):
             [4] * (16 // pp - 1) + [1]
 
 
+def test_diagnose_reads_megatron_bridges_h100_layout_whose_last_chunk_is_the_mtp_module(tmp_path):
+    """Megatron-Bridge's 25.09 perf script runs DeepSeek-V3 on H100 in its own layout,
+    "Et|(tt|)*30mL" (scripts/performance/run_script.py, v0.1.0rc4): 32 model chunks of 2 layers but
+    the first, of one, and the last, which holds the MTP layer and the loss alone. At pp 8 the last
+    rank's chunks are 2, 2, 2 and 0: 6 layers, where the others hold 8 (the first 7). It reads as the
+    layout's own chunks, the estimate prices the last rank's 6 layers, and the emitter writes it back
+    as megatron-core reads it."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    from planner.emit import megatron as emit
+    from planner.readers import megatron as reader
+
+    data = {"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1024},
+            "training": {"global_batch_size": 8192, "seq_len": 4096, "precision": "fp8", "engine": "megatron",
+                         "fp8_param_gather": False}}
+    args = tmp_path / "args.txt"
+    args.write_text("--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 64 "
+                    "--expert-tensor-parallel-size 1 --micro-batch-size 1 --global-batch-size 8192 "
+                    "--use-distributed-optimizer --mtp-num-layers 1 --pipeline-model-parallel-size 8 "
+                    "--pipeline-model-parallel-layout 'Et|(tt|)*30mL'\n")
+    layout = reader.read(args, load_case(data))
+    assert layout.chunk_layers == (1,) + (2,) * 30 + (0,)
+    assert (layout.vpp, layout.stage_layers) == (4, (7, 8, 8, 8, 8, 8, 8, 6))
+    est = planner.estimate({**data, "layout": layout_to_mapping(layout)})
+    assert est.job.rank_chunk_layers(7) == (2, 2, 2, 0) and est.job.stage_layers[7] == 6
+    text = emit.render(est, ["header"])["megatron_args.txt"]
+    written = text.split("--pipeline-model-parallel-layout")[1].split()[0].strip("'\"")
+    assert written.endswith("|tt|mL")
+    assert reader.parse_layout_string(written, 8, 1) == [1] + [2] * 30 + [0]
+    megatron_layout = PipelineParallelLayerLayout(written, 8)
+    megatron_layout.validate_layer_layout(num_layers=61, mtp_num_layers=1)
+    assert [chunk.count(LayerType.decoder) for chunk in megatron_layout.layout[-1]] == [2, 2, 2, 0]
+    assert [chunk.count(LayerType.mtp) for chunk in megatron_layout.layout[-1]] == [0, 0, 0, 1]
+
+
+def test_only_the_last_chunk_may_hold_no_layer_and_only_beside_the_mtp_layers():
+    layout = {k: v for k, v in CASE["layout"].items() if k != "stage_layers"}
+    ends_in_mtp = {**CASE, "layout": {**layout, "vpp": 2, "chunk_layers": [3, 4, 4, 4, 4, 4, 4, 0]}}
+    assert load_case(ends_in_mtp).job().stage_layers == (7, 8, 8, 4)
+    with pytest.raises(planner.CaseError, match=r"layout.chunk_layers: expected an integer >= 1, got int 0"):
+        load_case({**CASE, "layout": {**layout, "vpp": 2, "chunk_layers": [3, 4, 4, 0, 4, 4, 4, 4]}})
+    with pytest.raises(planner.CaseError, match="layout.chunk_layers: the last model chunk holds no decoder layer"):
+        load_case({**ends_in_mtp, "model": {**CASE["model"], "mtp_layers": 0}})
+
+
 def test_a_layouts_chunks_must_hold_its_stages():
     with pytest.raises(planner.CaseError, match="layout.chunk_layers: expected pp·vpp = 8 entries"):
         load_case({**CASE, "layout": {**CASE["layout"], "vpp": 2, "chunk_layers": [6, 7, 7]}})

@@ -95,10 +95,12 @@ def test_megatron_bridge_rows_run_what_their_recipes_set(rows):
 def test_megatron_bridges_2509_rows_run_what_its_perf_script_set(rows):
     """The 25.09 rows name no recipe; its perf script (scripts/performance/run_script.py, v0.1.0rc4) runs
     DeepSeek-V3 on H100 with the dispatch overlapped in 1F1B and MLA's up-projections and the dense MLPs
-    recomputed, on B200 and GB200 with the up-projections recomputed and the token drop its table labels
-    "(tokendrop)": capacity factor 1.0, padded (apply_moe_token_drop)."""
+    recomputed, in its own pipeline layout, on B200 and GB200 with the up-projections recomputed and the
+    token drop its table labels "(tokendrop)": capacity factor 1.0, padded (apply_moe_token_drop)."""
     h100, _ = case_of(rows["mb_2509_deepseekv3_h100_1024g_fp8"])
     assert h100["training"]["moe_comm_overlap"] and h100["layout"]["recompute_modules"] == ["mla_up_proj", "mlp"]
+    # ... in its own layout on H100 (run_script.py: "Et|(tt|)*30mL"), the MTP module and loss a chunk alone.
+    assert h100["layout"]["chunk_layers"] == [1] + [2] * 30 + [0] and "stage_layers" not in h100["layout"]
     assert "moe_capacity_factor" not in h100["model"]  # its row: "DeepSeekV3 (dropless)"
     for rid in ("mb_2509_deepseekv3_b200_256g_fp8", "mb_2509_deepseekv3_gb200_256g_fp8"):
         case, _ = case_of(rows[rid])

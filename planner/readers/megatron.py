@@ -314,9 +314,9 @@ def read(path: Path, case) -> Layout:
         if sum(counts) != layers:
             raise CaseError(src, flag, f"holds {sum(counts)} transformer layers, the case's model {layers}")
         vpp = len(counts) // pp
-        if 0 in counts:
-            raise CaseError(src, flag, "every model chunk must hold a transformer layer (the planner models no "
-                                       "chunk without one)")
+        if 0 in counts[:-1] or (counts[-1] == 0 and not model.mtp_layers):
+            raise CaseError(src, flag, "every model chunk must hold a transformer layer, but the last where it holds "
+                                       "the MTP layers (the planner models no other chunk without one)")
         per_rank = rank_chunks(counts, pp)
         stages = [sum(chunks_of_rank) for chunks_of_rank in per_rank]
         stage_layers = tuple(stages) if len(set(stages)) > 1 else None
