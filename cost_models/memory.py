@@ -17,7 +17,7 @@ from .parameters import (StageParameters, attention_parameters, expert_parameter
                          router_parameters, shared_expert_parameters, stage_linear_parameters, stage_parameters)
 from .quantization import cached_weight_bytes
 from .pipeline import in_flight_chunks, in_flight_peak
-from .specs import Job, Layout, ModelSpec, TrainingSpec
+from .specs import Job, Layout, ModelSpec, Overheads, TrainingSpec
 
 TERMS = ("parameters", "gradients", "optimizer_states", "activations", "other")
 
@@ -255,11 +255,13 @@ def on_gpu_shares(job: Job) -> StateBytes:
 
 
 def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[StageMemory, ...]:
-    """Memory per GPU of the given pipeline stages (all by default), by term."""
+    """Memory per GPU of the given pipeline stages (all by default), by term: what PyTorch's caching
+    allocator holds, the figure ``torch.cuda.max_memory_reserved`` reports. What lives outside it
+    (``Overheads.cuda_context``) is taken off the capacity instead (:func:`usable_bytes`)."""
     lay = job.layout
     shared = per_microbatch(job)
     o = job.overheads
-    fixed = o.cuda_context + o.comm_buffers + zero3_gather_bytes(job)
+    fixed = o.comm_buffers + zero3_gather_bytes(job)
     if job.model.is_moe:
         fixed += alltoall_buffer_bytes(job.model, job.training, lay)
     out = []
@@ -282,6 +284,13 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[St
             other=fixed + o.fragmentation * activations,
         ))
     return tuple(out)
+
+
+def usable_bytes(memory_bytes: float, overheads: Overheads, headroom: float) -> float:
+    """What the caching allocator may hold at its peak on a GPU of ``memory_bytes``: the capacity
+    less the headroom a layout must leave free, less what lives outside the allocator (the CUDA
+    context, NCCL's own buffers: ``Overheads.cuda_context``), which its counters never show."""
+    return memory_bytes * (1 - headroom) - overheads.cuda_context
 
 
 def host_bytes(job: Job) -> float:

@@ -749,10 +749,13 @@ class TrainingSpec:
 class Overheads:
     """Memory that is neither model state nor activations, each a documented default.
 
-    - ``cuda_context``: the CUDA context, cuBLAS/cuDNN workspaces and the NCCL
-      communicator state. PyTorch 2.x on Hopper shows 0.5–1 GiB before the first
-      tensor (PyTorch "CUDA semantics" notes; NCCL user guide, NCCL_BUFFSIZE 4 MiB
-      per channel and peer); we take 1 GiB.
+    - ``cuda_context``: what lives outside PyTorch's caching allocator: the CUDA context
+      and the NCCL communicators' own buffers, which NCCL allocates itself. PyTorch 2.x on
+      Hopper shows 0.5–1 GiB before the first tensor (PyTorch "CUDA semantics" notes; NCCL
+      user guide, NCCL_BUFFSIZE 4 MiB per channel and peer); we take 1 GiB. The allocator's
+      counters (``max_memory_allocated``, ``max_memory_reserved``, what training logs and
+      published peaks report) never hold it, so it is taken off the capacity a layout's peak
+      must fit in (``memory.usable_bytes``), not added to the peak.
     - ``comm_buffers``: gradient-reduction buckets and all-gather staging. Megatron's
       DDP bucket holds 40 M parameters by default and DeepSpeed's reduce bucket
       5e8 elements; a 2-byte bucket of 40 M elements is 0.08 GB, 5e8 elements 1 GB.

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from cost_models.activations import selective_modules
 from cost_models.topology import domains_spanned
 from cost_models.memory import StageMemory, host_bytes, peak_stage_memory, stage_memories
+from cost_models.memory import usable_bytes as allocator_usable_bytes
 from cost_models.parameters import active_parameters, total_parameters
 from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import Job, Layout, SpecError
@@ -119,6 +120,8 @@ class Estimate:
                 "peak_bytes": int(round(self.peak.total)),
                 "capacity_bytes": int(round(self.capacity_bytes)),
                 "usable_bytes": int(round(self.usable_bytes)),
+                # the CUDA context and NCCL's buffers, beside the allocator's peak (``Overheads.cuda_context``)
+                "outside_allocator_bytes": int(round(self.job.overheads.cuda_context)),
                 "stage": self.peak.stage,
                 "by_term": {term: int(round(v)) for term, v in self.peak.by_term().items()},
                 "host_bytes": int(round(self.host_bytes)),
@@ -160,8 +163,9 @@ def refuse_what_the_engine_cannot_run(case: Case, job: Job) -> None:
 
 
 def usable_bytes(job: Job, headroom: float) -> float:
-    """GPU memory a layout may use: the capacity less the headroom it must leave free."""
-    return job.cluster.gpu.memory_bytes * (1 - headroom)
+    """GPU memory a layout's peak may reach (``memory.usable_bytes``): the capacity less the
+    headroom it must leave free and what lives outside PyTorch's allocator."""
+    return allocator_usable_bytes(job.cluster.gpu.memory_bytes, job.overheads, headroom)
 
 
 def host_fits(job: Job, headroom: float) -> bool:

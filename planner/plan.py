@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from cost_models.memory import peak_stage_memory
+from cost_models.memory import peak_stage_memory, usable_bytes
 from cost_models.specs import ClusterSpec, Job, Layout
 
 from .case import Case, layout_to_mapping, load_case, spec_errors
@@ -167,7 +167,7 @@ def _some_layout_fits(case: Case, spec: SearchSpec) -> bool:
 
 
 def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
-    limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom)
+    limit = usable_bytes(case.cluster.gpu.memory_bytes, case.overheads, spec.headroom)
     excluded_by = None
     if tightest is not None:
         peak = peak_stage_memory(tightest)

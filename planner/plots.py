@@ -81,12 +81,14 @@ def _layout_label(estimate: "Estimate") -> str:
     return " ".join(parts)
 
 
-def _draw_usable(ax, capacity_gb: float, headroom: float) -> None:
-    """The line every layout had to stay under: capacity less the plan's headroom."""
-    if headroom > 0:
-        usable = capacity_gb * (1 - headroom)
+def _draw_usable(ax, best: "Estimate", headroom: float) -> None:
+    """The line every layout's peak had to stay under: the capacity less the plan's headroom and
+    what lives outside PyTorch's allocator (``memory.usable_bytes``)."""
+    usable = best.usable_bytes / GB
+    if usable < best.capacity_bytes / GB:
+        why = f"{headroom:.0%} headroom, " if headroom > 0 else ""
         ax.axhline(usable, color="#C44E52", linestyle=":", linewidth=1.2,
-                   label=f"usable ({usable:.1f} GB, {headroom:.0%} headroom)")
+                   label=f"usable ({usable:.1f} GB: {why}CUDA context)")
 
 
 def _draw_memory(ax, best: "Estimate", headroom: float) -> None:
@@ -100,7 +102,7 @@ def _draw_memory(ax, best: "Estimate", headroom: float) -> None:
     capacity = best.capacity_bytes / GB
     ax.axhline(capacity, color="black", linestyle="--", linewidth=1.2,
                label=f"GPU capacity ({capacity:.1f} GB)")
-    _draw_usable(ax, capacity, headroom)
+    _draw_usable(ax, best, headroom)
     ax.set_ylim(0, max(capacity, max(bottom, default=0.0)) * HEADROOM)
     ax.set_xlim(min(stages) - 0.6, max(stages) + 0.6)
     ax.set_xlabel("pipeline stage")
@@ -145,7 +147,7 @@ def _draw_pareto(ax, plan: "Plan") -> None:
                 textcoords="offset points", fontsize=8)
     capacity = best.capacity_bytes / GB
     ax.axhline(capacity, color="black", linestyle="--", linewidth=1.0, label="GPU capacity")
-    _draw_usable(ax, capacity, plan.headroom)
+    _draw_usable(ax, best, plan.headroom)
     times = [t for t, _ in cloud + points]
     span = max(times) - min(times)
     pad = span * 0.08 if span > 0 else max(min(times) * 0.01, 1e-3)

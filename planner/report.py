@@ -79,7 +79,10 @@ def print_estimate(est: Estimate, console: Console) -> None:
     for term, value in est.peak.by_term().items():
         table.add_row(term, f"{value / GB:.2f}", f"{value / total:.0%}")
     table.add_row("[bold]peak[/]", f"[bold]{total / GB:.2f}[/]", "")
-    table.add_row("capacity", f"{est.capacity_bytes / GB:.2f}", f"{total / est.capacity_bytes:.0%} used")
+    # The peak is what PyTorch's allocator reports; the CUDA context and NCCL's buffers sit beside it.
+    outside = job.overheads.cuda_context
+    table.add_row("outside the allocator", f"{outside / GB:.2f}", "")
+    table.add_row("capacity", f"{est.capacity_bytes / GB:.2f}", f"{(total + outside) / est.capacity_bytes:.0%} used")
     if job.layout.offloads:
         host = job.cluster.gpu.host.memory_bytes
         table.add_row("host (offload)", f"{est.host_bytes / GB:.2f}", f"{est.host_bytes / host:.0%} of "

@@ -175,7 +175,8 @@ def all_layouts(case, spec):
 
 def oracle(case) -> OracleResult:
     spec = case.search
-    limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom)
+    # the peak is the allocator's: the CUDA context and NCCL's buffers come off the capacity
+    limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom) - case.overheads.cuda_context
     best = None
     valid = fitting = 0
     too_big: list[tuple[Layout, Job, float]] = []
@@ -249,7 +250,8 @@ def check_against_oracle(label: str, case_dict: dict) -> tuple[list[str], Option
     """Problems with `plan` on one case, and whether memory binds there (None: nothing fits)."""
     case = load_case(case_dict)
     spec = case.search
-    limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom)
+    # the peak is the allocator's: the CUDA context and NCCL's buffers come off the capacity
+    limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom) - case.overheads.cuda_context
     expected = oracle(case)
     bound = None if expected.best is None else expected.fastest.peak_bytes > limit
     try:
@@ -269,7 +271,7 @@ def check_against_oracle(label: str, case_dict: dict) -> tuple[list[str], Option
         problems.append(f"{label} {case_dict}:\n  plan   {p.best.step_time_s:.9f} s  "
                         f"{_describe(p.best.job.layout)}\n  oracle {expected.best.step_time_s:.9f} s  "
                         f"{_describe(expected.best.layout)}")
-    if not p.best.peak.total <= p.best.capacity_bytes * (1 - spec.headroom):
+    if not p.best.peak.total <= limit:
         problems.append(f"{label} {case_dict}: the chosen layout needs {p.best.peak.total:.0f} B of "
                         f"{limit:.0f} B usable")
     best = p.best.to_dict()

@@ -149,7 +149,8 @@ def test_the_plot_draws_the_headroom_line_and_alternatives_over_the_star(small_p
     monkeypatch.setattr(Figure, "savefig", keep)
     render_plots(small_plan, "plan.png")
     memory, pareto = figures[0].axes
-    usable = small_plan.best.capacity_bytes / 1e9 * (1 - small_plan.headroom)
+    best = small_plan.best
+    usable = (best.capacity_bytes * (1 - small_plan.headroom) - best.job.overheads.cuda_context) / 1e9
     for ax in (memory, pareto):
         labels = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines()}
         assert any(label.startswith("usable") and y == pytest.approx(usable) for label, y in labels.items())
