@@ -457,7 +457,8 @@ def stage_time(job: Job, stage: int) -> StageTime:
     compute = (layers - high - moe_layers) * low.total + high * kept.total + moe_layers * moe.total
     if last:
         # The LM head runs in bf16 under every recipe (Transformer Engine's output layer is
-        # Megatron's bf16 ColumnParallelLinear; torchao's conversions skip lm_head); its backward
+        # Megatron's bf16 ColumnParallelLinear, bar megatron-core's opt-in MXFP8 head of 2026-05-31,
+        # ``fp8_output_proj``, which no case asks for; torchao's conversions skip lm_head); its backward
         # is twice its forward; the loss's traffic is its own. Each multi-token prediction module
         # runs the head and the loss again, after its 2h → h projection (priced as the head).
         high_precision = high_precision_precision(training)
