@@ -347,7 +347,7 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     gbs = case.training.global_batch_size
 
     def decide(sweep: _Sweep, objective: str, deadline: Optional[float], count: int) -> tuple[str, list]:
-        model = SizeModel(sweep.rows, options, limits, weights, spec, gbs, objective, deadline)
+        model = SizeModel(sweep.rows, options, limits, weights, spec, gbs, objective, deadline, case.overheads)
         status, chosen = "INFEASIBLE", []
         for _ in range(count):
             solution = model.solve()

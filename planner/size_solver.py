@@ -24,6 +24,9 @@ from typing import Optional, Sequence
 
 from ortools.sat.python import cp_model
 
+from cost_models.memory import usable_bytes
+from cost_models.specs import Overheads
+
 from .cluster_options import ClusterOption
 from .search import Candidate
 from .search_options import SearchSpec
@@ -59,7 +62,7 @@ class SizeModel:
 
     def __init__(self, rows: list[SizeRow], options: Sequence[ClusterOption], limits: Sequence[int],
                  prices: Sequence[float], spec: SearchSpec, global_batch: int, objective: str,
-                 step_deadline_s: Optional[float]):
+                 step_deadline_s: Optional[float], overheads: Overheads = Overheads()):
         assert objective in OBJECTIVES
         self.rows = rows
         m = cp_model.CpModel()
@@ -98,7 +101,7 @@ class SizeModel:
         unit = by_type("gpus_per_unit", [o.unit for o in options])
         m.AddMultiplicationEquality(gpus, [v["units"], unit])
         m.Add(gpus <= by_type("gpu_limit", list(limits)))
-        usable_mb = [int(o.gpu.memory_bytes * (1 - spec.headroom) / 1e6) for o in options]
+        usable_mb = [int(usable_bytes(o.gpu.memory_bytes, overheads, spec.headroom) / 1e6) for o in options]
         m.Add(v["peak_mb"] <= by_type("usable_mb", usable_mb))
         m.AddMultiplicationEquality(gpus, [v[k] for k in ("dp", "tp", "pp", "cp")])
         constrain_layout(m, spec, v, global_batch)

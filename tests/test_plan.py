@@ -57,7 +57,9 @@ def test_estimate_and_plan_hold_a_layout_to_the_same_headroom():
     for headroom, fits in ((low, True), (high, False)):
         est = planner.estimate(case(layout=layout, search={"headroom": headroom}))
         assert est.fits is fits
-        assert est.to_dict()["memory"]["usable_bytes"] == round(est.capacity_bytes * (1 - headroom) - context)
+        memory = est.to_dict()["memory"]
+        assert memory["usable_bytes"] == round(est.capacity_bytes * (1 - headroom) - context)
+        assert memory["outside_allocator_bytes"] == round(context) == 2**30  # the documented default
         assert (planner.plan(case(search={**pins, "headroom": headroom})).best is not None) is fits
 
 
