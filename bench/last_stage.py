@@ -8,7 +8,8 @@ Each recipe whose case gives its pipeline layout (``layout.chunk_layers``: the p
 loss) is listed once per GPU and layout, with the containers that ran it. Stage s holds chunks s,
 s + pp, ...; "layers" counts their decoder layers. The recipe's room for the last stage's extra
 work (the MTP layer and its projection, the LM head and the MTP's own head, the losses) is the
-decoder layers a full middle stage holds beyond the last stage's: what a balanced split gives it.
+decoder layers a full middle stage (with two stages, the first) holds beyond the last stage's:
+what a balanced split gives it.
 The model's price for that work is the last stage's compute per micro-batch beyond its own layers',
 over one MoE layer's (``step_time.stage_time``, ``step_time.moe_layer_time``: forward and
 backward, recomputation apart). The last column is the last stage's compute over a middle stage's.
