@@ -6,7 +6,7 @@ layouts leave it, against what the model prices it at.
 Each recipe whose case gives its pipeline layout (``layout.chunk_layers``: the perf scripts'
 ``pipeline_model_parallel_layout``, whose last chunk holds the MTP module, where there is one, and the
 loss) is listed once per GPU and layout, with the containers that ran it. Stage s holds chunks s,
-s + pp, ...; "layers" counts their decoder layers. The recipe's room for the last stage's extra
+s + pp, ...; "layers" counts their decoder layers (``Job.stage_layers``). The recipe's room for the last stage's extra
 work (the MTP layer and its projection, the LM head and the MTP's own head, the losses) is the
 decoder layers a full middle stage (with two stages, the first) holds beyond the last stage's:
 what a balanced split gives it.
@@ -28,14 +28,9 @@ from planner.published_runs import case_of, load_rows
 MODELS = ("DeepSeek-V3",)
 
 
-def stage_layers(chunks: list[int], pp: int) -> list[int]:
-    """Decoder layers per stage: stage s holds chunks s, s + pp, ... (Megatron's interleaved order)."""
-    return [sum(chunks[s::pp]) for s in range(pp)]
-
-
 def main() -> None:
     recipes: dict[tuple, list[str]] = defaultdict(list)
-    cases = {}
+    jobs = {}
     for row in load_rows():
         if not row["source"].startswith("Megatron-Bridge") or row["model"].get("name") not in MODELS:
             continue
@@ -43,7 +38,7 @@ def main() -> None:
         if case is None or not case["layout"].get("chunk_layers"):
             continue
         try:
-            load_case(case)
+            job = load_case(case).job()
         except CaseError:  # a published layout the GPU count cannot hold (the failed row of the fidelity table)
             continue
         lay = case["layout"]
@@ -51,14 +46,13 @@ def main() -> None:
                "yes" if case["model"].get("mtp_layers") else "no", lay["pp"], lay.get("vpp", 1),
                lay["micro_batch_size"], tuple(lay["chunk_layers"]))
         recipes[key].append(row["id"].split("_")[1])
-        cases[key] = case
+        jobs[key] = job
     print("| model | GPU | precision | MTP | pp × vpp, micro-batch | layers per stage (first, middle, last) "
           "| containers | recipe's room (layers) | model's price (layers) | last / middle stage |")
     print("| --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |")
     for key, releases in sorted(recipes.items()):
-        job = load_case(cases[key]).job()
-        pp = job.layout.pp
-        layers = stage_layers(list(key[-1]), pp)
+        job = jobs[key]
+        pp, layers = job.layout.pp, job.stage_layers
         middle = pp // 2 if pp > 2 else 0
         layer = step_time.moe_layer_time(job)
         per_layer = layer.forward + layer.backward
