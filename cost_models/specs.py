@@ -383,6 +383,11 @@ class Performance:
     intra_node_efficiency: float = 0.75  # achieved bus bandwidth over nominal NVLink bandwidth
     link_latency_s: float = 10e-6  # α: time per step of a collective algorithm inside an NVLink domain
     step_overhead_s: float = 0.0  # fixed per optimizer step: data loading, logging, launch gaps
+    # Fixed host time per micro-batch that no GPU work hides: the Python and launches between one
+    # micro-batch's backward and the next forward, the data loader's next batch, a loss sync.
+    # 0 in the presets (no benchmark isolates it); a team's own runs measure it
+    # (``planner.learn``: `calibrate --from-runs`).
+    microbatch_overhead_s: float = 0.0
     # Time to map one fresh page (``kernels.PAGE_BYTES``) at its first write: a CPU's allocator
     # hands large freed blocks back to the kernel, so a buffer allocated anew faults its pages in
     # (zero-filled) as it is written. 0 where the allocator keeps freed blocks for reuse (PyTorch's
@@ -422,7 +427,8 @@ class Performance:
             raise SpecError(Performance, "comm_overlap", f"expected a fraction in [0, 1], got {overlap!r}")
         for name in ("attention_head_dim_half", "attention_seq_half"):
             _positive_float(Performance, name, getattr(self, name))
-        for name in ("kernel_overhead_s", "link_latency_s", "step_overhead_s", "page_fault_s"):
+        for name in ("kernel_overhead_s", "link_latency_s", "step_overhead_s", "microbatch_overhead_s",
+                     "page_fault_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:

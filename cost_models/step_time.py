@@ -887,8 +887,15 @@ def step_time(job: Job, stages: Optional[Pipeline] = None) -> StepTime:
         bubble_s=stages.bubble(job),
         optimizer_s=max(optimizer_time(job, i) for i in kinds),
         offload_s=max(offload_time(job, i, slowest) for i in kinds),
-        overhead_s=job.cluster.gpu.performance.step_overhead_s,
+        overhead_s=host_overhead(job),
     )
+
+
+def host_overhead(job: Job) -> float:
+    """Host time per step that no GPU work hides: a fixed cost per optimizer step and one per
+    micro-batch each rank runs (``Performance.step_overhead_s``, ``microbatch_overhead_s``)."""
+    perf = job.cluster.gpu.performance
+    return perf.step_overhead_s + job.num_microbatches * perf.microbatch_overhead_s
 
 
 def model_flops_per_step(job: Job) -> float:

@@ -81,6 +81,9 @@ class Case:
     layout: Optional[Layout]
     overheads: Overheads = field(default_factory=Overheads)
     search: SearchSpec = field(default_factory=SearchSpec)
+    # A profile fitted to a team's runs (`calibrate --from-runs`): its ``fitted`` section (each
+    # figure's prior and value, the runs' coverage), so that an estimate outside it says so.
+    fitted: Optional[dict] = None
 
     def job(self, layout: Optional[Layout] = None) -> Job:
         """The job for ``layout`` (default: the case's own), checked against model, cluster and batch."""
@@ -194,10 +197,13 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     training = _training(src, data["training"])
     # The engine searched for is the engine trained with: estimate and plan time it alike.
     training = training_for_target(src, data.get("search"), training)
-    overheads = _overheads(src, data.get("overheads", {}))
+    profile = cluster_profile(src, data["cluster"], base)
+    overheads = _overheads(src, data.get("overheads", {}), _overheads(profile[0], profile[1].get("overheads"))
+                           if profile else Overheads())
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
     search = read_search(src, data.get("search"), training, model)  # a bad search key fails `estimate` as `plan`
-    case = Case(src, model, cluster, training, layout, overheads, search)
+    fitted = profile[1].get("fitted") if profile and isinstance(profile[1].get("fitted"), dict) else None
+    case = Case(src, model, cluster, training, layout, overheads, search, fitted)
     if layout is not None:
         case.job()  # cross-checks now, so a bad layout is reported at load time
     return case
@@ -347,7 +353,7 @@ def _cluster_overrides(src: str, section: dict, key: str) -> dict[str, Any]:
     return overrides
 
 
-PROFILE_KEYS = ("machine", "gpu", "performance", "fabric", "alone", "measurements")
+PROFILE_KEYS = ("machine", "gpu", "performance", "fabric", "alone", "measurements", "overheads", "fitted")
 ALONE_KEYS = ("peak_tflops", "hbm_bandwidth", "performance")
 
 
@@ -492,7 +498,19 @@ def _training(src: str, section: Any) -> TrainingSpec:
         return TrainingSpec(**values)
 
 
-def _overheads(src: str, section: Any) -> Overheads:
+def cluster_profile(src: str, section: Any, base: Path) -> Optional[tuple[str, dict]]:
+    """(path, data) of the hardware profile a cluster section names, None where it names none:
+    its ``overheads`` (the allocator's, fitted to a team's runs) are the case's defaults."""
+    if not isinstance(section, dict) or not isinstance(section.get("profile"), str):
+        return None  # _cluster reports a malformed section
+    path = Path(section["profile"])
+    path = path if path.is_absolute() else base / path
+    data = read_yaml(path)
+    return str(path), data if isinstance(data, dict) else {}
+
+
+def _overheads(src: str, section: Any, base: Overheads = Overheads()) -> Overheads:
+    """The case's overheads over ``base`` (a fitted profile's, else the documented defaults)."""
     section = read_mapping(src, "overheads", section or {}, OVERHEAD_KEYS)
     values: dict[str, float] = {}
     for key in ("cuda_context", "comm_buffers"):
@@ -501,7 +519,7 @@ def _overheads(src: str, section: Any) -> Overheads:
     if "fragmentation" in section:
         values["fragmentation"] = read_number(src, "overheads.fragmentation", section["fragmentation"])
     with spec_errors(src):
-        return Overheads(**values)
+        return replace(base, **values)
 
 
 def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layout") -> Layout:

@@ -213,20 +213,29 @@ def validate_published_command(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     experts: bool = typer.Option(True, "--experts/--no-experts",
                                  help="Also plan each tuned recipe's job (about 20 s) and report the gain claimed."),
+    few_shot: Optional[int] = typer.Option(None, "--few-shot", min=0, max=50,
+                                           help="Also fit a profile to K runs of each source's GPU type and score "
+                                                "its other runs, for K = 0, 1, 3, 5 up to K (about a minute)."),
 ) -> None:
     """Score the cost model on published runs: throughput and memory per source, layout-sweep
-    regret and rank correlation, and the gain plan claims over tuned recipes."""
+    regret and rank correlation, the gain plan claims over tuned recipes, and what a few of a
+    team's own runs teach it (--few-shot)."""
+    from . import few_shot as shots
     from .fidelity import evaluate, print_report, to_dict
     from .published_runs import load_rows
 
     try:
         result = evaluate(load_rows(runs) if runs else None, experts=experts)
+        shot = shots.evaluate(result.rows, shots.ladder(few_shot)) if few_shot is not None else None
     except CaseError as error:
         _fail(error)
     if as_json:
-        print(json.dumps(to_dict(result), indent=2))
+        print(json.dumps({**to_dict(result), **({"few_shot": shots.to_dict(shot)} if shot else {})}, indent=2))
     else:
-        print_report(result, Console(width=120), experts=experts)
+        console = Console(width=160)
+        print_report(result, console, experts=experts)
+        if shot is not None:
+            shots.print_report(shot, console)
 
 
 @app.command("validate")
@@ -272,9 +281,16 @@ def validate_command(
 
 @app.command("calibrate")
 def calibrate_command(
+    files: Optional[list[Path]] = typer.Argument(None, help="With --from-runs: published-runs files (YAML); with "
+                                                            "--from-logs: training logs."),
     out: Path = typer.Option(..., "--out", help="Where to write the hardware profile (YAML)."),
-    case: Optional[Path] = typer.Option(None, "--case",
-                                        help="Time the GEMM and attention shapes of this case's model."),
+    from_runs: bool = typer.Option(False, "--from-runs", help="Fit the profile to a team's own runs (the files, in "
+                                                              "the published-runs schema) instead of timing kernels."),
+    from_logs: bool = typer.Option(False, "--from-logs", help="Fit the profile to training logs (the files: "
+                                                              "Megatron-LM, torchtitan or DeepSpeed), with --case."),
+    case: Optional[list[Path]] = typer.Option(None, "--case",
+                                              help="Time the GEMM and attention shapes of this case's model; with "
+                                                   "--from-logs, the case the logs ran (once, or once per log)."),
     nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
                                         help="Ranks on this node (default: the GPUs, or 2 on a CPU-only machine)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny shapes and few repeats: a smoke test, not a profile."),
@@ -290,12 +306,18 @@ def calibrate_command(
     allow_busy: bool = typer.Option(False, "--allow-busy", help="Measure even while other processes keep the "
                                                                 "machine busy (warned about, and recorded)."),
 ) -> None:
-    """Measure this machine under torchrun (GEMMs, attention, memory, collectives) and write a hardware profile."""
+    """Measure this machine under torchrun (GEMMs, attention, memory, collectives) and write a hardware profile;
+    or, with --from-runs or --from-logs, fit one to a team's own runs."""
+    if from_runs or from_logs or files:
+        _calibrate_from_runs(files or [], out, from_runs, from_logs, case or [], gpu_preset, force)
+        return
     from calibration.launch import calibrate
     from calibration.supervisor import EXIT_RUN_FAILED, RunFailed
 
     try:
-        outcome = calibrate(out, case=case, nproc=nproc, quick=quick, timeout=timeout, force=force,
+        if case is not None and len(case) > 1:
+            raise CaseError("--case", str(case[1]), "give one case to time its shapes")
+        outcome = calibrate(out, case=case[0] if case else None, nproc=nproc, quick=quick, timeout=timeout, force=force,
                             gpu_preset=gpu_preset, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
                             show_progress=True, allow_busy=allow_busy)
     except CaseError as error:
@@ -325,6 +347,32 @@ def calibrate_command(
     timed = outcome.profile["machine"].get("reference_gemm_tflops")
     if timed:  # what `validate` compares this machine's speed with later (calibration/speed.py)
         print(f"  reference GEMM {timed['before']} TFLOP/s before the ranks, {timed['after']} after")
+
+
+def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_logs: bool, cases: list[Path],
+                         gpu_preset: Optional[str], force: bool) -> None:
+    """`calibrate --from-runs` / `--from-logs`: fit, write the profile atomically, print the fit."""
+    from .learn import fit, load_runs, print_fit, profile_of, render, runs_from_logs
+
+    from .files import Output, write_all
+
+    try:
+        if from_runs == from_logs:
+            raise CaseError("calibrate", "--from-runs", "give the files after exactly one of --from-runs (runs "
+                                                        "files) or --from-logs (training logs)")
+        if from_runs and cases:
+            raise CaseError("--case", str(cases[0]), "goes with --from-logs; a runs file holds each run's case")
+        if from_logs and not cases:
+            raise CaseError("--case", "", "--from-logs needs the case the logs ran: --case CASE.yaml")
+        runs = load_runs(files) if from_runs else runs_from_logs(files, cases)
+        result = fit(runs, str(files[0]) if files else "runs", gpu_preset)
+        profile = profile_of(result, ", ".join(str(f) for f in files))
+        written = write_all([Output(out, render(profile))], force)
+    except CaseError as error:
+        _fail(error)
+    console = Console()
+    print_fit(result, console)
+    console.print(f"wrote {', '.join(str(p) for p in written)} ({len(runs)} runs)", markup=False)
 
 
 def _interrupted(signum, frame) -> None:

@@ -84,6 +84,13 @@ class Estimate:
         return self.peak.total <= self.usable_bytes and host_fits(self.job, self.headroom)
 
     @property
+    def outside_fitted_runs(self) -> list[str]:
+        """Where the layout leaves what the runs behind a fitted profile covered (``planner.fitted``)."""
+        from .fitted import outside
+
+        return outside(self.case.fitted, self.job) if self.case.fitted else []
+
+    @property
     def largest_term(self) -> str:
         terms = self.peak.by_term()
         return max(terms, key=terms.get)
@@ -139,6 +146,8 @@ class Estimate:
             "mfu": self.mfu,
             "mfu_bf16": self.mfu_bf16,
             "time": self.time.by_part(),
+            # Where a profile fitted to a team's runs is extrapolated (empty on presets).
+            "outside_fitted_runs": self.outside_fitted_runs,
         }
 
 

@@ -96,6 +96,8 @@ def print_estimate(est: Estimate, console: Console) -> None:
         time.add_row(part.removesuffix("_s"), f"{seconds:.3f}", f"{seconds / est.step_time_s:.0%}")
     time.add_row("[bold]step[/]", f"[bold]{est.step_time_s:.3f}[/]", "")
     console.print(time)
+    for line in est.outside_fitted_runs:
+        console.print(f"note: {line}", markup=False)
     console.print(f"{est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, "
                   f"MFU {est.mfu:.1%}" + (f" ({est.mfu_bf16:.1%} of the bf16 peak)"
                                           if est.job.training.precision == "fp8" and est.mfu_bf16 else ""))

@@ -1,0 +1,703 @@
+"""A team's own past runs make the cost model theirs: `layout-planner calibrate --from-runs`.
+
+Microbenchmarks (:mod:`calibration.launch`) measure what the hardware can do; a handful of runs
+measure what a team's software does with it. Both end in the same hardware profile.
+
+The fit moves a small set of the cost model's own physical figures (:data:`PARAMETERS`), never a
+factor per run or per source, each from its prior (the GPU and fabric presets, or the figures the
+runs' cases already set) by maximum a posteriori: minimise
+
+    Σ_runs ((log predicted − log measured) / s)²  +  Σ_figures ((u − u₀) / σ)²
+
+where u is a figure in its own coordinate (the log of an efficiency, a time in seconds, a share of
+memory), u₀ its prior and σ the prior's width. ``s`` (RUN_SCATTER) is how far one run sits from the
+model for reasons no figure holds: the standard deviation of the model's log error among the runs
+of one source on one GPU type, median over the dev groups (0.13, `python bench/few_shot.py`). The
+efficiencies' width (±12 %) makes the prior worth about two runs that each inform the figure
+fully: one such run moves it about a third of the way toward what it alone says, ten runs 70 %
+(tests/test_learn.py). A heavy-tailed (Cauchy) weight keeps a run far off the model, a stall or
+a release's regression, from dragging the figures.
+
+Throughput and memory are fitted apart: no memory figure changes a step time, and no time figure
+a peak. A figure no run informs (none of the runs' step times moves by 1 % when it moves by its
+prior's width) stays at its prior; with fewer runs than informed figures, as many are fitted as
+there are runs, in PARAMETERS' order (compute, bandwidths, host costs), and the report says which
+stayed.
+
+Pure Python over the planner's own ``estimate``: no torch, so a team fits on any machine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import yaml
+
+from cost_models.flops import model_flops_per_token
+from cost_models.parameters import total_parameters
+from cost_models.specs import FabricSpec, Overheads, Performance
+
+from .case import load_case, read_case
+from .errors import CaseError, one_line
+from .estimate import estimate
+from .fitted import coverage as jobs_coverage
+from .inputs import read_yaml
+from .presets import fabric_presets, gpu_presets, performance_presets
+from .published_runs import case_of, measured_tokens_per_s, published_memory_stage
+from .training_logs import read_log
+
+# How far one run's step time (its peak) sits from the model for reasons no fitted figure holds, as
+# a log ratio: the standard deviation of the model's log error inside a group of runs of one source
+# on one GPU type, median over the dev groups of 8 runs or more (`python bench/few_shot.py`).
+RUN_SCATTER = 0.13
+MEMORY_SCATTER = 0.18
+# Sensitivity below which a run does not inform a figure: moving the figure by its prior's width
+# moves the run's predicted step (or peak) by less than this share.
+INFORMS = 0.01
+ITERATIONS = 30
+# Residuals are weighed by a heavy-tailed (Cauchy) likelihood with its scale at ROBUST scatters: a
+# run far off the model for a reason no figure holds (an engine's stall, a release's regression:
+# the DeepSpeed ZeRO-3 runs of Narayanan et al. 2021 ran 1.3-1.8x below the model, the Playbook's
+# slower ZeRO twins lost 0.5-1.2 s per micro-batch, bench/zero_pairs.py) must not drag every
+# figure toward it.
+ROBUST = 2.0
+
+
+def robust_loss(x: float) -> float:
+    """Cauchy's loss of a residual in scatters, equal to x² near 0."""
+    return ROBUST * ROBUST * math.log1p((x / ROBUST) ** 2)
+
+
+def robust_weight(x: float) -> float:
+    """The weight of a residual in iteratively reweighted least squares under :func:`robust_loss`."""
+    return 1.0 / (1.0 + (x / ROBUST) ** 2)
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One fitted figure: where it lives in a profile, its coordinate and its prior's width.
+
+    ``log``: fitted as log(value), its width a relative spread (0.15: ±15 %); otherwise fitted as
+    is, its width in its own unit. ``low`` and ``high`` bound the value (an efficiency is at most
+    1, a time at least 0)."""
+
+    name: str  # "performance.gemm_efficiency", "fabric.efficiency", "overheads.fragmentation"
+    log: bool
+    width: float
+    low: float
+    high: float
+    memory: bool = False  # a memory figure (fitted to peaks), not a time one
+    why: str = ""
+
+    @property
+    def section(self) -> str:
+        return self.name.split(".")[0]
+
+    @property
+    def key(self) -> str:
+        return self.name.split(".", 1)[1]
+
+    def coordinate(self, value: float) -> float:
+        return math.log(value) if self.log else value
+
+    def value(self, coordinate: float) -> float:
+        v = math.exp(coordinate) if self.log else coordinate
+        return min(self.high, max(self.low, v))
+
+
+# The figures a team's runs can move, in the order they are fitted when runs are fewer than
+# figures: compute first, then bandwidths, then host costs. Efficiencies' widths ±12 % (above);
+# host costs: the Ultra-Scale Playbook's slower ZeRO twins lost a fixed 0.5-1.2 s per micro-batch
+# (bench/zero_pairs.py), a tuned stack loses milliseconds: a per-micro-batch cost's width is 10 ms, a
+# per-step one's 50 ms (data loading and logging between steps). Memory: the allocator's
+# fragmentation is observed at 5-15 % of the activations (cost_models.specs.Overheads), width 0.05;
+# the communication buffers take 0.08-1 GB by engine, width 0.5 GiB; a peak's scatter
+# (MEMORY_SCATTER) is the Playbook's, the one dev group that publishes peaks (bench/few_shot.py).
+PARAMETERS: tuple[Parameter, ...] = (
+    Parameter("performance.gemm_efficiency", True, 0.12, 0.02, 1.0,
+              why="share of the 16-bit peak a large GEMM sustains"),
+    Parameter("performance.gemm_efficiency_fp8", True, 0.12, 0.02, 1.0,
+              why="share of the fp8 peak an fp8 GEMM sustains"),
+    Parameter("performance.gemm_efficiency_fp4", True, 0.12, 0.02, 1.0,
+              why="share of the fp4 peak an fp4 GEMM sustains"),
+    Parameter("performance.attention_efficiency", True, 0.12, 0.02, 1.0,
+              why="flash attention's share of peak (the fused kernels' figure moves by the same ratio)"),
+    Parameter("performance.intra_node_efficiency", True, 0.12, 0.02, 1.0,
+              why="achieved bus bandwidth inside an NVLink domain over its nominal rate"),
+    Parameter("fabric.efficiency", True, 0.12, 0.02, 1.5,
+              why="achieved bus bandwidth across NVLink domains over the NIC line rate"),
+    Parameter("performance.microbatch_overhead_s", False, 0.010, 0.0, 10.0,
+              why="host time per micro-batch no GPU work hides"),
+    Parameter("performance.step_overhead_s", False, 0.05, 0.0, 600.0,
+              why="host time per optimizer step no GPU work hides"),
+    Parameter("overheads.fragmentation", False, 0.05, 0.0, 0.9, memory=True,
+              why="share of the activations the caching allocator holds beyond them"),
+    Parameter("overheads.comm_buffers", False, 0.5 * 2**30, 0.0, 64 * 2**30, memory=True,
+              why="bytes of communication buckets and staging beside the model's terms"),
+)
+BY_NAME = {p.name: p for p in PARAMETERS}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: its case (layout included) and what it measured."""
+
+    id: str
+    case: dict  # the case-file schema, with a layout
+    tokens_per_s: Optional[float] = None  # over all GPUs
+    peak_gib: Optional[float] = None  # the allocator's peak per GPU (GiB), as logs and tables print it
+    memory_stage: Optional[int] = None  # the pipeline stage whose peak was published, where not the heaviest
+
+
+# --- runs from the published-runs schema ----------------------------------------------------
+
+def runs_from_rows(rows: Any, source: str) -> list[Run]:
+    """The runs of ``rows`` (the published-runs schema, ``planner/published/README.md``), each
+    turned into a case as ``validate-published`` does; a CaseError naming the file and the run for
+    one that is no run (not a mapping, no layout, nothing measured, faster than the GPU can be)."""
+    if not isinstance(rows, list):
+        raise CaseError(source, "", "expected a list of runs in the published-runs schema")
+    runs = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise CaseError(source, f"[{index}]", "expected a run (a mapping in the published-runs schema)")
+        name = one_line(row.get("id") or f"[{index}]", 80)
+        try:
+            case, why = case_of(row)
+            tokens = measured_tokens_per_s(row) if case else None
+            peak = (row.get("measured") or {}).get("memory_gb_per_gpu") if case else None
+            stage = published_memory_stage(row) if case else None
+        except (TypeError, ValueError, AttributeError, KeyError, OverflowError, ZeroDivisionError) as error:
+            raise CaseError(source, name, f"a field has the wrong type or is missing ({one_line(error, 80)})") from None
+        if case is None:
+            if why == "layout not published":
+                why = "a run with no layout: give parallel.tp, parallel.pp and batch.micro_batch_size"
+            raise CaseError(source, name, why)
+        if not tokens and not peak:
+            raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
+        if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0):
+            raise CaseError(source, f"{name}.measured.memory_gb_per_gpu", f"expected a positive size in GiB, got {peak!r}")
+        run = Run(name, case, tokens, float(peak) if peak else None, stage)
+        check_run(run, source)
+        runs.append(run)
+    return runs
+
+
+def check_run(run: Run, source: str) -> None:
+    """A run that could not have run: faster than its GPU's dense peak at its own model FLOPs, or
+    a peak above the GPU's memory."""
+    case = load_case(run.case)
+    job = case.job()
+    if run.tokens_per_s is not None:
+        if not (math.isfinite(run.tokens_per_s) and run.tokens_per_s > 0):
+            raise CaseError(source, f"{run.id}.measured", f"expected a positive throughput, got {run.tokens_per_s!r}")
+        per_gpu = model_flops_per_token(job.model, job.training.seq_len) * run.tokens_per_s / job.cluster.num_gpus
+        peak = job.cluster.gpu.peak(job.training.precision)
+        if per_gpu > peak:
+            raise CaseError(source, f"{run.id}.measured", f"{per_gpu / 1e12:,.0f} model TFLOP/s per GPU is above the "
+                                                          f"{job.cluster.gpu.name}'s {job.training.precision} peak of "
+                                                          f"{peak / 1e12:,.0f}: the measurement or the run's layout is wrong")
+    if run.peak_gib is not None and run.peak_gib * 2**30 > job.cluster.gpu.memory_bytes:
+        raise CaseError(source, f"{run.id}.measured.memory_gb_per_gpu",
+                        f"{run.peak_gib:g} GiB is above the GPU's {job.cluster.gpu.memory_bytes / 2**30:g} GiB")
+
+
+# --- runs from training logs ------------------------------------------------------------------
+
+# What a log states (calibration.logs) and where the case holds it.
+STATED_IN_CASE = {"num_layers": ("model", "num_layers"), "hidden_size": ("model", "hidden_size"),
+                  "num_attention_heads": ("model", "num_attention_heads"), "seq_length": ("training", "seq_len"),
+                  "global_batch_size": ("training", "global_batch_size"),
+                  "train_batch_size": ("training", "global_batch_size"),
+                  "micro_batch_size": ("layout", "micro_batch_size"),
+                  "train_micro_batch_size_per_gpu": ("layout", "micro_batch_size"),
+                  "tensor_model_parallel_size": ("layout", "tp"), "pipeline_model_parallel_size": ("layout", "pp")}
+
+
+def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
+    """One run per training log, each with its case (one case for every log, or one per log in
+    order); a CaseError where a log states another model or batch than its case, holds no step
+    time, or where the case has no layout."""
+    if not logs:
+        raise CaseError("--from-logs", "", "expected at least one training log")
+    if len(cases) not in (1, len(logs)):
+        raise CaseError("--case", "", f"expected one case for every log or one per log; got {len(cases)} cases for "
+                                      f"{len(logs)} logs")
+    runs = []
+    for i, log in enumerate(logs):
+        case_path = cases[0] if len(cases) == 1 else cases[i]
+        data, src, base = read_case(case_path)
+        if not isinstance(data, dict) or not isinstance(data.get("layout"), dict):
+            raise CaseError(src, "layout", "missing: a run's case gives the layout it ran")
+        data = absolute_paths(data, base)
+        reading = read_log(log)
+        training = dict(data.get("training") or {})
+        if "engine" not in training:  # priced as the engine that ran it
+            training["engine"] = reading.engine
+        elif training["engine"] not in ("any", reading.engine):
+            raise CaseError(str(log), "", f"is a {reading.engine} log; the case {src} says training.engine "
+                                          f"{training['engine']}")
+        data = {**data, "training": training}
+        case = load_case(data)
+        job = case.job()
+        for what, value in reading.stated:
+            if what == "parameters":
+                mine = total_parameters(job.model)
+                if abs(value / mine - 1) > 0.02:
+                    raise CaseError(str(log), "parameters", f"the log's model has {value:,.0f} parameters, the case "
+                                                            f"{src}'s {mine:,.0f}: a log of another model than the case")
+                continue
+            section, key = STATED_IN_CASE[what]
+            mine = getattr(job.layout, key) if section == "layout" else \
+                getattr(job.model, key) if section == "model" else getattr(job.training, key)
+            if float(mine) != value:
+                raise CaseError(str(log), what, f"the log states {what} {value:g}, the case {src} {section}.{key} "
+                                                f"{mine}: a log of another model or batch than the case")
+        tokens_per_step = job.training.global_batch_size * job.training.seq_len
+        if reading.step_time_s:
+            tokens = tokens_per_step / reading.step_time_s
+        elif reading.tokens_per_s_per_gpu:
+            tokens = reading.tokens_per_s_per_gpu * job.cluster.num_gpus
+        else:
+            tokens = reading.samples_per_s * job.training.seq_len
+        stage = 0 if reading.peak_of_rank_0_only and job.layout.pp > 1 else None
+        run = Run(Path(str(log)).name, data, tokens, reading.peak_gib, stage)
+        check_run(run, str(log))
+        runs.append(run)
+    return runs
+
+
+def absolute_paths(data: dict, base: Any) -> dict:
+    """A case's relative paths (an HF config) made absolute, so the case reads the same from anywhere."""
+    model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str) and not Path(model["hf_config"]).is_absolute():
+        data = {**data, "model": {**model, "hf_config": str(Path(base) / model["hf_config"])}}
+    return data
+
+
+def load_runs(paths: Sequence[Any]) -> list[Run]:
+    """The runs of published-runs files (a CaseError naming the file and run where one is no run)."""
+    if not paths:
+        raise CaseError("--from-runs", "", "expected at least one runs file")
+    runs: list[Run] = []
+    for path in paths:
+        runs += runs_from_rows(read_yaml(Path(path)), str(path))
+    seen: dict[str, int] = {}
+    for r in runs:
+        seen[r.id] = seen.get(r.id, 0) + 1
+    twice = [k for k, n in seen.items() if n > 1]
+    if twice:
+        raise CaseError(str(paths[0]), twice[0], "the same run id appears twice: each run once")
+    return runs
+
+
+# --- the hardware the runs share ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Hardware:
+    """What one profile describes: one GPU type (a preset) on one fabric, and the priors."""
+
+    gpu: str  # the GPU preset
+    fabric: str  # the fabric preset, or "custom" for an inline one
+    fabric_mapping: dict  # the fabric's fields, as a preset gives them
+    performance: Performance  # the prior figures
+    overheads: Overheads
+
+
+def hardware_key(case: dict) -> tuple[str, str]:
+    """(GPU, fabric) a run's case names: what one profile may not mix."""
+    cluster = case.get("cluster") or {}
+    gpu = cluster.get("gpu")
+    fabric = cluster.get("fabric")
+    if fabric is None and isinstance(gpu, str):
+        fabric = (gpu_presets().get(resolve_gpu(gpu)) or {}).get("fabric")
+    return (resolve_gpu(gpu) if isinstance(gpu, str) else "custom",
+            fabric if isinstance(fabric, str) else "custom" if fabric else "none")
+
+
+def resolve_gpu(name: str) -> str:
+    presets = gpu_presets()
+    lowered = {k.lower(): k for k in presets}
+    return lowered.get(str(name).lower(), str(name))
+
+
+def prior_hardware(runs: Sequence[Run], source: str, gpu_preset: Optional[str] = None) -> Hardware:
+    """The GPU and fabric the runs share, with their figures as priors; a CaseError naming the runs
+    where they mix GPU types or fabrics, or where ``gpu_preset`` is not theirs."""
+    keys: dict[tuple[str, str], list[str]] = {}
+    for run in runs:
+        keys.setdefault(hardware_key(run.case), []).append(run.id)
+    if len(keys) > 1:
+        parts = "; ".join(f"{gpu} on {fabric}: {', '.join(ids[:3])}{' …' if len(ids) > 3 else ''}"
+                          for (gpu, fabric), ids in keys.items())
+        raise CaseError(source, "cluster", f"one profile is one GPU type on one fabric; these runs mix them ({parts})")
+    (gpu, fabric), = keys
+    if gpu_preset is not None:
+        wanted = resolve_gpu(gpu_preset)
+        if wanted not in gpu_presets():
+            raise CaseError("--gpu-preset", gpu_preset, f"unknown GPU preset; expected one of {', '.join(gpu_presets())}")
+        if wanted != gpu:
+            raise CaseError(source, "cluster.gpu", f"the runs ran on {gpu}, not on --gpu-preset {wanted}")
+    if gpu not in gpu_presets():
+        raise CaseError(source, "cluster.gpu", "expected a GPU preset name: a profile's priors are a preset's figures")
+    case = load_case(runs[0].case)
+    section = runs[0].case["cluster"].get("fabric")
+    mapping = dict(fabric_presets()[fabric]) if fabric in fabric_presets() else dict(section or {})
+    return Hardware(gpu, fabric, mapping, case.cluster.gpu.performance, case.overheads)
+
+
+def prior_value(p: Parameter, hw: Hardware) -> float:
+    if p.section == "performance":
+        perf = hw.performance
+        if p.key == "gemm_efficiency_fp8":
+            return perf.gemm_efficiency_for("fp8")
+        if p.key == "gemm_efficiency_fp4":
+            return perf.gemm_efficiency_for("fp4")
+        return getattr(perf, p.key)
+    if p.section == "fabric":
+        return float(hw.fabric_mapping.get("efficiency", FabricSpec.efficiency))
+    return float(getattr(hw.overheads, p.key))
+
+
+# --- a case under fitted figures -----------------------------------------------------------
+
+def with_figures(case: dict, hw: Hardware, values: dict[str, float]) -> dict:
+    """``case`` with the figures ``values`` gives (profile names) in its cluster and overheads."""
+    performance = dict((case.get("cluster") or {}).get("performance") or {})
+    fabric = None
+    overheads = dict(case.get("overheads") or {})
+    for name, value in values.items():
+        p = BY_NAME[name]
+        if p.section == "performance":
+            if p.key == "attention_efficiency":
+                ratio = value / hw.performance.attention_efficiency
+                performance["attention_efficiency"] = value
+                if hw.performance.attention_efficiency_fused is not None:
+                    performance["attention_efficiency_fused"] = min(1.0, hw.performance.attention_efficiency_fused
+                                                                    * ratio)
+            else:
+                performance[p.key] = value
+        elif p.section == "fabric":
+            fabric = scaled_fabric(hw.fabric_mapping, value)
+        elif p.key == "comm_buffers":
+            overheads[p.key] = f"{value:.6g} B"
+        else:
+            overheads[p.key] = value
+    out = {**case, "cluster": {**case["cluster"], "performance": performance}}
+    if fabric is not None:
+        out["cluster"]["fabric"] = fabric
+    if overheads:
+        out["overheads"] = overheads
+    return out
+
+
+def scaled_fabric(mapping: dict, efficiency: float) -> dict:
+    """The fabric's fields with its all-reduce efficiency ``efficiency`` at two nodes, and its
+    efficiencies at larger spans moved by the same ratio (the fabric's shape kept)."""
+    ratio = efficiency / float(mapping.get("efficiency", FabricSpec.efficiency))
+    out = {**mapping, "efficiency": efficiency}
+    if mapping.get("efficiency_at"):
+        out["efficiency_at"] = [[n, min(1.5, e * ratio)] for n, e in mapping["efficiency_at"]]
+    return out
+
+
+def predict(run: Run, hw: Hardware, values: dict[str, float]) -> tuple[float, float]:
+    """(log step time, log peak GiB) of ``run`` under ``values``."""
+    est = estimate(with_figures(run.case, hw, values))
+    peak = est.peak if run.memory_stage is None else est.stages[run.memory_stage]
+    return math.log(est.step_time_s), math.log(peak.total / 2**30)
+
+
+def measured_step_s(run: Run) -> float:
+    t = run.case["training"]
+    return t["global_batch_size"] * t["seq_len"] / run.tokens_per_s
+
+
+# --- the fit ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of the fit: its prior, its fitted value and how many runs inform it."""
+
+    name: str
+    prior: float
+    value: float
+    runs: int  # runs whose prediction moves by INFORMS or more when the figure moves by its width
+    fitted: bool
+    why_not: str = ""  # why a figure stayed at its prior
+
+
+@dataclass(frozen=True)
+class Residual:
+    id: str
+    throughput_before: Optional[float]  # predicted / measured − 1 (tokens/s)
+    throughput_after: Optional[float]
+    memory_before: Optional[float]  # predicted / measured − 1 (peak)
+    memory_after: Optional[float]
+
+
+@dataclass(frozen=True)
+class Fit:
+    hardware: Hardware
+    figures: tuple[Figure, ...]
+    residuals: tuple[Residual, ...]
+    coverage: dict[str, list]
+
+    @property
+    def values(self) -> dict[str, float]:
+        return {f.name: f.value for f in self.figures if f.fitted}
+
+
+def _sensitivities(runs: Sequence[Run], hw: Hardware, params: Sequence[Parameter], base: dict[str, float],
+                   memory: bool) -> list[list[float]]:
+    """∂(log prediction)/∂(coordinate / width) per run and figure, by forward differences."""
+    index = 1 if memory else 0
+    at = [predict(r, hw, base)[index] for r in runs]
+    rows = [[0.0] * len(params) for _ in runs]
+    for j, p in enumerate(params):
+        u0 = p.coordinate(base[p.name]) if (base[p.name] > 0 or not p.log) else math.log(1e-9)
+        step = 0.05 * p.width
+        u = u0 + step
+        if p.value(u) == base[p.name]:  # at the upper bound: step down
+            u, step = u0 - step, -step
+        moved = {**base, p.name: p.value(u)}
+        for i, r in enumerate(runs):
+            rows[i][j] = (predict(r, hw, moved)[index] - at[i]) / (step / p.width)
+    return rows
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """x of a·x = b (a small symmetric positive-definite matrix), by Gaussian elimination."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for c in range(n):
+        pivot = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[pivot] = m[pivot], m[c]
+        if abs(m[c][c]) < 1e-300:
+            continue
+        for r in range(n):
+            if r != c:
+                f = m[r][c] / m[c][c]
+                for k in range(c, n + 1):
+                    m[r][k] -= f * m[c][k]
+    return [m[i][n] / m[i][i] if abs(m[i][i]) > 1e-300 else 0.0 for i in range(n)]
+
+
+def _fit_group(runs: Sequence[Run], hw: Hardware, params: Sequence[Parameter], priors: dict[str, float],
+               memory: bool) -> dict[str, float]:
+    """The MAP figures of ``params`` (normalised coordinates z = (u − u₀)/σ) for ``runs``:
+    projected Gauss-Newton on the residuals and the priors' terms."""
+    if not params or not runs:
+        return {}
+    index, scatter = (1, MEMORY_SCATTER) if memory else (0, RUN_SCATTER)
+    target = [math.log(r.peak_gib) if memory else math.log(measured_step_s(r)) for r in runs]
+    u0 = {p.name: p.coordinate(max(priors[p.name], 1e-9) if p.log else priors[p.name]) for p in params}
+    z = [0.0] * len(params)
+
+    def values_of(z: list[float]) -> dict[str, float]:
+        return {**priors, **{p.name: p.value(u0[p.name] + zj * p.width) for p, zj in zip(params, z)}}
+
+    def cost(z: list[float]) -> float:
+        vals = values_of(z)
+        res = [(predict(r, hw, vals)[index] - t) / scatter for r, t in zip(runs, target)]
+        return sum(robust_loss(x) for x in res) + sum(x * x for x in z)
+
+    current = cost(z)
+    for _ in range(ITERATIONS):
+        vals = values_of(z)
+        jac = _sensitivities(runs, hw, params, vals, memory)
+        res = [(predict(r, hw, vals)[index] - t) / scatter for r, t in zip(runs, target)]
+        n = len(params)
+        w = [robust_weight(x) for x in res]  # iteratively reweighted: a run far off counts little
+        # Normal equations of the stacked residuals [res, z]: (JᵀWJ/s² + I) δ = −(JᵀW res/s + z)
+        a = [[sum(w[i] * jac[i][j] * jac[i][k] for i in range(len(runs))) / scatter ** 2 + (1.0 if j == k else 0.0)
+              for k in range(n)] for j in range(n)]
+        g = [sum(w[i] * jac[i][j] * res[i] for i in range(len(runs))) / scatter + z[j] for j in range(n)]
+        step = _solve(a, [-x for x in g])
+        # Backtrack on the true cost; keep each coordinate inside its bounds.
+        for shrink in (1.0, 0.5, 0.25, 0.1):
+            trial = [clamp(p, u0[p.name], zj + shrink * dj) for p, zj, dj in zip(params, z, step)]
+            c = cost(trial)
+            if c < current - 1e-12:
+                break
+        else:
+            break
+        moved = max(abs(a_ - b_) for a_, b_ in zip(trial, z))
+        z, current = trial, c
+        if moved < 1e-4:
+            break
+    return {p.name: p.value(u0[p.name] + zj * p.width) for p, zj in zip(params, z)}
+
+
+def clamp(p: Parameter, u0: float, z: float) -> float:
+    """``z`` held where the figure's value stays inside its bounds."""
+    lo = (p.coordinate(max(p.low, 1e-12) if p.log else p.low) - u0) / p.width
+    hi = (p.coordinate(p.high) - u0) / p.width
+    return min(hi, max(lo, z))
+
+
+def fit(runs: Sequence[Run], source: str = "runs", gpu_preset: Optional[str] = None) -> Fit:
+    """The figures ``runs`` teach (module docstring), with their priors and each run's residuals."""
+    if not runs:
+        raise CaseError(source, "", "no runs to fit")
+    hw = prior_hardware(runs, source, gpu_preset)
+    priors = {p.name: prior_value(p, hw) for p in PARAMETERS}
+    timed = [r for r in runs if r.tokens_per_s]
+    weighed = [r for r in runs if r.peak_gib]
+    figures: list[Figure] = []
+    values = dict(priors)
+    for memory, group in ((False, timed), (True, weighed)):
+        params = [p for p in PARAMETERS if p.memory == memory]
+        if not group:
+            figures += [Figure(p.name, priors[p.name], priors[p.name], 0, False,
+                               "no run measured " + ("a peak" if memory else "a step time")) for p in params]
+            continue
+        sens = _sensitivities(group, hw, params, priors, memory)
+        informs = [sum(1 for row in sens if abs(row[j]) >= INFORMS) for j in range(len(params))]
+        # In PARAMETERS' order: compute first, then bandwidths, then host costs.
+        candidates = [j for j in range(len(params)) if informs[j]]
+        chosen = set(candidates[:len(group)])
+        fitted = _fit_group(group, hw, [params[j] for j in sorted(chosen)], priors, memory)
+        values.update(fitted)
+        for j, p in enumerate(params):
+            why = "" if j in chosen else ("no run informs it" if not informs[j] else
+                                          f"fewer runs ({len(group)}) than informed figures ({len(candidates)}); "
+                                          "the ones listed first were fitted")
+            figures.append(Figure(p.name, priors[p.name], values[p.name], informs[j], j in chosen, why))
+    residuals = []
+    for r in runs:
+        before, after = predict(r, hw, priors), predict(r, hw, values)
+        tb = ta = mb = ma = None
+        if r.tokens_per_s:
+            m = math.log(measured_step_s(r))
+            tb, ta = math.exp(m - before[0]) - 1, math.exp(m - after[0]) - 1
+        if r.peak_gib:
+            m = math.log(r.peak_gib)
+            mb, ma = math.exp(before[1] - m) - 1, math.exp(after[1] - m) - 1
+        residuals.append(Residual(r.id, tb, ta, mb, ma))
+    return Fit(hw, tuple(figures), tuple(residuals), coverage(runs))
+
+
+# --- what the runs covered -----------------------------------------------------------------
+
+def coverage(runs: Iterable[Run]) -> dict[str, list]:
+    """The degrees, node counts, ZeRO stages and precisions the runs used (``planner.fitted``)."""
+    return jobs_coverage(load_case(r.case).job() for r in runs)
+
+
+# --- the profile ---------------------------------------------------------------------------
+
+def profile_of(result: Fit, origin: str) -> dict[str, Any]:
+    """The profile document: the GPU preset's fields, the performance and fabric figures with the
+    fitted ones in, the allocator's overheads, and ``fitted``: priors, runs and coverage."""
+    hw = result.hardware
+    gpu = {k: v for k, v in gpu_presets()[hw.gpu].items() if k != "fabric"}
+    values = result.values
+    performance = dict(performance_presets().get(hw.gpu) or {})
+    performance.pop("<<", None)
+    probe = with_figures({"cluster": {}}, hw, {k: v for k, v in values.items() if k.startswith("performance.")})
+    performance.update(probe["cluster"]["performance"])
+    fabric = scaled_fabric(hw.fabric_mapping, values["fabric.efficiency"]) if "fabric.efficiency" in values \
+        else dict(hw.fabric_mapping)
+    overheads = {p.key: values.get(p.name, getattr(hw.overheads, p.key)) for p in PARAMETERS if p.memory}
+    return {
+        "machine": {"device": hw.gpu, "source": origin, "fabric": hw.fabric},
+        "gpu": gpu,
+        "performance": {k: _plain(v) for k, v in performance.items()},
+        "fabric": {k: [[n, _plain(e)] for n, e in v] if k == "efficiency_at" else _plain(v) for k, v in fabric.items()},
+        "overheads": {"fragmentation": _plain(overheads["fragmentation"]),
+                      "comm_buffers": f"{overheads['comm_buffers'] / 2**30:.4g} GiB"},
+        "fitted": {
+            "figures": {f.name: {"prior": _plain(f.prior), "value": _plain(f.value), "runs": f.runs,
+                                 **({"stayed_at_prior": f.why_not} if not f.fitted else {})}
+                        for f in result.figures},
+            "runs": [{"id": r.id, **{k: _plain(v) for k, v in (("throughput_before", r.throughput_before),
+                                                                ("throughput_after", r.throughput_after),
+                                                                ("memory_before", r.memory_before),
+                                                                ("memory_after", r.memory_after)) if v is not None}}
+                     for r in result.residuals],
+            "coverage": result.coverage,
+        },
+    }
+
+
+def _plain(v: Any) -> Any:
+    return float(f"{v:.4g}") if isinstance(v, float) else v
+
+
+# --- the API, the file and the report ------------------------------------------------------------
+
+def calibrate_from_runs(runs: Any, gpu_preset: Optional[str] = None) -> tuple[dict[str, Any], Fit]:
+    """The profile a team's runs teach, and the fit's report.
+
+    ``runs``: published-runs files (paths), rows in that schema (dicts) or :class:`Run` objects,
+    or a list mixing them; ``gpu_preset``: the GPU preset whose figures are the priors (default:
+    the runs' own)."""
+    items = list(runs) if isinstance(runs, (list, tuple)) else [runs]
+    collected: list[Run] = []
+    rows: list[Any] = []
+    for item in items:
+        if isinstance(item, Run):
+            collected.append(item)
+        elif isinstance(item, dict):
+            rows.append(item)
+        elif isinstance(item, (str, os.PathLike)):
+            collected += load_runs([item])
+        else:
+            raise CaseError("runs", "", f"expected runs files, published-run rows or Run objects, got "
+                                        f"{type(item).__name__}")
+    if rows:
+        collected += runs_from_rows(rows, "runs")
+    result = fit(collected, "runs", gpu_preset)
+    origins = sorted({str(i) for i in items if isinstance(i, (str, os.PathLike))})
+    return profile_of(result, ", ".join(origins) or f"{len(collected)} runs"), result
+
+
+HEADER = """\
+# Hardware profile written by `layout-planner calibrate --from-runs` (or --from-logs). Use it in a case as
+#   cluster: {profile: PATH, num_gpus: N}
+# gpu: the GPU preset's figures; performance, fabric and overheads: the preset's with the figures the runs
+# taught; fitted: each fitted figure's prior and value, the runs behind it with their residuals (predicted /
+# measured - 1) before and after, and what the runs covered. See planner/learn.py.
+"""
+
+
+def render(profile: dict[str, Any]) -> str:
+    """The profile's YAML text, under HEADER."""
+    return HEADER + yaml.safe_dump(profile, sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
+
+
+def print_fit(result: Fit, console: Any) -> None:
+    """Each figure beside its prior with the runs that inform it; each run's residuals."""
+    from rich.table import Table  # the CLI's; `import planner` stays without it
+
+    table = Table(title=f"Figures fitted to the runs ({result.hardware.gpu} on {result.hardware.fabric})")
+    for column in ("figure", "prior", "fitted", "runs", "note"):
+        table.add_column(column, justify="right" if column in ("prior", "fitted", "runs") else "left",
+                         no_wrap=column != "note")
+    for f in result.figures:
+        table.add_row(f.name, _show(f.name, f.prior), _show(f.name, f.value) if f.fitted else "—", str(f.runs),
+                      f.why_not or BY_NAME[f.name].why)
+    console.print(table)
+    runs = Table(title="Runs: predicted / measured − 1, before → after")
+    for column in ("run", "tokens/s", "peak memory"):
+        runs.add_column(column, justify="left" if column == "run" else "right")
+
+    def pair(a: Optional[float], b: Optional[float]) -> str:
+        return "—" if a is None else f"{a:+.1%} → {b:+.1%}"
+
+    for r in result.residuals:
+        runs.add_row(r.id, pair(r.throughput_before, r.throughput_after), pair(r.memory_before, r.memory_after))
+    console.print(runs)
+
+
+def _show(name: str, value: float) -> str:
+    if name.endswith("comm_buffers"):
+        return f"{value / 2**30:.3g} GiB"
+    if name.endswith("_s"):
+        return f"{value * 1e3:.3g} ms"
+    return f"{value:.3g}"

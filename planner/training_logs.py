@@ -1,0 +1,150 @@
+"""A run's step time and peak memory, read from its training log as the engine prints it.
+
+- Megatron-LM (``megatron/training/training.py``, ``training_log``): per logged interval
+  ``iteration N/ M | … | elapsed time per iteration (ms): T | throughput per GPU (TFLOP/s/GPU): F |
+  … | global batch size: B |``; once, after the first iterations, ``report_memory``'s
+  ``[Rank r] (after N iterations) memory (MB) | allocated: … | max allocated: X | reserved: … |
+  max reserved: …`` (MB = 2^20 bytes), printed by every data-parallel rank 0; and at start the
+  argument dump (``  num_layers ........ 32``).
+- torchtitan (``torchtitan/components/metrics.py``, ``MetricsProcessor.log``): ``step: N  loss: …
+  memory: X GiB(P%)  tps: T  tflops: F  mfu: M%`` (``tps`` is tokens per second per GPU;
+  ``memory`` the allocator's max reserved), and at start ``Model … size: 8,030,261,248 total
+  parameters``.
+- DeepSpeed (``deepspeed/utils/timer.py``, ``ThroughputTimer``): ``epoch=0/micro_step=N/
+  global_step=G, RunningAvgSamplesPerSec=…, CurrSamplesPerSec=S, MemAllocated=…GB,
+  MaxMemAllocated=XGB`` (samples of the global batch per second; GB = 2^30 bytes); without it,
+  the engine's ``wall_clock_breakdown`` timers ``time (ms) | fwd: … | bwd: … | step: …`` per
+  optimizer step; and its config dump (``  train_batch_size ...... 64``).
+
+Warm-up is dropped: the first logged interval (the first iterations' compilation, allocator
+growth and NCCL set-up) and every interval ending at one of the first WARMUP_STEPS steps. The
+step time is the median of the rest.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+WARMUP_STEPS = 3
+MAX_LOG_BYTES = 256 * 2**20
+
+NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
+MEGATRON_STEP = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*" + NUMBER)
+MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
+MEGATRON_MEMORY = re.compile(r"\[Rank (\d+)\].*?memory \(MB\).*?max allocated:\s*" + NUMBER)
+MEGATRON_ARG = re.compile(r"^\s*([a-z_0-9]+) \.{3,}\s*(\S+)\s*$", re.MULTILINE)
+TITAN_STEP = re.compile(r"step:\s*(\d+)\b.*?\btps:\s*" + NUMBER)
+TITAN_MEMORY = re.compile(r"step:\s*(\d+)\b.*?\bmemory:\s*" + NUMBER + r"\s*GiB")
+TITAN_PARAMETERS = re.compile(r"size:\s*" + NUMBER + r"\s*total parameters")
+DS_THROUGHPUT = re.compile(r"global_step=(\d+).*?CurrSamplesPerSec=" + NUMBER)
+DS_MEMORY = re.compile(r"global_step=(\d+).*?MaxMemAllocated=" + NUMBER + r"\s*GB")
+DS_TIMERS = re.compile(r"time \(ms\) \| fwd: " + NUMBER + r" \| bwd: " + NUMBER + r" \| step: " + NUMBER)
+
+
+@dataclass(frozen=True)
+class LogReading:
+    """What a log says of its run: the engine, the median step time after warm-up, the steps
+    behind it, the peak (GiB, the allocator's), whose rank it is, and the facts it states of the
+    model and batch (to hold against the case)."""
+
+    engine: str
+    step_time_s: Optional[float] = None  # Megatron-LM, DeepSpeed's timers
+    tokens_per_s_per_gpu: Optional[float] = None  # torchtitan
+    samples_per_s: Optional[float] = None  # DeepSpeed
+    steps: int = 0
+    peak_gib: Optional[float] = None
+    peak_of_rank_0_only: bool = False
+    stated: tuple[tuple[str, float], ...] = ()  # (what, value): layers, hidden, parameters, global batch…
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _after_warmup(points: list[tuple[int, float]]) -> list[float]:
+    """The values of logged intervals after the first and past the first WARMUP_STEPS steps."""
+    return [v for i, (step, v) in enumerate(points) if i > 0 and step > WARMUP_STEPS]
+
+
+def read_log(path: Path) -> LogReading:
+    """The facts of a training log (module docstring); a CaseError naming the file and what was
+    looked for where it holds no step time past warm-up."""
+    from .errors import CaseError
+
+    src = str(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_LOG_BYTES + 1)
+    except OSError as error:
+        raise CaseError(src, "", f"cannot read the log: {error.strerror or error}") from None
+    if len(data) > MAX_LOG_BYTES:
+        raise CaseError(src, "", f"expected a training log of at most {MAX_LOG_BYTES // 2**20} MiB; "
+                                 "give the lines of the steps to fit")
+    text = data.decode("utf-8", errors="replace")  # logs carry progress bars and colour codes
+    megatron = [(int(m.group(1)), _num(m.group(2))) for m in MEGATRON_STEP.finditer(text)]
+    titan = [(int(m.group(1)), _num(m.group(2))) for m in TITAN_STEP.finditer(text)]
+    deepspeed = [(int(m.group(1)), _num(m.group(2))) for m in DS_THROUGHPUT.finditer(text)]
+    timers = [(i + 1, _num(m.group(1)) + _num(m.group(2)) + _num(m.group(3)))
+              for i, m in enumerate(DS_TIMERS.finditer(text))]
+    if megatron:
+        times = _after_warmup(megatron)
+        memory = [(int(m.group(1)), _num(m.group(2))) for m in MEGATRON_MEMORY.finditer(text)]
+        args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
+        stated = [(k, float(args[k])) for k in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                                                  "global_batch_size", "micro_batch_size",
+                                                  "tensor_model_parallel_size", "pipeline_model_parallel_size")
+                  if k in args and _is_number(args[k])]
+        batches = {int(m.group(1)) for m in MEGATRON_BATCH.finditer(text)}
+        if len(batches) == 1 and not any(k == "global_batch_size" for k, _ in stated):
+            stated.append(("global_batch_size", float(batches.pop())))
+        reading = LogReading("megatron", step_time_s=_median(times, src, "'elapsed time per iteration (ms)'") / 1e3,
+                             steps=len(times), stated=tuple(stated),
+                             peak_gib=max(v for _, v in memory) / 1024 if memory else None,
+                             peak_of_rank_0_only=bool(memory) and {r for r, _ in memory} == {0})
+    elif titan:
+        times = _after_warmup(titan)
+        memory = _after_warmup([(int(m.group(1)), _num(m.group(2))) for m in TITAN_MEMORY.finditer(text)])
+        params = [_num(m.group(1)) for m in TITAN_PARAMETERS.finditer(text)]
+        reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
+                             peak_gib=max(memory) if memory else None, peak_of_rank_0_only=bool(memory),
+                             stated=(("parameters", params[0]),) if params else ())
+    elif deepspeed or timers:
+        memory = _after_warmup([(int(m.group(1)), _num(m.group(2))) for m in DS_MEMORY.finditer(text)])
+        args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
+        stated = tuple((k, float(args[k])) for k in ("train_batch_size", "train_micro_batch_size_per_gpu")
+                       if k in args and _is_number(args[k]))
+        if deepspeed:
+            rates = _after_warmup(deepspeed)
+            reading = LogReading("deepspeed", samples_per_s=_median(rates, src, "'CurrSamplesPerSec='"),
+                                 steps=len(rates), stated=stated, peak_gib=max(memory) if memory else None)
+        else:
+            steps = _after_warmup(timers)
+            reading = LogReading("deepspeed", step_time_s=_median(steps, src, "'time (ms) | fwd: … | bwd: … | step: …'")
+                                 / 1e3, steps=len(steps), stated=stated, peak_gib=max(memory) if memory else None)
+    else:
+        raise CaseError(src, "", "holds no step time: looked for Megatron-LM's 'elapsed time per iteration (ms)', "
+                                 "torchtitan's 'tps:' and DeepSpeed's 'CurrSamplesPerSec=' or its "
+                                 "'time (ms) | fwd: … | bwd: … | step: …' timers")
+    return reading
+
+
+def _median(values: list[float], src: str, what: str) -> float:
+    from .errors import CaseError
+
+    values = [v for v in values if v > 0]
+    if not values:
+        raise CaseError(src, "", f"holds no step time past warm-up: {what} appears only in the first logged "
+                                 f"interval or the first {WARMUP_STEPS} steps")
+    return statistics.median(values)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
