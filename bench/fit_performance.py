@@ -9,7 +9,7 @@ latency, minimising the mean over sources of the mean |error| of tokens/s plus t
 sweeps' rank disagreement (1 − mean rank correlation) and median regret, weighted by
 ``--weight``. Attention efficiencies are held at their published kernel benchmarks. One
 setting per GPU type: nothing here can fit a row or a source on its own. For H100 the engine
-figures of engine-neutral stacks ("any") that no benchmark publishes are fitted alongside: the
+figures of nanotron (the engine of the Playbook's sweep) that no benchmark publishes are fitted alongside: the
 host cost per TP collective and the floor of a TP collective in a pipeline across nodes or in a TP
 group across nodes.
 """
@@ -36,14 +36,14 @@ GRID = {
     "comm_overlap": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     "hbm_efficiency": (0.6, 0.7, 0.8, 0.9),
     "fabric.latency_s": (5e-6, 1e-5, 2e-5, 4e-5),
-    "any.collective_launch_s": (0.0, 1e-4, 2e-4, 3e-4, 4e-4),
-    "any.pipeline_collective_floor_s": (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1.0e-3, 1.25e-3, 1.5e-3),
-    "any.pipeline_collective_floor_rank_s": (0.0, 0.1e-3, 0.2e-3, 0.25e-3, 0.3e-3, 0.35e-3, 0.4e-3, 0.5e-3),
-    "any.cross_domain_tp_rank_s": (0.0, 0.04e-3, 0.06e-3, 0.07e-3, 0.08e-3, 0.09e-3, 0.1e-3, 0.12e-3),
+    "nanotron.collective_launch_s": (0.0, 1e-4, 2e-4, 3e-4, 4e-4),
+    "nanotron.pipeline_collective_floor_s": (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1.0e-3, 1.25e-3, 1.5e-3),
+    "nanotron.pipeline_collective_floor_rank_s": (0.0, 0.1e-3, 0.2e-3, 0.25e-3, 0.3e-3, 0.35e-3, 0.4e-3, 0.5e-3),
+    "nanotron.cross_domain_tp_rank_s": (0.0, 0.04e-3, 0.06e-3, 0.07e-3, 0.08e-3, 0.09e-3, 0.1e-3, 0.12e-3),
 }
-# The generic engine's figures in the grid ("any.<EngineBehaviour field>"): engine figures no
+# nanotron's figures in the grid ("nanotron.<EngineBehaviour field>"): engine figures no
 # benchmark publishes, fitted on H100 (the Playbook's nanotron sweep) alone.
-ENGINE_FIGURES = tuple(name for name in GRID if name.startswith("any."))
+ENGINE_FIGURES = tuple(name for name in GRID if name.startswith("nanotron."))
 # GPU types with a handful of runs of one kind each (torchao's torchtitan runs on B200 and MI300X,
 # MLPerf's on GB200): only the figures those runs measure, on finer grids.
 FEW_RUNS = {
@@ -74,9 +74,9 @@ def apply(kind: str, figures: dict) -> None:
         if name == "fabric.latency_s":
             fabrics[fabric]["latency_s"] = value
         elif name in ENGINE_FIGURES:
-            generic = engines.ENGINES["any"]
-            engines.ENGINES["any"] = dataclasses.replace(
-                generic, behaviour=dataclasses.replace(generic.behaviour, **{name[len("any."):]: value}))
+            generic = engines.ENGINES["nanotron"]
+            engines.ENGINES["nanotron"] = dataclasses.replace(
+                generic, behaviour=dataclasses.replace(generic.behaviour, **{name[len("nanotron."):]: value}))
         else:
             for gpu in TYPES[kind]:
                 presets[gpu] = {**presets[gpu], name: value}
@@ -90,7 +90,7 @@ def current_value(kind: str, name: str):
     if name == "fabric.latency_s":
         return fabric_presets()[gpu_presets()[TYPES[kind][0]]["fabric"]].get("latency_s")
     if name in ENGINE_FIGURES:
-        return getattr(engines.ENGINES["any"].behaviour, name[len("any."):])
+        return getattr(engines.ENGINES["nanotron"].behaviour, name[len("nanotron."):])
     return performance_presets()[TYPES[kind][0]].get(name)
 
 

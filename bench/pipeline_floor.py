@@ -72,13 +72,13 @@ def main() -> None:
     rows = [r for r in load_rows() if "Playbook" in r["source"]]
     evaluated = evaluate(rows, experts=False).rows
     model, model_across = per_layer_ms(evaluated), per_layer_ms(evaluated, across=True)
-    generic = engines.ENGINES["any"]
-    engines.ENGINES["any"] = dataclasses.replace(generic, behaviour=dataclasses.replace(
+    generic = engines.ENGINES["nanotron"]
+    engines.ENGINES["nanotron"] = dataclasses.replace(generic, behaviour=dataclasses.replace(
         generic.behaviour, pipeline_collective_floor_s=0.0, pipeline_collective_floor_rank_s=0.0,
         cross_domain_tp_rank_s=0.0))
     bare = evaluate(rows, experts=False).rows
     gpu, gpu_across = per_layer_ms(bare), per_layer_ms(bare, across=True)
-    engines.ENGINES["any"] = generic
+    engines.ENGINES["nanotron"] = generic
     table("| where | tp | rows | measured ms | model ms | GPU ms |", "| --- | ---: | ---: | ---: | ---: | ---: |",
           model, gpu)
     print("\nTensor parallelism across nodes\n")

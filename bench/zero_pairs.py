@@ -65,13 +65,13 @@ def main() -> None:
         if case1["layout"]["pp"] == 1 and row1["num_gpus"] >= 64:
             cross_node.append((model, case0, case1, step_s(case1, measured1) - step_s(case0, measured0),
                                step_s(case1, predicted1) - step_s(case0, predicted0)))
-    generic = engines.ENGINES["any"]
-    engines.ENGINES["any"] = dataclasses.replace(generic, behaviour=dataclasses.replace(
+    generic = engines.ENGINES["nanotron"]
+    engines.ENGINES["nanotron"] = dataclasses.replace(generic, behaviour=dataclasses.replace(
         generic.behaviour, zero1_gather_copies=False))
     for model, case0, case1, measured, predicted in cross_node:
         without = planner.estimate(case1).step_time_s - planner.estimate(case0).step_time_s
         deltas[model].append((measured, predicted, without))
-    engines.ENGINES["any"] = generic
+    engines.ENGINES["nanotron"] = generic
     print("| model | data parallelism | pairs | measured ZeRO-1 / ZeRO-0 | predicted |")
     print("| --- | --- | ---: | ---: | ---: |")
     for (model, where), values in sorted(ratios.items()):

@@ -246,9 +246,8 @@ class EngineBehaviour:
         return self.quantizer == "transformer_engine"
 
 
-# No engine in particular: plain PyTorch DDP buckets and FSDP units, eager kernels, stages
-# balanced by compute; ZeRO-1 as nanotron runs it: fp32 gradients reduced after the backward in one
-# all-reduce, and the weight shards gathered, and copied out parameter by parameter, before the step returns.
-GENERIC = EngineBehaviour(zero1_gather_in_step=True, zero1_gather_copies=True, zero1_fp32_reduce_after_backward=True,
-                          pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3,
-                          cross_domain_tp_rank_s=0.06e-3)
+# No engine in particular: plain PyTorch, as its own classes run a layout: DDP's 25 MB buckets
+# overlapped with the backward, FSDP units per layer, eager kernels, ZeroRedundancyOptimizer's
+# ZeRO-1 (its shards sent to every rank before step() returns: ``_sync_params``). nanotron's
+# measured behaviour is its own engine (planner/engines/nanotron.py).
+GENERIC = EngineBehaviour(zero1_gather_in_step=True)

@@ -237,9 +237,11 @@ def zero_stage(row: dict) -> int:
 
 def engine(row: dict) -> str:
     """The engine a user of the run would name: DeepSpeed where it drives the run, Megatron for
-    Megatron-LM, NeMo, Megatron-Bridge and MegaScale, and no engine in particular for PyTorch
-    stacks (FSDP, torchtitan, nanotron)."""
+    Megatron-LM, NeMo, Megatron-Bridge and MegaScale, nanotron for its own runs (the Playbook's),
+    and no engine in particular for the other PyTorch stacks (FSDP, torchtitan)."""
     fw = row["framework"]
+    if fw.lower().startswith("nanotron"):
+        return "nanotron"
     if "DeepSpeed" in fw or "GPT-NeoX" in fw:
         return "deepspeed"
     if any(k in fw for k in ("Megatron", "NeMo", "MegaScale")) and "FSDP" not in fw:

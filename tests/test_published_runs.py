@@ -39,7 +39,7 @@ def test_a_playbook_row_is_written_as_its_user_would(rows):
                              "num_attention_heads": 32, "num_kv_heads": 32, "ffn_hidden_size": 8192,
                              "activation": "swiglu", "vocab_size": 131072, "tied_embeddings": True, "dropout": 0.0}
     assert case["cluster"] == {"gpu": "h100-sxm-80gb", "num_gpus": 8, "fabric": "aws-efa-p5"}
-    assert case["training"]["engine"] == "any" and case["training"]["flash_attention"]
+    assert case["training"]["engine"] == "nanotron" and case["training"]["flash_attention"]
     assert case["layout"] == {"tp": 1, "pp": 2, "cp": 1, "dp": 4, "vpp": 1, "micro_batch_size": 4, "zero_stage": 1,
                               "sequence_parallel": False, "recompute": "none", "stage_layers": [10, 6]}
     assert load_case(case).layout.dp == 4

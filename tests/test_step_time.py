@@ -349,7 +349,7 @@ def test_nanotron_zero1_reduces_fp32_gradients_after_the_backward_and_copies_its
     its trainer all-reduces the accumulator's whole fp32 buffer once the backward is done
     (``sync_gradients_across_dp``), its optimizer gathers the updated bf16 shards in one collective and
     then copies every rank's chunk of every parameter out of the flat buffer, one ``copy_`` each
-    (``all_gather_coalesced``). The generic engine's ZeRO-1 with fp32 gradients exposes exactly that,
+    (``all_gather_coalesced``). nanotron's ZeRO-1 with fp32 gradients exposes exactly that,
     whatever compute could have hidden (4,096 tokens): one all-reduce of 4 bytes a parameter, one
     all-gather of 2, and 64 ranks × 147 tensors (24 layers of six, the embedding, the final norm and
     the head) kernel launches. With 16-bit gradients (DDP) the reduction is the overlapped buckets'."""
@@ -357,7 +357,7 @@ def test_nanotron_zero1_reduces_fp32_gradients_after_the_backward_and_copies_its
 
     job = _zero3_job("any", recompute="none")
     job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",
-                                                   engine=behaviour_of("any"), fp32_grads=True),
+                                                   engine=behaviour_of("nanotron"), fp32_grads=True),
               job.layout.with_changes(zero_stage=1))
     params, perf = 1_764_979_200, job.cluster.gpu.performance
     links = group_links(job.cluster, job.layout, "dp_cp")
@@ -369,7 +369,9 @@ def test_nanotron_zero1_reduces_fp32_gradients_after_the_backward_and_copies_its
     ddp = replace(job, training=replace(job.training, fp32_grads=False))
     assert dp_comm_exposed(ddp, 0, stage_time(ddp, 0)) < collective_time("all_reduce", 2 * params, links, perf) \
         + collective_time("all_gather", 2 * params, links, perf) + 64 * 147 * 8e-6
-    # Megatron neither reduces in the open nor copies the gather out.
+    # Megatron neither reduces in the open nor copies the gather out, nor does plain PyTorch.
+    plain = replace(job, training=replace(job.training, engine=behaviour_of("any")))
+    assert gather_copies_time(plain, 64, 147) == 0.0
     megatron = replace(job, training=replace(job.training, engine=behaviour_of("megatron")))
     assert gather_copies_time(megatron, 64, 147) == 0.0
     assert dp_comm_exposed(megatron, 0, stage_time(megatron, 0)) \
@@ -555,12 +557,12 @@ def test_deepspeeds_bf16_optimizer_reduces_after_the_backward_without_a_pipeline
 
 
 def test_a_stage_whose_pipeline_neighbours_are_across_nodes_runs_no_faster_than_its_collectives_floor():
-    """Engine-neutral stacks (nanotron's Playbook sweep): with its pipeline neighbours in another node, a
+    """nanotron (its Playbook sweep): with its pipeline neighbours in another node, a
     stage takes at least f0 + f1·(tp − 1) per tensor-parallel collective for a micro-batch, the GPU's
     work beneath it: its layers × 2 passes × 4 collectives (sequence parallelism) × (f0 + 7·f1) at tp 8.
     The same stage within one node, and Megatron's (fixed shapes, no host read per receive), run at
     their GPU time."""
-    generic = behaviour_of("any")
+    generic = behaviour_of("nanotron")
     f0, f1 = generic.pipeline_collective_floor_s, generic.pipeline_collective_floor_rank_s
     assert f0 > 0 and f1 > 0
 
@@ -570,27 +572,27 @@ def test_a_stage_whose_pipeline_neighbours_are_across_nodes_runs_no_faster_than_
                                 engine=behaviour_of(engine)),
                    Layout(tp=8, pp=4, dp=num_gpus // 32, micro_batch_size=micro_batch_size, sequence_parallel=True))
 
-    layers = job("any", 32).stage_layers[1]  # the engine balances the stages: the middle ones hold 7
-    across = stage_time(job("any", 32), 1)  # 4 stages of 8: each stage a node of its own
+    layers = job("nanotron", 32).stage_layers[1]  # the engine balances the stages: the middle ones hold 7
+    across = stage_time(job("nanotron", 32), 1)  # 4 stages of 8: each stage a node of its own
     assert across.total == pytest.approx(layers * 2 * 4 * (f0 + 7 * f1))
     # Beneath the floor the micro-batch does not matter; above it, the GPU's time stands.
-    assert stage_time(job("any", 32, micro_batch_size=2), 1).total == pytest.approx(across.total)
-    big = job("any", 32, micro_batch_size=64)
+    assert stage_time(job("nanotron", 32, micro_batch_size=2), 1).total == pytest.approx(across.total)
+    big = job("nanotron", 32, micro_batch_size=64)
     fwd, bwd = tp_exposed_per_layer(big.model, big.training, big.cluster, 8, 1, 64, True)
     assert stage_time(big, 1).tp_comm == pytest.approx(layers * (fwd + bwd))
     # Where one NVLink domain holds the whole pipeline (64 GPUs a node), no stage has a neighbour across.
-    inside = replace(job("any", 32), cluster=ClusterSpec(gpu=replace(_gpu(), gpus_per_node=64, nvlink_domain=64),
+    inside = replace(job("nanotron", 32), cluster=ClusterSpec(gpu=replace(_gpu(), gpus_per_node=64, nvlink_domain=64),
                                                           num_gpus=32))
     assert stage_time(inside, 1).total < across.total / 2
     assert stage_time(job("megatron", 32), 1).total < across.total / 2
 
 
 def test_a_tensor_parallel_group_across_nodes_runs_no_faster_than_its_collectives_floor():
-    """Engine-neutral stacks (nanotron's tp 16 and 32 in the Playbook's sweep): a tensor-parallel group
+    """nanotron (its tp 16 and 32 in the Playbook's sweep): a tensor-parallel group
     that spans NVLink domains takes at least c·(tp − 1) per collective, the GPU's work beneath it: without
     a pipeline, 24 layers × 2 passes × 4 collectives × 15·c at tp 16 on 8-GPU nodes. The group inside a
     node (tp 8), and Megatron's, pay none; with a pipeline across nodes the larger floor stands."""
-    c = behaviour_of("any").cross_domain_tp_rank_s
+    c = behaviour_of("nanotron").cross_domain_tp_rank_s
     assert c > 0
 
     def job(engine: str, tp: int, pp: int = 1) -> Job:
@@ -599,14 +601,15 @@ def test_a_tensor_parallel_group_across_nodes_runs_no_faster_than_its_collective
                                 engine=behaviour_of(engine)),
                    Layout(tp=tp, pp=pp, dp=64 // (tp * pp), micro_batch_size=1, sequence_parallel=True))
 
-    spans = stage_time(job("any", 16), 0)
+    spans = stage_time(job("nanotron", 16), 0)
     assert spans.total == pytest.approx(24 * 2 * 4 * 15 * c)
-    assert cross_domain_tp_floor(job("any", 8), 8) == 0.0
+    assert cross_domain_tp_floor(job("nanotron", 8), 8) == 0.0
     assert cross_domain_tp_floor(job("megatron", 16), 8) == 0.0
+    assert cross_domain_tp_floor(job("any", 16), 8) == 0.0  # plain PyTorch: NCCL's own time
     assert stage_time(job("megatron", 16), 0).total < spans.total / 2
     # With a pipeline whose neighbours are across nodes, the pipeline's floor is the larger: it alone stands.
-    piped = job("any", 16, pp=2)
-    generic = behaviour_of("any")
+    piped = job("nanotron", 16, pp=2)
+    generic = behaviour_of("nanotron")
     per = generic.pipeline_collective_floor_s + 15 * generic.pipeline_collective_floor_rank_s
     assert stage_time(piped, 1).total == pytest.approx(piped.stage_layers[1] * 2 * 4 * per)
 

@@ -7,11 +7,11 @@ Adding or updating an engine touches its module alone.
 
 from __future__ import annotations
 
-from . import deepspeed, generic, megatron, torchtitan
+from . import deepspeed, generic, megatron, nanotron, torchtitan
 from .base import Engine, EngineSupport
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (megatron.ENGINE, deepspeed.ENGINE, torchtitan.ENGINE,
-                                                   generic.ENGINE)}
+                                                   nanotron.ENGINE, generic.ENGINE)}
 NAMES = tuple(ENGINES)
 
 

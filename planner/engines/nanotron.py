@@ -1,0 +1,50 @@
+"""nanotron (Hugging Face): what it runs and how, as its own code shows and the Ultra-Scale
+Playbook's sweep (1,265 layouts on 1-64 nodes of 8 H100s over EFA) measured it.
+
+- Choices (``src/nanotron/config/parallelism_config.py``): dp, tp (``tp_mode`` ALL_REDUCE, or
+  REDUCE_SCATTER: sequence parallelism), pp with its one-forward-one-backward or all-forward-
+  all-backward engines (no interleaving), ZeRO stage 0 or 1 (``optimizer.zero_stage``), full
+  recomputation of every layer (``recompute_layer``); no context or expert parallelism, no
+  offload, bf16 with fp32 gradient accumulation.
+- Behaviour: ZeRO-1 as ``ZeroDistributedOptimizer`` runs it: with fp32 gradients no DDP wrapper,
+  one all-reduce of the whole fp32 gradient buffer after the last backward, in the open
+  (``trainer.py``: ``sync_gradients_across_dp``); the updated shards gathered in one coalesced
+  all-gather before ``step`` returns, then copied out parameter by parameter
+  (``distributed.all_gather_coalesced``). Its pipeline reads the shape of every tensor it receives on
+  the host (``P2P._recv_meta``), and its tensor-parallel collectives across nodes run far slower
+  than NCCL's: floors measured on the Playbook's sweep (``cost_models.behaviour``'s fields,
+  fitted by bench/fit_performance.py h100; bench/pipeline_floor.py). Stages split by compute.
+"""
+
+from __future__ import annotations
+
+from cost_models.behaviour import EngineBehaviour
+
+from .base import Engine, EngineSupport
+
+SUPPORT = EngineSupport(
+    zero_stages=(0, 1), max_zero_with_pp=1, interleaving=False, context_parallel=False,
+    sequence_parallel=(False, True), recompute=("none", "full"), partial_recompute=False,
+    expert_parallel=False, fp8_recipes=(), fp8_param_gather=False, pure_bf16=False, compiled_loss=False,
+    fused_attention=(False,),
+    why=(("zero_stages", "nanotron's optimizer.zero_stage is 0 or 1"),
+         ("max_zero_with_pp", "nanotron's optimizer.zero_stage is 0 or 1"),
+         ("interleaving", "nanotron's pipeline engines are 1F1B and AFAB, without interleaving"),
+         ("context_parallel", "nanotron has no context parallelism"),
+         ("recompute", "nanotron recomputes whole layers (parallelism.recompute_layer) or none:"),
+         ("partial_recompute", "nanotron's recompute_layer recomputes every layer"),
+         ("expert_parallel", "the planner prices no nanotron mixture of experts"),
+         ("fp8_recipe", "the planner prices nanotron in bf16 only; its fp8 recipes are"),
+         ("fp8_param_gather", "nanotron gathers bf16 weights"),
+         ("pure_bf16", "nanotron keeps fp32 master weights"),
+         ("compiled_loss", "nanotron's loss is its own sharded cross-entropy, not compiled"),
+         ("fused_attention", "nanotron's attention is flash-attn 2")),
+)
+
+BEHAVIOUR = EngineBehaviour(
+    name="nanotron", fp32_grads_for_bf16=True,
+    zero1_gather_in_step=True, zero1_gather_copies=True, zero1_fp32_reduce_after_backward=True,
+    pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3, cross_domain_tp_rank_s=0.06e-3,
+)
+
+ENGINE = Engine("nanotron", SUPPORT, BEHAVIOUR)
