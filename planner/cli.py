@@ -88,6 +88,8 @@ def plan_command(
     simplest_within: Optional[float] = typer.Option(
         None, "--simplest-within", min=0.0,
         help="Return the least complex layout whose step time is within PCT percent of the fastest."),
+    fastest: bool = typer.Option(False, "--fastest", help="Return the raw optimum of the model, not the robust pick "
+                                                          "(the simplest layout the model cannot tell from it)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the memory and Pareto plots to this PNG."),
     emit: Optional[str] = typer.Option(None, "--emit", help="Write launch configs: deepspeed, megatron or torchtitan."),
     engine: Optional[str] = typer.Option(
@@ -113,9 +115,11 @@ def plan_command(
         if emit is not None and engine not in (None, emit):
             raise CaseError("--engine", engine, f"differs from --emit {emit}; give the same engine to both")
         plan_options(top, simplest_within, None, names={"top_k": "--top", "simplest_within": "--simplest-within"})
+        if fastest and simplest_within is not None:
+            raise CaseError("--fastest", "", "give either --fastest or --simplest-within, not both")
         if plot is not None:
             check_writable([Output(plot, b"", "--plot")], force)
-        result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine)
+        result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine, fastest=fastest)
         outputs: list[Output] = []
         if emit is not None and result.best is not None:
             files, notes = render(result.best, emit, str(case))
@@ -213,6 +217,9 @@ def validate_published_command(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     experts: bool = typer.Option(True, "--experts/--no-experts",
                                  help="Also plan each tuned recipe's job (about 20 s) and report the gain claimed."),
+    write_bands: Optional[Path] = typer.Option(None, "--write-bands",
+                                               help="Write the error bands and the indistinguishable gap these runs "
+                                                    "give (planner/published/bands.yaml is the repo's)."),
     few_shot: Optional[int] = typer.Option(None, "--few-shot", min=0, max=50,
                                            help="Also fit a profile to K runs of each source's GPU type and score "
                                                 "its other runs, for K = 0, 1, 3, 5 up to K (about a minute)."),
@@ -220,20 +227,29 @@ def validate_published_command(
     """Score the cost model on published runs: throughput and memory per source, layout-sweep
     regret and rank correlation, the gain plan claims over tuned recipes, and what a few of a
     team's own runs teach it (--few-shot)."""
+    from . import bands
     from . import few_shot as shots
+    from .case import load_case
     from .fidelity import evaluate, print_report, to_dict
+    from .files import Output, write_all
     from .published_runs import load_rows
 
     try:
         result = evaluate(load_rows(runs) if runs else None, experts=experts)
+        jobs = [load_case(r.case).job() for r in result.rows]
+        covered = bands.coverage(result.rows, jobs)
+        if write_bands is not None:
+            write_all([Output(write_bands, bands.render(bands.compute(result.rows, jobs)), "--write-bands")], True)
         shot = shots.evaluate(result.rows, shots.ladder(few_shot)) if few_shot is not None else None
     except CaseError as error:
         _fail(error)
     if as_json:
-        print(json.dumps({**to_dict(result), **({"few_shot": shots.to_dict(shot)} if shot else {})}, indent=2))
+        print(json.dumps({**to_dict(result), "band_coverage": [vars(c) for c in covered],
+                          **({"few_shot": shots.to_dict(shot)} if shot else {})}, indent=2))
     else:
         console = Console(width=160)
         print_report(result, console, experts=experts)
+        bands.print_coverage(covered, console)
         if shot is not None:
             shots.print_report(shot, console)
 

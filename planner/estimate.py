@@ -13,6 +13,8 @@ from cost_models.parameters import active_parameters, total_parameters
 from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import Job, Layout, SpecError
 
+from .bands import Band, memory_band, throughput_band
+from .bands import fit_limit as band_fit_limit
 from .case import Case, layout_to_mapping, load_case, spec_errors
 from .engines import ENGINES
 from .errors import CaseError
@@ -80,8 +82,31 @@ class Estimate:
         return host_bytes(self.job)
 
     @property
+    def fit_limit_bytes(self) -> float:
+        """The most the predicted peak may be and fit: usable memory over the memory band's low end."""
+        return fit_limit(self.job, self.headroom)
+
+    @property
     def fits(self) -> bool:
-        return self.peak.total <= self.usable_bytes and host_fits(self.job, self.headroom)
+        """Whether the layout fits as far as the model can tell: unless even the low end of its
+        memory band (``planner.bands``) overflows the usable memory, and what it offloads fits the host."""
+        return self.peak.total <= self.fit_limit_bytes and host_fits(self.job, self.headroom)
+
+    @property
+    def memory_band(self) -> Band:
+        return memory_band(self.job)
+
+    @property
+    def throughput_band(self) -> Band:
+        return throughput_band(self.job)
+
+    @property
+    def memory_verdict(self) -> str:
+        """"fits" (the band's upper end fits), "at risk" (the peak may or may not: the band straddles
+        the usable memory) or "does not fit"."""
+        if not self.fits:
+            return "does not fit"
+        return "fits" if self.peak.total * self.memory_band.high <= self.usable_bytes else "at risk"
 
     @property
     def outside_fitted_runs(self) -> list[str]:
@@ -120,11 +145,17 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         model = self.job.model
+        band, mem = self.throughput_band, self.memory_band
         return {
             "model": {"parameters": total_parameters(model), "active_parameters": active_parameters(model)},
             "fits": self.fits,
+            "memory_verdict": self.memory_verdict,
             "memory": {
                 "peak_bytes": int(round(self.peak.total)),
+                # the 80 % band: the peak times the 10th and 90th percentiles of measured / predicted
+                # peaks of published runs of this class (planner/bands.py)
+                "peak_band_bytes": [int(round(self.peak.total * b)) for b in (mem.low, mem.high)],
+                "band": mem.to_dict(),
                 "capacity_bytes": int(round(self.capacity_bytes)),
                 "usable_bytes": int(round(self.usable_bytes)),
                 # the CUDA context and NCCL's buffers, beside the allocator's peak (``Overheads.cuda_context``)
@@ -141,7 +172,10 @@ class Estimate:
             "nvlink_domains_spanned": domains_spanned(self.job.cluster, self.job.layout),
             "grad_accum": self.job.grad_accum,
             "step_time_s": self.step_time_s,
+            "step_time_band_s": [self.step_time_s / band.high, self.step_time_s / band.low],
             "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_band": [self.tokens_per_s * band.low, self.tokens_per_s * band.high],
+            "band": band.to_dict(),
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "mfu": self.mfu,
             "mfu_bf16": self.mfu_bf16,
@@ -171,6 +205,11 @@ def refuse_what_the_engine_cannot_run(case: Case, job: Job) -> None:
         raise CaseError(case.source, key, f"{engine.name} cannot run it: {why}")
 
 
+def fit_limit(job: Job, headroom: float) -> float:
+    """The most a layout's predicted peak may be and fit (``bands.fit_limit``)."""
+    return band_fit_limit(usable_bytes(job, headroom), job.model, job.cluster, job.training)
+
+
 def usable_bytes(job: Job, headroom: float) -> float:
     """GPU memory a layout's peak may reach (``memory.usable_bytes``): the capacity less the
     headroom it must leave free and what lives outside PyTorch's allocator."""
@@ -195,7 +234,7 @@ def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Rem
     except SpecError:
         return None
     peak = peak_stage_memory(candidate).total
-    return Remedy(description, candidate.layout, peak, peak <= usable_bytes(job, headroom))
+    return Remedy(description, candidate.layout, peak, peak <= fit_limit(job, headroom))
 
 
 def _quantized_weights(job: Job, headroom: float) -> Optional[Remedy]:
@@ -214,7 +253,7 @@ def _quantized_weights(job: Job, headroom: float) -> Optional[Remedy]:
         return None
     peak = peak_stage_memory(candidate).total
     return Remedy("training.fp8_param_gather: true (the weights kept quantized, no 16-bit copy beside them)",
-                  job.layout, peak, peak <= usable_bytes(job, headroom))
+                  job.layout, peak, peak <= fit_limit(job, headroom))
 
 
 def _recompute_rungs(job: Job) -> list[tuple[str, dict]]:

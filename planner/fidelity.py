@@ -42,6 +42,7 @@ class Row:
     fits: bool
     peak_gib: float
     measured_gib: Optional[float]
+    verdict: str = "fits"  # the memory verdict: fits, at risk (its band straddles the usable memory)
 
     @property
     def source(self) -> str:
@@ -90,6 +91,7 @@ class Fidelity:
     sweeps: list[Sweep] = field(default_factory=list)
     expert_gains: list[tuple[str, float]] = field(default_factory=list)
     expert_misfits: list[str] = field(default_factory=list)
+    expert_at_risk: list[str] = field(default_factory=list)  # recipes whose memory band straddles the usable
     experts_scored: int = 0
 
     # Each headline is None where nothing was scored.
@@ -116,6 +118,12 @@ class Fidelity:
     @property
     def median_gain(self) -> Optional[float]:
         return statistics.median(g for _, g in self.expert_gains) if self.expert_gains else None
+
+    @property
+    def gains_above_10pct(self) -> list[str]:
+        """Recipes plan claims to beat by more than 10 % though the model says they fit with margin."""
+        risky = set(self.expert_at_risk)
+        return [rid for rid, g in self.expert_gains if g > 0.10 and rid not in risky]
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -161,7 +169,8 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
         tokens = case["training"]["global_batch_size"] * case["training"]["seq_len"]
         stage = published_memory_stage(r)
         peak = est.peak if stage is None else est.stages[stage]
-        out.rows.append(Row(r, case, tokens / est.step_time_s, measured, est.fits, peak.total / 2**30, mem))
+        out.rows.append(Row(r, case, tokens / est.step_time_s, measured, est.fits, peak.total / 2**30, mem,
+                            est.memory_verdict))
     _throughput(out)
     _memory(out)
     _sweeps(out)
@@ -231,6 +240,8 @@ def _experts(out: Fidelity, plan: Callable) -> None:
         out.experts_scored += 1
         if not r.fits:
             out.expert_misfits.append(r.row["id"])
+        elif r.verdict == "at risk":
+            out.expert_at_risk.append(r.row["id"])
         case = {k: v for k, v in r.case.items() if k != "layout"}
         try:
             best = planned(case)
@@ -261,6 +272,8 @@ def to_dict(f: Fidelity) -> dict[str, Any]:
                     "median_claimed_gain": f.median_gain,
                     "max_claimed_gain": max((g for _, g in f.expert_gains), default=None),
                     "predicted_not_to_fit": f.expert_misfits,
+                    "predicted_at_risk": f.expert_at_risk,
+                    "above_10pct_though_not_at_risk": f.gains_above_10pct,
                     "gains": dict(f.expert_gains)},
         "rows_scored": len(f.rows),
         "skipped": f.skipped,
@@ -301,6 +314,8 @@ def print_report(f: Fidelity, console, experts: bool = True) -> None:
         gains = f"median claimed gain {f.median_gain:+.1%}, max {max(g for _, g in f.expert_gains):+.1%}" \
             if f.expert_gains else "no plan"
         console.print(f"experts: {f.experts_scored} tuned recipes; {gains}; "
+                      f"{sum(1 for _, g in f.expert_gains if g > 0.10)} above +10 %, "
+                      f"{len(f.gains_above_10pct)} of them not at risk; {len(f.expert_at_risk)} at risk; "
                       f"{len(f.expert_misfits)} predicted not to fit")
     console.print(f"rows scored {len(f.rows)}; failed {len(f.failed)}; malformed {len(f.malformed)}; "
                   + "; ".join(f"skipped {n}: {escape(why)}" for why, n in f.skipped.items()))

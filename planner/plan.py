@@ -9,11 +9,13 @@ from typing import Any, Optional
 from cost_models.memory import peak_stage_memory, usable_bytes
 from cost_models.specs import ClusterSpec, Job, Layout
 
+from .bands import fit_limit, indistinguishable_gap, memory_band
 from .case import Case, layout_to_mapping, load_case, spec_errors
-from .complexity import COMPLEXITY_ORDER
+from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
 from .errors import CaseError, one_line
 from .estimate import Estimate, estimate_job
+from .estimate import usable_bytes as usable_bytes_of
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_STEP_TIME_S, MAX_TOP_K
 from .search import Candidate, SearchResult, search
 from .search_options import SearchSpec, retarget
@@ -79,6 +81,16 @@ class Plan:
     # (step time s, peak bytes) of every fitting layout scored: the cloud the Pareto plot shows.
     candidates: tuple[tuple[float, float], ...] = ()
     headroom: float = 0.0  # share of GPU memory every layout had to leave free
+    # How the best was chosen: "speed" (the fastest: --fastest, or nothing else within the margin),
+    # "simplicity" (the simplest within --simplest-within), or "robust": among the layouts within the
+    # gap the model cannot tell apart (``bands.indistinguishable_gap``), the simplest that fits at its
+    # memory band's upper end (else the simplest). ``fastest`` is the raw optimum where it differs.
+    picked_on: str = "speed"
+    margin: float = 0.0
+    fastest: Optional[Estimate] = None
+    # With no engine named (``any``), the plan of each engine that can run the case, by name (None
+    # with the reason where it cannot), and the pick among their bests (the engine of ``best``).
+    engines: tuple[tuple[str, Optional["Plan"], str], ...] = ()
 
     def differences(self, other: Estimate) -> dict[str, list]:
         """Layout fields where ``other`` differs from the best: {field: [best, other]}."""
@@ -98,9 +110,12 @@ class Plan:
             return None
         runner = self.alternatives[0]
         gap = runner.step_time_s - self.best.step_time_s
-        if gap < -1e-3 * self.best.step_time_s:  # --simplest-within chose a slower, simpler layout
-            return (f"{-gap:.3f} s faster per step ({gap / self.best.step_time_s:+.1%}), but the best is the "
-                    f"simplest layout within the --simplest-within margin (order: {COMPLEXITY_ORDER})")
+        if gap < -1e-3 * self.best.step_time_s:  # a slower, simpler (or safer) layout was picked
+            why = ("the simplest layout within the --simplest-within margin" if self.picked_on == "simplicity" else
+                   f"the pick among layouts within {self.margin:.1%} of the fastest, which the model cannot tell "
+                   f"apart: the simplest that fits at its memory band's upper end")
+            return f"{-gap:.3f} s faster per step ({gap / self.best.step_time_s:+.1%}), but the best is {why} " \
+                   f"(order: {COMPLEXITY_ORDER})"
         if gap <= 1e-3 * self.best.step_time_s:
             return f"ties with the best on step time and ranks lower as the more complex layout " \
                    f"(order: {COMPLEXITY_ORDER})"
@@ -116,6 +131,14 @@ class Plan:
             "alternatives": [{**alt.to_dict(), "differs_from_best": self.differences(alt)}
                              for alt in self.alternatives],
             "runner_up_lost_because": self.why_runner_up_lost(),
+            "engines": {name: ({"tokens_per_s": p.best.tokens_per_s, "step_time_s": p.best.step_time_s,
+                                "memory_verdict": p.best.memory_verdict, "layout": p.best.layout_mapping()}
+                               if p is not None and p.best is not None else {"why_not": why or "nothing fits"})
+                        for name, p, why in self.engines},
+            "engine": self.best.job.training.engine.name if self.best else None,
+            "pick": {"made_on": self.picked_on, "margin": self.margin,
+                     "fastest": {**self.fastest.to_dict(), "differs_from_best": self.differences(self.fastest)}
+                     if self.fastest is not None else None},
             "search": {"scored": self.scored, "fitting": self.fitting, "pruned": self.pruned},
             "no_fit": self.no_fit.to_dict() if self.no_fit else None,
         }
@@ -167,7 +190,8 @@ def _some_layout_fits(case: Case, spec: SearchSpec) -> bool:
 
 
 def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
-    limit = usable_bytes(case.cluster.gpu.memory_bytes, case.overheads, spec.headroom)
+    limit = fit_limit(usable_bytes(case.cluster.gpu.memory_bytes, case.overheads, spec.headroom),
+                      case.model, case.cluster, case.training)
     excluded_by = None
     if tightest is not None:
         peak = peak_stage_memory(tightest)
@@ -218,8 +242,23 @@ def layout_table(case: Case, spec: SearchSpec, slack: float = TABLE_SLACK, ceili
     return result, _table(result.candidates, slack, spec.top_k)
 
 
+def robust_choice(table: list[Candidate], fastest: int, margin: float, case: Case) -> int:
+    """Among the layouts within ``margin`` of the fastest (which the model cannot tell apart), the
+    simplest (``complexity``) whose peak fits at its memory band's upper end; where none does, the
+    simplest of them."""
+    limit = table[fastest].step_time_s * (1 + margin)
+    near = [i for i, c in enumerate(table) if c.step_time_s <= limit]
+    gbs = case.training.global_batch_size
+
+    def safe(c: Candidate) -> bool:
+        job = c.job
+        return c.peak_bytes * memory_band(job).high <= usable_bytes_of(job, case.search.headroom)
+
+    return min(near, key=lambda i: (not safe(table[i]), complexity(table[i], gbs), table[i].step_time_s))
+
+
 def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
-              target: Optional[str] = None) -> Plan:
+              target: Optional[str] = None, fastest: bool = False) -> Plan:
     plan_options(top_k, simplest_within, target)
     _check_size(case)
     spec = case.search
@@ -231,7 +270,9 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         raise CaseError(case.source, key, f"{spec.target} cannot run it: {why}")
     from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it
 
-    slack = max(TABLE_SLACK, (simplest_within or 0) / 100)
+    robust = not fastest and simplest_within is None
+    margin = indistinguishable_gap() if robust else (simplest_within or 0) / 100
+    slack = max(TABLE_SLACK, margin)
     result, table = layout_table(case, spec, slack)
     model = LayoutModel(case, spec, table)
     solution = model.solve()
@@ -239,10 +280,15 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         return Plan(solution.status, None, (), result.scored, 0, no_fit=_advice(case, spec, result.tightest),
                     headroom=spec.headroom)
     status = solution.status
-    chosen = solution.index
+    chosen = fastest_index = solution.index
+    picked_on = "speed"
     if simplest_within is not None:
         fastest_us = round(table[chosen].step_time_s * 1e6)
         chosen = model.solve(time_limit_us=int(fastest_us * (1 + simplest_within / 100)), simplest=True).index
+        picked_on = "simplicity"
+    elif robust:
+        chosen = robust_choice(table, fastest_index, margin, case)
+        picked_on = "robust" if chosen != fastest_index else "speed"
     model.exclude(chosen)
     alternatives = []
     for _ in range(spec.top_k):
@@ -257,15 +303,18 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
 
     return Plan(status, estimate_of(chosen), tuple(estimate_of(i) for i in alternatives),
                 result.scored, len(result.candidates), pruned=result.pruned,
-                candidates=tuple((c.step_time_s, c.peak_bytes) for c in result.candidates), headroom=spec.headroom)
+                candidates=tuple((c.step_time_s, c.peak_bytes) for c in result.candidates), headroom=spec.headroom,
+                picked_on=picked_on, margin=margin,
+                fastest=estimate_of(fastest_index) if chosen != fastest_index else None)
 
 
 def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
-         target: Optional[str] = None, engine: Optional[str] = None) -> Plan:
+         target: Optional[str] = None, engine: Optional[str] = None, fastest: bool = False) -> Plan:
     """Python API: plan a case (path or dict in the case-file schema); any ``layout`` section is ignored.
 
     ``target`` restricts the search to one engine (as ``search.target`` does); ``engine``
-    replaces the case's training.engine and search.target (`plan --engine`)."""
+    replaces the case's training.engine and search.target (`plan --engine`). The best is the
+    robust pick (:func:`robust_choice`) unless ``fastest`` (the raw optimum) or ``simplest_within``."""
     plan_options(top_k, simplest_within, target)
     if isinstance(case, Case):
         if engine is not None:
@@ -273,4 +322,47 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
         loaded = case
     else:
         loaded = load_case(case, engine=engine, ignore_layout=True)
-    return plan_case(loaded, simplest_within=simplest_within, top_k=top_k, target=target)
+    if target is None and engine is None and loaded.search.target == "any":
+        return plan_engines(loaded, simplest_within, top_k, fastest)
+    return plan_case(loaded, simplest_within=simplest_within, top_k=top_k, target=target, fastest=fastest)
+
+
+# The engines `plan` decides between when a case names none: those it writes launch files for.
+DECIDED_ENGINES = ("megatron", "deepspeed", "torchtitan")
+
+
+def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[int], fastest: bool) -> Plan:
+    """The engine as a decision: a plan for each engine that can run the case, and the pick among
+    their bests as among layouts (:func:`robust_choice`'s rule: the simplest of those within the
+    gap the model cannot tell apart that fits at its memory band's upper end; with ``fastest``,
+    the fastest)."""
+    _check_size(case)
+    plans: list[tuple[str, Optional[Plan], str]] = []
+    errors: list[CaseError] = []
+    for name in DECIDED_ENGINES:
+        try:
+            plans.append((name, plan_case(case, simplest_within, top_k, target=name, fastest=fastest), ""))
+        except CaseError as error:
+            plans.append((name, None, f"{error.key}: {error.expected}" if error.key else error.expected))
+            errors.append(error)
+    ran = [p for _, p, _ in plans if p is not None and p.best is not None]
+    if not ran:
+        first = next((p for _, p, _ in plans if p is not None), None)
+        if first is None:
+            if len({str(e) for e in errors}) == 1:  # the case's own error, whatever the engine
+                raise errors[0]
+            raise CaseError(case.source, "training.engine", "no engine can run it: "
+                            + "; ".join(f"{name}: {why}" for name, _, why in plans))
+        return replace(first, engines=tuple(plans))
+    quickest = min(ran, key=lambda p: p.best.step_time_s)
+    if fastest:
+        chosen = quickest
+    else:
+        margin = indistinguishable_gap() if simplest_within is None else simplest_within / 100
+        limit = quickest.best.step_time_s * (1 + margin)
+        gbs = case.training.global_batch_size
+        chosen = min((p for p in ran if p.best.step_time_s <= limit),
+                     key=lambda p: (p.best.memory_verdict != "fits",
+                                    complexity(Candidate(p.best.job.layout, p.best.step_time_s, p.best.peak.total),
+                                               gbs), p.best.step_time_s))
+    return replace(chosen, engines=tuple(plans))

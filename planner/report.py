@@ -98,11 +98,21 @@ def print_estimate(est: Estimate, console: Console) -> None:
     console.print(time)
     for line in est.outside_fitted_runs:
         console.print(f"note: {line}", markup=False)
-    console.print(f"{est.tokens_per_s:,.0f} tokens/s, {est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, "
+    band = est.throughput_band
+    console.print(f"{est.tokens_per_s:,.0f} tokens/s (80% band {est.tokens_per_s * band.low:,.0f}–"
+                  f"{est.tokens_per_s * band.high:,.0f}; {band.runs:,} published runs of this class: "
+                  f"{band.of}), {est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, "
                   f"MFU {est.mfu:.1%}" + (f" ({est.mfu_bf16:.1%} of the bf16 peak)"
-                                          if est.job.training.precision == "fp8" and est.mfu_bf16 else ""))
-    if est.fits:
-        console.print("[green]fits[/]")
+                                          if est.job.training.precision == "fp8" and est.mfu_bf16 else ""),
+                  markup=False)
+    memory = est.memory_band
+    spread = (f"peak {est.peak.total / GB:.1f} GB, 80% band {est.peak.total * memory.low / GB:.1f}–"
+              f"{est.peak.total * memory.high / GB:.1f} GB of {est.usable_bytes / GB:.1f} GB usable")
+    if est.memory_verdict == "fits":
+        console.print(f"[green]fits[/] ({escape(spread)})")
+        return
+    if est.memory_verdict == "at risk":
+        console.print(f"[yellow]at risk[/]: fits as predicted, not at the band's upper end ({escape(spread)})")
         return
     console.print(f"[red]does not fit[/]: {est.largest_term} is the largest term "
                   f"({est.peak.by_term()[est.largest_term] / GB:.1f} GB)")
@@ -158,6 +168,20 @@ def print_plan(plan, console: Console) -> None:
     best = plan.best
     print_estimate(best, console)
     console.print(f"solver: {plan.status} over {plan.fitting} fitting layouts ({plan.scored} scored)")
+    if plan.engines:
+        parts = [f"{name} {p.best.tokens_per_s:,.0f} tokens/s ({p.best.memory_verdict})" if p is not None
+                 and p.best is not None else f"{name}: {why or 'nothing fits'}" for name, p, why in plan.engines]
+        console.print(f"engines (none named: each that can run it was planned): {'; '.join(parts)}; "
+                      f"picked {best.job.training.engine.name}", markup=False)
+    if plan.fastest is not None:
+        fastest = plan.fastest
+        reason = ("the simplest within --simplest-within" if plan.picked_on == "simplicity" else
+                  f"the simplest of the layouts within {plan.margin:.1%} of the fastest, which the model cannot tell "
+                  f"apart (published sweeps: planner/published/bands.yaml), preferring those that fit at the upper "
+                  f"end of their memory band")
+        console.print(f"picked on simplicity: {reason}; the fastest ({_changes(plan.differences(fastest))}) would "
+                      f"be {fastest.tokens_per_s:,.0f} tokens/s ({fastest.tokens_per_s / best.tokens_per_s - 1:+.1%}); "
+                      f"--fastest returns it", markup=False)
     if not plan.alternatives:
         return
     table = Table(title="Alternatives")

@@ -114,10 +114,10 @@ def _vpp_options(partition: tuple[int, ...], engine: EngineSupport) -> list[int]
 
 
 def fits(job: Job, headroom: float) -> tuple[bool, float]:
-    from .estimate import host_fits, usable_bytes
+    from .estimate import fit_limit, host_fits
 
     peak = peak_stage_memory(job).total
-    return peak <= usable_bytes(job, headroom) and host_fits(job, headroom), peak
+    return peak <= fit_limit(job, headroom) and host_fits(job, headroom), peak
 
 
 def offload_options(spec: SearchSpec, zero: int) -> list[dict]:
@@ -367,7 +367,7 @@ def _states_cannot_fit(case: Case, spec: SearchSpec, base: Layout) -> bool:
     ``base``'s grid and ZeRO stage fits. Offload moves states off the GPU, but an engine's defaults
     may hold more on it once the optimizer is offloaded (Megatron keeps non-delayed fp8 weights in
     16 bits there: ``EngineBehaviour.quantized_param_gather_offloaded``), so both ends are priced."""
-    from .estimate import usable_bytes
+    from .estimate import fit_limit
 
     def least_states(changes: dict) -> float:
         job = Job(case.model, case.cluster, case.training, base.with_changes(**changes), case.overheads)
@@ -380,7 +380,7 @@ def _states_cannot_fit(case: Case, spec: SearchSpec, base: Layout) -> bool:
         least = min(least_states(changes) for changes in ({}, strongest))
     except SpecError:
         return False
-    return least > usable_bytes(Job(case.model, case.cluster, case.training, base, case.overheads), spec.headroom)
+    return least > fit_limit(Job(case.model, case.cluster, case.training, base, case.overheads), spec.headroom)
 
 
 def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
@@ -445,11 +445,11 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     fastest: list[float] = []
     tightest_peak = math.inf
 
-    from .estimate import usable_bytes
+    from .estimate import fit_limit
 
     def note_miss(job: Job, peak: float) -> None:
         nonlocal tightest_peak
-        if peak <= usable_bytes(job, spec.headroom):
+        if peak <= fit_limit(job, spec.headroom):
             return  # it missed on host memory: the advice is about the GPU's
         if peak < tightest_peak:
             tightest_peak, result.tightest = peak, job

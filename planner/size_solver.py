@@ -25,6 +25,8 @@ from typing import Optional, Sequence
 from ortools.sat.python import cp_model
 
 from cost_models.memory import usable_bytes
+
+from .bands import fit_limit
 from cost_models.specs import Overheads
 
 from .cluster_options import ClusterOption
@@ -101,7 +103,12 @@ class SizeModel:
         unit = by_type("gpus_per_unit", [o.unit for o in options])
         m.AddMultiplicationEquality(gpus, [v["units"], unit])
         m.Add(gpus <= by_type("gpu_limit", list(limits)))
-        usable_mb = [int(usable_bytes(o.gpu.memory_bytes, overheads, spec.headroom) / 1e6) for o in options]
+        # Per GPU type, the fit limit a row of that type is held to (estimate's: ``bands.fit_limit``).
+        job_of = {r.option: r.candidate.job for r in reversed(rows) if r.candidate.job is not None}
+        usable_mb = [int(fit_limit(usable_bytes(o.gpu.memory_bytes, overheads, spec.headroom),
+                                   job_of[i].model, job_of[i].cluster, job_of[i].training) / 1e6)
+                     if i in job_of else int(usable_bytes(o.gpu.memory_bytes, overheads, spec.headroom) / 1e6)
+                     for i, o in enumerate(options)]
         m.Add(v["peak_mb"] <= by_type("usable_mb", usable_mb))
         m.AddMultiplicationEquality(gpus, [v[k] for k in ("dp", "tp", "pp", "cp")])
         constrain_layout(m, spec, v, global_batch)

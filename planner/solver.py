@@ -18,6 +18,7 @@ from ortools.sat.python import cp_model
 
 from cost_models.memory import usable_bytes
 
+from .bands import fit_limit
 from .case import Case
 from .complexity import RECOMPUTE_LEVEL, complexity
 from .limits import MAX_GPUS
@@ -112,7 +113,8 @@ class LayoutModel:
         self.rank_var = variables["complexity_rank"]
         m.AddMultiplicationEquality(m.NewConstant(n), [variables[k] for k in ("dp", "tp", "pp", "cp")])
         constrain_layout(m, spec, variables, gbs)
-        capacity_mb = int(usable_bytes(case.cluster.gpu.memory_bytes, case.overheads, spec.headroom) / 1e6)
+        capacity_mb = int(fit_limit(usable_bytes(case.cluster.gpu.memory_bytes, case.overheads, spec.headroom),
+                                    case.model, case.cluster, case.training) / 1e6)
         m.Add(variables["peak_mb"] <= capacity_mb)
 
     def solve(self, time_limit_us: Optional[int] = None, simplest: bool = False) -> Solution:

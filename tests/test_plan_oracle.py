@@ -33,6 +33,7 @@ from cost_models.partition import default_partition, virtual_partition
 from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import step_time
 from planner.case import load_case
+from planner.bands import fit_limit
 from planner.estimate import host_fits
 from planner.search import MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, partitions, selective_bundles
 
@@ -176,7 +177,8 @@ def all_layouts(case, spec):
 def oracle(case) -> OracleResult:
     spec = case.search
     # the peak is the allocator's: the CUDA context and NCCL's buffers come off the capacity
-    limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom) - case.overheads.cuda_context
+    limit = fit_limit(case.cluster.gpu.memory_bytes * (1 - spec.headroom) - case.overheads.cuda_context,
+                      case.model, case.cluster, case.training)
     best = None
     valid = fitting = 0
     too_big: list[tuple[Layout, Job, float]] = []
@@ -251,11 +253,12 @@ def check_against_oracle(label: str, case_dict: dict) -> tuple[list[str], Option
     case = load_case(case_dict)
     spec = case.search
     # the peak is the allocator's: the CUDA context and NCCL's buffers come off the capacity
-    limit = case.cluster.gpu.memory_bytes * (1 - spec.headroom) - case.overheads.cuda_context
+    limit = fit_limit(case.cluster.gpu.memory_bytes * (1 - spec.headroom) - case.overheads.cuda_context,
+                      case.model, case.cluster, case.training)
     expected = oracle(case)
     bound = None if expected.best is None else expected.fastest.peak_bytes > limit
     try:
-        p = planner.plan(case_dict)
+        p = planner.plan(case_dict, fastest=True, engine=case.training.engine.name)
     except Exception as error:  # one case's crash should not hide the others' results
         return [f"{label} {case_dict}: plan raised {type(error).__name__}: {error}"], bound
     if expected.best is None:
@@ -335,7 +338,7 @@ def test_plan_matches_brute_force_oracle_on_generated_moe_cases():
         problems, bound = check_against_oracle(f"moe case {i}", case_dict)
         failures += problems
         if bound is not None:
-            best = planner.plan(case_dict, top_k=0).best
+            best = planner.plan(case_dict, top_k=0, fastest=True, engine=load_case(case_dict).training.engine.name).best
             with_experts += best.job.layout.ep > 1
     assert not failures, f"plan differs from the brute-force oracle in {len(failures)} of {len(cases)} cases:\n" \
         + "\n".join(failures)
@@ -389,7 +392,7 @@ MLA_MOE = {
 def test_plan_matches_brute_force_oracle_where_the_heaviest_module_set_is_the_answer():
     problems, _ = check_against_oracle("mla-moe case", MLA_MOE)
     assert not problems, "\n".join(problems)
-    best = planner.plan(MLA_MOE, top_k=0).best
+    best = planner.plan(MLA_MOE, top_k=0, fastest=True).best
     assert (best.job.layout.recompute, best.job.layout.recompute_modules) == \
         ("selective", ("mla_up_proj", "layernorm", "mlp", "moe"))
 
@@ -400,5 +403,5 @@ def test_plan_matches_brute_force_oracle_with_the_modules_pinned():
     case = {**MLA_MOE, "search": {**MLA_MOE["search"], "recompute_modules": ["mla_up_proj"]}}
     problems, _ = check_against_oracle("mla-moe case, modules pinned", case)
     assert not problems, "\n".join(problems)
-    best = planner.plan(case, top_k=0).best
+    best = planner.plan(case, top_k=0, fastest=True, engine=load_case(case).training.engine.name).best
     assert (best.job.layout.recompute, best.job.layout.recompute_modules) == ("selective", ("mla_up_proj",))

@@ -120,7 +120,8 @@ def test_megatron_bridges_2511_rows_without_a_recipe_take_the_base_config_of_the
     bf16, _ = case_of(rows["mb_2511_deepseekv3_gb200_256g_bf16"])
     assert bf16["layout"]["recompute"] == "selective" and bf16["layout"]["recompute_modules"] == ["mla_up_proj"]
     bare = {**bf16, "layout": {**bf16["layout"], "recompute": "none", "recompute_modules": None}}
-    assert estimate_case(bf16).fits and not estimate_case(bare).fits
+    with_recompute, without = estimate_case(bf16), estimate_case(bare)
+    assert with_recompute.peak.total <= with_recompute.usable_bytes < without.peak.total
     mx, _ = case_of(rows["mb_2511_deepseekv3_gb200_256g_mxfp8"])
     assert mx["layout"]["recompute"] == "none" and "recompute_modules" not in mx["layout"]
 

@@ -76,9 +76,15 @@ def sweep(case: dict, tokens: float, units: list[int], limits: list[int], prices
     return out
 
 
+def engine_of(case: dict) -> str:
+    """The engine `size` plans a case for: the one it names, else plain PyTorch (``any``)."""
+    return case["training"].get("engine") or (case.get("search") or {}).get("target") or "any"
+
+
 @lru_cache(maxsize=None)  # several tests size one case
 def plan_best(case_json: str) -> Optional[tuple[float, dict]]:
-    best = planner.plan(json.loads(case_json)).best
+    case = json.loads(case_json)  # size picks the fastest layout, for the case's engine
+    best = planner.plan(case, fastest=True, engine=engine_of(case)).best
     return None if best is None else (best.step_time_s, best.to_dict()["layout"])
 
 
@@ -259,7 +265,7 @@ def test_size_and_plan_agree_on_the_chosen_cluster_of_the_example():
     data = yaml.safe_load(EXAMPLE.read_text())
     option = next(o for o in data["cluster"]["options"] if o["gpu"] == best.option.gpu.name)
     one = {**data, "cluster": {"gpu": option["gpu"], "num_gpus": best.gpus}}
-    planned = planner.plan(one).best
+    planned = planner.plan(one, fastest=True, engine=engine_of(one)).best
     assert planned.to_dict()["layout"] == best.estimate.to_dict()["layout"]
     assert planned.step_time_s == best.step_time_s
     # What estimate says of that layout is what size reports.

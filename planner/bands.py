@@ -1,0 +1,289 @@
+"""Error bands: how far the model's figures have been from measured runs like this one.
+
+A prediction is worth its error. For each class of published run (engine, GPU generation,
+precision family, dense or mixture of experts, one node or several), ``validate-published``
+takes the ratio measured / predicted of every run the model scores (tokens/s; the peak memory
+where a source publishes it) and ships its 10th and 90th percentiles with the class's row count
+(``planner/published/bands.yaml``, written by ``validate-published --write-bands``). A job's
+80 % band is its prediction times those two ratios, from the most specific class with at least
+MIN_RUNS runs: a class with fewer falls back to its parent (the nodes dropped, then dense or
+experts, then the precision, then the GPU generation, then the engine).
+
+The same file holds the gap below which the model cannot tell two layouts apart
+(:func:`indistinguishable_gap`): from the published layout sweeps, every pair of measured
+layouts of one job that both ran within 2x of the job's best and were both predicted to fit,
+ordered by predicted gap; the isotonic (monotone) fit of "the model ordered the pair right" on
+the gap; the smallest gap at which that fit reaches RIGHT_SHARE.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import yaml
+
+from cost_models.specs import ClusterSpec, Job, ModelSpec, TrainingSpec
+
+from .inputs import read_yaml
+
+BANDS_FILE = Path(__file__).parent / "published" / "bands.yaml"
+MIN_RUNS = 20
+LOW, HIGH = 0.10, 0.90
+RIGHT_SHARE = 0.80
+KEYS = ("engine", "generation", "precision", "experts", "nodes")
+MEMORY_KEYS = KEYS[:4]  # a peak per GPU does not depend on how many nodes there are
+# GPU generations by preset name (prefix), as their tensor cores and software stacks go.
+GENERATIONS = (("a100", "ampere"), ("h100", "hopper"), ("h200", "hopper"), ("h800", "hopper"),
+               ("gb200", "blackwell"), ("gb300", "blackwell"), ("b200", "blackwell"), ("b300", "blackwell"),
+               ("mi300", "cdna3"), ("mi325", "cdna3"), ("mi355", "cdna4"), ("v100", "volta"))
+PRECISION_FAMILIES = {"fp32": "16-bit or wider", "bf16": "16-bit or wider", "fp16": "16-bit or wider",
+                      "fp8": "8-bit", "mxfp8": "8-bit", "nvfp4": "4-bit"}
+
+
+def generation(gpu_name: str) -> str:
+    name = gpu_name.lower()
+    return next((g for prefix, g in GENERATIONS if name.startswith(prefix)), "other")
+
+
+def class_of(job: Job) -> dict[str, str]:
+    """The job's class: the facts its error depends on that every case states."""
+    return class_of_parts(job.model, job.cluster, job.training)
+
+
+def class_of_parts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> dict[str, str]:
+    gpu = cluster.gpu
+    return {"engine": training.engine.name, "generation": generation(gpu.name),
+            "precision": PRECISION_FAMILIES.get(training.precision, training.precision),
+            "experts": "moe" if model.is_moe else "dense",
+            "nodes": "one node" if cluster.num_gpus <= gpu.gpus_per_node else "several nodes"}
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Linear-interpolated percentile (numpy's default)."""
+    ordered = sorted(values)
+    position = fraction * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _name(cls: dict[str, str], keys: Sequence[str]) -> str:
+    """A class as a person reads it: "engine megatron, hopper, 8-bit, moe, several nodes"."""
+    return ", ".join(f"engine {cls[k]}" if k == "engine" else cls[k] for k in keys) or "all runs"
+
+
+def _tables(samples: Iterable[tuple[dict[str, str], float]], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Every class at every level (its first n keys, n = len(keys) … 0) with MIN_RUNS runs or more."""
+    pooled: dict[tuple, list[float]] = defaultdict(list)
+    samples = list(samples)
+    for level in range(len(keys), -1, -1):
+        for cls, ratio in samples:
+            pooled[tuple(cls[k] for k in keys[:level])].append(ratio)
+    out = []
+    for key, ratios in sorted(pooled.items(), key=lambda kv: (-len(kv[0]), kv[0])):
+        if len(ratios) >= MIN_RUNS or not key:
+            out.append({"class": dict(zip(keys, key)), "runs": len(ratios),
+                        "p10": round(percentile(ratios, LOW), 4), "p90": round(percentile(ratios, HIGH), 4)})
+    return out
+
+
+def compute(rows: Sequence, jobs: Sequence[Job]) -> dict[str, Any]:
+    """The bands document from fidelity Rows (``planner.fidelity``) and their jobs: throughput over
+    the runs the throughput headline scores (within 2x of their job's best), memory over every run
+    that publishes a peak; and the gap the model cannot order layouts across."""
+    best: dict[tuple, float] = defaultdict(float)
+    for r in rows:
+        if r.measured:
+            best[r.job] = max(best[r.job], r.measured)
+    throughput, memory = [], []
+    for r, job in zip(rows, jobs):
+        cls = class_of(job)
+        if r.measured and r.measured * 2 >= best[r.job]:
+            throughput.append((cls, r.measured / r.predicted))
+        if r.measured_gib:
+            memory.append((cls, r.measured_gib / r.peak_gib))
+    gap, pairs = indistinguishable_from(rows)
+    return {"min_runs": MIN_RUNS, "percentiles": [LOW, HIGH],
+            "throughput": _tables(throughput, KEYS), "memory": _tables(memory, MEMORY_KEYS),
+            "indistinguishable_gap": {"value": round(gap, 4), "pairs": pairs, "right_share": RIGHT_SHARE}}
+
+
+def indistinguishable_from(rows: Sequence) -> tuple[float, int]:
+    """(the predicted gap below which the model orders two layouts of one sweep right less than
+    RIGHT_SHARE of the time, the pairs it was read from): module docstring."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        if r.measured and r.fits and r.row.get("trust") != "low":
+            groups[r.job].append(r)
+    pairs: list[tuple[float, bool]] = []
+    for group in groups.values():
+        if len(group) < 5:  # a sweep, as the sweep measure counts one
+            continue
+        best = max(r.measured for r in group)
+        group = [r for r in group if r.measured * 2 >= best]
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                if a.predicted != b.predicted and a.measured != b.measured:
+                    pairs.append((abs(math.log(a.predicted / b.predicted)),
+                                  (a.predicted > b.predicted) == (a.measured > b.measured)))
+    if not pairs:
+        return 0.0, 0
+    pairs.sort()
+    fitted = isotonic([1.0 if right else 0.0 for _, right in pairs])
+    gap = next((math.expm1(g) for (g, _), share in zip(pairs, fitted) if share >= RIGHT_SHARE), math.expm1(pairs[-1][0]))
+    return gap, len(pairs)
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, n2 = blocks.pop()
+            m1, n1 = blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    out: list[float] = []
+    for mean, count in blocks:
+        out += [mean] * int(count)
+    return out
+
+
+# --- reading the shipped bands -----------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _load(path: str = str(BANDS_FILE)) -> dict[str, Any]:
+    return read_yaml(Path(path))
+
+
+def _lookup(table: list[dict], cls: dict[str, str], keys: Sequence[str]) -> dict:
+    by_key = {tuple(entry["class"].get(k) for k in keys[:len(entry["class"])]): entry for entry in table}
+    for level in range(len(keys), -1, -1):
+        entry = by_key.get(tuple(cls[k] for k in keys[:level]))
+        if entry is not None and (entry["runs"] >= MIN_RUNS or level == 0):
+            return entry
+    raise KeyError("no root class in the bands file")
+
+
+@dataclass(frozen=True)
+class Band:
+    """Measured / predicted at the 10th and 90th percentiles, over ``runs`` published runs of ``of``."""
+
+    low: float
+    high: float
+    runs: int
+    of: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"low": self.low, "high": self.high, "runs": self.runs, "class": self.of}
+
+
+def throughput_band(job: Job) -> Band:
+    entry = _lookup(_load()["throughput"], class_of(job), KEYS)
+    return Band(entry["p10"], entry["p90"], entry["runs"], _name(entry["class"], list(entry["class"])))
+
+
+def memory_band(job: Job) -> Band:
+    return memory_band_of(job.model, job.cluster, job.training)
+
+
+def memory_band_of(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> Band:
+    cls = class_of_parts(model, cluster, training)
+    return _memory_band(tuple(cls[k] for k in MEMORY_KEYS))
+
+
+@functools.lru_cache(maxsize=None)
+def _memory_band(key: tuple) -> Band:
+    entry = _lookup(_load()["memory"], dict(zip(MEMORY_KEYS, key)), MEMORY_KEYS)
+    return Band(entry["p10"], entry["p90"], entry["runs"], _name(entry["class"], list(entry["class"])))
+
+
+def fit_limit(usable: float, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> float:
+    """The most a layout's predicted peak may be and still be said to fit: what the allocator may
+    hold (``usable``), over the memory band's low end. Above it even the low end of the band
+    overflows: the layout does not fit. Between ``usable / high`` and it, the layout is at risk."""
+    return usable / memory_band_of(model, cluster, training).low
+
+
+def indistinguishable_gap() -> float:
+    """The predicted step-time gap (a fraction) below which two layouts are not told apart."""
+    return float(_load()["indistinguishable_gap"]["value"])
+
+
+HEADER = """\
+# Error bands of the cost model, written by `layout-planner validate-published --write-bands` from the
+# repo's published runs (planner/published/*.yaml); read by planner/bands.py.
+# throughput, memory: per class of run (engine, GPU generation, precision family, dense or moe, one node or
+#   several; memory without the nodes), the 10th and 90th percentiles of measured / predicted (tokens/s; peak
+#   memory per GPU) over its runs, for every class and parent class with at least min_runs runs. A job takes
+#   the most specific class that has them.
+# indistinguishable_gap: the predicted step-time gap below which the model orders two layouts of one
+#   published sweep right less than right_share of the time (isotonic fit over `pairs` pairs of layouts
+#   that both ran within 2x of their sweep's best and were both predicted to fit).
+"""
+
+
+def render(document: dict[str, Any]) -> str:
+    return HEADER + yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=120)
+
+
+# --- coverage -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Coverage:
+    """Share of a source's runs whose measurement lies inside their 80 % band: with the bands of
+    every run (in sample), and with bands computed without that source's runs (held out: the
+    coverage a run the model never saw can expect)."""
+
+    source: str
+    runs: int
+    inside: float
+    inside_held_out: float
+
+
+def _inside(document: dict, rows: Sequence, jobs: Sequence[Job]) -> list[bool]:
+    out = []
+    for r, job in zip(rows, jobs):
+        entry = _lookup(document["throughput"], class_of(job), KEYS)
+        out.append(entry["p10"] <= r.measured / r.predicted <= entry["p90"])
+    return out
+
+
+def coverage(rows: Sequence, jobs: Sequence[Job], min_rows: int = MIN_RUNS) -> list[Coverage]:
+    """Throughput band coverage per source with at least ``min_rows`` scored runs."""
+    best: dict[tuple, float] = defaultdict(float)
+    for r in rows:
+        if r.measured:
+            best[r.job] = max(best[r.job], r.measured)
+    scored = [(r, j) for r, j in zip(rows, jobs) if r.measured and r.measured * 2 >= best[r.job]]
+    by_source: dict[str, list] = defaultdict(list)
+    for r, j in scored:
+        by_source[r.source].append((r, j))
+    whole = compute(rows, jobs)
+    out = []
+    for source, members in sorted(by_source.items()):
+        if len(members) < min_rows:
+            continue
+        rest = [(r, j) for r, j in zip(rows, jobs) if r.source != source]
+        without = compute([r for r, _ in rest], [j for _, j in rest])
+        mine_rows, mine_jobs = [r for r, _ in members], [j for _, j in members]
+        inside, held = _inside(whole, mine_rows, mine_jobs), _inside(without, mine_rows, mine_jobs)
+        out.append(Coverage(source, len(members), sum(inside) / len(inside), sum(held) / len(held)))
+    return out
+
+
+def print_coverage(covered: Sequence[Coverage], console: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="80 % throughput bands: share of each source's runs inside theirs")
+    for column in ("source", "runs", "in sample", "source held out"):
+        table.add_column(column, justify="left" if column == "source" else "right")
+    for c in covered:
+        table.add_row(escape(c.source[:40]), str(c.runs), f"{c.inside:.0%}", f"{c.inside_held_out:.0%}")
+    console.print(table)

@@ -1,0 +1,129 @@
+"""Error bands, the memory verdict, the robust pick and the engine as a decision (planner/bands.py,
+planner/plan.py). The bands are the shipped data's (planner/published/bands.yaml); that it is what
+`validate-published` computes from the repo's runs is tests/test_fidelity.py's."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+import planner
+from planner import bands
+from cli_in_process import run_cli
+
+SHIPPED = yaml.safe_load(bands.BANDS_FILE.read_text())
+
+# NVIDIA's dense 8B recipe at 8k sequence, micro-batch 1, no recomputation, fp8 on 8 H100s, as it ran.
+EIGHT_B_FP8 = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+               "training": {"global_batch_size": 128, "seq_len": 8192, "precision": "fp8", "engine": "megatron"},
+               "layout": {"dp": 8, "tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 1, "recompute": "none"}}
+
+
+def shipped(kind: str, **cls) -> dict:
+    return next(e for e in SHIPPED[kind] if e["class"] == cls)
+
+
+def test_an_estimates_band_is_its_prediction_times_its_class_percentiles():
+    est = planner.estimate(EIGHT_B_FP8)
+    data = est.to_dict()
+    # 8 GPUs are one node: fewer than 20 published megatron runs of that class, so its parent's (any node count).
+    entry = shipped("throughput", engine="megatron", generation="hopper", precision="8-bit")
+    assert entry["runs"] >= bands.MIN_RUNS
+    assert data["band"] == {"low": entry["p10"], "high": entry["p90"], "runs": entry["runs"],
+                            "class": "engine megatron, hopper, 8-bit"}
+    assert data["tokens_per_s_band"] == pytest.approx([est.tokens_per_s * entry["p10"], est.tokens_per_s * entry["p90"]])
+    assert data["step_time_band_s"] == pytest.approx([est.step_time_s / entry["p90"], est.step_time_s / entry["p10"]])
+    # No megatron run publishes its peak: every run that does is the memory band's.
+    root = shipped("memory")
+    assert data["memory"]["peak_band_bytes"] == [round(est.peak.total * root["p10"]), round(est.peak.total * root["p90"])]
+
+
+def test_a_recipe_that_ran_is_at_risk_not_refused():
+    """83.2 GB of an H100's 84.0 usable (the driver's 1 % and the CUDA context off its 85.9): the
+    prediction fits, its band's upper end does not. `estimate` says "at risk" and exits 0."""
+    est = planner.estimate(EIGHT_B_FP8)
+    assert est.peak.total / 1e9 == pytest.approx(83.2, abs=0.05)
+    assert est.usable_bytes / 1e9 == pytest.approx(85.90 * 0.99 - 1.07, abs=0.01)
+    assert est.fits and est.memory_verdict == "at risk"
+
+
+def test_estimate_cli_prints_the_band_and_the_verdict(tmp_path):
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(EIGHT_B_FP8))
+    done = run_cli("estimate", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "80% band" in done.stdout and "published runs of this class: engine megatron, hopper, 8-bit" \
+        in " ".join(done.stdout.split())
+    assert "at risk" in done.stdout
+    overflowing = tmp_path / "big.yaml"
+    overflowing.write_text(yaml.safe_dump({**EIGHT_B_FP8, "training": {**EIGHT_B_FP8["training"], "seq_len": 16384}}))
+    refused = run_cli("estimate", "--json", str(overflowing))
+    assert refused.returncode == 3 and json.loads(refused.stdout)["memory_verdict"] == "does not fit"
+
+
+def test_isotonic_pools_adjacent_violators():
+    assert bands.isotonic([1, 0, 1, 1, 0, 1]) == pytest.approx([0.5, 0.5, 2 / 3, 2 / 3, 2 / 3, 1])
+    assert bands.isotonic([0, 0, 1]) == [0, 0, 1]
+
+
+def test_the_indistinguishable_gap_is_where_ordering_reaches_four_in_five():
+    """Where the pairs are ordered right from some gap on and wrong below it, the isotonic fit
+    reaches 0.8 at the first pair of that run."""
+    from types import SimpleNamespace
+
+    def row(predicted: float, measured: float):
+        return SimpleNamespace(measured=measured, predicted=predicted, fits=True, row={},
+                               job=("sweep",))
+    # Four layouts: predicted 1.00, 1.02, 1.04 (measured out of order) and 1.30, 1.60 (in order).
+    rows = [row(1.00, 1.03), row(1.02, 1.00), row(1.04, 1.01), row(1.30, 1.20), row(1.60, 1.50)]
+    gap, pairs = bands.indistinguishable_from(rows)
+    assert pairs == 10
+    ordered = sorted((abs(math.log(a.predicted / b.predicted)),
+                      (a.predicted > b.predicted) == (a.measured > b.measured))
+                     for i, a in enumerate(rows) for b in rows[i + 1:])
+    first_right_run = next(i for i in range(len(ordered)) if all(r for _, r in ordered[i:]))
+    assert gap == pytest.approx(math.expm1(ordered[first_right_run][0]))
+
+
+def test_the_robust_pick_on_a_published_sweep():
+    """The Ultra-Scale Playbook's 3B on one node of 8 H100s (256 sequences of 4,096): the model's
+    fastest measured layout, dp 8 at micro-batch 2, is within the gap the model cannot tell apart
+    of dp 8 at micro-batch 1, and only the second fits at its memory band's upper end: the robust
+    pick takes it. It ran at 130,724 tokens/s, the fastest-predicted at 127,975 (the sweep's best
+    131,409)."""
+    from planner.fidelity import evaluate
+    from planner.published_runs import load_rows
+
+    ids = {"playbook_3b_1n_dp8_tp1_pp1_mbs2_ga16_z1", "playbook_3b_1n_dp8_tp1_pp1_mbs1_ga32_z1"}
+    scored = {r.row["id"]: r for r in evaluate([r for r in load_rows() if r["id"] in ids], experts=False).rows}
+    fastest, robust = scored["playbook_3b_1n_dp8_tp1_pp1_mbs2_ga16_z1"], scored["playbook_3b_1n_dp8_tp1_pp1_mbs1_ga32_z1"]
+    assert fastest.predicted > robust.predicted >= fastest.predicted / (1 + bands.indistinguishable_gap())
+    assert (fastest.verdict, robust.verdict) == ("at risk", "fits")
+    assert (round(fastest.measured), round(robust.measured)) == (127975, 130724)
+
+
+def test_plan_names_the_fastest_where_it_picked_otherwise_and_fastest_returns_it():
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 256, "seq_len": 8192, "engine": "megatron"}}
+    robust = planner.plan(case)
+    raw = planner.plan(case, fastest=True)
+    assert raw.best.step_time_s <= robust.best.step_time_s <= raw.best.step_time_s * (1 + bands.indistinguishable_gap())
+    if robust.fastest is not None:
+        assert robust.picked_on == "robust" and robust.fastest.step_time_s == raw.best.step_time_s
+        assert robust.to_dict()["pick"]["fastest"]["step_time_s"] == raw.best.step_time_s
+    assert raw.picked_on == "speed" and raw.fastest is None
+
+
+def test_with_no_engine_named_plan_decides_between_the_engines():
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 256, "seq_len": 8192}}
+    p = planner.plan(case, top_k=0).to_dict()
+    assert set(p["engines"]) == {"megatron", "deepspeed", "torchtitan"}
+    assert p["engine"] in p["engines"] and p["best"]["tokens_per_s"] == p["engines"][p["engine"]]["tokens_per_s"]
+    quickest = max(e["tokens_per_s"] for e in p["engines"].values())
+    assert p["best"]["tokens_per_s"] >= quickest / (1 + bands.indistinguishable_gap())
+    plain = planner.plan(case, top_k=0, engine="any")  # an engine named, plain PyTorch among them
+    assert plain.engines == () and plain.best.job.training.engine.name == "any"
