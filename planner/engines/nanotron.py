@@ -5,7 +5,8 @@ Playbook's sweep (1,265 layouts on 1-64 nodes of 8 H100s over EFA) measured it.
   REDUCE_SCATTER: sequence parallelism), pp with its one-forward-one-backward or all-forward-
   all-backward engines (no interleaving), ZeRO stage 0 or 1 (``optimizer.zero_stage``), full
   recomputation of every layer (``recompute_layer``); no context or expert parallelism, no
-  offload, bf16 with fp32 gradient accumulation.
+  offload, bf16 with fp32 gradient accumulation (``OptimizerArgs.accumulate_grad_in_fp32``, which its
+  scaling-benchmark script, ``scripts/scaling_benchmarks.py``, and its examples set).
 - Behaviour: ZeRO-1 as ``ZeroDistributedOptimizer`` runs it: with fp32 gradients no DDP wrapper,
   one all-reduce of the whole fp32 gradient buffer after the last backward, in the open
   (``trainer.py``: ``sync_gradients_across_dp``); the updated shards gathered in one coalesced
