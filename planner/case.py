@@ -217,6 +217,8 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
     if "preset" in section:
         name = read_str(src, "model.preset", section["preset"])
         presets = model_presets()
+        # Case-insensitive, as GPU names are: "Llama3-8B" is llama3-8b.
+        name = next((p for p in presets if p.lower() == name.lower()), name)
         if name not in presets:
             raise CaseError(src, "model.preset", f"unknown model preset {name!r}{closest(name, presets)}; "
                                                  f"expected one of {', '.join(presets)}")
@@ -476,6 +478,10 @@ def sizing_terms(src: str, section: dict, key: str, gpus_per_node: int) -> tuple
 
 
 def _training(src: str, section: Any) -> TrainingSpec:
+    if isinstance(section, dict):
+        for key in ("micro_batch_size", "tp", "pp", "dp", "zero_stage", "recompute"):
+            if key in section:  # a layout key one section up: say where it belongs
+                raise CaseError(src, f"training.{key}", f"belongs under layout (layout.{key}), not training")
     section = read_mapping(src, "training", section, TRAINING_KEYS)
     values: dict[str, Any] = {
         "global_batch_size": read_int(src, "training.global_batch_size",
@@ -507,6 +513,42 @@ def cluster_profile(src: str, section: Any, base: Path) -> Optional[tuple[str, d
     path = path if path.is_absolute() else base / path
     data = read_yaml(path)
     return str(path), data if isinstance(data, dict) else {}
+
+
+# A fit whose relative rms error passes this gives a figure the user should not lean on silently.
+FIT_ERROR_WARNING = 0.15
+
+
+def profile_warnings(case: Any) -> list[str]:
+    """What `estimate`, `plan` and `size` say on stderr of the hardware profile a case names: a
+    `calibrate --quick` profile (a smoke test, not a measurement), and each fit in it whose relative
+    rms error passes FIT_ERROR_WARNING."""
+    try:
+        data, src, base = read_case(case)
+        found = cluster_profile(src, data.get("cluster") if isinstance(data, dict) else None, base)
+    except CaseError:
+        return []  # the command itself reports a case it cannot read
+    if found is None:
+        return []
+    path, profile = found
+    out = []
+    machine = profile.get("machine") if isinstance(profile.get("machine"), dict) else {}
+    if machine.get("quick"):
+        out.append(f"{path} was written by `calibrate --quick`: a smoke test of tiny shapes, not this machine's "
+                   "figures; calibrate without --quick before trusting an estimate on it")
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            error = node.get("rms_relative_error")
+            if isinstance(error, (int, float)) and not isinstance(error, bool) and error > FIT_ERROR_WARNING:
+                out.append(f"{path}: {where} fits its timings with a {error:.0%} rms error (above "
+                           f"{FIT_ERROR_WARNING:.0%}): the figure it gives is uncertain")
+            for key, value in node.items():
+                if key != "points":
+                    walk(value, f"{where}.{key}" if where else str(key))
+
+    walk(profile.get("measurements"), "measurements")
+    return out
 
 
 def _overheads(src: str, section: Any, base: Overheads = Overheads()) -> Overheads:

@@ -28,8 +28,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Plan the fastest training layout that fits, at a fixed global batch.")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"layout-planner {version('layout-planner')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            print("layout-planner (not installed)")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                            help="Print the version and exit.")) -> None:
     """layout-planner: memory and step-time models of LLM training layouts."""
 
 
@@ -44,6 +56,7 @@ def estimate_command(
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
 ) -> None:
     """Memory per GPU of the case's layout, by term, and whether it fits."""
+    _warn_profile(case)
     try:
         est = estimate(case)
     except CaseError as error:
@@ -54,6 +67,14 @@ def estimate_command(
         print_estimate(est, Console())
     if not est.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def _warn_profile(case: Path) -> None:
+    """A quick or poorly fitted hardware profile is said on stderr, never used silently."""
+    from .case import profile_warnings
+
+    for warning in profile_warnings(case):
+        print(f"warning: {one_line(warning, 1000)}", file=sys.stderr)
 
 
 def _load_solver_without_pandas() -> None:
@@ -107,6 +128,7 @@ def plan_command(
 
     written: list[Path] = []
     notes: list[str] = []
+    _warn_profile(case)
     try:
         if emit is not None and emit not in ENGINES:
             raise CaseError("--emit", emit, f"expected one of {', '.join(ENGINES)}")
@@ -163,6 +185,7 @@ def size_command(
     from .report import print_sizing
     from .size import size, size_target
 
+    _warn_profile(case)
     try:
         size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top,
                     names={"tokens": "--tokens", "deadline": "--deadline", "max_gpus": "--max-gpus",

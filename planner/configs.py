@@ -43,14 +43,23 @@ def _estimate_of(result: Any) -> Estimate:
     raise CaseError("emit", "result", f"expected a Plan or an Estimate, got {type(result).__name__}")
 
 
-def render(result: Any, engine: str, source: str = "the Python API") -> tuple[dict[str, str], list[str]]:
+def render(result: Any, engine: str, source: str = "the Python API",
+           force_unfit: bool = False) -> tuple[dict[str, str], list[str]]:
     """The engine's files for the result's layout ({name relative to the folder: text}) and the
-    notes that go with them; ``source`` names the case in every file's provenance header."""
+    notes that go with them; ``source`` names the case in every file's provenance header. A layout
+    predicted not to fit is refused, naming the term that overflows, unless ``force_unfit``: then
+    every file's header says so."""
     from .emit import provenance
 
     if engine not in EMITTERS:
         raise CaseError("emit", "engine", f"expected one of {', '.join(EMITTERS)}, got {engine!r}")
     estimate = _estimate_of(result)
+    if not estimate.fits and not force_unfit:
+        term = estimate.largest_term
+        raise CaseError("emit", "result", f"the layout does not fit: its peak is {estimate.peak.total / 1e9:.1f} GB "
+                                          f"of {estimate.usable_bytes / 1e9:.1f} GB usable, {term} the largest term "
+                                          f"({estimate.peak.by_term()[term] / 1e9:.1f} GB); pass force_unfit=True to "
+                                          "write it anyway")
     planned_for = estimate.job.training.engine.name
     if planned_for not in ("any", engine):
         raise CaseError("emit", "engine", f"is {engine}, but the layout was timed as {planned_for} runs it; "
@@ -62,12 +71,13 @@ def render(result: Any, engine: str, source: str = "the Python API") -> tuple[di
 
 
 def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: str = "the Python API",
-         force: bool = False) -> Emitted:
+         force: bool = False, force_unfit: bool = False) -> Emitted:
     """Write the engine's launch files for ``result`` (a Plan's best layout, or an Estimate) into
-    ``out_dir``, all or none (:func:`planner.files.write_all`); existing files only with ``force``."""
+    ``out_dir``, all or none (:func:`planner.files.write_all`); existing files only with ``force``;
+    a layout predicted not to fit only with ``force_unfit``, said in every file's header."""
     from .files import Output, write_all
 
-    files, notes = render(result, engine, source)
+    files, notes = render(result, engine, source, force_unfit)
     written = write_all([Output(Path(out_dir) / name, text) for name, text in files.items()], force)
     return Emitted(tuple(written), tuple(notes))
 

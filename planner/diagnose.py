@@ -6,8 +6,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from .case import load_case
+from .case import Case, load_case
 from .configs import read_config
+from .errors import CaseError
 from .estimate import Estimate, estimate_job
 from .plan import Plan, plan_case
 from .search_options import retarget
@@ -33,10 +34,35 @@ class Diagnosis:
                 "differs_from_best": self.plan.differences(self.estimate) if self.plan.best else None}
 
 
+def with_megatron_training(case: Case, path: Path) -> Case:
+    """``case`` trained as the Megatron-LM arguments at ``path`` run (``readers.megatron.read_training``):
+    what the case leaves to the engine takes the arguments' setting; a case that says otherwise is
+    refused, naming the argument and the case's key. (A boolean the case leaves false is its
+    default: the arguments' true stands.)"""
+    from .readers.megatron import SETTING_FLAGS, read_training
+
+    settings = read_training(path, case)
+    requested = case.training
+    changes = {}
+    for key, value in settings.items():
+        said = getattr(requested, key)
+        if said is None or (said is False and value is True and key.endswith("overlap")):
+            changes[key] = value
+        elif said != value:
+            flag = SETTING_FLAGS[key]
+            runs = {"fp32_grads": "reduces gradients in fp32" if value else "reduces gradients in bf16",
+                    "expert_dispatch": f"dispatches experts by {value}"}.get(key, f"runs {key} {value}")
+            raise CaseError(str(path), flag, f"the arguments' Megatron-LM {runs}, but the case "
+                                             f"{case.source} says training.{key}: {str(said).lower()}")
+    return replace(case, training=replace(requested, **changes)) if changes else case
+
+
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
              pp: int = 1, tp: Optional[int] = None) -> Diagnosis:
     loaded = load_case(case)
     engine = "deepspeed" if config is not None else "megatron"
+    if megatron_args is not None:
+        loaded = with_megatron_training(loaded, Path(megatron_args))
     layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
     loaded = replace(loaded, training=training, search=spec)

@@ -70,6 +70,8 @@ def _layout_label(estimate: "Estimate") -> str:
         parts.append(f"cp{lay['cp']}")
     if lay["vpp"] > 1:
         parts.append(f"vpp{lay['vpp']}")
+    if (lay.get("ep") or 1) > 1:
+        parts.append(f"ep{lay['ep']}" + (f" etp{lay['etp']}" if (lay.get("etp") or 1) > 1 else ""))
     parts.append(f"mbs{lay['micro_batch_size']}")
     if estimate.job.grad_accum > 1:
         parts.append(f"accum{estimate.job.grad_accum}")

@@ -16,6 +16,14 @@ from .estimate import Estimate
 GB = 1e9
 
 
+def count(n: float) -> str:
+    """A parameter count as model cards write it: 125M, 8.0B, 1.2T."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:,.1f}{unit}"
+    return f"{n:,.0f}"
+
+
 def describe_layout(est: Estimate) -> str:
     lay, job = est.job.layout, est.job
     parts = [f"dp {lay.dp}", f"tp {lay.tp}", f"pp {lay.pp}"]
@@ -62,15 +70,15 @@ def describe_domains(est: Estimate) -> str:
 def print_estimate(est: Estimate, console: Console) -> None:
     job = est.job
     model = est.to_dict()["model"]
-    size = f"{model['parameters'] / 1e9:,.1f}B parameters" + (
-        f", {model['active_parameters'] / 1e9:,.1f}B active" if job.model.is_moe else "") + (
+    size = f"{count(model['parameters'])} parameters" + (
+        f", {count(model['active_parameters'])} active" if job.model.is_moe else "") + (
         f", with {job.model.mtp_layers} multi-token prediction layer{'s' * (job.model.mtp_layers > 1)}"
         if job.model.mtp_layers else "")
     console.print(f"[bold]{escape(job.model.name)}[/] ({size}) on {job.cluster.num_gpus} × "
                   f"{escape(job.cluster.gpu.name)}, global batch {job.training.global_batch_size} × "
                   f"{job.training.seq_len} tokens")
-    console.print(describe_layout(est))
-    console.print(describe_domains(est))
+    console.print(describe_layout(est), markup=False)
+    console.print(describe_domains(est), markup=False)
     table = Table(title=f"Memory per GPU, heaviest stage ({est.peak.stage} of {job.layout.pp})")
     table.add_column("term")
     table.add_column("GB", justify="right")
@@ -119,11 +127,13 @@ def print_estimate(est: Estimate, console: Console) -> None:
     remedy = est.remedy()
     if remedy is not None:
         verdict = "fits" if remedy.fits else "still does not fit"
-        console.print(f"cheapest next change: {remedy.description} → peak {remedy.peak_bytes / GB:.1f} GB, {verdict}")
+        console.print(f"cheapest next change: {remedy.description} → peak {remedy.peak_bytes / GB:.1f} GB, {verdict}",
+                      markup=False)
 
 
 # What a layout field's None means, as a person reads it.
-_UNSET = {"stage_layers": "even", "recompute_num_layers": "all"}
+_UNSET = {"stage_layers": "even", "recompute_num_layers": "all", "offload_optimizer": "0", "offload_params": "off",
+          "offload_activations": "0", "recompute_modules": "default", "ep": "1", "etp": "1"}
 
 
 def value_text(key: str, value: Any) -> str:
@@ -146,7 +156,7 @@ def value_text(key: str, value: Any) -> str:
 
 
 def _layout_summary(layout: dict) -> str:
-    keys = ("dp", "tp", "pp", "vpp", "cp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
+    keys = ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
             "recompute_num_layers", "recompute_modules", "stage_layers", "offload_optimizer", "offload_params",
             "offload_activations")
     short = {"micro_batch_size": "mbs", "zero_stage": "zero", "sequence_parallel": "sp",
@@ -191,7 +201,7 @@ def print_plan(plan, console: Console) -> None:
     for i, (est, diff) in enumerate(rows):
         table.add_row("best" if i == 0 else str(i), f"{est.step_time_s:.3f}", f"{est.tokens_per_s:,.0f}",
                       f"{est.mfu:.1%}", f"{est.peak.total / GB:.1f}",
-                      _layout_summary(est.to_dict()["layout"]) if i == 0 else _changes(diff))
+                      escape(_layout_summary(est.to_dict()["layout"]) if i == 0 else _changes(diff)))
     console.print(table)
     console.print(f"runner-up: {plan.why_runner_up_lost()}", markup=False)
 
@@ -204,7 +214,7 @@ def print_diagnosis(diagnosis, console: Console) -> None:
     if best is None:
         console.print(f"[red]{escape(diagnosis.plan.no_fit.describe())}[/]")
         return
-    console.print(f"planner's best for {diagnosis.engine}: {_layout_summary(best.to_dict()['layout'])}")
+    console.print(f"planner's best for {diagnosis.engine}: {_layout_summary(best.to_dict()['layout'])}", markup=False)
     console.print(f"predicted step {best.step_time_s:.3f} s against {diagnosis.estimate.step_time_s:.3f} s: "
                   f"[bold]{diagnosis.speedup:.2f}×[/] speedup")
     changes = diagnosis.plan.differences(diagnosis.estimate)

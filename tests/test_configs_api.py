@@ -43,11 +43,24 @@ def test_a_layout_timed_for_one_engine_is_not_written_for_another(tmp_path):
 def test_existing_files_are_kept_unless_forced(tmp_path):
     est = planner.estimate({**CASE, "layout": {"dp": 16, "micro_batch_size": 2}})
     (tmp_path / "megatron_args.txt").write_text("mine\n")
-    with pytest.raises(CaseError):
-        planner.emit(est, "megatron", tmp_path)
+    with pytest.raises(CaseError, match="exists"):
+        planner.emit(est, "megatron", tmp_path, force_unfit=True)
     assert (tmp_path / "megatron_args.txt").read_text() == "mine\n"
-    planner.emit(est, "megatron", tmp_path, force=True)
+    planner.emit(est, "megatron", tmp_path, force=True, force_unfit=True)
     assert (tmp_path / "megatron_args.txt").read_text() != "mine\n"
+
+
+def test_a_layout_that_does_not_fit_is_not_written_unless_asked_and_then_says_so(tmp_path):
+    """169 GB a GPU on 80 GB H100s: an orchestration tool would launch a job that dies at its first step."""
+    est = planner.estimate({**CASE, "layout": {"dp": 16, "micro_batch_size": 2}})
+    assert not est.fits
+    with pytest.raises(CaseError, match=r"emit: result: the layout does not fit: its peak is 169.2 GB of 84.0 GB "
+                                        r"usable, optimizer_states the largest term .*force_unfit=True"):
+        planner.emit(est, "megatron", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    written = planner.emit(est, "megatron", tmp_path / "out", force_unfit=True)
+    for path in written.paths:
+        assert "predicted NOT TO FIT" in path.read_text()
 
 
 @pytest.mark.parametrize("call, match", [

@@ -39,6 +39,7 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig, T
 from cost_models.activations import selective_modules  # noqa: E402
 from cost_models.model_states import state_bytes  # noqa: E402
 from cost_models.specs import Layout  # noqa: E402
+from cost_models.topology import domains_spanned  # noqa: E402
 from planner.case import load_case  # noqa: E402
 from planner.emit import megatron, provenance  # noqa: E402
 from planner.readers import megatron as megatron_reader  # noqa: E402
@@ -367,8 +368,10 @@ def test_transformer_config_takes_the_experts_and_their_grid(emitted):
         assert config.moe_grouped_gemm, e
         assert config.multi_latent_attention == (model.attention_type == "mla"), e
         assert config.overlap_moe_expert_parallel_comm == e.job.training.moe_comm_overlap, e
-        # The dispatcher the estimate timed (training.expert_dispatch, else Megatron's flex dispatcher).
-        flex = e.job.training.hierarchical_dispatch and lay.tp * lay.ep > 1 and model.moe_capacity_factor is None
+        # The dispatcher the estimate timed (training.expert_dispatch, else Megatron's flex dispatcher),
+        # DeepEP's only where the expert group leaves its NVLink domain (inside one it saves nothing).
+        flex = e.job.training.hierarchical_dispatch and lay.tp * lay.ep > 1 and model.moe_capacity_factor is None \
+            and domains_spanned(e.job.cluster, lay).get("ep", 1) > 1
         assert config.moe_token_dispatcher_type == ("flex" if flex else "alltoall"), e
         if lay.recompute == "selective":  # what the estimate recomputed (activations.selective_modules)
             modules = selective_modules(model, e.job.training, lay)

@@ -33,8 +33,10 @@ def provenance(estimate, source: str) -> list[str]:
         f"predicted step time {estimate.step_time_s:.3f} s, {estimate.tokens_per_s:,.0f} tokens/s, "
         f"MFU {estimate.mfu:.1%}",
         f"predicted peak memory {estimate.peak.total / 1e9:.1f} GB per GPU "
-        f"(stage {estimate.peak.stage}, capacity {estimate.capacity_bytes / 1e9:.1f} GB)",
-    ]
+        f"(stage {estimate.peak.stage}, capacity {estimate.capacity_bytes / 1e9:.1f} GB): {estimate.memory_verdict}",
+    ] + ([f"WARNING: written on request (force_unfit) though predicted NOT TO FIT: {estimate.largest_term} "
+          f"takes the peak past the {estimate.usable_bytes / 1e9:.1f} GB usable; the job will run out of memory"]
+         if not estimate.fits else [])
 
 
 def header_lines(header: Union[list[str], str]) -> list[str]:

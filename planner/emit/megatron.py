@@ -32,6 +32,7 @@ from cost_models.experts import hierarchical_dispatch
 from cost_models.model_states import fp32_gradients
 from cost_models.partition import chunk_layers, rank_chunks
 from cost_models.specs import Job, Layout
+from cost_models.topology import domains_spanned
 
 from ..engines import ENGINES
 from ..errors import CaseError
@@ -58,7 +59,8 @@ INT_FLAGS = (
 LIST_FLAGS = ("--recompute-modules",)
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
-             "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16")
+             "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
+             "--main-grads-dtype", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
@@ -66,6 +68,8 @@ BOOL_FLAGS = (
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--optimizer-cpu-offload", "--cpu-offloading", "--fp8-param-gather", "--fp4-param-gather",
     "--reuse-grad-buf-for-mxfp8-param-ag", "--first-last-layers-bf16",
+    "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--tp-comm-overlap",
+    "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
@@ -270,6 +274,24 @@ def moe_layer_pattern(model) -> str:
     return "(" + "+".join(terms) + ")"
 
 
+def needs_deepep(job: Job) -> bool:
+    """Whether the emitted dispatcher is DeepEP's (flex): the estimate priced the hierarchical
+    dispatch and the expert-parallel group spans NVLink domains."""
+    lay = job.layout
+    return bool(job.model.is_moe and lay.tp * lay.ep > 1 and hierarchical_dispatch(job.model, job.training)
+                and domains_spanned(job.cluster, lay).get("ep", 1) > 1)
+
+
+DEEPEP_NOTE = ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep needs DeepEP "
+               "(deepseek-ai/DeepEP) installed beside Megatron-LM: the expert groups leave their NVLink domain, "
+               "where the plan priced its dispatch")
+
+
+def warnings(estimate) -> list[str]:
+    """What the user must know to launch the files as priced: libraries beyond Megatron-LM."""
+    return [DEEPEP_NOTE] if needs_deepep(estimate.job) else []
+
+
 def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     """The mixture-of-experts arguments (Megatron-LM's MoE guide, ``megatron/core/transformer/moe``):
     the experts and their widths, the router, the expert grid (MoE parallel folding), grouped
@@ -297,8 +319,10 @@ def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args.append(("--moe-router-pre-softmax", None))  # TransformerConfig: softmax over one expert has no gradient
     args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.expert_tp)),
              ("--moe-grouped-gemm", None)]
-    # The dispatch the estimate priced (experts.hierarchical_dispatch: no DeepEP with a capacity factor).
-    if lay.tp * lay.ep > 1 and hierarchical_dispatch(m, job.training):
+    # The dispatch the estimate priced (experts.hierarchical_dispatch: no DeepEP with a capacity factor):
+    # DeepEP's flex dispatcher only where it saves something, an expert group that leaves its NVLink
+    # domain; inside one, it prices as the all-to-all, which needs no library beyond Megatron-LM.
+    if needs_deepep(job):
         args += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
     else:
         args.append(("--moe-token-dispatcher-type", "alltoall"))
@@ -375,7 +399,7 @@ def render(estimate, header_lines) -> dict[str, str]:
     summary = (f"Megatron-LM pretrain_gpt.py arguments: layout dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp} "
                f"vpp={lay.vpp}" + (f" ep={lay.ep} etp={lay.expert_tp}" if job.model.is_moe else "")
                + f", {job.grad_accum} micro-batches per step")
-    args_text = (header + comment([
+    args_text = (header + comment(warnings(estimate) + [
         summary,
         "Add data, tokenizer, learning-rate and architecture details the planner does not model",
         "(--position-embedding-type, --normalization, --disable-bias-linear, ...) on the command line.",

@@ -431,6 +431,42 @@ def read(path: Path, case) -> Layout:
     return layout
 
 
+def read_training(path: Path, case) -> dict:
+    """The training settings a Megatron-LM argument list runs, in TrainingSpec's fields, with
+    Megatron-LM's defaults where an argument is absent:
+
+    - ``fp32_grads``: ``validate_args`` (megatron/training/arguments.py) accumulates and all-reduces
+      the gradients of a ``--bf16`` run in fp32 unless ``--grad-reduce-in-bf16`` (or
+      ``--main-grads-dtype bf16``); ``--accumulate-allreduce-grads-in-fp32`` asks for it outright.
+    - ``tp_comm_overlap``: ``--tp-comm-overlap`` (off by default).
+    - ``moe_comm_overlap``: ``--overlap-moe-expert-parallel-comm`` (off by default).
+    - ``expert_dispatch`` (mixtures of experts): ``--moe-token-dispatcher-type`` ``flex`` with the DeepEP
+      or HybridEP backend (``--moe-flex-dispatcher-backend``, ``--moe-enable-deepep``) sends a token once
+      per NVLink domain (``deepep``); ``allgather`` (the default) and ``alltoall`` once per expert."""
+    path = Path(path)
+    flags = _flags(_tokens(_with_included_args(read_text(path), path), str(path)))
+    main_grads = (flags.get("--main-grads-dtype") or "fp32").lower()
+    settings = {
+        "fp32_grads": "--accumulate-allreduce-grads-in-fp32" in flags or (
+            "--bf16" in flags and "--grad-reduce-in-bf16" not in flags and main_grads in ("fp32", "float32")),
+        "tp_comm_overlap": "--tp-comm-overlap" in flags,
+        "moe_comm_overlap": "--overlap-moe-expert-parallel-comm" in flags,
+    }
+    if case.model.is_moe:
+        dispatcher = flags.get("--moe-token-dispatcher-type") or "allgather"
+        backend = (flags.get("--moe-flex-dispatcher-backend") or ("deepep" if "--moe-enable-deepep" in flags
+                                                                  else "")).lower()
+        settings["expert_dispatch"] = "deepep" if dispatcher == "flex" and backend in ("deepep", "hybridep") \
+            else "all_to_all"
+    return settings
+
+
+# Why each setting matters, for the refusal that names a case contradicting its arguments.
+SETTING_FLAGS = {"fp32_grads": "--grad-reduce-in-bf16", "tp_comm_overlap": "--tp-comm-overlap",
+                 "moe_comm_overlap": "--overlap-moe-expert-parallel-comm",
+                 "expert_dispatch": "--moe-token-dispatcher-type"}
+
+
 def _check_quantized_weights(src: str, flags: dict, job: Job) -> None:
     """The launch and the case keep the weights alike: quantized (--fp8-param-gather, or
     --fp4-param-gather under NVFP4) or in 16 bits, as the case says or its engine's default at

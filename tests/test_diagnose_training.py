@@ -1,0 +1,65 @@
+"""`diagnose --megatron-args` prices what Megatron-LM runs: the training settings an argument list
+implies, with Megatron-LM's defaults where an argument is absent (planner/readers/megatron.py,
+read_training), and a case that says otherwise is refused naming both."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+import planner
+from planner.diagnose import diagnose
+from planner.errors import CaseError
+
+CASE = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+        "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"}}
+ARGS = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096\n"
+        "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1\n"
+        "--micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer\n")
+LAYOUT = {"dp": 8, "tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 1}
+
+
+def files(tmp_path, args: str, case: dict = CASE):
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    (tmp_path / "args.txt").write_text(args)
+    return tmp_path / "case.yaml", tmp_path / "args.txt"
+
+
+def peak_with(fp32: bool) -> float:
+    case = {**CASE, "training": {**CASE["training"], "engine": "megatron", "fp32_grads": fp32}, "layout": LAYOUT}
+    return planner.estimate(case).peak.total
+
+
+def test_bf16_without_grad_reduce_in_bf16_is_priced_with_fp32_gradients(tmp_path):
+    """Megatron-LM's validate_args turns on fp32 accumulation and all-reduce for --bf16 unless
+    --grad-reduce-in-bf16: 4 bytes a gradient, not 2 (18 bytes a parameter with the distributed
+    optimizer's fp32 master and moments sharded, not 16)."""
+    case, args = files(tmp_path, ARGS)
+    fp32, bf16 = peak_with(True), peak_with(False)
+    assert fp32 - bf16 == pytest.approx(2 * 8_030_261_248, rel=0.01)
+    assert diagnose(case, megatron_args=args).estimate.peak.total == pytest.approx(fp32)
+    case, args = files(tmp_path, ARGS + "--grad-reduce-in-bf16\n")
+    assert diagnose(case, megatron_args=args).estimate.peak.total == pytest.approx(bf16)
+
+
+def test_a_case_that_contradicts_the_arguments_is_refused_naming_both(tmp_path):
+    case, args = files(tmp_path, ARGS, {**CASE, "training": {**CASE["training"], "fp32_grads": False}})
+    with pytest.raises(CaseError, match=r"args.txt: --grad-reduce-in-bf16: the arguments' Megatron-LM reduces "
+                                        r"gradients in fp32, but the case .*case.yaml says training.fp32_grads: false"):
+        diagnose(case, megatron_args=args)
+
+
+def test_tp_overlap_and_the_dispatcher_are_read(tmp_path):
+    case, args = files(tmp_path, ARGS.replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2")
+                       + "--sequence-parallel --tp-comm-overlap\n")
+    assert diagnose(case, megatron_args=args).estimate.job.training.tp_comm_overlap
+    from planner.readers.megatron import read_training
+    from planner.case import load_case
+
+    moe = load_case({"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+                     "training": {"global_batch_size": 256, "seq_len": 4096}})
+    for extra, dispatch in (("", "all_to_all"), ("--moe-token-dispatcher-type alltoall\n", "all_to_all"),
+                            ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep\n", "deepep"),
+                            ("--moe-token-dispatcher-type flex --moe-enable-deepep\n", "deepep")):
+        (tmp_path / "moe.txt").write_text(ARGS + extra)
+        assert read_training(tmp_path / "moe.txt", moe)["expert_dispatch"] == dispatch

@@ -1,0 +1,55 @@
+"""A quick or poorly fitted hardware profile is never used silently: `estimate`, `plan` and `size`
+say so on stderr (issue 52), and the smaller refusals name where a key belongs."""
+
+from __future__ import annotations
+
+import yaml
+
+import planner
+from cli_in_process import run_cli
+
+
+def profile(tmp_path, quick: bool, error: float):
+    gpu = {"memory": "80 GiB", "peak_tflops": {"bf16": 989.4}, "hbm_bandwidth": "3.35 TB/s",
+           "intra_node_bandwidth": "0.073 GB/s", "inter_node_bandwidth": "50 GB/s", "gpus_per_node": 8,
+           "nvlink_domain": 8}
+    doc = {"machine": {"device": "test", "quick": quick}, "gpu": gpu, "performance": {}, "fabric": {"efficiency": 1.0},
+           "measurements": {"collectives": {"intra_node": {"all_reduce": {"fit": {"rms_relative_error": error}}}}}}
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({"model": {"preset": "llama3-8b"}, "cluster": {"profile": str(path), "num_gpus": 8},
+                                    "training": {"global_batch_size": 64, "seq_len": 4096},
+                                    "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": 3}}))
+    return case
+
+
+def test_a_quick_profile_and_a_poor_fit_are_warned_about(tmp_path):
+    case = profile(tmp_path, quick=True, error=0.39)
+    done = run_cli("estimate", str(case))
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2
+    assert "calibrate --quick" in warnings[0]
+    assert "measurements.collectives.intra_node.all_reduce.fit fits its timings with a 39% rms error" in warnings[1]
+
+
+def test_a_good_profile_says_nothing(tmp_path):
+    case = profile(tmp_path, quick=False, error=0.05)
+    assert "warning" not in run_cli("estimate", str(case)).stderr
+
+
+def test_model_presets_are_case_insensitive_and_layout_keys_are_sent_to_layout():
+    base = {"cluster": {"gpu": "H100-SXM-80GB", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096}, "layout": {"dp": 8, "micro_batch_size": 1}}
+    assert planner.estimate({**base, "model": {"preset": "Llama3-8B"}}).job.model.name == "Llama 3 8B"
+    import pytest
+
+    with pytest.raises(planner.CaseError, match=r"training.micro_batch_size: belongs under layout "
+                                                r"\(layout.micro_batch_size\), not training"):
+        planner.estimate({**base, "model": {"preset": "llama3-8b"},
+                          "training": {**base["training"], "micro_batch_size": 1}})
+
+
+def test_version():
+    done = run_cli("--version")
+    assert done.returncode == 0 and done.stdout.startswith("layout-planner ")

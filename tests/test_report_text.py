@@ -1,0 +1,73 @@
+"""What the report prints is what it means: values that look like markup are printed as they are,
+counts keep their unit, and every parallel degree the layout has is named (issue 52)."""
+
+from __future__ import annotations
+
+import yaml
+
+from cli_in_process import run_cli
+from planner.report import _changes, count
+
+SIXTEEN_K = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+             "training": {"global_batch_size": 128, "seq_len": 16384, "precision": "fp8", "engine": "megatron"},
+             "layout": {"dp": 8, "tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 1, "recompute": "none"}}
+
+
+def test_the_cheapest_change_names_its_modules(tmp_path):
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(SIXTEEN_K))
+    done = run_cli("estimate", str(path))
+    assert done.returncode == 3
+    assert "recompute selective (recompute_modules: [mlp])" in " ".join(done.stdout.split())
+
+
+def test_a_small_model_counts_in_millions(tmp_path):
+    assert (count(162_200_000), count(8.03e9), count(1.2e12)) == ("162.2M", "8.0B", "1.2T")
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump({"model": {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
+                                              "vocab_size": 50257},
+                                    "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+                                    "training": {"global_batch_size": 64, "seq_len": 1024},
+                                    "layout": {"dp": 8, "micro_batch_size": 8}}))
+    assert "(162.2M parameters)" in run_cli("estimate", str(path)).stdout
+
+
+def test_a_change_to_an_unset_field_says_what_unset_means():
+    assert _changes({"offload_optimizer": [1.0, None], "ep": [8, None]}) == "offload_optimizer 1.0→0, ep 8→1"
+
+
+def test_the_plot_title_names_expert_parallelism():
+    import planner
+    from planner.plots import _layout_label
+
+    est = planner.estimate({"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+                            "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"},
+                            "layout": {"dp": 16, "tp": 2, "pp": 2, "ep": 8, "etp": 1, "micro_batch_size": 1,
+                                       "zero_stage": 1, "sequence_parallel": True, "recompute": "full"}})
+    assert "ep8" in _layout_label(est)
+
+
+def test_deepep_is_emitted_only_where_the_expert_group_leaves_its_domain_and_then_said(tmp_path):
+    """Mixtral 8x7B with ep 8 inside one 8-GPU node: DeepEP's dispatch saves nothing the model prices,
+    so the all-to-all is written. DeepSeek-V3 with ep 32 over four nodes: the flex dispatcher is, and
+    the files and the notes say it needs DeepEP."""
+    import planner
+    from planner.emit.megatron import arguments
+
+    inside = planner.estimate({"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+                               "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"},
+                               "layout": {"dp": 8, "tp": 1, "pp": 4, "ep": 8, "etp": 1, "micro_batch_size": 1,
+                                          "zero_stage": 1, "recompute": "full"}})
+    assert inside.to_dict()["nvlink_domains_spanned"]["ep"] == 1
+    assert dict(arguments(inside.job))["--moe-token-dispatcher-type"] == "alltoall"
+    across = planner.estimate({"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 256},
+                               "training": {"global_batch_size": 1024, "seq_len": 4096, "precision": "fp8",
+                                            "engine": "megatron"},
+                               "layout": {"dp": 32, "tp": 1, "pp": 8, "ep": 32, "etp": 1, "micro_batch_size": 1,
+                                          "stage_layers": [7, 8, 8, 8, 8, 8, 8, 6],
+                                          "zero_stage": 1, "recompute": "full"}})
+    assert across.to_dict()["nvlink_domains_spanned"]["ep"] == 4
+    assert dict(arguments(across.job))["--moe-token-dispatcher-type"] == "flex"
+    emitted = planner.emit(across, "megatron", tmp_path, force_unfit=not across.fits)
+    assert any("needs DeepEP" in note for note in emitted.notes)
+    assert "needs DeepEP" in (tmp_path / "megatron_args.txt").read_text()
