@@ -150,6 +150,8 @@ def plan_command(
             from .plots import render_plots
 
             outputs.append(Output(plot, render_plots(result, plot), "--plot"))
+        elif plot is not None:
+            notes.append(f"--plot: nothing fits, so {plot} was not written (no layout to draw)")
         written = write_all(outputs, force)  # all or none, emitted configs and plot together
     except CaseError as error:
         _fail(error)
@@ -212,6 +214,12 @@ def diagnose_command(
                                           "layers (Megatron-DeepSpeed); without a pipeline, ds_config's autotp_size."),
     megatron_args: Optional[Path] = typer.Option(None, "--megatron-args",
                                                  help="A Megatron-LM argument list or launch script."),
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", min=1,
+                                                   help="The Hugging Face Trainer's per_device_train_batch_size, "
+                                                        "for a ds_config whose micro-batch is \"auto\"."),
+    recompute: Optional[str] = typer.Option(None, "--recompute",
+                                            help="none, selective or full: the model's activation checkpointing "
+                                                 "(the Trainer's gradient_checkpointing), which ds_config does not say."),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
 ) -> None:
     """Estimate an existing config's layout and compare it with the planner's best."""
@@ -222,7 +230,8 @@ def diagnose_command(
     try:
         if (config is None) == (megatron_args is None):
             raise CaseError("diagnose", "--config", "give exactly one of --config or --megatron-args")
-        result = diagnose(case, config=config, megatron_args=megatron_args, pp=pp, tp=tp)
+        result = diagnose(case, config=config, megatron_args=megatron_args, pp=pp, tp=tp,
+                          micro_batch_size=micro_batch_size, recompute=recompute)
     except CaseError as error:
         _fail(error)
     if as_json:

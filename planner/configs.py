@@ -82,7 +82,8 @@ def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: str = "
     return Emitted(tuple(written), tuple(notes))
 
 
-def read_config(case: Any, engine: str, path: Union[str, Path], pp: int = 1, tp: Optional[int] = None) -> Layout:
+def read_config(case: Any, engine: str, path: Union[str, Path], pp: int = 1, tp: Optional[int] = None,
+                micro_batch_size: Optional[int] = None, recompute: Optional[str] = None) -> Layout:
     """The layout of an existing config: a DeepSpeed ds_config.json (``pp`` and ``tp`` say what it
     does not: the pipeline stages, and tensor parallelism in a Megatron-DeepSpeed pipeline) or a
     Megatron-LM argument list or launch script. Contradictions with the case are a CaseError
@@ -95,7 +96,8 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: int = 1, tp:
     if engine == "deepspeed":
         from .readers import deepspeed
 
-        return deepspeed.read(Path(path), loaded, pp=pp, tp=tp)
+        return deepspeed.read(Path(path), loaded, pp=pp, tp=tp, micro_batch_size=micro_batch_size,
+                              recompute=recompute)
     from .readers import megatron
 
     return megatron.read(Path(path), loaded)

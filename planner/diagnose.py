@@ -19,6 +19,7 @@ class Diagnosis:
     engine: str
     estimate: Estimate  # the config's own layout
     plan: Plan  # the planner's best for the same model, cluster, global batch and engine
+    resolved: tuple[str, ...] = ()  # the config's "auto" values, as the Hugging Face Trainer fills them
 
     @property
     def speedup(self) -> Optional[float]:
@@ -28,7 +29,7 @@ class Diagnosis:
         return self.estimate.step_time_s / self.plan.best.step_time_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "config": self.estimate.to_dict(),
+        return {"engine": self.engine, "config": self.estimate.to_dict(), "resolved": list(self.resolved),
                 "best": self.plan.best.to_dict() if self.plan.best else None,
                 "speedup": self.speedup,
                 "differs_from_best": self.plan.differences(self.estimate) if self.plan.best else None}
@@ -58,13 +59,24 @@ def with_megatron_training(case: Case, path: Path) -> Case:
 
 
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
-             pp: int = 1, tp: Optional[int] = None) -> Diagnosis:
+             pp: int = 1, tp: Optional[int] = None, micro_batch_size: Optional[int] = None,
+             recompute: Optional[str] = None) -> Diagnosis:
+    """``micro_batch_size`` and ``recompute`` say what a Hugging Face Trainer's DeepSpeed config
+    leaves to the Trainer (its per_device_train_batch_size, its gradient_checkpointing)."""
     loaded = load_case(case)
     engine = "deepspeed" if config is not None else "megatron"
+    notes: tuple[str, ...] = ()
     if megatron_args is not None:
         loaded = with_megatron_training(loaded, Path(megatron_args))
-    layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp)
+    else:
+        from .readers.deepspeed import auto_resolved
+
+        notes = tuple(auto_resolved(Path(config), loaded, pp, tp, micro_batch_size))
+    if recompute is not None and recompute not in ("none", "selective", "full"):
+        raise CaseError("--recompute", recompute, "expected none, selective or full")
+    layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp,
+                         micro_batch_size=micro_batch_size, recompute=recompute)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
     loaded = replace(loaded, training=training, search=spec)
     estimate = estimate_job(loaded, loaded.job(layout))
-    return Diagnosis(engine, estimate, plan_case(loaded, target=engine))
+    return Diagnosis(engine, estimate, plan_case(loaded, target=engine), notes)

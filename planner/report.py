@@ -209,6 +209,8 @@ def print_plan(plan, console: Console) -> None:
 def print_diagnosis(diagnosis, console: Console) -> None:
     """The config's own estimate, then how far the planner's best would take it."""
     console.print(f"[bold]{diagnosis.engine} config[/]")
+    for line in diagnosis.resolved:
+        console.print(f"resolved as the Hugging Face Trainer would: {line}", markup=False)
     print_estimate(diagnosis.estimate, console)
     best = diagnosis.plan.best
     if best is None:

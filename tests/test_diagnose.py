@@ -65,7 +65,7 @@ def test_diagnose_names_the_speedup_of_the_best_layout(tmp_path):
         "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
         "activation_checkpointing": {"partition_activations": False}}))
     out = subprocess.run([sys.executable, "-m", "planner", "diagnose", str(tmp_path / "case.yaml"),
-                          "--config", str(tmp_path / "ds_config.json"), "--json"],
+                          "--config", str(tmp_path / "ds_config.json"), "--recompute", "full", "--json"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)

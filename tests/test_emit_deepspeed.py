@@ -150,8 +150,9 @@ def test_deepspeed_accepts_emitted_config(index, tmp_path, world):
         assert config.zero_config.prefetch_bucket_size == int(0.9 * hidden * hidden)
         assert config.zero_config.param_persistence_threshold == 10 * hidden
 
-    # read gives the layout back
-    got = ds_reader.read(path, load_case(case), pp=lay.pp, tp=lay.tp if lay.pp > 1 else None)
+    # read gives the layout back; whether the model checkpoints is the caller's to say (ds_config's
+    # activation_checkpointing section configures checkpointing, it does not turn it on)
+    got = ds_reader.read(path, load_case(case), pp=lay.pp, tp=lay.tp if lay.pp > 1 else None, recompute=lay.recompute)
     assert (got.dp, got.tp, got.pp, got.micro_batch_size, got.zero_stage, got.recompute) == \
         (lay.dp, lay.tp, lay.pp, lay.micro_batch_size, lay.zero_stage, lay.recompute)
 
@@ -320,7 +321,9 @@ def test_read_autotp_pipeline_zero_and_recompute(tmp_path, case32):
                             "tensor_parallel": {"autotp_size": 2}, "bf16": {"enabled": True},
                             "activation_checkpointing": {"partition_activations": False}})
     lay = ds_reader.read(path, case32, pp=2)
-    assert (lay.dp, lay.tp, lay.pp, lay.micro_batch_size, lay.zero_stage, lay.recompute) == (8, 2, 2, 2, 1, "full")
+    # The activation_checkpointing section configures the checkpointing a model calls; it does not say it does.
+    assert (lay.dp, lay.tp, lay.pp, lay.micro_batch_size, lay.zero_stage, lay.recompute) == (8, 2, 2, 2, 1, "none")
+    assert ds_reader.read(path, case32, pp=2, recompute="full").recompute == "full"
 
 
 @pytest.mark.parametrize("config, message", [
@@ -334,8 +337,8 @@ def test_read_autotp_pipeline_zero_and_recompute(tmp_path, case32):
     ({"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 4.5},
      "train_micro_batch_size_per_gpu: expected an integer, got float 4.5"),
     ({"train_batch_size": 1024, "train_micro_batch_size_per_gpu": "auto"},
-     "train_micro_batch_size_per_gpu: expected an integer, got str 'auto' "
-     "(\"auto\" is filled in by the Hugging Face Trainer, not DeepSpeed)"),
+     "train_micro_batch_size_per_gpu: is \"auto\" (the Trainer's per_device_train_batch_size): give "
+     "--micro-batch-size, or layout.micro_batch_size in the case"),
     ({"train_batch_size": 1024, "gradient_accumulation_steps": -8},
      "gradient_accumulation_steps: expected an integer >= 1, got int -8"),
     ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1},

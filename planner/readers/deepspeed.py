@@ -41,7 +41,61 @@ def _load(path: Path) -> dict:
     return data
 
 
-def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None) -> Layout:
+def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Optional[int]) -> tuple[dict, list[str]]:
+    """``config`` with each ``"auto"`` the Hugging Face Trainer fills in resolved as it does
+    (``transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_process``) from
+    the case, and a line for each: the micro-batch from ``micro_batch_size`` (the Trainer's
+    per_device_train_batch_size: diagnose's --micro-batch-size) or the case's layout, the
+    accumulation and the global batch from the case's global batch, bf16/fp16 from its precision.
+    What the Trainer fills that the cost model does not read (learning rate, buckets) is left."""
+    resolved: list[str] = []
+    config = dict(config)
+    gbs = case.training.global_batch_size
+    micro = micro_batch_size or (case.layout.micro_batch_size if case.layout is not None else None)
+    if config.get("train_micro_batch_size_per_gpu") == "auto":
+        if micro is None:
+            raise CaseError(src, "train_micro_batch_size_per_gpu", "is \"auto\" (the Trainer's "
+                                 "per_device_train_batch_size): give --micro-batch-size, or layout.micro_batch_size "
+                                 "in the case")
+        config["train_micro_batch_size_per_gpu"] = micro
+        resolved.append(f"train_micro_batch_size_per_gpu: auto -> {micro}")
+    micro = config.get("train_micro_batch_size_per_gpu") if config.get("train_micro_batch_size_per_gpu") != "auto" \
+        else micro
+    if config.get("gradient_accumulation_steps") == "auto":
+        if not isinstance(micro, int) or gbs % (micro * dp):
+            raise CaseError(src, "gradient_accumulation_steps", f"is \"auto\", but the case's global batch {gbs} is "
+                                                                f"not a multiple of micro-batch {micro} x dp {dp}")
+        config["gradient_accumulation_steps"] = gbs // (micro * dp)
+        resolved.append(f"gradient_accumulation_steps: auto -> {gbs // (micro * dp)} (global batch {gbs} / "
+                        f"micro-batch {micro} / dp {dp})")
+    if config.get("train_batch_size") == "auto":
+        config["train_batch_size"] = gbs
+        resolved.append(f"train_batch_size: auto -> {gbs} (the case's global batch)")
+    for key, wanted in (("bf16", case.training.precision in ("bf16", "fp8")), ("fp16", case.training.precision == "fp16")):
+        section = config.get(key)
+        if isinstance(section, dict) and section.get("enabled") == "auto":
+            config[key] = {**section, "enabled": wanted}
+            resolved.append(f"{key}.enabled: auto -> {str(wanted).lower()} (training.precision "
+                            f"{case.training.precision})")
+    return config, resolved
+
+
+def auto_resolved(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None,
+                  micro_batch_size: Optional[int] = None) -> list[str]:
+    """What :func:`read` resolved of the config's ``"auto"`` values, one line each."""
+    config = _load(Path(path))
+    return resolve_auto(str(path), config, case, _dp(str(path), config, case, pp, tp), micro_batch_size)[1]
+
+
+def _dp(src: str, config: dict, case, pp: int, tp: Optional[int]) -> int:
+    tp_section = config.get("tensor_parallel", {})
+    autotp = tp_section.get("autotp_size", 0) if isinstance(tp_section, dict) else 0
+    tp = tp or (autotp if isinstance(autotp, int) else 0) or 1
+    return max(1, case.cluster.num_gpus // (tp * pp))
+
+
+def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None,
+         micro_batch_size: Optional[int] = None, recompute: Optional[str] = None) -> Layout:
     """The layout of an existing ds_config.json on ``case``'s cluster, with ``pp`` pipeline stages
     and, for a pipeline whose model splits its own layers (Megatron-DeepSpeed's 3D grid), ``tp``;
     without a pipeline tp is AutoTP's ``tensor_parallel.autotp_size``.
@@ -55,6 +109,7 @@ def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None) ->
     src = str(path)
     config = _load(path)
     pp = _positive("--pp", "pp", pp)
+    config = resolve_auto(src, config, case, _dp(src, config, case, pp, tp), micro_batch_size)[0]
 
     tp_section = config.get("tensor_parallel", {})
     if not isinstance(tp_section, dict):
@@ -138,7 +193,10 @@ def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None) ->
     checkpointing = config.get("activation_checkpointing")
     if checkpointing is not None and not isinstance(checkpointing, dict):
         raise CaseError(src, "activation_checkpointing", f"expected a mapping, got {checkpointing!r}")
-    recompute = "full" if checkpointing is not None else "none"
+    # DeepSpeed's section configures the checkpointing the model's code calls (partitioned, on the
+    # CPU): it does not say that the model checkpoints. That is the case's (layout.recompute), the
+    # caller's (diagnose --recompute, the Trainer's gradient_checkpointing), else none.
+    recompute = recompute or (case.layout.recompute if case.layout is not None else "none")
 
     offload = {name: _offload_device(src, zero_section, name) for name in ("offload_optimizer", "offload_param")}
     if offload["offload_param"] and zero != 3:

@@ -167,11 +167,18 @@ def _with_included_args(text: str, path: Path) -> str:
     return "\n".join([_INCLUDED_ARGS.sub(" ", text), *included])
 
 
+# A NeMo (Hydra) config: its top-level sections, which no argument list or launch script has.
+_NEMO_SECTIONS = re.compile(r"^(trainer|exp_manager)\s*:", re.MULTILINE)
+
+
 def read(path: Path, case) -> Layout:
     """The layout of a Megatron-LM argument list or launch script, checked against ``case``."""
     path = Path(path)
     src = str(path)
     text = _with_included_args(read_text(path), path)
+    if _NEMO_SECTIONS.search(text) and "--" not in text:
+        raise CaseError(src, "", "this is a NeMo config (YAML with trainer and model sections), not a Megatron-LM "
+                                 "argument list: give the arguments its launch passes to pretrain_gpt.py")
     flags = _flags(_tokens(text, src))
 
     def integer(flag: str, default: Optional[int] = None) -> Optional[int]:

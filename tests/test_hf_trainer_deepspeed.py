@@ -1,0 +1,80 @@
+"""The Hugging Face Trainer's DeepSpeed configs, every value it fills in set to "auto"
+(transformers' DeepSpeed integration docs, ZeRO-2 and ZeRO-3), read as the Trainer runs them:
+each "auto" resolved from the case and the options, and listed (issue 52)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from cli_in_process import run_cli
+from planner.diagnose import diagnose
+from planner.errors import CaseError
+
+# The ZeRO-2 config of the Trainer's DeepSpeed documentation, as published.
+ZERO2 = {
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                          "allgather_partitions": True, "allgather_bucket_size": 2e8, "overlap_comm": True,
+                          "reduce_scatter": True, "reduce_bucket_size": 2e8, "contiguous_gradients": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
+}
+ZERO3 = {**ZERO2, "zero_optimization": {
+    "stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+    "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True, "contiguous_gradients": True,
+    "sub_group_size": 1e9, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+    "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+    "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": True},
+    "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False}}
+CASE = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+        "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"}}
+
+
+def files(tmp_path, config: dict, case: dict = CASE):
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    return tmp_path / "case.yaml", tmp_path / "ds.json"
+
+
+@pytest.mark.parametrize("config, zero", [(ZERO2, 2), (ZERO3, 3)])
+def test_the_trainers_configs_are_read_with_each_auto_resolved(tmp_path, config, zero):
+    case, ds = files(tmp_path, config)
+    result = diagnose(case, config=ds, micro_batch_size=2)
+    lay = result.estimate.job.layout
+    assert (lay.dp, lay.micro_batch_size, lay.zero_stage, lay.recompute) == (8, 2, zero, "none")
+    assert result.estimate.job.grad_accum == 4  # 64 / (2 x 8)
+    assert result.resolved == ("train_micro_batch_size_per_gpu: auto -> 2",
+                               "gradient_accumulation_steps: auto -> 4 (global batch 64 / micro-batch 2 / dp 8)",
+                               "train_batch_size: auto -> 64 (the case's global batch)",
+                               "bf16.enabled: auto -> true (training.precision bf16)",
+                               "fp16.enabled: auto -> false (training.precision bf16)")
+
+
+def test_activation_checkpointing_is_the_models_choice_not_the_sections(tmp_path):
+    case, ds = files(tmp_path, ZERO3)
+    assert diagnose(case, config=ds, micro_batch_size=1, recompute="full").estimate.job.layout.recompute == "full"
+    done = run_cli("diagnose", str(case), "--config", str(ds), "--micro-batch-size", "1", "--json")
+    data = json.loads(done.stdout)
+    assert data["config"]["layout"]["recompute"] == "none" and len(data["resolved"]) == 5
+
+
+def test_an_auto_micro_batch_with_nothing_to_resolve_it_names_the_option(tmp_path):
+    case, ds = files(tmp_path, ZERO2)
+    with pytest.raises(CaseError, match=r"ds.json: train_micro_batch_size_per_gpu: is \"auto\" .*give "
+                                        r"--micro-batch-size"):
+        diagnose(case, config=ds)
+
+
+def test_a_nemo_config_given_as_megatron_arguments_is_named(tmp_path):
+    (tmp_path / "nemo.yaml").write_text("name: megatron_gpt\ntrainer:\n  devices: 8\nmodel:\n  micro_batch_size: 1\n")
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(CASE))
+    done = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(tmp_path / "nemo.yaml"))
+    assert done.returncode == 2 and "this is a NeMo config" in done.stderr
