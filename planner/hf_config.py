@@ -394,8 +394,15 @@ def _name(r: _Reader) -> str:
         raise r.fail("_name_or_path", f"expected a string, got {_show(name)}")
     if isinstance(name, str) and name.strip():
         return name
-    folder = os.path.basename(os.path.dirname(os.path.abspath(r.source)))
-    return folder or os.path.splitext(os.path.basename(r.source))[0]
+    # No name in the config: its folder (a download's local-dir, or just "hf") with the architecture
+    # transformers builds from it, so that a generic folder still says what the model is.
+    folder = os.path.basename(os.path.dirname(os.path.abspath(r.source))) \
+        or os.path.splitext(os.path.basename(r.source))[0]
+    architectures = r.get("architectures")
+    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str) \
+            and architectures[0].strip():
+        return f"{folder} ({architectures[0]})"
+    return folder
 
 
 _READERS = {**{family: _llama_like for family in LLAMA_LIKE}, "gpt_neox": _gpt_neox, "gpt2": _gpt2,

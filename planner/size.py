@@ -168,6 +168,18 @@ class SizeChoice:
         return self.estimate.step_time_s
 
 
+def undominated(picks: list) -> list:
+    """The picks less those another beats on GPUs, days and spend at once (more GPUs for more days
+    at no saving is no trade a user would take); the first, the answer, always stays."""
+    def spend(p) -> float:
+        return p.cost if p.cost is not None else p.gpu_hours
+
+    def beaten(p) -> bool:
+        return any(q is not p and q.gpus <= p.gpus and q.days <= p.days and spend(q) <= spend(p)
+                   and (q.gpus < p.gpus or q.days < p.days) for q in picks)
+    return picks[:1] + [p for p in picks[1:] if not beaten(p)]
+
+
 @dataclass(frozen=True)
 class Sizing:
     status: str  # CP-SAT's: OPTIMAL, or INFEASIBLE when no cluster within the limits meets the target
@@ -371,7 +383,7 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     common = dict(objective=objective, tokens=target.tokens, deadline_s=target.deadline_s, sizes=sizes,
                   sizes_searched=sweep.searched, layouts_scored=sweep.scored, rows=len(sweep.rows))
     if chosen:
-        picks = [choice(sweep, row) for row in chosen]
+        picks = undominated([choice(sweep, row) for row in chosen])
         return Sizing(status, best=picks[0], alternatives=tuple(picks[1:]), **common)
 
     # Nothing within the limits meets the target: say what is fastest there, and what would.

@@ -41,19 +41,19 @@ EXPECTED = {
     "Llama-2-7b-hf": dict(name="meta-llama/Llama-2-7b-hf", num_layers=32, hidden_size=4096,
                           num_attention_heads=32, num_kv_heads=32, ffn_hidden_size=11008,
                           activation="swiglu", vocab_size=32000, tied_embeddings=False, dropout=0.0),
-    "Meta-Llama-3-8B": dict(name="Meta-Llama-3-8B", num_layers=32, hidden_size=4096,
+    "Meta-Llama-3-8B": dict(name="Meta-Llama-3-8B (LlamaForCausalLM)", num_layers=32, hidden_size=4096,
                             num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
                             activation="swiglu", vocab_size=128256, tied_embeddings=False, dropout=0.0),
-    "Mistral-7B-v0.1": dict(name="Mistral-7B-v0.1", num_layers=32, hidden_size=4096,
+    "Mistral-7B-v0.1": dict(name="Mistral-7B-v0.1 (MistralForCausalLM)", num_layers=32, hidden_size=4096,
                             num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
                             activation="swiglu", vocab_size=32000, tied_embeddings=False, dropout=0.0),
-    "Qwen2.5-72B": dict(name="Qwen2.5-72B", num_layers=80, hidden_size=8192,
+    "Qwen2.5-72B": dict(name="Qwen2.5-72B (Qwen2ForCausalLM)", num_layers=80, hidden_size=8192,
                         num_attention_heads=64, num_kv_heads=8, ffn_hidden_size=29568,
                         activation="swiglu", vocab_size=152064, tied_embeddings=False, dropout=0.0),
-    "gpt-neox-20b": dict(name="gpt-neox-20b", num_layers=44, hidden_size=6144,
+    "gpt-neox-20b": dict(name="gpt-neox-20b (GPTNeoXForCausalLM)", num_layers=44, hidden_size=6144,
                          num_attention_heads=64, num_kv_heads=64, ffn_hidden_size=24576,
                          activation="gelu", vocab_size=50432, tied_embeddings=False, dropout=0.0),
-    "gpt2": dict(name="gpt2", num_layers=12, hidden_size=768,
+    "gpt2": dict(name="gpt2 (GPT2LMHeadModel)", num_layers=12, hidden_size=768,
                  num_attention_heads=12, num_kv_heads=12, ffn_hidden_size=3072,
                  activation="gelu", vocab_size=50257, tied_embeddings=True, dropout=0.1),
 }
@@ -123,15 +123,17 @@ def test_does_not_import_transformers_or_open_sockets(monkeypatch):
 def test_name_falls_back_to_parent_folder(tmp_path):
     cfg = published("Llama-2-7b-hf")
     del cfg["_name_or_path"]
-    assert read_hf_config(write(tmp_path, cfg, folder="my-llama"))["name"] == "my-llama"
+    assert read_hf_config(write(tmp_path, cfg, folder="my-llama"))["name"] == "my-llama (LlamaForCausalLM)"
     cfg["_name_or_path"] = ""
+    assert read_hf_config(write(tmp_path, cfg, folder="hf"))["name"] == "hf (LlamaForCausalLM)"
+    del cfg["architectures"]
     assert read_hf_config(write(tmp_path, cfg, folder="my-llama"))["name"] == "my-llama"
 
 
 def test_relative_path_uses_its_folder_name(tmp_path, monkeypatch):
     write(tmp_path, published("gpt2"), folder="gpt2-copy")
     monkeypatch.chdir(tmp_path / "gpt2-copy")
-    assert read_hf_config("config.json")["name"] == "gpt2-copy"
+    assert read_hf_config("config.json")["name"] == "gpt2-copy (GPT2LMHeadModel)"
 
 
 def test_family_from_architectures_when_model_type_missing(tmp_path):

@@ -16,3 +16,30 @@ def test_plot_says_why_it_wrote_nothing(tmp_path):
     done = run_cli("plan", str(case), "--engine", "megatron", "--plot", str(tmp_path / "p.png"))
     assert done.returncode == 3 and not (tmp_path / "p.png").exists()
     assert "--plot: nothing fits" in done.stderr
+
+
+def test_size_drops_an_option_another_beats_on_gpus_days_and_spend():
+    from types import SimpleNamespace as Pick
+
+    from planner.size import undominated
+
+    best = Pick(gpus=64, days=10.0, cost=None, gpu_hours=15360.0)
+    worse = Pick(gpus=128, days=12.0, cost=None, gpu_hours=36864.0)  # more GPUs for more days
+    trade = Pick(gpus=128, days=6.0, cost=None, gpu_hours=18432.0)  # more GPUs for fewer days
+    assert undominated([best, worse, trade]) == [best, trade]
+    # Another GPU type: more GPUs for more days, but cheaper: a trade, kept.
+    priced = Pick(gpus=64, days=10.0, cost=40000.0, gpu_hours=15360.0)
+    cheaper = Pick(gpus=128, days=12.0, cost=10000.0, gpu_hours=36864.0)
+    assert undominated([priced, cheaper]) == [priced, cheaper]
+
+
+def test_an_hf_config_without_a_name_says_its_architecture(tmp_path):
+    import json
+    from pathlib import Path
+
+    from planner.hf_config import read_hf_config
+
+    config = json.loads((Path(__file__).parent / "fixtures" / "hf" / "Meta-Llama-3-8B" / "config.json").read_text())
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert read_hf_config(tmp_path / "hf" / "config.json")["name"] == "hf (LlamaForCausalLM)"
