@@ -10,4 +10,5 @@ from .size import Sizing, size
 
 
 
-__all__ = ["CaseError", "calibrate_from_runs", "Emitted", "Estimate", "Plan", "Sizing", "emit", "estimate", "plan", "read_config", "size"]
+__all__ = ["CaseError", "Emitted", "Estimate", "Plan", "Sizing", "calibrate_from_runs", "emit", "estimate", "plan",
+           "read_config", "size"]

@@ -135,7 +135,8 @@ def indistinguishable_from(rows: Sequence) -> tuple[float, int]:
         return 0.0, 0
     pairs.sort()
     fitted = isotonic([1.0 if right else 0.0 for _, right in pairs])
-    gap = next((math.expm1(g) for (g, _), share in zip(pairs, fitted) if share >= RIGHT_SHARE), math.expm1(pairs[-1][0]))
+    gap = next((math.expm1(g) for (g, _), share in zip(pairs, fitted) if share >= RIGHT_SHARE),
+               math.expm1(pairs[-1][0]))
     return gap, len(pairs)
 
 

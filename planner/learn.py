@@ -180,7 +180,8 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         if not tokens and not peak:
             raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
         if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0):
-            raise CaseError(source, f"{name}.measured.memory_gb_per_gpu", f"expected a positive size in GiB, got {peak!r}")
+            raise CaseError(source, f"{name}.measured.memory_gb_per_gpu",
+                            f"expected a positive size in GiB, got {peak!r}")
         run = Run(name, case, tokens, float(peak) if peak else None, stage)
         check_run(run, source)
         runs.append(run)
@@ -198,9 +199,10 @@ def check_run(run: Run, source: str) -> None:
         per_gpu = model_flops_per_token(job.model, job.training.seq_len) * run.tokens_per_s / job.cluster.num_gpus
         peak = job.cluster.gpu.peak(job.training.precision)
         if per_gpu > peak:
-            raise CaseError(source, f"{run.id}.measured", f"{per_gpu / 1e12:,.0f} model TFLOP/s per GPU is above the "
-                                                          f"{job.cluster.gpu.name}'s {job.training.precision} peak of "
-                                                          f"{peak / 1e12:,.0f}: the measurement or the run's layout is wrong")
+            raise CaseError(source, f"{run.id}.measured",
+                            f"{per_gpu / 1e12:,.0f} model TFLOP/s per GPU is above the {job.cluster.gpu.name}'s "
+                            f"{job.training.precision} peak of {peak / 1e12:,.0f}: the measurement or the run's "
+                            "layout is wrong")
     if run.peak_gib is not None and run.peak_gib * 2**30 > job.cluster.gpu.memory_bytes:
         raise CaseError(source, f"{run.id}.measured.memory_gb_per_gpu",
                         f"{run.peak_gib:g} GiB is above the GPU's {job.cluster.gpu.memory_bytes / 2**30:g} GiB")
@@ -248,8 +250,9 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
             if what == "parameters":
                 mine = total_parameters(job.model)
                 if abs(value / mine - 1) > 0.02:
-                    raise CaseError(str(log), "parameters", f"the log's model has {value:,.0f} parameters, the case "
-                                                            f"{src}'s {mine:,.0f}: a log of another model than the case")
+                    raise CaseError(str(log), "parameters", f"the log's model has {value:,.0f} parameters, the "
+                                                            f"case {src}'s {mine:,.0f}: a log of another model "
+                                                            "than the case")
                 continue
             section, key = STATED_IN_CASE[what]
             mine = getattr(job.layout, key) if section == "layout" else \
@@ -274,7 +277,9 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
 def absolute_paths(data: dict, base: Any) -> dict:
     """A case's relative paths (an HF config) made absolute, so the case reads the same from anywhere."""
     model = data.get("model")
-    if isinstance(model, dict) and isinstance(model.get("hf_config"), str) and not Path(model["hf_config"]).is_absolute():
+    relative = isinstance(model, dict) and isinstance(model.get("hf_config"), str) \
+        and not Path(model["hf_config"]).is_absolute()
+    if relative:
         data = {**data, "model": {**model, "hf_config": str(Path(base) / model["hf_config"])}}
     return data
 
@@ -339,7 +344,8 @@ def prior_hardware(runs: Sequence[Run], source: str, gpu_preset: Optional[str] =
     if gpu_preset is not None:
         wanted = resolve_gpu(gpu_preset)
         if wanted not in gpu_presets():
-            raise CaseError("--gpu-preset", gpu_preset, f"unknown GPU preset; expected one of {', '.join(gpu_presets())}")
+            raise CaseError("--gpu-preset", gpu_preset,
+                            f"unknown GPU preset; expected one of {', '.join(gpu_presets())}")
         if wanted != gpu:
             raise CaseError(source, "cluster.gpu", f"the runs ran on {gpu}, not on --gpu-preset {wanted}")
     if gpu not in gpu_presets():

@@ -123,8 +123,9 @@ def read_log(path: Path) -> LogReading:
                                  steps=len(rates), stated=stated, peak_gib=max(memory) if memory else None)
         else:
             steps = _after_warmup(timers)
-            reading = LogReading("deepspeed", step_time_s=_median(steps, src, "'time (ms) | fwd: … | bwd: … | step: …'")
-                                 / 1e3, steps=len(steps), stated=stated, peak_gib=max(memory) if memory else None)
+            step = _median(steps, src, "'time (ms) | fwd: … | bwd: … | step: …'") / 1e3
+            reading = LogReading("deepspeed", step_time_s=step, steps=len(steps), stated=stated,
+                                 peak_gib=max(memory) if memory else None)
     else:
         raise CaseError(src, "", "holds no step time: looked for Megatron-LM's 'elapsed time per iteration (ms)', "
                                  "torchtitan's 'tps:' and DeepSpeed's 'CurrSamplesPerSec=' or its "

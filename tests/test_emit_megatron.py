@@ -404,6 +404,32 @@ def test_microbatch_calculator_gives_the_plans_accumulation(emitted):
             microbatches.destroy_num_microbatches_calculator()
 
 
+def test_the_data_parallel_traffic_runs_as_priced(emitted):
+    """megatron-core's DistributedDataParallelConfig as Megatron-LM builds it from the arguments
+    (overlap_grad_reduce, overlap_param_gather, use_distributed_optimizer, grad_reduce_in_fp32):
+    what the engine will run is what the estimate priced: the bucketed reduction hidden behind the
+    backward wherever there is data parallelism, the distributed optimizer's weight gathers behind the
+    next forward (EngineBehaviour.overlap_param_gather), and the gradients' dtype."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    from cost_models.model_states import fp32_gradients
+
+    for e in emitted:
+        lay, behaviour = e.job.layout, e.job.training.engine
+        config = DistributedDataParallelConfig(
+            overlap_grad_reduce="--overlap-grad-reduce" in e.args,
+            overlap_param_gather="--overlap-param-gather" in e.args,
+            use_distributed_optimizer="--use-distributed-optimizer" in e.args,
+            grad_reduce_in_fp32=("--bf16" in e.args and "--grad-reduce-in-bf16" not in e.args)
+            or "--accumulate-allreduce-grads-in-fp32" in e.args)
+        assert config.overlap_grad_reduce == (lay.dp * lay.cp > 1), e
+        assert config.overlap_param_gather == (lay.dp * lay.cp > 1 and lay.zero_stage >= 1
+                                               and behaviour.overlap_param_gather), e
+        assert not config.overlap_param_gather or (config.use_distributed_optimizer and config.overlap_grad_reduce), e
+        if e.job.training.precision in ("bf16", "fp8", "mxfp8", "nvfp4"):
+            assert config.grad_reduce_in_fp32 == fp32_gradients(e.job.training), e
+
+
 def test_rank_generator_accepts_the_degrees(emitted):
     for e in emitted:
         lay = e.job.layout

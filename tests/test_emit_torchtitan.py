@@ -246,7 +246,7 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
     job, lay = best.job, best.job.layout
     header = provenance(best, "case.yaml")
     files = emit.render(best, header)
-    assert set(files) == {emit.CONFIG_FILE, emit.OVERRIDES_FILE, emit.LAUNCH_FILE}
+    assert set(files) == {emit.CONFIG_FILE, emit.OVERRIDES_FILE, emit.LAUNCH_FILE, "sbatch.sh"}
     for name, text in files.items():
         body = text.removeprefix("#!/usr/bin/env bash\n")
         assert body.startswith("".join(f"# {line}\n" for line in header)), name

@@ -45,7 +45,7 @@ def test_two_runs_into_one_fresh_folder_one_wins_and_files_never_mix(tmp_path):
         assert codes == [0, 2], results
         loser = next(err for code, err in results if code == 2).strip().splitlines()
         assert len(loser) == 1 and "exists; pass --force to overwrite" in loser[0]
-        assert sorted(p.name for p in out.iterdir()) == ["launch.sh", "megatron_args.txt"]
+        assert sorted(p.name for p in out.iterdir()) == ["launch.sh", "megatron_args.txt", "sbatch.sh"]
         authors = {name for p in out.iterdir() for name in ("writer-a", "writer-b") if name in p.read_text()}
         assert len(authors) == 1, f"trial {trial}: files from {authors}"
 
@@ -57,7 +57,8 @@ def test_forced_runs_at_once_leave_one_writers_files(tmp_path):
         runs = [plan_emit(case, out, "--force") for case in cases]
         assert [run.wait(timeout=120) for run in runs] == [0, 0]
         authors = {name for p in out.iterdir() for name in ("writer-a", "writer-b") if name in p.read_text()}
-        assert len(authors) == 1 and sorted(p.name for p in out.iterdir()) == ["launch.sh", "megatron_args.txt"]
+        assert len(authors) == 1
+        assert sorted(p.name for p in out.iterdir()) == ["launch.sh", "megatron_args.txt", "sbatch.sh"]
 
 
 @pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])

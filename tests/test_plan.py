@@ -246,7 +246,7 @@ def test_engine_on_the_command_line_overrides_the_cases_engine(tmp_path):
     done = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--emit", "deepspeed",
                            "--engine", "deepspeed", "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["ds_config.json", "launch.sh"]
+    assert sorted(p.name for p in out.iterdir()) == ["ds_config.json", "launch.sh", "sbatch.sh"]
     assert planner.plan(path, engine="deepspeed").best.job.training.engine.name == "deepspeed"
     clash = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--emit", "deepspeed",
                             "--engine", "megatron", "--out", str(tmp_path / "x")], capture_output=True, text=True)

@@ -33,6 +33,7 @@ from ..engines import deepspeed as ds_engine
 from ..errors import CaseError
 from . import header_lines as _lines
 from .quoting import comment, shell_word
+from .slurm import SBATCH_FILE, sbatch
 
 CONFIG = "ds_config.json"
 LAUNCH = "launch.sh"
@@ -306,4 +307,10 @@ def _pipeline_snippet(job) -> list[str]:
 def render(estimate, header_lines: Union[list[str], str]) -> dict[str, str]:
     """``ds_config.json`` and ``launch.sh`` for the estimate's layout."""
     config = config_dict(estimate, header_lines)
-    return {CONFIG: json.dumps(config, indent=2) + "\n", LAUNCH: launch_text(estimate, header_lines)}
+    cluster = estimate.job.cluster
+    nodes, per_node, _ = _nodes(cluster.num_gpus, cluster.gpu.gpus_per_node)
+    files = {CONFIG: json.dumps(config, indent=2) + "\n", LAUNCH: launch_text(estimate, header_lines)}
+    if nodes * per_node == cluster.num_gpus:  # Slurm starts the same processes on every node
+        files[SBATCH_FILE] = sbatch(comment(_lines(header_lines)), nodes, per_node,
+                                    f'train.py --deepspeed --deepspeed_config "$HERE/{CONFIG}" "$@"')
+    return files

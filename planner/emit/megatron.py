@@ -38,6 +38,7 @@ from ..engines import ENGINES
 from ..errors import CaseError
 from . import header_lines as _lines
 from .quoting import argument_word, comment, shell_word
+from .slurm import SBATCH_FILE, sbatch
 
 ARGS_FILE = "megatron_args.txt"
 LAUNCH_FILE = "launch.sh"
@@ -69,7 +70,7 @@ BOOL_FLAGS = (
     "--optimizer-cpu-offload", "--cpu-offloading", "--fp8-param-gather", "--fp4-param-gather",
     "--reuse-grad-buf-for-mxfp8-param-ag", "--first-last-layers-bf16",
     "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--tp-comm-overlap",
-    "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep",
+    "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep", "--overlap-grad-reduce", "--overlap-param-gather",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
@@ -243,6 +244,14 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args.append(("--grad-reduce-in-bf16", None))
     elif t.precision == "fp16" and fp32_gradients(t):
         args.append(("--accumulate-allreduce-grads-in-fp32", None))
+    # The data-parallel traffic as the estimate hid it (EngineBehaviour: the bucketed reduction behind
+    # the backward, and with the distributed optimizer the weight gathers behind the next forward):
+    # Megatron-LM turns both off unless asked (megatron/training/arguments.py), and
+    # --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce (validate_args).
+    if lay.dp * lay.cp > 1:
+        args.append(("--overlap-grad-reduce", None))
+        if lay.zero_stage >= 1 and job.training.engine.overlap_param_gather:
+            args.append(("--overlap-param-gather", None))
     if t.tp_comm_overlap and lay.tp > 1:
         args.append(("--tp-comm-overlap", None))  # Transformer Engine userbuffers
     if lay.offload_optimizer:
@@ -418,7 +427,9 @@ def render(estimate, header_lines) -> dict[str, str]:
         '--master-port "${MASTER_PORT:-6000}" \\\n'
         '    "${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/' + ARGS_FILE + '") "$@"\n'
     )
-    return {ARGS_FILE: args_text, LAUNCH_FILE: launch}
+    batch = sbatch(header, nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/'
+                   + ARGS_FILE + '") "$@"', connections_line(lay))
+    return {ARGS_FILE: args_text, LAUNCH_FILE: launch, SBATCH_FILE: batch}
 
 
 # --- reading ---------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from ..engines import ENGINES
 from ..errors import CaseError
 from . import header_lines as _header
 from .quoting import argument_word, comment, python_literal, shell_word
+from .slurm import SBATCH_FILE, sbatch
 
 CONFIG_FILE = "torchtitan_config.py"
 CONFIG_MODULE = "torchtitan_config"
@@ -371,8 +372,12 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
         '--master_port "${MASTER_PORT:-29500}" \\\n'
         f'    -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION} "$@"\n'
     )
+    batch = sbatch(comment(header), nnodes, nproc,
+                   f'-m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION} "$@"',
+                   'export PYTHONPATH="${SLURM_SUBMIT_DIR:-.}${PYTHONPATH:+:$PYTHONPATH}"\n')
     return {
         CONFIG_FILE: _config_module(estimate, header),
         OVERRIDES_FILE: overrides_text,
         LAUNCH_FILE: launch,
+        SBATCH_FILE: batch,
     }

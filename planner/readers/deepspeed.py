@@ -71,7 +71,8 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
     if config.get("train_batch_size") == "auto":
         config["train_batch_size"] = gbs
         resolved.append(f"train_batch_size: auto -> {gbs} (the case's global batch)")
-    for key, wanted in (("bf16", case.training.precision in ("bf16", "fp8")), ("fp16", case.training.precision == "fp16")):
+    precision = case.training.precision
+    for key, wanted in (("bf16", precision in ("bf16", "fp8")), ("fp16", precision == "fp16")):
         section = config.get(key)
         if isinstance(section, dict) and section.get("enabled") == "auto":
             config[key] = {**section, "enabled": wanted}

@@ -1,0 +1,39 @@
+"""``sbatch.sh``: a Slurm batch script beside every engine's ``launch.sh``.
+
+One task per node (``srun --ntasks-per-node=1``), each starting torchrun with the GPUs of its node;
+the rendezvous (torchrun's c10d backend) on the first node of the allocation
+(``scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1``), keyed by the job id; the whole
+nodes (``--exclusive``). The folder of the files is the one ``sbatch`` was called from
+(``$SLURM_SUBMIT_DIR``: Slurm runs a copy of the script from its spool directory). Every value
+that comes from the case goes through :func:`quoting.shell_word` or a comment, as in ``launch.sh``.
+"""
+
+from __future__ import annotations
+
+from .quoting import comment, shell_word
+
+SBATCH_FILE = "sbatch.sh"
+
+
+def sbatch(header: str, nodes: int, per_node: int, entry: str, env: str = "") -> str:
+    """The batch script: ``header`` (comment lines), ``env`` (shell lines the engine needs before its
+    processes start), ``entry`` (what torchrun runs, with its arguments, already quoted)."""
+    return (
+        "#!/usr/bin/env bash\n"
+        + header  # comments: Slurm reads #SBATCH lines up to the first command
+        + f"#SBATCH --nodes={int(nodes)}\n"
+        "#SBATCH --ntasks-per-node=1\n"
+        f"#SBATCH --gpus-per-node={int(per_node)}\n"
+        "#SBATCH --exclusive\n"
+        + comment([f"Slurm: {nodes} node(s) x {per_node} GPUs, one torchrun per node. Submit from this folder:",
+                   f"    sbatch {SBATCH_FILE} [extra arguments]"])
+        + "set -euo pipefail\n"
+        "set -f  # no globbing of the arguments\n"
+        + env
+        + 'HERE="${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"\n'
+        'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
+        f"srun --nodes={shell_word(nodes)} --ntasks-per-node=1 \\\n"
+        f"    torchrun --nnodes {shell_word(nodes)} --nproc-per-node {shell_word(per_node)} \\\n"
+        '    --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$HEAD_NODE:${MASTER_PORT:-29500}" \\\n'
+        f"    {entry}\n"
+    )
