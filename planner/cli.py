@@ -141,6 +141,11 @@ def plan_command(
             raise CaseError("--fastest", "", "give either --fastest or --simplest-within, not both")
         if plot is not None:
             check_writable([Output(plot, b"", "--plot")], force)
+        from .plan import check_ignored_layout
+
+        ignored = check_ignored_layout(case)
+        if ignored:
+            notes.append(ignored)
         result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine, fastest=fastest)
         outputs: list[Output] = []
         if emit is not None and result.best is not None:
@@ -268,6 +273,12 @@ def validate_published_command(
 
     try:
         result = evaluate(load_rows(runs) if runs else None, experts=experts)
+        if not result.rows:  # nothing readable: an empty table would look like a pass
+            why = [f"{rid}: {reason}" for rid, reason in result.malformed + result.failed][:3] \
+                + [f"{n} {reason}" for reason, n in result.skipped.items()]
+            raise CaseError(", ".join(str(r) for r in runs) if runs else "planner/published", "",
+                            "no published run could be scored" + (f" ({'; '.join(why)})" if why else
+                                                                  ": the files hold no runs"))
         jobs = [load_case(r.case).job() for r in result.rows]
         covered = bands.coverage(result.rows, jobs)
         if write_bands is not None:

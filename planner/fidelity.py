@@ -321,3 +321,5 @@ def print_report(f: Fidelity, console, experts: bool = True) -> None:
                   + "; ".join(f"skipped {n}: {escape(why)}" for why, n in f.skipped.items()))
     for rid, why in f.failed[:5]:
         console.print(f"  failed {escape(rid)}: {escape(why)}")
+    for rid, why in f.malformed:  # a partly readable file names the rows it skipped
+        console.print(f"  skipped {escape(rid)}: {escape(why)}")

@@ -321,10 +321,33 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
             raise CaseError(case.source, "engine", "applies to a case path or dict, not to a loaded Case")
         loaded = case
     else:
+        check_ignored_layout(case)
         loaded = load_case(case, engine=engine, ignore_layout=True)
     if target is None and engine is None and loaded.search.target == "any":
         return plan_engines(loaded, simplest_within, top_k, fastest)
     return plan_case(loaded, simplest_within=simplest_within, top_k=top_k, target=target, fastest=fastest)
+
+
+def check_ignored_layout(case: Any) -> Optional[str]:
+    """A ``layout`` section `plan` ignores is still read for what it is: a malformed one (a ZeRO stage
+    4, dp 0, tp true) is the case's error, as under `estimate`; a well-formed one gets a line saying
+    it was ignored (returned, for the CLI to print), since `plan` chooses the layout."""
+    from .case import layout_from_mapping, read_case
+
+    data, src, _ = read_case(case)
+    if not isinstance(data, dict) or data.get("layout") is None:
+        return None
+    # Checked on its own: the GPUs its own degrees make (whether they suit this cluster is `estimate`'s).
+    section = data["layout"]
+    gpus = 1
+    if isinstance(section, dict):
+        for key in ("dp", "tp", "pp", "cp"):
+            value = section.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_GPUS:
+                gpus *= value
+    layout_from_mapping(src, section, min(gpus, MAX_GPUS ** 2))
+    return (f"{src}: plan chooses the layout and ignores the case's layout section (estimate scores it; "
+            "search.<key> pins a choice for plan)")
 
 
 # The engines `plan` decides between when a case names none: those it writes launch files for.

@@ -230,10 +230,10 @@ def test_rows_of_the_wrong_type_in_published_runs_are_skipped_with_why(tmp_path)
             "not a mapping", 42]
     path = write(tmp_path / "runs.yaml", yaml.safe_dump(rows))
     result = cli("validate-published", str(path), "--json")
-    assert result.returncode == 0, result.stderr
-    skipped = {row["id"]: row["reason"] for row in json.loads(result.stdout)["malformed"]}
-    assert "wrong type" in skipped["bad_layers"]
-    assert "expected a mapping" in skipped["row 1"] and "expected a mapping" in skipped["row 2"]
+    # Nothing readable: exit 2, naming each row and why (an empty table would look like a pass).
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "bad_layers: a field has the wrong type or is missing" in result.stderr
+    assert "row 1: expected a mapping, got str" in result.stderr and "row 2: expected a mapping, got int" in result.stderr
 
 
 # --- the Python API raises CaseError and nothing else ---------------------------------------

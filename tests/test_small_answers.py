@@ -43,3 +43,29 @@ def test_an_hf_config_without_a_name_says_its_architecture(tmp_path):
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     assert read_hf_config(tmp_path / "hf" / "config.json")["name"] == "hf (LlamaForCausalLM)"
+
+
+def test_validate_published_with_nothing_readable_exits_2_naming_the_rows(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("[]\n")
+    done = run_cli("validate-published", str(empty), "--no-experts")
+    assert done.returncode == 2 and "no published run could be scored: the files hold no runs" in done.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- 3\n- {id: x}\n")
+    done = run_cli("validate-published", str(bad), "--no-experts")
+    assert done.returncode == 2
+    assert "row 0: expected a mapping, got int; x: a field has the wrong type or is missing" in done.stderr
+
+
+def test_plan_refuses_a_malformed_layout_section_and_says_it_ignores_a_good_one(tmp_path):
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"}}
+    for layout, key in (({"zero_stage": 4}, "layout.zero_stage"), ({"dp": 0}, "layout.dp"), ({"tp": True}, "layout.tp"),
+                        ({"sequence_parallel": "yes"}, "layout.sequence_parallel")):
+        path = tmp_path / "case.yaml"
+        path.write_text(yaml.safe_dump({**case, "layout": layout}))
+        done = run_cli("plan", str(path), "--top", "0")
+        assert done.returncode == 2 and key in done.stderr, (layout, done.stderr)
+    path.write_text(yaml.safe_dump({**case, "layout": {"tp": 8}}))
+    done = run_cli("plan", str(path), "--top", "0")
+    assert done.returncode == 0 and "ignores the case's layout section" in done.stderr
