@@ -53,7 +53,8 @@ class NoFit:
             parts = [f"no layout fits: {self.excluded_by or 'no layout could be scored'}"]
         else:
             parts = [f"no layout fits: {self.term} overflows (closest layout needs "
-                     f"{self.peak_bytes / 1e9:.1f} GB of {self.limit_bytes / 1e9:.1f} GB usable)"]
+                     f"{self.peak_bytes / 1e9:.1f} GB; a layout fits up to {self.limit_bytes / 1e9:.1f} GB, the "
+                     f"usable memory over its memory band's low end)"]
         if self.gpus_that_fit:
             parts.append(f"{self.gpus_that_fit} GPUs would fit")
         if self.seq_len_that_fits:
