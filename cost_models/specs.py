@@ -79,6 +79,8 @@ def _choice(spec: "type | str", name: str, value: object, choices: tuple[str, ..
 
 
 ATTENTION_TYPES = ("mha", "gqa", "mla")
+NORMALIZATIONS = ("rmsnorm", "layernorm")
+POSITION_EMBEDDINGS = ("rope", "learned", "none")
 ROUTERS = ("softmax", "sigmoid")
 
 
@@ -154,11 +156,27 @@ class ModelSpec:
     moe_capacity_factor: Optional[float] = None
     moe_load_imbalance: float = 1.0
     mtp_layers: int = 0
+    # The architecture as a launcher must build it, where the case knows it (a preset's, an HF
+    # config's; None: not said). The cost models do not price them (a norm and a bias are element-wise
+    # work the model's kernels already count); the emitters write them, so that the model launched is
+    # the model priced: the norm (rmsnorm or layernorm), the position embedding (rope, learned or none)
+    # and the rotary base, biases on the linear layers, and a norm on queries and keys (Qwen3).
+    normalization: Optional[str] = None
+    position_embedding: Optional[str] = None
+    rope_base: Optional[float] = None
+    linear_bias: Optional[bool] = None
+    qk_norm: Optional[bool] = None
 
     def __post_init__(self) -> None:
         s = ModelSpec
         for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
             _positive_int(s, name, getattr(self, name))
+        if self.normalization is not None:
+            _choice(s, "normalization", self.normalization, NORMALIZATIONS)
+        if self.position_embedding is not None:
+            _choice(s, "position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
+        if self.rope_base is not None:
+            _positive_float(s, "rope_base", self.rope_base)
         _choice(s, "attention_type", self.attention_type, ATTENTION_TYPES)
         mla = self.attention_type == "mla"
         if mla:

@@ -38,7 +38,8 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
               "attention_type", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_rope_head_dim", "v_head_dim",
               "num_experts", "moe_top_k", "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size",
               "moe_first_dense_layers", "moe_layer_freq", "moe_router", "moe_router_num_groups",
-              "moe_router_group_topk", "moe_capacity_factor", "moe_load_imbalance", "mtp_layers")
+              "moe_router_group_topk", "moe_capacity_factor", "moe_load_imbalance", "mtp_layers",
+              "normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm")
 # Integer model fields that may be 0 (none) or null: a model without query compression, shared
 # experts, leading dense layers or multi-token prediction.
 OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidden_size", "moe_first_dense_layers",
@@ -250,6 +251,14 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
         values["moe_load_imbalance"] = read_figure(src, "model.moe_load_imbalance", fields["moe_load_imbalance"])
     if "tied_embeddings" in fields:
         values["tied_embeddings"] = read_bool(src, "model.tied_embeddings", fields["tied_embeddings"])
+    for key in ("normalization", "position_embedding"):
+        if fields.get(key) is not None:
+            values[key] = read_str(src, f"model.{key}", fields[key])
+    if fields.get("rope_base") is not None:
+        values["rope_base"] = read_number(src, "model.rope_base", fields["rope_base"])
+    for key in ("linear_bias", "qk_norm"):
+        if fields.get(key) is not None:
+            values[key] = read_bool(src, f"model.{key}", fields[key])
     if "dropout" in fields:
         values["dropout"] = read_number(src, "model.dropout", fields["dropout"])
     with spec_errors(src):

@@ -811,3 +811,33 @@ def test_weights_kept_quantized_by_default_are_written_and_read_back(tmp_path):
     with pytest.raises(CaseError, match="--fp8-param-gather: absent, but the case defaults to "
                                         "training.fp8_param_gather: true at this layout: set it to false"):
         megatron_reader.read(tmp_path / "args.txt", best.case)
+
+
+def test_the_architecture_the_case_knows_is_written():
+    """Megatron-LM's defaults are GPT-2's (LayerNorm, learned absolute positions, biases): a Llama 3
+    launched without saying otherwise is not Llama 3. The preset's RMSNorm, RoPE at rope_theta
+    500,000 and no biases are written, and megatron-core's TransformerConfig takes them; a model whose
+    case states none of it gets a header naming what to add."""
+    from planner import estimate
+    from planner.emit.megatron import arguments, render
+
+    est = estimate({"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+                            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"},
+                            "layout": {"dp": 8, "tp": 8, "micro_batch_size": 1, "zero_stage": 1,
+                                       "sequence_parallel": True}})
+    args = dict(arguments(est.job))
+    assert (args["--normalization"], args["--position-embedding-type"], args["--rotary-base"]) == \
+        ("RMSNorm", "rope", "500000")
+    assert "--disable-bias-linear" in args
+    config = TransformerConfig(num_layers=80, hidden_size=8192, num_attention_heads=64,
+                               normalization=args["--normalization"],
+                               add_bias_linear="--disable-bias-linear" not in args)
+    assert config.normalization == "RMSNorm" and not config.add_bias_linear
+    assert "does not state" not in render(est, ["x"])["megatron_args.txt"]
+    bare = estimate({"model": {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
+                                       "vocab_size": 32000},
+                             "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+                             "training": {"global_batch_size": 8, "seq_len": 1024, "engine": "megatron"},
+                             "layout": {"dp": 8, "micro_batch_size": 1}})
+    text = render(bare, ["x"])["megatron_args.txt"]
+    assert "the case does not state the model's --normalization, --position-embedding-type" in " ".join(text.split())

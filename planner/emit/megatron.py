@@ -61,7 +61,8 @@ LIST_FLAGS = ("--recompute-modules",)
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
              "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
-             "--main-grads-dtype", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend")
+             "--main-grads-dtype", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
+             "--normalization", "--position-embedding-type", "--rotary-base")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
@@ -71,6 +72,7 @@ BOOL_FLAGS = (
     "--reuse-grad-buf-for-mxfp8-param-ag", "--first-last-layers-bf16",
     "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--tp-comm-overlap",
     "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--qk-layernorm",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
@@ -237,6 +239,7 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     args += [("--seq-length", str(t.seq_len)), ("--max-position-embeddings", str(t.seq_len))]
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
+    args += [a for a in architecture_arguments(m) if a not in args]
     args.append(("--optimizer", "sgd" if t.optimizer == "sgd" else "adam"))
     # Gradient precision as the estimate timed it: Megatron keeps bf16 gradients in fp32 by
     # default, fp16 ones in fp16 (megatron/training/arguments.py).
@@ -281,6 +284,40 @@ def moe_layer_pattern(model) -> str:
     if tail:
         terms.append(f"[0]*{tail}")
     return "(" + "+".join(terms) + ")"
+
+
+# Megatron-LM's spelling of the case's architecture (megatron/training/arguments.py: --normalization,
+# --position-embedding-type, --rotary-base, --disable-bias-linear, --qk-layernorm); its defaults are
+# GPT-2's (LayerNorm, learned absolute positions, biases), so a Llama must say otherwise.
+NORMALIZATION_ARG = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+POSITION_ARG = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
+
+
+def architecture_arguments(m) -> list[tuple[str, Optional[str]]]:
+    """The architecture the case states, as Megatron-LM's arguments (ModelSpec.normalization, …)."""
+    args: list[tuple[str, Optional[str]]] = []
+    if m.normalization is not None:
+        args.append(("--normalization", NORMALIZATION_ARG[m.normalization]))
+    if m.position_embedding is not None:
+        args.append(("--position-embedding-type", POSITION_ARG[m.position_embedding]))
+        if m.position_embedding == "rope" and m.rope_base is not None:
+            args.append(("--rotary-base", f"{m.rope_base:g}"))
+    if m.linear_bias is False:
+        args.append(("--disable-bias-linear", None))
+    if m.qk_norm:
+        args.append(("--qk-layernorm", None))
+    return args
+
+
+def unstated_architecture(m) -> list[str]:
+    """The architecture arguments the case leaves to the user (a model without a preset that says)."""
+    missing = [flag for field, flag in (("normalization", "--normalization"),
+                                        ("position_embedding", "--position-embedding-type"),
+                                        ("linear_bias", "--disable-bias-linear (or not)"))
+               if getattr(m, field) is None]
+    if m.position_embedding == "rope" and m.rope_base is None:
+        missing.append("--rotary-base")
+    return missing
 
 
 def needs_deepep(job: Job) -> bool:
@@ -408,10 +445,11 @@ def render(estimate, header_lines) -> dict[str, str]:
     summary = (f"Megatron-LM pretrain_gpt.py arguments: layout dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp} "
                f"vpp={lay.vpp}" + (f" ep={lay.ep} etp={lay.expert_tp}" if job.model.is_moe else "")
                + f", {job.grad_accum} micro-batches per step")
+    unstated = unstated_architecture(job.model)
     args_text = (header + comment(warnings(estimate) + [
         summary,
-        "Add data, tokenizer, learning-rate and architecture details the planner does not model",
-        "(--position-embedding-type, --normalization, --disable-bias-linear, ...) on the command line.",
+        "Add data, tokenizer and learning-rate arguments on the command line"
+        + (f"; the case does not state the model's {', '.join(unstated)}: add them too." if unstated else "."),
     ]) + body)
     launch = (
         "#!/usr/bin/env bash\n" + header + comment([
