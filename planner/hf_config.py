@@ -71,7 +71,40 @@ def read_hf_config(path: str | os.PathLike) -> dict:
         reader = reader.nested("text_config")
     fields = _READERS[family](reader)
     _check_shapes(reader, family, fields)
-    return {"name": name, **fields}
+    return {"name": name, **fields, **_architecture(reader, family)}
+
+
+# Families whose linear layers have biases exactly when the config's attention_bias/mlp_bias say
+# (transformers' modeling files: q/k/v/o and the MLP's gate/up/down), absent meaning none. Qwen2
+# keeps q/k/v biases whatever it says, which no one flag expresses: its biases stay unstated.
+BIAS_BY_FLAGS = ("llama", "mistral", "mixtral", "qwen3", "qwen3_moe", "llama4", "deepseek_v2", "deepseek_v3")
+BIASED = ("gpt2", "gpt_neox")
+
+
+def _architecture(r: "_Reader", family: str) -> dict:
+    """The architecture a launcher builds, where the config states it (``ModelSpec.normalization``…):
+    the norm by its epsilon key, RoPE by rope_theta (GPT-NeoX rotates part of each head and
+    DeepSeek scales its positions: left unstated), GPT-2's learned positions, biases, Qwen3's
+    q/k norms. Llama 4 leaves every fourth layer without positions (NoPE): unstated too."""
+    out: dict = {}
+    if r.get("rms_norm_eps") is not _MISSING:
+        out["normalization"] = "rmsnorm"
+    elif any(r.get(k) is not _MISSING for k in ("layer_norm_eps", "layer_norm_epsilon", "layernorm_epsilon")):
+        out["normalization"] = "layernorm"
+    base = r.get("rope_theta")
+    if family == "gpt2":
+        out["position_embedding"] = "learned"
+    elif isinstance(base, (int, float)) and not isinstance(base, bool) and base > 0 \
+            and family not in ("gpt_neox", "deepseek_v2", "deepseek_v3", "llama4"):
+        out["position_embedding"], out["rope_base"] = "rope", float(base)
+    if family in BIASED:
+        out["linear_bias"] = True
+    elif family in BIAS_BY_FLAGS:
+        flags = [r.get(k) for k in ("attention_bias", "mlp_bias")]
+        out["linear_bias"] = any(f is True for f in flags)
+    if family in ("qwen3", "qwen3_moe"):
+        out["qk_norm"] = True
+    return out
 
 
 # --------------------------------------------------------------------------- loading

@@ -17,6 +17,8 @@ from planner.hf_config import read_hf_config
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 MODEL_KEYS = {"name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
               "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout"}
+# Stated where the config states them (planner/hf_config.py, _architecture).
+ARCHITECTURE_KEYS = {"normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm"}
 
 
 def fixture(name: str) -> Path:
@@ -40,22 +42,28 @@ def write(tmp_path: Path, cfg: object, folder: str = "some-model") -> Path:
 EXPECTED = {
     "Llama-2-7b-hf": dict(name="meta-llama/Llama-2-7b-hf", num_layers=32, hidden_size=4096,
                           num_attention_heads=32, num_kv_heads=32, ffn_hidden_size=11008,
-                          activation="swiglu", vocab_size=32000, tied_embeddings=False, dropout=0.0),
+                          activation="swiglu", vocab_size=32000, tied_embeddings=False, dropout=0.0,
+        normalization="rmsnorm", linear_bias=False),
     "Meta-Llama-3-8B": dict(name="Meta-Llama-3-8B (LlamaForCausalLM)", num_layers=32, hidden_size=4096,
                             num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
-                            activation="swiglu", vocab_size=128256, tied_embeddings=False, dropout=0.0),
+                            activation="swiglu", vocab_size=128256, tied_embeddings=False, dropout=0.0,
+        normalization="rmsnorm", position_embedding="rope", rope_base=500000.0, linear_bias=False),
     "Mistral-7B-v0.1": dict(name="Mistral-7B-v0.1 (MistralForCausalLM)", num_layers=32, hidden_size=4096,
                             num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
-                            activation="swiglu", vocab_size=32000, tied_embeddings=False, dropout=0.0),
+                            activation="swiglu", vocab_size=32000, tied_embeddings=False, dropout=0.0,
+        normalization="rmsnorm", position_embedding="rope", rope_base=10000.0, linear_bias=False),
     "Qwen2.5-72B": dict(name="Qwen2.5-72B (Qwen2ForCausalLM)", num_layers=80, hidden_size=8192,
                         num_attention_heads=64, num_kv_heads=8, ffn_hidden_size=29568,
-                        activation="swiglu", vocab_size=152064, tied_embeddings=False, dropout=0.0),
+                        activation="swiglu", vocab_size=152064, tied_embeddings=False, dropout=0.0,
+        normalization="rmsnorm", position_embedding="rope", rope_base=1000000.0),
     "gpt-neox-20b": dict(name="gpt-neox-20b (GPTNeoXForCausalLM)", num_layers=44, hidden_size=6144,
                          num_attention_heads=64, num_kv_heads=64, ffn_hidden_size=24576,
-                         activation="gelu", vocab_size=50432, tied_embeddings=False, dropout=0.0),
+                         activation="gelu", vocab_size=50432, tied_embeddings=False, dropout=0.0,
+        normalization="layernorm", linear_bias=True),
     "gpt2": dict(name="gpt2 (GPT2LMHeadModel)", num_layers=12, hidden_size=768,
                  num_attention_heads=12, num_kv_heads=12, ffn_hidden_size=3072,
-                 activation="gelu", vocab_size=50257, tied_embeddings=True, dropout=0.1),
+                 activation="gelu", vocab_size=50257, tied_embeddings=True, dropout=0.1,
+        normalization="layernorm", position_embedding="learned", linear_bias=True),
 }
 
 
@@ -63,7 +71,7 @@ EXPECTED = {
 def test_published_config_maps_to_published_numbers(model):
     fields = read_hf_config(fixture(model))
     assert fields == EXPECTED[model]
-    assert set(fields) == MODEL_KEYS
+    assert set(fields) - ARCHITECTURE_KEYS == MODEL_KEYS
     assert type(fields["dropout"]) is float
     assert type(fields["tied_embeddings"]) is bool
     for key in MODEL_KEYS - {"name", "activation", "tied_embeddings", "dropout"}:
@@ -416,7 +424,7 @@ def test_arbitrary_json_gives_fields_or_case_error(tmp_path):
         except CaseError as err:
             assert err.source == str(path)
             return
-        assert set(fields) - {"head_dim"} == MODEL_KEYS
+        assert set(fields) - {"head_dim"} - ARCHITECTURE_KEYS == MODEL_KEYS
         assert fields["activation"] in ("gelu", "swiglu")
         assert 0.0 <= fields["dropout"] < 1.0
         for key in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
