@@ -245,10 +245,11 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
 
 
 def gpu_limit(source: str, option: ClusterOption, target: SizeTarget) -> int:
-    """The most GPUs of this type `size` may use: the case's, and the budget's."""
-    limits = [option.max_gpus, target.max_gpus,
-              None if target.max_nodes is None else target.max_nodes * option.gpu.gpus_per_node]
-    given = [n for n in limits if n is not None]
+    """The most GPUs of this type `size` may use: a budget given with the call (--max-gpus,
+    --max-nodes) is the budget, above or below the case's; else the case's."""
+    budget = [n for n in (target.max_gpus, None if target.max_nodes is None
+                          else target.max_nodes * option.gpu.gpus_per_node) if n is not None]
+    given = budget or ([option.max_gpus] if option.max_gpus is not None else [])
     if not given:
         key = "cluster.num_gpus" if option.key == "cluster" else f"{option.key}.max_gpus"
         raise CaseError(source, key, "missing; size needs the most GPUs of each type it may use: give max_gpus or "

@@ -159,9 +159,10 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
     tokens = parse_tokens(args["tokens"])
     budget = {"max_gpus": args.get("max_gpus"),
               "max_nodes": args.get("max_nodes")}
-    limits = [min(n for n in (o.max_gpus, budget["max_gpus"],
-                              None if budget["max_nodes"] is None else budget["max_nodes"] * o.gpu.gpus_per_node)
-                  if n is not None) for o in options]
+    # A budget given with the call is the budget, above or below the case's; else the case's.
+    limits = [budget["max_gpus"] if budget["max_gpus"] is not None else
+              budget["max_nodes"] * o.gpu.gpus_per_node if budget["max_nodes"] is not None else o.max_gpus
+              for o in options]
     prices = [args.get("gpu_hour_cost", o.gpu_hour_cost) for o in options]
     swept = sweep(case, tokens, [o.unit for o in options], limits, prices)
     problems = []
@@ -486,3 +487,12 @@ def test_an_interrupted_sizing_exits_130():
     os.kill(process.pid, signal.SIGINT)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130 and stderr.strip() == "error: interrupted" and stdout == ""
+
+
+def test_a_budget_given_with_the_call_is_the_budget_above_the_cases_gpus():
+    """A case for `plan` names 8 GPUs; `size --max-gpus 64` may use 64 (the flag raises the limit
+    as well as lowering it), in the CLI and in the API."""
+    case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {**TINY["training"], "global_batch_size": 64}}
+    assert planner.size(case, "50B").best.gpus <= 8
+    assert planner.size(case, "50B", max_gpus=64).best.gpus > 8
