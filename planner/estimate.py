@@ -106,7 +106,7 @@ class Estimate:
         the usable memory) or "does not fit"."""
         if not self.fits:
             return "does not fit"
-        return "fits" if self.peak.total * self.memory_band.high <= self.usable_bytes else "at risk"
+        return "fits" if fits_with_margin(self.job, self.peak.total, self.headroom) else "at risk"
 
     @property
     def outside_fitted_runs(self) -> list[str]:
@@ -208,6 +208,11 @@ def refuse_what_the_engine_cannot_run(case: Case, job: Job) -> None:
 def fit_limit(job: Job, headroom: float) -> float:
     """The most a layout's predicted peak may be and fit (``bands.fit_limit``)."""
     return band_fit_limit(usable_bytes(job, headroom), job.model, job.cluster, job.training)
+
+
+def fits_with_margin(job: Job, peak: float, headroom: float) -> bool:
+    """Whether ``peak`` fits at its memory band's upper end (``bands.memory_band``): no risk left."""
+    return peak * memory_band(job).high <= usable_bytes(job, headroom)
 
 
 def usable_bytes(job: Job, headroom: float) -> float:

@@ -46,7 +46,7 @@ from .errors import CaseError, one_line
 from .estimate import estimate
 from .fitted import coverage as jobs_coverage
 from .inputs import read_yaml
-from .presets import fabric_presets, gpu_presets, performance_presets
+from .presets import fabric_presets, gpu_preset_name, gpu_presets, performance_presets, resolve_gpu_preset
 from .published_runs import case_of, measured_tokens_per_s, published_memory_stage
 from .training_logs import read_log
 
@@ -325,9 +325,9 @@ def hardware_key(case: dict) -> tuple[str, str]:
 
 
 def resolve_gpu(name: str) -> str:
-    presets = gpu_presets()
-    lowered = {k.lower(): k for k in presets}
-    return lowered.get(str(name).lower(), str(name))
+    """The GPU preset a case's name stands for (``presets.gpu_preset_name``: aliases and any case), else the name."""
+    found = gpu_preset_name(str(name))
+    return found[0] if len(found) == 1 else str(name)
 
 
 def prior_hardware(runs: Sequence[Run], source: str, gpu_preset: Optional[str] = None) -> Hardware:
@@ -342,10 +342,7 @@ def prior_hardware(runs: Sequence[Run], source: str, gpu_preset: Optional[str] =
         raise CaseError(source, "cluster", f"one profile is one GPU type on one fabric; these runs mix them ({parts})")
     (gpu, fabric), = keys
     if gpu_preset is not None:
-        wanted = resolve_gpu(gpu_preset)
-        if wanted not in gpu_presets():
-            raise CaseError("--gpu-preset", gpu_preset,
-                            f"unknown GPU preset; expected one of {', '.join(gpu_presets())}")
+        wanted = resolve_gpu_preset("--gpu-preset", "", gpu_preset)
         if wanted != gpu:
             raise CaseError(source, "cluster.gpu", f"the runs ran on {gpu}, not on --gpu-preset {wanted}")
     if gpu not in gpu_presets():

@@ -9,13 +9,12 @@ from typing import Any, Optional
 from cost_models.memory import peak_stage_memory, usable_bytes
 from cost_models.specs import ClusterSpec, Job, Layout
 
-from .bands import fit_limit, indistinguishable_gap, memory_band
+from .bands import fit_limit, indistinguishable_gap
 from .case import Case, layout_to_mapping, load_case, spec_errors
 from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
 from .errors import CaseError, one_line
-from .estimate import Estimate, estimate_job
-from .estimate import usable_bytes as usable_bytes_of
+from .estimate import Estimate, estimate_job, fits_with_margin
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_STEP_TIME_S, MAX_TOP_K
 from .search import Candidate, SearchResult, search
 from .search_options import SearchSpec, retarget
@@ -243,19 +242,19 @@ def layout_table(case: Case, spec: SearchSpec, slack: float = TABLE_SLACK, ceili
     return result, _table(result.candidates, slack, spec.top_k)
 
 
+def robust_rank(candidate: Candidate, case: Case) -> tuple:
+    """The robust pick's order among layouts the model cannot tell apart: those that fit at their
+    memory band's upper end first, then the simplest (``complexity``), then the faster."""
+    return (not fits_with_margin(candidate.job, candidate.peak_bytes, case.search.headroom),
+            complexity(candidate, case.training.global_batch_size), candidate.step_time_s)
+
+
 def robust_choice(table: list[Candidate], fastest: int, margin: float, case: Case) -> int:
     """Among the layouts within ``margin`` of the fastest (which the model cannot tell apart), the
-    simplest (``complexity``) whose peak fits at its memory band's upper end; where none does, the
-    simplest of them."""
+    first by :func:`robust_rank`."""
     limit = table[fastest].step_time_s * (1 + margin)
     near = [i for i, c in enumerate(table) if c.step_time_s <= limit]
-    gbs = case.training.global_batch_size
-
-    def safe(c: Candidate) -> bool:
-        job = c.job
-        return c.peak_bytes * memory_band(job).high <= usable_bytes_of(job, case.search.headroom)
-
-    return min(near, key=lambda i: (not safe(table[i]), complexity(table[i], gbs), table[i].step_time_s))
+    return min(near, key=lambda i: robust_rank(table[i], case))
 
 
 def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
@@ -384,9 +383,7 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
     else:
         margin = indistinguishable_gap() if simplest_within is None else simplest_within / 100
         limit = quickest.best.step_time_s * (1 + margin)
-        gbs = case.training.global_batch_size
         chosen = min((p for p in ran if p.best.step_time_s <= limit),
-                     key=lambda p: (p.best.memory_verdict != "fits",
-                                    complexity(Candidate(p.best.job.layout, p.best.step_time_s, p.best.peak.total),
-                                               gbs), p.best.step_time_s))
+                     key=lambda p: robust_rank(Candidate(p.best.job.layout, p.best.step_time_s, p.best.peak.total,
+                                                         p.best.job), p.best.case))
     return replace(chosen, engines=tuple(plans))
