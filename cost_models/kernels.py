@@ -38,6 +38,28 @@ def wave_efficiency(m: float, n: float, gpu: GPUSpec, k: float = 0.0) -> float:
     return min(1.0, tiles * splits / gpu.sm_count)
 
 
+def k_loop_efficiency(k: float, gpu: GPUSpec, precision: str) -> float:
+    """A GEMM's rate at inner dimension ``k``, relative to its rate at the K the efficiencies hold
+    at (``Performance.gemm_reference_k``, ``gemm_reference_k_fp8`` for the faster precisions):
+    (1 + K½/K_ref) / (1 + K½/K). Each wave of output tiles pays a fixed part (filling the K
+    pipeline, writing the tile out) worth K½ of its K loop, so the rate goes as K/(K + K½).
+
+    DeepGEMM's table (deepseek-ai/DeepGEMM README, 2025-03-25: H800, fp8 block-scaled, M 4096)
+    runs 1426 TFLOP/s at K 16384, 1168 at 2048, 1125 at 1536 and 751 at 512, within 3 % of
+    1469·K/(K + 490) at those shapes; its grouped GEMMs of 4–8 experts run as the plain GEMM of the
+    same tiles (1214 at K 2048). The fixed part is a time, so a precision whose loop runs faster
+    has a larger K½: ``Performance.gemm_k_half`` is given at the 16-bit peak (Hopper: 245, half
+    of fp8's 490) and scales with ``precision``'s peak over the 16-bit one."""
+    perf = gpu.performance
+    if not perf.gemm_k_half or k <= 0:
+        return 1.0
+    sixteen = gpu.peak_flops.get("bf16") or gpu.peak_flops.get("fp16")
+    speed = gpu.peak(precision) / sixteen if sixteen else 1.0
+    reference = perf.gemm_reference_k_fp8 if speed > 1 and perf.gemm_reference_k_fp8 else perf.gemm_reference_k
+    k_half = perf.gemm_k_half * speed
+    return (1 + k_half / reference) / (1 + k_half / k)
+
+
 def element_bytes(precision: str) -> float:
     """Bytes per GEMM operand element in ``precision``: 4 in fp32, 2 in 16-bit, and a
     low-precision recipe's element size (``quantization.Recipe.element_bytes``)."""
@@ -64,8 +86,9 @@ def _rate_and_size(gpu: GPUSpec, precision: str, recipe: Optional[Recipe]) -> tu
 
 
 def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, recipe: Optional[Recipe] = None) -> float:
-    """Roofline with SM occupancy and a fixed per-kernel cost:
-    max(F / (η·peak·q), bytes / (η_hbm·B_hbm)) + t₀, q = :func:`wave_efficiency`.
+    """Roofline with SM occupancy, the K loop's share of each wave and a fixed per-kernel cost:
+    max(F / (η·peak·q·κ), bytes / (η_hbm·B_hbm)) + t₀, q = :func:`wave_efficiency`,
+    κ = :func:`k_loop_efficiency`.
 
     The GEMM runs at ``precision``'s peak and achieved efficiency, or at a low-precision
     ``recipe``'s (:func:`_rate_and_size`). The fixed cost t₀ (launch, prologue and epilogue)
@@ -75,7 +98,7 @@ def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, recipe: Optional[Recipe]
     rate, size = _rate_and_size(gpu, precision, recipe)
     traffic = size * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
     hbm = perf.hbm_efficiency * gpu.hbm_bandwidth
-    compute = gemm.flops / (rate * wave_efficiency(gemm.m, gemm.n, gpu, gemm.k))
+    compute = gemm.flops / (rate * wave_efficiency(gemm.m, gemm.n, gpu, gemm.k) * k_loop_efficiency(gemm.k, gpu, precision))
     return max(compute, traffic / hbm) + perf.kernel_overhead_s
 
 
@@ -182,7 +205,8 @@ def grouped_gemm_time(gemm: Gemm, groups: int, gpu: GPUSpec, precision: str, rec
     flops = groups * 2.0 * rows * gemm.n * gemm.k
     traffic = size * groups * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
     side_by_side = min(groups, streams or groups)  # one grouped kernel: every group at once
-    compute = flops / (rate * wave_efficiency(rows * side_by_side, gemm.n, gpu, gemm.k))
+    compute = flops / (rate * wave_efficiency(rows * side_by_side, gemm.n, gpu, gemm.k)
+                       * k_loop_efficiency(gemm.k, gpu, precision))
     return max(compute, traffic / (perf.hbm_efficiency * gpu.hbm_bandwidth)) \
         + math.ceil(groups / side_by_side) * perf.kernel_overhead_s
 
@@ -201,8 +225,10 @@ NORM_OR_ACTIVATION_INPUTS = ("qkv", "fc1", "fc2", "w3")
 def linear_time(gemm: Gemm, gpu: GPUSpec, training: TrainingSpec, quantized: bool = True,
                 weight_share: float = 1.0, input_in_producer: bool = False, groups: int = 1) \
         -> tuple[float, float]:
-    """(forward, backward) of a linear layer Y = X·Wᵀ of shape ``gemm``: the forward GEMM, and in
-    backward the input- and weight-gradient GEMMs, each as long as the forward one.
+    """(forward, backward) of a linear layer Y = X·Wᵀ of shape ``gemm`` (m×k by k×n): the forward
+    GEMM, and in backward the input-gradient GEMM (m×n by n×k: K is the layer's output width)
+    and the weight-gradient GEMM (k×m by m×n: K is the tokens), the same FLOPs at their own
+    shapes (:func:`wave_efficiency`, :func:`k_loop_efficiency`).
 
     Under the training's low-precision recipe (where ``quantized``) every GEMM runs at the
     recipe's rate, the wgrad in bf16 where the recipe keeps it there, and the quantize kernels of
@@ -213,16 +239,19 @@ def linear_time(gemm: Gemm, gpu: GPUSpec, training: TrainingSpec, quantized: boo
     recipe = training.recipe if quantized else None
     high = high_precision_precision(training)
 
-    def kernel(precision: str, r: Optional[Recipe]) -> float:
-        return gemm_time(gemm, gpu, precision, r) if groups == 1 else \
-            grouped_gemm_time(gemm, groups, gpu, precision, r, training.engine.grouped_gemm_streams)
+    dgrad_gemm = Gemm(gemm.name, gemm.m, gemm.k, gemm.n)
+    wgrad_gemm = Gemm(gemm.name, gemm.k, gemm.n, gemm.m)
+
+    def kernel(shape: Gemm, precision: str, r: Optional[Recipe]) -> float:
+        return gemm_time(shape, gpu, precision, r) if groups == 1 else \
+            grouped_gemm_time(shape, groups, gpu, precision, r, training.engine.grouped_gemm_streams)
 
     if recipe is None:
-        t = kernel(high, None)
-        return t, 2 * t
-    low = kernel(training.precision, recipe)
-    wgrad = low if recipe.wgrad_low else kernel(high, None)
+        return kernel(gemm, high, None), kernel(dgrad_gemm, high, None) + kernel(wgrad_gemm, high, None)
+    low = kernel(gemm, training.precision, recipe)
+    dgrad = kernel(dgrad_gemm, training.precision, recipe)
+    wgrad = kernel(wgrad_gemm, *((training.precision, recipe) if recipe.wgrad_low else (high, None)))
     q = linear_quantize_bytes(recipe, gemm.m, gemm.n, gemm.k, training.engine.fused_quantize, weight_share,
                               input_in_producer)
     return (low + groups * elementwise_time(q.forward, gpu),
-            low + wgrad + groups * elementwise_time(q.backward, gpu))
+            dgrad + wgrad + groups * elementwise_time(q.backward, gpu))

@@ -420,6 +420,17 @@ class Performance:
     gemm_tile_m: int = 128
     gemm_tile_n: int = 256
     gemm_split_k: int = 1024  # least K per split of a split-K GEMM
+    # K at which one wave of output tiles spends as long on its fixed part (filling the K
+    # pipeline, writing the tile out) as on its K loop, at the 16-bit rate; a faster precision
+    # runs the loop faster and has it larger (``cost_models.kernels.k_loop_efficiency``). It is
+    # what makes a GEMM of short K (a small expert's down projection, a weight gradient over few
+    # tokens) slower per FLOP than the large ones. 0: not modelled (no published figure).
+    gemm_k_half: float = 0.0
+    # The K the GEMM efficiencies above hold at: the FLOP-weighted harmonic mean of K over the
+    # GEMMs of the runs they were fitted on (`python bench/gemm_reference_k.py`), so that the
+    # shape term moves a GEMM relative to those runs, not to an ideal one.
+    gemm_reference_k: float = 4096.0
+    gemm_reference_k_fp8: Optional[float] = None  # the same for the fp8 and fp4 efficiencies (None: as 16-bit)
     # Offload (``cost_models.offload``): achieved share of the GPU↔host link's datasheet rate
     # by pinned-memory copies, and of the host DRAM bandwidth by the CPU optimizer step.
     host_link_efficiency: float = 0.8
@@ -445,6 +456,12 @@ class Performance:
             raise SpecError(Performance, "comm_overlap", f"expected a fraction in [0, 1], got {overlap!r}")
         for name in ("attention_head_dim_half", "attention_seq_half"):
             _positive_float(Performance, name, getattr(self, name))
+        for name, low in (("gemm_k_half", 0.0), ("gemm_reference_k", 1.0), ("gemm_reference_k_fp8", 1.0)):
+            value = getattr(self, name)
+            if value is None and name == "gemm_reference_k_fp8":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= 1e6:
+                raise SpecError(Performance, name, f"expected a K in [{low:g}, 1e6] elements, got {value!r}")
         for name in ("kernel_overhead_s", "link_latency_s", "step_overhead_s", "microbatch_overhead_s",
                      "page_fault_s"):
             value = getattr(self, name)
