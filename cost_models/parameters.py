@@ -129,16 +129,15 @@ def total_parameters(model: ModelSpec) -> int:
 
 
 def active_parameters(model: ModelSpec) -> int:
-    """Parameters one token's forward pass uses: every parameter but the routed experts it is
-    not sent to (top-k of E in each MoE layer). Embeddings are counted, as Mistral (Mixtral
-    8x7B: 12.9B of 46.7B) and Qwen (Qwen3-30B-A3B: 3.3B of 30.5B) count them; DeepSeek and
-    OpenAI (GPT-OSS) leave the input embedding out of their active figures. Equal to
-    :func:`total_parameters` for a dense model."""
-    if not model.is_moe:
-        return total_parameters(model)
+    """Parameters one token's forward pass computes with: every parameter but the routed experts
+    it is not sent to (top-k of E in each MoE layer) and the input embedding, a lookup of one row
+    (unless tied to the LM head, which multiplies by all of it). So OpenAI counts GPT-OSS (120b:
+    5.13B active of 116.83B) and DeepSeek its V2 and V3 (37B of 671B); Mistral, Qwen and Meta count
+    the embedding in (Mixtral 8x7B's 12.9B, Qwen3-30B-A3B's 3.3B, Llama 4's 17B are this plus it)."""
     moe = model.num_moe_layers + model.mtp_moe_layers
-    unused = moe * (model.num_experts - model.moe_top_k) * expert_parameters(model)
-    return total_parameters(model) - unused
+    unused = moe * (model.num_experts - model.moe_top_k) * expert_parameters(model) if model.is_moe else 0
+    lookup = 0 if model.tied_embeddings else embedding_parameters(model)
+    return total_parameters(model) - unused - lookup
 
 
 @dataclass(frozen=True)

@@ -27,18 +27,18 @@ from planner.presets import model_presets
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 B = 1e9
 
-# preset: (total, active, whether the publisher's active count leaves out the input embedding, source)
+# preset: (total, active, whether the publisher's active count includes the input embedding, source)
 PUBLISHED = {
-    "mixtral-8x7b": (46.7, 12.9, False, "Mistral AI, 'Mixtral of experts' (2023-12-11)"),
-    "mixtral-8x22b": (141, 39, False, "Mistral AI, 'Cheaper, Better, Faster, Stronger' (2024-04-17)"),
-    "deepseek-v3": (671, 37, True, "DeepSeek-V3 technical report, arXiv:2412.19437, abstract and §4.2"),
-    "deepseek-v2-lite": (15.7, 2.4, True, "DeepSeek-V2 report, arXiv:2405.04434, Appendix B"),
-    "qwen3-30b-a3b": (30.5, 3.3, False, "Qwen/Qwen3-30B-A3B model card"),
-    "qwen3-235b-a22b": (235, 22, False, "Qwen/Qwen3-235B-A22B model card"),
-    "llama4-scout": (109, 17, False, "Meta, Llama 4 model card (Scout: 17B active, 109B total)"),
-    "llama4-maverick": (400, 17, False, "Meta, Llama 4 model card (Maverick: 17B active, 400B total)"),
-    "gpt-oss-20b": (20.91, 3.61, True, "OpenAI, gpt-oss-120b & gpt-oss-20b model card, Table 1"),
-    "gpt-oss-120b": (116.83, 5.13, True, "OpenAI, gpt-oss-120b & gpt-oss-20b model card, Table 1"),
+    "mixtral-8x7b": (46.7, 12.9, True, "Mistral AI, 'Mixtral of experts' (2023-12-11)"),
+    "mixtral-8x22b": (141, 39, True, "Mistral AI, 'Cheaper, Better, Faster, Stronger' (2024-04-17)"),
+    "deepseek-v3": (671, 37, False, "DeepSeek-V3 technical report, arXiv:2412.19437, abstract and §4.2"),
+    "deepseek-v2-lite": (15.7, 2.4, False, "DeepSeek-V2 report, arXiv:2405.04434, Appendix B"),
+    "qwen3-30b-a3b": (30.5, 3.3, True, "Qwen/Qwen3-30B-A3B model card"),
+    "qwen3-235b-a22b": (235, 22, True, "Qwen/Qwen3-235B-A22B model card"),
+    "llama4-scout": (109, 17, True, "Meta, Llama 4 model card (Scout: 17B active, 109B total)"),
+    "llama4-maverick": (400, 17, True, "Meta, Llama 4 model card (Maverick: 17B active, 400B total)"),
+    "gpt-oss-20b": (20.91, 3.61, False, "OpenAI, gpt-oss-120b & gpt-oss-20b model card, Table 1"),
+    "gpt-oss-120b": (116.83, 5.13, False, "OpenAI, gpt-oss-120b & gpt-oss-20b model card, Table 1"),
 }
 FIXTURE_OF = {"mixtral-8x7b": "Mixtral-8x7B-v0.1", "mixtral-8x22b": "Mixtral-8x22B-v0.1",
               "deepseek-v3": "DeepSeek-V3", "deepseek-v2-lite": "DeepSeek-V2-Lite",
@@ -84,18 +84,22 @@ def test_total_parameters_match_the_published_figure(name):
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_active_parameters_match_the_published_figure(name):
-    _, active, without_input_embedding, source = PUBLISHED[name]
+    _, active, with_input_embedding, source = PUBLISHED[name]
     model = main_model(name)
-    counted = active_parameters(model) - (embedding_parameters(model) if without_input_embedding else 0)
+    counted = active_parameters(model) + (embedding_parameters(model) if with_input_embedding else 0)
     assert abs(counted / B - active) <= tolerance(active), source
 
 
-def test_a_dense_model_activates_every_parameter():
+def test_a_dense_model_activates_every_parameter_but_its_input_embedding():
     """Llama 3 8B by hand: 32 layers of attention 2·4096² + 2·4096·1024 (GQA, 8 KV heads), SwiGLU
     3·4096·14336 and two norms (218,112,000 each), untied 128,256-token embedding and head, final
-    norm: 8,030,261,248, the count of Meta's checkpoint; every one of them active."""
+    norm: 8,030,261,248, the count of Meta's checkpoint; all active but the 525,336,576 of the
+    input embedding, a lookup. Tied to the head, the embedding multiplies every token: active."""
     model = preset("llama3-8b")
-    assert total_parameters(model) == active_parameters(model) == 8_030_261_248
+    assert total_parameters(model) == 8_030_261_248
+    assert active_parameters(model) == 8_030_261_248 - 128_256 * 4096
+    tied = replace(model, tied_embeddings=True)
+    assert active_parameters(tied) == total_parameters(tied) == 8_030_261_248 - 128_256 * 4096
 
 
 def test_deepseek_v3_counts_term_by_term():
@@ -176,10 +180,11 @@ def test_estimate_reports_parameters_and_active_parameters():
     out = estimate(case).to_dict()
     # Mixtral by hand: 32 layers of attention 41,943,040, router 4096·8, two norms and 8 experts of
     # 3·4096·14336 (2 of them active), untied 32,000-token embedding and head, final norm.
-    assert out["model"] == {"parameters": 46_702_792_704, "active_parameters": 12_879_925_248}
+    # Active: the 12.9B Mistral counts, less the input embedding's 32,000·4096.
+    assert out["model"] == {"parameters": 46_702_792_704, "active_parameters": 12_879_925_248 - 32_000 * 4096}
     dense = {**case, "model": {"preset": "llama3-8b"}, "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1}}
     out = estimate(dense).to_dict()
-    assert out["model"]["parameters"] == out["model"]["active_parameters"] == 8_030_261_248
+    assert out["model"] == {"parameters": 8_030_261_248, "active_parameters": 8_030_261_248 - 128_256 * 4096}
 
 
 @pytest.mark.parametrize("fields,key", [
