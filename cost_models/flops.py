@@ -100,17 +100,37 @@ def head_gemm(model: ModelSpec, tokens: float, tp: int) -> Gemm:
 
 
 def attention_flops(model: ModelSpec, batch: float, seq_len: float, kv_len: float, tp: int,
-                    causal: bool = True) -> float:
+                    causal: bool = True, window: int = 0) -> float:
     """Forward FLOPs of QKᵀ and ·V on one rank: 2·b·s·s_kv·(a/t)·(d_qk + d_v), halved when causal
-    (4·b·s·s_kv·h/t for standard attention)."""
+    (4·b·s·s_kv·h/t for standard attention), times :func:`window_share` under a sliding window."""
     heads = model.num_attention_heads / tp
     full = 2.0 * batch * seq_len * kv_len * heads * (model.head_dim + model.value_head_dim)
-    return full / 2 if causal else full
+    return full / 2 * window_share(kv_len, window) if causal else full
+
+
+def window_share(seq_len: float, window: int) -> float:
+    """Of a causal attention's query-key pairs over ``seq_len`` tokens (s²/2), the share a sliding
+    window of w keys keeps: each query past the first w attends to w keys, so (w·s − w²/2)/(s²/2)
+    = 2w/s − (w/s)² for w < s, and 1 for a window as long as the sequence. Context parallelism
+    splits the queries, not the share."""
+    if not window or window >= seq_len:
+        return 1.0
+    r = window / seq_len
+    return 2 * r - r * r
+
+
+def mean_attention_flops(model: ModelSpec, seq_len: float) -> float:
+    """Forward attention FLOPs per token, averaged over the layers: the windowed ones
+    (``ModelSpec.windowed_layers``) over the window, the rest over every earlier key."""
+    windowed = model.windowed_layers / model.num_layers
+    return (1 - windowed) * attention_flops(model, 1, 1, seq_len, 1) \
+        + windowed * attention_flops(model, 1, 1, seq_len, 1, window=model.sliding_window)
 
 
 def layer_forward_flops(model: ModelSpec, seq_len: int, moe: bool) -> float:
-    """Forward model FLOPs of one layer per token (GEMMs and causal attention)."""
-    attention = sum(g.flops for g in attention_gemms(model, 1, 1)) + attention_flops(model, 1, 1, seq_len, 1)
+    """Forward model FLOPs of one layer per token (GEMMs and causal attention, averaged over the
+    windowed and full layers)."""
+    attention = sum(g.flops for g in attention_gemms(model, 1, 1)) + mean_attention_flops(model, seq_len)
     if moe:
         return attention + moe_mlp_flops(model, 1)
     return attention + sum(g.flops for g in mlp_gemms(model, 1, model.ffn_hidden_size))

@@ -156,11 +156,19 @@ class ModelSpec:
     moe_capacity_factor: Optional[float] = None
     moe_load_imbalance: float = 1.0
     mtp_layers: int = 0
+    # Sliding-window attention: a query attends to the last ``sliding_window`` keys only (0: every
+    # earlier key), in every layer, or, with ``sliding_window_full_every`` N, in every layer but each
+    # N-th (megatron-core's ``window_size`` and ``window_attn_skip_freq``; GPT-OSS: 128 and 2,
+    # Mistral 7B v0.1: 4096 in every layer). Priced in the attention's FLOPs and kernel shape
+    # (``flops.attention_flops``); flash attention's memory does not depend on the keys.
+    sliding_window: int = 0
+    sliding_window_full_every: int = 0
     # The architecture as a launcher must build it, where the case knows it (a preset's, an HF
-    # config's; None: not said). The cost models do not price them (a norm and a bias are element-wise
-    # work the model's kernels already count); the emitters write them, so that the model launched is
-    # the model priced: the norm (rmsnorm or layernorm), the position embedding (rope, learned or none)
-    # and the rotary base, biases on the linear layers, and a norm on queries and keys (Qwen3).
+    # config's; None: not said). The emitters write them, so that the model launched is the model
+    # priced: the norm (rmsnorm or layernorm), the position embedding (rope, learned or none) and the
+    # rotary base, biases on the linear layers, and a norm on queries and keys (Qwen3, priced as the
+    # element-wise pass it is: ``step_time.elementwise_bytes``; the others are work the layer's
+    # kernels already count).
     normalization: Optional[str] = None
     position_embedding: Optional[str] = None
     rope_base: Optional[float] = None
@@ -223,7 +231,24 @@ class ModelSpec:
                 or not 0.0 <= self.dropout < 1.0:
             raise SpecError(s, "dropout", f"expected a probability in [0, 1), got {self.dropout!r}")
         _non_negative_int(s, "mtp_layers", self.mtp_layers)
+        _non_negative_int(s, "sliding_window", self.sliding_window)
+        _non_negative_int(s, "sliding_window_full_every", self.sliding_window_full_every)
+        if self.sliding_window_full_every and not self.sliding_window:
+            raise SpecError(s, "sliding_window_full_every", "applies only with a sliding_window")
+        if self.sliding_window_full_every == 1:
+            raise SpecError(s, "sliding_window_full_every", "1 would leave no layer windowed: expected 0 (every "
+                                                            "layer windowed) or at least 2")
         self._check_experts()
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers whose attention runs over the sliding window: all, or all but each
+        ``sliding_window_full_every``-th (megatron-core ``is_layer_window_attention``: layer numbers
+        from 1, full where the number divides by N)."""
+        if not self.sliding_window:
+            return 0
+        every = self.sliding_window_full_every
+        return self.num_layers - (self.num_layers // every if every else 0)
 
     def _check_experts(self) -> None:
         s = ModelSpec

@@ -79,7 +79,8 @@ def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tok
     function's apart (:func:`activation_function_bytes`).
 
     Per token, in elements: two norms (read + write h each), two residual adds
-    (2 reads + 1 write of h), rotary embeddings on q and k (read + write each), dropout
+    (2 reads + 1 write of h), rotary embeddings on q and k (read + write each), the q/k norms
+    where the model has them (read + write each), dropout
     (read, write, 1-byte mask) where on. Non-flash attention adds the scaled-masked softmax
     over a·s scores (read + write) and its dropout. Sequence parallelism shards the norm,
     residual and dropout part.
@@ -97,8 +98,11 @@ def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tok
     kv = max(model.num_kv_heads // t, 1) * model.head_dim
     multiply = 3 * model.ffn_hidden_size / t if mlp and model.activation == "swiglu" and not fused else 0.0
     rotary = (2 if fused else 5) * (model.q_size / t + kv)
+    # A norm on each head's queries and keys (Qwen3's q_norm/k_norm; megatron-core's qk_layernorm)
+    # reads and writes them once more.
+    qk_norm = 2 * (model.q_size / t + kv) if model.qk_norm else 0.0
     dropout = 2 * (2 * p + 1) * h / sp if model.dropout > 0 else 0.0
-    per_token = p * (4 * h + 6 * h) / sp + p * (multiply + rotary) + dropout
+    per_token = p * (4 * h + 6 * h) / sp + p * (multiply + rotary + qk_norm) + dropout
     if not training.flash_attention:
         scores = model.num_attention_heads / t * training.seq_len / lay.cp
         per_token += scores * (2 * p + ((2 * p + 1) if model.dropout > 0 else 0))
@@ -257,6 +261,17 @@ def layer_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: i
     if training.flash_attention:
         core = flash_attention_time(flops, model.head_dim, s_local, lay.cp, gpu, attn_precision,
                                     training.attention_fused)
+        if model.sliding_window:
+            # The windowed layers' kernels skip the key blocks outside the window: their FLOPs
+            # (``flops.window_share``) over blocks of at most the window's keys, which keep the
+            # tensor cores busy for less of each tile. This is the mean over the layers.
+            windowed = flash_attention_time(
+                attention_flops(model, lay.micro_batch_size, s_local, training.seq_len, lay.tp,
+                                window=model.sliding_window),
+                model.head_dim, min(s_local, model.sliding_window), lay.cp, gpu, attn_precision,
+                training.attention_fused)
+            share = model.windowed_layers / model.num_layers
+            core = (1 - share) * core + share * windowed
     else:
         # Two batched GEMMs (scores and context) over a·b/t heads, full s×s (no causal skipping).
         heads = model.num_attention_heads / lay.tp * lay.micro_batch_size

@@ -39,11 +39,12 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
               "num_experts", "moe_top_k", "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size",
               "moe_first_dense_layers", "moe_layer_freq", "moe_router", "moe_router_num_groups",
               "moe_router_group_topk", "moe_capacity_factor", "moe_load_imbalance", "mtp_layers",
+              "sliding_window", "sliding_window_full_every",
               "normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm")
 # Integer model fields that may be 0 (none) or null: a model without query compression, shared
-# experts, leading dense layers or multi-token prediction.
+# experts, leading dense layers, multi-token prediction or a sliding window.
 OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidden_size", "moe_first_dense_layers",
-                       "mtp_layers")
+                       "mtp_layers", "sliding_window", "sliding_window_full_every")
 GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
             "gpus_per_node", "nvlink_domain", "sm_count", "fabric", "host", "block_scaling")
 # A GPU preset may name the fabric of its reference system; the cluster's fabric overrides it.

@@ -71,7 +71,36 @@ def read_hf_config(path: str | os.PathLike) -> dict:
         reader = reader.nested("text_config")
     fields = _READERS[family](reader)
     _check_shapes(reader, family, fields)
-    return {"name": name, **fields, **_architecture(reader, family)}
+    return {"name": name, **fields, **_sliding_window(reader, family), **_architecture(reader, family)}
+
+
+# Where a config lists no layer_types, the layers its family windows (transformers' config classes):
+# GPT-OSS alternates sliding and full attention, sliding first (GptOssConfig), Mistral windows every layer.
+FULL_EVERY_BY_FAMILY = {"gpt_oss": 2}
+
+
+def _sliding_window(r: "_Reader", family: str) -> dict:
+    """``sliding_window`` and ``sliding_window_full_every`` (``ModelSpec``): the window where the config
+    sets one and does not switch it off (Qwen2's ``use_sliding_window: false``), and which layers run
+    full attention, from ``layer_types`` (one full layer every N, as megatron-core's
+    ``window_attn_skip_freq`` N expresses) or the family's default."""
+    window = r.zero_or_int("sliding_window")
+    if not window or r.get("use_sliding_window") is False:
+        return {}
+    types = r.get("layer_types")
+    if types is _MISSING:
+        every = FULL_EVERY_BY_FAMILY.get(family, 0)
+    else:
+        if not isinstance(types, list) or any(t not in ("sliding_attention", "full_attention") for t in types):
+            raise r.fail("layer_types", f"expected a list of 'sliding_attention' and 'full_attention', got {_show(types)}")
+        full = [i + 1 for i, t in enumerate(types) if t == "full_attention"]
+        every = full[0] if full else 0
+        if full and full != list(range(every, len(types) + 1, every)):
+            raise r.fail("layer_types", "expected one full-attention layer every N layers (megatron-core's "
+                                        f"window_attn_skip_freq), got full attention at layers {_short(str(full))}")
+    if every == 1:
+        return {}
+    return {"sliding_window": window, **({"sliding_window_full_every": every} if every else {})}
 
 
 # Families whose linear layers have biases exactly when the config's attention_bias/mlp_bias say

@@ -366,3 +366,32 @@ def test_activation_offload_copies_each_layer_out_in_forward_and_in_for_backward
         pytest.approx(job.num_microbatches * 2 * (1 - perf.comm_overlap) * copy)
     assert activation_offload_time(job, 0, 1e8, 0.0, 0.0) == pytest.approx(job.num_microbatches * 2 * copy)
     assert math.isclose(activation_offload_time(_offload_job(), 0, 1e8, 0.01, 0.02), 0.0)
+
+
+# --- sliding-window attention (cost_models/flops.py) ---
+
+def test_a_sliding_window_keeps_the_query_key_pairs_it_covers():
+    """Counted by hand: over s = 4096 tokens a window of 128 keeps 128 keys for each query past the
+    128th, 128·4096 − 128²/2 = 516,096 pairs of the causal 4096²/2 = 8,388,608; a window of 4096 over
+    8192 tokens keeps 4096·8192 − 4096²/2 of 8192²/2, three quarters; one as long as the sequence keeps all."""
+    from cost_models.flops import window_share
+
+    assert window_share(4096, 128) == pytest.approx(516_096 / 8_388_608)
+    assert window_share(8192, 4096) == pytest.approx(0.75)
+    assert window_share(4096, 4096) == window_share(4096, 0) == 1.0
+
+
+def test_mistral_7b_windows_only_beyond_its_window():
+    """Mistral 7B v0.1 windows every layer at 4096 keys: at 4096 tokens its model FLOPs are a causal
+    model's; at 32k its attention does 2·4096/32768 − (4096/32768)² = 0.234 of the causal pairs."""
+    from dataclasses import replace
+
+    from cost_models.flops import attention_flops, model_flops_per_token
+
+    mistral = load_case({"model": {"preset": "mistral-7b"}, "cluster": {"gpu": "h100", "num_gpus": 8},
+                         "training": {"global_batch_size": 8, "seq_len": 4096}}).model
+    causal = replace(mistral, sliding_window=0)
+    assert model_flops_per_token(mistral, 4096) == model_flops_per_token(causal, 4096)
+    saved = model_flops_per_token(causal, 32768) - model_flops_per_token(mistral, 32768)
+    per_layer = attention_flops(causal, 1, 1, 32768, 1)
+    assert saved == pytest.approx(3 * 32 * per_layer * (1 - 0.234375))

@@ -841,3 +841,23 @@ def test_the_architecture_the_case_knows_is_written():
                              "layout": {"dp": 8, "micro_batch_size": 1}})
     text = render(bare, ["x"])["megatron_args.txt"]
     assert "the case does not state the model's --normalization, --position-embedding-type" in " ".join(text.split())
+
+
+def test_a_sliding_window_is_written_and_megatron_core_windows_the_layers_priced():
+    """GPT-OSS windows its odd layers at 128 keys: `--window-size 128,0 --window-attn-skip-freq 2`,
+    which megatron-core's own is_layer_window_attention reads as 18 windowed layers of 36, the
+    count the estimate priced (ModelSpec.windowed_layers)."""
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    from planner import estimate
+    from planner.emit.megatron import arguments
+
+    est = estimate({"model": {"preset": "gpt-oss-120b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+                    "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"},
+                    "layout": {"dp": 64, "ep": 8, "micro_batch_size": 1, "zero_stage": 1}})
+    args = dict(arguments(est.job))
+    window = tuple(int(x) for x in args["--window-size"].split(","))
+    every = int(args["--window-attn-skip-freq"])
+    assert window == (128, 0)
+    windowed = [is_layer_window_attention(window, every, n) for n in range(1, 37)]
+    assert sum(windowed) == est.job.model.windowed_layers == 18 and windowed[:2] == [True, False]

@@ -18,7 +18,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 MODEL_KEYS = {"name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
               "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout"}
 # Stated where the config states them (planner/hf_config.py, _architecture).
-ARCHITECTURE_KEYS = {"normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm"}
+ARCHITECTURE_KEYS = {"normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm",
+                     "sliding_window", "sliding_window_full_every"}
 
 
 def fixture(name: str) -> Path:
@@ -51,7 +52,8 @@ EXPECTED = {
     "Mistral-7B-v0.1": dict(name="Mistral-7B-v0.1 (MistralForCausalLM)", num_layers=32, hidden_size=4096,
                             num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
                             activation="swiglu", vocab_size=32000, tied_embeddings=False, dropout=0.0,
-        normalization="rmsnorm", position_embedding="rope", rope_base=10000.0, linear_bias=False),
+        normalization="rmsnorm", position_embedding="rope", rope_base=10000.0, linear_bias=False,
+        sliding_window=4096),
     "Qwen2.5-72B": dict(name="Qwen2.5-72B (Qwen2ForCausalLM)", num_layers=80, hidden_size=8192,
                         num_attention_heads=64, num_kv_heads=8, ffn_hidden_size=29568,
                         activation="swiglu", vocab_size=152064, tied_embeddings=False, dropout=0.0,
@@ -434,3 +436,23 @@ def test_arbitrary_json_gives_fields_or_case_error(tmp_path):
         assert fields["num_attention_heads"] % fields["num_kv_heads"] == 0
 
     check()
+
+
+# --------------------------------------------------------------------------- sliding windows
+
+def test_gpt_oss_windows_every_other_layer_from_the_first_as_its_config_class_does(tmp_path):
+    """GptOssConfig without layer_types: sliding, full, sliding, ... (megatron-core's window_attn_skip_freq 2:
+    layer numbers from 1, full where they divide by 2). Qwen2.5's window is switched off."""
+    fields = read_hf_config(fixture("gpt-oss-120b"))
+    assert (fields["sliding_window"], fields["sliding_window_full_every"]) == (128, 2)
+    assert "sliding_window" not in read_hf_config(fixture("Qwen2.5-72B"))
+    cfg = published("gpt-oss-20b")
+    cfg["layer_types"] = ["sliding_attention", "sliding_attention", "full_attention"] * 8
+    assert read_hf_config(write(tmp_path, cfg))["sliding_window_full_every"] == 3
+
+
+def test_a_layer_pattern_megatron_cannot_express_is_refused_naming_the_key(tmp_path):
+    cfg = published("gpt-oss-20b")
+    cfg["layer_types"] = ["full_attention"] + ["sliding_attention"] * 23
+    with pytest.raises(CaseError, match=r"layer_types.*one full-attention layer every N layers.*\[1\]"):
+        read_hf_config(write(tmp_path, cfg))

@@ -62,7 +62,8 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
              "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
              "--main-grads-dtype", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
-             "--normalization", "--position-embedding-type", "--rotary-base")
+             "--normalization", "--position-embedding-type", "--rotary-base", "--window-size",
+             "--window-attn-skip-freq")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
@@ -287,7 +288,8 @@ def moe_layer_pattern(model) -> str:
 
 
 # Megatron-LM's spelling of the case's architecture (megatron/training/arguments.py: --normalization,
-# --position-embedding-type, --rotary-base, --disable-bias-linear, --qk-layernorm); its defaults are
+# --position-embedding-type, --rotary-base, --disable-bias-linear, --qk-layernorm, --window-size,
+# --window-attn-skip-freq); its defaults are
 # GPT-2's (LayerNorm, learned absolute positions, biases), so a Llama must say otherwise.
 NORMALIZATION_ARG = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 POSITION_ARG = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
@@ -306,6 +308,11 @@ def architecture_arguments(m) -> list[tuple[str, Optional[str]]]:
         args.append(("--disable-bias-linear", None))
     if m.qk_norm:
         args.append(("--qk-layernorm", None))
+    if m.sliding_window:
+        # megatron-core's window_size is (keys to the left, keys to the right): causal, none right.
+        args.append(("--window-size", f"{m.sliding_window},0"))
+        if m.sliding_window_full_every:
+            args.append(("--window-attn-skip-freq", str(m.sliding_window_full_every)))
     return args
 
 
