@@ -260,6 +260,9 @@ def validate_published_command(
     few_shot: Optional[int] = typer.Option(None, "--few-shot", min=0, max=50,
                                            help="Also fit a profile to K runs of each source's GPU type and score "
                                                 "its other runs, for K = 0, 1, 3, 5 up to K (about a minute)."),
+    leave_family_out: bool = typer.Option(False, "--leave-family-out",
+                                          help="Also refit the figures fitted to published runs without each MoE "
+                                               "family's runs and score the family (about two minutes)."),
 ) -> None:
     """Score the cost model on published runs: throughput and memory per source, layout-sweep
     regret and rank correlation, the gain plan claims over tuned recipes, and what a few of a
@@ -284,17 +287,25 @@ def validate_published_command(
         if write_bands is not None:
             write_all([Output(write_bands, bands.render(bands.compute(result.rows, jobs)), "--write-bands")], True)
         shot = shots.evaluate(result.rows, shots.ladder(few_shot)) if few_shot is not None else None
+        families = None
+        if leave_family_out:
+            from . import leave_family_out as lfo
+            families = lfo.evaluate_families(load_rows(runs) if runs else load_rows(),
+                                             progress=lambda line: print(line, file=sys.stderr, flush=True))
     except CaseError as error:
         _fail(error)
     if as_json:
         print(json.dumps({**to_dict(result), "band_coverage": [vars(c) for c in covered],
-                          **({"few_shot": shots.to_dict(shot)} if shot else {})}, indent=2))
+                          **({"few_shot": shots.to_dict(shot)} if shot else {}),
+                          **({"leave_family_out": lfo.to_dict(families)} if families is not None else {})}, indent=2))
     else:
         console = Console(width=160)
         print_report(result, console, experts=experts)
         bands.print_coverage(covered, console)
         if shot is not None:
             shots.print_report(shot, console)
+        if families is not None:
+            lfo.print_report(families, console)
 
 
 @app.command("validate")

@@ -1,0 +1,33 @@
+"""`validate-published --leave-family-out` (planner/leave_family_out.py): each MoE family scored with the
+figures fitted to published runs refit without it, and nothing of the refit left behind."""
+
+from __future__ import annotations
+
+import copy
+
+from planner import leave_family_out as lfo
+from planner.presets import fabric_presets, performance_presets
+from planner.published_runs import gpu_preset, load_rows
+
+
+def test_families_are_read_from_the_model_name_and_dense_models_have_none():
+    assert lfo.family_of({"model": {"name": "DeepSeek-V3", "moe": {"num_experts": 256}}}) == "DeepSeek"
+    assert lfo.family_of({"model": {"name": "Llama-4-Scout-17B-16E", "moe": {"num_experts": 16}}}) == "Llama 4"
+    assert lfo.family_of({"model": {"name": "gpt-oss-20b", "moe": {"num_experts": 32}}}) == "GPT-OSS"
+    assert lfo.family_of({"model": {"name": "Llama 3 70B"}}) is None
+
+
+def test_a_family_only_gb200_fitted_is_refit_without_it_and_the_presets_are_left_as_they_were():
+    """Mixtral's and Llama 4's runs are on GB200 (whose fp8 GEMM figure was fitted to its published runs) and
+    B200 (whose were not): each is scored with GB200's figure refit without it, and only GB200 counts as
+    having seen it. Afterwards the presets are as shipped."""
+    rows = [r for r in load_rows() if gpu_preset(str(r.get("gpu", ""))) in ("gb200", "b200")
+            and lfo.family_of(r) in (None, "Mixtral", "Llama 4")]
+    before = copy.deepcopy(performance_presets()), copy.deepcopy(fabric_presets())
+    scores = {s.family: s for s in lfo.evaluate_families(rows)}
+    assert (copy.deepcopy(performance_presets()), copy.deepcopy(fabric_presets())) == before
+    assert set(scores) == {"Mixtral", "Llama 4"}
+    for score in scores.values():
+        assert score.fitted_on == ("gb200",)
+        assert score.in_family is not None and score.left_out is not None and score.ratio is not None
+    assert scores["Mixtral"].runs == scores["Llama 4"].runs == 2  # scored: NeMo's 8x7B on GB200 and B200 (8x22B's rows are not fully published)
