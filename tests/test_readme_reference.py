@@ -1,4 +1,4 @@
-"""The README's case-file reference lists exactly the keys the case reader accepts: one schema
+"""The case-file reference (docs/case-reference.md) lists exactly the keys the case reader accepts: one schema
 (``planner.case`` and ``planner.search_options``), documented once, with nothing missing or stale."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from planner.case import (CLUSTER_KEYS, LAYOUT_KEYS, MODEL_KEYS, OVERHEAD_KEYS, 
                           TRAINING_KEYS)
 from planner.search_options import BOUNDED, SEARCH_KEYS
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CASE_REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "case-reference.md"
 SCHEMA = {"model": MODEL_KEYS, "cluster": CLUSTER_KEYS, "training": TRAINING_KEYS, "layout": LAYOUT_KEYS,
           "search": SEARCH_KEYS, "overheads": OVERHEAD_KEYS}
 # `model` also takes a preset or a Hugging Face config.json, which the reference documents in prose.
@@ -20,10 +20,10 @@ PROSE_KEYS = {"model": {"preset", "hf_config"}}
 
 
 def documented_keys(section: str) -> set[str]:
-    """The keys in the first column of the README's table for ``section``, with its
+    """The keys in the first column of the reference's table for ``section``, with its
     ``min_X, max_X for X in …`` row spelled out."""
-    text = README.read_text()
-    body = re.split(rf"^### `{section}`.*$", text, flags=re.M)[1]
+    text = CASE_REFERENCE.read_text()
+    body = re.split(rf"^## `{section}`.*$", text, flags=re.M)[1]
     body = re.split(r"^##", body, flags=re.M)[0]
     keys: set[str] = set()
     for row in re.findall(r"^\| ([^|]*(?:\\\|[^|]*)*) \|", body, flags=re.M):
@@ -50,6 +50,6 @@ def test_the_bounds_row_names_every_bounded_variable():
 
 
 def test_the_performance_row_names_every_achieved_figure():
-    row = next(line for line in README.read_text().splitlines() if line.startswith("| `performance` |"))
+    row = next(line for line in CASE_REFERENCE.read_text().splitlines() if line.startswith("| `performance` |"))
     named = set(re.findall(r"`([a-z_0-9]+)`", row))
     assert set(PERFORMANCE_KEYS) <= named
