@@ -3,7 +3,7 @@
     python bench/case_facts.py [--experts]
 
 `planner/published_runs.py` writes each published row as its users ran it, with facts the rows
-publish that `../shared/validation/score.py` leaves out (README, "Fidelity against published
+publish that `../shared/validation/score.py` leaves out (docs/fidelity.md, "Fidelity against published
 runs"). This scores the same model on the repo's rows written four ways: with every fact, with
 none (as `score.py` writes them), with none but one, and with all but one. It prints Markdown:
 the Playbook's, Megatron-Bridge's and NeMo AutoModel's throughput error, the mean over sources,

@@ -1,10 +1,10 @@
-"""The fidelity table of the README: the four measures on the repo's published runs.
+"""The fidelity table of docs/fidelity.md: the four measures on the repo's published runs.
 
     python bench/fidelity.py
 
 Prints Markdown: throughput and peak memory per source, the layout sweeps' median regret,
 worst finite regret and median rank correlation, and the gain plan claims over tuned recipes.
-Equivalent to `layout-planner validate-published`, in the README's form.
+Equivalent to `layout-planner validate-published`, in docs/fidelity.md's form.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The memory model on the Ultra-Scale Playbook's sweep (the README's fidelity section).
+"""The memory model on the Ultra-Scale Playbook's sweep (docs/fidelity.md).
 
     python bench/playbook_memory.py
 

@@ -1,5 +1,5 @@
 """ZeRO-1 against ZeRO-0 on the Ultra-Scale Playbook's sweep: the same layout measured at both
-stages, measured and predicted (the README's fidelity section).
+stages, measured and predicted (docs/fidelity.md).
 
     python bench/zero_pairs.py
 

@@ -118,7 +118,7 @@ def gemm(shape: GemmShape, precision: str, device: torch.device, budget: Budget)
     On GPUs the caching allocator makes the model's fresh outputs free anyway; on CPUs
     glibc returns large blocks to the OS, and first-touch page faults on each fresh
     output would add up to a third to wide, shallow GEMMs (k = 256), a cost of the
-    allocator and not of the GEMM (see the README's calibration section). Calls cycle
+    allocator and not of the GEMM (see docs/calibration.md). Calls cycle
     through :func:`operand_copies` sets of operands, cold as in training, still queued
     back to back.
     """

@@ -2,7 +2,7 @@
 
 A case is YAML (read by :mod:`planner.inputs`: safe, bounded) or an equivalent dict with the sections
 ``model``, ``cluster``, ``training``, ``layout`` (optional: the planner chooses
-it when absent) and ``overheads`` (optional). The README's case-file reference
+it when absent) and ``overheads`` (optional). docs/case-reference.md
 documents every key. Every problem becomes a :class:`CaseError` naming the file,
 the key and what was expected.
 """
@@ -21,11 +21,11 @@ from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, HostSpec, Job, 
 
 from .engines import ENGINES
 from .errors import CaseError
-from .fields import (describe, read_bool, read_figure, read_int, read_mapping, read_number, read_str,
+from .fields import (describe, read_bool, read_figure, read_int, read_mapping, read_number, read_str, read_time,
                      read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import read_yaml
-from .limits import MAX_GPU_HOUR_COST, MAX_GPUS
+from .limits import MAX_GPU_HOUR_COST, MAX_GPUS, MAX_SEQ_LEN
 from .presets import closest, fabric_presets, gpu_presets, model_presets, performance_presets, resolve_gpu_preset
 from .search_options import SearchSpec, read_module_names, read_search, training_for_target
 from .units import parse_bandwidth, parse_memory
@@ -313,7 +313,7 @@ def fabric_from_mapping(src: str, key: str, name: str, data: Any) -> tuple[Fabri
     values: dict[str, Any] = {"name": name}
     for k in ("efficiency", "latency_s", "tree_latency_s", "rails", "alltoall_efficiency", "oversubscription"):
         if k in data:
-            values[k] = read_number(src, f"{key}.{k}", data[k])
+            values[k] = (read_time if k.endswith("_s") else read_number)(src, f"{key}.{k}", data[k])
     if "leaf_nodes" in data:
         values["leaf_nodes"] = read_int(src, f"{key}.leaf_nodes", data["leaf_nodes"])
     if "efficiency_at" in data:
@@ -344,6 +344,7 @@ def performance_from_mapping(src: str, key: str, data: Any, base: Performance) -
     """Performance figures over ``base``: every key optional, each a plain number (fractions, seconds)."""
     data = read_mapping(src, key, data, PERFORMANCE_KEYS)
     values = {k: read_int(src, f"{key}.{k}", v) if k in INTEGER_PERFORMANCE_KEYS
+              else read_time(src, f"{key}.{k}", v) if k.endswith("_s")
               else (read_figure if "efficiency" in k or k == "sustained_clock" else read_number)(src, f"{key}.{k}", v)
               for k, v in data.items()}
     with spec_errors(src):
@@ -496,7 +497,8 @@ def _training(src: str, section: Any) -> TrainingSpec:
     values: dict[str, Any] = {
         "global_batch_size": read_int(src, "training.global_batch_size",
                                   required(src, "training", section, "global_batch_size")),
-        "seq_len": read_int(src, "training.seq_len", required(src, "training", section, "seq_len")),
+        "seq_len": read_int(src, "training.seq_len", required(src, "training", section, "seq_len"),
+                            maximum=MAX_SEQ_LEN),
     }
     for key in ("precision", "optimizer", "engine", "fp8_recipe", "expert_dispatch"):
         if key in section:

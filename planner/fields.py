@@ -8,7 +8,7 @@ import math
 from typing import Any, Callable
 
 from .errors import CaseError, one_line
-from .limits import MAX_INT, MIN_FIGURE
+from .limits import MAX_FIXED_TIME_S, MAX_INT, MIN_FIGURE
 from .presets import closest
 from .units import UnitError
 
@@ -51,6 +51,14 @@ def read_number(src: str, key: str, value: Any) -> float:
         if math.isfinite(number):
             return number
     raise CaseError(src, key, f"expected a finite number, got {describe(value)}")
+
+
+def read_time(src: str, key: str, value: Any) -> float:
+    """A fixed time in seconds: 0 up to MAX_FIXED_TIME_S."""
+    number = read_number(src, key, value)
+    if not 0 <= number <= MAX_FIXED_TIME_S:
+        raise CaseError(src, key, f"expected a time in seconds from 0 to {MAX_FIXED_TIME_S:g}, got {number:g}")
+    return number
 
 
 def read_figure(src: str, key: str, value: Any) -> float:

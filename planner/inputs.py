@@ -239,17 +239,47 @@ def read_yaml(path: PathLike) -> Any:
 
 # --- JSON -------------------------------------------------------------------------------
 
+# Digits an integer in a JSON input may have: a 64-bit integer's 19, with room.
+MAX_JSON_INT_DIGITS = 30
+
+
+class _LongNumber:
+    """An integer of more digits than any input needs, kept unconverted so that its key can be named."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def _long_number_key(value: Any, key: str = "") -> Optional[tuple[str, int]]:
+    """The dotted key of the first over-long integer in a loaded JSON document, and its digits."""
+    if isinstance(value, _LongNumber):
+        return key, value.digits
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _long_number_key(v, f"{key}.{k}" if key else str(k))
+        if found:
+            return found
+    return None
+
+
 def load_json(text: str, source: str) -> Any:
-    """JSON text, or a CaseError naming ``source``: malformed, too deep, or a number too long."""
+    """JSON text, or a CaseError naming ``source``: malformed, too deep, or a number too long
+    (naming its key)."""
     try:
-        return json.loads(text)
+        data = json.loads(text, parse_int=lambda digits: int(digits) if len(digits.lstrip("-")) <= MAX_JSON_INT_DIGITS
+                          else _LongNumber(len(digits.lstrip("-"))))
     except json.JSONDecodeError as error:
         raise CaseError(source, "", f"expected valid JSON: {error.msg} at line {error.lineno}, "
                                     f"column {error.colno}") from None
     except RecursionError:
         raise CaseError(source, "", "expected valid JSON: nested too deeply to read") from None
-    except ValueError as error:  # an integer longer than Python's digit limit
+    except ValueError as error:  # pragma: no cover - long integers are caught above
         raise CaseError(source, "", f"expected valid JSON: {error}") from None
+    long_number = _long_number_key(data)
+    if long_number:
+        raise CaseError(source, long_number[0], f"a number of {long_number[1]:,} digits; expected a number of at "
+                                                f"most {MAX_JSON_INT_DIGITS} digits")
+    return data
 
 
 def read_json(path: PathLike) -> Any:

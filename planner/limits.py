@@ -22,6 +22,9 @@ MAX_INT = 2**63 - 1
 
 # `plan`: the search enumerates divisors of these, so each is bounded.
 MAX_GPUS = 1 << 20
+# Tokens per sequence: 16 M, sixteen times the longest context trained on published (1 M);
+# the search enumerates context-parallel degrees and micro-batches against it.
+MAX_SEQ_LEN = 1 << 24
 MAX_LAYERS = 10_000
 MAX_GLOBAL_BATCH = 1 << 24
 MAX_TOP_K = 100
@@ -35,6 +38,11 @@ MAX_SIMPLEST_WITHIN_PCT = 1000.0
 # The solver holds step times in whole microseconds, weighted by the table's rows, in
 # 64-bit integers; a step over this (116 days) comes from figures of no real hardware.
 MAX_STEP_TIME_S = 1e7
+
+# A fixed time in the case or a profile (a kernel's, a collective step's, a step's or a
+# micro-batch's overhead): an hour is no figure of real hardware, and times beyond it multiplied
+# by a step's kernels overflow the step time.
+MAX_FIXED_TIME_S = 3600.0
 
 # Quantities with units, in bytes or bytes/s: a figure below one byte (per second) gives
 # infinite step times.

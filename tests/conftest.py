@@ -1,6 +1,6 @@
 """Suite-wide settings.
 
-Hypothesis profiles: `quick` on every run (the README's suite), `thorough` for a scheduled one
+Hypothesis profiles: `quick` on every run (the README's test command), `thorough` for a scheduled one
 (HYPOTHESIS_PROFILE=thorough pytest tests/test_invariants.py tests/test_plan_oracle.py, which also
 checks 100 generated cases against the brute-force oracle rather than 40). Both fixed-seed.
 

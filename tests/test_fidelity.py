@@ -1,7 +1,7 @@
 """The cost model's fidelity on the published runs, pinned where it stands.
 
 A later change to the model may improve these figures (then tighten the pins); it may not
-lose fidelity silently. The pins are the figures of `python bench/fidelity.py` (README),
+lose fidelity silently. The pins are the figures of `python bench/fidelity.py` (docs/fidelity.md),
 with a margin of half a point for the noise-free but order-sensitive sweep measures.
 """
 
@@ -23,7 +23,7 @@ THROUGHPUT = {
     "Korthikanti et al. 2022": 0.049,
     "MLPerf Training v5.0 results": 0.038,
     "NVIDIA/NeMo docs/source/performance/pe": 0.029,
-    "Narayanan et al. 2021": 0.166,  # DeepSpeed ZeRO-3's rows ran 1.3-1.8x below the model (README, Fidelity)
+    "Narayanan et al. 2021": 0.166,  # DeepSpeed ZeRO-3's rows ran 1.3-1.8x below the model (docs/fidelity.md)
     "The Ultra-Scale Playbook: Training LLM": 0.096,
     "TorchAO MX formats README: training e2": 0.036,
     "TorchAO float8 training README: e2e tr": 0.063,  # its bf16 Llama 3 8B runs GEMMs of K 4096-14336, above the

@@ -110,6 +110,14 @@ def test_an_input_past_the_size_bound_is_refused(tmp_path):
 @pytest.mark.parametrize("change, args, key, bound", [
     (lambda c: c["model"].update(num_layers=10**18), (), "model.num_layers", "at most 10000"),
     (lambda c: c["training"].update(global_batch_size=2**40), (), "training.global_batch_size", "at most 16777216"),
+    # A sequence of 2^62 tokens on 4,096 GPUs kept the search busy past 20 s.
+    (lambda c: (c["training"].update(seq_len=2**62), c["cluster"].update(num_gpus=4096)), (), "training.seq_len",
+     "<= 16777216"),
+    (lambda c: c["cluster"].update(performance={"step_overhead_s": 1e308}), (), "cluster.performance.step_overhead_s",
+     "from 0 to 3600"),
+    (lambda c: c["cluster"].update(performance={"kernel_overhead_s": 1e308}), (),
+     "cluster.performance.kernel_overhead_s", "from 0 to 3600"),
+    (lambda c: c["cluster"].update(fabric={"latency_s": 1e300}), (), "cluster.fabric.latency_s", "from 0 to 3600"),
     (lambda c: None, ("--top", str(10**20)), "--top", "0 to 100"),
     (lambda c: None, ("--simplest-within", "inf"), "--simplest-within", "0 to 1000"),
     (lambda c: None, ("--simplest-within", "nan"), "--simplest-within", "greater than or equal to 0"),
@@ -198,9 +206,10 @@ def test_deep_or_huge_json_is_one_line(tmp_path):
     case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
     deep = write(tmp_path / "deep.json", "[" * 100_000 + "]" * 100_000)
     one_line_error(cli("diagnose", str(case), "--config", str(deep)), str(deep), "nested too deeply")
-    digits = write(tmp_path / "digits.json", '{"train_batch_size": 1' + "0" * 5001 + "}")
-    one_line_error(cli("diagnose", str(case), "--config", str(digits)), str(digits), "expected valid JSON")
-    huge = write(tmp_path / "huge.json", '{"train_batch_size": 1' + "0" * 400 + "}")
+    digits = write(tmp_path / "digits.json", '{"zero_optimization": {"stage": 1' + "0" * 5001 + "}}")
+    one_line_error(cli("diagnose", str(case), "--config", str(digits)), str(digits), "zero_optimization.stage",
+                   "5,002 digits", "at most 30 digits")
+    huge = write(tmp_path / "huge.json", '{"train_batch_size": 1' + "0" * 25 + "}")
     one_line_error(cli("diagnose", str(case), "--config", str(huge)), "train_batch_size", "<= 9223372036854775807")
     hf = write(tmp_path / "config.json", json.dumps({
         "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -208,7 +217,7 @@ def test_deep_or_huge_json_is_one_line(tmp_path):
         '"vocab_size": 32000', '"vocab_size": 32000, "attention_dropout": 1' + "0" * 400))
     hf_case = write(tmp_path / "hf.yaml", yaml.safe_dump({**{k: v for k, v in CASE.items() if k != "model"},
                                                           "model": {"hf_config": str(hf)}}))
-    one_line_error(cli("estimate", str(hf_case)), str(hf), "attention_dropout", "probability")
+    one_line_error(cli("estimate", str(hf_case)), str(hf), "attention_dropout", "401 digits")
 
 
 def test_rich_markup_in_names_is_printed_as_written(tmp_path):

@@ -90,7 +90,7 @@ def plan_best(case_json: str) -> Optional[tuple[float, dict]]:
 
 def ranked(swept: list[Swept], objective: str, deadline_days: Optional[float], step_deadline: Optional[float]) \
         -> list[Swept]:
-    """The sizes in the order the README states: the objective, then the other measure."""
+    """The sizes in the order docs/sizing.md states: the objective, then the other measure."""
     if deadline_days is not None:
         swept = [s for s in swept if within_deadline(s.step_time_s, step_deadline)]
     key = (lambda s: (s.days, s.spend)) if objective == "time" else (lambda s: (s.spend, s.days))
