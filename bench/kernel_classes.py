@@ -13,9 +13,9 @@ under ``torch.profiler``, and sums each operator's self time into:
 - the activation function (GeLU or SiLU, forward and backward):
   ``kernels.transcendental_time``, ``Performance.transcendental_efficiency``;
 - the optimizer step (the fused kernel): ``kernels.in_place_time``, ``Performance.in_place_efficiency``;
-- the loss (``log_softmax`` and its backward, ``nll_loss``): ``step_time.cross_entropy_time``;
+- the loss (``log_softmax`` and its backward, ``nll_loss``): ``layer_time.cross_entropy_time``;
 - everything else: the model's other element-wise kernels (norms, residual adds:
-  ``step_time.elementwise_bytes``). On a CPU this class also holds what the model leaves out
+  ``layer_time.elementwise_bytes``). On a CPU this class also holds what the model leaves out
   because a GPU does it in microseconds: zero-filling freshly allocated gradients (the
   embedding's, the logits'), which a CPU without a caching allocator pays in page faults, and
   the bias gradients' reductions.
@@ -60,8 +60,8 @@ def predicted(job) -> dict[str, float]:
     """The cost model's time per micro-batch and optimizer step for each class but GEMMs and
     attention (whose rates calibration fits to their own benchmarks)."""
     from cost_models.kernels import elementwise_time, transcendental_time
-    from cost_models.step_time import (activation_function_bytes, cross_entropy_time, elementwise_bytes,
-                                       optimizer_time)
+    from cost_models.layer_time import activation_function_bytes, cross_entropy_time, elementwise_bytes
+    from cost_models.optimizer_time import optimizer_time
 
     model, training, lay, gpu = job.model, job.training, job.layout, job.cluster.gpu
     tokens = lay.micro_batch_size * training.seq_len

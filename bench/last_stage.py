@@ -11,7 +11,7 @@ work (the MTP layer and its projection, the LM head and the MTP's own head, the 
 decoder layers a full middle stage (with two stages, the first) holds beyond the last stage's:
 what a balanced split gives it.
 The model's price for that work is the last stage's compute per micro-batch beyond its own layers',
-over one MoE layer's (``step_time.stage_time``, ``step_time.moe_layer_time``: forward and
+over one MoE layer's (``stage_time.stage_time``, ``layer_time.moe_layer_time``: forward and
 backward, recomputation apart). The last column is the last stage's compute over a middle stage's.
 """
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from cost_models import step_time
+from cost_models.layer_time import moe_layer_time
+from cost_models.stage_time import stage_time
 from planner.case import load_case
 from planner.errors import CaseError
 from planner.published_runs import case_of, load_rows
@@ -54,9 +55,9 @@ def main() -> None:
         job = jobs[key]
         pp, layers = job.layout.pp, job.stage_layers
         middle = pp // 2 if pp > 2 else 0
-        layer = step_time.moe_layer_time(job)
+        layer = moe_layer_time(job)
         per_layer = layer.forward + layer.backward
-        last, mid = step_time.stage_time(job, pp - 1).compute, step_time.stage_time(job, middle).compute
+        last, mid = stage_time(job, pp - 1).compute, stage_time(job, middle).compute
         price = (last - layers[-1] * per_layer) / per_layer
         print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {pp} × {key[5]}, {key[6]} "
               f"| {layers[0]}, {layers[middle]}, {layers[-1]} "

@@ -9,7 +9,7 @@ For every pair of Playbook rows that differ only in the ZeRO stage (trusted rows
   row's case; medians per model, inside one node (dp ≤ 8) and across nodes;
 - without a pipeline, on 8 nodes or more: ZeRO-1's step time less ZeRO-0's, measured, predicted,
   and predicted without the copies out of the gather's flat buffer
-  (``EngineBehaviour.zero1_gather_copies``, ``step_time.gather_copies_time``); medians per model.
+  (``EngineBehaviour.zero1_gather_copies``, ``dp_time.gather_copies_time``); medians per model.
 
 A third table shows what no case field can predict: with a pipeline and micro-batches of 1, the pairs
 whose two stages ran more than 2x apart, by pipeline depth: which stage was the slow one, on how many

@@ -2,7 +2,7 @@
 
 Each fit is the formula ``cost_models`` evaluates, solved for its figures:
 
-- GEMM (``cost_models.step_time.gemm_time``, compute-bound branch):
+- GEMM (``cost_models.kernels.gemm_time``, compute-bound branch):
   ``t = F / (η · peak) + t₀`` for η (``gemm_efficiency``, at most 1) and t₀
   (``kernel_overhead_s``, at least 0).
 - Attention, forward + backward (``cost_models.kernels.flash_attention_time``; its backward
@@ -100,7 +100,7 @@ class AttentionFit:
 
 
 # Flash attention's backward recomputes the scores: forward + backward is 3.5 forward passes
-# (FlashAttention's own count; ``cost_models.step_time.stage_time`` times it so).
+# (FlashAttention's own count; ``cost_models.stage_time.stage_time`` times it so).
 ATTENTION_PASSES = 3.5
 
 

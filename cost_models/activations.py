@@ -24,8 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .quantization import saved_input_bytes
-from .specs import ModelSpec, TrainingSpec, Layout
+from .experts import moe_act_output_bytes, moe_mlp_activation_bytes, shared_expert_activation_bytes
+from .quantization import activation_bytes, saved_input_bytes
+from .layout_spec import Layout
+from .model_spec import ModelSpec
+from .training_spec import TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -44,15 +47,6 @@ class LayerActivations:
     @property
     def total(self) -> float:
         return sum(getattr(self, f.name) for f in fields(self))
-
-
-def activation_bytes(precision: str) -> int:
-    """Bytes per saved activation element: 4 in fp32, else 2.
-
-    Low-precision recipes run norms, softmax and residuals in bf16; what their linears keep of
-    their inputs is :func:`quantization.saved_input_bytes`.
-    """
-    return 4 if precision == "fp32" else 2
 
 
 def residual_bytes(training: TrainingSpec) -> int:
@@ -103,7 +97,6 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, 
     # first-MLP and down-projection inputs (``quantization.saved_input_bytes``).
     g = saved_input_bytes(training.recipe if quantized else None, engine.fused_quantize, p)
     if moe:
-        from .experts import moe_mlp_activation_bytes
 
         mlp_hidden = moe_mlp_activation_bytes(model, training, layout, engine.fused_elementwise, g)
     else:
@@ -222,7 +215,6 @@ def selective_freed_bytes(model: ModelSpec, training: TrainingSpec, layout: Layo
     - ``shared_experts``: the shared experts' hidden activations.
     ``moe`` covers ``moe_act`` and ``shared_experts``, and a norm output is freed once.
     """
-    from .experts import moe_act_output_bytes, shared_expert_activation_bytes
 
     modules = selective_modules(model, training, layout)
     g = saved_input_bytes(training.recipe if quantized else None, training.engine.fused_quantize,

@@ -44,7 +44,7 @@ class EngineBehaviour:
     # (``chunk_cat``) and the reduced shard into the sharded gradient. DeepSpeed and Megatron
     # gather into buffers their parameters are views of.
     zero3_unit_copies: bool = True
-    # The ZeRO-3 unit a pass starts and ends with (:func:`step_time.first_unit_parameters`): a
+    # The ZeRO-3 unit a pass starts and ends with (:func:`dp_time.first_unit_parameters`): a
     # plain FSDP model's root unit holds everything outside its wrapped blocks, the input
     # embedding, the final norm and the LM head together; torchtitan wraps the embedding on its
     # own (``distributed/fsdp.py``: ``fully_shard(model.tok_embeddings)``, then ``[norm, lm_head]``;
@@ -95,7 +95,7 @@ class EngineBehaviour:
     sharded_master_weights: bool = True
     # HBM traffic per parameter, each micro-batch, with which the engine folds the backward's 16-bit
     # gradients into its fp32 gradients at ZeRO 0-1, outside the weight-gradient GEMMs
-    # (``step_time.gradient_accumulation_time``). DeepSpeed's BF16_Optimizer: ``clear_lp_grads``
+    # (``stage_time.gradient_accumulation_time``). DeepSpeed's BF16_Optimizer: ``clear_lp_grads``
     # zeroes the bf16 gradients (2 bytes written), ``update_hp_grads`` casts each to a fresh fp32
     # tensor (2 read, 4 written) and adds it to the fp32 buffer (8 read, 4 written): 20. Megatron
     # accumulates into main_grad inside the wgrad GEMM (gradient_accumulation_fusion): 0.
@@ -121,7 +121,7 @@ class EngineBehaviour:
     # That gather then copies each rank's chunk of every parameter back out of its flat buffer, one
     # copy_ a chunk in a Python loop (nanotron's ``distributed.all_gather_coalesced``,
     # ``update_output``): data-parallel size × parameter tensors copies, each a kernel launch
-    # (``Performance.kernel_overhead_s``), before the step returns (``step_time.gather_copies_time``).
+    # (``Performance.kernel_overhead_s``), before the step returns (``dp_time.gather_copies_time``).
     zero1_gather_copies: bool = False
     # With fp32 gradients at ZeRO-1, one all-reduce of the whole fp32 gradient buffer after the last
     # backward, in the open: nanotron builds no DDP wrapper when it accumulates in fp32 under ZeRO
@@ -158,7 +158,7 @@ class EngineBehaviour:
     # the Playbook's nanotron sweep, bench/fit_performance.py h100).
     collective_launch_s: float = 200e-6
     # The least time of a tensor-parallel collective in a pipeline stage whose neighbours are in
-    # another NVLink domain: f0 + f1 * (tp - 1) each (``step_time.cross_domain_pipeline_floor``),
+    # another NVLink domain: f0 + f1 * (tp - 1) each (``tp_time.cross_domain_pipeline_floor``),
     # with the GPU's work running beneath it. Measured, not derived: in the Playbook's nanotron
     # sweep on 8-GPU EFA nodes, such a stage takes a median 15, 18 and 30 ms a layer and
     # micro-batch at tp 2, 4 and 8 (micro-batches of 1-4; the 1B, 3B and 80B alike), where its GPU
@@ -172,7 +172,7 @@ class EngineBehaviour:
     pipeline_collective_floor_s: float = 0.0
     pipeline_collective_floor_rank_s: float = 0.0
     # The least time of a tensor-parallel collective whose group spans NVLink domains, per rank of
-    # the group beyond the first (``step_time.cross_domain_tp_floor``), with the GPU's work beneath
+    # the group beyond the first (``tp_time.cross_domain_tp_floor``), with the GPU's work beneath
     # it. Measured, not derived: nanotron's tp 16 and 32 on 8-GPU EFA nodes in the Playbook's sweep
     # run a layer 2-4x slower than NCCL's collectives and the GPU's work account for (fitted by
     # bench/fit_performance.py h100); 0 for the engines without such runs.

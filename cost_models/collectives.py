@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from .specs import Performance
+from .hardware import Performance
 from .topology import GroupLinks
 
 VOLUME = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}

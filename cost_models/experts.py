@@ -30,11 +30,14 @@ from functools import lru_cache
 from math import comb
 from typing import Optional
 
-from .activations import activation_bytes
 from .collectives import all_to_all_time, collective_time
 from .flops import Gemm, mlp_gemms
+from .quantization import activation_bytes
 from .kernels import activation_passes, elementwise_time, linear_time, transcendental_time
-from .specs import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
+from .hardware import ClusterSpec, GPUSpec
+from .layout_spec import Layout
+from .model_spec import ModelSpec
+from .training_spec import TrainingSpec
 from .topology import group_links
 
 # Bytes per element of the router's scores: megatron-core computes the logits and the
@@ -122,7 +125,7 @@ def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int
     router GEMM, the grouped expert GEMMs at the copies the busiest rank receives, the shared
     experts (each a linear layer's, :func:`kernels.linear_time`) and the element-wise kernels
     (:func:`moe_elementwise_bytes`, :func:`moe_activation_bytes`, twice their traffic in backward).
-    Not cached: its one caller, ``step_time.moe_layer_time_for``, is."""
+    Not cached: its one caller, ``layer_time.moe_layer_time_for``, is."""
     engine = training.engine
     router, *shared = _token_linear_times(model, training, gpu, tp, cp, micro_batch_size, weight_share)
     routed = routed_tokens(model, training, tp, cp, micro_batch_size, etp)

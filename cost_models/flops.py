@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .specs import ModelSpec
+from .model_spec import ModelSpec
 
 
 @dataclass(frozen=True)

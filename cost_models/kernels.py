@@ -20,7 +20,8 @@ from typing import Optional
 
 from .flops import Gemm
 from .quantization import LOW_PRECISIONS, Recipe, linear_quantize_bytes, recipe_for
-from .specs import GPUSpec, Performance, TrainingSpec
+from .hardware import GPUSpec, Performance
+from .training_spec import TrainingSpec
 
 # The benchmark condition ``Performance.attention_efficiency`` is quoted at.
 ATTENTION_REFERENCE_HEAD_DIM = 128
@@ -146,7 +147,7 @@ def _share_of_hbm(efficiency: Optional[float], gpu: GPUSpec) -> float:
 def activation_passes(activation: str, fused: bool) -> int:
     """Tensors of the MLP's width the activation function reads and writes per token: GeLU reads
     and writes one; fused SwiGLU reads two and writes one; eager SwiGLU's SiLU reads and writes
-    one (its multiply is a plain element-wise kernel: ``step_time.elementwise_bytes``)."""
+    one (its multiply is a plain element-wise kernel: ``layer_time.elementwise_bytes``)."""
     if activation == "swiglu":
         return 3 if fused else 2
     return 2
@@ -176,7 +177,7 @@ def flash_attention_time(flops: float, head_dim: float, keys: float, calls: int,
     """Forward time of flash attention doing ``flops`` in ``calls`` kernels over key blocks of
     ``keys``: F / (η_attn · shape · peak) + calls · t₀, η_attn of the vendor's fused kernels
     (``Performance.attention_efficiency_fused``) where the engine runs them. The backward
-    pass takes 2.5 times as long (``step_time.stage_time``)."""
+    pass takes 2.5 times as long (``stage_time.stage_time``)."""
     perf = gpu.performance
     efficiency = perf.attention_efficiency_fused if fused and perf.attention_efficiency_fused else \
         perf.attention_efficiency

@@ -17,7 +17,10 @@ from .parameters import (StageParameters, attention_parameters, expert_parameter
                          router_parameters, shared_expert_parameters, stage_linear_parameters, stage_parameters)
 from .quantization import cached_weight_bytes
 from .pipeline import in_flight_chunks, in_flight_peak
-from .specs import Job, Layout, ModelSpec, Overheads, TrainingSpec
+from .job import Job
+from .layout_spec import Layout
+from .model_spec import ModelSpec
+from .training_spec import Overheads, TrainingSpec
 
 TERMS = ("parameters", "gradients", "optimizer_states", "activations", "other")
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .quantization import HIGH_PRECISION_BYTES
-from .specs import Job, TrainingSpec
+from .job import Job
+from .training_spec import TrainingSpec
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from .collectives import exposed
 from .model_states import optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
-from .specs import Job
+from .job import Job
 
 
 def gradients_on_host(job: Job) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .specs import ModelSpec
+from .model_spec import ModelSpec
 
 
 def norm_parameters(model: ModelSpec) -> int:

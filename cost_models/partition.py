@@ -20,10 +20,12 @@ token are four layers' worth).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Optional, Sequence
+from typing import Optional
 
 from .flops import head_gemm, layer_forward_flops, mtp_forward_flops
-from .specs import Layout, ModelSpec, TrainingSpec
+from .layout_spec import Layout, rank_chunks
+from .model_spec import ModelSpec
+from .training_spec import TrainingSpec
 
 
 def layer_and_head_cost(model: ModelSpec, seq_len: int) -> tuple[float, float]:
@@ -83,12 +85,6 @@ def chunk_layers(layers: int, vpp: int) -> tuple[int, ...]:
     in the earlier chunks."""
     base, spare = divmod(layers, vpp)
     return tuple(base + (i < spare) for i in range(vpp))
-
-
-def rank_chunks(virtual: Sequence[int], pp: int) -> list[tuple[int, ...]]:
-    """Each pipeline rank's model chunks, from the layers of the pp·vpp virtual stages in model
-    order: virtual stage v·pp + r is rank r's v-th (Megatron's interleaved order)."""
-    return [tuple(virtual[r::pp]) for r in range(pp)]
 
 
 def virtual_stage_layers(layers: int, pp: int, vpp: int) -> tuple[int, ...]:

@@ -49,6 +49,15 @@ from typing import Optional
 HIGH_PRECISION_BYTES = 2.0
 
 
+def activation_bytes(precision: str) -> int:
+    """Bytes per saved activation element: 4 in fp32, else 2.
+
+    Low-precision recipes run norms, softmax and residuals in bf16; what their linears keep of
+    their inputs is :func:`saved_input_bytes`.
+    """
+    return 4 if precision == "fp32" else 2
+
+
 @dataclass(frozen=True)
 class Recipe:
     """What a low-precision recipe does to a linear layer's GEMMs."""

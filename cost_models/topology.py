@@ -18,7 +18,8 @@ from typing import Iterable, Optional
 
 import networkx as nx
 
-from .specs import ClusterSpec, FabricSpec, Layout
+from .hardware import ClusterSpec, FabricSpec
+from .layout_spec import Layout
 
 
 @dataclass(frozen=True)

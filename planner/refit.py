@@ -20,10 +20,10 @@ import contextlib
 import copy
 import dataclasses
 import statistics
+import sys
 from typing import Iterator, Optional
 
 import planner.engines as engines
-from cost_models import experts, memory, partition, step_time, topology
 from planner.fidelity import evaluate
 from planner.presets import fabric_presets, gpu_presets, performance_presets
 
@@ -72,11 +72,13 @@ def grid_for(kind: str) -> dict[str, tuple]:
 
 
 def clear_caches() -> None:
-    """The cost models cache on specs; a changed preset or engine figure must not hit them."""
-    for module in (step_time, memory, partition, topology, experts):
-        for value in vars(module).values():
-            if hasattr(value, "cache_clear"):
-                value.cache_clear()
+    """The cost models cache on specs; a changed preset or engine figure must not hit them: every
+    cache of every cost model loaded is cleared."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("cost_models.") and module is not None:
+            for value in vars(module).values():
+                if hasattr(value, "cache_clear"):
+                    value.cache_clear()
 
 
 def apply(kind: str, figures: dict) -> None:

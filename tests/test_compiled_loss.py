@@ -72,7 +72,7 @@ def test_a_compiled_loss_holds_four_bytes_a_logit_in_16_bits_where_eager_holds_t
 
 
 def test_a_compiled_loss_reads_the_logits_twice_forward_and_once_backward_writing_its_gradient():
-    from cost_models.step_time import cross_entropy_bytes, cross_entropy_exponent_bytes, cross_entropy_time
+    from cost_models.layer_time import cross_entropy_bytes, cross_entropy_exponent_bytes, cross_entropy_time
 
     eager, compiled = job("any"), job("torchtitan")
     gpu = compiled.cluster.gpu

@@ -18,8 +18,8 @@ from cost_models.model_states import optimizer_step_bytes, state_bytes, weights_
 from cost_models.offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from cost_models.quantization import RECIPES
 from cost_models.specs import Layout
-from cost_models.step_time import (layer_time, layer_time_bound, layer_time_for, moe_layer_time_for,
-                                   optimizer_local_parameters, optimizer_time)
+from cost_models.layer_time import layer_time, layer_time_bound, layer_time_for, moe_layer_time_for
+from cost_models.optimizer_time import optimizer_local_parameters, optimizer_time
 from cost_models.topology import group_links
 from planner.case import load_case
 from planner.engines import behaviour_of

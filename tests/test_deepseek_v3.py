@@ -19,7 +19,10 @@ import pytest
 
 import planner
 from cost_models.experts import dispatch_combine_time
-from cost_models.step_time import Pipeline, moe_layer_time, pipeline, stage_time, step_time
+from cost_models.layer_time import moe_layer_time
+from cost_models.pipeline_time import Pipeline, pipeline
+from cost_models.stage_time import stage_time
+from cost_models.step_time import step_time
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "deepseek-v3-2048-h800.yaml"
 REPORTED_TOKENS_PER_GPU = 1e12 / (180e3 * 3600)  # 1,543

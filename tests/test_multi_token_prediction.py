@@ -20,7 +20,9 @@ from cost_models.kernels import gemm_time
 from cost_models.memory import per_microbatch, stage_activation_bytes
 from cost_models.parameters import (attention_parameters, embedding_parameters, mtp_parameters, norm_parameters,
                                      stage_parameters)
-from cost_models.step_time import cross_entropy_time, moe_layer_time, stage_time, tied_embedding_reduce
+from cost_models.dp_time import tied_embedding_reduce
+from cost_models.layer_time import cross_entropy_time, moe_layer_time
+from cost_models.stage_time import stage_time
 from planner.case import layout_to_mapping, load_case
 from planner.hf_config import read_hf_config
 

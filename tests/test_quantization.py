@@ -111,7 +111,7 @@ def test_interleaved_chunks_hold_the_tail_on_every_rank():
 
 def test_kept_high_layers_cost_what_bf16_layers_cost():
     """A stage of bf16-kept layers runs at the bf16 rate: NVFP4's last stage is slower per layer."""
-    from cost_models.step_time import layer_time
+    from cost_models.layer_time import layer_time
 
     job = load_case({**_case("b200", "nvfp4"), "layout": {"pp": 4, "micro_batch_size": 1}}).job()
     assert layer_time(job, quantized=False).total > layer_time(job).total
@@ -296,7 +296,7 @@ def test_mx_weights_kept_quantized_are_gathered_in_16_bits():
     (--reuse-grad-buf-for-mxfp8-param-ag): 2 bytes a weight gathered, and each weight quantized
     whole once a step, not on its shard. Per-tensor fp8 and 128×128 blocks gather the quantized
     shard (1 byte and its block scales)."""
-    from cost_models.step_time import weight_quantize_share
+    from cost_models.layer_time import weight_quantize_share
     mx = TrainingSpec(8, 1024, precision="mxfp8", engine=behaviour_of("megatron"), fp8_param_gather=True)
     block = TrainingSpec(8, 1024, precision="fp8", fp8_recipe="blockwise", engine=behaviour_of("megatron"),
                          fp8_param_gather=True)

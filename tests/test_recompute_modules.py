@@ -11,7 +11,9 @@ from cost_models.experts import dispatch_combine_time, moe_mlp_time
 from cost_models.flops import mlp_gemms
 from cost_models.kernels import NORM_OR_ACTIVATION_INPUTS, linear_time, transcendental_time
 from cost_models.memory import stage_activation_bytes
-from cost_models.step_time import activation_function_bytes, layer_time_for, stage_time, tp_exposed_per_layer
+from cost_models.layer_time import activation_function_bytes, layer_time_for
+from cost_models.stage_time import stage_time
+from cost_models.tp_time import tp_exposed_per_layer
 from cost_models.specs import Layout
 from planner import CaseError, estimate
 from planner.case import load_case

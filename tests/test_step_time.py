@@ -16,8 +16,11 @@ from cost_models.flops import Gemm
 from cost_models.kernels import gemm_time, wave_efficiency
 from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Performance, SpecError,
                                TrainingSpec)
-from cost_models.step_time import (cross_domain_tp_floor, cross_entropy_bytes, cross_entropy_time, dp_comm_exposed,
-                                   gradient_chunks, layer_forward_time, stage_time, step_time, tp_exposed_per_layer)
+from cost_models.dp_time import dp_comm_exposed, gradient_chunks
+from cost_models.layer_time import cross_entropy_bytes, cross_entropy_time, layer_forward_time
+from cost_models.stage_time import stage_time
+from cost_models.step_time import step_time
+from cost_models.tp_time import cross_domain_tp_floor, tp_exposed_per_layer
 from cost_models.topology import GroupLinks, group_links
 from planner.engines import behaviour_of
 
@@ -245,7 +248,7 @@ def test_zero3_waits_in_the_open_for_the_embeddings_unit_not_an_average_one():
     is that unit's share of each pass: V·h of the 1.765 B parameters, not 1/144 (24 layers of 6
     module gathers). A plain FSDP root unit holds the head and the final norm too; torchtitan
     wraps the embedding alone; stages after the first open with a layer."""
-    from cost_models.step_time import first_unit_parameters
+    from cost_models.dp_time import first_unit_parameters
 
     job = _zero3_job("deepspeed", recompute="none")
     job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",
@@ -353,7 +356,7 @@ def test_nanotron_zero1_reduces_fp32_gradients_after_the_backward_and_copies_its
     whatever compute could have hidden (4,096 tokens): one all-reduce of 4 bytes a parameter, one
     all-gather of 2, and 64 ranks × 147 tensors (24 layers of six, the embedding, the final norm and
     the head) kernel launches. With 16-bit gradients (DDP) the reduction is the overlapped buckets'."""
-    from cost_models.step_time import gather_copies_time, parameter_tensors
+    from cost_models.dp_time import gather_copies_time, parameter_tensors
 
     job = _zero3_job("any", recompute="none")
     job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",
@@ -409,7 +412,7 @@ def test_the_embeddings_gradient_bucket_reduces_in_the_open():
     compute. With compute long enough to hide the rest (4,096 tokens, overlap 1), ZeRO-0 pays
     that bucket's share of the all-reduce, 2·63/64 of V·h bf16 gradients over the node's eight
     NICs, where a stage without the embedding pays one 25 MB bucket's share."""
-    from cost_models.step_time import gradient_chunks, last_bucket_parameters
+    from cost_models.dp_time import gradient_chunks, last_bucket_parameters
 
     job = _zero3_job("any", recompute="none")
     job = Job(job.model, job.cluster, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16",

@@ -1,0 +1,246 @@
+"""Data-parallel traffic per step: the gradient reduction and ZeRO's gathers, what the last
+micro-batch's backward cannot hide of them (Li et al. 2020, PyTorch DDP, §3.2.3; Megatron's
+``overlap_grad_reduce``; FSDP's prefetch), and the tied embedding's reduction."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from .collectives import collective_time, exposed, p2p_time
+from .kernels import elementwise_time, first_touch_time
+from .memory import job_stage_parameters
+from .parameters import embedding_parameters, norm_parameters
+from .model_states import fp32_gradients, gathered_weight_bytes, state_bytes, zero_shards
+from .job import Job
+from .topology import group_links
+from .stage_time import StageTime, folds_gradients_into_fp32
+
+
+def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
+    """Data-parallel traffic of one step that compute does not hide, for the stage's ranks.
+
+    - ZeRO 0: gradient all-reduce, bucketed and overlapped with the last micro-batch's backward.
+    - ZeRO 1/2: gradient reduce-scatter (overlapped likewise) and the parameter all-gather
+      after the optimizer step (behind the next forward where the engine prefetches it).
+      ZeRO-2 keeps only its gradient shard, so it reduce-scatters every micro-batch's
+      gradients as they are produced, not once per step: DeepSpeed's stage 2 reduces in each
+      backward's hooks (``zero/stage_1_and_2.py``, ``partition_gradients``) where stage 1
+      waits for the accumulation boundary; FSDP's SHARD_GRAD_OP and Megatron-FSDP's
+      ``optim_grads`` likewise.
+    - The generic engine's ZeRO-1 with fp32 gradients (nanotron's, without DDP): one all-reduce of
+      the whole fp32 buffer after the last backward, in the open, and the gather's copies
+      (:func:`gather_copies_time`).
+    - ZeRO 3: parameter all-gathers in forward and in backward (again for the recompute
+      where the engine re-gathers) and a gradient reduce-scatter, for every micro-batch,
+      prefetched behind that micro-batch's compute; what a pass's compute cannot cover is
+      exposed, so more compute never shortens the step. Where the engine copies units through
+      flat buffers (``EngineBehaviour.zero3_unit_copies``), each collective carries its copies.
+    Every stage prices its collectives alike (:func:`pipelined`): the first gather or last
+    bucket of a pass waits in the open, each collective pays its latency, and overlapped
+    traffic still costs what ``Performance.comm_overlap`` leaves.
+    - DeepSpeed's pipeline: the whole gradient all-reduce after the last micro-batch.
+    - First and last stage, tied embeddings with pipelining: :func:`tied_embedding_reduce`.
+
+    What compute hides is scaled by ``Performance.comm_overlap`` (:func:`collectives.exposed`).
+    """
+    lay, cluster = job.layout, job.cluster
+    tied = tied_embedding_reduce(job, stage)
+    stage_params = job_stage_parameters(job, stage)
+    backward_last = 2 / 3 * slowest.compute + slowest.recompute
+    # The experts' gradients are reduced over the expert data-parallel group, the rest over
+    # dp·cp; the two share the step's overlap, one after the other.
+    exposed_total = tied
+    dense_tensors, expert_tensors = parameter_tensors(job, stage)
+    for params, tensors, group, shards, first in ((stage_params.dense, dense_tensors, "dp_cp", zero_shards(job),
+                                                   first_unit_parameters(job, stage)),
+                                                  (stage_params.expert, expert_tensors, "edp", lay.edp, 0.0)):
+        if params and shards > 1:
+            exposed_total += _dp_traffic_exposed(job, stage, slowest, params, group_links(cluster, lay, group),
+                                                 backward_last, first, tensors)
+    return exposed_total
+
+
+def parameter_tensors(job: Job, stage: int) -> tuple[int, int]:
+    """(dense, expert) parameter tensors a rank of the stage holds, as nanotron's Llama lays them
+    out (``models/llama.py``): a decoder layer's fused qkv_proj, o_proj, fused gate_up_proj,
+    down_proj and two RMSNorm weights, six (MLA's kv down- and up-projections and their norm in
+    place of qkv_proj's k and v: three more, and with a compressed query its down-projection and
+    norm: five); an MoE layer's router and two weights a shared expert in place of its MLP's two, and
+    two a local expert; the input embedding on the first stage, the final norm and the LM head on
+    the last (one tensor with the embedding where they are tied on one stage)."""
+    model, lay = job.model, job.layout
+    layers, moe = job.stage_layers[stage], job.stage_moe_layers[stage]
+    per_layer = 6 + ((5 if model.q_lora_rank else 3) if model.attention_type == "mla" else 0)
+    shared = 2 if model.moe_shared_expert_ffn_hidden_size else 0
+    first, last = stage == 0, stage == lay.pp - 1
+    edges = first + last * (2 - (first and model.tied_embeddings))
+    return layers * per_layer + moe * (1 + shared - 2) + edges, moe * 2 * (model.num_experts // lay.ep)
+
+
+def first_unit_parameters(job: Job, stage: int) -> float:
+    """Parameters of the ZeRO-3 unit that opens the first stage's forward and closes its backward:
+    its gather waits in the open before anything can compute, and its gradients are the last
+    produced, so their reduce-scatter waits after everything has. On the first stage this is the
+    input embedding's unit (vocab-parallel: V·h/tp), with the final norm and the LM head where the
+    engine's root unit holds them too (``EngineBehaviour.zero3_root_unit``; on one stage only).
+    Other stages open with a layer's unit, as large as the rest (0 here)."""
+    lay, model = job.layout, job.model
+    if stage != 0:
+        return 0.0
+    unit = input_embedding_shard(job, stage)
+    if job.training.engine.zero3_root_unit and lay.pp == 1:
+        unit += (0 if model.tied_embeddings else embedding_parameters(model) / lay.tp) + norm_parameters(model)
+    return unit
+
+
+def input_embedding_shard(job: Job, stage: int) -> float:
+    """Parameters of the input embedding on ``stage``: V·h/tp (vocab-parallel) on the first, 0 elsewhere."""
+    return embedding_parameters(job.model) / job.layout.tp if stage == 0 else 0.0
+
+
+def last_bucket_parameters(job: Job, stage: int) -> float:
+    """Parameters of the ZeRO 0–2 gradient bucket that closes the first stage's backward: the
+    input embedding's gradient is the last one produced, and a parameter larger than the bucket
+    size gets a bucket of its own (PyTorch DDP ``_compute_bucket_assignment_by_size``; Megatron's
+    ``_ParamAndGradBuffer`` and DeepSpeed's IPG bucket close a bucket once it is full, so the last
+    one holds at least the embedding). Its reduction starts once nothing is left to compute, and
+    the next step's first weight gather (ZeRO-1/2) is the same bucket's. Vocab-parallel: V·h/tp.
+    Other stages end with a layer's bucket, no larger than the rest (0 here)."""
+    return input_embedding_shard(job, stage)
+
+
+def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float, dp_links, backward_last: float,
+                        first_unit: float, tensors: int) -> float:
+    """The exposed data-parallel traffic of ``params`` parameters in ``tensors`` tensors over
+    ``dp_links`` (:func:`dp_comm_exposed`); ``first_unit`` of them form the ZeRO-3 unit that opens
+    and closes the passes (:func:`first_unit_parameters`)."""
+    lay, training = job.layout, job.training
+    perf = job.cluster.gpu.performance
+    tied = 0.0  # counted once, by dp_comm_exposed
+    per_param = state_bytes(training)
+    grads = params * per_param.gradients
+    weights = params * gathered_weight_bytes(training)
+    # Engines issue one collective per bucket (ZeRO 0–2) or per wrapped layer (ZeRO-3:
+    # FSDP units, DeepSpeed's per-module gathers): each pays the collective's latency. A bucket
+    # holds what autograd writes, gradients in the parameters' dtype, whatever dtype they are
+    # then reduced in (:func:`gradient_chunks`).
+    chunks = gradient_chunks(job, params, per_param.weights) if lay.zero_stage < 3 else \
+        max(1, job.stage_layers[stage]) * training.engine.zero3_collectives_per_layer
+
+    def chunked(kind: str, size: float) -> float:
+        return chunks * collective_time(kind, size / chunks, dp_links, perf)
+
+    engine = training.engine
+    if lay.zero_stage < 3 and (lay.pp > 1 and engine.reduce_after_pipeline or folds_gradients_into_fp32(job)):
+        # DeepSpeed's pipeline all-reduces gradients (its BF16 optimizer's fallback) once the
+        # schedule has drained, and so does its BF16_Optimizer without a pipeline, once the last
+        # backward is done (``engine.allreduce_gradients`` → ``buffered_allreduce_fallback``: it has no
+        # reduce_gradients of its own); ZeRO-1 then gathers the updated weight shards
+        # (``BF16_Optimizer.update_lp_params`` → ``all_gather_dp_groups``).
+        return tied + chunked("all_reduce", grads) + (chunked("all_gather", weights) if lay.zero_stage else 0.0)
+    forward = slowest.compute / 3
+    if lay.zero_stage < 3:
+        # Buckets reduce as the last micro-batch's backward produces them; the last bucket waits,
+        # and on the first stage it holds the input embedding's gradients (the last produced).
+        kind = "all_reduce" if lay.zero_stage == 0 else "reduce_scatter"
+        last = max(1 / chunks, min(1.0, last_bucket_parameters(job, stage) / params))
+        if lay.zero_stage == 1 and engine.zero1_fp32_reduce_after_backward and fp32_gradients(training):
+            # No DDP: the whole fp32 gradient buffer in one all-reduce, once the backward is done.
+            reduce = collective_time("all_reduce", grads, dp_links, perf)
+        else:
+            reduce = pipelined(chunked(kind, grads), chunks, backward_last, perf, last)
+        if lay.zero_stage == 2:
+            reduce *= job.num_microbatches
+        if lay.zero_stage == 0:
+            return tied + reduce
+        # The updated weight shards are gathered after the optimizer step: behind the next
+        # step's forward where the engine prefetches them (Megatron --overlap-param-gather,
+        # FSDP-style), else in the open.
+        if lay.zero_stage == 1 and engine.zero1_gather_in_step:
+            # One coalesced all-gather of every updated shard before step() returns (nanotron's
+            # ZeroDistributedOptimizer._all_gather_params → all_gather_coalesced): in the open, and
+            # paying the collective's latency once, not once per gradient bucket.
+            return tied + reduce + collective_time("all_gather", weights, dp_links, perf) \
+                + gather_copies_time(job, dp_links.size, tensors)
+        gather = chunked("all_gather", weights)
+        return tied + reduce + (pipelined(gather, chunks, forward, perf, last) if engine.overlap_param_gather
+                                else gather)
+    # ZeRO-3 keeps only gradient shards, so every micro-batch gathers the weights again and
+    # reduce-scatters its gradients, unit by unit, each behind the compute of the unit before:
+    # the first gather of each pass waits, and what the pass's compute cannot cover.
+    gather = chunked("all_gather", weights)
+    reduce = chunked("reduce_scatter", grads)
+    if engine.zero3_unit_copies:
+        # Each copy reads and writes the unit (or its shard, 1/n of it) beside the collective,
+        # at the element-wise kernels' bandwidth.
+        gather += elementwise_time(2 * weights * (1 + 1 / dp_links.size), job.cluster.gpu)
+        reduce += elementwise_time(2 * grads * (1 + 1 / dp_links.size), job.cluster.gpu)
+        # The buffers are allocated per collective and freed after: a gather writes the unit twice
+        # afresh, its all-gather output and the unsharded parameters (FSDP2's ``foreach_all_gather``,
+        # ``FSDPParam.alloc_all_gather_outputs``), a reduction once, its reduce-scatter input, and
+        # its shard (``foreach_reduce``).
+        gather += first_touch_time(2 * weights, job.cluster.gpu)
+        reduce += first_touch_time(grads * (1 + 1 / dp_links.size), job.cluster.gpu)
+    backward_gathers = 1 + (lay.recompute == "full" and engine.regather_for_recompute)
+    # The pass waits in the open for its first unit (the embedding's, where it is larger than a
+    # layer's), and the backward for the same unit's reduce-scatter at its end.
+    opening = max(1 / chunks, min(1.0, first_unit / params))
+    per_microbatch = pipelined(gather, chunks, forward, perf, opening) \
+        + pipelined(backward_gathers * gather + reduce, chunks, backward_last, perf, opening)
+    return tied + job.num_microbatches * per_microbatch
+
+
+def gather_copies_time(job: Job, ranks: int, tensors: int) -> float:
+    """The host's time to copy every rank's chunk of each of ``tensors`` parameters out of a ZeRO-1
+    gather's flat buffer, one kernel launch each, where the engine does so
+    (``EngineBehaviour.zero1_gather_copies``: nanotron's ``all_gather_coalesced``). In the Playbook's
+    sweep, without a pipeline on 8 nodes or more, a ZeRO-1 step takes a median 0.030 s longer than the
+    same layout's at ZeRO-0: 0.031 s with these copies, 0.004 s without (bench/zero_pairs.py)."""
+    if not job.training.engine.zero1_gather_copies:
+        return 0.0
+    return ranks * tensors * job.cluster.gpu.performance.kernel_overhead_s
+
+
+def pipelined(comm_s: float, pieces: int, compute_s: float, perf, in_the_open: Optional[float] = None) -> float:
+    """Communication issued in ``pieces`` collectives beside ``compute_s`` of compute, each
+    overlapping the compute before or after it: one piece always waits in the open (the first
+    prefetch, or the last bucket), the rest as :func:`collectives.exposed` says. That piece is
+    ``in_the_open`` of the traffic where given, else an equal share."""
+    piece = comm_s * in_the_open if in_the_open is not None else comm_s / pieces
+    return piece + exposed(comm_s - piece, compute_s, perf)
+
+
+def gradient_chunks(job: Job, params: float, bucketed_bytes: float) -> int:
+    """Buckets of a ZeRO 0–2 gradient reduction: each is one collective, and each pays its latency.
+
+    Buckets of a byte size (``EngineBehaviour.bucket_bytes``) are filled with the gradients
+    autograd writes, ``bucketed_bytes`` per parameter: the parameters' dtype. PyTorch DDP's
+    ``bucket_cap_mb`` counts ``param.grad`` (``_compute_bucket_assignment_by_size``); where the
+    engine reduces in fp32 all the same, it does so bucket by bucket: nanotron's fp32
+    accumulation hook (``optim/gradient_accumulator.py``, ``get_fp32_accum_hook``) reduces each
+    16-bit bucket's fp32 accumulation buffers in one coalesced collective. Megatron's and
+    DeepSpeed's buckets count parameters."""
+    engine = job.training.engine
+    per_bucket = max(engine.bucket_params, engine.bucket_bytes / bucketed_bytes, 1e6 * job.layout.dp
+                     if engine.bucket_params else 0.0)
+    return max(1, math.ceil(params / per_bucket)) if per_bucket else 1
+
+
+def tied_embedding_reduce(job: Job, stage: int) -> float:
+    """All-reduce of a tied embedding's gradients between the first and the last stage.
+
+    With pipelining the two copies of a tied embedding (input embedding on the first
+    stage, LM head on the last) sum their gradients once the pipeline has drained:
+    Megatron ``finalize_model_grads`` → ``_allreduce_word_embedding_grads``, DeepSpeed's
+    ``ReduceTiedGrads`` instruction. Multi-token prediction keeps such a copy of the input
+    embedding on the last stage for an untied head too (megatron-core
+    ``is_rank_in_embedding_group``: the last stage where MTP runs). Nothing is left to overlap
+    it with. Two ranks: each sends and receives the whole shard once.
+    """
+    lay, model = job.layout, job.model
+    if lay.pp == 1 or not (model.tied_embeddings or model.mtp_layers) or stage not in (0, lay.pp - 1):
+        return 0.0
+    size = embedding_parameters(model) / lay.tp * state_bytes(job.training).gradients
+    links = group_links(job.cluster, lay, "pp")
+    return p2p_time(size, links.domains > 1, links, job.cluster.gpu.performance)

@@ -1,0 +1,176 @@
+"""A job: the model, the cluster, the training and the layout together (:class:`Job`), checked
+against each other in one place. What an engine leaves to the layout is resolved by
+:mod:`cost_models.resolution`; where the layers go, by :mod:`cost_models.placement`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Optional
+
+from . import placement
+from .hardware import ClusterSpec, GPUSpec
+from .layout_spec import Layout
+from .model_spec import ModelSpec
+from .resolution import resolve_training
+from .spec_checks import SpecError
+from .training_spec import Overheads, TrainingSpec
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything the cost models need: what is trained, on what, and how it is laid out.
+
+    Cross-spec rules live in :meth:`__post_init__`, the one place a layout is
+    checked against the model, cluster and batch.
+    """
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    layout: Layout
+    overheads: Overheads = field(default_factory=Overheads)
+
+    def __post_init__(self) -> None:
+        m, c, t, lay = self.model, self.cluster, self.training, self.layout
+        s = Layout
+        resolved = resolve_training(t, lay)
+        if resolved is not t:
+            # The cost models read the resolved training; the request is kept for the same job at
+            # another layout (with_layout).
+            object.__setattr__(self, "_requested", t)
+            object.__setattr__(self, "training", resolved)
+        if lay.world_size != c.num_gpus:
+            raise SpecError(s, "dp", f"dp·tp·pp·cp = {lay.dp}·{lay.tp}·{lay.pp}·{lay.cp} = {lay.world_size} "
+                                     f"must equal the cluster's {c.num_gpus} GPUs")
+        if m.num_attention_heads % lay.tp:
+            raise SpecError(s, "tp", f"must divide num_attention_heads {m.num_attention_heads}, got {lay.tp}")
+        if m.num_kv_heads % lay.tp and lay.tp % m.num_kv_heads:
+            raise SpecError(s, "tp", f"must divide or be a multiple of num_kv_heads {m.num_kv_heads}, got {lay.tp}")
+        if m.ffn_hidden_size % lay.tp and m.num_moe_layers < m.num_layers:
+            raise SpecError(s, "tp", f"must divide ffn_hidden_size {m.ffn_hidden_size}, got {lay.tp}")
+        if m.moe_shared_expert_ffn_hidden_size % lay.tp:
+            raise SpecError(s, "tp", f"must divide moe_shared_expert_ffn_hidden_size "
+                                     f"{m.moe_shared_expert_ffn_hidden_size}, got {lay.tp}")
+        self._check_experts()
+        if t.expert_dispatch == "deepep" and m.moe_capacity_factor is not None:
+            raise SpecError(TrainingSpec, "expert_dispatch",
+                            "deepep pads no expert to a capacity (megatron-core's flex dispatcher refuses "
+                            "moe_pad_expert_input_to_capacity): drop model.moe_capacity_factor or dispatch all_to_all")
+        if lay.cp > 1 and t.seq_len % (2 * lay.cp):
+            raise SpecError(s, "cp", f"seq_len {t.seq_len} must divide by 2·cp = {2 * lay.cp}")
+        if lay.sequence_parallel and t.seq_len % (lay.tp * lay.cp):
+            raise SpecError(s, "sequence_parallel", f"seq_len {t.seq_len} must divide by tp·cp = {lay.tp * lay.cp}")
+        if lay.stage_layers is not None:
+            if sum(lay.stage_layers) != m.num_layers:
+                raise SpecError(s, "stage_layers", f"must sum to num_layers {m.num_layers}, got {sum(lay.stage_layers)}")
+            # With interleaving, a stage's layers may split into unequal model chunks (Meta's
+            # Llama 3 405B: 126 layers on 16 stages, one fewer on the first and last), as
+            # Megatron's --pipeline-model-parallel-layout writes them; each chunk holds one at least.
+            if lay.vpp > 1 and lay.chunk_layers is None and min(lay.stage_layers) < lay.vpp:
+                raise SpecError(s, "stage_layers", f"every stage needs at least vpp {lay.vpp} layers "
+                                                   f"(one per model chunk), got {min(lay.stage_layers)}")
+            if lay.chunk_layers is not None and lay.chunk_layers[-1] == 0 and not m.mtp_layers:
+                raise SpecError(s, "chunk_layers", "the last model chunk holds no decoder layer: only a model with "
+                                                   "multi-token prediction layers (mtp_layers) may end in a chunk "
+                                                   "of its MTP layers and loss alone")
+        elif lay.account_for_embedding_in_pipeline_split or lay.account_for_loss_in_pipeline_split:
+            units = m.num_layers + lay.account_for_embedding_in_pipeline_split + lay.account_for_loss_in_pipeline_split
+            if units % (lay.pp * lay.vpp):
+                raise SpecError(s, "pp", f"num_layers {m.num_layers} with the embedding and loss counted ({units}) "
+                                         f"must divide by pp·vpp = {lay.pp * lay.vpp}")
+        elif self.training.engine.balance_stages and lay.vpp == 1:  # balanced split (cost_models.partition)
+            if m.num_layers < lay.pp - 2:
+                raise SpecError(s, "pp", f"num_layers {m.num_layers} cannot fill pp {lay.pp} stages")
+        elif lay.vpp > 1 and m.num_layers < lay.pp * lay.vpp:
+            raise SpecError(s, "vpp", f"num_layers {m.num_layers} cannot fill pp·vpp = {lay.pp * lay.vpp} model chunks")
+        elif lay.vpp == 1 and m.num_layers % lay.pp:
+            raise SpecError(s, "pp", f"num_layers {m.num_layers} must divide by pp = {lay.pp} "
+                                     "(or give Layout.stage_layers)")
+        if lay.offloads and c.gpu.host is None:
+            raise SpecError(GPUSpec, "host", "has no host figures (memory, link and memory bandwidth) "
+                                                   "for the layout's offload")
+        if lay.offload_activations > max(self.stage_layers):
+            raise SpecError(s, "offload_activations",
+                            f"at most the {max(self.stage_layers)} layers of a stage, got {lay.offload_activations}")
+        if lay.recompute_num_layers is not None and lay.recompute_num_layers > max(self.stage_layers):
+            raise SpecError(s, "recompute_num_layers",
+                            f"at most the {max(self.stage_layers)} layers of a stage, got {lay.recompute_num_layers}")
+        per_step = lay.micro_batch_size * lay.dp
+        if t.global_batch_size % per_step:
+            raise SpecError(TrainingSpec, "global_batch_size",
+                            f"{t.global_batch_size} must divide by micro_batch_size·dp = "
+                            f"{lay.micro_batch_size}·{lay.dp} = {per_step}")
+        if lay.vpp > 1 and self.num_microbatches % lay.pp:
+            raise SpecError(s, "vpp", f"interleaving needs micro-batches per step ({self.num_microbatches}) "
+                                      f"divisible by pp {lay.pp}")
+
+    def _check_experts(self) -> None:
+        """Expert parallelism against the model and the attention's grid (megatron-core
+        ``MoELayer``: experts divide by ep; the expert grid etp·ep·edp folds over tp·cp·dp)."""
+        m, lay, s = self.model, self.layout, Layout
+        if not m.is_moe:
+            if lay.ep > 1:
+                raise SpecError(s, "ep", f"expert parallelism needs a mixture of experts (model.num_experts), got {lay.ep}")
+            if lay.etp is not None and lay.etp != lay.tp:
+                raise SpecError(s, "etp", "expert tensor parallelism needs a mixture of experts (model.num_experts)")
+            return
+        if m.num_experts % lay.ep:
+            raise SpecError(s, "ep", f"must divide num_experts {m.num_experts}, got {lay.ep}")
+        etp = lay.expert_tp
+        if m.moe_ffn_hidden_size % etp:
+            raise SpecError(s, "etp", f"must divide moe_ffn_hidden_size {m.moe_ffn_hidden_size}, got {etp}")
+        if (lay.tp * lay.cp * lay.dp) % (etp * lay.ep):
+            raise SpecError(s, "ep", f"etp·ep = {etp}·{lay.ep} must divide tp·cp·dp = "
+                                     f"{lay.tp}·{lay.cp}·{lay.dp} = {lay.tp * lay.cp * lay.dp} (the expert grid "
+                                     "folds over the same GPUs)")
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches each data-parallel rank runs per optimizer step."""
+        return self.training.global_batch_size // (self.layout.micro_batch_size * self.layout.dp)
+
+    @property
+    def num_microbatches(self) -> int:
+        """m in the pipeline formulas: micro-batches through each pipeline per step."""
+        return self.grad_accum
+
+    @property
+    def requested_training(self) -> TrainingSpec:
+        """The training as the case gave it, before its engine's defaults were resolved at this layout."""
+        return self.__dict__.get("_requested", self.training)
+
+    def with_layout(self, layout: Layout) -> "Job":
+        """The same job at another layout, with the engine's defaults resolved afresh for it."""
+        return Job(self.model, self.cluster, self.requested_training, layout, self.overheads)
+
+    @cached_property  # read for every stage by every cost model; a Job never changes
+    def stage_layers(self) -> tuple[int, ...]:
+        """Layers of each pipeline stage (:func:`placement.stage_layers`)."""
+        return placement.stage_layers(self.model, self.training, self.layout)
+
+    @cached_property
+    def chunk_layers(self) -> Optional[tuple[int, ...]]:
+        """Layers of each model chunk in model order, where not each rank's split evenly
+        (:func:`placement.chunk_layers`)."""
+        return placement.chunk_layers(self.model, self.layout)
+
+    def rank_chunk_layers(self, stage: int) -> tuple[int, ...]:
+        """Layers of each of pipeline rank ``stage``'s model chunks, in model order."""
+        return placement.rank_chunk_layers(self.stage_layers, self.chunk_layers, self.layout, stage)
+
+    @cached_property
+    def stage_moe_layers(self) -> tuple[int, ...]:
+        """MoE layers of each pipeline stage (:func:`placement.moe_layers_per_stage`)."""
+        return placement.moe_layers_per_stage(self.model, self.stage_layers, self.layout.vpp, self.chunk_layers)
+
+    @cached_property
+    def high_precision_layers(self) -> tuple[int, ...]:
+        """Decoder layers of each stage whose linears the recipe keeps in bf16
+        (:func:`placement.high_precision_layers`)."""
+        return placement.high_precision_layers(self.model, self.training, self.layout, self.stage_layers,
+                                               self.chunk_layers)
+
+    def largest_chunk(self, stage: int) -> int:
+        """Layers of the largest model chunk of pipeline rank ``stage``."""
+        return max(self.rank_chunk_layers(stage))

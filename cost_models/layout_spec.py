@@ -1,0 +1,170 @@
+"""How one job is spread over the cluster (:class:`Layout`), and Megatron's interleaved order of
+model chunks over pipeline ranks (:func:`rank_chunks`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .spec_checks import SpecError, _choice, _positive_int
+
+RECOMPUTE = ("none", "selective", "full")
+# The parts of a layer selective recomputation can run again, in megatron-core's
+# ``--recompute-modules`` names (``TransformerConfig.recompute_modules``); what each frees is
+# ``activations.selective_freed_bytes``, what it runs again ``layer_time.selective_recompute_time``
+# and ``experts.moe_recompute_time``.
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "layernorm", "mlp", "moe_act", "moe", "shared_experts")
+
+
+def rank_chunks(virtual: Sequence[int], pp: int) -> list[tuple[int, ...]]:
+    """Each pipeline rank's model chunks, from the layers of the pp·vpp virtual stages in model
+    order: virtual stage v·pp + r is rank r's v-th (Megatron's interleaved order)."""
+    return [tuple(virtual[r::pp]) for r in range(pp)]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one training job is spread over the cluster (Megatron rank order: tp, cp, dp, pp)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    vpp: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
+    micro_batch_size: int = 1
+    # Expert parallelism (Megatron's MoE parallel folding): the MoE layers' experts are split
+    # over ep ranks and each expert's matrices over etp ranks, on a grid etp × ep × edp over
+    # the same GPUs as the attention's tp × cp × dp (``expert_data_parallel``). etp None: tp
+    # (megatron-core's default).
+    ep: int = 1
+    etp: Optional[int] = None
+    zero_stage: int = 0  # Megatron's distributed optimizer is stage 1
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    recompute_num_layers: Optional[int] = None  # with full: layers per stage recomputed; None = all
+    # With selective: the modules recomputed (RECOMPUTE_MODULES); None = those that free memory
+    # for this model and training (``activations.selective_modules``).
+    recompute_modules: Optional[tuple[str, ...]] = None
+    # Layers held by each pipeline stage; None leaves the split to the engine
+    # (``cost_models.partition``).
+    stage_layers: Optional[tuple[int, ...]] = None
+    # Layers of each of the pp·vpp model chunks in model order (chunk v·pp + r is rank r's v-th:
+    # what a ``--pipeline-model-parallel-layout`` counts); None splits each stage's layers as
+    # evenly as they go, the spare ones first (``partition.chunk_layers``). Sets stage_layers. Every
+    # chunk holds a layer but the last, which may hold only the MTP layers and the loss.
+    chunk_layers: Optional[tuple[int, ...]] = None
+    # Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split:
+    # the embedding (loss) counts as one layer of the first (last) virtual stage.
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    # Offload to host memory (``cost_models.offload``): the share of the optimizer states
+    # (fp32 master weights and moments) kept and stepped on the CPU; ZeRO-3's parameter (and
+    # gradient) shards kept there between uses; the saved activations of the first N layers
+    # of each stage, copied out in forward and back in backward.
+    offload_optimizer: float = 0.0
+    offload_params: bool = False
+    offload_activations: int = 0
+
+    def __post_init__(self) -> None:
+        s = Layout
+        for name in ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "ep"):
+            _positive_int(s, name, getattr(self, name))
+        if self.etp is not None:
+            _positive_int(s, "etp", self.etp)
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
+            raise SpecError(s, "zero_stage", f"expected 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise SpecError(s, "sequence_parallel", f"expected true or false, got {self.sequence_parallel!r}")
+        _choice(s, "recompute", self.recompute, RECOMPUTE)
+        if self.recompute_num_layers is not None:
+            if isinstance(self.recompute_num_layers, bool) or not isinstance(self.recompute_num_layers, int) \
+                    or self.recompute_num_layers < 0:
+                raise SpecError(s, "recompute_num_layers",
+                                f"expected a non-negative integer, got {self.recompute_num_layers!r}")
+            if self.recompute != "full":
+                raise SpecError(s, "recompute_num_layers", "applies only with recompute: full")
+        if self.recompute_modules is not None:
+            if self.recompute != "selective":
+                raise SpecError(s, "recompute_modules", "applies only with recompute: selective")
+            if not self.recompute_modules:
+                raise SpecError(s, "recompute_modules", "expected at least one module (nothing recomputed is "
+                                                        "recompute: none)")
+            for name in self.recompute_modules:
+                _choice(s, "recompute_modules", name, RECOMPUTE_MODULES)
+            if len(set(self.recompute_modules)) != len(self.recompute_modules):
+                raise SpecError(s, "recompute_modules", f"names a module twice: {list(self.recompute_modules)}")
+        if self.sequence_parallel and self.tp == 1:
+            raise SpecError(s, "sequence_parallel", "needs tp > 1")
+        for name in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise SpecError(s, name, f"expected true or false, got {value!r}")
+            if value and self.pp == 1:
+                raise SpecError(s, name, "needs pp > 1")
+            if value and self.stage_layers is not None:
+                raise SpecError(s, name, "give either stage_layers or the account-for flags, not both")
+        if self.vpp > 1 and self.pp == 1:
+            raise SpecError(s, "vpp", "interleaving needs pp > 1")
+        f = self.offload_optimizer
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
+            raise SpecError(s, "offload_optimizer", f"expected a fraction in [0, 1], got {f!r}")
+        if not isinstance(self.offload_params, bool):
+            raise SpecError(s, "offload_params", f"expected true or false, got {self.offload_params!r}")
+        if self.offload_params and self.zero_stage != 3:
+            raise SpecError(s, "offload_params", "needs zero_stage 3 (only sharded parameters live off the GPU)")
+        n = self.offload_activations
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise SpecError(s, "offload_activations", f"expected a non-negative integer, got {n!r}")
+        if self.chunk_layers is not None:
+            self._check_chunk_layers()
+        if self.stage_layers is not None:
+            if len(self.stage_layers) != self.pp:
+                raise SpecError(s, "stage_layers", f"expected {self.pp} entries (one per stage), got {len(self.stage_layers)}")
+            for n in self.stage_layers:
+                # A stage may hold no decoder layer: the edges still hold the embedding or the LM
+                # head, and an engine that spreads blocks over more stages than there are layers
+                # (nanotron) leaves some with none.
+                if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                    raise SpecError(s, "stage_layers", f"expected non-negative layer counts, got {n!r}")
+
+    def _check_chunk_layers(self) -> None:
+        s, chunks = Layout, self.chunk_layers
+        if len(chunks) != self.pp * self.vpp:
+            raise SpecError(s, "chunk_layers", f"expected pp·vpp = {self.pp * self.vpp} entries (one per model "
+                                               f"chunk), got {len(chunks)}")
+        # The model's last chunk may hold no decoder layer when it holds the MTP modules and the loss
+        # (Megatron-Bridge's DeepSeek-V3 layout on H100, "Et|(tt|)*30mL"); Job checks the model has them.
+        for i, n in enumerate(chunks):
+            last = i == len(chunks) - 1
+            if isinstance(n, bool) or not isinstance(n, int) or n < (0 if last else 1):
+                raise SpecError(s, "chunk_layers", f"expected a positive layer count for every model chunk (the last "
+                                                   f"may hold none where it holds the MTP layers), got {n!r}")
+        stages = tuple(sum(c) for c in rank_chunks(chunks, self.pp))
+        if self.stage_layers is not None and tuple(self.stage_layers) != stages:
+            raise SpecError(s, "chunk_layers", f"hold {list(stages)} layers per stage, but stage_layers says "
+                                               f"{list(self.stage_layers)}")
+        object.__setattr__(self, "stage_layers", stages)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def offloads(self) -> bool:
+        return bool(self.offload_optimizer or self.offload_params or self.offload_activations)
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallel degree: etp, else tp."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallel: the ranks that hold the same experts, tp·cp·dp / (etp·ep)
+        (megatron-core ``parallel_state``: the expert grid folds over the attention's)."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
+
+    def with_changes(self, **changes) -> "Layout":
+        # dataclasses.replace inspects the fields on every call; the search calls this for every
+        # rung of every recompute ladder. The new layout is validated all the same.
+        return Layout(**{**self.__dict__, **changes})

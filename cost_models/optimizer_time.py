@@ -1,0 +1,46 @@
+"""The optimizer step and the offload traffic around it, per pipeline stage."""
+
+from __future__ import annotations
+
+
+from .kernels import in_place_time
+from .memory import job_stage_parameters, per_microbatch
+from .model_states import optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
+from .offload import activation_offload_time, optimizer_offload_time, param_offload_time
+from .job import Job
+from .stage_time import StageTime
+
+
+def optimizer_time(job: Job, stage: int) -> float:
+    """The optimizer step is HBM-bound: read gradients, read and write the fp32 states, write
+    weights. The states are updated in place (:func:`kernels.in_place_time`)."""
+    lay, gpu = job.layout, job.cluster.gpu
+    shards = zero_shards(job)
+    per_param = state_bytes(job.training, lay.zero_stage, shards)
+    local = optimizer_local_parameters(job, stage) * (1 - lay.offload_optimizer)
+    return in_place_time(local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage,
+                                                                                    shards)), gpu)
+
+
+def optimizer_local_parameters(job: Job, stage: int) -> float:
+    """Parameters whose optimizer states one rank of the stage holds: the dense ones over the
+    ZeRO shards (dp·cp), the experts' over the expert data-parallel ranks."""
+    lay = job.layout
+    params = job_stage_parameters(job, stage)
+    if lay.zero_stage == 0:
+        return params.total
+    return params.dense / zero_shards(job) + params.expert / lay.edp
+
+
+def offload_time(job: Job, stage: int, slowest: "StageTime") -> float:
+    """What offload adds to the step on the stage's ranks (:mod:`cost_models.offload`)."""
+    lay = job.layout
+    if not lay.offloads:
+        return 0.0
+    local = optimizer_local_parameters(job, stage)
+    forward = slowest.compute / 3
+    backward = 2 / 3 * slowest.compute + slowest.recompute
+    gathers = 2 + (lay.recompute == "full" and job.training.engine.regather_for_recompute)
+    return (optimizer_offload_time(job, local, backward)
+            + param_offload_time(job, local, slowest.compute + slowest.recompute, gathers)
+            + activation_offload_time(job, stage, per_microbatch(job).kept, forward, backward))

@@ -1,0 +1,174 @@
+"""One pipeline stage's time per micro-batch: its layers' compute, recomputation and the
+tensor-, context- and expert-parallel traffic it cannot hide (:class:`StageTime`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .activations import selective_modules
+from .collectives import exposed, p2p_time
+from .experts import dispatch_combine_time, moe_recompute_time
+from .flops import head_gemm, mtp_projection_gemm
+from .kernels import gemm_time, high_precision_precision, in_place_time
+from .memory import job_stage_parameters
+from .model_states import fp32_gradients
+from .quantization import activation_bytes
+from .job import Job
+from .topology import group_links
+from .layer_time import cross_entropy_time, layer_time, moe_layer_time, selective_recompute_time, weight_quantize_share
+from .tp_time import cross_domain_pipeline_floor, cross_domain_tp_floor, tp_collectives_per_pass, tp_exposed_per_layer
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """One micro-batch through one stage (forward + backward)."""
+
+    compute: float
+    recompute: float
+    tp_comm: float
+    cp_comm: float
+    ep_comm: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
+
+
+def folds_gradients_into_fp32(job: Job) -> bool:
+    """Whether the engine keeps fp32 gradients beside the 16-bit ones autograd writes and folds
+    these into them in a pass of its own (``EngineBehaviour.fp32_accumulation_bytes``): at ZeRO 0-1,
+    where each rank holds all of its gradients, under mixed precision with fp32 gradients (an fp32
+    model's backward writes fp32 gradients itself). DeepSpeed's BF16_Optimizer (``bf16_optimizer.py``)."""
+    training = job.training
+    return bool(training.engine.fp32_accumulation_bytes) and job.layout.zero_stage <= 1 \
+        and training.precision != "fp32" and fp32_gradients(training)
+
+
+def gradient_accumulation_time(job: Job, stage: int) -> float:
+    """One micro-batch's fold of its 16-bit gradients into the fp32 gradients
+    (:func:`folds_gradients_into_fp32`), over every parameter of the stage's ranks. DeepSpeed's
+    BF16_Optimizer does so after every backward (``runtime/pipe/engine.py`` ``_exec_backward_pass``:
+    ``clear_lp_grads``, ``update_hp_grads``)."""
+    if not folds_gradients_into_fp32(job):
+        return 0.0
+    per_param = job.training.engine.fp32_accumulation_bytes
+    return in_place_time(job_stage_parameters(job, stage).total * per_param, job.cluster.gpu)
+
+
+def stage_time(job: Job, stage: int) -> StageTime:
+    """Forward + backward of one micro-batch through stage ``stage``, with its exposed TP, CP and
+    EP traffic."""
+    model, lay, training = job.model, job.layout, job.training
+    cluster, gpu = job.cluster, job.cluster.gpu
+    perf = gpu.performance
+    layers = job.stage_layers[stage]
+    # Layers under the recipe, those it keeps in bf16 (none for most recipes), and MoE layers.
+    high = job.high_precision_layers[stage]
+    moe_layers = job.stage_moe_layers[stage]
+    last = stage == lay.pp - 1
+    decoder_layers = layers
+    if last:
+        # The multi-token prediction modules' layers run after the decoder's, on the last stage,
+        # with its TP, CP and EP traffic and its recomputation (megatron-core builds them there).
+        layers += model.mtp_layers
+        moe_layers += model.mtp_moe_layers
+    low = layer_time(job)
+    kept = layer_time(job, quantized=False) if high else low
+    moe = moe_layer_time(job) if moe_layers else low
+    tokens = lay.micro_batch_size * training.seq_len / lay.cp
+    # The tail the recipe keeps high is counted among the dense layers (no MoE model keeps one).
+    high = min(high, layers - moe_layers)
+    compute = (layers - high - moe_layers) * low.total + high * kept.total + moe_layers * moe.total
+    if last:
+        # The LM head runs in bf16 under every recipe (Transformer Engine's output layer is
+        # Megatron's bf16 ColumnParallelLinear, bar megatron-core's opt-in MXFP8 head of 2026-05-31,
+        # ``fp8_output_proj``, which no case asks for; torchao's conversions skip lm_head); its backward
+        # is twice its forward; the loss's traffic is its own. Each multi-token prediction module
+        # runs the head and the loss again, after its 2h → h projection (priced as the head).
+        high_precision = high_precision_precision(training)
+        heads = 1 + model.mtp_layers
+        compute += heads * (3 * gemm_time(head_gemm(model, tokens, lay.tp), gpu, high_precision)
+                            + cross_entropy_time(tokens * model.vocab_size / lay.tp, training, gpu))
+        if model.mtp_layers:
+            compute += model.mtp_layers * 3 * gemm_time(mtp_projection_gemm(model, tokens, lay.tp), gpu, high_precision)
+    if stage == 0:
+        compute += 3 * perf.kernel_overhead_s  # embedding gather: memory-trivial
+    compute += gradient_accumulation_time(job, stage)
+
+    recomputed = 0  # layers whose whole forward runs again in backward
+    if lay.recompute == "full":
+        # Megatron's uniform method recomputes the prediction modules too, its block method only
+        # the decoder's first layers (``MultiTokenPredictionBlock``: "block ... Skipping recompute").
+        recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, decoder_layers)
+    # The recomputed layers are the stage's first (Megatron's block method), the kept-high ones
+    # its last; the MoE layers are spread among them.
+    recomputed_high = max(0, recomputed - (layers - high))
+    moe_share = moe_layers / layers if layers else 0.0
+    dense_forward = (1 - moe_share) * low.forward + moe_share * moe.forward
+    recompute = (recomputed - recomputed_high) * dense_forward + recomputed_high * kept.forward
+    modules = selective_modules(model, training, lay) if lay.recompute == "selective" else ()
+    if lay.recompute == "selective":
+        share = weight_quantize_share(job) if training.recipe else 1.0
+        args = (model, training, gpu, lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel)
+        dense = layers - high - moe_layers
+        recompute += dense * selective_recompute_time(*args, True, share, modules) \
+            + high * selective_recompute_time(*args, False, 1.0, modules)
+        if moe_layers:
+            recompute += moe_layers * (selective_recompute_time(*args, True, share, modules, False)
+                                       + moe_recompute_time(*args, lay.ep, lay.expert_tp, share, modules))
+
+    # Recompute repeats the forward's TP collectives.
+    p = activation_bytes(training.precision)
+    tp_fwd, tp_bwd = tp_exposed_per_layer(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size,
+                                          lay.sequence_parallel)
+    # An MoE layer's routed experts need no tensor-parallel collective (each rank routes its own
+    # sequence-parallel tokens); its shared experts need the dense MLP's pair.
+    moe_tp = 1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5
+    tp_layers = layers - moe_layers + moe_tp * moe_layers
+    # Passes that run the layers' TP collectives: forward, backward, and the forwards recomputed;
+    # a recomputed dense MLP, or shared experts, repeat the forward's second half.
+    repeated = recomputed * tp_layers / max(layers, 1)
+    if "mlp" in modules:
+        repeated += (layers - moe_layers) / 2
+    if moe_layers and model.moe_shared_expert_ffn_hidden_size and {"moe", "shared_experts"} & set(modules):
+        repeated += moe_layers / 2
+    tp_comm = tp_layers * (tp_fwd + tp_bwd) + repeated * tp_fwd
+
+    # Expert parallelism: each MoE layer dispatches and combines its tokens in forward and again
+    # (reversed) in backward, and once more for a recomputed forward; nothing hides them in
+    # megatron-core's default schedule.
+    ep_comm = 0.0
+    if moe_layers:
+        pair = dispatch_combine_time(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size, lay.ep,
+                                     lay.expert_tp)
+        # A recomputed expert part (``moe``) dispatches and combines its tokens once more.
+        ep_comm = moe_layers * 2 * pair + (recomputed * moe_layers / layers + ("moe" in modules) * moe_layers) * pair
+        if training.moe_comm_overlap:
+            # Each MoE layer's forward dispatch and combine run beside another micro-batch's
+            # backward of a layer, its backward pair beside a forward: what that compute cannot
+            # cover shows (:func:`collectives.exposed`).
+            ep_comm = exposed(ep_comm, compute + recompute, perf)
+
+    # Context parallelism: each layer's K and V chunks travel around the cp ring
+    # (cp − 1 steps) in forward, and K, V plus their gradients in backward, overlapped
+    # with the attention core (Megatron-core ``AttnFuncWithCPAndKVP2P``).
+    cp_comm = 0.0
+    if lay.cp > 1:
+        kv = p * lay.micro_batch_size * (training.seq_len / lay.cp) * 2 * \
+            max(model.num_kv_heads // lay.tp, 1) * model.head_dim
+        cp_links = group_links(cluster, lay, "cp")
+        crosses = cp_links.domains > 1
+        hop = p2p_time(kv, crosses, cp_links, perf)
+        # Each ring step waits for its block: the transfer's latency is never hidden, and
+        # what the step's attention cannot cover of the rest shows.
+        wait = cp_links.inter_latency if crosses else perf.link_latency_s
+        steps = lay.cp - 1
+        exposed_fwd = steps * wait + exposed(steps * (hop - wait), low.core, perf)
+        exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * low.core, perf)
+        cp_comm = layers * (exposed_fwd + exposed_bwd)
+    # A stage whose pipeline neighbours, or tensor-parallel peers, are across the fabric may not run
+    # faster than its collectives' floor (the larger of the two): what it adds shows as tensor-parallel time.
+    collectives = tp_collectives_per_pass(lay.sequence_parallel) * (2 * tp_layers + repeated)
+    floor = max(cross_domain_pipeline_floor(job, collectives), cross_domain_tp_floor(job, collectives))
+    tp_comm += max(0.0, floor - (compute + recompute + tp_comm + cp_comm + ep_comm))
+    return StageTime(compute=compute, recompute=recompute, tp_comm=tp_comm, cp_comm=cp_comm, ep_comm=ep_comm)
