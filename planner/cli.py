@@ -422,9 +422,9 @@ def calibrate_command(
 def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_logs: bool, cases: list[Path],
                          gpu_preset: Optional[str], force: bool) -> None:
     """`calibrate --from-runs` / `--from-logs`: fit, write the profile atomically, print the fit."""
-    from .learn import fit, load_runs, print_fit, profile_of, render, runs_from_logs
-
     from .files import Output, write_all
+    from .learn import fit, print_fit, profile_of, render
+    from .team_runs import load_runs, runs_from_logs
 
     try:
         if from_runs == from_logs:

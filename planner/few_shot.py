@@ -21,7 +21,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from .learn import Hardware, Run, fit, measured_step_s, predict, prior_hardware
+from .learn import Hardware, fit, measured_step_s, predict, prior_hardware
+from .team_runs import Run
 from .published_runs import gpu_preset, published_memory_stage
 
 MIN_GROUP = 8

@@ -32,23 +32,18 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import yaml
 
-from cost_models.flops import model_flops_per_token
-from cost_models.parameters import total_parameters
 from cost_models.specs import FabricSpec, Overheads, Performance
 
-from .case import load_case, read_case
-from .errors import CaseError, one_line
+from .case import load_case
+from .errors import CaseError
 from .estimate import estimate
 from .fitted import coverage as jobs_coverage
-from .inputs import read_yaml
 from .presets import fabric_presets, gpu_preset_name, gpu_presets, performance_presets, resolve_gpu_preset
-from .published_runs import case_of, measured_tokens_per_s, published_memory_stage
-from .training_logs import read_log
+from .team_runs import Run, load_runs, runs_from_rows
 
 # How far one run's step time (its peak) sits from the model for reasons no fitted figure holds, as
 # a log ratio: the standard deviation of the model's log error inside a group of runs of one source
@@ -141,166 +136,6 @@ PARAMETERS: tuple[Parameter, ...] = (
 )
 BY_NAME = {p.name: p for p in PARAMETERS}
 
-
-@dataclass(frozen=True)
-class Run:
-    """One measured run: its case (layout included) and what it measured."""
-
-    id: str
-    case: dict  # the case-file schema, with a layout
-    tokens_per_s: Optional[float] = None  # over all GPUs
-    peak_gib: Optional[float] = None  # the allocator's peak per GPU (GiB), as logs and tables print it
-    memory_stage: Optional[int] = None  # the pipeline stage whose peak was published, where not the heaviest
-
-
-# --- runs from the published-runs schema ----------------------------------------------------
-
-def runs_from_rows(rows: Any, source: str) -> list[Run]:
-    """The runs of ``rows`` (the published-runs schema, ``planner/published/README.md``), each
-    turned into a case as ``validate-published`` does; a CaseError naming the file and the run for
-    one that is no run (not a mapping, no layout, nothing measured, faster than the GPU can be)."""
-    if not isinstance(rows, list):
-        raise CaseError(source, "", "expected a list of runs in the published-runs schema")
-    runs = []
-    for index, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise CaseError(source, f"[{index}]", "expected a run (a mapping in the published-runs schema)")
-        name = one_line(row.get("id") or f"[{index}]", 80)
-        try:
-            case, why = case_of(row)
-            tokens = measured_tokens_per_s(row) if case else None
-            peak = (row.get("measured") or {}).get("memory_gb_per_gpu") if case else None
-            stage = published_memory_stage(row) if case else None
-        except (TypeError, ValueError, AttributeError, KeyError, OverflowError, ZeroDivisionError) as error:
-            raise CaseError(source, name, f"a field has the wrong type or is missing ({one_line(error, 80)})") from None
-        if case is None:
-            if why == "layout not published":
-                why = "a run with no layout: give parallel.tp, parallel.pp and batch.micro_batch_size"
-            raise CaseError(source, name, why)
-        if not tokens and not peak:
-            raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
-        if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0):
-            raise CaseError(source, f"{name}.measured.memory_gb_per_gpu",
-                            f"expected a positive size in GiB, got {peak!r}")
-        run = Run(name, case, tokens, float(peak) if peak else None, stage)
-        check_run(run, source)
-        runs.append(run)
-    return runs
-
-
-def check_run(run: Run, source: str) -> None:
-    """A run that could not have run: faster than its GPU's dense peak at its own model FLOPs, or
-    a peak above the GPU's memory."""
-    case = load_case(run.case)
-    job = case.job()
-    if run.tokens_per_s is not None:
-        if not (math.isfinite(run.tokens_per_s) and run.tokens_per_s > 0):
-            raise CaseError(source, f"{run.id}.measured", f"expected a positive throughput, got {run.tokens_per_s!r}")
-        per_gpu = model_flops_per_token(job.model, job.training.seq_len) * run.tokens_per_s / job.cluster.num_gpus
-        peak = job.cluster.gpu.peak(job.training.precision)
-        if per_gpu > peak:
-            raise CaseError(source, f"{run.id}.measured",
-                            f"{per_gpu / 1e12:,.0f} model TFLOP/s per GPU is above the {job.cluster.gpu.name}'s "
-                            f"{job.training.precision} peak of {peak / 1e12:,.0f}: the measurement or the run's "
-                            "layout is wrong")
-    if run.peak_gib is not None and run.peak_gib * 2**30 > job.cluster.gpu.memory_bytes:
-        raise CaseError(source, f"{run.id}.measured.memory_gb_per_gpu",
-                        f"{run.peak_gib:g} GiB is above the GPU's {job.cluster.gpu.memory_bytes / 2**30:g} GiB")
-
-
-# --- runs from training logs ------------------------------------------------------------------
-
-# What a log states (calibration.logs) and where the case holds it.
-STATED_IN_CASE = {"num_layers": ("model", "num_layers"), "hidden_size": ("model", "hidden_size"),
-                  "num_attention_heads": ("model", "num_attention_heads"), "seq_length": ("training", "seq_len"),
-                  "global_batch_size": ("training", "global_batch_size"),
-                  "train_batch_size": ("training", "global_batch_size"),
-                  "micro_batch_size": ("layout", "micro_batch_size"),
-                  "train_micro_batch_size_per_gpu": ("layout", "micro_batch_size"),
-                  "tensor_model_parallel_size": ("layout", "tp"), "pipeline_model_parallel_size": ("layout", "pp")}
-
-
-def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
-    """One run per training log, each with its case (one case for every log, or one per log in
-    order); a CaseError where a log states another model or batch than its case, holds no step
-    time, or where the case has no layout."""
-    if not logs:
-        raise CaseError("--from-logs", "", "expected at least one training log")
-    if len(cases) not in (1, len(logs)):
-        raise CaseError("--case", "", f"expected one case for every log or one per log; got {len(cases)} cases for "
-                                      f"{len(logs)} logs")
-    runs = []
-    for i, log in enumerate(logs):
-        case_path = cases[0] if len(cases) == 1 else cases[i]
-        data, src, base = read_case(case_path)
-        if not isinstance(data, dict) or not isinstance(data.get("layout"), dict):
-            raise CaseError(src, "layout", "missing: a run's case gives the layout it ran")
-        data = absolute_paths(data, base)
-        reading = read_log(log)
-        training = dict(data.get("training") or {})
-        if "engine" not in training:  # priced as the engine that ran it
-            training["engine"] = reading.engine
-        elif training["engine"] not in ("any", reading.engine):
-            raise CaseError(str(log), "", f"is a {reading.engine} log; the case {src} says training.engine "
-                                          f"{training['engine']}")
-        data = {**data, "training": training}
-        case = load_case(data)
-        job = case.job()
-        for what, value in reading.stated:
-            if what == "parameters":
-                mine = total_parameters(job.model)
-                if abs(value / mine - 1) > 0.02:
-                    raise CaseError(str(log), "parameters", f"the log's model has {value:,.0f} parameters, the "
-                                                            f"case {src}'s {mine:,.0f}: a log of another model "
-                                                            "than the case")
-                continue
-            section, key = STATED_IN_CASE[what]
-            mine = getattr(job.layout, key) if section == "layout" else \
-                getattr(job.model, key) if section == "model" else getattr(job.training, key)
-            if float(mine) != value:
-                raise CaseError(str(log), what, f"the log states {what} {value:g}, the case {src} {section}.{key} "
-                                                f"{mine}: a log of another model or batch than the case")
-        tokens_per_step = job.training.global_batch_size * job.training.seq_len
-        if reading.step_time_s:
-            tokens = tokens_per_step / reading.step_time_s
-        elif reading.tokens_per_s_per_gpu:
-            tokens = reading.tokens_per_s_per_gpu * job.cluster.num_gpus
-        else:
-            tokens = reading.samples_per_s * job.training.seq_len
-        stage = 0 if reading.peak_of_rank_0_only and job.layout.pp > 1 else None
-        run = Run(Path(str(log)).name, data, tokens, reading.peak_gib, stage)
-        check_run(run, str(log))
-        runs.append(run)
-    return runs
-
-
-def absolute_paths(data: dict, base: Any) -> dict:
-    """A case's relative paths (an HF config) made absolute, so the case reads the same from anywhere."""
-    model = data.get("model")
-    relative = isinstance(model, dict) and isinstance(model.get("hf_config"), str) \
-        and not Path(model["hf_config"]).is_absolute()
-    if relative:
-        data = {**data, "model": {**model, "hf_config": str(Path(base) / model["hf_config"])}}
-    return data
-
-
-def load_runs(paths: Sequence[Any]) -> list[Run]:
-    """The runs of published-runs files (a CaseError naming the file and run where one is no run)."""
-    if not paths:
-        raise CaseError("--from-runs", "", "expected at least one runs file")
-    runs: list[Run] = []
-    for path in paths:
-        runs += runs_from_rows(read_yaml(Path(path)), str(path))
-    seen: dict[str, int] = {}
-    for r in runs:
-        seen[r.id] = seen.get(r.id, 0) + 1
-    twice = [k for k, n in seen.items() if n > 1]
-    if twice:
-        raise CaseError(str(paths[0]), twice[0], "the same run id appears twice: each run once")
-    return runs
-
-
-# --- the hardware the runs share ----------------------------------------------------------
 
 @dataclass(frozen=True)
 class Hardware:

@@ -17,8 +17,8 @@ import yaml
 
 from planner import calibrate_from_runs, estimate
 from planner.errors import CaseError
-from planner.learn import RUN_SCATTER, Run, fit, measured_step_s, predict, prior_hardware, runs_from_logs, \
-    runs_from_rows, with_figures
+from planner.learn import RUN_SCATTER, fit, measured_step_s, predict, prior_hardware, with_figures
+from planner.team_runs import Run, runs_from_logs, runs_from_rows
 from planner.training_logs import read_log
 from cli_in_process import run_cli
 
