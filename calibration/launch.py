@@ -190,7 +190,7 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
             if nnodes > 1:
                 return Outcome(None, time.monotonic() - start, nproc * nnodes)
             raise RunFailed("calibration failed: rank 0 wrote no profile; no profile written")
-        from planner.case import gpu_from_profile
+        from planner.case_cluster import gpu_from_profile
 
         try:
             gpu_from_profile(profile)

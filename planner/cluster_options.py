@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from cost_models.specs import ClusterSpec, FabricSpec, GPUSpec
 
-from .case import CLUSTER_KEYS, HARDWARE_KEYS, SIZING_KEYS, cluster_hardware, gpu_count, sizing_terms
+from .case_cluster import CLUSTER_KEYS, HARDWARE_KEYS, SIZING_KEYS, cluster_hardware, gpu_count, sizing_terms
 from .errors import CaseError
 from .fields import describe, read_mapping
 

@@ -28,7 +28,8 @@ from cost_models.flops import attention_flops, head_gemm, layer_gemms
 from cost_models.kernels import attention_shape_efficiency, flash_attention_time
 from cost_models.specs import GPUSpec, ModelSpec, Performance
 from cost_models.topology import GroupLinks
-from planner.case import gpu_from_profile, load_case
+from planner.case import load_case
+from planner.case_cluster import gpu_from_profile
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.case import (CLUSTER_KEYS, LAYOUT_KEYS, MODEL_KEYS, OVERHEAD_KEYS, PERFORMANCE_KEYS, SECTIONS,
-                          TRAINING_KEYS)
+from planner.case import LAYOUT_KEYS, MODEL_KEYS, OVERHEAD_KEYS, SECTIONS, TRAINING_KEYS
+from planner.case_cluster import CLUSTER_KEYS, PERFORMANCE_KEYS
 from planner.search_options import BOUNDED, SEARCH_KEYS
 
 CASE_REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "case-reference.md"

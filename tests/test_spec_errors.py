@@ -12,7 +12,8 @@ import yaml
 
 import cost_models.specs as specs
 from cost_models.specs import GPUSpec, ModelSpec, Performance, SpecError
-from planner.case import SPEC_FIELD_KEYS, SPEC_SECTIONS, case_key, case_message, load_case
+from planner.case import load_case
+from planner.case_errors import SPEC_FIELD_KEYS, SPEC_SECTIONS, case_key, case_message
 from planner.errors import CaseError
 
 CASE = {

@@ -1,0 +1,284 @@
+"""The ``cluster`` section of a case: the GPU (a preset, a calibrated profile or figures given
+inline), its host, the fabric, what each GPU achieves, how many there are, and the sizing terms."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from cost_models.specs import ClusterSpec, FabricSpec, GPUSpec, HostSpec, Performance
+
+from .case_errors import spec_errors
+from .errors import CaseError
+from .fields import (describe, read_figure, read_int, read_mapping, read_number, read_str, read_time, read_unit,
+                     required)
+from .inputs import read_yaml
+from .limits import MAX_GPU_HOUR_COST, MAX_GPUS
+from .presets import closest, fabric_presets, gpu_presets, performance_presets, resolve_gpu_preset
+from .units import parse_bandwidth, parse_memory
+
+
+GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
+            "gpus_per_node", "nvlink_domain", "sm_count", "fabric", "host", "block_scaling")
+
+# A GPU preset may name the fabric of its reference system; the cluster's fabric overrides it.
+# ``host`` (what offload reaches) is the reference system's too; ``cluster.host`` overrides it.
+OPTIONAL_GPU_KEYS = ("sm_count", "fabric", "host", "block_scaling")
+
+PEAK_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
+
+
+HOST_KEYS = ("memory", "link_bandwidth", "memory_bandwidth")
+
+FABRIC_KEYS = tuple(f.name for f in fields(FabricSpec) if f.name != "name") + ("nic_bandwidth",)
+
+
+# What one GPU type is, as a cluster section (or each of `size`'s cluster.options) gives it.
+HARDWARE_KEYS = ("gpu", "profile", "gpus_per_node", "intra_node_bandwidth", "inter_node_bandwidth", "memory",
+                 "performance", "fabric", "host")
+
+# `size` only: the most GPUs of a type it may use, and their price (planner/cluster_options.py).
+SIZING_KEYS = ("max_gpus", "max_nodes", "gpu_hour_cost")
+
+CLUSTER_KEYS = HARDWARE_KEYS + ("num_gpus", "nodes") + SIZING_KEYS + ("options",)
+
+
+PERFORMANCE_KEYS = tuple(f.name for f in fields(Performance))
+
+INTEGER_PERFORMANCE_KEYS = ("gemm_tile_m", "gemm_tile_n", "gemm_split_k")
+
+
+def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
+    """A GPUSpec from a preset entry, or an inline mapping with the same fields."""
+    data = read_mapping(src, key, data, GPU_KEYS)
+    for k in GPU_KEYS:
+        if k not in OPTIONAL_GPU_KEYS:
+            required(src, key, data, k)
+    peaks = read_mapping(src, f"{key}.peak_tflops", data["peak_tflops"], PEAK_KEYS)
+    formats = data.get("block_scaling", [])
+    if not isinstance(formats, list) or not all(isinstance(f, str) for f in formats):
+        raise CaseError(src, f"{key}.block_scaling", f"expected a list of formats, got {describe(formats)}")
+    with spec_errors(src):
+        return GPUSpec(
+            name=name,
+            memory_bytes=read_unit(src, f"{key}.memory", data["memory"], parse_memory),
+            peak_flops={p: read_figure(src, f"{key}.peak_tflops.{p}", v) * 1e12 for p, v in peaks.items()},
+            hbm_bandwidth=read_unit(src, f"{key}.hbm_bandwidth", data["hbm_bandwidth"], parse_bandwidth),
+            intra_node_bandwidth=read_unit(src, f"{key}.intra_node_bandwidth", data["intra_node_bandwidth"],
+                                       parse_bandwidth),
+            inter_node_bandwidth=read_unit(src, f"{key}.inter_node_bandwidth", data["inter_node_bandwidth"],
+                                       parse_bandwidth),
+            gpus_per_node=read_int(src, f"{key}.gpus_per_node", data["gpus_per_node"]),
+            nvlink_domain=read_int(src, f"{key}.nvlink_domain", data["nvlink_domain"]),
+            sm_count=read_int(src, f"{key}.sm_count", data["sm_count"]) if "sm_count" in data else None,
+            host=host_from_mapping(src, f"{key}.host", data["host"]) if "host" in data else None,
+            block_scaling=tuple(formats),
+        )
+
+
+def host_from_mapping(src: str, key: str, data: Any) -> HostSpec:
+    """What offload reaches: host memory, the GPU↔host link and host DRAM bandwidth, per GPU."""
+    data = read_mapping(src, key, data, HOST_KEYS)
+    for k in HOST_KEYS:
+        required(src, key, data, k)
+    with spec_errors(src):
+        return HostSpec(memory_bytes=read_unit(src, f"{key}.memory", data["memory"], parse_memory),
+                        link_bandwidth=read_unit(src, f"{key}.link_bandwidth", data["link_bandwidth"], parse_bandwidth),
+                        memory_bandwidth=read_unit(src, f"{key}.memory_bandwidth", data["memory_bandwidth"],
+                                               parse_bandwidth))
+
+
+def fabric_from_mapping(src: str, key: str, name: str, data: Any) -> tuple[FabricSpec, Optional[float]]:
+    """A FabricSpec (and the NIC line rate per GPU it sets, if any) from a preset entry or an
+    inline mapping with the same fields."""
+    data = read_mapping(src, key, data or {}, FABRIC_KEYS)
+    values: dict[str, Any] = {"name": name}
+    for k in ("efficiency", "latency_s", "tree_latency_s", "rails", "alltoall_efficiency", "oversubscription"):
+        if k in data:
+            values[k] = (read_time if k.endswith("_s") else read_number)(src, f"{key}.{k}", data[k])
+    if "leaf_nodes" in data:
+        values["leaf_nodes"] = read_int(src, f"{key}.leaf_nodes", data["leaf_nodes"])
+    if "efficiency_at" in data:
+        points = data["efficiency_at"]
+        if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
+            raise CaseError(src, f"{key}.efficiency_at", f"expected a list of [nodes, efficiency] pairs, got {describe(points)}")
+        values["efficiency_at"] = tuple((read_int(src, f"{key}.efficiency_at", n), read_number(src, f"{key}.efficiency_at", e))
+                                        for n, e in points)
+    nic = read_unit(src, f"{key}.nic_bandwidth", data["nic_bandwidth"], parse_bandwidth) if "nic_bandwidth" in data else None
+    with spec_errors(src):
+        return FabricSpec(**values), nic
+
+
+def _fabric(src: str, entry: Any, key: str) -> tuple[FabricSpec, Optional[float]]:
+    """A fabric named by a preset, or given as a mapping."""
+    if isinstance(entry, str):
+        presets = fabric_presets()
+        if entry not in presets:
+            raise CaseError(src, key, f"unknown fabric preset {entry!r}{closest(entry, presets)}; "
+                                      f"expected one of {', '.join(presets)}")
+        return fabric_from_mapping("planner/presets/fabrics.yaml", entry, entry, presets[entry])
+    if isinstance(entry, dict):
+        return fabric_from_mapping(src, key, "custom", entry)
+    raise CaseError(src, key, f"expected a fabric preset name or a mapping, got {describe(entry)}")
+
+
+def performance_from_mapping(src: str, key: str, data: Any, base: Performance) -> Performance:
+    """Performance figures over ``base``: every key optional, each a plain number (fractions, seconds)."""
+    data = read_mapping(src, key, data, PERFORMANCE_KEYS)
+    values = {k: read_int(src, f"{key}.{k}", v) if k in INTEGER_PERFORMANCE_KEYS
+              else read_time(src, f"{key}.{k}", v) if k.endswith("_s")
+              else (read_figure if "efficiency" in k or k == "sustained_clock" else read_number)(src, f"{key}.{k}", v)
+              for k, v in data.items()}
+    with spec_errors(src):
+        return replace(base, **values)
+
+
+def _cluster_overrides(src: str, section: dict, key: str) -> dict[str, Any]:
+    """GPUSpec fields the cluster section sets over its GPU's (a different NIC, a smaller node)."""
+    overrides: dict[str, Any] = {}
+    if "memory" in section:
+        overrides["memory_bytes"] = read_unit(src, f"{key}.memory", section["memory"], parse_memory)
+    for k in ("intra_node_bandwidth", "inter_node_bandwidth"):
+        if k in section:
+            overrides[k] = read_unit(src, f"{key}.{k}", section[k], parse_bandwidth)
+    if "gpus_per_node" in section:
+        overrides["gpus_per_node"] = read_int(src, f"{key}.gpus_per_node", section["gpus_per_node"])
+    if "host" in section:
+        overrides["host"] = host_from_mapping(src, f"{key}.host", section["host"])
+    return overrides
+
+
+PROFILE_KEYS = ("machine", "gpu", "performance", "fabric", "alone", "measurements", "overheads", "fitted")
+
+ALONE_KEYS = ("peak_tflops", "hbm_bandwidth", "performance")
+
+
+def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional[FabricSpec]]:
+    """The measured GPU of a hardware profile written by `layout-planner calibrate`, and its
+    measured fabric where the profile has one.
+
+    A profile holds ``gpu`` (the fields of a GPU preset, with measured figures),
+    ``performance`` and ``fabric`` (the fitted achieved figures), ``machine`` and ``measurements``,
+    and ``alone``: the compute and memory figures measured with one rank running, which a case of
+    one rank (``alone``) takes where the profile has them.
+    """
+    src = str(path)
+    data = read_mapping(src, "", read_yaml(path), PROFILE_KEYS)
+    machine = data.get("machine") or {}
+    name = str(machine.get("device", "profiled")) if isinstance(machine, dict) else "profiled"
+    gpu_data = required(src, "", data, "gpu")
+    performance = performance_from_mapping(src, "performance", data.get("performance") or {}, Performance())
+    if alone and data.get("alone") is not None:
+        one = read_mapping(src, "alone", data["alone"], ALONE_KEYS)
+        if isinstance(gpu_data, dict):
+            # Rank 0 timed the training precision alone: the other precisions keep their figures.
+            peaks = gpu_data.get("peak_tflops")
+            if isinstance(peaks, dict) and isinstance(one.get("peak_tflops"), dict):
+                gpu_data = {**gpu_data, "peak_tflops": {**peaks, **one["peak_tflops"]}}
+            if "hbm_bandwidth" in one:
+                gpu_data = {**gpu_data, "hbm_bandwidth": one["hbm_bandwidth"]}
+        performance = performance_from_mapping(src, "alone.performance", one.get("performance") or {}, performance)
+    gpu = gpu_from_mapping(src, "gpu", name, gpu_data)
+    fabric = fabric_from_mapping(src, "fabric", "measured", data["fabric"])[0] if data.get("fabric") else None
+    with spec_errors(src):
+        return replace(gpu, performance=performance), fabric
+
+
+def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster", alone: bool = False) \
+        -> tuple[GPUSpec, FabricSpec]:
+    """The GPU type a cluster section (``key``: where it sits in the case) describes, with the
+    section's overrides, and its fabric; a profile's single-rank figures where ``alone``."""
+    if "profile" in section:
+        if "gpu" in section:
+            raise CaseError(src, f"{key}.profile", "give either gpu or profile, not both")
+        profile = Path(read_str(src, f"{key}.profile", section["profile"]))
+        gpu_entry = None
+        gpu, profile_fabric = gpu_from_profile(profile if profile.is_absolute() else base / profile, alone)
+    else:
+        gpu_entry = required(src, key, section, "gpu")
+    if isinstance(gpu_entry, str):
+        gpu_entry = resolve_gpu_preset(src, f"{key}.gpu", gpu_entry)
+        presets = gpu_presets()
+        gpu = gpu_from_mapping(src, f"{key}.gpu", gpu_entry, presets[gpu_entry])
+        perf = performance_presets()
+        gpu = replace(gpu, performance=performance_from_mapping(
+            "planner/presets/performance.yaml", gpu_entry, perf.get(gpu_entry) or {}, Performance()))
+    elif isinstance(gpu_entry, dict):
+        gpu = gpu_from_mapping(src, f"{key}.gpu", "custom", gpu_entry)
+    elif gpu_entry is not None:
+        raise CaseError(src, f"{key}.gpu", f"expected a GPU preset name or a mapping, got {describe(gpu_entry)}")
+    # The fabric: the cluster's, else the one the GPU preset's reference system has.
+    default_fabric = gpu_entry.get("fabric") if isinstance(gpu_entry, dict) else \
+        gpu_presets()[gpu_entry].get("fabric") if isinstance(gpu_entry, str) else None
+    if "fabric" in section:
+        fabric, nic = _fabric(src, section["fabric"], f"{key}.fabric")
+    elif "profile" in section and profile_fabric is not None:
+        fabric, nic = profile_fabric, None
+    elif default_fabric is not None:
+        fabric, nic = _fabric(src, default_fabric, f"{key}.gpu.fabric")
+    else:
+        fabric, nic = FabricSpec(), None
+    overrides = {"inter_node_bandwidth": nic} if nic is not None else {}
+    overrides.update(_cluster_overrides(src, section, key))
+    if "performance" in section:
+        overrides["performance"] = performance_from_mapping(src, f"{key}.performance", section["performance"],
+                                                            gpu.performance)
+    with spec_errors(src):
+        return replace(gpu, **overrides), fabric
+
+
+def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
+    section = read_mapping(src, "cluster", section, CLUSTER_KEYS)
+    if "options" in section:
+        raise CaseError(src, "cluster.options", "lists GPU types for `size` to choose from; plan and estimate "
+                                                "run on one: give cluster.gpu with num_gpus or nodes")
+    gpu, fabric = cluster_hardware(src, section, base)
+    sizing_terms(src, section, "cluster", gpu.gpus_per_node)  # `size`'s keys, checked here as there
+    num_gpus = gpu_count(src, section, "cluster", gpu.gpus_per_node, ("num_gpus", "nodes"))
+    if num_gpus is None:
+        raise CaseError(src, "cluster.num_gpus", "missing; give num_gpus, or nodes and gpus_per_node")
+    if num_gpus == 1 and "profile" in section:
+        # One rank has the measured machine to itself: the profile's single-rank figures.
+        gpu, fabric = cluster_hardware(src, section, base, alone=True)
+    with spec_errors(src):
+        return ClusterSpec(gpu=gpu, num_gpus=num_gpus, fabric=fabric)
+
+
+def gpu_count(src: str, section: dict, key: str, gpus_per_node: int, names: tuple[str, str]) -> Optional[int]:
+    """The GPUs a section gives as ``names[0]``, or as ``names[1]`` whole nodes; None if neither."""
+    gpus, nodes = names
+    if gpus in section and nodes in section:
+        raise CaseError(src, f"{key}.{nodes}", f"give either {gpus} or {nodes} (with gpus_per_node), not both")
+    if gpus in section:
+        return read_int(src, f"{key}.{gpus}", section[gpus])
+    if nodes in section:
+        return read_int(src, f"{key}.{nodes}", section[nodes]) * gpus_per_node
+    return None
+
+
+def sizing_terms(src: str, section: dict, key: str, gpus_per_node: int) -> tuple[Optional[int], Optional[float]]:
+    """`size`'s terms for one GPU type: the most GPUs it may use (max_gpus, or max_nodes whole
+    nodes) and the price of a GPU-hour; None where the section gives none."""
+    most = gpu_count(src, section, key, gpus_per_node, ("max_gpus", "max_nodes"))
+    if most is not None and most > MAX_GPUS:
+        raise CaseError(src, f"{key}.max_gpus", f"at most {MAX_GPUS} GPUs can be sized, got {most}")
+    price = None
+    if "gpu_hour_cost" in section:
+        price = read_number(src, f"{key}.gpu_hour_cost", section["gpu_hour_cost"])
+        if not 0 < price <= MAX_GPU_HOUR_COST:
+            raise CaseError(src, f"{key}.gpu_hour_cost", f"expected a price per GPU-hour above 0 and at most "
+                                                         f"{MAX_GPU_HOUR_COST:g}, got {price:g}")
+    return most, price
+
+
+def cluster_profile(src: str, section: Any, base: Path) -> Optional[tuple[str, dict]]:
+    """(path, data) of the hardware profile a cluster section names, None where it names none:
+    its ``overheads`` (the allocator's, fitted to a team's runs) are the case's defaults."""
+    if not isinstance(section, dict) or not isinstance(section.get("profile"), str):
+        return None  # _cluster reports a malformed section
+    path = Path(section["profile"])
+    path = path if path.is_absolute() else base / path
+    data = read_yaml(path)
+    return str(path), data if isinstance(data, dict) else {}
+
