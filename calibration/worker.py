@@ -165,157 +165,196 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@dataclass
+class _Rank:
+    """This rank in the run: where it sits, what it runs on, and its process groups by link."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    node: int
+    cuda: bool
+    device: Any
+    backend: str
+    threads: int
+    progress: RankProgress
+    groups: dict[str, tuple[Optional[Any], list[int], int]] = field(default_factory=dict)
+    nodes: int = 1
+
+    def barrier(self) -> None:
+        with self.progress.comm():
+            dist.barrier()
+
+
 def work(argv: list[str], progress: RankProgress) -> None:
     """This rank's measurements; rank 0 writes ``profile.yaml`` in the run's folder."""
     args = _arguments(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    node = int(os.environ.get("GROUP_RANK", "0"))
     progress.step("start")
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    cuda = torch.cuda.is_available()
-    threads = threads_per_rank(local_world, cores())
-    if cuda:
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
-        torch.set_num_threads(threads)
-
-    progress.step("init")
-    with progress.comm():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=2 * args.timeout),
-                                **({"device_id": device} if cuda else {}))
-        places: list[Any] = [None] * world
-        dist.all_gather_object(places, (node, local_rank))
-    group_lists, nodes = _groups(places)
-    groups: dict[str, tuple[Optional[dist.ProcessGroup], list[int], int]] = {}
-    for link, lists in group_lists.items():
-        with progress.comm():
-            if len(lists) == 1 and len(lists[0]) == world:
-                mine, members = None, lists[0]
-            else:
-                mine, _ = dist.new_subgroups_by_enumeration(lists)
-                members = next(g for g in lists if rank in g)
-        groups[link] = (mine, members, next(i for i, g in enumerate(lists) if rank in g))
-
-    plan = make_plan(args.case, args.quick, cuda, device)
-    if cuda and "fp32" in plan.precisions:
+    me = _start(args, progress)
+    plan = make_plan(args.case, args.quick, me.cuda, me.device)
+    if me.cuda and "fp32" in plan.precisions:
         torch.backends.cuda.matmul.allow_tf32 = True  # the cost model's fp32 GEMMs run in TF32
         plan.notes.append("fp32 GEMMs ran with TF32 allowed, as the cost model assumes")
-    collective_items = [(link, kind, size) for link in groups for kind in benchmarks.COLLECTIVES
+    collective_items = [(link, kind, size) for link in me.groups for kind in benchmarks.COLLECTIVES
                         for size in plan.collective_sizes]
     # Overlap of a collective with compute: over the widest group, at the largest size.
-    overlap_link = next((link for link in groups if len(groups[link][1]) > 1), None)
+    overlap_link = next((link for link in me.groups if len(me.groups[link][1]) > 1), None)
     # The compute benchmarks again on rank 0 alone, where there are other ranks: the GEMMs of
     # the training precision, attention, and each element-wise kernel at the largest size.
-    alone_items = (len(plan.gemms) + len(plan.attention) + len(benchmarks.MEMORY_OPS)) if world > 1 else 0
+    alone_items = (len(plan.gemms) + len(plan.attention) + len(benchmarks.MEMORY_OPS)) if me.world > 1 else 0
     progress.set_total(len(plan.precisions) * len(plan.gemms) + len(plan.attention)
                        + len(benchmarks.MEMORY_OPS) * len(plan.memory_sizes) + alone_items + len(collective_items)
                        + (overlap_link is not None) + 1)
+    local, memory_moved = _measure_compute(me, plan)
+    alone = _measure_alone(me, plan) if alone_items else None
+    if me.cuda:
+        torch.cuda.empty_cache()
+    collective_bytes = _measure_collectives(me, plan, collective_items, overlap_link, local)
+    progress.step("write", "gathering timings")
+    gathered: Optional[list[Any]] = [None] * me.world if me.rank == 0 else None
+    with progress.comm():
+        dist.gather_object((local, {link: g[2] for link, g in me.groups.items()}), gathered, dst=0)
+    if me.rank == 0:
+        assert gathered is not None
+        m = _measurements(plan, gathered, memory_moved, collective_bytes, collective_items, me.groups)
+        m.alone = alone
+        _write_profile(me, args, plan, m, load_before)
+    me.barrier()
+    dist.destroy_process_group()
 
-    def barrier() -> None:
+
+def _start(args: argparse.Namespace, progress: RankProgress) -> _Rank:
+    """This rank's device and backend, the process group, and a subgroup per link."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    me = _Rank(rank=int(os.environ.get("RANK", "0")), world=int(os.environ.get("WORLD_SIZE", "1")),
+               local_rank=local_rank, local_world=local_world, node=int(os.environ.get("GROUP_RANK", "0")),
+               cuda=cuda, device=torch.device("cuda", local_rank) if cuda else torch.device("cpu"),
+               backend="nccl" if cuda else "gloo", threads=threads_per_rank(local_world, cores()), progress=progress)
+    if cuda:
+        torch.cuda.set_device(me.device)
+    else:
+        torch.set_num_threads(me.threads)
+    progress.step("init")
+    with progress.comm():
+        dist.init_process_group(me.backend, timeout=datetime.timedelta(seconds=2 * args.timeout),
+                                **({"device_id": me.device} if cuda else {}))
+        places: list[Any] = [None] * me.world
+        dist.all_gather_object(places, (me.node, me.local_rank))
+    group_lists, me.nodes = _groups(places)
+    for link, lists in group_lists.items():
         with progress.comm():
-            dist.barrier()
+            if len(lists) == 1 and len(lists[0]) == me.world:
+                mine, members = None, lists[0]
+            else:
+                mine, _ = dist.new_subgroups_by_enumeration(lists)
+                members = next(g for g in lists if me.rank in g)
+        me.groups[link] = (mine, members, next(i for i, g in enumerate(lists) if me.rank in g))
+    return me
 
+
+def _measure_compute(me: _Rank, plan: Any) -> tuple[list[list[float]], list[int]]:
+    """Every rank at once: GEMMs per precision, attention, element-wise kernels per size
+    (their timings, and the bytes each element-wise kernel moved)."""
     local: list[list[float]] = []
     memory_moved: list[int] = []
-    collective_bytes: list[int] = []
     for precision in plan.precisions:
         for shape in plan.gemms:
-            progress.step("gemm", f"{precision} {shape.m}x{shape.n}x{shape.k}")
-            barrier()
-            local.append(benchmarks.gemm(shape, precision, device, plan.budget))
+            me.progress.step("gemm", f"{precision} {shape.m}x{shape.n}x{shape.k}")
+            me.barrier()
+            local.append(benchmarks.gemm(shape, precision, me.device, plan.budget))
     for shape in plan.attention:
-        progress.step("attention", f"{plan.main_precision} b={shape.batch} heads={shape.heads} s={shape.seq_len}")
-        barrier()
-        local.append(benchmarks.attention(shape, plan.main_precision, device, plan.budget))
+        me.progress.step("attention", f"{plan.main_precision} b={shape.batch} heads={shape.heads} s={shape.seq_len}")
+        me.barrier()
+        local.append(benchmarks.attention(shape, plan.main_precision, me.device, plan.budget))
     for op in benchmarks.MEMORY_OPS:
         for size in plan.memory_sizes:
-            progress.step("memory", f"{op} {size // MiB} MiB")
-            barrier()
-            times, moved = benchmarks.memory(op, size, plan.main_precision, device, plan.memory_budget)
+            me.progress.step("memory", f"{op} {size // MiB} MiB")
+            me.barrier()
+            times, moved = benchmarks.memory(op, size, plan.main_precision, me.device, plan.memory_budget)
             local.append(times)
             memory_moved.append(moved)
-    alone: Optional[Measurements] = None
-    if alone_items:
-        # Every rank steps through the items (so the watchdog sees them move) and meets at a
-        # barrier before each; only rank 0 works between them.
-        alone = Measurements(attention_precision=plan.main_precision, gemm={plan.main_precision: []})
-        for shape in plan.gemms:
-            progress.step("alone", f"{plan.main_precision} {shape.m}x{shape.n}x{shape.k} on rank 0")
-            barrier()
-            if rank == 0:
-                alone.gemm[plan.main_precision].append(
-                    (shape, benchmarks.gemm(shape, plan.main_precision, device, plan.budget)))
-        for shape in plan.attention:
-            progress.step("alone", f"attention b={shape.batch} heads={shape.heads} s={shape.seq_len} on rank 0")
-            barrier()
-            if rank == 0:
-                alone.attention.append((shape, benchmarks.attention(shape, plan.main_precision, device,
-                                                                    plan.budget)))
-        size = max(plan.memory_sizes)
-        for op in benchmarks.MEMORY_OPS:
-            progress.step("alone", f"{op} {size // MiB} MiB on rank 0")
-            barrier()
-            if rank == 0:
-                times, moved = benchmarks.memory(op, size, plan.main_precision, device, plan.memory_budget)
-                alone.memory[op] = [(size, moved, times)]
-    if cuda:
-        torch.cuda.empty_cache()
-    for link, kind, size in collective_items:
-        group, members, _ = groups[link]
-        progress.step("collectives", f"{link} {kind} {_size(size)}")
-        barrier()
-        with progress.comm():
-            times, used = benchmarks.collective(kind, group, members, size, plan.main_precision, device,
+    return local, memory_moved
+
+
+def _measure_alone(me: _Rank, plan: Any) -> Measurements:
+    """The compute benchmarks again on rank 0 alone. Every rank steps through the items (so the
+    watchdog sees them move) and meets at a barrier before each; only rank 0 works between them."""
+    alone = Measurements(attention_precision=plan.main_precision, gemm={plan.main_precision: []})
+    for shape in plan.gemms:
+        me.progress.step("alone", f"{plan.main_precision} {shape.m}x{shape.n}x{shape.k} on rank 0")
+        me.barrier()
+        if me.rank == 0:
+            alone.gemm[plan.main_precision].append(
+                (shape, benchmarks.gemm(shape, plan.main_precision, me.device, plan.budget)))
+    for shape in plan.attention:
+        me.progress.step("alone", f"attention b={shape.batch} heads={shape.heads} s={shape.seq_len} on rank 0")
+        me.barrier()
+        if me.rank == 0:
+            alone.attention.append((shape, benchmarks.attention(shape, plan.main_precision, me.device, plan.budget)))
+    size = max(plan.memory_sizes)
+    for op in benchmarks.MEMORY_OPS:
+        me.progress.step("alone", f"{op} {size // MiB} MiB on rank 0")
+        me.barrier()
+        if me.rank == 0:
+            times, moved = benchmarks.memory(op, size, plan.main_precision, me.device, plan.memory_budget)
+            alone.memory[op] = [(size, moved, times)]
+    return alone
+
+
+def _measure_collectives(me: _Rank, plan: Any, items: list[tuple[str, str, int]], overlap_link: Optional[str],
+                         local: list[list[float]]) -> list[int]:
+    """Each collective per link and size, then one all-reduce beside GEMMs (appended to
+    ``local``); the bytes each collective moved."""
+    collective_bytes: list[int] = []
+    for link, kind, size in items:
+        group, members, _ = me.groups[link]
+        me.progress.step("collectives", f"{link} {kind} {_size(size)}")
+        me.barrier()
+        with me.progress.comm():
+            times, used = benchmarks.collective(kind, group, members, size, plan.main_precision, me.device,
                                                 plan.collective_budget)
         local.append(times)
         collective_bytes.append(used)
     if overlap_link is not None:
-        progress.step("overlap", f"{overlap_link} all_reduce beside GEMMs")
-        barrier()
-        with progress.comm():
-            local.append(benchmarks.overlap(groups[overlap_link][0], max(plan.collective_sizes),
+        me.progress.step("overlap", f"{overlap_link} all_reduce beside GEMMs")
+        me.barrier()
+        with me.progress.comm():
+            local.append(benchmarks.overlap(me.groups[overlap_link][0], max(plan.collective_sizes),
                                             max(plan.gemms, key=lambda g: g.flops), plan.main_precision,
-                                            device, plan.collective_budget))
+                                            me.device, plan.collective_budget))
+    return collective_bytes
 
-    progress.step("write", "gathering timings")
-    gathered: Optional[list[Any]] = [None] * world if rank == 0 else None
-    with progress.comm():
-        dist.gather_object((local, {link: g[2] for link, g in groups.items()}), gathered, dst=0)
-    if rank == 0:
-        assert gathered is not None
-        m = _measurements(plan, gathered, memory_moved, collective_bytes, collective_items, groups)
-        m.alone = alone
-        peaks = None
-        if args.gpu_preset:
-            from planner.presets import gpu_presets
 
-            peaks = dict(gpu_presets()[args.gpu_preset]["peak_tflops"])
-        if cuda:
-            memory_bytes = float(torch.cuda.get_device_properties(device).total_memory)
-        else:
-            memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / local_world
-        machine = machine_info(cuda, device, world, local_world, nodes, backend, threads, args.case, args.quick)
-        if args.gpu_preset:
-            machine["gpu_preset"] = args.gpu_preset
-        if args.other_cpu_share is not None:  # what other processes used just before the run
-            machine["other_cpu_share"] = round(args.other_cpu_share, 3)
-        if load_before is not None:  # other work on the host skews CPU timings: a load above the ranks' is a sign
-            machine["load_average_1min"] = {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}
-        profile = build_profile(machine, m, memory_bytes=memory_bytes, gpus_per_node=local_world,
-                                main_precision=plan.main_precision, datasheet_peaks=peaks)
-        target = progress.workdir / "profile.yaml"
-        tmp = target.with_name(".profile.yaml.tmp")
-        tmp.write_text(render(profile), encoding="utf-8")
-        os.replace(tmp, target)
-    barrier()
-    dist.destroy_process_group()
+def _write_profile(me: _Rank, args: argparse.Namespace, plan: Any, m: Measurements,
+                   load_before: Optional[float]) -> None:
+    """Rank 0: the profile from the measurements, written atomically as ``profile.yaml``."""
+    peaks = None
+    if args.gpu_preset:
+        from planner.presets import gpu_presets
+
+        peaks = dict(gpu_presets()[args.gpu_preset]["peak_tflops"])
+    if me.cuda:
+        memory_bytes = float(torch.cuda.get_device_properties(me.device).total_memory)
+    else:
+        memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / me.local_world
+    machine = machine_info(me.cuda, me.device, me.world, me.local_world, me.nodes, me.backend, me.threads, args.case,
+                           args.quick)
+    if args.gpu_preset:
+        machine["gpu_preset"] = args.gpu_preset
+    if args.other_cpu_share is not None:  # what other processes used just before the run
+        machine["other_cpu_share"] = round(args.other_cpu_share, 3)
+    if load_before is not None:  # other work on the host skews CPU timings: a load above the ranks' is a sign
+        machine["load_average_1min"] = {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}
+    profile = build_profile(machine, m, memory_bytes=memory_bytes, gpus_per_node=me.local_world,
+                            main_precision=plan.main_precision, datasheet_peaks=peaks)
+    target = me.progress.workdir / "profile.yaml"
+    tmp = target.with_name(".profile.yaml.tmp")
+    tmp.write_text(render(profile), encoding="utf-8")
+    os.replace(tmp, target)
 
 
 def _size(n: int) -> str:
