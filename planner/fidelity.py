@@ -134,8 +134,10 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
-             estimate: Optional[Callable] = None, plan: Optional[Callable] = None) -> Fidelity:
-    """Score the model on ``rows`` (the repo's published runs by default)."""
+             estimate: Optional[Callable] = None, plan: Optional[Callable] = None,
+             progress: Optional[Callable[[int, int], None]] = None) -> Fidelity:
+    """Score the model on ``rows`` (the repo's published runs by default); ``progress(done, total)``
+    is told of each tuned recipe planned."""
     if estimate is None or plan is None:
         from .estimate import estimate as estimate_api
         from .plan import plan as plan_api
@@ -175,7 +177,7 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
     _memory(out)
     _sweeps(out)
     if experts:
-        _experts(out, plan)
+        _experts(out, plan, progress)
     return out
 
 
@@ -219,7 +221,7 @@ def _sweeps(out: Fidelity) -> None:
         out.sweeps.append(Sweep(job, len(group), rho, regret, pick.case["layout"] if pick else None))
 
 
-def _experts(out: Fidelity, plan: Callable) -> None:
+def _experts(out: Fidelity, plan: Callable, progress: Optional[Callable[[int, int], None]] = None) -> None:
     # Tables repeat a recipe across containers and releases: each distinct case is planned once.
     plans: dict[str, Any] = {}
 
@@ -234,9 +236,10 @@ def _experts(out: Fidelity, plan: Callable) -> None:
             raise plans[key]
         return plans[key]
 
-    for r in out.rows:
-        if not r.row["source"].startswith(TUNED):
-            continue
+    tuned = [r for r in out.rows if r.row["source"].startswith(TUNED)]
+    for done, r in enumerate(tuned):
+        if progress:
+            progress(done, len(tuned))
         out.experts_scored += 1
         if not r.fits:
             out.expert_misfits.append(r.row["id"])
@@ -253,6 +256,8 @@ def _experts(out: Fidelity, plan: Callable) -> None:
             continue
         tokens = case["training"]["global_batch_size"] * case["training"]["seq_len"]
         out.expert_gains.append((r.row["id"], tokens / best.best.step_time_s / r.predicted - 1))
+    if progress:
+        progress(len(tuned), len(tuned))
 
 
 def to_dict(f: Fidelity) -> dict[str, Any]:
