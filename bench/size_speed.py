@@ -1,13 +1,15 @@
 """Time of `planner.size` in-process, median of runs each in a fresh process.
 
-    python bench/size_speed.py [RUNS]
+    python bench/size_speed.py [RUNS] [WORD ...]   (only the cases whose name has a WORD, e.g. front)
 
 Each run starts a new Python process, imports the planner and OR-tools (not timed: they are
 the same for every command), then times one `planner.size(...)` call with cold caches, as a
 user's first sizing in a session has them. The cases: Llama 3 70B at the case's 4M-token
 batch on up to 16,384 H100s (2,048 node counts), for 15T tokens by a 60-day deadline (the
 least GPU-hours that meets it), within the 16,384 GPUs (the shortest time), and the
-repo's two-type example (H100 or B200, the least cost). Each run also says where its time
+repo's two-type example (H100 or B200, the least cost); and with neither a deadline nor a
+budget (the front of days against spend and its knee), Llama 3.1 405B on up to 16,384 H100s
+for 15.6T tokens, and the two 70B cases. Each run also says where its time
 went: plan's search on the cluster sizes it visited, the CP-SAT solves, and the rest (the
 work bound, the estimates of the answers). Timings on a shared machine are noisy: report
 medians.
@@ -27,10 +29,15 @@ SEVENTY_B = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80g
              "training": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16", "optimizer": "adamw"},
              "search": {"target": "megatron"}}
 CASES = {
-    "70B on up to 16,384 H100, 15T tokens by 60 days": (SEVENTY_B, {"deadline": "60d"}),
-    "70B on up to 16,384 H100, 15T tokens, fastest": (SEVENTY_B, {"max_gpus": 16384}),
+    "70B on up to 16,384 H100, 15T tokens by 60 days": (SEVENTY_B, {"tokens": "15T", "deadline": "60d"}),
+    "70B on up to 16,384 H100, 15T tokens, fastest": (SEVENTY_B, {"tokens": "15T", "max_gpus": 16384}),
     "70B, H100 or B200 (examples/llama3-70b-15t-size.yaml), by 60 days":
-        (str(ROOT / "examples" / "llama3-70b-15t-size.yaml"), {"deadline": "60d"}),
+        (str(ROOT / "examples" / "llama3-70b-15t-size.yaml"), {"tokens": "15T", "deadline": "60d"}),
+    "405B on up to 16,384 H100 (examples/llama3.1-405b-16384-h100-plan.yaml), 15.6T tokens, the front":
+        (str(ROOT / "examples" / "llama3.1-405b-16384-h100-plan.yaml"), {"tokens": "15.6T"}),
+    "70B on up to 16,384 H100, 15T tokens, the front": (SEVENTY_B, {"tokens": "15T"}),
+    "70B, H100 or B200 (examples/llama3-70b-15t-size.yaml), the front":
+        (str(ROOT / "examples" / "llama3-70b-15t-size.yaml"), {"tokens": "15T"}),
 }
 
 
@@ -56,10 +63,11 @@ def one(name: str) -> dict:
     solver.SizeModel.solve = timed("solver", solver.SizeModel.solve)
     case, args = CASES[name]
     start = time.perf_counter()
-    result = sizing.size(case, "15T", **args)
+    result = sizing.size(case, **args)
     total = time.perf_counter() - start
     return {"total": total, **spent, "gpus": result.best.gpus, "gpu": result.best.option.gpu.name,
-            "days": result.best.days, "sizes": result.sizes, "searched": result.sizes_searched}
+            "days": result.best.days, "sizes": result.sizes, "searched": result.sizes_searched,
+            "front": [f"{c.gpus} {c.option.gpu.name}" for c in result.front]}
 
 
 def main() -> None:
@@ -67,7 +75,8 @@ def main() -> None:
         print(json.dumps(one(sys.argv[2])))
         return
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-    for name in CASES:
+    chosen = [name for name in CASES if not sys.argv[2:] or any(word in name for word in sys.argv[2:])]
+    for name in chosen:
         results = []
         for _ in range(runs):
             done = subprocess.run([sys.executable, __file__, "--one", name], cwd=ROOT, check=True,
@@ -75,8 +84,9 @@ def main() -> None:
             results.append(json.loads(done.stdout))
         totals = [r["total"] for r in results]
         middle = sorted(results, key=lambda r: r["total"])[len(results) // 2]
+        front = f" (the knee; front: {', '.join(middle['front'])})" if middle["front"] else ""
         print(f"{name}: median {statistics.median(totals):.2f} s (min {min(totals):.2f}, max {max(totals):.2f}, "
-              f"{runs} runs) -> {middle['gpus']} {middle['gpu']}, {middle['days']:.1f} days; "
+              f"{runs} runs) -> {middle['gpus']} {middle['gpu']}, {middle['days']:.1f} days{front}; "
               f"{middle['searched']} of {middle['sizes']} sizes searched; the median run: search "
               f"{middle['search']:.2f} s, solver {middle['solver']:.3f} s, rest "
               f"{middle['total'] - middle['search'] - middle['solver']:.2f} s")

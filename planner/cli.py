@@ -178,7 +178,9 @@ def size_command(
                                           "and training."),
     tokens: str = typer.Option(..., "--tokens", help="Tokens to train on: 15T, 300B, 2.5e12 (K, M, B, T)."),
     deadline: Optional[str] = typer.Option(None, "--deadline", help="Finish within this (60d, 36h): the least "
-                                                                    "GPU-hours, or cost, that meets it."),
+                                                                    "GPU-hours, or cost, that meets it. Without it "
+                                                                    "or a budget: the front of days against "
+                                                                    "GPU-hours (cost) and its knee."),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="Use at most this many GPUs (of any one type); "
                                                                     "without --deadline, the shortest time within it."),
     max_nodes: Optional[int] = typer.Option(None, "--max-nodes", help="Use at most this many nodes, as --max-gpus."),
@@ -187,10 +189,12 @@ def size_command(
     top: Optional[int] = typer.Option(None, "--top", help="Alternatives to list (default 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print the sizing as JSON."),
 ) -> None:
-    """How many GPUs of which type, in which layout, for a run of so many tokens: days, GPU-hours, cost."""
+    """How many GPUs of which type, in which layout, for a run of so many tokens: days, GPU-hours, cost.
+
+    With neither --deadline nor a budget: the front of days against GPU-hours (cost), its knee marked."""
     _load_solver_without_pandas()
-    from .report import print_sizing
     from .size import size, size_target
+    from .size_report import print_sizing
 
     _warn_profile(case)
     try:
@@ -272,10 +276,12 @@ def validate_published_command(
     from .case import load_case
     from .fidelity import evaluate, print_report, to_dict
     from .files import Output, write_all
+    from .progress import terminal_progress
     from .published_runs import load_rows
 
     try:
-        result = evaluate(load_rows(runs) if runs else None, experts=experts)
+        with terminal_progress("planning the tuned recipes") as progress:
+            result = evaluate(load_rows(runs) if runs else None, experts=experts, progress=progress)
         if not result.rows:  # nothing readable: an empty table would look like a pass
             why = [f"{rid}: {reason}" for rid, reason in result.malformed + result.failed][:3] \
                 + [f"{n} {reason}" for reason, n in result.skipped.items()]

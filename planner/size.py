@@ -10,9 +10,15 @@ at the case's global batch, for one objective:
 - with a deadline: the least GPU-hours that meets it (the least cost, when every type
   has a price);
 - without one, within a budget (``--max-gpus`` or ``--max-nodes``): the shortest time;
-- with neither: the least GPU-hours (or cost) within the case's limits.
+- with neither: the Pareto front of days against GPU-hours (cost) over a ladder of sizes
+  within the case's limits, its knee (the least days × GPU-hours) the answer
+  (:mod:`planner.size_front`): the least GPU-hours alone would be the smallest cluster that
+  fits, for a run of years.
 
-Ties go to the other measure (time, or GPU-hours/cost), then to the simpler layout.
+Ties go to the other measure (time, or GPU-hours/cost), then to the simpler layout. When
+nothing within the limits meets the target, :class:`Sizing` says so in ``status`` (deadline
+not met, over budget, nothing fits), with the fastest cluster within the limits and the
+fewest GPUs past them that would do.
 
 The cluster sizes of each type are enumerated, the most promising first (the smallest when
 spending decides, the largest when time does), under a ceiling on the step time that could
@@ -57,7 +63,8 @@ TIE_SPAN_S = 2e-6
 # When no size within the limits meets the deadline, sizes up to this many times the
 # limit are tried for one that would.
 ADVICE_REACH = 64
-OBJECTIVE_TEXT = {"gpu_hours": "the least GPU-hours", "cost": "the least cost", "time": "the shortest time"}
+OBJECTIVE_TEXT = {"gpu_hours": "the least GPU-hours", "cost": "the least cost", "time": "the shortest time",
+                  "front": "days against spend, the knee marked"}
 
 
 @dataclass(frozen=True)
@@ -180,39 +187,72 @@ def undominated(picks: list) -> list:
     return picks[:1] + [p for p in picks[1:] if not beaten(p)]
 
 
+# What a sizing found (``Sizing.status``).
+OK = "ok"  # an answer within the limits (with neither a deadline nor a budget: the front and its knee)
+DEADLINE_NOT_MET = "deadline not met"  # clusters within the limits fit, none meets the deadline
+OVER_BUDGET = "over budget"  # no layout fits within the limits (the budget, else the case's); a larger cluster fits
+NOTHING_FITS = "nothing fits"  # no layout fits within the limits, nor on any cluster past them the search tried
+STATUSES = (OK, DEADLINE_NOT_MET, OVER_BUDGET, NOTHING_FITS)
+_CHOICE_KEYS = ("gpu", "option", "gpus", "nodes", "layout", "step_time_s", "tokens_per_s", "days", "gpu_hours", "cost",
+                "mfu")
+
+
 @dataclass(frozen=True)
 class Sizing:
-    status: str  # CP-SAT's: OPTIMAL, or INFEASIBLE when no cluster within the limits meets the target
-    objective: str  # gpu_hours, cost or time
+    status: str  # one of STATUSES: ok, deadline not met, over budget, nothing fits
+    objective: str  # gpu_hours, cost or time; front with neither a deadline nor a budget
     tokens: float
     deadline_s: Optional[float]
-    best: Optional[SizeChoice]
+    best: Optional[SizeChoice]  # the answer; with neither a deadline nor a budget, the front's knee
     alternatives: tuple[SizeChoice, ...]
     sizes: int  # (type, size) pairs within the limits
     sizes_searched: int  # of those, sizes whose layouts were scored (the rest: no layout could matter)
     layouts_scored: int
     rows: int  # layouts the solver chose among
-    no_fit: Optional[str] = None  # why nothing within the limits meets the target, and what would
+    no_fit: Optional[str] = None  # unless ok: why, and what would do
     fastest: Optional[SizeChoice] = None  # a missed deadline: the fastest cluster within the limits
-    would_meet: Optional[SizeChoice] = None  # ... and one past them that meets it
+    would_meet: Optional[SizeChoice] = None  # unless ok: the fewest GPUs past the limits that fit and meet the deadline
+    solver_status: str = "OPTIMAL"  # CP-SAT's: OPTIMAL, or INFEASIBLE when no row meets the target
+    spend: str = "gpu_hours"  # the spend measure: cost where every type has a price, else gpu_hours
+    front: tuple[SizeChoice, ...] = ()  # neither a deadline nor a budget: days against spend, the cheapest first
+    knee: Optional[SizeChoice] = None  # the front's point of least days × spend (``size_front``)
+    spend_bound: Optional[float] = None  # the front's: no size of any type spends less (the work bound)
 
     @property
     def deadline_days(self) -> Optional[float]:
         return None if self.deadline_s is None else self.deadline_s / SECONDS_PER_DAY
 
+    @property
+    def reason(self) -> Optional[str]:
+        """Unless ok: why nothing within the limits meets the target, and what would."""
+        return self.no_fit
+
+    @property
+    def knee_index(self) -> Optional[int]:
+        return next((i for i, c in enumerate(self.front) if c is self.knee), None)
+
+    def spent(self, choice: SizeChoice) -> float:
+        """A choice's spend: its cost where every type has a price, else its GPU-hours."""
+        return choice.cost if self.spend == "cost" else choice.gpu_hours
+
     def to_dict(self) -> dict[str, Any]:
-        best = self.best.to_dict() if self.best else dict.fromkeys(
-            ("gpu", "option", "gpus", "nodes", "layout", "step_time_s", "tokens_per_s", "days", "gpu_hours", "cost",
-             "mfu"))
+        best = self.best.to_dict() if self.best else dict.fromkeys(_CHOICE_KEYS)
+        front = []
+        for i, point in enumerate(self.front):
+            before = self.front[i - 1] if i else None
+            front.append({**point.to_dict(), "knee": point is self.knee,
+                          "trade": before.trade(point) if before else None,
+                          "trades": before.trade_text(point) if before else None})
         return {
             **best,
             "alternatives": [{**alt.to_dict(), "trade": self.best.trade(alt), "trades": self.best.trade_text(alt)}
                              for alt in self.alternatives],
             "objective": self.objective, "tokens": self.tokens, "deadline_days": self.deadline_days,
-            "status": self.status,
+            "status": self.status, "solver_status": self.solver_status, "spend": self.spend,
+            "front": front, "knee": self.knee_index, "spend_bound": self.spend_bound,
             "search": {"sizes": self.sizes, "sizes_searched": self.sizes_searched,
                        "layouts_scored": self.layouts_scored, "rows": self.rows},
-            "no_fit": None if self.no_fit is None else {
+            "no_fit": None if self.status == OK else {
                 "reason": self.no_fit,
                 "fastest": self.fastest.to_dict() if self.fastest else None,
                 "would_meet": self.would_meet.to_dict() if self.would_meet else None},
@@ -345,7 +385,7 @@ class _Sweep:
 
 
 def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget) -> Sizing:
-    from .size_solver import SizeModel  # ortools loads in ~0.3 s: only `plan` and `size` pay for it
+    from .size_solver import SizeModel, SizeRow  # ortools loads in ~0.3 s: only `plan` and `size` pay for it
 
     _check_size(case)  # layers and global batch within what the search can enumerate
     spec = replace(case.search, top_k=0)  # each size's table: its fastest layouts only
@@ -353,7 +393,8 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     prices = [target.gpu_hour_cost if target.gpu_hour_cost is not None else o.gpu_hour_cost for o in options]
     priced = all(p is not None for p in prices)
     budget = target.max_gpus is not None or target.max_nodes is not None
-    objective = "time" if target.deadline_s is None and budget else "cost" if priced else "gpu_hours"
+    front_mode = target.deadline_s is None and not budget
+    objective = "front" if front_mode else "time" if target.deadline_s is None else "cost" if priced else "gpu_hours"
     weights = [p if priced else 1.0 for p in prices]
     tokens_per_step = case.training.global_batch_size * case.training.seq_len
     step_deadline = None if target.deadline_s is None else target.deadline_s * tokens_per_step / target.tokens
@@ -378,60 +419,120 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
         return SizeChoice(options[row.option], estimate_job(cluster_case, job, found.time),
                           target.tokens, prices[row.option])
 
+    def common(sweep: _Sweep, solver_status: str) -> dict[str, Any]:
+        return dict(objective=objective, tokens=target.tokens, deadline_s=target.deadline_s, sizes=len(sweep.sizes()),
+                    sizes_searched=sweep.searched, layouts_scored=sweep.scored, rows=len(sweep.rows),
+                    solver_status=solver_status, spend="cost" if priced else "gpu_hours")
+
+    if front_mode:
+        from .size_front import FRONT_SPAN, FrontSweep, knee_index, pareto_front
+
+        sweep = _Sweep(case, spec, options, limits, weights, "gpu_hours", None, 1)
+        steps = target.tokens / tokens_per_step
+        found = FrontSweep(sweep, steps).run()
+        if not found.points and sweep.sizes():  # no considered size fits: consider every one
+            found = FrontSweep(sweep, steps, pairs=sweep.sizes()).run()
+        sweep.rows = [SizeRow(option, gpus, c) for (option, gpus), table in found.tables.items() for c in table]
+        status, chosen = decide(sweep, "time", None, len(found.tables))  # each size's layout, as plan chooses it
+        if chosen:
+            picks = [choice(sweep, row) for row in chosen]
+
+            def days(c: SizeChoice) -> float:
+                return c.days
+
+            def spent(c: SizeChoice) -> float:
+                return c.cost if priced else c.gpu_hours
+
+            knee = picks[knee_index(picks, days, spent)]
+            front = pareto_front([c for c in picks if c.days <= FRONT_SPAN * knee.days * (1 + 1e-12)], days, spent)
+            knee = front[knee_index(front, days, spent)]
+            return Sizing(OK, best=knee, alternatives=(), front=tuple(front), knee=knee,
+                          spend_bound=found.spend_bound, **common(sweep, status))
+        return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status), lambda: [])
+
     sweep = _Sweep(case, spec, options, limits, weights, objective, step_deadline, target.top_k + 1).run()
     status, chosen = decide(sweep, objective, step_deadline, target.top_k + 1)
-    sizes = len(sweep.sizes())
-    common = dict(objective=objective, tokens=target.tokens, deadline_s=target.deadline_s, sizes=sizes,
-                  sizes_searched=sweep.searched, layouts_scored=sweep.scored, rows=len(sweep.rows))
     if chosen:
         picks = undominated([choice(sweep, row) for row in chosen])
-        return Sizing(status, best=picks[0], alternatives=tuple(picks[1:]), **common)
+        return Sizing(OK, best=picks[0], alternatives=tuple(picks[1:]), **common(sweep, status))
 
-    # Nothing within the limits meets the target: say what is fastest there, and what would.
-    if not sizes:
-        units = ", ".join(f"{o.gpu.name} {o.unit} GPUs per {o.unit_name}" for o in options)
-        return Sizing(status, best=None, alternatives=(), **common,
-                      no_fit=f"the limits leave no whole node or rack of any type ({units})")
-    fastest_sweep = _Sweep(case, spec, options, limits, weights, "time", None, 1).run() \
-        if step_deadline is not None else sweep
-    _, quickest = decide(fastest_sweep, "time", None, 1)
-    if not quickest:
+    def quickest() -> list:
+        """The fastest cluster within the limits (none when nothing fits there)."""
+        if step_deadline is None:  # the sweep was for the shortest time: it found nothing that fits
+            return []
+        fastest_sweep = _Sweep(case, spec, options, limits, weights, "time", None, 1).run()
+        return [choice(fastest_sweep, row) for row in decide(fastest_sweep, "time", None, 1)[1]]
+    return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status), quickest)
+
+
+def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int], step_deadline: Optional[float],
+           choice, decide, common: dict[str, Any], quickest) -> Sizing:
+    """Nothing within the limits meets the target: why, the fastest cluster there, and the
+    fewest GPUs past the limits that would fit and meet the deadline."""
+    def gpus_text(c) -> str:
+        return f"{c.gpus} {c.option.gpu.name} GPUs"
+
+    fastest = quickest() if sweep.sizes() else []
+    if fastest:  # clusters fit within the limits, none meets the deadline
+        fastest = fastest[0]
+        deadline_days = common["deadline_s"] / SECONDS_PER_DAY
+        reason = (f"no cluster within the limits meets the deadline of {deadline_days:.4g} days: the fastest, "
+                  f"{gpus_text(fastest)}, takes {fastest.days:.4g} days")
+        would = _would_meet(sweep, options, limits, step_deadline)
+        met = choice(sweep, would) if would is not None else None
+        reason += f"; {gpus_text(met)} would take {met.days:.4g} days" if met else \
+            f"; no cluster up to {ADVICE_REACH}× the limits would"
+        return Sizing(DEADLINE_NOT_MET, best=None, alternatives=(), **common, no_fit=reason, fastest=fastest,
+                      would_meet=met)
+    # No layout fits within the limits: plan's advice at the largest, and the fewest GPUs past them that fit.
+    if sweep.sizes():
         option = max(range(len(options)), key=lambda i: limits[i] // options[i].unit * options[i].unit)
         largest = limits[option] // options[option].unit * options[option].unit
         advice = plan_case(sweep.cluster_case(option, largest)).no_fit
         where = f"the largest cluster within the limits: {largest} {options[option].gpu.name} GPUs"
-        return Sizing(status, best=None, alternatives=(), **common,
-                      no_fit=f"{advice.describe()} ({where})" if advice else f"no layout fits ({where})")
-    fastest = choice(fastest_sweep, quickest[0])
-    deadline_days = target.deadline_s / SECONDS_PER_DAY
-    reason = (f"no cluster within the limits meets the deadline of {deadline_days:.4g} days: the fastest, "
-              f"{fastest.gpus} {fastest.option.gpu.name} GPUs, takes {fastest.days:.4g} days")
+        reason = f"{advice.describe()} ({where})" if advice else f"no layout fits ({where})"
+    else:
+        units = ", ".join(f"{o.gpu.name} {o.unit} GPUs per {o.unit_name}" for o in options)
+        reason = f"the limits leave no whole node or rack of any type ({units})"
     would = _would_meet(sweep, options, limits, step_deadline)
     if would is not None:
         met = choice(sweep, would)
-        reason += f"; {met.gpus} {met.option.gpu.name} GPUs would take {met.days:.4g} days"
-    else:
-        met = None
-        reason += f"; no cluster up to {ADVICE_REACH}× the limits would"
-    return Sizing(status, best=None, alternatives=(), **common, no_fit=reason, fastest=fastest, would_meet=met)
+        meet = f" and meet the deadline ({met.days:.4g} days)" if step_deadline is not None else ""
+        return Sizing(OVER_BUDGET, best=None, alternatives=(), **common, would_meet=met,
+                      no_fit=f"{reason}; past the limits, {gpus_text(met)} would fit{meet}")
+    if step_deadline is not None and (fits := _would_meet(sweep, options, limits, None)) is not None:
+        return Sizing(OVER_BUDGET, best=None, alternatives=(), **common,
+                      no_fit=f"{reason}; past the limits, {gpus_text(choice(sweep, fits))} would fit, but none up to "
+                             f"{ADVICE_REACH}× the limits would meet the deadline")
+    return Sizing(NOTHING_FITS, best=None, alternatives=(), **common, no_fit=reason)
 
 
-def _would_meet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int], step_deadline: float):
-    """The fewest GPUs past the limits, of the type that spends least there, that meet the deadline:
-    doubling the size until one does, then bisecting back in whole nodes (or racks)."""
+def _would_meet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
+                step_deadline: Optional[float]):
+    """The fewest GPUs past the limits, of the type that spends least there, on which a layout fits
+    and (with a deadline) meets it: doubling the size until one does, up to ADVICE_REACH (64) times
+    the limit (from one node or rack where the limit allows none), then bisecting back in whole nodes
+    (or racks). The row of its fastest layout, or None."""
     from .size_solver import SizeRow, within_deadline
 
     def meets(option: int, units: int) -> Optional[Candidate]:
-        table = sweep.fastest(option, units * options[option].unit, step_deadline)
-        return table[0] if table and within_deadline(table[0].step_time_s, step_deadline) else None
+        table = sweep.fastest(option, units * options[option].unit,
+                              math.inf if step_deadline is None else step_deadline)
+        if not table:
+            return None
+        return table[0] if step_deadline is None or within_deadline(table[0].step_time_s, step_deadline) else None
 
     found = []
     for option, unit in enumerate(o.unit for o in options):
-        start = max(limits[option] // unit, 1)
+        start = limits[option] // unit  # every size up to here is within the limits: none does
+        reach = max(start, 1) * ADVICE_REACH
         low = high = start
         hit = None
-        while hit is None and high < start * ADVICE_REACH and 2 * high * unit <= MAX_GPUS:
-            low, high = high, 2 * high
+        while hit is None:
+            bigger = max(2 * high, 1)
+            if bigger > reach or bigger * unit > MAX_GPUS:
+                break
+            low, high = high, bigger
             hit = meets(option, high)
         if hit is None:
             continue

@@ -90,34 +90,34 @@ class SizeModel:
             time_rank=dense_ranks(time_us),
             complexity_rank=complexity_ranks(candidates, global_batch),
         )
-        self.row = m.NewIntVar(0, len(rows) - 1, "row")
+        self.row = m.new_int_var(0, len(rows) - 1, "row")
         v = linked_variables(m, self.row, columns)
         self.size_var = v["size"]
         gpu_type, gpus = v["gpu_type"], v["gpus"]
 
         def by_type(name: str, values: list[int]) -> cp_model.IntVar:
-            variable = m.NewIntVarFromDomain(cp_model.Domain.FromValues(sorted(set(values))), name)
-            m.AddElement(gpu_type, values, variable)
+            variable = m.new_int_var_from_domain(cp_model.Domain.from_values(sorted(set(values))), name)
+            m.add_element(gpu_type, values, variable)
             return variable
 
         unit = by_type("gpus_per_unit", [o.unit for o in options])
-        m.AddMultiplicationEquality(gpus, [v["units"], unit])
-        m.Add(gpus <= by_type("gpu_limit", list(limits)))
+        m.add_multiplication_equality(gpus, [v["units"], unit])
+        m.add(gpus <= by_type("gpu_limit", list(limits)))
         # Per GPU type, the fit limit a row of that type is held to (estimate's: ``bands.fit_limit``).
         job_of = {r.option: r.candidate.job for r in reversed(rows) if r.candidate.job is not None}
         usable_mb = [int(fit_limit(usable_bytes(o.gpu.memory_bytes, overheads, spec.headroom),
                                    job_of[i].model, job_of[i].cluster, job_of[i].training) / 1e6)
                      if i in job_of else int(usable_bytes(o.gpu.memory_bytes, overheads, spec.headroom) / 1e6)
                      for i, o in enumerate(options)]
-        m.Add(v["peak_mb"] <= by_type("usable_mb", usable_mb))
-        m.AddMultiplicationEquality(gpus, [v[k] for k in ("dp", "tp", "pp", "cp")])
+        m.add(v["peak_mb"] <= by_type("usable_mb", usable_mb))
+        m.add_multiplication_equality(gpus, [v[k] for k in ("dp", "tp", "pp", "cp")])
         constrain_layout(m, spec, v, global_batch)
         if step_deadline_s is not None:
-            m.Add(v["step_time_up_us"] <= math.floor(step_deadline_s * 1e6))
+            m.add(v["step_time_up_us"] <= math.floor(step_deadline_s * 1e6))
         # Lexicographic: the objective, then the other of spend and time, then the simpler layout.
         first, second = ("time_rank", "spend_rank") if objective == "time" else ("spend_rank", "time_rank")
         n = len(rows)
-        m.Minimize((v[first] * n + v[second]) * n + v["complexity_rank"])
+        m.minimize((v[first] * n + v[second]) * n + v["complexity_rank"])
 
     def solve(self) -> Solution:
         if not self.rows:
@@ -125,13 +125,13 @@ class SizeModel:
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1  # small tables: one worker is fastest and deterministic
         solver.parameters.catch_sigint_signal = False  # Ctrl-C stops `size` (exit 130)
-        status = solver.Solve(self.model)
-        name = solver.StatusName(status)
+        status = solver.solve(self.model)
+        name = solver.status_name(status)
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return Solution(name, solver.Value(self.row))
+            return Solution(name, solver.value(self.row))
         return Solution(name, None)
 
     def exclude_size(self, index: int) -> None:
         """No more answers on the type and size of row ``index``: alternatives differ in either."""
         row = self.rows[index]
-        self.model.Add(self.size_var != self.size_id[(row.option, row.gpus)])
+        self.model.add(self.size_var != self.size_id[(row.option, row.gpus)])

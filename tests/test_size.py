@@ -177,8 +177,13 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
                 "deadline": f"{days[args['deadline_at'] % len(days)] * 24 * 1.0001:.6f}h"}
     result = planner.size(case, **args)
     deadline_s = None if "deadline" not in args else float(args["deadline"][:-1]) * 3600
-    objective = "time" if deadline_s is None and ("max_gpus" in args or "max_nodes" in args) else \
+    budget = "max_gpus" in args or "max_nodes" in args
+    objective = "front" if deadline_s is None and not budget else "time" if deadline_s is None else \
         "cost" if all(p is not None for p in prices) else "gpu_hours"
+    if objective == "front":
+        if result.objective != objective:
+            return problems + [f"{label}: objective {result.objective}, expected the front"]
+        return problems + check_front(label, result, swept, [o.unit for o in options], limits)
     tokens_per_step = case["training"]["global_batch_size"] * case["training"]["seq_len"]
     step_deadline = None if deadline_s is None else deadline_s * tokens_per_step / tokens
     order = ranked(swept, objective, deadline_s, step_deadline)
@@ -213,6 +218,49 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
     return problems
 
 
+def considered(units: int, limit_units: int) -> bool:
+    """docs/sizing.md: the front considers 1, 2, 3, 4, 6, 8, 12, ... whole units (powers of two
+    and 1.5 times them) and the limit itself."""
+    power = units & -units  # the largest power of two dividing it
+    return units in (limit_units, power, 3 * power)
+
+
+def check_front(label: str, result, swept: list[Swept], units: list[int], limits: list[int]) -> list[str]:
+    """`size` with neither a deadline nor a budget against the sweep: the front over the sizes
+    docs/sizing.md says it considers (those within 8× the knee's days), the knee the least days
+    × spend on it, and on each size plan's layout."""
+    pool = [s for s in swept if considered(s.gpus // units[s.option], limits[s.option] // units[s.option])]
+    pool = pool or swept  # no considered size fits: every size is considered
+    if not pool:
+        return [] if result.best is None and result.status != "ok" else [f"{label}: the sweep finds nothing"]
+    knee = min(pool, key=lambda s: (s.days * s.spend, s.spend, s.days))
+    within = [s for s in pool if s.days <= 8 * knee.days * (1 + 1e-12)]
+    front = [s for s in within if not any(o.days <= s.days and o.spend <= s.spend
+                                          and (o.days, o.spend) != (s.days, s.spend) for o in within)]
+    front.sort(key=lambda s: s.spend)
+    got = [(options_index(result, c), c.gpus) for c in result.front]
+    want = [(s.option, s.gpus) for s in front]
+    if got != want:
+        return [f"{label}: front {got}, the sweep's {want}"]
+    problems = []
+    for pick, s in zip(result.front, front):
+        if (pick.days, result.spent(pick)) != pytest.approx((s.days, s.spend), rel=1e-9):
+            problems.append(f"{label}: {pick.gpus} GPUs at {pick.days} days, {result.spent(pick)}; sweep {s}")
+        if pick.estimate.to_dict()["layout"] != s.layout:
+            problems.append(f"{label}: on {pick.gpus} GPUs size chose {pick.estimate.to_dict()['layout']}, "
+                            f"plan {s.layout}")
+    chosen = result.knee
+    if chosen is not result.best or (options_index(result, chosen), chosen.gpus) != (knee.option, knee.gpus):
+        problems.append(f"{label}: knee {result.knee and result.knee.gpus}, the sweep's {knee}")
+    return problems
+
+
+def options_index(result, choice) -> int:
+    """The index of a choice's GPU type among the case's options (``cluster.options[i]``, or 0)."""
+    key = choice.option.key
+    return int(key[len("cluster.options["):-1]) if key.startswith("cluster.options[") else 0
+
+
 @pytest.mark.slow  # plans generated cases at every cluster size: its module goes first
 def test_size_matches_a_sweep_of_plan_over_cluster_sizes_on_generated_cases():
     failures = []
@@ -233,7 +281,7 @@ MID = {"model": {"preset": "llama3-8b"},
     pytest.param(None, {"tokens": "1T", "deadline_at": 0}, id="deadline-fastest"),
     pytest.param(None, {"tokens": "1T", "deadline_at": 12}, id="deadline-middle"),
     pytest.param(None, {"tokens": "1T", "max_gpus": 200}, id="budget"),
-    pytest.param(None, {"tokens": "1T"}, id="least-cost"),
+    pytest.param(None, {"tokens": "1T"}, id="front"),
     pytest.param({"gpu": "h100-sxm-80gb", "nodes": 32}, {"tokens": "1T", "deadline_at": 20}, id="one-type-gpu-hours"),
     pytest.param({"gpu": "h100-sxm-80gb", "nodes": 32}, {"tokens": "1T", "max_nodes": 24}, id="one-type-budget"),
 ])
@@ -353,11 +401,13 @@ TINY = {"model": {"name": "tiny", "num_layers": 4, "hidden_size": 512, "num_atte
 def test_nvl72_racks_are_the_unit_of_size():
     case = {**TINY, "cluster": {"gpu": "gb200", "max_gpus": 300},
             "training": {**TINY["training"], "global_batch_size": 144}}
-    result = planner.size(case, "1B", top_k=10)
+    result = planner.size(case, "1B", max_gpus=300, top_k=10)  # within 300 GPUs, the fastest and the rest
     chosen = [result.best, *result.alternatives]
     assert {c.gpus for c in chosen} <= {72, 144, 216, 288} and len(chosen) >= 2
     assert all(c.nodes == c.gpus // 4 for c in chosen)
     assert result.sizes == 4
+    front = planner.size(case, "1B").front  # with no bound, the front: racks too
+    assert {c.gpus for c in front} <= {72, 144, 216, 288} and len(front) >= 2
 
 
 def test_a_missed_deadline_exits_3_and_says_what_would_meet_it(tmp_path):
@@ -385,9 +435,10 @@ def test_a_missed_deadline_exits_3_and_says_what_would_meet_it(tmp_path):
 def test_nothing_that_fits_exits_3_with_plans_advice():
     case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "nodes": 1, "memory": "64 MiB"}}
     result = planner.size(case, "1B")
-    assert result.best is None and result.status == "INFEASIBLE"
+    assert result.best is None and result.status == "nothing fits" and result.solver_status == "INFEASIBLE"
     assert result.no_fit.startswith("no layout fits: ")
     assert result.no_fit.endswith("(the largest cluster within the limits: 8 h100-sxm-80gb GPUs)")
+    assert result.fastest is None and result.would_meet is None
     result = planner.size({**TINY, "cluster": {"gpu": "gb200", "max_gpus": 4}}, "1B")
     assert result.best is None and "no whole node or rack" in result.no_fit
 

@@ -1,0 +1,112 @@
+"""What `size` prints: the answer and the next best; with neither a deadline nor a budget, the
+front of days against spend with its knee marked; and, when nothing within the limits meets the
+target (exit 3), the status, why, the fastest cluster within the limits and what would meet it.
+The fields are the `Sizing`'s, as `size --json` gives them."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .report import _layout_summary, count_text
+from .size import OBJECTIVE_TEXT, OK, SizeChoice, Sizing
+from .size_front import DOUBLING_SAVES, FRONT_SPAN
+
+
+def _cluster(choice: SizeChoice) -> str:
+    units = choice.gpus // choice.option.unit
+    return (f"{choice.gpus:,} × {choice.option.gpu.name} ({units:,} {choice.option.unit_name}"
+            f"{'s' * (units > 1)})")
+
+
+def _takes(choice: SizeChoice) -> str:
+    cost = f", cost {choice.cost:,.0f}" if choice.cost is not None else ""
+    return (f"{choice.tokens_per_s:,.0f} tokens/s (step {choice.step_time_s:.3f} s, MFU {choice.estimate.mfu:.1%}), "
+            f"{choice.days:,.1f} days, {choice.gpu_hours:,.0f} GPU-hours{cost}")
+
+
+def _print_choice(console: Console, choice: SizeChoice, label: str = "") -> None:
+    console.print(f"{label}[bold]{escape(_cluster(choice))}[/]: "
+                  + escape(_layout_summary(choice.estimate.to_dict()["layout"])))
+    console.print(escape(_takes(choice)))
+
+
+def _spend_text(sizing: Sizing) -> str:
+    return "cost" if sizing.spend == "cost" else "GPU-hours"
+
+
+def print_sizing(sizing: Sizing, console: Console) -> None:
+    if sizing.status != OK:
+        print_unmet(sizing, console)
+        return
+    best = sizing.best
+    job = best.estimate.job
+    deadline = f" within {sizing.deadline_days:.4g} days" if sizing.deadline_s is not None else ""
+    what = (f"days against {_spend_text(sizing)} (no deadline or budget), the knee marked" if sizing.front
+            else OBJECTIVE_TEXT[sizing.objective])
+    console.print(f"[bold]{escape(job.model.name)}[/] on {count_text(sizing.tokens)} tokens{deadline}, global batch "
+                  f"{job.training.global_batch_size} × {job.training.seq_len}: {what}")
+    if sizing.front:
+        print_front(sizing, console)
+    else:
+        _print_choice(console, best)
+        if sizing.alternatives:
+            table = Table(title="Next best")
+            for column in ("#", "GPUs", "type", "days", "GPU-hours", "cost", "trades"):
+                table.add_column(column, justify="left" if column in ("type", "trades") else "right")
+            for i, alt in enumerate(sizing.alternatives, 1):
+                table.add_row(str(i), f"{alt.gpus:,}", escape(alt.option.gpu.name), f"{alt.days:,.1f}",
+                              f"{alt.gpu_hours:,.0f}", "-" if alt.cost is None else f"{alt.cost:,.0f}",
+                              escape(best.trade_text(alt)))
+            console.print(table)
+    console.print(f"solver: {sizing.solver_status} over {sizing.rows} layouts on {sizing.sizes_searched} of "
+                  f"{sizing.sizes:,} cluster sizes ({sizing.layouts_scored:,} layouts scored)")
+
+
+def print_front(sizing: Sizing, console: Console) -> None:
+    """The front, the cheapest first, each row against the one above; the knee marked and spelled out."""
+    spend = _spend_text(sizing)
+    priced = any(point.cost is not None for point in sizing.front)
+    table = Table(title=f"Days against {spend}: the front", caption=f"× days, × {spend}: against the row above",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    columns = ["", "GPUs", "type", "days", "GPU-hours", *(["cost"] if priced else []), "× days", f"× {spend}"]
+    rows = []
+    for i, point in enumerate(sizing.front):
+        before = sizing.front[i - 1] if i else None
+        ratio = before.trade(point) if before else None
+        rows.append(["knee" if point is sizing.knee else "", f"{point.gpus:,}", escape(point.option.gpu.name),
+                     f"{point.days:,.1f}", f"{point.gpu_hours:,.0f}",
+                     *([f"{point.cost:,.0f}" if point.cost is not None else "-"] if priced else []),
+                     f"{ratio['days']:.2f}" if ratio else "",
+                     f"{ratio['cost' if sizing.spend == 'cost' else 'gpu_hours']:.2f}" if ratio else ""])
+    for k, column in enumerate(columns):  # the figures whole; a long type name folds
+        widest = max(len(row[k]) for row in rows)
+        table.add_column(column, justify="left" if column in ("", "type") else "right",
+                         overflow="fold" if column == "type" else "ellipsis",
+                         min_width=None if column == "type" else widest)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    knee = sizing.knee
+    _print_choice(console, knee, "knee: ")
+    console.print(f"The knee: the front's least days × {spend}, where 1% more {spend} stops buying 1% fewer days "
+                  f"(doubling one type's GPUs pays when it cuts the days by more than {DOUBLING_SAVES:.1%}).",
+                  markup=False)
+    if knee is sizing.front[-1]:
+        console.print("The knee is the front's fastest size: the limit binds, and more GPUs may still pay "
+                      "(the case's num_gpus, nodes, max_gpus or max_nodes).", markup=False)
+    bound = f"{sizing.spend_bound:,.0f} {'in cost' if sizing.spend == 'cost' else 'GPU-hours'}"
+    console.print(f"The front lists sizes up to {FRONT_SPAN:g}× the knee's days; no size of any type spends less "
+                  f"than {bound} (the work bound).", markup=False)
+
+
+def print_unmet(sizing: Sizing, console: Console) -> None:
+    """Exit 3: the status, why, the fastest cluster within the limits and what would meet the target."""
+    console.print(f"[red]{escape(sizing.status)}: {escape(sizing.no_fit or 'no cluster within the limits')}[/]")
+    if sizing.fastest is not None:
+        _print_choice(console, sizing.fastest, "fastest within the limits: ")
+    if sizing.would_meet is not None:
+        target = "would meet the deadline: " if sizing.deadline_s is not None else "would fit: "
+        _print_choice(console, sizing.would_meet, target)

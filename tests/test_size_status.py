@@ -1,0 +1,102 @@
+"""What `size` says when nothing within the limits meets the target: ``Sizing.status`` (ok,
+deadline not met, over budget, nothing fits), the fastest cluster within the limits and the
+fewest GPUs past them that would do, the same in the API, the JSON and the exit-3 message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import planner
+from cli_in_process import run_cli
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_405B = REPO / "examples" / "llama3.1-405b-16384-h100-plan.yaml"
+TINY = {"model": {"name": "tiny", "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 8000},
+        "training": {"global_batch_size": 64, "seq_len": 1024}}
+
+
+def no_fit_json(result) -> dict:
+    return json.loads(json.dumps(result.to_dict()))["no_fit"]
+
+
+def test_the_issues_budget_of_8192_gpus_says_the_deadline_is_not_met_and_what_would_meet_it():
+    """405B for 15.6T tokens by 60 days within 8,192 H100s: the fastest within them takes longer."""
+    result = planner.size(EXAMPLE_405B, "15.6T", deadline="60d", max_gpus=8192)
+    assert result.status == "deadline not met" and result.best is None and result.solver_status == "INFEASIBLE"
+    fastest, would = result.fastest, result.would_meet
+    assert fastest.gpus <= 8192 and fastest.days > 60
+    assert would.gpus > 8192 and would.gpus % 8 == 0 and would.days <= 60
+    assert result.reason == result.no_fit and f"{would.gpus} h100-sxm-80gb GPUs would take" in result.reason
+    printed = json.loads(json.dumps(result.to_dict()))
+    assert printed["status"] == "deadline not met" and printed["gpus"] is None
+    assert printed["no_fit"]["fastest"]["gpus"] == fastest.gpus
+    assert printed["no_fit"]["fastest"]["days"] == pytest.approx(fastest.days, rel=1e-12)
+    assert printed["no_fit"]["would_meet"]["gpus"] == would.gpus
+
+
+def test_a_missed_deadline_names_the_fewest_gpus_that_meet_it_in_whole_nodes(tmp_path):
+    case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "nodes": 1}}
+    fastest = planner.size(case, "50B", max_gpus=8).best
+    deadline = f"{fastest.days / 2 * 24:.6f}h"
+    result = planner.size(case, "50B", deadline=deadline)
+    assert result.status == "deadline not met"
+    assert result.fastest.gpus == fastest.gpus and result.fastest.days == pytest.approx(fastest.days)
+    would = result.would_meet
+    # One node fewer does not meet it; the size named does, and within it `size` answers ok.
+    fewer = planner.size(case, "50B", deadline=deadline, max_gpus=would.gpus - 8)
+    assert fewer.status == "deadline not met" and fewer.best is None
+    enough = planner.size(case, "50B", deadline=deadline, max_gpus=would.gpus)
+    assert enough.status == "ok" and enough.best.days <= fastest.days / 2 and enough.best.gpus <= would.gpus
+    # The exit-3 message says the same fields as the JSON.
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case))
+    done = run_cli("size", str(path), "--tokens", "50B", "--deadline", deadline)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.startswith("deadline not met: no cluster within the limits meets the deadline")
+    assert f"fastest within the limits: {result.fastest.gpus:,} × h100-sxm-80gb" in done.stdout
+    assert f"would meet the deadline: {would.gpus:,} × h100-sxm-80gb" in done.stdout
+    assert f"{would.days:,.1f} days" in done.stdout
+    printed = json.loads(run_cli("size", str(path), "--tokens", "50B", "--deadline", deadline, "--json").stdout)
+    assert printed["status"] == "deadline not met" and printed["no_fit"] == no_fit_json(result)
+
+
+@pytest.mark.parametrize("args", [pytest.param({"max_gpus": 8}, id="budget"), pytest.param({}, id="front")])
+def test_too_few_gpus_for_any_layout_is_over_budget_with_the_fewest_that_fit(args):
+    """405B on one node of H100s fits no layout; 24 GPUs (3 nodes) is the fewest that fits."""
+    case = yaml.safe_load(EXAMPLE_405B.read_text())
+    case["cluster"] = {"gpu": "h100-sxm-80gb", "num_gpus": 8}
+    result = planner.size(case, "15.6T", **args)
+    assert result.status == "over budget" and result.best is None and result.fastest is None
+    assert result.would_meet.gpus == 24
+    assert "past the limits, 24 h100-sxm-80gb GPUs would fit" in result.reason
+    assert no_fit_json(result)["would_meet"]["gpus"] == 24 and no_fit_json(result)["fastest"] is None
+    if args:  # the fewest by the definition: 16 GPUs fit nothing, 24 do
+        assert planner.size(case, "15.6T", max_gpus=16).status == "over budget"
+        assert planner.size(case, "15.6T", max_gpus=24).best.gpus == 24
+
+
+def test_nothing_fits_anywhere_says_so_and_exits_3(tmp_path):
+    case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "nodes": 1, "memory": "64 MiB"}}
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case))
+    done = run_cli("size", str(path), "--tokens", "1B", "--json")
+    assert done.returncode == 3
+    printed = json.loads(done.stdout)
+    assert printed["status"] == "nothing fits" and printed["gpus"] is None
+    assert printed["no_fit"]["would_meet"] is None and printed["no_fit"]["fastest"] is None
+    assert printed["front"] == [] and printed["knee"] is None
+    done = run_cli("size", str(path), "--tokens", "1B")
+    assert done.returncode == 3 and done.stdout.startswith("nothing fits: no layout fits: ")
+    assert " ".join(done.stdout.split()) == f"nothing fits: {printed['no_fit']['reason']}"
+
+
+def test_an_answer_says_ok():
+    case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "nodes": 2}}
+    for args in ({"deadline": "30d"}, {"max_gpus": 16}, {}):
+        result = planner.size(case, "1B", **args)
+        assert result.status == "ok" and result.solver_status == "OPTIMAL" and result.best is not None
+        assert result.to_dict()["no_fit"] is None and result.reason is None
