@@ -230,36 +230,3 @@ def count_text(value: float) -> str:
         if value >= scale:
             return f"{value / scale:.4g}{suffix}"
     return f"{value:.4g}"
-
-
-def print_sizing(sizing, console: Console) -> None:
-    """The chosen type, size and layout, what the run takes on them, and what the next best trade;
-    or why no cluster within the limits meets the target, and what would."""
-    from .size import OBJECTIVE_TEXT
-
-    if sizing.best is None:
-        console.print(f"[red]{escape(sizing.no_fit or 'no cluster within the limits')}[/]")
-        return
-    best = sizing.best
-    job = best.estimate.job
-    deadline = f" within {sizing.deadline_days:.4g} days" if sizing.deadline_s is not None else ""
-    console.print(f"[bold]{escape(job.model.name)}[/] on {count_text(sizing.tokens)} tokens{deadline}, global batch "
-                  f"{job.training.global_batch_size} × {job.training.seq_len}: {OBJECTIVE_TEXT[sizing.objective]}")
-    unit = best.option.unit_name
-    units = best.gpus // best.option.unit
-    console.print(f"[bold]{best.gpus:,} × {escape(best.option.gpu.name)}[/] ({units:,} {unit}{'s' * (units > 1)}): "
-                  + escape(_layout_summary(best.estimate.to_dict()["layout"])))
-    cost = f", cost {best.cost:,.0f}" if best.cost is not None else ""
-    console.print(f"{best.tokens_per_s:,.0f} tokens/s (step {best.step_time_s:.3f} s, MFU {best.estimate.mfu:.1%}), "
-                  f"{best.days:,.1f} days, {best.gpu_hours:,.0f} GPU-hours{cost}")
-    if sizing.alternatives:
-        table = Table(title="Next best")
-        for column in ("#", "GPUs", "type", "days", "GPU-hours", "cost", "trades"):
-            table.add_column(column, justify="left" if column in ("type", "trades") else "right")
-        for i, alt in enumerate(sizing.alternatives, 1):
-            table.add_row(str(i), f"{alt.gpus:,}", escape(alt.option.gpu.name), f"{alt.days:,.1f}",
-                          f"{alt.gpu_hours:,.0f}", "-" if alt.cost is None else f"{alt.cost:,.0f}",
-                          escape(best.trade_text(alt)))
-        console.print(table)
-    console.print(f"solver: {sizing.status} over {sizing.rows} layouts on {sizing.sizes_searched} of "
-                  f"{sizing.sizes:,} cluster sizes ({sizing.layouts_scored:,} layouts scored)")
