@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from .case import Case, load_case
 from .configs import read_config
-from .errors import CaseError
+from .errors import CaseError, one_line
 from .estimate import Estimate, estimate_job
 from .plan import Plan, plan_case
 from .search_options import retarget
+
+# Notes on how a launch script was read. With logging not configured (the CLI), each is one
+# "note: ..." line on stderr; a program using the API configures or silences this logger.
+log = logging.getLogger("planner.diagnose")
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,7 @@ class Diagnosis:
     estimate: Estimate  # the config's own layout
     plan: Plan  # the planner's best for the same model, cluster, global batch and engine
     resolved: tuple[str, ...] = ()  # the config's "auto" values, as the Hugging Face Trainer fills them
+    notes: tuple[str, ...] = ()  # how a Megatron launch script was read: the branches taken on what it does not set
 
     @property
     def speedup(self) -> Optional[float]:
@@ -30,6 +36,7 @@ class Diagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "config": self.estimate.to_dict(), "resolved": list(self.resolved),
+                "notes": list(self.notes),
                 "best": self.plan.best.to_dict() if self.plan.best else None,
                 "speedup": self.speedup,
                 "differs_from_best": self.plan.differences(self.estimate) if self.plan.best else None}
@@ -65,13 +72,17 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     leaves to the Trainer (its per_device_train_batch_size, its gradient_checkpointing)."""
     loaded = load_case(case)
     engine = "deepspeed" if config is not None else "megatron"
+    resolved: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     if megatron_args is not None:
+        from .readers.megatron import launch_notes
+
         loaded = with_megatron_training(loaded, Path(megatron_args))
+        notes = tuple(launch_notes(Path(megatron_args)))
     else:
         from .readers.deepspeed import auto_resolved
 
-        notes = tuple(auto_resolved(Path(config), loaded, pp, tp, micro_batch_size))
+        resolved = tuple(auto_resolved(Path(config), loaded, pp, tp, micro_batch_size))
     if recompute is not None and recompute not in ("none", "selective", "full"):
         raise CaseError("--recompute", recompute, "expected none, selective or full")
     layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp,
@@ -79,4 +90,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
     loaded = replace(loaded, training=training, search=spec)
     estimate = estimate_job(loaded, loaded.job(layout))
-    return Diagnosis(engine, estimate, plan_case(loaded, target=engine), notes)
+    diagnosis = Diagnosis(engine, estimate, plan_case(loaded, target=engine), resolved, notes)
+    for note in notes:
+        log.warning("note: %s", one_line(note, 1000))
+    return diagnosis

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -17,6 +18,7 @@ from ..emit.megatron import ACCOUNT_FLAGS, ALIASES, BOOL_FLAGS, FLAG_OF_FIELD, I
 from ..errors import CaseError, one_line
 from ..inputs import read_text
 from ..limits import MAX_EXPANDED_CHARS, MAX_INT
+from . import bash
 
 
 def _repeat(pattern: str, text: str) -> str:
@@ -120,32 +122,48 @@ def _substitute(word: str, variables: dict[str, str], src: str, key: str) -> str
     return _REFERENCE.sub(one, word)
 
 
-def _flags(words: list[str]) -> dict[str, Optional[str]]:
-    """The last value of every flag read() knows (argparse keeps the last)."""
+def _flags(words: list[str], src: str = "", shell: bool = False) -> dict[str, Optional[str]]:
+    """The last value of every flag read() knows (argparse keeps the last). ``shell``: the words
+    are those bash passes (:mod:`planner.readers.bash`), so no array parentheses are left in them,
+    and a word that holds a flag and its value together is the one argument argparse refuses."""
     known = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(LIST_FLAGS) | set(ALIASES)
+
+    def name(word: str) -> str:
+        flag = word.partition("=")[0]
+        flag = flag.replace("_", "-") if flag.startswith("--nproc_") else flag
+        return ALIASES.get(flag, flag)
+
+    # An argument list's words may still carry an array's parentheses: NAME=(--flag value ...).
+    closes = (lambda w: False) if shell else (lambda w: w.endswith(")"))
+    strip = (lambda w: w) if shell else (lambda w: w.rstrip(")"))
     found: dict[str, Optional[str]] = {}
     i = 0
     while i < len(words):
         word = words[i]
-        if "=(" in word:  # the first element of a one-line array: NAME=(--flag value ...)
-            word = word.split("=(", 1)[1]
-        word = word.lstrip("(").rstrip(")")
+        if not shell:
+            if "=(" in word:  # the first element of a one-line array: NAME=(--flag value ...)
+                word = word.split("=(", 1)[1]
+            word = word.lstrip("(").rstrip(")")
+        elif word.startswith("--") and len(word.split()) > 1 and name(word.split()[0]) in known:
+            raise CaseError(src, name(word.split()[0]),
+                            f"reaches the launch as the one argument {one_line(word, 60)!r}, which argparse "
+                            "refuses (a quoted expansion, \"${A[@]}\" or \"$ARGS\", keeps each element one word): "
+                            "expand it unquoted, ${A[@]}, as Megatron-LM's examples do")
         flag, _, inline = word.partition("=")
-        flag = flag.replace("_", "-") if flag.startswith("--nproc_") else flag
-        flag = ALIASES.get(flag, flag)
+        flag = name(flag)
         if flag in known:
             if flag in BOOL_FLAGS:
                 found[flag] = None
             elif flag in LIST_FLAGS:  # its values, space-separated, up to the next flag
                 values = [inline] if inline else []
-                while i + 1 < len(words) and not words[i + 1].startswith("--") and not words[i].endswith(")"):
-                    values.append(words[i + 1].rstrip(")"))
+                while i + 1 < len(words) and not words[i + 1].startswith("--") and not closes(words[i]):
+                    values.append(strip(words[i + 1]))
                     i += 1
                 found[flag] = " ".join(values)
             elif inline:
                 found[flag] = inline
             elif i + 1 < len(words) and not words[i + 1].startswith("--"):
-                found[flag] = words[i + 1].rstrip(")")
+                found[flag] = strip(words[i + 1])
                 i += 1
             else:
                 found[flag] = ""
@@ -167,6 +185,84 @@ def _with_included_args(text: str, path: Path) -> str:
     return "\n".join([_INCLUDED_ARGS.sub(" ", text), *included])
 
 
+# The same command, inside the $( ) the bash reader hands over: FILE beside the script, from any
+# directory variable ($HERE, ${SCRIPT_DIR}...).
+_INCLUDED_COMMAND = re.compile(r"""\s*grep\s+-v\s+(['"])\^#\1\s+"?\$\{?[A-Za-z_][A-Za-z0-9_]*\}?/"""
+                               r"""([A-Za-z0-9_.-]+)"?\s*""")
+
+
+def _included(command: str, path: Path) -> Optional[str]:
+    """The output of ``grep -v '^#' "$HERE/FILE"`` (FILE beside ``path``), read, not run; None for
+    any other command."""
+    match = _INCLUDED_COMMAND.fullmatch(command)
+    if match is None:
+        return None
+    lines = read_text(path.parent / match.group(2)).splitlines()
+    return "\n".join(line for line in lines if not line.startswith("#"))
+
+
+def _is_argument_list(text: str) -> bool:
+    """An argument list (every line, comments aside, a flag or flags), not a script: read word by
+    word as launch.sh passes it (a layout's unquoted ``|`` is no pipe there)."""
+    return all(line.startswith("-") for line in (raw.strip() for raw in text.splitlines())
+               if line and not line.startswith("#"))
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """What a file gives pretrain_gpt.py: its words, and what reading them assumed."""
+    src: str
+    words: list
+    shell: bool = False  # the words bash passes (planner.readers.bash), not an argument list's
+    notes: tuple = ()  # bash.Note: the branches taken on what the script does not set
+    unset: tuple = ()  # variables the launch's words read that nothing set
+    started: bool = True  # the script starts a command at all
+
+    def explain(self, error: CaseError) -> CaseError:
+        """``error`` with what the reading assumed that bears on it (the branches between
+        arguments this reader reads, the variables read as empty)."""
+        read = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(LIST_FLAGS) | set(ALIASES)
+        said = []
+        if self.unset:
+            said.append(f"the script leaves {', '.join(self.unset[:5])} unset: read as empty, as bash does")
+        if not self.started:
+            said.append("the script starts no command, so nothing reaches pretrain_gpt.py")
+        said += [note.text[len(self.src) + 2:] if note.text.startswith(self.src + ": ") else note.text
+                 for note in self.notes if note.flags is None or read & set(note.flags)]
+        if not said:
+            return error
+        return CaseError(error.source, error.key, f"{error.expected} ({'; '.join(said)})")
+
+
+def _launch(path: Path, text: str) -> _Launch:
+    """The words a Megatron-LM argument list or launch script gives pretrain_gpt.py: an argument
+    list word by word; a script as bash would expand it (planner.readers.bash), its launch being
+    the commands that start a Python script (torchrun ... pretrain_gpt.py), else every command."""
+    src = str(path)
+    if _is_argument_list(text):
+        return _Launch(src, _tokens(text, src))
+    try:
+        script = bash.read_script(text, src, lambda command: _included(command, path))
+    except bash.ScriptLimit as error:
+        suffix = "; expected a launch script whose variables hold arguments" if "expands past" in error.message else ""
+        raise CaseError(src, error.key, error.message + suffix) from None
+    except bash.ScriptSyntax as error:  # what bash (or this reader) cannot parse: word by word, as before
+        note = bash.Note(f"{src}: {error.key}: {error.message}: read word by word, not as bash would", None)
+        return _Launch(src, _tokens(_with_included_args(text, path), src), notes=(note,))
+    launches = [c for c in script.commands if any(f.endswith(".py") for f in c.fields)] or script.commands
+    unset = tuple(dict.fromkeys(name for c in launches for name in c.unset))
+    return _Launch(src, [w for c in launches for w in c.fields], True, tuple(script.notes), unset,
+                   bool(script.commands))
+
+
+def launch_notes(path: Path) -> list[str]:
+    """What reading the launch script at ``path`` assumed: each branch it took on a variable the
+    script does not set (from the environment or the command line), or on what it cannot decide
+    without running anything (a file test). Empty for an argument list."""
+    path = Path(path)
+    return [note.text for note in _launch(path, read_text(path)).notes]
+
+
 # A NeMo (Hydra) config: its top-level sections, which no argument list or launch script has.
 _NEMO_SECTIONS = re.compile(r"^(trainer|exp_manager)\s*:", re.MULTILINE)
 
@@ -175,12 +271,19 @@ def read(path: Path, case) -> Layout:
     """The layout of a Megatron-LM argument list or launch script, checked against ``case``."""
     path = Path(path)
     src = str(path)
-    text = _with_included_args(read_text(path), path)
-    if _NEMO_SECTIONS.search(text) and "--" not in text:
+    text = read_text(path)
+    included = _with_included_args(text, path)
+    if _NEMO_SECTIONS.search(included) and "--" not in included:
         raise CaseError(src, "", "this is a NeMo config (YAML with trainer and model sections), not a Megatron-LM "
                                  "argument list: give the arguments its launch passes to pretrain_gpt.py")
-    flags = _flags(_tokens(text, src))
+    launch = _launch(path, text)
+    try:
+        return _layout(src, _flags(launch.words, src, launch.shell), case)
+    except CaseError as error:
+        raise launch.explain(error) from None
 
+
+def _layout(src: str, flags: dict, case) -> Layout:
     def integer(flag: str, default: Optional[int] = None) -> Optional[int]:
         if flag not in flags:
             return default
@@ -451,7 +554,14 @@ def read_training(path: Path, case) -> dict:
       or HybridEP backend (``--moe-flex-dispatcher-backend``, ``--moe-enable-deepep``) sends a token once
       per NVLink domain (``deepep``); ``allgather`` (the default) and ``alltoall`` once per expert."""
     path = Path(path)
-    flags = _flags(_tokens(_with_included_args(read_text(path), path), str(path)))
+    launch = _launch(path, read_text(path))
+    try:
+        return _training(_flags(launch.words, launch.src, launch.shell), case)
+    except CaseError as error:
+        raise launch.explain(error) from None
+
+
+def _training(flags: dict, case) -> dict:
     main_grads = (flags.get("--main-grads-dtype") or "fp32").lower()
     settings = {
         "fp32_grads": "--accumulate-allreduce-grads-in-fp32" in flags or (

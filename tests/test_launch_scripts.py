@@ -1,0 +1,287 @@
+"""`diagnose --megatron-args SCRIPT` reads a launch script as bash would expand it, without running
+anything (planner/readers/bash.py): arrays built up in conditionals, ``${X:-default}``, quoting and
+word splitting. A branch taken on what the script does not set (the environment, ``$1``) is said in
+a note; real bash, run here on small scripts, is the oracle for the words."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli_in_process import run_cli
+from planner.diagnose import diagnose
+from planner.errors import CaseError
+from planner.readers.bash import read_script
+
+BASH = shutil.which("bash")
+needs_bash = pytest.mark.skipif(BASH is None, reason="no bash to compare with")
+
+CASE = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+        "training": {"global_batch_size": 128, "seq_len": 4096}}
+FP8 = {**CASE, "training": {**CASE["training"], "precision": "fp8", "fp8_recipe": "delayed"}}
+BF16 = {**CASE, "training": {**CASE["training"], "precision": "bf16"}}
+
+# The issue's script, with the arrays it leaves out. Megatron-LM's own examples (e.g.
+# examples/llama/train_llama3_8b_h100_fp8.sh) write "--fp8-format hybrid" as one element and expand
+# the array unquoted, ${DTYPE_ARGS[@]}, so that bash splits it into the flag and its value.
+SCRIPT = """#!/bin/bash
+DTYPE=${DTYPE:-fp8}
+DTYPE_ARGS=("--bf16")
+if [[ "$DTYPE" == "fp8" ]]; then
+    DTYPE_ARGS+=("--fp8-format hybrid" "--fp8-amax-history-len 1024")
+fi
+DISTRIBUTED_ARGS=(
+    --nproc_per_node 8   # one node
+    --nnodes 1
+)
+MODEL_ARGS=(
+    --num-layers 32 --hidden-size 4096 --num-attention-heads 32 \\
+    --seq-length 4096
+)
+DDP_ARGS=(--use-distributed-optimizer --overlap-grad-reduce)
+TRAINING_ARGS=(--micro-batch-size 1 --global-batch-size 128)
+TRAINING_ARGS+=("${DDP_ARGS[@]}")
+torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${MODEL_ARGS[@]} "${TRAINING_ARGS[@]}" ${DTYPE_ARGS[@]}
+"""
+# The same flags written one word each, which a quoted "${DTYPE_ARGS[@]}" passes as they are.
+ONE_WORD_EACH = SCRIPT.replace('DTYPE_ARGS+=("--fp8-format hybrid" "--fp8-amax-history-len 1024")',
+                               "DTYPE_ARGS+=(--fp8-format hybrid --fp8-amax-history-len 1024)") \
+    .replace("${DTYPE_ARGS[@]}\n", '"${DTYPE_ARGS[@]}"\n')
+# As Megatron-LM's example has it: --bf16 among the training arguments, the fp8 ones added to it
+# (Transformer Engine runs the GEMMs in fp8 within bf16 training). Read word by word, this was bf16.
+EXAMPLE = SCRIPT.replace('DTYPE_ARGS=("--bf16")', "DTYPE_ARGS=()") \
+    .replace("TRAINING_ARGS=(--micro-batch-size 1 --global-batch-size 128)",
+             "TRAINING_ARGS=(\n    --micro-batch-size 1\n    --global-batch-size 128\n    --bf16\n)")
+VARIANTS = pytest.mark.parametrize("script", [SCRIPT, ONE_WORD_EACH, EXAMPLE],
+                                   ids=["issue", "one-word-each", "megatron-example"])
+
+
+def files(tmp_path: Path, script: str, case: dict) -> tuple[Path, Path]:
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    (tmp_path / "train.sh").write_text(script)
+    return tmp_path / "case.yaml", tmp_path / "train.sh"
+
+
+def launched(script: str) -> list[str]:
+    """The words the reader gives torchrun."""
+    return [w for c in read_script(script, "train.sh").commands if c.fields[0] == "torchrun" for w in c.fields[1:]]
+
+
+def bash_words(tmp_path: Path, script: str) -> list[list[str]]:
+    """What real bash passes each torchrun of ``script`` (a stand-in function that prints its
+    arguments on fd 3, the script's own output going to stderr), with an environment that sets
+    none of the script's variables and no arguments."""
+    path = tmp_path / "oracle.sh"
+    path.write_text(script)
+    run = subprocess.run(["env", "-i", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}", BASH, "-c",
+                          'torchrun() { { printf "%s\\0" "$#" "$@"; printf "\\1"; } >&3; }; export -f torchrun; '
+                          'exec bash "$0" 3>&1 1>&2',
+                          str(path)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    calls = [call.split("\0")[:-1] for call in run.stdout.split("\1")[:-1]]
+    assert all(int(call[0]) == len(call) - 1 for call in calls), calls
+    return [call[1:] for call in calls]
+
+
+@VARIANTS
+def test_flags_appended_in_a_conditional_are_read(tmp_path, script):
+    """The fp8 flags appended inside ``if [[ "$DTYPE" == "fp8" ]]``, and the DDP flags appended
+    from another array, reach pretrain_gpt.py: the script trains in fp8 and is not refused
+    against an fp8 case (read word by word, Megatron-LM's example read as bf16, and was)."""
+    words = launched(script)
+    assert words[words.index("--fp8-format") + 1] == "hybrid"
+    assert words[words.index("--fp8-amax-history-len") + 1] == "1024"
+    assert "--overlap-grad-reduce" in words and "--use-distributed-optimizer" in words
+    case, args = files(tmp_path, script, FP8)
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.training.precision == "fp8"
+    layout = result.estimate.job.layout
+    assert (layout.dp, layout.tp, layout.micro_batch_size, layout.zero_stage) == (8, 1, 1, 1)
+    # DTYPE comes from the environment, read with its default: the note says which branch ran.
+    assert any('if [[ "$DTYPE" == "fp8" ]] is true' in note and "DTYPE is not set by the script" in note
+               and "takes its then branch" in note for note in result.notes), result.notes
+
+
+@needs_bash
+@VARIANTS
+def test_the_issue_script_reads_as_bash_runs_it(tmp_path, script):
+    assert [launched(script)] == bash_words(tmp_path, script)
+
+
+def test_a_quoted_array_passes_flag_and_value_as_one_argument_which_argparse_refuses(tmp_path):
+    """Quoted, "${DTYPE_ARGS[@]}" keeps the element "--fp8-format hybrid" one word: argparse takes a
+    word with a space for a positional and Megatron-LM stops on it, so the launch is refused
+    naming the flag rather than read as bf16."""
+    case, args = files(tmp_path, SCRIPT.replace("${DTYPE_ARGS[@]}\n", '"${DTYPE_ARGS[@]}"\n'), FP8)
+    assert "--fp8-format hybrid" in launched(args.read_text())
+    with pytest.raises(CaseError, match=r"train.sh: --fp8-format: reaches the launch as the one argument "
+                                        r"'--fp8-format hybrid', which argparse refuses"):
+        diagnose(case, megatron_args=args)
+
+
+def test_a_default_that_skips_the_branch_is_said(tmp_path):
+    """``DTYPE=${DTYPE:-bf16}``: the fp8 branch does not run, the launch trains in bf16, and the note
+    names the condition and the branch taken; against an fp8 case the refusal says why."""
+    script = SCRIPT.replace("DTYPE=${DTYPE:-fp8}", "DTYPE=${DTYPE:-bf16}")
+    words = launched(script)
+    assert "--fp8-format" not in words and "--bf16" in words
+    case, args = files(tmp_path, script, BF16)
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.training.precision == "bf16"
+    assert result.notes == (f"{args}: line 4: if [[ \"$DTYPE\" == \"fp8\" ]] is false (DTYPE is not set by the "
+                            "script: read as its default 'bf16'), so the script skips its then branch (no branch "
+                            "of this if runs)",)
+    assert json.loads(json.dumps(result.to_dict()))["notes"] == list(result.notes)
+    case, args = files(tmp_path, script, FP8)
+    with pytest.raises(CaseError) as error:
+        diagnose(case, megatron_args=args)
+    message = str(error.value)
+    assert message.startswith(f"{args}: --bf16: trains in bf16, but the case's precision is fp8 (line 4: if [[")
+    assert "DTYPE is not set by the script: read as its default 'bf16'" in message
+
+
+def test_a_condition_on_an_unset_variable_takes_the_unset_branch(tmp_path):
+    """``[ -n "$USE_FP8" ]`` with USE_FP8 from the environment: bash with it unset takes the else
+    branch, and so does the reader, saying so."""
+    script = SCRIPT.replace('if [[ "$DTYPE" == "fp8" ]]; then', 'if [ -n "$USE_FP8" ]; then') \
+        .replace('DTYPE_ARGS=("--bf16")', "DTYPE_ARGS=()") \
+        .replace("\nfi\n", "\nelse\n    DTYPE_ARGS+=(--bf16)\nfi\n", 1)
+    words = launched(script)
+    assert "--bf16" in words and "--fp8-format" not in words
+    case, args = files(tmp_path, script, BF16)
+    result = diagnose(case, megatron_args=args)
+    assert result.notes == (f'{args}: line 4: if [ -n "$USE_FP8" ] is false (USE_FP8 is not set by the script: '
+                            "read as empty), so the script takes its else branch",)
+
+
+@needs_bash
+def test_quoted_array_elements_stay_whole_and_unquoted_ones_split_as_in_bash(tmp_path):
+    script = ('A=("--fp8-format hybrid" --bf16 "")\n'
+              'torchrun "${A[@]}"\n'
+              "torchrun ${A[@]}\n"
+              'torchrun "${A[*]}" x"${A[@]}"y\n')
+    words = [list(c.fields[1:]) for c in read_script(script, "a.sh").commands]
+    assert words[0] == ["--fp8-format hybrid", "--bf16", ""]
+    assert words[1] == ["--fp8-format", "hybrid", "--bf16"]
+    assert words == bash_words(tmp_path, script)
+
+
+# Small scripts whose torchrun words the reader must give as bash does.
+AS_BASH = [
+    'E=(); torchrun "${E[@]}" "" "$U" $U "${U:-d e}" ${U:-d e} ${U:-"d e"} "${#E[@]}"',
+    'X=1; X+=2; A=(1); A+=(2 3); torchrun $X "${A[@]}" ${#A[@]} ${A[1]} ${A[-1]} ${A}',
+    'S=" a  b "; torchrun x${S}y "x${S}y" $S',
+    'P=/a/b/c.tar.gz; torchrun ${P##*/} ${P#*/} ${P%.*} ${P%%.*} ${P/a/Z} ${P//[ab]/-} ${P:1:3} ${P: -3} ${P^^} ${#P}',
+    'N=3; M=$((N*4+1)); ((N++)); let "K = N << 2"; torchrun $M $N $K $((10/3)) $((-7%3)) $((2**10)) $((N>2?1:0))',
+    'V=fp8\nif [[ $V == fp* ]]; then torchrun glob; fi\nif [ "$V" = "fp*" ]; then torchrun no; else torchrun lit; fi',
+    'case ${M:-7b} in\n  7b|8b) T=1;;\n  70b) T=8;;\n  *) T=0;;\nesac\ntorchrun $T',
+    'f() { torchrun "$@" $# "$1"; }\nf "a b" c',
+    'for x in 1 "2 3"; do torchrun $x; done; i=0; while [ $i -lt 2 ]; do torchrun w$i; i=$((i+1)); done',
+    'X=${Y:=def}; torchrun $X $Y ${Z:+alt} ${X:+alt} ${Z-dash} "${Z-}"',
+    "A=$'a\\tb'; torchrun \"$A\" 'sq $X' \"dq \\$X \\\\ \\\"\" a\\ b",
+    'export FOO=bar\nbash -c "torchrun \\$FOO \\$0 \\$1" zero one',
+    'cat <<EOF > /dev/null\ntorchrun inside a here-document\nEOF\ntorchrun after',
+    '[[ -z "$X" ]] && torchrun empty || torchrun full\n[ -n $X ] && torchrun unquoted-n-is-true',
+    'A=(x\n # a comment\n  y # another\n  "z w")\ntorchrun "${A[@]}"',
+    'X=a; { X=b; }; (X=c); torchrun $X; set -- p q r; shift; torchrun "$@" $#',
+    'if false; then torchrun 1; elif true; then torchrun 2; else torchrun 3; fi',
+    'cd / || exit 1; echo "fine"; M=${MODEL:-llama}; [[ "$M" == "llama" ]] || { echo bad; exit 1; }; '
+    'torchrun good',
+    'if [[ -n "${SLURM_JOB_ID:-}" ]]; then N=$SLURM_NNODES; else N=1; fi; torchrun --nnodes $N',
+    'X=b\ncase $X in\n a) torchrun a;;\n b) torchrun b;&\n c) torchrun c;;\nesac',
+    'torchrun --a=1 \\\n  --b 2 \\\n  x; echo done; exit 0; torchrun never',
+    'N="a b"\nX=$((N+1)); torchrun abandoned-with-its-line\ntorchrun next-line',
+    'N="a b"\n(( N > 1 )) || torchrun status-1; let "M = N" || torchrun let-1; [[ $N -eq 1 ]] || torchrun test-1',
+]
+
+
+@needs_bash
+@pytest.mark.parametrize("script", AS_BASH, ids=range(len(AS_BASH)))
+def test_words_are_those_bash_passes(tmp_path, script):
+    script += "\n"
+    got = [list(c.fields[1:]) for c in read_script(script, str(tmp_path / "oracle.sh")).commands
+           if c.fields[0] == "torchrun"]
+    assert got == bash_words(tmp_path, script)
+
+
+def test_what_cannot_be_decided_is_read_as_the_branch_that_does_not_exit(tmp_path):
+    """Megatron-LM's examples stop when pretrain_gpt.py is missing: a file test the reader cannot
+    make; it reads the launch that follows, and says so."""
+    script = SCRIPT.replace("torchrun", 'P=pretrain_gpt.py\nif [ ! -f "$P" ]; then\n    echo "missing"\n'
+                                        "    exit 1\nfi\ntorchrun", 1)
+    case, args = files(tmp_path, script, FP8)
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.training.precision == "fp8"
+    assert any('if [ ! -f "$P" ] cannot be decided without running anything (a file test, -f): read as false, '
+               "so the script skips its then branch" in note for note in result.notes), result.notes
+
+
+def test_a_variable_left_unset_is_empty_and_the_refusal_says_so(tmp_path):
+    script = SCRIPT.replace("--micro-batch-size 1", "--micro-batch-size $MBS")
+    case, args = files(tmp_path, script, FP8)
+    with pytest.raises(CaseError) as error:
+        diagnose(case, megatron_args=args)
+    assert str(error.value).startswith(f"{args}: --micro-batch-size: expected an integer, got ''")
+    assert "the script leaves MBS unset: read as empty, as bash does" in str(error.value)
+
+
+def test_the_notes_are_printed_on_stderr_and_in_the_json(tmp_path):
+    case, args = files(tmp_path, SCRIPT.replace("DTYPE=${DTYPE:-fp8}", "DTYPE=${DTYPE:-bf16}"), BF16)
+    env = {k: v for k, v in os.environ.items() if k != "DTYPE"}
+    text = subprocess.run([sys.executable, "-m", "planner", "diagnose", str(case), "--megatron-args", str(args)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert text.returncode == 0, text.stderr
+    assert f'note: {args}: line 4: if [[ "$DTYPE" == "fp8" ]] is false' in text.stderr
+    as_json = run_cli("diagnose", str(case), "--megatron-args", str(args), "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["notes"][0].startswith(f"{args}: line 4: if [[")
+
+
+def test_an_emitted_sbatch_script_reads_back_to_the_plan(tmp_path):
+    """sbatch.sh takes its arguments from megatron_args.txt inside ${SLURM_SUBMIT_DIR:-$(...)}."""
+    from planner.configs import render
+    from planner.plan import plan
+    from planner.readers import megatron
+
+    best = plan(CASE, target="megatron", top_k=0).best
+    for name, text in render(best, "megatron", "<generated>")[0].items():
+        (tmp_path / name).write_text(text)
+    for name in ("megatron_args.txt", "launch.sh", "sbatch.sh"):
+        assert megatron.read(tmp_path / name, best.case) == megatron.read(tmp_path / "megatron_args.txt", best.case)
+        assert megatron.launch_notes(tmp_path / name) == []
+
+
+@pytest.mark.parametrize("script, key, needle", [
+    ("while true; do :; done\n", "line 1", "runs past 10,000 commands"),
+    ("f() { f; }\nf\n", "line 1", "calls functions past 100 levels deep"),
+    ("A=(x)\nwhile true; do A=(\"${A[@]}\" \"${A[@]}\"); done\n", "A", "expands past 1,000,000 characters"),
+    ("X=" + "x" * 900_000 + "\ntorchrun pretrain_gpt.py" + " ${X^^}" * 50 + "\n", "torchrun", "expands past"),
+    ("Y=" + "a" * 100_000 + "\nZ=${Y%%*a*a*a*b}\n", "Y", "past the bound"),
+    (":\n" * 600_000, "", "past the 1,000,000 a launch script is read to"),
+    ("X=$((" + "(" * 5000 + "1" + ")" * 5000 + "))\n", "", "nests too deeply"),
+])
+def test_scripts_that_would_run_without_end_are_refused_quickly(tmp_path, script, key, needle):
+    case, args = files(tmp_path, script, CASE)
+    start = time.monotonic()
+    result = run_cli("diagnose", str(case), "--megatron-args", str(args))
+    assert time.monotonic() - start < 20
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {args}: {key + ': ' if key else ''}"), lines
+    assert needle in lines[0]
+
+
+def test_a_script_bash_could_not_parse_is_read_word_by_word(tmp_path):
+    """An unterminated quote: as before, word by word, with a note that says so."""
+    case, args = files(tmp_path, ONE_WORD_EACH + 'echo "unterminated\n', FP8)
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.training.precision == "fp8"
+    line = len(ONE_WORD_EACH.splitlines()) + 1
+    assert result.notes == (f"{args}: line {line}: an unterminated \" quote: read word by word, not as bash would",)
