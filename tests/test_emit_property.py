@@ -107,12 +107,39 @@ def test_plan_emits_what_the_engine_accepts_or_says_why_not(index, tmp_path, wor
         assert config.zero_optimization_stage == lay.zero_stage
         assert (config.zero_config.offload_optimizer is not None) == bool(lay.offload_optimizer)
         assert json.loads(files["ds_config.json"])["train_micro_batch_size_per_gpu"] == lay.micro_batch_size
+        # What DeepSpeed will run is what priced the plan: reductions overlapped with the backward
+        # into contiguous buffers, in the buckets the estimate sized (EngineBehaviour.bucket_params),
+        # ZeRO-3's prefetch as priced (zero3_prefetch_bucket_h2 of h², zero3_max_live_parameters).
+        behaviour, zero = best.job.training.engine, config.zero_config
+        if lay.zero_stage in (1, 2):
+            assert zero.overlap_comm and zero.contiguous_gradients
+            assert zero.reduce_bucket_size == zero.allgather_bucket_size == behaviour.bucket_params
+        elif lay.zero_stage == 3:
+            h = best.job.model.hidden_size
+            assert zero.overlap_comm and zero.contiguous_gradients
+            assert zero.prefetch_bucket_size == int(behaviour.zero3_prefetch_bucket_h2 * h * h)
+            assert zero.max_live_parameters == behaviour.zero3_max_live_parameters
     elif engine == "megatron":
         args = parse_args(files["megatron_args.txt"])
         config = transformer_config(args)
         assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (lay.tp, lay.pp)
         assert "--tp-comm-overlap" not in args or "--sequence-parallel" in args
         assert int(args["--global-batch-size"]) == case["training"]["global_batch_size"]
+        # What Megatron will run is what priced the plan: its DDP config as Megatron-LM builds it
+        # from the arguments hides the bucketed reduction behind the backward and, where the engine's
+        # behaviour credits it, the distributed optimizer's gathers behind the next forward; the TP
+        # and expert-parallel overlaps are on exactly where the training priced them.
+        from megatron.core.distributed import DistributedDataParallelConfig
+
+        training, behaviour = best.job.training, best.job.training.engine
+        ddp = DistributedDataParallelConfig(overlap_grad_reduce="--overlap-grad-reduce" in args,
+                                            overlap_param_gather="--overlap-param-gather" in args,
+                                            use_distributed_optimizer="--use-distributed-optimizer" in args)
+        assert ddp.overlap_grad_reduce == (lay.dp * lay.cp > 1)
+        assert ddp.overlap_param_gather == (lay.dp * lay.cp > 1 and lay.zero_stage >= 1
+                                            and behaviour.overlap_param_gather)
+        assert ("--tp-comm-overlap" in args) == bool(training.tp_comm_overlap and lay.tp > 1)
+        assert config.overlap_moe_expert_parallel_comm == bool(training.moe_comm_overlap)
     else:
         check_emitted(best, case["training"]["global_batch_size"], workdir, f"tt_property_{index}")
 

@@ -37,8 +37,6 @@ from .slurm import SBATCH_FILE, sbatch
 
 CONFIG = "ds_config.json"
 LAUNCH = "launch.sh"
-# DeepSpeed's defaults for ZeRO 1/2 buckets (deepspeed/runtime/zero/config.py: 5e8 elements).
-BUCKET = 500_000_000
 
 
 def _refuse(expected: str) -> CaseError:
@@ -102,8 +100,10 @@ def _zero(stage: int, hidden: int) -> dict[str, Any]:
     if stage == 0:
         return {"stage": 0}
     if stage in (1, 2):
+        # The buckets the estimate priced (engines/deepspeed.py: DeepSpeed's default, 5e8 elements).
+        bucket = int(ds_engine.BEHAVIOUR.bucket_params)
         return {"stage": stage, "overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True,
-                "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET}
+                "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
     # ZeRO 3: the sizes the Hugging Face integration fills in for "auto" (transformers
     # integrations/deepspeed.py): buckets of hidden² elements, parameters under 10·hidden kept whole.
     # The prefetch bucket and live parameters as the estimate priced them (engines/deepspeed.py).
