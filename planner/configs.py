@@ -9,18 +9,19 @@ these; so can an orchestration tool.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from cost_models.specs import Layout
 
+# planner.emit is imported here, before planner/__init__ binds planner.emit to the function below:
+# imported later, the package would take the name.
 from .emit import ENGINES as EMITTERS
+from .engines import ENGINES
+from .engines import READING as READERS
 from .errors import CaseError
 from .estimate import Estimate
-
-READERS = ("deepspeed", "megatron")  # torchtitan's configs are Python: not read back
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def render(result: Any, engine: str, source: str = "the Python API",
     if planned_for not in ("any", engine):
         raise CaseError("emit", "engine", f"is {engine}, but the layout was timed as {planned_for} runs it; "
                                           f"plan with engine={engine!r} to write {engine}'s configs")
-    module = importlib.import_module(f"planner.emit.{engine}")
+    module = ENGINES[engine].emit_module()
     files = module.render(estimate, provenance(estimate, source))
     notes = module.warnings(estimate) if hasattr(module, "warnings") else []
     return files, notes
@@ -93,11 +94,7 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: int = 1, tp:
     if engine not in READERS:
         raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
     loaded = case if isinstance(case, Case) else load_case(case)
-    if engine == "deepspeed":
-        from .readers import deepspeed
-
-        return deepspeed.read(Path(path), loaded, pp=pp, tp=tp, micro_batch_size=micro_batch_size,
-                              recompute=recompute)
-    from .readers import megatron
-
-    return megatron.read(Path(path), loaded)
+    given = {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size, "recompute": recompute}
+    reader = ENGINES[engine]
+    return reader.reader_module().read(Path(path), loaded, **{k: v for k, v in given.items()
+                                                             if k in reader.reader_options})

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from typing import Union
 
+from ..engines import EMITTING as ENGINES  # the engines' registry says which write launch files
 from .quoting import comment, comment_text
 
 __all__ = ["ENGINES", "comment", "comment_text", "header_lines", "provenance"]
-
-ENGINES = ("deepspeed", "megatron", "torchtitan")
 
 
 def provenance(estimate, source: str) -> list[str]:

@@ -2,7 +2,8 @@
 search's constraints), how it runs it (the cost models' data), and the rules its own code
 enforces, with the reason each gives. Emitters and config readers refuse what these say.
 
-Adding or updating an engine touches its module alone.
+Adding or updating an engine touches its module alone, and its emitter and reader where it has
+them (``Engine.emitter``, ``Engine.reader``: one registry, this one).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from .base import Engine, EngineSupport
 ENGINES: dict[str, Engine] = {e.name: e for e in (megatron.ENGINE, deepspeed.ENGINE, torchtitan.ENGINE,
                                                    nanotron.ENGINE, generic.ENGINE)}
 NAMES = tuple(ENGINES)
+# The engines the planner writes launch files for, and those whose configs it reads back.
+EMITTING = tuple(sorted(name for name, engine in ENGINES.items() if engine.emitter))
+READING = tuple(sorted(name for name, engine in ENGINES.items() if engine.reader))
 
 
 def behaviour_of(name: str):
@@ -20,4 +24,4 @@ def behaviour_of(name: str):
     return ENGINES[name].behaviour
 
 
-__all__ = ["ENGINES", "NAMES", "Engine", "EngineSupport", "behaviour_of"]
+__all__ = ["EMITTING", "ENGINES", "NAMES", "READING", "Engine", "EngineSupport", "behaviour_of"]

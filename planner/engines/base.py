@@ -9,8 +9,10 @@ the search filters by, ``estimate`` refuses on and the emitters repeat.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
 
 from cost_models.behaviour import EngineBehaviour
 from cost_models.quantization import FP8_RECIPES
@@ -188,19 +190,55 @@ class EngineSupport:
         return out
 
 
+class Emitter(Protocol):
+    """An engine's launch files (a module under :mod:`planner.emit`): ``render`` gives each file's
+    name (relative to the output folder) and text for the estimate's layout, every file opening with
+    the provenance ``header``; ``warnings`` what the user must know about them."""
+
+    def render(self, estimate: Any, header: list[str]) -> dict[str, str]: ...
+
+    def warnings(self, estimate: Any) -> list[str]: ...
+
+
+class Reader(Protocol):
+    """An engine's existing config read back into a layout (a module under :mod:`planner.readers`),
+    a CaseError naming the file and key where it contradicts the case. ``options`` are the facts the
+    config leaves out that the caller gives (:attr:`Engine.reader_options`)."""
+
+    def read(self, path: Path, case: Any, **options: Any) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Engine:
+    """An engine: its choices, its behaviour, its rules, and where its emitter and reader live."""
+
     name: str
     support: EngineSupport
     behaviour: EngineBehaviour
     # Rules of the engine's own code beyond the choices above: (layout or training key, reason)
     # for each the job breaks.
     rules: Callable[[Job], list[tuple[str, str]]] = field(default=lambda job: [])
-    emitter: Optional[str] = None  # module under planner.emit that writes its launch config
+    emitter: Optional[str] = None  # module under planner.emit that writes its launch config (:class:`Emitter`)
     # Rules on the training section and the GPU alone, which no layout can meet: `plan` refuses
     # the case with them before it searches.
     training_rules: Callable[[TrainingSpec, GPUSpec], list[tuple[str, str]]] = \
         field(default=lambda training, gpu: [])
+    # Module under planner.readers that reads its configs back (:class:`Reader`), and the options
+    # its ``read`` takes (what its configs leave out: a ds_config.json has no pipeline degree).
+    reader: Optional[str] = None
+    reader_options: tuple[str, ...] = ()
+
+    def emit_module(self) -> Emitter:
+        """The engine's emitter, imported when first needed (planning needs none)."""
+        if self.emitter is None:
+            raise ValueError(f"{self.name} writes no launch files")
+        return importlib.import_module(f"planner.emit.{self.emitter}")
+
+    def reader_module(self) -> Reader:
+        """The engine's config reader, imported when first needed."""
+        if self.reader is None:
+            raise ValueError(f"{self.name}'s configs are not read back")
+        return importlib.import_module(f"planner.readers.{self.reader}")
 
     def problems(self, job: Job) -> list[tuple[str, str]]:
         """(key, reason) for everything in ``job`` this engine cannot run; [] if it can."""

@@ -115,4 +115,5 @@ def rules(job: Job) -> list[tuple[str, str]]:
     return []
 
 
-ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, rules, emitter="deepspeed", training_rules=training_rules)
+ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, rules, emitter="deepspeed", training_rules=training_rules,
+                reader="deepspeed", reader_options=("pp", "tp", "micro_batch_size", "recompute"))

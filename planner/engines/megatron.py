@@ -142,4 +142,4 @@ def recompute_module_refusals(model: ModelSpec, training: TrainingSpec, modules:
                    "(TransformerConfig)")
     return out
 
-ENGINE = Engine("megatron", SUPPORT, BEHAVIOUR, rules, emitter="megatron")
+ENGINE = Engine("megatron", SUPPORT, BEHAVIOUR, rules, emitter="megatron", reader="megatron")
