@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from .case import Case, load_case
 from .configs import read_config
-from .errors import CaseError, one_line
+from .errors import CaseError
 from .estimate import Estimate, estimate_job
 from .plan import Plan, plan_case
 from .search_options import retarget
-
-# Notes on how a launch script was read. With logging not configured (the CLI), each is one
-# "note: ..." line on stderr; a program using the API configures or silences this logger.
-log = logging.getLogger("planner.diagnose")
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,4 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
     loaded = replace(loaded, training=training, search=spec)
     estimate = estimate_job(loaded, loaded.job(layout))
-    diagnosis = Diagnosis(engine, estimate, plan_case(loaded, target=engine), resolved, notes)
-    for note in notes:
-        log.warning("note: %s", one_line(note, 1000))
-    return diagnosis
+    return Diagnosis(engine, estimate, plan_case(loaded, target=engine), resolved, notes)

@@ -11,6 +11,7 @@ from rich.table import Table
 from cost_models.activations import selective_modules
 from cost_models.topology import domains_spanned
 
+from .errors import one_line
 from .estimate import Estimate
 
 GB = 1e9
@@ -207,7 +208,8 @@ def print_plan(plan, console: Console) -> None:
 
 
 def print_diagnosis(diagnosis, console: Console) -> None:
-    """The config's own estimate, then how far the planner's best would take it."""
+    """The config's own estimate, then how far the planner's best would take it; last, how a launch
+    script was read (its notes: the branches taken on what it does not set)."""
     console.print(f"[bold]{diagnosis.engine} config[/]")
     for line in diagnosis.resolved:
         console.print(f"resolved as the Hugging Face Trainer would: {line}", markup=False)
@@ -215,13 +217,16 @@ def print_diagnosis(diagnosis, console: Console) -> None:
     best = diagnosis.plan.best
     if best is None:
         console.print(f"[red]{escape(diagnosis.plan.no_fit.describe())}[/]")
-        return
-    console.print(f"planner's best for {diagnosis.engine}: {_layout_summary(best.to_dict()['layout'])}", markup=False)
-    console.print(f"predicted step {best.step_time_s:.3f} s against {diagnosis.estimate.step_time_s:.3f} s: "
-                  f"[bold]{diagnosis.speedup:.2f}×[/] speedup")
-    changes = diagnosis.plan.differences(diagnosis.estimate)
-    if changes:
-        console.print("change: " + _changes({k: (b, a) for k, (a, b) in changes.items()}), markup=False)
+    else:
+        console.print(f"planner's best for {diagnosis.engine}: {_layout_summary(best.to_dict()['layout'])}",
+                      markup=False)
+        console.print(f"predicted step {best.step_time_s:.3f} s against {diagnosis.estimate.step_time_s:.3f} s: "
+                      f"[bold]{diagnosis.speedup:.2f}×[/] speedup")
+        changes = diagnosis.plan.differences(diagnosis.estimate)
+        if changes:
+            console.print("change: " + _changes({k: (b, a) for k, (a, b) in changes.items()}), markup=False)
+    for note in diagnosis.notes:
+        console.print(f"note: {one_line(note, 1000)}", markup=False)
 
 
 def count_text(value: float) -> str:

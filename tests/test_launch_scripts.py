@@ -1,5 +1,5 @@
 """`diagnose --megatron-args SCRIPT` reads a launch script as bash would expand it, without running
-anything (planner/readers/bash.py): arrays built up in conditionals, ``${X:-default}``, quoting and
+anything (planner/readers/bash/): arrays built up in conditionals, ``${X:-default}``, quoting and
 word splitting. A branch taken on what the script does not set (the environment, ``$1``) is said in
 a note; real bash, run here on small scripts, is the oracle for the words."""
 
@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -232,13 +231,18 @@ def test_a_variable_left_unset_is_empty_and_the_refusal_says_so(tmp_path):
     assert "the script leaves MBS unset: read as empty, as bash does" in str(error.value)
 
 
-def test_the_notes_are_printed_on_stderr_and_in_the_json(tmp_path):
+def test_the_notes_are_printed_in_the_report_and_in_the_json(tmp_path, monkeypatch):
+    """The report ends with a line for each note, after the planner's best; stderr stays empty."""
     case, args = files(tmp_path, SCRIPT.replace("DTYPE=${DTYPE:-fp8}", "DTYPE=${DTYPE:-bf16}"), BF16)
-    env = {k: v for k, v in os.environ.items() if k != "DTYPE"}
-    text = subprocess.run([sys.executable, "-m", "planner", "diagnose", str(case), "--megatron-args", str(args)],
-                          capture_output=True, text=True, timeout=300, env=env)
+    monkeypatch.setenv("COLUMNS", "1000")  # rich wraps a line at 80 columns off a terminal
+    text = run_cli("diagnose", str(case), "--megatron-args", str(args))
     assert text.returncode == 0, text.stderr
-    assert f'note: {args}: line 4: if [[ "$DTYPE" == "fp8" ]] is false' in text.stderr
+    assert text.stderr == ""
+    lines = text.stdout.strip().splitlines()
+    assert lines[-1] == (f'note: {args}: line 4: if [[ "$DTYPE" == "fp8" ]] is false (DTYPE is not set by the '
+                         "script: read as its default 'bf16'), so the script skips its then branch (no branch "
+                         "of this if runs)")
+    assert lines[-2].startswith("predicted step ") or lines[-2].startswith("change: "), lines[-3:]
     as_json = run_cli("diagnose", str(case), "--megatron-args", str(args), "--json")
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout)["notes"][0].startswith(f"{args}: line 4: if [[")

@@ -1,0 +1,58 @@
+"""A bash launch script read as bash would expand it, without running anything.
+
+:func:`read_script` follows the script from top to bottom the way bash would, for the variables
+it sets itself, and returns the words of every command it would start (``torchrun``,
+``python``, ``srun``...), expanded: nothing is executed, no file but the script is opened (a
+caller may answer a command substitution it recognises, see ``command_output``).
+
+Modelled: scalar assignments (``X=1``, ``export X=...``, ``declare``/``local``/``readonly``,
+``X+=...``), arrays (``A=(...)``, ``A+=(...)``, ``A[i]=...``), parameter expansion
+(``$X``, ``${X}``, ``${X:-default}``, ``${X-default}``, ``${X:=default}``, ``${X:+alt}``,
+``${#X}``, ``${A[@]}``, ``${A[*]}``, ``${A[i]}``, ``${#A[@]}``, ``${X#pat}``, ``${X%pat}`` and
+their doubles, ``${X/pat/rep}``, ``${X:off:len}``, ``${X^^}``, ``${X,,}``), arithmetic
+(``$((...))``, ``((...))``, ``let``), quoting (single, double, ``$'...'``, backslashes) and
+word splitting as bash does it (a quoted ``"${A[@]}"`` keeps each element one word, an
+unquoted ``${A[@]}`` splits them), comments, line continuations, here-documents (skipped),
+``if``/``elif``/``else``, ``&&``/``||``, ``case``, ``for``, ``while``/``until``, functions,
+``{ ...; }`` and subshells, ``exit``, ``set --``, ``shift``, ``unset``, and ``bash -c STRING``
+(read as a script of its own, with the exported variables).
+
+Conditions: ``[ ... ]``, ``test`` and ``[[ ... ]]`` with ``=``, ``==``, ``!=`` (patterns in
+``[[ ]]``), ``<``, ``>``, ``-n``, ``-z``, ``-v``, the integer comparisons, ``!``, ``-a``/``-o``,
+``&&``/``||`` and parentheses. A variable the script does not set (it comes from the
+environment or the command line) reads as bash reads it unset: empty, or the default that
+``${X:-default}`` gives. What cannot be decided without running something (a file test, a
+regular expression, a command's exit status) is read as the outcome that does not ``exit``;
+failing that, a test as false and a command as succeeding. Each branch decided by something
+the script does not set is said in a note.
+
+A ``$((...))`` bash fails on abandons the rest of its line, as bash does (said in a note);
+``((...))``, ``let`` and ``[[ ... -eq ... ]]`` fail with status 1.
+
+Not modelled: command substitution (``$(...)`` and backquotes read as empty, but for what
+``command_output`` answers), globbing (``*`` stays as written, as under ``set -f``), brace and
+tilde expansion, sparse and associative arrays (``A[5]=x`` pads with empty elements),
+``source``/``eval`` (said in a note), ``read`` (it fails, as with no input), ``=~``, process
+substitution, the scoping of ``local``, and variables bash sets itself (``PWD``, ``HOME``: unset).
+A script bash could not parse raises :class:`ScriptSyntax`; one that expands, loops or recurses
+without end, or is longer than MAX_EXPANDED_CHARS, raises :class:`ScriptLimit`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .errors import MAX_DEPTH, MAX_NOTES, MAX_PATTERN_WORK, MAX_STEPS, MAX_WORDS, ScriptError, ScriptLimit, ScriptSyntax
+from .interpreter import run_script
+from .results import Command, Note, Script
+
+__all__ = ["MAX_DEPTH", "MAX_NOTES", "MAX_PATTERN_WORK", "MAX_STEPS", "MAX_WORDS", "Command", "Note", "Script",
+           "ScriptError", "ScriptLimit", "ScriptSyntax", "read_script"]
+
+
+def read_script(text: str, name: str, command_output: Optional[Callable[[str], Optional[str]]] = None, *,
+                variables: Optional[dict] = None, positional: Optional[list] = None) -> Script:
+    """The commands the bash script ``text`` would start, and notes on the branches it took on
+    what it does not set. ``command_output(command)`` may give the output of a ``$(command)``
+    (None: not known, read as empty); ``name`` is the script's name ($0, ${BASH_SOURCE[0]})."""
+    return run_script(text, name, command_output, variables, positional)

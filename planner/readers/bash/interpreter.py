@@ -1,0 +1,344 @@
+"""The interpreter: a script's lists, pipelines and compound commands followed as bash would, with a
+note for each branch decided on what the script does not set."""
+
+from __future__ import annotations
+
+import bisect
+import re
+from typing import Callable, Optional
+
+from ...errors import one_line
+from ...limits import MAX_EXPANDED_CHARS
+from .arith import _ExpansionError
+from .commands import _Commands
+from .conditions import _CondParser
+from .errors import MAX_DEPTH, ScriptLimit, ScriptSyntax
+from .lexer import _lex, _Unterminated
+from .parser import (_AndOr, _Arith, _ArithFor, _Case, _For, _FuncDef, _Group, _If, _List, _Parser, _Pipeline,
+                     _Simple, _Test, _While)
+from .patterns import _match_bounded
+from .results import Note, Script
+from .state import _GENERATIONS, _Ctx
+from .status import _TRUE, _Exit, _LoopControl, _Return, _Status, _k3_and, _k3_or
+
+
+def _first_word(node) -> Optional[str]:
+    return node.words[0].text if isinstance(node, _Simple) and node.words and node.words[0].kind == "word" else None
+
+
+def _list_exits(body: Optional[_List]) -> bool:
+    """Whether ``body`` leaves the script at its top level (``...; exit 1``)."""
+    return body is not None and any(_pipeline_exits(item.first) for item in body.items)
+
+
+def _pipeline_exits(pipeline: _Pipeline) -> bool:
+    if len(pipeline.commands) != 1:
+        return False
+    command = pipeline.commands[0]
+    if isinstance(command, _Group):
+        return _list_exits(command.body)
+    return _first_word(command) in ("exit", "return")
+
+
+class _Shell(_Commands):
+    """A shell reading one script (or one ``bash -c`` string): what it runs, it follows."""
+
+    def run_program(self, program: _List) -> None:
+        """The script's commands; an expansion bash fails on abandons the rest of its line."""
+        abandoned = None  # where the line that failed ends so far
+        for item in program.items:
+            end = (item.rest[-1][1] if item.rest else item.first).end
+            if abandoned is not None and not re.search(r"(?<!\\)\n", self.text[abandoned:item.first.start]):
+                abandoned = end
+                continue
+            abandoned = None
+            try:
+                self.run_and_or(item)
+            except _ExpansionError as error:
+                self.note(f"{error}, so bash abandons the rest of the line", None)
+                abandoned = end
+
+    def run_list(self, body: _List) -> _Status:
+        status = _TRUE
+        for item in body.items:
+            status = self.run_and_or(item)
+        return status
+
+    def run_and_or(self, node: _AndOr) -> _Status:
+        status = self.run_pipeline(node.first)
+        left_end = node.first.end
+        for op, pipeline in node.rest:
+            wanted = op == "&&"
+            decided = status.known is not None
+            if decided:
+                run = status.known == wanted
+            elif _pipeline_exits(pipeline):
+                run = False
+            else:
+                run = status.assumed == wanted
+            right_text = self.text[pipeline.start:pipeline.end]
+            matters = "=" in right_text or "--" in right_text or _pipeline_exits(pipeline)  # not: || mkdir -p
+            if not self.in_condition and matters and (status.deps or (not decided and status.test)):
+                left = self.source(node.first.start, left_end)
+                outcome = run == wanted
+                self.line = self.line_of(node.first.start)
+                self.note(f"{left} {self.why(status, outcome)}, so the script "
+                          f"{'runs' if run else 'skips'} {self.source(pipeline.start, pipeline.end)}",
+                          self.flags_in(pipeline.start, pipeline.end))
+            if run:
+                right = self.run_pipeline(pipeline)
+                if decided:
+                    status = right
+                else:
+                    known = _k3_and(None, right.known) if wanted else _k3_or(None, right.known)
+                    status = _Status(known, right.assumed, {**status.deps, **right.deps},
+                                     status.reason or right.reason, status.test and right.test)
+            left_end = pipeline.end
+        return status
+
+    def why(self, status: _Status, outcome: bool) -> str:
+        """'is true (X is not set by the script: read as empty)'."""
+        said = "true" if outcome else "false"
+        if status.known is None:
+            return (f"cannot be decided without running anything ({status.reason or 'a command'}): "
+                    f"read as {said}")
+        return f"is {said} ({self.reasons(status.deps)})"
+
+    @staticmethod
+    def reasons(deps: dict) -> str:
+        return "; ".join(f"{name} {how}" if how.startswith("is ") else f"{name}: {how}"
+                         for name, how in list(deps.items())[:4])
+
+    def run_pipeline(self, node: _Pipeline) -> _Status:
+        if len(node.commands) == 1:
+            status = self.run_command(node.commands[0])
+        else:  # each part of a pipeline runs in a subshell
+            for command in node.commands:
+                status = self.subshell(lambda c=command: self.run_command(c))
+        if node.negate:
+            status = _Status(None if status.known is None else not status.known, not status.assumed,
+                             status.deps, status.reason, status.test)
+        return status
+
+    def subshell(self, run: Callable[[], _Status]) -> _Status:
+        saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation)
+        self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
+        try:
+            return run()
+        except _Exit:
+            return _Status(None, True, reason="a subshell that exits")
+        finally:
+            self.vars, self.funcs, self.positional, self.generation = saved
+
+    def run_command(self, node) -> _Status:
+        if isinstance(node, _Simple):
+            return self.run_simple(node)
+        if isinstance(node, _If):
+            return self.run_if(node)
+        if isinstance(node, _Group):
+            return self.subshell(lambda: self.run_list(node.body)) if node.subshell else self.run_list(node.body)
+        if isinstance(node, _Test):
+            self.step(node.start)
+            ctx = _Ctx()
+            known, assumed, reason = _CondParser(self, node.tokens, ctx).parse()
+            return _Status(known, assumed, ctx.deps, reason, test=True)
+        if isinstance(node, _Arith):
+            self.step(node.start)
+            ctx = _Ctx()
+            try:
+                value = self.arith(self.string(node.text, ctx, "((") if "$" in node.text else node.text, ctx, "((")
+            except _ExpansionError:  # (( a b )): status 1
+                return _Status(False, False, ctx.deps, test=True)
+            return _Status(value != 0, value != 0, ctx.deps, test=True)
+        if isinstance(node, _For):
+            return self.run_for(node)
+        if isinstance(node, _ArithFor):
+            return self.run_arith_for(node)
+        if isinstance(node, _While):
+            return self.run_while(node)
+        if isinstance(node, _Case):
+            return self.run_case(node)
+        if isinstance(node, _FuncDef):
+            self.funcs[node.name] = node.body
+            return _TRUE
+        raise AssertionError(node)
+
+    def condition(self, body: _List) -> _Status:
+        self.in_condition += 1
+        try:
+            return self.run_list(body)
+        finally:
+            self.in_condition -= 1
+
+    def run_if(self, node: _If) -> _Status:
+        flags = self.flags_in(node.start, node.end)
+        for k, (cond, body) in enumerate(node.clauses):
+            status = self.condition(cond)
+            last = k == len(node.clauses) - 1
+            if status.known is not None:
+                take = status.known
+            elif _list_exits(body) and not (last and _list_exits(node.orelse)):
+                take = False
+            elif last and _list_exits(node.orelse) and not _list_exits(body):
+                take = True
+            else:
+                take = status.assumed
+            if status.deps or status.known is None:
+                branch = "then" if k == 0 else "elif"
+                if take:
+                    went = f"takes its {branch} branch"
+                elif not last:
+                    went = f"goes on to the elif at line {self.line_of(node.clauses[k + 1][0].start)}"
+                elif node.orelse is not None:
+                    went = "takes its else branch"
+                else:
+                    went = f"skips its {branch} branch (no branch of this if runs)"
+                self.line = self.line_of(cond.start)
+                self.note(f"{'if' if k == 0 else 'elif'} {self.source(cond.start, cond.end)} "
+                          f"{self.why(status, take)}, so the script {went}", flags)
+            if take:
+                return self.run_list(body)
+        return self.run_list(node.orelse) if node.orelse is not None else _TRUE
+
+    def loop_body(self, body: _List) -> Optional[str]:
+        """Runs one iteration: 'break' or None."""
+        try:
+            self.run_list(body)
+        except _LoopControl as control:
+            if control.levels > 1:
+                control.levels -= 1
+                raise
+            return "break" if control.kind == "break" else None
+        return None
+
+    def run_for(self, node: _For) -> _Status:
+        self.step(node.start)
+        if node.items is None:
+            items = list(self.positional)
+        else:
+            ctx = _Ctx()
+            items = []
+            for tok in node.items:
+                items += self.fields(tok.text, ctx, node.name)
+                if sum(len(w) + 1 for w in items) > MAX_EXPANDED_CHARS:
+                    raise self.too_long(node.name)
+        for item in items:
+            self.step(node.start)
+            self.set_var(node.name, item, {})
+            if self.loop_body(node.body) == "break":
+                break
+        return _TRUE
+
+    def run_arith_for(self, node: _ArithFor) -> _Status:
+        ctx = _Ctx()
+        self.step(node.start)
+        if node.init.strip():
+            self.arith(node.init, ctx, "for")
+        while True:
+            self.step(node.start)
+            value = self.arith(node.cond, ctx, "for") if node.cond.strip() else 1
+            if not value or self.loop_body(node.body) == "break":
+                break
+            if node.step.strip():
+                self.arith(node.step, ctx, "for")
+        return _TRUE
+
+    def run_while(self, node: _While) -> _Status:
+        first = True
+        while True:
+            self.step(node.start)
+            status = self.condition(node.cond)
+            if status.known is None:
+                run = False if first or status.test else status.assumed
+            else:
+                run = status.known != node.until
+            if first and (status.deps or status.known is None):
+                self.line = self.line_of(node.cond.start)
+                outcome = run != node.until
+                self.note(f"{'until' if node.until else 'while'} {self.source(node.cond.start, node.cond.end)} "
+                          f"{self.why(status, outcome)}, so the loop "
+                          f"{'runs' if run else 'does not run'}")
+            first = False
+            if not run or self.loop_body(node.body) == "break":
+                return _TRUE
+
+    def run_case(self, node: _Case) -> _Status:
+        self.step(node.start)
+        ctx = _Ctx()
+        word = self.string(node.word.text, ctx, "case")
+        matching = False
+        for patterns, body, terminator in node.items:
+            if not matching:
+                for pattern in patterns:
+                    tokens = self.pattern(pattern.text, ctx, "case")
+                    if _match_bounded(tokens, word, "case"):
+                        matching = True
+                        if ctx.deps:
+                            self.line = self.line_of(node.start)
+                            self.note(f"case {one_line(node.word.text, 60)} ({self.reasons(ctx.deps)}): the "
+                                      f"script takes the branch {one_line(pattern.text, 40)})",
+                                      self.flags_in(node.start, node.end))
+                        break
+            if matching:
+                self.run_list(body)
+                if terminator == ";;":
+                    return _TRUE
+                if terminator == ";;&":
+                    matching = False
+        if not matching and ctx.deps:
+            self.line = self.line_of(node.start)
+            self.note(f"case {one_line(node.word.text, 60)} ({self.reasons(ctx.deps)}): no branch of it runs",
+                      self.flags_in(node.start, node.end))
+        return _TRUE
+
+    def run_inline(self, inline: tuple[str, list[str]], node: _Simple) -> None:
+        """``bash -c 'script' name args``: read as a script of its own, with the exported variables."""
+        text, positional = inline
+        if self.depth >= MAX_DEPTH:
+            raise ScriptLimit(f"line {self.line}", f"nests bash -c past {MAX_DEPTH} levels")
+        exported = {name: var for name, var in self.vars.items() if var.exported}
+        inner = run_script(text, f"{self.name} (bash -c at line {self.line_of(node.start)})", self.command_output,
+                           exported, positional[1:], self.steps, self.depth + 1,
+                           positional[0] if positional else "bash")
+        self.commands += inner.commands
+        for note in inner.notes:
+            self.note_as_is(note)
+
+
+def run_script(text: str, name: str, command_output: Optional[Callable[[str], Optional[str]]] = None,
+               variables: Optional[dict] = None, positional: Optional[list] = None,
+               steps: Optional[list] = None, depth: int = 0, argv0: Optional[str] = None) -> Script:
+    """``read_script``'s reading, and that of a ``bash -c`` string inside it: ``steps`` (a one-item
+    list) counts the commands followed across both, ``depth`` their nesting, ``argv0`` is ``$0``."""
+    if len(text) > MAX_EXPANDED_CHARS:
+        raise ScriptLimit("", f"holds {len(text):,} characters, past the {MAX_EXPANDED_CHARS:,} a launch script "
+                              "is read to")
+    newlines = [m.start() for m in re.finditer("\n", text)]
+
+    def line_of(offset: int) -> int:
+        return bisect.bisect_left(newlines, offset) + 1
+
+    try:
+        tokens = _lex(text, line_of)
+        parser = _Parser(tokens, text, line_of)
+        program = parser.parse_list()
+        if parser.peek() is not None:
+            raise parser.error(parser.peek(), f"unexpected {one_line(parser.peek().text, 40)!r}")
+        shell = _Shell(text, name, command_output, line_of, variables, positional, steps, depth, argv0)
+        try:
+            shell.run_program(program)
+        except _Exit:
+            pass
+        except _Return:
+            pass
+        except _LoopControl:
+            pass
+    except RecursionError:
+        raise ScriptLimit("", "nests too deeply to read") from None
+    except _Unterminated as error:  # inside text the lexer kept whole, such as (( ... ))
+        raise ScriptSyntax(f"line {shell.line}", f"an unterminated {error.what}") from None
+    notes = shell.notes
+    if shell.more_notes:
+        notes = notes + [Note(f"{name}: {shell.more_notes} more branches decided on what the script does not set",
+                              None)]
+    return Script(shell.commands, notes)

@@ -1,0 +1,26 @@
+"""What reading a script gives back: the commands it would start, and notes on how it was read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command the script would start, its words as the program receives them."""
+    fields: tuple[str, ...]
+    line: int
+    unset: tuple[str, ...] = ()  # variables its words read that nothing set (read as empty)
+
+
+@dataclass(frozen=True)
+class Note:
+    text: str
+    flags: Optional[tuple[str, ...]] = ()  # the --flags in the branches it decides between (None: any)
+
+
+@dataclass
+class Script:
+    commands: list[Command]
+    notes: list[Note]

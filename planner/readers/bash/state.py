@@ -1,0 +1,208 @@
+"""A shell's state: its variables, functions and positional parameters, the commands and notes it
+gathers, the steps it takes; and what reads and sets its variables."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+from ...errors import one_line
+from ...limits import MAX_EXPANDED_CHARS
+from .errors import MAX_NOTES, MAX_STEPS, ScriptLimit
+from .lexer import _ASSIGNMENT, _Tok
+from .results import Command, Note
+
+
+@dataclass
+class _Var:
+    value: Union[str, list]
+    deps: tuple = ()  # ((name, how it was read), ...): what the value owes to what the script does not set
+    exported: bool = False
+    size: int = 0  # characters, an array's separators counted
+    generation: int = 0  # the (sub)shell that may extend its array in place
+
+
+_GENERATIONS = itertools.count(1)
+
+
+_READ_EMPTY = "is not set by the script: read as empty"
+
+
+class _Ctx:
+    """What one expansion read that the script does not set."""
+
+    def __init__(self):
+        self.deps: dict[str, str] = {}
+
+    def merge(self, deps) -> None:
+        for name, how in deps:
+            self.deps.setdefault(name, how)
+
+
+def _joined(value) -> str:
+    return " ".join(value) if isinstance(value, list) else value
+
+
+class _State:
+    """What a shell holds, and what reads and sets it. The arithmetic, the expansions and the commands
+    build on it (arith.py, expand.py, commands.py; interpreter.py's _Shell is the whole shell), and it
+    reaches up to them where bash's expansions call each other: ``lookup`` and ``set_var`` evaluate an
+    array index with ``arith``, ``assign`` expands with ``fields`` and ``string``."""
+
+    def __init__(self, text: str, name: str, command_output: Optional[Callable[[str], Optional[str]]],
+                 line_of: Callable[[int], int], variables: Optional[dict] = None,
+                 positional: Optional[list] = None, steps: Optional[list] = None, depth: int = 0,
+                 argv0: Optional[str] = None):
+        self.text, self.name, self.command_output, self.line_of = text, name, command_output, line_of
+        self.argv0 = name if argv0 is None else argv0
+        self.vars: dict[str, _Var] = dict(variables or {})
+        self.vars.setdefault("BASH_SOURCE", _Var([name]))
+        self.funcs: dict[str, object] = {}
+        self.positional: list[str] = list(positional or [])
+        self.positional_known = positional is not None
+        self.commands: list[Command] = []
+        self.notes: list[Note] = []
+        self.noted: set[Note] = set()
+        self.more_notes = 0
+        self.steps = steps if steps is not None else [0]
+        self.depth = depth
+        self.in_condition = 0
+        self.line = 1
+        self.generation = next(_GENERATIONS)
+
+    # --- bookkeeping
+
+    def step(self, at: int) -> None:
+        self.line = self.line_of(at)
+        self.steps[0] += 1
+        if self.steps[0] > MAX_STEPS:
+            raise ScriptLimit(f"line {self.line}", f"runs past {MAX_STEPS:,} commands (a loop without end?); "
+                                                   "expected a launch script")
+
+    def too_long(self, key: str) -> ScriptLimit:
+        return ScriptLimit(key, f"expands past {MAX_EXPANDED_CHARS:,} characters")
+
+    def source(self, start: int, end: int, limit: int = 120) -> str:
+        text = re.sub(r"\s*\\\n\s*|\s+", " ", self.text[start:end]).strip().rstrip(";").strip()
+        return one_line(text, limit)
+
+    def note_as_is(self, note: Note) -> None:
+        if note not in self.noted:
+            self.noted.add(note)
+            if len(self.notes) < MAX_NOTES:
+                self.notes.append(note)
+            else:
+                self.more_notes += 1
+
+    def flags_in(self, start: int, end: int) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(re.findall(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*", self.text[start:end])))
+
+    def note(self, text: str, flags: tuple[str, ...] = ()) -> None:
+        self.note_as_is(Note(f"{self.name}: line {self.line}: {text}", flags))
+
+    # --- variables
+
+    def lookup(self, name: str, index: Optional[str], ctx: _Ctx):
+        """(value, set): a list for [@]/[*] and $@/$*, else a string."""
+        if name in ("@", "*"):
+            if not self.positional_known:
+                ctx.deps.setdefault("$@", "the script's arguments: read as none")
+            return list(self.positional), True
+        if name == "#":
+            if not self.positional_known:
+                ctx.deps.setdefault("$#", "the script's arguments: read as none")
+            return str(len(self.positional)), True
+        if name.isdigit():
+            n = int(name)
+            if n == 0:
+                return self.argv0, True
+            if n <= len(self.positional):
+                return self.positional[n - 1], True
+            return None, False
+        if name in ("?", "-"):
+            return "0" if name == "?" else "", True
+        if name in ("$", "!"):
+            ctx.deps.setdefault(f"${name}", "a process id: read as empty")
+            return "", True
+        var = self.vars.get(name)
+        if var is None:
+            return None, False
+        ctx.merge(var.deps)
+        value = var.value
+        if index is None:
+            return (value[0] if value else "") if isinstance(value, list) else value, True
+        if index in ("@", "*"):
+            return list(value) if isinstance(value, list) else [value], True
+        position = self.arith(index, ctx, name)
+        items = value if isinstance(value, list) else [value]
+        if position < 0:
+            position += len(items)
+        return (items[position], True) if 0 <= position < len(items) else (None, False)
+
+    def set_var(self, name: str, value: Union[str, list], deps: dict, append: bool = False,
+                index: Optional[str] = None, exported: Optional[bool] = None) -> None:
+        old = self.vars.get(name)
+        deps = dict(deps)
+        if old is not None and (append or index is not None or
+                                (isinstance(old.value, list) and not isinstance(value, list))):
+            deps = {**dict(old.deps), **deps}
+        if index is not None and index not in ("@", "*"):
+            items = list(old.value) if old is not None and isinstance(old.value, list) else \
+                ([old.value] if old is not None else [])
+            position = self.arith(index, _Ctx(), name) or 0
+            if position < 0 or position >= MAX_EXPANDED_CHARS:
+                raise self.too_long(name)
+            while len(items) <= position:
+                items.append("")
+            items[position] = (items[position] + value) if append else value
+            value = items
+            size = sum(len(v) + 1 for v in value)
+        elif isinstance(value, list):
+            size = sum(len(v) + 1 for v in value)
+            if append and old is not None:
+                if isinstance(old.value, list):  # appended in place where this shell owns it: A+=(x) in a loop
+                    items = old.value if old.generation == self.generation else list(old.value)
+                    items.extend(value)
+                    size += old.size
+                else:
+                    items = [old.value] + value
+                    size += len(old.value) + 1
+                value = items
+        elif old is not None and isinstance(old.value, list):  # A=x on an array sets A[0]
+            items = list(old.value) or [""]
+            items[0] = (items[0] + value) if append else value
+            value = items
+            size = sum(len(v) + 1 for v in value)
+        else:
+            if append and old is not None:
+                if len(old.value) + len(value) > MAX_EXPANDED_CHARS:
+                    raise self.too_long(name)
+                value = old.value + value
+            size = len(value)
+        if size > MAX_EXPANDED_CHARS:
+            raise self.too_long(name)
+        self.vars[name] = _Var(value, tuple(deps.items()),
+                               old.exported if exported is None and old is not None else bool(exported),
+                               size, self.generation)
+
+    def assign(self, tok: _Tok, exported: Optional[bool] = None) -> None:
+        match = _ASSIGNMENT.match(tok.text)
+        name, index, append = match.group(1), match.group(2), match.group(3) == "+"
+        ctx = _Ctx()
+        if tok.kind == "array":
+            elements: list[str] = []
+            size = 0
+            for raw in tok.elements:
+                if re.match(r"\[[^\]]*\]=", raw):  # [i]=value: the value, in order (sparse arrays are not modelled)
+                    raw = raw.split("=", 1)[1]
+                for word in self.fields(raw, ctx, name):
+                    size += len(word) + 1
+                    if size > MAX_EXPANDED_CHARS:
+                        raise self.too_long(name)
+                    elements.append(word)
+            self.set_var(name, elements, ctx.deps, append=append, exported=exported)
+        else:
+            value = self.string(tok.text[match.end():], ctx, name)
+            self.set_var(name, value, ctx.deps, append=append, index=index, exported=exported)
