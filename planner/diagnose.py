@@ -38,11 +38,11 @@ class Diagnosis:
 
 
 def with_megatron_training(case: Case, path: Path) -> Case:
-    """``case`` trained as the Megatron-LM arguments at ``path`` run (``readers.megatron.read_training``):
+    """``case`` trained as the Megatron-LM arguments at ``path`` run (``engines.megatron.read.read_training``):
     what the case leaves to the engine takes the arguments' setting; a case that says otherwise is
     refused, naming the argument and the case's key. (A boolean the case leaves false is its
     default: the arguments' true stands.)"""
-    from .readers.megatron import SETTING_FLAGS, read_training
+    from .engines.megatron.read import SETTING_FLAGS, read_training
 
     settings = read_training(path, case)
     requested = case.training
@@ -70,12 +70,12 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     resolved: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     if megatron_args is not None:
-        from .readers.megatron import launch_notes
+        from .engines.megatron.read import launch_notes
 
         loaded = with_megatron_training(loaded, Path(megatron_args))
         notes = tuple(launch_notes(Path(megatron_args)))
     else:
-        from .readers.deepspeed import auto_resolved
+        from .engines.deepspeed.read import auto_resolved
 
         resolved = tuple(auto_resolved(Path(config), loaded, pp, tp, micro_batch_size))
     if recompute is not None and recompute not in ("none", "selective", "full"):

@@ -580,7 +580,7 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
         model["mtp_layers"] = mtp
         split = bridge_mtp_split(md["layers"], pp, vpp) if training["engine"] == "megatron" else None
         if (text := recipe_settings(row).get("pipeline_model_parallel_layout")) and training["engine"] == "megatron":
-            from .readers.megatron import parse_layout_string
+            from .engines.megatron.read import parse_layout_string
 
             split = parse_layout_string(text, pp, mtp)
         if split is not None:

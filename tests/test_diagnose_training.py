@@ -1,5 +1,5 @@
 """`diagnose --megatron-args` prices what Megatron-LM runs: the training settings an argument list
-implies, with Megatron-LM's defaults where an argument is absent (planner/readers/megatron.py,
+implies, with Megatron-LM's defaults where an argument is absent (planner/engines/megatron/read.py,
 read_training), and a case that says otherwise is refused naming both."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_tp_overlap_and_the_dispatcher_are_read(tmp_path):
     case, args = files(tmp_path, ARGS.replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2")
                        + "--sequence-parallel --tp-comm-overlap\n")
     assert diagnose(case, megatron_args=args).estimate.job.training.tp_comm_overlap
-    from planner.readers.megatron import read_training
+    from planner.engines.megatron.read import read_training
     from planner.case import load_case
 
     moe = load_case({"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},

@@ -23,9 +23,9 @@ from deepspeed.runtime.utils import partition_balanced, partition_uniform  # noq
 from cost_models.model_states import state_bytes  # noqa: E402
 import planner  # noqa: E402
 from planner.case import load_case  # noqa: E402
-from planner.emit import deepspeed as ds  # noqa: E402
+from planner.engines.deepspeed import emit as ds  # noqa: E402
 from planner.emit import provenance  # noqa: E402
-from planner.readers import deepspeed as ds_reader  # noqa: E402
+from planner.engines.deepspeed import read as ds_reader  # noqa: E402
 from planner.errors import CaseError  # noqa: E402
 
 MODELS = ("llama2-7b", "gpt-1.7b", "gpt-3.6b", "llama3-8b", "mistral-7b")

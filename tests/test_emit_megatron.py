@@ -41,8 +41,9 @@ from cost_models.model_states import state_bytes  # noqa: E402
 from cost_models.specs import Layout  # noqa: E402
 from cost_models.topology import domains_spanned  # noqa: E402
 from planner.case import load_case  # noqa: E402
-from planner.emit import megatron, provenance  # noqa: E402
-from planner.readers import megatron as megatron_reader  # noqa: E402
+from planner.emit import provenance  # noqa: E402
+from planner.engines.megatron import emit as megatron  # noqa: E402
+from planner.engines.megatron import read as megatron_reader  # noqa: E402
 from planner.errors import CaseError  # noqa: E402
 from planner.estimate import estimate, estimate_job  # noqa: E402
 from planner.plan import plan  # noqa: E402
@@ -819,7 +820,7 @@ def test_the_architecture_the_case_knows_is_written():
     500,000 and no biases are written, and megatron-core's TransformerConfig takes them; a model whose
     case states none of it gets a header naming what to add."""
     from planner import estimate
-    from planner.emit.megatron import arguments, render
+    from planner.engines.megatron.emit import arguments, render
 
     est = estimate({"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
                             "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"},
@@ -850,7 +851,7 @@ def test_a_sliding_window_is_written_and_megatron_core_windows_the_layers_priced
     from megatron.core.transformer.utils import is_layer_window_attention
 
     from planner import estimate
-    from planner.emit.megatron import arguments
+    from planner.engines.megatron.emit import arguments
 
     est = estimate({"model": {"preset": "gpt-oss-120b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
                     "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"},

@@ -37,7 +37,7 @@ from torchtitan.distributed.pipeline_parallel import (
 
 import planner
 from planner.emit import provenance
-from planner.emit import torchtitan as emit
+from planner.engines.torchtitan import emit
 from planner.errors import CaseError
 
 STUB = "layout_planner_tt_stub"

@@ -252,7 +252,7 @@ def test_an_emitted_sbatch_script_reads_back_to_the_plan(tmp_path):
     """sbatch.sh takes its arguments from megatron_args.txt inside ${SLURM_SUBMIT_DIR:-$(...)}."""
     from planner.configs import render
     from planner.plan import plan
-    from planner.readers import megatron
+    from planner.engines.megatron import read as megatron
 
     best = plan(CASE, target="megatron", top_k=0).best
     for name, text in render(best, "megatron", "<generated>")[0].items():

@@ -176,7 +176,8 @@ def test_the_report_names_the_modules_beside_the_parameter_count():
 def test_deepspeeds_launch_notes_say_where_the_modules_go():
     """DeepSpeed runs the user's model: the pipeline notes of launch.sh place the modules where the
     plan priced them, and say nothing of them for a model without."""
-    from planner.emit import deepspeed, provenance
+    from planner.emit import provenance
+    from planner.engines.deepspeed import emit as deepspeed
 
     def notes(mtp: int) -> str:
         case = {**CASE, "model": {**CASE["model"], "mtp_layers": mtp},
@@ -215,8 +216,8 @@ def test_diagnose_reads_megatron_bridges_deepseek_v3_layouts_with_mtp(tmp_path):
     from megatron.core.transformer.enums import LayerType
     from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 
-    from planner.emit import megatron as emit
-    from planner.readers import megatron as reader
+    from planner.engines.megatron import emit
+    from planner.engines.megatron import read as reader
 
     data = {"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "gb200", "num_gpus": 256},
             "training": {"global_batch_size": 4096, "seq_len": 4096, "precision": "mxfp8", "engine": "megatron",
@@ -256,8 +257,8 @@ def test_diagnose_reads_megatron_bridges_h100_layout_whose_last_chunk_is_the_mtp
     from megatron.core.transformer.enums import LayerType
     from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 
-    from planner.emit import megatron as emit
-    from planner.readers import megatron as reader
+    from planner.engines.megatron import emit
+    from planner.engines.megatron import read as reader
 
     data = {"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1024},
             "training": {"global_batch_size": 8192, "seq_len": 4096, "precision": "fp8", "engine": "megatron",

@@ -13,10 +13,10 @@ import planner
 from cost_models.memory import per_microbatch
 from cost_models.offload import optimizer_offload_time
 from planner.case import load_case
-from planner.emit import deepspeed as ds
-from planner.emit import megatron
-from planner.readers import deepspeed as ds_reader
-from planner.readers import megatron as megatron_reader
+from planner.engines.deepspeed import emit as ds
+from planner.engines.megatron import emit as megatron
+from planner.engines.deepspeed import read as ds_reader
+from planner.engines.megatron import read as megatron_reader
 from planner.errors import CaseError
 
 # 70B on one 8-GPU H100 node: 16 bytes a parameter is 1.1 TB, 140 GB a GPU even fully sharded.

@@ -52,7 +52,7 @@ def test_deepep_is_emitted_only_where_the_expert_group_leaves_its_domain_and_the
     so the all-to-all is written. DeepSeek-V3 with ep 32 over four nodes: the flex dispatcher is, and
     the files and the notes say it needs DeepEP."""
     import planner
-    from planner.emit.megatron import arguments
+    from planner.engines.megatron.emit import arguments
 
     inside = planner.estimate({"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
                                "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"},

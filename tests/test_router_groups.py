@@ -137,7 +137,7 @@ def test_published_deepseek_v3_runs_carry_the_groups_they_state():
 def test_torchtitan_takes_its_671b_flavour_only_with_its_routing():
     """torchtitan's DeepSeek-V3 671B flavour routes over 8 groups, 4 picked
     (models/deepseek_v3/__init__.py): the same shape without them is not that model."""
-    from planner.emit import torchtitan as emit
+    from planner.engines.torchtitan import emit
 
     model = deepseek_v3().model
     assert emit.base_config(model) == (("deepseek_v3", "deepseek_v3_671b"), True)
@@ -147,7 +147,7 @@ def test_torchtitan_takes_its_671b_flavour_only_with_its_routing():
 def test_a_megatron_script_that_routes_otherwise_is_refused(tmp_path):
     """diagnose reads a script's --moe-router-num-groups where it gives one: a script that routes
     over other groups than the case's model runs another dispatch than the one priced."""
-    from planner.readers import megatron as reader
+    from planner.engines.megatron import read as reader
 
     case = load_case({"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "gb200", "num_gpus": 256},
                       "training": {"global_batch_size": 4096, "seq_len": 4096, "engine": "megatron"}})

@@ -1,7 +1,8 @@
-"""Launch configs for the engines (their readers are beside them, in :mod:`planner.readers`;
-the library API is :mod:`planner.configs`).
+"""What every engine's launch files share: their provenance header, quoting, the Slurm script
+(each engine's own files are its package's: planner/engines/<name>/emit.py, read back by its
+read.py; the library API is :mod:`planner.configs`).
 
-Each engine module offers:
+Each engine's ``emit`` module (planner/engines/<name>/emit.py) offers:
 
 - ``render(estimate: planner.estimate.Estimate, header: list[str]) -> dict[str, str]``: file
   name (relative to the output folder) → file text, for the estimate's layout. ``header``

@@ -191,7 +191,7 @@ class EngineSupport:
 
 
 class Emitter(Protocol):
-    """An engine's launch files (a module under :mod:`planner.emit`): ``render`` gives each file's
+    """An engine's launch files (its package's ``emit`` module): ``render`` gives each file's
     name (relative to the output folder) and text for the estimate's layout, every file opening with
     the provenance ``header``; ``warnings`` what the user must know about them."""
 
@@ -201,7 +201,7 @@ class Emitter(Protocol):
 
 
 class Reader(Protocol):
-    """An engine's existing config read back into a layout (a module under :mod:`planner.readers`),
+    """An engine's existing config read back into a layout (its package's ``read`` module),
     a CaseError naming the file and key where it contradicts the case. ``options`` are the facts the
     config leaves out that the caller gives (:attr:`Engine.reader_options`)."""
 
@@ -218,12 +218,12 @@ class Engine:
     # Rules of the engine's own code beyond the choices above: (layout or training key, reason)
     # for each the job breaks.
     rules: Callable[[Job], list[tuple[str, str]]] = field(default=lambda job: [])
-    emitter: Optional[str] = None  # module under planner.emit that writes its launch config (:class:`Emitter`)
+    emitter: Optional[str] = None  # the module that writes its launch config (:class:`Emitter`)
     # Rules on the training section and the GPU alone, which no layout can meet: `plan` refuses
     # the case with them before it searches.
     training_rules: Callable[[TrainingSpec, GPUSpec], list[tuple[str, str]]] = \
         field(default=lambda training, gpu: [])
-    # Module under planner.readers that reads its configs back (:class:`Reader`), and the options
+    # The module that reads its configs back (:class:`Reader`), and the options
     # its ``read`` takes (what its configs leave out: a ds_config.json has no pipeline degree).
     reader: Optional[str] = None
     reader_options: tuple[str, ...] = ()
@@ -232,13 +232,13 @@ class Engine:
         """The engine's emitter, imported when first needed (planning needs none)."""
         if self.emitter is None:
             raise ValueError(f"{self.name} writes no launch files")
-        return importlib.import_module(f"planner.emit.{self.emitter}")
+        return importlib.import_module(self.emitter)
 
     def reader_module(self) -> Reader:
         """The engine's config reader, imported when first needed."""
         if self.reader is None:
             raise ValueError(f"{self.name}'s configs are not read back")
-        return importlib.import_module(f"planner.readers.{self.reader}")
+        return importlib.import_module(self.reader)
 
     def problems(self, job: Job) -> list[tuple[str, str]]:
         """(key, reason) for everything in ``job`` this engine cannot run; [] if it can."""

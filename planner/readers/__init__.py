@@ -1,2 +1,2 @@
-"""Readers of the configs a team already has, one module per engine beside its emitter
-(:mod:`planner.emit`): ``read(path, case, ...) -> cost_models.specs.Layout``."""
+"""What reading a team's existing configs shares: a launch script read as bash would expand it
+(:mod:`planner.readers.bash`). Each engine's reader is its package's: planner/engines/<name>/read.py."""

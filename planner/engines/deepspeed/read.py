@@ -1,5 +1,5 @@
 """Reads an existing DeepSpeed ds_config.json into a layout, for `diagnose` (the counterpart of
-:mod:`planner.emit.deepspeed`): contradictions are a :class:`planner.errors.CaseError` naming
+:mod:`planner.engines.deepspeed.emit`): contradictions are a :class:`planner.errors.CaseError` naming
 the file and the key."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any, Optional, Union
 from cost_models.model_states import fp32_gradients
 from cost_models.specs import Layout
 
-from ..fields import read_int as integer
-from ..errors import CaseError
-from ..inputs import read_json
+from planner.fields import read_int as integer
+from planner.errors import CaseError
+from planner.inputs import read_json
 
 
 def _positive(src: str, key: str, value: Any, minimum: int = 1) -> int:

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engines import ENGINES
-from ..errors import CaseError
-from . import header_lines as _header
-from .quoting import argument_word, comment, python_literal, shell_word
-from .slurm import SBATCH_FILE, sbatch
+from planner.engines import ENGINES
+from planner.errors import CaseError
+from planner.emit import header_lines as _header
+from planner.emit.quoting import argument_word, comment, python_literal, shell_word
+from planner.emit.slurm import SBATCH_FILE, sbatch
 
 CONFIG_FILE = "torchtitan_config.py"
 CONFIG_MODULE = "torchtitan_config"
@@ -117,7 +117,7 @@ def _refuse(why: str) -> CaseError:
 
 def check(estimate) -> None:
     """Raise a CaseError for the first thing in the layout torchtitan cannot run
-    (planner/engines/torchtitan.py)."""
+    (planner/engines/torchtitan/engine.py)."""
     refusal = ENGINES["torchtitan"].refusal(estimate.job)
     if refusal:
         raise _refuse(f"{refusal}; plan with --engine torchtitan")
@@ -187,7 +187,7 @@ def settings(estimate) -> dict[str, Any]:
         ac = "full"
     else:
         ac = lay.recompute  # "none" or "selective"
-    # The plan priced the model compiled (engines/torchtitan.py: fused element-wise kernels), and
+    # The plan priced the model compiled (engine.py: fused element-wise kernels), and
     # the loss unless the case says not (training.compiled_loss false: eager cross-entropy's
     # memory; compile.components defaults to both); the quantization converters want it too.
     out = {"parallelism": parallelism, "training": train, "activation_checkpoint": ac, "compile": {"enable": True}}

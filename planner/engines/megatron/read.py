@@ -1,5 +1,5 @@
 """Reads an existing Megatron-LM argument list or launch script into a layout, for `diagnose`
-(the counterpart of :mod:`planner.emit.megatron`): contradictions are a
+(the counterpart of :mod:`planner.engines.megatron.emit`): contradictions are a
 :class:`planner.errors.CaseError` naming the file and the flag."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Optional
 from cost_models.partition import chunk_layers, rank_chunks, virtual_stage_layers
 from cost_models.specs import Job, Layout, SpecError
 
-from ..case import case_message
-from ..emit.megatron import ACCOUNT_FLAGS, ALIASES, BOOL_FLAGS, FLAG_OF_FIELD, INT_FLAGS, LIST_FLAGS, STR_FLAGS
-from ..errors import CaseError, one_line
-from ..inputs import read_text
-from ..limits import MAX_EXPANDED_CHARS, MAX_INT
-from . import bash
+from planner.case import case_message
+from planner.engines.megatron.emit import ACCOUNT_FLAGS, ALIASES, BOOL_FLAGS, FLAG_OF_FIELD, INT_FLAGS, LIST_FLAGS, STR_FLAGS
+from planner.errors import CaseError, one_line
+from planner.inputs import read_text
+from planner.limits import MAX_EXPANDED_CHARS, MAX_INT
+from planner.readers import bash
 
 
 def _repeat(pattern: str, text: str) -> str:

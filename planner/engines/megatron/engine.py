@@ -29,7 +29,7 @@ from __future__ import annotations
 from cost_models.behaviour import QUANTIZED_GATHER_ZERO_STAGES, EngineBehaviour
 from cost_models.specs import Job, ModelSpec, TrainingSpec
 
-from .base import Engine, EngineSupport
+from planner.engines.base import Engine, EngineSupport
 
 SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=True, context_parallel=True,
@@ -142,4 +142,4 @@ def recompute_module_refusals(model: ModelSpec, training: TrainingSpec, modules:
                    "(TransformerConfig)")
     return out
 
-ENGINE = Engine("megatron", SUPPORT, BEHAVIOUR, rules, emitter="megatron", reader="megatron")
+ENGINE = Engine("megatron", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.megatron.emit", reader="planner.engines.megatron.read")

@@ -34,11 +34,11 @@ from cost_models.partition import chunk_layers, rank_chunks
 from cost_models.specs import Job, Layout
 from cost_models.topology import domains_spanned
 
-from ..engines import ENGINES
-from ..errors import CaseError
-from . import header_lines as _lines
-from .quoting import argument_word, comment, shell_word
-from .slurm import SBATCH_FILE, sbatch
+from planner.engines import ENGINES
+from planner.errors import CaseError
+from planner.emit import header_lines as _lines
+from planner.emit.quoting import argument_word, comment, shell_word
+from planner.emit.slurm import SBATCH_FILE, sbatch
 
 ARGS_FILE = "megatron_args.txt"
 LAUNCH_FILE = "launch.sh"
@@ -103,7 +103,7 @@ def _refuse(expected: str) -> CaseError:
 
 
 def refuse_what_megatron_cannot_run(job: Job) -> None:
-    """Raise a CaseError for the first thing in ``job`` Megatron-LM refuses (planner/engines/megatron.py)."""
+    """Raise a CaseError for the first thing in ``job`` Megatron-LM refuses (planner/engines/megatron/engine.py)."""
     refusal = ENGINES["megatron"].refusal(job)
     if refusal:
         raise _refuse(f"{refusal}; plan with --engine megatron")

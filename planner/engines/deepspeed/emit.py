@@ -28,12 +28,12 @@ from typing import Any, Optional, Union
 from cost_models.model_states import fp32_gradients
 from cost_models.specs import Layout
 
-from ..engines import ENGINES
-from ..engines import deepspeed as ds_engine
-from ..errors import CaseError
-from . import header_lines as _lines
-from .quoting import comment, shell_word
-from .slurm import SBATCH_FILE, sbatch
+from planner.engines import ENGINES
+from planner.engines.deepspeed import engine as ds_engine
+from planner.errors import CaseError
+from planner.emit import header_lines as _lines
+from planner.emit.quoting import comment, shell_word
+from planner.emit.slurm import SBATCH_FILE, sbatch
 
 CONFIG = "ds_config.json"
 LAUNCH = "launch.sh"
@@ -45,7 +45,7 @@ def _refuse(expected: str) -> CaseError:
 
 def check_expressible(estimate) -> None:
     """Raise a CaseError for the first thing in the layout DeepSpeed cannot run
-    (planner/engines/deepspeed.py)."""
+    (planner/engines/deepspeed/engine.py)."""
     refusal = ENGINES["deepspeed"].refusal(estimate.job)
     if refusal:
         raise _refuse(f"{refusal}; plan with --engine deepspeed")
@@ -100,13 +100,13 @@ def _zero(stage: int, hidden: int) -> dict[str, Any]:
     if stage == 0:
         return {"stage": 0}
     if stage in (1, 2):
-        # The buckets the estimate priced (engines/deepspeed.py: DeepSpeed's default, 5e8 elements).
+        # The buckets the estimate priced (engine.py: DeepSpeed's default, 5e8 elements).
         bucket = int(ds_engine.BEHAVIOUR.bucket_params)
         return {"stage": stage, "overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True,
                 "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
     # ZeRO 3: the sizes the Hugging Face integration fills in for "auto" (transformers
     # integrations/deepspeed.py): buckets of hidden² elements, parameters under 10·hidden kept whole.
-    # The prefetch bucket and live parameters as the estimate priced them (engines/deepspeed.py).
+    # The prefetch bucket and live parameters as the estimate priced them (engine.py).
     behaviour = ds_engine.BEHAVIOUR
     return {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": hidden * hidden,
             "stage3_prefetch_bucket_size": int(behaviour.zero3_prefetch_bucket_h2 * hidden * hidden),

@@ -20,7 +20,7 @@ from cost_models.behaviour import EngineBehaviour
 from cost_models.partition import rank_chunks
 from cost_models.specs import GPUSpec, Job, TrainingSpec
 
-from .base import Engine, EngineSupport
+from planner.engines.base import Engine, EngineSupport
 
 SUPPORT = EngineSupport(
     zero_stages=(0, 3), max_zero_with_pp=3, interleaving=True, context_parallel=True,
@@ -113,4 +113,4 @@ def rules(job: Job) -> list[tuple[str, str]]:
     return out
 
 
-ENGINE = Engine("torchtitan", SUPPORT, BEHAVIOUR, rules, emitter="torchtitan", training_rules=training_rules)
+ENGINE = Engine("torchtitan", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.torchtitan.emit", training_rules=training_rules)

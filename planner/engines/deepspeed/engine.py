@@ -27,7 +27,7 @@ from cost_models.behaviour import EngineBehaviour
 from cost_models.model_states import fp32_gradients
 from cost_models.specs import GPUSpec, Job, TrainingSpec
 
-from .base import Engine, EngineSupport
+from planner.engines.base import Engine, EngineSupport
 
 SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=False, context_parallel=False,
@@ -115,5 +115,5 @@ def rules(job: Job) -> list[tuple[str, str]]:
     return []
 
 
-ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, rules, emitter="deepspeed", training_rules=training_rules,
-                reader="deepspeed", reader_options=("pp", "tp", "micro_batch_size", "recompute"))
+ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.deepspeed.emit", training_rules=training_rules,
+                reader="planner.engines.deepspeed.read", reader_options=("pp", "tp", "micro_batch_size", "recompute"))
