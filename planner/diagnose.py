@@ -70,7 +70,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     resolved: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     if megatron_args is not None:
-        from .engines.megatron.read import launch_notes
+        from .engines.megatron.launch import launch_notes
 
         loaded = with_megatron_training(loaded, Path(megatron_args))
         notes = tuple(launch_notes(Path(megatron_args)))

@@ -252,14 +252,14 @@ def test_an_emitted_sbatch_script_reads_back_to_the_plan(tmp_path):
     """sbatch.sh takes its arguments from megatron_args.txt inside ${SLURM_SUBMIT_DIR:-$(...)}."""
     from planner.configs import render
     from planner.plan import plan
-    from planner.engines.megatron import read as megatron
+    from planner.engines.megatron import launch, read as megatron
 
     best = plan(CASE, target="megatron", top_k=0).best
     for name, text in render(best, "megatron", "<generated>")[0].items():
         (tmp_path / name).write_text(text)
     for name in ("megatron_args.txt", "launch.sh", "sbatch.sh"):
         assert megatron.read(tmp_path / name, best.case) == megatron.read(tmp_path / "megatron_args.txt", best.case)
-        assert megatron.launch_notes(tmp_path / name) == []
+        assert launch.launch_notes(tmp_path / name) == []
 
 
 @pytest.mark.parametrize("script, key, needle", [

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -14,11 +13,11 @@ from cost_models.partition import chunk_layers, rank_chunks, virtual_stage_layer
 from cost_models.specs import Job, Layout, SpecError
 
 from planner.case import case_message
-from planner.engines.megatron.emit import ACCOUNT_FLAGS, ALIASES, BOOL_FLAGS, FLAG_OF_FIELD, INT_FLAGS, LIST_FLAGS, STR_FLAGS
+from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD
+from planner.engines.megatron.launch import NEMO_SECTIONS, flags_of, launch_of, with_included_args
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
 from planner.limits import MAX_EXPANDED_CHARS, MAX_INT
-from planner.readers import bash
 
 
 def _repeat(pattern: str, text: str) -> str:
@@ -76,329 +75,200 @@ def read_precision(flags: dict) -> Optional[tuple[str, Optional[str]]]:
     return None
 
 
-_ASSIGNMENT = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def _tokens(text: str, src: str) -> list[str]:
-    """Shell words of a script or argument list: comments dropped, continuations joined, quotes
-    removed, and ``$VAR`` / ``${VAR:-default}`` resolved from plain assignments in the same text
-    (a value past MAX_EXPANDED_CHARS is refused: variables that double on every line would
-    otherwise fill the memory)."""
-    text = re.sub(r"\\\r?\n", " ", text)
-    variables: dict[str, str] = {}
-    words: list[str] = []
-    for line in text.splitlines():
-        try:
-            line_words = shlex.split(line, comments=True)
-        except ValueError:  # an unbalanced quote: fall back to whitespace
-            line_words = line.split("#", 1)[0].split()
-        match = _ASSIGNMENT.match(line)
-        if match and len(line_words) == 1:
-            name = match.group(1)
-            value = line_words[0].split("=", 1)[1]
-            variables[name] = _substitute(value, variables, src, name)
-            continue
-        for word in line_words:
-            resolved = _substitute(word, variables, src, word)
-            # An expanded variable splits into words, as unquoted in the shell.
-            words += resolved.split() if resolved != word else [word]
-    return words
-
-
-def _substitute(word: str, variables: dict[str, str], src: str, key: str) -> str:
-    def one(match: re.Match) -> str:
-        name = match.group(1) or match.group(3)
-        if name in variables:
-            return variables[name]
-        if match.group(2) is not None:
-            return match.group(2)
-        return match.group(0)
-
-    length = len(word) + sum(len(variables.get(m.group(1) or m.group(3), "")) for m in _REFERENCE.finditer(word))
-    if length > MAX_EXPANDED_CHARS:
-        raise CaseError(src, key, f"expands past {MAX_EXPANDED_CHARS:,} characters; expected a launch script "
-                                  "whose variables hold arguments")
-    return _REFERENCE.sub(one, word)
-
-
-def _flags(words: list[str], src: str = "", shell: bool = False) -> dict[str, Optional[str]]:
-    """The last value of every flag read() knows (argparse keeps the last). ``shell``: the words
-    are those bash passes (:mod:`planner.readers.bash`), so no array parentheses are left in them,
-    and a word that holds a flag and its value together is the one argument argparse refuses."""
-    known = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(LIST_FLAGS) | set(ALIASES)
-
-    def name(word: str) -> str:
-        flag = word.partition("=")[0]
-        flag = flag.replace("_", "-") if flag.startswith("--nproc_") else flag
-        return ALIASES.get(flag, flag)
-
-    # An argument list's words may still carry an array's parentheses: NAME=(--flag value ...).
-    closes = (lambda w: False) if shell else (lambda w: w.endswith(")"))
-    strip = (lambda w: w) if shell else (lambda w: w.rstrip(")"))
-    found: dict[str, Optional[str]] = {}
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if not shell:
-            if "=(" in word:  # the first element of a one-line array: NAME=(--flag value ...)
-                word = word.split("=(", 1)[1]
-            word = word.lstrip("(").rstrip(")")
-        elif word.startswith("--") and len(word.split()) > 1 and name(word.split()[0]) in known:
-            raise CaseError(src, name(word.split()[0]),
-                            f"reaches the launch as the one argument {one_line(word, 60)!r}, which argparse "
-                            "refuses (a quoted expansion, \"${A[@]}\" or \"$ARGS\", keeps each element one word): "
-                            "expand it unquoted, ${A[@]}, as Megatron-LM's examples do")
-        flag, _, inline = word.partition("=")
-        flag = name(flag)
-        if flag in known:
-            if flag in BOOL_FLAGS:
-                found[flag] = None
-            elif flag in LIST_FLAGS:  # its values, space-separated, up to the next flag
-                values = [inline] if inline else []
-                while i + 1 < len(words) and not words[i + 1].startswith("--") and not closes(words[i]):
-                    values.append(strip(words[i + 1]))
-                    i += 1
-                found[flag] = " ".join(values)
-            elif inline:
-                found[flag] = inline
-            elif i + 1 < len(words) and not words[i + 1].startswith("--"):
-                found[flag] = strip(words[i + 1])
-                i += 1
-            else:
-                found[flag] = ""
-        i += 1
-    return found
-
-
-# How launch.sh (ours, and scripts written like it) takes its arguments from a file beside it.
-_INCLUDED_ARGS = re.compile(r"""\$\(\s*grep\s+-v\s+(['"])\^#\1\s+"?\$\{?HERE\}?/([A-Za-z0-9_.-]+)"?\s*\)""")
-
-
-def _with_included_args(text: str, path: Path) -> str:
-    """``text`` with each ``$(grep -v '^#' "$HERE/FILE")`` replaced by FILE's lines (FILE beside ``path``)."""
-    included = []
-    for match in _INCLUDED_ARGS.finditer(text):
-        included.append(read_text(path.parent / match.group(2)))
-    if not included:
-        return text
-    return "\n".join([_INCLUDED_ARGS.sub(" ", text), *included])
-
-
-# The same command, inside the $( ) the bash reader hands over: FILE beside the script, from any
-# directory variable ($HERE, ${SCRIPT_DIR}...).
-_INCLUDED_COMMAND = re.compile(r"""\s*grep\s+-v\s+(['"])\^#\1\s+"?\$\{?[A-Za-z_][A-Za-z0-9_]*\}?/"""
-                               r"""([A-Za-z0-9_.-]+)"?\s*""")
-
-
-def _included(command: str, path: Path) -> Optional[str]:
-    """The output of ``grep -v '^#' "$HERE/FILE"`` (FILE beside ``path``), read, not run; None for
-    any other command."""
-    match = _INCLUDED_COMMAND.fullmatch(command)
-    if match is None:
-        return None
-    lines = read_text(path.parent / match.group(2)).splitlines()
-    return "\n".join(line for line in lines if not line.startswith("#"))
-
-
-def _is_argument_list(text: str) -> bool:
-    """An argument list (every line, comments aside, a flag or flags), not a script: read word by
-    word as launch.sh passes it (a layout's unquoted ``|`` is no pipe there)."""
-    return all(line.startswith("-") for line in (raw.strip() for raw in text.splitlines())
-               if line and not line.startswith("#"))
-
-
-@dataclass(frozen=True)
-class _Launch:
-    """What a file gives pretrain_gpt.py: its words, and what reading them assumed."""
-    src: str
-    words: list
-    shell: bool = False  # the words bash passes (planner.readers.bash), not an argument list's
-    notes: tuple = ()  # bash.Note: the branches taken on what the script does not set
-    unset: tuple = ()  # variables the launch's words read that nothing set
-    started: bool = True  # the script starts a command at all
-
-    def explain(self, error: CaseError) -> CaseError:
-        """``error`` with what the reading assumed that bears on it (the branches between
-        arguments this reader reads, the variables read as empty)."""
-        read = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(LIST_FLAGS) | set(ALIASES)
-        said = []
-        if self.unset:
-            said.append(f"the script leaves {', '.join(self.unset[:5])} unset: read as empty, as bash does")
-        if not self.started:
-            said.append("the script starts no command, so nothing reaches pretrain_gpt.py")
-        said += [note.text[len(self.src) + 2:] if note.text.startswith(self.src + ": ") else note.text
-                 for note in self.notes if note.flags is None or read & set(note.flags)]
-        if not said:
-            return error
-        return CaseError(error.source, error.key, f"{error.expected} ({'; '.join(said)})")
-
-
-def _launch(path: Path, text: str) -> _Launch:
-    """The words a Megatron-LM argument list or launch script gives pretrain_gpt.py: an argument
-    list word by word; a script as bash would expand it (planner.readers.bash), its launch being
-    the commands that start a Python script (torchrun ... pretrain_gpt.py), else every command."""
-    src = str(path)
-    if _is_argument_list(text):
-        return _Launch(src, _tokens(text, src))
-    try:
-        script = bash.read_script(text, src, lambda command: _included(command, path))
-    except bash.ScriptLimit as error:
-        suffix = "; expected a launch script whose variables hold arguments" if "expands past" in error.message else ""
-        raise CaseError(src, error.key, error.message + suffix) from None
-    except bash.ScriptSyntax as error:  # what bash (or this reader) cannot parse: word by word, as before
-        note = bash.Note(f"{src}: {error.key}: {error.message}: read word by word, not as bash would", None)
-        return _Launch(src, _tokens(_with_included_args(text, path), src), notes=(note,))
-    launches = [c for c in script.commands if any(f.endswith(".py") for f in c.fields)] or script.commands
-    unset = tuple(dict.fromkeys(name for c in launches for name in c.unset))
-    return _Launch(src, [w for c in launches for w in c.fields], True, tuple(script.notes), unset,
-                   bool(script.commands))
-
-
-def launch_notes(path: Path) -> list[str]:
-    """What reading the launch script at ``path`` assumed: each branch it took on a variable the
-    script does not set (from the environment or the command line), or on what it cannot decide
-    without running anything (a file test). Empty for an argument list."""
-    path = Path(path)
-    return [note.text for note in _launch(path, read_text(path)).notes]
-
-
-# A NeMo (Hydra) config: its top-level sections, which no argument list or launch script has.
-_NEMO_SECTIONS = re.compile(r"^(trainer|exp_manager)\s*:", re.MULTILINE)
-
-
 def read(path: Path, case) -> Layout:
     """The layout of a Megatron-LM argument list or launch script, checked against ``case``."""
     path = Path(path)
     src = str(path)
     text = read_text(path)
-    included = _with_included_args(text, path)
-    if _NEMO_SECTIONS.search(included) and "--" not in included:
+    included = with_included_args(text, path)
+    if NEMO_SECTIONS.search(included) and "--" not in included:
         raise CaseError(src, "", "this is a NeMo config (YAML with trainer and model sections), not a Megatron-LM "
                                  "argument list: give the arguments its launch passes to pretrain_gpt.py")
-    launch = _launch(path, text)
+    launch = launch_of(path, text)
     try:
-        return _layout(src, _flags(launch.words, src, launch.shell), case)
+        return _layout(src, flags_of(launch.words, src, launch.shell), case)
     except CaseError as error:
         raise launch.explain(error) from None
 
 
-def _layout(src: str, flags: dict, case) -> Layout:
-    def integer(flag: str, default: Optional[int] = None) -> Optional[int]:
-        if flag not in flags:
+@dataclass(frozen=True)
+class _Args:
+    """A Megatron-LM argument list as read ({flag: value, or None for a switch}), for one file."""
+
+    src: str
+    flags: dict
+
+    def integer(self, flag: str, default: Optional[int] = None) -> Optional[int]:
+        if flag not in self.flags:
             return default
-        value = flags[flag]
+        value = self.flags[flag]
         digits = (value or "").strip()
         if not re.fullmatch(r"[+-]?\d+", digits):
-            raise CaseError(src, flag, f"expected an integer, got {value!r}")
+            raise CaseError(self.src, flag, f"expected an integer, got {value!r}")
         if len(digits.lstrip("+-")) > len(str(MAX_INT)) or int(digits) > MAX_INT:
-            raise CaseError(src, flag, f"expected an integer <= {MAX_INT}, got {digits}")
+            raise CaseError(self.src, flag, f"expected an integer <= {MAX_INT}, got {digits}")
         number = int(digits)
         if number < (0 if flag == "--recompute-num-layers" else 1):
-            raise CaseError(src, flag, f"expected a positive integer, got {number}")
+            raise CaseError(self.src, flag, f"expected a positive integer, got {number}")
         return number
 
-    model, training = case.model, case.training
-    num_gpus = case.cluster.num_gpus
 
-    # torchrun's world, where the script says it.
-    if "--nnodes" in flags and "--nproc-per-node" in flags and ":" not in (flags["--nnodes"] or ""):
-        world = integer("--nnodes") * integer("--nproc-per-node")
+def _layout(src: str, flags: dict, case) -> Layout:
+    """The layout the arguments run, checked against ``case`` as Megatron-LM's validate_args and
+    TransformerConfig check them: the world, the model, the degrees, the batch, the pipeline, the
+    optimizer's sharding, recomputation and offload."""
+    args = _Args(src, flags)
+    model, training, num_gpus = case.model, case.training, case.cluster.num_gpus
+    _check_world(args, num_gpus)
+    _check_model(args, model, training)
+    tp, pp, cp, dp = _degrees(args, model, num_gpus)
+    micro, global_batch = _batch(args, training, dp)
+    pipeline = _pipeline(args, model, pp, micro, dp, global_batch)
+    vpp, stage_layers = pipeline.vpp, pipeline.stage_layers
+    zero = _zero_stage(args)
+    # Sequence parallelism: validate_args turns it off when tp is 1.
+    sequence_parallel = "--sequence-parallel" in flags and tp > 1
+    recompute, modules, recompute_layers = _recompute(args, vpp, stage_layers or (model.num_layers // pp,))
+    offload_optimizer, offload_activations = _offload(args)
+    try:
+        experts = {}
+        if model.is_moe:  # megatron-core's default expert tensor parallel size is tp
+            experts = {"ep": args.integer("--expert-model-parallel-size", 1),
+                       "etp": args.integer("--expert-tensor-parallel-size", tp)}
+        layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=micro, zero_stage=zero,
+                        sequence_parallel=sequence_parallel, recompute=recompute, recompute_modules=modules,
+                        recompute_num_layers=recompute_layers, stage_layers=stage_layers, chunk_layers=pipeline.chunk_split,
+                        offload_optimizer=offload_optimizer, offload_activations=offload_activations, **pipeline.accounted,
+                        **experts)
+        job = Job(case.model, case.cluster, case.training, layout, case.overheads)
+    except SpecError as error:
+        raise CaseError(args.src, FLAG_OF_FIELD.get(error.field, error.field), case_message(error.message)) from None
+    _check_quantized_weights(src, flags, job)
+    return layout
+
+
+
+
+def _check_world(args: _Args, num_gpus: int) -> None:
+    """torchrun's world, where the script says it."""
+    if "--nnodes" in args.flags and "--nproc-per-node" in args.flags and ":" not in (args.flags["--nnodes"] or ""):
+        world = args.integer("--nnodes") * args.integer("--nproc-per-node")
         if world != num_gpus:
-            raise CaseError(src, "--nnodes", f"--nnodes x --nproc-per-node = {world} GPUs, "
+            raise CaseError(args.src, "--nnodes", f"--nnodes x --nproc-per-node = {world} GPUs, "
                                              f"but the case has {num_gpus}")
 
+
+def _check_model(args: _Args, model, training) -> None:
+    """The model and precision, where the arguments give them, must be the case's."""
     # The model, where given, must be the case's.
     for flag, expected in (("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
                            ("--num-attention-heads", model.num_attention_heads),
                            ("--ffn-hidden-size", model.ffn_hidden_size), ("--seq-length", training.seq_len)):
-        value = integer(flag)
+        value = args.integer(flag)
         if value is not None and value != expected:
-            raise CaseError(src, flag, f"{value} differs from the case's {expected}")
+            raise CaseError(args.src, flag, f"{value} differs from the case's {expected}")
     for flag, expected in (("--num-experts", model.num_experts), ("--moe-router-topk", model.moe_top_k)):
-        value = integer(flag)
+        value = args.integer(flag)
         if value is not None and value != expected:
-            raise CaseError(src, flag, f"{value} differs from the case's {expected or 'dense model (no experts)'}")
+            raise CaseError(args.src, flag, f"{value} differs from the case's {expected or 'dense model (no experts)'}")
     for flag, expected in (("--moe-router-num-groups", model.moe_router_num_groups),
                            ("--moe-router-group-topk", model.moe_router_group_topk)):
-        value = integer(flag)
+        value = args.integer(flag)
         if value is not None and value != expected:
-            raise CaseError(src, flag, f"{value} differs from the case's {expected} "
+            raise CaseError(args.src, flag, f"{value} differs from the case's {expected} "
                                        f"(model.{flag[2:].replace('-', '_')}: the expert dispatch is priced by it)")
-    mtp = integer("--mtp-num-layers", 0)
+    mtp = args.integer("--mtp-num-layers", 0)
     if mtp != model.mtp_layers:
-        said = f"{mtp}" if "--mtp-num-layers" in flags else "absent (no multi-token prediction)"
-        raise CaseError(src, "--mtp-num-layers", f"{said}, but the case's model has {model.mtp_layers} "
+        said = f"{mtp}" if "--mtp-num-layers" in args.flags else "absent (no multi-token prediction)"
+        raise CaseError(args.src, "--mtp-num-layers", f"{said}, but the case's model has {model.mtp_layers} "
                                                  "multi-token prediction layers (model.mtp_layers)")
-    groups = integer("--num-query-groups")
-    if groups is not None and "--group-query-attention" in flags and groups != model.num_kv_heads:
-        raise CaseError(src, "--num-query-groups", f"{groups} differs from the case's {model.num_kv_heads} KV heads")
+    groups = args.integer("--num-query-groups")
+    if groups is not None and "--group-query-attention" in args.flags and groups != model.num_kv_heads:
+        raise CaseError(args.src, "--num-query-groups", f"{groups} differs from the case's {model.num_kv_heads} KV heads")
 
-    read = read_precision(flags)
+    read = read_precision(args.flags)
     if read is not None:
         precision, recipe = read
         if precision != training.precision:
             flag = {"fp8": "--fp8-format", "mxfp8": "--fp8-recipe", "nvfp4": "--fp4-format", "fp16": "--fp16",
                     "bf16": "--bf16"}[precision]
-            raise CaseError(src, flag, f"trains in {precision}, but the case's precision is {training.precision}")
+            raise CaseError(args.src, flag, f"trains in {precision}, but the case's precision is {training.precision}")
         if precision == "fp8" and recipe != training.recipe.name:
-            raise CaseError(src, "--fp8-recipe", f"scales fp8 {recipe}, but the case's recipe is "
+            raise CaseError(args.src, "--fp8-recipe", f"scales fp8 {recipe}, but the case's recipe is "
                                                  f"{training.recipe.name} (training.fp8_recipe)")
 
-    tp = integer("--tensor-model-parallel-size", 1)
-    pp = integer("--pipeline-model-parallel-size", 1)
-    cp = integer("--context-parallel-size", 1)
+
+def _degrees(args: _Args, model, num_gpus: int) -> tuple[int, int, int, int]:
+    """(tp, pp, cp, dp) over the case's GPUs."""
+    tp = args.integer("--tensor-model-parallel-size", 1)
+    pp = args.integer("--pipeline-model-parallel-size", 1)
+    cp = args.integer("--context-parallel-size", 1)
     if num_gpus % (tp * pp * cp):
-        raise CaseError(src, "--tensor-model-parallel-size",
+        raise CaseError(args.src, "--tensor-model-parallel-size",
                         f"tp·pp·cp = {tp}·{pp}·{cp} = {tp * pp * cp} must divide the case's {num_gpus} GPUs")
     dp = num_gpus // (tp * pp * cp)
     if model.num_attention_heads % tp:
-        raise CaseError(src, "--tensor-model-parallel-size",
+        raise CaseError(args.src, "--tensor-model-parallel-size",
                         f"{tp} must divide num_attention_heads {model.num_attention_heads}")
+    return tp, pp, cp, dp
 
-    if "--micro-batch-size" not in flags:
-        raise CaseError(src, "--micro-batch-size", "missing (Megatron-LM requires it)")
-    micro = integer("--micro-batch-size")
-    global_batch = integer("--global-batch-size")
+
+def _batch(args: _Args, training, dp: int) -> tuple[int, int]:
+    """(micro-batch, global batch), the global batch the case's."""
+    if "--micro-batch-size" not in args.flags:
+        raise CaseError(args.src, "--micro-batch-size", "missing (Megatron-LM requires it)")
+    micro = args.integer("--micro-batch-size")
+    global_batch = args.integer("--global-batch-size")
     if global_batch is None:
         global_batch = micro * dp  # validate_args' default
         if global_batch != training.global_batch_size:
-            raise CaseError(src, "--global-batch-size",
+            raise CaseError(args.src, "--global-batch-size",
                             f"missing, so Megatron-LM uses micro-batch x dp = {micro}·{dp} = {global_batch}, "
                             f"but the case's global batch is {training.global_batch_size}")
     if global_batch != training.global_batch_size:
-        raise CaseError(src, "--global-batch-size",
+        raise CaseError(args.src, "--global-batch-size",
                         f"{global_batch} differs from the case's global batch {training.global_batch_size}")
     if global_batch % (micro * dp):
-        raise CaseError(src, "--global-batch-size",
+        raise CaseError(args.src, "--global-batch-size",
                         f"{global_batch} must divide by micro-batch x dp = {micro}·{dp} = {micro * dp}")
+    return micro, global_batch
 
-    # Pipeline partition and interleaving.
+
+@dataclass(frozen=True)
+class _Pipeline:
+    vpp: int
+    stage_layers: Optional[tuple[int, ...]]
+    chunk_split: Optional[tuple[int, ...]]
+    accounted: dict
+
+
+def _pipeline(args: _Args, model, pp: int, micro: int, dp: int, global_batch: int) -> _Pipeline:
+    """The pipeline's partition and interleaving."""
     layers = model.num_layers
-    first = integer("--decoder-first-pipeline-num-layers")
-    last = integer("--decoder-last-pipeline-num-layers")
+    first = args.integer("--decoder-first-pipeline-num-layers")
+    last = args.integer("--decoder-last-pipeline-num-layers")
     stage_layers: Optional[tuple[int, ...]] = None
     chunk_split: Optional[tuple[int, ...]] = None
-    custom = flags.get("--pipeline-model-parallel-layout")
-    accounted = {field: flag in flags for field, flag in ACCOUNT_FLAGS.items()}
+    custom = args.flags.get("--pipeline-model-parallel-layout")
+    accounted = {field: flag in args.flags for field, flag in ACCOUNT_FLAGS.items()}
     units = layers + sum(accounted.values())
     if any(accounted.values()):
         flag = next(f for field, f in ACCOUNT_FLAGS.items() if accounted[field])
         for other in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                       "--pipeline-model-parallel-layout"):
-            if other in flags:
-                raise CaseError(src, flag, f"cannot be combined with {other} (TransformerConfig)")
+            if other in args.flags:
+                raise CaseError(args.src, flag, f"cannot be combined with {other} (TransformerConfig)")
         if pp == 1:
-            raise CaseError(src, flag, "needs --pipeline-model-parallel-size > 1")
+            raise CaseError(args.src, flag, "needs --pipeline-model-parallel-size > 1")
         if units % pp:
-            raise CaseError(src, flag, f"num_layers {layers} with the embedding and loss counted ({units}) "
+            raise CaseError(args.src, flag, f"num_layers {layers} with the embedding and loss counted ({units}) "
                                        f"must divide by --pipeline-model-parallel-size {pp}")
     if custom is None and (first is not None or last is not None):
         if pp == 1:
-            raise CaseError(src, "--decoder-first-pipeline-num-layers", "needs --pipeline-model-parallel-size > 1")
+            raise CaseError(args.src, "--decoder-first-pipeline-num-layers", "needs --pipeline-model-parallel-size > 1")
         rest, middle_stages = layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
         if rest < 0 or bool(rest) != bool(middle_stages) or (middle_stages and rest % middle_stages):
-            raise CaseError(src, "--decoder-first-pipeline-num-layers",
+            raise CaseError(args.src, "--decoder-first-pipeline-num-layers",
                             f"the {rest} layers left after the first/last stages must split evenly over "
                             f"the {middle_stages} other stages")
         middle = rest // middle_stages if middle_stages else 0
@@ -406,26 +276,26 @@ def _layout(src: str, flags: dict, case) -> Layout:
             + ([last] if last is not None else [])
         stage_layers = tuple(stages) if len(set(stages)) > 1 else None
     elif custom is None and pp > 1 and units % pp:
-        raise CaseError(src, "--pipeline-model-parallel-size",
+        raise CaseError(args.src, "--pipeline-model-parallel-size",
                         f"num_layers {layers} must divide by {pp} (or give --decoder-first/last-pipeline-num-layers)")
-    per_chunk = integer("--num-layers-per-virtual-pipeline-stage")
-    chunks = integer("--num-virtual-stages-per-pipeline-rank")
+    per_chunk = args.integer("--num-layers-per-virtual-pipeline-stage")
+    chunks = args.integer("--num-virtual-stages-per-pipeline-rank")
     vpp = 1
     if custom is not None:
         flag = "--pipeline-model-parallel-layout"
         for other in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                       "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank"):
-            if other in flags:
-                raise CaseError(src, flag, f"cannot be combined with {other}")
+            if other in args.flags:
+                raise CaseError(args.src, flag, f"cannot be combined with {other}")
         try:
             counts = parse_layout_string(custom, pp, model.mtp_layers)
         except ValueError as error:
-            raise CaseError(src, flag, f"{error} in {custom!r}") from None
+            raise CaseError(args.src, flag, f"{error} in {custom!r}") from None
         if sum(counts) != layers:
-            raise CaseError(src, flag, f"holds {sum(counts)} transformer layers, the case's model {layers}")
+            raise CaseError(args.src, flag, f"holds {sum(counts)} transformer layers, the case's model {layers}")
         vpp = len(counts) // pp
         if 0 in counts[:-1] or (counts[-1] == 0 and not model.mtp_layers):
-            raise CaseError(src, flag, "every model chunk must hold a transformer layer, but the last where it holds "
+            raise CaseError(args.src, flag, "every model chunk must hold a transformer layer, but the last where it holds "
                                        "the MTP layers (the planner models no other chunk without one)")
         per_rank = rank_chunks(counts, pp)
         stages = [sum(chunks_of_rank) for chunks_of_rank in per_rank]
@@ -437,108 +307,99 @@ def _layout(src: str, flags: dict, case) -> Layout:
             # a last rank of 4, 4, 4 and 1): the layout keeps them.
             chunk_split = tuple(counts)
     elif per_chunk is not None and chunks is not None:
-        raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
+        raise CaseError(args.src, "--num-layers-per-virtual-pipeline-stage",
                         "give either it or --num-virtual-stages-per-pipeline-rank, not both")
     if per_chunk is not None:
         if first is not None or last is not None:
-            raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
+            raise CaseError(args.src, "--num-layers-per-virtual-pipeline-stage",
                             "with an uneven pipeline Megatron-LM needs --num-virtual-stages-per-pipeline-rank")
         if (layers // pp) % per_chunk:
-            raise CaseError(src, "--num-layers-per-virtual-pipeline-stage",
+            raise CaseError(args.src, "--num-layers-per-virtual-pipeline-stage",
                             f"{per_chunk} must divide the {layers // pp} layers per pipeline stage")
         vpp = layers // pp // per_chunk
     elif chunks is not None:
         vpp = chunks
     if vpp > 1:
         if pp == 1:
-            raise CaseError(src, "--num-layers-per-virtual-pipeline-stage", "interleaving needs pipeline parallelism")
-        if pp <= 2 and "--no-overlap-p2p-communication" in flags:
-            raise CaseError(src, "--no-overlap-p2p-communication",
+            raise CaseError(args.src, "--num-layers-per-virtual-pipeline-stage", "interleaving needs pipeline parallelism")
+        if pp <= 2 and "--no-overlap-p2p-communication" in args.flags:
+            raise CaseError(args.src, "--no-overlap-p2p-communication",
                             "interleaving without p2p overlap needs --pipeline-model-parallel-size > 2")
         for n in (() if custom is not None else stage_layers or (units // pp,)):
             if n % vpp:
-                raise CaseError(src, "--num-virtual-stages-per-pipeline-rank",
+                raise CaseError(args.src, "--num-virtual-stages-per-pipeline-rank",
                                 f"{vpp} model chunks must divide every stage's layers, got a stage of {n}; "
                                 "give --pipeline-model-parallel-layout for unequal chunks")
         microbatches = global_batch // (micro * dp)
         if microbatches % pp:
-            raise CaseError(src, "--global-batch-size",
+            raise CaseError(args.src, "--global-batch-size",
                             f"interleaving needs the {microbatches} micro-batches per step to divide by pp {pp}")
+    return _Pipeline(vpp, stage_layers, chunk_split, accounted)
 
-    # Optimizer sharding.
-    zero = 1 if "--use-distributed-optimizer" in flags else 0
-    if "--use-torch-fsdp2" in flags:
+
+def _zero_stage(args: _Args) -> int:
+    """The optimizer's sharding as a ZeRO stage."""
+    zero = 1 if "--use-distributed-optimizer" in args.flags else 0
+    if "--use-torch-fsdp2" in args.flags:
         zero = 3
-    elif "--use-megatron-fsdp" in flags or "--use-custom-fsdp" in flags:
-        strategy = flags.get("--data-parallel-sharding-strategy") or "no_shard"
+    elif "--use-megatron-fsdp" in args.flags or "--use-custom-fsdp" in args.flags:
+        strategy = args.flags.get("--data-parallel-sharding-strategy") or "no_shard"
         stages_of = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
         if strategy not in stages_of:
-            raise CaseError(src, "--data-parallel-sharding-strategy",
+            raise CaseError(args.src, "--data-parallel-sharding-strategy",
                             f"expected one of {', '.join(stages_of)}, got {strategy!r}")
         zero = max(zero, stages_of[strategy])
+    return zero
 
-    # Sequence parallelism: validate_args turns it off when tp is 1.
-    sequence_parallel = "--sequence-parallel" in flags and tp > 1
 
-    # Recomputation.
-    granularity = flags.get("--recompute-granularity")
-    if granularity is None and "--recompute-activations" in flags:
+def _recompute(args: _Args, vpp: int, stages: tuple[int, ...]) -> tuple[str, Optional[tuple[str, ...]], Optional[int]]:
+    """(recompute, modules, layers recomputed per stage where not all)."""
+    granularity = args.flags.get("--recompute-granularity")
+    if granularity is None and "--recompute-activations" in args.flags:
         granularity = "selective"
     recompute, recompute_layers = "none", None
-    method = flags.get("--recompute-method")
+    method = args.flags.get("--recompute-method")
     modules = None
     if granularity == "selective":
         recompute = "selective"
         if method is not None:
-            raise CaseError(src, "--recompute-method", "does not apply to --recompute-granularity selective")
+            raise CaseError(args.src, "--recompute-method", "does not apply to --recompute-granularity selective")
         # megatron-core recomputes the core attention where the modules are not named
         # (TransformerConfig.recompute_modules); an empty list recomputes nothing.
-        modules = tuple((flags.get("--recompute-modules") or "").split()) if "--recompute-modules" in flags \
+        modules = tuple((args.flags.get("--recompute-modules") or "").split()) if "--recompute-modules" in args.flags \
             else ("core_attn",)
         if not modules:
             recompute, modules = "none", None
     elif granularity == "full":
         recompute = "full"
         if method not in ("uniform", "block"):
-            raise CaseError(src, "--recompute-method", f"expected uniform or block with full recomputation, "
+            raise CaseError(args.src, "--recompute-method", f"expected uniform or block with full recomputation, "
                                                        f"got {method!r}")
-        count = integer("--recompute-num-layers")
+        count = args.integer("--recompute-num-layers")
         if count is None:
-            raise CaseError(src, "--recompute-num-layers", "missing (full recomputation requires it)")
+            raise CaseError(args.src, "--recompute-num-layers", "missing (full recomputation requires it)")
         if method == "block":
             per_stage = count * vpp  # block counts layers per model chunk
-            if per_stage < max(stage_layers or (layers // pp,)):
+            if per_stage < max(stages):
                 recompute_layers = per_stage
     elif granularity is not None:
-        raise CaseError(src, "--recompute-granularity", f"expected selective or full, got {granularity!r}")
+        raise CaseError(args.src, "--recompute-granularity", f"expected selective or full, got {granularity!r}")
+    return recompute, modules, recompute_layers
 
-    # Offload: the distributed optimizer's share on the CPU, the first layers' activations.
+
+def _offload(args: _Args) -> tuple[float, int]:
+    """The distributed optimizer's share on the CPU, and the first layers' activations."""
     offload_optimizer = 0.0
-    if "--optimizer-cpu-offload" in flags:
-        text = flags.get("--optimizer-offload-fraction") or "1.0"
+    if "--optimizer-cpu-offload" in args.flags:
+        text = args.flags.get("--optimizer-offload-fraction") or "1.0"
         try:
             offload_optimizer = float(text)
         except ValueError:
-            raise CaseError(src, "--optimizer-offload-fraction", f"expected a fraction, got {text!r}") from None
+            raise CaseError(args.src, "--optimizer-offload-fraction", f"expected a fraction, got {text!r}") from None
         if not 0 <= offload_optimizer <= 1:
-            raise CaseError(src, "--optimizer-offload-fraction", f"expected a fraction in [0, 1], got {text}")
-    offload_activations = integer("--cpu-offloading-num-layers", 0) if "--cpu-offloading" in flags else 0
-
-    try:
-        experts = {}
-        if model.is_moe:  # megatron-core's default expert tensor parallel size is tp
-            experts = {"ep": integer("--expert-model-parallel-size", 1),
-                       "etp": integer("--expert-tensor-parallel-size", tp)}
-        layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=micro, zero_stage=zero,
-                        sequence_parallel=sequence_parallel, recompute=recompute, recompute_modules=modules,
-                        recompute_num_layers=recompute_layers, stage_layers=stage_layers, chunk_layers=chunk_split,
-                        offload_optimizer=offload_optimizer, offload_activations=offload_activations, **accounted,
-                        **experts)
-        job = Job(case.model, case.cluster, case.training, layout, case.overheads)
-    except SpecError as error:
-        raise CaseError(src, FLAG_OF_FIELD.get(error.field, error.field), case_message(error.message)) from None
-    _check_quantized_weights(src, flags, job)
-    return layout
+            raise CaseError(args.src, "--optimizer-offload-fraction", f"expected a fraction in [0, 1], got {text}")
+    offload_activations = args.integer("--cpu-offloading-num-layers", 0) if "--cpu-offloading" in args.flags else 0
+    return offload_optimizer, offload_activations
 
 
 def read_training(path: Path, case) -> dict:
@@ -554,9 +415,9 @@ def read_training(path: Path, case) -> dict:
       or HybridEP backend (``--moe-flex-dispatcher-backend``, ``--moe-enable-deepep``) sends a token once
       per NVLink domain (``deepep``); ``allgather`` (the default) and ``alltoall`` once per expert."""
     path = Path(path)
-    launch = _launch(path, read_text(path))
+    launch = launch_of(path, read_text(path))
     try:
-        return _training(_flags(launch.words, launch.src, launch.shell), case)
+        return _training(flags_of(launch.words, launch.src, launch.shell), case)
     except CaseError as error:
         raise launch.explain(error) from None
 

@@ -1,0 +1,206 @@
+"""A Megatron-LM launch: the words of an argument list, or of the commands a launch script runs as
+bash would expand them (:mod:`planner.readers.bash`), as flags; the notes of what the reading assumed."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+from planner.engines.megatron.emit import ALIASES, BOOL_FLAGS, INT_FLAGS, LIST_FLAGS, STR_FLAGS
+from planner.errors import CaseError, one_line
+from planner.inputs import read_text
+from planner.limits import MAX_EXPANDED_CHARS
+from planner.readers import bash
+
+
+_ASSIGNMENT = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _tokens(text: str, src: str) -> list[str]:
+    """Shell words of a script or argument list: comments dropped, continuations joined, quotes
+    removed, and ``$VAR`` / ``${VAR:-default}`` resolved from plain assignments in the same text
+    (a value past MAX_EXPANDED_CHARS is refused: variables that double on every line would
+    otherwise fill the memory)."""
+    text = re.sub(r"\\\r?\n", " ", text)
+    variables: dict[str, str] = {}
+    words: list[str] = []
+    for line in text.splitlines():
+        try:
+            line_words = shlex.split(line, comments=True)
+        except ValueError:  # an unbalanced quote: fall back to whitespace
+            line_words = line.split("#", 1)[0].split()
+        match = _ASSIGNMENT.match(line)
+        if match and len(line_words) == 1:
+            name = match.group(1)
+            value = line_words[0].split("=", 1)[1]
+            variables[name] = _substitute(value, variables, src, name)
+            continue
+        for word in line_words:
+            resolved = _substitute(word, variables, src, word)
+            # An expanded variable splits into words, as unquoted in the shell.
+            words += resolved.split() if resolved != word else [word]
+    return words
+
+
+def _substitute(word: str, variables: dict[str, str], src: str, key: str) -> str:
+    def one(match: re.Match) -> str:
+        name = match.group(1) or match.group(3)
+        if name in variables:
+            return variables[name]
+        if match.group(2) is not None:
+            return match.group(2)
+        return match.group(0)
+
+    length = len(word) + sum(len(variables.get(m.group(1) or m.group(3), "")) for m in _REFERENCE.finditer(word))
+    if length > MAX_EXPANDED_CHARS:
+        raise CaseError(src, key, f"expands past {MAX_EXPANDED_CHARS:,} characters; expected a launch script "
+                                  "whose variables hold arguments")
+    return _REFERENCE.sub(one, word)
+
+
+def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, Optional[str]]:
+    """The last value of every flag read() knows (argparse keeps the last). ``shell``: the words
+    are those bash passes (:mod:`planner.readers.bash`), so no array parentheses are left in them,
+    and a word that holds a flag and its value together is the one argument argparse refuses."""
+    known = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(LIST_FLAGS) | set(ALIASES)
+
+    def name(word: str) -> str:
+        flag = word.partition("=")[0]
+        flag = flag.replace("_", "-") if flag.startswith("--nproc_") else flag
+        return ALIASES.get(flag, flag)
+
+    # An argument list's words may still carry an array's parentheses: NAME=(--flag value ...).
+    closes = (lambda w: False) if shell else (lambda w: w.endswith(")"))
+    strip = (lambda w: w) if shell else (lambda w: w.rstrip(")"))
+    found: dict[str, Optional[str]] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not shell:
+            if "=(" in word:  # the first element of a one-line array: NAME=(--flag value ...)
+                word = word.split("=(", 1)[1]
+            word = word.lstrip("(").rstrip(")")
+        elif word.startswith("--") and len(word.split()) > 1 and name(word.split()[0]) in known:
+            raise CaseError(src, name(word.split()[0]),
+                            f"reaches the launch as the one argument {one_line(word, 60)!r}, which argparse "
+                            "refuses (a quoted expansion, \"${A[@]}\" or \"$ARGS\", keeps each element one word): "
+                            "expand it unquoted, ${A[@]}, as Megatron-LM's examples do")
+        flag, _, inline = word.partition("=")
+        flag = name(flag)
+        if flag in known:
+            if flag in BOOL_FLAGS:
+                found[flag] = None
+            elif flag in LIST_FLAGS:  # its values, space-separated, up to the next flag
+                values = [inline] if inline else []
+                while i + 1 < len(words) and not words[i + 1].startswith("--") and not closes(words[i]):
+                    values.append(strip(words[i + 1]))
+                    i += 1
+                found[flag] = " ".join(values)
+            elif inline:
+                found[flag] = inline
+            elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+                found[flag] = strip(words[i + 1])
+                i += 1
+            else:
+                found[flag] = ""
+        i += 1
+    return found
+
+
+# How launch.sh (ours, and scripts written like it) takes its arguments from a file beside it.
+_INCLUDED_ARGS = re.compile(r"""\$\(\s*grep\s+-v\s+(['"])\^#\1\s+"?\$\{?HERE\}?/([A-Za-z0-9_.-]+)"?\s*\)""")
+
+
+def with_included_args(text: str, path: Path) -> str:
+    """``text`` with each ``$(grep -v '^#' "$HERE/FILE")`` replaced by FILE's lines (FILE beside ``path``)."""
+    included = []
+    for match in _INCLUDED_ARGS.finditer(text):
+        included.append(read_text(path.parent / match.group(2)))
+    if not included:
+        return text
+    return "\n".join([_INCLUDED_ARGS.sub(" ", text), *included])
+
+
+# The same command, inside the $( ) the bash reader hands over: FILE beside the script, from any
+# directory variable ($HERE, ${SCRIPT_DIR}...).
+_INCLUDED_COMMAND = re.compile(r"""\s*grep\s+-v\s+(['"])\^#\1\s+"?\$\{?[A-Za-z_][A-Za-z0-9_]*\}?/"""
+                               r"""([A-Za-z0-9_.-]+)"?\s*""")
+
+
+def _included(command: str, path: Path) -> Optional[str]:
+    """The output of ``grep -v '^#' "$HERE/FILE"`` (FILE beside ``path``), read, not run; None for
+    any other command."""
+    match = _INCLUDED_COMMAND.fullmatch(command)
+    if match is None:
+        return None
+    lines = read_text(path.parent / match.group(2)).splitlines()
+    return "\n".join(line for line in lines if not line.startswith("#"))
+
+
+def _is_argument_list(text: str) -> bool:
+    """An argument list (every line, comments aside, a flag or flags), not a script: read word by
+    word as launch.sh passes it (a layout's unquoted ``|`` is no pipe there)."""
+    return all(line.startswith("-") for line in (raw.strip() for raw in text.splitlines())
+               if line and not line.startswith("#"))
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """What a file gives pretrain_gpt.py: its words, and what reading them assumed."""
+    src: str
+    words: list
+    shell: bool = False  # the words bash passes (planner.readers.bash), not an argument list's
+    notes: tuple = ()  # bash.Note: the branches taken on what the script does not set
+    unset: tuple = ()  # variables the launch's words read that nothing set
+    started: bool = True  # the script starts a command at all
+
+    def explain(self, error: CaseError) -> CaseError:
+        """``error`` with what the reading assumed that bears on it (the branches between
+        arguments this reader reads, the variables read as empty)."""
+        read = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(LIST_FLAGS) | set(ALIASES)
+        said = []
+        if self.unset:
+            said.append(f"the script leaves {', '.join(self.unset[:5])} unset: read as empty, as bash does")
+        if not self.started:
+            said.append("the script starts no command, so nothing reaches pretrain_gpt.py")
+        said += [note.text[len(self.src) + 2:] if note.text.startswith(self.src + ": ") else note.text
+                 for note in self.notes if note.flags is None or read & set(note.flags)]
+        if not said:
+            return error
+        return CaseError(error.source, error.key, f"{error.expected} ({'; '.join(said)})")
+
+
+def launch_of(path: Path, text: str) -> _Launch:
+    """The words a Megatron-LM argument list or launch script gives pretrain_gpt.py: an argument
+    list word by word; a script as bash would expand it (planner.readers.bash), its launch being
+    the commands that start a Python script (torchrun ... pretrain_gpt.py), else every command."""
+    src = str(path)
+    if _is_argument_list(text):
+        return _Launch(src, _tokens(text, src))
+    try:
+        script = bash.read_script(text, src, lambda command: _included(command, path))
+    except bash.ScriptLimit as error:
+        suffix = "; expected a launch script whose variables hold arguments" if "expands past" in error.message else ""
+        raise CaseError(src, error.key, error.message + suffix) from None
+    except bash.ScriptSyntax as error:  # what bash (or this reader) cannot parse: word by word, as before
+        note = bash.Note(f"{src}: {error.key}: {error.message}: read word by word, not as bash would", None)
+        return _Launch(src, _tokens(with_included_args(text, path), src), notes=(note,))
+    launches = [c for c in script.commands if any(f.endswith(".py") for f in c.fields)] or script.commands
+    unset = tuple(dict.fromkeys(name for c in launches for name in c.unset))
+    return _Launch(src, [w for c in launches for w in c.fields], True, tuple(script.notes), unset,
+                   bool(script.commands))
+
+
+def launch_notes(path: Path) -> list[str]:
+    """What reading the launch script at ``path`` assumed: each branch it took on a variable the
+    script does not set (from the environment or the command line), or on what it cannot decide
+    without running anything (a file test). Empty for an argument list."""
+    path = Path(path)
+    return [note.text for note in launch_of(path, read_text(path)).notes]
+
+
+# A NeMo (Hydra) config: its top-level sections, which no argument list or launch script has.
+NEMO_SECTIONS = re.compile(r"^(trainer|exp_manager)\s*:", re.MULTILINE)
