@@ -1,14 +1,50 @@
 """layout-planner: the fastest training layout that fits, at the global batch you chose; and how
 many GPUs of which type a run of so many tokens needs."""
 
-from .configs import Emitted, emit, read_config
+import sys
+import types
+from importlib import import_module
+
 from .errors import CaseError
 from .estimate import Estimate, estimate
-from .learn import calibrate_from_runs
-from .plan import Plan, plan
-from .size import Sizing, size
-
-
 
 __all__ = ["CaseError", "Emitted", "Estimate", "Plan", "Sizing", "calibrate_from_runs", "emit", "estimate", "plan",
            "read_config", "size"]
+
+# The rest of the API loads when first asked for, so that a command imports only what it runs
+# (`plan` never loads the fit of `learn`, nor `size` its sweep): name -> the module defining it.
+_LAZY = {"Emitted": "configs", "emit": "configs", "read_config": "configs", "calibrate_from_runs": "learn",
+         "Plan": "plan", "plan": "plan", "Sizing": "size", "size": "size"}
+
+
+class _Package(types.ModuleType):
+    """The package, whose API names above resolve on first use. Three of them (``plan``, ``size``,
+    ``emit``) are also the names of submodules, which the import system binds to the package's
+    attribute of that name once it loads them: the package's attribute stays the API's."""
+
+
+def _api_name(name: str, module: str) -> property:
+    def get(package: types.ModuleType):
+        if name not in package.__dict__:  # set by hand (a test's monkeypatch), else loaded on first use
+            package.__dict__[name] = getattr(import_module(f".{module}", __name__), name)
+        return package.__dict__[name]
+
+    def set_(package: types.ModuleType, value) -> None:
+        if not isinstance(value, types.ModuleType):  # a submodule bound by the import system is not the API's
+            package.__dict__[name] = value
+
+    def delete(package: types.ModuleType) -> None:
+        package.__dict__.pop(name, None)
+
+    return property(get, set_, delete)
+
+
+for _name, _module in _LAZY.items():
+    setattr(_Package, _name, _api_name(_name, _module))
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+sys.modules[__name__].__class__ = _Package

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .search import Candidate
+from .search_rows import Candidate
 
 RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
 

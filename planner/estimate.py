@@ -8,16 +8,17 @@ from typing import Any, Optional
 from cost_models.activations import selective_modules
 from cost_models.topology import domains_spanned
 from cost_models.memory import StageMemory, host_bytes, peak_stage_memory, stage_memories
-from cost_models.memory import usable_bytes as allocator_usable_bytes
 from cost_models.parameters import active_parameters, total_parameters
 from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import Job, Layout, SpecError
 
 from .bands import Band, memory_band, throughput_band
-from .bands import fit_limit as band_fit_limit
 from .case import Case, layout_to_mapping, load_case, spec_errors
 from .engines import ENGINES
 from .errors import CaseError
+# The memory limit every command holds a layout to, shared with the search; named here too.
+from .search_memory import fit_limit, fits_with_margin, host_fits, usable_bytes
+from .search_recompute import selective_bundles
 
 
 @dataclass(frozen=True)
@@ -205,28 +206,6 @@ def refuse_what_the_engine_cannot_run(case: Case, job: Job) -> None:
         raise CaseError(case.source, key, f"{engine.name} cannot run it: {why}")
 
 
-def fit_limit(job: Job, headroom: float) -> float:
-    """The most a layout's predicted peak may be and fit (``bands.fit_limit``)."""
-    return band_fit_limit(usable_bytes(job, headroom), job.model, job.cluster, job.training)
-
-
-def fits_with_margin(job: Job, peak: float, headroom: float) -> bool:
-    """Whether ``peak`` fits at its memory band's upper end (``bands.memory_band``): no risk left."""
-    return peak * memory_band(job).high <= usable_bytes(job, headroom)
-
-
-def usable_bytes(job: Job, headroom: float) -> float:
-    """GPU memory a layout's peak may reach (``memory.usable_bytes``): the capacity less the
-    headroom it must leave free and what lives outside PyTorch's allocator."""
-    return allocator_usable_bytes(job.cluster.gpu.memory_bytes, job.overheads, headroom)
-
-
-def host_fits(job: Job, headroom: float) -> bool:
-    """What offload puts on the host fits its share of host memory, less the same headroom."""
-    host = job.cluster.gpu.host
-    return not job.layout.offloads or host_bytes(job) <= host.memory_bytes * (1 - headroom)
-
-
 def estimate(case: Any) -> Estimate:
     """Python API: estimate the case's layout. ``case`` is a path or a dict in the case-file schema."""
     loaded = case if isinstance(case, Case) else load_case(case)
@@ -263,9 +242,7 @@ def _quantized_weights(job: Job, headroom: float) -> Optional[Remedy]:
 
 def _recompute_rungs(job: Job) -> list[tuple[str, dict]]:
     """More recomputation than the layout's, lightest first: selective at each module set the
-    search scores (``search.selective_bundles``) heavier than the layout's, then full."""
-    from .search import selective_bundles
-
+    search scores (``search_recompute.selective_bundles``) heavier than the layout's, then full."""
     lay, rungs = job.layout, []
     if lay.recompute == "none" or (lay.recompute == "selective" and lay.recompute_modules is None):
         engine = ENGINES.get(job.training.engine.name)

@@ -16,7 +16,8 @@ from .engines import ENGINES
 from .errors import CaseError, one_line
 from .estimate import Estimate, estimate_job, fits_with_margin
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_STEP_TIME_S, MAX_TOP_K
-from .search import Candidate, SearchResult, search
+from .search import search
+from .search_rows import Candidate, SearchResult
 from .search_options import SearchSpec, retarget
 
 # The solver's table holds every fitting layout within this share of the fastest (or the
@@ -277,6 +278,8 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     model = LayoutModel(case, spec, table)
     solution = model.solve()
     if solution.index is None:
+        with spec_errors(case.source):
+            result = result.in_full()  # every layout scored: the closest miss is the advice's
         return Plan(solution.status, None, (), result.scored, 0, no_fit=_advice(case, spec, result.tightest),
                     headroom=spec.headroom)
     status = solution.status

@@ -18,410 +18,34 @@ enumerator in the tests checks this):
   the fewest.
 - Memory grows with the micro-batch, so once nothing fits at a micro-batch size, larger
   ones are skipped.
+
+The search is split by what it holds: the space it enumerates (:mod:`planner.search_space`), the
+rows it works with (:mod:`planner.search_rows`), the least recomputation or offload that fits one
+layout (:mod:`planner.search_recompute`), whether a layout fits (:mod:`planner.search_memory`) and
+the bounds that skip a layout before the full cost model scores it (:mod:`planner.search_bounds`).
+This module walks the groups, most promising first, and keeps what fits.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import Iterator, Optional
+from typing import Optional
 
-from cost_models.activations import selective_modules
-from cost_models.memory import peak_candidates, peak_stage_memory, stage_memories
-from cost_models.partition import balanced_partition, default_partition, layer_and_head_cost, virtual_partition
-from cost_models.experts import dispatch_combine_time
-from cost_models.specs import Job, Layout, ModelSpec, SpecError, TrainingSpec, moe_layers_per_stage
-from cost_models.step_time import (StepTime, layer_time_bound, moe_layer_time_for, pipeline, stage_time, step_time,
-                                   tp_exposed_per_layer)
+from cost_models.specs import Job, Layout
+from cost_models.step_time import StepTime, step_time
 
 from .case import Case
-from .engines import EngineSupport
+from .search_bounds import Incumbents, StepBounds, floor, states_cannot_fit
+from .search_memory import fit_limit
 from .search_options import SearchSpec
+from .search_recompute import least_activation_offload, least_recompute, offload_options, selective_bundles
+from .search_rows import BoundedGroup, Candidate, Group, SearchResult
+from .search_space import MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, expert_options, groups, partitions, structures
 
-# Unless the case bounds cp itself, every context-parallel rank keeps at least this many
-# tokens: below it the ring's per-step latency and the flash-attention tiles (128 × 128)
-# leave a rank's chunk too small to pay for the exchange; NeMo's long-context recipes
-# keep 4k–16k tokens per rank.
-MIN_TOKENS_PER_CP_RANK = 1024
-# Model chunks per pipeline rank the search tries where the layers do not divide by pp
-# (DeepSeek-V3's 61 layers): the unequal chunks an engine with a pipeline layout runs.
-UNEVEN_VPP = (2, 4)
-
-@dataclass(frozen=True)
-class Candidate:
-    """One scored layout that fits, with the job and step time the search computed for it
-    (`plan` reports its winners from these rather than timing them again)."""
-
-    layout: Layout
-    step_time_s: float
-    peak_bytes: float
-    job: Optional[Job] = None
-    time: Optional[StepTime] = None
-
-
-@dataclass
-class SearchResult:
-    candidates: list[Candidate]
-    scored: int  # layouts whose memory was evaluated
-    tightest: Optional[Job] = None  # the non-fitting layout closest to fitting, for advice
-    pruned: int = 0  # layouts skipped because they could not be fast enough to matter
-
-
-@lru_cache(maxsize=65536)  # `size` searches thousands of cluster sizes that share divisors
-def divisors(n: int) -> tuple[int, ...]:
-    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
-    return tuple(sorted(set(small + [n // d for d in small])))
-
-
-def partitions(layers: int, pp: int) -> list[Optional[tuple[int, ...]]]:
-    """Pipeline partitions to score: an even split where layers divide, and one that
-    lightens the edge stages, which also hold the embedding and the LM head
-    (Megatron-DeepSpeed ``type:transformer|embedding``; Megatron's
-    ``--decoder-first/last-pipeline-num-layers`` when the middle stages are equal, else
-    ``--pipeline-model-parallel-layout``)."""
-    if pp == 1:
-        return [None]
-    if layers < pp:
-        return []
-    options: list[Optional[tuple[int, ...]]] = []
-    if layers % pp == 0:
-        options.append(None)
-    base, extra = divmod(layers, pp)
-    counts = [base] * pp
-    if extra == 0 and base > 1 and pp > 2:
-        counts[0] -= 1  # move one layer from each edge to the middle stages
-        counts[-1] -= 1
-        extra = 2
-    if extra:
-        order = list(range(1, pp - 1)) + [0, pp - 1]  # middle stages take the remainder first
-        while extra:
-            for i in order:
-                if extra == 0:
-                    break
-                counts[i] += 1
-                extra -= 1
-        options.append(tuple(counts))
-    return options
-
-
-def _vpp_options(partition: tuple[int, ...], engine: EngineSupport) -> list[int]:
-    if len(partition) == 1 or not engine.interleaving or min(partition) == 0:
-        return [1]
-    smallest = min(partition)
-    return [v for v in divisors(smallest) if all(n % v == 0 for n in partition)]
-
-
-def fits(job: Job, headroom: float) -> tuple[bool, float]:
-    from .estimate import fit_limit, host_fits
-
-    peak = peak_stage_memory(job).total
-    return peak <= fit_limit(job, headroom) and host_fits(job, headroom), peak
-
-
-def offload_options(spec: SearchSpec, zero: int) -> list[dict]:
-    """Offloads to score beyond none, as the engine offers them: the whole optimizer, then
-    with it ZeRO-3's parameters (every one adds time, so only the least that fits matters)."""
-    engine = spec.engine
-    options = []
-    if engine.optimizer_offload != "none" and zero in engine.optimizer_offload_zero and not engine.offload_together:
-        options.append({"offload_optimizer": 1.0, "offload_params": False})
-    if engine.param_offload and zero == 3 and engine.optimizer_offload != "none":
-        options.append({"offload_optimizer": 1.0, "offload_params": True})
-    return [o for o in options if all(spec.admits(k, v) for k, v in o.items())]
-
-
-def _least_activation_offload(case: Case, spec: SearchSpec, layout: Layout, note_miss) \
-        -> tuple[Optional[tuple[Job, float]], int]:
-    """Activations of the fewest leading layers per stage offloaded, with no recomputation, that fits
-    (memory falls as more are offloaded: bisection), where the engine runs it."""
-    if not spec.engine.activation_offload or not spec.admits("recompute", "none"):
-        return None, 0
-    stage_max = max(layout.stage_layers) if layout.stage_layers else case.model.num_layers // layout.pp
-    pinned = spec.pins.get("offload_activations")
-    scored = 0
-
-    def trial(n: int) -> Optional[tuple[Job, float]]:
-        nonlocal scored
-        try:
-            job = Job(case.model, case.cluster, case.training,
-                      layout.with_changes(recompute="none", recompute_num_layers=None, recompute_modules=None,
-                                          offload_activations=n),
-                      case.overheads)
-        except SpecError:
-            return None
-        if spec.runner.problems(job):
-            return None
-        scored += 1
-        ok, peak = fits(job, spec.headroom)
-        if not ok:
-            note_miss(job, peak)
-        return (job, peak) if ok else None
-
-    if pinned is not None:
-        return (trial(pinned) if pinned else None), scored
-    high = stage_max
-    best = trial(high) or trial(high - 1)  # an engine may keep one layer on the GPU (Megatron)
-    if best is None:
-        return None, scored
-    high = best[0].layout.offload_activations
-    low = 1
-    while low < high:
-        mid = (low + high) // 2
-        attempt = trial(mid)
-        if attempt is not None:
-            high, best = mid, attempt
-        else:
-            low = mid + 1
-    return best, scored
-
-
-def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, int]]:
-    """(tp, cp, pp, dp) with tp·cp·pp·dp = GPUs that the model, batch, engine and bounds allow."""
-    model, training, cluster = case.model, case.training, case.cluster
-    engine = spec.engine
-    n = cluster.num_gpus
-    for tp in divisors(n):
-        if model.num_attention_heads % tp or model.ffn_hidden_size % tp \
-                or (model.num_kv_heads % tp and tp % model.num_kv_heads):
-            continue
-        if tp > cluster.gpu.nvlink_domain and not spec.tp_across_nodes:
-            continue
-        if not spec.admits("tp", tp):
-            continue
-        for cp in divisors(n // tp):
-            if cp > 1 and (not engine.context_parallel or training.seq_len % (2 * cp)):
-                continue
-            if cp > 1 and "max_cp" not in spec.bounds and training.seq_len < cp * MIN_TOKENS_PER_CP_RANK:
-                continue
-            if not spec.admits("cp", cp):
-                continue
-            for pp in divisors(n // (tp * cp)):
-                dp = n // (tp * cp * pp)
-                if pp > model.num_layers or training.global_batch_size % dp:
-                    continue
-                if tp > 1 and pp > 1 and not engine.tp_with_pp:
-                    continue
-                if spec.admits("pp", pp) and spec.admits("dp", dp):
-                    yield tp, cp, pp, dp
-
-
-def expert_options(case: Case, spec: SearchSpec, tp: int, cp: int, dp: int) -> list[tuple[int, Optional[int]]]:
-    """(ep, etp) pairs to score for one structure: for a dense model only (1, None); for a
-    mixture of experts every ep that divides the experts and, with etp, the attention's
-    tp·cp·dp ranks (the expert grid folds over them), and the engine's etp choices (1 and tp
-    where it runs any: ``EngineSupport.expert_tp_choices``) within one NVLink domain unless
-    ``tp_across_nodes``."""
-    model, cluster = case.model, case.cluster
-    if not model.is_moe:
-        return [(1, None)]
-    engine = spec.engine
-    out = []
-    for etp in engine.expert_tp_choices(tp):
-        if model.moe_ffn_hidden_size % etp or not spec.admits("etp", etp):
-            continue
-        if etp > cluster.gpu.nvlink_domain and not spec.tp_across_nodes:
-            continue
-        for ep in divisors(model.num_experts):
-            if (tp * cp * dp) % (etp * ep) or not spec.admits("ep", ep):
-                continue
-            if ep > 1 and not engine.expert_parallel:
-                continue
-            out.append((ep, etp))
-    return out
-
-
-def selective_bundles(model: ModelSpec, training: TrainingSpec, engine: EngineSupport) \
-        -> tuple[Optional[tuple[str, ...]], ...]:
-    """The module sets selective recomputation is scored with, lightest first, each holding the
-    one before (so each frees more and costs more): the modules that free memory for the case
-    (None: ``activations.selective_modules``), then, where the engine recomputes by module, those
-    with the norms that stand apart (MLA's input norm, MoE layers' pre-MLP norm), then with the
-    dense MLPs and MoE layers' whole expert part (``mlp``, ``moe``: the heaviest short of full)."""
-    if not engine.recompute_modules:
-        return (None,)
-    modules = selective_modules(model, training, Layout(recompute="selective"))
-    bundles: list[Optional[tuple[str, ...]]] = [None] if modules else []  # nothing frees memory: none's twin
-    if (model.attention_type == "mla" or model.is_moe) and not training.delayed_scaling:
-        modules += ("layernorm",)
-        bundles.append(modules)
-    heavy = modules + (("mlp",) if model.num_moe_layers < model.num_layers else ())
-    if model.is_moe and not training.moe_comm_overlap:  # megatron-core refuses moe with the overlap
-        heavy = tuple(m for m in heavy if m != "moe_act") + ("moe",)
-    if heavy != modules:
-        bundles.append(heavy)
-    return tuple(bundles)
-
-
-def _recompute_ladder(spec: SearchSpec, base: Layout, bundles: tuple = (None,)) -> Iterator[Layout]:
-    """Layouts from least to most recomputation that the engine and pins allow, built as needed:
-    selective with each of ``bundles`` (:func:`selective_bundles`) in turn."""
-    for level in ("none", "selective", "full"):
-        if level not in spec.engine.recompute or not spec.admits("recompute", level):
-            continue
-        if "recompute_num_layers" in spec.pins:
-            if level == "full":
-                yield base.with_changes(recompute="full", recompute_num_layers=spec.pins["recompute_num_layers"])
-            continue
-        if level == "selective":
-            for modules in bundles:
-                yield base.with_changes(recompute="selective", recompute_modules=modules)
-            continue
-        yield base if level == base.recompute else base.with_changes(recompute=level, recompute_modules=None)
-
-
-def _least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least: int,
-                          note_miss, at_most: Optional[int] = None) -> Optional[tuple[Job, float]]:
-    """Full recomputation on the fewest layers per stage (no fewer than ``at_least``, no more
-    than ``at_most``) that fits.
-
-    Memory falls as more layers are recomputed, so the fewest that fit are found by bisection.
-    """
-    stage_max = max(layout.stage_layers or default_partition(case.model, case.training, layout))
-
-    def trial(n: int) -> tuple[Optional[Job], float]:
-        rnl = None if n >= stage_max or not spec.engine.partial_recompute else n
-        job = Job(case.model, case.cluster, case.training, layout.with_changes(recompute_num_layers=rnl),
-                  case.overheads)
-        ok, peak = fits(job, spec.headroom)
-        if not ok and n >= stage_max:  # the most recomputation there is: the advice's closest layout
-            note_miss(job, peak)
-        return (job if ok else None), peak
-
-    top = stage_max if at_most is None else min(at_most, stage_max)
-    best = trial(top)
-    if best[0] is None or not spec.engine.partial_recompute:
-        return best if best[0] else None
-    # With interleaving the count is per model chunk (Megatron's --recompute-num-layers), so
-    # the per-stage count moves in steps of vpp.
-    step = layout.vpp
-    low, high = _fewest_recomputed(stage_max, at_least, step) // step, top // step
-    while low < high:
-        mid = (low + high) // 2
-        attempt = trial(mid * step)
-        if attempt[0] is not None:
-            high, best = mid, attempt
-        else:
-            low = mid + 1
-    return best
-
-
-def _fewest_recomputed(stage_max: int, at_least: int, vpp: int) -> int:
-    """The fewest layers a stage may recompute in full: ``at_least`` (capped at the stage), in
-    whole steps of vpp, since Megatron's --recompute-num-layers counts per model chunk."""
-    return max(1, -(-min(at_least, stage_max) // vpp)) * vpp
-
-
-def _full_layers_faster_than(case: Case, selective: Job, full: Layout, at_least: int) -> int:
-    """The most layers a stage can recompute in full and still run faster than ``selective``
-    (0 where even the fewest the search tries cannot), on the stage with the most layers: each
-    more layer recomputed adds its forward there, so its time grows by one step per layer."""
-    partition = full.stage_layers or default_partition(case.model, case.training, full)
-    stage_max = max(partition)
-    widest = partition.index(stage_max)
-    fewest = min(stage_max, _fewest_recomputed(stage_max, at_least, full.vpp))
-
-    def widest_stage(layers: int) -> float:
-        job = Job(case.model, case.cluster, case.training, full.with_changes(recompute_num_layers=layers),
-                  case.overheads)
-        return stage_time(job, widest).total
-    target = stage_time(selective, widest).total
-    try:
-        first = widest_stage(fewest)
-        if first >= target:
-            return 0
-        if fewest + full.vpp > stage_max:
-            return stage_max
-        per_step = widest_stage(fewest + full.vpp) - first
-    except SpecError:
-        return stage_max
-    if per_step <= 0:
-        return stage_max
-    return min(stage_max, fewest + full.vpp * math.floor((target - first) / per_step))
-
-
-def _floor(case: Case, base: Layout, threshold: float) -> tuple[float, Optional[StepTime]]:
-    """The least step time any layout built on ``base`` can take: ``base``'s own, with neither
-    recomputation nor offload, since each only adds work (a recomputed forward, a copy to or
-    from the host) to the step; its memory is not needed for that. With that step where it
-    took all of it: where the micro-batches and the bubble alone pass ``threshold``, the rest
-    of the step is not priced. (0, None) where ``base`` alone is not a layout the cost models
-    take."""
-    try:
-        job = Job(case.model, case.cluster, case.training, base, case.overheads)
-    except SpecError:
-        return 0.0, None
-    stages = pipeline(job)
-    least = stages.least_step(job)
-    if least > threshold:
-        return least, None
-    time = step_time(job, stages)
-    return time.total, time
-
-
-def _states_cannot_fit(case: Case, spec: SearchSpec, base: Layout) -> bool:
-    """Whether the model states on the GPU alone, with the fixed buffers, fill more than its usable
-    memory both without offload and under the most offload the search may try for ``base``'s ZeRO
-    stage. They depend on neither the micro-batch nor the recomputation, so then no layout on
-    ``base``'s grid and ZeRO stage fits. Offload moves states off the GPU, but an engine's defaults
-    may hold more on it once the optimizer is offloaded (Megatron keeps non-delayed fp8 weights in
-    16 bits there: ``EngineBehaviour.quantized_param_gather_offloaded``), so both ends are priced."""
-    from .estimate import fit_limit
-
-    def least_states(changes: dict) -> float:
-        job = Job(case.model, case.cluster, case.training, base.with_changes(**changes), case.overheads)
-        o = job.overheads
-        return max(m.parameters + m.gradients + m.optimizer_states + m.other - o.fragmentation * m.activations
-                   for m in stage_memories(job, peak_candidates(job)))  # which hold the most states too
-
-    strongest = ([{}] + offload_options(spec, base.zero_stage))[-1]
-    try:
-        least = min(least_states(changes) for changes in ({}, strongest))
-    except SpecError:
-        return False
-    return least > fit_limit(Job(case.model, case.cluster, case.training, base, case.overheads), spec.headroom)
-
-
-def _least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
-                     note_miss) -> tuple[Optional[tuple[Job, float]], int]:
-    """The layout with the least recomputation that fits, and how many layouts were scored.
-
-    Selective recomputation on every layer and full recomputation of a few layers are not
-    ordered: either can cost less (the first repeats part of every layer, the second all of a
-    few). Where selective is the least that fits and the engine recomputes some layers in full,
-    full recomputation of the fewest layers that fit takes its place where that is faster."""
-    scored = 0
-    bundles = (spec.pins["recompute_modules"],) if "recompute_modules" in spec.pins \
-        else selective_bundles(case.model, case.training, spec.engine)
-    ladder = list(_recompute_ladder(spec, base, bundles))
-    for layout in ladder:
-        try:
-            if layout.recompute == "full" and layout.recompute_num_layers is None:
-                scored += 1
-                hit = _least_full_recompute(case, spec, layout, at_least, note_miss)
-                if hit is not None and not spec.runner.problems(hit[0]):
-                    return hit, scored
-                continue
-            job = Job(case.model, case.cluster, case.training, layout, case.overheads)
-        except SpecError:
-            continue
-        if spec.runner.problems(job):  # a rule of the engine's own code (planner/engines/)
-            continue
-        scored += 1
-        ok, peak = fits(job, spec.headroom)
-        if ok:
-            full = [rung for rung in ladder if rung.recompute == "full" and rung.recompute_num_layers is None]
-            at_most = _full_layers_faster_than(case, job, full[0], at_least) \
-                if layout.recompute == "selective" and full and spec.engine.partial_recompute else 0
-            if at_most:
-                scored += 1
-                hit = _least_full_recompute(case, spec, full[0], at_least, note_miss, at_most)
-                if hit is not None and not spec.runner.problems(hit[0]):
-                    return hit, scored
-            return (job, peak), scored
-        note_miss(job, peak)
-    return None, scored
+# Names other modules and the tests import from here.
+_floor, _states_cannot_fit = floor, states_cannot_fit
+__all__ = ["MIN_TOKENS_PER_CP_RANK", "UNEVEN_VPP", "Candidate", "SearchResult", "divisors", "expert_options",
+           "offload_options", "partitions", "search", "selective_bundles", "structures"]
 
 
 def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: Optional[float] = None,
@@ -433,184 +57,167 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
 
     With ``keep_within`` (a fraction), layouts that cannot come within that share of the
     fastest found so far, nor among the top_k + 1 fastest, are skipped before their memory is
-    scored: their step time is at least (m + (p − 1)/v) · L_max · (3 · t_layer + 4 · t_tp) —
-    every micro-batch and the bubble run the forward and backward of the stage with the most
-    layers, with its four tensor-parallel collectives per layer — and the rest of the step
-    only adds to that. Those that pass are skipped still, before their memory is scored, when
-    their step with neither recomputation nor offload is too slow (:func:`_floor`).
+    scored: first on a lower bound per group and micro-batch (:class:`StepBounds`), then on
+    their step with neither recomputation nor offload (:func:`floor`).
+
+    A ZeRO stage of a group whose model states alone overflow the GPU (:func:`states_cannot_fit`)
+    is skipped before any of its layouts is timed or scored: none of them fits. The closest miss
+    (``tightest``, the advice's where nothing fits) may be among them: :meth:`SearchResult.in_full`.
     """
-    model, training = case.model, case.training
-    engine = spec.engine
-    result = SearchResult(candidates=[], scored=0)
-    fastest: list[float] = []
-    tightest_peak = math.inf
+    return _Search(case, spec, first_only, keep_within, ceiling).run()
 
-    from .estimate import fit_limit
 
-    def note_miss(job: Job, peak: float) -> None:
-        nonlocal tightest_peak
-        if peak <= fit_limit(job, spec.headroom):
+class _Search:
+    """One search: the incumbents, what was scored and pruned, and the closest miss so far."""
+
+    def __init__(self, case: Case, spec: SearchSpec, first_only: bool, keep_within: Optional[float],
+                 ceiling: float, skip_unfit: bool = True):
+        self.case, self.spec, self.first_only = case, spec, first_only
+        self.keep_within, self.ceiling = keep_within, ceiling
+        # Without a threshold nothing is skipped on time: the groups are walked as enumerated.
+        self.ordered = keep_within is not None or ceiling < math.inf
+        self.incumbents = Incumbents(spec.top_k, keep_within, ceiling)
+        self.result = SearchResult(candidates=[], scored=0)
+        self._tightest_peak = math.inf
+        # Whether a ZeRO stage whose model states alone overflow the GPU is skipped before its
+        # layouts are timed or scored, and how many were.
+        self.skip_unfit = skip_unfit
+        self.unfit_skipped = 0
+
+    def note_miss(self, job: Job, peak: float) -> None:
+        """Keep the scored layout closest to fitting on the GPU, for the advice when nothing fits."""
+        if peak <= fit_limit(job, self.spec.headroom):
             return  # it missed on host memory: the advice is about the GPU's
-        if peak < tightest_peak:
-            tightest_peak, result.tightest = peak, job
+        if peak < self._tightest_peak:
+            self._tightest_peak, self.result.tightest = peak, job
 
-    per_layer: dict[tuple, float] = {}  # many groups share a layer's shape: hash the specs once per shape
-    per_moe_layer: dict[tuple, float] = {}
+    def run(self) -> SearchResult:
+        rows = self._rows()
+        for index, row in enumerate(rows):
+            if row.least > self.incumbents.threshold:  # sorted: none after can do better
+                self.result.pruned += sum(len(r.group.micro_batches) for r in rows[index:])
+                break
+            if self._score_group(row.group, row.bounds):
+                break
+        if self.unfit_skipped and not self.first_only:
+            # Where nothing fits, the advice's closest miss may be among the layouts the skip left
+            # unscored: the search without the skip finds it, should it be asked for.
+            self.result.rescore = lambda: _Search(self.case, self.spec, False, self.keep_within, self.ceiling,
+                                                  skip_unfit=False).run()
+        return self.result
 
-    def lower_bound(tp: int, cp: int, pp: int, dp: int, vpp: int, sp: bool, mbs: int,
-                    stage_layers: tuple[int, ...], ep: int, etp: Optional[int]) -> float:
-        m = training.global_batch_size // (mbs * dp)
-        shape = (tp, cp, mbs, sp)
-        if shape not in per_layer:
-            layer = layer_time_bound(model, training, case.cluster.gpu, tp, cp, mbs, sp)
-            collectives = sum(tp_exposed_per_layer(model, training, case.cluster, tp, cp, mbs, sp))
-            per_layer[shape] = (layer + collectives, collectives)
-        dense, collectives = per_layer[shape]
-        if not model.is_moe:
-            return (m + (pp - 1) / vpp) * max(stage_layers) * dense
-        # An MoE layer: its compute, half or all of the TP pair, and its dispatches and combines.
-        etp = etp or tp
-        moe_shape = (tp, cp, mbs, sp, ep, etp)
-        if moe_shape not in per_moe_layer:
-            per_moe_layer[moe_shape] = \
-                moe_layer_time_for(model, training, case.cluster.gpu, tp, cp, mbs, sp, ep, etp, 0.0).total \
-                + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) \
-                + 2 * dispatch_combine_time(model, training, case.cluster, tp, cp, mbs, ep, etp)
-        moe = per_moe_layer[moe_shape]
-        moe_counts = moe_layers_per_stage(model, tuple(stage_layers), vpp)
-        stage = max((n - k) * dense + k * moe for n, k in set(zip(stage_layers, moe_counts)))
-        return (m + (pp - 1) / vpp) * stage
+    def _rows(self) -> list[BoundedGroup]:
+        """Every group with its bounds, the most promising first, so that a good incumbent prunes
+        early (in enumeration order, unbounded, where nothing is skipped on time)."""
+        if not self.ordered:
+            return [BoundedGroup(-math.inf, group, {}) for group in groups(self.case, self.spec)]
+        step_bounds = StepBounds(self.case)
+        rows = []
+        for group in groups(self.case, self.spec):
+            bounds = step_bounds.of(group)
+            rows.append(BoundedGroup(min(bounds.values()), group, bounds))
+        rows.sort(key=lambda row: row.least)
+        return rows
 
-    # Every (structure, partition, vpp, sp) with its micro-batches, the most promising first,
-    # so that a good incumbent prunes early.
-    groups = []
-    for tp, cp, pp, dp in structures(case, spec):
-        sp_options = [sp for sp in ((False,) if tp == 1 else engine.sequence_parallel)
-                      if spec.admits("sequence_parallel", sp)]
-        if True in sp_options and not training.engine.costs_per_collective:
-            sp_options = [True]  # dominates False (module docstring)
-        zeros = [z for z in engine.zero_stages_for(training.precision)
-                 if spec.admits("zero_stage", z) and not (pp > 1 and z > engine.max_zero_with_pp)]
-        offload_only: set[int] = set()  # ZeRO stages scored only for the offload they allow
-        if dp * cp == 1:
-            # Nothing to shard over: one ZeRO stage, and those the engine offloads with.
-            kept = [z for z in zeros if z == 0] or zeros[:1]
-            offload_only = {z for z in zeros if z not in kept and offload_options(spec, z)}
-            zeros = [z for z in zeros if z in kept or z in offload_only]
-        balances = training.engine.balance_stages and pp > 1
-        options = partitions(model.num_layers, pp)
-        if balances and None not in options:
-            options = [None] + options  # the engine's own split, balanced by compute
-        splits = [(partition, partition or default_partition(model, training, Layout(pp=pp)), vpp)
-                  for partition in options
-                  for vpp in _vpp_options(partition or default_partition(model, training, Layout(pp=pp)), engine)]
-        if model.mtp_layers and pp > 1 and not balances:
-            # Multi-token prediction runs a layer and the LM head again on the last stage, more than
-            # lightening the edges offsets: the split balanced by compute (Megatron-Bridge's
-            # DeepSeek-V3 layouts likewise leave the last stage one decoder layer beside "mL",
-            # recipes/deepseek/h100/deepseek_v3.py), interleaved in unequal chunks where the
-            # engine's pipeline layout allows them.
-            lighter = balanced_partition(model.num_layers, pp, *layer_and_head_cost(model, training.seq_len))
-            if lighter not in options and min(lighter) > 0:
-                splits += [(lighter, lighter, vpp) for vpp in (1,) + (UNEVEN_VPP if engine.interleaving else ())
-                           if min(lighter) >= vpp]
-        if engine.interleaving and pp > 1 and not balances and model.num_layers % pp:
-            # Interleaving where the layers do not divide by pp, so no even split interleaves: the
-            # engine's uneven split over the virtual stages (cost_models.partition.virtual_partition),
-            # at UNEVEN_VPP model chunks per rank.
-            splits += [(None, virtual_partition(model.num_layers, pp, vpp), vpp) for vpp in UNEVEN_VPP
-                       if model.num_layers % (pp * vpp) and model.num_layers >= pp * vpp]
-        for partition, stage_layers, vpp in splits:
-            if not spec.admits("vpp", vpp) or (vpp > 1 and partition is None and balances
-                                               and model.num_layers % (pp * vpp)):
+    def _score_group(self, group: Group, bounds: dict[int, float]) -> bool:
+        """Score the group's layouts, ZeRO stage by ZeRO stage; True once ``first_only`` has its layout."""
+        engine = self.spec.engine
+        fitted_without_recompute: set[int] = set()  # micro-batches where ZeRO 1 fitted with no recomputation
+        for zero in group.zeros:
+            if not engine.allows(group.tp, group.pp, group.cp, group.vpp, zero, group.sequence_parallel,
+                                 "none" if "none" in engine.recompute else engine.recompute[0]):
                 continue
-            micro_batches = [mbs for mbs in divisors(training.global_batch_size // dp)
-                             if spec.admits("micro_batch_size", mbs)
-                             and not (vpp > 1 and (training.global_batch_size // (mbs * dp)) % pp)]
-            if not micro_batches:
-                continue
-            for sp in sp_options:
-                for ep, etp in expert_options(case, spec, tp, cp, dp):
-                    bounds = {mbs: lower_bound(tp, cp, pp, dp, vpp, sp, mbs, stage_layers, ep, etp)
-                              for mbs in micro_batches}
-                    groups.append((min(bounds.values()), tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros,
-                                   bounds, ep, etp, offload_only))
-    if keep_within is not None or ceiling < math.inf:
-        groups.sort(key=lambda g: g[0])
-
-    def threshold() -> float:
-        if keep_within is None or len(fastest) <= spec.top_k:
-            return ceiling
-        return min(ceiling, max(-fastest[0], min(-t for t in fastest) * (1 + keep_within)))
-
-    for index, (least, tp, cp, pp, dp, partition, stage_layers, vpp, sp, zeros, bounds, ep, etp, offload_only) \
-            in enumerate(groups):
-        if least > threshold():
-            result.pruned += sum(len(g[10]) for g in groups[index:])  # sorted: none after can do better
-            break
-        fitted_without_recompute: set[int] = set()  # micro-batches where a lower ZeRO stage needed none
-        for zero in zeros:
-            if not engine.allows(tp, pp, cp, vpp, zero, sp, "none" if "none" in engine.recompute
-                                 else engine.recompute[0]):
-                continue
-            if first_only and _states_cannot_fit(case, spec, Layout(
-                    dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=min(bounds), zero_stage=zero,
-                    sequence_parallel=sp, stage_layers=partition, ep=ep, etp=etp)):
+            if self.first_only and states_cannot_fit(self.case, self.spec,
+                                                     group.layout(min(group.micro_batches), zero)):
                 # Only whether anything fits is asked: no layout of this ZeRO stage can, and the
                 # closest miss (the advice's) is not needed.
-                result.pruned += len(bounds)
+                self.result.pruned += len(group.micro_batches)
                 continue
-            at_least = 1  # fewest recomputed layers found at the last micro-batch
-            for mbs, bound in bounds.items():
-                # ZeRO 2 takes the time of ZeRO 1 and only saves memory: where ZeRO 1
-                # fits with no recomputation, ZeRO 2 cannot win. Not where ZeRO 1 gathers
-                # in the step and ZeRO 2 (plain FSDP's) behind the next forward.
-                if zero == 2 and mbs in fitted_without_recompute and not training.engine.zero1_gather_in_step:
-                    continue
-                if bound > threshold():
+            if self._score_zero_stage(group, zero, bounds, fitted_without_recompute):
+                return True
+        return False
+
+    def _score_zero_stage(self, group: Group, zero: int, bounds: dict[int, float],
+                          fitted_without_recompute: set[int]) -> bool:
+        """Score one ZeRO stage of the group, micro-batch by micro-batch, smallest first."""
+        result, training = self.result, self.case.training
+        at_least = 1  # fewest recomputed layers found at the last micro-batch
+        states_checked = self.first_only  # first_only checked the ZeRO stage's model states already
+        for index, mbs in enumerate(group.micro_batches):
+            # ZeRO 2 takes the time of ZeRO 1 and only saves memory: where ZeRO 1 fits with no
+            # recomputation, ZeRO 2 cannot win. Not where ZeRO 1 gathers in the step and ZeRO 2
+            # (plain FSDP's) behind the next forward.
+            if zero == 2 and mbs in fitted_without_recompute and not training.engine.zero1_gather_in_step:
+                continue
+            threshold = self.incumbents.threshold
+            if self.ordered and bounds[mbs] > threshold:
+                result.pruned += 1
+                continue
+            base = group.layout(mbs, zero)
+            if not states_checked:
+                # Before the first layout of the ZeRO stage is timed or scored: where the model states
+                # alone overflow the GPU, neither this micro-batch nor a larger one fits.
+                states_checked = True
+                if self.skip_unfit and states_cannot_fit(self.case, self.spec, base):
+                    self.unfit_skipped += 1
+                    result.pruned += len(group.micro_batches) - index
+                    return False
+            time = None
+            if threshold < math.inf:
+                least, time = floor(self.case, base, threshold)
+                if least > threshold:
                     result.pruned += 1
                     continue
-                base = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch_size=mbs,
-                              zero_stage=zero, sequence_parallel=sp, stage_layers=partition, ep=ep, etp=etp)
-                floor = None
-                if threshold() < math.inf:
-                    least, floor = _floor(case, base, threshold())
-                    if least > threshold():
-                        result.pruned += 1
-                        continue
-                hits = []
-                if zero not in offload_only and spec.admits("offload_optimizer", 0.0) \
-                        and spec.admits("offload_params", False) and spec.admits("offload_activations", 0):
-                    hit, scored = _least_recompute(case, spec, base, at_least, note_miss)
-                    result.scored += scored
-                    if hit is not None:
-                        hits.append(hit)
-                        if hit[0].layout.recompute == "none" and zero == 1:
-                            fitted_without_recompute.add(mbs)
-                        at_least = hit[0].layout.recompute_num_layers or at_least
-                # Offload only adds time: worth scoring only where memory forces recomputation, or
-                # where nothing fits without it.
-                if not hits or hits[0][0].layout.recompute != "none":
-                    for offload in offload_options(spec, zero):
-                        hit, scored = _least_recompute(case, spec, base.with_changes(**offload), 1, note_miss)
-                        result.scored += scored
-                        if hit is not None:
-                            hits.append(hit)
-                    if zero not in offload_only:
-                        hit, scored = _least_activation_offload(case, spec, base, note_miss)
-                        result.scored += scored
-                        if hit is not None:
-                            hits.append(hit)
-                if not hits:
-                    break  # a larger micro-batch needs more memory still
-                for job, peak in hits:
-                    time = floor if floor is not None and job.layout == base else step_time(job)
-                    seconds = time.total
-                    result.candidates.append(Candidate(job.layout, seconds, peak, job, time))
-                    if first_only:
-                        return result
-                    # The top_k + 1 fastest so far, as a max-heap of negated times.
-                    heapq.heappush(fastest, -seconds)
-                    if len(fastest) > spec.top_k + 1:
-                        heapq.heappop(fastest)
-    return result
+            plain = self._least_plain(group, zero, base, at_least)
+            hits = [plain] if plain is not None else []
+            if plain is not None:
+                if plain[0].layout.recompute == "none" and zero == 1:
+                    fitted_without_recompute.add(mbs)
+                at_least = plain[0].layout.recompute_num_layers or at_least
+            # Offload only adds time: worth scoring only where memory forces recomputation, or
+            # where nothing fits without it.
+            if plain is None or plain[0].layout.recompute != "none":
+                hits += self._least_offloaded(group, zero, base)
+            if not hits:
+                break  # a larger micro-batch needs more memory still
+            if self._keep(hits, base, time):
+                return True
+        return False
+
+    def _least_plain(self, group: Group, zero: int, base: Layout, at_least: int) -> Optional[tuple[Job, float]]:
+        """The least recomputation that fits with no offload, where the ZeRO stage and the pins allow none."""
+        spec = self.spec
+        if zero in group.offload_only or not (spec.admits("offload_optimizer", 0.0) and spec.admits(
+                "offload_params", False) and spec.admits("offload_activations", 0)):
+            return None
+        hit, scored = least_recompute(self.case, spec, base, at_least, self.note_miss)
+        self.result.scored += scored
+        return hit
+
+    def _least_offloaded(self, group: Group, zero: int, base: Layout) -> list[tuple[Job, float]]:
+        """The least recomputation that fits under each offload the engine runs, and the fewest
+        layers' activations offloaded that fit."""
+        hits = []
+        for offload in offload_options(self.spec, zero):
+            hit, scored = least_recompute(self.case, self.spec, base.with_changes(**offload), 1, self.note_miss)
+            self.result.scored += scored
+            if hit is not None:
+                hits.append(hit)
+        if zero not in group.offload_only:
+            hit, scored = least_activation_offload(self.case, self.spec, base, self.note_miss)
+            self.result.scored += scored
+            if hit is not None:
+                hits.append(hit)
+        return hits
+
+    def _keep(self, hits: list[tuple[Job, float]], base: Layout, time: Optional[StepTime]) -> bool:
+        """Time the layouts that fit (``base``'s own step is ``time``, where the floor priced it)
+        and keep them; True once ``first_only`` has its layout."""
+        for job, peak in hits:
+            timed = time if time is not None and job.layout == base else step_time(job)
+            seconds = timed.total
+            self.result.candidates.append(Candidate(job.layout, seconds, peak, job, timed))
+            if self.first_only:
+                return True
+            self.incumbents.add(seconds)
+        return False

@@ -1,16 +1,23 @@
 """The CP-SAT model that holds the decision.
 
 Decision variables are the layout's degrees and choices. The model states the world size
-(dp·tp·pp·cp = GPUs), the expert grid folded over the same ranks (etp·ep·edp = tp·cp·dp), the global batch (micro_batch·accumulation·dp = global batch), the
-pins and bounds of the case's ``search`` section, and the memory limit; the nonlinear
-step time and peak memory of each scored layout enter through a table constraint (one
-row per layout from :mod:`planner.search`), as CP-SAT's documentation suggests for
-tabulated costs. The objective is the step time in microseconds, ties broken towards
-the simpler layout; CP-SAT proves the optimum within the table.
+(dp·tp·pp·cp = GPUs), the expert grid folded over the same ranks (etp·ep·edp = tp·cp·dp), the
+global batch (micro_batch·accumulation·dp = global batch), the pins and bounds of the case's
+``search`` section, and the memory limit; the nonlinear step time and peak memory of each
+scored layout enter through a table (one row per layout from :mod:`planner.search`), as
+CP-SAT's documentation suggests for tabulated costs. :class:`LayoutModel` states the table as
+one boolean per row, exactly one of them true, and each column as the linear expression
+Σ value · row over them: the degrees, the products the world size, the expert grid and the
+global batch are stated on (each row's own), the step time, the peak memory and the complexity
+rank. Presolve reads that at once, where an element constraint per column (as `size`'s model,
+:mod:`planner.size_solver`, ties its columns to the row) is expanded into the same booleans
+first. The objective is the step time in microseconds, ties broken towards the simpler layout
+(one column: time · rows + rank); CP-SAT proves the optimum within the table.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,7 +29,7 @@ from .bands import fit_limit
 from .case import Case
 from .complexity import RECOMPUTE_LEVEL, complexity
 from .limits import MAX_GPUS
-from .search import Candidate
+from .search_rows import Candidate
 from .search_options import SearchSpec
 
 
@@ -59,8 +66,8 @@ def linked_variables(m: cp_model.CpModel, row: cp_model.IntVar, columns: dict[st
     constraint (CP-SAT propagates these far faster than a table over wide time domains)."""
     variables = {}
     for name, column in columns.items():
-        variable = m.NewIntVarFromDomain(cp_model.Domain.FromValues(sorted(set(column)) or [0]), name)
-        m.AddElement(row, column, variable)
+        variable = m.new_int_var_from_domain(cp_model.Domain.from_values(sorted(set(column)) or [0]), name)
+        m.add_element(row, column, variable)
         variables[name] = variable
     return variables
 
@@ -69,21 +76,27 @@ def constrain_layout(m: cp_model.CpModel, spec: SearchSpec, variables: dict[str,
                      global_batch: int) -> None:
     """The global batch (micro_batch·accumulation·dp) and the pins and bounds of the case's
     ``search`` section, over the layout's variables."""
-    m.AddMultiplicationEquality(m.NewConstant(global_batch),
-                                [variables["micro_batch_size"], variables["grad_accum"], variables["dp"]])
+    m.add_multiplication_equality(m.new_constant(global_batch),
+                                  [variables["micro_batch_size"], variables["grad_accum"], variables["dp"]])
     # The expert grid etp·ep·edp folds over the attention's tp·cp·dp ranks (megatron-core parallel_state).
-    stage_ranks = m.NewIntVar(1, MAX_GPUS, "tp_cp_dp")
-    m.AddMultiplicationEquality(stage_ranks, [variables["tp"], variables["cp"], variables["dp"]])
-    m.AddMultiplicationEquality(stage_ranks, [variables["etp"], variables["ep"], variables["edp"]])
+    stage_ranks = m.new_int_var(1, MAX_GPUS, "tp_cp_dp")
+    m.add_multiplication_equality(stage_ranks, [variables["tp"], variables["cp"], variables["dp"]])
+    m.add_multiplication_equality(stage_ranks, [variables["etp"], variables["ep"], variables["edp"]])
+    constrain_pins(m, spec, variables)
+
+
+def constrain_pins(m: cp_model.CpModel, spec: SearchSpec, variables: dict) -> None:
+    """The pins and bounds of the case's ``search`` section, over the layout's variables (or the
+    linear expressions of the chosen row's values)."""
     for name in ("dp", "tp", "pp", "cp", "micro_batch_size", "zero_stage", "ep", "etp"):
         variable = variables[name]
         if name in spec.pins:
-            m.Add(variable == spec.pins[name])
+            m.add(variable == spec.pins[name])
         low, high = spec.bounds.get(name, (None, None))
         if low is not None:
-            m.Add(variable >= low)
+            m.add(variable >= low)
         if high is not None:
-            m.Add(variable <= high)
+            m.add(variable <= high)
 
 
 def complexity_ranks(candidates: list[Candidate], global_batch: int) -> list[int]:
@@ -95,27 +108,47 @@ def complexity_ranks(candidates: list[Candidate], global_batch: int) -> list[int
     return ranks
 
 
+def product_columns(columns: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Each row's products the model states its constraints on: GPUs (dp·tp·pp·cp), sequences
+    per step (micro_batch·accumulation·dp), and the ranks the attention's grid (tp·cp·dp) and the
+    expert grid (etp·ep·edp) fold over."""
+    def product(*names: str) -> list[int]:
+        return [math.prod(values) for values in zip(*(columns[name] for name in names))]
+    return {"gpus": product("dp", "tp", "pp", "cp"), "sequences": product("micro_batch_size", "grad_accum", "dp"),
+            "tp_cp_dp": product("tp", "cp", "dp"), "etp_ep_edp": product("etp", "ep", "edp")}
+
+
 class LayoutModel:
+    """The decision over the table of scored layouts: which row (:meth:`solve`), the rows already
+    taken left out (:meth:`exclude`)."""
+
     def __init__(self, case: Case, spec: SearchSpec, candidates: list[Candidate]):
         self.candidates = candidates
         gbs = case.training.global_batch_size
-        n = case.cluster.num_gpus
         m = cp_model.CpModel()
         self.model = m
         if not candidates:
             return  # nothing fits: solve() answers INFEASIBLE without a model
 
-        self.idx = m.NewIntVar(0, max(len(candidates) - 1, 0), "row")
+        self.rows = [m.new_bool_var(f"row_{i}") for i in range(len(candidates))]
+        m.add_exactly_one(self.rows)
         columns = layout_columns(candidates, gbs)
+        columns.update(product_columns(columns))
         columns["complexity_rank"] = complexity_ranks(candidates, gbs)
-        variables = linked_variables(m, self.idx, columns)
-        self.time_us = variables["step_time_us"]
-        self.rank_var = variables["complexity_rank"]
-        m.AddMultiplicationEquality(m.NewConstant(n), [variables[k] for k in ("dp", "tp", "pp", "cp")])
-        constrain_layout(m, spec, variables, gbs)
+        # Fastest, ties to the simplest: the rank (under the rows' count) breaks ties of whole microseconds.
+        columns["objective"] = [time * len(candidates) + rank
+                                for time, rank in zip(columns["step_time_us"], columns["complexity_rank"])]
+        chosen = {name: cp_model.LinearExpr.weighted_sum(self.rows, column) for name, column in columns.items()}
+        self.time_us = chosen["step_time_us"]
+        self.rank = chosen["complexity_rank"]
+        self.objective = chosen["objective"]
+        m.add(chosen["gpus"] == case.cluster.num_gpus)
+        m.add(chosen["sequences"] == gbs)
+        m.add(chosen["tp_cp_dp"] == chosen["etp_ep_edp"])
+        constrain_pins(m, spec, chosen)
         capacity_mb = int(fit_limit(usable_bytes(case.cluster.gpu.memory_bytes, case.overheads, spec.headroom),
                                     case.model, case.cluster, case.training) / 1e6)
-        m.Add(variables["peak_mb"] <= capacity_mb)
+        m.add(chosen["peak_mb"] <= capacity_mb)
 
     def solve(self, time_limit_us: Optional[int] = None, simplest: bool = False) -> Solution:
         """Fastest row (ties to the simplest), or with ``simplest`` the simplest row within ``time_limit_us``."""
@@ -125,21 +158,21 @@ class LayoutModel:
         if time_limit_us is not None:
             # A bound of this solve only, stated on a copy where presolve can use it: under an
             # assumption on the model itself, a 600-row table took seconds.
-            m = m.Clone()
-            m.Add(self.time_us <= time_limit_us)
+            m = m.clone()
+            m.add(self.time_us <= time_limit_us)
         if simplest:
-            m.Minimize(self.rank_var)
+            m.minimize(self.rank)
         else:
-            m.Minimize(self.time_us * len(self.candidates) + self.rank_var)
+            m.minimize(self.objective)
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1  # the table is small; one worker is fastest and deterministic
         # Ctrl-C must interrupt `plan` (exit 130), not end the search early as a time limit would.
         solver.parameters.catch_sigint_signal = False
-        status = solver.Solve(m)
-        name = solver.StatusName(status)
+        status = solver.solve(m)
+        name = solver.status_name(status)
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return Solution(name, solver.Value(self.idx))
+            return Solution(name, next(i for i, row in enumerate(self.rows) if solver.boolean_value(row)))
         return Solution(name, None)
 
     def exclude(self, index: int) -> None:
-        self.model.Add(self.idx != index)
+        self.model.add(self.rows[index] == 0)

@@ -276,3 +276,20 @@ def test_plan_does_not_read_the_layout_it_ignores():
             "training": {"global_batch_size": 32, "seq_len": 4096}}
     with_layout = planner.plan({**base, "layout": {"tp": 3}}, top_k=0)
     assert with_layout.best.job.layout == planner.plan(base, top_k=0).best.job.layout
+
+
+def test_the_api_loads_what_it_is_asked_for_and_its_names_stay_the_functions():
+    """`import planner` loads neither the plan, the sizing nor the fit until one is asked for; once
+    their modules load (as `plan` and `size` load theirs), planner.plan, planner.size and
+    planner.emit are still the functions, not the modules of the same names."""
+    code = """
+import sys
+import planner
+assert not {"planner.plan", "planner.size", "planner.learn", "planner.configs"} & set(sys.modules), sorted(sys.modules)
+import planner.plan, planner.size, planner.engines.megatron.emit
+from planner import Plan, Sizing, calibrate_from_runs, emit, plan, read_config, size
+assert planner.plan is plan and callable(plan) and planner.size is size and callable(size)
+assert planner.emit is emit and callable(emit) and Plan.__name__ == "Plan"
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

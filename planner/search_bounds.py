@@ -1,0 +1,181 @@
+"""What lets `plan`'s search skip a layout before the full cost model scores it (:mod:`planner.search`):
+
+- a lower bound on the step time of each group and micro-batch (:class:`StepBounds`), from
+  per-layer times cached by shape: it orders the groups, most promising first, and skips the
+  micro-batches that cannot beat the incumbents;
+- the step with neither recomputation nor offload (:func:`floor`), which each only add to, priced
+  one pipeline stage at a time while a stage alone already takes the step past the incumbents;
+- the model states alone (:func:`states_cannot_fit`): where they overflow the GPU, no layout of a
+  grid and ZeRO stage fits, whatever its micro-batch, recomputation or offload;
+- the incumbents themselves (:class:`Incumbents`): the fastest layouts found so far, and how slow
+  a layout may be and still reach the solver's table.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Optional
+
+from cost_models.experts import dispatch_combine_time
+from cost_models.layer_time import layer_time_bound, moe_layer_time_for
+from cost_models.memory import peak_candidates, stage_memories
+from cost_models.pipeline_time import Pipeline, pipeline
+from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
+from cost_models.stage_time import stage_time
+from cost_models.step_time import StepTime, step_time
+from cost_models.tp_time import tp_exposed_per_layer
+
+from .case import Case
+from .search_memory import fit_limit
+from .search_options import SearchSpec
+from .search_recompute import offload_options
+from .search_rows import Group
+
+# The bound's MoE layer at the least weight-quantize share (0): a time no stage ever asks the
+# cost model's cache for, so it is computed past that cache, which it would only crowd.
+_moe_layer_time_uncached = getattr(moe_layer_time_for, "__wrapped__", moe_layer_time_for)
+
+
+class StepBounds:
+    """Lower bounds on the step time of a group's layouts, one per micro-batch size:
+    (m + (p − 1)/v) · the heaviest stage's layers · (3 · t_layer + 4 · t_tp) — every micro-batch
+    and the bubble run the forward and backward of the stage with the most layers, with its four
+    tensor-parallel collectives per layer (an MoE layer: its compute, half or all of the TP pair,
+    and its dispatches and combines) — and the rest of the step only adds to that. Layer times
+    are cached per shape: many groups share one."""
+
+    def __init__(self, case: Case):
+        self.case = case
+        self._dense: dict[tuple, tuple[float, float]] = {}  # (tp, cp, mbs, sp) -> (layer + collectives, collectives)
+        self._moe: dict[tuple, float] = {}  # (tp, cp, mbs, sp, ep, etp) -> MoE layer
+        self._stages: dict[tuple, frozenset] = {}  # (stage_layers, vpp) -> {(layers, MoE layers)}
+
+    def _dense_layer(self, tp: int, cp: int, mbs: int, sp: bool) -> tuple[float, float]:
+        shape = (tp, cp, mbs, sp)
+        if shape not in self._dense:
+            model, training, cluster = self.case.model, self.case.training, self.case.cluster
+            layer = layer_time_bound(model, training, cluster.gpu, tp, cp, mbs, sp)
+            collectives = sum(tp_exposed_per_layer(model, training, cluster, tp, cp, mbs, sp))
+            self._dense[shape] = (layer + collectives, collectives)
+        return self._dense[shape]
+
+    def _moe_layer(self, tp: int, cp: int, mbs: int, sp: bool, ep: int, etp: int, collectives: float) -> float:
+        shape = (tp, cp, mbs, sp, ep, etp)
+        if shape not in self._moe:
+            model, training, cluster = self.case.model, self.case.training, self.case.cluster
+            self._moe[shape] = \
+                _moe_layer_time_uncached(model, training, cluster.gpu, tp, cp, mbs, sp, ep, etp, 0.0).total \
+                + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) \
+                + 2 * dispatch_combine_time(model, training, cluster, tp, cp, mbs, ep, etp)
+        return self._moe[shape]
+
+    def _composition(self, group: Group) -> frozenset:
+        """The (layers, MoE layers) pairs of the group's stages."""
+        key = (group.stage_layers, group.vpp)
+        if key not in self._stages:
+            moe_counts = moe_layers_per_stage(self.case.model, group.stage_layers, group.vpp)
+            self._stages[key] = frozenset(zip(group.stage_layers, moe_counts))
+        return self._stages[key]
+
+    def of(self, group: Group) -> dict[int, float]:
+        """The bound at each of the group's micro-batch sizes, in their order."""
+        g = group
+        global_batch = self.case.training.global_batch_size
+        bubble = (g.pp - 1) / g.vpp  # the bubble, in micro-batches
+        dense_layers = self._dense
+        out = {}
+        if not self.case.model.is_moe:
+            widest = max(g.stage_layers)
+            for mbs in g.micro_batches:
+                shape = (g.tp, g.cp, mbs, g.sequence_parallel)
+                dense = (dense_layers.get(shape) or self._dense_layer(*shape))[0]
+                out[mbs] = (global_batch // (mbs * g.dp) + bubble) * widest * dense
+            return out
+        composition = self._composition(g)
+        etp = g.etp or g.tp
+        for mbs in g.micro_batches:
+            shape = (g.tp, g.cp, mbs, g.sequence_parallel)
+            dense, collectives = dense_layers.get(shape) or self._dense_layer(*shape)
+            moe = self._moe.get(shape + (g.ep, etp)) or self._moe_layer(*shape, g.ep, etp, collectives)
+            stage = max((n - k) * dense + k * moe for n, k in composition)
+            out[mbs] = (global_batch // (mbs * g.dp) + bubble) * stage
+        return out
+
+
+def _heaviest_stages(job: Job) -> list[int]:
+    """Stages to price first when only a bound is needed: the last (it also runs the LM head and
+    any multi-token prediction) and the first with the most layers, each once. Each is the first
+    stage of its kind, the one ``pipeline_time.pipeline`` prices for the kind: the last is alone in
+    its kind, and no stage before the first with the most layers holds as many."""
+    layers = job.stage_layers
+    return list(dict.fromkeys((len(layers) - 1, layers.index(max(layers)))))
+
+
+def floor(case: Case, base: Layout, threshold: float) -> tuple[float, Optional[StepTime]]:
+    """The least step time any layout built on ``base`` can take: ``base``'s own, with neither
+    recomputation nor offload, since each only adds work (a recomputed forward, a copy to or
+    from the host) to the step; its memory is not needed for that. With that step where it
+    took all of it: where the micro-batches and the bubble alone pass ``threshold`` at the pace
+    of one stage, or of the slowest, the rest of the step is not priced (the first figure is then
+    only a bound that passes ``threshold``). (0, None) where ``base`` alone is not a layout the
+    cost models take."""
+    try:
+        job = Job(case.model, case.cluster, case.training, base, case.overheads)
+    except SpecError:
+        return 0.0, None
+    if job.layout.pp > 1 and threshold < math.inf:
+        for stage in _heaviest_stages(job):
+            # The slowest stage sets the pace: no slower than this one (Pipeline.least_step).
+            least = Pipeline((stage,), stage_time(job, stage)).least_step(job)
+            if least > threshold:
+                return least, None
+    stages = pipeline(job)
+    least = stages.least_step(job)
+    if least > threshold:
+        return least, None
+    time = step_time(job, stages)
+    return time.total, time
+
+
+def states_cannot_fit(case: Case, spec: SearchSpec, base: Layout) -> bool:
+    """Whether the model states on the GPU alone, with the fixed buffers, fill more than its usable
+    memory both without offload and under the most offload the search may try for ``base``'s ZeRO
+    stage. They depend on neither the micro-batch nor the recomputation, so then no layout on
+    ``base``'s grid and ZeRO stage fits. Offload moves states off the GPU, but an engine's defaults
+    may hold more on it once the optimizer is offloaded (Megatron keeps non-delayed fp8 weights in
+    16 bits there: ``EngineBehaviour.quantized_param_gather_offloaded``), so both ends are priced."""
+
+    def least_states(changes: dict) -> float:
+        job = Job(case.model, case.cluster, case.training, base.with_changes(**changes), case.overheads)
+        o = job.overheads
+        return max(m.parameters + m.gradients + m.optimizer_states + m.other - o.fragmentation * m.activations
+                   for m in stage_memories(job, peak_candidates(job)))  # which hold the most states too
+
+    strongest = ([{}] + offload_options(spec, base.zero_stage))[-1]
+    try:
+        limit = fit_limit(Job(case.model, case.cluster, case.training, base, case.overheads), spec.headroom)
+        # The most offload first: where its states fit, the other end need not be priced.
+        return all(least_states(changes) > limit for changes in ([strongest, {}] if strongest else [{}]))
+    except SpecError:
+        return False
+
+
+class Incumbents:
+    """The top_k + 1 fastest step times found so far, and the threshold a layout must come under
+    to matter: within ``keep_within`` of the fastest, or among those top_k + 1 (never over
+    ``ceiling``)."""
+
+    def __init__(self, top_k: int, keep_within: Optional[float], ceiling: float):
+        self.top_k, self.keep_within, self.ceiling = top_k, keep_within, ceiling
+        self._fastest: list[float] = []  # a max-heap of negated times
+        self.threshold = ceiling
+
+    def add(self, seconds: float) -> None:
+        fastest = self._fastest
+        heapq.heappush(fastest, -seconds)
+        if len(fastest) > self.top_k + 1:
+            heapq.heappop(fastest)
+        if self.keep_within is not None and len(fastest) > self.top_k:
+            self.threshold = min(self.ceiling,
+                                 max(-fastest[0], min(-t for t in fastest) * (1 + self.keep_within)))

@@ -1,0 +1,40 @@
+"""Whether a layout fits: the memory limit `estimate`, `diagnose`, `plan` and `size` hold every
+layout to, in one place that :mod:`planner.estimate` and the search (:mod:`planner.search`)
+both import."""
+
+from __future__ import annotations
+
+from cost_models.memory import host_bytes, peak_stage_memory
+from cost_models.memory import usable_bytes as allocator_usable_bytes
+from cost_models.specs import Job
+
+from .bands import fit_limit as band_fit_limit
+from .bands import memory_band
+
+
+def usable_bytes(job: Job, headroom: float) -> float:
+    """GPU memory a layout's peak may reach (``memory.usable_bytes``): the capacity less the
+    headroom it must leave free and what lives outside PyTorch's allocator."""
+    return allocator_usable_bytes(job.cluster.gpu.memory_bytes, job.overheads, headroom)
+
+
+def fit_limit(job: Job, headroom: float) -> float:
+    """The most a layout's predicted peak may be and fit (``bands.fit_limit``)."""
+    return band_fit_limit(usable_bytes(job, headroom), job.model, job.cluster, job.training)
+
+
+def fits_with_margin(job: Job, peak: float, headroom: float) -> bool:
+    """Whether ``peak`` fits at its memory band's upper end (``bands.memory_band``): no risk left."""
+    return peak * memory_band(job).high <= usable_bytes(job, headroom)
+
+
+def host_fits(job: Job, headroom: float) -> bool:
+    """What offload puts on the host fits its share of host memory, less the same headroom."""
+    host = job.cluster.gpu.host
+    return not job.layout.offloads or host_bytes(job) <= host.memory_bytes * (1 - headroom)
+
+
+def fits(job: Job, headroom: float) -> tuple[bool, float]:
+    """Whether the job fits on the GPU (:func:`fit_limit`) and its offload on the host, and its peak."""
+    peak = peak_stage_memory(job).total
+    return peak <= fit_limit(job, headroom) and host_fits(job, headroom), peak

@@ -1,0 +1,196 @@
+"""The layouts `plan`'s search enumerates: grids (tp, cp, pp, dp), pipeline splits, virtual
+stages, sequence parallelism, expert grids, ZeRO stages and micro-batch sizes, as the model,
+the batch, the engine and the case's ``search`` section allow, grouped into the
+:class:`~planner.search_rows.Group` rows the search scores (:mod:`planner.search`)."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Iterator, Optional
+
+from cost_models.partition import balanced_partition, default_partition, layer_and_head_cost, virtual_partition
+from cost_models.specs import Layout
+
+from .case import Case
+from .engines import EngineSupport
+from .search_options import SearchSpec
+from .search_recompute import offload_options
+from .search_rows import Group
+
+# Unless the case bounds cp itself, every context-parallel rank keeps at least this many
+# tokens: below it the ring's per-step latency and the flash-attention tiles (128 × 128)
+# leave a rank's chunk too small to pay for the exchange; NeMo's long-context recipes
+# keep 4k–16k tokens per rank.
+MIN_TOKENS_PER_CP_RANK = 1024
+# Model chunks per pipeline rank the search tries where the layers do not divide by pp
+# (DeepSeek-V3's 61 layers): the unequal chunks an engine with a pipeline layout runs.
+UNEVEN_VPP = (2, 4)
+
+
+@lru_cache(maxsize=65536)  # `size` searches thousands of cluster sizes that share divisors
+def divisors(n: int) -> tuple[int, ...]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
+
+
+def partitions(layers: int, pp: int) -> list[Optional[tuple[int, ...]]]:
+    """Pipeline partitions to score: an even split where layers divide, and one that
+    lightens the edge stages, which also hold the embedding and the LM head
+    (Megatron-DeepSpeed ``type:transformer|embedding``; Megatron's
+    ``--decoder-first/last-pipeline-num-layers`` when the middle stages are equal, else
+    ``--pipeline-model-parallel-layout``)."""
+    if pp == 1:
+        return [None]
+    if layers < pp:
+        return []
+    options: list[Optional[tuple[int, ...]]] = []
+    if layers % pp == 0:
+        options.append(None)
+    base, extra = divmod(layers, pp)
+    counts = [base] * pp
+    if extra == 0 and base > 1 and pp > 2:
+        counts[0] -= 1  # move one layer from each edge to the middle stages
+        counts[-1] -= 1
+        extra = 2
+    if extra:
+        order = list(range(1, pp - 1)) + [0, pp - 1]  # middle stages take the remainder first
+        while extra:
+            for i in order:
+                if extra == 0:
+                    break
+                counts[i] += 1
+                extra -= 1
+        options.append(tuple(counts))
+    return options
+
+
+def vpp_options(partition: tuple[int, ...], engine: EngineSupport) -> list[int]:
+    """Virtual stages per rank that split every stage of ``partition`` into equal chunks."""
+    if len(partition) == 1 or not engine.interleaving or min(partition) == 0:
+        return [1]
+    smallest = min(partition)
+    return [v for v in divisors(smallest) if all(n % v == 0 for n in partition)]
+
+
+def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, int]]:
+    """(tp, cp, pp, dp) with tp·cp·pp·dp = GPUs that the model, batch, engine and bounds allow."""
+    model, training, cluster = case.model, case.training, case.cluster
+    engine = spec.engine
+    n = cluster.num_gpus
+    for tp in divisors(n):
+        if model.num_attention_heads % tp or model.ffn_hidden_size % tp \
+                or (model.num_kv_heads % tp and tp % model.num_kv_heads):
+            continue
+        if tp > cluster.gpu.nvlink_domain and not spec.tp_across_nodes:
+            continue
+        if not spec.admits("tp", tp):
+            continue
+        for cp in divisors(n // tp):
+            if cp > 1 and (not engine.context_parallel or training.seq_len % (2 * cp)):
+                continue
+            if cp > 1 and "max_cp" not in spec.bounds and training.seq_len < cp * MIN_TOKENS_PER_CP_RANK:
+                continue
+            if not spec.admits("cp", cp):
+                continue
+            for pp in divisors(n // (tp * cp)):
+                dp = n // (tp * cp * pp)
+                if pp > model.num_layers or training.global_batch_size % dp:
+                    continue
+                if tp > 1 and pp > 1 and not engine.tp_with_pp:
+                    continue
+                if spec.admits("pp", pp) and spec.admits("dp", dp):
+                    yield tp, cp, pp, dp
+
+
+def expert_options(case: Case, spec: SearchSpec, tp: int, cp: int, dp: int) -> list[tuple[int, Optional[int]]]:
+    """(ep, etp) pairs to score for one structure: for a dense model only (1, None); for a
+    mixture of experts every ep that divides the experts and, with etp, the attention's
+    tp·cp·dp ranks (the expert grid folds over them), and the engine's etp choices (1 and tp
+    where it runs any: ``EngineSupport.expert_tp_choices``) within one NVLink domain unless
+    ``tp_across_nodes``."""
+    model, cluster = case.model, case.cluster
+    if not model.is_moe:
+        return [(1, None)]
+    engine = spec.engine
+    out = []
+    for etp in engine.expert_tp_choices(tp):
+        if model.moe_ffn_hidden_size % etp or not spec.admits("etp", etp):
+            continue
+        if etp > cluster.gpu.nvlink_domain and not spec.tp_across_nodes:
+            continue
+        for ep in divisors(model.num_experts):
+            if (tp * cp * dp) % (etp * ep) or not spec.admits("ep", ep):
+                continue
+            if ep > 1 and not engine.expert_parallel:
+                continue
+            out.append((ep, etp))
+    return out
+
+
+def _zero_stages(case: Case, spec: SearchSpec, pp: int, dp: int, cp: int) -> tuple[tuple[int, ...], frozenset[int]]:
+    """The ZeRO stages to score on a grid, and those of them scored only for the offload they allow."""
+    engine = spec.engine
+    zeros = [z for z in engine.zero_stages_for(case.training.precision)
+             if spec.admits("zero_stage", z) and not (pp > 1 and z > engine.max_zero_with_pp)]
+    offload_only: set[int] = set()
+    if dp * cp == 1:
+        # Nothing to shard over: one ZeRO stage, and those the engine offloads with.
+        kept = [z for z in zeros if z == 0] or zeros[:1]
+        offload_only = {z for z in zeros if z not in kept and offload_options(spec, z)}
+        zeros = [z for z in zeros if z in kept or z in offload_only]
+    return tuple(zeros), frozenset(offload_only)
+
+
+def _splits(case: Case, spec: SearchSpec, pp: int) -> list[tuple[Optional[tuple[int, ...]], tuple[int, ...], int]]:
+    """(partition, layers per stage, vpp) for each pipeline split to score at ``pp`` stages."""
+    model, training, engine = case.model, case.training, spec.engine
+    balances = training.engine.balance_stages and pp > 1
+    options = partitions(model.num_layers, pp)
+    if balances and None not in options:
+        options = [None] + options  # the engine's own split, balanced by compute
+    splits = [(partition, partition or default_partition(model, training, Layout(pp=pp)), vpp)
+              for partition in options
+              for vpp in vpp_options(partition or default_partition(model, training, Layout(pp=pp)), engine)]
+    if model.mtp_layers and pp > 1 and not balances:
+        # Multi-token prediction runs a layer and the LM head again on the last stage, more than
+        # lightening the edges offsets: the split balanced by compute (Megatron-Bridge's
+        # DeepSeek-V3 layouts likewise leave the last stage one decoder layer beside "mL",
+        # recipes/deepseek/h100/deepseek_v3.py), interleaved in unequal chunks where the
+        # engine's pipeline layout allows them.
+        lighter = balanced_partition(model.num_layers, pp, *layer_and_head_cost(model, training.seq_len))
+        if lighter not in options and min(lighter) > 0:
+            splits += [(lighter, lighter, vpp) for vpp in (1,) + (UNEVEN_VPP if engine.interleaving else ())
+                       if min(lighter) >= vpp]
+    if engine.interleaving and pp > 1 and not balances and model.num_layers % pp:
+        # Interleaving where the layers do not divide by pp, so no even split interleaves: the
+        # engine's uneven split over the virtual stages (cost_models.partition.virtual_partition),
+        # at UNEVEN_VPP model chunks per rank.
+        splits += [(None, virtual_partition(model.num_layers, pp, vpp), vpp) for vpp in UNEVEN_VPP
+                   if model.num_layers % (pp * vpp) and model.num_layers >= pp * vpp]
+    return [(partition, stage_layers, vpp) for partition, stage_layers, vpp in splits
+            if spec.admits("vpp", vpp) and not (vpp > 1 and partition is None and balances
+                                                and model.num_layers % (pp * vpp))]
+
+
+def groups(case: Case, spec: SearchSpec) -> Iterator[Group]:
+    """Every (structure, partition, vpp, sp, expert grid) with the ZeRO stages and micro-batches
+    to score on it, in the search's enumeration order."""
+    training, engine = case.training, spec.engine
+    for tp, cp, pp, dp in structures(case, spec):
+        sp_options = [sp for sp in ((False,) if tp == 1 else engine.sequence_parallel)
+                      if spec.admits("sequence_parallel", sp)]
+        if True in sp_options and not training.engine.costs_per_collective:
+            sp_options = [True]  # dominates False (planner.search's docstring)
+        zeros, offload_only = _zero_stages(case, spec, pp, dp, cp)
+        for partition, stage_layers, vpp in _splits(case, spec, pp):
+            micro_batches = tuple(mbs for mbs in divisors(training.global_batch_size // dp)
+                                  if spec.admits("micro_batch_size", mbs)
+                                  and not (vpp > 1 and (training.global_batch_size // (mbs * dp)) % pp))
+            if not micro_batches:
+                continue
+            for sp in sp_options:
+                for ep, etp in expert_options(case, spec, tp, cp, dp):
+                    yield Group(tp=tp, cp=cp, pp=pp, dp=dp, partition=partition, stage_layers=tuple(stage_layers),
+                                vpp=vpp, sequence_parallel=sp, ep=ep, etp=etp, zeros=zeros,
+                                offload_only=offload_only, micro_batches=micro_batches)

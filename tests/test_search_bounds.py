@@ -1,0 +1,116 @@
+"""The search's shortcuts skip only what could not reach the solver's table: the step bounds lie under
+every layout's floor, the floor priced a stage at a time prunes what the whole pipeline would, and
+skipping ZeRO stages whose model states overflow the GPU changes no candidate (nor, asked for in
+full, the closest miss)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from cost_models.pipeline_time import pipeline
+from cost_models.specs import Job, SpecError
+from cost_models.step_time import step_time
+from planner.case import load_case
+from planner.search import _Search, search
+from planner.search_bounds import StepBounds, floor, states_cannot_fit
+from planner.search_space import groups
+
+CASES = {
+    "dense": {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+              "training": {"global_batch_size": 128, "seq_len": 4096, "precision": "bf16"},
+              "search": {"target": "megatron"}},
+    "moe": {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"},
+            "search": {"target": "megatron"}},
+    "nothing fits": {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
+                     "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"},
+                     "search": {"target": "megatron"}},
+    "deepspeed": {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
+                  "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"}},
+}
+
+
+def loaded(name: str, **training):
+    data = copy.deepcopy(CASES[name])
+    data["training"].update(training)
+    return load_case(data, ignore_layout=True)
+
+
+def rows(result) -> list[tuple]:
+    return [(c.layout, c.step_time_s, c.peak_bytes) for c in result.candidates]
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "deepspeed"])
+def test_skipping_zero_stages_whose_states_overflow_changes_no_candidate(name):
+    case = loaded(name)
+    skipped = search(case, case.search, keep_within=0.05)
+    full = _Search(case, case.search, False, 0.05, math.inf, skip_unfit=False).run()
+    assert rows(skipped) == rows(full) and rows(skipped)
+    assert skipped.scored <= full.scored
+
+
+def test_where_nothing_fits_the_closest_miss_in_full_is_the_unskipped_searchs():
+    case = loaded("nothing fits")
+    skipped = search(case, case.search, keep_within=0.05)
+    full = _Search(case, case.search, False, 0.05, math.inf, skip_unfit=False).run()
+    assert not skipped.candidates and not full.candidates
+    assert skipped.rescore is not None and full.tightest is not None
+    again = skipped.in_full()
+    assert again.tightest.layout == full.tightest.layout
+    assert (again.scored, again.pruned) == (full.scored, full.pruned)
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "deepspeed"])
+def test_the_step_bounds_lie_under_every_layouts_floor(name):
+    case = loaded(name)
+    bounds = StepBounds(case)
+    checked = 0
+    for group in list(groups(case, case.search))[::3]:
+        for mbs, bound in bounds.of(group).items():
+            try:
+                job = Job(case.model, case.cluster, case.training, group.layout(mbs, group.zeros[0]), case.overheads)
+            except SpecError:
+                continue
+            assert bound <= pipeline(job).least_step(job) * (1 + 1e-12)
+            checked += 1
+    assert checked > 10
+
+
+@pytest.mark.parametrize("name", ["dense", "moe"])
+def test_the_floor_prunes_what_the_whole_pipeline_would(name):
+    """Priced one stage at a time, the floor passes a threshold exactly where the whole step does."""
+    case = loaded(name)
+    checked = 0
+    for group in list(groups(case, case.search))[::5]:
+        if group.pp == 1:
+            continue
+        mbs, zero = group.micro_batches[0], group.zeros[0]
+        try:
+            job = Job(case.model, case.cluster, case.training, group.layout(mbs, zero), case.overheads)
+        except SpecError:
+            continue
+        whole = step_time(job).total
+        least = pipeline(job).least_step(job)
+        for threshold in (least * 0.9, (least + whole) / 2, whole * 1.1):
+            figure, time = floor(case, group.layout(mbs, zero), threshold)
+            assert (figure > threshold) == (whole > threshold)
+            if time is not None:
+                assert time.total == whole
+        checked += 1
+    assert checked > 3
+
+
+def test_states_that_overflow_leave_no_layout_of_the_zero_stage_that_fits():
+    case = loaded("moe")
+    overflowing = [(group, zero) for group in list(groups(case, case.search))[::3] for zero in group.zeros
+                   if states_cannot_fit(case, case.search, group.layout(group.micro_batches[0], zero))]
+    assert overflowing
+    fitting = {(c.layout.tp, c.layout.cp, c.layout.pp, c.layout.dp, c.layout.vpp, c.layout.ep, c.layout.etp,
+                c.layout.sequence_parallel, c.layout.zero_stage, c.layout.stage_layers)
+               for c in search(case, case.search).candidates}
+    for group, zero in overflowing:
+        assert (group.tp, group.cp, group.pp, group.dp, group.vpp, group.ep, group.etp, group.sequence_parallel, zero,
+                group.partition) not in fitting
