@@ -18,6 +18,8 @@ from cost_models.behaviour import EngineBehaviour
 from cost_models.quantization import FP8_RECIPES
 from cost_models.specs import EXPERT_DISPATCHES, GPUSpec, Job, TrainingSpec
 
+from planner.errors import CaseError
+
 
 @dataclass(frozen=True)
 class EngineSupport:
@@ -272,6 +274,13 @@ class Engine:
     def training_problems(self, training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]]:
         """(key, reason) for what in the training section no layout on ``gpu`` can meet."""
         return self.support.recipe_refusals(training) + list(self.training_rules(training, gpu))
+
+    def refuse_unrunnable(self, job: Job) -> None:
+        """Raise the CaseError an emitter answers with for the first thing in ``job`` this engine
+        cannot run (:meth:`refusal`), pointing at planning for it."""
+        refusal = self.refusal(job)
+        if refusal:
+            raise CaseError("--emit", self.name, f"{refusal}; plan with --engine {self.name}")
 
     def refusal(self, job: Job) -> Optional[str]:
         """The first problem as one line (``layout.cp is 2: ...``), or None if the engine runs ``job``."""

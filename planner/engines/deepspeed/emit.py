@@ -46,9 +46,7 @@ def _refuse(expected: str) -> CaseError:
 def check_expressible(estimate) -> None:
     """Raise a CaseError for the first thing in the layout DeepSpeed cannot run
     (planner/engines/deepspeed/engine.py)."""
-    refusal = ENGINES["deepspeed"].refusal(estimate.job)
-    if refusal:
-        raise _refuse(f"{refusal}; plan with --engine deepspeed")
+    ENGINES["deepspeed"].refuse_unrunnable(estimate.job)
 
 
 def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str, Any]:

@@ -104,9 +104,7 @@ def _refuse(expected: str) -> CaseError:
 
 def refuse_what_megatron_cannot_run(job: Job) -> None:
     """Raise a CaseError for the first thing in ``job`` Megatron-LM refuses (planner/engines/megatron/engine.py)."""
-    refusal = ENGINES["megatron"].refusal(job)
-    if refusal:
-        raise _refuse(f"{refusal}; plan with --engine megatron")
+    ENGINES["megatron"].refuse_unrunnable(job)
 
 
 def uneven_stages(layout: Layout) -> Optional[tuple[int, int]]:

@@ -118,9 +118,7 @@ def _refuse(why: str) -> CaseError:
 def check(estimate) -> None:
     """Raise a CaseError for the first thing in the layout torchtitan cannot run
     (planner/engines/torchtitan/engine.py)."""
-    refusal = ENGINES["torchtitan"].refusal(estimate.job)
-    if refusal:
-        raise _refuse(f"{refusal}; plan with --engine torchtitan")
+    ENGINES["torchtitan"].refuse_unrunnable(estimate.job)
     (module, _), exact = base_config(estimate.job.model)
     if estimate.job.model.mtp_layers and not (exact and module == "deepseek_v3"):
         raise _refuse("model.mtp_layers: torchtitan builds multi-token prediction layers into its own DeepSeek-V3 "
