@@ -23,13 +23,6 @@ from .flops import model_flops_per_token
 from .job import Job
 from .optimizer_time import offload_time, optimizer_time
 from .pipeline_time import Pipeline, pipeline, pipeline_comm
-# Names the planner's search and sizing import from here while they move to the term modules.
-from .layer_time import layer_time_bound, moe_layer_time_for
-from .stage_time import stage_time
-from .tp_time import tp_exposed_per_layer
-
-__all__ = ["StepTime", "host_overhead", "layer_time_bound", "model_flops_per_step", "moe_layer_time_for", "pipeline",
-           "stage_time", "step_time", "tp_exposed_per_layer"]
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from cost_models.specs import GPUSpec
-from cost_models.step_time import layer_time_bound
+from cost_models.layer_time import layer_time_bound
 
 from .case import SECTIONS, Case, build_case, read_case, spec_errors
 from .cluster_options import ClusterOption, read_cluster_options
@@ -301,10 +301,10 @@ def work_lower_bound(case: Case, spec: SearchSpec, gpu: GPUSpec) -> float:
     """GPU-seconds per step that no layout on any number of these GPUs goes below.
 
     A step is at least m times its slowest stage, each stage runs its layers' forward and
-    backward for each micro-batch (``step_time.stage_time``), so with L layers in pp stages,
+    backward for each micro-batch (``stage_time.stage_time``), so with L layers in pp stages,
     m = B / (b·dp) micro-batches and N = dp·tp·cp·pp GPUs:
     N · step ≥ B·L · t_layer(tp, cp, b) · tp·cp / b, where t_layer is the least forward and
-    backward of one layer on one GPU (``step_time.layer_time_bound``). The least over every shape the search may
+    backward of one layer on one GPU (``layer_time.layer_time_bound``). The least over every shape the search may
     choose (tp, cp, micro-batch b, sequence parallelism) holds on every cluster size: a size
     of N GPUs cannot step faster than this / N."""
     model, training = case.model, case.training
