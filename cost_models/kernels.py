@@ -16,6 +16,7 @@ long K splits K over more SMs (split-K), at least ``Performance.gemm_split_k`` o
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Optional
 
 from .flops import Gemm
@@ -223,6 +224,9 @@ def high_precision_precision(training: TrainingSpec) -> str:
 NORM_OR_ACTIVATION_INPUTS = ("qkv", "fc1", "fc2", "w3")
 
 
+# A search prices the same few linear shapes under thousands of layouts (every layout with the same
+# tensor-parallel width and micro-batch shares them): the specs are frozen, so the times are cached.
+@lru_cache(maxsize=16384)
 def linear_time(gemm: Gemm, gpu: GPUSpec, training: TrainingSpec, quantized: bool = True,
                 weight_share: float = 1.0, input_in_producer: bool = False, groups: int = 1) \
         -> tuple[float, float]:

@@ -257,12 +257,15 @@ def on_gpu_shares(job: Job) -> StateBytes:
                       optimizer=1.0 - lay.offload_optimizer)
 
 
-def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[StageMemory, ...]:
+def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations: bool = True) \
+        -> tuple[StageMemory, ...]:
     """Memory per GPU of the given pipeline stages (all by default), by term: what PyTorch's caching
     allocator holds, the figure ``torch.cuda.max_memory_reserved`` reports. What lives outside it
-    (``Overheads.cuda_context``) is taken off the capacity instead (:func:`usable_bytes`)."""
+    (``Overheads.cuda_context``) is taken off the capacity instead (:func:`usable_bytes`).
+    ``activations`` False: the model states and fixed buffers alone (activations and the
+    fragmentation they cause at 0), what no micro-batch or recomputation changes."""
     lay = job.layout
-    shared = per_microbatch(job)
+    shared = per_microbatch(job) if activations else None
     o = job.overheads
     fixed = o.comm_buffers + zero3_gather_bytes(job)
     if job.model.is_moe:
@@ -276,15 +279,15 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None) -> tuple[St
                bucket_copy_bytes(job.training, lay.zero_stage, expert_zero_shards(job)))
     for stage in (range(lay.pp) if stages is None else stages):
         states = stage_state_bytes(job, stage, per_parameter)
-        activations = stage_activation_bytes(job, stage, shared)
+        held = stage_activation_bytes(job, stage, shared) if shared is not None else 0.0
         params = job_stage_parameters(job, stage)
         out.append(StageMemory(
             stage=stage,
             parameters=states.weights * on_gpu_weights + quantized_weight_copy_bytes(job, stage),
             gradients=states.gradients * on_gpu_gradients + params.dense * buckets[0] + params.expert * buckets[1],
             optimizer_states=states.optimizer * on_gpu_optimizer,
-            activations=activations,
-            other=fixed + o.fragmentation * activations,
+            activations=held,
+            other=fixed + o.fragmentation * held,
         ))
     return tuple(out)
 

@@ -12,14 +12,16 @@ rank r on GPU r.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Optional
-
-import networkx as nx
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from .hardware import ClusterSpec, FabricSpec
 from .layout_spec import Layout
+
+if TYPE_CHECKING:  # networkx takes ~0.1 s to import: only the whole-cluster view for inspection loads it
+    import networkx as nx
 
 
 @dataclass(frozen=True)
@@ -71,36 +73,64 @@ def _shape(cluster: ClusterSpec) -> _Shape:
                   gpu.inter_node_bandwidth, fabric.leaf_nodes, fabric.oversubscription)
 
 
-def _graph(gpus: Iterable[int], shape: _Shape) -> nx.Graph:
-    """The graph over ``gpus`` (GPU indices), their NVSwitches, NICs, leaves and the spine."""
-    graph = nx.Graph()
-    graph.add_node("spine", kind="switch")
+Node = tuple  # ("gpu", i), ("nvswitch", d), ("nic", i), ("leaf", rail, unit), or ("spine",)
+Edges = list[tuple[Node, Node, float, str]]
+
+
+def _edges(gpus: Iterable[int], shape: _Shape) -> Edges:
+    """The links around ``gpus`` (GPU indices): (end, end, bytes/s per GPU one way, kind), GPU to
+    its NVSwitch and its NIC, NIC to its rail's leaf, leaf to the spine."""
     uplink = shape.nic / shape.oversubscription
+    out: Edges = []
     for gpu in gpus:
         node = gpu // shape.gpus_per_node
         rail = gpu % shape.gpus_per_node
         unit = node // shape.leaf_nodes if shape.leaf_nodes else 0
         leaf = ("leaf", rail, unit)
+        out += [(("gpu", gpu), ("nvswitch", gpu // shape.domain), shape.intra, "nvlink"),
+                (("gpu", gpu), ("nic", gpu), shape.nic, "network"),
+                (("nic", gpu), leaf, shape.nic, "network"),
+                (leaf, ("spine",), uplink, "network")]
+    return out
+
+
+def build_topology(cluster: ClusterSpec) -> "nx.Graph":
+    """The whole cluster as a networkx graph (for inspection; the cost models use small subgraphs)."""
+    import networkx as nx
+
+    shape = _shape(cluster)
+    graph = nx.Graph()
+    for gpu in range(cluster.num_gpus):
         graph.add_node(("gpu", gpu), kind="gpu", domain=gpu // shape.domain)
-        graph.add_edge(("gpu", gpu), ("nvswitch", gpu // shape.domain), bandwidth=shape.intra, link="nvlink")
-        graph.add_edge(("gpu", gpu), ("nic", gpu), bandwidth=shape.nic, link="network")
-        graph.add_edge(("nic", gpu), leaf, bandwidth=shape.nic, link="network")
-        graph.add_edge(leaf, "spine", bandwidth=uplink, link="network")
+    for a, b, bandwidth, link in _edges(range(cluster.num_gpus), shape):
+        graph.add_edge(a, b, bandwidth=bandwidth, link=link)
     return graph
 
 
-def build_topology(cluster: ClusterSpec) -> nx.Graph:
-    """The whole cluster as a graph (for inspection; the cost models use small subgraphs)."""
-    return _graph(range(cluster.num_gpus), _shape(cluster))
-
-
-def _path_bandwidth(graph: nx.Graph, a: int, b: int) -> float:
-    """Bottleneck bandwidth of the shortest path from GPU a to GPU b, NVLink preferred."""
-    if graph.nodes[("gpu", a)]["domain"] == graph.nodes[("gpu", b)]["domain"]:
-        path = [("gpu", a), ("nvswitch", graph.nodes[("gpu", a)]["domain"]), ("gpu", b)]
-    else:
-        path = nx.shortest_path(graph, ("gpu", a), ("gpu", b))
-    return min(graph.edges[u, v]["bandwidth"] for u, v in zip(path, path[1:]))
+def _path_bandwidth(edges: Edges, shape: _Shape, a: int, b: int) -> float:
+    """Bottleneck bandwidth from GPU a to GPU b: over NVLink inside a domain; across domains, the
+    widest of the shortest routes (breadth first, keeping the best bottleneck among equally short
+    ones). Where a peer in a's domain sits on b's rail, the route through it over NVLink ties with
+    the one over the spine and is the wider when the spine is oversubscribed: NCCL's PXN route."""
+    if a // shape.domain == b // shape.domain:
+        return shape.intra
+    neighbours: dict[Node, list[tuple[Node, float]]] = {}
+    for u, v, bandwidth, _ in edges:
+        neighbours.setdefault(u, []).append((v, bandwidth))
+        neighbours.setdefault(v, []).append((u, bandwidth))
+    source, target = ("gpu", a), ("gpu", b)
+    hops, widest = {source: 0}, {source: float("inf")}
+    queue = deque([source])
+    while queue:
+        u = queue.popleft()
+        for v, bandwidth in neighbours[u]:
+            through_u = min(widest[u], bandwidth)
+            if v not in hops:
+                hops[v], widest[v] = hops[u] + 1, through_u
+                queue.append(v)
+            elif hops[v] == hops[u] + 1:
+                widest[v] = max(widest[v], through_u)
+    return widest[target]
 
 
 ORDER = ("tp", "cp", "dp", "pp")
@@ -141,12 +171,12 @@ def _group_links(shape: _Shape, fabric: FabricSpec, stride: int, size: int) -> G
     same = stride if per_domain > 1 else None
     other = per_domain * stride if domains > 1 else None
     farthest = (size - 1) * stride if domains > 1 else None
-    graph = _graph([0] + [r for r in {same, other, farthest} if r is not None], shape)
-    intra_bw = _path_bandwidth(graph, 0, same) if same is not None else shape.intra
+    edges = _edges([0] + [r for r in {same, other, farthest} if r is not None], shape)
+    intra_bw = _path_bandwidth(edges, shape, 0, same) if same is not None else shape.intra
     if other is None:
         return GroupLinks(size, per_domain, domains, intra_bw, shape.nic * fabric.efficiency_for(1),
                           fabric.latency_s, fabric.tree_latency_s, fabric.rails, shape.nic * fabric.alltoall_efficiency)
-    line = min(_path_bandwidth(graph, 0, other), _path_bandwidth(graph, 0, farthest))
+    line = min(_path_bandwidth(edges, shape, 0, other), _path_bandwidth(edges, shape, 0, farthest))
     return GroupLinks(size, per_domain, domains, intra_bw, line * fabric.efficiency_for(domains),
                       fabric.latency_s, fabric.tree_latency_s, fabric.rails, line * fabric.alltoall_efficiency)
 

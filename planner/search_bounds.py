@@ -148,9 +148,7 @@ def states_cannot_fit(case: Case, spec: SearchSpec, base: Layout) -> bool:
 
     def least_states(changes: dict) -> float:
         job = Job(case.model, case.cluster, case.training, base.with_changes(**changes), case.overheads)
-        o = job.overheads
-        return max(m.parameters + m.gradients + m.optimizer_states + m.other - o.fragmentation * m.activations
-                   for m in stage_memories(job, peak_candidates(job)))  # which hold the most states too
+        return max(m.total for m in stage_memories(job, peak_candidates(job), activations=False))
 
     strongest = ([{}] + offload_options(spec, base.zero_stage))[-1]
     try:

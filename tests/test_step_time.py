@@ -153,6 +153,29 @@ def test_group_placement_matches_counting_on_the_whole_cluster_graph():
             assert links.per_domain == len(domains[0]), (dim, layout)
 
 
+def test_a_group_across_an_oversubscribed_spine_takes_the_widest_shortest_route_of_the_whole_graph():
+    """On a 2:1 oversubscribed fabric, a rank's route to a peer on another rail of its scalable
+    unit (rail leaves, a spine above them) ties in hops with the route over NVLink to the GPU of
+    its domain on the peer's rail (NCCL's PXN): the group's links carry the NIC's line rate, as
+    the widest shortest path of networkx's whole-cluster graph says, not the spine's half."""
+    import networkx as nx
+    from cost_models.topology import build_topology
+
+    fabric = FabricSpec(efficiency=1.0, latency_s=0.0, oversubscription=2.0, leaf_nodes=32)
+    cluster = ClusterSpec(gpu=_gpu(), num_gpus=64, fabric=fabric)
+    graph = build_topology(cluster)
+
+    def widest_shortest(a, b):
+        return max(min(graph.edges[u, v]["bandwidth"] for u, v in zip(path, path[1:]))
+                   for path in nx.all_shortest_paths(graph, ("gpu", a), ("gpu", b)))
+
+    links = group_links(cluster, Layout(dp=4, tp=16), "tp")  # ranks 0-15: two 8-GPU domains
+    assert links.domains == 2
+    line = cluster.gpu.inter_node_bandwidth
+    assert widest_shortest(0, 15) == line  # rail 7 of the next node, through GPU 7's NIC
+    assert links.inter_bandwidth == pytest.approx(min(widest_shortest(0, 8), widest_shortest(0, 15)))
+
+
 def test_rails_cap_the_nics_a_cross_node_collective_drives():
     """FabricSpec.rails: at most that many of a domain's NICs carry one collective."""
     def four(rails):
