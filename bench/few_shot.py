@@ -9,19 +9,26 @@
 2. The table of `layout-planner validate-published --few-shot`: per group, the mean |error| of
    tokens/s and peak memory on the runs not drawn, after fitting a profile to K drawn runs
    (``planner.few_shot``), and the mean and median over groups. docs/calibration.md shows it.
+3. The ceiling of any such fit (``--ceiling``): per group, the profile fitted to as many of its
+   drawable runs as CEILING_RUNS allows (a fixed-seed sample where there are more), scored on every
+   run of the group, the drawn ones included. No K reaches below it: what stays is the error the
+   fitted figures cannot hold (one layout against another inside a group), not the cluster's bias.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import random
 import statistics
 
 from rich.console import Console
 
 from planner import few_shot
 from planner.fidelity import evaluate
-from planner.learn import measured_step_s, predict, prior_hardware
+from planner.learn import fit, measured_step_s, predict, prior_hardware
+
+CEILING_RUNS = 60  # the most runs fitted per group for the ceiling (the fit's time grows with them)
 
 
 def scatter(rows) -> tuple[float, float]:
@@ -48,12 +55,41 @@ def scatter(rows) -> tuple[float, float]:
     return statistics.median(times), statistics.median(peaks)
 
 
+def ceiling(rows) -> None:
+    """Per group: tokens/s and peak mean |error| on all its runs, on its presets and on the profile
+    fitted to (up to CEILING_RUNS of) its drawable runs; the means over groups."""
+    before_t, after_t, before_m, after_m = [], [], [], []
+    for (source, gpu), members in sorted(few_shot.runs_of(rows).items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        if len(members) < few_shot.MIN_GROUP:
+            continue
+        runs = [run for run, _ in members]
+        drawable = [run for run, ok in members if ok]
+        drawn = random.Random(0).sample(drawable, min(len(drawable), CEILING_RUNS))
+        result = fit(drawn, source)
+        t0, m0 = few_shot._errors(runs, prior_hardware(runs[:1], source), {})
+        t1, m1 = few_shot._errors(runs, result.hardware, result.values)
+        line = f"  {source[:40]:40s} {gpu:14s} {len(drawn):3d} fitted of {len(runs):5d}: tok/s " \
+               f"{statistics.mean(t0):6.1%} -> {statistics.mean(t1):6.1%}"
+        before_t.append(statistics.mean(t0))
+        after_t.append(statistics.mean(t1))
+        if m0:
+            line += f", memory {statistics.mean(m0):6.1%} -> {statistics.mean(m1):6.1%}"
+            before_m.append(statistics.mean(m0))
+            after_m.append(statistics.mean(m1))
+        print(line)
+    print(f"ceiling, mean over groups: tok/s {statistics.mean(before_t):.1%} -> {statistics.mean(after_t):.1%}"
+          + (f", memory {statistics.mean(before_m):.1%} -> {statistics.mean(after_m):.1%}" if before_m else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ks", default="0,1,3,5")
     parser.add_argument("--draws", type=int, default=few_shot.DRAWS)
+    parser.add_argument("--ceiling", action="store_true", help="also fit each group on all its runs")
     args = parser.parse_args()
     fidelity = evaluate(experts=False)
+    if args.ceiling:
+        ceiling(fidelity.rows)
     time_sd, memory_sd = scatter(fidelity.rows)
     print(f"median over groups: time {time_sd:.3f}, memory {memory_sd:.3f} "
           "(planner.learn.RUN_SCATTER, MEMORY_SCATTER)")
