@@ -19,7 +19,8 @@ from .model_spec import ModelSpec
 from .training_spec import TrainingSpec
 
 
-def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float, mlp: bool = True) -> float:
+def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float, mlp: bool = True,
+                      scores: bool = True) -> float:
     """HBM traffic of one layer's forward element-wise kernels on one GPU, the activation
     function's apart (:func:`activation_function_bytes`).
 
@@ -34,7 +35,8 @@ def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tok
     PyTorch) run SwiGLU as silu then multiply, the multiply here (read 2f, write f), and rotary
     embeddings as x·cos + rotate_half(x)·sin (five passes over q and k instead of two).
     Without ``mlp`` the SwiGLU multiply is left out too (an MoE layer's experts have their own:
-    ``experts.moe_elementwise_bytes``).
+    ``experts.moe_elementwise_bytes``); without ``scores``, the non-flash attention's passes over
+    its scores (:func:`attention_score_bytes`), which the attention core's time holds.
     """
     p = activation_bytes(training.precision)
     h, t = model.hidden_size, lay.tp
@@ -48,10 +50,18 @@ def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tok
     qk_norm = 2 * (model.q_size / t + kv) if model.qk_norm else 0.0
     dropout = 2 * (2 * p + 1) * h / sp if model.dropout > 0 else 0.0
     per_token = p * (4 * h + 6 * h) / sp + p * (multiply + rotary + qk_norm) + dropout
-    if not training.flash_attention:
-        scores = model.num_attention_heads / t * training.seq_len / lay.cp
-        per_token += scores * (2 * p + ((2 * p + 1) if model.dropout > 0 else 0))
-    return per_token * tokens
+    return per_token * tokens + (attention_score_bytes(model, training, lay, tokens) if scores else 0.0)
+
+
+def attention_score_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float) -> float:
+    """HBM traffic of non-flash attention's forward passes over its a/t·s scores per token: the
+    scaled-masked softmax (read + write) and, where on, its dropout (read, write, 1-byte mask).
+    0 under flash attention, whose kernel keeps the scores on chip."""
+    if training.flash_attention:
+        return 0.0
+    p = activation_bytes(training.precision)
+    scores = model.num_attention_heads / lay.tp * training.seq_len / lay.cp
+    return scores * (2 * p + ((2 * p + 1) if model.dropout > 0 else 0)) * tokens
 
 
 def activation_function_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float) -> float:
@@ -62,12 +72,12 @@ def activation_function_bytes(model: ModelSpec, training: TrainingSpec, lay: Lay
 
 
 def layer_elementwise_time(model: ModelSpec, training: TrainingSpec, lay: Layout, tokens: float, gpu: GPUSpec,
-                           mlp: bool = True) -> float:
+                           mlp: bool = True, scores: bool = True) -> float:
     """One layer's forward element-wise kernels: the activation function at the rate of kernels
     that evaluate a tanh or an exponent (:func:`kernels.transcendental_time`), the rest at the
-    element-wise one."""
+    element-wise one (``scores``: :func:`elementwise_bytes`)."""
     act = transcendental_time(activation_function_bytes(model, training, lay, tokens), gpu) if mlp else 0.0
-    return elementwise_time(elementwise_bytes(model, training, lay, tokens, mlp), gpu) + act
+    return elementwise_time(elementwise_bytes(model, training, lay, tokens, mlp, scores), gpu) + act
 
 
 def cross_entropy_bytes(logits: float, training: TrainingSpec) -> float:
@@ -222,9 +232,12 @@ def layer_time_for(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: i
         heads = model.num_attention_heads / lay.tp * lay.micro_batch_size
         scores = Gemm("scores", s_local, training.seq_len, model.head_dim)
         context = Gemm("context", s_local, model.value_head_dim, training.seq_len)
+        # The core is what Megatron's selective recomputation runs again: the two GEMMs and the
+        # softmax and dropout between them (Korthikanti et al. 2022, §4.2).
         core = heads * (scores.flops + context.flops) / tensor_core_rate(
-            gpu, attn_precision, perf.gemm_efficiency_for(attn_precision)) + 2 * perf.kernel_overhead_s
-    memory = layer_elementwise_time(model, training, lay, tokens, gpu, mlp)
+            gpu, attn_precision, perf.gemm_efficiency_for(attn_precision)) + 2 * perf.kernel_overhead_s \
+            + elementwise_time(attention_score_bytes(model, training, lay, tokens), gpu)
+    memory = layer_elementwise_time(model, training, lay, tokens, gpu, mlp, scores=False)
     # Backward: element-wise kernels twice the forward's traffic; flash attention's backward also
     # recomputes the scores: 2.5 times its forward (FlashAttention's benchmark counts fwd + bwd as
     # 3.5 forward passes, which is how attention_efficiency is quoted), without flash 2 times.
