@@ -6,20 +6,20 @@ import types
 from importlib import import_module
 
 from .errors import CaseError
-from .estimate import Estimate, estimate
 
 __all__ = ["CaseError", "Emitted", "Estimate", "Plan", "Sizing", "calibrate_from_runs", "emit", "estimate", "plan",
            "read_config", "size"]
 
-# The rest of the API loads when first asked for, so that a command imports only what it runs
-# (`plan` never loads the fit of `learn`, nor `size` its sweep): name -> the module defining it.
-_LAZY = {"Emitted": "configs", "emit": "configs", "read_config": "configs", "calibrate_from_runs": "learn",
+# The API loads when first asked for, so that a command imports only what it runs (`plan` never
+# loads the fit of `learn`, nor `size` its sweep) and the command's entry point
+# (:mod:`planner.entry`) sets its signal handlers before anything heavy: name -> its module.
+_LAZY = {"Estimate": "estimate", "estimate": "estimate", "Emitted": "configs", "emit": "configs", "read_config": "configs", "calibrate_from_runs": "learn",
          "Plan": "plan", "plan": "plan", "Sizing": "size", "size": "size"}
 
 
 class _Package(types.ModuleType):
-    """The package, whose API names above resolve on first use. Three of them (``plan``, ``size``,
-    ``emit``) are also the names of submodules, which the import system binds to the package's
+    """The package, whose API names above resolve on first use. Four of them (``estimate``,
+    ``plan``, ``size``, ``emit``) are also the names of submodules, which the import system binds to the package's
     attribute of that name once it loads them: the package's attribute stays the API's."""
 
 

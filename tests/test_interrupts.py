@@ -51,6 +51,29 @@ def test_plan_interrupted_exits_130_and_writes_neither_plot_nor_configs(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupt_while_the_cli_still_loads_is_the_same_one_line_and_130(tmp_path, signum):
+    """A signal in the quarter second Python spends loading the CLI (typer, rich, the cost models):
+    "interrupted" and exit 130, as later, not a traceback of the import it cut short nor a death by
+    the signal. The child signals itself as the import of planner.cli begins."""
+    code = f"""
+import os, sys
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "planner.cli":
+            os.kill(os.getpid(), {int(signum)})
+        return None
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["layout-planner", "plan", {str(EXAMPLE)!r}, "--plot", {str(tmp_path / "plan.png")!r}]
+from planner.entry import main
+main()
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "error: interrupted"
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the drop it stages
 def test_an_interrupt_python_drops_still_stops_the_writes(tmp_path):
     """An interrupt raised where Python drops exceptions (a weakref callback inside an import prints

@@ -1,0 +1,30 @@
+"""The `layout-planner` command's entry point: its interrupt handlers first, then the CLI.
+
+Loading the CLI (typer, rich, the cost models) takes a quarter of a second. A Ctrl-C or a
+``kill`` in that time ends the command as one arriving later does (:func:`planner.cli.main`):
+"interrupted" on stderr, exit 130, nothing written (nothing has been yet), rather than Python's
+traceback or a bare death by the signal. This module imports nothing of the planner but the
+package itself, whose names load on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def _interrupted_while_loading(signum, frame) -> None:
+    # Inside an import nothing may be unwound safely and nothing is open: leave at once.
+    sys.stderr.write("error: interrupted\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def main() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and background jobs ignore them
+            signal.signal(signum, _interrupted_while_loading)
+    from .cli import main as cli_main  # installs the handlers a running command answers to
+
+    cli_main()
