@@ -255,36 +255,72 @@ def _inside(document: dict, rows: Sequence, jobs: Sequence[Job]) -> list[bool]:
     return out
 
 
-def coverage(rows: Sequence, jobs: Sequence[Job], min_rows: int = MIN_RUNS) -> list[Coverage]:
-    """Throughput band coverage per source with at least ``min_rows`` scored runs."""
+def _scored(rows: Sequence, jobs: Sequence[Job]) -> list[tuple]:
+    """(row, job) of the runs the throughput bands are drawn from: within 2x of their job's best."""
     best: dict[tuple, float] = defaultdict(float)
     for r in rows:
         if r.measured:
             best[r.job] = max(best[r.job], r.measured)
-    scored = [(r, j) for r, j in zip(rows, jobs) if r.measured and r.measured * 2 >= best[r.job]]
-    by_source: dict[str, list] = defaultdict(list)
-    for r, j in scored:
-        by_source[r.source].append((r, j))
-    whole = compute(rows, jobs)
-    out = []
-    for source, members in sorted(by_source.items()):
-        if len(members) < min_rows:
-            continue
+    return [(r, j) for r, j in zip(rows, jobs) if r.measured and r.measured * 2 >= best[r.job]]
+
+
+def _held_out_inside(rows: Sequence, jobs: Sequence[Job], scored: Sequence[tuple]) -> dict[int, bool]:
+    """Whether each scored run (by id of its row) lies inside the band computed without its source."""
+    out: dict[int, bool] = {}
+    for source in sorted({r.source for r, _ in scored}):
         rest = [(r, j) for r, j in zip(rows, jobs) if r.source != source]
         without = compute([r for r, _ in rest], [j for _, j in rest])
-        mine_rows, mine_jobs = [r for r, _ in members], [j for _, j in members]
-        inside, held = _inside(whole, mine_rows, mine_jobs), _inside(without, mine_rows, mine_jobs)
-        out.append(Coverage(source, len(members), sum(inside) / len(inside), sum(held) / len(held)))
+        mine = [(r, j) for r, j in scored if r.source == source]
+        for (r, _), inside in zip(mine, _inside(without, [r for r, _ in mine], [j for _, j in mine])):
+            out[id(r)] = inside
     return out
 
 
-def print_coverage(covered: Sequence[Coverage], console: Any) -> None:
+def coverage(rows: Sequence, jobs: Sequence[Job], min_rows: int = MIN_RUNS) -> list[Coverage]:
+    """Throughput band coverage per source with at least ``min_rows`` scored runs."""
+    scored = _scored(rows, jobs)
+    counts: dict[str, int] = defaultdict(int)
+    for r, _ in scored:
+        counts[r.source] += 1
+    kept = [(r, j) for r, j in scored if counts[r.source] >= min_rows]
+    inside = dict(zip((id(r) for r, _ in kept), _inside(compute(rows, jobs), [r for r, _ in kept],
+                                                        [j for _, j in kept])))
+    held = _held_out_inside(rows, jobs, kept)
+    out = []
+    for source in sorted({r.source for r, _ in kept}):
+        mine = [id(r) for r, _ in kept if r.source == source]
+        out.append(Coverage(source, len(mine), sum(inside[i] for i in mine) / len(mine),
+                            sum(held[i] for i in mine) / len(mine)))
+    return out
+
+
+def coverage_by_class(rows: Sequence, jobs: Sequence[Job]) -> list[Coverage]:
+    """Throughput band coverage per band class: the runs whose band comes from that class (the most
+    specific with MIN_RUNS runs, :func:`throughput_band`'s lookup), the share inside it, and the
+    share inside the band computed without each run's own source (``Coverage.source`` names the
+    class)."""
+    scored = _scored(rows, jobs)
+    whole = compute(rows, jobs)
+    held = _held_out_inside(rows, jobs, scored)
+    by_class: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    for (r, j), inside in zip(scored, _inside(whole, [r for r, _ in scored], [j for _, j in scored])):
+        entry = _lookup(whole["throughput"], class_of(j), KEYS)
+        by_class[_name(entry["class"], list(entry["class"]))].append((inside, held[id(r)]))
+    return [Coverage(name, len(members), sum(a for a, _ in members) / len(members),
+                     sum(b for _, b in members) / len(members))
+            for name, members in sorted(by_class.items(), key=lambda kv: -len(kv[1]))]
+
+
+def print_coverage(covered: Sequence[Coverage], console: Any, by: str = "source") -> None:
+    """The coverage table, per source or (``by`` "class") per band class."""
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="80 % throughput bands: share of each source's runs inside theirs")
-    for column in ("source", "runs", "in sample", "source held out"):
-        table.add_column(column, justify="left" if column == "source" else "right")
+    title = "share of each source's runs inside theirs" if by == "source" else \
+        "share of the runs each class gives a band to inside it"
+    table = Table(title=f"80 % throughput bands: {title}")
+    for column in (by, "runs", "in sample", "source held out"):
+        table.add_column(column, justify="left" if column == by else "right")
     for c in covered:
-        table.add_row(escape(c.source[:40]), str(c.runs), f"{c.inside:.0%}", f"{c.inside_held_out:.0%}")
+        table.add_row(escape(c.source[:60]), str(c.runs), f"{c.inside:.0%}", f"{c.inside_held_out:.0%}")
     console.print(table)

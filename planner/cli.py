@@ -290,6 +290,7 @@ def validate_published_command(
                                                                   ": the files hold no runs"))
         jobs = [load_case(r.case).job() for r in result.rows]
         covered = bands.coverage(result.rows, jobs)
+        covered_by_class = bands.coverage_by_class(result.rows, jobs)
         if write_bands is not None:
             write_all([Output(write_bands, bands.render(bands.compute(result.rows, jobs)), "--write-bands")], True)
         shot = shots.evaluate(result.rows, shots.ladder(few_shot)) if few_shot is not None else None
@@ -302,12 +303,16 @@ def validate_published_command(
         _fail(error)
     if as_json:
         print(json.dumps({**to_dict(result), "band_coverage": [vars(c) for c in covered],
+                          "band_coverage_by_class": [{"class": c.source, "runs": c.runs, "inside": c.inside,
+                                                      "inside_held_out": c.inside_held_out}
+                                                     for c in covered_by_class],
                           **({"few_shot": shots.to_dict(shot)} if shot else {}),
                           **({"leave_family_out": lfo.to_dict(families)} if families is not None else {})}, indent=2))
     else:
         console = Console(width=160)
         print_report(result, console, experts=experts)
         bands.print_coverage(covered, console)
+        bands.print_coverage(covered_by_class, console, by="class")
         if shot is not None:
             shots.print_report(shot, console)
         if families is not None:

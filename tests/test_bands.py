@@ -127,3 +127,19 @@ def test_with_no_engine_named_plan_decides_between_the_engines():
     assert p["best"]["tokens_per_s"] >= quickest / (1 + bands.indistinguishable_gap())
     plain = planner.plan(case, top_k=0, engine="any")  # an engine named, plain PyTorch among them
     assert plain.engines == () and plain.best.job.training.engine.name == "any"
+
+
+def test_coverage_by_class_counts_each_run_against_the_band_its_class_gives_it():
+    """Two sources of one class, 21 runs each, measured / predicted evenly from 0.90 to 1.10 and
+    from 1.30 to 1.50: pooled, the class's 10th and 90th percentiles (linear interpolation over 42)
+    are 0.941 and 1.459, which hold 16 runs of each, 32 of 42; each source's band computed without
+    it is the other's alone, which holds none of its runs."""
+    from types import SimpleNamespace
+
+    job = planner.estimate(EIGHT_B_FP8).job
+    rows = [SimpleNamespace(source=source, job=(source, i), measured=1000 * (start + i / 100), predicted=1000.0,
+                            measured_gib=None, fits=True, row={})
+            for source, start in (("A", 0.90), ("B", 1.30)) for i in range(21)]
+    (only,) = bands.coverage_by_class(rows, [job] * len(rows))
+    assert only.source == "engine megatron, hopper, 8-bit, dense, one node"
+    assert (only.runs, only.inside, only.inside_held_out) == (42, pytest.approx(32 / 42), 0.0)
