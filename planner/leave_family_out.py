@@ -65,12 +65,19 @@ def _refit(rows: Sequence[dict], leave: Optional[str], ratios: dict[str, float])
 
     presets = performance_presets()
     for kind, names in FITTED.items():
-        own = [r for r in rows if gpu_preset(str(r.get("gpu", ""))) in TYPES[kind] and family_of(r) != leave]
+        own = fitted_rows(rows, kind, leave)
         if own:
             fit(kind, own, {name: values for name, values in grid_for(kind).items() if name in names}, rounds=1)
     for gpu, (base, name) in DERIVED.items():
         presets[gpu] = {**presets[gpu], name: ratios[gpu] * presets[TYPES[base][0]][name]}
     apply(next(iter(FITTED)), {})  # clears the cost models' caches after the derived figures
+
+
+def fitted_rows(rows: Sequence[dict], kind: str, leave: Optional[str]) -> list[dict]:
+    """The runs a GPU type's figures are refit on: every run on that type, dense ones included,
+    but ``leave``'s family's (none left out where ``leave`` is None)."""
+    return [r for r in rows if gpu_preset(str(r.get("gpu", ""))) in TYPES[kind]
+            and (leave is None or family_of(r) != leave)]
 
 
 def _derived_ratios() -> dict[str, float]:
