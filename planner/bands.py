@@ -23,7 +23,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import yaml
 
@@ -244,7 +244,7 @@ class Coverage:
     source: str
     runs: int
     inside: float
-    inside_held_out: float
+    inside_held_out: Optional[float]  # None where no other source's runs give a band
 
 
 def _inside(document: dict, rows: Sequence, jobs: Sequence[Job]) -> list[bool]:
@@ -264,16 +264,24 @@ def _scored(rows: Sequence, jobs: Sequence[Job]) -> list[tuple]:
     return [(r, j) for r, j in zip(rows, jobs) if r.measured and r.measured * 2 >= best[r.job]]
 
 
-def _held_out_inside(rows: Sequence, jobs: Sequence[Job], scored: Sequence[tuple]) -> dict[int, bool]:
-    """Whether each scored run (by id of its row) lies inside the band computed without its source."""
-    out: dict[int, bool] = {}
+def _held_out_inside(rows: Sequence, jobs: Sequence[Job], scored: Sequence[tuple]) -> dict[int, Optional[bool]]:
+    """Whether each scored run (by id of its row) lies inside the band computed without its source;
+    None where no other source's runs give a band at all."""
+    out: dict[int, Optional[bool]] = {}
     for source in sorted({r.source for r, _ in scored}):
         rest = [(r, j) for r, j in zip(rows, jobs) if r.source != source]
         without = compute([r for r, _ in rest], [j for _, j in rest])
         mine = [(r, j) for r, j in scored if r.source == source]
-        for (r, _), inside in zip(mine, _inside(without, [r for r, _ in mine], [j for _, j in mine])):
+        insides = _inside(without, [r for r, _ in mine], [j for _, j in mine]) if without["throughput"] \
+            else [None] * len(mine)
+        for (r, _), inside in zip(mine, insides):
             out[id(r)] = inside
     return out
+
+
+def _share(flags: Sequence[Optional[bool]]) -> Optional[float]:
+    known = [f for f in flags if f is not None]
+    return sum(known) / len(known) if known else None
 
 
 def coverage(rows: Sequence, jobs: Sequence[Job], min_rows: int = MIN_RUNS) -> list[Coverage]:
@@ -290,7 +298,7 @@ def coverage(rows: Sequence, jobs: Sequence[Job], min_rows: int = MIN_RUNS) -> l
     for source in sorted({r.source for r, _ in kept}):
         mine = [id(r) for r, _ in kept if r.source == source]
         out.append(Coverage(source, len(mine), sum(inside[i] for i in mine) / len(mine),
-                            sum(held[i] for i in mine) / len(mine)))
+                            _share([held[i] for i in mine])))
     return out
 
 
@@ -307,7 +315,7 @@ def coverage_by_class(rows: Sequence, jobs: Sequence[Job]) -> list[Coverage]:
         entry = _lookup(whole["throughput"], class_of(j), KEYS)
         by_class[_name(entry["class"], list(entry["class"]))].append((inside, held[id(r)]))
     return [Coverage(name, len(members), sum(a for a, _ in members) / len(members),
-                     sum(b for _, b in members) / len(members))
+                     _share([b for _, b in members]))
             for name, members in sorted(by_class.items(), key=lambda kv: -len(kv[1]))]
 
 
@@ -322,5 +330,6 @@ def print_coverage(covered: Sequence[Coverage], console: Any, by: str = "source"
     for column in (by, "runs", "in sample", "source held out"):
         table.add_column(column, justify="left" if column == by else "right")
     for c in covered:
-        table.add_row(escape(c.source[:60]), str(c.runs), f"{c.inside:.0%}", f"{c.inside_held_out:.0%}")
+        held = "—" if c.inside_held_out is None else f"{c.inside_held_out:.0%}"
+        table.add_row(escape(c.source[:60]), str(c.runs), f"{c.inside:.0%}", held)
     console.print(table)

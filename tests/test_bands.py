@@ -143,3 +143,14 @@ def test_coverage_by_class_counts_each_run_against_the_band_its_class_gives_it()
     (only,) = bands.coverage_by_class(rows, [job] * len(rows))
     assert only.source == "engine megatron, hopper, 8-bit, dense, one node"
     assert (only.runs, only.inside, only.inside_held_out) == (42, pytest.approx(32 / 42), 0.0)
+
+
+def test_coverage_held_out_is_unknown_where_no_other_source_gives_a_band():
+    """One source alone: its runs' bands without it would come from no run at all."""
+    from types import SimpleNamespace
+
+    job = planner.estimate(EIGHT_B_FP8).job
+    rows = [SimpleNamespace(source="A", job=("A", i), measured=1000 * (0.90 + i / 100), predicted=1000.0,
+                            measured_gib=None, fits=True, row={}) for i in range(21)]
+    (only,) = bands.coverage_by_class(rows, [job] * len(rows))
+    assert only.inside_held_out is None and only.inside == pytest.approx(17 / 21)
