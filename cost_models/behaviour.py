@@ -100,6 +100,14 @@ class EngineBehaviour:
     # tensor (2 read, 4 written) and adds it to the fp32 buffer (8 read, 4 written): 20. Megatron
     # accumulates into main_grad inside the wgrad GEMM (gradient_accumulation_fusion): 0.
     fp32_accumulation_bytes: float = 0.0
+    # The optimizer step's passes beyond Adam's own (``model_states.optimizer_step_bytes``): a
+    # separate kernel copies the fp32 master into the 16-bit weights, reading it once more
+    # (Megatron's ``_copy_main_params_to_model_params``, megatron/core/optimizer/optimizer.py;
+    # DeepSpeed's ZeRO-1/2 and BF16_Optimizer copy their fp32 partitions back); FSDP2 casts the
+    # fp32 shard in its all-gather instead. And the gradient buffer zeroed each step (Megatron's
+    # ``zero_grad_buffer``: a memset of the contiguous buffer), where others set gradients to None.
+    master_copy_kernel: bool = False
+    zeroes_gradient_buffer: bool = False
     # Gradient bucket of ZeRO 0–2 data parallelism, in parameters (at least), or in bytes.
     # Megatron: max(40 M, 1 M · dp) parameters (``megatron/core/distributed/``); DeepSpeed:
     # reduce_bucket_size 5e8 elements; PyTorch DDP: bucket_cap_mb = 25 MB.

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .behaviour import EngineBehaviour
 from .quantization import HIGH_PRECISION_BYTES
 from .job import Job
 from .training_spec import TrainingSpec
@@ -147,11 +148,37 @@ def gathered_weight_bytes(training: TrainingSpec) -> float:
     return state_bytes(training).weights
 
 
-def optimizer_step_bytes(per_param: StateBytes, master_weights: bool = False) -> float:
-    """Bytes an optimizer step streams per parameter: it reads the gradient, reads and writes the
-    optimizer's states (master weights and moments), and writes the new weights; where the weights
-    are the master (``master_weights``, :func:`weights_are_master`), it reads them too."""
+# The fp32 master weight a separate copy kernel reads again to write the 16-bit weights.
+MASTER_BYTES = 4.0
+
+
+def adam_step_bytes(per_param: StateBytes, master_weights: bool = False) -> float:
+    """Bytes the optimizer's own fused kernel (Adam, or SGD) streams per parameter: it reads the
+    gradient, reads and writes the optimizer's states (master weights and moments), and writes the
+    new weights; where the weights are the master (``master_weights``, :func:`weights_are_master`),
+    it reads them too."""
     return per_param.gradients + 2 * per_param.optimizer + per_param.weights * (2 if master_weights else 1)
+
+
+def optimizer_step_bytes(per_param: StateBytes, master_weights: bool, engine: EngineBehaviour) -> float:
+    """Bytes a whole optimizer step streams per parameter: the optimizer's kernel
+    (:func:`adam_step_bytes`) and around it
+
+    - the gradient clipping every engine runs as emitted (Megatron's ``clip_grad`` 1.0,
+      torchtitan's ``max_norm`` 1.0, the DeepSpeed config's ``gradient_clipping`` 1.0): the norm
+      reads the gradients (``multi_tensor_l2norm``, ``torch._foreach_norm``), the scale reads and
+      writes them (megatron-core ``clip_grads.py`` with Transformer Engine and torch's
+      ``_clip_grads_with_norm_`` scale every step, by a coefficient clamped to 1);
+    - ``engine``'s own passes: the fp32 master read again by a separate copy into the 16-bit
+      weights (``EngineBehaviour.master_copy_kernel``), the gradient buffer zeroed
+      (``zeroes_gradient_buffer``).
+
+    Megatron-LM in bf16 with fp32 gradients thus streams 50 bytes a parameter where Adam alone
+    moves 30; torchtitan's FSDP2, whose fp32 shard is the master, 40 where Adam moves 28."""
+    clipping = 3 * per_param.gradients
+    own = (MASTER_BYTES if engine.master_copy_kernel and not master_weights else 0.0) \
+        + (per_param.gradients if engine.zeroes_gradient_buffer else 0.0)
+    return adam_step_bytes(per_param, master_weights) + clipping + own
 
 
 @lru_cache(maxsize=4096)

@@ -4,7 +4,7 @@ copies and the optimizer step on the CPU add to a step.
 - Optimizer states (fraction f of each rank's shard; ZeRO-Offload, Ren et al., USENIX ATC 2021,
   §4: gradients copied out as backward produces them, the Adam step on the CPU, the updated
   16-bit weights copied back; Megatron-core's HybridDeviceOptimizer, --optimizer-offload-fraction):
-  the step streams the same bytes as on the GPU (``model_states.optimizer_step_bytes``), over
+  the step streams the optimizer kernel's bytes (``model_states.adam_step_bytes``), over
   host DRAM instead of HBM.
 - Parameters of ZeRO-3 (ZeRO-Infinity, Rajbhandari et al., SC 2021, §5; PyTorch FSDP2's
   CPUOffloadPolicy): each rank's shard lives on the host and is copied in before every gather,
@@ -20,7 +20,7 @@ of its rate, beside compute as :func:`collectives.exposed` allows; the CPU step 
 from __future__ import annotations
 
 from .collectives import exposed
-from .model_states import optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
+from .model_states import adam_step_bytes, state_bytes, weights_are_master, zero_shards
 from .job import Job
 
 
@@ -55,7 +55,9 @@ def optimizer_offload_time(job: Job, local_params: float, backward_s: float) -> 
     local = local_params * lay.offload_optimizer
     link = host.link_bandwidth * perf.host_link_efficiency
     out = local * per_param.gradients / link
-    cpu_step = local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage, shards)) \
+    # DeepSpeed's CPU Adam folds the clip's scale into its step and writes the 16-bit weights in
+    # the same loop (csrc/adam/cpu_adam_impl.cpp): the optimizer's own kernel alone.
+    cpu_step = local * adam_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage, shards)) \
         / (host.memory_bandwidth * perf.host_memory_efficiency)
     back = local * per_param.weights / link
     return exposed(out, backward_s, perf) + cpu_step + back

@@ -12,14 +12,14 @@ from .stage_time import StageTime
 
 
 def optimizer_time(job: Job, stage: int) -> float:
-    """The optimizer step is HBM-bound: read gradients, read and write the fp32 states, write
-    weights. The states are updated in place (:func:`kernels.in_place_time`)."""
+    """The optimizer step is HBM-bound: its passes over the gradients, the states and the weights
+    (:func:`model_states.optimizer_step_bytes`), updated in place (:func:`kernels.in_place_time`)."""
     lay, gpu = job.layout, job.cluster.gpu
     shards = zero_shards(job)
     per_param = state_bytes(job.training, lay.zero_stage, shards)
     local = optimizer_local_parameters(job, stage) * (1 - lay.offload_optimizer)
-    return in_place_time(local * optimizer_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage,
-                                                                                    shards)), gpu)
+    master = weights_are_master(job.training, lay.zero_stage, shards)
+    return in_place_time(local * optimizer_step_bytes(per_param, master, job.training.engine), gpu)
 
 
 def optimizer_local_parameters(job: Job, stage: int) -> float:

@@ -14,7 +14,8 @@ from cost_models.experts import (alltoall_buffer_bytes, dispatch_bytes, dispatch
                                  routed_tokens)
 from cost_models.flops import Gemm
 from cost_models.kernels import gemm_time, grouped_gemm_time, k_loop_efficiency, linear_time
-from cost_models.model_states import optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
+from cost_models.model_states import (adam_step_bytes, optimizer_step_bytes, state_bytes, weights_are_master,
+                                     zero_shards)
 from cost_models.offload import activation_offload_time, optimizer_offload_time, param_offload_time
 from cost_models.quantization import RECIPES
 from cost_models.specs import Layout
@@ -279,7 +280,27 @@ def test_an_optimizer_step_streams_its_states_once_each_way(precision, optimizer
                layout={"tp": 1, "dp": 8, "zero_stage": zero_stage, "micro_batch_size": 1})
     shards = zero_shards(job)
     per_param = state_bytes(job.training, zero_stage, shards)
-    assert optimizer_step_bytes(per_param, weights_are_master(job.training, zero_stage, shards)) == step_bytes
+    assert adam_step_bytes(per_param, weights_are_master(job.training, zero_stage, shards)) == step_bytes
+
+
+@pytest.mark.parametrize("engine, zero_stage, fp32_grads, step_bytes", [
+    # Megatron-LM, bf16 with fp32 gradients (its pretrain script's default): Adam 30 (fp32 gradient 4,
+    # master and moments 2 · 12, bf16 weight 2); the norm reads the gradients (4) and the clip scales
+    # them (8); _copy_main_params_to_model_params reads the master again (4); zero_grad_buffer writes
+    # the gradients (4): megatron/optimizer/optimizer.py, clip_grads.py, distributed.py (2022).
+    ("megatron", 1, True, 50),
+    # torchtitan's FSDP2: the fp32 shard is the master, read and written with its fp32 gradient and
+    # both moments (28); clip_grad_norm_ reads the gradients and scales them (12); no copy (the
+    # all-gather casts), gradients set to None.
+    ("torchtitan", 3, False, 40)])
+def test_a_whole_optimizer_step_adds_the_clipping_and_the_engines_own_passes(engine, zero_stage, fp32_grads,
+                                                                             step_bytes):
+    job = _job(model="llama3-8b", num_gpus=8, precision="bf16", engine=engine, fp32_grads=fp32_grads,
+               layout={"tp": 1, "dp": 8, "zero_stage": zero_stage, "micro_batch_size": 1})
+    shards = zero_shards(job)
+    per_param = state_bytes(job.training, zero_stage, shards)
+    master = weights_are_master(job.training, zero_stage, shards)
+    assert optimizer_step_bytes(per_param, master, job.training.engine) == step_bytes
 
 
 def test_the_optimizer_step_streams_at_the_in_place_rate():

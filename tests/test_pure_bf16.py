@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from cost_models.model_states import optimizer_step_bytes, state_bytes, weights_are_master
+from cost_models.model_states import adam_step_bytes, state_bytes, weights_are_master
 from cost_models.specs import SpecError, TrainingSpec
 from planner.case import load_case
 from planner.engines import behaviour_of
@@ -59,11 +59,11 @@ def test_the_step_reads_and_writes_the_bf16_weights_it_steps():
     and the master, m, v, writes those three and the weights, 8 tensors of 2 bytes."""
     training = load_case(CASE).training
     per_param = state_bytes(training, 3, 8)
-    assert optimizer_step_bytes(per_param, weights_are_master(training, 3, 8)) == 14
+    assert adam_step_bytes(per_param, weights_are_master(training, 3, 8)) == 14
     deepspeed = load_case({**CASE, "training": {**CASE["training"], "engine": "deepspeed"}}).training
     per_param = state_bytes(deepspeed, 3, 8)
     assert (per_param.total, weights_are_master(deepspeed, 3, 8)) == (10, False)
-    assert optimizer_step_bytes(per_param, False) == 16
+    assert adam_step_bytes(per_param, False) == 16
 
 
 def test_llama3_8b_under_zero3_holds_half_the_model_states():

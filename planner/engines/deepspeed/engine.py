@@ -84,7 +84,7 @@ BEHAVIOUR = EngineBehaviour(
     bucket_params=5e8, bucket_bytes=0.0, overlap_param_gather=False, loss_gradient_bytes=2.0,
     selective="attention", fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine",
     collective_launch_s=0.0, grouped_gemm_streams=1,
-    balance_stages=False, offload_moves_gradients=True,
+    balance_stages=False, offload_moves_gradients=True, master_copy_kernel=True,
 )
 
 

@@ -63,6 +63,7 @@ BEHAVIOUR = EngineBehaviour(
     fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine", fp8_weight_cache=True,
     grouped_gemm_streams=4,
     collective_launch_s=0.0, balance_stages=False, hierarchical_dispatch=True,
+    master_copy_kernel=True, zeroes_gradient_buffer=True,
     quantized_param_gather=("delayed", "tensorwise", "mxfp8", "nvfp4"), quantized_param_gather_offloaded=("delayed",),
 )
 
