@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from .errors import CaseError, Interrupted, forget_interrupts, interrupt, one_line, raise_if_interrupted
 from .estimate import estimate
-from .report import print_estimate
 
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
@@ -64,6 +62,8 @@ def estimate_command(
     if as_json:
         print(json.dumps(est.to_dict(), indent=2))
     else:
+        from .report import print_estimate
+
         print_estimate(est, Console())
     if not est.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
@@ -124,7 +124,6 @@ def plan_command(
     from .configs import EMITTERS as ENGINES, render
     from .files import Output, check_writable, write_all
     from .plan import plan, plan_options
-    from .report import print_plan
 
     written: list[Path] = []
     notes: list[str] = []
@@ -165,6 +164,8 @@ def plan_command(
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
+        from .report import print_plan
+
         print_plan(result, Console())
         if written:
             Console().print(f"wrote {', '.join(str(p) for p in written)}", markup=False)
@@ -194,7 +195,6 @@ def size_command(
     With neither --deadline nor a budget: the front of days against GPU-hours (cost), its knee marked."""
     _load_solver_without_pandas()
     from .size import size, size_target
-    from .size_report import print_sizing
 
     _warn_profile(case)
     try:
@@ -208,6 +208,8 @@ def size_command(
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
+        from .size_report import print_sizing
+
         print_sizing(result, Console())
     if result.best is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
@@ -234,7 +236,6 @@ def diagnose_command(
     """Estimate an existing config's layout and compare it with the planner's best."""
     _load_solver_without_pandas()
     from .diagnose import diagnose
-    from .report import print_diagnosis
 
     try:
         if (config is None) == (megatron_args is None):
@@ -246,6 +247,8 @@ def diagnose_command(
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
+        from .report import print_diagnosis
+
         print_diagnosis(result, Console())
     if not result.estimate.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
@@ -454,6 +457,12 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
     console = Console()
     print_fit(result, console)
     console.print(f"wrote {', '.join(str(p) for p in written)} ({len(runs)} runs)", markup=False)
+
+
+def Console(**options):  # noqa: N802 - rich's Console, loaded when a command prints a report (not for --json)
+    from rich.console import Console as RichConsole
+
+    return RichConsole(**options)
 
 
 def _interrupted(signum, frame) -> None:
