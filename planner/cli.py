@@ -64,7 +64,7 @@ def estimate_command(
     else:
         from .report import print_estimate
 
-        print_estimate(est, Console())
+        print_estimate(est, _console())
     if not est.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -166,9 +166,9 @@ def plan_command(
     else:
         from .report import print_plan
 
-        print_plan(result, Console())
+        print_plan(result, _console())
         if written:
-            Console().print(f"wrote {', '.join(str(p) for p in written)}", markup=False)
+            _console().print(f"wrote {', '.join(str(p) for p in written)}", markup=False)
     if result.best is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -210,7 +210,7 @@ def size_command(
     else:
         from .size_report import print_sizing
 
-        print_sizing(result, Console())
+        print_sizing(result, _console())
     if result.best is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -249,7 +249,7 @@ def diagnose_command(
     else:
         from .report import print_diagnosis
 
-        print_diagnosis(result, Console())
+        print_diagnosis(result, _console())
     if not result.estimate.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -312,7 +312,7 @@ def validate_published_command(
                           **({"few_shot": shots.to_dict(shot)} if shot else {}),
                           **({"leave_family_out": lfo.to_dict(families)} if families is not None else {})}, indent=2))
     else:
-        console = Console(width=160)
+        console = _console(width=160)
         print_report(result, console, experts=experts)
         bands.print_coverage(covered, console)
         bands.print_coverage(covered_by_class, console, by="class")
@@ -360,7 +360,7 @@ def validate_command(
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        print_validation(result, Console())
+        print_validation(result, _console())
 
 
 @app.command("calibrate")
@@ -454,15 +454,16 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
         written = write_all([Output(out, render(profile))], force)
     except CaseError as error:
         _fail(error)
-    console = Console()
+    console = _console()
     print_fit(result, console)
     console.print(f"wrote {', '.join(str(p) for p in written)} ({len(runs)} runs)", markup=False)
 
 
-def Console(**options):  # noqa: N802 - rich's Console, loaded when a command prints a report (not for --json)
-    from rich.console import Console as RichConsole
+def _console(**options):
+    """rich's Console, loaded only when a command prints a report (never for --json): 20 ms of imports."""
+    from rich.console import Console
 
-    return RichConsole(**options)
+    return Console(**options)
 
 
 def _interrupted(signum, frame) -> None:
