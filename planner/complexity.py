@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from cost_models.specs import Layout
+
 from .search_rows import Candidate
 
 RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
@@ -15,7 +17,12 @@ def complexity(candidate: Candidate, global_batch: int) -> tuple:
     """Complexity in the order users climb it (COMPLEXITY_ORDER): pipeline stages with their
     virtual stages first, then CP, TP, EP (expert tensor then expert parallel), ZeRO, offload,
     recomputation and accumulation."""
-    lay = candidate.layout
+    return layout_complexity(candidate.layout, global_batch)
+
+
+def layout_complexity(lay: Layout, global_batch: int) -> tuple:
+    """:func:`complexity` of a layout. Of a layout with neither recomputation nor offload, the least
+    complexity any layout built on it by recomputing or offloading has: those come last in the order."""
     accumulation = global_batch // (lay.micro_batch_size * lay.dp)
     offload = (lay.offload_params, lay.offload_optimizer, lay.offload_activations)
     return (lay.pp * lay.vpp, lay.cp, lay.tp, lay.expert_tp, lay.ep, lay.zero_stage, offload, RECOMPUTE_LEVEL[lay.recompute],

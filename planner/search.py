@@ -19,6 +19,10 @@ enumerator in the tests checks this):
 - Memory grows with the micro-batch, so once nothing fits at a micro-batch size, larger
   ones are skipped.
 
+`plan`'s default, robust pick adds one rule of its own (``robust``): a layout that cannot be among
+the top_k + 1 fastest, and that one found already beats in the pick's order (fits at its memory
+band's upper end, simpler, no slower), is skipped (:class:`planner.search_bounds.SimplerFaster`).
+
 The search is split by what it holds: the space it enumerates (:mod:`planner.search_space`), the
 rows it works with (:mod:`planner.search_rows`), the least recomputation or offload that fits one
 layout (:mod:`planner.search_recompute`), whether a layout fits (:mod:`planner.search_memory`) and
@@ -35,8 +39,9 @@ from cost_models.specs import Job, Layout
 from cost_models.step_time import StepTime, step_time
 
 from .case import Case
-from .search_bounds import Incumbents, StepBounds, floor, states_cannot_fit
-from .search_memory import fit_limit
+from .complexity import layout_complexity
+from .search_bounds import Incumbents, SimplerFaster, StepBounds, floor, states_cannot_fit
+from .search_memory import fit_limit, fits_with_margin
 from .search_options import SearchSpec
 from .search_recompute import least_activation_offload, least_recompute, offload_options, selective_bundles
 from .search_rows import BoundedGroup, Candidate, Group, SearchResult
@@ -49,7 +54,7 @@ __all__ = ["MIN_TOKENS_PER_CP_RANK", "UNEVEN_VPP", "Candidate", "SearchResult", 
 
 
 def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: Optional[float] = None,
-           ceiling: float = math.inf) -> SearchResult:
+           ceiling: float = math.inf, robust: bool = False) -> SearchResult:
     """Score every non-dominated layout; return those that fit (with ``first_only``, stop at one).
 
     With ``ceiling`` (seconds), layouts whose step time cannot come under it are skipped too:
@@ -60,23 +65,29 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     scored: first on a lower bound per group and micro-batch (:class:`StepBounds`), then on
     their step with neither recomputation nor offload (:func:`floor`).
 
+    With ``robust``, only the layouts `plan`'s robust pick and its alternatives can be drawn from are
+    kept: a layout that cannot be among the top_k + 1 fastest is skipped where one found is simpler
+    and no slower than its bound, and fits at its memory band's upper end (:class:`SimplerFaster`).
+
     A ZeRO stage of a group whose model states alone overflow the GPU (:func:`states_cannot_fit`)
     is skipped before any of its layouts is timed or scored: none of them fits. The closest miss
     (``tightest``, the advice's where nothing fits) may be among them: :meth:`SearchResult.in_full`.
     """
-    return _Search(case, spec, first_only, keep_within, ceiling).run()
+    return _Search(case, spec, first_only, keep_within, ceiling, robust=robust).run()
 
 
 class _Search:
     """One search: the incumbents, what was scored and pruned, and the closest miss so far."""
 
     def __init__(self, case: Case, spec: SearchSpec, first_only: bool, keep_within: Optional[float],
-                 ceiling: float, skip_unfit: bool = True):
+                 ceiling: float, skip_unfit: bool = True, robust: bool = False):
         self.case, self.spec, self.first_only = case, spec, first_only
         self.keep_within, self.ceiling = keep_within, ceiling
         # Without a threshold nothing is skipped on time: the groups are walked as enumerated.
         self.ordered = keep_within is not None or ceiling < math.inf
         self.incumbents = Incumbents(spec.top_k, keep_within, ceiling)
+        # The robust pick's candidates so far: those that fit at their band's upper end.
+        self.simpler = SimplerFaster() if robust else None
         self.result = SearchResult(candidates=[], scored=0)
         self._tightest_peak = math.inf
         # Whether a ZeRO stage whose model states alone overflow the GPU is skipped before its
@@ -103,7 +114,7 @@ class _Search:
             # Where nothing fits, the advice's closest miss may be among the layouts the skip left
             # unscored: the search without the skip finds it, should it be asked for.
             self.result.rescore = lambda: _Search(self.case, self.spec, False, self.keep_within, self.ceiling,
-                                                  skip_unfit=False).run()
+                                                  skip_unfit=False, robust=self.simpler is not None).run()
         return self.result
 
     def _rows(self) -> list[BoundedGroup]:
@@ -154,6 +165,9 @@ class _Search:
                 result.pruned += 1
                 continue
             base = group.layout(mbs, zero)
+            if self._cannot_be_picked(base, bounds.get(mbs, 0.0)):
+                result.pruned += 1
+                continue
             if not states_checked:
                 # Before the first layout of the ZeRO stage is timed or scored: where the model states
                 # alone overflow the GPU, neither this micro-batch nor a larger one fits.
@@ -165,7 +179,7 @@ class _Search:
             time = None
             if threshold < math.inf:
                 least, time = floor(self.case, base, threshold)
-                if least > threshold:
+                if least > threshold or self._cannot_be_picked(base, least):
                     result.pruned += 1
                     continue
             plain = self._least_plain(group, zero, base, at_least)
@@ -183,6 +197,12 @@ class _Search:
             if self._keep(hits, base, time):
                 return True
         return False
+
+    def _cannot_be_picked(self, base: Layout, least_seconds: float) -> bool:
+        """Whether no layout built on ``base`` (whose steps take at least ``least_seconds``) can be the
+        robust pick or one of the top_k + 1 fastest (:class:`SimplerFaster`)."""
+        return self.simpler is not None and least_seconds > self.incumbents.kth and self.simpler.beaten(
+            layout_complexity(base, self.case.training.global_batch_size), least_seconds)
 
     def _least_plain(self, group: Group, zero: int, base: Layout, at_least: int) -> Optional[tuple[Job, float]]:
         """The least recomputation that fits with no offload, where the ZeRO stage and the pins allow none."""
@@ -220,4 +240,6 @@ class _Search:
             if self.first_only:
                 return True
             self.incumbents.add(seconds)
+            if self.simpler is not None and fits_with_margin(job, peak, self.spec.headroom):
+                self.simpler.add(layout_complexity(job.layout, self.case.training.global_batch_size), seconds)
         return False

@@ -169,6 +169,12 @@ class Incumbents:
         self._fastest: list[float] = []  # a max-heap of negated times
         self.threshold = ceiling
 
+    @property
+    def kth(self) -> float:
+        """The slowest of the top_k + 1 fastest so far (the ceiling while fewer are found): a layout
+        slower than it is neither the fastest nor one of the alternatives."""
+        return -self._fastest[0] if len(self._fastest) > self.top_k else self.ceiling
+
     def add(self, seconds: float) -> None:
         fastest = self._fastest
         heapq.heappush(fastest, -seconds)
@@ -177,3 +183,34 @@ class Incumbents:
         if self.keep_within is not None and len(fastest) > self.top_k:
             self.threshold = min(self.ceiling,
                                  max(-fastest[0], min(-t for t in fastest) * (1 + self.keep_within)))
+
+
+class SimplerFaster:
+    """The layouts found so far that fit at their memory band's upper end, kept as those no other is
+    both simpler and faster than (``complexity.layout_complexity``, step time).
+
+    What it answers (:meth:`beaten`) is the robust pick's dominance rule (``plan.robust_choice``: among
+    the layouts within the gap the model cannot tell apart from the fastest, the first that fits at its
+    band's upper end, then the simplest): a layout that is no simpler than one of these and no faster
+    can never be that pick, since wherever it is within the gap of the fastest the simpler one is too."""
+
+    def __init__(self) -> None:
+        self._front: list[tuple[tuple, float]] = []  # (complexity, step time), complexity ascending
+
+    def add(self, complexity: tuple, seconds: float) -> None:
+        if self.beaten(complexity, seconds, strictly=False):
+            return
+        self._front = [(c, t) for c, t in self._front if not (c >= complexity and t >= seconds)]
+        self._front.append((complexity, seconds))
+        self._front.sort()
+
+    def beaten(self, complexity: tuple, least_seconds: float, strictly: bool = True) -> bool:
+        """Whether a layout at least this complex and no faster than ``least_seconds`` has one found
+        that comes before it in the robust pick's order: simpler and no slower, or as simple and
+        faster (``strictly``; else as simple and no slower)."""
+        for c, t in self._front:
+            if c > complexity:
+                return False
+            if t < least_seconds or (t == least_seconds and (c < complexity or not strictly)):
+                return True
+        return False

@@ -13,7 +13,9 @@ import pytest
 from cost_models.pipeline_time import pipeline
 from cost_models.specs import Job, SpecError
 from cost_models.step_time import step_time
+from planner.bands import indistinguishable_gap
 from planner.case import load_case
+from planner.plan import layout_table, robust_choice
 from planner.search import _Search, search
 from planner.search_bounds import StepBounds, floor, states_cannot_fit
 from planner.search_space import groups
@@ -114,3 +116,25 @@ def test_states_that_overflow_leave_no_layout_of_the_zero_stage_that_fits():
     for group, zero in overflowing:
         assert (group.tp, group.cp, group.pp, group.dp, group.vpp, group.ep, group.etp, group.sequence_parallel, zero,
                 group.partition) not in fitting
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "deepspeed"])
+def test_the_robust_search_keeps_the_robust_pick_and_the_fastest(name):
+    # `plan`'s default pick is the simplest of the layouts within the gap the model cannot tell apart
+    # from the fastest; its search skips the layouts a simpler, no slower one already rules out. The
+    # pick, and the top_k + 1 fastest the alternatives come from, must be those of the whole table.
+    case = loaded(name)
+    margin = indistinguishable_gap()
+
+    def picks(robust: bool):
+        result, table = layout_table(case, case.search, margin, robust=robust)
+        by_time = sorted(table, key=lambda c: c.step_time_s)
+        fastest = table.index(by_time[0])
+        pick = table[robust_choice(table, fastest, margin, case)]
+        return (pick.layout, [c.layout for c in by_time[:case.search.top_k + 1]]), result
+
+    (robust, robust_result), (whole, whole_result) = picks(True), picks(False)
+    assert robust == whole
+    assert len(robust_result.candidates) <= len(whole_result.candidates)
+    if name == "moe":  # many near-equal expert grids: the rule must skip some of them
+        assert robust_result.scored < whole_result.scored
