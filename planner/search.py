@@ -21,7 +21,7 @@ enumerator in the tests checks this):
 
 `plan`'s default, robust pick adds one rule of its own (``robust``): a layout that cannot be among
 the top_k + 1 fastest, and that one found already beats in the pick's order (fits at its memory
-band's upper end, simpler, no slower), is skipped (:class:`planner.search_bounds.SimplerFaster`).
+band's upper end, no more complex, faster), is skipped (:class:`planner.search_bounds.SimplerFaster`).
 
 The search is split by what it holds: the space it enumerates (:mod:`planner.search_space`), the
 rows it works with (:mod:`planner.search_rows`), the least recomputation or offload that fits one
@@ -66,8 +66,8 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     their step with neither recomputation nor offload (:func:`floor`).
 
     With ``robust``, only the layouts `plan`'s robust pick and its alternatives can be drawn from are
-    kept: a layout that cannot be among the top_k + 1 fastest is skipped where one found is simpler
-    and no slower than its bound, and fits at its memory band's upper end (:class:`SimplerFaster`).
+    kept: a layout that cannot be among the top_k + 1 fastest is skipped where one found is no more
+    complex, faster than its bound, and fits at its memory band's upper end (:class:`SimplerFaster`).
 
     A ZeRO stage of a group whose model states alone overflow the GPU (:func:`states_cannot_fit`)
     is skipped before any of its layouts is timed or scored: none of them fits. The closest miss
@@ -160,12 +160,9 @@ class _Search:
             # (plain FSDP's) behind the next forward.
             if zero == 2 and mbs in fitted_without_recompute and not training.engine.zero1_gather_in_step:
                 continue
-            threshold = self.incumbents.threshold
-            if self.ordered and bounds[mbs] > threshold:
-                result.pruned += 1
-                continue
             base = group.layout(mbs, zero)
-            if self._cannot_be_picked(base, bounds.get(mbs, 0.0)):
+            threshold = self._threshold(base)
+            if self.ordered and bounds[mbs] > threshold:
                 result.pruned += 1
                 continue
             if not states_checked:
@@ -179,7 +176,7 @@ class _Search:
             time = None
             if threshold < math.inf:
                 least, time = floor(self.case, base, threshold)
-                if least > threshold or self._cannot_be_picked(base, least):
+                if least > threshold:
                     result.pruned += 1
                     continue
             plain = self._least_plain(group, zero, base, at_least)
@@ -198,11 +195,15 @@ class _Search:
                 return True
         return False
 
-    def _cannot_be_picked(self, base: Layout, least_seconds: float) -> bool:
-        """Whether no layout built on ``base`` (whose steps take at least ``least_seconds``) can be the
-        robust pick or one of the top_k + 1 fastest (:class:`SimplerFaster`)."""
-        return self.simpler is not None and least_seconds > self.incumbents.kth and self.simpler.beaten(
-            layout_complexity(base, self.case.training.global_batch_size), least_seconds)
+    def _threshold(self, base: Layout) -> float:
+        """How slow a layout built on ``base`` may be and still matter: within the table's slack of the
+        fastest, or among the top_k + 1 (:class:`Incumbents`); for the robust pick, as well, no slower
+        than a simpler layout found that the pick would take before it (:class:`SimplerFaster`)."""
+        threshold = self.incumbents.threshold
+        if self.simpler is None:
+            return threshold
+        complexity = layout_complexity(base, self.case.training.global_batch_size)
+        return min(threshold, max(self.incumbents.kth, self.simpler.slowest_pick(complexity)))
 
     def _least_plain(self, group: Group, zero: int, base: Layout, at_least: int) -> Optional[tuple[Job, float]]:
         """The least recomputation that fits with no offload, where the ZeRO stage and the pins allow none."""

@@ -189,28 +189,28 @@ class SimplerFaster:
     """The layouts found so far that fit at their memory band's upper end, kept as those no other is
     both simpler and faster than (``complexity.layout_complexity``, step time).
 
-    What it answers (:meth:`beaten`) is the robust pick's dominance rule (``plan.robust_choice``: among
-    the layouts within the gap the model cannot tell apart from the fastest, the first that fits at its
-    band's upper end, then the simplest): a layout that is no simpler than one of these and no faster
-    can never be that pick, since wherever it is within the gap of the fastest the simpler one is too."""
+    They bound what a layout may take and still be the robust pick (``plan.robust_choice``: among the
+    layouts within the gap the model cannot tell apart from the fastest, the first that fits at its
+    band's upper end, then the simplest, then the fastest). A layout at least as complex as one of
+    these and slower can never be that pick: wherever it is within the gap of the fastest, that one
+    is too, and comes first."""
 
     def __init__(self) -> None:
         self._front: list[tuple[tuple, float]] = []  # (complexity, step time), complexity ascending
 
     def add(self, complexity: tuple, seconds: float) -> None:
-        if self.beaten(complexity, seconds, strictly=False):
+        if self.slowest_pick(complexity) <= seconds:
             return
         self._front = [(c, t) for c, t in self._front if not (c >= complexity and t >= seconds)]
         self._front.append((complexity, seconds))
         self._front.sort()
 
-    def beaten(self, complexity: tuple, least_seconds: float, strictly: bool = True) -> bool:
-        """Whether a layout at least this complex and no faster than ``least_seconds`` has one found
-        that comes before it in the robust pick's order: simpler and no slower, or as simple and
-        faster (``strictly``; else as simple and no slower)."""
+    def slowest_pick(self, complexity: tuple) -> float:
+        """The most a layout at least this complex may take and still be the robust pick: the least
+        step time of those found no more complex (infinite where none is)."""
+        least = math.inf
         for c, t in self._front:
             if c > complexity:
-                return False
-            if t < least_seconds or (t == least_seconds and (c < complexity or not strictly)):
-                return True
-        return False
+                break
+            least = min(least, t)
+        return least
