@@ -42,7 +42,8 @@ class StepBounds:
     (m + (p − 1)/v) · the heaviest stage's layers · (3 · t_layer + 4 · t_tp) — every micro-batch
     and the bubble run the forward and backward of the stage with the most layers, with its four
     tensor-parallel collectives per layer (an MoE layer: its compute, half or all of the TP pair,
-    and its dispatches and combines) — and the rest of the step only adds to that. Layer times
+    and its dispatches and combines, of those only what no compute can hide where they overlap it)
+    — and the rest of the step only adds to that. Layer times
     are cached per shape: many groups share one."""
 
     def __init__(self, case: Case):
@@ -64,10 +65,15 @@ class StepBounds:
         shape = (tp, cp, mbs, sp, ep, etp)
         if shape not in self._moe:
             model, training, cluster = self.case.model, self.case.training, self.case.cluster
+            dispatches = 2 * dispatch_combine_time(model, training, cluster, tp, cp, mbs, ep, etp)
+            if training.moe_comm_overlap:
+                # Run beside other micro-batches' compute, the stage's dispatches and combines E show
+                # E − ov·min(E, C) of themselves (``stage_time``, ``collectives.exposed``): never less
+                # than (1 − ov)·E, whatever the stage's compute C.
+                dispatches *= 1 - cluster.gpu.performance.comm_overlap
             self._moe[shape] = \
                 _moe_layer_time_uncached(model, training, cluster.gpu, tp, cp, mbs, sp, ep, etp, 0.0).total \
-                + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) \
-                + 2 * dispatch_combine_time(model, training, cluster, tp, cp, mbs, ep, etp)
+                + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) + dispatches
         return self._moe[shape]
 
     def _composition(self, group: Group) -> frozenset:
