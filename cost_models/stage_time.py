@@ -14,9 +14,33 @@ from .memory import job_stage_parameters
 from .model_states import fp32_gradients
 from .quantization import activation_bytes
 from .job import Job
+from .specs import ClusterSpec, Layout, ModelSpec, TrainingSpec
 from .topology import group_links
 from .layer_time import cross_entropy_time, layer_time, moe_layer_time, selective_recompute_time, weight_quantize_share
 from .tp_time import cross_domain_pipeline_floor, cross_domain_tp_floor, tp_collectives_per_pass, tp_exposed_per_layer
+
+
+def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
+                         micro_batch_size: int, core: float) -> float:
+    """Context-parallel time one layer cannot hide, forward and backward, for one micro-batch whose
+    attention core's forward takes ``core``: each layer's K and V chunks travel around the cp ring
+    (cp − 1 steps) in forward, and K, V plus their gradients in backward, overlapped with the
+    attention core (Megatron-core ``AttnFuncWithCPAndKVP2P``). Each ring step waits for its block:
+    the transfer's latency is never hidden, and what the step's attention cannot cover of the rest
+    shows. The cp group's links depend on tp and cp alone (ranks are laid tp, then cp)."""
+    if cp == 1:
+        return 0.0
+    perf = cluster.gpu.performance
+    kv = activation_bytes(training.precision) * micro_batch_size * (training.seq_len / cp) * 2 * \
+        max(model.num_kv_heads // tp, 1) * model.head_dim
+    cp_links = group_links(cluster, Layout(tp=tp, cp=cp, dp=cluster.num_gpus // (tp * cp)), "cp")
+    crosses = cp_links.domains > 1
+    hop = p2p_time(kv, crosses, cp_links, perf)
+    wait = cp_links.inter_latency if crosses else perf.link_latency_s
+    steps = cp - 1
+    exposed_fwd = steps * wait + exposed(steps * (hop - wait), core, perf)
+    exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * core, perf)
+    return exposed_fwd + exposed_bwd
 
 
 @dataclass(frozen=True)
@@ -118,7 +142,6 @@ def stage_time(job: Job, stage: int) -> StageTime:
                                        + moe_recompute_time(*args, lay.ep, lay.expert_tp, share, modules))
 
     # Recompute repeats the forward's TP collectives.
-    p = activation_bytes(training.precision)
     tp_fwd, tp_bwd = tp_exposed_per_layer(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size,
                                           lay.sequence_parallel)
     # An MoE layer's routed experts need no tensor-parallel collective (each rank routes its own
@@ -149,23 +172,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
             # cover shows (:func:`collectives.exposed`).
             ep_comm = exposed(ep_comm, compute + recompute, perf)
 
-    # Context parallelism: each layer's K and V chunks travel around the cp ring
-    # (cp − 1 steps) in forward, and K, V plus their gradients in backward, overlapped
-    # with the attention core (Megatron-core ``AttnFuncWithCPAndKVP2P``).
-    cp_comm = 0.0
-    if lay.cp > 1:
-        kv = p * lay.micro_batch_size * (training.seq_len / lay.cp) * 2 * \
-            max(model.num_kv_heads // lay.tp, 1) * model.head_dim
-        cp_links = group_links(cluster, lay, "cp")
-        crosses = cp_links.domains > 1
-        hop = p2p_time(kv, crosses, cp_links, perf)
-        # Each ring step waits for its block: the transfer's latency is never hidden, and
-        # what the step's attention cannot cover of the rest shows.
-        wait = cp_links.inter_latency if crosses else perf.link_latency_s
-        steps = lay.cp - 1
-        exposed_fwd = steps * wait + exposed(steps * (hop - wait), low.core, perf)
-        exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * low.core, perf)
-        cp_comm = layers * (exposed_fwd + exposed_bwd)
+    cp_comm = layers * cp_exposed_per_layer(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size, low.core)
     # A stage whose pipeline neighbours, or tensor-parallel peers, are across the fabric may not run
     # faster than its collectives' floor (the larger of the two): what it adds shows as tensor-parallel time.
     collectives = tp_collectives_per_pass(lay.sequence_parallel) * (2 * tp_layers + repeated)

@@ -18,11 +18,11 @@ import math
 from typing import Optional
 
 from cost_models.experts import dispatch_combine_time
-from cost_models.layer_time import layer_time_bound, moe_layer_time_for
+from cost_models.layer_time import layer_time_bound, layer_time_for, moe_layer_time_for
 from cost_models.memory import peak_candidates, stage_memories
 from cost_models.pipeline_time import Pipeline, pipeline
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
-from cost_models.stage_time import stage_time
+from cost_models.stage_time import cp_exposed_per_layer, stage_time
 from cost_models.step_time import StepTime, step_time
 from cost_models.tp_time import tp_exposed_per_layer
 
@@ -39,29 +39,33 @@ _moe_layer_time_uncached = getattr(moe_layer_time_for, "__wrapped__", moe_layer_
 
 class StepBounds:
     """Lower bounds on the step time of a group's layouts, one per micro-batch size:
-    (m + (p − 1)/v) · the heaviest stage's layers · (3 · t_layer + 4 · t_tp) — every micro-batch
-    and the bubble run the forward and backward of the stage with the most layers, with its four
-    tensor-parallel collectives per layer (an MoE layer: its compute, half or all of the TP pair,
-    and its dispatches and combines, of those only what no compute can hide where they overlap it)
-    — and the rest of the step only adds to that. Layer times
-    are cached per shape: many groups share one."""
+    (m + (p − 1)/v) · the heaviest stage's layers · (3 · t_layer + 4 · t_tp + t_cp) — every
+    micro-batch and the bubble run the forward and backward of the stage with the most layers, with
+    its four tensor-parallel collectives per layer and what its context-parallel ring cannot hide
+    (an MoE layer: its compute, half or all of the TP pair, the ring, and its dispatches and
+    combines, of those only what no compute can hide where they overlap it) — and the rest of the
+    step only adds to that. Layer times are cached per shape: many groups share one."""
 
     def __init__(self, case: Case):
         self.case = case
-        self._dense: dict[tuple, tuple[float, float]] = {}  # (tp, cp, mbs, sp) -> (layer + collectives, collectives)
+        self._dense: dict[tuple, tuple[float, float, float]] = {}  # (tp, cp, mbs, sp) -> _dense_layer's
         self._moe: dict[tuple, float] = {}  # (tp, cp, mbs, sp, ep, etp) -> MoE layer
         self._stages: dict[tuple, frozenset] = {}  # (stage_layers, vpp) -> {(layers, MoE layers)}
 
-    def _dense_layer(self, tp: int, cp: int, mbs: int, sp: bool) -> tuple[float, float]:
+    def _dense_layer(self, tp: int, cp: int, mbs: int, sp: bool) -> tuple[float, float, float]:
+        """(a dense layer with its TP and CP traffic, its TP collectives, its CP ring's exposed part)."""
         shape = (tp, cp, mbs, sp)
         if shape not in self._dense:
             model, training, cluster = self.case.model, self.case.training, self.case.cluster
             layer = layer_time_bound(model, training, cluster.gpu, tp, cp, mbs, sp)
             collectives = sum(tp_exposed_per_layer(model, training, cluster, tp, cp, mbs, sp))
-            self._dense[shape] = (layer + collectives, collectives)
+            core = layer_time_for(model, training, cluster.gpu, tp, cp, mbs, sp, True, 0.0).core
+            ring = cp_exposed_per_layer(model, training, cluster, tp, cp, mbs, core)
+            self._dense[shape] = (layer + collectives + ring, collectives, ring)
         return self._dense[shape]
 
-    def _moe_layer(self, tp: int, cp: int, mbs: int, sp: bool, ep: int, etp: int, collectives: float) -> float:
+    def _moe_layer(self, tp: int, cp: int, mbs: int, sp: bool, ep: int, etp: int, collectives: float,
+                   ring: float) -> float:
         shape = (tp, cp, mbs, sp, ep, etp)
         if shape not in self._moe:
             model, training, cluster = self.case.model, self.case.training, self.case.cluster
@@ -73,7 +77,7 @@ class StepBounds:
                 dispatches *= 1 - cluster.gpu.performance.comm_overlap
             self._moe[shape] = \
                 _moe_layer_time_uncached(model, training, cluster.gpu, tp, cp, mbs, sp, ep, etp, 0.0).total \
-                + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) + dispatches
+                + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) + ring + dispatches
         return self._moe[shape]
 
     def _composition(self, group: Group) -> frozenset:
@@ -102,8 +106,8 @@ class StepBounds:
         etp = g.etp or g.tp
         for mbs in g.micro_batches:
             shape = (g.tp, g.cp, mbs, g.sequence_parallel)
-            dense, collectives = dense_layers.get(shape) or self._dense_layer(*shape)
-            moe = self._moe.get(shape + (g.ep, etp)) or self._moe_layer(*shape, g.ep, etp, collectives)
+            dense, collectives, ring = dense_layers.get(shape) or self._dense_layer(*shape)
+            moe = self._moe.get(shape + (g.ep, etp)) or self._moe_layer(*shape, g.ep, etp, collectives, ring)
             stage = max((n - k) * dense + k * moe for n, k in composition)
             out[mbs] = (global_batch // (mbs * g.dp) + bubble) * stage
         return out
