@@ -14,7 +14,7 @@ from .memory import job_stage_parameters
 from .model_states import fp32_gradients
 from .quantization import activation_bytes
 from .job import Job
-from .specs import ClusterSpec, Layout, ModelSpec, TrainingSpec
+from .specs import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
 from .topology import group_links
 from .layer_time import cross_entropy_time, layer_time, moe_layer_time, selective_recompute_time, weight_quantize_share
 from .tp_time import cross_domain_pipeline_floor, cross_domain_tp_floor, tp_collectives_per_pass, tp_exposed_per_layer
@@ -41,6 +41,22 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     exposed_fwd = steps * wait + exposed(steps * (hop - wait), core, perf)
     exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * core, perf)
     return exposed_fwd + exposed_bwd
+
+
+def head_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float) -> float:
+    """The last stage's LM head and loss on ``tokens`` tokens, forward and backward. The head runs
+    in bf16 under every recipe (Transformer Engine's output layer is Megatron's bf16
+    ColumnParallelLinear, bar megatron-core's opt-in MXFP8 head of 2026-05-31, ``fp8_output_proj``,
+    which no case asks for; torchao's conversions skip lm_head); its backward is twice its forward;
+    the loss's traffic is its own. Each multi-token prediction module runs the head and the loss
+    again, after its 2h → h projection (priced as the head)."""
+    high_precision = high_precision_precision(training)
+    heads = 1 + model.mtp_layers
+    time = heads * (3 * gemm_time(head_gemm(model, tokens, tp), gpu, high_precision)
+                    + cross_entropy_time(tokens * model.vocab_size / tp, training, gpu))
+    if model.mtp_layers:
+        time += model.mtp_layers * 3 * gemm_time(mtp_projection_gemm(model, tokens, tp), gpu, high_precision)
+    return time
 
 
 @dataclass(frozen=True)
@@ -104,17 +120,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
     high = min(high, layers - moe_layers)
     compute = (layers - high - moe_layers) * low.total + high * kept.total + moe_layers * moe.total
     if last:
-        # The LM head runs in bf16 under every recipe (Transformer Engine's output layer is
-        # Megatron's bf16 ColumnParallelLinear, bar megatron-core's opt-in MXFP8 head of 2026-05-31,
-        # ``fp8_output_proj``, which no case asks for; torchao's conversions skip lm_head); its backward
-        # is twice its forward; the loss's traffic is its own. Each multi-token prediction module
-        # runs the head and the loss again, after its 2h → h projection (priced as the head).
-        high_precision = high_precision_precision(training)
-        heads = 1 + model.mtp_layers
-        compute += heads * (3 * gemm_time(head_gemm(model, tokens, lay.tp), gpu, high_precision)
-                            + cross_entropy_time(tokens * model.vocab_size / lay.tp, training, gpu))
-        if model.mtp_layers:
-            compute += model.mtp_layers * 3 * gemm_time(mtp_projection_gemm(model, tokens, lay.tp), gpu, high_precision)
+        compute += head_time(model, training, gpu, lay.tp, tokens)
     if stage == 0:
         compute += 3 * perf.kernel_overhead_s  # embedding gather: memory-trivial
     compute += gradient_accumulation_time(job, stage)

@@ -22,7 +22,7 @@ from cost_models.layer_time import layer_time_bound, layer_time_for, moe_layer_t
 from cost_models.memory import peak_candidates, stage_memories
 from cost_models.pipeline_time import Pipeline, pipeline
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
-from cost_models.stage_time import cp_exposed_per_layer, stage_time
+from cost_models.stage_time import cp_exposed_per_layer, head_time, stage_time
 from cost_models.step_time import StepTime, step_time
 from cost_models.tp_time import tp_exposed_per_layer
 
@@ -40,17 +40,18 @@ _moe_layer_time_uncached = getattr(moe_layer_time_for, "__wrapped__", moe_layer_
 class StepBounds:
     """Lower bounds on the step time of a group's layouts, one per micro-batch size:
     (m + (p − 1)/v) · the heaviest stage's layers · (3 · t_layer + 4 · t_tp + t_cp) — every
-    micro-batch and the bubble run the forward and backward of the stage with the most layers, with
-    its four tensor-parallel collectives per layer and what its context-parallel ring cannot hide
+    micro-batch and the bubble run the forward and backward of the heaviest stage, its layers with
+    their four tensor-parallel collectives each and what their context-parallel ring cannot hide
     (an MoE layer: its compute, half or all of the TP pair, the ring, and its dispatches and
-    combines, of those only what no compute can hide where they overlap it) — and the rest of the
-    step only adds to that. Layer times are cached per shape: many groups share one."""
+    combines, of those only what no compute can hide where they overlap it), the last stage with
+    its LM head and multi-token prediction — and the rest of the step only adds to that. Layer times are cached per shape: many groups share one."""
 
     def __init__(self, case: Case):
         self.case = case
         self._dense: dict[tuple, tuple[float, float, float]] = {}  # (tp, cp, mbs, sp) -> _dense_layer's
         self._moe: dict[tuple, float] = {}  # (tp, cp, mbs, sp, ep, etp) -> MoE layer
-        self._stages: dict[tuple, frozenset] = {}  # (stage_layers, vpp) -> {(layers, MoE layers)}
+        self._stages: dict[tuple, frozenset] = {}  # (stage_layers, vpp) -> _composition's
+        self._heads: dict[tuple, float] = {}  # (tp, cp, mbs) -> the last stage's heads
 
     def _dense_layer(self, tp: int, cp: int, mbs: int, sp: bool) -> tuple[float, float, float]:
         """(a dense layer with its TP and CP traffic, its TP collectives, its CP ring's exposed part)."""
@@ -81,34 +82,43 @@ class StepBounds:
         return self._moe[shape]
 
     def _composition(self, group: Group) -> frozenset:
-        """The (layers, MoE layers) pairs of the group's stages."""
+        """The (layers, MoE layers, whether last) of the group's stages: the last with the multi-token
+        prediction layers it also runs (``stage_time``)."""
         key = (group.stage_layers, group.vpp)
         if key not in self._stages:
-            moe_counts = moe_layers_per_stage(self.case.model, group.stage_layers, group.vpp)
-            self._stages[key] = frozenset(zip(group.stage_layers, moe_counts))
+            model = self.case.model
+            moe_counts = moe_layers_per_stage(model, group.stage_layers, group.vpp)
+            last = len(group.stage_layers) - 1
+            self._stages[key] = frozenset(
+                (n + model.mtp_layers, k + model.mtp_moe_layers, True) if i == last else (n, k, False)
+                for i, (n, k) in enumerate(zip(group.stage_layers, moe_counts)))
         return self._stages[key]
+
+    def _head(self, tp: int, cp: int, mbs: int) -> float:
+        """The last stage's LM head and loss, and any multi-token prediction heads (``stage_time.head_time``)."""
+        shape = (tp, cp, mbs)
+        if shape not in self._heads:
+            training = self.case.training
+            self._heads[shape] = head_time(self.case.model, training, self.case.cluster.gpu, tp,
+                                           mbs * training.seq_len / cp)
+        return self._heads[shape]
 
     def of(self, group: Group) -> dict[int, float]:
         """The bound at each of the group's micro-batch sizes, in their order."""
         g = group
         global_batch = self.case.training.global_batch_size
         bubble = (g.pp - 1) / g.vpp  # the bubble, in micro-batches
-        dense_layers = self._dense
-        out = {}
-        if not self.case.model.is_moe:
-            widest = max(g.stage_layers)
-            for mbs in g.micro_batches:
-                shape = (g.tp, g.cp, mbs, g.sequence_parallel)
-                dense = (dense_layers.get(shape) or self._dense_layer(*shape))[0]
-                out[mbs] = (global_batch // (mbs * g.dp) + bubble) * widest * dense
-            return out
+        dense_layers, is_moe = self._dense, self.case.model.is_moe
         composition = self._composition(g)
         etp = g.etp or g.tp
+        out = {}
         for mbs in g.micro_batches:
             shape = (g.tp, g.cp, mbs, g.sequence_parallel)
             dense, collectives, ring = dense_layers.get(shape) or self._dense_layer(*shape)
-            moe = self._moe.get(shape + (g.ep, etp)) or self._moe_layer(*shape, g.ep, etp, collectives, ring)
-            stage = max((n - k) * dense + k * moe for n, k in composition)
+            moe = (self._moe.get(shape + (g.ep, etp)) or self._moe_layer(*shape, g.ep, etp, collectives, ring)) \
+                if is_moe else 0.0
+            head = self._heads.get(shape[:3]) or self._head(*shape[:3])
+            stage = max((n - k) * dense + k * moe + (head if last else 0.0) for n, k, last in composition)
             out[mbs] = (global_batch // (mbs * g.dp) + bubble) * stage
         return out
 
