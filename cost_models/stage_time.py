@@ -4,6 +4,7 @@ tensor-, context- and expert-parallel traffic it cannot hide (:class:`StageTime`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .activations import selective_modules
 from .collectives import exposed, p2p_time
@@ -20,6 +21,7 @@ from .layer_time import cross_entropy_time, layer_time, moe_layer_time, selectiv
 from .tp_time import cross_domain_pipeline_floor, cross_domain_tp_floor, tp_collectives_per_pass, tp_exposed_per_layer
 
 
+@lru_cache(maxsize=4096)
 def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
                          micro_batch_size: int, core: float) -> float:
     """Context-parallel time one layer cannot hide, forward and backward, for one micro-batch whose
@@ -27,7 +29,8 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     (cp − 1 steps) in forward, and K, V plus their gradients in backward, overlapped with the
     attention core (Megatron-core ``AttnFuncWithCPAndKVP2P``). Each ring step waits for its block:
     the transfer's latency is never hidden, and what the step's attention cannot cover of the rest
-    shows. The cp group's links depend on tp and cp alone (ranks are laid tp, then cp)."""
+    shows. The cp group's links depend on tp and cp alone (ranks are laid tp, then cp). Cached: the
+    stages of a search's layouts share a few shapes."""
     if cp == 1:
         return 0.0
     perf = cluster.gpu.performance
