@@ -149,7 +149,9 @@ def _splits(case: Case, spec: SearchSpec, pp: int) -> list[tuple[Optional[tuple[
     options = partitions(model.num_layers, pp)
     if balances and None not in options:
         options = [None] + options  # the engine's own split, balanced by compute
-    splits = [(partition, partition or default_partition(model, training, Layout(pp=pp)), vpp)
+    # The engine's own split (partition None) at each vpp: an engine that balances its stages by
+    # compute does so without interleaving only (``partition.default_partition``).
+    splits = [(partition, partition or default_partition(model, training, Layout(pp=pp, vpp=vpp)), vpp)
               for partition in options
               for vpp in vpp_options(partition or default_partition(model, training, Layout(pp=pp)), engine)]
     if model.mtp_layers and pp > 1 and not balances:

@@ -33,6 +33,11 @@ CASES = {
                     "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16",
                                  "moe_comm_overlap": True},
                     "search": {"target": "megatron"}},
+    # An engine that balances its stages by compute does so without interleaving only: with virtual
+    # stages its split is even (cost_models.partition.default_partition), and the bound must count that.
+    "balanced, interleaved": {"model": {"preset": "gpt-oss-120b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+                              "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16",
+                                           "engine": "any"}},
     "nothing fits": {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
                      "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"},
                      "search": {"target": "megatron"}},
@@ -71,7 +76,7 @@ def test_where_nothing_fits_the_closest_miss_in_full_is_the_unskipped_searchs():
     assert (again.scored, again.pruned) == (full.scored, full.pruned)
 
 
-@pytest.mark.parametrize("name", ["dense", "moe", "moe overlap", "deepspeed"])
+@pytest.mark.parametrize("name", ["dense", "moe", "moe overlap", "balanced, interleaved", "deepspeed"])
 def test_the_step_bounds_lie_under_every_layouts_floor(name):
     case = loaded(name)
     bounds = StepBounds(case)
