@@ -234,7 +234,7 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
 
 
 def layout_table(case: Case, spec: SearchSpec, slack: float = TABLE_SLACK, ceiling: float = math.inf,
-                 robust: bool = False) -> tuple[SearchResult, list[Candidate]]:
+                 robust: Optional[float] = None) -> tuple[SearchResult, list[Candidate]]:
     """The search on this cluster, and the solver's table from it: every fitting layout within
     ``slack`` of the fastest, and at least the top_k + 1 fastest (none slower than ``ceiling``)."""
     with spec_errors(case.source):  # e.g. a precision the GPU (or profile) has no peak for
@@ -274,7 +274,7 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     robust = not fastest and simplest_within is None
     margin = indistinguishable_gap() if robust else (simplest_within or 0) / 100
     slack = max(TABLE_SLACK, margin)
-    result, table = layout_table(case, spec, slack, robust=robust)
+    result, table = layout_table(case, spec, slack, robust=margin if robust else None)
     model = LayoutModel(case, spec, table)
     solution = model.solve()
     if solution.index is None:

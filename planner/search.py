@@ -54,7 +54,7 @@ __all__ = ["MIN_TOKENS_PER_CP_RANK", "UNEVEN_VPP", "Candidate", "SearchResult", 
 
 
 def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: Optional[float] = None,
-           ceiling: float = math.inf, robust: bool = False) -> SearchResult:
+           ceiling: float = math.inf, robust: Optional[float] = None) -> SearchResult:
     """Score every non-dominated layout; return those that fit (with ``first_only``, stop at one).
 
     With ``ceiling`` (seconds), layouts whose step time cannot come under it are skipped too:
@@ -65,9 +65,11 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     scored: first on a lower bound per group and micro-batch (:class:`StepBounds`), then on
     their step with neither recomputation nor offload (:func:`floor`).
 
-    With ``robust``, only the layouts `plan`'s robust pick and its alternatives can be drawn from are
-    kept: a layout that cannot be among the top_k + 1 fastest is skipped where one found is no more
-    complex, faster than its bound, and fits at its memory band's upper end (:class:`SimplerFaster`).
+    With ``robust`` (the robust pick's margin, a fraction), only the layouts `plan`'s robust pick
+    (``plan.robust_choice``) and its alternatives can be drawn from are kept: a layout that cannot be
+    among the top_k + 1 fastest is skipped where one found fits at its memory band's upper end and
+    comes first in the pick's order wherever the layout is within the margin of the fastest
+    (:meth:`_threshold`).
 
     A ZeRO stage of a group whose model states alone overflow the GPU (:func:`states_cannot_fit`)
     is skipped before any of its layouts is timed or scored: none of them fits. The closest miss
@@ -80,14 +82,17 @@ class _Search:
     """One search: the incumbents, what was scored and pruned, and the closest miss so far."""
 
     def __init__(self, case: Case, spec: SearchSpec, first_only: bool, keep_within: Optional[float],
-                 ceiling: float, skip_unfit: bool = True, robust: bool = False):
+                 ceiling: float, skip_unfit: bool = True, robust: Optional[float] = None):
         self.case, self.spec, self.first_only = case, spec, first_only
         self.keep_within, self.ceiling = keep_within, ceiling
         # Without a threshold nothing is skipped on time: the groups are walked as enumerated.
         self.ordered = keep_within is not None or ceiling < math.inf
         self.incumbents = Incumbents(spec.top_k, keep_within, ceiling)
-        # The robust pick's candidates so far: those that fit at their band's upper end.
-        self.simpler = SimplerFaster() if robust else None
+        # The robust pick's margin, and its candidates so far: those that fit at their band's upper end.
+        self.robust = robust
+        self.simpler = SimplerFaster() if robust is not None else None
+        # No layout of the groups still to score is faster than this (their bounds are sorted).
+        self._unscored_least = -math.inf
         self.result = SearchResult(candidates=[], scored=0)
         self._tightest_peak = math.inf
         # Whether a ZeRO stage whose model states alone overflow the GPU is skipped before its
@@ -108,13 +113,14 @@ class _Search:
             if row.least > self.incumbents.threshold:  # sorted: none after can do better
                 self.result.pruned += sum(len(r.group.micro_batches) for r in rows[index:])
                 break
+            self._unscored_least = row.least
             if self._score_group(row.group, row.bounds):
                 break
         if self.unfit_skipped and not self.first_only:
             # Where nothing fits, the advice's closest miss may be among the layouts the skip left
             # unscored: the search without the skip finds it, should it be asked for.
             self.result.rescore = lambda: _Search(self.case, self.spec, False, self.keep_within, self.ceiling,
-                                                  skip_unfit=False, robust=self.simpler is not None).run()
+                                                  skip_unfit=False, robust=self.robust).run()
         return self.result
 
     def _rows(self) -> list[BoundedGroup]:
@@ -197,13 +203,28 @@ class _Search:
 
     def _threshold(self, base: Layout) -> float:
         """How slow a layout built on ``base`` may be and still matter: within the table's slack of the
-        fastest, or among the top_k + 1 (:class:`Incumbents`); for the robust pick, as well, no slower
-        than a simpler layout found that the pick would take before it (:class:`SimplerFaster`)."""
+        fastest, or among the top_k + 1 (:class:`Incumbents`). For the robust pick, beyond the top_k + 1
+        (``plan.robust_choice``: among the layouts within the margin of the fastest, the first that fits
+        at its band's upper end, then the simplest, then the fastest), a layout at least as complex as
+        ``base`` (recomputation and offload only add to it) matters only while no layout found that fits
+        at its band's upper end comes before it wherever it is within the margin of the fastest:
+
+        - one no more complex and faster (:meth:`SimplerFaster.slowest_pick`): wherever the layout is
+          within the margin, so is that one;
+        - one less complex and within the margin of the fastest there can be, which no layout still to
+          score is faster than the least of their bounds (the groups come in the order of their
+          bounds): then it is within the margin whatever the fastest, and the layout matters only
+          among the top_k + 1.
+        """
         threshold = self.incumbents.threshold
         if self.simpler is None:
             return threshold
         complexity = layout_complexity(base, self.case.training.global_batch_size)
-        return min(threshold, max(self.incumbents.kth, self.simpler.slowest_pick(complexity)))
+        kth = self.incumbents.kth
+        fastest_there_can_be = min(self.incumbents.fastest, self._unscored_least)
+        if self.simpler.fastest_simpler(complexity) <= fastest_there_can_be * (1 + self.robust):
+            return min(threshold, kth)
+        return min(threshold, max(kth, self.simpler.slowest_pick(complexity)))
 
     def _least_plain(self, group: Group, zero: int, base: Layout, at_least: int) -> Optional[tuple[Job, float]]:
         """The least recomputation that fits with no offload, where the ZeRO stage and the pins allow none."""

@@ -190,6 +190,11 @@ class Incumbents:
         self.threshold = ceiling
 
     @property
+    def fastest(self) -> float:
+        """The fastest step time found (infinite before any)."""
+        return -max(self._fastest) if self._fastest else math.inf
+
+    @property
     def kth(self) -> float:
         """The slowest of the top_k + 1 fastest so far (the ceiling while fewer are found): a layout
         slower than it is neither the fastest nor one of the alternatives."""
@@ -224,6 +229,15 @@ class SimplerFaster:
         self._front = [(c, t) for c, t in self._front if not (c >= complexity and t >= seconds)]
         self._front.append((complexity, seconds))
         self._front.sort()
+
+    def fastest_simpler(self, complexity: tuple) -> float:
+        """The least step time of those found less complex (infinite where none is)."""
+        least = math.inf
+        for c, t in self._front:
+            if c >= complexity:
+                break
+            least = min(least, t)
+        return least
 
     def slowest_pick(self, complexity: tuple) -> float:
         """The most a layout at least this complex may take and still be the robust pick: the least
