@@ -19,9 +19,10 @@ enumerator in the tests checks this):
 - Memory grows with the micro-batch, so once nothing fits at a micro-batch size, larger
   ones are skipped.
 
-`plan`'s default, robust pick adds one rule of its own (``robust``): a layout that cannot be among
-the top_k + 1 fastest, and that one found already beats in the pick's order (fits at its memory
-band's upper end, no more complex, faster), is skipped (:class:`planner.search_bounds.SimplerFaster`).
+`plan`'s default, robust pick adds rules of its own (``robust``): a layout that cannot be among the
+top_k + 1 fastest is skipped once a layout found that fits at its memory band's upper end comes
+before it in the pick's order wherever it is within the margin of the fastest
+(:meth:`_Search._threshold`, :class:`planner.search_bounds.SimplerFaster`).
 
 The search is split by what it holds: the space it enumerates (:mod:`planner.search_space`), the
 rows it works with (:mod:`planner.search_rows`), the least recomputation or offload that fits one

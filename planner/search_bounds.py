@@ -44,7 +44,8 @@ class StepBounds:
     their four tensor-parallel collectives each and what their context-parallel ring cannot hide
     (an MoE layer: its compute, half or all of the TP pair, the ring, and its dispatches and
     combines, of those only what no compute can hide where they overlap it), the last stage with
-    its LM head and multi-token prediction — and the rest of the step only adds to that. Layer times are cached per shape: many groups share one."""
+    its LM head and multi-token prediction — and the rest of the step only adds to that. Layer
+    times are cached per shape: many groups share one."""
 
     def __init__(self, case: Case):
         self.case = case
@@ -206,8 +207,7 @@ class Incumbents:
         if len(fastest) > self.top_k + 1:
             heapq.heappop(fastest)
         if self.keep_within is not None and len(fastest) > self.top_k:
-            self.threshold = min(self.ceiling,
-                                 max(-fastest[0], min(-t for t in fastest) * (1 + self.keep_within)))
+            self.threshold = min(self.ceiling, max(self.kth, self.fastest * (1 + self.keep_within)))
 
 
 class SimplerFaster:
