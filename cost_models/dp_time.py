@@ -125,8 +125,7 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     # FSDP units, DeepSpeed's per-module gathers): each pays the collective's latency. A bucket
     # holds what autograd writes, gradients in the parameters' dtype, whatever dtype they are
     # then reduced in (:func:`gradient_chunks`).
-    chunks = gradient_chunks(job, params, per_param.weights) if lay.zero_stage < 3 else \
-        max(1, job.stage_layers[stage]) * training.engine.zero3_collectives_per_layer
+    chunks = gradient_chunks(job, params, per_param.weights) if lay.zero_stage < 3 else zero3_units(job, stage)
 
     def chunked(kind: str, size: float) -> float:
         return chunks * collective_time(kind, size / chunks, dp_links, perf)
@@ -169,19 +168,7 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     # ZeRO-3 keeps only gradient shards, so every micro-batch gathers the weights again and
     # reduce-scatters its gradients, unit by unit, each behind the compute of the unit before:
     # the first gather of each pass waits, and what the pass's compute cannot cover.
-    gather = chunked("all_gather", weights)
-    reduce = chunked("reduce_scatter", grads)
-    if engine.zero3_unit_copies:
-        # Each copy reads and writes the unit (or its shard, 1/n of it) beside the collective,
-        # at the element-wise kernels' bandwidth.
-        gather += elementwise_time(2 * weights * (1 + 1 / dp_links.size), job.cluster.gpu)
-        reduce += elementwise_time(2 * grads * (1 + 1 / dp_links.size), job.cluster.gpu)
-        # The buffers are allocated per collective and freed after: a gather writes the unit twice
-        # afresh, its all-gather output and the unsharded parameters (FSDP2's ``foreach_all_gather``,
-        # ``FSDPParam.alloc_all_gather_outputs``), a reduction once, its reduce-scatter input, and
-        # its shard (``foreach_reduce``).
-        gather += first_touch_time(2 * weights, job.cluster.gpu)
-        reduce += first_touch_time(grads * (1 + 1 / dp_links.size), job.cluster.gpu)
+    gather, reduce = zero3_collectives(job, stage, params, dp_links)
     backward_gathers = 1 + (lay.recompute == "full" and engine.regather_for_recompute)
     # The pass waits in the open for its first unit (the embedding's, where it is larger than a
     # layer's), and the backward for the same unit's reduce-scatter at its end.
@@ -189,6 +176,60 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     per_microbatch = pipelined(gather, chunks, forward, perf, opening) \
         + pipelined(backward_gathers * gather + reduce, chunks, backward_last, perf, opening)
     return tied + job.num_microbatches * per_microbatch
+
+
+def zero3_units(job: Job, stage: int) -> int:
+    """The ZeRO-3 collectives of one pass over the stage: one per wrapped unit,
+    ``EngineBehaviour.zero3_collectives_per_layer`` per layer (FSDP units, DeepSpeed's per-module gathers)."""
+    return max(1, job.stage_layers[stage]) * job.training.engine.zero3_collectives_per_layer
+
+
+def zero3_collectives(job: Job, stage: int, params: float, dp_links) -> tuple[float, float]:
+    """One ZeRO-3 micro-batch's parameter all-gather and gradient reduce-scatter of ``params`` over
+    ``dp_links`` (:func:`dp_comm_exposed`): one collective per wrapped unit (:func:`zero3_units`),
+    each paying its latency, and where the engine copies units through flat buffers
+    (``EngineBehaviour.zero3_unit_copies``) those copies."""
+    training, gpu = job.training, job.cluster.gpu
+    perf = gpu.performance
+    grads = params * state_bytes(training).gradients
+    weights = params * gathered_weight_bytes(training)
+    chunks = zero3_units(job, stage)
+    gather = chunks * collective_time("all_gather", weights / chunks, dp_links, perf)
+    reduce = chunks * collective_time("reduce_scatter", grads / chunks, dp_links, perf)
+    if training.engine.zero3_unit_copies:
+        # Each copy reads and writes the unit (or its shard, 1/n of it) beside the collective,
+        # at the element-wise kernels' bandwidth.
+        gather += elementwise_time(2 * weights * (1 + 1 / dp_links.size), gpu)
+        reduce += elementwise_time(2 * grads * (1 + 1 / dp_links.size), gpu)
+        # The buffers are allocated per collective and freed after: a gather writes the unit twice
+        # afresh, its all-gather output and the unsharded parameters (FSDP2's ``foreach_all_gather``,
+        # ``FSDPParam.alloc_all_gather_outputs``), a reduction once, its reduce-scatter input, and
+        # its shard (``foreach_reduce``).
+        gather += first_touch_time(2 * weights, gpu)
+        reduce += first_touch_time(grads * (1 + 1 / dp_links.size), gpu)
+    return gather, reduce
+
+
+def zero3_exposed_floor(job: Job) -> float:
+    """The least data-parallel time a ZeRO-3 step leaves exposed per micro-batch, whatever the
+    compute beside it: each pass's traffic shows at least (1 − ov) of itself
+    (:func:`pipelined`, ``collectives.exposed``), so the forward's gathers and the backward's
+    gathers and reduce-scatters (:func:`zero3_collectives`) show (1 − ov)·(2·gather + reduce) at
+    least, on the stage that moves the most (``dp_comm_s`` is the most of the stages')."""
+    lay, cluster = job.layout, job.cluster
+    if lay.zero_stage != 3:
+        return 0.0
+    share = max(0.0, 1.0 - cluster.gpu.performance.comm_overlap)
+    least = 0.0
+    for stage in range(lay.pp):
+        params = job_stage_parameters(job, stage)
+        total = 0.0
+        for count, group, shards in ((params.dense, "dp_cp", zero_shards(job)), (params.expert, "edp", lay.edp)):
+            if count and shards > 1:
+                gather, reduce = zero3_collectives(job, stage, count, group_links(cluster, lay, group))
+                total += share * (2 * gather + reduce)
+        least = max(least, total)
+    return least
 
 
 def gather_copies_time(job: Job, ranks: int, tensors: int) -> float:

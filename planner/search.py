@@ -36,7 +36,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from cost_models.specs import Job, Layout
+from cost_models.dp_time import zero3_exposed_floor
+from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import StepTime, step_time
 
 from .case import Case
@@ -94,6 +95,7 @@ class _Search:
         self.simpler = SimplerFaster() if robust is not None else None
         # No layout of the groups still to score is faster than this (their bounds are sorted).
         self._unscored_least = -math.inf
+        self._zero3: dict[Group, float] = {}  # a group's ZeRO-3 traffic per micro-batch (_zero3_traffic)
         self.result = SearchResult(candidates=[], scored=0)
         self._tightest_peak = math.inf
         # Whether a ZeRO stage whose model states alone overflow the GPU is skipped before its
@@ -169,7 +171,7 @@ class _Search:
                 continue
             base = group.layout(mbs, zero)
             threshold = self._threshold(base)
-            if self.ordered and bounds[mbs] > threshold:
+            if self.ordered and bounds[mbs] + self._zero3_traffic(group, base) > threshold:
                 result.pruned += 1
                 continue
             if not states_checked:
@@ -201,6 +203,20 @@ class _Search:
             if self._keep(hits, base, time):
                 return True
         return False
+
+    def _zero3_traffic(self, group: Group, base: Layout) -> float:
+        """What a ZeRO-3 layout's step adds to the group's bound (:class:`StepBounds`, which holds no
+        data-parallel traffic): each micro-batch's gathers and reduce-scatters, at the least any
+        compute leaves of them (``dp_time.zero3_exposed_floor``); 0 at ZeRO 0-2."""
+        if base.zero_stage != 3:
+            return 0.0
+        if group not in self._zero3:
+            try:
+                job = Job(self.case.model, self.case.cluster, self.case.training, base, self.case.overheads)
+            except SpecError:
+                return 0.0
+            self._zero3[group] = zero3_exposed_floor(job)
+        return self.case.training.global_batch_size // (base.micro_batch_size * base.dp) * self._zero3[group]
 
     def _threshold(self, base: Layout) -> float:
         """How slow a layout built on ``base`` may be and still matter: within the table's slack of the

@@ -11,6 +11,7 @@ import math
 
 import pytest
 
+from cost_models.dp_time import zero3_exposed_floor
 from cost_models.pipeline_time import pipeline
 from cost_models.specs import Job, SpecError
 from cost_models.step_time import step_time
@@ -39,6 +40,10 @@ CASES = {
     "balanced, interleaved": {"model": {"preset": "gpt-oss-120b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
                               "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16",
                                            "engine": "any"}},
+    # FSDP2 over a mixture of experts (torchtitan): ZeRO-3 over the dense and the expert groups.
+    "fsdp experts": {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+                     "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16",
+                                  "engine": "torchtitan"}},
     "nothing fits": {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
                      "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"},
                      "search": {"target": "megatron"}},
@@ -90,6 +95,27 @@ def test_the_step_bounds_lie_under_every_layouts_floor(name):
                 continue
             assert bound <= pipeline(job).least_step(job) * (1 + 1e-12)
             checked += 1
+    assert checked > 10
+
+
+@pytest.mark.parametrize("name", ["deepspeed", "fsdp experts"])
+def test_zero3_traffic_lies_under_every_zero3_layouts_step(name):
+    """A ZeRO-3 layout's gathers and reduce-scatters, at the least any compute leaves of them
+    (``dp_time.zero3_exposed_floor``), added to the group's step bound, stay under its whole step."""
+    case = loaded(name)
+    bounds = StepBounds(case)
+    checked = 0
+    for group in list(groups(case, case.search))[::2]:
+        if 3 not in group.zeros:
+            continue
+        for mbs, bound in bounds.of(group).items():
+            try:
+                job = Job(case.model, case.cluster, case.training, group.layout(mbs, 3), case.overheads)
+            except SpecError:
+                continue
+            traffic = job.num_microbatches * zero3_exposed_floor(job)
+            assert bound + traffic <= step_time(job).total * (1 + 1e-12)
+            checked += traffic > 0  # nothing to shard over: nothing to gather
     assert checked > 10
 
 
