@@ -33,7 +33,7 @@ from typing import Optional
 from .collectives import all_to_all_time, collective_time
 from .flops import Gemm, mlp_gemms
 from .quantization import activation_bytes
-from .kernels import activation_passes, elementwise_time, linear_time, transcendental_time
+from .kernels import activation_passes, elementwise_time, linear_time, linear_time_floor, transcendental_time
 from .hardware import ClusterSpec, GPUSpec
 from .layout_spec import Layout
 from .model_spec import ModelSpec
@@ -126,15 +126,36 @@ def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int
     experts (each a linear layer's, :func:`kernels.linear_time`) and the element-wise kernels
     (:func:`moe_elementwise_bytes`, :func:`moe_activation_bytes`, twice their traffic in backward).
     Not cached: its one caller, ``layer_time.moe_layer_time_for``, is."""
-    engine = training.engine
-    router, *shared = _token_linear_times(model, training, gpu, tp, cp, micro_batch_size, weight_share)
     routed = routed_tokens(model, training, tp, cp, micro_batch_size, etp)
     fc1, fc2, local = expert_gemms(model, routed, ep, etp)
-    times = [router, *(linear_time(g, gpu, training, True, weight_share, groups=local) for g in (fc1, fc2)), *shared]
-    args = (model, training, tp, cp, micro_batch_size, etp, engine.fused_elementwise)
+    experts = [linear_time(g, gpu, training, True, weight_share, groups=local) for g in (fc1, fc2)]
+    forward, backward = _token_part_time(model, training, gpu, tp, cp, micro_batch_size, etp, weight_share)
+    return forward + sum(f for f, _ in experts), backward + sum(b for _, b in experts)
+
+
+def _token_part_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                     micro_batch_size: int, etp: int, weight_share: float) -> tuple[float, float]:
+    """(forward, backward) of what :func:`moe_mlp_time` runs beside the routed experts' GEMMs, the
+    same whatever the expert-parallel size: the router, the shared experts and the element-wise
+    kernels (twice their traffic in backward)."""
+    router, *shared = _token_linear_times(model, training, gpu, tp, cp, micro_batch_size, weight_share)
+    args = (model, training, tp, cp, micro_batch_size, etp, training.engine.fused_elementwise)
     memory = elementwise_time(moe_elementwise_bytes(*args), gpu) \
         + transcendental_time(moe_activation_bytes(*args), gpu)
+    times = [router, *shared]
     return sum(f for f, _ in times) + memory, sum(b for _, b in times) + 2 * memory
+
+
+def moe_mlp_time_floor(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
+                       micro_batch_size: int, etp: int, weight_share: float = 1.0) -> float:
+    """The least forward + backward :func:`moe_mlp_time` takes at any expert-parallel size: what
+    runs beside the experts' GEMMs (:func:`_token_part_time`), and those GEMMs as one linear of all
+    the routed copies (the one expert per rank of ep = E), at no less than its FLOPs' floor
+    (``kernels.linear_time_floor``), which no split into local experts goes under."""
+    forward, backward = _token_part_time(model, training, gpu, tp, cp, micro_batch_size, etp, weight_share)
+    routed = routed_tokens(model, training, tp, cp, micro_batch_size, etp)
+    fc1, fc2, _ = expert_gemms(model, routed, model.num_experts, etp)
+    return forward + backward + sum(linear_time_floor(g, gpu, training) for g in (fc1, fc2))
 
 
 def moe_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,

@@ -52,14 +52,27 @@ def k_loop_efficiency(k: float, gpu: GPUSpec, precision: str) -> float:
     same tiles (1214 at K 2048). The fixed part is a time, so a precision whose loop runs faster
     has a larger K½: ``Performance.gemm_k_half`` is given at the 16-bit peak (Hopper: 245, half
     of fp8's 490) and scales with ``precision``'s peak over the 16-bit one."""
-    perf = gpu.performance
-    if not perf.gemm_k_half or k <= 0:
+    if not gpu.performance.gemm_k_half or k <= 0:
         return 1.0
+    k_half, reference = _k_half_and_reference(gpu, precision)
+    return (1 + k_half / reference) / (1 + k_half / k)
+
+
+def _k_half_and_reference(gpu: GPUSpec, precision: str) -> tuple[float, float]:
+    """(K½ at ``precision``'s peak, the K its efficiency holds at): :func:`k_loop_efficiency`'s."""
+    perf = gpu.performance
     sixteen = gpu.peak_flops.get("bf16") or gpu.peak_flops.get("fp16")
     speed = gpu.peak(precision) / sixteen if sixteen else 1.0
     reference = perf.gemm_reference_k_fp8 if speed > 1 and perf.gemm_reference_k_fp8 else perf.gemm_reference_k
-    k_half = perf.gemm_k_half * speed
-    return (1 + k_half / reference) / (1 + k_half / k)
+    return perf.gemm_k_half * speed, reference
+
+
+def k_loop_ceiling(gpu: GPUSpec, precision: str) -> float:
+    """The most :func:`k_loop_efficiency` reaches at any K (its limit as K grows): 1 + K½/K_ref."""
+    if not gpu.performance.gemm_k_half:
+        return 1.0
+    k_half, reference = _k_half_and_reference(gpu, precision)
+    return 1 + k_half / reference
 
 
 def element_bytes(precision: str) -> float:
@@ -217,6 +230,19 @@ def high_precision_precision(training: TrainingSpec) -> str:
     """What runs outside the recipe's GEMMs (attention, the LM head, routers, the layers a recipe
     keeps high): bf16 under a low-precision recipe, else the training precision."""
     return "bf16" if training.recipe is not None else training.precision
+
+
+def linear_time_floor(gemm: Gemm, gpu: GPUSpec, training: TrainingSpec) -> float:
+    """The least forward + backward time of the linear ``gemm`` (:func:`linear_time`, quantized),
+    however its rows are split into groups: its three GEMMs' FLOPs (forward, input gradient, weight
+    gradient: 2·m·n·k each) at the fastest rate any of them runs at (the recipe's, or the 16-bit one
+    where the recipe keeps the weight gradient there), every wave full and the K loop at its ceiling
+    (:func:`k_loop_ceiling`); quantize kernels, memory traffic and fixed costs left out, each of which
+    only adds (:func:`gemm_time`, :func:`grouped_gemm_time`, whose padded rows only add FLOPs)."""
+    recipe, high = training.recipe, high_precision_precision(training)
+    kernels = [(high, None)] if recipe is None else [(training.precision, recipe), (high, None)]
+    fastest = max(_rate_and_size(gpu, precision, r)[0] * k_loop_ceiling(gpu, precision) for precision, r in kernels)
+    return 3 * gemm.flops / fastest
 
 
 # The linears whose input a norm (QKV and the first MLP matrix, w1/w3) or the activation (the

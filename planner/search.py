@@ -33,6 +33,7 @@ This module walks the groups, most promising first, and keeps what fits.
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Optional
 
@@ -46,7 +47,7 @@ from .search_bounds import Incumbents, SimplerFaster, StepBounds, floor, states_
 from .search_memory import fit_limit, fits_with_margin
 from .search_options import SearchSpec
 from .search_recompute import least_activation_offload, least_recompute, offload_options, selective_bundles
-from .search_rows import BoundedGroup, Candidate, Group, SearchResult
+from .search_rows import Candidate, Group, SearchResult
 from .search_space import MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, expert_options, groups, partitions, structures
 
 # Names other modules and the tests import from here.
@@ -111,14 +112,12 @@ class _Search:
             self._tightest_peak, self.result.tightest = peak, job
 
     def run(self) -> SearchResult:
-        rows = self._rows()
-        for index, row in enumerate(rows):
-            if row.least > self.incumbents.threshold:  # sorted: none after can do better
-                self.result.pruned += sum(len(r.group.micro_batches) for r in rows[index:])
-                break
-            self._unscored_least = row.least
-            if self._score_group(row.group, row.bounds):
-                break
+        if not self.ordered:  # nothing is skipped on time: the groups as enumerated
+            for group in groups(self.case, self.spec):
+                if self._score_group(group, {}):
+                    break
+        else:
+            self._walk_by_bounds()
         if self.unfit_skipped and not self.first_only:
             # Where nothing fits, the advice's closest miss may be among the layouts the skip left
             # unscored: the search without the skip finds it, should it be asked for.
@@ -126,18 +125,36 @@ class _Search:
                                                   skip_unfit=False, robust=self.robust).run()
         return self.result
 
-    def _rows(self) -> list[BoundedGroup]:
-        """Every group with its bounds, the most promising first, so that a good incumbent prunes
-        early (in enumeration order, unbounded, where nothing is skipped on time)."""
-        if not self.ordered:
-            return [BoundedGroup(-math.inf, group, {}) for group in groups(self.case, self.spec)]
+    def _walk_by_bounds(self) -> None:
+        """Score the groups in the order of their least bound (:class:`StepBounds`), ties in the order
+        enumerated, so that a good incumbent prunes early, until the next cannot do better.
+
+        A group whose bounds cost more (an MoE model's) enters the queue at a cheaper bound under them
+        (:meth:`StepBounds.least`), is bounded in full only when that comes up, and queued again at its
+        own: no group comes up before one whose own bound is less, so the order is the one all the
+        bounds would give, and groups that never come up are never bounded in full."""
         step_bounds = StepBounds(self.case)
-        rows = []
-        for group in groups(self.case, self.spec):
-            bounds = step_bounds.of(group)
-            rows.append(BoundedGroup(min(bounds.values()), group, bounds))
-        rows.sort(key=lambda row: row.least)
-        return rows
+        queue: list[tuple[float, int, Group, Optional[dict[int, float]]]] = []
+        for index, group in enumerate(groups(self.case, self.spec)):
+            cheap = step_bounds.least(group)
+            if cheap is None:
+                bounds = step_bounds.of(group)
+                queue.append((min(bounds.values()), index, group, bounds))
+            else:
+                queue.append((cheap, index, group, None))
+        heapq.heapify(queue)
+        while queue:
+            least, index, group, bounds = heapq.heappop(queue)
+            if least > self.incumbents.threshold:  # none after can do better
+                self.result.pruned += len(group.micro_batches) + sum(len(q[2].micro_batches) for q in queue)
+                return
+            if bounds is None:
+                bounds = step_bounds.of(group)
+                heapq.heappush(queue, (min(bounds.values()), index, group, bounds))
+                continue
+            self._unscored_least = least
+            if self._score_group(group, bounds):
+                return
 
     def _score_group(self, group: Group, bounds: dict[int, float]) -> bool:
         """Score the group's layouts, ZeRO stage by ZeRO stage; True once ``first_only`` has its layout."""

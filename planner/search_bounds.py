@@ -17,7 +17,7 @@ import heapq
 import math
 from typing import Optional
 
-from cost_models.experts import dispatch_combine_time
+from cost_models.experts import dispatch_combine_time, moe_mlp_time_floor
 from cost_models.layer_time import layer_time_bound, layer_time_for, moe_layer_time_for
 from cost_models.memory import peak_candidates, stage_memories
 from cost_models.pipeline_time import Pipeline, pipeline
@@ -51,6 +51,7 @@ class StepBounds:
         self.case = case
         self._dense: dict[tuple, tuple[float, float, float]] = {}  # (tp, cp, mbs, sp) -> _dense_layer's
         self._moe: dict[tuple, float] = {}  # (tp, cp, mbs, sp, ep, etp) -> MoE layer
+        self._moe_floor: dict[tuple, float] = {}  # (tp, cp, mbs, sp, etp) -> under every ep's MoE layer
         self._stages: dict[tuple, frozenset] = {}  # (stage_layers, vpp) -> _composition's
         self._heads: dict[tuple, float] = {}  # (tp, cp, mbs) -> the last stage's heads
 
@@ -81,6 +82,41 @@ class StepBounds:
                 _moe_layer_time_uncached(model, training, cluster.gpu, tp, cp, mbs, sp, ep, etp, 0.0).total \
                 + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) + ring + dispatches
         return self._moe[shape]
+
+    def least(self, group: Group) -> Optional[float]:
+        """A bound under the least of :meth:`of`'s, at a fraction of its cost, for an MoE model (None
+        for a dense one, whose bounds cost no more): each MoE layer at its attention half, its share
+        of the TP pair and the CP ring, and an expert part no expert-parallel size goes under
+        (``experts.moe_mlp_time_floor``), without its dispatches. These shapes leave out ep, which
+        :meth:`of`'s MoE layers hold: DeepSeek-V3's groups on 2,048 GPUs need 5,316 of those."""
+        if not self.case.model.is_moe:
+            return None
+        g = group
+        global_batch = self.case.training.global_batch_size
+        bubble = (g.pp - 1) / g.vpp
+        composition = self._composition(g)
+        etp = g.etp or g.tp
+        least = math.inf
+        for mbs in g.micro_batches:
+            shape = (g.tp, g.cp, mbs, g.sequence_parallel)
+            dense, collectives, ring = self._dense.get(shape) or self._dense_layer(*shape)
+            moe = self._moe_floor.get(shape + (etp,)) or self._moe_layer_floor(*shape, etp, collectives, ring)
+            head = self._heads.get(shape[:3]) or self._head(*shape[:3])
+            stage = max((n - k) * dense + k * moe + (head if last else 0.0) for n, k, last in composition)
+            least = min(least, (global_batch // (mbs * g.dp) + bubble) * stage)
+        return least
+
+    def _moe_layer_floor(self, tp: int, cp: int, mbs: int, sp: bool, etp: int, collectives: float,
+                         ring: float) -> float:
+        """Under :meth:`_moe_layer` at every ep: see :meth:`least`."""
+        shape = (tp, cp, mbs, sp, etp)
+        if shape not in self._moe_floor:
+            model, training, gpu = self.case.model, self.case.training, self.case.cluster.gpu
+            self._moe_floor[shape] = \
+                layer_time_for(model, training, gpu, tp, cp, mbs, sp, weight_share=0.0, mlp=False).total \
+                + moe_mlp_time_floor(model, training, gpu, tp, cp, mbs, etp, 0.0) \
+                + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) + ring
+        return self._moe_floor[shape]
 
     def _composition(self, group: Group) -> frozenset:
         """The (layers, MoE layers, whether last) of the group's stages: the last with the multi-token

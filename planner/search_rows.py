@@ -4,7 +4,7 @@ layout that fits (:mod:`planner.search`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 from cost_models.specs import Job, Layout
 from cost_models.step_time import StepTime
@@ -62,12 +62,3 @@ class Group:
         return Layout(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, vpp=self.vpp, micro_batch_size=micro_batch_size,
                       zero_stage=zero_stage, sequence_parallel=self.sequence_parallel, stage_layers=self.partition,
                       ep=self.ep, etp=self.etp)
-
-
-class BoundedGroup(NamedTuple):
-    """A group with a lower bound on the step time at each of its micro-batch sizes
-    (:class:`planner.search_bounds.StepBounds`), and the least of them, which orders the search."""
-
-    least: float
-    group: Group
-    bounds: dict[int, float]  # micro-batch size -> lower bound on the step time (s)

@@ -119,6 +119,21 @@ def test_zero3_traffic_lies_under_every_zero3_layouts_step(name):
     assert checked > 10
 
 
+@pytest.mark.parametrize("name, training", [("moe", {}), ("moe overlap", {}), ("fsdp experts", {}),
+                                            ("moe", {"precision": "fp8", "fp8_recipe": "blockwise"}),
+                                            ("balanced, interleaved", {})])
+def test_the_cheap_bound_lies_under_each_groups_bounds(name, training):
+    """The search queues an MoE group at a bound that leaves ep out (``StepBounds.least``) and bounds
+    it in full only when that comes up: it must lie under every bound of the group."""
+    case = loaded(name, **training)
+    bounds = StepBounds(case)
+    checked = 0
+    for group in list(groups(case, case.search))[::2]:
+        assert bounds.least(group) <= min(bounds.of(group).values()) * (1 + 1e-12)
+        checked += 1
+    assert checked > 10
+
+
 @pytest.mark.parametrize("name", ["dense", "moe"])
 def test_the_floor_prunes_what_the_whole_pipeline_would(name):
     """Priced one stage at a time, the floor passes a threshold exactly where the whole step does."""
