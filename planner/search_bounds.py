@@ -52,6 +52,7 @@ class StepBounds:
         self._dense: dict[tuple, tuple[float, float, float]] = {}  # (tp, cp, mbs, sp) -> _dense_layer's
         self._moe: dict[tuple, float] = {}  # (tp, cp, mbs, sp, ep, etp) -> MoE layer
         self._moe_floor: dict[tuple, float] = {}  # (tp, cp, mbs, sp, etp) -> under every ep's MoE layer
+        self._least: dict[tuple, float] = {}  # least()'s, by what it depends on
         self._stages: dict[tuple, frozenset] = {}  # (stage_layers, vpp) -> _composition's
         self._heads: dict[tuple, float] = {}  # (tp, cp, mbs) -> the last stage's heads
 
@@ -92,10 +93,14 @@ class StepBounds:
         if not self.case.model.is_moe:
             return None
         g = group
+        etp = g.etp or g.tp
+        # Groups that differ only in ep share it.
+        key = (g.tp, g.cp, g.pp, g.dp, g.stage_layers, g.vpp, g.sequence_parallel, etp, g.micro_batches)
+        if key in self._least:
+            return self._least[key]
         global_batch = self.case.training.global_batch_size
         bubble = (g.pp - 1) / g.vpp
         composition = self._composition(g)
-        etp = g.etp or g.tp
         least = math.inf
         for mbs in g.micro_batches:
             shape = (g.tp, g.cp, mbs, g.sequence_parallel)
@@ -104,6 +109,7 @@ class StepBounds:
             head = self._heads.get(shape[:3]) or self._head(*shape[:3])
             stage = max((n - k) * dense + k * moe + (head if last else 0.0) for n, k, last in composition)
             least = min(least, (global_batch // (mbs * g.dp) + bubble) * stage)
+        self._least[key] = least
         return least
 
     def _moe_layer_floor(self, tp: int, cp: int, mbs: int, sp: bool, etp: int, collectives: float,
