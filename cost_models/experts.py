@@ -38,7 +38,7 @@ from .hardware import ClusterSpec, GPUSpec
 from .layout_spec import Layout
 from .model_spec import ModelSpec
 from .training_spec import TrainingSpec
-from .topology import group_links
+from .topology import expert_group_links
 
 # Bytes per element of the router's scores: megatron-core computes the logits and the
 # softmax or sigmoid in fp32 (``moe_router_dtype: fp32`` in the Megatron-Bridge MoE recipes).
@@ -133,11 +133,12 @@ def moe_mlp_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int
     return forward + sum(f for f, _ in experts), backward + sum(b for _, b in experts)
 
 
+@lru_cache(maxsize=4096)
 def _token_part_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, cp: int,
                      micro_batch_size: int, etp: int, weight_share: float) -> tuple[float, float]:
     """(forward, backward) of what :func:`moe_mlp_time` runs beside the routed experts' GEMMs, the
     same whatever the expert-parallel size: the router, the shared experts and the element-wise
-    kernels (twice their traffic in backward)."""
+    kernels (twice their traffic in backward). Cached: a search prices it at many ep."""
     router, *shared = _token_linear_times(model, training, gpu, tp, cp, micro_batch_size, weight_share)
     args = (model, training, tp, cp, micro_batch_size, etp, training.engine.fused_elementwise)
     memory = elementwise_time(moe_elementwise_bytes(*args), gpu) \
@@ -263,17 +264,16 @@ def dispatch_combine_time(model: ModelSpec, training: TrainingSpec, cluster: Clu
     sends each token once to each other domain that holds one of its experts
     (:func:`remote_domains_per_token`) and forwards it there over NVLink; the combine reduces
     in the domain before sending back (``TrainingSpec.hierarchical_dispatch``)."""
-    lay = Layout(tp=tp, cp=cp, dp=cluster.num_gpus // (tp * cp), ep=ep, etp=etp)
     perf = cluster.gpu.performance
     size = dispatch_bytes(model, training, tp, cp, micro_batch_size)
-    links = group_links(cluster, lay, "ep")
+    links = expert_group_links(cluster, "ep", etp, ep)
     crossing = None
     if hierarchical_dispatch(model, training) and links.domains > 1:
         crossing = size / model.moe_top_k * remote_domains_per_token(model, links.domains)
     time = 2 * all_to_all_time(size, links, perf, crossing)
     if etp > 1:
         gathered = size * etp
-        links = group_links(cluster, lay, "etp")
+        links = expert_group_links(cluster, "etp", etp, ep)
         time += collective_time("all_gather", gathered, links, perf) + \
             collective_time("reduce_scatter", gathered, links, perf)
     return time

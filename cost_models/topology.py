@@ -143,12 +143,8 @@ def group_shape(layout: Layout, dim: str) -> tuple[int, int]:
     The expert layers' groups lie on their own grid over the same ranks, expert tensor
     parallel fastest, then expert parallel and expert data parallel, pipeline outermost
     (megatron-core ``RankGenerator`` for the expert grid, order "tp-ep-dp-pp"): etp, ep, edp."""
-    if dim == "etp":
-        return 1, layout.expert_tp
-    if dim == "ep":
-        return layout.expert_tp, layout.ep
-    if dim == "edp":
-        return layout.expert_tp * layout.ep, layout.edp
+    if dim in ("etp", "ep", "edp"):
+        return expert_group_shape(dim, layout.expert_tp, layout.ep, layout.edp)
     dims = dim.split("_")
     stride = 1
     for d in ORDER[:ORDER.index(min(dims, key=ORDER.index))]:
@@ -157,6 +153,20 @@ def group_shape(layout: Layout, dim: str) -> tuple[int, int]:
     for d in dims:
         size *= getattr(layout, d)
     return stride, size
+
+
+def expert_group_shape(dim: str, etp: int, ep: int, edp: int = 1) -> tuple[int, int]:
+    """(stride, size) of an expert group (:func:`group_shape`): etp fastest, then ep, then edp."""
+    if dim == "etp":
+        return 1, etp
+    if dim == "ep":
+        return etp, ep
+    return etp * ep, edp
+
+
+def expert_group_links(cluster: ClusterSpec, dim: str, etp: int, ep: int) -> GroupLinks:
+    """The links of an etp or ep group (:func:`group_links` without a whole layout)."""
+    return _cluster_group_links(cluster, *expert_group_shape(dim, etp, ep))
 
 
 @lru_cache(maxsize=4096)
