@@ -53,14 +53,26 @@ def optimizer_offload_time(job: Job, local_params: float, backward_s: float) -> 
     shards = zero_shards(job)
     per_param = state_bytes(job.training, lay.zero_stage, shards)
     local = local_params * lay.offload_optimizer
-    link = host.link_bandwidth * perf.host_link_efficiency
-    out = local * per_param.gradients / link
+    out = local * per_param.gradients / (host.link_bandwidth * perf.host_link_efficiency)
+    return exposed(out, backward_s, perf) + optimizer_offload_floor(job, local_params)
+
+
+def optimizer_offload_floor(job: Job, local_params: float) -> float:
+    """What :func:`optimizer_offload_time` takes whatever the compute beside it: the step on the
+    CPU and the weights back in (only the gradients' way out hides behind the backward)."""
+    lay, gpu = job.layout, job.cluster.gpu
+    if not lay.offload_optimizer:
+        return 0.0
+    perf, host = gpu.performance, gpu.host
+    shards = zero_shards(job)
+    per_param = state_bytes(job.training, lay.zero_stage, shards)
+    local = local_params * lay.offload_optimizer
     # DeepSpeed's CPU Adam folds the clip's scale into its step and writes the 16-bit weights in
     # the same loop (csrc/adam/cpu_adam_impl.cpp): the optimizer's own kernel alone.
     cpu_step = local * adam_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage, shards)) \
         / (host.memory_bandwidth * perf.host_memory_efficiency)
-    back = local * per_param.weights / link
-    return exposed(out, backward_s, perf) + cpu_step + back
+    back = local * per_param.weights / (host.link_bandwidth * perf.host_link_efficiency)
+    return cpu_step + back
 
 
 def param_offload_time(job: Job, shard: float, microbatch_s: float, gathers: int) -> float:

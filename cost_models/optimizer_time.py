@@ -6,7 +6,7 @@ from __future__ import annotations
 from .kernels import in_place_time
 from .memory import job_stage_parameters, per_microbatch
 from .model_states import optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
-from .offload import activation_offload_time, optimizer_offload_time, param_offload_time
+from .offload import activation_offload_time, optimizer_offload_floor, optimizer_offload_time, param_offload_time
 from .job import Job
 from .stage_time import StageTime
 
@@ -44,3 +44,10 @@ def offload_time(job: Job, stage: int, slowest: "StageTime") -> float:
     return (optimizer_offload_time(job, local, backward)
             + param_offload_time(job, local, slowest.compute + slowest.recompute, gathers)
             + activation_offload_time(job, stage, per_microbatch(job).kept, forward, backward))
+
+
+def least_offload_time(job: Job) -> float:
+    """The least :func:`offload_time` the step takes whatever its compute: the optimizer's step on
+    the CPU and the weights back in (``offload.optimizer_offload_floor``), on the stage with the
+    most (``step_time``'s offload is the most of the stages')."""
+    return max(optimizer_offload_floor(job, optimizer_local_parameters(job, stage)) for stage in range(job.layout.pp))

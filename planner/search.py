@@ -43,7 +43,7 @@ from cost_models.step_time import StepTime, step_time
 
 from .case import Case
 from .complexity import layout_complexity
-from .search_bounds import Incumbents, SimplerFaster, StepBounds, floor, states_cannot_fit
+from .search_bounds import Incumbents, SimplerFaster, StepBounds, floor, offload_floor, states_cannot_fit, states_fit
 from .search_memory import fit_limit, fits_with_margin
 from .search_options import SearchSpec
 from .search_recompute import least_activation_offload, least_recompute, offload_options, selective_bundles
@@ -180,6 +180,9 @@ class _Search:
         result, training = self.result, self.case.training
         at_least = 1  # fewest recomputed layers found at the last micro-batch
         states_checked = self.first_only  # first_only checked the ZeRO stage's model states already
+        # Where the model states fit only under offload: every layout that fits offloads the
+        # optimizer, and its step takes at least this more than its floor.
+        needs_offload, offload_least = False, 0.0
         for index, mbs in enumerate(group.micro_batches):
             # ZeRO 2 takes the time of ZeRO 1 and only saves memory: where ZeRO 1 fits with no
             # recomputation, ZeRO 2 cannot win. Not where ZeRO 1 gathers in the step and ZeRO 2
@@ -188,24 +191,34 @@ class _Search:
                 continue
             base = group.layout(mbs, zero)
             threshold = self._threshold(base)
-            if self.ordered and bounds[mbs] + self._zero3_traffic(group, base) > threshold:
+            # What the bound leaves out and every layout built on base takes: ZeRO-3's traffic, and
+            # the offload the model states need.
+            traffic = self._zero3_traffic(group, base)
+            if self.ordered and bounds[mbs] + traffic + offload_least > threshold:
                 result.pruned += 1
                 continue
             if not states_checked:
                 # Before the first layout of the ZeRO stage is timed or scored: where the model states
                 # alone overflow the GPU, neither this micro-batch nor a larger one fits.
                 states_checked = True
-                if self.skip_unfit and states_cannot_fit(self.case, self.spec, base):
+                where = states_fit(self.case, self.spec, base) if self.skip_unfit else "plain"
+                if where is None:
                     self.unfit_skipped += 1
                     result.pruned += len(group.micro_batches) - index
                     return False
+                if where == "offload":
+                    needs_offload, offload_least = True, offload_floor(self.case, self.spec, base)
+                    if self.ordered and bounds[mbs] + traffic + offload_least > threshold:
+                        result.pruned += 1
+                        continue
             time = None
             if threshold < math.inf:
-                least, time = floor(self.case, base, threshold)
-                if least > threshold:
+                # The floor's own step holds the traffic, not the offload (base offloads nothing).
+                least, time = floor(self.case, base, threshold - traffic - offload_least)
+                if least + (traffic if time is None else 0.0) + offload_least > threshold:
                     result.pruned += 1
                     continue
-            plain = self._least_plain(group, zero, base, at_least)
+            plain = None if needs_offload else self._least_plain(group, zero, base, at_least)
             hits = [plain] if plain is not None else []
             if plain is not None:
                 if plain[0].layout.recompute == "none" and zero == 1:
@@ -214,7 +227,7 @@ class _Search:
             # Offload only adds time: worth scoring only where memory forces recomputation, or
             # where nothing fits without it.
             if plain is None or plain[0].layout.recompute != "none":
-                hits += self._least_offloaded(group, zero, base)
+                hits += self._least_offloaded(group, zero, base, activations=not needs_offload)
             if not hits:
                 break  # a larger micro-batch needs more memory still
             if self._keep(hits, base, time):
@@ -270,8 +283,10 @@ class _Search:
         self.result.scored += scored
         return hit
 
-    def _least_offloaded(self, group: Group, zero: int, base: Layout) -> list[tuple[Job, float]]:
-        """The least recomputation that fits under each offload the engine runs, and the fewest
+    def _least_offloaded(self, group: Group, zero: int, base: Layout, activations: bool = True) \
+            -> list[tuple[Job, float]]:
+        """The least recomputation that fits under each offload the engine runs, and (with
+        ``activations``: not where only an offloaded optimizer lets the states fit) the fewest
         layers' activations offloaded that fit."""
         hits = []
         for offload in offload_options(self.spec, zero):
@@ -279,7 +294,7 @@ class _Search:
             self.result.scored += scored
             if hit is not None:
                 hits.append(hit)
-        if zero not in group.offload_only:
+        if activations and zero not in group.offload_only:
             hit, scored = least_activation_offload(self.case, self.spec, base, self.note_miss)
             self.result.scored += scored
             if hit is not None:

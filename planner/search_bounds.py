@@ -23,6 +23,7 @@ from cost_models.memory import peak_candidates, stage_memories
 from cost_models.pipeline_time import Pipeline, pipeline
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
 from cost_models.stage_time import cp_exposed_per_layer, head_time, stage_time
+from cost_models.optimizer_time import least_offload_time
 from cost_models.step_time import StepTime, step_time
 from cost_models.tp_time import tp_exposed_per_layer
 
@@ -201,13 +202,15 @@ def floor(case: Case, base: Layout, threshold: float) -> tuple[float, Optional[S
     return time.total, time
 
 
-def states_cannot_fit(case: Case, spec: SearchSpec, base: Layout) -> bool:
-    """Whether the model states on the GPU alone, with the fixed buffers, fill more than its usable
-    memory both without offload and under the most offload the search may try for ``base``'s ZeRO
-    stage. They depend on neither the micro-batch nor the recomputation, so then no layout on
-    ``base``'s grid and ZeRO stage fits. Offload moves states off the GPU, but an engine's defaults
-    may hold more on it once the optimizer is offloaded (Megatron keeps non-delayed fp8 weights in
-    16 bits there: ``EngineBehaviour.quantized_param_gather_offloaded``), so both ends are priced."""
+def states_fit(case: Case, spec: SearchSpec, base: Layout) -> Optional[str]:
+    """Where the model states on the GPU alone, with the fixed buffers, fit in its usable memory:
+    "plain" without offload, else "offload" under the most offload the search may try for
+    ``base``'s ZeRO stage, else None. They depend on neither the micro-batch nor the recomputation:
+    where they fit under neither, no layout on ``base``'s grid and ZeRO stage fits
+    (:func:`states_cannot_fit`); where only under offload, every layout that fits offloads the
+    optimizer (:func:`offload_floor`). Offload moves states off the GPU, but an engine's defaults may
+    hold more on it once the optimizer is offloaded (Megatron keeps non-delayed fp8 weights in 16
+    bits there: ``EngineBehaviour.quantized_param_gather_offloaded``), so both ends are priced."""
 
     def least_states(changes: dict) -> float:
         job = Job(case.model, case.cluster, case.training, base.with_changes(**changes), case.overheads)
@@ -216,10 +219,33 @@ def states_cannot_fit(case: Case, spec: SearchSpec, base: Layout) -> bool:
     strongest = ([{}] + offload_options(spec, base.zero_stage))[-1]
     try:
         limit = fit_limit(Job(case.model, case.cluster, case.training, base, case.overheads), spec.headroom)
-        # The most offload first: where its states fit, the other end need not be priced.
-        return all(least_states(changes) > limit for changes in ([strongest, {}] if strongest else [{}]))
+        if least_states({}) <= limit:
+            return "plain"
+        return "offload" if strongest and least_states(strongest) <= limit else None
     except SpecError:
-        return False
+        return "plain"
+
+
+def states_cannot_fit(case: Case, spec: SearchSpec, base: Layout) -> bool:
+    """Whether no layout on ``base``'s grid and ZeRO stage fits: its model states fit neither without
+    offload nor under the most offload (:func:`states_fit`)."""
+    return states_fit(case, spec, base) is None
+
+
+def offload_floor(case: Case, spec: SearchSpec, base: Layout) -> float:
+    """The least offload time a layout on ``base``'s grid and ZeRO stage takes where its model states
+    fit only under offload (:func:`states_fit` "offload"): each such layout offloads the optimizer, at the
+    least share the search tries (``search_recompute.offload_options``), and takes at least its
+    step on the CPU and the weights back in (``optimizer_time.least_offload_time``)."""
+    shares = [o["offload_optimizer"] for o in offload_options(spec, base.zero_stage)]
+    if not shares:
+        return 0.0
+    try:
+        job = Job(case.model, case.cluster, case.training,
+                  base.with_changes(offload_optimizer=min(shares), offload_params=False), case.overheads)
+    except SpecError:
+        return 0.0
+    return least_offload_time(job)
 
 
 class Incumbents:

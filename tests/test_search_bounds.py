@@ -17,9 +17,10 @@ from cost_models.specs import Job, SpecError
 from cost_models.step_time import step_time
 from planner.bands import indistinguishable_gap
 from planner.case import load_case
-from planner.plan import layout_table, robust_choice
+from planner.plan import _table, layout_table, robust_choice
 from planner.search import _Search, search
-from planner.search_bounds import StepBounds, floor, states_cannot_fit
+from planner.search_bounds import StepBounds, floor, offload_floor, states_cannot_fit, states_fit
+from planner.search_recompute import least_recompute, offload_options
 from planner.search_space import groups
 
 CASES = {
@@ -64,10 +65,17 @@ def rows(result) -> list[tuple]:
 
 @pytest.mark.parametrize("name", ["dense", "moe", "deepspeed"])
 def test_skipping_zero_stages_whose_states_overflow_changes_no_candidate(name):
+    # The search that reads the model states first skips the ZeRO stages they overflow, and where they
+    # fit only under offload, adds the offload's floor to the bound: it may keep fewer of the layouts
+    # slower than the table's slack, but the table (every layout within the slack of the fastest, and
+    # the top_k + 1 fastest) is the same.
     case = loaded(name)
     skipped = search(case, case.search, keep_within=0.05)
     full = _Search(case, case.search, False, 0.05, math.inf, skip_unfit=False).run()
-    assert rows(skipped) == rows(full) and rows(skipped)
+    table = [(c.layout, c.step_time_s, c.peak_bytes) for c in _table(skipped.candidates, 0.05, case.search.top_k)]
+    assert table == [(c.layout, c.step_time_s, c.peak_bytes)
+                     for c in _table(full.candidates, 0.05, case.search.top_k)] and table
+    assert set(rows(skipped)) <= set(rows(full))
     assert skipped.scored <= full.scored
 
 
@@ -131,6 +139,32 @@ def test_the_cheap_bound_lies_under_each_groups_bounds(name, training):
     for group in list(groups(case, case.search))[::2]:
         assert bounds.least(group) <= min(bounds.of(group).values()) * (1 + 1e-12)
         checked += 1
+    assert checked > 10
+
+
+def test_where_states_fit_only_under_offload_every_fitting_layout_offloads_and_pays_its_floor():
+    """GPT-OSS-120B on 16 A100s: on grids whose model states fit only with the optimizer offloaded
+    (``states_fit`` "offload"), no layout without that offload fits (the search scores none), and
+    every layout that offloads takes at least ``offload_floor`` of offload in its step."""
+    case = loaded("balanced, interleaved")
+    spec = case.search
+    checked = 0
+    for group in list(groups(case, spec))[::7]:
+        for zero in group.zeros:
+            base = group.layout(group.micro_batches[0], zero)
+            if states_fit(case, spec, base) != "offload":
+                continue
+            hit, _ = least_recompute(case, spec, base, 1, lambda job, peak: None)
+            assert hit is None
+            least = offload_floor(case, spec, base)
+            assert least > 0
+            for options in offload_options(spec, zero):
+                try:
+                    job = Job(case.model, case.cluster, case.training, base.with_changes(**options), case.overheads)
+                except SpecError:
+                    continue
+                assert step_time(job).offload_s >= least * (1 - 1e-12)
+                checked += 1
     assert checked > 10
 
 
