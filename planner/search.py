@@ -74,9 +74,11 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     comes first in the pick's order wherever the layout is within the margin of the fastest
     (:meth:`_threshold`).
 
-    A ZeRO stage of a group whose model states alone overflow the GPU (:func:`states_cannot_fit`)
-    is skipped before any of its layouts is timed or scored: none of them fits. The closest miss
-    (``tightest``, the advice's where nothing fits) may be among them: :meth:`SearchResult.in_full`.
+    A ZeRO stage of a group whose model states alone overflow the GPU (:func:`states_fit`) is skipped
+    before any of its layouts is timed or scored: none of them fits. The closest miss (``tightest``,
+    the advice's where nothing fits) may be among them: :meth:`SearchResult.in_full`. Where they fit
+    only with the optimizer offloaded, no layout without that offload is scored, and the offload's
+    floor (:func:`offload_floor`) joins the bound.
     """
     return _Search(case, spec, first_only, keep_within, ceiling, robust=robust).run()
 
