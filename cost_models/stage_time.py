@@ -15,8 +15,8 @@ from .memory import job_stage_parameters
 from .model_states import fp32_gradients
 from .quantization import activation_bytes
 from .job import Job
-from .specs import ClusterSpec, GPUSpec, Layout, ModelSpec, TrainingSpec
-from .topology import group_links
+from .specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
+from .topology import cp_group_links
 from .layer_time import cross_entropy_time, layer_time, moe_layer_time, selective_recompute_time, weight_quantize_share
 from .tp_time import cross_domain_pipeline_floor, cross_domain_tp_floor, tp_collectives_per_pass, tp_exposed_per_layer
 
@@ -29,14 +29,13 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     (cp − 1 steps) in forward, and K, V plus their gradients in backward, overlapped with the
     attention core (Megatron-core ``AttnFuncWithCPAndKVP2P``). Each ring step waits for its block:
     the transfer's latency is never hidden, and what the step's attention cannot cover of the rest
-    shows. The cp group's links depend on tp and cp alone (ranks are laid tp, then cp). Cached: the
-    stages of a search's layouts share a few shapes."""
+    shows. Cached: the stages of a search's layouts share a few shapes."""
     if cp == 1:
         return 0.0
     perf = cluster.gpu.performance
     kv = activation_bytes(training.precision) * micro_batch_size * (training.seq_len / cp) * 2 * \
         max(model.num_kv_heads // tp, 1) * model.head_dim
-    cp_links = group_links(cluster, Layout(tp=tp, cp=cp, dp=cluster.num_gpus // (tp * cp)), "cp")
+    cp_links = cp_group_links(cluster, tp, cp)
     crosses = cp_links.domains > 1
     hop = p2p_time(kv, crosses, cp_links, perf)
     wait = cp_links.inter_latency if crosses else perf.link_latency_s
@@ -46,13 +45,14 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     return exposed_fwd + exposed_bwd
 
 
+@lru_cache(maxsize=4096)
 def head_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float) -> float:
     """The last stage's LM head and loss on ``tokens`` tokens, forward and backward. The head runs
     in bf16 under every recipe (Transformer Engine's output layer is Megatron's bf16
     ColumnParallelLinear, bar megatron-core's opt-in MXFP8 head of 2026-05-31, ``fp8_output_proj``,
     which no case asks for; torchao's conversions skip lm_head); its backward is twice its forward;
     the loss's traffic is its own. Each multi-token prediction module runs the head and the loss
-    again, after its 2h → h projection (priced as the head)."""
+    again, after its 2h → h projection (priced as the head). Cached: it depends on no cluster size."""
     high_precision = high_precision_precision(training)
     heads = 1 + model.mtp_layers
     time = heads * (3 * gemm_time(head_gemm(model, tokens, tp), gpu, high_precision)

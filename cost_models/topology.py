@@ -164,6 +164,12 @@ def expert_group_shape(dim: str, etp: int, ep: int, edp: int = 1) -> tuple[int, 
     return etp * ep, edp
 
 
+@lru_cache(maxsize=4096)
+def cp_group_links(cluster: ClusterSpec, tp: int, cp: int) -> GroupLinks:
+    """The links of a context-parallel group (:func:`group_links`), which depend on tp and cp alone."""
+    return group_links(cluster, Layout(tp=tp, cp=cp, dp=cluster.num_gpus // (tp * cp)), "cp")
+
+
 def expert_group_links(cluster: ClusterSpec, dim: str, etp: int, ep: int) -> GroupLinks:
     """The links of an etp or ep group (:func:`group_links` without a whole layout)."""
     return _cluster_group_links(cluster, *expert_group_shape(dim, etp, ep))

@@ -64,8 +64,9 @@ class StepBounds:
             model, training, cluster = self.case.model, self.case.training, self.case.cluster
             layer = layer_time_bound(model, training, cluster.gpu, tp, cp, mbs, sp)
             collectives = sum(tp_exposed_per_layer(model, training, cluster, tp, cp, mbs, sp))
-            core = layer_time_for(model, training, cluster.gpu, tp, cp, mbs, sp, True, 0.0).core
-            ring = cp_exposed_per_layer(model, training, cluster, tp, cp, mbs, core)
+            ring = 0.0 if cp == 1 else cp_exposed_per_layer(
+                model, training, cluster, tp, cp, mbs, layer_time_for(model, training, cluster.gpu, tp, cp, mbs, sp,
+                                                                      True, 0.0).core)
             self._dense[shape] = (layer + collectives + ring, collectives, ring)
         return self._dense[shape]
 
