@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Iterator, Optional
 
 from cost_models.partition import balanced_partition, default_partition, layer_and_head_cost, virtual_partition
-from cost_models.specs import Layout
+from cost_models.specs import Layout, ModelSpec, TrainingSpec
 
 from .case import Case
 from .engines import EngineSupport
@@ -144,7 +144,13 @@ def _zero_stages(case: Case, spec: SearchSpec, pp: int, dp: int, cp: int) -> tup
 
 def _splits(case: Case, spec: SearchSpec, pp: int) -> list[tuple[Optional[tuple[int, ...]], tuple[int, ...], int]]:
     """(partition, layers per stage, vpp) for each pipeline split to score at ``pp`` stages."""
-    model, training, engine = case.model, case.training, spec.engine
+    return [split for split in _engine_splits(case.model, case.training, spec.engine, pp) if spec.admits("vpp", split[2])]
+
+
+@lru_cache(maxsize=1024)
+def _engine_splits(model: ModelSpec, training: TrainingSpec, engine: EngineSupport, pp: int) \
+        -> tuple[tuple[Optional[tuple[int, ...]], tuple[int, ...], int], ...]:
+    """:func:`_splits` before the case's pins on vpp. Cached: `size` asks for them at every cluster size."""
     balances = training.engine.balance_stages and pp > 1
     options = partitions(model.num_layers, pp)
     if balances and None not in options:
@@ -170,9 +176,8 @@ def _splits(case: Case, spec: SearchSpec, pp: int) -> list[tuple[Optional[tuple[
         # at UNEVEN_VPP model chunks per rank.
         splits += [(None, virtual_partition(model.num_layers, pp, vpp), vpp) for vpp in UNEVEN_VPP
                    if model.num_layers % (pp * vpp) and model.num_layers >= pp * vpp]
-    return [(partition, stage_layers, vpp) for partition, stage_layers, vpp in splits
-            if spec.admits("vpp", vpp) and not (vpp > 1 and partition is None and balances
-                                                and model.num_layers % (pp * vpp))]
+    return tuple((partition, tuple(stage_layers), vpp) for partition, stage_layers, vpp in splits
+                 if not (vpp > 1 and partition is None and balances and model.num_layers % (pp * vpp)))
 
 
 def groups(case: Case, spec: SearchSpec) -> Iterator[Group]:
