@@ -6,6 +6,7 @@ full, the closest miss)."""
 from __future__ import annotations
 
 import copy
+import random
 import dataclasses
 import math
 
@@ -17,6 +18,7 @@ from cost_models.specs import Job, SpecError
 from cost_models.step_time import step_time
 from planner.bands import indistinguishable_gap
 from planner.case import load_case
+from planner.errors import CaseError
 from planner.plan import _table, layout_table, robust_choice
 from planner.search import _Search, search
 from planner.search_bounds import StepBounds, floor, offload_floor, states_cannot_fit, states_fit
@@ -230,3 +232,46 @@ def test_the_robust_search_keeps_the_robust_pick_and_the_fastest(name, top_k):
     assert len(robust_result.candidates) <= len(whole_result.candidates)
     if name == "moe" and top_k is None:  # many near-equal expert grids: the rule must skip some of them
         assert robust_result.scored < whole_result.scored
+
+
+ENGINES = ("megatron", "deepspeed", "torchtitan", "any", "nanotron")
+GENERATED_SEED, GENERATED = 21, 12
+
+
+def generated_case(rng: random.Random) -> dict:
+    """A small case of a preset model on 8 or 16 GPUs, any engine, with or without the all-to-all's overlap."""
+    training = {"global_batch_size": rng.choice((16, 32, 64)), "seq_len": rng.choice((2048, 4096)),
+                "precision": "bf16", "engine": rng.choice(ENGINES)}
+    if rng.random() < 0.3:
+        training["moe_comm_overlap"] = True
+    return {"model": {"preset": rng.choice(("mixtral-8x7b", "llama3-8b", "qwen3-30b-a3b", "gpt-oss-20b",
+                                            "deepseek-v2-lite", "llama2-7b"))},
+            "cluster": {"gpu": rng.choice(("h100-sxm-80gb", "b200", "a100-sxm-80gb", "gb200")),
+                        "num_gpus": rng.choice((8, 16))},
+            "training": training}
+
+
+def test_the_searchs_skips_leave_the_robust_pick_and_the_fastest_of_generated_cases():
+    """Every skip of the search together (bounds, floors, model states, offload, the robust pick's
+    rules), on generated cases over the engines: the robust pick, the fastest and the top_k + 1 are
+    those of the table of the search that skips nothing on time."""
+    rng = random.Random(GENERATED_SEED)
+    margin = indistinguishable_gap()
+    checked = 0
+    while checked < GENERATED:
+        try:
+            case = load_case(generated_case(rng), ignore_layout=True)
+        except CaseError:  # a setting this engine refuses (the all-to-all's overlap beside FSDP)
+            continue
+        whole = search(case, case.search)  # no threshold: every layout the dominance rules leave
+        if not whole.candidates:
+            continue
+
+        def picks(table):
+            by_time = sorted(table, key=lambda c: c.step_time_s)
+            pick = table[robust_choice(table, table.index(by_time[0]), margin, case)]
+            return pick.layout, [(c.layout, c.step_time_s) for c in by_time[:case.search.top_k + 1]]
+
+        _, table = layout_table(case, case.search, margin, robust=margin)
+        assert picks(table) == picks(_table(whole.candidates, margin, case.search.top_k)), case.source
+        checked += 1
