@@ -46,33 +46,33 @@ def offloaded_activation_layers(job: Job, stage: int) -> float:
 def optimizer_offload_time(job: Job, local_params: float, backward_s: float) -> float:
     """Gradients out behind the last micro-batch's backward, the step on the CPU, weights back in,
     for the offloaded share of the ``local_params`` whose optimizer states a rank holds."""
-    lay, gpu = job.layout, job.cluster.gpu
-    if not lay.offload_optimizer:
-        return 0.0
-    perf, host = gpu.performance, gpu.host
-    shards = zero_shards(job)
-    per_param = state_bytes(job.training, lay.zero_stage, shards)
-    local = local_params * lay.offload_optimizer
-    out = local * per_param.gradients / (host.link_bandwidth * perf.host_link_efficiency)
-    return exposed(out, backward_s, perf) + optimizer_offload_floor(job, local_params)
+    return exposed(_optimizer_offload_parts(job, local_params)[0], backward_s, job.cluster.gpu.performance) \
+        + optimizer_offload_floor(job, local_params)
 
 
 def optimizer_offload_floor(job: Job, local_params: float) -> float:
     """What :func:`optimizer_offload_time` takes whatever the compute beside it: the step on the
     CPU and the weights back in (only the gradients' way out hides behind the backward)."""
+    _, cpu_step, back = _optimizer_offload_parts(job, local_params)
+    return cpu_step + back
+
+
+def _optimizer_offload_parts(job: Job, local_params: float) -> tuple[float, float, float]:
+    """(the gradients out, the step on the CPU, the weights back in) of the offloaded share of
+    ``local_params``: 0 where the optimizer stays on the GPU."""
     lay, gpu = job.layout, job.cluster.gpu
     if not lay.offload_optimizer:
-        return 0.0
+        return 0.0, 0.0, 0.0
     perf, host = gpu.performance, gpu.host
     shards = zero_shards(job)
     per_param = state_bytes(job.training, lay.zero_stage, shards)
     local = local_params * lay.offload_optimizer
+    link = host.link_bandwidth * perf.host_link_efficiency
     # DeepSpeed's CPU Adam folds the clip's scale into its step and writes the 16-bit weights in
     # the same loop (csrc/adam/cpu_adam_impl.cpp): the optimizer's own kernel alone.
     cpu_step = local * adam_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage, shards)) \
         / (host.memory_bandwidth * perf.host_memory_efficiency)
-    back = local * per_param.weights / (host.link_bandwidth * perf.host_link_efficiency)
-    return cpu_step + back
+    return local * per_param.gradients / link, cpu_step, local * per_param.weights / link
 
 
 def param_offload_time(job: Job, shard: float, microbatch_s: float, gathers: int) -> float:
