@@ -18,7 +18,8 @@ from .job import Job
 from .specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
 from .topology import cp_group_links
 from .layer_time import cross_entropy_time, layer_time, moe_layer_time, selective_recompute_time, weight_quantize_share
-from .tp_time import cross_domain_pipeline_floor, cross_domain_tp_floor, tp_collectives_per_pass, tp_exposed_per_layer
+from .tp_time import (cross_domain_pipeline_floor, cross_domain_tp_floor, moe_layer_tp_share, tp_collectives_per_pass,
+                      tp_exposed_per_layer)
 
 
 @lru_cache(maxsize=4096)
@@ -153,10 +154,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
     # Recompute repeats the forward's TP collectives.
     tp_fwd, tp_bwd = tp_exposed_per_layer(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size,
                                           lay.sequence_parallel)
-    # An MoE layer's routed experts need no tensor-parallel collective (each rank routes its own
-    # sequence-parallel tokens); its shared experts need the dense MLP's pair.
-    moe_tp = 1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5
-    tp_layers = layers - moe_layers + moe_tp * moe_layers
+    tp_layers = layers - moe_layers + moe_layer_tp_share(model) * moe_layers
     # Passes that run the layers' TP collectives: forward, backward, and the forwards recomputed;
     # a recomputed dense MLP, or shared experts, repeat the forward's second half.
     repeated = recomputed * tp_layers / max(layers, 1)

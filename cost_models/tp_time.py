@@ -35,6 +35,13 @@ def tp_collective_time(model: ModelSpec, training: TrainingSpec, cluster: Cluste
     return collective_time("all_reduce", size, links, perf)
 
 
+def moe_layer_tp_share(model: ModelSpec) -> float:
+    """An MoE layer's tensor-parallel collectives, as a share of a dense layer's: its routed experts
+    need none (each rank routes its own sequence-parallel tokens), so half (the attention's pair),
+    and all where its shared experts need the dense MLP's pair."""
+    return 1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5
+
+
 def tp_collectives_per_pass(sequence_parallel: bool) -> int:
     """Tensor-parallel collectives of one layer's forward (or backward): two all-reduces, or with
     sequence parallelism two all-gathers and two reduce-scatters."""

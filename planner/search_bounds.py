@@ -25,7 +25,7 @@ from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
 from cost_models.stage_time import cp_exposed_per_layer, head_time, stage_time
 from cost_models.optimizer_time import least_offload_time
 from cost_models.step_time import StepTime, step_time
-from cost_models.tp_time import tp_exposed_per_layer
+from cost_models.tp_time import moe_layer_tp_share, tp_exposed_per_layer
 
 from .case import Case
 from .search_memory import fit_limit
@@ -83,7 +83,7 @@ class StepBounds:
                 dispatches *= 1 - cluster.gpu.performance.comm_overlap
             self._moe[shape] = \
                 _moe_layer_time_uncached(model, training, cluster.gpu, tp, cp, mbs, sp, ep, etp, 0.0).total \
-                + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) + ring + dispatches
+                + collectives * moe_layer_tp_share(model) + ring + dispatches
         return self._moe[shape]
 
     def least(self, group: Group) -> Optional[float]:
@@ -123,7 +123,7 @@ class StepBounds:
             self._moe_floor[shape] = \
                 layer_time_for(model, training, gpu, tp, cp, mbs, sp, weight_share=0.0, mlp=False).total \
                 + moe_mlp_time_floor(model, training, gpu, tp, cp, mbs, etp, 0.0) \
-                + collectives * (1.0 if model.moe_shared_expert_ffn_hidden_size else 0.5) + ring
+                + collectives * moe_layer_tp_share(model) + ring
         return self._moe_floor[shape]
 
     def _composition(self, group: Group) -> frozenset:
