@@ -204,12 +204,18 @@ class ModelSpec:
             raise SpecError(s, "moe_first_dense_layers", f"leaves no MoE layer among the {self.num_layers} layers")
         _choice(s, "moe_router", self.moe_router, ROUTERS)
         self._check_router_groups()
+        # No expert takes more than every token of its batch: E/k times the mean, the most
+        # either factor can mean.
+        most = self.num_experts / self.moe_top_k
         if self.moe_capacity_factor is not None:
             _positive_float(s, "moe_capacity_factor", self.moe_capacity_factor)
+            if self.moe_capacity_factor > most:
+                raise SpecError(s, "moe_capacity_factor", f"at most num_experts / moe_top_k = {most:g} (an expert "
+                                                          f"taking every token), got {self.moe_capacity_factor!r}")
         _positive_float(s, "moe_load_imbalance", self.moe_load_imbalance)
-        if self.moe_load_imbalance < 1:
-            raise SpecError(s, "moe_load_imbalance", f"expected the busiest rank's share over the mean, at least 1, "
-                                                     f"got {self.moe_load_imbalance!r}")
+        if not 1 <= self.moe_load_imbalance <= most:
+            raise SpecError(s, "moe_load_imbalance", f"expected the busiest rank's share over the mean, from 1 to "
+                                                     f"num_experts / moe_top_k = {most:g}, got {self.moe_load_imbalance!r}")
 
     def _check_router_groups(self) -> None:
         """megatron-core's checks (``TransformerConfig.__post_init__``), and enough experts in

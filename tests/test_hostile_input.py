@@ -173,6 +173,10 @@ def test_megatron_arguments_that_would_expand_without_end_are_refused(tmp_path, 
     ("cluster: {gpu: a100-sxm-80gb, num_gpus: 8, performance: {gemm_efficiency: 1.0e-320}}",
      "cluster.performance.gemm_efficiency", "at least 1e-06"),
     ("model: {preset: llama2-7b, \"bad\\nkey\": 1}", "model.bad\\nkey", "unknown key"),
+    # 1e300 passed as positive and finite, then the expert buffers overflowed to an infinite peak (a traceback)
+    ("model: {preset: mixtral-8x7b, moe_capacity_factor: 1.0e+300}", "model.moe_capacity_factor",
+     "at most num_experts / moe_top_k = 4"),
+    ("model: {preset: mixtral-8x7b, moe_load_imbalance: 1.0e+300}", "model.moe_load_imbalance", "from 1 to"),
 ])
 def test_input_that_crashed_is_one_line_naming_the_key(tmp_path, text, key, needle):
     data = yaml.safe_load(yaml.safe_dump(CASE))
