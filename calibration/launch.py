@@ -14,6 +14,7 @@ on GPUs, their utilisation), and on CPUs it times the reference GEMM before and 
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import shutil
 import sys
@@ -58,12 +59,20 @@ def check_nproc(nproc: int) -> None:
 
     most = cores() * MAX_RANKS_PER_CORE
     if nproc > most:
-        import torch  # only now: most runs never need the GPU count
-
-        most = max(most, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        # The GPUs the drivers show (NVIDIA's /dev/nvidia0, 1, ...; ROCm's render nodes), an upper
+        # bound on what torch counts: importing torch to count them took 1.8 s.
+        most = max(most, len(glob.glob("/dev/nvidia[0-9]*")), len(glob.glob("/dev/dri/renderD*")))
     if nproc > most:
         raise CaseError("--nproc", "", f"expected at most {most} ranks (one per CPU core or GPU of this machine), "
                                        f"got {nproc}")
+
+
+def check_endpoint(endpoint: str) -> None:
+    """``--rdzv-endpoint`` as torchrun takes it: HOST:PORT, the port from 1 to 65535 (torchrun
+    itself says so only after its ranks start)."""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise CaseError("--rdzv-endpoint", "", f"expected HOST:PORT with a port from 1 to 65535, got {endpoint!r}")
 
 
 def worker_args(timeout: float, case: Optional[Path], quick: bool, gpu_preset: Optional[str],
@@ -141,7 +150,9 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
     """
     from .host import busy_reason, gpu_busy_reason, gpu_use, other_cpu_share
 
+    from planner.fields import check_option
     from planner.files import Output, check_writable, write_atomically
+    from planner.limits import MAX_TIMEOUT_S
 
     check_writable([Output(out, "")], force)  # an existing or unwritable --out fails now, not after the run
     if case is not None:
@@ -152,10 +163,11 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
         from planner.presets import resolve_gpu_preset
 
         gpu_preset = resolve_gpu_preset("--gpu-preset", "", gpu_preset)
-    if timeout <= 0:
-        raise CaseError("--timeout", str(timeout), "expected a positive number of seconds")
+    check_option("--timeout", timeout, 1, MAX_TIMEOUT_S, "seconds")
     if nnodes > 1 and not rdzv_endpoint:
         raise CaseError("--nnodes", str(nnodes), "several nodes need --rdzv-endpoint HOST:PORT")
+    if rdzv_endpoint is not None:
+        check_endpoint(rdzv_endpoint)
     if importlib.util.find_spec("torch") is None:
         raise CaseError("calibrate", "torch", "not installed; pip install 'layout-planner[calibrate]'")
     if nproc is not None:

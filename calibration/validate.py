@@ -210,6 +210,12 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     hung and the run stopped, naming it, without waiting for ``timeout_s``.
     """
     from planner.case import spec_errors
+    from planner.fields import check_option
+    from planner.limits import MAX_RUN_STEPS, MAX_TIMEOUT_S
+
+    check_option("--steps", steps, 1, MAX_RUN_STEPS, "a number of steps")
+    check_option("--warmup", warmup, 0, MAX_RUN_STEPS, "a number of steps")
+    check_option("--timeout", timeout_s, 1, MAX_TIMEOUT_S, "seconds")
 
     from .host import (busy_reason, cpu_model, device_mismatch, gpu_busy_reason, gpu_use, local_gpu, local_gpu_count,
                        other_cpu_share)

@@ -8,7 +8,7 @@ import math
 from typing import Any, Callable
 
 from .errors import CaseError, one_line
-from .limits import MAX_FIXED_TIME_S, MAX_INT, MIN_FIGURE
+from .limits import MAX_FIXED_TIME_S, MAX_INT, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import closest
 from .units import UnitError
 
@@ -69,6 +69,13 @@ def read_figure(src: str, key: str, value: Any) -> float:
     return number
 
 
+def check_option(option: str, value: Any, low: float, high: float, what: str) -> None:
+    """A command-line number from ``low`` to ``high`` (nan and inf fail: they compare as neither),
+    refused before any work starts as a CaseError naming the option."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise CaseError(option, "", f"expected {what} from {low:g} to {high:g}, got {one_line(repr(value), 60)}")
+
+
 def read_bool(src: str, key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise CaseError(src, key, f"expected true or false, got {describe(value)}")
@@ -78,6 +85,9 @@ def read_bool(src: str, key: str, value: Any) -> bool:
 def read_str(src: str, key: str, value: Any) -> str:
     if not isinstance(value, str):
         raise CaseError(src, key, f"expected a string, got {describe(value)}")
+    if len(value) > MAX_STRING_CHARS:
+        raise CaseError(src, key, f"expected a string of at most {MAX_STRING_CHARS:,} characters, got one of "
+                                  f"{len(value):,}")
     return value
 
 

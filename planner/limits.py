@@ -55,8 +55,18 @@ MIN_FIGURE = 1e-6
 # or an expanded --pipeline-model-parallel-layout may reach.
 MAX_EXPANDED_CHARS = 1_000_000
 
+# `calibrate --timeout` and `validate --timeout`: a day, and `validate --steps` / `--warmup`:
+# runs on this machine's CPUs or GPUs that are a few minutes long; nan or inf would disarm the
+# watchdog, and 2^70 steps would never end.
+MAX_TIMEOUT_S = 86400.0
+MAX_RUN_STEPS = 10_000
+
 # `calibrate --nproc`: ranks per CPU core (or per GPU) at most.
 MAX_RANKS_PER_CORE = 1
+
+# A string in a case (a name, a path, a choice): a path's longest on Linux. The report wraps
+# names into its tables, and one word of 60,000 characters took 20 s to wrap.
+MAX_STRING_CHARS = 4096
 
 # Error messages: one line of at most this many characters per part.
 MAX_MESSAGE_PART = 300

@@ -523,6 +523,20 @@ def test_calibrate_refuses_bad_arguments_before_starting(tmp_path):
     assert not (tmp_path / "new.yaml").exists()
 
 
+@pytest.mark.parametrize("args, needle", [
+    (("--timeout", "nan"), "--timeout: expected seconds from 1 to 86400"),  # started torchrun, then "hung"
+    (("--timeout", "1e308"), "--timeout: expected seconds from 1 to 86400"),
+    (("--nnodes", "2", "--rdzv-endpoint", "nohost:notaport"), "--rdzv-endpoint: expected HOST:PORT"),
+    (("--nproc", "100000"), "--nproc: expected at most"),  # refused, but after 1.8 s of importing torch
+])
+def test_calibrate_refuses_bad_options_within_a_second(tmp_path, args, needle):
+    start = time.monotonic()
+    result = calibrate("--out", str(tmp_path / "p.yaml"), *args, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and needle in result.stderr, result.stderr
+    assert time.monotonic() - start < 3  # a fresh process's imports included: nothing started
+    assert not list(tmp_path.iterdir())
+
+
 def test_fp32_gemms_timed_beside_bf16_get_their_own_efficiency(tmp_path):
     """A GPU calibration times TF32 GEMMs beside bf16 ones: each fit against its own datasheet
     peak, so an fp32 case is priced at what TF32 kernels reach, not at bf16's share."""

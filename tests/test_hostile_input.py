@@ -177,6 +177,8 @@ def test_megatron_arguments_that_would_expand_without_end_are_refused(tmp_path, 
     ("model: {preset: mixtral-8x7b, moe_capacity_factor: 1.0e+300}", "model.moe_capacity_factor",
      "at most num_experts / moe_top_k = 4"),
     ("model: {preset: mixtral-8x7b, moe_load_imbalance: 1.0e+300}", "model.moe_load_imbalance", "from 1 to"),
+    # one word of 60,000 characters took the report 20 s to wrap
+    ("model: {preset: llama2-7b, name: " + "x" * 60_000 + "}", "model.name", "at most 4,096 characters"),
 ])
 def test_input_that_crashed_is_one_line_naming_the_key(tmp_path, text, key, needle):
     data = yaml.safe_load(yaml.safe_dump(CASE))

@@ -142,6 +142,23 @@ def test_cli_refusal_is_one_line_with_exit_code_2(tmp_path, profile):
     assert run.stderr.count("\n") == 1 and "layout.tp" in run.stderr and "data parallelism only" in run.stderr
 
 
+@pytest.mark.parametrize("option, value, bound", [
+    ("--timeout", "nan", "from 1 to 86400"),  # nan passed `min=1` and disarmed the watchdog
+    ("--timeout", "inf", "from 1 to 86400"),
+    ("--steps", str(2**70), "from 1 to 10000"),  # accepted, a run without end
+    ("--warmup", "100000", "from 0 to 10000"),
+])
+def test_run_lengths_past_their_bounds_are_refused_before_the_run(tmp_path, profile, option, value, bound):
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case()))
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "planner", "validate", str(path), "--profile", str(profile),
+                          "--allow-busy", option, value], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert f"{option}: expected" in run.stderr and bound in run.stderr
+    assert time.monotonic() - start < 10  # refused, not run
+
+
 def test_more_ranks_than_cores_is_refused(profile):
     loaded = load_with_profile(case(num_gpus=4), profile)
     with pytest.raises(Unsupported, match="core"):
