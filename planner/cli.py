@@ -148,7 +148,8 @@ def plan_command(
         result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine, fastest=fastest)
         outputs: list[Output] = []
         if emit is not None and result.best is not None:
-            files, notes = render(result.best, emit, str(case))
+            files, emitted = render(result.best, emit, str(case))
+            notes += emitted  # after the ignored layout's note, which this once replaced
             outputs += [Output(out / name, text) for name, text in files.items()]
         if plot is not None and result.best is not None:
             from .plots import render_plots
@@ -201,6 +202,11 @@ def size_command(
         size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top,
                     names={"tokens": "--tokens", "deadline": "--deadline", "max_gpus": "--max-gpus",
                            "max_nodes": "--max-nodes", "gpu_hour_cost": "--gpu-hour-cost", "top_k": "--top"})
+        from .plan import check_ignored_layout
+
+        ignored = check_ignored_layout(case, "size")
+        if ignored:
+            print(f"note: {one_line(ignored, 1000)}", file=sys.stderr)
         result = size(case, tokens, deadline=deadline, max_gpus=max_gpus, max_nodes=max_nodes,
                       gpu_hour_cost=gpu_hour_cost, top_k=top)
     except CaseError as error:

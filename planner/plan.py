@@ -331,10 +331,10 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
     return plan_case(loaded, simplest_within=simplest_within, top_k=top_k, target=target, fastest=fastest)
 
 
-def check_ignored_layout(case: Any) -> Optional[str]:
-    """A ``layout`` section `plan` ignores is still read for what it is: a malformed one (a ZeRO stage
-    4, dp 0, tp true) is the case's error, as under `estimate`; a well-formed one gets a line saying
-    it was ignored (returned, for the CLI to print), since `plan` chooses the layout."""
+def check_ignored_layout(case: Any, command: str = "plan") -> Optional[str]:
+    """A ``layout`` section `plan` (or `size`) ignores is still read for what it is: a malformed one
+    (a ZeRO stage 4, dp 0, tp true) is the case's error, as under `estimate`; a well-formed one gets
+    a line saying it was ignored (returned, for the CLI to print), since the command chooses the layout."""
     from .case import layout_from_mapping, read_case
 
     data, src, _ = read_case(case)
@@ -349,8 +349,8 @@ def check_ignored_layout(case: Any) -> Optional[str]:
             if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_GPUS:
                 gpus *= value
     layout_from_mapping(src, section, min(gpus, MAX_GPUS ** 2))
-    return (f"{src}: plan chooses the layout and ignores the case's layout section (estimate scores it; "
-            "search.<key> pins a choice for plan)")
+    return (f"{src}: {command} chooses the layout and ignores the case's layout section (estimate scores it; "
+            f"search.<key> pins a choice for {command})")
 
 
 # The engines `plan` decides between when a case names none: those it writes launch files for.

@@ -279,7 +279,10 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
     """Python API: size a case (path or dict in the case-file schema) for ``tokens`` (15e12 or
     "15T"), optionally by a ``deadline`` ("60d", "36h"), within ``max_gpus`` or ``max_nodes``
     (of any one type), at ``gpu_hour_cost`` per GPU-hour (replacing every type's price)."""
+    from .plan import check_ignored_layout
+
     target = size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top_k)
+    check_ignored_layout(case, "size")  # a malformed layout section is the case's error, as under plan
     loaded, options = load_sizing_case(case)
     return size_case(loaded, options, target)
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
+
+import planner
+from planner.errors import CaseError
 
 from cli_in_process import run_cli
 
@@ -69,3 +73,23 @@ def test_plan_refuses_a_malformed_layout_section_and_says_it_ignores_a_good_one(
     path.write_text(yaml.safe_dump({**case, "layout": {"tp": 8}}))
     done = run_cli("plan", str(path), "--top", "0")
     assert done.returncode == 0 and "ignores the case's layout section" in done.stderr
+    # with --emit the emitter's notes once replaced that one
+    done = run_cli("plan", str(path), "--top", "0", "--emit", "megatron", "--out", str(tmp_path / "run"))
+    assert done.returncode == 0 and "ignores the case's layout section" in done.stderr
+
+
+def test_size_refuses_a_malformed_layout_section_as_plan_does(tmp_path):
+    """`size` chose the layout and ran silently over a ZeRO stage 4 or dp 0 (exit 0)."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"}}
+    path = tmp_path / "case.yaml"
+    for layout, key in (({"zero_stage": 4}, "layout.zero_stage"), ({"dp": 0}, "layout.dp"),
+                        ({"sequence_parallel": "yes"}, "layout.sequence_parallel")):
+        path.write_text(yaml.safe_dump({**case, "layout": layout}))
+        done = run_cli("size", str(path), "--tokens", "1T", "--json")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and f": {key}: " in done.stderr, done.stderr
+        with pytest.raises(CaseError, match=key):
+            planner.size({**case, "layout": layout}, "1T")
+    path.write_text(yaml.safe_dump({**case, "layout": {"tp": 8}}))
+    done = run_cli("size", str(path), "--tokens", "1T", "--json")
+    assert done.returncode == 0 and "size chooses the layout and ignores the case's layout section" in done.stderr
