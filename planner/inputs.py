@@ -25,7 +25,7 @@ from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from yaml.resolver import Resolver
 
-from .errors import CaseError
+from .errors import CaseError, one_line
 from .limits import MAX_INPUT_BYTES, MAX_NESTING, MAX_YAML_ALIASES, MAX_YAML_NODES
 
 PathLike = Union[str, os.PathLike]
@@ -262,12 +262,29 @@ def _long_number_key(value: Any, key: str = "") -> Optional[tuple[str, int]]:
     return None
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _object_without_duplicates(pairs: list) -> dict:
+    """A JSON object whose keys are all different: Python's reader keeps the last of a repeated key
+    silently (a ``zero_optimization`` given twice read as its second stage), the YAML reader refuses."""
+    data = dict(pairs)
+    if len(data) < len(pairs):
+        seen = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return data
+
+
 def load_json(text: str, source: str) -> Any:
-    """JSON text, or a CaseError naming ``source``: malformed, too deep, or a number too long
-    (naming its key)."""
+    """JSON text, or a CaseError naming ``source``: malformed, too deep, a key given twice in one
+    object, or a number too long (naming its key)."""
     try:
         data = json.loads(text, parse_int=lambda digits: int(digits) if len(digits.lstrip("-")) <= MAX_JSON_INT_DIGITS
-                          else _LongNumber(len(digits.lstrip("-"))))
+                          else _LongNumber(len(digits.lstrip("-"))), object_pairs_hook=_object_without_duplicates)
+    except _DuplicateKey as error:
+        raise CaseError(source, one_line(error.key, 80), "given twice in one object; expected each key once") from None
     except json.JSONDecodeError as error:
         raise CaseError(source, "", f"expected valid JSON: {error.msg} at line {error.lineno}, "
                                     f"column {error.colno}") from None

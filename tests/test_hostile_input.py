@@ -226,6 +226,19 @@ def test_deep_or_huge_json_is_one_line(tmp_path):
     one_line_error(cli("estimate", str(hf_case)), str(hf), "attention_dropout", "401 digits")
 
 
+def test_a_json_key_given_twice_is_refused_as_in_yaml(tmp_path):
+    """Python's JSON reader keeps the last of a repeated key: a ds_config with ZeRO stage 1 then 3 read as 3."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
+    twice = write(tmp_path / "ds.json", '{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, '
+                                        '"zero_optimization": {"stage": 1}, "zero_optimization": {"stage": 3}}')
+    one_line_error(cli("diagnose", str(case), "--config", str(twice)), str(twice), ": zero_optimization: ",
+                   "given twice")
+    hf = write(tmp_path / "config.json", '{"model_type": "llama", "model_type": "mistral", "hidden_size": 64}')
+    hf_case = write(tmp_path / "hf.yaml", yaml.safe_dump({**{k: v for k, v in CASE.items() if k != "model"},
+                                                          "model": {"hf_config": str(hf)}}))
+    one_line_error(cli("estimate", str(hf_case)), str(hf), ": model_type: ", "given twice")
+
+
 def test_rich_markup_in_names_is_printed_as_written(tmp_path):
     case = copy.deepcopy(CASE)
     case["model"]["name"] = "x[/]y[bold]z[link=u]"
