@@ -116,7 +116,8 @@ def plan_command(
     engine: Optional[str] = typer.Option(
         None, "--engine", help="Plan for this engine (megatron, deepspeed, torchtitan or any), overriding "
                                "the case's training.engine and search.target."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Folder for --emit's files."),
+    # A string, not a Path: Path("") is ".", and `--out ''` wrote the files into the current folder.
+    out: Optional[str] = typer.Option(None, "--out", help="Folder for --emit's files."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
 ) -> None:
     """The fastest layout that fits, at the case's global batch, and its runners-up."""
@@ -133,6 +134,8 @@ def plan_command(
             raise CaseError("--emit", emit, f"expected one of {', '.join(ENGINES)}")
         if emit is not None and out is None:
             raise CaseError("--out", "", "--emit needs --out DIR")
+        if out is not None and not out.strip():
+            raise CaseError("--out", "", f"expected a folder's path, got {out!r}")
         if emit is not None and engine not in (None, emit):
             raise CaseError("--engine", engine, f"differs from --emit {emit}; give the same engine to both")
         plan_options(top, simplest_within, None, names={"top_k": "--top", "simplest_within": "--simplest-within"})
@@ -150,7 +153,7 @@ def plan_command(
         if emit is not None and result.best is not None:
             files, emitted = render(result.best, emit, str(case))
             notes += emitted  # after the ignored layout's note, which this once replaced
-            outputs += [Output(out / name, text) for name, text in files.items()]
+            outputs += [Output(Path(out) / name, text) for name, text in files.items()]
         if plot is not None and result.best is not None:
             from .plots import render_plots
 

@@ -302,3 +302,11 @@ def test_the_loader_keeps_yaml_aliases_merges_and_numbers():
                                     "copy": {"x": 1, "y": [1.5, math.inf]}}
     with pytest.raises(CaseError, match="could not determine a constructor"):
         load_yaml("x: !!python/object/apply:os.system ['true']", "t")
+
+
+def test_an_empty_out_folder_is_refused_not_taken_for_the_current_one(tmp_path, monkeypatch):
+    """`plan --emit megatron --out ''` wrote the launch files into the current folder (Path('') is '.')."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
+    monkeypatch.chdir(tmp_path)
+    one_line_error(cli("plan", str(case), "--emit", "megatron", "--out", ""), "--out", "expected a folder's path")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["case.yaml"]
