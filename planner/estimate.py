@@ -16,6 +16,7 @@ from .bands import Band, memory_band, throughput_band
 from .case import Case, layout_to_mapping, load_case, spec_errors
 from .engines import ENGINES
 from .errors import CaseError
+from .limits import MAX_STEP_TIME_S
 # The memory limit every command holds a layout to, shared with the search; named here too.
 from .search_memory import fit_limit, fits_with_margin, host_fits, usable_bytes
 from .search_recompute import selective_bundles
@@ -206,10 +207,21 @@ def refuse_what_the_engine_cannot_run(case: Case, job: Job) -> None:
         raise CaseError(case.source, key, f"{engine.name} cannot run it: {why}")
 
 
+def check_step_time(source: str, seconds: float) -> None:
+    """A step past MAX_STEP_TIME_S (116 days) comes from figures no hardware has (a bandwidth of a
+    few bytes per second, say): the case's error, under `estimate` as under `plan` (whose solver
+    holds step times in whole microseconds)."""
+    if not seconds <= MAX_STEP_TIME_S:
+        raise CaseError(source, "cluster", f"the GPU's figures give steps of {seconds:.3g} s; expected figures "
+                                           f"that give steps under {MAX_STEP_TIME_S:g} s")
+
+
 def estimate(case: Any) -> Estimate:
     """Python API: estimate the case's layout. ``case`` is a path or a dict in the case-file schema."""
     loaded = case if isinstance(case, Case) else load_case(case)
-    return estimate_job(loaded, loaded.job())
+    result = estimate_job(loaded, loaded.job())
+    check_step_time(loaded.source, result.step_time_s)  # "0 tokens/s" and exit 0 otherwise
+    return result
 
 
 def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Remedy]:

@@ -55,6 +55,9 @@ MIN_FIGURE = 1e-6
 # or an expanded --pipeline-model-parallel-layout may reach.
 MAX_EXPANDED_CHARS = 1_000_000
 
+# search.headroom: the share of GPU memory a layout must leave free.
+MAX_HEADROOM = 0.9
+
 # `calibrate --timeout` and `validate --timeout`: a day, and `validate --steps` / `--warmup`:
 # runs on this machine's CPUs or GPUs that are a few minutes long; nan or inf would disarm the
 # watchdog, and 2^70 steps would never end.

@@ -14,8 +14,8 @@ from .case import Case, layout_to_mapping, load_case, spec_errors
 from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
 from .errors import CaseError, one_line
-from .estimate import Estimate, estimate_job, fits_with_margin
-from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_STEP_TIME_S, MAX_TOP_K
+from .estimate import Estimate, check_step_time, estimate_job, fits_with_margin
+from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_TOP_K
 from .search import search
 from .search_rows import Candidate, SearchResult
 from .search_options import SearchSpec, retarget
@@ -180,10 +180,7 @@ def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[
 def _check_times(case: Case, candidates: list[Candidate]) -> None:
     """The solver works in whole microseconds: a step time past MAX_STEP_TIME_S comes from
     figures no hardware has (a bandwidth of a few bytes per second, say)."""
-    slowest = max((c.step_time_s for c in candidates), default=0.0)
-    if not slowest <= MAX_STEP_TIME_S:
-        raise CaseError(case.source, "cluster", f"the GPU's figures give steps of {slowest:.3g} s; expected figures "
-                                                f"that give steps under {MAX_STEP_TIME_S:g} s")
+    check_step_time(case.source, max((c.step_time_s for c in candidates), default=0.0))
 
 
 def _some_layout_fits(case: Case, spec: SearchSpec) -> bool:

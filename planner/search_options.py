@@ -14,7 +14,7 @@ from .engines import ENGINES, Engine, EngineSupport
 from .engines.megatron import recompute_module_refusals
 from .errors import CaseError
 from .fields import describe, read_bool, read_int, read_mapping, read_number, read_str
-from .limits import MAX_TOP_K
+from .limits import MAX_HEADROOM, MAX_TOP_K
 
 PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
             "recompute_num_layers", "recompute_modules", "offload_optimizer", "offload_params", "offload_activations",
@@ -105,8 +105,10 @@ def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[Mod
                                                          "collectives with GEMMs; set it false")
     if "headroom" in data:
         headroom = read_number(src, "search.headroom", data["headroom"])
-        if not 0 <= headroom < 1:
-            raise CaseError(src, "search.headroom", f"expected a fraction in [0, 1), got {headroom}")
+        # Above 0.9 a layout would have less than a tenth of the GPU, past 1 minus what lives outside
+        # the allocator nothing: 0.999999 gave "fits up to -1.1 GB".
+        if not 0 <= headroom <= MAX_HEADROOM:
+            raise CaseError(src, "search.headroom", f"expected a fraction from 0 to {MAX_HEADROOM:g}, got {headroom:g}")
         values["headroom"] = headroom
     if "top_k" in data:
         values["top_k"] = read_int(src, "search.top_k", data["top_k"], minimum=0, maximum=MAX_TOP_K)

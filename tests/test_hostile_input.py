@@ -119,6 +119,8 @@ def test_an_input_past_the_size_bound_is_refused(tmp_path):
      "cluster.performance.kernel_overhead_s", "from 0 to 3600"),
     (lambda c: c["cluster"].update(fabric={"latency_s": 1e300}), (), "cluster.fabric.latency_s", "from 0 to 3600"),
     (lambda c: None, ("--top", str(10**20)), "--top", "0 to 100"),
+    # 0.999999 left "a layout fits up to -1.1 GB"
+    (lambda c: c.update(search={"headroom": 0.999999}), (), "search.headroom", "from 0 to 0.9"),
     (lambda c: None, ("--simplest-within", "inf"), "--simplest-within", "0 to 1000"),
     (lambda c: None, ("--simplest-within", "nan"), "--simplest-within", "0 to 1000"),
 ])
@@ -206,6 +208,9 @@ def test_an_absurd_figure_that_gives_endless_steps_is_refused_by_plan(tmp_path):
     case["cluster"]["intra_node_bandwidth"] = "1 B/s"
     path = write(tmp_path / "case.yaml", yaml.safe_dump(case))
     one_line_error(cli("plan", str(path)), str(path), "cluster", "steps under 1e+07 s")
+    # estimate printed "0 tokens/s" and a step of 1.3e10 s with exit 0
+    with_layout = write(tmp_path / "laid-out.yaml", yaml.safe_dump({**case, "layout": CASE["layout"]}))
+    one_line_error(cli("estimate", str(with_layout)), str(with_layout), "cluster", "steps under 1e+07 s")
 
 
 def test_deep_or_huge_json_is_one_line(tmp_path):
