@@ -262,13 +262,16 @@ def sizing_terms(src: str, section: dict, key: str, gpus_per_node: int) -> tuple
     nodes) and the price of a GPU-hour; None where the section gives none."""
     most = gpu_count(src, section, key, gpus_per_node, ("max_gpus", "max_nodes"))
     if most is not None and most > MAX_GPUS:
+        if "max_nodes" in section:  # named as written: the nodes, not the GPUs they make
+            raise CaseError(src, f"{key}.max_nodes", f"at most {MAX_GPUS // gpus_per_node} nodes of {gpus_per_node} "
+                                                     f"GPUs ({MAX_GPUS} GPUs) can be sized, got {most // gpus_per_node}")
         raise CaseError(src, f"{key}.max_gpus", f"at most {MAX_GPUS} GPUs can be sized, got {most}")
     price = None
     if "gpu_hour_cost" in section:
         price = read_number(src, f"{key}.gpu_hour_cost", section["gpu_hour_cost"])
         if not 0 < price <= MAX_GPU_HOUR_COST:
             raise CaseError(src, f"{key}.gpu_hour_cost", f"expected a price per GPU-hour above 0 and at most "
-                                                         f"{MAX_GPU_HOUR_COST:g}, got {price:g}")
+                                                         f"{MAX_GPU_HOUR_COST:g}, got {price!r}")
     return most, price
 
 

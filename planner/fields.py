@@ -50,7 +50,19 @@ def read_number(src: str, key: str, value: Any) -> float:
             number = math.inf
         if math.isfinite(number):
             return number
-    raise CaseError(src, key, f"expected a finite number, got {describe(value)}")
+    raise CaseError(src, key, f"expected a finite number, got {describe(value)}{_yaml_text_hint(value)}")
+
+
+def _yaml_text_hint(value: Any) -> str:
+    """YAML 1.1 reads 1e300 (no dot, no sign in the exponent) as text: say how to write the number."""
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return ""
+        if math.isfinite(number):
+            return f" (YAML reads {one_line(value, 40)} as text; write it as {number:.6e})"
+    return ""
 
 
 def read_time(src: str, key: str, value: Any) -> float:

@@ -315,3 +315,22 @@ def test_an_empty_out_folder_is_refused_not_taken_for_the_current_one(tmp_path, 
     monkeypatch.chdir(tmp_path)
     one_line_error(cli("plan", str(case), "--emit", "megatron", "--out", ""), "--out", "expected a folder's path")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["case.yaml"]
+
+
+@pytest.mark.parametrize("text, command, key, needle", [
+    # YAML 1.1 reads 1e300 as text: the message said only "got str '1e300'"
+    ("model: {preset: llama2-7b, dropout: 1e300}", "estimate", "model.dropout", "write it as 1.000000e+300"),
+    # the bound and the value were both printed as 1e+06
+    ("cluster: {gpu: a100-sxm-80gb, num_gpus: 8, gpu_hour_cost: 1000001}", "size", "cluster.gpu_hour_cost",
+     "got 1000001"),
+    # max_nodes past the bound was named max_gpus, with the GPUs it makes
+    ("cluster: {gpu: a100-sxm-80gb, max_nodes: 131073}", "size", "cluster.max_nodes", "got 131073"),
+])
+def test_refusals_name_the_key_and_value_as_written(tmp_path, text, command, key, needle):
+    data = {k: v for k, v in CASE.items() if k != "layout" or command == "estimate"}
+    base = "\n".join(f"{k}: {json.dumps(v)}" for k, v in data.items() if k not in {
+        line.split(":", 1)[0] for line in text.splitlines()})
+    path = write(tmp_path / "case.yaml", base + "\n" + text + "\n")
+    line = one_line_error(cli(command, str(path), *(("--tokens", "1T") if command == "size" else ())),
+                          str(path), needle)
+    assert f": {key}: " in line
