@@ -16,7 +16,8 @@ from typing import Optional
 
 import typer
 
-from .errors import CaseError, Interrupted, forget_interrupts, interrupt, one_line, raise_if_interrupted
+from .errors import (CaseError, Interrupted, forget_interrupts, ignore_interrupts, interrupt, one_line,
+                     raise_if_interrupted)
 from .estimate import estimate
 
 EXIT_BAD_INPUT = 2
@@ -160,7 +161,7 @@ def plan_command(
             outputs.append(Output(plot, render_plots(result, plot), "--plot"))
         elif plot is not None:
             notes.append(f"--plot: nothing fits, so {plot} was not written (no layout to draw)")
-        written = write_all(outputs, force)  # all or none, emitted configs and plot together
+        written = write_all(outputs, force, last=True)  # all or none, emitted configs and plot together
     except CaseError as error:
         _fail(error)
     for note in notes:
@@ -296,7 +297,8 @@ def validate_published_command(
             result = evaluate(load_rows(runs) if runs else None, experts=experts, progress=progress)
         if not result.rows:  # nothing readable: an empty table would look like a pass
             why = [f"{rid}: {reason}" for rid, reason in result.malformed + result.failed][:3] \
-                + [f"{n} {reason}" for reason, n in result.skipped.items()]
+                + [f"{n} {reason}" + (f", {result.skipped_first[reason]} the first" if reason in result.skipped_first
+                                      else "") for reason, n in result.skipped.items()]
             raise CaseError(", ".join(str(r) for r in runs) if runs else "planner/published", "",
                             "no published run could be scored" + (f" ({'; '.join(why)})" if why else
                                                                   ": the files hold no runs"))
@@ -304,7 +306,8 @@ def validate_published_command(
         covered = bands.coverage(result.rows, jobs)
         covered_by_class = bands.coverage_by_class(result.rows, jobs)
         if write_bands is not None:
-            write_all([Output(write_bands, bands.render(bands.compute(result.rows, jobs)), "--write-bands")], True)
+            write_all([Output(write_bands, bands.render(bands.compute(result.rows, jobs)), "--write-bands")], True,
+                      last=True)
         shot = shots.evaluate(result.rows, shots.ladder(few_shot)) if few_shot is not None else None
         families = None
         if leave_family_out:
@@ -413,6 +416,7 @@ def calibrate_command(
         outcome = calibrate(out, case=case[0] if case else None, nproc=nproc, quick=quick, timeout=timeout, force=force,
                             gpu_preset=gpu_preset, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
                             show_progress=True, allow_busy=allow_busy)
+        ignore_interrupts()  # the profile is written
     except CaseError as error:
         _fail(error)
     except RunFailed as error:
@@ -460,7 +464,7 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
         runs = load_runs(files) if from_runs else runs_from_logs(files, cases)
         result = fit(runs, str(files[0]) if files else "runs", gpu_preset)
         profile = profile_of(result, ", ".join(str(f) for f in files))
-        written = write_all([Output(out, render(profile))], force)
+        written = write_all([Output(out, render(profile))], force, last=True)
     except CaseError as error:
         _fail(error)
     console = _console()
@@ -477,6 +481,8 @@ def _console(**options):
 
 def _interrupted(signum, frame) -> None:
     interrupt(signal.Signals(signum).name)
+
+
 
 
 def _caused_by_interrupt(error: Optional[BaseException]) -> bool:
@@ -502,22 +508,32 @@ def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` alike: exit 130, nothing written
         if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and background jobs ignore them
             signal.signal(signum, _interrupted)
+    sys.exit(_run(UsageError))
+
+
+def _run(usage_error: type) -> int:
+    """The command's exit code, with every message printed; interrupts ignored once it is decided."""
     try:
         result = app(prog_name="layout-planner", standalone_mode=False)
         if not result:  # a command about to report success, past an interrupt Python dropped
             raise_if_interrupted()
-    except UsageError as error:
+    except usage_error as error:
         if not error.format_message() and error.ctx is not None:  # bare command: show its help
             print(error.ctx.get_help())
-            sys.exit(0)
+            return _exiting(0)
         command = error.ctx.command_path if error.ctx else "layout-planner"
         print(f"error: {command}: {error.format_message()}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        return _exiting(EXIT_BAD_INPUT)
     except typer.Exit as done:
-        sys.exit(done.exit_code)
+        return _exiting(done.exit_code)
     except BaseException as error:
         if not _caused_by_interrupt(error):
             raise
         print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(result if isinstance(result, int) else 0)
+        return _exiting(130)
+    return _exiting(result if isinstance(result, int) else 0)
+
+
+def _exiting(code: int) -> int:
+    ignore_interrupts()  # what was decided is what the process says
+    return code

@@ -61,3 +61,14 @@ def raise_if_interrupted() -> None:
 def forget_interrupts() -> None:
     """A new command starts with none recorded."""
     _RECEIVED.clear()
+
+
+def ignore_interrupts() -> None:
+    """From here on the process ignores Ctrl-C and SIGTERM (the CLI's main thread only): its files
+    are written, so a signal can no longer leave "nothing written" and exit 130 with them in place
+    would say it had; or it is exiting, where Python's shutdown puts its own handlers back to the
+    default, under which a late signal killed it by the signal with no word."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
-from .errors import CaseError, raise_if_interrupted
+from .errors import CaseError, ignore_interrupts, raise_if_interrupted
 
 _STAGING_PREFIX = ".layout-planner-"
 _HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -113,8 +113,10 @@ def _put_back(moved: list[tuple[Path, Optional[Path]]]) -> None:
             pass
 
 
-def write_all(outputs: list[Output], force: bool) -> list[Path]:
-    """Write every output, all or none (see the module docstring); returns their paths."""
+def write_all(outputs: list[Output], force: bool, last: bool = False) -> list[Path]:
+    """Write every output, all or none (see the module docstring); returns their paths. ``last``
+    (the CLI's: the command's last act) ignores interrupts once the files are in place, a signal
+    held back during the renames included (``errors.ignore_interrupts``)."""
     outputs = list(outputs)
     created: list[Path] = []
     stages: dict[Path, Path] = {}
@@ -154,6 +156,8 @@ def write_all(outputs: list[Output], force: bool) -> list[Path]:
                                 os.replace(out.path, backup)
                             moved.append((out.path, backup))
                             os.replace(tmp, out.path)
+                        if last and outputs:
+                            ignore_interrupts()  # before the held signals are let through
                     done = True  # past this point, an interrupt held back above has been raised
                 except BaseException:
                     _put_back(moved)

@@ -101,6 +101,37 @@ def test_an_interrupt_python_drops_still_stops_the_writes(tmp_path):
         forget_interrupts()
 
 
+LATE_SIGNAL = """
+import os, signal, sys
+import planner.files, planner.cli
+real = planner.files.write_all
+def write_then_signal(outputs, force, **options):
+    written = real(outputs, force, **options)
+    os.kill(os.getpid(), signal.{signum})  # lands just after the files are in place
+    return written
+planner.files.write_all = write_then_signal
+sys.argv = ["layout-planner", "plan", {case!r}, "--top", "0", "--emit", "megatron", "--out", {out!r}]
+try:
+    planner.cli.main()
+except SystemExit as done:
+    print("handlers", signal.getsignal(signal.SIGINT) is signal.SIG_IGN, signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
+    raise
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_after_the_files_are_written_lets_the_command_finish(tmp_path, signum):
+    """A signal landing after the emitted files were renamed into place gave exit 130 and
+    "interrupted" with the files there; one during the interpreter's shutdown killed it by the
+    signal, with no word. Past the write, and past the exit code, signals are ignored."""
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", LATE_SIGNAL.format(signum=signum, case=str(EXAMPLE), out=str(out))],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0 and "interrupted" not in done.stderr, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["launch.sh", "megatron_args.txt", "sbatch.sh"]
+    assert "handlers True True" in done.stdout  # and so through the shutdown
+
+
 def test_the_solver_leaves_ctrl_c_to_python():
     """CP-SAT catches SIGINT by default and ends its search as if out of time; the plan would
     then go on and write its files. Solving in a loop, a Ctrl-C must stop the loop."""
@@ -163,7 +194,7 @@ def test_validate_interrupted_stops_torchrun_and_every_rank_and_leaves_no_folder
         "model": {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512},
         "cluster": {"num_gpus": 2}, "training": {"precision": "fp32", "global_batch_size": 4, "seq_len": 64},
         "layout": {"dp": 2}}))
-    process = start("validate", str(case), "--profile", str(profile), "--steps", "100000", "--warmup", "0",
+    process = start("validate", str(case), "--profile", str(profile), "--steps", "10000", "--warmup", "0",
                     "--allow-busy",
                     env={"TMPDIR": str(scratch)})
     ranks: set[int] = set()
