@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from cost_models.specs import ClusterSpec, Job, Layout, ModelSpec, Overheads, TrainingSpec
 
-from .case_cluster import _cluster, cluster_profile
+from .case_cluster import _cluster, cluster_profile, gpu_from_profile
 from .case_errors import case_message, spec_errors
 from .engines import ENGINES
 from .errors import CaseError
@@ -348,6 +348,10 @@ def profile_warnings(case: Any) -> list[str]:
     if found is None:
         return []
     path, profile = found
+    try:
+        gpu_from_profile(Path(path))
+    except CaseError:
+        return []  # nor one whose profile it refuses: its one line, not warnings before it
     out = []
     machine = profile.get("machine") if isinstance(profile.get("machine"), dict) else {}
     if machine.get("quick"):

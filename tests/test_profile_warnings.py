@@ -33,6 +33,18 @@ def test_a_quick_profile_and_a_poor_fit_are_warned_about(tmp_path):
     assert "measurements.collectives.intra_node.all_reduce.fit fits its timings with a 39% rms error" in warnings[1]
 
 
+def test_a_profile_that_is_refused_gets_its_one_line_and_no_warnings_before_it(tmp_path):
+    """A poorly fitted profile with a figure the planner refuses printed its warnings, then the error."""
+    case = profile(tmp_path, quick=True, error=0.39)
+    path = tmp_path / "profile.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["performance"]["comm_overlap"] = float("nan")
+    path.write_text(yaml.safe_dump(doc))
+    done = run_cli("estimate", str(case))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "performance.comm_overlap" in done.stderr
+
+
 def test_a_good_profile_says_nothing(tmp_path):
     case = profile(tmp_path, quick=False, error=0.05)
     assert "warning" not in run_cli("estimate", str(case)).stderr
