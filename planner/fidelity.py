@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from .errors import CaseError, one_line
-from .published_runs import case_of, load_rows, measured_tokens_per_s, published_memory_stage, source_of
+from .published_runs import (case_of, load_rows, measured_tokens_per_s, published_memory_stage, row_problem,
+                             source_of)
 
 TUNED = ("Megatron-Bridge", "NVIDIA-NeMo/Megatron-Bridge", "torchtitan", "MLPerf", "NVIDIA/NeMo")
 MIN_SWEEP = 5
@@ -84,6 +85,7 @@ class Sweep:
 class Fidelity:
     rows: list[Row] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
+    skipped_first: dict[str, str] = field(default_factory=dict)  # the first run skipped for each reason
     malformed: list[tuple[str, str]] = field(default_factory=list)  # (row, why): not a run as the schema has it
     failed: list[tuple[str, str]] = field(default_factory=list)
     throughput: dict[str, Summary] = field(default_factory=dict)
@@ -150,6 +152,10 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
         if not isinstance(r, dict):
             out.malformed.append((f"row {index}", f"expected a mapping, got {type(r).__name__}"))
             continue
+        problem = row_problem(r)
+        if problem:  # a field the planner cannot read as a number skips its row, named
+            out.malformed.append((one_line(r.get("id", f"row {index}"), 80), f"{problem[0]}: {problem[1]}"))
+            continue
         try:  # a field of the wrong type (a list of layers, a string of GPUs) skips its row, with why
             case, why = case_of(r)
             measured = measured_tokens_per_s(r) if case else None
@@ -162,6 +168,7 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
             why = "no convention-free measurement"
         if why:
             out.skipped[why] = out.skipped.get(why, 0) + 1
+            out.skipped_first.setdefault(why, one_line(r.get("id", f"row {index}"), 80))
             continue
         try:
             est = estimate(case)

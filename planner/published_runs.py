@@ -249,6 +249,52 @@ def engine(row: dict) -> str:
     return "any"
 
 
+# The counts a row's case is built from: whole numbers from 1, where given (None: not published).
+ROW_COUNTS = {"": ("num_gpus",), "model": ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"),
+              "parallel": ("dp", "tp", "pp", "vpp", "cp", "ep", "etp"),
+              "batch": ("global_batch_size", "micro_batch_size", "grad_accum")}
+# What a row measured and the planner scores against: positive and finite, and below what no
+# training run measures (a GPU's 10^5 TFLOP/s, 10^5 GB, a step of 10^7 s).
+ROW_MEASURES = {"iteration_time_s": 1e7, "tokens_per_sec_total": 1e15, "tokens_per_sec_per_gpu": 1e12,
+                "tflops_per_gpu": 1e5, "memory_gb_per_gpu": 1e5}
+
+
+def row_problem(row: dict) -> Optional[tuple[str, str]]:
+    """(the dotted key, what was expected) of the first field of a run the planner cannot read as a
+    number, else None: a count that is no whole number from 1, a measurement that is no positive
+    finite number below its bound (a NaN or a negative TFLOP/s, a `true`), a section that is no mapping."""
+    for section in ("model", "parallel", "batch"):
+        if section not in row:
+            return section, "missing"
+        if not isinstance(row[section], dict):
+            return section, f"expected a mapping, got {type(row[section]).__name__}"
+    for section, keys in ROW_COUNTS.items():
+        fields = row[section] if section else row
+        for key in keys:
+            name = f"{section}.{key}" if section else key
+            value = fields.get(key)
+            if value is None:  # not published: the row is skipped as such, or the case goes without it
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return name, f"expected a whole number from 1, got {_quoted(value)}"
+    measured = row.get("measured")
+    if measured is None:
+        return None
+    if not isinstance(measured, dict):
+        return "measured", f"expected a mapping, got {type(measured).__name__}"
+    for key, most in ROW_MEASURES.items():
+        value = measured.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 < value <= most):
+            return f"measured.{key}", f"expected a positive number of at most {most:g}, got {_quoted(value)}"
+    return None
+
+
+def _quoted(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def measured_tokens_per_s(row: dict) -> Optional[float]:
     """Measured tokens/s over all GPUs: from the iteration time, or tokens/s as printed; for
     the rows that give only hardware TFLOP/s per GPU (Narayanan, BLOOM, MT-NLG), through

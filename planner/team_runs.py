@@ -15,7 +15,7 @@ from cost_models.parameters import total_parameters
 from .case import load_case, read_case
 from .errors import CaseError, one_line
 from .inputs import read_yaml
-from .published_runs import case_of, measured_tokens_per_s, published_memory_stage
+from .published_runs import case_of, measured_tokens_per_s, published_memory_stage, row_problem
 from .training_logs import read_log
 
 
@@ -43,6 +43,9 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         if not isinstance(row, dict):
             raise CaseError(source, f"[{index}]", "expected a run (a mapping in the published-runs schema)")
         name = one_line(row.get("id") or f"[{index}]", 80)
+        problem = row_problem(row)
+        if problem:
+            raise CaseError(source, f"{name}.{problem[0]}", problem[1])
         try:
             case, why = case_of(row)
             tokens = measured_tokens_per_s(row) if case else None

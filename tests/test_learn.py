@@ -8,6 +8,8 @@ planner/training_logs.py).
 
 from __future__ import annotations
 
+import re
+
 import math
 import statistics
 from pathlib import Path
@@ -141,6 +143,19 @@ def test_a_run_faster_than_its_gpu_can_be_is_refused():
     # 128 × 4096 tokens of an 8B model in 0.05 s on 8 H100s: 80,000 TFLOP/s a GPU.
     with pytest.raises(CaseError, match=r"team-run-1\.measured: .* is above the h100-sxm-80gb's bf16 peak of 989"):
         runs_from_rows([published_row(measured__iteration_time_s=0.05)], "runs.yaml")
+
+
+@pytest.mark.parametrize("changes, key, needle", [
+    ({"measured__tflops_per_gpu": True, "measured__iteration_time_s": None}, "measured.tflops_per_gpu",
+     "got True"),  # read as 1 TFLOP/s
+    ({"measured__memory_gb_per_gpu": 1e300}, "measured.memory_gb_per_gpu", "at most 100000"),
+    ({"measured__iteration_time_s": float("nan")}, "measured.iteration_time_s", "got nan"),
+    ({"num_gpus": "lots"}, "num_gpus", "expected a whole number from 1"),  # "unsupported operand ... //"
+    ({"parallel__tp": 0}, "parallel.tp", "got 0"),  # "integer division or modulo by zero"
+])
+def test_a_run_with_a_field_that_is_no_number_is_refused_naming_it(changes, key, needle):
+    with pytest.raises(CaseError, match=rf"runs.yaml: team-run-1\.{re.escape(key)}: .*{re.escape(needle)}"):
+        runs_from_rows([published_row(**changes)], "runs.yaml")
 
 
 def test_a_run_with_no_layout_is_refused():

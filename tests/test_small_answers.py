@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -58,7 +60,19 @@ def test_validate_published_with_nothing_readable_exits_2_naming_the_rows(tmp_pa
     bad.write_text("- 3\n- {id: x}\n")
     done = run_cli("validate-published", str(bad), "--no-experts")
     assert done.returncode == 2
-    assert "row 0: expected a mapping, got int; x: a field has the wrong type or is missing" in done.stderr
+    assert "row 0: expected a mapping, got int; x: model: missing" in done.stderr
+    # a measurement that is no number names its run and key; a row of an unknown GPU names the run skipped
+    row = yaml.safe_load((Path(__file__).parent.parent / "planner" / "published" / "published_runs.yaml")
+                         .read_text())[0]
+    for field, value, needle in (("tflops_per_gpu", float("nan"), "measured.tflops_per_gpu: expected a positive"),
+                                 ("tflops_per_gpu", -1, "measured.tflops_per_gpu: expected a positive"),
+                                 ("memory_gb_per_gpu", 1e300, "measured.memory_gb_per_gpu: expected a positive")):
+        bad.write_text(yaml.safe_dump([{**row, "measured": {**row["measured"], field: value}}]))
+        done = run_cli("validate-published", str(bad), "--no-experts")
+        assert done.returncode == 2 and f"{row['id']}: {needle}" in done.stderr, done.stderr
+    bad.write_text(yaml.safe_dump([{**row, "gpu": "Quantum GPU 9000"}]))
+    done = run_cli("validate-published", str(bad), "--no-experts")
+    assert done.returncode == 2 and f"1 not a supported row, {row['id']} the first" in done.stderr, done.stderr
 
 
 def test_plan_refuses_a_malformed_layout_section_and_says_it_ignores_a_good_one(tmp_path):
