@@ -27,6 +27,10 @@ MAX_GPUS = 1 << 20
 MAX_SEQ_LEN = 1 << 24
 MAX_LAYERS = 10_000
 MAX_GLOBAL_BATCH = 1 << 24
+# Tokens in one global batch (sequences × tokens each): 2^30, seventeen times DeepSeek-V3's 63 M
+# (15,360 × 4,096), the largest published; DeepSeek-V3 at 15.7 M sequences of 196,608 tokens on
+# 491,520 GPUs kept `plan` busy for 209 s.
+MAX_BATCH_TOKENS = 1 << 30
 MAX_TOP_K = 100
 # `size`: the price of one GPU-hour, and the tokens and deadline of a run (a thousand
 # years of the largest cluster at a million tokens per second per GPU is under 10^25 tokens).

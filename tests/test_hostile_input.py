@@ -118,6 +118,10 @@ def test_an_input_past_the_size_bound_is_refused(tmp_path):
     (lambda c: c["cluster"].update(performance={"kernel_overhead_s": 1e308}), (),
      "cluster.performance.kernel_overhead_s", "from 0 to 3600"),
     (lambda c: c["cluster"].update(fabric={"latency_s": 1e300}), (), "cluster.fabric.latency_s", "from 0 to 3600"),
+    # DeepSeek-V3 at 15.7 M sequences of 196,608 tokens on 491,520 GPUs kept plan busy for 209 s
+    (lambda c: (c.update(model={"preset": "deepseek-v3"}), c["cluster"].update(num_gpus=491520),
+                c["training"].update(global_batch_size=15728640, seq_len=196608)), (), "training.global_batch_size",
+     "at most 1,073,741,824"),
     (lambda c: None, ("--top", str(10**20)), "--top", "0 to 100"),
     # 0.999999 left "a layout fits up to -1.1 GB"
     (lambda c: c.update(search={"headroom": 0.999999}), (), "search.headroom", "from 0 to 0.9"),
