@@ -49,9 +49,10 @@ from .errors import CaseError, one_line
 from .fields import read_mapping
 from .estimate import Estimate, estimate_job
 from .limits import MAX_GPU_HOUR_COST, MAX_GPUS, MAX_TOP_K
-from .plan import _check_size, layout_table, plan_case
+from .engines import ENGINES
+from .plan import DECIDED_ENGINES, _check_size, layout_table, plan_case
 from .search import MIN_TOKENS_PER_CP_RANK, Candidate, divisors
-from .search_options import SearchSpec
+from .search_options import SearchSpec, retarget
 from .units import UnitError, parse_duration, parse_tokens
 
 SECONDS_PER_DAY = 86400.0
@@ -164,9 +165,14 @@ class SizeChoice:
             f"{ratio['gpu_hours']:.2f}× the GPU-hours"
         return f"{kind}{ratio['gpus']:.2f}× the GPUs for {ratio['days']:.2f}× the days ({spent})"
 
+    @property
+    def engine(self) -> str:
+        """The engine the layout is for: the case's, or where it names none the one `size` chose."""
+        return self.estimate.job.training.engine.name
+
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.option.gpu.name, "option": self.option.key, "gpus": self.gpus, "nodes": self.nodes,
-                "layout": self.estimate.to_dict()["layout"], "step_time_s": self.step_time_s,
+                "engine": self.engine, "layout": self.estimate.to_dict()["layout"], "step_time_s": self.step_time_s,
                 "tokens_per_s": self.tokens_per_s, "days": self.days, "gpu_hours": self.gpu_hours,
                 "cost": self.cost, "mfu": self.estimate.mfu}
 
@@ -338,7 +344,11 @@ class _Sweep:
         self.weights, self.objective, self.step_deadline, self.keep = weights, objective, step_deadline, keep
         self.rows: list = []
         self.searched = self.scored = 0
-        self.work = [work_lower_bound(case, spec, o.gpu) for o in options]
+        # The case as each engine runs it on each GPU type: where it names none, every engine that
+        # can run it there, as `plan` decides between them (plan_engines); else the case alone.
+        self.variants = [engine_variants(case, spec, o.gpu) for o in options]
+        self.work = [min((work_lower_bound(c, s, o.gpu) for c, s in v), default=math.inf)
+                     for o, v in zip(options, self.variants)]
         self.cut: list[float] = []  # the `keep` best values of sizes that meet the deadline, as a max-heap
 
     def sizes(self) -> list[tuple[int, int]]:
@@ -357,19 +367,27 @@ class _Sweep:
         # The solver compares whole microseconds: a step within one of the ceiling may still tie.
         return ceiling * (1 + 1e-9) + 1e-6
 
-    def cluster_case(self, option: int, gpus: int) -> Case:
-        return replace(self.case, cluster=self.options[option].cluster(gpus))
+    def cluster_case(self, option: int, gpus: int, engine: Optional[str] = None) -> Case:
+        """The case on this size, as ``engine`` runs it (one the sweep plans for) or as written."""
+        case = next((c for c, s in self.variants[option] if s.target == engine), self.case)
+        return replace(case, cluster=self.options[option].cluster(gpus))
 
     def fastest(self, option: int, gpus: int, ceiling: float = math.inf) -> list[Candidate]:
-        """Plan's fastest layouts on this size, and those the solver could not tell from them."""
-        cluster_case = self.cluster_case(option, gpus)
-        result, table = layout_table(cluster_case, self.spec, TIE_WINDOW, ceiling)
-        self.searched += bool(result.scored)
-        self.scored += result.scored
-        if table and table[0].step_time_s * TIE_WINDOW < TIE_SPAN_S:
-            result, table = layout_table(cluster_case, self.spec, TIE_SPAN_S / table[0].step_time_s, ceiling)
+        """Plan's fastest layouts on this size, and those the solver could not tell from them: of
+        each engine the sweep plans for, fastest first."""
+        tables: list[Candidate] = []
+        searched = False
+        for case, spec in self.variants[option]:
+            cluster_case = replace(case, cluster=self.options[option].cluster(gpus))
+            result, table = layout_table(cluster_case, spec, TIE_WINDOW, ceiling)
+            searched = searched or bool(result.scored)
             self.scored += result.scored
-        return table
+            if table and table[0].step_time_s * TIE_WINDOW < TIE_SPAN_S:
+                result, table = layout_table(cluster_case, spec, TIE_SPAN_S / table[0].step_time_s, ceiling)
+                self.scored += result.scored
+            tables += table
+        self.searched += searched
+        return sorted(tables, key=lambda c: c.step_time_s)
 
     def run(self) -> "_Sweep":
         from .size_solver import SizeRow, within_deadline
@@ -385,6 +403,21 @@ class _Sweep:
                 if len(self.cut) > self.keep:
                     heapq.heappop(self.cut)
         return self
+
+
+def engine_variants(case: Case, spec: SearchSpec, gpu: GPUSpec) -> list[tuple[Case, SearchSpec]]:
+    """(the case, its search) as each engine that `plan` decides between runs it on ``gpu``, where
+    the case names no engine (``search.target`` any), those whose engine can run its training
+    there; else the case as written. `size` on a case with no engine then sizes for the engine
+    `plan` would choose on each size, not for plain PyTorch."""
+    if spec.target != "any":
+        return [(case, spec)]
+    variants = []
+    for name in DECIDED_ENGINES:
+        retargeted, training = retarget(case.source, spec, case.training, name)
+        if not ENGINES[name].training_problems(training, gpu):
+            variants.append((replace(case, training=training, search=retargeted), retargeted))
+    return variants
 
 
 def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget) -> Sizing:
@@ -416,8 +449,8 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
         return status, chosen
 
     def choice(sweep: _Sweep, row) -> SizeChoice:
-        cluster_case = sweep.cluster_case(row.option, row.gpus)
         found = row.candidate  # the search's own job and time where it kept them
+        cluster_case = sweep.cluster_case(row.option, row.gpus, found.job.training.engine.name if found.job else None)
         job = found.job or cluster_case.job(found.layout)
         return SizeChoice(options[row.option], estimate_job(cluster_case, job, found.time),
                           target.tokens, prices[row.option])

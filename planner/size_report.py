@@ -28,7 +28,7 @@ def _takes(choice: SizeChoice) -> str:
 
 
 def _print_choice(console: Console, choice: SizeChoice, label: str = "") -> None:
-    console.print(f"{label}[bold]{escape(_cluster(choice))}[/]: "
+    console.print(f"{label}[bold]{escape(_cluster(choice))}[/], {escape(choice.engine)}: "
                   + escape(_layout_summary(choice.estimate.to_dict()["layout"])))
     console.print(escape(_takes(choice)))
 

@@ -20,7 +20,7 @@ from cli_in_process import run_cli
 from cost_models.specs import Layout
 from planner.presets import gpu_presets
 from planner.search import Candidate, divisors
-from planner.size import SECONDS_PER_DAY, load_sizing_case, work_lower_bound
+from planner.size import SECONDS_PER_DAY, engine_variants, load_sizing_case, work_lower_bound
 from planner.size_solver import SizeModel, SizeRow, within_deadline
 from planner.units import parse_tokens
 
@@ -76,9 +76,11 @@ def sweep(case: dict, tokens: float, units: list[int], limits: list[int], prices
     return out
 
 
-def engine_of(case: dict) -> str:
-    """The engine `size` plans a case for: the one it names, else plain PyTorch (``any``)."""
-    return case["training"].get("engine") or (case.get("search") or {}).get("target") or "any"
+def engine_of(case: dict) -> Optional[str]:
+    """The engine `size` plans a case for: the one it names, else (None) each engine `plan` decides
+    between, as `plan` does with no engine named."""
+    named = case["training"].get("engine") or (case.get("search") or {}).get("target")
+    return None if named in (None, "any") else named
 
 
 @lru_cache(maxsize=None)  # several tests size one case
@@ -168,7 +170,8 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
     problems = []
     spec = loaded.search
     for s in swept:  # the bound `size` skips sizes with holds on every size
-        bound = work_lower_bound(loaded, spec, options[s.option].gpu) / s.gpus
+        gpu = options[s.option].gpu
+        bound = min(work_lower_bound(c, v, gpu) for c, v in engine_variants(loaded, spec, gpu)) / s.gpus
         if not bound <= s.step_time_s * (1 + 1e-12):
             problems.append(f"{label}: work bound {bound} s above plan's {s.step_time_s} s on {s.gpus} GPUs")
     if "deadline_at" in args:
@@ -547,3 +550,17 @@ def test_a_budget_given_with_the_call_is_the_budget_above_the_cases_gpus():
             "training": {**TINY["training"], "global_batch_size": 64}}
     assert planner.size(case, "50B").best.gpus <= 8
     assert planner.size(case, "50B", max_gpus=64).best.gpus > 8
+
+
+def test_with_no_engine_named_size_sizes_for_the_engine_plan_chooses():
+    """With no engine named `plan` decides between the engines; `size` planned plain PyTorch alone,
+    and said no layout fit 8 H100s where `plan` found torchtitan's (a 128-sequence micro-batch)."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 128, "seq_len": 4096}, "search": {"min_micro_batch_size": 128}}
+    planned = planner.plan(case, fastest=True).best
+    sized = planner.size(case, "1T", max_gpus=8).best
+    assert planned is not None and sized is not None
+    assert sized.engine == planned.job.training.engine.name == "torchtitan"
+    assert sized.estimate.to_dict()["layout"] == planned.to_dict()["layout"]
+    assert sized.step_time_s == pytest.approx(planned.step_time_s, rel=1e-9)
+    assert sized.to_dict()["engine"] == "torchtitan"
