@@ -78,24 +78,27 @@ def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, in
     model, training, cluster = case.model, case.training, case.cluster
     engine = spec.engine
     n = cluster.num_gpus
-    for tp in divisors(n):
-        if model.num_attention_heads % tp or model.ffn_hidden_size % tp \
-                or (model.num_kv_heads % tp and tp % model.num_kv_heads):
+    # Each degree is taken among the divisors of what it must divide, not of the GPUs alone: tp of
+    # the heads and FFN width, cp of half the sequence, dp of the global batch. The same layouts in
+    # the same order; `size` enumerates them on a hundred thousand cluster sizes, and the divisors
+    # of each size (a million on 2^20 GPUs) took most of its time.
+    for tp in divisors(math.gcd(n, model.num_attention_heads, model.ffn_hidden_size)):
+        if model.num_kv_heads % tp and tp % model.num_kv_heads:
             continue
         if tp > cluster.gpu.nvlink_domain and not spec.tp_across_nodes:
             continue
         if not spec.admits("tp", tp):
             continue
-        for cp in divisors(n // tp):
-            if cp > 1 and (not engine.context_parallel or training.seq_len % (2 * cp)):
-                continue
+        halves = training.seq_len // 2 if engine.context_parallel and training.seq_len % 2 == 0 else 1
+        for cp in divisors(math.gcd(n // tp, halves)):
             if cp > 1 and "max_cp" not in spec.bounds and training.seq_len < cp * MIN_TOKENS_PER_CP_RANK:
                 continue
             if not spec.admits("cp", cp):
                 continue
-            for pp in divisors(n // (tp * cp)):
-                dp = n // (tp * cp * pp)
-                if pp > model.num_layers or training.global_batch_size % dp:
+            ranks = n // (tp * cp)
+            for dp in reversed(divisors(math.gcd(ranks, training.global_batch_size))):  # pp ascending
+                pp = ranks // dp
+                if pp > model.num_layers:
                     continue
                 if tp > 1 and pp > 1 and not engine.tp_with_pp:
                     continue
