@@ -262,14 +262,14 @@ def test_rows_of_the_wrong_type_in_published_runs_are_skipped_with_why(tmp_path)
     rows = [{"id": "bad_layers", "record_type": "measured_throughput", "source": "Narayanan et al. 2021",
              "gpu": "A100-SXM4-80GB", "num_gpus": 8, "model": {"layers": [1, 2], "hidden": "x", "heads": 8,
                                                             "vocab": 1000, "seq_len": 2048},
-             "batch": {"global_batch_size": 8, "micro_batch_size": 1},
+             "parallel": {"tp": 1, "pp": 1}, "batch": {"global_batch_size": 8, "micro_batch_size": 1},
              "measured": {"tokens_per_sec_total": 1000.0}},
             "not a mapping", 42]
     path = write(tmp_path / "runs.yaml", yaml.safe_dump(rows))
     result = cli("validate-published", str(path), "--json")
     # Nothing readable: exit 2, naming each row and why (an empty table would look like a pass).
     assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert "bad_layers: a field has the wrong type or is missing" in result.stderr
+    assert "bad_layers: model.layers: expected a whole number from 1, got [1, 2]" in result.stderr
     assert "row 1: expected a mapping, got str" in result.stderr and "row 2: expected a mapping, got int" in result.stderr
 
 
