@@ -194,8 +194,9 @@ class _Search:
             base = group.layout(mbs, zero)
             threshold = self._threshold(base)
             # What the bound leaves out and every layout built on base takes: ZeRO-3's traffic, and
-            # the offload the model states need.
-            traffic = self._zero3_traffic(group, base)
+            # the offload the model states need. Only a search that compares times needs it (not one
+            # that asks only whether anything fits: the advice's, where it took 40 % of the time).
+            traffic = self._zero3_traffic(group, base) if self.ordered or threshold < math.inf else 0.0
             if self.ordered and bounds[mbs] + traffic + offload_least > threshold:
                 result.pruned += 1
                 continue
