@@ -483,8 +483,6 @@ def _interrupted(signum, frame) -> None:
     interrupt(signal.Signals(signum).name)
 
 
-
-
 def _caused_by_interrupt(error: Optional[BaseException]) -> bool:
     """An interrupt, or an error it caused (an extension module interrupted while loading
     raises ImportError from the interrupt)."""
