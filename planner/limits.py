@@ -32,6 +32,10 @@ MAX_GLOBAL_BATCH = 1 << 24
 # 491,520 GPUs kept `plan` busy for 209 s.
 MAX_BATCH_TOKENS = 1 << 30
 MAX_TOP_K = 100
+# `size`: the cluster sizes it plans, over every GPU type (whole nodes or racks up to each type's
+# limit): 2^20 GPUs of one type in nodes of 8. Sixteen types of 2^20 GPUs each, two million
+# sizes, kept it busy for 203 s.
+MAX_CLUSTER_SIZES = 1 << 17
 # `size`: the price of one GPU-hour, and the tokens and deadline of a run (a thousand
 # years of the largest cluster at a million tokens per second per GPU is under 10^25 tokens).
 MAX_GPU_HOUR_COST = 1e6

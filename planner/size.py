@@ -48,7 +48,7 @@ from .cluster_options import ClusterOption, read_cluster_options
 from .errors import CaseError, one_line
 from .fields import read_mapping
 from .estimate import Estimate, estimate_job
-from .limits import MAX_GPU_HOUR_COST, MAX_GPUS, MAX_TOP_K
+from .limits import MAX_CLUSTER_SIZES, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_TOP_K
 from .engines import ENGINES
 from .plan import DECIDED_ENGINES, _check_size, layout_table, plan_case
 from .search import MIN_TOKENS_PER_CP_RANK, Candidate, divisors
@@ -426,6 +426,11 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     _check_size(case)  # layers and global batch within what the search can enumerate
     spec = replace(case.search, top_k=0)  # each size's table: its fastest layouts only
     limits = [gpu_limit(case.source, o, target) for o in options]
+    sizes = sum(limit // o.unit for o, limit in zip(options, limits))
+    if sizes > MAX_CLUSTER_SIZES:
+        raise CaseError(case.source, "cluster", f"{sizes:,} cluster sizes (whole nodes or racks of each GPU type up to "
+                                                f"its limit); at most {MAX_CLUSTER_SIZES:,} can be sized: lower "
+                                                f"max_gpus, max_nodes, --max-gpus or --max-nodes, or give fewer types")
     prices = [target.gpu_hour_cost if target.gpu_hour_cost is not None else o.gpu_hour_cost for o in options]
     priced = all(p is not None for p in prices)
     budget = target.max_gpus is not None or target.max_nodes is not None

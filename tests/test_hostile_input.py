@@ -338,3 +338,15 @@ def test_refusals_name_the_key_and_value_as_written(tmp_path, text, command, key
     line = one_line_error(cli(command, str(path), *(("--tokens", "1T") if command == "size" else ())),
                           str(path), needle)
     assert f": {key}: " in line
+
+
+def test_size_refuses_more_cluster_sizes_than_it_can_plan(tmp_path):
+    """Sixteen GPU types of 2^20 GPUs each (two million sizes) kept `size` busy for 203 s."""
+    options = [{"gpu": "h100-sxm-80gb", "max_gpus": 2**20}, {"gpu": "b200", "max_gpus": 2**20}]
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({"model": {"preset": "llama3-8b"},
+                                                         "cluster": {"options": options},
+                                                         "training": {"global_batch_size": 64, "seq_len": 4096}}))
+    start = time.monotonic()
+    one_line_error(cli("size", str(case), "--tokens", "1T", "--deadline", "1d"), str(case), ": cluster: ",
+                   "262,144 cluster sizes", "at most 131,072")
+    assert time.monotonic() - start < QUICK_S
