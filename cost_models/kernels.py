@@ -58,6 +58,7 @@ def k_loop_efficiency(k: float, gpu: GPUSpec, precision: str) -> float:
     return (1 + k_half / reference) / (1 + k_half / k)
 
 
+@lru_cache(maxsize=256)  # a GEMM's figures at its precision: a search asks for the same few thousands of times
 def _k_half_and_reference(gpu: GPUSpec, precision: str) -> tuple[float, float]:
     """(K½ at ``precision``'s peak, the K its efficiency holds at): :func:`k_loop_efficiency`'s."""
     perf = gpu.performance
@@ -90,6 +91,7 @@ def tensor_core_rate(gpu: GPUSpec, peak_key: str, efficiency: float) -> float:
     return efficiency * gpu.peak(peak_key) * gpu.performance.sustained_clock
 
 
+@lru_cache(maxsize=256)
 def _rate_and_size(gpu: GPUSpec, precision: str, recipe: Optional[Recipe]) -> tuple[float, float]:
     """(FLOP/s, bytes per operand element) of a GEMM in ``precision``, or under ``recipe`` at the
     training precision's peak (the recipe's elements': fp8, fp4) and the recipe's kernels'

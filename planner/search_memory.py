@@ -4,9 +4,10 @@ both import."""
 
 from __future__ import annotations
 
+from cost_models.activations import head_activation_bytes, loss_gradient_bytes
 from cost_models.memory import host_bytes, peak_stage_memory
 from cost_models.memory import usable_bytes as allocator_usable_bytes
-from cost_models.specs import Job
+from cost_models.specs import ClusterSpec, Job, Layout, ModelSpec, Overheads, TrainingSpec
 
 from .bands import fit_limit as band_fit_limit
 from .bands import memory_band
@@ -38,3 +39,15 @@ def fits(job: Job, headroom: float) -> tuple[bool, float]:
     """Whether the job fits on the GPU (:func:`fit_limit`) and its offload on the host, and its peak."""
     peak = peak_stage_memory(job).total
     return peak <= fit_limit(job, headroom) and host_fits(job, headroom), peak
+
+
+def most_micro_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, overheads: Overheads,
+                     headroom: float, tp: int, cp: int) -> float:
+    """The largest micro-batch any layout of tensor- and context-parallel widths ``tp`` and ``cp``
+    could fit: the last pipeline stage of every layout holds the LM head's saved activations and
+    the loss's gradients at its peak (``memory.stage_activation_bytes``), which neither
+    recomputation nor offload removes, and they grow in proportion to the micro-batch."""
+    one = Layout(tp=tp, cp=cp)
+    per_sequence = head_activation_bytes(model, training, one) + loss_gradient_bytes(model, one, training)
+    usable = allocator_usable_bytes(cluster.gpu.memory_bytes, overheads, headroom)
+    return band_fit_limit(usable, model, cluster, training) / per_sequence

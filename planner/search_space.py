@@ -14,6 +14,7 @@ from cost_models.specs import Layout, ModelSpec, TrainingSpec
 
 from .case import Case
 from .engines import EngineSupport
+from .search_memory import most_micro_batch
 from .search_options import SearchSpec
 from .search_recompute import offload_options
 from .search_rows import Group
@@ -193,10 +194,14 @@ def groups(case: Case, spec: SearchSpec) -> Iterator[Group]:
         if True in sp_options and not training.engine.costs_per_collective:
             sp_options = [True]  # dominates False (planner.search's docstring)
         zeros, offload_only = _zero_stages(case, spec, pp, dp, cp)
+        largest = most_micro_batch(case.model, case.cluster, training, case.overheads, spec.headroom, tp, cp)
         for partition, stage_layers, vpp in _splits(case, spec, pp):
             micro_batches = tuple(mbs for mbs in divisors(training.global_batch_size // dp)
                                   if spec.admits("micro_batch_size", mbs)
                                   and not (vpp > 1 and (training.global_batch_size // (mbs * dp)) % pp))
+            # Past the largest micro-batch that could fit, none does; the smallest stays, as the
+            # closest miss where nothing fits.
+            micro_batches = micro_batches[:1] + tuple(m for m in micro_batches[1:] if m <= largest)
             if not micro_batches:
                 continue
             for sp in sp_options:

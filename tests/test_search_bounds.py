@@ -13,6 +13,7 @@ import math
 import pytest
 
 from cost_models.dp_time import zero3_exposed_floor
+from cost_models.memory import peak_stage_memory
 from cost_models.pipeline_time import pipeline
 from cost_models.specs import Job, SpecError
 from cost_models.step_time import step_time
@@ -23,7 +24,8 @@ from planner.plan import _table, layout_table, robust_choice
 from planner.search import _Search, search
 from planner.search_bounds import StepBounds, floor, offload_floor, states_cannot_fit, states_fit
 from planner.search_recompute import least_recompute, offload_options
-from planner.search_space import groups
+from planner.search_memory import fit_limit
+from planner.search_space import divisors, groups
 
 CASES = {
     "dense": {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
@@ -275,3 +277,30 @@ def test_the_searchs_skips_leave_the_robust_pick_and_the_fastest_of_generated_ca
         _, table = layout_table(case, case.search, margin, robust=margin)
         assert picks(table) == picks(_table(whole.candidates, margin, case.search.top_k)), case.source
         checked += 1
+
+
+@pytest.mark.parametrize("engine", ["megatron", "deepspeed", "torchtitan"])
+def test_micro_batches_left_out_for_the_lm_head_overflow_under_full_recomputation_and_offload(engine):
+    # Llama 3 8B's 128,256-token vocabulary at 8k tokens on 40 GB GPUs: the logits the loss keeps
+    # and their gradients take 4.2 GB and more a sequence on one GPU. The micro-batches the search
+    # leaves out for them (past the smallest) overflow the GPU however the rest is laid out:
+    # recomputing every layer in full, with the optimizer and the parameters offloaded to the host.
+    case = load_case({"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+                      "training": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16",
+                                   "engine": engine}}, ignore_layout=True)
+    spec, training = case.search, case.training
+    left_out = 0
+    for group in groups(case, spec):
+        every = [m for m in divisors(training.global_batch_size // group.dp) if m > min(group.micro_batches)
+                 and not (group.vpp > 1 and (training.global_batch_size // (m * group.dp)) % group.pp)]
+        for mbs in sorted(set(every) - set(group.micro_batches))[:2]:  # the two smallest left out
+            for zero in group.zeros:
+                least = dataclasses.replace(group.layout(mbs, zero), recompute="full", recompute_num_layers=None)
+                for offload in [{}] + offload_options(spec, zero):
+                    try:
+                        job = Job(case.model, case.cluster, training, least.with_changes(**offload), case.overheads)
+                    except SpecError:
+                        continue
+                    assert peak_stage_memory(job).total > fit_limit(job, spec.headroom)
+                    left_out += 1
+    assert left_out > 20
