@@ -191,6 +191,11 @@ class _Search:
             # (plain FSDP's) behind the next forward.
             if zero == 2 and mbs in fitted_without_recompute and not training.engine.zero1_gather_in_step:
                 continue
+            if self.ordered and bounds[mbs] + offload_least > self.incumbents.threshold:
+                # Past the incumbents' threshold, which every layout's own (_threshold) lies under,
+                # before the ZeRO-3 traffic adds to the bound: no layout need be built to skip it.
+                result.pruned += 1
+                continue
             base = group.layout(mbs, zero)
             threshold = self._threshold(base)
             # What the bound leaves out and every layout built on base takes: ZeRO-3's traffic, and
