@@ -14,7 +14,7 @@ from .errors import CaseError
 from .fields import (describe, read_figure, read_int, read_mapping, read_number, read_str, read_time, read_unit,
                      required)
 from .inputs import read_yaml
-from .limits import MAX_GPU_HOUR_COST, MAX_GPUS
+from .limits import MAX_GPU_HOUR_COST, MAX_GPUS, MIN_FIGURE
 from .presets import closest, fabric_presets, gpu_presets, performance_presets, resolve_gpu_preset
 from .units import parse_bandwidth, parse_memory
 
@@ -94,16 +94,27 @@ def fabric_from_mapping(src: str, key: str, name: str, data: Any) -> tuple[Fabri
     inline mapping with the same fields."""
     data = read_mapping(src, key, data or {}, FABRIC_KEYS)
     values: dict[str, Any] = {"name": name}
-    for k in ("efficiency", "latency_s", "tree_latency_s", "rails", "alltoall_efficiency", "oversubscription"):
+    # The efficiencies divide the fabric's time (below MIN_FIGURE a step would be endless); the
+    # oversubscription divides its rate likewise; rails counts NICs.
+    for k in ("efficiency", "alltoall_efficiency"):
         if k in data:
-            values[k] = (read_time if k.endswith("_s") else read_number)(src, f"{key}.{k}", data[k])
-    if "leaf_nodes" in data:
-        values["leaf_nodes"] = read_int(src, f"{key}.leaf_nodes", data["leaf_nodes"])
+            values[k] = read_figure(src, f"{key}.{k}", data[k])
+    for k in ("latency_s", "tree_latency_s"):
+        if k in data:
+            values[k] = read_time(src, f"{key}.{k}", data[k])
+    if "oversubscription" in data:
+        values["oversubscription"] = read_number(src, f"{key}.oversubscription", data["oversubscription"])
+        if values["oversubscription"] > 1 / MIN_FIGURE:
+            raise CaseError(src, f"{key}.oversubscription", f"expected at most {1 / MIN_FIGURE:g}, "
+                                                           f"got {values['oversubscription']:g}")
+    for k in ("rails", "leaf_nodes"):
+        if k in data:
+            values[k] = read_int(src, f"{key}.{k}", data[k])
     if "efficiency_at" in data:
         points = data["efficiency_at"]
         if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
             raise CaseError(src, f"{key}.efficiency_at", f"expected a list of [nodes, efficiency] pairs, got {describe(points)}")
-        values["efficiency_at"] = tuple((read_int(src, f"{key}.efficiency_at", n), read_number(src, f"{key}.efficiency_at", e))
+        values["efficiency_at"] = tuple((read_int(src, f"{key}.efficiency_at", n), read_figure(src, f"{key}.efficiency_at", e))
                                         for n, e in points)
     nic = read_unit(src, f"{key}.nic_bandwidth", data["nic_bandwidth"], parse_bandwidth) if "nic_bandwidth" in data else None
     with spec_errors(src):
@@ -206,7 +217,7 @@ def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster", 
             "planner/presets/performance.yaml", gpu_entry, perf.get(gpu_entry) or {}, Performance()))
     elif isinstance(gpu_entry, dict):
         gpu = gpu_from_mapping(src, f"{key}.gpu", "custom", gpu_entry)
-    elif gpu_entry is not None:
+    elif "profile" not in section:  # null included: `gpu:` with nothing after it
         raise CaseError(src, f"{key}.gpu", f"expected a GPU preset name or a mapping, got {describe(gpu_entry)}")
     # The fabric: the cluster's, else the one the GPU preset's reference system has.
     default_fabric = gpu_entry.get("fabric") if isinstance(gpu_entry, dict) else \

@@ -185,6 +185,20 @@ def test_megatron_arguments_that_would_expand_without_end_are_refused(tmp_path, 
     ("model: {preset: mixtral-8x7b, moe_load_imbalance: 1.0e+300}", "model.moe_load_imbalance", "from 1 to"),
     # one word of 60,000 characters took the report 20 s to wrap
     ("model: {preset: llama2-7b, name: " + "x" * 60_000 + "}", "model.name", "at most 4,096 characters"),
+    # a null GPU: UnboundLocalError (a traceback) from estimate, plan and the API
+    ("cluster: {gpu: null, num_gpus: 8}", "cluster.gpu", "expected a GPU preset name or a mapping, got nothing"),
+    # a fabric's rails were any number (1.5 NICs changed the data-parallel time; 2^70 passed), and an
+    # efficiency of 1e-300 was blamed on "the GPU's figures" once the step came out endless
+    ("cluster: {gpu: a100-sxm-80gb, num_gpus: 16, fabric: {rails: 1.5}}", "cluster.fabric.rails",
+     "expected an integer"),
+    ("cluster: {gpu: a100-sxm-80gb, num_gpus: 16, fabric: {rails: 1180591620717411303424}}", "cluster.fabric.rails",
+     "<= 9223372036854775807"),
+    ("cluster: {gpu: a100-sxm-80gb, num_gpus: 16, fabric: {alltoall_efficiency: 1.0e-300}}",
+     "cluster.fabric.alltoall_efficiency", "at least 1e-06"),
+    ("cluster: {gpu: a100-sxm-80gb, num_gpus: 16, fabric: {efficiency_at: [[4, 1.0e-300]]}}",
+     "cluster.fabric.efficiency_at", "at least 1e-06"),
+    ("cluster: {gpu: a100-sxm-80gb, num_gpus: 16, fabric: {oversubscription: 1.0e+300}}",
+     "cluster.fabric.oversubscription", "at most 1e+06"),
 ])
 def test_input_that_crashed_is_one_line_naming_the_key(tmp_path, text, key, needle):
     data = yaml.safe_load(yaml.safe_dump(CASE))
