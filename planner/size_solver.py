@@ -30,6 +30,7 @@ from .bands import fit_limit
 from cost_models.specs import Overheads
 
 from .cluster_options import ClusterOption
+from .limits import MAX_STEP_TIME_S
 from .search import Candidate
 from .search_options import SearchSpec
 from .solver import Solution, complexity_ranks, constrain_layout, layout_columns, linked_variables
@@ -113,7 +114,9 @@ class SizeModel:
         m.add_multiplication_equality(gpus, [v[k] for k in ("dp", "tp", "pp", "cp")])
         constrain_layout(m, spec, v, global_batch)
         if step_deadline_s is not None:
-            m.add(v["step_time_up_us"] <= math.floor(step_deadline_s * 1e6))
+            # No step time in the table passes MAX_STEP_TIME_S (plan refuses such figures): a looser
+            # deadline is no constraint, and past 2^63 µs it would not fit CP-SAT's integers.
+            m.add(v["step_time_up_us"] <= math.floor(min(step_deadline_s, MAX_STEP_TIME_S) * 1e6))
         # Lexicographic: the objective, then the other of spend and time, then the simpler layout.
         first, second = ("time_rank", "spend_rank") if objective == "time" else ("spend_rank", "time_rank")
         n = len(rows)

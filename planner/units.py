@@ -70,18 +70,27 @@ def _suffixed(text: object, units: dict[str, float], what: str, example: str, ma
     accepted = ", ".join(u for u in units if u)
     expected = f"expected {what} like {example} ({accepted})"
     if bare and not isinstance(text, bool) and isinstance(text, (int, float)):
-        value = float(text)
+        try:
+            value = float(text)
+        except OverflowError:  # an integer past float range
+            value = math.inf
     elif isinstance(text, str) and (match := _SUFFIXED.match(text)) and match.group(2).upper() in \
             {u.upper() for u in units if u or bare}:
         unit = next(u for u in units if u.upper() == match.group(2).upper())
         value = float(match.group(1)) * units[unit]
     else:
-        raise UnitError(f"{expected}, got {text!r}")
+        raise UnitError(f"{expected}, got {_shown(text)}")
     if value <= 0:
-        raise UnitError(f"{expected}, above zero, got {text!r}")
+        raise UnitError(f"{expected}, above zero, got {_shown(text)}")
     if not value <= maximum:  # an overflow to infinity too
-        raise UnitError(f"{expected}, at most {maximum:g}, got {text!r}")
+        raise UnitError(f"{expected}, at most {maximum:g}, got {_shown(text)}")
     return value
+
+
+def _shown(text: object) -> str:
+    """The value as given, cut to 60 characters: a 5,000-digit count stays one short line."""
+    shown = repr(text)
+    return shown if len(shown) <= 60 else f"{shown[:40]}… ({len(shown):,} characters)"
 
 
 def parse_tokens(text: object) -> float:

@@ -364,3 +364,24 @@ def test_size_refuses_more_cluster_sizes_than_it_can_plan(tmp_path):
     one_line_error(cli("size", str(case), "--tokens", "1T", "--deadline", "1d"), str(case), ": cluster: ",
                    "262,144 cluster sizes", "at most 131,072")
     assert time.monotonic() - start < QUICK_S
+
+
+def test_size_refuses_a_run_shorter_than_one_global_batch(tmp_path):
+    """--tokens 1 with a deadline gave a per-step deadline past 2^63 µs, which CP-SAT's integers
+    refused (a TypeError traceback); a run of fewer tokens than one global batch (64 × 4,096) is
+    no run of this case."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
+    for tokens in ("1", "262143"):
+        one_line_error(cli("size", str(case), "--tokens", tokens, "--deadline", "60d"), str(case), ": tokens: ",
+                       "at least one global batch of the case, 262,144 tokens")
+    with pytest.raises(CaseError, match="262,144 tokens"):
+        planner.size(case, 2, deadline="60d")
+
+
+def test_a_token_count_past_float_range_is_refused_in_a_short_line():
+    """planner.size(case, 10**400) raised OverflowError; a 5,000-digit --tokens was echoed whole."""
+    case = {k: v for k, v in CASE.items() if k != "layout"}
+    with pytest.raises(CaseError, match="at most 1e[+]25") as error:
+        planner.size(case, 10**400)
+    assert len(str(error.value)) < 200
+    one_line_error(cli("size", "case.yaml", "--tokens", "9" * 5000), "--tokens", "5,002 characters")
