@@ -144,7 +144,9 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
             recomputed = min(size if lay.recompute_num_layers is None else lay.recompute_num_layers / lay.vpp, size)
         return recomputed * shared.checkpointed + max(0.0, size - recomputed - offloaded) * kept
 
-    total = in_flight_peak(lay.pp, lay.vpp, job.num_microbatches, stage, [chunk_bytes(n) for n in chunk_sizes])
+    # A rank's chunks take a few sizes at most: each priced once (vpp runs to a layer a chunk).
+    by_size = {n: chunk_bytes(n) for n in set(chunk_sizes)}
+    total = in_flight_peak(lay.pp, lay.vpp, job.num_microbatches, stage, [by_size[n] for n in chunk_sizes])
     if lay.recompute == "full" and (lay.recompute_num_layers is None or lay.recompute_num_layers > 0):
         total += max(dense_kept, shared.kept_moe if moe else 0.0)
     total += shared.restored

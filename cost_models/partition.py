@@ -80,6 +80,7 @@ def embedding_and_loss_partition(layers: int, pp: int, vpp: int, embedding: bool
     return tuple(counts)
 
 
+@lru_cache(maxsize=4096)  # read for every stage of every layout a search scores
 def chunk_layers(layers: int, vpp: int) -> tuple[int, ...]:
     """The layers of one pipeline rank's vpp model chunks: as equal as possible, the spare ones
     in the earlier chunks."""

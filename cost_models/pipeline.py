@@ -37,25 +37,32 @@ def in_flight_peak(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: 
     The composition repeats every p·v steps. Chunks of one size: :func:`in_flight_chunks` of them."""
     if vpp == 1 or len(set(per_chunk)) == 1:
         return in_flight_chunks(pp, vpp, microbatches, stage) * max(per_chunk)
-    counts = _in_flight_counts(pp, vpp, microbatches, stage)
-    return max(sum(n * w for n, w in zip(held, per_chunk)) for held in counts)
+    start, steps = _in_flight_steps(pp, vpp, microbatches, stage)
+    # Each steady-state step adds one chunk's micro-batch (where the rank can peak) and then
+    # frees one: the held total moves by two chunks' figures a step, not a sum over all v.
+    held = sum(n * w for n, w in zip(start, per_chunk))
+    peak = held
+    for added, freed in steps:
+        held += per_chunk[added]
+        peak = max(peak, held)
+        held -= per_chunk[freed]
+    return peak
 
 
 @lru_cache(maxsize=1024)
-def _in_flight_counts(pp: int, vpp: int, microbatches: int, stage: int) -> tuple[tuple[int, ...], ...]:
-    """Micro-batches in flight per chunk at each point the rank can peak: after the warm-up's last
-    forward, then after each steady-state forward (one period of p·v steps suffices)."""
+def _in_flight_steps(pp: int, vpp: int, microbatches: int, stage: int) \
+        -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """Micro-batches in flight per chunk after the warm-up's last forward, and for each
+    steady-state step the chunk whose forward adds one (the rank can peak after it) and the chunk
+    whose backward then frees one (one period of p·v steps suffices)."""
     forwards = microbatches * vpp
     warmup = min((pp - stage - 1) * 2 + (vpp - 1) * pp, forwards)
     held = [0] * vpp
     for k in range(warmup):
         held[(k // pp) % vpp] += 1
-    points = [tuple(held)]
-    for j in range(min(forwards - warmup, pp * vpp)):
-        held[((warmup + j) // pp) % vpp] += 1
-        points.append(tuple(held))
-        held[vpp - 1 - (j // pp) % vpp] -= 1
-    return tuple(points)
+    steps = tuple((((warmup + j) // pp) % vpp, vpp - 1 - (j // pp) % vpp)
+                  for j in range(min(forwards - warmup, pp * vpp)))
+    return tuple(held), steps
 
 
 def bubble_fraction(pp: int, vpp: int, microbatches: int) -> float:
