@@ -19,6 +19,7 @@ from cost_models.flops import model_flops_per_token
 from cost_models.specs import RECOMPUTE_MODULES, ModelSpec
 
 from .errors import CaseError
+from .limits import MIN_FIGURE
 
 DATA = Path(__file__).parent / "published"
 DEFAULT_FILES = tuple(DATA / name for name in ("published_runs.yaml", "published_runs_2.yaml",
@@ -253,8 +254,9 @@ def engine(row: dict) -> str:
 ROW_COUNTS = {"": ("num_gpus",), "model": ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"),
               "parallel": ("dp", "tp", "pp", "vpp", "cp", "ep", "etp"),
               "batch": ("global_batch_size", "micro_batch_size", "grad_accum")}
-# What a row measured and the planner scores against: positive and finite, and below what no
-# training run measures (a GPU's 10^5 TFLOP/s, 10^5 GB, a step of 10^7 s).
+# What a row measured and the planner scores against: finite, at least MIN_FIGURE (1e-300 TFLOP/s
+# gave a headline error of 1.5e302) and below what no training run measures (a GPU's 10^5
+# TFLOP/s, 10^5 GB, a step of 10^7 s).
 ROW_MEASURES = {"iteration_time_s": 1e7, "tokens_per_sec_total": 1e15, "tokens_per_sec_per_gpu": 1e12,
                 "tflops_per_gpu": 1e5, "memory_gb_per_gpu": 1e5}
 
@@ -285,8 +287,8 @@ def row_problem(row: dict) -> Optional[tuple[str, str]]:
     for key, most in ROW_MEASURES.items():
         value = measured.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not 0 < value <= most):
-            return f"measured.{key}", f"expected a positive number of at most {most:g}, got {_quoted(value)}"
+                                  or not MIN_FIGURE <= value <= most):
+            return f"measured.{key}", f"expected a number from {MIN_FIGURE:g} to {most:g}, got {_quoted(value)}"
     return None
 
 

@@ -148,8 +148,11 @@ def test_a_run_faster_than_its_gpu_can_be_is_refused():
 @pytest.mark.parametrize("changes, key, needle", [
     ({"measured__tflops_per_gpu": True, "measured__iteration_time_s": None}, "measured.tflops_per_gpu",
      "got True"),  # read as 1 TFLOP/s
-    ({"measured__memory_gb_per_gpu": 1e300}, "measured.memory_gb_per_gpu", "at most 100000"),
+    ({"measured__memory_gb_per_gpu": 1e300}, "measured.memory_gb_per_gpu", "to 100000"),
     ({"measured__iteration_time_s": float("nan")}, "measured.iteration_time_s", "got nan"),
+    # 1e-300 TFLOP/s was fitted and reported as an error of +1.5e302
+    ({"measured__tflops_per_gpu": 1e-300, "measured__iteration_time_s": None}, "measured.tflops_per_gpu",
+     "from 1e-06"),
     ({"num_gpus": "lots"}, "num_gpus", "expected a whole number from 1"),  # "unsupported operand ... //"
     ({"parallel__tp": 0}, "parallel.tp", "got 0"),  # "integer division or modulo by zero"
 ])

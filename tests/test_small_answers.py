@@ -64,9 +64,10 @@ def test_validate_published_with_nothing_readable_exits_2_naming_the_rows(tmp_pa
     # a measurement that is no number names its run and key; a row of an unknown GPU names the run skipped
     row = yaml.safe_load((Path(__file__).parent.parent / "planner" / "published" / "published_runs.yaml")
                          .read_text())[0]
-    for field, value, needle in (("tflops_per_gpu", float("nan"), "measured.tflops_per_gpu: expected a positive"),
-                                 ("tflops_per_gpu", -1, "measured.tflops_per_gpu: expected a positive"),
-                                 ("memory_gb_per_gpu", 1e300, "measured.memory_gb_per_gpu: expected a positive")):
+    for field, value, needle in (("tflops_per_gpu", float("nan"), "measured.tflops_per_gpu: expected a number from"),
+                                 ("tflops_per_gpu", -1, "measured.tflops_per_gpu: expected a number from"),
+                                 ("tflops_per_gpu", 1e-300, "measured.tflops_per_gpu: expected a number from 1e-06"),
+                                 ("memory_gb_per_gpu", 1e300, "measured.memory_gb_per_gpu: expected a number from")):
         bad.write_text(yaml.safe_dump([{**row, "measured": {**row["measured"], field: value}}]))
         done = run_cli("validate-published", str(bad), "--no-experts")
         assert done.returncode == 2 and f"{row['id']}: {needle}" in done.stderr, done.stderr
