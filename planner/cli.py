@@ -142,6 +142,8 @@ def plan_command(
         plan_options(top, simplest_within, None, names={"top_k": "--top", "simplest_within": "--simplest-within"})
         if fastest and simplest_within is not None:
             raise CaseError("--fastest", "", "give either --fastest or --simplest-within, not both")
+        if out is not None and emit is None:  # nothing would be written there
+            raise CaseError("--out", "", "is the folder for --emit's launch files: give --emit ENGINE with it")
         if plot is not None:
             check_writable([Output(plot, b"", "--plot")], force)
         from .plan import check_ignored_layout
@@ -229,7 +231,8 @@ def size_command(
 def diagnose_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster and training."),
     config: Optional[Path] = typer.Option(None, "--config", help="A DeepSpeed ds_config.json."),
-    pp: int = typer.Option(1, "--pp", min=1, help="Pipeline stages of the DeepSpeed run (ds_config has none)."),
+    pp: Optional[int] = typer.Option(None, "--pp", min=1,
+                                     help="Pipeline stages of the DeepSpeed run (ds_config has none; default 1)."),
     tp: Optional[int] = typer.Option(None, "--tp", min=1,
                                      help="Tensor parallelism of a DeepSpeed pipeline whose model splits its own "
                                           "layers (Megatron-DeepSpeed); without a pipeline, ds_config's autotp_size."),

@@ -83,7 +83,7 @@ def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: str = "
     return Emitted(tuple(written), tuple(notes))
 
 
-def read_config(case: Any, engine: str, path: Union[str, Path], pp: int = 1, tp: Optional[int] = None,
+def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] = None, tp: Optional[int] = None,
                 micro_batch_size: Optional[int] = None, recompute: Optional[str] = None) -> Layout:
     """The layout of an existing config: a DeepSpeed ds_config.json (``pp`` and ``tp`` say what it
     does not: the pipeline stages, and tensor parallelism in a Megatron-DeepSpeed pipeline) or a
@@ -94,7 +94,12 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: int = 1, tp:
     if engine not in READERS:
         raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
     loaded = case if isinstance(case, Case) else load_case(case)
-    given = {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size, "recompute": recompute}
+    given = {k: v for k, v in {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size,
+                                "recompute": recompute}.items() if v is not None}
     reader = ENGINES[engine]
-    return reader.reader_module().read(Path(path), loaded, **{k: v for k, v in given.items()
-                                                             if k in reader.reader_options})
+    for option in given:
+        if option not in reader.reader_options:  # the config states it: an option beside it would go unread
+            raise CaseError(f"--{option.replace('_', '-')}", "", f"applies to a config that does not state it "
+                                                                 f"(a DeepSpeed ds_config); {engine}'s {Path(path).name} "
+                                                                 f"states its own")
+    return reader.reader_module().read(Path(path), loaded, **given)

@@ -61,7 +61,7 @@ def with_megatron_training(case: Case, path: Path) -> Case:
 
 
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
-             pp: int = 1, tp: Optional[int] = None, micro_batch_size: Optional[int] = None,
+             pp: Optional[int] = None, tp: Optional[int] = None, micro_batch_size: Optional[int] = None,
              recompute: Optional[str] = None) -> Diagnosis:
     """``micro_batch_size`` and ``recompute`` say what a Hugging Face Trainer's DeepSpeed config
     leaves to the Trainer (its per_device_train_batch_size, its gradient_checkpointing)."""
@@ -77,7 +77,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     else:
         from .engines.deepspeed.read import auto_resolved
 
-        resolved = tuple(auto_resolved(Path(config), loaded, pp, tp, micro_batch_size))
+        resolved = tuple(auto_resolved(Path(config), loaded, 1 if pp is None else pp, tp, micro_batch_size))
     if recompute is not None and recompute not in ("none", "selective", "full"):
         raise CaseError("--recompute", recompute, "expected none, selective or full")
     layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp,

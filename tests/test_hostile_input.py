@@ -369,6 +369,13 @@ def test_size_refuses_more_cluster_sizes_than_it_can_plan(tmp_path):
     assert time.monotonic() - start < QUICK_S
 
 
+def test_an_out_folder_without_emit_is_refused(tmp_path):
+    """`plan --out DIR` without --emit exited 0 and wrote nothing."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
+    one_line_error(cli("plan", str(case), "--out", str(tmp_path / "run")), "--out", "give --emit ENGINE with it")
+    assert not (tmp_path / "run").exists()
+
+
 def test_size_refuses_a_run_shorter_than_one_global_batch(tmp_path):
     """--tokens 1 with a deadline gave a per-step deadline past 2^63 µs, which CP-SAT's integers
     refused (a TypeError traceback); a run of fewer tokens than one global batch (64 × 4,096) is

@@ -52,6 +52,10 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
     config = dict(config)
     gbs = case.training.global_batch_size
     micro = micro_batch_size or (case.layout.micro_batch_size if case.layout is not None else None)
+    stated = config.get("train_micro_batch_size_per_gpu")
+    if micro_batch_size is not None and stated not in (None, "auto") and stated != micro_batch_size:
+        raise CaseError("--micro-batch-size", "", f"{micro_batch_size} differs from {src}'s "
+                                                  f"train_micro_batch_size_per_gpu {stated!r}, which the run takes")
     if config.get("train_micro_batch_size_per_gpu") == "auto":
         if micro is None:
             raise CaseError(src, "train_micro_batch_size_per_gpu", "is \"auto\" (the Trainer's "
