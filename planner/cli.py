@@ -523,7 +523,7 @@ def _run(usage_error: type) -> int:
             print(error.ctx.get_help())
             return _exiting(0)
         command = error.ctx.command_path if error.ctx else "layout-planner"
-        print(f"error: {command}: {error.format_message()}", file=sys.stderr)
+        print(f"error: {command}: {_shortened(error.format_message())}", file=sys.stderr)
         return _exiting(EXIT_BAD_INPUT)
     except typer.Exit as done:
         return _exiting(done.exit_code)
@@ -533,6 +533,17 @@ def _run(usage_error: type) -> int:
         print("error: interrupted", file=sys.stderr)
         return _exiting(130)
     return _exiting(result if isinstance(result, int) else 0)
+
+
+def _shortened(message: str) -> str:
+    """An option parser's message on one short line: a long value it quotes (a 5,000-digit
+    --top) cut to its first 40 characters and its length."""
+    import re
+
+    def cut(match: "re.Match[str]") -> str:
+        value = match.group(1)
+        return f"'{value[:40]}…' ({len(value):,} characters)"
+    return one_line(re.sub(r"'([^']{61,})'", cut, message), 1000)
 
 
 def _exiting(code: int) -> int:

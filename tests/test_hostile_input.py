@@ -395,3 +395,12 @@ def test_a_token_count_past_float_range_is_refused_in_a_short_line():
         planner.size(case, 10**400)
     assert len(str(error.value)) < 200
     one_line_error(cli("size", "case.yaml", "--tokens", "9" * 5000), "--tokens", "5,002 characters")
+
+
+@pytest.mark.parametrize("args, option", [(("plan", "case.yaml", "--top", "9" * 5000), "--top"),
+                                          (("size", "case.yaml", "--tokens", "1T", "--max-gpus", "9" * 5000),
+                                           "--max-gpus")])
+def test_the_option_parsers_refusals_cut_long_values(args, option):
+    """The option parser's own message echoed a 5,000-digit value whole: one line of 5,084 characters."""
+    line = one_line_error(cli(*args), option, "'9999999999999999999999999999999999999999…' (5,000 characters)")
+    assert len(line) < 200
