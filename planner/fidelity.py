@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from .errors import CaseError, one_line
-from .published_runs import (case_of, load_rows, measured_tokens_per_s, published_memory_stage, row_problem,
+from .published_runs import (case_of, load_rows, measured_tokens_per_s, published_memory_stage, row_key, row_problem,
                              source_of)
 
 TUNED = ("Megatron-Bridge", "NVIDIA-NeMo/Megatron-Bridge", "torchtitan", "MLPerf", "NVIDIA/NeMo")
@@ -173,7 +173,7 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
         try:
             est = estimate(case)
         except CaseError as error:  # a row the model cannot take counts against it
-            out.failed.append((r["id"], f"{error.key}: {error.expected}"))
+            out.failed.append((r["id"], f"{row_key(error.key)}: {error.expected}"))
             continue
         tokens = case["training"]["global_batch_size"] * case["training"]["seq_len"]
         stage = published_memory_stage(r)

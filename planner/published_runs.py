@@ -261,6 +261,31 @@ ROW_MEASURES = {"iteration_time_s": 1e7, "tokens_per_sec_total": 1e15, "tokens_p
                 "tflops_per_gpu": 1e5, "memory_gb_per_gpu": 1e5}
 
 
+# Where each key of the case :func:`case_of` builds comes from in a run (the published-runs
+# schema), so that a refusal of the case names the run's own key.
+ROW_KEYS = {
+    "cluster.num_gpus": "num_gpus", "cluster.gpu": "gpu", "model.num_layers": "model.layers",
+    "model.hidden_size": "model.hidden", "model.num_attention_heads": "model.heads",
+    "model.num_kv_heads": "model.kv_heads", "model.ffn_hidden_size": "model.ffn_hidden",
+    "model.vocab_size": "model.vocab", "model.num_experts": "model.moe.num_experts",
+    "model.moe_top_k": "model.moe.top_k", "model.moe_ffn_hidden_size": "model.moe.expert_ffn_hidden",
+    "model.moe_shared_expert_ffn_hidden_size": "model.moe.shared_expert_ffn_hidden",
+    "model.moe_first_dense_layers": "model.moe.first_dense_layers",
+    "model.q_lora_rank": "model.attention.q_lora_rank", "model.kv_lora_rank": "model.attention.kv_lora_rank",
+    "model.qk_head_dim": "model.attention.qk_head_dim", "model.qk_rope_head_dim": "model.attention.qk_rope_head_dim",
+    "model.v_head_dim": "model.attention.v_head_dim", "training.global_batch_size": "batch.global_batch_size",
+    "training.seq_len": "model.seq_len", "training.precision": "precision",
+    "layout.micro_batch_size": "batch.micro_batch_size", "layout.tp": "parallel.tp", "layout.pp": "parallel.pp",
+    "layout.cp": "parallel.cp", "layout.dp": "parallel.dp", "layout.vpp": "parallel.vpp", "layout.ep": "parallel.ep",
+    "layout.etp": "parallel.etp", "layout.sequence_parallel": "parallel.sp", "layout.zero_stage": "parallel.zero_stage",
+}
+
+
+def row_key(case_key: str) -> str:
+    """The run's own key (the published-runs schema) for a key of the case made from it, where it has one."""
+    return ROW_KEYS.get(case_key, case_key)
+
+
 def row_problem(row: dict) -> Optional[tuple[str, str]]:
     """(the dotted key, what was expected) of the first field of a run the planner cannot read as a
     number, else None: a count that is no whole number from 1, a measurement that is no positive

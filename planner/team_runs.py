@@ -15,7 +15,7 @@ from cost_models.parameters import total_parameters
 from .case import load_case, read_case
 from .errors import CaseError, one_line
 from .inputs import read_yaml
-from .published_runs import case_of, measured_tokens_per_s, published_memory_stage, row_problem
+from .published_runs import case_of, measured_tokens_per_s, published_memory_stage, row_key, row_problem
 from .training_logs import read_log
 
 
@@ -68,8 +68,12 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
 def check_run(run: Run, source: str) -> None:
     """A run that could not have run: faster than its GPU's dense peak at its own model FLOPs, or
     a peak above the GPU's memory."""
-    case = load_case(run.case)
-    job = case.job()
+    try:
+        case = load_case(run.case)
+        job = case.job()
+    except CaseError as error:  # the case made from the run: named as the run's file and key
+        key = f"{run.id}.{row_key(error.key)}" if error.key else run.id
+        raise CaseError(source, key, error.expected) from None
     if run.tokens_per_s is not None:
         if not (math.isfinite(run.tokens_per_s) and run.tokens_per_s > 0):
             raise CaseError(source, f"{run.id}.measured", f"expected a positive throughput, got {run.tokens_per_s!r}")

@@ -161,6 +161,16 @@ def test_a_run_with_a_field_that_is_no_number_is_refused_naming_it(changes, key,
         runs_from_rows([published_row(**changes)], "runs.yaml")
 
 
+@pytest.mark.parametrize("changes, key", [({"num_gpus": 2**70}, "num_gpus"),
+                                          ({"batch__global_batch_size": 2**70}, "batch.global_batch_size"),
+                                          ({"model__hidden": 2**70}, "model.hidden")])
+def test_a_run_whose_case_is_refused_is_named_by_its_file_run_and_key(changes, key):
+    """The case made from a run was refused as '<case>: cluster.num_gpus' (no file, no run, the
+    derived key)."""
+    with pytest.raises(CaseError, match=rf"^runs.yaml: team-run-1\.{re.escape(key)}: expected an integer <="):
+        runs_from_rows([published_row(**changes)], "runs.yaml")
+
+
 def test_a_run_with_no_layout_is_refused():
     row = published_row()
     row["parallel"] = {"dp": 8}
