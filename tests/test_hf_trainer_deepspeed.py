@@ -88,15 +88,18 @@ def test_a_micro_batch_option_that_differs_from_the_configs_is_refused(tmp_path)
     assert diagnose(case, config=ds, micro_batch_size=1).estimate.job.layout.micro_batch_size == 1
 
 
-@pytest.mark.parametrize("option, value", [("--pp", "2"), ("--tp", "8"), ("--micro-batch-size", "4"),
-                                           ("--recompute", "full")])
-def test_options_for_a_ds_config_are_refused_beside_megatron_arguments(tmp_path, option, value):
-    """A Megatron argument list states its layout: --pp 2 beside one was dropped (exit 0, the
+@pytest.mark.parametrize("option, value, stated", [("--pp", "2", "4"), ("--tp", "8", "2"),
+                                                   ("--micro-batch-size", "4", "1"), ("--recompute", "full", "none")])
+def test_options_for_a_ds_config_that_megatron_arguments_contradict_are_refused(tmp_path, option, value, stated):
+    """A Megatron argument list states its layout: --pp 2 beside one of 4 was dropped (exit 0, the
     report still at pp 4)."""
     (tmp_path / "args.txt").write_text("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
                                        "--micro-batch-size 1 --global-batch-size 64 --seq-length 4096 --bf16\n")
     (tmp_path / "case.yaml").write_text(yaml.safe_dump({**CASE, "training": {**CASE["training"], "engine": "megatron"}}))
     done = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(tmp_path / "args.txt"), option, value)
-    assert done.returncode == 2 and done.stderr.startswith(f"error: {option}: applies to a config that does not "
-                                                           f"state it"), done.stderr
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {option}: {value} differs from the {stated} "
+                                                           f"args.txt states"), done.stderr
     assert done.stderr.count("\n") == 1
+    agreeing = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(tmp_path / "args.txt"),
+                       option, stated)
+    assert agreeing.returncode in (0, 3), agreeing.stderr

@@ -3,6 +3,7 @@ bash would expand them (:mod:`planner.readers.bash`), as flags; the notes of wha
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from dataclasses import dataclass
@@ -66,6 +67,9 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
     are those bash passes (:mod:`planner.readers.bash`), so no array parentheses are left in them,
     and a word that holds a flag and its value together is the one argument argparse refuses."""
     known = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(LIST_FLAGS) | set(ALIASES)
+    # Megatron-LM's own arguments: an argument list's every word, a launch's those after the
+    # Python script it starts (before it, torchrun's and srun's: srun --nodes is no --nnodes).
+    script_at = next((i for i, w in enumerate(words) if w.endswith(".py")), -1)
 
     def name(word: str) -> str:
         flag = word.partition("=")[0]
@@ -90,6 +94,8 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
                             "expand it unquoted, ${A[@]}, as Megatron-LM's examples do")
         flag, _, inline = word.partition("=")
         flag = name(flag)
+        if flag.startswith("--") and flag not in known and i > script_at:
+            _check_not_a_misspelling(src, flag, known - TORCHRUN_FLAGS)
         if flag in known:
             if flag in BOOL_FLAGS:
                 found[flag] = None
@@ -108,6 +114,24 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
                 found[flag] = ""
         i += 1
     return found
+
+
+# torchrun's flags that read() takes (the world size): they come before the Python script.
+TORCHRUN_FLAGS = frozenset({"--nnodes", "--nproc-per-node", "--nproc_per_node"})
+
+
+def _check_not_a_misspelling(src: str, flag: str, known: set[str]) -> None:
+    """Refuse a flag one or two letters from one read() reads: Megatron-LM's parser (argparse with
+    ``allow_abbrev=False``, ``megatron/training/arguments.py``) refuses a flag it does not define, so
+    the run would not start, and read without it the layout would be another (a missing tensor
+    parallelism read as 1). Other unknown flags are Megatron-LM's many that do not shape the layout.
+    A known flag's extension is no misspelling (``--tp-comm-overlap-ag`` beside ``--tp-comm-overlap``):
+    none of the 396 flags ``arguments.py`` defines (Megatron-LM d98e8a64dd) is refused, nor any of
+    megatron-core's config fields, from which it makes the rest (tests/test_megatron_flags.py)."""
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.9)
+    if close and not (flag.startswith(close[0]) or close[0].startswith(flag)):
+        raise CaseError(src, flag, f"is no Megatron-LM argument (did you mean {close[0]}?): Megatron-LM's parser "
+                                   "refuses it, and the run would not start")
 
 
 # How launch.sh (ours, and scripts written like it) takes its arguments from a file beside it.

@@ -1,0 +1,60 @@
+"""A misspelt Megatron-LM flag is refused, as Megatron-LM's parser refuses it
+(``argparse.ArgumentParser(allow_abbrev=False)`` in ``megatron/training/arguments.py``), not
+read as absent: `diagnose` read `--tensor-model-paralel-size 4` as tensor parallelism 1, and
+said the layout did not fit. No flag megatron-core defines is taken for a misspelling."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cli_in_process import run_cli
+from planner.engines.megatron.launch import flags_of
+from planner.errors import CaseError
+
+ARGS = ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
+        "--global-batch-size 128 --seq-length 4096 --bf16 --use-distributed-optimizer\n")
+CASE = ("model: {preset: llama2-7b}\ncluster: {gpu: a100-sxm-80gb, num_gpus: 16}\n"
+        "training: {global_batch_size: 128, seq_len: 4096}\n")
+
+
+@pytest.mark.parametrize("typo, meant", [("--tensor-model-paralel-size", "--tensor-model-parallel-size"),
+                                         ("--pipline-model-parallel-size", "--pipeline-model-parallel-size"),
+                                         ("--micro-batch-szie", "--micro-batch-size")])
+def test_a_misspelt_flag_is_refused_naming_the_one_meant(tmp_path, typo, meant):
+    (tmp_path / "case.yaml").write_text(CASE)
+    args = tmp_path / "args.txt"
+    args.write_text(ARGS.replace(meant, typo))
+    done = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(args))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"args.txt: {typo}: is no Megatron-LM argument (did you mean {meant}?)" in done.stderr
+
+
+def test_a_launchers_flags_before_the_script_are_not_megatrons():
+    # srun's --nodes is one letter from torchrun's --nnodes: before pretrain_gpt.py it is srun's.
+    words = ["srun", "--nodes", "2", "torchrun", "--nnodes", "2", "--nproc-per-node", "8", "pretrain_gpt.py",
+             "--tensor-model-parallel-size", "2"]
+    assert flags_of(words, "launch.sh", shell=True)["--tensor-model-parallel-size"] == "2"
+
+
+def test_no_flag_megatron_core_defines_is_taken_for_a_misspelling():
+    """Megatron-LM makes most of its arguments from megatron-core's config dataclasses (a field
+    ``num_moe_experts`` is ``--num-moe-experts``): none is refused."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    flags = {"--" + f.name.replace("_", "-") for config in (TransformerConfig, MLATransformerConfig,
+                                                            ModelParallelConfig, DistributedDataParallelConfig,
+                                                            OptimizerConfig)
+             for f in dataclasses.fields(config)}
+    assert len(flags) > 250
+    refused = []
+    for flag in sorted(flags):
+        try:
+            flags_of([flag, "1"], "args.txt")
+        except CaseError as error:
+            refused.append(str(error))
+    assert not refused
