@@ -15,7 +15,8 @@ from cost_models.parameters import total_parameters
 from .case import load_case, read_case
 from .errors import CaseError, one_line
 from .inputs import read_yaml
-from .published_runs import case_of, measured_tokens_per_s, published_memory_stage, row_key, row_problem
+from .published_runs import (case_of, gpu_preset, measured_tokens_per_s, published_memory_stage, row_key,
+                             row_problem)
 from .training_logs import read_log
 
 
@@ -53,9 +54,14 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
             stage = published_memory_stage(row) if case else None
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError, ZeroDivisionError) as error:
             raise CaseError(source, name, f"a field has the wrong type or is missing ({one_line(error, 80)})") from None
+        if case is not None:
+            case["training"]["precision"] = _stated_precision(source, name, row.get("precision"),
+                                                              case["training"]["precision"])
         if case is None:
             if why == "layout not published":
                 why = "a run with no layout: give parallel.tp, parallel.pp and batch.micro_batch_size"
+            if why == "not a supported row":
+                raise CaseError(source, *_unsupported(name, row))
             raise CaseError(source, name, why)
         if not tokens and not peak:
             raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
@@ -63,6 +69,33 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         check_run(run, source)
         runs.append(run)
     return runs
+
+
+def _unsupported(name: str, row: dict) -> tuple[str, str]:
+    """(key, what was expected) of a run ``case_of`` takes for no run of the planner's."""
+    if row.get("record_type") != "measured_throughput":
+        return f"{name}.record_type", f"expected measured_throughput (a run's measurement), got " \
+                                      f"{one_line(repr(row.get('record_type')), 60)}"
+    if gpu_preset(row.get("gpu")) is None:
+        return f"{name}.gpu", f"expected a GPU the planner has a preset for, named as NVIDIA's (A100, H100, H200, " \
+                              f"H800, B200, B300, GB200, GB300, V100 …) or AMD Instinct MI300X, got " \
+                              f"{one_line(repr(row.get('gpu')), 60)}"
+    return f"{name}.precision", f"expected a pretraining precision, got {one_line(repr(row.get('precision')), 60)} " \
+                                f"(adapter fine-tuning is no layout of the planner's)"
+
+
+def _stated_precision(source: str, name: str, text: Any, read: str) -> str:
+    """The precision a team's run states: as the published runs' reader reads it
+    (``published_runs.precision``), fp32 (or TF32 matmuls) as fp32, and nothing else: that reader
+    takes what it does not know for bf16, which a published table's "mixed (not stated)" is, but
+    a team's own run states its own."""
+    words = str(text or "").lower()
+    if any(p in words for p in ("nvfp4", "mxfp8", "fp8", "bf16", "fp16")):
+        return read
+    if "fp32" in words or "tf32" in words:
+        return "fp32"
+    raise CaseError(source, f"{name}.precision", f"expected the run's training precision (bf16, fp16, fp8, mxfp8, "
+                                                 f"nvfp4 or fp32), got {one_line(repr(text), 60)}")
 
 
 def check_run(run: Run, source: str) -> None:

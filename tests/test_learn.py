@@ -171,6 +171,23 @@ def test_a_run_whose_case_is_refused_is_named_by_its_file_run_and_key(changes, k
         runs_from_rows([published_row(**changes)], "runs.yaml")
 
 
+@pytest.mark.parametrize("changes, key, needle", [
+    # each was 'not a supported row', naming no key; an unknown precision was fitted as bf16
+    ({"gpu": "Z100"}, "gpu", "expected a GPU the planner has a preset for"),
+    ({"record_type": "estimated"}, "record_type", "expected measured_throughput"),
+    ({"precision": "banana"}, "precision", "expected the run's training precision"),
+    ({"precision": ""}, "precision", "expected the run's training precision"),
+])
+def test_a_run_the_planner_cannot_take_names_the_key(changes, key, needle):
+    with pytest.raises(CaseError, match=rf"runs.yaml: team-run-1\.{key}: {needle}"):
+        runs_from_rows([published_row(**changes)], "runs.yaml")
+
+
+def test_a_run_in_fp32_is_fitted_as_fp32_not_bf16():
+    assert runs_from_rows([published_row(precision="fp32 (TF32 matmuls)")], "runs.yaml")[0].case["training"][
+        "precision"] == "fp32"
+
+
 def test_a_run_with_no_layout_is_refused():
     row = published_row()
     row["parallel"] = {"dp": 8}
