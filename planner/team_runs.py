@@ -15,8 +15,9 @@ from cost_models.parameters import total_parameters
 from .case import load_case, read_case
 from .errors import CaseError, one_line
 from .inputs import read_yaml
-from .published_runs import (case_of, gpu_preset, measured_tokens_per_s, published_memory_stage, row_key,
-                             row_problem)
+from .limits import MIN_FIGURE
+from .published_runs import (ROW_MEASURES, case_of, gpu_preset, measured_tokens_per_s, published_memory_stage,
+                             row_key, row_problem)
 from .training_logs import read_log
 
 
@@ -181,6 +182,15 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
             tokens = reading.tokens_per_s_per_gpu * job.cluster.num_gpus
         else:
             tokens = reading.samples_per_s * job.training.seq_len
+        # Held to the bounds a runs file's measurements are (published_runs.ROW_MEASURES): a step
+        # of 1e300 ms was fitted, and one of 1e999 ms said "got 0.0 tokens/s".
+        step = tokens_per_step / tokens if tokens > 0 else math.inf
+        if not MIN_FIGURE <= step <= ROW_MEASURES["iteration_time_s"]:
+            raise CaseError(str(log), "", f"its step time is {step:.4g} s; expected one from {MIN_FIGURE:g} to "
+                                          f"{ROW_MEASURES['iteration_time_s']:g} s")
+        if reading.peak_gib is not None and not MIN_FIGURE <= reading.peak_gib <= ROW_MEASURES["memory_gb_per_gpu"]:
+            raise CaseError(str(log), "", f"its peak memory is {reading.peak_gib:.4g} GiB; expected one from "
+                                          f"{MIN_FIGURE:g} to {ROW_MEASURES['memory_gb_per_gpu']:g} GiB")
         stage = 0 if reading.peak_of_rank_0_only and job.layout.pp > 1 else None
         run = Run(Path(str(log)).name, data, tokens, reading.peak_gib, stage)
         check_run(run, str(log))

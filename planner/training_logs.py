@@ -33,16 +33,45 @@ WARMUP_STEPS = 3
 MAX_LOG_BYTES = 256 * 2**20
 
 NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
-MEGATRON_STEP = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*" + NUMBER)
 MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
-MEGATRON_MEMORY = re.compile(r"\[Rank (\d+)\].*?memory \(MB\).*?max allocated:\s*" + NUMBER)
 MEGATRON_ARG = re.compile(r"^\s*([a-z_0-9]+) \.{3,}\s*(\S+)\s*$", re.MULTILINE)
-TITAN_STEP = re.compile(r"step:\s*(\d+)\b.*?\btps:\s*" + NUMBER)
-TITAN_MEMORY = re.compile(r"step:\s*(\d+)\b.*?\bmemory:\s*" + NUMBER + r"\s*GiB")
 TITAN_PARAMETERS = re.compile(r"size:\s*" + NUMBER + r"\s*total parameters")
-DS_THROUGHPUT = re.compile(r"global_step=(\d+).*?CurrSamplesPerSec=" + NUMBER)
-DS_MEMORY = re.compile(r"global_step=(\d+).*?MaxMemAllocated=" + NUMBER + r"\s*GB")
 DS_TIMERS = re.compile(r"time \(ms\) \| fwd: " + NUMBER + r" \| bwd: " + NUMBER + r" \| step: " + NUMBER)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A figure a log line prints after ``marker``, and the step (or rank) the nearest ``key``
+    before it on the line names: read from the marker back, so a line of many keys and no
+    marker costs one pass, where a pattern ``key.*?marker`` tried from every key (quadratic: a
+    400 KB line took 40 s)."""
+
+    key: re.Pattern
+    marker: str
+    unit: str = ""  # what must follow the figure (GiB, GB)
+    also: str = ""  # what the line must hold besides
+
+    def points(self, text: str) -> list[tuple[int, float]]:
+        found = []
+        for line in text.splitlines():
+            at = line.rfind(self.marker)
+            if at < 0 or self.also not in line:
+                continue
+            value = _FIGURE.match(line, at + len(self.marker))
+            keys = list(self.key.finditer(line, 0, at))
+            if value is None or not keys or not line.startswith(self.unit, value.end()):
+                continue
+            found.append((int(keys[-1].group(1)), _num(value.group(1))))
+        return found
+
+
+_FIGURE = re.compile(r"\s*" + NUMBER + r"\s*")
+MEGATRON_STEP = Entry(re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|"), "elapsed time per iteration (ms):")
+MEGATRON_MEMORY = Entry(re.compile(r"\[Rank (\d+)\]"), "max allocated:", also="memory (MB)")
+TITAN_STEP = Entry(re.compile(r"step:\s*(\d+)\b"), "tps:")
+TITAN_MEMORY = Entry(re.compile(r"step:\s*(\d+)\b"), "memory:", "GiB")
+DS_THROUGHPUT = Entry(re.compile(r"global_step=(\d+)"), "CurrSamplesPerSec=")
+DS_MEMORY = Entry(re.compile(r"global_step=(\d+)"), "MaxMemAllocated=", "GB")
 
 
 @dataclass(frozen=True)
@@ -85,14 +114,14 @@ def read_log(path: Path) -> LogReading:
         raise CaseError(src, "", f"expected a training log of at most {MAX_LOG_BYTES // 2**20} MiB; "
                                  "give the lines of the steps to fit")
     text = data.decode("utf-8", errors="replace")  # logs carry progress bars and colour codes
-    megatron = [(int(m.group(1)), _num(m.group(2))) for m in MEGATRON_STEP.finditer(text)]
-    titan = [(int(m.group(1)), _num(m.group(2))) for m in TITAN_STEP.finditer(text)]
-    deepspeed = [(int(m.group(1)), _num(m.group(2))) for m in DS_THROUGHPUT.finditer(text)]
+    megatron = MEGATRON_STEP.points(text)
+    titan = TITAN_STEP.points(text)
+    deepspeed = DS_THROUGHPUT.points(text)
     timers = [(i + 1, _num(m.group(1)) + _num(m.group(2)) + _num(m.group(3)))
               for i, m in enumerate(DS_TIMERS.finditer(text))]
     if megatron:
         times = _after_warmup(megatron)
-        memory = [(int(m.group(1)), _num(m.group(2))) for m in MEGATRON_MEMORY.finditer(text)]
+        memory = MEGATRON_MEMORY.points(text)
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
         stated = [(k, float(args[k])) for k in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                                                   "global_batch_size", "micro_batch_size",
@@ -107,13 +136,13 @@ def read_log(path: Path) -> LogReading:
                              peak_of_rank_0_only=bool(memory) and {r for r, _ in memory} == {0})
     elif titan:
         times = _after_warmup(titan)
-        memory = _after_warmup([(int(m.group(1)), _num(m.group(2))) for m in TITAN_MEMORY.finditer(text)])
+        memory = _after_warmup(TITAN_MEMORY.points(text))
         params = [_num(m.group(1)) for m in TITAN_PARAMETERS.finditer(text)]
         reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
                              peak_gib=max(memory) if memory else None, peak_of_rank_0_only=bool(memory),
                              stated=(("parameters", params[0]),) if params else ())
     elif deepspeed or timers:
-        memory = _after_warmup([(int(m.group(1)), _num(m.group(2))) for m in DS_MEMORY.finditer(text)])
+        memory = _after_warmup(DS_MEMORY.points(text))
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
         stated = tuple((k, float(args[k])) for k in ("train_batch_size", "train_micro_batch_size_per_gpu")
                        if k in args and _is_number(args[k]))

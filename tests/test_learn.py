@@ -9,6 +9,7 @@ planner/training_logs.py).
 from __future__ import annotations
 
 import re
+import time
 
 import math
 import statistics
@@ -291,6 +292,36 @@ def test_runs_from_logs_take_the_cases_layout_and_refuse_another_model(tmp_path)
     done = run_cli("calibrate", "--from-logs", str(tmp_path / "megatron.log"), "--case", str(case_path),
                    "--out", str(tmp_path / "p.yaml"))
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("name, log, prefix", [("megatron.log", MEGATRON_LOG, "iteration 1/ 2 |"),
+                                               ("titan.log", TITAN_LOG, "step: 1 "),
+                                               ("ds.log", DEEPSPEED_LOG, "global_step=1 ")])
+def test_a_line_of_many_step_keys_reads_in_linear_time(tmp_path, name, log, prefix):
+    """A line of 25,000 keys with no figure after them, before a real log: each pattern
+    'key.*?figure' was tried from every key (a 400 KB line took 40 s, 1 MB over a minute).
+    The same line of a tenth the keys must take no more than about a tenth the time (quadratic:
+    a hundredth), and the real log is read as without it."""
+    def timed(repeat: int) -> float:
+        path = write(tmp_path, name, prefix * repeat + "\n" + log)
+        start = time.perf_counter()
+        assert read_log(path) == read_log(write(tmp_path, "plain-" + name, log))
+        return time.perf_counter() - start
+    small, large = min(timed(2_500) for _ in range(3)), min(timed(25_000) for _ in range(3))
+    assert large < 0.5 or large < 30 * small
+
+
+@pytest.mark.parametrize("figure, needle", [("1e300", "its step time is 1e+297 s"),
+                                            ("1e999", "its step time is inf s")])
+def test_a_logs_step_time_is_held_to_a_runs_bounds(tmp_path, figure, needle):
+    """A step of 1e300 ms was fitted (an error of +5.3e296 written to the profile); 1e999 ms said
+    'expected a positive throughput, got 0.0'."""
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump({k: v for k, v in case(8, 1, 1, 1, 1).items()}))
+    log = re.sub(r"elapsed time per iteration \(ms\): [0-9.]+", f"elapsed time per iteration (ms): {figure}",
+                 MEGATRON_LOG)
+    with pytest.raises(CaseError, match=rf"huge.log: {re.escape(needle)}; expected one from 1e-06 to 1e\+07 s"):
+        runs_from_logs([write(tmp_path, "huge.log", log)], [case_path])
 
 
 def test_a_log_with_no_step_time_is_refused_naming_what_was_looked_for(tmp_path):
