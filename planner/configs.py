@@ -21,6 +21,7 @@ from .emit import ENGINES as EMITTERS
 from .engines import ENGINES
 from .engines import READING as READERS
 from .errors import CaseError
+from .fields import read_path
 from .estimate import Estimate
 
 
@@ -78,8 +79,9 @@ def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: str = "
     a layout predicted not to fit only with ``force_unfit``, said in every file's header."""
     from .files import Output, write_all
 
+    out = read_path("emit", "out_dir", out_dir)
     files, notes = render(result, engine, source, force_unfit)
-    written = write_all([Output(Path(out_dir) / name, text) for name, text in files.items()], force)
+    written = write_all([Output(out / name, text) for name, text in files.items()], force)
     return Emitted(tuple(written), tuple(notes))
 
 
@@ -93,6 +95,7 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
 
     if engine not in READERS:
         raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
+    path = read_path("read_config", "path", path)
     loaded = case if isinstance(case, Case) else load_case(case)
     given = {k: v for k, v in {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size,
                                 "recompute": recompute}.items() if v is not None}

@@ -9,6 +9,7 @@ from typing import Any, Optional
 from .case import Case, load_case
 from .configs import read_config
 from .errors import CaseError
+from .fields import read_path
 from .estimate import Estimate, estimate_job
 from .plan import Plan, plan_case
 from .search_options import retarget
@@ -65,6 +66,10 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
              recompute: Optional[str] = None) -> Diagnosis:
     """``micro_batch_size`` and ``recompute`` say what a Hugging Face Trainer's DeepSpeed config
     leaves to the Trainer (its per_device_train_batch_size, its gradient_checkpointing)."""
+    if (config is None) == (megatron_args is None):
+        raise CaseError("diagnose", "config", "give exactly one of config (a ds_config) or megatron_args")
+    config = None if config is None else read_path("diagnose", "config", config)
+    megatron_args = None if megatron_args is None else read_path("diagnose", "megatron_args", megatron_args)
     loaded = load_case(case)
     engine = "deepspeed" if config is not None else "megatron"
     resolved: tuple[str, ...] = ()

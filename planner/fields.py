@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 from .errors import CaseError, one_line
@@ -101,6 +103,13 @@ def read_str(src: str, key: str, value: Any) -> str:
         raise CaseError(src, key, f"expected a string of at most {MAX_STRING_CHARS:,} characters, got one of "
                                   f"{len(value):,}")
     return value
+
+
+def read_path(src: str, key: str, value: Any) -> Path:
+    """A path given to the Python API (a str or os.PathLike, not empty), as a Path."""
+    if isinstance(value, os.PathLike) or (isinstance(value, str) and value.strip()):
+        return Path(read_str(src, key, os.fspath(value)) if isinstance(value, str) else value)
+    raise CaseError(src, key, f"expected a path (str or os.PathLike), got {describe(value)}")
 
 
 def read_unit(src: str, key: str, value: Any, parse: Callable[[Any], float]) -> float:

@@ -40,6 +40,7 @@ from cost_models.specs import FabricSpec, Overheads, Performance
 
 from .case import load_case
 from .errors import CaseError
+from .fields import read_str
 from .estimate import estimate
 from .fitted import coverage as jobs_coverage
 from .presets import fabric_presets, gpu_preset_name, gpu_presets, performance_presets, resolve_gpu_preset
@@ -475,6 +476,8 @@ def calibrate_from_runs(runs: Any, gpu_preset: Optional[str] = None) -> tuple[di
     ``runs``: published-runs files (paths), rows in that schema (dicts) or :class:`Run` objects,
     or a list mixing them; ``gpu_preset``: the GPU preset whose figures are the priors (default:
     the runs' own)."""
+    if gpu_preset is not None:
+        read_str("calibrate_from_runs", "gpu_preset", gpu_preset)
     items = list(runs) if isinstance(runs, (list, tuple)) else [runs]
     collected: list[Run] = []
     rows: list[Any] = []

@@ -7,6 +7,7 @@ import copy
 import json
 import math
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -404,3 +405,19 @@ def test_the_option_parsers_refusals_cut_long_values(args, option):
     """The option parser's own message echoed a 5,000-digit value whole: one line of 5,084 characters."""
     line = one_line_error(cli(*args), option, "'9999999999999999999999999999999999999999…' (5,000 characters)")
     assert len(line) < 200
+
+
+@pytest.mark.parametrize("call, key", [
+    (lambda est: planner.emit(est, "megatron", None), "emit: out_dir: expected a path"),
+    (lambda est: planner.emit(est, "megatron", 7), "emit: out_dir: expected a path"),
+    (lambda est: planner.read_config(CASE, "megatron", None), "read_config: path: expected a path"),
+    (lambda est: planner.read_config(CASE, "deepspeed", ["x"]), "read_config: path: expected a path"),
+    (lambda est: __import__("planner.diagnose", fromlist=["diagnose"]).diagnose(CASE, config=5),
+     "diagnose: config: expected a path"),
+    (lambda est: planner.calibrate_from_runs([], gpu_preset=5), "calibrate_from_runs: gpu_preset: expected a string"),
+])
+def test_the_api_refuses_arguments_of_the_wrong_type_with_a_case_error(call, key):
+    """Each raised a raw TypeError or AttributeError ('int' object has no attribute 'strip')."""
+    est = planner.estimate(CASE)
+    with pytest.raises(CaseError, match=re.escape(key)):
+        call(est)
