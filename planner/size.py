@@ -105,6 +105,12 @@ def size_target(tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nod
         deadline_s = None if deadline is None else parse_duration(deadline)
     except UnitError as error:
         raise refuse("deadline", str(error)) from None
+    if count("top_k", top_k, MAX_TOP_K, least=0) is not None and deadline is None and max_gpus is None \
+            and max_nodes is None:
+        # With neither, `size` answers the front of days against GPU-hours, every size on it.
+        raise refuse("top_k", f"applies with {names.get('deadline', 'deadline')} or a budget "
+                              f"({names.get('max_gpus', 'max_gpus')}, {names.get('max_nodes', 'max_nodes')}): "
+                              f"without them the answer is the front of days against GPU-hours, every size on it")
     if max_gpus is not None and max_nodes is not None:
         raise refuse("max_nodes", f"give either {names.get('max_gpus', 'max_gpus')} or "
                                   f"{names.get('max_nodes', 'max_nodes')}, not both")

@@ -157,3 +157,13 @@ def test_the_command_prints_the_front_with_the_knee_marked_and_the_json_is_the_a
                    for line in lines), point.gpus
     assert f"knee: {result.knee.gpus:,} × {result.knee.option.gpu.name}" in text.stdout
     assert "least days × cost" in text.stdout
+
+
+def test_top_is_refused_where_the_answer_is_the_front():
+    """`size --tokens 15T --top 0` and `--top 50` printed the same front (exit 0): the option went unread."""
+    from planner.errors import CaseError
+
+    done = run_cli("size", "examples/llama3-70b-15t-size.yaml", "--tokens", "15T", "--top", "0")
+    assert done.returncode == 2 and done.stderr.startswith("error: --top: applies with --deadline or a budget")
+    with pytest.raises(CaseError, match="top_k: applies with deadline or a budget"):
+        planner.size("examples/llama3-70b-15t-size.yaml", "15T", top_k=3)
