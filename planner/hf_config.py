@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Callable
 
 from planner.errors import CaseError
@@ -121,10 +122,12 @@ def _architecture(r: "_Reader", family: str) -> dict:
     elif any(r.get(k) is not _MISSING for k in ("layer_norm_eps", "layer_norm_epsilon", "layernorm_epsilon")):
         out["normalization"] = "layernorm"
     base = r.get("rope_theta")
+    if base is not _MISSING and (isinstance(base, bool) or not isinstance(base, (int, float))
+                                 or not 0 < base <= sys.float_info.max):  # false for NaN
+        raise r.fail("rope_theta", f"expected RoPE's base, a finite number above 0, got {_show(base)}")
     if family == "gpt2":
         out["position_embedding"] = "learned"
-    elif isinstance(base, (int, float)) and not isinstance(base, bool) and base > 0 \
-            and family not in ("gpt_neox", "deepseek_v2", "deepseek_v3", "llama4"):
+    elif base is not _MISSING and family not in ("gpt_neox", "deepseek_v2", "deepseek_v3", "llama4"):
         out["position_embedding"], out["rope_base"] = "rope", float(base)
     if family in BIASED:
         out["linear_bias"] = True

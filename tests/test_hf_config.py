@@ -336,6 +336,15 @@ def test_non_positive_integers(tmp_path, model, key, value):
     assert "positive" in str(raises(write(tmp_path, cfg), key))
 
 
+@pytest.mark.parametrize("value", ["abc", float("nan"), -10000.0, 0, True, [500000]])
+def test_a_rope_base_that_is_no_number_is_refused(tmp_path, value):
+    """rope_theta "abc" or NaN was dropped without a word: the launch files then left out
+    --rotary-base and --position-embedding-type."""
+    cfg = published("Llama-2-7b-hf")
+    cfg["rope_theta"] = value
+    assert "expected RoPE's base" in str(raises(write(tmp_path, cfg), "rope_theta"))
+
+
 @pytest.mark.parametrize("model,key,value", [
     ("Llama-2-7b-hf", "tie_word_embeddings", "false"),
     ("Llama-2-7b-hf", "tie_word_embeddings", 0),
