@@ -58,3 +58,20 @@ def test_no_flag_megatron_core_defines_is_taken_for_a_misspelling():
         except CaseError as error:
             refused.append(str(error))
     assert not refused
+
+
+def test_an_fp8_plan_for_megatron_reads_back_where_the_case_names_no_engine(tmp_path):
+    """`plan --engine megatron --emit megatron` on an fp8 case that names no engine, then
+    `diagnose` of its arguments: refused, the case read with the generic engine's recipe
+    (tensorwise) against Megatron-LM's delayed scaling the files say."""
+    case = tmp_path / "case.yaml"
+    case.write_text("model: {preset: llama3-8b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 16}\n"
+                    "training: {global_batch_size: 64, seq_len: 4096, precision: fp8}\n")
+    planned = run_cli("plan", str(case), "--engine", "megatron", "--emit", "megatron", "--out", str(tmp_path / "run"),
+                      "--json")
+    assert planned.returncode == 0, planned.stderr
+    done = run_cli("diagnose", str(case), "--megatron-args", str(tmp_path / "run" / "megatron_args.txt"), "--json")
+    assert done.returncode == 0, done.stderr
+    import json
+    best, read = json.loads(planned.stdout)["best"], json.loads(done.stdout)["config"]
+    assert read["layout"] == best["layout"] and read["step_time_s"] == best["step_time_s"]

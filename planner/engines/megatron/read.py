@@ -411,6 +411,8 @@ def read_training(path: Path, case) -> dict:
       ``--main-grads-dtype bf16``); ``--accumulate-allreduce-grads-in-fp32`` asks for it outright.
     - ``tp_comm_overlap``: ``--tp-comm-overlap`` (off by default).
     - ``moe_comm_overlap``: ``--overlap-moe-expert-parallel-comm`` (off by default).
+    - ``fp8_param_gather`` (a low-precision recipe): ``--fp8-param-gather`` (``--fp4-param-gather``
+      under NVFP4), off by default: the weights are kept in 16 bits and quantized each step.
     - ``expert_dispatch`` (mixtures of experts): ``--moe-token-dispatcher-type`` ``flex`` with the DeepEP
       or HybridEP backend (``--moe-flex-dispatcher-backend``, ``--moe-enable-deepep``) sends a token once
       per NVLink domain (``deepep``); ``allgather`` (the default) and ``alltoall`` once per expert."""
@@ -430,6 +432,9 @@ def _training(flags: dict, case) -> dict:
         "tp_comm_overlap": "--tp-comm-overlap" in flags,
         "moe_comm_overlap": "--overlap-moe-expert-parallel-comm" in flags,
     }
+    if case.training.recipe is not None:  # the weights kept quantized: off unless the flag is given
+        settings["fp8_param_gather"] = ("--fp4-param-gather" if case.training.precision == "nvfp4"
+                                        else "--fp8-param-gather") in flags
     if case.model.is_moe:
         dispatcher = flags.get("--moe-token-dispatcher-type") or "allgather"
         backend = (flags.get("--moe-flex-dispatcher-backend") or ("deepep" if "--moe-enable-deepep" in flags
@@ -441,6 +446,7 @@ def _training(flags: dict, case) -> dict:
 
 # Why each setting matters, for the refusal that names a case contradicting its arguments.
 SETTING_FLAGS = {"fp32_grads": "--grad-reduce-in-bf16", "tp_comm_overlap": "--tp-comm-overlap",
+                 "fp8_param_gather": "--fp8-param-gather",
                  "moe_comm_overlap": "--overlap-moe-expert-parallel-comm",
                  "expert_dispatch": "--moe-token-dispatcher-type"}
 
