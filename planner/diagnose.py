@@ -86,7 +86,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     else:
         from .engines.deepspeed.read import auto_resolved
 
-        resolved = tuple(auto_resolved(Path(config), loaded, 1 if pp is None else pp, tp, micro_batch_size))
+        resolved = tuple(auto_resolved(Path(config), loaded, pp, tp, micro_batch_size))
     if recompute is not None and recompute not in ("none", "selective", "full"):
         raise CaseError("--recompute", recompute, "expected none, selective or full")
     layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp,

@@ -71,3 +71,22 @@ def test_a_layout_that_does_not_fit_is_not_written_unless_asked_and_then_says_so
 def test_unknown_engines_name_the_choices(tmp_path, call, match):
     with pytest.raises(CaseError, match=match):
         call(tmp_path)
+
+
+@pytest.mark.parametrize("case, layout", [
+    # DeepSpeed-MoE's ep_size is the model code's (deepspeed.moe.layer.MoE): read back as 1, the
+    # experts' weights priced unsharded (94 GB against the 43-86 GB planned)
+    ({"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+      "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "deepspeed"}},
+     {"dp": 64, "ep": 8, "micro_batch_size": 1, "zero_stage": 1}),
+    # PipelineModule's partition is the model code's: 126 layers on 16 stages were refused
+    # ("must divide by pp"), the case's own stage_layers unread
+    ({"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 24},
+      "training": {"global_batch_size": 48, "seq_len": 4096, "engine": "deepspeed"}},
+     {"dp": 8, "pp": 3, "stage_layers": [11, 11, 10], "micro_batch_size": 1, "zero_stage": 1}),
+])
+def test_what_a_ds_config_leaves_to_the_model_code_is_read_from_the_cases_layout(tmp_path, case, layout):
+    est = planner.estimate({**case, "layout": layout})
+    planner.emit(est, "deepspeed", tmp_path)
+    read = planner.read_config({**case, "layout": layout}, "deepspeed", tmp_path / "ds_config.json")
+    assert read == est.job.layout

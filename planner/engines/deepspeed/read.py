@@ -85,11 +85,21 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
     return config, resolved
 
 
-def auto_resolved(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None,
+def auto_resolved(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[int] = None,
                   micro_batch_size: Optional[int] = None) -> list[str]:
     """What :func:`read` resolved of the config's ``"auto"`` values, one line each."""
     config = _load(Path(path))
+    pp = pp if pp is not None else case.layout.pp if case.layout is not None else 1
+    tp = _pipeline_tp(case, pp, tp)
     return resolve_auto(str(path), config, case, _dp(str(path), config, case, pp, tp), micro_batch_size)[1]
+
+
+def _pipeline_tp(case, pp: int, tp: Optional[int]) -> Optional[int]:
+    """A pipeline's tensor parallelism (Megatron-DeepSpeed's model splits its own layers): the
+    caller's, else the case's layout's, which ds_config does not state."""
+    if tp is None and pp > 1 and case.layout is not None and case.layout.tp > 1:
+        return case.layout.tp
+    return tp
 
 
 def _dp(src: str, config: dict, case, pp: int, tp: Optional[int]) -> int:
@@ -99,11 +109,14 @@ def _dp(src: str, config: dict, case, pp: int, tp: Optional[int]) -> int:
     return max(1, case.cluster.num_gpus // (tp * pp))
 
 
-def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None,
+def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[int] = None,
          micro_batch_size: Optional[int] = None, recompute: Optional[str] = None) -> Layout:
     """The layout of an existing ds_config.json on ``case``'s cluster, with ``pp`` pipeline stages
     and, for a pipeline whose model splits its own layers (Megatron-DeepSpeed's 3D grid), ``tp``;
-    without a pipeline tp is AutoTP's ``tensor_parallel.autotp_size``.
+    without a pipeline tp is AutoTP's ``tensor_parallel.autotp_size``. What the model's code
+    decides and ds_config does not state comes from the case's layout where it has one: the
+    pipeline stages and their layers (``PipelineModule``'s partition; ``pp`` by default), the
+    experts' parallelism (DeepSpeed-MoE's ``ep_size``), the recomputation.
 
     Batch sizes follow DeepSpeed's rules: any one or two of train_batch_size,
     train_micro_batch_size_per_gpu and gradient_accumulation_steps, the rest derived as
@@ -113,7 +126,9 @@ def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None,
     path = Path(path)
     src = str(path)
     config = _load(path)
-    pp = _positive("--pp", "pp", pp)
+    stated = case.layout
+    pp = _positive("--pp", "pp", pp if pp is not None else stated.pp if stated is not None else 1)
+    tp = _pipeline_tp(case, pp, tp)
     config = resolve_auto(src, config, case, _dp(src, config, case, pp, tp), micro_batch_size)[0]
 
     tp_section = config.get("tensor_parallel", {})
@@ -206,9 +221,13 @@ def read(path: Union[str, Path], case, pp: int = 1, tp: Optional[int] = None,
     offload = {name: _offload_device(src, zero_section, name) for name in ("offload_optimizer", "offload_param")}
     if offload["offload_param"] and zero != 3:
         raise CaseError(src, "zero_optimization.offload_param", f"applies to ZeRO stage 3 only, the config has {zero}")
+    # The model's code: DeepSpeed-MoE's ep_size and PipelineModule's partition, as the case's layout says.
+    ep = stated.ep if stated is not None else 1
+    stage_layers = stated.stage_layers if stated is not None and stated.pp == pp else None
     return Layout(dp=dp, tp=tp, pp=pp, micro_batch_size=micro, zero_stage=zero, recompute=recompute,
                   offload_optimizer=1.0 if offload["offload_optimizer"] else 0.0,
-                  offload_params=offload["offload_param"])
+                  offload_params=offload["offload_param"], ep=ep, etp=stated.etp if stated is not None else None,
+                  stage_layers=stage_layers)
 
 
 # DeepSpeed's names for fp32 (runtime/config_utils.py DtypeEnum).
