@@ -145,6 +145,8 @@ def plan_command(
         if out is not None and emit is None:  # nothing would be written there
             raise CaseError("--out", "", "is the folder for --emit's launch files: give --emit ENGINE with it")
         if plot is not None:
+            if plot.suffix.lower() != ".png":  # the plot is a PNG whatever the name says
+                raise CaseError("--plot", "", f"expected a .png path (the plots are one PNG), got {plot.name!r}")
             check_writable([Output(plot, b"", "--plot")], force)
         from .plan import check_ignored_layout
 

@@ -70,5 +70,10 @@ def read_cluster_options(src: str, section: Any, base: Path) -> tuple[ClusterOpt
         entry = read_mapping(src, key, entry, HARDWARE_KEYS + SIZING_KEYS)
         gpu, fabric = cluster_hardware(src, entry, base, key)
         most, price = sizing_terms(src, entry, key, gpu.gpus_per_node)
-        options.append(ClusterOption(key, gpu, fabric, most, price))
+        option = ClusterOption(key, gpu, fabric, most, price)
+        same = next((o.key for o in options if (o.gpu, o.fabric, o.max_gpus, o.gpu_hour_cost) ==
+                     (gpu, fabric, most, price)), None)
+        if same is not None:  # sized twice, it would be its own runner-up
+            raise CaseError(src, key, f"is the same GPU type, fabric, limit and price as {same}: give each once")
+        options.append(option)
     return tuple(options)

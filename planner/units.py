@@ -65,7 +65,7 @@ _SUFFIXED = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)
 
 
 def _suffixed(text: object, units: dict[str, float], what: str, example: str, maximum: float,
-              bare: bool) -> float:
+              bare: bool, shown_maximum: str = "") -> float:
     """A positive number with one of ``units`` after it (none needed where ``bare``), at most ``maximum``."""
     accepted = ", ".join(u for u in units if u)
     expected = f"expected {what} like {example} ({accepted})"
@@ -83,7 +83,7 @@ def _suffixed(text: object, units: dict[str, float], what: str, example: str, ma
     if value <= 0:
         raise UnitError(f"{expected}, above zero, got {_shown(text)}")
     if not value <= maximum:  # an overflow to infinity too
-        raise UnitError(f"{expected}, at most {maximum:g}, got {_shown(text)}")
+        raise UnitError(f"{expected}, at most {shown_maximum or format(maximum, 'g')}, got {_shown(text)}")
     return value
 
 
@@ -100,4 +100,5 @@ def parse_tokens(text: object) -> float:
 
 def parse_duration(text: object) -> float:
     """Seconds in a duration such as ``"60d"`` or ``"36h"``; a bare number has no unit and is refused."""
-    return _suffixed(text, DURATION_UNITS, "a duration", "60d or 36h", MAX_DEADLINE_S, bare=False)
+    return _suffixed(text, DURATION_UNITS, "a duration", "60d or 36h", MAX_DEADLINE_S, bare=False,
+                     shown_maximum=f"{MAX_DEADLINE_S / 86400 / 365:g} years")

@@ -421,3 +421,26 @@ def test_the_api_refuses_arguments_of_the_wrong_type_with_a_case_error(call, key
     est = planner.estimate(CASE)
     with pytest.raises(CaseError, match=re.escape(key)):
         call(est)
+
+
+def test_a_deadline_past_its_bound_says_the_bound_in_its_unit():
+    """'at most 3.1536e+10' read as days: any deadline written in days below it was still refused."""
+    one_line_error(cli("size", "case.yaml", "--tokens", "1T", "--deadline", "1e7d"), "--deadline",
+                   "at most 1000 years, got '1e7d'")
+
+
+def test_the_same_gpu_type_twice_among_size_options_is_refused(tmp_path):
+    """Two identical options: the best listed itself as its own runner-up ('1.00x the GPUs for 1.00x the days')."""
+    option = {"gpu": "h100-sxm-80gb", "max_gpus": 256, "gpu_hour_cost": 2.5}
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({"model": {"preset": "llama3-8b"},
+                                                         "cluster": {"options": [option, dict(option)]},
+                                                         "training": {"global_batch_size": 256, "seq_len": 4096}}))
+    one_line_error(cli("size", str(case), "--tokens", "1T", "--deadline", "30d"), str(case), "cluster.options[1]: ",
+                   "same GPU type, fabric, limit and price as cluster.options[0]")
+
+
+def test_a_plot_path_that_is_no_png_is_refused(tmp_path):
+    """--plot out.txt wrote PNG data into a .txt file (exit 0)."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
+    one_line_error(cli("plan", str(case), "--plot", str(tmp_path / "out.txt")), "--plot", "expected a .png path")
+    assert not (tmp_path / "out.txt").exists()
