@@ -309,10 +309,19 @@ class _Search:
                 hits.append(hit)
         return hits
 
+    def _obeys_pins(self, layout: Layout) -> bool:
+        """Whether ``layout`` holds every value the case's ``search`` section pins: the search
+        scores some layouts beside a pinned choice (each offload the engine runs), and none that
+        breaks a pin may reach the table."""
+        return all(self.spec.admits(name, layout.expert_tp if name == "etp" else getattr(layout, name))
+                   for name in self.spec.pins)
+
     def _keep(self, hits: list[tuple[Job, float]], base: Layout, time: Optional[StepTime]) -> bool:
         """Time the layouts that fit (``base``'s own step is ``time``, where the floor priced it)
         and keep them; True once ``first_only`` has its layout."""
         for job, peak in hits:
+            if not self._obeys_pins(job.layout):  # an offload tried beside a pinned one, say
+                continue
             timed = time if time is not None and job.layout == base else step_time(job)
             seconds = timed.total
             self.result.candidates.append(Candidate(job.layout, seconds, peak, job, timed))

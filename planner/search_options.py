@@ -86,7 +86,24 @@ def retarget(src: str, spec: SearchSpec, training: TrainingSpec, target: Optiona
         spec = replace(spec, target=target)
     if training.engine.name != spec.target:
         training = replace(training, engine=ENGINES[spec.target].behaviour)
+    check_pins_for_engine(src, spec)
     return spec, training
+
+
+def check_pins_for_engine(src: str, spec: SearchSpec) -> None:
+    """A pinned offload the engine does not run is the case's error, as `estimate` refuses the layout:
+    the search would otherwise find no layout that holds the pin and answer that nothing fits."""
+    if spec.target == "any":
+        return
+    pins, support = spec.pins, ENGINES[spec.target].support
+    # An unpinned ZeRO stage is the search's to choose: any the engine offloads the optimizer with.
+    zero = pins.get("zero_stage", 3 if pins.get("offload_params") or not support.optimizer_offload_zero
+                    else max(support.optimizer_offload_zero))
+    refusals = support.offload_refusals(pins.get("offload_optimizer", 0.0), pins.get("offload_params", False),
+                                        pins.get("offload_activations", 0), zero)
+    for key, why in refusals:
+        if key in pins:
+            raise CaseError(src, f"search.{key}", f"{spec.target} cannot run it: {why}")
 
 
 def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[ModelSpec] = None) -> SearchSpec:
@@ -115,6 +132,11 @@ def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[Mod
     if "tp_across_nodes" in data:
         values["tp_across_nodes"] = read_bool(src, "search.tp_across_nodes", data["tp_across_nodes"])
     pins = _pins(src, data)
+    if model is not None and not model.is_moe:
+        for name in ("ep", "etp"):
+            if pins.get(name, 1) > 1 or data.get(f"min_{name}") not in (None, 0, 1):
+                raise CaseError(src, f"search.{name}" if name in pins else f"search.min_{name}",
+                                "expert parallelism needs a mixture of experts (model.num_experts)")
     if "recompute_modules" in pins:
         if not support.recompute_modules:
             raise CaseError(src, "search.recompute_modules", f"{target} recomputes by its own selective policy, "
@@ -153,6 +175,10 @@ def _pins(src: str, data: dict) -> dict[str, Any]:
                                                              f"search.recompute is {pins['recompute']}")
     if "zero_stage" in pins and pins["zero_stage"] > 3:
         raise CaseError(src, "search.zero_stage", f"expected 0, 1, 2 or 3, got {pins['zero_stage']}")
+    if "recompute_num_layers" in pins:  # layers recomputed in full: full recomputation's
+        if pins.setdefault("recompute", "full") != "full":
+            raise CaseError(src, "search.recompute_num_layers", f"applies only with recompute: full, but "
+                                                                f"search.recompute is {pins['recompute']}")
     return pins
 
 

@@ -444,3 +444,30 @@ def test_a_plot_path_that_is_no_png_is_refused(tmp_path):
     case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
     one_line_error(cli("plan", str(case), "--plot", str(tmp_path / "out.txt")), "--plot", "expected a .png path")
     assert not (tmp_path / "out.txt").exists()
+
+
+PINNED = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+          "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"}}
+
+
+@pytest.mark.parametrize("search, key, needle", [
+    # planned with offload_activations: 1 and no parameter offload (exit 0), where estimate refuses it
+    ({"offload_params": True}, "search.offload_params", "megatron cannot run it: keeps parameters on the GPU"),
+    # "nothing fits; 24 GPUs would" (false) for a dense model
+    ({"ep": 2}, "search.ep", "needs a mixture of experts"),
+    ({"etp": 2}, "search.etp", "needs a mixture of experts"),
+    # the engines reported "nothing fits" for pins that contradict each other
+    ({"recompute_num_layers": 4, "recompute": "none"}, "search.recompute_num_layers", "applies only with recompute: full"),
+])
+def test_search_pins_no_layout_can_hold_are_refused(tmp_path, search, key, needle):
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({**PINNED, "search": search}))
+    one_line_error(cli("plan", str(case)), f": {key}: ", needle)
+
+
+def test_a_pinned_activation_offload_is_what_plan_answers(tmp_path):
+    """search.offload_activations: 16 answered the optimizer offloaded and no activation offload (exit 0),
+    though 16 layers offloaded fit (estimate: 52.9 GB)."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({**PINNED, "search": {"offload_activations": 16}}))
+    result = planner.plan(case)
+    assert result.best.job.layout.offload_activations == 16
+    assert all(e.job.layout.offload_activations == 16 for e in result.alternatives)
