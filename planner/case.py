@@ -19,12 +19,12 @@ from cost_models.specs import ClusterSpec, Job, Layout, ModelSpec, Overheads, Tr
 from .case_cluster import _cluster, cluster_profile, gpu_from_profile
 from .case_errors import case_message, spec_errors
 from .engines import ENGINES
-from .errors import CaseError
+from .errors import CaseError, one_line
 from .fields import (describe, read_bool, read_figure, read_int, read_mapping, read_number, read_str, read_unit,
                      required)
 from .hf_config import read_hf_config
 from .inputs import read_yaml
-from .limits import MAX_SEQ_LEN
+from .limits import MAX_SEQ_LEN, MAX_STRING_CHARS
 from .presets import closest, model_presets
 from .search_options import SearchSpec, read_module_names, read_search, training_for_target
 from .units import parse_memory
@@ -179,7 +179,10 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
     fields.update(overrides)
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
         required(src, "model", fields, key)
-    values: dict[str, Any] = {"name": read_str(src, "model.name", fields.get("name", "model"))}
+    # Shown in every report and file header: control characters (an ANSI escape, a line break) are
+    # kept as their escapes, so that a shared case cannot recolour or fake the report's lines.
+    values: dict[str, Any] = {"name": one_line(read_str(src, "model.name", fields.get("name", "model")),
+                                                MAX_STRING_CHARS * 4)}
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
         values[key] = read_int(src, f"model.{key}", fields[key])
     for key in ("num_kv_heads", "ffn_hidden_size", "head_dim", "kv_lora_rank", "qk_head_dim", "qk_rope_head_dim",
