@@ -479,6 +479,6 @@ def test_control_characters_in_a_name_reach_no_terminal(tmp_path):
     case = write(tmp_path / "case.yaml", 'model: {name: "x \\e[31mred\\n fake line", preset: llama2-7b}\n'
                  "cluster: {gpu: a100-sxm-80gb, num_gpus: 8}\ntraining: {global_batch_size: 64, seq_len: 4096}\n")
     for command in ("plan", "size"):
-        done = cli(command, str(case), *(("--tokens", "1T", "--deadline", "200d") if command == "size" else ()))
+        done = cli(command, str(case), *(("--tokens", "100B", "--deadline", "60d") if command == "size" else ()))
         assert done.returncode == 0, done.stderr
         assert "\x1b" not in done.stdout and "\\x1b[31mred\\n fake line" in done.stdout
