@@ -144,6 +144,8 @@ def plan_command(
             raise CaseError("--fastest", "", "give either --fastest or --simplest-within, not both")
         if out is not None and emit is None:  # nothing would be written there
             raise CaseError("--out", "", "is the folder for --emit's launch files: give --emit ENGINE with it")
+        if force and emit is None and plot is None:
+            raise CaseError("--force", "", "overwrites --emit's or --plot's files: give one of them with it")
         if plot is not None:
             if plot.suffix.lower() != ".png":  # the plot is a PNG whatever the name says
                 raise CaseError("--plot", "", f"expected a .png path (the plots are one PNG), got {plot.name!r}")
@@ -395,13 +397,14 @@ def calibrate_command(
     nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
                                         help="Ranks on this node (default: the GPUs, or 2 on a CPU-only machine)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny shapes and few repeats: a smoke test, not a profile."),
-    timeout: float = typer.Option(300.0, "--timeout", min=1.0,
-                                  help="Seconds a rank may make no progress before the run is stopped "
-                                       "(its start-up: at least two minutes)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=1.0,
+                                            help="Seconds a rank may make no progress before the run is stopped "
+                                                 "(its start-up: at least two minutes; default 300)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing profile."),
     gpu_preset: Optional[str] = typer.Option(
         None, "--gpu-preset", help="Take peak_tflops from this GPU preset (datasheet) instead of the best measured."),
-    nnodes: int = typer.Option(1, "--nnodes", min=1, help="Nodes (run the same command on each)."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", min=1, help="Nodes (run the same command on each; "
+                                                                          "default 1)."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
                                                 help="HOST:PORT of the rendezvous (nnodes > 1)."),
     allow_busy: bool = typer.Option(False, "--allow-busy", help="Measure even while other processes keep the "
@@ -410,6 +413,12 @@ def calibrate_command(
     """Measure this machine under torchrun (GEMMs, attention, memory, collectives) and write a hardware profile;
     or, with --from-runs or --from-logs, fit one to a team's own runs."""
     if from_runs or from_logs or files:
+        timed = {"--nproc": nproc, "--quick": quick or None, "--timeout": timeout, "--nnodes": nnodes,
+                 "--rdzv-endpoint": rdzv_endpoint, "--allow-busy": allow_busy or None}
+        given = [option for option, value in timed.items() if value is not None]
+        if given:  # they shape the microbenchmarks, which a fit to runs does not run
+            _fail(CaseError(given[0], "", "applies to timing this machine's kernels, not to --from-runs or "
+                                          "--from-logs"))
         _calibrate_from_runs(files or [], out, from_runs, from_logs, case or [], gpu_preset, force)
         return
     from calibration.launch import calibrate
@@ -418,8 +427,9 @@ def calibrate_command(
     try:
         if case is not None and len(case) > 1:
             raise CaseError("--case", str(case[1]), "give one case to time its shapes")
-        outcome = calibrate(out, case=case[0] if case else None, nproc=nproc, quick=quick, timeout=timeout, force=force,
-                            gpu_preset=gpu_preset, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+        outcome = calibrate(out, case=case[0] if case else None, nproc=nproc, quick=quick,
+                            timeout=300.0 if timeout is None else timeout, force=force,
+                            gpu_preset=gpu_preset, nnodes=1 if nnodes is None else nnodes, rdzv_endpoint=rdzv_endpoint,
                             show_progress=True, allow_busy=allow_busy)
         ignore_interrupts()  # the profile is written
     except CaseError as error:

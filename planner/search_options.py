@@ -204,8 +204,10 @@ def _modules(src: str, key: str, value: Any) -> tuple[str, ...]:
 def _bounds(src: str, data: dict) -> dict[str, tuple]:
     bounds: dict[str, tuple] = {}
     for name in BOUNDED:
-        low = read_int(src, f"search.min_{name}", data[f"min_{name}"], minimum=0) if f"min_{name}" in data else None
-        high = read_int(src, f"search.max_{name}", data[f"max_{name}"], minimum=0) if f"max_{name}" in data else None
+        least = 0 if name == "zero_stage" else 1  # every other degree is a count of at least one
+        low = read_int(src, f"search.min_{name}", data[f"min_{name}"], minimum=least) if f"min_{name}" in data else None
+        high = read_int(src, f"search.max_{name}", data[f"max_{name}"], minimum=least) if f"max_{name}" in data \
+            else None
         if low is not None and high is not None and low > high:
             raise CaseError(src, f"search.min_{name}", f"must not exceed max_{name} ({high}), got {low}")
         if low is not None or high is not None:

@@ -482,3 +482,24 @@ def test_control_characters_in_a_name_reach_no_terminal(tmp_path):
         done = cli(command, str(case), *(("--tokens", "100B", "--deadline", "60d") if command == "size" else ()))
         assert done.returncode == 0, done.stderr
         assert "\x1b" not in done.stdout and "\\x1b[31mred\\n fake line" in done.stdout
+
+
+@pytest.mark.parametrize("args, option, needle", [
+    # each exited 0 with the option unread
+    (("plan", "CASE", "--force"), "--force", "give one of them with it"),
+    (("calibrate", "--out", "OUT", "--from-runs", "RUNS", "--quick"), "--quick", "not to --from-runs"),
+    (("calibrate", "--out", "OUT", "--from-runs", "RUNS", "--nnodes", "2"), "--nnodes", "not to --from-runs"),
+])
+def test_options_that_would_go_unread_are_refused(tmp_path, args, option, needle):
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
+    runs = write(tmp_path / "runs.yaml", "[]\n")
+    named = {"CASE": str(case), "OUT": str(tmp_path / "out.yaml"), "RUNS": str(runs)}
+    one_line_error(cli(*(named.get(a, a) for a in args)), option, needle)
+    assert not (tmp_path / "out.yaml").exists()
+
+
+def test_a_bound_of_zero_on_a_count_is_refused(tmp_path):
+    """search.max_micro_batch_size: 0 answered 'nothing fits' (exit 3)."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({**{k: v for k, v in CASE.items() if k != "layout"},
+                                                         "search": {"max_micro_batch_size": 0}}))
+    one_line_error(cli("plan", str(case)), "search.max_micro_batch_size", "expected an integer >= 1")
