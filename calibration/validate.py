@@ -228,6 +228,12 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
         raise CaseError(loaded.source, "cluster.profile", "validate runs the layout on this machine, so it needs "
                                                           "the profile `calibrate` measured here (--profile, or "
                                                           "cluster.profile in the case)")
+    if "source" in machine and "backend" not in machine:
+        # Fitted to runs (calibrate --from-runs, --from-logs: planner.learn names their files as the
+        # machine's source): figures of the cluster those runs used, not timings of this machine's kernels.
+        raise CaseError(loaded.source, "cluster.profile", "was not measured on this machine by `calibrate` (a "
+                                                          "profile fitted to runs describes their cluster): "
+                                                          "calibrate here, and validate with that profile")
     if machine.get("quick") is True and not allow_quick:
         raise CaseError(loaded.source, "cluster.profile", "is a `calibrate --quick` profile (tiny shapes and few "
                                                           "repeats: a smoke test, whose figures do not describe "

@@ -312,3 +312,13 @@ def test_validate_refuses_a_profile_from_another_cpu_before_running(tmp_path, pr
     with pytest.raises(CaseError, match=r"cluster.profile: was measured on another CPU \(Some Other CPU\); "
                                         r"this machine has AMD EPYC 9654"):
         validate(case(num_gpus=1, micro_batch_size=2), other_cpu, steps=1, warmup=0, timeout_s=120)
+
+
+def test_a_profile_fitted_to_runs_is_refused_before_anything_runs(tmp_path):
+    """validate ran two gloo ranks against a profile `calibrate --from-runs` fitted to eight A100
+    runs (exit 0, "predicted 0.0028 s, measured 0.0186 s"): its figures are that cluster's."""
+    fitted = tmp_path / "fitted.yaml"
+    fitted.write_text(yaml.safe_dump({**PROFILE, "machine": {"device": "a100-sxm-80gb", "source": "runs.yaml"},
+                                      "fitted": {"figures": {}}}))
+    with pytest.raises(CaseError, match="cluster.profile: was not measured on this machine by `calibrate`"):
+        validate(case(), profile=fitted)
