@@ -232,6 +232,11 @@ def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster", 
         fabric, nic = FabricSpec(), None
     overrides = {"inter_node_bandwidth": nic} if nic is not None else {}
     overrides.update(_cluster_overrides(src, section, key))
+    per_node = overrides.get("gpus_per_node")
+    if per_node is not None and gpu.nvlink_domain == gpu.gpus_per_node and per_node < gpu.nvlink_domain:
+        # The preset's NVLink domain is its node (an HGX board): a smaller node is a smaller domain,
+        # and tensor parallelism across two 4-GPU nodes is not NVLink's.
+        overrides["nvlink_domain"] = per_node
     if "performance" in section:
         overrides["performance"] = performance_from_mapping(src, f"{key}.performance", section["performance"],
                                                             gpu.performance)

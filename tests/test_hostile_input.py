@@ -503,3 +503,17 @@ def test_a_bound_of_zero_on_a_count_is_refused(tmp_path):
     case = write(tmp_path / "case.yaml", yaml.safe_dump({**{k: v for k, v in CASE.items() if k != "layout"},
                                                          "search": {"max_micro_batch_size": 0}}))
     one_line_error(cli("plan", str(case)), "search.max_micro_batch_size", "expected an integer >= 1")
+
+
+def test_a_smaller_node_than_the_presets_is_a_smaller_nvlink_domain(tmp_path):
+    """H100 nodes of 4 GPUs kept the preset's NVLink domain of 8: tp 8 over two nodes was priced as
+    NVLink (the step identical to one 8-GPU node's), and a 7-GPU node was sized as a '56-GPU rack'."""
+    def estimate(per_node: int):
+        return planner.estimate({"model": {"preset": "llama3-8b"},
+                                 "cluster": {"gpu": "h100-sxm-80gb", "nodes": 8 // per_node, "gpus_per_node": per_node},
+                                 "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"},
+                                 "layout": {"dp": 1, "tp": 8, "micro_batch_size": 1, "zero_stage": 1,
+                                            "sequence_parallel": True}})
+    one_node, two_nodes = estimate(8), estimate(4)
+    assert two_nodes.job.cluster.gpu.nvlink_domain == 4
+    assert two_nodes.time.tp_comm_s > one_node.time.tp_comm_s  # across the fabric, not NVLink: slower
