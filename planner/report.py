@@ -121,7 +121,11 @@ def print_estimate(est: Estimate, console: Console) -> None:
         console.print(f"[green]fits[/] ({escape(spread)})")
         return
     if est.memory_verdict == "at risk":
-        console.print(f"[yellow]at risk[/]: fits as predicted, not at the band's upper end ({escape(spread)})")
+        # Between the band's low end and its upper end the usable memory lies: the prediction
+        # itself may be over it (a peak of 86.9 GB of 84.0 usable), fitting only at the low end.
+        where = "fits as predicted" if est.peak.total <= est.usable_bytes else \
+            "over the usable memory as predicted, within it at the band's low end"
+        console.print(f"[yellow]at risk[/]: {where}, not at the band's upper end ({escape(spread)})")
         return
     console.print(f"[red]does not fit[/]: {est.largest_term} is the largest term "
                   f"({est.peak.by_term()[est.largest_term] / GB:.1f} GB)")
