@@ -530,3 +530,14 @@ def test_at_risk_says_when_the_prediction_itself_is_over_the_usable_memory(tmp_p
     done = cli("plan", str(case))
     assert done.returncode == 0 and "at risk: over the usable memory as predicted" in " ".join(done.stdout.split())
     assert "fits as predicted" not in done.stdout
+
+
+def test_deepspeed_files_for_gpus_that_do_not_fill_nodes_evenly_are_refused(tmp_path):
+    """13 A100s: launch.sh ran `deepspeed --num_nodes 2 --num_gpus 8`, 16 ranks against a
+    train_batch_size for 13, and no sbatch.sh was written; Megatron-LM's files are refused."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({"model": {"preset": "llama2-7b"},
+                                                         "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 13},
+                                                         "training": {"global_batch_size": 52, "seq_len": 4096}}))
+    one_line_error(cli("plan", str(case), "--emit", "deepspeed", "--engine", "deepspeed", "--out", str(tmp_path / "o")),
+                   "--emit: deepspeed: 13 GPUs do not fill 2 nodes evenly")
+    assert not (tmp_path / "o").exists()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 from cost_models.model_states import fp32_gradients
 from cost_models.specs import Layout
@@ -119,22 +119,24 @@ TE_RECIPES = {"delayed": "DelayedScaling()", "tensorwise": "Float8CurrentScaling
               "blockwise": "Float8BlockScaling()"}
 
 
-def _nodes(num_gpus: int, per_node: int) -> tuple[int, int, Optional[str]]:
-    """(--num_nodes, --num_gpus per node, a note when the GPUs do not fill whole nodes)."""
+def _nodes(num_gpus: int, per_node: int) -> tuple[int, int]:
+    """(--num_nodes, --num_gpus per node): the GPUs spread evenly over the fewest nodes that hold them."""
     if num_gpus <= per_node:
-        return 1, num_gpus, None
+        return 1, num_gpus
     nodes = math.ceil(num_gpus / per_node)
     if num_gpus % nodes == 0:
-        return nodes, num_gpus // nodes, None
-    return nodes, per_node, (f"{num_gpus} GPUs do not fill {nodes} nodes of {per_node}: list the slots per host "
-                             f"in the hostfile (summing to {num_gpus}) and drop --num_gpus")
+        return nodes, num_gpus // nodes
+    # The launch as written would start --num_gpus on every node (16 ranks for 13 GPUs), which
+    # no edit of the hostfile alone undoes: refused, as Megatron-LM's torchrun launch is.
+    raise CaseError("--emit", "deepspeed", f"{num_gpus} GPUs do not fill {nodes} nodes evenly ({per_node} GPUs "
+                                           f"each); the deepspeed launcher starts --num_gpus processes on every node")
 
 
 def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
     check_expressible(estimate)
     job = estimate.job
     lay, cluster = job.layout, job.cluster
-    nodes, per_node, note = _nodes(cluster.num_gpus, cluster.gpu.gpus_per_node)
+    nodes, per_node = _nodes(cluster.num_gpus, cluster.gpu.gpus_per_node)
     out = ["#!/usr/bin/env bash\n", comment(_lines(header_lines))]
     out.append(comment([
         "",
@@ -169,8 +171,6 @@ def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
     if nodes > 1:
         out.append(comment(["", f"{nodes} nodes: the launcher reads the hosts from /job/hostfile "
                                 f"(or pass --hostfile FILE), one line per node: HOST slots={per_node}"]))
-    if note:
-        out.append(comment([note]))
     out.append("set -euo pipefail\n\n")
     out.append(f"deepspeed --num_nodes {shell_word(nodes)} --num_gpus {shell_word(per_node)} train.py --deepspeed "
                f"--deepspeed_config {shell_word(CONFIG)} \"$@\"\n")
@@ -306,9 +306,9 @@ def render(estimate, header_lines: Union[list[str], str]) -> dict[str, str]:
     """``ds_config.json`` and ``launch.sh`` for the estimate's layout."""
     config = config_dict(estimate, header_lines)
     cluster = estimate.job.cluster
-    nodes, per_node, _ = _nodes(cluster.num_gpus, cluster.gpu.gpus_per_node)
+    nodes, per_node = _nodes(cluster.num_gpus, cluster.gpu.gpus_per_node)
     files = {CONFIG: json.dumps(config, indent=2) + "\n", LAUNCH: launch_text(estimate, header_lines)}
-    if nodes * per_node == cluster.num_gpus:  # Slurm starts the same processes on every node
-        files[SBATCH_FILE] = sbatch(comment(_lines(header_lines)), nodes, per_node,
-                                    f'train.py --deepspeed --deepspeed_config "$HERE/{CONFIG}" "$@"')
+    # Slurm starts the same processes on every node: the GPUs always spread evenly (_nodes).
+    files[SBATCH_FILE] = sbatch(comment(_lines(header_lines)), nodes, per_node,
+                                f'train.py --deepspeed --deepspeed_config "$HERE/{CONFIG}" "$@"')
     return files
