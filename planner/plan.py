@@ -192,6 +192,15 @@ def _some_layout_fits(case: Case, spec: SearchSpec) -> bool:
     return bool(search(case, spec, first_only=True).candidates)
 
 
+def excluded_text(case: Case, spec: SearchSpec, engines: tuple[str, ...]) -> str:
+    """What left no layout to score, of these engines' (any engine's where none is named)."""
+    narrowed = sorted(set(spec.pins) | set(spec.bounds))
+    named = "" if not engines else f"{engines[0]} " if len(engines) == 1 else \
+        f"{', '.join(engines[:-1])} or {engines[-1]} "
+    return (f"no {named}layout of {case.cluster.num_gpus} GPUs for this model and global batch"
+            + (f" meets the search section's {', '.join(narrowed)}" if narrowed else ""))
+
+
 def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
     limit = fit_limit(usable_bytes(case.cluster.gpu.memory_bytes, case.overheads, spec.headroom),
                       case.model, case.cluster, case.training)
@@ -202,10 +211,7 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
         term, peak_bytes = max(terms, key=terms.get), peak.total
     else:  # not one layout was scored: say what left none
         term, peak_bytes = "parameters", math.inf
-        narrowed = sorted(set(spec.pins) | set(spec.bounds))
-        engine = "" if spec.target == "any" else f"{spec.target} "
-        excluded_by = (f"no {engine}layout of {case.cluster.num_gpus} GPUs for this model and global batch"
-                       + (f" meets the search section's {', '.join(narrowed)}" if narrowed else ""))
+        excluded_by = excluded_text(case, spec, () if spec.target == "any" else (spec.target,))
     per_node = case.cluster.gpu.gpus_per_node
     nodes = math.ceil(case.cluster.num_gpus / per_node)
     gpus_that_fit = None
@@ -381,6 +387,10 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
                 raise errors[0]
             raise CaseError(case.source, "training.engine", "no engine can run it: "
                             + "; ".join(f"{name}: {why}" for name, _, why in plans))
+        planned = tuple(name for name, p, _ in plans if p is not None)
+        if first.no_fit is not None and first.no_fit.excluded_by is not None:
+            # Said of the first engine's search: every engine planned came to the same.
+            first = replace(first, no_fit=replace(first.no_fit, excluded_by=excluded_text(case, case.search, planned)))
         return replace(first, engines=tuple(plans))
     quickest = min(ran, key=lambda p: p.best.step_time_s)
     if fastest:

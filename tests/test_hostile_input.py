@@ -541,3 +541,14 @@ def test_deepspeed_files_for_gpus_that_do_not_fill_nodes_evenly_are_refused(tmp_
     one_line_error(cli("plan", str(case), "--emit", "deepspeed", "--engine", "deepspeed", "--out", str(tmp_path / "o")),
                    "--emit: deepspeed: 13 GPUs do not fill 2 nodes evenly")
     assert not (tmp_path / "o").exists()
+
+
+def test_where_no_engine_has_a_layout_the_answer_names_every_engine_planned(tmp_path):
+    """A global batch of 1 on 1,024 GPUs, no engine named: 'no megatron layout of 1024 GPUs',
+    though all three engines were planned and none had one."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({"model": {"preset": "llama3-8b"},
+                                                         "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1024},
+                                                         "training": {"global_batch_size": 1, "seq_len": 2}}))
+    done = cli("plan", str(case))
+    assert done.returncode == 3 and "no megatron, deepspeed or torchtitan layout of 1024 GPUs" in \
+        " ".join(done.stdout.split())
