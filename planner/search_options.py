@@ -67,7 +67,7 @@ def training_for_target(src: str, search: Any, training: TrainingSpec) -> Traini
         raise CaseError(src, "search.target", f"expected one of {', '.join(ENGINES)}, got {target!r}")
     if training.engine.name == "any":
         return replace(training, engine=ENGINES[target].behaviour)
-    if target not in ("any", training.engine.name):
+    if target != training.engine.name:  # "any" too: it decides between engines, and one is named
         raise CaseError(src, "search.target", f"is {target!r} but training.engine is "
                                               f"{training.engine.name!r}; drop one of them")
     return training

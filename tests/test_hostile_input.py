@@ -552,3 +552,11 @@ def test_where_no_engine_has_a_layout_the_answer_names_every_engine_planned(tmp_
     done = cli("plan", str(case))
     assert done.returncode == 3 and "no megatron, deepspeed or torchtitan layout of 1024 GPUs" in \
         " ".join(done.stdout.split())
+
+
+def test_a_search_for_any_engine_beside_a_named_engine_is_refused(tmp_path):
+    """search.target: any with training.engine: megatron planned Megatron-LM alone, the target unread."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({**{k: v for k, v in CASE.items() if k != "layout"},
+                                                         "training": {**CASE["training"], "engine": "megatron"},
+                                                         "search": {"target": "any"}}))
+    one_line_error(cli("plan", str(case)), ": search.target: is 'any' but training.engine is 'megatron'")
