@@ -155,6 +155,11 @@ def plan_command(
         ignored = check_ignored_layout(case)
         if ignored:
             notes.append(ignored)
+        from .plan import ignored_sizing_keys
+
+        unread = ignored_sizing_keys(case)
+        if unread:
+            notes.append(unread)
         result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine, fastest=fastest)
         outputs: list[Output] = []
         if emit is not None and result.best is not None:

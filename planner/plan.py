@@ -361,6 +361,21 @@ def check_ignored_layout(case: Any, command: str = "plan") -> Optional[str]:
             f"search.<key> pins a choice for {command})")
 
 
+def ignored_sizing_keys(case: Any) -> Optional[str]:
+    """A line saying which of `size`'s cluster keys (max_gpus, max_nodes, gpu_hour_cost) a case
+    gives that `plan` does not read, for the CLI to print; None where it gives none."""
+    from .case import read_case
+    from .case_cluster import SIZING_KEYS
+
+    data, src, _ = read_case(case)
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    given = [k for k in SIZING_KEYS if isinstance(cluster, dict) and k in cluster]
+    if not given:
+        return None
+    return (f"{src}: plan runs on cluster.num_gpus (or nodes) and does not read cluster."
+            f"{', cluster.'.join(given)}: `size` does")
+
+
 # The engines `plan` decides between when a case names none: those it writes launch files for.
 DECIDED_ENGINES = ("megatron", "deepspeed", "torchtitan")
 

@@ -560,3 +560,13 @@ def test_a_search_for_any_engine_beside_a_named_engine_is_refused(tmp_path):
                                                          "training": {**CASE["training"], "engine": "megatron"},
                                                          "search": {"target": "any"}}))
     one_line_error(cli("plan", str(case)), ": search.target: is 'any' but training.engine is 'megatron'")
+
+
+def test_plan_says_it_does_not_read_sizes_cluster_keys(tmp_path):
+    """cluster.max_gpus: 16 beside num_gpus: 64 planned 64 GPUs without a word."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({**{k: v for k, v in CASE.items() if k != "layout"},
+                                                         "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8,
+                                                                     "max_gpus": 16, "gpu_hour_cost": 2.0}}))
+    done = cli("plan", str(case))
+    assert done.returncode == 0
+    assert "does not read cluster.max_gpus, cluster.gpu_hour_cost: `size` does" in done.stderr
