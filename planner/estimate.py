@@ -225,12 +225,26 @@ def estimate(case: Any) -> Estimate:
 
 
 def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Remedy]:
-    try:
-        candidate = job.with_layout(job.layout.with_changes(**changes))
-    except SpecError:
-        return None
-    peak = peak_stage_memory(candidate).total
-    return Remedy(description, candidate.layout, peak, peak <= fit_limit(job, headroom))
+    """The change as the job's engine runs it, or None where it cannot: more tensor parallelism with
+    sequence parallelism where the engine runs it so (torchtitan always does); a ZeRO stage a pipeline
+    refuses (DeepSpeed's above 1, Megatron-LM's distributed optimizer) is no remedy."""
+    engine = ENGINES[job.training.engine.name]
+    variants = [changes]
+    if "tp" in changes and not job.layout.sequence_parallel:
+        variants.append({**changes, "sequence_parallel": True})
+        description += " with sequence parallelism"
+    for variant in variants:
+        try:
+            candidate = job.with_layout(job.layout.with_changes(**variant))
+        except SpecError:
+            continue
+        if engine.problems(candidate):
+            continue
+        peak = peak_stage_memory(candidate).total
+        shown = description if variant.get("sequence_parallel") else description.removesuffix(
+            " with sequence parallelism")
+        return Remedy(shown, candidate.layout, peak, peak <= fit_limit(job, headroom))
+    return None
 
 
 def _quantized_weights(job: Job, headroom: float) -> Optional[Remedy]:

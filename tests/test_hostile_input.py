@@ -17,6 +17,7 @@ import yaml
 
 import planner
 from cli_in_process import run_cli
+from planner.case import layout_to_mapping
 from planner.errors import CaseError
 from planner.inputs import load_yaml
 
@@ -570,3 +571,24 @@ def test_plan_says_it_does_not_read_sizes_cluster_keys(tmp_path):
     done = cli("plan", str(case))
     assert done.returncode == 0
     assert "does not read cluster.max_gpus, cluster.gpu_hour_cost: `size` does" in done.stderr
+
+
+@pytest.mark.parametrize("engine, layout", [
+    # suggested zero_stage 2, which DeepSpeed's pipeline engine refuses
+    ("deepspeed", {"tp": 1, "pp": 4, "zero_stage": 1, "micro_batch_size": 1, "recompute": "full"}),
+    # suggested zero_stage 2 beside a pipeline, which Megatron-LM's distributed optimizer refuses
+    ("megatron", {"tp": 4, "pp": 2, "zero_stage": 1, "micro_batch_size": 1}),
+    # suggested tp 4 without sequence parallelism, which torchtitan's tensor parallelism always uses
+    ("torchtitan", {"tp": 1, "pp": 1, "zero_stage": 0, "micro_batch_size": 4}),
+])
+def test_the_cheapest_change_is_one_the_engine_runs(engine, layout):
+    model = "llama3-8b" if engine == "torchtitan" else "llama3-70b"
+    nodes = {"deepspeed": 4, "megatron": 2, "torchtitan": 1}[engine]
+    case = {"model": {"preset": model}, "cluster": {"gpu": "h100-sxm-80gb", "nodes": nodes},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "engine": engine}, "layout": layout}
+    est = planner.estimate(case)
+    remedy = est.remedy()
+    assert not est.fits and remedy is not None
+    # As the user applies it: the engine runs it (no CaseError), at the peak and verdict it said.
+    changed = planner.estimate({**case, "layout": layout_to_mapping(remedy.layout)})
+    assert changed.fits == remedy.fits and changed.peak.total == pytest.approx(remedy.peak_bytes)
