@@ -61,6 +61,20 @@ def with_megatron_training(case: Case, path: Path) -> Case:
     return replace(case, training=replace(requested, **changes)) if changes else case
 
 
+def _model_code_notes(case: Case, layout, config: Path) -> tuple[str, ...]:
+    """What a ds_config leaves to the model's code and the case's layout did not say, so was read
+    as DeepSpeed's default: DeepSpeed-MoE's ep_size, PipelineModule's split of the layers."""
+    stated = case.layout
+    notes = []
+    if case.model.is_moe and stated is None:
+        notes.append(f"{config.name} does not state DeepSpeed-MoE's ep_size (the model code's): read as ep 1; "
+                     "give layout.ep in the case for another")
+    if layout.pp > 1 and stated is None:
+        notes.append(f"{config.name} does not state PipelineModule's split of the layers: read as the even split; "
+                     "give layout.stage_layers in the case for another")
+    return tuple(notes)
+
+
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
              pp: Optional[int] = None, tp: Optional[int] = None, micro_batch_size: Optional[int] = None,
              recompute: Optional[str] = None) -> Diagnosis:
@@ -91,6 +105,8 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         raise CaseError("--recompute", recompute, "expected none, selective or full")
     layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp,
                          micro_batch_size=micro_batch_size, recompute=recompute)
+    if config is not None:
+        notes = _model_code_notes(loaded, layout, config)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
     loaded = replace(loaded, training=training, search=spec)
     estimate = estimate_job(loaded, loaded.job(layout))

@@ -103,3 +103,16 @@ def test_options_for_a_ds_config_that_megatron_arguments_contradict_are_refused(
     agreeing = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(tmp_path / "args.txt"),
                        option, stated)
     assert agreeing.returncode in (0, 3), agreeing.stderr
+
+
+def test_what_a_ds_config_cannot_say_and_the_case_does_not_is_noted(tmp_path):
+    """A DeepSpeed-MoE plan's ds_config read back at ep 1 with nothing said (the plan: ep 4), and
+    diagnose then advised 'ep 1 -> 4'."""
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "deepspeed"}}
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    (tmp_path / "ds.json").write_text(json.dumps({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1,
+                                                  "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}}))
+    result = diagnose(tmp_path / "case.yaml", config=tmp_path / "ds.json", pp=2)
+    assert any("does not state DeepSpeed-MoE's ep_size" in n for n in result.notes)
+    assert any("does not state PipelineModule's split" in n for n in result.notes)
