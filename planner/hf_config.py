@@ -86,7 +86,7 @@ def _sliding_window(r: "_Reader", family: str) -> dict:
     full attention, from ``layer_types`` (one full layer every N, as megatron-core's
     ``window_attn_skip_freq`` N expresses) or the family's default."""
     window = r.zero_or_int("sliding_window")
-    if not window or r.get("use_sliding_window") is False:
+    if not window or not r.bool("use_sliding_window", True):  # a 0 or "false" is no bool: refused
         return {}
     types = r.get("layer_types")
     if types is _MISSING:
@@ -132,8 +132,7 @@ def _architecture(r: "_Reader", family: str) -> dict:
     if family in BIASED:
         out["linear_bias"] = True
     elif family in BIAS_BY_FLAGS:
-        flags = [r.get(k) for k in ("attention_bias", "mlp_bias")]
-        out["linear_bias"] = any(f is True for f in flags)
+        out["linear_bias"] = any(r.bool(k, False) for k in ("attention_bias", "mlp_bias"))
     if family in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = True
     return out
@@ -339,12 +338,19 @@ def _deepseek_v3(r: _Reader) -> dict:
     return _deepseek(r, _router_groups(r, "noaux_tc", (8, 4)))
 
 
+# DeepSeek's routers (transformers' DeepseekV2/V3 modeling code): all experts, or the groups first.
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+
+
 def _router_groups(r: _Reader, method: str, groups: tuple[int, int] | None) -> dict:
     """Group-limited routing: DeepSeek's modeling code picks ``topk_group`` of ``n_group`` expert
     groups first under ``topk_method`` group_limited_greedy (V2) and noaux_tc (V3), not under
     greedy. ``method`` and ``groups``: the config class's defaults (DeepseekV3Config: noaux_tc,
     8 groups, 4 picked; DeepseekV2Config: greedy, none)."""
-    if r.string("topk_method", method) == "greedy":
+    chosen = r.string("topk_method", method)
+    if chosen not in TOPK_METHODS:  # a misspelt greedy would turn group-limited routing on
+        raise r.fail("topk_method", f"expected one of {', '.join(TOPK_METHODS)}, got {_show(chosen)}")
+    if chosen == "greedy":
         return {}
     fields = {"moe_router_num_groups": r.int("n_group", groups and groups[0]),
               "moe_router_group_topk": r.int("topk_group", groups and groups[1])}

@@ -336,6 +336,22 @@ def test_non_positive_integers(tmp_path, model, key, value):
     assert "positive" in str(raises(write(tmp_path, cfg), key))
 
 
+@pytest.mark.parametrize("model, key, value", [
+    # 0 and "false" turned Qwen2.5's sliding window on (transformers reads 0 as off)
+    ("Qwen2.5-72B", "use_sliding_window", 0), ("Qwen2.5-72B", "use_sliding_window", "false"),
+    # "true" and 1 were read as no bias, and Megatron-LM's arguments then said --disable-bias-linear
+    ("Llama-2-7b-hf", "attention_bias", "true"), ("Llama-2-7b-hf", "mlp_bias", 1),
+    # a misspelt greedy turned group-limited routing on
+    ("DeepSeek-V2-Lite", "topk_method", "greedyy"),
+])
+def test_a_switch_or_choice_of_the_wrong_kind_is_refused(tmp_path, model, key, value):
+    cfg = published(model)
+    cfg[key] = value
+    if key == "use_sliding_window":
+        cfg["sliding_window"] = 1024
+    raises(write(tmp_path, cfg), key)
+
+
 @pytest.mark.parametrize("value", ["abc", float("nan"), -10000.0, 0, True, [500000]])
 def test_a_rope_base_that_is_no_number_is_refused(tmp_path, value):
     """rope_theta "abc" or NaN was dropped without a word: the launch files then left out
