@@ -20,8 +20,8 @@ from .case_cluster import _cluster, cluster_profile, gpu_from_profile
 from .case_errors import case_message, spec_errors
 from .engines import ENGINES
 from .errors import CaseError, one_line
-from .fields import (describe, read_bool, read_figure, read_int, read_mapping, read_number, read_str, read_unit,
-                     required)
+from .fields import (describe, read_bool, read_figure, read_file_path, read_int, read_mapping, read_number,
+                     read_str, read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import read_yaml
 from .limits import MAX_SEQ_LEN, MAX_STRING_CHARS
@@ -173,8 +173,7 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
                                                  f"expected one of {', '.join(presets)}")
         fields = {"name": name, **presets[name]}
     elif "hf_config" in section:
-        path = Path(read_str(src, "model.hf_config", section["hf_config"]))
-        fields = read_hf_config(path if path.is_absolute() else base / path)
+        fields = read_hf_config(read_file_path(src, "model.hf_config", section["hf_config"], base, "config.json"))
     overrides = {k: v for k, v in section.items() if k not in ("preset", "hf_config")}
     fields.update(overrides)
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):

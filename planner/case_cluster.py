@@ -11,8 +11,8 @@ from cost_models.specs import ClusterSpec, FabricSpec, GPUSpec, HostSpec, Perfor
 
 from .case_errors import spec_errors
 from .errors import CaseError
-from .fields import (describe, read_figure, read_int, read_mapping, read_number, read_str, read_time, read_unit,
-                     required)
+from .fields import (describe, read_figure, read_file_path, read_int, read_mapping, read_number, read_str,
+                     read_time, read_unit, required)
 from .inputs import read_yaml
 from .limits import MAX_GPU_HOUR_COST, MAX_GPUS, MIN_FIGURE
 from .presets import closest, fabric_presets, gpu_presets, performance_presets, resolve_gpu_preset
@@ -203,9 +203,8 @@ def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster", 
     if "profile" in section:
         if "gpu" in section:
             raise CaseError(src, f"{key}.profile", "give either gpu or profile, not both")
-        profile = Path(read_str(src, f"{key}.profile", section["profile"]))
         gpu_entry = None
-        gpu, profile_fabric = gpu_from_profile(profile if profile.is_absolute() else base / profile, alone)
+        gpu, profile_fabric = gpu_from_profile(read_file_path(src, f"{key}.profile", section["profile"], base), alone)
     else:
         gpu_entry = required(src, key, section, "gpu")
     if isinstance(gpu_entry, str):

@@ -112,6 +112,21 @@ def read_path(src: str, key: str, value: Any) -> Path:
     raise CaseError(src, key, f"expected a path (str or os.PathLike), got {describe(value)}")
 
 
+def read_file_path(src: str, key: str, value: Any, base: Path, inside: str = "") -> Path:
+    """A file a case names (an HF config, a profile): relative to the case's folder, not empty;
+    a folder holding ``inside`` (a model's folder with its config.json) stands for that file."""
+    text = read_str(src, key, value)
+    if not text.strip():
+        raise CaseError(src, key, "expected a file's path, got an empty string")
+    path = Path(text) if Path(text).is_absolute() else base / text
+    if path.is_dir():
+        if inside and (path / inside).is_file():
+            return path / inside
+        raise CaseError(src, key, f"expected a file, got the directory {one_line(str(path), 200)}"
+                                  + (f" (with no {inside} in it)" if inside else ""))
+    return path
+
+
 def read_unit(src: str, key: str, value: Any, parse: Callable[[Any], float]) -> float:
     try:
         return parse(value)

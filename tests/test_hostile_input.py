@@ -592,3 +592,25 @@ def test_the_cheapest_change_is_one_the_engine_runs(engine, layout):
     # As the user applies it: the engine runs it (no CaseError), at the peak and verdict it said.
     changed = planner.estimate({**case, "layout": layout_to_mapping(remedy.layout)})
     assert changed.fits == remedy.fits and changed.peak.total == pytest.approx(remedy.peak_bytes)
+
+
+@pytest.mark.parametrize("section, needle", [
+    ({"model": {"hf_config": ""}}, "model.hf_config: expected a file's path, got an empty string"),
+    ({"cluster": {"profile": "", "num_gpus": 8}}, "cluster.profile: expected a file's path, got an empty string"),
+    ({"model": {"hf_config": "."}}, "model.hf_config: expected a file, got the directory"),
+])
+def test_a_file_key_that_is_empty_or_a_folder_is_named(tmp_path, section, needle):
+    """'' or a folder said '<folder>: expected a regular file, got a directory', naming neither the
+    case nor the key."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({**{k: v for k, v in CASE.items() if k != "layout"},
+                                                         **section}))
+    one_line_error(cli("plan", str(case)), str(case), needle)
+
+
+def test_an_hf_model_folder_stands_for_its_config(tmp_path):
+    """HF users give the model's folder; its config.json is read."""
+    folder = Path(__file__).parent / "fixtures" / "hf" / "gpt2"
+    case = {**{k: v for k, v in CASE.items() if k != "layout"}, "model": {"hf_config": str(folder)}}
+    assert planner.estimate({**case, "layout": CASE["layout"]}).job.model == \
+        planner.estimate({**case, "model": {"hf_config": str(folder / "config.json")},
+                          "layout": CASE["layout"]}).job.model
