@@ -95,8 +95,10 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     if megatron_args is not None:
         from .engines.megatron.launch import launch_notes
 
+        from .engines.megatron.read import architecture_notes
+
         loaded = with_megatron_training(loaded, Path(megatron_args))
-        notes = tuple(launch_notes(Path(megatron_args)))
+        notes = tuple(launch_notes(Path(megatron_args))) + tuple(architecture_notes(Path(megatron_args), loaded))
     else:
         from .engines.deepspeed.read import auto_resolved
 

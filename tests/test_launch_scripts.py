@@ -43,7 +43,8 @@ DISTRIBUTED_ARGS=(
 )
 MODEL_ARGS=(
     --num-layers 32 --hidden-size 4096 --num-attention-heads 32 \\
-    --seq-length 4096
+    --ffn-hidden-size 14336 --swiglu --group-query-attention --num-query-groups 8 \\
+    --untie-embeddings-and-output-weights --seq-length 4096
 )
 DDP_ARGS=(--use-distributed-optimizer --overlap-grad-reduce)
 TRAINING_ARGS=(--micro-batch-size 1 --global-batch-size 128)

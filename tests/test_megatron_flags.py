@@ -75,3 +75,23 @@ def test_an_fp8_plan_for_megatron_reads_back_where_the_case_names_no_engine(tmp_
     import json
     best, read = json.loads(planned.stdout)["best"], json.loads(done.stdout)["config"]
     assert read["layout"] == best["layout"] and read["step_time_s"] == best["step_time_s"]
+
+
+def test_switches_a_list_leaves_out_that_build_another_model_are_said(tmp_path):
+    """An argument list without --swiglu, --group-query-attention and --untie-embeddings-and-output-
+    weights builds another model in Megatron-LM (GeLU: 51.8B parameters; 64 KV heads: 79.9B; tied)
+    than the Llama 3 70B case, and diagnose said nothing."""
+    from planner.diagnose import diagnose
+
+    (tmp_path / "case.yaml").write_text("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
+                                        "training: {global_batch_size: 64, seq_len: 4096}\n")
+    args = tmp_path / "args.txt"
+    args.write_text("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
+                    "--global-batch-size 64 --seq-length 4096 --num-layers 80 --hidden-size 8192 "
+                    "--num-attention-heads 64 --ffn-hidden-size 28672 --bf16 --use-distributed-optimizer\n")
+    notes = diagnose(tmp_path / "case.yaml", megatron_args=args).notes
+    for flag in ("--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights"):
+        assert any(n.startswith(f"args.txt leaves out {flag}: Megatron-LM would build") for n in notes), flag
+    args.write_text(args.read_text().strip() + " --swiglu --group-query-attention --num-query-groups 8 "
+                                               "--untie-embeddings-and-output-weights\n")
+    assert not [n for n in diagnose(tmp_path / "case.yaml", megatron_args=args).notes if "Megatron-LM would build" in n]

@@ -198,6 +198,39 @@ def _check_model(args: _Args, model, training) -> None:
                                                  f"{training.recipe.name} (training.fp8_recipe)")
 
 
+def architecture_notes(path: Path, case) -> list[str]:
+    """What an argument list that builds the model (it gives --num-layers) leaves out where
+    megatron/training/arguments.py's default builds another model than the case's: GeLU without
+    --swiglu, a KV head per head without --group-query-attention, the output layer tied to the
+    embedding without --untie-embeddings-and-output-weights. `diagnose` prices the case's model
+    and says so (a hand-written list often leaves them out; a launch would build the other)."""
+    path = Path(path)
+    launch = launch_of(path, read_text(path))
+    flags = flags_of(launch.words, launch.src, launch.shell)
+    model = case.model
+    if "--num-layers" not in flags:
+        return []
+    notes = []
+
+    def note(flag: str, default: str, case_has: str) -> None:
+        said = "gives" if flag in flags else "leaves out"
+        notes.append(f"{path.name} {said} {flag}: Megatron-LM would build {default}, the case's model has "
+                     f"{case_has}; priced as the case's")
+    if (model.activation == "swiglu") != ("--swiglu" in flags):
+        note("--swiglu", "SwiGLU" if "--swiglu" in flags else "GeLU (its default)", f"{model.activation} "
+             "(model.activation)")
+    if model.attention_type != "mla" and \
+            (model.num_kv_heads < model.num_attention_heads) != ("--group-query-attention" in flags):
+        note("--group-query-attention", "grouped KV heads" if "--group-query-attention" in flags
+             else "a KV head per head (its default)", f"{model.num_kv_heads} KV heads for "
+             f"{model.num_attention_heads} heads (model.num_kv_heads)")
+    untie = "--untie-embeddings-and-output-weights"
+    if model.tied_embeddings == (untie in flags):
+        built = "an untied output layer" if untie in flags else "an output layer tied to the embedding (its default)"
+        note(untie, built, f"{'a tied' if model.tied_embeddings else 'an untied'} one (model.tied_embeddings)")
+    return notes
+
+
 def _degrees(args: _Args, model, num_gpus: int) -> tuple[int, int, int, int]:
     """(tp, pp, cp, dp) over the case's GPUs."""
     tp = args.integer("--tensor-model-parallel-size", 1)
