@@ -144,6 +144,10 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     model = _model(src, data["model"], base)
     cluster = cluster or _cluster(src, data["cluster"], base)
     training = _training(src, data["training"])
+    if not model.is_moe:  # the experts' settings, on a model with none, would go unread
+        for key in ("expert_dispatch", "moe_comm_overlap"):
+            if getattr(training, key) not in (None, False):
+                raise CaseError(src, f"training.{key}", "applies only to a mixture of experts (model.num_experts)")
     # The engine searched for is the engine trained with: estimate and plan time it alike.
     training = training_for_target(src, data.get("search"), training)
     profile = cluster_profile(src, data["cluster"], base)

@@ -188,6 +188,11 @@ def test_megatron_arguments_that_would_expand_without_end_are_refused(tmp_path, 
     ("model: {preset: mixtral-8x7b, moe_capacity_factor: 1.0e+300}", "model.moe_capacity_factor",
      "at most num_experts / moe_top_k = 4"),
     ("model: {preset: mixtral-8x7b, moe_load_imbalance: 1.0e+300}", "model.moe_load_imbalance", "from 1 to"),
+    # the experts' dispatch on a dense model went unread (exit 0)
+    ("training: {global_batch_size: 64, seq_len: 4096, expert_dispatch: deepep}", "training.expert_dispatch",
+     "applies only to a mixture of experts"),
+    ("training: {global_batch_size: 64, seq_len: 4096, moe_comm_overlap: true}", "training.moe_comm_overlap",
+     "applies only to a mixture of experts"),
     # one word of 60,000 characters took the report 20 s to wrap
     ("model: {preset: llama2-7b, name: " + "x" * 60_000 + "}", "model.name", "at most 4,096 characters"),
     # a null GPU: UnboundLocalError (a traceback) from estimate, plan and the API
