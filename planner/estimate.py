@@ -243,7 +243,8 @@ def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Rem
         peak = peak_stage_memory(candidate).total
         shown = description if variant.get("sequence_parallel") else description.removesuffix(
             " with sequence parallelism")
-        return Remedy(shown, candidate.layout, peak, peak <= fit_limit(job, headroom))
+        fits = peak <= fit_limit(job, headroom) and host_fits(candidate, headroom)
+        return Remedy(shown, candidate.layout, peak, fits)
     return None
 
 
@@ -293,7 +294,9 @@ def remedies(job: Job, headroom: float = 0.0):
     2. recomputation (selective, then full);
     3. a higher ZeRO stage;
     4. more tensor parallelism, inside one NVLink domain;
-    5. more pipeline parallelism, across nodes.
+    5. more pipeline parallelism, across nodes;
+    6. the optimizer offloaded to the host, alone and with full recomputation, where the engine
+       runs it (DeepSpeed's ZeRO-Offload; what fits a 70B job on 8 GPUs at all).
     Each yields the best single step of its kind (the smallest change that fits,
     else the strongest one available).
     """
@@ -313,6 +316,11 @@ def remedies(job: Job, headroom: float = 0.0):
          if t <= min(gpu.nvlink_domain, job.cluster.num_gpus) and (lay.dp * lay.tp) % t == 0],
         [(f"pp {p} (dp {lay.dp * lay.pp // p})", {"pp": p, "dp": lay.dp * lay.pp // p, "stage_layers": None})
          for p in (2 * lay.pp, 4 * lay.pp, 8 * lay.pp) if (lay.dp * lay.pp) % p == 0],
+        [(d, c) for d, c in (("offload_optimizer 1.0 (the optimizer stepped on the host)", {"offload_optimizer": 1.0}),
+                             ("offload_optimizer 1.0 with recompute full",
+                              {"offload_optimizer": 1.0, "recompute": "full", "recompute_num_layers": None,
+                               "recompute_modules": None}))
+         if lay.offload_optimizer < 1.0],
     ]
     for ladder in ladders:
         tried = [r for r in (_try(job, headroom, d, **c) for d, c in ladder) if r is not None]
