@@ -229,11 +229,10 @@ def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Rem
     sequence parallelism where the engine runs it so (torchtitan always does); a ZeRO stage a pipeline
     refuses (DeepSpeed's above 1, Megatron-LM's distributed optimizer) is no remedy."""
     engine = ENGINES[job.training.engine.name]
-    variants = [changes]
+    variants = [(description, changes)]
     if "tp" in changes and not job.layout.sequence_parallel:
-        variants.append({**changes, "sequence_parallel": True})
-        description += " with sequence parallelism"
-    for variant in variants:
+        variants.append((f"{description} with sequence parallelism", {**changes, "sequence_parallel": True}))
+    for shown, variant in variants:
         try:
             candidate = job.with_layout(job.layout.with_changes(**variant))
         except SpecError:
@@ -241,8 +240,6 @@ def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Rem
         if engine.problems(candidate):
             continue
         peak = peak_stage_memory(candidate).total
-        shown = description if variant.get("sequence_parallel") else description.removesuffix(
-            " with sequence parallelism")
         fits = peak <= fit_limit(job, headroom) and host_fits(candidate, headroom)
         return Remedy(shown, candidate.layout, peak, fits)
     return None
