@@ -100,13 +100,13 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
     given = {k: v for k, v in {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size,
                                 "recompute": recompute}.items() if v is not None}
     reader = ENGINES[engine]
-    layout = reader.reader_module().read(Path(path), loaded, **{k: v for k, v in given.items()
-                                                                 if k in reader.reader_options})
+    layout = reader.reader_module().read(path, loaded, **{k: v for k, v in given.items()
+                                                         if k in reader.reader_options})
     for option, value in given.items():
         # The config states it (a Megatron argument list its pipeline, say): an option that says
         # otherwise would go unread.
         stated = getattr(layout, option)
         if option not in reader.reader_options and value != stated:
             raise CaseError(f"--{option.replace('_', '-')}", "", f"{value} differs from the {stated} "
-                                                                 f"{Path(path).name} states, which the run takes")
+                                                                 f"{path.name} states, which the run takes")
     return layout

@@ -94,7 +94,6 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     notes: tuple[str, ...] = ()
     if megatron_args is not None:
         from .engines.megatron.launch import launch_notes
-
         from .engines.megatron.read import architecture_notes
 
         loaded = with_megatron_training(loaded, Path(megatron_args))

@@ -121,15 +121,26 @@ def gpu_preset(name: str) -> Optional[str]:
     return next((preset for prefix, preset in GPU_PREFIXES if n.startswith(prefix)), None)
 
 
-def precision(text: Any) -> Optional[str]:
-    """The training precision a row states; None for adapter fine-tuning (not a pretraining layout)."""
+def named_precision(text: Any) -> Optional[str]:
+    """The training precision a row's text names (fp32 for TF32 matmuls too), or None where it names none."""
     p = str(text or "").lower()
-    if "lora" in p:
-        return None
     for name in ("nvfp4", "mxfp8", "fp8"):
         if name in p:
             return name
-    return "fp16" if "fp16" in p and "bf16" not in p else "bf16"
+    if "fp16" in p and "bf16" not in p:
+        return "fp16"
+    if "bf16" in p:
+        return "bf16"
+    return "fp32" if "fp32" in p or "tf32" in p else None
+
+
+def precision(text: Any) -> Optional[str]:
+    """The training precision a published row states, bf16 where it names none (a table's "mixed (not
+    stated)"); None for adapter fine-tuning (not a pretraining layout)."""
+    if "lora" in str(text or "").lower():
+        return None
+    named = named_precision(text)
+    return named if named in ("nvfp4", "mxfp8", "fp8", "fp16") else "bf16"
 
 
 def fp8_recipe(text: Any) -> Optional[str]:
@@ -309,12 +320,18 @@ def row_problem(row: dict) -> Optional[tuple[str, str]]:
         return None
     if not isinstance(measured, dict):
         return "measured", f"expected a mapping, got {type(measured).__name__}"
-    for key, most in ROW_MEASURES.items():
+    for key in ROW_MEASURES:
         value = measured.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not MIN_FIGURE <= value <= most):
-            return f"measured.{key}", f"expected a number from {MIN_FIGURE:g} to {most:g}, got {_quoted(value)}"
+                                  or not measure_in_bounds(key, value)):
+            return f"measured.{key}", f"expected a number from {MIN_FIGURE:g} to {ROW_MEASURES[key]:g}, got " \
+                                      f"{_quoted(value)}"
     return None
+
+
+def measure_in_bounds(key: str, value: float) -> bool:
+    """Whether a run's measurement ``key`` (ROW_MEASURES) is one a training run could have measured."""
+    return MIN_FIGURE <= value <= ROW_MEASURES[key]
 
 
 def _quoted(value: Any) -> str:

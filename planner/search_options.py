@@ -131,10 +131,10 @@ def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[Mod
         values["top_k"] = read_int(src, "search.top_k", data["top_k"], minimum=0, maximum=MAX_TOP_K)
     if "tp_across_nodes" in data:
         values["tp_across_nodes"] = read_bool(src, "search.tp_across_nodes", data["tp_across_nodes"])
-    pins = _pins(src, data)
+    pins, bounds = _pins(src, data), _bounds(src, data)
     if model is not None and not model.is_moe:
         for name in ("ep", "etp"):
-            if pins.get(name, 1) > 1 or data.get(f"min_{name}") not in (None, 0, 1):
+            if pins.get(name, 1) > 1 or (bounds.get(name, (None, None))[0] or 1) > 1:
                 raise CaseError(src, f"search.{name}" if name in pins else f"search.min_{name}",
                                 "expert parallelism needs a mixture of experts (model.num_experts)")
     if "recompute_modules" in pins:
@@ -144,7 +144,7 @@ def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[Mod
         refusals = recompute_module_refusals(model, training, pins["recompute_modules"]) if model else []
         if refusals:
             raise CaseError(src, "search.recompute_modules", f"{target} cannot run it: {refusals[0]}")
-    return SearchSpec(pins=pins, bounds=_bounds(src, data), **values)
+    return SearchSpec(pins=pins, bounds=bounds, **values)
 
 
 def _pins(src: str, data: dict) -> dict[str, Any]:

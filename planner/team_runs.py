@@ -16,8 +16,8 @@ from .case import load_case, read_case
 from .errors import CaseError, one_line
 from .inputs import read_yaml
 from .limits import MIN_FIGURE
-from .published_runs import (ROW_MEASURES, case_of, gpu_preset, measured_tokens_per_s, published_memory_stage,
-                             row_key, row_problem)
+from .published_runs import (ROW_MEASURES, case_of, gpu_preset, measure_in_bounds, measured_tokens_per_s,
+                             named_precision, published_memory_stage, row_key, row_problem)
 from .training_logs import read_log
 
 
@@ -56,8 +56,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError, ZeroDivisionError) as error:
             raise CaseError(source, name, f"a field has the wrong type or is missing ({one_line(error, 80)})") from None
         if case is not None:
-            case["training"]["precision"] = _stated_precision(source, name, row.get("precision"),
-                                                              case["training"]["precision"])
+            case["training"]["precision"] = _stated_precision(source, name, row.get("precision"))
         if case is None:
             if why == "layout not published":
                 why = "a run with no layout: give parallel.tp, parallel.pp and batch.micro_batch_size"
@@ -85,18 +84,15 @@ def _unsupported(name: str, row: dict) -> tuple[str, str]:
                                 f"(adapter fine-tuning is no layout of the planner's)"
 
 
-def _stated_precision(source: str, name: str, text: Any, read: str) -> str:
-    """The precision a team's run states: as the published runs' reader reads it
-    (``published_runs.precision``), fp32 (or TF32 matmuls) as fp32, and nothing else: that reader
-    takes what it does not know for bf16, which a published table's "mixed (not stated)" is, but
-    a team's own run states its own."""
-    words = str(text or "").lower()
-    if any(p in words for p in ("nvfp4", "mxfp8", "fp8", "bf16", "fp16")):
-        return read
-    if "fp32" in words or "tf32" in words:
-        return "fp32"
-    raise CaseError(source, f"{name}.precision", f"expected the run's training precision (bf16, fp16, fp8, mxfp8, "
-                                                 f"nvfp4 or fp32), got {one_line(repr(text), 60)}")
+def _stated_precision(source: str, name: str, text: Any) -> str:
+    """The precision a team's run names (``published_runs.named_precision``): the published reader
+    takes what it does not know for bf16, which a table's "mixed (not stated)" is, but a team's own
+    run states its own."""
+    named = named_precision(text)
+    if named is None:
+        raise CaseError(source, f"{name}.precision", f"expected the run's training precision (bf16, fp16, fp8, "
+                                                     f"mxfp8, nvfp4 or fp32), got {one_line(repr(text), 60)}")
+    return named
 
 
 def check_run(run: Run, source: str) -> None:
@@ -185,10 +181,10 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
         # Held to the bounds a runs file's measurements are (published_runs.ROW_MEASURES): a step
         # of 1e300 ms was fitted, and one of 1e999 ms said "got 0.0 tokens/s".
         step = tokens_per_step / tokens if tokens > 0 else math.inf
-        if not MIN_FIGURE <= step <= ROW_MEASURES["iteration_time_s"]:
+        if not measure_in_bounds("iteration_time_s", step):
             raise CaseError(str(log), "", f"its step time is {step:.4g} s; expected one from {MIN_FIGURE:g} to "
                                           f"{ROW_MEASURES['iteration_time_s']:g} s")
-        if reading.peak_gib is not None and not MIN_FIGURE <= reading.peak_gib <= ROW_MEASURES["memory_gb_per_gpu"]:
+        if reading.peak_gib is not None and not measure_in_bounds("memory_gb_per_gpu", reading.peak_gib):
             raise CaseError(str(log), "", f"its peak memory is {reading.peak_gib:.4g} GiB; expected one from "
                                           f"{MIN_FIGURE:g} to {ROW_MEASURES['memory_gb_per_gpu']:g} GiB")
         stage = 0 if reading.peak_of_rank_0_only and job.layout.pp > 1 else None
