@@ -78,30 +78,6 @@ def _warn_profile(case: Path) -> None:
         print(f"warning: {one_line(warning, 1000)}", file=sys.stderr)
 
 
-def _load_solver_without_pandas() -> None:
-    """Import OR-tools' CP-SAT module with a stand-in for pandas.
-
-    ``ortools.sat.python.cp_model`` imports pandas at module level (about 0.15 s of a
-    0.9 s `plan` run) only for its pandas helpers (``new_int_var_series``, ``values`` of a
-    Series), which the solver never calls; the module itself refers to ``pd.Index`` and
-    ``pd.Series`` only in annotations and in those helpers. The CLI owns its process, so
-    it loads cp_model against two empty classes and takes the stand-in out again: a later
-    ``import pandas`` gets the real one. The Python API never does this.
-    """
-    if "pandas" in sys.modules or "ortools.sat.python.cp_model" in sys.modules:
-        return
-    import types
-
-    stand_in = types.ModuleType("pandas")
-    stand_in.Index = type("Index", (), {})
-    stand_in.Series = type("Series", (), {})
-    sys.modules["pandas"] = stand_in
-    try:
-        import ortools.sat.python.cp_model  # noqa: F401
-    finally:
-        del sys.modules["pandas"]
-
-
 @app.command("plan")
 def plan_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster, training and optional search."),
@@ -122,7 +98,6 @@ def plan_command(
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
 ) -> None:
     """The fastest layout that fits, at the case's global batch, and its runners-up."""
-    _load_solver_without_pandas()
     from .configs import EMITTERS as ENGINES, render
     from .files import Output, check_writable, write_all
     from .plan import plan, plan_options
@@ -209,7 +184,6 @@ def size_command(
     """How many GPUs of which type, in which layout, for a run of so many tokens: days, GPU-hours, cost.
 
     With neither --deadline nor a budget: the front of days against GPU-hours (cost), its knee marked."""
-    _load_solver_without_pandas()
     from .size import size, size_target
 
     _warn_profile(case)
@@ -256,7 +230,6 @@ def diagnose_command(
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
 ) -> None:
     """Estimate an existing config's layout and compare it with the planner's best."""
-    _load_solver_without_pandas()
     from .diagnose import diagnose
 
     try:

@@ -22,14 +22,13 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ortools.sat.python import cp_model
-
 from cost_models.memory import usable_bytes
 
 from .bands import fit_limit
 from cost_models.specs import Overheads
 
 from .cluster_options import ClusterOption
+from .cpsat import Linear, Model
 from .limits import MAX_STEP_TIME_S
 from .search import Candidate
 from .search_options import SearchSpec
@@ -68,7 +67,7 @@ class SizeModel:
                  step_deadline_s: Optional[float], overheads: Overheads = Overheads()):
         assert objective in OBJECTIVES
         self.rows = rows
-        m = cp_model.CpModel()
+        m = Model()
         self.model = m
         if not rows:
             return
@@ -91,50 +90,44 @@ class SizeModel:
             time_rank=dense_ranks(time_us),
             complexity_rank=complexity_ranks(candidates, global_batch),
         )
-        self.row = m.new_int_var(0, len(rows) - 1, "row")
+        self.row = m.new_range(0, len(rows) - 1, "row")
         v = linked_variables(m, self.row, columns)
         self.size_var = v["size"]
         gpu_type, gpus = v["gpu_type"], v["gpus"]
 
-        def by_type(name: str, values: list[int]) -> cp_model.IntVar:
-            variable = m.new_int_var_from_domain(cp_model.Domain.from_values(sorted(set(values))), name)
-            m.add_element(gpu_type, values, variable)
-            return variable
+        def by_type(name: str, values: list[int]) -> Linear:
+            variable = m.new_var(values, name)
+            m.add_element(gpu_type.vars[0], values, variable)
+            return Linear.of(variable)
 
         unit = by_type("gpus_per_unit", [o.unit for o in options])
-        m.add_multiplication_equality(gpus, [v["units"], unit])
-        m.add(gpus <= by_type("gpu_limit", list(limits)))
+        m.add_product(gpus, [v["units"].vars[0], unit.vars[0]])
+        m.add_between(gpus - by_type("gpu_limit", list(limits)), high=0)
         # Per GPU type, the fit limit a row of that type is held to (estimate's: ``bands.fit_limit``).
         job_of = {r.option: r.candidate.job for r in reversed(rows) if r.candidate.job is not None}
         usable_mb = [int(fit_limit(usable_bytes(o.gpu.memory_bytes, overheads, spec.headroom),
                                    job_of[i].model, job_of[i].cluster, job_of[i].training) / 1e6)
                      if i in job_of else int(usable_bytes(o.gpu.memory_bytes, overheads, spec.headroom) / 1e6)
                      for i, o in enumerate(options)]
-        m.add(v["peak_mb"] <= by_type("usable_mb", usable_mb))
-        m.add_multiplication_equality(gpus, [v[k] for k in ("dp", "tp", "pp", "cp")])
+        m.add_between(v["peak_mb"] - by_type("usable_mb", usable_mb), high=0)
+        m.add_product(gpus, [v[k].vars[0] for k in ("dp", "tp", "pp", "cp")])
         constrain_layout(m, spec, v, global_batch)
         if step_deadline_s is not None:
             # No step time in the table passes MAX_STEP_TIME_S (plan refuses such figures): a looser
             # deadline is no constraint, and past 2^63 µs it would not fit CP-SAT's integers.
-            m.add(v["step_time_up_us"] <= math.floor(min(step_deadline_s, MAX_STEP_TIME_S) * 1e6))
+            m.add_between(v["step_time_up_us"], high=math.floor(min(step_deadline_s, MAX_STEP_TIME_S) * 1e6))
         # Lexicographic: the objective, then the other of spend and time, then the simpler layout.
         first, second = ("time_rank", "spend_rank") if objective == "time" else ("spend_rank", "time_rank")
         n = len(rows)
-        m.minimize((v[first] * n + v[second]) * n + v["complexity_rank"])
+        m.minimize(Linear(v[first].vars + v[second].vars + v["complexity_rank"].vars, (n * n, n, 1)))
 
     def solve(self) -> Solution:
         if not self.rows:
             return Solution("INFEASIBLE", None)
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = 1  # small tables: one worker is fastest and deterministic
-        solver.parameters.catch_sigint_signal = False  # Ctrl-C stops `size` (exit 130)
-        status = solver.solve(self.model)
-        name = solver.status_name(status)
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return Solution(name, solver.value(self.row))
-        return Solution(name, None)
+        answer = self.model.solve()
+        return Solution(answer.status, answer.values[self.row] if answer.found else None)
 
     def exclude_size(self, index: int) -> None:
         """No more answers on the type and size of row ``index``: alternatives differ in either."""
         row = self.rows[index]
-        self.model.add(self.size_var != self.size_id[(row.option, row.gpus)])
+        self.model.add_not_equal(self.size_var, self.size_id[(row.option, row.gpus)])

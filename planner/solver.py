@@ -21,13 +21,12 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ortools.sat.python import cp_model
-
 from cost_models.memory import usable_bytes
 
 from .bands import fit_limit
 from .case import Case
 from .complexity import RECOMPUTE_LEVEL, complexity
+from .cpsat import Linear, Model
 from .limits import MAX_GPUS
 from .search_rows import Candidate
 from .search_options import SearchSpec
@@ -60,43 +59,41 @@ def layout_columns(candidates: list[Candidate], global_batch: int) -> dict[str, 
     }
 
 
-def linked_variables(m: cp_model.CpModel, row: cp_model.IntVar, columns: dict[str, list[int]]) \
-        -> dict[str, cp_model.IntVar]:
+def linked_variables(m: Model, row: int, columns: dict[str, list[int]]) -> dict[str, Linear]:
     """A variable per column, over the column's values, tied to the chosen row by an element
     constraint (CP-SAT propagates these far faster than a table over wide time domains)."""
     variables = {}
     for name, column in columns.items():
-        variable = m.new_int_var_from_domain(cp_model.Domain.from_values(sorted(set(column)) or [0]), name)
+        variable = m.new_var(column or [0], name)
         m.add_element(row, column, variable)
-        variables[name] = variable
+        variables[name] = Linear.of(variable)
     return variables
 
 
-def constrain_layout(m: cp_model.CpModel, spec: SearchSpec, variables: dict[str, cp_model.IntVar],
-                     global_batch: int) -> None:
+def constrain_layout(m: Model, spec: SearchSpec, variables: dict[str, Linear], global_batch: int) -> None:
     """The global batch (micro_batch·accumulation·dp) and the pins and bounds of the case's
     ``search`` section, over the layout's variables."""
-    m.add_multiplication_equality(m.new_constant(global_batch),
-                                  [variables["micro_batch_size"], variables["grad_accum"], variables["dp"]])
+    def var(name: str) -> int:
+        (index,) = variables[name].vars
+        return index
+
+    m.add_product(Linear((), (), global_batch), [var("micro_batch_size"), var("grad_accum"), var("dp")])
     # The expert grid etp·ep·edp folds over the attention's tp·cp·dp ranks (megatron-core parallel_state).
-    stage_ranks = m.new_int_var(1, MAX_GPUS, "tp_cp_dp")
-    m.add_multiplication_equality(stage_ranks, [variables["tp"], variables["cp"], variables["dp"]])
-    m.add_multiplication_equality(stage_ranks, [variables["etp"], variables["ep"], variables["edp"]])
+    stage_ranks = Linear.of(m.new_range(1, MAX_GPUS, "tp_cp_dp"))
+    m.add_product(stage_ranks, [var("tp"), var("cp"), var("dp")])
+    m.add_product(stage_ranks, [var("etp"), var("ep"), var("edp")])
     constrain_pins(m, spec, variables)
 
 
-def constrain_pins(m: cp_model.CpModel, spec: SearchSpec, variables: dict) -> None:
+def constrain_pins(m: Model, spec: SearchSpec, variables: dict[str, Linear]) -> None:
     """The pins and bounds of the case's ``search`` section, over the layout's variables (or the
     linear expressions of the chosen row's values)."""
     for name in ("dp", "tp", "pp", "cp", "micro_batch_size", "zero_stage", "ep", "etp"):
-        variable = variables[name]
         if name in spec.pins:
-            m.add(variable == spec.pins[name])
+            m.add_equal(variables[name], spec.pins[name])
         low, high = spec.bounds.get(name, (None, None))
-        if low is not None:
-            m.add(variable >= low)
-        if high is not None:
-            m.add(variable <= high)
+        if low is not None or high is not None:
+            m.add_between(variables[name], low, high)
 
 
 def complexity_ranks(candidates: list[Candidate], global_batch: int) -> list[int]:
@@ -125,12 +122,12 @@ class LayoutModel:
     def __init__(self, case: Case, spec: SearchSpec, candidates: list[Candidate]):
         self.candidates = candidates
         gbs = case.training.global_batch_size
-        m = cp_model.CpModel()
+        m = Model()
         self.model = m
         if not candidates:
             return  # nothing fits: solve() answers INFEASIBLE without a model
 
-        self.rows = [m.new_bool_var(f"row_{i}") for i in range(len(candidates))]
+        self.rows = tuple(m.new_bool(f"row_{i}") for i in range(len(candidates)))
         m.add_exactly_one(self.rows)
         columns = layout_columns(candidates, gbs)
         columns.update(product_columns(columns))
@@ -138,17 +135,17 @@ class LayoutModel:
         # Fastest, ties to the simplest: the rank (under the rows' count) breaks ties of whole microseconds.
         columns["objective"] = [time * len(candidates) + rank
                                 for time, rank in zip(columns["step_time_us"], columns["complexity_rank"])]
-        chosen = {name: cp_model.LinearExpr.weighted_sum(self.rows, column) for name, column in columns.items()}
+        chosen = {name: Linear(self.rows, tuple(column)) for name, column in columns.items()}
         self.time_us = chosen["step_time_us"]
         self.rank = chosen["complexity_rank"]
         self.objective = chosen["objective"]
-        m.add(chosen["gpus"] == case.cluster.num_gpus)
-        m.add(chosen["sequences"] == gbs)
-        m.add(chosen["tp_cp_dp"] == chosen["etp_ep_edp"])
+        m.add_equal(chosen["gpus"], case.cluster.num_gpus)
+        m.add_equal(chosen["sequences"], gbs)
+        m.add_equal(chosen["tp_cp_dp"] - chosen["etp_ep_edp"], 0)
         constrain_pins(m, spec, chosen)
         capacity_mb = int(fit_limit(usable_bytes(case.cluster.gpu.memory_bytes, case.overheads, spec.headroom),
                                     case.model, case.cluster, case.training) / 1e6)
-        m.add(chosen["peak_mb"] <= capacity_mb)
+        m.add_between(chosen["peak_mb"], high=capacity_mb)
 
     def solve(self, time_limit_us: Optional[int] = None, simplest: bool = False) -> Solution:
         """Fastest row (ties to the simplest), or with ``simplest`` the simplest row within ``time_limit_us``."""
@@ -158,21 +155,13 @@ class LayoutModel:
         if time_limit_us is not None:
             # A bound of this solve only, stated on a copy where presolve can use it: under an
             # assumption on the model itself, a 600-row table took seconds.
-            m = m.clone()
-            m.add(self.time_us <= time_limit_us)
-        if simplest:
-            m.minimize(self.rank)
-        else:
-            m.minimize(self.objective)
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = 1  # the table is small; one worker is fastest and deterministic
-        # Ctrl-C must interrupt `plan` (exit 130), not end the search early as a time limit would.
-        solver.parameters.catch_sigint_signal = False
-        status = solver.solve(m)
-        name = solver.status_name(status)
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return Solution(name, next(i for i, row in enumerate(self.rows) if solver.boolean_value(row)))
-        return Solution(name, None)
+            m = m.copy()
+            m.add_between(self.time_us, high=time_limit_us)
+        m.minimize(self.rank if simplest else self.objective)
+        answer = m.solve()
+        if answer.found:
+            return Solution(answer.status, next(i for i, row in enumerate(self.rows) if answer.values[row]))
+        return Solution(answer.status, None)
 
     def exclude(self, index: int) -> None:
-        self.model.add(self.rows[index] == 0)
+        self.model.add_equal(Linear.of(self.rows[index]), 0)
