@@ -98,7 +98,7 @@ def plan_command(
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
 ) -> None:
     """The fastest layout that fits, at the case's global batch, and its runners-up."""
-    from .configs import EMITTERS as ENGINES, render
+    from .configs import EMITTERS as ENGINES, removed_notes, render
     from .files import Output, check_writable, write_all
     from .plan import plan, plan_options
 
@@ -137,17 +137,24 @@ def plan_command(
             notes.append(unread)
         result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine, fastest=fastest)
         outputs: list[Output] = []
+        removed: list[Path] = []
         if emit is not None and result.best is not None:
             files, emitted = render(result.best, emit, str(case))
             notes += emitted  # after the ignored layout's note, which this once replaced
             outputs += [Output(Path(out) / name, text) for name, text in files.items()]
+            if force:
+                from .emit import earlier_emission
+
+                removed = earlier_emission(out, files)
         if plot is not None and result.best is not None:
             from .plots import render_plots
 
             outputs.append(Output(plot, render_plots(result, plot), "--plot"))
         elif plot is not None:
             notes.append(f"--plot: nothing fits, so {plot} was not written (no layout to draw)")
-        written = write_all(outputs, force, last=True)  # all or none, emitted configs and plot together
+        # All or none: the emitted configs, the plot, and an earlier emission's other files taken out.
+        written = write_all(outputs, force, last=True, removes=[p for p in removed if p not in {o.path for o in outputs}])
+        notes += removed_notes(removed)
     except CaseError as error:
         _fail(error)
     for note in notes:

@@ -77,12 +77,20 @@ def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: str = "
     """Write the engine's launch files for ``result`` (a Plan's best layout, or an Estimate) into
     ``out_dir``, all or none (:func:`planner.files.write_all`); existing files only with ``force``;
     a layout predicted not to fit only with ``force_unfit``, said in every file's header."""
+    from .emit import earlier_emission
     from .files import Output, write_all
 
     out = read_path("emit", "out_dir", out_dir)
     files, notes = render(result, engine, source, force_unfit)
-    written = write_all([Output(out / name, text) for name, text in files.items()], force)
-    return Emitted(tuple(written), tuple(notes))
+    removed = earlier_emission(out, files) if force else []
+    written = write_all([Output(out / name, text) for name, text in files.items()], force, removes=removed)
+    return Emitted(tuple(written), tuple(notes) + tuple(removed_notes(removed)))
+
+
+def removed_notes(removed: list[Path]) -> list[str]:
+    """What --force took out of the folder besides the files it overwrote."""
+    return [f"removed {path}: an earlier emission's file (its header says layout-planner wrote it), which "
+            "this plan's files replace" for path in removed]
 
 
 def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] = None, tp: Optional[int] = None,

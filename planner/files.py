@@ -19,7 +19,7 @@ import tempfile
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional, Sequence, Union
 
 from .errors import CaseError, ignore_interrupts, raise_if_interrupted
 
@@ -113,11 +113,15 @@ def _put_back(moved: list[tuple[Path, Optional[Path]]]) -> None:
             pass
 
 
-def write_all(outputs: list[Output], force: bool, last: bool = False) -> list[Path]:
+def write_all(outputs: list[Output], force: bool, last: bool = False,
+              removes: Sequence[Path] = ()) -> list[Path]:
     """Write every output, all or none (see the module docstring); returns their paths. ``last``
     (the CLI's: the command's last act) ignores interrupts once the files are in place, a signal
-    held back during the renames included (``errors.ignore_interrupts``)."""
+    held back during the renames included (``errors.ignore_interrupts``). ``removes`` (with
+    ``force``: an earlier emission's files that these replace) are taken out in the same step, and
+    put back with the rest if it fails."""
     outputs = list(outputs)
+    assert force or not removes
     created: list[Path] = []
     stages: dict[Path, Path] = {}
     staged: list[tuple[Output, Path]] = []
@@ -140,6 +144,10 @@ def write_all(outputs: list[Output], force: bool, last: bool = False) -> list[Pa
                     f.write(out.data)
                 os.chmod(tmp, 0o666 & ~umask)  # what a plain open() would give; mkdtemp's folder is private
                 staged.append((out, tmp))
+            for path in removes:
+                folder = Path(os.path.abspath(path.parent))
+                if folder not in stages:
+                    stages[folder] = Path(tempfile.mkdtemp(dir=folder, prefix=_STAGING_PREFIX))
             with ExitStack() as locks:
                 for folder in sorted(stages):
                     locks.enter_context(_locked(folder))
@@ -156,6 +164,11 @@ def write_all(outputs: list[Output], force: bool, last: bool = False) -> list[Pa
                                 os.replace(out.path, backup)
                             moved.append((out.path, backup))
                             os.replace(tmp, out.path)
+                        for path in removes:
+                            if path.exists() or path.is_symlink():
+                                backup = stages[Path(os.path.abspath(path.parent))] / (path.name + ".removed")
+                                os.replace(path, backup)
+                                moved.append((path, backup))
                         if last and outputs:
                             ignore_interrupts()  # before the held signals are let through
                     done = True  # past this point, an interrupt held back above has been raised
