@@ -862,3 +862,26 @@ def test_a_sliding_window_is_written_and_megatron_core_windows_the_layers_priced
     assert window == (128, 0)
     windowed = [is_layer_window_attention(window, every, n) for n in range(1, 37)]
     assert sum(windowed) == est.job.model.windowed_layers == 18 and windowed[:2] == [True, False]
+
+
+def test_a_rope_base_of_a_million_is_written_as_megatrons_integer_and_read_back_as_argparse_reads_it(tmp_path):
+    """Megatron-LM declares --rotary-base type=int (megatron/training/arguments.py): Mixtral's
+    1,000,000 written as "1e+06" stopped its parser. A base with a fraction cannot be written;
+    an argument list holding "1e+06" is refused as argparse refuses it."""
+    from planner import estimate
+    from planner.engines.megatron.emit import arguments, render
+
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 4096, "engine": "megatron"},
+            "layout": {"dp": 1, "tp": 8, "micro_batch_size": 1, "ep": 1, "etp": 8, "zero_stage": 1,
+                       "sequence_parallel": True, "recompute": "full"}}
+    assert dict(arguments(estimate(case).job))["--rotary-base"] == "1000000"
+    fractional = {**case, "model": {"preset": "mixtral-8x7b", "rope_base": 10000.5}}
+    with pytest.raises(CaseError, match="rope_base is 10000.5, but Megatron-LM's --rotary-base takes a whole number"):
+        render(estimate(fractional), ["header"])
+    files = render(estimate(case), ["header"])
+    path = tmp_path / "megatron_args.txt"
+    path.write_text(files["megatron_args.txt"].replace("--rotary-base 1000000", "--rotary-base 1e+06"))
+    from planner.configs import read_config
+    with pytest.raises(CaseError, match="--rotary-base: expected an integer, got '1e\\+06'"):
+        read_config(case, "megatron", path)

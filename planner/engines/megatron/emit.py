@@ -52,7 +52,7 @@ INT_FLAGS = (
     "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups", "--ffn-hidden-size",
     "--seq-length", "--max-position-embeddings", "--num-experts", "--expert-model-parallel-size",
     "--expert-tensor-parallel-size", "--moe-router-topk", "--moe-router-num-groups", "--moe-router-group-topk",
-    "--mtp-num-layers",
+    "--mtp-num-layers", "--rotary-base",
     # torchrun
     "--nnodes", "--nproc-per-node",
 )
@@ -62,7 +62,7 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
              "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
              "--main-grads-dtype", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
-             "--normalization", "--position-embedding-type", "--rotary-base", "--window-size",
+             "--normalization", "--position-embedding-type", "--window-size",
              "--window-attn-skip-freq")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
@@ -301,7 +301,11 @@ def architecture_arguments(m) -> list[tuple[str, Optional[str]]]:
     if m.position_embedding is not None:
         args.append(("--position-embedding-type", POSITION_ARG[m.position_embedding]))
         if m.position_embedding == "rope" and m.rope_base is not None:
-            args.append(("--rotary-base", f"{m.rope_base:g}"))
+            # An integer to Megatron-LM (arguments.py: --rotary-base type=int): "1e+06" stops its parser.
+            if not float(m.rope_base).is_integer():
+                raise CaseError("--emit", "megatron", f"model.rope_base is {m.rope_base:g}, but Megatron-LM's "
+                                                      "--rotary-base takes a whole number (arguments.py: type=int)")
+            args.append(("--rotary-base", str(int(m.rope_base))))
     if m.linear_bias is False:
         args.append(("--disable-bias-linear", None))
     if m.qk_norm:

@@ -113,6 +113,12 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
             else:
                 found[flag] = ""
         i += 1
+    for flag, value in found.items():
+        if flag in INT_FLAGS and value:
+            try:
+                int(value)  # argparse's type=int: "1e+06" or "8.0" stops Megatron-LM's parser
+            except ValueError:
+                raise CaseError(src, flag, f"expected an integer, got {one_line(value, 60)!r}") from None
     return found
 
 
