@@ -116,3 +116,10 @@ def test_what_a_ds_config_cannot_say_and_the_case_does_not_is_noted(tmp_path):
     result = diagnose(tmp_path / "case.yaml", config=tmp_path / "ds.json", pp=2)
     assert any("does not state DeepSpeed-MoE's ep_size" in n for n in result.notes)
     assert any("does not state PipelineModule's split" in n for n in result.notes)
+
+
+def test_a_micro_batch_of_zero_beside_an_auto_accumulation_is_refused_naming_it(tmp_path):
+    """A ZeroDivisionError's traceback before: the accumulation was worked out of the micro-batch first."""
+    case, ds = files(tmp_path, {**ZERO2, "train_micro_batch_size_per_gpu": 0})
+    with pytest.raises(CaseError, match=r"ds.json: train_micro_batch_size_per_gpu: expected an integer >= 1, got int 0"):
+        diagnose(case, config=ds)

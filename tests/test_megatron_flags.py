@@ -95,3 +95,23 @@ def test_switches_a_list_leaves_out_that_build_another_model_are_said(tmp_path):
     args.write_text(args.read_text().strip() + " --swiglu --group-query-attention --num-query-groups 8 "
                                                "--untie-embeddings-and-output-weights\n")
     assert not [n for n in diagnose(tmp_path / "case.yaml", megatron_args=args).notes if "Megatron-LM would build" in n]
+
+
+def test_a_list_without_bf16_or_fp16_is_said_to_train_fp32_and_another_optimizer_is_refused(tmp_path):
+    """Megatron-LM trains in fp32 where neither --bf16 nor --fp16 is given, and steps SGD with
+    --optimizer sgd (no moments): the list was priced as the case's bf16 Adam without a word."""
+    from planner.diagnose import diagnose
+    from planner.errors import CaseError
+
+    (tmp_path / "case.yaml").write_text("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
+                                        "training: {global_batch_size: 64, seq_len: 4096, optimizer: adamw}\n")
+    args = tmp_path / "args.txt"
+    base = "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 64"
+    args.write_text(base + "\n")
+    assert "args.txt gives neither --bf16 nor --fp16: Megatron-LM would train in fp32 (its default), the case in " \
+           "bf16; priced as the case's" in diagnose(tmp_path / "case.yaml", megatron_args=args).notes
+    args.write_text(base + " --bf16 --optimizer adam\n")
+    assert not [n for n in diagnose(tmp_path / "case.yaml", megatron_args=args).notes if "fp32" in n]
+    args.write_text(base + " --bf16 --optimizer sgd\n")
+    with pytest.raises(CaseError, match=r"args.txt: --optimizer: --optimizer sgd, but the case's optimizer is adamw"):
+        diagnose(tmp_path / "case.yaml", megatron_args=args)

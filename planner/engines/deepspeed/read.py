@@ -66,6 +66,8 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
     micro = config.get("train_micro_batch_size_per_gpu") if config.get("train_micro_batch_size_per_gpu") != "auto" \
         else micro
     if config.get("gradient_accumulation_steps") == "auto":
+        if isinstance(micro, int) and not isinstance(micro, bool):
+            micro = _positive(src, "train_micro_batch_size_per_gpu", micro)
         if not isinstance(micro, int) or gbs % (micro * dp):
             raise CaseError(src, "gradient_accumulation_steps", f"is \"auto\", but the case's global batch {gbs} is "
                                                                 f"not a multiple of micro-batch {micro} x dp {dp}")

@@ -62,7 +62,7 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
              "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
              "--main-grads-dtype", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
-             "--normalization", "--position-embedding-type", "--window-size",
+             "--normalization", "--position-embedding-type", "--window-size", "--optimizer",
              "--window-attn-skip-freq")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",

@@ -114,12 +114,14 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
                 found[flag] = ""
         i += 1
     for flag, value in found.items():
-        if flag in INT_FLAGS and value:
-            try:
-                int(value)  # argparse's type=int: "1e+06" or "8.0" stops Megatron-LM's parser
-            except ValueError:
-                raise CaseError(src, flag, f"expected an integer, got {one_line(value, 60)!r}") from None
+        # argparse's type=int: "1e+06" or "8.0" stops Megatron-LM's parser (digits past any bound are
+        # the reader's to refuse, with the bound, where it reads them).
+        if flag in INT_FLAGS and value and not _INTEGER.fullmatch(value):
+            raise CaseError(src, flag, f"expected an integer, got {one_line(value, 60)!r}")
     return found
+
+
+_INTEGER = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")
 
 
 # torchrun's flags that read() takes (the world size): they come before the Python script.

@@ -186,6 +186,12 @@ def _check_model(args: _Args, model, training) -> None:
     if groups is not None and "--group-query-attention" in args.flags and groups != model.num_kv_heads:
         raise CaseError(args.src, "--num-query-groups", f"{groups} differs from the case's {model.num_kv_heads} KV heads")
 
+    # Megatron-LM's --optimizer: adam (decoupled weight decay, as AdamW) by default, or sgd.
+    optimizer = (args.flags.get("--optimizer") or "adam").lower()
+    if (optimizer == "sgd") != (training.optimizer == "sgd"):
+        said = f"--optimizer {optimizer}" if "--optimizer" in args.flags else "absent (Megatron-LM's default, adam)"
+        raise CaseError(args.src, "--optimizer", f"{said}, but the case's optimizer is {training.optimizer} "
+                                                 "(training.optimizer: the optimizer states are priced by it)")
     read = read_precision(args.flags)
     if read is not None:
         precision, recipe = read
@@ -199,8 +205,9 @@ def _check_model(args: _Args, model, training) -> None:
 
 
 def architecture_notes(path: Path, case) -> list[str]:
-    """What an argument list that builds the model (it gives --num-layers) leaves out where
-    megatron/training/arguments.py's default builds another model than the case's: GeLU without
+    """What an argument list leaves out where megatron/training/arguments.py's default trains
+    otherwise than the case: fp32 without --bf16 or --fp16; and where it builds the model (it gives
+    --num-layers), another model than the case's: GeLU without
     --swiglu, a KV head per head without --group-query-attention, the output layer tied to the
     embedding without --untie-embeddings-and-output-weights. `diagnose` prices the case's model
     and says so (a hand-written list often leaves them out; a launch would build the other)."""
@@ -208,9 +215,12 @@ def architecture_notes(path: Path, case) -> list[str]:
     launch = launch_of(path, read_text(path))
     flags = flags_of(launch.words, launch.src, launch.shell)
     model = case.model
-    if "--num-layers" not in flags:
-        return []
     notes = []
+    if read_precision(flags) is None and case.training.precision != "fp32":
+        notes.append(f"{path.name} gives neither --bf16 nor --fp16: Megatron-LM would train in fp32 (its default), "
+                     f"the case in {case.training.precision}; priced as the case's")
+    if "--num-layers" not in flags:
+        return notes
 
     def note(flag: str, default: str, case_has: str) -> None:
         said = "gives" if flag in flags else "leaves out"
