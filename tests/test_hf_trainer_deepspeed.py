@@ -123,3 +123,16 @@ def test_a_micro_batch_of_zero_beside_an_auto_accumulation_is_refused_naming_it(
     case, ds = files(tmp_path, {**ZERO2, "train_micro_batch_size_per_gpu": 0})
     with pytest.raises(CaseError, match=r"ds.json: train_micro_batch_size_per_gpu: expected an integer >= 1, got int 0"):
         diagnose(case, config=ds)
+
+
+def test_an_optimizer_or_a_partial_offload_the_case_does_not_price_is_refused(tmp_path):
+    """SGD in the config against the case's AdamW was priced with Adam's moments (123 GB on the
+    host); an offload ratio of 0.3 was read as the whole optimizer offloaded."""
+    case, ds = files(tmp_path, {**ZERO2, "optimizer": {"type": "SGD", "params": {"lr": "auto"}}})
+    with pytest.raises(CaseError, match=r"ds.json: optimizer.type: is SGD \(no moments \(SGD\)\), but the case's "
+                                        r"optimizer is adam"):
+        diagnose(case, config=ds, micro_batch_size=2)
+    case, ds = files(tmp_path, {**ZERO3, "zero_optimization": {**ZERO3["zero_optimization"],
+                                                                "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})
+    with pytest.raises(CaseError, match=r"zero_optimization.offload_optimizer.ratio: is 0.3: a partial offload"):
+        diagnose(case, config=ds, micro_batch_size=2)

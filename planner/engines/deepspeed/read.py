@@ -132,6 +132,7 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     pp = _positive("--pp", "pp", pp if pp is not None else stated.pp if stated is not None else 1)
     tp = _pipeline_tp(case, pp, tp)
     config = resolve_auto(src, config, case, _dp(src, config, case, pp, tp), micro_batch_size)[0]
+    _check_optimizer(src, config, case)
 
     tp_section = config.get("tensor_parallel", {})
     if not isinstance(tp_section, dict):
@@ -232,6 +233,30 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
                   stage_layers=stage_layers)
 
 
+# DeepSpeed's optimizer types (runtime/config.py: ADAM_OPTIMIZER ... and torch.optim's names it
+# falls back to) by the states the cost model prices: two fp32 moments (Adam's family, LAMB's), or none.
+_TWO_MOMENTS = ("adam", "adamw", "cpuadam", "fusedadam", "onebitadam", "zerooneadam", "lamb", "onebitlamb")
+
+
+def _check_optimizer(src: str, config: dict, case) -> None:
+    """The optimizer the config builds (``optimizer.type``) holds the states the case's does."""
+    section = config.get("optimizer")
+    if section is None:
+        return  # the model code's own optimizer, passed to deepspeed.initialize
+    if not isinstance(section, dict):
+        raise CaseError(src, "optimizer", f"expected a mapping, got {section!r}")
+    kind = section.get("type")
+    if not isinstance(kind, str):
+        raise CaseError(src, "optimizer.type", f"expected an optimizer's name, got {kind!r}")
+    name = kind.lower()
+    wanted = case.training.optimizer
+    if name == "sgd" and wanted == "sgd" or name in _TWO_MOMENTS and wanted != "sgd":
+        return
+    held = "no moments (SGD)" if name == "sgd" else "two moments" if name in _TWO_MOMENTS else "states not priced"
+    raise CaseError(src, "optimizer.type", f"is {kind} ({held}), but the case's optimizer is {wanted} "
+                                           "(training.optimizer: the optimizer states are priced by it)")
+
+
 # DeepSpeed's names for fp32 (runtime/config_utils.py DtypeEnum).
 _FP32_NAMES = ("fp32", "float32", "float", "torch.float32")
 
@@ -267,4 +292,10 @@ def _offload_device(src: str, zero_section: dict, name: str) -> bool:
         raise CaseError(src, f"zero_optimization.{name}.device", "nvme offload is not modelled; expected cpu or none")
     if device not in ("cpu", "none"):
         raise CaseError(src, f"zero_optimization.{name}.device", f"expected cpu or none, got {device!r}")
+    ratio = section.get("ratio", 1.0)
+    if device == "cpu" and ratio != 1.0:
+        # ZeRO-3's partial optimizer offload (DeepSpeedZeroOffloadOptimizerConfig.ratio): the
+        # planner prices DeepSpeed's offload as all or none (engines/deepspeed/engine.py).
+        raise CaseError(src, f"zero_optimization.{name}.ratio", f"is {ratio!r}: a partial offload is not "
+                                                                 "modelled for DeepSpeed; expected 1.0 (all)")
     return device == "cpu"
