@@ -44,7 +44,7 @@ from .fields import read_str
 from .estimate import estimate
 from .fitted import coverage as jobs_coverage
 from .presets import fabric_presets, gpu_preset_name, gpu_presets, performance_presets, resolve_gpu_preset
-from .team_runs import Run, load_runs, runs_from_rows
+from .team_runs import Run, check_each_run_once, load_runs, runs_from_rows
 
 # How far one run's step time (its peak) sits from the model for reasons no fitted figure holds, as
 # a log ratio: the standard deviation of the model's log error inside a group of runs of one source
@@ -493,6 +493,7 @@ def calibrate_from_runs(runs: Any, gpu_preset: Optional[str] = None) -> tuple[di
                                         f"{type(item).__name__}")
     if rows:
         collected += runs_from_rows(rows, "runs")
+    check_each_run_once(collected, "runs")
     result = fit(collected, "runs", gpu_preset)
     origins = sorted({str(i) for i in items if isinstance(i, (str, os.PathLike))})
     return profile_of(result, ", ".join(origins) or f"{len(collected)} runs"), result

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 from cost_models.flops import model_flops_per_token
 from cost_models.parameters import total_parameters
 
-from .case import load_case, read_case
+from .case import load_case, read_case, spec_errors
 from .errors import CaseError, one_line
 from .inputs import read_yaml
 from .limits import MIN_FIGURE
@@ -57,6 +57,8 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
             raise CaseError(source, name, f"a field has the wrong type or is missing ({one_line(error, 80)})") from None
         if case is not None:
             case["training"]["precision"] = _stated_precision(source, name, row.get("precision"))
+            _check_recompute(source, name, row.get("recompute"))
+            _check_measures_agree(source, name, row, tokens)
         if case is None:
             if why == "layout not published":
                 why = "a run with no layout: give parallel.tp, parallel.pp and batch.micro_batch_size"
@@ -69,6 +71,32 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         check_run(run, source)
         runs.append(run)
     return runs
+
+
+def _check_recompute(source: str, name: str, stated: Any) -> None:
+    """A run's recomputation as the schema writes it: none, selective or full, a description after."""
+    if stated is None or str(stated).lower().startswith(("none", "selective", "full")):
+        return
+    raise CaseError(source, f"{name}.recompute", f"expected none, selective or full (a description may follow), "
+                                                 f"got {one_line(repr(stated), 60)}")
+
+
+# Published tables round a step time to three figures and tokens/s to whole tokens: two statements
+# of one run's speed further apart than this are two runs, or a typo.
+MEASURES_AGREE = 0.05
+
+
+def _check_measures_agree(source: str, name: str, row: dict, tokens: Optional[float]) -> None:
+    """A run that states its step time and its tokens/s: the fit reads the step time, so the two
+    must say the same speed."""
+    measured = row.get("measured") or {}
+    if not (tokens and measured.get("iteration_time_s")):
+        return
+    stated = measured.get("tokens_per_sec_total") or (measured.get("tokens_per_sec_per_gpu") or 0) * row["num_gpus"]
+    if stated and abs(stated / tokens - 1) > MEASURES_AGREE:
+        raise CaseError(source, f"{name}.measured.iteration_time_s",
+                        f"{measured['iteration_time_s']:g} s gives {tokens:,.0f} tokens/s, but the run's tokens/s says "
+                        f"{stated:,.0f} ({stated / tokens - 1:+.0%}): give the two of one run, or one of them")
 
 
 def _unsupported(name: str, row: dict) -> tuple[str, str]:
@@ -101,6 +129,8 @@ def check_run(run: Run, source: str) -> None:
     try:
         case = load_case(run.case)
         job = case.job()
+        with spec_errors(case.source):  # a precision the GPU has no peak for (fp8 on an A100)
+            job.cluster.gpu.peak(job.training.precision)
     except CaseError as error:  # the case made from the run: named as the run's file and key
         key = f"{run.id}.{row_key(error.key)}" if error.key else run.id
         raise CaseError(source, key, error.expected) from None
@@ -211,13 +241,17 @@ def load_runs(paths: Sequence[Any]) -> list[Run]:
     runs: list[Run] = []
     for path in paths:
         runs += runs_from_rows(read_yaml(Path(path)), str(path))
-    seen: dict[str, int] = {}
-    for r in runs:
-        seen[r.id] = seen.get(r.id, 0) + 1
-    twice = [k for k, n in seen.items() if n > 1]
-    if twice:
-        raise CaseError(str(paths[0]), twice[0], "the same run id appears twice: each run once")
+    check_each_run_once(runs, str(paths[0]))
     return runs
+
+
+def check_each_run_once(runs: Sequence[Run], source: str) -> None:
+    """A run given twice (one file twice, or two files that share a run) would weigh double in the fit."""
+    seen: set[str] = set()
+    for r in runs:
+        if r.id in seen:
+            raise CaseError(source, r.id, "the same run id appears twice: each run once")
+        seen.add(r.id)
 
 
 # --- the hardware the runs share ----------------------------------------------------------

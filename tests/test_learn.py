@@ -184,6 +184,31 @@ def test_a_run_the_planner_cannot_take_names_the_key(changes, key, needle):
         runs_from_rows([published_row(**changes)], "runs.yaml")
 
 
+@pytest.mark.parametrize("changes, key, needle", [
+    # fp8 on an A100 raised the cost model's SpecError from check_run (a traceback at the CLI)
+    ({"gpu": "A100-SXM-80GB", "precision": "fp8"}, "precision", "fp8 needs fp8 tensor cores"),
+    # 'sometimes' was read as no recomputation
+    ({"recompute": "sometimes"}, "recompute", "expected none, selective or full"),
+    # a step of 12 s beside tokens/s of a 5 s step: fitted on the step time without a word
+    ({"measured__tokens_per_sec_per_gpu": 128 * 4096 / 5.0 / 8}, "measured.iteration_time_s",
+     "12 s gives 43,691 tokens/s, but the run's tokens/s says 104,858 (+140%)"),
+])
+def test_a_run_that_contradicts_itself_or_its_gpu_is_refused_naming_the_key(changes, key, needle):
+    with pytest.raises(CaseError, match=rf"runs.yaml: team-run-1\.{re.escape(key)}: {re.escape(needle)}"):
+        runs_from_rows([published_row(**changes)], "runs.yaml")
+    if key == "measured.iteration_time_s":  # the two of one run, rounded as tables round them, agree
+        runs_from_rows([published_row(measured__tokens_per_sec_per_gpu=128 * 4096 / 12.04 / 8)], "runs.yaml")
+
+
+def test_the_api_refuses_a_run_given_twice_as_the_cli_does(tmp_path):
+    import planner
+
+    runs = tmp_path / "runs.yaml"
+    runs.write_text(yaml.safe_dump([published_row()]))
+    with pytest.raises(CaseError, match=r"team-run-1: the same run id appears twice"):
+        planner.calibrate_from_runs([runs, runs])
+
+
 def test_a_run_in_fp32_is_fitted_as_fp32_not_bf16():
     assert runs_from_rows([published_row(precision="fp32 (TF32 matmuls)")], "runs.yaml")[0].case["training"][
         "precision"] == "fp32"
