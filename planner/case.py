@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from cost_models.specs import ClusterSpec, Job, Layout, ModelSpec, Overheads, TrainingSpec
+from cost_models.memory import usable_bytes
 
 from .case_cluster import _cluster, cluster_profile, gpu_from_profile
 from .case_errors import case_message, spec_errors
@@ -156,10 +157,24 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
     search = read_search(src, data.get("search"), training, model)  # a bad search key fails `estimate` as `plan`
     fitted = profile[1].get("fitted") if profile and isinstance(profile[1].get("fitted"), dict) else None
+    _check_usable_memory(src, cluster, overheads, search, "cuda_context" in (data.get("overheads") or {}))
     case = Case(src, model, cluster, training, layout, overheads, search, fitted)
     if layout is not None:
         case.job()  # cross-checks now, so a bad layout is reported at load time
     return case
+
+
+def _check_usable_memory(src: str, cluster, overheads: Overheads, search: SearchSpec, context_stated: bool) -> None:
+    """What the caching allocator may use (``memory.usable_bytes``) is some memory: a CUDA context
+    as large as the GPU left a negative usable memory, printed as "fits up to -23.1 GB"."""
+    memory = cluster.gpu.memory_bytes
+    if usable_bytes(memory, overheads, search.headroom) > 0:
+        return
+    below = memory * (1 - search.headroom) / 2**30
+    key = "overheads.cuda_context" if context_stated else "cluster.memory"
+    raise CaseError(src, key, f"leaves the allocator no memory: {overheads.cuda_context / 2**30:g} GiB outside it of "
+                              f"{memory / 2**30:g} GiB less {search.headroom:.0%} headroom; expected a CUDA context "
+                              f"below {below:.4g} GiB")
 
 
 def _model(src: str, section: Any, base: Path) -> ModelSpec:

@@ -624,3 +624,17 @@ def test_an_hf_model_folder_stands_for_its_config(tmp_path):
     assert planner.estimate({**case, "layout": CASE["layout"]}).job.model == \
         planner.estimate({**case, "model": {"hf_config": str(folder / "config.json")},
                           "layout": CASE["layout"]}).job.model
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"overheads": {"cuda_context": "100 GiB"}}, "overheads.cuda_context"),
+    ({"cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8, "memory": "1 GiB"}}, "cluster.memory"),
+])
+def test_a_context_as_large_as_the_gpu_is_refused_before_any_answer(changes, key):
+    """A negative usable memory was an answer: estimate's usable_bytes -22,333,829,939 (exit 3),
+    plan's "a layout fits up to -23.1 GB"."""
+    case = {**copy.deepcopy(CASE), **changes}
+    for command in (planner.estimate, planner.plan):
+        with pytest.raises(CaseError, match=rf"{re.escape(key)}: leaves the allocator no memory: .* expected a CUDA "
+                                            r"context below"):
+            command(case)
