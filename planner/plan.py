@@ -192,6 +192,19 @@ def _some_layout_fits(case: Case, spec: SearchSpec) -> bool:
     return bool(search(case, spec, first_only=True).candidates)
 
 
+def _check_pins_leave_a_layout(case: Case, spec: SearchSpec, result: SearchResult) -> None:
+    """Pins under which the engine runs no layout at all, where it runs some without them, are the
+    case's error (exit 2): a search that scores nothing would answer that nothing fits (exit 3) and
+    look for a cluster where it would, at every size up to 64 times this one (seconds)."""
+    if result.tightest is not None or not (spec.pins or spec.bounds):
+        return
+    with spec_errors(case.source):
+        free = search(case, replace(spec, pins={}, bounds={}), first_only=True)
+    if free.candidates or free.tightest is not None:
+        raise CaseError(case.source, "search", excluded_text(case, spec, () if spec.target == "any" else
+                                                             (spec.target,)) + ", though some layout runs without them")
+
+
 def excluded_text(case: Case, spec: SearchSpec, engines: tuple[str, ...]) -> str:
     """What left no layout to score, of these engines' (any engine's where none is named)."""
     narrowed = sorted(set(spec.pins) | set(spec.bounds))
@@ -288,6 +301,7 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     if solution.index is None:
         with spec_errors(case.source):
             result = result.in_full()  # every layout scored: the closest miss is the advice's
+        _check_pins_leave_a_layout(case, spec, result)
         return Plan(solution.status, None, (), result.scored, 0, no_fit=_advice(case, spec, result.tightest),
                     headroom=spec.headroom)
     status = solution.status
@@ -400,6 +414,9 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
         if first is None:
             if len({str(e) for e in errors}) == 1:  # the case's own error, whatever the engine
                 raise errors[0]
+            if all(e.key == "search" for e in errors):  # pins no engine's layout meets
+                raise CaseError(case.source, "search", excluded_text(case, case.search, DECIDED_ENGINES)
+                                + ", though some layout runs without them")
             raise CaseError(case.source, "training.engine", "no engine can run it: "
                             + "; ".join(f"{name}: {why}" for name, _, why in plans))
         planned = tuple(name for name, p, _ in plans if p is not None)

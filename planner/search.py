@@ -110,6 +110,8 @@ class _Search:
         """Keep the scored layout closest to fitting on the GPU, for the advice when nothing fits."""
         if peak <= fit_limit(job, self.spec.headroom):
             return  # it missed on host memory: the advice is about the GPU's
+        if not self._obeys_pins(job.layout):
+            return  # an offload tried beside a pinned one: no layout the case would take
         if peak < self._tightest_peak:
             self._tightest_peak, self.result.tightest = peak, job
 

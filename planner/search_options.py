@@ -132,6 +132,7 @@ def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[Mod
     if "tp_across_nodes" in data:
         values["tp_across_nodes"] = read_bool(src, "search.tp_across_nodes", data["tp_across_nodes"])
     pins, bounds = _pins(src, data), _bounds(src, data)
+    _check_pins_agree(src, pins, bounds)
     if model is not None and not model.is_moe:
         for name in ("ep", "etp"):
             if pins.get(name, 1) > 1 or (bounds.get(name, (None, None))[0] or 1) > 1:
@@ -145,6 +146,28 @@ def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[Mod
         if refusals:
             raise CaseError(src, "search.recompute_modules", f"{target} cannot run it: {refusals[0]}")
     return SearchSpec(pins=pins, bounds=bounds, **values)
+
+
+def _check_pins_agree(src: str, pins: dict[str, Any], bounds: dict[str, tuple]) -> None:
+    """Pins and bounds no layout can hold together are the case's error (exit 2), not a search that
+    finds nothing and answers that nothing fits (exit 3, its advice about memory)."""
+    def most(name: str) -> Optional[int]:  # the largest value the section allows, where it says
+        return pins.get(name, bounds.get(name, (None, None))[1])
+
+    for name, (low, high) in bounds.items():
+        if name in pins and not ((low is None or low <= pins[name]) and (high is None or pins[name] <= high)):
+            side = "min" if low is not None and pins[name] < low else "max"
+            raise CaseError(src, f"search.{name}", f"pins {pins[name]}, outside search.{side}_{name} "
+                                                   f"({low if side == 'min' else high})")
+    if pins.get("vpp", 1) > 1 and most("pp") == 1:
+        raise CaseError(src, "search.vpp", f"pins {pins['vpp']} model chunks per stage, but interleaving needs pp > 1 "
+                                           "and the search section allows pp 1 only")
+    if pins.get("sequence_parallel") and most("tp") == 1:
+        raise CaseError(src, "search.sequence_parallel", "needs tp > 1, and the search section allows tp 1 only")
+    if pins.get("offload_params") and (most("zero_stage") is not None and most("zero_stage") < 3
+                                       or pins.get("zero_stage", 3) != 3):
+        raise CaseError(src, "search.offload_params", "needs zero_stage 3 (only sharded parameters live off the "
+                                                      "GPU), which the search section rules out")
 
 
 def _pins(src: str, data: dict) -> dict[str, Any]:

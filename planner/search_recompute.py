@@ -185,10 +185,17 @@ def least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
 
 def least_activation_offload(case: Case, spec: SearchSpec, layout: Layout, note_miss: NoteMiss) \
         -> tuple[Optional[tuple[Job, float]], int]:
-    """Activations of the fewest leading layers per stage offloaded, with no recomputation, that fits
-    (memory falls as more are offloaded: bisection), where the engine runs it."""
-    if not spec.engine.activation_offload or not spec.admits("recompute", "none"):
+    """Activations of the fewest leading layers per stage offloaded, with no recomputation (or the
+    recomputation the case's search section pins), that fits (memory falls as more are offloaded:
+    bisection), where the engine runs it."""
+    if not spec.engine.activation_offload:
         return None, 0
+    recompute = {"recompute": spec.pins.get("recompute", "none"), "recompute_num_layers": None,
+                 "recompute_modules": None}
+    if recompute["recompute"] == "full":
+        recompute["recompute_num_layers"] = spec.pins.get("recompute_num_layers")
+    elif recompute["recompute"] == "selective":
+        recompute["recompute_modules"] = spec.pins.get("recompute_modules")
     stage_max = max(layout.stage_layers) if layout.stage_layers else case.model.num_layers // layout.pp
     pinned = spec.pins.get("offload_activations")
     scored = 0
@@ -196,9 +203,7 @@ def least_activation_offload(case: Case, spec: SearchSpec, layout: Layout, note_
     def trial(n: int) -> Optional[tuple[Job, float]]:
         nonlocal scored
         try:
-            job = Job(case.model, case.cluster, case.training,
-                      layout.with_changes(recompute="none", recompute_num_layers=None, recompute_modules=None,
-                                          offload_activations=n),
+            job = Job(case.model, case.cluster, case.training, layout.with_changes(**recompute, offload_activations=n),
                       case.overheads)
         except SpecError:
             return None

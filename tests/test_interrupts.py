@@ -216,7 +216,10 @@ def test_validate_interrupted_stops_torchrun_and_every_rank_and_leaves_no_folder
 def test_a_validate_whose_model_does_not_fit_is_one_line(tmp_path):
     pytest.importorskip("torch")
     profile = tmp_path / "profile.yaml"
-    profile.write_text(yaml.safe_dump({**PROFILE, "gpu": {**PROFILE["gpu"], "memory": "1 MiB"}}))
+    # A GPU of 1 MiB, 1 KiB of it outside the allocator: room for no model (a CUDA context past the
+    # memory is the case's error, exit 2).
+    profile.write_text(yaml.safe_dump({**PROFILE, "gpu": {**PROFILE["gpu"], "memory": "1 MiB"},
+                                       "overheads": {"cuda_context": "1 KiB"}}))
     case = tmp_path / "case.yaml"
     case.write_text(yaml.safe_dump({
         "model": {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512},

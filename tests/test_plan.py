@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import json
 import subprocess
 import sys
@@ -102,8 +103,9 @@ def test_engine_restrictions(target):
 
 
 def test_tp_stays_inside_the_nvlink_domain_unless_lifted():
-    p = planner.plan(case(cluster={"num_gpus": 32}, search={"min_tp": 16}))
-    assert p.best is None  # 16 > the 8 GPUs of an A100 NVLink domain
+    with pytest.raises(planner.CaseError, match="search: no megatron, deepspeed or torchtitan layout of 32 GPUs .* meets the "
+                                        "search section's tp"):
+        planner.plan(case(cluster={"num_gpus": 32}, search={"min_tp": 16}))  # 16 > an A100 NVLink domain's 8
     lifted = planner.plan(case(cluster={"num_gpus": 32}, search={"min_tp": 16, "tp_across_nodes": True}))
     assert layout_of(lifted.best)["tp"] == 16
 
@@ -215,8 +217,23 @@ def test_a_faster_runner_up_of_simplest_within_is_not_called_a_tie():
     assert "TP < CP < PP (with VPP)" in why
 
 
+def test_pins_no_layout_can_meet_are_the_cases_error(tmp_path):
+    """Exit 3 ("no layout fits") said the pins were a memory problem, and looked for a cluster where
+    one would fit at every size up to 64 times this one: seconds."""
+    import yaml
+
+    path = tmp_path / "case.yaml"
+    for search in ({"tp": 3}, {"offload_activations": 1, "recompute": "full"}):
+        path.write_text(yaml.safe_dump(case(model={"preset": "llama2-70b"}, cluster={"num_gpus": 8}, search=search,
+                                            training={"engine": "megatron"})))
+        out = subprocess.run([sys.executable, "-m", "planner", "plan", str(path)], capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert "search: no megatron layout of 8 GPUs for this model and global batch meets the search section's " \
+               f"{', '.join(sorted(search))}, though some layout runs without them" in out.stderr
+
+
 @pytest.mark.parametrize("search, says", [
-    ({"tp": 3}, "meets the search section's tp"),  # pins that no layout can meet
     # only full recomputation left, no offload
     ({"tp": 1, "pp": 1, "recompute": "full", "offload_optimizer": 0, "offload_params": False}, "closest layout needs"),
 ])
@@ -293,3 +310,33 @@ assert planner.emit is emit and callable(emit) and Plan.__name__ == "Plan"
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_a_pinned_activation_offload_beside_selective_recomputation_is_searched():
+    """The search offloaded activations only without recomputation: pinned beside selective
+    recomputation it scored nothing and answered "no layout fits" (after 12.7 s of looking for a
+    cluster where one would), where `estimate` of the same layout says it fits."""
+    pins = {"tp": 8, "pp": 1, "cp": 1, "micro_batch_size": 1, "zero_stage": 1, "sequence_parallel": True,
+            "recompute": "selective", "offload_activations": 3, "offload_optimizer": 0}
+    job = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 128},
+           "training": {"global_batch_size": 512, "seq_len": 8192, "engine": "any"}}
+    layout = {k: v for k, v in pins.items()}
+    alone = planner.estimate({**job, "layout": layout})
+    assert alone.fits
+    best = planner.plan({**job, "search": pins}, engine="any").best
+    assert best is not None and best.job.layout == alone.job.layout
+    assert best.step_time_s == pytest.approx(alone.step_time_s)
+
+
+@pytest.mark.parametrize("search, key, needle", [
+    ({"pp": 4, "max_pp": 2}, "search.pp", "pins 4, outside search.max_pp (2)"),
+    ({"tp": 4, "min_tp": 8}, "search.tp", "pins 4, outside search.min_tp (8)"),
+    ({"zero_stage": 3, "max_zero_stage": 1}, "search.zero_stage", "pins 3, outside search.max_zero_stage (1)"),
+    ({"vpp": 2, "pp": 1}, "search.vpp", "interleaving needs pp > 1"),
+    ({"sequence_parallel": True, "max_tp": 1}, "search.sequence_parallel", "needs tp > 1"),
+    ({"offload_params": True, "zero_stage": 1}, "search.offload_params", "needs zero_stage 3"),
+])
+def test_pins_and_bounds_that_contradict_each_other_are_refused_as_the_case_is_read(search, key, needle):
+    """Each answered "no layout fits" (exit 3) after a search."""
+    with pytest.raises(planner.CaseError, match=rf"{re.escape(key)}: .*{re.escape(needle)}"):
+        planner.plan(case(search=search))

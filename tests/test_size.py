@@ -436,7 +436,8 @@ def test_a_missed_deadline_exits_3_and_says_what_would_meet_it(tmp_path):
 
 
 def test_nothing_that_fits_exits_3_with_plans_advice():
-    case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "nodes": 1, "memory": "64 MiB"}}
+    case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "nodes": 1, "memory": "64 MiB"},
+            "overheads": {"cuda_context": "1 MiB"}}  # a context past the memory is the case's error
     result = planner.size(case, "1B")
     assert result.best is None and result.status == "nothing fits" and result.solver_status == "INFEASIBLE"
     assert result.no_fit.startswith("no layout fits: ")

@@ -80,7 +80,8 @@ def test_too_few_gpus_for_any_layout_is_over_budget_with_the_fewest_that_fit(arg
 
 
 def test_nothing_fits_anywhere_says_so_and_exits_3(tmp_path):
-    case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "nodes": 1, "memory": "64 MiB"}}
+    case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "nodes": 1, "memory": "64 MiB"},
+            "overheads": {"cuda_context": "1 MiB"}}  # a context past the memory is the case's error (exit 2)
     path = tmp_path / "case.yaml"
     path.write_text(yaml.safe_dump(case))
     done = run_cli("size", str(path), "--tokens", "1B", "--json")

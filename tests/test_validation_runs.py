@@ -75,7 +75,8 @@ def test_a_quick_profile_is_refused_unless_asked(tmp_path, flags, code, message)
 
     profile = tmp_path / "profile.yaml"
     profile.write_text(yaml.safe_dump({**PROFILE, "machine": {**PROFILE["machine"], "quick": True},
-                                       "gpu": {**PROFILE["gpu"], "memory": "1 MiB"}}))
+                                       "gpu": {**PROFILE["gpu"], "memory": "1 MiB"},
+                                       "overheads": {"cuda_context": "1 KiB"}}))
     case = tmp_path / "case.yaml"
     case.write_text(yaml.safe_dump(small_case()))
     run = subprocess.run([sys.executable, "-m", "planner", "validate", str(case), "--profile", str(profile), *flags],
