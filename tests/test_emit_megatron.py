@@ -17,6 +17,7 @@ leave the layout to the planner:
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -885,3 +886,22 @@ def test_a_rope_base_of_a_million_is_written_as_megatrons_integer_and_read_back_
     from planner.configs import read_config
     with pytest.raises(CaseError, match="--rotary-base: expected an integer, got '1e\\+06'"):
         read_config(case, "megatron", path)
+
+
+def test_a_case_that_asks_for_deepep_gets_it_in_its_files_and_reads_them_back(tmp_path):
+    """training.expert_dispatch: deepep with the experts inside one NVLink domain was written as
+    --moe-token-dispatcher-type alltoall, and diagnose refused the files plan had just written."""
+    from cli_in_process import run_cli
+
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb",
+                                                                                   "num_gpus": 64},
+                                    "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron",
+                                                 "expert_dispatch": "deepep"}}))
+    planned = run_cli("plan", str(case), "--emit", "megatron", "--out", str(tmp_path / "run"), "--json")
+    assert planned.returncode == 0, planned.stderr
+    args = (tmp_path / "run" / "megatron_args.txt").read_text()
+    assert "--moe-token-dispatcher-type flex" in args and "--moe-flex-dispatcher-backend deepep" in args
+    done = run_cli("diagnose", str(case), "--megatron-args", str(tmp_path / "run" / "megatron_args.txt"), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["speedup"] == pytest.approx(1.0)

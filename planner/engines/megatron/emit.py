@@ -330,16 +330,18 @@ def unstated_architecture(m) -> list[str]:
 
 
 def needs_deepep(job: Job) -> bool:
-    """Whether the emitted dispatcher is DeepEP's (flex): the estimate priced the hierarchical
-    dispatch and the expert-parallel group spans NVLink domains."""
+    """Whether the emitted dispatcher is DeepEP's (flex): the case asks for it
+    (``training.expert_dispatch: deepep``, which diagnose then reads back), or the estimate priced
+    the hierarchical dispatch and the expert-parallel group spans NVLink domains."""
     lay = job.layout
-    return bool(job.model.is_moe and lay.tp * lay.ep > 1 and hierarchical_dispatch(job.model, job.training)
-                and domains_spanned(job.cluster, lay).get("ep", 1) > 1)
+    if not (job.model.is_moe and lay.tp * lay.ep > 1):
+        return False
+    return job.training.expert_dispatch == "deepep" or bool(
+        hierarchical_dispatch(job.model, job.training) and domains_spanned(job.cluster, lay).get("ep", 1) > 1)
 
 
 DEEPEP_NOTE = ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep needs DeepEP "
-               "(deepseek-ai/DeepEP) installed beside Megatron-LM: the expert groups leave their NVLink domain, "
-               "where the plan priced its dispatch")
+               "(deepseek-ai/DeepEP) installed beside Megatron-LM: the plan priced its dispatch")
 
 
 def warnings(estimate) -> list[str]:
