@@ -421,7 +421,7 @@ def engine_variants(case: Case, spec: SearchSpec, gpu: GPUSpec) -> list[tuple[Ca
     variants = []
     for name in DECIDED_ENGINES:
         retargeted, training = retarget(case.source, spec, case.training, name)
-        if not ENGINES[name].training_problems(training, gpu):
+        if not ENGINES[name].training_problems(training, gpu, case.model):
             variants.append((replace(case, training=training, search=retargeted), retargeted))
     return variants
 

@@ -510,3 +510,17 @@ def test_torchtitan_refuses_recipes_it_has_no_converter_for(gpu, training, needl
         planner.estimate({**case, "layout": {"zero_stage": 3}})
     with pytest.raises(CaseError, match=needle):  # plan refuses it up front, before any layout
         planner.plan(case, top_k=0)
+
+
+def test_a_capacity_factor_torchtitan_cannot_run_is_refused_before_the_search():
+    """torchtitan's token dispatch is dropless (models/common/token_dispatcher.py): a case with
+    model.moe_capacity_factor was planned and priced with the padding, and its files dropped the
+    factor without a word. No engine named, torchtitan is left out and says why."""
+    case = {"model": {"preset": "qwen3-30b-a3b", "moe_capacity_factor": 1.25},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+            "training": {"global_batch_size": 256, "seq_len": 4096}}
+    with pytest.raises(CaseError, match="model.moe_capacity_factor: torchtitan cannot run it: torchtitan's expert "
+                                        "dispatch is dropless"):
+        planner.plan(case, engine="torchtitan")
+    decided = planner.plan(case).to_dict()
+    assert "dropless" in decided["engines"]["torchtitan"]["why_not"] and decided["engine"] != "torchtitan"

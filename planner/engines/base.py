@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from cost_models.behaviour import EngineBehaviour
 from cost_models.quantization import FP8_RECIPES
-from cost_models.specs import EXPERT_DISPATCHES, GPUSpec, Job, TrainingSpec
+from cost_models.specs import EXPERT_DISPATCHES, GPUSpec, Job, ModelSpec, TrainingSpec
 
 from planner.errors import CaseError
 
@@ -225,6 +225,8 @@ class Engine:
     # the case with them before it searches.
     training_rules: Callable[[TrainingSpec, GPUSpec], list[tuple[str, str]]] = \
         field(default=lambda training, gpu: [])
+    # Rules on the model alone (what the engine's model code cannot build or route), likewise.
+    model_rules: Callable[[ModelSpec], list[tuple[str, str]]] = field(default=lambda model: [])
     # The module that reads its configs back (:class:`Reader`), and the options
     # its ``read`` takes (what its configs leave out: a ds_config.json has no pipeline degree).
     reader: Optional[str] = None
@@ -269,11 +271,13 @@ class Engine:
         if training.tp_comm_overlap and lay.tp > 1 and not self.support.tp_comm_overlap:
             out.append(("training.tp_comm_overlap", self.support.reason(
                 "tp_comm_overlap", "cannot overlap tensor-parallel collectives with GEMMs")))
-        return out + self.training_problems(training, job.cluster.gpu) + list(self.rules(job))
+        return out + self.training_problems(training, job.cluster.gpu, job.model) + list(self.rules(job))
 
-    def training_problems(self, training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]]:
-        """(key, reason) for what in the training section no layout on ``gpu`` can meet."""
-        return self.support.recipe_refusals(training) + list(self.training_rules(training, gpu))
+    def training_problems(self, training: TrainingSpec, gpu: GPUSpec,
+                          model: Optional[ModelSpec] = None) -> list[tuple[str, str]]:
+        """(key, reason) for what in the training section (and ``model``) no layout on ``gpu`` can meet."""
+        return self.support.recipe_refusals(training) + list(self.training_rules(training, gpu)) \
+            + (list(self.model_rules(model)) if model is not None else [])
 
     def refuse_unrunnable(self, job: Job) -> None:
         """Raise the CaseError an emitter answers with for the first thing in ``job`` this engine

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
 from cost_models.partition import rank_chunks
-from cost_models.specs import GPUSpec, Job, TrainingSpec
+from cost_models.specs import GPUSpec, Job, ModelSpec, TrainingSpec
 
 from planner.engines.base import Engine, EngineSupport
 
@@ -81,6 +81,21 @@ def training_rules(training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]
     return out
 
 
+def model_rules(model: ModelSpec) -> list[tuple[str, str]]:
+    out = []
+    if model.mtp_layers and model.attention_type != "mla":
+        # torchtitan 0.3.0 builds multi-token prediction for its DeepSeek-V3 models only
+        # (models/deepseek_v3/mtp.py ``MTPDecoder``).
+        out.append(("model.mtp_layers", "torchtitan builds multi-token prediction modules for its DeepSeek-V3 "
+                                        "models only (models/deepseek_v3/mtp.py)"))
+    if model.moe_capacity_factor is not None:
+        # Its token dispatch is dropless (models/common/token_dispatcher.py); the only capacity it
+        # knows is HybridEP's non-blocking buffer fraction, no per-expert capacity factor.
+        out.append(("model.moe_capacity_factor", "torchtitan's expert dispatch is dropless: it pads and drops no "
+                                                 "tokens to a capacity factor; drop model.moe_capacity_factor"))
+    return out
+
+
 def rules(job: Job) -> list[tuple[str, str]]:
     lay, training = job.layout, job.training
     out = []
@@ -96,11 +111,7 @@ def rules(job: Job) -> list[tuple[str, str]]:
                                  f"divide dp_shard·cp·tp = {shard}·{lay.cp}·{lay.tp} (ParallelDims: efsdp = "
                                  "dp_shard·cp·tp / ep); replicated (zero_stage 0) data parallelism lends none"))
     if job.model.mtp_layers:
-        # torchtitan 0.3.0 builds multi-token prediction for its DeepSeek-V3 models only
-        # (models/deepseek_v3/mtp.py ``MTPDecoder``), and its Config refuses them with PP or CP.
-        if job.model.attention_type != "mla":
-            out.append(("model.mtp_layers", "torchtitan builds multi-token prediction modules for its DeepSeek-V3 "
-                                            "models only (models/deepseek_v3/mtp.py)"))
+        # torchtitan 0.3.0's Config refuses multi-token prediction with PP or CP.
         if lay.pp > 1:
             out.append(("layout.pp", "torchtitan's multi-token prediction does not support pipeline parallelism "
                                      "(MTPDecoder.Config: NotImplementedError)"))
@@ -113,4 +124,5 @@ def rules(job: Job) -> list[tuple[str, str]]:
     return out
 
 
-ENGINE = Engine("torchtitan", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.torchtitan.emit", training_rules=training_rules)
+ENGINE = Engine("torchtitan", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.torchtitan.emit",
+                training_rules=training_rules, model_rules=model_rules)
