@@ -115,3 +115,24 @@ def test_a_list_without_bf16_or_fp16_is_said_to_train_fp32_and_another_optimizer
     args.write_text(base + " --bf16 --optimizer sgd\n")
     with pytest.raises(CaseError, match=r"args.txt: --optimizer: --optimizer sgd, but the case's optimizer is adamw"):
         diagnose(tmp_path / "case.yaml", megatron_args=args)
+
+
+def test_attention_and_experts_a_list_builds_otherwise_are_said_or_refused(tmp_path):
+    """--window-size, --multi-latent-attention and --expert-model-parallel-size on a dense Llama
+    case read as the case's model with nothing said; megatron-core refuses the last outright."""
+    from planner.diagnose import diagnose
+    from planner.errors import CaseError
+
+    (tmp_path / "case.yaml").write_text("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
+                                        "training: {global_batch_size: 64, seq_len: 4096}\n")
+    args = tmp_path / "args.txt"
+    base = "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --micro-batch-size 1 " \
+           "--global-batch-size 64 --bf16"
+    args.write_text(base + " --window-size 128,0 --multi-latent-attention\n")
+    notes = diagnose(tmp_path / "case.yaml", megatron_args=args).notes
+    assert any(n.startswith("args.txt gives --window-size: Megatron-LM would build sliding-window attention (128,0)")
+               for n in notes)
+    assert any(n.startswith("args.txt gives --multi-latent-attention: Megatron-LM would build MLA") for n in notes)
+    args.write_text(base + " --expert-model-parallel-size 2\n")
+    with pytest.raises(CaseError, match="--expert-model-parallel-size: needs a mixture of experts"):
+        diagnose(tmp_path / "case.yaml", megatron_args=args)

@@ -73,7 +73,7 @@ BOOL_FLAGS = (
     "--reuse-grad-buf-for-mxfp8-param-ag", "--first-last-layers-bf16",
     "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--tp-comm-overlap",
     "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep", "--overlap-grad-reduce", "--overlap-param-gather",
-    "--qk-layernorm",
+    "--qk-layernorm", "--multi-latent-attention",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}

@@ -132,6 +132,10 @@ def _layout(src: str, flags: dict, case) -> Layout:
     offload_optimizer, offload_activations = _offload(args)
     try:
         experts = {}
+        if not model.is_moe and args.integer("--expert-model-parallel-size", 1) > 1:
+            raise CaseError(args.src, "--expert-model-parallel-size", "needs a mixture of experts, and the case's model "
+                                                                      "is dense (megatron-core: num_moe_experts must "
+                                                                      "be non None to use expert-parallel)")
         if model.is_moe:  # megatron-core's default expert tensor parallel size is tp
             experts = {"ep": args.integer("--expert-model-parallel-size", 1),
                        "etp": args.integer("--expert-tensor-parallel-size", tp)}
@@ -219,6 +223,18 @@ def architecture_notes(path: Path, case) -> list[str]:
     if read_precision(flags) is None and case.training.precision != "fp32":
         notes.append(f"{path.name} gives neither --bf16 nor --fp16: Megatron-LM would train in fp32 (its default), "
                      f"the case in {case.training.precision}; priced as the case's")
+    # Attention the launch builds otherwise than the case, whether or not the list gives the layers.
+    if (model.attention_type == "mla") != ("--multi-latent-attention" in flags):
+        notes.append(f"{path.name} {'gives' if '--multi-latent-attention' in flags else 'leaves out'} "
+                     f"--multi-latent-attention: Megatron-LM would build {'MLA' if '--multi-latent-attention' in flags else 'its default attention'}, "
+                     f"the case's model has {model.attention_type} attention (model.attention_type); priced as the case's")
+    if bool(model.sliding_window) != ("--window-size" in flags):
+        built = f"sliding-window attention ({flags['--window-size']})" if "--window-size" in flags \
+            else "full attention in every layer"
+        notes.append(f"{path.name} {'gives' if '--window-size' in flags else 'leaves out'} --window-size: "
+                     f"Megatron-LM would build {built}, the case's model has "
+                     f"{f'a window of {model.sliding_window}' if model.sliding_window else 'none'} "
+                     "(model.sliding_window); priced as the case's")
     if "--num-layers" not in flags:
         return notes
 
