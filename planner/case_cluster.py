@@ -7,6 +7,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from cost_models.spec_checks import SpecError
 from cost_models.specs import ClusterSpec, FabricSpec, GPUSpec, HostSpec, Performance
 
 from .case_errors import spec_errors
@@ -141,8 +142,10 @@ def performance_from_mapping(src: str, key: str, data: Any, base: Performance) -
               else read_time(src, f"{key}.{k}", v) if k.endswith("_s")
               else (read_figure if "efficiency" in k or k == "sustained_clock" else read_number)(src, f"{key}.{k}", v)
               for k, v in data.items()}
-    with spec_errors(src):
+    try:
         return replace(base, **values)
+    except SpecError as error:  # named where the section sits (cluster.options[1].performance, say)
+        raise CaseError(src, f"{key}.{error.field}", error.message) from None
 
 
 def _cluster_overrides(src: str, section: dict, key: str) -> dict[str, Any]:

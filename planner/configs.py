@@ -21,7 +21,7 @@ from .emit import ENGINES as EMITTERS
 from .engines import ENGINES
 from .engines import READING as READERS
 from .errors import CaseError
-from .fields import read_path
+from .fields import read_bool, read_int, read_path
 from .estimate import Estimate
 
 
@@ -80,6 +80,8 @@ def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: str = "
     from .emit import earlier_emission
     from .files import Output, write_all
 
+    read_bool("emit", "force", force)  # "no" is truthy: it overwrote the user's files
+    read_bool("emit", "force_unfit", force_unfit)
     out = read_path("emit", "out_dir", out_dir)
     files, notes = render(result, engine, source, force_unfit)
     removed = earlier_emission(out, files) if force else []
@@ -103,6 +105,11 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
 
     if engine not in READERS:
         raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
+    for key, value in (("pp", pp), ("tp", tp), ("micro_batch_size", micro_batch_size)):
+        if value is not None:
+            read_int("read_config", key, value)
+    if recompute is not None and recompute not in ("none", "selective", "full"):
+        raise CaseError("read_config", "recompute", f"expected none, selective or full, got {recompute!r}")
     path = read_path("read_config", "path", path)
     loaded = case if isinstance(case, Case) else load_case(case)
     given = {k: v for k, v in {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size,

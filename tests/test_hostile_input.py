@@ -638,3 +638,28 @@ def test_a_context_as_large_as_the_gpu_is_refused_before_any_answer(changes, key
         with pytest.raises(CaseError, match=rf"{re.escape(key)}: leaves the allocator no memory: .* expected a CUDA "
                                             r"context below"):
             command(case)
+
+
+def test_the_apis_reader_and_emitter_refuse_wrong_types_naming_the_argument(tmp_path):
+    """read_config(tp="2") raised a TypeError, recompute="bogus" the cost model's SpecError;
+    emit(force="no") overwrote the files, "no" being truthy."""
+    case = copy.deepcopy(CASE)
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+                                  "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}))
+    for kwargs, needle in (({"tp": "2"}, "read_config: tp: expected an integer, got str '2'"),
+                           ({"recompute": "bogus"}, "read_config: recompute: expected none, selective or full")):
+        with pytest.raises(CaseError, match=re.escape(needle)):
+            planner.read_config(case, "deepspeed", config, **kwargs)
+    with pytest.raises(CaseError, match="emit: force: expected true or false, got str 'no'"):
+        planner.emit(planner.estimate(case), "megatron", tmp_path / "run", force="no")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_size_option_whose_performance_is_wrong_is_named_by_its_place_in_the_list(tmp_path):
+    case = {"model": {"preset": "llama3-8b"}, "training": {"global_batch_size": 64, "seq_len": 4096},
+            "cluster": {"options": [{"gpu": "h100-sxm-80gb", "max_gpus": 64},
+                                    {"gpu": "b200", "max_gpus": 64, "performance": {"gemm_efficiency": 5}}]}}
+    with pytest.raises(CaseError, match=re.escape("cluster.options[1].performance.gemm_efficiency: expected a "
+                                                  "fraction in (0, 1], got 5.0")):
+        planner.size(case, "1T")
