@@ -290,3 +290,42 @@ def test_a_script_bash_could_not_parse_is_read_word_by_word(tmp_path):
     assert result.estimate.job.training.precision == "fp8"
     line = len(ONE_WORD_EACH.splitlines()) + 1
     assert result.notes == (f"{args}: line {line}: an unterminated \" quote: read word by word, not as bash would",)
+
+
+TRAIN = ("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --tensor-model-parallel-size 2 "
+         "--pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 128 --bf16")
+
+
+def test_a_script_that_also_evaluates_is_read_as_its_training_launch(tmp_path):
+    """Every Python program's flags were merged, the last winning: an evaluation after the training
+    (tasks/main.py at tp 1) was read as the launch's layout, with no note."""
+    script = f"#!/bin/bash\n{TRAIN}\npython tasks/main.py --task LAMBADA --tensor-model-parallel-size 1 " \
+             "--pipeline-model-parallel-size 1 --micro-batch-size 1 --global-batch-size 128 --bf16\n"
+    case, args = files(tmp_path, script, BF16)
+    result = diagnose(case, megatron_args=args)
+    assert (result.estimate.job.layout.tp, result.estimate.job.layout.pp) == (2, 2)
+    assert any("the training launch read is pretrain_gpt.py's; the script also runs tasks/main.py (line 3)" in n
+               for n in result.notes)
+
+
+@pytest.mark.parametrize("guard", ['if [ $# -lt 2 ]; then echo "usage: $0 CKPT DATA"; exit 1; fi',
+                                   'DATA=$2\n[ -z "$DATA" ] && { echo "no data"; exit 1; }'])
+def test_a_usage_guard_on_the_callers_arguments_is_not_taken(tmp_path, guard):
+    """Read as none, the arguments made the guard exit, and nothing after it was read: the refusal
+    said --micro-batch-size was missing. What the caller decides is read as the way that goes on."""
+    case, args = files(tmp_path, f"#!/bin/bash\n{guard}\n{TRAIN}\n", BF16)
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.layout.tp == 2
+    assert any("which the caller decides: read as false, the way that does not exit" in n for n in result.notes)
+
+
+def test_a_substitution_left_unrun_and_a_torchrun_of_one_node_are_said(tmp_path):
+    script = "#!/bin/bash\n" + TRAIN.replace("--tensor-model-parallel-size 2", "$(cat tp.txt)") + "\n"
+    case, args = files(tmp_path, script, BF16)
+    notes = diagnose(case, megatron_args=args).notes
+    assert any("$(cat tp.txt) is not run: its output is read as empty, so the flags it would give are not read"
+               in n for n in notes)
+    case, args = files(tmp_path, "#!/bin/bash\n" + TRAIN.replace("--nnodes 1 ", ""),
+                       {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16}})
+    with pytest.raises(CaseError, match="--nnodes: absent, so torchrun starts one node of 8 processes"):
+        diagnose(case, megatron_args=args)

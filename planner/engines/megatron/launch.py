@@ -113,6 +113,8 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
             else:
                 found[flag] = ""
         i += 1
+    if any(Path(w).name == "torchrun" or w == "torch.distributed.run" for w in words[:max(script_at, 0)]):
+        found[TORCHRUN] = None
     for flag, value in found.items():
         # argparse's type=int: "1e+06" or "8.0" stops Megatron-LM's parser (digits past any bound are
         # the reader's to refuse, with the bound, where it reads them).
@@ -126,6 +128,8 @@ _INTEGER = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")
 
 # torchrun's flags that read() takes (the world size): they come before the Python script.
 TORCHRUN_FLAGS = frozenset({"--nnodes", "--nproc-per-node", "--nproc_per_node"})
+# Set among the flags where torchrun starts the script (its --nnodes then defaults to one node).
+TORCHRUN = "torchrun"
 
 
 def _check_not_a_misspelling(src: str, flag: str, known: set[str]) -> None:
@@ -220,10 +224,31 @@ def launch_of(path: Path, text: str) -> _Launch:
     except bash.ScriptSyntax as error:  # what bash (or this reader) cannot parse: word by word, as before
         note = bash.Note(f"{src}: {error.key}: {error.message}: read word by word, not as bash would", None)
         return _Launch(src, _tokens(with_included_args(text, path), src), notes=(note,))
-    launches = [c for c in script.commands if any(f.endswith(".py") for f in c.fields)] or script.commands
+    programs = [c for c in script.commands if _program(c) is not None]
+    # The training launch: the first program named like Megatron-LM's (pretrain_gpt.py and kin),
+    # else the first Python program; a script may also run an evaluation or a conversion after it,
+    # whose flags argparse in the training never sees.
+    training = next((c for c in programs if Path(_program(c)).name.startswith("pretrain")), None) \
+        or (programs[0] if programs else None)
+    launches = [training] if training is not None else script.commands
+    notes = list(script.notes)
+    others = [c for c in programs if c is not training]
+    if others:
+        notes.append(bash.Note(f"{src}: line {training.line}: the training launch read is {_program(training)}'s; "
+                               f"the script also runs " + ", ".join(f"{_program(c)} (line {c.line})" for c in others[:3])
+                               + ", whose flags are not the training's", None))
+    for c in launches:
+        for substitution in c.not_run:
+            notes.append(bash.Note(f"{src}: line {c.line}: {substitution} is not run: its output is read as empty, "
+                                   "so the flags it would give are not read", None))
     unset = tuple(dict.fromkeys(name for c in launches for name in c.unset))
-    return _Launch(src, [w for c in launches for w in c.fields], True, tuple(script.notes), unset,
+    return _Launch(src, [w for c in launches for w in c.fields], True, tuple(notes), unset,
                    bool(script.commands))
+
+
+def _program(command) -> Optional[str]:
+    """The Python program a command starts (``torchrun ... pretrain_gpt.py``), or None."""
+    return next((f for f in command.fields if f.endswith(".py")), None)
 
 
 def launch_notes(path: Path) -> list[str]:

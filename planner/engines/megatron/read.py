@@ -14,7 +14,7 @@ from cost_models.specs import Job, Layout, SpecError
 
 from planner.case import case_message
 from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD
-from planner.engines.megatron.launch import NEMO_SECTIONS, flags_of, launch_of, with_included_args
+from planner.engines.megatron.launch import NEMO_SECTIONS, TORCHRUN, flags_of, launch_of, with_included_args
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
 from planner.limits import MAX_EXPANDED_CHARS, MAX_INT
@@ -155,6 +155,12 @@ def _layout(src: str, flags: dict, case) -> Layout:
 
 def _check_world(args: _Args, num_gpus: int) -> None:
     """torchrun's world, where the script says it."""
+    nodes_given = "--nnodes" in args.flags
+    if "--nproc-per-node" in args.flags and TORCHRUN in args.flags and not nodes_given:
+        world = args.integer("--nproc-per-node")  # torchrun's --nnodes defaults to 1
+        if world != num_gpus:
+            raise CaseError(args.src, "--nnodes", f"absent, so torchrun starts one node of {world} processes "
+                                                  f"(--nproc-per-node), but the case has {num_gpus} GPUs")
     if "--nnodes" in args.flags and "--nproc-per-node" in args.flags and ":" not in (args.flags["--nnodes"] or ""):
         world = args.integer("--nnodes") * args.integer("--nproc-per-node")
         if world != num_gpus:

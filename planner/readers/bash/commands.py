@@ -14,7 +14,7 @@ from .expand import _Expander
 from .lexer import _ASSIGNMENT, _Tok
 from .parser import _Simple
 from .results import Command
-from .state import _READ_EMPTY, _Ctx
+from .state import _NOT_RUN, _READ_EMPTY, _Ctx
 from .status import _FALSE, _TRUE, _Exit, _LoopControl, _Return, _Status
 
 _DECLARATIONS = {"export", "declare", "typeset", "local", "readonly"}
@@ -124,7 +124,8 @@ class _Commands(_Expander):
         if shell is not None:
             self.run_inline(shell, node)
         unset = tuple(name for name, how in ctx.deps.items() if how == _READ_EMPTY)
-        self.commands.append(Command(tuple(fields), self.line_of(node.start), unset))
+        not_run = tuple(name for name, how in ctx.deps.items() if how == _NOT_RUN)
+        self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run))
         return _Status(None, True, reason=f"{one_line(name, 40)} is not run")
 
     def call(self, body, args: list[str]) -> _Status:

@@ -13,7 +13,7 @@ from .arith import _Arithmetic
 from .errors import ScriptSyntax
 from .lexer import _NAME, _skip_ansi, _skip_backtick, _skip_double, _skip_nested, _skip_single
 from .patterns import _glob_tokens, _replace, _trim
-from .state import _READ_EMPTY, _Ctx, _joined
+from .state import _NOT_RUN, _READ_EMPTY, _Ctx, _joined
 
 _SIMPLE_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]|[@*#?$!\-]")
 _PARAM_OP = re.compile(r":?[-=+?]|##?|%%?|/#|/%|//?|\^\^?|,,?|:")
@@ -149,7 +149,9 @@ class _Expander(_Arithmetic):
         """``$(command)``: never run; a caller may know its output (``command_output``)."""
         output = self.command_output(command) if self.command_output is not None else None
         if output is None:
-            ctx.deps.setdefault(f"$({one_line(' '.join(command.split()), 60)})", "not run: read as empty")
+            # Unquoted, its output would split into words (flags, say); quoted, it is one word.
+            ctx.deps.setdefault(f"$({one_line(' '.join(command.split()), 60)})",
+                                "not run: read as empty (one word)" if quoted else _NOT_RUN)
             output = ""
         output = output.rstrip("\n")
         if len(output) > MAX_EXPANDED_CHARS:

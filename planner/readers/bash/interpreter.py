@@ -69,7 +69,8 @@ class _Shell(_Commands):
         left_end = node.first.end
         for op, pipeline in node.rest:
             wanted = op == "&&"
-            decided = status.known is not None
+            # Known only by reading what the caller sets as empty: a guard that exits is not taken.
+            decided = status.known is not None and not (status.deps and _pipeline_exits(pipeline))
             if decided:
                 run = status.known == wanted
             elif _pipeline_exits(pipeline):
@@ -102,6 +103,9 @@ class _Shell(_Commands):
         if status.known is None:
             return (f"cannot be decided without running anything ({status.reason or 'a command'}): "
                     f"read as {said}")
+        if status.known != outcome:  # what the caller gives decides it: read as the branch that goes on
+            return (f"is {'true' if status.known else 'false'} only as read ({self.reasons(status.deps)}), "
+                    f"which the caller decides: read as {said}, the way that does not exit")
         return f"is {said} ({self.reasons(status.deps)})"
 
     @staticmethod
@@ -175,14 +179,15 @@ class _Shell(_Commands):
         for k, (cond, body) in enumerate(node.clauses):
             status = self.condition(cond)
             last = k == len(node.clauses) - 1
-            if status.known is not None:
+            exits = _list_exits(body) or (last and _list_exits(node.orelse))
+            if status.known is not None and not (status.deps and exits):
                 take = status.known
             elif _list_exits(body) and not (last and _list_exits(node.orelse)):
                 take = False
             elif last and _list_exits(node.orelse) and not _list_exits(body):
                 take = True
             else:
-                take = status.assumed
+                take = status.known if status.known is not None else status.assumed
             if status.deps or status.known is None:
                 branch = "then" if k == 0 else "elif"
                 if take:

@@ -12,6 +12,7 @@ class Command:
     fields: tuple[str, ...]
     line: int
     unset: tuple[str, ...] = ()  # variables its words read that nothing set (read as empty)
+    not_run: tuple[str, ...] = ()  # command substitutions in its words, never run (read as empty)
 
 
 @dataclass(frozen=True)
