@@ -561,9 +561,9 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
 def _would_meet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
                 step_deadline: Optional[float]):
     """The fewest GPUs past the limits, of the type that spends least there, on which a layout fits
-    and (with a deadline) meets it: doubling the size until one does, up to ADVICE_REACH (64) times
-    the limit (from one node or rack where the limit allows none), then bisecting back in whole nodes
-    (or racks). The row of its fastest layout, or None."""
+    and (with a deadline) meets it: the powers of two of nodes (or racks) past the limit until one
+    does, up to ADVICE_REACH (64) times the limit (from one node or rack where the limit allows none),
+    then bisecting back in whole nodes (or racks). The row of its fastest layout, or None."""
     from .size_solver import SizeRow, within_deadline
 
     def meets(option: int, units: int) -> Optional[Candidate]:
@@ -580,7 +580,9 @@ def _would_meet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[
         low = high = start
         hit = None
         while hit is None:
-            bigger = max(2 * high, 1)
+            # Powers of two of nodes: a global batch splits over them where 1,000 · 2^k GPUs leave a
+            # factor of 125 that no degree divides (a limit of 1,000 found nothing up to 64,000).
+            bigger = 1 << high.bit_length()
             if bigger > reach or bigger * unit > MAX_GPUS:
                 break
             low, high = high, bigger

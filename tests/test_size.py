@@ -565,3 +565,14 @@ def test_with_no_engine_named_size_sizes_for_the_engine_plan_chooses():
     assert sized.estimate.to_dict()["layout"] == planned.to_dict()["layout"]
     assert sized.step_time_s == pytest.approx(planned.step_time_s, rel=1e-9)
     assert sized.to_dict()["engine"] == "torchtitan"
+
+
+def test_a_limit_of_a_thousand_gpus_still_finds_the_cluster_that_would_meet_the_deadline():
+    """Doubling 1,000 GPUs gave 2,000, 4,000 ... 64,000: sizes over which no layout splits a batch
+    of 512 (a factor of 125 no degree divides), so size said no cluster up to 64 times the limit
+    would meet the deadline, where 4,096 GPUs meet it in 55 days."""
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"options": [{"gpu": "h100-sxm-80gb", "max_gpus": 1000}]},
+            "training": {"global_batch_size": 512, "seq_len": 8192, "engine": "megatron"}}
+    result = planner.size(case, "15T", deadline="60d")
+    assert result.best is None and result.would_meet is not None
+    assert result.would_meet.gpus % 1000 and result.would_meet.days <= 60
