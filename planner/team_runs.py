@@ -161,6 +161,36 @@ STATED_IN_CASE = {"num_layers": ("model", "num_layers"), "hidden_size": ("model"
                   "tensor_model_parallel_size": ("layout", "tp"), "pipeline_model_parallel_size": ("layout", "pp")}
 
 
+def _check_log_settings(log: str, src: str, job, settings: dict[str, str]) -> None:
+    """What a Megatron-LM log's argument dump says the run trained with (its precision, the
+    optimizer's sharding, its recomputation) is its case's: a run fitted as another would teach
+    the profile that other run's speed."""
+    def true(key: str) -> bool:
+        return settings.get(key, "False") == "True"
+
+    if any(k in settings for k in ("bf16", "fp16", "fp8")):
+        fp8 = settings.get("fp8", "None") not in ("None", "False", "")
+        precision = "fp8" if fp8 else "fp16" if true("fp16") else "bf16" if true("bf16") else "fp32"
+        ran = job.training.precision
+        if (precision == "fp8") != (ran in ("fp8", "mxfp8", "nvfp4")) or (precision != "fp8" and precision != ran):
+            raise CaseError(log, "precision", f"the log's arguments train in {precision}, the case {src}'s "
+                                              f"training.precision is {ran}: a log of another run than the case")
+    if "use_distributed_optimizer" in settings:
+        sharded = 3 if true("use_torch_fsdp2") or true("use_megatron_fsdp") else \
+            1 if true("use_distributed_optimizer") else 0
+        if (sharded == 0) != (job.layout.zero_stage == 0):
+            raise CaseError(log, "use_distributed_optimizer", f"the log's {settings['use_distributed_optimizer']}, "
+                                                              f"the case {src}'s layout.zero_stage "
+                                                              f"{job.layout.zero_stage}: a log of another run than the case")
+    if "recompute_granularity" in settings:
+        granularity = settings["recompute_granularity"].lower()
+        recompute = "none" if granularity in ("none", "") else granularity
+        if recompute != job.layout.recompute:
+            raise CaseError(log, "recompute_granularity", f"the log's {settings['recompute_granularity']}, the case "
+                                                          f"{src}'s layout.recompute {job.layout.recompute}: a log of "
+                                                          "another run than the case")
+
+
 def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
     """One run per training log, each with its case (one case for every log, or one per log in
     order); a CaseError where a log states another model or batch than its case, holds no step
@@ -201,6 +231,7 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
             if float(mine) != value:
                 raise CaseError(str(log), what, f"the log states {what} {value:g}, the case {src} {section}.{key} "
                                                 f"{mine}: a log of another model or batch than the case")
+        _check_log_settings(str(log), src, job, dict(reading.settings))
         tokens_per_step = job.training.global_batch_size * job.training.seq_len
         if reading.step_time_s:
             tokens = tokens_per_step / reading.step_time_s

@@ -34,6 +34,9 @@ MAX_LOG_BYTES = 256 * 2**20
 
 NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
 MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
+# The settings of Megatron-LM's argument dump a run's case must agree with (team_runs.runs_from_logs).
+MEGATRON_SETTINGS = ("bf16", "fp16", "fp8", "use_distributed_optimizer", "use_torch_fsdp2", "use_megatron_fsdp",
+                     "recompute_granularity")
 MEGATRON_ARG = re.compile(r"^\s*([a-z_0-9]+) \.{3,}\s*(\S+)\s*$", re.MULTILINE)
 TITAN_PARAMETERS = re.compile(r"size:\s*" + NUMBER + r"\s*total parameters")
 DS_TIMERS = re.compile(r"time \(ms\) \| fwd: " + NUMBER + r" \| bwd: " + NUMBER + r" \| step: " + NUMBER)
@@ -88,6 +91,8 @@ class LogReading:
     peak_gib: Optional[float] = None
     peak_of_rank_0_only: bool = False
     stated: tuple[tuple[str, float], ...] = ()  # (what, value): layers, hidden, parameters, global batch…
+    # Megatron-LM's settings as its argument dump prints them (bf16 True, recompute_granularity full…).
+    settings: tuple[tuple[str, str], ...] = ()
 
 
 def _num(text: str) -> float:
@@ -130,8 +135,9 @@ def read_log(path: Path) -> LogReading:
         batches = {int(m.group(1)) for m in MEGATRON_BATCH.finditer(text)}
         if len(batches) == 1 and not any(k == "global_batch_size" for k, _ in stated):
             stated.append(("global_batch_size", float(batches.pop())))
+        settings = tuple((k, args[k]) for k in MEGATRON_SETTINGS if k in args)
         reading = LogReading("megatron", step_time_s=_median(times, src, "'elapsed time per iteration (ms)'") / 1e3,
-                             steps=len(times), stated=tuple(stated),
+                             steps=len(times), stated=tuple(stated), settings=settings,
                              peak_gib=max(v for _, v in memory) / 1024 if memory else None,
                              peak_of_rank_0_only=bool(memory) and {r for r, _ in memory} == {0})
     elif titan:

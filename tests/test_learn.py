@@ -319,6 +319,26 @@ def test_runs_from_logs_take_the_cases_layout_and_refuse_another_model(tmp_path)
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize("settings, key, says", [
+    (("bf16 False", "fp16 True"), "precision", "the log's arguments train in fp16, the case"),
+    (("use_distributed_optimizer False",), "use_distributed_optimizer", "the log's False, the case"),
+    (("recompute_granularity full",), "recompute_granularity", "the log's full, the case"),
+])
+def test_a_log_whose_arguments_ran_otherwise_than_its_case_is_refused(tmp_path, settings, key, says):
+    """The argument dump's precision, optimizer sharding and recomputation went unread: an fp16 log
+    with full recomputation was fitted as the case's bf16 run without it (-45 % before the fit)."""
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump({k: v for k, v in case(8, 1, 1, 1, 1).items()}))
+    dump = "".join(f"  {name} {'.' * 20} {value}\n" for name, value in (s.split() for s in settings))
+    log = MEGATRON_LOG.replace("  global_batch_size", dump + "  global_batch_size", 1)
+    with pytest.raises(CaseError, match=rf"ran.log: {key}: {re.escape(says)}"):
+        runs_from_logs([write(tmp_path, "ran.log", log)], [case_path])
+    agreeing = {"precision": "  bf16 .......... True\n", "use_distributed_optimizer":
+                "  use_distributed_optimizer ..... True\n", "recompute_granularity": "  recompute_granularity .... None\n"}
+    log = MEGATRON_LOG.replace("  global_batch_size", agreeing[key] + "  global_batch_size", 1)
+    runs_from_logs([write(tmp_path, "same.log", log)], [case_path])
+
+
 @pytest.mark.parametrize("name, log, prefix", [("megatron.log", MEGATRON_LOG, "iteration 1/ 2 |"),
                                                ("titan.log", TITAN_LOG, "step: 1 "),
                                                ("ds.log", DEEPSPEED_LOG, "global_step=1 ")])
