@@ -86,6 +86,7 @@ def retarget(src: str, spec: SearchSpec, training: TrainingSpec, target: Optiona
         spec = replace(spec, target=target)
     if training.engine.name != spec.target:
         training = replace(training, engine=ENGINES[spec.target].behaviour)
+    check_training_for_engine(src, spec, training)
     check_pins_for_engine(src, spec)
     return spec, training
 
@@ -106,6 +107,21 @@ def check_pins_for_engine(src: str, spec: SearchSpec) -> None:
             raise CaseError(src, f"search.{key}", f"{spec.target} cannot run it: {why}")
 
 
+def check_training_for_engine(src: str, spec: SearchSpec, training: TrainingSpec) -> None:
+    """What the training section and the search's pins ask of the engine searched for, which it
+    does not run: the case's error before any search."""
+    support = ENGINES[spec.target].support
+    if training.moe_comm_overlap and not support.moe_comm_overlap:
+        raise CaseError(src, "training.moe_comm_overlap", f"{spec.target} cannot overlap expert-parallel "
+                                                          "dispatch and combine with compute; set it false")
+    if training.tp_comm_overlap and not support.tp_comm_overlap:
+        raise CaseError(src, "training.tp_comm_overlap", f"{spec.target} cannot overlap tensor-parallel "
+                                                         "collectives with GEMMs; set it false")
+    if "recompute_modules" in spec.pins and not support.recompute_modules:
+        raise CaseError(src, "search.recompute_modules", f"{spec.target} recomputes by its own selective policy, "
+                                                         "not by the modules a search names")
+
+
 def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[ModelSpec] = None) -> SearchSpec:
     """The ``search`` section, for a case whose ``training`` has already taken the target
     (:func:`training_for_target`) and whose ``model`` a pinned module set is checked against."""
@@ -113,13 +129,6 @@ def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[Mod
     target = training.engine.name
     values: dict[str, Any] = {"target": target,
                               "target_key": "search.target" if "target" in data else "training.engine"}
-    support = ENGINES[target].support
-    if training.moe_comm_overlap and not support.moe_comm_overlap:
-        raise CaseError(src, "training.moe_comm_overlap", f"{target} cannot overlap expert-parallel "
-                                                          "dispatch and combine with compute; set it false")
-    if training.tp_comm_overlap and not support.tp_comm_overlap:
-        raise CaseError(src, "training.tp_comm_overlap", f"{target} cannot overlap tensor-parallel "
-                                                         "collectives with GEMMs; set it false")
     if "headroom" in data:
         headroom = read_number(src, "search.headroom", data["headroom"])
         # Above 0.9 a layout would have less than a tenth of the GPU, past 1 minus what lives outside
@@ -138,14 +147,14 @@ def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[Mod
             if pins.get(name, 1) > 1 or (bounds.get(name, (None, None))[0] or 1) > 1:
                 raise CaseError(src, f"search.{name}" if name in pins else f"search.min_{name}",
                                 "expert parallelism needs a mixture of experts (model.num_experts)")
-    if "recompute_modules" in pins:
-        if not support.recompute_modules:
-            raise CaseError(src, "search.recompute_modules", f"{target} recomputes by its own selective policy, "
-                                                             "not by the modules a search names")
+    spec = SearchSpec(pins=pins, bounds=bounds, **values)
+    if target != "any":  # a case that names no engine is checked for each engine plan decides between (retarget)
+        check_training_for_engine(src, spec, training)
+    if "recompute_modules" in pins and ENGINES[target].support.recompute_modules:
         refusals = recompute_module_refusals(model, training, pins["recompute_modules"]) if model else []
         if refusals:
             raise CaseError(src, "search.recompute_modules", f"{target} cannot run it: {refusals[0]}")
-    return SearchSpec(pins=pins, bounds=bounds, **values)
+    return spec
 
 
 def _check_pins_agree(src: str, pins: dict[str, Any], bounds: dict[str, tuple]) -> None:

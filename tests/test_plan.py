@@ -340,3 +340,14 @@ def test_pins_and_bounds_that_contradict_each_other_are_refused_as_the_case_is_r
     """Each answered "no layout fits" (exit 3) after a search."""
     with pytest.raises(planner.CaseError, match=rf"{re.escape(key)}: .*{re.escape(needle)}"):
         planner.plan(case(search=search))
+
+
+def test_a_setting_one_engine_runs_is_planned_for_it_where_the_case_names_no_engine(tmp_path):
+    """A case naming no engine with search.recompute_modules (Megatron-LM's) or moe_comm_overlap
+    was refused as if the user had named 'any': "any recomputes by its own selective policy"."""
+    modules = case(model={"preset": "llama3-8b"}, cluster={"num_gpus": 16}, search={"recompute_modules": ["core_attn"]})
+    decided = planner.plan(modules).to_dict()
+    assert decided["engine"] == "megatron"
+    assert "recomputes by its own selective policy" in decided["engines"]["deepspeed"]["why_not"]
+    with pytest.raises(planner.CaseError, match="search.recompute_modules: any recomputes by its own"):
+        planner.plan(modules, engine="any")  # named, plain PyTorch's selective recomputation is its own
