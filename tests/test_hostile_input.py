@@ -663,3 +663,14 @@ def test_a_size_option_whose_performance_is_wrong_is_named_by_its_place_in_the_l
     with pytest.raises(CaseError, match=re.escape("cluster.options[1].performance.gemm_efficiency: expected a "
                                                   "fraction in (0, 1], got 5.0")):
         planner.size(case, "1T")
+
+
+def test_a_quantized_weight_gather_where_no_weights_are_gathered_is_refused():
+    """fp8_param_gather: true at ZeRO 0 was echoed by estimate with the same peak and step as false."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 128, "seq_len": 8192, "precision": "fp8", "engine": "any",
+                         "fp8_param_gather": True},
+            "layout": {"tp": 2, "micro_batch_size": 1, "zero_stage": 0}}
+    with pytest.raises(CaseError, match="training.fp8_param_gather: .*ZeRO stage 0 gathers none"):
+        planner.estimate(case)
+    assert planner.estimate({**case, "layout": {**case["layout"], "zero_stage": 1}}).fits is not None

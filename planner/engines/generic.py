@@ -5,7 +5,8 @@ config of its own."""
 
 from __future__ import annotations
 
-from cost_models.behaviour import GENERIC
+from cost_models.behaviour import GENERIC, QUANTIZED_GATHER_ZERO_STAGES
+from cost_models.specs import Job
 
 from .base import Engine, EngineSupport
 
@@ -15,4 +16,15 @@ SUPPORT = EngineSupport(
     optimizer_offload="fraction", optimizer_offload_zero=(0, 1, 2, 3), param_offload=True, activation_offload=True,
 )
 
-ENGINE = Engine("any", SUPPORT, GENERIC)
+def rules(job: Job) -> list[tuple[str, str]]:
+    out = []
+    if job.requested_training.fp8_param_gather and job.layout.zero_stage not in QUANTIZED_GATHER_ZERO_STAGES:
+        # Replicated (ZeRO 0) and ZeRO-2 weights are never gathered: a quantized gather has nothing
+        # to move, and the estimate would echo a setting that changes nothing.
+        out.append(("training.fp8_param_gather", f"quantizes the weights' gather, and ZeRO stage "
+                                                 f"{job.layout.zero_stage} gathers none (stages "
+                                                 f"{', '.join(map(str, QUANTIZED_GATHER_ZERO_STAGES))} do)"))
+    return out
+
+
+ENGINE = Engine("any", SUPPORT, GENERIC, rules)
