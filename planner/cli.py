@@ -207,6 +207,8 @@ def size_command(
                       gpu_hour_cost=gpu_hour_cost, top_k=top)
     except CaseError as error:
         _fail(error)
+    for note in result.notes:
+        print(f"note: {one_line(note, 1000)}", file=sys.stderr)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from cost_models.specs import GPUSpec
 from cost_models.layer_time import layer_time_bound
@@ -229,6 +229,7 @@ class Sizing:
     front: tuple[SizeChoice, ...] = ()  # neither a deadline nor a budget: days against spend, the cheapest first
     knee: Optional[SizeChoice] = None  # the front's point of least days × spend (``size_front``)
     spend_bound: Optional[float] = None  # the front's: no size of any type spends less (the work bound)
+    notes: tuple[str, ...] = ()  # what the case gives that the sizing could not use (a price of some types only)
 
     @property
     def deadline_days(self) -> Optional[float]:
@@ -260,7 +261,7 @@ class Sizing:
             "alternatives": [{**alt.to_dict(), "trade": self.best.trade(alt), "trades": self.best.trade_text(alt)}
                              for alt in self.alternatives],
             "objective": self.objective, "tokens": self.tokens, "deadline_days": self.deadline_days,
-            "status": self.status, "solver_status": self.solver_status, "spend": self.spend,
+            "status": self.status, "solver_status": self.solver_status, "spend": self.spend, "notes": list(self.notes),
             "front": front, "knee": self.knee_index, "spend_bound": self.spend_bound,
             "search": {"sizes": self.sizes, "sizes_searched": self.sizes_searched,
                        "layouts_scored": self.layouts_scored, "rows": self.rows},
@@ -296,7 +297,19 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
     target = size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top_k)
     check_ignored_layout(case, "size")  # a malformed layout section is the case's error, as under plan
     loaded, options = load_sizing_case(case)
-    return size_case(loaded, options, target)
+    result = size_case(loaded, options, target)
+    note = unpriced_note(options, target)
+    return replace(result, notes=result.notes + (note,)) if note else result
+
+
+def unpriced_note(options: Sequence[ClusterOption], target: SizeTarget) -> Optional[str]:
+    """Prices given for some GPU types only: cost cannot be weighed, so it goes unused."""
+    priced = [o.key for o in options if o.gpu_hour_cost is not None]
+    if target.gpu_hour_cost is not None or not priced or len(priced) == len(options):
+        return None
+    unpriced = [o.key for o in options if o.gpu_hour_cost is None]
+    return (f"{', '.join(k + '.gpu_hour_cost' for k in priced)} given, none for {', '.join(unpriced)}: with a price "
+            "for some GPU types only, size weighs GPU-hours, not cost; give each type a price (or --gpu-hour-cost)")
 
 
 def gpu_limit(source: str, option: ClusterOption, target: SizeTarget) -> int:

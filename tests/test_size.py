@@ -576,3 +576,16 @@ def test_a_limit_of_a_thousand_gpus_still_finds_the_cluster_that_would_meet_the_
     result = planner.size(case, "15T", deadline="60d")
     assert result.best is None and result.would_meet is not None
     assert result.would_meet.gpus % 1000 and result.would_meet.days <= 60
+
+
+def test_a_price_for_some_gpu_types_only_is_said_to_go_unused():
+    """The H100's price had no effect (GPU-hours weighed, cost shown as '-') and nothing said so."""
+    case = {"model": {"preset": "llama3-8b"}, "training": {"global_batch_size": 64, "seq_len": 4096},
+            "cluster": {"options": [{"gpu": "h100-sxm-80gb", "max_gpus": 64, "gpu_hour_cost": 2.5},
+                                    {"gpu": "b200", "max_gpus": 64}]}}
+    result = planner.size(case, "100B", deadline="30d")
+    assert result.spend == "gpu_hours"
+    assert result.notes == ("cluster.options[0].gpu_hour_cost given, none for cluster.options[1]: with a price for "
+                            "some GPU types only, size weighs GPU-hours, not cost; give each type a price (or "
+                            "--gpu-hour-cost)",)
+    assert planner.size(case, "100B", deadline="30d", gpu_hour_cost=3.0).notes == ()
