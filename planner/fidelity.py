@@ -330,7 +330,9 @@ def print_report(f: Fidelity, console, experts: bool = True) -> None:
                       f"{len(f.gains_above_10pct)} of them not at risk; {len(f.expert_at_risk)} at risk; "
                       f"{len(f.expert_misfits)} predicted not to fit")
     console.print(f"rows scored {len(f.rows)}; failed {len(f.failed)}; malformed {len(f.malformed)}; "
-                  + "; ".join(f"skipped {n}: {escape(why)}" for why, n in f.skipped.items()))
+                  + "; ".join(f"skipped {n}: {escape(why)}" + (f" (first: {escape(f.skipped_first[why])})"
+                                                                 if why in f.skipped_first else "")
+                              for why, n in f.skipped.items()))
     for rid, why in f.failed[:5]:
         console.print(f"  failed {escape(rid)}: {escape(why)}")
     for rid, why in f.malformed:  # a partly readable file names the rows it skipped

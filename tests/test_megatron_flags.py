@@ -136,3 +136,17 @@ def test_attention_and_experts_a_list_builds_otherwise_are_said_or_refused(tmp_p
     args.write_text(base + " --expert-model-parallel-size 2\n")
     with pytest.raises(CaseError, match="--expert-model-parallel-size: needs a mixture of experts"):
         diagnose(tmp_path / "case.yaml", megatron_args=args)
+
+
+def test_a_switch_given_a_value_is_refused_as_argparse_refuses_it(tmp_path):
+    """--sequence-parallel=True was read as the switch; Megatron-LM's parser stops on it."""
+    from planner.diagnose import diagnose
+    from planner.errors import CaseError
+
+    (tmp_path / "case.yaml").write_text("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
+                                        "training: {global_batch_size: 64, seq_len: 4096}\n")
+    args = tmp_path / "args.txt"
+    args.write_text("--tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 64 --bf16 "
+                    "--sequence-parallel=True\n")
+    with pytest.raises(CaseError, match="--sequence-parallel: is a switch and takes no value"):
+        diagnose(tmp_path / "case.yaml", megatron_args=args)

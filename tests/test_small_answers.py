@@ -74,6 +74,10 @@ def test_validate_published_with_nothing_readable_exits_2_naming_the_rows(tmp_pa
     bad.write_text(yaml.safe_dump([{**row, "gpu": "Quantum GPU 9000"}]))
     done = run_cli("validate-published", str(bad), "--no-experts")
     assert done.returncode == 2 and f"1 not a supported row, {row['id']} the first" in done.stderr, done.stderr
+    # beside a run it scores, the report names the first skipped for each reason
+    bad.write_text(yaml.safe_dump([row, {**row, "id": "tpu-run", "gpu": "TPU-v5"}]))
+    done = run_cli("validate-published", str(bad), "--no-experts")
+    assert done.returncode == 0 and "skipped 1: not a supported row (first: tpu-run)" in " ".join(done.stdout.split())
 
 
 def test_plan_refuses_a_malformed_layout_section_and_says_it_ignores_a_good_one(tmp_path):

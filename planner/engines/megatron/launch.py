@@ -98,6 +98,9 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
             _check_not_a_misspelling(src, flag, known - TORCHRUN_FLAGS)
         if flag in known:
             if flag in BOOL_FLAGS:
+                if inline and i > script_at:  # argparse's store_true: "ignored explicit argument"
+                    raise CaseError(src, flag, f"is a switch and takes no value, got {one_line(word, 60)!r}: "
+                                               "Megatron-LM's parser refuses it, and the run would not start")
                 found[flag] = None
             elif flag in LIST_FLAGS:  # its values, space-separated, up to the next flag
                 values = [inline] if inline else []
