@@ -186,8 +186,8 @@ def print_plan(plan, console: Console) -> None:
     if plan.engines:
         parts = [f"{name} {p.best.tokens_per_s:,.0f} tokens/s ({p.best.memory_verdict})" if p is not None
                  and p.best is not None else f"{name}: {why or 'nothing fits'}" for name, p, why in plan.engines]
-        console.print(f"engines (none named: each that can run it was planned): {'; '.join(parts)}; "
-                      f"picked {best.job.training.engine.name}", markup=False)
+        console.print(f"engines (the case names none, or any: each that can run it was planned; --engine any plans "
+                      f"plain PyTorch alone): {'; '.join(parts)}; picked {best.job.training.engine.name}", markup=False)
     if plan.fastest is not None:
         fastest = plan.fastest
         reason = ("the simplest within --simplest-within" if plan.picked_on == "simplicity" else
