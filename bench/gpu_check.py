@@ -2,7 +2,7 @@
 few layouts on it, predicted against measured. Run through ``bench/gpu_check.sh``, which holds
 it to 6 minutes so that it can be run again within a 15-minute loan.
 
-    bench/gpu_check.sh [--quick] [--out DIR] [--profiles DIR]
+    bench/gpu_check.sh [--quick] [--out DIR] [--profiles DIR] [--recompute none,selective,full]
 
 Writes the profile to ``PROFILES/<device>.yaml`` (``calibration/profiles`` by default) and the
 results to ``DIR/results.json`` and ``DIR/results.txt`` (``bench/out/gpu_check``). On one GPU
@@ -53,7 +53,13 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "gpu_check")
     parser.add_argument("--profiles", type=Path, default=ROOT / "calibration" / "profiles")
+    parser.add_argument("--recompute", default=",".join(RECOMPUTE),
+                        help="the recomputation modes to validate, comma-separated (default: all three)")
     args = parser.parse_args(argv)
+    modes = [m for m in args.recompute.split(",") if m]
+    if not modes or any(m not in RECOMPUTE for m in modes):
+        print(f"error: --recompute: expected modes among {', '.join(RECOMPUTE)}, got {args.recompute!r}", file=sys.stderr)
+        return 2
     name, cuda = device_name()
     args.out.mkdir(parents=True, exist_ok=True)
     args.profiles.mkdir(parents=True, exist_ok=True)
@@ -68,7 +74,7 @@ def main(argv=None) -> int:
     print(f"gpu_check: calibrated in {time.monotonic() - started:.0f} s", flush=True)
     base = GPU_CASE if cuda else CPU_CASE
     results, lines = [], []
-    for recompute in RECOMPUTE:
+    for recompute in modes:
         case = {"model": dict(base["model"]), "cluster": {"profile": str(profile.resolve()), "num_gpus": 1},
                 "training": dict(base["training"]),
                 "layout": {"dp": 1, "micro_batch_size": 1, "recompute": recompute}}
