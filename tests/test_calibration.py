@@ -451,7 +451,7 @@ def test_a_rank_that_hangs_is_stopped_within_the_timeout(tmp_path):
             seen.update(p for p in (info.get("pid"), info.get("ppid")) if isinstance(p, int))
 
     process = subprocess.Popen([sys.executable, "-m", "planner", "calibrate", "--out", str(out), "--quick",
-                                "--timeout", "12", "--allow-busy"], cwd=REPO, stdout=subprocess.PIPE,
+                                "--timeout", "7", "--allow-busy"], cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True,
                                env={**os.environ, FAULT_ENV: "1:attention:hang", "TMPDIR": str(scratch)})
     while process.poll() is None:
