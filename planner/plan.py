@@ -178,8 +178,9 @@ def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[
                                         or not 0 <= simplest_within <= MAX_SIMPLEST_WITHIN_PCT):
         raise refuse("simplest_within", f"expected a percentage from 0 to {MAX_SIMPLEST_WITHIN_PCT:g}",
                      simplest_within)
-    if target is not None and target not in ENGINES:
-        raise refuse("target", f"expected one of {', '.join(ENGINES)}", target)
+    targets = ENGINES + ("any",)  # as search.target takes them: any is plain PyTorch, as engine="any"
+    if target is not None and target not in targets:
+        raise refuse("target", f"expected one of {', '.join(targets)}", target)
 
 
 def _check_times(case: Case, candidates: list[Candidate]) -> None:

@@ -351,3 +351,10 @@ def test_a_setting_one_engine_runs_is_planned_for_it_where_the_case_names_no_eng
     assert "recomputes by its own selective policy" in decided["engines"]["deepspeed"]["why_not"]
     with pytest.raises(planner.CaseError, match="search.recompute_modules: any recomputes by its own"):
         planner.plan(modules, engine="any")  # named, plain PyTorch's selective recomputation is its own
+
+
+def test_the_apis_target_takes_any_as_search_target_does():
+    """planner.plan(case, target="any") was refused ("expected one of deepspeed, megatron,
+    torchtitan") though search.target takes any: plain PyTorch, as engine="any" plans it."""
+    generic = planner.plan(case(model={"preset": "llama3-8b"}, cluster={"num_gpus": 16}), target="any")
+    assert generic.best.job.training.engine.name == "any" and not generic.engines
