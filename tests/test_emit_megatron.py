@@ -905,3 +905,32 @@ def test_a_case_that_asks_for_deepep_gets_it_in_its_files_and_reads_them_back(tm
     done = run_cli("diagnose", str(case), "--megatron-args", str(tmp_path / "run" / "megatron_args.txt"), "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["speedup"] == pytest.approx(1.0)
+
+
+def test_the_files_set_the_cases_dropout_and_diagnose_refuses_widths_and_factors_the_case_does_not_price(tmp_path):
+    """Megatron-LM drops out 0.1 unless told (TransformerConfig): the files never said, so the launch
+    held masks the plan did not price (2.4 GB a GPU on Llama 3 8B). diagnose read a list with other
+    expert widths, another capacity factor or another dropout as the case's, speedup 1.00."""
+    from cli_in_process import run_cli
+
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({"model": {"preset": "mixtral-8x7b", "moe_capacity_factor": 1.5},
+                                    "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+                                    "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"}}))
+    planned = run_cli("plan", str(case), "--emit", "megatron", "--out", str(tmp_path / "run"))
+    assert planned.returncode == 0, planned.stderr
+    path = tmp_path / "run" / "megatron_args.txt"
+    text = path.read_text()
+    assert "--attention-dropout 0\n" in text and "--hidden-dropout 0\n" in text
+    assert run_cli("diagnose", str(case), "--megatron-args", str(path)).returncode == 0
+    for old, new, needle in (("--moe-ffn-hidden-size 14336", "--moe-ffn-hidden-size 4096",
+                              "--moe-ffn-hidden-size: 4096 differs from the case's 14336"),
+                             ("--moe-expert-capacity-factor 1.5", "--moe-expert-capacity-factor 3",
+                              "--moe-expert-capacity-factor: 3, but the case's model.moe_capacity_factor is 1.5"),
+                             ("--hidden-dropout 0", "--hidden-dropout 0.3",
+                              "--hidden-dropout: 0.3 differs from the case's 0 (model.dropout)")):
+        assert old in text, old
+        changed = tmp_path / "changed.txt"
+        changed.write_text(text.replace(old, new))
+        done = run_cli("diagnose", str(case), "--megatron-args", str(changed))
+        assert done.returncode == 2 and needle in done.stderr, (needle, done.stderr)

@@ -44,7 +44,7 @@ DISTRIBUTED_ARGS=(
 MODEL_ARGS=(
     --num-layers 32 --hidden-size 4096 --num-attention-heads 32 \\
     --ffn-hidden-size 14336 --swiglu --group-query-attention --num-query-groups 8 \\
-    --untie-embeddings-and-output-weights --seq-length 4096
+    --untie-embeddings-and-output-weights --seq-length 4096 --attention-dropout 0.0 --hidden-dropout 0.0
 )
 DDP_ARGS=(--use-distributed-optimizer --overlap-grad-reduce)
 TRAINING_ARGS=(--micro-batch-size 1 --global-batch-size 128)

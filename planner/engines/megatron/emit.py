@@ -52,7 +52,8 @@ INT_FLAGS = (
     "--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups", "--ffn-hidden-size",
     "--seq-length", "--max-position-embeddings", "--num-experts", "--expert-model-parallel-size",
     "--expert-tensor-parallel-size", "--moe-router-topk", "--moe-router-num-groups", "--moe-router-group-topk",
-    "--mtp-num-layers", "--rotary-base",
+    "--mtp-num-layers", "--rotary-base", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
+    "--kv-lora-rank", "--kv-channels",
     # torchrun
     "--nnodes", "--nproc-per-node",
 )
@@ -63,6 +64,7 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
              "--main-grads-dtype", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
              "--normalization", "--position-embedding-type", "--window-size", "--optimizer",
+             "--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
              "--window-attn-skip-freq")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
@@ -239,6 +241,10 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
     args += [a for a in architecture_arguments(m) if a not in args]
+    # Megatron-LM drops out 0.1 of the attention probabilities and of the residual stream unless
+    # told (TransformerConfig.attention_dropout, hidden_dropout): the case's, which the estimate
+    # priced (the masks it saves), is written.
+    args += [("--attention-dropout", f"{m.dropout:g}"), ("--hidden-dropout", f"{m.dropout:g}")]
     args.append(("--optimizer", "sgd" if t.optimizer == "sgd" else "adam"))
     # Gradient precision as the estimate timed it: Megatron keeps bf16 gradients in fp32 by
     # default, fp16 ones in fp16 (megatron/training/arguments.py).

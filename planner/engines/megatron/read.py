@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,10 @@ def parse_layout_string(text: str, pp: int, mtp: int = 0) -> list[int]:
     if mtp and entries[-1].count("m") != mtp:
         raise ValueError("multi-token prediction layers (m) are modelled on the last stage only, with the loss (L)")
     return [entry.count("t") for entry in entries]
+
+
+# TransformerConfig's attention_dropout and hidden_dropout where the arguments give none.
+MEGATRON_DROPOUT = 0.1
 
 
 def read_precision(flags: dict) -> Optional[tuple[str, Optional[str]]]:
@@ -177,6 +182,16 @@ def _check_model(args: _Args, model, training) -> None:
         value = args.integer(flag)
         if value is not None and value != expected:
             raise CaseError(args.src, flag, f"{value} differs from the case's {expected}")
+    # Widths the estimate prices by, where the list gives them.
+    for flag, expected, key in (("--moe-ffn-hidden-size", model.moe_ffn_hidden_size, "moe_ffn_hidden_size"),
+                                ("--moe-shared-expert-intermediate-size", model.moe_shared_expert_ffn_hidden_size,
+                                 "moe_shared_expert_ffn_hidden_size"),
+                                ("--kv-lora-rank", model.kv_lora_rank, "kv_lora_rank"),
+                                ("--kv-channels", model.head_dim, "head_dim")):
+        value = args.integer(flag)
+        if value is not None and value != expected:
+            raise CaseError(args.src, flag, f"{value} differs from the case's {expected} (model.{key})")
+    _check_capacity_and_dropout(args, model)
     for flag, expected in (("--num-experts", model.num_experts), ("--moe-router-topk", model.moe_top_k)):
         value = args.integer(flag)
         if value is not None and value != expected:
@@ -214,6 +229,35 @@ def _check_model(args: _Args, model, training) -> None:
                                                  f"{training.recipe.name} (training.fp8_recipe)")
 
 
+def _number(args: _Args, flag: str) -> Optional[float]:
+    value = args.flags.get(flag)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise CaseError(args.src, flag, f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise CaseError(args.src, flag, f"expected a finite number, got {value!r}")
+    return number
+
+
+def _check_capacity_and_dropout(args: _Args, model) -> None:
+    """The experts' capacity factor (dropless without one) and the dropout the list runs, where it
+    gives them, are the case's: each changes what the estimate prices (padded expert GEMMs, the
+    saved masks)."""
+    factor = _number(args, "--moe-expert-capacity-factor")
+    if model.is_moe and factor != model.moe_capacity_factor:
+        said = f"{factor:g}" if factor is not None else "absent (dropless)"
+        case_has = f"{model.moe_capacity_factor:g}" if model.moe_capacity_factor is not None else "none (dropless)"
+        raise CaseError(args.src, "--moe-expert-capacity-factor", f"{said}, but the case's model.moe_capacity_factor "
+                                                                  f"is {case_has}")
+    for flag in ("--attention-dropout", "--hidden-dropout"):
+        value = _number(args, flag)
+        if value is not None and value != model.dropout:
+            raise CaseError(args.src, flag, f"{value:g} differs from the case's {model.dropout:g} (model.dropout)")
+
+
 def architecture_notes(path: Path, case) -> list[str]:
     """What an argument list leaves out where megatron/training/arguments.py's default trains
     otherwise than the case: fp32 without --bf16 or --fp16; and where it builds the model (it gives
@@ -226,6 +270,10 @@ def architecture_notes(path: Path, case) -> list[str]:
     flags = flags_of(launch.words, launch.src, launch.shell)
     model = case.model
     notes = []
+    absent = [flag for flag in ("--attention-dropout", "--hidden-dropout") if flag not in flags]
+    if absent and model.dropout != MEGATRON_DROPOUT:
+        notes.append(f"{path.name} leaves out {' and '.join(absent)}: Megatron-LM would drop out {MEGATRON_DROPOUT:g} "
+                     f"(its default), the case's model {model.dropout:g} (model.dropout); priced as the case's")
     if read_precision(flags) is None and case.training.precision != "fp32":
         notes.append(f"{path.name} gives neither --bf16 nor --fp16: Megatron-LM would train in fp32 (its default), "
                      f"the case in {case.training.precision}; priced as the case's")
