@@ -25,11 +25,15 @@ def offload_options(spec: SearchSpec, zero: int) -> list[dict]:
     """Offloads to score beyond none, as the engine offers them: the whole optimizer, then
     with it ZeRO-3's parameters (every one adds time, so only the least that fits matters)."""
     engine = spec.engine
+    # The whole optimizer, or the share the case's search section pins where the engine offloads a
+    # fraction (Megatron-LM's --optimizer-offload-fraction): a pinned 0.5 was never scored.
+    pinned = spec.pins.get("offload_optimizer")
+    share = pinned if pinned and engine.optimizer_offload == "fraction" else 1.0
     options = []
     if engine.optimizer_offload != "none" and zero in engine.optimizer_offload_zero and not engine.offload_together:
-        options.append({"offload_optimizer": 1.0, "offload_params": False})
+        options.append({"offload_optimizer": share, "offload_params": False})
     if engine.param_offload and zero == 3 and engine.optimizer_offload != "none":
-        options.append({"offload_optimizer": 1.0, "offload_params": True})
+        options.append({"offload_optimizer": share, "offload_params": True})
     return [o for o in options if all(spec.admits(k, v) for k, v in o.items())]
 
 

@@ -358,3 +358,12 @@ def test_the_apis_target_takes_any_as_search_target_does():
     torchtitan") though search.target takes any: plain PyTorch, as engine="any" plans it."""
     generic = planner.plan(case(model={"preset": "llama3-8b"}, cluster={"num_gpus": 16}), target="any")
     assert generic.best.job.training.engine.name == "any" and not generic.engines
+
+
+def test_a_pinned_share_of_the_optimizer_offloaded_is_searched():
+    """search.offload_optimizer: 0.5 for Megatron-LM (--optimizer-offload-fraction) was refused as
+    meeting no layout: the search offloaded the whole optimizer or none of it."""
+    pinned = planner.plan(case(model={"preset": "llama3-8b"}, cluster={"gpu": "h100-sxm-80gb", "num_gpus": 16},
+                               training={"global_batch_size": 64, "engine": "megatron"},
+                               search={"offload_optimizer": 0.5}), fastest=True)
+    assert pinned.best.job.layout.offload_optimizer == 0.5
