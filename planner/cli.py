@@ -228,6 +228,9 @@ def diagnose_command(
     tp: Optional[int] = typer.Option(None, "--tp", min=1,
                                      help="Tensor parallelism of a DeepSpeed pipeline whose model splits its own "
                                           "layers (Megatron-DeepSpeed); without a pipeline, ds_config's autotp_size."),
+    ep: Optional[int] = typer.Option(None, "--ep", min=1,
+                                     help="Expert parallelism of a DeepSpeed-MoE run (the model code's ep_size, "
+                                          "which ds_config does not state; default: the case's layout, else 1)."),
     megatron_args: Optional[Path] = typer.Option(None, "--megatron-args",
                                                  help="A Megatron-LM argument list or launch script."),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", min=1,
@@ -245,7 +248,7 @@ def diagnose_command(
         if (config is None) == (megatron_args is None):
             raise CaseError("diagnose", "--config", "give exactly one of --config or --megatron-args")
         result = diagnose(case, config=config, megatron_args=megatron_args, pp=pp, tp=tp,
-                          micro_batch_size=micro_batch_size, recompute=recompute)
+                          micro_batch_size=micro_batch_size, recompute=recompute, ep=ep)
     except CaseError as error:
         _fail(error)
     if as_json:

@@ -96,7 +96,8 @@ def removed_notes(removed: list[Path]) -> list[str]:
 
 
 def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] = None, tp: Optional[int] = None,
-                micro_batch_size: Optional[int] = None, recompute: Optional[str] = None) -> Layout:
+                micro_batch_size: Optional[int] = None, recompute: Optional[str] = None,
+                ep: Optional[int] = None) -> Layout:
     """The layout of an existing config: a DeepSpeed ds_config.json (``pp`` and ``tp`` say what it
     does not: the pipeline stages, and tensor parallelism in a Megatron-DeepSpeed pipeline) or a
     Megatron-LM argument list or launch script. Contradictions with the case are a CaseError
@@ -105,7 +106,7 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
 
     if engine not in READERS:
         raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
-    for key, value in (("pp", pp), ("tp", tp), ("micro_batch_size", micro_batch_size)):
+    for key, value in (("pp", pp), ("tp", tp), ("micro_batch_size", micro_batch_size), ("ep", ep)):
         if value is not None:
             read_int("read_config", key, value)
     if recompute is not None and recompute not in ("none", "selective", "full"):
@@ -113,7 +114,7 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
     path = read_path("read_config", "path", path)
     loaded = case if isinstance(case, Case) else load_case(case)
     given = {k: v for k, v in {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size,
-                                "recompute": recompute}.items() if v is not None}
+                                "recompute": recompute, "ep": ep}.items() if v is not None}
     reader = ENGINES[engine]
     layout = reader.reader_module().read(path, loaded, **{k: v for k, v in given.items()
                                                          if k in reader.reader_options})

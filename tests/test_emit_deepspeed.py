@@ -12,6 +12,7 @@ import subprocess
 from functools import lru_cache
 
 import pytest
+import yaml
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported: no CUDA probing
 deepspeed = pytest.importorskip("deepspeed")
@@ -478,3 +479,25 @@ def test_deepspeed_moe_says_its_gate_has_no_router_groups():
     snippets = ["\n".join(ds._moe_snippet(planner.plan(case, top_k=0).best.job)) for case in (grouped, MOE_CASE)]
     assert "no group-limited routing: keep the model's router (4 groups, 2 picked)" in snippets[0]
     assert "group-limited" not in snippets[1]
+
+
+def test_a_deepspeed_moe_plan_reads_back_with_the_ep_its_model_code_sets(tmp_path):
+    """ds_config.json has no expert parallelism (DeepSpeed-MoE's ep_size is the model code's): the
+    planner's own files read back as ep 1 and 'does not fit' (232 GB) with no way to say otherwise
+    but editing the case. --ep says it."""
+    from cli_in_process import run_cli
+
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb",
+                                                                                   "num_gpus": 64},
+                                    "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "deepspeed"}}))
+    planned = run_cli("plan", str(case), "--emit", "deepspeed", "--out", str(tmp_path / "run"), "--json")
+    assert planned.returncode == 0, planned.stderr
+    ep = json.loads(planned.stdout)["best"]["layout"]["ep"]
+    assert ep > 1
+    config = str(tmp_path / "run" / "ds_config.json")
+    done = run_cli("diagnose", str(case), "--config", config, "--ep", str(ep), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["speedup"] == pytest.approx(1.0) and json.loads(done.stdout)["notes"] == []
+    without = run_cli("diagnose", str(case), "--config", config, "--json")
+    assert "give --ep (or layout.ep in the case) for another" in without.stdout + without.stderr

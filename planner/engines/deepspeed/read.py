@@ -112,13 +112,14 @@ def _dp(src: str, config: dict, case, pp: int, tp: Optional[int]) -> int:
 
 
 def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[int] = None,
-         micro_batch_size: Optional[int] = None, recompute: Optional[str] = None) -> Layout:
+         micro_batch_size: Optional[int] = None, recompute: Optional[str] = None,
+         ep: Optional[int] = None) -> Layout:
     """The layout of an existing ds_config.json on ``case``'s cluster, with ``pp`` pipeline stages
     and, for a pipeline whose model splits its own layers (Megatron-DeepSpeed's 3D grid), ``tp``;
     without a pipeline tp is AutoTP's ``tensor_parallel.autotp_size``. What the model's code
     decides and ds_config does not state comes from the case's layout where it has one: the
     pipeline stages and their layers (``PipelineModule``'s partition; ``pp`` by default), the
-    experts' parallelism (DeepSpeed-MoE's ``ep_size``), the recomputation.
+    experts' parallelism (DeepSpeed-MoE's ``ep_size``: ``ep`` where given), the recomputation.
 
     Batch sizes follow DeepSpeed's rules: any one or two of train_batch_size,
     train_micro_batch_size_per_gpu and gradient_accumulation_steps, the rest derived as
@@ -225,7 +226,7 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     if offload["offload_param"] and zero != 3:
         raise CaseError(src, "zero_optimization.offload_param", f"applies to ZeRO stage 3 only, the config has {zero}")
     # The model's code: DeepSpeed-MoE's ep_size and PipelineModule's partition, as the case's layout says.
-    ep = stated.ep if stated is not None else 1
+    ep = ep if ep is not None else stated.ep if stated is not None else 1
     stage_layers = stated.stage_layers if stated is not None and stated.pp == pp else None
     return Layout(dp=dp, tp=tp, pp=pp, micro_batch_size=micro, zero_stage=zero, recompute=recompute,
                   offload_optimizer=1.0 if offload["offload_optimizer"] else 0.0,
