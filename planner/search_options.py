@@ -105,6 +105,16 @@ def check_pins_for_engine(src: str, spec: SearchSpec) -> None:
     for key, why in refusals:
         if key in pins:
             raise CaseError(src, f"search.{key}", f"{spec.target} cannot run it: {why}")
+    if pins.get("offload_activations"):  # beside what the engine's activation offload refuses
+        beside = [(name, field) for name, field, allowed in (
+            ("recompute", "activation_offload_with_recompute",
+             support.activation_offload_with_recompute or pins.get("recompute", "none") == "none"),
+            ("pp", "activation_offload_with_pipeline",
+             support.activation_offload_with_pipeline or pins.get("pp", 1) == 1)) if not allowed]
+        if beside:
+            name, field = beside[0]
+            raise CaseError(src, "search.offload_activations", f"{spec.target} cannot run it beside search.{name} "
+                                                               f"{pins[name]}: {support.reason(field, '')}")
 
 
 def check_training_for_engine(src: str, spec: SearchSpec, training: TrainingSpec) -> None:

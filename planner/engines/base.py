@@ -52,6 +52,10 @@ class EngineSupport:
     optimizer_offload_zero: tuple[int, ...] = (1, 2, 3)
     param_offload: bool = False
     activation_offload: bool = False
+    # Whether activation offload runs beside recomputation and beside a pipeline (Megatron's CPU
+    # offloading does neither: TransformerConfig).
+    activation_offload_with_recompute: bool = True
+    activation_offload_with_pipeline: bool = True
     offload_together: bool = False
     # Expert parallelism (layout.ep > 1) for mixtures of experts, and which expert
     # tensor-parallel degrees the engine runs: "any" divisor (Megatron's

@@ -31,16 +31,23 @@ from cost_models.specs import Job, ModelSpec, TrainingSpec
 
 from planner.engines.base import Engine, EngineSupport
 
+ACTIVATION_OFFLOAD_PIPELINE = "Megatron's CPU offloading has no support for pipeline parallelism (TransformerConfig)"
+ACTIVATION_OFFLOAD_RECOMPUTE = "Megatron's CPU offloading does not work with activation recomputation (TransformerConfig)"
+
+
 SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=True, context_parallel=True,
     sequence_parallel=(False, True), recompute=("none", "selective", "full"), partial_recompute=True,
     recompute_modules=True, optimizer_offload="fraction", optimizer_offload_zero=(1,), activation_offload=True,
+    activation_offload_with_recompute=False, activation_offload_with_pipeline=False,
     moe_comm_overlap=True,
     # Transformer Engine's fp8 recipes as megatron-core 0.16 names them (TransformerConfig.fp8_recipe:
     # tensorwise, delayed, mxfp8, blockwise); torchao's row-wise scaling has no TE counterpart.
     fp8_recipes=("delayed", "tensorwise", "blockwise"),
     pure_bf16=False, compiled_loss=False, fused_attention=(True,),
-    why=(("compiled_loss", "Megatron computes its loss in its own fused vocab-parallel cross-entropy "
+    why=(("activation_offload_with_recompute", ACTIVATION_OFFLOAD_RECOMPUTE),
+         ("activation_offload_with_pipeline", ACTIVATION_OFFLOAD_PIPELINE),
+         ("compiled_loss", "Megatron computes its loss in its own fused vocab-parallel cross-entropy "
                            "(tensor_parallel.vocab_parallel_cross_entropy), not a compiled one"),
          ("fused_attention", "Megatron's attention is Transformer Engine's DotProductAttention, whose fused "
                              "(cuDNN) kernel the emitted arguments leave it to run (--attention-backend auto)"),
@@ -75,12 +82,10 @@ def rules(job: Job) -> list[tuple[str, str]]:
         out.append(("training.tp_comm_overlap", "--tp-comm-overlap needs --sequence-parallel (validate_args): "
                                                 "set layout.sequence_parallel: true"))
     if lay.offload_activations:  # TransformerConfig.__post_init__ (cpu_offloading)
-        if lay.pp > 1:
-            out.append(("layout.offload_activations", "Megatron's CPU offloading has no support for pipeline "
-                                                      "parallelism (TransformerConfig)"))
-        if lay.recompute != "none":
-            out.append(("layout.offload_activations", "Megatron's CPU offloading does not work with activation "
-                                                      "recomputation (TransformerConfig)"))
+        if lay.pp > 1 and not SUPPORT.activation_offload_with_pipeline:
+            out.append(("layout.offload_activations", ACTIVATION_OFFLOAD_PIPELINE))
+        if lay.recompute != "none" and not SUPPORT.activation_offload_with_recompute:
+            out.append(("layout.offload_activations", ACTIVATION_OFFLOAD_RECOMPUTE))
         if lay.offload_activations >= job.model.num_layers:
             out.append(("layout.offload_activations", f"Megatron offloads fewer layers than the model's "
                                                       f"{job.model.num_layers} (TransformerConfig)"))
