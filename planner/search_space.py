@@ -148,7 +148,16 @@ def _zero_stages(case: Case, spec: SearchSpec, pp: int, dp: int, cp: int) -> tup
 
 def _splits(case: Case, spec: SearchSpec, pp: int) -> list[tuple[Optional[tuple[int, ...]], tuple[int, ...], int]]:
     """(partition, layers per stage, vpp) for each pipeline split to score at ``pp`` stages."""
-    return [split for split in _engine_splits(case.model, case.training, spec.engine, pp) if spec.admits("vpp", split[2])]
+    splits = [split for split in _engine_splits(case.model, case.training, spec.engine, pp)
+              if spec.admits("vpp", split[2])]
+    pinned = spec.pins.get("vpp", 1)
+    if not splits and pinned > 1 and spec.engine.interleaving and pp > 1 and case.model.num_layers >= pp * pinned \
+            and not case.training.engine.balance_stages:
+        # A pinned vpp no even split interleaves (80 layers on 5 stages at 3 chunks): the engine's
+        # split over the virtual stages, in unequal chunks where its pipeline layout allows them
+        # (an engine that splits equally refuses it by its rules).
+        splits = [(None, virtual_partition(case.model.num_layers, pp, pinned), pinned)]
+    return splits
 
 
 @lru_cache(maxsize=1024)

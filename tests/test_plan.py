@@ -370,3 +370,16 @@ def test_a_pinned_share_of_the_optimizer_offloaded_is_searched():
                                training={"global_batch_size": 64, "engine": "megatron"},
                                search={"offload_optimizer": 0.5}), fastest=True)
     assert pinned.best.job.layout.offload_optimizer == 0.5
+
+
+def test_a_pinned_vpp_that_splits_the_stages_unequally_is_planned_as_estimate_runs_it():
+    """80 layers on 5 stages at vpp 3: no even split interleaves, and the pins were refused as
+    meeting no layout, though Megatron-LM runs the unequal chunks and estimate fits them."""
+    pins = {"tp": 8, "pp": 5, "vpp": 3, "micro_batch_size": 1, "zero_stage": 1}
+    job = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 40},
+           "training": {"global_batch_size": 80, "seq_len": 8192, "engine": "megatron"}}
+    best = planner.plan({**job, "search": pins}, fastest=True).best
+    assert (best.job.layout.pp, best.job.layout.vpp) == (5, 3)
+    alone = planner.estimate({**job, "layout": {**pins, "sequence_parallel": best.job.layout.sequence_parallel,
+                                                "recompute": best.job.layout.recompute}})
+    assert best.step_time_s == pytest.approx(alone.step_time_s)
