@@ -231,6 +231,9 @@ def diagnose_command(
     ep: Optional[int] = typer.Option(None, "--ep", min=1,
                                      help="Expert parallelism of a DeepSpeed-MoE run (the model code's ep_size, "
                                           "which ds_config does not state; default: the case's layout, else 1)."),
+    stage_layers: Optional[str] = typer.Option(None, "--stage-layers",
+                                               help="Layers of each pipeline stage of a DeepSpeed run, comma-separated "
+                                                    "(its PipelineModule's split, which ds_config does not state)."),
     megatron_args: Optional[Path] = typer.Option(None, "--megatron-args",
                                                  help="A Megatron-LM argument list or launch script."),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", min=1,
@@ -248,7 +251,8 @@ def diagnose_command(
         if (config is None) == (megatron_args is None):
             raise CaseError("diagnose", "--config", "give exactly one of --config or --megatron-args")
         result = diagnose(case, config=config, megatron_args=megatron_args, pp=pp, tp=tp,
-                          micro_batch_size=micro_batch_size, recompute=recompute, ep=ep)
+                          micro_batch_size=micro_batch_size, recompute=recompute, ep=ep,
+                          stage_layers=None if stage_layers is None else _stage_layers(stage_layers))
     except CaseError as error:
         _fail(error)
     if as_json:
@@ -259,6 +263,15 @@ def diagnose_command(
         print_diagnosis(result, _console())
     if not result.estimate.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def _stage_layers(text: str) -> tuple[int, ...]:
+    """``--stage-layers 4,4,4,1`` as layer counts."""
+    words = [w.strip() for w in text.split(",")]
+    if not words or not all(w.isdigit() for w in words) or len(words) > 10_000:
+        raise CaseError("--stage-layers", "", f"expected layer counts separated by commas (4,4,4,1), got "
+                                              f"{one_line(text, 60)!r}")
+    return tuple(int(w) for w in words)
 
 
 @app.command("validate-published")

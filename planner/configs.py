@@ -97,7 +97,7 @@ def removed_notes(removed: list[Path]) -> list[str]:
 
 def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] = None, tp: Optional[int] = None,
                 micro_batch_size: Optional[int] = None, recompute: Optional[str] = None,
-                ep: Optional[int] = None) -> Layout:
+                ep: Optional[int] = None, stage_layers: Optional[tuple[int, ...]] = None) -> Layout:
     """The layout of an existing config: a DeepSpeed ds_config.json (``pp`` and ``tp`` say what it
     does not: the pipeline stages, and tensor parallelism in a Megatron-DeepSpeed pipeline) or a
     Megatron-LM argument list or launch script. Contradictions with the case are a CaseError
@@ -109,12 +109,17 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
     for key, value in (("pp", pp), ("tp", tp), ("micro_batch_size", micro_batch_size), ("ep", ep)):
         if value is not None:
             read_int("read_config", key, value)
+    if stage_layers is not None:
+        if not isinstance(stage_layers, (list, tuple)) or not stage_layers:
+            raise CaseError("read_config", "stage_layers", f"expected a list of layer counts, got {stage_layers!r}")
+        stage_layers = tuple(read_int("read_config", "stage_layers", n, minimum=0) for n in stage_layers)
     if recompute is not None and recompute not in ("none", "selective", "full"):
         raise CaseError("read_config", "recompute", f"expected none, selective or full, got {recompute!r}")
     path = read_path("read_config", "path", path)
     loaded = case if isinstance(case, Case) else load_case(case)
     given = {k: v for k, v in {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size,
-                                "recompute": recompute, "ep": ep}.items() if v is not None}
+                                "recompute": recompute, "ep": ep, "stage_layers": stage_layers}.items()
+             if v is not None}
     reader = ENGINES[engine]
     layout = reader.reader_module().read(path, loaded, **{k: v for k, v in given.items()
                                                          if k in reader.reader_options})

@@ -61,7 +61,8 @@ def with_megatron_training(case: Case, path: Path) -> Case:
     return replace(case, training=replace(requested, **changes)) if changes else case
 
 
-def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int]) -> tuple[str, ...]:
+def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int],
+                      stage_layers: Optional[tuple[int, ...]]) -> tuple[str, ...]:
     """What a ds_config leaves to the model's code and neither the case's layout nor the options
     said, so was read as DeepSpeed's default: DeepSpeed-MoE's ep_size, PipelineModule's split."""
     stated = case.layout
@@ -69,18 +70,19 @@ def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int]) -> tu
     if case.model.is_moe and stated is None and ep is None:
         notes.append(f"{config.name} does not state DeepSpeed-MoE's ep_size (the model code's): read as ep 1; "
                      "give --ep (or layout.ep in the case) for another")
-    if layout.pp > 1 and stated is None:
+    if layout.pp > 1 and stated is None and stage_layers is None:
         notes.append(f"{config.name} does not state PipelineModule's split of the layers: read as the even split; "
-                     "give layout.stage_layers in the case for another")
+                     "give --stage-layers (or layout.stage_layers in the case) for another")
     return tuple(notes)
 
 
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
              pp: Optional[int] = None, tp: Optional[int] = None, micro_batch_size: Optional[int] = None,
-             recompute: Optional[str] = None, ep: Optional[int] = None) -> Diagnosis:
+             recompute: Optional[str] = None, ep: Optional[int] = None,
+             stage_layers: Optional[tuple[int, ...]] = None) -> Diagnosis:
     """``micro_batch_size`` and ``recompute`` say what a Hugging Face Trainer's DeepSpeed config
     leaves to the Trainer (its per_device_train_batch_size, its gradient_checkpointing); ``ep``
-    what DeepSpeed-MoE's model code sets (its ep_size)."""
+    what DeepSpeed-MoE's model code sets (its ep_size), ``stage_layers`` its PipelineModule's split."""
     if (config is None) == (megatron_args is None):
         raise CaseError("diagnose", "config", "give exactly one of config (a ds_config) or megatron_args")
     config = None if config is None else read_path("diagnose", "config", config)
@@ -106,9 +108,9 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     if recompute is not None and recompute not in ("none", "selective", "full"):
         raise CaseError("--recompute", recompute, "expected none, selective or full")
     layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp,
-                         micro_batch_size=micro_batch_size, recompute=recompute, ep=ep)
+                         micro_batch_size=micro_batch_size, recompute=recompute, ep=ep, stage_layers=stage_layers)
     if config is not None:
-        notes = _model_code_notes(loaded, layout, config, ep)
+        notes = _model_code_notes(loaded, layout, config, ep, stage_layers)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
     loaded = replace(loaded, training=training, search=spec)
     estimate = estimate_job(loaded, loaded.job(layout))

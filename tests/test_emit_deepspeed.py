@@ -501,3 +501,27 @@ def test_a_deepspeed_moe_plan_reads_back_with_the_ep_its_model_code_sets(tmp_pat
     assert json.loads(done.stdout)["speedup"] == pytest.approx(1.0) and json.loads(done.stdout)["notes"] == []
     without = run_cli("diagnose", str(case), "--config", config, "--json")
     assert "give --ep (or layout.ep in the case) for another" in without.stdout + without.stderr
+
+
+def test_an_uneven_deepspeed_pipeline_reads_back_with_the_split_its_model_code_sets(tmp_path):
+    """PipelineModule's split is the model code's, not ds_config's: the planner's own uneven stages
+    (DeepSeek-V3's 61 layers on 16) were refused ("num_layers 61 must divide by pp = 16") or read
+    as the even split. --stage-layers says it."""
+    from cli_in_process import run_cli
+
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb",
+                                                                                "num_gpus": 16},
+                                    "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "deepspeed"},
+                                    "search": {"pp": 4}}))
+    planned = run_cli("plan", str(case), "--emit", "deepspeed", "--out", str(tmp_path / "run"), "--json")
+    assert planned.returncode == 0, planned.stderr
+    stages = json.loads(planned.stdout)["best"]["layout"]["stage_layers"]
+    assert len(set(stages)) > 1  # uneven: the LM head's stage holds fewer
+    config = str(tmp_path / "run" / "ds_config.json")
+    done = run_cli("diagnose", str(case), "--config", config, "--pp", "4",
+                   "--stage-layers", ",".join(map(str, stages)), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["speedup"] == pytest.approx(1.0) and json.loads(done.stdout)["notes"] == []
+    wrong = run_cli("diagnose", str(case), "--config", config, "--pp", "4", "--stage-layers", "8,8,8")
+    assert wrong.returncode == 2 and "--stage-layers: 3 stages of 24 layers; expected pp = 4" in wrong.stderr

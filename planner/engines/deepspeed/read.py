@@ -113,7 +113,7 @@ def _dp(src: str, config: dict, case, pp: int, tp: Optional[int]) -> int:
 
 def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[int] = None,
          micro_batch_size: Optional[int] = None, recompute: Optional[str] = None,
-         ep: Optional[int] = None) -> Layout:
+         ep: Optional[int] = None, stage_layers: Optional[tuple[int, ...]] = None) -> Layout:
     """The layout of an existing ds_config.json on ``case``'s cluster, with ``pp`` pipeline stages
     and, for a pipeline whose model splits its own layers (Megatron-DeepSpeed's 3D grid), ``tp``;
     without a pipeline tp is AutoTP's ``tensor_parallel.autotp_size``. What the model's code
@@ -227,7 +227,11 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
         raise CaseError(src, "zero_optimization.offload_param", f"applies to ZeRO stage 3 only, the config has {zero}")
     # The model's code: DeepSpeed-MoE's ep_size and PipelineModule's partition, as the case's layout says.
     ep = ep if ep is not None else stated.ep if stated is not None else 1
-    stage_layers = stated.stage_layers if stated is not None and stated.pp == pp else None
+    if stage_layers is None:
+        stage_layers = stated.stage_layers if stated is not None and stated.pp == pp else None
+    elif len(stage_layers) != pp or sum(stage_layers) != case.model.num_layers:
+        raise CaseError("--stage-layers", "", f"{len(stage_layers)} stages of {sum(stage_layers)} layers; expected "
+                                              f"pp = {pp} stages holding the model's {case.model.num_layers} layers")
     return Layout(dp=dp, tp=tp, pp=pp, micro_batch_size=micro, zero_stage=zero, recompute=recompute,
                   offload_optimizer=1.0 if offload["offload_optimizer"] else 0.0,
                   offload_params=offload["offload_param"], ep=ep, etp=stated.etp if stated is not None else None,
