@@ -188,14 +188,16 @@ class SizeChoice:
 
 
 def undominated(picks: list) -> list:
-    """The picks less those another beats on GPUs, days and spend at once (more GPUs for more days
-    at no saving is no trade a user would take); the first, the answer, always stays."""
+    """The picks less those another of the same GPU type beats on GPUs, days and spend at once (more
+    GPUs for more days at no saving is no trade a user would take; GPUs of two types are no one
+    count, and a team may have only one of them: 4,096 H100s meeting the deadline were dropped
+    beside 2,048 B200s); the first, the answer, always stays."""
     def spend(p) -> float:
         return p.cost if p.cost is not None else p.gpu_hours
 
     def beaten(p) -> bool:
-        return any(q is not p and q.gpus <= p.gpus and q.days <= p.days and spend(q) <= spend(p)
-                   and (q.gpus < p.gpus or q.days < p.days) for q in picks)
+        return any(q is not p and q.option.key == p.option.key and q.gpus <= p.gpus and q.days <= p.days
+                   and spend(q) <= spend(p) and (q.gpus < p.gpus or q.days < p.days) for q in picks)
     return picks[:1] + [p for p in picks[1:] if not beaten(p)]
 
 

@@ -199,10 +199,11 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
     if result.best is None:
         return problems + [f"{label}: size found nothing; the sweep {order[0]}"]
     picks = [result.best, *result.alternatives]
-    # Of the sweep's first four, none another beats on GPUs, days and spend at once (the answer stays).
+    # Of the sweep's first four, none another of its GPU type beats on GPUs, days and spend at once
+    # (the answer stays).
     top = order[:1 + 3]
     expected = top[:1] + [s for s in top[1:] if not any(
-        o is not s and o.gpus <= s.gpus and o.days <= s.days and o.spend <= s.spend
+        o is not s and o.option == s.option and o.gpus <= s.gpus and o.days <= s.days and o.spend <= s.spend
         and (o.gpus < s.gpus or o.days < s.days) for o in top)]
     if len(picks) != len(expected):
         problems.append(f"{label}: {len(picks)} answers, the sweep has {len(order)} sizes")
@@ -589,3 +590,12 @@ def test_a_price_for_some_gpu_types_only_is_said_to_go_unused():
                             "some GPU types only, size weighs GPU-hours, not cost; give each type a price (or "
                             "--gpu-hour-cost)",)
     assert planner.size(case, "100B", deadline="30d", gpu_hour_cost=3.0).notes == ()
+
+
+def test_the_cheapest_cluster_of_another_gpu_type_that_meets_the_deadline_is_an_alternative():
+    """4,096 H100s meet 60 days for 13.5M, cheaper than the listed 4,096 B200s, and were dropped as
+    'beaten' by 2,048 B200s: GPUs of two types are no one count, and a team may have only H100s."""
+    result = planner.size(EXAMPLE, "15T", deadline="60d", top_k=5)
+    h100 = [c for c in result.alternatives if c.option.gpu.name == "h100-sxm-80gb"]
+    assert h100 and h100[0].days <= 60
+    assert h100[0].cost <= min(c.cost for c in result.alternatives if c.option.gpu.name == "b200")
