@@ -136,11 +136,13 @@ def named_precision(text: Any) -> Optional[str]:
 
 def precision(text: Any) -> Optional[str]:
     """The training precision a published row states, bf16 where it names none (a table's "mixed (not
-    stated)"); None for adapter fine-tuning (not a pretraining layout)."""
+    stated)"); None for adapter fine-tuning (not a pretraining layout). A row that names fp32 (or
+    TF32 matmuls) trained in fp32: validate-published scored one as bf16 (none of the published
+    rows does)."""
     if "lora" in str(text or "").lower():
         return None
     named = named_precision(text)
-    return named if named in ("nvfp4", "mxfp8", "fp8", "fp16") else "bf16"
+    return named if named in ("nvfp4", "mxfp8", "fp8", "fp16", "fp32") else "bf16"
 
 
 def fp8_recipe(text: Any) -> Optional[str]:

@@ -328,3 +328,13 @@ def test_torchaos_power_limited_b200s_carry_their_clock(rows):
     assert capped["cluster"]["performance"] == {"sustained_clock": 0.635}
     assert estimate(capped).tokens_per_s / 8 == pytest.approx(8307.5, rel=0.03)
     assert "performance" not in case_of(rows["mb_2604_deepseekv3_b200_256g_mxfp8"])[0]["cluster"]
+
+
+def test_a_row_that_names_fp32_is_scored_as_fp32_and_one_that_names_nothing_as_bf16():
+    """validate-published scored a custom file's fp32 run as bf16 (5.4 % where the fp32 run is
+    45 % off); a table's unstated mixed precision stays bf16."""
+    from planner.published_runs import precision
+
+    assert precision("fp32 (TF32 matmuls)") == "fp32" and precision("FP32") == "fp32"
+    assert precision("mixed (not stated)") == "bf16" and precision(None) == "bf16"
+    assert precision("fp16 params/grads + fp32 Adam (2+2+12 bytes/param)") == "fp16"
