@@ -145,6 +145,11 @@ def print_report(f: FewShot, console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    if not f.groups:  # an empty table would read as a result
+        console.print(f"few-shot: no group of {MIN_GROUP} or more runs of one source on one GPU type among the runs "
+                      "scored: nothing to fit", markup=False)
+        return
+
     table = Table(title=f"Few-shot: mean |error| on each group's other runs, fitted on K of its runs "
                         f"({DRAWS} draws)")
     table.add_column("source")

@@ -123,6 +123,10 @@ def evaluate_families(rows: Sequence[dict], progress: Callable[[str], None] = la
 def print_report(scores: Sequence[FamilyScore], console) -> None:
     from rich.table import Table
 
+    if not scores:  # an empty table would read as a result
+        console.print("leave-family-out: the runs hold no mixture-of-experts family to leave out", markup=False)
+        return
+
     table = Table(title="Leave one MoE family out: mean |error| of tokens/s on its runs, the fitted figures refit "
                         "with and without them")
     for column in ("family", "runs", "fits that saw it", "in family", "left out", "ratio", "bias left out"):

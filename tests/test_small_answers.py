@@ -116,3 +116,17 @@ def test_size_refuses_a_malformed_layout_section_as_plan_does(tmp_path):
     path.write_text(yaml.safe_dump({**case, "layout": {"tp": 8}}))
     done = run_cli("size", str(path), "--tokens", "1T", "--json")
     assert done.returncode == 0 and "size chooses the layout and ignores the case's layout section" in done.stderr
+
+
+def test_few_shot_and_leave_family_out_with_nothing_to_fit_say_so(tmp_path):
+    """Each printed an empty table (runs 0, '—' in every cell) and exit 0: read as a result."""
+    row = yaml.safe_load((Path(__file__).parent.parent / "planner" / "published" / "published_runs.yaml")
+                         .read_text())[0]
+    runs = tmp_path / "runs.yaml"
+    runs.write_text(yaml.safe_dump([row]))
+    done = run_cli("validate-published", str(runs), "--no-experts", "--few-shot", "5")
+    assert done.returncode == 0 and "few-shot: no group of 8 or more runs of one source on one GPU type" in \
+        " ".join(done.stdout.split())
+    done = run_cli("validate-published", str(runs), "--no-experts", "--leave-family-out")
+    assert done.returncode == 0 and "leave-family-out: the runs hold no mixture-of-experts family" in \
+        " ".join(done.stdout.split())
