@@ -320,7 +320,12 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
         values["dp"] = read_int(src, f"{key}.dp", section["dp"])
     else:
         if num_gpus % model_parallel:
-            raise CaseError(src, f"{key}.tp", f"tp·pp·cp = {model_parallel} must divide the cluster's {num_gpus} GPUs")
+            # Named by the first degree that does not divide the GPUs, else the product's first factor.
+            culprit = next((k for k in ("cp", "pp", "tp") if num_gpus % values.get(k, 1)),
+                           next((k for k in ("tp", "pp", "cp") if k in section), "tp"))
+            raise CaseError(src, f"{key}.{culprit}", f"tp·pp·cp = {values.get('tp', 1)}·{values.get('pp', 1)}·"
+                                                     f"{values.get('cp', 1)} = {model_parallel} must divide the "
+                                                     f"cluster's {num_gpus} GPUs")
         values["dp"] = num_gpus // model_parallel
     with spec_errors(src):
         return Layout(**values)

@@ -674,3 +674,10 @@ def test_a_quantized_weight_gather_where_no_weights_are_gathered_is_refused():
     with pytest.raises(CaseError, match="training.fp8_param_gather: .*ZeRO stage 0 gathers none"):
         planner.estimate(case)
     assert planner.estimate({**case, "layout": {**case["layout"], "zero_stage": 1}}).fits is not None
+
+
+def test_a_degree_that_does_not_divide_the_gpus_is_the_key_named():
+    """layout.cp 4096 on 16 GPUs was reported as layout.tp."""
+    case = {**copy.deepcopy(CASE), "layout": {"cp": 4096}}
+    with pytest.raises(CaseError, match=r"layout\.cp: tp·pp·cp = 1·1·4096 = 4096 must divide the cluster's 8 GPUs"):
+        planner.estimate(case)
