@@ -317,6 +317,9 @@ def row_problem(row: dict) -> Optional[tuple[str, str]]:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 return name, f"expected a whole number from 1, got {_quoted(value)}"
+    sp = row["parallel"].get("sp")
+    if sp is not None and not isinstance(sp, bool):  # "yes please" was read as true
+        return "parallel.sp", f"expected true or false, got {_quoted(sp)}"
     measured = row.get("measured")
     if measured is None:
         return None

@@ -156,6 +156,7 @@ def test_a_run_faster_than_its_gpu_can_be_is_refused():
      "from 1e-06"),
     ({"num_gpus": "lots"}, "num_gpus", "expected a whole number from 1"),  # "unsupported operand ... //"
     ({"parallel__tp": 0}, "parallel.tp", "got 0"),  # "integer division or modulo by zero"
+    ({"parallel__sp": "yes please"}, "parallel.sp", "expected true or false"),  # read as true
 ])
 def test_a_run_with_a_field_that_is_no_number_is_refused_naming_it(changes, key, needle):
     with pytest.raises(CaseError, match=rf"runs.yaml: team-run-1\.{re.escape(key)}: .*{re.escape(needle)}"):
