@@ -58,7 +58,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     modes = [m for m in args.recompute.split(",") if m]
     if not modes or any(m not in RECOMPUTE for m in modes):
-        print(f"error: --recompute: expected modes among {', '.join(RECOMPUTE)}, got {args.recompute!r}", file=sys.stderr)
+        print(f"error: --recompute: expected modes among {', '.join(RECOMPUTE)}, got {args.recompute!r}",
+              file=sys.stderr)
         return 2
     name, cuda = device_name()
     args.out.mkdir(parents=True, exist_ok=True)

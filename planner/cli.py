@@ -153,7 +153,8 @@ def plan_command(
         elif plot is not None:
             notes.append(f"--plot: nothing fits, so {plot} was not written (no layout to draw)")
         # All or none: the emitted configs, the plot, and an earlier emission's other files taken out.
-        written = write_all(outputs, force, last=True, removes=[p for p in removed if p not in {o.path for o in outputs}])
+        written = write_all(outputs, force, last=True,
+                            removes=[p for p in removed if p not in {o.path for o in outputs}])
         notes += removed_notes(removed)
     except CaseError as error:
         _fail(error)

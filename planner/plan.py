@@ -289,7 +289,8 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         spec = replace(spec, top_k=top_k)
     spec, training = retarget(case.source, spec, case.training, target)
     case = replace(case, training=training, search=spec)
-    for key, why in ENGINES[spec.target].training_problems(case.training, case.cluster.gpu, case.model):  # no layout could meet these
+    # What no layout could meet.
+    for key, why in ENGINES[spec.target].training_problems(case.training, case.cluster.gpu, case.model):
         raise CaseError(case.source, key, f"{spec.target} cannot run it: {why}")
     from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it
 

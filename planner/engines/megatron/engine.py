@@ -31,8 +31,10 @@ from cost_models.specs import Job, ModelSpec, TrainingSpec
 
 from planner.engines.base import Engine, EngineSupport
 
-ACTIVATION_OFFLOAD_PIPELINE = "Megatron's CPU offloading has no support for pipeline parallelism (TransformerConfig)"
-ACTIVATION_OFFLOAD_RECOMPUTE = "Megatron's CPU offloading does not work with activation recomputation (TransformerConfig)"
+ACTIVATION_OFFLOAD_PIPELINE = ("Megatron's CPU offloading has no support for pipeline parallelism "
+                               "(TransformerConfig)")
+ACTIVATION_OFFLOAD_RECOMPUTE = ("Megatron's CPU offloading does not work with activation recomputation "
+                                "(TransformerConfig)")
 
 
 SUPPORT = EngineSupport(

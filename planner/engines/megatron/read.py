@@ -138,9 +138,9 @@ def _layout(src: str, flags: dict, case) -> Layout:
     try:
         experts = {}
         if not model.is_moe and args.integer("--expert-model-parallel-size", 1) > 1:
-            raise CaseError(args.src, "--expert-model-parallel-size", "needs a mixture of experts, and the case's model "
-                                                                      "is dense (megatron-core: num_moe_experts must "
-                                                                      "be non None to use expert-parallel)")
+            raise CaseError(args.src, "--expert-model-parallel-size",
+                            "needs a mixture of experts, and the case's model is dense (megatron-core: "
+                            "num_moe_experts must be non None to use expert-parallel)")
         if model.is_moe:  # megatron-core's default expert tensor parallel size is tp
             experts = {"ep": args.integer("--expert-model-parallel-size", 1),
                        "etp": args.integer("--expert-tensor-parallel-size", tp)}
@@ -278,10 +278,11 @@ def architecture_notes(path: Path, case) -> list[str]:
         notes.append(f"{path.name} gives neither --bf16 nor --fp16: Megatron-LM would train in fp32 (its default), "
                      f"the case in {case.training.precision}; priced as the case's")
     # Attention the launch builds otherwise than the case, whether or not the list gives the layers.
-    if (model.attention_type == "mla") != ("--multi-latent-attention" in flags):
-        notes.append(f"{path.name} {'gives' if '--multi-latent-attention' in flags else 'leaves out'} "
-                     f"--multi-latent-attention: Megatron-LM would build {'MLA' if '--multi-latent-attention' in flags else 'its default attention'}, "
-                     f"the case's model has {model.attention_type} attention (model.attention_type); priced as the case's")
+    mla = "--multi-latent-attention" in flags
+    if (model.attention_type == "mla") != mla:
+        notes.append(f"{path.name} {'gives' if mla else 'leaves out'} --multi-latent-attention: Megatron-LM would "
+                     f"build {'MLA' if mla else 'its default attention'}, the case's model has "
+                     f"{model.attention_type} attention (model.attention_type); priced as the case's")
     if bool(model.sliding_window) != ("--window-size" in flags):
         built = f"sliding-window attention ({flags['--window-size']})" if "--window-size" in flags \
             else "full attention in every layer"
