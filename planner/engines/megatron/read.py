@@ -117,6 +117,19 @@ class _Args:
             raise CaseError(self.src, flag, f"expected a positive integer, got {number}")
         return number
 
+    def number(self, flag: str) -> Optional[float]:
+        """A flag's finite number (argparse's type=float), None where absent."""
+        value = self.flags.get(flag)
+        if value is None:
+            return None
+        try:
+            number = float(value)
+        except ValueError:
+            raise CaseError(self.src, flag, f"expected a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise CaseError(self.src, flag, f"expected a finite number, got {value!r}")
+        return number
+
 
 def _layout(src: str, flags: dict, case) -> Layout:
     """The layout the arguments run, checked against ``case`` as Megatron-LM's validate_args and
@@ -229,31 +242,18 @@ def _check_model(args: _Args, model, training) -> None:
                                                  f"{training.recipe.name} (training.fp8_recipe)")
 
 
-def _number(args: _Args, flag: str) -> Optional[float]:
-    value = args.flags.get(flag)
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        raise CaseError(args.src, flag, f"expected a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise CaseError(args.src, flag, f"expected a finite number, got {value!r}")
-    return number
-
-
 def _check_capacity_and_dropout(args: _Args, model) -> None:
     """The experts' capacity factor (dropless without one) and the dropout the list runs, where it
     gives them, are the case's: each changes what the estimate prices (padded expert GEMMs, the
     saved masks)."""
-    factor = _number(args, "--moe-expert-capacity-factor")
+    factor = args.number("--moe-expert-capacity-factor")
     if model.is_moe and factor != model.moe_capacity_factor:
         said = f"{factor:g}" if factor is not None else "absent (dropless)"
         case_has = f"{model.moe_capacity_factor:g}" if model.moe_capacity_factor is not None else "none (dropless)"
         raise CaseError(args.src, "--moe-expert-capacity-factor", f"{said}, but the case's model.moe_capacity_factor "
                                                                   f"is {case_has}")
     for flag in ("--attention-dropout", "--hidden-dropout"):
-        value = _number(args, flag)
+        value = args.number(flag)
         if value is not None and value != model.dropout:
             raise CaseError(args.src, flag, f"{value:g} differs from the case's {model.dropout:g} (model.dropout)")
 
@@ -505,13 +505,11 @@ def _offload(args: _Args) -> tuple[float, int]:
     """The distributed optimizer's share on the CPU, and the first layers' activations."""
     offload_optimizer = 0.0
     if "--optimizer-cpu-offload" in args.flags:
-        text = args.flags.get("--optimizer-offload-fraction") or "1.0"
-        try:
-            offload_optimizer = float(text)
-        except ValueError:
-            raise CaseError(args.src, "--optimizer-offload-fraction", f"expected a fraction, got {text!r}") from None
+        fraction = args.number("--optimizer-offload-fraction")
+        offload_optimizer = 1.0 if fraction is None else fraction
         if not 0 <= offload_optimizer <= 1:
-            raise CaseError(args.src, "--optimizer-offload-fraction", f"expected a fraction in [0, 1], got {text}")
+            raise CaseError(args.src, "--optimizer-offload-fraction", f"expected a fraction in [0, 1], "
+                                                                      f"got {offload_optimizer:g}")
     offload_activations = args.integer("--cpu-offloading-num-layers", 0) if "--cpu-offloading" in args.flags else 0
     return offload_optimizer, offload_activations
 
