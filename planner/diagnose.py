@@ -113,5 +113,10 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         notes = _model_code_notes(loaded, layout, config, ep, stage_layers)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
     loaded = replace(loaded, training=training, search=spec)
-    estimate = estimate_job(loaded, loaded.job(layout))
+    job = loaded.job(layout)
+    if megatron_args is not None:
+        from .engines.megatron.read import overlap_notes
+
+        notes += tuple(overlap_notes(Path(megatron_args), job))
+    estimate = estimate_job(loaded, job)
     return Diagnosis(engine, estimate, plan_case(loaded, target=engine), resolved, notes)

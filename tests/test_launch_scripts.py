@@ -46,7 +46,7 @@ MODEL_ARGS=(
     --ffn-hidden-size 14336 --swiglu --group-query-attention --num-query-groups 8 \\
     --untie-embeddings-and-output-weights --seq-length 4096 --attention-dropout 0.0 --hidden-dropout 0.0
 )
-DDP_ARGS=(--use-distributed-optimizer --overlap-grad-reduce)
+DDP_ARGS=(--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather)
 TRAINING_ARGS=(--micro-batch-size 1 --global-batch-size 128)
 TRAINING_ARGS+=("${DDP_ARGS[@]}")
 torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${MODEL_ARGS[@]} "${TRAINING_ARGS[@]}" ${DTYPE_ARGS[@]}

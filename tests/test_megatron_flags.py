@@ -150,3 +150,21 @@ def test_a_switch_given_a_value_is_refused_as_argparse_refuses_it(tmp_path):
                     "--sequence-parallel=True\n")
     with pytest.raises(CaseError, match="--sequence-parallel: is a switch and takes no value"):
         diagnose(tmp_path / "case.yaml", megatron_args=args)
+
+
+def test_a_list_without_the_data_parallel_overlap_the_estimate_credits_is_said(tmp_path):
+    """Removing --overlap-grad-reduce or --overlap-param-gather from the planner's own files changed
+    nothing and said nothing: Megatron-LM runs that traffic in the step without them."""
+    from planner.diagnose import diagnose
+
+    (tmp_path / "case.yaml").write_text("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
+                                        "training: {global_batch_size: 64, seq_len: 4096}\n")
+    args = tmp_path / "args.txt"
+    base = "--tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 64 --bf16 " \
+           "--use-distributed-optimizer --sequence-parallel"
+    args.write_text(base + "\n")
+    notes = diagnose(tmp_path / "case.yaml", megatron_args=args).notes
+    assert any(n.startswith("args.txt leaves out --overlap-grad-reduce and --overlap-param-gather: Megatron-LM would "
+                            "run that data-parallel traffic in the step") for n in notes)
+    args.write_text(base + " --overlap-grad-reduce --overlap-param-gather\n")
+    assert not [n for n in diagnose(tmp_path / "case.yaml", megatron_args=args).notes if "overlap" in n]

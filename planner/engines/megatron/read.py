@@ -312,6 +312,23 @@ def architecture_notes(path: Path, case) -> list[str]:
     return notes
 
 
+def overlap_notes(path: Path, job: Job) -> list[str]:
+    """The data-parallel overlap the estimate credits (the emitter writes it: the bucketed reduction
+    behind the backward, the distributed optimizer's weight gathers behind the next forward) that the
+    list leaves out: Megatron-LM then runs the traffic after the backward, in the step."""
+    lay = job.layout
+    if lay.dp * lay.cp == 1:
+        return []
+    path = Path(path)
+    launch = launch_of(path, read_text(path))
+    flags = flags_of(launch.words, launch.src, launch.shell)
+    missing = ["--overlap-grad-reduce"] if "--overlap-grad-reduce" not in flags else []
+    if lay.zero_stage >= 1 and job.training.engine.overlap_param_gather and "--overlap-param-gather" not in flags:
+        missing.append("--overlap-param-gather")
+    return [f"{path.name} leaves out {' and '.join(missing)}: Megatron-LM would run that data-parallel traffic in the "
+            "step, not behind compute; priced with the overlap, so the launch may step slower"] if missing else []
+
+
 def _degrees(args: _Args, model, num_gpus: int) -> tuple[int, int, int, int]:
     """(tp, pp, cp, dp) over the case's GPUs."""
     tp = args.integer("--tensor-model-parallel-size", 1)
