@@ -17,11 +17,15 @@ ARGS = ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --micro
         "--global-batch-size 128 --seq-length 4096 --bf16 --use-distributed-optimizer\n")
 CASE = ("model: {preset: llama2-7b}\ncluster: {gpu: a100-sxm-80gb, num_gpus: 16}\n"
         "training: {global_batch_size: 128, seq_len: 4096}\n")
+# The Llama 3 70B case the argument lists below are read against.
+LLAMA_70B_ON_64 = ("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
+                   "training: {global_batch_size: 64, seq_len: 4096}\n")
 
 
 @pytest.mark.parametrize("typo, meant", [("--tensor-model-paralel-size", "--tensor-model-parallel-size"),
                                          ("--pipline-model-parallel-size", "--pipeline-model-parallel-size"),
                                          ("--micro-batch-szie", "--micro-batch-size")])
+
 def test_a_misspelt_flag_is_refused_naming_the_one_meant(tmp_path, typo, meant):
     (tmp_path / "case.yaml").write_text(CASE)
     args = tmp_path / "args.txt"
@@ -83,8 +87,7 @@ def test_switches_a_list_leaves_out_that_build_another_model_are_said(tmp_path):
     than the Llama 3 70B case, and diagnose said nothing."""
     from planner.diagnose import diagnose
 
-    (tmp_path / "case.yaml").write_text("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
-                                        "training: {global_batch_size: 64, seq_len: 4096}\n")
+    (tmp_path / "case.yaml").write_text(LLAMA_70B_ON_64)
     args = tmp_path / "args.txt"
     args.write_text("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
                     "--global-batch-size 64 --seq-length 4096 --num-layers 80 --hidden-size 8192 "
@@ -103,8 +106,7 @@ def test_a_list_without_bf16_or_fp16_is_said_to_train_fp32_and_another_optimizer
     from planner.diagnose import diagnose
     from planner.errors import CaseError
 
-    (tmp_path / "case.yaml").write_text("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
-                                        "training: {global_batch_size: 64, seq_len: 4096, optimizer: adamw}\n")
+    (tmp_path / "case.yaml").write_text(LLAMA_70B_ON_64.replace("seq_len: 4096", "seq_len: 4096, optimizer: adamw"))
     args = tmp_path / "args.txt"
     base = "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 64"
     args.write_text(base + "\n")
@@ -123,8 +125,7 @@ def test_attention_and_experts_a_list_builds_otherwise_are_said_or_refused(tmp_p
     from planner.diagnose import diagnose
     from planner.errors import CaseError
 
-    (tmp_path / "case.yaml").write_text("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
-                                        "training: {global_batch_size: 64, seq_len: 4096}\n")
+    (tmp_path / "case.yaml").write_text(LLAMA_70B_ON_64)
     args = tmp_path / "args.txt"
     base = "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --micro-batch-size 1 " \
            "--global-batch-size 64 --bf16"
@@ -143,8 +144,7 @@ def test_a_switch_given_a_value_is_refused_as_argparse_refuses_it(tmp_path):
     from planner.diagnose import diagnose
     from planner.errors import CaseError
 
-    (tmp_path / "case.yaml").write_text("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
-                                        "training: {global_batch_size: 64, seq_len: 4096}\n")
+    (tmp_path / "case.yaml").write_text(LLAMA_70B_ON_64)
     args = tmp_path / "args.txt"
     args.write_text("--tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 64 --bf16 "
                     "--sequence-parallel=True\n")
@@ -157,8 +157,7 @@ def test_a_list_without_the_data_parallel_overlap_the_estimate_credits_is_said(t
     nothing and said nothing: Megatron-LM runs that traffic in the step without them."""
     from planner.diagnose import diagnose
 
-    (tmp_path / "case.yaml").write_text("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
-                                        "training: {global_batch_size: 64, seq_len: 4096}\n")
+    (tmp_path / "case.yaml").write_text(LLAMA_70B_ON_64)
     args = tmp_path / "args.txt"
     base = "--tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 64 --bf16 " \
            "--use-distributed-optimizer --sequence-parallel"
