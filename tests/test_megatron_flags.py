@@ -22,6 +22,15 @@ LLAMA_70B_ON_64 = ("model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, n
                    "training: {global_batch_size: 64, seq_len: 4096}\n")
 
 
+def diagnosed(tmp_path, args_text: str, case: str = LLAMA_70B_ON_64):
+    """diagnose of the argument list ``args_text`` (as args.txt) against ``case``."""
+    from planner.diagnose import diagnose
+
+    (tmp_path / "case.yaml").write_text(case)
+    (tmp_path / "args.txt").write_text(args_text)
+    return diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "args.txt")
+
+
 @pytest.mark.parametrize("typo, meant", [("--tensor-model-paralel-size", "--tensor-model-parallel-size"),
                                          ("--pipline-model-parallel-size", "--pipeline-model-parallel-size"),
                                          ("--micro-batch-szie", "--micro-batch-size")])
@@ -103,67 +112,48 @@ def test_switches_a_list_leaves_out_that_build_another_model_are_said(tmp_path):
 def test_a_list_without_bf16_or_fp16_is_said_to_train_fp32_and_another_optimizer_is_refused(tmp_path):
     """Megatron-LM trains in fp32 where neither --bf16 nor --fp16 is given, and steps SGD with
     --optimizer sgd (no moments): the list was priced as the case's bf16 Adam without a word."""
-    from planner.diagnose import diagnose
     from planner.errors import CaseError
 
-    (tmp_path / "case.yaml").write_text(LLAMA_70B_ON_64.replace("seq_len: 4096", "seq_len: 4096, optimizer: adamw"))
-    args = tmp_path / "args.txt"
+    adamw = LLAMA_70B_ON_64.replace("seq_len: 4096", "seq_len: 4096, optimizer: adamw")
     base = "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 64"
-    args.write_text(base + "\n")
     assert "args.txt gives neither --bf16 nor --fp16: Megatron-LM would train in fp32 (its default), the case in " \
-           "bf16; priced as the case's" in diagnose(tmp_path / "case.yaml", megatron_args=args).notes
-    args.write_text(base + " --bf16 --optimizer adam\n")
-    assert not [n for n in diagnose(tmp_path / "case.yaml", megatron_args=args).notes if "fp32" in n]
-    args.write_text(base + " --bf16 --optimizer sgd\n")
+           "bf16; priced as the case's" in diagnosed(tmp_path, base + "\n", adamw).notes
+    assert not [n for n in diagnosed(tmp_path, base + " --bf16 --optimizer adam\n", adamw).notes if "fp32" in n]
     with pytest.raises(CaseError, match=r"args.txt: --optimizer: --optimizer sgd, but the case's optimizer is adamw"):
-        diagnose(tmp_path / "case.yaml", megatron_args=args)
+        diagnosed(tmp_path, base + " --bf16 --optimizer sgd\n", adamw)
 
 
 def test_attention_and_experts_a_list_builds_otherwise_are_said_or_refused(tmp_path):
     """--window-size, --multi-latent-attention and --expert-model-parallel-size on a dense Llama
     case read as the case's model with nothing said; megatron-core refuses the last outright."""
-    from planner.diagnose import diagnose
     from planner.errors import CaseError
 
-    (tmp_path / "case.yaml").write_text(LLAMA_70B_ON_64)
-    args = tmp_path / "args.txt"
     base = "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --micro-batch-size 1 " \
            "--global-batch-size 64 --bf16"
-    args.write_text(base + " --window-size 128,0 --multi-latent-attention\n")
-    notes = diagnose(tmp_path / "case.yaml", megatron_args=args).notes
+    notes = diagnosed(tmp_path, base + " --window-size 128,0 --multi-latent-attention\n").notes
     assert any(n.startswith("args.txt gives --window-size: Megatron-LM would build sliding-window attention (128,0)")
                for n in notes)
     assert any(n.startswith("args.txt gives --multi-latent-attention: Megatron-LM would build MLA") for n in notes)
-    args.write_text(base + " --expert-model-parallel-size 2\n")
     with pytest.raises(CaseError, match="--expert-model-parallel-size: needs a mixture of experts"):
-        diagnose(tmp_path / "case.yaml", megatron_args=args)
+        diagnosed(tmp_path, base + " --expert-model-parallel-size 2\n")
 
 
 def test_a_switch_given_a_value_is_refused_as_argparse_refuses_it(tmp_path):
     """--sequence-parallel=True was read as the switch; Megatron-LM's parser stops on it."""
-    from planner.diagnose import diagnose
     from planner.errors import CaseError
 
-    (tmp_path / "case.yaml").write_text(LLAMA_70B_ON_64)
-    args = tmp_path / "args.txt"
-    args.write_text("--tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 64 --bf16 "
-                    "--sequence-parallel=True\n")
     with pytest.raises(CaseError, match="--sequence-parallel: is a switch and takes no value"):
-        diagnose(tmp_path / "case.yaml", megatron_args=args)
+        diagnosed(tmp_path, "--tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 64 --bf16 "
+                            "--sequence-parallel=True\n")
 
 
 def test_a_list_without_the_data_parallel_overlap_the_estimate_credits_is_said(tmp_path):
     """Removing --overlap-grad-reduce or --overlap-param-gather from the planner's own files changed
     nothing and said nothing: Megatron-LM runs that traffic in the step without them."""
-    from planner.diagnose import diagnose
-
-    (tmp_path / "case.yaml").write_text(LLAMA_70B_ON_64)
-    args = tmp_path / "args.txt"
     base = "--tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 64 --bf16 " \
            "--use-distributed-optimizer --sequence-parallel"
-    args.write_text(base + "\n")
-    notes = diagnose(tmp_path / "case.yaml", megatron_args=args).notes
+    notes = diagnosed(tmp_path, base + "\n").notes
     assert any(n.startswith("args.txt leaves out --overlap-grad-reduce and --overlap-param-gather: Megatron-LM would "
                             "run that data-parallel traffic in the step") for n in notes)
-    args.write_text(base + " --overlap-grad-reduce --overlap-param-gather\n")
-    assert not [n for n in diagnose(tmp_path / "case.yaml", megatron_args=args).notes if "overlap" in n]
+    assert not [n for n in diagnosed(tmp_path, base + " --overlap-grad-reduce --overlap-param-gather\n").notes
+                if "overlap" in n]
