@@ -30,11 +30,34 @@ class Diagnosis:
             return None
         return self.estimate.step_time_s / self.plan.best.step_time_s
 
+    @property
+    def verdict(self) -> Optional[str]:
+        """What the speedup means, given the model's error: a gain within the gap it cannot tell apart
+        (``Plan.margin``, learned from published sweeps) is no reason to change a config, and a best
+        slower than the config is the price of fitting at the memory band's upper end."""
+        best, config = self.plan.best, self.estimate
+        if best is None:
+            return None
+        speedup, margin = self.speedup, self.plan.margin
+        if config.memory_verdict == "does not fit":
+            return f"the config does not fit as predicted; the planner's best does ({best.memory_verdict})"
+        if config.memory_verdict == "at risk" and best.memory_verdict == "fits" and speedup <= 1 + margin:
+            return ("the config is at risk of not fitting (its memory band straddles the usable memory); the "
+                    "planner's best fits at its band's upper end" + (f", {1 / speedup - 1:.1%} slower"
+                                                                     if speedup < 1 else ""))
+        if speedup > 1 + margin:
+            return f"faster beyond the {margin:.1%} the model cannot tell apart: worth the change"
+        if speedup >= 1 - margin:
+            return (f"within the {margin:.1%} the model cannot tell apart (published sweeps): no change is worth "
+                    f"making for speed")
+        return (f"the config is {1 / speedup - 1:.1%} faster than the planner's best, beyond the {margin:.1%} the "
+                f"model cannot tell apart: its layout is one the search does not try")
+
     def to_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "config": self.estimate.to_dict(), "resolved": list(self.resolved),
                 "notes": list(self.notes),
                 "best": self.plan.best.to_dict() if self.plan.best else None,
-                "speedup": self.speedup,
+                "speedup": self.speedup, "verdict": self.verdict,
                 "differs_from_best": self.plan.differences(self.estimate) if self.plan.best else None}
 
 

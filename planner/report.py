@@ -225,7 +225,7 @@ def print_diagnosis(diagnosis, console: Console) -> None:
         console.print(f"planner's best for {diagnosis.engine}: {_layout_summary(best.to_dict()['layout'])}",
                       markup=False)
         console.print(f"predicted step {best.step_time_s:.3f} s against {diagnosis.estimate.step_time_s:.3f} s: "
-                      f"[bold]{diagnosis.speedup:.2f}×[/] speedup")
+                      f"[bold]{diagnosis.speedup:.2f}×[/] speedup: {escape(diagnosis.verdict)}")
         changes = diagnosis.plan.differences(diagnosis.estimate)
         if changes:
             console.print("change: " + _changes({k: (b, a) for k, (a, b) in changes.items()}), markup=False)

@@ -49,8 +49,9 @@ def test_every_emitted_config_round_trips_through_diagnose(tmp_path, engine, opt
                 kwargs["pp"] = best.job.layout.pp
             result = diagnose(case, **kwargs)
             assert layout_to_mapping(result.estimate.job.layout) == best.to_dict()["layout"]
-            # Diagnosing the planner's own best finds nothing faster.
+            # Diagnosing the planner's own best finds nothing faster, and says no change is worth it.
             assert result.speedup == pytest.approx(1.0, abs=1e-9)
+            assert "no change is worth making" in result.verdict
         checked += 1
     assert checked >= 10
 
@@ -72,6 +73,28 @@ def test_diagnose_names_the_speedup_of_the_best_layout(tmp_path):
     assert data["config"]["layout"]["recompute"] == "full" and data["config"]["grad_accum"] == 8
     expected = data["config"]["step_time_s"] / data["best"]["step_time_s"]
     assert data["speedup"] == pytest.approx(expected) and data["speedup"] > 1.0
+    # Full recomputation costs a third more compute where nothing needs it: far beyond the model's noise.
+    assert data["speedup"] > 1.2 and data["verdict"].endswith("worth the change")
+
+
+def test_a_best_slower_than_the_config_says_it_is_the_price_of_fitting(tmp_path):
+    """NVIDIA's Llama 3 8B fp8 recipe for 8 H100s (Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh:
+    sequences of 8,192, micro-batch 1, no recomputation, the distributed optimizer) is predicted at risk
+    of not fitting: the planner's best (the robust pick, which fits at its memory band's upper end) is
+    slower, and diagnose says why rather than calling a slowdown a speedup."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 128, "seq_len": 8192, "precision": "fp8", "engine": "megatron"}}
+    args = tmp_path / "megatron_args.txt"
+    args.write_text("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+                    "--group-query-attention --num-query-groups 8 --seq-length 8192 --max-position-embeddings 8192 "
+                    "--swiglu --untie-embeddings-and-output-weights --disable-bias-linear "
+                    "--attention-dropout 0.0 --hidden-dropout 0.0 --micro-batch-size 1 --global-batch-size 128 "
+                    "--bf16 --grad-reduce-in-bf16 --fp8-format hybrid --fp8-param-gather --tensor-model-parallel-size 1 "
+                    "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather\n")
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.memory_verdict == "at risk" and result.plan.best.memory_verdict == "fits"
+    assert result.speedup < 1.0
+    assert result.verdict.startswith("the config is at risk of not fitting") and "slower" in result.verdict
 
 
 def test_a_contradictory_config_is_one_line(tmp_path):
