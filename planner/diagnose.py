@@ -122,6 +122,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         from .engines.megatron.launch import launch_notes
         from .engines.megatron.read import architecture_notes
 
+        said_dispatch = loaded.training.expert_dispatch
         loaded = with_megatron_training(loaded, Path(megatron_args))
         notes = tuple(launch_notes(Path(megatron_args))) + tuple(architecture_notes(Path(megatron_args), loaded))
     else:
@@ -134,6 +135,8 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
                          micro_batch_size=micro_batch_size, recompute=recompute, ep=ep, stage_layers=stage_layers)
     if config is not None:
         notes = _model_code_notes(loaded, layout, config, ep, stage_layers)
+    elif said_dispatch is None:
+        loaded = _dispatch_left_open(loaded, layout)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
     loaded = replace(loaded, training=training, search=spec)
     job = loaded.job(layout)
@@ -142,4 +145,24 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
 
         notes += tuple(overlap_notes(Path(megatron_args), job))
     estimate = estimate_job(loaded, job)
-    return Diagnosis(engine, estimate, plan_case(loaded, target=engine), resolved, notes)
+    best = plan_case(loaded, target=engine)
+    if megatron_args is not None and best.best is not None:
+        from .engines.megatron.emit import needs_deepep
+
+        if needs_deepep(best.best.job) and not needs_deepep(job):
+            notes += ("the planner's best sends tokens across NVLink domains with DeepEP (--moe-token-dispatcher-type "
+                      "flex --moe-flex-dispatcher-backend deepep, which its emitted files set), where these "
+                      "arguments run Megatron-LM's all-to-all",)
+    return Diagnosis(engine, estimate, best, resolved, notes)
+
+
+def _dispatch_left_open(case: Case, layout) -> Case:
+    """``case`` with the expert dispatch left to the engine where the arguments' all-to-all runs inside
+    one NVLink domain: there it prices as DeepEP's (a token crosses no domain), and Megatron's files
+    say alltoall whatever the engine would run across domains (the planner's own do: DeepEP only
+    where it saves something), so the arguments do not decide the dispatch for the planner's best."""
+    from cost_models.topology import domains_spanned
+
+    if case.training.expert_dispatch != "all_to_all" or domains_spanned(case.cluster, layout).get("ep", 1) > 1:
+        return case
+    return replace(case, training=replace(case.training, expert_dispatch=None))

@@ -167,9 +167,11 @@ class Estimate:
                 "host_bytes": int(round(self.host_bytes)),
             },
             "layout": self.layout_mapping(),
-            # The training settings the engine's defaults resolved at this layout, in the case-file's
-            # keys, so that a tool passing the job on launches what was priced.
-            "training": {"fp8_param_gather": self.job.training.fp8_param_gather},
+            # The engine that priced it and the training settings its defaults resolved at this layout,
+            # in the case-file's keys, so that a tool passing the job on (to `estimate`, to a launcher)
+            # gets what was priced: a plan that decided between engines names the one it picked.
+            "training": {"engine": self.job.training.engine.name,
+                         "fp8_param_gather": self.job.training.fp8_param_gather},
             # NVLink domains (nodes, or NVL72 racks) each parallel group spans: > 1 leaves it.
             "nvlink_domains_spanned": domains_spanned(self.job.cluster, self.job.layout),
             "grad_accum": self.job.grad_accum,

@@ -113,9 +113,12 @@ BIASED = ("gpt2", "gpt_neox")
 
 def _architecture(r: "_Reader", family: str) -> dict:
     """The architecture a launcher builds, where the config states it (``ModelSpec.normalization``…):
-    the norm by its epsilon key, RoPE by rope_theta (GPT-NeoX rotates part of each head and
-    DeepSeek scales its positions: left unstated), GPT-2's learned positions, biases, Qwen3's
-    q/k norms. Llama 4 leaves every fourth layer without positions (NoPE): unstated too."""
+    the norm by its epsilon key, RoPE by rope_theta (GPT-NeoX rotates part of each head: left
+    unstated), GPT-2's learned positions, biases, Qwen3's q/k norms. DeepSeek's MLA rotates its
+    qk_rope_head_dim at rope_theta (10000 where the config leaves it out: transformers'
+    DeepseekV3Config) under YaRN scaling, which megatron-core's MLATransformerConfig applies by
+    default (rope_type yarn, factor 40 from 4,096 positions, as DeepSeek-V2 and V3 ship). Llama 4
+    leaves every fourth layer without positions (NoPE): unstated."""
     out: dict = {}
     if r.get("rms_norm_eps") is not _MISSING:
         out["normalization"] = "rmsnorm"
@@ -127,7 +130,9 @@ def _architecture(r: "_Reader", family: str) -> dict:
         raise r.fail("rope_theta", f"expected RoPE's base, a finite number above 0, got {_show(base)}")
     if family == "gpt2":
         out["position_embedding"] = "learned"
-    elif base is not _MISSING and family not in ("gpt_neox", "deepseek_v2", "deepseek_v3", "llama4"):
+    elif family in ("deepseek_v2", "deepseek_v3"):
+        out["position_embedding"], out["rope_base"] = "rope", float(10000 if base is _MISSING else base)
+    elif base is not _MISSING and family not in ("gpt_neox", "llama4"):
         out["position_embedding"], out["rope_base"] = "rope", float(base)
     if family in BIASED:
         out["linear_bias"] = True

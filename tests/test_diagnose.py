@@ -109,3 +109,21 @@ def test_a_contradictory_config_is_one_line(tmp_path):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and "train_batch_size" in lines[0]
+
+
+def test_diagnose_on_the_planners_own_moe_files_finds_their_layout_best(tmp_path):
+    """The planner writes --moe-token-dispatcher-type alltoall where the experts stay inside one NVLink
+    domain (DeepEP saves nothing there); diagnose read that as the case's dispatch for its own plan, which
+    then priced every layout across nodes without DeepEP and picked another (Qwen3-30B-A3B on 32 H100s:
+    ep 4, "0.97x speedup", against the files' own plan at ep 8)."""
+    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16", "moe_comm_overlap": True},
+            "search": {"pp": 2}}
+    best = planner.plan(case, target="megatron").best
+    files, _ = render(best, "megatron", "<generated>")
+    written = write_all([Output(tmp_path / name, text) for name, text in files.items()], force=False)
+    args = next(p for p in written if p.name == "megatron_args.txt")
+    assert "--moe-token-dispatcher-type alltoall" in args.read_text()
+    result = diagnose(case, megatron_args=args)
+    assert layout_to_mapping(result.estimate.job.layout) == best.to_dict()["layout"]
+    assert result.speedup == pytest.approx(1.0) and result.plan.differences(result.estimate) == {}

@@ -934,3 +934,42 @@ def test_the_files_set_the_cases_dropout_and_diagnose_refuses_widths_and_factors
         changed.write_text(text.replace(old, new))
         done = run_cli("diagnose", str(case), "--megatron-args", str(changed))
         assert done.returncode == 2 and needle in done.stderr, (needle, done.stderr)
+
+
+def test_an_activation_offload_is_written_as_megatron_lms_parser_takes_it_and_read_back(tmp_path):
+    """Megatron-LM has no --cpu-offloading argument (megatron/training/arguments.py lists
+    cpu_offloading among the TransformerConfig fields with none; validate_args turns it on where
+    --cpu-offloading-num-layers > 0): the files of every plan that offloaded activations stopped the
+    parser, and diagnose read a list that turns offload on as Megatron-LM does as no offload
+    (Llama 3 70B at 131,072 tokens: "does not fit", 254 GB)."""
+    from cli_in_process import run_cli
+
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+                                    "training": {"global_batch_size": 32, "seq_len": 8192, "engine": "megatron"},
+                                    "search": {"offload_activations": 8}}))
+    planned = run_cli("plan", str(case), "--emit", "megatron", "--out", str(tmp_path / "run"), "--json")
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)["best"]["layout"]["offload_activations"] == 8
+    path = tmp_path / "run" / "megatron_args.txt"
+    lines = path.read_text().splitlines()
+    assert "--cpu-offloading-num-layers 8" in lines and "--cpu-offloading" not in lines
+    done = run_cli("diagnose", str(case), "--megatron-args", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    read = json.loads(done.stdout)
+    assert read["config"]["layout"]["offload_activations"] == 8 and read["speedup"] == pytest.approx(1.0)
+    refused = tmp_path / "refused.txt"
+    refused.write_text(path.read_text() + "--cpu-offloading\n")
+    done = run_cli("diagnose", str(case), "--megatron-args", str(refused))
+    assert done.returncode == 2 and "--cpu-offloading: Megatron-LM has no such argument" in done.stderr
+
+
+def test_deepseeks_rope_is_written_so_megatron_lm_takes_its_multi_token_prediction():
+    """DeepSeek-V3's preset stated no position embedding, so its files left Megatron-LM's default,
+    learned absolute positions, which validate_args refuses beside --mtp-num-layers ("Multi-Token
+    Prediction (MTP) is not supported with learned_absolute position embedding type"): the shipped
+    example's files did not launch. Its config.json: decoupled RoPE, rope_theta 10000."""
+    for example in ("deepseek-v3-2048-h800.yaml",):
+        args = dict(megatron.arguments(estimate(load_case(EXAMPLES / example)).job))
+        assert args["--mtp-num-layers"] == "1"
+        assert (args["--position-embedding-type"], args["--rotary-base"]) == ("rope", "10000")

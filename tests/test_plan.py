@@ -383,3 +383,18 @@ def test_a_pinned_vpp_that_splits_the_stages_unequally_is_planned_as_estimate_ru
     alone = planner.estimate({**job, "layout": {**pins, "sequence_parallel": best.job.layout.sequence_parallel,
                                                 "recompute": best.job.layout.recompute}})
     assert best.step_time_s == pytest.approx(alone.step_time_s)
+
+
+def test_the_best_carries_the_engine_the_plan_picked_so_estimate_gives_the_plans_figures():
+    """A case naming no engine: the plan decides between engines, and its best's `training` named no
+    engine, so `estimate` of that layout with that training priced plain PyTorch (9.42 s against the
+    plan's 7.73 s under Megatron-LM for Llama 3 8B on 8 H100s)."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 8192}}
+    result = planner.plan(case)
+    best = result.best.to_dict()
+    assert best["training"]["engine"] == result.to_dict()["engine"] != "any"
+    replay = planner.estimate({**case, "layout": best["layout"],
+                               "training": {**case["training"], **best["training"]}}).to_dict()
+    assert replay["step_time_s"] == best["step_time_s"]
+    assert replay["memory"]["peak_bytes"] == best["memory"]["peak_bytes"]

@@ -267,7 +267,9 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", f"{lay.offload_optimizer:g}"),
                  ("--use-precision-aware-optimizer", None), ("--overlap-cpu-optimizer-d2h-h2d", None)]
     if lay.offload_activations:
-        args += [("--cpu-offloading", None), ("--cpu-offloading-num-layers", str(lay.offload_activations))]
+        # The count alone turns it on: validate_args sets cpu_offloading where it is > 0, and
+        # cpu_offloading itself has no argument (megatron/training/arguments.py, core_v0.16.1).
+        args.append(("--cpu-offloading-num-layers", str(lay.offload_activations)))
     if t.moe_comm_overlap:
         args.append(("--overlap-moe-expert-parallel-comm", None))  # dispatch and combine beside another micro-batch
     return args

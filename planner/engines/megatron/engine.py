@@ -61,7 +61,8 @@ SUPPORT = EngineSupport(
          ("max_zero_with_pp", "pipelines with the distributed optimizer (ZeRO ≤ 1) here, not Megatron-FSDP"),
          ("optimizer_offload_zero", "offloads the distributed optimizer (--optimizer-cpu-offload needs "
                                     "--use-precision-aware-optimizer, which needs zero_stage 1)"),
-         ("param_offload", "keeps parameters on the GPU (--cpu-offloading-weights is not modelled)")),
+         ("param_offload", "keeps parameters on the GPU (TransformerConfig.cpu_offloading_weights, which no "
+                           "argument sets, is not modelled)")),
 )
 
 BEHAVIOUR = EngineBehaviour(

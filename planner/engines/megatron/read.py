@@ -113,7 +113,7 @@ class _Args:
         if len(digits.lstrip("+-")) > len(str(MAX_INT)) or int(digits) > MAX_INT:
             raise CaseError(self.src, flag, f"expected an integer <= {MAX_INT}, got {digits}")
         number = int(digits)
-        if number < (0 if flag == "--recompute-num-layers" else 1):
+        if number < (0 if flag in ("--recompute-num-layers", "--cpu-offloading-num-layers") else 1):
             raise CaseError(self.src, flag, f"expected a positive integer, got {number}")
         return number
 
@@ -527,8 +527,11 @@ def _offload(args: _Args) -> tuple[float, int]:
         if not 0 <= offload_optimizer <= 1:
             raise CaseError(args.src, "--optimizer-offload-fraction", f"expected a fraction in [0, 1], "
                                                                       f"got {offload_optimizer:g}")
-    offload_activations = args.integer("--cpu-offloading-num-layers", 0) if "--cpu-offloading" in args.flags else 0
-    return offload_optimizer, offload_activations
+    if "--cpu-offloading" in args.flags:
+        raise CaseError(args.src, "--cpu-offloading", "Megatron-LM has no such argument, so its parser refuses the "
+                                                      "launch: --cpu-offloading-num-layers N alone offloads N layers' "
+                                                      "activations (validate_args turns cpu_offloading on)")
+    return offload_optimizer, args.integer("--cpu-offloading-num-layers", 0)
 
 
 def read_training(path: Path, case) -> dict:
