@@ -462,7 +462,7 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     if target.tokens < tokens_per_step:  # a run shorter than one step: its deadline per step is endless
         raise CaseError(case.source, "tokens", f"expected at least one global batch of the case, "
                                                f"{tokens_per_step:,} tokens (global_batch_size × seq_len), "
-                                               f"got {target.tokens:,.0f}")
+                                               f"got {target.tokens:,.10g}")
     step_deadline = None if target.deadline_s is None else target.deadline_s * tokens_per_step / target.tokens
     gbs = case.training.global_batch_size
 

@@ -15,6 +15,14 @@ from .size import OBJECTIVE_TEXT, OK, SizeChoice, Sizing
 from .size_front import DOUBLING_SAVES, FRONT_SPAN
 
 
+def _figure(value: float, decimals: int = 0) -> str:
+    """``value`` grouped with ``decimals`` decimals, or to two significant figures where those would
+    round a small figure away (a run of a billion tokens is 0.0115 days, not 0.0)."""
+    if 0 < value < 10 ** (1 - decimals):
+        return f"{value:.2g}"
+    return f"{value:,.{decimals}f}"
+
+
 def _cluster(choice: SizeChoice) -> str:
     units = choice.gpus // choice.option.unit
     return (f"{choice.gpus:,} × {choice.option.gpu.name} ({units:,} {choice.option.unit_name}"
@@ -22,9 +30,9 @@ def _cluster(choice: SizeChoice) -> str:
 
 
 def _takes(choice: SizeChoice) -> str:
-    cost = f", cost {choice.cost:,.0f}" if choice.cost is not None else ""
+    cost = f", cost {_figure(choice.cost)}" if choice.cost is not None else ""
     return (f"{choice.tokens_per_s:,.0f} tokens/s (step {choice.step_time_s:.3f} s, MFU {choice.estimate.mfu:.1%}), "
-            f"{choice.days:,.1f} days, {choice.gpu_hours:,.0f} GPU-hours{cost}")
+            f"{_figure(choice.days, 1)} days, {_figure(choice.gpu_hours)} GPU-hours{cost}")
 
 
 def _print_choice(console: Console, choice: SizeChoice, label: str = "") -> None:
@@ -57,8 +65,8 @@ def print_sizing(sizing: Sizing, console: Console) -> None:
             for column in ("#", "GPUs", "type", "days", "GPU-hours", "cost", "trades"):
                 table.add_column(column, justify="left" if column in ("type", "trades") else "right")
             for i, alt in enumerate(sizing.alternatives, 1):
-                table.add_row(str(i), f"{alt.gpus:,}", escape(alt.option.gpu.name), f"{alt.days:,.1f}",
-                              f"{alt.gpu_hours:,.0f}", "-" if alt.cost is None else f"{alt.cost:,.0f}",
+                table.add_row(str(i), f"{alt.gpus:,}", escape(alt.option.gpu.name), _figure(alt.days, 1),
+                              _figure(alt.gpu_hours), "-" if alt.cost is None else _figure(alt.cost),
                               escape(best.trade_text(alt)))
             console.print(table)
     console.print(f"solver: {sizing.solver_status} over {sizing.rows} layouts on {sizing.sizes_searched} of "
@@ -77,8 +85,8 @@ def print_front(sizing: Sizing, console: Console) -> None:
         before = sizing.front[i - 1] if i else None
         ratio = before.trade(point) if before else None
         rows.append(["knee" if point is sizing.knee else "", f"{point.gpus:,}", escape(point.option.gpu.name),
-                     f"{point.days:,.1f}", f"{point.gpu_hours:,.0f}",
-                     *([f"{point.cost:,.0f}" if point.cost is not None else "-"] if priced else []),
+                     _figure(point.days, 1), _figure(point.gpu_hours),
+                     *([_figure(point.cost) if point.cost is not None else "-"] if priced else []),
                      f"{ratio['days']:.2f}" if ratio else "",
                      f"{ratio['cost' if sizing.spend == 'cost' else 'gpu_hours']:.2f}" if ratio else ""])
     for k, column in enumerate(columns):  # the figures whole; a long type name folds
@@ -97,7 +105,7 @@ def print_front(sizing: Sizing, console: Console) -> None:
     if knee is sizing.front[-1]:
         console.print("The knee is the front's fastest size: the limit binds, and more GPUs may still pay "
                       "(the case's num_gpus, nodes, max_gpus or max_nodes).", markup=False)
-    bound = f"{sizing.spend_bound:,.0f} {'in cost' if sizing.spend == 'cost' else 'GPU-hours'}"
+    bound = f"{_figure(sizing.spend_bound)} {'in cost' if sizing.spend == 'cost' else 'GPU-hours'}"
     console.print(f"The front lists sizes up to {FRONT_SPAN:g}× the knee's days; no size of any type spends less "
                   f"than {bound} (the work bound).", markup=False)
 

@@ -599,3 +599,21 @@ def test_the_cheapest_cluster_of_another_gpu_type_that_meets_the_deadline_is_an_
     h100 = [c for c in result.alternatives if c.option.gpu.name == "h100-sxm-80gb"]
     assert h100 and h100[0].days <= 60
     assert h100[0].cost <= min(c.cost for c in result.alternatives if c.option.gpu.name == "b200")
+
+
+def test_small_figures_are_printed_not_rounded_away():
+    """`--tokens 0.5` was refused as "got 0"; a billion tokens at a GPU-hour price of 0.0001 printed
+    every day and cost as 0.0 and 0, and "no size spends less than 0 in cost" (the JSON had 0.014)."""
+    from cli_in_process import run_cli
+
+    example = str(Path(__file__).resolve().parent.parent / "examples" / "llama3-70b-15t-size.yaml")
+    done = run_cli("size", example, "--tokens", "0.5", "--deadline", "60d")
+    assert done.returncode == 2 and done.stderr.rstrip().endswith("got 0.5"), done.stderr
+    done = run_cli("size", example, "--tokens", "1B", "--gpu-hour-cost", "0.0001", "--json")
+    data = json.loads(done.stdout)
+    knee = data["front"][data["knee"]]
+    assert 0 < knee["cost"] < 0.05 and 0 < knee["days"] < 0.05
+    text = run_cli("size", example, "--tokens", "1B", "--gpu-hour-cost", "0.0001").stdout
+    line = " ".join(text.split())
+    assert f"{knee['days']:.2g} days" in line and f"cost {knee['cost']:.2g}" in line
+    assert "spends less than 0 " not in line and " 0.0 " not in line
