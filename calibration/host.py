@@ -113,6 +113,12 @@ def busy_reason(share: Optional[float]) -> Optional[str]:
             "timings taken now describe a slower machine; stop them, or pass --allow-busy to measure anyway")
 
 
+def measuring_anyway(reason: str) -> str:
+    """A refusal's reason (:func:`busy_reason`, :func:`gpu_busy_reason`) as the warning given under
+    --allow-busy: its last clause, the advice to pass --allow-busy, replaced by what is done."""
+    return reason.rsplit("; ", 1)[0] + "; measuring anyway (--allow-busy)"
+
+
 def visible_gpus(count: int) -> list[str]:
     """nvidia-smi's ids of the first ``count`` GPUs this process's ranks use: CUDA_VISIBLE_DEVICES
     renumbers them (indices or UUIDs, in order), and nvidia-smi takes either."""

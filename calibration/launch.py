@@ -148,7 +148,7 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
     goes into the profile's ``machine`` section, with the reference GEMM's speed before and after
     the ranks ran on CPUs (``warn`` is told when it moved: :func:`speed.moved_reason`).
     """
-    from .host import busy_reason, gpu_busy_reason, gpu_use, other_cpu_share
+    from .host import busy_reason, gpu_busy_reason, gpu_use, measuring_anyway, other_cpu_share
 
     from planner.fields import check_option
     from planner.files import Output, check_writable, write_atomically
@@ -184,7 +184,7 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
         if busy and not allow_busy:
             raise CaseError("calibrate", "host", busy)
         if busy:
-            warn(busy)
+            warn(measuring_anyway(busy))
     threads = threads_per_rank(nproc, cores())  # as each rank sets (calibration.worker)
     before = None if cuda else reference_gemm_tflops(threads)
 

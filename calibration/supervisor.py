@@ -141,8 +141,13 @@ def run_ranks(worker: Sequence[str], nproc: int, workdir: Path, *, name: str, st
     log = workdir / "torchrun.log"
     start = time.monotonic()
     process: Optional[subprocess.Popen] = None
+    from planner.errors import raise_if_interrupted
+
     with _sigterm_interrupts():
         try:
+            # An interrupt Python dropped before (one raised inside an import that swallowed it: torch's,
+            # measuring the machine's speed) ends the run before it starts, or at the next poll.
+            raise_if_interrupted()
             with open(log, "wb") as log_file:
                 process = subprocess.Popen(
                     torchrun_command(workdir, nproc, worker, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint),
@@ -155,6 +160,7 @@ def run_ranks(worker: Sequence[str], nproc: int, workdir: Path, *, name: str, st
             overran = False
             while process.poll() is None:
                 time.sleep(POLL_S)
+                raise_if_interrupted()
                 now = time.monotonic()
                 ranks = {info.get("local_rank", r): info for r, info in read_ranks(workdir).items()}
                 for local in expected:

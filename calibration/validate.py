@@ -218,7 +218,7 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     check_option("--timeout", timeout_s, 1, MAX_TIMEOUT_S, "seconds")
 
     from .host import (busy_reason, cpu_model, device_mismatch, gpu_busy_reason, gpu_use, local_gpu, local_gpu_count,
-                       other_cpu_share)
+                       measuring_anyway, other_cpu_share)
 
     loaded = load_with_profile(case, profile)
     machine = profiled_machine(case, profile)  # the profile is read once; what follows derives from it
@@ -275,7 +275,7 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
         if reason and not allow_busy:
             raise CaseError(loaded.source, "host", reason)
         if reason:
-            warn(reason)
+            warn(measuring_anyway(reason))
     progress(f"validate: predicted {est.step_time_s:.3g} s a step; running {spec.warmup} warm-up and {spec.steps} "
              f"timed steps on {spec.dp} rank{'s' if spec.dp > 1 else ''} ({spec.device}), stopped after "
              f"{timeout_s:.0f} s at most")

@@ -3,7 +3,7 @@
 Exit codes: 0 success; 2 bad input (one line naming the file, the key and what was
 expected); 3 the layout (or every layout) does not fit in GPU memory, or no cluster within
 `size`'s limits meets its deadline; 4 a calibration or
-validation run failed (one line naming the rank); 130 interrupted.
+validation run failed (one line naming the rank); 130 interrupted (143 by SIGTERM).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Optional
 
 import typer
 
-from .errors import (CaseError, Interrupted, forget_interrupts, ignore_interrupts, interrupt, one_line,
-                     raise_if_interrupted)
+from .errors import (CaseError, Interrupted, forget_interrupts, ignore_interrupts, interrupt, interrupted_exit_code,
+                     one_line, raise_if_interrupted)
 from .estimate import estimate
 
 EXIT_BAD_INPUT = 2
@@ -443,7 +443,7 @@ def calibrate_command(
         raise typer.Exit(EXIT_RUN_FAILED)
     except (KeyboardInterrupt, Interrupted):  # Ctrl-C or SIGTERM: every rank is stopped, nothing is written
         print("error: calibration interrupted; no profile written", file=sys.stderr)
-        raise typer.Exit(130)
+        raise typer.Exit(interrupted_exit_code())
     if outcome.path is None:
         print(f"calibrated {outcome.world_size} ranks in {outcome.seconds:.0f} s; rank 0's node wrote the profile")
         return
@@ -522,7 +522,7 @@ def main() -> None:
         from click.exceptions import UsageError
 
     forget_interrupts()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` alike: exit 130, nothing written
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` alike: exit 130 or 143, nothing written
         if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and background jobs ignore them
             signal.signal(signum, _interrupted)
     sys.exit(_run(UsageError))
@@ -547,7 +547,7 @@ def _run(usage_error: type) -> int:
         if not _caused_by_interrupt(error):
             raise
         print("error: interrupted", file=sys.stderr)
-        return _exiting(130)
+        return _exiting(interrupted_exit_code())
     return _exiting(result if isinstance(result, int) else 0)
 
 

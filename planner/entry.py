@@ -2,7 +2,7 @@
 
 Loading the CLI (typer, rich, the cost models) takes a quarter of a second. A Ctrl-C or a
 ``kill`` in that time ends the command as one arriving later does (:func:`planner.cli.main`):
-"interrupted" on stderr, exit 130, nothing written (nothing has been yet), rather than Python's
+"interrupted" on stderr, exit 130 (143 by SIGTERM), nothing written (nothing has been yet), rather than Python's
 traceback or a bare death by the signal. This module imports nothing of the planner but the
 package itself, whose names load on first use.
 """
@@ -18,7 +18,7 @@ def _interrupted_while_loading(signum, frame) -> None:
     # Inside an import nothing may be unwound safely and nothing is open: leave at once.
     sys.stderr.write("error: interrupted\n")
     sys.stderr.flush()
-    os._exit(130)
+    os._exit(128 + signum)  # 130 for Ctrl-C, 143 for SIGTERM, as a shell reports a death by either
 
 
 def main() -> None:

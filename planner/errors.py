@@ -30,7 +30,7 @@ class CaseError(Exception):
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM reached the CLI: it exits 130, having written nothing.
+    """SIGINT or SIGTERM reached the CLI: it exits 130 or 143, having written nothing.
 
     A BaseException other than KeyboardInterrupt, so that no ``except Exception`` swallows
     it and typer, which turns a KeyboardInterrupt into a bare exit code, lets it through
@@ -56,6 +56,14 @@ def raise_if_interrupted() -> None:
     """Raise an interrupt recorded by :func:`interrupt` that something swallowed."""
     if _RECEIVED:
         raise Interrupted(_RECEIVED[0])
+
+
+def interrupted_exit_code() -> int:
+    """The exit code of a command ended by a signal, as a shell reports one: 128 + its number, 130
+    for Ctrl-C (SIGINT, also where Python raised KeyboardInterrupt itself), 143 for SIGTERM."""
+    import signal
+
+    return 128 + int(getattr(signal, _RECEIVED[0], signal.SIGINT)) if _RECEIVED else 130
 
 
 def forget_interrupts() -> None:

@@ -559,3 +559,14 @@ def test_fp32_gemms_timed_beside_bf16_get_their_own_efficiency(tmp_path):
     cpu_perf = build_profile({"device": "cpu"}, cpu, memory_bytes=1e9, gpus_per_node=2, main_precision="fp32",
                              datasheet_peaks={"fp32": 200.0})["performance"]
     assert cpu_perf["gemm_efficiency"] == pytest.approx(0.45, rel=1e-3) and "gemm_efficiency_fp32" not in cpu_perf
+
+
+def test_the_busy_warning_under_allow_busy_does_not_ask_for_allow_busy():
+    """`validate --allow-busy` on a busy machine warned "... or pass --allow-busy to measure anyway"."""
+    from calibration.host import busy_reason, measuring_anyway
+
+    refusal = busy_reason(0.9)
+    assert refusal.endswith("pass --allow-busy to measure anyway")
+    warning = measuring_anyway(refusal)
+    assert "pass --allow-busy" not in warning and warning.endswith("measuring anyway (--allow-busy)")
+    assert warning.startswith("other processes use 90% of this machine's CPU time")

@@ -523,7 +523,7 @@ def test_the_command_prints_the_api_json_and_one_line_errors(tmp_path):
     assert done.returncode == 2 and done.stderr.startswith(f"error: {path}: cluster.options: ")
 
 
-def test_an_interrupted_sizing_exits_130():
+def test_an_interrupted_sizing_exits_130_on_ctrl_c():
     import os
     import signal
     import time
