@@ -286,6 +286,8 @@ class FabricSpec:
         for nodes, value in self.efficiency_at:
             _positive_int(s, "efficiency_at", nodes)
             _positive_float(s, "efficiency_at", value)
+            if value > 1.5:
+                raise SpecError(s, "efficiency_at", f"expected a fraction of the line rate (at most 1.5), got {value!r}")
         for name in ("latency_s", "tree_latency_s"):
             value = getattr(self, name)
             if name == "tree_latency_s" and value is None:

@@ -25,7 +25,7 @@ from .fields import (describe, read_bool, read_figure, read_file_path, read_int,
                      read_str, read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import read_yaml
-from .limits import MAX_SEQ_LEN, MAX_STRING_CHARS
+from .limits import MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_STRING_CHARS
 from .presets import closest, model_presets
 from .search_options import SearchSpec, read_module_names, read_search, training_for_target
 from .units import parse_memory
@@ -224,7 +224,7 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
         if fields.get(key) is not None:
             values[key] = read_str(src, f"model.{key}", fields[key])
     if fields.get("rope_base") is not None:
-        values["rope_base"] = read_number(src, "model.rope_base", fields["rope_base"])
+        values["rope_base"] = read_number(src, "model.rope_base", fields["rope_base"], MAX_ROPE_BASE)
     for key in ("linear_bias", "qk_norm"):
         if fields.get(key) is not None:
             values[key] = read_bool(src, f"model.{key}", fields[key])

@@ -15,7 +15,7 @@ from .errors import CaseError
 from .fields import (describe, read_figure, read_file_path, read_int, read_mapping, read_number, read_str,
                      read_time, read_unit, required)
 from .inputs import read_yaml
-from .limits import MAX_GPU_HOUR_COST, MAX_GPUS, MIN_FIGURE
+from .limits import MAX_FABRIC_EFFICIENCY, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_PEAK_TFLOPS, MIN_FIGURE
 from .presets import closest, fabric_presets, gpu_presets, performance_presets, resolve_gpu_preset
 from .units import parse_bandwidth, parse_memory
 
@@ -64,7 +64,8 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
         return GPUSpec(
             name=name,
             memory_bytes=read_unit(src, f"{key}.memory", data["memory"], parse_memory),
-            peak_flops={p: read_figure(src, f"{key}.peak_tflops.{p}", v) * 1e12 for p, v in peaks.items()},
+            peak_flops={p: read_figure(src, f"{key}.peak_tflops.{p}", v, MAX_PEAK_TFLOPS) * 1e12
+                        for p, v in peaks.items()},
             hbm_bandwidth=read_unit(src, f"{key}.hbm_bandwidth", data["hbm_bandwidth"], parse_bandwidth),
             intra_node_bandwidth=read_unit(src, f"{key}.intra_node_bandwidth", data["intra_node_bandwidth"],
                                        parse_bandwidth),
@@ -99,7 +100,7 @@ def fabric_from_mapping(src: str, key: str, name: str, data: Any) -> tuple[Fabri
     # oversubscription divides its rate likewise; rails counts NICs.
     for k in ("efficiency", "alltoall_efficiency"):
         if k in data:
-            values[k] = read_figure(src, f"{key}.{k}", data[k])
+            values[k] = read_figure(src, f"{key}.{k}", data[k], MAX_FABRIC_EFFICIENCY)
     for k in ("latency_s", "tree_latency_s"):
         if k in data:
             values[k] = read_time(src, f"{key}.{k}", data[k])
@@ -115,7 +116,8 @@ def fabric_from_mapping(src: str, key: str, name: str, data: Any) -> tuple[Fabri
         points = data["efficiency_at"]
         if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
             raise CaseError(src, f"{key}.efficiency_at", f"expected a list of [nodes, efficiency] pairs, got {describe(points)}")
-        values["efficiency_at"] = tuple((read_int(src, f"{key}.efficiency_at", n), read_figure(src, f"{key}.efficiency_at", e))
+        values["efficiency_at"] = tuple((read_int(src, f"{key}.efficiency_at", n),
+                                         read_figure(src, f"{key}.efficiency_at", e, MAX_FABRIC_EFFICIENCY))
                                         for n, e in points)
     nic = read_unit(src, f"{key}.nic_bandwidth", data["nic_bandwidth"], parse_bandwidth) if "nic_bandwidth" in data else None
     with spec_errors(src):

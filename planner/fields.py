@@ -44,12 +44,15 @@ def read_int(src: str, key: str, value: Any, minimum: int = 1, maximum: int = MA
     return value
 
 
-def read_number(src: str, key: str, value: Any) -> float:
+def read_number(src: str, key: str, value: Any, maximum: float = math.inf) -> float:
+    """A finite number, at most ``maximum`` where the key has a bound (named in the refusal)."""
     if not isinstance(value, bool) and isinstance(value, (int, float)):
         try:
             number = float(value)  # an integer past float range overflows here
         except OverflowError:
             number = math.inf
+        if number > maximum:  # inf included: the bound says more than "finite"
+            raise CaseError(src, key, f"expected a number of at most {maximum:g}, got {describe(value)}")
         if math.isfinite(number):
             return number
     raise CaseError(src, key, f"expected a finite number, got {describe(value)}{_yaml_text_hint(value)}")
@@ -62,8 +65,15 @@ def _yaml_text_hint(value: Any) -> str:
             number = float(value)
         except ValueError:
             return ""
-        if math.isfinite(number):
-            return f" (YAML reads {one_line(value, 40)} as text; write it as {number:.6e})"
+        if not math.isfinite(number):
+            return ""
+        from yaml.resolver import Resolver
+
+        implicit = [tag for tag, regexp in Resolver.yaml_implicit_resolvers.get(value[:1], [])
+                    if regexp.match(value)]
+        if implicit:  # a number YAML reads unquoted: it was quoted
+            return " (a quoted number is text: write it without quotes)"
+        return f" (YAML reads {one_line(value, 40)} as text; write it as {number:.6e})"
     return ""
 
 
@@ -75,9 +85,9 @@ def read_time(src: str, key: str, value: Any) -> float:
     return number
 
 
-def read_figure(src: str, key: str, value: Any) -> float:
+def read_figure(src: str, key: str, value: Any, maximum: float = math.inf) -> float:
     """A positive figure the step time divides by: below MIN_FIGURE it would make it endless."""
-    number = read_number(src, key, value)
+    number = read_number(src, key, value, maximum)
     if 0 < number < MIN_FIGURE:
         raise CaseError(src, key, f"expected a figure of at least {MIN_FIGURE:g}, got {number:g}")
     return number

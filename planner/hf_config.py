@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Callable
 
 from planner.errors import CaseError
 from planner.inputs import read_json
-from planner.limits import MAX_INT
+from planner.limits import MAX_INT, MAX_ROPE_BASE
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 MOE = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss")
@@ -126,8 +125,9 @@ def _architecture(r: "_Reader", family: str) -> dict:
         out["normalization"] = "layernorm"
     base = r.get("rope_theta")
     if base is not _MISSING and (isinstance(base, bool) or not isinstance(base, (int, float))
-                                 or not 0 < base <= sys.float_info.max):  # false for NaN
-        raise r.fail("rope_theta", f"expected RoPE's base, a finite number above 0, got {_show(base)}")
+                                 or not 0 < base <= MAX_ROPE_BASE):  # false for NaN
+        raise r.fail("rope_theta", f"expected RoPE's base, a number above 0 and at most {MAX_ROPE_BASE:g}, "
+                                   f"got {_show(base)}")
     if family == "gpt2":
         out["position_embedding"] = "learned"
     elif family in ("deepseek_v2", "deepseek_v3"):

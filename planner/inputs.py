@@ -14,6 +14,7 @@ Every problem is a :class:`~planner.errors.CaseError` naming the file.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from typing import Any, Optional, Union
@@ -134,15 +135,45 @@ class _BudgetComposer(Composer):
         return node
 
 
+def _path_to(root, target, path: str = "", seen: Optional[set] = None) -> Optional[str]:
+    """The dotted key (``cluster.options[1].memory``) of ``target`` under ``root``, a node tree."""
+    seen = set() if seen is None else seen
+    if root is target:
+        return path
+    if id(root) in seen:
+        return None
+    seen.add(id(root))
+    if isinstance(root, MappingNode):
+        for key, value in root.value:
+            name = key.value if isinstance(key, ScalarNode) else "?"
+            here = f"{path}.{name}" if path else str(name)
+            found = here if key is target else _path_to(value, target, here, seen)
+            if found is not None:
+                return found
+    elif isinstance(root, SequenceNode):
+        for i, item in enumerate(root.value):
+            found = _path_to(item, target, f"{path}[{i}]", seen)
+            if found is not None:
+                return found
+    return None
+
+
 class _CheckedConstructor(SafeConstructor):
-    """Numbers past Python's digit limit are the file's error, not a crash."""
+    """Numbers past Python's digit limit, or past the float range without saying .inf, are the
+    file's error naming their key, not a crash nor an infinity."""
+
+    root = None  # the document's node tree, set before it is constructed: the refusal's key
 
     def _sized(self, construct, node):
         try:
-            return construct(self, node)
+            value = construct(self, node)
         except ValueError:
-            raise _Refused("", f"a number of {len(node.value):,} characters{_line(node.start_mark)}; "
-                               "expected a number of sensible size") from None
+            value = None
+        if value is None or (isinstance(value, float) and math.isinf(value) and "inf" not in node.value.lower()):
+            raise _Refused(_path_to(self.root, node) or "", f"expected a number of sensible size (a finite "
+                                                             f"float), got a number of {len(node.value):,} "
+                                                             f"characters{_line(node.start_mark)}") from None
+        return value
 
     def construct_yaml_int(self, node):
         return self._sized(SafeConstructor.construct_yaml_int, node)
@@ -218,6 +249,7 @@ def load_yaml(text: str, source: str) -> Any:
         if duplicate:
             key, mark = duplicate
             raise _Refused(key, f"given twice in one mapping{_line(mark)}; expected each key once")
+        loader.root = node
         return loader.construct_document(node)
     except _Refused as refused:
         raise CaseError(source, refused.key, refused.expected) from None

@@ -61,6 +61,13 @@ MIN_QUANTITY = 1.0
 MAX_QUANTITY = 1e21
 # Achieved-performance fractions and TFLOP/s figures below this are no measurement.
 MIN_FIGURE = 1e-6
+# A GPU's peak TFLOP/s in any precision: 100 PFLOP/s, seven times B300's dense FP4 (15 PFLOP/s).
+MAX_PEAK_TFLOPS = 1e5
+# A fabric's achieved share of its line rate at some span: SHARP's in-network reduction doubles
+# what the ring's bus bandwidth counts, no fabric more (FabricSpec.efficiency: at most 1.5).
+MAX_FABRIC_EFFICIENCY = 1.5
+# RoPE's base (rope_theta): two million times Llama 3's 500,000; Megatron-LM takes it whole.
+MAX_ROPE_BASE = 1e12
 
 # Reading a Megatron argument list or launch script: the longest value a shell variable
 # or an expanded --pipeline-model-parallel-layout may reach.

@@ -39,10 +39,10 @@ def _parse(text: object, units: dict[str, float], kind: str, example: str) -> fl
     if not match or match.group(2) not in units:
         raise UnitError(f"expected a {kind} with a unit, like \"{example}\" ({accepted}), got {text!r}")
     value = float(match.group(1)) * units[match.group(2)]
-    if not math.isfinite(value) or value <= 0:
-        raise UnitError(f"expected a positive {kind}, got {text!r}")
     base = "B" if units is MEMORY_UNITS else "B/s"
-    if not MIN_QUANTITY <= value <= MAX_QUANTITY:
+    if value <= 0:
+        raise UnitError(f"expected a positive {kind}, got {text!r}")
+    if not MIN_QUANTITY <= value <= MAX_QUANTITY:  # inf (1e308 GB) included
         raise UnitError(f"expected a {kind} between {MIN_QUANTITY:g} {base} and {MAX_QUANTITY:g} {base}, "
                         f"got {text!r}")
     return value

@@ -209,6 +209,23 @@ def test_megatron_arguments_that_would_expand_without_end_are_refused(tmp_path, 
      "cluster.fabric.efficiency_at", "at least 1e-06"),
     ("cluster: {gpu: a100-sxm-80gb, num_gpus: 16, fabric: {oversubscription: 1.0e+300}}",
      "cluster.fabric.oversubscription", "at most 1e+06"),
+    # unbounded: exit 0, and a 301-digit --rotary-base in Megatron's files; an MFU of 0.0 %; a fabric
+    # at 1e308 times its line rate; a 1e308 GB context refused as "a positive memory size" with no bound
+    ("model: {preset: llama2-7b, rope_base: 1.0e+300}", "model.rope_base", "at most 1e+12"),
+    ("cluster: {gpu: {memory: 80 GB, peak_tflops: {bf16: 1.0e+30}, hbm_bandwidth: 2 TB/s, intra_node_bandwidth: "
+     "300 GB/s, inter_node_bandwidth: 25 GB/s, gpus_per_node: 8, nvlink_domain: 8}, num_gpus: 16}",
+     "cluster.gpu.peak_tflops.bf16", "at most 100000"),
+    ("cluster: {gpu: a100-sxm-80gb, num_gpus: 16, fabric: {efficiency_at: [[4, 1.0e+308]]}}",
+     "cluster.fabric.efficiency_at", "at most 1.5"),
+    ("overheads: {cuda_context: 1e308 GB}", "overheads.cuda_context", "between 1 B and 1e+21 B"),
+    # a 5,000-digit number named a line, not the key; a 5,000-digit float was read as inf
+    ("training: {global_batch_size: " + "9" * 5000 + ", seq_len: 4096}", "training.global_batch_size",
+     "got a number of 5,000 characters"),
+    ("overheads: {fragmentation: " + "9" * 5000 + ".5}", "overheads.fragmentation",
+     "got a number of 5,002 characters"),
+    # quoted, "0.1" was said to be text YAML reads so, to be written as 1.000000e-01
+    ("overheads: {fragmentation: \"0.1\"}", "overheads.fragmentation",
+     "a quoted number is text: write it without quotes"),
 ])
 def test_input_that_crashed_is_one_line_naming_the_key(tmp_path, text, key, needle):
     data = yaml.safe_load(yaml.safe_dump(CASE))
