@@ -307,7 +307,8 @@ def validate_published_command(
         with terminal_progress("planning the tuned recipes") as progress:
             result = evaluate(load_rows(runs) if runs else None, experts=experts, progress=progress)
         if not result.rows:  # nothing readable: an empty table would look like a pass
-            why = [f"{rid}: {reason}" for rid, reason in result.malformed + result.failed][:3] \
+            unread = [f"{rid}: {reason}" for rid, reason in result.malformed + result.failed]
+            why = unread[:10] + ([f"and {len(unread) - 10} more"] if len(unread) > 10 else []) \
                 + [f"{n} {reason}" + (f", {result.skipped_first[reason]} the first" if reason in result.skipped_first
                                       else "") for reason, n in result.skipped.items()]
             raise CaseError(", ".join(str(r) for r in runs) if runs else "planner/published", "",

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from .errors import CaseError, one_line
-from .published_runs import (case_of, load_rows, measured_tokens_per_s, published_memory_stage, row_key, row_problem,
-                             source_of)
+from .published_runs import (case_of, load_rows, measured_tokens_per_s, published_memory_stage, row_key, row_name,
+                             row_problem, source_of)
 
 TUNED = ("Megatron-Bridge", "NVIDIA-NeMo/Megatron-Bridge", "torchtitan", "MLPerf", "NVIDIA/NeMo")
 MIN_SWEEP = 5
@@ -150,25 +150,25 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
     out = Fidelity()
     for index, r in enumerate(rows):
         if not isinstance(r, dict):
-            out.malformed.append((f"row {index}", f"expected a mapping, got {type(r).__name__}"))
+            out.malformed.append((row_name(rows, index), f"expected a mapping, got {type(r).__name__}"))
             continue
         problem = row_problem(r)
         if problem:  # a field the planner cannot read as a number skips its row, named
-            out.malformed.append((one_line(r.get("id", f"row {index}"), 80), f"{problem[0]}: {problem[1]}"))
+            out.malformed.append((row_name(rows, index), f"{problem[0]}: {problem[1]}"))
             continue
         try:  # a field of the wrong type (a list of layers, a string of GPUs) skips its row, with why
             case, why = case_of(r)
             measured = measured_tokens_per_s(r) if case else None
             mem = (r.get("measured") or {}).get("memory_gb_per_gpu") if case else None
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError, ZeroDivisionError) as error:
-            out.malformed.append((one_line(r.get("id", f"row {index}"), 80),
+            out.malformed.append((row_name(rows, index),
                                   f"a field has the wrong type or is missing ({one_line(error, 80)})"))
             continue
         if case and not measured and not mem:
             why = "no convention-free measurement"
         if why:
             out.skipped[why] = out.skipped.get(why, 0) + 1
-            out.skipped_first.setdefault(why, one_line(r.get("id", f"row {index}"), 80))
+            out.skipped_first.setdefault(why, row_name(rows, index))
             continue
         try:
             est = estimate(case)

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from cost_models.flops import model_flops_per_token
 from cost_models.specs import RECOMPUTE_MODULES, ModelSpec
 
-from .errors import CaseError
+from .errors import CaseError, one_line
 from .limits import MIN_FIGURE
 
 DATA = Path(__file__).parent / "published"
@@ -101,17 +101,35 @@ GPU_PREFIXES = (
 )
 
 
-def load_rows(paths=DEFAULT_FILES) -> list[dict]:
+class Rows(list):
+    """Published-run rows, each with where it was read (``origins``: ``file[index]``), so that a row
+    that cannot be read is named by its file and place."""
+
+    origins: list[str]
+
+
+def load_rows(paths=DEFAULT_FILES) -> Rows:
     """The rows of the given published-run files (the repo's own copies by default)."""
     from .inputs import read_yaml
 
-    rows: list[dict] = []
+    rows = Rows()
+    rows.origins = []
     for path in paths:
         data = read_yaml(Path(path))
         if not isinstance(data, list):
             raise CaseError(str(path), "", "expected a list of published runs")
         rows.extend(data)  # a row that is not a run is reported by whoever reads it
+        rows.origins += [f"{path}[{i}]" for i in range(len(data))]
     return rows
+
+
+def row_name(rows: list, index: int) -> str:
+    """A row as a report names it: its id where it has one, and where it was read (file and index)."""
+    origins = getattr(rows, "origins", None)
+    where = origins[index] if origins else f"row {index}"
+    row = rows[index]
+    rid = row.get("id") if isinstance(row, dict) else None
+    return f"{one_line(rid, 80)} ({where})" if rid is not None else where
 
 
 def gpu_preset(name: str) -> Optional[str]:

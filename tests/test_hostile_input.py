@@ -310,8 +310,14 @@ def test_rows_of_the_wrong_type_in_published_runs_are_skipped_with_why(tmp_path)
     result = cli("validate-published", str(path), "--json")
     # Nothing readable: exit 2, naming each row and why (an empty table would look like a pass).
     assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert "bad_layers: model.layers: expected a whole number from 1, got [1, 2]" in result.stderr
-    assert "row 1: expected a mapping, got str" in result.stderr and "row 2: expected a mapping, got int" in result.stderr
+    # Each named by its file and index (and its id where it has one): two files' rows were numbered
+    # across both, and the rows with an id had no place at all.
+    assert f"bad_layers ({path}[0]): model.layers: expected a whole number from 1, got [1, 2]" in result.stderr
+    assert f"{path}[1]: expected a mapping, got str" in result.stderr
+    assert f"{path}[2]: expected a mapping, got int" in result.stderr
+    other = write(tmp_path / "more.yaml", yaml.safe_dump([7]))
+    result = cli("validate-published", str(path), str(other), "--json")
+    assert result.returncode == 2 and f"{other}[0]: expected a mapping, got int" in result.stderr
 
 
 # --- the Python API raises CaseError and nothing else ---------------------------------------
