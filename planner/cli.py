@@ -204,8 +204,11 @@ def size_command(
         ignored = check_ignored_layout(case, "size")
         if ignored:
             print(f"note: {one_line(ignored, 1000)}", file=sys.stderr)
-        result = size(case, tokens, deadline=deadline, max_gpus=max_gpus, max_nodes=max_nodes,
-                      gpu_hour_cost=gpu_hour_cost, top_k=top)
+        from .progress import terminal_progress
+
+        with terminal_progress("sizing: cluster sizes searched") as progress:
+            result = size(case, tokens, deadline=deadline, max_gpus=max_gpus, max_nodes=max_nodes,
+                          gpu_hour_cost=gpu_hour_cost, top_k=top, progress=progress)
     except CaseError as error:
         _fail(error)
     for note in result.notes:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from cost_models.specs import GPUSpec
 from cost_models.layer_time import layer_time_bound
@@ -290,16 +290,18 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
 
 
 def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nodes: Any = None,
-         gpu_hour_cost: Any = None, top_k: Any = None) -> Sizing:
+         gpu_hour_cost: Any = None, top_k: Any = None,
+         progress: Callable[[int, int], None] = lambda done, total: None) -> Sizing:
     """Python API: size a case (path or dict in the case-file schema) for ``tokens`` (15e12 or
     "15T"), optionally by a ``deadline`` ("60d", "36h"), within ``max_gpus`` or ``max_nodes``
-    (of any one type), at ``gpu_hour_cost`` per GPU-hour (replacing every type's price)."""
+    (of any one type), at ``gpu_hour_cost`` per GPU-hour (replacing every type's price);
+    ``progress(done, total)`` is told of each cluster size as it is searched."""
     from .plan import check_ignored_layout
 
     target = size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top_k)
     check_ignored_layout(case, "size")  # a malformed layout section is the case's error, as under plan
     loaded, options = load_sizing_case(case)
-    result = size_case(loaded, options, target)
+    result = size_case(loaded, options, target, progress)
     note = unpriced_note(options, target)
     return replace(result, notes=result.notes + (note,)) if note else result
 
@@ -360,8 +362,10 @@ class _Sweep:
     """The enumeration of (type, size) pairs and their searches, with what it has found so far."""
 
     def __init__(self, case: Case, spec: SearchSpec, options: tuple[ClusterOption, ...], limits: list[int],
-                 weights: list[float], objective: str, step_deadline: Optional[float], keep: int):
+                 weights: list[float], objective: str, step_deadline: Optional[float], keep: int,
+                 progress: Callable[[int, int], None] = lambda done, total: None):
         self.case, self.spec, self.options, self.limits = case, spec, options, limits
+        self.progress = progress  # (sizes done, sizes in this pass): a terminal's bar
         self.weights, self.objective, self.step_deadline, self.keep = weights, objective, step_deadline, keep
         self.rows: list = []
         self.searched = self.scored = 0
@@ -413,7 +417,9 @@ class _Sweep:
     def run(self) -> "_Sweep":
         from .size_solver import SizeRow, within_deadline
 
-        for option, gpus in self.sizes():
+        pairs = self.sizes()
+        for done, (option, gpus) in enumerate(pairs, 1):
+            self.progress(done, len(pairs))
             ceiling = self.ceiling(option, gpus)
             if self.work[option] / gpus > ceiling:  # too few GPUs for any layout to step that fast
                 continue
@@ -441,7 +447,8 @@ def engine_variants(case: Case, spec: SearchSpec, gpu: GPUSpec) -> list[tuple[Ca
     return variants
 
 
-def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget) -> Sizing:
+def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget,
+              progress: Callable[[int, int], None] = lambda done, total: None) -> Sizing:
     from .size_solver import SizeModel, SizeRow  # ortools loads in ~0.3 s: only `plan` and `size` pay for it
 
     _check_size(case)  # layers and global batch within what the search can enumerate
@@ -493,7 +500,7 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     if front_mode:
         from .size_front import FRONT_SPAN, FrontSweep, knee_index, pareto_front
 
-        sweep = _Sweep(case, spec, options, limits, weights, "gpu_hours", None, 1)
+        sweep = _Sweep(case, spec, options, limits, weights, "gpu_hours", None, 1, progress)
         steps = target.tokens / tokens_per_step
         found = FrontSweep(sweep, steps).run()
         if not found.points and sweep.sizes():  # no considered size fits: consider every one
@@ -516,7 +523,7 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
                           spend_bound=found.spend_bound, **common(sweep, status))
         return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status), lambda: [])
 
-    sweep = _Sweep(case, spec, options, limits, weights, objective, step_deadline, target.top_k + 1).run()
+    sweep = _Sweep(case, spec, options, limits, weights, objective, step_deadline, target.top_k + 1, progress).run()
     status, chosen = decide(sweep, objective, step_deadline, target.top_k + 1)
     if chosen:
         picks = undominated([choice(sweep, row) for row in chosen])
@@ -526,7 +533,7 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
         """The fastest cluster within the limits (none when nothing fits there)."""
         if step_deadline is None:  # the sweep was for the shortest time: it found nothing that fits
             return []
-        fastest_sweep = _Sweep(case, spec, options, limits, weights, "time", None, 1).run()
+        fastest_sweep = _Sweep(case, spec, options, limits, weights, "time", None, 1, progress).run()
         return [choice(fastest_sweep, row) for row in decide(fastest_sweep, "time", None, 1)[1]]
     return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status), quickest)
 

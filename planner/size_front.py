@@ -130,6 +130,7 @@ class FrontSweep:
                 if (option, gpus) in done or self.beyond(option, gpus, self.knee()):
                     continue
                 done.add((option, gpus))
+                self.sweep.progress(len(done), len(self.pairs))
                 fresh = True
                 # The solver compares whole microseconds: a step within one of the ceiling may still tie.
                 ceiling = self.ceiling(option, gpus) * (1 + _EPS) + 1e-6

@@ -36,3 +36,20 @@ def test_validate_published_reports_each_tuned_recipe_planned():
 
     evaluate(rows, experts=True, plan=refuse, progress=lambda done, total: calls.append((done, total)))
     assert calls[0] == (0, 3) and calls[-1] == (3, 3) and len(calls) == 4
+
+
+def test_size_reports_each_cluster_size_it_considers():
+    """`size` over thousands of cluster sizes showed no bar: it never told one (planner/progress.py's
+    docstring said it did). The CLI draws planner.size's progress(done, total) on a terminal."""
+    from pathlib import Path
+
+    import planner
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "llama3-70b-15t-size.yaml"
+    calls = []
+    planner.size(example, "15T", deadline="60d", progress=lambda done, total: calls.append((done, total)))
+    assert calls and all(1 <= done <= total for done, total in calls)
+    assert calls[-1][0] == calls[-1][1] > 100  # the last pass reaches its end: every size considered
+    front = []
+    planner.size(example, "15T", progress=lambda done, total: front.append((done, total)))
+    assert front and all(1 <= done <= total for done, total in front)
