@@ -14,8 +14,9 @@ their doubles, ``${X/pat/rep}``, ``${X:off:len}``, ``${X^^}``, ``${X,,}``), arit
 word splitting as bash does it (a quoted ``"${A[@]}"`` keeps each element one word, an
 unquoted ``${A[@]}`` splits them), comments, line continuations, here-documents (skipped),
 ``if``/``elif``/``else``, ``&&``/``||``, ``case``, ``for``, ``while``/``until``, functions,
-``{ ...; }`` and subshells, ``exit``, ``set --``, ``shift``, ``unset``, and ``bash -c STRING``
-(read as a script of its own, with the exported variables).
+``{ ...; }`` and subshells, ``exit``, ``set --``, ``shift``, ``unset``, ``local`` (and ``declare``
+in a function) scoped to the call, ``printf -v NAME`` with ``%s``/``%d``/``%i``, ``${!name}``, and
+``bash -c STRING`` (read as a script of its own, with the exported variables).
 
 Conditions: ``[ ... ]``, ``test`` and ``[[ ... ]]`` with ``=``, ``==``, ``!=`` (patterns in
 ``[[ ]]``), ``<``, ``>``, ``-n``, ``-z``, ``-v``, the integer comparisons, ``!``, ``-a``/``-o``,
@@ -32,8 +33,9 @@ A ``$((...))`` bash fails on abandons the rest of its line, as bash does (said i
 Not modelled: command substitution (``$(...)`` and backquotes read as empty, but for what
 ``command_output`` answers), globbing (``*`` stays as written, as under ``set -f``), brace and
 tilde expansion, sparse and associative arrays (``A[5]=x`` pads with empty elements),
-``source``/``eval`` (said in a note), ``read`` (it fails, as with no input), ``=~``, process
-substitution, the scoping of ``local``, and variables bash sets itself (``PWD``, ``HOME``: unset).
+``source``/``eval`` (said in a note), ``read`` (it fails, as with no input; the names it would set
+read as empty, said where a launch uses them, as a command substitution is), ``=~``, process
+substitution, and variables bash sets itself (``PWD``, ``HOME``: unset).
 A script bash could not parse raises :class:`ScriptSyntax`; one that expands, loops or recurses
 without end, or is longer than MAX_EXPANDED_CHARS, raises :class:`ScriptLimit`.
 """

@@ -3,6 +3,7 @@ calls; and the commands the script would start, gathered, not run."""
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from ...errors import one_line
@@ -11,7 +12,7 @@ from .arith import _ExpansionError
 from .conditions import _test_words
 from .errors import MAX_DEPTH, ScriptLimit
 from .expand import _Expander
-from .lexer import _ASSIGNMENT, _Tok
+from .lexer import _ASSIGNMENT, _NAME, _Tok
 from .parser import _Simple
 from .results import Command
 from .state import _NOT_RUN, _READ_EMPTY, _Ctx
@@ -55,7 +56,16 @@ class _Commands(_Expander):
     def declare(self, rest: list[_Tok]) -> _Status:
         command = rest[0].text
         exported = True if command == "export" else None
+        # In a function, local (and declare, typeset without -g) scope the names to the call.
+        scoped = self.frames and (command == "local" or (
+            command in ("declare", "typeset") and not any(t.text.startswith("-") and "g" in t.text for t in rest[1:])))
         for tok in rest[1:]:
+            if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
+                name = _ASSIGNMENT.match(tok.text).group(1) if tok.kind == "array" or _is_assignment(tok.text) \
+                    else tok.text
+                self.frames[-1].setdefault(name, self.vars.get(name))
+                if not (tok.kind == "array" or _is_assignment(tok.text)):
+                    self.vars.pop(name, None)  # `local X`: unset inside the call
             if tok.kind == "array" or _is_assignment(tok.text):
                 self.assign(tok, exported=exported)
             elif tok.text.startswith(("-", "+")):
@@ -112,8 +122,13 @@ class _Commands(_Expander):
             except _ExpansionError:  # let: status 1
                 return _Status(False, False, ctx.deps, test=True)
             return _Status(value != 0, value != 0, ctx.deps, test=True)
-        if name in ("read", "getopts"):
-            return _FALSE  # no input, no options: bash's answer with none
+        if name == "read":
+            self.read_builtin(args)
+            return _FALSE  # no input: bash's answer with none
+        if name == "getopts":
+            return _FALSE  # no options
+        if name == "printf" and args[:1] == ["-v"] and len(args) >= 3 and _NAME.fullmatch(args[1]):
+            return self.printf_to(args[1], args[2], args[3:], ctx)
         if name in ("source", ".", "eval"):
             what = "followed" if name != "eval" else "evaluated"
             self.note(f"{one_line(' '.join(fields), 80)} is not {what}: what it would set reads as unset")
@@ -128,17 +143,69 @@ class _Commands(_Expander):
         self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run))
         return _Status(None, True, reason=f"{one_line(name, 40)} is not run")
 
+    def read_builtin(self, args: list[str]) -> None:
+        """``read [-r] [-a ARRAY] [-d DELIM] ... NAME...``: its input (a here-document, a here-string,
+        a pipe) is not read, so each name it sets reads as empty, said where a launch uses it."""
+        names, array, k = [], None, 0
+        while k < len(args):
+            arg = args[k]
+            if arg.startswith("-") and len(arg) > 1:
+                takes = next((c for c in arg[1:] if c in "adpntuiN"), None)
+                if takes is not None and arg.endswith(takes):  # -ra ARR, -d '', -p PROMPT: the option's word
+                    if takes == "a" and k + 1 < len(args):
+                        array = args[k + 1]
+                    k += 2
+                    continue
+            else:
+                names.append(arg)
+            k += 1
+        for target in ([array] if array else []) + (names or ([] if array else ["REPLY"])):
+            if _NAME.fullmatch(target or ""):
+                self.set_var(target, [] if target == array else "", {f"read {target} (line {self.line})": _NOT_RUN})
+
+    def printf_to(self, name: str, form: str, values: list[str], ctx: _Ctx) -> _Status:
+        """``printf -v NAME FORMAT ARGS``: the format's %s, %d and %i filled as bash does, the format
+        repeated while arguments remain; another directive reads the variable as empty, said."""
+        pieces = re.split(r"(%[%sdi])", form)
+        if any(p.startswith("%") and p not in ("%%", "%s", "%d", "%i") for p in pieces) or re.search(r"%[^%sdi]", form):
+            self.set_var(name, "", {**ctx.deps, f"printf -v {name} (line {self.line})": _NOT_RUN})
+            return _TRUE
+        out, rest = [], list(values)
+        while True:
+            for piece in pieces:
+                if piece == "%%":
+                    out.append("%")
+                elif piece in ("%s", "%d", "%i"):
+                    value = rest.pop(0) if rest else ""
+                    out.append(value if piece == "%s" else str(int(value)) if re.fullmatch(r"[+-]?\d+", value)
+                               else "0")
+                else:
+                    out.append(piece.replace("\\n", "\n").replace("\\t", "\t"))
+            if not rest or not any(p in ("%s", "%d", "%i") for p in pieces):
+                break
+        text = "".join(out)
+        if len(text) > MAX_EXPANDED_CHARS:
+            raise self.too_long(name)
+        self.set_var(name, text, ctx.deps)
+        return _TRUE
+
     def call(self, body, args: list[str]) -> _Status:
         if self.depth >= MAX_DEPTH:
             raise ScriptLimit(f"line {self.line}", f"calls functions past {MAX_DEPTH} levels deep")
         saved = (self.positional, self.positional_known)
         self.positional, self.positional_known = list(args), True
         self.depth += 1
+        self.frames.append({})
         try:
             return self.run_command(body)
         except _Return as returned:
             return returned.status
         finally:
+            for name, before in self.frames.pop().items():  # the call's locals give way to what they hid
+                if before is None:
+                    self.vars.pop(name, None)
+                else:
+                    self.vars[name] = before
             self.depth -= 1
             self.positional, self.positional_known = saved
 

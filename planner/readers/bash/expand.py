@@ -168,6 +168,10 @@ class _Expander(_Arithmetic):
                     return (kind_s, "0")
                 return (kind_s, str(len(value)))
         if inner.startswith("!"):
+            if _NAME.fullmatch(inner[1:]):  # ${!name}: the variable whose name name holds
+                pointer, is_set = self.lookup(inner[1:], None, ctx)
+                if is_set and _NAME.fullmatch(pointer or ""):
+                    return self.parameter(pointer, ctx, key, quoted)
             ctx.deps.setdefault("${" + one_line(inner, 40) + "}", "an indirect expansion: read as empty")
             return (kind_s, "")
         m = re.match(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!\-])(?:\[([^\]]*)\])?", inner)

@@ -69,6 +69,9 @@ class _State:
         self.more_notes = 0
         self.steps = steps if steps is not None else [0]
         self.depth = depth
+        # Each function call's variables made local (``local``, ``declare`` in a function): their
+        # values before the call, None where unset, put back when it returns.
+        self.frames: list[dict[str, Optional[_Var]]] = []
         self.in_condition = 0
         self.line = 1
         self.generation = next(_GENERATIONS)
