@@ -134,7 +134,9 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp,
                          micro_batch_size=micro_batch_size, recompute=recompute, ep=ep, stage_layers=stage_layers)
     if config is not None:
-        notes = _model_code_notes(loaded, layout, config, ep, stage_layers)
+        from .engines.deepspeed.read import misspelled_keys
+
+        notes = tuple(misspelled_keys(config)) + _model_code_notes(loaded, layout, config, ep, stage_layers)
     elif said_dispatch is None:
         loaded = _dispatch_left_open(loaded, layout)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it

@@ -127,3 +127,23 @@ def test_diagnose_on_the_planners_own_moe_files_finds_their_layout_best(tmp_path
     result = diagnose(case, megatron_args=args)
     assert layout_to_mapping(result.estimate.job.layout) == best.to_dict()["layout"]
     assert result.speedup == pytest.approx(1.0) and result.plan.differences(result.estimate) == {}
+
+
+def test_a_ds_config_key_a_letter_from_deepspeeds_own_is_said(tmp_path):
+    """DeepSpeed reads ds_config's keys with dict.get and ignores any other: a misspelled
+    train_micro_batch_size_per_gpu or zero_optimization went by without a word, the run as DeepSpeed
+    would start it (micro-batch derived, ZeRO from the other key) read as if intended."""
+    case = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 128, "seq_len": 4096}}
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({"train_batch_size": 128, "gradient_accumulation_steps": 8,
+                                  "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
+                                  "trian_micro_batch_size_per_gpu": 4, "zero_optimisation": {"stage": 3},
+                                  "wandb": {"enabled": False}}))
+    result = diagnose(case, config=config, recompute="full")
+    said = [n for n in result.notes if "is no DeepSpeed key" in n]
+    assert said == ["ds_config.json: trian_micro_batch_size_per_gpu is no DeepSpeed key (did you mean "
+                    "train_micro_batch_size_per_gpu?): DeepSpeed ignores it, and so does this reading",
+                    "ds_config.json: zero_optimisation is no DeepSpeed key (did you mean zero_optimization?): "
+                    "DeepSpeed ignores it, and so does this reading"]
+    assert result.estimate.job.layout.micro_batch_size == 1 and result.estimate.job.layout.zero_stage == 1

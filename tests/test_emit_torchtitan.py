@@ -524,3 +524,17 @@ def test_a_capacity_factor_torchtitan_cannot_run_is_refused_before_the_search():
         planner.plan(case, engine="torchtitan")
     decided = planner.plan(case).to_dict()
     assert "dropless" in decided["engines"]["torchtitan"]["why_not"] and decided["engine"] != "torchtitan"
+
+
+@pytest.mark.parametrize("layout, key", [
+    ({"dp": 4, "tp": 1, "pp": 4, "vpp": 3}, "layout.vpp"),  # 32 layers split evenly: 8 a stage, not in 3 chunks
+    ({"dp": 4, "tp": 1, "pp": 4, "vpp": 2, "stage_layers": [9, 7, 8, 8]}, "layout.stage_layers"),
+])
+def test_unequal_chunks_name_the_key_the_case_gave(layout, key):
+    """Stages the engine split evenly itself were blamed on layout.stage_layers, which the case did not
+    have: the virtual pipeline size is what torchtitan cannot split them into."""
+    case = {**BASE_CASE, "training": {**BASE_CASE["training"], "engine": "torchtitan"},
+            "layout": {"micro_batch_size": 1, "zero_stage": 3, **layout}}
+    with pytest.raises(CaseError) as error:
+        planner.estimate(case)
+    assert error.value.key == key and "equal model chunks" in str(error.value)

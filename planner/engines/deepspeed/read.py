@@ -11,8 +11,40 @@ from cost_models.model_states import fp32_gradients
 from cost_models.specs import Layout
 
 from planner.fields import read_int as integer
-from planner.errors import CaseError
+from planner.errors import CaseError, one_line
 from planner.inputs import read_json
+
+
+# ds_config's top-level keys (DeepSpeed's configuration JSON docs; deepspeed/runtime/config.py reads
+# each with dict.get): DeepSpeed ignores any other, so one a letter or two from these is a typo the
+# run would silently go without.
+DEEPSPEED_KEYS = (
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer", "scheduler",
+    "fp16", "bf16", "bfloat16", "amp", "torch_autocast", "zero_optimization", "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer", "activation_checkpointing", "gradient_clipping", "prescale_gradients",
+    "gradient_predivide_factor", "sparse_gradients", "communication_data_type", "seq_parallel_communication_data_type",
+    "data_types", "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "flops_profiler",
+    "tensorboard", "wandb", "csv_monitor", "comet", "autotuning", "elasticity", "pipeline", "aio", "checkpoint",
+    "data_efficiency", "curriculum_learning", "compression_training", "tensor_parallel", "sparse_attention",
+    "progressive_layer_drop", "eigenvalue", "quantize_training", "hybrid_engine", "weight_quantization", "nebula",
+    "dataloader_drop_last", "disable_allgather", "use_node_local_storage", "load_universal_checkpoint", "compile",
+    "timers", "graph_harvesting", "mics_shard_size", "mics_hierarchical_params_gather", "zero_quantized_weights",
+    "zero_quantized_gradients", "sequence_parallel_size", "fp16_master_weights_and_grads",
+    "bf16_master_weights_and_grads", "disable_python_gc")
+
+
+def misspelled_keys(path: Union[str, Path]) -> list[str]:
+    """Notes on the top-level keys of a ds_config a letter or two from DeepSpeed's own, which DeepSpeed
+    (and so this reading) ignores: ``trian_micro_batch_size_per_gpu`` leaves the micro-batch derived."""
+    import difflib
+
+    notes = []
+    for key in _load(Path(path)):
+        close = difflib.get_close_matches(str(key), DEEPSPEED_KEYS, n=1, cutoff=0.85)
+        if key not in DEEPSPEED_KEYS and close:
+            notes.append(f"{Path(path).name}: {one_line(key, 60)} is no DeepSpeed key (did you mean {close[0]}?): "
+                         "DeepSpeed ignores it, and so does this reading")
+    return notes
 
 
 def _positive(src: str, key: str, value: Any, minimum: int = 1) -> int:

@@ -100,8 +100,10 @@ def rules(job: Job) -> list[tuple[str, str]]:
     lay, training = job.layout, job.training
     out = []
     if any(n % lay.vpp for n in job.stage_layers):
-        out.append(("layout.stage_layers", f"torchtitan splits each rank's layers into {lay.vpp} equal model chunks; "
-                                           f"stages of {list(job.stage_layers)} layers do not"))
+        # The stages the case gives, else the engine's even split of the layers: then vpp is what fails.
+        key = "layout.stage_layers" if lay.stage_layers is not None else "layout.vpp"
+        out.append((key, f"torchtitan splits each rank's layers into {lay.vpp} equal model chunks; "
+                         f"stages of {list(job.stage_layers)} layers do not"))
     elif job.chunk_layers is not None and any(len(set(c)) > 1 for c in rank_chunks(job.chunk_layers, lay.pp)):
         out.append(("layout.chunk_layers", f"torchtitan splits each rank's layers into {lay.vpp} equal model "
                                            f"chunks; {list(job.chunk_layers)} are not"))
