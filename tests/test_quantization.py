@@ -348,7 +348,7 @@ def test_the_report_and_the_json_say_where_the_weights_are_kept_quantized():
     kept = describe_layout(planner.estimate(_case("h100", "fp8")))
     copied = describe_layout(planner.estimate(_case("h100", "fp8", fp8_param_gather=False)))
     assert kept.endswith(", weights kept in fp8") and "weights kept" not in copied
-    assert planner.estimate(_case("h100", "fp8")).to_dict()["training"] == {"fp8_param_gather": True}
+    assert planner.estimate(_case("h100", "fp8")).to_dict()["training"]["fp8_param_gather"] is True
     at_zero_0 = _case("h100", "fp8")
     at_zero_0["layout"]["zero_stage"] = 0
     assert planner.estimate(at_zero_0).to_dict()["training"] == {"fp8_param_gather": False}

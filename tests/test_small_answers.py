@@ -64,7 +64,7 @@ def test_validate_published_with_nothing_readable_exits_2_naming_the_rows(tmp_pa
     bad.write_text("- 3\n- {id: x}\n")
     done = run_cli("validate-published", str(bad), "--no-experts")
     assert done.returncode == 2
-    assert "row 0: expected a mapping, got int; x: model: missing" in done.stderr
+    assert f"{bad}[0]: expected a mapping, got int; x ({bad}[1]): model: missing" in done.stderr
     # a measurement that is no number names its run and key; a row of an unknown GPU names the run skipped
     row = yaml.safe_load((Path(__file__).parent.parent / "planner" / "published" / "published_runs.yaml")
                          .read_text())[0]
