@@ -74,14 +74,16 @@ def test_validate_published_with_nothing_readable_exits_2_naming_the_rows(tmp_pa
                                  ("memory_gb_per_gpu", 1e300, "measured.memory_gb_per_gpu: expected a number from")):
         bad.write_text(yaml.safe_dump([{**row, "measured": {**row["measured"], field: value}}]))
         done = run_cli("validate-published", str(bad), "--no-experts")
-        assert done.returncode == 2 and f"{row['id']}: {needle}" in done.stderr, done.stderr
+        assert done.returncode == 2 and f"{row['id']} ({bad}[0]): {needle}" in done.stderr, done.stderr
     bad.write_text(yaml.safe_dump([{**row, "gpu": "Quantum GPU 9000"}]))
     done = run_cli("validate-published", str(bad), "--no-experts")
-    assert done.returncode == 2 and f"1 not a supported row, {row['id']} the first" in done.stderr, done.stderr
+    assert done.returncode == 2 and f"1 not a supported row, {row['id']} ({bad}[0]) the first" in done.stderr, \
+        done.stderr
     # beside a run it scores, the report names the first skipped for each reason
     bad.write_text(yaml.safe_dump([row, {**row, "id": "tpu-run", "gpu": "TPU-v5"}]))
     done = run_cli("validate-published", str(bad), "--no-experts")
-    assert done.returncode == 0 and "skipped 1: not a supported row (first: tpu-run)" in " ".join(done.stdout.split())
+    assert done.returncode == 0 and "skipped 1: not a supported row (first: tpu-run (" in " ".join(done.stdout.split())
+    assert f"{bad.name}[1]))" in "".join(done.stdout.split())  # the path may wrap at the console's width
 
 
 def test_plan_refuses_a_malformed_layout_section_and_says_it_ignores_a_good_one(tmp_path):
