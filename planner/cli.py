@@ -8,7 +8,9 @@ validation run failed (one line naming the rank); 130 interrupted (143 by SIGTER
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -532,7 +534,31 @@ def main() -> None:
     sys.exit(_run(UsageError))
 
 
+# Where stdout cannot take the answer (a reader that closed the pipe, a full disk): the command's
+# own writes and the interpreter's last flush raise these, with no file name.
+_OUTPUT_ERRORS = (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EBADF)
+EXIT_OUTPUT_FAILED = 1
+
+
 def _run(usage_error: type) -> int:
+    """The command's exit code, its answer flushed to stdout; where stdout cannot take it, one line
+    on stderr (none for a closed pipe: its reader has gone) and exit 1, not a traceback."""
+    try:
+        code = _run_command(usage_error)
+        sys.stdout.flush()
+        return code
+    except OSError as error:
+        if error.filename is not None or error.errno not in _OUTPUT_ERRORS:
+            raise
+        # What is still buffered goes nowhere, so that the interpreter's last flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        if error.errno != errno.EPIPE:
+            print(f"error: stdout: the answer could not be written ({error.strerror})", file=sys.stderr)
+        return _exiting(EXIT_OUTPUT_FAILED)
+
+
+def _run_command(usage_error: type) -> int:
     """The command's exit code, with every message printed; interrupts ignored once it is decided."""
     try:
         result = app(prog_name="layout-planner", standalone_mode=False)

@@ -263,3 +263,20 @@ def test_diagnose_reads_a_hand_written_megatron_argument_list(tmp_path):
     assert data["config"]["grad_accum"] == 128 // (1 * 2)
     assert data["speedup"] == pytest.approx(data["config"]["step_time_s"] / data["best"]["step_time_s"])
     assert data["speedup"] >= 1.0
+
+
+@pytest.mark.parametrize("command", [["plan", "--json"], ["plan"], ["estimate"]])
+def test_an_answer_stdout_cannot_take_is_one_line_not_a_traceback(command):
+    """`plan --json > /dev/full` ended in an OSError traceback (ENOSPC from the last print); a reader that
+    closes the pipe early (`| head -1`) gets nothing more, and no traceback either."""
+    case = str(Path(__file__).resolve().parent.parent / "examples" /
+               ("llama3-70b-h100.yaml" if command[0] == "estimate" else "llama3-70b-1024-h100-plan.yaml"))
+    args = [sys.executable, "-m", "planner", command[0], case, *command[1:]]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr == "error: stdout: the answer could not be written (No space left on device)\n"
+    reader = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader.stdout.readline()
+    reader.stdout.close()  # the reader has gone
+    assert reader.wait(timeout=120) in (0, 1) and reader.stderr.read() == ""
