@@ -14,7 +14,8 @@ from .case import Case, layout_to_mapping, load_case, spec_errors
 from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
 from .errors import CaseError, one_line
-from .estimate import Estimate, check_step_time, estimate_job, fits_with_margin
+from .estimate import Estimate, check_step_time, estimate_job
+from .search_memory import fit_tier
 from .limits import MAX_BATCH_TOKENS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_TOP_K
 from .search import search
 from .search_rows import Candidate, SearchResult
@@ -84,8 +85,9 @@ class Plan:
     headroom: float = 0.0  # share of GPU memory every layout had to leave free
     # How the best was chosen: "speed" (the fastest: --fastest, or nothing else within the margin),
     # "simplicity" (the simplest within --simplest-within), or "robust": among the layouts within the
-    # gap the model cannot tell apart (``bands.indistinguishable_gap``), the simplest that fits at its
-    # memory band's upper end (else the simplest). ``fastest`` is the raw optimum where it differs.
+    # gap the model cannot tell apart (``bands.indistinguishable_gap``), the surest to fit (its memory
+    # band's upper end fits, else its predicted peak: ``search_memory.fit_tier``), then the simplest.
+    # ``fastest`` is the raw optimum where it differs.
     picked_on: str = "speed"
     margin: float = 0.0
     fastest: Optional[Estimate] = None
@@ -114,7 +116,8 @@ class Plan:
         if gap < -1e-3 * self.best.step_time_s:  # a slower, simpler (or safer) layout was picked
             why = ("the simplest layout within the --simplest-within margin" if self.picked_on == "simplicity" else
                    f"the pick among layouts within {self.margin:.1%} of the fastest, which the model cannot tell "
-                   f"apart: the simplest that fits at its memory band's upper end")
+                   f"apart: the surest to fit (its memory band's upper end, else its predicted peak), then "
+                   f"the simplest")
             return f"{-gap:.3f} s faster per step ({gap / self.best.step_time_s:+.1%}), but the best is {why} " \
                    f"(order: {COMPLEXITY_ORDER})"
         if gap <= 1e-3 * self.best.step_time_s:
@@ -256,19 +259,20 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
 
 
 def layout_table(case: Case, spec: SearchSpec, slack: float = TABLE_SLACK, ceiling: float = math.inf,
-                 robust: Optional[float] = None) -> tuple[SearchResult, list[Candidate]]:
+                 robust: Optional[float] = None, safer: Optional[bool] = None) -> tuple[SearchResult, list[Candidate]]:
     """The search on this cluster, and the solver's table from it: every fitting layout within
     ``slack`` of the fastest, and at least the top_k + 1 fastest (none slower than ``ceiling``)."""
     with spec_errors(case.source):  # e.g. a precision the GPU (or profile) has no peak for
-        result = search(case, spec, keep_within=slack, ceiling=ceiling, robust=robust)
+        result = search(case, spec, keep_within=slack, ceiling=ceiling, robust=robust, safer=safer)
     _check_times(case, result.candidates)
     return result, _table(result.candidates, slack, spec.top_k)
 
 
 def robust_rank(candidate: Candidate, case: Case) -> tuple:
-    """The robust pick's order among layouts the model cannot tell apart: those that fit at their
-    memory band's upper end first, then the simplest (``complexity``), then the faster."""
-    return (not fits_with_margin(candidate.job, candidate.peak_bytes, case.search.headroom),
+    """The robust pick's order among layouts the model cannot tell apart: the surest to fit first
+    (``search_memory.fit_tier``: the memory band's upper end fits, else the predicted peak), then the
+    simplest (``complexity``), then the faster."""
+    return (fit_tier(candidate.job, candidate.peak_bytes, case.search.headroom),
             complexity(candidate, case.training.global_batch_size), candidate.step_time_s)
 
 

@@ -192,8 +192,8 @@ def print_plan(plan, console: Console) -> None:
         fastest = plan.fastest
         reason = ("the simplest within --simplest-within" if plan.picked_on == "simplicity" else
                   f"the simplest of the layouts within {plan.margin:.1%} of the fastest, which the model cannot tell "
-                  f"apart (published sweeps: planner/published/bands.yaml), preferring those that fit at the upper "
-                  f"end of their memory band")
+                  f"apart (published sweeps: planner/published/bands.yaml), preferring those surest to fit (at the "
+                  f"upper end of their memory band, else as predicted)")
         console.print(f"picked on simplicity: {reason}; the fastest ({_changes(plan.differences(fastest))}) would "
                       f"be {fastest.tokens_per_s:,.0f} tokens/s ({fastest.tokens_per_s / best.tokens_per_s - 1:+.1%}); "
                       f"--fastest returns it", markup=False)

@@ -44,7 +44,7 @@ from cost_models.step_time import StepTime, step_time
 from .case import Case
 from .complexity import layout_complexity
 from .search_bounds import Incumbents, SimplerFaster, StepBounds, floor, offload_floor, states_cannot_fit, states_fit
-from .search_memory import fit_limit, fits_with_margin
+from .search_memory import fit_limit, fit_tier, fits_with_margin, fits_within_tier
 from .search_options import SearchSpec
 from .search_recompute import least_activation_offload, least_recompute, offload_options, selective_bundles
 from .search_rows import Candidate, Group, SearchResult
@@ -57,7 +57,7 @@ __all__ = ["MIN_TOKENS_PER_CP_RANK", "UNEVEN_VPP", "Candidate", "SearchResult", 
 
 
 def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: Optional[float] = None,
-           ceiling: float = math.inf, robust: Optional[float] = None) -> SearchResult:
+           ceiling: float = math.inf, robust: Optional[float] = None, safer: Optional[bool] = None) -> SearchResult:
     """Score every non-dominated layout; return those that fit (with ``first_only``, stop at one).
 
     With ``ceiling`` (seconds), layouts whose step time cannot come under it are skipped too:
@@ -79,16 +79,22 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     the advice's where nothing fits) may be among them: :meth:`SearchResult.in_full`. Where they fit
     only with the optimizer offloaded, no layout without that offload is scored, and the offload's
     floor (:func:`offload_floor`) joins the bound.
+
+    With ``safer`` (by default, with ``robust``), beside the least recomputation that fits each layout,
+    the least that fits in each surer tier (``search_memory.fit_tier``) is kept too: the robust pick
+    prefers it within the margin (:meth:`_safer`).
     """
-    return _Search(case, spec, first_only, keep_within, ceiling, robust=robust).run()
+    return _Search(case, spec, first_only, keep_within, ceiling, robust=robust,
+                   safer=robust is not None if safer is None else safer).run()
 
 
 class _Search:
     """One search: the incumbents, what was scored and pruned, and the closest miss so far."""
 
     def __init__(self, case: Case, spec: SearchSpec, first_only: bool, keep_within: Optional[float],
-                 ceiling: float, skip_unfit: bool = True, robust: Optional[float] = None):
+                 ceiling: float, skip_unfit: bool = True, robust: Optional[float] = None, safer: bool = False):
         self.case, self.spec, self.first_only = case, spec, first_only
+        self.safer = safer
         self.keep_within, self.ceiling = keep_within, ceiling
         # Without a threshold nothing is skipped on time: the groups are walked as enumerated.
         self.ordered = keep_within is not None or ceiling < math.inf
@@ -126,7 +132,7 @@ class _Search:
             # Where nothing fits, the advice's closest miss may be among the layouts the skip left
             # unscored: the search without the skip finds it, should it be asked for.
             self.result.rescore = lambda: _Search(self.case, self.spec, False, self.keep_within, self.ceiling,
-                                                  skip_unfit=False, robust=self.robust).run()
+                                                  skip_unfit=False, robust=self.robust, safer=self.safer).run()
         return self.result
 
     def _walk_by_bounds(self) -> None:
@@ -240,6 +246,7 @@ class _Search:
                 hits += self._least_offloaded(group, zero, base, activations=not needs_offload)
             if not hits:
                 break  # a larger micro-batch needs more memory still
+            hits += [safe for hit in hits for safe in self._safer(hit)]
             if self._keep(hits, base, time):
                 return True
         return False
@@ -292,6 +299,31 @@ class _Search:
         hit, scored = least_recompute(self.case, spec, base, at_least, self.note_miss)
         self.result.scored += scored
         return hit
+
+    def _safer(self, hit: tuple[Job, float]) -> list[tuple[Job, float]]:
+        """For the robust pick, beside the least recomputation that fits (``hit``) where it is not sure
+        to (``search_memory.fit_tier`` above 0): the least recomputation on the same layout in each surer
+        tier, which the pick prefers within the margin of the fastest (Llama 3 70B on 8 A100s of 40 GB:
+        41 layers recomputed peak at 42.8 GB of 41.5 usable, all 80 at 37.2 GB, 7.6 % slower)."""
+        if not self.safer:
+            return []
+        tier = fit_tier(hit[0], hit[1], self.spec.headroom)
+        if tier == 0:
+            return []
+        lay = hit[0].layout
+        base = lay.with_changes(recompute="none", recompute_num_layers=None, recompute_modules=None) \
+            if self.spec.admits("recompute", "none") else lay
+        safer = []
+        for surer in range(tier):
+            try:
+                safe, scored = least_recompute(self.case, self.spec, base, 1, lambda job, peak: None,
+                                               fits_within_tier(surer))
+            except SpecError:
+                continue
+            self.result.scored += scored
+            if safe is not None and safe[0].layout != lay and all(s[0].layout != safe[0].layout for s in safer):
+                safer.append(safe)
+        return safer
 
     def _least_offloaded(self, group: Group, zero: int, base: Layout, activations: bool = True) \
             -> list[tuple[Job, float]]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from cost_models.activations import head_activation_bytes, loss_gradient_bytes
 from cost_models.memory import host_bytes, peak_stage_memory
 from cost_models.memory import usable_bytes as allocator_usable_bytes
+from typing import Callable
+
 from cost_models.specs import ClusterSpec, Job, Layout, ModelSpec, Overheads, TrainingSpec
 
 from .bands import fit_limit as band_fit_limit
@@ -39,6 +41,24 @@ def fits(job: Job, headroom: float) -> tuple[bool, float]:
     """Whether the job fits on the GPU (:func:`fit_limit`) and its offload on the host, and its peak."""
     peak = peak_stage_memory(job).total
     return peak <= fit_limit(job, headroom) and host_fits(job, headroom), peak
+
+
+def fit_tier(job: Job, peak: float, headroom: float) -> int:
+    """How sure a layout that fits (:func:`fits`) is to fit, in the robust pick's order: 0 where its
+    memory band's upper end fits, 1 where its predicted peak does (the band straddles the usable
+    memory), 2 where only the band's low end does (more likely than not to run out of memory)."""
+    if fits_with_margin(job, peak, headroom):
+        return 0
+    return 1 if peak <= usable_bytes(job, headroom) else 2
+
+
+def fits_within_tier(tier: int) -> "Callable[[Job, float], tuple[bool, float]]":
+    """:func:`fits`, holding a layout to :func:`fit_tier` ``tier`` or better: the robust pick's safer
+    layouts."""
+    def fit(job: Job, headroom: float) -> tuple[bool, float]:
+        ok, peak = fits(job, headroom)
+        return ok and fit_tier(job, peak, headroom) <= tier, peak
+    return fit
 
 
 def most_micro_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, overheads: Overheads,

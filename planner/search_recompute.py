@@ -19,6 +19,9 @@ from .search_options import SearchSpec
 
 # Told of each layout scored that does not fit, with its peak (the search keeps the closest, for advice).
 NoteMiss = Callable[[Job, float], None]
+# Whether a job fits, and its peak: at the memory band's low end (search_memory.fits), or at its
+# upper end for the robust pick's safer layouts (search_memory.fits_at_band_top).
+FitTest = Callable[[Job, float], tuple[bool, float]]
 
 
 def offload_options(spec: SearchSpec, zero: int) -> list[dict]:
@@ -77,7 +80,8 @@ def recompute_ladder(spec: SearchSpec, base: Layout, bundles: tuple = (None,)) -
 
 
 def least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least: int,
-                         note_miss: NoteMiss, at_most: Optional[int] = None) -> Optional[tuple[Job, float]]:
+                         note_miss: NoteMiss, at_most: Optional[int] = None, fit: FitTest = fits) \
+        -> Optional[tuple[Job, float]]:
     """Full recomputation on the fewest layers per stage (no fewer than ``at_least``, no more
     than ``at_most``) that fits.
 
@@ -89,7 +93,7 @@ def least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least:
         rnl = None if n >= stage_max or not spec.engine.partial_recompute else n
         job = Job(case.model, case.cluster, case.training, layout.with_changes(recompute_num_layers=rnl),
                   case.overheads)
-        ok, peak = fits(job, spec.headroom)
+        ok, peak = fit(job, spec.headroom)
         if not ok and n >= stage_max:  # the most recomputation there is: the advice's closest layout
             note_miss(job, peak)
         return (job if ok else None), peak
@@ -147,8 +151,9 @@ def full_layers_faster_than(case: Case, selective: Job, full: Layout, at_least: 
 
 
 def least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
-                    note_miss: NoteMiss) -> tuple[Optional[tuple[Job, float]], int]:
-    """The layout with the least recomputation that fits, and how many layouts were scored.
+                    note_miss: NoteMiss, fit: FitTest = fits) -> tuple[Optional[tuple[Job, float]], int]:
+    """The layout with the least recomputation that fits (``fit``: at the memory band's low end by
+    default), and how many layouts were scored.
 
     Selective recomputation on every layer and full recomputation of a few layers are not
     ordered: either can cost less (the first repeats part of every layer, the second all of a
@@ -162,7 +167,7 @@ def least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
         try:
             if layout.recompute == "full" and layout.recompute_num_layers is None:
                 scored += 1
-                hit = least_full_recompute(case, spec, layout, at_least, note_miss)
+                hit = least_full_recompute(case, spec, layout, at_least, note_miss, fit=fit)
                 if hit is not None and not spec.runner.problems(hit[0]):
                     return hit, scored
                 continue
@@ -172,14 +177,14 @@ def least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
         if spec.runner.problems(job):  # a rule of the engine's own code (planner/engines/)
             continue
         scored += 1
-        ok, peak = fits(job, spec.headroom)
+        ok, peak = fit(job, spec.headroom)
         if ok:
             full = [rung for rung in ladder if rung.recompute == "full" and rung.recompute_num_layers is None]
             at_most = full_layers_faster_than(case, job, full[0], at_least) \
                 if layout.recompute == "selective" and full and spec.engine.partial_recompute else 0
             if at_most:
                 scored += 1
-                hit = least_full_recompute(case, spec, full[0], at_least, note_miss, at_most)
+                hit = least_full_recompute(case, spec, full[0], at_least, note_miss, at_most, fit)
                 if hit is not None and not spec.runner.problems(hit[0]):
                     return hit, scored
             return (job, peak), scored

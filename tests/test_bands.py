@@ -105,6 +105,24 @@ def test_the_robust_pick_on_a_published_sweep():
     assert (round(fastest.measured), round(robust.measured)) == (127975, 130724)
 
 
+def test_where_nothing_fits_at_its_bands_upper_end_the_pick_is_a_layout_whose_prediction_fits():
+    """Llama 3 70B on 8 A100s of 40 GB: no layout fits at its memory band's upper end. The fastest
+    recomputes 41 of 80 layers with a predicted peak over the usable memory (within it only at the
+    band's low end); the pick was that layout, since the search scored only the least recomputation
+    that fits each layout. It now takes one within the margin whose predicted peak fits."""
+    from planner.search_memory import fit_tier
+
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 4096, "precision": "bf16", "engine": "megatron"}}
+    robust, raw = planner.plan(case), planner.plan(case, fastest=True)
+    headroom = robust.headroom
+    assert raw.best.peak.total > raw.best.usable_bytes  # the raw optimum, over as predicted
+    assert fit_tier(raw.best.job, raw.best.peak.total, headroom) == 2
+    assert robust.best.peak.total <= robust.best.usable_bytes and robust.best.memory_verdict == "at risk"
+    assert robust.best.step_time_s <= raw.best.step_time_s * (1 + bands.indistinguishable_gap())
+    assert robust.picked_on == "robust" and robust.best.job.training.global_batch_size == 8
+
+
 def test_plan_names_the_fastest_where_it_picked_otherwise_and_fastest_returns_it():
     case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
             "training": {"global_batch_size": 256, "seq_len": 8192, "engine": "megatron"}}
