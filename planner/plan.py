@@ -259,7 +259,7 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
 
 
 def layout_table(case: Case, spec: SearchSpec, slack: float = TABLE_SLACK, ceiling: float = math.inf,
-                 robust: Optional[float] = None, safer: Optional[bool] = None) -> tuple[SearchResult, list[Candidate]]:
+                 robust: Optional[float] = None, safer: Optional[float] = None) -> tuple[SearchResult, list[Candidate]]:
     """The search on this cluster, and the solver's table from it: every fitting layout within
     ``slack`` of the fastest, and at least the top_k + 1 fastest (none slower than ``ceiling``)."""
     with spec_errors(case.source):  # e.g. a precision the GPU (or profile) has no peak for
@@ -321,6 +321,9 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         chosen = robust_choice(table, fastest_index, margin, case)
         picked_on = "robust" if chosen != fastest_index else "speed"
     model.exclude(chosen)
+    for index, candidate in enumerate(table):  # a safer twin is the robust pick's to take, not a runner-up
+        if candidate.safer and index != chosen:
+            model.exclude(index)
     alternatives = []
     for _ in range(spec.top_k):
         nxt = model.solve()

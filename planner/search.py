@@ -57,7 +57,7 @@ __all__ = ["MIN_TOKENS_PER_CP_RANK", "UNEVEN_VPP", "Candidate", "SearchResult", 
 
 
 def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: Optional[float] = None,
-           ceiling: float = math.inf, robust: Optional[float] = None, safer: Optional[bool] = None) -> SearchResult:
+           ceiling: float = math.inf, robust: Optional[float] = None, safer: Optional[float] = None) -> SearchResult:
     """Score every non-dominated layout; return those that fit (with ``first_only``, stop at one).
 
     With ``ceiling`` (seconds), layouts whose step time cannot come under it are skipped too:
@@ -80,19 +80,20 @@ def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: 
     only with the optimizer offloaded, no layout without that offload is scored, and the offload's
     floor (:func:`offload_floor`) joins the bound.
 
-    With ``safer`` (by default, with ``robust``), beside the least recomputation that fits each layout,
-    the least that fits in each surer tier (``search_memory.fit_tier``) is kept too: the robust pick
-    prefers it within the margin (:meth:`_safer`).
+    With ``safer`` (a margin; by default ``robust``'s), beside the least recomputation that fits a layout
+    within that margin of the fastest, the least that fits in each surer tier (``search_memory.fit_tier``)
+    is kept too: the robust pick prefers it within the margin (:meth:`_safer`).
     """
     return _Search(case, spec, first_only, keep_within, ceiling, robust=robust,
-                   safer=robust is not None if safer is None else safer).run()
+                   safer=robust if safer is None else safer).run()
 
 
 class _Search:
     """One search: the incumbents, what was scored and pruned, and the closest miss so far."""
 
     def __init__(self, case: Case, spec: SearchSpec, first_only: bool, keep_within: Optional[float],
-                 ceiling: float, skip_unfit: bool = True, robust: Optional[float] = None, safer: bool = False):
+                 ceiling: float, skip_unfit: bool = True, robust: Optional[float] = None,
+                 safer: Optional[float] = None):
         self.case, self.spec, self.first_only = case, spec, first_only
         self.safer = safer
         self.keep_within, self.ceiling = keep_within, ceiling
@@ -128,6 +129,8 @@ class _Search:
                     break
         else:
             self._walk_by_bounds()
+        if self.safer is not None and not self.first_only:
+            self._add_safer()
         if self.unfit_skipped and not self.first_only:
             # Where nothing fits, the advice's closest miss may be among the layouts the skip left
             # unscored: the search without the skip finds it, should it be asked for.
@@ -246,7 +249,6 @@ class _Search:
                 hits += self._least_offloaded(group, zero, base, activations=not needs_offload)
             if not hits:
                 break  # a larger micro-batch needs more memory still
-            hits += [safe for hit in hits for safe in self._safer(hit)]
             if self._keep(hits, base, time):
                 return True
         return False
@@ -300,13 +302,29 @@ class _Search:
         self.result.scored += scored
         return hit
 
+    def _add_safer(self) -> None:
+        """Once the fastest is known: the safer twins (:meth:`_safer`) of the layouts within ``safer`` of
+        it, but of those a layout found that fits at its band's upper end rules out (no more complex
+        than the twin's layout without recomputation, and no slower than the layout itself: it comes
+        first wherever the twin, slower and no simpler, would be within the margin)."""
+        limit = self.incumbents.fastest * (1 + self.safer)
+        gbs = self.case.training.global_batch_size
+        for candidate in [c for c in self.result.candidates if c.step_time_s <= limit]:
+            plain = candidate.layout.with_changes(recompute="none", recompute_num_layers=None, recompute_modules=None)
+            if self.simpler is not None and self.simpler.slowest_pick(layout_complexity(plain, gbs)) \
+                    <= candidate.step_time_s:
+                continue
+            for job, peak in self._safer((candidate.job, candidate.peak_bytes)):
+                if self._obeys_pins(job.layout):
+                    time = step_time(job)
+                    if time.total <= limit:
+                        self.result.candidates.append(Candidate(job.layout, time.total, peak, job, time, safer=True))
+
     def _safer(self, hit: tuple[Job, float]) -> list[tuple[Job, float]]:
         """For the robust pick, beside the least recomputation that fits (``hit``) where it is not sure
         to (``search_memory.fit_tier`` above 0): the least recomputation on the same layout in each surer
         tier, which the pick prefers within the margin of the fastest (Llama 3 70B on 8 A100s of 40 GB:
         41 layers recomputed peak at 42.8 GB of 41.5 usable, all 80 at 37.2 GB, 7.6 % slower)."""
-        if not self.safer:
-            return []
         tier = fit_tier(hit[0], hit[1], self.spec.headroom)
         if tier == 0:
             return []
@@ -317,7 +335,7 @@ class _Search:
         for surer in range(tier):
             try:
                 safe, scored = least_recompute(self.case, self.spec, base, 1, lambda job, peak: None,
-                                               fits_within_tier(surer))
+                                               fits_within_tier(surer), after=lay)
             except SpecError:
                 continue
             self.result.scored += scored
@@ -362,6 +380,7 @@ class _Search:
             if self.first_only:
                 return True
             self.incumbents.add(seconds)
+
             if self.simpler is not None and fits_with_margin(job, peak, self.spec.headroom):
                 self.simpler.add(layout_complexity(job.layout, self.case.training.global_batch_size), seconds)
         return False

@@ -151,9 +151,11 @@ def full_layers_faster_than(case: Case, selective: Job, full: Layout, at_least: 
 
 
 def least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
-                    note_miss: NoteMiss, fit: FitTest = fits) -> tuple[Optional[tuple[Job, float]], int]:
+                    note_miss: NoteMiss, fit: FitTest = fits, after: Optional[Layout] = None) \
+        -> tuple[Optional[tuple[Job, float]], int]:
     """The layout with the least recomputation that fits (``fit``: at the memory band's low end by
-    default), and how many layouts were scored.
+    default), and how many layouts were scored; with ``after`` (the same layout with some
+    recomputation), only heavier rungs than its are tried.
 
     Selective recomputation on every layer and full recomputation of a few layers are not
     ordered: either can cost less (the first repeats part of every layer, the second all of a
@@ -163,6 +165,8 @@ def least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
     bundles = (spec.pins["recompute_modules"],) if "recompute_modules" in spec.pins \
         else selective_bundles(case.model, case.training, spec.engine)
     ladder = list(recompute_ladder(spec, base, bundles))
+    if after is not None:
+        ladder, at_least = _heavier(ladder, after, at_least)
     for layout in ladder:
         try:
             if layout.recompute == "full" and layout.recompute_num_layers is None:
@@ -190,6 +194,25 @@ def least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
             return (job, peak), scored
         note_miss(job, peak)
     return None, scored
+
+
+def _heavier(ladder: list[Layout], after: Layout, at_least: int) -> tuple[list[Layout], int]:
+    """The rungs of ``ladder`` past ``after``'s, and the fewest layers full recomputation may then take.
+    Past full recomputation of a few layers: more of them, and selective recomputation, which full
+    on a few took the place of where it was faster (``least_recompute``), not where it held more."""
+    rank = {"none": 0, "selective": 1, "full": 2}
+    if after.recompute == "full":
+        selective = [r for r in ladder if r.recompute == "selective"]
+        if after.recompute_num_layers is None:
+            return selective, at_least
+        return selective + [r for r in ladder if r.recompute == "full"], \
+            max(at_least, after.recompute_num_layers + after.vpp)
+    if after.recompute == "selective":
+        same = [i for i, r in enumerate(ladder) if r.recompute == "selective" and r.recompute_modules ==
+                after.recompute_modules]
+        if same:
+            return ladder[same[0] + 1:], at_least
+    return [r for r in ladder if rank[r.recompute] > rank[after.recompute]], at_least
 
 
 def least_activation_offload(case: Case, spec: SearchSpec, layout: Layout, note_miss: NoteMiss) \

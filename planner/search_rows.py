@@ -20,6 +20,9 @@ class Candidate:
     peak_bytes: float
     job: Optional[Job] = None
     time: Optional[StepTime] = None
+    # A surer-to-fit twin of a layout the search found (more recomputation: search._Search._safer),
+    # kept for the robust pick alone, not as one of the runners-up.
+    safer: bool = False
 
 
 @dataclass
