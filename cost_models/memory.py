@@ -10,11 +10,12 @@ from .activations import (embedding_activation_bytes, head_activation_bytes, lay
                           layer_activations, loss_gradient_bytes, mtp_projection_activation_bytes)
 from .experts import alltoall_buffer_bytes
 from .flops import layer_gemms
-from .model_states import (StateBytes, bucket_copy_bytes, gathered_weight_bytes, quantizes_weights_once_a_step,
-                           sharded_state_bytes, state_bytes, zero_shards)
+from .model_states import (StateBytes, bucket_copy_bytes, gathered_weight_bytes, keeps_weights_quantized,
+                           quantizes_weights_once_a_step, sharded_state_bytes, state_bytes, zero_shards)
 from .offload import gradients_on_host, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
-                         router_parameters, shared_expert_parameters, stage_linear_parameters, stage_parameters)
+                         router_parameters, shared_expert_parameters, stage_dense_linear_parameters,
+                         stage_linear_parameters, stage_parameters)
 from .quantization import cached_weight_bytes
 from .pipeline import in_flight_chunks, in_flight_peak
 from .job import Job
@@ -197,6 +198,21 @@ def zero3_gather_bytes(job: Job) -> float:
     return 2 * per_layer * gathered_weight_bytes(job.training)
 
 
+def _quantized_dense_linears(job: Job, stage: int) -> float:
+    """The stage's dense (not expert) linear weights one GPU holds that the recipe quantizes: those of
+    its layers (and, on the last stage, of the prediction modules), less the layers it keeps in bf16."""
+    model, lay = job.model, job.layout
+    layers = job.stage_layers[stage]
+    moe_layers = job.stage_moe_layers[stage] if model.is_moe else 0
+    if stage == lay.pp - 1:
+        layers += model.mtp_layers
+        moe_layers += model.mtp_moe_layers
+    if not layers:
+        return 0.0
+    return stage_dense_linear_parameters(model, layers, lay.tp, moe_layers) \
+        * (1 - job.high_precision_layers[stage] / layers)
+
+
 def quantized_weight_copy_bytes(job: Job, stage: int) -> float:
     """Quantized copies of the stage's linear weights that Transformer Engine keeps beside the held
     weights (:func:`model_states.state_bytes`) for the whole step, and across steps, where the
@@ -245,7 +261,13 @@ def stage_state_bytes(job: Job, stage: int, per_parameter: Optional[tuple[StateB
     (:func:`per_parameter_states`; a caller scoring every stage passes them in)."""
     per_param, per_expert_param = per_parameter or per_parameter_states(job)
     params = job_stage_parameters(job, stage)
-    return StateBytes(weights=params.dense * per_param.weights + params.expert * per_expert_param.weights,
+    weights = params.dense * per_param.weights + params.expert * per_expert_param.weights
+    if keeps_weights_quantized(job.training) and per_param.weights:
+        # Held quantized, only the linears' weights take the recipe's bytes (state_bytes): the rest
+        # of the dense parameters, and the linears of the layers the recipe keeps in bf16, take 16 bits.
+        unquantized = params.dense - _quantized_dense_linears(job, stage)
+        weights += unquantized * per_param.weights * (2 / job.training.recipe.quantized_bytes - 1)
+    return StateBytes(weights=weights,
                       gradients=params.dense * per_param.gradients + params.expert * per_expert_param.gradients,
                       optimizer=params.dense * per_param.optimizer + params.expert * per_expert_param.optimizer)
 

@@ -96,9 +96,16 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
     if weights_are_master(training, zero_stage, shards):
         return StateBytes(weights=4, gradients=4, optimizer=4 * moments)
     weights = 2.0
-    if training.fp8_param_gather and training.recipe is not None and training.engine.fused_quantize:
+    if keeps_weights_quantized(training):  # the linear layers' weights; memory.stage_state_bytes the rest
         weights = training.recipe.quantized_bytes
     return StateBytes(weights=weights, gradients=4 if fp32_gradients(training) else 2, optimizer=4 + 4 * moments)
+
+
+def keeps_weights_quantized(training: TrainingSpec) -> bool:
+    """Whether the held weights of the linear layers are the recipe's quantized data (Megatron's
+    --fp8-param-gather: Transformer Engine's quantized parameters); the embedding, the LM head, the
+    norms and the router are no Transformer Engine linears and stay in 16 bits."""
+    return bool(training.fp8_param_gather and training.recipe is not None and training.engine.fused_quantize)
 
 
 def quantizes_weights_once_a_step(job: Job) -> bool:

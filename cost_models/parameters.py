@@ -215,5 +215,11 @@ def stage_linear_parameters(model: ModelSpec, layers: int, tp: int, moe_layers: 
     """Weights of the layers' linear GEMMs one GPU of a pipeline stage holds: what a low-precision
     recipe quantizes (``cost_models.quantization``: not the embedding, the LM head, the norms or
     the router, which stay in bf16)."""
+    return stage_dense_linear_parameters(model, layers, tp, moe_layers) + _local_experts(model, moe_layers, ep, etp)
+
+
+def stage_dense_linear_parameters(model: ModelSpec, layers: int, tp: int, moe_layers: int = 0) -> float:
+    """:func:`stage_linear_parameters` less the routed experts: the linears every data-parallel rank
+    holds (attention, dense MLPs, shared experts)."""
     split, whole = _layer_linears(model, layers, moe_layers)
-    return split / tp + whole + _local_experts(model, moe_layers, ep, etp)
+    return split / tp + whole

@@ -234,13 +234,14 @@ def test_megatron_keeps_a_quantized_copy_of_every_linear_weight(gpu, precision, 
 
 
 def test_quantized_parameters_add_only_their_other_layout():
-    """--fp8-param-gather: the weights are Transformer Engine's quantized parameters (1 byte each,
-    every parameter: ``state_bytes``) and, on Hopper, the transpose dgrad reads beside the linears'
-    (Megatron-FSDP's README: "number of parameter × 1 Byte")."""
+    """--fp8-param-gather: the linears' weights are Transformer Engine's quantized parameters (1 byte
+    each: ``state_bytes``; Megatron-FSDP's README: "number of parameter × 1 Byte"), the embedding, LM
+    head and norms, no TE linears, stay bf16; on Hopper, the transpose dgrad reads beside the linears'."""
     from cost_models.parameters import total_parameters
     quantized, linear = _weight_memory("h100", "fp8", fp8_param_gather=True)
     job = load_case(_case("h100", "fp8"))
-    assert quantized == pytest.approx(1.0 * total_parameters(job.model) + 1.0 * linear, rel=1e-12)
+    assert quantized == pytest.approx(1.0 * linear + 2.0 * (total_parameters(job.model) - linear) + 1.0 * linear,
+                                      rel=1e-12)
 
 
 def test_no_copy_is_kept_where_the_weights_are_sharded_or_torchao_casts_them():
@@ -393,3 +394,19 @@ def test_the_search_bounds_the_states_at_both_ends_of_offload():
     assert planner.estimate(case).fits
     assert peak_stage_memory(offloaded).total - peak_stage_memory(offloaded).activations > usable
     assert not _states_cannot_fit(loaded, loaded.search, Layout(dp=8, zero_stage=1, micro_batch_size=1))
+
+
+def test_weights_kept_quantized_are_the_linears_only():
+    """Megatron's --fp8-param-gather keeps Transformer Engine's linears' weights in fp8; the embedding,
+    the LM head and the norms are no TE linears and stay in bf16. Every parameter was counted at 1
+    byte: Llama 3 8B on 8 B200s at ZeRO 1 held 8.03 GB of weights, 1.05 GB short. Its linears:
+    32 layers × (4096 × (4096 + 2 × 1024 + 4096) + 3 × 4096 × 14336) = 6,979,321,856 at 1 byte; the
+    rest of its 8,030,261,248 (two 128,256 × 4096 embeddings and 65 norms) at 2."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "b200", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "fp8", "engine": "megatron"},
+            "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": 1}}
+    estimate = planner.estimate(case).to_dict()
+    assert estimate["training"]["fp8_param_gather"] is True
+    linears, total = 6_979_321_856, 8_030_261_248
+    assert estimate["model"]["parameters"] == total
+    assert estimate["memory"]["by_term"]["parameters"] == linears * 1 + (total - linears) * 2
