@@ -71,8 +71,10 @@ class PerMicrobatch:
     head: float  # last stage: saved for backward
     loss_gradients: float  # last stage: the loss's gradients, alive at its peak
     # Under selective recomputation by module: what one layer's recomputed modules hold again
-    # while that layer runs its backward (the most of a dense and an MoE layer).
+    # while that layer runs its backward, a dense layer's and an MoE layer's (a stage takes the
+    # most of the kinds it holds).
     restored: float = 0.0
+    restored_moe: float = 0.0
     mtp_projection: float = 0.0  # last stage: one multi-token prediction module beside its layer
 
 
@@ -94,11 +96,11 @@ def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, 
     kept = layer_activation_bytes(model, training, lay, recomputed=False, selective=selective)
     kept_moe = layer_activation_bytes(model, training, lay, recomputed=False, selective=selective, moe=True) \
         if model.is_moe else 0.0
-    restored = 0.0
+    restored = restored_moe = 0.0
     if recompute == "selective" and selective == "attention":
         restored = layer_activations(model, training, lay).total - kept
         if model.is_moe:
-            restored = max(restored, layer_activations(model, training, lay, moe=True).total - kept_moe)
+            restored_moe = layer_activations(model, training, lay, moe=True).total - kept_moe
     return PerMicrobatch(
         kept=kept,
         kept_moe=kept_moe,
@@ -109,6 +111,7 @@ def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, 
         head=head_activation_bytes(model, training, lay),
         loss_gradients=loss_gradient_bytes(model, lay, training),
         restored=restored,
+        restored_moe=restored_moe,
         mtp_projection=mtp_projection_activation_bytes(model, training, lay) if model.mtp_layers else 0.0,
     )
 
@@ -148,9 +151,16 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     # A rank's chunks take a few sizes at most: each priced once (vpp runs to a layer a chunk).
     by_size = {n: chunk_bytes(n) for n in set(chunk_sizes)}
     total = in_flight_peak(lay.pp, lay.vpp, job.num_microbatches, stage, [by_size[n] for n in chunk_sizes])
+    dense = layers > moe  # the kinds of layer the stage holds: what one of them holds again is its kind's
     if lay.recompute == "full" and (lay.recompute_num_layers is None or lay.recompute_num_layers > 0):
-        total += max(dense_kept, shared.kept_moe if moe else 0.0)
-    total += shared.restored
+        working = max(dense_kept if dense else 0.0, shared.kept_moe if moe else 0.0)
+        if lay.pp == 1:
+            # One micro-batch in flight: the recomputed (first) layers run their backward once every
+            # layer kept whole has freed its activations, beside the checkpoints of those before them.
+            recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, layers)
+            working = max(0.0, recomputed * shared.checkpointed + working - total)
+        total += working
+    total += max(shared.restored if dense else 0.0, shared.restored_moe if moe else 0.0)
     if offloaded:  # the layer whose copy is under way
         total += kept
     if stage == 0:

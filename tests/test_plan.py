@@ -115,12 +115,12 @@ def test_full_recomputation_of_a_few_layers_is_weighed_against_selective_of_all(
     and micro-batch 1: nothing fits without recomputation, and Megatron's selective recomputation
     (every layer's attention core, quadratic here) costs more than recomputing 2 whole layers of
     32, which fits. The plan takes the faster, though selective is the lesser recomputation.
-    The case keeps 6 % of the memory free (search.headroom) to make memory bind."""
+    The case keeps 7 % of the memory free (search.headroom) to make memory bind."""
     pins = {"tp": 1, "pp": 1, "cp": 1, "micro_batch_size": 1, "zero_stage": 2, "offload_optimizer": 0,
-            "offload_params": False, "offload_activations": 0, "headroom": 0.06}
+            "offload_params": False, "offload_activations": 0, "headroom": 0.07}
     job = case(model={"preset": "llama2-7b"}, cluster={"num_gpus": 8},
                training={"global_batch_size": 16, "engine": "megatron", "flash_attention": False},
-               search={"headroom": 0.06})
+               search={"headroom": 0.07})
     layout = {**{k: v for k, v in pins.items() if k != "headroom"}, "dp": 8, "sequence_parallel": False}
     full = planner.estimate({**job, "layout": {**layout, "recompute": "full", "recompute_num_layers": 2}})
     selective = planner.estimate({**job, "layout": {**layout, "recompute": "selective"}})
@@ -133,7 +133,7 @@ def test_full_recomputation_of_a_few_layers_is_weighed_against_selective_of_all(
     from planner.search_memory import fit_tier
 
     robust = planner.plan({**job, "search": pins})
-    tier = lambda e: fit_tier(e.job, e.peak.total, 0.06)  # noqa: E731
+    tier = lambda e: fit_tier(e.job, e.peak.total, 0.07)  # noqa: E731
     assert layout_of(robust.best)["recompute"] == "selective" and tier(robust.best) < tier(full)
     assert robust.best.step_time_s <= full.step_time_s * (1 + robust.margin)
 
