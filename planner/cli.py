@@ -497,11 +497,19 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
     console.print(f"wrote {', '.join(str(p) for p in written)} ({len(runs)} runs)", markup=False)
 
 
+# A report narrower than this is unreadable: a terminal (or COLUMNS) that says less, 0 or 1 from a
+# broken environment, gets the width of a classic terminal (rich printed nothing at COLUMNS=0).
+MIN_REPORT_WIDTH, DEFAULT_REPORT_WIDTH = 40, 80
+
+
 def _console(**options):
     """rich's Console, loaded only when a command prints a report (never for --json): 20 ms of imports."""
     from rich.console import Console
 
-    return Console(**options)
+    console = Console(**options)
+    if console.width < MIN_REPORT_WIDTH:
+        console.width = DEFAULT_REPORT_WIDTH
+    return console
 
 
 def _interrupted(signum, frame) -> None:
@@ -531,7 +539,27 @@ def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` alike: exit 130 or 143, nothing written
         if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and background jobs ignore them
             signal.signal(signum, _interrupted)
-    sys.exit(_run(UsageError))
+    closed = _guard_streams()
+    code = _run(UsageError)
+    if closed and code in (0, EXIT_DOES_NOT_FIT):  # an answer was due, and went nowhere
+        print("error: stdout: closed; the answer could not be written", file=sys.stderr)
+        code = EXIT_OUTPUT_FAILED
+    sys.exit(code)
+
+
+def _guard_streams() -> bool:
+    """Streams the CLI can always write to: a closed stdout (``>&-``, which Python gives as None) or
+    stderr becomes the null device, and one that cannot encode the report's characters (a non-UTF-8
+    locale: ×, –, box drawing) replaces them rather than failing. True where stdout was closed."""
+    closed = sys.stdout is None
+    if closed:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
+    for stream in (sys.stdout, sys.stderr):
+        if "utf" not in (getattr(stream, "encoding", None) or "").lower() and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+    return closed
 
 
 # Where stdout cannot take the answer (a reader that closed the pipe, a full disk): the command's

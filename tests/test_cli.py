@@ -280,3 +280,26 @@ def test_an_answer_stdout_cannot_take_is_one_line_not_a_traceback(command):
     reader.stdout.readline()
     reader.stdout.close()  # the reader has gone
     assert reader.wait(timeout=120) in (0, 1) and reader.stderr.read() == ""
+
+
+def test_a_broken_terminal_width_closed_stdout_or_ascii_locale_still_answers_or_says_why():
+    """COLUMNS=0 printed nothing and exited 0; `>&-` (stdout closed) ended in an AttributeError
+    traceback, bad input included (exit 1, not 2); an ASCII stdout (LC_ALL=C without UTF-8 mode)
+    died of a UnicodeEncodeError on the report's '×'."""
+    import os
+
+    example = str(Path(__file__).resolve().parent.parent / "examples" / "llama3-70b-h100.yaml")
+    base = [sys.executable, "-m", "planner", "estimate"]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    narrow = subprocess.run(base + [example], capture_output=True, text=True, env={**env, "COLUMNS": "0"}, timeout=120)
+    assert narrow.returncode == 0 and "tokens/s" in narrow.stdout and narrow.stderr == ""
+    closed = subprocess.run(base + [example], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            timeout=120, preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 1 and closed.stderr == "error: stdout: closed; the answer could not be written\n"
+    bad = subprocess.run(base + ["/nonexistent/case.yaml"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, timeout=120, preexec_fn=lambda: os.close(1))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "file not found" in bad.stderr
+    ascii_out = subprocess.run(base + [example], capture_output=True, timeout=120,
+                               env={**env, "PYTHONIOENCODING": "ascii", "PYTHONUTF8": "0", "LC_ALL": "C"})
+    assert ascii_out.returncode == 0 and b"Traceback" not in ascii_out.stderr
+    assert b"tokens/s" in ascii_out.stdout and b" ? h100" in ascii_out.stdout
