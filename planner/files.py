@@ -49,9 +49,14 @@ def check_writable(outputs: list[Output], force: bool) -> None:
     do not tell, e.g. for root on a read-only file system)."""
     probed: set[Path] = set()
     for out in outputs:
-        if out.path.is_dir():
+        try:
+            is_dir = out.path.is_dir()
+        except OSError as error:  # a name longer than the file system takes, say
+            raise CaseError(str(out.path), out.option, f"cannot be written ({error.strerror or error})") from None
+        if is_dir:
             raise CaseError(str(out.path), out.option, "is a folder; expected a file name")
-        if out.path.exists() and not force:
+        # A link to nowhere exists too: writing would replace the link the user made.
+        if os.path.lexists(out.path) and not force:
             raise CaseError(str(out.path), out.option, "exists; pass --force to overwrite")
         folder = _nearest_existing(out.path.parent)
         if folder in probed:
@@ -152,7 +157,7 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
                 for folder in sorted(stages):
                     locks.enter_context(_locked(folder))
                 for out, _ in staged:  # again, now that no other run can write here
-                    if out.path.exists() and not force:
+                    if os.path.lexists(out.path) and not force:
                         raise CaseError(str(out.path), out.option, "exists; pass --force to overwrite")
                 try:
                     with _signals_held():

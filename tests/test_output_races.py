@@ -144,3 +144,21 @@ def test_the_apis_forced_emit_takes_an_earlier_emissions_files_out_and_says_so(t
     assert [n for n in emitted.notes if n.startswith("removed")] == [
         f"removed {out / 'ds_config.json'}: an earlier emission's file (its header says layout-planner wrote it), "
         "which this plan's files replace"]
+
+
+def test_a_link_to_nowhere_is_not_replaced_and_a_name_too_long_is_one_line(tmp_path):
+    """`--plot` at a dangling symlink replaced the link without --force (the link exists: only its
+    target does not); a file name longer than the file system takes ended in an OSError traceback."""
+    import sys
+
+    from cli_in_process import run_cli
+
+    example = str(Path(__file__).resolve().parent.parent / "examples" / "llama3-70b-1024-h100-plan.yaml")
+    link = tmp_path / "plan.png"
+    link.symlink_to(tmp_path / "nowhere.png")
+    done = run_cli("plan", example, "--plot", str(link))
+    assert done.returncode == 2 and "--plot: exists; pass --force to overwrite" in done.stderr
+    assert link.is_symlink() and not (tmp_path / "nowhere.png").exists()
+    long = tmp_path / ("x" * 300 + ".png")
+    done = run_cli("plan", example, "--plot", str(long))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "cannot be written (File name too long)" in done.stderr
