@@ -35,8 +35,8 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCH
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def read_bytes(path: PathLike) -> bytes:
-    """The bytes of a regular file of at most MAX_INPUT_BYTES, or a CaseError naming it."""
+def read_bytes(path: PathLike, limit: int = MAX_INPUT_BYTES, expected: str = "an input file") -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes, or a CaseError naming it."""
     source = os.fsdecode(path)
     try:
         # O_NONBLOCK: opening a FIFO with no writer would otherwise wait for ever.
@@ -51,8 +51,8 @@ def read_bytes(path: PathLike) -> bytes:
             kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
             raise CaseError(source, "", f"expected a regular file, got {kind}")
         chunks, size = [], 0
-        while size <= MAX_INPUT_BYTES:
-            chunk = os.read(fd, MAX_INPUT_BYTES + 1 - size)
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
             if not chunk:
                 break
             chunks.append(chunk)
@@ -62,9 +62,8 @@ def read_bytes(path: PathLike) -> bytes:
         raise CaseError(source, "", f"cannot be read ({error.strerror or error})") from None
     finally:
         os.close(fd)
-    if len(data) > MAX_INPUT_BYTES:
-        raise CaseError(source, "", f"larger than {MAX_INPUT_BYTES // 2**20} MiB; expected an input file "
-                                    "no larger than that")
+    if len(data) > limit:
+        raise CaseError(source, "", f"larger than {limit // 2**20} MiB; expected {expected} no larger than that")
     return data
 
 

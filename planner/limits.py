@@ -10,6 +10,8 @@ from __future__ import annotations
 # Input files (case, hf_config, cluster.profile, --config, --megatron-args, published
 # runs): the largest real one, a published-runs file, is about 3 MB.
 MAX_INPUT_BYTES = 16 * 2**20
+# A training log (`calibrate --from-logs`): a line for every step of a long run, so more than the rest.
+MAX_LOG_BYTES = 256 * 2**20
 # YAML nodes after alias expansion (the largest published-runs file holds ~130,000), alias uses
 # (the presets use a handful) and nesting depth: a "billion laughs" document or a
 # multi-million-entry list is refused before it is built.

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Optional
 
 WARMUP_STEPS = 3
-MAX_LOG_BYTES = 256 * 2**20
 
 NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
 MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
@@ -109,15 +108,12 @@ def read_log(path: Path) -> LogReading:
     looked for where it holds no step time past warm-up."""
     from .errors import CaseError
 
+    from .inputs import read_bytes
+    from .limits import MAX_LOG_BYTES
+
     src = str(path)
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_LOG_BYTES + 1)
-    except OSError as error:
-        raise CaseError(src, "", f"cannot read the log: {error.strerror or error}") from None
-    if len(data) > MAX_LOG_BYTES:
-        raise CaseError(src, "", f"expected a training log of at most {MAX_LOG_BYTES // 2**20} MiB; "
-                                 "give the lines of the steps to fit")
+    # A regular file only (a FIFO waited for ever, /dev/zero was read to the bound), of at most the bound.
+    data = read_bytes(path, MAX_LOG_BYTES, "a training log (give the lines of the steps to fit)")
     text = data.decode("utf-8", errors="replace")  # logs carry progress bars and colour codes
     megatron = MEGATRON_STEP.points(text)
     titan = TITAN_STEP.points(text)

@@ -415,3 +415,17 @@ def test_validate_published_few_shot_reports_the_ladder_of_k(tmp_path):
     import json
     shots = json.loads(done.stdout)["few_shot"]
     assert shots["ks"] == [0, 1, 3] and len(shots["groups"]) == 1 and shots["groups"][0]["runs"] == 8
+
+
+def test_a_log_that_is_a_fifo_or_a_device_is_refused_before_it_is_read(tmp_path):
+    """`calibrate --from-logs` on a FIFO waited for ever (--from-runs refused one), and /dev/zero was
+    read to its bound before being refused for its size."""
+    import os
+
+    from planner.errors import CaseError
+
+    fifo = tmp_path / "steps.log"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device")):
+        with pytest.raises(CaseError, match=f"expected a regular file, got {kind}"):
+            read_log(path)
