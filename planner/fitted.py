@@ -9,7 +9,7 @@ job leaves it, naming the fitted figure the job leans on there.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from cost_models.specs import Job
 
@@ -20,6 +20,42 @@ LEANS_ON = {"tp": "performance.intra_node_efficiency", "cp": "performance.intra_
             "zero_stage": "fabric.efficiency", "nodes": "fabric.efficiency"}
 PRECISION_FIGURE = {"fp8": "performance.gemm_efficiency_fp8", "mxfp8": "performance.gemm_efficiency_fp8",
                     "nvfp4": "performance.gemm_efficiency_fp4"}
+
+
+def read_fitted(src: str, section: Any) -> Optional[dict]:
+    """A profile's ``fitted`` section, as ``learn.profile`` writes it, checked where it is read (a
+    coverage of "all" or figures as a list crashed the first plan that left the runs): ``figures``
+    maps a figure's name to its ``value``, ``prior`` and ``runs``; ``coverage`` each respect of
+    :data:`COVERED` to the values the runs used; ``runs`` the runs' residuals. None where absent."""
+    from .errors import CaseError
+    from .fields import describe
+
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise CaseError(src, "fitted", f"expected a mapping (as calibrate --from-runs writes it), got "
+                                       f"{describe(section)}")
+    unknown = set(section) - {"figures", "runs", "coverage"}
+    if unknown:
+        raise CaseError(src, f"fitted.{sorted(map(str, unknown))[0]}", "unknown key; expected figures, runs, coverage")
+    figures, cover = section.get("figures", {}), section.get("coverage", {})
+    if not isinstance(figures, dict) or not all(isinstance(f, dict) for f in figures.values()):
+        raise CaseError(src, "fitted.figures", f"expected a mapping of figure names to their value, prior and "
+                                               f"runs, got {describe(figures)}")
+    if not isinstance(cover, dict):
+        raise CaseError(src, "fitted.coverage", f"expected a mapping of {', '.join(COVERED)} to the values the "
+                                                f"runs used, got {describe(cover)}")
+    for key, seen in cover.items():
+        if key not in COVERED:
+            raise CaseError(src, f"fitted.coverage.{key}", f"unknown key; expected one of {', '.join(COVERED)}")
+        if not isinstance(seen, list) or not all(isinstance(v, (int, str)) and not isinstance(v, bool)
+                                                 for v in seen):
+            raise CaseError(src, f"fitted.coverage.{key}", f"expected a list of the values the runs used, got "
+                                                           f"{describe(seen)}")
+    if not isinstance(section.get("runs", []), list):
+        raise CaseError(src, "fitted.runs", f"expected a list of the runs' residuals, got "
+                                            f"{describe(section['runs'])}")
+    return section
 
 
 def facts(job: Job) -> dict[str, Any]:

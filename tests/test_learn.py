@@ -429,3 +429,28 @@ def test_a_log_that_is_a_fifo_or_a_device_is_refused_before_it_is_read(tmp_path)
     for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device")):
         with pytest.raises(CaseError, match=f"expected a regular file, got {kind}"):
             read_log(path)
+
+
+@pytest.mark.parametrize("corrupt, key", [
+    (lambda f: {**f, "coverage": "all"}, "fitted.coverage"),
+    (lambda f: {**f, "figures": [1, 2]}, "fitted.figures"),
+    (lambda f: {**f, "coverage": {**f["coverage"], "tp": "lots"}}, "fitted.coverage.tp"),
+    (lambda f: 5, "fitted"),
+])
+def test_a_profile_whose_fitted_section_is_malformed_is_refused_naming_the_key(tmp_path, corrupt, key):
+    """`fitted.coverage: all` crashed estimate and plan with an AttributeError (CLI and API);
+    `fitted.figures: [1, 2]` raised one from planner.estimate; `fitted: 5` and `coverage.tp: lots`
+    silently dropped every note on where a plan leaves the runs."""
+    import yaml
+
+    from planner.errors import CaseError
+    from planner.learn import render
+
+    profile, _ = calibrate_from_runs(measured_runs())
+    data = yaml.safe_load(render(profile))
+    data["fitted"] = corrupt(data["fitted"])
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(CaseError) as error:
+        estimate({**case(128, 4, 2, 1, 1), "cluster": {"profile": str(path), "num_gpus": 128}})
+    assert error.value.key == key and error.value.source == str(path)
