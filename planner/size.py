@@ -302,8 +302,20 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
     check_ignored_layout(case, "size")  # a malformed layout section is the case's error, as under plan
     loaded, options = load_sizing_case(case)
     result = size_case(loaded, options, target, progress)
-    note = unpriced_note(options, target)
-    return replace(result, notes=result.notes + (note,)) if note else result
+    notes = tuple(n for n in (unpriced_note(options, target), fitted_note(result)) if n)
+    return replace(result, notes=result.notes + notes) if notes else result
+
+
+def fitted_note(result: Sizing) -> Optional[str]:
+    """Where the answer (or, with none, the fastest within the limits) runs on a profile fitted to a
+    team's runs and leaves what those runs covered: where, and the fitted figure it leans on there
+    (``fitted.outside``), as `estimate` and `plan` say it."""
+    choice = result.best or result.fastest
+    outside = choice.estimate.outside_fitted_runs if choice is not None else []
+    if not outside:
+        return None
+    what = "the answer" if result.best is not None else "the fastest within the limits"
+    return f"{what}, {choice.gpus:,} × {choice.option.gpu.name}: " + "; ".join(outside)
 
 
 def unpriced_note(options: Sequence[ClusterOption], target: SizeTarget) -> Optional[str]:

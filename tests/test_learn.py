@@ -454,3 +454,19 @@ def test_a_profile_whose_fitted_section_is_malformed_is_refused_naming_the_key(t
     with pytest.raises(CaseError) as error:
         estimate({**case(128, 4, 2, 1, 1), "cluster": {"profile": str(path), "num_gpus": 128}})
     assert error.value.key == key and error.value.source == str(path)
+
+
+def test_size_on_a_fitted_profile_says_where_its_answer_leaves_the_runs(tmp_path):
+    """`size` on a profile fitted to runs of 1 to 8 nodes answered 16 nodes and more with no word that
+    those lie beyond the runs (estimate and plan say so)."""
+    from planner import size
+    from planner.learn import render
+
+    profile, _ = calibrate_from_runs(measured_runs())
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    sized = size({**case(128, 4, 2, 1, 1), "cluster": {"profile": str(path), "max_gpus": 1024}}, "2T",
+                 deadline="7d")
+    assert sized.best is not None and sized.best.gpus > 64
+    note = next(n for n in sized.notes if n.startswith("the answer, "))
+    assert f"{sized.best.gpus:,} ×" in note and "lies outside the fitted profile's runs (1, 2, 4, 8)" in note
