@@ -36,7 +36,10 @@ MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
 # The settings of Megatron-LM's argument dump a run's case must agree with (team_runs.runs_from_logs).
 MEGATRON_SETTINGS = ("bf16", "fp16", "fp8", "use_distributed_optimizer", "use_torch_fsdp2", "use_megatron_fsdp",
                      "recompute_granularity")
-MEGATRON_ARG = re.compile(r"^\s*([a-z_0-9]+) \.{3,}\s*(\S+)\s*$", re.MULTILINE)
+# An argument dump's line, Megatron-LM's and DeepSpeed's alike: "  {name} {dots} {value}", the dots
+# filling the name to a width (none past it: two spaces), behind any logger or rank prefixes
+# ("[INFO] [config.py:1000:print]", torchrun's "[rank0]:").
+MEGATRON_ARG = re.compile(r"^(?:[ \t]*\[[^\]\n]*\]:?)*[ \t]*([a-z_0-9]+) \.* [ \t]*(\S+)[ \t]*$", re.MULTILINE)
 TITAN_PARAMETERS = re.compile(r"size:\s*" + NUMBER + r"\s*total parameters")
 DS_TIMERS = re.compile(r"time \(ms\) \| fwd: " + NUMBER + r" \| bwd: " + NUMBER + r" \| step: " + NUMBER)
 

@@ -470,3 +470,24 @@ def test_size_on_a_fitted_profile_says_where_its_answer_leaves_the_runs(tmp_path
     assert sized.best is not None and sized.best.gpus > 64
     note = next(n for n in sized.notes if n.startswith("the answer, "))
     assert f"{sized.best.gpus:,} ×" in note and "lies outside the fitted profile's runs (1, 2, 4, 8)" in note
+
+
+def test_a_dump_behind_a_logger_or_rank_prefix_is_checked_against_the_case(tmp_path):
+    """The argument dump was read only at the start of a line: torchrun's `[rank0]:` prefix (as
+    --tee writes every line) hid a Megatron log of another model, and DeepSpeed's own logger prefix
+    (`[INFO] [config.py:1000:print]`) a train_batch_size of 256 against a case of 128: both fitted."""
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump({k: v for k, v in case(8, 1, 1, 1, 1).items()}))
+    other = MEGATRON_LOG.replace("hidden_size ..................................... 4096",
+                                 "hidden_size ..................................... 5120")
+    prefixed = "".join(f"[rank0]:{line}\n" for line in other.splitlines())
+    with pytest.raises(CaseError, match=r"hidden_size: the log states hidden_size 5120, .* a log of another model"):
+        runs_from_logs([write(tmp_path, "rank0.log", prefixed)], [case_path])
+    assert ("train_batch_size", 128.0) in read_log(write(tmp_path, "ds.log", DEEPSPEED_LOG)).stated
+    ds_case = case(8, 1, 1, 1, 1)
+    ds_case = {**ds_case, "training": {**ds_case["training"], "engine": "deepspeed"}}
+    ds_path = tmp_path / "ds_case.yaml"
+    ds_path.write_text(yaml.safe_dump(ds_case))
+    bigger = DEEPSPEED_LOG.replace("train_batch_size ............. 128", "train_batch_size ............. 256")
+    with pytest.raises(CaseError, match="train_batch_size"):
+        runs_from_logs([write(tmp_path, "ds256.log", bigger)], [ds_path])
