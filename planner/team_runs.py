@@ -4,6 +4,8 @@ before any figure moves."""
 
 from __future__ import annotations
 
+import difflib
+
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +14,7 @@ from typing import Any, Optional, Sequence
 from cost_models.flops import model_flops_per_token
 from cost_models.parameters import total_parameters
 
-from .case import load_case, read_case, spec_errors
+from .case import build_case, load_case, read_case, spec_errors
 from .errors import CaseError, one_line
 from .inputs import read_yaml
 from .limits import MIN_FIGURE
@@ -45,6 +47,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         if not isinstance(row, dict):
             raise CaseError(source, f"[{index}]", "expected a run (a mapping in the published-runs schema)")
         name = one_line(row.get("id") or f"[{index}]", 80)
+        row = _team_fields(source, name, row)
         problem = row_problem(row)
         if problem:
             raise CaseError(source, f"{name}.{problem[0]}", problem[1])
@@ -69,8 +72,23 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
             raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
         run = Run(name, case, tokens, float(peak) if peak else None, stage)
         check_run(run, source)
+        _check_team_row(source, name, row, case)
         runs.append(run)
     return runs
+
+
+def _team_fields(source: str, name: str, row: dict) -> dict:
+    """A team's run's top-level fields of the types the reading takes (a framework of 3 was 'a field has
+    the wrong type' with no key; no num_gpus, a TypeError): the count of GPUs, the names as text. Its
+    ``source``, which only published tables need, defaults to its file."""
+    for key in ("id", "source", "framework", "gpu", "precision", "record_type"):
+        if key in row and row[key] is not None and not isinstance(row[key], str):
+            raise CaseError(source, f"{name}.{key}", f"expected text, got {one_line(repr(row[key]), 60)}")
+    gpus = row.get("num_gpus")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise CaseError(source, f"{name}.num_gpus", f"expected the run's number of GPUs: a whole number from 1, "
+                                                    f"got {one_line(repr(gpus), 60)}")
+    return row if row.get("source") else {**row, "source": source}
 
 
 def _check_recompute(source: str, name: str, stated: Any) -> None:
@@ -97,6 +115,73 @@ def _check_measures_agree(source: str, name: str, row: dict, tokens: Optional[fl
         raise CaseError(source, f"{name}.measured.iteration_time_s",
                         f"{measured['iteration_time_s']:g} s gives {tokens:,.0f} tokens/s, but the run's tokens/s says "
                         f"{stated:,.0f} ({stated / tokens - 1:+.0%}): give the two of one run, or one of them")
+
+
+# A team's run names its MLP's activation as the schema does: a gated MLP (three matrices) is swiglu
+# (or geglu), a plain one (two) gelu, relu or squared_relu. Hugging Face's "silu" is the gate's
+# function, not the MLP's shape: it was read as a plain GeLU MLP.
+GATED_ACTIVATIONS, PLAIN_ACTIVATIONS = ("swiglu", "geglu"), ("gelu", "relu", "squared_relu")
+# The keys of each section of a run the planner reads (planner/published/README.md): one a letter or
+# two from them is a typo the run would otherwise go without.
+RUN_KEYS = {"parallel": ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "sp", "distributed_optimizer", "zero_stage",
+                         "fsdp"),
+            "batch": ("global_batch_size", "micro_batch_size", "grad_accum", "tokens_per_batch", "local_batch_size",
+                      "batch_schedule"),
+            "measured": ("tokens_per_sec_per_gpu", "tokens_per_sec_total", "iteration_time_s", "mfu", "hfu",
+                         "tflops_per_gpu", "tflops_basis", "memory_gb_per_gpu", "memory_published", "memory_scope",
+                         "samples_per_sec_total", "aggregate_pflops", "previous_revisions"),
+            "model": ("name", "params_b", "active_params_b", "num_params_exact", "layers", "hidden", "heads",
+                      "kv_heads", "ffn_hidden", "ffn_act", "vocab", "seq_len", "moe", "attention", "extra",
+                      "arch_source")}
+
+
+def _near_miss(key: str, keys: tuple[str, ...]) -> Optional[str]:
+    """The key of ``keys`` that ``key``, not one of them, is likely a typo of: a letter or two off, or
+    its start (``zero`` for ``zero_stage``)."""
+    if key in keys:
+        return None
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.8) or \
+        [k for k in keys if len(key) >= 3 and k.startswith(key)][:1]
+    return close[0] if close else None
+
+
+def _check_team_row(source: str, name: str, row: dict, case: dict) -> None:
+    """What a team's run states that the reading of published rows lets pass: an activation it would
+    price as another MLP, a key a letter from one it reads, and statements of one run that disagree
+    (its tokens/s in total and per GPU, its GPUs and its parallel degrees, its accumulation and its
+    batch)."""
+    act = (row.get("model") or {}).get("ffn_act")
+    if act is not None and str(act).lower() not in GATED_ACTIVATIONS + PLAIN_ACTIVATIONS:
+        raise CaseError(source, f"{name}.model.ffn_act", f"expected {', '.join(GATED_ACTIVATIONS)} (a gated MLP, three "
+                                                         f"matrices) or {', '.join(PLAIN_ACTIVATIONS)} (two), got "
+                                                         f"{one_line(repr(act), 40)}")
+    for section, keys in RUN_KEYS.items():
+        for key in row.get(section) or {}:
+            close = _near_miss(str(key), keys)
+            if close:
+                raise CaseError(source, f"{name}.{section}.{one_line(key, 40)}", f"unknown key (did you mean {close}?)")
+    measured, parallel, batch = row.get("measured") or {}, row["parallel"], row["batch"]
+    total, per_gpu = measured.get("tokens_per_sec_total"), measured.get("tokens_per_sec_per_gpu")
+    if total and per_gpu and abs(per_gpu * row["num_gpus"] / total - 1) > MEASURES_AGREE:
+        raise CaseError(source, f"{name}.measured.tokens_per_sec_per_gpu",
+                        f"{per_gpu:,.0f} a GPU on {row['num_gpus']} GPUs is {per_gpu * row['num_gpus']:,.0f} in all, "
+                        f"but tokens_per_sec_total says {total:,.0f}: give the two of one run, or one of them")
+    lay = case["layout"]
+    if parallel.get("dp") is not None and parallel["dp"] != lay["dp"]:
+        raise CaseError(source, f"{name}.parallel.dp", f"{parallel['dp']}, but {row['num_gpus']} GPUs over tp "
+                                                       f"{lay['tp']} · pp {lay['pp']} · cp {lay['cp']} leave dp "
+                                                       f"{lay['dp']}")
+    accumulation = case["training"]["global_batch_size"] // (lay["micro_batch_size"] * lay["dp"])
+    if batch.get("grad_accum") is not None and batch["grad_accum"] != accumulation:
+        raise CaseError(source, f"{name}.batch.grad_accum", f"{batch['grad_accum']}, but global batch "
+                                                            f"{case['training']['global_batch_size']} over micro-batch "
+                                                            f"{lay['micro_batch_size']} · dp {lay['dp']} is "
+                                                            f"{accumulation}")
+    tokens = batch.get("tokens_per_batch")
+    if tokens is not None and tokens != case["training"]["global_batch_size"] * case["training"]["seq_len"]:
+        raise CaseError(source, f"{name}.batch.tokens_per_batch",
+                        f"{tokens}, but global batch {case['training']['global_batch_size']} × sequence "
+                        f"{case['training']['seq_len']} is {case['training']['global_batch_size'] * case['training']['seq_len']}")
 
 
 def _unsupported(name: str, row: dict) -> tuple[str, str]:
@@ -215,7 +300,7 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
             raise CaseError(str(log), "", f"is a {reading.engine} log; the case {src} says training.engine "
                                           f"{training['engine']}")
         data = {**data, "training": training}
-        case = load_case(data)
+        case = build_case(data, src, base)  # its refusals name the case file, not "<case>"
         job = case.job()
         for what, value in reading.stated:
             if what == "parameters":

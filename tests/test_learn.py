@@ -154,7 +154,7 @@ def test_a_run_faster_than_its_gpu_can_be_is_refused():
     # 1e-300 TFLOP/s was fitted and reported as an error of +1.5e302
     ({"measured__tflops_per_gpu": 1e-300, "measured__iteration_time_s": None}, "measured.tflops_per_gpu",
      "from 1e-06"),
-    ({"num_gpus": "lots"}, "num_gpus", "expected a whole number from 1"),  # "unsupported operand ... //"
+    ({"num_gpus": "lots"}, "num_gpus", "a whole number from 1"),  # "unsupported operand ... //"
     ({"parallel__tp": 0}, "parallel.tp", "got 0"),  # "integer division or modulo by zero"
     ({"parallel__sp": "yes please"}, "parallel.sp", "expected true or false"),  # read as true
 ])
@@ -491,3 +491,34 @@ def test_a_dump_behind_a_logger_or_rank_prefix_is_checked_against_the_case(tmp_p
     bigger = DEEPSPEED_LOG.replace("train_batch_size ............. 128", "train_batch_size ............. 256")
     with pytest.raises(CaseError, match="train_batch_size"):
         runs_from_logs([write(tmp_path, "ds256.log", bigger)], [ds_path])
+
+
+@pytest.mark.parametrize("changes, key, needle", [
+    # priced as a plain GeLU MLP (Hugging Face names the gate's function, not the MLP's shape)
+    ({"model__ffn_act": "silu"}, "model.ffn_act", "expected swiglu, geglu (a gated MLP, three matrices)"),
+    ({"model__ffn_act": 1}, "model.ffn_act", "got 1"),
+    # misspelled keys went unread
+    ({"parallel__zero": 3}, "parallel.zero", "unknown key (did you mean zero_stage?)"),
+    ({"measured__memory_gib_per_gpu": 60}, "measured.memory_gib_per_gpu", "did you mean memory_gb_per_gpu?"),
+    # a run that says two things of itself: each was fitted as one of them, without a word
+    ({"measured__tokens_per_sec_total": 43690, "measured__tokens_per_sec_per_gpu": 1000,
+      "measured__iteration_time_s": None}, "measured.tokens_per_sec_per_gpu", "1,000 a GPU on 8 GPUs is 8,000"),
+    ({"parallel__tp": 2}, "parallel.dp", "8, but 8 GPUs over tp 2 · pp 1 · cp 1 leave dp 4"),
+    ({"batch__grad_accum": 5}, "batch.grad_accum", "5, but global batch 128 over micro-batch 1 · dp 8 is 16"),
+    ({"batch__tokens_per_batch": 999}, "batch.tokens_per_batch", "999, but global batch 128 × sequence 4096"),
+    # no key named: "a field has the wrong type or is missing"
+    ({"framework": 3}, "framework", "expected text, got 3"),
+    ({"num_gpus": None}, "num_gpus", "expected the run's number of GPUs"),
+])
+def test_a_team_run_that_says_what_the_fit_would_misread_is_refused_naming_the_key(changes, key, needle):
+    with pytest.raises(CaseError) as error:
+        runs_from_rows([published_row(**changes)], "runs.yaml")
+    assert error.value.key == f"team-run-1.{key}" and needle in error.value.expected
+
+
+def test_a_team_run_needs_no_source_field():
+    """`source` names a published table; a team's run was refused without one ("missing ('source')")."""
+    row = published_row()
+    del row["source"]
+    run, = runs_from_rows([row], "runs.yaml")
+    assert run.id == "team-run-1"
