@@ -13,11 +13,15 @@ from typing import Any, Iterable, Optional
 
 from cost_models.specs import Job
 
-COVERED = ("tp", "pp", "cp", "ep", "zero_stage", "nodes", "precision")
-# The fitted figure a job leans on where it leaves the runs' coverage in each respect.
+COVERED = ("tp", "pp", "cp", "ep", "zero_stage", "nodes", "precision", "seq_len", "micro_batch_size", "recompute",
+           "engine")
+# The fitted figure a job leans on where it leaves the runs' coverage in each respect: the expert
+# dispatch and ZeRO's traffic run over the fabric across nodes, inside one over NVLink (:func:`_leans_on`).
 LEANS_ON = {"tp": "performance.intra_node_efficiency", "cp": "performance.intra_node_efficiency",
             "ep": "fabric.efficiency", "pp": "performance.microbatch_overhead_s",
-            "zero_stage": "fabric.efficiency", "nodes": "fabric.efficiency"}
+            "zero_stage": "fabric.efficiency", "nodes": "fabric.efficiency",
+            "seq_len": "performance.attention_efficiency", "micro_batch_size": "performance.gemm_efficiency",
+            "recompute": "performance.gemm_efficiency", "engine": "performance.gemm_efficiency"}
 PRECISION_FIGURE = {"fp8": "performance.gemm_efficiency_fp8", "mxfp8": "performance.gemm_efficiency_fp8",
                     "nvfp4": "performance.gemm_efficiency_fp4"}
 
@@ -63,7 +67,8 @@ def facts(job: Job) -> dict[str, Any]:
     lay = job.layout
     return {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "zero_stage": lay.zero_stage,
             "nodes": math.ceil(job.cluster.num_gpus / job.cluster.gpu.gpus_per_node),
-            "precision": job.training.precision}
+            "precision": job.training.precision, "seq_len": job.training.seq_len,
+            "micro_batch_size": lay.micro_batch_size, "recompute": lay.recompute, "engine": job.training.engine.name}
 
 
 def coverage(jobs: Iterable[Job]) -> dict[str, list]:
@@ -80,11 +85,13 @@ def outside(fitted: dict, job: Job) -> list[str]:
     section, with the fitted figure it leans on there."""
     cover, figures = fitted.get("coverage") or {}, fitted.get("figures") or {}
     lines = []
-    for k, v in facts(job).items():
+    known = facts(job)
+    for k, v in known.items():
         seen = cover.get(k)
         if not isinstance(seen, list) or not seen or v in seen:
             continue
-        figure = PRECISION_FIGURE.get(v, "performance.gemm_efficiency") if k == "precision" else LEANS_ON[k]
+        figure = PRECISION_FIGURE.get(v, "performance.gemm_efficiency") if k == "precision" else \
+            "performance.intra_node_efficiency" if k in ("ep", "zero_stage") and known["nodes"] == 1 else LEANS_ON[k]
         f = figures.get(figure) if isinstance(figures.get(figure), dict) else {}
         if not f:
             lean = ""

@@ -522,3 +522,22 @@ def test_a_team_run_needs_no_source_field():
     del row["source"]
     run, = runs_from_rows([row], "runs.yaml")
     assert run.id == "team-run-1"
+
+
+def test_a_plan_beyond_the_runs_sequences_recomputation_or_engine_is_said(tmp_path):
+    """Runs at 4,096 tokens, no recomputation, Megatron-LM: a case at 16,384 tokens recomputing in full
+    under DeepSpeed left them in three respects, and nothing was said; ZeRO 3 inside one node was said
+    to lean on the fabric, whose traffic stays on NVLink there."""
+    from planner.learn import render
+
+    profile, _ = calibrate_from_runs(measured_runs())
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    far = case(8, 1, 1, 1, 3, seq=16384)
+    far["training"]["engine"] = "deepspeed"
+    far["layout"]["recompute"] = "full"
+    notes = estimate({**far, "cluster": {"profile": str(path), "num_gpus": 8}}).outside_fitted_runs
+    said = {note.split(" lies outside")[0] for note in notes}
+    assert said == {"zero stage 3", "seq len 16384", "recompute full", "engine deepspeed"}
+    zero = next(n for n in notes if n.startswith("zero stage 3"))
+    assert "performance.intra_node_efficiency" in zero and "fabric.efficiency" not in zero
