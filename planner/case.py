@@ -135,7 +135,8 @@ def with_engine(src: str, data: Any, engine: Any) -> Any:
 # --- sections ----------------------------------------------------------------------------
 
 
-def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] = None) -> Case:
+def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] = None,
+               cluster_key: str = "cluster") -> Case:
     """A case from already-parsed data; ``src`` names it in errors, ``base`` anchors relative paths.
 
     ``cluster`` replaces what the cluster section says (`size` reads that section itself)."""
@@ -158,21 +159,23 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
     search = read_search(src, data.get("search"), training, model)  # a bad search key fails `estimate` as `plan`
     fitted = read_fitted(profile[0], profile[1].get("fitted")) if profile else None
-    _check_usable_memory(src, cluster, overheads, search, "cuda_context" in (data.get("overheads") or {}))
+    check_usable_memory(src, cluster, overheads, search, "cuda_context" in (data.get("overheads") or {}), cluster_key)
     case = Case(src, model, cluster, training, layout, overheads, search, fitted)
     if layout is not None:
         case.job()  # cross-checks now, so a bad layout is reported at load time
     return case
 
 
-def _check_usable_memory(src: str, cluster, overheads: Overheads, search: SearchSpec, context_stated: bool) -> None:
+def check_usable_memory(src: str, cluster, overheads: Overheads, search: SearchSpec, context_stated: bool,
+                        cluster_key: str = "cluster") -> None:
     """What the caching allocator may use (``memory.usable_bytes``) is some memory: a CUDA context
-    as large as the GPU left a negative usable memory, printed as "fits up to -23.1 GB"."""
+    as large as the GPU left a negative usable memory, printed as "fits up to -23.1 GB". Named
+    where the case gives the GPU (``cluster_key``: cluster.options[i] for one of `size`'s types)."""
     memory = cluster.gpu.memory_bytes
     if usable_bytes(memory, overheads, search.headroom) > 0:
         return
     below = memory * (1 - search.headroom) / 2**30
-    key = "overheads.cuda_context" if context_stated else "cluster.memory"
+    key = "overheads.cuda_context" if context_stated else f"{cluster_key}.memory"
     raise CaseError(src, key, f"leaves the allocator no memory: {overheads.cuda_context / 2**30:g} GiB outside it of "
                               f"{memory / 2**30:g} GiB less {search.headroom:.0%} headroom; expected a CUDA context "
                               f"below {below:.4g} GiB")

@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional, Sequence
 from cost_models.specs import GPUSpec
 from cost_models.layer_time import layer_time_bound
 
-from .case import SECTIONS, Case, build_case, read_case, spec_errors
+from .case import SECTIONS, Case, build_case, check_usable_memory, read_case, spec_errors
 from .cluster_options import ClusterOption, read_cluster_options
 from .errors import CaseError, one_line
 from .fields import read_mapping
@@ -285,7 +285,10 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
     options = read_cluster_options(src, data["cluster"], base)
     first = options[0]
     loaded = build_case({k: v for k, v in data.items() if k != "layout"}, src, base,
-                        cluster=first.cluster(first.unit))
+                        cluster=first.cluster(first.unit), cluster_key=first.key)
+    stated = "cuda_context" in (data.get("overheads") or {})
+    for option in options[1:]:  # each GPU type leaves the allocator some memory, named where it is given
+        check_usable_memory(src, option.cluster(option.unit), loaded.overheads, loaded.search, stated, option.key)
     return loaded, options
 
 

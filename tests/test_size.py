@@ -617,3 +617,18 @@ def test_small_figures_are_printed_not_rounded_away():
     line = " ".join(text.split())
     assert f"{knee['days']:.2g} days" in line and f"cost {knee['cost']:.2g}" in line
     assert "spends less than 0 " not in line and " 0.0 " not in line
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_a_gpu_type_that_leaves_no_memory_is_named_where_the_case_gives_it(tmp_path, index):
+    """A `size` option's memory too small for the CUDA context was refused as cluster.memory (the first)
+    or not checked before the sweep (the others)."""
+    from cli_in_process import run_cli
+
+    options = [{"gpu": "h100-sxm-80gb", "max_gpus": 64}, {"gpu": "b200", "max_gpus": 64}]
+    options[index]["memory"] = "1 GB"
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump({"model": {"preset": "llama3-8b"}, "cluster": {"options": options},
+                                    "training": {"global_batch_size": 64, "seq_len": 4096}}))
+    done = run_cli("size", str(path), "--tokens", "1T")
+    assert done.returncode == 2 and f": cluster.options[{index}].memory: leaves the allocator no memory" in done.stderr
