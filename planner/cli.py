@@ -304,11 +304,13 @@ def validate_published_command(
     from . import few_shot as shots
     from .case import load_case
     from .fidelity import evaluate, print_report, to_dict
-    from .files import Output, write_all
+    from .files import Output, check_writable, write_all
     from .progress import terminal_progress
     from .published_runs import load_rows
 
     try:
+        if write_bands is not None:  # before the work: a folder it cannot write is said at once
+            check_writable([Output(write_bands, "", "--write-bands")], True)
         with terminal_progress("planning the tuned recipes") as progress:
             result = evaluate(load_rows(runs) if runs else None, experts=experts, progress=progress)
         if not result.rows:  # nothing readable: an empty table would look like a pass
@@ -322,15 +324,15 @@ def validate_published_command(
         jobs = [load_case(r.case).job() for r in result.rows]
         covered = bands.coverage(result.rows, jobs)
         covered_by_class = bands.coverage_by_class(result.rows, jobs)
-        if write_bands is not None:
-            write_all([Output(write_bands, bands.render(bands.compute(result.rows, jobs)), "--write-bands")], True,
-                      last=True)
         shot = shots.evaluate(result.rows, shots.ladder(few_shot)) if few_shot is not None else None
         families = None
         if leave_family_out:
             from . import leave_family_out as lfo
             families = lfo.evaluate_families(load_rows(runs) if runs else load_rows(),
                                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+        if write_bands is not None:  # last: once it is written, interrupts are ignored (files.write_all)
+            write_all([Output(write_bands, bands.render(bands.compute(result.rows, jobs)), "--write-bands")], True,
+                      last=True)
     except CaseError as error:
         _fail(error)
     if as_json:

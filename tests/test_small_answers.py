@@ -132,3 +132,13 @@ def test_few_shot_and_leave_family_out_with_nothing_to_fit_say_so(tmp_path):
     done = run_cli("validate-published", str(runs), "--no-experts", "--leave-family-out")
     assert done.returncode == 0 and "leave-family-out: the runs hold no mixture-of-experts family" in \
         " ".join(done.stdout.split())
+
+
+def test_validate_published_refuses_a_bands_file_it_cannot_write_before_the_work(tmp_path):
+    """--write-bands into a path under a file was refused only after the scoring (seconds; a minute
+    with --few-shot), and the bands were written before --few-shot's work, after which interrupts
+    went unanswered: checked first now, written last."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = run_cli("validate-published", "--no-experts", "--write-bands", str(blocker / "bands.yaml"))
+    assert done.returncode == 2 and done.stdout == "" and "--write-bands: cannot be written" in done.stderr
