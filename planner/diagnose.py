@@ -111,11 +111,10 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     config = None if config is None else read_path("diagnose", "config", config)
     megatron_args = None if megatron_args is None else read_path("diagnose", "megatron_args", megatron_args)
     engine = "deepspeed" if config is not None else "megatron"
-    loaded = load_case(case)
-    if loaded.training.engine.name == "any":
-        # A case that names no engine is read as the config's engine runs it: its defaults (fp8's
-        # recipe, the quantized weight gather) are that engine's, as `plan --engine` takes them.
-        loaded = load_case(case, engine=engine)
+    # The case is read as the config's engine runs it, whatever engine it names (a Megatron case
+    # beside the DeepSpeed files `plan --engine deepspeed` wrote for it): its defaults (fp8's recipe,
+    # the quantized weight gather) are that engine's, as `plan --engine` takes them.
+    loaded = load_case(case, engine=engine)
     resolved: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     if megatron_args is not None:

@@ -147,3 +147,17 @@ def test_a_ds_config_key_a_letter_from_deepspeeds_own_is_said(tmp_path):
                     "ds_config.json: zero_optimisation is no DeepSpeed key (did you mean zero_optimization?): "
                     "DeepSpeed ignores it, and so does this reading"]
     assert result.estimate.job.layout.micro_batch_size == 1 and result.estimate.job.layout.zero_stage == 1
+
+
+def test_a_config_of_another_engine_than_the_case_names_is_read_as_its_engine_runs_it(tmp_path):
+    """`plan --engine deepspeed --emit deepspeed` on a case naming Megatron-LM wrote files that diagnose
+    refused with "pass --engine deepspeed", an option diagnose does not have: the config's engine is
+    the one it runs, as `plan --engine` takes it."""
+    case = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 128, "seq_len": 4096, "engine": "megatron"}}
+    best = planner.plan(case, engine="deepspeed").best
+    files, _ = render(best, "deepspeed", "<generated>")
+    written = write_all([Output(tmp_path / name, text) for name, text in files.items()], force=False)
+    config = next(p for p in written if p.name == "ds_config.json")
+    result = diagnose(case, config=config, pp=best.job.layout.pp)
+    assert result.engine == "deepspeed" and result.speedup == pytest.approx(1.0)

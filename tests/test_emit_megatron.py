@@ -973,3 +973,17 @@ def test_deepseeks_rope_is_written_so_megatron_lm_takes_its_multi_token_predicti
         args = dict(megatron.arguments(estimate(load_case(EXAMPLES / example)).job))
         assert args["--mtp-num-layers"] == "1"
         assert (args["--position-embedding-type"], args["--rotary-base"]) == ("rope", "10000")
+
+
+def test_multi_latent_attentions_kv_channels_are_not_its_widths(tmp_path):
+    """Megatron-LM's DeepSeek scripts pass --kv-channels beside --multi-latent-attention, which never
+    reads it (multi_latent_attention.py takes --qk-head-dim, --qk-pos-emb-head-dim and --v-head-dim):
+    diagnose refused them as "--kv-channels: 128 differs from the case's 192 (model.head_dim)"."""
+    from planner.configs import read_config
+
+    case = load_case(EXAMPLES / "deepseek-v3-2048-h800.yaml")
+    path = tmp_path / "megatron_args.txt"
+    text = megatron.render(estimate(case), ["header"])["megatron_args.txt"]
+    path.write_text(text + "--kv-channels 128\n")
+    layout = read_config(EXAMPLES / "deepseek-v3-2048-h800.yaml", "megatron", path)
+    assert layout == case.layout

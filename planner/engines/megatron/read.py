@@ -195,12 +195,16 @@ def _check_model(args: _Args, model, training) -> None:
         value = args.integer(flag)
         if value is not None and value != expected:
             raise CaseError(args.src, flag, f"{value} differs from the case's {expected}")
-    # Widths the estimate prices by, where the list gives them.
-    for flag, expected, key in (("--moe-ffn-hidden-size", model.moe_ffn_hidden_size, "moe_ffn_hidden_size"),
-                                ("--moe-shared-expert-intermediate-size", model.moe_shared_expert_ffn_hidden_size,
-                                 "moe_shared_expert_ffn_hidden_size"),
-                                ("--kv-lora-rank", model.kv_lora_rank, "kv_lora_rank"),
-                                ("--kv-channels", model.head_dim, "head_dim")):
+    # Widths the estimate prices by, where the list gives them. Multi-latent attention takes its
+    # heads' widths from --qk-head-dim, --qk-pos-emb-head-dim and --v-head-dim and never reads
+    # --kv-channels (megatron-core's multi_latent_attention.py): Megatron-LM's DeepSeek scripts pass one.
+    widths = [("--moe-ffn-hidden-size", model.moe_ffn_hidden_size, "moe_ffn_hidden_size"),
+              ("--moe-shared-expert-intermediate-size", model.moe_shared_expert_ffn_hidden_size,
+               "moe_shared_expert_ffn_hidden_size"),
+              ("--kv-lora-rank", model.kv_lora_rank, "kv_lora_rank")]
+    if model.attention_type != "mla":
+        widths.append(("--kv-channels", model.head_dim, "head_dim"))
+    for flag, expected, key in widths:
         value = args.integer(flag)
         if value is not None and value != expected:
             raise CaseError(args.src, flag, f"{value} differs from the case's {expected} (model.{key})")
