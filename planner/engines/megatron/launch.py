@@ -62,6 +62,29 @@ def _substitute(word: str, variables: dict[str, str], src: str, key: str) -> str
     return _REFERENCE.sub(one, word)
 
 
+# Arguments Megatron-LM stops on (megatron/training/arguments.py, validate_args: "no longer valid"),
+# with what replaced them; and Megatron-DeepSpeed's own, which its parser does not know.
+NO_LONGER_VALID = {"--batch-size": "--micro-batch-size", "--warmup": "--lr-warmup-fraction",
+                   "--model-parallel-size": "--tensor-model-parallel-size",
+                   "--checkpoint-activations": "--recompute-activations, or --recompute-granularity"}
+MEGATRON_DEEPSPEED = ("--deepspeed", "--deepspeed_config", "--deepspeed-config", "--zero-stage",
+                      "--num-key-value-heads", "--moe-expert-parallel-size", "--deepspeed-activation-checkpointing",
+                      "--no-pipeline-parallel", "--ds-sequence-parallel-size", "--checkpoint-in-cpu")
+
+
+def _refuse_what_megatron_lm_refuses(src: str, flag: str) -> None:
+    """An argument Megatron-LM stops on, or one of Megatron-DeepSpeed's (a read as Megatron-LM's took
+    --checkpoint-activations for no recomputation, --model-parallel-size 2 for tp 1, and left
+    --moe-expert-parallel-size 64 unread), named: the launch would not start as read."""
+    if flag in NO_LONGER_VALID:
+        raise CaseError(src, flag, f"no longer valid in Megatron-LM, which stops on it "
+                                   f"(megatron/training/arguments.py): use {NO_LONGER_VALID[flag]}")
+    if flag in MEGATRON_DEEPSPEED:
+        raise CaseError(src, flag, "a Megatron-DeepSpeed argument, which Megatron-LM's parser refuses: this "
+                                   "reads Megatron-LM's launches; diagnose a Megatron-DeepSpeed run by its "
+                                   "ds_config (--config, with --pp and --tp)")
+
+
 def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, Optional[str]]:
     """The last value of every flag read() knows (argparse keeps the last). ``shell``: the words
     are those bash passes (:mod:`planner.readers.bash`), so no array parentheses are left in them,
@@ -95,6 +118,7 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
         flag, _, inline = word.partition("=")
         flag = name(flag)
         if flag.startswith("--") and flag not in known and i > script_at:
+            _refuse_what_megatron_lm_refuses(src, flag)
             _check_not_a_misspelling(src, flag, known - TORCHRUN_FLAGS)
         if flag in known:
             if flag in BOOL_FLAGS:
