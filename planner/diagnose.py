@@ -140,12 +140,16 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         loaded = _dispatch_left_open(loaded, layout)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
     loaded = replace(loaded, training=training, search=spec)
-    job = loaded.job(layout)
+    try:
+        job = loaded.job(layout)
+        estimate = estimate_job(loaded, job)
+    except CaseError as error:  # the layout the config runs: named in the config, not the case
+        raise _in_the_config(error, loaded.source, config if config is not None else megatron_args,
+                             engine, layout) from None
     if megatron_args is not None:
         from .engines.megatron.read import overlap_notes
 
         notes += tuple(overlap_notes(Path(megatron_args), job))
-    estimate = estimate_job(loaded, job)
     best = plan_case(loaded, target=engine)
     if megatron_args is not None and best.best is not None:
         from .engines.megatron.emit import needs_deepep
@@ -155,6 +159,30 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
                       "flex --moe-flex-dispatcher-backend deepep, which its emitted files set), where these "
                       "arguments run Megatron-LM's all-to-all",)
     return Diagnosis(engine, estimate, best, resolved, notes)
+
+
+# Where a config states each layout field the engine may refuse (emitters' FLAG_OF_FIELD, ds_config's keys).
+DEEPSPEED_KEY_OF_FIELD = {"zero_stage": "zero_optimization.stage", "micro_batch_size": "train_micro_batch_size_per_gpu",
+                          "offload_optimizer": "zero_optimization.offload_optimizer",
+                          "offload_params": "zero_optimization.offload_param"}
+
+
+def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str, layout) -> CaseError:
+    """A refusal of the layout a config runs (``layout.offload_activations: megatron cannot run it``)
+    named where the config states it, the flag or key, not the case's layout section the case may not have."""
+    if error.source != case_source or not error.key.startswith("layout."):
+        return error
+    field = error.key.split(".", 1)[1]
+    if engine == "megatron":
+        from .engines.megatron.emit import FLAG_OF_FIELD
+
+        key = {**FLAG_OF_FIELD, "offload_activations": "--cpu-offloading-num-layers",
+               "offload_optimizer": "--optimizer-cpu-offload",
+               # ZeRO 2 and 3 are Megatron-FSDP's, not the distributed optimizer's
+               **({"zero_stage": "--use-megatron-fsdp"} if layout.zero_stage >= 2 else {})}.get(field, error.key)
+    else:
+        key = DEEPSPEED_KEY_OF_FIELD.get(field, error.key)
+    return CaseError(str(config), key, error.expected)
 
 
 def _dispatch_left_open(case: Case, layout) -> Case:

@@ -16,6 +16,7 @@ import planner  # noqa: E402
 from planner.case import layout_to_mapping  # noqa: E402
 from planner.configs import render  # noqa: E402
 from planner.diagnose import diagnose  # noqa: E402
+from planner.errors import CaseError  # noqa: E402
 from planner.files import Output, write_all  # noqa: E402
 
 PRESETS = ["llama2-7b", "gpt-1.7b", "gpt-3.6b", "llama3-8b", "mistral-7b"]
@@ -161,3 +162,19 @@ def test_a_config_of_another_engine_than_the_case_names_is_read_as_its_engine_ru
     config = next(p for p in written if p.name == "ds_config.json")
     result = diagnose(case, config=config, pp=best.job.layout.pp)
     assert result.engine == "deepspeed" and result.speedup == pytest.approx(1.0)
+
+
+def test_a_layout_the_engine_refuses_is_named_in_the_config_not_the_case(tmp_path):
+    """Megatron-LM's activation offload beside a pipeline, read from an argument list, was refused as
+    the case's layout.offload_activations, a section the case did not have."""
+    case = tmp_path / "case.yaml"
+    case.write_text(json.dumps({"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+                                "training": {"global_batch_size": 128, "seq_len": 4096, "engine": "megatron"}}))
+    args = tmp_path / "args.txt"
+    args.write_text("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
+                    "--global-batch-size 128 --seq-length 4096 --bf16 --use-distributed-optimizer "
+                    "--cpu-offloading-num-layers 4\n")
+    with pytest.raises(CaseError) as error:
+        diagnose(case, megatron_args=args)
+    assert (error.value.source, error.value.key) == (str(args), "--cpu-offloading-num-layers")
+    assert "megatron cannot run it" in error.value.expected
