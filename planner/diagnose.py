@@ -130,12 +130,20 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         resolved = tuple(auto_resolved(Path(config), loaded, pp, tp, micro_batch_size))
     if recompute is not None and recompute not in ("none", "selective", "full"):
         raise CaseError("--recompute", recompute, "expected none, selective or full")
-    layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp,
-                         micro_batch_size=micro_batch_size, recompute=recompute, ep=ep, stage_layers=stage_layers)
+    misspelled: tuple[str, ...] = ()
     if config is not None:
         from .engines.deepspeed.read import misspelled_keys
 
-        notes = tuple(misspelled_keys(config)) + _model_code_notes(loaded, layout, config, ep, stage_layers)
+        misspelled = tuple(misspelled_keys(config))
+    try:
+        layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp,
+                             micro_batch_size=micro_batch_size, recompute=recompute, ep=ep, stage_layers=stage_layers)
+    except CaseError as error:  # a refusal a misspelled key may explain (zero_optimisation: ZeRO 0)
+        if not misspelled:
+            raise
+        raise CaseError(error.source, error.key, f"{error.expected} ({'; '.join(misspelled)})") from None
+    if config is not None:
+        notes = misspelled + _model_code_notes(loaded, layout, config, ep, stage_layers)
     elif said_dispatch is None:
         loaded = _dispatch_left_open(loaded, layout)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it

@@ -178,3 +178,25 @@ def test_a_layout_the_engine_refuses_is_named_in_the_config_not_the_case(tmp_pat
         diagnose(case, megatron_args=args)
     assert (error.value.source, error.value.key) == (str(args), "--cpu-offloading-num-layers")
     assert "megatron cannot run it" in error.value.expected
+
+
+def test_a_misspelled_zero_key_is_refused_as_deepspeed_refuses_it_and_a_refusal_says_the_near_miss(tmp_path):
+    """DeepSpeed's zero_optimization forbids keys it does not know (a pydantic model): offload_optimiser
+    went by with exit 0, though the launch would not start. And a refusal that a top-level near-miss
+    explains (zero_optimisation left ZeRO 0) named a key the file did not have, the note lost."""
+    case = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 128, "seq_len": 4096}}
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({"train_batch_size": 128, "train_micro_batch_size_per_gpu": 1,
+                                  "zero_optimization": {"stage": 2, "offload_optimiser": {"device": "cpu"}},
+                                  "bf16": {"enabled": True}}))
+    with pytest.raises(CaseError) as error:
+        diagnose(case, config=config, recompute="full")
+    assert error.value.key == "zero_optimization.offload_optimiser"
+    assert "did you mean offload_optimizer?" in error.value.expected
+    config.write_text(json.dumps({"train_batch_size": 128, "train_micro_batch_size_per_gpu": 1,
+                                  "zero_optimisation": {"stage": 3}, "bf16": {"enabled": True}}))
+    case["training"]["fp32_grads"] = False
+    with pytest.raises(CaseError) as error:
+        diagnose(case, config=config, recompute="full")
+    assert "zero_optimisation is no DeepSpeed key (did you mean zero_optimization?)" in error.value.expected

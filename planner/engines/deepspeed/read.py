@@ -33,17 +33,45 @@ DEEPSPEED_KEYS = (
     "bf16_master_weights_and_grads", "disable_python_gc")
 
 
+# zero_optimization's keys (DeepSpeedZeroConfig's fields and aliases, DeepSpeed 0.19): a pydantic model
+# that forbids others, so DeepSpeed refuses a misspelled one and the launch does not start.
+ZERO_KEYS = (
+    "allgather_bucket_size", "allgather_partitions", "allgather_sequential", "compute_grad_norm",
+    "contiguous_gradients", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "elastic_checkpoint",
+    "enable_sanity_checks", "gather_16bit_weights_on_model_save", "ignore_unused_parameters", "leaf_module",
+    "legacy_stage1", "load_from_fp32_weights", "log_trace_cache_warnings", "max_live_parameters", "max_reuse_distance",
+    "memory_efficient_linear", "model_persistence_threshold", "module_granularity_threshold", "offload_optimizer",
+    "offload_param", "overlap_comm", "override_module_apply", "param_persistence_threshold", "parameter_alignment",
+    "pipeline_loading_checkpoint", "prefetch_bucket_size", "reduce_bucket_size", "reduce_scatter",
+    "round_robin_gradients", "save_muon_momentum_buffer_in_memory", "stage", "stage3_allgather_sequential",
+    "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+    "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_model_persistence_threshold",
+    "stage3_module_granularity_threshold", "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size",
+    "stage3_use_all_reduce_for_fetch_params", "sub_group_size", "use_all_reduce_for_fetch_params",
+    "use_multi_rank_bucket_allreduce", "zenflow", "zero_hpz_partition_size", "zero_quantized_gradients",
+    "zero_quantized_nontrainable_weights", "zero_quantized_weights")
+
+
 def misspelled_keys(path: Union[str, Path]) -> list[str]:
     """Notes on the top-level keys of a ds_config a letter or two from DeepSpeed's own, which DeepSpeed
-    (and so this reading) ignores: ``trian_micro_batch_size_per_gpu`` leaves the micro-batch derived."""
+    (and so this reading) ignores: ``trian_micro_batch_size_per_gpu`` leaves the micro-batch derived.
+    One in ``zero_optimization`` DeepSpeed refuses: so is it here (``offload_optimiser``)."""
     import difflib
 
-    notes = []
-    for key in _load(Path(path)):
+    path = Path(path)
+    config, notes = _load(path), []
+    for key in config:
         close = difflib.get_close_matches(str(key), DEEPSPEED_KEYS, n=1, cutoff=0.85)
         if key not in DEEPSPEED_KEYS and close:
-            notes.append(f"{Path(path).name}: {one_line(key, 60)} is no DeepSpeed key (did you mean {close[0]}?): "
+            notes.append(f"{path.name}: {one_line(key, 60)} is no DeepSpeed key (did you mean {close[0]}?): "
                          "DeepSpeed ignores it, and so does this reading")
+    zero = config.get("zero_optimization")
+    for key in zero if isinstance(zero, dict) else {}:
+        close = difflib.get_close_matches(str(key), ZERO_KEYS, n=1, cutoff=0.85)
+        if key not in ZERO_KEYS and close:
+            raise CaseError(str(path), f"zero_optimization.{one_line(key, 60)}",
+                            f"unknown key (did you mean {close[0]}?): DeepSpeed's zero_optimization takes no other, "
+                            "and the launch would not start")
     return notes
 
 
