@@ -343,3 +343,18 @@ def test_what_read_would_set_is_said_not_silently_empty():
     script = 'read -ra PAR <<< "--tensor-model-parallel-size 8"\ntorchrun pretrain_gpt.py ${PAR[@]}\n'
     launch = read_script(script, "r.sh").commands[0]
     assert launch.fields == ("torchrun", "pretrain_gpt.py") and launch.not_run == ("read PAR (line 1)",)
+
+
+def test_a_launch_inside_a_here_document_is_said_not_read_as_the_commands_around_it(tmp_path):
+    """Megatron-LM's examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh launches from `sbatch <<EOF`:
+    the reader merged `mkdir -p logs` and `sbatch` into the launch and refused the script for a flag
+    it does set ("--mtp-num-layers: absent", or "--micro-batch-size: missing")."""
+    script = tmp_path / "sbatch.sh"
+    script.write_text('CMD="python pretrain_gpt.py --tensor-model-parallel-size 2 --micro-batch-size 1"\n'
+                      "mkdir -p logs\nsbatch <<EOF\n#!/bin/bash\nsrun bash -c \"${CMD}\"\nEOF\n")
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+                                    "training": {"global_batch_size": 128, "seq_len": 4096, "engine": "megatron"}}))
+    with pytest.raises(CaseError) as error:
+        diagnose(case, megatron_args=script)
+    assert error.value.key == "" and "starts no Python program outside a here-document (mkdir, sbatch)" in str(error.value)
