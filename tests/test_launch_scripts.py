@@ -358,3 +358,18 @@ def test_a_launch_inside_a_here_document_is_said_not_read_as_the_commands_around
     with pytest.raises(CaseError) as error:
         diagnose(case, megatron_args=script)
     assert error.value.key == "" and "starts no Python program outside a here-document (mkdir, sbatch)" in str(error.value)
+
+
+def test_input_read_by_read_or_mapfile_and_name_references_are_said():
+    """`while read -r x; do TP=$x; done < tp.txt` kept TP at 1 with nothing said (the loop's body never
+    runs where read has no input), `mapfile -t L < tp.txt` left L empty unannounced, and `declare -n`
+    read its name as a variable of its own, silently."""
+    script = ("TP=1\nwhile read -r x; do TP=$x; done < tp.txt\nmapfile -t L < tp.txt\ndeclare -n R=TP\n"
+              "torchrun pretrain_gpt.py --tensor-model-parallel-size $TP ${L[@]}\n")
+    result = read_script(script, "t.sh")
+    notes = [n.text for n in result.notes]
+    assert "t.sh: line 2: read reads input, which is not followed: x read as empty (a while-read loop's body " \
+           "is not run)" in notes
+    assert "t.sh: line 3: mapfile reads input, which is not followed: L read as empty" in notes
+    assert any("declare -n (a name reference) is not followed" in n for n in notes)
+    assert result.commands[0].not_run == ("mapfile L (line 3)",)

@@ -59,6 +59,8 @@ class _Commands(_Expander):
         # In a function, local (and declare, typeset without -g) scope the names to the call.
         scoped = self.frames and (command == "local" or (
             command in ("declare", "typeset") and not any(t.text.startswith("-") and "g" in t.text for t in rest[1:])))
+        if any(t.kind == "word" and t.text.startswith("-") and "n" in t.text for t in rest[1:]):
+            self.note(f"{command} -n (a name reference) is not followed: its name reads as a variable of its own")
         for tok in rest[1:]:
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
                 name = _ASSIGNMENT.match(tok.text).group(1) if tok.kind == "array" or _is_assignment(tok.text) \
@@ -122,8 +124,8 @@ class _Commands(_Expander):
             except _ExpansionError:  # let: status 1
                 return _Status(False, False, ctx.deps, test=True)
             return _Status(value != 0, value != 0, ctx.deps, test=True)
-        if name == "read":
-            self.read_builtin(args)
+        if name in ("read", "mapfile", "readarray"):
+            self.read_builtin(name, args)
             return _FALSE  # no input: bash's answer with none
         if name == "getopts":
             return _FALSE  # no options
@@ -143,14 +145,16 @@ class _Commands(_Expander):
         self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run))
         return _Status(None, True, reason=f"{one_line(name, 40)} is not run")
 
-    def read_builtin(self, args: list[str]) -> None:
-        """``read [-r] [-a ARRAY] [-d DELIM] ... NAME...``: its input (a here-document, a here-string,
-        a pipe) is not read, so each name it sets reads as empty, said where a launch uses it."""
+    def read_builtin(self, command: str, args: list[str]) -> None:
+        """``read [-r] [-a ARRAY] [-d DELIM] ... NAME...`` and ``mapfile``/``readarray [-t] ... ARRAY``:
+        their input (a file, a here-document, a here-string, a pipe) is not read, so each name they set
+        reads as empty, said in a note (a ``while read`` loop's body never runs) and where a launch uses it."""
         names, array, k = [], None, 0
+        takes_word = "adpntuiN" if command == "read" else "dnOsuC"
         while k < len(args):
             arg = args[k]
             if arg.startswith("-") and len(arg) > 1:
-                takes = next((c for c in arg[1:] if c in "adpntuiN"), None)
+                takes = next((c for c in arg[1:] if c in takes_word), None)
                 if takes is not None and arg.endswith(takes):  # -ra ARR, -d '', -p PROMPT: the option's word
                     if takes == "a" and k + 1 < len(args):
                         array = args[k + 1]
@@ -159,9 +163,15 @@ class _Commands(_Expander):
             else:
                 names.append(arg)
             k += 1
-        for target in ([array] if array else []) + (names or ([] if array else ["REPLY"])):
-            if _NAME.fullmatch(target or ""):
-                self.set_var(target, [] if target == array else "", {f"read {target} (line {self.line})": _NOT_RUN})
+        if command != "read":  # mapfile/readarray: one array, MAPFILE by default
+            array, names = (names[-1] if names else "MAPFILE"), []
+        targets = [t for t in ([array] if array else []) + (names or ([] if array else ["REPLY"]))
+                   if _NAME.fullmatch(t or "")]
+        for target in targets:
+            self.set_var(target, [] if target == array else "", {f"{command} {target} (line {self.line})": _NOT_RUN})
+        loop = " (a while-read loop's body is not run)" if command == "read" else ""
+        self.note(f"{command} reads input, which is not followed: {', '.join(targets) or 'nothing'} read as "
+                  f"empty{loop}")
 
     def printf_to(self, name: str, form: str, values: list[str], ctx: _Ctx) -> _Status:
         """``printf -v NAME FORMAT ARGS``: the format's %s, %d and %i filled as bash does, the format
