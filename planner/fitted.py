@@ -26,6 +26,14 @@ PRECISION_FIGURE = {"fp8": "performance.gemm_efficiency_fp8", "mxfp8": "performa
                     "nvfp4": "performance.gemm_efficiency_fp4"}
 
 
+def _allowed() -> dict[str, tuple[str, ...]]:
+    from cost_models.specs import PRECISIONS, RECOMPUTE
+
+    from .engines import ENGINES
+
+    return {"precision": PRECISIONS, "recompute": RECOMPUTE, "engine": tuple(ENGINES)}
+
+
 def read_fitted(src: str, section: Any) -> Optional[dict]:
     """A profile's ``fitted`` section, as ``learn.profile`` writes it, checked where it is read (a
     coverage of "all" or figures as a list crashed the first plan that left the runs): ``figures``
@@ -43,6 +51,7 @@ def read_fitted(src: str, section: Any) -> Optional[dict]:
     if unknown:
         raise CaseError(src, f"fitted.{sorted(map(str, unknown))[0]}", "unknown key; expected figures, runs, coverage")
     figures, cover = section.get("figures", {}), section.get("coverage", {})
+    _ALLOWED = _allowed()
     if not isinstance(figures, dict) or not all(isinstance(f, dict) for f in figures.values()):
         raise CaseError(src, "fitted.figures", f"expected a mapping of figure names to their value, prior and "
                                                f"runs, got {describe(figures)}")
@@ -52,10 +61,24 @@ def read_fitted(src: str, section: Any) -> Optional[dict]:
     for key, seen in cover.items():
         if key not in COVERED:
             raise CaseError(src, f"fitted.coverage.{key}", f"unknown key; expected one of {', '.join(COVERED)}")
-        if not isinstance(seen, list) or not all(isinstance(v, (int, str)) and not isinstance(v, bool)
-                                                 for v in seen):
-            raise CaseError(src, f"fitted.coverage.{key}", f"expected a list of the values the runs used, got "
-                                                           f"{describe(seen)}")
+        allowed = _ALLOWED.get(key)
+        ok = isinstance(seen, list) and bool(seen) and all(
+            (v in allowed) if allowed is not None else
+            (isinstance(v, int) and not isinstance(v, bool) and v >= (0 if key == "zero_stage" else 1)) for v in seen)
+        if not ok:
+            expected = f"one of {', '.join(allowed)}" if allowed is not None else \
+                "whole numbers" + (" from 0" if key == "zero_stage" else " from 1")
+            raise CaseError(src, f"fitted.coverage.{key}", f"expected a list of the values the runs used ({expected}), "
+                                                           f"got {describe(seen)}")
+    for name, figure in figures.items():
+        for field in ("value", "prior"):
+            value = figure.get(field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise CaseError(src, f"fitted.figures.{name}.{field}", f"expected a number, got {describe(value)}")
+        runs = figure.get("runs")
+        if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 0):
+            raise CaseError(src, f"fitted.figures.{name}.runs", f"expected a count of runs, got {describe(runs)}")
     if not isinstance(section.get("runs", []), list):
         raise CaseError(src, "fitted.runs", f"expected a list of the runs' residuals, got "
                                             f"{describe(section['runs'])}")

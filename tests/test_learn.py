@@ -436,6 +436,13 @@ def test_a_log_that_is_a_fifo_or_a_device_is_refused_before_it_is_read(tmp_path)
     (lambda f: {**f, "figures": [1, 2]}, "fitted.figures"),
     (lambda f: {**f, "coverage": {**f["coverage"], "tp": "lots"}}, "fitted.coverage.tp"),
     (lambda f: 5, "fitted"),
+    # accepted and echoed back in the notes
+    (lambda f: {**f, "coverage": {**f["coverage"], "tp": [-1]}}, "fitted.coverage.tp"),
+    (lambda f: {**f, "coverage": {**f["coverage"], "precision": ["bf61"]}}, "fitted.coverage.precision"),
+    (lambda f: {**f, "coverage": {**f["coverage"], "engine": ["megatrn"]}}, "fitted.coverage.engine"),
+    (lambda f: {**f, "coverage": {**f["coverage"], "seq_len": []}}, "fitted.coverage.seq_len"),
+    (lambda f: {**f, "figures": {**f["figures"], "performance.gemm_efficiency": {
+        **f["figures"]["performance.gemm_efficiency"], "value": "abc"}}}, "fitted.figures.performance.gemm_efficiency.value"),
 ])
 def test_a_profile_whose_fitted_section_is_malformed_is_refused_naming_the_key(tmp_path, corrupt, key):
     """`fitted.coverage: all` crashed estimate and plan with an AttributeError (CLI and API);
