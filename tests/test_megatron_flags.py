@@ -173,3 +173,11 @@ def test_an_argument_megatron_lm_stops_on_or_megatron_deepspeeds_is_refused(tmp_
     with pytest.raises(CaseError) as error:
         diagnosed(tmp_path, ARGS.replace("\n", f" {flag}\n"), CASE)
     assert error.value.key == flag.split()[0] and says in error.value.expected
+
+
+def test_a_batch_ramp_up_is_said(tmp_path):
+    """Megatron-LM's GPT-3 175B example ramps its batch up (--rampup-batch-size 16 16 5859375): diagnosed at
+    the global batch it reaches, with nothing said of the smaller steps before it."""
+    result = diagnosed(tmp_path, ARGS.replace("\n", " --rampup-batch-size 16 16 5859375\n"), CASE)
+    assert "args.txt ramps the global batch up (--rampup-batch-size 16 16 5859375): diagnosed at the batch it " \
+           "reaches, 128" in " ".join(result.notes)

@@ -274,6 +274,10 @@ def architecture_notes(path: Path, case) -> list[str]:
     flags = flags_of(launch.words, launch.src, launch.shell)
     model = case.model
     notes = []
+    if "--rampup-batch-size" in flags:  # <start> <increment> <samples>: megatron/core/num_microbatches_calculator.py
+        notes.append(f"{path.name} ramps the global batch up (--rampup-batch-size {flags['--rampup-batch-size']}): "
+                     f"diagnosed at the batch it reaches, {case.training.global_batch_size} (the steps before it run "
+                     "smaller ones)")
     absent = [flag for flag in ("--attention-dropout", "--hidden-dropout") if flag not in flags]
     if absent and model.dropout != MEGATRON_DROPOUT:
         notes.append(f"{path.name} leaves out {' and '.join(absent)}: Megatron-LM would drop out {MEGATRON_DROPOUT:g} "
