@@ -93,8 +93,8 @@ def plan_command(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the memory and Pareto plots to this PNG."),
     emit: Optional[str] = typer.Option(None, "--emit", help="Write launch configs: deepspeed, megatron or torchtitan."),
     engine: Optional[str] = typer.Option(
-        None, "--engine", help="Plan for this engine (megatron, deepspeed, torchtitan or any), overriding "
-                               "the case's training.engine and search.target."),
+        None, "--engine", help="Plan for this engine (megatron, deepspeed, torchtitan, nanotron or any), "
+                               "overriding the case's training.engine and search.target."),
     # A string, not a Path: Path("") is ".", and `--out ''` wrote the files into the current folder.
     out: Optional[str] = typer.Option(None, "--out", help="Folder for --emit's files."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
@@ -367,7 +367,8 @@ def validate_command(
     allow_busy: bool = typer.Option(False, "--allow-busy", help="Measure even while other processes keep the "
                                                                 "machine busy (warned about, and recorded)."),
 ) -> None:
-    """Train the case's layout for real on this machine's CPUs (torchrun, gloo) and compare with the prediction."""
+    """Train the case's layout for real on this machine (its CPUs with torchrun and gloo, or its GPUs with NCCL)
+    and compare with the prediction."""
     import importlib.util
 
     from calibration.supervisor import EXIT_RUN_FAILED, RunFailed

@@ -45,10 +45,11 @@ def _estimate_of(result: Any) -> Estimate:
     raise CaseError("emit", "result", f"expected a Plan or an Estimate, got {type(result).__name__}")
 
 
-def render(result: Any, engine: str, source: str = "the Python API",
+def render(result: Any, engine: str, source: Optional[str] = None,
            force_unfit: bool = False) -> tuple[dict[str, str], list[str]]:
     """The engine's files for the result's layout ({name relative to the folder: text}) and the
-    notes that go with them; ``source`` names the case in every file's provenance header. A layout
+    notes that go with them; ``source`` names the case in every file's provenance header (by default
+    the case file the result was planned from, else "the Python API" for a case given as a dict). A layout
     predicted not to fit is refused, naming the term that overflows, unless ``force_unfit``: then
     every file's header says so."""
     from .emit import provenance
@@ -67,12 +68,15 @@ def render(result: Any, engine: str, source: str = "the Python API",
         raise CaseError("emit", "engine", f"is {engine}, but the layout was timed as {planned_for} runs it; "
                                           f"plan with engine={engine!r} to write {engine}'s configs")
     module = ENGINES[engine].emit_module()
+    if source is None:
+        case_source = getattr(getattr(estimate, "case", None), "source", "<case>")
+        source = case_source if case_source != "<case>" else "the Python API"
     files = module.render(estimate, provenance(estimate, source))
     notes = module.warnings(estimate) if hasattr(module, "warnings") else []
     return files, notes
 
 
-def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: str = "the Python API",
+def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: Optional[str] = None,
          force: bool = False, force_unfit: bool = False) -> Emitted:
     """Write the engine's launch files for ``result`` (a Plan's best layout, or an Estimate) into
     ``out_dir``, all or none (:func:`planner.files.write_all`); existing files only with ``force``;
