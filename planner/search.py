@@ -324,7 +324,7 @@ class _Search:
         """For the robust pick, beside the least recomputation that fits (``hit``) where it is not sure
         to (``search_memory.fit_tier`` above 0): the least recomputation on the same layout in each surer
         tier, which the pick prefers within the margin of the fastest (Llama 3 70B on 8 A100s of 40 GB:
-        41 layers recomputed peak at 42.8 GB of 41.5 usable, all 80 at 37.2 GB, 7.6 % slower)."""
+        40 layers recomputed peak at 42.8 GB of 41.4 usable, 50 at 41.4 GB, 1.9 % slower)."""
         tier = fit_tier(hit[0], hit[1], self.spec.headroom)
         if tier == 0:
             return []

@@ -107,7 +107,7 @@ def test_the_robust_pick_on_a_published_sweep():
 
 def test_where_nothing_fits_at_its_bands_upper_end_the_pick_is_a_layout_whose_prediction_fits():
     """Llama 3 70B on 8 A100s of 40 GB: no layout fits at its memory band's upper end. The fastest
-    recomputes 41 of 80 layers with a predicted peak over the usable memory (within it only at the
+    recomputes 40 of 80 layers with a predicted peak over the usable memory (within it only at the
     band's low end); the pick was that layout, since the search scored only the least recomputation
     that fits each layout. It now takes one within the margin whose predicted peak fits."""
     from planner.search_memory import fit_tier
