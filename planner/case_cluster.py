@@ -12,7 +12,7 @@ from cost_models.specs import ClusterSpec, FabricSpec, GPUSpec, HostSpec, Perfor
 
 from .case_errors import spec_errors
 from .errors import CaseError
-from .fields import (describe, read_figure, read_file_path, read_int, read_mapping, read_number, read_str,
+from .fields import (describe, read_figure, read_file_path, read_int, read_mapping, read_number,
                      read_time, read_unit, required)
 from .inputs import read_yaml
 from .limits import MAX_FABRIC_EFFICIENCY, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_PEAK_TFLOPS, MIN_FIGURE

@@ -26,7 +26,8 @@ PRECISION_FIGURE = {"fp8": "performance.gemm_efficiency_fp8", "mxfp8": "performa
                     "nvfp4": "performance.gemm_efficiency_fp4"}
 
 
-def _allowed() -> dict[str, tuple[str, ...]]:
+def _named_values() -> dict[str, tuple[str, ...]]:
+    """The values a respect of coverage given by name may take: the precisions, recomputations and engines."""
     from cost_models.specs import PRECISIONS, RECOMPUTE
 
     from .engines import ENGINES
@@ -51,7 +52,7 @@ def read_fitted(src: str, section: Any) -> Optional[dict]:
     if unknown:
         raise CaseError(src, f"fitted.{sorted(map(str, unknown))[0]}", "unknown key; expected figures, runs, coverage")
     figures, cover = section.get("figures", {}), section.get("coverage", {})
-    _ALLOWED = _allowed()
+    named = _named_values()
     if not isinstance(figures, dict) or not all(isinstance(f, dict) for f in figures.values()):
         raise CaseError(src, "fitted.figures", f"expected a mapping of figure names to their value, prior and "
                                                f"runs, got {describe(figures)}")
@@ -61,7 +62,7 @@ def read_fitted(src: str, section: Any) -> Optional[dict]:
     for key, seen in cover.items():
         if key not in COVERED:
             raise CaseError(src, f"fitted.coverage.{key}", f"unknown key; expected one of {', '.join(COVERED)}")
-        allowed = _ALLOWED.get(key)
+        allowed = named.get(key)
         ok = isinstance(seen, list) and bool(seen) and all(
             (v in allowed) if allowed is not None else
             (isinstance(v, int) and not isinstance(v, bool) and v >= (0 if key == "zero_stage" else 1)) for v in seen)

@@ -149,8 +149,6 @@ def test_the_apis_forced_emit_takes_an_earlier_emissions_files_out_and_says_so(t
 def test_a_link_to_nowhere_is_not_replaced_and_a_name_too_long_is_one_line(tmp_path):
     """`--plot` at a dangling symlink replaced the link without --force (the link exists: only its
     target does not); a file name longer than the file system takes ended in an OSError traceback."""
-    import sys
-
     from cli_in_process import run_cli
 
     example = str(Path(__file__).resolve().parent.parent / "examples" / "llama3-70b-1024-h100-plan.yaml")
