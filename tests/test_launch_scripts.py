@@ -205,6 +205,10 @@ AS_BASH = [
     # printf -v set nothing ("expected an integer, got ''"); ${!name} read as empty
     "printf -v TP '%d' 8; printf -v S 'a%sb%%' x y; torchrun $TP $S",
     'TP8=8; which=TP8; torchrun ${!which} "${!which}"',
+    # read otherwise than bash: the script's IFS, printf's %d of hex, octal and a character, declare -i
+    'S="2,4"; IFS=,; set -- $S; torchrun $1 x$2\nIFS=; S="a b"; torchrun $S',
+    "printf -v TP '%d' 0x2; printf -v Q '%d' \"'2\"; printf -v R '%d' 010; torchrun $TP $Q $R",
+    'declare -i TP; TP=1+1; declare -i N=2*4; torchrun $TP $N',
 ]
 
 

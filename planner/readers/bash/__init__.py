@@ -15,7 +15,9 @@ word splitting as bash does it (a quoted ``"${A[@]}"`` keeps each element one wo
 unquoted ``${A[@]}`` splits them), comments, line continuations, here-documents (skipped),
 ``if``/``elif``/``else``, ``&&``/``||``, ``case``, ``for``, ``while``/``until``, functions,
 ``{ ...; }`` and subshells, ``exit``, ``set --``, ``shift``, ``unset``, ``local`` (and ``declare``
-in a function) scoped to the call, ``printf -v NAME`` with ``%s``/``%d``/``%i``, ``${!name}``, and
+in a function) scoped to the call, ``declare -i``, ``printf -v NAME`` with ``%s``/``%d``/``%i``
+(hexadecimal, octal and character arguments as bash reads them), ``${!name}``, word splitting on the
+script's ``IFS`` (a run of separators one boundary: no empty fields), and
 ``bash -c STRING`` (read as a script of its own, with the exported variables).
 
 Conditions: ``[ ... ]``, ``test`` and ``[[ ... ]]`` with ``=``, ``==``, ``!=`` (patterns in

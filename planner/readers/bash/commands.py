@@ -61,6 +61,9 @@ class _Commands(_Expander):
             command in ("declare", "typeset") and not any(t.text.startswith("-") and "g" in t.text for t in rest[1:])))
         if any(t.kind == "word" and t.text.startswith("-") and "n" in t.text for t in rest[1:]):
             self.note(f"{command} -n (a name reference) is not followed: its name reads as a variable of its own")
+        if any(t.kind == "word" and t.text.startswith("-") and "i" in t.text for t in rest[1:]):
+            self.integers.update(_ASSIGNMENT.match(t.text).group(1) if t.kind == "array" or _is_assignment(t.text)
+                                 else t.text for t in rest[1:] if not t.text.startswith(("-", "+")))
         for tok in rest[1:]:
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
                 name = _ASSIGNMENT.match(tok.text).group(1) if tok.kind == "array" or _is_assignment(tok.text) \
@@ -187,8 +190,7 @@ class _Commands(_Expander):
                     out.append("%")
                 elif piece in ("%s", "%d", "%i"):
                     value = rest.pop(0) if rest else ""
-                    out.append(value if piece == "%s" else str(int(value)) if re.fullmatch(r"[+-]?\d+", value)
-                               else "0")
+                    out.append(value if piece == "%s" else str(_printf_integer(value)))
                 else:
                     out.append(piece.replace("\\n", "\n").replace("\\t", "\t"))
             if not rest or not any(p in ("%s", "%d", "%i") for p in pieces):
@@ -218,6 +220,19 @@ class _Commands(_Expander):
                     self.vars[name] = before
             self.depth -= 1
             self.positional, self.positional_known = saved
+
+
+def _printf_integer(text: str) -> int:
+    """What printf's %d makes of an argument, as bash's does: decimal, 0x hexadecimal, 0 octal, a
+    quote and a character (its code); 0 for what is none of them (bash says so and prints 0)."""
+    text = text.strip()
+    if text[:1] in ("'", '"'):
+        return ord(text[1]) if len(text) > 1 else 0
+    sign, digits = (-1 if text.startswith("-") else 1), text.lstrip("+-")
+    for pattern, base in ((r"0[xX][0-9a-fA-F]+", 16), (r"0[0-7]+", 8), (r"\d+", 10)):
+        if re.fullmatch(pattern, digits):
+            return sign * int(digits, base)
+    return 0
 
 
 def _inline_script(fields: list[str]) -> Optional[tuple[str, list[str]]]:

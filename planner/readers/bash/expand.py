@@ -260,7 +260,13 @@ class _Expander(_Arithmetic):
         return [function(v) for v in value] if isinstance(value, list) else function(value)
 
     def fields(self, raw: str, ctx: _Ctx, key: str) -> list[str]:
-        """The words ``raw`` expands to, split as bash splits unquoted expansions (IFS unset)."""
+        """The words ``raw`` expands to, split as bash splits unquoted expansions: on the script's IFS
+        (space, tab and newline where it sets none; none at all where it sets it empty), a run of
+        separators one boundary (so no empty field, which two of a non-blank IFS character in a row
+        would give bash)."""
+        ifs = self.vars.get("IFS")
+        separators = " \t\n" if ifs is None or isinstance(ifs.value, list) else ifs.value
+        boundary = re.compile(f"[{re.escape(separators)}]+") if separators else None
         fields: list[str] = []
         current: Optional[str] = None
         size = 0
@@ -281,13 +287,16 @@ class _Expander(_Arithmetic):
         def split(text: str) -> None:
             if not text:
                 return
-            if text[0] in " \t\n":
+            if boundary is None:  # IFS=''
+                add(text)
+                return
+            if text[0] in separators:
                 push()
-            for k, part in enumerate(p for p in re.split(r"[ \t\n]+", text) if p):
+            for k, part in enumerate(p for p in boundary.split(text) if p):
                 if k:
                     push()
                 add(part)
-            if text[-1] in " \t\n":
+            if text[-1] in separators:
                 push()
 
         for kind, value in self.scan(raw, ctx, key):

@@ -72,6 +72,7 @@ class _State:
         # Each function call's variables made local (``local``, ``declare`` in a function): their
         # values before the call, None where unset, put back when it returns.
         self.frames: list[dict[str, Optional[_Var]]] = []
+        self.integers: set[str] = set()  # declare -i: an assignment's value is evaluated as arithmetic
         self.in_condition = 0
         self.line = 1
         self.generation = next(_GENERATIONS)
@@ -209,4 +210,6 @@ class _State:
             self.set_var(name, elements, ctx.deps, append=append, exported=exported)
         else:
             value = self.string(tok.text[match.end():], ctx, name)
+            if name in self.integers and not append:
+                value = str(self.arith(value or "0", ctx, name))
             self.set_var(name, value, ctx.deps, append=append, index=index, exported=exported)
