@@ -361,13 +361,31 @@ def load_runs(paths: Sequence[Any]) -> list[Run]:
     return runs
 
 
+# Two runs of one job on one cluster further apart than this are two software stacks (or a slowed
+# node), not run-to-run noise (a few %): one profile cannot describe both.
+SAME_JOB_APART = 1.5
+
+
 def check_each_run_once(runs: Sequence[Run], source: str) -> None:
-    """A run given twice (one file twice, or two files that share a run) would weigh double in the fit."""
+    """A run given twice (one file twice, or two files that share a run) would weigh double in the fit;
+    two runs of one job that ran far apart (same model, cluster, training and layout) would be fitted
+    between the two, describing neither (12 s and 36 s: the profile predicted a step faster than both)."""
     seen: set[str] = set()
+    jobs: dict[str, Run] = {}
     for r in runs:
         if r.id in seen:
             raise CaseError(source, r.id, "the same run id appears twice: each run once")
         seen.add(r.id)
+        if not r.tokens_per_s:
+            continue
+        key = repr(sorted((k, repr(v)) for k, v in r.case.items()))
+        other = jobs.setdefault(key, r)
+        if other is not r and max(r.tokens_per_s, other.tokens_per_s) > SAME_JOB_APART * min(
+                r.tokens_per_s, other.tokens_per_s):
+            ratio = max(r.tokens_per_s, other.tokens_per_s) / min(r.tokens_per_s, other.tokens_per_s)
+            raise CaseError(source, r.id, f"the same job as {other.id} (model, cluster, training and layout) ran "
+                                          f"{ratio:.1f}x apart: one profile cannot describe both; give the runs "
+                                          f"of the software the plans are for")
 
 
 # --- the hardware the runs share ----------------------------------------------------------

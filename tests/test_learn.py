@@ -548,3 +548,16 @@ def test_a_plan_beyond_the_runs_sequences_recomputation_or_engine_is_said(tmp_pa
     assert said == {"zero stage 3", "seq len 16384", "recompute full", "engine deepspeed"}
     zero = next(n for n in notes if n.startswith("zero stage 3"))
     assert "performance.intra_node_efficiency" in zero and "fabric.efficiency" not in zero
+
+
+def test_two_runs_of_one_job_far_apart_are_refused():
+    """The same layout at 12 s and 36 s was fitted between the two: the profile then predicted a step
+    faster than both (+57 % and +371 % off)."""
+    from planner.team_runs import check_each_run_once
+
+    fast = runs_from_rows([published_row()], "runs.yaml")
+    slow = runs_from_rows([published_row(id="team-run-2", measured={"iteration_time_s": 36.0})], "runs.yaml")
+    with pytest.raises(CaseError, match=r"team-run-2: the same job as team-run-1 .* ran 3\.0x apart"):
+        check_each_run_once(fast + slow, "runs.yaml")
+    near = runs_from_rows([published_row(id="team-run-3", measured={"iteration_time_s": 12.6})], "runs.yaml")
+    check_each_run_once(fast + near, "runs.yaml")  # run-to-run noise: both taken
