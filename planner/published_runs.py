@@ -638,7 +638,10 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
     model = {"name": md.get("name") or row["id"], "num_layers": md["layers"], "hidden_size": md["hidden"],
              "num_attention_heads": md["heads"], "num_kv_heads": md.get("kv_heads") or md["heads"],
              "ffn_hidden_size": md.get("ffn_hidden") or 4 * md["hidden"],
-             "activation": "swiglu" if "swiglu" in str(md.get("ffn_act")).lower() else "gelu",
+             # A gated MLP (SwiGLU, GeGLU: three matrices) is priced as the cost model's swiglu; the
+             # gate's function changes an element-wise kernel, not the GEMMs.
+             "activation": "swiglu" if any(g in str(md.get("ffn_act")).lower() for g in ("swiglu", "geglu"))
+             else "gelu",
              "vocab_size": md["vocab"],
              "tied_embeddings": tied_embeddings(row),
              "dropout": 0.1 if source.startswith(DROPOUT) else 0.0, **moe, **mla}

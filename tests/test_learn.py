@@ -561,3 +561,10 @@ def test_two_runs_of_one_job_far_apart_are_refused():
         check_each_run_once(fast + slow, "runs.yaml")
     near = runs_from_rows([published_row(id="team-run-3", measured={"iteration_time_s": 12.6})], "runs.yaml")
     check_each_run_once(fast + near, "runs.yaml")  # run-to-run noise: both taken
+
+
+def test_a_gated_gelu_mlp_is_priced_with_its_three_matrices():
+    """`ffn_act: geglu` was accepted as a gated MLP but priced as a two-matrix GeLU one: the fit would
+    have learned its GEMM efficiency from MLP FLOPs a third too low."""
+    run, = runs_from_rows([published_row(model__ffn_act="geglu")], "runs.yaml")
+    assert run.case["model"]["activation"] == "swiglu"
