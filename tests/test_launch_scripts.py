@@ -209,6 +209,13 @@ AS_BASH = [
     'S="2,4"; IFS=,; set -- $S; torchrun $1 x$2\nIFS=; S="a b"; torchrun $S',
     "printf -v TP '%d' 0x2; printf -v Q '%d' \"'2\"; printf -v R '%d' 010; torchrun $TP $Q $R",
     'declare -i TP; TP=1+1; declare -i N=2*4; torchrun $TP $N',
+    # ${!...} beyond ${!name}: read as empty with nothing said
+    'P=Q; A=(--sp); R="A[@]"; B=(4 2); S="B[1]"; torchrun ${!P:-"--dflt"} ${!R} ${!S}',
+    'A=(a b); TP_A=1; TP_B=2; set -- x y; P=1; torchrun ${!A[@]} ${!TP_*} ${!P}',
+    # declare -g under a local, local outside a function, printf's other forms
+    'TP=8; f() { local TP=4; declare -g TP=2; torchrun in$TP; }; f; torchrun out$TP\nQ=2; local Q=4; torchrun $Q',
+    "printf -v A '%d' 0x10; printf -v B '%d' 08; printf -v C '%d' 8abc; printf -v D -- %d 8; "
+    "printf -v E 'a\\\\b'; Z=(1 2); printf -v 'Z[1]' %d 9; torchrun $A $B $C $D \"$E\" ${Z[1]}",
 ]
 
 

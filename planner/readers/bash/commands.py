@@ -56,9 +56,13 @@ class _Commands(_Expander):
     def declare(self, rest: list[_Tok]) -> _Status:
         command = rest[0].text
         exported = True if command == "export" else None
+        if command == "local" and not self.frames:  # bash: "can only be used in a function", nothing set
+            self.note("local outside a function fails in bash and sets nothing")
+            return _FALSE
         # In a function, local (and declare, typeset without -g) scope the names to the call.
-        scoped = self.frames and (command == "local" or (
-            command in ("declare", "typeset") and not any(t.text.startswith("-") and "g" in t.text for t in rest[1:])))
+        global_ = command in ("declare", "typeset") and any(
+            t.kind == "word" and t.text.startswith("-") and "g" in t.text for t in rest[1:])
+        scoped = self.frames and (command == "local" or (command in ("declare", "typeset") and not global_))
         if any(t.kind == "word" and t.text.startswith("-") and "n" in t.text for t in rest[1:]):
             self.note(f"{command} -n (a name reference) is not followed: its name reads as a variable of its own")
         if any(t.kind == "word" and t.text.startswith("-") and "i" in t.text for t in rest[1:]):
@@ -72,7 +76,22 @@ class _Commands(_Expander):
                 if not (tok.kind == "array" or _is_assignment(tok.text)):
                     self.vars.pop(name, None)  # `local X`: unset inside the call
             if tok.kind == "array" or _is_assignment(tok.text):
-                self.assign(tok, exported=exported)
+                name = _ASSIGNMENT.match(tok.text).group(1)
+                hidden = next((frame for frame in self.frames if name in frame), None) if global_ else None
+                if hidden is not None:  # declare -g under a local of the name: the global, which the call hides
+                    local = self.vars.get(name)
+                    if hidden[name] is not None:
+                        self.vars[name] = hidden[name]
+                    else:
+                        self.vars.pop(name, None)
+                    self.assign(tok, exported=exported)
+                    hidden[name] = self.vars.get(name)
+                    if local is not None:
+                        self.vars[name] = local
+                    else:
+                        self.vars.pop(name, None)
+                else:
+                    self.assign(tok, exported=exported)
             elif tok.text.startswith(("-", "+")):
                 if "x" in tok.text and tok.text.startswith("-"):
                     exported = True
@@ -132,8 +151,11 @@ class _Commands(_Expander):
             return _FALSE  # no input: bash's answer with none
         if name == "getopts":
             return _FALSE  # no options
-        if name == "printf" and args[:1] == ["-v"] and len(args) >= 3 and _NAME.fullmatch(args[1]):
-            return self.printf_to(args[1], args[2], args[3:], ctx)
+        if name == "printf" and args[:1] == ["-v"] and len(args) >= 3 \
+                and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?", args[1]):
+            rest = args[3:] if args[2] == "--" else args[2:]  # printf -v X -- FORMAT ...
+            if rest:
+                return self.printf_to(args[1], rest[0], rest[1:], ctx)
         if name in ("source", ".", "eval"):
             what = "followed" if name != "eval" else "evaluated"
             self.note(f"{one_line(' '.join(fields), 80)} is not {what}: what it would set reads as unset")
@@ -191,14 +213,18 @@ class _Commands(_Expander):
                 elif piece in ("%s", "%d", "%i"):
                     value = rest.pop(0) if rest else ""
                     out.append(value if piece == "%s" else str(_printf_integer(value)))
-                else:
-                    out.append(piece.replace("\\n", "\n").replace("\\t", "\t"))
+                else:  # the format's own escapes, as printf reads them
+                    out.append(re.sub(r"\\([\\nt])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], piece))
             if not rest or not any(p in ("%s", "%d", "%i") for p in pieces):
                 break
         text = "".join(out)
         if len(text) > MAX_EXPANDED_CHARS:
             raise self.too_long(name)
-        self.set_var(name, text, ctx.deps)
+        element = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[([^\]]*)\]", name)  # printf -v 'A[1]'
+        if element:
+            self.set_var(element.group(1), text, ctx.deps, index=element.group(2))
+        else:
+            self.set_var(name, text, ctx.deps)
         return _TRUE
 
     def call(self, body, args: list[str]) -> _Status:
@@ -229,9 +255,12 @@ def _printf_integer(text: str) -> int:
     if text[:1] in ("'", '"'):
         return ord(text[1]) if len(text) > 1 else 0
     sign, digits = (-1 if text.startswith("-") else 1), text.lstrip("+-")
-    for pattern, base in ((r"0[xX][0-9a-fA-F]+", 16), (r"0[0-7]+", 8), (r"\d+", 10)):
-        if re.fullmatch(pattern, digits):
-            return sign * int(digits, base)
+    # The number its leading characters make (bash says the rest is invalid, and prints that much).
+    for pattern, base in ((r"0[xX]([0-9a-fA-F]+)", 16), (r"0([0-7]*)", 8), (r"([1-9][0-9]*)", 10)):
+        match = re.match(pattern, digits)
+        if match:
+            value = sign * int(match.group(1) or "0", base)
+            return max(-2**63, min(2**63 - 1, value))  # bash's intmax_t
     return 0
 
 

@@ -168,12 +168,7 @@ class _Expander(_Arithmetic):
                     return (kind_s, "0")
                 return (kind_s, str(len(value)))
         if inner.startswith("!"):
-            if _NAME.fullmatch(inner[1:]):  # ${!name}: the variable whose name name holds
-                pointer, is_set = self.lookup(inner[1:], None, ctx)
-                if is_set and _NAME.fullmatch(pointer or ""):
-                    return self.parameter(pointer, ctx, key, quoted)
-            ctx.deps.setdefault("${" + one_line(inner, 40) + "}", "an indirect expansion: read as empty")
-            return (kind_s, "")
+            return self.indirect(inner[1:], ctx, key, quoted)
         m = re.match(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!\-])(?:\[([^\]]*)\])?", inner)
         if not m:
             raise ScriptSyntax(f"line {self.line}", f"a bad substitution ${{{one_line(inner, 40)}}}")
@@ -255,6 +250,28 @@ class _Expander(_Arithmetic):
                 return (kind_l, value)
             value = " ".join(value)
         return (kind_s, value)
+
+    def indirect(self, rest: str, ctx: _Ctx, key: str, quoted: bool):
+        """``${!...}``: ``${!name}`` and ``${!name:-word}`` (the parameter whose name ``name`` holds, an
+        element ``A[1]`` or ``A[@]`` included), ``${!A[@]}`` (an array's indices) and ``${!prefix*}``
+        (the names set with that prefix), as bash expands them; what else reads as empty, said where
+        a launch uses it."""
+        kind_s, kind_l = ("qexp", "qat") if quoted else ("exp", "at")
+        keys = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[([@*])\]", rest)
+        if keys:
+            var = self.vars.get(keys.group(1))
+            count = 0 if var is None else len(var.value) if isinstance(var.value, list) else 1
+            return (kind_l, [str(i) for i in range(count)])
+        prefix = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)([@*])", rest)
+        if prefix:
+            return (kind_l, sorted(n for n in self.vars if n.startswith(prefix.group(1))))
+        named = re.match(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(.*)$", rest, re.S)
+        if named:
+            pointer, is_set = self.lookup(named.group(1), None, ctx)
+            if is_set and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?|[0-9]+|[@*]", pointer or ""):
+                return self.parameter(pointer + named.group(2), ctx, key, quoted)
+        ctx.deps.setdefault("${!" + one_line(rest, 40) + "}", _NOT_RUN)
+        return (kind_s, "")
 
     def each(self, value, function):
         return [function(v) for v in value] if isinstance(value, list) else function(value)
