@@ -13,6 +13,8 @@ from typing import Any, Iterable, Optional
 
 from cost_models.specs import Job
 
+from .limits import MAX_INT
+
 COVERED = ("tp", "pp", "cp", "ep", "zero_stage", "nodes", "precision", "seq_len", "micro_batch_size", "recompute",
            "engine")
 # The fitted figure a job leans on where it leaves the runs' coverage in each respect: the expert
@@ -53,9 +55,12 @@ def read_fitted(src: str, section: Any) -> Optional[dict]:
         raise CaseError(src, f"fitted.{sorted(map(str, unknown))[0]}", "unknown key; expected figures, runs, coverage")
     figures, cover = section.get("figures", {}), section.get("coverage", {})
     named = _named_values()
-    if not isinstance(figures, dict) or not all(isinstance(f, dict) for f in figures.values()):
+    if not isinstance(figures, dict):
         raise CaseError(src, "fitted.figures", f"expected a mapping of figure names to their value, prior and "
                                                f"runs, got {describe(figures)}")
+    for name, figure in figures.items():
+        if not isinstance(figure, dict):
+            raise CaseError(src, f"fitted.figures.{name}", f"expected its value, prior and runs, got {describe(figure)}")
     if not isinstance(cover, dict):
         raise CaseError(src, "fitted.coverage", f"expected a mapping of {', '.join(COVERED)} to the values the "
                                                 f"runs used, got {describe(cover)}")
@@ -65,10 +70,11 @@ def read_fitted(src: str, section: Any) -> Optional[dict]:
         allowed = named.get(key)
         ok = isinstance(seen, list) and bool(seen) and all(
             (v in allowed) if allowed is not None else
-            (isinstance(v, int) and not isinstance(v, bool) and v >= (0 if key == "zero_stage" else 1)) for v in seen)
+            (isinstance(v, int) and not isinstance(v, bool) and
+             ((0 <= v <= 3) if key == "zero_stage" else (1 <= v <= MAX_INT))) for v in seen)
         if not ok:
             expected = f"one of {', '.join(allowed)}" if allowed is not None else \
-                "whole numbers" + (" from 0" if key == "zero_stage" else " from 1")
+                "ZeRO stages from 0 to 3" if key == "zero_stage" else f"whole numbers from 1 to {MAX_INT}"
             raise CaseError(src, f"fitted.coverage.{key}", f"expected a list of the values the runs used ({expected}), "
                                                            f"got {describe(seen)}")
     for name, figure in figures.items():

@@ -441,6 +441,10 @@ def test_a_log_that_is_a_fifo_or_a_device_is_refused_before_it_is_read(tmp_path)
     (lambda f: {**f, "coverage": {**f["coverage"], "precision": ["bf61"]}}, "fitted.coverage.precision"),
     (lambda f: {**f, "coverage": {**f["coverage"], "engine": ["megatrn"]}}, "fitted.coverage.engine"),
     (lambda f: {**f, "coverage": {**f["coverage"], "seq_len": []}}, "fitted.coverage.seq_len"),
+    (lambda f: {**f, "coverage": {**f["coverage"], "zero_stage": [4]}}, "fitted.coverage.zero_stage"),
+    (lambda f: {**f, "coverage": {**f["coverage"], "tp": [2**70]}}, "fitted.coverage.tp"),
+    (lambda f: {**f, "figures": {**f["figures"], "performance.gemm_efficiency": 0.7}},
+     "fitted.figures.performance.gemm_efficiency"),
     (lambda f: {**f, "figures": {**f["figures"], "performance.gemm_efficiency": {
         **f["figures"]["performance.gemm_efficiency"], "value": "abc"}}}, "fitted.figures.performance.gemm_efficiency.value"),
 ])
