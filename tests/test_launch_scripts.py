@@ -356,19 +356,28 @@ def test_what_read_would_set_is_said_not_silently_empty():
     assert launch.fields == ("torchrun", "pretrain_gpt.py") and launch.not_run == ("read PAR (line 1)",)
 
 
-def test_a_launch_inside_a_here_document_is_said_not_read_as_the_commands_around_it(tmp_path):
+def test_a_launch_inside_a_here_document_fed_to_sbatch_is_read(tmp_path):
     """Megatron-LM's examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh launches from `sbatch <<EOF`:
     the reader merged `mkdir -p logs` and `sbatch` into the launch and refused the script for a flag
-    it does set ("--mtp-num-layers: absent", or "--micro-batch-size: missing")."""
-    script = tmp_path / "sbatch.sh"
-    script.write_text('CMD="python pretrain_gpt.py --tensor-model-parallel-size 2 --micro-batch-size 1"\n'
-                      "mkdir -p logs\nsbatch <<EOF\n#!/bin/bash\nsrun bash -c \"${CMD}\"\nEOF\n")
+    it does set ("--mtp-num-layers: absent", or "--micro-batch-size: missing"). The here-document is
+    sbatch's script, expanded as bash expands it (its quotes kept); one fed to cat is not followed."""
+    launch = ("python pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+              "--micro-batch-size 1 --global-batch-size 128 --seq-length 4096 --bf16 --use-distributed-optimizer")
     case = tmp_path / "case.yaml"
     case.write_text(yaml.safe_dump({"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
                                     "training": {"global_batch_size": 128, "seq_len": 4096, "engine": "megatron"}}))
+    script = tmp_path / "sbatch.sh"
+    script.write_text(f'CMD="{launch}"\nmkdir -p logs\nsbatch <<EOF\n#!/bin/bash\nsrun bash -c "${{CMD}}"\nEOF\n')
+    layout = diagnose(case, megatron_args=script).estimate.job.layout
+    assert (layout.tp, layout.pp, layout.micro_batch_size) == (2, 2, 1)
+    quoted = tmp_path / "quoted.sh"  # a quoted delimiter: the body as written, expanded by the job's shell
+    quoted.write_text(f'export CMD="{launch}"\nsbatch <<\'EOF\'\nsrun bash -c "$CMD"\nEOF\n')
+    assert diagnose(case, megatron_args=quoted).estimate.job.layout.tp == 2
+    written = tmp_path / "written.sh"
+    written.write_text(f'mkdir -p logs\ncat <<EOF > job.sh\n{launch}\nEOF\n')
     with pytest.raises(CaseError) as error:
-        diagnose(case, megatron_args=script)
-    assert error.value.key == "" and "starts no Python program outside a here-document (mkdir, sbatch)" in str(error.value)
+        diagnose(case, megatron_args=written)
+    assert error.value.key == "" and "starts no Python program (mkdir, cat)" in str(error.value)
 
 
 def test_input_read_by_read_or_mapfile_and_name_references_are_said():

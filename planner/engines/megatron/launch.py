@@ -253,12 +253,12 @@ def launch_of(path: Path, text: str) -> _Launch:
         return _Launch(src, _tokens(with_included_args(text, path), src), notes=(note,))
     programs = [c for c in script.commands if _program(c) is not None]
     if script.commands and not programs and "<<" in text:
-        # What a here-document feeds (sbatch <<EOF ... srun python pretrain_gpt.py ... EOF) is not
+        # A here-document another command than sbatch, bash or sh takes (cat <<EOF > job.sh) is not
         # followed: the commands the script does start would be read as the launch, their words as flags.
-        raise CaseError(src, "", "starts no Python program outside a here-document (" + ", ".join(
-            dict.fromkeys(c.fields[0] for c in script.commands[:4])) + "), and a launch inside one (sbatch <<EOF "
-                                 "... EOF) is not followed: give the script the here-document writes, or the "
-                                 "arguments it passes to pretrain_gpt.py")
+        raise CaseError(src, "", "starts no Python program (" + ", ".join(
+            dict.fromkeys(c.fields[0] for c in script.commands[:4])) + "), and a here-document fed to another "
+                                 "command than sbatch, bash or sh (cat <<EOF > job.sh, say) is not followed: give "
+                                 "the script it writes, or the arguments it passes to pretrain_gpt.py")
     # The training launch: the first program named like Megatron-LM's (pretrain_gpt.py and kin),
     # else the first Python program; a script may also run an evaluation or a conversion after it,
     # whose flags argparse in the training never sees.

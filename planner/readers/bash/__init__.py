@@ -12,7 +12,8 @@ Modelled: scalar assignments (``X=1``, ``export X=...``, ``declare``/``local``/`
 their doubles, ``${X/pat/rep}``, ``${X:off:len}``, ``${X^^}``, ``${X,,}``), arithmetic
 (``$((...))``, ``((...))``, ``let``), quoting (single, double, ``$'...'``, backslashes) and
 word splitting as bash does it (a quoted ``"${A[@]}"`` keeps each element one word, an
-unquoted ``${A[@]}`` splits them), comments, line continuations, here-documents (skipped),
+unquoted ``${A[@]}`` splits them), comments, line continuations, here-documents (the script of
+``sbatch``, ``bash`` or ``sh`` they feed, expanded as bash expands one; others skipped),
 ``if``/``elif``/``else``, ``&&``/``||``, ``case``, ``for``, ``while``/``until``, functions,
 ``{ ...; }`` and subshells, ``exit``, ``set --``, ``shift``, ``unset``, ``local`` (and ``declare``
 in a function) scoped to the call, ``declare -i``, ``printf -v NAME`` with ``%s``/``%d``/``%i``

@@ -165,6 +165,12 @@ class _Commands(_Expander):
         shell = _inline_script(fields)
         if shell is not None:
             self.run_inline(shell, node)
+        elif node.heredoc is not None and name.rsplit("/", 1)[-1] in HEREDOC_SHELLS:
+            # `sbatch <<EOF ... EOF`, `bash <<EOF`: the here-document is the script they run, expanded as
+            # bash expands an unquoted one (as inside double quotes, its own quotes kept), or as written.
+            body, quoted = node.heredoc
+            text = body if quoted else self.string('"' + body.replace('"', '\\"') + '"', ctx, "here-document")
+            self.run_inline((text, []), node)
         unset = tuple(name for name, how in ctx.deps.items() if how == _READ_EMPTY)
         not_run = tuple(name for name, how in ctx.deps.items() if how == _NOT_RUN)
         self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run))
@@ -246,6 +252,10 @@ class _Commands(_Expander):
                     self.vars[name] = before
             self.depth -= 1
             self.positional, self.positional_known = saved
+
+
+# Commands that run the here-document fed to them as a script (a batch script, a shell's input).
+HEREDOC_SHELLS = ("sbatch", "bash", "sh")
 
 
 def _printf_integer(text: str) -> int:

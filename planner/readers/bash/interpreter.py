@@ -297,7 +297,8 @@ class _Shell(_Commands):
         return _TRUE
 
     def run_inline(self, inline: tuple[str, list[str]], node: _Simple) -> None:
-        """``bash -c 'script' name args``: read as a script of its own, with the exported variables."""
+        """``bash -c 'script' name args`` (or a here-document fed to sbatch, bash or sh): read as a script
+        of its own, with the exported variables."""
         text, positional = inline
         if self.depth >= MAX_DEPTH:
             raise ScriptLimit(f"line {self.line}", f"nests bash -c past {MAX_DEPTH} levels")

@@ -4,7 +4,7 @@ here-documents skipped."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from .errors import MAX_WORDS, ScriptLimit, ScriptSyntax
@@ -152,7 +152,9 @@ class _Tok:
 
 def _lex(text: str, line_of: Callable[[int], int]) -> list[_Tok]:
     tokens: list[_Tok] = []
-    heredocs: list[tuple[str, bool]] = []
+    # Each pending here-document: (delimiter, whether <<- strips tabs, its delimiter token's index,
+    # whether the delimiter was quoted: then the body is taken as written, else expanded).
+    heredocs: list[tuple[str, bool, int, bool]] = []
     wants_delimiter: Optional[str] = None
     i, n = 0, len(text)
     try:
@@ -173,8 +175,12 @@ def _lex(text: str, line_of: Callable[[int], int]) -> list[_Tok]:
             if c == "\n":
                 tokens.append(_Tok("op", "\n", i, i + 1))
                 i += 1
-                for delimiter, tabs in heredocs:
-                    i = _skip_heredoc(text, i, delimiter, tabs)
+                for delimiter, tabs, index, quoted in heredocs:
+                    body_start = i
+                    i, body_end = _skip_heredoc(text, i, delimiter, tabs)
+                    # The body rides on its delimiter's token, for a command that reads it as a script.
+                    tokens[index] = replace(tokens[index], elements=(text[body_start:body_end],
+                                                                     "quoted" if quoted else ""))
                 heredocs = []
                 continue
             match = _OPERATOR.match(text, i)
@@ -188,7 +194,8 @@ def _lex(text: str, line_of: Callable[[int], int]) -> list[_Tok]:
             j = _read_word(text, i)
             word = text[i:j]
             if wants_delimiter is not None:
-                heredocs.append((re.sub(r"[\"'\\]", "", word), wants_delimiter == "<<-"))
+                heredocs.append((re.sub(r"[\"'\\]", "", word), wants_delimiter == "<<-", len(tokens),
+                                 bool(re.search(r"[\"'\\]", word))))
                 wants_delimiter = None
             match = _ASSIGNMENT.match(word)
             if match and match.end() == len(word) and text[j:j + 1] == "(":
@@ -228,11 +235,13 @@ def _read_array(text: str, j: int, line_of: Callable[[int], int]) -> tuple[list[
             k = end
 
 
-def _skip_heredoc(text: str, i: int, delimiter: str, tabs: bool) -> int:
+def _skip_heredoc(text: str, i: int, delimiter: str, tabs: bool) -> tuple[int, int]:
+    """(where the script goes on past the here-document at ``i``, where its body ends: the start of
+    its delimiter's line, or the text's end where none closes it)."""
     while i < len(text):
         end = text.find("\n", i)
         line = text[i:] if end < 0 else text[i:end]
-        i = len(text) if end < 0 else end + 1
+        line_start, i = i, len(text) if end < 0 else end + 1
         if (line.lstrip("\t") if tabs else line) == delimiter:
-            break
-    return i
+            return i, line_start
+    return i, i

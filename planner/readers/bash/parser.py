@@ -22,6 +22,9 @@ class _List:
 class _Simple:
     words: list[_Tok]
     start: int
+    # A here-document fed to the command (<<EOF ... EOF): its body, and whether its delimiter was
+    # quoted (then taken as written; else expanded as bash expands it).
+    heredoc: Optional[tuple[str, bool]] = None
 
 
 @dataclass
@@ -268,6 +271,7 @@ class _Parser:
         words: list[_Tok] = []
         start = self.peek().start
         redirected = False
+        heredoc = None
         while True:
             tok = self.peek()
             if tok is None:
@@ -277,15 +281,18 @@ class _Parser:
                 self.k += 1
             elif tok.kind == "op" and tok.text in _REDIRECTS:
                 self.k += 1
-                if not self.word(self.peek()):
-                    raise self.error(self.peek(), "a redirection without its file")
+                target = self.peek()
+                if not self.word(target):
+                    raise self.error(target, "a redirection without its file")
+                if tok.text in ("<<", "<<-") and target.elements:
+                    heredoc = (target.elements[0], target.elements[1] == "quoted")
                 self.k += 1
                 redirected = True
             else:
                 break
         if not words and not redirected:
             raise self.error(self.peek(), f"unexpected {one_line(self.peek().text, 40)!r}")
-        return _Simple(words, start)
+        return _Simple(words, start, heredoc)
 
     def parse_if(self) -> _If:
         start = self.expect_word("if").start
