@@ -169,12 +169,6 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     return Diagnosis(engine, estimate, best, resolved, notes)
 
 
-# Where a config states each layout field the engine may refuse (emitters' FLAG_OF_FIELD, ds_config's keys).
-DEEPSPEED_KEY_OF_FIELD = {"zero_stage": "zero_optimization.stage", "micro_batch_size": "train_micro_batch_size_per_gpu",
-                          "offload_optimizer": "zero_optimization.offload_optimizer",
-                          "offload_params": "zero_optimization.offload_param"}
-
-
 def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str, layout) -> CaseError:
     """A refusal of the layout a config runs (``layout.offload_activations: megatron cannot run it``)
     named where the config states it, the flag or key, not the case's layout section the case may not have."""
@@ -184,12 +178,13 @@ def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str
     if engine == "megatron":
         from .engines.megatron.emit import FLAG_OF_FIELD
 
-        key = {**FLAG_OF_FIELD, "offload_activations": "--cpu-offloading-num-layers",
-               "offload_optimizer": "--optimizer-cpu-offload",
+        key = {**FLAG_OF_FIELD,
                # ZeRO 2 and 3 are Megatron-FSDP's, not the distributed optimizer's
                **({"zero_stage": "--use-megatron-fsdp"} if layout.zero_stage >= 2 else {})}.get(field, error.key)
     else:
-        key = DEEPSPEED_KEY_OF_FIELD.get(field, error.key)
+        from .engines.deepspeed.read import KEY_OF_FIELD
+
+        key = KEY_OF_FIELD.get(field, error.key)
     return CaseError(str(config), key, error.expected)
 
 

@@ -310,7 +310,7 @@ class _Search:
         limit = self.incumbents.fastest * (1 + self.safer)
         gbs = self.case.training.global_batch_size
         for candidate in [c for c in self.result.candidates if c.step_time_s <= limit]:
-            plain = candidate.layout.with_changes(recompute="none", recompute_num_layers=None, recompute_modules=None)
+            plain = _without_recompute(candidate.layout)
             if self.simpler is not None and self.simpler.slowest_pick(layout_complexity(plain, gbs)) \
                     <= candidate.step_time_s:
                 continue
@@ -329,7 +329,7 @@ class _Search:
         if tier == 0:
             return []
         lay = hit[0].layout
-        base = lay.with_changes(recompute="none", recompute_num_layers=None, recompute_modules=None) \
+        base = _without_recompute(lay) \
             if self.spec.admits("recompute", "none") else lay
         safer = []
         for surer in range(tier):
@@ -380,7 +380,11 @@ class _Search:
             if self.first_only:
                 return True
             self.incumbents.add(seconds)
-
             if self.simpler is not None and fits_with_margin(job, peak, self.spec.headroom):
                 self.simpler.add(layout_complexity(job.layout, self.case.training.global_batch_size), seconds)
         return False
+
+
+def _without_recompute(layout: Layout) -> Layout:
+    """``layout`` with no activation recomputation: the plainer twin the robust pick weighs."""
+    return layout.with_changes(recompute="none", recompute_num_layers=None, recompute_modules=None)

@@ -4,11 +4,11 @@ both import."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from cost_models.activations import head_activation_bytes, loss_gradient_bytes
 from cost_models.memory import host_bytes, peak_stage_memory
 from cost_models.memory import usable_bytes as allocator_usable_bytes
-from typing import Callable
-
 from cost_models.specs import ClusterSpec, Job, Layout, ModelSpec, Overheads, TrainingSpec
 
 from .bands import fit_limit as band_fit_limit
@@ -52,7 +52,7 @@ def fit_tier(job: Job, peak: float, headroom: float) -> int:
     return 1 if peak <= usable_bytes(job, headroom) else 2
 
 
-def fits_within_tier(tier: int) -> "Callable[[Job, float], tuple[bool, float]]":
+def fits_within_tier(tier: int) -> Callable[[Job, float], tuple[bool, float]]:
     """:func:`fits`, holding a layout to :func:`fit_tier` ``tier`` or better: the robust pick's safer
     layouts."""
     def fit(job: Job, headroom: float) -> tuple[bool, float]:

@@ -52,6 +52,12 @@ ZERO_KEYS = (
     "zero_quantized_nontrainable_weights", "zero_quantized_weights")
 
 
+# Where a ds_config states each layout field a refusal may name (the Megatron emitter's FLAG_OF_FIELD's twin).
+KEY_OF_FIELD = {"zero_stage": "zero_optimization.stage", "micro_batch_size": "train_micro_batch_size_per_gpu",
+                "offload_optimizer": "zero_optimization.offload_optimizer",
+                "offload_params": "zero_optimization.offload_param"}
+
+
 def misspelled_keys(path: Union[str, Path]) -> list[str]:
     """Notes on the top-level keys of a ds_config a letter or two from DeepSpeed's own, which DeepSpeed
     (and so this reading) ignores: ``trian_micro_batch_size_per_gpu`` leaves the micro-batch derived.

@@ -93,6 +93,7 @@ FLAG_OF_FIELD = {
     "stage_layers": "--decoder-first-pipeline-num-layers", "chunk_layers": "--pipeline-model-parallel-layout",
     "global_batch_size": "--global-batch-size",
     "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
+    "offload_activations": "--cpu-offloading-num-layers", "offload_optimizer": "--optimizer-cpu-offload",
 }
 
 
