@@ -232,9 +232,16 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
     per_node = case.cluster.gpu.gpus_per_node
     nodes = math.ceil(case.cluster.num_gpus / per_node)
     gpus_that_fit = None
+    # A cluster short of a whole node: the GPUs up to the node's, one more at a time, first (the
+    # doubling below starts at two whole nodes and would skip the one).
+    if case.cluster.num_gpus % per_node:
+        for gpus in range(case.cluster.num_gpus + 1, min(nodes * per_node, MAX_GPUS) + 1):
+            if _some_layout_fits(replace(case, cluster=ClusterSpec(case.cluster.gpu, gpus)), spec):
+                gpus_that_fit = gpus
+                break
     # Double the nodes until a layout fits, then bisect back to the fewest nodes that fit.
     high = nodes
-    while high <= 64 * nodes and high * per_node <= MAX_GPUS:
+    while gpus_that_fit is None and high <= 64 * nodes and high * per_node <= MAX_GPUS:
         high *= 2
         if _some_layout_fits(replace(case, cluster=ClusterSpec(case.cluster.gpu, high * per_node)), spec):
             low = high // 2

@@ -161,6 +161,16 @@ def test_nothing_fits_is_an_answer_with_the_overflowing_term_and_what_would_fit(
                                  cluster={"num_gpus": advice.gpus_that_fit - 8})).best
 
 
+def test_what_would_fit_counts_gpus_within_the_first_node():
+    # Llama 2 70B's 16 bytes a parameter need more than one H100's 80 GB even offloaded: the advice
+    # is the fewest GPUs that fit, here within the node (it said 16, two whole nodes, skipping one).
+    lone = planner.plan(case(model={"preset": "llama2-70b"}, cluster={"num_gpus": 1}))
+    fewest = lone.no_fit.gpus_that_fit
+    assert fewest is not None and 1 < fewest <= 8
+    assert planner.plan(case(model={"preset": "llama2-70b"}, cluster={"num_gpus": fewest})).best
+    assert not planner.plan(case(model={"preset": "llama2-70b"}, cluster={"num_gpus": fewest - 1})).best
+
+
 def test_cli_plan_json_and_exit_codes(tmp_path):
     import yaml
     good = tmp_path / "good.yaml"
