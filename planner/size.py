@@ -302,6 +302,8 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
     from .plan import check_ignored_layout
 
     target = size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top_k)
+    if not callable(progress):
+        raise CaseError("size", "progress", f"expected a function of (sizes done, sizes in all), got {one_line(repr(progress), 60)}")
     check_ignored_layout(case, "size")  # a malformed layout section is the case's error, as under plan
     loaded, options = load_sizing_case(case)
     result = size_case(loaded, options, target, progress)

@@ -632,3 +632,9 @@ def test_a_gpu_type_that_leaves_no_memory_is_named_where_the_case_gives_it(tmp_p
                                     "training": {"global_batch_size": 64, "seq_len": 4096}}))
     done = run_cli("size", str(path), "--tokens", "1T")
     assert done.returncode == 2 and f": cluster.options[{index}].memory: leaves the allocator no memory" in done.stderr
+
+
+def test_a_progress_that_cannot_be_called_is_refused_by_name():
+    # It raised a bare TypeError ('int' object is not callable) at the first cluster size searched.
+    with pytest.raises(planner.CaseError, match=r"^size: progress: expected a function"):
+        planner.size(TINY, "1T", max_gpus=8, progress=3)
