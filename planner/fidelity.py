@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Optional
 from .errors import CaseError, one_line
 from .published_runs import (case_of, load_rows, measured_tokens_per_s, published_memory_stage, row_key, row_name,
                              row_problem, source_of)
+from .team_runs import impossible_measurement
 
 TUNED = ("Megatron-Bridge", "NVIDIA-NeMo/Megatron-Bridge", "torchtitan", "MLPerf", "NVIDIA/NeMo")
 MIN_SWEEP = 5
@@ -177,6 +178,12 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
             continue
         tokens = case["training"]["global_batch_size"] * case["training"]["seq_len"]
         stage = published_memory_stage(r)
+        # A measurement no run could make (faster than the GPU's peak) skips its row, named: scored, it
+        # set its job's best and dropped the job's good runs as below half of it.
+        problem = impossible_measurement(est.job, measured, mem, stage)
+        if problem:
+            out.malformed.append((row_name(rows, index), f"{problem[0]}: {problem[1]}"))
+            continue
         peak = est.peak if stage is None else est.stages[stage]
         out.rows.append(Row(r, case, tokens / est.step_time_s, measured, est.fits, peak.total / 2**30, mem,
                             est.memory_verdict))

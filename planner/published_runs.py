@@ -19,7 +19,7 @@ from cost_models.flops import model_flops_per_token
 from cost_models.specs import RECOMPUTE_MODULES, ModelSpec
 
 from .errors import CaseError, one_line
-from .limits import MIN_FIGURE
+from .limits import MAX_GPUS, MAX_LAYERS, MIN_FIGURE
 
 DATA = Path(__file__).parent / "published"
 DEFAULT_FILES = tuple(DATA / name for name in ("published_runs.yaml", "published_runs_2.yaml",
@@ -285,6 +285,11 @@ def engine(row: dict) -> str:
 ROW_COUNTS = {"": ("num_gpus",), "model": ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"),
               "parallel": ("dp", "tp", "pp", "vpp", "cp", "ep", "etp"),
               "batch": ("global_batch_size", "micro_batch_size", "grad_accum")}
+# The most each count may be, as a case's own keys are bounded (planner/limits.py): a pp of 2^70 was
+# "Python int too large to convert to C ssize_t", with no key named.
+# The rest the case built from the row bounds, naming the row's key.
+ROW_COUNT_BOUNDS = {"dp": MAX_GPUS, "tp": MAX_GPUS, "pp": MAX_GPUS, "vpp": MAX_LAYERS, "cp": MAX_GPUS, "ep": MAX_GPUS,
+                    "etp": MAX_GPUS}
 # What a row measured and the planner scores against: finite, at least MIN_FIGURE (1e-300 TFLOP/s
 # gave a headline error of 1.5e302) and below what no training run measures (a GPU's 10^5
 # TFLOP/s, 10^5 GB, a step of 10^7 s).
@@ -333,8 +338,12 @@ def row_problem(row: dict) -> Optional[tuple[str, str]]:
             value = fields.get(key)
             if value is None:  # not published: the row is skipped as such, or the case goes without it
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                return name, f"expected a whole number from 1, got {_quoted(value)}"
+            most = ROW_COUNT_BOUNDS.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (most and value > most):
+                return name, f"expected a whole number from 1{f' to {most:,}' if most else ''}, got {_quoted(value)}"
+    stage = row["parallel"].get("zero_stage")
+    if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= 3):
+        return "parallel.zero_stage", f"expected 0, 1, 2 or 3, got {_quoted(stage)}"  # 1.5 and true were 1
     sp = row["parallel"].get("sp")
     if sp is not None and not isinstance(sp, bool):  # "yes please" was read as true
         return "parallel.sp", f"expected true or false, got {_quoted(sp)}"

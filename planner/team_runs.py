@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from cost_models.flops import model_flops_per_token
+from cost_models.memory import stage_memories
 from cost_models.parameters import total_parameters
+from cost_models.specs import Job
 
 from .case import build_case, load_case, read_case, spec_errors
 from .errors import CaseError, one_line
@@ -48,7 +50,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
             raise CaseError(source, f"[{index}]", "expected a run (a mapping in the published-runs schema)")
         name = one_line(row.get("id") or f"[{index}]", 80)
         row = _team_fields(source, name, row)
-        problem = row_problem(row)
+        problem = row_problem(row) or _missing(row)
         if problem:
             raise CaseError(source, f"{name}.{problem[0]}", problem[1])
         try:
@@ -89,6 +91,24 @@ def _team_fields(source: str, name: str, row: dict) -> dict:
         raise CaseError(source, f"{name}.num_gpus", f"expected the run's number of GPUs: a whole number from 1, "
                                                     f"got {one_line(repr(gpus), 60)}")
     return row if row.get("source") else {**row, "source": source}
+
+
+# What a team's run must state for its case to be built: a published table may leave some out (the
+# row is then skipped as not fully published), a team's own run has them all. Without them the
+# refusal named no key ("unsupported operand type(s) for *: 'NoneType' and 'int'").
+REQUIRED = {"model": ("layers", "hidden", "heads", "vocab", "seq_len"), "batch": ("global_batch_size",)}
+
+
+def _missing(row: dict) -> Optional[tuple[str, str]]:
+    """(the dotted key, what was expected) of the first field a team's run must state and does not."""
+    if not isinstance(row.get("framework"), str) or not row["framework"].strip():
+        return "framework", "expected the framework that ran it (Megatron-Core, DeepSpeed, torchtitan, nanotron, " \
+                            f"PyTorch FSDP …), got {one_line(repr(row.get('framework')), 60)}"
+    for section, keys in REQUIRED.items():
+        for key in keys:
+            if row[section].get(key) is None:
+                return f"{section}.{key}", "expected a whole number from 1, got None"
+    return None
 
 
 def _check_recompute(source: str, name: str, stated: Any) -> None:
@@ -219,19 +239,39 @@ def check_run(run: Run, source: str) -> None:
     except CaseError as error:  # the case made from the run: named as the run's file and key
         key = f"{run.id}.{row_key(error.key)}" if error.key else run.id
         raise CaseError(source, key, error.expected) from None
-    if run.tokens_per_s is not None:
-        if not (math.isfinite(run.tokens_per_s) and run.tokens_per_s > 0):
-            raise CaseError(source, f"{run.id}.measured", f"expected a positive throughput, got {run.tokens_per_s!r}")
-        per_gpu = model_flops_per_token(job.model, job.training.seq_len) * run.tokens_per_s / job.cluster.num_gpus
+    if run.tokens_per_s is not None and not (math.isfinite(run.tokens_per_s) and run.tokens_per_s > 0):
+        raise CaseError(source, f"{run.id}.measured", f"expected a positive throughput, got {run.tokens_per_s!r}")
+    problem = impossible_measurement(job, run.tokens_per_s, run.peak_gib, run.memory_stage)
+    if problem:
+        raise CaseError(source, f"{run.id}.{problem[0]}", problem[1])
+
+
+def impossible_measurement(job: Job, tokens_per_s: Optional[float], peak_gib: Optional[float],
+                           stage: Optional[int] = None) -> Optional[tuple[str, str]]:
+    """(the key, why) of a measurement no run of ``job`` could have made, else None: faster than the
+    GPU's dense peak at the model's own FLOPs; a peak above the GPU's memory, or under half of what the
+    weights alone take on a GPU of the layout (of ``stage``, else of the stage holding the fewest:
+    a 1 MB peak for an 8B model was fitted, moving the fragmentation)."""
+    if tokens_per_s is not None:
+        per_gpu = model_flops_per_token(job.model, job.training.seq_len) * tokens_per_s / job.cluster.num_gpus
         peak = job.cluster.gpu.peak(job.training.precision)
         if per_gpu > peak:
-            raise CaseError(source, f"{run.id}.measured",
-                            f"{per_gpu / 1e12:,.0f} model TFLOP/s per GPU is above the {job.cluster.gpu.name}'s "
-                            f"{job.training.precision} peak of {peak / 1e12:,.0f}: the measurement or the run's "
-                            "layout is wrong")
-    if run.peak_gib is not None and run.peak_gib * 2**30 > job.cluster.gpu.memory_bytes:
-        raise CaseError(source, f"{run.id}.measured.memory_gb_per_gpu",
-                        f"{run.peak_gib:g} GiB is above the GPU's {job.cluster.gpu.memory_bytes / 2**30:g} GiB")
+            return "measured", (f"{per_gpu / 1e12:,.0f} model TFLOP/s per GPU is above the {job.cluster.gpu.name}'s "
+                                f"{job.training.precision} peak of {peak / 1e12:,.0f}: the measurement or the run's "
+                                "layout is wrong")
+    if peak_gib is None:
+        return None
+    if peak_gib * 2**30 > job.cluster.gpu.memory_bytes:
+        return "measured.memory_gb_per_gpu", \
+            f"{peak_gib:g} GiB is above the GPU's {job.cluster.gpu.memory_bytes / 2**30:g} GiB"
+    states = stage_memories(job, activations=False)
+    weights = (states[stage] if stage is not None and stage < len(states)
+               else min(states, key=lambda s: s.parameters)).parameters / 2**30
+    if peak_gib < weights / 2:
+        return "measured.memory_gb_per_gpu", (f"{peak_gib:g} GiB is under half the {weights:.3g} GiB the weights "
+                                              "alone take on a GPU of this layout: the measurement or the run's "
+                                              "layout is wrong")
+    return None
 
 
 # --- runs from training logs ------------------------------------------------------------------

@@ -140,6 +140,13 @@ def published_row(**changes) -> dict:
     return row
 
 
+def test_a_peak_under_what_the_weights_alone_take_is_refused():
+    # 1 MB for an 8B model at ZeRO-1 on 8 GPUs, whose bf16 weights are 8.03e9 × 2 B = 15 GiB a GPU:
+    # it was fitted, moving the allocator's fragmentation.
+    with pytest.raises(CaseError, match=r"team-run-1\.measured\.memory_gb_per_gpu: 0\.001 GiB is under half the 15 GiB"):
+        runs_from_rows([published_row(measured__memory_gb_per_gpu=0.001)], "runs.yaml")
+
+
 def test_a_run_faster_than_its_gpu_can_be_is_refused():
     # 128 × 4096 tokens of an 8B model in 0.05 s on 8 H100s: 80,000 TFLOP/s a GPU.
     with pytest.raises(CaseError, match=r"team-run-1\.measured: .* is above the h100-sxm-80gb's bf16 peak of 989"):
@@ -157,6 +164,16 @@ def test_a_run_faster_than_its_gpu_can_be_is_refused():
     ({"num_gpus": "lots"}, "num_gpus", "a whole number from 1"),  # "unsupported operand ... //"
     ({"parallel__tp": 0}, "parallel.tp", "got 0"),  # "integer division or modulo by zero"
     ({"parallel__sp": "yes please"}, "parallel.sp", "expected true or false"),  # read as true
+    # each was "a field has the wrong type or is missing (<Python's error>)", naming no key
+    ({"batch__global_batch_size": None}, "batch.global_batch_size", "expected a whole number from 1, got None"),
+    ({"model__layers": None}, "model.layers", "got None"),
+    ({"model__vocab": None}, "model.vocab", "got None"),  # "model not fully published"
+    ({"framework": None}, "framework", "expected the framework that ran it"),
+    ({"parallel__zero_stage": "x"}, "parallel.zero_stage", "expected 0, 1, 2 or 3, got 'x'"),
+    ({"parallel__pp": 2**70}, "parallel.pp", "from 1 to 1,048,576"),  # "Python int too large to convert"
+    # read as ZeRO-1 and fitted
+    ({"parallel__zero_stage": 1.5}, "parallel.zero_stage", "got 1.5"),
+    ({"parallel__zero_stage": True}, "parallel.zero_stage", "got True"),
 ])
 def test_a_run_with_a_field_that_is_no_number_is_refused_naming_it(changes, key, needle):
     with pytest.raises(CaseError, match=rf"runs.yaml: team-run-1\.{re.escape(key)}: .*{re.escape(needle)}"):
@@ -572,3 +589,17 @@ def test_a_gated_gelu_mlp_is_priced_with_its_three_matrices():
     have learned its GEMM efficiency from MLP FLOPs a third too low."""
     run, = runs_from_rows([published_row(model__ffn_act="geglu")], "runs.yaml")
     assert run.case["model"]["activation"] == "swiglu"
+
+
+def test_validate_published_skips_a_run_faster_than_its_gpu_naming_it():
+    """Scored, a run at 6,324 TFLOP/s a GPU set its job's best, and the job's good runs were dropped as
+    measured below half of it: few-shot then had nothing to fit. It is skipped, named, as calibrate
+    refuses it."""
+    from planner.fidelity import evaluate
+    rows = [published_row(id="impossible", measured__iteration_time_s=0.5),
+            published_row(id="sane", parallel__tp=2, parallel__dp=4)]
+    result = evaluate(rows, experts=False)
+    assert [r.row["id"] for r in result.rows] == ["sane"]
+    assert len(result.malformed) == 1 and result.malformed[0][0].startswith("impossible")
+    assert "6,324 model TFLOP/s per GPU is above the h100-sxm-80gb's bf16 peak of 989" in result.malformed[0][1]
+    assert not result.skipped  # the sane run is scored, not dropped as below half the impossible one
