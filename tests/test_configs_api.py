@@ -40,6 +40,24 @@ def test_a_layout_timed_for_one_engine_is_not_written_for_another(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_layout_timed_as_plain_pytorch_is_written_with_the_engines_own_figures(tmp_path):
+    """The example's selective recomputation, priced as plain PyTorch's (engine any), is no module
+    Megatron-LM recomputes: the files carried no recompute flag under the plain figures (49.9 s,
+    33.9 GB) and ran otherwise. Their header now quotes the layout as Megatron-LM runs it, the
+    figures `diagnose` reads back from them."""
+    plain = planner.estimate("examples/llama3-70b-h100.yaml")
+    assert plain.job.training.engine.name == "any"
+    planner.emit(plain, "megatron", tmp_path)
+    import yaml
+    case = yaml.safe_load(open("examples/llama3-70b-h100.yaml"))
+    case["training"]["engine"] = "megatron"
+    megatron = planner.estimate(case)
+    assert abs(megatron.step_time_s / plain.step_time_s - 1) > 0.1  # the two engines' figures differ
+    header = (tmp_path / "megatron_args.txt").read_text()
+    assert f"predicted step time {megatron.step_time_s:.3f} s" in header
+    assert f"predicted peak memory {megatron.peak.total / 1e9:.1f} GB" in header
+
+
 def test_existing_files_are_kept_unless_forced(tmp_path):
     est = planner.estimate({**CASE, "layout": {"dp": 16, "micro_batch_size": 2}})
     (tmp_path / "megatron_args.txt").write_text("mine\n")
@@ -51,10 +69,11 @@ def test_existing_files_are_kept_unless_forced(tmp_path):
 
 
 def test_a_layout_that_does_not_fit_is_not_written_unless_asked_and_then_says_so(tmp_path):
-    """169 GB a GPU on 80 GB H100s: an orchestration tool would launch a job that dies at its first step."""
+    """169 GB a GPU on 80 GB H100s as plain PyTorch runs it, 148 GB as Megatron-LM does (the figure its
+    files are written with): an orchestration tool would launch a job that dies at its first step."""
     est = planner.estimate({**CASE, "layout": {"dp": 16, "micro_batch_size": 2}})
     assert not est.fits
-    with pytest.raises(CaseError, match=r"emit: result: the layout does not fit: its peak is 169.2 GB of 84.0 GB "
+    with pytest.raises(CaseError, match=r"emit: result: the layout does not fit: its peak is 148.2 GB of 84.0 GB "
                                         r"usable, optimizer_states the largest term .*force_unfit=True"):
         planner.emit(est, "megatron", tmp_path / "out")
     assert not (tmp_path / "out").exists()
