@@ -18,8 +18,8 @@ from typing import Optional
 
 import typer
 
-from .errors import (CaseError, Interrupted, forget_interrupts, ignore_interrupts, interrupt, interrupted_exit_code,
-                     one_line, raise_if_interrupted)
+from .errors import (CaseError, Interrupted, forget_interrupts, ignore_interrupts, interrupt, interrupt_received,
+                     interrupted_exit_code, one_line, raise_if_interrupted)
 from .estimate import estimate
 
 EXIT_BAD_INPUT = 2
@@ -47,6 +47,9 @@ def _root(show_version: bool = typer.Option(False, "--version", callback=_versio
 
 
 def _fail(error: Exception) -> None:
+    # An interrupt swallowed on the way to this error (matplotlib's extension interrupted while it
+    # loads raises ImportError: "--plot needs matplotlib", exit 2) is what ended the command.
+    raise_if_interrupted()
     print(f"error: {error}", file=sys.stderr)
     raise typer.Exit(EXIT_BAD_INPUT)
 
@@ -547,6 +550,16 @@ def main() -> None:
     if closed and code in (0, EXIT_DOES_NOT_FIT):  # an answer was due, and went nowhere
         print("error: stdout: closed; the answer could not be written", file=sys.stderr)
         code = EXIT_OUTPUT_FAILED
+    if code == interrupted_exit_code() and interrupt_received():
+        # Ended by a signal, its clean-up done on the way out: no interpreter shutdown, which an
+        # extension module interrupted while it loaded (matplotlib's ft2font) aborts with "Fatal
+        # Python error: PyThreadState_Get" and exit -6.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
     sys.exit(code)
 
 

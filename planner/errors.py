@@ -58,6 +58,11 @@ def raise_if_interrupted() -> None:
         raise Interrupted(_RECEIVED[0])
 
 
+def interrupt_received() -> bool:
+    """Whether :func:`interrupt` recorded a signal in this command."""
+    return bool(_RECEIVED)
+
+
 def interrupted_exit_code() -> int:
     """The exit code of a command ended by a signal, as a shell reports one: 128 + its number, 130
     for Ctrl-C (SIGINT, also where Python raised KeyboardInterrupt itself), 143 for SIGTERM."""

@@ -133,6 +133,32 @@ def test_a_signal_after_the_files_are_written_lets_the_command_finish(tmp_path, 
     assert "handlers True True" in done.stdout  # and so through the shutdown
 
 
+SWALLOWED_BY_AN_IMPORT = """
+import os, signal, sys
+import planner.plots, planner.cli
+from planner.errors import CaseError
+def interrupted_while_matplotlib_loads(plan, path):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, inside the extension's loading
+    except BaseException:
+        pass  # which turns it into an ImportError, and that into --plot's error
+    raise CaseError(str(path), "--plot", "needs matplotlib: pip install 'layout-planner[plot]'")
+planner.plots.render_plots = interrupted_while_matplotlib_loads
+sys.argv = ["layout-planner", "plan", {case!r}, "--top", "0", "--plot", {plot!r}]
+planner.cli.main()
+"""
+
+
+def test_an_interrupt_an_import_turns_into_an_error_is_still_the_interrupt(tmp_path):
+    """SIGTERM while `plan --plot` loaded matplotlib: exit 2, "--plot: needs matplotlib", or the
+    interpreter's shutdown aborting on the half-loaded extension (exit -6). It is the interrupt."""
+    plot = tmp_path / "p.png"
+    done = subprocess.run([sys.executable, "-c", SWALLOWED_BY_AN_IMPORT.format(case=str(EXAMPLE), plot=str(plot))],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 143 and done.stderr == "error: interrupted\n", done.stderr
+    assert not plot.exists()
+
+
 def test_the_solver_leaves_ctrl_c_to_python():
     """CP-SAT catches SIGINT by default and ends its search as if out of time; the plan would
     then go on and write its files. Solving in a loop, a Ctrl-C must stop the loop."""
