@@ -15,6 +15,7 @@ import fcntl
 import os
 import shutil
 import signal
+import stat
 import tempfile
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -43,6 +44,19 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
+def _refuse_special(out: Output) -> None:
+    """A target that is a device, a pipe or a socket (or a link to one) is no file to replace:
+    `--write-bands /dev/full`, run as root, replaced the device with a regular file."""
+    try:
+        mode = os.stat(out.path).st_mode
+    except OSError:
+        return  # nothing there (or a link to nowhere): a file is made
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        kind = "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
+            "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        raise CaseError(str(out.path), out.option, f"is {kind}, not a file; expected a file name")
+
+
 def check_writable(outputs: list[Output], force: bool) -> None:
     """Refuse, before any work, a target that exists (without ``force``) or whose folder
     cannot be created or written (a probe file is made and removed: permission bits alone
@@ -55,6 +69,7 @@ def check_writable(outputs: list[Output], force: bool) -> None:
             raise CaseError(str(out.path), out.option, f"cannot be written ({error.strerror or error})") from None
         if is_dir:
             raise CaseError(str(out.path), out.option, "is a folder; expected a file name")
+        _refuse_special(out)
         # A link to nowhere exists too: writing would replace the link the user made.
         if os.path.lexists(out.path) and not force:
             raise CaseError(str(out.path), out.option, "exists; pass --force to overwrite")
@@ -139,6 +154,7 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
             for out in outputs:
                 if out.path.is_dir():
                     raise CaseError(str(out.path), out.option, "is a folder; expected a file name")
+                _refuse_special(out)
                 folder = Path(os.path.abspath(out.path.parent))
                 _make_folder(folder, created)
                 if folder not in stages:

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -707,3 +708,18 @@ def test_a_degree_that_does_not_divide_the_gpus_is_the_key_named():
     case = {**copy.deepcopy(CASE), "layout": {"cp": 4096}}
     with pytest.raises(CaseError, match=r"layout\.cp: tp·pp·cp = 1·1·4096 = 4096 must divide the cluster's 8 GPUs"):
         planner.estimate(case)
+
+
+def test_an_output_that_is_a_pipe_or_device_is_refused_and_kept(tmp_path):
+    """--write-bands (which replaces its file) made a FIFO, and as root /dev/full, a regular file;
+    --force replaced them for calibrate --out and plan --plot too."""
+    fifo = tmp_path / "bands.yaml"
+    os.mkfifo(fifo)
+    runs = write(tmp_path / "runs.yaml", yaml.safe_dump(yaml.safe_load(open("planner/published/published_runs.yaml"))[:6]))
+    one_line_error(cli("validate-published", str(runs), "--no-experts", "--write-bands", str(fifo)),
+                   f"{fifo}: --write-bands: is a pipe, not a file")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    plot = tmp_path / "p.png"
+    os.mkfifo(plot)
+    one_line_error(cli("plan", "examples/llama3-70b-h100.yaml", "--plot", str(plot), "--force"), "is a pipe")
+    assert stat.S_ISFIFO(os.lstat(plot).st_mode)
