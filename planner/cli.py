@@ -21,6 +21,7 @@ import typer
 from .errors import (CaseError, Interrupted, forget_interrupts, ignore_interrupts, interrupt, interrupt_received,
                      interrupted_exit_code, one_line, raise_if_interrupted)
 from .estimate import estimate
+from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS
 
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
@@ -232,12 +233,12 @@ def size_command(
 def diagnose_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster and training."),
     config: Optional[Path] = typer.Option(None, "--config", help="A DeepSpeed ds_config.json."),
-    pp: Optional[int] = typer.Option(None, "--pp", min=1,
+    pp: Optional[int] = typer.Option(None, "--pp", min=1, max=MAX_GPUS,
                                      help="Pipeline stages of the DeepSpeed run (ds_config has none; default 1)."),
-    tp: Optional[int] = typer.Option(None, "--tp", min=1,
+    tp: Optional[int] = typer.Option(None, "--tp", min=1, max=MAX_GPUS,
                                      help="Tensor parallelism of a DeepSpeed pipeline whose model splits its own "
                                           "layers (Megatron-DeepSpeed); without a pipeline, ds_config's autotp_size."),
-    ep: Optional[int] = typer.Option(None, "--ep", min=1,
+    ep: Optional[int] = typer.Option(None, "--ep", min=1, max=MAX_GPUS,
                                      help="Expert parallelism of a DeepSpeed-MoE run (the model code's ep_size, "
                                           "which ds_config does not state; default: the case's layout, else 1)."),
     stage_layers: Optional[str] = typer.Option(None, "--stage-layers",
@@ -245,7 +246,7 @@ def diagnose_command(
                                                     "(its PipelineModule's split, which ds_config does not state)."),
     megatron_args: Optional[Path] = typer.Option(None, "--megatron-args",
                                                  help="A Megatron-LM argument list or launch script."),
-    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", min=1,
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", min=1, max=MAX_GLOBAL_BATCH,
                                                    help="The Hugging Face Trainer's per_device_train_batch_size, "
                                                         "for a ds_config whose micro-batch is \"auto\"."),
     recompute: Optional[str] = typer.Option(None, "--recompute",
@@ -277,9 +278,11 @@ def diagnose_command(
 def _stage_layers(text: str) -> tuple[int, ...]:
     """``--stage-layers 4,4,4,1`` as layer counts."""
     words = [w.strip() for w in text.split(",")]
-    if not words or not all(w.isdigit() for w in words) or len(words) > 10_000:
-        raise CaseError("--stage-layers", "", f"expected layer counts separated by commas (4,4,4,1), got "
-                                              f"{one_line(text, 60)!r}")
+    # Each count no more than a model's layers: a 5,000-digit one was int()'s traceback.
+    if not words or not all(w.isdigit() and len(w) <= len(str(MAX_LAYERS)) and int(w) <= MAX_LAYERS for w in words) \
+            or len(words) > 10_000:
+        raise CaseError("--stage-layers", "", f"expected layer counts from 0 to {MAX_LAYERS} separated by commas "
+                                              f"(4,4,4,1), got {one_line(text, 60)!r}")
     return tuple(int(w) for w in words)
 
 

@@ -723,3 +723,19 @@ def test_an_output_that_is_a_pipe_or_device_is_refused_and_kept(tmp_path):
     os.mkfifo(plot)
     one_line_error(cli("plan", "examples/llama3-70b-h100.yaml", "--plot", str(plot), "--force"), "is a pipe")
     assert stat.S_ISFIFO(os.lstat(plot).st_mode)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--pp", "2", "--stage-layers", "9" * 5000 + ",1"], "--stage-layers: expected layer counts from 0 to 1024"),
+    (["--tp", "9" * 23], "'--tp': 99999999999999999999999 is not in the range 1<=x<=1048576"),
+    (["--pp", "9" * 23], "'--pp'"),
+])
+def test_diagnose_bounds_its_numeric_flags_naming_them(tmp_path, flags, needle):
+    """A 5,000-digit --stage-layers entry was int()'s traceback; a 23-digit --tp was refused as
+    "read_config: tp", an internal function's name."""
+    case = write(tmp_path / "case.yaml", "model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 8}\n"
+                                         "training: {global_batch_size: 64, seq_len: 4096, engine: deepspeed}\n")
+    config = write(tmp_path / "ds.json", json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+                                                     "gradient_accumulation_steps": 8, "bf16": {"enabled": True},
+                                                     "zero_optimization": {"stage": 3}}))
+    one_line_error(cli("diagnose", str(case), "--config", str(config), *flags), needle)
