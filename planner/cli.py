@@ -207,9 +207,8 @@ def size_command(
                            "max_nodes": "--max-nodes", "gpu_hour_cost": "--gpu-hour-cost", "top_k": "--top"})
         from .plan import check_ignored_layout
 
+        # Said once the case is read whole: a case refused later is one line, the refusal.
         ignored = check_ignored_layout(case, "size")
-        if ignored:
-            print(f"note: {one_line(ignored, 1000)}", file=sys.stderr)
         from .progress import terminal_progress
 
         with terminal_progress("sizing: cluster sizes searched") as progress:
@@ -217,7 +216,7 @@ def size_command(
                           gpu_hour_cost=gpu_hour_cost, top_k=top, progress=progress)
     except CaseError as error:
         _fail(error)
-    for note in result.notes:
+    for note in ((ignored,) if ignored else ()) + result.notes:
         print(f"note: {one_line(note, 1000)}", file=sys.stderr)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))

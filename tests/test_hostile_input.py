@@ -739,3 +739,10 @@ def test_diagnose_bounds_its_numeric_flags_naming_them(tmp_path, flags, needle):
                                                      "gradient_accumulation_steps": 8, "bf16": {"enabled": True},
                                                      "zero_optimization": {"stage": 3}}))
     one_line_error(cli("diagnose", str(case), "--config", str(config), *flags), needle)
+
+
+def test_size_refusing_a_case_with_a_layout_section_says_one_line(tmp_path):
+    """The note that size ignores the layout section came first, then the refusal: two lines."""
+    case = write(tmp_path / "case.yaml", "model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
+                                         "training: {global_batch_size: 64, seq_len: 4096}\nlayout: {tp: 8}\nbogus: 1\n")
+    one_line_error(cli("size", str(case), "--tokens", "1T"), "bogus: unknown key")
