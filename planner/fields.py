@@ -134,6 +134,8 @@ def read_file_path(src: str, key: str, value: Any, base: Path, inside: str = "")
             return path / inside
         raise CaseError(src, key, f"expected a file, got the directory {one_line(str(path), 200)}"
                                   + (f" (with no {inside} in it)" if inside else ""))
+    if not os.path.lexists(path):  # said of the case and its key, as the directory is (it named the path alone)
+        raise CaseError(src, key, f"file not found: {one_line(str(path), 200)}")
     return path
 
 

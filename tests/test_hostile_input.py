@@ -746,3 +746,14 @@ def test_size_refusing_a_case_with_a_layout_section_says_one_line(tmp_path):
     case = write(tmp_path / "case.yaml", "model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
                                          "training: {global_batch_size: 64, seq_len: 4096}\nlayout: {tp: 8}\nbogus: 1\n")
     one_line_error(cli("size", str(case), "--tokens", "1T"), "bogus: unknown key")
+
+
+@pytest.mark.parametrize("model, cluster, key", [
+    ("{preset: llama3-70b}", "{profile: nope.yaml, num_gpus: 8}", "cluster.profile"),
+    ("{hf_config: nope.json}", "{gpu: h100-sxm-80gb, num_gpus: 8}", "model.hf_config"),
+])
+def test_a_file_the_case_names_that_is_not_there_is_named_by_the_case_and_key(tmp_path, model, cluster, key):
+    """It was "<the missing path>: file not found", naming neither the case nor the key."""
+    case = write(tmp_path / "case.yaml", f"model: {model}\ncluster: {cluster}\n"
+                                         "training: {global_batch_size: 64, seq_len: 4096}\n")
+    one_line_error(cli("plan", str(case)), f"{case}: {key}: file not found: {tmp_path}/nope.")
