@@ -33,7 +33,10 @@ def diagnosed(tmp_path, args_text: str, case: str = LLAMA_70B_ON_64):
 
 @pytest.mark.parametrize("typo, meant", [("--tensor-model-paralel-size", "--tensor-model-parallel-size"),
                                          ("--pipline-model-parallel-size", "--pipeline-model-parallel-size"),
-                                         ("--micro-batch-szie", "--micro-batch-size")])
+                                         ("--micro-batch-szie", "--micro-batch-size"),
+                                         # an abbreviation, which the parser refuses (allow_abbrev=False):
+                                         # read as no flag, the run was diagnosed at tp 1
+                                         ("--tensor-model-parallel", "--tensor-model-parallel-size")])
 
 def test_a_misspelt_flag_is_refused_naming_the_one_meant(tmp_path, typo, meant):
     (tmp_path / "case.yaml").write_text(CASE)

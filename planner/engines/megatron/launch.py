@@ -164,13 +164,16 @@ def _check_not_a_misspelling(src: str, flag: str, known: set[str]) -> None:
     ``allow_abbrev=False``, ``megatron/training/arguments.py``) refuses a flag it does not define, so
     the run would not start, and read without it the layout would be another (a missing tensor
     parallelism read as 1). Other unknown flags are Megatron-LM's many that do not shape the layout.
-    A known flag's extension is no misspelling (``--tp-comm-overlap-ag`` beside ``--tp-comm-overlap``):
+    A known flag's extension is no misspelling (``--tp-comm-overlap-ag`` beside ``--tp-comm-overlap``), but
+    its abbreviation is (``--tensor-model-parallel``):
     none of the 396 flags ``arguments.py`` defines (Megatron-LM d98e8a64dd) is refused, nor any of
     megatron-core's config fields, from which it makes the rest (tests/test_megatron_flags.py)."""
     close = difflib.get_close_matches(flag, known, n=1, cutoff=0.9)
-    if close and not (flag.startswith(close[0]) or close[0].startswith(flag)):
+    if close and not flag.startswith(close[0]):
+        # An abbreviation too (--tensor-model-parallel for --tensor-model-parallel-size): the parser
+        # takes none, and read as no flag the layout was another (tp 1).
         raise CaseError(src, flag, f"is no Megatron-LM argument (did you mean {close[0]}?): Megatron-LM's parser "
-                                   "refuses it, and the run would not start")
+                                   "refuses it (it takes no abbreviation), and the run would not start")
 
 
 # How launch.sh (ours, and scripts written like it) takes its arguments from a file beside it.
