@@ -757,3 +757,16 @@ def test_a_file_the_case_names_that_is_not_there_is_named_by_the_case_and_key(tm
     case = write(tmp_path / "case.yaml", f"model: {model}\ncluster: {cluster}\n"
                                          "training: {global_batch_size: 64, seq_len: 4096}\n")
     one_line_error(cli("plan", str(case)), f"{case}: {key}: file not found: {tmp_path}/nope.")
+
+
+def test_megatron_refuses_a_middle_pipeline_stage_without_layers(tmp_path):
+    """[40, 0, 0, 40] was estimated as Megatron-LM's, whose pipeline gives every model chunk but the
+    edges' a transformer layer (diagnose refuses the same layout written as its layout string)."""
+    case = write(tmp_path / "case.yaml", "model: {preset: llama3-70b}\ncluster: {gpu: h100-sxm-80gb, nodes: 16}\n"
+                                         "training: {global_batch_size: 512, seq_len: 4096, engine: megatron}\n"
+                                         "layout: {tp: 8, pp: 4, sequence_parallel: true, recompute: full, "
+                                         "stage_layers: [40, 0, 0, 40]}\n")
+    one_line_error(cli("estimate", str(case)), "layout.stage_layers: megatron cannot run it")
+    # the edges may hold none: they hold the embedding and the LM head
+    assert cli("estimate", str(write(tmp_path / "edge.yaml", case.read_text().replace("[40, 0, 0, 40]",
+                                                                                       "[0, 27, 27, 26]")))).returncode == 0

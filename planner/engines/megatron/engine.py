@@ -117,6 +117,11 @@ def rules(job: Job) -> list[tuple[str, str]]:
             and training.recipe.name not in BEHAVIOUR.quantized_param_gather_offloaded:
         out.append(("training.fp8_param_gather", "--fp8-param-gather with --optimizer-cpu-offload needs "
                                                  "--fp8-recipe delayed (Megatron-LM's arguments.py): set it false"))
+    if lay.stage_layers is not None and 0 in lay.stage_layers[1:-1]:
+        # Its pipeline layout holds a transformer layer in every model chunk but the edges' (read.py
+        # refuses the same layout written as --pipeline-model-parallel-layout).
+        out.append(("layout.stage_layers", f"Megatron-LM gives every pipeline stage but the first and last a "
+                                           f"transformer layer, got {list(lay.stage_layers)}"))
     out += _recompute_module_rules(job)
     if lay.recompute_num_layers is not None and lay.recompute_num_layers % lay.vpp:
         out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
