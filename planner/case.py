@@ -26,7 +26,8 @@ from .fields import (describe, read_bool, read_figure, read_file_path, read_int,
                      read_str, read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import read_yaml
-from .limits import MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_STRING_CHARS
+from .limits import (MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_STRING_CHARS,
+                     MAX_VOCAB)
 from .presets import closest, model_presets
 from .search_options import SearchSpec, read_module_names, read_search, training_for_target
 from .units import parse_memory
@@ -53,6 +54,10 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
 
 # Integer model fields that may be 0 (none) or null: a model without query compression, shared
 # experts, leading dense layers, multi-token prediction or a sliding window.
+# The most each model count may be (planner/limits.py); a width not named here, MAX_MODEL_WIDTH.
+MODEL_BOUNDS = {"num_layers": MAX_LAYERS, "vocab_size": MAX_VOCAB, "num_experts": MAX_EXPERTS,
+                "moe_first_dense_layers": MAX_LAYERS, "mtp_layers": MAX_LAYERS, "moe_layer_freq": MAX_LAYERS,
+                "sliding_window": MAX_SEQ_LEN, "sliding_window_full_every": MAX_LAYERS}
 OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidden_size", "moe_first_dense_layers",
                        "mtp_layers", "sliding_window", "sliding_window_full_every")
 
@@ -206,15 +211,16 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
     values: dict[str, Any] = {"name": one_line(read_str(src, "model.name", fields.get("name", "model")),
                                                 MAX_STRING_CHARS * 4)}
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
-        values[key] = read_int(src, f"model.{key}", fields[key])
+        values[key] = read_int(src, f"model.{key}", fields[key], maximum=MODEL_BOUNDS.get(key, MAX_MODEL_WIDTH))
     for key in ("num_kv_heads", "ffn_hidden_size", "head_dim", "kv_lora_rank", "qk_head_dim", "qk_rope_head_dim",
                 "v_head_dim", "moe_top_k", "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_num_groups",
                 "moe_router_group_topk"):
         if key in fields:
-            values[key] = read_int(src, f"model.{key}", fields[key])
+            values[key] = read_int(src, f"model.{key}", fields[key], maximum=MODEL_BOUNDS.get(key, MAX_MODEL_WIDTH))
     for key in OPTIONAL_COUNT_KEYS:
         if fields.get(key) is not None:
-            values[key] = read_int(src, f"model.{key}", fields[key], minimum=0)
+            values[key] = read_int(src, f"model.{key}", fields[key], minimum=0,
+                                   maximum=MODEL_BOUNDS.get(key, MAX_MODEL_WIDTH))
     for key in ("activation", "attention_type", "moe_router"):
         if key in fields:
             values[key] = read_str(src, f"model.{key}", fields[key])

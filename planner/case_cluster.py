@@ -258,6 +258,11 @@ def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:
     num_gpus = gpu_count(src, section, "cluster", gpu.gpus_per_node, ("num_gpus", "nodes"))
     if num_gpus is None:
         raise CaseError(src, "cluster.num_gpus", "missing; give num_gpus, or nodes and gpus_per_node")
+    if num_gpus > MAX_GPUS:  # 2^62 nodes were refused as the global batch's, which no dp divides
+        if "nodes" in section:
+            raise CaseError(src, "cluster.nodes", f"expected at most {MAX_GPUS // gpu.gpus_per_node} nodes of "
+                                                  f"{gpu.gpus_per_node} GPUs ({MAX_GPUS} GPUs), got {section['nodes']}")
+        raise CaseError(src, "cluster.num_gpus", f"expected at most {MAX_GPUS} GPUs, got {num_gpus}")
     if num_gpus == 1 and "profile" in section:
         # One rank has the measured machine to itself: the profile's single-rank figures.
         gpu, fabric = cluster_hardware(src, section, base, alone=True)

@@ -31,6 +31,13 @@ MAX_SEQ_LEN = 1 << 24
 # 1,000 layers); a mixture of experts of 3,000 layers kept `plan` busy for 27 s, of 10,000 for 83 s
 # (each pipeline split's chunks, up to one layer each, are priced one by one).
 MAX_LAYERS = 1024
+# A model's widths (hidden, MLP, head and latent sizes, vocabulary), heads and experts, where a case
+# reads them: 2^20 and 2^24, 40 and 60 times the widest published (PaLM's MLP, 73,728; Gemma's
+# 262,144-token vocabulary) and 2^20 experts, PEER's million (arXiv:2407.04153). A hidden size of
+# 2^62 was an estimate of 10^18 s a step, refused as the GPU's figures.
+MAX_MODEL_WIDTH = 1 << 20
+MAX_VOCAB = 1 << 24
+MAX_EXPERTS = 1 << 20
 MAX_GLOBAL_BATCH = 1 << 24
 # Tokens in one global batch (sequences × tokens each): 2^30, seventeen times DeepSeek-V3's 63 M
 # (15,360 × 4,096), the largest published; DeepSeek-V3 at 15.7 M sequences of 196,608 tokens on

@@ -141,7 +141,7 @@ def test_absurd_sizes_are_answered_quickly_or_refused_with_the_bound(tmp_path):
     huge["layout"] = {"micro_batch_size": 1}
     start = time.perf_counter()
     result = cli("estimate", str(write(tmp_path, huge)), "--json")
-    assert result.returncode in (0, 3) and json.loads(result.stdout)["memory"]["peak_bytes"] > 0
+    assert result.returncode == 2 and "cluster.num_gpus: expected at most 1048576 GPUs" in result.stderr
     del huge["layout"]
     result = cli("plan", str(write(tmp_path, huge)))
     assert result.returncode == 2 and "at most 1048576 GPUs" in result.stderr

@@ -111,10 +111,10 @@ def test_an_input_past_the_size_bound_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("change, args, key, bound", [
-    (lambda c: c["model"].update(num_layers=10**18), (), "model.num_layers", "at most 1024"),
+    (lambda c: c["model"].update(num_layers=10**18), (), "model.num_layers", "<= 1024"),
     # Mixtral with 10,000 layers on 64 GPUs kept plan busy for 83 s, with 3,000 for 27 s
     (lambda c: (c.update(model={"preset": "mixtral-8x7b", "num_layers": 3000}), c["cluster"].update(num_gpus=64)),
-     (), "model.num_layers", "at most 1024"),
+     (), "model.num_layers", "<= 1024"),
     (lambda c: c["training"].update(global_batch_size=2**40), (), "training.global_batch_size", "at most 16777216"),
     # A sequence of 2^62 tokens on 4,096 GPUs kept the search busy past 20 s.
     (lambda c: (c["training"].update(seq_len=2**62), c["cluster"].update(num_gpus=4096)), (), "training.seq_len",
@@ -770,3 +770,22 @@ def test_megatron_refuses_a_middle_pipeline_stage_without_layers(tmp_path):
     # the edges may hold none: they hold the embedding and the LM head
     assert cli("estimate", str(write(tmp_path / "edge.yaml", case.read_text().replace("[40, 0, 0, 40]",
                                                                                        "[0, 27, 27, 26]")))).returncode == 0
+
+
+@pytest.mark.parametrize("key, bound", [("num_layers", "<= 1024"), ("hidden_size", "<= 1048576"),
+                                        ("vocab_size", "<= 16777216"), ("ffn_hidden_size", "<= 1048576"),
+                                        ("num_experts", "<= 1048576")])
+def test_a_model_size_past_its_bound_is_refused_by_estimate_naming_the_key(tmp_path, key, bound):
+    """2^62 of any of these gave "cluster: the GPU's figures give steps of 2.64e+18 s", naming the
+    GPU; and num_experts had no bound (2^40 of them kept plan busy 4–10 s)."""
+    case = write(tmp_path / "case.yaml", f"model: {{preset: llama3-70b, {key}: {2**62}}}\n"
+                                         "cluster: {gpu: h100-sxm-80gb, num_gpus: 8}\n"
+                                         "training: {global_batch_size: 64, seq_len: 4096}\nlayout: {tp: 8}\n")
+    one_line_error(cli("estimate", str(case)), f"model.{key}: expected an integer {bound}")
+
+
+def test_a_cluster_past_the_bound_is_refused_naming_nodes_as_written(tmp_path):
+    """2^62 nodes were refused as training.global_batch_size, which no dp of 2^65 GPUs divides."""
+    case = write(tmp_path / "case.yaml", f"model: {{preset: llama3-70b}}\ncluster: {{gpu: h100-sxm-80gb, nodes: {2**62}}}\n"
+                                         "training: {global_batch_size: 64, seq_len: 4096}\nlayout: {tp: 8}\n")
+    one_line_error(cli("estimate", str(case)), "cluster.nodes: expected at most 131072 nodes of 8 GPUs")
