@@ -285,7 +285,7 @@ def test_an_emitted_sbatch_script_reads_back_to_the_plan(tmp_path):
     ("f() { f; }\nf\n", "line 1", "calls functions past 100 levels deep"),
     ("A=(x)\nwhile true; do A=(\"${A[@]}\" \"${A[@]}\"); done\n", "A", "expands past 1,000,000 characters"),
     ("X=" + "x" * 900_000 + "\ntorchrun pretrain_gpt.py" + " ${X^^}" * 50 + "\n", "torchrun", "expands past"),
-    ("Y=" + "a" * 100_000 + "\nZ=${Y%%*a*a*a*b}\n", "Y", "past the bound"),
+    ("Y=" + "a" * 100_000 + "\nZ=${Y%%*a*a*a*b}\n", "Y", "past the bound of 4,000,000 steps"),
     (":\n" * 600_000, "", "past the 1,000,000 a launch script is read to"),
     ("X=$((" + "(" * 5000 + "1" + ")" * 5000 + "))\n", "", "nests too deeply"),
 ])

@@ -105,13 +105,15 @@ def _glob_match(tokens: list, s: str) -> bool:
 
 def _match_bounded(tokens: list, text: str, name: str) -> bool:
     if len(text) * (len(tokens) + 1) > MAX_PATTERN_WORK:
-        raise ScriptLimit(name, f"matches a pattern against {len(text):,} characters, past the bound")
+        raise ScriptLimit(name, f"matches a pattern of {len(tokens)} parts against {len(text):,} characters, past "
+                                f"the bound of {MAX_PATTERN_WORK:,} steps (characters × parts)")
     return _glob_match(tokens, text)
 
 
 def _check_work(text: str, tokens: list, name: str) -> None:
     if len(text) ** 2 * (len(tokens) + 1) > MAX_PATTERN_WORK:
-        raise ScriptLimit(name, f"trims a pattern from {len(text):,} characters, past the bound")
+        raise ScriptLimit(name, f"trims a pattern of {len(tokens)} parts from {len(text):,} characters, past the "
+                                f"bound of {MAX_PATTERN_WORK:,} steps (characters² × parts)")
 
 
 def _trim(value: str, tokens: list, op: str, name: str) -> str:
