@@ -88,6 +88,7 @@ def chunk_layers(layers: int, vpp: int) -> tuple[int, ...]:
     return tuple(base + (i < spare) for i in range(vpp))
 
 
+@lru_cache(maxsize=4096)
 def virtual_stage_layers(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     """Layers of each of the pp·vpp virtual stages, in model order, when they cannot hold equal
     shares: ⌊L/(pp·vpp)⌋ each, and the L mod (pp·vpp) spare ones spread over the ranks as evenly
@@ -104,10 +105,11 @@ def virtual_stage_layers(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     counts = [base] * stages
     each, extra = divmod(spare, pp)
     ranks = list(range(1, pp - 1)) + [0, pp - 1] if pp > 2 else list(range(pp))
+    one_more = set(ranks[:extra])  # a set: with pp in the hundreds, a list's lookup per rank took seconds
     for rank in range(pp):
         chunks = [rank + pp * c for c in range(vpp)]
         chunks = [v for v in chunks if v not in (0, stages - 1)] + [v for v in chunks if v in (0, stages - 1)]
-        for v in chunks[:each + (rank in ranks[:extra])]:
+        for v in chunks[:each + (rank in one_more)]:
             counts[v] += 1
     return tuple(counts)
 

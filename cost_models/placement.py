@@ -9,7 +9,7 @@ from functools import lru_cache
 from typing import Optional
 
 from . import partition
-from .layout_spec import Layout, rank_chunks
+from .layout_spec import Layout
 from .model_spec import ModelSpec
 from .training_spec import TrainingSpec
 
@@ -33,7 +33,7 @@ def rank_chunk_layers(stages: tuple[int, ...], chunks: Optional[tuple[int, ...]]
                       stage: int) -> tuple[int, ...]:
     """Layers of each of pipeline rank ``stage``'s model chunks, in model order."""
     if chunks is not None:
-        return tuple(rank_chunks(chunks, layout.pp)[stage])
+        return tuple(chunks[stage::layout.pp])  # rank_chunks(chunks, pp)[stage], without every other rank's
     return partition.chunk_layers(stages[stage], layout.vpp)
 
 
