@@ -38,6 +38,10 @@ from .search_rows import Group
 _moe_layer_time_uncached = getattr(moe_layer_time_for, "__wrapped__", moe_layer_time_for)
 
 
+# StepBounds' figures by (model, training, GPU, fabric): see StepBounds.__init__.
+_SHARED: dict[tuple, tuple[dict, ...]] = {}
+
+
 class StepBounds:
     """Lower bounds on the step time of a group's layouts, one per micro-batch size:
     (m + (p − 1)/v) · the heaviest stage's layers · (3 · t_layer + 4 · t_tp + t_cp) — every
@@ -50,12 +54,23 @@ class StepBounds:
 
     def __init__(self, case: Case):
         self.case = case
-        self._dense: dict[tuple, tuple[float, float, float]] = {}  # (tp, cp, mbs, sp) -> _dense_layer's
-        self._moe: dict[tuple, float] = {}  # (tp, cp, mbs, sp, ep, etp) -> MoE layer
-        self._moe_floor: dict[tuple, float] = {}  # (tp, cp, mbs, sp, etp) -> under every ep's MoE layer
-        self._least: dict[tuple, float] = {}  # least()'s, by what it depends on
-        self._stages: dict[tuple, frozenset] = {}  # (stage_layers, vpp) -> _composition's
-        self._heads: dict[tuple, float] = {}  # (tp, cp, mbs) -> the last stage's heads
+        # Shared by every search of this model, training and GPU type, whatever the cluster's size: no
+        # figure below depends on it (a group's links, on its stride and size alone: topology.group_links),
+        # and `size` searches thousands of sizes (Mixtral on up to 65,536 GPUs: 8,161 of them, each
+        # computing these again, 28 s).
+        key = (case.model, case.training, case.cluster.gpu, case.cluster.fabric)
+        shared = _SHARED.get(key)
+        if shared is None:
+            if len(_SHARED) >= 16:
+                _SHARED.clear()
+            shared = _SHARED[key] = tuple({} for _ in range(6))
+        self._dense: dict[tuple, tuple[float, float, float]]  # (tp, cp, mbs, sp) -> _dense_layer's
+        self._moe: dict[tuple, float]  # (tp, cp, mbs, sp, ep, etp) -> MoE layer
+        self._moe_floor: dict[tuple, float]  # (tp, cp, mbs, sp, etp) -> under every ep's MoE layer
+        self._least: dict[tuple, float]  # least()'s, by what it depends on (dp included)
+        self._stages: dict[tuple, frozenset]  # (stage_layers, vpp) -> _composition's
+        self._heads: dict[tuple, float]  # (tp, cp, mbs) -> the last stage's heads
+        self._dense, self._moe, self._moe_floor, self._least, self._stages, self._heads = shared
 
     def _dense_layer(self, tp: int, cp: int, mbs: int, sp: bool) -> tuple[float, float, float]:
         """(a dense layer with its TP and CP traffic, its TP collectives, its CP ring's exposed part)."""
