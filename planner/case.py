@@ -9,6 +9,7 @@ the key and what was expected.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ from .fitted import read_fitted
 from .fields import (describe, read_bool, read_figure, read_file_path, read_int, read_mapping, read_number,
                      read_str, read_unit, required)
 from .hf_config import read_hf_config
-from .inputs import read_yaml
+from .inputs import load_yaml, read_text
 from .limits import (MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_STRING_CHARS,
                      MAX_VOCAB)
 from .presets import closest, model_presets
@@ -119,8 +120,26 @@ def read_case(case: Any) -> tuple[Any, str, Path]:
         return case, "<case>", Path.cwd()
     if isinstance(case, (str, os.PathLike)):
         path = Path(case)
-        return read_yaml(path), str(path), path.parent
+        return _parsed(path), str(path), path.parent
     raise CaseError("<case>", "", f"expected a case-file path or a dict, got {type(case).__name__}")
+
+
+# The last case files parsed, by their contents: `plan` reads its case up to four times (the layout
+# section it ignores, the sizing keys it does not read, the case), and a case of 249,000 YAML nodes
+# took 3 s a parse. The text is read each time (a file rewritten between calls is read as it is now);
+# each caller gets its own copy of what it parses to.
+_PARSED: dict[tuple[str, str], Any] = {}
+
+
+def _parsed(path: Path) -> Any:
+    text, source = read_text(path, "YAML"), os.fsdecode(path)
+    key = (source, text)
+    if key not in _PARSED:
+        data = load_yaml(text, source)
+        if len(_PARSED) >= 4:
+            _PARSED.clear()
+        _PARSED[key] = data
+    return copy.deepcopy(_PARSED[key])
 
 
 def with_engine(src: str, data: Any, engine: Any) -> Any:
