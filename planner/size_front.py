@@ -47,9 +47,12 @@ DOUBLING_SAVES = 1 - 1 / math.sqrt(2)
 _EPS = 1e-9
 
 
-def ladder(limit_units: int) -> list[int]:
-    """The whole units (nodes or racks) the front considers up to ``limit_units``: 1, 2, 3, 4,
-    6, 8, 12, ... (powers of two and 1.5 times them) and the limit itself, the largest first."""
+def ladder(limit_units: int, unit: int = 1, global_batch: Optional[int] = None) -> list[int]:
+    """The whole units (nodes or racks of ``unit`` GPUs) the front considers up to ``limit_units``:
+    1, 2, 3, 4, 6, 8, 12, ... (powers of two and 1.5 times them) and the limit itself, the largest
+    first; and between each two of those, the most units whose GPUs the global batch fills
+    (:func:`fills_batch`): with a batch of 1,000 sequences, 1,000 and 2,000 GPUs (data parallel 500 or
+    1,000) beat every size the ladder alone tried, 1,536 GPUs included."""
     out = {limit_units} if limit_units >= 1 else set()
     power = 1
     while power <= limit_units:
@@ -57,7 +60,30 @@ def ladder(limit_units: int) -> list[int]:
         if power >= 2 and power * 3 // 2 <= limit_units:
             out.add(power * 3 // 2)
         power *= 2
+    if global_batch is not None:
+        steps = sorted(out)
+        for low, high in zip(steps, steps[1:]):
+            filled = next((u for u in range(high - 1, low, -1) if fills_batch(u * unit, global_batch)), None)
+            if filled is not None:
+                out.add(filled)
     return sorted(out, reverse=True)
+
+
+# Model parallelism the batch-filling sizes allow for (tensor, pipeline and context parallel in powers
+# of two, as the layouts the search scores mostly hold).
+MODEL_PARALLEL_MOST = 64
+
+
+def fills_batch(gpus: int, global_batch: int) -> bool:
+    """Whether ``gpus`` GPUs can run the global batch with every data-parallel rank busy: data
+    parallelism a divisor of the batch, times model parallelism a power of two up to
+    MODEL_PARALLEL_MOST."""
+    model = 1
+    while model <= MODEL_PARALLEL_MOST and gpus % model == 0:
+        if global_batch % (gpus // model) == 0:
+            return True
+        model *= 2
+    return False
 
 
 def pareto_front(points: Sequence, days: Callable, spend: Callable) -> list:
@@ -87,8 +113,9 @@ class FrontSweep:
         step); ``pairs``: the (type, GPUs) to consider, by default each type's :func:`ladder`."""
         self.sweep, self.steps = sweep, steps
         if pairs is None:
+            batch = sweep.case.training.global_batch_size
             pairs = [(i, units * o.unit) for i, o in enumerate(sweep.options)
-                     for units in ladder(sweep.limits[i] // o.unit)]
+                     for units in ladder(sweep.limits[i] // o.unit, o.unit, batch)]
         # The fastest they could be first: most of the front is found before its cheap end.
         self.pairs = sorted(pairs, key=lambda p: (sweep.work[p[0]] / p[1], p[0], -p[1]))
         self.points: list[tuple[int, int, float]] = []  # (type, GPUs, fastest step) of kept sizes

@@ -186,7 +186,8 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
     if objective == "front":
         if result.objective != objective:
             return problems + [f"{label}: objective {result.objective}, expected the front"]
-        return problems + check_front(label, result, swept, [o.unit for o in options], limits)
+        return problems + check_front(label, result, swept, [o.unit for o in options], limits,
+                                      case["training"]["global_batch_size"])
     tokens_per_step = case["training"]["global_batch_size"] * case["training"]["seq_len"]
     step_deadline = None if deadline_s is None else deadline_s * tokens_per_step / tokens
     order = ranked(swept, objective, deadline_s, step_deadline)
@@ -222,18 +223,32 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
     return problems
 
 
-def considered(units: int, limit_units: int) -> bool:
+def considered(units: int, limit_units: int, unit: int = 8, batch: Optional[int] = None) -> bool:
     """docs/sizing.md: the front considers 1, 2, 3, 4, 6, 8, 12, ... whole units (powers of two
-    and 1.5 times them) and the limit itself."""
-    power = units & -units  # the largest power of two dividing it
-    return units in (limit_units, power, 3 * power)
+    and 1.5 times them) and the limit itself; and between each two of those, the most units whose
+    GPUs the global batch fills (data parallel a divisor of it, times a power of two up to 64)."""
+    def on_ladder(u: int) -> bool:
+        power = u & -u  # the largest power of two dividing it
+        return u in (limit_units, power, 3 * power) and u <= limit_units
+
+    def fills(u: int) -> bool:
+        gpus = u * unit
+        return any(gpus % 2**j == 0 and batch % (gpus // 2**j) == 0 for j in range(7))
+
+    if on_ladder(units):
+        return True
+    if batch is None or not fills(units):
+        return False
+    above = next(u for u in range(units + 1, limit_units + 1) if on_ladder(u)) if units < limit_units else None
+    return above is not None and not any(fills(u) for u in range(units + 1, above))
 
 
-def check_front(label: str, result, swept: list[Swept], units: list[int], limits: list[int]) -> list[str]:
+def check_front(label: str, result, swept: list[Swept], units: list[int], limits: list[int], batch: int) -> list[str]:
     """`size` with neither a deadline nor a budget against the sweep: the front over the sizes
     docs/sizing.md says it considers (those within 8× the knee's days), the knee the least days
     × spend on it, and on each size plan's layout."""
-    pool = [s for s in swept if considered(s.gpus // units[s.option], limits[s.option] // units[s.option])]
+    pool = [s for s in swept if considered(s.gpus // units[s.option], limits[s.option] // units[s.option],
+                                           units[s.option], batch)]
     pool = pool or swept  # no considered size fits: every size is considered
     if not pool:
         return [] if result.best is None and result.status != "ok" else [f"{label}: the sweep finds nothing"]
@@ -286,11 +301,16 @@ MID = {"model": {"preset": "llama3-8b"},
     pytest.param(None, {"tokens": "1T", "deadline_at": 12}, id="deadline-middle"),
     pytest.param(None, {"tokens": "1T", "max_gpus": 200}, id="budget"),
     pytest.param(None, {"tokens": "1T"}, id="front"),
+    # a batch of 1,000: the front's ladder alone (1, 2, 3, 4, 6, 8, 12, ... nodes) missed 1,000 and
+    # 2,000 GPUs, which beat every size it tried on both days and GPU-hours
+    pytest.param({"gpu": "h100-sxm-80gb", "nodes": 32}, {"tokens": "1T"}, id="front-batch-1000"),
     pytest.param({"gpu": "h100-sxm-80gb", "nodes": 32}, {"tokens": "1T", "deadline_at": 20}, id="one-type-gpu-hours"),
     pytest.param({"gpu": "h100-sxm-80gb", "nodes": 32}, {"tokens": "1T", "max_nodes": 24}, id="one-type-budget"),
 ])
-def test_size_matches_a_sweep_of_plan_on_a_mid_size_case(cluster, args):
+def test_size_matches_a_sweep_of_plan_on_a_mid_size_case(request, cluster, args):
     case = MID if cluster is None else {**MID, "cluster": cluster}
+    if request.node.callspec.id == "front-batch-1000":
+        case = {**case, "training": {**case["training"], "global_batch_size": 1000}}
     problems = check_against_sweep("llama3-8b", case, args)
     assert not problems, "\n".join(problems)
 
