@@ -658,3 +658,20 @@ def test_a_progress_that_cannot_be_called_is_refused_by_name():
     # It raised a bare TypeError ('int' object is not callable) at the first cluster size searched.
     with pytest.raises(planner.CaseError, match=r"^size: progress: expected a function"):
         planner.size(TINY, "1T", max_gpus=8, progress=3)
+
+
+def test_what_would_meet_the_deadline_spends_no_more_than_a_size_it_tried():
+    """Past the limits, the advice was the fewest GPUs of each type that meet the deadline, the
+    cheapest of those: 16,384 H100s for 21.3M, where 8,192 B200s (a size the search tried) meet it
+    for 17.7M. The deadline's answer spends least; so does its advice."""
+    case = {"model": {"preset": "llama3-70b"},
+            "cluster": {"options": [{"gpu": "h100-sxm-80gb", "max_gpus": 8192, "gpu_hour_cost": 2.5},
+                                    {"gpu": "b200", "max_gpus": 4096, "gpu_hour_cost": 4.5}]},
+            "training": {"global_batch_size": 512, "seq_len": 8192}, "search": {"target": "megatron"}}
+    result = planner.size(case, "15T", deadline="732h")
+    assert result.status == "deadline not met"
+    would = result.would_meet
+    b200 = planner.plan({**case, "cluster": {"gpu": "b200", "num_gpus": 8192}}, fastest=True).best
+    days = 15e12 / b200.tokens_per_s / 86400
+    assert days * 24 <= 732  # 8,192 B200s meet the deadline
+    assert would.cost <= days * 24 * 8192 * 4.5 * (1 + 1e-9)
