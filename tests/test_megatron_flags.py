@@ -184,3 +184,35 @@ def test_a_batch_ramp_up_is_said(tmp_path):
     result = diagnosed(tmp_path, ARGS.replace("\n", " --rampup-batch-size 16 16 5859375\n"), CASE)
     assert "args.txt ramps the global batch up (--rampup-batch-size 16 16 5859375): diagnosed at the batch it " \
            "reaches, 128" in " ".join(result.notes)
+
+
+MIXTRAL_ON_64 = ("model: {preset: mixtral-8x7b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"
+                 "training: {global_batch_size: 256, seq_len: 4096, precision: bf16, engine: megatron}\n")
+MIXTRAL_ARGS = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+                "--group-query-attention --num-query-groups 8 --swiglu --untie-embeddings-and-output-weights "
+                "--seq-length 4096 --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --micro-batch-size 1 "
+                "--global-batch-size 256 --bf16 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 4 "
+                "--expert-model-parallel-size 8 --use-distributed-optimizer ")
+
+
+def test_moe_layer_recompute_is_selective_recomputation_of_the_experts(tmp_path):
+    """megatron-core turns --moe-layer-recompute into selective recomputation with "moe" added to the
+    modules (TransformerConfig.__post_init__); it was read as no recomputation (31.7 GB of
+    activations priced where the run keeps 7.8)."""
+    legacy = diagnosed(tmp_path, MIXTRAL_ARGS + "--moe-token-dispatcher-type alltoall --moe-layer-recompute",
+                       MIXTRAL_ON_64).estimate.job.layout
+    assert (legacy.recompute, legacy.recompute_modules) == ("selective", ("core_attn", "moe"))
+    with pytest.raises(CaseError, match="--moe-layer-recompute: megatron-core refuses it with full"):
+        diagnosed(tmp_path, MIXTRAL_ARGS + "--moe-layer-recompute --recompute-granularity full "
+                  "--recompute-method uniform --recompute-num-layers 1", MIXTRAL_ON_64)
+
+
+def test_the_flex_dispatcher_runs_deepep_unless_told_otherwise(tmp_path):
+    """megatron-core's moe_flex_dispatcher_backend defaults to deepep: flex with no backend was read
+    as the all-to-all, and a case saying deepep refused."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    assert {f.name: f.default for f in dataclasses.fields(TransformerConfig)}["moe_flex_dispatcher_backend"] == "deepep"
+    flex = diagnosed(tmp_path, MIXTRAL_ARGS + "--moe-token-dispatcher-type flex",
+                     MIXTRAL_ON_64.replace("engine: megatron", "engine: megatron, expert_dispatch: deepep"))
+    assert flex.estimate.job.training.expert_dispatch == "deepep"

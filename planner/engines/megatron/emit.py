@@ -62,7 +62,8 @@ LIST_FLAGS = ("--recompute-modules", "--rampup-batch-size")
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
              "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
-             "--main-grads-dtype", "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
+             "--main-grads-dtype", "--megatron-fsdp-main-grads-dtype", "--moe-token-dispatcher-type",
+             "--moe-flex-dispatcher-backend",
              "--normalization", "--position-embedding-type", "--window-size", "--optimizer",
              "--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
              "--window-attn-skip-freq")
@@ -75,7 +76,7 @@ BOOL_FLAGS = (
     "--reuse-grad-buf-for-mxfp8-param-ag", "--first-last-layers-bf16",
     "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--tp-comm-overlap",
     "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep", "--overlap-grad-reduce", "--overlap-param-gather",
-    "--qk-layernorm", "--multi-latent-attention",
+    "--qk-layernorm", "--multi-latent-attention", "--moe-layer-recompute",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}

@@ -496,6 +496,14 @@ def _recompute(args: _Args, vpp: int, stages: tuple[int, ...]) -> tuple[str, Opt
     granularity = args.flags.get("--recompute-granularity")
     if granularity is None and "--recompute-activations" in args.flags:
         granularity = "selective"
+    # --moe-layer-recompute (deprecated, still in Megatron's MoE scripts) is selective recomputation
+    # with "moe" added to the modules (TransformerConfig.__post_init__), refused beside full.
+    moe_layer = "--moe-layer-recompute" in args.flags
+    if moe_layer:
+        if granularity == "full":
+            raise CaseError(args.src, "--moe-layer-recompute", "megatron-core refuses it with full recompute "
+                                                               "granularity (TransformerConfig.__post_init__)")
+        granularity = "selective"
     recompute, recompute_layers = "none", None
     method = args.flags.get("--recompute-method")
     modules = None
@@ -507,6 +515,8 @@ def _recompute(args: _Args, vpp: int, stages: tuple[int, ...]) -> tuple[str, Opt
         # (TransformerConfig.recompute_modules); an empty list recomputes nothing.
         modules = tuple((args.flags.get("--recompute-modules") or "").split()) if "--recompute-modules" in args.flags \
             else ("core_attn",)
+        if moe_layer and "moe" not in modules:
+            modules += ("moe",)
         if not modules:
             recompute, modules = "none", None
     elif granularity == "full":
@@ -554,7 +564,7 @@ def read_training(path: Path, case) -> dict:
     - ``fp8_param_gather`` (a low-precision recipe): ``--fp8-param-gather`` (``--fp4-param-gather``
       under NVFP4), off by default: the weights are kept in 16 bits and quantized each step.
     - ``expert_dispatch`` (mixtures of experts): ``--moe-token-dispatcher-type`` ``flex`` with the DeepEP
-      or HybridEP backend (``--moe-flex-dispatcher-backend``, ``--moe-enable-deepep``) sends a token once
+      or HybridEP backend (``--moe-flex-dispatcher-backend``, DeepEP unless it says otherwise) sends a token once
       per NVLink domain (``deepep``); ``allgather`` (the default) and ``alltoall`` once per expert."""
     path = Path(path)
     launch = launch_of(path, read_text(path))
@@ -577,8 +587,9 @@ def _training(flags: dict, case) -> dict:
                                         else "--fp8-param-gather") in flags
     if case.model.is_moe:
         dispatcher = flags.get("--moe-token-dispatcher-type") or "allgather"
-        backend = (flags.get("--moe-flex-dispatcher-backend") or ("deepep" if "--moe-enable-deepep" in flags
-                                                                  else "")).lower()
+        # megatron-core's flex dispatcher runs DeepEP unless told otherwise (TransformerConfig
+        # moe_flex_dispatcher_backend = "deepep"); --moe-enable-deepep says the same.
+        backend = (flags.get("--moe-flex-dispatcher-backend") or "deepep").lower()
         settings["expert_dispatch"] = "deepep" if dispatcher == "flex" and backend in ("deepep", "hybridep") \
             else "all_to_all"
     return settings
