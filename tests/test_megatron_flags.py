@@ -216,3 +216,16 @@ def test_the_flex_dispatcher_runs_deepep_unless_told_otherwise(tmp_path):
     flex = diagnosed(tmp_path, MIXTRAL_ARGS + "--moe-token-dispatcher-type flex",
                      MIXTRAL_ON_64.replace("engine: megatron", "engine: megatron, expert_dispatch: deepep"))
     assert flex.estimate.job.training.expert_dispatch == "deepep"
+
+
+def test_megatron_fsdp_keeps_its_gradients_in_the_dtype_its_flag_names(tmp_path):
+    """--megatron-fsdp-main-grads-dtype bf16 (Megatron-LM's DeepSeek-V3 Megatron-FSDP example sets it)
+    was ignored: fp32 gradients were priced, and a case saying fp32_grads: false was refused."""
+    case = ("model: {preset: llama3-8b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 8}\n"
+            "training: {global_batch_size: 128, seq_len: 8192, precision: bf16, engine: megatron, fp32_grads: false}\n")
+    args = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+            "--group-query-attention --num-query-groups 8 --swiglu --untie-embeddings-and-output-weights "
+            "--seq-length 8192 --micro-batch-size 1 --global-batch-size 128 --bf16 --use-megatron-fsdp "
+            "--data-parallel-sharding-strategy optim_grads_params --use-distributed-optimizer "
+            "--megatron-fsdp-main-grads-dtype bf16")
+    assert diagnosed(tmp_path, args, case).estimate.job.training.fp32_grads is False

@@ -576,9 +576,15 @@ def read_training(path: Path, case) -> dict:
 
 def _training(flags: dict, case) -> dict:
     main_grads = (flags.get("--main-grads-dtype") or "fp32").lower()
+    fp32_grads = "--accumulate-allreduce-grads-in-fp32" in flags or (
+        "--bf16" in flags and "--grad-reduce-in-bf16" not in flags and main_grads in ("fp32", "float32"))
+    fsdp_grads = flags.get("--megatron-fsdp-main-grads-dtype")
+    if fsdp_grads and "--use-megatron-fsdp" in flags:
+        # Megatron-FSDP keeps its gradients in the dtype this flag names (Megatron-LM's
+        # mcore_fsdp_adapter), whatever --grad-reduce-in-bf16 says
+        fp32_grads = fsdp_grads.lower() in ("fp32", "float32")
     settings = {
-        "fp32_grads": "--accumulate-allreduce-grads-in-fp32" in flags or (
-            "--bf16" in flags and "--grad-reduce-in-bf16" not in flags and main_grads in ("fp32", "float32")),
+        "fp32_grads": fp32_grads,
         "tp_comm_overlap": "--tp-comm-overlap" in flags,
         "moe_comm_overlap": "--overlap-moe-expert-parallel-comm" in flags,
     }
