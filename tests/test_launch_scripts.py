@@ -373,6 +373,12 @@ def test_a_launch_inside_a_here_document_fed_to_sbatch_is_read(tmp_path):
     quoted = tmp_path / "quoted.sh"  # a quoted delimiter: the body as written, expanded by the job's shell
     quoted.write_text(f'export CMD="{launch}"\nsbatch <<\'EOF\'\nsrun bash -c "$CMD"\nEOF\n')
     assert diagnose(case, megatron_args=quoted).estimate.job.layout.tp == 2
+    # bash with options before -c, as the example runs it (srun ... bash -x -c "${TRAINING_CMD}"): it
+    # was refused as a here-document fed to another command
+    for shell in ("bash -x -c", "bash -lc", "bash -e -o pipefail -c", "/bin/sh -xc"):
+        traced = tmp_path / "traced.sh"
+        traced.write_text(f'CMD="{launch}"\nsbatch <<EOF\n#!/bin/bash\nsrun {shell} "${{CMD}}"\nEOF\n')
+        assert diagnose(case, megatron_args=traced).estimate.job.layout.tp == 2, shell
     written = tmp_path / "written.sh"
     written.write_text(f'mkdir -p logs\ncat <<EOF > job.sh\n{launch}\nEOF\n')
     with pytest.raises(CaseError) as error:

@@ -275,9 +275,23 @@ def _printf_integer(text: str) -> int:
 
 
 def _inline_script(fields: list[str]) -> Optional[tuple[str, list[str]]]:
-    for k, word in enumerate(fields[:-2]):
-        if word.rsplit("/", 1)[-1] in ("bash", "sh") and fields[k + 1] == "-c":
-            return fields[k + 2], fields[k + 3:]
+    """(the script, its arguments) of ``bash -c SCRIPT ...`` among ``fields``, options before -c
+    included: ``bash -x -c``, ``bash -lc``, ``bash -e -o pipefail -c`` (Megatron-LM's Megatron-FSDP
+    DeepSeek-V3 example runs ``srun ... bash -x -c "${TRAINING_CMD}"``)."""
+    for k, word in enumerate(fields):
+        if word.rsplit("/", 1)[-1] not in ("bash", "sh"):
+            continue
+        i = k + 1
+        while i < len(fields) and fields[i].startswith(("-", "+")) and fields[i] not in ("-", "--"):
+            option = fields[i]
+            if option in ("-o", "+o", "-O", "+O"):  # an option that takes a name: -o pipefail
+                i += 2
+                continue
+            if not option.startswith("--") and "c" in option[1:]:  # -c, -lc, -xc, -ec
+                if i + 1 < len(fields):
+                    return fields[i + 1], fields[i + 2:]
+                return None
+            i += 1
     return None
 
 
