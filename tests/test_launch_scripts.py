@@ -399,3 +399,14 @@ def test_input_read_by_read_or_mapfile_and_name_references_are_said():
     assert "t.sh: line 3: mapfile reads input, which is not followed: L read as empty" in notes
     assert any("declare -n (a name reference) is not followed" in n for n in notes)
     assert result.commands[0].not_run == ("mapfile L (line 3)",)
+
+
+@pytest.mark.parametrize("torchrun", ["torchrun --nnodes 1:2 --nproc-per-node 8", "torchrun --nproc-per-node=gpu",
+                                      "torchrun --nproc-per-node auto --nnodes 1"])
+def test_torchruns_elastic_nodes_and_a_process_per_gpu_are_read(tmp_path, torchrun):
+    """--nnodes 1:2 (an elastic range) and --nproc-per-node gpu or auto (a process for each of the
+    node's GPUs) are torchrun's, and were refused as "expected an integer"."""
+    script = "#!/bin/bash\n" + TRAIN.replace("torchrun --nproc_per_node 8 --nnodes 1", torchrun) + "\n"
+    assert torchrun in script
+    case, args = files(tmp_path, script, BF16)
+    assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2

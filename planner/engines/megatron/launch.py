@@ -145,9 +145,20 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
     for flag, value in found.items():
         # argparse's type=int: "1e+06" or "8.0" stops Megatron-LM's parser (digits past any bound are
         # the reader's to refuse, with the bound, where it reads them).
-        if flag in INT_FLAGS and value and not _INTEGER.fullmatch(value):
+        if flag in INT_FLAGS and value and not _INTEGER.fullmatch(value) and not _torchrun_word(flag, value):
             raise CaseError(src, flag, f"expected an integer, got {one_line(value, 60)!r}")
     return found
+
+
+# What torchrun takes beside a count: --nnodes MIN:MAX (an elastic range), --nproc-per-node gpu or
+# auto (a process for each GPU of the node; torch.distributed.run's determine_local_world_size).
+_ELASTIC = re.compile(r"\s*\d+\s*:\s*\d+\s*")
+NPROC_WORDS = ("gpu", "auto")
+
+
+def _torchrun_word(flag: str, value: str) -> bool:
+    return (flag == "--nnodes" and bool(_ELASTIC.fullmatch(value))) or \
+        (flag == "--nproc-per-node" and value.strip() in NPROC_WORDS)
 
 
 _INTEGER = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")

@@ -15,7 +15,8 @@ from cost_models.specs import Job, Layout, SpecError
 
 from planner.case import case_message
 from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD
-from planner.engines.megatron.launch import NEMO_SECTIONS, TORCHRUN, flags_of, launch_of, with_included_args
+from planner.engines.megatron.launch import (NEMO_SECTIONS, NPROC_WORDS, TORCHRUN, flags_of, launch_of,
+                                           with_included_args)
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
 from planner.limits import MAX_EXPANDED_CHARS, MAX_INT
@@ -137,7 +138,7 @@ def _layout(src: str, flags: dict, case) -> Layout:
     optimizer's sharding, recomputation and offload."""
     args = _Args(src, flags)
     model, training, num_gpus = case.model, case.training, case.cluster.num_gpus
-    _check_world(args, num_gpus)
+    _check_world(args, num_gpus, case.cluster.gpu.gpus_per_node)
     _check_model(args, model, training)
     tp, pp, cp, dp = _degrees(args, model, num_gpus)
     micro, global_batch = _batch(args, training, dp)
@@ -171,16 +172,19 @@ def _layout(src: str, flags: dict, case) -> Layout:
 
 
 
-def _check_world(args: _Args, num_gpus: int) -> None:
-    """torchrun's world, where the script says it."""
+def _check_world(args: _Args, num_gpus: int, gpus_per_node: int) -> None:
+    """torchrun's world, where the script says it: --nproc-per-node gpu or auto is a process for each
+    of the node's GPUs; an elastic --nnodes MIN:MAX is not checked (the job runs on whatever it gets)."""
     nodes_given = "--nnodes" in args.flags
+    nproc = (args.flags.get("--nproc-per-node") or "").strip()
+    per_node = gpus_per_node if nproc in NPROC_WORDS else args.integer("--nproc-per-node")
     if "--nproc-per-node" in args.flags and TORCHRUN in args.flags and not nodes_given:
-        world = args.integer("--nproc-per-node")  # torchrun's --nnodes defaults to 1
+        world = per_node  # torchrun's --nnodes defaults to 1
         if world != num_gpus:
             raise CaseError(args.src, "--nnodes", f"absent, so torchrun starts one node of {world} processes "
                                                   f"(--nproc-per-node), but the case has {num_gpus} GPUs")
     if "--nnodes" in args.flags and "--nproc-per-node" in args.flags and ":" not in (args.flags["--nnodes"] or ""):
-        world = args.integer("--nnodes") * args.integer("--nproc-per-node")
+        world = args.integer("--nnodes") * per_node
         if world != num_gpus:
             raise CaseError(args.src, "--nnodes", f"--nnodes x --nproc-per-node = {world} GPUs, "
                                              f"but the case has {num_gpus}")
