@@ -229,3 +229,16 @@ def test_megatron_fsdp_keeps_its_gradients_in_the_dtype_its_flag_names(tmp_path)
             "--data-parallel-sharding-strategy optim_grads_params --use-distributed-optimizer "
             "--megatron-fsdp-main-grads-dtype bf16")
     assert diagnosed(tmp_path, args, case).estimate.job.training.fp32_grads is False
+
+
+def test_a_step_batch_size_schedule_is_read_at_the_batch_it_reaches(tmp_path):
+    """Megatron-LM's GPT-3 175B example ramps its batch with --step-batch-size-schedule "0:16 ...
+    12B:1536" (the calculator's global batch is the last entry's): alone it was refused as a missing
+    --global-batch-size; beside one, which validate_args refuses, it was accepted."""
+    schedule = '--step-batch-size-schedule "0:16 2.4B:64 4.8B:128"'
+    args = ARGS.replace("--global-batch-size 128", schedule)
+    result = diagnosed(tmp_path, args, CASE)
+    assert result.estimate.job.training.global_batch_size == 128
+    assert any("ramps the global batch up (--step-batch-size-schedule" in n for n in result.notes)
+    with pytest.raises(CaseError, match="--step-batch-size-schedule: cannot be given with --global-batch-size"):
+        diagnosed(tmp_path, ARGS.replace("--global-batch-size 128", "--global-batch-size 128 " + schedule), CASE)

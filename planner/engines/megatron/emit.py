@@ -58,7 +58,7 @@ INT_FLAGS = (
     "--nnodes", "--nproc-per-node",
 )
 # Flags of several values (argparse nargs="*"): the reader keeps all the words up to the next flag.
-LIST_FLAGS = ("--recompute-modules", "--rampup-batch-size")
+LIST_FLAGS = ("--recompute-modules", "--rampup-batch-size", "--step-batch-size-schedule")
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
              "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",

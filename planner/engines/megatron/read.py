@@ -97,6 +97,35 @@ def read(path: Path, case) -> Layout:
         raise launch.explain(error) from None
 
 
+_SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+
+
+def scheduled_batch(src: str, schedule: str) -> int:
+    """The global batch a --step-batch-size-schedule reaches: the batch of its last threshold
+    ("THRESHOLD:BATCH ...", K/M/B/T suffixes; megatron/core/num_microbatches_calculator.py,
+    StepBatchsizeNumMicroBatchesCalculator: its global_batch_size is the last entry's)."""
+    def number(text: str) -> float:
+        text = text.strip().upper()
+        scale = _SUFFIXES.get(text[-1:], 1)
+        value = float(text[:-1] if scale > 1 else text)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(text)
+        return value * scale
+
+    steps = []
+    for entry in schedule.replace(",", " ").split():
+        try:
+            threshold, batch = entry.split(":", 1)
+            steps.append((number(threshold), int(number(batch))))
+        except ValueError:
+            raise CaseError(src, "--step-batch-size-schedule", f"expected THRESHOLD:BATCH entries, got "
+                                                               f"{one_line(entry, 40)!r}") from None
+    if not steps or max(steps)[1] < 1:
+        raise CaseError(src, "--step-batch-size-schedule", f"expected THRESHOLD:BATCH entries, got "
+                                                           f"{one_line(schedule, 60)!r}")
+    return max(steps)[1]
+
+
 @dataclass(frozen=True)
 class _Args:
     """A Megatron-LM argument list as read ({flag: value, or None for a switch}), for one file."""
@@ -278,10 +307,10 @@ def architecture_notes(path: Path, case) -> list[str]:
     flags = flags_of(launch.words, launch.src, launch.shell)
     model = case.model
     notes = []
-    if "--rampup-batch-size" in flags:  # <start> <increment> <samples>: megatron/core/num_microbatches_calculator.py
-        notes.append(f"{path.name} ramps the global batch up (--rampup-batch-size {flags['--rampup-batch-size']}): "
-                     f"diagnosed at the batch it reaches, {case.training.global_batch_size} (the steps before it run "
-                     "smaller ones)")
+    for ramp in ("--rampup-batch-size", "--step-batch-size-schedule"):  # megatron/core/num_microbatches_calculator.py
+        if ramp in flags:
+            notes.append(f"{path.name} ramps the global batch up ({ramp} {flags[ramp]}): diagnosed at the batch it "
+                         f"reaches, {case.training.global_batch_size} (the steps before it run smaller ones)")
     absent = [flag for flag in ("--attention-dropout", "--hidden-dropout") if flag not in flags]
     if absent and model.dropout != MEGATRON_DROPOUT:
         notes.append(f"{path.name} leaves out {' and '.join(absent)}: Megatron-LM would drop out {MEGATRON_DROPOUT:g} "
@@ -362,6 +391,12 @@ def _batch(args: _Args, training, dp: int) -> tuple[int, int]:
         raise CaseError(args.src, "--micro-batch-size", "missing (Megatron-LM requires it)")
     micro = args.integer("--micro-batch-size")
     global_batch = args.integer("--global-batch-size")
+    schedule = args.flags.get("--step-batch-size-schedule")
+    if schedule is not None:
+        if global_batch is not None:  # validate_args
+            raise CaseError(args.src, "--step-batch-size-schedule", "cannot be given with --global-batch-size "
+                                                                    "(Megatron-LM refuses both)")
+        global_batch = scheduled_batch(args.src, schedule)
     if global_batch is None:
         global_batch = micro * dp  # validate_args' default
         if global_batch != training.global_batch_size:
