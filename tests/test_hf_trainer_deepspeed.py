@@ -88,6 +88,17 @@ def test_a_micro_batch_option_that_differs_from_the_configs_is_refused(tmp_path)
     assert diagnose(case, config=ds, micro_batch_size=1).estimate.job.layout.micro_batch_size == 1
 
 
+def test_a_micro_batch_option_is_checked_against_the_one_the_config_derives(tmp_path):
+    """A ds_config with train_batch_size 64 and accumulation 4 on 8 GPUs runs micro-batch 2 (64 ÷ 4 ÷
+    8): --micro-batch-size 4 beside it was dropped without a word, the derived 2 diagnosed."""
+    config = {"train_batch_size": 64, "gradient_accumulation_steps": 4, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 2}}
+    case, ds = files(tmp_path, config)
+    with pytest.raises(CaseError, match=r"train_batch_size: 64 is not micro 4 × accumulation 4 × data-parallel 8"):
+        diagnose(case, config=ds, micro_batch_size=4)
+    assert diagnose(case, config=ds, micro_batch_size=2).estimate.job.layout.micro_batch_size == 2
+
+
 @pytest.mark.parametrize("option, value, stated", [("--pp", "2", "4"), ("--tp", "8", "2"),
                                                    ("--micro-batch-size", "4", "1"), ("--recompute", "full", "none")])
 def test_options_for_a_ds_config_that_megatron_arguments_contradict_are_refused(tmp_path, option, value, stated):

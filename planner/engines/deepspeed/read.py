@@ -129,6 +129,12 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
                                  "in the case")
         config["train_micro_batch_size_per_gpu"] = micro
         resolved.append(f"train_micro_batch_size_per_gpu: auto -> {micro}")
+    elif stated is None and micro_batch_size is not None:
+        # The micro-batch the run is given, where the config derives its own (train_batch_size ÷
+        # accumulation ÷ dp): one that disagrees is refused below, as DeepSpeed checks the three; it
+        # was ignored, the derived one diagnosed.
+        config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        resolved.append(f"train_micro_batch_size_per_gpu: not given -> {micro_batch_size} (--micro-batch-size)")
     micro = config.get("train_micro_batch_size_per_gpu") if config.get("train_micro_batch_size_per_gpu") != "auto" \
         else micro
     if config.get("gradient_accumulation_steps") == "auto":
