@@ -172,7 +172,17 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
 def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str, layout) -> CaseError:
     """A refusal of the layout a config runs (``layout.offload_activations: megatron cannot run it``)
     named where the config states it, the flag or key, not the case's layout section the case may not have."""
-    if error.source != case_source or not error.key.startswith("layout."):
+    if error.source != case_source:
+        return error
+    if error.key.startswith("training.") and engine == "megatron":
+        # A setting the arguments switch on that their own layout cannot take (--fp8-param-gather
+        # without the distributed optimizer, --tp-comm-overlap without --sequence-parallel): the
+        # arguments' flag, not a training key the case may not set.
+        from .engines.megatron.read import SETTING_FLAGS
+
+        flag = SETTING_FLAGS.get(error.key.split(".", 1)[1])
+        return CaseError(str(config), flag, error.expected) if flag else error
+    if not error.key.startswith("layout."):
         return error
     field = error.key.split(".", 1)[1]
     if engine == "megatron":

@@ -242,3 +242,13 @@ def test_a_step_batch_size_schedule_is_read_at_the_batch_it_reaches(tmp_path):
     assert any("ramps the global batch up (--step-batch-size-schedule" in n for n in result.notes)
     with pytest.raises(CaseError, match="--step-batch-size-schedule: cannot be given with --global-batch-size"):
         diagnosed(tmp_path, ARGS.replace("--global-batch-size 128", "--global-batch-size 128 " + schedule), CASE)
+
+
+def test_a_setting_its_own_arguments_cannot_take_is_named_at_their_flag(tmp_path):
+    """--tp-comm-overlap without --sequence-parallel was refused as the case's training.tp_comm_overlap,
+    a key the case does not set; it is the arguments' flag."""
+    args = ARGS.replace("--tensor-model-parallel-size 4", "--tensor-model-parallel-size 4 --tp-comm-overlap")
+    with pytest.raises(CaseError) as error:
+        diagnosed(tmp_path, args, CASE)
+    assert error.value.source.endswith("args.txt") and error.value.key == "--tp-comm-overlap"
+    assert "needs --sequence-parallel" in error.value.expected
