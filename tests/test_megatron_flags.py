@@ -252,3 +252,23 @@ def test_a_setting_its_own_arguments_cannot_take_is_named_at_their_flag(tmp_path
         diagnosed(tmp_path, args, CASE)
     assert error.value.source.endswith("args.txt") and error.value.key == "--tp-comm-overlap"
     assert "needs --sequence-parallel" in error.value.expected
+
+
+def test_moe_overlap_with_the_allgather_dispatcher_is_refused_as_megatron_core_refuses_it(tmp_path):
+    """megatron-core asserts --overlap-moe-expert-parallel-comm runs the alltoall or flex dispatcher;
+    with the default allgather the list was accepted."""
+    with pytest.raises(CaseError, match="--overlap-moe-expert-parallel-comm: needs --moe-token-dispatcher-type "
+                                        "alltoall or flex, got allgather"):
+        diagnosed(tmp_path, MIXTRAL_ARGS + "--overlap-moe-expert-parallel-comm", MIXTRAL_ON_64)
+
+
+def test_torch_distributed_launch_is_read_as_torchrun(tmp_path):
+    """python -m torch.distributed.launch --nproc_per_node 8 on a 16-GPU case was not checked, as
+    torchrun's is (it runs the same launcher, one node unless --nnodes says)."""
+    (tmp_path / "case.yaml").write_text(CASE)
+    (tmp_path / "launch.sh").write_text("python -m torch.distributed.launch --nproc_per_node 8 pretrain_gpt.py "
+                                        + ARGS)
+    from planner.diagnose import diagnose
+
+    with pytest.raises(CaseError, match="--nnodes: absent, so torchrun starts one node of 8 processes"):
+        diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "launch.sh")

@@ -140,7 +140,9 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
             else:
                 found[flag] = ""
         i += 1
-    if any(Path(w).name == "torchrun" or w == "torch.distributed.run" for w in words[:max(script_at, 0)]):
+    # torchrun, or its module (torch.distributed.launch, deprecated, runs the same launcher)
+    if any(Path(w).name == "torchrun" or w in ("torch.distributed.run", "torch.distributed.launch")
+           for w in words[:max(script_at, 0)]):
         found[TORCHRUN] = None
     for flag, value in found.items():
         # argparse's type=int: "1e+06" or "8.0" stops Megatron-LM's parser (digits past any bound are

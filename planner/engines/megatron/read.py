@@ -608,12 +608,12 @@ def read_training(path: Path, case) -> dict:
     path = Path(path)
     launch = launch_of(path, read_text(path))
     try:
-        return _training(flags_of(launch.words, launch.src, launch.shell), case)
+        return _training(flags_of(launch.words, launch.src, launch.shell), case, launch.src)
     except CaseError as error:
         raise launch.explain(error) from None
 
 
-def _training(flags: dict, case) -> dict:
+def _training(flags: dict, case, src: str) -> dict:
     main_grads = (flags.get("--main-grads-dtype") or "fp32").lower()
     fp32_grads = "--accumulate-allreduce-grads-in-fp32" in flags or (
         "--bf16" in flags and "--grad-reduce-in-bf16" not in flags and main_grads in ("fp32", "float32"))
@@ -632,6 +632,10 @@ def _training(flags: dict, case) -> dict:
                                         else "--fp8-param-gather") in flags
     if case.model.is_moe:
         dispatcher = flags.get("--moe-token-dispatcher-type") or "allgather"
+        if "--overlap-moe-expert-parallel-comm" in flags and dispatcher not in ("alltoall", "flex"):
+            # TransformerConfig.__post_init__ asserts it
+            raise CaseError(src, "--overlap-moe-expert-parallel-comm", f"needs --moe-token-dispatcher-type alltoall or "
+                                                                      f"flex, got {dispatcher} (megatron-core refuses it)")
         # megatron-core's flex dispatcher runs DeepEP unless told otherwise (TransformerConfig
         # moe_flex_dispatcher_backend = "deepep"); --moe-enable-deepep says the same.
         backend = (flags.get("--moe-flex-dispatcher-backend") or "deepep").lower()
