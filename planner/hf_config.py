@@ -30,8 +30,11 @@ Mixtures of experts and multi-head latent attention:
 * ``gpt_oss``: ``num_local_experts`` of ``intermediate_size`` in every layer; its clamped
   SwiGLU counts as SwiGLU.
 
-Defaults are the ones the ``transformers`` config classes use when a key is
-absent or ``null``. Every problem raises :class:`planner.errors.CaseError`, which
+A key the file leaves out takes its ``transformers`` config class's default where that differs
+from what ``null`` means (``ABSENT_DEFAULTS``, each from its configuration file); a ``null`` key is
+unset, as the classes treat it (kv heads = heads, no query compression). MoE layers are placed as
+each family's modeling code places them, and refused where the planner's pattern (a dense prefix,
+then every n-th layer) cannot hold them (:func:`_moe_pattern`). Every problem raises :class:`planner.errors.CaseError`, which
 names the file and the key.
 """
 
@@ -57,6 +60,21 @@ _ARCH_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM", "LMHeadModel", "Mod
 
 _MISSING = object()
 
+# What a family's transformers config class takes for a key the file leaves out, where that is not
+# what the same key given as null means (transformers' configuration_<family>.py, main as of 2026:
+# Qwen3Config, Qwen3MoeConfig, MistralConfig, DeepseekV3Config, Llama4TextConfig, GptOssConfig).
+# A DeepSeek-V3 file without q_lora_rank, n_shared_experts and first_k_dense_replace was read as no
+# query compression, no shared expert and every layer MoE: 720.6B parameters for 682.6B.
+ABSENT_DEFAULTS = {
+    "qwen3": {"num_key_value_heads": 32, "head_dim": 128},
+    "qwen3_moe": {"num_key_value_heads": 4},
+    "mistral": {"num_key_value_heads": 8},
+    "deepseek_v3": {"q_lora_rank": 1536, "n_shared_experts": 1, "first_k_dense_replace": 3},
+    "llama4": {"num_key_value_heads": 8, "head_dim": 128},
+    "llama4_text": {"num_key_value_heads": 8, "head_dim": 128},
+    "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "num_experts_per_tok": 4},
+}
+
 
 def read_hf_config(path: str | os.PathLike) -> dict:
     """Model fields (case-file schema) from a local Hugging Face config.json. Never touches the network."""
@@ -66,6 +84,7 @@ def read_hf_config(path: str | os.PathLike) -> dict:
     cfg = _load(source)
     reader = _Reader(source, cfg)
     family = _family(reader)
+    reader.defaults = ABSENT_DEFAULTS.get(family, {})
     name = _name(reader)
     if family == "llama4":  # a vision-language model: the text decoder is under text_config
         reader = reader.nested("text_config")
@@ -156,9 +175,10 @@ def _load(source: str) -> dict:
 class _Reader:
     """Typed access to the config's keys; every failure is a CaseError naming the key."""
 
-    def __init__(self, source: str, cfg: dict):
+    def __init__(self, source: str, cfg: dict, defaults: dict | None = None):
         self.source = source
         self.cfg = cfg
+        self.defaults = defaults or {}  # the config class's value of a key the file leaves out
 
     prefix = ""
 
@@ -171,7 +191,7 @@ class _Reader:
         if not isinstance(value, dict):
             raise self.fail(key, f"expected an object (the text model's config), got "
                                  f"{'nothing' if value is _MISSING else _show(value)}")
-        inner = _Reader(self.source, value)
+        inner = _Reader(self.source, value, self.defaults)
         inner.prefix = f"{self.prefix}{key}."
         return inner
 
@@ -190,7 +210,11 @@ class _Reader:
         return value
 
     def get(self, key: str) -> object:
-        """The value, or _MISSING when the key is absent or null (transformers treats both as unset)."""
+        """The value; a key the file leaves out, the config class's default where ABSENT_DEFAULTS
+        has one (transformers builds the class from the file: an absent key takes the constructor's
+        default), else _MISSING; a null, _MISSING (unset: the class's fallback, such as kv heads = heads)."""
+        if key not in self.cfg and key in self.defaults:
+            return self.defaults[key]
         value = self.cfg.get(key, None)
         return _MISSING if value is None else value
 
@@ -264,6 +288,8 @@ def _family(r: _Reader) -> str:
     if family is None or stem == arch:
         raise r.fail("architectures", f"unsupported architecture {arch!r} (and no model_type); "
                                       f"expected a model of type {supported}")
+    if family == "llama4" and arch.endswith("ForCausalLM"):
+        return "llama4_text"  # Llama4ForCausalLM is the text decoder alone: its keys are at the top
     return family
 
 
@@ -304,13 +330,23 @@ def _decoder(r: _Reader, ffn_key: str) -> dict:
     }
 
 
-def _leading_dense(r: _Reader, key: str) -> int:
-    """Dense layers given as a list of indices: only a leading run (0, 1, …, n − 1) is modelled."""
-    layers = sorted(set(r.int_list(key)))
-    if layers != list(range(len(layers))):
-        raise r.fail(key, f"expected the leading layers 0 … n−1 (the planner models dense layers before the MoE "
-                          f"layers only), got {_show(layers)}")
-    return len(layers)
+def _moe_pattern(r: _Reader, key: str, layers: int, moe: list[int]) -> dict:
+    """The planner's MoE layers for the family's own (``moe``, layer indices): a dense prefix of n
+    layers, then every f-th layer, the last of each f (``ModelSpec.is_moe_layer``); a set no such
+    pattern holds is refused, naming ``key``. DeepSeek's "i >= 2 and i % 2 == 0" is 2, 4, …: the prefix
+    1, every 2nd after it (it was placed at 3, 5, …, one MoE layer short)."""
+    if not moe or moe[-1] >= layers:
+        raise r.fail(key, f"leaves no MoE layer among the {layers} layers" if not moe else
+                          f"names layer {moe[-1]}, past the {layers} layers")
+    freq = moe[1] - moe[0] if len(moe) > 1 else max(1, layers - moe[0])
+    first = moe[0] - freq + 1
+    if first < 0 or moe != list(range(first + freq - 1, layers, freq)):
+        raise r.fail(key, f"places MoE layers at {_show(moe[:8])}{' …' if len(moe) > 8 else ''}, which the planner "
+                          "cannot hold: it models a run of dense layers, then an MoE layer every n-th layer")
+    out = {"moe_layer_freq": freq}
+    if first:
+        out["moe_first_dense_layers"] = first
+    return out
 
 
 def _mixtral(r: _Reader) -> dict:
@@ -324,11 +360,12 @@ def _qwen3_moe(r: _Reader) -> dict:
     _swiglu(r)
     fields = _decoder(r, "intermediate_size")
     fields.update(num_experts=r.int("num_experts"), moe_top_k=r.int("num_experts_per_tok"),
-                  moe_ffn_hidden_size=r.int("moe_intermediate_size"),
-                  moe_layer_freq=r.int("decoder_sparse_step", 1))
-    dense = _leading_dense(r, "mlp_only_layers")
-    if dense:
-        fields["moe_first_dense_layers"] = dense
+                  moe_ffn_hidden_size=r.int("moe_intermediate_size"))
+    # Qwen3MoeDecoderLayer: experts where the layer is not in mlp_only_layers and (i + 1) % step == 0
+    step, dense = r.int("decoder_sparse_step", 1), set(r.int_list("mlp_only_layers"))
+    layers = fields["num_layers"]
+    fields.update(_moe_pattern(r, "decoder_sparse_step" if not dense else "mlp_only_layers", layers,
+                               [i for i in range(layers) if i not in dense and (i + 1) % step == 0]))
     shared = r.zero_or_int("shared_expert_intermediate_size")
     if shared:
         fields["moe_shared_expert_ffn_hidden_size"] = shared
@@ -375,8 +412,11 @@ def _deepseek(r: _Reader, groups: dict) -> dict:
                   kv_lora_rank=r.int("kv_lora_rank"), qk_head_dim=r.int("qk_nope_head_dim"),
                   qk_rope_head_dim=r.int("qk_rope_head_dim"), v_head_dim=r.int("v_head_dim"),
                   num_experts=r.int("n_routed_experts"), moe_top_k=r.int("num_experts_per_tok"),
-                  moe_ffn_hidden_size=width, moe_first_dense_layers=r.zero_or_int("first_k_dense_replace"),
-                  moe_layer_freq=r.int("moe_layer_freq", 1), moe_router=router, **groups)
+                  moe_ffn_hidden_size=width, moe_router=router, **groups)
+    # DeepSeek's modeling code: experts where i >= first_k_dense_replace and i % moe_layer_freq == 0
+    first, freq, layers = r.zero_or_int("first_k_dense_replace"), r.int("moe_layer_freq", 1), fields["num_layers"]
+    fields.update(_moe_pattern(r, "moe_layer_freq" if freq > 1 else "first_k_dense_replace", layers,
+                               [i for i in range(layers) if i >= first and i % freq == 0]))
     mtp = r.zero_or_int("num_nextn_predict_layers")  # DeepSeek's configuration_deepseek.py; V3 ships 1
     if mtp:
         fields["mtp_layers"] = mtp
@@ -392,8 +432,13 @@ def _llama4(r: _Reader) -> dict:
     fields = _decoder(r, "intermediate_size_mlp")
     width = r.int("intermediate_size")
     fields.update(num_experts=r.int("num_local_experts"), moe_top_k=r.int("num_experts_per_tok"),
-                  moe_ffn_hidden_size=width, moe_shared_expert_ffn_hidden_size=width,
-                  moe_layer_freq=r.int("interleave_moe_layer_step", 1), moe_router="sigmoid")
+                  moe_ffn_hidden_size=width, moe_shared_expert_ffn_hidden_size=width, moe_router="sigmoid")
+    # Llama4TextConfig: moe_layers where given, else every interleave_moe_layer_step-th layer, the last of each
+    layers, listed = fields["num_layers"], r.int_list("moe_layers")
+    step = r.int("interleave_moe_layer_step", 1)
+    fields.update(_moe_pattern(r, "moe_layers" if r.get("moe_layers") is not _MISSING else "interleave_moe_layer_step",
+                               layers, sorted(set(listed)) if r.get("moe_layers") is not _MISSING
+                               else list(range(step - 1, layers, step))))
     return _head_dim(r, fields)
 
 

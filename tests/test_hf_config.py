@@ -481,3 +481,64 @@ def test_a_layer_pattern_megatron_cannot_express_is_refused_naming_the_key(tmp_p
     cfg["layer_types"] = ["full_attention"] + ["sliding_attention"] * 23
     with pytest.raises(CaseError, match=r"layer_types.*one full-attention layer every N layers.*\[1\]"):
         read_hf_config(write(tmp_path, cfg))
+
+
+def _params(fields: dict) -> tuple[float, float]:
+    from cost_models.parameters import active_parameters, total_parameters
+    from cost_models.specs import ModelSpec
+
+    spec = ModelSpec(**{k: v for k, v in fields.items() if k not in ("rope_base", "normalization", "position_embedding",
+                                                                     "linear_bias", "qk_norm")})
+    return total_parameters(spec), active_parameters(spec)
+
+
+@pytest.mark.parametrize("name, absent", [
+    # DeepseekV3Config: q_lora_rank 1536, n_shared_experts 1, first_k_dense_replace 3 (the fixture's
+    # own values): left out, they were read as no query compression, no shared expert and every layer
+    # MoE, 720.6B parameters for 682.6B
+    ("DeepSeek-V3", ("q_lora_rank", "n_shared_experts", "first_k_dense_replace")),
+    ("gpt-oss-120b", ("head_dim",)),  # GptOssConfig: 64 (it was 2,880 / 64 = 45)
+])
+def test_a_key_the_file_leaves_out_takes_its_config_classs_default(tmp_path, name, absent):
+    cfg = published(name)
+    assert all(k in cfg for k in absent)
+    fields = read_hf_config(fixture(name))
+    bare = read_hf_config(write(tmp_path, {k: v for k, v in cfg.items() if k not in absent}))
+    assert _params(bare) == _params(fields)
+
+
+def test_a_null_key_is_unset_as_the_config_class_reads_it(tmp_path):
+    # q_lora_rank null: DeepSeek's modeling code projects the query with no low-rank step (V2-Lite ships it)
+    fields = read_hf_config(write(tmp_path, {**published("DeepSeek-V3"), "q_lora_rank": None}))
+    assert "q_lora_rank" not in fields
+
+
+def test_moe_layers_are_placed_as_each_familys_modeling_code_places_them(tmp_path):
+    """DeepSeek: experts where i >= first_k_dense_replace and i % moe_layer_freq == 0 (2, 4, …, 60 of
+    61 for 2 and 2: 30 MoE layers; they were placed at 3, 5, …, 59). Qwen3-MoE: where (i + 1) %
+    decoder_sparse_step == 0 and i is not in mlp_only_layers. A Llama 4 moe_layers list no dense-prefix,
+    every-n-th pattern holds is refused."""
+    from cost_models.specs import ModelSpec
+
+    def spec(cfg):
+        fields = read_hf_config(write(tmp_path, cfg))
+        return ModelSpec(**{k: v for k, v in fields.items() if k in ModelSpec.__dataclass_fields__})
+
+    deepseek = spec({**published("DeepSeek-V3"), "first_k_dense_replace": 2, "moe_layer_freq": 2})
+    assert [i for i in range(61) if deepseek.is_moe_layer(i)] == list(range(2, 61, 2))
+    qwen = spec({**published("Qwen3-30B-A3B"), "mlp_only_layers": [0], "decoder_sparse_step": 2})
+    assert [i for i in range(48) if qwen.is_moe_layer(i)] == list(range(1, 48, 2))
+    maverick = published("Llama-4-Maverick-17B-128E")
+    with pytest.raises(CaseError, match=r"text_config\.moe_layers: places MoE layers at \[0, 1, 2\]"):
+        read_hf_config(write(tmp_path, {**maverick, "text_config": {**maverick["text_config"], "moe_layers": [0, 1, 2]}}))
+    listed = spec({**maverick, "text_config": {**maverick["text_config"], "moe_layers": list(range(1, 48, 2))}})
+    assert listed.num_moe_layers == 24
+
+
+def test_a_text_only_llama4_config_without_model_type_is_read_as_the_text_decoder(tmp_path):
+    """architectures Llama4ForCausalLM with the text config's keys at the top (no model_type) was
+    sent to the multimodal reader: "text_config: expected an object, got nothing"."""
+    text = {k: v for k, v in published("Llama-4-Maverick-17B-128E")["text_config"].items() if k != "model_type"}
+    fields = read_hf_config(write(tmp_path, {**text, "architectures": ["Llama4ForCausalLM"]}))
+    assert fields == read_hf_config(write(tmp_path, {**text, "model_type": "llama4_text"}, "typed")) | \
+        {"name": fields["name"]}
