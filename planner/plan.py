@@ -305,8 +305,11 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         raise CaseError(case.source, key, f"{spec.target} cannot run it: {why}")
     from .solver import LayoutModel  # ortools loads in ~0.3 s: only `plan` pays for it
 
-    robust = not fastest and simplest_within is None
-    margin = indistinguishable_gap() if robust else (simplest_within or 0) / 100
+    # The robust pick, at the gap the model cannot tell apart or, with simplest_within, at a margin set by
+    # hand: the same rule either way (it took the least complex within the margin whatever its fit, a
+    # layout predicted over memory where the default picked one that fits at its band's upper end).
+    robust = not fastest
+    margin = indistinguishable_gap() if simplest_within is None else simplest_within / 100
     slack = max(TABLE_SLACK, margin)
     result, table = layout_table(case, spec, slack, robust=margin if robust else None)
     model = LayoutModel(case, spec, table)
@@ -320,13 +323,9 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     status = solution.status
     chosen = fastest_index = solution.index
     picked_on = "speed"
-    if simplest_within is not None:
-        fastest_us = round(table[chosen].step_time_s * 1e6)
-        chosen = model.solve(time_limit_us=int(fastest_us * (1 + simplest_within / 100)), simplest=True).index
-        picked_on = "simplicity"
-    elif robust:
+    if robust:
         chosen = robust_choice(table, fastest_index, margin, case)
-        picked_on = "robust" if chosen != fastest_index else "speed"
+        picked_on = "speed" if chosen == fastest_index else "simplicity" if simplest_within is not None else "robust"
     model.exclude(chosen)
     for index, candidate in enumerate(table):  # a safer twin is the robust pick's to take, not a runner-up
         if candidate.safer and index != chosen:

@@ -186,3 +186,28 @@ def test_coverage_held_out_is_unknown_where_no_other_source_gives_a_band():
                             measured_gib=None, fits=True, row={}) for i in range(21)]
     (only,) = bands.coverage_by_class(rows, [job] * len(rows))
     assert only.inside_held_out is None and only.inside == pytest.approx(17 / 21)
+
+
+@pytest.mark.parametrize("case, pin", [
+    # Llama 2 7B on 8 A100s of 40 GB: the pick was ZeRO 3 at 8.21 s where ZeRO 2 recomputing one layer,
+    # sure to fit too, takes 8.01 s (the search skipped ZeRO 2 wherever ZeRO 1 fitted without recomputing)
+    ({"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+      "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"}}, {"zero_stage": 2}),
+    ({"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+      "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"}}, {"zero_stage": 2}),
+])
+def test_a_pin_never_finds_a_pick_the_robust_rule_ranks_above_the_unpinned_one(case, pin):
+    """Pinning a choice only narrows the search: the unpinned robust pick is no worse by the pick's
+    own order (surest to fit, then simplest, then fastest) than the pinned one, where the pinned one
+    is within the margin of the unpinned search's fastest."""
+    from planner.plan import robust_rank
+    from planner.search import Candidate
+
+    free, pinned = planner.plan(case), planner.plan({**case, "search": pin})
+    fastest = (free.fastest or free.best).step_time_s
+    assert pinned.best.step_time_s <= fastest * (1 + free.margin)
+
+    def rank(p):
+        return robust_rank(Candidate(p.best.job.layout, p.best.step_time_s, p.best.peak.total, p.best.job), p.best.case)
+
+    assert rank(free) <= rank(pinned)

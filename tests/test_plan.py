@@ -206,10 +206,12 @@ def test_pipeline_partitions(layers, pp, expected):
     (25, {}),  # a table of hundreds of rows
 ])
 def test_simplest_within_is_the_simplest_row_of_the_table_within_its_bound(monkeypatch, within, sections):
-    """The solver's pick, checked by brute force over the table it was given: of the rows within
-    ``within`` % of the fastest, the one of least complexity (planner.complexity), ties to the
-    first row."""
+    """The pick, checked by brute force over the table it was given: of the rows within ``within`` %
+    of the fastest, the surest to fit (search_memory.fit_tier), then the one of least complexity
+    (planner.complexity), as the default pick at its own margin (it took the least complex whatever
+    its fit: a layout predicted over memory where the default took one that fits at its band's top)."""
     from planner.complexity import complexity
+    from planner.search_memory import fit_tier
 
     plan_module = sys.modules["planner.plan"]
     tables = []
@@ -221,7 +223,11 @@ def test_simplest_within_is_the_simplest_row_of_the_table_within_its_bound(monke
     bound = int(fastest_us * (1 + within / 100))
     rows = [i for i, c in enumerate(table) if round(c.step_time_s * 1e6) <= bound]
     assert len(rows) > 1  # a choice to make
-    simplest = min(rows, key=lambda i: (complexity(table[i], 128), i))
+    headroom = p.best.case.search.headroom
+    tier = {i: fit_tier(table[i].job, table[i].peak_bytes, headroom) for i in rows}
+    surest = min(tier.values())
+    simplest = min((i for i in rows if tier[i] == surest), key=lambda i: (complexity(table[i], 128),
+                                                                          table[i].step_time_s))
     assert p.best.job.layout == table[simplest].layout
 
 
