@@ -46,7 +46,7 @@ from typing import Callable
 
 from planner.errors import CaseError
 from planner.inputs import read_json
-from planner.limits import MAX_INT, MAX_ROPE_BASE
+from planner.limits import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_VOCAB
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 MOE = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss")
@@ -59,6 +59,14 @@ _ARCH_TO_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen
 _ARCH_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM", "LMHeadModel", "Model")
 
 _MISSING = object()
+
+# The most each count may be, as a case's own keys are bounded (planner/limits.py), said of the
+# config's key: 2,000 layers were refused as the case's model.num_layers. Widths, heads and the rest,
+# MAX_MODEL_WIDTH.
+HF_BOUNDS = {**dict.fromkeys(("num_hidden_layers", "n_layer", "first_k_dense_replace", "num_nextn_predict_layers",
+                              "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step"), MAX_LAYERS),
+             "vocab_size": MAX_VOCAB, "n_routed_experts": MAX_EXPERTS, "num_local_experts": MAX_EXPERTS,
+             "num_experts": MAX_EXPERTS, "sliding_window": MAX_SEQ_LEN}
 
 # What a family's transformers config class takes for a key the file leaves out, where that is not
 # what the same key given as null means (transformers' configuration_<family>.py, main as of 2026:
@@ -230,8 +238,9 @@ class _Reader:
             raise self.fail(key, f"expected an integer, got {_show(value)}")
         if value < 1:
             raise self.fail(key, f"expected a positive integer, got {value}")
-        if value > MAX_INT:
-            raise self.fail(key, f"expected an integer at most {MAX_INT}, got {_show(value)}")
+        most = HF_BOUNDS.get(key, MAX_MODEL_WIDTH)
+        if value > most:
+            raise self.fail(key, f"expected an integer at most {most}, got {_show(value)}")
         return value
 
     def bool(self, key: str, default: bool) -> bool:

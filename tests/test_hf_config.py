@@ -542,3 +542,12 @@ def test_a_text_only_llama4_config_without_model_type_is_read_as_the_text_decode
     fields = read_hf_config(write(tmp_path, {**text, "architectures": ["Llama4ForCausalLM"]}))
     assert fields == read_hf_config(write(tmp_path, {**text, "model_type": "llama4_text"}, "typed")) | \
         {"name": fields["name"]}
+
+
+@pytest.mark.parametrize("key, value, bound", [("num_hidden_layers", 2000, 1024), ("vocab_size", 2**24 + 1, 2**24),
+                                               ("hidden_size", 2**40, 2**20), ("n_routed_experts", 2**21, 2**20)])
+def test_a_count_past_its_bound_is_named_at_the_configs_key(tmp_path, key, value, bound):
+    """2,000 layers were refused as the case's model.num_layers, a key the case does not hold."""
+    path = write(tmp_path, {**published("DeepSeek-V3"), key: value})
+    with pytest.raises(CaseError, match=rf"config.json: {key}: expected an integer at most {bound}, got"):
+        read_hf_config(path)
