@@ -91,7 +91,8 @@ def plan_command(
     top: Optional[int] = typer.Option(None, "--top", min=0, help="Alternatives to list (default 5, or search.top_k)."),
     simplest_within: Optional[float] = typer.Option(
         None, "--simplest-within", min=0.0,
-        help="Return the least complex layout whose step time is within PCT percent of the fastest."),
+        help="Make the robust pick within PCT percent of the fastest (the surest to fit, then the least complex) "
+             "instead of within the gap the model cannot tell apart."),
     fastest: bool = typer.Option(False, "--fastest", help="Return the raw optimum of the model, not the robust pick "
                                                           "(the simplest layout the model cannot tell from it)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the memory and Pareto plots to this PNG."),

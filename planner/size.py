@@ -295,7 +295,7 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
 
 def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nodes: Any = None,
          gpu_hour_cost: Any = None, top_k: Any = None,
-         progress: Callable[[int, int], None] = lambda done, total: None) -> Sizing:
+         progress: Optional[Callable[[int, int], None]] = None) -> Sizing:
     """Python API: size a case (path or dict in the case-file schema) for ``tokens`` (15e12 or
     "15T"), optionally by a ``deadline`` ("60d", "36h"), within ``max_gpus`` or ``max_nodes``
     (of any one type), at ``gpu_hour_cost`` per GPU-hour (replacing every type's price);
@@ -303,6 +303,8 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
     from .plan import check_ignored_layout
 
     target = size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top_k)
+    if progress is None:  # as documented: no progress told
+        progress = lambda done, total: None  # noqa: E731
     if not callable(progress):
         raise CaseError("size", "progress", f"expected a function of (sizes done, sizes in all), got {one_line(repr(progress), 60)}")
     check_ignored_layout(case, "size")  # a malformed layout section is the case's error, as under plan

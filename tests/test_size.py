@@ -675,3 +675,8 @@ def test_what_would_meet_the_deadline_spends_no_more_than_a_size_it_tried():
     days = 15e12 / b200.tokens_per_s / 86400
     assert days * 24 <= 732  # 8,192 B200s meet the deadline
     assert would.cost <= days * 24 * 8192 * 4.5 * (1 + 1e-9)
+
+
+def test_progress_none_is_no_progress_as_documented():
+    """docs/commands.md gives size(..., progress=None); it was refused as not a function."""
+    assert planner.size(MID, "1T", max_gpus=64, progress=None).best is not None
