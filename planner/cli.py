@@ -422,8 +422,8 @@ def calibrate_command(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing profile."),
     gpu_preset: Optional[str] = typer.Option(
         None, "--gpu-preset", help="Take peak_tflops from this GPU preset (datasheet) instead of the best measured."),
-    nnodes: Optional[int] = typer.Option(None, "--nnodes", min=1, help="Nodes (run the same command on each; "
-                                                                          "default 1)."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", min=1, max=MAX_GPUS,
+                                         help="Nodes (run the same command on each; default 1)."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
                                                 help="HOST:PORT of the rendezvous (nnodes > 1)."),
     allow_busy: bool = typer.Option(False, "--allow-busy", help="Measure even while other processes keep the "
@@ -578,7 +578,31 @@ def _guard_streams() -> bool:
     for stream in (sys.stdout, sys.stderr):
         if "utf" not in (getattr(stream, "encoding", None) or "").lower() and hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
+    sys.stderr = _Unfailing(sys.stderr)
     return closed
+
+
+class _Unfailing:
+    """stderr whose writes cannot fail the command: a note that cannot be written (2>/dev/full) made
+    `plan --json` exit 1 with nothing on stdout, its answer lost for a line of commentary."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 # Where stdout cannot take the answer (a reader that closed the pipe, a full disk): the command's

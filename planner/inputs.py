@@ -35,6 +35,21 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCH
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
+def check_each_file_once(paths, what: str) -> None:
+    """Refuse a file given twice (by any spelling of its path): its ``what`` would count twice (a runs
+    file given twice doubled every score and band count of validate-published)."""
+    seen: dict[str, str] = {}
+    for path in paths:
+        try:
+            key = os.path.realpath(path)
+        except (OSError, ValueError):
+            continue  # its reading says what is wrong with it
+        if key in seen:
+            raise CaseError(os.fsdecode(path), "", f"given twice (as {seen[key]} too): give each file once, "
+                                                   f"or its {what} count twice")
+        seen[key] = os.fsdecode(path)
+
+
 def read_bytes(path: PathLike, limit: int = MAX_INPUT_BYTES, expected: str = "an input file") -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes, or a CaseError naming it."""
     source = os.fsdecode(path)

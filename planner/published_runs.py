@@ -110,8 +110,9 @@ class Rows(list):
 
 def load_rows(paths=DEFAULT_FILES) -> Rows:
     """The rows of the given published-run files (the repo's own copies by default)."""
-    from .inputs import read_yaml
+    from .inputs import check_each_file_once, read_yaml
 
+    check_each_file_once(paths, "runs")
     rows = Rows()
     rows.origins = []
     for path in paths:

@@ -18,7 +18,7 @@ from cost_models.specs import Job
 
 from .case import build_case, load_case, read_case, spec_errors
 from .errors import CaseError, one_line
-from .inputs import read_yaml
+from .inputs import check_each_file_once, read_yaml
 from .limits import MIN_FIGURE
 from .published_runs import (ROW_MEASURES, case_of, gpu_preset, measure_in_bounds, measured_tokens_per_s,
                              named_precision, published_memory_stage, row_key, row_problem)
@@ -322,6 +322,7 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
     time, or where the case has no layout."""
     if not logs:
         raise CaseError("--from-logs", "", "expected at least one training log")
+    check_each_file_once(logs, "runs")
     if len(cases) not in (1, len(logs)):
         raise CaseError("--case", "", f"expected one case for every log or one per log; got {len(cases)} cases for "
                                       f"{len(logs)} logs")

@@ -10,6 +10,7 @@ import os
 import re
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -789,3 +790,18 @@ def test_a_cluster_past_the_bound_is_refused_naming_nodes_as_written(tmp_path):
     case = write(tmp_path / "case.yaml", f"model: {{preset: llama3-70b}}\ncluster: {{gpu: h100-sxm-80gb, nodes: {2**62}}}\n"
                                          "training: {global_batch_size: 64, seq_len: 4096}\nlayout: {tp: 8}\n")
     one_line_error(cli("estimate", str(case)), "cluster.nodes: expected at most 131072 nodes of 8 GPUs")
+
+
+def test_an_answer_is_given_where_stderr_cannot_be_written(tmp_path):
+    """A note that could not be written (2>/dev/full) made plan --json exit 1 with nothing on stdout."""
+    out = tmp_path / "o.json"
+    with open(out, "w") as stdout, open("/dev/full", "w") as stderr:
+        done = subprocess.run([sys.executable, "-m", "planner", "plan", "examples/llama3-70b-h100.yaml", "--json"],
+                              stdout=stdout, stderr=stderr, timeout=120)
+    assert done.returncode == 0 and json.loads(out.read_text())["best"]
+
+
+def test_calibrate_bounds_its_nodes():
+    """--nnodes 10^9 was taken and waited in the rendezvous until killed."""
+    one_line_error(cli("calibrate", "--out", "x.yaml", "--nnodes", "1000000000", "--rdzv-endpoint", "localhost:29511"),
+                   "'--nnodes': 1000000000 is not in the range 1<=x<=1048576")

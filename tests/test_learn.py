@@ -603,3 +603,19 @@ def test_validate_published_skips_a_run_faster_than_its_gpu_naming_it():
     assert len(result.malformed) == 1 and result.malformed[0][0].startswith("impossible")
     assert "6,324 model TFLOP/s per GPU is above the h100-sxm-80gb's bf16 peak of 989" in result.malformed[0][1]
     assert not result.skipped  # the sane run is scored, not dropped as below half the impossible one
+
+
+def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
+    """validate-published scored a runs file given twice twice (doubling every score and band count),
+    and calibrate --from-logs fitted one log twice; calibrate --from-runs refused the same run twice."""
+    from planner.team_runs import runs_from_logs
+    from planner.published_runs import load_rows
+
+    log = write(tmp_path, "megatron.log", MEGATRON_LOG)
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case(8, 1, 1, 1, 1)))
+    with pytest.raises(CaseError, match=r"given twice \(as .*megatron.log too\)"):
+        runs_from_logs([log, tmp_path / "." / "megatron.log"], [tmp_path / "case.yaml"])
+    runs = tmp_path / "runs.yaml"
+    runs.write_text(yaml.safe_dump([published_row()]))
+    with pytest.raises(CaseError, match="given twice"):
+        load_rows([runs, str(runs)])
