@@ -34,8 +34,8 @@ A key the file leaves out takes its ``transformers`` config class's default wher
 from what ``null`` means (``ABSENT_DEFAULTS``, each from its configuration file); a ``null`` key is
 unset, as the classes treat it (kv heads = heads, no query compression). MoE layers are placed as
 each family's modeling code places them, and refused where the planner's pattern (a dense prefix,
-then every n-th layer) cannot hold them (:func:`_moe_pattern`). Every problem raises :class:`planner.errors.CaseError`, which
-names the file and the key.
+then every n-th layer) cannot hold them (:func:`_moe_pattern`). Every problem raises
+:class:`planner.errors.CaseError`, which names the file and the key.
 """
 
 from __future__ import annotations
@@ -78,8 +78,7 @@ ABSENT_DEFAULTS = {
     "qwen3_moe": {"num_key_value_heads": 4},
     "mistral": {"num_key_value_heads": 8},
     "deepseek_v3": {"q_lora_rank": 1536, "n_shared_experts": 1, "first_k_dense_replace": 3},
-    "llama4": {"num_key_value_heads": 8, "head_dim": 128},
-    "llama4_text": {"num_key_value_heads": 8, "head_dim": 128},
+    **dict.fromkeys(("llama4", "llama4_text"), {"num_key_value_heads": 8, "head_dim": 128}),  # the text config's
     "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "num_experts_per_tok": 4},
 }
 
@@ -443,11 +442,10 @@ def _llama4(r: _Reader) -> dict:
     fields.update(num_experts=r.int("num_local_experts"), moe_top_k=r.int("num_experts_per_tok"),
                   moe_ffn_hidden_size=width, moe_shared_expert_ffn_hidden_size=width, moe_router="sigmoid")
     # Llama4TextConfig: moe_layers where given, else every interleave_moe_layer_step-th layer, the last of each
-    layers, listed = fields["num_layers"], r.int_list("moe_layers")
-    step = r.int("interleave_moe_layer_step", 1)
-    fields.update(_moe_pattern(r, "moe_layers" if r.get("moe_layers") is not _MISSING else "interleave_moe_layer_step",
-                               layers, sorted(set(listed)) if r.get("moe_layers") is not _MISSING
-                               else list(range(step - 1, layers, step))))
+    layers, step = fields["num_layers"], r.int("interleave_moe_layer_step", 1)
+    listed = r.get("moe_layers") is not _MISSING
+    moe = sorted(set(r.int_list("moe_layers"))) if listed else list(range(step - 1, layers, step))
+    fields.update(_moe_pattern(r, "moe_layers" if listed else "interleave_moe_layer_step", layers, moe))
     return _head_dim(r, fields)
 
 

@@ -286,9 +286,9 @@ def engine(row: dict) -> str:
 ROW_COUNTS = {"": ("num_gpus",), "model": ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"),
               "parallel": ("dp", "tp", "pp", "vpp", "cp", "ep", "etp"),
               "batch": ("global_batch_size", "micro_batch_size", "grad_accum")}
-# The most each count may be, as a case's own keys are bounded (planner/limits.py): a pp of 2^70 was
-# "Python int too large to convert to C ssize_t", with no key named.
-# The rest the case built from the row bounds, naming the row's key.
+# The most each parallel degree may be, as a case's own keys are bounded (planner/limits.py): a pp of
+# 2^70 was "Python int too large to convert to C ssize_t", with no key named. The other counts the case
+# built from the row bounds, naming the row's key.
 ROW_COUNT_BOUNDS = {"dp": MAX_GPUS, "tp": MAX_GPUS, "pp": MAX_GPUS, "vpp": MAX_LAYERS, "cp": MAX_GPUS, "ep": MAX_GPUS,
                     "etp": MAX_GPUS}
 # What a row measured and the planner scores against: finite, at least MIN_FIGURE (1e-300 TFLOP/s

@@ -306,7 +306,8 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
     if progress is None:  # as documented: no progress told
         progress = lambda done, total: None  # noqa: E731
     if not callable(progress):
-        raise CaseError("size", "progress", f"expected a function of (sizes done, sizes in all), got {one_line(repr(progress), 60)}")
+        raise CaseError("size", "progress",
+                        f"expected a function of (sizes done, sizes in all), got {one_line(repr(progress), 60)}")
     check_ignored_layout(case, "size")  # a malformed layout section is the case's error, as under plan
     loaded, options = load_sizing_case(case)
     result = size_case(loaded, options, target, progress)

@@ -634,8 +634,9 @@ def _training(flags: dict, case, src: str) -> dict:
         dispatcher = flags.get("--moe-token-dispatcher-type") or "allgather"
         if "--overlap-moe-expert-parallel-comm" in flags and dispatcher not in ("alltoall", "flex"):
             # TransformerConfig.__post_init__ asserts it
-            raise CaseError(src, "--overlap-moe-expert-parallel-comm", f"needs --moe-token-dispatcher-type alltoall or "
-                                                                      f"flex, got {dispatcher} (megatron-core refuses it)")
+            raise CaseError(src, "--overlap-moe-expert-parallel-comm",
+                            f"needs --moe-token-dispatcher-type alltoall or flex, got {dispatcher} "
+                            "(megatron-core refuses it)")
         # megatron-core's flex dispatcher runs DeepEP unless told otherwise (TransformerConfig
         # moe_flex_dispatcher_backend = "deepep"); --moe-enable-deepep says the same.
         backend = (flags.get("--moe-flex-dispatcher-backend") or "deepep").lower()
