@@ -184,7 +184,8 @@ def print_plan(plan, console: Console) -> None:
     print_estimate(best, console)
     console.print(f"solver: {plan.status} over {plan.fitting} fitting layouts ({plan.scored} scored)")
     if plan.engines:
-        parts = [f"{name} {p.best.tokens_per_s:,.0f} tokens/s ({p.best.memory_verdict})" if p is not None
+        parts = [f"{name} {p.best.tokens_per_s:,.0f} tokens/s ({p.best.memory_verdict}{'; ' + why if why else ''})"
+                 if p is not None
                  and p.best is not None else f"{name}: {why or 'nothing fits'}" for name, p, why in plan.engines]
         console.print(f"engines (the case names none, or any: each that can run it was planned; --engine any plans "
                       f"plain PyTorch alone): {'; '.join(parts)}; picked {best.job.training.engine.name}", markup=False)

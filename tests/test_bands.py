@@ -211,3 +211,20 @@ def test_a_pin_never_finds_a_pick_the_robust_rule_ranks_above_the_unpinned_one(c
         return robust_rank(Candidate(p.best.job.layout, p.best.step_time_s, p.best.peak.total, p.best.job), p.best.case)
 
     assert rank(free) <= rank(pinned)
+
+
+def test_an_engine_beyond_the_margin_is_given_at_its_fastest_and_planned_no_further():
+    """Mixtral 8x7B on 64 H100s, no engine named: torchtitan's fastest (3.70 s) is 20 % behind
+    Megatron-LM's (3.08 s), beyond the margin, so neither rule can pick it; its own robust pick
+    (3.97 s) was planned in full, for a third of the plan's time, and reported as its best. It is
+    given at its fastest, the figure `plan --engine torchtitan --fastest` returns, and says so."""
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16"}}
+    decided = planner.plan(case)
+    engines = {name: (p, why) for name, p, why in decided.engines}
+    titan, why = engines["torchtitan"]
+    alone = planner.plan(case, engine="torchtitan", fastest=True)
+    assert titan.best.step_time_s == alone.best.step_time_s
+    assert titan.best.step_time_s > decided.best.step_time_s * (1 + decided.margin)
+    assert "its fastest" in why and "its fastest" in decided.to_dict()["engines"]["torchtitan"]["note"]
+    assert decided.to_dict()["engine"] == "megatron"
