@@ -126,11 +126,6 @@ class Model:
         objective.offset = expr.offset
         objective.scaling_factor = 1.0
 
-    def copy(self) -> "Model":
-        other = Model()
-        other.proto.copy_from(self.proto)
-        return other
-
     def solve(self) -> Answer:
         """Solved on one worker (the tables are small: fastest, and the same answer each time),
         leaving SIGINT to the process: Ctrl-C interrupts the command (exit 130) rather than

@@ -136,8 +136,6 @@ class LayoutModel:
         columns["objective"] = [time * len(candidates) + rank
                                 for time, rank in zip(columns["step_time_us"], columns["complexity_rank"])]
         chosen = {name: Linear(self.rows, tuple(column)) for name, column in columns.items()}
-        self.time_us = chosen["step_time_us"]
-        self.rank = chosen["complexity_rank"]
         self.objective = chosen["objective"]
         m.add_equal(chosen["gpus"], case.cluster.num_gpus)
         m.add_equal(chosen["sequences"], gbs)
@@ -147,17 +145,12 @@ class LayoutModel:
                                     case.model, case.cluster, case.training) / 1e6)
         m.add_between(chosen["peak_mb"], high=capacity_mb)
 
-    def solve(self, time_limit_us: Optional[int] = None, simplest: bool = False) -> Solution:
-        """Fastest row (ties to the simplest), or with ``simplest`` the simplest row within ``time_limit_us``."""
+    def solve(self) -> Solution:
+        """The fastest row left (ties to the simplest)."""
         m = self.model
         if not self.candidates:
             return Solution("INFEASIBLE", None)
-        if time_limit_us is not None:
-            # A bound of this solve only, stated on a copy where presolve can use it: under an
-            # assumption on the model itself, a 600-row table took seconds.
-            m = m.copy()
-            m.add_between(self.time_us, high=time_limit_us)
-        m.minimize(self.rank if simplest else self.objective)
+        m.minimize(self.objective)
         answer = m.solve()
         if answer.found:
             return Solution(answer.status, next(i for i, row in enumerate(self.rows) if answer.values[row]))

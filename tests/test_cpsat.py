@@ -62,11 +62,3 @@ def test_a_random_model_has_the_optimum_of_every_assignment_enumerated(seed):
         assert all(check(v) for check in checks)
         assert sum(c * v[x] for x, c in zip(objective.vars, objective.coeffs)) + objective.offset == best
 
-
-def test_a_copy_takes_constraints_apart_from_its_original():
-    m = Model()
-    x = m.new_var(range(10), "x")
-    m.minimize(Linear((x,), (-1,)))
-    bounded = m.copy()
-    bounded.add_between(Linear.of(x), high=4)
-    assert bounded.solve().values[x] == 4 and m.solve().values[x] == 9

@@ -43,16 +43,6 @@ def test_the_fastest_row_and_its_runners_up_in_order(table):
     assert picked == order(case, candidates)[:4]
 
 
-def test_the_simplest_row_within_a_time_limit(table):
-    case, candidates = table
-    model = LayoutModel(case, case.search, candidates)
-    limit = round(min(c.step_time_s for c in candidates) * 1.05 * 1e6)
-    within = [i for i in range(len(candidates)) if round(candidates[i].step_time_s * 1e6) <= limit]
-    gbs = case.training.global_batch_size
-    assert model.solve(time_limit_us=limit, simplest=True).index == \
-        min(within, key=lambda i: (complexity(candidates[i], gbs), i))
-
-
 @pytest.mark.parametrize("change", [
     lambda lay: {"dp": 2 * lay.dp},  # twice the cluster's GPUs
     lambda lay: {"micro_batch_size": 3},  # 3 · accumulation · dp is not the global batch
