@@ -219,20 +219,14 @@ class ModelSpec:
 
     def _check_router_groups(self) -> None:
         """megatron-core's checks (``TransformerConfig.__post_init__``), and enough experts in
-        the picked groups for a token's k."""
+        the picked groups for a token's k (:func:`router_group_problem`)."""
         s = ModelSpec
         _positive_int(s, "moe_router_num_groups", self.moe_router_num_groups)
         _positive_int(s, "moe_router_group_topk", self.moe_router_group_topk)
-        if self.num_experts % self.moe_router_num_groups:
-            raise SpecError(s, "moe_router_num_groups", f"must divide num_experts {self.num_experts}, "
-                                                        f"got {self.moe_router_num_groups}")
-        if self.moe_router_group_topk > self.moe_router_num_groups:
-            raise SpecError(s, "moe_router_group_topk", f"at most moe_router_num_groups {self.moe_router_num_groups}, "
-                                                        f"got {self.moe_router_group_topk}")
-        eligible = self.moe_router_group_topk * self.num_experts // self.moe_router_num_groups
-        if self.moe_top_k > eligible:
-            raise SpecError(s, "moe_router_group_topk", f"leaves {eligible} experts in the picked groups, fewer than "
-                                                        f"moe_top_k {self.moe_top_k}")
+        problem = router_group_problem(self.num_experts, self.moe_router_num_groups, self.moe_router_group_topk,
+                                       self.moe_top_k)
+        if problem is not None:
+            raise SpecError(s, *problem)
 
     # --- attention shapes -------------------------------------------------------------
 
@@ -310,3 +304,18 @@ class ModelSpec:
         """Tokens the busiest expert rank takes, over the balanced mean: the capacity factor where
         experts are padded to it, else the load imbalance of a dropless router."""
         return self.moe_capacity_factor if self.moe_capacity_factor is not None else self.moe_load_imbalance
+
+
+def router_group_problem(num_experts: int, groups: int, group_topk: int, top_k: int) -> Optional[tuple[str, str]]:
+    """What is wrong with group-limited routing of ``top_k`` of ``num_experts`` experts in ``groups``
+    groups, ``group_topk`` of them picked per token, as (field, what was expected); None where nothing
+    is. megatron-core's checks (``TransformerConfig.__post_init__``: the groups divide the experts,
+    no more picked than there are), and enough experts in the picked groups for a token's k."""
+    if num_experts % groups:
+        return "moe_router_num_groups", f"must divide num_experts {num_experts}, got {groups}"
+    if group_topk > groups:
+        return "moe_router_group_topk", f"at most moe_router_num_groups {groups}, got {group_topk}"
+    eligible = group_topk * num_experts // groups
+    if top_k > eligible:
+        return "moe_router_group_topk", f"leaves {eligible} experts in the picked groups, fewer than moe_top_k {top_k}"
+    return None

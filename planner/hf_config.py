@@ -42,8 +42,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Callable
 
+from cost_models.model_spec import router_group_problem
 from planner.errors import CaseError
 from planner.inputs import read_json
 from planner.limits import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_VOCAB
@@ -511,6 +513,14 @@ def _check_shapes(r: _Reader, family: str, fields: dict) -> None:
         experts, top_k = fields["num_experts"], fields["moe_top_k"]
         if top_k > experts:
             raise r.fail("num_experts_per_tok", f"at most the {experts} experts, got {top_k}")
+        if "moe_router_num_groups" in fields:  # DeepSeek's group-limited routing
+            problem = router_group_problem(experts, fields["moe_router_num_groups"],
+                                           fields["moe_router_group_topk"], top_k)
+            if problem is not None:
+                field, expected = problem
+                names = {"moe_router_num_groups": "n_group", "moe_router_group_topk": "topk_group",
+                         "num_experts": "n_routed_experts", "moe_top_k": "num_experts_per_tok"}
+                raise r.fail(names[field], re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: names[m[1]], expected))
         if fields.get("moe_first_dense_layers", 0) >= fields["num_layers"]:
             raise r.fail("first_k_dense_replace" if family.startswith("deepseek") else "mlp_only_layers",
                          f"leaves no MoE layer among the {fields['num_layers']} layers")

@@ -336,6 +336,22 @@ def test_non_positive_integers(tmp_path, model, key, value):
     assert "positive" in str(raises(write(tmp_path, cfg), key))
 
 
+@pytest.mark.parametrize("changes, key, expected", [
+    ({"n_group": 7}, "n_group", "must divide n_routed_experts 256, got 7"),
+    ({"topk_group": 9}, "topk_group", "at most n_group 8, got 9"),
+    ({"n_group": 64, "topk_group": 1}, "topk_group", "leaves 4 experts in the picked groups, fewer than "
+                                                     "num_experts_per_tok 8"),
+])
+def test_group_limited_routing_that_cannot_route_names_the_configs_key(tmp_path, changes, key, expected):
+    """DeepSeek-V3's 256 experts in 8 groups, 4 picked, 8 per token: groups that do not divide the
+    experts, more picked than there are, or too few experts left for a token's 8 (megatron-core's
+    TransformerConfig checks) are the config's n_group and topk_group, not the planner's
+    moe_router_num_groups, which the case file never wrote."""
+    cfg = published("DeepSeek-V3")
+    cfg.update(changes)
+    assert expected in str(raises(write(tmp_path, cfg), key))
+
+
 @pytest.mark.parametrize("model, key, value", [
     # 0 and "false" turned Qwen2.5's sliding window on (transformers reads 0 as off)
     ("Qwen2.5-72B", "use_sliding_window", 0), ("Qwen2.5-72B", "use_sliding_window", "false"),
