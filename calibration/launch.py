@@ -179,6 +179,12 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
     import torch  # the device decides which checks apply; the ranks import it anyway
 
     cuda = torch.cuda.is_available()
+    if gpu_preset is not None and not cuda:
+        # Its datasheet peaks would scale this machine's CPU timings: a profile that names a GPU it never
+        # measured (a B200's 2,250 TFLOP/s at an efficiency of 6e-5).
+        raise CaseError("--gpu-preset", gpu_preset, "names a GPU, but torch sees none on this machine: its "
+                                                    "datasheet peaks would only rescale CPU timings; leave it "
+                                                    "out to calibrate the CPUs")
     used = gpu_use(nproc) if cuda else None
     for busy in (busy_reason(others), gpu_busy_reason(used)):
         if busy and not allow_busy:

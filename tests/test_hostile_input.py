@@ -805,3 +805,16 @@ def test_calibrate_bounds_its_nodes():
     """--nnodes 10^9 was taken and waited in the rendezvous until killed."""
     one_line_error(cli("calibrate", "--out", "x.yaml", "--nnodes", "1000000000", "--rdzv-endpoint", "localhost:29511"),
                    "'--nnodes': 1000000000 is not in the range 1<=x<=1048576")
+
+
+def test_calibrate_refuses_a_gpu_preset_on_a_machine_without_one(tmp_path):
+    """--gpu-preset b200 on this CPU-only machine ran its ranks and wrote a profile claiming a B200's
+    peaks (bf16 2,250 TFLOP/s) at a GEMM efficiency of 6e-5: the CPU's timings, labelled a GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = tmp_path / "b200.yaml"
+    one_line_error(cli("calibrate", "--out", str(out), "--quick", "--gpu-preset", "b200"),
+                   "--gpu-preset: b200: names a GPU, but torch sees none on this machine")
+    assert not out.exists()
