@@ -23,6 +23,7 @@ step time is the median of the rest.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass
@@ -56,9 +57,9 @@ class Entry:
     unit: str = ""  # what must follow the figure (GiB, GB)
     also: str = ""  # what the line must hold besides
 
-    def points(self, text: str) -> list[tuple[int, float]]:
+    def points(self, text: str, src: str = "log") -> list[tuple[int, float]]:
         found = []
-        for line in text.splitlines():
+        for number, line in enumerate(text.splitlines(), 1):
             at = line.rfind(self.marker)
             if at < 0 or self.also not in line:
                 continue
@@ -66,7 +67,7 @@ class Entry:
             keys = list(self.key.finditer(line, 0, at))
             if value is None or not keys or not line.startswith(self.unit, value.end()):
                 continue
-            found.append((int(keys[-1].group(1)), _num(value.group(1))))
+            found.append((_count(keys[-1].group(1), src, number), _figure(value.group(1), src, number, self.marker)))
         return found
 
 
@@ -101,6 +102,36 @@ def _num(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+# The most digits a step, rank or batch count a log prints may have: Python refuses to read an
+# integer of more than 4,300 (a traceback), and no run counts past 10^18.
+MAX_COUNT_DIGITS = 18
+
+
+def _count(text: str, src: str, line: int) -> int:
+    """A step, rank or batch count the log prints at ``line``, or a CaseError naming the line."""
+    from .errors import CaseError
+
+    if len(text) > MAX_COUNT_DIGITS:
+        raise CaseError(src, f"line {line}", f"a count of {len(text)} digits ({_clipped(text)}): expected at most "
+                                             f"{MAX_COUNT_DIGITS}")
+    return int(text)
+
+
+def _clipped(text: str, most: int = 12) -> str:
+    return text if len(text) <= most else text[:most] + "…"
+
+
+def _figure(text: str, src: str, line: int, what: str) -> float:
+    """A figure the log prints after ``what`` at ``line``: finite, or a CaseError naming the line
+    (a 5,000-digit time was read as infinity and fitted)."""
+    from .errors import CaseError
+
+    value = _num(text)
+    if not math.isfinite(value):
+        raise CaseError(src, f"line {line}", f"'{what}' {_clipped(text)}: expected a finite figure")
+    return value
+
+
 def _after_warmup(points: list[tuple[int, float]]) -> list[float]:
     """The values of logged intervals after the first and past the first WARMUP_STEPS steps."""
     return [v for i, (step, v) in enumerate(points) if i > 0 and step > WARMUP_STEPS]
@@ -118,20 +149,28 @@ def read_log(path: Path) -> LogReading:
     # A regular file only (a FIFO waited for ever, /dev/zero was read to the bound), of at most the bound.
     data = read_bytes(path, MAX_LOG_BYTES, "a training log (give the lines of the steps to fit)")
     text = data.decode("utf-8", errors="replace")  # logs carry progress bars and colour codes
-    megatron = MEGATRON_STEP.points(text)
-    titan = TITAN_STEP.points(text)
-    deepspeed = DS_THROUGHPUT.points(text)
+    megatron = MEGATRON_STEP.points(text, src)
+    titan = TITAN_STEP.points(text, src)
+    deepspeed = DS_THROUGHPUT.points(text, src)
     timers = [(i + 1, _num(m.group(1)) + _num(m.group(2)) + _num(m.group(3)))
               for i, m in enumerate(DS_TIMERS.finditer(text))]
+    if any(not math.isfinite(t) for _, t in timers):
+        raise CaseError(src, "", "a 'time (ms) | fwd: … | bwd: … | step: …' timer line holds no finite figure")
+    if titan and (megatron or deepspeed or timers):
+        # Megatron-DeepSpeed prints Megatron-LM's lines and DeepSpeed's together; torchtitan beside
+        # either is two runs' logs in one file, and the steps of one would be fitted as the other's.
+        other = "Megatron-LM's 'elapsed time per iteration'" if megatron else "DeepSpeed's step lines"
+        raise CaseError(src, "", f"holds torchtitan's 'tps:' step lines and {other}: give each run's log "
+                                 f"on its own")
     if megatron:
         times = _after_warmup(megatron)
-        memory = MEGATRON_MEMORY.points(text)
+        memory = MEGATRON_MEMORY.points(text, src)
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
         stated = [(k, float(args[k])) for k in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                                                   "global_batch_size", "micro_batch_size",
                                                   "tensor_model_parallel_size", "pipeline_model_parallel_size")
                   if k in args and _is_number(args[k])]
-        batches = {int(m.group(1)) for m in MEGATRON_BATCH.finditer(text)}
+        batches = {_count(m.group(1), src, text.count("\n", 0, m.start()) + 1) for m in MEGATRON_BATCH.finditer(text)}
         if len(batches) == 1 and not any(k == "global_batch_size" for k, _ in stated):
             stated.append(("global_batch_size", float(batches.pop())))
         settings = tuple((k, args[k]) for k in MEGATRON_SETTINGS if k in args)
@@ -141,13 +180,13 @@ def read_log(path: Path) -> LogReading:
                              peak_of_rank_0_only=bool(memory) and {r for r, _ in memory} == {0})
     elif titan:
         times = _after_warmup(titan)
-        memory = _after_warmup(TITAN_MEMORY.points(text))
+        memory = _after_warmup(TITAN_MEMORY.points(text, src))
         params = [_num(m.group(1)) for m in TITAN_PARAMETERS.finditer(text)]
         reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
                              peak_gib=max(memory) if memory else None, peak_of_rank_0_only=bool(memory),
                              stated=(("parameters", params[0]),) if params else ())
     elif deepspeed or timers:
-        memory = _after_warmup(DS_MEMORY.points(text))
+        memory = _after_warmup(DS_MEMORY.points(text, src))
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
         stated = tuple((k, float(args[k])) for k in ("train_batch_size", "train_micro_batch_size_per_gpu")
                        if k in args and _is_number(args[k]))
@@ -178,8 +217,8 @@ def _median(values: list[float], src: str, what: str) -> float:
 
 
 def _is_number(text: str) -> bool:
+    """Whether an argument dump's value is a finite number (one of 5,000 digits reads as infinity)."""
     try:
-        float(text)
-        return True
+        return math.isfinite(float(text))
     except ValueError:
         return False

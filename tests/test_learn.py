@@ -374,17 +374,45 @@ def test_a_line_of_many_step_keys_reads_in_linear_time(tmp_path, name, log, pref
     assert large < 0.5 or large < 30 * small
 
 
-@pytest.mark.parametrize("figure, needle", [("1e300", "its step time is 1e+297 s"),
-                                            ("1e999", "its step time is inf s")])
+@pytest.mark.parametrize("figure, needle", [
+    ("1e300", "huge.log: its step time is 1e+297 s; expected one from 1e-06 to 1e+07 s"),
+    # 1e999 ms said 'expected a positive throughput, got 0.0'; 5,000 digits were read as infinity and fitted
+    ("1e999", "huge.log: line 11: 'elapsed time per iteration (ms):' 1e999: expected a finite figure"),
+    ("9" * 5000, "huge.log: line 11: 'elapsed time per iteration (ms):' 999999999999…: expected a finite figure")])
 def test_a_logs_step_time_is_held_to_a_runs_bounds(tmp_path, figure, needle):
-    """A step of 1e300 ms was fitted (an error of +5.3e296 written to the profile); 1e999 ms said
-    'expected a positive throughput, got 0.0'."""
+    """A step of 1e300 ms was fitted (an error of +5.3e296 written to the profile)."""
     case_path = tmp_path / "case.yaml"
     case_path.write_text(yaml.safe_dump({k: v for k, v in case(8, 1, 1, 1, 1).items()}))
     log = re.sub(r"elapsed time per iteration \(ms\): [0-9.]+", f"elapsed time per iteration (ms): {figure}",
                  MEGATRON_LOG)
-    with pytest.raises(CaseError, match=rf"huge.log: {re.escape(needle)}; expected one from 1e-06 to 1e\+07 s"):
+    with pytest.raises(CaseError, match=re.escape(needle)):
         runs_from_logs([write(tmp_path, "huge.log", log)], [case_path])
+
+
+@pytest.mark.parametrize("name, log, old, new", [
+    ("megatron.log", MEGATRON_LOG, "iteration        5/", "iteration " + "9" * 5000 + "/"),
+    ("megatron.log", MEGATRON_LOG, "[Rank 1]", "[Rank " + "9" * 5000 + "]"),
+    ("megatron.log", MEGATRON_LOG, "global batch size:   128 | lm", "global batch size:   " + "9" * 5000 + " | lm"),
+    ("titan.log", TITAN_LOG, "step: 20", "step: " + "9" * 5000),
+    ("ds.log", DEEPSPEED_LOG, "global_step=5,", "global_step=" + "9" * 5000 + ","),
+])
+def test_a_count_of_thousands_of_digits_in_a_log_names_its_line(tmp_path, name, log, old, new):
+    """A step, rank or batch count of 5,000 digits ended `calibrate --from-logs` in a traceback
+    (Python reads no integer of more than 4,300 digits)."""
+    assert old in log
+    path = write(tmp_path, name, log.replace(old, new, 1))
+    with pytest.raises(CaseError, match=r"line \d+: a count of 5000 digits \(999999999999…\): expected at most 18"):
+        read_log(path)
+
+
+@pytest.mark.parametrize("first, second", [("MEGATRON_LOG", "TITAN_LOG"), ("TITAN_LOG", "DEEPSPEED_LOG")])
+def test_a_log_of_torchtitan_and_another_engine_is_refused(tmp_path, first, second):
+    """A file holding torchtitan's step lines and Megatron-LM's (or DeepSpeed's) was fitted as the
+    Megatron (DeepSpeed) run alone, the other's steps said nothing of."""
+    path = write(tmp_path, "mixed.log", globals()[first] + globals()[second])
+    with pytest.raises(CaseError, match=r"mixed.log: holds torchtitan's 'tps:' step lines and .*: give each run's "
+                                        r"log on its own"):
+        read_log(path)
 
 
 def test_a_log_with_no_step_time_is_refused_naming_what_was_looked_for(tmp_path):
