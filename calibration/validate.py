@@ -165,9 +165,10 @@ def profiled_machine(case: Union[str, Path, dict], profile: Optional[Union[str, 
         profile = Path(cluster["profile"])
         if not profile.is_absolute() and not isinstance(case, dict):
             profile = Path(case).parent / profile
+    from planner.case_cluster import read_machine
+
     data = read_yaml(Path(profile))
-    machine = data.get("machine") if isinstance(data, dict) else None
-    return machine if isinstance(machine, dict) else {}
+    return read_machine(str(profile), data.get("machine")) if isinstance(data, dict) else {}
 
 
 def _threads(machine: dict) -> Optional[int]:

@@ -12,8 +12,8 @@ from cost_models.specs import ClusterSpec, FabricSpec, GPUSpec, HostSpec, Perfor
 
 from .case_errors import spec_errors
 from .errors import CaseError
-from .fields import (describe, read_figure, read_file_path, read_int, read_mapping, read_number,
-                     read_time, read_unit, required)
+from .fields import (describe, read_bool, read_figure, read_file_path, read_int, read_mapping, read_number,
+                     read_str, read_time, read_unit, required)
 from .inputs import read_yaml
 from .limits import MAX_FABRIC_EFFICIENCY, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_PEAK_TFLOPS, MIN_FIGURE
 from .presets import closest, fabric_presets, gpu_presets, performance_presets, resolve_gpu_preset
@@ -94,7 +94,7 @@ def host_from_mapping(src: str, key: str, data: Any) -> HostSpec:
 def fabric_from_mapping(src: str, key: str, name: str, data: Any) -> tuple[FabricSpec, Optional[float]]:
     """A FabricSpec (and the NIC line rate per GPU it sets, if any) from a preset entry or an
     inline mapping with the same fields."""
-    data = read_mapping(src, key, data or {}, FABRIC_KEYS)
+    data = read_mapping(src, key, {} if data is None else data, FABRIC_KEYS)
     values: dict[str, Any] = {"name": name}
     # The efficiencies divide the fabric's time (below MIN_FIGURE a step would be endless); the
     # oversubscription divides its rate likewise; rails counts NICs.
@@ -170,6 +170,47 @@ PROFILE_KEYS = ("machine", "gpu", "performance", "fabric", "alone", "measurement
 ALONE_KEYS = ("peak_tflops", "hbm_bandwidth", "performance")
 
 
+# What a profile's machine section may say, where anything reads it: how `calibrate` ran
+# (calibration/profile.py, worker.py, launch.py) or, for `calibrate --from-runs`, where its figures
+# came from (planner/learn.py). The backend decides whether `validate` runs on GPUs; quick, the
+# CPU or GPU model and the reference GEMM's speed decide what `validate` refuses.
+MACHINE_BACKENDS = ("gloo", "nccl")
+MACHINE_STRINGS = ("hostname", "device", "cpu", "gpu", "torch", "nccl", "date", "case", "gpu_preset", "source",
+                   "fabric")
+MACHINE_COUNTS = ("world_size", "local_world_size", "nodes", "threads_per_rank")
+
+
+def read_machine(src: str, value: Any) -> dict:
+    """A profile's ``machine`` section with the keys it reads checked ({} where it has none): a
+    ``quick: "yes"`` skipped `validate`'s refusal of a --quick profile, a ``cpu: 5`` its check of the
+    CPU model, ``backend: NCCL`` ran as gloo, an infinite reference GEMM was printed as Infinity in
+    ``--json``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CaseError(src, "machine", f"expected a mapping, got {describe(value)}")
+    for key in MACHINE_STRINGS:
+        if value.get(key) is not None:  # a CPU profile's gpu (and nccl) is null
+            read_str(src, f"machine.{key}", value[key])
+    if "backend" in value and value["backend"] not in MACHINE_BACKENDS:
+        raise CaseError(src, "machine.backend", f"expected one of {', '.join(MACHINE_BACKENDS)}, "
+                                                f"got {describe(value['backend'])}")
+    if "quick" in value:
+        read_bool(src, "machine.quick", value["quick"])
+    for key in MACHINE_COUNTS:
+        if key in value:
+            read_int(src, f"machine.{key}", value[key], maximum=MAX_GPUS)
+    if "other_cpu_share" in value:
+        share = read_number(src, "machine.other_cpu_share", value["other_cpu_share"])
+        if not 0 <= share <= 1:
+            raise CaseError(src, "machine.other_cpu_share", f"expected a share from 0 to 1, got {describe(share)}")
+    if "reference_gemm_tflops" in value:
+        timed = read_mapping(src, "machine.reference_gemm_tflops", value["reference_gemm_tflops"], ("before", "after"))
+        for key, figure in timed.items():
+            read_figure(src, f"machine.reference_gemm_tflops.{key}", figure, MAX_PEAK_TFLOPS)
+    return value
+
+
 def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional[FabricSpec]]:
     """The measured GPU of a hardware profile written by `layout-planner calibrate`, and its
     measured fabric where the profile has one.
@@ -181,10 +222,10 @@ def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional
     """
     src = str(path)
     data = read_mapping(src, "", read_yaml(path), PROFILE_KEYS)
-    machine = data.get("machine") or {}
-    name = str(machine.get("device", "profiled")) if isinstance(machine, dict) else "profiled"
+    name = read_machine(src, data.get("machine")).get("device") or "profiled"
     gpu_data = required(src, "", data, "gpu")
-    performance = performance_from_mapping(src, "performance", data.get("performance") or {}, Performance())
+    # An empty section (null) is none; false, 0 or [] is no mapping (they were taken as none).
+    performance = performance_from_mapping(src, "performance", _section(data, "performance"), Performance())
     if alone and data.get("alone") is not None:
         one = read_mapping(src, "alone", data["alone"], ALONE_KEYS)
         if isinstance(gpu_data, dict):
@@ -194,11 +235,18 @@ def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional
                 gpu_data = {**gpu_data, "peak_tflops": {**peaks, **one["peak_tflops"]}}
             if "hbm_bandwidth" in one:
                 gpu_data = {**gpu_data, "hbm_bandwidth": one["hbm_bandwidth"]}
-        performance = performance_from_mapping(src, "alone.performance", one.get("performance") or {}, performance)
+        performance = performance_from_mapping(src, "alone.performance", _section(one, "performance"), performance)
     gpu = gpu_from_mapping(src, "gpu", name, gpu_data)
-    fabric = fabric_from_mapping(src, "fabric", "measured", data["fabric"])[0] if data.get("fabric") else None
+    fabric = fabric_from_mapping(src, "fabric", "measured", data["fabric"])[0] if data.get("fabric") is not None \
+        else None
     with spec_errors(src):
         return replace(gpu, performance=performance), fabric
+
+
+def _section(data: dict, key: str) -> Any:
+    """A profile section, {} where the file leaves it out or empty (null)."""
+    value = data.get(key)
+    return {} if value is None else value
 
 
 def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster", alone: bool = False) \

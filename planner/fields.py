@@ -88,7 +88,9 @@ def read_time(src: str, key: str, value: Any) -> float:
 def read_figure(src: str, key: str, value: Any, maximum: float = math.inf) -> float:
     """A positive figure the step time divides by: below MIN_FIGURE it would make it endless."""
     number = read_number(src, key, value, maximum)
-    if 0 < number < MIN_FIGURE:
+    if number <= 0:  # here, as written: the spec's own check would name its field, in its own unit
+        raise CaseError(src, key, f"expected a positive number, got {describe(value)}")
+    if number < MIN_FIGURE:
         raise CaseError(src, key, f"expected a figure of at least {MIN_FIGURE:g}, got {number:g}")
     return number
 

@@ -818,3 +818,45 @@ def test_calibrate_refuses_a_gpu_preset_on_a_machine_without_one(tmp_path):
     one_line_error(cli("calibrate", "--out", str(out), "--quick", "--gpu-preset", "b200"),
                    "--gpu-preset: b200: names a GPU, but torch sees none on this machine")
     assert not out.exists()
+
+
+PROFILE = Path(__file__).resolve().parent.parent / "calibration" / "profiles" / "cpu-2core-dev.yaml"
+
+
+@pytest.mark.parametrize("where, value, key, expected", [
+    # quick: "yes" skipped validate's refusal of a --quick profile; cpu: 5 its check of the CPU model;
+    # backend: NCCL ran as gloo; an infinite reference GEMM was printed as Infinity in --json.
+    ("machine.quick", "yes", "machine.quick", "expected true or false, got str 'yes'"),
+    ("machine.cpu", 5, "machine.cpu", "expected a string, got int 5"),
+    ("machine.backend", "NCCL", "machine.backend", "expected one of gloo, nccl, got str 'NCCL'"),
+    ("machine.threads_per_rank", 0, "machine.threads_per_rank", "expected an integer >= 1, got int 0"),
+    ("machine.reference_gemm_tflops", {"before": math.inf, "after": 1.0}, "machine.reference_gemm_tflops.before",
+     "expected a number of at most 100000, got float inf"),
+    ("machine.other_cpu_share", -5.0, "machine.other_cpu_share", "expected a share from 0 to 1, got float -5.0"),
+    ("machine.device", "x" * 10_000, "machine.device", "expected a string of at most 4,096 characters"),
+    ("machine", ["a"], "machine", "expected a mapping, got list ['a']"),
+    # false, 0 or [] were taken as no section at all
+    ("performance", False, "performance", "expected a mapping, got bool False"),
+    ("fabric", [], "fabric", "expected a mapping, got list []"),
+    # named as the case's cluster.gpu…, in FLOP/s: "got -1000000000000.0"
+    ("gpu.peak_tflops.fp32", -1, "gpu.peak_tflops.fp32", "expected a positive number, got int -1"),
+    ("fabric.efficiency", 0, "fabric.efficiency", "expected a positive number, got int 0"),
+])
+def test_a_profile_names_its_own_key_and_the_value_as_written(tmp_path, where, value, key, expected):
+    profile = yaml.safe_load(PROFILE.read_text())
+    *path, last = where.split(".")
+    node = profile
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = value
+    written = tmp_path / "profile.yaml"
+    written.write_text(yaml.safe_dump(profile))
+    case = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
+            "cluster": {"profile": str(written), "num_gpus": 1},
+            "training": {"global_batch_size": 2, "seq_len": 64, "precision": "fp32"},
+            "layout": {"dp": 1, "micro_batch_size": 1}}
+    with pytest.raises(CaseError) as info:
+        planner.estimate(case)
+    assert info.value.source == str(written) and info.value.key == key
+    assert expected in str(info.value)
+
