@@ -14,6 +14,7 @@ from .parameters import embedding_parameters, norm_parameters
 from .model_states import fp32_gradients, gathered_weight_bytes, state_bytes, zero_shards
 from .job import Job
 from .topology import group_links
+from .pipeline_time import stage_kinds
 from .stage_time import StageTime, folds_gradients_into_fp32
 
 
@@ -221,7 +222,7 @@ def zero3_exposed_floor(job: Job) -> float:
         return 0.0
     share = max(0.0, 1.0 - cluster.gpu.performance.comm_overlap)
     least = 0.0
-    for stage in range(lay.pp):
+    for stage in stage_kinds(job):  # stages of a kind move the same traffic
         params = job_stage_parameters(job, stage)
         total = 0.0
         for count, group, shards in ((params.dense, "dp_cp", zero_shards(job)), (params.expert, "edp", lay.edp)):

@@ -370,8 +370,12 @@ def peak_candidates(job: Job) -> list[int]:
                 stages.add(i)
         return sorted(stages)
     seen: list[tuple[int, int]] = []  # (dense layers, MoE layers) of the middle stages kept so far
+    met: set[tuple[int, int]] = set()  # every pair met so far: most stages repeat one
     for i in range(1, pp - 1):
         mine = (job.stage_layers[i] - job.stage_moe_layers[i], job.stage_moe_layers[i])
+        if mine in met:
+            continue
+        met.add(mine)
         if not any(dense >= mine[0] and moe >= mine[1] for dense, moe in seen):
             seen.append(mine)
             stages.add(i)

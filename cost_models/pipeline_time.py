@@ -59,10 +59,17 @@ class Pipeline:
         return job.num_microbatches * self.slowest.total + self.bubble(job)
 
 
-def pipeline(job: Job) -> Pipeline:
-    """The job's stages by kind, each kind's time computed once (:func:`stage_time`)."""
+def stage_kinds(job: Job) -> tuple[int, ...]:
+    """The first stage of each kind: stages alike in layer count, MoE and high-precision layers and
+    role (first, middle or last) take the same time and hold and move the same parameters."""
     lay = job.layout
     kinds: dict[tuple, int] = {}
     for i, layers in enumerate(job.stage_layers):
         kinds.setdefault((layers, job.stage_moe_layers[i], job.high_precision_layers[i], i == 0, i == lay.pp - 1), i)
-    return Pipeline(tuple(kinds.values()), max((stage_time(job, i) for i in kinds.values()), key=lambda s: s.total))
+    return tuple(kinds.values())
+
+
+def pipeline(job: Job) -> Pipeline:
+    """The job's stages by kind, each kind's time computed once (:func:`stage_time`)."""
+    kinds = stage_kinds(job)
+    return Pipeline(kinds, max((stage_time(job, i) for i in kinds), key=lambda s: s.total))

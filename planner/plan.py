@@ -295,8 +295,9 @@ def robust_choice(table: list[Candidate], fastest: int, margin: float, case: Cas
 def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
               target: Optional[str] = None, fastest: bool = False, fastest_alone: bool = False) -> Plan:
     """The plan on one engine (``target``, else the case's). With ``fastest_alone``, the fastest
-    layout and nothing more: no runner-up, and no layout within the margin of it weighed for the
-    robust pick (:func:`plan_engines` asks so of an engine it may not need in full)."""
+    layout and nothing more: no runner-up, no layout within the margin of it weighed for the
+    robust pick, and where nothing fits no advice (``no_fit`` None): :func:`plan_engines` asks so
+    of an engine it may not need in full."""
     plan_options(top_k, simplest_within, target)
     if fastest_alone:
         top_k, fastest = 0, True
@@ -321,6 +322,8 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     model = LayoutModel(case, spec, table)
     solution = model.solve()
     if solution.index is None:
+        if fastest_alone:  # the advice searches again, at more GPUs and shorter sequences: seconds
+            return Plan(solution.status, None, (), result.scored, 0, headroom=spec.headroom)
         with spec_errors(case.source):
             result = result.in_full()  # every layout scored: the closest miss is the advice's
         _check_pins_leave_a_layout(case, spec, result)
@@ -455,6 +458,11 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
                                          f"{quickest.best.job.training.engine.name} "
                                          f"({_raw(quickest).tokens_per_s:,.0f} tokens/s){weighs}, so planned no further")
     ran = [p for _, p, _ in plans if p is not None and p.best is not None]
+    if not ran and plans[0][1] is None:
+        # Nothing fits, and the first engine cannot run the case: the others planned in full, for
+        # their advice or their refusals (the case's own, where every engine's is the same).
+        plans = [planned(name, alone=False) if p is not None and p.no_fit is None else (name, p, why)
+                 for name, p, why in plans]
     if not ran:
         first = next((p for _, p, _ in plans if p is not None), None)
         if first is None:
