@@ -322,7 +322,9 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     model = LayoutModel(case, spec, table)
     solution = model.solve()
     if solution.index is None:
-        if fastest_alone:  # the advice searches again, at more GPUs and shorter sequences: seconds
+        if fastest_alone and not (spec.pins or spec.bounds):
+            # The advice searches again, at more GPUs and shorter sequences: seconds. (Where the case
+            # pins choices, the search in full says whether the pins leave the engine any layout.)
             return Plan(solution.status, None, (), result.scored, 0, headroom=spec.headroom)
         with spec_errors(case.source):
             result = result.in_full()  # every layout scored: the closest miss is the advice's

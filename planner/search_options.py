@@ -128,8 +128,7 @@ def check_training_for_engine(src: str, spec: SearchSpec, training: TrainingSpec
         raise CaseError(src, "training.tp_comm_overlap", f"{spec.target} cannot overlap tensor-parallel "
                                                          "collectives with GEMMs; set it false")
     if "recompute_modules" in spec.pins and not support.recompute_modules:
-        raise CaseError(src, "search.recompute_modules", f"{spec.target} recomputes by its own selective policy, "
-                                                         "not by the modules a search names")
+        raise CaseError(src, "search.recompute_modules", f"{spec.target} {support.modules_refusal('a search')}")
 
 
 def read_search(src: str, data: Any, training: TrainingSpec, model: Optional[ModelSpec] = None) -> SearchSpec:

@@ -375,7 +375,9 @@ def test_a_setting_one_engine_runs_is_planned_for_it_where_the_case_names_no_eng
     modules = case(model={"preset": "llama3-8b"}, cluster={"num_gpus": 16}, search={"recompute_modules": ["core_attn"]})
     decided = planner.plan(modules).to_dict()
     assert decided["engine"] == "megatron"
-    assert "recomputes by its own selective policy" in decided["engines"]["deepspeed"]["why_not"]
+    # DeepSpeed has no selective recomputation at all (it checkpoints whole layers): it said it had its own.
+    assert "deepspeed has no selective recomputation" in decided["engines"]["deepspeed"]["why_not"]
+    assert "recomputes by its own selective policy" in decided["engines"]["torchtitan"]["why_not"]
     with pytest.raises(planner.CaseError, match="search.recompute_modules: any recomputes by its own"):
         planner.plan(modules, engine="any")  # named, plain PyTorch's selective recomputation is its own
 

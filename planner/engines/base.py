@@ -89,6 +89,14 @@ class EngineSupport:
     def reason(self, name: str, default: str) -> str:
         return dict(self.why).get(name, default)
 
+    def modules_refusal(self, named_by: str) -> str:
+        """Why the engine takes no list of modules to recompute (``named_by``: a layout, a search)."""
+        if "selective" in self.recompute:
+            return self.reason("recompute_modules", f"recomputes by its own selective policy, not by the modules "
+                                                    f"{named_by} names")
+        return self.reason("recompute_modules", "has no selective recomputation (it recomputes whole layers: "
+                                                "recompute none or full)")
+
     def zero_stages_for(self, precision: str) -> tuple[int, ...]:
         """The ZeRO stages the engine offers a job trained in ``precision`` (``zero0_precisions``)."""
         return tuple(z for z in self.zero_stages
@@ -267,8 +275,7 @@ class Engine:
             out.append(("layout.recompute_num_layers",
                         self.support.reason("partial_recompute", "recomputes every layer of a stage or none")))
         if lay.recompute_modules is not None and not self.support.recompute_modules:
-            out.append(("layout.recompute_modules", self.support.reason(
-                "recompute_modules", "recomputes by its own selective policy, not by the modules a layout names")))
+            out.append(("layout.recompute_modules", self.support.modules_refusal("a layout")))
         if training.moe_comm_overlap and not self.support.moe_comm_overlap:
             out.append(("training.moe_comm_overlap", self.support.reason(
                 "moe_comm_overlap", "cannot overlap expert-parallel dispatch and combine with compute")))
