@@ -28,6 +28,9 @@ class SpecError(ValueError):
         self.field = field
         self.message = message
 
+    def __reduce__(self):
+        return type(self), (self.spec, self.field, self.message)  # pickled by its parts, as it is built
+
 
 def _positive_int(spec: "type | str", name: str, value: object) -> None:
     if type(value) is int and value >= 1:  # the common case first: a search builds layouts by the million

@@ -26,7 +26,12 @@ class _Package(types.ModuleType):
 def _api_name(name: str, module: str) -> property:
     def get(package: types.ModuleType):
         if name not in package.__dict__:  # set by hand (a test's monkeypatch), else loaded on first use
-            package.__dict__[name] = getattr(import_module(f".{module}", __name__), name)
+            try:
+                package.__dict__[name] = getattr(import_module(f".{module}", __name__), name)
+            except AttributeError as error:
+                # Raised out of a property, it would read as "module 'planner' has no attribute 'plan'"
+                # (an import cut short by Ctrl-C leaves a dependency half-loaded): say what failed.
+                raise ImportError(f"planner.{name} could not be loaded: {error}") from error
         return package.__dict__[name]
 
     def set_(package: types.ModuleType, value) -> None:

@@ -117,7 +117,7 @@ def load_case(case: Any, engine: Optional[str] = None, ignore_layout: bool = Fal
 def read_case(case: Any) -> tuple[Any, str, Path]:
     """The parsed data of a case path or dict, its name for errors, and the folder relative paths start from."""
     if isinstance(case, dict):
-        return case, "<case>", Path.cwd()
+        return case, "<case>", Path(".")  # relative paths from the working directory, not asked for (it may be gone)
     if isinstance(case, (str, os.PathLike)):
         path = Path(case)
         return _parsed(path), str(path), path.parent

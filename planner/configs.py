@@ -21,7 +21,7 @@ from .emit import ENGINES as EMITTERS
 from .engines import ENGINES
 from .engines import READING as READERS
 from .errors import CaseError
-from .fields import read_bool, read_int, read_path
+from .fields import read_bool, read_int, read_path, read_str
 from .case import spec_errors
 from .estimate import Estimate, estimate_job
 from .search_options import retarget
@@ -104,6 +104,8 @@ def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: Optiona
 
     read_bool("emit", "force", force)  # "no" is truthy: it overwrote the user's files
     read_bool("emit", "force_unfit", force_unfit)
+    if source is not None:  # written into every file's header: a 5 there named no case
+        read_str("emit", "source", source)
     out = read_path("emit", "out_dir", out_dir)
     files, notes = render(result, engine, source, force_unfit)
     removed = earlier_emission(out, files) if force else []

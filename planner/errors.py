@@ -28,6 +28,11 @@ class CaseError(Exception):
         where = f"{self.source}: {self.key}" if self.key else self.source
         super().__init__(f"{where}: {self.expected}")
 
+    def __reduce__(self):
+        # Rebuilt from its three parts (an Exception pickles its args, here the joined message, and
+        # CaseError takes three): a process pool hands a worker's refusal back to its caller.
+        return type(self), (self.source, self.key, self.expected)
+
 
 class Interrupted(BaseException):
     """SIGINT or SIGTERM reached the CLI: it exits 130 or 143, having written nothing.

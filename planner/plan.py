@@ -14,6 +14,7 @@ from .case import Case, layout_to_mapping, load_case, spec_errors
 from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
 from .errors import CaseError, one_line
+from .fields import read_bool
 from .estimate import Estimate, check_step_time, estimate_job
 from .search_memory import fit_tier
 from .limits import MAX_BATCH_TOKENS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_TOP_K
@@ -166,8 +167,6 @@ def _check_size(case: Case) -> None:
 
 def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[dict[str, str]] = None) -> None:
     """Refuse options `plan` cannot honour, as a CaseError naming the option (``names``: CLI spellings)."""
-    from .emit import ENGINES
-
     names = names or {}
 
     def refuse(key: str, expected: str, value: Any) -> CaseError:
@@ -182,7 +181,7 @@ def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[
                                         or not 0 <= simplest_within <= MAX_SIMPLEST_WITHIN_PCT):
         raise refuse("simplest_within", f"expected a percentage from 0 to {MAX_SIMPLEST_WITHIN_PCT:g}",
                      simplest_within)
-    targets = ENGINES + ("any",)  # as search.target takes them: any is plain PyTorch, as engine="any"
+    targets = tuple(ENGINES)  # as search.target takes them: any is plain PyTorch, as engine="any"
     if target is not None and target not in targets:
         raise refuse("target", f"expected one of {', '.join(targets)}", target)
 
@@ -326,11 +325,13 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
             # The advice searches again, at more GPUs and shorter sequences: seconds. (Where the case
             # pins choices, the search in full says whether the pins leave the engine any layout.)
             return Plan(solution.status, None, (), result.scored, 0, headroom=spec.headroom)
+        # Every search below prices layouts: a figure the cost models refuse (fp8 on a GPU without fp8
+        # tensor cores, first met at a pinned tp) is the case's error, not a traceback.
         with spec_errors(case.source):
             result = result.in_full()  # every layout scored: the closest miss is the advice's
-        _check_pins_leave_a_layout(case, spec, result)
-        return Plan(solution.status, None, (), result.scored, 0, no_fit=_advice(case, spec, result.tightest),
-                    headroom=spec.headroom)
+            _check_pins_leave_a_layout(case, spec, result)
+            advice = _advice(case, spec, result.tightest)
+        return Plan(solution.status, None, (), result.scored, 0, no_fit=advice, headroom=spec.headroom)
     status = solution.status
     chosen = fastest_index = solution.index
     picked_on = "speed"
@@ -367,6 +368,7 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
     replaces the case's training.engine and search.target (`plan --engine`). The best is the
     robust pick (:func:`robust_choice`) unless ``fastest`` (the raw optimum) or ``simplest_within``."""
     plan_options(top_k, simplest_within, target)
+    read_bool("plan", "fastest", fastest)  # "no" is truthy: it returned the raw optimum
     if isinstance(case, Case):
         if engine is not None:
             raise CaseError(case.source, "engine", "applies to a case path or dict, not to a loaded Case")

@@ -167,6 +167,8 @@ class FrontSweep:
                 if table and table[0].step_time_s <= ceiling:
                     self.points.append((option, gpus, table[0].step_time_s))
                     self.tables[(option, gpus)] = table
+        if len(done) < len(self.pairs):  # the rest were proven off the front unsearched: done too
+            self.sweep.progress(len(self.pairs), len(self.pairs))
         return self
 
     @property

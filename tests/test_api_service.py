@@ -1,0 +1,88 @@
+"""The Python API inside a long-running service (an orchestration tool planning many jobs): errors
+that cross process pools, a working directory that is gone, arguments checked as strictly as the
+case file's, progress that finishes, and an import failure that says what failed."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import types
+
+import pytest
+
+import planner
+from cost_models.spec_checks import SpecError
+
+CASE = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+        "training": {"global_batch_size": 64, "seq_len": 4096}}
+
+
+def test_a_refusal_crosses_a_process_pool():
+    """A CaseError (and a SpecError) could not be unpickled (its __init__ takes three parts, the
+    pickle held one): one bad case broke every job of a ProcessPoolExecutor (BrokenProcessPool)."""
+    with pytest.raises(planner.CaseError) as info:
+        planner.plan({})
+    again = pickle.loads(pickle.dumps(info.value))
+    assert (type(again), str(again), again.source, again.key, again.expected) == \
+        (planner.CaseError, str(info.value), info.value.source, info.value.key, info.value.expected)
+    spec = pickle.loads(pickle.dumps(SpecError("Layout", "tp", "expected a positive integer, got 0")))
+    assert (str(spec), spec.spec, spec.field) == ("Layout.tp: expected a positive integer, got 0", "Layout", "tp")
+
+
+def test_a_figure_the_cost_models_refuse_in_the_advices_search_is_the_cases_error():
+    """fp8 on an A100 with tp 2 pinned on one GPU: the advice's search (more GPUs) met the precision
+    first and raised SpecError (a ValueError: a traceback and exit 1 from the CLI)."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 1},
+            "training": {"global_batch_size": 8, "seq_len": 128, "precision": "fp8"}, "search": {"tp": 2}}
+    with pytest.raises(planner.CaseError, match="training.precision: fp8 needs fp8 tensor cores"):
+        planner.plan(case)
+
+
+def test_a_dict_case_plans_where_the_working_directory_is_gone(tmp_path):
+    """A dict case names no relative path, yet asked for the working directory: FileNotFoundError."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    here = os.getcwd()
+    os.chdir(gone)
+    try:
+        gone.rmdir()
+        assert planner.plan(CASE, top_k=0).best is not None
+    finally:
+        os.chdir(here)
+
+
+@pytest.mark.parametrize("call, expected", [
+    (lambda: planner.plan(CASE, fastest="no"), "plan: fastest: expected true or false, got str 'no'"),
+    (lambda: planner.emit(planner.plan(CASE, engine="megatron", top_k=0), "megatron", "unused", source=5),
+     "emit: source: expected a string, got int 5"),
+])
+def test_api_arguments_are_checked_as_the_case_files_are(call, expected):
+    """fastest="no" (truthy) returned the raw optimum; a source of 5 was written in every file's header."""
+    with pytest.raises(planner.CaseError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        call()
+
+
+def test_the_api_targets_every_engine_a_case_can_name():
+    """search.target and engine= took nanotron; target= refused it."""
+    assert planner.plan(CASE, target="nanotron", top_k=0).best.job.training.engine.name == "nanotron"
+
+
+def test_sizes_progress_reaches_its_total_on_the_front():
+    """Without deadline or budget the sizes proven off the front unsearched were never reported: the
+    last call said 8 of 10, and a progress bar stopped at 80 %."""
+    calls = []
+    planner.size({"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "max_gpus": 256},
+                  "training": {"global_batch_size": 128, "seq_len": 4096}}, "1T",
+                 progress=lambda done, total: calls.append((done, total)))
+    assert calls[-1][0] == calls[-1][1] and all(d <= t for d, t in calls)
+
+
+def test_an_api_name_whose_module_fails_to_load_says_why(monkeypatch):
+    """A first call cut short by Ctrl-C can leave a dependency half-loaded; the failure then read
+    "module 'planner' has no attribute 'plan'", on every later call."""
+    monkeypatch.delitem(planner.__dict__, "size", raising=False)
+    monkeypatch.setitem(sys.modules, "planner.size", types.ModuleType("planner.size"))
+    with pytest.raises(ImportError, match="planner.size could not be loaded: module 'planner.size' has no "
+                                          "attribute 'size'"):
+        planner.size  # noqa: B018
