@@ -217,7 +217,8 @@ def print_diagnosis(diagnosis, console: Console) -> None:
     script was read (its notes: the branches taken on what it does not set)."""
     console.print(f"[bold]{diagnosis.engine} config[/]")
     for line in diagnosis.resolved:
-        console.print(f"resolved as the Hugging Face Trainer would: {line}", markup=False)
+        how = "resolved as the Hugging Face Trainer would" if "auto ->" in line else "read as DeepSpeed reads it"
+        console.print(f"{how}: {line}", markup=False)
     print_estimate(diagnosis.estimate, console)
     best = diagnosis.plan.best
     if best is None:

@@ -200,3 +200,53 @@ def test_a_misspelled_zero_key_is_refused_as_deepspeed_refuses_it_and_a_refusal_
     with pytest.raises(CaseError) as error:
         diagnose(case, config=config, recompute="full")
     assert "zero_optimisation is no DeepSpeed key (did you mean zero_optimization?)" in error.value.expected
+
+
+LLAMA8 = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+          "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"}}
+
+
+@pytest.mark.parametrize("config, zero, offload_optimizer, offload_params", [
+    # DeepSpeed's deprecated spellings (zero/config.py's new_param_fn, precision_config.py's BFLOAT16_OLD):
+    # cpu_offload was read as nothing (the optimizer priced on the GPU), bfloat16 as an fp32 run (refused).
+    ({"zero_optimization": {"stage": 2, "cpu_offload": True}, "bf16": {"enabled": True}}, 2, 1.0, False),
+    ({"zero_optimization": {"stage": 3, "cpu_offload_param": True}, "bf16": {"enabled": True}}, 3, 0.0, True),
+    ({"zero_optimization": {"stage": 2}, "bfloat16": {"enabled": True}}, 2, 0.0, False),
+    # offload_param below stage 3: only DeepSpeed's stage-3 optimizer takes it (runtime/engine.py); refused
+    ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
+      "bf16": {"enabled": True}}, 2, 1.0, False),
+])
+def test_a_ds_config_is_read_as_deepspeed_reads_it(tmp_path, config, zero, offload_optimizer, offload_params):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, **config}))
+    layout = diagnose(LLAMA8, config=path).estimate.job.layout
+    assert (layout.zero_stage, layout.offload_optimizer, layout.offload_params) == (zero, offload_optimizer,
+                                                                                  offload_params)
+    assert layout.micro_batch_size == 2
+
+
+def test_deepspeeds_pipeline_checkpoint_interval_recomputes_every_layer(tmp_path):
+    """pipeline.activation_checkpoint_interval 1 (a DS-3D Llama-2 launch script's) makes DeepSpeed's
+    pipeline engine checkpoint every layer (runtime/pipe/engine.py); it was read as no recomputation."""
+    case = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 32},
+            "training": {"global_batch_size": 8, "seq_len": 4096, "precision": "fp16", "engine": "deepspeed"}}
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+                                "zero_optimization": {"stage": 1}, "fp16": {"enabled": True},
+                                "pipeline": {"activation_checkpoint_interval": 1}}))
+    result = diagnose(case, config=path, pp=4, tp=8)
+    assert result.estimate.job.layout.recompute == "full" and result.estimate.time.recompute_s > 0
+    with pytest.raises(CaseError, match="--recompute: none: .*activation_checkpoint_interval 1 checkpoints every"):
+        diagnose(case, config=path, pp=4, tp=8, recompute="none")
+
+
+def test_an_auto_global_batch_is_filled_as_the_trainer_fills_it(tmp_path):
+    """train_batch_size "auto" took the case's global batch (64), and the config's micro-batch 1 ×
+    accumulation 4 × dp 8 = 32 was then blamed on the file, which never says 64."""
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2},
+                                "gradient_accumulation_steps": 4, "train_batch_size": "auto",
+                                "train_micro_batch_size_per_gpu": "auto"}))
+    with pytest.raises(CaseError, match=r'train_batch_size: "auto", as the Trainer fills it \(micro 1 × '
+                                        r"accumulation 4 × data-parallel 8\), is 32, but the case"):
+        diagnose(LLAMA8, config=path, micro_batch_size=1)

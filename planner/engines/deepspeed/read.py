@@ -112,10 +112,11 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
     (``transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_process``) from
     the case, and a line for each: the micro-batch from ``micro_batch_size`` (the Trainer's
     per_device_train_batch_size: diagnose's --micro-batch-size) or the case's layout, the
-    accumulation and the global batch from the case's global batch, bf16/fp16 from its precision.
-    What the Trainer fills that the cost model does not read (learning rate, buckets) is left."""
-    resolved: list[str] = []
-    config = dict(config)
+    accumulation from the case's global batch, the global batch as the Trainer computes it
+    (world size ÷ model parallelism × micro-batch × accumulation), bf16/fp16 from its precision.
+    What the Trainer fills that the cost model does not read (learning rate, buckets) is left.
+    DeepSpeed's own rewrites come first (:func:`as_deepspeed_reads`)."""
+    config, resolved = as_deepspeed_reads(src, config)
     gbs = case.training.global_batch_size
     micro = micro_batch_size or (case.layout.micro_batch_size if case.layout is not None else None)
     stated = config.get("train_micro_batch_size_per_gpu")
@@ -147,8 +148,17 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
         resolved.append(f"gradient_accumulation_steps: auto -> {gbs // (micro * dp)} (global batch {gbs} / "
                         f"micro-batch {micro} / dp {dp})")
     if config.get("train_batch_size") == "auto":
-        config["train_batch_size"] = gbs
-        resolved.append(f"train_batch_size: auto -> {gbs} (the case's global batch)")
+        accumulation = config.get("gradient_accumulation_steps")
+        if isinstance(micro, int) and isinstance(accumulation, int) and not isinstance(accumulation, bool):
+            # The Trainer's: world size ÷ model parallelism × per-device batch × accumulation. The case's
+            # global batch was written here, and a disagreement then blamed the config's own arithmetic.
+            filled = micro * accumulation * dp
+            config["train_batch_size"] = filled
+            resolved.append(f"train_batch_size: auto -> {filled} (micro-batch {micro} × accumulation "
+                            f"{accumulation} × dp {dp}, as the Trainer fills it)")
+        else:
+            config["train_batch_size"] = gbs
+            resolved.append(f"train_batch_size: auto -> {gbs} (the case's global batch)")
     precision = case.training.precision
     for key, wanted in (("bf16", precision in ("bf16", "fp8")), ("fp16", precision == "fp16")):
         section = config.get(key)
@@ -159,13 +169,65 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
     return config, resolved
 
 
+def as_deepspeed_reads(src: str, config: dict) -> tuple[dict, list[str]]:
+    """``config`` as DeepSpeed reads it, and a line for each rewrite: its deprecated spellings
+    (``bfloat16`` for ``bf16``: ``precision_config.get_bfloat16_config``; ``zero_optimization``'s
+    ``cpu_offload`` and ``cpu_offload_param`` for ``offload_optimizer`` and ``offload_param`` on the
+    CPU: ``zero/config.py``'s ``new_param_fn``), and ``offload_param`` below stage 3, which only the
+    stage-3 optimizer takes (``runtime/engine.py``): dropped, as DeepSpeed runs it. A deprecated key
+    read as nothing priced the optimizer on the GPU, or the run in fp32."""
+    config, notes = dict(config), []
+    if "bf16" not in config and isinstance(config.get("bfloat16"), dict):
+        config["bf16"] = config.pop("bfloat16")
+        notes.append("bfloat16: read as bf16 (DeepSpeed's deprecated spelling)")
+    zero = config.get("zero_optimization")
+    if isinstance(zero, dict):
+        zero = dict(zero)
+        for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
+            if old in zero:
+                flag = zero.pop(old)
+                if not isinstance(flag, bool):
+                    raise CaseError(src, f"zero_optimization.{old}", f"expected true or false, got {flag!r}")
+                if flag and new not in zero:
+                    zero[new] = {"device": "cpu"}
+                    notes.append(f"zero_optimization.{old}: true read as {new} on the cpu (DeepSpeed's deprecated "
+                                 f"spelling)")
+        stage = zero.get("stage", 0)
+        if zero.get("offload_param") is not None and isinstance(stage, int) and stage < 3:
+            zero.pop("offload_param")
+            notes.append(f"zero_optimization.offload_param: ignored at stage {stage}, as DeepSpeed does (only its "
+                         f"stage-3 optimizer offloads parameters)")
+        config["zero_optimization"] = zero
+    return config, notes
+
+
+def pipeline_checkpointing(src: str, config: dict, pp: int) -> Optional[int]:
+    """``pipeline.activation_checkpoint_interval``, where DeepSpeed's pipeline engine (pp > 1) takes
+    it: above 0 its ``PipelineModule`` checkpoints every layer, that many at a time
+    (``runtime/pipe/engine.py``); None where it does not apply."""
+    section = config.get("pipeline")
+    if pp == 1 or section is None:
+        return None
+    if not isinstance(section, dict):
+        raise CaseError(src, "pipeline", f"expected a mapping, got {section!r}")
+    interval = _positive(src, "pipeline.activation_checkpoint_interval",
+                         section.get("activation_checkpoint_interval", 0), minimum=0)
+    return interval or None
+
+
 def auto_resolved(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[int] = None,
                   micro_batch_size: Optional[int] = None) -> list[str]:
-    """What :func:`read` resolved of the config's ``"auto"`` values, one line each."""
+    """What :func:`read` resolved of the config (its ``"auto"`` values, DeepSpeed's rewrites, the
+    pipeline engine's checkpointing), one line each."""
     config = _load(Path(path))
     pp = pp if pp is not None else case.layout.pp if case.layout is not None else 1
     tp = _pipeline_tp(case, pp, tp)
-    return resolve_auto(str(path), config, case, _dp(str(path), config, case, pp, tp), micro_batch_size)[1]
+    lines = resolve_auto(str(path), config, case, _dp(str(path), config, case, pp, tp), micro_batch_size)[1]
+    interval = pipeline_checkpointing(str(path), config, pp)
+    if interval is not None:
+        lines.append(f"pipeline.activation_checkpoint_interval: {interval} -> recompute full (DeepSpeed's pipeline "
+                     f"engine checkpoints every layer, {interval} at a time)")
+    return lines
 
 
 def _pipeline_tp(case, pp: int, tp: Optional[int]) -> Optional[int]:
@@ -204,6 +266,7 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     stated = case.layout
     pp = _positive("--pp", "pp", pp if pp is not None else stated.pp if stated is not None else 1)
     tp = _pipeline_tp(case, pp, tp)
+    batch_was_auto = config.get("train_batch_size") == "auto"
     config = resolve_auto(src, config, case, _dp(src, config, case, pp, tp), micro_batch_size)[0]
     _check_optimizer(src, config, case)
 
@@ -250,7 +313,8 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
                                                  f"data-parallel {dp} = {micro * accum * dp}")
     global_batch = case.training.global_batch_size
     if batch != global_batch:
-        said = "train_batch_size" if "train_batch_size" in given else \
+        said = f"\"auto\", as the Trainer fills it (micro {micro} × accumulation {accum} × data-parallel {dp})," \
+            if batch_was_auto else "train_batch_size" if "train_batch_size" in given else \
             f"train_batch_size (micro {micro} × accumulation {accum} × data-parallel {dp})"
         raise CaseError(src, "train_batch_size", f"{said} is {batch}, but the case {case.source} has "
                                                  f"training.global_batch_size {global_batch}")
@@ -291,12 +355,17 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
         raise CaseError(src, "activation_checkpointing", f"expected a mapping, got {checkpointing!r}")
     # DeepSpeed's section configures the checkpointing the model's code calls (partitioned, on the
     # CPU): it does not say that the model checkpoints. That is the case's (layout.recompute), the
-    # caller's (diagnose --recompute, the Trainer's gradient_checkpointing), else none.
+    # caller's (diagnose --recompute, the Trainer's gradient_checkpointing), else none; but the
+    # pipeline engine's own interval checkpoints every layer (read as none, it was priced without).
+    interval = pipeline_checkpointing(src, config, pp)
+    if interval is not None:
+        if recompute not in (None, "full"):
+            raise CaseError("--recompute", recompute, f"{src}'s pipeline.activation_checkpoint_interval {interval} "
+                                                      "checkpoints every layer: full")
+        recompute = "full"
     recompute = recompute or (case.layout.recompute if case.layout is not None else "none")
 
     offload = {name: _offload_device(src, zero_section, name) for name in ("offload_optimizer", "offload_param")}
-    if offload["offload_param"] and zero != 3:
-        raise CaseError(src, "zero_optimization.offload_param", f"applies to ZeRO stage 3 only, the config has {zero}")
     # The model's code: DeepSpeed-MoE's ep_size and PipelineModule's partition, as the case's layout says.
     ep = ep if ep is not None else stated.ep if stated is not None else 1
     if stage_layers is None:
