@@ -6,6 +6,7 @@ said the layout did not fit. No flag megatron-core defines is taken for a misspe
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -272,3 +273,68 @@ def test_torch_distributed_launch_is_read_as_torchrun(tmp_path):
 
     with pytest.raises(CaseError, match="--nnodes: absent, so torchrun starts one node of 8 processes"):
         diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "launch.sh")
+
+
+DEEPSEEK_V3_ON_256 = ("model: {preset: deepseek-v3}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 256}\n"
+                      "training: {global_batch_size: 2048, seq_len: 4096, precision: bf16, engine: megatron}\n")
+DEEPSEEK_V3_ARGS = ("--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 --num-attention-heads 128 "
+                    "--multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 "
+                    "--qk-pos-emb-head-dim 64 --v-head-dim 128 --swiglu --untie-embeddings-and-output-weights "
+                    "--num-experts 256 --moe-router-topk 8 --moe-ffn-hidden-size 2048 "
+                    "--moe-shared-expert-intermediate-size 2048 --moe-router-num-groups 8 --moe-router-group-topk 4 "
+                    "--moe-token-dispatcher-type alltoall --mtp-num-layers 1 --seq-length 4096 --micro-batch-size 1 "
+                    "--global-batch-size 2048 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+                    "--expert-model-parallel-size 8 --use-distributed-optimizer --bf16 ")
+
+
+def test_the_layers_given_experts_are_the_cases(tmp_path):
+    """DeepSeek-V3 with --moe-layer-freq 1 (or none: Megatron-LM's default) builds 61 MoE layers; it was
+    priced as the case's 58 (three dense first) without a word. Megatron-LM's own list, ([0]*3+[1]*58),
+    reads as the case's, inside an array's parentheses too."""
+    assert diagnosed(tmp_path, DEEPSEEK_V3_ARGS + "--moe-layer-freq ([0]*3+[1]*58)", DEEPSEEK_V3_ON_256).estimate
+    assert diagnosed(tmp_path, "ARGS=(" + DEEPSEEK_V3_ARGS + "--moe-layer-freq ([0]*3+[1]*58))", DEEPSEEK_V3_ON_256)
+    for given, said in (("--moe-layer-freq 1", "1 gives 61 of the 61 layers experts (layers 0, 1, 2, 3, …)"),
+                        ("", "absent (Megatron-LM's default 1: experts in every layer) gives 61 of the 61")):
+        with pytest.raises(CaseError, match=re.escape(f"--moe-layer-freq: {said}") + ".*the case's model 58 of the "
+                                            "61 layers experts \\(layers 3, 4, 5, 6, …\\)"):
+            diagnosed(tmp_path, DEEPSEEK_V3_ARGS + given, DEEPSEEK_V3_ON_256)
+    with pytest.raises(CaseError, match=r"--moe-layer-freq: lists 60 layers; megatron-core expects one entry per "
+                                        r"layer, 61"):
+        diagnosed(tmp_path, DEEPSEEK_V3_ARGS + "--moe-layer-freq ([0]*2+[1]*58)", DEEPSEEK_V3_ON_256)
+    with pytest.raises(CaseError, match="--moe-layer-freq: expected an integer or a list expression"):
+        diagnosed(tmp_path, DEEPSEEK_V3_ARGS + "--moe-layer-freq __import__('os')", DEEPSEEK_V3_ON_256)
+
+
+def test_a_mock_data_vocabulary_is_the_cases_or_pads_to_it(tmp_path):
+    """--vocab-size 32000 (the NullTokenizer's, mock data) was priced as the case's 128,256 without a
+    word; Megatron-LM pads a vocabulary up to a multiple of 128 × tp (_vocab_size_with_padding)."""
+    base = ARGS + "--num-layers 32 --hidden-size 4096 --tokenizer-type NullTokenizer "
+    assert diagnosed(tmp_path, base + "--vocab-size 32000", CASE).estimate  # Llama 2: 32,000
+    with pytest.raises(CaseError, match=r"--vocab-size: 32001 \(padded to 32256\) differs from the case's 32000"):
+        diagnosed(tmp_path, base + "--vocab-size 32001", CASE)
+    # A real tokenizer brings its own vocabulary: --vocab-size is not Megatron-LM's then.
+    assert diagnosed(tmp_path, ARGS + "--tokenizer-type HuggingFaceTokenizer --vocab-size 5", CASE).estimate
+
+
+def test_layers_per_virtual_stage_count_the_embedding_and_loss_where_accounted(tmp_path):
+    """Llama 3.1 405B: (126 + 2) / pp 8 = 16 a stage, 2 a chunk: vpp 8, as Megatron-LM's arguments.py
+    counts them; it was refused as 2 not dividing 15."""
+    case = ("model: {preset: llama3.1-405b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 1024}\n"
+            "training: {global_batch_size: 2048, seq_len: 8192, precision: bf16, engine: megatron}\n")
+    args = ("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --context-parallel-size 2 "
+            "--sequence-parallel --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+            "--micro-batch-size 1 --global-batch-size 2048 --seq-length 8192 --bf16 --use-distributed-optimizer ")
+    per_chunk = diagnosed(tmp_path, args + "--num-layers-per-virtual-pipeline-stage 2", case).estimate.job.layout
+    chunks = diagnosed(tmp_path, args + "--num-virtual-stages-per-pipeline-rank 8", case).estimate.job.layout
+    assert per_chunk.vpp == chunks.vpp == 8 and per_chunk == chunks
+
+
+def test_a_count_a_scripts_default_decided_names_the_default(tmp_path):
+    """Megatron-LM's Mixtral example sets NNODES=${SLURM_NNODES:-"1"}: refused against a 64-GPU case,
+    the message named only $1 (the checkpoint path), not the default that made the 8 GPUs."""
+    script = ("#!/bin/bash\nGPUS_PER_NODE=8\nNNODES=${SLURM_NNODES:-\"1\"}\nCHECKPOINT_PATH=$1\n"
+              "torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NNODES pretrain_gpt.py " + MIXTRAL_ARGS
+              + "--save $CHECKPOINT_PATH\n")
+    with pytest.raises(CaseError, match=r"--nnodes x --nproc-per-node = 8 GPUs, but the case has 64 \(the script "
+                                        r"leaves unset SLURM_NNODES: read as its default '1'"):
+        diagnosed(tmp_path, script, MIXTRAL_ON_64)

@@ -53,7 +53,7 @@ INT_FLAGS = (
     "--seq-length", "--max-position-embeddings", "--num-experts", "--expert-model-parallel-size",
     "--expert-tensor-parallel-size", "--moe-router-topk", "--moe-router-num-groups", "--moe-router-group-topk",
     "--mtp-num-layers", "--rotary-base", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
-    "--kv-lora-rank", "--kv-channels",
+    "--kv-lora-rank", "--kv-channels", "--vocab-size", "--make-vocab-size-divisible-by",
     # torchrun
     "--nnodes", "--nproc-per-node",
 )
@@ -66,7 +66,7 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--moe-flex-dispatcher-backend",
              "--normalization", "--position-embedding-type", "--window-size", "--optimizer",
              "--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
-             "--window-attn-skip-freq")
+             "--window-attn-skip-freq", "--moe-layer-freq", "--tokenizer-type")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",

@@ -235,12 +235,19 @@ class _Launch:
     notes: tuple = ()  # bash.Note: the branches taken on what the script does not set
     unset: tuple = ()  # variables the launch's words read that nothing set
     started: bool = True  # the script starts a command at all
+    defaulted: tuple = ()  # (NAME, default): unset variables read as their ${X:-default}
 
     def explain(self, error: CaseError) -> CaseError:
         """``error`` with what the reading assumed that bears on it (the branches between
         arguments this reader reads, the variables read as empty)."""
         read = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(LIST_FLAGS) | set(ALIASES)
         said = []
+        # The defaults the refused flag's value may have come from (NNODES=${SLURM_NNODES:-1}, then --nnodes
+        # $NNODES): those whose value it is.
+        value = self.value_of(error.key)
+        taken = [f"{name}: read as its default {default!r}" for name, default in self.defaulted if default == value]
+        if taken:
+            said.append(f"the script leaves unset {'; '.join(taken[:3])}")
         if self.unset:
             said.append(f"the script leaves {', '.join(self.unset[:5])} unset: read as empty, as bash does")
         if not self.started:
@@ -250,6 +257,16 @@ class _Launch:
         if not said:
             return error
         return CaseError(error.source, error.key, f"{error.expected} ({'; '.join(said)})")
+
+
+    def value_of(self, flag: str) -> Optional[str]:
+        """The last value the launch's words give ``flag`` (``--flag value`` or ``--flag=value``)."""
+        found = None
+        for i, word in enumerate(self.words):
+            name, eq, inline = word.partition("=")
+            if name.replace("_", "-") == flag:
+                found = inline if eq else (self.words[i + 1] if i + 1 < len(self.words) else None)
+        return found
 
 
 def launch_of(path: Path, text: str) -> _Launch:
@@ -292,8 +309,9 @@ def launch_of(path: Path, text: str) -> _Launch:
             notes.append(bash.Note(f"{src}: line {c.line}: {substitution} is not run: its output is read as empty, "
                                    "so the flags it would give are not read", None))
     unset = tuple(dict.fromkeys(name for c in launches for name in c.unset))
+    defaulted = tuple(dict.fromkeys(what for c in launches for what in c.defaulted))
     return _Launch(src, [w for c in launches for w in c.fields], True, tuple(notes), unset,
-                   bool(script.commands))
+                   bool(script.commands), defaulted)
 
 
 def _program(command) -> Optional[str]:

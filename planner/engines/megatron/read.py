@@ -19,7 +19,7 @@ from planner.engines.megatron.launch import (NEMO_SECTIONS, NPROC_WORDS, TORCHRU
                                            with_included_args)
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
-from planner.limits import MAX_EXPANDED_CHARS, MAX_INT
+from planner.limits import MAX_EXPANDED_CHARS, MAX_INT, MAX_LAYERS
 
 
 def _repeat(pattern: str, text: str) -> str:
@@ -252,6 +252,9 @@ def _check_model(args: _Args, model, training) -> None:
         if value is not None and value != expected:
             raise CaseError(args.src, flag, f"{value} differs from the case's {expected} "
                                        f"(model.{flag[2:].replace('-', '_')}: the expert dispatch is priced by it)")
+    if "--num-experts" in args.flags:
+        _check_moe_layers(args, model)
+    _check_vocab(args, model)
     mtp = args.integer("--mtp-num-layers", 0)
     if mtp != model.mtp_layers:
         said = f"{mtp}" if "--mtp-num-layers" in args.flags else "absent (no multi-token prediction)"
@@ -277,6 +280,83 @@ def _check_model(args: _Args, model, training) -> None:
         if precision == "fp8" and recipe != training.recipe.name:
             raise CaseError(args.src, "--fp8-recipe", f"scales fp8 {recipe}, but the case's recipe is "
                                                  f"{training.recipe.name} (training.fp8_recipe)")
+
+
+def moe_layer_flags(args: _Args, layers: int) -> list[int]:
+    """The layers ``--moe-layer-freq`` gives experts (1) or a dense MLP (0), as megatron-core places
+    them (``gpt_layer_specs.get_gpt_decoder_block_spec``): an integer k, every layer i with i % k == 0
+    (1, Megatron-LM's default: every layer); a Python list expression (``([0]*3+[1]*58)``, which
+    Megatron-LM's ``moe_freq_type`` evaluates), its entries. Only lists, integers, + and * are read."""
+    import ast
+
+    text = args.flags.get("--moe-layer-freq") or "1"
+    expected = f"an integer or a list expression of 0s and 1s such as ([0]*3+[1]*58), got {text[:60]!r}"
+    if text.strip().isdigit():
+        every = args.integer("--moe-layer-freq", 1)
+        return [1 if i % every == 0 else 0 for i in range(layers)]
+
+    def value(node: ast.AST):
+        if isinstance(node, ast.Constant) and type(node.value) is int and node.value in (0, 1):
+            return node.value
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = value(node.left), value(node.right)
+            if isinstance(left, list) and isinstance(right, list) and len(left) + len(right) <= MAX_LAYERS:
+                return left + right
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            left, right = value(node.left), node.right
+            if isinstance(left, list) and isinstance(right, ast.Constant) and type(right.value) is int \
+                    and 0 <= right.value and len(left) * right.value <= MAX_LAYERS:
+                return left * right.value
+        raise CaseError(args.src, "--moe-layer-freq", f"expected {expected}")
+
+    # An argument list's words lose an array's closing parenthesis (NAME=(... --moe-layer-freq ([0]*3+[1]*58)):
+    # the expression's own are balanced again.
+    text = text.strip()
+    text = text + ")" * (text.count("(") - text.count(")")) if text.count("(") > text.count(")") else text
+    try:
+        pattern = value(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError):
+        raise CaseError(args.src, "--moe-layer-freq", f"expected {expected}") from None
+    if not isinstance(pattern, list) or len(pattern) != layers:
+        raise CaseError(args.src, "--moe-layer-freq", f"lists {len(pattern) if isinstance(pattern, list) else 1} "
+                                                      f"layers; megatron-core expects one entry per layer, {layers}")
+    return pattern
+
+
+def _check_moe_layers(args: _Args, model) -> None:
+    """The layers with experts, as the list places them (:func:`moe_layer_flags`), are the case's
+    (``ModelSpec.is_moe_layer``): DeepSeek-V3 without its ``([0]*3+[1]*58)`` builds 61 MoE layers,
+    and was priced as the case's 58 without a word."""
+    layers = model.num_layers
+    listed = moe_layer_flags(args, layers)
+    wanted = [1 if model.is_moe_layer(i) else 0 for i in range(layers)]
+    if listed != wanted:
+        said = f"{args.flags['--moe-layer-freq']}" if "--moe-layer-freq" in args.flags else \
+            "absent (Megatron-LM's default 1: experts in every layer)"
+        def where(flags: list[int]) -> str:
+            indices = [i for i, f in enumerate(flags) if f]
+            return f"{len(indices)} of the {layers} layers experts (layers {', '.join(map(str, indices[:4]))}" \
+                   f"{', …' if len(indices) > 4 else ''})"
+        raise CaseError(args.src, "--moe-layer-freq", f"{said} gives {where(listed)}, the case's model {where(wanted)} "
+                                                      f"(model.moe_first_dense_layers {model.moe_first_dense_layers}, "
+                                                      f"model.moe_layer_freq {model.moe_layer_freq})")
+
+
+def _check_vocab(args: _Args, model) -> None:
+    """``--vocab-size``, where the run's tokenizer takes it (megatron/training/tokenizer: the
+    NullTokenizer of mock-data runs; a real tokenizer brings its own), is the case's vocabulary, or
+    pads to it (``_vocab_size_with_padding``: up to a multiple of --make-vocab-size-divisible-by × tp).
+    A 32,000 was priced as the case's 128,256 without a word."""
+    vocab = args.integer("--vocab-size")
+    if vocab is None or (args.flags.get("--tokenizer-type") or "NullTokenizer") != "NullTokenizer":
+        return
+    step = args.integer("--make-vocab-size-divisible-by", 128) * args.integer("--tensor-model-parallel-size", 1)
+    padded = -(-vocab // step) * step
+    if model.vocab_size not in (vocab, padded):
+        raise CaseError(args.src, "--vocab-size", f"{vocab} (padded to {padded}) differs from the case's "
+                                                  f"{model.vocab_size} (model.vocab_size)")
 
 
 def _check_capacity_and_dropout(args: _Args, model) -> None:
@@ -491,10 +571,13 @@ def _pipeline(args: _Args, model, pp: int, micro: int, dp: int, global_batch: in
         if first is not None or last is not None:
             raise CaseError(args.src, "--num-layers-per-virtual-pipeline-stage",
                             "with an uneven pipeline Megatron-LM needs --num-virtual-stages-per-pipeline-rank")
-        if (layers // pp) % per_chunk:
+        # Counted as Megatron-LM's arguments.py counts them: the embedding and the loss as a layer each
+        # where accounted for in the split (405B's 126 + 2 over pp 8: 16 a stage, 2 a chunk is vpp 8).
+        if (units // pp) % per_chunk:
             raise CaseError(args.src, "--num-layers-per-virtual-pipeline-stage",
-                            f"{per_chunk} must divide the {layers // pp} layers per pipeline stage")
-        vpp = layers // pp // per_chunk
+                            f"{per_chunk} must divide the {units // pp} layers per pipeline stage"
+                            + (" (the embedding and loss counted as layers)" if units != layers else ""))
+        vpp = units // pp // per_chunk
     elif chunks is not None:
         vpp = chunks
     if vpp > 1:

@@ -3,6 +3,8 @@ calls; and the commands the script would start, gathered, not run."""
 
 from __future__ import annotations
 
+import ast
+
 import re
 from typing import Optional
 
@@ -15,7 +17,7 @@ from .expand import _Expander
 from .lexer import _ASSIGNMENT, _NAME, _Tok
 from .parser import _Simple
 from .results import Command
-from .state import _NOT_RUN, _READ_EMPTY, _Ctx
+from .state import _DEFAULTED, _NOT_RUN, _READ_EMPTY, _Ctx
 from .status import _FALSE, _TRUE, _Exit, _LoopControl, _Return, _Status
 
 _DECLARATIONS = {"export", "declare", "typeset", "local", "readonly"}
@@ -173,7 +175,9 @@ class _Commands(_Expander):
             self.run_inline((text, []), node)
         unset = tuple(name for name, how in ctx.deps.items() if how == _READ_EMPTY)
         not_run = tuple(name for name, how in ctx.deps.items() if how == _NOT_RUN)
-        self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run))
+        defaulted = tuple((name, ast.literal_eval(how[len(_DEFAULTED) + 1:])) for name, how in ctx.deps.items()
+                          if how.startswith(_DEFAULTED))
+        self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run, defaulted))
         return _Status(None, True, reason=f"{one_line(name, 40)} is not run")
 
     def read_builtin(self, command: str, args: list[str]) -> None:

@@ -13,7 +13,7 @@ from .arith import _Arithmetic
 from .errors import ScriptSyntax
 from .lexer import _NAME, _skip_ansi, _skip_backtick, _skip_double, _skip_nested, _skip_single
 from .patterns import _glob_tokens, _replace, _trim
-from .state import _NOT_RUN, _READ_EMPTY, _Ctx, _joined
+from .state import _DEFAULTED, _NOT_RUN, _READ_EMPTY, _Ctx, _joined
 
 _SIMPLE_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]|[@*#?$!\-]")
 _PARAM_OP = re.compile(r":?[-=+?]|##?|%%?|/#|/%|//?|\^\^?|,,?|:")
@@ -193,13 +193,13 @@ class _Expander(_Arithmetic):
                     pieces = self.scan(word, ctx, key)
                     default = "".join(_joined(v) for _, v in pieces)
                     if not is_set:
-                        ctx.deps.setdefault(label, f"is not set by the script: read as its default {default!r}"
+                        ctx.deps.setdefault(label, f"{_DEFAULTED} {default!r}"
                                             if default else _READ_EMPTY)
                     return ("pieces", pieces)
                 if null:
                     default = self.string(word, ctx, key)
                     if not is_set:
-                        ctx.deps.setdefault(label, f"is not set by the script: read as its default {default!r}"
+                        ctx.deps.setdefault(label, f"{_DEFAULTED} {default!r}"
                                             if default else _READ_EMPTY)
                     if op[-1] == "=" and _NAME.fullmatch(name):
                         self.set_var(name, default, ctx.deps)

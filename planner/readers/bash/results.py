@@ -13,6 +13,7 @@ class Command:
     line: int
     unset: tuple[str, ...] = ()  # variables its words read that nothing set (read as empty)
     not_run: tuple[str, ...] = ()  # command substitutions in its words, never run (read as empty)
+    defaulted: tuple[tuple[str, str], ...] = ()  # (NAME, default): unset variables whose ${X:-default} it took
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ _GENERATIONS = itertools.count(1)
 
 
 _READ_EMPTY = "is not set by the script: read as empty"
+_DEFAULTED = "is not set by the script: read as its default"  # ${X:-default}'s, followed by the default
 _NOT_RUN = "not run: read as empty"  # a command substitution's output
 
 
