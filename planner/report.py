@@ -28,6 +28,8 @@ def count(n: float) -> str:
 def describe_layout(est: Estimate) -> str:
     lay, job = est.job.layout, est.job
     parts = [f"dp {lay.dp}", f"tp {lay.tp}", f"pp {lay.pp}"]
+    if lay.pp > 1 and len(set(job.stage_layers)) > 1:  # an uneven split, as the search or a launch gives it
+        parts[-1] += f" (layers per stage {value_text('stage_layers', list(job.stage_layers))})"
     if lay.vpp > 1:
         parts.append(f"vpp {lay.vpp}")
     if lay.cp > 1:
@@ -35,6 +37,9 @@ def describe_layout(est: Estimate) -> str:
     if job.model.is_moe:
         parts.append(f"ep {lay.ep}, etp {lay.expert_tp} (expert data parallel {lay.edp})")
     recompute = f"recompute {lay.recompute}"
+    if lay.recompute == "full" and lay.recompute_num_layers is not None \
+            and lay.recompute_num_layers < max(job.stage_layers):  # a few layers, not all: said (it read as all)
+        recompute += f" ({lay.recompute_num_layers} of a stage's {max(job.stage_layers)} layers)"
     if lay.recompute == "selective" and job.training.engine.selective == "attention":  # by module
         modules = selective_modules(job.model, job.training, lay)
         recompute += f" ({', '.join(modules)})" if modules else " (nothing that frees memory)"

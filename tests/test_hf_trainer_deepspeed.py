@@ -53,7 +53,8 @@ def test_the_trainers_configs_are_read_with_each_auto_resolved(tmp_path, config,
     assert result.estimate.job.grad_accum == 4  # 64 / (2 x 8)
     assert result.resolved == ("train_micro_batch_size_per_gpu: auto -> 2",
                                "gradient_accumulation_steps: auto -> 4 (global batch 64 / micro-batch 2 / dp 8)",
-                               "train_batch_size: auto -> 64 (the case's global batch)",
+                               "train_batch_size: auto -> 64 (micro-batch 2 × accumulation 4 × dp 8, as the "
+                               "Trainer fills it)",
                                "bf16.enabled: auto -> true (training.precision bf16)",
                                "fp16.enabled: auto -> false (training.precision bf16)")
 
