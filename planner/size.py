@@ -379,6 +379,10 @@ def work_lower_bound(case: Case, spec: SearchSpec, gpu: GPUSpec) -> float:
     return least
 
 
+# How many times a sweep searches again the sizes its cut skipped, each time the cut loosens.
+MAX_RESWEEPS = 8
+
+
 class _Sweep:
     """The enumeration of (type, size) pairs and their searches, with what it has found so far."""
 
@@ -396,6 +400,12 @@ class _Sweep:
         self.work = [min((work_lower_bound(c, s, o.gpu) for c, s in v), default=math.inf)
                      for o, v in zip(options, self.variants)]
         self.cut: list[float] = []  # the `keep` best values of sizes that meet the deadline, as a max-heap
+        # Per GPU type, the (GPUs, step) of each size meeting the deadline that no other of the type beats on
+        # GPUs and step at once (and so on spend): the cut counts only these. A size the type's own beats is
+        # no runner-up a user would take (:func:`undominated`): counted, the shortest time's cut filled with
+        # larger, slower clusters and skipped the smaller ones worth weighing (Llama 3 70B within 65,536
+        # GPUs: 4 sizes kept, 3 of them beaten, no runner-up; 16,384 B200s at 13.9 days is one).
+        self.front: list[list[tuple[int, float]]] = [[] for _ in options]
 
     def sizes(self) -> list[tuple[int, int]]:
         pairs = [(i, n) for i, o in enumerate(self.options) for n in range(o.unit, self.limits[i] + 1, o.unit)]
@@ -439,18 +449,63 @@ class _Sweep:
         from .size_solver import SizeRow, within_deadline
 
         pairs = self.sizes()
-        for done, (option, gpus) in enumerate(pairs, 1):
-            self.progress(done, len(pairs))
+        skipped: list[tuple[int, int, float]] = []  # (type, size, the ceiling it was skipped under)
+
+        def visit(option: int, gpus: int) -> None:
             ceiling = self.ceiling(option, gpus)
             if self.work[option] / gpus > ceiling:  # too few GPUs for any layout to step that fast
-                continue
+                skipped.append((option, gpus, ceiling))
+                return
             table = self.fastest(option, gpus, ceiling)
+            if not table and ceiling < math.inf:
+                skipped.append((option, gpus, ceiling))
             self.rows += [SizeRow(option, gpus, c) for c in table]
             if table and (self.step_deadline is None or within_deadline(table[0].step_time_s, self.step_deadline)):
-                heapq.heappush(self.cut, -self.value(option, gpus, table[0].step_time_s))
-                if len(self.cut) > self.keep:
-                    heapq.heappop(self.cut)
+                self._keep_unbeaten(option, gpus, table[0].step_time_s)
+
+        for done, (option, gpus) in enumerate(pairs, 1):
+            self.progress(done, len(pairs))
+            visit(option, gpus)
+        # The cut loosens where a size beats sizes it held (a smaller, faster one of their type): what it
+        # skipped under the tighter bound is searched again under the looser (an 8B on 2 GPUs was skipped
+        # under the bound of 4 and 8 GPUs that 2 GPUs then beat, and the answer missed a runner-up).
+        for _ in range(MAX_RESWEEPS):
+            again = [(option, gpus) for option, gpus, ceiling in skipped if self.ceiling(option, gpus) > ceiling]
+            if not again:
+                break
+            skipped = [entry for entry in skipped if entry[:2] not in again]
+            for option, gpus in again:
+                visit(option, gpus)
         return self
+
+    def _keep_unbeaten(self, option: int, gpus: int, step_s: float) -> None:
+        """Count a size in the cut unless one of its type beats it; drop those it beats."""
+        kept = self.front[option]
+        if any(_beats(g, s, gpus, step_s) for g, s in kept):
+            return
+        kept[:] = [(g, s) for g, s in kept if not _beats(gpus, step_s, g, s)] + [(gpus, step_s)]
+        values = sorted(self.value(o, g, s) for o, sizes in enumerate(self.front) for g, s in sizes)
+        self.cut = [-v for v in values[:self.keep]]
+        heapq.heapify(self.cut)
+
+    def unbeaten_rows(self) -> list:
+        """The rows of the sizes no size of their type beats on GPUs and fastest step at once."""
+        fastest: dict[tuple[int, int], float] = {}
+        for row in self.rows:
+            key = (row.option, row.gpus)
+            fastest[key] = min(fastest.get(key, math.inf), row.candidate.step_time_s)
+        by_option: dict[int, list[tuple[int, float]]] = {}
+        for (option, gpus), step_s in fastest.items():
+            by_option.setdefault(option, []).append((gpus, step_s))
+        beaten = {(o, g) for o, sizes in by_option.items() for g, s in sizes
+                  if any(_beats(g2, s2, g, s) for g2, s2 in sizes)}
+        return [row for row in self.rows if (row.option, row.gpus) not in beaten]
+
+
+def _beats(gpus: int, step_s: float, other_gpus: int, other_step_s: float) -> bool:
+    """Whether a size of one GPU type beats another of the same: no more GPUs, no slower, and better
+    in one (then no more spend either: GPUs × step)."""
+    return gpus <= other_gpus and step_s <= other_step_s and (gpus < other_gpus or step_s < other_step_s)
 
 
 def engine_variants(case: Case, spec: SearchSpec, gpu: GPUSpec) -> list[tuple[Case, SearchSpec]]:
@@ -545,7 +600,9 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
         return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status), lambda: [])
 
     sweep = _Sweep(case, spec, options, limits, weights, objective, step_deadline, target.top_k + 1, progress).run()
+    all_rows, sweep.rows = sweep.rows, sweep.unbeaten_rows()  # the runners-up among sizes not beaten
     status, chosen = decide(sweep, objective, step_deadline, target.top_k + 1)
+    sweep.rows = all_rows
     if chosen:
         picks = undominated([choice(sweep, row) for row in chosen])
         return Sizing(OK, best=picks[0], alternatives=tuple(picks[1:]), **common(sweep, status))

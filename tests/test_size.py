@@ -200,12 +200,13 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
     if result.best is None:
         return problems + [f"{label}: size found nothing; the sweep {order[0]}"]
     picks = [result.best, *result.alternatives]
-    # Of the sweep's first four, none another of its GPU type beats on GPUs, days and spend at once
-    # (the answer stays).
-    top = order[:1 + 3]
-    expected = top[:1] + [s for s in top[1:] if not any(
-        o is not s and o.option == s.option and o.gpus <= s.gpus and o.days <= s.days and o.spend <= s.spend
-        and (o.gpus < s.gpus or o.days < s.days) for o in top)]
+    # The sweep's first four of the sizes no other of their GPU type beats on GPUs, days and spend at
+    # once (the answer first): the first four and then the beaten dropped left none where the first
+    # were larger, slower clusters of the answer's type (the shortest time's).
+    def beaten(s) -> bool:
+        return any(o is not s and o.option == s.option and o.gpus <= s.gpus and o.days <= s.days
+                   and o.spend <= s.spend and (o.gpus < s.gpus or o.days < s.days) for o in order)
+    expected = (order[:1] + [s for s in order[1:] if not beaten(s)])[:1 + 3]
     if len(picks) != len(expected):
         problems.append(f"{label}: {len(picks)} answers, the sweep has {len(order)} sizes")
     for rank, (pick, want) in enumerate(zip(picks, expected)):
