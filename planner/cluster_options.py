@@ -71,9 +71,9 @@ def read_cluster_options(src: str, section: Any, base: Path) -> tuple[ClusterOpt
         gpu, fabric = cluster_hardware(src, entry, base, key)
         most, price = sizing_terms(src, entry, key, gpu.gpus_per_node)
         option = ClusterOption(key, gpu, fabric, most, price)
-        same = next((o.key for o in options if (o.gpu, o.fabric, o.max_gpus, o.gpu_hour_cost) ==
-                     (gpu, fabric, most, price)), None)
-        if same is not None:  # sized twice, it would be its own runner-up
-            raise CaseError(src, key, f"is the same GPU type, fabric, limit and price as {same}: give each once")
+        same = next((o.key for o in options if (o.gpu, o.fabric, o.gpu_hour_cost) == (gpu, fabric, price)), None)
+        if same is not None:  # sized twice, it would be its own runner-up (a larger limit only adds sizes)
+            raise CaseError(src, key, f"is the same GPU type, fabric and price as {same}: give each once, with "
+                                      f"the larger limit")
         options.append(option)
     return tuple(options)

@@ -310,6 +310,12 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
                         f"expected a function of (sizes done, sizes in all), got {one_line(repr(progress), 60)}")
     check_ignored_layout(case, "size")  # a malformed layout section is the case's error, as under plan
     loaded, options = load_sizing_case(case)
+    if target.gpu_hour_cost is not None:  # one price for every type: entries that differed only in theirs
+        for i, option in enumerate(options):
+            same = next((o.key for o in options[:i] if (o.gpu, o.fabric) == (option.gpu, option.fabric)), None)
+            if same is not None:
+                raise CaseError("--gpu-hour-cost", "", f"gives {option.key} the price of {same}, the same GPU type "
+                                                       "and fabric: it would be its own runner-up; give each once")
     result = size_case(loaded, options, target, progress)
     notes = tuple(n for n in (unpriced_note(options, target), fitted_note(result)) if n)
     return replace(result, notes=result.notes + notes) if notes else result

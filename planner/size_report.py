@@ -64,8 +64,14 @@ def print_sizing(sizing: Sizing, console: Console) -> None:
             table = Table(title="Next best")
             for column in ("#", "GPUs", "type", "days", "GPU-hours", "cost", "trades"):
                 table.add_column(column, justify="left" if column in ("type", "trades") else "right")
+            # Entries of one GPU type at two prices (reserved, on demand) are told apart by their key.
+            keys: dict[str, set] = {}
+            for c in (best, *sizing.alternatives):
+                keys.setdefault(c.option.gpu.name, set()).add(c.option.key)
             for i, alt in enumerate(sizing.alternatives, 1):
-                table.add_row(str(i), f"{alt.gpus:,}", escape(alt.option.gpu.name), _figure(alt.days, 1),
+                kind = alt.option.gpu.name if len(keys[alt.option.gpu.name]) == 1 \
+                    else f"{alt.option.gpu.name} ({alt.option.key})"
+                table.add_row(str(i), f"{alt.gpus:,}", escape(kind), _figure(alt.days, 1),
                               _figure(alt.gpu_hours), "-" if alt.cost is None else _figure(alt.cost),
                               escape(best.trade_text(alt)))
             console.print(table)

@@ -460,14 +460,28 @@ def test_a_deadline_past_its_bound_says_the_bound_in_its_unit():
                    "at most 1000 years, got '1e7d'")
 
 
-def test_the_same_gpu_type_twice_among_size_options_is_refused(tmp_path):
-    """Two identical options: the best listed itself as its own runner-up ('1.00x the GPUs for 1.00x the days')."""
+@pytest.mark.parametrize("second", [{}, {"max_gpus": 512}])
+def test_the_same_gpu_type_twice_among_size_options_is_refused(tmp_path, second):
+    """Two identical options, or two that differ in their limit alone: the best listed itself as its
+    own runner-up ('1.00x the GPUs for 1.00x the days'), or one size twice."""
     option = {"gpu": "h100-sxm-80gb", "max_gpus": 256, "gpu_hour_cost": 2.5}
     case = write(tmp_path / "case.yaml", yaml.safe_dump({"model": {"preset": "llama3-8b"},
-                                                         "cluster": {"options": [option, dict(option)]},
+                                                         "cluster": {"options": [option, {**option, **second}]},
                                                          "training": {"global_batch_size": 256, "seq_len": 4096}}))
     one_line_error(cli("size", str(case), "--tokens", "1T", "--deadline", "30d"), str(case), "cluster.options[1]: ",
-                   "same GPU type, fabric, limit and price as cluster.options[0]")
+                   "same GPU type, fabric and price as cluster.options[0]: give each once, with the larger limit")
+
+
+def test_one_price_for_every_type_that_makes_two_options_one_is_refused(tmp_path):
+    """Reserved and on-demand H100s at two prices are two options; --gpu-hour-cost gave them one, and
+    each was the other's runner-up."""
+    options = [{"gpu": "h100-sxm-80gb", "max_gpus": 64, "gpu_hour_cost": 2.0},
+               {"gpu": "h100-sxm-80gb", "max_gpus": 256, "gpu_hour_cost": 3.5}]
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({"model": {"preset": "llama3-8b"},
+                                                         "cluster": {"options": options},
+                                                         "training": {"global_batch_size": 256, "seq_len": 4096}}))
+    one_line_error(cli("size", str(case), "--tokens", "1T", "--deadline", "30d", "--gpu-hour-cost", "2"),
+                   "--gpu-hour-cost: gives cluster.options[1] the price of cluster.options[0]")
 
 
 def test_a_plot_path_that_is_no_png_is_refused(tmp_path):
