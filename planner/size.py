@@ -686,9 +686,14 @@ def _would_meet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[
             tried.append(SizeRow(option, units * options[option].unit, hit))
         return hit
 
+    # The degrees the case's search pins multiply into every size that can hold them: the ladder
+    # climbs in multiples of the nodes that do (pp 7 pinned: 7 nodes of 8 GPUs; only powers of two
+    # of nodes were tried, and 14,336 B200s meeting the deadline were said not to exist).
+    pinned = math.prod(sweep.spec.pins.get(degree, 1) for degree in ("dp", "tp", "pp", "cp"))
     found = []
     for option, unit in enumerate(o.unit for o in options):
-        start = limits[option] // unit  # every size up to here is within the limits: none does
+        step = pinned // math.gcd(pinned, unit)  # nodes (or racks) per size that holds the pinned degrees
+        start = limits[option] // unit // step  # in steps: every size up to here is within the limits
         reach = max(start, 1) * ADVICE_REACH
         low = high = start
         hit = None
@@ -696,20 +701,20 @@ def _would_meet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[
             # Powers of two of nodes: a global batch splits over them where 1,000 · 2^k GPUs leave a
             # factor of 125 that no degree divides (a limit of 1,000 found nothing up to 64,000).
             bigger = 1 << high.bit_length()
-            if bigger > reach or bigger * unit > MAX_GPUS:
+            if bigger > reach or bigger * step * unit > MAX_GPUS:
                 break
             low, high = high, bigger
-            hit = meets(option, high)
+            hit = meets(option, high * step)
         if hit is None:
             continue
         while low + 1 < high:
             mid = (low + high) // 2
-            attempt = meets(option, mid)
+            attempt = meets(option, mid * step)
             if attempt is not None:
                 high, hit = mid, attempt
             else:
                 low = mid
-        found.append(SizeRow(option, high * unit, hit))
+        found.append(SizeRow(option, high * step * unit, hit))
 
     def spend(row) -> tuple[float, int]:
         return sweep.weights[row.option] * row.gpus * row.candidate.step_time_s, row.gpus

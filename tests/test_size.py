@@ -681,3 +681,17 @@ def test_what_would_meet_the_deadline_spends_no_more_than_a_size_it_tried():
 def test_progress_none_is_no_progress_as_documented():
     """docs/commands.md gives size(..., progress=None); it was refused as not a function."""
     assert planner.size(MID, "1T", max_gpus=64, progress=None).best is not None
+
+
+def test_past_the_limits_the_sizes_tried_hold_the_pinned_degrees():
+    """pp 7 pinned: the search past the limits tried powers of two of nodes, none a multiple of 7,
+    and said no cluster up to 64 times the limits would meet 30 days, where 14,336 B200s (1,792
+    nodes) meet it in 22.5."""
+    case = {"model": {"preset": "llama3-70b"},
+            "cluster": {"options": [{"gpu": "h100-sxm-80gb", "max_gpus": 2048, "gpu_hour_cost": 2.5},
+                                    {"gpu": "b200", "max_gpus": 1024, "gpu_hour_cost": 4.5}]},
+            "training": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16", "optimizer": "adamw"},
+            "search": {"target": "megatron", "pp": 7}}
+    result = planner.size(case, "15T", deadline="30d")
+    assert result.best is None and result.would_meet is not None
+    assert result.would_meet.gpus % 7 == 0 and result.would_meet.days <= 30
