@@ -202,10 +202,10 @@ def size_command(
     from .size import size, size_target
 
     _warn_profile(case)
+    options = {"tokens": "--tokens", "deadline": "--deadline", "max_gpus": "--max-gpus", "max_nodes": "--max-nodes",
+               "gpu_hour_cost": "--gpu-hour-cost", "top_k": "--top"}
     try:
-        size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top,
-                    names={"tokens": "--tokens", "deadline": "--deadline", "max_gpus": "--max-gpus",
-                           "max_nodes": "--max-nodes", "gpu_hour_cost": "--gpu-hour-cost", "top_k": "--top"})
+        size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top, names=options)
         from .plan import check_ignored_layout
 
         # Said once the case is read whole: a case refused later is one line, the refusal.
@@ -216,6 +216,8 @@ def size_command(
             result = size(case, tokens, deadline=deadline, max_gpus=max_gpus, max_nodes=max_nodes,
                           gpu_hour_cost=gpu_hour_cost, top_k=top, progress=progress)
     except CaseError as error:
+        if error.source == "size" and error.key in options:  # the API's argument is this command's option
+            error = CaseError(options[error.key], "", error.expected)
         _fail(error)
     for note in ((ignored,) if ignored else ()) + result.notes:
         print(f"note: {one_line(note, 1000)}", file=sys.stderr)

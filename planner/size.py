@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
-from cost_models.specs import GPUSpec
+from cost_models.specs import GPUSpec, SpecError
 from cost_models.layer_time import layer_time_bound
 
 from .case import SECTIONS, Case, build_case, check_usable_memory, read_case, spec_errors
@@ -284,6 +284,17 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
     if "cluster" not in data:
         raise CaseError(src, "cluster", "missing section")
     options = read_cluster_options(src, data["cluster"], base)
+    training = data.get("training")
+    precision = training.get("precision", "bf16") if isinstance(training, dict) else None
+    for option in options if isinstance(precision, str) else ():
+        # A type that has no peak for the precision, named as its entry (the error named cluster.gpu,
+        # a key an options case does not have).
+        try:
+            option.gpu.peak(precision)
+        except SpecError as error:
+            if error.field == "precision":
+                raise CaseError(src, option.key, f"{option.gpu.name} cannot train in {precision}: {error.message}; "
+                                                 "drop the type, or train in a precision it has") from None
     first = options[0]
     loaded = build_case({k: v for k, v in data.items() if k != "layout"}, src, base,
                         cluster=first.cluster(first.unit), cluster_key=first.key)
@@ -314,8 +325,8 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
         for i, option in enumerate(options):
             same = next((o.key for o in options[:i] if (o.gpu, o.fabric) == (option.gpu, option.fabric)), None)
             if same is not None:
-                raise CaseError("--gpu-hour-cost", "", f"gives {option.key} the price of {same}, the same GPU type "
-                                                       "and fabric: it would be its own runner-up; give each once")
+                raise CaseError("size", "gpu_hour_cost", f"gives {option.key} the price of {same}, the same GPU "
+                                                         "type and fabric: it would be its own runner-up; give each once")
     result = size_case(loaded, options, target, progress)
     notes = tuple(n for n in (unpriced_note(options, target), fitted_note(result)) if n)
     return replace(result, notes=result.notes + notes) if notes else result
@@ -549,9 +560,10 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     weights = [p if priced else 1.0 for p in prices]
     tokens_per_step = case.training.global_batch_size * case.training.seq_len
     if target.tokens < tokens_per_step:  # a run shorter than one step: its deadline per step is endless
-        raise CaseError(case.source, "tokens", f"expected at least one global batch of the case, "
-                                               f"{tokens_per_step:,} tokens (global_batch_size × seq_len), "
-                                               f"got {target.tokens:,.10g}")
+        # Said of the option (the case gave the batch, the option the tokens): it was blamed on the file.
+        raise CaseError("size", "tokens", f"expected at least one global batch of {case.source}, "
+                                          f"{tokens_per_step:,} tokens (global_batch_size × seq_len), "
+                                          f"got {target.tokens:,.10g}")
     step_deadline = None if target.deadline_s is None else target.deadline_s * tokens_per_step / target.tokens
     gbs = case.training.global_batch_size
 

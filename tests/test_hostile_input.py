@@ -874,3 +874,15 @@ def test_a_profile_names_its_own_key_and_the_value_as_written(tmp_path, where, v
     assert info.value.source == str(written) and info.value.key == key
     assert expected in str(info.value)
 
+
+
+def test_size_names_the_option_that_gave_a_value_and_the_entry_that_cannot_run_the_case(tmp_path):
+    """--tokens 1K was refused as the case file's key 'tokens'; a V100 among the options, which has no
+    bf16, was refused as cluster.gpu.peak_tflops, a key an options case does not have."""
+    one_line_error(cli("size", "examples/llama3-70b-15t-size.yaml", "--tokens", "1K", "--deadline", "30d"),
+                   "error: --tokens: expected at least one global batch of examples/llama3-70b-15t-size.yaml")
+    options = [{"gpu": "h100-sxm-80gb", "max_gpus": 64}, {"gpu": "v100-sxm-32gb", "max_gpus": 64}]
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({"model": {"preset": "llama3-8b"}, "cluster": {"options": options},
+                                                         "training": {"global_batch_size": 512, "seq_len": 4096}}))
+    one_line_error(cli("size", str(case), "--tokens", "1T", "--deadline", "30d"),
+                   f"{case}: cluster.options[1]: v100-sxm-32gb cannot train in bf16")
