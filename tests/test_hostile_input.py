@@ -414,9 +414,9 @@ def test_size_refuses_a_run_shorter_than_one_global_batch(tmp_path):
     no run of this case."""
     case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
     for tokens in ("1", "262143"):
-        one_line_error(cli("size", str(case), "--tokens", tokens, "--deadline", "60d"), str(case), ": tokens: ",
-                       "at least one global batch of the case, 262,144 tokens")
-    with pytest.raises(CaseError, match="262,144 tokens"):
+        one_line_error(cli("size", str(case), "--tokens", tokens, "--deadline", "60d"), "error: --tokens: ",
+                       f"at least one global batch of {case}, 262,144 tokens")
+    with pytest.raises(CaseError, match="size: tokens: .*262,144 tokens"):
         planner.size(case, 2, deadline="60d")
 
 
