@@ -219,10 +219,11 @@ def size_command(
         if error.source == "size" and error.key in options:  # the API's argument is this command's option
             error = CaseError(options[error.key], "", error.expected)
         _fail(error)
-    for note in ((ignored,) if ignored else ()) + result.notes:
+    notes = ((ignored,) if ignored else ()) + result.notes
+    for note in notes:
         print(f"note: {one_line(note, 1000)}", file=sys.stderr)
-    if as_json:
-        print(json.dumps(result.to_dict(), indent=2))
+    if as_json:  # every note, as on stderr (the ignored layout section's was left out)
+        print(json.dumps({**result.to_dict(), "notes": list(notes)}, indent=2))
     else:
         from .size_report import print_sizing
 

@@ -75,7 +75,8 @@ def print_sizing(sizing: Sizing, console: Console) -> None:
                               _figure(alt.gpu_hours), "-" if alt.cost is None else _figure(alt.cost),
                               escape(best.trade_text(alt)))
             console.print(table)
-    console.print(f"solver: {sizing.solver_status} over {sizing.rows} layouts on {sizing.sizes_searched} of "
+    console.print(f"solver: {sizing.solver_status} over {sizing.rows} layout{'s' * (sizing.rows != 1)} on "
+                  f"{sizing.sizes_searched} of "
                   f"{sizing.sizes:,} cluster sizes ({sizing.layouts_scored:,} layouts scored)")
 
 
