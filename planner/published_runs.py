@@ -315,6 +315,9 @@ ROW_KEYS = {
     "layout.micro_batch_size": "batch.micro_batch_size", "layout.tp": "parallel.tp", "layout.pp": "parallel.pp",
     "layout.cp": "parallel.cp", "layout.dp": "parallel.dp", "layout.vpp": "parallel.vpp", "layout.ep": "parallel.ep",
     "layout.etp": "parallel.etp", "layout.sequence_parallel": "parallel.sp", "layout.zero_stage": "parallel.zero_stage",
+    # An uneven split the run's pp makes (more stages than layers leave some empty), and a step the
+    # GPU's figures make endless (a global batch of 2^40): the run's keys that gave them.
+    "layout.stage_layers": "parallel.pp", "cluster": "batch.global_batch_size",
 }
 
 

@@ -5,6 +5,7 @@ before any figure moves."""
 from __future__ import annotations
 
 import difflib
+import re
 
 import math
 from dataclasses import dataclass
@@ -19,8 +20,10 @@ from cost_models.specs import Job
 from .case import build_case, load_case, read_case, spec_errors
 from .errors import CaseError, one_line
 from .inputs import check_each_file_once, read_yaml
-from .limits import MIN_FIGURE
-from .published_runs import (ROW_MEASURES, case_of, gpu_preset, measure_in_bounds, measured_tokens_per_s,
+from .limits import MAX_GPUS, MIN_FIGURE
+from .presets import gpu_presets
+from .units import parse_memory
+from .published_runs import (GPU_PREFIXES, ROW_MEASURES, case_of, gpu_preset, measure_in_bounds, measured_tokens_per_s,
                              named_precision, published_memory_stage, row_key, row_problem)
 from .training_logs import read_log
 
@@ -48,8 +51,9 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
             raise CaseError(source, f"[{index}]", "expected a run (a mapping in the published-runs schema)")
-        name = one_line(row.get("id") or f"[{index}]", 80)
+        name = one_line(row.get("id") or f"{source}[{index}]", 200)  # the file's place where it has no id
         row = _team_fields(source, name, row)
+        _check_team_shape(source, name, row)
         problem = row_problem(row) or _missing(row)
         if problem:
             raise CaseError(source, f"{name}.{problem[0]}", problem[1])
@@ -73,6 +77,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         if not tokens and not peak:
             raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
         run = Run(name, case, tokens, float(peak) if peak else None, stage)
+        _check_grid(source, name, row, case)  # before the case is built: a grid off its GPUs named as such
         check_run(run, source)
         _check_team_row(source, name, row, case)
         runs.append(run)
@@ -90,6 +95,8 @@ def _team_fields(source: str, name: str, row: dict) -> dict:
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise CaseError(source, f"{name}.num_gpus", f"expected the run's number of GPUs: a whole number from 1, "
                                                     f"got {one_line(repr(gpus), 60)}")
+    if gpus > MAX_GPUS:  # as a case's cluster is bounded, before its grid is checked against it
+        raise CaseError(source, f"{name}.num_gpus", f"expected an integer <= {MAX_GPUS}, got {one_line(repr(gpus), 60)}")
     return row if row.get("source") else {**row, "source": source}
 
 
@@ -187,10 +194,6 @@ def _check_team_row(source: str, name: str, row: dict, case: dict) -> None:
                         f"{per_gpu:,.0f} a GPU on {row['num_gpus']} GPUs is {per_gpu * row['num_gpus']:,.0f} in all, "
                         f"but tokens_per_sec_total says {total:,.0f}: give the two of one run, or one of them")
     lay = case["layout"]
-    if parallel.get("dp") is not None and parallel["dp"] != lay["dp"]:
-        raise CaseError(source, f"{name}.parallel.dp", f"{parallel['dp']}, but {row['num_gpus']} GPUs over tp "
-                                                       f"{lay['tp']} · pp {lay['pp']} · cp {lay['cp']} leave dp "
-                                                       f"{lay['dp']}")
     accumulation = case["training"]["global_batch_size"] // (lay["micro_batch_size"] * lay["dp"])
     if batch.get("grad_accum") is not None and batch["grad_accum"] != accumulation:
         raise CaseError(source, f"{name}.batch.grad_accum", f"{batch['grad_accum']}, but global batch "
@@ -202,6 +205,93 @@ def _check_team_row(source: str, name: str, row: dict, case: dict) -> None:
         raise CaseError(source, f"{name}.batch.tokens_per_batch",
                         f"{tokens}, but global batch {case['training']['global_batch_size']} × sequence "
                         f"{case['training']['seq_len']} is {case['training']['global_batch_size'] * case['training']['seq_len']}")
+
+
+def _check_grid(source: str, name: str, row: dict, case: dict) -> None:
+    """The run's degrees hold its GPUs: tp·pp·cp divides them, and a stated dp is what they leave (a
+    tp of 16 on 8 GPUs was refused as 'parallel.dp: expected an integer >= 1, got 0', 12 GPUs at a
+    stated dp 8 as a global batch that does not divide)."""
+    lay, gpus, parallel = case["layout"], row["num_gpus"], row["parallel"]
+    grid = lay["tp"] * lay["pp"] * lay["cp"]
+    if gpus % grid:
+        raise CaseError(source, f"{name}.num_gpus", f"{gpus} GPUs, which tp {lay['tp']} · pp {lay['pp']} · cp "
+                                                    f"{lay['cp']} = {grid} does not divide")
+    if parallel.get("dp") is not None and parallel["dp"] != gpus // grid:
+        raise CaseError(source, f"{name}.parallel.dp", f"{parallel['dp']}, but {gpus} GPUs over tp {lay['tp']} · pp "
+                                                       f"{lay['pp']} · cp {lay['cp']} leave dp {gpus // grid}")
+
+
+# A team's run's own keys (the published-runs schema, planner/published/README.md): one a letter or two
+# from them (recompte: full) was read as no key, and the run fitted without it.
+TOP_KEYS = ("id", "source", "framework", "gpu", "num_gpus", "record_type", "precision", "recompute", "model",
+            "parallel", "batch", "measured", "trust", "notes", "date", "url", "hardware", "software", "cluster")
+# What a run's parallel.fsdp may say: PyTorch FSDP's sharding strategies, or its sharding degree.
+FSDP_STRATEGIES = ("FULL_SHARD", "HYBRID_SHARD", "HYBRID", "SHARD_GRAD_OP", "NO_SHARD")
+
+
+def _check_team_shape(source: str, name: str, row: dict) -> None:
+    """The run's fields of the kinds the reading takes, named where they are not: the fields its case
+    is built from (a missing gpu was "a field has the wrong type or is missing ('gpu')"; model.moe "yes",
+    "'str' object has no attribute 'get'"), a key a letter from one of the run's own, an FSDP it would
+    read as none (fsdp: true was fitted as plain DDP), a GPU the planner's preset is not."""
+    for key, expected in (("gpu", "the GPU it ran on (H100-SXM5-80GB, B200 …)"),
+                          ("precision", "its training precision (bf16, fp8 …)"),
+                          ("record_type", "measured_throughput")):
+        if row.get(key) is None:
+            raise CaseError(source, f"{name}.{key}", f"missing: expected {expected}")
+    for key in row:
+        close = _near_miss(str(key), TOP_KEYS)
+        if close and str(key) != close:
+            raise CaseError(source, f"{name}.{one_line(key, 40)}", f"unknown key (did you mean {close}?)")
+    model = row.get("model")
+    for section in ("moe", "attention", "extra"):
+        value = model.get(section) if isinstance(model, dict) else None
+        if value is not None and not isinstance(value, dict):
+            raise CaseError(source, f"{name}.model.{section}", f"expected a mapping, got {one_line(repr(value), 40)}")
+    parallel = row.get("parallel")
+    if isinstance(parallel, dict):
+        fsdp = parallel.get("fsdp")
+        if fsdp is not None and fsdp is not False and not (isinstance(fsdp, int) and not isinstance(fsdp, bool)) \
+                and str(fsdp).upper() not in FSDP_STRATEGIES:
+            raise CaseError(source, f"{name}.parallel.fsdp", f"expected a sharding strategy ({', '.join(FSDP_STRATEGIES)}) "
+                                                             f"or the sharding degree, got {one_line(repr(fsdp), 40)}")
+        optimizer = parallel.get("distributed_optimizer")
+        if optimizer is not None and not isinstance(optimizer, bool):
+            raise CaseError(source, f"{name}.parallel.distributed_optimizer",
+                            f"expected true or false, got {one_line(repr(optimizer), 40)}")
+    measured = row.get("measured")
+    if isinstance(measured, dict) and measured.get("mfu") is not None:
+        mfu = measured["mfu"]
+        if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
+            raise CaseError(source, f"{name}.measured.mfu", f"expected a share of the peak from 0 to 1, got "
+                                                            f"{one_line(repr(mfu), 40)}")
+    _check_gpu_name(source, name, row["gpu"])
+
+
+# A GPU name's variants that are other GPUs than the SXM part the presets hold (PCIe cards, the NVL
+# boards of H100 and H200: other peaks and memory, no SXM NVLink).
+_OTHER_PARTS = re.compile(r"PCIE|\bNVL\b(?!\s*\d)")
+
+
+def _check_gpu_name(source: str, name: str, gpu: str) -> None:
+    """The run's GPU is the preset its name reads as (published_runs.gpu_preset, by prefix), not a
+    PCIe or NVL part of the family, another memory size, or another number that shares the prefix
+    (H100 PCIe, H100-SXM5-94GB and H1000 were read as the H100 SXM preset, and mixed with it)."""
+    preset = gpu_preset(gpu)
+    if preset is None:
+        return  # refused with the presets it could be (_unsupported)
+    text = str(gpu).upper().replace("NVIDIA ", "")
+    prefix = next((p for p, _ in GPU_PREFIXES if text.startswith(p)), "A100")
+    rest = text[len(prefix):]
+    memory = re.search(r"(\d+)\s*GB", rest)
+    preset_memory = gpu_presets()[preset]["memory"]
+    size = parse_memory(preset_memory)
+    # A name's "80GB" is the marketing figure: GB or GiB, either within 5 %.
+    other_memory = memory and all(abs(float(memory[1]) / (size / unit) - 1) > 0.05 for unit in (1e9, 2**30))
+    if rest[:1].isdigit() or _OTHER_PARTS.search(rest) or other_memory:
+        raise CaseError(source, f"{name}.gpu", f"{one_line(gpu, 60)} is no GPU the planner has a preset for (its "
+                                                f"{preset} is the SXM part with {preset_memory}): give the run a GPU "
+                                                f"preset's, or calibrate that GPU")
 
 
 def _unsupported(name: str, row: dict) -> tuple[str, str]:
@@ -241,9 +331,24 @@ def check_run(run: Run, source: str) -> None:
         raise CaseError(source, key, error.expected) from None
     if run.tokens_per_s is not None and not (math.isfinite(run.tokens_per_s) and run.tokens_per_s > 0):
         raise CaseError(source, f"{run.id}.measured", f"expected a positive throughput, got {run.tokens_per_s!r}")
+    try:
+        # What the fit will price, once here: the engine's refusals and the step's bounds, named as the run's
+        # (a pp of 64 for 32 layers, a global batch of 2^40, were "<case>: layout.stage_layers" in the fit).
+        from .estimate import estimate
+
+        estimate(run.case)
+    except CaseError as error:
+        key = f"{run.id}.{row_key(error.key)}" if error.key else run.id
+        raise CaseError(source, key, error.expected) from None
     problem = impossible_measurement(job, run.tokens_per_s, run.peak_gib, run.memory_stage)
     if problem:
         raise CaseError(source, f"{run.id}.{problem[0]}", problem[1])
+
+
+# The least share of the dense peak a training run's model FLOPs reach: the published runs' least is the
+# Playbook sweep's 1B at tp 32 across 8 nodes, 0.04 % on purpose; a run of 1 token/s a GPU (an 8B
+# model's 36-hour step, 0.005 %) was fitted, its error of +900,400 % discarded by the fit without a word.
+MIN_PLAUSIBLE_SHARE = 0.0001
 
 
 def impossible_measurement(job: Job, tokens_per_s: Optional[float], peak_gib: Optional[float],
@@ -259,6 +364,10 @@ def impossible_measurement(job: Job, tokens_per_s: Optional[float], peak_gib: Op
             return "measured", (f"{per_gpu / 1e12:,.0f} model TFLOP/s per GPU is above the {job.cluster.gpu.name}'s "
                                 f"{job.training.precision} peak of {peak / 1e12:,.0f}: the measurement or the run's "
                                 "layout is wrong")
+        if per_gpu < MIN_PLAUSIBLE_SHARE * peak:
+            return "measured", (f"{per_gpu / 1e12:.3g} model TFLOP/s per GPU is {per_gpu / peak * 100:.2g} % of the "
+                                f"{job.cluster.gpu.name}'s {job.training.precision} peak, below any training run's "
+                                f"({MIN_PLAUSIBLE_SHARE * 100:g} %): the measurement (its unit) or the run's layout is wrong")
     if peak_gib is None:
         return None
     if peak_gib * 2**30 > job.cluster.gpu.memory_bytes:

@@ -647,3 +647,42 @@ def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
     runs.write_text(yaml.safe_dump([published_row()]))
     with pytest.raises(CaseError, match="given twice"):
         load_rows([runs, str(runs)])
+
+
+@pytest.mark.parametrize("changes, key, needle", [
+    # errors met while fitting named "<case>" and a case key the runs file does not have
+    ({"num_gpus": 64, "parallel": {"tp": 1, "pp": 64, "dp": 1, "zero_stage": 1}}, "parallel.pp",
+     "Megatron-LM gives every pipeline stage but the first and last a transformer layer"),
+    ({"batch__global_batch_size": 2**40}, "batch.global_batch_size", "steps of"),
+    # a grid off its GPUs: 'global batch does not divide' and 'parallel.dp: got 0', though the file says 8
+    ({"num_gpus": 12}, "parallel.dp", "8, but 12 GPUs over tp 1 · pp 1 · cp 1 leave dp 12"),
+    ({"parallel__tp": 16}, "num_gpus", "8 GPUs, which tp 16 · pp 1 · cp 1 = 16 does not divide"),
+    # other GPUs than the preset the name's prefix reads as, mixed with it in one profile
+    ({"gpu": "H100 PCIe"}, "gpu", "H100 PCIe is no GPU the planner has a preset for"),
+    ({"gpu": "H100-SXM5-94GB"}, "gpu", "is no GPU the planner has a preset for"),
+    ({"gpu": "H1000"}, "gpu", "H1000 is no GPU the planner has a preset for"),
+    # read as plain DDP, and as ZeRO-1
+    ({"parallel__fsdp": True}, "parallel.fsdp", "expected a sharding strategy"),
+    ({"parallel": {"tp": 1, "pp": 1, "dp": 8, "distributed_optimizer": "no"}}, "parallel.distributed_optimizer",
+     "expected true or false, got 'no'"),
+    # fitted without the key, or without a word
+    ({"recompte": "full"}, "recompte", "unknown key (did you mean recompute?)"),
+    ({"measured": {"iteration_time_s": 1e6}}, "measured", "of the h100-sxm-80gb's bf16 peak, below any training run's"),
+    ({"measured": {"iteration_time_s": 12.0, "mfu": 1.7}}, "measured.mfu", "expected a share of the peak from 0 to 1"),
+    # "'str' object has no attribute 'get'", "a field has the wrong type or is missing ('gpu')"
+    ({"model__moe": "yes"}, "model.moe", "expected a mapping, got 'yes'"),
+    ({"gpu": None}, "gpu", "missing: expected the GPU it ran on"),
+])
+def test_a_team_run_is_read_as_it_ran_or_refused_naming_its_key(changes, key, needle):
+    with pytest.raises(CaseError, match=rf"^runs.yaml: team-run-1\.{re.escape(key)}: .*{re.escape(needle)}"):
+        runs_from_rows([published_row(**changes)], "runs.yaml")
+
+
+def test_runs_apart_are_not_taken_for_one_run_twice():
+    """Ids apart past their 80th character were cut there and refused as one run twice; two files' runs
+    without ids were both '[0]'."""
+    first, second = published_row(id="x" * 100 + "a"), published_row(id="x" * 100 + "b", measured={"iteration_time_s": 12.1})
+    assert len(runs_from_rows([first, second], "runs.yaml")) == 2
+    unnamed = {k: v for k, v in published_row().items() if k != "id"}
+    runs = runs_from_rows([unnamed], "a.yaml") + runs_from_rows([unnamed], "b.yaml")
+    assert [r.id for r in runs] == ["a.yaml[0]", "b.yaml[0]"]
