@@ -217,8 +217,8 @@ def indistinguishable_gap() -> float:
 
 
 HEADER = """\
-# Error bands of the cost model, written by `layout-planner validate-published --write-bands` from the
-# repo's published runs (planner/published/*.yaml); read by planner/bands.py.
+# Error bands of the cost model, written by `layout-planner validate-published --write-bands` from
+# {source}; read by planner/bands.py.
 # throughput, memory: per class of run (engine, GPU generation, precision family, dense or moe, one node or
 #   several; memory without the nodes), the 10th and 90th percentiles of measured / predicted (tokens/s; peak
 #   memory per GPU) over its runs, for every class and parent class with at least min_runs runs. A job takes
@@ -229,8 +229,20 @@ HEADER = """\
 """
 
 
-def render(document: dict[str, Any]) -> str:
-    return HEADER + yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=120)
+def render(document: dict[str, Any], source: str = "the repo's published runs (planner/published/*.yaml)") -> str:
+    """The bands file's text, its header naming the runs it was drawn from."""
+    return HEADER.replace("{source}", source) + yaml.safe_dump(document, sort_keys=False, default_flow_style=None,
+                                                               width=120)
+
+
+def enough_runs(document: dict[str, Any]) -> Optional[str]:
+    """Why ``document`` draws no bands worth writing, else None: fewer than MIN_RUNS runs in all, whose
+    10th and 90th percentiles say little (one run gave a band of zero width, written as if of min_runs)."""
+    root = next((e for e in document["throughput"] if not e["class"]), None)
+    runs = root["runs"] if root else 0
+    if runs < MIN_RUNS:
+        return f"{runs} scored run{'s' * (runs != 1)}: bands need at least {MIN_RUNS}"
+    return None
 
 
 # --- coverage -----------------------------------------------------------------------------

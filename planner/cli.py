@@ -340,8 +340,12 @@ def validate_published_command(
             families = lfo.evaluate_families(load_rows(runs) if runs else load_rows(),
                                              progress=lambda line: print(line, file=sys.stderr, flush=True))
         if write_bands is not None:  # last: once it is written, interrupts are ignored (files.write_all)
-            write_all([Output(write_bands, bands.render(bands.compute(result.rows, jobs)), "--write-bands")], True,
-                      last=True)
+            document = bands.compute(result.rows, jobs)
+            too_few = bands.enough_runs(document)
+            if too_few:
+                raise CaseError("--write-bands", "", too_few)
+            drawn_from = ", ".join(str(r) for r in runs) if runs else "the repo's published runs (planner/published/*.yaml)"
+            write_all([Output(write_bands, bands.render(document, drawn_from), "--write-bands")], True, last=True)
     except CaseError as error:
         _fail(error)
     if as_json:

@@ -119,7 +119,10 @@ def load_rows(paths=DEFAULT_FILES) -> Rows:
         data = read_yaml(Path(path))
         if not isinstance(data, list):
             raise CaseError(str(path), "", "expected a list of published runs")
-        rows.extend(data)  # a row that is not a run is reported by whoever reads it
+        # A row that is not a run is reported by whoever reads it; a team's run without its source is its
+        # file's, as `calibrate --from-runs` reads it (validate-published refused the file it took).
+        rows.extend({**row, "source": str(path)} if isinstance(row, dict) and not row.get("source") else row
+                    for row in data)
         rows.origins += [f"{path}[{i}]" for i in range(len(data))]
     return rows
 

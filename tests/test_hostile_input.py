@@ -886,3 +886,20 @@ def test_size_names_the_option_that_gave_a_value_and_the_entry_that_cannot_run_t
                                                          "training": {"global_batch_size": 512, "seq_len": 4096}}))
     one_line_error(cli("size", str(case), "--tokens", "1T", "--deadline", "30d"),
                    f"{case}: cluster.options[1]: v100-sxm-32gb cannot train in bf16")
+
+
+def test_bands_from_too_few_runs_are_refused_and_a_teams_file_reads_without_its_source(tmp_path):
+    """One run wrote a band of zero width into a file that says min_runs 20, its header claiming the
+    repo's published runs; a team's runs file without `source` (which calibrate --from-runs takes)
+    was unreadable to validate-published: 'a field has the wrong type or is missing ('source')'."""
+    rows = [r for r in yaml.safe_load(open("planner/published/published_runs.yaml")) if r.get("id", "").startswith("mpt")]
+    team = [{k: v for k, v in r.items() if k != "source"} for r in rows[:1]]
+    runs = write(tmp_path / "runs.yaml", yaml.safe_dump(team))
+    bands = tmp_path / "bands.yaml"
+    one_line_error(cli("validate-published", str(runs), "--no-experts", "--write-bands", str(bands)),
+                   "error: --write-bands: 1 scored run: bands need at least 20")
+    assert not bands.exists()
+    done = cli("validate-published", str(runs), "--no-experts", "--json")
+    assert done.returncode == 0, done.stderr
+    source, = json.loads(done.stdout)["throughput"]["by_source"]  # the file's name, as the table shortens it
+    assert str(runs).startswith(source)
