@@ -502,6 +502,9 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
             raise CaseError("--case", str(cases[0]), "goes with --from-logs; a runs file holds each run's case")
         if from_logs and not cases:
             raise CaseError("--case", "", "--from-logs needs the case the logs ran: --case CASE.yaml")
+        read = [os.path.realpath(f) for f in [*files, *cases]]
+        if os.path.realpath(out) in read:  # with --force the profile replaced the runs it was fitted to
+            raise CaseError("--out", str(out), "is a file the fit reads: give the profile another path")
         runs = load_runs(files) if from_runs else runs_from_logs(files, cases)
         result = fit(runs, str(files[0]) if files else "runs", gpu_preset)
         profile = profile_of(result, ", ".join(str(f) for f in files))

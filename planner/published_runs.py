@@ -97,7 +97,8 @@ GPU_PREFIXES = (
     ("BLACKWELL ULTRA", "gb300"), ("BLACKWELL GPU (GB2", "gb200"), ("H200", "h200-sxm-141gb"),
     ("H800", "h800"), ("B300", "b300"), ("AMD-MI300X", "mi300x"), ("AMD INSTINCT MI300X", "mi300x"),
     ("GB300", "gb300"), ("GB200", "gb200"), ("B200", "b200"), ("H100", "h100-sxm-80gb"),
-    ("V100", "v100-sxm-32gb"),
+    ("V100", "v100-sxm-32gb"), ("AMD INSTINCT MI325X", "mi325x"), ("AMD INSTINCT MI355X", "mi355x"),
+    ("AMD-MI325X", "mi325x"), ("AMD-MI355X", "mi355x"),
 )
 
 

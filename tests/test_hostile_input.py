@@ -903,3 +903,19 @@ def test_bands_from_too_few_runs_are_refused_and_a_teams_file_reads_without_its_
     assert done.returncode == 0, done.stderr
     source, = json.loads(done.stdout)["throughput"]["by_source"]  # the file's name, as the table shortens it
     assert str(runs).startswith(source)
+
+
+def test_a_profile_is_not_written_over_the_runs_it_is_fitted_to(tmp_path):
+    """--out naming the runs file, with --force, replaced the team's runs with the profile."""
+    runs = write(tmp_path / "runs.yaml", yaml.safe_dump(yaml.safe_load(open("planner/published/published_runs.yaml"))[:3]))
+    before = runs.read_text()
+    one_line_error(cli("calibrate", "--from-runs", str(runs), "--out", str(runs), "--force"),
+                   f"--out: {runs}: is a file the fit reads")
+    assert runs.read_text() == before
+
+
+def test_the_instinct_gpus_with_presets_are_read_in_a_runs_file():
+    """An AMD Instinct MI325X run was refused as a GPU with no preset; mi325x and mi355x are presets."""
+    from planner.published_runs import gpu_preset
+
+    assert (gpu_preset("AMD Instinct MI325X"), gpu_preset("AMD Instinct MI355X")) == ("mi325x", "mi355x")
