@@ -5,9 +5,8 @@ before any figure moves."""
 from __future__ import annotations
 
 import difflib
-import re
-
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -77,7 +76,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         if not tokens and not peak:
             raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
         run = Run(name, case, tokens, float(peak) if peak else None, stage)
-        _check_grid(source, name, row, case)  # before the case is built: a grid off its GPUs named as such
+        _check_grid(source, name, row, case)  # before check_run builds its job: a grid off its GPUs named as such
         check_run(run, source)
         _check_team_row(source, name, row, case)
         runs.append(run)

@@ -258,7 +258,6 @@ class _Launch:
             return error
         return CaseError(error.source, error.key, f"{error.expected} ({'; '.join(said)})")
 
-
     def value_of(self, flag: str) -> Optional[str]:
         """The last value the launch's words give ``flag`` (``--flag value`` or ``--flag=value``)."""
         found = None

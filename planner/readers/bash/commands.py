@@ -4,7 +4,6 @@ calls; and the commands the script would start, gathered, not run."""
 from __future__ import annotations
 
 import ast
-
 import re
 from typing import Optional
 
