@@ -192,8 +192,12 @@ def undominated(picks: list) -> list:
     GPUs for more days at no saving is no trade a user would take; GPUs of two types are no one
     count, and a team may have only one of them: 4,096 H100s meeting the deadline were dropped
     beside 2,048 B200s); the first, the answer, always stays."""
-    def beaten(p) -> bool:  # of one type, one price: no more GPUs for no more days is no more spend either
-        return any(q.option.key == p.option.key and _beats(q.gpus, q.days, p.gpus, p.days) for q in picks)
+    def spend(p) -> float:
+        return p.cost if p.cost is not None else p.gpu_hours
+
+    def beaten(p) -> bool:
+        return any(q.option.key == p.option.key and _beats(q.gpus, q.days, p.gpus, p.days) and spend(q) <= spend(p)
+                   for q in picks)
     return picks[:1] + [p for p in picks[1:] if not beaten(p)]
 
 
