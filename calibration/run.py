@@ -43,11 +43,14 @@ def supervise(argv: list[str]) -> int:
     args = _arguments(argv)
     rank = int(os.environ.get("RANK", "0"))
     child = subprocess.Popen([sys.executable, "-m", "calibration.run", "--worker", *argv])
-    stopping = {"by": None}
+    stopping = {"by": None, "stopped_child": False}
 
     def stop(signum, frame):  # torchrun tears the job down with SIGTERM
         stopping["by"] = signum
+        # A child that already ended was not stopped: on a loaded host the teardown a peer's failure
+        # sets off can arrive before this loop has noticed the child's own exit (a fault of its own).
         if child.poll() is None:
+            stopping["stopped_child"] = True
             child.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
@@ -65,7 +68,7 @@ def supervise(argv: list[str]) -> int:
             deadline = deadline or time.monotonic() + 3.0
             if time.monotonic() > deadline:
                 child.kill()
-    write_exit(args.workdir, rank, code, terminated=stopping["by"] is not None)
+    write_exit(args.workdir, rank, code, terminated=stopping["stopped_child"])
     return code if code >= 0 else 128 - code
 
 

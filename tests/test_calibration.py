@@ -344,6 +344,49 @@ def test_the_watchdog_allows_set_up_longer_than_a_measured_step():
     assert list(_waits(ranks, [0, 1], {}, 0.0, 15.0, stall_s=None)) == []
 
 
+def test_a_worker_that_ended_before_the_teardown_is_recorded_as_ending_on_its_own(tmp_path, monkeypatch):
+    """A rank's worker exits with a fault of its own (code 3); its peer fails on the broken
+    connection first and torchrun's teardown (SIGTERM) reaches this rank's supervisor before the
+    supervisor has noticed its worker's end. The worker was not stopped: its exit record must say
+    so, or the launcher names no cause and reports a hang (what CI saw on a loaded machine)."""
+    import json
+    import signal
+
+    from calibration import run
+    from calibration.progress import exit_path
+
+    class EndedChild:  # already exited with 3 when the teardown's signal arrives
+        signalled = False
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait(self, timeout=None):
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # the teardown, before the loop sees the end
+            return 3
+
+        def poll(self):
+            return 3
+
+        def send_signal(self, signum):
+            EndedChild.signalled = True
+
+    monkeypatch.setattr(run.subprocess, "Popen", EndedChild)
+    monkeypatch.setenv("RANK", "1")
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        assert run.supervise(["--workdir", str(tmp_path), "calibration.worker"]) == 3
+    finally:
+        signal.signal(signal.SIGTERM, handlers[0])
+        signal.signal(signal.SIGINT, handlers[1])
+    record = json.loads(exit_path(tmp_path, 1).read_text())
+    assert (record["code"], record["terminated"], EndedChild.signalled) == (3, False, False)
+    ranks = {0: {**rank(1, "train"), "status": "error", "error": "RuntimeError: connection closed",
+                 "comm_error": True, "exit": {"code": PEER_FAILURE_EXIT, "terminated": False}},
+             1: {**rank(1, "train"), "exit": record}}
+    assert diagnose(ranks, [0, 1]) == "rank 1 exited with code 3 during the timed steps"
+
+
 def test_stopping_a_run_returns_when_every_process_below_it_has_ended():
     """kill_all walks the tree, in which torchrun starts each rank in a session of its own, and
     returns once the processes it killed have ended: SIGKILL is delivered at once, but a process
