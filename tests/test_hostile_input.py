@@ -580,14 +580,25 @@ def test_at_risk_says_when_the_prediction_itself_is_over_the_usable_memory(tmp_p
     assert robust.memory_verdict == "at risk" and robust.peak.total <= robust.usable_bytes
 
 
-def test_deepspeed_files_for_gpus_that_do_not_fill_nodes_evenly_are_refused(tmp_path):
-    """13 A100s: launch.sh ran `deepspeed --num_nodes 2 --num_gpus 8`, 16 ranks against a
-    train_batch_size for 13, and no sbatch.sh was written; Megatron-LM's files are refused."""
+@pytest.mark.parametrize("engine", ["deepspeed", "megatron", "torchtitan"])
+@pytest.mark.parametrize("gpus, message", [
+    # 13 A100s: DeepSpeed's launch.sh ran `deepspeed --num_nodes 2 --num_gpus 8`, 16 ranks against a
+    # train_batch_size for 13; torchtitan's asked for 13 nodes of one GPU.
+    (13, "13 GPUs do not fill whole 8-GPU nodes: the plan was priced on 1 full node(s) and 5 GPU(s) of one more, "
+         "which no launch that starts the same number of processes on every node runs; plan for 8 or 16 GPUs"),
+    # 12: DeepSpeed and torchtitan launched 2 nodes of 6, whose ranks 4-7 (a tp 4 group) sit on two
+    # nodes where the plan priced one NVLink domain of 8 and one of 4; 20: torchtitan asked for 4 nodes of 5.
+    (12, "plan for 8 or 16 GPUs, or give cluster.gpus_per_node: 6 where the nodes hold 6 GPUs each"),
+    (20, "plan for 16 or 24 GPUs, or give cluster.gpus_per_node: 5 where the nodes hold 5 GPUs each"),
+])
+def test_files_for_gpus_that_do_not_fill_whole_nodes_are_refused_by_every_engine(tmp_path, engine, gpus, message):
     case = write(tmp_path / "case.yaml", yaml.safe_dump({"model": {"preset": "llama2-7b"},
-                                                         "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 13},
-                                                         "training": {"global_batch_size": 52, "seq_len": 4096}}))
-    one_line_error(cli("plan", str(case), "--emit", "deepspeed", "--engine", "deepspeed", "--out", str(tmp_path / "o")),
-                   "--emit: deepspeed: 13 GPUs do not fill 2 nodes evenly")
+                                                         "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": gpus},
+                                                         "training": {"global_batch_size": 4 * gpus,
+                                                                      "seq_len": 4096}}))
+    done = cli("plan", str(case), "--emit", engine, "--engine", engine, "--out", str(tmp_path / "o"))
+    assert done.returncode == 2 and done.stderr.startswith(f"error: --emit: {engine}: ") \
+        and message in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
     assert not (tmp_path / "o").exists()
 
 

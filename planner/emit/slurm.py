@@ -15,6 +15,30 @@ from .quoting import comment, shell_word
 SBATCH_FILE = "sbatch.sh"
 
 
+def launch_nodes(cluster, engine: str) -> tuple[int, int]:
+    """(nodes, processes per node) every engine's launch takes: the cluster's nodes, full but for a
+    cluster inside one node. torchrun, the deepspeed launcher and Slurm's ``--gpus-per-node`` start
+    the same number of processes on every node, while the plan was priced on full nodes and the rest
+    on one more (20 GPUs of 8 a node: 8 + 8 + 4): spread evenly (4 × 5 or 2 × 10) the ranks would fill
+    nodes and NVLink domains the plan did not price, a tensor-parallel group across two of them. Such
+    a cluster is refused, naming the sizes around it that launch as priced."""
+    from ..errors import CaseError
+
+    n, per_node = cluster.num_gpus, cluster.gpu.gpus_per_node
+    if n <= per_node:
+        return 1, n
+    if n % per_node == 0:
+        return n // per_node, per_node
+    full = n // per_node
+    divisors = [d for d in range(2, per_node) if n % d == 0]
+    other = (f", or give cluster.gpus_per_node: {divisors[-1]} where the nodes hold {divisors[-1]} GPUs each"
+             if divisors else "")
+    raise CaseError("--emit", engine, f"{n} GPUs do not fill whole {per_node}-GPU nodes: the plan was priced on "
+                                      f"{full} full node(s) and {n - full * per_node} GPU(s) of one more, which no "
+                                      f"launch that starts the same number of processes on every node runs; plan "
+                                      f"for {full * per_node} or {(full + 1) * per_node} GPUs{other}")
+
+
 def sbatch(header: str, nodes: int, per_node: int, entry: str, env: str = "") -> str:
     """The batch script: ``header`` (comment lines), ``env`` (shell lines the engine needs before its
     processes start), ``entry`` (what torchrun runs, with its arguments, already quoted)."""

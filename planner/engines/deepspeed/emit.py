@@ -22,7 +22,6 @@ What the files rest on (DeepSpeed 0.19.8 source):
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, Union
 
 from cost_models.model_states import fp32_gradients
@@ -33,7 +32,7 @@ from planner.engines.deepspeed import engine as ds_engine
 from planner.errors import CaseError
 from planner.emit import header_lines as _lines
 from planner.emit.quoting import comment, shell_word
-from planner.emit.slurm import SBATCH_FILE, sbatch
+from planner.emit.slurm import SBATCH_FILE, launch_nodes, sbatch
 
 CONFIG = "ds_config.json"
 LAUNCH = "launch.sh"
@@ -119,24 +118,11 @@ TE_RECIPES = {"delayed": "DelayedScaling()", "tensorwise": "Float8CurrentScaling
               "blockwise": "Float8BlockScaling()"}
 
 
-def _nodes(num_gpus: int, per_node: int) -> tuple[int, int]:
-    """(--num_nodes, --num_gpus per node): the GPUs spread evenly over the fewest nodes that hold them."""
-    if num_gpus <= per_node:
-        return 1, num_gpus
-    nodes = math.ceil(num_gpus / per_node)
-    if num_gpus % nodes == 0:
-        return nodes, num_gpus // nodes
-    # The launch as written would start --num_gpus on every node (16 ranks for 13 GPUs), which
-    # no edit of the hostfile alone undoes: refused, as Megatron-LM's torchrun launch is.
-    raise CaseError("--emit", "deepspeed", f"{num_gpus} GPUs do not fill {nodes} nodes evenly ({per_node} GPUs "
-                                           f"each); the deepspeed launcher starts --num_gpus processes on every node")
-
-
 def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
     check_expressible(estimate)
     job = estimate.job
     lay, cluster = job.layout, job.cluster
-    nodes, per_node = _nodes(cluster.num_gpus, cluster.gpu.gpus_per_node)
+    nodes, per_node = launch_nodes(cluster, "deepspeed")
     out = ["#!/usr/bin/env bash\n", comment(_lines(header_lines))]
     out.append(comment([
         "",
@@ -306,9 +292,8 @@ def render(estimate, header_lines: Union[list[str], str]) -> dict[str, str]:
     """``ds_config.json`` and ``launch.sh`` for the estimate's layout."""
     config = config_dict(estimate, header_lines)
     cluster = estimate.job.cluster
-    nodes, per_node = _nodes(cluster.num_gpus, cluster.gpu.gpus_per_node)
+    nodes, per_node = launch_nodes(cluster, "deepspeed")
     files = {CONFIG: json.dumps(config, indent=2) + "\n", LAUNCH: launch_text(estimate, header_lines)}
-    # Slurm starts the same processes on every node: the GPUs always spread evenly (_nodes).
     files[SBATCH_FILE] = sbatch(comment(_lines(header_lines)), nodes, per_node,
                                 f'train.py --deepspeed --deepspeed_config "$HERE/{CONFIG}" "$@"')
     return files

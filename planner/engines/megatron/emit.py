@@ -38,7 +38,7 @@ from planner.engines import ENGINES
 from planner.errors import CaseError
 from planner.emit import header_lines as _lines
 from planner.emit.quoting import argument_word, comment, shell_word
-from planner.emit.slurm import SBATCH_FILE, sbatch
+from planner.emit.slurm import SBATCH_FILE, launch_nodes, sbatch
 
 ARGS_FILE = "megatron_args.txt"
 LAUNCH_FILE = "launch.sh"
@@ -434,13 +434,7 @@ def precision_args(job: Job) -> list[tuple[str, Optional[str]]]:
 
 def nodes_and_gpus(job: Job) -> tuple[int, int]:
     """(nodes, processes per node) for torchrun, which starts as many on every node."""
-    n, per_node = job.cluster.num_gpus, job.cluster.gpu.gpus_per_node
-    if n <= per_node:
-        return 1, n
-    if n % per_node:
-        raise _refuse(f"{n} GPUs do not fill whole {per_node}-GPU nodes; torchrun starts the same "
-                      "number of processes on every node")
-    return n // per_node, per_node
+    return launch_nodes(job.cluster, "megatron")
 
 
 def connections_line(lay: Layout) -> str:

@@ -41,7 +41,7 @@ from planner.engines import ENGINES
 from planner.errors import CaseError
 from planner.emit import header_lines as _header
 from planner.emit.quoting import argument_word, comment, python_literal, shell_word
-from planner.emit.slurm import SBATCH_FILE, sbatch
+from planner.emit.slurm import SBATCH_FILE, launch_nodes, sbatch
 
 CONFIG_FILE = "torchtitan_config.py"
 CONFIG_MODULE = "torchtitan_config"
@@ -333,12 +333,7 @@ def _config_module(estimate, header: list[str]) -> str:
 
 def launch_shape(estimate) -> tuple[int, int]:
     """(nnodes, nproc_per_node) for torchrun: equal processes on every node."""
-    cluster = estimate.job.cluster
-    per_node = cluster.gpu.gpus_per_node
-    if cluster.num_gpus <= per_node:
-        return 1, cluster.num_gpus
-    nproc = max(d for d in range(1, per_node + 1) if cluster.num_gpus % d == 0)
-    return cluster.num_gpus // nproc, nproc
+    return launch_nodes(estimate.job.cluster, "torchtitan")
 
 
 def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
