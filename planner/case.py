@@ -293,7 +293,7 @@ def _training(src: str, section: Any) -> TrainingSpec:
 
 def _overheads(src: str, section: Any, base: Overheads = Overheads()) -> Overheads:
     """The case's overheads over ``base`` (a fitted profile's, else the documented defaults)."""
-    section = read_mapping(src, "overheads", section or {}, OVERHEAD_KEYS)
+    section = read_mapping(src, "overheads", {} if section is None else section, OVERHEAD_KEYS)  # 0, [], "": not one
     values: dict[str, float] = {}
     for key in ("cuda_context", "comm_buffers"):
         if key in section:

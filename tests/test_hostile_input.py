@@ -352,6 +352,16 @@ def test_the_api_raises_only_case_errors_for_absurd_values(mutate):
     assert len(str(error.value)) < 1000
 
 
+@pytest.mark.parametrize("value", [0, 0.0, False, "", []])
+def test_an_overheads_section_that_is_no_mapping_is_refused_even_when_empty(value):
+    """overheads: 0 (or [], "", false) was read as no section, where search: 0 or layout: [] is refused."""
+    case = copy.deepcopy(CASE)
+    case["overheads"] = value
+    with pytest.raises(CaseError) as error:
+        planner.estimate(case)
+    assert error.value.key == "overheads" and "expected a mapping" in str(error.value)
+
+
 # --- the loader itself ----------------------------------------------------------------------
 
 def test_the_loader_keeps_yaml_aliases_merges_and_numbers():
