@@ -26,7 +26,7 @@ from typing import Optional
 
 import yaml
 
-from planner.errors import CaseError
+from planner.errors import CaseError, interrupts_deferred
 
 from .host import cores
 from .profile import render
@@ -230,5 +230,6 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
         write_atomically(out, text, force=force)
         return Outcome(out, time.monotonic() - start, nproc * nnodes, yaml.safe_load(text))
     finally:
-        bar.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        with interrupts_deferred():  # a second Ctrl-C does not leave the run's folder behind
+            bar.close()
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from planner.errors import interrupts_deferred
+
 # SIGKILL is delivered at once, but a process takes a moment to end (its memory freed: tens of
 # milliseconds for a rank holding torch, on a loaded machine); kill_all waits this long at most.
 GONE_S = 10.0
@@ -66,8 +68,14 @@ def kill_all(process: subprocess.Popen) -> None:
     finds nothing new: a process that is still running could start a child after the walk,
     and that child would outlive the run. Killing before the parents die matters too: an
     orphan is re-parented away from the tree and no walk finds it again. It returns when every
-    process it killed has ended.
+    process it killed has ended. An interrupt meanwhile waits for it (``interrupts_deferred``): cut
+    short between the freeze and the kill, the tree would stay frozen for good.
     """
+    with interrupts_deferred():
+        _freeze_and_kill(process)
+
+
+def _freeze_and_kill(process: subprocess.Popen) -> None:
     try:
         os.killpg(process.pid, signal.SIGSTOP)
     except (ProcessLookupError, PermissionError):

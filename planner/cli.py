@@ -3,7 +3,7 @@
 Exit codes: 0 success; 2 bad input (one line naming the file, the key and what was
 expected); 3 the layout (or every layout) does not fit in GPU memory, or no cluster within
 `size`'s limits meets its deadline; 4 a calibration or
-validation run failed (one line naming the rank); 130 interrupted (143 by SIGTERM).
+validation run failed (one line naming the rank); 130 interrupted (143 by SIGTERM, 129 by SIGHUP).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Optional
 
 import typer
 
-from .errors import (CaseError, Interrupted, forget_interrupts, ignore_interrupts, interrupt, interrupt_received,
-                     interrupted_exit_code, one_line, raise_if_interrupted)
+from .errors import (INTERRUPTS, CaseError, Interrupted, forget_interrupts, ignore_interrupts, interrupt,
+                     interrupt_received, interrupted_exit_code, one_line, raise_if_interrupted)
 from .estimate import estimate
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS
 
@@ -555,8 +555,9 @@ def main() -> None:
         from click.exceptions import UsageError
 
     forget_interrupts()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C and `kill` alike: exit 130 or 143, nothing written
-        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and background jobs ignore them
+    for signum in (getattr(signal, name) for name in INTERRUPTS):  # Ctrl-C, `kill`, a closed terminal alike:
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # exit 128 + its number, nothing written (nohup and
+            # background jobs ignore them)
             signal.signal(signum, _interrupted)
     closed = _guard_streams()
     code = _run(UsageError)

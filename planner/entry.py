@@ -2,8 +2,8 @@
 
 Loading the CLI (typer, rich, the cost models) takes a quarter of a second. A Ctrl-C or a
 ``kill`` in that time ends the command as one arriving later does (:func:`planner.cli.main`):
-"interrupted" on stderr, exit 130 (143 by SIGTERM), nothing written (nothing has been yet), rather than Python's
-traceback or a bare death by the signal. This module imports nothing of the planner but the
+"interrupted" on stderr, exit 130 (143 by SIGTERM, 129 by SIGHUP), nothing written (nothing has
+been yet), rather than Python's traceback or a bare death by the signal. This module imports nothing of the planner but the
 package itself, whose names load on first use.
 """
 
@@ -18,11 +18,13 @@ def _interrupted_while_loading(signum, frame) -> None:
     # Inside an import nothing may be unwound safely and nothing is open: leave at once.
     sys.stderr.write("error: interrupted\n")
     sys.stderr.flush()
-    os._exit(128 + signum)  # 130 for Ctrl-C, 143 for SIGTERM, as a shell reports a death by either
+    os._exit(128 + signum)  # 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP, as a shell reports a death by each
 
 
 def main() -> None:
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    from .errors import INTERRUPTS  # loaded with the package
+
+    for signum in (getattr(signal, name) for name in INTERRUPTS):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and background jobs ignore them
             signal.signal(signum, _interrupted_while_loading)
     from .cli import main as cli_main  # installs the handlers a running command answers to

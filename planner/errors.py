@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from .limits import MAX_MESSAGE_PART
 
 
@@ -49,12 +52,35 @@ class Interrupted(BaseException):
 # ignored": the command would go on and write its files. So each one is also kept here, and checked
 # before any file is written and before the CLI reports success.
 _RECEIVED: list[str] = []
+# The signals the CLI answers as interrupts: Ctrl-C, `kill`, and the terminal closing (SIGHUP, whose
+# default death would leave a calibration's run folder behind). Each ends a command with 128 + its
+# number, "interrupted", nothing written and no process left.
+INTERRUPTS = ("SIGINT", "SIGTERM", "SIGHUP")
+_DEFERRING = [0]  # depth of interrupts_deferred blocks now running
 
 
 def interrupt(name: str) -> None:
-    """Record the interrupt ``name`` (SIGINT, SIGTERM) and raise it."""
+    """Record the interrupt ``name`` (SIGINT, SIGTERM, SIGHUP) and raise it, unless a clean-up that
+    must run to its end is running (:func:`interrupts_deferred`)."""
     _RECEIVED.append(name)
-    raise Interrupted(name)
+    if not _DEFERRING[0]:
+        raise Interrupted(name)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """A clean-up that must run to its end: a process tree frozen and then killed (cut short between
+    the two, it stays frozen for good), a run folder removed. An interrupt arriving meanwhile (a
+    second Ctrl-C ten milliseconds after the first, whose clean-up this is) is recorded, not raised;
+    where none was recorded before the block, it is raised once the block is done."""
+    before = len(_RECEIVED)
+    _DEFERRING[0] += 1
+    try:
+        yield
+    finally:
+        _DEFERRING[0] -= 1
+    if not before and _RECEIVED and not _DEFERRING[0]:  # reached only where the block raised nothing
+        raise Interrupted(_RECEIVED[0])
 
 
 def raise_if_interrupted() -> None:
@@ -88,5 +114,5 @@ def ignore_interrupts() -> None:
     default, under which a late signal killed it by the signal with no word."""
     import signal
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
+    for name in INTERRUPTS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)

@@ -24,7 +24,7 @@ from planner.cli import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    argv, handlers = sys.argv, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    argv, handlers = sys.argv, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     out, err = io.StringIO(), io.StringIO()
     code: object = 0
     try:

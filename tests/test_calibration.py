@@ -411,6 +411,45 @@ def test_stopping_a_run_returns_when_every_process_below_it_has_ended():
             kill_all(process)
 
 
+def test_a_second_interrupt_while_the_run_is_stopped_waits_for_every_process_to_end(monkeypatch):
+    """A second Ctrl-C 10 ms after the first reached kill_all between its freeze (SIGSTOP) and its
+    kill: the interrupt was raised there and torchrun with every rank stayed stopped for good. It now
+    waits for the kill, and is raised after it where it was the first."""
+    from calibration import processes
+    from planner.errors import Interrupted, forget_interrupts, interrupt, interrupts_deferred
+
+    launcher = ("import subprocess, sys, time; ranks = [subprocess.Popen([sys.executable, '-c', "
+                "'import time; time.sleep(600)'], start_new_session=True) for _ in range(2)]; "
+                "print(flush=True); time.sleep(600)")
+    process = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, start_new_session=True)
+    send = processes._send
+
+    def interrupted_send(pids, sig):
+        send(pids, sig)
+        if sig == signal.SIGSTOP:  # the tree frozen: Ctrl-C again
+            interrupt("SIGINT")
+
+    monkeypatch.setattr(processes, "_send", interrupted_send)
+    forget_interrupts()
+    try:
+        assert process.stdout.readline() == b"\n"
+        deadline = time.monotonic() + 30
+        while len(processes.descendants(process.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ranks = processes.descendants(process.pid)
+        with pytest.raises(Interrupted):  # the first interrupt of the command: raised once the kill is done
+            processes.kill_all(process)
+        assert process.poll() is not None and [pid for pid in ranks if running(pid)] == []
+        # Where the clean-up runs for an interrupt already on its way, a second one is not raised again.
+        with interrupts_deferred():
+            interrupt("SIGTERM")
+    finally:
+        forget_interrupts()
+        if process.poll() is None:
+            monkeypatch.setattr(processes, "_send", send)
+            processes.kill_all(process)
+
+
 # --- end to end: torchrun, 2 gloo ranks --------------------------------------------------------
 
 def calibrate(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

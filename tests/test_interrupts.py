@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM: exit code 130 and 143 (128 + the signal, as a shell reports a death by it),
+"""Ctrl-C, SIGTERM and SIGHUP: exit code 130, 143 and 129 (128 + the signal, as a shell reports a death by it),
 nothing written, no process left behind."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def start(*args: str, env: dict | None = None) -> subprocess.Popen:
     return process
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])  # SIGHUP: the terminal closed
 def test_plan_interrupted_exits_130_and_writes_neither_plot_nor_configs(tmp_path, signum):
     plot, out = tmp_path / "plan.png", tmp_path / "out"
     process = start("plan", str(EXAMPLE), "--top", "100", "--plot", str(plot), "--emit", "megatron",
