@@ -484,7 +484,14 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
                                           f"{MIN_FIGURE:g} to {ROW_MEASURES['memory_gb_per_gpu']:g} GiB")
         stage = 0 if reading.peak_of_rank_0_only and job.layout.pp > 1 else None
         run = Run(Path(str(log)).name, data, tokens, reading.peak_gib, stage)
-        check_run(run, str(log))
+        try:
+            check_run(run, str(log))
+        except CaseError as error:  # a figure the log printed: named as the log's, not a runs file's key
+            what = {f"{run.id}.measured.memory_gb_per_gpu": "its peak memory",
+                    f"{run.id}.measured": "its throughput"}.get(error.key)
+            if what is None:
+                raise
+            raise CaseError(str(log), "", f"{what}: {error.expected}") from None
         runs.append(run)
     return runs
 

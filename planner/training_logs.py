@@ -58,16 +58,29 @@ class Entry:
     also: str = ""  # what the line must hold besides
 
     def points(self, text: str, src: str = "log") -> list[tuple[int, float]]:
+        """(step or rank, figure) of every line that holds the key and the marker; a CaseError naming
+        the line where the marker is followed by no positive figure (a step time of nan, -15000 or 0
+        was skipped, or counted, and the run fitted on the others)."""
+        from .errors import CaseError
+
         found = []
         for number, line in enumerate(text.splitlines(), 1):
             at = line.rfind(self.marker)
             if at < 0 or self.also not in line:
                 continue
-            value = _FIGURE.match(line, at + len(self.marker))
             keys = list(self.key.finditer(line, 0, at))
-            if value is None or not keys or not line.startswith(self.unit, value.end()):
+            if not keys:
                 continue
-            found.append((_count(keys[-1].group(1), src, number), _figure(value.group(1), src, number, self.marker)))
+            value = _FIGURE.match(line, at + len(self.marker))
+            if value is None or not line.startswith(self.unit, value.end()):
+                written = line[at + len(self.marker):].strip().split(" ", 1)[0]
+                raise CaseError(src, f"line {number}", f"'{self.marker}' {_clipped(written) or 'with nothing'}: "
+                                                       f"expected a positive figure{' in ' + self.unit if self.unit else ''}")
+            figure = _figure(value.group(1), src, number, self.marker)
+            if figure <= 0:
+                raise CaseError(src, f"line {number}", f"'{self.marker}' {_clipped(value.group(1).rstrip(','))}: expected a "
+                                                       "positive figure")
+            found.append((_count(keys[-1].group(1), src, number), figure))
         return found
 
 
@@ -152,10 +165,14 @@ def read_log(path: Path) -> LogReading:
     megatron = MEGATRON_STEP.points(text, src)
     titan = TITAN_STEP.points(text, src)
     deepspeed = DS_THROUGHPUT.points(text, src)
-    timers = [(i + 1, _num(m.group(1)) + _num(m.group(2)) + _num(m.group(3)))
+    timers = [(i + 1, _num(m.group(1)) + _num(m.group(2)) + _num(m.group(3)), m.start())
               for i, m in enumerate(DS_TIMERS.finditer(text))]
-    if any(not math.isfinite(t) for _, t in timers):
-        raise CaseError(src, "", "a 'time (ms) | fwd: … | bwd: … | step: …' timer line holds no finite figure")
+    for _, total, at in timers:
+        if not math.isfinite(total) or total <= 0:
+            raise CaseError(src, f"line {text.count(chr(10), 0, at) + 1}",
+                            "a 'time (ms) | fwd: … | bwd: … | step: …' timer line: expected finite figures whose sum "
+                            "is positive")
+    timers = [(step, total) for step, total, _ in timers]
     if titan and (megatron or deepspeed or timers):
         # Megatron-DeepSpeed prints Megatron-LM's lines and DeepSpeed's together; torchtitan beside
         # either is two runs' logs in one file, and the steps of one would be fitted as the other's.

@@ -389,6 +389,28 @@ def test_a_logs_step_time_is_held_to_a_runs_bounds(tmp_path, figure, needle):
         runs_from_logs([write(tmp_path, "huge.log", log)], [case_path])
 
 
+@pytest.mark.parametrize("name, log, old, new, needle", [
+    # nan, a word, a negative or a zero step time was skipped (a zero counted among the steps) and the run
+    # fitted on the others, exit 0
+    ("megatron.log", MEGATRON_LOG, "elapsed time per iteration (ms): 12050.0", "elapsed time per iteration (ms): nan",
+     "'elapsed time per iteration (ms):' nan: expected a positive figure"),
+    ("megatron.log", MEGATRON_LOG, "elapsed time per iteration (ms): 12050.0",
+     "elapsed time per iteration (ms): -15000.0", "'elapsed time per iteration (ms):' -15000.0: expected a positive figure"),
+    ("megatron.log", MEGATRON_LOG, "elapsed time per iteration (ms): 12050.0", "elapsed time per iteration (ms): 0.0",
+     "'elapsed time per iteration (ms):' 0.0: expected a positive figure"),
+    ("titan.log", TITAN_LOG, "tps: 6,000", "tps: abc", "'tps:' abc: expected a positive figure"),
+    ("titan.log", TITAN_LOG, "memory: 66.40GiB(83.9%)  tps: 6,000", "memory: 66.40GB  tps: 6,000",
+     "'memory:' 66.40GB: expected a positive figure in GiB"),
+    ("ds.log", DEEPSPEED_LOG, "CurrSamplesPerSec=10.6", "CurrSamplesPerSec=0", "'CurrSamplesPerSec=' 0: expected a "
+                                                                              "positive figure"),
+])
+def test_a_step_line_without_a_positive_figure_names_its_line(tmp_path, name, log, old, new, needle):
+    assert old in log
+    path = write(tmp_path, name, log.replace(old, new, 1))
+    with pytest.raises(CaseError, match=rf"{name}: line \d+: {re.escape(needle)}"):
+        read_log(path)
+
+
 @pytest.mark.parametrize("name, log, old, new", [
     ("megatron.log", MEGATRON_LOG, "iteration        5/", "iteration " + "9" * 5000 + "/"),
     ("megatron.log", MEGATRON_LOG, "[Rank 1]", "[Rank " + "9" * 5000 + "]"),
