@@ -337,6 +337,20 @@ def test_runs_from_logs_take_the_cases_layout_and_refuse_another_model(tmp_path)
     assert done.returncode == 0, done.stderr
 
 
+def test_a_torchtitan_run_fits_the_same_from_its_log_as_from_a_runs_file(tmp_path):
+    """A runs file's torchtitan run was priced as the generic engine (eager kernels, no compiled loss)
+    and its log as torchtitan: the same run gave two profiles (fragmentation 0.107 against 0.078)."""
+    row = published_row(framework="torchtitan", parallel__zero_stage=3,
+                        measured={"tokens_per_sec_per_gpu": 6000.0, "memory_gb_per_gpu": 66.41})
+    from_row, = runs_from_rows([row], "runs.yaml")
+    stated = {**from_row.case, "training": {k: v for k, v in from_row.case["training"].items() if k != "engine"}}
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump(stated))
+    from_log, = runs_from_logs([write(tmp_path, "titan.log", TITAN_LOG)], [case_path])
+    assert from_log.tokens_per_s == pytest.approx(from_row.tokens_per_s)
+    assert fit([from_log]).values == pytest.approx(fit([from_row]).values)
+
+
 @pytest.mark.parametrize("settings, key, says", [
     (("bf16 False", "fp16 True"), "precision", "the log's arguments train in fp16, the case"),
     (("use_distributed_optimizer False",), "use_distributed_optimizer", "the log's False, the case"),
