@@ -165,6 +165,9 @@ RUN_KEYS = {"parallel": ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "sp", "dist
             "model": ("name", "params_b", "active_params_b", "num_params_exact", "layers", "hidden", "heads",
                       "kv_heads", "ffn_hidden", "ffn_act", "vocab", "seq_len", "moe", "attention", "extra",
                       "arch_source")}
+# Sections whose every key is read: another is a layout or a measurement the run would go without. (A
+# model may carry fields the cost does not depend on, rope_theta or norm_eps: those pass.)
+STRICT_SECTIONS = ("parallel", "batch", "measured")
 
 
 def _near_miss(key: str, keys: tuple[str, ...]) -> Optional[str]:
@@ -192,7 +195,11 @@ def _check_team_row(source: str, name: str, row: dict, case: dict) -> None:
             close = _near_miss(str(key), keys)
             if close:
                 raise CaseError(source, f"{name}.{section}.{one_line(key, 40)}", f"unknown key (did you mean {close}?)")
-    measured, parallel, batch = row.get("measured") or {}, row["parallel"], row["batch"]
+            if key not in keys and section in STRICT_SECTIONS:
+                # parallel.context_parallel: 2 was fitted as cp 1, measured.step_time_ms went unread
+                raise CaseError(source, f"{name}.{section}.{one_line(key, 40)}",
+                                f"unknown key; a run's {section} takes {', '.join(keys)}")
+    measured, batch = row.get("measured") or {}, row["batch"]
     total, per_gpu = measured.get("tokens_per_sec_total"), measured.get("tokens_per_sec_per_gpu")
     if total and per_gpu and abs(per_gpu * row["num_gpus"] / total - 1) > MEASURES_AGREE:
         raise CaseError(source, f"{name}.measured.tokens_per_sec_per_gpu",

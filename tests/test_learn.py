@@ -708,6 +708,11 @@ def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
     # "'str' object has no attribute 'get'", "a field has the wrong type or is missing ('gpu')"
     ({"model__moe": "yes"}, "model.moe", "expected a mapping, got 'yes'"),
     ({"gpu": None}, "gpu", "missing: expected the GPU it ran on"),
+    # a key no near miss of one the reading takes: fitted as cp 1, and with the step time unread
+    ({"parallel__context_parallel": 2}, "parallel.context_parallel", "unknown key; a run's parallel takes dp, tp, pp"),
+    ({"measured": {"step_time_ms": 12000, "tokens_per_sec_per_gpu": 1400}}, "measured.step_time_ms",
+     "unknown key; a run's measured takes tokens_per_sec_per_gpu"),
+    ({"batch__sequences": 128}, "batch.sequences", "unknown key; a run's batch takes global_batch_size"),
 ])
 def test_a_team_run_is_read_as_it_ran_or_refused_naming_its_key(changes, key, needle):
     with pytest.raises(CaseError, match=rf"^runs.yaml: team-run-1\.{re.escape(key)}: .*{re.escape(needle)}"):
