@@ -120,6 +120,18 @@ def _missing(row: dict) -> Optional[tuple[str, str]]:
         for key in keys:
             if row[section].get(key) is None:
                 return f"{section}.{key}", "expected a whole number from 1, got None"
+    # What a published row may leave to a guess (heads for kv_heads, 4 × hidden for the MLP, a GeLU MLP) and a
+    # team's run must not: a Llama run without them was priced as multi-head attention and a 16,384-wide
+    # GeLU MLP, +20 % before the fit, with no word.
+    model = row["model"]
+    mla = str((model.get("attention") or {}).get("type")).lower() == "mla"
+    if model.get("kv_heads") is None and not mla:
+        return "model.kv_heads", "expected the key-value heads (heads again for multi-head attention), got None"
+    if model.get("ffn_hidden") is None and not model.get("moe"):
+        return "model.ffn_hidden", "expected the MLP's width, got None"
+    if model.get("ffn_act") is None:
+        return "model.ffn_act", ("expected the MLP's activation: swiglu or geglu (a gated MLP, three matrices), gelu, "
+                                 "relu or squared_relu (two), got None")
     return None
 
 

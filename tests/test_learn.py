@@ -713,6 +713,10 @@ def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
     ({"measured": {"step_time_ms": 12000, "tokens_per_sec_per_gpu": 1400}}, "measured.step_time_ms",
      "unknown key; a run's measured takes tokens_per_sec_per_gpu"),
     ({"batch__sequences": 128}, "batch.sequences", "unknown key; a run's batch takes global_batch_size"),
+    # left to a published row's guesses: priced as multi-head attention and a 16,384-wide GeLU MLP, +20 %
+    ({"model__kv_heads": None}, "model.kv_heads", "expected the key-value heads"),
+    ({"model__ffn_hidden": None}, "model.ffn_hidden", "expected the MLP's width"),
+    ({"model__ffn_act": None}, "model.ffn_act", "expected the MLP's activation"),
 ])
 def test_a_team_run_is_read_as_it_ran_or_refused_naming_its_key(changes, key, needle):
     with pytest.raises(CaseError, match=rf"^runs.yaml: team-run-1\.{re.escape(key)}: .*{re.escape(needle)}"):
