@@ -149,6 +149,7 @@ def read_unit(src: str, key: str, value: Any, parse: Callable[[Any], float]) -> 
 
 
 def required(src: str, section: str, data: dict, key: str) -> Any:
+    """``data[key]``, or a CaseError naming ``section.key`` (``key`` alone at a file's top level)."""
     if key not in data:
-        raise CaseError(src, f"{section}.{key}", "missing")
+        raise CaseError(src, f"{section}.{key}" if section else key, "missing")
     return data[key]

@@ -897,6 +897,20 @@ def test_a_profile_names_its_own_key_and_the_value_as_written(tmp_path, where, v
 
 
 
+def test_a_profile_without_its_gpu_names_the_key_as_written(tmp_path):
+    """It said ".gpu: missing", the top-level key behind a dot."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    del profile["gpu"]
+    written = tmp_path / "profile.yaml"
+    written.write_text(yaml.safe_dump(profile))
+    case = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
+            "cluster": {"profile": str(written), "num_gpus": 1},
+            "training": {"global_batch_size": 2, "seq_len": 64, "precision": "fp32"}}
+    with pytest.raises(CaseError) as info:
+        planner.estimate(case)
+    assert str(info.value) == f"{written}: gpu: missing"
+
+
 def test_size_names_the_option_that_gave_a_value_and_the_entry_that_cannot_run_the_case(tmp_path):
     """--tokens 1K was refused as the case file's key 'tokens'; a V100 among the options, which has no
     bf16, was refused as cluster.gpu.peak_tflops, a key an options case does not have."""
