@@ -67,6 +67,42 @@ def balanced_partition(layers: int, stages: int, layer_cost: float, head_cost: f
     return tuple(counts) + (last,)
 
 
+@lru_cache(maxsize=1024)
+def cost_balanced_partition(costs: tuple[float, ...], stages: int, head_cost: float) -> tuple[int, ...]:
+    """Contiguous layer counts per stage, a layer at least on each, that minimise the largest stage
+    cost where the layers cost unlike amounts (``costs`` in model order: an NVFP4 recipe's bf16 tail
+    beside its FP4 layers), the LM head (``head_cost``) on the last stage: the linear-partition
+    problem, by bisection on the largest cost, each bound met or not by the split that fills every
+    stage from the last as far as the bound and the stages still to fill allow (the spare room goes
+    to the first stages, which hold the most micro-batches in flight under 1F1B)."""
+    n = len(costs)
+    if stages <= 1 or n < stages:
+        return (n,) if stages <= 1 else (n // stages,) * stages  # no split (Job refuses the layout)
+
+    def split(bound: float) -> Optional[tuple[int, ...]]:
+        counts, end = [], n
+        for stage in range(stages - 1, 0, -1):  # the last stage first
+            start, total = end, head_cost if stage == stages - 1 else 0.0
+            while start > stage and (start == end or total + costs[start - 1] <= bound):
+                start -= 1
+                total += costs[start]
+            if total > bound:
+                return None
+            counts.append(end - start)
+            end = start
+        first = sum(costs[:end])
+        return (end,) + tuple(reversed(counts)) if first <= bound else None
+
+    low, high = max(costs), sum(costs) + head_cost
+    for _ in range(60):  # to a relative 1e-18 of the range: the split no longer moves
+        middle = (low + high) / 2
+        if split(middle) is None:
+            low = middle
+        else:
+            high = middle
+    return split(high)
+
+
 def embedding_and_loss_partition(layers: int, pp: int, vpp: int, embedding: bool, loss: bool) -> tuple[int, ...]:
     """Megatron's --account-for-embedding/loss-in-pipeline-split: the embedding and the loss
     count as a layer each of the first and the last virtual stage, and the pp·vpp virtual

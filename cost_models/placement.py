@@ -42,11 +42,16 @@ def high_precision_layers(model: ModelSpec, training: TrainingSpec, layout: Layo
     """Decoder layers of each stage whose linears the recipe keeps in bf16: the model's last
     ⌈share·L⌉ (``quantization.Recipe.high_precision_layers``; torchtitan's
     ``nvfp4_bf16_tail_fqns`` rounds up likewise), 0 everywhere without such a recipe."""
-    recipe = training.recipe
-    tail = math.ceil(recipe.high_precision_layers * model.num_layers) if recipe else 0
+    tail = high_precision_tail(model, training)
     if not tail:  # most recipes keep no layer in bf16: no chunk walk for every layout scored
         return (0,) * len(stages)
     return partition.tail_layers_per_stage(stages, layout.vpp, tail, chunks)
+
+
+def high_precision_tail(model: ModelSpec, training: TrainingSpec) -> int:
+    """The model's last decoder layers the recipe keeps in bf16: ⌈share·L⌉, 0 for most recipes."""
+    recipe = training.recipe
+    return math.ceil(recipe.high_precision_layers * model.num_layers) if recipe else 0
 
 
 @lru_cache(maxsize=4096)

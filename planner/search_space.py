@@ -9,8 +9,12 @@ import math
 from functools import lru_cache
 from typing import Iterator, Optional
 
-from cost_models.partition import balanced_partition, default_partition, layer_and_head_cost, virtual_partition
-from cost_models.specs import Layout, ModelSpec, TrainingSpec
+from cost_models.layer_time import layer_time_for
+from cost_models.partition import (balanced_partition, cost_balanced_partition, default_partition, layer_and_head_cost,
+                                   virtual_partition)
+from cost_models.placement import high_precision_tail
+from cost_models.specs import GPUSpec, Layout, ModelSpec, TrainingSpec
+from cost_models.stage_time import head_time
 
 from .case import Case
 from .engines import EngineSupport
@@ -148,7 +152,7 @@ def _zero_stages(case: Case, spec: SearchSpec, pp: int, dp: int, cp: int) -> tup
 
 def _splits(case: Case, spec: SearchSpec, pp: int) -> list[tuple[Optional[tuple[int, ...]], tuple[int, ...], int]]:
     """(partition, layers per stage, vpp) for each pipeline split to score at ``pp`` stages."""
-    splits = [split for split in _engine_splits(case.model, case.training, spec.engine, pp)
+    splits = [split for split in _engine_splits(case.model, case.training, spec.engine, pp, case.cluster.gpu)
               if spec.admits("vpp", split[2])]
     pinned = spec.pins.get("vpp", 1)
     if not splits and pinned > 1 and spec.engine.interleaving and pp > 1 and case.model.num_layers >= pp * pinned \
@@ -161,7 +165,7 @@ def _splits(case: Case, spec: SearchSpec, pp: int) -> list[tuple[Optional[tuple[
 
 
 @lru_cache(maxsize=1024)
-def _engine_splits(model: ModelSpec, training: TrainingSpec, engine: EngineSupport, pp: int) \
+def _engine_splits(model: ModelSpec, training: TrainingSpec, engine: EngineSupport, pp: int, gpu: GPUSpec) \
         -> tuple[tuple[Optional[tuple[int, ...]], tuple[int, ...], int], ...]:
     """:func:`_splits` before the case's pins on vpp. Cached: `size` asks for them at every cluster size."""
     balances = training.engine.balance_stages and pp > 1
@@ -183,6 +187,20 @@ def _engine_splits(model: ModelSpec, training: TrainingSpec, engine: EngineSuppo
         if lighter not in options and min(lighter) > 0:
             splits += [(lighter, lighter, vpp) for vpp in (1,) + (UNEVEN_VPP if engine.interleaving else ())
                        if min(lighter) >= vpp]
+    tail = high_precision_tail(model, training)
+    if tail and pp > 1 and not balances:
+        # A recipe that keeps its last layers in bf16 (NVFP4's): those layers take a multiple of an
+        # FP4 layer's time, and the stages that hold them set the pipeline's pace under any split that
+        # counts layers alike (llama3-8b on 72 GB200s: [3, 4, 4, 4, 4, 4, 3, 3, 3] ran at the bf16
+        # step, [4, 4, 4, 4, 4, 4, 4, 2, 2] 18 % faster). The split balanced by each layer's time (a
+        # micro-batch of one sequence at tp 1: the ratio the split needs, not the step) joins them.
+        low = layer_time_for(model, training, gpu, 1, 1, 1, False).total
+        kept = layer_time_for(model, training, gpu, 1, 1, 1, False, quantized=False).total
+        costs = (low,) * (model.num_layers - tail) + (kept,) * tail
+        timed = cost_balanced_partition(costs, pp, head_time(model, training, gpu, 1, training.seq_len))
+        if timed not in options and min(timed) > 0:
+            splits += [(timed, timed, vpp) for vpp in (1,) + (UNEVEN_VPP if engine.interleaving else ())
+                       if min(timed) >= vpp]
     if engine.interleaving and pp > 1 and not balances and model.num_layers % pp:
         # Interleaving where the layers do not divide by pp, so no even split interleaves: the
         # engine's uneven split over the virtual stages (cost_models.partition.virtual_partition),
