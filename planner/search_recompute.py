@@ -215,11 +215,11 @@ def _heavier(ladder: list[Layout], after: Layout, at_least: int) -> tuple[list[L
     return [r for r in ladder if rank[r.recompute] > rank[after.recompute]], at_least
 
 
-def least_activation_offload(case: Case, spec: SearchSpec, layout: Layout, note_miss: NoteMiss) \
-        -> tuple[Optional[tuple[Job, float]], int]:
+def least_activation_offload(case: Case, spec: SearchSpec, layout: Layout, note_miss: NoteMiss,
+                             fit: FitTest = fits) -> tuple[Optional[tuple[Job, float]], int]:
     """Activations of the fewest leading layers per stage offloaded, with no recomputation (or the
-    recomputation the case's search section pins), that fits (memory falls as more are offloaded:
-    bisection), where the engine runs it."""
+    recomputation the case's search section pins), that fits (``fit``: at the memory band's low end
+    by default; memory falls as more are offloaded: bisection), where the engine runs it."""
     if not spec.engine.activation_offload:
         return None, 0
     recompute = {"recompute": spec.pins.get("recompute", "none"), "recompute_num_layers": None,
@@ -242,7 +242,7 @@ def least_activation_offload(case: Case, spec: SearchSpec, layout: Layout, note_
         if spec.runner.problems(job):
             return None
         scored += 1
-        ok, peak = fits(job, spec.headroom)
+        ok, peak = fit(job, spec.headroom)
         if not ok:
             note_miss(job, peak)
         return (job, peak) if ok else None
