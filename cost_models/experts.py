@@ -244,12 +244,13 @@ def remote_domains_per_token(model: ModelSpec, domains: int) -> float:
     return (domains - 1) / domains * reached
 
 
-def hierarchical_dispatch(model: ModelSpec, training: TrainingSpec) -> bool:
+def hierarchical_dispatch(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec) -> bool:
     """Whether the dispatch sends a token once per NVLink domain (DeepEP: ``TrainingSpec.hierarchical_dispatch``).
     Not with a capacity factor: DeepEP pads no expert to a capacity (megatron-core's flex dispatcher
     refuses ``moe_pad_expert_input_to_capacity``, ``TransformerConfig.__post_init__``), so a padded
-    router dispatches by the plain all-to-all, as Megatron-Bridge's token-drop runs do."""
-    return training.hierarchical_dispatch and model.moe_capacity_factor is None
+    router dispatches by the plain all-to-all, as Megatron-Bridge's token-drop runs do. Nor on a GPU
+    DeepEP does not run on (``GPUSpec.vendor``): an engine that would run it dispatches by its all-to-all."""
+    return training.hierarchical_dispatch and model.moe_capacity_factor is None and gpu.vendor == "nvidia"
 
 
 @lru_cache(maxsize=4096)
@@ -268,7 +269,7 @@ def dispatch_combine_time(model: ModelSpec, training: TrainingSpec, cluster: Clu
     size = dispatch_bytes(model, training, tp, cp, micro_batch_size)
     links = expert_group_links(cluster, "ep", etp, ep)
     crossing = None
-    if hierarchical_dispatch(model, training) and links.domains > 1:
+    if hierarchical_dispatch(model, training, cluster.gpu) and links.domains > 1:
         crossing = size / model.moe_top_k * remote_domains_per_token(model, links.domains)
     time = 2 * all_to_all_time(size, links, perf, crossing)
     if etp > 1:

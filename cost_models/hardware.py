@@ -14,6 +14,7 @@ from .spec_checks import SpecError, _choice, _positive_float, _positive_int
 # Block-scaled formats a GPU's tensor cores run natively (GPUSpec.block_scaling): OCP MX (32-element
 # blocks, E8M0 scales) and NVIDIA's NVFP4 (16-element blocks, E4M3 scales).
 BLOCK_SCALED_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
+GPU_VENDORS = ("nvidia", "amd")
 
 
 @dataclass(frozen=True)
@@ -193,9 +194,13 @@ class GPUSpec:
     # Block-scaled formats the tensor cores run (BLOCK_SCALED_FORMATS): Blackwell's fifth-generation
     # tensor cores scale MXFP8, MXFP4 and NVFP4 blocks in hardware; CDNA4 (MI355X) the MX formats.
     block_scaling: tuple[str, ...] = ()
+    # Whose GPU it is, for the libraries that run on one vendor's only: DeepEP's dispatch needs NVSHMEM
+    # and NVIDIA GPUs (ROCm has no port: ROCm/aiter#421; AMD's MoRI and rccl_ep are other APIs).
+    vendor: str = "nvidia"
 
     def __post_init__(self) -> None:
         s = GPUSpec
+        _choice(s, "vendor", self.vendor, GPU_VENDORS)
         for fmt in self.block_scaling:
             _choice(s, "block_scaling", fmt, BLOCK_SCALED_FORMATS)
         for name in ("memory_bytes", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth"):

@@ -21,11 +21,11 @@ from .units import parse_bandwidth, parse_memory
 
 
 GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
-            "gpus_per_node", "nvlink_domain", "sm_count", "fabric", "host", "block_scaling")
+            "gpus_per_node", "nvlink_domain", "sm_count", "fabric", "host", "block_scaling", "vendor")
 
 # A GPU preset may name the fabric of its reference system; the cluster's fabric overrides it.
 # ``host`` (what offload reaches) is the reference system's too; ``cluster.host`` overrides it.
-OPTIONAL_GPU_KEYS = ("sm_count", "fabric", "host", "block_scaling")
+OPTIONAL_GPU_KEYS = ("sm_count", "fabric", "host", "block_scaling", "vendor")
 
 PEAK_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
 
@@ -76,6 +76,7 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
             sm_count=read_int(src, f"{key}.sm_count", data["sm_count"]) if "sm_count" in data else None,
             host=host_from_mapping(src, f"{key}.host", data["host"]) if "host" in data else None,
             block_scaling=tuple(formats),
+            vendor=read_str(src, f"{key}.vendor", data["vendor"]) if "vendor" in data else "nvidia",
         )
 
 

@@ -301,3 +301,31 @@ def test_a_padded_capacity_dispatches_by_the_plain_all_to_all():
     with pytest.raises(CaseError) as error:
         estimate(asked)
     assert error.value.key == "training.expert_dispatch" and "pads no expert to a capacity" in str(error.value)
+
+
+def test_on_amd_gpus_megatron_dispatches_by_its_all_to_all_and_writes_it(tmp_path):
+    """DeepEP needs NVSHMEM and NVIDIA GPUs (no ROCm port: ROCm/aiter#421). gpt-oss-120b on 64
+    MI355X was priced with DeepEP's dispatch across nodes and its files asked for
+    --moe-flex-dispatcher-backend deepep, which no ROCm launch runs."""
+    from cost_models.experts import dispatch_combine_time
+    from planner import emit, plan
+
+    def case(gpu, **training):
+        return {"model": {"preset": "gpt-oss-120b"}, "cluster": {"gpu": gpu, "num_gpus": 64},
+                "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron", **training},
+                "layout": {"tp": 1, "dp": 64, "ep": 16, "micro_batch_size": 1, "zero_stage": 1}}
+
+    def pair(data):
+        job = estimate(data).job
+        return dispatch_combine_time(job.model, job.training, job.cluster, 1, 1, 1, 16, 1)
+
+    # ep 16 over two nodes: the same dispatch as the plain all-to-all's on AMD, DeepEP's on NVIDIA
+    assert pair(case("mi355x")) == pytest.approx(pair(case("mi355x", expert_dispatch="all_to_all")))
+    assert pair(case("b200")) < pair(case("b200", expert_dispatch="all_to_all"))
+    with pytest.raises(CaseError) as error:
+        estimate(case("mi355x", expert_dispatch="deepep"))
+    assert error.value.key == "training.expert_dispatch" and "NVIDIA GPUs only" in str(error.value)
+    planned = {k: v for k, v in case("mi355x").items() if k != "layout"}
+    written = emit(plan(planned, top_k=0), "megatron", tmp_path / "out")
+    arguments = (tmp_path / "out" / "megatron_args.txt").read_text()
+    assert "deepep" not in arguments and "--moe-token-dispatcher-type alltoall" in arguments, written
