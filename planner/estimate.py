@@ -30,6 +30,9 @@ class Remedy:
     layout: Layout
     peak_bytes: float
     fits: bool
+    # As Estimate.memory_verdict says it of the changed layout: "fits" (the band's upper end fits),
+    # "at risk" or "does not fit".
+    verdict: str = "does not fit"
 
 
 @dataclass(frozen=True)
@@ -243,7 +246,8 @@ def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Rem
             continue
         peak = peak_stage_memory(candidate).total
         fits = peak <= fit_limit(job, headroom) and host_fits(candidate, headroom)
-        return Remedy(shown, candidate.layout, peak, fits)
+        verdict = "does not fit" if not fits else "fits" if fits_with_margin(candidate, peak, headroom) else "at risk"
+        return Remedy(shown, candidate.layout, peak, fits, verdict)
     return None
 
 
@@ -262,8 +266,10 @@ def _quantized_weights(job: Job, headroom: float) -> Optional[Remedy]:
     if ENGINES[training.engine.name].problems(candidate):
         return None
     peak = peak_stage_memory(candidate).total
+    fits = peak <= fit_limit(job, headroom)
+    verdict = "does not fit" if not fits else "fits" if fits_with_margin(candidate, peak, headroom) else "at risk"
     return Remedy("training.fp8_param_gather: true (the weights kept quantized, no 16-bit copy beside them)",
-                  job.layout, peak, peak <= fit_limit(job, headroom))
+                  job.layout, peak, fits, verdict)
 
 
 def _recompute_rungs(job: Job) -> list[tuple[str, dict]]:

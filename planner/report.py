@@ -136,7 +136,9 @@ def print_estimate(est: Estimate, console: Console) -> None:
                   f"({est.peak.by_term()[est.largest_term] / GB:.1f} GB)")
     remedy = est.remedy()
     if remedy is not None:
-        verdict = "fits" if remedy.fits else "still does not fit"
+        # In the words the estimate of the changed layout says it (a peak over the usable memory that
+        # fits only at the band's low end is "at risk", not "fits").
+        verdict = {"does not fit": "still does not fit"}.get(remedy.verdict, remedy.verdict)
         console.print(f"cheapest next change: {remedy.description} → peak {remedy.peak_bytes / GB:.1f} GB, {verdict}",
                       markup=False)
 

@@ -253,3 +253,20 @@ def test_an_engine_the_pins_leave_no_layout_says_so_when_no_engine_is_named():
     assert engines["deepspeed"]["why_not"].startswith("search: no deepspeed layout of 16 GPUs")
     with pytest.raises(planner.CaseError, match="search: no deepspeed layout of 16 GPUs"):
         planner.plan(case, engine="deepspeed")
+
+
+def test_the_cheapest_change_says_what_estimating_it_says(tmp_path):
+    """Llama 3 70B at tp 8, ZeRO 0 on 64 H100s does not fit; the cheapest change, ZeRO-3, peaks at
+    85.8 GB of 84.0 usable, which `estimate` calls at risk, and the advice called "fits"."""
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 64, "seq_len": 8192, "engine": "megatron"},
+            "layout": {"tp": 8, "pp": 1, "dp": 8, "micro_batch_size": 1, "zero_stage": 0}}
+    from planner.case import layout_to_mapping
+
+    remedy = planner.estimate(case).remedy()
+    changed = planner.estimate({**case, "layout": layout_to_mapping(remedy.layout)})
+    assert remedy.fits and remedy.verdict == changed.memory_verdict == "at risk"
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case))
+    done = run_cli("estimate", str(path))
+    assert f"→ peak {remedy.peak_bytes / 1e9:.1f} GB, at risk" in " ".join(done.stdout.split())
