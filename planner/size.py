@@ -180,7 +180,9 @@ class SizeChoice:
         return {"gpu": self.option.gpu.name, "option": self.option.key, "gpus": self.gpus, "nodes": self.nodes,
                 "engine": self.engine, "layout": self.estimate.to_dict()["layout"], "step_time_s": self.step_time_s,
                 "tokens_per_s": self.tokens_per_s, "days": self.days, "gpu_hours": self.gpu_hours,
-                "cost": self.cost, "mfu": self.estimate.mfu}
+                "cost": self.cost, "mfu": self.estimate.mfu,
+                # `size` times each cluster by its fastest layout: one may fit only at its memory band's low end
+                "memory_verdict": self.estimate.memory_verdict, "peak_bytes": int(round(self.estimate.peak.total))}
 
     @property
     def step_time_s(self) -> float:

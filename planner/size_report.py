@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .bands import indistinguishable_gap
 from .report import _layout_summary, count_text
 from .size import OBJECTIVE_TEXT, OK, SizeChoice, Sizing
 from .size_front import DOUBLING_SAVES, FRONT_SPAN
@@ -39,6 +40,13 @@ def _print_choice(console: Console, choice: SizeChoice, label: str = "") -> None
     console.print(f"{label}[bold]{escape(_cluster(choice))}[/], {escape(choice.engine)}: "
                   + escape(_layout_summary(choice.estimate.to_dict()["layout"])))
     console.print(escape(_takes(choice)))
+    est = choice.estimate
+    if est.memory_verdict == "at risk":
+        # `size` times a cluster by its fastest layout, where `plan`'s robust pick takes one surer to fit.
+        where = "within" if est.peak.total <= est.usable_bytes else "over"
+        console.print(f"[yellow]at risk[/]: this layout's predicted peak, {est.peak.total / 1e9:.1f} GB, is {where} the "
+                      f"{est.usable_bytes / 1e9:.1f} GB usable and its memory band's upper end over it; `plan` on this "
+                      f"cluster may pick a layout surer to fit, slower by up to {indistinguishable_gap():.1%}")
 
 
 def _spend_text(sizing: Sizing) -> str:
