@@ -197,12 +197,21 @@ def print_plan(plan, console: Console) -> None:
         console.print(f"engines (the case names none, or any: each that can run it was planned; --engine any plans "
                       f"plain PyTorch alone): {'; '.join(parts)}; picked {best.job.training.engine.name}", markup=False)
     if plan.fastest is not None:
+        from .search_memory import fit_tier
+
         fastest = plan.fastest
-        reason = ("the simplest within --simplest-within" if plan.picked_on == "simplicity" else
-                  f"the simplest of the layouts within {plan.margin:.1%} of the fastest, which the model cannot tell "
-                  f"apart (published sweeps: planner/published/bands.yaml), preferring those surest to fit (at the "
-                  f"upper end of their memory band, else as predicted)")
-        console.print(f"picked on simplicity: {reason}; the fastest ({_changes(plan.differences(fastest))}) would "
+        within = ("within --simplest-within" if plan.picked_on == "simplicity" else
+                  f"within {plan.margin:.1%} of the fastest, which the model cannot tell apart (published sweeps: "
+                  f"planner/published/bands.yaml)")
+        tiers = [fit_tier(e.job, e.peak.total, plan.headroom) for e in (best, fastest)]
+        if tiers[0] < tiers[1]:  # the memory band decided, not the layouts' complexity
+            sure = ("fits at the upper end of its memory band", "fits as predicted", "fits only at its band's low end")
+            head = (f"picked as surer to fit: of the layouts {within}, it {sure[tiers[0]]}, where the fastest "
+                    f"{sure[tiers[1]]}")
+        else:
+            head = (f"picked on simplicity: the simplest of the layouts {within}, as sure to fit as the fastest "
+                    f"(the surest first: at the upper end of their memory band, else as predicted)")
+        console.print(f"{head}; the fastest ({_changes(plan.differences(fastest))}) would "
                       f"be {fastest.tokens_per_s:,.0f} tokens/s ({fastest.tokens_per_s / best.tokens_per_s - 1:+.1%}); "
                       f"--fastest returns it", markup=False)
     if not plan.alternatives:

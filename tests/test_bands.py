@@ -270,3 +270,29 @@ def test_the_cheapest_change_says_what_estimating_it_says(tmp_path):
     path.write_text(yaml.safe_dump(case))
     done = run_cli("estimate", str(path))
     assert f"→ peak {remedy.peak_bytes / 1e9:.1f} GB, at risk" in " ".join(done.stdout.split())
+
+
+@pytest.mark.parametrize("case, says", [
+    # the fastest fits only at its band's low end (86.5 GB of 84.0 usable): the band decided
+    ("examples/llama3-70b-1024-h100-plan.yaml",
+     "picked as surer to fit: of the layouts within 8.5% of the fastest, which the model cannot tell apart "
+     "(published sweeps: planner/published/bands.yaml), it fits at the upper end of its memory band, where the "
+     "fastest fits only at its band's low end"),
+    # both fit at their bands' upper ends (131 and 99 GB of 190): the simpler was taken
+    ({"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "gb200", "num_gpus": 72},
+      "training": {"global_batch_size": 256, "seq_len": 8192, "precision": "bf16"}, "search": {"target": "megatron"}},
+     "picked on simplicity: the simplest of the layouts within 8.5% of the fastest, which the model cannot tell "
+     "apart (published sweeps: planner/published/bands.yaml), as sure to fit as the fastest"),
+])
+def test_the_report_says_whether_the_memory_band_or_simplicity_decided_the_pick(tmp_path, case, says):
+    """Every pick the robust rule made was headed "picked on simplicity", where on the 70B example
+    the fastest was set aside as less sure to fit."""
+    from pathlib import Path
+
+    if isinstance(case, dict):
+        path = tmp_path / "case.yaml"
+        path.write_text(yaml.safe_dump(case))
+    else:
+        path = Path(__file__).resolve().parent.parent / case
+    done = run_cli("plan", str(path))
+    assert says in " ".join(done.stdout.split()), done.stdout
