@@ -84,6 +84,30 @@ def with_megatron_training(case: Case, path: Path) -> Case:
     return replace(case, training=replace(requested, **changes)) if changes else case
 
 
+def taken_from_arguments(case: Case, path: Path) -> Optional[str]:
+    """A note naming the training settings the arguments decided where the case leaves them to the
+    engine (:func:`with_megatron_training`): the planner's best is planned with them too, so it may
+    differ from `plan CASE`'s, which takes the engine's own (fp32 gradients from an argument list
+    without --grad-reduce-in-bf16 doubled a 70B's gradient memory, and the best moved, unexplained)."""
+    from .engines.megatron.read import SETTING_FLAGS, read_training
+
+    taken = []
+    for key, value in read_training(path, case).items():
+        if getattr(case.training, key) is not None:
+            continue
+        flag = SETTING_FLAGS[key]
+        if key == "fp32_grads":
+            taken.append(f"gradients reduced in fp32 (no {flag})" if value else f"gradients reduced in bf16 ({flag})")
+        elif isinstance(value, bool):
+            taken.append(f"training.{key} {str(value).lower()} ({'' if value else 'no '}{flag})")
+        else:
+            taken.append(f"training.{key} {value} ({flag})")
+    if not taken:
+        return None
+    return ("the planner's best is planned as these arguments train where the case leaves it to the engine, so it "
+            "may differ from `plan`'s on the case alone: " + "; ".join(taken))
+
+
 def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int],
                       stage_layers: Optional[tuple[int, ...]]) -> tuple[str, ...]:
     """What a ds_config leaves to the model's code and neither the case's layout nor the options
@@ -122,8 +146,10 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         from .engines.megatron.read import architecture_notes
 
         said_dispatch = loaded.training.expert_dispatch
+        taken = taken_from_arguments(loaded, Path(megatron_args))
         loaded = with_megatron_training(loaded, Path(megatron_args))
-        notes = tuple(launch_notes(Path(megatron_args))) + tuple(architecture_notes(Path(megatron_args), loaded))
+        notes = tuple(launch_notes(Path(megatron_args))) + tuple(architecture_notes(Path(megatron_args), loaded)) \
+            + ((taken,) if taken else ())
     else:
         from .engines.deepspeed.read import auto_resolved
 

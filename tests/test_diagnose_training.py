@@ -42,6 +42,19 @@ def test_bf16_without_grad_reduce_in_bf16_is_priced_with_fp32_gradients(tmp_path
     assert diagnose(case, megatron_args=args).estimate.peak.total == pytest.approx(bf16)
 
 
+def test_the_settings_the_arguments_decide_for_the_planners_best_are_said(tmp_path):
+    """The planner's best is planned as the arguments train (fp32 gradients without
+    --grad-reduce-in-bf16), so it differed from `plan`'s on the case alone (a 70B's gradients
+    doubled) with no word why; a case that states the setting leaves nothing to say."""
+    case, args = files(tmp_path, ARGS)
+    said = "the planner's best is planned as these arguments train where the case leaves it to the engine"
+    notes = diagnose(case, megatron_args=args).notes
+    assert any(said in n and "gradients reduced in fp32 (no --grad-reduce-in-bf16)" in n for n in notes), notes
+    case, args = files(tmp_path, ARGS, {**CASE, "training": {**CASE["training"], "fp32_grads": True,
+                                                             "tp_comm_overlap": False}})
+    assert not any("gradients reduced" in n for n in diagnose(case, megatron_args=args).notes)
+
+
 def test_a_case_that_contradicts_the_arguments_is_refused_naming_both(tmp_path):
     case, args = files(tmp_path, ARGS, {**CASE, "training": {**CASE["training"], "fp32_grads": False}})
     with pytest.raises(CaseError, match=r"args.txt: --grad-reduce-in-bf16: the arguments' Megatron-LM reduces "
