@@ -96,7 +96,8 @@ def interrupt_received() -> bool:
 
 def interrupted_exit_code() -> int:
     """The exit code of a command ended by a signal, as a shell reports one: 128 + its number, 130
-    for Ctrl-C (SIGINT, also where Python raised KeyboardInterrupt itself), 143 for SIGTERM."""
+    for Ctrl-C (SIGINT, also where Python raised KeyboardInterrupt itself), 143 for SIGTERM, 129 for
+    SIGHUP."""
     import signal
 
     return 128 + int(getattr(signal, _RECEIVED[0], signal.SIGINT)) if _RECEIVED else 130
@@ -108,7 +109,7 @@ def forget_interrupts() -> None:
 
 
 def ignore_interrupts() -> None:
-    """From here on the process ignores Ctrl-C and SIGTERM (the CLI's main thread only): its files
+    """From here on the process ignores Ctrl-C, SIGTERM and SIGHUP (the CLI's main thread only): its files
     are written, so a signal can no longer leave "nothing written" and exit 130 with them in place
     would say it had; or it is exiting, where Python's shutdown puts its own handlers back to the
     default, under which a late signal killed it by the signal with no word."""

@@ -3,7 +3,7 @@ without --force, and never a mix of two runs' files.
 
 Every file is first written in full to a private staging folder beside its target.
 Then, holding an exclusive lock on each target folder (``flock`` on the folder itself,
-so no lock file is left behind) and with SIGINT and SIGTERM held back, the existence
+so no lock file is left behind) and with SIGINT, SIGTERM and SIGHUP held back, the existence
 check is made again and the files are renamed into place, each old file moved aside
 first. If a rename fails, or an interrupt arrived meanwhile, every file moved so far is
 put back: the folders hold the old files, or no files, and no partial one.
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
-from .errors import CaseError, ignore_interrupts, raise_if_interrupted
+from .errors import INTERRUPTS, CaseError, ignore_interrupts, raise_if_interrupted
 
 _STAGING_PREFIX = ".layout-planner-"
-_HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_HELD_SIGNALS = {getattr(signal, name) for name in INTERRUPTS}  # what the CLI answers as an interrupt
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def check_writable(outputs: list[Output], force: bool) -> None:
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block is done; a pending one is raised after it."""
+    """SIGINT, SIGTERM and SIGHUP wait until the block is done; a pending one is raised after it."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
     try:
         yield

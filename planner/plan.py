@@ -49,6 +49,9 @@ class NoFit:
     seq_len_that_fits: Optional[int]  # the longest sequence (same GPUs) at which some layout fits
     # When no layout was scored at all: what excluded every one (the pins, the engine, ...).
     excluded_by: Optional[str] = None
+    # Where no layout of these GPUs exists (their count shares too little with the batch, the heads
+    # and the layers: 1,000 GPUs for a batch of 1,024), the most GPUs below, in whole nodes, that have one.
+    fewer_gpus_that_fit: Optional[int] = None
 
     def describe(self) -> str:
         if self.closest_layout is None:
@@ -57,6 +60,8 @@ class NoFit:
             parts = [f"no layout fits: {self.term} overflows (closest layout needs "
                      f"{self.peak_bytes / 1e9:.1f} GB; a layout fits up to {self.limit_bytes / 1e9:.1f} GB, the "
                      f"usable memory over its memory band's low end)"]
+        if self.fewer_gpus_that_fit:
+            parts.append(f"{self.fewer_gpus_that_fit} GPUs would have a layout that fits")
         if self.gpus_that_fit:
             parts.append(f"{self.gpus_that_fit} GPUs would fit")
         if self.seq_len_that_fits:
@@ -69,7 +74,7 @@ class NoFit:
                 "limit_bytes": int(self.limit_bytes),
                 "closest_layout": layout_to_mapping(self.closest_layout) if known else None,
                 "gpus_that_fit": self.gpus_that_fit, "seq_len_that_fits": self.seq_len_that_fits,
-                "excluded_by": self.excluded_by}
+                "excluded_by": self.excluded_by, "fewer_gpus_that_fit": self.fewer_gpus_that_fit}
 
 
 @dataclass(frozen=True)
@@ -261,8 +266,16 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
             seq_that_fits = seq
             break
         seq //= 2
+    fewer = None
+    if tightest is None and not (spec.pins or spec.bounds) and nodes > 1:
+        # No layout of these GPUs at all: the divisors they share with the batch, heads and layers left
+        # none (doubling the nodes keeps the odd factor: 125 nodes, 250, 500 … never have one).
+        for count in range(nodes - 1, max(nodes // 2, 1) - 1, -1):
+            if _some_layout_fits(replace(case, cluster=ClusterSpec(case.cluster.gpu, count * per_node)), spec):
+                fewer = count * per_node
+                break
     return NoFit(term, peak_bytes, limit, tightest.layout if tightest else None, gpus_that_fit, seq_that_fits,
-                 excluded_by)
+                 excluded_by, fewer)
 
 
 def layout_table(case: Case, spec: SearchSpec, slack: float = TABLE_SLACK, ceiling: float = math.inf,

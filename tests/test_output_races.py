@@ -160,3 +160,35 @@ def test_a_link_to_nowhere_is_not_replaced_and_a_name_too_long_is_one_line(tmp_p
     long = tmp_path / ("x" * 300 + ".png")
     done = run_cli("plan", example, "--plot", str(long))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "cannot be written (File name too long)" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_signal_during_a_forced_writes_renames_leaves_the_old_file(tmp_path, monkeypatch, name):
+    """The terminal closing (SIGHUP, an interrupt the CLI answers) just after the old file was moved
+    aside deleted it with the staging folder: only SIGINT and SIGTERM were held back there."""
+    import signal
+
+    from planner import cli, files
+    from planner.errors import Interrupted, forget_interrupts
+
+    target = tmp_path / "plan.json"
+    target.write_text("OLD\n")
+    signum = getattr(signal, name)
+    previous = signal.signal(signum, cli._interrupted)
+    real, moves = os.replace, []
+
+    def replace(a, b):
+        real(a, b)
+        moves.append(b)
+        if len(moves) == 1:  # the old file just moved aside
+            os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(files.os, "replace", replace)
+    forget_interrupts()
+    try:
+        with pytest.raises(Interrupted):
+            write_all([Output(target, "NEW\n")], force=True)
+    finally:
+        signal.signal(signum, previous)
+        forget_interrupts()
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"] and target.read_text() == "OLD\n"
