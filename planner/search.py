@@ -341,7 +341,7 @@ class _Search:
             try:
                 if lay.offload_activations and "offload_activations" not in self.spec.pins:
                     # More layers' activations offloaded, where the hit offloads some: 46 of 80 layers put
-                    # Llama 3 70B on 128 V100s over the usable memory as predicted, where 60 fit as
+                    # Llama 3 70B on 128 V100s over the usable memory as predicted, where 64 fit as
                     # predicted in the same step (the copies hidden behind compute).
                     safe, scored = least_activation_offload(self.case, self.spec,
                                                             lay.with_changes(offload_activations=0),
