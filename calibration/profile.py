@@ -282,6 +282,8 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
         "gpus_per_node": gpus_per_node,
         "nvlink_domain": gpus_per_node,
     }
+    if machine.get("vendor") == "amd":  # a ROCm machine (the GPU's vendor decides what DeepEP can run on)
+        gpu["vendor"] = "amd"
     document = {"machine": machine, "gpu": gpu, "performance": performance, "fabric": fabric}
     if m.alone is not None:
         alone_peaks, alone_performance, measured["alone"], alone_hbm = compute_figures(

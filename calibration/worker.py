@@ -128,6 +128,8 @@ def machine_info(cuda: bool, device: torch.device, world: int, local_world: int,
         "device": gpu or f"CPU: {cpu}",
         "cpu": cpu,
         "gpu": gpu,
+        # ROCm's torch answers torch.cuda too: its GPUs run none of NVIDIA's libraries (DeepEP).
+        "vendor": ("amd" if getattr(torch.version, "hip", None) else "nvidia") if cuda else None,
         "torch": str(torch.__version__),
         "nccl": nccl,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -202,6 +202,19 @@ def test_profile_from_synthetic_timings_gives_back_the_figures_and_loads(tmp_pat
     assert gpu.performance.page_fault_s == perf["page_fault_s"]
 
 
+def test_a_profile_measured_on_rocm_says_its_gpus_are_amd(tmp_path):
+    """calibrate on an MI300X node wrote no vendor, so its profile read as NVIDIA's and a MoE plan on it
+    was priced and written with DeepEP's dispatch, which ROCm has no port of."""
+    for vendor, expected in (("amd", "amd"), ("nvidia", "nvidia")):
+        machine = {"hostname": "h", "device": "AMD Instinct MI300X", "backend": "nccl", "world_size": 8,
+                   "vendor": vendor}
+        profile = build_profile(machine, synthetic_measurements(), memory_bytes=192 * 2**30, gpus_per_node=8,
+                                main_precision="bf16", datasheet_peaks={"bf16": 1307.4})
+        path = tmp_path / f"{vendor}.yaml"
+        path.write_text(render(profile))
+        assert gpu_from_profile(path)[0].vendor == expected
+
+
 def test_the_profile_fabric_takes_a_tree_level_from_the_all_reduce_and_a_ring_step_from_the_all_gather(tmp_path):
     """Across nodes (one rank per node) the all-reduce runs as a tree, 2·⌈log₂ n⌉ levels, and the
     all-gather as a ring, n − 1 steps (``collective_steps_and_volume``, the cost model's counts):
