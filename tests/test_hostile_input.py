@@ -923,6 +923,17 @@ def test_size_names_the_option_that_gave_a_value_and_the_entry_that_cannot_run_t
                    f"{case}: cluster.options[1]: v100-sxm-32gb cannot train in bf16")
 
 
+def test_size_names_the_gpu_type_that_cannot_run_deepep(tmp_path):
+    """An MI300X after an H100 among the options, with expert_dispatch deepep: every MI300X layout refused
+    it and the type vanished from the answer, exit 0; listed first, the case was refused."""
+    options = [{"gpu": "h100-sxm-80gb", "max_gpus": 512}, {"gpu": "mi300x", "max_gpus": 512}]
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({
+        "model": {"preset": "gpt-oss-120b"}, "cluster": {"options": options},
+        "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron", "expert_dispatch": "deepep"}}))
+    one_line_error(cli("size", str(case), "--tokens", "100B", "--deadline", "30d"),
+                   f"{case}: cluster.options[1]: mi300x cannot run training.expert_dispatch deepep")
+
+
 def test_bands_from_too_few_runs_are_refused_and_a_teams_file_reads_without_its_source(tmp_path):
     """One run wrote a band of zero width into a file that says min_runs 20, its header claiming the
     repo's published runs; a team's runs file without `source` (which calibrate --from-runs takes)
