@@ -64,7 +64,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError, ZeroDivisionError) as error:
             raise CaseError(source, name, f"a field has the wrong type or is missing ({one_line(error, 80)})") from None
         if case is not None:
-            if row["framework"].strip().lower().startswith("torchtitan"):
+            if "torchtitan" in row["framework"].lower():
                 # A team's torchtitan run is priced as torchtitan runs, as its log is (runs_from_logs): a
                 # profile fitted under the generic engine's kernels would plan torchtitan's layouts on
                 # figures that absorbed the difference. (The published tables' torchtitan rows stay the
@@ -127,8 +127,10 @@ def _missing(row: dict) -> Optional[tuple[str, str]]:
     mla = str((model.get("attention") or {}).get("type")).lower() == "mla"
     if model.get("kv_heads") is None and not mla:
         return "model.kv_heads", "expected the key-value heads (heads again for multi-head attention), got None"
-    if model.get("ffn_hidden") is None and not model.get("moe"):
-        return "model.ffn_hidden", "expected the MLP's width, got None"
+    moe = model.get("moe") if isinstance(model.get("moe"), dict) else {}
+    dense_layers = not moe or moe.get("first_dense_layers") or moe.get("moe_layer_freq") is not None
+    if model.get("ffn_hidden") is None and dense_layers:  # a MoE model's dense layers run it too
+        return "model.ffn_hidden", "expected the MLP's width (of the dense layers), got None"
     if model.get("ffn_act") is None:
         return "model.ffn_act", ("expected the MLP's activation: swiglu or geglu (a gated MLP, three matrices), gelu, "
                                  "relu or squared_relu (two), got None")

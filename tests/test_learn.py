@@ -716,6 +716,10 @@ def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
     # left to a published row's guesses: priced as multi-head attention and a 16,384-wide GeLU MLP, +20 %
     ({"model__kv_heads": None}, "model.kv_heads", "expected the key-value heads"),
     ({"model__ffn_hidden": None}, "model.ffn_hidden", "expected the MLP's width"),
+    # a mixture of experts whose first layer is dense: that layer's MLP was priced at 4 × hidden
+    ({"model__ffn_hidden": None, "model__moe": {"num_experts": 64, "top_k": 6, "expert_ffn_hidden": 1408,
+                                                "first_dense_layers": 1}, "parallel__ep": 8},
+     "model.ffn_hidden", "expected the MLP's width (of the dense layers)"),
     ({"model__ffn_act": None}, "model.ffn_act", "expected the MLP's activation"),
 ])
 def test_a_team_run_is_read_as_it_ran_or_refused_naming_its_key(changes, key, needle):

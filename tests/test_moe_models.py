@@ -329,3 +329,12 @@ def test_on_amd_gpus_megatron_dispatches_by_its_all_to_all_and_writes_it(tmp_pat
     written = emit(plan(planned, top_k=0), "megatron", tmp_path / "out")
     arguments = (tmp_path / "out" / "megatron_args.txt").read_text()
     assert "deepep" not in arguments and "--moe-token-dispatcher-type alltoall" in arguments, written
+    # Arguments that ask for DeepEP on these GPUs are refused naming the flag, not the case's key.
+    from planner.diagnose import diagnose
+
+    flex = tmp_path / "flex_args.txt"
+    flex.write_text(arguments.replace("--moe-token-dispatcher-type alltoall",
+                                      "--moe-token-dispatcher-type flex\n--moe-flex-dispatcher-backend deepep"))
+    with pytest.raises(CaseError) as error:
+        diagnose(planned, megatron_args=flex)
+    assert error.value.key == "--moe-flex-dispatcher-backend" and "NVIDIA GPUs only" in str(error.value)
