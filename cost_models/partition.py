@@ -100,7 +100,35 @@ def cost_balanced_partition(costs: tuple[float, ...], stages: int, head_cost: fl
             low = middle
         else:
             high = middle
-    return split(high)
+    return _evened(list(split(high)), costs, head_cost)
+
+
+def _evened(counts: list[int], costs: tuple[float, ...], head_cost: float) -> tuple[int, ...]:
+    """``counts`` with each boundary between two stages moved a layer at a time while that lowers the
+    larger of the two: the filling from the last stage leaves the largest stage cost least but the
+    first stages a layer each where the bound is set at the end (the head and the bf16 tail: 1, 1, 1,
+    3, 8, 8, 6, 3, 1 for Llama 3 8B on 9 GB200 stages); evened, their work spreads over them. No move
+    raises the largest stage cost, and each lowers the sum of squares: it ends."""
+    def cost(i: int, start: int) -> float:
+        return sum(costs[start:start + counts[i]]) + (head_cost if i == len(counts) - 1 else 0.0)
+
+    moved = True
+    while moved:
+        moved = False
+        start = 0
+        for i in range(len(counts) - 1):
+            a, b = cost(i, start), cost(i + 1, start + counts[i])
+            edge = start + counts[i]  # the first layer of stage i + 1
+            if a > b and counts[i] > 1 and max(a - costs[edge - 1], b + costs[edge - 1]) < max(a, b):
+                counts[i] -= 1
+                counts[i + 1] += 1
+                moved = True
+            elif b > a and counts[i + 1] > 1 and max(a + costs[edge], b - costs[edge]) < max(a, b):
+                counts[i] += 1
+                counts[i + 1] -= 1
+                moved = True
+            start += counts[i]
+    return tuple(counts)
 
 
 def embedding_and_loss_partition(layers: int, pp: int, vpp: int, embedding: bool, loss: bool) -> tuple[int, ...]:
