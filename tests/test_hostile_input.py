@@ -612,6 +612,24 @@ def test_files_for_gpus_that_do_not_fill_whole_nodes_are_refused_by_every_engine
     assert not (tmp_path / "o").exists()
 
 
+def test_where_no_layout_of_these_gpus_exists_the_most_gpus_below_that_have_one_are_named(tmp_path):
+    """1,000 H100s for a batch of 1,024: no layout at all (dp must divide both, and what is left, 125
+    GPUs' worth, no tp, pp and cp of Llama 3 70B fills), and no advice: doubling the nodes keeps the
+    factor of 125, so no cluster up to 64 times this one has a layout either."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({
+        "model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1000},
+        "training": {"global_batch_size": 1024, "seq_len": 8192, "engine": "megatron"}}))
+    done = cli("plan", str(case))
+    assert done.returncode == 3 and "no megatron layout of 1000 GPUs for this model and global batch; 992 GPUs " \
+        "would have a layout that fits" in " ".join(done.stdout.split()), done.stdout
+    fewer = json.loads(cli("plan", str(case), "--json").stdout)["no_fit"]["fewer_gpus_that_fit"]
+    assert fewer == 992
+    smaller = write(tmp_path / "smaller.yaml", yaml.safe_dump({
+        "model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": fewer},
+        "training": {"global_batch_size": 1024, "seq_len": 8192, "engine": "megatron"}}))
+    assert cli("plan", str(smaller)).returncode == 0
+
+
 def test_where_no_engine_has_a_layout_the_answer_names_every_engine_planned(tmp_path):
     """A global batch of 1 on 1,024 GPUs, no engine named: 'no megatron layout of 1024 GPUs',
     though all three engines were planned and none had one."""
