@@ -22,6 +22,9 @@ class Diagnosis:
     plan: Plan  # the planner's best for the same model, cluster, global batch and engine
     resolved: tuple[str, ...] = ()  # the config's "auto" values, as the Hugging Face Trainer fills them
     notes: tuple[str, ...] = ()  # how a Megatron launch script was read: the branches taken on what it does not set
+    # The training settings the Megatron arguments decided where the case leaves them to the engine: the
+    # planner's best is planned with them too (:func:`taken_from_arguments`).
+    planned_with: Optional[str] = None
 
     @property
     def speedup(self) -> Optional[float]:
@@ -55,7 +58,7 @@ class Diagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "config": self.estimate.to_dict(), "resolved": list(self.resolved),
-                "notes": list(self.notes),
+                "notes": list(self.notes), "planned_with": self.planned_with,
                 "best": self.plan.best.to_dict() if self.plan.best else None,
                 "speedup": self.speedup, "verdict": self.verdict,
                 "differs_from_best": self.plan.differences(self.estimate) if self.plan.best else None}
@@ -108,8 +111,7 @@ def taken_from_arguments(case: Case, path: Path) -> Optional[str]:
             taken.append(f"training.{key} {value} ({flag})")
     if not taken:
         return None
-    return ("the planner's best is planned as these arguments train where the case leaves it to the engine, so it "
-            "may differ from `plan`'s on the case alone: " + "; ".join(taken))
+    return "; ".join(taken)
 
 
 def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int],
@@ -152,8 +154,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         said_dispatch = loaded.training.expert_dispatch
         taken = taken_from_arguments(loaded, Path(megatron_args))
         loaded = with_megatron_training(loaded, Path(megatron_args))
-        notes = tuple(launch_notes(Path(megatron_args))) + tuple(architecture_notes(Path(megatron_args), loaded)) \
-            + ((taken,) if taken else ())
+        notes = tuple(launch_notes(Path(megatron_args))) + tuple(architecture_notes(Path(megatron_args), loaded))
     else:
         from .engines.deepspeed.read import auto_resolved
 
@@ -196,7 +197,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
             notes += ("the planner's best sends tokens across NVLink domains with DeepEP (--moe-token-dispatcher-type "
                       "flex --moe-flex-dispatcher-backend deepep, which its emitted files set), where these "
                       "arguments run Megatron-LM's all-to-all",)
-    return Diagnosis(engine, estimate, best, resolved, notes)
+    return Diagnosis(engine, estimate, best, resolved, notes, taken if megatron_args is not None else None)
 
 
 def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str, layout) -> CaseError:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
-from .errors import INTERRUPTS, CaseError, ignore_interrupts, raise_if_interrupted
+from .errors import INTERRUPTS, CaseError, ignore_interrupts, interrupts_deferred, raise_if_interrupted
 
 _STAGING_PREFIX = ".layout-planner-"
 _HELD_SIGNALS = {getattr(signal, name) for name in INTERRUPTS}  # what the CLI answers as an interrupt
@@ -90,10 +90,16 @@ def check_writable(outputs: list[Output], force: bool) -> None:
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP wait until the block is done; a pending one is raised after it."""
+    """SIGINT, SIGTERM and SIGHUP wait until the block is done; a pending one is raised after it.
+
+    Blocked in this thread, and deferred by the CLI's handler too (``interrupts_deferred``): a process
+    with other threads (rich's progress bar, a library's pool) takes a signal in one of them, and
+    Python runs its handler in the main thread all the same, mid-rename (the old file was deleted with
+    the staging folder)."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
     try:
-        yield
+        with interrupts_deferred():
+            yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 

@@ -247,6 +247,9 @@ def print_diagnosis(diagnosis, console: Console) -> None:
         changes = diagnosis.plan.differences(diagnosis.estimate)
         if changes:
             console.print("change: " + _changes({k: (b, a) for k, (a, b) in changes.items()}), markup=False)
+        if diagnosis.planned_with:
+            console.print(f"planned, as the arguments train where the case leaves it to the engine (so `plan` on the "
+                          f"case alone may pick otherwise): {diagnosis.planned_with}", markup=False)
     for note in diagnosis.notes:
         console.print(f"note: {one_line(note, 1000)}", markup=False)
 

@@ -10,6 +10,7 @@ import yaml
 import planner
 from planner.diagnose import diagnose
 from planner.errors import CaseError
+from cli_in_process import run_cli
 
 CASE = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
         "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"}}
@@ -47,12 +48,15 @@ def test_the_settings_the_arguments_decide_for_the_planners_best_are_said(tmp_pa
     --grad-reduce-in-bf16), so it differed from `plan`'s on the case alone (a 70B's gradients
     doubled) with no word why; a case that states the setting leaves nothing to say."""
     case, args = files(tmp_path, ARGS)
-    said = "the planner's best is planned as these arguments train where the case leaves it to the engine"
-    notes = diagnose(case, megatron_args=args).notes
-    assert any(said in n and "gradients reduced in fp32 (no --grad-reduce-in-bf16)" in n for n in notes), notes
+    result = diagnose(case, megatron_args=args)
+    assert "gradients reduced in fp32 (no --grad-reduce-in-bf16)" in result.planned_with
+    assert result.to_dict()["planned_with"] == result.planned_with
+    done = run_cli("diagnose", str(case), "--megatron-args", str(args))
+    assert "planned, as the arguments train where the case leaves it to the engine (so `plan` on the case alone may " \
+           "pick otherwise): gradients reduced in fp32" in " ".join(done.stdout.split()), done.stdout
     case, args = files(tmp_path, ARGS, {**CASE, "training": {**CASE["training"], "fp32_grads": True,
                                                              "tp_comm_overlap": False}})
-    assert not any("gradients reduced" in n for n in diagnose(case, megatron_args=args).notes)
+    assert "gradients reduced" not in (diagnose(case, megatron_args=args).planned_with or "")
 
 
 def test_a_case_that_contradicts_the_arguments_is_refused_naming_both(tmp_path):

@@ -260,7 +260,7 @@ def test_the_notes_are_printed_in_the_report_and_in_the_json(tmp_path, monkeypat
     assert lines[-1] == (f'note: {args}: line 4: if [[ "$DTYPE" == "fp8" ]] is false (DTYPE is not set by the '
                          "script: read as its default 'bf16'), so the script skips its then branch (no branch "
                          "of this if runs)")
-    assert lines[-2].startswith("predicted step ") or lines[-2].startswith("change: "), lines[-3:]
+    assert lines[-2].startswith(("predicted step ", "change: ", "planned, as the arguments train")), lines[-3:]
     as_json = run_cli("diagnose", str(case), "--megatron-args", str(args), "--json")
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout)["notes"][0].startswith(f"{args}: line 4: if [[")
