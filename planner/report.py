@@ -217,12 +217,13 @@ def print_plan(plan, console: Console) -> None:
     if not plan.alternatives:
         return
     table = Table(title="Alternatives")
-    for column in ("#", "step s", "tokens/s", "MFU", "peak GB", "differs from best"):
-        table.add_column(column, justify="right" if column not in ("differs from best",) else "left")
+    # memory: each row's verdict (an alternative may fit only at its memory band's low end: at risk)
+    for column in ("#", "step s", "tokens/s", "MFU", "peak GB", "memory", "differs from best"):
+        table.add_column(column, justify="left" if column in ("memory", "differs from best") else "right")
     rows = [(best, {})] + [(alt, plan.differences(alt)) for alt in plan.alternatives]
     for i, (est, diff) in enumerate(rows):
         table.add_row("best" if i == 0 else str(i), f"{est.step_time_s:.3f}", f"{est.tokens_per_s:,.0f}",
-                      f"{est.mfu:.1%}", f"{est.peak.total / GB:.1f}",
+                      f"{est.mfu:.1%}", f"{est.peak.total / GB:.1f}", est.memory_verdict,
                       escape(_layout_summary(est.to_dict()["layout"]) if i == 0 else _changes(diff)))
     console.print(table)
     console.print(f"runner-up: {plan.why_runner_up_lost()}", markup=False)

@@ -296,3 +296,19 @@ def test_the_report_says_whether_the_memory_band_or_simplicity_decided_the_pick(
         path = Path(__file__).resolve().parent.parent / case
     done = run_cli("plan", str(path))
     assert says in " ".join(done.stdout.split()), done.stdout
+
+
+def test_the_alternatives_table_gives_each_rows_memory_verdict(monkeypatch):
+    """The runners-up of the 70B example peak at 70.9-86.5 GB of 84.0 usable, at risk every one, and
+    the table showed their peaks beside the best's 48.9 GB as if as valid: each row now says."""
+    from pathlib import Path
+
+    monkeypatch.setenv("COLUMNS", "200")
+    example = Path(__file__).resolve().parent.parent / "examples" / "llama3-70b-1024-h100-plan.yaml"
+    planned = planner.plan(str(example))
+    done = run_cli("plan", str(example))
+    table = done.stdout[done.stdout.index("Alternatives"):]
+    rows = [line for line in table.splitlines() if line.startswith("│")]
+    verdicts = [planned.best.memory_verdict] + [alt.memory_verdict for alt in planned.alternatives]
+    assert "at risk" in verdicts and len(rows) == len(verdicts)
+    assert all(f"│ {verdict}" in row for row, verdict in zip(rows, verdicts)), rows
