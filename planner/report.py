@@ -100,7 +100,7 @@ def print_estimate(est: Estimate, console: Console) -> None:
     if job.layout.offloads:
         host = job.cluster.gpu.host.memory_bytes
         table.add_row("host (offload)", f"{est.host_bytes / GB:.2f}", f"{est.host_bytes / host:.0%} of "
-                                                                        f"{host / GB:.0f} used")
+                                                                        f"{host / GB:.0f} GB a GPU used")
     console.print(table)
     time = Table(title="Step time (exposed parts)")
     time.add_column("part")

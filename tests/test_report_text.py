@@ -71,3 +71,13 @@ def test_deepep_is_emitted_only_where_the_expert_group_leaves_its_domain_and_the
     emitted = planner.emit(across, "megatron", tmp_path, force_unfit=not across.fits)
     assert any("needs DeepEP" in note for note in emitted.notes)
     assert "needs DeepEP" in (tmp_path / "megatron_args.txt").read_text()
+
+
+def test_the_host_row_names_its_unit(monkeypatch):
+    """It read "45% of 275 used": 275 what? (GB of host memory a GPU has, cluster.host)."""
+    from pathlib import Path
+
+    monkeypatch.setenv("COLUMNS", "200")
+    example = Path(__file__).resolve().parent.parent / "examples" / "llama3-70b-8-h100-deepspeed.yaml"
+    done = run_cli("plan", str(example))
+    assert "% of 275 GB a GPU used" in done.stdout, done.stdout
