@@ -250,7 +250,7 @@ def hierarchical_dispatch(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec
     refuses ``moe_pad_expert_input_to_capacity``, ``TransformerConfig.__post_init__``), so a padded
     router dispatches by the plain all-to-all, as Megatron-Bridge's token-drop runs do. Nor on a GPU
     DeepEP does not run on (``GPUSpec.vendor``): an engine that would run it dispatches by its all-to-all."""
-    return training.hierarchical_dispatch and model.moe_capacity_factor is None and gpu.vendor == "nvidia"
+    return training.hierarchical_dispatch and model.moe_capacity_factor is None and gpu.deepep_refusal is None
 
 
 @lru_cache(maxsize=4096)

@@ -213,6 +213,14 @@ class GPUSpec:
             _positive_float(s, f"peak_flops.{precision}", flops)
 
     @property
+    def deepep_refusal(self) -> Optional[str]:
+        """Why DeepEP's expert dispatch cannot run on this GPU, None where it can: it needs NVSHMEM and
+        NVIDIA GPUs (ROCm has no port: ROCm/aiter#421)."""
+        if self.vendor == "nvidia":
+            return None
+        return f"deepep runs on NVIDIA GPUs only (NVSHMEM; no ROCm port, ROCm/aiter#421), not on {self.name}"
+
+    @property
     def any_layout_fp8_gemm(self) -> bool:
         """Whether fp8 GEMMs take their operands in either layout, not only "TN": Blackwell's
         fifth-generation tensor cores, the ones that scale NVFP4 blocks (Transformer Engine's

@@ -57,10 +57,8 @@ class Job:
             raise SpecError(TrainingSpec, "expert_dispatch",
                             "deepep pads no expert to a capacity (megatron-core's flex dispatcher refuses "
                             "moe_pad_expert_input_to_capacity): drop model.moe_capacity_factor or dispatch all_to_all")
-        if t.expert_dispatch == "deepep" and self.cluster.gpu.vendor != "nvidia":
-            raise SpecError(TrainingSpec, "expert_dispatch",
-                            f"deepep runs on NVIDIA GPUs only (NVSHMEM; no ROCm port, ROCm/aiter#421), not on "
-                            f"{self.cluster.gpu.name}: dispatch all_to_all")
+        if t.expert_dispatch == "deepep" and self.cluster.gpu.deepep_refusal:
+            raise SpecError(TrainingSpec, "expert_dispatch", f"{self.cluster.gpu.deepep_refusal}: dispatch all_to_all")
         if lay.cp > 1 and t.seq_len % (2 * lay.cp):
             raise SpecError(s, "cp", f"seq_len {t.seq_len} must divide by 2·cp = {2 * lay.cp}")
         if lay.sequence_parallel and t.seq_len % (lay.tp * lay.cp):

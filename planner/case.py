@@ -175,9 +175,8 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
         for key in ("expert_dispatch", "moe_comm_overlap"):
             if getattr(training, key) not in (None, False):
                 raise CaseError(src, f"training.{key}", "applies only to a mixture of experts (model.num_experts)")
-    if training.expert_dispatch == "deepep" and cluster.gpu.vendor != "nvidia":  # every layout would refuse it
-        raise CaseError(src, "training.expert_dispatch", f"deepep runs on NVIDIA GPUs only (NVSHMEM; no ROCm port, "
-                                                         f"ROCm/aiter#421), not on {cluster.gpu.name}: dispatch all_to_all")
+    if training.expert_dispatch == "deepep" and cluster.gpu.deepep_refusal:  # every layout would refuse it
+        raise CaseError(src, "training.expert_dispatch", f"{cluster.gpu.deepep_refusal}: dispatch all_to_all")
     # The engine searched for is the engine trained with: estimate and plan time it alike.
     training = training_for_target(src, data.get("search"), training)
     profile = cluster_profile(src, data["cluster"], base)

@@ -72,9 +72,9 @@ def with_megatron_training(case: Case, path: Path) -> Case:
     from .engines.megatron.read import SETTING_FLAGS, read_training
 
     settings = read_training(path, case)
-    if settings.get("expert_dispatch") == "deepep" and case.cluster.gpu.vendor != "nvidia":
-        raise CaseError(str(path), "--moe-flex-dispatcher-backend", f"the flex dispatcher runs DeepEP (or HybridEP), on "
-                                                                    f"NVIDIA GPUs only, not on {case.cluster.gpu.name}: "
+    if settings.get("expert_dispatch") == "deepep" and case.cluster.gpu.deepep_refusal:
+        raise CaseError(str(path), "--moe-flex-dispatcher-backend", f"the flex dispatcher runs DeepEP (or HybridEP): "
+                                                                    f"{case.cluster.gpu.deepep_refusal}; "
                                                                     "--moe-token-dispatcher-type alltoall runs there")
     requested = case.training
     changes = {}

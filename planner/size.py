@@ -301,10 +301,9 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
     for option in options if dispatch == "deepep" else ():
         # Every layout of such a type would refuse it: the type vanished from the answer without a word
         # where it came after the first (build_case holds the first type to it).
-        if option.gpu.vendor != "nvidia":
-            raise CaseError(src, option.key, f"{option.gpu.name} cannot run training.expert_dispatch deepep (NVIDIA GPUs "
-                                             "only: NVSHMEM, no ROCm port, ROCm/aiter#421); drop the type, or "
-                                             "dispatch all_to_all")
+        if option.gpu.deepep_refusal:
+            raise CaseError(src, option.key, f"{option.gpu.name} cannot run training.expert_dispatch deepep "
+                                             f"({option.gpu.deepep_refusal}); drop the type, or dispatch all_to_all")
     first = options[0]
     loaded = build_case({k: v for k, v in data.items() if k != "layout"}, src, base,
                         cluster=first.cluster(first.unit), cluster_key=first.key)
