@@ -109,9 +109,7 @@ class Estimate:
     def memory_verdict(self) -> str:
         """"fits" (the band's upper end fits), "at risk" (the peak may or may not: the band straddles
         the usable memory) or "does not fit"."""
-        if not self.fits:
-            return "does not fit"
-        return "fits" if fits_with_margin(self.job, self.peak.total, self.headroom) else "at risk"
+        return verdict_of(self.job, self.peak.total, self.fits, self.headroom)
 
     @property
     def outside_fitted_runs(self) -> list[str]:
@@ -229,6 +227,14 @@ def estimate(case: Any) -> Estimate:
     return result
 
 
+def verdict_of(job: Job, peak: float, fits: bool, headroom: float) -> str:
+    """"fits" (the memory band's upper end fits), "at risk" (the band straddles the usable memory) or
+    "does not fit", for a job whose peak is ``peak`` and which ``fits`` (at the band's low end)."""
+    if not fits:
+        return "does not fit"
+    return "fits" if fits_with_margin(job, peak, headroom) else "at risk"
+
+
 def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Remedy]:
     """The change as the job's engine runs it, or None where it cannot: more tensor parallelism with
     sequence parallelism where the engine runs it so (torchtitan always does); a ZeRO stage a pipeline
@@ -246,8 +252,7 @@ def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Rem
             continue
         peak = peak_stage_memory(candidate).total
         fits = peak <= fit_limit(job, headroom) and host_fits(candidate, headroom)
-        verdict = "does not fit" if not fits else "fits" if fits_with_margin(candidate, peak, headroom) else "at risk"
-        return Remedy(shown, candidate.layout, peak, fits, verdict)
+        return Remedy(shown, candidate.layout, peak, fits, verdict_of(candidate, peak, fits, headroom))
     return None
 
 
@@ -267,9 +272,8 @@ def _quantized_weights(job: Job, headroom: float) -> Optional[Remedy]:
         return None
     peak = peak_stage_memory(candidate).total
     fits = peak <= fit_limit(job, headroom)
-    verdict = "does not fit" if not fits else "fits" if fits_with_margin(candidate, peak, headroom) else "at risk"
     return Remedy("training.fp8_param_gather: true (the weights kept quantized, no 16-bit copy beside them)",
-                  job.layout, peak, fits, verdict)
+                  job.layout, peak, fits, verdict_of(candidate, peak, fits, headroom))
 
 
 def _recompute_rungs(job: Job) -> list[tuple[str, dict]]:
