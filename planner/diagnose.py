@@ -64,14 +64,14 @@ class Diagnosis:
                 "differs_from_best": self.plan.differences(self.estimate) if self.plan.best else None}
 
 
-def with_megatron_training(case: Case, path: Path) -> Case:
-    """``case`` trained as the Megatron-LM arguments at ``path`` run (``engines.megatron.read.read_training``):
+def with_megatron_training(case: Case, path: Path, settings: dict) -> Case:
+    """``case`` trained as the Megatron-LM arguments at ``path`` run (``settings``, their
+    ``engines.megatron.read.read_training``):
     what the case leaves to the engine takes the arguments' setting; a case that says otherwise is
     refused, naming the argument and the case's key. (A boolean the case leaves false is its
     default: the arguments' true stands.)"""
-    from .engines.megatron.read import SETTING_FLAGS, read_training
+    from .engines.megatron.read import SETTING_FLAGS
 
-    settings = read_training(path, case)
     if settings.get("expert_dispatch") == "deepep" and case.cluster.gpu.deepep_refusal:
         raise CaseError(str(path), "--moe-flex-dispatcher-backend", f"the flex dispatcher runs DeepEP (or HybridEP): "
                                                                     f"{case.cluster.gpu.deepep_refusal}; "
@@ -91,15 +91,15 @@ def with_megatron_training(case: Case, path: Path) -> Case:
     return replace(case, training=replace(requested, **changes)) if changes else case
 
 
-def taken_from_arguments(case: Case, path: Path) -> Optional[str]:
-    """A note naming the training settings the arguments decided where the case leaves them to the
+def taken_from_arguments(case: Case, settings: dict) -> Optional[str]:
+    """The training settings, as one line, the arguments decided where the case leaves them to the
     engine (:func:`with_megatron_training`): the planner's best is planned with them too, so it may
     differ from `plan CASE`'s, which takes the engine's own (fp32 gradients from an argument list
     without --grad-reduce-in-bf16 doubled a 70B's gradient memory, and the best moved, unexplained)."""
-    from .engines.megatron.read import SETTING_FLAGS, read_training
+    from .engines.megatron.read import SETTING_FLAGS
 
     taken = []
-    for key, value in read_training(path, case).items():
+    for key, value in settings.items():
         if getattr(case.training, key) is not None:
             continue
         flag = SETTING_FLAGS[key]
@@ -152,8 +152,11 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         from .engines.megatron.read import architecture_notes
 
         said_dispatch = loaded.training.expert_dispatch
-        taken = taken_from_arguments(loaded, Path(megatron_args))
-        loaded = with_megatron_training(loaded, Path(megatron_args))
+        from .engines.megatron.read import read_training
+
+        settings = read_training(Path(megatron_args), loaded)  # read once, for the case and the note
+        taken = taken_from_arguments(loaded, settings)
+        loaded = with_megatron_training(loaded, Path(megatron_args), settings)
         notes = tuple(launch_notes(Path(megatron_args))) + tuple(architecture_notes(Path(megatron_args), loaded))
     else:
         from .engines.deepspeed.read import auto_resolved
