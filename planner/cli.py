@@ -491,7 +491,7 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
                          gpu_preset: Optional[str], force: bool) -> None:
     """`calibrate --from-runs` / `--from-logs`: fit, write the profile atomically, print the fit."""
     from .files import Output, write_all
-    from .learn import fit, print_fit, profile_of, render
+    from .learn import check_explained, fit, print_fit, profile_of, render
     from .team_runs import load_runs, runs_from_logs
 
     try:
@@ -507,12 +507,15 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
             raise CaseError("--out", str(out), "is a file the fit reads: give the profile another path")
         runs = load_runs(files) if from_runs else runs_from_logs(files, cases)
         result = fit(runs, str(files[0]) if files else "runs", gpu_preset)
+        check_explained(result, str(files[0]) if files else "runs")
         profile = profile_of(result, ", ".join(str(f) for f in files))
         written = write_all([Output(out, render(profile))], force, last=True)
     except CaseError as error:
         _fail(error)
     console = _console()
     print_fit(result, console)
+    for line in result.warnings():
+        print(f"warning: {line}", file=sys.stderr)
     console.print(f"wrote {', '.join(str(p) for p in written)} ({len(runs)} runs)", markup=False)
 
 

@@ -735,3 +735,40 @@ def test_runs_apart_are_not_taken_for_one_run_twice():
     unnamed = {k: v for k, v in published_row().items() if k != "id"}
     runs = runs_from_rows([unnamed], "a.yaml") + runs_from_rows([unnamed], "b.yaml")
     assert [r.id for r in runs] == ["a.yaml[0]", "b.yaml[0]"]
+
+
+@pytest.mark.parametrize("truth", [0.30, 0.20, 0.10])
+def test_runs_all_far_below_the_preset_move_the_figure_all_the_way(truth):
+    """Twelve runs of a cluster whose GEMMs reach 0.30, 0.20 or 0.10 of peak (the preset says
+    0.50): the runs agree, so the fit takes what they say, within the prior's pull. (With the prior
+    as light-tailed as the runs' scatter, the heavy-tailed weights took every run for an outlier
+    the further they sat: 0.2x the preset's speed fitted at 0.85x.)"""
+    result = fit(measured_runs(truth={"performance.gemm_efficiency": truth}))
+    gemm = figure(result, "performance.gemm_efficiency")
+    assert truth <= gemm.value < truth * 1.15
+    assert all(abs(r.throughput_after) < 0.1 for r in result.residuals)
+
+
+def test_the_fitted_figure_falls_as_the_runs_slow_down():
+    values = [figure(fit(measured_runs(LAYOUTS[:6], {"performance.gemm_efficiency": t})),
+                     "performance.gemm_efficiency").value for t in (0.45, 0.35, 0.25, 0.15, 0.08)]
+    assert values == sorted(values, reverse=True) and len(set(values)) == len(values)
+
+
+def test_runs_no_figure_explains_are_refused_naming_the_units(tmp_path):
+    """Step times written in milliseconds where the schema says seconds: a thousand times slower
+    than any figure in its bounds gives; a fit of them was the priors labelled as fitted."""
+    runs = [Run(r.id, r.case, r.tokens_per_s / 1000) for r in measured_runs(LAYOUTS[:6])]
+    with pytest.raises(CaseError) as refused:
+        calibrate_from_runs(runs)
+    assert refused.value.key.endswith(".measured") and "units" in refused.value.expected
+
+
+def test_a_figure_fitted_far_from_its_prior_is_said():
+    """Tokens/s per GPU given as the total over 8-64 GPUs: the fit can explain it by GEMMs at a
+    tenth of the preset's efficiency, and says so rather than writing it without a word."""
+    runs = [Run(r.id, r.case, r.tokens_per_s / r.case["cluster"]["num_gpus"]) for r in measured_runs(LAYOUTS[:6])]
+    result = fit(runs)
+    assert any("performance.gemm_efficiency" in line and "below the preset" in line for line in result.warnings())
+    assert not fit(measured_runs()).warnings()
+
