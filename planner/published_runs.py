@@ -425,6 +425,9 @@ def tied_embeddings(row: dict) -> bool:
     sources in ``TIED`` (not their Llamas), and nanotron's scaling-benchmark models narrower
     than ``NANOTRON_TIED_BELOW_FFN`` (``scripts/scaling_benchmarks.py``: ``tie_word_embeddings``)."""
     md, source = row["model"], row["source"]
+    stated = (md.get("extra") or {}).get("tied_embeddings")
+    if isinstance(stated, bool):  # a team's run says so (model.extra.tied_embeddings)
+        return stated
     if row["framework"].startswith("nanotron") and "Playbook" in source:
         return (md.get("ffn_hidden") or 4 * md["hidden"]) < NANOTRON_TIED_BELOW_FFN
     return source.startswith(TIED) and "Llama" not in str(md.get("name"))

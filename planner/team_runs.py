@@ -20,7 +20,7 @@ from .case import build_case, load_case, read_case, spec_errors
 from .errors import CaseError, one_line
 from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_GPUS, MIN_FIGURE
-from .presets import gpu_presets
+from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
 from .published_runs import (GPU_PREFIXES, ROW_MEASURES, case_of, gpu_preset, measure_in_bounds, measured_tokens_per_s,
                              named_precision, published_memory_stage, row_key, row_problem)
@@ -64,6 +64,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError, ZeroDivisionError) as error:
             raise CaseError(source, name, f"a field has the wrong type or is missing ({one_line(error, 80)})") from None
         if case is not None:
+            case["cluster"].update(row.get("cluster") or {})  # checked by _check_team_shape
             if "torchtitan" in row["framework"].lower():
                 # A team's torchtitan run is priced as torchtitan runs, as its log is (runs_from_logs): a
                 # profile fitted under the generic engine's kernels would plan torchtitan's layouts on
@@ -250,9 +251,45 @@ def _check_grid(source: str, name: str, row: dict, case: dict) -> None:
 # A team's run's own keys (the published-runs schema, planner/published/README.md): one a letter or two
 # from them (recompte: full) was read as no key, and the run fitted without it.
 TOP_KEYS = ("id", "source", "framework", "gpu", "num_gpus", "record_type", "precision", "recompute", "model",
-            "parallel", "batch", "measured", "trust", "notes", "date", "url", "hardware", "software", "cluster")
+            "parallel", "batch", "measured", "trust", "notes", "date", "url", "hardware", "software", "cluster",
+            "source_ref", "inferred", "moe_runtime", "recipe")
+# What a run says of itself in words only: a mapping there was taken for settings and went unread.
+TEXT_KEYS = ("hardware", "software", "notes", "date", "url", "source_ref", "trust")
+# A team's run's cluster beyond its GPUs (the published schema has none): the scale-out fabric (a
+# fabric preset: the profile is of one GPU type on one fabric) and the GPUs a node holds.
+CLUSTER_KEYS = ("fabric", "gpus_per_node")
+# The case file's spellings of a run's model keys: under a run's model they went unread (a run with
+# num_layers: 80 beside layers: 32 was fitted as the 32-layer model).
+CASE_SPELLINGS = {"num_layers": "layers", "hidden_size": "hidden", "num_attention_heads": "heads",
+                  "num_kv_heads": "kv_heads", "num_query_groups": "kv_heads", "ffn_hidden_size": "ffn_hidden",
+                  "vocab_size": "vocab", "activation": "ffn_act", "seq_length": "seq_len",
+                  "num_experts": "moe.num_experts", "moe_top_k": "moe.top_k", "moe_ffn_hidden_size": "moe.expert_ffn_hidden",
+                  "head_dim": "extra.head_dim", "tied_embeddings": "extra.tied_embeddings",
+                  "tie_word_embeddings": "extra.tied_embeddings", "mtp_layers": "extra.mtp_layers"}
 # What a run's parallel.fsdp may say: PyTorch FSDP's sharding strategies, or its sharding degree.
 FSDP_STRATEGIES = ("FULL_SHARD", "HYBRID_SHARD", "HYBRID", "SHARD_GRAD_OP", "NO_SHARD")
+
+
+def _check_team_cluster(source: str, name: str, section: Any) -> None:
+    """A run's cluster section: its keys (CLUSTER_KEYS), a fabric preset's name, a whole number of GPUs."""
+    if section is None:
+        return
+    if not isinstance(section, dict):
+        raise CaseError(source, f"{name}.cluster", f"expected a mapping of {', '.join(CLUSTER_KEYS)}, got "
+                                                   f"{one_line(repr(section), 40)}")
+    for key, value in section.items():
+        if key not in CLUSTER_KEYS:
+            raise CaseError(source, f"{name}.cluster.{one_line(key, 40)}",
+                            f"unknown key; a run's cluster takes {', '.join(CLUSTER_KEYS)}")
+    fabric = section.get("fabric")
+    if "fabric" in section and (not isinstance(fabric, str) or fabric not in fabric_presets()):
+        raise CaseError(source, f"{name}.cluster.fabric", f"expected a fabric preset ({', '.join(fabric_presets())}), "
+                                                          f"got {one_line(repr(fabric), 40)}")
+    per_node = section.get("gpus_per_node")
+    if "gpus_per_node" in section and (isinstance(per_node, bool) or not isinstance(per_node, int)
+                                       or not 1 <= per_node <= MAX_GPUS):
+        raise CaseError(source, f"{name}.cluster.gpus_per_node", f"expected a whole number from 1 to {MAX_GPUS}, got "
+                                                                 f"{one_line(repr(per_node), 40)}")
 
 
 def _check_team_shape(source: str, name: str, row: dict) -> None:
@@ -269,6 +306,18 @@ def _check_team_shape(source: str, name: str, row: dict) -> None:
         close = _near_miss(str(key), TOP_KEYS)
         if close and str(key) != close:
             raise CaseError(source, f"{name}.{one_line(key, 40)}", f"unknown key (did you mean {close}?)")
+        if key not in TOP_KEYS:  # cluster: was read as nothing, fabric and all
+            raise CaseError(source, f"{name}.{one_line(key, 40)}", f"unknown key; a run takes {', '.join(TOP_KEYS)}")
+        if key in TEXT_KEYS and row[key] is not None and not isinstance(row[key], (str, int, float)):
+            raise CaseError(source, f"{name}.{key}", f"expected words (the fit does not read it), got "
+                                                     f"{one_line(repr(row[key]), 40)}: a run's settings go in its "
+                                                     "model, parallel, batch and cluster")
+    _check_team_cluster(source, name, row.get("cluster"))
+    model = row.get("model")
+    for key in model if isinstance(model, dict) else ():
+        if key in CASE_SPELLINGS:
+            raise CaseError(source, f"{name}.model.{key}", f"is the case file's spelling: a run's model states it as "
+                                                           f"model.{CASE_SPELLINGS[key]}")
     model = row.get("model")
     for section in ("moe", "attention", "extra"):
         value = model.get(section) if isinstance(model, dict) else None
@@ -418,7 +467,11 @@ STATED_IN_CASE = {"num_layers": ("model", "num_layers"), "hidden_size": ("model"
                   "train_batch_size": ("training", "global_batch_size"),
                   "micro_batch_size": ("layout", "micro_batch_size"),
                   "train_micro_batch_size_per_gpu": ("layout", "micro_batch_size"),
-                  "tensor_model_parallel_size": ("layout", "tp"), "pipeline_model_parallel_size": ("layout", "pp")}
+                  "tensor_model_parallel_size": ("layout", "tp"), "pipeline_model_parallel_size": ("layout", "pp"),
+                  "num_query_groups": ("model", "num_kv_heads"), "ffn_hidden_size": ("model", "ffn_hidden_size"),
+                  "num_experts": ("model", "num_experts"), "moe_router_topk": ("model", "moe_top_k"),
+                  "context_parallel_size": ("layout", "cp"), "expert_model_parallel_size": ("layout", "ep"),
+                  "data_parallel_size": ("layout", "dp"), "world_size": ("cluster", "num_gpus")}
 
 
 def _check_log_settings(log: str, src: str, job, settings: dict[str, str]) -> None:
@@ -486,9 +539,20 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
                                                             f"case {src}'s {mine:,.0f}: a log of another model "
                                                             "than the case")
                 continue
+            if what == "padded_vocab_size":
+                # Megatron-LM pads the vocabulary to a multiple of 128·tp (--make-vocab-size-divisible-by):
+                # a case may give it padded or as the tokenizer has it.
+                if not 0 <= value - job.model.vocab_size < 128 * job.layout.tp:
+                    raise CaseError(str(log), what, f"the log's padded vocabulary {value:g} is not the case {src}'s "
+                                                    f"model.vocab_size {job.model.vocab_size} padded: a log of another "
+                                                    "model than the case")
+                continue
             section, key = STATED_IN_CASE[what]
-            mine = getattr(job.layout, key) if section == "layout" else \
-                getattr(job.model, key) if section == "model" else getattr(job.training, key)
+            if what == "moe_router_topk" and not job.model.is_moe or \
+                    what == "ffn_hidden_size" and job.model.num_moe_layers == job.model.num_layers:
+                continue  # printed at its default for a dense model; no dense MLP for it to be in a MoE's
+            spec = {"layout": job.layout, "model": job.model, "training": job.training, "cluster": job.cluster}[section]
+            mine = getattr(spec, key)
             if float(mine) != value:
                 raise CaseError(str(log), what, f"the log states {what} {value:g}, the case {src} {section}.{key} "
                                                 f"{mine}: a log of another model or batch than the case")
@@ -537,6 +601,7 @@ def load_runs(paths: Sequence[Any]) -> list[Run]:
     """The runs of published-runs files (a CaseError naming the file and run where one is no run)."""
     if not paths:
         raise CaseError("--from-runs", "", "expected at least one runs file")
+    check_each_file_once(paths, "runs")  # runs without ids, given twice, were fitted twice
     runs: list[Run] = []
     for path in paths:
         runs += runs_from_rows(read_yaml(Path(path)), str(path))
@@ -555,13 +620,21 @@ def check_each_run_once(runs: Sequence[Run], source: str) -> None:
     between the two, describing neither (12 s and 36 s: the profile predicted a step faster than both)."""
     seen: set[str] = set()
     jobs: dict[str, Run] = {}
+    measurements: dict[tuple, Run] = {}
     for r in runs:
         if r.id in seen:
             raise CaseError(source, r.id, "the same run id appears twice: each run once")
         seen.add(r.id)
+        # The job is what is trained, not what it is called: a model's name defaults to its run's id.
+        case = {**r.case, "model": {k: v for k, v in r.case["model"].items() if k != "name"}} \
+            if isinstance(r.case.get("model"), dict) else r.case
+        key = repr(sorted((k, repr(v)) for k, v in case.items()))
+        copy = measurements.setdefault((key, r.tokens_per_s, r.peak_gib), r)
+        if copy is not r:  # two measurements of one job never agree to the last digit: one run, copied
+            raise CaseError(source, r.id, f"repeats run {copy.id}: the same job and the same measurement; give "
+                                          "each run once (a copy would weigh as another run in the fit)")
         if not r.tokens_per_s:
             continue
-        key = repr(sorted((k, repr(v)) for k, v in r.case.items()))
         other = jobs.setdefault(key, r)
         if other is not r and max(r.tokens_per_s, other.tokens_per_s) > SAME_JOB_APART * min(
                 r.tokens_per_s, other.tokens_per_s):

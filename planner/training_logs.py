@@ -18,7 +18,9 @@
 
 Warm-up is dropped: the first logged interval (the first iterations' compilation, allocator
 growth and NCCL set-up) and every interval ending at one of the first WARMUP_STEPS steps. The
-step time is the median of the rest.
+step time is the median of the rest; under Megatron-LM's batch ramp-up, of the intervals at the
+final global batch. Steps must rise from line to line: a log whose steps go back holds more than
+one run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ WARMUP_STEPS = 3
 
 NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
 MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
+# The facts of Megatron-LM's argument dump a run's case must state alike (team_runs.STATED_IN_CASE).
+MEGATRON_STATED = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                   "padded_vocab_size", "num_experts", "moe_router_topk", "seq_length", "global_batch_size",
+                   "micro_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                   "world_size", "context_parallel_size", "expert_model_parallel_size", "data_parallel_size")
 # The settings of Megatron-LM's argument dump a run's case must agree with (team_runs.runs_from_logs).
 MEGATRON_SETTINGS = ("bf16", "fp16", "fp8", "use_distributed_optimizer", "use_torch_fsdp2", "use_megatron_fsdp",
                      "recompute_granularity")
@@ -150,6 +157,19 @@ def _after_warmup(points: list[tuple[int, float]]) -> list[float]:
     return [v for i, (step, v) in enumerate(points) if i > 0 and step > WARMUP_STEPS]
 
 
+def _in_order(points: list[tuple[int, float]], src: str, what: str) -> list[tuple[int, float]]:
+    """``points`` whose steps rise from line to line, or a CaseError naming the step that does not:
+    a log of two runs (a restart from a checkpoint, two logs run together) was fitted as one, its
+    median taken over both."""
+    from .errors import CaseError
+
+    for (before, _), (step, _) in zip(points, points[1:]):
+        if step <= before:
+            raise CaseError(src, f"{what} {step}", f"comes after {what} {before}: the log holds more than one run "
+                                                   "(a restart, or logs run together); give each run's log on its own")
+    return points
+
+
 def read_log(path: Path) -> LogReading:
     """The facts of a training log (module docstring); a CaseError naming the file and what was
     looked for where it holds no step time past warm-up."""
@@ -180,23 +200,30 @@ def read_log(path: Path) -> LogReading:
         raise CaseError(src, "", f"holds torchtitan's 'tps:' step lines and {other}: give each run's log "
                                  f"on its own")
     if megatron:
-        times = _after_warmup(megatron)
+        megatron = _in_order(megatron, src, "iteration")
+        # Each interval's global batch, from its own line: under a batch ramp-up (--rampup-batch-size)
+        # the early intervals ran smaller batches in less time, and were priced at the full batch.
+        batch_of = {_count(m.group(1), src, number): _count(b.group(1), src, number)
+                    for number, line in enumerate(text.splitlines(), 1)
+                    for m in [MEGATRON_STEP.key.search(line)] for b in [MEGATRON_BATCH.search(line)] if m and b}
+        final = batch_of[megatron[-1][0]] if megatron[-1][0] in batch_of else None
+        times = _after_warmup([(step, v) for step, v in megatron if batch_of.get(step, final) == final])
         memory = MEGATRON_MEMORY.points(text, src)
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
-        stated = [(k, float(args[k])) for k in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
-                                                  "global_batch_size", "micro_batch_size",
-                                                  "tensor_model_parallel_size", "pipeline_model_parallel_size")
-                  if k in args and _is_number(args[k])]
-        batches = {_count(m.group(1), src, text.count("\n", 0, m.start()) + 1) for m in MEGATRON_BATCH.finditer(text)}
-        if len(batches) == 1 and not any(k == "global_batch_size" for k, _ in stated):
-            stated.append(("global_batch_size", float(batches.pop())))
+        stated = [(k, float(args[k])) for k in MEGATRON_STATED if k in args and _is_number(args[k])]
+        if args.get("group_query_attention") == "False" and "num_attention_heads" in args:
+            # Without grouped-query attention Megatron-LM ignores num_query_groups: every head has its own.
+            stated = [(k, v) for k, v in stated if k != "num_query_groups"]
+            stated.append(("num_query_groups", float(args["num_attention_heads"])))
+        if final is not None and not any(k == "global_batch_size" for k, _ in stated):
+            stated.append(("global_batch_size", float(final)))
         settings = tuple((k, args[k]) for k in MEGATRON_SETTINGS if k in args)
         reading = LogReading("megatron", step_time_s=_median(times, src, "'elapsed time per iteration (ms)'") / 1e3,
                              steps=len(times), stated=tuple(stated), settings=settings,
                              peak_gib=max(v for _, v in memory) / 1024 if memory else None,
                              peak_of_rank_0_only=bool(memory) and {r for r, _ in memory} == {0})
     elif titan:
-        times = _after_warmup(titan)
+        times = _after_warmup(_in_order(titan, src, "step"))
         memory = _after_warmup(TITAN_MEMORY.points(text, src))
         params = [_num(m.group(1)) for m in TITAN_PARAMETERS.finditer(text)]
         reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
@@ -208,7 +235,7 @@ def read_log(path: Path) -> LogReading:
         stated = tuple((k, float(args[k])) for k in ("train_batch_size", "train_micro_batch_size_per_gpu")
                        if k in args and _is_number(args[k]))
         if deepspeed:
-            rates = _after_warmup(deepspeed)
+            rates = _after_warmup(_in_order(deepspeed, src, "global_step"))
             reading = LogReading("deepspeed", samples_per_s=_median(rates, src, "'CurrSamplesPerSec='"),
                                  steps=len(rates), stated=stated, peak_gib=max(memory) if memory else None)
         else:

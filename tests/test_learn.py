@@ -772,3 +772,119 @@ def test_a_figure_fitted_far_from_its_prior_is_said():
     assert any("performance.gemm_efficiency" in line and "below the preset" in line for line in result.warnings())
     assert not fit(measured_runs()).warnings()
 
+
+def _dump(*settings: str) -> str:
+    return "".join(f"  {name} {'.' * 20} {value}\n" for name, value in (s.split() for s in settings))
+
+
+@pytest.mark.parametrize("settings, key", [
+    (("ffn_hidden_size 11008",), "ffn_hidden_size"),  # Llama 2 7B's MLP under a Llama 3 8B case
+    (("group_query_attention True", "num_query_groups 32"), "num_query_groups"),
+    (("padded_vocab_size 32000",), "padded_vocab_size"),
+    (("world_size 64",), "world_size"),  # a 64-GPU run fitted as the case's 8
+    (("context_parallel_size 2",), "context_parallel_size"),
+])
+def test_a_log_of_another_model_or_cluster_than_its_case_is_refused(tmp_path, settings, key):
+    """The argument dump's MLP width, key-value groups, vocabulary and world size went unread: a
+    Llama 2 7B log was fitted as the Llama 3 8B case's run, a 64-GPU run as the case's 8."""
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump(case(8, 1, 1, 1, 1)))
+    log = MEGATRON_LOG.replace("  global_batch_size", _dump(*settings) + "  global_batch_size", 1)
+    with pytest.raises(CaseError, match=rf"other.log: {key}: .*another model"):
+        runs_from_logs([write(tmp_path, "other.log", log)], [case_path])
+    agreeing = _dump("ffn_hidden_size 14336", "group_query_attention True", "num_query_groups 8",
+                     "padded_vocab_size 128256", "world_size 8", "context_parallel_size 1", "data_parallel_size 8",
+                     "moe_router_topk 2", "num_experts None")  # the top-k Megatron prints for a dense model
+    runs_from_logs([write(tmp_path, "same.log", MEGATRON_LOG.replace("  global_batch_size", agreeing
+                                                                     + "  global_batch_size", 1))], [case_path])
+
+
+@pytest.mark.parametrize("name, log, line, moved", [
+    ("megatron.log", MEGATRON_LOG, " iteration        2/", " iteration        9/"),
+    ("titan.log", TITAN_LOG, "step: 10 ", "step: 40 "),
+    ("ds.log", DEEPSPEED_LOG, "global_step=4,", "global_step=9,"),
+])
+def test_a_log_whose_steps_go_back_is_refused_as_more_than_one_run(tmp_path, name, log, line, moved):
+    """A restart from a checkpoint, or two runs' logs run together: the median was taken over both
+    runs' steps and fitted as one run's."""
+    reading = read_log(write(tmp_path, name, log))
+    assert reading.steps
+    with pytest.raises(CaseError, match=r"comes after .* more than one run"):
+        read_log(write(tmp_path, "two-" + name, log.replace(line, moved, 1)))
+
+
+def test_a_batch_ramp_up_times_the_intervals_at_the_full_batch(tmp_path):
+    """Megatron-LM's --rampup-batch-size: the first intervals run a smaller batch in less time; they
+    were priced at the full batch (here 64 at 6 s against 128 at 12 s: a median of 9 s)."""
+    ramp = MEGATRON_LOG.replace("  global_batch_size ............................... 128\n", "")
+    for step in ("2", "4", "5"):
+        ramp = ramp.replace(f"iteration        {step}/     100 | consumed samples:", "RAMP" + step, 1)
+    lines = []
+    for text in ramp.splitlines():
+        if text.startswith(" [") and "RAMP" in text:
+            step = text.split("RAMP")[1][0]
+            text = text.replace(f"RAMP{step}", f"iteration        {step}/     100 | consumed samples:")
+            text = text.replace("global batch size:   128", "global batch size:    64")
+            text = re.sub(r"elapsed time per iteration \(ms\): [0-9.]+", "elapsed time per iteration (ms): 6000.0", text)
+        lines.append(text)
+    reading = read_log(write(tmp_path, "ramp.log", "\n".join(lines) + "\n"))
+    assert reading.step_time_s == pytest.approx(statistics.median([11.9, 12.05]))
+    assert ("global_batch_size", 128.0) in reading.stated
+
+
+@pytest.mark.parametrize("changes, key, needle", [
+    # the case file's spellings under a run's model went unread: 80 layers fitted as the run's 32
+    ({"model__num_layers": 80}, "model.num_layers", "states it as model.layers"),
+    ({"model__tied_embeddings": True}, "model.tied_embeddings", "model.extra.tied_embeddings"),
+    # a top-level section the fit never read, fabric and all
+    ({"hardware_notes": {"nic": "efa"}}, "hardware_notes", "unknown key; a run takes"),
+    ({"software": {"megatron": "0.16", "tp_comm_overlap": True}}, "software", "expected words"),
+    ({"cluster": {"fabirc": "aws-efa-p5"}}, "cluster.fabirc", "a run's cluster takes fabric, gpus_per_node"),
+    ({"cluster": {"fabric": "efa"}}, "cluster.fabric", "expected a fabric preset"),
+])
+def test_a_team_run_key_the_fit_would_not_read_is_refused_naming_it(changes, key, needle):
+    with pytest.raises(CaseError) as error:
+        runs_from_rows([published_row(**changes)], "runs.yaml")
+    assert error.value.key == f"team-run-1.{key}" and needle in error.value.expected
+
+
+def test_a_team_runs_cluster_and_tied_embeddings_are_read():
+    """A team's runs on AWS EFA were fitted as InfiniBand ones (its cluster section went unread),
+    and a model that shares its embedding and LM head had no way to say so."""
+    from planner.learn import prior_hardware
+
+    run, = runs_from_rows([published_row(cluster={"fabric": "aws-efa-p5", "gpus_per_node": 8},
+                                         model__extra={"tied_embeddings": True})], "runs.yaml")
+    assert prior_hardware([run], "runs").fabric == "aws-efa-p5"
+    assert run.case["model"]["tied_embeddings"] is True and run.case["cluster"]["gpus_per_node"] == 8
+
+
+def test_runs_of_one_job_are_one_job_whatever_their_models_are_named():
+    """A model's name defaults to its run's id: two runs of one job 3x apart, neither naming its
+    model, were taken for two jobs and fitted between."""
+    from planner.team_runs import check_each_run_once
+
+    unnamed = lambda **changes: {**published_row(**changes), "model": {  # noqa: E731
+        k: v for k, v in published_row(**changes)["model"].items() if k != "name"}}
+    runs = runs_from_rows([unnamed(), unnamed(id="team-run-2", measured={"iteration_time_s": 36.0})], "runs.yaml")
+    with pytest.raises(CaseError, match=r"team-run-2: the same job as team-run-1 .* ran 3\.0x apart"):
+        check_each_run_once(runs, "runs.yaml")
+
+
+def test_a_copy_of_a_run_under_another_id_is_refused(tmp_path):
+    """Thirty renamed copies of one run 0.7x the others' speed moved the GEMM efficiency 0.49 -> 0.35:
+    each copy weighed as a run. Two measurements of one job never agree to the last digit."""
+    from planner.team_runs import check_each_run_once, load_runs
+
+    copies = runs_from_rows([published_row(), published_row(id="team-run-1-copy")], "runs.yaml")
+    with pytest.raises(CaseError, match=r"team-run-1-copy: repeats run team-run-1"):
+        check_each_run_once(copies, "runs.yaml")
+    repeat = runs_from_rows([published_row(id="team-run-2", measured={"iteration_time_s": 12.1})], "runs.yaml")
+    check_each_run_once(copies[:1] + repeat, "runs.yaml")
+    # A runs file whose runs have no ids, given twice by two spellings of its path: twelve runs fitted of six.
+    rows = [{k: v for k, v in published_row(measured={"iteration_time_s": 12.0 + i / 10}).items() if k != "id"}
+            for i in range(3)]
+    (tmp_path / "noid.yaml").write_text(yaml.safe_dump(rows))
+    assert len(load_runs([tmp_path / "noid.yaml"])) == 3
+    with pytest.raises(CaseError, match="given twice"):
+        load_runs([tmp_path / "noid.yaml", tmp_path / "." / "noid.yaml"])
