@@ -151,12 +151,27 @@ def mtp_forward_flops(model: ModelSpec, seq_len: int) -> float:
     return model.mtp_layers * per_module
 
 
+def layers_forward_flops(model: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs per token of the decoder layers, dense and MoE."""
+    moe = model.num_moe_layers
+    return (model.num_layers - moe) * layer_forward_flops(model, seq_len, False) \
+        + moe * layer_forward_flops(model, seq_len, True)
+
+
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward, no recompute), causal attention; a mixture
     of experts counts the experts each token is routed to; multi-token prediction modules
     count as Megatron-LM counts them (:func:`mtp_forward_flops`)."""
-    moe = model.num_moe_layers
-    forward = (model.num_layers - moe) * layer_forward_flops(model, seq_len, False) \
-        + moe * layer_forward_flops(model, seq_len, True) + head_gemm(model, 1, 1).flops \
-        + mtp_forward_flops(model, seq_len)
+    forward = layers_forward_flops(model, seq_len) + head_gemm(model, 1, 1).flops + mtp_forward_flops(model, seq_len)
     return 3.0 * forward
+
+
+def recomputed_flops_per_token(model: ModelSpec, seq_len: int, recompute: str, share: float = 1.0) -> float:
+    """FLOPs per token that recomputation runs again in the backward, beyond the model's
+    (Korthikanti et al. 2022, §4 and §5): full recomputation one more forward of the layers it
+    covers (``share`` of them); selective the attention core, softmax(QKᵀ)·V, of every layer."""
+    if recompute == "full":
+        return share * layers_forward_flops(model, seq_len)
+    if recompute == "selective":
+        return model.num_layers * mean_attention_flops(model, seq_len)
+    return 0.0

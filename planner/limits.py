@@ -90,6 +90,10 @@ MAX_HEADROOM = 0.9
 # watchdog, and 2^70 steps would never end.
 MAX_TIMEOUT_S = 86400.0
 MAX_RUN_STEPS = 10_000
+# Runs one fit takes (calibrate --from-runs / --from-logs): every run is checked and priced, about 50 ms
+# each on a slow core, and the fit prices them again each iteration; 4,500 runs took nearly five
+# minutes. A profile's few shared figures are informed by a few dozen runs.
+MAX_FIT_RUNS = 500
 
 # `calibrate --nproc`: ranks per CPU core (or per GPU) at most.
 MAX_RANKS_PER_CORE = 1

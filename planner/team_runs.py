@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from cost_models.flops import model_flops_per_token
+from cost_models.flops import model_flops_per_token, recomputed_flops_per_token
 from cost_models.memory import stage_memories
 from cost_models.parameters import total_parameters
 from cost_models.specs import Job
@@ -19,7 +19,7 @@ from cost_models.specs import Job
 from .case import build_case, load_case, read_case, spec_errors
 from .errors import CaseError, one_line
 from .inputs import check_each_file_once, read_yaml
-from .limits import MAX_GPUS, MIN_FIGURE
+from .limits import MAX_FIT_RUNS, MAX_GPUS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
 from .published_runs import (GPU_PREFIXES, ROW_MEASURES, case_of, gpu_preset, measure_in_bounds, measured_tokens_per_s,
@@ -46,6 +46,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
     one that is no run (not a mapping, no layout, nothing measured, faster than the GPU can be)."""
     if not isinstance(rows, list):
         raise CaseError(source, "", "expected a list of runs in the published-runs schema")
+    _check_run_count(len(rows), source)
     runs = []
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
@@ -88,6 +89,13 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         _check_team_row(source, name, row, case)
         runs.append(run)
     return runs
+
+
+def _check_run_count(count: int, source: str) -> None:
+    """At most MAX_FIT_RUNS runs to one fit: checked before any is priced."""
+    if count > MAX_FIT_RUNS:
+        raise CaseError(source, "", f"{count:,} runs: a fit takes at most {MAX_FIT_RUNS} (each is priced many times; "
+                                    "a few dozen runs inform the profile's figures): give a sample of them")
 
 
 def _team_fields(source: str, name: str, row: dict) -> dict:
@@ -435,10 +443,17 @@ def impossible_measurement(job: Job, tokens_per_s: Optional[float], peak_gib: Op
     if tokens_per_s is not None:
         per_gpu = model_flops_per_token(job.model, job.training.seq_len) * tokens_per_s / job.cluster.num_gpus
         peak = job.cluster.gpu.peak(job.training.precision)
-        if per_gpu > peak:
-            return "measured", (f"{per_gpu / 1e12:,.0f} model TFLOP/s per GPU is above the {job.cluster.gpu.name}'s "
-                                f"{job.training.precision} peak of {peak / 1e12:,.0f}: the measurement or the run's "
-                                "layout is wrong")
+        lay = job.layout
+        share = 1.0 if lay.recompute_num_layers is None else min(lay.recompute_num_layers / max(job.stage_layers), 1.0)
+        # What the GPUs ran: the forward that recomputation runs again too (a run recomputing in full at
+        # 0.9 of the peak in model FLOPs ran 1.2x the peak, and was fitted).
+        hardware = per_gpu + recomputed_flops_per_token(job.model, job.training.seq_len, lay.recompute, share) \
+            * tokens_per_s / job.cluster.num_gpus
+        if hardware > peak:
+            ran = f"{per_gpu / 1e12:,.0f} model TFLOP/s per GPU" + ("" if hardware == per_gpu else
+                                                                   f" ({hardware / 1e12:,.0f} with its recomputation)")
+            return "measured", (f"{ran} is above the {job.cluster.gpu.name}'s {job.training.precision} peak of "
+                                f"{peak / 1e12:,.0f}: the measurement or the run's layout is wrong")
         if per_gpu < MIN_PLAUSIBLE_SHARE * peak:
             return "measured", (f"{per_gpu / 1e12:.3g} model TFLOP/s per GPU is {per_gpu / peak * 100:.2g} % of the "
                                 f"{job.cluster.gpu.name}'s {job.training.precision} peak, below any training run's "
@@ -510,6 +525,7 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
     time, or where the case has no layout."""
     if not logs:
         raise CaseError("--from-logs", "", "expected at least one training log")
+    _check_run_count(len(logs), "--from-logs")
     check_each_file_once(logs, "runs")
     if len(cases) not in (1, len(logs)):
         raise CaseError("--case", "", f"expected one case for every log or one per log; got {len(cases)} cases for "
@@ -602,9 +618,11 @@ def load_runs(paths: Sequence[Any]) -> list[Run]:
     if not paths:
         raise CaseError("--from-runs", "", "expected at least one runs file")
     check_each_file_once(paths, "runs")  # runs without ids, given twice, were fitted twice
+    documents = [(read_yaml(Path(path)), str(path)) for path in paths]
+    _check_run_count(sum(len(rows) if isinstance(rows, list) else 1 for rows, _ in documents), str(paths[0]))
     runs: list[Run] = []
-    for path in paths:
-        runs += runs_from_rows(read_yaml(Path(path)), str(path))
+    for rows, path in documents:
+        runs += runs_from_rows(rows, path)
     check_each_run_once(runs, str(paths[0]))
     return runs
 

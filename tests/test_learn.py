@@ -888,3 +888,50 @@ def test_a_copy_of_a_run_under_another_id_is_refused(tmp_path):
     assert len(load_runs([tmp_path / "noid.yaml"])) == 3
     with pytest.raises(CaseError, match="given twice"):
         load_runs([tmp_path / "noid.yaml", tmp_path / "." / "noid.yaml"])
+
+
+def test_a_run_recomputing_faster_than_its_gpu_can_run_the_recomputation_is_refused():
+    """Full recomputation runs one more forward of every layer (Korthikanti et al. 2022, §4): a run at
+    0.9 of the H100's 989 TFLOP/s in model FLOPs ran about 1.2x the peak in what its GPUs computed,
+    and was fitted. Without recomputation the same speed is possible, and taken."""
+    from cost_models.flops import model_flops_per_token
+
+    run, = runs_from_rows([published_row()], "runs.yaml")
+    from planner.case import load_case
+
+    job = load_case(run.case).job()
+    tokens = 128 * 4096
+    step = tokens * model_flops_per_token(job.model, 4096) / (8 * 0.9 * 989e12)
+    runs_from_rows([published_row(measured={"iteration_time_s": step})], "runs.yaml")
+    with pytest.raises(CaseError, match=r"team-run-1\.measured: 890 model TFLOP/s per GPU \(1,1\d\d with its "
+                                        r"recomputation\) is above the h100-sxm-80gb's bf16 peak of 989"):
+        runs_from_rows([published_row(measured={"iteration_time_s": step}, recompute="full")], "runs.yaml")
+
+
+def test_more_runs_than_a_fit_takes_are_refused_before_any_is_priced(tmp_path):
+    """4,500 runs (a 2 MB file, inside the input bounds) took nearly five minutes to fit."""
+    from planner.limits import MAX_FIT_RUNS
+    from planner.team_runs import load_runs
+
+    rows = [published_row(id=f"run-{i}", measured={"iteration_time_s": 12.0 + i / 1000})
+            for i in range(MAX_FIT_RUNS + 1)]
+    (tmp_path / "many.yaml").write_text(yaml.safe_dump(rows))
+    started = time.perf_counter()
+    with pytest.raises(CaseError, match=rf"{MAX_FIT_RUNS + 1} runs: a fit takes at most {MAX_FIT_RUNS}"):
+        load_runs([tmp_path / "many.yaml"])
+    assert time.perf_counter() - started < 5  # read, not priced (pricing them takes minutes)
+
+
+def test_a_profile_without_its_achieved_figures_is_refused_not_priced_on_defaults(tmp_path):
+    """A hand-edited profile without its performance section was priced with the dataclass's
+    defaults (GEMMs at 0.75 of the peak where the H100 preset says 0.50): 35 % faster, no word."""
+    from planner.learn import render
+
+    profile, _ = calibrate_from_runs(runs_from_rows([published_row()], "runs.yaml"))
+    (tmp_path / "fitted.yaml").write_text(render(profile))
+    c = {**case(8, 1, 1, 1, 1), "cluster": {"profile": str(tmp_path / "fitted.yaml"), "num_gpus": 8}}
+    assert estimate(c).tokens_per_s > 0
+    (tmp_path / "fitted.yaml").write_text(render({k: v for k, v in profile.items() if k != "performance"}))
+    with pytest.raises(CaseError) as refused:
+        estimate(c)
+    assert refused.value.key == "performance" and refused.value.expected.startswith("missing")
