@@ -188,6 +188,9 @@ def prior_hardware(runs: Sequence[Run], source: str, gpu_preset: Optional[str] =
         if wanted != gpu:
             raise CaseError(source, "cluster.gpu", f"the runs ran on {gpu}, not on --gpu-preset {wanted}")
     if gpu not in gpu_presets():
+        if runs[0].case["cluster"].get("profile") is not None:  # said as "cluster.gpu", which the case has not
+            raise CaseError(source, "cluster.profile", "a fit starts from a GPU preset's figures: give the run's case "
+                                                       "cluster.gpu (its GPU's preset), not a profile")
         raise CaseError(source, "cluster.gpu", "expected a GPU preset name: a profile's priors are a preset's figures")
     case = load_case(runs[0].case)
     section = runs[0].case["cluster"].get("fabric")

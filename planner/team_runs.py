@@ -401,17 +401,23 @@ def _stated_precision(source: str, name: str, text: Any) -> str:
     return named
 
 
-def check_run(run: Run, source: str) -> None:
+def check_run(run: Run, source: str, case_file: Optional[str] = None) -> None:
     """A run that could not have run: faster than its GPU's dense peak at its own model FLOPs, or
-    a peak above the GPU's memory."""
+    a peak above the GPU's memory. What its case refuses is named as the runs file's run and key
+    (``row_key``), or, for a log's run, as its ``case_file``'s own key."""
+
+    def named(error: CaseError) -> CaseError:
+        if case_file is not None:
+            return CaseError(case_file, error.key, error.expected)
+        return CaseError(source, f"{run.id}.{row_key(error.key)}" if error.key else run.id, error.expected)
+
     try:
         case = load_case(run.case)
         job = case.job()
         with spec_errors(case.source):  # a precision the GPU has no peak for (fp8 on an A100)
             job.cluster.gpu.peak(job.training.precision)
     except CaseError as error:  # the case made from the run: named as the run's file and key
-        key = f"{run.id}.{row_key(error.key)}" if error.key else run.id
-        raise CaseError(source, key, error.expected) from None
+        raise named(error) from None
     if run.tokens_per_s is not None and not (math.isfinite(run.tokens_per_s) and run.tokens_per_s > 0):
         raise CaseError(source, f"{run.id}.measured", f"expected a positive throughput, got {run.tokens_per_s!r}")
     try:
@@ -421,8 +427,7 @@ def check_run(run: Run, source: str) -> None:
 
         estimate(run.case)
     except CaseError as error:
-        key = f"{run.id}.{row_key(error.key)}" if error.key else run.id
-        raise CaseError(source, key, error.expected) from None
+        raise named(error) from None
     problem = impossible_measurement(job, run.tokens_per_s, run.peak_gib, run.memory_stage)
     if problem:
         raise CaseError(source, f"{run.id}.{problem[0]}", problem[1])
@@ -592,7 +597,7 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
         stage = 0 if reading.peak_of_rank_0_only and job.layout.pp > 1 else None
         run = Run(Path(str(log)).name, data, tokens, reading.peak_gib, stage)
         try:
-            check_run(run, str(log))
+            check_run(run, str(log), case_file=src)
         except CaseError as error:  # a figure the log printed: named as the log's, not a runs file's key
             what = {f"{run.id}.measured.memory_gb_per_gpu": "its peak memory",
                     f"{run.id}.measured": "its throughput"}.get(error.key)

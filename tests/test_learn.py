@@ -935,3 +935,23 @@ def test_a_profile_without_its_achieved_figures_is_refused_not_priced_on_default
     with pytest.raises(CaseError) as refused:
         estimate(c)
     assert refused.value.key == "performance" and refused.value.expected.startswith("missing")
+
+
+def test_a_logs_case_is_named_by_its_own_keys(tmp_path):
+    """What a log's case refuses was named as a runs file's key of the log ("titan.log:
+    titan.log.parallel.zero_stage"), and a case on a profile as "cluster.gpu", which it has not."""
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump({**case(8, 1, 1, 1, 1), "training": {
+        **case(8, 1, 1, 1, 1)["training"], "engine": "torchtitan"}}))
+    with pytest.raises(CaseError) as refused:
+        runs_from_logs([write(tmp_path, "titan.log", TITAN_LOG)], [tmp_path / "case.yaml"])
+    assert refused.value.source.endswith("case.yaml") and refused.value.key == "layout.zero_stage"
+    profile, _ = calibrate_from_runs(runs_from_rows([published_row()], "runs.yaml"))
+    from planner.learn import render
+
+    (tmp_path / "p.yaml").write_text(render(profile))
+    on_profile = {**case(8, 1, 1, 1, 1), "cluster": {"profile": str(tmp_path / "p.yaml"), "num_gpus": 8}}
+    (tmp_path / "profiled.yaml").write_text(yaml.safe_dump(on_profile))
+    runs = runs_from_logs([write(tmp_path, "megatron.log", MEGATRON_LOG)], [tmp_path / "profiled.yaml"])
+    with pytest.raises(CaseError) as refused:
+        fit(runs, "megatron.log")
+    assert refused.value.key == "cluster.profile" and "GPU preset" in refused.value.expected
