@@ -102,7 +102,8 @@ def taken_from_arguments(case: Case, settings: dict) -> Optional[str]:
     for key, value in settings.items():
         if getattr(case.training, key) is not None:
             continue
-        flag = SETTING_FLAGS[key]
+        flag = "--fp4-param-gather" if key == "fp8_param_gather" and case.training.precision == "nvfp4" \
+            else SETTING_FLAGS[key]
         if key == "fp32_grads":
             taken.append(f"gradients reduced in fp32 (no {flag})" if value else f"gradients reduced in bf16 ({flag})")
         elif isinstance(value, bool):
@@ -155,7 +156,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         from .engines.megatron.read import read_training
 
         settings = read_training(Path(megatron_args), loaded)  # read once, for the case and the note
-        taken = taken_from_arguments(loaded, settings)
+        as_given = loaded
         loaded = with_megatron_training(loaded, Path(megatron_args), settings)
         notes = tuple(launch_notes(Path(megatron_args))) + tuple(architecture_notes(Path(megatron_args), loaded))
     else:
@@ -178,8 +179,13 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         raise CaseError(error.source, error.key, f"{error.expected} ({'; '.join(misspelled)})") from None
     if config is not None:
         notes = misspelled + _model_code_notes(loaded, layout, config, ep, stage_layers)
-    elif said_dispatch is None:
-        loaded = _dispatch_left_open(loaded, layout)
+    else:
+        if said_dispatch is None:
+            loaded = _dispatch_left_open(loaded, layout)
+            if loaded.training.expert_dispatch is None:  # left to the engine: not planned as the arguments'
+                settings = {k: v for k, v in settings.items() if k != "expert_dispatch"}
+        loaded, settings = _param_gather_left_open(loaded, as_given, layout, settings)
+        taken = taken_from_arguments(as_given, settings)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
     loaded = replace(loaded, training=training, search=spec)
     try:
@@ -230,6 +236,22 @@ def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str
 
         key = KEY_OF_FIELD.get(field, error.key)
     return CaseError(str(config), key, error.expected)
+
+
+def _param_gather_left_open(case: Case, as_given: Case, layout, settings: dict) -> tuple[Case, dict]:
+    """``case`` (and the arguments' ``settings``) with the weight gather left to the engine where the
+    arguments run the engine's own at their layout: no --fp8-param-gather at ZeRO 0, where the flag
+    cannot be given (the planner's own files leave it out there). Taken as the case's, it held every
+    layout of the planner's best to 16-bit weight gathers, and diagnose named a slower best than
+    `plan`'s and a change to it for the plan's own files."""
+    from cost_models.resolution import resolve_training
+
+    if as_given.training.fp8_param_gather is not None or "fp8_param_gather" not in settings:
+        return case, settings
+    open_training = replace(case.training, fp8_param_gather=None)
+    if resolve_training(open_training, layout).fp8_param_gather != settings["fp8_param_gather"]:
+        return case, settings
+    return replace(case, training=open_training), {k: v for k, v in settings.items() if k != "fp8_param_gather"}
 
 
 def _dispatch_left_open(case: Case, layout) -> Case:

@@ -80,3 +80,66 @@ def test_tp_overlap_and_the_dispatcher_are_read(tmp_path):
                             ("--moe-token-dispatcher-type flex --moe-enable-deepep\n", "deepep")):
         (tmp_path / "moe.txt").write_text(ARGS + extra)
         assert read_training(tmp_path / "moe.txt", moe)["expert_dispatch"] == dispatch
+
+
+def test_unfused_attention_is_written_and_read_as_megatron_runs_it(tmp_path):
+    """training.flash_attention false was priced as attention that keeps its scores, and the files
+    left Megatron-LM its default backend (auto: Transformer Engine's fused kernel), which keeps
+    none; the reader took any --attention-backend for the case's."""
+    unfused = {**CASE, "training": {**CASE["training"], "engine": "megatron", "flash_attention": False}}
+    best = planner.plan(unfused, top_k=0).best
+    written = planner.emit(best, "megatron", tmp_path / "out")
+    args = next(p for p in written.paths if p.name == "megatron_args.txt")
+    assert "--attention-backend unfused" in args.read_text()
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(unfused))
+    read = diagnose(tmp_path / "case.yaml", megatron_args=args)
+    assert read.estimate.step_time_s == pytest.approx(best.step_time_s)
+    fused = args.read_text().replace("--attention-backend unfused", "--attention-backend auto")
+    (tmp_path / "fused.txt").write_text(fused)
+    with pytest.raises(CaseError, match=r"fused.txt: --attention-backend: --attention-backend auto, but the case says "
+                                        r"training.flash_attention: false"):
+        diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "fused.txt")
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"training": {"optimizer": "sgd"}}, "training.optimizer"),  # the files ran the base config's AdamW
+    ({"training": {"flash_attention": False}}, "training.flash_attention"),  # SDPA keeps no scores
+    ({"model": {"dropout": 0.1}}, "model.dropout"),  # torchtitan's models have no dropout
+])
+def test_torchtitan_refuses_what_its_files_would_not_run(changes, key):
+    """An SGD plan for torchtitan was priced with one momentum state (58.4 GB, fits) and written
+    without an optimizer, so torchtitan ran its base config's AdamW (62.4 GB, at risk)."""
+    case = {"model": {"preset": "llama3-8b", **changes.get("model", {})}, "cluster": CASE["cluster"],
+            "training": {**CASE["training"], "engine": "torchtitan", **changes.get("training", {})}}
+    with pytest.raises(CaseError) as refused:
+        planner.plan(case, top_k=0)
+    assert refused.value.key == key and "torchtitan cannot run it" in refused.value.expected
+
+
+def test_the_plans_own_megatron_files_diagnose_as_its_best(tmp_path):
+    """At ZeRO 0 the plan's files leave out --fp8-param-gather (it needs the distributed optimizer):
+    diagnose took that as the case's fp8_param_gather false for every layout of its best, named a
+    slower best (ZeRO 1, ep 4: 2.686 s against 2.647 s) and printed a change to it."""
+    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "b200", "num_gpus": 8},
+            "training": {"global_batch_size": 128, "seq_len": 4096, "precision": "fp8"}}
+    best = planner.plan(case, engine="megatron").best
+    assert best.job.layout.zero_stage == 0
+    written = planner.emit(best, "megatron", tmp_path / "out")
+    args = next(p for p in written.paths if p.name == "megatron_args.txt")
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    found = diagnose(tmp_path / "case.yaml", megatron_args=args)
+    assert found.plan.best.job.layout == best.job.layout
+    assert found.plan.best.step_time_s == pytest.approx(best.step_time_s)
+    assert "fp8_param_gather" not in (found.planned_with or "")
+
+
+def test_the_nvfp4_weight_gather_is_named_by_its_own_flag(tmp_path):
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "b200", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "nvfp4", "engine": "megatron"}}
+    best = planner.plan(case, top_k=0, fastest=True).best
+    written = planner.emit(best, "megatron", tmp_path / "out")
+    args = next(p for p in written.paths if p.name == "megatron_args.txt")
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump({**case, "training": {
+        k: v for k, v in case["training"].items() if k != "engine"}}))
+    line = diagnose(tmp_path / "case.yaml", megatron_args=args).planned_with or ""
+    assert "--fp8-param-gather" not in line

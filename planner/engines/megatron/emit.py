@@ -66,7 +66,7 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--moe-flex-dispatcher-backend",
              "--normalization", "--position-embedding-type", "--window-size", "--optimizer",
              "--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
-             "--window-attn-skip-freq", "--moe-layer-freq", "--tokenizer-type")
+             "--window-attn-skip-freq", "--moe-layer-freq", "--tokenizer-type", "--attention-backend")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
@@ -248,6 +248,10 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     # priced (the masks it saves), is written.
     args += [("--attention-dropout", f"{m.dropout:g}"), ("--hidden-dropout", f"{m.dropout:g}")]
     args.append(("--optimizer", "sgd" if t.optimizer == "sgd" else "adam"))
+    if not t.flash_attention:
+        # Priced as attention that keeps its scores (training.flash_attention false): Megatron's default
+        # backend (auto) would run Transformer Engine's fused kernel (megatron-core AttnBackend.unfused).
+        args.append(("--attention-backend", "unfused"))
     # Gradient precision as the estimate timed it: Megatron keeps bf16 gradients in fp32 by
     # default, fp16 ones in fp16 (megatron/training/arguments.py).
     if t.precision not in ("fp16", "fp32") and not fp32_gradients(t):

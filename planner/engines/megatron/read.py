@@ -270,6 +270,17 @@ def _check_model(args: _Args, model, training) -> None:
         said = f"--optimizer {optimizer}" if "--optimizer" in args.flags else "absent (Megatron-LM's default, adam)"
         raise CaseError(args.src, "--optimizer", f"{said}, but the case's optimizer is {training.optimizer} "
                                                  "(training.optimizer: the optimizer states are priced by it)")
+    # megatron-core's AttnBackend: unfused (and local, its own) keep the scores; flash, fused and auto
+    # (the default) run a kernel that does not, which training.flash_attention prices.
+    backend = (args.flags.get("--attention-backend") or "auto").lower()
+    if backend not in ATTENTION_BACKENDS:
+        raise CaseError(args.src, "--attention-backend", f"expected one of {', '.join(ATTENTION_BACKENDS)}, got "
+                                                         f"{backend!r}")
+    if (backend not in ("unfused", "local")) != training.flash_attention:
+        said = f"--attention-backend {backend}" if "--attention-backend" in args.flags else \
+            "absent (Megatron-LM's default, auto: a fused kernel)"
+        raise CaseError(args.src, "--attention-backend", f"{said}, but the case says training.flash_attention: "
+                                                         f"{str(training.flash_attention).lower()}")
     read = read_precision(args.flags)
     if read is not None:
         precision, recipe = read
@@ -280,6 +291,9 @@ def _check_model(args: _Args, model, training) -> None:
         if precision == "fp8" and recipe != training.recipe.name:
             raise CaseError(args.src, "--fp8-recipe", f"scales fp8 {recipe}, but the case's recipe is "
                                                  f"{training.recipe.name} (training.fp8_recipe)")
+
+
+ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 
 
 def moe_layer_flags(args: _Args, layers: int) -> list[int]:

@@ -73,6 +73,17 @@ def training_rules(training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]
         return [("training.fp32_grads", "torchtitan reduces gradients in float32 only "
                                         "(training.mixed_precision_reduce)")]
     out = []
+    if training.optimizer not in ("adam", "adamw"):
+        # OptimizersContainer._resolve_optimizer_factory (components/optimizer/optimizer.py): Adam, AdamW and
+        # DistMuon; the files written here keep the base config's AdamW, whose states the plan would not price.
+        out.append(("training.optimizer", f"torchtitan builds Adam, AdamW or DistMuon "
+                                          f"(components/optimizer/optimizer.py), not {training.optimizer}"))
+    if not training.flash_attention:
+        # ScaledDotProductAttention tries cuDNN's and FlashAttention's kernels before the math one
+        # (models/common/attention.py): the scores are not kept, which flash_attention false prices.
+        out.append(("training.flash_attention", "torchtitan's attention is PyTorch's scaled_dot_product_attention, "
+                                                "which runs cuDNN's or FlashAttention's kernel (models/common/"
+                                                "attention.py): no config key keeps the scores"))
     if training.precision in ("mxfp8", "nvfp4") and "nvfp4" not in gpu.block_scaling:
         # MXFP8LinearConverter / NVFP4LinearConverter check has_cuda_capability(10, 0): NVIDIA
         # Blackwell, whose tensor cores are the ones that scale NVFP4 blocks (CDNA4 scales MX only).
@@ -83,6 +94,10 @@ def training_rules(training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]
 
 def model_rules(model: ModelSpec) -> list[tuple[str, str]]:
     out = []
+    if model.dropout:
+        # Its decoder layers have no dropout (models/llama3, models/common): the masks are not saved.
+        out.append(("model.dropout", f"torchtitan's models train without dropout, not {model.dropout:g}: "
+                                     "set model.dropout 0"))
     if model.mtp_layers and model.attention_type != "mla":
         # torchtitan 0.3.0 builds multi-token prediction for its DeepSeek-V3 models only
         # (models/deepseek_v3/mtp.py ``MTPDecoder``).
