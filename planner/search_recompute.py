@@ -94,7 +94,9 @@ def least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least:
         job = Job(case.model, case.cluster, case.training, layout.with_changes(recompute_num_layers=rnl),
                   case.overheads)
         ok, peak = fit(job, spec.headroom)
-        if not ok and n >= stage_max:  # the most recomputation there is: the advice's closest layout
+        if not ok and n >= stage_max and not spec.runner.problems(job):
+            # The most recomputation there is: the advice's closest layout, where the engine runs it (a
+            # full recomputation --overlap-moe-expert-parallel-comm refuses was named as memory's miss).
             note_miss(job, peak)
         return (job if ok else None), peak
 

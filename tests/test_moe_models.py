@@ -11,6 +11,7 @@ count, Mistral, Qwen and Meta count it.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from cost_models.flops import model_flops_per_token
 from cost_models.parameters import active_parameters, embedding_parameters, mtp_parameters, total_parameters
 from cost_models.specs import ModelSpec, SpecError
+import planner
 from planner import CaseError, estimate
 from planner.case import load_case
 from planner.hf_config import read_hf_config
@@ -338,3 +340,27 @@ def test_on_amd_gpus_megatron_dispatches_by_its_all_to_all_and_writes_it(tmp_pat
     with pytest.raises(CaseError) as error:
         diagnose(planned, megatron_args=flex)
     assert error.value.key == "--moe-flex-dispatcher-backend" and "NVIDIA GPUs only" in str(error.value)
+
+
+def test_an_overlap_no_layout_can_take_is_refused_before_the_search():
+    """--overlap-moe-expert-parallel-comm takes one multi-token prediction layer at most: every
+    layout broke it, and `plan` searched for 35 s and answered that memory overflowed (88.8 GB for
+    a 16B model on 64 H100s), sending the user to more GPUs."""
+    case = {"model": {"preset": "deepseek-v2-lite", "mtp_layers": 2}, "cluster": {"gpu": "h100", "num_gpus": 64},
+            "training": {"global_batch_size": 512, "seq_len": 4096, "engine": "megatron", "moe_comm_overlap": True}}
+    started = time.perf_counter()
+    with pytest.raises(CaseError) as refused:
+        planner.plan(case)
+    assert refused.value.key == "model.mtp_layers" and "one multi-token prediction layer" in refused.value.expected
+    assert time.perf_counter() - started < 5
+
+
+def test_the_closest_miss_is_a_layout_the_engine_runs():
+    """Pinned to ep 1, the overlap (which needs ep > 1) leaves no layout: the advice named the
+    closest miss of full recomputation, which the overlap refuses too (117.5 GB of parameters)."""
+    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100", "num_gpus": 64},
+            "training": {"global_batch_size": 512, "seq_len": 4096, "engine": "megatron", "moe_comm_overlap": True},
+            "search": {"ep": 1}}
+    with pytest.raises(CaseError) as refused:
+        planner.plan(case)
+    assert refused.value.key == "search" and "meets the search section's ep" in refused.value.expected

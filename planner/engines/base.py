@@ -239,6 +239,9 @@ class Engine:
         field(default=lambda training, gpu: [])
     # Rules on the model alone (what the engine's model code cannot build or route), likewise.
     model_rules: Callable[[ModelSpec], list[tuple[str, str]]] = field(default=lambda model: [])
+    # Rules on the training and the model together, which no layout can meet either.
+    case_rules: Callable[[TrainingSpec, ModelSpec], list[tuple[str, str]]] = \
+        field(default=lambda training, model: [])
     # The module that reads its configs back (:class:`Reader`), and the options
     # its ``read`` takes (what its configs leave out: a ds_config.json has no pipeline degree).
     reader: Optional[str] = None
@@ -288,7 +291,7 @@ class Engine:
                           model: Optional[ModelSpec] = None) -> list[tuple[str, str]]:
         """(key, reason) for what in the training section (and ``model``) no layout on ``gpu`` can meet."""
         return self.support.recipe_refusals(training) + list(self.training_rules(training, gpu)) \
-            + (list(self.model_rules(model)) if model is not None else [])
+            + (list(self.model_rules(model)) + list(self.case_rules(training, model)) if model is not None else [])
 
     def refuse_unrunnable(self, job: Job) -> None:
         """Raise the CaseError an emitter answers with for the first thing in ``job`` this engine

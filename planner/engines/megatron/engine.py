@@ -104,9 +104,6 @@ def rules(job: Job) -> list[tuple[str, str]]:
                                       "schedule: with pp > 1 it needs vpp > 1"))
         if lay.recompute == "full":
             out.append(("layout.recompute", "--overlap-moe-expert-parallel-comm refuses full recomputation"))
-        if job.model.mtp_layers > 1:
-            out.append(("model.mtp_layers", "--overlap-moe-expert-parallel-comm takes one multi-token prediction "
-                                            "layer at most"))
         if job.model.mtp_layers and lay.pp == 1:
             out.append(("layout.pp", "--overlap-moe-expert-parallel-comm with a multi-token prediction layer "
                                      "needs pipeline parallelism (pp > 1)"))
@@ -156,4 +153,18 @@ def recompute_module_refusals(model: ModelSpec, training: TrainingSpec, modules:
                    "(TransformerConfig)")
     return out
 
-ENGINE = Engine("megatron", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.megatron.emit", reader="planner.engines.megatron.read")
+def case_rules(training: TrainingSpec, model: ModelSpec) -> list[tuple[str, str]]:
+    """What no layout meets (TransformerConfig.__post_init__ on overlap_moe_expert_parallel_comm):
+    checked before the search, which otherwise found nothing and said memory overflowed, after 35 s."""
+    out = []
+    if training.moe_comm_overlap and not model.is_moe:
+        out.append(("training.moe_comm_overlap", "--overlap-moe-expert-parallel-comm overlaps expert-parallel "
+                                                 "dispatch: it needs a mixture of experts"))
+    if training.moe_comm_overlap and model.mtp_layers > 1:
+        out.append(("model.mtp_layers", "--overlap-moe-expert-parallel-comm takes one multi-token prediction "
+                                        "layer at most"))
+    return out
+
+
+ENGINE = Engine("megatron", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.megatron.emit",
+                reader="planner.engines.megatron.read", case_rules=case_rules)
