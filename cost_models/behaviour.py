@@ -213,6 +213,11 @@ class EngineBehaviour:
     # flex token dispatcher of megatron-core), rather than once per expert
     # (``experts.dispatch_combine_time``).
     hierarchical_dispatch: bool = False
+    # Context parallelism of a model with sliding-window layers runs as all-to-all (DeepSpeed-Ulysses'
+    # exchange of heads for sequence, Jacobs et al. 2023): Transformer Engine's attention with CP asserts
+    # cp_comm_type a2a for a window (``attn_forward_func_with_cp``), its ring (p2p) taking full
+    # causal attention only (``stage_time.cp_exposed_per_layer``).
+    cp_all_to_all_for_windows: bool = False
     # The low-precision recipes whose weights the engine keeps quantized, and gathers so, where a
     # job does not say (``TrainingSpec.fp8_param_gather`` None), at QUANTIZED_GATHER_ZERO_STAGES.
     # Megatron-Bridge's precision configs (``training/mixed_precision.py``) set it for delayed and

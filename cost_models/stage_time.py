@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .activations import selective_modules
-from .collectives import exposed, p2p_time
+from .collectives import all_to_all_time, exposed, p2p_time
 from .experts import dispatch_combine_time, moe_recompute_time
 from .flops import head_gemm, mtp_projection_gemm
 from .kernels import gemm_time, high_precision_precision, in_place_time
@@ -34,9 +34,11 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     if cp == 1:
         return 0.0
     perf = cluster.gpu.performance
+    cp_links = cp_group_links(cluster, tp, cp)
+    if model.sliding_window and training.engine.cp_all_to_all_for_windows:
+        return cp_all_to_all_per_layer(model, training, cluster, tp, cp, micro_batch_size)
     kv = activation_bytes(training.precision) * micro_batch_size * (training.seq_len / cp) * 2 * \
         max(model.num_kv_heads // tp, 1) * model.head_dim
-    cp_links = cp_group_links(cluster, tp, cp)
     crosses = cp_links.domains > 1
     hop = p2p_time(kv, crosses, cp_links, perf)
     wait = cp_links.inter_latency if crosses else perf.link_latency_s
@@ -44,6 +46,22 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     exposed_fwd = steps * wait + exposed(steps * (hop - wait), core, perf)
     exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * core, perf)
     return exposed_fwd + exposed_bwd
+
+
+def cp_all_to_all_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
+                            micro_batch_size: int) -> float:
+    """Context-parallel time of one layer run as all-to-all, forward and backward, for one
+    micro-batch (Transformer Engine's ``AttnFuncWithCPAndQKVOA2A``; DeepSpeed-Ulysses, Jacobs et al.
+    2023, §3): before the attention core each rank trades its sequence chunk of every head for the
+    whole sequence of its heads' share (Q, K and V), after it the output back; the backward trades
+    their gradients alike. The core waits for each exchange: nothing hides it."""
+    tokens = micro_batch_size * training.seq_len / cp
+    width = (model.num_attention_heads // tp) * (model.head_dim + model.value_head_dim) \
+        + max(model.num_kv_heads // tp, 1) * (model.head_dim + model.value_head_dim)
+    exchanged = activation_bytes(training.precision) * tokens * width  # Q, K, V in and O out, per rank
+    links = cp_group_links(cluster, tp, cp)
+    perf = cluster.gpu.performance
+    return 2 * 2 * all_to_all_time(exchanged / 2, links, perf)  # fwd and bwd, each before and after the core
 
 
 @lru_cache(maxsize=4096)

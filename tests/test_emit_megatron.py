@@ -987,3 +987,28 @@ def test_multi_latent_attentions_kv_channels_are_not_its_widths(tmp_path):
     path.write_text(text + "--kv-channels 128\n")
     layout = read_config(EXAMPLES / "deepseek-v3-2048-h800.yaml", "megatron", path)
     assert layout == case.layout
+
+
+def test_context_parallelism_of_a_sliding_window_runs_and_is_priced_as_all_to_all(tmp_path):
+    """gpt-oss at 128k on cp 2 was written with Megatron-LM's default ring (p2p), which Transformer
+    Engine's attention refuses for a sliding window (attn_forward_func_with_cp: "cannot support
+    sliding window attention" unless cp_comm_type is a2a): the files failed at launch."""
+    import planner
+    from planner.diagnose import diagnose
+
+    case = {"model": {"preset": "gpt-oss-20b"}, "cluster": {"gpu": "h100", "num_gpus": 64},
+            "training": {"global_batch_size": 64, "seq_len": 131072, "engine": "megatron"},
+            "search": {"cp": 4}}
+    best = planner.plan(case, top_k=0).best
+    assert best.job.layout.cp == 4 and best.time.cp_comm_s > 0
+    written = planner.emit(best, "megatron", tmp_path / "out")
+    args = next(p for p in written.paths if p.name == "megatron_args.txt")
+    assert "--cp-comm-type a2a" in args.read_text()
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump({k: v for k, v in case.items() if k != "search"}))
+    assert diagnose(tmp_path / "case.yaml", megatron_args=args).estimate.step_time_s == pytest.approx(best.step_time_s)
+    (tmp_path / "ring.txt").write_text(args.read_text().replace("--cp-comm-type a2a", ""))
+    with pytest.raises(CaseError, match=r"ring.txt: --cp-comm-type: absent .* only as a2a"):
+        diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "ring.txt")
+    # Its all-to-all splits the heads over the cp ranks: 8 key-value groups over cp 16 cannot.
+    with pytest.raises(CaseError, match=r"layout.cp.*must divide by it"):
+        planner.estimate({**case, "layout": {"cp": 16, "dp": 4, "micro_batch_size": 1, "zero_stage": 1}})

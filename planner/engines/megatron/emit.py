@@ -66,7 +66,8 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--moe-flex-dispatcher-backend",
              "--normalization", "--position-embedding-type", "--window-size", "--optimizer",
              "--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
-             "--window-attn-skip-freq", "--moe-layer-freq", "--tokenizer-type", "--attention-backend")
+             "--window-attn-skip-freq", "--moe-layer-freq", "--tokenizer-type", "--attention-backend",
+             "--cp-comm-type")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
@@ -186,6 +187,10 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         else:
             args.append(("--num-layers-per-virtual-pipeline-stage", str(m.num_layers // (lay.pp * lay.vpp))))
     args.append(("--context-parallel-size", str(lay.cp)))
+    if cp_all_to_all(job):
+        # Transformer Engine runs a sliding window under context parallelism only as all-to-all
+        # (attn_forward_func_with_cp asserts it); Megatron-LM's default is the p2p ring.
+        args.append(("--cp-comm-type", "a2a"))
     if lay.sequence_parallel:
         args.append(("--sequence-parallel", None))
     if lay.zero_stage >= 1:
@@ -341,6 +346,11 @@ def unstated_architecture(m) -> list[str]:
     if m.position_embedding == "rope" and m.rope_base is None:
         missing.append("--rotary-base")
     return missing
+
+
+def cp_all_to_all(job) -> bool:
+    """Whether the job's context parallelism runs as all-to-all (``stage_time.cp_exposed_per_layer``)."""
+    return job.layout.cp > 1 and bool(job.model.sliding_window) and job.training.engine.cp_all_to_all_for_windows
 
 
 def needs_deepep(job: Job) -> bool:

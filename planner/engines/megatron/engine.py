@@ -73,7 +73,7 @@ BEHAVIOUR = EngineBehaviour(
     fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine", fp8_weight_cache=True,
     grouped_gemm_streams=4,
     collective_launch_s=0.0, balance_stages=False, hierarchical_dispatch=True,
-    master_copy_kernel=True, zeroes_gradient_buffer=True,
+    master_copy_kernel=True, zeroes_gradient_buffer=True, cp_all_to_all_for_windows=True,
     quantized_param_gather=("delayed", "tensorwise", "mxfp8", "nvfp4"), quantized_param_gather_offloaded=("delayed",),
 )
 
@@ -114,6 +114,13 @@ def rules(job: Job) -> list[tuple[str, str]]:
             and training.recipe.name not in BEHAVIOUR.quantized_param_gather_offloaded:
         out.append(("training.fp8_param_gather", "--fp8-param-gather with --optimizer-cpu-offload needs "
                                                  "--fp8-recipe delayed (Megatron-LM's arguments.py): set it false"))
+    if lay.cp > 1 and job.model.sliding_window and training.engine.cp_all_to_all_for_windows:
+        heads, groups = job.model.num_attention_heads // lay.tp, max(job.model.num_kv_heads // lay.tp, 1)
+        if heads % lay.cp or groups % lay.cp:
+            # Transformer Engine's a2a context parallelism splits the heads over the cp ranks.
+            out.append(("layout.cp", f"context parallelism with sliding-window attention runs as all-to-all "
+                                     f"(--cp-comm-type a2a), which splits the {heads} heads and {groups} key-value "
+                                     f"groups of a tensor-parallel rank over cp {lay.cp}: they must divide by it"))
     if lay.stage_layers is not None and 0 in lay.stage_layers[1:-1]:
         # Its pipeline layout holds a transformer layer in every model chunk but the edges' (read.py
         # refuses the same layout written as --pipeline-model-parallel-layout).

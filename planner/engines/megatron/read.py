@@ -281,6 +281,12 @@ def _check_model(args: _Args, model, training) -> None:
             "absent (Megatron-LM's default, auto: a fused kernel)"
         raise CaseError(args.src, "--attention-backend", f"{said}, but the case says training.flash_attention: "
                                                          f"{str(training.flash_attention).lower()}")
+    cp_comm = (args.flags.get("--cp-comm-type") or "p2p").lower()
+    if model.sliding_window and args.integer("--context-parallel-size", 1) > 1 and cp_comm != "a2a":
+        said = f"--cp-comm-type {cp_comm}" if "--cp-comm-type" in args.flags else "absent (Megatron-LM's default, p2p)"
+        raise CaseError(args.src, "--cp-comm-type", f"{said}: Transformer Engine runs the model's sliding-window "
+                                                    "attention under context parallelism only as a2a (the estimate "
+                                                    "prices it so)")
     read = read_precision(args.flags)
     if read is not None:
         precision, recipe = read
