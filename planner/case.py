@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from cost_models.specs import ClusterSpec, Job, Layout, ModelSpec, Overheads, TrainingSpec
+from cost_models.specs import ClusterSpec, Job, Layout, ModelSpec, Overheads, Performance, TrainingSpec
 from cost_models.memory import usable_bytes
 
 from .case_cluster import _cluster, cluster_profile, gpu_from_profile
@@ -410,6 +410,12 @@ def profile_warnings(case: Any) -> list[str]:
     except CaseError:
         return []  # nor one whose profile it refuses: its one line, not warnings before it
     out = []
+    if "performance" not in profile:
+        # A hand-edited profile without it was priced on the dataclass's generic figures (GEMMs at 0.75 of the
+        # peak where the H100 preset says 0.50), 35 % faster than its GPU's preset, with no word.
+        out.append(f"{path} has no performance section: its achieved figures are generic defaults (GEMMs at "
+                   f"{Performance().gemm_efficiency:g} of the peak, collectives fully overlapped), no GPU's "
+                   "measurements; calibrate writes them, and planner/presets/performance.yaml holds each preset's")
     machine = profile.get("machine") if isinstance(profile.get("machine"), dict) else {}
     if machine.get("quick"):
         out.append(f"{path} was written by `calibrate --quick`: a smoke test of tiny shapes, not this machine's "

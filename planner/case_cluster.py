@@ -225,12 +225,8 @@ def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional
     data = read_mapping(src, "", read_yaml(path), PROFILE_KEYS)
     name = read_machine(src, data.get("machine")).get("device") or "profiled"
     gpu_data = required(src, "", data, "gpu")
-    # A profile's achieved figures, which calibrate and calibrate --from-runs always write: without the
-    # section the dataclass's defaults stood in (GEMMs at 0.75 of the peak where the H100 preset says
-    # 0.50), 35 % faster with no word. An empty section (null) is none; false, 0 or [] is no mapping.
-    if "performance" not in data:
-        raise CaseError(src, "performance", "missing: a profile gives its achieved figures (calibrate writes them; a "
-                                            "GPU preset's are in planner/presets/performance.yaml)")
+    # An empty section (null) is none; false, 0 or [] is no mapping (they were taken as none). Without
+    # one, Performance()'s generic figures stand in: said on stderr (case.profile_warnings).
     performance = performance_from_mapping(src, "performance", _section(data, "performance"), Performance())
     if alone and data.get("alone") is not None:
         one = read_mapping(src, "alone", data["alone"], ALONE_KEYS)

@@ -922,19 +922,21 @@ def test_more_runs_than_a_fit_takes_are_refused_before_any_is_priced(tmp_path):
     assert time.perf_counter() - started < 5  # read, not priced (pricing them takes minutes)
 
 
-def test_a_profile_without_its_achieved_figures_is_refused_not_priced_on_defaults(tmp_path):
+def test_a_profile_without_its_achieved_figures_is_said_to_be_priced_on_defaults(tmp_path):
     """A hand-edited profile without its performance section was priced with the dataclass's
-    defaults (GEMMs at 0.75 of the peak where the H100 preset says 0.50): 35 % faster, no word."""
+    generic figures (GEMMs at 0.75 of the peak where the H100 preset says 0.50): 35 % faster, no word."""
     from planner.learn import render
 
     profile, _ = calibrate_from_runs(runs_from_rows([published_row()], "runs.yaml"))
     (tmp_path / "fitted.yaml").write_text(render(profile))
     c = {**case(8, 1, 1, 1, 1), "cluster": {"profile": str(tmp_path / "fitted.yaml"), "num_gpus": 8}}
-    assert estimate(c).tokens_per_s > 0
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(c))
+    done = run_cli("estimate", str(tmp_path / "case.yaml"))
+    assert done.returncode == 0 and "no performance section" not in done.stderr
     (tmp_path / "fitted.yaml").write_text(render({k: v for k, v in profile.items() if k != "performance"}))
-    with pytest.raises(CaseError) as refused:
-        estimate(c)
-    assert refused.value.key == "performance" and refused.value.expected.startswith("missing")
+    done = run_cli("estimate", str(tmp_path / "case.yaml"))
+    assert done.returncode == 0 and "fitted.yaml has no performance section: its achieved figures are generic " \
+                                   "defaults (GEMMs at 0.75 of the peak" in " ".join(done.stderr.split())
 
 
 def test_a_logs_case_is_named_by_its_own_keys(tmp_path):
