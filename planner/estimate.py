@@ -123,11 +123,22 @@ class Estimate:
         terms = self.peak.by_term()
         return max(terms, key=terms.get)
 
+    @property
+    def overflows(self) -> Optional[str]:
+        """What does not fit: "gpu" (its peak, even at the band's low end), "host" (the GPU holds its
+        peak but the offload overflows its share of host memory), or None where it fits."""
+        if self.peak.total > self.fit_limit_bytes:
+            return "gpu"
+        return None if host_fits(self.job, self.headroom) else "host"
+
     def remedy(self) -> Optional[Remedy]:
         """The cheapest change that makes the layout fit (see :func:`remedies`), or None if it fits."""
         if self.fits:
             return None
-        ladder = list(remedies(self.job, self.headroom))
+        # The host overflows while the GPU holds the peak: only offloading less frees host memory (a
+        # deeper pipeline, say, shards nothing more of it), and what it moves back must fit the GPU.
+        ladder = list(host_remedies(self.job, self.headroom) if self.overflows == "host"
+                      else remedies(self.job, self.headroom))
         for remedy in ladder:
             if remedy.fits:
                 return remedy
@@ -166,6 +177,7 @@ class Estimate:
                 "stage": self.peak.stage,
                 "by_term": {term: int(round(v)) for term, v in self.peak.by_term().items()},
                 "host_bytes": int(round(self.host_bytes)),
+                "overflows": self.overflows,  # "gpu", "host" or None
             },
             "layout": self.layout_mapping(),
             # The engine that priced it and the training settings its defaults resolved at this layout,
@@ -293,6 +305,21 @@ def _recompute_rungs(job: Job) -> list[tuple[str, dict]]:
         rungs.append(("recompute full", {"recompute": "full", "recompute_num_layers": None,
                                          "recompute_modules": None}))
     return rungs
+
+
+def host_remedies(job: Job, headroom: float = 0.0):
+    """Changes that offload less, each keeping the global batch, for a layout whose offload
+    overflows the host: the parameters kept on the GPU, then less of the optimizer on the host."""
+    lay = job.layout
+    if lay.offload_params:
+        remedy = _try(job, headroom, "offload_params off (the parameters kept on the GPU)", offload_params=False)
+        if remedy is not None:
+            yield remedy
+    for share in (0.75, 0.5, 0.25, 0.0):
+        if share < lay.offload_optimizer:
+            remedy = _try(job, headroom, f"offload_optimizer {share:g}", offload_optimizer=share)
+            if remedy is not None:
+                yield remedy
 
 
 def remedies(job: Job, headroom: float = 0.0):

@@ -52,6 +52,9 @@ class NoFit:
     # Where no layout of these GPUs exists (their count shares too little with the batch, the heads
     # and the layers: 1,000 GPUs for a batch of 1,024), the most GPUs below, in whole nodes, that have one.
     fewer_gpus_that_fit: Optional[int] = None
+    # Whether layouts that offload enough for the GPU to hold their peak overflowed the host's memory:
+    # the closest miss alone read as the GPU's memory being all that stood in the way.
+    host_overflowed: bool = False
 
     def describe(self) -> str:
         if self.closest_layout is None:
@@ -60,6 +63,8 @@ class NoFit:
             parts = [f"no layout fits: {self.term} overflows (closest layout needs "
                      f"{self.peak_bytes / 1e9:.1f} GB; a layout fits up to {self.limit_bytes / 1e9:.1f} GB, the "
                      f"usable memory over its memory band's low end)"]
+        if self.host_overflowed:
+            parts.append("layouts offloading enough for the GPU overflow the host's memory")
         if self.fewer_gpus_that_fit:
             parts.append(f"{self.fewer_gpus_that_fit} GPUs would have a layout that fits")
         if self.gpus_that_fit:
@@ -74,7 +79,8 @@ class NoFit:
                 "limit_bytes": int(self.limit_bytes),
                 "closest_layout": layout_to_mapping(self.closest_layout) if known else None,
                 "gpus_that_fit": self.gpus_that_fit, "seq_len_that_fits": self.seq_len_that_fits,
-                "excluded_by": self.excluded_by, "fewer_gpus_that_fit": self.fewer_gpus_that_fit}
+                "excluded_by": self.excluded_by, "fewer_gpus_that_fit": self.fewer_gpus_that_fit,
+                "host_overflowed": self.host_overflowed}
 
 
 @dataclass(frozen=True)
@@ -223,7 +229,7 @@ def excluded_text(case: Case, spec: SearchSpec, engines: tuple[str, ...]) -> str
             + (f" meets the search section's {', '.join(narrowed)}" if narrowed else ""))
 
 
-def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
+def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job], host_overflowed: bool = False) -> NoFit:
     limit = fit_limit(usable_bytes(case.cluster.gpu.memory_bytes, case.overheads, spec.headroom),
                       case.model, case.cluster, case.training)
     excluded_by = None
@@ -275,7 +281,7 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job]) -> NoFit:
                 fewer = count * per_node
                 break
     return NoFit(term, peak_bytes, limit, tightest.layout if tightest else None, gpus_that_fit, seq_that_fits,
-                 excluded_by, fewer)
+                 excluded_by, fewer, host_overflowed)
 
 
 def layout_table(case: Case, spec: SearchSpec, slack: float = TABLE_SLACK, ceiling: float = math.inf,
@@ -343,7 +349,7 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         with spec_errors(case.source):
             result = result.in_full()  # every layout scored: the closest miss is the advice's
             _check_pins_leave_a_layout(case, spec, result)
-            advice = _advice(case, spec, result.tightest)
+            advice = _advice(case, spec, result.tightest, result.host_misses > 0)
         return Plan(solution.status, None, (), result.scored, 0, no_fit=advice, headroom=spec.headroom)
     status = solution.status
     chosen = fastest_index = solution.index

@@ -132,9 +132,17 @@ def print_estimate(est: Estimate, console: Console) -> None:
             "over the usable memory as predicted, within it at the band's low end"
         console.print(f"[yellow]at risk[/]: {where}, not at the band's upper end ({escape(spread)})")
         return
-    console.print(f"[red]does not fit[/]: {est.largest_term} is the largest term "
-                  f"({est.peak.by_term()[est.largest_term] / GB:.1f} GB)")
+    if est.overflows == "host":
+        host = est.job.cluster.gpu.host.memory_bytes
+        console.print(f"[red]does not fit[/]: the host: the offload takes {est.host_bytes / GB:.1f} GB a GPU of its "
+                      f"{host / GB:.0f} GB share of host memory (the GPU holds its {est.peak.total / GB:.1f} GB peak)")
+    else:
+        console.print(f"[red]does not fit[/]: {est.largest_term} is the largest term "
+                      f"({est.peak.by_term()[est.largest_term] / GB:.1f} GB)")
     remedy = est.remedy()
+    if remedy is None and est.overflows == "host":
+        console.print("no change of the offload fits it at this layout: more GPUs each hold less of the model "
+                      "(`plan` on more GPUs, or `size`)", markup=False)
     if remedy is not None:
         # In the words the estimate of the changed layout says it (a peak over the usable memory that
         # fits only at the band's low end is "at risk", not "fits").

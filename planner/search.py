@@ -116,7 +116,8 @@ class _Search:
     def note_miss(self, job: Job, peak: float) -> None:
         """Keep the scored layout closest to fitting on the GPU, for the advice when nothing fits."""
         if peak <= fit_limit(job, self.spec.headroom):
-            return  # it missed on host memory: the advice is about the GPU's
+            self.result.host_misses += 1  # it missed on host memory: said beside the GPU's closest miss
+            return
         if not self._obeys_pins(job.layout):
             return  # an offload tried beside a pinned one: no layout the case would take
         if peak < self._tightest_peak:

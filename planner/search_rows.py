@@ -31,6 +31,7 @@ class SearchResult:
     scored: int  # layouts whose memory was evaluated
     tightest: Optional[Job] = None  # of those that do not fit, the closest to fitting, for advice
     pruned: int = 0  # layouts skipped because they could not be fast enough to matter, or fit
+    host_misses: int = 0  # layouts the GPU holds whose offload overflows the host's memory
     # Where the search skipped ZeRO stages whose model states alone overflow the GPU, leaving their
     # layouts unscored: the same search without that skip (:meth:`in_full`).
     rescore: Optional[Callable[[], "SearchResult"]] = field(default=None, repr=False, compare=False)

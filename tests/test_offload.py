@@ -167,3 +167,31 @@ def test_emitted_offload_is_what_the_engines_read(tmp_path, monkeypatch):
     (tmp_path / "args.txt").write_text(args)
     assert megatron_reader.read(tmp_path / "args.txt", case).offload_optimizer == 0.5
     assert json.loads(json.dumps(mega.to_dict()))["memory"]["host_bytes"] > 0
+
+
+def test_an_offload_the_host_cannot_hold_is_said_to_overflow_the_host(tmp_path):
+    """Llama 3.1 405B on 16 H100s with ZeRO-3 offloading everything: 405.9 GB a GPU of its 275 GB
+    share of host memory, a 28.7 GB peak on the GPU. It was "does not fit: activations is the
+    largest term", with a deeper pipeline or more TP as the advice, none of which frees host memory."""
+    import yaml
+    from cli_in_process import run_cli
+
+    case = {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "h100", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "deepspeed"},
+            "layout": {"dp": 16, "zero_stage": 3, "recompute": "full", "offload_optimizer": 1.0,
+                       "offload_params": True}}
+    est = planner.estimate(case)
+    assert est.overflows == "host" and est.host_bytes > 275e9 and est.peak.total < est.usable_bytes
+    assert est.remedy().description.startswith("offload_params off")
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    done = run_cli("estimate", str(tmp_path / "case.yaml"))
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 3 and "does not fit: the host: the offload takes 405.9 GB a GPU of its 275 GB share" \
+        in said, said[-400:]
+    done = run_cli("estimate", str(tmp_path / "case.yaml"), "--json")
+    assert json.loads(done.stdout)["memory"]["overflows"] == "host"
+    # plan, where no layout fits: the GPU's closest miss, and that offloading more overflows the host
+    torchtitan = {"model": {"preset": "mixtral-8x22b"}, "cluster": {"gpu": "h100", "num_gpus": 8},
+                  "training": {"global_batch_size": 1024, "seq_len": 4096, "engine": "torchtitan"}}
+    no_fit = planner.plan(torchtitan).no_fit
+    assert no_fit.host_overflowed and "overflow the host's memory" in no_fit.describe()
