@@ -122,6 +122,8 @@ class Performance:
             raise SpecError(Performance, "comm_overlap", f"expected a fraction in [0, 1], got {overlap!r}")
         for name in ("attention_head_dim_half", "attention_seq_half"):
             _positive_float(Performance, name, getattr(self, name))
+            if getattr(self, name) > 1e7:  # a head width or sequence in elements: 2^64 priced a slower attention
+                raise SpecError(Performance, name, f"expected a length of at most 1e7 elements, got {getattr(self, name)!r}")
         for name, low in (("gemm_k_half", 0.0), ("gemm_reference_k", 1.0), ("gemm_reference_k_fp8", 1.0)):
             value = getattr(self, name)
             if value is None and name == "gemm_reference_k_fp8":

@@ -983,3 +983,18 @@ def test_the_instinct_gpus_with_presets_are_read_in_a_runs_file():
     from planner.published_runs import gpu_preset
 
     assert (gpu_preset("AMD Instinct MI325X"), gpu_preset("AMD Instinct MI355X")) == ("mi325x", "mi355x")
+
+
+@pytest.mark.parametrize("key", ["attention_seq_half", "attention_head_dim_half"])
+def test_an_attention_half_point_past_any_length_is_refused(key):
+    """2^64 elements as the sequence half-point was priced (67,434 → 52,617 tokens/s), where every
+    other integer past 2^63 - 1 is refused."""
+    import planner
+    from planner.errors import CaseError
+
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8,
+                                                          "performance": {key: 2**64}},
+            "training": {"global_batch_size": 64, "seq_len": 4096}, "layout": {"tp": 1}}
+    with pytest.raises(CaseError) as refused:
+        planner.estimate(case)
+    assert refused.value.key == f"cluster.performance.{key}"

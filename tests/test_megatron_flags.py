@@ -338,3 +338,28 @@ def test_a_count_a_scripts_default_decided_names_the_default(tmp_path):
     with pytest.raises(CaseError, match=r"--nnodes x --nproc-per-node = 8 GPUs, but the case has 64 \(the script "
                                         r"leaves unset SLURM_NNODES: read as its default '1'"):
         diagnosed(tmp_path, script, MIXTRAL_ON_64)
+
+
+@pytest.mark.parametrize("typo", ["--tensor-model-parallel-sizee", "--num-layerss", "--context-parallel-size2"])
+def test_letters_run_on_to_a_flag_are_a_misspelling(typo):
+    """A known flag's extension by a word is another flag (--tp-comm-overlap-ag); letters run on to
+    one are a typo Megatron-LM's parser refuses: --tensor-model-parallel-sizee 8 was read as tp 1."""
+    with pytest.raises(CaseError) as refused:
+        flags_of([typo, "8", "--bf16"], "args.txt")
+    assert refused.value.key == typo and "did you mean" in refused.value.expected
+
+
+def test_a_long_word_is_split_in_linear_time():
+    """shlex builds a word a character at a time: one word of 900,000 characters took 44 s (under
+    the 16 MiB input bound). The split is bash's (as shlex's but for a # inside a word)."""
+    import shlex
+    import time
+
+    from planner.engines.megatron.launch import split_words
+
+    for line in ["--a 1 --b 'x y' \"q\\\"z\" # comment", "a\\ b c", "'' \"\" a", "--f=\"a b\"c'd e'", "  x  "]:
+        assert split_words(line) == shlex.split(line, comments=True)
+    assert split_words("x#y z") == ["x#y", "z"] and split_words("'open") is None
+    started = time.perf_counter()
+    assert split_words("--foo " + "x" * 900_000) == ["--foo", "x" * 900_000]
+    assert time.perf_counter() - started < 1.0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -28,10 +27,9 @@ def _tokens(text: str, src: str) -> list[str]:
     text = re.sub(r"\\\r?\n", " ", text)
     variables: dict[str, str] = {}
     words: list[str] = []
-    for line in text.splitlines():
-        try:
-            line_words = shlex.split(line, comments=True)
-        except ValueError:  # an unbalanced quote: fall back to whitespace
+    for number, line in enumerate(text.splitlines(), 1):
+        line_words = split_words(line)
+        if line_words is None:  # an unbalanced quote: fall back to whitespace
             line_words = line.split("#", 1)[0].split()
         match = _ASSIGNMENT.match(line)
         if match and len(line_words) == 1:
@@ -40,9 +38,45 @@ def _tokens(text: str, src: str) -> list[str]:
             variables[name] = _substitute(value, variables, src, name)
             continue
         for word in line_words:
-            resolved = _substitute(word, variables, src, word)
+            resolved = _substitute(word, variables, src, f"line {number}")
             # An expanded variable splits into words, as unquoted in the shell.
             words += resolved.split() if resolved != word else [word]
+    return words
+
+
+_WORD_PART = re.compile(r"""'([^']*)'|"((?:[^"\\]|\\.)*)"|\\(.)|([^\s'"\\]+)|(\s+)""", re.DOTALL)
+_DOUBLE_QUOTED_ESCAPE = re.compile(r'\\([\\"])')
+
+
+def split_words(line: str) -> Optional[list[str]]:
+    """The shell words of one line as bash splits them (quotes removed, a backslash escaping the next
+    character, ``#`` at a word's start opening a comment), or None at an unbalanced quote: what
+    ``shlex.split(line, comments=True)`` gives, but for a ``#`` inside a word, which shlex takes for a
+    comment and bash does not. In linear time: shlex builds a word a character at a time
+    (quadratic: one word of 900,000 characters took 44 s)."""
+    words: list[str] = []
+    parts: list[str] = []
+    started = False
+    at = 0
+    while at < len(line):
+        if not started and line[at] == "#":
+            break
+        match = _WORD_PART.match(line, at)
+        if match is None:
+            return None  # a quote with no end
+        single, double, escaped, plain, space = match.groups()
+        if space is not None:
+            if started:
+                words.append("".join(parts))
+                parts, started = [], False
+        else:
+            started = True
+            parts.append(single if single is not None else
+                         _DOUBLE_QUOTED_ESCAPE.sub(r"\1", double) if double is not None else
+                         escaped if escaped is not None else plain)
+        at = match.end()
+    if started:
+        words.append("".join(parts))
     return words
 
 
@@ -177,12 +211,15 @@ def _check_not_a_misspelling(src: str, flag: str, known: set[str]) -> None:
     ``allow_abbrev=False``, ``megatron/training/arguments.py``) refuses a flag it does not define, so
     the run would not start, and read without it the layout would be another (a missing tensor
     parallelism read as 1). Other unknown flags are Megatron-LM's many that do not shape the layout.
-    A known flag's extension is no misspelling (``--tp-comm-overlap-ag`` beside ``--tp-comm-overlap``), but
-    its abbreviation is (``--tensor-model-parallel``):
+    A known flag's extension by a word is no misspelling (``--tp-comm-overlap-ag`` beside
+    ``--tp-comm-overlap``), but its abbreviation is (``--tensor-model-parallel``), and so are letters
+    run on to it (``--tensor-model-parallel-sizee``):
     none of the 396 flags ``arguments.py`` defines (Megatron-LM d98e8a64dd) is refused, nor any of
     megatron-core's config fields, from which it makes the rest (tests/test_megatron_flags.py)."""
     close = difflib.get_close_matches(flag, known, n=1, cutoff=0.9)
-    if close and not flag.startswith(close[0]):
+    # An extension adds a word (``-ag``); letters run on (--tensor-model-parallel-sizee,
+    # --context-parallel-size2) are a typo the parser refuses as well.
+    if close and not (flag.startswith(close[0]) and flag[len(close[0]):].startswith("-")):
         # An abbreviation too (--tensor-model-parallel for --tensor-model-parallel-size): the parser
         # takes none, and read as no flag the layout was another (tp 1).
         raise CaseError(src, flag, f"is no Megatron-LM argument (did you mean {close[0]}?): Megatron-LM's parser "
