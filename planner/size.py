@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
-from cost_models.specs import GPUSpec, SpecError
+from cost_models.specs import PRECISIONS, GPUSpec, SpecError
 from cost_models.layer_time import layer_time_bound
 
 from .case import SECTIONS, Case, build_case, check_usable_memory, read_case, spec_errors
@@ -288,6 +288,9 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
     options = read_cluster_options(src, data["cluster"], base)
     training = data.get("training")
     precision = training.get("precision", "bf16") if isinstance(training, dict) else None
+    if isinstance(precision, str) and precision not in PRECISIONS:
+        # No GPU's: the key is the training's (it was "cluster: h100-sxm-80gb cannot train in banana").
+        raise CaseError(src, "training.precision", f"expected one of {', '.join(PRECISIONS)}, got {precision!r}")
     for option in options if isinstance(precision, str) else ():
         # A type that has no peak for the precision, named as its entry (the error named cluster.gpu,
         # a key an options case does not have).

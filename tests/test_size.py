@@ -695,3 +695,13 @@ def test_past_the_limits_the_sizes_tried_hold_the_pinned_degrees():
     result = planner.size(case, "15T", deadline="30d")
     assert result.best is None and result.would_meet is not None
     assert result.would_meet.gpus % 7 == 0 and result.would_meet.days <= 30
+
+
+def test_an_unknown_precision_is_the_trainings_key_not_the_clusters():
+    """It was "cluster: h100-sxm-80gb cannot train in banana … drop the type", where plan and
+    estimate name training.precision and its choices."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "banana"}}
+    with pytest.raises(planner.CaseError) as refused:
+        planner.size(case, 1e12)
+    assert refused.value.key == "training.precision" and "expected one of" in refused.value.expected
