@@ -35,7 +35,7 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
         return 0.0
     perf = cluster.gpu.performance
     cp_links = cp_group_links(cluster, tp, cp)
-    if model.sliding_window and training.engine.cp_all_to_all_for_windows:
+    if cp_runs_all_to_all(model, training):
         return cp_all_to_all_per_layer(model, training, cluster, tp, cp, micro_batch_size)
     kv = activation_bytes(training.precision) * micro_batch_size * (training.seq_len / cp) * 2 * \
         max(model.num_kv_heads // tp, 1) * model.head_dim
@@ -46,6 +46,13 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     exposed_fwd = steps * wait + exposed(steps * (hop - wait), core, perf)
     exposed_bwd = 2 * steps * wait + exposed(2 * steps * (hop - wait), 2 * core, perf)
     return exposed_fwd + exposed_bwd
+
+
+def cp_runs_all_to_all(model: ModelSpec, training: TrainingSpec) -> bool:
+    """Whether the job's context parallelism runs as all-to-all rather than the p2p ring: a model
+    with sliding-window layers on an engine whose attention takes a window only so
+    (``EngineBehaviour.cp_all_to_all_for_windows``)."""
+    return bool(model.sliding_window) and training.engine.cp_all_to_all_for_windows
 
 
 def cp_all_to_all_per_layer(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,

@@ -32,6 +32,7 @@ from cost_models.experts import hierarchical_dispatch
 from cost_models.model_states import fp32_gradients
 from cost_models.partition import chunk_layers, rank_chunks
 from cost_models.specs import Job, Layout
+from cost_models.stage_time import cp_runs_all_to_all
 from cost_models.topology import domains_spanned
 
 from planner.engines import ENGINES
@@ -187,7 +188,7 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         else:
             args.append(("--num-layers-per-virtual-pipeline-stage", str(m.num_layers // (lay.pp * lay.vpp))))
     args.append(("--context-parallel-size", str(lay.cp)))
-    if cp_all_to_all(job):
+    if lay.cp > 1 and cp_runs_all_to_all(job.model, t):
         # Transformer Engine runs a sliding window under context parallelism only as all-to-all
         # (attn_forward_func_with_cp asserts it); Megatron-LM's default is the p2p ring.
         args.append(("--cp-comm-type", "a2a"))
@@ -346,11 +347,6 @@ def unstated_architecture(m) -> list[str]:
     if m.position_embedding == "rope" and m.rope_base is None:
         missing.append("--rotary-base")
     return missing
-
-
-def cp_all_to_all(job) -> bool:
-    """Whether the job's context parallelism runs as all-to-all (``stage_time.cp_exposed_per_layer``)."""
-    return job.layout.cp > 1 and bool(job.model.sliding_window) and job.training.engine.cp_all_to_all_for_windows
 
 
 def needs_deepep(job: Job) -> bool:

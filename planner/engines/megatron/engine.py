@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 from cost_models.behaviour import QUANTIZED_GATHER_ZERO_STAGES, EngineBehaviour
+from cost_models.stage_time import cp_runs_all_to_all
 from cost_models.specs import Job, ModelSpec, TrainingSpec
 
 from planner.engines.base import Engine, EngineSupport
@@ -114,7 +115,7 @@ def rules(job: Job) -> list[tuple[str, str]]:
             and training.recipe.name not in BEHAVIOUR.quantized_param_gather_offloaded:
         out.append(("training.fp8_param_gather", "--fp8-param-gather with --optimizer-cpu-offload needs "
                                                  "--fp8-recipe delayed (Megatron-LM's arguments.py): set it false"))
-    if lay.cp > 1 and job.model.sliding_window and training.engine.cp_all_to_all_for_windows:
+    if lay.cp > 1 and cp_runs_all_to_all(job.model, training):
         heads, groups = job.model.num_attention_heads // lay.tp, max(job.model.num_kv_heads // lay.tp, 1)
         if heads % lay.cp or groups % lay.cp:
             # Transformer Engine's a2a context parallelism splits the heads over the cp ranks.

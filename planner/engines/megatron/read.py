@@ -12,6 +12,7 @@ from typing import Optional
 
 from cost_models.partition import chunk_layers, rank_chunks, virtual_stage_layers
 from cost_models.specs import Job, Layout, SpecError
+from cost_models.stage_time import cp_runs_all_to_all
 
 from planner.case import case_message
 from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD
@@ -282,7 +283,7 @@ def _check_model(args: _Args, model, training) -> None:
         raise CaseError(args.src, "--attention-backend", f"{said}, but the case says training.flash_attention: "
                                                          f"{str(training.flash_attention).lower()}")
     cp_comm = (args.flags.get("--cp-comm-type") or "p2p").lower()
-    if model.sliding_window and args.integer("--context-parallel-size", 1) > 1 and cp_comm != "a2a":
+    if args.integer("--context-parallel-size", 1) > 1 and cp_runs_all_to_all(model, training) and cp_comm != "a2a":
         said = f"--cp-comm-type {cp_comm}" if "--cp-comm-type" in args.flags else "absent (Megatron-LM's default, p2p)"
         raise CaseError(args.src, "--cp-comm-type", f"{said}: Transformer Engine runs the model's sliding-window "
                                                     "attention under context parallelism only as a2a (the estimate "
