@@ -33,10 +33,10 @@ def cp_exposed_per_layer(model: ModelSpec, training: TrainingSpec, cluster: Clus
     shows. Cached: the stages of a search's layouts share a few shapes."""
     if cp == 1:
         return 0.0
-    perf = cluster.gpu.performance
-    cp_links = cp_group_links(cluster, tp, cp)
     if cp_runs_all_to_all(model, training):
         return cp_all_to_all_per_layer(model, training, cluster, tp, cp, micro_batch_size)
+    perf = cluster.gpu.performance
+    cp_links = cp_group_links(cluster, tp, cp)
     kv = activation_bytes(training.precision) * micro_batch_size * (training.seq_len / cp) * 2 * \
         max(model.num_kv_heads // tp, 1) * model.head_dim
     crosses = cp_links.domains > 1

@@ -95,7 +95,7 @@ class Estimate:
     def fits(self) -> bool:
         """Whether the layout fits as far as the model can tell: unless even the low end of its
         memory band (``planner.bands``) overflows the usable memory, and what it offloads fits the host."""
-        return self.peak.total <= self.fit_limit_bytes and host_fits(self.job, self.headroom)
+        return self.overflows is None
 
     @property
     def memory_band(self) -> Band:

@@ -325,8 +325,9 @@ class Fit:
                  f"(a stall, or a figure in other units); it weighs little in the fit" for rid, what, ratio
                  in self.unexplained()]
         for f in self.figures:
-            if f.fitted and f.prior > 0 and f.value > 0 and max(f.value / f.prior, f.prior / f.value) >= FAR_FROM_PRIOR:
-                lines.append(f"{f.name} fitted at {_show(f.name, f.value)}, {max(f.value / f.prior, f.prior / f.value):.1f}x "
+            apart = max(f.value / f.prior, f.prior / f.value) if f.fitted and f.prior > 0 and f.value > 0 else 1.0
+            if apart >= FAR_FROM_PRIOR:
+                lines.append(f"{f.name} fitted at {_show(f.name, f.value)}, {apart:.1f}x "
                              f"{'below' if f.value < f.prior else 'above'} the preset's {_show(f.name, f.prior)}: the "
                              "runs' cluster is far from the preset's, or their figures are in other units "
                              "(iteration_time_s in seconds, tokens_per_sec_total over all GPUs)")

@@ -561,9 +561,10 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
                                                             "than the case")
                 continue
             if what == "padded_vocab_size":
-                # Megatron-LM pads the vocabulary to a multiple of 128·tp (--make-vocab-size-divisible-by):
-                # a case may give it padded or as the tokenizer has it.
-                if not 0 <= value - job.model.vocab_size < 128 * job.layout.tp:
+                # A case may give the vocabulary padded or as the tokenizer has it.
+                from .engines.megatron.read import padded_vocab
+
+                if value not in (job.model.vocab_size, padded_vocab(job.model.vocab_size, job.layout.tp)):
                     raise CaseError(str(log), what, f"the log's padded vocabulary {value:g} is not the case {src}'s "
                                                     f"model.vocab_size {job.model.vocab_size} padded: a log of another "
                                                     "model than the case")

@@ -139,7 +139,11 @@ def test_the_nvfp4_weight_gather_is_named_by_its_own_flag(tmp_path):
     best = planner.plan(case, top_k=0, fastest=True).best
     written = planner.emit(best, "megatron", tmp_path / "out")
     args = next(p for p in written.paths if p.name == "megatron_args.txt")
+    assert best.job.layout.zero_stage in (1, 3) and "--fp4-param-gather" in args.read_text()
+    # Without the flag the arguments keep 16-bit weights where the engine would gather NVFP4 ones: the
+    # line says so, naming the flag NVFP4 takes (it named --fp8-param-gather).
+    args.write_text(args.read_text().replace("--fp4-param-gather", ""))
     (tmp_path / "case.yaml").write_text(yaml.safe_dump({**case, "training": {
         k: v for k, v in case["training"].items() if k != "engine"}}))
     line = diagnose(tmp_path / "case.yaml", megatron_args=args).planned_with or ""
-    assert "--fp8-param-gather" not in line
+    assert "training.fp8_param_gather false (no --fp4-param-gather)" in line and "--fp8-param-gather" not in line

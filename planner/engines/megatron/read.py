@@ -365,6 +365,13 @@ def _check_moe_layers(args: _Args, model) -> None:
                                                       f"model.moe_layer_freq {model.moe_layer_freq})")
 
 
+def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
+    """The vocabulary Megatron-LM builds its embedding for (``_vocab_size_with_padding``): ``vocab``
+    up to a multiple of --make-vocab-size-divisible-by × tp."""
+    step = divisible_by * tp
+    return -(-vocab // step) * step
+
+
 def _check_vocab(args: _Args, model) -> None:
     """``--vocab-size``, where the run's tokenizer takes it (megatron/training/tokenizer: the
     NullTokenizer of mock-data runs; a real tokenizer brings its own), is the case's vocabulary, or
@@ -373,8 +380,8 @@ def _check_vocab(args: _Args, model) -> None:
     vocab = args.integer("--vocab-size")
     if vocab is None or (args.flags.get("--tokenizer-type") or "NullTokenizer") != "NullTokenizer":
         return
-    step = args.integer("--make-vocab-size-divisible-by", 128) * args.integer("--tensor-model-parallel-size", 1)
-    padded = -(-vocab // step) * step
+    padded = padded_vocab(vocab, args.integer("--tensor-model-parallel-size", 1),
+                          args.integer("--make-vocab-size-divisible-by", 128))
     if model.vocab_size not in (vocab, padded):
         raise CaseError(args.src, "--vocab-size", f"{vocab} (padded to {padded}) differs from the case's "
                                                   f"{model.vocab_size} (model.vocab_size)")
