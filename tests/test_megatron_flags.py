@@ -71,10 +71,69 @@ def test_no_flag_megatron_core_defines_is_taken_for_a_misspelling():
     refused = []
     for flag in sorted(flags):
         try:
-            flags_of([flag, "1"], "args.txt")
+            flags_of([flag], "args.txt")  # no value: a switch takes none, and a value's checks are below
         except CaseError as error:
             refused.append(str(error))
     assert not refused
+
+
+# Each value Megatron-LM's parser refuses, in the 70B case's argument list: diagnose read each as
+# its default (or as Adam) and went on, for a run that would not start.
+@pytest.mark.parametrize("change, flag, said", [
+    (("--bf16", "--bf16 --optimizer bogus"), "--optimizer", "expected one of adam, sgd, muon"),
+    (("--bf16", "--bf16 --optimizer Adam"), "--optimizer", "got 'Adam'"),  # argparse's choices are case-sensitive
+    (("--bf16", "--bf16 --normalization Bogus"), "--normalization", "expected one of LayerNorm, RMSNorm"),
+    (("--bf16", "--bf16 --position-embedding-type ropey"), "--position-embedding-type", "got 'ropey'"),
+    (("--bf16", "--bf16 --moe-token-dispatcher-type bogus"), "--moe-token-dispatcher-type", "allgather, alltoall, flex"),
+    (("--bf16", "--bf16 --main-grads-dtype fp64"), "--main-grads-dtype", "expected one of fp32, bf16"),
+    # argparse converts every occurrence: a later valid one does not save the run
+    (("--bf16", "--bf16 --attention-dropout abc --attention-dropout 0"), "--attention-dropout",
+     "expected a number, got 'abc'"),
+    (("--bf16", "--bf16 stray"), "--bf16", "takes no value, but 'stray' follows it"),
+    (("--tensor-model-parallel-size 4", "--tensor-model-parallel-size 4 8"), "--tensor-model-parallel-size",
+     "takes one value, but '8' follows it"),
+])
+def test_a_value_megatrons_parser_refuses_is_refused(tmp_path, change, flag, said):
+    args = ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
+            "--global-batch-size 64 --seq-length 4096 --bf16 --use-distributed-optimizer\n")
+    with pytest.raises(CaseError) as error:
+        diagnosed(tmp_path, args.replace(*change))
+    assert error.value.key == flag and said in error.value.expected, str(error.value)
+
+
+def test_a_word_after_the_arguments_that_is_no_argument_passes():
+    # An unexpanded variable, an array's close, a redirection: no argument of Megatron-LM's.
+    for tail in (["$EXTRA_ARGS"], [")"], ["2>&1"], ["|", "tee", "log"], ["OTHER=(--seq-length", "4096)"]):
+        assert flags_of(["--bf16", *tail], "args.txt")["--bf16"] is None
+
+
+def test_muon_is_not_priced_as_adam(tmp_path):
+    """Megatron-LM runs Muon (one momentum, orthogonalized updates): not the states a case prices."""
+    args = ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
+            "--global-batch-size 64 --seq-length 4096 --bf16 --use-distributed-optimizer --optimizer muon\n")
+    with pytest.raises(CaseError, match="prices Megatron-LM's adam and sgd only"):
+        diagnosed(tmp_path, args)
+
+
+def test_the_choices_take_what_the_installed_megatron_core_takes():
+    """The choices Megatron-LM makes from TransformerConfig's Literal fields: every value the installed
+    megatron-core's config takes is taken (the table may know a newer release's, not refuse an older's)."""
+    import typing
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from planner.engines.megatron.launch import ARGPARSE_CHOICES
+
+    hints = typing.get_type_hints(TransformerConfig)
+    fields = {"--normalization": "normalization", "--moe-token-dispatcher-type": "moe_token_dispatcher_type",
+              "--moe-flex-dispatcher-backend": "moe_flex_dispatcher_backend", "--fp8-format": "fp8",
+              "--fp8-recipe": "fp8_recipe", "--fp4-format": "fp4", "--fp4-recipe": "fp4_recipe",
+              "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method"}
+    for flag, field in fields.items():
+        kind = hints[field]
+        if typing.get_origin(kind) is typing.Union:  # Optional[Literal[...]]
+            kind = typing.get_args(kind)[0]
+        assert typing.get_origin(kind) is typing.Literal, (flag, kind)
+        assert set(typing.get_args(kind)) <= set(ARGPARSE_CHOICES[flag]), flag
 
 
 def test_an_fp8_plan_for_megatron_reads_back_where_the_case_names_no_engine(tmp_path):

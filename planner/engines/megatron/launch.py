@@ -173,17 +173,84 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
                 i += 1
             else:
                 found[flag] = ""
+            # argparse converts and checks every occurrence, not only the last it keeps.
+            _check_value(src, flag, found[flag])
+            if i > script_at and flag not in LIST_FLAGS and not closes(words[i]) and i + 1 < len(words):
+                _check_not_stray(src, flag, words[i + 1], flag in BOOL_FLAGS)
         i += 1
     # torchrun, or its module (torch.distributed.launch, deprecated, runs the same launcher)
     if any(Path(w).name == "torchrun" or w in ("torch.distributed.run", "torch.distributed.launch")
            for w in words[:max(script_at, 0)]):
         found[TORCHRUN] = None
-    for flag, value in found.items():
-        # argparse's type=int: "1e+06" or "8.0" stops Megatron-LM's parser (digits past any bound are
-        # the reader's to refuse, with the bound, where it reads them).
-        if flag in INT_FLAGS and value and not _INTEGER.fullmatch(value) and not _torchrun_word(flag, value):
-            raise CaseError(src, flag, f"expected an integer, got {one_line(value, 60)!r}")
     return found
+
+
+# What may follow a flag's value in a launch's words without being an argument of Megatron-LM's:
+# a variable left unexpanded, an array's parentheses or assignment, a shell operator or redirection.
+_NOT_AN_ARGUMENT = re.compile(r"^(?:[$()|&;<>\\]|\d*[<>]|[A-Za-z_][A-Za-z0-9_]*=\()")
+
+
+def _check_not_stray(src: str, flag: str, word: str, switch: bool) -> None:
+    """A word after a switch, or after a flag's one value, that is no flag: argparse takes it for a
+    positional argument Megatron-LM's parser does not define ("unrecognized arguments"), so the run
+    would not start (``--swiglu stray``, ``--tensor-model-parallel-size 4 8``)."""
+    if not word or word.startswith("-") or _NOT_AN_ARGUMENT.match(word):
+        return
+    takes = "no value" if switch else "one value"
+    raise CaseError(src, flag, f"takes {takes}, but {one_line(word, 60)!r} follows it: Megatron-LM's parser "
+                               "refuses a word it does not take (unrecognized arguments), and the run would not start")
+
+
+def _check_value(src: str, flag: str, value: Optional[str]) -> None:
+    """A value Megatron-LM's parser refuses, refused: the run would not start."""
+    if not value:
+        return
+    # argparse's type=int: "1e+06" or "8.0" stops Megatron-LM's parser (digits past any bound are
+    # the reader's to refuse, with the bound, where it reads them).
+    if flag in INT_FLAGS and not _INTEGER.fullmatch(value) and not _torchrun_word(flag, value):
+        raise CaseError(src, flag, f"expected an integer, got {one_line(value, 60)!r}")
+    if flag in FLOAT_FLAGS and not _is_float(value):
+        raise CaseError(src, flag, f"expected a number, got {one_line(value, 60)!r}: Megatron-LM's parser "
+                                   "refuses it (type=float), and the run would not start")
+    if flag in ARGPARSE_CHOICES and value.strip() not in ARGPARSE_CHOICES[flag]:
+        raise CaseError(src, flag, f"expected one of {', '.join(ARGPARSE_CHOICES[flag])}, got "
+                                   f"{one_line(value, 60)!r}: Megatron-LM's parser refuses it (its choices are "
+                                   "case-sensitive), and the run would not start")
+
+
+# The values Megatron-LM's parser takes for the arguments read() reads that it holds to a choice:
+# argparse's choices in megatron/training/arguments.py, and those it makes from TransformerConfig's
+# Literal fields (megatron/training/argument_utils.py, ArgumentGroupFactory._extract_type;
+# megatron/core/transformer/transformer_config.py), Megatron-LM d98e8a64dd. A value outside them
+# stops the parser: the run would not start (tests/test_megatron_flags.py holds the Literal fields
+# to the installed megatron-core's).
+ARGPARSE_CHOICES = {
+    "--optimizer": ("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"),
+    "--normalization": ("LayerNorm", "RMSNorm"),
+    "--position-embedding-type": ("learned_absolute", "rope", "yarn", "mrope", "relative", "none"),
+    "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
+    "--moe-flex-dispatcher-backend": ("deepep", "hybridep", "ncclep"),
+    "--fp8-format": ("e4m3", "hybrid"),
+    "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
+    "--fp4-format": ("e2m1",),
+    "--fp4-recipe": ("nvfp4", "custom"),
+    "--recompute-granularity": ("full", "selective"),
+    "--recompute-method": ("uniform", "block"),
+    "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
+    "--main-grads-dtype": ("fp32", "bf16"),
+    "--megatron-fsdp-main-grads-dtype": ("fp32", "bf16", "fp16", "auto"),
+}
+# The arguments read() reads that Megatron-LM's parser takes as type=float.
+FLOAT_FLAGS = ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
+               "--optimizer-offload-fraction")
+
+
+def _is_float(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 # What torchrun takes beside a count: --nnodes MIN:MAX (an elastic range), --nproc-per-node gpu or

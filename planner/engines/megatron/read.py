@@ -266,7 +266,11 @@ def _check_model(args: _Args, model, training) -> None:
         raise CaseError(args.src, "--num-query-groups", f"{groups} differs from the case's {model.num_kv_heads} KV heads")
 
     # Megatron-LM's --optimizer: adam (decoupled weight decay, as AdamW) by default, or sgd.
-    optimizer = (args.flags.get("--optimizer") or "adam").lower()
+    optimizer = args.flags.get("--optimizer") or "adam"
+    if optimizer not in ("adam", "sgd"):
+        # Muon, Lion, SOAP keep other states than Adam's two moments: not what any case prices.
+        raise CaseError(args.src, "--optimizer", f"--optimizer {optimizer}: the planner prices Megatron-LM's adam "
+                                                 "and sgd only (training.optimizer), not its states")
     if (optimizer == "sgd") != (training.optimizer == "sgd"):
         said = f"--optimizer {optimizer}" if "--optimizer" in args.flags else "absent (Megatron-LM's default, adam)"
         raise CaseError(args.src, "--optimizer", f"{said}, but the case's optimizer is {training.optimizer} "
