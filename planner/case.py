@@ -27,8 +27,8 @@ from .fields import (describe, read_bool, read_figure, read_file_path, read_int,
                      read_str, read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import load_yaml, read_text
-from .limits import (MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_STRING_CHARS,
-                     MAX_VOCAB)
+from .limits import (MAX_BATCH_TOKENS, MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE,
+                     MAX_SEQ_LEN, MAX_STRING_CHARS, MAX_VOCAB)
 from .presets import closest, model_presets
 from .search_options import SearchSpec, read_module_names, read_search, training_for_target
 from .units import parse_memory
@@ -265,6 +265,16 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
         return ModelSpec(**values)
 
 
+def check_batch_tokens(src: str, global_batch_size: int, seq_len: int) -> None:
+    """Tokens a step within what any command prices (limits.MAX_BATCH_TOKENS): past it `estimate`
+    blamed the GPU's figures for the step time, and `plan` searched for minutes."""
+    tokens = global_batch_size * seq_len
+    if tokens > MAX_BATCH_TOKENS:
+        raise CaseError(src, "training.global_batch_size",
+                        f"global_batch_size × seq_len = {tokens:,} tokens a step; at most {MAX_BATCH_TOKENS:,} can be "
+                        f"planned")
+
+
 def _training(src: str, section: Any) -> TrainingSpec:
     if isinstance(section, dict):
         for key in ("micro_batch_size", "tp", "pp", "dp", "zero_stage", "recompute"):
@@ -273,10 +283,12 @@ def _training(src: str, section: Any) -> TrainingSpec:
     section = read_mapping(src, "training", section, TRAINING_KEYS)
     values: dict[str, Any] = {
         "global_batch_size": read_int(src, "training.global_batch_size",
-                                  required(src, "training", section, "global_batch_size")),
+                                      required(src, "training", section, "global_batch_size"),
+                                      maximum=MAX_GLOBAL_BATCH),
         "seq_len": read_int(src, "training.seq_len", required(src, "training", section, "seq_len"),
                             maximum=MAX_SEQ_LEN),
     }
+    check_batch_tokens(src, values["global_batch_size"], values["seq_len"])
     for key in ("precision", "optimizer", "engine", "fp8_recipe", "expert_dispatch"):
         if key in section:
             values[key] = read_str(src, f"training.{key}", section[key])

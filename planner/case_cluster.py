@@ -71,8 +71,8 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
                                        parse_bandwidth),
             inter_node_bandwidth=read_unit(src, f"{key}.inter_node_bandwidth", data["inter_node_bandwidth"],
                                        parse_bandwidth),
-            gpus_per_node=read_int(src, f"{key}.gpus_per_node", data["gpus_per_node"]),
-            nvlink_domain=read_int(src, f"{key}.nvlink_domain", data["nvlink_domain"]),
+            gpus_per_node=read_int(src, f"{key}.gpus_per_node", data["gpus_per_node"], maximum=MAX_GPUS),
+            nvlink_domain=read_int(src, f"{key}.nvlink_domain", data["nvlink_domain"], maximum=MAX_GPUS),
             sm_count=read_int(src, f"{key}.sm_count", data["sm_count"]) if "sm_count" in data else None,
             host=host_from_mapping(src, f"{key}.host", data["host"]) if "host" in data else None,
             block_scaling=tuple(formats),
@@ -160,7 +160,7 @@ def _cluster_overrides(src: str, section: dict, key: str) -> dict[str, Any]:
         if k in section:
             overrides[k] = read_unit(src, f"{key}.{k}", section[k], parse_bandwidth)
     if "gpus_per_node" in section:
-        overrides["gpus_per_node"] = read_int(src, f"{key}.gpus_per_node", section["gpus_per_node"])
+        overrides["gpus_per_node"] = read_int(src, f"{key}.gpus_per_node", section["gpus_per_node"], maximum=MAX_GPUS)
     if "host" in section:
         overrides["host"] = host_from_mapping(src, f"{key}.host", section["host"])
     return overrides

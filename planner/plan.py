@@ -10,14 +10,14 @@ from cost_models.memory import peak_stage_memory, usable_bytes
 from cost_models.specs import ClusterSpec, Job, Layout
 
 from .bands import fit_limit, indistinguishable_gap
-from .case import Case, layout_to_mapping, load_case, spec_errors
+from .case import Case, check_batch_tokens, layout_to_mapping, load_case, spec_errors
 from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
 from .errors import CaseError, one_line
 from .fields import read_bool
 from .estimate import Estimate, check_step_time, estimate_job
 from .search_memory import fit_tier
-from .limits import MAX_BATCH_TOKENS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_TOP_K
+from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_TOP_K
 from .search import search
 from .search_rows import Candidate, SearchResult
 from .search_options import SearchSpec, retarget
@@ -169,11 +169,7 @@ def _check_size(case: Case) -> None:
             ("training.global_batch_size", case.training.global_batch_size, MAX_GLOBAL_BATCH, "sequences")):
         if value > bound:
             raise CaseError(case.source, key, f"at most {bound} {what} can be planned, got {value}")
-    tokens = case.training.global_batch_size * case.training.seq_len
-    if tokens > MAX_BATCH_TOKENS:
-        raise CaseError(case.source, "training.global_batch_size",
-                        f"global_batch_size × seq_len = {tokens:,} tokens a step; at most {MAX_BATCH_TOKENS:,} can be "
-                        f"planned")
+    check_batch_tokens(case.source, case.training.global_batch_size, case.training.seq_len)
 
 
 def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[dict[str, str]] = None) -> None:

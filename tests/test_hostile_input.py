@@ -116,7 +116,7 @@ def test_an_input_past_the_size_bound_is_refused(tmp_path):
     # Mixtral with 10,000 layers on 64 GPUs kept plan busy for 83 s, with 3,000 for 27 s
     (lambda c: (c.update(model={"preset": "mixtral-8x7b", "num_layers": 3000}), c["cluster"].update(num_gpus=64)),
      (), "model.num_layers", "<= 1024"),
-    (lambda c: c["training"].update(global_batch_size=2**40), (), "training.global_batch_size", "at most 16777216"),
+    (lambda c: c["training"].update(global_batch_size=2**40), (), "training.global_batch_size", "<= 16777216"),
     # A sequence of 2^62 tokens on 4,096 GPUs kept the search busy past 20 s.
     (lambda c: (c["training"].update(seq_len=2**62), c["cluster"].update(num_gpus=4096)), (), "training.seq_len",
      "<= 16777216"),
@@ -143,6 +143,22 @@ def test_absurd_sizes_for_plan_are_refused_with_the_bound(tmp_path, change, args
     start = time.monotonic()
     one_line_error(cli("plan", str(path), *args), key, bound)
     assert time.monotonic() - start < QUICK_S
+
+
+@pytest.mark.parametrize("command", [("estimate",), ("size", "--tokens", "1T", "--deadline", "30d")])
+@pytest.mark.parametrize("change, key, bound", [
+    # estimate blamed the GPU's figures ("cluster: ... steps of 6.41e+10 s") for a batch of 2^40 sequences
+    (lambda c: c["training"].update(global_batch_size=2**40), "training.global_batch_size", "<= 16777216"),
+    (lambda c: c["training"].update(global_batch_size=2**20, seq_len=2**14), "training.global_batch_size",
+     "at most 1,073,741,824"),
+    # size named cluster.num_gpus for a node of 2^62 GPUs; plan planned on it
+    (lambda c: c["cluster"].update(gpus_per_node=2**62), "cluster.gpus_per_node", "<= 1048576"),
+])
+def test_every_command_bounds_the_batch_and_the_node_where_it_reads_them(tmp_path, command, change, key, bound):
+    case = copy.deepcopy(CASE)
+    change(case)
+    path = write(tmp_path / "case.yaml", yaml.safe_dump(case))
+    one_line_error(cli(command[0], str(path), *command[1:]), key, bound)
 
 
 def megatron_case(tmp_path: Path) -> Path:
