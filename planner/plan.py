@@ -61,8 +61,8 @@ class NoFit:
             parts = [f"no layout fits: {self.excluded_by or 'no layout could be scored'}"]
         else:
             parts = [f"no layout fits: {self.term} overflows (closest layout needs "
-                     f"{self.peak_bytes / 1e9:.1f} GB; a layout fits up to {self.limit_bytes / 1e9:.1f} GB, the "
-                     f"usable memory over its memory band's low end)"]
+                     f"{self.peak_bytes / 1e9:.1f} GB; a predicted peak up to {self.limit_bytes / 1e9:.1f} GB fits, "
+                     f"its memory band's low end within the usable memory)"]
         if self.host_overflowed:
             parts.append("layouts offloading enough for the GPU overflow the host's memory")
         if self.fewer_gpus_that_fit:

@@ -155,6 +155,11 @@ def test_nothing_fits_is_an_answer_with_the_overflowing_term_and_what_would_fit(
     advice = p.no_fit
     assert advice.term in ("parameters", "gradients", "optimizer_states", "activations")
     assert advice.gpus_that_fit is not None and advice.gpus_that_fit > 8
+    # The limit is a predicted peak (above the usable memory: its band's low end is within it), said
+    # so: "a layout fits up to 87.0 GB, the usable memory over its memory band's low end" read as a
+    # usable memory of 87 GB on GPUs of 80.
+    assert f"a predicted peak up to {advice.limit_bytes / 1e9:.1f} GB fits, its memory band's low end within " \
+           "the usable memory" in advice.describe()
     # The advised GPU count does fit, and one node fewer does not.
     assert planner.plan(case(model={"preset": "llama3.1-405b"}, cluster={"num_gpus": advice.gpus_that_fit})).best
     assert not planner.plan(case(model={"preset": "llama3.1-405b"},
