@@ -198,6 +198,10 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         from .engines.megatron.read import overlap_notes
 
         notes += tuple(overlap_notes(Path(megatron_args), job))
+    else:
+        from .engines.deepspeed.read import unpriced_notes
+
+        notes += tuple(unpriced_notes(Path(config), job))
     best = plan_case(loaded, target=engine)
     if megatron_args is not None and best.best is not None:
         from .engines.megatron.emit import needs_deepep

@@ -250,3 +250,72 @@ def test_an_auto_global_batch_is_filled_as_the_trainer_fills_it(tmp_path):
     with pytest.raises(CaseError, match=r'train_batch_size: "auto", as the Trainer fills it \(micro 1 × '
                                         r"accumulation 4 × data-parallel 8\), is 32, but the case"):
         diagnose(LLAMA8, config=path, micro_batch_size=1)
+
+
+DS_CASE = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+           "training": {"global_batch_size": 128, "seq_len": 4096, "engine": "deepspeed"}}
+
+
+def _ds_config(tmp_path, **changes):
+    """The config `plan --emit deepspeed` writes for DS_CASE, with ``changes`` (dotted keys) made."""
+    best = planner.plan(DS_CASE, target="deepspeed", top_k=0).best
+    files, _ = render(best, "deepspeed", "<generated>")
+    config = json.loads(files["ds_config.json"])
+    for dotted, value in changes.items():
+        section, *rest = dotted.split(".")
+        if rest:
+            config.setdefault(section, {})[rest[0]] = value
+        else:
+            config[section] = value
+    (tmp_path / "ds_config.json").write_text(json.dumps(config))
+    return tmp_path / "ds_config.json", best
+
+
+def test_what_the_emitted_deepspeed_config_runs_is_priced_and_what_a_users_adds_is_said(tmp_path):
+    """A ds_config's settings the estimate does not price were read as if absent, with the same step time
+    and no word: the overlap DeepSpeed leaves off below stage 3 unless set, ZeRO++, fp32 reductions,
+    torch.compile. The emitted config, read back, gets no such note."""
+    config, best = _ds_config(tmp_path)
+    emitted = diagnose(DS_CASE, config=config)
+    assert emitted.estimate.step_time_s == pytest.approx(best.step_time_s)
+    assert not [n for n in emitted.notes if "priced" in n], emitted.notes
+    assert best.job.layout.zero_stage in (1, 2) and best.job.layout.dp > 1  # where overlap_comm matters
+    for changes, said in [({"zero_optimization.overlap_comm": False}, "zero_optimization.overlap_comm false"),
+                          ({"communication_data_type": "fp32"}, "communication_data_type fp32: the data-parallel "
+                                                                "reductions priced in bf16"),
+                          ({"zero_optimization.zero_quantized_gradients": True},
+                           "zero_optimization.zero_quantized_gradients: not priced"),
+                          ({"compile": {"enabled": True}}, "compile.enabled: not priced"),
+                          ({"zero_optimization.reduce_bucket_size": 200_000_000},
+                           "reduce_bucket_size 2e+08: priced at DeepSpeed's default of 5e+08"),
+                          ({"amp": {"enabled": True}}, "amp: removed from DeepSpeed")]:
+        config, _ = _ds_config(tmp_path, **changes)
+        notes = diagnose(DS_CASE, config=config).notes
+        assert any(said in n for n in notes), (changes, notes)
+    # Without overlap_comm DeepSpeed's default below stage 3 is off (runtime/zero/config.py).
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    plain = json.loads(config.read_text())["zero_optimization"]
+    plain.pop("overlap_comm")
+    assert DeepSpeedZeroConfig(**plain).overlap_comm is False
+    config, _ = _ds_config(tmp_path, zero_optimization=plain)
+    assert any("overlap_comm absent" in n for n in diagnose(DS_CASE, config=config).notes)
+
+
+def test_a_zero_key_deepspeed_refuses_and_ulysses_are_refused(tmp_path):
+    """Any key DeepSpeed's zero_optimization does not define stops the launch (not only one a letter from
+    a key it does), as do MiCS's, which DeepSpeed 0.19 removed; DeepSpeed-Ulysses' sequence parallelism
+    divides the data-parallel ranks and was read as none."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    for key in ("bogus_key", "mics_shard_size"):
+        with pytest.raises(Exception):  # pydantic's extra_forbidden, or DeepSpeed's removed key
+            DeepSpeedZeroConfig(stage=2, **{key: 1})
+        config, _ = _ds_config(tmp_path, **{f"zero_optimization.{key}": 1})
+        with pytest.raises(CaseError) as error:
+            diagnose(DS_CASE, config=config)
+        assert error.value.key == f"zero_optimization.{key}", str(error.value)
+    config, _ = _ds_config(tmp_path, sequence_parallel_size=2)
+    with pytest.raises(CaseError) as error:
+        diagnose(DS_CASE, config=config)
+    assert error.value.key == "sequence_parallel_size" and "Ulysses" in error.value.expected

@@ -52,6 +52,14 @@ ZERO_KEYS = (
     "zero_quantized_nontrainable_weights", "zero_quantized_weights")
 
 
+# What DeepSpeed 0.19 took out and refuses in a config (runtime/config.py, _REMOVED_TOP_LEVEL_CONFIG_KEYS and
+# _REMOVED_ZERO_CONFIG_KEYS): at the top level, features an older release ran (apex AMP, elasticity, ...);
+# in zero_optimization, MiCS and LoCo, which no release this reads priced.
+REMOVED_KEYS = ("nebula", "compression_training", "amp", "quantize_training", "sparse_gradients", "eigenvalue",
+                "sparse_attention", "elasticity", "graph_harvesting", "curriculum_learning", "progressive_layer_drop")
+REMOVED_ZERO_KEYS = ("mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param")
+
+
 # Where a ds_config states each layout field a refusal may name (the Megatron emitter's FLAG_OF_FIELD's twin).
 KEY_OF_FIELD = {"zero_stage": "zero_optimization.stage", "micro_batch_size": "train_micro_batch_size_per_gpu",
                 "offload_optimizer": "zero_optimization.offload_optimizer",
@@ -71,13 +79,68 @@ def misspelled_keys(path: Union[str, Path]) -> list[str]:
         if key not in DEEPSPEED_KEYS and close:
             notes.append(f"{path.name}: {one_line(key, 60)} is no DeepSpeed key (did you mean {close[0]}?): "
                          "DeepSpeed ignores it, and so does this reading")
+    for key in config:
+        if key in REMOVED_KEYS:
+            notes.append(f"{path.name}: {key}: removed from DeepSpeed (0.19 refuses the config: runtime/config.py, "
+                         f"_REMOVED_TOP_LEVEL_CONFIG_KEYS); an older DeepSpeed runs it, unpriced")
     zero = config.get("zero_optimization")
     for key in zero if isinstance(zero, dict) else {}:
-        close = difflib.get_close_matches(str(key), ZERO_KEYS, n=1, cutoff=0.85)
-        if key not in ZERO_KEYS and close:
+        if key in REMOVED_ZERO_KEYS:
+            raise CaseError(str(path), f"zero_optimization.{key}", "removed from DeepSpeed (0.19 refuses the config: "
+                                                                 "runtime/config.py, _REMOVED_ZERO_CONFIG_KEYS), "
+                                                                 "and not priced")
+        if key not in ZERO_KEYS:
+            close = difflib.get_close_matches(str(key), ZERO_KEYS, n=1, cutoff=0.85)
+            meant = f" (did you mean {close[0]}?)" if close else ""
             raise CaseError(str(path), f"zero_optimization.{one_line(key, 60)}",
-                            f"unknown key (did you mean {close[0]}?): DeepSpeed's zero_optimization takes no other, "
-                            "and the launch would not start")
+                            f"unknown key{meant}: DeepSpeed's zero_optimization takes no other (a pydantic model "
+                            "that forbids extra fields, runtime/zero/config.py), and the launch would not start")
+    return notes
+
+
+def unpriced_notes(path: Union[str, Path], job) -> list[str]:
+    """What the config runs that the estimate of its layout does not price (the emitter writes none of
+    it, or writes it as priced), one line each: DeepSpeed's data-parallel traffic left in the open
+    (``overlap_comm``: off below stage 3 unless set, ``runtime/zero/config.py`` overlap_comm_valid),
+    buckets and a reduction dtype other than those priced, and ZeRO++, MiCS, activation partitioning or
+    CPU checkpointing and torch.compile, which the cost models do not hold."""
+    path = Path(path)
+    config, _ = as_deepspeed_reads(str(path), _load(path))
+    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    lay, training = job.layout, job.training
+    stage = lay.zero_stage
+    notes = []
+    if lay.dp * lay.cp > 1 and stage in (1, 2) and not zero.get("overlap_comm", False):
+        said = "false" if "overlap_comm" in zero else "absent (DeepSpeed's default below stage 3: off)"
+        notes.append(f"zero_optimization.overlap_comm {said}: DeepSpeed reduces the gradients after the backward, not "
+                     "behind it; priced with the overlap, so the run may step slower")
+    priced_bucket = training.engine.bucket_params
+    for key in ("reduce_bucket_size", "allgather_bucket_size"):
+        bucket = zero.get(key)
+        if stage in (1, 2) and isinstance(bucket, (int, float)) and not isinstance(bucket, bool) \
+                and bucket != priced_bucket:
+            notes.append(f"zero_optimization.{key} {bucket:g}: priced at DeepSpeed's default of {priced_bucket:g} "
+                         "elements a bucket")
+    # DeepSpeed reduces in communication_data_type, the model's dtype unless set (runtime/engine.py).
+    priced_dtype = "fp32" if fp32_gradients(training) else {"fp16": "fp16"}.get(training.precision, "bf16")
+    said_dtype = config.get("communication_data_type")
+    if isinstance(said_dtype, str) and said_dtype.lower() != priced_dtype and lay.dp * lay.cp > 1:
+        notes.append(f"communication_data_type {said_dtype}: the data-parallel reductions priced in {priced_dtype}")
+    unpriced = [f"zero_optimization.{key}" for key in ("zero_quantized_weights", "zero_quantized_gradients",
+                                                       "zero_quantized_nontrainable_weights")
+                if zero.get(key) is True]
+    if isinstance(zero.get("zero_hpz_partition_size"), int) and zero["zero_hpz_partition_size"] > 1:
+        unpriced.append("zero_optimization.zero_hpz_partition_size")
+    checkpointing = config.get("activation_checkpointing")
+    if isinstance(checkpointing, dict):
+        unpriced += [f"activation_checkpointing.{key}" for key in ("partition_activations", "cpu_checkpointing")
+                     if checkpointing.get(key) is True]
+    compiled = config.get("compile")
+    if isinstance(compiled, dict) and compiled.get("enabled") is True:
+        unpriced.append("compile.enabled")
+    if unpriced:
+        notes.append(f"{', '.join(unpriced)}: not priced (the estimate is of plain ZeRO-{stage}, eager kernels and "
+                     "the case's recomputation), so the run's memory and step time may differ")
     return notes
 
 
@@ -269,6 +332,12 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     batch_was_auto = config.get("train_batch_size") == "auto"
     config = resolve_auto(src, config, case, _dp(src, config, case, pp, tp), micro_batch_size)[0]
     _check_optimizer(src, config, case)
+    ulysses = config.get("sequence_parallel_size", 1)
+    if ulysses != 1:
+        # runtime/config.py: the batch's data-parallel size is the world over sequence_parallel_size.
+        raise CaseError(src, "sequence_parallel_size", f"{one_line(repr(ulysses), 40)}: DeepSpeed-Ulysses sequence "
+                                                       "parallelism is not priced (the planner's context parallelism "
+                                                       "is Megatron-LM's and torchtitan's); expected 1 or absent")
 
     tp_section = config.get("tensor_parallel", {})
     if not isinstance(tp_section, dict):
