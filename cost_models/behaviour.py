@@ -65,6 +65,10 @@ class EngineBehaviour:
     # nothing to overlap: DeepSpeed's ``TrainSchedule`` ends every step with ReduceTiedGrads,
     # ReduceGrads, OptimizerStep (``deepspeed/runtime/pipe/schedule.py``).
     reduce_after_pipeline: bool = False
+    # Without ZeRO, the gradients are all-reduced once the last backward is done, nothing left to hide
+    # them behind: DeepSpeed's engine at stage 0 (``runtime/engine.py``: ``allreduce_gradients`` →
+    # ``buffered_allreduce_fallback`` at the accumulation boundary, after ``loss.backward()``).
+    zero0_reduce_after_backward: bool = False
     # Gradients of bf16 training accumulated and reduced in fp32 unless told otherwise:
     # torchtitan's FSDP2 reduces in float32 (``torchtitan/config/configs.py``,
     # mixed_precision_reduce). Megatron-core's DistributedDataParallelConfig reduces in the

@@ -132,12 +132,13 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
         return chunks * collective_time(kind, size / chunks, dp_links, perf)
 
     engine = training.engine
-    if lay.zero_stage < 3 and (lay.pp > 1 and engine.reduce_after_pipeline or folds_gradients_into_fp32(job)):
+    if lay.zero_stage < 3 and (lay.pp > 1 and engine.reduce_after_pipeline or folds_gradients_into_fp32(job)
+                               or lay.zero_stage == 0 and engine.zero0_reduce_after_backward):
         # DeepSpeed's pipeline all-reduces gradients (its BF16 optimizer's fallback) once the
         # schedule has drained, and so does its BF16_Optimizer without a pipeline, once the last
         # backward is done (``engine.allreduce_gradients`` → ``buffered_allreduce_fallback``: it has no
-        # reduce_gradients of its own); ZeRO-1 then gathers the updated weight shards
-        # (``BF16_Optimizer.update_lp_params`` → ``all_gather_dp_groups``).
+        # reduce_gradients of its own), as its engine does at stage 0 in fp16 or fp32; ZeRO-1 then
+        # gathers the updated weight shards (``BF16_Optimizer.update_lp_params`` → ``all_gather_dp_groups``).
         return tied + chunked("all_reduce", grads) + (chunked("all_gather", weights) if lay.zero_stage else 0.0)
     forward = slowest.compute / 3
     if lay.zero_stage < 3:

@@ -582,6 +582,30 @@ def test_deepspeeds_bf16_optimizer_reduces_after_the_backward_without_a_pipeline
     assert dp_comm_exposed(job, 0, stage_time(job, 0)) == pytest.approx(whole)
 
 
+def test_deepspeed_without_zero_reduces_after_the_backward():
+    """At stage 0 DeepSpeed's engine all-reduces the gradients at the accumulation boundary, after
+    ``loss.backward()`` returns (``engine.allreduce_gradients`` → ``buffered_allreduce_fallback``), in
+    fp16 as in fp32: nothing hides it, whatever the last backward's length. It was priced as DDP's
+    buckets behind that backward (a micro-batch of 4 hid more than one of 1), as Megatron's are."""
+    def job(engine: str, micro_batch_size: int) -> Job:
+        return Job(_gpt(layers=24), ClusterSpec(gpu=_gpu(), num_gpus=64),
+                   TrainingSpec(global_batch_size=512, seq_len=2048, precision="fp16", engine=behaviour_of(engine)),
+                   Layout(dp=64, micro_batch_size=micro_batch_size, zero_stage=0))
+
+    def exposed_dp(engine: str, micro_batch_size: int) -> float:
+        return dp_comm_exposed(job(engine, micro_batch_size), 0, stage_time(job(engine, micro_batch_size), 0))
+
+    ds = job("deepspeed", 1)
+    params = job_stage_parameters(ds, 0).dense
+    links, perf = group_links(ds.cluster, ds.layout, "dp_cp"), ds.cluster.gpu.performance
+    chunks = gradient_chunks(ds, params, 2)
+    whole = chunks * collective_time("all_reduce", 2 * params / chunks, links, perf)  # fp16 gradients, every bucket
+    for micro_batch_size in (1, 4):
+        assert exposed_dp("deepspeed", micro_batch_size) == pytest.approx(whole)
+    # Megatron's buckets hide behind the backward but for the last.
+    assert exposed_dp("megatron", 1) < whole / 4
+
+
 def test_a_stage_whose_pipeline_neighbours_are_across_nodes_runs_no_faster_than_its_collectives_floor():
     """nanotron (its Playbook sweep): with its pipeline neighbours in another node, a
     stage takes at least f0 + f1·(tp − 1) per tensor-parallel collective for a micro-batch, the GPU's

@@ -80,7 +80,7 @@ BEHAVIOUR = EngineBehaviour(
     zero3_max_live_parameters=1e9, zero3_prefetch_bucket_h2=0.9,
     # Without fp32 master weights: bf16.bf16_master_weights_and_grads and bf16_optimizer_states.
     bf16_master_partition=True,
-    reduce_after_pipeline=True, fp32_accumulation_bytes=20.0,
+    reduce_after_pipeline=True, zero0_reduce_after_backward=True, fp32_accumulation_bytes=20.0,
     bucket_params=5e8, bucket_bytes=0.0, overlap_param_gather=False, loss_gradient_bytes=2.0,
     selective="attention", fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine",
     collective_launch_s=0.0, grouped_gemm_streams=1,
