@@ -33,6 +33,7 @@ class Remedy:
     # As Estimate.memory_verdict says it of the changed layout: "fits" (the band's upper end fits),
     # "at risk" or "does not fit".
     verdict: str = "does not fit"
+    step_time_s: Optional[float] = None  # the changed layout's step, where it fits
 
 
 @dataclass(frozen=True)
@@ -132,16 +133,19 @@ class Estimate:
         return None if host_fits(self.job, self.headroom) else "host"
 
     def remedy(self) -> Optional[Remedy]:
-        """The cheapest change that makes the layout fit (see :func:`remedies`), or None if it fits."""
+        """The cheapest change that makes the layout fit: of those :func:`remedies` tries that fit, the
+        one whose step is the shortest (a ZeRO stage can cost a quarter of what recomputing the MLPs
+        of every layer does, and recomputing a few whole layers less than part of every one); where
+        none fits, the one that comes closest. None if the layout fits."""
         if self.fits:
             return None
         # The host overflows while the GPU holds the peak: only offloading less frees host memory (a
         # deeper pipeline, say, shards nothing more of it), and what it moves back must fit the GPU.
         ladder = list(host_remedies(self.job, self.headroom) if self.overflows == "host"
                       else remedies(self.job, self.headroom))
-        for remedy in ladder:
-            if remedy.fits:
-                return remedy
+        fitting = [r for r in ladder if r.fits]
+        if fitting:
+            return min(fitting, key=lambda r: r.step_time_s)
         return min(ladder, key=lambda r: r.peak_bytes) if ladder else None
 
     def layout_mapping(self) -> dict[str, Any]:
@@ -264,7 +268,8 @@ def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Rem
             continue
         peak = peak_stage_memory(candidate).total
         fits = peak <= fit_limit(job, headroom) and host_fits(candidate, headroom)
-        return Remedy(shown, candidate.layout, peak, fits, verdict_of(candidate, peak, fits, headroom))
+        return Remedy(shown, candidate.layout, peak, fits, verdict_of(candidate, peak, fits, headroom),
+                      step_time(candidate).total if fits else None)
     return None
 
 
@@ -285,7 +290,8 @@ def _quantized_weights(job: Job, headroom: float) -> Optional[Remedy]:
     peak = peak_stage_memory(candidate).total
     fits = peak <= fit_limit(job, headroom)
     return Remedy("training.fp8_param_gather: true (the weights kept quantized, no 16-bit copy beside them)",
-                  job.layout, peak, fits, verdict_of(candidate, peak, fits, headroom))
+                  job.layout, peak, fits, verdict_of(candidate, peak, fits, headroom),
+                  step_time(candidate).total if fits else None)
 
 
 def _recompute_rungs(job: Job) -> list[tuple[str, dict]]:
@@ -305,6 +311,35 @@ def _recompute_rungs(job: Job) -> list[tuple[str, dict]]:
         rungs.append(("recompute full", {"recompute": "full", "recompute_num_layers": None,
                                          "recompute_modules": None}))
     return rungs
+
+
+def _fewest_full_layers(job: Job, headroom: float) -> Optional[Remedy]:
+    """Full recomputation of the fewest layers per stage that fits, where the engine recomputes only
+    some (Megatron's --recompute-num-layers, counted per model chunk: in steps of vpp), by bisection
+    as the search finds them (``search_recompute.least_full_recompute``); None where none short of
+    every layer fits, or the engine recomputes all or none."""
+    lay = job.layout
+    engine = ENGINES.get(job.training.engine.name)
+    if engine is None or not engine.support.partial_recompute or "full" not in engine.support.recompute:
+        return None
+    if lay.recompute == "full" and lay.recompute_num_layers is None:
+        return None  # every layer recomputed already
+    stage_max, step = max(job.stage_layers), lay.vpp
+    done = (lay.recompute_num_layers or 0) if lay.recompute == "full" else 0
+    low, high = done // step + 1, stage_max // step - 1  # every layer is the ladder's "recompute full"
+    best = None
+    while low <= high:
+        mid = (low + high) // 2
+        layers = mid * step
+        remedy = _try(job, headroom, f"recompute full of {layers} layers per stage (recompute_num_layers: {layers})",
+                      recompute="full", recompute_num_layers=layers, recompute_modules=None)
+        if remedy is None:
+            return best
+        if remedy.fits:
+            best, high = remedy, mid - 1
+        else:
+            low = mid + 1
+    return best
 
 
 def host_remedies(job: Job, headroom: float = 0.0):
@@ -358,10 +393,15 @@ def remedies(job: Job, headroom: float = 0.0):
                                "recompute_modules": None}))
          if lay.offload_optimizer < 1.0],
     ]
-    for ladder in ladders:
+    for index, ladder in enumerate(ladders):
         tried = [r for r in (_try(job, headroom, d, **c) for d, c in ladder) if r is not None]
+        if index == 1:  # recomputation: a few whole layers may cost less than part of every layer
+            partial = _fewest_full_layers(job, headroom)
+            tried += [partial] if partial is not None else []
         fitting = [r for r in tried if r.fits]
         if fitting:
-            yield fitting[0]
+            # The smallest change of its kind; of recomputation's, whose costs are not in the order
+            # of the memory they free, each that fits.
+            yield from (fitting if index == 1 else fitting[:1])
         elif tried:
             yield min(tried, key=lambda r: r.peak_bytes)

@@ -147,8 +147,10 @@ def print_estimate(est: Estimate, console: Console) -> None:
         # In the words the estimate of the changed layout says it (a peak over the usable memory that
         # fits only at the band's low end is "at risk", not "fits").
         verdict = {"does not fit": "still does not fit"}.get(remedy.verdict, remedy.verdict)
-        console.print(f"cheapest next change: {remedy.description} → peak {remedy.peak_bytes / GB:.1f} GB, {verdict}",
-                      markup=False)
+        step = "" if remedy.step_time_s is None else \
+            f", step {remedy.step_time_s:.3f} s ({remedy.step_time_s / est.step_time_s - 1:+.1%})"
+        console.print(f"cheapest next change: {remedy.description} → peak {remedy.peak_bytes / GB:.1f} GB, "
+                      f"{verdict}{step}", markup=False)
 
 
 # What a layout field's None means, as a person reads it.
