@@ -126,10 +126,11 @@ class Plan:
         runner = self.alternatives[0]
         gap = runner.step_time_s - self.best.step_time_s
         if gap < -1e-3 * self.best.step_time_s:  # a slower, simpler (or safer) layout was picked
-            why = ("the simplest layout within the --simplest-within margin" if self.picked_on == "simplicity" else
-                   f"the pick among layouts within {self.margin:.1%} of the fastest, which the model cannot tell "
-                   f"apart: the surest to fit (its memory band's upper end, else its predicted peak), then "
-                   f"the simplest")
+            within = (f"within the --simplest-within margin ({self.margin:.1%})" if self.picked_on == "simplicity"
+                      else f"within {self.margin:.1%} of the fastest, which the model cannot tell apart")
+            # The same rule either way: a simpler layout that fits less surely is not the pick.
+            why = (f"the pick among layouts {within}: the surest to fit (its memory band's upper end, else its "
+                   f"predicted peak), then the simplest")
             return f"{-gap:.3f} s faster per step ({gap / self.best.step_time_s:+.1%}), but the best is {why} " \
                    f"(order: {COMPLEXITY_ORDER})"
         if gap <= 1e-3 * self.best.step_time_s:

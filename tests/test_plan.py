@@ -429,3 +429,26 @@ def test_the_best_carries_the_engine_the_plan_picked_so_estimate_gives_the_plans
                                "training": {**case["training"], **best["training"]}}).to_dict()
     assert replay["step_time_s"] == best["step_time_s"]
     assert replay["memory"]["peak_bytes"] == best["memory"]["peak_bytes"]
+
+
+def test_the_runner_up_line_under_simplest_within_says_the_rule_that_picked():
+    """Llama 3 70B on 1,024 H100s with --simplest-within 1: a layout within the margin is simpler than
+    the pick (fewer pipeline stages) but fits less surely; the line said the best was "the simplest
+    layout within the --simplest-within margin", which it is not. The rule is the robust pick's."""
+    from pathlib import Path
+
+    from planner.complexity import layout_complexity
+    from planner.search_memory import fit_tier
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "llama3-70b-1024-h100-plan.yaml"
+    p = planner.plan(example, simplest_within=1)
+    gbs = p.best.job.training.global_batch_size
+
+    def simpler_but_less_sure(alt) -> bool:
+        return (alt.step_time_s <= p.best.step_time_s * 1.01 + 1e-9
+                and layout_complexity(alt.job.layout, gbs) < layout_complexity(p.best.job.layout, gbs)
+                and fit_tier(alt.job, alt.peak.total, p.headroom) > fit_tier(p.best.job, p.best.peak.total, p.headroom))
+
+    assert any(simpler_but_less_sure(alt) for alt in p.alternatives)
+    why = p.why_runner_up_lost()
+    assert "the simplest layout within" not in why and "the surest to fit" in why and "--simplest-within" in why
