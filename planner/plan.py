@@ -385,6 +385,8 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
     robust pick (:func:`robust_choice`) unless ``fastest`` (the raw optimum) or ``simplest_within``."""
     plan_options(top_k, simplest_within, target)
     read_bool("plan", "fastest", fastest)  # "no" is truthy: it returned the raw optimum
+    if fastest and simplest_within is not None:  # as the CLI refuses --fastest with --simplest-within
+        raise CaseError("plan", "fastest", "give either fastest or simplest_within, not both")
     if isinstance(case, Case):
         if engine is not None:
             raise CaseError(case.source, "engine", "applies to a case path or dict, not to a loaded Case")

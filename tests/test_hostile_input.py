@@ -345,6 +345,8 @@ def test_rows_of_the_wrong_type_in_published_runs_are_skipped_with_why(tmp_path)
     ({"simplest_within": math.inf}, "simplest_within"), ({"simplest_within": math.nan}, "simplest_within"),
     ({"simplest_within": -50}, "simplest_within"), ({"simplest_within": "5"}, "simplest_within"),
     ({"target": "nemo"}, "target"), ({"engine": "nemo"}, "--engine"),
+    # the CLI refuses --fastest with --simplest-within; the API returned the raw optimum
+    ({"fastest": True, "simplest_within": 5}, "fastest"),
 ])
 def test_the_api_refuses_bad_arguments_with_a_case_error(kwargs, key):
     case = {k: v for k, v in CASE.items() if k != "layout"}
