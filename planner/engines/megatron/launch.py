@@ -166,13 +166,14 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
                     values.append(strip(words[i + 1]))
                     i += 1
                 found[flag] = " ".join(values)
-            elif inline:
+            elif "=" in word:  # --flag=value, its value that alone (--flag= : an empty one)
                 found[flag] = inline
             elif i + 1 < len(words) and not words[i + 1].startswith("--"):
                 found[flag] = strip(words[i + 1])
                 i += 1
             else:
-                found[flag] = ""
+                raise CaseError(src, flag, "takes a value, and none follows it: Megatron-LM's parser refuses it "
+                                           "(expected one argument), and the run would not start")
             # argparse converts and checks every occurrence, not only the last it keeps.
             _check_value(src, flag, found[flag])
             if i > script_at and flag not in LIST_FLAGS and not closes(words[i]) and i + 1 < len(words):
@@ -203,7 +204,7 @@ def _check_not_stray(src: str, flag: str, word: str, switch: bool) -> None:
 
 def _check_value(src: str, flag: str, value: Optional[str]) -> None:
     """A value Megatron-LM's parser refuses, refused: the run would not start."""
-    if not value:
+    if value is None:
         return
     # argparse's type=int: "1e+06" or "8.0" stops Megatron-LM's parser (digits past any bound are
     # the reader's to refuse, with the bound, where it reads them).
@@ -324,10 +325,17 @@ def _included(command: str, path: Path) -> Optional[str]:
 
 
 def _is_argument_list(text: str) -> bool:
-    """An argument list (every line, comments aside, a flag or flags), not a script: read word by
-    word as launch.sh passes it (a layout's unquoted ``|`` is no pipe there)."""
-    return all(line.startswith("-") for line in (raw.strip() for raw in text.splitlines())
-               if line and not line.startswith("#"))
+    """An argument list (every line, comments aside, a flag or flags, or the one word of a value after
+    a line that ends in a flag: a list written a word a line), not a script: read word by word as
+    launch.sh passes it (a layout's unquoted ``|`` is no pipe there)."""
+    after_flag = False
+    for line in (raw.strip() for raw in text.splitlines()):
+        if not line or line.startswith("#"):
+            continue
+        if not line.startswith("-") and not (after_flag and len(line.split()) == 1):
+            return False
+        after_flag = line.startswith("-") and line.split()[-1].startswith("--")
+    return True
 
 
 @dataclass(frozen=True)

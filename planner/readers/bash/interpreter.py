@@ -311,6 +311,26 @@ class _Shell(_Commands):
             self.note_as_is(note)
 
 
+# Parameter expansions nested in one another (${A:-${B:-...}}): no launch script nests a handful, and
+# the reader's recursion over each level took about a millisecond (100,000 levels, a minute).
+MAX_EXPANSION_NESTING = 100
+
+
+def _check_expansion_nesting(text: str) -> None:
+    """Refuse parameter expansions nested past MAX_EXPANSION_NESTING before reading any: a linear
+    count of ``${`` opened and ``}`` closed (any brace closes, so the count never exceeds the true
+    nesting)."""
+    depth = 0
+    for match in re.finditer(r"\$\{|\}", text):
+        if match.group() == "}":
+            depth = max(0, depth - 1)
+            continue
+        depth += 1
+        if depth > MAX_EXPANSION_NESTING:
+            raise ScriptLimit("", f"nests parameter expansions (${{...${{...}}...}}) past {MAX_EXPANSION_NESTING} "
+                                  "levels: nests too deeply to read")
+
+
 def run_script(text: str, name: str, command_output: Optional[Callable[[str], Optional[str]]] = None,
                variables: Optional[dict] = None, positional: Optional[list] = None,
                steps: Optional[list] = None, depth: int = 0, argv0: Optional[str] = None) -> Script:
@@ -319,6 +339,7 @@ def run_script(text: str, name: str, command_output: Optional[Callable[[str], Op
     if len(text) > MAX_EXPANDED_CHARS:
         raise ScriptLimit("", f"holds {len(text):,} characters, past the {MAX_EXPANDED_CHARS:,} a launch script "
                               "is read to")
+    _check_expansion_nesting(text)
     newlines = [m.start() for m in re.finditer("\n", text)]
 
     def line_of(offset: int) -> int:
