@@ -650,7 +650,8 @@ def test_read_the_modules_selective_recomputation_names(tmp_path, recompute, mod
     (("--num-layers-per-virtual-pipeline-stage 2", "--num-layers-per-virtual-pipeline-stage 3"),
      "--num-layers-per-virtual-pipeline-stage", "3 must divide the 8 layers per pipeline stage"),
     (("--recompute-method block", "--recompute-method"), "--recompute-method",
-     "takes a value, and none follows it"),
+     "takes a value, and none follows it: Megatron-LM's parser refuses it (expected one argument), and the run "
+     "would not start"),
 ])
 def test_read_names_the_file_and_flag_of_a_contradiction(tmp_path, change, flag, expected):
     path = tmp_path / "train.sh"
