@@ -331,6 +331,7 @@ def _check_team_shape(source: str, name: str, row: dict) -> None:
         value = model.get(section) if isinstance(model, dict) else None
         if value is not None and not isinstance(value, dict):
             raise CaseError(source, f"{name}.model.{section}", f"expected a mapping, got {one_line(repr(value), 40)}")
+    _check_extra(source, name, model.get("extra") if isinstance(model, dict) else None)
     parallel = row.get("parallel")
     if isinstance(parallel, dict):
         fsdp = parallel.get("fsdp")
@@ -349,6 +350,28 @@ def _check_team_shape(source: str, name: str, row: dict) -> None:
             raise CaseError(source, f"{name}.measured.mfu", f"expected a share of the peak from 0 to 1, got "
                                                             f"{one_line(repr(mfu), 40)}")
     _check_gpu_name(source, name, row["gpu"])
+
+
+# What the fit reads of a run's model.extra (published_runs: tied_embeddings, head_dim, mtp_layers), and
+# what each must be: a value of another kind was read as not stated (tied_embeddings 'yes' fitted the
+# run as untied), a key a letter from one (tied_embedding) not read at all.
+EXTRA_KEYS = {"tied_embeddings": "true or false", "head_dim": "a positive integer",
+              "mtp_layers": "a non-negative integer"}
+
+
+def _check_extra(source: str, name: str, extra: Optional[dict]) -> None:
+    for key, value in (extra or {}).items():
+        kind = EXTRA_KEYS.get(key)
+        if kind is None:
+            close = difflib.get_close_matches(str(key), EXTRA_KEYS, n=1, cutoff=0.85)
+            if close:
+                raise CaseError(source, f"{name}.model.extra.{one_line(str(key), 40)}",
+                                f"is not read (did you mean {close[0]}?)")
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if (key == "tied_embeddings" and not isinstance(value, bool)) or (key == "head_dim" and not (
+                whole and value > 0)) or (key == "mtp_layers" and not (whole and value >= 0)):
+            raise CaseError(source, f"{name}.model.extra.{key}", f"expected {kind}, got {one_line(repr(value), 40)}")
 
 
 # A GPU name's variants that are other GPUs than the SXM part the presets hold (PCIe cards, the NVL

@@ -957,3 +957,22 @@ def test_a_logs_case_is_named_by_its_own_keys(tmp_path):
     with pytest.raises(CaseError) as refused:
         fit(runs, "megatron.log")
     assert refused.value.key == "cluster.profile" and "GPU preset" in refused.value.expected
+
+
+@pytest.mark.parametrize("extra, key, said", [
+    # 'yes' and 1 were read as not stated: the run fitted as untied
+    ({"tied_embeddings": "yes"}, "model.extra.tied_embeddings", "expected true or false"),
+    ({"tied_embeddings": 1}, "model.extra.tied_embeddings", "expected true or false"),
+    ({"tied_embedding": True}, "model.extra.tied_embedding", "did you mean tied_embeddings?"),
+    ({"mtp_layers": -1}, "model.extra.mtp_layers", "expected a non-negative integer"),
+    ({"head_dim": "128"}, "model.extra.head_dim", "expected a positive integer"),
+])
+def test_what_the_fit_reads_of_a_runs_extra_is_checked(extra, key, said):
+    with pytest.raises(CaseError) as error:
+        runs_from_rows([published_row(model={**published_row()["model"], "extra": extra})], "runs.yaml")
+    assert error.value.key == f"team-run-1.{key}" and said in error.value.expected, str(error.value)
+
+
+def test_a_runs_extra_may_hold_notes_the_fit_does_not_read():
+    runs_from_rows([published_row(model={**published_row()["model"],
+                                         "extra": {"tied_embeddings": False, "notes": "our tokenizer"}})], "runs.yaml")
