@@ -217,6 +217,13 @@ def read_log(path: Path) -> LogReading:
             stated.append(("num_query_groups", float(args["num_attention_heads"])))
         if final is not None and not any(k == "global_batch_size" for k, _ in stated):
             stated.append(("global_batch_size", float(final)))
+        said = dict(stated).get("global_batch_size")
+        if final is not None and said is not None and final != said:
+            # The intervals' own batch is what they ran: 64-sequence steps were priced as the case's 128.
+            raise CaseError(src, "global batch size", f"the last interval ran {final}, where the log's arguments say "
+                                                      f"global_batch_size {said:g}: no interval ran the batch the run "
+                                                      "trains at (a ramp-up not finished, or another run's lines), "
+                                                      "so none can be timed as it")
         settings = tuple((k, args[k]) for k in MEGATRON_SETTINGS if k in args)
         reading = LogReading("megatron", step_time_s=_median(times, src, "'elapsed time per iteration (ms)'") / 1e3,
                              steps=len(times), stated=tuple(stated), settings=settings,

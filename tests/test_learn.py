@@ -689,7 +689,7 @@ def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
     # errors met while fitting named "<case>" and a case key the runs file does not have
     ({"num_gpus": 64, "parallel": {"tp": 1, "pp": 64, "dp": 1, "zero_stage": 1}}, "parallel.pp",
      "Megatron-LM gives every pipeline stage but the first and last a transformer layer"),
-    ({"batch__global_batch_size": 2**40}, "batch.global_batch_size", "steps of"),
+    ({"batch__global_batch_size": 2**40}, "batch.global_batch_size", "expected an integer <= 16777216"),
     # a grid off its GPUs: 'global batch does not divide' and 'parallel.dp: got 0', though the file says 8
     ({"num_gpus": 12}, "parallel.dp", "8, but 12 GPUs over tp 1 · pp 1 · cp 1 leave dp 12"),
     ({"parallel__tp": 16}, "num_gpus", "8 GPUs, which tp 16 · pp 1 · cp 1 = 16 does not divide"),
@@ -976,3 +976,13 @@ def test_what_the_fit_reads_of_a_runs_extra_is_checked(extra, key, said):
 def test_a_runs_extra_may_hold_notes_the_fit_does_not_read():
     runs_from_rows([published_row(model={**published_row()["model"],
                                          "extra": {"tied_embeddings": False, "notes": "our tokenizer"}})], "runs.yaml")
+
+
+def test_a_log_that_never_ran_its_stated_batch_is_refused(tmp_path):
+    """Every interval at 64 sequences where the argument dump says 128 (a ramp-up not finished): the
+    12 s steps of 64 were priced as steps of 128, twice the throughput they ran."""
+    log = MEGATRON_LOG.replace("global batch size:   128", "global batch size:    64")
+    with pytest.raises(CaseError) as error:
+        read_log(write(tmp_path, "short.log", log))
+    assert error.value.key == "global batch size" and "the last interval ran 64" in error.value.expected
+    assert "global_batch_size 128" in error.value.expected
