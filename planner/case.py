@@ -23,7 +23,7 @@ from .case_errors import case_message, spec_errors
 from .engines import ENGINES
 from .errors import CaseError, one_line
 from .fitted import read_fitted
-from .fields import (describe, read_bool, read_figure, read_file_path, read_int, read_mapping, read_number,
+from .fields import (describe, read_bool, read_figure, read_file_path, read_for, read_int, read_mapping, read_number,
                      read_str, read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import load_yaml, read_text
@@ -222,7 +222,9 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
                                                  f"expected one of {', '.join(presets)}")
         fields = {"name": name, **presets[name]}
     elif "hf_config" in section:
-        fields = read_hf_config(read_file_path(src, "model.hf_config", section["hf_config"], base, "config.json"))
+        path = read_file_path(src, "model.hf_config", section["hf_config"], base, "config.json")
+        with read_for(src, "model.hf_config", path):
+            fields = read_hf_config(path)
     overrides = {k: v for k, v in section.items() if k not in ("preset", "hf_config")}
     fields.update(overrides)
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):

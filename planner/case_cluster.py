@@ -12,7 +12,7 @@ from cost_models.specs import ClusterSpec, FabricSpec, GPUSpec, HostSpec, Perfor
 
 from .case_errors import spec_errors
 from .errors import CaseError
-from .fields import (describe, read_bool, read_figure, read_file_path, read_int, read_mapping, read_number,
+from .fields import (describe, read_bool, read_figure, read_file_path, read_for, read_int, read_mapping, read_number,
                      read_str, read_time, read_unit, required)
 from .inputs import read_yaml
 from .limits import MAX_FABRIC_EFFICIENCY, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_PEAK_TFLOPS, MIN_FIGURE
@@ -259,7 +259,9 @@ def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster", 
         if "gpu" in section:
             raise CaseError(src, f"{key}.profile", "give either gpu or profile, not both")
         gpu_entry = None
-        gpu, profile_fabric = gpu_from_profile(read_file_path(src, f"{key}.profile", section["profile"], base), alone)
+        path = read_file_path(src, f"{key}.profile", section["profile"], base)
+        with read_for(src, f"{key}.profile", path):
+            gpu, profile_fabric = gpu_from_profile(path, alone)
     else:
         gpu_entry = required(src, key, section, "gpu")
     if isinstance(gpu_entry, str):
@@ -357,6 +359,7 @@ def cluster_profile(src: str, section: Any, base: Path) -> Optional[tuple[str, d
         return None  # _cluster reports a malformed section
     path = Path(section["profile"])
     path = path if path.is_absolute() else base / path
-    data = read_yaml(path)
+    with read_for(src, "cluster.profile", path):
+        data = read_yaml(path)
     return str(path), data if isinstance(data, dict) else {}
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .errors import CaseError, one_line
 from .limits import MAX_FIXED_TIME_S, MAX_INT, MAX_STRING_CHARS, MIN_FIGURE
@@ -139,6 +140,19 @@ def read_file_path(src: str, key: str, value: Any, base: Path, inside: str = "")
     if not os.path.lexists(path):  # said of the case and its key, as the directory is (it named the path alone)
         raise CaseError(src, key, f"file not found: {one_line(str(path), 200)}")
     return path
+
+
+@contextmanager
+def read_for(src: str, key: str, path: Path) -> Iterator[None]:
+    """Reading a file the case names at ``key``: what stops the file being read at all (a device, a
+    link loop, text that is no JSON), which names no key inside it, is said of the case and its key
+    too (it named the path alone); an error at a key inside the file is that file's own."""
+    try:
+        yield
+    except CaseError as error:
+        if error.source == str(path) and not error.key:
+            raise CaseError(src, key, f"{one_line(str(path), 200)}: {error.expected}") from None
+        raise
 
 
 def read_unit(src: str, key: str, value: Any, parse: Callable[[Any], float]) -> float:

@@ -1016,3 +1016,18 @@ def test_an_attention_half_point_past_any_length_is_refused(key):
     with pytest.raises(CaseError) as refused:
         planner.estimate(case)
     assert refused.value.key == f"cluster.performance.{key}"
+
+
+def test_a_file_the_case_names_that_cannot_be_read_is_named_by_the_case_and_its_key(tmp_path):
+    """A device, a link loop or YAML given as the HF config: the message named the file alone, not the
+    case that named it nor where (a missing file already said both)."""
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "notjson.yaml").write_text("a: 1\n")
+    rest = "training: {global_batch_size: 64, seq_len: 4096}\n"
+    for model, cluster, key, said in [
+            ("{hf_config: /dev/zero}", "{gpu: h100-sxm-80gb, num_gpus: 8}", "model.hf_config", "character device"),
+            ("{hf_config: notjson.yaml}", "{gpu: h100-sxm-80gb, num_gpus: 8}", "model.hf_config", "expected valid JSON"),
+            ("{preset: llama3-8b}", "{profile: loop1, num_gpus: 8}", "cluster.profile", "cannot be read")]:
+        case = write(tmp_path / "case.yaml", f"model: {model}\ncluster: {cluster}\n{rest}")
+        one_line_error(cli("plan", str(case)), f"{case}: {key}: ", said)
