@@ -119,6 +119,8 @@ def read_case(case: Any) -> tuple[Any, str, Path]:
     if isinstance(case, dict):
         return case, "<case>", Path(".")  # relative paths from the working directory, not asked for (it may be gone)
     if isinstance(case, (str, os.PathLike)):
+        if not os.fspath(case).strip():  # Path("") is the working directory: "'.' is a directory"
+            raise CaseError("<case>", "", "expected a case file's path, got an empty one")
         path = Path(case)
         return _parsed(path), str(path), path.parent
     raise CaseError("<case>", "", f"expected a case-file path or a dict, got {type(case).__name__}")

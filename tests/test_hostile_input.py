@@ -1031,3 +1031,10 @@ def test_a_file_the_case_names_that_cannot_be_read_is_named_by_the_case_and_its_
             ("{preset: llama3-8b}", "{profile: loop1, num_gpus: 8}", "cluster.profile", "cannot be read")]:
         case = write(tmp_path / "case.yaml", f"model: {model}\ncluster: {cluster}\n{rest}")
         one_line_error(cli("plan", str(case)), f"{case}: {key}: ", said)
+
+
+def test_an_empty_case_path_is_said_to_be_empty():
+    """planner.estimate(""): Path("") is the working directory, refused as "'.': a directory"."""
+    for call in (planner.estimate, planner.plan):
+        with pytest.raises(CaseError, match="expected a case file's path, got an empty one"):
+            call("")
