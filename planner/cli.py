@@ -249,6 +249,9 @@ def diagnose_command(
                                                     "(its PipelineModule's split, which ds_config does not state)."),
     megatron_args: Optional[Path] = typer.Option(None, "--megatron-args",
                                                  help="A Megatron-LM argument list or launch script."),
+    torchtitan: Optional[Path] = typer.Option(None, "--torchtitan",
+                                              help="torchtitan command-line overrides (overrides.txt), a launch "
+                                                   "script's words after -m torchtitan.train, or a 0.2 TOML job file."),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", min=1, max=MAX_GLOBAL_BATCH,
                                                    help="The Hugging Face Trainer's per_device_train_batch_size, "
                                                         "for a ds_config whose micro-batch is \"auto\"."),
@@ -261,9 +264,9 @@ def diagnose_command(
     from .diagnose import diagnose
 
     try:
-        if (config is None) == (megatron_args is None):
-            raise CaseError("diagnose", "--config", "give exactly one of --config or --megatron-args")
-        result = diagnose(case, config=config, megatron_args=megatron_args, pp=pp, tp=tp,
+        if sum(given is not None for given in (config, megatron_args, torchtitan)) != 1:
+            raise CaseError("diagnose", "--config", "give exactly one of --config, --megatron-args or --torchtitan")
+        result = diagnose(case, config=config, megatron_args=megatron_args, torchtitan=torchtitan, pp=pp, tp=tp,
                           micro_batch_size=micro_batch_size, recompute=recompute, ep=ep,
                           stage_layers=None if stage_layers is None else _stage_layers(stage_layers))
     except CaseError as error:

@@ -1,4 +1,4 @@
-"""`diagnose`: what an existing DeepSpeed or Megatron config costs, against the planner's best."""
+"""`diagnose`: what an existing DeepSpeed, Megatron or torchtitan config costs, against the planner's best."""
 
 from __future__ import annotations
 
@@ -133,12 +133,19 @@ def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int],
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
              pp: Optional[int] = None, tp: Optional[int] = None, micro_batch_size: Optional[int] = None,
              recompute: Optional[str] = None, ep: Optional[int] = None,
-             stage_layers: Optional[tuple[int, ...]] = None) -> Diagnosis:
+             stage_layers: Optional[tuple[int, ...]] = None, torchtitan: Optional[Path] = None) -> Diagnosis:
     """``micro_batch_size`` and ``recompute`` say what a Hugging Face Trainer's DeepSpeed config
     leaves to the Trainer (its per_device_train_batch_size, its gradient_checkpointing); ``ep``
-    what DeepSpeed-MoE's model code sets (its ep_size), ``stage_layers`` its PipelineModule's split."""
-    if (config is None) == (megatron_args is None):
-        raise CaseError("diagnose", "config", "give exactly one of config (a ds_config) or megatron_args")
+    what DeepSpeed-MoE's model code sets (its ep_size), ``stage_layers`` its PipelineModule's split.
+    ``torchtitan``: torchtitan command-line overrides, a launch script or a 0.2 TOML job file."""
+    if sum(given is not None for given in (config, megatron_args, torchtitan)) != 1:
+        raise CaseError("diagnose", "config", "give exactly one of config (a ds_config), megatron_args or torchtitan")
+    if recompute is not None and recompute not in ("none", "selective", "full"):
+        raise CaseError("--recompute", recompute, "expected none, selective or full")
+    if torchtitan is not None:
+        return _diagnose_torchtitan(case, read_path("diagnose", "torchtitan", torchtitan), pp=pp, tp=tp,
+                                    micro_batch_size=micro_batch_size, recompute=recompute, ep=ep,
+                                    stage_layers=stage_layers)
     config = None if config is None else read_path("diagnose", "config", config)
     megatron_args = None if megatron_args is None else read_path("diagnose", "megatron_args", megatron_args)
     engine = "deepspeed" if config is not None else "megatron"
@@ -163,8 +170,6 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         from .engines.deepspeed.read import auto_resolved
 
         resolved = tuple(auto_resolved(Path(config), loaded, pp, tp, micro_batch_size))
-    if recompute is not None and recompute not in ("none", "selective", "full"):
-        raise CaseError("--recompute", recompute, "expected none, selective or full")
     misspelled: tuple[str, ...] = ()
     if config is not None:
         from .engines.deepspeed.read import misspelled_keys
@@ -213,11 +218,43 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     return Diagnosis(engine, estimate, best, resolved, notes, taken if megatron_args is not None else None)
 
 
+def _diagnose_torchtitan(case: Any, path: Path, **options: Any) -> Diagnosis:
+    """A torchtitan job (``engines.torchtitan.read``) against the planner's best: the case trained as
+    the job runs it where the case leaves it to the engine (the compiled loss, async TP), the layout it
+    runs, and notes on what the estimate does not see as the job runs it. ``options`` are the
+    DeepSpeed reader's, refused where they differ from what the job states (``read_config``)."""
+    from .engines.torchtitan.read import read_training, reading_notes, taken_from_job, with_training
+
+    engine = "torchtitan"
+    loaded = load_case(case, engine=engine)
+    settings = read_training(path, loaded)
+    as_given = loaded
+    loaded = with_training(loaded, path, settings)
+    layout = read_config(loaded, engine, path, **options)
+    spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)
+    loaded = replace(loaded, training=training, search=spec)
+    try:
+        job = loaded.job(layout)
+        estimate = estimate_job(loaded, job)
+    except CaseError as error:  # the layout the job runs: named in the job's file, not the case
+        raise _in_the_config(error, loaded.source, path, engine, layout) from None
+    notes = tuple(reading_notes(path, loaded, job))
+    best = plan_case(loaded, target=engine)
+    return Diagnosis(engine, estimate, best, (), notes, taken_from_job(as_given, settings))
+
+
 def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str, layout) -> CaseError:
     """A refusal of the layout a config runs (``layout.offload_activations: megatron cannot run it``)
     named where the config states it, the flag or key, not the case's layout section the case may not have."""
     if error.source != case_source:
         return error
+    if engine == "torchtitan":  # parallelism.tensor_parallel_degree, compile.enable_async_tensor_parallel
+        from .engines.torchtitan.read import KEY_OF_FIELD as TORCHTITAN_KEYS
+        from .engines.torchtitan.read import SETTING_KEYS
+
+        section, _, field = error.key.partition(".")
+        key = {"layout": TORCHTITAN_KEYS, "training": SETTING_KEYS}.get(section, {}).get(field)
+        return CaseError(str(config), key, error.expected) if key else error
     if error.key.startswith("training.") and engine == "megatron":
         # A setting the arguments switch on that their own layout cannot take (--fp8-param-gather
         # without the distributed optimizer, --tp-comm-overlap without --sequence-parallel): the

@@ -141,5 +141,7 @@ def rules(job: Job) -> list[tuple[str, str]]:
     return out
 
 
+# Its reader (read.py) takes no options: a torchtitan job states every degree, the micro-batch and the
+# checkpointing, or leaves them to torchtitan's defaults.
 ENGINE = Engine("torchtitan", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.torchtitan.emit",
-                training_rules=training_rules, model_rules=model_rules)
+                training_rules=training_rules, model_rules=model_rules, reader="planner.engines.torchtitan.read")

@@ -1,0 +1,743 @@
+"""Reads an existing torchtitan job into a layout, for `diagnose` (the counterpart of
+:mod:`planner.engines.torchtitan.emit`): contradictions are a :class:`planner.errors.CaseError`
+naming the file and the key (``parallelism.tensor_parallel_degree``, as torchtitan names it).
+
+Two forms are read, neither by running anything:
+
+- torchtitan 0.3.0's command-line overrides (``torchtitan/config/manager.py`` ``ConfigManager``:
+  ``--section.key value`` words parsed by tyro): the ``overrides.txt`` the emitter writes, or a launch
+  script's words after ``-m torchtitan.train``. ``--module M --config F`` names the base config the
+  overrides apply to, which is not loaded (it is Python): what the overrides leave out is read as
+  torchtitan's own defaults, those of ``config/configs.py`` (``TrainingConfig``, ``ParallelismConfig``,
+  ``CompileConfig``) and ``trainer.py`` (``Trainer.Config``: selective activation checkpointing), and
+  a note says the base config may set others. The ``activation_checkpoint:<mode>`` subcommand
+  (``distributed/activation_checkpoint.py`` ``ActivationCheckpointingConfig``) sets the checkpointing.
+- a TOML job file of torchtitan <= 0.2 (``[parallelism]``, ``[training]``, ``[activation_checkpoint]``
+  with ``mode`` and ``selective_ac_option``, ``[compile]``, ``[model] converters``, ``[float8]``), with
+  0.2's defaults (``config/job_config.py``: selective checkpointing of every 2nd layer).
+
+The layout is the emitter's mapping inverted: dp = data_parallel_replicate_degree ×
+data_parallel_shard_degree (-1: the rest of the GPUs, as ``distributed/parallel_dims.py``
+``ParallelDims._validate`` fills it), ZeRO 3 where FSDP shards and ZeRO 0 where it replicates;
+the pipeline's stages from ``module_fqns_per_model_part`` (else torchtitan's own split,
+``distributed/pipeline_parallel.py`` ``_generate_llm_fqn_per_model_part``); the micro-batch
+``local_batch_size`` without a pipeline and ``pipeline_parallel_microbatch_size`` with one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from cost_models.layout_spec import rank_chunks
+from cost_models.specs import Job, Layout, SpecError
+
+from planner.case import case_message
+from planner.errors import CaseError, one_line
+from planner.inputs import read_text
+from planner.limits import MAX_INT
+
+# The fields of torchtitan 0.3.0's ParallelismConfig, TrainingConfig and CompileConfig
+# (config/configs.py): tyro refuses any other option in these sections, so the launch would not start.
+KNOWN_KEYS = {
+    "parallelism": ("data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+                    "enable_fsdp_symm_mem", "tensor_parallel_degree", "enable_sequence_parallel", "spmd_backend",
+                    "pipeline_parallel_degree", "module_fqns_per_model_part",
+                    "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
+                    "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size", "context_parallel_degree",
+                    "context_parallel_load_balancer", "context_parallel_ptrr_mask_key", "expert_parallel_degree"),
+    "training": ("local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "enable_cpu_offload",
+                 "disable_cuda_graphs", "dtype", "mixed_precision_param", "mixed_precision_reduce", "gc_freq",
+                 "gc_debug"),
+    "compile": ("enable", "enable_async_tensor_parallel", "components", "backend"),
+}
+# The boolean fields among them: tyro makes each a switch (--s.k / --s.no_k) that takes no value.
+SWITCHES = ("parallelism.enable_fsdp_symm_mem", "parallelism.enable_sequence_parallel", "training.enable_cpu_offload",
+            "training.disable_cuda_graphs", "training.gc_debug", "compile.enable",
+            "compile.enable_async_tensor_parallel", "parallelism.enable_async_tensor_parallel")
+
+# torch.distributed.pipelining.schedules.get_schedule_class's names (case-insensitive), by the stages
+# a rank holds: one (PipelineScheduleSingle) or several (PipelineScheduleMulti). The cost model times
+# 1F1B and its interleaved form only (cost_models.pipeline).
+SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe", "PipelineScheduleSingle")
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "PipelineScheduleMulti",
+                         "ZBVZeroBubble", "DualPipeV")
+PRICED_SCHEDULES = ("1F1B", "Interleaved1F1B")
+
+# Activation checkpointing: the tyro subcommands of torchtitan 0.3.0 (ActivationCheckpointingConfig)
+# and the modes of 0.2's [activation_checkpoint] mode, as the layout's recompute.
+AC_MODES = {"none": "none", "selective": "selective", "full": "full"}
+UNPRICED_AC_MODES = ("memory-budget", "memory_budget")
+
+# training.mixed_precision_param for each precision the case may train in (emit.PARAM_DTYPES's inverse).
+PARAM_DTYPES = {"bfloat16": ("bf16", "fp8", "mxfp8", "nvfp4"), "float32": ("fp32",)}
+# [model] converters of torchtitan 0.2 (components/quantization): the precision each runs.
+CONVERTER_PRECISIONS = {"float8": "fp8", "mx": "mxfp8"}
+
+# Where a torchtitan job states each layout field a refusal may name (the DeepSpeed reader's KEY_OF_FIELD's twin).
+KEY_OF_FIELD = {
+    "dp": "parallelism.data_parallel_shard_degree", "zero_stage": "parallelism.data_parallel_shard_degree",
+    "tp": "parallelism.tensor_parallel_degree", "sequence_parallel": "parallelism.enable_sequence_parallel",
+    "pp": "parallelism.pipeline_parallel_degree", "vpp": "parallelism.pipeline_parallel_schedule",
+    "cp": "parallelism.context_parallel_degree", "stage_layers": "parallelism.module_fqns_per_model_part",
+    "chunk_layers": "parallelism.module_fqns_per_model_part", "ep": "parallelism.expert_parallel_degree",
+    "etp": "parallelism.expert_tensor_parallel_degree", "micro_batch_size": "training.local_batch_size",
+    "recompute": "activation_checkpoint", "offload_params": "training.enable_cpu_offload",
+    "offload_optimizer": "training.enable_cpu_offload",
+}
+# Where it states the training settings read_training reads.
+SETTING_KEYS = {"compiled_loss": "compile.components", "tp_comm_overlap": "compile.enable_async_tensor_parallel"}
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """A torchtitan job as read: {"section.key": value} and the activation checkpointing.
+
+    Command-line values are the option's words (a switch: True or False); TOML values are TOML's.
+    ``base`` is ``--module M --config F`` where the overrides name it."""
+
+    src: str
+    values: dict
+    cli: bool
+    base: Optional[str] = None
+    ac_mode: Optional[str] = None
+    ac_option: Optional[str] = None  # torchtitan 0.2's selective_ac_option
+
+    def name(self, key: str) -> str:
+        """How the file states ``key``: the option's words or the TOML key."""
+        return f"--{key}" if self.cli else key
+
+    def absent(self, key: str, default: Any) -> str:
+        """What an absent key reads as, for a refusal."""
+        shown = str(default).lower() if isinstance(default, bool) else default
+        where = "config/configs.py" if self.cli else "torchtitan 0.2's config/job_config.py"
+        hint = f"; the base config {self.base} may set another: give {self.name(key)}" if self.base else ""
+        return f"absent (torchtitan's default {shown}, {where}{hint})"
+
+    def _word(self, key: str) -> str:
+        value = self.values[key]
+        if not isinstance(value, list) or len(value) != 1:
+            got = "no value" if value in (True, False, []) else f"{len(value)} words"
+            raise CaseError(self.src, key, f"expected one value after {self.name(key)}, got {got}")
+        return value[0]
+
+    def integer(self, key: str, default: Optional[int], minimum: int = 1) -> Optional[int]:
+        if key not in self.values:
+            return default
+        value = self.values[key]
+        if self.cli:
+            word = self._word(key).strip()
+            if not re.fullmatch(r"[+-]?\d+", word) or len(word.lstrip("+-")) > len(str(MAX_INT)):
+                raise CaseError(self.src, key, f"expected an integer, got {one_line(word, 40)!r}")
+            value = int(word)
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise CaseError(self.src, key, f"expected an integer, got {one_line(repr(value), 40)}")
+        if value < minimum or value > MAX_INT:
+            raise CaseError(self.src, key, f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    def string(self, key: str, default: Optional[str]) -> Optional[str]:
+        if key not in self.values:
+            return default
+        value = self._word(key) if self.cli else self.values[key]
+        if not isinstance(value, str):
+            raise CaseError(self.src, key, f"expected a string, got {one_line(repr(value), 40)}")
+        return value
+
+    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.string(key, default)
+        if value not in choices:
+            raise CaseError(self.src, key, f"expected one of {', '.join(choices)}, got {one_line(value, 40)!r}")
+        return value
+
+    def switch(self, key: str, default: bool) -> bool:
+        if key not in self.values:
+            return default
+        value = self.values[key]
+        if isinstance(value, bool):
+            return value
+        said = f"given {' '.join(value)!r}" if self.cli else f"got {one_line(repr(value), 40)}"
+        field = key.split(".", 1)[1]
+        expected = f"a switch (--{key} or --{key.split('.')[0]}.no_{field}, no value: tyro's flag)" if self.cli \
+            else "true or false"
+        raise CaseError(self.src, key, f"expected {expected}, {one_line(said, 60)}")
+
+    def names(self, key: str, default: list[str]) -> list[str]:
+        """A list[str] option: comma-separated words (ConfigManager's list_str_rule), or a TOML list."""
+        if key not in self.values:
+            return default
+        value = self.values[key]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise CaseError(self.src, key, f"expected a list of names, got {one_line(repr(value), 60)}")
+        return [name.strip() for word in value for name in word.split(",") if name.strip()]
+
+    def parts(self, key: str) -> Optional[list[list[str]]]:
+        """``module_fqns_per_model_part``: None, or each part's module names (a comma-joined word each)."""
+        if key not in self.values:
+            return None
+        value = self.values[key]
+        if self.cli:
+            if value == ["None"]:
+                return None
+            if not isinstance(value, list) or not value:
+                raise CaseError(self.src, key, "expected a comma-separated word of module names per model part, "
+                                               "or None")
+            return [[name for name in word.split(",") if name] for word in value]
+        if not isinstance(value, list) or not all(isinstance(p, list) and all(isinstance(n, str) for n in p)
+                                                  for p in value):
+            raise CaseError(self.src, key, f"expected a list of lists of module names, got "
+                                           f"{one_line(repr(value), 60)}")
+        return value
+
+
+# --- reading the file -------------------------------------------------------------------------
+
+def _load(path: Path) -> _Settings:
+    """The file's settings, as TOML (a ``.toml`` file, or text TOML reads) or as command-line words."""
+    import tomllib
+
+    src = str(path)
+    text = read_text(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        if path.suffix.lower() == ".toml":
+            raise CaseError(src, "", f"is not TOML: {error}") from None
+        data = None
+    if data:  # an empty or comment-only file reads as TOML's {}: no settings either way
+        return _from_toml(src, data)
+    return _from_words(src, _words(src, text))
+
+
+def _from_toml(src: str, data: dict) -> _Settings:
+    """A torchtitan 0.2 job file: its sections flattened to "section.key"."""
+    values = {}
+    sections = ("parallelism", "training", "compile", "activation_checkpoint", "model", "float8", "mx")
+    if not any(section in data for section in sections[:4]):
+        raise CaseError(src, "", "holds no [parallelism], [training], [compile] or [activation_checkpoint] table: "
+                                 "not a torchtitan job file")
+    for section in sections:
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise CaseError(src, section, f"expected a table [{section}], got {one_line(repr(table), 40)}")
+        values.update({f"{section}.{key}": value for key, value in table.items()})
+    if values.get("parallelism.pipeline_parallel_split_points"):
+        # torchtitan 0.2's older way to cut the stages, at the named modules: not read here.
+        raise CaseError(src, "parallelism.pipeline_parallel_split_points", "is not read: give the stages as "
+                                                                           "module_fqns_per_model_part")
+    # torchtitan 0.2's ActivationCheckpoint (config/job_config.py): mode "selective",
+    # selective_ac_option "2" (every 2nd layer) where the file says nothing.
+    settings = _Settings(src, values, cli=False)
+    mode = settings.string("activation_checkpoint.mode", "selective")
+    option = settings.string("activation_checkpoint.selective_ac_option", "2")
+    return replace(settings, ac_mode=mode, ac_option=option)
+
+
+def _words(src: str, text: str) -> list[str]:
+    """The words of an overrides file or a launch script (as a shell splits them, comments dropped),
+    those after ``-m torchtitan.train`` where the script starts it."""
+    try:
+        words = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as error:
+        raise CaseError(src, "", f"cannot be split into words as a shell does: {error}") from None
+    for i, word in enumerate(words):
+        if word == "torchtitan.train" and i and words[i - 1] == "-m" or word.endswith("torchtitan/train.py"):
+            return words[i + 1:]
+    return words
+
+
+def _is_subcommand(word: str) -> bool:
+    return word.startswith(("activation_checkpoint:", "activation-checkpoint:"))
+
+
+def _from_words(src: str, words: list[str]) -> _Settings:
+    """torchtitan 0.3.0's command line (ConfigManager, then tyro): ``--section.key words...``,
+    switches, ``--module``/``--config`` and the activation-checkpoint subcommand."""
+    values: dict[str, Any] = {}
+    base: dict[str, str] = {}
+    ac_mode = None
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word in ("$@", "$*"):  # a launch script passes its own arguments on: none here
+            continue
+        if _is_subcommand(word):
+            ac_mode = word.split(":", 1)[1]
+            continue
+        if not word.startswith("--"):
+            raise CaseError(src, one_line(word, 60), "expected a --section.key option or the "
+                                                     "activation_checkpoint:<mode> subcommand (tyro refuses a stray "
+                                                     "word)")
+        name, eq, inline = word[2:].partition("=")
+        args = [inline] if eq else []
+        while not eq and i < len(words) and not words[i].startswith("--") and not _is_subcommand(words[i]) \
+                and words[i] not in ("$@", "$*"):
+            args.append(words[i])
+            i += 1
+        name = name.replace("-", "_")  # tyro takes --a.b-c for --a.b_c
+        if name in ("module", "config"):
+            if len(args) != 1:
+                raise CaseError(src, f"--{name}", "expected one value (ConfigManager._load_config)")
+            base[name] = args[0]
+            continue
+        section, dot, key = name.partition(".")
+        if not dot or not key:
+            raise CaseError(src, one_line(word, 60), "expected --section.key (torchtitan's options are grouped "
+                                                     "by section: --parallelism.tensor_parallel_degree 2)")
+        if key.startswith("no_") and not args and f"{section}.{key[3:]}" in SWITCHES:
+            key, value = key[3:], False
+        else:
+            value = args if args else True
+        if section in KNOWN_KEYS and key not in KNOWN_KEYS[section]:
+            close = difflib.get_close_matches(key, KNOWN_KEYS[section], n=1, cutoff=0.8)
+            meant = f" (did you mean {section}.{close[0]}?)" if close else ""
+            raise CaseError(src, f"{section}.{one_line(key, 60)}", f"unknown key{meant}: torchtitan 0.3.0's "
+                                                                    f"{section} section (config/configs.py) has no "
+                                                                    "such field, and tyro refuses the launch")
+        values[f"{section}.{key}"] = value
+    named = " ".join(f"--{k} {v}" for k, v in base.items()) or None
+    return _Settings(src, values, cli=True, base=named, ac_mode=ac_mode)
+
+
+# --- the layout ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Degrees:
+    replicate: int
+    shard: int
+    tp: int
+    cp: int
+    pp: int
+    ep: int
+
+    @property
+    def dp(self) -> int:
+        return self.replicate * self.shard
+
+
+def _degrees(s: _Settings, num_gpus: int) -> _Degrees:
+    """The degrees over the case's GPUs, data_parallel_shard_degree -1 filled as ParallelDims._validate
+    fills it (distributed/parallel_dims.py): the world over replicate·cp·tp·pp."""
+    p = "parallelism."
+    replicate = s.integer(p + "data_parallel_replicate_degree", 1)
+    tp = s.integer(p + "tensor_parallel_degree", 1)
+    cp = s.integer(p + "context_parallel_degree", 1)
+    pp = s.integer(p + "pipeline_parallel_degree", 1)
+    ep = s.integer(p + "expert_parallel_degree", 1)
+    shard_key = p + "data_parallel_shard_degree"
+    shard = s.integer(shard_key, -1, minimum=-1)
+    if shard == 0:
+        raise CaseError(s.src, shard_key, "expected -1 (the rest of the GPUs) or an integer >= 1, got 0 "
+                                          "(ParallelDims: dp_shard must -1 or >=1)")
+    rest = replicate * cp * tp * pp
+    if shard == -1:
+        if num_gpus % rest:
+            raise CaseError(s.src, shard_key, f"-1 (the rest of the GPUs), but replicate·cp·tp·pp = "
+                                              f"{replicate}·{cp}·{tp}·{pp} = {rest} does not divide the case's "
+                                              f"{num_gpus} GPUs (ParallelDims)")
+        shard = num_gpus // rest
+    if rest * shard != num_gpus:
+        raise CaseError(s.src, shard_key, f"replicate·shard·cp·tp·pp = {replicate}·{shard}·{cp}·{tp}·{pp} = "
+                                          f"{rest * shard}, but the case has {num_gpus} GPUs (ParallelDims: "
+                                          "their product must be the world size)")
+    return _Degrees(replicate, shard, tp, cp, pp, ep)
+
+
+def _zero_stage(s: _Settings, d: _Degrees) -> int:
+    """FSDP2 sharding is ZeRO 3, replication ZeRO 0; sharding and replication together (HSDP) has no
+    ZeRO stage the cost model prices. torchtitan folds cp into its FSDP mesh (ParallelDims.build_mesh:
+    fsdp = dp_shard·cp), so cp > 1 shards. With nothing to shard over, FSDP2 still wraps the model
+    (models/llama3/parallelize.py: apply_fsdp_to_decoder at shard degree 1); the emitter marks ZeRO 3
+    there by fsdp_reshard_after_forward "always" (and CPU offload needs FSDP)."""
+    key = "parallelism.data_parallel_replicate_degree"
+    if d.replicate > 1 and d.shard * d.cp > 1:
+        over = f"data_parallel_shard_degree {d.shard}" if d.shard > 1 else f"context_parallel_degree {d.cp}"
+        raise CaseError(s.src, key, f"{d.replicate} with {over} is HSDP (replicated over one group, sharded over "
+                                    "the other), which the cost model does not price: shard over all the "
+                                    "data-parallel GPUs (replicate 1) or replicate over them (shard 1, no cp)")
+    if d.shard * d.cp > 1:
+        return 3
+    if d.replicate > 1:
+        return 0
+    reshard = s.choice("parallelism.fsdp_reshard_after_forward", "default", ("default", "always", "never"))
+    return 3 if reshard == "always" or s.switch("training.enable_cpu_offload", False) else 0
+
+
+def _schedule(s: _Settings, pp: int) -> tuple[str, bool]:
+    """(the schedule's name, whether a rank holds several stages), refused where not priced."""
+    key = "parallelism.pipeline_parallel_schedule"
+    name = s.string(key, "1F1B")
+    known = {n.lower(): n for n in SINGLE_STAGE_SCHEDULES + MULTI_STAGE_SCHEDULES}
+    if name.lower() not in known:
+        raise CaseError(s.src, key, f"unknown schedule {one_line(name, 40)!r}: torch's get_schedule_class takes "
+                                    f"{', '.join(known.values())}")
+    name = known[name.lower()]
+    if pp > 1 and name not in PRICED_SCHEDULES:
+        raise CaseError(s.src, key, f"{name} is not priced: the cost model times 1F1B and Interleaved1F1B "
+                                    "pipelines only")
+    return name, name in MULTI_STAGE_SCHEDULES
+
+
+def generated_counts(stages: int, layers: int, first_less: int, last_less: int) -> list[int]:
+    """Transformer layers of each model part where torchtitan splits the model itself
+    (distributed/pipeline_parallel.py ``_generate_llm_fqn_per_model_part``): the layers and the
+    embedding (``first_less`` layers' worth) and output (``last_less``) spread evenly over the stages,
+    the spare ones first. Raises ValueError where torchtitan does."""
+    if stages == 1:
+        return [layers]
+    effective = layers + first_less + last_less
+    if stages > effective:
+        raise ValueError(f"{stages} stages are more than the {effective} effective layers")
+    per, extra = divmod(effective, stages)
+    if per == 0 or first_less > per or last_less > per:
+        raise ValueError(f"{stages} stages of {effective} effective layers leave the embedding or output weight "
+                         f"({first_less}, {last_less}) more than the {per} layers a stage")
+    counts, placed = [], 0
+    for stage in range(stages):
+        share = per + (stage < extra) - (first_less if stage == 0 else last_less if stage == stages - 1 else 0)
+        take = max(0, min(share, layers - placed))
+        counts.append(take)
+        placed += take
+    return counts
+
+
+_LAYER = re.compile(r"layers\.(\d+)")
+# The modules around the decoder layers (models/llama3, models/common; "output" in torchtitan 0.2).
+_EDGE_MODULES = {"tok_embeddings": "first", "norm": "last", "lm_head": "last", "output": "last"}
+
+
+def part_counts(src: str, key: str, parts: list[list[str]], layers: int) -> list[int]:
+    """Transformer layers of each model part of ``module_fqns_per_model_part``, checked to hold every
+    layer once, in order, the embedding in the first part and the norm and head in the last."""
+    seen: list[int] = []
+    counts = []
+    for index, part in enumerate(parts):
+        count = 0
+        for name in part:
+            match = _LAYER.fullmatch(name)
+            if match:
+                seen.append(int(match.group(1)))
+                count += 1
+                continue
+            edge = _EDGE_MODULES.get(name)
+            if edge is None:
+                raise CaseError(src, key, f"module {one_line(name, 40)!r} is not read (expected tok_embeddings, "
+                                          "layers.N, norm and lm_head)")
+            if index != (0 if edge == "first" else len(parts) - 1):
+                raise CaseError(src, key, f"{name} is in model part {index}; the cost model holds it in the {edge} "
+                                          f"part (of {len(parts)})")
+        counts.append(count)
+    if seen != list(range(layers)):
+        raise CaseError(src, key, f"the parts hold layers {_ranges(seen)}; expected each of the case's model's "
+                                  f"{layers} layers once, in order (layers.0 to layers.{layers - 1})")
+    return counts
+
+
+def _ranges(indices: list[int]) -> str:
+    shown = ", ".join(map(str, indices[:6]))
+    return f"{shown}{', …' if len(indices) > 6 else ''} ({len(indices)} entries)"
+
+
+@dataclass(frozen=True)
+class _Pipeline:
+    vpp: int
+    stage_layers: Optional[tuple[int, ...]]
+    chunk_layers: Optional[tuple[int, ...]]
+
+
+def _pipeline(s: _Settings, pp: int, layers: int) -> _Pipeline:
+    """The pipeline's model parts as torchtitan builds them (pipeline_parallel.py ``pipeline_llm``):
+    ``module_fqns_per_model_part`` where given, else its own split into one part a rank for a
+    single-stage schedule, two for a looped one, or as many as ``pipeline_parallel_layers_per_stage``
+    makes (``_get_pipeline_metadata``); part v on rank v mod pp (the "loop" placement)."""
+    name, multi = _schedule(s, pp)
+    if pp == 1:
+        return _Pipeline(1, None, None)
+    p = "parallelism."
+    key = p + "module_fqns_per_model_part"
+    parts = s.parts(key)
+    if parts is None:
+        key = p + "pipeline_parallel_layers_per_stage"
+        per_stage = s.integer(key, None)
+        first_less = s.integer(p + "pipeline_parallel_first_stage_less_layers", 1, minimum=0)
+        last_less = s.integer(p + "pipeline_parallel_last_stage_less_layers", 1, minimum=0)
+        stages = math.ceil((layers + first_less + last_less) / per_stage) if per_stage else pp * (2 if multi else 1)
+        try:
+            counts = generated_counts(stages, layers, first_less, last_less)
+        except ValueError as error:
+            raise CaseError(s.src, key, f"torchtitan cannot split the model: {error}") from None
+    else:
+        counts = part_counts(s.src, key, parts, layers)
+    if len(counts) % pp:
+        raise CaseError(s.src, key, f"{len(counts)} model parts do not divide over pipeline_parallel_degree {pp}")
+    vpp = len(counts) // pp
+    if multi != (vpp > 1):
+        raise CaseError(s.src, p + "pipeline_parallel_schedule",
+                        f"{name} runs {'two or more stages' if multi else 'one stage'} a rank, but the "
+                        f"{len(counts)} model parts over pp {pp} give {vpp} (pipeline_parallel.py)")
+    chunks = rank_chunks(counts, pp)
+    stage_layers = tuple(sum(c) for c in chunks)
+    # Each rank's parts equal: the layout's stages (split into vpp chunks as the planner does); else
+    # the parts themselves, which torchtitan's rule in engine.py names.
+    chunk_layers = None if all(len(set(c)) == 1 for c in chunks) else tuple(counts)
+    return _Pipeline(vpp, stage_layers, chunk_layers)
+
+
+def _recompute(s: _Settings) -> str:
+    """The layout's recompute for the activation checkpointing the job sets: torchtitan 0.3.0's
+    subcommand (SelectiveAC, op-level, where none is given: trainer.py ``Trainer.Config``), or 0.2's mode
+    with its selective_ac_option: "op" is op-level selective, an integer N checkpoints every N-th
+    layer whole (1: every layer, recompute full)."""
+    mode = s.ac_mode if s.ac_mode is not None else "selective"
+    key = "activation_checkpoint" if s.cli else "activation_checkpoint.mode"
+    if mode in UNPRICED_AC_MODES:
+        raise CaseError(s.src, key, f"{mode}: memory-budget checkpointing (MemoryBudgetAC) is not priced; "
+                                    "expected none, selective or full")
+    if mode not in AC_MODES:
+        raise CaseError(s.src, key, f"unknown mode {one_line(mode, 40)!r}: expected none, selective or full")
+    if mode == "selective" and not s.cli:
+        option = s.ac_option
+        key = "activation_checkpoint.selective_ac_option"
+        if option == "1":
+            return "full"
+        if option != "op":
+            said = f"{one_line(option, 20)!r}" if "activation_checkpoint.selective_ac_option" in s.values \
+                else "absent (torchtitan 0.2's default '2')"
+            raise CaseError(s.src, key, f"{said}: selective checkpointing of every N-th layer (N > 1) is not priced "
+                                        "(torchtitan's full checkpointing wraps every layer or none); expected 'op' "
+                                        "(op-level selective) or '1'")
+    return AC_MODES[mode]
+
+
+def _batch(s: _Settings, case, dp: int, pp: int) -> int:
+    """The micro-batch, the global batch checked against the case as Trainer.__init__ (trainer.py)
+    checks it: global_batch_size (-1: local_batch_size × dp, one accumulation step) a multiple of
+    local_batch_size × dp. With a pipeline the micro-batch is pipeline_parallel_microbatch_size, which
+    must divide local_batch_size (Trainer.Config.__post_init__)."""
+    t, p = "training.", "parallelism."
+    key = t + "global_batch_size"
+    local = s.integer(t + "local_batch_size", 8)
+    global_batch = s.integer(key, -1, minimum=-1)
+    if global_batch == 0:
+        raise CaseError(s.src, key, "expected -1 (local_batch_size × dp) or a positive integer, got 0")
+    said = str(global_batch)
+    if global_batch == -1:
+        global_batch = local * dp
+        said = f"{'-1' if key in s.values else s.absent(key, -1)}, so local_batch_size × dp = {local}·{dp} = " \
+               f"{global_batch}"
+    wanted = case.training.global_batch_size
+    if global_batch != wanted:
+        raise CaseError(s.src, key, f"{said}: the case {case.source} has training.global_batch_size {wanted}")
+    if global_batch % (local * dp):
+        raise CaseError(s.src, key, f"{global_batch} is not a multiple of local_batch_size × dp = {local}·{dp} = "
+                                    f"{local * dp} (Trainer.__init__)")
+    if pp == 1:
+        return local
+    micro = s.integer(p + "pipeline_parallel_microbatch_size", 1)
+    if local % micro:
+        raise CaseError(s.src, p + "pipeline_parallel_microbatch_size",
+                        f"{micro} must divide training.local_batch_size {local} (Trainer.Config)")
+    return micro
+
+
+def _check_training(s: _Settings, case, d: _Degrees) -> None:
+    """What torchtitan's own checks refuse, and the training settings the case prices: the
+    sequence, the parameters' dtype, the reduction's, the converters (a TOML file's)."""
+    t = "training."
+    training = case.training
+    seq_len = s.integer(t + "seq_len", 2048)
+    if seq_len != training.seq_len:
+        said = seq_len if t + "seq_len" in s.values else s.absent(t + "seq_len", 2048)
+        raise CaseError(s.src, t + "seq_len", f"{said} differs from the case's training.seq_len {training.seq_len}")
+    param = s.choice(t + "mixed_precision_param", "bfloat16", tuple(PARAM_DTYPES))
+    if training.precision not in PARAM_DTYPES[param]:
+        raise CaseError(s.src, t + "mixed_precision_param", f"{param}, but the case {case.source} trains in "
+                                                            f"{training.precision} (training.precision)")
+    s.choice(t + "mixed_precision_reduce", "float32", ("float32",))
+    if s.choice(t + "dtype", "float32", ("float32", "bfloat16")) == "bfloat16":
+        raise CaseError(s.src, t + "dtype", "bfloat16 trains without float32 master weights, which torchtitan's "
+                                            "plan does not price (engines/torchtitan/engine.py: pure_bf16)")
+    if d.pp > 1 and s.cli and not s.switch(t + "disable_cuda_graphs", False):
+        raise CaseError(s.src, t + "disable_cuda_graphs", "absent with pipeline parallelism: torchtitan refuses the "
+                                                          "config (Trainer.Config: CUDA graphs do not support "
+                                                          "pipeline parallelism yet); give --training."
+                                                          "disable_cuda_graphs")
+    if not s.cli:
+        _check_converters(s, case)
+
+
+def _check_converters(s: _Settings, case) -> None:
+    """torchtitan 0.2's [model] converters run the case's precision: float8 fp8 (its [float8]
+    recipe_name the case's recipe; None, 0.2's default, is tensorwise scaling), mx MXFP8."""
+    key = "model.converters"
+    names = s.names(key, [])
+    unknown = [n for n in names if n not in CONVERTER_PRECISIONS]
+    if unknown:
+        raise CaseError(s.src, key, f"{one_line(unknown[0], 40)!r} is not read: expected float8 or mx")
+    precision = case.training.precision
+    runs = {CONVERTER_PRECISIONS[n] for n in names}
+    if len(runs) > 1:
+        raise CaseError(s.src, key, "float8 and mx together: expected one of them")
+    wanted = precision if precision in CONVERTER_PRECISIONS.values() else None
+    if (next(iter(runs)) if runs else None) != wanted:
+        said = f"{names}" if names else "absent (no converter: 16-bit GEMMs)"
+        raise CaseError(s.src, key, f"{said}, but the case {case.source} trains in {precision} "
+                                    "(training.precision)")
+    if precision == "fp8":
+        recipe = s.string("float8.recipe_name", None) or "tensorwise"
+        if recipe != case.training.recipe.name:
+            raise CaseError(s.src, "float8.recipe_name", f"scales fp8 {recipe}, but the case's recipe is "
+                                                         f"{case.training.recipe.name} (training.fp8_recipe)")
+
+
+def _experts(s: _Settings, model, d: _Degrees) -> dict:
+    """ep (and etp, whole experts: torchtitan 0.2's expert_tensor_parallel_degree, 1 by default; 0.3.0
+    has none) for a mixture of experts."""
+    key = "parallelism.expert_parallel_degree"
+    if not model.is_moe:
+        if d.ep > 1:
+            raise CaseError(s.src, key, f"{d.ep}, but the case's model is dense (no experts to split)")
+        return {}
+    return {"ep": d.ep, "etp": s.integer("parallelism.expert_tensor_parallel_degree", 1)}
+
+
+def _default_split(case, layout: Layout) -> bool:
+    """Whether ``layout``'s stages are the split the planner makes by itself (its stage_layers None)."""
+    try:
+        return Job(case.model, case.cluster, case.training, replace(layout, stage_layers=None),
+                   case.overheads).stage_layers == layout.stage_layers
+    except SpecError:
+        return False
+
+
+def read(path: Union[str, Path], case) -> Layout:
+    """The layout of a torchtitan job (overrides, a launch script or a 0.2 TOML file) on ``case``'s
+    cluster, checked against the case."""
+    path = Path(path)
+    s = _load(path)
+    model = case.model
+    d = _degrees(s, case.cluster.num_gpus)
+    zero = _zero_stage(s, d)
+    _check_training(s, case, d)
+    pipeline = _pipeline(s, d.pp, model.num_layers)
+    micro = _batch(s, case, d.dp, d.pp)
+    offload = s.switch("training.enable_cpu_offload", False)
+    sequence_parallel = d.tp > 1 and s.switch("parallelism.enable_sequence_parallel", True)
+    try:
+        layout = Layout(dp=d.dp, tp=d.tp, pp=d.pp, cp=d.cp, vpp=pipeline.vpp, micro_batch_size=micro,
+                        zero_stage=zero, sequence_parallel=sequence_parallel, recompute=_recompute(s),
+                        stage_layers=None if pipeline.chunk_layers is not None else pipeline.stage_layers,
+                        chunk_layers=pipeline.chunk_layers, offload_optimizer=1.0 if offload else 0.0,
+                        offload_params=offload, **_experts(s, model, d))
+    except SpecError as error:
+        raise CaseError(s.src, KEY_OF_FIELD.get(error.field, error.field), case_message(error.message)) from None
+    if layout.stage_layers is not None and layout.chunk_layers is None and _default_split(case, layout):
+        layout = replace(layout, stage_layers=None)
+    return layout
+
+
+# --- the training settings, and what the reading could not see ----------------------------------
+
+def read_training(path: Union[str, Path], case) -> dict:
+    """The training settings the job runs, in TrainingSpec's fields, with torchtitan's defaults
+    (config/configs.py ``CompileConfig``: compile off, components ["model", "loss"]):
+
+    - ``compiled_loss``: the loss compiled (``compile.enable`` with "loss" in ``compile.components``);
+    - ``tp_comm_overlap`` (with tensor parallelism only): async TP,
+      ``compile.enable_async_tensor_parallel`` (``parallelism.`` in torchtitan 0.2), which needs the
+      model compiled (CompileConfig refuses it otherwise)."""
+    path = Path(path)
+    s = _load(path)
+    enabled = s.switch("compile.enable", False) or (not s.cli and s.switch("training.compile", False))
+    components = s.names("compile.components", ["model", "loss"])
+    async_key = "compile.enable_async_tensor_parallel"
+    if not s.cli and "parallelism.enable_async_tensor_parallel" in s.values:
+        async_key = "parallelism.enable_async_tensor_parallel"
+    async_tp = s.switch(async_key, False)
+    if async_tp and not (enabled and "model" in components):
+        raise CaseError(s.src, async_key, "needs the model compiled (compile.enable, with \"model\" in "
+                                          "compile.components): torchtitan refuses async TP otherwise")
+    settings = {"compiled_loss": enabled and "loss" in components}
+    if s.integer("parallelism.tensor_parallel_degree", 1) > 1:
+        settings["tp_comm_overlap"] = async_tp
+    return settings
+
+
+def _left_open(training, key: str, value: bool) -> bool:
+    """Whether the case leaves ``key`` to the engine and the job's ``value`` is not the engine's own
+    default (``EngineBehaviour.compiled_loss``; no TP overlap): a setting the planner then plans with."""
+    said = getattr(training, key)
+    if key == "tp_comm_overlap":  # a bool whose false is the default: the job's async TP stands
+        return said is False and value is True
+    return said is None and value != training.engine.compiled_loss
+
+
+def with_training(case, path: Union[str, Path], settings: dict):
+    """``case`` trained as the job at ``path`` runs (``settings``, :func:`read_training`): what the case
+    leaves to the engine takes the job's setting where it is not the engine's default; a case that says
+    otherwise is refused, naming the key."""
+    requested = case.training
+    changes = {}
+    for key, value in settings.items():
+        said = getattr(requested, key)
+        if _left_open(requested, key, value):
+            changes[key] = value
+        elif said is not None and said != value:
+            runs = {"compiled_loss": "compiles the loss" if value else "runs the loss eagerly",
+                    "tp_comm_overlap": "runs async TP" if value else "runs TP without async TP"}[key]
+            raise CaseError(str(path), SETTING_KEYS[key], f"the job {runs}, but the case {case.source} says "
+                                                          f"training.{key}: {str(said).lower()}")
+    return replace(case, training=replace(requested, **changes)) if changes else case
+
+
+def taken_from_job(case, settings: dict) -> Optional[str]:
+    """The settings, as one line, the job decided where the case leaves them to the engine and the
+    engine's default would have run otherwise: the planner's best is planned with them too."""
+    taken = [f"training.{key} {str(value).lower()} ({SETTING_KEYS[key]})" for key, value in settings.items()
+             if _left_open(case.training, key, value)]
+    return "; ".join(taken) or None
+
+
+def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
+    """What the estimate of the job's layout does not see as the job runs it, one line each: a base
+    config whose own settings were not read, the model run eagerly (priced compiled), parameters kept
+    gathered between micro-batches (priced resharded), several pipeline flushes a step (priced as one),
+    and the converters a command line cannot carry."""
+    path = Path(path)
+    s = _load(path)
+    lay = job.layout
+    notes = []
+    if s.base:
+        notes.append(f"{path.name} applies to the base config {s.base}, which is not loaded: what the overrides "
+                     "leave out is read as torchtitan's defaults (config/configs.py), where the base config may set "
+                     "others")
+    compiled = s.switch("compile.enable", False) or (not s.cli and s.switch("training.compile", False))
+    if not compiled or "model" not in s.names("compile.components", ["model", "loss"]):
+        notes.append(f"{path.name} does not compile the model (compile.enable, torchtitan's default off): priced "
+                     "compiled (fused element-wise kernels), as the planner's files run it, so the run may step "
+                     "slower and hold more memory")
+    reshard = s.string("parallelism.fsdp_reshard_after_forward", "default")
+    if lay.zero_stage == 3 and lay.dp * lay.cp > 1 and (reshard == "never" or reshard == "default" and lay.pp > 1):
+        notes.append(f"parallelism.fsdp_reshard_after_forward {reshard}: FSDP keeps the parameters gathered "
+                     "between micro-batches; priced resharded after each forward (\"always\"), so the run holds more "
+                     "memory and gathers less")
+    if lay.pp > 1:
+        local = s.integer("training.local_batch_size", 8)
+        flushes = case.training.global_batch_size // (local * lay.dp)
+        if flushes > 1:
+            notes.append(f"torchtitan runs {flushes} pipeline flushes of {local // lay.micro_batch_size} "
+                         f"micro-batches a step (global_batch_size / (local_batch_size × dp)); priced as one flush "
+                         f"of {job.grad_accum}, so the run idles in more pipeline bubbles")
+    if s.cli and job.training.recipe is not None:
+        notes.append(f"{path.name}: torchtitan's quantization converters are no command-line option (the model "
+                     f"spec is not): priced in the case's {job.training.precision}")
+    return notes

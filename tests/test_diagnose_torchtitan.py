@@ -1,0 +1,452 @@
+"""`diagnose --torchtitan`: torchtitan's command-line overrides (the emitted overrides.txt, a launch
+script) and torchtitan 0.2 TOML job files read back to their layout, checked against the case; the
+hand-written overrides are parsed by torchtitan's own ConfigManager too, so that what is read is what
+torchtitan would run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchtitan")
+pytest.importorskip("tyro")
+pytest.importorskip("spmd_types")
+
+from torchtitan.config import ConfigManager  # noqa: E402
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: E402
+from torchtitan.distributed.parallel_dims import ParallelDims  # noqa: E402
+
+import planner  # noqa: E402
+from cost_models.specs import Layout  # noqa: E402
+from planner.case import layout_to_mapping  # noqa: E402
+from planner.configs import read_config, render  # noqa: E402
+from planner.diagnose import diagnose  # noqa: E402
+from planner.engines.torchtitan.read import generated_counts  # noqa: E402
+from planner.errors import CaseError  # noqa: E402
+from planner.files import Output, write_all  # noqa: E402
+
+H100 = "h100-sxm-80gb"
+
+
+def case_of(preset: str, gpus: int, batch: int, seq: int, **training) -> dict:
+    return {"model": {"preset": preset}, "cluster": {"gpu": H100, "num_gpus": gpus},
+            "training": {"global_batch_size": batch, "seq_len": seq, **training}}
+
+
+# Dense Llama 3 on 1 to 256 H100s and a mixture of experts, pinned where the search would not pick
+# a pipeline, interleaving, context parallelism, replication or async TP by itself.
+ROUND_TRIPS = {
+    "8b_8_tp": (case_of("llama3-8b", 8, 64, 8192), {}),
+    "8b_1_offload": (case_of("llama3-8b", 1, 8, 4096), {}),
+    "70b_64": (case_of("llama3-70b", 64, 256, 8192), {}),
+    "70b_256_interleaved": (case_of("llama3-70b", 256, 512, 8192), {"pp": 4}),
+    "8b_16_cp": (case_of("llama3-8b", 16, 32, 32768), {"cp": 2}),
+    "8b_16_replicated": (case_of("llama3-8b", 16, 64, 4096), {"zero_stage": 0}),
+    "8b_32_1f1b": (case_of("llama3-8b", 32, 128, 8192), {"pp": 4, "vpp": 1}),
+    "70b_128_async_tp": (case_of("llama3-70b", 128, 256, 8192, tp_comm_overlap=True), {"tp": 4, "pp": 2}),
+    "qwen3_moe": (case_of("qwen3-30b-a3b", 16, 256, 4096), {}),
+}
+
+
+def emitted(case: dict, pins: dict, folder: Path):
+    """The planner's best for torchtitan and its files, written as `plan --emit` writes them."""
+    best = planner.plan({**case, "search": {"target": "torchtitan", **pins}}, top_k=0).best
+    assert best is not None
+    files, _ = render(best, "torchtitan", "<generated>")
+    write_all([Output(folder / name, text) for name, text in files.items()], force=False)
+    return best, folder / "overrides.txt"
+
+
+def override_words(path: Path) -> list[str]:
+    return [word for line in path.read_text().splitlines() if not line.startswith("#") for word in line.split()]
+
+
+@pytest.mark.parametrize("label", ROUND_TRIPS)
+def test_the_emitted_overrides_read_back_to_the_plans_layout_and_step_time(tmp_path, label):
+    case, pins = ROUND_TRIPS[label]
+    best, overrides = emitted(case, pins, tmp_path)
+    # Diagnosed on the case as planned: the pins (a search section) hold the planner's best to them.
+    result = diagnose({**case, "search": pins}, torchtitan=overrides)
+    assert result.engine == "torchtitan"
+    assert layout_to_mapping(result.estimate.job.layout) == layout_to_mapping(best.job.layout)
+    assert result.estimate.step_time_s == best.step_time_s
+    assert result.estimate.peak.total == best.peak.total
+    # The planner's best for the same case is the plan's: nothing to change, nothing taken from the files.
+    assert result.speedup == pytest.approx(1.0, abs=1e-12) and result.plan.differences(result.estimate) == {}
+    assert result.notes == () and result.planned_with is None
+
+
+def test_the_round_trips_cover_the_layouts_torchtitan_runs(tmp_path):
+    """The cases above reach what the reader inverts: sharding and replication, TP, CP, pipelines with
+    and without interleaving, offload, async TP and experts (a pin the search ignored would leave a
+    branch of the reader untested)."""
+    layouts = {label: planner.plan({**case, "search": {"target": "torchtitan", **pins}}, top_k=0).best.job
+               for label, (case, pins) in ROUND_TRIPS.items()}
+    lay = {label: job.layout for label, job in layouts.items()}
+    assert lay["70b_256_interleaved"].vpp > 1 and lay["8b_32_1f1b"].pp == 4 and lay["8b_32_1f1b"].vpp == 1
+    assert lay["8b_16_cp"].cp == 2 and lay["8b_16_replicated"].zero_stage == 0
+    assert lay["8b_1_offload"].offload_params and lay["8b_8_tp"].tp > 1
+    assert layouts["70b_128_async_tp"].training.tp_comm_overlap and lay["70b_128_async_tp"].tp == 4
+    assert lay["qwen3_moe"].ep > 1
+
+
+def test_a_launch_script_is_read_from_its_words_after_torchtitan_train(tmp_path):
+    case, pins = ROUND_TRIPS["70b_256_interleaved"]
+    best, overrides = emitted(case, pins, tmp_path)
+    script = tmp_path / "train.sh"
+    script.write_text("#!/usr/bin/env bash\nset -euo pipefail\n# a comment --parallelism.tensor_parallel_degree 8\n"
+                      "torchrun --nnodes 32 --nproc_per_node 8 \\\n    -m torchtitan.train --module llama3 "
+                      "--config llama3_70b \\\n    " + " ".join(override_words(overrides)) + ' "$@"\n')
+    result = diagnose({**case, "search": pins}, torchtitan=script)
+    assert layout_to_mapping(result.estimate.job.layout) == layout_to_mapping(best.job.layout)
+    assert result.estimate.step_time_s == best.step_time_s
+    # The base config is not loaded: said, as what the overrides leave to it is read as the defaults.
+    assert any("base config --module llama3 --config llama3_70b" in note for note in result.notes)
+
+
+# --- torchtitan's own parse of hand-written overrides -------------------------------------------
+
+STUB = "tt_read_stub"
+STUB_SOURCE = textwrap.dedent('''
+    from dataclasses import dataclass, field
+
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
+
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """The layout part of torchtitan's Trainer.Config (trainer.py), with its defaults."""
+
+        hf_assets_path: str = "."  # ConfigManager._validate_config reads it
+        training: TrainingConfig = field(default_factory=TrainingConfig)
+        parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+        compile: CompileConfig = field(default_factory=CompileConfig)
+        activation_checkpoint: ActivationCheckpointingConfig = field(default_factory=SelectiveAC.Config)
+
+
+    def base():
+        return Config()
+''')
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tt_read")
+    (path / f"{STUB}.py").write_text(STUB_SOURCE)
+    sys.path.insert(0, str(path))
+    yield
+    sys.path.remove(str(path))
+
+
+HAND_WRITTEN = {
+    # FSDP over the rest (-1), TP 2 in tyro's hyphenated spelling, full checkpointing.
+    "fsdp_rest_tp": (case_of("llama3-8b", 16, 64, 8192),
+                     "--parallelism.tensor-parallel-degree 2 --training.local_batch_size=2 "
+                     "--training.global_batch_size 64 --training.seq_len 8192 --compile.enable activation_checkpoint:full",
+                     Layout(dp=8, tp=2, zero_stage=3, sequence_parallel=True, micro_batch_size=2, recompute="full")),
+    # Replication, no checkpointing, accumulation from the global batch.
+    "ddp": (case_of("llama3-8b", 8, 64, 4096),
+            "--parallelism.data_parallel_replicate_degree 8 --parallelism.data_parallel_shard_degree 1 "
+            "--training.local_batch_size 2 --training.global_batch_size 64 --training.seq_len 4096 "
+            "activation_checkpoint:none",
+            Layout(dp=8, zero_stage=0, micro_batch_size=2, recompute="none")),
+    # A pipeline split by torchtitan itself (1F1B, one part a rank, the embedding and output weighed as
+    # a layer each: 8, 9, 8, 7 layers), the default selective checkpointing.
+    "torchtitan_split": (case_of("llama3-8b", 32, 128, 8192),
+                         "--parallelism.pipeline_parallel_degree 4 --parallelism.pipeline_parallel_microbatch_size 2 "
+                         "--training.local_batch_size 8 --training.global_batch_size 128 --training.seq_len 8192 "
+                         "--training.disable_cuda_graphs --compile.enable",
+                         Layout(dp=8, pp=4, zero_stage=3, micro_batch_size=2, recompute="selective",
+                                stage_layers=(8, 9, 8, 7))),
+}
+
+
+@pytest.mark.parametrize("label", HAND_WRITTEN)
+def test_hand_written_overrides_read_as_torchtitan_parses_them(tmp_path, stub, label):
+    case, text, expected = HAND_WRITTEN[label]
+    path = tmp_path / "overrides.txt"
+    path.write_text(text + "\n")
+    layout = read_config(case, "torchtitan", path)
+    assert layout == expected
+    # torchtitan's own parse of the same words, and its ParallelDims over the case's GPUs.
+    cfg = ConfigManager().parse_args(["--module", STUB, "--config", "base", *text.split()])
+    p, t = cfg.parallelism, cfg.training
+    dims = ParallelDims.from_config(p, case["cluster"]["num_gpus"])
+    assert (dims.dp_replicate * dims.dp_shard, dims.tp, dims.pp, dims.cp) == (layout.dp, layout.tp, layout.pp,
+                                                                             layout.cp)
+    assert (dims.dp_shard > 1) == (layout.zero_stage == 3)
+    assert p.enable_sequence_parallel == layout.sequence_parallel or layout.tp == 1
+    micro = p.pipeline_parallel_microbatch_size if dims.pp > 1 else t.local_batch_size
+    assert micro == layout.micro_batch_size and t.global_batch_size == case["training"]["global_batch_size"]
+    recompute = {FullAC.Config: "full", SelectiveAC.Config: "selective", type(None): "none"}
+    assert recompute[type(cfg.activation_checkpoint)] == layout.recompute
+
+
+def test_torchtitans_own_pipeline_split_is_its_generator():
+    """generated_counts restates pipeline_parallel.py's _generate_llm_fqn_per_model_part: counted
+    against torchtitan's own names for the splits the reader infers."""
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    for stages, layers, first, last in ((4, 32, 1, 1), (2, 32, 1, 1), (8, 80, 1, 1), (16, 126, 1, 1),
+                                        (6, 61, 2, 1), (4, 30, 0, 0), (1, 32, 1, 1)):
+        parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
+        assert generated_counts(stages, layers, first, last) == [sum(n.startswith("layers.") for n in part)
+                                                                 for part in parts]
+
+
+# --- torchtitan 0.2 TOML -----------------------------------------------------------------------
+
+# torchtitan 0.2's models/llama3/train_configs/llama3_8b.toml, its batch and sequence as the case's.
+LLAMA3_8B_TOML = """\
+# torchtitan Config.toml
+# NOTE: this toml config is a preset for 64 A100 GPUs.
+
+[job]
+dump_folder = "./outputs"
+description = "Llama 3 8B training"
+
+[profiling]
+enable_profiling = true
+save_traces_folder = "profile_trace"
+profile_freq = 100
+
+[metrics]
+log_freq = 10
+enable_tensorboard = true
+save_tb_folder = "tb"
+
+[model]
+name = "llama3"
+flavor = "8B"
+hf_assets_path = "./assets/hf/Llama-3.1-8B"
+# converters = ["float8"]
+
+[optimizer]
+name = "AdamW"
+lr = 3e-4
+eps = 1e-8
+
+[lr_scheduler]
+warmup_steps = 200  # lr scheduler warm up
+
+[training]
+local_batch_size = 1
+seq_len = 8192
+max_norm = 1.0  # grad norm clipping
+steps = 1000
+dataset = "c4"
+
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 1
+pipeline_parallel_degree = 1
+context_parallel_degree = 1
+
+[checkpoint]
+enable = false
+folder = "checkpoint"
+interval = 500
+last_save_model_only = true
+export_dtype = "float32"
+async_mode = "disabled" # ["disabled", "async", "async_with_pinned_mem"]
+
+[compile]
+enable=false
+components = ["model", "loss"]
+
+[activation_checkpoint]
+mode = "selective"  # ["none", "selective", "full"]
+selective_ac_option = "op"  # "int" = ac every positive int layer or 'op', ac based on ops policy
+
+[quantize.linear.float8]
+enable_fsdp_float8_all_gather = false
+precompute_float8_dynamic_scale_for_fsdp = false
+filter_fqns = ["output"]
+"""
+
+
+def test_torchtitan_0_2s_llama3_8b_toml_reads_to_its_layout(tmp_path):
+    path = tmp_path / "llama3_8b.toml"
+    path.write_text(LLAMA3_8B_TOML)
+    case = case_of("llama3-8b", 64, 64, 8192)
+    result = diagnose(case, torchtitan=path)
+    assert layout_to_mapping(result.estimate.job.layout) == {
+        "dp": 64, "tp": 1, "pp": 1, "cp": 1, "vpp": 1, "micro_batch_size": 1, "zero_stage": 3,
+        "sequence_parallel": False, "recompute": "selective"}
+    # It compiles neither model nor loss: the loss taken from the file for the planner's best too,
+    # and the model said to be priced compiled.
+    assert result.estimate.job.training.compiled_loss is False
+    assert result.planned_with == "training.compiled_loss false (compile.components)"
+    assert any("does not compile the model" in note for note in result.notes)
+
+
+def test_a_toml_pipeline_split_by_torchtitan_and_its_layer_checkpointing(tmp_path):
+    """No module_fqns_per_model_part: torchtitan's own split (Interleaved1F1B: two parts a rank);
+    selective_ac_option "1" checkpoints every layer whole (recompute full)."""
+    text = LLAMA3_8B_TOML.replace("pipeline_parallel_degree = 1", 'pipeline_parallel_degree = 2\n'
+                                  'pipeline_parallel_schedule = "Interleaved1F1B"\n'
+                                  "pipeline_parallel_microbatch_size = 1") \
+        .replace("local_batch_size = 1", "local_batch_size = 8").replace('selective_ac_option = "op"',
+                                                                         'selective_ac_option = "1"')
+    path = tmp_path / "pp.toml"
+    path.write_text(text)
+    layout = read_config(case_of("llama3-8b", 64, 256, 8192), "torchtitan", path)
+    # 4 parts of 32 layers with the embedding and the output weighed as one each: 8, 9, 8, 7 in model
+    # order; rank 0 holds parts 0 and 2 (16 layers), rank 1 parts 1 and 3 (16): equal chunks per rank
+    # they are not, so the parts are the layout's chunks.
+    assert (layout.dp, layout.pp, layout.vpp, layout.recompute) == (32, 2, 2, "full")
+    assert layout.chunk_layers == (8, 9, 8, 7) and layout.stage_layers == (16, 16)
+
+
+# --- refusals ----------------------------------------------------------------------------------
+
+REFUSALS = {
+    "hsdp": ("--parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 4",
+             "parallelism.data_parallel_replicate_degree", "HSDP"),
+    "product": ("--parallelism.data_parallel_shard_degree 4 --parallelism.tensor_parallel_degree 4",
+                "parallelism.data_parallel_shard_degree", "but the case has 8 GPUs"),
+    "rest_does_not_divide": ("--parallelism.tensor_parallel_degree 3",
+                             "parallelism.data_parallel_shard_degree", "does not divide the case's 8 GPUs"),
+    "ac_mode": ("activation_checkpoint:partial", "activation_checkpoint", "unknown mode 'partial'"),
+    "ac_memory_budget": ("activation_checkpoint:memory-budget", "activation_checkpoint", "not priced"),
+    "global_batch": ("--training.global_batch_size 128", "training.global_batch_size",
+                     "training.global_batch_size 64"),
+    "global_batch_default": ("--training.local_batch_size 4", "training.global_batch_size",
+                             "absent (torchtitan's default -1"),
+    "non_integer_degree": ("--parallelism.tensor_parallel_degree 2.5", "parallelism.tensor_parallel_degree",
+                           "expected an integer, got '2.5'"),
+    "misspelled": ("--parallelism.tensor_paralel_degree 2", "parallelism.tensor_paralel_degree",
+                   "did you mean parallelism.tensor_parallel_degree?"),
+    "seq_len": ("--training.seq_len 2048", "training.seq_len", "differs from the case's training.seq_len 4096"),
+    "fp32_params": ("--training.mixed_precision_param float32", "training.mixed_precision_param",
+                    "trains in bf16"),
+    "schedule": ("--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule ZBVZeroBubble "
+                 "--training.disable_cuda_graphs", "parallelism.pipeline_parallel_schedule", "not priced"),
+    "cuda_graphs": ("--parallelism.pipeline_parallel_degree 2", "training.disable_cuda_graphs",
+                    "CUDA graphs do not support pipeline parallelism"),
+    "dense_ep": ("--parallelism.expert_parallel_degree 2", "parallelism.expert_parallel_degree", "dense"),
+    "missing_layer": ("--parallelism.pipeline_parallel_degree 2 --training.disable_cuda_graphs "
+                      "--parallelism.module_fqns_per_model_part tok_embeddings,"
+                      + ",".join(f"layers.{i}" for i in range(16)) + " "
+                      + ",".join(f"layers.{i}" for i in range(17, 32)) + ",norm,lm_head",
+                      "parallelism.module_fqns_per_model_part", "expected each of the case's model's 32 layers"),
+    "switch_with_value": ("--compile.enable true", "compile.enable", "a switch"),
+    "stray_word": ("--compile.enable activation_checkpoint:full full", "full", "stray word"),
+    "async_tp_eager": ("--parallelism.tensor_parallel_degree 2 --compile.enable_async_tensor_parallel",
+                       "compile.enable_async_tensor_parallel", "needs the model compiled"),
+}
+BASE_OVERRIDES = "--training.local_batch_size 8 --training.global_batch_size 64 --training.seq_len 4096"
+
+
+@pytest.mark.parametrize("label", REFUSALS)
+def test_a_contradiction_is_a_case_error_naming_the_file_and_the_key(tmp_path, label):
+    words, key, needle = REFUSALS[label]
+    path = tmp_path / "overrides.txt"
+    # The batch the case has unless the refusal is about it (8 GPUs, local 8: accumulation 1).
+    base = "" if label.startswith("global_batch") else BASE_OVERRIDES
+    if label == "global_batch":
+        base = "--training.local_batch_size 8 --training.seq_len 4096"
+    if label == "seq_len":
+        base = "--training.local_batch_size 8 --training.global_batch_size 64"
+    if label == "global_batch_default":
+        base = "--training.seq_len 4096"
+    path.write_text(f"{base} {words}\n")
+    case = case_of("llama3-8b", 8, 64, 4096)
+    with pytest.raises(CaseError) as error:
+        diagnose(case, torchtitan=path)
+    assert (error.value.source, error.value.key) == (str(path), key)
+    assert needle in error.value.expected
+
+
+def test_the_same_files_without_the_contradiction_are_read(tmp_path):
+    """The refusals above are of their one key: the base they are added to reads (else a refusal
+    could pass for the wrong reason)."""
+    path = tmp_path / "overrides.txt"
+    path.write_text(BASE_OVERRIDES + " --compile.enable\n")
+    layout = diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=path).estimate.job.layout
+    assert (layout.dp, layout.zero_stage, layout.micro_batch_size, layout.recompute) == (8, 3, 8, "selective")
+
+
+def test_a_toml_refuses_what_0_2_runs_and_the_cost_model_does_not(tmp_path):
+    case = case_of("llama3-8b", 64, 64, 8192)
+    path = tmp_path / "job.toml"
+    # 0.2's default selective_ac_option, "2": every other layer checkpointed whole.
+    path.write_text(LLAMA3_8B_TOML.replace('selective_ac_option = "op"', ""))
+    with pytest.raises(CaseError) as error:
+        read_config(case, "torchtitan", path)
+    assert error.value.key == "activation_checkpoint.selective_ac_option" and "default '2'" in error.value.expected
+    path.write_text(LLAMA3_8B_TOML.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2.0"))
+    with pytest.raises(CaseError) as error:
+        read_config(case, "torchtitan", path)
+    assert error.value.key == "parallelism.tensor_parallel_degree"
+    path.write_text(LLAMA3_8B_TOML.replace('# converters = ["float8"]', 'converters = ["float8"]'))
+    with pytest.raises(CaseError) as error:
+        read_config(case, "torchtitan", path)
+    assert error.value.key == "model.converters" and "trains in bf16" in error.value.expected
+    path.write_text(LLAMA3_8B_TOML.replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2"))
+    with pytest.raises(CaseError) as error:
+        read_config(case, "torchtitan", path)
+    assert error.value.key == "parallelism.data_parallel_replicate_degree"
+    path.write_text(LLAMA3_8B_TOML.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2\n"
+                                                                         'pipeline_parallel_split_points = ["layers.16"]'))
+    with pytest.raises(CaseError) as error:
+        read_config(case, "torchtitan", path)
+    assert error.value.key == "parallelism.pipeline_parallel_split_points"
+    path.write_text('[job]\ndescription = "no layout here"\n')
+    with pytest.raises(CaseError, match="not a torchtitan job file"):
+        read_config(case, "torchtitan", path)
+
+
+def test_a_layout_torchtitan_cannot_run_is_named_in_the_file(tmp_path):
+    """Tensor parallelism without sequence parallelism reads as such, and the engine's refusal names
+    the option that set it, not the case's layout section."""
+    path = tmp_path / "overrides.txt"
+    path.write_text(BASE_OVERRIDES.replace("local_batch_size 8", "local_batch_size 16")
+                    + " --parallelism.tensor_parallel_degree 2 --parallelism.no_enable_sequence_parallel\n")
+    with pytest.raises(CaseError) as error:
+        diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=path)
+    assert (error.value.source, error.value.key) == (str(path), "parallelism.enable_sequence_parallel")
+
+
+def test_a_case_that_contradicts_the_jobs_training_is_refused(tmp_path):
+    path = tmp_path / "overrides.txt"
+    path.write_text(BASE_OVERRIDES + " --compile.enable --compile.components model\n")
+    with pytest.raises(CaseError) as error:
+        diagnose(case_of("llama3-8b", 8, 64, 4096, compiled_loss=True), torchtitan=path)
+    assert (error.value.key, error.value.source) == ("compile.components", str(path))
+
+
+# --- the command line --------------------------------------------------------------------------
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_the_cli_reads_the_emitted_overrides_and_refuses_a_bad_file_in_one_line(tmp_path):
+    case, pins = ROUND_TRIPS["8b_8_tp"]
+    best, overrides = emitted(case, pins, tmp_path / "run")
+    case_file = tmp_path / "case.yaml"
+    case_file.write_text(json.dumps(case))
+    done = run_cli("diagnose", str(case_file), "--torchtitan", str(overrides), "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["engine"] == "torchtitan" and data["config"]["layout"] == layout_to_mapping(best.job.layout)
+    assert data["speedup"] == pytest.approx(1.0)
+
+    bad = tmp_path / "bad.txt"
+    bad.write_text(overrides.read_text().replace("--parallelism.tensor_parallel_degree 2",
+                                                 "--parallelism.tensor_parallel_degree two"))
+    done = run_cli("diagnose", str(case_file), "--torchtitan", str(bad))
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and "parallelism.tensor_parallel_degree" in lines[0]
+
+    done = run_cli("diagnose", str(case_file), "--torchtitan", str(overrides), "--megatron-args", str(bad))
+    assert done.returncode == 2 and "--torchtitan" in done.stderr and len(done.stderr.strip().splitlines()) == 1
