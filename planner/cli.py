@@ -55,6 +55,18 @@ def _fail(error: Exception) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
+def _file_option(option: str, value: Optional[str]) -> Optional[Path]:
+    """A file the command writes, as given: typer's Path drops a trailing '/', and `--out dir/` wrote a
+    file named dir. A path ending in '/' names a folder."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise CaseError(option, "", f"expected a file's path, got {value!r}")
+    if value.endswith(("/", os.sep)):
+        raise CaseError(option, "", f"{value!r} ends in '/', which names a folder; expected a file's path")
+    return Path(value)
+
+
 @app.command("estimate")
 def estimate_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster, training and layout."),
@@ -95,7 +107,7 @@ def plan_command(
              "instead of within the gap the model cannot tell apart."),
     fastest: bool = typer.Option(False, "--fastest", help="Return the raw optimum of the model, not the robust pick "
                                                           "(the simplest layout the model cannot tell from it)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the memory and Pareto plots to this PNG."),
+    plot: Optional[str] = typer.Option(None, "--plot", metavar="FILE", help="Write the memory and Pareto plots to this PNG."),
     emit: Optional[str] = typer.Option(None, "--emit", help="Write launch configs: deepspeed, megatron or torchtitan."),
     engine: Optional[str] = typer.Option(
         None, "--engine", help="Plan for this engine (megatron, deepspeed, torchtitan, nanotron or any), "
@@ -113,6 +125,7 @@ def plan_command(
     notes: list[str] = []
     _warn_profile(case)
     try:
+        plot = _file_option("--plot", plot)
         if emit is not None and emit not in ENGINES:
             raise CaseError("--emit", emit, f"expected one of {', '.join(ENGINES)}")
         if emit is not None and out is None:
@@ -299,7 +312,7 @@ def validate_published_command(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     experts: bool = typer.Option(True, "--experts/--no-experts",
                                  help="Also plan each tuned recipe's job (about 20 s) and report the gain claimed."),
-    write_bands: Optional[Path] = typer.Option(None, "--write-bands",
+    write_bands: Optional[str] = typer.Option(None, "--write-bands", metavar="FILE",
                                                help="Write the error bands and the indistinguishable gap these runs "
                                                     "give (planner/published/bands.yaml is the repo's)."),
     few_shot: Optional[int] = typer.Option(None, "--few-shot", min=0, max=50,
@@ -321,6 +334,7 @@ def validate_published_command(
     from .published_runs import load_rows
 
     try:
+        write_bands = _file_option("--write-bands", write_bands)
         if write_bands is not None:  # before the work: a folder it cannot write is said at once
             check_writable([Output(write_bands, "", "--write-bands")], True)
         with terminal_progress("planning the tuned recipes") as progress:
@@ -415,7 +429,7 @@ def validate_command(
 def calibrate_command(
     files: Optional[list[Path]] = typer.Argument(None, help="With --from-runs: published-runs files (YAML); with "
                                                             "--from-logs: training logs."),
-    out: Path = typer.Option(..., "--out", help="Where to write the hardware profile (YAML)."),
+    out_given: str = typer.Option(..., "--out", metavar="FILE", help="Where to write the hardware profile (YAML)."),
     from_runs: bool = typer.Option(False, "--from-runs", help="Fit the profile to a team's own runs (the files, in "
                                                               "the published-runs schema) instead of timing kernels."),
     from_logs: bool = typer.Option(False, "--from-logs", help="Fit the profile to training logs (the files: "
@@ -441,6 +455,10 @@ def calibrate_command(
 ) -> None:
     """Measure this machine under torchrun (GEMMs, attention, memory, collectives) and write a hardware profile;
     or, with --from-runs or --from-logs, fit one to a team's own runs."""
+    try:
+        out = _file_option("--out", out_given)
+    except CaseError as error:
+        _fail(error)
     if from_runs or from_logs or files:
         timed = {"--nproc": nproc, "--quick": quick or None, "--timeout": timeout, "--nnodes": nnodes,
                  "--rdzv-endpoint": rdzv_endpoint, "--allow-busy": allow_busy or None}

@@ -1038,3 +1038,14 @@ def test_an_empty_case_path_is_said_to_be_empty():
     for call in (planner.estimate, planner.plan):
         with pytest.raises(CaseError, match="expected a case file's path, got an empty one"):
             call("")
+
+
+@pytest.mark.parametrize("args", [("plan", "{case}", "--plot", "{tmp}/plots.png/"),
+                                  ("validate-published", "--no-experts", "--write-bands", "{tmp}/bands/"),
+                                  ("calibrate", "--from-runs", "{case}", "--out", "{tmp}/profile/")])
+def test_a_file_to_write_given_with_a_trailing_slash_is_refused(tmp_path, args):
+    """typer's Path dropped the '/': `calibrate --out newdir/` wrote a file named newdir."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
+    result = cli(*(a.format(case=case, tmp=tmp_path) for a in args))
+    one_line_error(result, "ends in '/', which names a folder; expected a file's path")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["case.yaml"]
