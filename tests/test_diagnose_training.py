@@ -101,6 +101,25 @@ def test_unfused_attention_is_written_and_read_as_megatron_runs_it(tmp_path):
         diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "fused.txt")
 
 
+def test_megatron_runs_no_context_parallelism_without_a_fused_attention_kernel(tmp_path):
+    """Llama 3 8B on 8 A100s of 40 GB without flash attention: the plan picked tp 2, cp 2 and wrote
+    --attention-backend unfused beside --context-parallel-size 2, which Transformer Engine cannot run
+    (it drops its unfused backend under context parallelism: no backend is left at the first forward)."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "megatron",
+                         "flash_attention": False}}
+    p = planner.plan(case)
+    assert all(e.job.layout.cp == 1 for e in (p.best, *p.alternatives))
+    with pytest.raises(CaseError) as refused:
+        planner.estimate({**case, "layout": {"tp": 2, "cp": 2, "dp": 2, "micro_batch_size": 1, "zero_stage": 1,
+                                             "sequence_parallel": True}})
+    assert refused.value.key == "layout.cp" and "no attention backend is left" in refused.value.expected
+    # With flash attention the same layout runs.
+    flash = {**case, "training": {**case["training"], "flash_attention": True}}
+    planner.estimate({**flash, "layout": {"tp": 2, "cp": 2, "dp": 2, "micro_batch_size": 1, "zero_stage": 1,
+                                          "sequence_parallel": True}})
+
+
 @pytest.mark.parametrize("changes, key", [
     ({"training": {"optimizer": "sgd"}}, "training.optimizer"),  # the files ran the base config's AdamW
     ({"training": {"flash_attention": False}}, "training.flash_attention"),  # SDPA keeps no scores

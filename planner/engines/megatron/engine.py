@@ -122,6 +122,13 @@ def rules(job: Job) -> list[tuple[str, str]]:
             out.append(("layout.cp", f"context parallelism with sliding-window attention runs as all-to-all "
                                      f"(--cp-comm-type a2a), which splits the {heads} heads and {groups} key-value "
                                      f"groups of a tensor-parallel rank over cp {lay.cp}: they must divide by it"))
+    if lay.cp > 1 and not training.flash_attention:
+        # --attention-backend unfused (emit.py) sets NVTE_UNFUSED_ATTN=1 alone (megatron-core
+        # language_module.py), and Transformer Engine drops its unfused backend under context parallelism
+        # ("does not support context parallelism", dot_product_attention/utils.py): no backend is left.
+        out.append(("layout.cp", "context parallelism runs in Transformer Engine's flash or fused attention, "
+                                 "which training.flash_attention false (--attention-backend unfused) turns off: "
+                                 "no attention backend is left for it"))
     if lay.stage_layers is not None and 0 in lay.stage_layers[1:-1]:
         # Its pipeline layout holds a transformer layer in every model chunk but the edges' (read.py
         # refuses the same layout written as --pipeline-model-parallel-layout).
