@@ -72,10 +72,23 @@ STUB_SOURCE = textwrap.dedent('''
                     raise ValueError("local_batch_size must divide by pipeline_parallel_microbatch_size")
                 if not self.training.disable_cuda_graphs:
                     raise ValueError("CUDA graphs do not support pipeline parallelism")
+            # Trainer.Config._validate_cuda_graphs: the all-to-all token dispatcher syncs with the host.
+            if self.parallelism.expert_parallel_degree > 1 and not self.training.disable_cuda_graphs:
+                raise ValueError("CUDA graphs support only expert parallel token dispatcher configurations "
+                                 "without CPU synchronization")
 
 
     def base():
         return Config()
+
+
+    def base_like_405b():
+        """As torchtitan's llama3_405b: a Float8 model, async TP (models/llama3/config_registry.py);
+        and as its DeepSeek-V3 configs, the loss compiled alone."""
+        config = Config(model_spec="Float8 model")
+        config.compile = CompileConfig(enable=True, enable_async_tensor_parallel=True)
+        config.compile.components = ["loss"]  # DeepSeek-V3's (its configs run no async TP)
+        return config
 
 
     def model_registry(flavor, converters=None, **extra):
@@ -540,3 +553,46 @@ def test_unequal_chunks_name_the_key_the_case_gave(layout, key):
     with pytest.raises(CaseError) as error:
         planner.estimate(case)
     assert error.value.key == key and "equal model chunks" in str(error.value)
+
+
+def test_what_a_base_config_sets_beside_the_layout_is_set_as_planned(workdir):
+    """torchtitan's llama3_405b builds its model with Float8LinearConverter and runs async TP, its
+    DeepSeek-V3 configs compile the loss alone: a bf16 plan without TP overlap, emitted on such a base,
+    trained in fp8 with async TP (or its model eager), since only what differed from the default was set."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"},
+            "search": {"target": "torchtitan", "tp": 2}}
+    best = planner.plan(case, top_k=0).best
+    assert not best.job.training.tp_comm_overlap and best.job.training.recipe is None
+    files = emit.render(best, provenance(best, "case.yaml"))
+    (workdir / "tt_on_405b.py").write_text(files[emit.CONFIG_FILE])
+    module = importlib.import_module("tt_on_405b")
+    module.BASE_MODULE, module.BASE_CONFIG, module.MODEL_REGISTRY = STUB, "base_like_405b", STUB
+    module.converters = lambda: []
+    config = getattr(module, emit.CONFIG_FUNCTION)()
+    assert config.model_spec == {"flavor": module.MODEL_FLAVOR, "converters": []}  # rebuilt: no Float8
+    assert config.compile.enable and set(config.compile.components) == {"model", "loss"}
+    assert config.compile.enable_async_tensor_parallel is False
+
+
+def test_expert_parallelism_without_a_pipeline_runs_without_cuda_graphs(workdir):
+    """Qwen3-30B-A3B at ep 8, pp 1: torchtitan refused the files (CUDA graphs with the all-to-all
+    dispatcher), which set disable_cuda_graphs only with a pipeline."""
+    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"},
+            "search": {"target": "torchtitan", "pp": 1, "ep": 8}}
+    best = planner.plan(case, top_k=0).best
+    assert best.job.layout.ep == 8 and best.job.layout.pp == 1
+    check_emitted(best, 64, workdir, "tt_ep_no_pp")
+
+
+def test_overrides_on_a_base_that_builds_its_own_float8_model_say_so():
+    """`--config llama3_405b` with the overrides keeps torchtitan's Float8 model (no option removes a
+    converter): a bf16 plan's overrides.txt says to run the config module instead."""
+    case = {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 128},
+            "training": {"global_batch_size": 128, "seq_len": 8192, "precision": "bf16"},
+            "search": {"target": "torchtitan"}}
+    best = planner.plan(case, top_k=0).best
+    assert emit.base_config(best.job.model) == (("llama3", "llama3_405b"), True)
+    text = emit.render(best, provenance(best, "case.yaml"))[emit.OVERRIDES_FILE]
+    assert "llama3_405b builds its model with Float8LinearConverter" in " ".join(text.split())

@@ -70,6 +70,9 @@ MOE_BASE_CONFIGS = {
     (36, 2880, 128, 4, 2880, 1, 1): ("gpt_oss", "gpt_oss_120b"),
 }
 DEFAULT_MOE_BASE = ("qwen3", "qwen3_30b_a3b")
+# The base configs that build their model with quantization converters of their own
+# (models/llama3/config_registry.py: llama3_405b's Float8LinearConverter, filter_fqns ["lm_head"]).
+BASE_CONVERTERS = {"llama3_405b": "Float8LinearConverter"}
 # The flavour each config's model_registry(flavor, converters=...) builds (models/*/__init__.py);
 # the configs call it with the registry's default backends, so rebuilding with converters keeps them.
 FLAVORS = {"llama3_8b": "8B", "llama3_70b": "70B", "llama3_405b": "405B",
@@ -175,10 +178,13 @@ def settings(estimate) -> dict[str, Any]:
             "module_fqns_per_model_part": stage_modules(estimate),
         })
         train["local_batch_size"] = lay.micro_batch_size * job.grad_accum
-        train["disable_cuda_graphs"] = True  # Trainer.Config refuses CUDA graphs with PP
     else:
         parallelism["module_fqns_per_model_part"] = None
         train["local_batch_size"] = lay.micro_batch_size
+    if lay.pp > 1 or lay.ep > 1:
+        # Trainer.Config refuses CUDA graphs with PP, and with expert parallelism whose token dispatcher
+        # synchronizes with the host (trainer.py, _validate_cuda_graphs): the all-to-all the plan prices.
+        train["disable_cuda_graphs"] = True
     if lay.offload_params:  # FSDP2 CPUOffloadPolicy: parameters, gradients and the optimizer step on the CPU
         train["enable_cpu_offload"] = True
     if lay.recompute == "full" or lay.recompute_num_layers is not None:
@@ -188,13 +194,14 @@ def settings(estimate) -> dict[str, Any]:
     # The plan priced the model compiled (engine.py: fused element-wise kernels), and
     # the loss unless the case says not (training.compiled_loss false: eager cross-entropy's
     # memory; compile.components defaults to both); the quantization converters want it too.
-    out = {"parallelism": parallelism, "training": train, "activation_checkpoint": ac, "compile": {"enable": True}}
-    if training.compiled_loss is False:
-        out["compile"]["components"] = ["model"]
-    if training.tp_comm_overlap and lay.tp > 1:
-        # Async TP pipelines the TP collectives with their matmuls; torchtitan builds it
-        # with torch.compile of the model (CompileConfig refuses it otherwise).
-        out["compile"]["enable_async_tensor_parallel"] = True
+    # Each written whatever the base config says: DeepSeek-V3's compile the loss alone, llama3_405b
+    # runs async TP (models/*/config_registry.py).
+    out = {"parallelism": parallelism, "training": train, "activation_checkpoint": ac,
+           "compile": {"enable": True,
+                       "components": ["model"] if training.compiled_loss is False else ["model", "loss"],
+                       # Async TP pipelines the TP collectives with their matmuls; torchtitan builds it
+                       # with torch.compile of the model (CompileConfig refuses it otherwise).
+                       "enable_async_tensor_parallel": bool(training.tp_comm_overlap and lay.tp > 1)}}
     if training.recipe is not None:
         out["converters"] = converters(job)
     if job.model.mtp_layers:
@@ -208,8 +215,11 @@ def _cli_option(section: str, key: str, value: Any) -> list[str]:
         return [f"--{section}.{key}" if value else f"--{section}.no_{key}"]
     if value is None:
         return [f"--{section}.{key}", "None"]
-    if isinstance(value, list):  # list[str]: one token each; list[list[str]]: one comma-joined token per part
-        return [f"--{section}.{key}", *(part if isinstance(part, str) else ",".join(part) for part in value)]
+    if isinstance(value, list) and all(isinstance(part, str) for part in value):
+        # list[str]: one comma-joined token (ConfigManager: "--compile.components model loss" is refused)
+        return [f"--{section}.{key}", ",".join(value)]
+    if isinstance(value, list):  # list[list[str]]: one comma-joined token per part
+        return [f"--{section}.{key}", *(",".join(part) for part in value)]
     return [f"--{section}.{key}", str(value)]
 
 
@@ -318,10 +328,11 @@ def _config_module(estimate, header: list[str]) -> str:
         "    config.activation_checkpoint = {\n"
         '        "none": None, "selective": SelectiveAC.Config(), "full": FullAC.Config(),\n'
         "    }[ACTIVATION_CHECKPOINT]\n"
-        "    if CONVERTERS or MTP_LAYERS:\n"
-        "        registry = importlib.import_module(MODEL_REGISTRY)\n"
-        "        extra = {\"num_mtp_layers\": MTP_LAYERS} if MTP_LAYERS else {}\n"
-        "        config.model_spec = registry.model_registry(MODEL_FLAVOR, converters=converters(), **extra)\n"
+        "    # Rebuilt whatever CONVERTERS holds: a base config's own converters (llama3_405b's Float8) would\n"
+        "    # otherwise train the model in another precision than the plan's.\n"
+        "    registry = importlib.import_module(MODEL_REGISTRY)\n"
+        "    extra = {\"num_mtp_layers\": MTP_LAYERS} if MTP_LAYERS else {}\n"
+        "    config.model_spec = registry.model_registry(MODEL_FLAVOR, converters=converters(), **extra)\n"
         "    if MTP_LAYERS:\n"
         "        config.loss = mtp_loss()\n"
         "    return config\n\n\n"
@@ -348,6 +359,10 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
                    "The activation_checkpoint:<mode> subcommand must stay last."]
                   + ([f"Not here: the quantization converters (CONVERTERS in {CONFIG_FILE}); the model spec is "
                       "no command-line option."] if estimate.job.training.recipe is not None else [])
+                  + ([f"Not here either: {function} builds its model with {BASE_CONVERTERS[function]}, which no "
+                      f"command-line option removes: these overrides on it train another precision than the "
+                      f"plan's; run {CONFIG_FILE} (launch.sh does), which rebuilds the model as planned."]
+                     if function in BASE_CONVERTERS else [])
                   + ([f"Not here: the multi-token prediction layers and their loss (MTP_LAYERS in {CONFIG_FILE}); "
                       "neither is a command-line option."] if estimate.job.model.mtp_layers else []))
         + "".join(" ".join(argument_word("torchtitan", word) for word in opt) + "\n" for opt in opts)
