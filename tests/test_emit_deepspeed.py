@@ -149,6 +149,10 @@ def test_deepspeed_accepts_emitted_config(index, tmp_path, world):
         assert got.float16_config.enabled == (job.training.precision == "fp16")
         assert got.tensor_parallel_config.autotp_size == (lay.tp if lay.tp > 1 and lay.pp == 1 else 0)
         assert got.gradient_clipping == 1.0
+        # The optimizer the plan priced is DeepSpeed's to build (engine._configure_basic_optimizer): under
+        # ZeRO-Offload it must be, since engine.py refuses a client optimizer there; with none in the
+        # config, launch.sh's deepspeed.initialize had no optimizer at all.
+        assert got.optimizer_name == {"sgd": "SGD", "adamw": "adamw"}.get(job.training.optimizer, "adam")
     assert ("activation_checkpointing" in json.loads(path.read_text())) == (lay.recompute == "full")
     # Gradients accumulate in the precision the estimate timed them in.
     assert (config.grad_accum_dtype == "fp32") == (state_bytes(job.training).gradients == 4)
@@ -174,8 +178,10 @@ def test_launch_script(index, tmp_path):
     per_node = job.cluster.gpu.gpus_per_node
     nodes, gpus = (1, job.cluster.num_gpus) if job.cluster.num_gpus <= per_node \
         else (job.cluster.num_gpus // per_node, per_node)
+    # the config beside the script, from wherever it is run
     assert (f"\ndeepspeed --num_nodes {nodes} --num_gpus {gpus} train.py --deepspeed "
-            f"--deepspeed_config ds_config.json") in text
+            f'--deepspeed_config "$HERE/ds_config.json"') in text
+    assert 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"' in text
     subprocess.run(["bash", "-n", str(tmp_path / "launch.sh")], check=True)
     if lay.tp > 1 and lay.pp == 1:
         assert f"groups._init_tp_mesh_device(tensor_model_parallel_size={lay.tp})" in text
@@ -525,3 +531,19 @@ def test_an_uneven_deepspeed_pipeline_reads_back_with_the_split_its_model_code_s
     assert json.loads(done.stdout)["speedup"] == pytest.approx(1.0) and json.loads(done.stdout)["notes"] == []
     wrong = run_cli("diagnose", str(case), "--config", config, "--pp", "4", "--stage-layers", "8,8,8")
     assert wrong.returncode == 2 and "--stage-layers: 3 stages of 24 layers; expected pp = 4" in wrong.stderr
+
+
+def test_an_sgd_plan_is_written_with_sgd_and_read_back(tmp_path, world):
+    """training.optimizer sgd was priced with one state and written nowhere: the run built what its
+    train.py passed, or nothing."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "optimizer": "sgd", "engine": "deepspeed"}}
+    best = planner.plan(case, top_k=0).best
+    emit(best, tmp_path)
+    world(best.job.layout.dp)
+    config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
+    assert config.optimizer_name == "SGD"  # torch.optim's, by its own name (engine._configure_basic_optimizer)
+    # ZeRO refuses an optimizer outside its tested list unless told (engine._do_optimizer_sanity_check)
+    assert best.job.layout.zero_stage >= 1 and config.zero_allow_untested_optimizer
+    layout = ds_reader.read(tmp_path / "ds_config.json", load_case(case), recompute=best.job.layout.recompute)
+    assert layout.zero_stage == best.job.layout.zero_stage

@@ -42,6 +42,11 @@ def _refuse(expected: str) -> CaseError:
     return CaseError("--emit", "deepspeed", expected)
 
 
+# training.optimizer → ds_config optimizer.type (runtime/config.py: DeepSpeed's Adam runs AdamW's decoupled
+# weight decay unless told otherwise; SGD is torch.optim's).
+OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
+
+
 def check_expressible(estimate) -> None:
     """Raise a CaseError for the first thing in the layout DeepSpeed cannot run
     (planner/engines/deepspeed/engine.py)."""
@@ -60,6 +65,16 @@ def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str,
     config["train_batch_size"] = training.global_batch_size
     config["train_micro_batch_size_per_gpu"] = lay.micro_batch_size
     config["gradient_accumulation_steps"] = job.grad_accum
+    # The optimizer the plan priced (its states, and under offload DeepSpeed's CPU Adam, which it builds
+    # only from this section: engine.py refuses a client optimizer with ZeRO-Offload); its learning rate
+    # and the rest are the run's own (_comment).
+    config["optimizer"] = {"type": OPTIMIZER_TYPES[training.optimizer]}
+    if training.optimizer == "sgd" and lay.zero_stage >= 1:
+        # ZeRO takes torch.optim.SGD only when told to (engine._do_optimizer_sanity_check:
+        # zero/utils.py's ZERO_SUPPORTED_OPTIMIZERS are the Adam, Adagrad and Lion kinds).
+        config["zero_allow_untested_optimizer"] = True
+    config.setdefault("_comment", []).append("optimizer: add params (lr, betas, weight_decay) as the run sets them; "
+                                             "the type is the one planned")
     config["zero_optimization"] = _zero(lay.zero_stage, job.model.hidden_size)
     # ZeRO-Offload / ZeRO-Infinity to CPU memory, pinned for the copies the estimate timed
     # (deepspeed/runtime/zero/offload_config.py).
@@ -157,9 +172,11 @@ def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
     if nodes > 1:
         out.append(comment(["", f"{nodes} nodes: the launcher reads the hosts from /job/hostfile "
                                 f"(or pass --hostfile FILE), one line per node: HOST slots={per_node}"]))
-    out.append("set -euo pipefail\n\n")
+    out.append("set -euo pipefail\n")
+    # The config beside this script, wherever it is run from (as sbatch.sh finds it).
+    out.append('HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n\n')
     out.append(f"deepspeed --num_nodes {shell_word(nodes)} --num_gpus {shell_word(per_node)} train.py --deepspeed "
-               f"--deepspeed_config {shell_word(CONFIG)} \"$@\"\n")
+               f"--deepspeed_config \"$HERE/{CONFIG}\" \"$@\"\n")
     return "".join(out)
 
 
