@@ -130,7 +130,7 @@ def expert_options(case: Case, spec: SearchSpec, tp: int, cp: int, dp: int) -> l
         for ep in divisors(model.num_experts):
             if (tp * cp * dp) % (etp * ep) or not spec.admits("ep", ep):
                 continue
-            if ep > 1 and not engine.expert_parallel:
+            if engine.expert_refusals(tp, ep, etp):  # an expert split the engine does not run
                 continue
             out.append((ep, etp))
     return out

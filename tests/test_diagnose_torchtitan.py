@@ -450,3 +450,31 @@ def test_the_cli_reads_the_emitted_overrides_and_refuses_a_bad_file_in_one_line(
 
     done = run_cli("diagnose", str(case_file), "--torchtitan", str(overrides), "--megatron-args", str(bad))
     assert done.returncode == 2 and "--torchtitan" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_without_expert_parallelism_the_experts_split_over_the_tp_ranks(tmp_path):
+    """torchtitan shards the routed experts on the TP axis where expert parallelism is off
+    (models/common/moe_sharding.py, expert_param_placement_dense): Llama 4 Maverick's tp 8, ep 1 read
+    as whole experts on every rank was 'does not fit' (92.8 GB) and a 12x speedup. The plan, too, priced
+    whole experts beside TP at ep 1."""
+    case = case_of("qwen3-30b-a3b", 16, 256, 4096, engine="torchtitan")
+    path = tmp_path / "overrides.txt"
+    path.write_text("--training.local_batch_size 1 --training.global_batch_size 256 --training.seq_len 4096 "
+                    "--parallelism.tensor_parallel_degree 2 --parallelism.expert_parallel_degree 1\n")
+    read = diagnose(case, torchtitan=path)
+    assert (read.estimate.job.layout.ep, read.estimate.job.layout.expert_tp) == (1, 2)
+    # a 0.2 TOML's expert_tensor_parallel_degree has no effect without expert parallelism
+    toml = tmp_path / "job.toml"
+    toml.write_text("[training]\nlocal_batch_size = 1\nglobal_batch_size = 256\nseq_len = 4096\n"
+                    "[parallelism]\ntensor_parallel_degree = 2\nexpert_parallel_degree = 1\n"
+                    "expert_tensor_parallel_degree = 2\n[activation_checkpoint]\nmode = \"full\"\n")
+    assert diagnose(case, torchtitan=toml).estimate.job.layout.expert_tp == 2
+    # the search and estimate hold torchtitan to it: whole experts at ep 1 beside TP are no torchtitan layout
+    for best in (planner.plan(case, target="torchtitan", top_k=5), ):
+        for est in (best.best, *best.alternatives):
+            lay = est.job.layout
+            assert lay.expert_tp == (lay.tp if lay.ep == 1 else 1)
+    with pytest.raises(CaseError) as refused:
+        planner.estimate({**case, "layout": {"tp": 2, "dp": 8, "ep": 1, "etp": 1, "zero_stage": 3,
+                                             "micro_batch_size": 1, "sequence_parallel": True}})
+    assert refused.value.key == "layout.etp" and "expert_param_placement_dense" in refused.value.expected

@@ -60,8 +60,9 @@ class EngineSupport:
     # Expert parallelism (layout.ep > 1) for mixtures of experts, and which expert
     # tensor-parallel degrees the engine runs: "any" divisor (Megatron's
     # --expert-tensor-parallel-size), "tp" (the experts split as the attention is: DeepSpeed's
-    # enable_expert_tensor_parallelism) or "one" (whole experts: torchtitan shards them with FSDP
-    # over the ranks expert parallelism leaves). The search tries etp 1 and tp where "any".
+    # enable_expert_tensor_parallelism), "one" (whole experts) or "tp_without_ep" (split as the
+    # attention without expert parallelism, whole with it: torchtitan, which shards them with FSDP over
+    # the ranks expert parallelism leaves). The search tries etp 1 and tp where "any".
     expert_parallel: bool = True
     expert_tp: str = "any"
     # The fp8 recipes the engine runs (``training.fp8_recipe``), and whether its weight gathers
@@ -131,7 +132,7 @@ class EngineSupport:
             return (1,)
         if self.expert_tp == "tp":
             return (tp,)
-        return tuple(sorted({1, tp}))
+        return tuple(sorted({1, tp}))  # "tp_without_ep": expert_refusals keeps the one that goes with ep
 
     def expert_refusals(self, tp: int, ep: int, etp: int) -> list[tuple[str, str]]:
         """(layout key, reason) for each expert-parallel choice the engine does not offer."""
@@ -142,6 +143,10 @@ class EngineSupport:
             out.append(("etp", self.reason("expert_tp", "runs whole experts (etp 1) only")))
         elif self.expert_tp == "tp" and etp != tp:
             out.append(("etp", self.reason("expert_tp", f"splits experts as the attention (etp = tp = {tp}) only")))
+        elif self.expert_tp == "tp_without_ep" and etp != (tp if ep == 1 else 1):
+            out.append(("etp", self.reason("expert_tp", f"splits the experts over the tensor-parallel ranks without "
+                                                        f"expert parallelism (etp = tp = {tp}) and runs them whole "
+                                                        f"with it (etp 1), so at ep {ep}: etp {tp if ep == 1 else 1}")))
         return out
 
     def allows(self, tp: int, pp: int, cp: int, vpp: int, zero_stage: int, sequence_parallel: bool,

@@ -3,7 +3,8 @@
 - Choices (``torchtitan/distributed/parallel_dims.py``, ``config``): FSDP2 sharding (ZeRO-3)
   or replication (ZeRO-0), TP always with sequence parallelism on the norms, PP with
   interleaved schedules of equal model chunks, CP (whose ranks always join the FSDP shard
-  mesh), expert parallelism (``parallelism.expert_parallel_degree``) over whole experts,
+  mesh), expert parallelism (``parallelism.expert_parallel_degree``) over whole experts (without
+  it, the experts split over the TP ranks as the attention is),
   selective (op-level) and full activation checkpointing of every layer; bfloat16 or
   float32 parameters (fp8, MXFP8 and NVFP4 GEMMs through torchao's converters; fp8 row-wise by
   default), gradients reduced in float32; CPU offload of
@@ -25,7 +26,7 @@ from planner.engines.base import Engine, EngineSupport
 SUPPORT = EngineSupport(
     zero_stages=(0, 3), max_zero_with_pp=3, interleaving=True, context_parallel=True,
     sequence_parallel=(True,), recompute=("none", "selective", "full"), partial_recompute=False,
-    cp_shards_states=True, expert_tp="one", optimizer_offload="all", optimizer_offload_zero=(3,),
+    cp_shards_states=True, expert_tp="tp_without_ep", optimizer_offload="all", optimizer_offload_zero=(3,),
     param_offload=True, offload_together=True,
     # torchtitan 0.3.0's Float8LinearConverter.Config.recipe_name: Literal["rowwise",
     # "rowwise_with_gw_hp"] = "rowwise" (components/quantization/float8.py).
@@ -42,9 +43,10 @@ SUPPORT = EngineSupport(
                              "dispatch is"),
          ("fp8_param_gather", "torchtitan's float8 converter has no float8 all-gather (row-wise scaling "
                               "gathers bf16 weights)"),
-         ("expert_tp", "torchtitan runs whole experts: expert parallelism borrows ranks from FSDP and TP, and the "
-                       "experts are FSDP-sharded over the rest (ParallelDims: efsdp = dp_shard·cp·tp / ep); "
-                       "set layout.etp: 1"),
+         ("expert_tp", "torchtitan splits the routed experts over the TP ranks where expert parallelism is off "
+                       "(etp = tp: models/common/moe_sharding.py, expert_param_placement_dense) and runs them whole "
+                       "where it is on (etp 1), FSDP-sharded over the ranks it leaves (ParallelDims: efsdp = "
+                       "dp_shard·cp·tp / ep)"),
          ("zero_stages", "torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0)"),
          ("sequence_parallel", "torchtitan's tensor parallelism always uses sequence parallelism"),
          ("partial_recompute", "torchtitan's full activation checkpointing wraps every layer"),

@@ -600,13 +600,18 @@ def _check_converters(s: _Settings, case) -> None:
 
 
 def _experts(s: _Settings, model, d: _Degrees) -> dict:
-    """ep (and etp, whole experts: torchtitan 0.2's expert_tensor_parallel_degree, 1 by default; 0.3.0
-    has none) for a mixture of experts."""
+    """ep and etp for a mixture of experts: without expert parallelism torchtitan splits the experts over
+    the TP ranks (models/common/moe_sharding.py: expert_param_placement_dense; 0.2's
+    models/*/infra/parallelize.py apply_moe_ep_tp, whose expert_tensor_parallel_degree has "no effect"
+    there); with it, whole experts (0.3.0 has no expert tensor parallelism; 0.2's degree, 1 by default,
+    is the engine's to refuse above 1)."""
     key = "parallelism.expert_parallel_degree"
     if not model.is_moe:
         if d.ep > 1:
             raise CaseError(s.src, key, f"{d.ep}, but the case's model is dense (no experts to split)")
         return {}
+    if d.ep == 1:
+        return {"ep": 1, "etp": d.tp}
     return {"ep": d.ep, "etp": s.integer("parallelism.expert_tensor_parallel_degree", 1)}
 
 
