@@ -478,3 +478,20 @@ def test_without_expert_parallelism_the_experts_split_over_the_tp_ranks(tmp_path
         planner.estimate({**case, "layout": {"tp": 2, "dp": 8, "ep": 1, "etp": 1, "zero_stage": 3,
                                              "micro_batch_size": 1, "sequence_parallel": True}})
     assert refused.value.key == "layout.etp" and "expert_param_placement_dense" in refused.value.expected
+
+
+def test_torchtitan_0_2s_float8_converters_are_read_by_their_registered_names(tmp_path):
+    """0.2 registers quantize.linear.float8 (components/quantization/float8.py) and keeps its recipe in
+    [quantize.linear.float8]; the reader took only 0.1's float8 and [float8], so no 0.2 float8 file
+    could be diagnosed. Without a recipe 0.2 scales per tensor, which 0.3.0 no longer runs: said so."""
+    case = case_of("llama3-8b", 8, 64, 4096, engine="torchtitan", precision="fp8", fp8_recipe="rowwise")
+    body = ("[training]\nlocal_batch_size = 8\nglobal_batch_size = 64\nseq_len = 4096\n[parallelism]\n"
+            "data_parallel_shard_degree = -1\n[activation_checkpoint]\nmode = \"full\"\n"
+            "[model]\nconverters = [\"quantize.linear.float8\"]\n[quantize.linear.float8]\n")
+    path = tmp_path / "job.toml"
+    path.write_text(body + "recipe_name = \"rowwise\"\n")
+    assert diagnose(case, torchtitan=path).estimate.job.training.recipe.name == "rowwise"
+    path.write_text(body)
+    with pytest.raises(CaseError) as refused:
+        diagnose(case, torchtitan=path)
+    assert refused.value.key == "quantize.linear.float8.recipe_name" and "per tensor" in refused.value.expected

@@ -78,7 +78,13 @@ UNPRICED_AC_MODES = ("memory-budget", "memory_budget")
 # training.mixed_precision_param for each precision the case may train in (emit.PARAM_DTYPES's inverse).
 PARAM_DTYPES = {"bfloat16": ("bf16", "fp8", "mxfp8", "nvfp4"), "float32": ("fp32",)}
 # [model] converters of torchtitan 0.2 (components/quantization): the precision each runs.
-CONVERTER_PRECISIONS = {"float8": "fp8", "mx": "mxfp8"}
+# The names 0.1 registered ("float8", "mx": components/quantization/float8.py, mx.py) and 0.2's
+# ("quantize.linear.float8", "quantize.grouped_mm.float8", "quantize.linear.mx", "quantize.grouped_mm.mx").
+CONVERTER_PRECISIONS = {"float8": "fp8", "mx": "mxfp8", "quantize.linear.float8": "fp8",
+                        "quantize.grouped_mm.float8": "fp8", "quantize.linear.mx": "mxfp8",
+                        "quantize.grouped_mm.mx": "mxfp8"}
+# Where each release keeps the float8 recipe: 0.1's [float8], 0.2's [quantize.linear.float8].
+FLOAT8_RECIPE_KEYS = ("quantize.linear.float8.recipe_name", "float8.recipe_name")
 
 # Where a torchtitan job states each layout field a refusal may name (the DeepSpeed reader's KEY_OF_FIELD's twin).
 KEY_OF_FIELD = {
@@ -229,6 +235,11 @@ def _from_toml(src: str, data: dict) -> _Settings:
         if not isinstance(table, dict):
             raise CaseError(src, section, f"expected a table [{section}], got {one_line(repr(table), 40)}")
         values.update({f"{section}.{key}": value for key, value in table.items()})
+    # 0.2's [quantize.linear.float8] and [quantize.linear.mx] (TOML nests them as quantize → linear → float8)
+    linear = data.get("quantize", {}).get("linear", {}) if isinstance(data.get("quantize"), dict) else {}
+    for name, table in (linear.items() if isinstance(linear, dict) else ()):
+        if isinstance(table, dict):
+            values.update({f"quantize.linear.{name}.{key}": value for key, value in table.items()})
     if values.get("parallelism.pipeline_parallel_split_points"):
         # torchtitan 0.2's older way to cut the stages, at the named modules: not read here.
         raise CaseError(src, "parallelism.pipeline_parallel_split_points", "is not read: give the stages as "
@@ -582,7 +593,8 @@ def _check_converters(s: _Settings, case) -> None:
     names = s.names(key, [])
     unknown = [n for n in names if n not in CONVERTER_PRECISIONS]
     if unknown:
-        raise CaseError(s.src, key, f"{one_line(unknown[0], 40)!r} is not read: expected float8 or mx")
+        raise CaseError(s.src, key, f"{one_line(unknown[0], 40)!r} is not read: expected one of "
+                                    f"{', '.join(CONVERTER_PRECISIONS)}")
     precision = case.training.precision
     runs = {CONVERTER_PRECISIONS[n] for n in names}
     if len(runs) > 1:
@@ -593,10 +605,18 @@ def _check_converters(s: _Settings, case) -> None:
         raise CaseError(s.src, key, f"{said}, but the case {case.source} trains in {precision} "
                                     "(training.precision)")
     if precision == "fp8":
-        recipe = s.string("float8.recipe_name", None) or "tensorwise"
+        where = next((k for k in FLOAT8_RECIPE_KEYS if s.string(k, None) is not None), FLOAT8_RECIPE_KEYS[0])
+        recipe = s.string(where, None) or "tensorwise"
+        if recipe == "tensorwise":
+            # 0.1 and 0.2 scale per tensor unless told otherwise; 0.3.0, the torchtitan priced here, takes
+            # rowwise recipes only (Float8LinearConverter.Config.recipe_name).
+            raise CaseError(s.src, where, "absent or tensorwise: torchtitan 0.2 scales fp8 per tensor, which "
+                                          "0.3.0 (the torchtitan this plans for) no longer runs; its rowwise "
+                                          "recipes are priced (estimate the run's layout with training.engine "
+                                          "any for tensorwise)")
         if recipe != case.training.recipe.name:
-            raise CaseError(s.src, "float8.recipe_name", f"scales fp8 {recipe}, but the case's recipe is "
-                                                         f"{case.training.recipe.name} (training.fp8_recipe)")
+            raise CaseError(s.src, where, f"scales fp8 {recipe}, but the case's recipe is "
+                                          f"{case.training.recipe.name} (training.fp8_recipe)")
 
 
 def _experts(s: _Settings, model, d: _Degrees) -> dict:
