@@ -495,3 +495,23 @@ def test_torchtitan_0_2s_float8_converters_are_read_by_their_registered_names(tm
     with pytest.raises(CaseError) as refused:
         diagnose(case, torchtitan=path)
     assert refused.value.key == "quantize.linear.float8.recipe_name" and "per tensor" in refused.value.expected
+
+
+def test_a_launch_script_is_read_as_bash_runs_it(tmp_path):
+    """A script's variables (${TP}), the branch bash takes (torchtitan's run_train.sh starts a debug
+    run under `if [ -n "$COMM_MODE" ]`, which it skips) and the commands after the launch (an echo)
+    were read as plain words: the first -m torchtitan.train won, and `echo` joined the last option."""
+    script = tmp_path / "train.sh"
+    script.write_text('#!/bin/bash\nTP=${TP:-2}\nCOMM_MODE=${COMM_MODE:-""}\n'
+                      'if [ -n "$COMM_MODE" ]; then\n'
+                      '    python3 -m torchtitan.train --parallelism.tensor_parallel_degree 8 --comm.mode=$COMM_MODE\n'
+                      'else\n'
+                      '    torchrun --nproc_per_node=8 -m torchtitan.train --parallelism.tensor_parallel_degree ${TP} '
+                      '--training.local_batch_size 4 --training.global_batch_size 64 --training.seq_len 2048 "$@"\n'
+                      'fi\necho "training done"\n')
+    read = diagnose(case_of("llama3-8b", 8, 64, 2048, engine="torchtitan"), torchtitan=script)
+    lay = read.estimate.job.layout
+    assert (lay.tp, lay.dp, lay.micro_batch_size) == (2, 4, 4)
+    script.write_text("#!/bin/bash\necho nothing to train\n")
+    with pytest.raises(CaseError, match="starts no torchtitan training"):
+        diagnose(case_of("llama3-8b", 8, 64, 2048, engine="torchtitan"), torchtitan=script)

@@ -252,17 +252,52 @@ def _from_toml(src: str, data: dict) -> _Settings:
     return replace(settings, ac_mode=mode, ac_option=option)
 
 
+def _starts_training(words, i: int) -> bool:
+    word = words[i]
+    return word == "torchtitan.train" and i > 0 and words[i - 1] == "-m" or word.endswith("torchtitan/train.py")
+
+
+def _is_override_list(text: str) -> bool:
+    """Overrides (every line, comments aside, options, the activation-checkpoint subcommand, or the one
+    word of a value after a line that ends in an option), not a script."""
+    after_option = False
+    for line in (raw.strip() for raw in text.splitlines()):
+        if not line or line.startswith("#"):
+            continue
+        if not (line.startswith("-") or _is_subcommand(line) or (after_option and len(line.split()) == 1)):
+            return False
+        after_option = line.startswith("-") and line.split()[-1].startswith("--")
+    return True
+
+
 def _words(src: str, text: str) -> list[str]:
-    """The words of an overrides file or a launch script (as a shell splits them, comments dropped),
-    those after ``-m torchtitan.train`` where the script starts it."""
+    """The words of an overrides file (as a shell splits them, comments dropped), or of the command a
+    launch script starts torchtitan with, as bash would run it (planner.readers.bash: its variables
+    expanded, the branches it takes taken, the commands after it apart): the words after
+    ``-m torchtitan.train``."""
+    if not _is_override_list(text):
+        from planner.readers import bash
+
+        try:
+            script = bash.read_script(text, src)
+        except bash.ScriptLimit as error:
+            raise CaseError(src, error.key, error.message) from None
+        except bash.ScriptSyntax:
+            script = None  # what this reader cannot parse: word by word, as below
+        if script is not None:
+            for command in script.commands:
+                fields = list(command.fields)
+                start = next((i for i in range(len(fields)) if _starts_training(fields, i)), None)
+                if start is not None:
+                    return fields[start + 1:]
+            raise CaseError(src, "", "starts no torchtitan training (-m torchtitan.train or torchtitan/train.py) "
+                                     "in the commands bash would run: give the overrides it passes")
     try:
         words = shlex.split(text.replace("\\\n", " "), comments=True)
     except ValueError as error:
         raise CaseError(src, "", f"cannot be split into words as a shell does: {error}") from None
-    for i, word in enumerate(words):
-        if word == "torchtitan.train" and i and words[i - 1] == "-m" or word.endswith("torchtitan/train.py"):
-            return words[i + 1:]
-    return words
+    start = next((i for i in range(len(words)) if _starts_training(words, i)), None)
+    return words if start is None else words[start + 1:]
 
 
 def _is_subcommand(word: str) -> bool:
