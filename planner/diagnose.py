@@ -105,7 +105,12 @@ def taken_from_arguments(case: Case, settings: dict) -> Optional[str]:
         flag = "--fp4-param-gather" if key == "fp8_param_gather" and case.training.precision == "nvfp4" \
             else SETTING_FLAGS[key]
         if key == "fp32_grads":
-            taken.append(f"gradients reduced in fp32 (no {flag})" if value else f"gradients reduced in bf16 ({flag})")
+            if value:
+                taken.append(f"gradients reduced in fp32 (no {flag})")
+            elif case.training.precision == "fp16":  # --fp16 never reduces in fp32 (arguments.py)
+                taken.append("gradients reduced in fp16 (--fp16)")
+            else:  # --grad-reduce-in-bf16, or Megatron-FSDP's or the optimizer's main-grads dtype bf16
+                taken.append(f"gradients reduced in bf16 ({flag} or a bf16 main-grads dtype)")
         elif isinstance(value, bool):
             taken.append(f"training.{key} {str(value).lower()} ({'' if value else 'no '}{flag})")
         else:

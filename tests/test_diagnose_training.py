@@ -59,6 +59,17 @@ def test_the_settings_the_arguments_decide_for_the_planners_best_are_said(tmp_pa
     assert "gradients reduced" not in (diagnose(case, megatron_args=args).planned_with or "")
 
 
+def test_an_fp16_runs_16_bit_reduction_is_not_said_to_be_bf16s_flag(tmp_path):
+    """Megatron-LM's gpt3 example trains --fp16 without --grad-reduce-in-bf16: its gradients are reduced in
+    fp16 (validate_args accumulates in fp32 only for bf16); the line named bf16 and a flag it lacks."""
+    fp16 = {**CASE, "training": {**CASE["training"], "precision": "fp16"}}
+    case, args = files(tmp_path, ARGS.replace("--bf16", "--fp16"), fp16)
+    said = diagnose(case, megatron_args=args).planned_with or ""
+    assert "gradients reduced in fp16 (--fp16)" in said and "bf16" not in said
+    case, args = files(tmp_path, ARGS + "--grad-reduce-in-bf16\n")
+    assert "gradients reduced in bf16 (--grad-reduce-in-bf16" in diagnose(case, megatron_args=args).planned_with
+
+
 def test_a_case_that_contradicts_the_arguments_is_refused_naming_both(tmp_path):
     case, args = files(tmp_path, ARGS, {**CASE, "training": {**CASE["training"], "fp32_grads": False}})
     with pytest.raises(CaseError, match=r"args.txt: --grad-reduce-in-bf16: the arguments' Megatron-LM reduces "
