@@ -627,7 +627,8 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
             knee = front[knee_index(front, days, spent)]
             return Sizing(OK, best=knee, alternatives=(), front=tuple(front), knee=knee,
                           spend_bound=found.spend_bound, **common(sweep, status))
-        return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status), lambda: [])
+        return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status),
+                      lambda: ([], None))
 
     sweep = _Sweep(case, spec, options, limits, weights, objective, step_deadline, target.top_k + 1, progress).run()
     all_rows, sweep.rows = sweep.rows, sweep.unbeaten_rows()  # the runners-up among sizes not beaten
@@ -637,12 +638,14 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
         picks = undominated([choice(sweep, row) for row in chosen])
         return Sizing(OK, best=picks[0], alternatives=tuple(picks[1:]), **common(sweep, status))
 
-    def quickest() -> list:
-        """The fastest cluster within the limits (none when nothing fits there)."""
+    def quickest() -> tuple[list, Optional[_Sweep]]:
+        """The fastest cluster within the limits (none when nothing fits there), and the sweep that found it.
+        Its sizes are the first sweep's, searched again: the terminal's bar, which counted them to the end
+        once, is not started over."""
         if step_deadline is None:  # the sweep was for the shortest time: it found nothing that fits
-            return []
-        fastest_sweep = _Sweep(case, spec, options, limits, weights, "time", None, 1, progress).run()
-        return [choice(fastest_sweep, row) for row in decide(fastest_sweep, "time", None, 1)[1]]
+            return [], None
+        fastest_sweep = _Sweep(case, spec, options, limits, weights, "time", None, 1).run()
+        return [choice(fastest_sweep, row) for row in decide(fastest_sweep, "time", None, 1)[1]], fastest_sweep
     return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status), quickest)
 
 
@@ -653,7 +656,10 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
     def gpus_text(c) -> str:
         return f"{c.gpus} {c.option.gpu.name} GPUs"
 
-    fastest = quickest() if sweep.sizes() else []
+    fastest, again = quickest() if sweep.sizes() else ([], None)
+    if again is not None:  # what the search for the fastest scored counts as searched too
+        common = {**common, "sizes_searched": common["sizes_searched"] + again.searched,
+                  "layouts_scored": common["layouts_scored"] + again.scored}
     if fastest:  # clusters fit within the limits, none meets the deadline
         fastest = fastest[0]
         deadline_days = common["deadline_s"] / SECONDS_PER_DAY

@@ -32,6 +32,8 @@ def test_the_issues_budget_of_8192_gpus_says_the_deadline_is_not_met_and_what_wo
     assert fastest.gpus <= 8192 and fastest.days > 60
     assert would.gpus > 8192 and would.gpus % 8 == 0 and would.days <= 60
     assert result.reason == result.no_fit and f"{would.gpus} h100-sxm-80gb GPUs would take" in result.reason
+    # The fastest's layouts were scored: the counters said no size was searched and no layout scored.
+    assert result.sizes_searched >= 1 and result.layouts_scored > 0
     printed = json.loads(json.dumps(result.to_dict()))
     assert printed["status"] == "deadline not met" and printed["gpus"] is None
     assert printed["no_fit"]["fastest"]["gpus"] == fastest.gpus
@@ -122,3 +124,12 @@ def test_a_size_whose_fastest_layout_is_at_risk_says_so(tmp_path):
     text = " ".join(done.stdout.split())
     assert done.returncode == 0 and f"at risk: this layout's predicted peak, {answer['peak_bytes'] / 1e9:.1f} GB, is " \
         "over the" in text and "`plan` on this cluster may pick a layout surer to fit" in text, done.stdout
+
+
+def test_the_progress_of_a_missed_deadline_never_goes_back():
+    """The search for the fastest within the limits ran the same sizes again and told the bar from 1:
+    898/2048, then 413/2048."""
+    told = []
+    planner.size(EXAMPLE_405B, "15.6T", deadline="60d", max_gpus=8192, progress=lambda done, total: told.append(
+        (done, total)))
+    assert told and all(b >= a for a, b in zip(told, told[1:])) and len({total for _, total in told}) == 1
