@@ -515,3 +515,61 @@ def test_a_launch_script_is_read_as_bash_runs_it(tmp_path):
     script.write_text("#!/bin/bash\necho nothing to train\n")
     with pytest.raises(CaseError, match="starts no torchtitan training"):
         diagnose(case_of("llama3-8b", 8, 64, 2048, engine="torchtitan"), torchtitan=script)
+
+
+# What tyro, torchtitan's ConfigManager or torchrun refuse, or another run than the case's, read as
+# another job with exit 0 (a hostile probe of the reader): each now one line naming the key.
+HOSTILE = {
+    # a misspelt section dropped: tp 1 where the file says 2
+    "section": (BASE_OVERRIDES + " --paralelism.tensor_parallel_degree 2", "--paralelism.tensor_parallel_degree",
+                "did you mean parallelism?"),
+    # 0.2's spelling on a 0.3 command line: read as the default, selective
+    "ac_option": (BASE_OVERRIDES + " --activation_checkpoint.mode full", "--activation_checkpoint.mode",
+                  "the subcommand activation_checkpoint:"),
+    "reshard": (BASE_OVERRIDES + " --parallelism.fsdp_reshard_after_forward sometimes",
+                "parallelism.fsdp_reshard_after_forward", "expected one of default, always, never"),
+    "subcommand_first": ("activation_checkpoint:full " + BASE_OVERRIDES, "--training.local_batch_size",
+                         "the subcommand goes last"),
+    "two_subcommands": (BASE_OVERRIDES + " activation_checkpoint:full activation_checkpoint:none",
+                        "activation_checkpoint:none", "a second activation-checkpoint subcommand"),
+    "world": ("#!/bin/bash\ntorchrun --nnodes 2 --nproc_per_node 8 -m torchtitan.train " + BASE_OVERRIDES,
+              "--nproc-per-node", "torchrun starts 16 ranks, but the case"),
+    "no_norm": (BASE_OVERRIDES + " --training.disable_cuda_graphs --parallelism.pipeline_parallel_degree 2 "
+                "--parallelism.pipeline_parallel_microbatch_size 1 --parallelism.module_fqns_per_model_part "
+                + ",".join(["tok_embeddings"] + [f"layers.{i}" for i in range(16)]) + " "
+                + ",".join(f"layers.{i}" for i in range(16, 32)), "parallelism.module_fqns_per_model_part",
+                "names no norm"),
+}
+
+
+@pytest.mark.parametrize("label", HOSTILE)
+def test_what_torchtitan_would_refuse_or_run_otherwise_is_refused(tmp_path, label):
+    text, key, said = HOSTILE[label]
+    path = tmp_path / ("train.sh" if text.startswith("#!") else "overrides.txt")
+    path.write_text(text + "\n")
+    with pytest.raises(CaseError) as error:
+        diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=path)
+    assert error.value.key == key and said in error.value.expected, str(error.value)
+
+
+def test_a_toml_key_torchtitan_does_not_define_and_deep_nesting_are_refused(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text(LLAMA3_8B_TOML.replace("tensor_parallel_degree", "tensor_parallel_degre"))
+    with pytest.raises(CaseError) as error:  # ConfigManager._dict_to_dataclass: "Invalid field names"
+        read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path)
+    assert error.value.key == "parallelism.tensor_parallel_degre" and "did you mean" in error.value.expected
+    path.write_text("[training]\nx = " + "[" * 500 + "]" * 500 + "\n")  # tomllib: RecursionError
+    with pytest.raises(CaseError, match="nested too deeply"):
+        read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path)
+
+
+def test_torchtitans_own_interleaved_split_is_read_and_priced(tmp_path):
+    """pp 2 with Interleaved1F1B and no module_fqns_per_model_part: torchtitan splits 32 layers into parts
+    of 8, 9, 8 and 7 (its first and last a layer short) and runs them; it was refused as chunks
+    torchtitan could not run."""
+    path = tmp_path / "overrides.txt"
+    path.write_text(BASE_OVERRIDES + " --training.disable_cuda_graphs --parallelism.pipeline_parallel_degree 2 "
+                    "--parallelism.pipeline_parallel_schedule Interleaved1F1B "
+                    "--parallelism.pipeline_parallel_microbatch_size 1\n")
+    lay = diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=path).estimate.job.layout
+    assert (lay.pp, lay.vpp, lay.chunk_layers) == (2, 2, (8, 9, 8, 7))

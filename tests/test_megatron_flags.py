@@ -97,6 +97,8 @@ def test_no_flag_megatron_core_defines_is_taken_for_a_misspelling():
     (("--bf16", "--normalization --bf16"), "--normalization", "takes a value, and none follows it"),
     (("--bf16", "--bf16 --optimizer="), "--optimizer", "got ''"),
     (("--bf16", "--bf16 --optimizer"), "--optimizer", "takes a value, and none follows it"),
+    # argparse strips nothing: " adam" is no choice (it was read as adam and refused as not adam)
+    (("--bf16", "--bf16 '--optimizer= adam'"), "--optimizer", "got ' adam'"),
 ])
 def test_a_value_megatrons_parser_refuses_is_refused(tmp_path, change, flag, said):
     args = ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --micro-batch-size 1 "

@@ -213,7 +213,7 @@ def _check_value(src: str, flag: str, value: Optional[str]) -> None:
     if flag in FLOAT_FLAGS and not _is_float(value):
         raise CaseError(src, flag, f"expected a number, got {one_line(value, 60)!r}: Megatron-LM's parser "
                                    "refuses it (type=float), and the run would not start")
-    if flag in ARGPARSE_CHOICES and value.strip() not in ARGPARSE_CHOICES[flag]:
+    if flag in ARGPARSE_CHOICES and value not in ARGPARSE_CHOICES[flag]:  # argparse strips nothing
         raise CaseError(src, flag, f"expected one of {', '.join(ARGPARSE_CHOICES[flag])}, got "
                                    f"{one_line(value, 60)!r}: Megatron-LM's parser refuses it (its choices are "
                                    "case-sensitive), and the run would not start")

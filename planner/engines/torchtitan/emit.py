@@ -135,7 +135,7 @@ def stage_modules(estimate) -> list[list[str]]:
     parts: list[list[str]] = []
     first = 0
     for v in range(lay.pp * lay.vpp):
-        count = job.stage_layers[v % lay.pp] // lay.vpp
+        count = job.rank_chunk_layers(v % lay.pp)[v // lay.pp]  # the chunks priced (placement.rank_chunk_layers)
         part = [f"layers.{i}" for i in range(first, first + count)]
         first += count
         if v == 0:

@@ -2,7 +2,8 @@
 
 - Choices (``torchtitan/distributed/parallel_dims.py``, ``config``): FSDP2 sharding (ZeRO-3)
   or replication (ZeRO-0), TP always with sequence parallelism on the norms, PP with
-  interleaved schedules of equal model chunks, CP (whose ranks always join the FSDP shard
+  interleaved schedules of any contiguous model chunks (module_fqns_per_model_part; its own
+  default split leaves the first and last one layer short), CP (whose ranks always join the FSDP shard
   mesh), expert parallelism (``parallelism.expert_parallel_degree``) over whole experts (without
   it, the experts split over the TP ranks as the attention is),
   selective (op-level) and full activation checkpointing of every layer; bfloat16 or
@@ -18,7 +19,6 @@
 from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
-from cost_models.partition import rank_chunks
 from cost_models.specs import GPUSpec, Job, ModelSpec, TrainingSpec
 
 from planner.engines.base import Engine, EngineSupport
@@ -116,14 +116,6 @@ def model_rules(model: ModelSpec) -> list[tuple[str, str]]:
 def rules(job: Job) -> list[tuple[str, str]]:
     lay, training = job.layout, job.training
     out = []
-    if any(n % lay.vpp for n in job.stage_layers):
-        # The stages the case gives, else the engine's even split of the layers: then vpp is what fails.
-        key = "layout.stage_layers" if lay.stage_layers is not None else "layout.vpp"
-        out.append((key, f"torchtitan splits each rank's layers into {lay.vpp} equal model chunks; "
-                         f"stages of {list(job.stage_layers)} layers do not"))
-    elif job.chunk_layers is not None and any(len(set(c)) > 1 for c in rank_chunks(job.chunk_layers, lay.pp)):
-        out.append(("layout.chunk_layers", f"torchtitan splits each rank's layers into {lay.vpp} equal model "
-                                           f"chunks; {list(job.chunk_layers)} are not"))
     shard = lay.dp if lay.zero_stage == 3 else 1
     if lay.ep > 1 and (shard * lay.cp * lay.tp) % lay.ep:
         out.append(("layout.ep", f"torchtitan's expert parallelism borrows ranks from FSDP and TP only: ep must "

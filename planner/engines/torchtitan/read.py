@@ -29,7 +29,6 @@ from __future__ import annotations
 import difflib
 import math
 import re
-import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -57,6 +56,35 @@ KNOWN_KEYS = {
                  "gc_debug"),
     "compile": ("enable", "enable_async_tensor_parallel", "components", "backend"),
 }
+# The fields of torchtitan 0.1's and 0.2's job-file tables (torchtitan/config_manager.py at v0.1.0,
+# torchtitan/config/job_config.py at v0.2.0 and v0.2.2): ConfigManager refuses any other.
+TOML_KEYS = {
+    "parallelism": ("context_parallel_degree", "context_parallel_load_balancer", "context_parallel_rotate_method",
+                    "data_parallel_replicate_degree", "data_parallel_shard_degree", "disable_loss_parallel",
+                    "enable_async_tensor_parallel", "enable_compiled_autograd", "expert_parallel_comm_backend",
+                    "expert_parallel_degree", "expert_tensor_parallel_degree", "fsdp_reshard_after_forward",
+                    "module_fqns_per_model_part", "pipeline_parallel_degree",
+                    "pipeline_parallel_expert_parallel_overlap", "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage",
+                    "pipeline_parallel_microbatch_size", "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
+                    "pipeline_parallel_split_points", "tensor_parallel_degree"),
+    "training": ("compile", "dataloader", "dataset", "dataset_path", "debug_moe_force_load_balance", "deterministic",
+                 "dtype", "enable_cpu_offload", "gc_debug", "gc_freq", "global_batch_size", "local_batch_size",
+                 "max_norm", "mixed_precision_param", "mixed_precision_reduce", "seed", "seq_len", "steps"),
+    "activation_checkpoint": ("debug", "determinism_check", "early_stop", "memory_budget", "mode",
+                              "per_op_sac_force_recompute_mm_shapes_by_fqns", "preserve_rng_state",
+                              "selective_ac_option", "visualize_memory_budget_pareto"),
+    "compile": ("backend", "components", "enable"),
+    "model": ("converters", "flavor", "hf_assets_path", "name", "print_after_conversion", "tokenizer_path"),
+    "float8": ("emulate", "enable_fsdp_float8_all_gather", "filter_fqns", "force_recompute_fp8_weight_in_bwd",
+               "precompute_float8_dynamic_scale_for_fsdp", "recipe_name"),
+    "mx": ("filter_fqns", "recipe_name", "use_fp8_dim1_cast_triton_kernel"),
+}
+# Trainer.Config's sections (trainer.py): an option in another is one tyro refuses. activation_checkpoint
+# is a subcommand (activation_checkpoint:<mode>), not a section of options.
+SECTIONS = ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer", "dataloader", "optimizer",
+            "lr_scheduler", "training", "parallelism", "checkpoint", "compile", "comm", "validator", "debug",
+            "override", "loss")
 # The boolean fields among them: tyro makes each a switch (--s.k / --s.no_k) that takes no value.
 SWITCHES = ("parallelism.enable_fsdp_symm_mem", "parallelism.enable_sequence_parallel", "training.enable_cpu_offload",
             "training.disable_cuda_graphs", "training.gc_debug", "compile.enable",
@@ -114,6 +142,10 @@ class _Settings:
     base: Optional[str] = None
     ac_mode: Optional[str] = None
     ac_option: Optional[str] = None  # torchtitan 0.2's selective_ac_option
+    # The ranks a launch script's torchrun starts (--nnodes × --nproc-per-node), where it says both or
+    # its --nnodes is absent (one node); None for overrides, a TOML file or a count torchrun decides.
+    world: Optional[int] = None
+    world_said: str = ""
 
     def name(self, key: str) -> str:
         """How the file states ``key``: the option's words or the TOML key."""
@@ -206,12 +238,38 @@ class _Settings:
 
 # --- reading the file -------------------------------------------------------------------------
 
+# Brackets nested deeper than any job file's (tomllib recurses a level a bracket: 500 raised
+# RecursionError): refused before parsing, as the YAML and JSON readers refuse theirs.
+MAX_TOML_NESTING = 100
+
+
 def _load(path: Path) -> _Settings:
-    """The file's settings, as TOML (a ``.toml`` file, or text TOML reads) or as command-line words."""
+    """The file's settings, as TOML (a ``.toml`` file, or text TOML reads) or as command-line words.
+    Read once a file (diagnose asks for the layout, the training settings and the notes)."""
+    text = read_text(path)
+    key = (str(path), text)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = _parse(path, text)
+    return _LOADED[key]
+
+
+_LOADED: dict[tuple[str, str], _Settings] = {}
+
+
+def _parse(path: Path, text: str) -> _Settings:
     import tomllib
 
     src = str(path)
-    text = read_text(path)
+    depth = deepest = 0
+    for bracket in re.finditer(r"[\[\]{}]", text):
+        if bracket.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth = max(0, depth - 1)
+    if deepest > MAX_TOML_NESTING:
+        raise CaseError(src, "", f"nests brackets past {MAX_TOML_NESTING} levels: nested too deeply to read")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -220,7 +278,8 @@ def _load(path: Path) -> _Settings:
         data = None
     if data:  # an empty or comment-only file reads as TOML's {}: no settings either way
         return _from_toml(src, data)
-    return _from_words(src, _words(src, text))
+    words, world = _words(src, text)
+    return replace(_from_words(src, words), world=world[0], world_said=world[1]) if world else _from_words(src, words)
 
 
 def _from_toml(src: str, data: dict) -> _Settings:
@@ -234,6 +293,13 @@ def _from_toml(src: str, data: dict) -> _Settings:
         table = data.get(section, {})
         if not isinstance(table, dict):
             raise CaseError(src, section, f"expected a table [{section}], got {one_line(repr(table), 40)}")
+        for key in table:
+            if key not in TOML_KEYS[section]:  # ConfigManager._dict_to_dataclass: "Invalid field names"
+                close = difflib.get_close_matches(str(key), TOML_KEYS[section], n=1, cutoff=0.8)
+                meant = f" (did you mean {section}.{close[0]}?)" if close else ""
+                raise CaseError(src, f"{section}.{one_line(str(key), 60)}",
+                                f"unknown key{meant}: torchtitan 0.1-0.2's {section} (config/job_config.py) has no "
+                                "such field, and refuses the file")
         values.update({f"{section}.{key}": value for key, value in table.items()})
     # 0.2's [quantize.linear.float8] and [quantize.linear.mx] (TOML nests them as quantize → linear → float8)
     linear = data.get("quantize", {}).get("linear", {}) if isinstance(data.get("quantize"), dict) else {}
@@ -289,15 +355,38 @@ def _words(src: str, text: str) -> list[str]:
                 fields = list(command.fields)
                 start = next((i for i in range(len(fields)) if _starts_training(fields, i)), None)
                 if start is not None:
-                    return fields[start + 1:]
+                    return fields[start + 1:], _torchrun_world(fields[:start])
             raise CaseError(src, "", "starts no torchtitan training (-m torchtitan.train or torchtitan/train.py) "
                                      "in the commands bash would run: give the overrides it passes")
-    try:
-        words = shlex.split(text.replace("\\\n", " "), comments=True)
-    except ValueError as error:
-        raise CaseError(src, "", f"cannot be split into words as a shell does: {error}") from None
+    from planner.engines.megatron.launch import split_words  # bash's split in linear time (shlex's is not)
+
+    words = []
+    for number, line in enumerate(text.replace("\\\n", " ").splitlines(), 1):
+        got = split_words(line)
+        if got is None:
+            raise CaseError(src, f"line {number}", "cannot be split into words as a shell does: a quote with no end")
+        words += got
     start = next((i for i in range(len(words)) if _starts_training(words, i)), None)
-    return words if start is None else words[start + 1:]
+    return (words, None) if start is None else (words[start + 1:], _torchrun_world(words[:start]))
+
+
+def _torchrun_world(words: list[str]) -> Optional[tuple[int, str]]:
+    """(ranks, as said) torchrun starts from its words before the module: --nnodes (1 where absent) ×
+    --nproc-per-node; None without torchrun, or where either is a range, "gpu" or "auto" (torchrun's to
+    decide) or left to a variable read as empty."""
+    if not any(Path(w).name == "torchrun" or w in ("torch.distributed.run", "torch.distributed.launch")
+               for w in words):
+        return None
+    said: dict[str, str] = {}
+    for i, word in enumerate(words):
+        name, eq, inline = word.partition("=")
+        name = name.replace("_", "-")
+        if name in ("--nnodes", "--nproc-per-node"):
+            said[name] = inline if eq else (words[i + 1] if i + 1 < len(words) else "")
+    nodes, per_node = said.get("--nnodes", "1"), said.get("--nproc-per-node")
+    if per_node is None or not nodes.isdigit() or not per_node.isdigit():
+        return None
+    return int(nodes) * int(per_node), f"--nnodes {nodes} --nproc-per-node {per_node}"
 
 
 def _is_subcommand(word: str) -> bool:
@@ -317,8 +406,15 @@ def _from_words(src: str, words: list[str]) -> _Settings:
         if word in ("$@", "$*"):  # a launch script passes its own arguments on: none here
             continue
         if _is_subcommand(word):
+            if ac_mode is not None:
+                raise CaseError(src, word, f"a second activation-checkpoint subcommand (after "
+                                           f"activation_checkpoint:{ac_mode}): tyro takes one")
             ac_mode = word.split(":", 1)[1]
             continue
+        if ac_mode is not None and word.startswith("--"):
+            # tyro reads what follows a subcommand as that subcommand's options
+            raise CaseError(src, one_line(word, 60), f"follows activation_checkpoint:{ac_mode}, whose options tyro "
+                                                     "takes it for: the subcommand goes last")
         if not word.startswith("--"):
             raise CaseError(src, one_line(word, 60), "expected a --section.key option or the "
                                                      "activation_checkpoint:<mode> subcommand (tyro refuses a stray "
@@ -339,6 +435,16 @@ def _from_words(src: str, words: list[str]) -> _Settings:
         if not dot or not key:
             raise CaseError(src, one_line(word, 60), "expected --section.key (torchtitan's options are grouped "
                                                      "by section: --parallelism.tensor_parallel_degree 2)")
+        if section == "activation_checkpoint":  # torchtitan 0.2's --activation_checkpoint.mode full
+            raise CaseError(src, f"--{one_line(name, 60)}", "torchtitan 0.3.0 takes activation checkpointing as the "
+                                                            "subcommand activation_checkpoint:<none|selective|full>, "
+                                                            "last on the line; tyro refuses this option")
+        if section not in SECTIONS:
+            close = difflib.get_close_matches(section, SECTIONS, n=1, cutoff=0.75)
+            meant = f" (did you mean {close[0]}?)" if close else ""
+            raise CaseError(src, f"--{one_line(name, 60)}", f"unknown section {one_line(section, 40)!r}{meant}: "
+                                                            "torchtitan 0.3.0's Trainer.Config (trainer.py) has no such "
+                                                            "section, and tyro refuses the launch")
         if key.startswith("no_") and not args and f"{section}.{key[3:]}" in SWITCHES:
             key, value = key[3:], False
         else:
@@ -405,6 +511,8 @@ def _zero_stage(s: _Settings, d: _Degrees) -> int:
     (models/llama3/parallelize.py: apply_fsdp_to_decoder at shard degree 1); the emitter marks ZeRO 3
     there by fsdp_reshard_after_forward "always" (and CPU offload needs FSDP)."""
     key = "parallelism.data_parallel_replicate_degree"
+    # ParallelismConfig's Literal: refused by tyro whatever the degrees
+    reshard = s.choice("parallelism.fsdp_reshard_after_forward", "default", ("default", "always", "never"))
     if d.replicate > 1 and d.shard * d.cp > 1:
         over = f"data_parallel_shard_degree {d.shard}" if d.shard > 1 else f"context_parallel_degree {d.cp}"
         raise CaseError(s.src, key, f"{d.replicate} with {over} is HSDP (replicated over one group, sharded over "
@@ -414,7 +522,6 @@ def _zero_stage(s: _Settings, d: _Degrees) -> int:
         return 3
     if d.replicate > 1:
         return 0
-    reshard = s.choice("parallelism.fsdp_reshard_after_forward", "default", ("default", "always", "never"))
     return 3 if reshard == "always" or s.switch("training.enable_cpu_offload", False) else 0
 
 
@@ -485,6 +592,16 @@ def part_counts(src: str, key: str, parts: list[list[str]], layers: int) -> list
     if seen != list(range(layers)):
         raise CaseError(src, key, f"the parts hold layers {_ranges(seen)}; expected each of the case's model's "
                                   f"{layers} layers once, in order (layers.0 to layers.{layers - 1})")
+    # torchtitan builds only the modules named (pipeline_parallel.py): a model without its embedding, final
+    # norm or head is another model
+    named = {name for part in parts for name in part}
+    for needed in ("tok_embeddings", "norm"):
+        if needed not in named:
+            raise CaseError(src, key, f"names no {needed}: torchtitan builds only the modules the parts name, and "
+                                      "the cost model prices the whole model")
+    if not named & {"lm_head", "output"}:
+        raise CaseError(src, key, "names no lm_head (output): torchtitan builds only the modules the parts name, "
+                                  "and the cost model prices the whole model")
     return counts
 
 
@@ -685,6 +802,10 @@ def read(path: Union[str, Path], case) -> Layout:
     path = Path(path)
     s = _load(path)
     model = case.model
+    if s.world is not None and s.world != case.cluster.num_gpus:
+        # the Megatron reader's rule (engines/megatron/read.py, _check_world): another world is another run
+        raise CaseError(s.src, "--nproc-per-node", f"{s.world_said}: torchrun starts {s.world} ranks, but the case "
+                                                   f"{case.source} has {case.cluster.num_gpus} GPUs (cluster.num_gpus)")
     d = _degrees(s, case.cluster.num_gpus)
     zero = _zero_stage(s, d)
     _check_training(s, case, d)
