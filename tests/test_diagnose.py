@@ -319,3 +319,41 @@ def test_a_zero_key_deepspeed_refuses_and_ulysses_are_refused(tmp_path):
     with pytest.raises(CaseError) as error:
         diagnose(DS_CASE, config=config)
     assert error.value.key == "sequence_parallel_size" and "Ulysses" in error.value.expected
+
+
+@pytest.mark.parametrize("changes, key, said", [
+    ({"zero_optimization.reduce_bucket_size": -5}, "zero_optimization.reduce_bucket_size", "at least 0"),
+    ({"zero_optimization.reduce_bucket_size": 1e999}, "zero_optimization.reduce_bucket_size", "at least 0"),
+    ({"zero_optimization.overlap_comm": [1]}, "zero_optimization.overlap_comm", "expected true or false"),
+    ({"communication_data_type": "fp17"}, "communication_data_type", "expected fp32, fp16 or bf16"),
+    ({"compile": True}, "compile", "expected a mapping"),
+    ({"zero_optimization.offload_optimizer": {"device": "cpu", "buffr_count": 4}},
+     "zero_optimization.offload_optimizer.buffr_count", "did you mean buffer_count?"),
+])
+def test_what_deepspeed_refuses_in_the_keys_the_notes_read_is_refused(tmp_path, changes, key, said):
+    """Values DeepSpeed's config refuses (int ge=0 buckets, a bool, its three reduction dtypes, a
+    CompileConfig, the offload models' fields) went by with exit 0, some with a note of 'inf' buckets."""
+    config, _ = _ds_config(tmp_path, **changes)
+    with pytest.raises(CaseError) as error:
+        diagnose(DS_CASE, config=config)
+    assert error.value.key == key and said in error.value.expected, str(error.value)
+
+
+def test_values_deepspeed_coerces_get_their_notes(tmp_path):
+    """pydantic's lax mode takes "false" for False and 8.0 for 8: read so, their notes were lost."""
+    for changes, said in [({"zero_optimization.overlap_comm": "false"}, "overlap_comm false"),
+                          ({"zero_optimization.zero_quantized_weights": "yes"}, "zero_quantized_weights: not priced"),
+                          ({"compile": {"enabled": "true"}}, "compile.enabled: not priced")]:
+        config, _ = _ds_config(tmp_path, **changes)
+        assert any(said in n for n in diagnose(DS_CASE, config=config).notes), changes
+
+
+def test_the_offload_keys_are_deepspeeds():
+    from deepspeed.runtime.zero.offload_config import (DeepSpeedZeroOffloadOptimizerConfig,
+                                                       DeepSpeedZeroOffloadParamConfig)
+    from planner.engines.deepspeed.read import OFFLOAD_KEYS
+
+    for name, model in (("offload_optimizer", DeepSpeedZeroOffloadOptimizerConfig),
+                        ("offload_param", DeepSpeedZeroOffloadParamConfig)):
+        fields = {n for n in model.model_fields} | {f.alias for f in model.model_fields.values() if f.alias}
+        assert set(OFFLOAD_KEYS[name]) == fields

@@ -4,6 +4,7 @@ the file and the key."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -13,6 +14,7 @@ from cost_models.specs import Layout
 from planner.fields import read_int as integer
 from planner.errors import CaseError, one_line
 from planner.inputs import read_json
+from planner.limits import MAX_INT
 
 
 # ds_config's top-level keys (DeepSpeed's configuration JSON docs; deepspeed/runtime/config.py reads
@@ -52,6 +54,15 @@ ZERO_KEYS = (
     "zero_quantized_nontrainable_weights", "zero_quantized_weights")
 
 
+# The offload sections' keys (runtime/zero/offload_config.py: DeepSpeedZeroOffloadOptimizerConfig and
+# DeepSpeedZeroOffloadParamConfig, DeepSpeed 0.19): pydantic models that forbid others, as zero_optimization.
+OFFLOAD_KEYS = {
+    "offload_optimizer": ("buffer_count", "cpuadam_cores_perc", "device", "fast_init", "nvme_path", "pin_memory",
+                          "pipeline_read", "pipeline_write", "ratio", "super_offload"),
+    "offload_param": ("buffer_count", "buffer_size", "device", "max_in_cpu", "nvme_path", "pin_memory"),
+}
+
+
 # What DeepSpeed 0.19 took out and refuses in a config (runtime/config.py, _REMOVED_TOP_LEVEL_CONFIG_KEYS and
 # _REMOVED_ZERO_CONFIG_KEYS): at the top level, features an older release ran (apex AMP, elasticity, ...);
 # in zero_optimization, MiCS and LoCo, which no release this reads priced.
@@ -89,6 +100,16 @@ def misspelled_keys(path: Union[str, Path]) -> list[str]:
             raise CaseError(str(path), f"zero_optimization.{key}", "removed from DeepSpeed (0.19 refuses the config: "
                                                                  "runtime/config.py, _REMOVED_ZERO_CONFIG_KEYS), "
                                                                  "and not priced")
+        section = zero[key]
+        if key in OFFLOAD_KEYS and isinstance(section, dict):
+            for inner in section:
+                if inner not in OFFLOAD_KEYS[key]:
+                    close = difflib.get_close_matches(str(inner), OFFLOAD_KEYS[key], n=1, cutoff=0.8)
+                    meant = f" (did you mean {close[0]}?)" if close else ""
+                    raise CaseError(str(path), f"zero_optimization.{key}.{one_line(str(inner), 60)}",
+                                    f"unknown key{meant}: DeepSpeed's {key} takes no other (a pydantic model that "
+                                    "forbids extra fields, runtime/zero/offload_config.py), and the launch would not "
+                                    "start")
         if key not in ZERO_KEYS:
             close = difflib.get_close_matches(str(key), ZERO_KEYS, n=1, cutoff=0.85)
             meant = f" (did you mean {close[0]}?)" if close else ""
@@ -98,6 +119,34 @@ def misspelled_keys(path: Union[str, Path]) -> list[str]:
     return notes
 
 
+_TRUE_WORDS, _FALSE_WORDS = ("true", "yes", "on", "1", "t", "y"), ("false", "no", "off", "0", "f", "n")
+
+
+def _lax_bool(src: str, key: str, value: Any) -> bool:
+    """A bool as pydantic's lax mode reads it (true/false, their words and 0/1), else refused as it is."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS + _FALSE_WORDS:
+        return value.strip().lower() in _TRUE_WORDS
+    raise CaseError(src, key, f"expected true or false (DeepSpeed's config refuses it), got {one_line(repr(value), 40)}")
+
+
+def _lax_int(src: str, key: str, value: Any, least: int) -> int:
+    """A whole number of at least ``least`` as pydantic's lax mode reads it (5e8 and "500000000" are whole),
+    else refused as it is (DeepSpeed's bucket sizes are int, ge=0)."""
+    number = value
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        number = int(value)
+    if isinstance(number, float) and math.isfinite(number) and number.is_integer():
+        number = int(number)
+    if isinstance(number, bool) or not isinstance(number, int) or number < least or number > MAX_INT:
+        raise CaseError(src, key, f"expected a whole number of at least {least} (DeepSpeed's config refuses it), got "
+                                  f"{one_line(repr(value), 40)}")
+    return number
+
+
 def unpriced_notes(path: Union[str, Path], job) -> list[str]:
     """What the config runs that the estimate of its layout does not price (the emitter writes none of
     it, or writes it as priced), one line each: DeepSpeed's data-parallel traffic left in the open
@@ -105,8 +154,32 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
     buckets and a reduction dtype other than those priced, and ZeRO++, MiCS, activation partitioning or
     CPU checkpointing and torch.compile, which the cost models do not hold."""
     path = Path(path)
-    config, _ = as_deepspeed_reads(str(path), _load(path))
-    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    src = str(path)
+    config, _ = as_deepspeed_reads(src, _load(path))
+    zero = dict(config.get("zero_optimization")) if isinstance(config.get("zero_optimization"), dict) else {}
+    # As DeepSpeed's pydantic models take them (lax: "false" is False, 5e8 is 500000000), else refused as
+    # they refuse them: a value of another kind was read as absent, and its note lost.
+    # ("auto" is the Hugging Face Trainer's to fill in: read as absent here.)
+    for key in ("overlap_comm", "zero_quantized_weights", "zero_quantized_gradients",
+                "zero_quantized_nontrainable_weights"):
+        if zero.get(key) == "auto":
+            del zero[key]
+        elif key in zero:
+            zero[key] = _lax_bool(src, f"zero_optimization.{key}", zero[key])
+    for key, least in (("reduce_bucket_size", 0), ("allgather_bucket_size", 0), ("zero_hpz_partition_size", 1)):
+        if zero.get(key) == "auto":
+            del zero[key]
+        elif key in zero:
+            zero[key] = _lax_int(src, f"zero_optimization.{key}", zero[key], least)
+    said_dtype = config.get("communication_data_type")
+    if said_dtype is not None and (not isinstance(said_dtype, str) or said_dtype.lower() not in ("fp32", "fp16", "bf16")):
+        raise CaseError(src, "communication_data_type", f"expected fp32, fp16 or bf16 (runtime/config.py, "
+                                                        f"get_communication_data_type), got {one_line(repr(said_dtype), 40)}")
+    compiled = config.get("compile")
+    if compiled is not None and not isinstance(compiled, dict):
+        raise CaseError(src, "compile", f"expected a mapping (DeepSpeed's CompileConfig), got "
+                                        f"{one_line(repr(compiled), 40)}")
+    enabled = _lax_bool(src, "compile.enabled", compiled.get("enabled", False)) if compiled else False
     lay, training = job.layout, job.training
     stage = lay.zero_stage
     notes = []
@@ -123,20 +196,18 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
                          "elements a bucket")
     # DeepSpeed reduces in communication_data_type, the model's dtype unless set (runtime/engine.py).
     priced_dtype = "fp32" if fp32_gradients(training) else {"fp16": "fp16"}.get(training.precision, "bf16")
-    said_dtype = config.get("communication_data_type")
     if isinstance(said_dtype, str) and said_dtype.lower() != priced_dtype and lay.dp * lay.cp > 1:
         notes.append(f"communication_data_type {said_dtype}: the data-parallel reductions priced in {priced_dtype}")
     unpriced = [f"zero_optimization.{key}" for key in ("zero_quantized_weights", "zero_quantized_gradients",
                                                        "zero_quantized_nontrainable_weights")
                 if zero.get(key) is True]
-    if isinstance(zero.get("zero_hpz_partition_size"), int) and zero["zero_hpz_partition_size"] > 1:
+    if zero.get("zero_hpz_partition_size", 1) > 1:
         unpriced.append("zero_optimization.zero_hpz_partition_size")
     checkpointing = config.get("activation_checkpointing")
     if isinstance(checkpointing, dict):
         unpriced += [f"activation_checkpointing.{key}" for key in ("partition_activations", "cpu_checkpointing")
                      if checkpointing.get(key) is True]
-    compiled = config.get("compile")
-    if isinstance(compiled, dict) and compiled.get("enabled") is True:
+    if enabled:
         unpriced.append("compile.enabled")
     if unpriced:
         notes.append(f"{', '.join(unpriced)}: not priced (the estimate is of plain ZeRO-{stage}, eager kernels and "
