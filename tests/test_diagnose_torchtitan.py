@@ -573,3 +573,15 @@ def test_torchtitans_own_interleaved_split_is_read_and_priced(tmp_path):
                     "--parallelism.pipeline_parallel_microbatch_size 1\n")
     lay = diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=path).estimate.job.layout
     assert (lay.pp, lay.vpp, lay.chunk_layers) == (2, 2, (8, 9, 8, 7))
+
+
+def test_a_launch_scripts_reading_is_said_in_notes(tmp_path):
+    """The branch a script takes on what it does not set, and a program it runs beside the training, are
+    notes, as the Megatron reader gives them; they were not said."""
+    script = tmp_path / "train.sh"
+    script.write_text('#!/bin/bash\nif [ "$BIG" = 1 ]; then TP=4; else TP=2; fi\n'
+                      "torchrun --nproc_per_node 8 -m torchtitan.train --parallelism.tensor_parallel_degree $TP "
+                      + BASE_OVERRIDES + "\npython eval.py --foo\n")
+    notes = diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=script).notes
+    assert any("BIG is not set by the script" in n and "else branch" in n for n in notes), notes
+    assert any("also runs python eval.py" in n for n in notes), notes

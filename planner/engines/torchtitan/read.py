@@ -146,6 +146,9 @@ class _Settings:
     # its --nnodes is absent (one node); None for overrides, a TOML file or a count torchrun decides.
     world: Optional[int] = None
     world_said: str = ""
+    # What reading a launch script assumed (the branches taken on what it does not set, the programs it
+    # starts beside the training), as the Megatron reader says it.
+    script_notes: tuple[str, ...] = ()
 
     def name(self, key: str) -> str:
         """How the file states ``key``: the option's words or the TOML key."""
@@ -278,8 +281,9 @@ def _parse(path: Path, text: str) -> _Settings:
         data = None
     if data:  # an empty or comment-only file reads as TOML's {}: no settings either way
         return _from_toml(src, data)
-    words, world = _words(src, text)
-    return replace(_from_words(src, words), world=world[0], world_said=world[1]) if world else _from_words(src, words)
+    words, world, notes = _words(src, text)
+    settings = replace(_from_words(src, words), script_notes=notes)
+    return replace(settings, world=world[0], world_said=world[1]) if world else settings
 
 
 def _from_toml(src: str, data: dict) -> _Settings:
@@ -336,7 +340,7 @@ def _is_override_list(text: str) -> bool:
     return True
 
 
-def _words(src: str, text: str) -> list[str]:
+def _words(src: str, text: str) -> tuple[list[str], Optional[tuple[int, str]], tuple[str, ...]]:
     """The words of an overrides file (as a shell splits them, comments dropped), or of the command a
     launch script starts torchtitan with, as bash would run it (planner.readers.bash: its variables
     expanded, the branches it takes taken, the commands after it apart): the words after
@@ -355,7 +359,17 @@ def _words(src: str, text: str) -> list[str]:
                 fields = list(command.fields)
                 start = next((i for i in range(len(fields)) if _starts_training(fields, i)), None)
                 if start is not None:
-                    return fields[start + 1:], _torchrun_world(fields[:start])
+                    notes = [note.text for note in script.notes]
+                    others = [c for c in script.commands if c is not command
+                              and (any(f.endswith(".py") for f in c.fields) or "-m" in c.fields)]
+                    if others:
+                        notes.append(f"{src}: line {command.line}: the training read is torchtitan's; the script "
+                                     "also runs " + ", ".join(f"{' '.join(c.fields[:3])} (line {c.line})"
+                                                             for c in others[:3]) + ", whose options are not its")
+                    if command.unset:
+                        notes.append(f"{src}: line {command.line}: the script leaves {', '.join(command.unset[:5])} "
+                                     "unset: read as empty, as bash does")
+                    return fields[start + 1:], _torchrun_world(fields[:start]), tuple(notes)
             raise CaseError(src, "", "starts no torchtitan training (-m torchtitan.train or torchtitan/train.py) "
                                      "in the commands bash would run: give the overrides it passes")
     from planner.engines.megatron.launch import split_words  # bash's split in linear time (shlex's is not)
@@ -367,7 +381,7 @@ def _words(src: str, text: str) -> list[str]:
             raise CaseError(src, f"line {number}", "cannot be split into words as a shell does: a quote with no end")
         words += got
     start = next((i for i in range(len(words)) if _starts_training(words, i)), None)
-    return (words, None) if start is None else (words[start + 1:], _torchrun_world(words[:start]))
+    return (words, None, ()) if start is None else (words[start + 1:], _torchrun_world(words[:start]), ())
 
 
 def _torchrun_world(words: list[str]) -> Optional[tuple[int, str]]:
@@ -896,7 +910,7 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
     path = Path(path)
     s = _load(path)
     lay = job.layout
-    notes = []
+    notes = list(s.script_notes)
     if s.base:
         notes.append(f"{path.name} applies to the base config {s.base}, which is not loaded: what the overrides "
                      "leave out is read as torchtitan's defaults (config/configs.py), where the base config may set "
