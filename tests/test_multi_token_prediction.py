@@ -324,12 +324,13 @@ def test_a_ranks_chunks_are_priced_by_their_micro_batches_in_flight():
     assert stage_time(own, 0) == stage_time(even, 0)
 
 
-def test_torchtitan_refuses_unequal_chunks_of_a_rank():
-    """torchtitan gives each rank's model chunks equal layer counts (module_fqns_per_model_part
-    as the emitter splits them); a layout whose chunks differ on a rank is refused by its key."""
+def test_torchtitan_runs_unequal_chunks_of_a_rank_as_written():
+    """torchtitan takes any contiguous model parts (module_fqns_per_model_part; its own default split is
+    uneven): a layout whose chunks differ on a rank is priced, and written with the chunks priced."""
+    from planner.engines.torchtitan import emit
+
     case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
             "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "torchtitan"},
             "layout": {"pp": 2, "vpp": 2, "zero_stage": 3, "chunk_layers": [12, 8, 4, 8]}}
-    with pytest.raises(planner.CaseError, match="layout.chunk_layers: torchtitan cannot run it: torchtitan splits"):
-        planner.estimate(case)
-    planner.estimate({**case, "layout": {**case["layout"], "chunk_layers": [8, 8, 8, 8]}})
+    est = planner.estimate(case)
+    assert [sum(m.startswith("layers.") for m in part) for part in emit.stage_modules(est)] == [12, 8, 4, 8]
