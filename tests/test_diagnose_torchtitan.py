@@ -585,3 +585,14 @@ def test_a_launch_scripts_reading_is_said_in_notes(tmp_path):
     notes = diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=script).notes
     assert any("BIG is not set by the script" in n and "else branch" in n for n in notes), notes
     assert any("also runs python eval.py" in n for n in notes), notes
+
+
+def test_the_plans_own_interleaved_files_suggest_no_change(tmp_path):
+    """Llama 3 8B on 24 H100s, pp 3, vpp 2: the files write the planner's own uneven chunks (5, 6, 5, 6,
+    5, 5), read back with them stated, and diagnose printed 'change: stage_layers 11×2, 10→even,
+    chunk_layers 5, 6, 5, 6, 5×2→-' beside a 1.00× speedup."""
+    case, pins = case_of("llama3-8b", 24, 96, 4096), {"pp": 3, "vpp": 2, "zero_stage": 0}
+    best, overrides = emitted(case, pins, tmp_path / "run")
+    read = diagnose({**case, "search": pins}, torchtitan=overrides)
+    assert read.estimate.job.layout == best.job.layout
+    assert read.to_dict()["differs_from_best"] == {}

@@ -601,3 +601,36 @@ def test_overrides_on_a_base_that_builds_its_own_float8_model_say_so():
     assert emit.base_config(best.job.model) == (("llama3", "llama3_405b"), True)
     text = emit.render(best, provenance(best, "case.yaml"))[emit.OVERRIDES_FILE]
     assert "llama3_405b builds its model with Float8LinearConverter" in " ".join(text.split())
+
+
+def test_what_torchtitans_model_code_refuses_is_not_planned_or_written():
+    """Qwen3-30B-A3B's 4 key-value heads at tp 8 (models/common/decoder.py: tensor_parallel_degree must
+    divide n_kv_heads), and DeepSeek-V2-Lite at 32k tokens, past its RoPE's 16k (max_seq_len), were
+    planned and written, and torchtitan refused both."""
+    qwen = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 8192, "engine": "torchtitan"}}
+    p = planner.plan(qwen, top_k=5)
+    assert all(4 % e.job.layout.tp == 0 for e in (p.best, *p.alternatives))
+    with pytest.raises(CaseError) as refused:
+        planner.estimate({**qwen, "layout": {"tp": 8, "dp": 2, "ep": 1, "zero_stage": 3, "micro_batch_size": 1,
+                                             "sequence_parallel": True}})
+    assert refused.value.key == "layout.tp" and "key-value heads" in refused.value.expected
+    lite = {"model": {"preset": "deepseek-v2-lite"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 32, "seq_len": 32768, "engine": "torchtitan"}}
+    with pytest.raises(CaseError, match="RoPE"):
+        emit.render(planner.plan(lite, top_k=0).best, ["header"])
+
+
+def test_a_mixture_of_experts_in_fp8_converts_its_experts_and_keeps_its_router():
+    """Float8LinearConverter walks Linear configs only: the experts' grouped GEMMs, priced in fp8, stayed
+    bf16, and the router's gate, priced in bf16, was quantized (torchtitan's deepseek_v3_671b_float8
+    adds Float8GroupedExpertsConverter and filters router.gate)."""
+    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h200-sxm-141gb", "num_gpus": 64},
+            "training": {"global_batch_size": 512, "seq_len": 8192, "precision": "fp8", "engine": "torchtitan"}}
+    best = planner.plan(case, top_k=0).best
+    kinds = dict(emit.converters(best.job))
+    assert set(kinds) == {"Float8LinearConverter", "Float8GroupedExpertsConverter"}
+    assert "router.gate" in kinds["Float8LinearConverter"]["filter_fqns"]
+    for kind, fields in kinds.items():  # torchtitan's classes, with fields their Configs declare
+        declared = converter_fields(kind)
+        assert "model_compile_enabled" in declared and set(fields) <= set(declared), kind

@@ -73,6 +73,9 @@ DEFAULT_MOE_BASE = ("qwen3", "qwen3_30b_a3b")
 # The base configs that build their model with quantization converters of their own
 # (models/llama3/config_registry.py: llama3_405b's Float8LinearConverter, filter_fqns ["lm_head"]).
 BASE_CONVERTERS = {"llama3_405b": "Float8LinearConverter"}
+# The longest training sequence each torchtitan model family's RoPE is built for (max_seq_len in
+# models/{llama3,qwen3,deepseek_v3,gpt_oss}/__init__.py; models/common/decoder.py refuses a longer one).
+MAX_SEQ_LEN = {"llama3": 131072, "qwen3": 40960, "deepseek_v3": 16384, "gpt_oss": 131072}
 # The flavour each config's model_registry(flavor, converters=...) builds (models/*/__init__.py);
 # the configs call it with the registry's default backends, so rebuilding with converters keeps them.
 FLAVORS = {"llama3_8b": "8B", "llama3_70b": "70B", "llama3_405b": "405B",
@@ -106,9 +109,23 @@ def converters(job) -> list[tuple[str, dict[str, Any]]]:
     recipe = job.training.recipe
     if recipe is None:
         return []
+    moe = job.model.is_moe
     if job.training.precision == "fp8":
+        # A mixture of experts as torchtitan's deepseek_v3_671b_float8 converts it: the experts' grouped
+        # GEMMs by their own converter (Float8LinearConverter walks Linear configs only), the router's gate
+        # left in bf16 as the cost model prices it (cost_models/experts.py).
+        if moe:
+            return [("Float8LinearConverter", {"recipe_name": recipe.name, "filter_fqns": ["lm_head", "router.gate"]}),
+                    ("Float8GroupedExpertsConverter", {})]
         return [("Float8LinearConverter", {"recipe_name": recipe.name, "filter_fqns": ["lm_head"]})]
     converted = job.model.num_layers - sum(job.high_precision_layers)
+    if moe:
+        # fqns is an include list (substring): as deepseek_v3_debugmodel_mxfp8 names the dense linears,
+        # so that the router's gate stays bf16; the experts by the grouped converter.
+        parts = ("attention", "shared_experts", "feed_forward")
+        fqns = list(parts) if converted == job.model.num_layers else \
+            [f"layers.{i}.{part}" for i in range(converted) for part in parts]
+        return [("MXFP8LinearConverter", {"fqns": fqns}), ("MXFP8GroupedExpertsConverter", {})]
     fqns = ["layers."] if converted == job.model.num_layers else [f"layers.{i}." for i in range(converted)]
     name = "MXFP8LinearConverter" if job.training.precision == "mxfp8" else "NVFP4LinearConverter"
     return [(name, {"fqns": fqns})]
@@ -122,7 +139,16 @@ def check(estimate) -> None:
     """Raise a CaseError for the first thing in the layout torchtitan cannot run
     (planner/engines/torchtitan/engine.py)."""
     ENGINES["torchtitan"].refuse_unrunnable(estimate.job)
-    (module, _), exact = base_config(estimate.job.model)
+    job = estimate.job
+    if job.model.is_moe and job.training.precision == "nvfp4":
+        raise _refuse("training.precision: torchtitan has no NVFP4 converter for the experts' grouped GEMMs "
+                      "(components/quantization): they would train in bf16, priced in NVFP4")
+    (module, function), exact = base_config(job.model)
+    limit = MAX_SEQ_LEN.get(module)
+    if limit is not None and job.training.seq_len > limit:
+        raise _refuse(f"training.seq_len: {job.training.seq_len} is past the {limit} tokens torchtitan's {module} "
+                      f"models' RoPE holds (max_seq_len; models/common/decoder.py refuses a longer training "
+                      f"sequence); the base config {function} would not start")
     if estimate.job.model.mtp_layers and not (exact and module == "deepseek_v3"):
         raise _refuse("model.mtp_layers: torchtitan builds multi-token prediction layers into its own DeepSeek-V3 "
                       "configs only (671B, 16B); this model is neither")
@@ -251,10 +277,10 @@ def _notes(estimate) -> list[str]:
     lay = job.layout
     notes = warnings(estimate)
     if lay.pp > 1:
-        per_stage = " ".join(str(n // lay.vpp) for n in job.stage_layers)
-        notes.append(f"pipeline: {lay.pp} stages x {lay.vpp} virtual, layers per virtual stage "
-                     f"(by rank) {per_stage}; {job.grad_accum} micro-batches of {lay.micro_batch_size} "
-                     "per flush, one torchtitan accumulation step")
+        chunks = " ".join(str(job.rank_chunk_layers(v % lay.pp)[v // lay.pp]) for v in range(lay.pp * lay.vpp))
+        notes.append(f"pipeline: {lay.pp} stages x {lay.vpp} virtual, layers per model part (in the order of "
+                     f"module_fqns_per_model_part) {chunks}; {job.grad_accum} micro-batches of "
+                     f"{lay.micro_batch_size} per flush, one torchtitan accumulation step")
     else:
         notes.append(f"gradient accumulation: {job.grad_accum} steps of local batch {lay.micro_batch_size}")
     if lay.zero_stage == 0 and lay.cp > 1:

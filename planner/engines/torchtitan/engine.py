@@ -116,6 +116,11 @@ def model_rules(model: ModelSpec) -> list[tuple[str, str]]:
 def rules(job: Job) -> list[tuple[str, str]]:
     lay, training = job.layout, job.training
     out = []
+    if job.model.num_kv_heads % lay.tp:
+        # models/common/decoder.py: "tensor_parallel_degree must divide n_kv_heads" (no KV-head replication
+        # across TP ranks, which Megatron's grouped-query attention does)
+        out.append(("layout.tp", f"torchtitan's tensor parallelism must divide the {job.model.num_kv_heads} key-value "
+                                 f"heads (models/common/decoder.py), got tp {lay.tp}"))
     shard = lay.dp if lay.zero_stage == 3 else 1
     if lay.ep > 1 and (shard * lay.cp * lay.tp) % lay.ep:
         out.append(("layout.ep", f"torchtitan's expert parallelism borrows ranks from FSDP and TP only: ep must "

@@ -801,11 +801,20 @@ def _experts(s: _Settings, model, d: _Degrees) -> dict:
     return {"ep": d.ep, "etp": s.integer("parallelism.expert_tensor_parallel_degree", 1)}
 
 
+def _chunks(job: Job) -> list[int]:
+    """The layers of each of a job's pp·vpp model chunks, in virtual-stage order."""
+    lay = job.layout
+    return [job.rank_chunk_layers(v % lay.pp)[v // lay.pp] for v in range(lay.pp * lay.vpp)]
+
+
 def _default_split(case, layout: Layout) -> bool:
-    """Whether ``layout``'s stages are the split the planner makes by itself (its stage_layers None)."""
+    """Whether ``layout``'s stages (and chunks) are the split the planner makes by itself (its
+    stage_layers and chunk_layers None): then the layout is read without them, as the plan holds it."""
     try:
-        return Job(case.model, case.cluster, case.training, replace(layout, stage_layers=None),
-                   case.overheads).stage_layers == layout.stage_layers
+        own = Job(case.model, case.cluster, case.training, layout, case.overheads)
+        default = Job(case.model, case.cluster, case.training,
+                      replace(layout, stage_layers=None, chunk_layers=None), case.overheads)
+        return default.stage_layers == own.stage_layers and _chunks(default) == _chunks(own)
     except SpecError:
         return False
 
@@ -835,8 +844,8 @@ def read(path: Union[str, Path], case) -> Layout:
                         offload_params=offload, **_experts(s, model, d))
     except SpecError as error:
         raise CaseError(s.src, KEY_OF_FIELD.get(error.field, error.field), case_message(error.message)) from None
-    if layout.stage_layers is not None and layout.chunk_layers is None and _default_split(case, layout):
-        layout = replace(layout, stage_layers=None)
+    if layout.stage_layers is not None and _default_split(case, layout):
+        layout = replace(layout, stage_layers=None, chunk_layers=None)
     return layout
 
 
