@@ -358,11 +358,13 @@ def host_remedies(job: Job, headroom: float = 0.0):
 
 
 def remedies(job: Job, headroom: float = 0.0):
-    """Changes to try, cheapest first, each keeping the global batch:
+    """Changes to try, each keeping the global batch (:meth:`Estimate.remedy` takes the one of those that
+    fit whose step is shortest):
 
     0. the weights kept quantized, where that drops a copy (:func:`_quantized_weights`);
     1. a smaller micro-batch with more accumulation;
-    2. recomputation (selective, then full);
+    2. recomputation (selective by module set, full of the fewest layers that fit, full of all: every
+       one that fits, their costs not in the order of the memory they free);
     3. a higher ZeRO stage;
     4. more tensor parallelism, inside one NVLink domain;
     5. more pipeline parallelism, across nodes;

@@ -596,3 +596,18 @@ def test_the_plans_own_interleaved_files_suggest_no_change(tmp_path):
     read = diagnose({**case, "search": pins}, torchtitan=overrides)
     assert read.estimate.job.layout == best.job.layout
     assert read.to_dict()["differs_from_best"] == {}
+
+
+def test_the_options_read_are_torchtitans():
+    """The fields tyro takes in each section, and Trainer.Config's sections, as the installed torchtitan
+    (0.3.0) declares them: an option the reader refuses is one tyro refuses."""
+    import dataclasses
+
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+
+    from planner.engines.torchtitan.read import KNOWN_KEYS, SECTIONS
+
+    for section, config in (("parallelism", ParallelismConfig), ("training", TrainingConfig),
+                            ("compile", CompileConfig)):
+        assert set(KNOWN_KEYS[section]) == {f.name for f in dataclasses.fields(config)}, section
+        assert section in SECTIONS
