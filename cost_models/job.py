@@ -157,6 +157,13 @@ class Job:
         (:func:`placement.chunk_layers`)."""
         return placement.chunk_layers(self.model, self.layout)
 
+    @property
+    def model_chunk_layers(self) -> tuple[int, ...]:
+        """Layers of each of the pp·vpp model chunks in model order (chunk v·pp + r is rank r's v-th),
+        whether the layout states them or each rank's layers split as evenly as they go."""
+        pp = self.layout.pp
+        return tuple(self.rank_chunk_layers(v % pp)[v // pp] for v in range(pp * self.layout.vpp))
+
     def rank_chunk_layers(self, stage: int) -> tuple[int, ...]:
         """Layers of each of pipeline rank ``stage``'s model chunks, in model order."""
         return placement.rank_chunk_layers(self.stage_layers, self.chunk_layers, self.layout, stage)

@@ -7,7 +7,7 @@ import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 from planner.engines.megatron.emit import ALIASES, BOOL_FLAGS, INT_FLAGS, LIST_FLAGS, STR_FLAGS
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
@@ -260,6 +260,18 @@ _ELASTIC = re.compile(r"\s*\d+\s*:\s*\d+\s*")
 NPROC_WORDS = ("gpu", "auto")
 
 
+def torchrun_world(nnodes: Optional[str], nproc: Optional[str], gpus_per_node: int) -> Optional[int]:
+    """The ranks torchrun starts: --nnodes (one node where absent) × --nproc-per-node (gpu or auto: a
+    process for each of the node's GPUs); None where --nproc-per-node is absent or not a count, or
+    --nnodes is an elastic range MIN:MAX (the job runs on whatever it gets)."""
+    nodes, per_node = (nnodes or "1").strip(), (nproc or "").strip()
+    if per_node in NPROC_WORDS:
+        per_node = str(gpus_per_node)
+    if not (_INTEGER.fullmatch(nodes) and _INTEGER.fullmatch(per_node)):
+        return None
+    return int(nodes) * int(per_node)
+
+
 def _torchrun_word(flag: str, value: str) -> bool:
     return (flag == "--nnodes" and bool(_ELASTIC.fullmatch(value))) or \
         (flag == "--nproc-per-node" and value.strip() in NPROC_WORDS)
@@ -324,15 +336,16 @@ def _included(command: str, path: Path) -> Optional[str]:
     return "\n".join(line for line in lines if not line.startswith("#"))
 
 
-def _is_argument_list(text: str) -> bool:
+def is_argument_list(text: str, also: Callable[[str], bool] = lambda line: False) -> bool:
     """An argument list (every line, comments aside, a flag or flags, or the one word of a value after
-    a line that ends in a flag: a list written a word a line), not a script: read word by word as
-    launch.sh passes it (a layout's unquoted ``|`` is no pipe there)."""
+    a line that ends in a flag: a list written a word a line; or a line ``also`` takes, torchtitan's
+    checkpointing subcommand), not a script: read word by word as launch.sh passes it (a layout's
+    unquoted ``|`` is no pipe there)."""
     after_flag = False
     for line in (raw.strip() for raw in text.splitlines()):
         if not line or line.startswith("#"):
             continue
-        if not line.startswith("-") and not (after_flag and len(line.split()) == 1):
+        if not line.startswith("-") and not also(line) and not (after_flag and len(line.split()) == 1):
             return False
         after_flag = line.startswith("-") and line.split()[-1].startswith("--")
     return True
@@ -385,7 +398,7 @@ def launch_of(path: Path, text: str) -> _Launch:
     list word by word; a script as bash would expand it (planner.readers.bash), its launch being
     the commands that start a Python script (torchrun ... pretrain_gpt.py), else every command."""
     src = str(path)
-    if _is_argument_list(text):
+    if is_argument_list(text):
         return _Launch(src, _tokens(text, src))
     try:
         script = bash.read_script(text, src, lambda command: _included(command, path))

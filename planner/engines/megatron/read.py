@@ -17,7 +17,7 @@ from cost_models.stage_time import cp_runs_all_to_all
 from planner.case import case_message
 from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD
 from planner.engines.megatron.launch import (NEMO_SECTIONS, NPROC_WORDS, TORCHRUN, flags_of, launch_of,
-                                           with_included_args)
+                                           torchrun_world, with_included_args)
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
 from planner.limits import MAX_EXPANDED_CHARS, MAX_INT, MAX_LAYERS
@@ -206,18 +206,19 @@ def _check_world(args: _Args, num_gpus: int, gpus_per_node: int) -> None:
     """torchrun's world, where the script says it: --nproc-per-node gpu or auto is a process for each
     of the node's GPUs; an elastic --nnodes MIN:MAX is not checked (the job runs on whatever it gets)."""
     nodes_given = "--nnodes" in args.flags
-    nproc = (args.flags.get("--nproc-per-node") or "").strip()
-    per_node = gpus_per_node if nproc in NPROC_WORDS else args.integer("--nproc-per-node")
-    if "--nproc-per-node" in args.flags and TORCHRUN in args.flags and not nodes_given:
-        world = per_node  # torchrun's --nnodes defaults to 1
-        if world != num_gpus:
-            raise CaseError(args.src, "--nnodes", f"absent, so torchrun starts one node of {world} processes "
-                                                  f"(--nproc-per-node), but the case has {num_gpus} GPUs")
-    if "--nnodes" in args.flags and "--nproc-per-node" in args.flags and ":" not in (args.flags["--nnodes"] or ""):
-        world = args.integer("--nnodes") * per_node
-        if world != num_gpus:
-            raise CaseError(args.src, "--nnodes", f"--nnodes x --nproc-per-node = {world} GPUs, "
-                                             f"but the case has {num_gpus}")
+    if "--nproc-per-node" not in args.flags or not (nodes_given or TORCHRUN in args.flags):
+        return
+    if (args.flags["--nproc-per-node"] or "").strip() not in NPROC_WORDS:
+        args.integer("--nproc-per-node")  # a count within its bound
+    if nodes_given and ":" not in (args.flags["--nnodes"] or ""):
+        args.integer("--nnodes")
+    world = torchrun_world(args.flags.get("--nnodes"), args.flags["--nproc-per-node"], gpus_per_node)
+    if world is None or world == num_gpus:
+        return
+    if not nodes_given:  # torchrun's --nnodes defaults to 1
+        raise CaseError(args.src, "--nnodes", f"absent, so torchrun starts one node of {world} processes "
+                                              f"(--nproc-per-node), but the case has {num_gpus} GPUs")
+    raise CaseError(args.src, "--nnodes", f"--nnodes x --nproc-per-node = {world} GPUs, but the case has {num_gpus}")
 
 
 def _check_model(args: _Args, model, training) -> None:

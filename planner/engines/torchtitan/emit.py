@@ -75,7 +75,7 @@ DEFAULT_MOE_BASE = ("qwen3", "qwen3_30b_a3b")
 BASE_CONVERTERS = {"llama3_405b": "Float8LinearConverter"}
 # The longest training sequence each torchtitan model family's RoPE is built for (max_seq_len in
 # models/{llama3,qwen3,deepseek_v3,gpt_oss}/__init__.py; models/common/decoder.py refuses a longer one).
-MAX_SEQ_LEN = {"llama3": 131072, "qwen3": 40960, "deepseek_v3": 16384, "gpt_oss": 131072}
+ROPE_MAX_SEQ_LEN = {"llama3": 131072, "qwen3": 40960, "deepseek_v3": 16384, "gpt_oss": 131072}
 # The flavour each config's model_registry(flavor, converters=...) builds (models/*/__init__.py);
 # the configs call it with the registry's default backends, so rebuilding with converters keeps them.
 FLAVORS = {"llama3_8b": "8B", "llama3_70b": "70B", "llama3_405b": "405B",
@@ -144,7 +144,7 @@ def check(estimate) -> None:
         raise _refuse("training.precision: torchtitan has no NVFP4 converter for the experts' grouped GEMMs "
                       "(components/quantization): they would train in bf16, priced in NVFP4")
     (module, function), exact = base_config(job.model)
-    limit = MAX_SEQ_LEN.get(module)
+    limit = ROPE_MAX_SEQ_LEN.get(module)
     if limit is not None and job.training.seq_len > limit:
         raise _refuse(f"training.seq_len: {job.training.seq_len} is past the {limit} tokens torchtitan's {module} "
                       f"models' RoPE holds (max_seq_len; models/common/decoder.py refuses a longer training "
@@ -160,8 +160,7 @@ def stage_modules(estimate) -> list[list[str]]:
     lay = job.layout
     parts: list[list[str]] = []
     first = 0
-    for v in range(lay.pp * lay.vpp):
-        count = job.rank_chunk_layers(v % lay.pp)[v // lay.pp]  # the chunks priced (placement.rank_chunk_layers)
+    for v, count in enumerate(job.model_chunk_layers):  # the chunks priced
         part = [f"layers.{i}" for i in range(first, first + count)]
         first += count
         if v == 0:
@@ -277,7 +276,7 @@ def _notes(estimate) -> list[str]:
     lay = job.layout
     notes = warnings(estimate)
     if lay.pp > 1:
-        chunks = " ".join(str(job.rank_chunk_layers(v % lay.pp)[v // lay.pp]) for v in range(lay.pp * lay.vpp))
+        chunks = " ".join(map(str, job.model_chunk_layers))
         notes.append(f"pipeline: {lay.pp} stages x {lay.vpp} virtual, layers per model part (in the order of "
                      f"module_fqns_per_model_part) {chunks}; {job.grad_accum} micro-batches of "
                      f"{lay.micro_batch_size} per flush, one torchtitan accumulation step")

@@ -142,10 +142,9 @@ class _Settings:
     base: Optional[str] = None
     ac_mode: Optional[str] = None
     ac_option: Optional[str] = None  # torchtitan 0.2's selective_ac_option
-    # The ranks a launch script's torchrun starts (--nnodes × --nproc-per-node), where it says both or
-    # its --nnodes is absent (one node); None for overrides, a TOML file or a count torchrun decides.
-    world: Optional[int] = None
-    world_said: str = ""
+    # A launch script's torchrun --nnodes and --nproc-per-node (None for each it does not give); None
+    # without torchrun (overrides, a TOML file).
+    torchrun: Optional[tuple[Optional[str], Optional[str]]] = None
     # What reading a launch script assumed (the branches taken on what it does not set, the programs it
     # starts beside the training), as the Megatron reader says it.
     script_notes: tuple[str, ...] = ()
@@ -281,9 +280,8 @@ def _parse(path: Path, text: str) -> _Settings:
         data = None
     if data:  # an empty or comment-only file reads as TOML's {}: no settings either way
         return _from_toml(src, data)
-    words, world, notes = _words(src, text)
-    settings = replace(_from_words(src, words), script_notes=notes)
-    return replace(settings, world=world[0], world_said=world[1]) if world else settings
+    words, torchrun, notes = _words(src, text)
+    return replace(_from_words(src, words), script_notes=notes, torchrun=torchrun)
 
 
 def _from_toml(src: str, data: dict) -> _Settings:
@@ -327,25 +325,15 @@ def _starts_training(words, i: int) -> bool:
     return word == "torchtitan.train" and i > 0 and words[i - 1] == "-m" or word.endswith("torchtitan/train.py")
 
 
-def _is_override_list(text: str) -> bool:
-    """Overrides (every line, comments aside, options, the activation-checkpoint subcommand, or the one
-    word of a value after a line that ends in an option), not a script."""
-    after_option = False
-    for line in (raw.strip() for raw in text.splitlines()):
-        if not line or line.startswith("#"):
-            continue
-        if not (line.startswith("-") or _is_subcommand(line) or (after_option and len(line.split()) == 1)):
-            return False
-        after_option = line.startswith("-") and line.split()[-1].startswith("--")
-    return True
-
-
-def _words(src: str, text: str) -> tuple[list[str], Optional[tuple[int, str]], tuple[str, ...]]:
+def _words(src: str, text: str) -> tuple[list[str], Optional[tuple[Optional[str], Optional[str]]],
+                                         tuple[str, ...]]:
     """The words of an overrides file (as a shell splits them, comments dropped), or of the command a
     launch script starts torchtitan with, as bash would run it (planner.readers.bash: its variables
     expanded, the branches it takes taken, the commands after it apart): the words after
     ``-m torchtitan.train``."""
-    if not _is_override_list(text):
+    from planner.engines.megatron.launch import is_argument_list, split_words  # a launch's words, as Megatron's
+
+    if not is_argument_list(text, also=_is_subcommand):
         from planner.readers import bash
 
         try:
@@ -369,25 +357,21 @@ def _words(src: str, text: str) -> tuple[list[str], Optional[tuple[int, str]], t
                     if command.unset:
                         notes.append(f"{src}: line {command.line}: the script leaves {', '.join(command.unset[:5])} "
                                      "unset: read as empty, as bash does")
-                    return fields[start + 1:], _torchrun_world(fields[:start]), tuple(notes)
+                    return fields[start + 1:], _torchrun_flags(fields[:start]), tuple(notes)
             raise CaseError(src, "", "starts no torchtitan training (-m torchtitan.train or torchtitan/train.py) "
                                      "in the commands bash would run: give the overrides it passes")
-    from planner.engines.megatron.launch import split_words  # bash's split in linear time (shlex's is not)
-
-    words = []
+    words = []  # bash's split in linear time (shlex's is not)
     for number, line in enumerate(text.replace("\\\n", " ").splitlines(), 1):
         got = split_words(line)
         if got is None:
             raise CaseError(src, f"line {number}", "cannot be split into words as a shell does: a quote with no end")
         words += got
     start = next((i for i in range(len(words)) if _starts_training(words, i)), None)
-    return (words, None, ()) if start is None else (words[start + 1:], _torchrun_world(words[:start]), ())
+    return (words, None, ()) if start is None else (words[start + 1:], _torchrun_flags(words[:start]), ())
 
 
-def _torchrun_world(words: list[str]) -> Optional[tuple[int, str]]:
-    """(ranks, as said) torchrun starts from its words before the module: --nnodes (1 where absent) ×
-    --nproc-per-node; None without torchrun, or where either is a range, "gpu" or "auto" (torchrun's to
-    decide) or left to a variable read as empty."""
+def _torchrun_flags(words: list[str]) -> Optional[tuple[Optional[str], Optional[str]]]:
+    """torchrun's --nnodes and --nproc-per-node from its words before the module, None without torchrun."""
     if not any(Path(w).name == "torchrun" or w in ("torch.distributed.run", "torch.distributed.launch")
                for w in words):
         return None
@@ -397,10 +381,7 @@ def _torchrun_world(words: list[str]) -> Optional[tuple[int, str]]:
         name = name.replace("_", "-")
         if name in ("--nnodes", "--nproc-per-node"):
             said[name] = inline if eq else (words[i + 1] if i + 1 < len(words) else "")
-    nodes, per_node = said.get("--nnodes", "1"), said.get("--nproc-per-node")
-    if per_node is None or not nodes.isdigit() or not per_node.isdigit():
-        return None
-    return int(nodes) * int(per_node), f"--nnodes {nodes} --nproc-per-node {per_node}"
+    return said.get("--nnodes"), said.get("--nproc-per-node")
 
 
 def _is_subcommand(word: str) -> bool:
@@ -801,12 +782,6 @@ def _experts(s: _Settings, model, d: _Degrees) -> dict:
     return {"ep": d.ep, "etp": s.integer("parallelism.expert_tensor_parallel_degree", 1)}
 
 
-def _chunks(job: Job) -> list[int]:
-    """The layers of each of a job's pp·vpp model chunks, in virtual-stage order."""
-    lay = job.layout
-    return [job.rank_chunk_layers(v % lay.pp)[v // lay.pp] for v in range(lay.pp * lay.vpp)]
-
-
 def _default_split(case, layout: Layout) -> bool:
     """Whether ``layout``'s stages (and chunks) are the split the planner makes by itself (its
     stage_layers and chunk_layers None): then the layout is read without them, as the plan holds it."""
@@ -814,7 +789,7 @@ def _default_split(case, layout: Layout) -> bool:
         own = Job(case.model, case.cluster, case.training, layout, case.overheads)
         default = Job(case.model, case.cluster, case.training,
                       replace(layout, stage_layers=None, chunk_layers=None), case.overheads)
-        return default.stage_layers == own.stage_layers and _chunks(default) == _chunks(own)
+        return default.stage_layers == own.stage_layers and default.model_chunk_layers == own.model_chunk_layers
     except SpecError:
         return False
 
@@ -825,9 +800,13 @@ def read(path: Union[str, Path], case) -> Layout:
     path = Path(path)
     s = _load(path)
     model = case.model
-    if s.world is not None and s.world != case.cluster.num_gpus:
-        # the Megatron reader's rule (engines/megatron/read.py, _check_world): another world is another run
-        raise CaseError(s.src, "--nproc-per-node", f"{s.world_said}: torchrun starts {s.world} ranks, but the case "
+    from planner.engines.megatron.launch import torchrun_world
+
+    world = torchrun_world(*s.torchrun, case.cluster.gpu.gpus_per_node) if s.torchrun else None
+    if world is not None and world != case.cluster.num_gpus:  # another world is another run
+        nodes, per_node = s.torchrun
+        raise CaseError(s.src, "--nproc-per-node", f"--nnodes {nodes or '1'} --nproc-per-node {per_node}: torchrun "
+                                                   f"starts {world} ranks, but the case "
                                                    f"{case.source} has {case.cluster.num_gpus} GPUs (cluster.num_gpus)")
     d = _degrees(s, case.cluster.num_gpus)
     zero = _zero_stage(s, d)
