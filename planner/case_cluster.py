@@ -36,8 +36,8 @@ FABRIC_KEYS = tuple(f.name for f in fields(FabricSpec) if f.name != "name") + ("
 
 
 # What one GPU type is, as a cluster section (or each of `size`'s cluster.options) gives it.
-HARDWARE_KEYS = ("gpu", "profile", "gpus_per_node", "intra_node_bandwidth", "inter_node_bandwidth", "memory",
-                 "performance", "fabric", "host")
+HARDWARE_KEYS = ("gpu", "profile", "gpus_per_node", "nvlink_domain", "intra_node_bandwidth", "inter_node_bandwidth",
+                 "memory", "performance", "fabric", "host")
 
 # `size` only: the most GPUs of a type it may use, and their price (planner/cluster_options.py).
 SIZING_KEYS = ("max_gpus", "max_nodes", "gpu_hour_cost")
@@ -149,6 +149,18 @@ def performance_from_mapping(src: str, key: str, data: Any, base: Performance) -
         return replace(base, **values)
     except SpecError as error:  # named where the section sits (cluster.options[1].performance, say)
         raise CaseError(src, f"{key}.{error.field}", error.message) from None
+
+
+def domain_used(src: str, key: str, value: Any, per_node: int, domain: int) -> int:
+    """The GPUs of each NVLink domain a job uses (``cluster.nvlink_domain``): whole nodes of a domain that
+    spans several (64 of an NVL72 rack's 72: 16 of its 18 trays, as MLPerf Training v5.0's 2,496 GB200s
+    ran in 39 racks), or a part of a node's; never more than the GPU's domain.
+    Ranks fill one domain's GPUs before the next (``cost_models.topology``)."""
+    used = read_int(src, key, value)
+    if used > domain or (used % per_node and per_node % used):
+        raise CaseError(src, key, f"expected whole nodes of {per_node} GPUs (or a part of one that divides it), "
+                                  f"at most the GPU's NVLink domain of {domain}, got {used}")
+    return used
 
 
 def _cluster_overrides(src: str, section: dict, key: str) -> dict[str, Any]:
@@ -293,6 +305,9 @@ def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster", 
         # The preset's NVLink domain is its node (an HGX board): a smaller node is a smaller domain,
         # and tensor parallelism across two 4-GPU nodes is not NVLink's.
         overrides["nvlink_domain"] = per_node
+    if "nvlink_domain" in section:
+        overrides["nvlink_domain"] = domain_used(src, f"{key}.nvlink_domain", section["nvlink_domain"],
+                                                 per_node or gpu.gpus_per_node, gpu.nvlink_domain)
     if "performance" in section:
         overrides["performance"] = performance_from_mapping(src, f"{key}.performance", section["performance"],
                                                             gpu.performance)

@@ -9,7 +9,7 @@ such entries instead; one job runs on one of them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,19 +32,65 @@ class ClusterOption:
     fabric: FabricSpec
     max_gpus: Optional[int]  # None: the case sets no limit (then --max-gpus or --max-nodes must)
     gpu_hour_cost: Optional[float]
+    # GPUs paid for per unit where the job uses fewer of each NVLink domain than it holds (72 where
+    # it runs on 64 of each NVL72 rack: :func:`part_racks`); None: the unit, every GPU used.
+    rack: Optional[int] = None
 
     @property
     def unit(self) -> int:
-        """GPUs a job takes at a time: whole nodes, or whole NVLink domains where one spans
+        """GPUs a job uses at a time: whole nodes, or whole NVLink domains where one spans
         several nodes (an NVL72 rack), whose NVLink a job would otherwise share."""
         return math.lcm(self.gpu.gpus_per_node, max(self.gpu.nvlink_domain, 1))
 
     @property
+    def paid_unit(self) -> int:
+        """GPUs paid for per unit used: the whole rack, where the job uses part of each."""
+        return self.rack or self.unit
+
+    def paid_gpus(self, gpus: int) -> int:
+        """The GPUs a job of ``gpus`` (whole units) takes from the cluster: what GPU-hours count."""
+        return gpus // self.unit * self.paid_unit
+
+    @property
     def unit_name(self) -> str:
-        return "rack" if self.unit > self.gpu.gpus_per_node else "node"
+        return "rack" if self.unit > self.gpu.gpus_per_node or self.rack else "node"
+
+    @property
+    def per_unit_text(self) -> str:
+        """"" where the job uses every GPU of its units, else "64 GPUs of each 72"."""
+        return f"{self.unit} GPUs of each {self.rack}" if self.rack else ""
 
     def cluster(self, num_gpus: int) -> ClusterSpec:
         return ClusterSpec(self.gpu, num_gpus, self.fabric)
+
+
+def part_rack(option: ClusterOption) -> Optional[ClusterOption]:
+    """The type run on part of each rack, where its NVLink domain spans several nodes: the most
+    GPUs of each that are a node times a power of two (64 of an NVL72 rack's 72, 16 of its 18
+    trays), paid for as whole racks. Model dimensions and batches split in powers of two, which
+    72 GPUs a rack (2³·3²) leave a factor of 9 of: Llama 3 70B's 80 layers and 512 sequences on
+    whole racks ran pp 9 with uneven stages. MLPerf Training v5.0's largest GB200 submission ran
+    so: 2,496 GPUs on "39x NVIDIA GB200 NVL72", 624 trays of 4, 16 of each rack's 18
+    (`../shared/validation/published_runs_2.yaml`, its Llama 3.1 405B row on Carina).
+    None for a type whose unit is a node, or whose domain is a node times a power of two."""
+    per_node, unit = option.gpu.gpus_per_node, option.unit
+    if option.rack or unit <= per_node:
+        return None
+    used = per_node
+    while used * 2 <= unit:
+        used *= 2
+    if used == unit:
+        return None
+    return ClusterOption(option.key, replace(option.gpu, nvlink_domain=used), option.fabric, option.max_gpus,
+                         option.gpu_hour_cost, rack=unit)
+
+
+def with_part_racks(options: tuple[ClusterOption, ...]) -> tuple[ClusterOption, ...]:
+    """Each type, followed by the same run on part of each rack where that can be better."""
+    out: list[ClusterOption] = []
+    for option in options:
+        out += [option] + [p for p in (part_rack(option),) if p is not None]
+    return tuple(out)
 
 
 def read_cluster_options(src: str, section: Any, base: Path) -> tuple[ClusterOption, ...]:

@@ -44,7 +44,7 @@ from cost_models.specs import PRECISIONS, GPUSpec, SpecError
 from cost_models.layer_time import layer_time_bound
 
 from .case import SECTIONS, Case, build_case, check_usable_memory, read_case, spec_errors
-from .cluster_options import ClusterOption, read_cluster_options
+from .cluster_options import ClusterOption, read_cluster_options, with_part_racks
 from .errors import CaseError, one_line
 from .fields import read_mapping
 from .estimate import Estimate, estimate_job
@@ -138,6 +138,11 @@ class SizeChoice:
         return self.estimate.job.cluster.num_gpus
 
     @property
+    def gpus_paid(self) -> int:
+        """The GPUs the run takes from the cluster: its own, and the rest of each rack it runs on part of."""
+        return self.option.paid_gpus(self.gpus)
+
+    @property
     def nodes(self) -> int:
         return self.estimate.job.cluster.num_nodes
 
@@ -151,7 +156,7 @@ class SizeChoice:
 
     @property
     def gpu_hours(self) -> float:
-        return self.days * 24 * self.gpus
+        return self.days * 24 * self.gpus_paid
 
     @property
     def cost(self) -> Optional[float]:
@@ -159,7 +164,7 @@ class SizeChoice:
 
     def trade(self, other: "SizeChoice") -> dict[str, Optional[float]]:
         """``other`` against this choice: each measure as a ratio."""
-        return {"gpus": other.gpus / self.gpus, "days": other.days / self.days,
+        return {"gpus": other.gpus_paid / self.gpus_paid, "days": other.days / self.days,
                 "gpu_hours": other.gpu_hours / self.gpu_hours,
                 "cost": None if self.cost is None or other.cost is None else other.cost / self.cost}
 
@@ -178,6 +183,8 @@ class SizeChoice:
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.option.gpu.name, "option": self.option.key, "gpus": self.gpus, "nodes": self.nodes,
+                # GPUs taken (whole racks where the run uses part of each) and of each NVLink domain used
+                "gpus_paid": self.gpus_paid, "nvlink_domain": self.estimate.job.cluster.gpu.nvlink_domain,
                 "engine": self.engine, "layout": self.estimate.to_dict()["layout"], "step_time_s": self.step_time_s,
                 "tokens_per_s": self.tokens_per_s, "days": self.days, "gpu_hours": self.gpu_hours,
                 "cost": self.cost, "mfu": self.estimate.mfu,
@@ -198,7 +205,8 @@ def undominated(picks: list) -> list:
         return p.cost if p.cost is not None else p.gpu_hours
 
     def beaten(p) -> bool:
-        return any(q.option.key == p.option.key and _beats(q.gpus, q.days, p.gpus, p.days) and spend(q) <= spend(p)
+        return any(q.option.key == p.option.key and _beats(q.gpus_paid, q.days, p.gpus_paid, p.days)
+                   and spend(q) <= spend(p)
                    for q in picks)
     return picks[:1] + [p for p in picks[1:] if not beaten(p)]
 
@@ -209,7 +217,7 @@ DEADLINE_NOT_MET = "deadline not met"  # clusters within the limits fit, none me
 OVER_BUDGET = "over budget"  # no layout fits within the limits (the budget, else the case's); a larger cluster fits
 NOTHING_FITS = "nothing fits"  # no layout fits within the limits, nor on any cluster past them the search tried
 STATUSES = (OK, DEADLINE_NOT_MET, OVER_BUDGET, NOTHING_FITS)
-_CHOICE_KEYS = ("gpu", "option", "gpus", "nodes", "engine", "layout", "step_time_s", "tokens_per_s", "days",
+_CHOICE_KEYS = ("gpu", "option", "gpus", "nodes", "gpus_paid", "nvlink_domain", "engine", "layout", "step_time_s", "tokens_per_s", "days",
                 "gpu_hours", "cost", "mfu")
 
 
@@ -376,7 +384,8 @@ def gpu_limit(source: str, option: ClusterOption, target: SizeTarget) -> int:
         key = "cluster.num_gpus" if option.key == "cluster" else f"{option.key}.max_gpus"
         raise CaseError(source, key, "missing; size needs the most GPUs of each type it may use: give max_gpus or "
                                      "max_nodes (for one type also num_gpus or nodes), or --max-gpus or --max-nodes")
-    return min(min(given), MAX_GPUS)
+    most = min(min(given), MAX_GPUS)
+    return most // option.rack * option.unit if option.rack else most  # on part of each rack: the GPUs used
 
 
 def work_lower_bound(case: Case, spec: SearchSpec, gpu: GPUSpec) -> float:
@@ -557,6 +566,7 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     from .size_solver import SizeModel, SizeRow  # ortools loads in ~0.3 s: only `plan` and `size` pay for it
 
     _check_size(case)  # layers and global batch within what the search can enumerate
+    options = with_part_racks(options)
     spec = replace(case.search, top_k=0)  # each size's table: its fastest layouts only
     limits = [gpu_limit(case.source, o, target) for o in options]
     sizes = sum(limit // o.unit for o, limit in zip(options, limits))
@@ -569,7 +579,8 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     budget = target.max_gpus is not None or target.max_nodes is not None
     front_mode = target.deadline_s is None and not budget
     objective = "front" if front_mode else "time" if target.deadline_s is None else "cost" if priced else "gpu_hours"
-    weights = [p if priced else 1.0 for p in prices]
+    # Spend per GPU used and second: where a run uses part of each rack, the whole rack's.
+    weights = [(p if priced else 1.0) * o.paid_unit / o.unit for p, o in zip(prices, options)]
     tokens_per_step = case.training.global_batch_size * case.training.seq_len
     if target.tokens < tokens_per_step:  # a run shorter than one step: its deadline per step is endless
         # Said of the option (the case gave the batch, the option the tokens): it was blamed on the file.
@@ -654,7 +665,8 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
     """Nothing within the limits meets the target: why, the fastest cluster there, and the
     fewest GPUs past the limits that would fit and meet the deadline."""
     def gpus_text(c) -> str:
-        return f"{c.gpus} {c.option.gpu.name} GPUs"
+        part = f" ({c.option.per_unit_text})" if c.option.rack else ""
+        return f"{c.gpus} {c.option.gpu.name} GPUs{part}"
 
     fastest, again = quickest() if sweep.sizes() else ([], None)
     if again is not None:  # what the search for the fastest scored counts as searched too
@@ -679,7 +691,7 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
         where = f"the largest cluster within the limits: {largest} {options[option].gpu.name} GPUs"
         reason = f"{advice.describe()} ({where})" if advice else f"no layout fits ({where})"
     else:
-        units = ", ".join(f"{o.gpu.name} {o.unit} GPUs per {o.unit_name}" for o in options)
+        units = ", ".join(f"{o.gpu.name} {o.unit} GPUs per {o.unit_name}" for o in options if not o.rack)
         reason = f"the limits leave no whole node or rack of any type ({units})"
     would = _would_meet(sweep, options, limits, step_deadline)
     if would is not None:

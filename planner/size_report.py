@@ -25,9 +25,17 @@ def _figure(value: float, decimals: int = 0) -> str:
 
 
 def _cluster(choice: SizeChoice) -> str:
-    units = choice.gpus // choice.option.unit
-    return (f"{choice.gpus:,} × {choice.option.gpu.name} ({units:,} {choice.option.unit_name}"
-            f"{'s' * (units > 1)})")
+    option = choice.option
+    units = choice.gpus // option.unit
+    part = f", {option.per_unit_text}: plan it with cluster.nvlink_domain {option.unit}" if option.rack else ""
+    return f"{choice.gpus:,} × {option.gpu.name} ({units:,} {option.unit_name}{'s' * (units > 1)}{part})"
+
+
+def _kind(choice: SizeChoice, keyed: bool) -> str:
+    """The type as a table row names it: with its entry's key where two entries share the GPU
+    (reserved, on demand), and the racks' share where the run uses part of each."""
+    kind = f"{choice.option.gpu.name} ({choice.option.key})" if keyed else choice.option.gpu.name
+    return f"{kind}, {choice.option.per_unit_text}" if choice.option.rack else kind
 
 
 def _takes(choice: SizeChoice) -> str:
@@ -77,8 +85,7 @@ def print_sizing(sizing: Sizing, console: Console) -> None:
             for c in (best, *sizing.alternatives):
                 keys.setdefault(c.option.gpu.name, set()).add(c.option.key)
             for i, alt in enumerate(sizing.alternatives, 1):
-                kind = alt.option.gpu.name if len(keys[alt.option.gpu.name]) == 1 \
-                    else f"{alt.option.gpu.name} ({alt.option.key})"
+                kind = _kind(alt, len(keys[alt.option.gpu.name]) > 1)
                 table.add_row(str(i), f"{alt.gpus:,}", escape(kind), _figure(alt.days, 1),
                               _figure(alt.gpu_hours), "-" if alt.cost is None else _figure(alt.cost),
                               escape(best.trade_text(alt)))
@@ -99,7 +106,7 @@ def print_front(sizing: Sizing, console: Console) -> None:
     for i, point in enumerate(sizing.front):
         before = sizing.front[i - 1] if i else None
         ratio = before.trade(point) if before else None
-        rows.append(["knee" if point is sizing.knee else "", f"{point.gpus:,}", escape(point.option.gpu.name),
+        rows.append(["knee" if point is sizing.knee else "", f"{point.gpus:,}", escape(_kind(point, False)),
                      _figure(point.days, 1), _figure(point.gpu_hours),
                      *([_figure(point.cost) if point.cost is not None else "-"] if priced else []),
                      f"{ratio['days']:.2f}" if ratio else "",

@@ -46,6 +46,8 @@ class Swept:
     layout: dict
     days: float
     spend: float  # GPU-hours, or cost where every type has a price
+    paid: int  # GPUs taken: whole racks where the run uses part of each
+    part: bool = False  # on part of each rack (docs/sizing.md)
 
 
 def one_type_case(case: dict, option: dict, gpus: int) -> dict:
@@ -58,21 +60,39 @@ def option_entries(case: dict) -> list[dict]:
     return case["cluster"]["options"] if "options" in case["cluster"] else [case["cluster"]]
 
 
-def sweep(case: dict, tokens: float, units: list[int], limits: list[int], prices: list[Optional[float]]) \
-        -> list[Swept]:
-    """Every whole-node (or rack) cluster size of every type within its limit, planned one by one."""
+def part_of_rack(per_node: int, rack: int) -> Optional[int]:
+    """docs/sizing.md: where a GPU's NVLink domain spans several nodes, `size` also runs on part of
+    each rack, the most GPUs of each that are a node times a power of two (64 of an NVL72's 72)."""
+    if rack <= per_node:
+        return None
+    used = max(per_node * 2**k for k in range(12) if per_node * 2**k <= rack)
+    return used if used < rack else None
+
+
+def sweep(case: dict, tokens: float, units: list[int], limits: list[int], prices: list[Optional[float]],
+          per_node: Optional[list[int]] = None) -> list[Swept]:
+    """Every whole-node (or rack) cluster size of every type within its limit, planned one by one,
+    and where a rack spans several nodes, part of each rack (``cluster.nvlink_domain``), paid whole."""
     priced = all(p is not None for p in prices)
     tokens_per_step = case["training"]["global_batch_size"] * case["training"]["seq_len"]
     out = []
     for i, option in enumerate(option_entries(case)):
-        for gpus in range(units[i], limits[i] + 1, units[i]):
-            best = plan_best(json.dumps(one_type_case(case, option, gpus), sort_keys=True))
-            if best is None:
-                continue
-            step_time_s, layout = best
-            days = tokens / (tokens_per_step / step_time_s) / SECONDS_PER_DAY
-            gpu_hours = days * 24 * gpus
-            out.append(Swept(i, gpus, step_time_s, layout, days, gpu_hours * prices[i] if priced else gpu_hours))
+        used = part_of_rack(per_node[i], units[i]) if per_node else None
+        for unit, part in [(units[i], False)] + ([(used, True)] if used else []):
+            for racks in range(1, limits[i] // units[i] + 1) if part else range(1, limits[i] // unit + 1):
+                gpus = racks * unit
+                planned = one_type_case(case, option, gpus)
+                if part:
+                    planned["cluster"]["nvlink_domain"] = unit
+                best = plan_best(json.dumps(planned, sort_keys=True))
+                if best is None:
+                    continue
+                step_time_s, layout = best
+                days = tokens / (tokens_per_step / step_time_s) / SECONDS_PER_DAY
+                paid = racks * units[i]
+                gpu_hours = days * 24 * paid
+                out.append(Swept(i, gpus, step_time_s, layout, days, gpu_hours * prices[i] if priced else gpu_hours,
+                                 paid, part))
     return out
 
 
@@ -166,7 +186,7 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
               budget["max_nodes"] * o.gpu.gpus_per_node if budget["max_nodes"] is not None else o.max_gpus
               for o in options]
     prices = [args.get("gpu_hour_cost", o.gpu_hour_cost) for o in options]
-    swept = sweep(case, tokens, [o.unit for o in options], limits, prices)
+    swept = sweep(case, tokens, [o.unit for o in options], limits, prices, [o.gpu.gpus_per_node for o in options])
     problems = []
     spec = loaded.search
     for s in swept:  # the bound `size` skips sizes with holds on every size
@@ -204,8 +224,8 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
     # once (the answer first): the first four and then the beaten dropped left none where the first
     # were larger, slower clusters of the answer's type (the shortest time's).
     def beaten(s) -> bool:
-        return any(o is not s and o.option == s.option and o.gpus <= s.gpus and o.days <= s.days
-                   and o.spend <= s.spend and (o.gpus < s.gpus or o.days < s.days) for o in order)
+        return any(o is not s and o.option == s.option and o.paid <= s.paid and o.days <= s.days
+                   and o.spend <= s.spend and (o.paid < s.paid or o.days < s.days) for o in order)
     expected = (order[:1] + [s for s in order[1:] if not beaten(s)])[:1 + 3]
     if len(picks) != len(expected):
         problems.append(f"{label}: {len(picks)} answers, the sweep has {len(order)} sizes")
@@ -217,7 +237,8 @@ def check_against_sweep(label: str, case: dict, args: dict) -> list[str]:
                             f"sweep {want.gpus} × option {want.option} at {target}")
             continue
         # On its size, `size` takes plan's own layout (ties in whole microseconds aside).
-        same = next(s for s in swept if (s.option, s.gpus) == (options.index(pick.option), pick.gpus))
+        same = next(s for s in swept if (s.option, s.gpus, s.part) == (options_index(result, pick), pick.gpus,
+                                                                         pick.option.rack is not None))
         if pick.estimate.to_dict()["layout"] != same.layout:
             problems.append(f"{label} #{rank}: on {pick.gpus} GPUs size chose {pick.estimate.to_dict()['layout']}, "
                             f"plan {same.layout}")
@@ -248,8 +269,10 @@ def check_front(label: str, result, swept: list[Swept], units: list[int], limits
     """`size` with neither a deadline nor a budget against the sweep: the front over the sizes
     docs/sizing.md says it considers (those within 8× the knee's days), the knee the least days
     × spend on it, and on each size plan's layout."""
-    pool = [s for s in swept if considered(s.gpus // units[s.option], limits[s.option] // units[s.option],
-                                           units[s.option], batch)]
+    def unit(s: Swept) -> int:  # GPUs a rack (or node) on part of each rack: the part
+        return s.gpus * units[s.option] // s.paid
+
+    pool = [s for s in swept if considered(s.gpus // unit(s), limits[s.option] // units[s.option], unit(s), batch)]
     pool = pool or swept  # no considered size fits: every size is considered
     if not pool:
         return [] if result.best is None and result.status != "ok" else [f"{label}: the sweep finds nothing"]
@@ -258,8 +281,8 @@ def check_front(label: str, result, swept: list[Swept], units: list[int], limits
     front = [s for s in within if not any(o.days <= s.days and o.spend <= s.spend
                                           and (o.days, o.spend) != (s.days, s.spend) for o in within)]
     front.sort(key=lambda s: s.spend)
-    got = [(options_index(result, c), c.gpus) for c in result.front]
-    want = [(s.option, s.gpus) for s in front]
+    got = [(options_index(result, c), c.gpus, c.option.rack is not None) for c in result.front]
+    want = [(s.option, s.gpus, s.part) for s in front]
     if got != want:
         return [f"{label}: front {got}, the sweep's {want}"]
     problems = []
@@ -270,7 +293,8 @@ def check_front(label: str, result, swept: list[Swept], units: list[int], limits
             problems.append(f"{label}: on {pick.gpus} GPUs size chose {pick.estimate.to_dict()['layout']}, "
                             f"plan {s.layout}")
     chosen = result.knee
-    if chosen is not result.best or (options_index(result, chosen), chosen.gpus) != (knee.option, knee.gpus):
+    if chosen is not result.best or (options_index(result, chosen), chosen.gpus, chosen.option.rack is not None) \
+            != (knee.option, knee.gpus, knee.part):
         problems.append(f"{label}: knee {result.knee and result.knee.gpus}, the sweep's {knee}")
     return problems
 
@@ -428,11 +452,69 @@ def test_nvl72_racks_are_the_unit_of_size():
             "training": {**TINY["training"], "global_batch_size": 144}}
     result = planner.size(case, "1B", max_gpus=300, top_k=10)  # within 300 GPUs, the fastest and the rest
     chosen = [result.best, *result.alternatives]
-    assert {c.gpus for c in chosen} <= {72, 144, 216, 288} and len(chosen) >= 2
+    # Whole racks of 72, or 64 of each (paid whole): 4 racks within 300 GPUs, each way
+    assert {(c.gpus, c.gpus_paid) for c in chosen} <= {(72 * r, 72 * r) for r in range(1, 5)} | \
+        {(64 * r, 72 * r) for r in range(1, 5)} and len(chosen) >= 2
     assert all(c.nodes == c.gpus // 4 for c in chosen)
-    assert result.sizes == 4
+    assert result.sizes == 8
     front = planner.size(case, "1B").front  # with no bound, the front: racks too
-    assert {c.gpus for c in front} <= {72, 144, 216, 288} and len(front) >= 2
+    assert {c.gpus_paid for c in front} <= {72, 144, 216, 288} and len(front) >= 2
+
+
+GB200_70B = {"model": {"preset": "llama3-70b"},
+             "cluster": {"options": [{"gpu": "gb200", "max_gpus": 1152, "gpu_hour_cost": 6.0}]},
+             "training": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16", "optimizer": "adamw"},
+             "search": {"target": "megatron"}}
+
+
+def test_size_runs_on_64_gpus_of_each_nvl72_rack_where_that_is_faster_and_pays_for_whole_racks():
+    # 16 racks: on all 1,152 GPUs Llama 3 70B's 80 layers and 512 sequences leave a factor of 9
+    # (pp 9, uneven stages); on 64 of each rack, as MLPerf Training v5.0's 2,496 GB200s ran (39 racks)
+    result = planner.size(GB200_70B, "15T", deadline="100d")
+    best = result.best
+    assert (best.gpus, best.gpus_paid, best.nodes) == (1024, 1152, 256)
+    assert best.gpu_hours == pytest.approx(best.days * 24 * 1152, rel=1e-12)  # the racks are paid whole
+    assert best.cost == pytest.approx(best.gpu_hours * 6.0, rel=1e-12)
+    whole = planner.plan({**GB200_70B, "cluster": {"gpu": "gb200", "num_gpus": 1152}}, fastest=True).best
+    assert best.step_time_s < whole.step_time_s  # faster on fewer GPUs of the same racks
+    assert best.to_dict()["gpus_paid"] == 1152 and best.to_dict()["nvlink_domain"] == 64
+    # plan on that cluster, told the GPUs of each rack it uses, gives size's layout and time
+    part = planner.plan({**GB200_70B, "cluster": {"gpu": "gb200", "num_gpus": 1024, "nvlink_domain": 64}},
+                        fastest=True).best
+    assert part.step_time_s == pytest.approx(best.step_time_s, rel=1e-12)
+    assert part.to_dict()["layout"] == best.estimate.to_dict()["layout"]
+
+
+def test_the_report_says_how_to_plan_a_run_on_part_of_each_rack(tmp_path):
+    path = tmp_path / "gb200.yaml"
+    path.write_text(yaml.safe_dump(GB200_70B))
+    done = cli("size", str(path), "--tokens", "15T", "--deadline", "100d")
+    assert done.returncode == 0, done.stderr
+    assert "1,024 × gb200 (16 racks, 64 GPUs of each 72: plan it with cluster.nvlink_domain 64)" in \
+        " ".join(done.stdout.split())
+
+
+@pytest.mark.parametrize("domain, expected", [
+    (80, "at most the GPU's NVLink domain of 72, got 80"),
+    (6, "expected whole nodes of 4 GPUs"),
+    (0, "expected an integer >= 1"),
+    (True, "expected an integer, got bool"),
+])
+def test_a_cluster_nvlink_domain_is_whole_nodes_within_the_gpus(tmp_path, domain, expected):
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump({**GB200_70B, "cluster": {"gpu": "gb200", "num_gpus": 512,
+                                                             "nvlink_domain": domain}}))
+    done = cli("plan", str(path))
+    assert done.returncode == 2 and "cluster.nvlink_domain" in done.stderr and expected in done.stderr, done.stderr
+
+
+def test_tensor_parallelism_stays_inside_the_nvlink_domain_a_cluster_gives():
+    # Two NVLink islands of 4 in an 8-GPU node: tp 8 would cross them, so it is not planned
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+            "training": {"global_batch_size": 64, "seq_len": 4096}, "search": {"target": "megatron", "min_tp": 8}}
+    assert planner.plan(case, fastest=True).best.job.layout.tp == 8
+    with pytest.raises(planner.CaseError, match="search: no megatron layout .* meets the search section's tp"):
+        planner.plan({**case, "cluster": {**case["cluster"], "nvlink_domain": 4}}, fastest=True)
 
 
 def test_a_missed_deadline_exits_3_and_says_what_would_meet_it(tmp_path):
@@ -705,3 +787,16 @@ def test_an_unknown_precision_is_the_trainings_key_not_the_clusters():
     with pytest.raises(planner.CaseError) as refused:
         planner.size(case, 1e12)
     assert refused.value.key == "training.precision" and "expected one of" in refused.value.expected
+
+
+@pytest.mark.parametrize("engine", ["megatron", "deepspeed", "torchtitan"])
+def test_the_batch_script_says_how_to_place_nodes_in_racks(tmp_path, engine):
+    # Priced with 16 trays of each NVL72 rack filled before the next: Slurm's block topology does so
+    # in segments of 16 nodes; on one node's NVLink (H100) there is nothing to place
+    case = {**GB200_70B, "cluster": {"gpu": "gb200", "num_gpus": 1024, "nvlink_domain": 64},
+            "search": {"target": engine}}
+    planner.emit(planner.plan(case), engine, tmp_path / "gb200")
+    assert "sbatch --segment=16 sbatch.sh" in (tmp_path / "gb200" / "sbatch.sh").read_text()
+    h100 = {**case, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1024}}
+    planner.emit(planner.plan(h100), engine, tmp_path / "h100")
+    assert "--segment" not in (tmp_path / "h100" / "sbatch.sh").read_text()

@@ -39,9 +39,25 @@ def launch_nodes(cluster, engine: str) -> tuple[int, int]:
                                       f"for {full * per_node} or {(full + 1) * per_node} GPUs{other}")
 
 
-def sbatch(header: str, nodes: int, per_node: int, entry: str, env: str = "") -> str:
+def rack_placement(cluster, nodes: int) -> list[str]:
+    """Where an NVLink domain spans several nodes (an NVL72 rack of 18 trays), the plan was priced
+    with the domain's GPUs (``cluster.gpu.nvlink_domain``: 64 where a job runs on 16 trays of each
+    rack) filled before the next: Slurm places nodes so only with its topology/block plugin, in
+    segments of that many nodes of one block (sbatch ``--segment``; CoreWeave's SUNK and NVIDIA's
+    GB200 clusters configure it). Said, not set: ``--segment`` means nothing on other topologies."""
+    per_node, domain = cluster.gpu.gpus_per_node, cluster.gpu.nvlink_domain
+    if domain <= per_node or domain % per_node:
+        return []
+    segment = min(domain // per_node, nodes)
+    return [f"Priced with {segment} node(s) ({segment * per_node} GPUs) of each NVLink domain (rack), ranks filling "
+            "one before the next:", f"    on Slurm's topology/block plugin, sbatch --segment={segment} "
+            f"{SBATCH_FILE} [extra arguments]"]
+
+
+def sbatch(header: str, nodes: int, per_node: int, entry: str, env: str = "", cluster=None) -> str:
     """The batch script: ``header`` (comment lines), ``env`` (shell lines the engine needs before its
-    processes start), ``entry`` (what torchrun runs, with its arguments, already quoted)."""
+    processes start), ``entry`` (what torchrun runs, with its arguments, already quoted); for a
+    ``cluster`` whose NVLink domains span several nodes, how to place them (:func:`rack_placement`)."""
     return (
         "#!/usr/bin/env bash\n"
         + header  # comments: Slurm reads #SBATCH lines up to the first command
@@ -50,7 +66,8 @@ def sbatch(header: str, nodes: int, per_node: int, entry: str, env: str = "") ->
         f"#SBATCH --gpus-per-node={int(per_node)}\n"
         "#SBATCH --exclusive\n"
         + comment([f"Slurm: {nodes} node(s) x {per_node} GPUs, one torchrun per node. Submit from this folder:",
-                   f"    sbatch {SBATCH_FILE} [extra arguments]"])
+                   f"    sbatch {SBATCH_FILE} [extra arguments]",
+                   *(rack_placement(cluster, nodes) if cluster is not None else [])])
         + "set -euo pipefail\n"
         "set -f  # no globbing of the arguments\n"
         + env

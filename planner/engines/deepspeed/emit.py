@@ -312,5 +312,5 @@ def render(estimate, header_lines: Union[list[str], str]) -> dict[str, str]:
     nodes, per_node = launch_nodes(cluster, "deepspeed")
     files = {CONFIG: json.dumps(config, indent=2) + "\n", LAUNCH: launch_text(estimate, header_lines)}
     files[SBATCH_FILE] = sbatch(comment(_lines(header_lines)), nodes, per_node,
-                                f'train.py --deepspeed --deepspeed_config "$HERE/{CONFIG}" "$@"')
+                                f'train.py --deepspeed --deepspeed_config "$HERE/{CONFIG}" "$@"', cluster=cluster)
     return files

@@ -491,7 +491,7 @@ def render(estimate, header_lines) -> dict[str, str]:
         '    "${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/' + ARGS_FILE + '") "$@"\n'
     )
     batch = sbatch(header, nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/'
-                   + ARGS_FILE + '") "$@"', connections_line(lay))
+                   + ARGS_FILE + '") "$@"', connections_line(lay), cluster=job.cluster)
     return {ARGS_FILE: args_text, LAUNCH_FILE: launch, SBATCH_FILE: batch}
 
 
