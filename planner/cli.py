@@ -320,7 +320,7 @@ def validate_published_command(
                                                 "its other runs, for K = 0, 1, 3, 5 up to K (about a minute)."),
     leave_family_out: bool = typer.Option(False, "--leave-family-out",
                                           help="Also refit the figures fitted to published runs without each MoE "
-                                               "family's runs and score the family (about two minutes)."),
+                                               "family's runs and score the family (minutes: about five of CPU)."),
 ) -> None:
     """Score the cost model on published runs: throughput and memory per source, layout-sweep
     regret and rank correlation, the gain plan claims over tuned recipes, and what a few of a
