@@ -97,6 +97,21 @@ class EngineBehaviour:
     # is held between gathers (``model_states.state_bytes``). DeepSpeed's ZeRO-3 and Megatron's
     # distributed optimizer hold 16-bit weight shards beside an fp32 master.
     sharded_master_weights: bool = True
+    # FSDP2 whatever the data-parallel degrees: torchtitan 0.3.0 applies fully_shard at every one
+    # (models/llama3/parallelize.py: "Always run apply_fsdp_to_decoder -- with shard_degree=1 it is a
+    # no-op for the all-gather but still installs the MixedPrecisionPolicy"; ParallelDims._mesh_exist
+    # keeps the fsdp mesh at degree 1), replicated data parallelism (zero_stage 0) being HSDP over a
+    # shard group of one: the states are FSDP2's at any ZeRO stage (the fp32 master held, 16-bit
+    # weights only gathered unit by unit, no DDP buckets), and the gradients are reduced after every
+    # micro-batch's backward, its train step never turning their sync off (trainer.py).
+    fsdp_always: bool = False
+    # Under pipeline parallelism FSDP2 accumulates the micro-batches' gradients unsharded, in the
+    # reduce dtype, and keeps each unit gathered after its backward: torch.distributed.pipelining's
+    # stage sets requires_gradient_sync and reshard_after_backward False for every backward and
+    # reduces once, after the last (torch 2.13 distributed/pipelining/stage.py:
+    # backward_maybe_with_nosync, perform_reduce_grad; _fully_shard/_fsdp_param.py:
+    # to_accumulated_grad_if_needed).
+    pp_unsharded_accumulation: bool = False
     # HBM traffic per parameter, each micro-batch, with which the engine folds the backward's 16-bit
     # gradients into its fp32 gradients at ZeRO 0-1, outside the weight-gradient GEMMs
     # (``stage_time.gradient_accumulation_time``). DeepSpeed's BF16_Optimizer: ``clear_lp_grads``

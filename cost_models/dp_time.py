@@ -9,9 +9,9 @@ from typing import Optional
 
 from .collectives import collective_time, exposed, p2p_time
 from .kernels import elementwise_time, first_touch_time
-from .memory import job_stage_parameters
+from .memory import accumulates_unsharded, job_stage_parameters
 from .parameters import embedding_parameters, norm_parameters
-from .model_states import fp32_gradients, gathered_weight_bytes, state_bytes, zero_shards
+from .model_states import fp32_gradients, gathered_weight_bytes, working_bytes, zero_shards
 from .job import Job
 from .topology import group_links
 from .pipeline_time import stage_kinds
@@ -41,6 +41,12 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     bucket of a pass waits in the open, each collective pays its latency, and overlapped
     traffic still costs what ``Performance.comm_overlap`` leaves.
     - DeepSpeed's pipeline: the whole gradient all-reduce after the last micro-batch.
+    - FSDP at every ZeRO stage (``EngineBehaviour.fsdp_always``, torchtitan 0.3.0): at stage 0, HSDP
+      over a shard group of one, the fp32 gradients all-reduced unit by unit after every
+      micro-batch's backward (its train step never turns their sync off); under
+      torch.distributed.pipelining (:func:`memory.accumulates_unsharded`) once, after the last,
+      in the open, and at ZeRO 3 with it, the units gathered by each backward (and by the
+      warm-up's forwards, before any backward kept them) and reduce-scattered once.
     - First and last stage, tied embeddings with pipelining: :func:`tied_embedding_reduce`.
 
     What compute hides is scaled by ``Performance.comm_overlap`` (:func:`collectives.exposed`).
@@ -119,7 +125,7 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     lay, training = job.layout, job.training
     perf = job.cluster.gpu.performance
     tied = 0.0  # counted once, by dp_comm_exposed
-    per_param = state_bytes(training)
+    per_param = working_bytes(training)
     grads = params * per_param.gradients
     weights = params * gathered_weight_bytes(training)
     # Engines issue one collective per bucket (ZeRO 0–2) or per wrapped layer (ZeRO-3:
@@ -132,6 +138,15 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
         return chunks * collective_time(kind, size / chunks, dp_links, perf)
 
     engine = training.engine
+    unsharded = accumulates_unsharded(job)
+    if lay.zero_stage == 0 and engine.fsdp_always:
+        # HSDP over a shard group of one: the replicas all-reduce each unit's fp32 gradients.
+        units = zero3_units(job, stage)
+        reduce = units * collective_time("all_reduce", grads / units, dp_links, perf)
+        if unsharded:
+            return tied + reduce
+        opening = max(1 / units, min(1.0, first_unit / params))
+        return tied + job.num_microbatches * pipelined(reduce, units, backward_last, perf, opening)
     if lay.zero_stage < 3 and (lay.pp > 1 and engine.reduce_after_pipeline or folds_gradients_into_fp32(job)
                                or lay.zero_stage == 0 and engine.zero0_reduce_after_backward):
         # DeepSpeed's pipeline all-reduces gradients (its BF16 optimizer's fallback) once the
@@ -175,6 +190,13 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     # The pass waits in the open for its first unit (the embedding's, where it is larger than a
     # layer's), and the backward for the same unit's reduce-scatter at its end.
     opening = max(1 / chunks, min(1.0, first_unit / params))
+    if unsharded:
+        # Each backward gathers its units again (the forward resharded them) and keeps them, so only
+        # the warm-up's forwards gather; the gradients are reduce-scattered once, after the last.
+        warmup = min(lay.pp - stage, job.num_microbatches)
+        return tied + warmup * pipelined(gather, chunks, forward, perf, opening) \
+            + job.num_microbatches * pipelined(backward_gathers * gather, chunks, backward_last, perf, opening) \
+            + reduce
     per_microbatch = pipelined(gather, chunks, forward, perf, opening) \
         + pipelined(backward_gathers * gather + reduce, chunks, backward_last, perf, opening)
     return tied + job.num_microbatches * per_microbatch
@@ -193,7 +215,7 @@ def zero3_collectives(job: Job, stage: int, params: float, dp_links) -> tuple[fl
     (``EngineBehaviour.zero3_unit_copies``) those copies."""
     training, gpu = job.training, job.cluster.gpu
     perf = gpu.performance
-    grads = params * state_bytes(training).gradients
+    grads = params * working_bytes(training).gradients
     weights = params * gathered_weight_bytes(training)
     chunks = zero3_units(job, stage)
     gather = chunks * collective_time("all_gather", weights / chunks, dp_links, perf)
@@ -217,11 +239,14 @@ def zero3_exposed_floor(job: Job) -> float:
     compute beside it: each pass's traffic shows at least (1 − ov) of itself
     (:func:`pipelined`, ``collectives.exposed``), so the forward's gathers and the backward's
     gathers and reduce-scatters (:func:`zero3_collectives`) show (1 − ov)·(2·gather + reduce) at
-    least, on the stage that moves the most (``dp_comm_s`` is the most of the stages')."""
+    least, on the stage that moves the most (``dp_comm_s`` is the most of the stages'). Where the
+    stages accumulate unsharded (:func:`memory.accumulates_unsharded`), the backward's gathers alone
+    come once a micro-batch: (1 − ov)·gather."""
     lay, cluster = job.layout, job.cluster
     if lay.zero_stage != 3:
         return 0.0
     share = max(0.0, 1.0 - cluster.gpu.performance.comm_overlap)
+    unsharded = accumulates_unsharded(job)
     least = 0.0
     for stage in stage_kinds(job):  # stages of a kind move the same traffic
         params = job_stage_parameters(job, stage)
@@ -229,7 +254,7 @@ def zero3_exposed_floor(job: Job) -> float:
         for count, group, shards in ((params.dense, "dp_cp", zero_shards(job)), (params.expert, "edp", lay.edp)):
             if count and shards > 1:
                 gather, reduce = zero3_collectives(job, stage, count, group_links(cluster, lay, group))
-                total += share * (2 * gather + reduce)
+                total += share * (gather if unsharded else 2 * gather + reduce)
         least = max(least, total)
     return least
 
@@ -284,6 +309,6 @@ def tied_embedding_reduce(job: Job, stage: int) -> float:
     lay, model = job.layout, job.model
     if lay.pp == 1 or not (model.tied_embeddings or model.mtp_layers) or stage not in (0, lay.pp - 1):
         return 0.0
-    size = embedding_parameters(model) / lay.tp * state_bytes(job.training).gradients
+    size = embedding_parameters(model) / lay.tp * working_bytes(job.training).gradients
     links = group_links(job.cluster, lay, "pp")
     return p2p_time(size, links.domains > 1, links, job.cluster.gpu.performance)

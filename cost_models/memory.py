@@ -10,7 +10,7 @@ from .activations import (embedding_activation_bytes, head_activation_bytes, lay
                           layer_activations, loss_gradient_bytes, mtp_projection_activation_bytes)
 from .experts import alltoall_buffer_bytes
 from .flops import layer_gemms
-from .model_states import (StateBytes, bucket_copy_bytes, gathered_weight_bytes, keeps_weights_quantized,
+from .model_states import (StateBytes, bucket_copy_bytes, fp32_gradients, gathered_weight_bytes, keeps_weights_quantized,
                            quantizes_weights_once_a_step, sharded_state_bytes, state_bytes, zero_shards)
 from .offload import gradients_on_host, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
@@ -191,8 +191,10 @@ def zero3_gather_bytes(job: Job) -> float:
     one prefetched (its forward prefetch); an MoE layer's, with this GPU's experts. DeepSpeed
     gathers submodule by submodule (``EngineBehaviour.zero3_max_live_parameters``): the largest
     linear and the prefetch bucket behind it, at most the live-parameter cap unless that
-    linear alone is larger."""
-    if job.layout.zero_stage < 3:
+    linear alone is larger. An engine that runs FSDP at every ZeRO stage
+    (``EngineBehaviour.fsdp_always``) gathers its units so at each, over a shard group of one at
+    zero_stage 0."""
+    if job.layout.zero_stage < 3 and not job.training.engine.fsdp_always:
         return 0.0
     model, lay = job.model, job.layout
     engine = job.training.engine
@@ -311,19 +313,36 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
     # DDP's buckets stay on the GPU whatever the optimizer offloads.
     buckets = (bucket_copy_bytes(job.training, lay.zero_stage, zero_shards(job)),
                bucket_copy_bytes(job.training, lay.zero_stage, expert_zero_shards(job)))
+    unsharded = accumulates_unsharded(job)
     for stage in (range(lay.pp) if stages is None else stages):
         states = stage_state_bytes(job, stage, per_parameter)
         held = stage_activation_bytes(job, stage, shared) if shared is not None else 0.0
         params = job_stage_parameters(job, stage)
+        gradients = states.gradients * on_gpu_gradients + params.dense * buckets[0] + params.expert * buckets[1]
+        other = fixed
+        if unsharded:
+            # The stage's gradients whole in the reduce dtype, and its 16-bit weights gathered at the
+            # end of each backward in place of the two units in flight (an upper bound: at that
+            # moment the micro-batch just done has freed its activations).
+            gradients = (params.dense + params.expert) * (4 if fp32_gradients(job.training) else 2)
+            other += (params.dense + params.expert) * gathered_weight_bytes(job.training) - zero3_gather_bytes(job)
         out.append(StageMemory(
             stage=stage,
             parameters=states.weights * on_gpu_weights + quantized_weight_copy_bytes(job, stage),
-            gradients=states.gradients * on_gpu_gradients + params.dense * buckets[0] + params.expert * buckets[1],
+            gradients=gradients,
             optimizer_states=states.optimizer * on_gpu_optimizer,
             activations=held,
-            other=fixed + o.fragmentation * held,
+            other=other + o.fragmentation * held,
         ))
     return tuple(out)
+
+
+def accumulates_unsharded(job: Job) -> bool:
+    """Whether the stages hold their gradients unsharded and their weights gathered through the step:
+    FSDP2 under torch.distributed.pipelining (``EngineBehaviour.pp_unsharded_accumulation``), which
+    reduces once, after the last micro-batch's backward."""
+    engine, lay = job.training.engine, job.layout
+    return engine.pp_unsharded_accumulation and lay.pp > 1 and (lay.zero_stage == 3 or engine.fsdp_always)
 
 
 def usable_bytes(memory_bytes: float, overheads: Overheads, headroom: float) -> float:

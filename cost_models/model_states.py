@@ -9,7 +9,7 @@ gradients too, ZeRO-3 the weights too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from .behaviour import EngineBehaviour
@@ -59,10 +59,11 @@ def weights_are_master(training: TrainingSpec, zero_stage: int, shards: int) -> 
     """Whether the weights a rank holds are the optimizer's master copy itself: in fp32 training,
     without master weights (``TrainingSpec.master_weights``: the bf16 weights are stepped), and in
     16-bit training under a ZeRO-3 that shards the fp32 parameters
-    (``EngineBehaviour.sharded_master_weights``) over more than one rank (torchtitan applies
-    FSDP only then: ``ParallelDims.fsdp_enabled``)."""
-    return training.precision == "fp32" or (not training.master_weights and not training.engine.bf16_master_partition) \
-        or (zero_stage == 3 and shards > 1 and training.engine.sharded_master_weights)
+    (``EngineBehaviour.sharded_master_weights``) over more than one rank, or at any degree where
+    the engine applies it at every one (``EngineBehaviour.fsdp_always``: torchtitan 0.3.0)."""
+    engine = training.engine
+    return training.precision == "fp32" or (not training.master_weights and not engine.bf16_master_partition) \
+        or (engine.sharded_master_weights and (zero_stage == 3 and shards > 1 or engine.fsdp_always))
 
 
 @lru_cache(maxsize=256)  # read for every stage of every layout a search scores
@@ -101,6 +102,17 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
     return StateBytes(weights=weights, gradients=4 if fp32_gradients(training) else 2, optimizer=4 + 4 * moments)
 
 
+@lru_cache(maxsize=256)
+def working_bytes(training: TrainingSpec) -> StateBytes:
+    """Bytes per parameter of the weights as a replica runs them and of the gradients as its
+    backward writes and reduces them: :func:`state_bytes` without ZeRO and without FSDP's sharded
+    master, whatever the engine holds (``EngineBehaviour.fsdp_always``): what a gather moves and a
+    reduction carries."""
+    if training.engine.fsdp_always:
+        training = replace(training, engine=replace(training.engine, fsdp_always=False))
+    return state_bytes(training)
+
+
 def keeps_weights_quantized(training: TrainingSpec) -> bool:
     """Whether the held weights of the linear layers are the recipe's quantized data (Megatron's
     --fp8-param-gather: Transformer Engine's quantized parameters); the embedding, the LM head, the
@@ -128,9 +140,9 @@ def bucket_copy_bytes(training: TrainingSpec, zero_stage: int, shards: int) -> f
     with fp32 gradients runs without DDP (``EngineBehaviour.zero1_fp32_reduce_after_backward``), but
     the Playbook's peaks hold about as much all the same (its 80B rows: 6.3 % off with these bytes,
     10.2 % without), so they stay counted there."""
-    if not training.engine.gradient_bucket_copy or zero_stage >= 2 or shards <= 1:
+    if not training.engine.gradient_bucket_copy or training.engine.fsdp_always or zero_stage >= 2 or shards <= 1:
         return 0.0
-    return state_bytes(training).weights
+    return working_bytes(training).weights
 
 
 def gathers_quantized_shards(training: TrainingSpec) -> bool:
@@ -152,7 +164,7 @@ def gathered_weight_bytes(training: TrainingSpec) -> float:
         return training.recipe.quantized_bytes
     if training.fp8_param_gather and training.recipe is not None:
         return HIGH_PRECISION_BYTES
-    return state_bytes(training).weights
+    return working_bytes(training).weights
 
 
 # The fp32 master weight a separate copy kernel reads again to write the 16-bit weights.

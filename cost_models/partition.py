@@ -136,7 +136,7 @@ def embedding_and_loss_partition(layers: int, pp: int, vpp: int, embedding: bool
     count as a layer each of the first and the last virtual stage, and the pp·vpp virtual
     stages split the units evenly (``megatron/core/transformer/transformer_block.py``,
     ``get_num_layers_to_build``). Rank i holds virtual stages i, pp + i, …; the returned
-    counts are per rank."""
+    counts are per rank, the chunks :func:`default_chunk_layers`'."""
     per_virtual = (layers + embedding + loss) // (pp * vpp)
     counts = [vpp * per_virtual] * pp
     counts[0] -= embedding
@@ -187,10 +187,19 @@ def virtual_partition(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
 def default_chunk_layers(model: ModelSpec, layout: Layout) -> Optional[tuple[int, ...]]:
     """Layers of each model chunk (model order) where the engine's own split is uneven over the
     virtual stages (:func:`virtual_stage_layers`, the chunks of :func:`default_partition`'s
-    interleaved split); None where each rank's chunks are :func:`chunk_layers` of its layers."""
-    if layout.stage_layers is not None or layout.chunk_layers is not None or layout.vpp == 1 \
-            or layout.account_for_embedding_in_pipeline_split or layout.account_for_loss_in_pipeline_split \
-            or model.num_layers % (layout.pp * layout.vpp) == 0:
+    interleaved split, or with the embedding and the loss split as layers the first and the last
+    virtual stage one layer short: :func:`embedding_and_loss_partition`); None where each rank's
+    chunks are :func:`chunk_layers` of its layers."""
+    if layout.stage_layers is not None or layout.chunk_layers is not None or layout.vpp == 1:
+        return None
+    embedding, loss = layout.account_for_embedding_in_pipeline_split, layout.account_for_loss_in_pipeline_split
+    if embedding or loss:
+        stages = layout.pp * layout.vpp
+        counts = [(model.num_layers + embedding + loss) // stages] * stages
+        counts[0] -= embedding
+        counts[-1] -= loss
+        return tuple(counts)
+    if model.num_layers % (layout.pp * layout.vpp) == 0:
         return None
     return virtual_stage_layers(model.num_layers, layout.pp, layout.vpp)
 

@@ -44,7 +44,7 @@ ROUND_TRIPS = {
     "8b_8_tp": (case_of("llama3-8b", 8, 64, 8192), {}),
     "8b_1_offload": (case_of("llama3-8b", 1, 8, 4096), {}),
     "70b_64": (case_of("llama3-70b", 64, 256, 8192), {}),
-    "70b_256_interleaved": (case_of("llama3-70b", 256, 512, 8192), {"pp": 4}),
+    "70b_256_interleaved": (case_of("llama3-70b", 256, 512, 8192), {"pp": 4, "vpp": 2}),
     "8b_16_cp": (case_of("llama3-8b", 16, 32, 32768), {"cp": 2}),
     "8b_16_replicated": (case_of("llama3-8b", 16, 64, 4096), {"zero_stage": 0}),
     "8b_32_1f1b": (case_of("llama3-8b", 32, 128, 8192), {"pp": 4, "vpp": 1}),

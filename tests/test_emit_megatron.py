@@ -148,6 +148,16 @@ MOE_GIVEN = {
 }
 
 
+# Other models given a layout: the embedding and the loss split as layers (126 + 2 = 8 stages of 2 chunks
+# of 8, where 126 layers alone do not divide: planner.emit raised a SpecError).
+OTHER_GIVEN = {
+    "llama3.1-405b, vpp 2 counting the embedding and the loss": (
+        {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1024},
+         "training": {"global_batch_size": 512, "seq_len": 8192, "engine": "megatron"}},
+        {"tp": 8, "pp": 8, "vpp": 2, "micro_batch_size": 1, "recompute": "full", "zero_stage": 1,
+         "sequence_parallel": True, "account_for_embedding_in_pipeline_split": True,
+         "account_for_loss_in_pipeline_split": True}),
+}
 GIVEN_TRAINING = {
     "tp overlap, bf16 gradients": {"tp_comm_overlap": True, "fp32_grads": False},
     "fp16, fp32 gradients": {"precision": "fp16", "fp32_grads": True},
@@ -199,7 +209,7 @@ def emitted() -> list[Emitted]:
         result = plan(case, top_k=0)
         assert result.best is not None, data
         out.append(Emitted(f"{data['model']['preset']} x{data['cluster']['num_gpus']}", case, result.best))
-    for name, (data, layout) in MOE_GIVEN.items():
+    for name, (data, layout) in {**MOE_GIVEN, **OTHER_GIVEN}.items():
         case = load_case({**data, "layout": layout})
         out.append(Emitted(name, case, estimate_job(case, case.job())))
     for name, training in GIVEN_TRAINING.items():  # training options with their own flags
@@ -274,6 +284,8 @@ def transformer_config(args: dict) -> TransformerConfig:
         pipeline_model_parallel_layout=args.get("--pipeline-model-parallel-layout"),
         num_layers_in_first_pipeline_stage=integer("--decoder-first-pipeline-num-layers"),
         num_layers_in_last_pipeline_stage=integer("--decoder-last-pipeline-num-layers"),
+        account_for_embedding_in_pipeline_split="--account-for-embedding-in-pipeline-split" in args,
+        account_for_loss_in_pipeline_split="--account-for-loss-in-pipeline-split" in args,
         recompute_granularity=args.get("--recompute-granularity"),
         recompute_modules=args.get("--recompute-modules", ["core_attn"]),
         overlap_moe_expert_parallel_comm="--overlap-moe-expert-parallel-comm" in args,
@@ -471,13 +483,16 @@ def test_validate_args_rules(emitted):
         # At most one of --num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank,
         # --pipeline-model-parallel-layout; the layout excludes --decoder-first/last too (TransformerConfig).
         assert (per_chunk is not None) + (chunks is not None) + (layout is not None) <= 1, e
+        # The account flags count the embedding and the loss as layers of the split (transformer_block.py)
+        accounted = sum(flag in a for flag in ("--account-for-embedding-in-pipeline-split",
+                                               "--account-for-loss-in-pipeline-split"))
         if layout is not None:
             assert first is None and last is None, e
             stages = layout.count("|") + 1
             assert stages % pp == 0, e  # the layout's length divides by pipeline_model_parallel_size
         elif first is None and last is None:
             # 'Number of layers should be divisible by the pipeline-model-parallel size'
-            assert layers % pp == 0, e
+            assert (layers + accounted) % pp == 0, e
         else:
             middle = pp - (first is not None) - (last is not None)
             rest = layers - (first or 0) - (last or 0)
@@ -494,7 +509,9 @@ def test_validate_args_rules(emitted):
             # schedules.py's micro-batch groups of pp need num_microbatches % pp == 0.
             assert pp > 2 or "--no-overlap-p2p-communication" not in a, e
             assert num_microbatches % pp == 0 and num_microbatches >= pp, e
-            assert layout is not None or all(n % vpp == 0 for n in e.job.stage_layers), e
+            # get_num_layers_to_build: each rank's layers (units) split into vpp equal chunks
+            assert layout is not None or ((layers + accounted) % (pp * vpp) == 0 if accounted
+                                          else all(n % vpp == 0 for n in e.job.stage_layers)), e
         # Sequence parallelism needs tensor parallelism (validate_args turns it off at tp = 1).
         assert "--sequence-parallel" not in a or tp > 1, e
         # Attention heads and query groups split over tp (TransformerConfig).
@@ -1013,3 +1030,16 @@ def test_context_parallelism_of_a_sliding_window_runs_and_is_priced_as_all_to_al
     # Its all-to-all splits the heads over the cp ranks: 8 key-value groups over cp 16 cannot.
     with pytest.raises(CaseError, match=r"layout.cp.*must divide by it"):
         planner.estimate({**case, "layout": {"cp": 16, "dp": 4, "micro_batch_size": 1, "zero_stage": 1}})
+
+
+def test_overlapped_expert_dispatch_in_fp32_is_refused_as_transformer_config_refuses_it():
+    # core_v0.16.1 TransformerConfig.__post_init__: "overlap_moe_expert_parallel_comm is only supported
+    # with bf16 or fp16 model"; the emitted arguments (no --bf16) failed at Megatron's start-up
+    import planner
+
+    case = {"model": {"preset": "deepseek-v2-lite"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron", "precision": "fp32",
+                         "moe_comm_overlap": True}}
+    with pytest.raises(planner.CaseError, match=r"training\.moe_comm_overlap: .*bf16 or fp16 models only"):
+        planner.plan(case)
+    assert planner.plan({**case, "training": {**case["training"], "precision": "bf16"}}).best is not None

@@ -11,7 +11,7 @@ from cost_models.collectives import bus_bandwidth, collective_time, exposed
 from cost_models.flops import layer_gemms, model_flops_per_token
 from cost_models.pipeline import bubble_fraction
 from cost_models.memory import job_stage_parameters
-from cost_models.model_states import state_bytes
+from cost_models.model_states import StateBytes, state_bytes, working_bytes
 from cost_models.flops import Gemm
 from cost_models.kernels import gemm_time, wave_efficiency
 from cost_models.specs import (ClusterSpec, FabricSpec, GPUSpec, Job, Layout, ModelSpec, Performance, SpecError,
@@ -667,12 +667,15 @@ def test_a_tensor_parallel_group_across_nodes_runs_no_faster_than_its_collective
 def test_bf16_gradients_stay_bf16_unless_the_engine_or_case_says_fp32():
     """Megatron-core reduces gradients in the parameters' dtype (DistributedDataParallelConfig
     grad_reduce_in_fp32 = False): the ZeRO paper's 16 bytes. torchtitan's FSDP2 reduces in
-    fp32, and a case may ask for it (Megatron-LM's pretrain script): 18 bytes with Adam."""
+    fp32, and a case may ask for it (Megatron-LM's pretrain script): 18 bytes with Adam. torchtitan
+    0.3.0 runs FSDP2 at every ZeRO stage (models/llama3/parallelize.py: "Always run
+    apply_fsdp_to_decoder"), holding the fp32 parameters it builds as the master: 4 + 4 + 8."""
     def training(**kw) -> TrainingSpec:
         return TrainingSpec(global_batch_size=8, seq_len=2048, precision="bf16", **kw)
     assert state_bytes(training(engine=behaviour_of("megatron"))).total == 16
     assert state_bytes(training(engine=behaviour_of("megatron"), fp32_grads=True)).total == 18
-    assert state_bytes(training(engine=behaviour_of("torchtitan"))).total == 18
+    assert working_bytes(training(engine=behaviour_of("torchtitan"))).gradients == 4
+    assert state_bytes(training(engine=behaviour_of("torchtitan"))) == StateBytes(weights=4, gradients=4, optimizer=8)
     assert state_bytes(training(engine=behaviour_of("any"))).total == 16
     assert state_bytes(training(engine=behaviour_of("deepspeed"), fp32_grads=True)).total == 18
     assert state_bytes(TrainingSpec(global_batch_size=8, seq_len=2048, precision="fp16",

@@ -169,12 +169,13 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         ("--tensor-model-parallel-size", str(lay.tp)),
         ("--pipeline-model-parallel-size", str(lay.pp)),
     ]
-    if lay.stage_layers is None and lay.vpp > 1 and m.num_layers % (lay.pp * lay.vpp):
+    accounted = [flag for field, flag in ACCOUNT_FLAGS.items() if getattr(lay, field)]
+    # The account flags split the embedding and the loss as layers (arguments.py: num_layers += 1 each)
+    if lay.stage_layers is None and lay.vpp > 1 and (m.num_layers + len(accounted)) % (lay.pp * lay.vpp):
         # Interleaving over layers the virtual stages do not divide: the layout string says how.
         lay = lay.with_changes(stage_layers=job.stage_layers, chunk_layers=job.chunk_layers)
     uneven = uneven_stages(lay)
     custom = layout_string(lay, m.mtp_layers)
-    accounted = [flag for field, flag in ACCOUNT_FLAGS.items() if getattr(lay, field)]
     args += [(flag, None) for flag in accounted]
     if uneven is not None:
         first, last = uneven

@@ -175,6 +175,10 @@ def case_rules(training: TrainingSpec, model: ModelSpec) -> list[tuple[str, str]
     if training.moe_comm_overlap and not model.is_moe:
         out.append(("training.moe_comm_overlap", "--overlap-moe-expert-parallel-comm overlaps expert-parallel "
                                                  "dispatch: it needs a mixture of experts"))
+    if training.moe_comm_overlap and training.precision == "fp32":
+        out.append(("training.moe_comm_overlap", "--overlap-moe-expert-parallel-comm runs bf16 or fp16 models only "
+                                                 "(TransformerConfig: 'only supported with bf16 or fp16 model'), "
+                                                 "not fp32"))
     if training.moe_comm_overlap and model.mtp_layers > 1:
         out.append(("model.mtp_layers", "--overlap-moe-expert-parallel-comm takes one multi-token prediction "
                                         "layer at most"))

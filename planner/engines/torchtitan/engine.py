@@ -59,6 +59,7 @@ SUPPORT = EngineSupport(
 
 BEHAVIOUR = EngineBehaviour(
     name="torchtitan", fp32_grads_for_bf16=True, fused_elementwise=True, compiled_loss=True, zero3_root_unit=False,
+    fsdp_always=True, pp_unsharded_accumulation=True, gradient_bucket_copy=False,
     collective_launch_s=0.0,
     balance_stages=False, fp8_recipe="rowwise", quantizer="torchao",
 )
