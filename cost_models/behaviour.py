@@ -132,6 +132,12 @@ class EngineBehaviour:
     # reduce_bucket_size 5e8 elements; PyTorch DDP: bucket_cap_mb = 25 MB.
     bucket_params: float = 0.0
     bucket_bytes: float = 25 * 2**20
+    # Buffers of bucket_params elements each, in the reduction's dtype, that the ZeRO-1/2 optimizer
+    # stages its gradient reductions through for the whole step (:func:`memory.reduce_bucket_bytes`):
+    # DeepSpeed's stage_1_and_2.py ``setup_buckets`` allocates one per dtype with contiguous_gradients
+    # and a second with overlap_comm ("double buffers to avoid data access conflict"); its emitted
+    # configs set both.
+    reduce_bucket_buffers: int = 0
     # ZeRO-1/2 weight shards gathered after the optimizer step behind the next forward
     # (Megatron --overlap-param-gather, which NeMo's recipes set; FSDP-style prefetch), not
     # in the open (DeepSpeed's ZeRO-1/2 gathers them before the step returns).

@@ -11,11 +11,11 @@ from .collectives import collective_time, exposed, p2p_time
 from .kernels import elementwise_time, first_touch_time
 from .memory import accumulates_unsharded, job_stage_parameters
 from .parameters import embedding_parameters, norm_parameters
-from .model_states import fp32_gradients, gathered_weight_bytes, working_bytes, zero_shards
+from .model_states import folds_gradients_into_fp32, fp32_gradients, gathered_weight_bytes, working_bytes, zero_shards
 from .job import Job
 from .topology import group_links
 from .pipeline_time import stage_kinds
-from .stage_time import StageTime, folds_gradients_into_fp32
+from .stage_time import StageTime
 
 
 def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:

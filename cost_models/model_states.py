@@ -102,6 +102,16 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
     return StateBytes(weights=weights, gradients=4 if fp32_gradients(training) else 2, optimizer=4 + 4 * moments)
 
 
+def folds_gradients_into_fp32(job: Job) -> bool:
+    """Whether the engine keeps fp32 gradients beside the 16-bit ones autograd writes and folds
+    these into them in a pass of its own (``EngineBehaviour.fp32_accumulation_bytes``): at ZeRO 0-1,
+    where each rank holds all of its gradients, under mixed precision with fp32 gradients (an fp32
+    model's backward writes fp32 gradients itself). DeepSpeed's BF16_Optimizer (``bf16_optimizer.py``)."""
+    training = job.training
+    return bool(training.engine.fp32_accumulation_bytes) and job.layout.zero_stage <= 1 \
+        and training.precision != "fp32" and fp32_gradients(training)
+
+
 @lru_cache(maxsize=256)
 def working_bytes(training: TrainingSpec) -> StateBytes:
     """Bytes per parameter of the weights as a replica runs them and of the gradients as its

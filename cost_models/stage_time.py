@@ -12,7 +12,7 @@ from .experts import dispatch_combine_time, moe_recompute_time
 from .flops import head_gemm, mtp_projection_gemm
 from .kernels import gemm_time, high_precision_precision, in_place_time
 from .memory import job_stage_parameters
-from .model_states import fp32_gradients
+from .model_states import folds_gradients_into_fp32
 from .quantization import activation_bytes
 from .job import Job
 from .specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
@@ -101,16 +101,6 @@ class StageTime:
     @property
     def total(self) -> float:
         return self.compute + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
-
-
-def folds_gradients_into_fp32(job: Job) -> bool:
-    """Whether the engine keeps fp32 gradients beside the 16-bit ones autograd writes and folds
-    these into them in a pass of its own (``EngineBehaviour.fp32_accumulation_bytes``): at ZeRO 0-1,
-    where each rank holds all of its gradients, under mixed precision with fp32 gradients (an fp32
-    model's backward writes fp32 gradients itself). DeepSpeed's BF16_Optimizer (``bf16_optimizer.py``)."""
-    training = job.training
-    return bool(training.engine.fp32_accumulation_bytes) and job.layout.zero_stage <= 1 \
-        and training.precision != "fp32" and fp32_gradients(training)
 
 
 def gradient_accumulation_time(job: Job, stage: int) -> float:

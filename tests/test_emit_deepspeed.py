@@ -547,3 +547,26 @@ def test_an_sgd_plan_is_written_with_sgd_and_read_back(tmp_path, world):
     assert best.job.layout.zero_stage >= 1 and config.zero_allow_untested_optimizer
     layout = ds_reader.read(tmp_path / "ds_config.json", load_case(case), recompute=best.job.layout.recompute)
     assert layout.zero_stage == best.job.layout.zero_stage
+
+
+@pytest.mark.parametrize("zero_stage, fp32_grads, element_bytes", [(2, False, 2), (1, False, 2), (2, True, 4)])
+def test_the_reduction_buffers_the_config_asks_for_are_priced(zero_stage, fp32_grads, element_bytes, tmp_path,
+                                                              world):
+    """DeepSpeed's ZeRO-1/2 optimizer stages its reductions through a buffer of reduce_bucket_size
+    elements with contiguous_gradients, and a second with overlap_comm, in the dtype it accumulates
+    gradients in (runtime/zero/stage_1_and_2.py, setup_buckets and _gradient_reduction_buffer_dtype):
+    2 GB in bf16 at the emitted 5e8, which the memory estimate left out. Where its BF16_Optimizer runs
+    ZeRO-1 (fp32 gradients) there are none."""
+    estimate = estimate_of(training={"fp32_grads": fp32_grads, "engine": "deepspeed"}, zero_stage=zero_stage)
+    emit(estimate, tmp_path)
+    world(estimate.job.layout.dp)
+    config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
+    buffers = config.zero_config.contiguous_gradients + config.zero_config.overlap_comm
+    assert buffers == 2
+    peak = estimate.peak
+    fixed = estimate.job.overheads.comm_buffers + estimate.job.overheads.fragmentation * peak.activations
+    assert peak.other - fixed == pytest.approx(buffers * config.zero_config.reduce_bucket_size * element_bytes,
+                                               rel=1e-9)
+    bf16_optimizer = estimate_of(training={"fp32_grads": True, "engine": "deepspeed"}, zero_stage=1).peak
+    assert bf16_optimizer.other == pytest.approx(
+        estimate.job.overheads.comm_buffers + estimate.job.overheads.fragmentation * bf16_optimizer.activations)
