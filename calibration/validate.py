@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from cost_models.behaviour import EngineBehaviour
-from cost_models.memory import per_microbatch, stage_activation_bytes
+from cost_models.memory import stage_activation_bytes
 from cost_models.specs import Job
 from planner.errors import CaseError
 from planner.estimate import Estimate, estimate
@@ -119,12 +119,9 @@ def forward_activation_bytes(job: Job) -> float:
     """The model's activations of one micro-batch as its forward saves them (pp = 1): the
     stage's peak less what exists only in backward (a recomputed layer's working set, the
     loss's gradients)."""
-    lay = job.layout
-    if lay.pp != 1:
+    if job.layout.pp != 1:
         raise ValueError("forward_activation_bytes: only for pp = 1")
-    shared = per_microbatch(job)
-    working_layer = shared.kept if lay.recompute == "full" else 0.0
-    return stage_activation_bytes(job, 0) - working_layer - shared.loss_gradients
+    return stage_activation_bytes(job, 0, forward_only=True)
 
 
 def load_with_profile(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]):

@@ -117,14 +117,17 @@ def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, 
     )
 
 
-def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch] = None) -> float:
+def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch] = None,
+                           forward_only: bool = False) -> float:
     """Activations stage ``stage`` holds at its peak under the pipeline schedule.
 
     Layers recomputed with ``full`` keep only their input; with
     ``recompute_num_layers`` = N, the first N layers of the stage are recomputed
     (Megatron's ``--recompute-method block``). While a recomputed layer runs its
     backward, its full activations are live once more: one layer's worth is added; under
-    selective recomputation by module, what one layer's modules hold again.
+    selective recomputation by module, what one layer's modules hold again. ``forward_only``:
+    what the forwards leave saved, without what only a backward holds (the recomputed layer,
+    the loss's gradients).
     """
     lay = job.layout
     shared = shared or per_microbatch(job)
@@ -153,6 +156,7 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     by_size = {n: chunk_bytes(n) for n in set(chunk_sizes)}
     total = in_flight_peak(lay.pp, lay.vpp, job.num_microbatches, stage, [by_size[n] for n in chunk_sizes])
     dense = layers > moe  # the kinds of layer the stage holds: what one of them holds again is its kind's
+    again = 0.0  # what a layer's backward holds again: its recomputed activations, or restored modules
     if lay.recompute == "full" and (lay.recompute_num_layers is None or lay.recompute_num_layers > 0):
         working = max(dense_kept if dense else 0.0, shared.kept_moe if moe else 0.0)
         if lay.pp == 1:
@@ -160,15 +164,21 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
             # layer kept whole has freed its activations, beside the checkpoints of those before them.
             recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, layers)
             working = max(0.0, recomputed * shared.checkpointed + working - total)
-        total += working
-    total += max(shared.restored if dense else 0.0, shared.restored_moe if moe else 0.0)
+        again += 0.0 if forward_only else working
+    again += max(shared.restored if dense else 0.0, shared.restored_moe if moe else 0.0)
+    total += again
     if offloaded:  # the layer whose copy is under way
         total += kept
     if stage == 0:
         total += chunks * shared.embedding
     if stage == lay.pp - 1:
-        total += shared.head + shared.loss_gradients
-        total += mtp_activation_bytes(job, shared, dense_kept)
+        ends = shared.head + (0.0 if forward_only else shared.loss_gradients)
+        if lay.vpp == 1 and not forward_only:
+            # The last stage runs each micro-batch's backward right after its forward, the head's
+            # first: its logits and the loss's gradients are freed before any layer holds its
+            # activations again, so the two are not held at once.
+            ends = max(0.0, ends - again)
+        total += ends + mtp_activation_bytes(job, shared, dense_kept)
     return total
 
 

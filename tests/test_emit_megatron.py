@@ -140,6 +140,12 @@ MOE_GIVEN = {
                       "fp8_recipe": "tensorwise"}},
         {"tp": 1, "pp": 2, "ep": 16, "etp": 1, "micro_batch_size": 1, "zero_stage": 1, "stage_layers": [13, 14],
          "recompute": "selective", "recompute_modules": ["mla_up_proj", "layernorm", "moe", "shared_experts"]}),
+    # dp 1, the experts replicated twice (edp 2): their reduction and gathers overlap as priced
+    "qwen3-30b-a3b, tp8 ep4: experts' data parallelism alone": (
+        {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+         "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"}},
+        {"tp": 8, "ep": 4, "etp": 1, "micro_batch_size": 1, "zero_stage": 1, "sequence_parallel": True,
+         "recompute": "full"}),
     "mixtral-8x7b, capacity factor 1.25, top-1": (
         {"model": {"preset": "mixtral-8x7b", "moe_capacity_factor": 1.25, "moe_top_k": 1},
          "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
@@ -436,8 +442,10 @@ def test_the_data_parallel_traffic_runs_as_priced(emitted):
             use_distributed_optimizer="--use-distributed-optimizer" in e.args,
             grad_reduce_in_fp32=("--bf16" in e.args and "--grad-reduce-in-bf16" not in e.args)
             or "--accumulate-allreduce-grads-in-fp32" in e.args)
-        assert config.overlap_grad_reduce == (lay.dp * lay.cp > 1), e
-        assert config.overlap_param_gather == (lay.dp * lay.cp > 1 and lay.zero_stage >= 1
+        # data parallelism of the dense parameters (dp·cp) or of the experts' (edp: dp·cp·tp / ep·etp)
+        replicated = lay.dp * lay.cp > 1 or (e.job.model.is_moe and lay.edp > 1)
+        assert config.overlap_grad_reduce == replicated, e
+        assert config.overlap_param_gather == (replicated and lay.zero_stage >= 1
                                                and behaviour.overlap_param_gather), e
         assert not config.overlap_param_gather or (config.use_distributed_optimizer and config.overlap_grad_reduce), e
         if e.job.training.precision in ("bf16", "fp8", "mxfp8", "nvfp4"):

@@ -269,7 +269,8 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     # the backward, and with the distributed optimizer the weight gathers behind the next forward):
     # Megatron-LM turns both off unless asked (megatron/training/arguments.py), and
     # --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce (validate_args).
-    if lay.dp * lay.cp > 1:
+    # The experts' gradients reduce over their own data-parallel group, which may exceed dp·cp.
+    if lay.dp * lay.cp > 1 or (m.is_moe and lay.edp > 1):
         args.append(("--overlap-grad-reduce", None))
         if lay.zero_stage >= 1 and job.training.engine.overlap_param_gather:
             args.append(("--overlap-param-gather", None))
