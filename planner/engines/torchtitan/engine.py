@@ -47,7 +47,8 @@ SUPPORT = EngineSupport(
                        "(etp = tp: models/common/moe_sharding.py, expert_param_placement_dense) and runs them whole "
                        "where it is on (etp 1), FSDP-sharded over the ranks it leaves (ParallelDims: efsdp = "
                        "dp_shard·cp·tp / ep)"),
-         ("zero_stages", "torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0)"),
+         ("zero_stages", "torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0: FSDP2 over a "
+                         "shard group of one, models/llama3/parallelize.py)"),
          ("sequence_parallel", "torchtitan's tensor parallelism always uses sequence parallelism"),
          ("partial_recompute", "torchtitan's full activation checkpointing wraps every layer"),
          ("cp_shards_states", "torchtitan folds context-parallel ranks into its FSDP mesh: cp > 1 needs "
