@@ -142,8 +142,9 @@ def _zero_stages(case: Case, spec: SearchSpec, pp: int, dp: int, cp: int) -> tup
     zeros = [z for z in engine.zero_stages_for(case.training.precision)
              if spec.admits("zero_stage", z) and not (pp > 1 and z > engine.max_zero_with_pp)]
     offload_only: set[int] = set()
-    if dp * cp == 1:
-        # Nothing to shard over: one ZeRO stage, and those the engine offloads with.
+    if dp * cp == 1 and not case.training.engine.reduce_bucket_buffers:
+        # Nothing to shard over: one ZeRO stage, and those the engine offloads with. (DeepSpeed's
+        # ZeRO-1/2 hold reduction buffers of their own, which its stage 3 does not: each is scored.)
         kept = [z for z in zeros if z == 0] or zeros[:1]
         offload_only = {z for z in zeros if z not in kept and offload_options(spec, z)}
         zeros = [z for z in zeros if z in kept or z in offload_only]

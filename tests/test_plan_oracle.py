@@ -374,7 +374,7 @@ def test_plan_matches_brute_force_oracle_on_hand_made_cases(search, cluster):
     assert not problems, "\n".join(problems)
 
 
-# Megatron recomputes by module: on a small MLA mixture of experts at 12 GiB the answer is
+# Megatron recomputes by module: on a small MLA mixture of experts at 11.5 GiB the answer is
 # selective recomputation of the up-projections, the norms, the dense MLP and the expert part
 # (planner.search.selective_bundles), which the oracle must find among every bundle too.
 MLA_MOE = {
@@ -383,7 +383,7 @@ MLA_MOE = {
               "qk_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "num_experts": 8, "moe_top_k": 2,
               "moe_ffn_hidden_size": 768, "moe_first_dense_layers": 1, "moe_shared_expert_ffn_hidden_size": 512,
               "ffn_hidden_size": 4096},
-    "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4, "memory": "12 GiB"},
+    "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4, "memory": "11.5 GiB"},
     "training": {"global_batch_size": 4, "seq_len": 32768},
     "search": {"target": "megatron", "max_tp": 1, "max_cp": 1},
 }

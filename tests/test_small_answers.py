@@ -30,16 +30,16 @@ def test_size_drops_an_option_another_beats_on_gpus_days_and_spend():
     from planner.size import undominated
 
     h100, b200 = Pick(key="cluster.options[0]"), Pick(key="cluster.options[1]")
-    best = Pick(option=h100, gpus=64, days=10.0, cost=None, gpu_hours=15360.0)
-    worse = Pick(option=h100, gpus=128, days=12.0, cost=None, gpu_hours=36864.0)  # more GPUs for more days
-    trade = Pick(option=h100, gpus=128, days=6.0, cost=None, gpu_hours=18432.0)  # more GPUs for fewer days
+    best = Pick(option=h100, gpus=64, gpus_paid=64, days=10.0, cost=None, gpu_hours=15360.0)
+    worse = Pick(option=h100, gpus=128, gpus_paid=128, days=12.0, cost=None, gpu_hours=36864.0)  # more GPUs for more days
+    trade = Pick(option=h100, gpus=128, gpus_paid=128, days=6.0, cost=None, gpu_hours=18432.0)  # more GPUs for fewer days
     assert undominated([best, worse, trade]) == [best, trade]
     # More GPUs for more days, but cheaper: a trade, kept.
-    priced = Pick(option=h100, gpus=64, days=10.0, cost=40000.0, gpu_hours=15360.0)
-    cheaper = Pick(option=h100, gpus=128, days=12.0, cost=10000.0, gpu_hours=36864.0)
+    priced = Pick(option=h100, gpus=64, gpus_paid=64, days=10.0, cost=40000.0, gpu_hours=15360.0)
+    cheaper = Pick(option=h100, gpus=128, gpus_paid=128, days=12.0, cost=10000.0, gpu_hours=36864.0)
     assert undominated([priced, cheaper]) == [priced, cheaper]
     # Another GPU type's best is no worse for being beaten on a count of another type's GPUs.
-    other = Pick(option=b200, gpus=128, days=12.0, cost=None, gpu_hours=36864.0)
+    other = Pick(option=b200, gpus=128, gpus_paid=128, days=12.0, cost=None, gpu_hours=36864.0)
     assert undominated([best, other]) == [best, other]
 
 
