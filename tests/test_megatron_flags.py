@@ -99,6 +99,8 @@ def test_no_flag_megatron_core_defines_is_taken_for_a_misspelling():
     (("--bf16", "--bf16 --optimizer"), "--optimizer", "takes a value, and none follows it"),
     # argparse strips nothing: " adam" is no choice (it was read as adam and refused as not adam)
     (("--bf16", "--bf16 '--optimizer= adam'"), "--optimizer", "got ' adam'"),
+    # core_v0.16.1 arguments.py: --tokenizer-type's choices
+    (("--bf16", "--bf16 --tokenizer-type FooTokenizer"), "--tokenizer-type", "got 'FooTokenizer'"),
 ])
 def test_a_value_megatrons_parser_refuses_is_refused(tmp_path, change, flag, said):
     args = ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
@@ -369,6 +371,33 @@ def test_the_layers_given_experts_are_the_cases(tmp_path):
         diagnosed(tmp_path, DEEPSEEK_V3_ARGS + "--moe-layer-freq ([0]*2+[1]*58)", DEEPSEEK_V3_ON_256)
     with pytest.raises(CaseError, match="--moe-layer-freq: expected an integer or a list expression"):
         diagnosed(tmp_path, DEEPSEEK_V3_ARGS + "--moe-layer-freq __import__('os')", DEEPSEEK_V3_ON_256)
+    # a list of lists is no layer pattern (Megatron-LM: "Invalid layer pattern"); it was said to give
+    # 61 of the 61 layers experts, the case's model 61 of 61
+    with pytest.raises(CaseError, match="--moe-layer-freq: expected an integer or a list expression"):
+        diagnosed(tmp_path, DEEPSEEK_V3_ARGS + "--moe-layer-freq [[1]]*61", DEEPSEEK_V3_ON_256)
+
+
+MISTRAL_ON_8 = ("model: {preset: mistral-7b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 8}\n"
+                "training: {global_batch_size: 64, seq_len: 8192, engine: megatron}\n")
+MISTRAL_ARGS = ("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+                "--global-batch-size 64 --seq-length 8192 --bf16 --num-layers 32 --hidden-size 4096 "
+                "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 ")
+
+
+@pytest.mark.parametrize("given, flag, said", [
+    ("--window-size 128,0", "--window-size", "128,0 differs from the case's window of 4096 keys to the left"),
+    ("--window-size abc", "--window-size", "Megatron-LM's parser refuses it (tuple_type)"),
+    ("--window-size nan,inf", "--window-size", "got 'nan,inf'"),
+    ("--window-size 4096,0 --window-attn-skip-freq 2", "--window-attn-skip-freq", "2 differs from the case's none"),
+    ("--window-size 4096,0 --window-attn-skip-freq xyz", "--window-attn-skip-freq", "expected an integer"),
+])
+def test_a_window_megatron_would_build_otherwise_or_refuse_is_refused(tmp_path, given, flag, said):
+    """Mistral 7B's window of 4096 in every layer: any --window-size was read back as the case's, and
+    values Megatron-LM's tuple_type refuses passed, exit 0."""
+    assert diagnosed(tmp_path, MISTRAL_ARGS + "--window-size 4096,0", MISTRAL_ON_8).estimate
+    with pytest.raises(CaseError) as error:
+        diagnosed(tmp_path, MISTRAL_ARGS + given, MISTRAL_ON_8)
+    assert error.value.key == flag and said in error.value.expected, str(error.value)
 
 
 def test_a_mock_data_vocabulary_is_the_cases_or_pads_to_it(tmp_path):

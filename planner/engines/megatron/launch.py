@@ -240,6 +240,9 @@ ARGPARSE_CHOICES = {
     "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
     "--main-grads-dtype": ("fp32", "bf16"),
     "--megatron-fsdp-main-grads-dtype": ("fp32", "bf16", "fp16", "auto"),
+    "--tokenizer-type": ("BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer", "SentencePieceTokenizer",
+                         "GPTSentencePieceTokenizer", "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer",
+                         "MultimodalTokenizer", "NullTokenizer", "NullMultimodalTokenizer", "SFTTokenizer"),
 }
 # The arguments read() reads that Megatron-LM's parser takes as type=float.
 FLOAT_FLAGS = ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",

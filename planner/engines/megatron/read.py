@@ -256,6 +256,7 @@ def _check_model(args: _Args, model, training) -> None:
                                        f"(model.{flag[2:].replace('-', '_')}: the expert dispatch is priced by it)")
     if "--num-experts" in args.flags:
         _check_moe_layers(args, model)
+    _check_window(args, model)
     _check_vocab(args, model)
     mtp = args.integer("--mtp-num-layers", 0)
     if mtp != model.mtp_layers:
@@ -321,11 +322,14 @@ def moe_layer_flags(args: _Args, layers: int) -> list[int]:
         every = args.integer("--moe-layer-freq", 1)
         return [1 if i % every == 0 else 0 for i in range(layers)]
 
-    def value(node: ast.AST):
+    def entry(node: ast.AST) -> int:
         if isinstance(node, ast.Constant) and type(node.value) is int and node.value in (0, 1):
             return node.value
-        if isinstance(node, (ast.List, ast.Tuple)):
-            return [value(e) for e in node.elts]
+        raise CaseError(args.src, "--moe-layer-freq", f"expected {expected}")
+
+    def value(node: ast.AST):
+        if isinstance(node, (ast.List, ast.Tuple)):  # a list of 0s and 1s, not of lists
+            return [entry(e) for e in node.elts]
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             left, right = value(node.left), value(node.right)
             if isinstance(left, list) and isinstance(right, list) and len(left) + len(right) <= MAX_LAYERS:
@@ -349,6 +353,40 @@ def moe_layer_flags(args: _Args, layers: int) -> list[int]:
         raise CaseError(args.src, "--moe-layer-freq", f"lists {len(pattern) if isinstance(pattern, list) else 1} "
                                                       f"layers; megatron-core expects one entry per layer, {layers}")
     return pattern
+
+
+def _check_window(args: _Args, model) -> None:
+    """``--window-size`` as Megatron-LM's parser reads it (``tuple_type``: integers, "4096,0") and
+    ``--window-attn-skip-freq`` (an integer N: every N-th layer full), each the case's where both
+    have a window (``model.sliding_window``, ``sliding_window_full_every``): a window of 128 read
+    back as the case's 4096 was priced as 4096 without a word. (Where only one of them has a window,
+    a note says so.)"""
+    text = args.flags.get("--window-size")
+    window = None
+    if text is not None:
+        try:
+            window = tuple(int(part) for part in text.strip().strip("()").split(","))
+        except ValueError:
+            raise CaseError(args.src, "--window-size", f"expected integers such as 4096,0 (keys to the left, to the "
+                                                       f"right), got {one_line(text, 60)!r}: Megatron-LM's parser "
+                                                       "refuses it (tuple_type), and the run would not start") from None
+    skip = (args.flags.get("--window-attn-skip-freq") or "").strip()
+    if skip.startswith(("[", "(")):
+        raise CaseError(args.src, "--window-attn-skip-freq", f"{one_line(skip, 60)}: a layer pattern, which this "
+                                                             "reader does not read; give the integer N (every N-th "
+                                                             "layer full), as the case's model.sliding_window_full_every")
+    every = args.integer("--window-attn-skip-freq")
+    if window is None or not model.sliding_window:
+        return
+    if window != (model.sliding_window, 0):
+        raise CaseError(args.src, "--window-size", f"{text} differs from the case's window of {model.sliding_window} "
+                                                   "keys to the left and none to the right (model.sliding_window: "
+                                                   "the attention is priced by it)")
+    if (every or 0) != model.sliding_window_full_every:
+        said = every if every is not None else "absent (every layer windowed)"
+        raise CaseError(args.src, "--window-attn-skip-freq",
+                        f"{said} differs from the case's {model.sliding_window_full_every or 'none'} "
+                        "(model.sliding_window_full_every: every N-th layer attends to every key)")
 
 
 def _check_moe_layers(args: _Args, model) -> None:
