@@ -321,6 +321,7 @@ def validate_published_command(
     leave_family_out: bool = typer.Option(False, "--leave-family-out",
                                           help="Also refit the figures fitted to published runs without each MoE "
                                                "family's runs and score the family (minutes: about five of CPU)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the --write-bands file if it exists."),
 ) -> None:
     """Score the cost model on published runs: throughput and memory per source, layout-sweep
     regret and rank correlation, the gain plan claims over tuned recipes, and what a few of a
@@ -336,7 +337,7 @@ def validate_published_command(
     try:
         write_bands = _file_option("--write-bands", write_bands)
         if write_bands is not None:  # before the work: a folder it cannot write is said at once
-            check_writable([Output(write_bands, "", "--write-bands")], True)
+            check_writable([Output(write_bands, "", "--write-bands")], force)
         with terminal_progress("planning the tuned recipes") as progress:
             result = evaluate(load_rows(runs) if runs else None, experts=experts, progress=progress)
         if not result.rows:  # nothing readable: an empty table would look like a pass
@@ -362,7 +363,7 @@ def validate_published_command(
             if too_few:
                 raise CaseError("--write-bands", "", too_few)
             drawn_from = ", ".join(str(r) for r in runs) if runs else "the repo's published runs (planner/published/*.yaml)"
-            write_all([Output(write_bands, bands.render(document, drawn_from), "--write-bands")], True, last=True)
+            write_all([Output(write_bands, bands.render(document, drawn_from), "--write-bands")], force, last=True)
     except CaseError as error:
         _fail(error)
     if as_json:

@@ -324,6 +324,11 @@ def test_a_zero_key_deepspeed_refuses_and_ulysses_are_refused(tmp_path):
 @pytest.mark.parametrize("changes, key, said", [
     ({"zero_optimization.reduce_bucket_size": -5}, "zero_optimization.reduce_bucket_size", "at least 0"),
     ({"zero_optimization.reduce_bucket_size": 1e999}, "zero_optimization.reduce_bucket_size", "at least 0"),
+    # DeepSpeedZeroConfig: Field(ge=0) for the stage-3 sizes too (-5 and Infinity went by, exit 0)
+    ({"zero_optimization.stage3_prefetch_bucket_size": -5}, "zero_optimization.stage3_prefetch_bucket_size",
+     "at least 0"),
+    ({"zero_optimization.stage3_max_live_parameters": 1e999}, "zero_optimization.stage3_max_live_parameters",
+     "at least 0"),
     ({"zero_optimization.overlap_comm": [1]}, "zero_optimization.overlap_comm", "expected true or false"),
     ({"communication_data_type": "fp17"}, "communication_data_type", "expected fp32, fp16 or bf16"),
     ({"compile": True}, "compile", "expected a mapping"),

@@ -1049,3 +1049,18 @@ def test_a_file_to_write_given_with_a_trailing_slash_is_refused(tmp_path, args):
     result = cli(*(a.format(case=case, tmp=tmp_path) for a in args))
     one_line_error(result, "ends in '/', which names a folder; expected a file's path")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["case.yaml"]
+
+
+def test_write_bands_keeps_an_existing_file_unless_forced(tmp_path):
+    """--write-bands replaced any file it was given (the command had no --force), where every other
+    output refuses "exists; pass --force", before the work."""
+    rows = [r for r in yaml.safe_load(open("planner/published/published_runs.yaml")) if r.get("id", "").startswith("mpt")]
+    runs = write(tmp_path / "runs.yaml", yaml.safe_dump(rows[:1]))
+    kept = write(tmp_path / "keep.yaml", "KEEP ME\n")
+    start = time.monotonic()
+    one_line_error(cli("validate-published", str(runs), "--no-experts", "--write-bands", str(kept)),
+                   f"{kept}: --write-bands: exists; pass --force")
+    assert time.monotonic() - start < QUICK_S and kept.read_text() == "KEEP ME\n"
+    # with --force it goes on to the scoring (which this one run cannot give bands)
+    one_line_error(cli("validate-published", str(runs), "--no-experts", "--write-bands", str(kept), "--force"),
+                   "error: --write-bands: 1 scored run: bands need at least 20")

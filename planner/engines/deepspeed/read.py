@@ -166,7 +166,11 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
             del zero[key]
         elif key in zero:
             zero[key] = _lax_bool(src, f"zero_optimization.{key}", zero[key])
-    for key, least in (("reduce_bucket_size", 0), ("allgather_bucket_size", 0), ("zero_hpz_partition_size", 1)):
+    # (DeepSpeedZeroConfig's stage3 sizes: Field(ge=0), as its buckets')
+    for key, least in (("reduce_bucket_size", 0), ("allgather_bucket_size", 0), ("zero_hpz_partition_size", 1),
+                       ("stage3_prefetch_bucket_size", 0), ("stage3_max_live_parameters", 0),
+                       ("stage3_param_persistence_threshold", 0), ("stage3_max_reuse_distance", 0),
+                       ("stage3_model_persistence_threshold", 0), ("sub_group_size", 0)):
         if zero.get(key) == "auto":
             del zero[key]
         elif key in zero:
