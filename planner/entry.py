@@ -4,7 +4,8 @@ Loading the CLI (typer, rich, the cost models) takes a quarter of a second. A Ct
 ``kill`` in that time ends the command as one arriving later does (:func:`planner.cli.main`):
 "interrupted" on stderr, exit 130 (143 by SIGTERM, 129 by SIGHUP), nothing written (nothing has
 been yet), rather than Python's traceback or a bare death by the signal. This module imports nothing of the planner but the
-package itself, whose names load on first use.
+package itself, whose names (CaseError's module too) load on first use: the handlers are set before
+any of the planner's own modules runs.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ def _interrupted_while_loading(signum, frame) -> None:
     os._exit(128 + signum)  # 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP, as a shell reports a death by each
 
 
-def main() -> None:
-    from .errors import INTERRUPTS  # loaded with the package
+# The signals a command answers as an interrupt (planner.errors reads them from here).
+INTERRUPTS = ("SIGINT", "SIGTERM", "SIGHUP")
 
+
+def main() -> None:
     for signum in (getattr(signal, name) for name in INTERRUPTS):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup and background jobs ignore them
             signal.signal(signum, _interrupted_while_loading)

@@ -54,8 +54,9 @@ class Interrupted(BaseException):
 _RECEIVED: list[str] = []
 # The signals the CLI answers as interrupts: Ctrl-C, `kill`, and the terminal closing (SIGHUP, whose
 # default death would leave a calibration's run folder behind). Each ends a command with 128 + its
-# number, "interrupted", nothing written and no process left.
-INTERRUPTS = ("SIGINT", "SIGTERM", "SIGHUP")
+# number, "interrupted", nothing written and no process left. Named in the entry point, which sets
+# its handlers before this module loads.
+from .entry import INTERRUPTS  # noqa: E402
 _DEFERRING = [0]  # depth of interrupts_deferred blocks now running
 
 
