@@ -10,9 +10,9 @@ from .activations import (embedding_activation_bytes, head_activation_bytes, lay
                           layer_activations, loss_gradient_bytes, mtp_projection_activation_bytes)
 from .experts import alltoall_buffer_bytes
 from .flops import layer_gemms
-from .model_states import (StateBytes, bucket_copy_bytes, folds_gradients_into_fp32, fp32_gradients,
-                           gathered_weight_bytes, keeps_weights_quantized,
-                           quantizes_weights_once_a_step, sharded_state_bytes, state_bytes, zero_shards)
+from .model_states import (StateBytes, bucket_copy_bytes, folds_gradients_into_fp32, gathered_weight_bytes,
+                           keeps_weights_quantized, quantizes_weights_once_a_step, sharded_state_bytes, state_bytes,
+                           working_bytes, zero_shards)
 from .offload import gradients_on_host, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
                          router_parameters, shared_expert_parameters, stage_dense_linear_parameters,
@@ -335,7 +335,7 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
             # The stage's gradients whole in the reduce dtype, and its 16-bit weights gathered at the
             # end of each backward in place of the two units in flight (an upper bound: at that
             # moment the micro-batch just done has freed its activations).
-            gradients = (params.dense + params.expert) * (4 if fp32_gradients(job.training) else 2)
+            gradients = (params.dense + params.expert) * working_bytes(job.training).gradients
             other += (params.dense + params.expert) * gathered_weight_bytes(job.training) - zero3_gather_bytes(job)
         out.append(StageMemory(
             stage=stage,
@@ -350,13 +350,14 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
 
 def reduce_bucket_bytes(job: Job) -> float:
     """The ZeRO-1/2 optimizer's reduction buffers (``EngineBehaviour.reduce_bucket_buffers``) of
-    ``bucket_params`` elements each, in the dtype it accumulates gradients in: fp32 where the
-    gradients are (DeepSpeed's ``use_grad_accum_attribute``), else 16-bit. Not where DeepSpeed's
+    ``bucket_params`` elements each, in the dtype it accumulates gradients in
+    (:func:`model_states.working_bytes`: fp32 where the gradients are, DeepSpeed's
+    ``use_grad_accum_attribute``, else 16-bit). Not where DeepSpeed's
     BF16_Optimizer runs ZeRO-1 instead (:func:`model_states.folds_gradients_into_fp32`)."""
     engine, lay = job.training.engine, job.layout
     if not engine.reduce_bucket_buffers or lay.zero_stage not in (1, 2) or folds_gradients_into_fp32(job):
         return 0.0
-    return engine.reduce_bucket_buffers * engine.bucket_params * (4 if fp32_gradients(job.training) else 2)
+    return engine.reduce_bucket_buffers * engine.bucket_params * working_bytes(job.training).gradients
 
 
 def accumulates_unsharded(job: Job) -> bool:

@@ -136,9 +136,17 @@ def embedding_and_loss_partition(layers: int, pp: int, vpp: int, embedding: bool
     count as a layer each of the first and the last virtual stage, and the pp·vpp virtual
     stages split the units evenly (``megatron/core/transformer/transformer_block.py``,
     ``get_num_layers_to_build``). Rank i holds virtual stages i, pp + i, …; the returned
-    counts are per rank, the chunks :func:`default_chunk_layers`'."""
-    per_virtual = (layers + embedding + loss) // (pp * vpp)
-    counts = [vpp * per_virtual] * pp
+    counts are per rank, of :func:`embedding_and_loss_chunks`."""
+    return tuple(map(sum, rank_chunks(embedding_and_loss_chunks(layers, pp, vpp, embedding, loss), pp)))
+
+
+def embedding_and_loss_chunks(layers: int, pp: int, vpp: int, embedding: bool, loss: bool) -> tuple[int, ...]:
+    """The layers of the pp·vpp virtual stages in model order under the account flags: the units
+    (layers, the embedding, the loss) split evenly, the first virtual stage one layer short for the
+    embedding and the last for the loss (``get_num_layers_to_build``: 7 and 8 on the first rank of
+    126 + 2 units over 8 ranks of 2 chunks)."""
+    stages = pp * vpp
+    counts = [(layers + embedding + loss) // stages] * stages
     counts[0] -= embedding
     counts[-1] -= loss
     return tuple(counts)
@@ -194,11 +202,7 @@ def default_chunk_layers(model: ModelSpec, layout: Layout) -> Optional[tuple[int
         return None
     embedding, loss = layout.account_for_embedding_in_pipeline_split, layout.account_for_loss_in_pipeline_split
     if embedding or loss:
-        stages = layout.pp * layout.vpp
-        counts = [(model.num_layers + embedding + loss) // stages] * stages
-        counts[0] -= embedding
-        counts[-1] -= loss
-        return tuple(counts)
+        return embedding_and_loss_chunks(model.num_layers, layout.pp, layout.vpp, embedding, loss)
     if model.num_layers % (layout.pp * layout.vpp) == 0:
         return None
     return virtual_stage_layers(model.num_layers, layout.pp, layout.vpp)

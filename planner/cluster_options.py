@@ -33,7 +33,7 @@ class ClusterOption:
     max_gpus: Optional[int]  # None: the case sets no limit (then --max-gpus or --max-nodes must)
     gpu_hour_cost: Optional[float]
     # GPUs paid for per unit where the job uses fewer of each NVLink domain than it holds (72 where
-    # it runs on 64 of each NVL72 rack: :func:`part_racks`); None: the unit, every GPU used.
+    # it runs on 64 of each NVL72 rack: :func:`part_rack`); None: the unit, every GPU used.
     rack: Optional[int] = None
 
     @property

@@ -217,8 +217,8 @@ DEADLINE_NOT_MET = "deadline not met"  # clusters within the limits fit, none me
 OVER_BUDGET = "over budget"  # no layout fits within the limits (the budget, else the case's); a larger cluster fits
 NOTHING_FITS = "nothing fits"  # no layout fits within the limits, nor on any cluster past them the search tried
 STATUSES = (OK, DEADLINE_NOT_MET, OVER_BUDGET, NOTHING_FITS)
-_CHOICE_KEYS = ("gpu", "option", "gpus", "nodes", "gpus_paid", "nvlink_domain", "engine", "layout", "step_time_s", "tokens_per_s", "days",
-                "gpu_hours", "cost", "mfu")
+_CHOICE_KEYS = ("gpu", "option", "gpus", "nodes", "gpus_paid", "nvlink_domain", "engine", "layout", "step_time_s",
+                "tokens_per_s", "days", "gpu_hours", "cost", "mfu")
 
 
 @dataclass(frozen=True)
