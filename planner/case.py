@@ -187,7 +187,10 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
     search = read_search(src, data.get("search"), training, model)  # a bad search key fails `estimate` as `plan`
     fitted = read_fitted(profile[0], profile[1].get("fitted")) if profile else None
-    check_usable_memory(src, cluster, overheads, search, "cuda_context" in (data.get("overheads") or {}), cluster_key)
+    entry = data["cluster"]["options"][0] if isinstance(data["cluster"], dict) and "options" in data["cluster"] \
+        else data["cluster"]  # size's first GPU type, else the one cluster
+    check_usable_memory(src, cluster, overheads, search, "cuda_context" in (data.get("overheads") or {}), cluster_key,
+                        entry)
     case = Case(src, model, cluster, training, layout, overheads, search, fitted)
     if layout is not None:
         case.job()  # cross-checks now, so a bad layout is reported at load time
@@ -195,15 +198,19 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
 
 
 def check_usable_memory(src: str, cluster, overheads: Overheads, search: SearchSpec, context_stated: bool,
-                        cluster_key: str = "cluster") -> None:
+                        cluster_key: str = "cluster", section: Any = None) -> None:
     """What the caching allocator may use (``memory.usable_bytes``) is some memory: a CUDA context
     as large as the GPU left a negative usable memory, printed as "fits up to -23.1 GB". Named
-    where the case gives the GPU (``cluster_key``: cluster.options[i] for one of `size`'s types)."""
+    where the case gives the GPU (``cluster_key``: cluster.options[i] for one of `size`'s types)
+    and its memory (``section``, that cluster entry: its ``memory``, else its profile's or its GPU's)."""
     memory = cluster.gpu.memory_bytes
     if usable_bytes(memory, overheads, search.headroom) > 0:
         return
     below = memory * (1 - search.headroom) / 2**30
-    key = "overheads.cuda_context" if context_stated else f"{cluster_key}.memory"
+    given = section if isinstance(section, dict) else {}
+    key = "overheads.cuda_context" if context_stated else f"{cluster_key}.memory" if "memory" in given \
+        else f"{cluster_key}.profile" if "profile" in given \
+        else f"{cluster_key}.gpu.memory" if isinstance(given.get("gpu"), dict) else f"{cluster_key}.memory"
     raise CaseError(src, key, f"leaves the allocator no memory: {overheads.cuda_context / 2**30:g} GiB outside it of "
                               f"{memory / 2**30:g} GiB less {search.headroom:.0%} headroom; expected a CUDA context "
                               f"below {below:.4g} GiB")

@@ -319,8 +319,9 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
     loaded = build_case({k: v for k, v in data.items() if k != "layout"}, src, base,
                         cluster=first.cluster(first.unit), cluster_key=first.key)
     stated = "cuda_context" in (data.get("overheads") or {})
-    for option in options[1:]:  # each GPU type leaves the allocator some memory, named where it is given
-        check_usable_memory(src, option.cluster(option.unit), loaded.overheads, loaded.search, stated, option.key)
+    for i, option in enumerate(options[1:], 1):  # each GPU type leaves the allocator some memory, named where it is given
+        check_usable_memory(src, option.cluster(option.unit), loaded.overheads, loaded.search, stated, option.key,
+                            data["cluster"]["options"][i])
     return loaded, options
 
 

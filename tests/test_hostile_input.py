@@ -947,6 +947,29 @@ def test_a_profile_without_its_gpu_names_the_key_as_written(tmp_path):
     assert str(info.value) == f"{written}: gpu: missing"
 
 
+@pytest.mark.parametrize("given, key", [
+    ({"profile": "PROFILE"}, "cluster.profile"),
+    ({"profile": "PROFILE", "memory": "1 GiB"}, "cluster.memory"),
+    ({"gpu": {"memory": "1 GiB", "peak_tflops": {"bf16": 100}, "hbm_bandwidth": "1 TB/s",
+              "intra_node_bandwidth": "100 GB/s", "inter_node_bandwidth": "10 GB/s", "gpus_per_node": 8,
+              "nvlink_domain": 8}}, "cluster.gpu.memory"),
+])
+def test_a_gpu_memory_that_leaves_nothing_is_named_where_it_is_given(tmp_path, given, key):
+    """A profile's gpu.memory of 1 GiB (under the 1 GiB CUDA context) was blamed on the case's
+    cluster.memory, a key the case did not have."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    profile["gpu"]["memory"] = "1 GiB"
+    written = tmp_path / "profile.yaml"
+    written.write_text(yaml.safe_dump(profile))
+    cluster = {k: (str(written) if v == "PROFILE" else v) for k, v in given.items()}
+    case = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
+            "cluster": {**cluster, "num_gpus": 1},
+            "training": {"global_batch_size": 2, "seq_len": 64, "precision": "fp32"}}
+    with pytest.raises(CaseError) as info:
+        planner.estimate(case)
+    assert info.value.key == key and "leaves the allocator no memory" in str(info.value), str(info.value)
+
+
 def test_size_names_the_option_that_gave_a_value_and_the_entry_that_cannot_run_the_case(tmp_path):
     """--tokens 1K was refused as the case file's key 'tokens'; a V100 among the options, which has no
     bf16, was refused as cluster.gpu.peak_tflops, a key an options case does not have."""
