@@ -73,11 +73,12 @@ def estimate_command(
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
 ) -> None:
     """Memory per GPU of the case's layout, by term, and whether it fits."""
-    _warn_profile(case)
+    warned = _profile_warnings(case)
     try:
         est = estimate(case)
     except CaseError as error:
         _fail(error)
+    _say(warned)
     if as_json:
         print(json.dumps(est.to_dict(), indent=2))
     else:
@@ -88,12 +89,18 @@ def estimate_command(
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
-def _warn_profile(case: Path) -> None:
-    """A quick or poorly fitted hardware profile is said on stderr, never used silently."""
+def _profile_warnings(case: Path) -> list[str]:
+    """A quick or poorly fitted hardware profile is said on stderr, never used silently: the lines,
+    said (:func:`_say`) once the command has read its case whole, so that a case refused later is
+    one line, the refusal."""
     from .case import profile_warnings
 
-    for warning in profile_warnings(case):
-        print(f"warning: {one_line(warning, 1000)}", file=sys.stderr)
+    return [f"warning: {one_line(warning, 1000)}" for warning in profile_warnings(case)]
+
+
+def _say(lines: list[str]) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
 
 
 @app.command("plan")
@@ -123,7 +130,7 @@ def plan_command(
 
     written: list[Path] = []
     notes: list[str] = []
-    _warn_profile(case)
+    warned = _profile_warnings(case)
     try:
         plot = _file_option("--plot", plot)
         if emit is not None and emit not in ENGINES:
@@ -178,6 +185,7 @@ def plan_command(
         notes += removed_notes(removed)
     except CaseError as error:
         _fail(error)
+    _say(warned)
     for note in notes:
         print(f"note: {one_line(note, 1000)}", file=sys.stderr)
     if as_json:
@@ -214,7 +222,7 @@ def size_command(
     With neither --deadline nor a budget: the front of days against GPU-hours (cost), its knee marked."""
     from .size import size, size_target
 
-    _warn_profile(case)
+    warned = _profile_warnings(case)
     options = {"tokens": "--tokens", "deadline": "--deadline", "max_gpus": "--max-gpus", "max_nodes": "--max-nodes",
                "gpu_hour_cost": "--gpu-hour-cost", "top_k": "--top"}
     try:
@@ -232,6 +240,7 @@ def size_command(
         if error.source == "size" and error.key in options:  # the API's argument is this command's option
             error = CaseError(options[error.key], "", error.expected)
         _fail(error)
+    _say(warned)
     notes = ((ignored,) if ignored else ()) + result.notes
     for note in notes:
         print(f"note: {one_line(note, 1000)}", file=sys.stderr)

@@ -65,3 +65,16 @@ def test_model_presets_are_case_insensitive_and_layout_keys_are_sent_to_layout()
 def test_version():
     done = run_cli("--version")
     assert done.returncode == 0 and done.stdout.startswith("layout-planner ")
+
+
+def test_a_case_refused_after_its_profile_was_read_is_one_line_too(tmp_path):
+    """A poorly fitted profile's warnings were printed as it was read, before a refusal of the case's
+    layout (estimate: tp 3 of 8 GPUs; plan: a tp of true): three lines on stderr where the contract is one."""
+    case = profile(tmp_path, quick=True, error=0.39)
+    doc = yaml.safe_load(case.read_text())
+    for command, layout in (("estimate", {"dp": 1, "tp": 3, "micro_batch_size": 1}), ("plan", {"tp": True})):
+        case.write_text(yaml.safe_dump({**doc, "layout": layout}))
+        done = run_cli(command, str(case))
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "warning" not in done.stderr, done.stderr
+    assert len([line for line in run_cli("plan", str(profile(tmp_path, quick=True, error=0.39))).stderr.splitlines()
+                if line.startswith("warning: ")]) == 2
