@@ -14,7 +14,7 @@ from .engines import ENGINES, Engine, EngineSupport
 from .engines.megatron import recompute_module_refusals
 from .errors import CaseError
 from .fields import describe, read_bool, read_int, read_mapping, read_number, read_str
-from .limits import MAX_HEADROOM, MAX_TOP_K
+from .limits import MAX_HEADROOM, MAX_INT, MAX_TOP_K
 
 PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
             "recompute_num_layers", "recompute_modules", "offload_optimizer", "offload_params", "offload_activations",
@@ -246,9 +246,11 @@ def _bounds(src: str, data: dict) -> dict[str, tuple]:
     bounds: dict[str, tuple] = {}
     for name in BOUNDED:
         least = 0 if name == "zero_stage" else 1  # every other degree is a count of at least one
-        low = read_int(src, f"search.min_{name}", data[f"min_{name}"], minimum=least) if f"min_{name}" in data else None
-        high = read_int(src, f"search.max_{name}", data[f"max_{name}"], minimum=least) if f"max_{name}" in data \
-            else None
+        most = 3 if name == "zero_stage" else MAX_INT  # ZeRO's stages: 0 to 3, as the pin's
+        low = read_int(src, f"search.min_{name}", data[f"min_{name}"], minimum=least, maximum=most) \
+            if f"min_{name}" in data else None
+        high = read_int(src, f"search.max_{name}", data[f"max_{name}"], minimum=least, maximum=most) \
+            if f"max_{name}" in data else None
         if low is not None and high is not None and low > high:
             raise CaseError(src, f"search.min_{name}", f"must not exceed max_{name} ({high}), got {low}")
         if low is not None or high is not None:

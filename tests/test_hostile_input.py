@@ -197,6 +197,8 @@ def test_megatron_arguments_that_would_expand_without_end_are_refused(tmp_path, 
     ("model: {preset: llama2-7b}\nmodel: {preset: llama2-13b}\n", "model", "given twice"),
     ("model: {preset: llama2-7b, preset: llama2-13b}\n", "model.preset", "given twice"),
     ("search: {bogus: 1}", "search.bogus", "unknown key"),
+    # a bound past ZeRO's stages (2**62) was taken, where the pin is held to 0-3
+    ("search: {max_zero_stage: 4611686018427387904}", "search.max_zero_stage", "expected an integer <= 3"),
     ("cluster: {gpu: a100-sxm-80gb, num_gpus: 8, intra_node_bandwidth: '1e-320 GB/s'}",
      "cluster.intra_node_bandwidth", "between 1 B/s"),
     ("cluster: {gpu: a100-sxm-80gb, num_gpus: 8, performance: {gemm_efficiency: 1.0e-320}}",
