@@ -27,8 +27,8 @@ from .fields import (describe, read_bool, read_figure, read_file_path, read_for,
                      read_str, read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import load_yaml, read_text
-from .limits import (MAX_BATCH_TOKENS, MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE,
-                     MAX_SEQ_LEN, MAX_STRING_CHARS, MAX_VOCAB)
+from .limits import (MAX_BATCH_TOKENS, MAX_CASE_YAML_NODES, MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_LAYERS,
+                     MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_STRING_CHARS, MAX_VOCAB)
 from .presets import closest, model_presets
 from .search_options import SearchSpec, read_module_names, read_search, training_for_target
 from .units import parse_memory
@@ -127,8 +127,8 @@ def read_case(case: Any) -> tuple[Any, str, Path]:
 
 
 # The last case files parsed, by their contents: `plan` reads its case up to four times (the layout
-# section it ignores, the sizing keys it does not read, the case), and a case of 249,000 YAML nodes
-# took 3 s a parse. The text is read each time (a file rewritten between calls is read as it is now);
+# section it ignores, the sizing keys it does not read, the case), and a parse of a case at its
+# bound of nodes (limits.MAX_CASE_YAML_NODES) takes a quarter of a second. The text is read each time (a file rewritten between calls is read as it is now);
 # each caller gets its own copy of what it parses to.
 _PARSED: dict[tuple[str, str], Any] = {}
 
@@ -137,7 +137,7 @@ def _parsed(path: Path) -> Any:
     text, source = read_text(path, "YAML"), os.fsdecode(path)
     key = (source, text)
     if key not in _PARSED:
-        data = load_yaml(text, source)
+        data = load_yaml(text, source, MAX_CASE_YAML_NODES)
         if len(_PARSED) >= 4:
             _PARSED.clear()
         _PARSED[key] = data

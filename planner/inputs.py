@@ -114,8 +114,9 @@ class _BudgetComposer(Composer):
     aliases nest.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_nodes: int = MAX_YAML_NODES) -> None:
         super().__init__()
+        self.max_nodes = max_nodes
         self.nodes = 0
         self.aliases = 0
         self.depth = 0
@@ -123,8 +124,8 @@ class _BudgetComposer(Composer):
 
     def _spend(self, count: int, mark) -> None:
         self.nodes += count
-        if self.nodes > MAX_YAML_NODES:
-            raise _Refused("", f"holds more than {MAX_YAML_NODES:,} YAML nodes (aliases expanded){_line(mark)}; "
+        if self.nodes > self.max_nodes:
+            raise _Refused("", f"holds more than {self.max_nodes:,} YAML nodes (aliases expanded){_line(mark)}; "
                                "expected a smaller document")
 
     def compose_node(self, parent, index):
@@ -219,9 +220,9 @@ except ImportError:  # pragma: no cover - PyYAML without libyaml
 
 
 class BoundedLoader(_BudgetComposer, _Parser, _CheckedConstructor, Resolver):
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, max_nodes: int = MAX_YAML_NODES) -> None:
         _Parser.__init__(self, stream)
-        _BudgetComposer.__init__(self)
+        _BudgetComposer.__init__(self, max_nodes)
         _CheckedConstructor.__init__(self)
         Resolver.__init__(self)
 
@@ -252,9 +253,10 @@ def _duplicate_key(node, path: str = "", seen: Optional[set] = None) -> Optional
     return None
 
 
-def load_yaml(text: str, source: str) -> Any:
-    """Safe-load YAML text within the budget; ``source`` names it in errors."""
-    loader = BoundedLoader(text)
+def load_yaml(text: str, source: str, max_nodes: int = MAX_YAML_NODES) -> Any:
+    """Safe-load YAML text within the budget (``max_nodes``: a case file's is smaller); ``source``
+    names it in errors."""
+    loader = BoundedLoader(text, max_nodes)
     try:
         node = loader.get_single_node()
         if node is None:

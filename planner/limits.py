@@ -16,6 +16,9 @@ MAX_LOG_BYTES = 256 * 2**20
 # (the presets use a handful) and nesting depth: a "billion laughs" document or a
 # multi-million-entry list is refused before it is built.
 MAX_YAML_NODES = 250_000
+# A case file's nodes: its sections hold hundreds (an inline GPU, fabric and performance mapping a few
+# hundred more). A case of 240,000 list items was refused as an unknown key after 3-9 s of parsing.
+MAX_CASE_YAML_NODES = 20_000
 MAX_YAML_ALIASES = 100
 MAX_NESTING = 100
 # Integers anywhere in a case: within a 64-bit integer, so every figure converts to a
