@@ -16,6 +16,10 @@ RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "layernorm", "mlp", "moe_act", "moe", "shared_experts")
 
 
+# ZeRO's stages (Rajbhandari et al. 2020, §5): none, optimizer states, gradients too, weights too.
+ZERO_STAGES = (0, 1, 2, 3)
+
+
 def rank_chunks(virtual: Sequence[int], pp: int) -> list[tuple[int, ...]]:
     """Each pipeline rank's model chunks, from the layers of the pp·vpp virtual stages in model
     order: virtual stage v·pp + r is rank r's v-th (Megatron's interleaved order)."""
@@ -71,7 +75,7 @@ class Layout:
             _positive_int(s, name, getattr(self, name))
         if self.etp is not None:
             _positive_int(s, "etp", self.etp)
-        if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in ZERO_STAGES:
             raise SpecError(s, "zero_stage", f"expected 0, 1, 2 or 3, got {self.zero_stage!r}")
         if not isinstance(self.sequence_parallel, bool):
             raise SpecError(s, "sequence_parallel", f"expected true or false, got {self.sequence_parallel!r}")

@@ -128,7 +128,8 @@ def read_case(case: Any) -> tuple[Any, str, Path]:
 
 # The last case files parsed, by their contents: `plan` reads its case up to four times (the layout
 # section it ignores, the sizing keys it does not read, the case), and a parse of a case at its
-# bound of nodes (limits.MAX_CASE_YAML_NODES) takes a quarter of a second. The text is read each time (a file rewritten between calls is read as it is now);
+# bound of nodes (limits.MAX_CASE_YAML_NODES) takes a quarter of a second. The text is read each
+# time (a file rewritten between calls is read as it is now);
 # each caller gets its own copy of what it parses to.
 _PARSED: dict[tuple[str, str], Any] = {}
 

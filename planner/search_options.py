@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from cost_models.layout_spec import ZERO_STAGES
 from cost_models.specs import RECOMPUTE_MODULES, Layout, ModelSpec, SpecError, TrainingSpec
 
 from .engines import ENGINES, Engine, EngineSupport
@@ -214,7 +215,7 @@ def _pins(src: str, data: dict) -> dict[str, Any]:
         if pins.setdefault("recompute", "selective") != "selective":
             raise CaseError(src, "search.recompute_modules", f"applies only with recompute: selective, but "
                                                              f"search.recompute is {pins['recompute']}")
-    if "zero_stage" in pins and pins["zero_stage"] > 3:
+    if "zero_stage" in pins and pins["zero_stage"] not in ZERO_STAGES:
         raise CaseError(src, "search.zero_stage", f"expected 0, 1, 2 or 3, got {pins['zero_stage']}")
     if "recompute_num_layers" in pins:  # layers recomputed in full: full recomputation's
         if pins.setdefault("recompute", "full") != "full":
@@ -246,7 +247,7 @@ def _bounds(src: str, data: dict) -> dict[str, tuple]:
     bounds: dict[str, tuple] = {}
     for name in BOUNDED:
         least = 0 if name == "zero_stage" else 1  # every other degree is a count of at least one
-        most = 3 if name == "zero_stage" else MAX_INT  # ZeRO's stages: 0 to 3, as the pin's
+        most = max(ZERO_STAGES) if name == "zero_stage" else MAX_INT  # ZeRO's stages, as the pin's
         low = read_int(src, f"search.min_{name}", data[f"min_{name}"], minimum=least, maximum=most) \
             if f"min_{name}" in data else None
         high = read_int(src, f"search.max_{name}", data[f"max_{name}"], minimum=least, maximum=most) \

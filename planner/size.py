@@ -319,7 +319,8 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
     loaded = build_case({k: v for k, v in data.items() if k != "layout"}, src, base,
                         cluster=first.cluster(first.unit), cluster_key=first.key)
     stated = "cuda_context" in (data.get("overheads") or {})
-    for i, option in enumerate(options[1:], 1):  # each GPU type leaves the allocator some memory, named where it is given
+    # Each GPU type leaves the allocator some memory, named where it is given.
+    for i, option in enumerate(options[1:], 1):
         check_usable_memory(src, option.cluster(option.unit), loaded.overheads, loaded.search, stated, option.key,
                             data["cluster"]["options"][i])
     return loaded, options
