@@ -308,11 +308,14 @@ def robust_choice(table: list[Candidate], fastest: int, margin: float, case: Cas
 
 
 def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
-              target: Optional[str] = None, fastest: bool = False, fastest_alone: bool = False) -> Plan:
+              target: Optional[str] = None, fastest: bool = False, fastest_alone: bool = False,
+              advise: bool = True) -> Plan:
     """The plan on one engine (``target``, else the case's). With ``fastest_alone``, the fastest
     layout and nothing more: no runner-up, no layout within the margin of it weighed for the
     robust pick, and where nothing fits no advice (``no_fit`` None): :func:`plan_engines` asks so
-    of an engine it may not need in full."""
+    of an engine it may not need in full. Without ``advise``, where nothing fits, no advice either
+    (it searches again at more GPUs and shorter sequences: most of a plan's time where it runs, and
+    wasted where another engine fits)."""
     plan_options(top_k, simplest_within, target)
     if fastest_alone:
         top_k, fastest = 0, True
@@ -337,7 +340,7 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     model = LayoutModel(case, spec, table)
     solution = model.solve()
     if solution.index is None:
-        if fastest_alone and not (spec.pins or spec.bounds):
+        if (fastest_alone or not advise) and not (spec.pins or spec.bounds):
             # The advice searches again, at more GPUs and shorter sequences: seconds. (Where the case
             # pins choices, the search in full says whether the pins leave the engine any layout.)
             return Plan(solution.status, None, (), result.scored, 0, headroom=spec.headroom)
@@ -455,15 +458,18 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
     margin = indistinguishable_gap() if simplest_within is None else simplest_within / 100
     errors: list[CaseError] = []
 
-    def planned(name: str, alone: bool) -> tuple[str, Optional[Plan], str]:
+    def planned(name: str, alone: bool, advise: bool = True) -> tuple[str, Optional[Plan], str]:
         try:
             return name, plan_case(case, simplest_within, top_k, target=name, fastest=fastest,
-                                   fastest_alone=alone), ""
+                                   fastest_alone=alone, advise=advise), ""
         except CaseError as error:
             errors.append(error)
             return name, None, f"{error.key}: {error.expected}" if error.key else error.expected
 
-    plans = [planned(name, alone=index > 0) for index, name in enumerate(DECIDED_ENGINES)]
+    # No engine's advice until no engine fits: the report gives none beside an engine that does
+    # (gpt-oss-20b at 2^20 tokens a sequence on 1,024 H100s: Megatron's advice took 46 s of 52,
+    # where torchtitan's layout fits).
+    plans = [planned(name, alone=index > 0, advise=False) for index, name in enumerate(DECIDED_ENGINES)]
     timed = [p for _, p, _ in plans if p is not None and p.best is not None]
     if timed:
         quickest = min(timed, key=lambda p: _raw(p).step_time_s)
@@ -480,11 +486,13 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
                                          f"{quickest.best.job.training.engine.name} "
                                          f"({_raw(quickest).tokens_per_s:,.0f} tokens/s){weighs}, so planned no further")
     ran = [p for _, p, _ in plans if p is not None and p.best is not None]
-    if not ran and plans[0][1] is None:
-        # Nothing fits, and the first engine cannot run the case: the others planned in full, for
-        # their advice or their refusals (the case's own, where every engine's is the same).
-        plans = [planned(name, alone=False) if p is not None and p.no_fit is None else (name, p, why)
-                 for name, p, why in plans]
+    if not ran:
+        # Nothing fits: the first engine that can run the case planned again, in full, for its
+        # advice; where the first cannot, the others, for their advice or their refusals (the
+        # case's own, where every engine's is the same).
+        advised = [0] if plans[0][1] is not None else range(1, len(plans))
+        plans = [planned(name, alone=False) if index in advised and p is not None and p.no_fit is None
+                 else (name, p, why) for index, (name, p, why) in enumerate(plans)]
     if not ran:
         first = next((p for _, p, _ in plans if p is not None), None)
         if first is None:

@@ -4,6 +4,7 @@ planner/plan.py). The bands are the shipped data's (planner/published/bands.yaml
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -253,6 +254,30 @@ def test_an_engine_the_pins_leave_no_layout_says_so_when_no_engine_is_named():
     assert engines["deepspeed"]["why_not"].startswith("search: no deepspeed layout of 16 GPUs")
     with pytest.raises(planner.CaseError, match="search: no deepspeed layout of 16 GPUs"):
         planner.plan(case, engine="deepspeed")
+
+
+def test_no_engine_is_advised_on_where_another_engine_fits(monkeypatch):
+    """GPT-OSS 20B at 2^19 tokens a sequence on 8 H100s: no Megatron-LM or DeepSpeed layout fits,
+    torchtitan's does. Megatron, planned first and in full, searched again at more GPUs and
+    shorter sequences for advice the report never gives beside an engine that fits: 25 s of a
+    1.3 s plan. Where no engine fits, the first's advice is still the plan's."""
+    plan_module = importlib.import_module("planner.plan")
+
+    advised = []
+    advice = plan_module._advice
+    monkeypatch.setattr(plan_module, "_advice", lambda *args, **kw: advised.append(args) or advice(*args, **kw))
+    case = {"model": {"preset": "gpt-oss-20b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 524288, "precision": "bf16"}}
+    decided = planner.plan(case, top_k=0).to_dict()
+    assert decided["engine"] == "torchtitan"
+    assert decided["engines"]["megatron"] == decided["engines"]["deepspeed"] == {"why_not": "nothing fits"}
+    assert advised == []
+    none_fits = {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+                 "training": {"global_batch_size": 64, "seq_len": 8192, "precision": "bf16"}}
+    nothing = planner.plan(none_fits, top_k=0)
+    alone = planner.plan(none_fits, top_k=0, engine="megatron")
+    assert nothing.best is None and len(advised) == 2
+    assert nothing.no_fit.to_dict() == alone.no_fit.to_dict() and nothing.no_fit.gpus_that_fit == 24
 
 
 def test_the_cheapest_change_says_what_estimating_it_says(tmp_path):
