@@ -471,6 +471,19 @@ def test_mixture_of_experts_plan_builds_deepspeed_moe_layers(tmp_path, world):
     assert layer.num_local_experts == experts // lay.ep
 
 
+def test_the_moe_layers_launch_sh_names_are_the_priced_ones():
+    """Llama 4 Maverick's experts are in layers 1, 3, 5, … (Hugging Face ``modeling_llama4``:
+    ``(layer_idx + 1) % interleave_moe_layer_step == 0``), as priced and as Megatron's emitted
+    --moe-layer-freq ([0,1]*24) builds them; launch.sh told train.py "layers 0.. of every 2"."""
+    case = {"model": {"preset": "llama4-maverick"}, "cluster": {"gpu": "h200-sxm-141gb", "num_gpus": 256},
+            "training": {"global_batch_size": 1024, "seq_len": 8192, "precision": "bf16", "engine": "deepspeed"},
+            "layout": {"dp": 32, "tp": 8, "pp": 1, "ep": 32, "micro_batch_size": 1, "zero_stage": 1,
+                       "recompute": "full"}}
+    estimate = planner.estimate(case)
+    launch = ds.render(estimate, provenance(estimate, "case.yaml"))["launch.sh"]
+    assert "the MLP of 24 layers (layers 1.. of every 2) is a DeepSpeed-MoE layer of 128 experts, top-1" in launch
+
+
 def test_deepspeed_moe_refuses_zero_3():
     with pytest.raises(CaseError, match="layout.zero_stage: deepspeed cannot run it: DeepSpeed's engine refuses "
                                         "its MoE layers under ZeRO stage 3"):

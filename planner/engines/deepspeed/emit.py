@@ -188,7 +188,8 @@ def _moe_snippet(job) -> list[str]:
     m, lay = job.model, job.layout
     capacity = (f"capacity_factor={m.moe_capacity_factor:g}, drop_tokens=True" if m.moe_capacity_factor is not None
                 else "drop_tokens=False")  # dropless, as the plan timed it
-    layers = (f"layers {m.moe_first_dense_layers}.. of every {m.moe_layer_freq}" if m.moe_first_dense_layers
+    first = next(i for i in range(m.num_layers) if m.is_moe_layer(i))  # the last of its group (Llama 4)
+    layers = (f"layers {first}.. of every {m.moe_layer_freq}" if m.moe_first_dense_layers
               or m.moe_layer_freq > 1 else "every layer")
     lines = [
         "",
