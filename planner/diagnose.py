@@ -107,6 +107,8 @@ def taken_from_arguments(case: Case, settings: dict) -> Optional[str]:
         if key == "fp32_grads":
             if value:
                 taken.append(f"gradients reduced in fp32 (no {flag})")
+            elif case.training.precision == "fp32":  # neither --bf16 nor --fp16: every tensor in fp32
+                taken.append("gradients reduced in fp32 (an fp32 run: neither --bf16 nor --fp16)")
             elif case.training.precision == "fp16":  # --fp16 never reduces in fp32 (arguments.py)
                 taken.append("gradients reduced in fp16 (--fp16)")
             else:  # --grad-reduce-in-bf16, or Megatron-FSDP's or the optimizer's main-grads dtype bf16

@@ -68,6 +68,11 @@ def test_an_fp16_runs_16_bit_reduction_is_not_said_to_be_bf16s_flag(tmp_path):
     assert "gradients reduced in fp16 (--fp16)" in said and "bf16" not in said
     case, args = files(tmp_path, ARGS + "--grad-reduce-in-bf16\n")
     assert "gradients reduced in bf16 (--grad-reduce-in-bf16" in diagnose(case, megatron_args=args).planned_with
+    # fp32 (neither --bf16 nor --fp16): the line named bf16 and --grad-reduce-in-bf16 too.
+    fp32 = {**CASE, "training": {**CASE["training"], "precision": "fp32"}}
+    case, args = files(tmp_path, ARGS.replace(" --bf16", ""), fp32)
+    said = diagnose(case, megatron_args=args).planned_with or ""
+    assert "gradients reduced in fp32 (an fp32 run" in said and "bf16 (" not in said
 
 
 def test_a_case_that_contradicts_the_arguments_is_refused_naming_both(tmp_path):
