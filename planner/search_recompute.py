@@ -89,10 +89,13 @@ def least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least:
     """
     stage_max = max(layout.stage_layers or default_partition(case.model, case.training, layout))
 
-    def trial(n: int) -> tuple[Optional[Job], float]:
+    def job_of(n: int) -> Job:
         rnl = None if n >= stage_max or not spec.engine.partial_recompute else n
-        job = Job(case.model, case.cluster, case.training, layout.with_changes(recompute_num_layers=rnl),
-                  case.overheads)
+        return Job(case.model, case.cluster, case.training, layout.with_changes(recompute_num_layers=rnl),
+                   case.overheads)
+
+    def trial(n: int) -> tuple[Optional[Job], float]:
+        job = job_of(n)
         ok, peak = fit(job, spec.headroom)
         if not ok and n >= stage_max and not spec.runner.problems(job):
             # The most recomputation there is: the advice's closest layout, where the engine runs it (a
@@ -101,6 +104,12 @@ def least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least:
         return (job if ok else None), peak
 
     top = stage_max if at_most is None else min(at_most, stage_max)
+    if spec.runner.problems(job_of(stage_max)):
+        # What the engine refuses of full recomputation of every layer (no count to refuse) is the
+        # layout's (context parallelism that does not divide the heads, say) or full recomputation's,
+        # and holds at any count: the bisection was scored, then refused (GPT-OSS 20B at 2^19 tokens
+        # on 8 H100s: 23,381 times).
+        return None
     best = trial(top)
     if best[0] is None or not spec.engine.partial_recompute:
         return best if best[0] else None
@@ -169,7 +178,17 @@ def least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
     ladder = list(recompute_ladder(spec, base, bundles))
     if after is not None:
         ladder, at_least = _heavier(ladder, after, at_least)
-    for layout in ladder:
+    heaviest = next((r for r in ladder if r.recompute == "full" and r.recompute_num_layers is None), None)
+    for index, layout in enumerate(ladder):
+        if index == 1 and heaviest is not None and heaviest is not layout:
+            # Past the lightest rung: where full recomputation of every layer, which holds the least of
+            # any rung (checked over the searches of the examples and of cases that fit on one engine
+            # alone: 13,655 ladders), does not fit, no rung between does: their trials are skipped, and
+            # it is the closest miss. A search where nothing fits tried every rung of every layout.
+            miss = _misses(case, spec, heaviest, fit)
+            if miss is not None:
+                note_miss(*miss)
+                return None, scored + 1
         try:
             if layout.recompute == "full" and layout.recompute_num_layers is None:
                 scored += 1
@@ -196,6 +215,18 @@ def least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
             return (job, peak), scored
         note_miss(job, peak)
     return None, scored
+
+
+def _misses(case: Case, spec: SearchSpec, layout: Layout, fit: FitTest) -> Optional[tuple[Job, float]]:
+    """(the job, its peak) where ``layout`` is one the engine runs and it does not fit; else None."""
+    try:
+        job = Job(case.model, case.cluster, case.training, layout, case.overheads)
+    except SpecError:
+        return None
+    if spec.runner.problems(job):
+        return None
+    ok, peak = fit(job, spec.headroom)
+    return None if ok else (job, peak)
 
 
 def _heavier(ladder: list[Layout], after: Layout, at_least: int) -> tuple[list[Layout], int]:

@@ -15,7 +15,8 @@ import pytest
 from cost_models.dp_time import zero3_exposed_floor
 from cost_models.memory import peak_stage_memory
 from cost_models.pipeline_time import pipeline
-from cost_models.specs import Job, SpecError
+from cost_models.partition import default_partition
+from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import step_time
 from planner.bands import indistinguishable_gap
 from planner.case import load_case
@@ -23,8 +24,9 @@ from planner.errors import CaseError
 from planner.plan import _table, layout_table, robust_choice
 from planner.search import _Search, search
 from planner.search_bounds import StepBounds, floor, offload_floor, states_cannot_fit, states_fit
-from planner.search_recompute import least_recompute, offload_options
-from planner.search_memory import fit_limit
+from planner.search_memory import fit_limit, fits
+from planner.search_recompute import (least_full_recompute, least_recompute, offload_options, recompute_ladder,
+                                     selective_bundles)
 from planner.search_space import divisors, groups
 
 CASES = {
@@ -307,3 +309,70 @@ def test_micro_batches_left_out_for_the_lm_head_overflow_under_full_recomputatio
                     assert peak_stage_memory(job).total > fit_limit(job, spec.headroom)
                     left_out += 1
     assert left_out > 20
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "balanced, interleaved", "fsdp experts", "deepspeed"])
+def test_full_recomputation_of_every_layer_holds_the_least_of_any_recomputation(name):
+    """Recomputing every layer keeps only each layer's input (Korthikanti et al. 2022, §4): no
+    lighter rung of the ladder (none, selective by each module set, full of fewer layers) peaks
+    lower. The search relies on it: where it does not fit, no rung between is tried."""
+    case = loaded(name)
+    spec = case.search
+    bundles = selective_bundles(case.model, case.training, spec.engine)
+    checked = 0
+    for group in list(groups(case, spec))[::5]:
+        for zero in group.zeros:
+            base = group.layout(group.micro_batches[0], zero)
+            peaks = {}
+            for rung in recompute_ladder(spec, base, bundles):
+                layers = max(base.stage_layers or default_partition(case.model, case.training, base))
+                counts = [None] + ([1, layers // 2] if rung.recompute == "full" and spec.engine.partial_recompute
+                                   else [])
+                for count in counts:
+                    try:
+                        job = Job(case.model, case.cluster, case.training,
+                                  rung.with_changes(recompute_num_layers=count), case.overheads)
+                    except SpecError:
+                        continue
+                    peaks[(rung.recompute, rung.recompute_modules, count)] = peak_stage_memory(job).total
+            heaviest = peaks.get(("full", None, None))
+            if heaviest is None:
+                continue
+            assert heaviest <= min(peaks.values()) * (1 + 1e-12), (base, peaks)
+            checked += 1
+    assert checked > 5
+
+
+def test_where_full_recomputation_does_not_fit_no_lighter_rung_is_tried():
+    """Llama 3.1 405B on 8 A100s fits no layout: each was scored at every rung of the ladder (none,
+    each selective module set, full) where the lightest and the heaviest say it all; the closest
+    miss noted is the heaviest's, as before."""
+    case = loaded("nothing fits")
+    spec = case.search
+    group = next(iter(groups(case, spec)))
+    base = group.layout(group.micro_batches[0], group.zeros[0])
+    tried, missed = [], []
+
+    def fit(job, headroom):
+        tried.append(job.layout.recompute)
+        return fits(job, headroom)
+
+    hit, _ = least_recompute(case, spec, base, 1, lambda job, peak: missed.append(job.layout.recompute), fit)
+    assert hit is None and tried == ["none", "full"] and missed == ["none", "full"]
+
+
+def test_a_layout_the_engine_refuses_is_not_scored_at_any_recompute_count():
+    """GPT-OSS 20B's sliding-window layers run context parallelism as an all-to-all, which splits its 8
+    key-value groups over cp: Megatron refuses cp 16 at any recomputation. The bisection over full
+    recomputation's layer counts was scored first and refused after (23,381 times for one plan)."""
+    case = load_case({"model": {"preset": "gpt-oss-20b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+                      "training": {"global_batch_size": 8, "seq_len": 524288, "precision": "bf16"},
+                      "search": {"target": "megatron"}}, ignore_layout=True)
+    spec = case.search
+    layout = Layout(dp=1, tp=1, pp=1, cp=16, micro_batch_size=1, zero_stage=1, recompute="full")
+    job = Job(case.model, case.cluster, case.training, layout, case.overheads)
+    assert any(key == "layout.cp" for key, _ in spec.runner.problems(job))
+    scored = []
+    assert least_full_recompute(case, spec, layout, 1, lambda job, peak: None,
+                                fit=lambda job, headroom: scored.append(job) or fits(job, headroom)) is None
+    assert scored == []
