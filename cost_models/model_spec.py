@@ -201,7 +201,12 @@ class ModelSpec:
         _non_negative_int(s, "moe_first_dense_layers", self.moe_first_dense_layers)
         _positive_int(s, "moe_layer_freq", self.moe_layer_freq)
         if self.num_moe_layers == 0:
-            raise SpecError(s, "moe_first_dense_layers", f"leaves no MoE layer among the {self.num_layers} layers")
+            # Named for what leaves none: the leading dense layers where they take every layer, else the
+            # frequency, whose first MoE layer is the last of its first group (is_moe_layer).
+            key = "moe_first_dense_layers" if self.moe_first_dense_layers >= self.num_layers else "moe_layer_freq"
+            raise SpecError(s, key, f"leaves no MoE layer among the {self.num_layers} layers (the first is layer "
+                                    f"moe_first_dense_layers + moe_layer_freq - 1 = "
+                                    f"{self.moe_first_dense_layers + self.moe_layer_freq - 1}, counted from 0)")
         _choice(s, "moe_router", self.moe_router, ROUTERS)
         self._check_router_groups()
         # No expert takes more than every token of its batch: E/k times the mean, the most

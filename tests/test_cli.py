@@ -210,6 +210,18 @@ def test_moe_fields_without_experts_are_one_line_errors(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("override, key", [({"moe_layer_freq": 33}, "moe_layer_freq"),
+                                           ({"moe_first_dense_layers": 32}, "moe_first_dense_layers")])
+def test_a_moe_key_that_leaves_no_moe_layer_is_the_one_named(tmp_path, override, key):
+    """Mixtral's 32 layers with an MoE layer every 33rd hold none: the error named
+    moe_first_dense_layers, which the case never set."""
+    case = {"model": {"preset": "mixtral-8x7b", **override}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096}}
+    result = cli("plan", str(write(tmp_path, case)))
+    assert result.returncode == 2 and f"model.{key}: leaves no MoE layer among the 32 layers" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_a_torchtitan_stand_in_is_named_on_stderr(tmp_path):
     case = {"model": {"preset": "qwen2.5-72b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
             "training": {"global_batch_size": 256, "seq_len": 4096}}
