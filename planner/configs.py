@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from cost_models.placement import stage_layers as stage_layers_of
 from cost_models.specs import Layout
 
 # planner.emit is imported here, before planner/__init__ binds planner.emit to the function below:
@@ -149,9 +150,11 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
                                                          if k in reader.reader_options})
     for option, value in given.items():
         # The config states it (a Megatron argument list its pipeline, say): an option that says
-        # otherwise would go unread.
-        stated = getattr(layout, option)
+        # otherwise would go unread. Stages it leaves to the engine are the engine's own split.
+        stated = getattr(layout, option) if option != "stage_layers" else \
+            stage_layers_of(loaded.model, loaded.training, layout)
         if option not in reader.reader_options and value != stated:
-            raise CaseError(f"--{option.replace('_', '-')}", "", f"{value} differs from the {stated} "
+            shown = (lambda v: ",".join(map(str, v))) if option == "stage_layers" else str
+            raise CaseError(f"--{option.replace('_', '-')}", "", f"{shown(value)} differs from the {shown(stated)} "
                                                                  f"{path.name} states, which the run takes")
     return layout

@@ -112,6 +112,35 @@ def test_a_contradictory_config_is_one_line(tmp_path):
     assert len(lines) == 1 and str(bad) in lines[0] and "train_batch_size" in lines[0]
 
 
+def _written(tmp_path, case, engine):
+    best = planner.plan(case, target=engine).best
+    files, _ = render(best, engine, "<generated>")
+    return write_all([Output(tmp_path / name, text) for name, text in files.items()], force=False)
+
+
+def test_stage_layers_that_agree_with_the_arguments_are_taken(tmp_path):
+    """Llama 3 8B's arguments at pp 1 hold its 32 layers in one stage: --stage-layers 32 agrees, and was
+    refused as differing from "the None megatron_args.txt states"; one that differs says the file's split."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096}, "search": {"pp": 1}}
+    args = next(p for p in _written(tmp_path, case, "megatron") if p.name == "megatron_args.txt")
+    assert diagnose(case, megatron_args=args, stage_layers=(32,)).estimate.job.stage_layers == (32,)
+    with pytest.raises(CaseError, match=r"--stage-layers: 16,16 differs from the 32 megatron_args.txt states"):
+        diagnose(case, megatron_args=args, stage_layers=(16, 16))
+
+
+def test_the_planners_pipeline_ds_config_without_pp_says_to_give_it(tmp_path):
+    """A ds_config.json does not state the pipeline: the planner's own at pp 2 read without --pp was
+    refused as a file whose train_batch_size contradicts itself; the line now says the pipeline it took
+    and the pp · tp that would make the file's batch, and with --pp 2 it reads back."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096}, "search": {"pp": 2, "tp": 1}}
+    config = next(p for p in _written(tmp_path, case, "deepspeed") if p.name == "ds_config.json")
+    with pytest.raises(CaseError, match=r"taken as pp 1 and tp 1: for data-parallel 8, give pp · tp = 2 \(--pp"):
+        diagnose(case, config=config)
+    assert diagnose(case, config=config, pp=2).estimate.job.layout.pp == 2
+
+
 def test_diagnose_on_the_planners_own_moe_files_finds_their_layout_best(tmp_path):
     """The planner writes --moe-token-dispatcher-type alltoall where the experts stay inside one NVLink
     domain (DeepEP saves nothing there); diagnose read that as the case's dispatch for its own plan, which

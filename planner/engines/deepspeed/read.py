@@ -402,6 +402,7 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     src = str(path)
     config = _load(path)
     stated = case.layout
+    pipeline_unstated = pp is None and stated is None  # neither --pp nor the case's layout says it
     pp = _positive("--pp", "pp", pp if pp is not None else stated.pp if stated is not None else 1)
     tp = _pipeline_tp(case, pp, tp)
     batch_was_auto = config.get("train_batch_size") == "auto"
@@ -453,8 +454,15 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     elif batch is None and micro is None:
         raise CaseError(src, "train_batch_size", "missing; give train_batch_size or train_micro_batch_size_per_gpu")
     if batch != micro * accum * dp:
+        hint = ""
+        if pipeline_unstated and batch % (micro * accum) == 0 and gpus % (batch // (micro * accum)) == 0:
+            # The file is likely right and the data-parallel size wrong: a ds_config.json does not state
+            # the pipeline (its PipelineModule does), which --pp gives (the planner's own pipeline files).
+            hint = (f"; ds_config.json does not state the pipeline, taken as pp {pp} and tp {tp}: for data-parallel "
+                    f"{batch // (micro * accum)}, give pp · tp = {gpus // (batch // (micro * accum))} "
+                    f"(--pp, --tp)")
         raise CaseError(src, "train_batch_size", f"{batch} is not micro {micro} × accumulation {accum} × "
-                                                 f"data-parallel {dp} = {micro * accum * dp}")
+                                                 f"data-parallel {dp} = {micro * accum * dp}{hint}")
     global_batch = case.training.global_batch_size
     if batch != global_batch:
         said = f"\"auto\", as the Trainer fills it (micro {micro} × accumulation {accum} × data-parallel {dp})," \
