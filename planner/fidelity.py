@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from .errors import CaseError, one_line
 from .published_runs import (case_of, load_rows, measured_tokens_per_s, published_memory_stage, row_key, row_name,
-                             row_problem, source_of)
+                             row_problem, source_of, stated_problem)
 from .team_runs import impossible_measurement
 
 TUNED = ("Megatron-Bridge", "NVIDIA-NeMo/Megatron-Bridge", "torchtitan", "MLPerf", "NVIDIA/NeMo")
@@ -164,6 +164,10 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError, ZeroDivisionError) as error:
             out.malformed.append((row_name(rows, index),
                                   f"a field has the wrong type or is missing ({one_line(error, 80)})"))
+            continue
+        problem = stated_problem(r, case) if case else None
+        if problem:  # a statement the case would read as another (a precision of "banana" as bf16), named
+            out.malformed.append((row_name(rows, index), f"{problem[0]}: {problem[1]}"))
             continue
         if case and not measured and not mem:
             why = "no convention-free measurement"

@@ -339,6 +339,9 @@ def row_problem(row: dict) -> Optional[tuple[str, str]]:
             return section, "missing"
         if not isinstance(row[section], dict):
             return section, f"expected a mapping, got {type(row[section]).__name__}"
+    for key, expected in TEXT_FIELDS.items():  # a framework of null was "'NoneType' object has no attribute …"
+        if not isinstance(row.get(key), str):
+            return key, f"expected {expected}, got {_quoted(row.get(key))}"
     for section, keys in ROW_COUNTS.items():
         fields = row[section] if section else row
         for key in keys:
@@ -366,6 +369,47 @@ def row_problem(row: dict) -> Optional[tuple[str, str]]:
                                   or not measure_in_bounds(key, value)):
             return f"measured.{key}", f"expected a number from {MIN_FIGURE:g} to {ROW_MEASURES[key]:g}, got " \
                                       f"{_quoted(value)}"
+    return None
+
+
+# The fields of a run read as text, which every published row states.
+TEXT_FIELDS = {"framework": "the framework that ran it (Megatron-Core, DeepSpeed, torchtitan, nanotron …)",
+               "gpu": "the GPU it ran on (H100-SXM5-80GB, B200 …)", "source": "the source's name",
+               "record_type": "measured_throughput, or another record type of the schema"}
+
+
+def stated_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
+    """(the dotted key, what was expected) of the first statement of a run that its case would take
+    for something else, else None: a precision that names none (read as bf16, which only a table's
+    "mixed (not stated)" means), a recomputation in words that say neither none, selective, full nor
+    what it recomputes (read as none), degrees that do not hold its GPUs (its stated dp unread)."""
+    text = row.get("precision")
+    lowered = str(text).lower()
+    if text is not None and named_precision(text) is None and not lowered.startswith("mixed") and "lora" not in lowered:
+        return "precision", (f"expected the run's training precision (bf16, fp16, fp8, mxfp8, nvfp4 or fp32; "
+                             f"\"mixed\" where the source does not say which), got {_quoted(text)}")
+    stated = row.get("recompute")
+    lowered = str(stated).lower()
+    if stated is not None and not lowered.startswith(RECOMPUTE_WORDS) and "recomput" not in lowered:
+        return "recompute", (f"expected none, selective or full (a description may follow), or what it "
+                             f"recomputes, got {_quoted(stated)}")
+    return grid_problem(row, case)
+
+
+# How a run's recomputation begins (a description may follow).
+RECOMPUTE_WORDS = ("none", "selective", "full")
+
+
+def grid_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
+    """(the dotted key, what was expected) where the run's degrees do not hold its GPUs: tp·pp·cp
+    divides them, and a stated dp is what they leave; else None."""
+    lay, gpus, parallel = case["layout"], row["num_gpus"], row["parallel"]
+    grid = lay["tp"] * lay["pp"] * lay["cp"]
+    if gpus % grid:
+        return "num_gpus", f"{gpus} GPUs, which tp {lay['tp']} · pp {lay['pp']} · cp {lay['cp']} = {grid} does not divide"
+    if parallel.get("dp") is not None and parallel["dp"] != gpus // grid:
+        return "parallel.dp", (f"{parallel['dp']}, but {gpus} GPUs over tp {lay['tp']} · pp {lay['pp']} · cp "
+                               f"{lay['cp']} leave dp {gpus // grid}")
     return None
 
 
@@ -645,6 +689,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
         return None, "not a supported row"
     if b.get("micro_batch_size") is None or par.get("tp") is None or par.get("pp") is None:
         return None, "layout not published"
+    if b.get("global_batch_size") is None:  # multiplied by the sequence: "unsupported operand type(s)"
+        return None, "global batch not published (batch.global_batch_size)"
     if ((par.get("ep") or 1) > 1 or md.get("moe")) and not (md.get("moe") or {}).get("num_experts"):
         return None, "mixture of experts without its expert fields"
     moe, mla = _moe_fields(md), _mla_fields(md)

@@ -23,7 +23,8 @@ from .limits import MAX_FIT_RUNS, MAX_GPUS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
 from .published_runs import (GPU_PREFIXES, ROW_MEASURES, case_of, gpu_preset, measure_in_bounds, measured_tokens_per_s,
-                             named_precision, published_memory_stage, row_key, row_problem)
+                             RECOMPUTE_WORDS, grid_problem, named_precision, published_memory_stage, row_key,
+                             row_problem)
 from .training_logs import read_log
 
 
@@ -148,7 +149,7 @@ def _missing(row: dict) -> Optional[tuple[str, str]]:
 
 def _check_recompute(source: str, name: str, stated: Any) -> None:
     """A run's recomputation as the schema writes it: none, selective or full, a description after."""
-    if stated is None or str(stated).lower().startswith(("none", "selective", "full")):
+    if stated is None or str(stated).lower().startswith(RECOMPUTE_WORDS):
         return
     raise CaseError(source, f"{name}.recompute", f"expected none, selective or full (a description may follow), "
                                                  f"got {one_line(repr(stated), 60)}")
@@ -246,14 +247,9 @@ def _check_grid(source: str, name: str, row: dict, case: dict) -> None:
     """The run's degrees hold its GPUs: tp·pp·cp divides them, and a stated dp is what they leave (a
     tp of 16 on 8 GPUs was refused as 'parallel.dp: expected an integer >= 1, got 0', 12 GPUs at a
     stated dp 8 as a global batch that does not divide)."""
-    lay, gpus, parallel = case["layout"], row["num_gpus"], row["parallel"]
-    grid = lay["tp"] * lay["pp"] * lay["cp"]
-    if gpus % grid:
-        raise CaseError(source, f"{name}.num_gpus", f"{gpus} GPUs, which tp {lay['tp']} · pp {lay['pp']} · cp "
-                                                    f"{lay['cp']} = {grid} does not divide")
-    if parallel.get("dp") is not None and parallel["dp"] != gpus // grid:
-        raise CaseError(source, f"{name}.parallel.dp", f"{parallel['dp']}, but {gpus} GPUs over tp {lay['tp']} · pp "
-                                                       f"{lay['pp']} · cp {lay['cp']} leave dp {gpus // grid}")
+    problem = grid_problem(row, case)
+    if problem:
+        raise CaseError(source, f"{name}.{problem[0]}", problem[1])
 
 
 # A team's run's own keys (the published-runs schema, planner/published/README.md): one a letter or two

@@ -86,6 +86,34 @@ def test_validate_published_with_nothing_readable_exits_2_naming_the_rows(tmp_pa
     assert f"{bad.name}[1]))" in "".join(done.stdout.split())  # the path may wrap at the console's width
 
 
+@pytest.mark.parametrize("change, needle", [
+    ({"precision": "banana"}, "precision: expected the run's training precision (bf16, fp16, fp8, mxfp8, nvfp4 or fp32"),
+    ({"recompute": "sometimes"}, "recompute: expected none, selective or full"),
+    ({"parallel": {"dp": 7}}, "parallel.dp: 7, but 32 GPUs over tp 1 · pp 1 · cp 1 leave dp 32"),
+    ({"framework": None}, "framework: expected the framework that ran it"),
+    ({"batch": {"global_batch_size": None}}, "global batch not published (batch.global_batch_size)")])
+def test_validate_published_refuses_what_calibrate_from_runs_refuses(tmp_path, change, needle):
+    """A team's run with a precision of "banana" was scored as bf16, "sometimes" recomputing as none and
+    dp 7 on 32 GPUs unread, exit 0, where `calibrate --from-runs` refuses the same file; a null framework
+    or global batch was Python's own words ("'NoneType' object has no attribute 'startswith'")."""
+    row = {"id": "team_run_1", "source": "my team", "record_type": "measured_throughput", "framework": "Megatron-LM",
+           "gpu": "A100-SXM4-80GB", "num_gpus": 32,
+           "model": {"name": "GPT 1.7B", "layers": 24, "hidden": 2304, "heads": 24, "kv_heads": 24,
+                     "ffn_hidden": 9216, "ffn_act": "gelu", "vocab": 51200, "seq_len": 2048},
+           "parallel": {"dp": 32, "tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "sp": False, "zero_stage": 0},
+           "batch": {"global_batch_size": 512, "micro_batch_size": 16, "grad_accum": 1},
+           "recompute": "full", "precision": "fp16 mixed", "measured": {"iteration_time_s": 2.6}}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump([row]))
+    assert run_cli("validate-published", str(path), "--no-experts").returncode == 0
+    for key, value in change.items():
+        row = {**row, key: {**row[key], **value} if isinstance(value, dict) else value}
+    path.write_text(yaml.safe_dump([row]))
+    done = run_cli("validate-published", str(path), "--no-experts")
+    assert done.returncode == 2 and needle in done.stderr, done.stderr
+    assert "NoneType" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 def test_plan_refuses_a_malformed_layout_section_and_says_it_ignores_a_good_one(tmp_path):
     case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
             "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"}}
