@@ -141,7 +141,8 @@ def plan_command(
             raise CaseError("--out", "", f"expected a folder's path, got {out!r}")
         if emit is not None and engine not in (None, emit):
             raise CaseError("--engine", engine, f"differs from --emit {emit}; give the same engine to both")
-        plan_options(top, simplest_within, None, names={"top_k": "--top", "simplest_within": "--simplest-within"})
+        plan_options(top, simplest_within, None, names={"top_k": "--top", "simplest_within": "--simplest-within",
+                                                        "engine": "--engine"}, engine=engine)
         if fastest and simplest_within is not None:
             raise CaseError("--fastest", "", "give either --fastest or --simplest-within, not both")
         if out is not None and emit is None:  # nothing would be written there

@@ -10,7 +10,7 @@ from cost_models.memory import peak_stage_memory, usable_bytes
 from cost_models.specs import ClusterSpec, Job, Layout
 
 from .bands import fit_limit, indistinguishable_gap
-from .case import Case, check_batch_tokens, layout_to_mapping, load_case, spec_errors
+from .case import CASE_ENGINES, Case, check_batch_tokens, layout_to_mapping, load_case, spec_errors
 from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
 from .errors import CaseError, one_line
@@ -173,7 +173,8 @@ def _check_size(case: Case) -> None:
     check_batch_tokens(case.source, case.training.global_batch_size, case.training.seq_len)
 
 
-def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[dict[str, str]] = None) -> None:
+def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[dict[str, str]] = None,
+                 engine: Any = None) -> None:
     """Refuse options `plan` cannot honour, as a CaseError naming the option (``names``: CLI spellings)."""
     names = names or {}
 
@@ -192,6 +193,9 @@ def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[
     targets = tuple(ENGINES)  # as search.target takes them: any is plain PyTorch, as engine="any"
     if target is not None and target not in targets:
         raise refuse("target", f"expected one of {', '.join(targets)}", target)
+    if engine is not None and (not isinstance(engine, str) or engine not in CASE_ENGINES):
+        # Here, not in load_case: the API's error names its argument (the CLI's, --engine).
+        raise refuse("engine", f"expected one of {', '.join(CASE_ENGINES)}", engine)
 
 
 def _check_times(case: Case, candidates: list[Candidate]) -> None:
@@ -386,7 +390,7 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
     ``target`` restricts the search to one engine (as ``search.target`` does); ``engine``
     replaces the case's training.engine and search.target (`plan --engine`). The best is the
     robust pick (:func:`robust_choice`) unless ``fastest`` (the raw optimum) or ``simplest_within``."""
-    plan_options(top_k, simplest_within, target)
+    plan_options(top_k, simplest_within, target, engine=engine)
     read_bool("plan", "fastest", fastest)  # "no" is truthy: it returned the raw optimum
     if fastest and simplest_within is not None:  # as the CLI refuses --fastest with --simplest-within
         raise CaseError("plan", "fastest", "give either fastest or simplest_within, not both")

@@ -452,3 +452,19 @@ def test_the_runner_up_line_under_simplest_within_says_the_rule_that_picked():
     assert any(simpler_but_less_sure(alt) for alt in p.alternatives)
     why = p.why_runner_up_lost()
     assert "the simplest layout within" not in why and "the surest to fit" in why and "--simplest-within" in why
+
+
+def test_an_unknown_engine_is_named_as_the_api_argument_and_as_the_cli_flag(tmp_path):
+    """planner.plan(case, engine="bogus") raised CaseError("--engine", ""): the CLI's flag, no key, where
+    plan(case, target=5) names (plan, target). The CLI still names --engine."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096}}
+    with pytest.raises(planner.CaseError) as error:
+        planner.plan(case, engine="bogus")
+    assert (error.value.source, error.value.key) == ("plan", "engine")
+    assert "expected one of megatron, deepspeed, torchtitan" in error.value.expected
+    path = tmp_path / "case.yaml"
+    path.write_text(json.dumps(case))
+    done = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--engine", "bogus"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: --engine: expected one of megatron")
