@@ -339,9 +339,6 @@ def row_problem(row: dict) -> Optional[tuple[str, str]]:
             return section, "missing"
         if not isinstance(row[section], dict):
             return section, f"expected a mapping, got {type(row[section]).__name__}"
-    for key, expected in TEXT_FIELDS.items():  # a framework of null was "'NoneType' object has no attribute …"
-        if not isinstance(row.get(key), str):
-            return key, f"expected {expected}, got {_quoted(row.get(key))}"
     for section, keys in ROW_COUNTS.items():
         fields = row[section] if section else row
         for key in keys:
@@ -358,6 +355,9 @@ def row_problem(row: dict) -> Optional[tuple[str, str]]:
     sp = row["parallel"].get("sp")
     if sp is not None and not isinstance(sp, bool):  # "yes please" was read as true
         return "parallel.sp", f"expected true or false, got {_quoted(sp)}"
+    for key, expected in TEXT_FIELDS.items():  # a framework of null was "'NoneType' object has no attribute …"
+        if not isinstance(row.get(key), str):
+            return key, f"expected {expected}, got {_quoted(row.get(key))}"
     measured = row.get("measured")
     if measured is None:
         return None

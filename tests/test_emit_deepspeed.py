@@ -341,7 +341,8 @@ def test_read_autotp_pipeline_zero_and_recompute(tmp_path, case32):
 
 @pytest.mark.parametrize("config, message", [
     ({"train_batch_size": 512, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8},
-     "train_batch_size: 512 is not micro 4 × accumulation 8 × data-parallel 32 = 1024"),
+     "train_batch_size: 512 is not micro 4 × accumulation 8 × data-parallel 32 = 1024; ds_config.json does not "
+     "state the pipeline, taken as pp 1 and tp 1: for data-parallel 16, give pp · tp = 2 (--pp, --tp)"),
     ({"train_batch_size": 2048, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 16},
      "train_batch_size: train_batch_size is 2048, but the case <case> has training.global_batch_size 1024"),
     ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4},

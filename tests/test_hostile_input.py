@@ -348,7 +348,7 @@ def test_rows_of_the_wrong_type_in_published_runs_are_skipped_with_why(tmp_path)
     ({"top_k": "5"}, "top_k"), ({"top_k": -3}, "top_k"), ({"top_k": 10**20}, "top_k"), ({"top_k": True}, "top_k"),
     ({"simplest_within": math.inf}, "simplest_within"), ({"simplest_within": math.nan}, "simplest_within"),
     ({"simplest_within": -50}, "simplest_within"), ({"simplest_within": "5"}, "simplest_within"),
-    ({"target": "nemo"}, "target"), ({"engine": "nemo"}, "--engine"),
+    ({"target": "nemo"}, "target"), ({"engine": "nemo"}, "engine"),
     # the CLI refuses --fastest with --simplest-within; the API returned the raw optimum
     ({"fastest": True, "simplest_within": 5}, "fastest"),
 ])
