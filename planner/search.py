@@ -43,6 +43,7 @@ from cost_models.step_time import StepTime, step_time
 
 from .case import Case
 from .complexity import layout_complexity
+from .engines.base import DEGREE_KEYS
 from .search_bounds import Incumbents, SimplerFaster, StepBounds, floor, offload_floor, states_cannot_fit, states_fit
 from .search_memory import fit_limit, fit_tier, fits_with_margin, fits_within_tier
 from .search_options import SearchSpec
@@ -188,12 +189,22 @@ class _Search:
                 return True
         return False
 
+    def _degrees_refused(self, base: Layout) -> bool:
+        """Whether the engine refuses ``base``'s degrees themselves (a problem keyed on one of
+        ``engines.base.DEGREE_KEYS``), which no recomputation, offload or micro-batch changes."""
+        try:
+            job = Job(self.case.model, self.case.cluster, self.case.training, base, self.case.overheads)
+        except SpecError:
+            return False
+        return any(key in DEGREE_KEYS for key, _ in self.spec.runner.problems(job))
+
     def _score_zero_stage(self, group: Group, zero: int, bounds: dict[int, float],
                           fitted_without_recompute: set[int]) -> bool:
         """Score one ZeRO stage of the group, micro-batch by micro-batch, smallest first."""
         result, training = self.result, self.case.training
         at_least = 1  # fewest recomputed layers found at the last micro-batch
         states_checked = self.first_only  # first_only checked the ZeRO stage's model states already
+        degrees_checked = False
         # Where the model states fit only under offload: every layout that fits offloads the
         # optimizer, and its step takes at least this more than its floor.
         needs_offload, offload_least = False, 0.0
@@ -221,6 +232,15 @@ class _Search:
             if self.ordered and bounds[mbs] + traffic + offload_least > threshold:
                 result.pruned += 1
                 continue
+            if not degrees_checked:
+                # Before the first layout of the ZeRO stage is timed or scored: degrees the engine refuses
+                # (context parallelism that does not divide GPT-OSS's key-value groups, say) it refuses
+                # at every micro-batch, recomputation and offload, each of which was built to be refused
+                # (GPT-OSS 20B at 2^20 tokens on 1,024 H100s, Megatron alone: 20 s of 23).
+                degrees_checked = True
+                if self._degrees_refused(base):
+                    result.pruned += len(group.micro_batches) - index
+                    return False
             if not states_checked:
                 # Before the first layout of the ZeRO stage is timed or scored: where the model states
                 # alone overflow the GPU, neither this micro-batch nor a larger one fits.

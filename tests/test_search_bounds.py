@@ -20,6 +20,7 @@ from cost_models.specs import Job, Layout, SpecError
 from cost_models.step_time import step_time
 from planner.bands import indistinguishable_gap
 from planner.case import load_case
+from planner.engines.base import DEGREE_KEYS
 from planner.errors import CaseError
 from planner.plan import _table, layout_table, robust_choice
 from planner.search import _Search, search
@@ -54,6 +55,11 @@ CASES = {
     "nothing fits": {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
                      "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"},
                      "search": {"target": "megatron"}},
+    # Megatron runs context parallelism beside sliding-window layers as an all-to-all over the key-value
+    # groups: cp must divide them, a rule of the layout's degrees.
+    "sliding window": {"model": {"preset": "gpt-oss-20b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+                       "training": {"global_batch_size": 8, "seq_len": 131072, "precision": "bf16"},
+                       "search": {"target": "megatron"}},
     "deepspeed": {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
                   "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"}},
 }
@@ -381,3 +387,50 @@ def test_a_layout_the_engine_refuses_is_not_scored_at_any_recompute_count():
     assert least_full_recompute(case, spec, layout, 1, lambda job, peak: None,
                                 fit=lambda job, headroom: scored.append(job) or fits(job, headroom)) is None
     assert scored == []
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "moe overlap", "balanced, interleaved", "fsdp experts", "deepspeed",
+                                  "sliding window"])
+def test_what_an_engine_refuses_of_a_layouts_degrees_it_refuses_at_any_recomputation_and_offload(name):
+    """The search skips a ZeRO stage of a group whose degrees the engine refuses (a problem keyed on
+    ``DEGREE_KEYS``) before any of its layouts is scored: every engine's rules must refuse such a
+    layout at every micro-batch, recomputation and offload alike."""
+    case = loaded(name)
+    spec = case.search
+    bundles = selective_bundles(case.model, case.training, spec.engine)
+    refused = 0
+    for group in list(groups(case, spec))[::3]:
+        for zero in group.zeros:
+            for mbs in group.micro_batches:
+                base = group.layout(mbs, zero)
+                variants = [rung.with_changes(**offload) for rung in recompute_ladder(spec, base, bundles)
+                            for offload in offload_options(spec, zero)]
+                keys = set()
+                for layout in [base] + variants:
+                    try:
+                        job = Job(case.model, case.cluster, case.training, layout, case.overheads)
+                    except SpecError:
+                        continue
+                    keys.add(frozenset(k for k, _ in spec.runner.problems(job) if k in DEGREE_KEYS))
+                assert len(keys) <= 1, (base, keys)
+                refused += bool(keys and next(iter(keys)))
+    # Where the engine's rules refuse degrees (the all-to-all's overlap, FSDP2's expert grid, DeepSpeed-MoE's
+    # ZeRO 3, the sliding window's context parallelism), some layouts were seen refused.
+    assert refused > 0 or name in ("dense", "moe", "balanced, interleaved")
+
+
+def test_a_zero_stage_whose_degrees_the_engine_refuses_is_not_scored(monkeypatch):
+    """GPT-OSS 20B at 2^19 tokens on 16 H100s under Megatron: cp 16 splits its 8 key-value groups, which
+    Megatron refuses at any recomputation and offload; each such layout was scored rung by rung and
+    offload by offload to be refused (Megatron alone at 2^20 tokens on 1,024 H100s: 20 s of 23)."""
+    import planner.search as search_module
+
+    case = load_case({"model": {"preset": "gpt-oss-20b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+                      "training": {"global_batch_size": 8, "seq_len": 524288, "precision": "bf16"},
+                      "search": {"target": "megatron"}}, ignore_layout=True)
+    scored = []
+    least = search_module.least_recompute
+    monkeypatch.setattr(search_module, "least_recompute",
+                        lambda case, spec, base, *args, **kw: scored.append(base) or least(case, spec, base, *args, **kw))
+    search(case, case.search, first_only=True)
+    assert scored and not [b for b in scored if b.cp == 16 and b.tp == 1]

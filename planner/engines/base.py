@@ -209,6 +209,13 @@ class EngineSupport:
         return out
 
 
+# The keys of an engine's problems that a layout's degrees decide (the parallel grid, the pipeline's
+# stages, the ZeRO stage): a layout refused on one is refused with any recomputation, offload and
+# micro-batch (tests/test_search_bounds.py holds every engine's rules to it).
+DEGREE_KEYS = frozenset(f"layout.{key}" for key in ("dp", "tp", "pp", "cp", "vpp", "ep", "etp", "sequence_parallel",
+                                                    "stage_layers", "zero_stage"))
+
+
 class Emitter(Protocol):
     """An engine's launch files (its package's ``emit`` module): ``render`` gives each file's
     name (relative to the output folder) and text for the estimate's layout, every file opening with
