@@ -346,14 +346,18 @@ def check_explained(result: Fit, source: str) -> None:
     """Refuse a fit where most runs stay more than UNEXPLAINED× off: no figure of the cost model
     explains them (a step time in milliseconds read as seconds, tokens/s per GPU as the total, a
     peak in MB), and the profile would be the priors labelled as fitted."""
-    far = result.unexplained()
-    measured = sum((r.throughput_after is not None) + (r.memory_after is not None) for r in result.residuals)
-    if far and 2 * len(far) > measured:
-        rid, what, ratio = max(far, key=lambda f: abs(math.log(f[2])))
-        raise CaseError(source, f"{rid}.measured",
-                        f"{len(far)} of {measured} measurements stay more than {UNEXPLAINED:g}x from the model after "
-                        f"the fit (this run's {what}: {_factor(what, ratio)}): no figure explains them; check their units "
-                        "(iteration_time_s in seconds, tokens_per_sec_total over all GPUs, memory_gb_per_gpu in GB)")
+    # Speed and memory each on its own: three step times in milliseconds beside three good peaks were
+    # 3 of 6 measurements off, not most, and fitted a GEMM efficiency of 0.02 (exit 0).
+    for kind, attr in (("tokens/s", "throughput_after"), ("peak memory", "memory_after")):
+        far = [f for f in result.unexplained() if f[1] == kind]
+        measured = sum(getattr(r, attr) is not None for r in result.residuals)
+        if far and 2 * len(far) > measured:
+            rid, what, ratio = max(far, key=lambda f: abs(math.log(f[2])))
+            raise CaseError(source, f"{rid}.measured",
+                            f"{len(far)} of {measured} runs' {kind} stay more than {UNEXPLAINED:g}x from the model "
+                            f"after the fit (this run's: {_factor(what, ratio)}): no figure explains them; check their "
+                            "units (iteration_time_s in seconds, tokens_per_sec_total over all GPUs, memory_gb_per_gpu "
+                            "in GB)")
 
 
 def _sensitivities(runs: Sequence[Run], hw: Hardware, params: Sequence[Parameter], base: dict[str, float],

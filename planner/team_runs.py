@@ -615,7 +615,10 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
             raise CaseError(str(log), "", f"its peak memory is {reading.peak_gib:.4g} GiB; expected one from "
                                           f"{MIN_FIGURE:g} to {ROW_MEASURES['memory_gb_per_gpu']:g} GiB")
         stage = 0 if reading.peak_of_rank_0_only and job.layout.pp > 1 else None
-        run = Run(Path(str(log)).name, data, tokens, reading.peak_gib, stage)
+        # Named by its file's name, or its path where two logs share a name (run/0/train.log, run/1/train.log).
+        names = [Path(str(other)).name for other in logs]
+        name = Path(str(log)).name if names.count(Path(str(log)).name) == 1 else str(log)
+        run = Run(name, data, tokens, reading.peak_gib, stage)
         try:
             check_run(run, str(log), case_file=src)
         except CaseError as error:  # a figure the log printed: named as the log's, not a runs file's key
@@ -625,6 +628,9 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
                 raise
             raise CaseError(str(log), "", f"{what}: {error.expected}") from None
         runs.append(run)
+    # As a runs file's are (load_runs): a log given twice under two names, or two logs of one job that
+    # ran 2x apart, were fitted between the two, describing neither.
+    check_each_run_once(runs, "--from-logs")
     return runs
 
 

@@ -764,6 +764,37 @@ def test_runs_no_figure_explains_are_refused_naming_the_units(tmp_path):
     assert refused.value.key.endswith(".measured") and "units" in refused.value.expected
 
 
+def test_step_times_in_milliseconds_beside_good_peaks_are_refused():
+    """The same units' slip with each run's peak given too: three good peaks beside three wrong
+    speeds were 3 of 6 measurements off, not most, and the fit wrote a GEMM efficiency at its
+    lower bound (exit 0). Speed and memory are each held to it on their own."""
+    runs = [Run(r.id, r.case, r.tokens_per_s / 1000, estimate(r.case).peak.total / 2**30)
+            for r in measured_runs(LAYOUTS[:6])]
+    with pytest.raises(CaseError) as refused:
+        calibrate_from_runs(runs)
+    assert "runs' tokens/s stay more than 3x" in refused.value.expected and "units" in refused.value.expected
+
+
+def test_logs_of_one_job_are_held_to_a_runs_files_rules(tmp_path):
+    """A log given twice under two names weighed double; two logs of one job 2x apart were fitted
+    between the two (a runs file refuses both: check_each_run_once). Two logs of one name in two
+    folders are two runs."""
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump(case(8, 1, 1, 1, 1)))
+    first = write(tmp_path, "a.log", MEGATRON_LOG)
+    with pytest.raises(CaseError, match=r"--from-logs: copy.log: repeats run a.log"):
+        runs_from_logs([first, write(tmp_path, "copy.log", MEGATRON_LOG)], [case_path])
+    slower = re.sub(r"elapsed time per iteration \(ms\): ([0-9.]+)",
+                    lambda m: f"elapsed time per iteration (ms): {2 * float(m[1])}", MEGATRON_LOG)
+    with pytest.raises(CaseError, match=r"--from-logs: b.log: the same job as a.log .* ran 2.0x apart"):
+        runs_from_logs([first, write(tmp_path, "b.log", slower)], [case_path])
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    named = [write(tmp_path / "x", "train.log", MEGATRON_LOG), write(tmp_path / "y", "train.log", slower)]
+    with pytest.raises(CaseError, match=r"the same job as .*x/train.log"):
+        runs_from_logs(named, [case_path])
+
+
 def test_a_figure_fitted_far_from_its_prior_is_said():
     """Tokens/s per GPU given as the total over 8-64 GPUs: the fit can explain it by GEMMs at a
     tenth of the preset's efficiency, and says so rather than writing it without a word."""
