@@ -49,7 +49,9 @@ MEGATRON_SETTINGS = ("bf16", "fp16", "fp8", "use_distributed_optimizer", "use_to
 # ("[INFO] [config.py:1000:print]", torchrun's "[rank0]:").
 MEGATRON_ARG = re.compile(r"^(?:[ \t]*\[[^\]\n]*\]:?)*[ \t]*([a-z_0-9]+) \.* [ \t]*(\S+)[ \t]*$", re.MULTILINE)
 TITAN_PARAMETERS = re.compile(r"size:\s*" + NUMBER + r"\s*total parameters")
-DS_TIMERS = re.compile(r"time \(ms\) \| fwd: " + NUMBER + r" \| bwd: " + NUMBER + r" \| step: " + NUMBER)
+# Any figure after each timer's name: one that is no number ("nan", "N/A", a negative) is refused naming
+# its line, not skipped (a skipped line also moved which lines counted as warm-up).
+DS_TIMERS = re.compile(r"time \(ms\) \| fwd: ([^\s|]+) \| bwd: ([^\s|]+) \| step: ([^\s|]+)")
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,17 @@ def _num(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+def _timer_total(match: re.Match) -> float:
+    """The sum of a DeepSpeed timer line's fwd, bwd and step figures; NaN where one is no
+    non-negative number (refused by the reader, naming the line)."""
+    figures = []
+    for text in match.groups():
+        if not re.fullmatch(NUMBER, text):
+            return math.nan
+        figures.append(_num(text))
+    return sum(figures)
+
+
 # The most digits a step, rank or batch count a log prints may have: Python refuses to read an
 # integer of more than 4,300 (a traceback), and no run counts past 10^18.
 MAX_COUNT_DIGITS = 18
@@ -185,12 +198,11 @@ def read_log(path: Path) -> LogReading:
     megatron = MEGATRON_STEP.points(text, src)
     titan = TITAN_STEP.points(text, src)
     deepspeed = DS_THROUGHPUT.points(text, src)
-    timers = [(i + 1, _num(m.group(1)) + _num(m.group(2)) + _num(m.group(3)), m.start())
-              for i, m in enumerate(DS_TIMERS.finditer(text))]
+    timers = [(i + 1, _timer_total(m), m.start()) for i, m in enumerate(DS_TIMERS.finditer(text))]
     for _, total, at in timers:
         if not math.isfinite(total) or total <= 0:
             raise CaseError(src, f"line {text.count(chr(10), 0, at) + 1}",
-                            "a 'time (ms) | fwd: … | bwd: … | step: …' timer line: expected finite figures whose sum "
+                            "a 'time (ms) | fwd: … | bwd: … | step: …' timer line: expected milliseconds, none negative, whose sum "
                             "is positive")
     timers = [(step, total) for step, total, _ in timers]
     if titan and (megatron or deepspeed or timers):

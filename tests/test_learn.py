@@ -425,6 +425,22 @@ def test_a_step_line_without_a_positive_figure_names_its_line(tmp_path, name, lo
         read_log(path)
 
 
+# DeepSpeed's wall-clock breakdown (``wall_clock_breakdown``): one line a step.
+DS_TIMER_LOG = "".join(f"[Rank 0] time (ms) | fwd: 1100.0 | bwd: 2200.0 | step: {200 + i}.0\n" for i in range(10))
+
+
+@pytest.mark.parametrize("figures", ["fwd: nan | bwd: nan | step: nan", "fwd: -1100.0 | bwd: 2200.0 | step: 200.0",
+                                     "fwd: N/A | bwd: 2200.0 | step: 200.0", "fwd: inf | bwd: 1 | step: 1"])
+def test_a_deepspeed_timer_line_without_a_figure_names_its_line(tmp_path, figures):
+    """A timer line whose figure is no number (nan, N/A, inf) or negative matched no pattern and was
+    skipped, the run fitted on the others, exit 0, where a zero was refused naming its line."""
+    assert read_log(write(tmp_path, "ok.log", DS_TIMER_LOG)).step_time_s > 0
+    lines = DS_TIMER_LOG.splitlines(keepends=True)
+    lines[5] = f"[Rank 0] time (ms) | {figures}\n"
+    with pytest.raises(CaseError, match=r"ds.log: line 6: a 'time \(ms\) .* timer line: expected milliseconds"):
+        read_log(write(tmp_path, "ds.log", "".join(lines)))
+
+
 @pytest.mark.parametrize("name, log, old, new", [
     ("megatron.log", MEGATRON_LOG, "iteration        5/", "iteration " + "9" * 5000 + "/"),
     ("megatron.log", MEGATRON_LOG, "[Rank 1]", "[Rank " + "9" * 5000 + "]"),
