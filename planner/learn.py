@@ -277,6 +277,7 @@ class Figure:
     runs: int  # runs whose prediction moves by INFORMS or more when the figure moves by its width
     fitted: bool
     why_not: str = ""  # why a figure stayed at its prior
+    bound: Optional[float] = None  # the bound of its Parameter the fit stopped at, where it did
 
 
 @dataclass(frozen=True)
@@ -325,6 +326,12 @@ class Fit:
                  f"(a stall, or a figure in other units); it weighs little in the fit" for rid, what, ratio
                  in self.unexplained()]
         for f in self.figures:
+            if f.bound is not None:
+                # Two A100 runs at 95 % MFU fitted the GEMMs at 100 % of the datasheet peak, without a word.
+                lines.append(f"{f.name} fitted at its bound, {_show(f.name, f.bound)} (the preset's "
+                             f"{_show(f.name, f.prior)}): no value the model allows explains the runs; check their "
+                             "figures, or what they ran that the model does not price")
+                continue
             apart = max(f.value / f.prior, f.prior / f.value) if f.fitted and f.prior > 0 and f.value > 0 else 1.0
             if apart >= FAR_FROM_PRIOR:
                 lines.append(f"{f.name} fitted at {_show(f.name, f.value)}, {apart:.1f}x "
@@ -482,7 +489,9 @@ def fit(runs: Sequence[Run], source: str = "runs", gpu_preset: Optional[str] = N
             why = "" if j in chosen else ("no run informs it" if not informs[j] else
                                           f"fewer runs ({len(group)}) than informed figures ({len(candidates)}); "
                                           "the ones listed first were fitted")
-            figures.append(Figure(p.name, priors[p.name], values[p.name], informs[j], j in chosen, why))
+            at = next((b for b in (p.low, p.high) if values[p.name] == b and values[p.name] != priors[p.name]), None)
+            figures.append(Figure(p.name, priors[p.name], values[p.name], informs[j], j in chosen, why,
+                                  at if j in chosen else None))
     residuals = []
     for r in runs:
         before, after = predict(r, hw, priors), predict(r, hw, values)

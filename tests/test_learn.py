@@ -820,6 +820,18 @@ def test_a_figure_fitted_far_from_its_prior_is_said():
     assert not fit(measured_runs()).warnings()
 
 
+def test_a_figure_fitted_at_its_bound_is_said():
+    """Runs 1.6x faster than the preset explains: the GEMMs fitted at 100 % of the datasheet peak (the
+    bound), only 1.33x the prior's 0.75 on an A100, under the far-from-prior warning: written without a
+    word. A figure at its bound says no value the model allows explains the runs."""
+    runs = [Run(r.id, r.case, r.tokens_per_s * 1.6) for r in measured_runs(LAYOUTS[:6])]
+    result = fit(runs)
+    gemm = next(f for f in result.figures if f.name == "performance.gemm_efficiency")
+    assert gemm.value == 1.0 and gemm.bound == 1.0
+    assert any(line.startswith("performance.gemm_efficiency fitted at its bound, 1") for line in result.warnings())
+    assert not any("at its bound" in line for line in fit(measured_runs()).warnings())
+
+
 def _dump(*settings: str) -> str:
     return "".join(f"  {name} {'.' * 20} {value}\n" for name, value in (s.split() for s in settings))
 
