@@ -563,9 +563,11 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
         data = absolute_paths(data, base)
         reading = read_log(log)
         training = dict(data.get("training") or {})
-        if "engine" not in training:  # priced as the engine that ran it
+        if training.get("engine") in (None, "any"):
+            # Priced as the engine that ran it: under the case's "any" (plain PyTorch) a torchtitan log was
+            # fitted as another engine's run, and torchtitan's plans said they lay outside the fitted runs.
             training["engine"] = reading.engine
-        elif training["engine"] not in ("any", reading.engine):
+        elif training["engine"] != reading.engine:
             raise CaseError(str(log), "", f"is a {reading.engine} log; the case {src} says training.engine "
                                           f"{training['engine']}")
         data = {**data, "training": training}

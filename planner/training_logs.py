@@ -218,7 +218,9 @@ def read_log(path: Path) -> LogReading:
         batch_of = {_count(m.group(1), src, number): _count(b.group(1), src, number)
                     for number, line in enumerate(text.splitlines(), 1)
                     for m in [MEGATRON_STEP.key.search(line)] for b in [MEGATRON_BATCH.search(line)] if m and b}
-        final = batch_of[megatron[-1][0]] if megatron[-1][0] in batch_of else None
+        # The batch the run ends at: its last interval's that states one (a log cut off mid-line, the last
+        # interval's batch lost, excluded every interval that stated its own).
+        final = next((batch_of[step] for step, _ in reversed(megatron) if step in batch_of), None)
         times = _after_warmup([(step, v) for step, v in megatron if batch_of.get(step, final) == final])
         memory = MEGATRON_MEMORY.points(text, src)
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}

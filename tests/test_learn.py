@@ -351,6 +351,29 @@ def test_a_torchtitan_run_fits_the_same_from_its_log_as_from_a_runs_file(tmp_pat
     assert fit([from_log]).values == pytest.approx(fit([from_row]).values)
 
 
+def test_a_torchtitan_log_under_a_case_of_any_engine_is_priced_as_torchtitan(tmp_path):
+    """A case's training.engine "any" (plain PyTorch) priced a torchtitan log as another engine's run
+    (its memory 18 % apart), and torchtitan's plans on the profile lay "outside the fitted runs"."""
+    row = published_row(framework="torchtitan", parallel__zero_stage=3,
+                        measured={"tokens_per_sec_per_gpu": 6000.0, "memory_gb_per_gpu": 66.41})
+    from_row, = runs_from_rows([row], "runs.yaml")
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump({**from_row.case, "training": {**from_row.case["training"], "engine": "any"}}))
+    from_log, = runs_from_logs([write(tmp_path, "titan.log", TITAN_LOG)], [case_path])
+    assert from_log.case["training"]["engine"] == "torchtitan"
+    assert fit([from_log]).values == pytest.approx(fit([from_row]).values)
+
+
+def test_a_megatron_log_cut_off_in_its_last_line_reads_the_intervals_before(tmp_path):
+    """The last line cut before its 'global batch size' (a run killed mid-write): its missing batch was
+    taken for the run's, every interval that stated 512 was left out, and the log refused as holding
+    no step time past warm-up."""
+    whole = read_log(write(tmp_path, "whole.log", MEGATRON_LOG))
+    cut = MEGATRON_LOG[:MEGATRON_LOG.rindex("global batch size")]
+    reading = read_log(write(tmp_path, "cut.log", cut))
+    assert reading.step_time_s == pytest.approx(whole.step_time_s, rel=0.01) and reading.steps == whole.steps
+
+
 @pytest.mark.parametrize("settings, key, says", [
     (("bf16 False", "fp16 True"), "precision", "the log's arguments train in fp16, the case"),
     (("use_distributed_optimizer False",), "use_distributed_optimizer", "the log's False, the case"),
