@@ -120,6 +120,22 @@ class LogReading:
     settings: tuple[tuple[str, str], ...] = ()
 
 
+# torchrun's prefix of each rank's lines, where its console is every rank's (no --local-ranks-filter).
+TORCHRUN_RANK = re.compile(r"^\[rank(\d{1,9})\]:", re.MULTILINE)
+
+
+def _lowest_rank_lines(text: str) -> str:
+    """A torchtitan log of every rank's lines (each behind torchrun's "[rankN]:") as its lowest rank's:
+    torchtitan logs its steps on every rank, and the ranks' steps one after another were refused as
+    "more than one run". ``text`` itself where it holds one rank's lines or none prefixed."""
+    ranks = {int(m.group(1)) for m in TORCHRUN_RANK.finditer(text)}
+    if len(ranks) < 2:
+        return text
+    lowest = min(ranks)
+    return "\n".join(line for line in text.splitlines()
+                     if not (m := TORCHRUN_RANK.match(line)) or int(m.group(1)) == lowest)
+
+
 def _num(text: str) -> float:
     return float(text.replace(",", ""))
 
@@ -244,8 +260,11 @@ def read_log(path: Path) -> LogReading:
                              peak_gib=max(v for _, v in memory) / 1024 if memory else None,
                              peak_of_rank_0_only=bool(memory) and {r for r, _ in memory} == {0})
     elif titan:
+        ranked = _lowest_rank_lines(text)
+        if ranked is not text:
+            titan = TITAN_STEP.points(ranked, src)
         times = _after_warmup(_in_order(titan, src, "step"))
-        memory = _after_warmup(TITAN_MEMORY.points(text, src))
+        memory = _after_warmup(TITAN_MEMORY.points(ranked, src))
         params = [_num(m.group(1)) for m in TITAN_PARAMETERS.finditer(text)]
         reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
                              peak_gib=max(memory) if memory else None, peak_of_rank_0_only=bool(memory),

@@ -364,6 +364,16 @@ def test_a_torchtitan_log_under_a_case_of_any_engine_is_priced_as_torchtitan(tmp
     assert fit([from_log]).values == pytest.approx(fit([from_row]).values)
 
 
+def test_a_torchtitan_log_of_every_ranks_lines_reads_as_its_lowest_ranks(tmp_path):
+    """torchrun's console without a rank filter holds every rank's step lines, each behind its
+    "[rankN]:": refused as "more than one run" (step 1 after step 1). Rank 0's are the log."""
+    one = read_log(write(tmp_path, "one.log", TITAN_LOG))
+    lines = TITAN_LOG.splitlines(keepends=True)
+    every = "".join(line + line.replace("[rank0]:", "[rank1]:").replace("tps: ", "tps: 9") for line in lines)
+    both = read_log(write(tmp_path, "every.log", every))
+    assert (both.tokens_per_s_per_gpu, both.steps, both.peak_gib) == (one.tokens_per_s_per_gpu, one.steps, one.peak_gib)
+
+
 def test_a_megatron_log_cut_off_in_its_last_line_reads_the_intervals_before(tmp_path):
     """The last line cut before its 'global batch size' (a run killed mid-write): its missing batch was
     taken for the run's, every interval that stated 512 was left out, and the log refused as holding
