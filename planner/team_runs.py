@@ -555,6 +555,8 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
         raise CaseError("--case", "", f"expected one case for every log or one per log; got {len(cases)} cases for "
                                       f"{len(logs)} logs")
     runs = []
+    # Each run is named by its log's file name, or its path where two logs share one (run/0/train.log).
+    names = [Path(str(log)).name for log in logs]
     for i, log in enumerate(logs):
         case_path = cases[0] if len(cases) == 1 else cases[i]
         data, src, base = read_case(case_path)
@@ -617,8 +619,6 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
             raise CaseError(str(log), "", f"its peak memory is {reading.peak_gib:.4g} GiB; expected one from "
                                           f"{MIN_FIGURE:g} to {ROW_MEASURES['memory_gb_per_gpu']:g} GiB")
         stage = 0 if reading.peak_of_rank_0_only and job.layout.pp > 1 else None
-        # Named by its file's name, or its path where two logs share a name (run/0/train.log, run/1/train.log).
-        names = [Path(str(other)).name for other in logs]
         name = Path(str(log)).name if names.count(Path(str(log)).name) == 1 else str(log)
         run = Run(name, data, tokens, reading.peak_gib, stage)
         try:
