@@ -562,7 +562,8 @@ def calibrate_from_runs(runs: Any, gpu_preset: Optional[str] = None) -> tuple[di
     or a list mixing them; ``gpu_preset``: the GPU preset whose figures are the priors (default:
     the runs' own)."""
     if gpu_preset is not None:
-        read_str("calibrate_from_runs", "gpu_preset", gpu_preset)
+        # Named as the API's argument (the fit's own check names the CLI's --gpu-preset).
+        resolve_gpu_preset("calibrate_from_runs", "gpu_preset", read_str("calibrate_from_runs", "gpu_preset", gpu_preset))
     items = list(runs) if isinstance(runs, (list, tuple)) else [runs]
     collected: list[Run] = []
     rows: list[Any] = []

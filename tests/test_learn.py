@@ -1078,3 +1078,12 @@ def test_a_log_that_never_ran_its_stated_batch_is_refused(tmp_path):
         read_log(write(tmp_path, "short.log", log))
     assert error.value.key == "global batch size" and "the last interval ran 64" in error.value.expected
     assert "global_batch_size 128" in error.value.expected
+
+
+def test_an_unknown_gpu_preset_is_named_as_the_apis_argument():
+    """calibrate_from_runs(runs, gpu_preset="zz") raised CaseError("--gpu-preset", ""): the CLI's flag and
+    no key, where its type check names (calibrate_from_runs, gpu_preset)."""
+    with pytest.raises(CaseError) as error:
+        calibrate_from_runs(measured_runs(LAYOUTS[:2]), gpu_preset="zz")
+    assert (error.value.source, error.value.key) == ("calibrate_from_runs", "gpu_preset")
+    assert "unknown GPU preset 'zz'" in error.value.expected
