@@ -26,7 +26,7 @@ from cost_models.memory import job_stage_parameters  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 PIPELINE = textwrap.dedent("""
-    import json, torch, torch.nn as nn, torch.distributed as dist
+    import json, os, torch, torch.nn as nn, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
     from torch.distributed.pipelining import PipelineStage
@@ -76,12 +76,13 @@ PIPELINE = textwrap.dedent("""
         schedule.step(target=torch.zeros(8, 4, H), losses=[])
     seen["stage_params"] = sum(p.numel() for p in model.parameters())  # DTensors: the unsharded size
     if dist.get_rank() == 0:
-        print(json.dumps(seen))
-    dist.destroy_process_group()
+        print(json.dumps(seen), flush=True)
+    dist.barrier()
+    os._exit(0)  # measured: no teardown, which aborted now and then under FSDP2 (see torchrun below)
 """)
 
 REPLICATED = textwrap.dedent("""
-    import json, torch, torch.nn as nn, torch.distributed as dist
+    import json, os, torch, torch.nn as nn, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 
@@ -105,12 +106,17 @@ REPLICATED = textwrap.dedent("""
     held = next(model.parameters())
     if dist.get_rank() == 0:
         print(json.dumps({"reduced_bytes": reduced, "params": sum(p.numel() for p in model.parameters()),
-                          "held_dtype": str(held.dtype)}))
-    dist.destroy_process_group()
+                          "held_dtype": str(held.dtype)}), flush=True)
+    dist.barrier()
+    os._exit(0)  # measured: no teardown, which aborted now and then under FSDP2 (see torchrun below)
 """)
 
 
 def torchrun(script: str, ranks: int, tmp_path: Path) -> dict:
+    """The JSON rank 0 prints, run under torchrun on ``ranks`` CPU ranks. The workers end with
+    os._exit once measured: torch 2.13's gloo teardown after FSDP2 aborted one run in 8-15 under load
+    ("terminate called without an active exception", the measurement printed before it), and
+    failed the suite from a fresh clone."""
     path = tmp_path / "worker.py"
     path.write_text(script)
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
