@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from cost_models.placement import stage_layers as stage_layers_of
 from cost_models.specs import Layout
@@ -110,7 +110,8 @@ def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: Optiona
     out = read_path("emit", "out_dir", out_dir)
     files, notes = render(result, engine, source, force_unfit)
     removed = earlier_emission(out, files) if force else []
-    written = write_all([Output(out / name, text) for name, text in files.items()], force, removes=removed)
+    written = write_all([Output(out / name, text, "out_dir", "force=True") for name, text in files.items()], force,
+                        removes=removed)
     return Emitted(tuple(written), tuple(notes) + tuple(removed_notes(removed)))
 
 
@@ -126,7 +127,23 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
     """The layout of an existing config: a DeepSpeed ds_config.json (``pp`` and ``tp`` say what it
     does not: the pipeline stages, and tensor parallelism in a Megatron-DeepSpeed pipeline) or a
     Megatron-LM argument list or launch script. Contradictions with the case are a CaseError
-    naming the file and key."""
+    naming the file and key; an argument the config contradicts, a CaseError naming it
+    (``read_config``, the argument)."""
+    return read_layout(case, engine, path, pp, tp, micro_batch_size, recompute, ep, stage_layers,
+                       argument=lambda option: ("read_config", option))
+
+
+def option_flag(option: str) -> tuple[str, str]:
+    """How the CLI names a reader's option in an error: its flag (``--stage-layers``), no key."""
+    return f"--{option.replace('_', '-')}", ""
+
+
+def read_layout(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] = None, tp: Optional[int] = None,
+                micro_batch_size: Optional[int] = None, recompute: Optional[str] = None, ep: Optional[int] = None,
+                stage_layers: Optional[tuple[int, ...]] = None,
+                argument: Callable[[str], tuple[str, str]] = option_flag) -> Layout:
+    """:func:`read_config`, an option the config contradicts named as ``argument`` names it (the
+    API's argument, or the CLI's flag)."""
     from .case import Case, load_case
 
     if engine not in READERS:
@@ -141,7 +158,9 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
     if recompute is not None and recompute not in ("none", "selective", "full"):
         raise CaseError("read_config", "recompute", f"expected none, selective or full, got {recompute!r}")
     path = read_path("read_config", "path", path)
-    loaded = case if isinstance(case, Case) else load_case(case)
+    # Read as the config's engine runs it, whatever engine the case names, as `diagnose` reads it: its
+    # own split of the pipeline stages, say (not the generic engine's, balanced by compute).
+    loaded = case if isinstance(case, Case) else load_case(case, engine=engine)
     given = {k: v for k, v in {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size,
                                 "recompute": recompute, "ep": ep, "stage_layers": stage_layers}.items()
              if v is not None}
@@ -155,6 +174,6 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
             stage_layers_of(loaded.model, loaded.training, layout)
         if option not in reader.reader_options and value != stated:
             shown = (lambda v: ",".join(map(str, v))) if option == "stage_layers" else str
-            raise CaseError(f"--{option.replace('_', '-')}", "", f"{shown(value)} differs from the {shown(stated)} "
-                                                                 f"{path.name} states, which the run takes")
+            raise CaseError(*argument(option), f"{shown(value)} differs from the {shown(stated)} "
+                                               f"{path.name} states, which the run takes")
     return layout

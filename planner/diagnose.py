@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .case import Case, load_case
-from .configs import read_config
+from .configs import read_layout
 from .errors import CaseError
 from .fields import read_path
 from .estimate import Estimate, estimate_job
@@ -183,8 +183,8 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
 
         misspelled = tuple(misspelled_keys(config))
     try:
-        layout = read_config(loaded, engine, config if config is not None else megatron_args, pp=pp, tp=tp,
-                             micro_batch_size=micro_batch_size, recompute=recompute, ep=ep, stage_layers=stage_layers)
+        layout = read_layout(loaded, engine, config if config is not None else megatron_args, pp, tp,
+                             micro_batch_size, recompute, ep, stage_layers)
     except CaseError as error:  # a refusal a misspelled key may explain (zero_optimisation: ZeRO 0)
         if not misspelled:
             raise
@@ -229,7 +229,7 @@ def _diagnose_torchtitan(case: Any, path: Path, **options: Any) -> Diagnosis:
     """A torchtitan job (``engines.torchtitan.read``) against the planner's best: the case trained as
     the job runs it where the case leaves it to the engine (the compiled loss, async TP), the layout it
     runs, and notes on what the estimate does not see as the job runs it. ``options`` are the
-    DeepSpeed reader's, refused where they differ from what the job states (``read_config``)."""
+    DeepSpeed reader's, refused where they differ from what the job states (``read_layout``)."""
     from .engines.torchtitan.read import read_training, reading_notes, taken_from_job, with_training
 
     engine = "torchtitan"
@@ -237,7 +237,7 @@ def _diagnose_torchtitan(case: Any, path: Path, **options: Any) -> Diagnosis:
     settings = read_training(path, loaded)
     as_given = loaded
     loaded = with_training(loaded, path, settings)
-    layout = read_config(loaded, engine, path, **options)
+    layout = read_layout(loaded, engine, path, **options)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)
     loaded = replace(loaded, training=training, search=spec)
     try:

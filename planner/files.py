@@ -30,11 +30,13 @@ _HELD_SIGNALS = {getattr(signal, name) for name in INTERRUPTS}  # what the CLI a
 
 @dataclass(frozen=True)
 class Output:
-    """One file to write; ``option`` is the command-line option that named it (for errors)."""
+    """One file to write; ``option`` is the command-line option (or the API's argument) that named
+    it, and ``force`` how its caller says to overwrite (for errors)."""
 
     path: Path
     data: Union[str, bytes]
     option: str = "--out"
+    force: str = "--force"
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -72,7 +74,7 @@ def check_writable(outputs: list[Output], force: bool) -> None:
         _refuse_special(out)
         # A link to nowhere exists too: writing would replace the link the user made.
         if os.path.lexists(out.path) and not force:
-            raise CaseError(str(out.path), out.option, "exists; pass --force to overwrite")
+            raise CaseError(str(out.path), out.option, f"exists; pass {out.force} to overwrite")
         folder = _nearest_existing(out.path.parent)
         if folder in probed:
             continue
@@ -180,7 +182,7 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
                     locks.enter_context(_locked(folder))
                 for out, _ in staged:  # again, now that no other run can write here
                     if os.path.lexists(out.path) and not force:
-                        raise CaseError(str(out.path), out.option, "exists; pass --force to overwrite")
+                        raise CaseError(str(out.path), out.option, f"exists; pass {out.force} to overwrite")
                 try:
                     with _signals_held():
                         raise_if_interrupted()  # one that landed where Python drops exceptions

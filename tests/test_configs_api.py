@@ -110,3 +110,34 @@ def test_what_a_ds_config_leaves_to_the_model_code_is_read_from_the_cases_layout
     planner.emit(est, "deepspeed", tmp_path)
     read = planner.read_config({**case, "layout": layout}, "deepspeed", tmp_path / "ds_config.json")
     assert read == est.job.layout
+
+
+def test_emit_into_a_folder_with_its_files_names_the_apis_own_arguments(tmp_path):
+    """planner.emit into a folder holding its files said "--out: exists; pass --force to overwrite":
+    the CLI's spellings, where the caller gave out_dir and force."""
+    est = planner.estimate({**CASE, "training": {**CASE["training"], "engine": "megatron"},
+                            "layout": {"dp": 16, "micro_batch_size": 2, "zero_stage": 1}})
+    planner.emit(est, "megatron", tmp_path)
+    before = (tmp_path / "megatron_args.txt").read_text()
+    with pytest.raises(CaseError) as error:
+        planner.emit(est, "megatron", tmp_path)
+    assert error.value.key == "out_dir" and error.value.expected == "exists; pass force=True to overwrite"
+    assert (tmp_path / "megatron_args.txt").read_text() == before
+
+
+def test_read_config_reads_the_config_as_its_engine_and_names_the_argument_it_contradicts(tmp_path):
+    """read_config(case, "megatron", args, stage_layers=(20, 12)) on arguments that state no split:
+    the case (naming no engine) was read as the generic engine, whose split balances compute, so the
+    arguments were said to state 17,15 where Megatron-LM splits 32 layers 16,16 (as `diagnose` says);
+    and the refusal named the CLI's --stage-layers, no key, where the caller gave an argument."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096}}
+    args = tmp_path / "megatron_args.txt"
+    args.write_text("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
+                    "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 "
+                    "--global-batch-size 64 --bf16\n")
+    with pytest.raises(CaseError) as error:
+        planner.read_config(case, "megatron", args, stage_layers=(20, 12))
+    assert (error.value.source, error.value.key) == ("read_config", "stage_layers")
+    assert error.value.expected.startswith("20,12 differs from the 16,16 megatron_args.txt states")
+    assert planner.read_config(case, "megatron", args, stage_layers=(16, 16)).pp == 2
