@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 
@@ -166,6 +166,7 @@ def plan_command(
         result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine, fastest=fastest)
         outputs: list[Output] = []
         removed: list[Path] = []
+        stale: Optional[Callable[[], list[Path]]] = None
         if emit is not None and result.best is not None:
             files, emitted = render(result.best, emit, str(case))
             notes += emitted  # after the ignored layout's note, which this once replaced
@@ -173,7 +174,11 @@ def plan_command(
             if force:
                 from .emit import earlier_emission
 
-                removed = earlier_emission(out, files)
+                def earlier() -> list[Path]:  # asked with the folder locked: another run may write there till then
+                    removed[:] = [p for p in earlier_emission(out, files) if p not in {o.path for o in outputs}]
+                    return removed
+
+                stale = earlier
         if plot is not None and result.best is not None:
             from .plots import render_plots
 
@@ -181,8 +186,7 @@ def plan_command(
         elif plot is not None:
             notes.append(f"--plot: nothing fits, so {plot} was not written (no layout to draw)")
         # All or none: the emitted configs, the plot, and an earlier emission's other files taken out.
-        written = write_all(outputs, force, last=True,
-                            removes=[p for p in removed if p not in {o.path for o in outputs}])
+        written = write_all(outputs, force, last=True, removes=stale or ())
         notes += removed_notes(removed)
     except CaseError as error:
         _fail(error)
@@ -228,10 +232,6 @@ def size_command(
                "gpu_hour_cost": "--gpu-hour-cost", "top_k": "--top"}
     try:
         size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top, names=options)
-        from .plan import check_ignored_layout
-
-        # Said once the case is read whole: a case refused later is one line, the refusal.
-        ignored = check_ignored_layout(case, "size")
         from .progress import terminal_progress
 
         with terminal_progress("sizing: cluster sizes searched") as progress:
@@ -242,11 +242,10 @@ def size_command(
             error = CaseError(options[error.key], "", error.expected)
         _fail(error)
     _say(warned)
-    notes = ((ignored,) if ignored else ()) + result.notes
-    for note in notes:
+    for note in result.notes:  # the ignored layout section's among them
         print(f"note: {one_line(note, 1000)}", file=sys.stderr)
-    if as_json:  # every note, as on stderr (the ignored layout section's was left out)
-        print(json.dumps({**result.to_dict(), "notes": list(notes)}, indent=2))
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
     else:
         from .size_report import print_sizing
 

@@ -109,9 +109,14 @@ def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: Optiona
         read_str("emit", "source", source)
     out = read_path("emit", "out_dir", out_dir)
     files, notes = render(result, engine, source, force_unfit)
-    removed = earlier_emission(out, files) if force else []
+    removed: list[Path] = []
+
+    def stale() -> list[Path]:  # asked with the folder locked: another run may be writing there until then
+        removed[:] = earlier_emission(out, files)
+        return removed
+
     written = write_all([Output(out / name, text, "out_dir", "force=True") for name, text in files.items()], force,
-                        removes=removed)
+                        removes=stale if force else ())
     return Emitted(tuple(written), tuple(notes) + tuple(removed_notes(removed)))
 
 

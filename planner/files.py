@@ -20,7 +20,7 @@ import tempfile
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 from .errors import INTERRUPTS, CaseError, ignore_interrupts, interrupts_deferred, raise_if_interrupted
 
@@ -142,12 +142,14 @@ def _put_back(moved: list[tuple[Path, Optional[Path]]]) -> None:
 
 
 def write_all(outputs: list[Output], force: bool, last: bool = False,
-              removes: Sequence[Path] = ()) -> list[Path]:
+              removes: Union[Sequence[Path], Callable[[], Sequence[Path]]] = ()) -> list[Path]:
     """Write every output, all or none (see the module docstring); returns their paths. ``last``
     (the CLI's: the command's last act) ignores interrupts once the files are in place, a signal
     held back during the renames included (``errors.ignore_interrupts``). ``removes`` (with
     ``force``: an earlier emission's files that these replace) are taken out in the same step, and
-    put back with the rest if it fails."""
+    put back with the rest if it fails; given as a function, it is asked once the folders are
+    locked, for files in the outputs' folders (what is there may change until then: another run's
+    emission into the same folder, written a moment before)."""
     outputs = list(outputs)
     assert force or not removes
     created: list[Path] = []
@@ -155,8 +157,6 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
     staged: list[tuple[Output, Path]] = []
     moved: list[tuple[Path, Optional[Path]]] = []
     done = False
-    umask = os.umask(0)
-    os.umask(umask)
     try:
         try:
             for out in outputs:
@@ -171,15 +171,20 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
                 mode = "wb" if isinstance(out.data, bytes) else "w"
                 with open(tmp, mode, **({} if isinstance(out.data, bytes) else {"encoding": "utf-8"})) as f:
                     f.write(out.data)
-                os.chmod(tmp, 0o666 & ~umask)  # what a plain open() would give; mkdtemp's folder is private
+                # open() gives the file what writing it in place would (0o666 less the umask): no
+                # chmod, and no os.umask to read the mask, which sets it for every thread at once.
                 staged.append((out, tmp))
-            for path in removes:
+            for path in ([] if callable(removes) else removes):
                 folder = Path(os.path.abspath(path.parent))
                 if folder not in stages:
                     stages[folder] = Path(tempfile.mkdtemp(dir=folder, prefix=_STAGING_PREFIX))
             with ExitStack() as locks:
                 for folder in sorted(stages):
                     locks.enter_context(_locked(folder))
+                if callable(removes):
+                    written = {out.path for out in outputs}
+                    removes = [path for path in removes() if path not in written
+                               and Path(os.path.abspath(path.parent)) in stages]
                 for out, _ in staged:  # again, now that no other run can write here
                     if os.path.lexists(out.path) and not force:
                         raise CaseError(str(out.path), out.option, f"exists; pass {out.force} to overwrite")

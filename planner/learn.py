@@ -35,6 +35,7 @@ Pure Python over the planner's own ``estimate``: no torch, so a team fits on any
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from dataclasses import dataclass
@@ -194,7 +195,9 @@ def prior_hardware(runs: Sequence[Run], source: str, gpu_preset: Optional[str] =
         raise CaseError(source, "cluster.gpu", "expected a GPU preset name: a profile's priors are a preset's figures")
     case = load_case(runs[0].case)
     section = runs[0].case["cluster"].get("fabric")
-    mapping = dict(fabric_presets()[fabric]) if fabric in fabric_presets() else dict(section or {})
+    # Copies, not the cached presets' own dicts: the fit and the profile it returns are the caller's
+    # to change, and a change to the preset would reach every later call in the process.
+    mapping = copy.deepcopy(fabric_presets()[fabric] if fabric in fabric_presets() else dict(section or {}))
     return Hardware(gpu, fabric, mapping, case.cluster.gpu.performance, case.overheads)
 
 
@@ -519,9 +522,9 @@ def profile_of(result: Fit, origin: str) -> dict[str, Any]:
     """The profile document: the GPU preset's fields, the performance and fabric figures with the
     fitted ones in, the allocator's overheads, and ``fitted``: priors, runs and coverage."""
     hw = result.hardware
-    gpu = {k: v for k, v in gpu_presets()[hw.gpu].items() if k != "fabric"}
+    gpu = {k: copy.deepcopy(v) for k, v in gpu_presets()[hw.gpu].items() if k != "fabric"}  # not the cached preset's
     values = result.values
-    performance = dict(performance_presets().get(hw.gpu) or {})
+    performance = copy.deepcopy(dict(performance_presets().get(hw.gpu) or {}))
     performance.pop("<<", None)
     probe = with_figures({"cluster": {}}, hw, {k: v for k, v in values.items() if k.startswith("performance.")})
     performance.update(probe["cluster"]["performance"])

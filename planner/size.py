@@ -341,7 +341,8 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
     if not callable(progress):
         raise CaseError("size", "progress",
                         f"expected a function of (sizes done, sizes in all), got {one_line(repr(progress), 60)}")
-    check_ignored_layout(case, "size")  # a malformed layout section is the case's error, as under plan
+    # A malformed layout section is the case's error, as under plan; a well-formed one, a note.
+    ignored = check_ignored_layout(case, "size")
     loaded, options = load_sizing_case(case)
     if target.gpu_hour_cost is not None:  # one price for every type: entries that differed only in theirs
         for i, option in enumerate(options):
@@ -350,8 +351,8 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
                 raise CaseError("size", "gpu_hour_cost", f"gives {option.key} the price of {same}, the same GPU "
                                                          "type and fabric: it would be its own runner-up; give each once")
     result = size_case(loaded, options, target, progress)
-    notes = tuple(n for n in (unpriced_note(options, target), fitted_note(result)) if n)
-    return replace(result, notes=result.notes + notes) if notes else result
+    return replace(result, notes=tuple(n for n in (ignored, *result.notes, unpriced_note(options, target),
+                                                   fitted_note(result)) if n))
 
 
 def fitted_note(result: Sizing) -> Optional[str]:

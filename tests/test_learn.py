@@ -1087,3 +1087,28 @@ def test_an_unknown_gpu_preset_is_named_as_the_apis_argument():
         calibrate_from_runs(measured_runs(LAYOUTS[:2]), gpu_preset="zz")
     assert (error.value.source, error.value.key) == ("calibrate_from_runs", "gpu_preset")
     assert "unknown GPU preset 'zz'" in error.value.expected
+
+
+def test_the_fitted_profile_is_the_callers_to_change_not_the_presets():
+    """calibrate_from_runs returned the cached GPU and fabric presets' own dicts inside its profile and
+    fit: a caller editing its profile (a peak of 500 TFLOP/s, an all-reduce efficiency of 0.05) before
+    writing it moved an unrelated case's estimate later in the process (5.9 s → 10.4 s a step)."""
+    import copy
+
+    from planner.presets import fabric_presets, gpu_presets
+
+    presets = copy.deepcopy((gpu_presets(), fabric_presets()))
+    other = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1024},
+             "training": {"global_batch_size": 512, "seq_len": 8192, "engine": "megatron"},
+             "layout": {"tp": 8, "pp": 4, "micro_batch_size": 1, "zero_stage": 1, "sequence_parallel": True}}
+    before = estimate(other).step_time_s
+    profile, result = calibrate_from_runs([published_row()])
+    profile["gpu"]["peak_tflops"]["bf16"] = 500.0
+    for part in profile["gpu"].values():
+        if isinstance(part, dict):
+            part["changed_by_the_caller"] = 1
+    for pair in result.hardware.fabric_mapping.get("efficiency_at", []):
+        pair[1] = 0.05
+    result.hardware.fabric_mapping["efficiency"] = 0.05
+    assert (gpu_presets(), fabric_presets()) == presets
+    assert estimate(other).step_time_s == before

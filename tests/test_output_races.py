@@ -208,3 +208,53 @@ def test_a_signal_during_a_forced_writes_renames_leaves_the_old_file_or_the_new(
         forget_interrupts()
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
     assert target.read_text() in ("OLD\n", "NEW\n")
+
+
+def test_two_forced_emissions_of_two_engines_into_one_folder_at_once_leave_one_engines_files(tmp_path):
+    """planner.emit(..., force=True) looked for an earlier emission's files before it locked the folder:
+    two threads emitting Megatron-LM's and DeepSpeed's files into one folder at once each missed the
+    other's, and the folder held both engines' configs (193 of 200 races), where a launch may read the
+    wrong one."""
+    import threading
+
+    import planner
+
+    plans = {engine: planner.plan(CASE, engine=engine, top_k=0) for engine in ("megatron", "deepspeed")}
+    for trial in range(20):
+        out = tmp_path / f"out{trial}"
+        start = threading.Barrier(2)
+
+        def emit(engine: str) -> None:
+            start.wait()
+            planner.emit(plans[engine], engine, out, force=True)
+
+        threads = [threading.Thread(target=emit, args=(engine,)) for engine in plans]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        names = {p.name for p in out.iterdir()}
+        assert not {"ds_config.json", "megatron_args.txt"} <= names, names
+
+
+def test_writing_files_leaves_the_process_umask_alone_and_gives_the_mode_it_allows(tmp_path, monkeypatch):
+    """write_all read the umask by setting it to 0 and back: for that moment every thread of the process
+    (an orchestrator's, writing its own files) created files writable by all (0o666), and emit's own
+    came out so in 4 of 7 runs of 400 threaded emissions. The files get what open() gives under the
+    caller's umask."""
+    calls = []
+    real_umask = os.umask
+
+    def umask(mask):
+        calls.append(mask)
+        return real_umask(mask)
+
+    previous = real_umask(0o027)
+    try:
+        monkeypatch.setattr(os, "umask", umask)
+        write_all([Output(tmp_path / "a" / "launch.sh", "x\n"), Output(tmp_path / "b.json", "{}\n")], force=False)
+    finally:
+        real_umask(previous)
+    assert calls == []  # no moment with another mask
+    assert {oct((tmp_path / "a" / "launch.sh").stat().st_mode & 0o777), oct((tmp_path / "b.json").stat().st_mode & 0o777)} \
+        == {oct(0o640)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,10 @@ def test_size_refuses_a_malformed_layout_section_as_plan_does(tmp_path):
     path.write_text(yaml.safe_dump({**case, "layout": {"tp": 8}}))
     done = run_cli("size", str(path), "--tokens", "1T", "--json")
     assert done.returncode == 0 and "size chooses the layout and ignores the case's layout section" in done.stderr
+    # The API's result says it too (its .notes are what the CLI says on stderr): it said only its pricing.
+    notes = planner.size({**case, "layout": {"tp": 8}}, "1T").notes
+    assert any("size chooses the layout and ignores the case's layout section" in note for note in notes)
+    assert json.loads(done.stdout)["notes"] == [note.replace("<case>", str(path)) for note in notes]
 
 
 def test_few_shot_and_leave_family_out_with_nothing_to_fit_say_so(tmp_path):
