@@ -107,7 +107,8 @@ def read_cluster_options(src: str, section: Any, base: Path) -> tuple[ClusterOpt
         raise CaseError(src, f"cluster.{beside[0]}", "give each GPU type's keys inside its cluster.options entry")
     entries = section["options"]
     if not isinstance(entries, list) or not entries:
-        raise CaseError(src, "cluster.options", f"expected a list of GPU types, got {describe(entries)}")
+        raise CaseError(src, "cluster.options", "expected a list of GPU types, at least one, got "
+                                                + ("an empty list" if entries == [] else describe(entries)))
     if len(entries) > MAX_OPTIONS:
         raise CaseError(src, "cluster.options", f"expected at most {MAX_OPTIONS} GPU types, got {len(entries)}")
     options = []

@@ -53,7 +53,7 @@ from .engines import ENGINES
 from .plan import DECIDED_ENGINES, _check_size, layout_table, plan_case
 from .search import MIN_TOKENS_PER_CP_RANK, Candidate, divisors
 from .search_options import SearchSpec, retarget
-from .units import UnitError, parse_duration, parse_tokens
+from .units import UnitError, duration_text, parse_duration, parse_tokens
 
 SECONDS_PER_DAY = 86400.0
 DEFAULT_ALTERNATIVES = 3
@@ -174,7 +174,9 @@ class SizeChoice:
         kind = "" if other.option is self.option else f"{other.option.gpu.name}: "
         spent = f"{ratio['cost']:.2f}× the cost" if ratio["cost"] is not None else \
             f"{ratio['gpu_hours']:.2f}× the GPU-hours"
-        return f"{kind}{ratio['gpus']:.2f}× the GPUs for {ratio['days']:.2f}× the days ({spent})"
+        # The ratio is of the GPUs paid: on part of each rack, more than the GPUs the row shows.
+        paid = " paid" if (self.gpus_paid, other.gpus_paid) != (self.gpus, other.gpus) else ""
+        return f"{kind}{ratio['gpus']:.2f}× the GPUs{paid} for {ratio['days']:.2f}× the days ({spent})"
 
     @property
     def engine(self) -> str:
@@ -218,7 +220,7 @@ OVER_BUDGET = "over budget"  # no layout fits within the limits (the budget, els
 NOTHING_FITS = "nothing fits"  # no layout fits within the limits, nor on any cluster past them the search tried
 STATUSES = (OK, DEADLINE_NOT_MET, OVER_BUDGET, NOTHING_FITS)
 _CHOICE_KEYS = ("gpu", "option", "gpus", "nodes", "gpus_paid", "nvlink_domain", "engine", "layout", "step_time_s",
-                "tokens_per_s", "days", "gpu_hours", "cost", "mfu")
+                "tokens_per_s", "days", "gpu_hours", "cost", "mfu", "memory_verdict", "peak_bytes")
 
 
 @dataclass(frozen=True)
@@ -514,7 +516,8 @@ class _Sweep:
             again = [(option, gpus) for option, gpus, ceiling in skipped if self.ceiling(option, gpus) > ceiling]
             if not again:
                 break
-            skipped = [entry for entry in skipped if entry[:2] not in again]
+            searched = set(again)  # a set: a list made this quadratic in the sizes skipped (32 s at 2^20 GPUs)
+            skipped = [entry for entry in skipped if entry[:2] not in searched]
             for option, gpus in again:
                 visit(option, gpus)
         return self
@@ -669,7 +672,7 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
     fewest GPUs past the limits that would fit and meet the deadline."""
     def gpus_text(c) -> str:
         part = f" ({c.option.per_unit_text})" if c.option.rack else ""
-        return f"{c.gpus} {c.option.gpu.name} GPUs{part}"
+        return f"{c.gpus:,} {c.option.gpu.name} GPUs{part}"
 
     fastest, again = quickest() if sweep.sizes() else ([], None)
     if again is not None:  # what the search for the fastest scored counts as searched too
@@ -677,8 +680,7 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
                   "layouts_scored": common["layouts_scored"] + again.scored}
     if fastest:  # clusters fit within the limits, none meets the deadline
         fastest = fastest[0]
-        deadline_days = common["deadline_s"] / SECONDS_PER_DAY
-        reason = (f"no cluster within the limits meets the deadline of {deadline_days:.4g} days: the fastest, "
+        reason = (f"no cluster within the limits meets the deadline of {duration_text(common['deadline_s'])}: the fastest, "
                   f"{gpus_text(fastest)}, takes {fastest.days:.4g} days")
         would = _would_meet(sweep, options, limits, step_deadline)
         met = choice(sweep, would) if would is not None else None
@@ -690,9 +692,12 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
     if sweep.sizes():
         option = max(range(len(options)), key=lambda i: limits[i] // options[i].unit * options[i].unit)
         largest = limits[option] // options[option].unit * options[option].unit
-        advice = plan_case(sweep.cluster_case(option, largest)).no_fit
-        where = f"the largest cluster within the limits: {largest} {options[option].gpu.name} GPUs"
-        reason = f"{advice.describe()} ({where})" if advice else f"no layout fits ({where})"
+        where = f"the largest cluster within the limits: {largest:,} {options[option].gpu.name} GPUs"
+        try:
+            advice = plan_case(sweep.cluster_case(option, largest)).no_fit
+            reason = f"{advice.describe()} ({where})" if advice else f"no layout fits ({where})"
+        except CaseError as error:  # the search section's pins need more GPUs than the limits leave
+            reason = f"{error.expected} ({where})"
     else:
         units = ", ".join(f"{o.gpu.name} {o.unit} GPUs per {o.unit_name}" for o in options if not o.rack)
         reason = f"the limits leave no whole node or rack of any type ({units})"

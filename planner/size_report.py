@@ -14,6 +14,7 @@ from .bands import indistinguishable_gap
 from .report import _layout_summary, count_text
 from .size import OBJECTIVE_TEXT, OK, SizeChoice, Sizing
 from .size_front import DOUBLING_SAVES, FRONT_SPAN
+from .units import duration_text
 
 
 def _figure(value: float, decimals: int = 0) -> str:
@@ -67,7 +68,7 @@ def print_sizing(sizing: Sizing, console: Console) -> None:
         return
     best = sizing.best
     job = best.estimate.job
-    deadline = f" within {sizing.deadline_days:.4g} days" if sizing.deadline_s is not None else ""
+    deadline = f" within {duration_text(sizing.deadline_s)}" if sizing.deadline_s is not None else ""
     what = (f"days against {_spend_text(sizing)} (no deadline or budget), the knee marked" if sizing.front
             else OBJECTIVE_TEXT[sizing.objective])
     console.print(f"[bold]{escape(job.model.name)}[/] on {count_text(sizing.tokens)} tokens{deadline}, global batch "

@@ -61,7 +61,8 @@ def parse_bandwidth(text: object) -> float:
 # `size`: token counts with a decimal suffix, and durations in days or hours.
 COUNT_SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
 DURATION_UNITS = {"d": 86400.0, "h": 3600.0}
-_SUFFIXED = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+# The sign read too, so that "-5T" is refused as not above zero rather than as no count at all.
+_SUFFIXED = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
 def _suffixed(text: object, units: dict[str, float], what: str, example: str, maximum: float,
@@ -96,6 +97,16 @@ def _shown(text: object) -> str:
 def parse_tokens(text: object) -> float:
     """Tokens in a count such as ``"15T"``, ``"300B"``, ``"2.5e12"`` or a plain number."""
     return _suffixed(text, COUNT_SUFFIXES, "a token count", "15T", MAX_TOKENS, bare=True)
+
+
+def duration_text(seconds: float) -> str:
+    """A deadline as a user gave it: in days, or in hours where under a day ("36h" is 1.5 days,
+    "1h" 1 hour, not 0.04167 days)."""
+    if seconds < DURATION_UNITS["d"]:
+        hours = seconds / DURATION_UNITS["h"]
+        return f"{hours:.4g} hour{'' if hours == 1 else 's'}"
+    days = seconds / DURATION_UNITS["d"]
+    return f"{days:.4g} day{'' if days == 1 else 's'}"
 
 
 def parse_duration(text: object) -> float:

@@ -31,7 +31,7 @@ def test_the_issues_budget_of_8192_gpus_says_the_deadline_is_not_met_and_what_wo
     fastest, would = result.fastest, result.would_meet
     assert fastest.gpus <= 8192 and fastest.days > 60
     assert would.gpus > 8192 and would.gpus % 8 == 0 and would.days <= 60
-    assert result.reason == result.no_fit and f"{would.gpus} h100-sxm-80gb GPUs would take" in result.reason
+    assert result.reason == result.no_fit and f"{would.gpus:,} h100-sxm-80gb GPUs would take" in result.reason
     # The fastest's layouts were scored: the counters said no size was searched and no layout scored.
     assert result.sizes_searched >= 1 and result.layouts_scored > 0
     printed = json.loads(json.dumps(result.to_dict()))
@@ -133,3 +133,72 @@ def test_the_progress_of_a_missed_deadline_never_goes_back():
     planner.size(EXAMPLE_405B, "15.6T", deadline="60d", max_gpus=8192, progress=lambda done, total: told.append(
         (done, total)))
     assert told and all(b >= a for a, b in zip(told, told[1:])) and len({total for _, total in told}) == 1
+
+
+def test_pins_that_need_more_gpus_than_the_limit_are_over_budget_with_the_fewest_that_hold_them(tmp_path):
+    """A search section pinning tp 8 and pp 8 (64 GPUs) within 32: exit 2 with plan's refusal at the
+    largest size ("no megatron layout of 32 GPUs ... meets the search section's pp, tp"), where the pins
+    are valid and 64 GPUs run them: over budget (exit 3), naming them."""
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "max_gpus": 32},
+            "training": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16", "optimizer": "adamw"},
+            "search": {"target": "megatron", "tp": 8, "pp": 8}}
+    result = planner.size(case, "15T")
+    assert result.status == "over budget" and result.would_meet.gpus == 64
+    assert "meets the search section's pp, tp" in result.reason and "64 h100-sxm-80gb GPUs would fit" in result.reason
+    path = tmp_path / "pins.yaml"
+    path.write_text(yaml.safe_dump(case))
+    done = run_cli("size", str(path), "--tokens", "15T")
+    assert done.returncode == 3 and "64 h100-sxm-80gb GPUs would fit" in " ".join((done.stderr + done.stdout).split())
+
+
+def test_a_missed_target_prints_every_key_an_answer_does_null():
+    """`size --json` of a missed deadline left out memory_verdict and peak_bytes, which an answer
+    prints at the top level (docs/sizing.md: "the top-level fields are null")."""
+    answered = planner.size(EXAMPLE_405B, "15.6T", deadline="200d").to_dict()
+    missed = planner.size(EXAMPLE_405B, "15.6T", deadline="60d", max_gpus=8192).to_dict()
+    assert answered["status"] == "ok" and missed["status"] == "deadline not met"
+    assert set(missed) == set(answered)
+    assert all(missed[key] is None for key in ("memory_verdict", "peak_bytes", "gpus", "days"))
+
+
+def test_a_deadline_set_to_the_days_an_answer_takes_keeps_that_answer():
+    """The example answers 2,048 B200s at 51.16044019155041 days by 60; by a deadline of exactly those
+    days it answered 4,096 B200s at 1.2x the cost: whole microseconds, the step rounded up and the
+    deadline's share rounded down, refused the answer's own step by 2 µs."""
+    example = REPO / "examples" / "llama3-70b-15t-size.yaml"
+    first = planner.size(example, "15T", deadline="60d")
+    again = planner.size(example, "15T", deadline=f"{first.best.days!r}d")
+    assert again.status == "ok" and (again.best.gpus, again.best.option.key) == (first.best.gpus, first.best.option.key)
+
+
+def test_a_deadline_under_a_day_is_said_in_hours_and_counts_have_separators(tmp_path):
+    """A missed deadline of 1h read "the deadline of 0.04167 days" and a fastest of "16384 h100-sxm-80gb
+    GPUs" where the rest of the report writes 16,384."""
+    result = planner.size(EXAMPLE_405B, "15.6T", deadline="1h")
+    assert result.status == "deadline not met"
+    assert "the deadline of 1 hour:" in result.reason and f"{result.fastest.gpus:,} h100-sxm-80gb GPUs" in result.reason
+    assert result.fastest.gpus >= 1000  # a count that takes a separator
+    done = run_cli("size", str(EXAMPLE_405B), "--tokens", "15.6T", "--deadline", "12h")
+    assert done.returncode == 3 and "the deadline of 12 hours" in " ".join((done.stdout + done.stderr).split())
+
+
+@pytest.mark.parametrize("tokens", ["-5T", "-1e12"])
+def test_a_negative_token_count_is_refused_as_not_above_zero(tokens):
+    with pytest.raises(planner.CaseError, match="above zero"):
+        planner.size(EXAMPLE_405B, tokens)
+
+
+def test_a_runner_up_on_part_of_each_rack_says_its_ratio_is_of_the_gpus_paid():
+    """1,024 GB200s on 64 of each 72-GPU rack beside 4,096 H100s: the row said "0.28× the GPUs", the
+    ratio of the 1,152 paid, not of the 1,024 it showed."""
+    case = {"model": {"preset": "llama3-70b"},
+            "cluster": {"options": [{"gpu": "gb200", "max_gpus": 1152, "gpu_hour_cost": 6},
+                                    {"gpu": "h100-sxm-80gb", "max_gpus": 4096, "gpu_hour_cost": 2.5}]},
+            "training": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16", "optimizer": "adamw"},
+            "search": {"target": "megatron"}}
+    result = planner.size(case, "15T", deadline="90d")
+    part = [alt for alt in result.alternatives if alt.gpus_paid != alt.gpus]
+    assert part and result.best.gpus_paid == result.best.gpus
+    for alt in part:
+        text = result.best.trade_text(alt)
+        assert f"{alt.gpus_paid / result.best.gpus_paid:.2f}× the GPUs paid for" in text
