@@ -49,7 +49,8 @@ from .search_memory import fit_limit, fit_tier, fits_with_margin, fits_within_ti
 from .search_options import SearchSpec
 from .search_recompute import least_activation_offload, least_recompute, offload_options, selective_bundles
 from .search_rows import Candidate, Group, SearchResult
-from .search_space import MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, expert_options, groups, partitions, structures
+from .search_space import (MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, expert_options, family_members,
+                           group_families, groups, partitions, structures)
 
 # Names other modules and the tests import from here.
 _floor, _states_cannot_fit = floor, states_cannot_fit
@@ -149,23 +150,33 @@ class _Search:
         own: no group comes up before one whose own bound is less, so the order is the one all the
         bounds would give, and groups that never come up are never bounded in full."""
         step_bounds = StepBounds(self.case)
-        queue: list[tuple[float, int, Group, Optional[dict[int, float]]]] = []
-        for index, group in enumerate(groups(self.case, self.spec)):
-            cheap = step_bounds.least(group)
-            if cheap is None:
-                bounds = step_bounds.of(group)
-                queue.append((min(bounds.values()), index, group, bounds))
+        # (bound, place in the enumeration, group, its bounds or None, the (ep, etp) of its family
+        # where it stands for the family still). The cheap bound leaves out ep: a family of groups
+        # that differ only in it enters once (:func:`group_families`), and its groups are built
+        # and bounded in full only when it comes up, each at its own place in the enumeration.
+        Entry = tuple[float, tuple[int, int], Group, Optional[dict[int, float]], tuple]
+        queue: list[Entry] = []
+
+        def in_full(group: Group, place: tuple[int, int]) -> Entry:
+            bounds = step_bounds.of(group)
+            return min(bounds.values()), place, group, bounds, ()
+
+        for index, (head, grids) in enumerate(group_families(self.case, self.spec)):
+            cheap = step_bounds.least(head)
+            if cheap is None:  # a dense model's bounds cost no more: its family is its one group
+                queue += [in_full(group, (index, j)) for j, group in enumerate(family_members(head, grids))]
             else:
-                queue.append((cheap, index, group, None))
+                queue.append((cheap, (index, -1), head, None, grids))
         heapq.heapify(queue)
         while queue:
-            least, index, group, bounds = heapq.heappop(queue)
+            least, place, group, bounds, grids = heapq.heappop(queue)
             if least > self.incumbents.threshold:  # none after can do better
-                self.result.pruned += len(group.micro_batches) + sum(len(q[2].micro_batches) for q in queue)
+                self.result.pruned += sum(len(q[2].micro_batches) * max(len(q[4]), 1)
+                                          for q in [(least, place, group, bounds, grids), *queue])
                 return
             if bounds is None:
-                bounds = step_bounds.of(group)
-                heapq.heappush(queue, (min(bounds.values()), index, group, bounds))
+                for j, member in enumerate(family_members(group, grids)):
+                    heapq.heappush(queue, in_full(member, (place[0], j)))
                 continue
             self._unscored_least = least
             if self._score_group(group, bounds):

@@ -6,6 +6,7 @@ the batch, the engine and the case's ``search`` section allow, grouped into the
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import lru_cache
 from typing import Iterator, Optional
 
@@ -215,6 +216,20 @@ def _engine_splits(model: ModelSpec, training: TrainingSpec, engine: EngineSuppo
 def groups(case: Case, spec: SearchSpec) -> Iterator[Group]:
     """Every (structure, partition, vpp, sp, expert grid) with the ZeRO stages and micro-batches
     to score on it, in the search's enumeration order."""
+    for head, grids in group_families(case, spec):
+        yield from family_members(head, grids)
+
+
+def family_members(head: Group, grids: tuple[tuple[int, Optional[int]], ...]) -> list[Group]:
+    """The groups of a family (:func:`group_families`): its first, and the same at each other (ep, etp)."""
+    return [head if (ep, etp) == (head.ep, head.etp) else replace(head, ep=ep, etp=etp) for ep, etp in grids]
+
+
+def group_families(case: Case, spec: SearchSpec) -> Iterator[tuple[Group, tuple[tuple[int, Optional[int]], ...]]]:
+    """:func:`groups`, those that differ only in their expert parallelism (ep) together: the first
+    of each such family, and the (ep, etp) of each of its groups in enumeration order. A bound that
+    leaves out ep (``StepBounds.least``) is the family's: DeepSeek-V3's 256 experts give each grid
+    up to nine ep, and `size` enumerates the groups of thousands of cluster sizes to bound them."""
     training, engine = case.training, spec.engine
     for tp, cp, pp, dp in structures(case, spec):
         sp_options = [sp for sp in ((False,) if tp == 1 else engine.sequence_parallel)
@@ -223,6 +238,7 @@ def groups(case: Case, spec: SearchSpec) -> Iterator[Group]:
             sp_options = [True]  # dominates False (planner.search's docstring)
         zeros, offload_only = _zero_stages(case, spec, pp, dp, cp)
         largest = most_micro_batch(case.model, case.cluster, training, case.overheads, spec.headroom, tp, cp)
+        families = _expert_families(expert_options(case, spec, tp, cp, dp))
         for partition, stage_layers, vpp in _splits(case, spec, pp):
             micro_batches = tuple(mbs for mbs in divisors(training.global_batch_size // dp)
                                   if spec.admits("micro_batch_size", mbs)
@@ -233,7 +249,20 @@ def groups(case: Case, spec: SearchSpec) -> Iterator[Group]:
             if not micro_batches:
                 continue
             for sp in sp_options:
-                for ep, etp in expert_options(case, spec, tp, cp, dp):
+                for grids in families:
+                    ep, etp = grids[0]
                     yield Group(tp=tp, cp=cp, pp=pp, dp=dp, partition=partition, stage_layers=tuple(stage_layers),
                                 vpp=vpp, sequence_parallel=sp, ep=ep, etp=etp, zeros=zeros,
-                                offload_only=offload_only, micro_batches=micro_batches)
+                                offload_only=offload_only, micro_batches=micro_batches), grids
+
+
+def _expert_families(grids: list[tuple[int, Optional[int]]]) -> list[tuple[tuple[int, Optional[int]], ...]]:
+    """The (ep, etp) pairs in their order, in runs of one etp (``expert_options`` gives each etp's
+    ep together)."""
+    families: list[list[tuple[int, Optional[int]]]] = []
+    for ep, etp in grids:
+        if families and families[-1][0][1] == etp:
+            families[-1].append((ep, etp))
+        else:
+            families.append([(ep, etp)])
+    return [tuple(family) for family in families]
