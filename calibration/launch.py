@@ -26,7 +26,7 @@ from typing import Optional
 
 import yaml
 
-from planner.errors import CaseError, interrupts_deferred
+from planner.errors import CaseError, interrupts_deferred, one_line
 
 from .host import cores
 from .profile import render
@@ -58,6 +58,9 @@ def check_nproc(nproc: int) -> None:
     from planner.limits import MAX_RANKS_PER_CORE
 
     most = cores() * MAX_RANKS_PER_CORE
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise CaseError("--nproc", "", f"expected ranks from 1 to {most} (one per CPU core or GPU of this machine), "
+                                       f"got {nproc!r}")
     if nproc > most:
         # The GPUs the drivers show (NVIDIA's /dev/nvidia0, 1, ...; ROCm's render nodes), an upper
         # bound on what torch counts: importing torch to count them took 1.8 s.
@@ -67,12 +70,20 @@ def check_nproc(nproc: int) -> None:
                                        f"got {nproc}")
 
 
+# The longest host name DNS resolves (RFC 1035, 2.3.4: 255 octets on the wire, 253 characters written).
+MAX_HOST_NAME = 253
+
+
 def check_endpoint(endpoint: str) -> None:
     """``--rdzv-endpoint`` as torchrun takes it: HOST:PORT, the port from 1 to 65535 (torchrun
     itself says so only after its ranks start)."""
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise CaseError("--rdzv-endpoint", "", f"expected HOST:PORT with a port from 1 to 65535, got {endpoint!r}")
+        raise CaseError("--rdzv-endpoint", "", f"expected HOST:PORT with a port from 1 to 65535, got "
+                                               f"{one_line(repr(endpoint), 80)}")
+    if len(host.strip("[]")) > MAX_HOST_NAME:  # a name past DNS's limit reaches no rendezvous: the ranks wait it out
+        raise CaseError("--rdzv-endpoint", "", f"expected a host name of at most {MAX_HOST_NAME} characters (DNS's "
+                                               f"limit), got one of {len(host):,}")
 
 
 def worker_args(timeout: float, case: Optional[Path], quick: bool, gpu_preset: Optional[str],
@@ -168,6 +179,12 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
         raise CaseError("--nnodes", str(nnodes), "several nodes need --rdzv-endpoint HOST:PORT")
     if rdzv_endpoint is not None:
         check_endpoint(rdzv_endpoint)
+        if nnodes == 1:  # one node meets on its own: the endpoint would go unused, unsaid
+            raise CaseError("--rdzv-endpoint", "", "is where the nodes of a run over several meet: give --nnodes "
+                                                   "N (more than 1) with it, or leave it out on one node")
+    if quick and case is not None:  # --quick times tiny shapes, not the case's: the profile would name it all the same
+        raise CaseError("--case", "", "times the case's own shapes, which --quick replaces with tiny ones: give one "
+                                      "or the other")
     if importlib.util.find_spec("torch") is None:
         raise CaseError("calibrate", "torch", "not installed; pip install 'layout-planner[calibrate]'")
     if nproc is not None:

@@ -133,7 +133,10 @@ def load_with_profile(case: Union[str, Path, dict], profile: Optional[Union[str,
         return load_case(case)
     profile = Path(profile)
     if not profile.exists():
-        raise CaseError(str(profile), "", "profile not found")
+        raise CaseError(str(profile), "--profile", "profile not found")
+    if not profile.is_file():  # a folder (an empty --profile is the working directory), a pipe, a device
+        raise CaseError(str(profile), "--profile", "expected a profile file (YAML), got a directory"
+                        if profile.is_dir() else "expected a profile file (YAML), got no regular file")
     if isinstance(case, dict):
         data, source, base = dict(case), "<case>", Path.cwd()
     else:
@@ -220,27 +223,29 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
 
     loaded = load_with_profile(case, profile)
     machine = profiled_machine(case, profile)  # the profile is read once; what follows derives from it
+    # Where the profile was named: --profile, else the case's cluster.profile.
+    named = (str(profile), "--profile") if profile is not None else (loaded.source, "cluster.profile")
     if not machine:
         # A preset (or hand-written) GPU describes another machine: its prediction and a run here
         # do not compare (an H100's 0.0007 s against a CPU's 8 s).
-        raise CaseError(loaded.source, "cluster.profile", "validate runs the layout on this machine, so it needs "
-                                                          "the profile `calibrate` measured here (--profile, or "
-                                                          "cluster.profile in the case)")
+        raise CaseError(*named, "validate runs the layout on this machine, so it needs "
+                                "the profile `calibrate` measured here (--profile, or "
+                                "cluster.profile in the case)")
     if "source" in machine and "backend" not in machine:
         # Fitted to runs (calibrate --from-runs, --from-logs: planner.learn names their files as the
         # machine's source): figures of the cluster those runs used, not timings of this machine's kernels.
-        raise CaseError(loaded.source, "cluster.profile", "was not measured on this machine by `calibrate` (a "
-                                                          "profile fitted to runs describes their cluster): "
-                                                          "calibrate here, and validate with that profile")
+        raise CaseError(*named, "was not measured on this machine by `calibrate` (a "
+                                "profile fitted to runs describes their cluster): "
+                                "calibrate here, and validate with that profile")
     if machine.get("quick") is True and not allow_quick:
-        raise CaseError(loaded.source, "cluster.profile", "is a `calibrate --quick` profile (tiny shapes and few "
-                                                          "repeats: a smoke test, whose figures do not describe "
-                                                          "this machine); calibrate without --quick, or pass "
-                                                          "--allow-quick")
+        raise CaseError(*named, "is a `calibrate --quick` profile (tiny shapes and few "
+                                "repeats: a smoke test, whose figures do not describe "
+                                "this machine); calibrate without --quick, or pass "
+                                "--allow-quick")
     device = _device(machine)
     other = device_mismatch(machine, cpu_model(), device, local_gpu() if device == "cuda" else None)
     if other:
-        raise CaseError(loaded.source, "cluster.profile", other)
+        raise CaseError(*named, other)
     try:
         spec = run_spec(loaded.job(), steps=steps, warmup=warmup, threads=_threads(machine), device=device)
     except Unsupported as error:

@@ -107,9 +107,9 @@ def _say(lines: list[str]) -> None:
 def plan_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster, training and optional search."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    top: Optional[int] = typer.Option(None, "--top", min=0, help="Alternatives to list (default 5, or search.top_k)."),
+    top: Optional[int] = typer.Option(None, "--top", help="Alternatives to list (default 5, or search.top_k)."),
     simplest_within: Optional[float] = typer.Option(
-        None, "--simplest-within", min=0.0,
+        None, "--simplest-within",
         help="Make the robust pick within PCT percent of the fastest (the surest to fit, then the least complex) "
              "instead of within the gap the model cannot tell apart."),
     fastest: bool = typer.Option(False, "--fastest", help="Return the raw optimum of the model, not the robust pick "
@@ -151,8 +151,14 @@ def plan_command(
             raise CaseError("--force", "", "overwrites --emit's or --plot's files: give one of them with it")
         if plot is not None:
             if plot.suffix.lower() != ".png":  # the plot is a PNG whatever the name says
-                raise CaseError("--plot", "", f"expected a .png path (the plots are one PNG), got {plot.name!r}")
+                raise CaseError("--plot", "", f"expected a .png path (the plots are one PNG), got "
+                                              f"{one_line(str(plot), 200)!r}")
             check_writable([Output(plot, b"", "--plot")], force)
+        if emit is not None and out is not None:
+            from .emit import EVERY_ENGINE_WRITES
+
+            # Before the plan, as --plot: a folder that is a file, cannot be written or holds the files.
+            check_writable([Output(Path(out) / name, "", "--out") for name in EVERY_ENGINE_WRITES], force)
         from .plan import check_ignored_layout
 
         ignored = check_ignored_layout(case)
@@ -345,6 +351,8 @@ def validate_published_command(
 
     try:
         write_bands = _file_option("--write-bands", write_bands)
+        if force and write_bands is None:  # as plan refuses --force with nothing to overwrite
+            raise CaseError("--force", "", "overwrites --write-bands's file: give it with it")
         if write_bands is not None:  # before the work: a folder it cannot write is said at once
             check_writable([Output(write_bands, "", "--write-bands")], force)
         with terminal_progress("planning the tuned recipes") as progress:
@@ -399,9 +407,9 @@ def validate_command(
     profile: Optional[Path] = typer.Option(None, "--profile",
                                            help="Hardware profile (from `calibrate`) to predict with; "
                                                 "replaces the case's cluster.gpu or cluster.profile."),
-    steps: int = typer.Option(5, "--steps", min=1, help="Timed steps; the median is reported."),
-    warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed steps before them."),
-    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds before the run is stopped."),
+    steps: int = typer.Option(5, "--steps", help="Timed steps; the median is reported."),
+    warmup: int = typer.Option(2, "--warmup", help="Untimed steps before them."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds before the run is stopped."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     allow_quick: bool = typer.Option(False, "--allow-quick", help="Predict with a `calibrate --quick` profile anyway."),
     allow_busy: bool = typer.Option(False, "--allow-busy", help="Measure even while other processes keep the "
@@ -447,10 +455,10 @@ def calibrate_command(
     case: Optional[list[Path]] = typer.Option(None, "--case",
                                               help="Time the GEMM and attention shapes of this case's model; with "
                                                    "--from-logs, the case the logs ran (once, or once per log)."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
+    nproc: Optional[int] = typer.Option(None, "--nproc",
                                         help="Ranks on this node (default: the GPUs, or 2 on a CPU-only machine)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny shapes and few repeats: a smoke test, not a profile."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=1.0,
+    timeout: Optional[float] = typer.Option(None, "--timeout",
                                             help="Seconds a rank may make no progress before the run is stopped "
                                                  "(its start-up: at least two minutes; default 300)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing profile."),
@@ -553,6 +561,22 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
 # A report narrower than this is unreadable: a terminal (or COLUMNS) that says less, 0 or 1 from a
 # broken environment, gets the width of a classic terminal (rich printed nothing at COLUMNS=0).
 MIN_REPORT_WIDTH, DEFAULT_REPORT_WIDTH = 40, 80
+# The widest a report or --help is drawn: rich fills every line to the width, and COLUMNS=100000000
+# gave `plan --help` 500 MB of spaces (past 2^63, an OverflowError traceback).
+MAX_REPORT_WIDTH = 1000
+
+
+def _sane_columns() -> None:
+    """COLUMNS as rich reads it for the reports and for typer's --help: a width from 40 to 1,000
+    columns, 80 where it is narrower or no number (at COLUMNS=10 --help drew its options' boxes empty)."""
+    given = os.environ.get("COLUMNS")
+    if given is None:
+        return
+    width = int(given) if given.strip().isdigit() and len(given.strip()) <= 6 else None
+    if width is None or width < MIN_REPORT_WIDTH:
+        os.environ["COLUMNS"] = str(DEFAULT_REPORT_WIDTH)
+    elif width > MAX_REPORT_WIDTH:
+        os.environ["COLUMNS"] = str(MAX_REPORT_WIDTH)
 
 
 def _console(**options):
@@ -594,6 +618,15 @@ def main() -> None:
             # background jobs ignore them)
             signal.signal(signum, _interrupted)
     closed = _guard_streams()
+    if closed:  # no file is written where the answer cannot be: files beside an exit 1 left the caller unsure
+        from .files import refuse_writes
+
+        refuse_writes("stdout: closed; the answer could not be written, so no file was written")
+    _sane_columns()
+    refused = _argument_problem(sys.argv[1:])
+    if refused is not None:
+        print(f"error: {refused}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
     code = _run(UsageError)
     if closed and code in (0, EXIT_DOES_NOT_FIT):  # an answer was due, and went nowhere
         print("error: stdout: closed; the answer could not be written", file=sys.stderr)
@@ -609,6 +642,59 @@ def main() -> None:
                 pass
         os._exit(code)
     sys.exit(code)
+
+
+def _argument_problem(argv: list[str]) -> Optional[CaseError]:
+    """What the option parser takes silently and a user did not mean: an empty argument (typer's
+    Path reads "" as ".", the working directory, and said ". expected a regular file, got a
+    directory"), or an option given twice with different values (the last one won: `--emit megatron
+    --emit deepspeed` wrote DeepSpeed's files; `--experts --no-experts`). None where neither is."""
+    words = [w.split("=", 1)[0] for w in argv if w.startswith("--")]
+    negated = {"--" + w[len("--no-"):] for w in words if w.startswith("--no-")}
+    if all(w.strip() and not (w.startswith("--") and w.endswith("=")) for w in argv) and \
+            len(set(words)) == len(words) and not negated & set(words):
+        return None  # the common case, without building the parser's view of the command
+    import typer.main
+    from typer import core
+
+    group = typer.main.get_command(app)
+    name = next((w for w in argv if not w.startswith("-")), None)
+    command = getattr(group, "commands", {}).get(name) if name else None
+    if command is None:
+        return None  # the parser says what is wrong
+    options = [p for p in command.params if isinstance(p, core.TyperOption)]
+    positionals = [p for p in command.params if isinstance(p, core.TyperArgument)]
+    said: dict[str, list[tuple[str, object]]] = {}
+    i = argv.index(name) + 1
+    while i < len(argv):
+        word = argv[i]
+        flag, _, inline = word.partition("=")
+        option = next((p for p in options if flag in p.opts or flag in p.secondary_opts), None)
+        if option is None:
+            if not word.strip():
+                what = positionals[0].name.upper() if len(positionals) == 1 else "an argument"
+                return CaseError(f"layout-planner {name}", what, "expected a file's path or a value, got an empty "
+                                                                 "argument")
+            i += 1
+            continue
+        if option.is_flag:
+            value: object = flag in option.opts
+        elif inline or "=" in word:
+            value = inline
+        else:
+            value = argv[i + 1] if i + 1 < len(argv) else None
+            i += 1
+        if isinstance(value, str) and not value.strip():
+            return CaseError(flag, "", "expected a value, got an empty one")
+        said.setdefault(option.name, []).append((flag, value))
+        i += 1
+    for option in options:
+        given = said.get(option.name, [])
+        if not option.multiple and len({value for _, value in given}) > 1:
+            (first, a), (second, b) = given[0], next(g for g in given if g[1] != given[0][1])
+            shown = (lambda f, v: f) if option.is_flag else (lambda f, v: f"{f} {one_line(v, 40)}")
+            return CaseError(first, "", f"given twice, as {shown(first, a)} and {shown(second, b)}; expected it once")
+    return None
 
 
 def _guard_streams() -> bool:
@@ -659,10 +745,15 @@ EXIT_OUTPUT_FAILED = 1
 def _run(usage_error: type) -> int:
     """The command's exit code, its answer flushed to stdout; where stdout cannot take it, one line
     on stderr (none for a closed pipe: its reader has gone) and exit 1, not a traceback."""
+    from .files import WritesRefused
+
     try:
         code = _run_command(usage_error)
         sys.stdout.flush()
         return code
+    except WritesRefused as refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return _exiting(EXIT_OUTPUT_FAILED)
     except OSError as error:
         if error.filename is not None or error.errno not in _OUTPUT_ERRORS:
             raise

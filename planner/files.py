@@ -63,6 +63,8 @@ def check_writable(outputs: list[Output], force: bool) -> None:
     """Refuse, before any work, a target that exists (without ``force``) or whose folder
     cannot be created or written (a probe file is made and removed: permission bits alone
     do not tell, e.g. for root on a read-only file system)."""
+    if _REFUSED and outputs:  # said before the work, as any other reason not to write
+        raise WritesRefused(_REFUSED[0])
     probed: set[Path] = set()
     for out in outputs:
         try:
@@ -141,6 +143,18 @@ def _put_back(moved: list[tuple[Path, Optional[Path]]]) -> None:
             pass
 
 
+class WritesRefused(Exception):
+    """The CLI cannot say what it would write (its stdout is closed): no file is written."""
+
+
+_REFUSED: list[str] = []  # why files may not be written in this process, once the CLI has said so
+
+
+def refuse_writes(why: str) -> None:
+    """Every later :func:`write_all` raises :class:`WritesRefused` with ``why`` (the CLI's closed stdout)."""
+    _REFUSED[:] = [why]
+
+
 def write_all(outputs: list[Output], force: bool, last: bool = False,
               removes: Union[Sequence[Path], Callable[[], Sequence[Path]]] = ()) -> list[Path]:
     """Write every output, all or none (see the module docstring); returns their paths. ``last``
@@ -152,6 +166,8 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
     emission into the same folder, written a moment before)."""
     outputs = list(outputs)
     assert force or not removes
+    if _REFUSED and outputs:
+        raise WritesRefused(_REFUSED[0])
     created: list[Path] = []
     stages: dict[Path, Path] = {}
     staged: list[tuple[Output, Path]] = []

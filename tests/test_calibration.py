@@ -623,6 +623,12 @@ def test_calibrate_refuses_bad_arguments_before_starting(tmp_path):
     (("--timeout", "1e308"), "--timeout: expected seconds from 1 to 86400"),
     (("--nnodes", "2", "--rdzv-endpoint", "nohost:notaport"), "--rdzv-endpoint: expected HOST:PORT"),
     (("--nproc", "100000"), "--nproc: expected at most"),  # refused, but after 1.8 s of importing torch
+    # One node meets on its own: the endpoint went unused, exit 0 (a 5,000-character host, with two
+    # nodes, waited out the two-minute start-up).
+    (("--rdzv-endpoint", "bogus.invalid:1"), "--rdzv-endpoint: is where the nodes of a run over several meet"),
+    (("--nnodes", "2", "--rdzv-endpoint", "h" * 5000 + ":29500"), "--rdzv-endpoint: expected a host name of at most 253"),
+    # --quick times tiny shapes: the profile named the case whose shapes it never timed.
+    (("--quick", "--case", "examples/llama3-70b-h100.yaml"), "--case: times the case's own shapes, which --quick"),
 ])
 def test_calibrate_refuses_bad_options_within_a_second(tmp_path, args, needle):
     start = time.monotonic()

@@ -315,3 +315,75 @@ def test_a_broken_terminal_width_closed_stdout_or_ascii_locale_still_answers_or_
                                env={**env, "PYTHONIOENCODING": "ascii", "PYTHONUTF8": "0", "LC_ALL": "C"})
     assert ascii_out.returncode == 0 and b"Traceback" not in ascii_out.stderr
     assert b"tokens/s" in ascii_out.stdout and b" ? h100" in ascii_out.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    # typer's Path reads "" as ".": ". expected a regular file, got a directory", no option named
+    (("estimate", ""), "layout-planner estimate: CASE: expected a file's path or a value, got an empty argument"),
+    (("diagnose", str(EXAMPLE), "--config", ""), "--config: expected a value, got an empty one"),
+    (("diagnose", str(EXAMPLE), "--megatron-args="), "--megatron-args: expected a value, got an empty one"),
+    # the last one won, exit 0: DeepSpeed's files written where the first said Megatron-LM's
+    (("plan", str(EXAMPLE), "--emit", "megatron", "--emit", "deepspeed", "--out", "x"),
+     "--emit: given twice, as --emit megatron and --emit deepspeed; expected it once"),
+    (("validate-published", "--experts", "--no-experts"), "--experts: given twice, as --experts and --no-experts"),
+    (("size", str(EXAMPLE), "--tokens", "15T", "--tokens", "1T"), "--tokens: given twice, as --tokens 15T and --tokens 1T"),
+    # accepted, exit 0, with nothing to overwrite
+    (("validate-published", "--no-experts", "--force"), "--force: overwrites --write-bands's file: give it with it"),
+    # click's own bounds said only "x>=0", "x>=1": the command's check gives the range
+    (("plan", str(EXAMPLE), "--top", "-1"), "--top: expected an integer from 0 to 100, got -1"),
+    (("validate", str(EXAMPLE), "--steps", "0"), "--steps: expected a number of steps from 1 to 10000, got 0"),
+    (("plan", str(EXAMPLE), "--plot", "/dev/null"), "--plot: expected a .png path (the plots are one PNG), got '/dev/null'"),
+])
+def test_what_the_option_parser_took_silently_or_said_in_part_is_one_line_naming_the_option(tmp_path, args, needle):
+    done = run_cli(*args)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and needle in done.stderr, done.stderr
+    assert not (Path.cwd() / "x").exists()
+
+
+def test_an_option_given_twice_alike_is_taken():
+    done = run_cli("estimate", str(EXAMPLE), "--json", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["step_time_s"] > 0
+
+
+def test_an_emit_folder_that_cannot_take_the_files_is_refused_before_the_plan(tmp_path, monkeypatch):
+    """`plan --emit megatron --out FOLDER` where FOLDER holds a launch.sh, or is a file, planned in
+    full (1.2 s on the example, minutes on a large search) before it said so; --plot was refused at once."""
+    import importlib
+
+    def no_plan(*args, **kwargs):
+        raise AssertionError("planned before the output folder was checked")
+
+    monkeypatch.setattr(importlib.import_module("planner.plan"), "plan", no_plan)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "launch.sh").write_text("a user's own\n")
+    (tmp_path / "afile").write_text("")
+    for out, needle in ((tmp_path / "taken", "launch.sh: --out: exists; pass --force to overwrite"),
+                        (tmp_path / "afile", "--out: cannot be written:")):
+        done = run_cli("plan", str(EXAMPLE), "--emit", "megatron", "--out", str(out))
+        assert done.returncode == 2 and needle in done.stderr, done.stderr
+    assert (tmp_path / "taken" / "launch.sh").read_text() == "a user's own\n"
+
+
+def test_a_closed_stdout_writes_no_file(tmp_path):
+    """`plan --emit megatron --out DIR >&-` wrote the three files, then exited 1 saying the answer
+    could not be written: the caller could not tell whether they landed."""
+    import os
+
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "planner", "plan", str(EXAMPLE), "--emit", "megatron", "--out",
+                           str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+                          preexec_fn=lambda: os.close(1))
+    assert done.returncode == 1 and "stdout: closed; the answer could not be written, so no file was written" \
+        in done.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("columns", ["99999999999999999999", "100000000", "10", "0", "wide"])
+def test_help_at_any_terminal_width_lists_the_options(columns):
+    """COLUMNS past 2^63 ended `--help` in an OverflowError traceback, 10^8 printed 500 MB of spaces,
+    and 10 drew the options' boxes empty."""
+    import os
+
+    done = subprocess.run([sys.executable, "-m", "planner", "size", "--help"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": columns})
+    assert done.returncode == 0 and "--tokens" in done.stdout and len(done.stdout) < 100_000, done.stderr[-300:]

@@ -391,3 +391,18 @@ def test_the_offload_keys_are_deepspeeds():
                         ("offload_param", DeepSpeedZeroOffloadParamConfig)):
         fields = {n for n in model.model_fields} | {f.alias for f in model.model_fields.values() if f.alias}
         assert set(OFFLOAD_KEYS[name]) == fields
+
+
+def test_an_autotp_size_against_the_cases_pipeline_tp_names_the_case_not_an_option(tmp_path):
+    """A ds_config with AutoTP 4 read for a case whose layout says tp 2 on 2 pipeline stages:
+    "autotp_size: 4 differs from --tp 2", an option the user never gave."""
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "deepspeed"},
+            "layout": {"tp": 2, "pp": 2, "dp": 2, "micro_batch_size": 1, "zero_stage": 1}}
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+                                  "tensor_parallel": {"autotp_size": 4}, "bf16": {"enabled": True}}))
+    with pytest.raises(CaseError, match=r"tensor_parallel.autotp_size: 4 differs from the case's layout.tp 2"):
+        diagnose(case, config=config)
+    with pytest.raises(CaseError, match=r"tensor_parallel.autotp_size: 4 differs from --tp 2"):
+        diagnose(case, config=config, tp=2)

@@ -398,7 +398,7 @@ def test_an_empty_out_folder_is_refused_not_taken_for_the_current_one(tmp_path, 
     """`plan --emit megatron --out ''` wrote the launch files into the current folder (Path('') is '.')."""
     case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
     monkeypatch.chdir(tmp_path)
-    one_line_error(cli("plan", str(case), "--emit", "megatron", "--out", ""), "--out", "expected a folder's path")
+    one_line_error(cli("plan", str(case), "--emit", "megatron", "--out", ""), "--out", "expected a value, got an empty one")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["case.yaml"]
 
 

@@ -309,7 +309,7 @@ def test_validate_refuses_a_profile_from_another_cpu_before_running(tmp_path, pr
     monkeypatch.setattr(host, "cpu_model", lambda: "AMD EPYC 9654")
     other_cpu = tmp_path / "other.yaml"
     other_cpu.write_text(yaml.safe_dump({**PROFILE, "machine": {"device": "x", "cpu": "Some Other CPU"}}))
-    with pytest.raises(CaseError, match=r"cluster.profile: was measured on another CPU \(Some Other CPU\); "
+    with pytest.raises(CaseError, match=r"other.yaml: --profile: was measured on another CPU \(Some Other CPU\); "
                                         r"this machine has AMD EPYC 9654"):
         validate(case(num_gpus=1, micro_batch_size=2), other_cpu, steps=1, warmup=0, timeout_s=120)
 
@@ -320,5 +320,10 @@ def test_a_profile_fitted_to_runs_is_refused_before_anything_runs(tmp_path):
     fitted = tmp_path / "fitted.yaml"
     fitted.write_text(yaml.safe_dump({**PROFILE, "machine": {"device": "a100-sxm-80gb", "source": "runs.yaml"},
                                       "fitted": {"figures": {}}}))
-    with pytest.raises(CaseError, match="cluster.profile: was not measured on this machine by `calibrate`"):
+    # Named as given: --profile and its path (it named the case's cluster.profile, which was another
+    # file, or none).
+    with pytest.raises(CaseError, match="fitted.yaml: --profile: was not measured on this machine by `calibrate`"):
         validate(case(), profile=fitted)
+    for given in (tmp_path, tmp_path / "missing.yaml"):  # an empty --profile is the working directory
+        with pytest.raises(CaseError, match=f"{given}: --profile: "):
+            validate(case(), profile=given)

@@ -65,7 +65,7 @@ def test_validate_refuses_a_prediction_for_another_machine(tmp_path):
 
 
 @pytest.mark.parametrize("flags, code, message", [
-    ([], 2, "cluster.profile: is a `calibrate --quick` profile"),
+    ([], 2, "profile.yaml: --profile: is a `calibrate --quick` profile"),
     (["--allow-quick"], 3, "does not fit"),  # past the check: refused for memory before anything runs
 ])
 def test_a_quick_profile_is_refused_unless_asked(tmp_path, flags, code, message):

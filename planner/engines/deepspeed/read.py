@@ -404,6 +404,8 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     stated = case.layout
     pipeline_unstated = pp is None and stated is None  # neither --pp nor the case's layout says it
     pp = _positive("--pp", "pp", pp if pp is not None else stated.pp if stated is not None else 1)
+    # Who says tp, for a refusal: --tp, or the case's layout where a pipeline takes it from there.
+    tp_said = "--tp" if tp is not None else "the case's layout.tp"
     tp = _pipeline_tp(case, pp, tp)
     batch_was_auto = config.get("train_batch_size") == "auto"
     config = resolve_auto(src, config, case, _dp(src, config, case, pp, tp), micro_batch_size)[0]
@@ -422,7 +424,7 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     if tp is not None:
         tp = _positive("--tp", "tp", tp)
         if autotp and autotp != tp:
-            raise CaseError(src, "tensor_parallel.autotp_size", f"{autotp} differs from --tp {tp}")
+            raise CaseError(src, "tensor_parallel.autotp_size", f"{autotp} differs from {tp_said} {tp}")
     tp = tp or autotp or 1
     gpus = case.cluster.num_gpus
     if gpus % (tp * pp):
