@@ -623,10 +623,6 @@ def main() -> None:
 
         refuse_writes("stdout: closed; the answer could not be written, so no file was written")
     _sane_columns()
-    refused = _argument_problem(sys.argv[1:])
-    if refused is not None:
-        print(f"error: {refused}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
     code = _run(UsageError)
     if closed and code in (0, EXIT_DOES_NOT_FIT):  # an answer was due, and went nowhere
         print("error: stdout: closed; the answer could not be written", file=sys.stderr)
@@ -768,6 +764,10 @@ def _run(usage_error: type) -> int:
 def _run_command(usage_error: type) -> int:
     """The command's exit code, with every message printed; interrupts ignored once it is decided."""
     try:
+        refused = _argument_problem(sys.argv[1:])  # inside: an interrupt while it looks is answered as any
+        if refused is not None:
+            print(f"error: {refused}", file=sys.stderr)
+            return _exiting(EXIT_BAD_INPUT)
         result = app(prog_name="layout-planner", standalone_mode=False)
         if not result:  # a command about to report success, past an interrupt Python dropped
             raise_if_interrupted()
