@@ -611,3 +611,30 @@ def test_the_options_read_are_torchtitans():
                             ("compile", CompileConfig)):
         assert set(KNOWN_KEYS[section]) == {f.name for f in dataclasses.fields(config)}, section
         assert section in SECTIONS
+
+
+def test_a_case_with_mtp_layers_against_a_0_2_toml_is_refused_and_a_compiled_loss_alone_says_its_key(tmp_path):
+    """DeepSeek-V3's case (one MTP layer) against torchtitan 0.2's deepseek_v3_671b.toml was priced with
+    the MTP layer torchtitan 0.2 never builds, which also kept pipelining out of the planner's best
+    (torchtitan runs MTP only without pp); Megatron-LM's reader refuses the same mismatch. And a job
+    compiling the loss alone was said not to compile the model for "compile.enable"."""
+    path = tmp_path / "job.toml"
+    path.write_text(LLAMA3_8B_TOML.replace("enable=false\ncomponents = [\"model\", \"loss\"]",
+                                           "enable=true\ncomponents = [\"loss\"]"))
+    case = case_of("deepseek-v3", 64, 64, 8192)
+    with pytest.raises(CaseError, match=r"model.mtp_layers: 1, but job.toml is a torchtitan 0.2 job file"):
+        diagnose(case, torchtitan=path)
+    result = diagnose(case_of("llama3-8b", 64, 64, 8192), torchtitan=path)
+    assert any("does not compile the model (compile.components leaves out \"model\")" in n for n in result.notes)
+
+
+def test_overrides_on_torchtitans_own_base_config_say_the_mtp_layers_it_may_not_build(tmp_path):
+    """torchtitan 0.3.0's DeepSeek-V3 flavors build no MTP layer (num_mtp_layers 0; only
+    deepseek_v3_debugmodel_mtp does): overrides on its own base config priced the case's one unsaid."""
+    path = tmp_path / "overrides.txt"
+    path.write_text("--module deepseek_v3 --config deepseek_v3_671b --parallelism.data_parallel_shard_degree -1 "
+                    "--parallelism.expert_parallel_degree 8 --training.local_batch_size 1 --training.seq_len 4096 "
+                    "--training.global_batch_size 64 activation_checkpoint:full\n")
+    result = diagnose(case_of("deepseek-v3", 64, 64, 4096), torchtitan=path)
+    assert any("the case's model has 1 multi-token prediction layer(s), priced; torchtitan builds them only where"
+               in note for note in result.notes)

@@ -250,6 +250,17 @@ def test_a_variable_left_unset_is_empty_and_the_refusal_says_so(tmp_path):
     assert "the script leaves MBS unset: read as empty, as bash does" in str(error.value)
 
 
+def test_a_variable_bash_sets_itself_is_not_said_to_be_unset_as_bash_reads_it(tmp_path):
+    """Megatron-LM's own scripts build paths on $PWD: every refusal said "the script leaves PWD unset:
+    read as empty, as bash does", where bash always sets it."""
+    script = SCRIPT.replace("--micro-batch-size 1", "--micro-batch-size $MBS --data-cache-path $PWD/cache")
+    case, args = files(tmp_path, script, FP8)
+    with pytest.raises(CaseError) as error:
+        diagnose(case, megatron_args=args)
+    assert "the script leaves MBS unset: read as empty, as bash does" in str(error.value)
+    assert "PWD unset" not in str(error.value) and "PWD, which bash sets as it runs, read as empty" in str(error.value)
+
+
 def test_the_notes_are_printed_in_the_report_and_in_the_json(tmp_path, monkeypatch):
     """The report ends with a line for each note, after the planner's best; stderr stays empty."""
     case, args = files(tmp_path, SCRIPT.replace("DTYPE=${DTYPE:-fp8}", "DTYPE=${DTYPE:-bf16}"), BF16)

@@ -179,6 +179,10 @@ def test_switches_a_list_leaves_out_that_build_another_model_are_said(tmp_path):
     args.write_text(args.read_text().strip() + " --swiglu --group-query-attention --num-query-groups 8 "
                                                "--untie-embeddings-and-output-weights\n")
     assert not [n for n in diagnose(tmp_path / "case.yaml", megatron_args=args).notes if "Megatron-LM would build" in n]
+    # --quick-geglu gates the MLP as --swiglu does (GPT-OSS's examples/gptoss/02_train.sh): it was said to
+    # build GeLU, and a user who then wrote activation: gelu was priced at 239M parameters for its 289M.
+    args.write_text(args.read_text().replace("--swiglu", "--quick-geglu"))
+    assert not [n for n in diagnose(tmp_path / "case.yaml", megatron_args=args).notes if "Megatron-LM would build" in n]
 
 
 def test_a_list_without_bf16_or_fp16_is_said_to_train_fp32_and_another_optimizer_is_refused(tmp_path):
@@ -470,3 +474,24 @@ def test_an_argument_list_a_word_a_line_is_read_as_one(tmp_path):
     a_line_each = diagnosed(tmp_path, "\n".join(words) + "\n")
     assert a_line_each.estimate.job.layout == one_line.estimate.job.layout
     assert a_line_each.estimate.job.layout.stage_layers == (38, 42)
+
+
+def test_megatron_fsdp_defaults_that_moved_after_core_0_16_are_said_where_left_out(tmp_path):
+    """Megatron-LM's own Megatron-FSDP scripts (examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh)
+    leave the sharding strategy and the gradients' dtype to Megatron-LM's defaults, which core 0.17
+    changed (optim_grads_params, arguments.py since 26.04; 'auto' gradients, the model's dtype): read as
+    core 0.16's (no_shard, fp32), unsaid, where the run on a newer release shards everything in bf16."""
+    from planner.diagnose import diagnose
+
+    (tmp_path / "case.yaml").write_text(LLAMA_70B_ON_64)
+    args = tmp_path / "args.txt"
+    base = ("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+            "--global-batch-size 64 --seq-length 4096 --bf16 --use-distributed-optimizer --use-megatron-fsdp")
+    args.write_text(base + "\n")
+    notes = diagnose(tmp_path / "case.yaml", megatron_args=args).notes
+    assert any("leaves out --data-parallel-sharding-strategy: read as megatron-core 0.16's default no_shard" in n
+               for n in notes)
+    assert any("leaves out --megatron-fsdp-main-grads-dtype: gradients read in fp32" in n for n in notes)
+    args.write_text(base + " --data-parallel-sharding-strategy optim_grads_params --megatron-fsdp-main-grads-dtype bf16\n")
+    notes = diagnose(tmp_path / "case.yaml", megatron_args=args).notes
+    assert not [n for n in notes if "moved" in n or "megatron-core 0.16" in n]

@@ -71,7 +71,7 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--cp-comm-type")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
-    "--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
+    "--swiglu", "--quick-geglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
     "--no-overlap-p2p-communication", "--use-torch-fsdp2", "--use-megatron-fsdp", "--use-custom-fsdp",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--optimizer-cpu-offload", "--cpu-offloading", "--fp8-param-gather", "--fp4-param-gather",

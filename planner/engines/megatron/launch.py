@@ -376,8 +376,14 @@ class _Launch:
         taken = [f"{name}: read as its default {default!r}" for name, default in self.defaulted if default == value]
         if taken:
             said.append(f"the script leaves unset {'; '.join(taken[:3])}")
-        if self.unset:
-            said.append(f"the script leaves {', '.join(self.unset[:5])} unset: read as empty, as bash does")
+        # bash sets these itself as it starts (PWD, HOME, ...): read as empty all the same (the reader
+        # runs nothing), but not "as bash does"
+        own = [name for name in self.unset if name in BASH_SETS]
+        unset = [name for name in self.unset if name not in BASH_SETS]
+        if unset:
+            said.append(f"the script leaves {', '.join(unset[:5])} unset: read as empty, as bash does")
+        if own:
+            said.append(f"{', '.join(own[:5])}, which bash sets as it runs, read as empty (nothing is run)")
         if not self.started:
             said.append("the script starts no command, so nothing reaches pretrain_gpt.py")
         said += [note.text[len(self.src) + 2:] if note.text.startswith(self.src + ": ") else note.text
@@ -444,6 +450,12 @@ def launch_of(path: Path, text: str) -> _Launch:
 def _program(command) -> Optional[str]:
     """The Python program a command starts (``torchrun ... pretrain_gpt.py``), or None."""
     return next((f for f in command.fields if f.endswith(".py")), None)
+
+
+# Variables bash (or the login that starts it) sets in every script, which the reader leaves empty:
+# bash's manual, "Shell Variables".
+BASH_SETS = frozenset(("PWD", "OLDPWD", "HOME", "HOSTNAME", "USER", "UID", "EUID", "PPID", "SHELL", "BASH",
+                       "BASH_VERSION", "BASH_SOURCE", "LINENO", "RANDOM", "SECONDS", "PATH", "SHLVL", "IFS"))
 
 
 def launch_notes(path: Path) -> list[str]:

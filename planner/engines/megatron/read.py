@@ -482,6 +482,18 @@ def architecture_notes(path: Path, case) -> list[str]:
                      f"Megatron-LM would build {built}, the case's model has "
                      f"{f'a window of {model.sliding_window}' if model.sliding_window else 'none'} "
                      "(model.sliding_window); priced as the case's")
+    if "--use-megatron-fsdp" in flags:
+        # Defaults that moved after megatron-core 0.16 (the release this reader follows): Megatron-LM's
+        # own Megatron-FSDP scripts leave both to the newer ones.
+        if "--data-parallel-sharding-strategy" not in flags:
+            notes.append(f"{path.name} leaves out --data-parallel-sharding-strategy: read as megatron-core 0.16's "
+                         "default no_shard (ZeRO 0, or 1 with --use-distributed-optimizer); from core 0.17 "
+                         "(Megatron-LM 26.04) it is optim_grads_params (ZeRO 3): give it to diagnose the run as "
+                         "your release runs it")
+        if "--megatron-fsdp-main-grads-dtype" not in flags and _training(flags, case, launch.src)["fp32_grads"]:
+            notes.append(f"{path.name} leaves out --megatron-fsdp-main-grads-dtype: gradients read in fp32, as "
+                         "megatron-core 0.16 keeps a --bf16 run's; from core 0.17 Megatron-FSDP keeps them in the "
+                         "model's dtype (auto: bf16 here): give it to diagnose the run as your release runs it")
     if "--num-layers" not in flags:
         return notes
 
@@ -489,9 +501,12 @@ def architecture_notes(path: Path, case) -> list[str]:
         said = "gives" if flag in flags else "leaves out"
         notes.append(f"{path.name} {said} {flag}: Megatron-LM would build {default}, the case's model has "
                      f"{case_has}; priced as the case's")
-    if (model.activation == "swiglu") != ("--swiglu" in flags):
-        note("--swiglu", "SwiGLU" if "--swiglu" in flags else "GeLU (its default)", f"{model.activation} "
-             "(model.activation)")
+    # --quick-geglu gates the MLP as --swiglu does (megatron/training/arguments.py: gated_linear_unit),
+    # three matrices of the same shapes: priced alike.
+    gated = next((flag for flag in ("--swiglu", "--quick-geglu") if flag in flags), None)
+    if (model.activation == "swiglu") != (gated is not None):
+        note(gated or "--swiglu", {"--swiglu": "SwiGLU", "--quick-geglu": "a gated MLP (quick GeGLU)",
+                                   None: "GeLU (its default)"}[gated], f"{model.activation} (model.activation)")
     if model.attention_type != "mla" and \
             (model.num_kv_heads < model.num_attention_heads) != ("--group-query-attention" in flags):
         note("--group-query-attention", "grouped KV heads" if "--group-query-attention" in flags

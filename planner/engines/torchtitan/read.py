@@ -41,6 +41,8 @@ from planner.errors import CaseError, one_line
 from planner.inputs import read_text
 from planner.limits import MAX_INT
 
+from .emit import CONFIG_FUNCTION, CONFIG_MODULE
+
 # The fields of torchtitan 0.3.0's ParallelismConfig, TrainingConfig and CompileConfig
 # (config/configs.py): tyro refuses any other option in these sections, so the launch would not start.
 KNOWN_KEYS = {
@@ -808,6 +810,10 @@ def read(path: Union[str, Path], case) -> Layout:
         raise CaseError(s.src, "--nproc-per-node", f"--nnodes {nodes or '1'} --nproc-per-node {per_node}: torchrun "
                                                    f"starts {world} ranks, but the case "
                                                    f"{case.source} has {case.cluster.num_gpus} GPUs (cluster.num_gpus)")
+    if model.mtp_layers and not s.cli:  # as Megatron-LM's reader refuses --mtp-num-layers absent
+        raise CaseError(case.source, "model.mtp_layers", f"{model.mtp_layers}, but {path.name} is a torchtitan 0.2 job "
+                                                         "file, and torchtitan 0.2 builds no multi-token prediction "
+                                                         "layers: set model.mtp_layers: 0 to diagnose the job it runs")
     d = _degrees(s, case.cluster.num_gpus)
     zero = _zero_stage(s, d)
     _check_training(s, case, d)
@@ -905,7 +911,9 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
                      "others")
     compiled = s.switch("compile.enable", False) or (not s.cli and s.switch("training.compile", False))
     if not compiled or "model" not in s.names("compile.components", ["model", "loss"]):
-        notes.append(f"{path.name} does not compile the model (compile.enable, torchtitan's default off): priced "
+        why = "compile.enable, torchtitan's default off" if not compiled else \
+            "compile.components leaves out \"model\""
+        notes.append(f"{path.name} does not compile the model ({why}): priced "
                      "compiled (fused element-wise kernels), as the planner's files run it, so the run may step "
                      "slower and hold more memory")
     reshard = s.string("parallelism.fsdp_reshard_after_forward", "default")
@@ -920,6 +928,12 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
             notes.append(f"torchtitan runs {flushes} pipeline flushes of {local // lay.micro_batch_size} "
                          f"micro-batches a step (global_batch_size / (local_batch_size × dp)); priced as one flush "
                          f"of {job.grad_accum}, so the run idles in more pipeline bubbles")
+    if s.cli and job.model.mtp_layers and s.base != f"--module {CONFIG_MODULE} --config {CONFIG_FUNCTION}":
+        # torchtitan 0.3.0 builds them where the model config asks: its DeepSeek-V3 flavors build none
+        # (num_mtp_layers 0) but deepseek_v3_debugmodel_mtp; the planner's own config module sets MTP_LAYERS.
+        notes.append(f"the case's model has {job.model.mtp_layers} multi-token prediction layer(s), priced; torchtitan "
+                     f"builds them only where the base config's model asks (its DeepSeek-V3 flavors build none), so "
+                     f"the job may run without them (set model.mtp_layers: 0 to price it so)")
     if s.cli and job.training.recipe is not None:
         notes.append(f"{path.name}: torchtitan's quantization converters are no command-line option (the model "
                      f"spec is not): priced in the case's {job.training.precision}")
