@@ -230,14 +230,24 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
             raise CaseError(str(first.path), first.option,
                             f"cannot write ({error.strerror or error}); nothing written") from None
     finally:
+        # The staging folders go whatever interrupts the clean-up (a Ctrl-C inside rmtree left one
+        # beside the files): each is removed to the end, and the interrupt raised after.
+        interrupted: Optional[BaseException] = None
         for stage in stages.values():
-            shutil.rmtree(stage, ignore_errors=True)
+            for _ in range(3):  # an interrupt, then the rest of the folder (two in a row at most, in practice)
+                try:
+                    shutil.rmtree(stage, ignore_errors=True)
+                    break
+                except BaseException as error:  # raised again below, once the folders are gone
+                    interrupted = error
         if not done:
             for folder in reversed(created):
                 try:
                     folder.rmdir()
                 except OSError:
                     pass
+        if interrupted is not None:
+            raise interrupted
     return [out.path for out in outputs]
 
 

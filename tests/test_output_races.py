@@ -258,3 +258,22 @@ def test_writing_files_leaves_the_process_umask_alone_and_gives_the_mode_it_allo
     assert calls == []  # no moment with another mask
     assert {oct((tmp_path / "a" / "launch.sh").stat().st_mode & 0o777), oct((tmp_path / "b.json").stat().st_mode & 0o777)} \
         == {oct(0o640)}
+
+
+def test_an_interrupt_inside_the_clean_up_leaves_no_staging_folder(tmp_path, monkeypatch):
+    """A Ctrl-C that landed in the staging folder's removal (an API caller's, in a long-lived process)
+    left a .layout-planner-* folder beside the files it had written."""
+    import shutil
+
+    real_rmtree, calls = shutil.rmtree, []
+
+    def interrupted_once(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        write_all([Output(tmp_path / "launch.sh", "x\n")], force=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["launch.sh"]
