@@ -1051,3 +1051,19 @@ def test_overlapped_expert_dispatch_in_fp32_is_refused_as_transformer_config_ref
     with pytest.raises(planner.CaseError, match=r"training\.moe_comm_overlap: .*bf16 or fp16 models only"):
         planner.plan(case)
     assert planner.plan({**case, "training": {**case["training"], "precision": "bf16"}}).best is not None
+
+
+def test_multi_latent_attention_is_built_with_its_latents_norms(tmp_path):
+    """DeepSeek's attention normalises its q and kv latents, and the planner counts those norms
+    (cost_models.parameters); megatron-core builds them only under --qk-layernorm (gpt_layer_specs:
+    q_layernorm and kv_layernorm IdentityOp without it, the TE spec's up-projections without their
+    fused norm), which the files left out: another model than priced, whose checkpoints do not load."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    case = load_case(EXAMPLES / "deepseek-v3-2048-h800.yaml")
+    args = parse_args(megatron.render(estimate(case), ["header"])["megatron_args.txt"])
+    spec = get_gpt_layer_local_spec(multi_latent_attention="--multi-latent-attention" in args,
+                                    qk_layernorm="--qk-layernorm" in args, normalization="RMSNorm")
+    attention = spec.submodules.self_attention.submodules
+    assert attention.q_layernorm is not IdentityOp and attention.kv_layernorm is not IdentityOp

@@ -355,9 +355,33 @@ def test_base_configs_name_real_torchtitan_functions():
     import torchtitan
 
     root = Path(torchtitan.__file__).parent / "models"
-    for module, function in list(emit.BASE_CONFIGS.values()) + [emit.DEFAULT_BASE] \
+    for module, function, flavor in list(emit.BASE_CONFIGS.values()) + [emit.DEFAULT_BASE] \
             + list(emit.MOE_BASE_CONFIGS.values()) + [emit.DEFAULT_MOE_BASE]:
         assert f"def {function}(" in (root / module / "config_registry.py").read_text()
+        assert f'"{flavor}":' in (root / module / "__init__.py").read_text(), (module, flavor)  # model_registry's
+
+
+def test_qwen3_235b_is_built_as_itself_not_as_the_30b_whose_training_config_it_takes():
+    """torchtitan 0.3.0 ships Qwen3-235B-A22B as a flavour (models/qwen3/__init__.py, 94 layers, 128
+    experts of 1,536, top-8) with no training config of its own: the files rebuilt Qwen3-30B-A3B's
+    model (48 layers, 30.5B parameters) under a 94-layer pipeline split priced as the 235B."""
+    import re
+
+    import torchtitan
+
+    case = {"model": {"preset": "qwen3-235b-a22b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 256},
+            "training": {"global_batch_size": 2048, "seq_len": 4096, "engine": "torchtitan"}}
+    best = planner.plan(case, top_k=0).best
+    text = emit.render(best, ["x"])[emit.CONFIG_FILE]
+    assert "MODEL_FLAVOR = '235B-A22B'" in text and "stand-in" not in text
+    source = (Path(torchtitan.__file__).parent / "models" / "qwen3" / "__init__.py").read_text()
+    built = source[source.index("def _235b_a22b("):]
+    built = built[:built.index("\ndef ")]
+    model = best.job.model
+    assert f"n_layers = {model.num_layers}" in built and f"dim = {model.hidden_size}" in built
+    for field, value in (("num_experts", model.num_experts), ("top_k", model.moe_top_k),
+                         ("moe_hidden_dim", model.moe_ffn_hidden_size), ("n_kv_heads", model.num_kv_heads)):
+        assert re.search(rf"{field}={value}\b", built), field
 
 
 def test_llama3_8b_uses_its_own_torchtitan_config():
@@ -366,7 +390,10 @@ def test_llama3_8b_uses_its_own_torchtitan_config():
     text = emit.render(best, ["x"])[emit.CONFIG_FILE]
     assert "BASE_CONFIG = 'llama3_8b'" in text and "stand-in" not in text
     gpt = next(i for i in range(N_CASES) if CASES[i]["model"]["preset"] == "gpt-1.7b" and best_of(i) is not None)
-    assert "stand-in" in emit.render(best_of(gpt), ["x"])[emit.CONFIG_FILE]
+    text = emit.render(best_of(gpt), ["x"])[emit.CONFIG_FILE]
+    # The model is rebuilt from MODEL_REGISTRY and MODEL_FLAVOR (apply_layout): BASE_CONFIG alone, as the
+    # warning said, still trained the stand-in's model.
+    assert "stand-in" in text and "MODEL_REGISTRY and MODEL_FLAVOR" in text
 
 
 BASE_CASE = {
@@ -451,7 +478,7 @@ def check_mtp(job, cfg) -> None:
     if not job.model.mtp_layers:
         assert cfg.loss is None and (cfg.model_spec is None or "num_mtp_layers" not in cfg.model_spec)
         return
-    assert cfg.model_spec["flavor"] == emit.FLAVORS[emit.base_config(job.model)[0][1]]
+    assert cfg.model_spec["flavor"] == emit.model_flavor(job.model)
     assert cfg.model_spec["num_mtp_layers"] == job.model.mtp_layers
     kind, fields = cfg.loss
     assert (kind, fields) == ("MTPLoss", {"global_vocab_size": job.model.vocab_size})
@@ -476,7 +503,7 @@ def check_converters(job, cfg) -> None:
         assert cfg.model_spec is None or cfg.model_spec["converters"] == []
         return
     spec = cfg.model_spec
-    assert spec["flavor"] == emit.FLAVORS[emit.base_config(job.model)[0][1]]
+    assert spec["flavor"] == emit.model_flavor(job.model)
     ((kind, fields),) = spec["converters"]
     declared = converter_fields(kind)
     assert "model_compile_enabled" in declared and fields["model_compile_enabled"] and cfg.compile.enable

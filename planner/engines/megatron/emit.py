@@ -330,7 +330,10 @@ def architecture_arguments(m) -> list[tuple[str, Optional[str]]]:
             args.append(("--rotary-base", str(int(m.rope_base))))
     if m.linear_bias is False:
         args.append(("--disable-bias-linear", None))
-    if m.qk_norm:
+    if m.qk_norm or m.attention_type == "mla":
+        # Under MLA the flag builds the two latents' norms (gpt_layer_specs.py, core_v0.16.1: the q and kv
+        # up-projections with their layer norm fused), which DeepSeek's attention has and the parameters
+        # count (cost_models.parameters); without it Megatron-LM builds neither.
         args.append(("--qk-layernorm", None))
     if m.sliding_window:
         # megatron-core's window_size is (keys to the left, keys to the right): causal, none right.

@@ -53,38 +53,35 @@ LAUNCH_FILE = "launch.sh"
 # 70B, 405B), by shape: (layers, hidden, heads, kv heads, ffn, vocab). Any other model
 # gets the Llama 3 8B config as a stand-in whose model_spec the user replaces.
 BASE_CONFIGS = {
-    (32, 4096, 32, 8, 14336, 128256): ("llama3", "llama3_8b"),
-    (80, 8192, 64, 8, 28672, 128256): ("llama3", "llama3_70b"),
-    (126, 16384, 128, 8, 53248, 128256): ("llama3", "llama3_405b"),
+    (32, 4096, 32, 8, 14336, 128256): ("llama3", "llama3_8b", "8B"),
+    (80, 8192, 64, 8, 28672, 128256): ("llama3", "llama3_70b", "70B"),
+    (126, 16384, 128, 8, 53248, 128256): ("llama3", "llama3_405b", "405B"),
 }
-DEFAULT_BASE = ("llama3", "llama3_8b")
+DEFAULT_BASE = ("llama3", "llama3_8b", "8B")
 # Mixtures of experts torchtitan ships (torchtitan/models/{deepseek_v3,qwen3,gpt_oss}/config_registry.py),
 # by (layers, hidden, experts, top-k, expert width, router groups, groups picked: the 671B flavour routes
 # over 8 groups, 4 picked, models/deepseek_v3/__init__.py); any other gets Qwen3-30B-A3B's as a stand-in,
-# so that the expert-parallel degree applies to a model with experts.
+# so that the expert-parallel degree applies to a model with experts. Each with the flavour of the
+# model it builds (model_registry(flavor), models/*/__init__.py): Qwen3-235B-A22B's, which torchtitan
+# ships as a flavour with no training config of its own, on Qwen3-30B-A3B's config (its 30B-A3B model
+# had trained in its place, 94 layers' stages naming 48).
 MOE_BASE_CONFIGS = {
-    (61, 7168, 256, 8, 2048, 8, 4): ("deepseek_v3", "deepseek_v3_671b"),
-    (27, 2048, 64, 6, 1408, 1, 1): ("deepseek_v3", "deepseek_v3_16b"),  # DeepSeek-V2-Lite's shape
-    (48, 2048, 128, 8, 768, 1, 1): ("qwen3", "qwen3_30b_a3b"),
-    (24, 2880, 32, 4, 2880, 1, 1): ("gpt_oss", "gpt_oss_20b"),
-    (36, 2880, 128, 4, 2880, 1, 1): ("gpt_oss", "gpt_oss_120b"),
+    (61, 7168, 256, 8, 2048, 8, 4): ("deepseek_v3", "deepseek_v3_671b", "671B"),
+    (27, 2048, 64, 6, 1408, 1, 1): ("deepseek_v3", "deepseek_v3_16b", "16B"),  # DeepSeek-V2-Lite's shape
+    (48, 2048, 128, 8, 768, 1, 1): ("qwen3", "qwen3_30b_a3b", "30B-A3B"),
+    (94, 4096, 128, 8, 1536, 1, 1): ("qwen3", "qwen3_30b_a3b", "235B-A22B"),
+    (24, 2880, 32, 4, 2880, 1, 1): ("gpt_oss", "gpt_oss_20b", "20b"),
+    (36, 2880, 128, 4, 2880, 1, 1): ("gpt_oss", "gpt_oss_120b", "120b"),
 }
-DEFAULT_MOE_BASE = ("qwen3", "qwen3_30b_a3b")
+DEFAULT_MOE_BASE = ("qwen3", "qwen3_30b_a3b", "30B-A3B")
 # The base configs that build their model with quantization converters of their own
 # (models/llama3/config_registry.py: llama3_405b's Float8LinearConverter, filter_fqns ["lm_head"]).
 BASE_CONVERTERS = {"llama3_405b": "Float8LinearConverter"}
 # The longest training sequence each torchtitan model family's RoPE is built for (max_seq_len in
 # models/{llama3,qwen3,deepseek_v3,gpt_oss}/__init__.py; models/common/decoder.py refuses a longer one).
 ROPE_MAX_SEQ_LEN = {"llama3": 131072, "qwen3": 40960, "deepseek_v3": 16384, "gpt_oss": 131072}
-# The flavour each config's model_registry(flavor, converters=...) builds (models/*/__init__.py);
-# the configs call it with the registry's default backends, so rebuilding with converters keeps them.
-FLAVORS = {"llama3_8b": "8B", "llama3_70b": "70B", "llama3_405b": "405B",
-           "deepseek_v3_671b": "671B", "deepseek_v3_16b": "16B", "qwen3_30b_a3b": "30B-A3B",
-           "gpt_oss_20b": "20b", "gpt_oss_120b": "120b"}
-
-
-def base_config(model) -> tuple[tuple[str, str], bool]:
-    """((torchtitan module, config function), whether it is the model itself) for ``model``."""
+def _base(model) -> tuple[tuple[str, str, str], bool]:
+    """((torchtitan module, config function, model flavour), whether it is the model itself)."""
     if model.is_moe:
         shape = (model.num_layers, model.hidden_size, model.num_experts, model.moe_top_k, model.moe_ffn_hidden_size,
                  model.moe_router_num_groups, model.moe_router_group_topk)
@@ -94,6 +91,19 @@ def base_config(model) -> tuple[tuple[str, str], bool]:
     if model.activation == "swiglu" and not model.tied_embeddings and shape in BASE_CONFIGS:
         return BASE_CONFIGS[shape], True
     return DEFAULT_BASE, False
+
+
+def base_config(model) -> tuple[tuple[str, str], bool]:
+    """((torchtitan module, config function), whether it is the model itself) for ``model``."""
+    (module, function, _), exact = _base(model)
+    return (module, function), exact
+
+
+def model_flavor(model) -> str:
+    """The flavour the emitted config rebuilds its model as (``model_registry(flavor, converters=...)``,
+    models/*/__init__.py; the configs call it with the registry's default backends, so rebuilding with
+    converters keeps them)."""
+    return _base(model)[0][2]
 
 
 # training.precision → training.mixed_precision_param (a Literal["bfloat16", "float32"]).
@@ -266,9 +276,12 @@ def warnings(estimate) -> list[str]:
     (module, function), exact = base_config(model)
     if exact:
         return []
-    return [f"{model.name} is not one of torchtitan's model configs: BASE_CONFIG ({module}/{function}) "
-            f"in {CONFIG_FILE} is a stand-in; point it at a config registry function for your model "
-            f"(the settings are for {model.name})"]
+    # apply_layout rebuilds the model from MODEL_REGISTRY and MODEL_FLAVOR, whatever BASE_CONFIG builds:
+    # pointing BASE_CONFIG alone at the user's model still trained the stand-in's.
+    return [f"{model.name} is not one of torchtitan's model configs: BASE_CONFIG ({module}/{function}), "
+            f"MODEL_REGISTRY and MODEL_FLAVOR ({model_flavor(model)}) in {CONFIG_FILE} are a stand-in; point "
+            f"BASE_CONFIG at a config registry function for your model and MODEL_REGISTRY and MODEL_FLAVOR at its "
+            f"model (the model is rebuilt from those two; the settings are for {model.name})"]
 
 
 def _notes(estimate) -> list[str]:
@@ -304,7 +317,7 @@ def _config_module(estimate, header: list[str]) -> str:
         "# rebuilding the model spec with MODEL_REGISTRY's model_registry(MODEL_FLAVOR, converters=...).\n"
         f"CONVERTERS = {python_literal([[name, fields] for name, fields in s.get('converters', [])])}\n"
         f"MODEL_REGISTRY = {python_literal(f'torchtitan.models.{module}')}\n"
-        f"MODEL_FLAVOR = {python_literal(FLAVORS[function])}\n"
+        f"MODEL_FLAVOR = {python_literal(model_flavor(estimate.job.model))}\n"
         "# Multi-token prediction layers (DeepSeek-V3's MTP modules): the model spec is rebuilt with them\n"
         "# and the loss is torchtitan's MTPLoss (models/deepseek_v3/mtp.py).\n"
         f"MTP_LAYERS = {python_literal(s.get('mtp_layers', 0))}\n"
