@@ -104,6 +104,10 @@ class ModelSpec:
     rope_base: Optional[float] = None
     linear_bias: Optional[bool] = None
     qk_norm: Optional[bool] = None
+    # Rotary positions skipped in every N-th layer, the last of each N (Llama 4's NoPE layers:
+    # transformers' Llama4TextConfig builds them every no_rope_layer_interval = 4; megatron-core's
+    # no_rope_freq N, the same pattern); 0 for none. Not priced: the rotation is element-wise.
+    nope_every: int = 0
 
     def __post_init__(self) -> None:
         s = ModelSpec
@@ -162,6 +166,12 @@ class ModelSpec:
             raise SpecError(s, "dropout", f"expected a probability in [0, 1), got {self.dropout!r}")
         _non_negative_int(s, "mtp_layers", self.mtp_layers)
         _non_negative_int(s, "sliding_window", self.sliding_window)
+        _non_negative_int(s, "nope_every", self.nope_every)
+        if self.nope_every:
+            if self.position_embedding != "rope":
+                raise SpecError(s, "nope_every", "applies only with position_embedding: rope")
+            if self.num_layers % self.nope_every:  # megatron-core asserts it (TransformerConfig no_rope_freq)
+                raise SpecError(s, "nope_every", f"{self.nope_every} does not divide the {self.num_layers} layers")
         _non_negative_int(s, "sliding_window_full_every", self.sliding_window_full_every)
         if self.sliding_window_full_every and not self.sliding_window:
             raise SpecError(s, "sliding_window_full_every", "applies only with a sliding_window")

@@ -50,7 +50,7 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
               "moe_first_dense_layers", "moe_layer_freq", "moe_router", "moe_router_num_groups",
               "moe_router_group_topk", "moe_capacity_factor", "moe_load_imbalance", "mtp_layers",
               "sliding_window", "sliding_window_full_every",
-              "normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm")
+              "normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm", "nope_every")
 
 
 # Integer model fields that may be 0 (none) or null: a model without query compression, shared
@@ -58,9 +58,9 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
 # The most each model count may be (planner/limits.py); a width not named here, MAX_MODEL_WIDTH.
 MODEL_BOUNDS = {"num_layers": MAX_LAYERS, "vocab_size": MAX_VOCAB, "num_experts": MAX_EXPERTS,
                 "moe_first_dense_layers": MAX_LAYERS, "mtp_layers": MAX_LAYERS, "moe_layer_freq": MAX_LAYERS,
-                "sliding_window": MAX_SEQ_LEN, "sliding_window_full_every": MAX_LAYERS}
+                "sliding_window": MAX_SEQ_LEN, "sliding_window_full_every": MAX_LAYERS, "nope_every": MAX_LAYERS}
 OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidden_size", "moe_first_dense_layers",
-                       "mtp_layers", "sliding_window", "sliding_window_full_every")
+                       "mtp_layers", "sliding_window", "sliding_window_full_every", "nope_every")
 
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
                  "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_recipe", "fp8_param_gather",

@@ -143,9 +143,10 @@ def _architecture(r: "_Reader", family: str) -> dict:
     the norm by its epsilon key, RoPE by rope_theta (GPT-NeoX rotates part of each head: left
     unstated), GPT-2's learned positions, biases, Qwen3's q/k norms. DeepSeek's MLA rotates its
     qk_rope_head_dim at rope_theta (10000 where the config leaves it out: transformers'
-    DeepseekV3Config) under YaRN scaling, which megatron-core's MLATransformerConfig applies by
-    default (rope_type yarn, factor 40 from 4,096 positions, as DeepSeek-V2 and V3 ship). Llama 4
-    leaves every fourth layer without positions (NoPE): unstated."""
+    DeepseekV3Config), unscaled as it pre-trained (its config's YaRN came with the context extension
+    after). Llama 4 leaves the last layer of every no_rope_layer_interval (4 by default: transformers'
+    Llama4TextConfig) without positions (NoPE, ``nope_every``); a no_rope_layers list of another
+    pattern leaves its positions unstated."""
     out: dict = {}
     if r.get("rms_norm_eps") is not _MISSING:
         out["normalization"] = "rmsnorm"
@@ -160,7 +161,16 @@ def _architecture(r: "_Reader", family: str) -> dict:
         out["position_embedding"] = "learned"
     elif family in ("deepseek_v2", "deepseek_v3"):
         out["position_embedding"], out["rope_base"] = "rope", float(10000 if base is _MISSING else base)
-    elif base is not _MISSING and family not in ("gpt_neox", "llama4"):
+    elif family == "llama4" and base is not _MISSING:
+        interval, layers = r.get("no_rope_layer_interval"), r.get("no_rope_layers")
+        interval = 4 if interval is _MISSING else interval
+        count = r.get("num_hidden_layers")
+        if isinstance(interval, int) and not isinstance(interval, bool) and isinstance(count, int) \
+                and 0 < interval <= count and count % interval == 0:
+            pattern = [int((i + 1) % interval != 0) for i in range(count)]  # 1: RoPE, 0: NoPE (transformers)
+            if layers is _MISSING or not layers or layers == pattern:
+                out["position_embedding"], out["rope_base"], out["nope_every"] = "rope", float(base), interval
+    elif base is not _MISSING and family != "gpt_neox":
         out["position_embedding"], out["rope_base"] = "rope", float(base)
     if family in BIASED:
         out["linear_bias"] = True

@@ -1067,3 +1067,38 @@ def test_multi_latent_attention_is_built_with_its_latents_norms(tmp_path):
                                     qk_layernorm="--qk-layernorm" in args, normalization="RMSNorm")
     attention = spec.submodules.self_attention.submodules
     assert attention.q_layernorm is not IdentityOp and attention.kv_layernorm is not IdentityOp
+
+
+def test_llama4_is_built_with_rope_and_its_nope_layers(tmp_path):
+    """Llama 4's files stated no positions: Megatron-LM's default, learned absolute positions (a
+    5120-wide table of 4,096 rows the planner never counted) and no rotation at all, where Llama 4
+    rotates at 500,000 in every layer but the last of each 4 (transformers' Llama4TextConfig:
+    no_rope_layers from no_rope_layer_interval 4). megatron-core's --no-rope-freq 4 is that pattern."""
+    import json
+    import sys
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    import planner
+    from planner.hf_config import read_hf_config
+
+    case = {"model": {"preset": "llama4-maverick"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 256},
+            "training": {"global_batch_size": 1024, "seq_len": 4096, "engine": "megatron"}}
+    best = planner.plan(case, top_k=0).best
+    args = parse_args(megatron.render(best, ["header"])["megatron_args.txt"])
+    assert (args["--position-embedding-type"], args["--rotary-base"], args["--no-rope-freq"]) == ("rope", "500000", "4")
+    built = TransformerConfig(num_layers=48, hidden_size=64, num_attention_heads=4,
+                              no_rope_freq=int(args["--no-rope-freq"])).no_rope_freq
+    transformers_no_rope_layers = [int((i + 1) % 4 != 0) for i in range(48)]  # 1: RoPE, 0: NoPE
+    assert built == [1 - rope for rope in transformers_no_rope_layers]
+    # The published config reads to the preset's figures.
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_hf_config import published
+
+    path = tmp_path / "maverick" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(published("Llama-4-Maverick-17B-128E")))
+    fields = read_hf_config(path)
+    assert (fields["position_embedding"], fields["rope_base"], fields["nope_every"]) == ("rope", 500000.0, 4)
+    model = best.job.model
+    assert (model.position_embedding, model.rope_base, model.nope_every) == ("rope", 500000, 4)

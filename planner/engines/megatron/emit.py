@@ -68,7 +68,7 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--normalization", "--position-embedding-type", "--window-size", "--optimizer",
              "--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
              "--window-attn-skip-freq", "--moe-layer-freq", "--tokenizer-type", "--attention-backend",
-             "--cp-comm-type")
+             "--cp-comm-type", "--no-rope-freq")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--quick-geglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
@@ -308,7 +308,7 @@ def moe_layer_pattern(model) -> str:
 
 
 # Megatron-LM's spelling of the case's architecture (megatron/training/arguments.py: --normalization,
-# --position-embedding-type, --rotary-base, --disable-bias-linear, --qk-layernorm, --window-size,
+# --position-embedding-type, --rotary-base, --no-rope-freq, --disable-bias-linear, --qk-layernorm, --window-size,
 # --window-attn-skip-freq); its defaults are
 # GPT-2's (LayerNorm, learned absolute positions, biases), so a Llama must say otherwise.
 NORMALIZATION_ARG = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
@@ -330,6 +330,8 @@ def architecture_arguments(m) -> list[tuple[str, Optional[str]]]:
             args.append(("--rotary-base", str(int(m.rope_base))))
     if m.linear_bias is False:
         args.append(("--disable-bias-linear", None))
+    if m.nope_every:  # megatron-core skips RoPE in the last layer of each no_rope_freq (TransformerConfig)
+        args.append(("--no-rope-freq", str(m.nope_every)))
     if m.qk_norm or m.attention_type == "mla":
         # Under MLA the flag builds the two latents' norms (gpt_layer_specs.py, core_v0.16.1: the q and kv
         # up-projections with their layer norm fused), which DeepSeek's attention has and the parameters
