@@ -660,3 +660,24 @@ def test_a_mixture_of_experts_in_fp8_converts_its_experts_and_keeps_its_router()
     for kind, fields in kinds.items():  # torchtitan's classes, with fields their Configs declare
         declared = converter_fields(kind)
         assert "model_compile_enabled" in declared and set(fields) <= set(declared), kind
+
+
+def test_rowwise_with_bf16_weight_gradients_is_refused_for_experts_torchtitan_runs_in_fp8():
+    """Qwen3-30B-A3B in fp8 rowwise_with_gw_hp was planned (and emitted) for torchtitan with the experts'
+    weight-gradient GEMMs priced in bf16, where Float8GroupedExpertsConverter takes no recipe and runs
+    them row-wise in fp8 (components/quantization/float8.py): another recipe than priced, and another
+    best layout (ep 8, selective recomputation) than rowwise's (ep 4, tp 2)."""
+    import torchtitan
+
+    source = (Path(torchtitan.__file__).parent / "components" / "quantization" / "float8.py").read_text()
+    experts = source[source.index("class Float8GroupedExpertsConverter"):]
+    config = experts[experts.index("class Config"):]
+    assert config.split("\n")[1].strip() == "pass"  # no field: no recipe to give it
+    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "nodes": 4},
+            "training": {"global_batch_size": 256, "seq_len": 8192, "precision": "fp8",
+                         "fp8_recipe": "rowwise_with_gw_hp"}}
+    with pytest.raises(CaseError, match=r"training.fp8_recipe: torchtitan cannot run it: torchtitan's fp8 converter "
+                                        r"for the experts' grouped GEMMs takes no recipe"):
+        planner.plan(case, engine="torchtitan")
+    dense = {**case, "model": {"preset": "llama3-8b"}}
+    assert planner.plan(dense, engine="torchtitan", top_k=0).best is not None

@@ -144,5 +144,20 @@ def rules(job: Job) -> list[tuple[str, str]]:
 
 # Its reader (read.py) takes no options: a torchtitan job states every degree, the micro-batch and the
 # checkpointing, or leaves them to torchtitan's defaults.
+def case_rules(training: TrainingSpec, model: ModelSpec) -> list[tuple[str, str]]:
+    """What no layout meets: a recipe the experts' converter does not run."""
+    out = []
+    if model.is_moe and training.precision == "fp8" and training.fp8_recipe == "rowwise_with_gw_hp":
+        # components/quantization/float8.py: Float8GroupedExpertsConverter.Config has no field, and quantizes
+        # the grouped experts with Float8TrainingOpConfig() ("dynamic float8 rowwise"): their weight gradients
+        # run in fp8, which this recipe prices in bf16 (kernels: wgrad_low false).
+        out.append(("training.fp8_recipe", "torchtitan's fp8 converter for the experts' grouped GEMMs takes no "
+                                           "recipe and runs them row-wise, weight gradients in fp8 "
+                                           "(components/quantization/float8.py): rowwise_with_gw_hp would be "
+                                           "priced with them in bf16; give rowwise"))
+    return out
+
+
 ENGINE = Engine("torchtitan", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.torchtitan.emit",
-                training_rules=training_rules, model_rules=model_rules, reader="planner.engines.torchtitan.read")
+                training_rules=training_rules, model_rules=model_rules, case_rules=case_rules,
+                reader="planner.engines.torchtitan.read")
