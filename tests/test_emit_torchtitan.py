@@ -681,3 +681,22 @@ def test_rowwise_with_bf16_weight_gradients_is_refused_for_experts_torchtitan_ru
         planner.plan(case, engine="torchtitan")
     dense = {**case, "model": {"preset": "llama3-8b"}}
     assert planner.plan(dense, engine="torchtitan", top_k=0).best is not None
+
+
+def test_nvfp4_experts_torchtitan_cannot_quantize_are_refused_before_the_plan():
+    """A mixture of experts in NVFP4 was planned for torchtitan and weighed against the other engines
+    (552,069 tokens/s beside Megatron-LM's), though torchtitan has no NVFP4 converter for grouped
+    experts (they would train in bf16) and --emit then refused the files: refused before the search,
+    with the engine decision saying why."""
+    import torchtitan
+
+    root = Path(torchtitan.__file__).parent / "components" / "quantization"
+    sources = "".join(path.read_text() for path in root.glob("*.py"))
+    assert "class MXFP8GroupedExpertsConverter" in sources and "NVFP4GroupedExperts" not in sources
+    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "b200", "num_gpus": 32},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "nvfp4"}}
+    with pytest.raises(CaseError, match=r"training.precision: torchtitan cannot run it: torchtitan has no NVFP4 "
+                                        r"converter for the experts' grouped GEMMs"):
+        planner.plan(case, engine="torchtitan")
+    decided = planner.plan(case, top_k=0)
+    assert decided.best.job.training.engine.name != "torchtitan"

@@ -150,9 +150,6 @@ def check(estimate) -> None:
     (planner/engines/torchtitan/engine.py)."""
     ENGINES["torchtitan"].refuse_unrunnable(estimate.job)
     job = estimate.job
-    if job.model.is_moe and job.training.precision == "nvfp4":
-        raise _refuse("training.precision: torchtitan has no NVFP4 converter for the experts' grouped GEMMs "
-                      "(components/quantization): they would train in bf16, priced in NVFP4")
     (module, function), exact = base_config(job.model)
     limit = ROPE_MAX_SEQ_LEN.get(module)
     if limit is not None and job.training.seq_len > limit:
