@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import typer
 
@@ -172,27 +172,24 @@ def plan_command(
         result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine, fastest=fastest)
         outputs: list[Output] = []
         removed: list[Path] = []
-        stale: Optional[Callable[[], list[Path]]] = None
+        files: dict[str, str] = {}
         if emit is not None and result.best is not None:
             files, emitted = render(result.best, emit, str(case))
             notes += emitted  # after the ignored layout's note, which this once replaced
             outputs += [Output(Path(out) / name, text) for name, text in files.items()]
-            if force:
-                from .emit import earlier_emission
-
-                def earlier() -> list[Path]:  # asked with the folder locked: another run may write there till then
-                    removed[:] = [p for p in earlier_emission(out, files) if p not in {o.path for o in outputs}]
-                    return removed
-
-                stale = earlier
         if plot is not None and result.best is not None:
             from .plots import render_plots
 
             outputs.append(Output(plot, render_plots(result, plot), "--plot"))
         elif plot is not None:
             notes.append(f"--plot: nothing fits, so {plot} was not written (no layout to draw)")
+        stale: Union[tuple, Callable[[], list[Path]]] = ()
+        if force and files:
+            from .emit import earlier_emission_finder
+
+            stale = earlier_emission_finder(out, files, removed, keep=[o.path for o in outputs])
         # All or none: the emitted configs, the plot, and an earlier emission's other files taken out.
-        written = write_all(outputs, force, last=True, removes=stale or ())
+        written = write_all(outputs, force, last=True, removes=stale)
         notes += removed_notes(removed)
     except CaseError as error:
         _fail(error)

@@ -100,7 +100,7 @@ def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: Optiona
     """Write the engine's launch files for ``result`` (a Plan's best layout, or an Estimate) into
     ``out_dir``, all or none (:func:`planner.files.write_all`); existing files only with ``force``;
     a layout predicted not to fit only with ``force_unfit``, said in every file's header."""
-    from .emit import earlier_emission
+    from .emit import earlier_emission_finder
     from .files import Output, write_all
 
     read_bool("emit", "force", force)  # "no" is truthy: it overwrote the user's files
@@ -110,13 +110,8 @@ def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: Optiona
     out = read_path("emit", "out_dir", out_dir)
     files, notes = render(result, engine, source, force_unfit)
     removed: list[Path] = []
-
-    def stale() -> list[Path]:  # asked with the folder locked: another run may be writing there until then
-        removed[:] = earlier_emission(out, files)
-        return removed
-
     written = write_all([Output(out / name, text, "out_dir", "force=True") for name, text in files.items()], force,
-                        removes=stale if force else ())
+                        removes=earlier_emission_finder(out, files, removed) if force else ())
     return Emitted(tuple(written), tuple(notes) + tuple(removed_notes(removed)))
 
 

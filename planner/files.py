@@ -63,8 +63,7 @@ def check_writable(outputs: list[Output], force: bool) -> None:
     """Refuse, before any work, a target that exists (without ``force``) or whose folder
     cannot be created or written (a probe file is made and removed: permission bits alone
     do not tell, e.g. for root on a read-only file system)."""
-    if _REFUSED and outputs:  # said before the work, as any other reason not to write
-        raise WritesRefused(_REFUSED[0])
+    _refuse_if_told(outputs)  # said before the work, as any other reason not to write
     probed: set[Path] = set()
     for out in outputs:
         try:
@@ -151,8 +150,14 @@ _REFUSED: list[str] = []  # why files may not be written in this process, once t
 
 
 def refuse_writes(why: str) -> None:
-    """Every later :func:`write_all` raises :class:`WritesRefused` with ``why`` (the CLI's closed stdout)."""
+    """Every later :func:`check_writable` and :func:`write_all` raises :class:`WritesRefused` with ``why``
+    (the CLI's closed stdout)."""
     _REFUSED[:] = [why]
+
+
+def _refuse_if_told(outputs: list[Output]) -> None:
+    if _REFUSED and outputs:
+        raise WritesRefused(_REFUSED[0])
 
 
 def write_all(outputs: list[Output], force: bool, last: bool = False,
@@ -166,8 +171,7 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
     emission into the same folder, written a moment before)."""
     outputs = list(outputs)
     assert force or not removes
-    if _REFUSED and outputs:
-        raise WritesRefused(_REFUSED[0])
+    _refuse_if_told(outputs)
     created: list[Path] = []
     stages: dict[Path, Path] = {}
     staged: list[tuple[Output, Path]] = []

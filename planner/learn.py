@@ -524,7 +524,7 @@ def profile_of(result: Fit, origin: str) -> dict[str, Any]:
     hw = result.hardware
     gpu = {k: copy.deepcopy(v) for k, v in gpu_presets()[hw.gpu].items() if k != "fabric"}  # not the cached preset's
     values = result.values
-    performance = copy.deepcopy(dict(performance_presets().get(hw.gpu) or {}))
+    performance = copy.deepcopy(performance_presets().get(hw.gpu) or {})
     performance.pop("<<", None)
     probe = with_figures({"cluster": {}}, hw, {k: v for k, v in values.items() if k.startswith("performance.")})
     performance.update(probe["cluster"]["performance"])

@@ -680,8 +680,8 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
                   "layouts_scored": common["layouts_scored"] + again.scored}
     if fastest:  # clusters fit within the limits, none meets the deadline
         fastest = fastest[0]
-        reason = (f"no cluster within the limits meets the deadline of {duration_text(common['deadline_s'])}: the fastest, "
-                  f"{gpus_text(fastest)}, takes {fastest.days:.4g} days")
+        reason = (f"no cluster within the limits meets the deadline of {duration_text(common['deadline_s'])}: "
+                  f"the fastest, {gpus_text(fastest)}, takes {fastest.days:.4g} days")
         would = _would_meet(sweep, options, limits, step_deadline)
         met = choice(sweep, would) if would is not None else None
         reason += f"; {gpus_text(met)} would take {met.days:.4g} days" if met else \

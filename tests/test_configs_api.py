@@ -141,3 +141,14 @@ def test_read_config_reads_the_config_as_its_engine_and_names_the_argument_it_co
     assert (error.value.source, error.value.key) == ("read_config", "stage_layers")
     assert error.value.expected.startswith("20,12 differs from the 16,16 megatron_args.txt states")
     assert planner.read_config(case, "megatron", args, stage_layers=(16, 16)).pp == 2
+
+
+@pytest.mark.parametrize("engine", ["megatron", "deepspeed", "torchtitan"])
+def test_every_engine_writes_the_files_plan_checks_before_it_plans(engine):
+    """`plan --emit --out` checks EVERY_ENGINE_WRITES in the folder before the plan: each engine's files hold them."""
+    from planner.configs import render
+    from planner.emit import EVERY_ENGINE_WRITES
+
+    result = planner.plan({**CASE, "search": {"target": engine}}, top_k=0)
+    files, _ = render(result.best, engine, "case.yaml")
+    assert set(EVERY_ENGINE_WRITES) <= set(files)
