@@ -9,15 +9,27 @@
 - torchtitan (``torchtitan/components/metrics.py``, ``MetricsProcessor.log``): ``step: N  loss: …
   memory: X GiB(P%)  tps: T  tflops: F  mfu: M%`` (``tps`` is tokens per second per GPU;
   ``memory`` the allocator's max reserved), and at start ``Model … size: 8,030,261,248 total
-  parameters``.
+  parameters``. Its validation lines (``log_validation``: ``validate step: N … tps: …``, at step 1
+  and every ``validation.freq`` steps) time forward passes alone and are not read. Every rank logs
+  its steps: behind torchrun's or Slurm's labels (``[rank3]:``, ``[default3]:``, ``srun -l``'s
+  ``3: ``) the lowest label's lines are read; where several ranks' lines carry one label or none
+  (one ``[rank0]:`` per node under ``--local-ranks-filter 0``, a bare ``torchrun``), each step's
+  figures are the ranks' (median tps, largest memory).
 - DeepSpeed (``deepspeed/utils/timer.py``, ``ThroughputTimer``): ``epoch=0/micro_step=N/
   global_step=G, RunningAvgSamplesPerSec=…, CurrSamplesPerSec=S, MemAllocated=…GB,
-  MaxMemAllocated=XGB`` (samples of the global batch per second; GB = 2^30 bytes); without it,
-  the engine's ``wall_clock_breakdown`` timers ``time (ms) | fwd: … | bwd: … | step: …`` per
-  optimizer step; and its config dump (``  train_batch_size ...... 64``).
+  MaxMemAllocated=XGB`` (samples of the global batch per second; GB = 2^30 bytes; logged at
+  level info); the pipeline engine's ``steps: N loss: … iter time (s): T samples/sec: S``
+  (``runtime/pipe/engine.py``, ``train_batch``: printed by rank 0 whatever the log level); without
+  either, the engine's ``wall_clock_breakdown`` timers per optimizer step, ``time (ms) | fwd: … |
+  bwd: … | bwd_inner: … | bwd_allreduce: … | step: …`` (``EngineTimers.global_timers``; ``bwd``
+  holds ``bwd_inner`` and ``bwd_allreduce``, so the step is fwd + bwd + step); and its config dump
+  (``  train_batch_size ...... 64``).
 
 Warm-up is dropped: the first logged interval (the first iterations' compilation, allocator
-growth and NCCL set-up) and every interval ending at one of the first WARMUP_STEPS steps. The
+growth and NCCL set-up) and every interval ending at one of the first WARMUP_STEPS steps. Where
+the first logged interval is iteration 1 alone, Megatron-LM's next one holds it too: its
+``training_log`` resets neither the interval timer nor the iteration count after the first
+iteration (``should_reset = not is_first_iteration``), so that interval is warm-up as well. The
 step time is the median of the rest; under Megatron-LM's batch ramp-up, of the intervals at the
 final global batch. Steps must rise from line to line: a log whose steps go back holds more than
 one run.
@@ -46,12 +58,18 @@ MEGATRON_SETTINGS = ("bf16", "fp16", "fp8", "use_distributed_optimizer", "use_to
                      "recompute_granularity")
 # An argument dump's line, Megatron-LM's and DeepSpeed's alike: "  {name} {dots} {value}", the dots
 # filling the name to a width (none past it: two spaces), behind any logger or rank prefixes
-# ("[INFO] [config.py:1000:print]", torchrun's "[rank0]:").
-MEGATRON_ARG = re.compile(r"^(?:[ \t]*\[[^\]\n]*\]:?)*[ \t]*([a-z_0-9]+) \.* [ \t]*(\S+)[ \t]*$", re.MULTILINE)
+# ("[INFO] [config.py:1000:print]", torchrun's "[rank0]:", srun -l's "0:").
+MEGATRON_ARG = re.compile(r"^(?:[ \t]*(?:\[[^\]\n]*\]:?|\d{1,9}:))*[ \t]*([a-z_0-9]+) \.* [ \t]*(\S+)[ \t]*$",
+                          re.MULTILINE)
 TITAN_PARAMETERS = re.compile(r"size:\s*" + NUMBER + r"\s*total parameters")
-# Any figure after each timer's name: one that is no number ("nan", "N/A", a negative) is refused naming
-# its line, not skipped (a skipped line also moved which lines counted as warm-up).
-DS_TIMERS = re.compile(r"time \(ms\) \| fwd: ([^\s|]+) \| bwd: ([^\s|]+) \| step: ([^\s|]+)")
+# DeepSpeed's wall-clock breakdown: "time (ms)" and each timer's "| name: figure". Any figure after a
+# timer's name: one that is no number ("nan", "N/A", a negative) is refused naming its line, not
+# skipped (a skipped line also moved which lines counted as warm-up).
+DS_TIMERS = re.compile(r"time \(ms\)((?: \| [a-z_]+: [^\s|]*)+)")
+DS_TIMER = re.compile(r" \| ([a-z_]+): ([^\s|]*)")
+# The timers whose sum is the step: the forward, the backward (its inner part and its all-reduce
+# inside it) and the optimizer step (``deepspeed/utils/timer.py``: fwd, bwd, step).
+DS_STEP_TIMERS = ("fwd", "bwd", "step")
 
 
 @dataclass(frozen=True)
@@ -96,10 +114,13 @@ class Entry:
 _FIGURE = re.compile(r"\s*" + NUMBER + r"\s*")
 MEGATRON_STEP = Entry(re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|"), "elapsed time per iteration (ms):")
 MEGATRON_MEMORY = Entry(re.compile(r"\[Rank (\d+)\]"), "max allocated:", also="memory (MB)")
-TITAN_STEP = Entry(re.compile(r"step:\s*(\d+)\b"), "tps:")
-TITAN_MEMORY = Entry(re.compile(r"step:\s*(\d+)\b"), "memory:", "GiB")
+# A training step's line, not a validation's ("validate step: N").
+TITAN_STEP_KEY = re.compile(r"(?<!validate )step:\s*(\d+)\b")  # after a colour code: no \b before
+TITAN_STEP = Entry(TITAN_STEP_KEY, "tps:")
+TITAN_MEMORY = Entry(TITAN_STEP_KEY, "memory:", "GiB")
 DS_THROUGHPUT = Entry(re.compile(r"global_step=(\d+)"), "CurrSamplesPerSec=")
 DS_MEMORY = Entry(re.compile(r"global_step=(\d+)"), "MaxMemAllocated=", "GB")
+DS_PIPE_STEP = Entry(re.compile(r"\bsteps: (\d+) "), "iter time (s):")
 
 
 @dataclass(frozen=True)
@@ -120,34 +141,56 @@ class LogReading:
     settings: tuple[tuple[str, str], ...] = ()
 
 
-# torchrun's prefix of each rank's lines, where its console is every rank's (no --local-ranks-filter).
-TORCHRUN_RANK = re.compile(r"^\[rank(\d{1,9})\]:", re.MULTILINE)
+# The labels a launcher puts before each rank's lines: srun -l's task ("3: "), then torchrun's role
+# and rank ("[rank3]:" under torchtitan's --role rank, "[default3]:" under --tee's default role).
+RANK_LABEL = re.compile(r"^(?:(\d{1,9}): ?)?(?:\[[A-Za-z_]*?(\d{1,9})\]:)?")
 
 
 def _lowest_rank_lines(text: str) -> str:
-    """A torchtitan log of every rank's lines (each behind torchrun's "[rankN]:") as its lowest rank's:
-    torchtitan logs its steps on every rank, and the ranks' steps one after another were refused as
-    "more than one run". ``text`` itself where it holds one rank's lines or none prefixed."""
-    ranks = {int(m.group(1)) for m in TORCHRUN_RANK.finditer(text)}
-    if len(ranks) < 2:
+    """A torchtitan log of every rank's lines, each behind a launcher's label (``RANK_LABEL``), as its
+    lowest label's: torchtitan logs its steps on every rank, and the ranks' steps one after another
+    were refused as "more than one run". ``text`` itself where its lines carry one label or none."""
+    def label(line: str) -> Optional[tuple[int, int]]:
+        m = RANK_LABEL.match(line)
+        return None if not m.group(0) else (int(m.group(1) or 0), int(m.group(2) or 0))
+    labels = {label(line) for line in text.splitlines()} - {None}
+    if len(labels) < 2:
         return text
-    lowest = min(ranks)
-    return "\n".join(line for line in text.splitlines()
-                     if not (m := TORCHRUN_RANK.match(line)) or int(m.group(1)) == lowest)
+    lowest = min(labels)
+    return "\n".join(line for line in text.splitlines() if label(line) in (None, lowest))
+
+
+def _per_step(points: list[tuple[int, float]], combine) -> list[tuple[int, float]]:
+    """Each step's figures combined (``combine``: the median of the ranks' tps, the largest memory),
+    where several ranks log every step under one label or none (a node's "[rank0]:" each under
+    --local-ranks-filter 0, a bare torchrun): every step logged alike often, the last possibly fewer
+    (a log cut off). ``points`` as they are otherwise: a restart's steps, logged twice over a stretch
+    alone, stay refused as more than one run."""
+    counts: dict[int, list[float]] = {}
+    for step, figure in points:
+        counts.setdefault(step, []).append(figure)
+    times = [len(v) for v in counts.values()]
+    if len(counts) < 2 or max(times) < 2 or len(set(times[:-1])) != 1 or times[-1] > times[0]:
+        return points
+    return sorted((step, combine(figures)) for step, figures in counts.items())
 
 
 def _num(text: str) -> float:
     return float(text.replace(",", ""))
 
 
-def _timer_total(match: re.Match) -> float:
-    """The sum of a DeepSpeed timer line's fwd, bwd and step figures; NaN where one is no
-    non-negative number (refused by the reader, naming the line)."""
+def _timer_total(match: re.Match) -> Optional[float]:
+    """The sum of a DeepSpeed timer line's fwd, bwd and step figures (``DS_STEP_TIMERS``); NaN where
+    one is no non-negative number (refused by the reader, naming the line); None where the line
+    lacks one of them (the micro-step timers' ``fwd_microstep`` line, another list of timers)."""
+    timers = dict(DS_TIMER.findall(match.group(1)))
+    if not all(name in timers for name in DS_STEP_TIMERS):
+        return None
     figures = []
-    for text in match.groups():
-        if not re.fullmatch(NUMBER, text):
+    for name in DS_STEP_TIMERS:
+        if not re.fullmatch(NUMBER, timers[name]):
             return math.nan
-        figures.append(_num(text))
+        figures.append(_num(timers[name]))
     return sum(figures)
 
 
@@ -211,17 +254,22 @@ def read_log(path: Path) -> LogReading:
     # A regular file only (a FIFO waited for ever, /dev/zero was read to the bound), of at most the bound.
     data = read_bytes(path, MAX_LOG_BYTES, "a training log (give the lines of the steps to fit)")
     text = data.decode("utf-8", errors="replace")  # logs carry progress bars and colour codes
+    # Windows' line ends, and a progress bar's carriage returns, end lines as a newline does (an
+    # argument dump's value read with its "\r" was no number, and its check against the case skipped).
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     megatron = MEGATRON_STEP.points(text, src)
     titan = TITAN_STEP.points(text, src)
     deepspeed = DS_THROUGHPUT.points(text, src)
-    timers = [(i + 1, _timer_total(m), m.start()) for i, m in enumerate(DS_TIMERS.finditer(text))]
+    pipe = DS_PIPE_STEP.points(text, src)
+    timers = [(m, _timer_total(m)) for m in DS_TIMERS.finditer(text)]
+    timers = [(i + 1, total, m.start()) for i, (m, total) in enumerate((m, t) for m, t in timers if t is not None)]
     for _, total, at in timers:
         if not math.isfinite(total) or total <= 0:
             raise CaseError(src, f"line {text.count(chr(10), 0, at) + 1}",
                             "a 'time (ms) | fwd: … | bwd: … | step: …' timer line: expected milliseconds, none negative, whose sum "
                             "is positive")
     timers = [(step, total) for step, total, _ in timers]
-    if titan and (megatron or deepspeed or timers):
+    if titan and (megatron or deepspeed or pipe or timers):
         # Megatron-DeepSpeed prints Megatron-LM's lines and DeepSpeed's together; torchtitan beside
         # either is two runs' logs in one file, and the steps of one would be fitted as the other's.
         other = "Megatron-LM's 'elapsed time per iteration'" if megatron else "DeepSpeed's step lines"
@@ -237,7 +285,10 @@ def read_log(path: Path) -> LogReading:
         # The batch the run ends at: its last interval's that states one (a log cut off mid-line, the last
         # interval's batch lost, excluded every interval that stated its own).
         final = next((batch_of[step] for step, _ in reversed(megatron) if step in batch_of), None)
-        times = _after_warmup([(step, v) for step, v in megatron if batch_of.get(step, final) == final])
+        # The interval after iteration 1 logged alone holds iteration 1 too (module docstring).
+        carried = megatron[1][0] if len(megatron) > 1 and megatron[0][0] == 1 else None
+        times = _after_warmup([(step, v) for step, v in megatron
+                               if batch_of.get(step, final) == final and step != carried])
         memory = MEGATRON_MEMORY.points(text, src)
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
         stated = [(k, float(args[k])) for k in MEGATRON_STATED if k in args and _is_number(args[k])]
@@ -263,13 +314,13 @@ def read_log(path: Path) -> LogReading:
         ranked = _lowest_rank_lines(text)
         if ranked is not text:
             titan = TITAN_STEP.points(ranked, src)
-        times = _after_warmup(_in_order(titan, src, "step"))
-        memory = _after_warmup(TITAN_MEMORY.points(ranked, src))
+        times = _after_warmup(_in_order(_per_step(titan, statistics.median), src, "step"))
+        memory = _after_warmup(_per_step(TITAN_MEMORY.points(ranked, src), max))
         params = [_num(m.group(1)) for m in TITAN_PARAMETERS.finditer(text)]
         reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
                              peak_gib=max(memory) if memory else None, peak_of_rank_0_only=bool(memory),
                              stated=(("parameters", params[0]),) if params else ())
-    elif deepspeed or timers:
+    elif deepspeed or pipe or timers:
         memory = _after_warmup(DS_MEMORY.points(text, src))
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
         stated = tuple((k, float(args[k])) for k in ("train_batch_size", "train_micro_batch_size_per_gpu")
@@ -278,6 +329,11 @@ def read_log(path: Path) -> LogReading:
             rates = _after_warmup(_in_order(deepspeed, src, "global_step"))
             reading = LogReading("deepspeed", samples_per_s=_median(rates, src, "'CurrSamplesPerSec='"),
                                  steps=len(rates), stated=stated, peak_gib=max(memory) if memory else None)
+        elif pipe:
+            # Each line's time is the mean over the steps since the last (steps_per_print of them).
+            steps = _after_warmup(_in_order(pipe, src, "steps"))
+            reading = LogReading("deepspeed", step_time_s=_median(steps, src, "'iter time (s):'"), steps=len(steps),
+                                 stated=stated, peak_gib=max(memory) if memory else None)
         else:
             steps = _after_warmup(timers)
             step = _median(steps, src, "'time (ms) | fwd: … | bwd: … | step: …'") / 1e3
@@ -285,8 +341,8 @@ def read_log(path: Path) -> LogReading:
                                  peak_gib=max(memory) if memory else None)
     else:
         raise CaseError(src, "", "holds no step time: looked for Megatron-LM's 'elapsed time per iteration (ms)', "
-                                 "torchtitan's 'tps:' and DeepSpeed's 'CurrSamplesPerSec=' or its "
-                                 "'time (ms) | fwd: … | bwd: … | step: …' timers")
+                                 "torchtitan's 'tps:' and DeepSpeed's 'CurrSamplesPerSec=', its pipeline engine's "
+                                 "'iter time (s):' or its 'time (ms) | fwd: … | bwd: … | step: …' timers")
     return reading
 
 

@@ -1112,3 +1112,114 @@ def test_the_fitted_profile_is_the_callers_to_change_not_the_presets():
     result.hardware.fabric_mapping["efficiency"] = 0.05
     assert (gpu_presets(), fabric_presets()) == presets
     assert estimate(other).step_time_s == before
+
+
+def test_a_deepspeed_timer_line_as_deepspeed_prints_it_gives_fwd_bwd_and_step(tmp_path, capsys):
+    """DeepSpeed's wall-clock breakdown, printed here by DeepSpeed's own timers as its engine names
+    them (``EngineTimers.global_timers``): 'bwd_inner' and 'bwd_allreduce' stand between 'bwd' and
+    'step', and were never matched (a log of them alone was refused as holding no step time). The
+    backward holds its inner part and its all-reduce, so the step is fwd + bwd + step."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.utils.timer import SynchronizedWallClockTimer
+
+    timers = SynchronizedWallClockTimer()
+    names = ["fwd", "bwd", "bwd_inner", "bwd_allreduce", "step"]
+    for _ in range(6):
+        timers("fwd").start(), time.sleep(0.002), timers("fwd").stop()
+        timers("bwd").start()
+        timers("bwd_inner").start(), time.sleep(0.003), timers("bwd_inner").stop()
+        timers("bwd_allreduce").start(), time.sleep(0.001), timers("bwd_allreduce").stop()
+        timers("bwd").stop()
+        timers("step").start(), time.sleep(0.001), timers("step").stop()
+        timers.log(names)
+    printed = capsys.readouterr().out
+    lines = [line for line in printed.splitlines() if "time (ms)" in line]
+    assert len(lines) == 6 and all(f"| {name}: " in lines[0] for name in names)
+    totals = [sum(float(re.search(rf"\| {name}: ([0-9.]+)", line).group(1)) for name in ("fwd", "bwd", "step"))
+              for line in lines]
+    reading = read_log(write(tmp_path, "ds.log", printed))
+    assert reading.engine == "deepspeed" and reading.steps == 3  # the first interval and steps 1-3 are warm-up
+    assert reading.step_time_s == pytest.approx(statistics.median(totals[3:]) / 1e3)
+
+
+def test_deepspeeds_pipeline_engine_log_gives_its_iteration_time(tmp_path):
+    """The pipeline engine prints its own line on rank 0 whatever the log level
+    (``runtime/pipe/engine.py``, ``train_batch``): 'iter time (s)' is each step's mean since the
+    last line. It was refused as holding no step time."""
+    log = "".join(f"steps: {10 * i} loss: 2.3456 iter time (s): {t:.3f} samples/sec: {128 / t:.3f}\n"
+                  for i, t in enumerate([9.0, 3.9, 3.8, 3.7, 3.8], start=1))
+    reading = read_log(write(tmp_path, "pipe.log", log))
+    assert (reading.engine, reading.steps, reading.step_time_s) == ("deepspeed", 4, pytest.approx(3.8))
+
+
+def titan_validation(step: int) -> str:
+    """torchtitan's validation line (``MetricsProcessor.log_validation``), forward passes alone."""
+    return (f"[rank0]:[titan] 2026-11-30 10:00:11,000 - root - INFO - \x1b[33mvalidate step: {step:2}  "
+            f"\x1b[32mloss:  3.1000  \x1b[38;2;54;234;195mmemory: 53.10GiB(67.13%)  \x1b[34mtps: 22,638\x1b[39m\n")
+
+
+def test_a_torchtitan_logs_validation_lines_are_not_its_steps(tmp_path):
+    """torchtitan validates at step 1 and every validation.freq steps, printing 'validate step: N'
+    with its forward-only tps: the log was refused as "more than one run" (step 1 after step 1)."""
+    one = read_log(write(tmp_path, "one.log", TITAN_LOG))
+    lines = TITAN_LOG.splitlines(keepends=True)
+    lines.insert(2, titan_validation(1))
+    lines.insert(5, titan_validation(20))
+    validated = read_log(write(tmp_path, "validated.log", "".join(lines)))
+    assert (validated.tokens_per_s_per_gpu, validated.steps, validated.peak_gib) == \
+        (one.tokens_per_s_per_gpu, one.steps, one.peak_gib)
+
+
+@pytest.mark.parametrize("labels", [("", ""), ("[rank0]:", "[rank0]:"), ("[default0]:", "[default1]:"),
+                                    ("0: [rank0]:", "1: [rank8]:")])
+def test_a_torchtitan_log_of_two_ranks_under_any_launchers_labels_reads_as_one_run(tmp_path, labels):
+    """Each rank's step lines: a bare torchrun (no label), a rank 0 on each of two nodes (torchtitan's
+    run_train.sh filters to local rank 0), torchrun --tee's default role, srun -l's task before
+    torchrun's rank. Only "[rankN]:" of distinct N was read; the others were refused as "more than
+    one run". The second rank's tps here is 2 % higher: the figures are the ranks' median where
+    they share a label (the mean of two), the lowest label's where they do not."""
+    lines = [line.removeprefix("[rank0]:") for line in TITAN_LOG.splitlines(keepends=True)]
+    faster = [re.sub(r"tps: ([0-9,]+)", lambda m: f"tps: {round(float(m.group(1).replace(',', '')) * 1.02):,}", line)
+              for line in lines]
+    log = "".join(labels[0] + a + labels[1] + b for a, b in zip(lines, faster))
+    reading = read_log(write(tmp_path, "ranks.log", log))
+    one = read_log(write(tmp_path, "one.log", "".join(lines)))
+    shared = labels[0] == labels[1]
+    assert reading.tokens_per_s_per_gpu == pytest.approx(one.tokens_per_s_per_gpu * (1.01 if shared else 1), rel=1e-3)
+    assert reading.steps == one.steps and reading.peak_gib == one.peak_gib
+
+
+def test_an_unlabelled_restart_of_a_torchtitan_run_is_still_more_than_one_run(tmp_path):
+    """Steps logged twice over a stretch alone (a restart from step 10's checkpoint) are not ranks."""
+    lines = [line.removeprefix("[rank0]:") for line in TITAN_LOG.splitlines(keepends=True)]
+    with pytest.raises(CaseError, match=r"step 20: comes after step 30: .* more than one run"):
+        read_log(write(tmp_path, "restart.log", "".join(lines + lines[3:])))
+
+
+@pytest.mark.parametrize("form", ["srun", "crlf"])
+def test_an_argument_dump_behind_srun_labels_or_crlf_line_ends_is_checked_against_the_case(tmp_path, form):
+    """srun -l's "0: " before each line, or Windows' line ends, hid a Megatron log of another model
+    (hidden size 5120 against the case's 4096): the run was fitted, exit 0."""
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump({k: v for k, v in case(8, 1, 1, 1, 1).items()}))
+    other = MEGATRON_LOG.replace("hidden_size ..................................... 4096",
+                                 "hidden_size ..................................... 5120")
+    text = "".join(f"0: {line}\n" for line in other.splitlines()) if form == "srun" else other.replace("\n", "\r\n")
+    path = tmp_path / "other.log"
+    path.write_bytes(text.encode())
+    with pytest.raises(CaseError, match=r"hidden_size: the log states hidden_size 5120, .* a log of another model"):
+        runs_from_logs([path], [case_path])
+
+
+def test_megatrons_interval_after_its_first_iteration_alone_is_warm_up(tmp_path):
+    """Megatron-LM logs iteration 1 on its own and resets neither its interval timer nor its count
+    (``training_log``: should_reset = not is_first_iteration), so the next interval's time per
+    iteration averages iteration 1's 60 s back in: (60 + 9 × 12) / 10 = 16.8 s. With iterations 1,
+    10 and 20 logged, the step was the median of 16.8 and 12 s: 14.4 s, 20 % slow."""
+    head = MEGATRON_LOG.split(" [2026-11-30 10:00:41]")[0]
+    line = (" [2026-11-30 10:0{0}:00] iteration {1:8d}/     100 | consumed samples: {2:12d} | elapsed time per "
+            "iteration (ms): {3:.1f} | global batch size:   128 |\n")
+    log = head + "".join(line.format(i, step, 128 * step, ms)
+                         for i, (step, ms) in enumerate([(1, 60000.0), (10, 16800.0), (20, 12000.0), (30, 12100.0)]))
+    reading = read_log(write(tmp_path, "head.log", log))
+    assert (reading.steps, reading.step_time_s) == (2, pytest.approx(12.05))
