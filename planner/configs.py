@@ -21,7 +21,7 @@ from cost_models.specs import Layout
 from .emit import ENGINES as EMITTERS
 from .engines import ENGINES
 from .engines import READING as READERS
-from .errors import CaseError
+from .errors import CaseError, cli_flag
 from .fields import read_bool, read_int, read_path, read_str
 from .case import spec_errors
 from .estimate import Estimate, estimate_job
@@ -43,9 +43,14 @@ def _estimate_of(result: Any) -> Estimate:
     best = getattr(result, "best", None)
     if isinstance(best, Estimate):
         return best
-    if hasattr(result, "best"):
+    from .plan import Plan
+
+    if isinstance(result, Plan):
         raise CaseError("plan", "best", "nothing fits, so there is no layout to write")
-    raise CaseError("emit", "result", f"expected a Plan or an Estimate, got {type(result).__name__}")
+    # A Sizing's best (a SizeChoice) holds the layout's estimate, but which of its choices to write is the caller's.
+    hint = " (its best.estimate is one)" if isinstance(getattr(getattr(result, "best", None), "estimate", None),
+                                                      Estimate) else ""
+    raise CaseError("emit", "result", f"expected a Plan or an Estimate, got {type(result).__name__}{hint}")
 
 
 def render(result: Any, engine: str, source: Optional[str] = None,
@@ -129,34 +134,45 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
     Megatron-LM argument list or launch script. Contradictions with the case are a CaseError
     naming the file and key; an argument the config contradicts, a CaseError naming it
     (``read_config``, the argument)."""
-    return read_layout(case, engine, path, pp, tp, micro_batch_size, recompute, ep, stage_layers,
-                       argument=lambda option: ("read_config", option))
+    from .diagnose import read_job
+
+    if engine not in READERS:
+        raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
+    path = read_path("read_config", "path", path)
+    # As `diagnose` reads it, every refusal of it included (its misspelled keys, values DeepSpeed refuses,
+    # a layout the case's model cannot run): a config the CLI refused was read here.
+    return read_job(case, engine, path, pp, tp, micro_batch_size, recompute, ep, stage_layers,
+                    argument=lambda option: ("read_config", option)).layout
 
 
-def option_flag(option: str) -> tuple[str, str]:
-    """How the CLI names a reader's option in an error: its flag (``--stage-layers``), no key."""
-    return f"--{option.replace('_', '-')}", ""
+def checked_options(pp: Any = None, tp: Any = None, micro_batch_size: Any = None, recompute: Any = None,
+                    ep: Any = None, stage_layers: Any = None, argument: Callable[[str], tuple[str, str]] = cli_flag) \
+        -> dict[str, Any]:
+    """A reader's options as the caller gave them (None: not given), each checked before any is used
+    (a pp of 0 divided by zero), named as ``argument`` names it."""
+    for key, value in (("pp", pp), ("tp", tp), ("micro_batch_size", micro_batch_size), ("ep", ep)):
+        if value is not None:
+            read_int(*argument(key), value)
+    if stage_layers is not None:
+        if not isinstance(stage_layers, (list, tuple)) or not stage_layers:
+            raise CaseError(*argument("stage_layers"), f"expected a list of layer counts, got {stage_layers!r}")
+        stage_layers = tuple(read_int(*argument("stage_layers"), n, minimum=0) for n in stage_layers)
+    if recompute is not None and recompute not in ("none", "selective", "full"):
+        raise CaseError(*argument("recompute"), f"expected none, selective or full, got {recompute!r}")
+    return {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size, "recompute": recompute, "ep": ep,
+            "stage_layers": stage_layers}
 
 
 def read_layout(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] = None, tp: Optional[int] = None,
                 micro_batch_size: Optional[int] = None, recompute: Optional[str] = None, ep: Optional[int] = None,
                 stage_layers: Optional[tuple[int, ...]] = None,
-                argument: Callable[[str], tuple[str, str]] = option_flag) -> Layout:
+                argument: Callable[[str], tuple[str, str]] = cli_flag) -> Layout:
     """:func:`read_config`, an option the config contradicts named as ``argument`` names it (the
     API's argument, or the CLI's flag)."""
     from .case import Case, load_case
 
     if engine not in READERS:
         raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
-    for key, value in (("pp", pp), ("tp", tp), ("micro_batch_size", micro_batch_size), ("ep", ep)):
-        if value is not None:
-            read_int("read_config", key, value)
-    if stage_layers is not None:
-        if not isinstance(stage_layers, (list, tuple)) or not stage_layers:
-            raise CaseError("read_config", "stage_layers", f"expected a list of layer counts, got {stage_layers!r}")
-        stage_layers = tuple(read_int("read_config", "stage_layers", n, minimum=0) for n in stage_layers)
-    if recompute is not None and recompute not in ("none", "selective", "full"):
-        raise CaseError("read_config", "recompute", f"expected none, selective or full, got {recompute!r}")
     path = read_path("read_config", "path", path)
     # Read as the config's engine runs it, whatever engine the case names, as `diagnose` reads it: its
     # own split of the pipeline stages, say (not the generic engine's, balanced by compute).
@@ -165,8 +181,10 @@ def read_layout(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
                                 "recompute": recompute, "ep": ep, "stage_layers": stage_layers}.items()
              if v is not None}
     reader = ENGINES[engine]
-    layout = reader.reader_module().read(path, loaded, **{k: v for k, v in given.items()
-                                                         if k in reader.reader_options})
+    options = {k: v for k, v in given.items() if k in reader.reader_options}
+    if reader.reader_options:  # a reader that takes options names them as the caller spells them
+        options["argument"] = argument
+    layout = reader.reader_module().read(path, loaded, **options)
     for option, value in given.items():
         # The config states it (a Megatron argument list its pipeline, say): an option that says
         # otherwise would go unread. Stages it leaves to the engine are the engine's own split.

@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .case import Case, load_case
-from .configs import read_layout
-from .errors import CaseError
+from cost_models.specs import Job, Layout
+
+from .configs import checked_options, read_layout
+from .errors import Argument, CaseError, cli_flag
 from .fields import read_path
 from .estimate import Estimate, estimate_job
 from .plan import Plan, plan_case
@@ -137,60 +139,65 @@ def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int],
     return tuple(notes)
 
 
-def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
-             pp: Optional[int] = None, tp: Optional[int] = None, micro_batch_size: Optional[int] = None,
-             recompute: Optional[str] = None, ep: Optional[int] = None,
-             stage_layers: Optional[tuple[int, ...]] = None, torchtitan: Optional[Path] = None) -> Diagnosis:
-    """``micro_batch_size`` and ``recompute`` say what a Hugging Face Trainer's DeepSpeed config
-    leaves to the Trainer (its per_device_train_batch_size, its gradient_checkpointing); ``ep``
-    what DeepSpeed-MoE's model code sets (its ep_size), ``stage_layers`` its PipelineModule's split.
-    ``torchtitan``: torchtitan command-line overrides, a launch script or a 0.2 TOML job file."""
-    if sum(given is not None for given in (config, megatron_args, torchtitan)) != 1:
-        raise CaseError("diagnose", "config", "give exactly one of config (a ds_config), megatron_args or torchtitan")
-    if recompute is not None and recompute not in ("none", "selective", "full"):
-        raise CaseError("--recompute", recompute, "expected none, selective or full")
-    if torchtitan is not None:
-        return _diagnose_torchtitan(case, read_path("diagnose", "torchtitan", torchtitan), pp=pp, tp=tp,
-                                    micro_batch_size=micro_batch_size, recompute=recompute, ep=ep,
-                                    stage_layers=stage_layers)
-    config = None if config is None else read_path("diagnose", "config", config)
-    megatron_args = None if megatron_args is None else read_path("diagnose", "megatron_args", megatron_args)
-    engine = "deepspeed" if config is not None else "megatron"
+@dataclass(frozen=True)
+class ConfigReading:
+    """What a config runs, read as `diagnose` reads it: the case trained as the config trains it (what
+    the case leaves to the engine taken from the config) and run by the config's engine, the layout,
+    the job it makes, and what the reading resolved and noted."""
+    engine: str
+    case: Case
+    layout: Layout
+    job: Job
+    resolved: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    planned_with: Optional[str] = None
+
+
+def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: Optional[int] = None,
+             micro_batch_size: Optional[int] = None, recompute: Optional[str] = None, ep: Optional[int] = None,
+             stage_layers: Optional[tuple[int, ...]] = None, argument: Argument = cli_flag) -> ConfigReading:
+    """The config at ``path`` for ``engine`` (deepspeed: a ds_config.json; megatron: an argument list or
+    launch script; torchtitan: overrides, a launch script or a 0.2 TOML file) on ``case``: every
+    refusal `diagnose` makes of it, options the config contradicts named as ``argument`` names them
+    (the CLI's flag, the API's argument). ``micro_batch_size`` and ``recompute`` say what a Hugging
+    Face Trainer's DeepSpeed config leaves to the Trainer (its per_device_train_batch_size, its
+    gradient_checkpointing); ``ep`` what DeepSpeed-MoE's model code sets (its ep_size),
+    ``stage_layers`` its PipelineModule's split."""
+    options = checked_options(pp, tp, micro_batch_size, recompute, ep, stage_layers, argument)
+    pp, tp, micro_batch_size, ep, stage_layers = (options[k] for k in ("pp", "tp", "micro_batch_size", "ep",
+                                                                        "stage_layers"))
+    if engine == "torchtitan":
+        return _read_torchtitan(case, path, options, argument)
     # The case is read as the config's engine runs it, whatever engine it names (a Megatron case
     # beside the DeepSpeed files `plan --engine deepspeed` wrote for it): its defaults (fp8's recipe,
     # the quantized weight gather) are that engine's, as `plan --engine` takes them.
     loaded = load_case(case, engine=engine)
     resolved: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
-    if megatron_args is not None:
+    misspelled: tuple[str, ...] = ()
+    if engine == "megatron":
         from .engines.megatron.launch import launch_notes
-        from .engines.megatron.read import architecture_notes
+        from .engines.megatron.read import architecture_notes, read_training
 
         said_dispatch = loaded.training.expert_dispatch
-        from .engines.megatron.read import read_training
-
-        settings = read_training(Path(megatron_args), loaded)  # read once, for the case and the note
+        settings = read_training(path, loaded)  # read once, for the case and the note
         as_given = loaded
-        loaded = with_megatron_training(loaded, Path(megatron_args), settings)
-        notes = tuple(launch_notes(Path(megatron_args))) + tuple(architecture_notes(Path(megatron_args), loaded))
+        loaded = with_megatron_training(loaded, path, settings)
+        notes = tuple(launch_notes(path)) + tuple(architecture_notes(path, loaded))
     else:
-        from .engines.deepspeed.read import auto_resolved
+        from .engines.deepspeed.read import auto_resolved, misspelled_keys
 
-        resolved = tuple(auto_resolved(Path(config), loaded, pp, tp, micro_batch_size))
-    misspelled: tuple[str, ...] = ()
-    if config is not None:
-        from .engines.deepspeed.read import misspelled_keys
-
-        misspelled = tuple(misspelled_keys(config))
+        resolved = tuple(auto_resolved(path, loaded, pp, tp, micro_batch_size, argument))
+        misspelled = tuple(misspelled_keys(path))
     try:
-        layout = read_layout(loaded, engine, config if config is not None else megatron_args, pp, tp,
-                             micro_batch_size, recompute, ep, stage_layers)
+        layout = read_layout(loaded, engine, path, **options, argument=argument)
     except CaseError as error:  # a refusal a misspelled key may explain (zero_optimisation: ZeRO 0)
         if not misspelled:
             raise
         raise CaseError(error.source, error.key, f"{error.expected} ({'; '.join(misspelled)})") from None
-    if config is not None:
-        notes = misspelled + _model_code_notes(loaded, layout, config, ep, stage_layers)
+    taken = None
+    if engine == "deepspeed":
+        notes = misspelled + _model_code_notes(loaded, layout, path, ep, stage_layers)
     else:
         if said_dispatch is None:
             loaded = _dispatch_left_open(loaded, layout)
@@ -200,36 +207,23 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         taken = taken_from_arguments(as_given, settings)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
     loaded = replace(loaded, training=training, search=spec)
-    try:
-        job = loaded.job(layout)
-        estimate = estimate_job(loaded, job)
-    except CaseError as error:  # the layout the config runs: named in the config, not the case
-        raise _in_the_config(error, loaded.source, config if config is not None else megatron_args,
-                             engine, layout) from None
-    if megatron_args is not None:
+    job = _job(loaded, layout, path, engine, options, argument)
+    if engine == "megatron":
         from .engines.megatron.read import overlap_notes
 
-        notes += tuple(overlap_notes(Path(megatron_args), job))
+        notes += tuple(overlap_notes(path, job))
     else:
         from .engines.deepspeed.read import unpriced_notes
 
-        notes += tuple(unpriced_notes(Path(config), job))
-    best = plan_case(loaded, target=engine)
-    if megatron_args is not None and best.best is not None:
-        from .engines.megatron.emit import needs_deepep
-
-        if needs_deepep(best.best.job) and not needs_deepep(job):
-            notes += ("the planner's best sends tokens across NVLink domains with DeepEP (--moe-token-dispatcher-type "
-                      "flex --moe-flex-dispatcher-backend deepep, which its emitted files set), where these "
-                      "arguments run Megatron-LM's all-to-all",)
-    return Diagnosis(engine, estimate, best, resolved, notes, taken if megatron_args is not None else None)
+        notes += tuple(unpriced_notes(path, job))
+    return ConfigReading(engine, loaded, layout, job, resolved, notes, taken)
 
 
-def _diagnose_torchtitan(case: Any, path: Path, **options: Any) -> Diagnosis:
-    """A torchtitan job (``engines.torchtitan.read``) against the planner's best: the case trained as
-    the job runs it where the case leaves it to the engine (the compiled loss, async TP), the layout it
-    runs, and notes on what the estimate does not see as the job runs it. ``options`` are the
-    DeepSpeed reader's, refused where they differ from what the job states (``read_layout``)."""
+def _read_torchtitan(case: Any, path: Path, options: dict, argument: Argument) -> ConfigReading:
+    """A torchtitan job (``engines.torchtitan.read``): the case trained as the job runs it where the
+    case leaves it to the engine (the compiled loss, async TP), the layout it runs, and notes on what
+    the estimate does not see as the job runs it. ``options`` are the DeepSpeed reader's, refused
+    where they differ from what the job states (``read_layout``)."""
     from .engines.torchtitan.read import read_training, reading_notes, taken_from_job, with_training
 
     engine = "torchtitan"
@@ -237,17 +231,56 @@ def _diagnose_torchtitan(case: Any, path: Path, **options: Any) -> Diagnosis:
     settings = read_training(path, loaded)
     as_given = loaded
     loaded = with_training(loaded, path, settings)
-    layout = read_layout(loaded, engine, path, **options)
+    layout = read_layout(loaded, engine, path, **{k: v for k, v in options.items() if v is not None},
+                         argument=argument)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)
     loaded = replace(loaded, training=training, search=spec)
+    job = _job(loaded, layout, path, engine, options, argument)
+    return ConfigReading(engine, loaded, layout, job, (), tuple(reading_notes(path, loaded, job)),
+                         taken_from_job(as_given, settings))
+
+
+def _job(case: Case, layout: Layout, path: Path, engine: str, options: dict, argument: Argument) -> Job:
+    """The job the config runs; a refusal of it named where the config states it (``_in_the_config``),
+    or as the caller's option where the caller gave it (``ep`` for a dense model)."""
     try:
-        job = loaded.job(layout)
+        return case.job(layout)
+    except CaseError as error:
+        field = error.key.partition(".")[2] if error.source == case.source and error.key.startswith("layout.") else ""
+        if options.get(field) is not None:
+            raise CaseError(*argument(field), error.expected) from None
+        raise _in_the_config(error, case.source, path, engine, layout) from None
+
+
+def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
+             pp: Optional[int] = None, tp: Optional[int] = None, micro_batch_size: Optional[int] = None,
+             recompute: Optional[str] = None, ep: Optional[int] = None,
+             stage_layers: Optional[tuple[int, ...]] = None, torchtitan: Optional[Path] = None) -> Diagnosis:
+    """The config (a ds_config ``config``, ``megatron_args`` or ``torchtitan`` command-line overrides,
+    a launch script or a 0.2 TOML job file) read as :func:`read_job` reads it, estimated, and set
+    against the planner's best for the same model, cluster, global batch and engine."""
+    if sum(given is not None for given in (config, megatron_args, torchtitan)) != 1:
+        raise CaseError("diagnose", "config", "give exactly one of config (a ds_config), megatron_args or torchtitan")
+    engine, key, given = next((e, k, p) for e, k, p in (("deepspeed", "config", config),
+                                                         ("megatron", "megatron_args", megatron_args),
+                                                         ("torchtitan", "torchtitan", torchtitan)) if p is not None)
+    path = read_path("diagnose", key, given)
+    reading = read_job(case, engine, path, pp, tp, micro_batch_size, recompute, ep, stage_layers)
+    loaded, layout, job = reading.case, reading.layout, reading.job
+    try:
         estimate = estimate_job(loaded, job)
-    except CaseError as error:  # the layout the job runs: named in the job's file, not the case
+    except CaseError as error:  # the layout the config runs: named in the config, not the case
         raise _in_the_config(error, loaded.source, path, engine, layout) from None
-    notes = tuple(reading_notes(path, loaded, job))
     best = plan_case(loaded, target=engine)
-    return Diagnosis(engine, estimate, best, (), notes, taken_from_job(as_given, settings))
+    notes = reading.notes
+    if engine == "megatron" and best.best is not None:
+        from .engines.megatron.emit import needs_deepep
+
+        if needs_deepep(best.best.job) and not needs_deepep(job):
+            notes += ("the planner's best sends tokens across NVLink domains with DeepEP (--moe-token-dispatcher-type "
+                      "flex --moe-flex-dispatcher-backend deepep, which its emitted files set), where these "
+                      "arguments run Megatron-LM's all-to-all",)
+    return Diagnosis(engine, estimate, best, reading.resolved, notes, reading.planned_with)
 
 
 def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str, layout) -> CaseError:

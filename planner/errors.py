@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .limits import MAX_MESSAGE_PART
 
@@ -35,6 +35,22 @@ class CaseError(Exception):
         # Rebuilt from its three parts (an Exception pickles its args, here the joined message, and
         # CaseError takes three): a process pool hands a worker's refusal back to its caller.
         return type(self), (self.source, self.key, self.expected)
+
+
+# How an error names an option its caller gave: the CLI's flag, or the API's argument, as
+# (source, key): ("--stage-layers", "") or ("read_config", "stage_layers").
+Argument = Callable[[str], tuple[str, str]]
+
+
+def cli_flag(option: str) -> tuple[str, str]:
+    """The CLI's name of an option in an error: its flag (``--stage-layers``), no key."""
+    return f"--{option.replace('_', '-')}", ""
+
+
+def named(argument: Argument, option: str) -> str:
+    """An option as a message says it: the CLI's flag, or the API's argument."""
+    src, key = argument(option)
+    return key or src
 
 
 class Interrupted(BaseException):

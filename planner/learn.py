@@ -46,8 +46,8 @@ import yaml
 from cost_models.specs import FabricSpec, Overheads, Performance
 
 from .case import load_case
-from .errors import CaseError
-from .fields import read_str
+from .errors import Argument, CaseError, cli_flag, named
+from .fields import read_path, read_str
 from .estimate import estimate
 from .fitted import coverage as jobs_coverage
 from .presets import fabric_presets, gpu_preset_name, gpu_presets, performance_presets, resolve_gpu_preset
@@ -173,9 +173,11 @@ def resolve_gpu(name: str) -> str:
     return found[0] if len(found) == 1 else str(name)
 
 
-def prior_hardware(runs: Sequence[Run], source: str, gpu_preset: Optional[str] = None) -> Hardware:
+def prior_hardware(runs: Sequence[Run], source: str, gpu_preset: Optional[str] = None,
+                   argument: Argument = cli_flag) -> Hardware:
     """The GPU and fabric the runs share, with their figures as priors; a CaseError naming the runs
-    where they mix GPU types or fabrics, or where ``gpu_preset`` is not theirs."""
+    where they mix GPU types or fabrics, or where ``gpu_preset`` (named as ``argument`` names it)
+    is not theirs."""
     keys: dict[tuple[str, str], list[str]] = {}
     for run in runs:
         keys.setdefault(hardware_key(run.case), []).append(run.id)
@@ -185,9 +187,10 @@ def prior_hardware(runs: Sequence[Run], source: str, gpu_preset: Optional[str] =
         raise CaseError(source, "cluster", f"one profile is one GPU type on one fabric; these runs mix them ({parts})")
     (gpu, fabric), = keys
     if gpu_preset is not None:
-        wanted = resolve_gpu_preset("--gpu-preset", "", gpu_preset)
+        wanted = resolve_gpu_preset(*argument("gpu_preset"), gpu_preset)
         if wanted != gpu:
-            raise CaseError(source, "cluster.gpu", f"the runs ran on {gpu}, not on --gpu-preset {wanted}")
+            raise CaseError(source, "cluster.gpu", f"the runs ran on {gpu}, not on {named(argument, 'gpu_preset')} "
+                                                   f"{wanted}")
     if gpu not in gpu_presets():
         if runs[0].case["cluster"].get("profile") is not None:  # said as "cluster.gpu", which the case has not
             raise CaseError(source, "cluster.profile", "a fit starts from a GPU preset's figures: give the run's case "
@@ -465,11 +468,13 @@ def clamp(p: Parameter, u0: float, z: float) -> float:
     return min(hi, max(lo, z))
 
 
-def fit(runs: Sequence[Run], source: str = "runs", gpu_preset: Optional[str] = None) -> Fit:
-    """The figures ``runs`` teach (module docstring), with their priors and each run's residuals."""
+def fit(runs: Sequence[Run], source: str = "runs", gpu_preset: Optional[str] = None,
+        argument: Argument = cli_flag) -> Fit:
+    """The figures ``runs`` teach (module docstring), with their priors and each run's residuals;
+    ``argument`` names ``gpu_preset`` in an error (the CLI's flag, the API's argument)."""
     if not runs:
         raise CaseError(source, "", "no runs to fit")
-    hw = prior_hardware(runs, source, gpu_preset)
+    hw = prior_hardware(runs, source, gpu_preset, argument)
     priors = {p.name: prior_value(p, hw) for p in PARAMETERS}
     timed = [r for r in runs if r.tokens_per_s]
     weighed = [r for r in runs if r.peak_gib]
@@ -564,9 +569,11 @@ def calibrate_from_runs(runs: Any, gpu_preset: Optional[str] = None) -> tuple[di
     ``runs``: published-runs files (paths), rows in that schema (dicts) or :class:`Run` objects,
     or a list mixing them; ``gpu_preset``: the GPU preset whose figures are the priors (default:
     the runs' own)."""
+    def argument(option: str) -> tuple[str, str]:
+        return "calibrate_from_runs", option
+
     if gpu_preset is not None:
-        # Named as the API's argument (the fit's own check names the CLI's --gpu-preset).
-        resolve_gpu_preset("calibrate_from_runs", "gpu_preset", read_str("calibrate_from_runs", "gpu_preset", gpu_preset))
+        read_str("calibrate_from_runs", "gpu_preset", gpu_preset)
     items = list(runs) if isinstance(runs, (list, tuple)) else [runs]
     collected: list[Run] = []
     rows: list[Any] = []
@@ -576,14 +583,14 @@ def calibrate_from_runs(runs: Any, gpu_preset: Optional[str] = None) -> tuple[di
         elif isinstance(item, dict):
             rows.append(item)
         elif isinstance(item, (str, os.PathLike)):
-            collected += load_runs([item])
+            collected += load_runs([read_path("calibrate_from_runs", "runs", item)])
         else:
             raise CaseError("runs", "", f"expected runs files, published-run rows or Run objects, got "
                                         f"{type(item).__name__}")
     if rows:
         collected += runs_from_rows(rows, "runs")
     check_each_run_once(collected, "runs")
-    result = fit(collected, "runs", gpu_preset)
+    result = fit(collected, "runs", gpu_preset, argument)
     check_explained(result, "runs")
     origins = sorted({str(i) for i in items if isinstance(i, (str, os.PathLike))})
     return profile_of(result, ", ".join(origins) or f"{len(collected)} runs"), result

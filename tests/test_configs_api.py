@@ -152,3 +152,72 @@ def test_every_engine_writes_the_files_plan_checks_before_it_plans(engine):
     result = planner.plan({**CASE, "search": {"target": engine}}, top_k=0)
     files, _ = render(result.best, engine, "case.yaml")
     assert set(EVERY_ENGINE_WRITES) <= set(files)
+
+
+def ds_config(tmp_path, **zero) -> "Path":
+    import json
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_batch_size": 128, "train_micro_batch_size_per_gpu": 1,
+                                "gradient_accumulation_steps": 8, "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 2, **zero}}))
+    return path
+
+
+@pytest.mark.parametrize("zero, options, match", [
+    ({"bogus_key": 1}, {}, r"zero_optimization.bogus_key: unknown key"),
+    ({"reduce_bucket_size": -1}, {}, r"reduce_bucket_size"),
+    ({}, {"ep": 2}, r"read_config: ep: expert parallelism needs a mixture of experts"),
+])
+def test_read_config_refuses_what_diagnose_refuses(tmp_path, zero, options, match):
+    """read_config read what `diagnose` reads but none of its refusals: a key DeepSpeed does not take,
+    a bucket of -1 bytes, expert parallelism on a dense model (named as the call's argument) each
+    gave a layout where the CLI exits 2."""
+    from planner.cli import app
+    from typer.testing import CliRunner
+
+    path = ds_config(tmp_path, **zero)
+    with pytest.raises(CaseError, match=match):
+        planner.read_config(CASE, "deepspeed", path, **options)
+    case = tmp_path / "case.yaml"
+    import yaml
+    case.write_text(yaml.safe_dump(CASE))
+    flags = [f"--{k}" for k in options] + [str(v) for v in options.values()]
+    result = CliRunner().invoke(app, ["diagnose", str(case), "--config", str(path), *flags[:1], *flags[1:]])
+    assert result.exit_code == 2
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"pp": 0}, r"read_config: pp: expected an integer >= 1, got int 0"),
+    ({"pp": "2"}, r"read_config: pp: expected an integer, got str '2'"),
+    ({"micro_batch_size": 2}, r"read_config: micro_batch_size: 2 differs from .*ds_config.json's "
+                              r"train_micro_batch_size_per_gpu 1"),
+    ({"pp": 3}, r"read_config: pp: tp 1 x pp 3 = 3 must divide the cluster's 16 GPUs"),
+    ({"pp": 2, "stage_layers": (10, 10)}, r"read_config: stage_layers: 2 stages of 20 layers; expected pp = 2 "
+                                          r"stages holding the model's 32 layers"),
+])
+def test_read_configs_errors_name_its_own_arguments(tmp_path, options, match):
+    """A pp of 0 divided by zero, a pp of "2" compared a str with an int (raw exceptions), and the
+    DeepSpeed reader named the CLI's --micro-batch-size, --stage-layers, and for a pp that does not
+    divide the GPUs the file's tensor_parallel.autotp_size, which it does not hold."""
+    path = ds_config(tmp_path)
+    if "stage_layers" in options:  # a pipeline's data-parallel size: 16 / 2, the batch 128 = 1 × 16 × 8
+        import json
+        config = json.loads(path.read_text())
+        path.write_text(json.dumps({**config, "gradient_accumulation_steps": 16, "zero_optimization": {"stage": 1}}))
+    with pytest.raises(CaseError, match=match):
+        planner.read_config(CASE, "deepspeed", path, **options)
+
+
+def test_emit_refuses_a_nul_in_its_folder_and_a_sizing_by_name(tmp_path):
+    """A NUL byte in out_dir raised the OS's ValueError from inside the writer; a Sizing (which has a
+    best) was said to be a plan where nothing fits."""
+    result = planner.plan({**CASE, "search": {"target": "megatron"}}, top_k=0)
+    with pytest.raises(CaseError, match="emit: out_dir: expected a path, got one holding a NUL byte"):
+        planner.emit(result, "megatron", str(tmp_path / "a\0b"))
+    sizing = planner.size({**CASE, "search": {"target": "megatron"}}, "1B")
+    assert sizing.best is not None
+    with pytest.raises(CaseError, match=r"emit: result: expected a Plan or an Estimate, got Sizing \(its "
+                                        r"best.estimate is one\)"):
+        planner.emit(sizing, "megatron", tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []

@@ -1086,6 +1086,9 @@ def test_an_unknown_gpu_preset_is_named_as_the_apis_argument():
     with pytest.raises(CaseError) as error:
         calibrate_from_runs(measured_runs(LAYOUTS[:2]), gpu_preset="zz")
     assert (error.value.source, error.value.key) == ("calibrate_from_runs", "gpu_preset")
+    # A preset that is not the runs' was said to be "not on --gpu-preset b200".
+    with pytest.raises(CaseError, match=r"runs: cluster.gpu: the runs ran on h100-sxm-80gb, not on gpu_preset b200"):
+        calibrate_from_runs(measured_runs(LAYOUTS[:2]), gpu_preset="b200")
     assert "unknown GPU preset 'zz'" in error.value.expected
 
 

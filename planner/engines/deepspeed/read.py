@@ -12,7 +12,7 @@ from cost_models.model_states import fp32_gradients
 from cost_models.specs import Layout
 
 from planner.fields import read_int as integer
-from planner.errors import CaseError, one_line
+from planner.errors import Argument, CaseError, cli_flag, named, one_line
 from planner.inputs import read_json
 from planner.limits import MAX_INT
 
@@ -245,11 +245,12 @@ def _load(path: Path) -> dict:
     return data
 
 
-def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Optional[int]) -> tuple[dict, list[str]]:
+def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Optional[int],
+                 argument: Argument = cli_flag) -> tuple[dict, list[str]]:
     """``config`` with each ``"auto"`` the Hugging Face Trainer fills in resolved as it does
     (``transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_process``) from
     the case, and a line for each: the micro-batch from ``micro_batch_size`` (the Trainer's
-    per_device_train_batch_size: diagnose's --micro-batch-size) or the case's layout, the
+    per_device_train_batch_size: ``argument("micro_batch_size")``) or the case's layout, the
     accumulation from the case's global batch, the global batch as the Trainer computes it
     (world size ÷ model parallelism × micro-batch × accumulation), bf16/fp16 from its precision.
     What the Trainer fills that the cost model does not read (learning rate, buckets) is left.
@@ -259,13 +260,13 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
     micro = micro_batch_size or (case.layout.micro_batch_size if case.layout is not None else None)
     stated = config.get("train_micro_batch_size_per_gpu")
     if micro_batch_size is not None and stated not in (None, "auto") and stated != micro_batch_size:
-        raise CaseError("--micro-batch-size", "", f"{micro_batch_size} differs from {src}'s "
-                                                  f"train_micro_batch_size_per_gpu {stated!r}, which the run takes")
+        raise CaseError(*argument("micro_batch_size"), f"{micro_batch_size} differs from {src}'s "
+                                                        f"train_micro_batch_size_per_gpu {stated!r}, which the run takes")
     if config.get("train_micro_batch_size_per_gpu") == "auto":
         if micro is None:
             raise CaseError(src, "train_micro_batch_size_per_gpu", "is \"auto\" (the Trainer's "
-                                 "per_device_train_batch_size): give --micro-batch-size, or layout.micro_batch_size "
-                                 "in the case")
+                                 f"per_device_train_batch_size): give {named(argument, 'micro_batch_size')}, or "
+                                 "layout.micro_batch_size in the case")
         config["train_micro_batch_size_per_gpu"] = micro
         resolved.append(f"train_micro_batch_size_per_gpu: auto -> {micro}")
     elif stated is None and micro_batch_size is not None:
@@ -273,7 +274,8 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
         # accumulation ÷ dp): one that disagrees is refused below, as DeepSpeed checks the three; it
         # was ignored, the derived one diagnosed.
         config["train_micro_batch_size_per_gpu"] = micro_batch_size
-        resolved.append(f"train_micro_batch_size_per_gpu: not given -> {micro_batch_size} (--micro-batch-size)")
+        resolved.append(f"train_micro_batch_size_per_gpu: not given -> {micro_batch_size} "
+                        f"({named(argument, 'micro_batch_size')})")
     micro = config.get("train_micro_batch_size_per_gpu") if config.get("train_micro_batch_size_per_gpu") != "auto" \
         else micro
     if config.get("gradient_accumulation_steps") == "auto":
@@ -354,13 +356,13 @@ def pipeline_checkpointing(src: str, config: dict, pp: int) -> Optional[int]:
 
 
 def auto_resolved(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[int] = None,
-                  micro_batch_size: Optional[int] = None) -> list[str]:
+                  micro_batch_size: Optional[int] = None, argument: Argument = cli_flag) -> list[str]:
     """What :func:`read` resolved of the config (its ``"auto"`` values, DeepSpeed's rewrites, the
     pipeline engine's checkpointing), one line each."""
     config = _load(Path(path))
     pp = pp if pp is not None else case.layout.pp if case.layout is not None else 1
     tp = _pipeline_tp(case, pp, tp)
-    lines = resolve_auto(str(path), config, case, _dp(str(path), config, case, pp, tp), micro_batch_size)[1]
+    lines = resolve_auto(str(path), config, case, _dp(str(path), config, case, pp, tp), micro_batch_size, argument)[1]
     interval = pipeline_checkpointing(str(path), config, pp)
     if interval is not None:
         lines.append(f"pipeline.activation_checkpoint_interval: {interval} -> recompute full (DeepSpeed's pipeline "
@@ -385,7 +387,8 @@ def _dp(src: str, config: dict, case, pp: int, tp: Optional[int]) -> int:
 
 def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[int] = None,
          micro_batch_size: Optional[int] = None, recompute: Optional[str] = None,
-         ep: Optional[int] = None, stage_layers: Optional[tuple[int, ...]] = None) -> Layout:
+         ep: Optional[int] = None, stage_layers: Optional[tuple[int, ...]] = None,
+         argument: Argument = cli_flag) -> Layout:
     """The layout of an existing ds_config.json on ``case``'s cluster, with ``pp`` pipeline stages
     and, for a pipeline whose model splits its own layers (Megatron-DeepSpeed's 3D grid), ``tp``;
     without a pipeline tp is AutoTP's ``tensor_parallel.autotp_size``. What the model's code
@@ -402,13 +405,15 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     src = str(path)
     config = _load(path)
     stated = case.layout
-    pipeline_unstated = pp is None and stated is None  # neither --pp nor the case's layout says it
-    pp = _positive("--pp", "pp", pp if pp is not None else stated.pp if stated is not None else 1)
-    # Who says tp, for a refusal: --tp, or the case's layout where a pipeline takes it from there.
-    tp_said = "--tp" if tp is not None else "the case's layout.tp"
+    pipeline_unstated = pp is None and stated is None  # neither the pp option nor the case's layout says it
+    # Who set the degrees, for a refusal of their product: an option the caller gave, else the file.
+    degrees_said = argument("pp") if pp is not None else argument("tp") if tp is not None else None
+    pp = _positive(*argument("pp"), pp if pp is not None else stated.pp if stated is not None else 1)
+    # Who says tp, for a refusal: the tp option, or the case's layout where a pipeline takes it from there.
+    tp_said = named(argument, "tp") if tp is not None else "the case's layout.tp"
     tp = _pipeline_tp(case, pp, tp)
     batch_was_auto = config.get("train_batch_size") == "auto"
-    config = resolve_auto(src, config, case, _dp(src, config, case, pp, tp), micro_batch_size)[0]
+    config = resolve_auto(src, config, case, _dp(src, config, case, pp, tp), micro_batch_size, argument)[0]
     _check_optimizer(src, config, case)
     ulysses = config.get("sequence_parallel_size", 1)
     if ulysses != 1:
@@ -422,13 +427,13 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
         raise CaseError(src, "tensor_parallel", f"expected a mapping, got {tp_section!r}")
     autotp = _positive(src, "tensor_parallel.autotp_size", tp_section.get("autotp_size", 0), minimum=0)
     if tp is not None:
-        tp = _positive("--tp", "tp", tp)
+        tp = _positive(*argument("tp"), tp)
         if autotp and autotp != tp:
             raise CaseError(src, "tensor_parallel.autotp_size", f"{autotp} differs from {tp_said} {tp}")
     tp = tp or autotp or 1
     gpus = case.cluster.num_gpus
     if gpus % (tp * pp):
-        raise CaseError(src, "tensor_parallel.autotp_size",
+        raise CaseError(*(degrees_said or (src, "tensor_parallel.autotp_size")),
                         f"tp {tp} x pp {pp} = {tp * pp} must divide the cluster's {gpus} GPUs")
     dp = gpus // (tp * pp)
 
@@ -462,7 +467,7 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
             # the pipeline (its PipelineModule does), which --pp gives (the planner's own pipeline files).
             hint = (f"; ds_config.json does not state the pipeline, taken as pp {pp} and tp {tp}: for data-parallel "
                     f"{batch // (micro * accum)}, give pp · tp = {gpus // (batch // (micro * accum))} "
-                    f"(--pp, --tp)")
+                    f"({named(argument, 'pp')}, {named(argument, 'tp')})")
         raise CaseError(src, "train_batch_size", f"{batch} is not micro {micro} × accumulation {accum} × "
                                                  f"data-parallel {dp} = {micro * accum * dp}{hint}")
     global_batch = case.training.global_batch_size
@@ -514,8 +519,8 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     interval = pipeline_checkpointing(src, config, pp)
     if interval is not None:
         if recompute not in (None, "full"):
-            raise CaseError("--recompute", recompute, f"{src}'s pipeline.activation_checkpoint_interval {interval} "
-                                                      "checkpoints every layer: full")
+            raise CaseError(*argument("recompute"), f"{recompute}: {src}'s pipeline.activation_checkpoint_interval "
+                                                    f"{interval} checkpoints every layer: full")
         recompute = "full"
     recompute = recompute or (case.layout.recompute if case.layout is not None else "none")
 
@@ -525,8 +530,9 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     if stage_layers is None:
         stage_layers = stated.stage_layers if stated is not None and stated.pp == pp else None
     elif len(stage_layers) != pp or sum(stage_layers) != case.model.num_layers:
-        raise CaseError("--stage-layers", "", f"{len(stage_layers)} stages of {sum(stage_layers)} layers; expected "
-                                              f"pp = {pp} stages holding the model's {case.model.num_layers} layers")
+        raise CaseError(*argument("stage_layers"), f"{len(stage_layers)} stages of {sum(stage_layers)} layers; "
+                                                   f"expected pp = {pp} stages holding the model's "
+                                                   f"{case.model.num_layers} layers")
     return Layout(dp=dp, tp=tp, pp=pp, micro_batch_size=micro, zero_stage=zero, recompute=recompute,
                   offload_optimizer=1.0 if offload["offload_optimizer"] else 0.0,
                   offload_params=offload["offload_param"], ep=ep, etp=stated.etp if stated is not None else None,
