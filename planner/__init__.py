@@ -5,13 +5,13 @@ import sys
 import types
 from importlib import import_module
 
-__all__ = ["CaseError", "Emitted", "Estimate", "Plan", "Sizing", "calibrate_from_runs", "emit", "estimate", "plan",
-           "read_config", "size"]
+__all__ = ["CaseError", "Emitted", "Estimate", "Plan", "Sizing", "calibrate_from_logs", "calibrate_from_runs", "emit",
+           "estimate", "plan", "read_config", "size"]
 
 # The API loads when first asked for, so that a command imports only what it runs (`plan` never
 # loads the fit of `learn`, nor `size` its sweep) and the command's entry point
 # (:mod:`planner.entry`) sets its signal handlers before anything heavy: name -> its module.
-_LAZY = {"CaseError": "errors", "Estimate": "estimate", "estimate": "estimate", "Emitted": "configs", "emit": "configs", "read_config": "configs", "calibrate_from_runs": "learn",
+_LAZY = {"CaseError": "errors", "Estimate": "estimate", "estimate": "estimate", "Emitted": "configs", "emit": "configs", "read_config": "configs", "calibrate_from_runs": "learn", "calibrate_from_logs": "learn",
          "Plan": "plan", "plan": "plan", "Sizing": "size", "size": "size"}
 
 

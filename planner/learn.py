@@ -596,6 +596,30 @@ def calibrate_from_runs(runs: Any, gpu_preset: Optional[str] = None) -> tuple[di
     return profile_of(result, ", ".join(origins) or f"{len(collected)} runs"), result
 
 
+def calibrate_from_logs(logs: Any, cases: Any, gpu_preset: Optional[str] = None) -> tuple[dict[str, Any], Fit]:
+    """The profile a team's training logs teach (`calibrate --from-logs`), and the fit's report:
+    ``logs``, one path or a list of them, as the engines print them (:mod:`planner.training_logs`);
+    ``cases``, the case each ran (a path or a dict in the case-file schema, with its layout): one for
+    every log, or one per log in order; ``gpu_preset`` as :func:`calibrate_from_runs` takes it."""
+    from .team_runs import runs_from_logs
+
+    def argument(option: str) -> tuple[str, str]:
+        return "calibrate_from_logs", {"from_logs": "logs", "case": "cases"}.get(option, option)
+
+    if gpu_preset is not None:
+        read_str("calibrate_from_logs", "gpu_preset", gpu_preset)
+    logs = list(logs) if isinstance(logs, (list, tuple)) else [logs]
+    paths = [read_path("calibrate_from_logs", "logs", log) for log in logs]
+    cases = list(cases) if isinstance(cases, (list, tuple)) else [cases]
+    if not all(isinstance(c, (dict, str, os.PathLike)) for c in cases):
+        raise CaseError("calibrate_from_logs", "cases", "expected case-file paths or dicts, got "
+                                                        f"{', '.join(sorted({type(c).__name__ for c in cases}))}")
+    runs = runs_from_logs(paths, cases, argument)
+    result = fit(runs, "logs", gpu_preset, argument)
+    check_explained(result, "logs")
+    return profile_of(result, ", ".join(str(p) for p in paths)), result
+
+
 HEADER = """\
 # Hardware profile written by `layout-planner calibrate --from-runs` (or --from-logs). Use it in a case as
 #   cluster: {profile: PATH, num_gpus: N}

@@ -17,7 +17,7 @@ from cost_models.parameters import total_parameters
 from cost_models.specs import Job
 
 from .case import build_case, load_case, read_case, spec_errors
-from .errors import CaseError, one_line
+from .errors import Argument, CaseError, cli_flag, one_line
 from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
@@ -543,16 +543,18 @@ def _check_log_settings(log: str, src: str, job, settings: dict[str, str]) -> No
                                                           "another run than the case")
 
 
-def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any]) -> list[Run]:
+def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any], argument: Argument = cli_flag) -> list[Run]:
     """One run per training log, each with its case (one case for every log, or one per log in
-    order); a CaseError where a log states another model or batch than its case, holds no step
-    time, or where the case has no layout."""
+    order; a path or a dict); a CaseError where a log states another model or batch than its case,
+    holds no step time, or where the case has no layout. ``argument`` names the logs and the cases
+    in an error (the CLI's --from-logs and --case, the API's arguments)."""
+    logs_named, cases_named = argument("from_logs"), argument("case")
     if not logs:
-        raise CaseError("--from-logs", "", "expected at least one training log")
-    _check_run_count(len(logs), "--from-logs")
+        raise CaseError(*logs_named, "expected at least one training log")
+    _check_run_count(len(logs), logs_named[0])
     check_each_file_once(logs, "runs")
     if len(cases) not in (1, len(logs)):
-        raise CaseError("--case", "", f"expected one case for every log or one per log; got {len(cases)} cases for "
+        raise CaseError(*cases_named, f"expected one case for every log or one per log; got {len(cases)} cases for "
                                       f"{len(logs)} logs")
     runs = []
     # Each run is named by its log's file name, or its path where two logs share one (run/0/train.log).

@@ -1226,3 +1226,25 @@ def test_megatrons_interval_after_its_first_iteration_alone_is_warm_up(tmp_path)
                          for i, (step, ms) in enumerate([(1, 60000.0), (10, 16800.0), (20, 12000.0), (30, 12100.0)]))
     reading = read_log(write(tmp_path, "head.log", log))
     assert (reading.steps, reading.step_time_s) == (2, pytest.approx(12.05))
+
+
+def test_the_api_fits_a_teams_logs_as_calibrate_from_logs_does(tmp_path):
+    """`calibrate --from-logs` had no call in the Python API: a log given to calibrate_from_runs was
+    read as a runs file (a YAML error). calibrate_from_logs writes what the CLI writes, a case given
+    as a dict or a path, and names its own arguments."""
+    from planner import calibrate_from_logs
+    from planner.learn import render
+
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump(case(8, 1, 1, 1, 1)))
+    log = write(tmp_path, "megatron.log", MEGATRON_LOG)
+    out = tmp_path / "profile.yaml"
+    assert run_cli("calibrate", "--from-logs", str(log), "--case", str(case_path), "--out", str(out)).returncode == 0
+    for given in (case_path, case(8, 1, 1, 1, 1)):
+        profile, result = calibrate_from_logs(log, given)
+        assert yaml.safe_load(render(profile))["fitted"] == yaml.safe_load(out.read_text())["fitted"]
+    with pytest.raises(CaseError, match=r"calibrate_from_logs: cases: expected one case for every log or one per "
+                                        r"log; got 2 cases for 1 logs"):
+        calibrate_from_logs([log], [case_path, case_path])
+    with pytest.raises(CaseError, match="calibrate_from_logs: logs: expected at least one training log"):
+        calibrate_from_logs([], case_path)
