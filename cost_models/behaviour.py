@@ -116,8 +116,11 @@ class EngineBehaviour:
     # gradients into its fp32 gradients at ZeRO 0-1, outside the weight-gradient GEMMs
     # (``stage_time.gradient_accumulation_time``). DeepSpeed's BF16_Optimizer: ``clear_lp_grads``
     # zeroes the bf16 gradients (2 bytes written), ``update_hp_grads`` casts each to a fresh fp32
-    # tensor (2 read, 4 written) and adds it to the fp32 buffer (8 read, 4 written): 20. Megatron
-    # accumulates into main_grad inside the wgrad GEMM (gradient_accumulation_fusion): 0.
+    # tensor (2 read, 4 written) and adds it to the fp32 buffer (8 read, 4 written): 20, as the
+    # configs `diagnose` reads run it (BLOOM's among them). With ``bf16.immediate_grad_update``,
+    # which the emitted configs set for its memory (``accumulate_hp_grads_and_remove_lp`` frees each
+    # bf16 gradient once folded), the zeroing goes: 18, 2 bytes a parameter under the 20 priced.
+    # Megatron accumulates into main_grad inside the wgrad GEMM (gradient_accumulation_fusion): 0.
     fp32_accumulation_bytes: float = 0.0
     # The optimizer step's passes beyond Adam's own (``model_states.optimizer_step_bytes``): a
     # separate kernel copies the fp32 master into the 16-bit weights, reading it once more
@@ -127,10 +130,12 @@ class EngineBehaviour:
     # ``zero_grad_buffer``: a memset of the contiguous buffer), where others set gradients to None.
     master_copy_kernel: bool = False
     zeroes_gradient_buffer: bool = False
-    # Gradient bucket of ZeRO 0–2 data parallelism, in parameters (at least), or in bytes.
-    # Megatron: max(40 M, 1 M · dp) parameters (``megatron/core/distributed/``); DeepSpeed:
-    # reduce_bucket_size 5e8 elements; PyTorch DDP: bucket_cap_mb = 25 MB.
+    # Gradient bucket of ZeRO 0–2 data parallelism, in parameters (at least), or in bytes, and the
+    # parameters it grows by per data-parallel rank. Megatron: max(40 M, 1 M · dp) parameters
+    # (``megatron/core/distributed/distributed_data_parallel.py``); DeepSpeed: reduce_bucket_size
+    # 5e8 elements, whatever the dp; PyTorch DDP: bucket_cap_mb = 25 MB.
     bucket_params: float = 0.0
+    bucket_params_per_dp_rank: float = 0.0
     bucket_bytes: float = 25 * 2**20
     # Buffers of bucket_params elements each, in the reduction's dtype, that the ZeRO-1/2 optimizer
     # stages its gradient reductions through for the whole step (:func:`memory.reduce_bucket_bytes`):
@@ -232,6 +237,11 @@ class EngineBehaviour:
     # shards go straight to host buffers (DeepSpeed ``stage_1_and_2.py`` with cpu_offload), so
     # the GPU keeps none (``cost_models.offload.gradients_on_host``).
     offload_moves_gradients: bool = False
+    # With the optimizer offloaded at ZeRO 1-2 and 16-bit gradient accumulation, the micro-batches'
+    # gradients accumulate on the host: each goes out, and from the second on comes back to be added
+    # to, through pinned 16-bit host buffers beside the optimizer's fp32 gradient partition
+    # (DeepSpeed ``stage_1_and_2.py``: ``offload.gradient_copies``, ``offload.host_gradient_bytes``).
+    offload_accumulates_on_host: bool = False
 
     # Expert-parallel dispatch that sends a token once to each NVLink domain holding one of its
     # experts and forwards it inside the domain over NVLink (DeepEP's and HybridEP's kernels, the

@@ -290,8 +290,8 @@ def gradient_chunks(job: Job, params: float, bucketed_bytes: float) -> int:
     16-bit bucket's fp32 accumulation buffers in one coalesced collective. Megatron's and
     DeepSpeed's buckets count parameters."""
     engine = job.training.engine
-    per_bucket = max(engine.bucket_params, engine.bucket_bytes / bucketed_bytes, 1e6 * job.layout.dp
-                     if engine.bucket_params else 0.0)
+    per_bucket = max(engine.bucket_params, engine.bucket_bytes / bucketed_bytes,
+                     engine.bucket_params_per_dp_rank * job.layout.dp)
     return max(1, math.ceil(params / per_bucket)) if per_bucket else 1
 
 

@@ -13,7 +13,7 @@ from .flops import layer_gemms
 from .model_states import (StateBytes, bucket_copy_bytes, folds_gradients_into_fp32, gathered_weight_bytes,
                            keeps_weights_quantized, quantizes_weights_once_a_step, sharded_state_bytes, state_bytes,
                            working_bytes, zero_shards)
-from .offload import gradients_on_host, offloaded_activation_layers
+from .offload import accumulates_on_host, gradients_on_host, host_gradient_bytes, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
                          router_parameters, shared_expert_parameters, stage_dense_linear_parameters,
                          stage_linear_parameters, stage_parameters)
@@ -58,6 +58,16 @@ def job_stage_parameters(job: Job, stage: int) -> StageParameters:
         return stage_parameters(job.model, job.stage_layers[stage], stage == 0, stage == lay.pp - 1, lay.tp)
     return stage_parameters(job.model, job.stage_layers[stage], stage == 0, stage == lay.pp - 1, lay.tp,
                             job.stage_moe_layers[stage], lay.ep, lay.expert_tp)
+
+
+def optimizer_local_parameters(job: Job, stage: int) -> float:
+    """Parameters whose optimizer states one rank of the stage holds: the dense ones over the
+    ZeRO shards (dp·cp), the experts' over the expert data-parallel ranks."""
+    lay = job.layout
+    params = job_stage_parameters(job, stage)
+    if lay.zero_stage == 0:
+        return params.total
+    return params.dense / zero_shards(job) + params.expert / lay.edp
 
 
 @dataclass(frozen=True)
@@ -387,8 +397,10 @@ def host_bytes(job: Job) -> float:
         chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
         activations = chunks * offloaded_activation_layers(job, stage) * shared.kept
         states, gpu = stage_state_bytes(job, stage), on_gpu_shares(job)
-        on_host = states.weights * (1 - gpu.weights) + states.gradients * (1 - gpu.gradients) \
-            + states.optimizer * (1 - gpu.optimizer)
+        gradients = states.gradients * (1 - gpu.gradients)
+        if accumulates_on_host(job):  # the engine's own gradient buffers on the host, not a shard's
+            gradients = optimizer_local_parameters(job, stage) * lay.offload_optimizer * host_gradient_bytes(job)
+        on_host = states.weights * (1 - gpu.weights) + gradients + states.optimizer * (1 - gpu.optimizer)
         most = max(most, on_host + activations)
     return most
 

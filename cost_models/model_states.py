@@ -106,10 +106,13 @@ def folds_gradients_into_fp32(job: Job) -> bool:
     """Whether the engine keeps fp32 gradients beside the 16-bit ones autograd writes and folds
     these into them in a pass of its own (``EngineBehaviour.fp32_accumulation_bytes``): at ZeRO 0-1,
     where each rank holds all of its gradients, under mixed precision with fp32 gradients (an fp32
-    model's backward writes fp32 gradients itself). DeepSpeed's BF16_Optimizer (``bf16_optimizer.py``)."""
+    model's backward writes fp32 gradients itself), with the optimizer on the GPU. DeepSpeed's
+    BF16_Optimizer (``bf16_optimizer.py``); with the optimizer offloaded DeepSpeed runs its ZeRO
+    optimizer instead (``runtime/engine.py``, ``_do_optimizer_sanity_check``: BFLOAT16 only
+    ``not self.zero_cpu_offload()``)."""
     training = job.training
     return bool(training.engine.fp32_accumulation_bytes) and job.layout.zero_stage <= 1 \
-        and training.precision != "fp32" and fp32_gradients(training)
+        and training.precision != "fp32" and fp32_gradients(training) and not job.layout.offload_optimizer
 
 
 @lru_cache(maxsize=256)

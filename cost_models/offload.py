@@ -20,7 +20,7 @@ of its rate, beside compute as :func:`collectives.exposed` allows; the CPU step 
 from __future__ import annotations
 
 from .collectives import exposed
-from .model_states import adam_step_bytes, state_bytes, weights_are_master, zero_shards
+from .model_states import adam_step_bytes, fp32_gradients, state_bytes, weights_are_master, zero_shards
 from .job import Job
 
 
@@ -31,6 +31,47 @@ def gradients_on_host(job: Job) -> bool:
     lay = job.layout
     return lay.offload_params or (lay.offload_optimizer == 1 and lay.zero_stage >= 2
                                   and job.training.engine.offload_moves_gradients)
+
+
+def accumulates_on_host(job: Job) -> bool:
+    """Whether the engine accumulates the offloaded optimizer's gradients on the host, micro-batch
+    by micro-batch (``EngineBehaviour.offload_accumulates_on_host``: DeepSpeed's ZeRO-1/2 with its
+    optimizer offloaded and the gradients accumulated in 16 bits, its default)."""
+    lay = job.layout
+    return job.training.engine.offload_accumulates_on_host and lay.offload_optimizer > 0 \
+        and lay.zero_stage in (1, 2) and not fp32_gradients(job.training)
+
+
+def host_gradient_bytes(job: Job) -> float:
+    """Host bytes per offloaded parameter of the gradients where :func:`accumulates_on_host`: the
+    optimizer's fp32 gradient partition, pinned for the run (DeepSpeed ``stage_1_and_2.py``,
+    ``initialize_optimizer_states``, kept under cpu_offload), and with more than one micro-batch
+    the 16-bit buffer the micro-batches accumulate into (``async_accumulate_grad_in_cpu_via_gpu``,
+    ``accumulated_grads_in_cpu``)."""
+    return 4 + 2 * (job.num_microbatches > 1)
+
+
+def gradient_copies(job: Job) -> list[tuple[float, int]]:
+    """The offloaded optimizer's gradients over the host link, as (bytes per offloaded parameter,
+    micro-batches that move them behind their own backward).
+
+    By default the gradients go out once, behind the last micro-batch's backward. Where
+    :func:`accumulates_on_host` (DeepSpeed ``stage_1_and_2.py``: ``copy_grads_in_partition``, then
+    ``async_accumulate_grad_in_cpu_via_gpu`` wherever ``micro_step_id > 0`` or the boundary is yet
+    to come, and ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` at the boundary): with one
+    micro-batch, the partition out in fp32 (4); else ZeRO-2, reducing every micro-batch, sends the
+    first's 16-bit partition out (g), each later one's brings the sum back in and sends it out
+    (2g), and the last's also goes out in fp32 (2g + 4); ZeRO-1, reducing at the boundary alone,
+    moves the last's 2g + 4."""
+    if not accumulates_on_host(job):
+        lay = job.layout
+        return [(state_bytes(job.training, lay.zero_stage, zero_shards(job)).gradients, 1)]
+    ga, g = job.num_microbatches, 2.0
+    if ga == 1:
+        return [(4.0, 1)]
+    if job.layout.zero_stage == 1:
+        return [(2 * g + 4, 1)]
+    return [(g, 1), (2 * g, ga - 2), (2 * g + 4, 1)]
 
 
 def offloaded_activation_layers(job: Job, stage: int) -> float:
@@ -44,25 +85,33 @@ def offloaded_activation_layers(job: Job, stage: int) -> float:
 
 
 def optimizer_offload_time(job: Job, local_params: float, backward_s: float) -> float:
-    """Gradients out behind the last micro-batch's backward, the step on the CPU, weights back in,
-    for the offloaded share of the ``local_params`` whose optimizer states a rank holds."""
-    return exposed(_optimizer_offload_parts(job, local_params)[0], backward_s, job.cluster.gpu.performance) \
-        + optimizer_offload_floor(job, local_params)
+    """Gradients out behind the micro-batches' backward (``backward_s`` each: :func:`gradient_copies`),
+    the step on the CPU, weights back in, for the offloaded share of the ``local_params`` whose
+    optimizer states a rank holds."""
+    lay, gpu = job.layout, job.cluster.gpu
+    if not lay.offload_optimizer:
+        return 0.0
+    perf = gpu.performance
+    link = gpu.host.link_bandwidth * perf.host_link_efficiency
+    local = local_params * lay.offload_optimizer
+    out = sum(count * exposed(local * per_param / link, backward_s, perf) for per_param, count in gradient_copies(job)
+              if count)
+    return out + optimizer_offload_floor(job, local_params)
 
 
 def optimizer_offload_floor(job: Job, local_params: float) -> float:
     """What :func:`optimizer_offload_time` takes whatever the compute beside it: the step on the
     CPU and the weights back in (only the gradients' way out hides behind the backward)."""
-    _, cpu_step, back = _optimizer_offload_parts(job, local_params)
+    cpu_step, back = _optimizer_offload_parts(job, local_params)
     return cpu_step + back
 
 
-def _optimizer_offload_parts(job: Job, local_params: float) -> tuple[float, float, float]:
-    """(the gradients out, the step on the CPU, the weights back in) of the offloaded share of
-    ``local_params``: 0 where the optimizer stays on the GPU."""
+def _optimizer_offload_parts(job: Job, local_params: float) -> tuple[float, float]:
+    """(the step on the CPU, the weights back in) of the offloaded share of ``local_params``: 0
+    where the optimizer stays on the GPU."""
     lay, gpu = job.layout, job.cluster.gpu
     if not lay.offload_optimizer:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0
     perf, host = gpu.performance, gpu.host
     shards = zero_shards(job)
     per_param = state_bytes(job.training, lay.zero_stage, shards)
@@ -72,7 +121,7 @@ def _optimizer_offload_parts(job: Job, local_params: float) -> tuple[float, floa
     # the same loop (csrc/adam/cpu_adam_impl.cpp): the optimizer's own kernel alone.
     cpu_step = local * adam_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage, shards)) \
         / (host.memory_bandwidth * perf.host_memory_efficiency)
-    return local * per_param.gradients / link, cpu_step, local * per_param.weights / link
+    return cpu_step, local * per_param.weights / link
 
 
 def param_offload_time(job: Job, shard: float, microbatch_s: float, gathers: int) -> float:

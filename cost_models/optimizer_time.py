@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from .kernels import in_place_time
-from .memory import job_stage_parameters, per_microbatch
+from .memory import optimizer_local_parameters, per_microbatch
 from .model_states import optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
 from .offload import activation_offload_time, optimizer_offload_floor, optimizer_offload_time, param_offload_time
 from .job import Job
@@ -20,16 +20,6 @@ def optimizer_time(job: Job, stage: int) -> float:
     local = optimizer_local_parameters(job, stage) * (1 - lay.offload_optimizer)
     master = weights_are_master(job.training, lay.zero_stage, shards)
     return in_place_time(local * optimizer_step_bytes(per_param, master, job.training.engine), gpu)
-
-
-def optimizer_local_parameters(job: Job, stage: int) -> float:
-    """Parameters whose optimizer states one rank of the stage holds: the dense ones over the
-    ZeRO shards (dp·cp), the experts' over the expert data-parallel ranks."""
-    lay = job.layout
-    params = job_stage_parameters(job, stage)
-    if lay.zero_stage == 0:
-        return params.total
-    return params.dense / zero_shards(job) + params.expert / lay.edp
 
 
 def offload_time(job: Job, stage: int, slowest: "StageTime") -> float:

@@ -140,7 +140,7 @@ def expert_options(case: Case, spec: SearchSpec, tp: int, cp: int, dp: int) -> l
 def _zero_stages(case: Case, spec: SearchSpec, pp: int, dp: int, cp: int) -> tuple[tuple[int, ...], frozenset[int]]:
     """The ZeRO stages to score on a grid, and those of them scored only for the offload they allow."""
     engine = spec.engine
-    zeros = [z for z in engine.zero_stages_for(case.training.precision)
+    zeros = [z for z in engine.zero_stages
              if spec.admits("zero_stage", z) and not (pp > 1 and z > engine.max_zero_with_pp)]
     offload_only: set[int] = set()
     if dp * cp == 1 and not case.training.engine.reduce_bucket_buffers:

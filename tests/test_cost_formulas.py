@@ -20,7 +20,8 @@ from cost_models.offload import activation_offload_time, optimizer_offload_time,
 from cost_models.quantization import RECIPES
 from cost_models.specs import Layout
 from cost_models.layer_time import layer_time, layer_time_bound, layer_time_for, moe_layer_time_for
-from cost_models.optimizer_time import optimizer_local_parameters, optimizer_time
+from cost_models.memory import optimizer_local_parameters
+from cost_models.optimizer_time import optimizer_time
 from cost_models.topology import group_links
 from planner.case import load_case
 from planner.engines import behaviour_of
@@ -346,17 +347,20 @@ def _offload_job(**layout):
 
 def test_optimizer_offload_sends_gradients_out_steps_on_the_cpu_and_weights_back():
     """Out: gradients over PCIe behind the backward; the step streams its bytes over host memory;
-    back: the bf16 weights, in the open."""
+    back: the bf16 weights, in the open. DeepSpeed's ZeRO-2 offload moves each of the 32
+    micro-batches' gradients behind its own backward: the first's bf16 out (2 bytes a parameter),
+    each later one's accumulator in and the sum out (4), the last's also out in fp32 (4)."""
     job = _offload_job(zero_stage=2, offload_optimizer=1)
+    assert job.num_microbatches == 32
     gpu = job.cluster.gpu
     perf, host = gpu.performance, gpu.host
     local, backward = 1e9, 0.5
     link = host.link_bandwidth * perf.host_link_efficiency
-    # bf16 gradients out (2 bytes a parameter) and bf16 weights back (2); the CPU's step reads the
+    # The gradients (2 + 30 · 4 + 8 bytes a parameter) and bf16 weights back (2); the CPU's step reads the
     # gradient (2), reads and writes the fp32 master weight and both moments (2 · 12), writes the weight (2).
-    # The gradients' copy (40 ms) is shorter than the backward, which hides comm_overlap of it.
-    assert local * 2 / link < backward
-    expected = (1 - perf.comm_overlap) * local * 2 / link \
+    # Each micro-batch's copy (at most 160 ms) is shorter than its backward, which hides comm_overlap of it.
+    assert local * 8 / link < backward
+    expected = (1 - perf.comm_overlap) * local * (2 + 30 * 4 + 8) / link \
         + local * (2 + 24 + 2) / (host.memory_bandwidth * perf.host_memory_efficiency) \
         + local * 2 / link
     assert optimizer_offload_time(job, local, backward) == pytest.approx(expected)

@@ -21,7 +21,8 @@ from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
 import torch  # noqa: E402  (deepspeed depends on it)
 from deepspeed.runtime.utils import partition_balanced, partition_uniform  # noqa: E402
 
-from cost_models.model_states import state_bytes  # noqa: E402
+from cost_models.memory import job_stage_parameters  # noqa: E402
+from cost_models.model_states import folds_gradients_into_fp32, state_bytes  # noqa: E402
 import planner  # noqa: E402
 from planner.case import load_case  # noqa: E402
 from planner.engines.deepspeed import emit as ds  # noqa: E402
@@ -65,8 +66,6 @@ def generated() -> tuple:
         }
         if case["training"]["precision"] == "fp8" and case["cluster"]["gpu"].startswith("a100"):
             case["training"]["precision"] = "bf16"  # no fp8 tensor cores: estimate and plan refuse it
-        if search.get("zero_stage") == 0:
-            case["training"]["precision"] = "fp16"  # bf16's stage 0 is the BF16_Optimizer, a ZeRO-1
         try:
             best = planner.plan(case, top_k=0).best
         except planner.CaseError as error:  # pins no layout DeepSpeed runs can meet: the case's error
@@ -225,7 +224,7 @@ BASE = {
 
 
 def estimate_of(training=None, **layout):
-    """BASE trains in bf16, whose stage 0 DeepSpeed runs as its BF16_Optimizer: ZeRO 1 unless given."""
+    """BASE trains in bf16; ZeRO 1 unless given."""
     case = copy.deepcopy(BASE)
     case["training"].update(training or {})
     case["layout"] = {"zero_stage": 1, **layout}
@@ -241,7 +240,10 @@ def estimate_of(training=None, **layout):
     ({"recompute": "full", "recompute_num_layers": 4}, "layout.recompute_num_layers is 4: DeepSpeed recomputes every layer or none"),
     ({"tp": 2, "training": {"tp_comm_overlap": True}}, "does not overlap its collectives"),
     ({"training": {"precision": "fp16", "fp32_grads": True}}, "accumulates fp16 gradients in fp16"),
-    ({"zero_stage": 0}, "layout.zero_stage is 0: DeepSpeed runs bf16 at stage 0 through its BF16_Optimizer"),
+    ({"zero_stage": 0, "training": {"fp32_grads": True}}, "layout.zero_stage is 0: DeepSpeed refuses bf16 weights "
+                                                          "with fp32 gradients without ZeRO"),
+    ({"zero_stage": 0, "pp": 2}, "layout.zero_stage is 0: DeepSpeed's pipeline engine runs bf16 without ZeRO "
+                                 "through its BF16_Optimizer"),
 ])
 def test_refuses_what_deepspeed_cannot_run(layout, says):
     with pytest.raises(CaseError) as error:
@@ -310,22 +312,57 @@ def test_read_only_train_batch_size(tmp_path):
     assert lay.micro_batch_size == 2  # DeepSpeed: accumulation 1, micro = 64 // 32
 
 
-def test_read_bf16_at_stage_0_as_the_bf16_optimizers_zero_1(tmp_path, case32):
-    """BLOOM's kind of config: bf16 with stage 0 runs DeepSpeed's BF16_Optimizer, which accumulates
-    fp32 gradients and shards the optimizer states as ZeRO-1 does; so does stage 1 with
-    grad_accum_dtype fp32. A case that says otherwise of its gradients is refused, by key."""
-    bloom_like = {"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
-                  "zero_optimization": {"stage": 0}}
+def deepspeeds_optimizer(path, pp: int) -> str:
+    """The optimizer DeepSpeed's own engine picks for the config at ``path`` (runtime/engine.py,
+    _do_optimizer_sanity_check): bf16 (its BF16_Optimizer), ddp_bf16, zero_optimization, or
+    "refused" where it raises NotImplementedError."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    engine = DeepSpeedEngine.__new__(DeepSpeedEngine)  # the check reads the config alone
+    engine._config, engine.pipeline_parallelism, engine.global_rank = DeepSpeedConfig(str(path)), pp > 1, 0
+    try:
+        return engine._do_optimizer_sanity_check(torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))]))
+    except NotImplementedError:
+        return "refused"
+
+
+@pytest.mark.parametrize("stage, fp32, pp, offload", [
+    (stage, fp32, pp, offload) for stage in (0, 1, 2) for fp32 in (False, True) for pp in (1, 2)
+    for offload in (False, True) if not (offload and stage == 0) and not (stage == 2 and pp > 1)])
+def test_a_bf16_config_reads_as_the_optimizer_deepspeed_picks_for_it(stage, fp32, pp, offload, tmp_path, world):
+    """DeepSpeed 0.19 picks its optimizer by the ZeRO stage, the model's dtype, the gradients'
+    (data_types.grad_accum_dtype, the model's unless set), the pipeline and the offload: bf16 at stage
+    0 runs unsharded (ddp_bf16) without a pipeline and as its BF16_Optimizer (a ZeRO-1) with one, and
+    refuses fp32 gradients; stage 1 with fp32 gradients runs the BF16_Optimizer unless offloaded. The
+    reader took stage 0 as the BF16_Optimizer with fp32 gradients, as DeepSpeed once ran BLOOM's."""
+    world(32)
+    config = {"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": stage, **({"offload_optimizer": {"device": "cpu"}} if offload else {})},
+              **({"data_types": {"grad_accum_dtype": "fp32"}} if fp32 else {})}
+    path = write(tmp_path, config)
+    picked = deepspeeds_optimizer(path, pp)
+    case = load_case({**copy.deepcopy(BASE), "training": {**BASE["training"], "fp32_grads": fp32}}, engine="deepspeed")
+    if picked == "refused":
+        with pytest.raises(CaseError, match="DeepSpeed refuses the mix"):
+            ds_reader.read(path, case, pp=pp)
+        return
+    layout = ds_reader.read(path, case, pp=pp)
+    job = case.job(layout)
+    assert layout.zero_stage == {"ddp_bf16": 0, "bf16": 1, "zero_optimization": stage}[picked]
+    assert folds_gradients_into_fp32(job) == (picked == "bf16" and fp32)
+
+
+def test_a_bf16_config_whose_gradients_are_not_the_cases_is_refused(tmp_path, case32):
+    """A case that says otherwise of its gradients than the config accumulates is refused, by key."""
     fp32_case = load_case({**copy.deepcopy(BASE), "training": {**BASE["training"], "fp32_grads": True}})
-    assert ds_reader.read(write(tmp_path, bloom_like), fp32_case).zero_stage == 1
-    explicit = {**bloom_like, "zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"}}
-    assert ds_reader.read(write(tmp_path, explicit, "explicit.json"), fp32_case).zero_stage == 1
+    config = {"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 1}}
     with pytest.raises(CaseError) as error:
-        ds_reader.read(write(tmp_path, bloom_like, "bloom.json"), case32)
-    assert error.value.key == "zero_optimization.stage" and "training.fp32_grads false" in error.value.expected
-    with pytest.raises(CaseError) as error:
-        ds_reader.read(write(tmp_path, {**bloom_like, "zero_optimization": {"stage": 1}}, "z1.json"), fp32_case)
+        ds_reader.read(write(tmp_path, config), fp32_case)
     assert error.value.key == "data_types.grad_accum_dtype" and "accumulates bf16 gradients" in error.value.expected
+    with pytest.raises(CaseError) as error:
+        ds_reader.read(write(tmp_path, {**config, "data_types": {"grad_accum_dtype": "fp32"}}, "z1.json"), case32)
+    assert error.value.key == "data_types.grad_accum_dtype" and "training.fp32_grads false" in error.value.expected
 
 
 def test_read_autotp_pipeline_zero_and_recompute(tmp_path, case32):
@@ -402,13 +439,24 @@ def test_gradient_precision_reaches_the_config(fp32_grads, tmp_path, world):
     """fp32 gradients (accumulated as BLOOM's BF16_Optimizer does, and reduced so, as the estimate
     times them) are data_types.grad_accum_dtype and communication_data_type: DeepSpeed would otherwise
     cast each bucket to bf16 before reducing it."""
-    estimate = estimate_of(training={"fp32_grads": fp32_grads}, zero_stage=1)
+    estimate = estimate_of(training={"fp32_grads": fp32_grads, "engine": "deepspeed"}, zero_stage=1)
     emit(estimate, tmp_path)
     world(estimate.job.layout.dp)
     config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
     assert (config.grad_accum_dtype == "fp32") is fp32_grads
     assert config.communication_data_type == (torch.float32 if fp32_grads else None)
     assert state_bytes(estimate.job.training).gradients == (4 if fp32_grads else 2)
+    # The BF16_Optimizer frees each bf16 gradient once folded into its fp32 one, as the estimate holds them
+    # (4 bytes a parameter): by default it keeps both until the step (bf16_optimizer.py).
+    assert config.bfloat16_config.immediate_grad_update is fp32_grads
+    written = json.loads((tmp_path / "ds_config.json").read_text())
+    written["bf16"].pop("immediate_grad_update", None)
+    (tmp_path / "kept.json").write_text(json.dumps(written))
+    notes = [n for n in ds_reader.unpriced_notes(tmp_path / "kept.json", estimate.job) if "immediate_grad_update" in n]
+    parameters = job_stage_parameters(estimate.job, 0).total
+    assert notes == ([f"bf16.immediate_grad_update absent (DeepSpeed's default: false): the BF16_Optimizer keeps every "
+                      f"parameter's bf16 gradient beside its fp32 one until the step, {2 * parameters / 1e9:.1f} GB a "
+                      f"GPU more than priced (the planner's files set it true)"] if fp32_grads else [])
 
 
 @pytest.mark.parametrize("zero_stage", [1, 3])
@@ -434,7 +482,7 @@ def test_bf16_master_weights_reach_the_config_and_come_back(zero_stage, tmp_path
 
 
 @pytest.mark.parametrize("layout, says", [
-    ({"zero_stage": 0}, "layout.zero_stage is 0: DeepSpeed runs bf16 at stage 0 through its BF16_Optimizer"),
+    ({"zero_stage": 0}, "layout.zero_stage is 0: DeepSpeed keeps bf16 master weights only with ZeRO"),
     ({"zero_stage": 1, "offload_optimizer": 1.0}, "layout.offload_optimizer is 1.0: DeepSpeed offloads bf16"),
 ])
 def test_bf16_master_weights_where_deepspeed_refuses_them(layout, says):

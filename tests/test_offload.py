@@ -37,16 +37,24 @@ def estimate(base, engine="any", **layout):
 
 def test_offloaded_states_leave_the_gpu_for_the_host():
     """ZeRO-Offload (Ren et al. 2021 §4): the optimizer states (12 bytes a parameter) leave the GPU;
-    DeepSpeed's ZeRO-2 offload also reduces the gradient shards straight into host buffers.
-    Megatron's --optimizer-offload-fraction moves that share of the distributed optimizer only."""
+    DeepSpeed's ZeRO-2 offload also reduces the gradient shards straight into host buffers: the
+    optimizer's fp32 gradient partition, pinned for the run (stage_1_and_2.py,
+    initialize_optimizer_states), and, over 8 micro-batches, the bf16 buffer they accumulate into
+    (async_accumulate_grad_in_cpu_via_gpu): 12 + 4 + 2 bytes a parameter, where the bf16 shard
+    alone (12 + 2) was priced. Megatron's --optimizer-offload-fraction moves that share of the
+    distributed optimizer only."""
     plain = estimate(SMALL, "deepspeed", zero_stage=2)
     offloaded = estimate(SMALL, "deepspeed", zero_stage=2, offload_optimizer=1.0)
     params = LLAMA2_7B_PARAMETERS / 8  # one stage; ZeRO shards over the 8 GPUs
     assert plain.peak.optimizer_states == pytest.approx(12 * params)
     assert plain.peak.gradients == pytest.approx(2 * params)
+    assert offloaded.job.num_microbatches == 8
     assert offloaded.peak.optimizer_states == offloaded.peak.gradients == 0
-    assert offloaded.host_bytes == pytest.approx((12 + 2) * params)
+    assert offloaded.host_bytes == pytest.approx((12 + 4 + 2) * params)
     assert plain.host_bytes == 0
+    one = estimate({**SMALL, "training": {**SMALL["training"], "global_batch_size": 8}}, "deepspeed", zero_stage=2,
+                   offload_optimizer=1.0)
+    assert one.job.num_microbatches == 1 and one.host_bytes == pytest.approx((12 + 4) * params)  # no accumulator
 
     half = estimate(SMALL, "megatron", zero_stage=1, offload_optimizer=0.5)
     assert half.peak.optimizer_states == pytest.approx(6 * params)
@@ -79,20 +87,51 @@ def test_parameter_offload_keeps_no_shard_on_the_gpu():
 
 def test_the_optimizer_step_on_the_cpu_streams_its_bytes_over_host_memory():
     """Gradients out and weights back over the link, the step's bytes (read the gradient, read and
-    write 12 bytes of states, write the weights) over host DRAM; nothing to hide them behind here."""
+    write 12 bytes of states, write the weights) over host DRAM; nothing to hide them behind here.
+    DeepSpeed's ZeRO-1 reduces at the last micro-batch, and with 8 of them its offload path
+    (stage_1_and_2.py, copy_grads_in_partition) brings its bf16 host accumulator in (2 bytes),
+    sends the sum out (2) and the partition in fp32 to the optimizer's gradient (4): 8 bytes out and
+    in, where a bf16 copy out (2) was priced; with one micro-batch, the fp32 copy alone."""
     est = estimate(SMALL, "deepspeed", zero_stage=1, offload_optimizer=1.0)
     job = est.job
+    assert job.num_microbatches == 8
     gpu = job.cluster.gpu
     local = LLAMA2_7B_PARAMETERS / 8  # the optimizer shard of one of the 8 data-parallel ranks
     link = gpu.host.link_bandwidth * gpu.performance.host_link_efficiency  # the preset's PCIe figures
     dram = gpu.host.memory_bandwidth * gpu.performance.host_memory_efficiency
-    # bf16 gradients out (2 bytes), bf16 weights back (2); on the CPU, read the gradient (2), read
-    # and write the fp32 master weight and both moments (2 · 12), write the bf16 weight (2).
-    expected = local * 2 / link + local * (2 + 24 + 2) / dram + local * 2 / link
+    # The gradients' 8 bytes over the link, bf16 weights back (2); on the CPU, read the gradient (2),
+    # read and write the fp32 master weight and both moments (2 · 12), write the bf16 weight (2).
+    expected = local * 8 / link + local * (2 + 24 + 2) / dram + local * 2 / link
     assert optimizer_offload_time(job, local, 0.0) == pytest.approx(expected)
     # In the step the gradients go out behind the last micro-batch's backward: only that copy hides.
-    out = local * 2 / link
+    out = local * 8 / link
     assert est.time.optimizer_s == 0 and expected - out <= est.time.offload_s < expected
+    one = estimate({**SMALL, "training": {**SMALL["training"], "global_batch_size": 8}}, "deepspeed", zero_stage=1,
+                   offload_optimizer=1.0).job
+    assert optimizer_offload_time(one, local, 0.0) == pytest.approx(expected - local * 4 / link)
+
+
+def test_deepspeeds_zero2_offload_moves_each_micro_batchs_gradients_to_the_host_and_back():
+    """ZeRO-2 reduces every micro-batch, and under offload each rank's partition goes to the host:
+    the first micro-batch's bf16 gradients out (2 bytes a parameter), every later one's accumulator
+    in and the sum out (4), the last's also out in fp32 (4) (stage_1_and_2.py:
+    async_accumulate_grad_in_cpu_via_gpu, async_inplace_copy_grad_to_fp32_buffer_from_gpu). Over 8
+    micro-batches that is 2 + 6 · 4 + 8 = 34 bytes a parameter over the link; one bf16 copy (2) was
+    priced, the same at any accumulation."""
+    job = estimate(SMALL, "deepspeed", zero_stage=2, offload_optimizer=1.0).job
+    assert job.num_microbatches == 8
+    gpu = job.cluster.gpu
+    local = LLAMA2_7B_PARAMETERS / 8
+    link = gpu.host.link_bandwidth * gpu.performance.host_link_efficiency
+    dram = gpu.host.memory_bandwidth * gpu.performance.host_memory_efficiency
+    steps = local * (2 + 24 + 2) / dram + local * 2 / link
+    assert optimizer_offload_time(job, local, 0.0) == pytest.approx(local * 34 / link + steps)
+    # torchtitan's FSDP2 and Megatron-LM copy the reduced gradients out once, whatever the accumulation.
+    megatron = [estimate({**SMALL, "training": {**SMALL["training"], "global_batch_size": batch}}, "megatron",
+                         zero_stage=1, offload_optimizer=1.0).job for batch in (8, 64)]
+    assert [job.num_microbatches for job in megatron] == [1, 8]
+    assert optimizer_offload_time(megatron[0], local, 0.0) == optimizer_offload_time(megatron[1], local, 0.0) \
+        == pytest.approx(local * 2 / link + steps)
 
 
 def test_activation_offload_keeps_one_layer_in_transit():

@@ -82,8 +82,6 @@ class EngineSupport:
     # (True) and a FlashAttention-2-class one (False). Engines whose attention is one kernel of
     # their own list only it.
     fused_attention: tuple[bool, ...] = (True, False)
-    # The precisions the engine trains without ZeRO (stage 0); None: every one it offers stage 0 for.
-    zero0_precisions: Optional[tuple[str, ...]] = None
     # What the engine says where a choice is missing: field name → reason.
     why: tuple[tuple[str, str], ...] = ()
 
@@ -97,11 +95,6 @@ class EngineSupport:
                                                     f"{named_by} names")
         return self.reason("recompute_modules", "has no selective recomputation (it recomputes whole layers: "
                                                 "recompute none or full)")
-
-    def zero_stages_for(self, precision: str) -> tuple[int, ...]:
-        """The ZeRO stages the engine offers a job trained in ``precision`` (``zero0_precisions``)."""
-        return tuple(z for z in self.zero_stages
-                     if z or self.zero0_precisions is None or precision in self.zero0_precisions)
 
     def recipe_refusals(self, training: TrainingSpec) -> list[tuple[str, str]]:
         """(key, reason) for a low-precision recipe the engine does not run."""
@@ -278,11 +271,6 @@ class Engine:
             lay.tp, lay.pp, lay.cp, lay.vpp, lay.zero_stage, lay.sequence_parallel, lay.recompute)
             + self.support.offload_refusals(lay.offload_optimizer, lay.offload_params, lay.offload_activations,
                                             lay.zero_stage)]
-        if lay.zero_stage in self.support.zero_stages \
-                and lay.zero_stage not in self.support.zero_stages_for(training.precision):
-            out.append(("layout.zero_stage", self.support.reason(
-                "zero0_precisions", f"trains {training.precision} with ZeRO stages "
-                                    f"{self.support.zero_stages_for(training.precision)} only")))
         if job.model.is_moe:
             out += [(f"layout.{key}", why) for key, why in self.support.expert_refusals(lay.tp, lay.ep, lay.expert_tp)]
         if lay.recompute_num_layers is not None and lay.recompute_num_layers < max(job.stage_layers) \

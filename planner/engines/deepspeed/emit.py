@@ -95,6 +95,11 @@ def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str,
         # (runtime/engine.py: communication_data_type, allreduce_bucket).
         config["data_types"] = {"grad_accum_dtype": "fp32"}
         config["communication_data_type"] = "fp32"
+        if lay.zero_stage == 1 and not lay.offload_optimizer:  # DeepSpeed's BF16_Optimizer (engine.py)
+            # The BF16_Optimizer folds each bf16 gradient into its fp32 one from autograd's hook and
+            # frees it, as the estimate held them (4 bytes a parameter); by default it keeps the bf16
+            # copy until the step (runtime/bf16_optimizer.py: accumulate_hp_grads_and_remove_lp).
+            config["bf16"]["immediate_grad_update"] = True
     if lay.recompute == "full":
         # The planner's memory model keeps each recomputed layer's input whole on every TP rank.
         config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,

@@ -38,17 +38,7 @@ SUPPORT = EngineSupport(
     # TE's per-tensor and block recipes; its ZeRO gathers the bf16 weights.
     fp8_recipes=("delayed", "tensorwise", "blockwise"), fp8_param_gather=False, expert_dispatches=("all_to_all",),
     compiled_loss=False,
-    # Without ZeRO, DeepSpeed accumulates bf16 gradients in fp32 (runtime/engine.py, get_data_types) in its
-    # BF16_Optimizer, which shards the fp32 master and moments over the data-parallel ranks and gathers the
-    # updated weights after its step (runtime/bf16_optimizer.py): a ZeRO-1, as BLOOM's script says ("bf16
-    # must use z0! it implements its own zero stage 1 equivalent"). fp8 trains under bf16 (Transformer Engine
-    # in the model). fp16 and fp32 keep a stage 0 of their own.
-    zero0_precisions=("fp32", "fp16"),
-    why=(("zero0_precisions", "DeepSpeed runs bf16 at stage 0 through its BF16_Optimizer, which shards the "
-                              "optimizer states as stage 1 does and keeps fp32 gradients "
-                              "(runtime/bf16_optimizer.py); use zero_stage 1, with training.fp32_grads true for "
-                              "the BF16_Optimizer itself"),
-         ("compiled_loss", "Megatron-DeepSpeed computes its loss in Megatron's vocab-parallel cross-entropy, "
+    why=(("compiled_loss", "Megatron-DeepSpeed computes its loss in Megatron's vocab-parallel cross-entropy, "
                            "not a compiled one"),
          ("fp8_recipe", "DeepSpeed's fp8 is Transformer Engine's, whose recipes are"),
          ("expert_dispatch", "DeepSpeed-MoE dispatches with one all-to-all (deepspeed.moe.sharded_moe, _AllToAll): "
@@ -81,7 +71,7 @@ BEHAVIOUR = EngineBehaviour(
     # Without fp32 master weights: bf16.bf16_master_weights_and_grads and bf16_optimizer_states.
     bf16_master_partition=True,
     reduce_after_pipeline=True, zero0_reduce_after_backward=True, fp32_accumulation_bytes=20.0,
-    bucket_params=5e8, bucket_bytes=0.0, reduce_bucket_buffers=2, overlap_param_gather=False, loss_gradient_bytes=2.0,
+    offload_accumulates_on_host=True, bucket_params=5e8, bucket_bytes=0.0, reduce_bucket_buffers=2, overlap_param_gather=False, loss_gradient_bytes=2.0,
     selective="attention", fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine",
     collective_launch_s=0.0, grouped_gemm_streams=1,
     balance_stages=False, offload_moves_gradients=True, master_copy_kernel=True,
@@ -101,12 +91,31 @@ def training_rules(training: TrainingSpec, gpu: GPUSpec) -> list[tuple[str, str]
 
 
 def rules(job: Job) -> list[tuple[str, str]]:
+    lay, training = job.layout, job.training
+    if lay.zero_stage == 0 and training.precision in ("bf16", "fp8"):  # fp8: Transformer Engine under bf16
+        # Without ZeRO, DeepSpeed picks the optimizer by the model's dtype and the gradients'
+        # (runtime/engine.py, _do_optimizer_sanity_check; data_types.grad_accum_dtype defaults to the
+        # model's, get_data_types): bf16 gradients run its DDP_BFLOAT16 wrapper, unsharded states as
+        # priced; fp32 gradients raise NotImplementedError ("unsupported mix"); and under a pipeline
+        # bf16 runs its BF16_Optimizer, which shards the states over the data-parallel ranks as stage 1.
+        if fp32_gradients(training):
+            return [("layout.zero_stage", "DeepSpeed refuses bf16 weights with fp32 gradients without ZeRO "
+                                          "(runtime/engine.py, _do_optimizer_sanity_check: 'unsupported mix'); "
+                                          "use zero_stage 1, its BF16_Optimizer")]
+        if lay.pp > 1:
+            return [("layout.zero_stage", "DeepSpeed's pipeline engine runs bf16 without ZeRO through its "
+                                          "BF16_Optimizer, which shards the optimizer states as stage 1 does "
+                                          "(runtime/engine.py, _do_optimizer_sanity_check); use zero_stage 1")]
+        if not training.master_weights:
+            return [("layout.zero_stage", "DeepSpeed keeps bf16 master weights only with ZeRO (runtime/config.py: "
+                                          "'Bf16_master_weights_and_grads is only supported with ZeRO Stage 1, 2, "
+                                          "or 3'); use zero_stage 1")]
     if job.model.is_moe and job.layout.zero_stage == 3:
         return [("layout.zero_stage", "DeepSpeed's engine refuses its MoE layers under ZeRO stage 3 "
                                       "(runtime/engine.py: 'Native DeepSpeed MoE is not supported with ZeRO "
                                       "Stage 3'); use 1 or 2")]
     # Without master weights, at stage 1-3 (runtime/config.py: "Bf16_master_weights_and_grads is only
-    # supported with ZeRO Stage 1, 2, or 3"; bf16's stage 0 is refused as the BF16_Optimizer's, SUPPORT):
+    # supported with ZeRO Stage 1, 2, or 3", above):
     # offloaded, its bf16 states need DeepSpeedCPUAdam built for them (runtime/base_optimizer.py).
     if not job.training.master_weights and job.layout.offload_optimizer:
         return [("layout.offload_optimizer", "DeepSpeed offloads bf16 optimizer states only to a "

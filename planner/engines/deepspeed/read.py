@@ -8,7 +8,8 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from cost_models.model_states import fp32_gradients
+from cost_models.memory import job_stage_parameters
+from cost_models.model_states import folds_gradients_into_fp32, fp32_gradients
 from cost_models.specs import Layout
 
 from planner.fields import read_int as integer
@@ -213,6 +214,17 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
                      if checkpointing.get(key) is True]
     if enabled:
         unpriced.append("compile.enabled")
+    bf16 = config.get("bf16") if isinstance(config.get("bf16"), dict) else {}
+    if folds_gradients_into_fp32(job) and not _lax_bool(src, "bf16.immediate_grad_update",
+                                                         bf16.get("immediate_grad_update", False)):
+        # BF16_Optimizer (runtime/bf16_optimizer.py) keeps each bf16 gradient until the step unless it
+        # folds it into the fp32 buffer from autograd's hook and frees it (accumulate_hp_grads_and_remove_lp).
+        params = job_stage_parameters(job, 0).total if lay.pp == 1 else \
+            max(job_stage_parameters(job, s).total for s in range(lay.pp))
+        said = "false" if "immediate_grad_update" in bf16 else "absent (DeepSpeed's default: false)"
+        notes.append(f"bf16.immediate_grad_update {said}: the BF16_Optimizer keeps every parameter's bf16 gradient "
+                     f"beside its fp32 one until the step, {2 * params / 1e9:.1f} GB a GPU more than priced (the "
+                     "planner's files set it true)")
     if unpriced:
         notes.append(f"{', '.join(unpriced)}: not priced (the estimate is of plain ZeRO-{stage}, eager kernels and "
                      "the case's recomputation), so the run's memory and step time may differ")
@@ -507,7 +519,7 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
                         f"{case.source} has training.master_weights {str(case.training.master_weights).lower()}")
 
     if bf16:
-        zero = _bf16_optimizer_stage(src, config, zero, case)
+        zero = _bf16_optimizer_stage(src, config, zero, pp, case)
 
     checkpointing = config.get("activation_checkpointing")
     if checkpointing is not None and not isinstance(checkpointing, dict):
@@ -567,23 +579,27 @@ def _check_optimizer(src: str, config: dict, case) -> None:
 _FP32_NAMES = ("fp32", "float32", "float", "torch.float32")
 
 
-def _bf16_optimizer_stage(src: str, config: dict, zero: int, case) -> int:
-    """The ZeRO stage a bf16 config runs, checked against the case's gradients. Without ZeRO DeepSpeed
-    accumulates fp32 gradients (``runtime/engine.py`` ``get_data_types``), as it does at stage 1 with
-    ``data_types.grad_accum_dtype`` fp32; both run its BF16_Optimizer, which shards the optimizer
-    states as ZeRO-1 does (``runtime/bf16_optimizer.py``): stage 0 reads as 1."""
+def _bf16_optimizer_stage(src: str, config: dict, zero: int, pp: int, case) -> int:
+    """The ZeRO stage a bf16 config runs, checked against the case's gradients, as DeepSpeed picks its
+    optimizer (``runtime/engine.py``, ``_do_optimizer_sanity_check``): the gradients accumulate in
+    ``data_types.grad_accum_dtype``, the model's dtype unless set (``get_data_types``); without ZeRO,
+    fp32 gradients are refused ("unsupported mix"), and a pipeline's bf16 runs the BF16_Optimizer,
+    which shards the optimizer states as ZeRO-1 does (``runtime/bf16_optimizer.py``): stage 0 reads as
+    1 there. Stage 1 with fp32 gradients runs the BF16_Optimizer too."""
     data_types = config.get("data_types", {})
     if not isinstance(data_types, dict):
         raise CaseError(src, "data_types", f"expected a mapping, got {data_types!r}")
     accumulated = data_types.get("grad_accum_dtype")
-    fp32 = zero == 0 if accumulated is None else str(accumulated).lower() in _FP32_NAMES
+    fp32 = accumulated is not None and str(accumulated).lower() in _FP32_NAMES
+    if zero == 0 and fp32:
+        raise CaseError(src, "data_types.grad_accum_dtype", "fp32 with bf16 and ZeRO stage 0: DeepSpeed refuses the "
+                                                            "mix (runtime/engine.py, _do_optimizer_sanity_check: "
+                                                            "NotImplementedError); expected zero_optimization.stage 1")
     if fp32 != fp32_gradients(case.training):
-        by_stage = zero == 0 and accumulated is None
-        key = "zero_optimization.stage" if by_stage else "data_types.grad_accum_dtype"
-        why = " (bf16 at stage 0: the BF16_Optimizer)" if by_stage else ""
-        raise CaseError(src, key, f"the config accumulates {'fp32' if fp32 else 'bf16'} gradients{why}, but the "
-                                  f"case {case.source} has training.fp32_grads {str(not fp32).lower()}")
-    return max(zero, 1) if fp32 else zero
+        raise CaseError(src, "data_types.grad_accum_dtype",
+                        f"the config accumulates {'fp32' if fp32 else 'bf16'} gradients, but the case "
+                        f"{case.source} has training.fp32_grads {str(not fp32).lower()}")
+    return 1 if zero == 0 and pp > 1 else zero
 
 
 def _offload_device(src: str, zero_section: dict, name: str) -> bool:

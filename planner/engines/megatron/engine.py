@@ -69,7 +69,7 @@ SUPPORT = EngineSupport(
 BEHAVIOUR = EngineBehaviour(
     name="megatron", gradient_bucket_copy=False,
     sharded_master_weights=False, zero3_unit_copies=False, zero3_root_unit=False,
-    p2p_overlap_interleaved=True, bucket_params=40e6, bucket_bytes=0.0,
+    p2p_overlap_interleaved=True, bucket_params=40e6, bucket_params_per_dp_rank=1e6, bucket_bytes=0.0,
     overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention", fused_attention=True,
     fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine", fp8_weight_cache=True,
     grouped_gemm_streams=4,
