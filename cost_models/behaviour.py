@@ -27,12 +27,6 @@ class EngineBehaviour:
 
     name: str = "any"
     # ZeRO-3 gathers the weights once more for the recompute forward inside backward.
-    # DeepSpeed fetches a module's partitioned weights in every forward pre-hook
-    # (``deepspeed/runtime/zero/parameter_offload.py``, ``pre_sub_module_forward_function``),
-    # the recompute's included, and releases them after. FSDP (torchtitan's FSDP2 and PyTorch
-    # FSDP) shards the checkpointed block as one unit: its backward pre-hook gathers once and
-    # the recompute runs inside the unsharded unit.
-    regather_for_recompute: bool = False
     # ZeRO-3 collectives per layer and pass: FSDP gathers a wrapped transformer block at once;
     # DeepSpeed gathers each submodule's parameters on its own (QKV, projection, two MLP
     # matrices and two norms in a GPT layer: ``all_gather_coalesced`` per module).
@@ -131,9 +125,10 @@ class EngineBehaviour:
     master_copy_kernel: bool = False
     zeroes_gradient_buffer: bool = False
     # Gradient bucket of ZeRO 0–2 data parallelism, in parameters (at least), or in bytes, and the
-    # parameters it grows by per data-parallel rank. Megatron: max(40 M, 1 M · dp) parameters
-    # (``megatron/core/distributed/distributed_data_parallel.py``); DeepSpeed: reduce_bucket_size
-    # 5e8 elements, whatever the dp; PyTorch DDP: bucket_cap_mb = 25 MB.
+    # parameters it grows by per data-parallel rank (context parallel ranks included). Megatron:
+    # max(40 M, 1 M · dp·cp) parameters (``megatron/training/training.py``, get_model's
+    # DistributedDataParallelConfig: ``get_data_parallel_world_size(with_context_parallel=True)``);
+    # DeepSpeed: reduce_bucket_size 5e8 elements, whatever the dp; PyTorch DDP: bucket_cap_mb = 25 MB.
     bucket_params: float = 0.0
     bucket_params_per_dp_rank: float = 0.0
     bucket_bytes: float = 25 * 2**20
@@ -242,6 +237,13 @@ class EngineBehaviour:
     # to, through pinned 16-bit host buffers beside the optimizer's fp32 gradient partition
     # (DeepSpeed ``stage_1_and_2.py``: ``offload.gradient_copies``, ``offload.host_gradient_bytes``).
     offload_accumulates_on_host: bool = False
+    # Optimizer offload that keeps fp32 gradient copies for its step: a pinned fp32 host buffer for
+    # each offloaded parameter's gradient, and for a partial offload an fp32 copy of each GPU-kept
+    # parameter's 16-bit gradient on the GPU, never freed (megatron-core
+    # ``optimizer/cpu_offloading/hybrid_optimizer.py``, ``_set_sub_optimizer_grads``:
+    # ``cpu_copy_map_grad``, ``fp32_param.grad = grad.to(fp32)``; ``DistributedOptimizer.zero_grad``
+    # clears neither) (:func:`memory.offload_gradient_copies`).
+    offload_fp32_gradient_copies: bool = False
 
     # Expert-parallel dispatch that sends a token once to each NVLink domain holding one of its
     # experts and forwards it inside the domain over NVLink (DeepEP's and HybridEP's kernels, the

@@ -32,8 +32,8 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     - The generic engine's ZeRO-1 with fp32 gradients (nanotron's, without DDP): one all-reduce of
       the whole fp32 buffer after the last backward, in the open, and the gather's copies
       (:func:`gather_copies_time`).
-    - ZeRO 3: parameter all-gathers in forward and in backward (again for the recompute
-      where the engine re-gathers) and a gradient reduce-scatter, for every micro-batch,
+    - ZeRO 3: parameter all-gathers in forward and in backward (the recompute's shared with the
+      backward's) and a gradient reduce-scatter, for every micro-batch,
       prefetched behind that micro-batch's compute; what a pass's compute cannot cover is
       exposed, so more compute never shortens the step. Where the engine copies units through
       flat buffers (``EngineBehaviour.zero3_unit_copies``), each collective carries its copies.
@@ -186,7 +186,10 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     # reduce-scatters its gradients, unit by unit, each behind the compute of the unit before:
     # the first gather of each pass waits, and what the pass's compute cannot cover.
     gather, reduce = zero3_collectives(job, stage, params, dp_links)
-    backward_gathers = 1 + (lay.recompute == "full" and engine.regather_for_recompute)
+    # One gather serves a recomputed unit's forward and its backward: FSDP recomputes inside the
+    # unit its backward pre-hook gathered, and DeepSpeed keeps a module gathered where it is used
+    # again within max_reuse_distance (partitioned_param_coordinator.py, __params_to_release).
+    backward_gathers = 1
     # The pass waits in the open for its first unit (the embedding's, where it is larger than a
     # layer's), and the backward for the same unit's reduce-scatter at its end.
     opening = max(1 / chunks, min(1.0, first_unit / params))
@@ -291,7 +294,7 @@ def gradient_chunks(job: Job, params: float, bucketed_bytes: float) -> int:
     DeepSpeed's buckets count parameters."""
     engine = job.training.engine
     per_bucket = max(engine.bucket_params, engine.bucket_bytes / bucketed_bytes,
-                     engine.bucket_params_per_dp_rank * job.layout.dp)
+                     engine.bucket_params_per_dp_rank * job.layout.dp * job.layout.cp)
     return max(1, math.ceil(params / per_bucket)) if per_bucket else 1
 
 

@@ -10,13 +10,13 @@ from .activations import (embedding_activation_bytes, head_activation_bytes, lay
                           layer_activations, loss_gradient_bytes, mtp_projection_activation_bytes)
 from .experts import alltoall_buffer_bytes
 from .flops import layer_gemms
-from .model_states import (StateBytes, bucket_copy_bytes, folds_gradients_into_fp32, gathered_weight_bytes,
-                           keeps_weights_quantized, quantizes_weights_once_a_step, sharded_state_bytes, state_bytes,
-                           working_bytes, zero_shards)
+from .model_states import (MASTER_BYTES, StateBytes, bucket_copy_bytes, folds_gradients_into_fp32, fp32_gradients,
+                           gathered_weight_bytes, keeps_weights_quantized, quantizes_weights_once_a_step,
+                           sharded_state_bytes, state_bytes, working_bytes, zero_shards)
 from .offload import accumulates_on_host, gradients_on_host, host_gradient_bytes, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
                          router_parameters, shared_expert_parameters, stage_dense_linear_parameters,
-                         stage_linear_parameters, stage_parameters)
+                         stage_linear_parameters, stage_parameters, total_parameters)
 from .quantization import cached_weight_bytes
 from .pipeline import in_flight_chunks, in_flight_peak
 from .job import Job
@@ -210,9 +210,14 @@ def mtp_activation_bytes(job: Job, shared: PerMicrobatch, dense_kept: float) -> 
 def zero3_gather_bytes(job: Job) -> float:
     """ZeRO-3 materialises the weights it runs. FSDP gathers whole units: the current layer and
     one prefetched (its forward prefetch); an MoE layer's, with this GPU's experts. DeepSpeed
-    gathers submodule by submodule (``EngineBehaviour.zero3_max_live_parameters``): the largest
-    linear and the prefetch bucket behind it, at most the live-parameter cap unless that
-    linear alone is larger. An engine that runs FSDP at every ZeRO stage
+    gathers submodule by submodule (``EngineBehaviour.zero3_max_live_parameters``): each module's
+    own weights in its pre-forward hook whatever is live, prefetching more only up to the
+    live-parameter cap (``partitioned_param_coordinator.py``, ``fetch_sub_module``: a prefetch of
+    max_live − available), and keeping a module gathered where it is used again within
+    max_reuse_distance (``__params_to_release``: the last layers' between the forward and their
+    backward, a recomputed layer's for its backward): the cap, overshot by the module fetched,
+    the largest of which is the embedding or the LM head, whole; at most the model. An engine
+    that runs FSDP at every ZeRO stage
     (``EngineBehaviour.fsdp_always``) gathers its units so at each, over a shard group of one at
     zero_stage 0."""
     if job.layout.zero_stage < 3 and not job.training.engine.fsdp_always:
@@ -220,9 +225,9 @@ def zero3_gather_bytes(job: Job) -> float:
     model, lay = job.model, job.layout
     engine = job.training.engine
     if engine.zero3_max_live_parameters is not None:
-        largest = max(g.n * g.k for g in layer_gemms(model, 1, lay.tp))
-        prefetched = largest + engine.zero3_prefetch_bucket_h2 * model.hidden_size ** 2
-        return max(largest, min(engine.zero3_max_live_parameters, prefetched)) * gathered_weight_bytes(job.training)
+        largest = max(max(g.n * g.k for g in layer_gemms(model, 1, lay.tp)), model.vocab_size * model.hidden_size / lay.tp)
+        live = min(engine.zero3_max_live_parameters + largest, total_parameters(model) / lay.tp)
+        return live * gathered_weight_bytes(job.training)
     per_layer = (attention_parameters(model) + mlp_parameters(model)) / lay.tp
     if model.is_moe:
         moe_layer = (attention_parameters(model) + shared_expert_parameters(model)) / lay.tp \
@@ -339,7 +344,8 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
         states = stage_state_bytes(job, stage, per_parameter)
         held = stage_activation_bytes(job, stage, shared) if shared is not None else 0.0
         params = job_stage_parameters(job, stage)
-        gradients = states.gradients * on_gpu_gradients + params.dense * buckets[0] + params.expert * buckets[1]
+        gradients = states.gradients * on_gpu_gradients + params.dense * buckets[0] + params.expert * buckets[1] \
+            + offload_gradient_copies(job, stage)[0]
         other = fixed
         if unsharded:
             # The stage's gradients whole in the reduce dtype, and its 16-bit weights gathered at the
@@ -356,6 +362,19 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
             other=other + o.fragmentation * held,
         ))
     return tuple(out)
+
+
+def offload_gradient_copies(job: Job, stage: int) -> tuple[float, float]:
+    """(on the GPU, on the host) bytes of the fp32 gradient copies an optimizer offload keeps for its
+    step (``EngineBehaviour.offload_fp32_gradient_copies``): 4 a parameter of the GPU-kept share,
+    where the gradients are 16-bit (an fp32 gradient is the copy), and 4 of the offloaded share,
+    pinned on the host, of the parameters whose optimizer states a rank holds."""
+    lay = job.layout
+    if not (job.training.engine.offload_fp32_gradient_copies and lay.offload_optimizer):
+        return 0.0, 0.0
+    local = optimizer_local_parameters(job, stage)
+    on_gpu = 0.0 if fp32_gradients(job.training) else MASTER_BYTES * (1 - lay.offload_optimizer) * local
+    return on_gpu, MASTER_BYTES * lay.offload_optimizer * local
 
 
 def reduce_bucket_bytes(job: Job) -> float:
@@ -397,7 +416,7 @@ def host_bytes(job: Job) -> float:
         chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
         activations = chunks * offloaded_activation_layers(job, stage) * shared.kept
         states, gpu = stage_state_bytes(job, stage), on_gpu_shares(job)
-        gradients = states.gradients * (1 - gpu.gradients)
+        gradients = states.gradients * (1 - gpu.gradients) + offload_gradient_copies(job, stage)[1]
         if accumulates_on_host(job):  # the engine's own gradient buffers on the host, not a shard's
             gradients = optimizer_local_parameters(job, stage) * lay.offload_optimizer * host_gradient_bytes(job)
         on_host = states.weights * (1 - gpu.weights) + gradients + states.optimizer * (1 - gpu.optimizer)

@@ -20,34 +20,47 @@ of its rate, beside compute as :func:`collectives.exposed` allows; the CPU step 
 from __future__ import annotations
 
 from .collectives import exposed
-from .model_states import adam_step_bytes, fp32_gradients, state_bytes, weights_are_master, zero_shards
+from .model_states import MASTER_BYTES, adam_step_bytes, fp32_gradients, state_bytes, weights_are_master, zero_shards
 from .job import Job
 
 
 def gradients_on_host(job: Job) -> bool:
-    """Gradient shards kept on the host: with ZeRO-3 parameter offload (FSDP2, ZeRO-Infinity), and
+    """Gradient shards kept on the host: with ZeRO-3 parameter offload (FSDP2's CPUOffloadPolicy), or,
     where the engine reduces sharded gradients straight into host buffers when the whole optimizer
-    is there (DeepSpeed's ZeRO-2 offload: ``stage_1_and_2.py`` ``cpu_offload``)."""
+    is there (``EngineBehaviour.offload_moves_gradients``), at ZeRO 2-3 with the optimizer offloaded
+    whatever the parameters: DeepSpeed's ZeRO-2 (``stage_1_and_2.py`` ``cpu_offload``) and ZeRO-3,
+    whose gradient partitions live on the optimizer's device (``stage3.py``: ``self.device`` is the
+    CPU only with offload_optimizer; ``grad_partitions_flat_buffer``)."""
     lay = job.layout
-    return lay.offload_params or (lay.offload_optimizer == 1 and lay.zero_stage >= 2
-                                  and job.training.engine.offload_moves_gradients)
+    if job.training.engine.offload_moves_gradients:
+        return lay.offload_optimizer == 1 and lay.zero_stage >= 2
+    return lay.offload_params
 
 
 def accumulates_on_host(job: Job) -> bool:
     """Whether the engine accumulates the offloaded optimizer's gradients on the host, micro-batch
-    by micro-batch (``EngineBehaviour.offload_accumulates_on_host``: DeepSpeed's ZeRO-1/2 with its
-    optimizer offloaded and the gradients accumulated in 16 bits, its default)."""
+    by micro-batch (``EngineBehaviour.offload_accumulates_on_host``: DeepSpeed with its optimizer
+    offloaded, at ZeRO-1/2 with the gradients accumulated in 16 bits, its default, and at ZeRO-3)."""
     lay = job.layout
     return job.training.engine.offload_accumulates_on_host and lay.offload_optimizer > 0 \
-        and lay.zero_stage in (1, 2) and not fp32_gradients(job.training)
+        and (lay.zero_stage == 3 or lay.zero_stage in (1, 2) and not fp32_gradients(job.training))
+
+
+def _accumulation_bytes(job: Job) -> float:
+    """Bytes of a gradient as the engine accumulates it: 4 with fp32 gradients, else 2."""
+    return 4.0 if fp32_gradients(job.training) else 2.0
 
 
 def host_gradient_bytes(job: Job) -> float:
     """Host bytes per offloaded parameter of the gradients where :func:`accumulates_on_host`: the
     optimizer's fp32 gradient partition, pinned for the run (DeepSpeed ``stage_1_and_2.py``,
-    ``initialize_optimizer_states``, kept under cpu_offload), and with more than one micro-batch
-    the 16-bit buffer the micro-batches accumulate into (``async_accumulate_grad_in_cpu_via_gpu``,
-    ``accumulated_grads_in_cpu``)."""
+    ``initialize_optimizer_states``, kept under cpu_offload; ``stage3.py``, each sub-group's
+    ``subgroup_gradient_buffer``), and the buffer the micro-batches accumulate into: at ZeRO-1/2
+    with more than one micro-batch, 16-bit (``async_accumulate_grad_in_cpu_via_gpu``,
+    ``accumulated_grads_in_cpu``); at ZeRO-3 always, in the accumulation dtype
+    (``grad_partitions_flat_buffer``)."""
+    if job.layout.zero_stage == 3:
+        return 4 + _accumulation_bytes(job)
     return 4 + 2 * (job.num_microbatches > 1)
 
 
@@ -62,11 +75,16 @@ def gradient_copies(job: Job) -> list[tuple[float, int]]:
     micro-batch, the partition out in fp32 (4); else ZeRO-2, reducing every micro-batch, sends the
     first's 16-bit partition out (g), each later one's brings the sum back in and sends it out
     (2g), and the last's also goes out in fp32 (2g + 4); ZeRO-1, reducing at the boundary alone,
-    moves the last's 2g + 4."""
+    moves the last's 2g + 4. ZeRO-3 (``stage3.py``, ``partition_grads``) copies each micro-batch's
+    partition into its host buffer and back (the first) or brings the sum in and sends it out (the
+    others), 2g each, g in the accumulation dtype, and the last's also goes out in fp32
+    (``_offload_grad_partition_at_boundary``): 2g + 4."""
     if not accumulates_on_host(job):
         lay = job.layout
         return [(state_bytes(job.training, lay.zero_stage, zero_shards(job)).gradients, 1)]
-    ga, g = job.num_microbatches, 2.0
+    ga, g = job.num_microbatches, _accumulation_bytes(job)
+    if job.layout.zero_stage == 3:
+        return [(2 * g, ga - 1), (2 * g + 4, 1)]
     if ga == 1:
         return [(4.0, 1)]
     if job.layout.zero_stage == 1:
@@ -117,11 +135,18 @@ def _optimizer_offload_parts(job: Job, local_params: float) -> tuple[float, floa
     per_param = state_bytes(job.training, lay.zero_stage, shards)
     local = local_params * lay.offload_optimizer
     link = host.link_bandwidth * perf.host_link_efficiency
-    # DeepSpeed's CPU Adam folds the clip's scale into its step and writes the 16-bit weights in
-    # the same loop (csrc/adam/cpu_adam_impl.cpp): the optimizer's own kernel alone.
-    cpu_step = local * adam_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage, shards)) \
-        / (host.memory_bandwidth * perf.host_memory_efficiency)
-    return cpu_step, local * per_param.weights / link
+    step_bytes = adam_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage, shards))
+    if accumulates_on_host(job):
+        # DeepSpeed 0.19 steps the fp32 partition alone (ops/adam/cpu_adam.py, DeepSpeedCPUAdam: it reads
+        # the fp32 gradient and reads and writes the master and moments), after unscale_and_clip_grads
+        # scales the fp32 gradients in a pass of its own (the config's gradient_clipping: read and write),
+        # and copies the master into the 16-bit weights after it (read): the fused step that wrote them
+        # in Adam's loop is commented out (stage_1_and_2.py, _optimizer_step).
+        step_bytes = MASTER_BYTES + 2 * per_param.optimizer + 2 * MASTER_BYTES + MASTER_BYTES
+    cpu_step = local * step_bytes / (host.memory_bandwidth * perf.host_memory_efficiency)
+    # The updated 16-bit weights go back to the GPU, unless they live on the host (parameter offload,
+    # whose gathers copy them in: param_offload_time).
+    return cpu_step, 0.0 if lay.offload_params else local * per_param.weights / link
 
 
 def param_offload_time(job: Job, shard: float, microbatch_s: float, gathers: int) -> float:
@@ -132,7 +157,11 @@ def param_offload_time(job: Job, shard: float, microbatch_s: float, gathers: int
         return 0.0
     perf = gpu.performance
     per_param = state_bytes(job.training, lay.zero_stage, zero_shards(job))  # as the host holds them
-    copies = shard * (gathers * per_param.weights + per_param.gradients)
+    # The gradient shard out, where the parameters' offload takes it (FSDP2); an engine whose offloaded
+    # optimizer accumulates them on the host moves them there (:func:`gradient_copies`), or keeps them
+    # on the GPU without it (DeepSpeed: :func:`gradients_on_host`).
+    out = per_param.gradients if gradients_on_host(job) and not accumulates_on_host(job) else 0.0
+    copies = shard * (gathers * per_param.weights + out)
     return job.num_microbatches * exposed(copies / (gpu.host.link_bandwidth * perf.host_link_efficiency),
                                           microbatch_s, perf)
 

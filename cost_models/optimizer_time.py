@@ -30,7 +30,7 @@ def offload_time(job: Job, stage: int, slowest: "StageTime") -> float:
     local = optimizer_local_parameters(job, stage)
     forward = slowest.compute / 3
     backward = 2 / 3 * slowest.compute + slowest.recompute
-    gathers = 2 + (lay.recompute == "full" and job.training.engine.regather_for_recompute)
+    gathers = 2  # the forward's and the backward's, which a recomputed forward shares (dp_time)
     return (optimizer_offload_time(job, local, backward)
             + param_offload_time(job, local, slowest.compute + slowest.recompute, gathers)
             + activation_offload_time(job, stage, per_microbatch(job).kept, forward, backward))

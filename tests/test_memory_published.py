@@ -180,15 +180,17 @@ def test_no_preset_counts_memory_its_gpu_does_not_report(name):
 
 
 @pytest.mark.parametrize("model, hidden, live", [
-    # GPT-3 175B: its largest linear, fc1 (h × 4h), and the 0.9·h² prefetch bucket behind it.
-    ("gpt3-175b", 12288, 4.9 * 12288 ** 2),
-    # Narayanan et al.'s 529.6B (h 20,480): fc1 alone, 1.68 G parameters, outgrows the 1e9 cap.
-    ("gpt-529.6b", 20480, 4 * 20480 ** 2),
+    # GPT-3 175B: the 1e9 cap, overshot by its largest module, the LM head (V·h, V = 50,257).
+    ("gpt3-175b", 12288, 1e9 + 50257 * 12288),
+    # Narayanan et al.'s 529.6B (h 20,480): overshot by fc1, 4h² = 1.68 G parameters.
+    ("gpt-529.6b", 20480, 1e9 + 4 * 20480 ** 2),
 ])
-def test_deepspeed_zero3_holds_a_submodule_and_its_prefetch_not_two_layers(model, hidden, live):
-    """DeepSpeed gathers each submodule on its own (stage3_prefetch_bucket_size 0.9·h² as the
-    emitter writes it, stage3_max_live_parameters 1e9); FSDP holds the running layer and the one
-    it prefetches, 2 · 12h² parameters. 16-bit weights, 2 bytes each."""
+def test_deepspeed_zero3_holds_its_live_cap_and_a_module_not_two_layers(model, hidden, live):
+    """DeepSpeed gathers each submodule on its own, fetching a module's own weights whatever is
+    live and prefetching up to stage3_max_live_parameters (1e9), keeping modules used again within
+    max_reuse_distance (partitioned_param_coordinator.py): the cap, overshot by the module fetched.
+    FSDP holds the running layer and the one it prefetches, 2 · 12h² parameters. 16-bit weights,
+    2 bytes each."""
     from cost_models.memory import zero3_gather_bytes
     from planner.case import load_case
 

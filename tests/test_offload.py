@@ -56,10 +56,18 @@ def test_offloaded_states_leave_the_gpu_for_the_host():
                    offload_optimizer=1.0)
     assert one.job.num_microbatches == 1 and one.host_bytes == pytest.approx((12 + 4) * params)  # no accumulator
 
+    # Megatron's HybridDeviceOptimizer (hybrid_optimizer.py, _set_sub_optimizer_grads) copies each
+    # offloaded parameter's gradient into a pinned fp32 host buffer, and each GPU-kept one's into an fp32
+    # tensor on the GPU, both kept: + 4 bytes a parameter of each share, where neither was priced.
     half = estimate(SMALL, "megatron", zero_stage=1, offload_optimizer=0.5)
     assert half.peak.optimizer_states == pytest.approx(6 * params)
-    assert half.peak.gradients == pytest.approx(2 * 8 * params)  # ZeRO-1: gradients whole, on the GPU
-    assert half.host_bytes == pytest.approx(6 * params)
+    assert half.peak.gradients == pytest.approx(2 * 8 * params + 4 * 0.5 * params)  # ZeRO-1: bf16 whole
+    assert half.host_bytes == pytest.approx((6 + 4 * 0.5) * params)
+    whole = estimate(SMALL, "megatron", zero_stage=1, offload_optimizer=1.0)
+    assert whole.peak.gradients == pytest.approx(2 * 8 * params) and whole.host_bytes == pytest.approx(16 * params)
+    with pytest.raises(CaseError, match="Megatron-LM offloads only Adam"):
+        estimate({**SMALL, "training": {**SMALL["training"], "optimizer": "sgd"}}, "megatron", zero_stage=1,
+                 offload_optimizer=1.0)
 
 
 def test_fsdp_holds_its_fp32_shard_as_the_master_deepspeed_a_bf16_shard_beside_one():
@@ -86,12 +94,16 @@ def test_parameter_offload_keeps_no_shard_on_the_gpu():
 
 
 def test_the_optimizer_step_on_the_cpu_streams_its_bytes_over_host_memory():
-    """Gradients out and weights back over the link, the step's bytes (read the gradient, read and
-    write 12 bytes of states, write the weights) over host DRAM; nothing to hide them behind here.
-    DeepSpeed's ZeRO-1 reduces at the last micro-batch, and with 8 of them its offload path
-    (stage_1_and_2.py, copy_grads_in_partition) brings its bf16 host accumulator in (2 bytes),
-    sends the sum out (2) and the partition in fp32 to the optimizer's gradient (4): 8 bytes out and
-    in, where a bf16 copy out (2) was priced; with one micro-batch, the fp32 copy alone."""
+    """Gradients out and weights back over the link, the step's bytes over host DRAM; nothing to
+    hide them behind here. DeepSpeed's ZeRO-1 reduces at the last micro-batch, and with 8 of them
+    its offload path (stage_1_and_2.py, copy_grads_in_partition) brings its bf16 host accumulator
+    in (2 bytes), sends the sum out (2) and the partition in fp32 to the optimizer's gradient (4):
+    8 bytes out and in, where a bf16 copy out (2) was priced; with one micro-batch, the fp32 copy
+    alone. On the CPU, DeepSpeedCPUAdam reads the fp32 gradient (4) and reads and writes the fp32
+    master and both moments (2 · 12); unscale_and_clip_grads reads and writes the fp32 gradient
+    before it (8), and the master is read again for its copy into the bf16 weights (4): 40 bytes,
+    where Adam's loop fused with the clip and the bf16 write (28) was priced, a path 0.19 leaves
+    commented out (stage_1_and_2.py, _optimizer_step)."""
     est = estimate(SMALL, "deepspeed", zero_stage=1, offload_optimizer=1.0)
     job = est.job
     assert job.num_microbatches == 8
@@ -99,9 +111,8 @@ def test_the_optimizer_step_on_the_cpu_streams_its_bytes_over_host_memory():
     local = LLAMA2_7B_PARAMETERS / 8  # the optimizer shard of one of the 8 data-parallel ranks
     link = gpu.host.link_bandwidth * gpu.performance.host_link_efficiency  # the preset's PCIe figures
     dram = gpu.host.memory_bandwidth * gpu.performance.host_memory_efficiency
-    # The gradients' 8 bytes over the link, bf16 weights back (2); on the CPU, read the gradient (2),
-    # read and write the fp32 master weight and both moments (2 · 12), write the bf16 weight (2).
-    expected = local * 8 / link + local * (2 + 24 + 2) / dram + local * 2 / link
+    # The gradients' 8 bytes over the link, bf16 weights back (2); 40 bytes on the CPU.
+    expected = local * 8 / link + local * (4 + 24 + 8 + 4) / dram + local * 2 / link
     assert optimizer_offload_time(job, local, 0.0) == pytest.approx(expected)
     # In the step the gradients go out behind the last micro-batch's backward: only that copy hides.
     out = local * 8 / link
@@ -124,14 +135,15 @@ def test_deepspeeds_zero2_offload_moves_each_micro_batchs_gradients_to_the_host_
     local = LLAMA2_7B_PARAMETERS / 8
     link = gpu.host.link_bandwidth * gpu.performance.host_link_efficiency
     dram = gpu.host.memory_bandwidth * gpu.performance.host_memory_efficiency
-    steps = local * (2 + 24 + 2) / dram + local * 2 / link
+    steps = local * (4 + 24 + 8 + 4) / dram + local * 2 / link
     assert optimizer_offload_time(job, local, 0.0) == pytest.approx(local * 34 / link + steps)
     # torchtitan's FSDP2 and Megatron-LM copy the reduced gradients out once, whatever the accumulation.
     megatron = [estimate({**SMALL, "training": {**SMALL["training"], "global_batch_size": batch}}, "megatron",
                          zero_stage=1, offload_optimizer=1.0).job for batch in (8, 64)]
     assert [job.num_microbatches for job in megatron] == [1, 8]
+    # (Megatron's CPU AdamW, fused over fp32 shards: read the gradient, read and write master and moments.)
     assert optimizer_offload_time(megatron[0], local, 0.0) == optimizer_offload_time(megatron[1], local, 0.0) \
-        == pytest.approx(local * 2 / link + steps)
+        == pytest.approx(local * 2 / link + local * (2 + 24 + 2) / dram + local * 2 / link)
 
 
 def test_activation_offload_keeps_one_layer_in_transit():
@@ -209,9 +221,11 @@ def test_emitted_offload_is_what_the_engines_read(tmp_path, monkeypatch):
 
 
 def test_an_offload_the_host_cannot_hold_is_said_to_overflow_the_host(tmp_path):
-    """Llama 3.1 405B on 16 H100s with ZeRO-3 offloading everything: 405.9 GB a GPU of its 275 GB
-    share of host memory, a 28.7 GB peak on the GPU. It was "does not fit: activations is the
-    largest term", with a deeper pipeline or more TP as the advice, none of which frees host memory."""
+    """Llama 3.1 405B on 16 H100s with DeepSpeed's ZeRO-3 offloading everything: 20 bytes a parameter
+    on the host (the bf16 weights, the fp32 master, the moments, the fp32 gradient and the bf16
+    gradient partition: stage3.py), 507.3 GB a GPU of its 275 GB share of host memory, a 29.1 GB
+    peak on the GPU. It was "does not fit: activations is the largest term", with a deeper
+    pipeline or more TP as the advice, none of which frees host memory."""
     import yaml
     from cli_in_process import run_cli
 
@@ -225,7 +239,7 @@ def test_an_offload_the_host_cannot_hold_is_said_to_overflow_the_host(tmp_path):
     (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
     done = run_cli("estimate", str(tmp_path / "case.yaml"))
     said = " ".join(done.stdout.split())
-    assert done.returncode == 3 and "does not fit: the host: the offload takes 405.9 GB a GPU of its 275 GB share" \
+    assert done.returncode == 3 and "does not fit: the host: the offload takes 507.3 GB a GPU of its 275 GB share" \
         in said, said[-400:]
     done = run_cli("estimate", str(tmp_path / "case.yaml"), "--json")
     assert json.loads(done.stdout)["memory"]["overflows"] == "host"
@@ -234,3 +248,28 @@ def test_an_offload_the_host_cannot_hold_is_said_to_overflow_the_host(tmp_path):
                   "training": {"global_batch_size": 1024, "seq_len": 4096, "engine": "torchtitan"}}
     no_fit = planner.plan(torchtitan).no_fit
     assert no_fit.host_overflowed and "overflow the host's memory" in no_fit.describe()
+
+
+def test_deepspeeds_zero3_offload_accumulates_on_the_host_and_keeps_gradients_with_the_optimizer():
+    """DeepSpeed's ZeRO-3 puts its gradient partitions on the optimizer's device (stage3.py:
+    self.device is the CPU only with offload_optimizer; grad_partitions_flat_buffer, pinned), each
+    sub-group's fp32 gradient beside them (subgroup_gradient_buffer): 12 + 2 + 4 bytes a parameter on
+    the host, where 12 + 2 was priced. Each micro-batch's partition goes into that buffer and back
+    (the first) or comes in to be added to and goes out (the rest), 2 · 2 bytes; the last's also
+    goes out in fp32 (4) (partition_grads, _offload_grad_partition_at_boundary): over 8
+    micro-batches 8 · 4 + 4 = 36 bytes, where one bf16 copy out (2) was priced. With the parameters
+    offloaded and the optimizer not, the gradients stay on the GPU (FSDP2 moves them with the
+    parameters)."""
+    from cost_models.offload import gradient_copies
+
+    est = estimate(SMALL, "deepspeed", zero_stage=3, offload_optimizer=1.0)
+    params = LLAMA2_7B_PARAMETERS / 8
+    assert est.job.num_microbatches == 8
+    assert est.peak.gradients == est.peak.optimizer_states == 0
+    assert est.host_bytes == pytest.approx((12 + 2 + 4) * params)
+    assert sum(b * n for b, n in gradient_copies(est.job)) == 36
+    params_only = estimate(SMALL, "deepspeed", zero_stage=3, offload_params=True)
+    assert params_only.peak.gradients == pytest.approx(2 * params) and params_only.peak.parameters == 0
+    assert params_only.host_bytes == pytest.approx(2 * params)
+    fsdp = estimate(SMALL, "torchtitan", zero_stage=3, offload_optimizer=1.0, offload_params=True)
+    assert fsdp.peak.gradients == 0

@@ -63,7 +63,7 @@ SUPPORT = EngineSupport(
 BEHAVIOUR = EngineBehaviour(
     name="deepspeed", gradient_bucket_copy=False,
     sharded_master_weights=False, zero3_unit_copies=False, zero3_root_unit=False,
-    regather_for_recompute=True, zero3_collectives_per_layer=6,
+    zero3_collectives_per_layer=6,
     # The sizes the Hugging Face integration fills in for "auto" (transformers
     # integrations/deepspeed.py), which the emitter writes: a prefetch bucket of 0.9·h², and
     # DeepSpeed's default of 1e9 live parameters.

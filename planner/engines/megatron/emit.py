@@ -19,8 +19,9 @@ Flag names and the rules they must obey are those of Megatron-LM's
   planner's layers per stage divided by vpp; ``uniform`` with 1 recomputes every layer.
 - The distributed optimizer is ZeRO stage 1; ZeRO 2 and 3 are Megatron-FSDP
   (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` or
-  ``optim_grads_params``, with ``--use-distributed-optimizer``, ``--no-gradient-accumulation-fusion``
-  and ``--ckpt-format fsdp_dtensor``, which validate_args demands; Megatron-Core's Megatron-FSDP guide).
+  ``optim_grads_params``, with ``--use-distributed-optimizer`` and ``--ckpt-format fsdp_dtensor``,
+  which validate_args demands, and ``--no-gradient-accumulation-fusion``, which it warns of and
+  Megatron-Core's Megatron-FSDP guide asks for).
 """
 
 from __future__ import annotations

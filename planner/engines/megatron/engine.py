@@ -75,6 +75,7 @@ BEHAVIOUR = EngineBehaviour(
     grouped_gemm_streams=4,
     collective_launch_s=0.0, balance_stages=False, hierarchical_dispatch=True,
     master_copy_kernel=True, zeroes_gradient_buffer=True, cp_all_to_all_for_windows=True,
+    offload_fp32_gradient_copies=True,
     quantized_param_gather=("delayed", "tensorwise", "mxfp8", "nvfp4"), quantized_param_gather_offloaded=("delayed",),
 )
 
@@ -85,6 +86,13 @@ def rules(job: Job) -> list[tuple[str, str]]:
     if training.tp_comm_overlap and lay.tp > 1 and not lay.sequence_parallel:
         out.append(("training.tp_comm_overlap", "--tp-comm-overlap needs --sequence-parallel (validate_args): "
                                                 "set layout.sequence_parallel: true"))
+    if lay.offload_optimizer and training.optimizer == "sgd":
+        # validate_args asks --use-precision-aware-optimizer of an offload, and OptimizerConfig's
+        # __post_init__ takes that only with adam (megatron/core/optimizer/optimizer_config.py; the
+        # emitted --optimizer adam is Adam and AdamW alike, by its weight decay).
+        out.append(("layout.offload_optimizer", "Megatron-LM offloads only Adam: --optimizer-cpu-offload needs "
+                                                "--use-precision-aware-optimizer, which OptimizerConfig takes only "
+                                                "with --optimizer adam, not sgd"))
     if lay.offload_activations:  # TransformerConfig.__post_init__ (cpu_offloading)
         if lay.pp > 1 and not SUPPORT.activation_offload_with_pipeline:
             out.append(("layout.offload_activations", ACTIVATION_OFFLOAD_PIPELINE))
