@@ -136,6 +136,11 @@ def _optimizer_offload_parts(job: Job, local_params: float) -> tuple[float, floa
     local = local_params * lay.offload_optimizer
     link = host.link_bandwidth * perf.host_link_efficiency
     step_bytes = adam_step_bytes(per_param, weights_are_master(job.training, lay.zero_stage, shards))
+    if gradients_on_host(job) and not job.training.engine.offload_moves_gradients:
+        # FSDP2's CPU offload keeps the sharded gradients on the host (_fsdp_collectives.py,
+        # foreach_reduce), so the clip the emitted job runs (torchtitan's clip_grad_norm_: the norm
+        # reads them, the scale reads and writes them) streams there too (optimizer_step_bytes).
+        step_bytes += 3 * per_param.gradients
     if accumulates_on_host(job):
         # DeepSpeed 0.19 steps the fp32 partition alone (ops/adam/cpu_adam.py, DeepSpeedCPUAdam: it reads
         # the fp32 gradient and reads and writes the master and moments), after unscale_and_clip_grads

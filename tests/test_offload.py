@@ -273,3 +273,18 @@ def test_deepspeeds_zero3_offload_accumulates_on_the_host_and_keeps_gradients_wi
     assert params_only.host_bytes == pytest.approx(2 * params)
     fsdp = estimate(SMALL, "torchtitan", zero_stage=3, offload_optimizer=1.0, offload_params=True)
     assert fsdp.peak.gradients == 0
+
+
+def test_fsdp2s_cpu_offload_clips_its_gradients_on_the_host():
+    """FSDP2's CPU offload keeps the sharded fp32 gradients on the host (torch _fsdp_collectives.py,
+    foreach_reduce), and torchtitan's clip_grad_norm_ runs on them where they are: the norm reads
+    them and the scale reads and writes them, 12 bytes a parameter on the host beside Adam's 28 (the
+    fp32 gradient read, the fp32 master and both moments read and written), where Adam's alone was
+    priced. The updated weights stay on the host (the gathers copy them in): nothing goes back."""
+    from cost_models.offload import optimizer_offload_floor
+
+    job = estimate(SMALL, "torchtitan", zero_stage=3, offload_optimizer=1.0, offload_params=True).job
+    gpu = job.cluster.gpu
+    local = LLAMA2_7B_PARAMETERS / 8
+    dram = gpu.host.memory_bandwidth * gpu.performance.host_memory_efficiency
+    assert optimizer_offload_floor(job, local) == pytest.approx(local * (4 + 2 * 12 + 12) / dram)
