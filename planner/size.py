@@ -771,6 +771,6 @@ def _would_meet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[
 
     if step_deadline is not None:
         # The deadline's answer spends least: so does its advice, of every size tried (8,192 B200s
-        # meet 30.5 days for 17.7M where the fewest that meet, 7,168, spend 23.4M, and 16,384 H100s 21.3M).
+        # meet 30.3 days for 17.6M where the fewest that meet, 7,168, spend 23.5M: docs/sizing.md).
         return min(tried, key=spend, default=None)
     return min(found, key=spend, default=None)
