@@ -10,7 +10,7 @@ from .activations import (embedding_activation_bytes, head_activation_bytes, lay
                           layer_activations, loss_gradient_bytes, mtp_projection_activation_bytes)
 from .experts import alltoall_buffer_bytes
 from .flops import layer_gemms
-from .model_states import (MASTER_BYTES, StateBytes, bucket_copy_bytes, folds_gradients_into_fp32, fp32_gradients,
+from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_gradients_into_fp32, fp32_gradients,
                            gathered_weight_bytes, keeps_weights_quantized, quantizes_weights_once_a_step,
                            sharded_state_bytes, state_bytes, working_bytes, zero_shards)
 from .offload import accumulates_on_host, gradients_on_host, host_gradient_bytes, offloaded_activation_layers
@@ -373,8 +373,8 @@ def offload_gradient_copies(job: Job, stage: int) -> tuple[float, float]:
     if not (job.training.engine.offload_fp32_gradient_copies and lay.offload_optimizer):
         return 0.0, 0.0
     local = optimizer_local_parameters(job, stage)
-    on_gpu = 0.0 if fp32_gradients(job.training) else MASTER_BYTES * (1 - lay.offload_optimizer) * local
-    return on_gpu, MASTER_BYTES * lay.offload_optimizer * local
+    on_gpu = 0.0 if fp32_gradients(job.training) else FP32_BYTES * (1 - lay.offload_optimizer) * local
+    return on_gpu, FP32_BYTES * lay.offload_optimizer * local
 
 
 def reduce_bucket_bytes(job: Job) -> float:

@@ -180,8 +180,9 @@ def gathered_weight_bytes(training: TrainingSpec) -> float:
     return working_bytes(training).weights
 
 
-# The fp32 master weight a separate copy kernel reads again to write the 16-bit weights.
-MASTER_BYTES = 4.0
+# An fp32 element; the fp32 master weight a separate copy kernel reads again to write the 16-bit weights.
+FP32_BYTES = 4.0
+MASTER_BYTES = FP32_BYTES
 
 
 def adam_step_bytes(per_param: StateBytes, master_weights: bool = False) -> float:

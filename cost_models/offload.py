@@ -20,7 +20,7 @@ of its rate, beside compute as :func:`collectives.exposed` allows; the CPU step 
 from __future__ import annotations
 
 from .collectives import exposed
-from .model_states import MASTER_BYTES, adam_step_bytes, fp32_gradients, state_bytes, weights_are_master, zero_shards
+from .model_states import FP32_BYTES, MASTER_BYTES, adam_step_bytes, fp32_gradients, state_bytes, weights_are_master, zero_shards
 from .job import Job
 
 
@@ -48,7 +48,7 @@ def accumulates_on_host(job: Job) -> bool:
 
 def _accumulation_bytes(job: Job) -> float:
     """Bytes of a gradient as the engine accumulates it: 4 with fp32 gradients, else 2."""
-    return 4.0 if fp32_gradients(job.training) else 2.0
+    return FP32_BYTES if fp32_gradients(job.training) else 2.0
 
 
 def host_gradient_bytes(job: Job) -> float:
@@ -60,8 +60,8 @@ def host_gradient_bytes(job: Job) -> float:
     ``accumulated_grads_in_cpu``); at ZeRO-3 always, in the accumulation dtype
     (``grad_partitions_flat_buffer``)."""
     if job.layout.zero_stage == 3:
-        return 4 + _accumulation_bytes(job)
-    return 4 + 2 * (job.num_microbatches > 1)
+        return FP32_BYTES + _accumulation_bytes(job)
+    return FP32_BYTES + 2 * (job.num_microbatches > 1)
 
 
 def gradient_copies(job: Job) -> list[tuple[float, int]]:
@@ -84,12 +84,12 @@ def gradient_copies(job: Job) -> list[tuple[float, int]]:
         return [(state_bytes(job.training, lay.zero_stage, zero_shards(job)).gradients, 1)]
     ga, g = job.num_microbatches, _accumulation_bytes(job)
     if job.layout.zero_stage == 3:
-        return [(2 * g, ga - 1), (2 * g + 4, 1)]
+        return [(2 * g, ga - 1), (2 * g + FP32_BYTES, 1)]
     if ga == 1:
-        return [(4.0, 1)]
+        return [(FP32_BYTES, 1)]
     if job.layout.zero_stage == 1:
-        return [(2 * g + 4, 1)]
-    return [(g, 1), (2 * g, ga - 2), (2 * g + 4, 1)]
+        return [(2 * g + FP32_BYTES, 1)]
+    return [(g, 1), (2 * g, ga - 2), (2 * g + FP32_BYTES, 1)]
 
 
 def offloaded_activation_layers(job: Job, stage: int) -> float:
@@ -147,7 +147,7 @@ def _optimizer_offload_parts(job: Job, local_params: float) -> tuple[float, floa
         # scales the fp32 gradients in a pass of its own (the config's gradient_clipping: read and write),
         # and copies the master into the 16-bit weights after it (read): the fused step that wrote them
         # in Adam's loop is commented out (stage_1_and_2.py, _optimizer_step).
-        step_bytes = MASTER_BYTES + 2 * per_param.optimizer + 2 * MASTER_BYTES + MASTER_BYTES
+        step_bytes = FP32_BYTES + 2 * per_param.optimizer + 2 * FP32_BYTES + MASTER_BYTES
     cpu_step = local * step_bytes / (host.memory_bandwidth * perf.host_memory_efficiency)
     # The updated 16-bit weights go back to the GPU, unless they live on the host (parameter offload,
     # whose gathers copy them in: param_offload_time).

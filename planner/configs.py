@@ -23,7 +23,7 @@ from .engines import ENGINES
 from .engines import READING as READERS
 from .errors import CaseError, cli_flag
 from .fields import read_bool, read_int, read_path, read_str
-from .case import spec_errors
+from .case import Case, spec_errors
 from .estimate import Estimate, estimate_job
 from .search_options import retarget
 
@@ -163,20 +163,15 @@ def checked_options(pp: Any = None, tp: Any = None, micro_batch_size: Any = None
             "stage_layers": stage_layers}
 
 
-def read_layout(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] = None, tp: Optional[int] = None,
+def read_layout(loaded: Case, engine: str, path: Path, pp: Optional[int] = None, tp: Optional[int] = None,
                 micro_batch_size: Optional[int] = None, recompute: Optional[str] = None, ep: Optional[int] = None,
                 stage_layers: Optional[tuple[int, ...]] = None,
                 argument: Callable[[str], tuple[str, str]] = cli_flag) -> Layout:
-    """:func:`read_config`, an option the config contradicts named as ``argument`` names it (the
-    API's argument, or the CLI's flag)."""
-    from .case import Case, load_case
-
-    if engine not in READERS:
-        raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
-    path = read_path("read_config", "path", path)
-    # Read as the config's engine runs it, whatever engine the case names, as `diagnose` reads it: its
-    # own split of the pipeline stages, say (not the generic engine's, balanced by compute).
-    loaded = case if isinstance(case, Case) else load_case(case, engine=engine)
+    """The layout ``engine``'s reader reads at ``path`` on ``loaded`` (a case read as that engine runs
+    it: its own split of the pipeline stages, say, not the generic engine's), with the options
+    (:func:`checked_options`) its reader takes; an option the config contradicts named as
+    ``argument`` names it (the API's argument, or the CLI's flag). :func:`diagnose.read_job`'s
+    first step."""
     given = {k: v for k, v in {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size,
                                 "recompute": recompute, "ep": ep, "stage_layers": stage_layers}.items()
              if v is not None}
