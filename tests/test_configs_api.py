@@ -182,8 +182,8 @@ def test_read_config_refuses_what_diagnose_refuses(tmp_path, zero, options, matc
     case = tmp_path / "case.yaml"
     import yaml
     case.write_text(yaml.safe_dump(CASE))
-    flags = [f"--{k}" for k in options] + [str(v) for v in options.values()]
-    result = CliRunner().invoke(app, ["diagnose", str(case), "--config", str(path), *flags[:1], *flags[1:]])
+    flags = [word for key, value in options.items() for word in (f"--{key}", str(value))]
+    result = CliRunner().invoke(app, ["diagnose", str(case), "--config", str(path), *flags])
     assert result.exit_code == 2
 
 
