@@ -45,10 +45,10 @@ class EngineBehaviour:
     # tied, all three in one unit), and DeepSpeed gathers the embedding module on its own.
     zero3_root_unit: bool = True
     # Gathered ZeRO-3 weights resident at once. None: whole units, the one running and the one
-    # prefetched (FSDP). DeepSpeed gathers each submodule on its own, prefetching up to
-    # ``stage3_prefetch_bucket_size`` parameters ahead (given here in units of h²) and keeping at
-    # most ``stage3_max_live_parameters`` gathered, a larger submodule alone excepted
-    # (``zero/partitioned_param_coordinator.py``): ``memory.zero3_gather_bytes``.
+    # prefetched (FSDP). DeepSpeed gathers each submodule on its own, prefetching while fewer than
+    # ``stage3_max_live_parameters`` are gathered and fetching a module's own whatever is live
+    # (``zero/partitioned_param_coordinator.py``): the cap overshot by the largest module
+    # (``memory.zero3_gather_bytes``); its prefetch bucket (in units of h²) is what the emitter writes.
     zero3_max_live_parameters: Optional[float] = None
     zero3_prefetch_bucket_h2: float = 0.0
     # Interleaved pipelines post the next chunk's send/receive before computing the current
