@@ -225,7 +225,8 @@ def zero3_gather_bytes(job: Job) -> float:
     model, lay = job.model, job.layout
     engine = job.training.engine
     if engine.zero3_max_live_parameters is not None:
-        largest = max(max(g.n * g.k for g in layer_gemms(model, 1, lay.tp)), model.vocab_size * model.hidden_size / lay.tp)
+        largest = max(max(g.n * g.k for g in layer_gemms(model, 1, lay.tp)),
+                      model.vocab_size * model.hidden_size / lay.tp)
         live = min(engine.zero3_max_live_parameters + largest, total_parameters(model) / lay.tp)
         return live * gathered_weight_bytes(job.training)
     per_layer = (attention_parameters(model) + mlp_parameters(model)) / lay.tp
@@ -416,9 +417,10 @@ def host_bytes(job: Job) -> float:
         chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
         activations = chunks * offloaded_activation_layers(job, stage) * shared.kept
         states, gpu = stage_state_bytes(job, stage), on_gpu_shares(job)
-        gradients = states.gradients * (1 - gpu.gradients) + offload_gradient_copies(job, stage)[1]
         if accumulates_on_host(job):  # the engine's own gradient buffers on the host, not a shard's
             gradients = optimizer_local_parameters(job, stage) * lay.offload_optimizer * host_gradient_bytes(job)
+        else:
+            gradients = states.gradients * (1 - gpu.gradients) + offload_gradient_copies(job, stage)[1]
         on_host = states.weights * (1 - gpu.weights) + gradients + states.optimizer * (1 - gpu.optimizer)
         most = max(most, on_host + activations)
     return most

@@ -20,7 +20,8 @@ of its rate, beside compute as :func:`collectives.exposed` allows; the CPU step 
 from __future__ import annotations
 
 from .collectives import exposed
-from .model_states import FP32_BYTES, MASTER_BYTES, adam_step_bytes, fp32_gradients, state_bytes, weights_are_master, zero_shards
+from .model_states import (FP32_BYTES, MASTER_BYTES, adam_step_bytes, fp32_gradients, state_bytes, weights_are_master,
+                           zero_shards)
 from .job import Job
 
 

@@ -21,7 +21,7 @@ from cost_models.specs import Layout
 from .emit import ENGINES as EMITTERS
 from .engines import ENGINES
 from .engines import READING as READERS
-from .errors import CaseError, cli_flag
+from .errors import CaseError, api_argument, cli_flag
 from .fields import read_bool, read_int, read_path, read_str
 from .case import Case, spec_errors
 from .estimate import Estimate, estimate_job
@@ -142,7 +142,7 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
     # As `diagnose` reads it, every refusal of it included (its misspelled keys, values DeepSpeed refuses,
     # a layout the case's model cannot run): a config the CLI refused was read here.
     return read_job(case, engine, path, pp, tp, micro_batch_size, recompute, ep, stage_layers,
-                    argument=lambda option: ("read_config", option)).layout
+                    argument=api_argument("read_config")).layout
 
 
 def checked_options(pp: Any = None, tp: Any = None, micro_batch_size: Any = None, recompute: Any = None,

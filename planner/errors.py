@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 from .limits import MAX_MESSAGE_PART
 
@@ -45,6 +45,12 @@ Argument = Callable[[str], tuple[str, str]]
 def cli_flag(option: str) -> tuple[str, str]:
     """The CLI's name of an option in an error: its flag (``--stage-layers``), no key."""
     return f"--{option.replace('_', '-')}", ""
+
+
+def api_argument(call: str, spelled: Optional[dict[str, str]] = None) -> Argument:
+    """The Python API's name of an option in an error: (the call, its argument), the argument
+    spelled as the call spells it where ``spelled`` says (``from_logs`` → ``logs``)."""
+    return lambda option: (call, (spelled or {}).get(option, option))
 
 
 def named(argument: Argument, option: str) -> str:

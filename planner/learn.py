@@ -46,7 +46,7 @@ import yaml
 from cost_models.specs import FabricSpec, Overheads, Performance
 
 from .case import load_case
-from .errors import Argument, CaseError, cli_flag, named
+from .errors import Argument, CaseError, api_argument, cli_flag, named
 from .fields import read_path, read_str
 from .estimate import estimate
 from .fitted import coverage as jobs_coverage
@@ -569,9 +569,7 @@ def calibrate_from_runs(runs: Any, gpu_preset: Optional[str] = None) -> tuple[di
     ``runs``: published-runs files (paths), rows in that schema (dicts) or :class:`Run` objects,
     or a list mixing them; ``gpu_preset``: the GPU preset whose figures are the priors (default:
     the runs' own)."""
-    def argument(option: str) -> tuple[str, str]:
-        return "calibrate_from_runs", option
-
+    argument = api_argument("calibrate_from_runs")
     if gpu_preset is not None:
         read_str("calibrate_from_runs", "gpu_preset", gpu_preset)
     items = list(runs) if isinstance(runs, (list, tuple)) else [runs]
@@ -603,9 +601,7 @@ def calibrate_from_logs(logs: Any, cases: Any, gpu_preset: Optional[str] = None)
     every log, or one per log in order; ``gpu_preset`` as :func:`calibrate_from_runs` takes it."""
     from .team_runs import runs_from_logs
 
-    def argument(option: str) -> tuple[str, str]:
-        return "calibrate_from_logs", {"from_logs": "logs", "case": "cases"}.get(option, option)
-
+    argument = api_argument("calibrate_from_logs", {"from_logs": "logs", "case": "cases"})
     if gpu_preset is not None:
         read_str("calibrate_from_logs", "gpu_preset", gpu_preset)
     logs = list(logs) if isinstance(logs, (list, tuple)) else [logs]

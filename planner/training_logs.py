@@ -261,8 +261,8 @@ def read_log(path: Path) -> LogReading:
     titan = TITAN_STEP.points(text, src)
     deepspeed = DS_THROUGHPUT.points(text, src)
     pipe = DS_PIPE_STEP.points(text, src)
-    timers = [(m, _timer_total(m)) for m in DS_TIMERS.finditer(text)]
-    timers = [(i + 1, total, m.start()) for i, (m, total) in enumerate((m, t) for m, t in timers if t is not None)]
+    timers = [(m, total) for m in DS_TIMERS.finditer(text) if (total := _timer_total(m)) is not None]
+    timers = [(i + 1, total, m.start()) for i, (m, total) in enumerate(timers)]
     for _, total, at in timers:
         if not math.isfinite(total) or total <= 0:
             raise CaseError(src, f"line {text.count(chr(10), 0, at) + 1}",

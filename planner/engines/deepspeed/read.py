@@ -219,8 +219,7 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
                                                          bf16.get("immediate_grad_update", False)):
         # BF16_Optimizer (runtime/bf16_optimizer.py) keeps each bf16 gradient until the step unless it
         # folds it into the fp32 buffer from autograd's hook and frees it (accumulate_hp_grads_and_remove_lp).
-        params = job_stage_parameters(job, 0).total if lay.pp == 1 else \
-            max(job_stage_parameters(job, s).total for s in range(lay.pp))
+        params = max(job_stage_parameters(job, s).total for s in range(lay.pp))
         said = "false" if "immediate_grad_update" in bf16 else "absent (DeepSpeed's default: false)"
         notes.append(f"bf16.immediate_grad_update {said}: the BF16_Optimizer keeps every parameter's bf16 gradient "
                      f"beside its fp32 one until the step, {2 * params / 1e9:.1f} GB a GPU more than priced (the "
