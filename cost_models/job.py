@@ -17,6 +17,16 @@ from .spec_checks import SpecError
 from .training_spec import Overheads, TrainingSpec
 
 
+def dispatch_refusal(training: TrainingSpec, model: ModelSpec, gpu: GPUSpec) -> Optional[str]:
+    """Why the expert dispatch cannot run for this model on this GPU, whatever the layout; None if it can."""
+    if training.expert_dispatch == "deepep" and model.moe_capacity_factor is not None:
+        return ("deepep pads no expert to a capacity (megatron-core's flex dispatcher refuses "
+                "moe_pad_expert_input_to_capacity): drop model.moe_capacity_factor or dispatch all_to_all")
+    if training.expert_dispatch == "deepep" and gpu.deepep_refusal:
+        return f"{gpu.deepep_refusal}: dispatch all_to_all"
+    return None
+
+
 @dataclass(frozen=True)
 class Job:
     """Everything the cost models need: what is trained, on what, and how it is laid out.
@@ -53,12 +63,9 @@ class Job:
             raise SpecError(s, "tp", f"must divide moe_shared_expert_ffn_hidden_size "
                                      f"{m.moe_shared_expert_ffn_hidden_size}, got {lay.tp}")
         self._check_experts()
-        if t.expert_dispatch == "deepep" and m.moe_capacity_factor is not None:
-            raise SpecError(TrainingSpec, "expert_dispatch",
-                            "deepep pads no expert to a capacity (megatron-core's flex dispatcher refuses "
-                            "moe_pad_expert_input_to_capacity): drop model.moe_capacity_factor or dispatch all_to_all")
-        if t.expert_dispatch == "deepep" and self.cluster.gpu.deepep_refusal:
-            raise SpecError(TrainingSpec, "expert_dispatch", f"{self.cluster.gpu.deepep_refusal}: dispatch all_to_all")
+        refusal = dispatch_refusal(t, m, self.cluster.gpu)
+        if refusal:
+            raise SpecError(TrainingSpec, "expert_dispatch", refusal)
         if lay.cp > 1 and t.seq_len % (2 * lay.cp):
             raise SpecError(s, "cp", f"seq_len {t.seq_len} must divide by 2·cp = {2 * lay.cp}")
         if lay.sequence_parallel and t.seq_len % (lay.tp * lay.cp):

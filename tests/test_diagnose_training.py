@@ -94,8 +94,73 @@ def test_tp_overlap_and_the_dispatcher_are_read(tmp_path):
     for extra, dispatch in (("", "all_to_all"), ("--moe-token-dispatcher-type alltoall\n", "all_to_all"),
                             ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep\n", "deepep"),
                             ("--moe-token-dispatcher-type flex --moe-enable-deepep\n", "deepep")):
-        (tmp_path / "moe.txt").write_text(ARGS + extra)
+        (tmp_path / "moe.txt").write_text(ARGS + "--expert-model-parallel-size 8\n" + extra)
         assert read_training(tmp_path / "moe.txt", moe)["expert_dispatch"] == dispatch
+
+
+@pytest.mark.parametrize("extra, flag, needle", [
+    # TransformerConfig.__post_init__: "DeepEP backend is only supported with flex token dispatcher."
+    ("--expert-model-parallel-size 8 --moe-token-dispatcher-type alltoall --moe-enable-deepep",
+     "--moe-enable-deepep", "needs --moe-token-dispatcher-type flex"),
+    # MoEFlexTokenDispatcher: "Flex token dispatcher requires TPxEP > 1".
+    ("--moe-token-dispatcher-type flex", "--moe-token-dispatcher-type", "tp·ep > 1"),
+])
+def test_expert_dispatch_megatron_core_refuses_is_refused_naming_the_flag(tmp_path, extra, flag, needle):
+    from planner.engines.megatron.read import read_training
+    from planner.case import load_case
+
+    moe = load_case({"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+                     "training": {"global_batch_size": 256, "seq_len": 4096}})
+    (tmp_path / "moe.txt").write_text(ARGS + extra + "\n")
+    with pytest.raises(CaseError, match=needle) as error:
+        read_training(tmp_path / "moe.txt", moe)
+    assert error.value.key == flag
+
+
+def test_experts_run_otherwise_than_priced_are_said_and_the_plans_own_files_say_nothing(tmp_path):
+    """Without --moe-grouped-gemm megatron-core runs SequentialMLP (one GEMM per local expert), its default
+    allgather dispatcher gathers every token over tp·ep, and a capacity factor without padding drops
+    tokens and pads nothing: each was priced as the plan's files run it, with nothing said."""
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096}}
+    best = planner.plan(case, engine="megatron", top_k=0).best
+    written = planner.emit(best, "megatron", tmp_path / "out")
+    args = next(p for p in written.paths if p.name == "megatron_args.txt")
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    own = diagnose(tmp_path / "case.yaml", megatron_args=args)
+    assert not [n for n in own.notes if "moe" in n.lower() or "dispatcher" in n]
+    text = args.read_text()
+    assert "--moe-grouped-gemm" in text and "--moe-token-dispatcher-type" in text
+    bare = tmp_path / "bare.txt"
+    bare.write_text(text.replace("--moe-grouped-gemm", "").replace("--moe-token-dispatcher-type alltoall", ""))
+    notes = diagnose(tmp_path / "case.yaml", megatron_args=bare).notes
+    assert any("leaves out --moe-grouped-gemm" in n and "SequentialMLP" in n for n in notes)
+    assert any("allgather token dispatcher" in n for n in notes)
+    assert not [n for n in notes if "load balancing" in n]
+    # The emitted router trains balanced (--moe-aux-loss-coeff 1e-2); without a coefficient it does not.
+    assert "--moe-aux-loss-coeff 1e-2" in text
+    unbalanced = tmp_path / "unbalanced.txt"
+    unbalanced.write_text(text.replace("--moe-aux-loss-coeff 1e-2", ""))
+    notes = diagnose(tmp_path / "case.yaml", megatron_args=unbalanced).notes
+    assert any("without load balancing" in n and "absent: 0.0" in n for n in notes)
+    capped = {**case, "model": {**case["model"], "moe_capacity_factor": 1.25}}
+    (tmp_path / "capped.yaml").write_text(yaml.safe_dump(capped))
+    padded = planner.emit(planner.plan(capped, engine="megatron", top_k=0).best, "megatron", tmp_path / "capped")
+    capped_args = next(p for p in padded.paths if p.name == "megatron_args.txt")
+    assert not [n for n in diagnose(tmp_path / "capped.yaml", megatron_args=capped_args).notes if "capacity" in n]
+    capped_args.write_text(capped_args.read_text().replace("--moe-pad-expert-input-to-capacity", ""))
+    notes = diagnose(tmp_path / "capped.yaml", megatron_args=capped_args).notes
+    assert any("without --moe-pad-expert-input-to-capacity" in n for n in notes)
+
+
+def test_deepep_with_a_capacity_factor_is_refused_before_the_search():
+    """plan said no layout fits (memory, the search's words) where estimate named the dispatch."""
+    case = {"model": {"preset": "mixtral-8x7b", "moe_capacity_factor": 1.25},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "expert_dispatch": "deepep"}}
+    with pytest.raises(CaseError, match="deepep pads no expert to a capacity") as error:
+        planner.plan(case, engine="megatron")
+    assert error.value.key == "training.expert_dispatch"
 
 
 def test_unfused_attention_is_written_and_read_as_megatron_runs_it(tmp_path):

@@ -259,6 +259,10 @@ def transformer_config(args: dict) -> TransformerConfig:
             moe_router_pre_softmax="--moe-router-pre-softmax" in args,
             moe_router_num_groups=integer("--moe-router-num-groups"),
             moe_router_group_topk=integer("--moe-router-group-topk"),
+            moe_router_load_balancing_type=args.get("--moe-router-load-balancing-type", "aux_loss"),
+            moe_aux_loss_coeff=float(args.get("--moe-aux-loss-coeff", 0.0)),
+            moe_router_enable_expert_bias="--moe-router-enable-expert-bias" in args,
+            moe_router_bias_update_rate=float(args.get("--moe-router-bias-update-rate", 1e-3)),
             expert_model_parallel_size=integer("--expert-model-parallel-size", 1),
             expert_tensor_parallel_size=integer("--expert-tensor-parallel-size"),
             moe_grouped_gemm="--moe-grouped-gemm" in args,
@@ -386,6 +390,10 @@ def test_transformer_config_takes_the_experts_and_their_grid(emitted):
         assert config.expert_model_parallel_size == lay.ep, e
         assert config.expert_tensor_parallel_size == lay.expert_tp, e
         assert config.moe_grouped_gemm, e
+        # The router trains balanced: megatron-core adds its auxiliary loss only with a coefficient above 0
+        # (router.py), and a sigmoid router (DeepSeek-V3's) balances by its expert bias too.
+        assert config.moe_aux_loss_coeff > 0 and config.moe_router_load_balancing_type != "none", e
+        assert config.moe_router_enable_expert_bias == (model.moe_router == "sigmoid"), e
         assert config.multi_latent_attention == (model.attention_type == "mla"), e
         assert config.overlap_moe_expert_parallel_comm == e.job.training.moe_comm_overlap, e
         # The dispatcher the estimate timed (training.expert_dispatch, else Megatron's flex dispatcher),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from cost_models.behaviour import EngineBehaviour
+from cost_models.job import dispatch_refusal
 from cost_models.quantization import FP8_RECIPES
 from cost_models.specs import EXPERT_DISPATCHES, GPUSpec, Job, ModelSpec, TrainingSpec
 
@@ -290,8 +291,10 @@ class Engine:
     def training_problems(self, training: TrainingSpec, gpu: GPUSpec,
                           model: Optional[ModelSpec] = None) -> list[tuple[str, str]]:
         """(key, reason) for what in the training section (and ``model``) no layout on ``gpu`` can meet."""
+        dispatch = dispatch_refusal(training, model, gpu) if model is not None else None
         return self.support.recipe_refusals(training) + list(self.training_rules(training, gpu)) \
-            + (list(self.model_rules(model)) + list(self.case_rules(training, model)) if model is not None else [])
+            + (list(self.model_rules(model)) + list(self.case_rules(training, model)) if model is not None else []) \
+            + ([("training.expert_dispatch", dispatch)] if dispatch else [])
 
     def refuse_unrunnable(self, job: Job) -> None:
         """Raise the CaseError an emitter answers with for the first thing in ``job`` this engine

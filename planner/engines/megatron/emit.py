@@ -60,7 +60,8 @@ INT_FLAGS = (
     "--nnodes", "--nproc-per-node",
 )
 # Flags of several values (argparse nargs="*"): the reader keeps all the words up to the next flag.
-LIST_FLAGS = ("--recompute-modules", "--rampup-batch-size", "--step-batch-size-schedule")
+LIST_FLAGS = ("--recompute-modules", "--rampup-batch-size", "--step-batch-size-schedule",
+              "--moe-router-load-balancing-type", "--moe-aux-loss-coeff")
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
              "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
@@ -69,7 +70,7 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--normalization", "--position-embedding-type", "--window-size", "--optimizer",
              "--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
              "--window-attn-skip-freq", "--moe-layer-freq", "--tokenizer-type", "--attention-backend",
-             "--cp-comm-type", "--no-rope-freq")
+             "--cp-comm-type", "--no-rope-freq", "--moe-router-bias-update-rate")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--quick-geglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
@@ -79,7 +80,8 @@ BOOL_FLAGS = (
     "--reuse-grad-buf-for-mxfp8-param-ag", "--first-last-layers-bf16",
     "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--tp-comm-overlap",
     "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep", "--overlap-grad-reduce", "--overlap-param-gather",
-    "--qk-layernorm", "--multi-latent-attention", "--moe-layer-recompute",
+    "--qk-layernorm", "--multi-latent-attention", "--moe-layer-recompute", "--moe-grouped-gemm",
+    "--moe-pad-expert-input-to-capacity", "--moe-router-enable-expert-bias", "--moe-router-force-load-balancing",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
@@ -397,6 +399,15 @@ def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     if pattern != "1":
         args.append(("--moe-layer-freq", pattern))
     args += [("--moe-router-score-function", m.moe_router), ("--moe-router-dtype", "fp32")]
+    # Load balancing, which megatron-core runs only with a coefficient above 0 (arguments.py: default 0.0;
+    # router.py): a softmax router's auxiliary loss at the 1e-2 arguments.py recommends and Megatron-LM's
+    # Mixtral example runs; a sigmoid router as DeepSeek-V3 trains it, auxiliary-loss-free through a
+    # per-expert bias updated at 1e-3 with a sequence-wise loss of 1e-4 (arXiv:2412.19437, §2.1.2, §4.2).
+    if m.moe_router == "sigmoid":
+        args += [("--moe-router-load-balancing-type", "seq_aux_loss"), ("--moe-aux-loss-coeff", "1e-4"),
+                 ("--moe-router-enable-expert-bias", None), ("--moe-router-bias-update-rate", "1e-3")]
+    else:
+        args += [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", "1e-2")]
     if m.moe_router_num_groups > 1:
         args += [("--moe-router-num-groups", str(m.moe_router_num_groups)),
                  ("--moe-router-group-topk", str(m.moe_router_group_topk))]

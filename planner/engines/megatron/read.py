@@ -446,6 +446,50 @@ def _check_capacity_and_dropout(args: _Args, model) -> None:
             raise CaseError(args.src, flag, f"{value:g} differs from the case's {model.dropout:g} (model.dropout)")
 
 
+def _positive(word: str) -> bool:
+    try:
+        return float(word) > 0
+    except ValueError:
+        return False
+
+
+def _expert_notes(name: str, flags: dict, model) -> list[str]:
+    """How a list runs the experts otherwise than the estimate prices them (megatron-core 0.16.1), one
+    line each: one GEMM per local expert without --moe-grouped-gemm (``SequentialMLP``, moe/experts.py,
+    where TEGroupedMLP is priced); the default ``allgather`` dispatcher, which gathers every token over
+    the tp·ep ranks and reduce-scatters them back (token_dispatcher.py ``MoEAllGatherTokenDispatcher``),
+    priced as the all-to-all; a router trained without load balancing (router.py adds the auxiliary
+    loss only with --moe-aux-loss-coeff above 0); a capacity factor without
+    --moe-pad-expert-input-to-capacity, which drops the tokens over capacity but pads no expert (priced
+    padded)."""
+    notes = []
+    if "--moe-grouped-gemm" not in flags:
+        notes.append(f"{name} leaves out --moe-grouped-gemm: megatron-core runs one GEMM per local expert in turn "
+                     "(SequentialMLP), priced as grouped GEMMs, so the run may step slower")
+    dispatcher = flags.get("--moe-token-dispatcher-type") or "allgather"
+    degrees = [flags.get(flag) or "1" for flag in ("--tensor-model-parallel-size", "--expert-model-parallel-size")]
+    if dispatcher == "allgather" and not (all(d.isdigit() for d in degrees) and int(degrees[0]) * int(degrees[1]) == 1):
+        said = "gives" if "--moe-token-dispatcher-type" in flags else "leaves to its default"
+        notes.append(f"{name} {said} the allgather token dispatcher: megatron-core gathers every token over the "
+                     "tp·ep ranks and reduce-scatters them back, priced as the all-to-all (which sends each token to "
+                     "its experts alone), so the run may move more and step slower; --moe-token-dispatcher-type "
+                     "alltoall runs what is priced")
+    coefficients = (flags.get("--moe-aux-loss-coeff") or "0").split()
+    balancing = (flags.get("--moe-router-load-balancing-type") or "aux_loss").split()
+    balanced = "--moe-router-enable-expert-bias" in flags or "sinkhorn" in balancing or (
+        any(_positive(c) for c in coefficients) and set(balancing) != {"none"})
+    if not balanced and "--moe-router-force-load-balancing" not in flags:
+        # router.py adds the auxiliary loss only with a coefficient above 0 (arguments.py: default 0.0)
+        notes.append(f"{name} trains the router without load balancing (--moe-aux-loss-coeff "
+                     f"{flags.get('--moe-aux-loss-coeff') or 'absent: 0.0'}, no expert bias): the experts may "
+                     f"take tokens far from evenly; priced at model.moe_load_imbalance {model.moe_load_imbalance:g}")
+    if model.moe_capacity_factor is not None and "--moe-pad-expert-input-to-capacity" not in flags:
+        notes.append(f"{name} gives --moe-expert-capacity-factor without --moe-pad-expert-input-to-capacity: "
+                     "megatron-core drops the tokens over capacity and pads no expert, priced padded to capacity "
+                     "(model.moe_capacity_factor), so the run may compute less than priced")
+    return notes
+
+
 def architecture_notes(path: Path, case) -> list[str]:
     """What an argument list leaves out where megatron/training/arguments.py's default trains
     otherwise than the case: fp32 without --bf16 or --fp16; and where it builds the model (it gives
@@ -494,6 +538,8 @@ def architecture_notes(path: Path, case) -> list[str]:
             notes.append(f"{path.name} leaves out --megatron-fsdp-main-grads-dtype: gradients read in fp32, as "
                          "megatron-core 0.16 keeps a --bf16 run's; from core 0.17 Megatron-FSDP keeps them in the "
                          "model's dtype (auto: bf16 here): give it to diagnose the run as your release runs it")
+    if model.is_moe:
+        notes += _expert_notes(path.name, flags, model)
     if "--num-layers" not in flags:
         return notes
 
@@ -806,6 +852,15 @@ def _training(flags: dict, case, src: str) -> dict:
             raise CaseError(src, "--overlap-moe-expert-parallel-comm",
                             f"needs --moe-token-dispatcher-type alltoall or flex, got {dispatcher} "
                             "(megatron-core refuses it)")
+        if "--moe-enable-deepep" in flags and dispatcher != "flex":
+            # TransformerConfig.__post_init__: "DeepEP backend is only supported with flex token dispatcher."
+            raise CaseError(src, "--moe-enable-deepep", f"needs --moe-token-dispatcher-type flex, got {dispatcher} "
+                                                        "(megatron-core refuses it)")
+        degrees = [flags.get(flag) or "1" for flag in ("--tensor-model-parallel-size", "--expert-model-parallel-size")]
+        if dispatcher == "flex" and all(d.isdigit() for d in degrees) and int(degrees[0]) * int(degrees[1]) == 1:
+            # MoEFlexTokenDispatcher.__init__ (token_dispatcher.py): "Flex token dispatcher requires TPxEP > 1".
+            raise CaseError(src, "--moe-token-dispatcher-type", "flex needs tensor or expert parallelism (tp·ep > 1; "
+                                                                "megatron-core's flex dispatcher refuses one rank)")
         # megatron-core's flex dispatcher runs DeepEP unless told otherwise (TransformerConfig
         # moe_flex_dispatcher_backend = "deepep"); --moe-enable-deepep says the same.
         backend = (flags.get("--moe-flex-dispatcher-backend") or "deepep").lower()
