@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from .experts import moe_act_output_bytes, moe_mlp_activation_bytes, shared_expert_activation_bytes
+from .model_states import FP32_BYTES
 from .quantization import activation_bytes, saved_input_bytes
 from .layout_spec import Layout
 from .model_spec import ModelSpec
@@ -265,21 +266,48 @@ def saved_logit_bytes(training: TrainingSpec) -> float:
     return activation_bytes(training.precision) if training.loss_compiled else 4.0
 
 
-def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
-    """Last stage, while the loss runs backward: the logits' gradients that exist beside what
-    the loss saved (:func:`saved_logit_bytes`), per logit:
+def loss_chunks(model: ModelSpec, training: TrainingSpec) -> int:
+    """The sequence chunks the LM head and the loss run in, one after another (torchtitan's
+    ``ChunkedLossWrapper``: ``TrainingSpec.loss_chunk_count``); 1 where the model has multi-token
+    prediction layers, whose loss torchtitan 0.3.0 runs on whole logits (``MTPLoss``,
+    models/deepseek_v3/mtp.py: "TODO: Add ChunkedLoss support")."""
+    return 1 if model.mtp_layers else training.loss_chunk_count
 
-    - eager PyTorch allocates the fp32 gradient of the log-softmax and then its bf16 cast for
-      the LM head's backward: 4 + 2 bytes (``EngineBehaviour.loss_gradient_bytes``);
-    - Megatron's ``vocab_parallel_cross_entropy`` writes the gradient into the saved softmax in
-      place and hands back one bf16 copy: 2 bytes;
-    - a compiled loss writes the gradient once, at the logits' width.
-    Not saved for backward, so not in :func:`head_activation_bytes`; it is part of the stage's peak.
+
+def _per_logit_gradient_bytes(training: TrainingSpec) -> float:
+    """The logits' gradients beside what the loss saved, per logit: eager PyTorch's fp32
+    gradient of the log-softmax and its bf16 cast, 4 + 2 (``EngineBehaviour.loss_gradient_bytes``);
+    Megatron's in-place vocab-parallel cross-entropy, 2; a compiled loss, one write at the
+    logits' width."""
+    return activation_bytes(training.precision) if training.loss_compiled else training.engine.loss_gradient_bytes
+
+
+def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
+    """Last stage, while the loss runs backward: what exists beside what the head keeps
+    (:func:`head_activation_bytes`), not saved for backward but part of the stage's peak.
+
+    Whole logits: their gradients, :func:`_per_logit_gradient_bytes` a logit (eager PyTorch
+    allocates the fp32 gradient of the log-softmax and then its bf16 cast for the LM head's
+    backward; Megatron's ``vocab_parallel_cross_entropy`` writes it into the saved softmax in
+    place and hands back one bf16 copy; a compiled loss writes it once).
+
+    In chunks (torchtitan's ``ChunkedLossWrapper.__call__``, components/loss.py), during the
+    forward: one chunk's logits, as the loss saves them, and their gradient (s/N of them); and the
+    ``GradAccumulator`` the chunks' input gradients are written into, an fp32 buffer of the
+    hidden states' local shape (the whole local sequence: the final norm's output is replicated
+    over the TP ranks), whose cast to the activations' width the head keeps. The LM head's
+    fp32 gradient, which FSDP2 holds unsharded across the chunks, is a weight's
+    (``memory.chunked_loss_head_gradient_bytes``).
     """
-    per_logit = activation_bytes(training.precision) if training.loss_compiled \
-        else training.engine.loss_gradient_bytes
     s = training.seq_len / layout.cp
-    return per_logit * s * layout.micro_batch_size * model.vocab_size / layout.tp
+    b = layout.micro_batch_size
+    chunks = loss_chunks(model, training)
+    logits = s * b * model.vocab_size / layout.tp
+    if chunks == 1:
+        return _per_logit_gradient_bytes(training) * logits
+    p = activation_bytes(training.precision)
+    accumulator = FP32_BYTES * s * b * model.hidden_size if p != FP32_BYTES else 0.0  # .to(fp32) is no copy
+    return (saved_logit_bytes(training) + _per_logit_gradient_bytes(training)) * logits / chunks + accumulator
 
 
 def mtp_projection_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
@@ -295,15 +323,25 @@ def mtp_projection_activation_bytes(model: ModelSpec, training: TrainingSpec, la
 
 
 def head_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
-    """Last stage: final-norm input, LM-head input and the logits the loss keeps.
+    """Last stage, kept for the backward: the final norm's input and what follows it.
 
-    Korthikanti §4.3 and Megatron's ``vocab_parallel_cross_entropy``, which casts the
-    vocab-parallel logits to fp32 and keeps their softmax for backward: 4·s·b·V/t
-    (:func:`saved_logit_bytes`: less where the loss is compiled).
+    Whole logits: the LM head's input and the logits the loss keeps (Korthikanti §4.3 and
+    Megatron's ``vocab_parallel_cross_entropy``, which casts the vocab-parallel logits to fp32 and
+    keeps their softmax for backward: 4·s·b·V/t; :func:`saved_logit_bytes`: less where the loss
+    is compiled).
+
+    In chunks (:func:`loss_chunks`; torchtitan's ``ChunkedLossWrapper``), no logits outlive the
+    loss: the LM head and the loss run forward and backward chunk by chunk inside it. What it
+    leaves is the final norm's output, replicated over the TP ranks and held as the model's output
+    until the backward, and the gradient it hands the decoder, saved by
+    ``_DecoderOutputGradientBackProp``: p·s·b·h each, the whole local sequence.
     """
     p = activation_bytes(training.precision)
     s = training.seq_len / layout.cp
     b = layout.micro_batch_size
     sp = layout.tp if layout.sequence_parallel else 1
-    return (residual_bytes(training) + p) * s * b * model.hidden_size / sp \
+    norm_input = residual_bytes(training) * s * b * model.hidden_size / sp
+    if loss_chunks(model, training) > 1:
+        return norm_input + 2 * p * s * b * model.hidden_size
+    return norm_input + p * s * b * model.hidden_size / sp \
         + saved_logit_bytes(training) * s * b * model.vocab_size / layout.tp

@@ -170,6 +170,11 @@ class EngineBehaviour:
     # width and two fp32 numbers a row, and writes their gradient at that width in one kernel
     # (``activations.saved_logit_bytes``, ``loss_gradient_bytes``).
     compiled_loss: bool = False
+    # The sequence chunks the LM head and the loss run in, one after another, during the forward
+    # (``activations.chunked_loss``): torchtitan 0.3.0's ChunkedLossWrapper (components/loss.py;
+    # every LLM config_registry's loss, ``num_chunks`` 8), which never holds more than a chunk's
+    # logits. 1: the LM head runs on the whole sequence and the loss keeps its logits for backward.
+    loss_chunks: int = 1
     # What ``recompute: selective`` means (``activations.SELECTIVE_POLICIES``): Megatron's
     # core-attention recomputation, or PyTorch op-level selective checkpointing that keeps
     # attention and every other matmul (torchtitan's default selective mode).

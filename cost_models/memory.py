@@ -7,7 +7,7 @@ from functools import lru_cache
 from typing import Iterable, Optional
 
 from .activations import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
-                          layer_activations, loss_gradient_bytes, mtp_projection_activation_bytes)
+                          layer_activations, loss_chunks, loss_gradient_bytes, mtp_projection_activation_bytes)
 from .experts import alltoall_buffer_bytes
 from .flops import layer_gemms
 from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_gradients_into_fp32, fp32_gradients,
@@ -354,6 +354,10 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
             # moment the micro-batch just done has freed its activations).
             gradients = (params.dense + params.expert) * working_bytes(job.training).gradients
             other += (params.dense + params.expert) * gathered_weight_bytes(job.training) - zero3_gather_bytes(job)
+        if stage == lay.pp - 1:
+            # A transient of the loss's, on the GPU whatever the optimizer offloads (FSDP2 gathers and
+            # accumulates there; CPUOffloadPolicy copies the reduced shard out).
+            other += chunked_loss_head_gradient_bytes(job)
         out.append(StageMemory(
             stage=stage,
             parameters=states.weights * on_gpu_weights + quantized_weight_copy_bytes(job, stage),
@@ -376,6 +380,19 @@ def offload_gradient_copies(job: Job, stage: int) -> tuple[float, float]:
     local = optimizer_local_parameters(job, stage)
     on_gpu = 0.0 if fp32_gradients(job.training) else FP32_BYTES * (1 - lay.offload_optimizer) * local
     return on_gpu, FP32_BYTES * lay.offload_optimizer * local
+
+
+def chunked_loss_head_gradient_bytes(job: Job) -> float:
+    """The LM head's gradient, whole and in fp32, while a chunked loss runs (:func:`activations.loss_chunks`):
+    torchtitan's ``ChunkedLossWrapper`` turns the head's gradient sync off for every chunk but the last,
+    so FSDP2 keeps its unsharded gradient between them, upcast to the reduce dtype (torch
+    ``FSDPParam.to_accumulated_grad_if_needed``, ``accumulate_unsharded_grad_if_needed``; torchtitan
+    reduces in fp32): 4·V·h/tp on the last stage. Where the stage holds every gradient unsharded
+    anyway (:func:`accumulates_unsharded`), the head's is among them."""
+    model = job.model
+    if loss_chunks(model, job.training) == 1 or accumulates_unsharded(job):
+        return 0.0
+    return FP32_BYTES * model.vocab_size * model.hidden_size / job.layout.tp
 
 
 def reduce_bucket_bytes(job: Job) -> float:

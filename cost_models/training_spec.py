@@ -63,6 +63,9 @@ class TrainingSpec:
     # torch.compile(loss_fn)): inductor fuses its upcast, log-softmax and NLL
     # (``EngineBehaviour.compiled_loss``). None: the engine's default (``loss_compiled``).
     compiled_loss: Optional[bool] = None
+    # The sequence chunks the LM head and the loss run in (torchtitan's ChunkedLossWrapper
+    # ``num_chunks``; ``EngineBehaviour.loss_chunks``). None: the engine's (``loss_chunk_count``).
+    loss_chunks: Optional[int] = None
     # The vendor's fused attention kernel (cuDNN through Transformer Engine's DotProductAttention)
     # rather than a FlashAttention-2-class one, timed at ``Performance.attention_efficiency_fused``
     # (``EngineBehaviour.fused_attention``). None: the engine's default (``attention_fused``).
@@ -82,6 +85,11 @@ class TrainingSpec:
             if not isinstance(value, bool) and not (name in ("fp32_grads", "fp8_param_gather", "compiled_loss",
                                                              "fused_attention") and value is None):
                 raise SpecError(s, name, f"expected true or false, got {value!r}")
+        if self.loss_chunks is not None:
+            _positive_int(s, "loss_chunks", self.loss_chunks)
+            if self.loss_chunks > self.seq_len:
+                raise SpecError(s, "loss_chunks", f"splits the sequence: at most seq_len ({self.seq_len}), "
+                                                  f"not {self.loss_chunks}")
         if self.fused_attention and not self.flash_attention:
             # The fused kernels are flash-style: they never write the s×s scores, which
             # flash_attention false says the attention keeps.
@@ -118,6 +126,11 @@ class TrainingSpec:
     def loss_compiled(self) -> bool:
         """Whether the loss runs compiled: as the case says, else as the engine does."""
         return self.engine.compiled_loss if self.compiled_loss is None else self.compiled_loss
+
+    @property
+    def loss_chunk_count(self) -> int:
+        """The sequence chunks the LM head and the loss run in: as the case says, else as the engine does."""
+        return self.engine.loss_chunks if self.loss_chunks is None else self.loss_chunks
 
     @property
     def hierarchical_dispatch(self) -> bool:

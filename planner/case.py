@@ -64,7 +64,7 @@ OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidd
 
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
                  "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_recipe", "fp8_param_gather",
-                 "expert_dispatch", "master_weights", "compiled_loss", "fused_attention")
+                 "expert_dispatch", "master_weights", "compiled_loss", "fused_attention", "loss_chunks")
 
 
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
@@ -301,6 +301,8 @@ def _training(src: str, section: Any) -> TrainingSpec:
                             maximum=MAX_SEQ_LEN),
     }
     check_batch_tokens(src, values["global_batch_size"], values["seq_len"])
+    if "loss_chunks" in section:
+        values["loss_chunks"] = read_int(src, "training.loss_chunks", section["loss_chunks"], maximum=MAX_SEQ_LEN)
     for key in ("precision", "optimizer", "engine", "fp8_recipe", "expert_dispatch"):
         if key in section:
             values[key] = read_str(src, f"training.{key}", section[key])

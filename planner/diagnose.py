@@ -237,7 +237,7 @@ def _read_torchtitan(case: Any, path: Path, options: dict, argument: Argument) -
     loaded = replace(loaded, training=training, search=spec)
     job = _job(loaded, layout, path, engine, options, argument)
     return ConfigReading(engine, loaded, layout, job, (), tuple(reading_notes(path, loaded, job)),
-                         taken_from_job(as_given, settings))
+                         taken_from_job(as_given, settings, path))
 
 
 def _job(case: Case, layout: Layout, path: Path, engine: str, options: dict, argument: Argument) -> Job:

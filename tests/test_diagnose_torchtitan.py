@@ -41,7 +41,7 @@ def case_of(preset: str, gpus: int, batch: int, seq: int, **training) -> dict:
 # Dense Llama 3 on 1 to 256 H100s and a mixture of experts, pinned where the search would not pick
 # a pipeline, interleaving, context parallelism, replication or async TP by itself.
 ROUND_TRIPS = {
-    "8b_8_tp": (case_of("llama3-8b", 8, 64, 8192), {}),
+    "8b_4_tp": (case_of("llama3-8b", 4, 32, 8192), {}),
     "8b_1_offload": (case_of("llama3-8b", 1, 8, 4096), {}),
     "70b_64": (case_of("llama3-70b", 64, 256, 8192), {}),
     "70b_256_interleaved": (case_of("llama3-70b", 256, 512, 8192), {"pp": 4, "vpp": 2}),
@@ -90,7 +90,7 @@ def test_the_round_trips_cover_the_layouts_torchtitan_runs(tmp_path):
     lay = {label: job.layout for label, job in layouts.items()}
     assert lay["70b_256_interleaved"].vpp > 1 and lay["8b_32_1f1b"].pp == 4 and lay["8b_32_1f1b"].vpp == 1
     assert lay["8b_16_cp"].cp == 2 and lay["8b_16_replicated"].zero_stage == 0
-    assert lay["8b_1_offload"].offload_params and lay["8b_8_tp"].tp > 1
+    assert lay["8b_1_offload"].offload_params and lay["8b_4_tp"].tp > 1
     assert layouts["70b_128_async_tp"].training.tp_comm_overlap and lay["70b_128_async_tp"].tp == 4
     assert lay["qwen3_moe"].ep > 1
 
@@ -105,8 +105,48 @@ def test_a_launch_script_is_read_from_its_words_after_torchtitan_train(tmp_path)
     result = diagnose({**case, "search": pins}, torchtitan=script)
     assert layout_to_mapping(result.estimate.job.layout) == layout_to_mapping(best.job.layout)
     assert result.estimate.step_time_s == best.step_time_s
-    # The base config is not loaded: said, as what the overrides leave to it is read as the defaults.
-    assert any("base config --module llama3 --config llama3_70b" in note for note in result.notes)
+    # The base config is read from torchtitan's source, the overrides over it: said.
+    assert any("base config --module llama3 --config llama3_70b: read with the settings it sets" in note
+               for note in result.notes)
+
+
+def test_torchtitans_own_base_config_is_read_from_its_source(tmp_path):
+    """``--module llama3 --config llama3_70b`` with three overrides was read as torchtitan's bare defaults:
+    tp 1, selective checkpointing, one accumulation step, where torchtitan builds llama3_70b's tp 8 and
+    full checkpointing (models/llama3/config_registry.py: ParallelismConfig(tensor_parallel_degree=8),
+    FullAC.Config()) and accumulates global / (local · dp) = 32 / (1 · 4) = 8 steps."""
+    path = tmp_path / "overrides.txt"
+    path.write_text("--module llama3 --config llama3_70b --training.seq_len 8192 --training.global_batch_size 32 "
+                    "--training.local_batch_size 1\n")
+    lay = diagnose(case_of("llama3-70b", 32, 32, 8192), torchtitan=path).estimate.job.layout
+    assert (lay.dp, lay.tp, lay.recompute, lay.micro_batch_size) == (4, 8, "full", 1)
+    # DeepSeek-V3's 671B config: Interleaved1F1B, the loss compiled alone, CUDA graphs off (with pp).
+    path.write_text("--module deepseek_v3 --config deepseek_v3_671b --training.seq_len 4096 "
+                    "--training.local_batch_size 8 --training.global_batch_size 256 "
+                    "--parallelism.pipeline_parallel_degree 8 --parallelism.expert_parallel_degree 32\n")
+    case = case_of("deepseek-v3", 256, 256, 4096)
+    case["model"]["mtp_layers"] = 0
+    result = diagnose(case, torchtitan=path)
+    job = result.estimate.job
+    assert (job.layout.pp, job.layout.vpp, job.layout.ep, job.layout.recompute) == (8, 2, 32, "selective")
+    assert job.training.loss_compiled and job.training.loss_chunk_count == 8
+    # A config that edits another one, an unknown one, an unknown module: not read (the reader says so).
+    from planner.engines.torchtitan.base_config import read_base
+    assert read_base("llama3", "llama3_70b", tmp_path).values["parallelism.tensor_parallel_degree"] == 8
+    for module, function in (("llama3", "llama3_debugmodel_float8"), ("llama3", "llama3_9000b"), ("llama9", "x")):
+        assert read_base(module, function, tmp_path) is None
+
+
+def test_the_plans_own_launch_script_reads_back_through_its_config_module(tmp_path):
+    """launch.sh starts ``--module torchtitan_config --config layout_planner``: the module beside it holds
+    the layout (it was refused: "seq_len absent")."""
+    case, pins = ROUND_TRIPS["70b_64"]
+    best = planner.plan({**case, "search": {"target": "torchtitan", **pins}}, top_k=0).best
+    written = planner.emit(best, "torchtitan", tmp_path / "run")
+    launch = next(p for p in written.paths if p.name == "launch.sh")
+    result = diagnose(case, torchtitan=launch)
+    assert layout_to_mapping(result.estimate.job.layout) == layout_to_mapping(best.job.layout)
+    assert result.speedup == pytest.approx(1.0, abs=1e-12) and result.planned_with is None
 
 
 # --- torchtitan's own parse of hand-written overrides -------------------------------------------
@@ -281,9 +321,11 @@ def test_torchtitan_0_2s_llama3_8b_toml_reads_to_its_layout(tmp_path):
         "dp": 64, "tp": 1, "pp": 1, "cp": 1, "vpp": 1, "micro_batch_size": 1, "zero_stage": 3,
         "sequence_parallel": False, "recompute": "selective"}
     # It compiles neither model nor loss: the loss taken from the file for the planner's best too,
-    # and the model said to be priced compiled.
+    # and the model said to be priced compiled. torchtitan 0.2's loss ran on whole logits.
     assert result.estimate.job.training.compiled_loss is False
-    assert result.planned_with == "training.compiled_loss false (compile.components)"
+    assert result.estimate.job.training.loss_chunk_count == 1
+    assert result.planned_with == ("training.compiled_loss false (compile.components); training.loss_chunks 1 "
+                                   "(a torchtitan 0.1 or 0.2 job file: no chunked loss)")
     assert any("does not compile the model" in note for note in result.notes)
 
 
@@ -404,15 +446,42 @@ def test_a_toml_refuses_what_0_2_runs_and_the_cost_model_does_not(tmp_path):
         read_config(case, "torchtitan", path)
 
 
-def test_a_layout_torchtitan_cannot_run_is_named_in_the_file(tmp_path):
-    """Tensor parallelism without sequence parallelism reads as such, and the engine's refusal names
-    the option that set it, not the case's layout section."""
+def test_tensor_parallelism_without_sequence_parallelism_reads_as_such(tmp_path):
+    """torchtitan 0.3.0 runs TP without sequence parallelism where told (config/configs.py
+    enable_sequence_parallel, which every model's parallelize takes as enable_sp): it was refused as
+    a layout torchtitan cannot run."""
     path = tmp_path / "overrides.txt"
     path.write_text(BASE_OVERRIDES.replace("local_batch_size 8", "local_batch_size 16")
                     + " --parallelism.tensor_parallel_degree 2 --parallelism.no_enable_sequence_parallel\n")
+    lay = diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=path).estimate.job.layout
+    assert (lay.tp, lay.sequence_parallel) == (2, False)
+
+
+def test_a_layout_torchtitan_cannot_run_is_named_in_the_file(tmp_path):
+    """The engine's refusal names the option that set the layout, not the case's layout section: a
+    chunked loss whose chunks do not divide each rank's sequence (ChunkedLossWrapper's torch._check)."""
+    path = tmp_path / "overrides.txt"
+    path.write_text(BASE_OVERRIDES + " --parallelism.context_parallel_degree 8 --loss.num_chunks 1024\n")
     with pytest.raises(CaseError) as error:
         diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=path)
-    assert (error.value.source, error.value.key) == (str(path), "parallelism.enable_sequence_parallel")
+    assert (error.value.source, error.value.key) == (str(path), "parallelism.context_parallel_degree")
+
+
+def test_the_loss_chunks_a_command_line_sets_are_read_and_a_case_that_says_otherwise_is_refused(tmp_path):
+    """torchtitan 0.3.0 runs its loss in the base config's ChunkedLossWrapper chunks (8) unless
+    ``--loss.num_chunks`` says otherwise: the job is priced in those chunks, and a case naming others is
+    refused at that option."""
+    path = tmp_path / "overrides.txt"
+    path.write_text(BASE_OVERRIDES + " --compile.enable\n")
+    result = diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=path)
+    assert result.estimate.job.training.loss_chunk_count == 8 and result.planned_with is None
+    path.write_text(BASE_OVERRIDES + " --compile.enable --loss.num_chunks 4\n")
+    result = diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=path)
+    assert result.estimate.job.training.loss_chunk_count == 4
+    assert result.planned_with == "training.loss_chunks 4 (loss.num_chunks)"
+    with pytest.raises(CaseError, match="runs its LM head and loss in 4 sequence chunk") as error:
+        diagnose(case_of("llama3-8b", 8, 64, 4096, loss_chunks=16), torchtitan=path)
+    assert (error.value.key, error.value.source) == ("loss.num_chunks", str(path))
 
 
 def test_a_case_that_contradicts_the_jobs_training_is_refused(tmp_path):
@@ -430,7 +499,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_cli_reads_the_emitted_overrides_and_refuses_a_bad_file_in_one_line(tmp_path):
-    case, pins = ROUND_TRIPS["8b_8_tp"]
+    case, pins = ROUND_TRIPS["8b_4_tp"]
     best, overrides = emitted(case, pins, tmp_path / "run")
     case_file = tmp_path / "case.yaml"
     case_file.write_text(json.dumps(case))

@@ -36,6 +36,7 @@ from torchtitan.distributed.pipeline_parallel import (
 )
 
 import planner
+from cost_models.activations import loss_chunks
 from planner.emit import provenance
 from planner.engines.torchtitan import emit
 from planner.errors import CaseError
@@ -46,6 +47,7 @@ STUB_SOURCE = textwrap.dedent('''
     from typing import Annotated
 
     import tyro
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
 
@@ -61,7 +63,9 @@ STUB_SOURCE = textwrap.dedent('''
         activation_checkpoint: ActivationCheckpointingConfig = field(default_factory=SelectiveAC.Config)
         # As Trainer.Config: not command-line options.
         model_spec: Annotated[object, tyro.conf.Suppress] = None
-        loss: Annotated[object, tyro.conf.Suppress] = None
+        # As every torchtitan model's config_registry sets it.
+        loss: Annotated[object, tyro.conf.Suppress] = field(
+            default_factory=lambda: ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config()))
 
         def __post_init__(self):  # Trainer.Config.__post_init__'s layout checks
             mbs = self.parallelism.pipeline_parallel_microbatch_size
@@ -158,7 +162,7 @@ def load_emitted(files: dict[str, str], workdir: Path, name: str):
     # here): the converter configs are checked against its source instead (check_converters).
     module.converters = lambda: [(name, {"model_compile_enabled": module.COMPILE.get("enable", False), **fields})
                                  for name, fields in module.CONVERTERS]
-    # So does the deepseek_v3 package that holds MTPLoss (check_mtp reads its source instead).
+    # So does the deepseek_v3 package that holds MTPLoss (check_loss reads its source instead).
     module.mtp_loss = lambda: ("MTPLoss", {"global_vocab_size": module.VOCAB_SIZE})
     return parse("--module", name, "--config", emit.CONFIG_FUNCTION)
 
@@ -187,6 +191,8 @@ EXPLICIT = {
     "tp_cp_vpp4": {"tp": 2, "sequence_parallel": True, "cp": 2, "pp": 2, "vpp": 4, "zero_stage": 3},
     "sharded_cp": {"cp": 4, "zero_stage": 3, "recompute": "full"},
     "async_tp": {"tp": 4, "sequence_parallel": True, "zero_stage": 3},
+    # parallelism.no_enable_sequence_parallel (config/configs.py; the models' parallelize take enable_sp)
+    "tp_without_sp": {"tp": 2, "sequence_parallel": False, "zero_stage": 3},
     "cpu_offload": {"zero_stage": 3, "offload_optimizer": 1.0, "offload_params": True, "recompute": "full"},
 }
 EXPLICIT_TRAINING = {"async_tp": {"tp_comm_overlap": True}}
@@ -297,7 +303,7 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
         assert dims.dp_replicate == 1 and p.fsdp_reshard_after_forward == "always"
     else:
         assert dims.dp_shard == 1
-    assert p.enable_sequence_parallel and lay.sequence_parallel == (lay.tp > 1)
+    assert p.enable_sequence_parallel == (lay.sequence_parallel or lay.tp == 1)
     # FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step on the host together.
     assert t.enable_cpu_offload == lay.offload_params == (lay.offload_optimizer == 1)
 
@@ -339,6 +345,7 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
     expected = {"none": type(None), "selective": SelectiveAC.Config, "full": FullAC.Config}[lay.recompute]
     assert type(ac) is expected
     check_converters(job, cfg)
+    check_loss(job, cfg)
 
     # launch.sh: a valid script starting torchtitan's entry point on every GPU.
     launch = files[emit.LAUNCH_FILE]
@@ -359,6 +366,27 @@ def test_base_configs_name_real_torchtitan_functions():
             + list(emit.MOE_BASE_CONFIGS.values()) + [emit.DEFAULT_MOE_BASE]:
         assert f"def {function}(" in (root / module / "config_registry.py").read_text()
         assert f'"{flavor}":' in (root / module / "__init__.py").read_text(), (module, flavor)  # model_registry's
+
+
+def test_every_base_config_runs_its_loss_in_the_chunks_the_engine_prices():
+    """torchtitan 0.3.0's configs (models/*/config_registry.py) set loss=ChunkedLossWrapper.Config(...)
+    without num_chunks, whose default (components/loss.py) is what the torchtitan engine prices."""
+    import ast
+
+    import torchtitan
+    from torchtitan.components.loss import ChunkedLossWrapper
+
+    assert ChunkedLossWrapper.Config().num_chunks == emit.BASE_LOSS_CHUNKS == 8
+    root = Path(torchtitan.__file__).parent / "models"
+    for module, function, _ in list(emit.BASE_CONFIGS.values()) + list(emit.MOE_BASE_CONFIGS.values()):
+        tree = ast.parse((root / module / "config_registry.py").read_text())
+        body = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function)
+        losses = [kw.value for node in ast.walk(body) if isinstance(node, ast.Call)
+                  for kw in node.keywords if kw.arg == "loss"]
+        assert len(losses) == 1, function
+        call = losses[0]
+        assert ast.unparse(call.func) == "ChunkedLossWrapper.Config", function
+        assert "num_chunks" not in [kw.arg for kw in call.keywords], function
 
 
 def test_qwen3_235b_is_built_as_itself_not_as_the_30b_whose_training_config_it_takes():
@@ -407,7 +435,6 @@ BASE_CASE = {
     ({"zero_stage": 1}, {}, "layout.zero_stage is 1"),
     ({"zero_stage": 2}, {}, "layout.zero_stage is 2"),
     ({"pp": 2, "recompute": "full", "recompute_num_layers": 4}, {}, "layout.recompute_num_layers is 4"),
-    ({"tp": 2, "sequence_parallel": False}, {}, "sequence_parallel"),
     ({"zero_stage": 3}, {"precision": "fp16"}, "fp16"),
     ({"zero_stage": 3}, {"fp32_grads": False}, "float32 only"),
 ])
@@ -434,6 +461,43 @@ def test_a_loss_left_uncompiled_is_left_out_of_compile_components(workdir):
     via_cli = parse("--module", STUB, "--config", "base", *override_tokens(files[emit.OVERRIDES_FILE]))
     assert via_cli.compile == cfg.compile
     assert eager.peak.activations > compiled.peak.activations
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_the_loss_runs_in_the_chunks_the_case_names(chunks, workdir):
+    """training.loss_chunks: the base config's ChunkedLossWrapper in that many chunks, or, for one, its
+    cross-entropy on whole logits (what the plan then prices: the logits kept for backward); the files
+    say that overrides.txt cannot carry it."""
+    training = {**BASE_CASE["training"], "engine": "torchtitan", "loss_chunks": chunks}
+    estimate = planner.estimate({**BASE_CASE, "training": training, "layout": {"zero_stage": 3}})
+    default = planner.estimate({**BASE_CASE, "training": {**BASE_CASE["training"], "engine": "torchtitan"},
+                                "layout": {"zero_stage": 3}})
+    files = emit.render(estimate, ["x"])
+    cfg = load_emitted(files, workdir, f"tt_emitted_loss_{chunks}")
+    check_loss(estimate.job, cfg)
+    assert "not a command-line option, so overrides.txt cannot carry it" in files[emit.CONFIG_FILE]
+    # Four chunks hold twice the logits eight do, beside the same fp32 accumulator and LM-head gradient.
+    if chunks == 4:
+        assert estimate.peak.activations > default.peak.activations
+        assert estimate.peak.gradients == default.peak.gradients
+
+
+def test_loss_chunks_are_torchtitans_and_must_divide_each_ranks_sequence():
+    for engine in ("megatron", "deepspeed"):
+        with pytest.raises(CaseError, match="not in chunks") as error:
+            planner.plan({**BASE_CASE, "training": {**BASE_CASE["training"], "engine": engine, "loss_chunks": 8}})
+        assert error.value.key == "training.loss_chunks"
+    # Left to the planner, the engine is the one that runs it.
+    chosen = planner.plan({**BASE_CASE, "training": {**BASE_CASE["training"], "loss_chunks": 8}}, top_k=0).best
+    assert chosen.job.training.engine.name == "torchtitan"
+    # ChunkedLossWrapper's torch._check: each rank's sequence (seq_len / cp) in equal chunks.
+    training = {**BASE_CASE["training"], "engine": "torchtitan", "loss_chunks": 3}
+    with pytest.raises(CaseError, match="into 3 equal chunks") as error:
+        planner.plan({**BASE_CASE, "training": training})
+    assert error.value.key == "training.loss_chunks"
+    with pytest.raises(CaseError) as error:
+        planner.estimate({**BASE_CASE, "training": {**training, "loss_chunks": 512}, "layout": {"cp": 16, "zero_stage": 3}})
+    assert error.value.key == "layout.cp" and "4096/16" in str(error.value)
 
 
 def test_full_recompute_of_every_layer_counts_as_full(workdir):
@@ -467,16 +531,26 @@ def converter_fields(name: str) -> dict[str, tuple]:
     return fields
 
 
-def check_mtp(job, cfg) -> None:
-    """Multi-token prediction: the DeepSeek-V3 model spec rebuilt with the layers
-    (``model_registry(flavor, num_mtp_layers=N)``) and torchtitan's MTPLoss over the model's
-    vocabulary, as its ``deepseek_v3_debugmodel_mtp`` config does; neither without."""
+def check_loss(job, cfg) -> None:
+    """The loss as priced: without multi-token prediction, torchtitan's ChunkedLossWrapper in the
+    chunks the plan priced (``activations.loss_chunks``), which divide each rank's sequence (its
+    ``torch._check``), or its cross-entropy on whole logits for one chunk. Multi-token prediction:
+    the DeepSeek-V3 model spec rebuilt with the layers (``model_registry(flavor, num_mtp_layers=N)``)
+    and torchtitan's MTPLoss over the model's vocabulary, as its ``deepseek_v3_debugmodel_mtp``
+    config does."""
     import ast
 
     import torchtitan
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 
     if not job.model.mtp_layers:
-        assert cfg.loss is None and (cfg.model_spec is None or "num_mtp_layers" not in cfg.model_spec)
+        assert cfg.model_spec is None or "num_mtp_layers" not in cfg.model_spec
+        chunks = loss_chunks(job.model, job.training)
+        if chunks == 1:
+            assert type(cfg.loss) is CrossEntropyLoss.Config
+        else:
+            assert type(cfg.loss) is ChunkedLossWrapper.Config and cfg.loss.num_chunks == chunks
+            assert (job.training.seq_len // job.layout.cp) % chunks == 0
         return
     assert cfg.model_spec["flavor"] == emit.model_flavor(job.model)
     assert cfg.model_spec["num_mtp_layers"] == job.model.mtp_layers
@@ -498,7 +572,7 @@ def check_converters(job, cfg) -> None:
     torchtitan.components.quantization, fields its Configs declare, values its Literal types
     admit, compiled; none in 16 or 32 bits."""
     recipe = job.training.recipe
-    check_mtp(job, cfg)
+    check_loss(job, cfg)
     if recipe is None:
         assert cfg.model_spec is None or cfg.model_spec["converters"] == []
         return

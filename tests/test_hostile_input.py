@@ -657,7 +657,7 @@ def test_where_no_engine_has_a_layout_the_answer_names_every_engine_planned(tmp_
     though all three engines were planned and none had one."""
     case = write(tmp_path / "case.yaml", yaml.safe_dump({"model": {"preset": "llama3-8b"},
                                                          "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1024},
-                                                         "training": {"global_batch_size": 1, "seq_len": 2}}))
+                                                         "training": {"global_batch_size": 1, "seq_len": 8}}))
     done = cli("plan", str(case))
     assert done.returncode == 3 and "no megatron, deepspeed or torchtitan layout of 1024 GPUs" in \
         " ".join(done.stdout.split())

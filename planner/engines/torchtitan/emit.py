@@ -21,7 +21,8 @@ Mapping (field names as in ``torchtitan/config/configs.py``, ``trainer.py``,
   cost model assumes; torchtitan's default keeps them gathered between a pipeline's
   micro-batches); ZeRO-0 is replication, ``data_parallel_replicate_degree = dp``.
   ZeRO 1 and 2 have no torchtitan counterpart.
-- TP always runs with sequence parallelism (``enable_sequence_parallel``).
+- TP runs with sequence parallelism where the plan does (``enable_sequence_parallel``, torchtitan's
+  default on).
 - Without PP, ``local_batch_size`` is the micro-batch and torchtitan's gradient accumulation
   (``global_batch_size / (local_batch_size · dp)``) is the plan's. With PP, torchtitan splits
   ``local_batch_size`` into pipeline micro-batches of ``pipeline_parallel_microbatch_size``
@@ -37,11 +38,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from cost_models.activations import loss_chunks
+
 from planner.engines import ENGINES
 from planner.errors import CaseError
 from planner.emit import header_lines as _header
 from planner.emit.quoting import argument_word, comment, python_literal, shell_word
 from planner.emit.slurm import SBATCH_FILE, launch_nodes, sbatch
+
+from .engine import BEHAVIOUR
 
 CONFIG_FILE = "torchtitan_config.py"
 CONFIG_MODULE = "torchtitan_config"
@@ -74,6 +79,9 @@ MOE_BASE_CONFIGS = {
     (36, 2880, 128, 4, 2880, 1, 1): ("gpt_oss", "gpt_oss_120b", "120b"),
 }
 DEFAULT_MOE_BASE = ("qwen3", "qwen3_30b_a3b", "30B-A3B")
+# The chunks every base config above runs its loss in (models/*/config_registry.py:
+# loss=ChunkedLossWrapper.Config(...), num_chunks' default): the engine's.
+BASE_LOSS_CHUNKS = BEHAVIOUR.loss_chunks
 # The base configs that build their model with quantization converters of their own
 # (models/llama3/config_registry.py: llama3_405b's Float8LinearConverter, filter_fqns ["lm_head"]).
 BASE_CONVERTERS = {"llama3_405b": "Float8LinearConverter"}
@@ -190,7 +198,7 @@ def settings(estimate) -> dict[str, Any]:
         "data_parallel_shard_degree": lay.dp if lay.zero_stage == 3 else 1,
         "fsdp_reshard_after_forward": "always" if lay.zero_stage == 3 else "default",
         "tensor_parallel_degree": lay.tp,
-        "enable_sequence_parallel": True,
+        "enable_sequence_parallel": lay.sequence_parallel or lay.tp == 1,
         "context_parallel_degree": lay.cp,
         "pipeline_parallel_degree": lay.pp,
     }
@@ -238,6 +246,10 @@ def settings(estimate) -> dict[str, Any]:
         out["converters"] = converters(job)
     if job.model.mtp_layers:
         out["mtp_layers"] = job.model.mtp_layers
+    else:
+        # The chunks the plan priced the LM head and the loss in (activations.loss_chunks), written whatever
+        # the base config says (its ChunkedLossWrapper's num_chunks; 1: its cross-entropy on whole logits).
+        out["loss_chunks"] = loss_chunks(job.model, training)
     return out
 
 
@@ -299,6 +311,11 @@ def _notes(estimate) -> list[str]:
         notes.append(f"{job.training.precision}: the model is rebuilt with torchtitan's quantization converters "
                      f"(CONVERTERS below; model_spec is not a command-line option, so overrides.txt cannot "
                      f"carry them); parameters stay bfloat16")
+    chunks = settings(estimate).get("loss_chunks", BASE_LOSS_CHUNKS)
+    if chunks != BASE_LOSS_CHUNKS:
+        notes.append(f"loss: the LM head and the loss run in {chunks} sequence chunk(s) "
+                     f"(LOSS_CHUNKS below), not the base config's {BASE_LOSS_CHUNKS}; not a command-line option, so "
+                     f"overrides.txt cannot carry it")
     if job.model.mtp_layers:
         notes.append(f"multi-token prediction: the model is rebuilt with {job.model.mtp_layers} MTP layer(s) and "
                      "trained with MTPLoss (MTP_LAYERS below; not a command-line option either)")
@@ -318,7 +335,10 @@ def _config_module(estimate, header: list[str]) -> str:
         "# Multi-token prediction layers (DeepSeek-V3's MTP modules): the model spec is rebuilt with them\n"
         "# and the loss is torchtitan's MTPLoss (models/deepseek_v3/mtp.py).\n"
         f"MTP_LAYERS = {python_literal(s.get('mtp_layers', 0))}\n"
-        f"VOCAB_SIZE = {python_literal(estimate.job.model.vocab_size)}  # MTPLoss's global_vocab_size\n\n\n"
+        f"VOCAB_SIZE = {python_literal(estimate.job.model.vocab_size)}  # MTPLoss's global_vocab_size\n"
+        "# The sequence chunks the LM head and the loss run in (the base config's ChunkedLossWrapper's\n"
+        "# num_chunks; 1: its cross-entropy on whole logits; None: MTPLoss's).\n"
+        f"LOSS_CHUNKS = {python_literal(s.get('loss_chunks'))}\n\n\n"
         "def mtp_loss():\n"
         '    """The loss of the main and the MTP predictions, as torchtitan\'s deepseek_v3_debugmodel_mtp sets it."""\n'
         "    from torchtitan.models.deepseek_v3.mtp import MTPLoss\n\n"
@@ -370,6 +390,10 @@ def _config_module(estimate, header: list[str]) -> str:
         "    config.model_spec = registry.model_registry(MODEL_FLAVOR, converters=converters(), **extra)\n"
         "    if MTP_LAYERS:\n"
         "        config.loss = mtp_loss()\n"
+        "    elif LOSS_CHUNKS == 1:\n"
+        "        config.loss = config.loss.loss_fn\n"
+        "    else:\n"
+        "        config.loss.num_chunks = LOSS_CHUNKS\n"
         "    return config\n\n\n"
         f"def {CONFIG_FUNCTION}():\n"
         "    base = getattr(importlib.import_module(BASE_MODULE), BASE_CONFIG)()\n"

@@ -1,7 +1,8 @@
 """torchtitan: what it runs and how.
 
 - Choices (``torchtitan/distributed/parallel_dims.py``, ``config``): FSDP2 sharding (ZeRO-3)
-  or replication (ZeRO-0), TP always with sequence parallelism on the norms, PP with
+  or replication (ZeRO-0), TP with sequence parallelism on the norms or without it
+  (``parallelism.enable_sequence_parallel``, on by default), PP with
   interleaved schedules of any contiguous model chunks (module_fqns_per_model_part; its own
   default split leaves the first and last one layer short), CP (whose ranks always join the FSDP shard
   mesh), expert parallelism (``parallelism.expert_parallel_degree``) over whole experts (without
@@ -18,6 +19,7 @@
 
 from __future__ import annotations
 
+from cost_models.activations import loss_chunks
 from cost_models.behaviour import EngineBehaviour
 from cost_models.specs import GPUSpec, Job, ModelSpec, TrainingSpec
 
@@ -25,13 +27,13 @@ from planner.engines.base import Engine, EngineSupport
 
 SUPPORT = EngineSupport(
     zero_stages=(0, 3), max_zero_with_pp=3, interleaving=True, context_parallel=True,
-    sequence_parallel=(True,), recompute=("none", "selective", "full"), partial_recompute=False,
+    sequence_parallel=(True, False), recompute=("none", "selective", "full"), partial_recompute=False,
     cp_shards_states=True, expert_tp="tp_without_ep", optimizer_offload="all", optimizer_offload_zero=(3,),
     param_offload=True, offload_together=True,
     # torchtitan 0.3.0's Float8LinearConverter.Config.recipe_name: Literal["rowwise",
     # "rowwise_with_gw_hp"] = "rowwise" (components/quantization/float8.py).
     fp8_recipes=("rowwise", "rowwise_with_gw_hp"), fp8_param_gather=False, expert_dispatches=("all_to_all",),
-    pure_bf16=False,
+    pure_bf16=False, chunked_loss=True,
     fused_attention=(False,),
     why=(("fused_attention", "torchtitan's attention is PyTorch's scaled_dot_product_attention (or flex "
                              "attention), priced as a FlashAttention-2-class kernel; no config key selects cuDNN's"),
@@ -49,7 +51,6 @@ SUPPORT = EngineSupport(
                        "dp_shard·cp·tp / ep)"),
          ("zero_stages", "torchtitan shards with FSDP2 (zero_stage 3) or replicates (zero_stage 0: FSDP2 over a "
                          "shard group of one, models/llama3/parallelize.py)"),
-         ("sequence_parallel", "torchtitan's tensor parallelism always uses sequence parallelism"),
          ("partial_recompute", "torchtitan's full activation checkpointing wraps every layer"),
          ("cp_shards_states", "torchtitan folds context-parallel ranks into its FSDP mesh: cp > 1 needs "
                               "zero_stage 3"),
@@ -60,6 +61,8 @@ SUPPORT = EngineSupport(
 
 BEHAVIOUR = EngineBehaviour(
     name="torchtitan", fp32_grads_for_bf16=True, fused_elementwise=True, compiled_loss=True, zero3_root_unit=False,
+    # models/*/config_registry.py: loss=ChunkedLossWrapper.Config(...), num_chunks 8 (components/loss.py).
+    loss_chunks=8,
     fsdp_always=True, pp_unsharded_accumulation=True, gradient_bucket_copy=False,
     collective_launch_s=0.0,
     balance_stages=False, fp8_recipe="rowwise", quantizer="torchao",
@@ -136,9 +139,21 @@ def rules(job: Job) -> list[tuple[str, str]]:
         if lay.cp > 1:
             out.append(("layout.cp", "torchtitan's multi-token prediction does not support context parallelism "
                                      "(MTPDecoder.Config: NotImplementedError)"))
-    divisor = lay.tp * (2 * lay.cp if lay.cp > 1 else 1)
+    # trainer.py: the sequence divides by tp (with sequence parallelism) times 2·cp (with context parallelism).
+    sp = lay.tp if lay.sequence_parallel else 1
+    divisor = sp * (2 * lay.cp if lay.cp > 1 else 1)
     if training.seq_len % divisor:
-        out.append(("training.seq_len", f"torchtitan needs seq_len divisible by tp·2·cp = {divisor} (trainer.py)"))
+        out.append(("training.seq_len", f"torchtitan needs seq_len divisible by "
+                                        f"{'tp·' if sp > 1 else ''}2·cp = {divisor} (trainer.py)"
+                    if lay.cp > 1 else f"torchtitan needs seq_len divisible by tp = {divisor} (trainer.py)"))
+    chunks = loss_chunks(job.model, training)
+    if chunks > 1 and training.seq_len % (lay.cp * chunks):
+        # ChunkedLossWrapper.__call__: torch._check(seq_len % num_chunks == 0) on each rank's sequence.
+        key = "layout.cp" if training.seq_len % chunks == 0 else \
+            "training.loss_chunks" if training.loss_chunks else "training.seq_len"
+        out.append((key, f"torchtitan's chunked loss splits each rank's sequence (seq_len / cp = "
+                    f"{training.seq_len}/{lay.cp}) into {chunks} equal chunks (components/loss.py, "
+                    f"ChunkedLossWrapper): it must divide"))
     return out
 
 
@@ -147,6 +162,15 @@ def rules(job: Job) -> list[tuple[str, str]]:
 def case_rules(training: TrainingSpec, model: ModelSpec) -> list[tuple[str, str]]:
     """What no layout meets: a recipe the experts' converter does not run."""
     out = []
+    if model.mtp_layers and (training.loss_chunks or 1) > 1:
+        out.append(("training.loss_chunks", "torchtitan trains multi-token prediction with MTPLoss, which runs on "
+                                            "whole logits (models/deepseek_v3/mtp.py): no chunks"))
+    chunks = loss_chunks(model, training)
+    if training.seq_len % chunks:
+        out.append(("training.loss_chunks" if training.loss_chunks else "training.seq_len",
+                    f"torchtitan's chunked loss splits the sequence ({training.seq_len}) into {chunks} equal chunks "
+                    f"(components/loss.py, ChunkedLossWrapper): it must divide"
+                    + ("" if training.loss_chunks else "; or set training.loss_chunks")))
     if model.is_moe and training.precision == "nvfp4":
         # components/quantization: MXFP8 has a grouped-experts converter, NVFP4 none: the experts would train
         # in bf16. Refused before the search (it was planned, and compared with the other engines, then

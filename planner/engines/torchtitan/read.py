@@ -41,6 +41,7 @@ from planner.errors import CaseError, one_line
 from planner.inputs import read_text
 from planner.limits import MAX_INT
 
+from .base_config import read_base
 from .emit import CONFIG_FUNCTION, CONFIG_MODULE
 
 # The fields of torchtitan 0.3.0's ParallelismConfig, TrainingConfig and CompileConfig
@@ -128,7 +129,8 @@ KEY_OF_FIELD = {
     "offload_optimizer": "training.enable_cpu_offload",
 }
 # Where it states the training settings read_training reads.
-SETTING_KEYS = {"compiled_loss": "compile.components", "tp_comm_overlap": "compile.enable_async_tensor_parallel"}
+SETTING_KEYS = {"compiled_loss": "compile.components", "tp_comm_overlap": "compile.enable_async_tensor_parallel",
+                "loss_chunks": "loss.num_chunks"}
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class _Settings:
     values: dict
     cli: bool
     base: Optional[str] = None
+    base_source: Optional[str] = None  # the file the base config's own settings were read from
     ac_mode: Optional[str] = None
     ac_option: Optional[str] = None  # torchtitan 0.2's selective_ac_option
     # A launch script's torchrun --nnodes and --nproc-per-node (None for each it does not give); None
@@ -454,7 +457,29 @@ def _from_words(src: str, words: list[str]) -> _Settings:
                                                                     "such field, and tyro refuses the launch")
         values[f"{section}.{key}"] = value
     named = " ".join(f"--{k} {v}" for k, v in base.items()) or None
-    return _Settings(src, values, cli=True, base=named, ac_mode=ac_mode)
+    source = None
+    if "module" in base and "config" in base:
+        # What the base config sets, under the overrides (ConfigManager: F() first, then tyro).
+        found = read_base(base["module"], base["config"], Path(src).parent)
+        if found is not None:
+            source = found.source
+            for key, value in found.values.items():
+                values.setdefault(key, _as_words(value))
+            ac_mode = ac_mode if ac_mode is not None else found.ac_mode
+    return _Settings(src, values, cli=True, base=named, ac_mode=ac_mode, base_source=source)
+
+
+def _as_words(value: Any) -> Any:
+    """A base config's value as the command line would give it: a switch's bool, else its words."""
+    if isinstance(value, bool):
+        return value
+    if value is None:
+        return ["None"]
+    if isinstance(value, list) and all(isinstance(v, list) for v in value):
+        return [",".join(map(str, part)) for part in value]
+    if isinstance(value, list):
+        return [",".join(map(str, value))]
+    return [str(value)]
 
 
 # --- the layout ---------------------------------------------------------------------------------
@@ -838,12 +863,14 @@ def read(path: Union[str, Path], case) -> Layout:
 
 def read_training(path: Union[str, Path], case) -> dict:
     """The training settings the job runs, in TrainingSpec's fields, with torchtitan's defaults
-    (config/configs.py ``CompileConfig``: compile off, components ["model", "loss"]):
+    (config/configs.py ``CompileConfig``: compile off, components ["model", "loss"]; the base config's
+    ChunkedLossWrapper):
 
     - ``compiled_loss``: the loss compiled (``compile.enable`` with "loss" in ``compile.components``);
     - ``tp_comm_overlap`` (with tensor parallelism only): async TP,
       ``compile.enable_async_tensor_parallel`` (``parallelism.`` in torchtitan 0.2), which needs the
-      model compiled (CompileConfig refuses it otherwise)."""
+      model compiled (CompileConfig refuses it otherwise);
+    - ``loss_chunks``: ``loss.num_chunks`` where the command line sets it; 1 for a 0.1 or 0.2 job file."""
     path = Path(path)
     s = _load(path)
     enabled = s.switch("compile.enable", False) or (not s.cli and s.switch("training.compile", False))
@@ -855,19 +882,26 @@ def read_training(path: Union[str, Path], case) -> dict:
     if async_tp and not (enabled and "model" in components):
         raise CaseError(s.src, async_key, "needs the model compiled (compile.enable, with \"model\" in "
                                           "compile.components): torchtitan refuses async TP otherwise")
-    settings = {"compiled_loss": enabled and "loss" in components}
+    settings: dict = {"compiled_loss": enabled and "loss" in components}
     if s.integer("parallelism.tensor_parallel_degree", 1) > 1:
         settings["tp_comm_overlap"] = async_tp
+    if not s.cli:
+        # A job file is torchtitan 0.1's or 0.2's, whose loss ran on whole logits (components/loss.py at
+        # v0.2.2 has no ChunkedLossWrapper).
+        settings["loss_chunks"] = 1
+    elif (chunks := s.integer("loss.num_chunks", None)) is not None:
+        settings["loss_chunks"] = chunks
     return settings
 
 
 def _left_open(training, key: str, value: bool) -> bool:
     """Whether the case leaves ``key`` to the engine and the job's ``value`` is not the engine's own
-    default (``EngineBehaviour.compiled_loss``; no TP overlap): a setting the planner then plans with."""
+    default (``EngineBehaviour.compiled_loss``, ``loss_chunks``; no TP overlap): a setting the planner
+    then plans with."""
     said = getattr(training, key)
     if key == "tp_comm_overlap":  # a bool whose false is the default: the job's async TP stands
         return said is False and value is True
-    return said is None and value != training.engine.compiled_loss
+    return said is None and value != getattr(training.engine, key)  # the engine's field of the same name
 
 
 def with_training(case, path: Union[str, Path], settings: dict):
@@ -882,16 +916,22 @@ def with_training(case, path: Union[str, Path], settings: dict):
             changes[key] = value
         elif said is not None and said != value:
             runs = {"compiled_loss": "compiles the loss" if value else "runs the loss eagerly",
-                    "tp_comm_overlap": "runs async TP" if value else "runs TP without async TP"}[key]
+                    "tp_comm_overlap": "runs async TP" if value else "runs TP without async TP",
+                    "loss_chunks": f"runs its LM head and loss in {value} sequence chunk(s)"}[key]
             raise CaseError(str(path), SETTING_KEYS[key], f"the job {runs}, but the case {case.source} says "
                                                           f"training.{key}: {str(said).lower()}")
     return replace(case, training=replace(requested, **changes)) if changes else case
 
 
-def taken_from_job(case, settings: dict) -> Optional[str]:
+def taken_from_job(case, settings: dict, path: Union[str, Path]) -> Optional[str]:
     """The settings, as one line, the job decided where the case leaves them to the engine and the
     engine's default would have run otherwise: the planner's best is planned with them too."""
-    taken = [f"training.{key} {str(value).lower()} ({SETTING_KEYS[key]})" for key, value in settings.items()
+    def where(key: str) -> str:
+        if key == "loss_chunks" and not _load(Path(path)).cli:
+            return "a torchtitan 0.1 or 0.2 job file: no chunked loss"
+        return SETTING_KEYS[key]
+
+    taken = [f"training.{key} {str(value).lower()} ({where(key)})" for key, value in settings.items()
              if _left_open(case.training, key, value)]
     return "; ".join(taken) or None
 
@@ -905,10 +945,14 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
     s = _load(path)
     lay = job.layout
     notes = list(s.script_notes)
-    if s.base:
-        notes.append(f"{path.name} applies to the base config {s.base}, which is not loaded: what the overrides "
-                     "leave out is read as torchtitan's defaults (config/configs.py), where the base config may set "
-                     "others")
+    if s.base and s.base_source:
+        notes.append(f"{path.name} applies to the base config {s.base}: read with the settings it sets "
+                     f"({s.base_source}), the overrides over them")
+    elif s.base:
+        notes.append(f"{path.name} applies to the base config {s.base}, which is not loaded (torchtitan is not "
+                     "installed here, or the function is not one Trainer.Config(...) of literal fields): what the "
+                     "overrides leave out is read as torchtitan's defaults (config/configs.py), where the base "
+                     "config may set others")
     compiled = s.switch("compile.enable", False) or (not s.cli and s.switch("training.compile", False))
     if not compiled or "model" not in s.names("compile.components", ["model", "loss"]):
         why = "compile.enable, torchtitan's default off" if not compiled else \

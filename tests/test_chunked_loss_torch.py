@@ -1,0 +1,119 @@
+"""torchtitan 0.3.0's chunked loss (``ChunkedLossWrapper``, every model's config_registry loss), run on
+real PyTorch: FSDP2 over a gloo group of one on CPU, bf16 parameters reduced in fp32 as torchtitan
+runs them. What it holds is what the torchtitan engine prices (``activations.head_activation_bytes``,
+``activations.loss_gradient_bytes``, ``memory.chunked_loss_head_gradient_bytes``):
+
+- each chunk's logits are s/N of the sequence's, in bf16: no logits outlive the loss;
+- the chunks' input gradients gather in an fp32 buffer of the hidden states' shape;
+- the LM head's gradient stays whole between the chunks, in fp32 (FSDP2's unsharded accumulated
+  gradient, with gradient sync off for all but the last chunk);
+- after the loss, what autograd keeps for the decoder's backward is one bf16 tensor of the hidden
+  states' shape: the gradient the loss hands back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchtitan")
+
+from cost_models.activations import head_activation_bytes, loss_gradient_bytes, residual_bytes  # noqa: E402
+from cost_models.memory import chunked_loss_head_gradient_bytes  # noqa: E402
+from gloo_one_rank import PRELUDE  # noqa: E402
+from planner.case import load_case  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+B, S, H, V, N = 2, 64, 32, 512, 8  # the script's micro-batch, sequence, hidden size, vocabulary, chunks
+
+SCRIPT = PRELUDE + textwrap.dedent('''
+import gc, json, weakref
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+import torchtitan.components.loss as L
+
+B, S, H, V, N = SHAPE
+torch.manual_seed(0)
+lm_head = torch.nn.Linear(H, V, bias=False)
+fully_shard(lm_head, mesh=init_device_mesh("cpu", (1,)),
+            mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+wrapper = L.ChunkedLossWrapper(L.ChunkedLossWrapper.Config(loss_fn=L.CrossEntropyLoss.Config(global_vocab_size=V)))
+wrapper.set_lm_head(lm_head)
+param = lm_head._get_fsdp_state()._fsdp_param_group.fsdp_params[0]
+seen = {"logits": [], "head_grad": [], "accumulator": []}
+inner = wrapper.loss_fn
+def spy(logits, labels, *args, **kwargs):
+    g = param.unsharded_accumulated_grad
+    seen["logits"].append([list(logits.shape), str(logits.dtype)])
+    seen["head_grad"].append(None if g is None else [g.numel(), str(g.dtype)])
+    return inner(logits, labels, *args, **kwargs)
+wrapper.loss_fn = spy
+init = L.GradAccumulator.__init__
+def record(self, *a, **k):
+    init(self, *a, **k)
+    seen["accumulator"].append([list(self._buffer.shape), str(self._buffer.dtype)])
+L.GradAccumulator.__init__ = record
+
+decoder = torch.randn(B, S, H, requires_grad=True)
+hidden = decoder.to(torch.bfloat16) * 1.0
+labels = torch.randint(V, (B, S))
+kept = []
+def pack(t):
+    kept.append(weakref.ref(t)); return t
+with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    loss, _ = wrapper(hidden, labels)
+gc.collect()
+alive = {}
+for r in kept:
+    t = r()
+    if t is not None:
+        alive[t.untyped_storage().data_ptr()] = [list(t.shape), str(t.dtype)]
+seen["saved_after"] = list(alive.values())
+loss.backward()
+seen["grad_ok"] = decoder.grad is not None and lm_head.weight.grad is not None
+print(json.dumps(seen))
+dist.destroy_process_group()
+''').replace("SHAPE", repr((B, S, H, V, N)))
+
+
+def measured() -> dict:
+    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_torchtitans_chunked_loss_holds_what_the_torchtitan_engine_prices():
+    seen = measured()
+    assert seen["grad_ok"]
+    # The same shapes as a torchtitan job: one GPU, the loss left eager as the script runs it.
+    job = load_case({"model": {"num_layers": 2, "hidden_size": H, "num_attention_heads": 4, "vocab_size": V},
+                     "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1},
+                     "training": {"global_batch_size": B, "seq_len": S, "engine": "torchtitan",
+                                  "compiled_loss": False},
+                     "layout": {"dp": 1, "zero_stage": 3, "micro_batch_size": B, "recompute": "none"}}).job()
+    model, lay, training = job.model, job.layout, job.training
+    assert training.loss_chunk_count == N
+
+    # N chunks of s/N positions' bf16 logits; eager cross-entropy keeps 4 bytes a logit (its fp32
+    # log-softmax) and writes 4 + 2 of gradient (tests/test_compiled_loss.py measures both).
+    assert seen["logits"] == [[[B, S // N, V], "torch.bfloat16"]] * N
+    chunk_logits = B * (S // N) * V
+    (shape, dtype), = seen["accumulator"]
+    assert dtype == "torch.float32" and shape == [B, S, H]
+    assert loss_gradient_bytes(model, lay, training) == (4 + 6) * chunk_logits + 4 * B * S * H
+
+    # The LM head's gradient, whole in fp32, from the second chunk on.
+    assert seen["head_grad"][0] is None and seen["head_grad"][1:] == [[V * H, "torch.float32"]] * (N - 1)
+    assert chunked_loss_head_gradient_bytes(job) == 4 * V * H
+
+    # Kept for the decoder's backward: the gradient handed back (bf16, the hidden states' shape); the
+    # trainer holds the final norm's output of that shape as the model's output, and the norm its input.
+    assert seen["saved_after"] == [[[B, S, H], "torch.bfloat16"]]
+    norm_input = residual_bytes(training) * B * S * H
+    assert head_activation_bytes(model, training, lay) == norm_input + 2 * (2 * B * S * H)
