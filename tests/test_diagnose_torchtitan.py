@@ -204,6 +204,19 @@ HAND_WRITTEN = {
                          "--training.disable_cuda_graphs --compile.enable",
                          Layout(dp=8, pp=4, zero_stage=3, micro_batch_size=2, recompute="selective",
                                 stage_layers=(8, 9, 8, 7))),
+    # Trainer.Config's own --hf_assets_path, and the subcommand's own option after it (both were refused).
+    "top_level_and_ac_option": (case_of("llama3-8b", 8, 64, 8192),
+                                "--hf_assets_path ./assets/hf/Llama-3.1-8B --training.local_batch_size 1 "
+                                "--training.global_batch_size 64 --training.seq_len 8192 --compile.enable "
+                                "activation_checkpoint:full --activation_checkpoint.no_preserve_rng_state",
+                                Layout(dp=8, zero_stage=3, micro_batch_size=1, recompute="full")),
+    # TP without sequence parallelism (parallelism.enable_sequence_parallel): refused as unrunnable.
+    "tp_without_sp": (case_of("llama3-8b", 8, 64, 8192),
+                      "--parallelism.tensor_parallel_degree 2 --parallelism.no_enable_sequence_parallel "
+                      "--training.local_batch_size 2 --training.global_batch_size 64 --training.seq_len 8192 "
+                      "--compile.enable activation_checkpoint:none",
+                      Layout(dp=4, tp=2, zero_stage=3, sequence_parallel=False, micro_batch_size=2,
+                             recompute="none")),
 }
 
 
@@ -609,6 +622,25 @@ HOSTILE = {
                 + ",".join(f"layers.{i}" for i in range(16, 32)), "parallelism.module_fqns_per_model_part",
                 "names no norm"),
 }
+
+
+def test_a_list_option_in_two_words_and_experts_on_cuda_graphs_are_refused_as_torchtitan_does(tmp_path, stub):
+    """--compile.components model loss (two words) was read as both; tyro takes one comma-separated word
+    (ConfigManager's list_str_rule). Expert parallelism without --training.disable_cuda_graphs was
+    diagnosed; Trainer.Config refuses it (the all-to-all dispatcher synchronizes with the host)."""
+    words = BASE_OVERRIDES + " --compile.enable --compile.components model loss"
+    with pytest.raises(SystemExit):
+        ConfigManager().parse_args(["--module", STUB, "--config", "base", *words.split()])
+    path = tmp_path / "overrides.txt"
+    path.write_text(words + "\n")
+    with pytest.raises(CaseError, match="one comma-separated word") as error:
+        diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=path)
+    assert error.value.key == "compile.components"
+    path.write_text("--training.local_batch_size 16 --training.global_batch_size 256 --training.seq_len 4096 "
+                    "--compile.enable --parallelism.expert_parallel_degree 8\n")
+    with pytest.raises(CaseError, match="absent with expert parallelism") as error:
+        diagnose(case_of("qwen3-30b-a3b", 16, 256, 4096), torchtitan=path)
+    assert error.value.key == "training.disable_cuda_graphs"
 
 
 @pytest.mark.parametrize("label", HOSTILE)

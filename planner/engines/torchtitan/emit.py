@@ -107,6 +107,12 @@ def base_config(model) -> tuple[tuple[str, str], bool]:
     return (module, function), exact
 
 
+def base_flavor(function: str) -> str:
+    """The flavour a base config function builds its own model as: its first entry above."""
+    table = list(BASE_CONFIGS.values()) + [DEFAULT_BASE] + list(MOE_BASE_CONFIGS.values()) + [DEFAULT_MOE_BASE]
+    return next(flavor for _, name, flavor in table if name == function)
+
+
 def model_flavor(model) -> str:
     """The flavour the emitted config rebuilds its model as (``model_registry(flavor, converters=...)``,
     models/*/__init__.py; the configs call it with the registry's default backends, so rebuilding with
@@ -143,7 +149,10 @@ def converters(job) -> list[tuple[str, dict[str, Any]]]:
         parts = ("attention", "shared_experts", "feed_forward")
         fqns = list(parts) if converted == job.model.num_layers else \
             [f"layers.{i}.{part}" for i in range(converted) for part in parts]
-        return [("MXFP8LinearConverter", {"fqns": fqns}), ("MXFP8GroupedExpertsConverter", {})]
+        # pad_multiple 128: "The CuTeDSL quantization kernel on sm_100 requires multiples of 128"
+        # (components/quantization/mx.py, MXFP8GroupedExpertsConverter.Config; its default 32), as
+        # torchtitan's deepseek_v3_debugmodel_mxfp8 sets it; MXFP8 runs on SM100 only (engine.py).
+        return [("MXFP8LinearConverter", {"fqns": fqns}), ("MXFP8GroupedExpertsConverter", {"pad_multiple": 128})]
     fqns = ["layers."] if converted == job.model.num_layers else [f"layers.{i}." for i in range(converted)]
     name = "MXFP8LinearConverter" if job.training.precision == "mxfp8" else "NVFP4LinearConverter"
     return [(name, {"fqns": fqns})]
@@ -244,6 +253,11 @@ def settings(estimate) -> dict[str, Any]:
                        "enable_async_tensor_parallel": bool(training.tp_comm_overlap and lay.tp > 1)}}
     if training.recipe is not None:
         out["converters"] = converters(job)
+    if lay.cp > 1 and base_config(job.model)[0][0] == "gpt_oss":
+        # gpt_oss's model_registry builds VarlenAttention, which validate_config refuses under context
+        # parallelism with the default spmd_types backend (distributed/full_dtensor.py: "Use FlexAttention
+        # + CP"); its flex backend is the other models' default (models/*/__init__.py model_registry).
+        out["attn_backend"] = "flex"
     if job.model.mtp_layers:
         out["mtp_layers"] = job.model.mtp_layers
     else:
@@ -335,6 +349,8 @@ def _config_module(estimate, header: list[str]) -> str:
         "# Multi-token prediction layers (DeepSeek-V3's MTP modules): the model spec is rebuilt with them\n"
         "# and the loss is torchtitan's MTPLoss (models/deepseek_v3/mtp.py).\n"
         f"MTP_LAYERS = {python_literal(s.get('mtp_layers', 0))}\n"
+        "# The attention backend the model is rebuilt with, where not the registry's default (None).\n"
+        f"ATTN_BACKEND = {python_literal(s.get('attn_backend'))}\n"
         f"VOCAB_SIZE = {python_literal(estimate.job.model.vocab_size)}  # MTPLoss's global_vocab_size\n"
         "# The sequence chunks the LM head and the loss run in (the base config's ChunkedLossWrapper's\n"
         "# num_chunks; 1: its cross-entropy on whole logits; None: MTPLoss's).\n"
@@ -387,6 +403,8 @@ def _config_module(estimate, header: list[str]) -> str:
         "    # otherwise train the model in another precision than the plan's.\n"
         "    registry = importlib.import_module(MODEL_REGISTRY)\n"
         "    extra = {\"num_mtp_layers\": MTP_LAYERS} if MTP_LAYERS else {}\n"
+        "    if ATTN_BACKEND:\n"
+        "        extra[\"attn_backend\"] = ATTN_BACKEND\n"
         "    config.model_spec = registry.model_registry(MODEL_FLAVOR, converters=converters(), **extra)\n"
         "    if MTP_LAYERS:\n"
         "        config.loss = mtp_loss()\n"
@@ -422,6 +440,11 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
                       f"command-line option removes: these overrides on it train another precision than the "
                       f"plan's; run {CONFIG_FILE} (launch.sh does), which rebuilds the model as planned."]
                      if function in BASE_CONVERTERS else [])
+                  + ([f"Not here: the model: {function} builds torchtitan's {base_flavor(function)} model and the "
+                      f"model spec is no command-line option, so these overrides on it train that model, not the "
+                      f"planned {model_flavor(estimate.job.model)}; run {CONFIG_FILE} (launch.sh does), which "
+                      f"rebuilds it (MODEL_FLAVOR)."]
+                     if model_flavor(estimate.job.model) != base_flavor(function) else [])
                   + ([f"Not here: the multi-token prediction layers and their loss (MTP_LAYERS in {CONFIG_FILE}); "
                       "neither is a command-line option."] if estimate.job.model.mtp_layers else []))
         + "".join(" ".join(argument_word("torchtitan", word) for word in opt) + "\n" for opt in opts)

@@ -105,6 +105,13 @@ PRICED_SCHEDULES = ("1F1B", "Interleaved1F1B")
 # and the modes of 0.2's [activation_checkpoint] mode, as the layout's recompute.
 AC_MODES = {"none": "none", "selective": "selective", "full": "full"}
 UNPRICED_AC_MODES = ("memory-budget", "memory_budget")
+# The options each subcommand takes after it (ActivationCheckpointing.Config and SelectiveAC.Config,
+# distributed/activation_checkpoint.py), none of which the cost model prices; the switches among them.
+AC_OPTIONS = {"full": ("preserve_rng_state", "determinism_check", "debug"),
+              "selective": ("preserve_rng_state", "determinism_check", "debug", "force_recompute_mm_shapes_by_fqns")}
+AC_SWITCHES = ("preserve_rng_state", "debug")
+# Trainer.Config's own fields (trainer.py), one value each: --hf_assets_path, --dump_folder.
+TOP_LEVEL = ("hf_assets_path", "dump_folder")
 
 # training.mixed_precision_param for each precision the case may train in (emit.PARAM_DTYPES's inverse).
 PARAM_DTYPES = {"bfloat16": ("bf16", "fp8", "mxfp8", "nvfp4"), "float32": ("fp32",)}
@@ -222,6 +229,10 @@ class _Settings:
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise CaseError(self.src, key, f"expected a list of names, got {one_line(repr(value), 60)}")
+        if self.cli and len(value) > 1:
+            # ConfigManager's list_str_rule: one comma-separated word (tyro refuses a second)
+            raise CaseError(self.src, key, f"expected one comma-separated word ({','.join(value)}), got "
+                                           f"{len(value)} words: tyro refuses the launch")
         return [name.strip() for word in value for name in word.split(",") if name.strip()]
 
     def parts(self, key: str) -> Optional[list[list[str]]]:
@@ -411,6 +422,14 @@ def _from_words(src: str, words: list[str]) -> _Settings:
                                            f"activation_checkpoint:{ac_mode}): tyro takes one")
             ac_mode = word.split(":", 1)[1]
             continue
+        field = word[2:].partition("=")[0].replace("-", "_").removeprefix("activation_checkpoint.")
+        if ac_mode is not None and word[2:].replace("-", "_").startswith("activation_checkpoint.") \
+                and field.removeprefix("no_") in AC_OPTIONS.get(ac_mode, ()):
+            # the subcommand's own options (distributed/activation_checkpoint.py): none priced
+            if not word.partition("=")[1] and field not in AC_SWITCHES and not field.startswith("no_") \
+                    and i < len(words) and not words[i].startswith("--"):
+                i += 1
+            continue
         if ac_mode is not None and word.startswith("--"):
             # tyro reads what follows a subcommand as that subcommand's options
             raise CaseError(src, one_line(word, 60), f"follows activation_checkpoint:{ac_mode}, whose options tyro "
@@ -426,6 +445,10 @@ def _from_words(src: str, words: list[str]) -> _Settings:
             args.append(words[i])
             i += 1
         name = name.replace("-", "_")  # tyro takes --a.b-c for --a.b_c
+        if name in TOP_LEVEL:
+            if len(args) != 1:
+                raise CaseError(src, f"--{name}", "expected one value (Trainer.Config's field, trainer.py)")
+            continue
         if name in ("module", "config"):
             if len(args) != 1:
                 raise CaseError(src, f"--{name}", "expected one value (ConfigManager._load_config)")
@@ -756,6 +779,11 @@ def _check_training(s: _Settings, case, d: _Degrees) -> None:
                                                           "config (Trainer.Config: CUDA graphs do not support "
                                                           "pipeline parallelism yet); give --training."
                                                           "disable_cuda_graphs")
+    if d.ep > 1 and case.model.is_moe and s.cli and not s.switch(t + "disable_cuda_graphs", False):
+        raise CaseError(s.src, t + "disable_cuda_graphs", "absent with expert parallelism: torchtitan refuses the "
+                                                          "config (Trainer.Config._validate_cuda_graphs: the "
+                                                          "all-to-all token dispatcher synchronizes with the "
+                                                          "host); give --training.disable_cuda_graphs")
     if not s.cli:
         _check_converters(s, case)
 
