@@ -662,6 +662,18 @@ def test_a_toml_key_torchtitan_does_not_define_and_deep_nesting_are_refused(tmp_
     path.write_text("[training]\nx = " + "[" * 500 + "]" * 500 + "\n")  # tomllib: RecursionError
     with pytest.raises(CaseError, match="nested too deeply"):
         read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path)
+    # A misspelt section, a stray top-level key: JobConfig has neither, and torchtitan refuses the file
+    # (they were dropped: tp read as 1).
+    for text, key in (("[paralelism]\ntensor_parallel_degree = 4\n", "paralelism"), ("stray = 3\n", "stray")):
+        path.write_text(text + LLAMA3_8B_TOML)
+        with pytest.raises(CaseError) as error:
+            read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path)
+        assert error.value.key == key and "unknown section" in error.value.expected
+    # An integer of 5,000 digits: tomllib's ValueError (Python's conversion limit) was a traceback.
+    path.write_text(LLAMA3_8B_TOML.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = " + "1" * 5000))
+    with pytest.raises(CaseError) as error:
+        read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path)
+    assert error.value.key == "parallelism.tensor_parallel_degree"
 
 
 def test_torchtitans_own_interleaved_split_is_read_and_priced(tmp_path):

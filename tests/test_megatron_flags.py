@@ -495,3 +495,16 @@ def test_megatron_fsdp_defaults_that_moved_after_core_0_16_are_said_where_left_o
     args.write_text(base + " --data-parallel-sharding-strategy optim_grads_params --megatron-fsdp-main-grads-dtype bf16\n")
     notes = diagnose(tmp_path / "case.yaml", megatron_args=args).notes
     assert not [n for n in notes if "moved" in n or "megatron-core 0.16" in n]
+
+
+@pytest.mark.parametrize("base, refused", [("0", True), ("-5", True), ("10000000000000", True), ("500000", False)])
+def test_the_rotary_base_is_bounded_where_read(tmp_path, base, refused):
+    """--rotary-base 0, -5 and 10^13 were diagnosed without a word: RoPE's base is a whole number above 0
+    (arguments.py: type=int) and at most 10^12, as the Hugging Face reader bounds rope_theta."""
+    args = ARGS.replace("--global-batch-size 128", "--global-batch-size 64") + f"--rotary-base {base}\n"
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnosed(tmp_path, args)
+        assert error.value.key == "--rotary-base"
+    else:
+        assert diagnosed(tmp_path, args).estimate is not None

@@ -20,7 +20,7 @@ from planner.engines.megatron.launch import (NEMO_SECTIONS, NPROC_WORDS, TORCHRU
                                            torchrun_world, with_included_args)
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
-from planner.limits import MAX_EXPANDED_CHARS, MAX_INT, MAX_LAYERS
+from planner.limits import MAX_EXPANDED_CHARS, MAX_INT, MAX_LAYERS, MAX_ROPE_BASE
 
 
 def _repeat(pattern: str, text: str) -> str:
@@ -258,6 +258,9 @@ def _check_model(args: _Args, model, training) -> None:
         _check_moe_layers(args, model)
     _check_window(args, model)
     _check_vocab(args, model)
+    base = args.integer("--rotary-base")  # an integer to Megatron-LM (arguments.py: type=int), above 0
+    if base is not None and base > MAX_ROPE_BASE:
+        raise CaseError(args.src, "--rotary-base", f"expected RoPE's base, at most {MAX_ROPE_BASE:g}, got {base}")
     mtp = args.integer("--mtp-num-layers", 0)
     if mtp != model.mtp_layers:
         said = f"{mtp}" if "--mtp-num-layers" in args.flags else "absent (no multi-token prediction)"

@@ -83,6 +83,11 @@ TOML_KEYS = {
                "precompute_float8_dynamic_scale_for_fsdp", "recipe_name"),
     "mx": ("filter_fqns", "recipe_name", "use_fp8_dim1_cast_triton_kernel"),
 }
+# The sections of torchtitan 0.1's and 0.2's JobConfig (config_manager.py at v0.1.0, config/job_config.py at
+# v0.2.0 and v0.2.2): a job file's top level holds these tables only.
+JOB_SECTIONS = ("job", "profiling", "metrics", "model", "optimizer", "lr_scheduler", "training", "parallelism",
+                "checkpoint", "activation_checkpoint", "compile", "float8", "mx", "quantize", "comm",
+                "memory_estimation", "fault_tolerance", "experimental", "validation", "debug")
 # Trainer.Config's sections (trainer.py): an option in another is one tyro refuses. activation_checkpoint
 # is a subcommand (activation_checkpoint:<mode>), not a section of options.
 SECTIONS = ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer", "dataloader", "optimizer",
@@ -294,6 +299,15 @@ def _parse(path: Path, text: str) -> _Settings:
         if path.suffix.lower() == ".toml":
             raise CaseError(src, "", f"is not TOML: {error}") from None
         data = None
+    except ValueError:  # an integer past the digits Python converts (sys.get_int_max_str_digits)
+        section, key = "", "a value"
+        for line in text.splitlines():
+            if re.match(r"\s*\[", line):
+                section = line.strip().strip("[]").strip() + "."
+            elif re.search(r"\d{4000}", line):
+                key = section + line.partition("=")[0].strip()
+                break
+        raise CaseError(src, one_line(key, 60), "expected a number of at most 19 digits, got one of thousands") from None
     if data:  # an empty or comment-only file reads as TOML's {}: no settings either way
         return _from_toml(src, data)
     words, torchrun, notes = _words(src, text)
@@ -304,6 +318,13 @@ def _from_toml(src: str, data: dict) -> _Settings:
     """A torchtitan 0.2 job file: its sections flattened to "section.key"."""
     values = {}
     sections = ("parallelism", "training", "compile", "activation_checkpoint", "model", "float8", "mx")
+    for name in data:
+        if name not in JOB_SECTIONS:  # ConfigManager._dict_to_dataclass: "Invalid field names"
+            close = difflib.get_close_matches(str(name), JOB_SECTIONS, n=1, cutoff=0.75)
+            meant = f" (did you mean {close[0]}?)" if close else ""
+            raise CaseError(src, one_line(str(name), 60), f"unknown section{meant}: torchtitan 0.1-0.2's JobConfig "
+                                                          "(config/job_config.py) has no such field, and refuses "
+                                                          "the file")
     if not any(section in data for section in sections[:4]):
         raise CaseError(src, "", "holds no [parallelism], [training], [compile] or [activation_checkpoint] table: "
                                  "not a torchtitan job file")
