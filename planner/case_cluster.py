@@ -240,17 +240,24 @@ def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional
     # An empty section (null) is none; false, 0 or [] is no mapping (they were taken as none). Without
     # one, Performance()'s generic figures stand in: said on stderr (case.profile_warnings).
     performance = performance_from_mapping(src, "performance", _section(data, "performance"), Performance())
-    if alone and data.get("alone") is not None:
+    gpu = gpu_from_mapping(src, "gpu", name, gpu_data)
+    if data.get("alone") is not None:
+        # Checked whichever case reads the profile (a malformed section passed where no one-rank case
+        # read it), its figures named as the section holds them (alone.peak_tflops.fp32, not gpu.…).
         one = read_mapping(src, "alone", data["alone"], ALONE_KEYS)
+        merged = gpu_data
         if isinstance(gpu_data, dict):
             # Rank 0 timed the training precision alone: the other precisions keep their figures.
             peaks = gpu_data.get("peak_tflops")
             if isinstance(peaks, dict) and isinstance(one.get("peak_tflops"), dict):
-                gpu_data = {**gpu_data, "peak_tflops": {**peaks, **one["peak_tflops"]}}
+                merged = {**gpu_data, "peak_tflops": {**peaks, **one["peak_tflops"]}}
             if "hbm_bandwidth" in one:
-                gpu_data = {**gpu_data, "hbm_bandwidth": one["hbm_bandwidth"]}
-        performance = performance_from_mapping(src, "alone.performance", _section(one, "performance"), performance)
-    gpu = gpu_from_mapping(src, "gpu", name, gpu_data)
+                merged = {**merged, "hbm_bandwidth": one["hbm_bandwidth"]}
+        gpu_alone = gpu_from_mapping(src, "alone", name, merged)
+        performance_alone = performance_from_mapping(src, "alone.performance", _section(one, "performance"),
+                                                     performance)
+        if alone:
+            gpu, performance = gpu_alone, performance_alone
     fabric = fabric_from_mapping(src, "fabric", "measured", data["fabric"])[0] if data.get("fabric") is not None \
         else None
     with spec_errors(src):

@@ -328,6 +328,8 @@ def _check_team_shape(source: str, name: str, row: dict) -> None:
         if value is not None and not isinstance(value, dict):
             raise CaseError(source, f"{name}.model.{section}", f"expected a mapping, got {one_line(repr(value), 40)}")
     _check_extra(source, name, model.get("extra") if isinstance(model, dict) else None)
+    if isinstance(model, dict):
+        _check_moe(source, name, model)
     parallel = row.get("parallel")
     if isinstance(parallel, dict):
         fsdp = parallel.get("fsdp")
@@ -335,6 +337,13 @@ def _check_team_shape(source: str, name: str, row: dict) -> None:
                 and str(fsdp).upper() not in FSDP_STRATEGIES:
             raise CaseError(source, f"{name}.parallel.fsdp", f"expected a sharding strategy ({', '.join(FSDP_STRATEGIES)}) "
                                                              f"or the sharding degree, got {one_line(repr(fsdp), 40)}")
+        gpus = row.get("num_gpus")
+        if isinstance(fsdp, int) and not isinstance(fsdp, bool) and isinstance(gpus, int) \
+                and not (1 <= fsdp <= gpus and gpus % fsdp == 0):
+            # a degree of -1 or 1,000 on 8 GPUs was fitted (as ZeRO-3 above 1)
+            raise CaseError(source, f"{name}.parallel.fsdp", f"expected the sharding degree, a divisor of the run's "
+                                                             f"{gpus} GPUs, got {one_line(repr(fsdp), 40)}")
+        _check_sharding_agrees(source, name, parallel)
         optimizer = parallel.get("distributed_optimizer")
         if optimizer is not None and not isinstance(optimizer, bool):
             raise CaseError(source, f"{name}.parallel.distributed_optimizer",
@@ -346,6 +355,51 @@ def _check_team_shape(source: str, name: str, row: dict) -> None:
             raise CaseError(source, f"{name}.measured.mfu", f"expected a share of the peak from 0 to 1, got "
                                                             f"{one_line(repr(mfu), 40)}")
     _check_gpu_name(source, name, row["gpu"])
+
+
+def _check_sharding_agrees(source: str, name: str, parallel: dict) -> None:
+    """A run's FSDP sharding and its stated ZeRO stage say one thing: FSDP over more than one rank (a
+    degree above 1, FULL_SHARD or HYBRID) is ZeRO-3, SHARD_GRAD_OP ZeRO-2 (published_runs.zero_stage);
+    a run that says fsdp 8 and zero_stage 1 was fitted as ZeRO-3 without a word."""
+    fsdp, stated = parallel.get("fsdp"), parallel.get("zero_stage")
+    if stated is None or fsdp in (None, False):
+        return
+    text = str(fsdp).upper()
+    sharded = 3 if (isinstance(fsdp, int) and not isinstance(fsdp, bool) and fsdp > 1) \
+        or "FULL_SHARD" in text or "HYBRID" in text else 2 if "SHARD_GRAD_OP" in text else None
+    if sharded is not None and stated != sharded:
+        raise CaseError(source, f"{name}.parallel.zero_stage", f"{one_line(repr(stated), 20)}, but parallel.fsdp "
+                                                               f"{one_line(repr(fsdp), 20)} shards as ZeRO {sharded}: "
+                                                               "give the one the run ran")
+
+
+# The keys of a run's model.moe (the published-runs schema): one a letter off (topk) was read as no key,
+# and the run fitted with another routing; and the least whole number each may be (None: words, which
+# the fit does not read: moe_layer_freq's '[0]*3+[1]*58').
+MOE_KEYS = {"num_experts": 1, "top_k": 1, "expert_ffn_hidden": 1, "shared_experts": 0, "shared_expert_ffn_hidden": 1,
+            "first_dense_layers": 0, "moe_layer_freq": None}
+
+
+def _check_moe(source: str, name: str, model: dict) -> None:
+    """A run's experts where the fit reads them: model.moe's keys (MOE_KEYS), whole numbers at their
+    least (shared_experts true was read as 1, 1.5 refused by a key the run does not have); the
+    experts' keys at the model's top level (fitted as a dense model) belong under model.moe."""
+    for key in model:
+        if key in MOE_KEYS or key in ("experts", "moe_top_k", "moe_num_experts", "num_shared_experts"):
+            raise CaseError(source, f"{name}.model.{key}", "a mixture of experts' key: give it under model.moe "
+                                                          f"({', '.join(MOE_KEYS)})")
+    moe = model.get("moe") or {}
+    for key, value in moe.items():
+        if key not in MOE_KEYS:
+            close = _near_miss(str(key), tuple(MOE_KEYS))
+            meant = f" (did you mean {close}?)" if close else ""
+            raise CaseError(source, f"{name}.model.moe.{one_line(key, 40)}",
+                            f"unknown key{meant}; a run's model.moe takes {', '.join(MOE_KEYS)}")
+        if value is None or MOE_KEYS[key] is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < MOE_KEYS[key]:
+            raise CaseError(source, f"{name}.model.moe.{key}", f"expected a whole number >= {MOE_KEYS[key]}, got "
+                                                              f"{one_line(repr(value), 40)}")
 
 
 # What the fit reads of a run's model.extra (published_runs: tied_embeddings, head_dim, mtp_layers), and

@@ -83,6 +83,11 @@ class Entry:
     marker: str
     unit: str = ""  # what must follow the figure (GiB, GB)
     also: str = ""  # what the line must hold besides
+    # The runs file's measurement the figure is (published_runs.ROW_MEASURES), and how many of the
+    # figure's unit make one of it (ms a second: 1000): each line held to its bounds, from MIN_FIGURE,
+    # not only the median (a step of 1e300 ms among others was fitted).
+    measure: str = ""
+    per: float = 1.0
 
     def points(self, text: str, src: str = "log") -> list[tuple[int, float]]:
         """(step or rank, figure) of every line that holds the key and the marker; a CaseError naming
@@ -107,20 +112,30 @@ class Entry:
             if figure <= 0:
                 raise CaseError(src, f"line {number}", f"'{self.marker}' {_clipped(value.group(1).rstrip(','))}: expected a "
                                                        "positive figure")
+            if self.measure:
+                from .limits import MIN_FIGURE
+                from .published_runs import ROW_MEASURES
+
+                least, most = MIN_FIGURE * self.per, ROW_MEASURES[self.measure] * self.per
+                if not least <= figure <= most:
+                    raise CaseError(src, f"line {number}", f"'{self.marker}' {_clipped(value.group(1).rstrip(','))}: "
+                                                           f"expected a figure from {least:g} to {most:g}")
             found.append((_count(keys[-1].group(1), src, number), figure))
         return found
 
 
 _FIGURE = re.compile(r"\s*" + NUMBER + r"\s*")
-MEGATRON_STEP = Entry(re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|"), "elapsed time per iteration (ms):")
-MEGATRON_MEMORY = Entry(re.compile(r"\[Rank (\d+)\]"), "max allocated:", also="memory (MB)")
+MEGATRON_STEP = Entry(re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|"), "elapsed time per iteration (ms):",
+                      measure="iteration_time_s", per=1000.0)
+MEGATRON_MEMORY = Entry(re.compile(r"\[Rank (\d+)\]"), "max allocated:", also="memory (MB)",
+                        measure="memory_gb_per_gpu", per=1024.0)
 # A training step's line, not a validation's ("validate step: N").
 TITAN_STEP_KEY = re.compile(r"(?<!validate )step:\s*(\d+)\b")  # after a colour code: no \b before
-TITAN_STEP = Entry(TITAN_STEP_KEY, "tps:")
-TITAN_MEMORY = Entry(TITAN_STEP_KEY, "memory:", "GiB")
+TITAN_STEP = Entry(TITAN_STEP_KEY, "tps:", measure="tokens_per_sec_per_gpu")
+TITAN_MEMORY = Entry(TITAN_STEP_KEY, "memory:", "GiB", measure="memory_gb_per_gpu")
 DS_THROUGHPUT = Entry(re.compile(r"global_step=(\d+)"), "CurrSamplesPerSec=")
-DS_MEMORY = Entry(re.compile(r"global_step=(\d+)"), "MaxMemAllocated=", "GB")
-DS_PIPE_STEP = Entry(re.compile(r"\bsteps: (\d+) "), "iter time (s):")
+DS_MEMORY = Entry(re.compile(r"global_step=(\d+)"), "MaxMemAllocated=", "GB", measure="memory_gb_per_gpu")
+DS_PIPE_STEP = Entry(re.compile(r"\bsteps: (\d+) "), "iter time (s):", measure="iteration_time_s")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from cost_models.specs import GPUSpec, ModelSpec, Performance
 from cost_models.topology import GroupLinks
 from planner.case import load_case
 from planner.case_cluster import gpu_from_profile
+from planner.errors import CaseError
 
 pytestmark = pytest.mark.slow
 
@@ -286,6 +287,15 @@ def test_a_case_of_one_rank_takes_the_figures_measured_with_one_rank_running(tmp
     # Measured with one rank, a profile has no second figure.
     assert "alone" not in build_profile({"device": "x"}, synthetic_measurements(), memory_bytes=1e9,
                                         gpus_per_node=1, main_precision="bf16", datasheet_peaks={"bf16": 400.0})
+    # A malformed alone section is refused whichever case reads the profile (a case of two passed it),
+    # its figures named where the section holds them (alone.peak_tflops.bf16 was named gpu.peak_tflops…).
+    for bad, key in ((3, "alone"), ({**alone, "peak_tflops": {"bf16": 0}}, "alone.peak_tflops.bf16"),
+                     ({**alone, "performance": {"gemm_efficiency": float("nan")}}, "alone.performance.gemm_efficiency")):
+        path.write_text(render({**profile, "alone": bad}))
+        for num_gpus in (1, 2):
+            with pytest.raises(CaseError) as error:
+                gpu(num_gpus)
+            assert error.value.key == key, (bad, num_gpus)
 
 
 def test_without_a_datasheet_the_peak_is_the_best_measured_gemm():

@@ -422,18 +422,31 @@ def test_a_line_of_many_step_keys_reads_in_linear_time(tmp_path, name, log, pref
 
 
 @pytest.mark.parametrize("figure, needle", [
-    ("1e300", "huge.log: its step time is 1e+297 s; expected one from 1e-06 to 1e+07 s"),
+    ("1e300", "huge.log: line 11: 'elapsed time per iteration (ms):' 1e300: expected a figure from 0.001 to 1e+10"),
     # 1e999 ms said 'expected a positive throughput, got 0.0'; 5,000 digits were read as infinity and fitted
     ("1e999", "huge.log: line 11: 'elapsed time per iteration (ms):' 1e999: expected a finite figure"),
     ("9" * 5000, "huge.log: line 11: 'elapsed time per iteration (ms):' 999999999999…: expected a finite figure")])
 def test_a_logs_step_time_is_held_to_a_runs_bounds(tmp_path, figure, needle):
-    """A step of 1e300 ms was fitted (an error of +5.3e296 written to the profile)."""
+    """A step of 1e300 ms was fitted (an error of +5.3e296 written to the profile); then refused where it
+    set the median, but fitted where the median of the others hid it: each line is held to the bounds."""
     case_path = tmp_path / "case.yaml"
     case_path.write_text(yaml.safe_dump({k: v for k, v in case(8, 1, 1, 1, 1).items()}))
     log = re.sub(r"elapsed time per iteration \(ms\): [0-9.]+", f"elapsed time per iteration (ms): {figure}",
                  MEGATRON_LOG)
     with pytest.raises(CaseError, match=re.escape(needle)):
         runs_from_logs([write(tmp_path, "huge.log", log)], [case_path])
+
+
+def test_one_step_past_the_bounds_is_refused_though_the_median_hides_it(tmp_path):
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump({k: v for k, v in case(8, 1, 1, 1, 1).items()}))
+    for figure in ("1e300", "1e-300"):
+        log = MEGATRON_LOG.replace("elapsed time per iteration (ms): 12050.0",
+                                   f"elapsed time per iteration (ms): {figure}", 1)
+        assert log != MEGATRON_LOG
+        with pytest.raises(CaseError, match=re.escape(f"'elapsed time per iteration (ms):' {figure}: expected a figure "
+                                                      "from 0.001 to 1e+10")):
+            runs_from_logs([write(tmp_path, "one.log", log)], [case_path])
 
 
 @pytest.mark.parametrize("name, log, old, new, needle", [
@@ -748,6 +761,19 @@ def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
     ({"gpu": "H1000"}, "gpu", "H1000 is no GPU the planner has a preset for"),
     # read as plain DDP, and as ZeRO-1
     ({"parallel__fsdp": True}, "parallel.fsdp", "expected a sharding strategy"),
+    # a degree off the run's GPUs, or beside a ZeRO stage it contradicts: fitted as ZeRO-3 without a word
+    ({"parallel__fsdp": 1000}, "parallel.fsdp", "expected the sharding degree, a divisor of the run's 8 GPUs"),
+    ({"parallel__fsdp": -1}, "parallel.fsdp", "expected the sharding degree, a divisor of the run's 8 GPUs"),
+    ({"parallel__fsdp": 8}, "parallel.zero_stage", "1, but parallel.fsdp 8 shards as ZeRO 3"),
+    # the experts a letter off, at the model's top level, or of the wrong kind: fitted as another model
+    # (shared_experts true as 1; 1.5 named the fit's own key, shared_expert_ffn_hidden, and a derived figure)
+    ({"model__moe": {"num_experts": 8, "topk": 2, "expert_ffn_hidden": 14336}}, "model.moe.topk",
+     "unknown key (did you mean top_k?)"),
+    ({"model__experts": 8}, "model.experts", "a mixture of experts' key: give it under model.moe"),
+    ({"model__moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 14336, "shared_experts": True}},
+     "model.moe.shared_experts", "expected a whole number >= 0, got True"),
+    ({"model__moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 14336, "shared_experts": 1.5}},
+     "model.moe.shared_experts", "expected a whole number >= 0, got 1.5"),
     ({"parallel": {"tp": 1, "pp": 1, "dp": 8, "distributed_optimizer": "no"}}, "parallel.distributed_optimizer",
      "expected true or false, got 'no'"),
     # fitted without the key, or without a word
