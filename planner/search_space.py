@@ -116,14 +116,19 @@ def expert_options(case: Case, spec: SearchSpec, tp: int, cp: int, dp: int) -> l
     """(ep, etp) pairs to score for one structure: for a dense model only (1, None); for a
     mixture of experts every ep that divides the experts and, with etp, the attention's
     tp·cp·dp ranks (the expert grid folds over them), and the engine's etp choices (1 and tp
-    where it runs any: ``EngineSupport.expert_tp_choices``) within one NVLink domain unless
-    ``tp_across_nodes``."""
+    where it runs any: ``EngineSupport.expert_tp_choices``; any the search section pins) within
+    one NVLink domain unless ``tp_across_nodes``."""
     model, cluster = case.model, case.cluster
     if not model.is_moe:
         return [(1, None)]
     engine = spec.engine
     out = []
-    for etp in engine.expert_tp_choices(tp):
+    choices = engine.expert_tp_choices(tp)
+    if engine.expert_tp == "any" and "etp" in spec.pins:
+        # A pinned etp the engine runs, though the search would not try it (Megatron-LM's
+        # --expert-tensor-parallel-size is any: tp 4 with etp 2 was "no layout meets etp, tp").
+        choices = (spec.pins["etp"],)
+    for etp in choices:
         if model.moe_ffn_hidden_size % etp or not spec.admits("etp", etp):
             continue
         if etp > cluster.gpu.nvlink_domain and not spec.tp_across_nodes:

@@ -364,3 +364,13 @@ def test_the_closest_miss_is_a_layout_the_engine_runs():
     with pytest.raises(CaseError) as refused:
         planner.plan(case)
     assert refused.value.key == "search" and "meets the search section's ep" in refused.value.expected
+
+
+def test_a_pinned_expert_tensor_parallel_degree_the_engine_runs_is_searched():
+    """Megatron-LM takes any --expert-tensor-parallel-size; the search tries 1 and tp by itself, and a
+    search section pinning etp 2 at tp 4 said no layout met it, though estimate priced it as fitting."""
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"},
+            "search": {"tp": 4, "etp": 2, "ep": 4, "pp": 2}}
+    best = planner.plan(case, top_k=0).best
+    assert (best.job.layout.tp, best.job.layout.expert_tp, best.job.layout.ep) == (4, 2, 4)
