@@ -273,6 +273,11 @@ def load_yaml(text: str, source: str, max_nodes: int = MAX_YAML_NODES) -> Any:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or "malformed"
+        if isinstance(error, yaml.reader.ReaderError) and isinstance(error.character, int):
+            # A character YAML refuses (a NUL byte): no mark, but its position in the text.
+            before = text[:error.position]
+            where = f" at line {before.count(chr(10)) + 1}, column {len(before) - before.rfind(chr(10))}"
+            problem = f"{error.reason} (#x{error.character:04x})"
         raise CaseError(source, "", f"expected valid YAML: {problem}{where}") from None
     except RecursionError:
         raise CaseError(source, "", "expected valid YAML: nested too deeply to read") from None

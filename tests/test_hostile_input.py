@@ -269,6 +269,15 @@ def test_a_file_name_with_a_line_break_is_shown_on_one_line(tmp_path):
     one_line_error(cli("estimate", str(path)), "bad\\nname.yaml", "expected valid YAML")
 
 
+def test_a_nul_byte_in_a_case_is_named_by_its_line_and_column(tmp_path):
+    """'expected valid YAML: malformed', where every other YAML error says where."""
+    path = tmp_path / "case.yaml"
+    path.write_text("model: {preset: llama3-8b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 8}\n"
+                    "training: {global_batch_size: 8, seq_len: 40\x0096}\n")
+    one_line_error(cli("plan", str(path)), "expected valid YAML: control characters are not allowed (#x0000) at "
+                                           "line 3, column 45")
+
+
 def test_an_absurd_figure_that_gives_endless_steps_is_refused_by_plan(tmp_path):
     case = copy.deepcopy(CASE)
     del case["layout"]
