@@ -54,6 +54,12 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 MOE = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss")
 SUPPORTED = LLAMA_LIKE + ("gpt_neox", "gpt2") + MOE
 
+# Model types that are another family's model under their own name, read as that family: Kimi K2
+# "reuses the DeepseekV3CausalLM architecture" and sets model_type kimi_k2 only so that inference engines
+# tell it apart (Moonshot's deployment guide, docs/deploy_guidance.md: change it to deepseek_v3 where a
+# framework does not know it); its config.json is a DeepseekV3Config.
+SAME_AS = {"kimi_k2": "deepseek_v3"}
+
 # architectures[0] with its head suffix removed, lower-cased, mapped to model_type.
 _ARCH_TO_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gptneox": "gpt_neox",
                  "gpt2": "gpt2", "mixtral": "mixtral", "qwen3moe": "qwen3_moe", "deepseekv2": "deepseek_v2",
@@ -290,6 +296,7 @@ def _family(r: _Reader) -> str:
     if model_type is not _MISSING:
         if not isinstance(model_type, str):
             raise r.fail("model_type", f"expected a string, one of {supported}; got {_show(model_type)}")
+        model_type = SAME_AS.get(model_type, model_type)
         if model_type not in SUPPORTED:
             raise r.fail("model_type", f"unsupported model type {model_type!r}; expected one of {supported}")
         return model_type

@@ -154,6 +154,21 @@ def test_family_from_architectures_when_model_type_missing(tmp_path):
         assert fields == EXPECTED[model], model
 
 
+def test_kimi_k2_is_read_as_the_deepseek_v3_model_it_is(tmp_path):
+    """Kimi K2's config.json is DeepSeek-V3's (DeepseekV3ForCausalLM, a DeepseekV3Config) under model_type
+    kimi_k2, which Moonshot sets only for inference engines to tell it apart: it was refused as an
+    unsupported model type. Its shape (61 layers of 7,168, 384 experts of 2,048, 8 a token, one shared,
+    the first layer dense, 64 MLA heads, vocabulary 163,840) on DeepSeek-V3's file."""
+    kimi = {**published("DeepSeek-V3"), "n_routed_experts": 384, "num_attention_heads": 64, "num_key_value_heads": 64,
+            "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "num_nextn_predict_layers": 0,
+            "vocab_size": 163840, "rope_theta": 50000.0}
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    as_deepseek = read_hf_config(write(tmp_path / "a", kimi, folder="Kimi-K2"))
+    as_kimi = read_hf_config(write(tmp_path / "b", {**kimi, "model_type": "kimi_k2"}, folder="Kimi-K2"))
+    assert as_kimi == as_deepseek
+    assert (as_kimi["num_experts"], as_kimi["moe_top_k"], as_kimi["moe_first_dense_layers"]) == (384, 8, 1)
+
+
 def test_llama_defaults(tmp_path):
     cfg = published("Llama-2-7b-hf")
     for key in ("num_key_value_heads", "tie_word_embeddings", "hidden_act"):
