@@ -45,9 +45,9 @@ def elementwise_bytes(model: ModelSpec, training: TrainingSpec, lay: Layout, tok
     kv = max(model.num_kv_heads // t, 1) * model.head_dim
     multiply = 3 * model.ffn_hidden_size / t if mlp and model.activation == "swiglu" and not fused else 0.0
     rotary = (2 if fused else 5) * (model.q_size / t + kv)
-    # A norm on each head's queries and keys (Qwen3's q_norm/k_norm; megatron-core's qk_layernorm)
-    # reads and writes them once more.
-    qk_norm = 2 * (model.q_size / t + kv) if model.qk_norm else 0.0
+    # A norm on each head's queries and keys (Qwen3's q_norm/k_norm; megatron-core's qk_layernorm;
+    # Llama 4's weightless L2 norm, qk_l2_norm) reads and writes them once more.
+    qk_norm = 2 * (model.q_size / t + kv) if model.qk_norm or model.qk_l2_norm else 0.0
     dropout = 2 * (2 * p + 1) * h / sp if model.dropout > 0 else 0.0
     per_token = p * (4 * h + 6 * h) / sp + p * (multiply + rotary + qk_norm) + dropout
     return per_token * tokens + (attention_score_bytes(model, training, lay, tokens) if scores else 0.0)

@@ -104,6 +104,10 @@ class ModelSpec:
     rope_base: Optional[float] = None
     linear_bias: Optional[bool] = None
     qk_norm: Optional[bool] = None
+    # Llama 4's L2 norm of each head's queries and keys, without weights (transformers'
+    # Llama4TextL2Norm under use_qk_norm; megatron-core's qk_l2_norm, --qk-l2-norm): one more
+    # element-wise pass, as qk_norm's (``layer_time.elementwise_bytes``).
+    qk_l2_norm: Optional[bool] = None
     # Rotary positions skipped in every N-th layer, the last of each N (Llama 4's NoPE layers:
     # transformers' Llama4TextConfig builds them every no_rope_layer_interval = 4; megatron-core's
     # no_rope_freq N, the same pattern); 0 for none. Not priced: the rotation is element-wise.

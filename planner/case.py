@@ -50,7 +50,8 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
               "moe_first_dense_layers", "moe_layer_freq", "moe_router", "moe_router_num_groups",
               "moe_router_group_topk", "moe_capacity_factor", "moe_load_imbalance", "mtp_layers",
               "sliding_window", "sliding_window_full_every",
-              "normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm", "nope_every")
+              "normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm", "nope_every",
+              "qk_l2_norm")
 
 
 # Integer model fields that may be 0 (none) or null: a model without query compression, shared
@@ -268,7 +269,7 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
             values[key] = read_str(src, f"model.{key}", fields[key])
     if fields.get("rope_base") is not None:
         values["rope_base"] = read_number(src, "model.rope_base", fields["rope_base"], MAX_ROPE_BASE)
-    for key in ("linear_bias", "qk_norm"):
+    for key in ("linear_bias", "qk_norm", "qk_l2_norm"):
         if fields.get(key) is not None:
             values[key] = read_bool(src, f"model.{key}", fields[key])
     if "dropout" in fields:

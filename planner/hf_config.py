@@ -184,6 +184,9 @@ def _architecture(r: "_Reader", family: str) -> dict:
         out["linear_bias"] = any(r.bool(k, False) for k in ("attention_bias", "mlp_bias"))
     if family in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = True
+    if family in ("llama4", "llama4_text"):
+        # transformers' Llama4TextAttention: a weightless L2 norm of q and k where use_qk_norm (and RoPE).
+        out["qk_l2_norm"] = r.bool("use_qk_norm", False)
     return out
 
 

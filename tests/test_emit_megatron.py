@@ -1110,3 +1110,34 @@ def test_llama4_is_built_with_rope_and_its_nope_layers(tmp_path):
     assert (fields["position_embedding"], fields["rope_base"], fields["nope_every"]) == ("rope", 500000.0, 4)
     model = best.job.model
     assert (model.position_embedding, model.rope_base, model.nope_every) == ("rope", 500000, 4)
+
+
+def test_llama4_scout_is_built_with_its_query_and_key_l2_norm(tmp_path):
+    """Llama 4 Scout normalises each head's queries and keys by their L2 norm, without weights
+    (config.json text_config use_qk_norm: true; transformers' Llama4TextL2Norm), Maverick does not
+    (use_qk_norm: false): Scout's files built attention without it, another model than Meta trained.
+    megatron-core's TransformerConfig.qk_l2_norm ("llama 4-style qk L2 norm") is --qk-l2-norm."""
+    import json
+    import sys
+
+    import planner
+    from planner.hf_config import read_hf_config
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_hf_config import published
+
+    for preset, fixture, normed in (("llama4-scout", "Llama-4-Scout-17B-16E", True),
+                                    ("llama4-maverick", "Llama-4-Maverick-17B-128E", False)):
+        path = tmp_path / fixture / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(published(fixture)))
+        assert read_hf_config(path)["qk_l2_norm"] is normed
+        assert published(fixture)["text_config"]["use_qk_norm"] is normed
+        case = {"model": {"preset": preset}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 256},
+                "training": {"global_batch_size": 1024, "seq_len": 4096, "engine": "megatron"}}
+        estimate_of = planner.estimate({**case, "layout": {"dp": 16, "tp": 4, "pp": 4, "ep": 16, "etp": 1, "sequence_parallel": True,
+                                                           "zero_stage": 1, "recompute": "full"}})
+        args = parse_args(megatron.render(estimate_of, ["header"])["megatron_args.txt"])
+        assert ("--qk-l2-norm" in args) is normed
+        assert TransformerConfig(num_layers=48, hidden_size=64, num_attention_heads=4,
+                                 qk_l2_norm="--qk-l2-norm" in args).qk_l2_norm is normed

@@ -82,6 +82,7 @@ BOOL_FLAGS = (
     "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep", "--overlap-grad-reduce", "--overlap-param-gather",
     "--qk-layernorm", "--multi-latent-attention", "--moe-layer-recompute", "--moe-grouped-gemm",
     "--moe-pad-expert-input-to-capacity", "--moe-router-enable-expert-bias", "--moe-router-force-load-balancing",
+    "--qk-l2-norm",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
@@ -340,6 +341,8 @@ def architecture_arguments(m) -> list[tuple[str, Optional[str]]]:
         # up-projections with their layer norm fused), which DeepSeek's attention has and the parameters
         # count (cost_models.parameters); without it Megatron-LM builds neither.
         args.append(("--qk-layernorm", None))
+    if m.qk_l2_norm:  # TransformerConfig.qk_l2_norm: "llama 4-style qk L2 norm"
+        args.append(("--qk-l2-norm", None))
     if m.sliding_window:
         # megatron-core's window_size is (keys to the left, keys to the right): causal, none right.
         args.append(("--window-size", f"{m.sliding_window},0"))

@@ -561,6 +561,9 @@ def architecture_notes(path: Path, case) -> list[str]:
         note("--group-query-attention", "grouped KV heads" if "--group-query-attention" in flags
              else "a KV head per head (its default)", f"{model.num_kv_heads} KV heads for "
              f"{model.num_attention_heads} heads (model.num_kv_heads)")
+    if model.qk_l2_norm is not None and model.qk_l2_norm != ("--qk-l2-norm" in flags):
+        note("--qk-l2-norm", "queries and keys L2-normed" if "--qk-l2-norm" in flags else "no L2 norm of queries "
+             "and keys (its default)", f"{'an' if model.qk_l2_norm else 'no'} L2 norm of them (model.qk_l2_norm)")
     untie = "--untie-embeddings-and-output-weights"
     if model.tied_embeddings == (untie in flags):
         built = "an untied output layer" if untie in flags else "an output layer tied to the embedding (its default)"
