@@ -171,7 +171,9 @@ class SizeChoice:
     def trade_text(self, other: "SizeChoice") -> str:
         """What ``other`` trades against this choice, e.g. "1.30× the GPUs for 0.80× the days"."""
         ratio = self.trade(other)
-        kind = "" if other.option is self.option else f"{other.option.gpu.name}: "
+        # The GPU type named where it differs: a same-type option on whole racks is another object.
+        same = (other.option.key, other.option.gpu.name) == (self.option.key, self.option.gpu.name)
+        kind = "" if same else f"{other.option.gpu.name}: "
         spent = f"{ratio['cost']:.2f}× the cost" if ratio["cost"] is not None else \
             f"{ratio['gpu_hours']:.2f}× the GPU-hours"
         # The ratio is of the GPUs paid: on part of each rack, more than the GPUs the row shows.

@@ -202,3 +202,15 @@ def test_a_runner_up_on_part_of_each_rack_says_its_ratio_is_of_the_gpus_paid():
     for alt in part:
         text = result.best.trade_text(alt)
         assert f"{alt.gpus_paid / result.best.gpus_paid:.2f}× the GPUs paid for" in text
+
+
+def test_a_same_type_runner_up_on_whole_racks_is_not_named_as_another_gpu():
+    """GB200 alone: the runner-up on whole racks (864 of 12 racks of 72) read "gb200: 0.75× the GPUs
+    paid…", the prefix every other row keeps for another GPU type, though the answer was gb200 too."""
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "gb200", "max_gpus": 1152, "gpu_hour_cost": 6.0},
+            "training": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16", "optimizer": "adamw"},
+            "search": {"target": "megatron"}}
+    result = planner.size(case, "15T", max_gpus=1152)
+    assert result.alternatives and all(alt.option.gpu.name == "gb200" for alt in result.alternatives)
+    for alt in result.alternatives:
+        assert not result.best.trade_text(alt).startswith("gb200"), result.best.trade_text(alt)
