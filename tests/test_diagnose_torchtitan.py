@@ -130,11 +130,46 @@ def test_torchtitans_own_base_config_is_read_from_its_source(tmp_path):
     job = result.estimate.job
     assert (job.layout.pp, job.layout.vpp, job.layout.ep, job.layout.recompute) == (8, 2, 32, "selective")
     assert job.training.loss_compiled and job.training.loss_chunk_count == 8
-    # A config that edits another one, an unknown one, an unknown module: not read (the reader says so).
     from planner.engines.torchtitan.base_config import read_base
     assert read_base("llama3", "llama3_70b", tmp_path).values["parallelism.tensor_parallel_degree"] == 8
-    for module, function in (("llama3", "llama3_debugmodel_float8"), ("llama3", "llama3_9000b"), ("llama9", "x")):
+    # ConfigManager's full module paths; a config built on another one (llama3_8b_mxfp8 on llama3_8b, its
+    # compile replaced); a section given as a local (llama3_405b's compile=compile_config: async TP, which
+    # was read as off); a local helper's own return (sft_qwen3_8b_math's process_sample: was None).
+    for module in ("torchtitan.models.llama3", "torchtitan.models.llama3.config_registry"):
+        assert read_base(module, "llama3_70b", tmp_path) == read_base("llama3", "llama3_70b", tmp_path)
+    mxfp8 = read_base("llama3", "llama3_8b_mxfp8", tmp_path).values
+    assert (mxfp8["training.seq_len"], mxfp8["compile.enable"], mxfp8["compile.components"]) == (8192, True, ["model"])
+    big = read_base("llama3", "llama3_405b", tmp_path).values
+    assert (big["compile.enable"], big["compile.enable_async_tensor_parallel"]) == (True, True)
+    assert read_base("qwen3", "sft_qwen3_8b_math", tmp_path).values["training.seq_len"] == 2048
+    # An unknown function or module: not read (the reader says so).
+    for module, function in (("llama3", "llama3_9000b"), ("llama9", "x")):
         assert read_base(module, function, tmp_path) is None
+
+
+def test_the_base_is_named_anywhere_and_its_expert_dispatch_decides_the_cuda_graph_refusal(tmp_path):
+    """ConfigManager takes --module/--config out wherever they stand (they were refused after the
+    checkpointing subcommand); a base whose model dispatches experts without host syncs (MinimalAsyncEP,
+    HybridEP with a non-blocking capacity) runs CUDA graphs with expert parallelism, which
+    Trainer.Config._validate_cuda_graphs refuses only for the all-to-all (it was refused for all)."""
+    path = tmp_path / "overrides.txt"
+    path.write_text("--training.local_batch_size 4 --training.global_batch_size 256 activation_checkpoint:none "
+                    "--module llama3 --config llama3_70b\n")
+    lay = diagnose(case_of("llama3-70b", 64, 256, 8192), torchtitan=path).estimate.job.layout
+    assert (lay.tp, lay.recompute, lay.micro_batch_size) == (8, "none", 4)
+    case = {"model": {"preset": "deepseek-v2-lite"}, "cluster": {"gpu": H100, "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096}}
+    path.write_text("--module deepseek_v3 --config deepseek_v3_16b_minimal_async_ep "
+                    "--parallelism.data_parallel_shard_degree 8 --parallelism.expert_parallel_degree 8 "
+                    "--training.global_batch_size 64 --training.seq_len 4096 --training.local_batch_size 4\n")
+    result = diagnose(case, torchtitan=path)
+    assert result.estimate.job.layout.ep == 8
+    assert any("minimal_async_ep" in note and "priced as the all-to-all" in note for note in result.notes)
+    # deepseek_v3_16b turns CUDA graphs off itself; turned back on, its all-to-all is refused.
+    path.write_text(path.read_text().replace("deepseek_v3_16b_minimal_async_ep", "deepseek_v3_16b").strip()
+                    + " --training.no_disable_cuda_graphs\n")
+    with pytest.raises(CaseError, match="false with expert parallelism"):
+        diagnose(case, torchtitan=path)
 
 
 def test_the_plans_own_launch_script_reads_back_through_its_config_module(tmp_path):

@@ -44,48 +44,150 @@ class BaseConfig:
 
 def read_base(module: str, function: str, beside: Path) -> Optional[BaseConfig]:
     """The base config ``--module module --config function`` builds, or None where it cannot be read
-    (torchtitan not installed, the function not a literal ``Trainer.Config(...)``). ``beside``: the
-    folder of the launch file, where the planner's own config module sits."""
+    (torchtitan not installed, a function of another shape). ``beside``: the folder of the launch
+    file, where the planner's own config module sits. ``module`` as ConfigManager takes it: the
+    shorthand (``llama3``) or the full path (``torchtitan.models.llama3[.config_registry]``)."""
     if module == CONFIG_MODULE and function == CONFIG_FUNCTION:
         return _read_own(beside / CONFIG_FILE)
     path = _registry_file(module)
     if path is None:
         return None
-    found = _function(path, function)
-    if found is None:
+    try:
+        tree = ast.parse(read_text(path))
+    except SyntaxError:
         return None
-    returned = [node.value for node in ast.walk(found) if isinstance(node, ast.Return)]
-    if len(returned) != 1 or not _is_call(returned[0], "Trainer.Config"):
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    return _read_function(functions, function, str(path), depth=0)
+
+
+# Helpers a registry function may call on its config that touch nothing the reader reads
+# (deepseek_v3/config_registry.py ``enable_fused_swiglu``: it appends to ``config.override.imports``).
+OVERRIDE_HELPERS = ("enable_fused_swiglu",)
+# Trainer.Config's sections the reader does not read, which a function may set as it likes.
+UNREAD = ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer", "dataloader", "optimizer",
+          "lr_scheduler", "checkpoint", "comm", "validator", "debug", "override")
+# The model spec's expert dispatch (model_registry's keywords): Trainer.Config._validate_cuda_graphs runs
+# CUDA graphs with expert parallelism only for MinimalAsyncEP, or HybridEP with a non-blocking capacity.
+DISPATCH_KEYWORDS = ("moe_comm_backend", "non_blocking_capacity_factor")
+DEPTH = 8  # configs built on configs: llama3_8b_mxfp8 on llama3_8b
+
+
+def _read_function(functions: dict, name: str, source: str, depth: int) -> Optional[BaseConfig]:
+    """A registry function of one of its two shapes, statement by statement: locals, then one
+    ``return Trainer.Config(...)``; or ``config = other()`` (another function of the file), then
+    assignments to ``config.section``, ``config.section.field``, ``config.loss`` and kin, then
+    ``return config``. Any other statement (a branch, a loop, a call that may edit the config) and
+    any value that is no literal where the reader reads it make the function unreadable: None."""
+    found = functions.get(name)
+    if found is None or depth > DEPTH:
         return None
-    values: dict[str, Any] = {}
-    ac_mode = None
-    for keyword in returned[0].keywords:
-        value = keyword.value
-        if keyword.arg in ("training", "parallelism", "compile") and isinstance(value, ast.Call):
-            section = SECTIONS.get(ast.unparse(value.func))
-            if section is None:
-                return None
-            for field in value.keywords:
-                try:
-                    values[f"{section}.{field.arg}"] = ast.literal_eval(field.value)
-                except ValueError:
-                    return None  # a computed field: not what ConfigManager would see without running it
-        elif keyword.arg == "activation_checkpoint":
-            ac_mode = "none" if _is_none(value) else AC_CONFIGS.get(ast.unparse(value.func)) \
-                if isinstance(value, ast.Call) else None
-            if ac_mode is None:
-                return None
-        elif keyword.arg == "loss" and isinstance(value, ast.Call):
-            chunks = LOSS_CHUNKS.get(ast.unparse(value.func))
-            given = [k for k in value.keywords if k.arg == "num_chunks"]
-            if given:
-                try:
-                    chunks = ast.literal_eval(given[0].value)
-                except ValueError:
+    names: dict[str, ast.AST] = {}  # the function's locals, as written
+    config: Optional[str] = None  # the local holding another function's config
+    state: dict[str, Any] = {}
+    for statement in found.body:
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(statement, ast.FunctionDef):
+            continue  # a local helper (sft_qwen3_8b_math's process_sample): its returns are its own
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call) \
+                and ast.unparse(statement.value.func) in OVERRIDE_HELPERS:
+            continue
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target, value = statement.targets[0], statement.value
+            if isinstance(target, ast.Name):
+                if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in functions \
+                        and not value.args and not value.keywords:
+                    below = _read_function(functions, value.func.id, source, depth + 1)
+                    if below is None:
+                        return None
+                    config, state = target.id, {"values": dict(below.values), "ac_mode": below.ac_mode}
+                else:
+                    names[target.id] = value
+                continue
+            chain = _attribute_chain(target)
+            if config is not None and chain and chain[0] == config and len(chain) > 1:
+                if not _apply(state, chain[1:], value, names):
                     return None
-            if chunks is not None:
-                values["loss.num_chunks"] = chunks
-    return BaseConfig(values, ac_mode, str(path))
+                continue
+            return None
+        if isinstance(statement, ast.Return):
+            value = statement.value
+            if config is not None and isinstance(value, ast.Name) and value.id == config:
+                return BaseConfig(state["values"], state["ac_mode"], source)
+            if config is None and _is_call(value, "Trainer.Config"):
+                state = {"values": {}, "ac_mode": None}
+                if all(_apply(state, [keyword.arg], keyword.value, names) for keyword in value.keywords):
+                    return BaseConfig(state["values"], state["ac_mode"], source)
+            return None
+        return None
+    return None
+
+
+def _apply(state: dict, path: list[str], value: ast.AST, names: dict) -> bool:
+    """``config.<path> = value`` on what the reader reads (False where it cannot say what it sets)."""
+    if isinstance(value, ast.Name) and value.id in names:
+        value = names[value.id]
+    values = state["values"]
+    head = path[0]
+    if head in UNREAD:
+        return True
+    if head in SECTIONS.values():
+        if len(path) == 1:
+            if not isinstance(value, ast.Call) or SECTIONS.get(ast.unparse(value.func)) != head:
+                return False
+            for key in [k for k in values if k.startswith(head + ".")]:
+                del values[key]  # a section replaced whole: its fields are the new one's or the defaults
+            return all(_apply(state, [head, field.arg], field.value, names) for field in value.keywords)
+        if len(path) == 2:
+            try:
+                values[f"{head}.{path[1]}"] = ast.literal_eval(value)
+            except ValueError:
+                return False
+            return True
+        return False
+    if path == ["activation_checkpoint"]:
+        mode = "none" if _is_none(value) else \
+            AC_CONFIGS.get(ast.unparse(value.func)) if isinstance(value, ast.Call) else None
+        state["ac_mode"] = mode
+        return mode is not None
+    if path == ["loss"]:
+        if not isinstance(value, ast.Call):
+            return False
+        # ChunkedLossWrapper in its chunks (8 by default); any other loss (CrossEntropyLoss, MTPLoss) on
+        # whole logits.
+        chunks = LOSS_CHUNKS.get(ast.unparse(value.func), 1)
+        given = [k for k in value.keywords if k.arg == "num_chunks"]
+        if given:
+            try:
+                chunks = ast.literal_eval(given[0].value)
+            except ValueError:
+                return False
+        values["loss.num_chunks"] = chunks
+        return True
+    if path == ["model_spec"]:
+        # What the reader needs of the model: its expert dispatch (the rest is the case's).
+        for key in DISPATCH_KEYWORDS:
+            values.pop(f"model_spec.{key}", None)
+        if isinstance(value, ast.Call):
+            for keyword in value.keywords:
+                if keyword.arg in DISPATCH_KEYWORDS:
+                    try:
+                        values[f"model_spec.{keyword.arg}"] = ast.literal_eval(keyword.value)
+                    except ValueError:
+                        return False
+        return True
+    return False
+
+
+def _attribute_chain(node: ast.AST) -> Optional[list[str]]:
+    """``config.training.seq_len`` as ["config", "training", "seq_len"]; None for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id] + parts[::-1]
 
 
 def _read_own(path: Path) -> Optional[BaseConfig]:
@@ -128,7 +230,9 @@ def _registry_file(module: str) -> Optional[Path]:
     if spec is None or not spec.submodule_search_locations:
         return None
     root = Path(next(iter(spec.submodule_search_locations)))
-    parts = module.split(".")
+    for prefix in ("torchtitan.models.", "torchtitan.experiments."):  # ConfigManager's full paths
+        module = module.removeprefix(prefix)
+    parts = module.removesuffix(".config_registry").split(".")
     if not all(part.isidentifier() for part in parts):
         return None
     for package in ("models", "experiments"):
@@ -136,14 +240,6 @@ def _registry_file(module: str) -> Optional[Path]:
         if path.is_file():
             return path
     return None
-
-
-def _function(path: Path, name: str) -> Optional[ast.FunctionDef]:
-    try:
-        tree = ast.parse(read_text(path))
-    except SyntaxError:
-        return None
-    return next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name), None)
 
 
 def _is_call(node: ast.AST, name: str) -> bool:

@@ -451,6 +451,14 @@ def _from_words(src: str, words: list[str]) -> _Settings:
                     and i < len(words) and not words[i].startswith("--"):
                 i += 1
             continue
+        if word.partition("=")[0] in ("--module", "--config"):
+            # ConfigManager._load_config takes these two out wherever they stand, before tyro parses the rest.
+            key, eq, inline = word[2:].partition("=")
+            if not eq and (i >= len(words) or words[i].startswith("--")):
+                raise CaseError(src, f"--{key}", "expected one value (ConfigManager._load_config)")
+            base[key] = inline if eq else words[i]
+            i += 0 if eq else 1
+            continue
         if ac_mode is not None and word.startswith("--"):
             # tyro reads what follows a subcommand as that subcommand's options
             raise CaseError(src, one_line(word, 60), f"follows activation_checkpoint:{ac_mode}, whose options tyro "
@@ -469,11 +477,6 @@ def _from_words(src: str, words: list[str]) -> _Settings:
         if name in TOP_LEVEL:
             if len(args) != 1:
                 raise CaseError(src, f"--{name}", "expected one value (Trainer.Config's field, trainer.py)")
-            continue
-        if name in ("module", "config"):
-            if len(args) != 1:
-                raise CaseError(src, f"--{name}", "expected one value (ConfigManager._load_config)")
-            base[name] = args[0]
             continue
         section, dot, key = name.partition(".")
         if not dot or not key:
@@ -800,13 +803,27 @@ def _check_training(s: _Settings, case, d: _Degrees) -> None:
                                                           "config (Trainer.Config: CUDA graphs do not support "
                                                           "pipeline parallelism yet); give --training."
                                                           "disable_cuda_graphs")
-    if d.ep > 1 and case.model.is_moe and s.cli and not s.switch(t + "disable_cuda_graphs", False):
-        raise CaseError(s.src, t + "disable_cuda_graphs", "absent with expert parallelism: torchtitan refuses the "
+    if d.ep > 1 and case.model.is_moe and s.cli and not s.switch(t + "disable_cuda_graphs", False) \
+            and _dispatch_syncs(s):
+        said = "false" if t + "disable_cuda_graphs" in s.values else "absent"
+        raise CaseError(s.src, t + "disable_cuda_graphs", f"{said} with expert parallelism: torchtitan refuses the "
                                                           "config (Trainer.Config._validate_cuda_graphs: the "
                                                           "all-to-all token dispatcher synchronizes with the "
                                                           "host); give --training.disable_cuda_graphs")
     if not s.cli:
         _check_converters(s, case)
+
+
+def _dispatch_syncs(s: _Settings) -> bool:
+    """Whether the job's expert dispatch synchronizes with the host, which CUDA graphs refuse
+    (Trainer.Config._validate_cuda_graphs): the all-to-all of a model built without a base config's
+    own dispatch; not MinimalAsyncEP, nor HybridEP with a non-blocking capacity, where the base config
+    read builds them (model_registry's moe_comm_backend); unknown where a base is named but not read."""
+    if s.base and not s.base_source:
+        return False
+    backend = s.values.get("model_spec.moe_comm_backend")  # the base's words (_as_words)
+    capacity = s.values.get("model_spec.non_blocking_capacity_factor")
+    return not (backend == ["minimal_async_ep"] or backend == ["hybridep"] and capacity not in (None, ["None"]))
 
 
 def _check_converters(s: _Settings, case) -> None:
@@ -1002,6 +1019,10 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
                      "installed here, or the function is not one Trainer.Config(...) of literal fields): what the "
                      "overrides leave out is read as torchtitan's defaults (config/configs.py), where the base "
                      "config may set others")
+    backend = s.values.get("model_spec.moe_comm_backend")
+    if backend and job.model.is_moe:
+        notes.append(f"the base config {s.base} builds its experts' dispatch as {' '.join(backend)} "
+                     "(model_registry's moe_comm_backend): priced as the all-to-all, which the planner's files run")
     compiled = s.switch("compile.enable", False) or (not s.cli and s.switch("training.compile", False))
     if not compiled or "model" not in s.names("compile.components", ["model", "loss"]):
         why = "compile.enable, torchtitan's default off" if not compiled else \
