@@ -26,6 +26,7 @@ from cost_models.model_states import folds_gradients_into_fp32, state_bytes  # n
 import planner  # noqa: E402
 from planner.case import load_case  # noqa: E402
 from planner.engines.deepspeed import emit as ds  # noqa: E402
+from planner.configs import render  # noqa: E402
 from planner.emit import provenance  # noqa: E402
 from planner.engines.deepspeed import read as ds_reader  # noqa: E402
 from planner.errors import CaseError  # noqa: E402
@@ -167,6 +168,29 @@ def test_deepspeed_accepts_emitted_config(index, tmp_path, world):
         (lay.dp, lay.tp, lay.pp, lay.micro_batch_size, lay.zero_stage, lay.recompute)
 
 
+def test_the_launch_runs_the_training_script_beside_it_from_any_folder_and_says_it_is_the_users(tmp_path):
+    """launch.sh found ds_config.json beside itself but train.py in the caller's folder: run from another
+    folder every rank failed to open it. It is run as the deepspeed launcher would be handed it (a stand-in
+    `deepspeed` on PATH records its arguments), and the files say train.py is the user's to write."""
+    _, estimate = usable(0)
+    out = tmp_path / "run"
+    out.mkdir()
+    emit(estimate, out)
+    files, notes = render(estimate, "deepspeed", "case.yaml")  # the API's (planner.configs)
+    assert any("train.py" in note and "yours to write" in note for note in notes)
+    assert "deepspeed.initialize(args=args" in files["launch.sh"] and "deepspeed.initialize" in files["sbatch.sh"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "deepspeed").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    (bin_dir / "deepspeed").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    for extra, script in (({}, str(out / "train.py")), ({"TRAIN_SCRIPT": "/opt/mine.py"}, "/opt/mine.py")):
+        done = subprocess.run(["bash", str(out / "launch.sh")], cwd="/", env={**env, **extra},
+                              capture_output=True, text=True, check=True)
+        words = done.stdout.splitlines()
+        assert words[4:] == [script, "--deepspeed", "--deepspeed_config", str(out / "ds_config.json")]
+
+
 @pytest.mark.parametrize("index", range(CASES))
 def test_launch_script(index, tmp_path):
     _, estimate = usable(index)
@@ -177,8 +201,8 @@ def test_launch_script(index, tmp_path):
     per_node = job.cluster.gpu.gpus_per_node
     nodes, gpus = (1, job.cluster.num_gpus) if job.cluster.num_gpus <= per_node \
         else (job.cluster.num_gpus // per_node, per_node)
-    # the config beside the script, from wherever it is run
-    assert (f"\ndeepspeed --num_nodes {nodes} --num_gpus {gpus} train.py --deepspeed "
+    # the config and the training script beside the script, from wherever it is run
+    assert (f'\ndeepspeed --num_nodes {nodes} --num_gpus {gpus} "${{TRAIN_SCRIPT:-$HERE/train.py}}" --deepspeed '
             f'--deepspeed_config "$HERE/ds_config.json"') in text
     assert 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"' in text
     subprocess.run(["bash", "-n", str(tmp_path / "launch.sh")], check=True)

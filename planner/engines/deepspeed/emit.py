@@ -177,12 +177,33 @@ def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
     if nodes > 1:
         out.append(comment(["", f"{nodes} nodes: the launcher reads the hosts from /job/hostfile "
                                 f"(or pass --hostfile FILE), one line per node: HOST slots={per_node}"]))
+    out.append(comment([""] + TRAIN_SCRIPT_LINES))
     out.append("set -euo pipefail\n")
-    # The config beside this script, wherever it is run from (as sbatch.sh finds it).
+    # The config and the training script beside this script, wherever it is run from (as sbatch.sh
+    # finds them): train.py in the caller's folder was no file where the launch ran from elsewhere.
     out.append('HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n\n')
-    out.append(f"deepspeed --num_nodes {shell_word(nodes)} --num_gpus {shell_word(per_node)} train.py --deepspeed "
-               f"--deepspeed_config \"$HERE/{CONFIG}\" \"$@\"\n")
+    out.append(f"deepspeed --num_nodes {shell_word(nodes)} --num_gpus {shell_word(per_node)} {TRAIN_COMMAND}\n")
     return "".join(out)
+
+
+# DeepSpeed has no training entry point of its own (``deepspeed`` starts the script it is given, with
+# --local_rank: launcher/launch.py): the files run the user's, train.py beside them unless TRAIN_SCRIPT
+# names another, and say what it must do for the plan to run as priced.
+TRAIN_COMMAND = f'"${{TRAIN_SCRIPT:-$HERE/train.py}}" --deepspeed --deepspeed_config "$HERE/{CONFIG}" "$@"'
+TRAIN_SCRIPT_LINES = [
+    "train.py (not written here: DeepSpeed has no training script of its own; TRAIN_SCRIPT=PATH runs",
+    "another) is yours: it parses --local_rank, which the launcher adds, and deepspeed.add_config_arguments;",
+    "builds your model and data, and calls deepspeed.initialize(args=args, model=model,",
+    "model_parameters=model.parameters()) without an optimizer of its own (ds_config.json has it), then",
+    "engine.backward(loss) and engine.step() each micro-batch (a pipeline: engine.train_batch() a step),",
+    "its model set up as the notes above say.",
+]
+
+
+def warnings(estimate) -> list[str]:
+    """What the user must do before the files run: the CLI prints these on stderr."""
+    return ["launch.sh runs train.py beside it (or TRAIN_SCRIPT), which is yours to write: DeepSpeed has no "
+            "training script of its own; launch.sh's header says what it must do"]
 
 
 def _moe_snippet(job) -> list[str]:
@@ -317,6 +338,6 @@ def render(estimate, header_lines: Union[list[str], str]) -> dict[str, str]:
     cluster = estimate.job.cluster
     nodes, per_node = launch_nodes(cluster, "deepspeed")
     files = {CONFIG: json.dumps(config, indent=2) + "\n", LAUNCH: launch_text(estimate, header_lines)}
-    files[SBATCH_FILE] = sbatch(comment(_lines(header_lines)), nodes, per_node,
-                                f'train.py --deepspeed --deepspeed_config "$HERE/{CONFIG}" "$@"', cluster=cluster)
+    files[SBATCH_FILE] = sbatch(comment(_lines(header_lines) + [""] + TRAIN_SCRIPT_LINES), nodes, per_node,
+                                TRAIN_COMMAND, cluster=cluster)
     return files
