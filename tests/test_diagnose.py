@@ -351,8 +351,8 @@ def test_a_zero_key_deepspeed_refuses_and_ulysses_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("changes, key, said", [
-    ({"zero_optimization.reduce_bucket_size": -5}, "zero_optimization.reduce_bucket_size", "at least 0"),
-    ({"zero_optimization.reduce_bucket_size": 1e999}, "zero_optimization.reduce_bucket_size", "at least 0"),
+    ({"zero_optimization.reduce_bucket_size": -5}, "zero_optimization.reduce_bucket_size", "at least 1"),
+    ({"zero_optimization.reduce_bucket_size": 1e999}, "zero_optimization.reduce_bucket_size", "at least 1"),
     # DeepSpeedZeroConfig: Field(ge=0) for the stage-3 sizes too (-5 and Infinity went by, exit 0)
     ({"zero_optimization.stage3_prefetch_bucket_size": -5}, "zero_optimization.stage3_prefetch_bucket_size",
      "at least 0"),
@@ -371,6 +371,77 @@ def test_what_deepspeed_refuses_in_the_keys_the_notes_read_is_refused(tmp_path, 
     with pytest.raises(CaseError) as error:
         diagnose(DS_CASE, config=config)
     assert error.value.key == key and said in error.value.expected, str(error.value)
+
+
+CASE_8 = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+          "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"}}
+
+
+FP32_GRADS_8 = {**CASE_8, "training": {**CASE_8["training"], "fp32_grads": True}}
+
+
+def _write_config(tmp_path, config: dict):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_deepspeed_reads_as_deepspeed_does_what_it_takes_and_refuses_what_it_refuses(tmp_path):
+    """Checked against DeepSpeed 0.19.8's own config models: reduce_bucket_size 0 (gt=0) and
+    compute_grad_norm false at stage 3 were diagnosed, exit 0; bf16.enabled "true" (pydantic's lax
+    bool) and zero_optimization: true (the deprecated form, stage 1) were refused as malformed."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig, get_zero_config
+
+    base = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}}
+    for zero, key in (({"stage": 2, "reduce_bucket_size": 0}, "zero_optimization.reduce_bucket_size"),
+                      ({"stage": 3, "compute_grad_norm": False}, "zero_optimization.compute_grad_norm")):
+        with pytest.raises(Exception):
+            DeepSpeedZeroConfig(**zero)
+        with pytest.raises(CaseError) as error:
+            diagnose(CASE_8, config=_write_config(tmp_path, {**base, "zero_optimization": zero}))
+        assert error.value.key == key
+    # Stage 1, bf16 parameters, fp32 gradient accumulation: the BF16_Optimizer, which refuses it
+    # (runtime/engine.py, _do_optimizer_sanity_check).
+    with pytest.raises(CaseError, match="stage 1 with bf16 parameters and fp32 gradient accumulation"):
+        diagnose(FP32_GRADS_8, config=_write_config(tmp_path, {**base, "zero_optimization": {"stage": 1,
+                 "compute_grad_norm": False}, "data_types": {"grad_accum_dtype": "fp32"}}))
+    assert get_zero_config({"zero_optimization": True}).stage == 1
+    result = diagnose(CASE_8, config=_write_config(tmp_path, {**base, "zero_optimization": True}))
+    assert result.estimate.job.layout.zero_stage == 1
+    assert any("deprecated form" in line for line in result.resolved + result.notes)
+    result = diagnose(CASE_8, config=_write_config(tmp_path, {**base, "bf16": {"enabled": "true"},
+                                                             "zero_optimization": {"stage": 2}}))
+    assert result.estimate.job.training.precision == "bf16"
+
+
+def test_a_micro_batch_option_is_held_to_the_one_deepspeed_derives_from_the_global_batch_alone(tmp_path,
+                                                                                               monkeypatch):
+    """train_batch_size alone: DeepSpeed runs one accumulation step of 64 / 8 = 8 a GPU
+    (runtime/config.py, _set_batch_related_parameters); --micro-batch-size 2 was read as 2 x 4."""
+    from deepspeed import comm as ds_comm
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config = {"train_batch_size": 64, "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+    monkeypatch.setattr(ds_comm, "get_world_size", lambda group=None: 8)  # the 8 GPUs' data parallelism
+    monkeypatch.setattr(ds_comm, "get_rank", lambda group=None: 0)
+    parsed = DeepSpeedConfig(dict(config), mpu=None)
+    assert (parsed.train_micro_batch_size_per_gpu, parsed.gradient_accumulation_steps) == (8, 1)
+    path = _write_config(tmp_path, config)
+    with pytest.raises(CaseError, match="differs from the micro-batch DeepSpeed derives"):
+        diagnose(CASE_8, config=path, micro_batch_size=2)
+    assert diagnose(CASE_8, config=path, micro_batch_size=8).estimate.job.layout.micro_batch_size == 8
+
+
+def test_the_overlap_note_is_only_where_deepspeed_could_overlap(tmp_path):
+    """A pipeline's engine turns overlap_comm off (engine.py) and reduces after the schedule; the
+    BF16_Optimizer takes no overlap_comm: the estimate prices neither overlapped, and the note said the
+    run "may step slower" than priced, the same step either way."""
+    base = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}}
+    bf16_optimizer = {**base, "zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"}}
+    notes = diagnose(FP32_GRADS_8, config=_write_config(tmp_path, bf16_optimizer)).notes
+    assert not [n for n in notes if "overlap_comm" in n]
+    zero2 = {**base, "zero_optimization": {"stage": 2}}
+    assert [n for n in diagnose(CASE_8, config=_write_config(tmp_path, zero2)).notes if "overlap_comm" in n]
 
 
 def test_values_deepspeed_coerces_get_their_notes(tmp_path):

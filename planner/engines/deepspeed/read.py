@@ -167,8 +167,8 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
             del zero[key]
         elif key in zero:
             zero[key] = _lax_bool(src, f"zero_optimization.{key}", zero[key])
-    # (DeepSpeedZeroConfig's stage3 sizes: Field(ge=0), as its buckets')
-    for key, least in (("reduce_bucket_size", 0), ("allgather_bucket_size", 0), ("zero_hpz_partition_size", 1),
+    # (DeepSpeedZeroConfig's stage3 sizes: Field(ge=0), as its allgather bucket's; its reduce bucket gt=0)
+    for key, least in (("reduce_bucket_size", 1), ("allgather_bucket_size", 0), ("zero_hpz_partition_size", 1),
                        ("stage3_prefetch_bucket_size", 0), ("stage3_max_live_parameters", 0),
                        ("stage3_param_persistence_threshold", 0), ("stage3_max_reuse_distance", 0),
                        ("stage3_model_persistence_threshold", 0), ("sub_group_size", 0)):
@@ -187,8 +187,22 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
     enabled = _lax_bool(src, "compile.enabled", compiled.get("enabled", False)) if compiled else False
     lay, training = job.layout, job.training
     stage = lay.zero_stage
+    if "compute_grad_norm" in zero and not _lax_bool(src, "zero_optimization.compute_grad_norm",
+                                                     zero["compute_grad_norm"]):
+        stated = zero.get("stage", 0)
+        if stated not in (1, 2):  # DeepSpeedZeroConfig.compute_grad_norm_valid (zero/config.py)
+            raise CaseError(src, "zero_optimization.compute_grad_norm", f"false: DeepSpeed takes it at ZeRO stage 1 or "
+                                                                        f"2 only, not stage {stated} (zero/config.py)")
+        if folds_gradients_into_fp32(job):  # engine.py, _do_optimizer_sanity_check
+            raise CaseError(src, "zero_optimization.compute_grad_norm", "false: DeepSpeed refuses it for ZeRO stage 1 "
+                                                                        "with bf16 parameters and fp32 gradient "
+                                                                        "accumulation (runtime/engine.py)")
     notes = []
-    if lay.dp * lay.cp > 1 and stage in (1, 2) and not zero.get("overlap_comm", False):
+    # (Not under a pipeline, whose engine turns overlap_comm off and reduces after the schedule drains,
+    # engine.py; nor for the BF16_Optimizer, which takes no overlap_comm: the estimate prices neither
+    # overlapped, dp_time.)
+    if lay.dp * lay.cp > 1 and stage in (1, 2) and not zero.get("overlap_comm", False) and lay.pp == 1 \
+            and not folds_gradients_into_fp32(job):
         said = "false" if "overlap_comm" in zero else "absent (DeepSpeed's default below stage 3: off)"
         notes.append(f"zero_optimization.overlap_comm {said}: DeepSpeed reduces the gradients after the backward, not "
                      "behind it; priced with the overlap, so the run may step slower")
@@ -243,10 +257,8 @@ def _enabled(src: str, config: dict, key: str) -> bool:
         return False
     if not isinstance(section, dict):
         raise CaseError(src, key, f"expected a mapping, got {type(section).__name__} {section!r}")
-    value = section.get("enabled", False)
-    if not isinstance(value, bool):
-        raise CaseError(src, f"{key}.enabled", f"expected true or false, got {value!r}")
-    return value
+    # As DeepSpeed's precision models take it (pydantic's lax bool: "true" is True, precision_config.py).
+    return _lax_bool(src, f"{key}.enabled", section.get("enabled", False))
 
 
 def _load(path: Path) -> dict:
@@ -281,6 +293,15 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
         config["train_micro_batch_size_per_gpu"] = micro
         resolved.append(f"train_micro_batch_size_per_gpu: auto -> {micro}")
     elif stated is None and micro_batch_size is not None:
+        batch, accumulation = config.get("train_batch_size"), config.get("gradient_accumulation_steps")
+        if isinstance(batch, int) and not isinstance(batch, bool) and accumulation is None \
+                and micro_batch_size * dp != batch:
+            # DeepSpeed derives both from train_batch_size alone: one accumulation step of batch ÷ dp
+            # (runtime/config.py, _set_batch_related_parameters); the option was taken, and the
+            # accumulation derived from it, where the run takes none of it.
+            raise CaseError(*argument("micro_batch_size"), f"{micro_batch_size} differs from the micro-batch "
+                                                            f"DeepSpeed derives from {src}'s train_batch_size {batch} "
+                                                            f"alone: {batch} / dp {dp}, one accumulation step")
         # The micro-batch the run is given, where the config derives its own (train_batch_size ÷
         # accumulation ÷ dp): one that disagrees is refused below, as DeepSpeed checks the three; it
         # was ignored, the derived one diagnosed.
@@ -332,6 +353,14 @@ def as_deepspeed_reads(src: str, config: dict) -> tuple[dict, list[str]]:
         config["bf16"] = config.pop("bfloat16")
         notes.append("bfloat16: read as bf16 (DeepSpeed's deprecated spelling)")
     zero = config.get("zero_optimization")
+    if isinstance(zero, bool):
+        # zero/config.py, read_zero_config_deprecated: true is stage 1 (its allgather bucket
+        # allgather_size), false stage 0 (it was refused as no mapping).
+        zero = {"stage": 1 if zero else 0}
+        if config.get("allgather_size") is not None:
+            zero["allgather_bucket_size"] = config["allgather_size"]
+        notes.append(f"zero_optimization: {str(config['zero_optimization']).lower()} read as stage {zero['stage']} "
+                     "(DeepSpeed's deprecated form)")
     if isinstance(zero, dict):
         zero = dict(zero)
         for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
