@@ -27,6 +27,9 @@ Mixtures of experts and multi-head latent attention:
   ``intermediate_size`` and one shared expert of the same width in every
   ``interleave_moe_layer_step``-th layer, the others dense of ``intermediate_size_mlp``;
   sigmoid router.
+* ``glm4_moe`` (GLM-4.5): grouped-query attention with its own ``head_dim``, and DeepSeek-V3's
+  mixture (``n_routed_experts``, ``n_shared_experts``, ``first_k_dense_replace``, a sigmoid router
+  over ``n_group`` groups, ``num_nextn_predict_layers``).
 * ``gpt_oss``: ``num_local_experts`` of ``intermediate_size`` in every layer; its clamped
   SwiGLU counts as SwiGLU.
 
@@ -51,7 +54,7 @@ from planner.inputs import read_json
 from planner.limits import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_VOCAB
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
-MOE = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss")
+MOE = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "glm4_moe")
 SUPPORTED = LLAMA_LIKE + ("gpt_neox", "gpt2") + MOE
 
 # Model types that are another family's model under their own name, read as that family: Kimi K2
@@ -63,7 +66,7 @@ SAME_AS = {"kimi_k2": "deepseek_v3"}
 # architectures[0] with its head suffix removed, lower-cased, mapped to model_type.
 _ARCH_TO_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gptneox": "gpt_neox",
                  "gpt2": "gpt2", "mixtral": "mixtral", "qwen3moe": "qwen3_moe", "deepseekv2": "deepseek_v2",
-                 "deepseekv3": "deepseek_v3", "llama4": "llama4", "gptoss": "gpt_oss"}
+                 "deepseekv3": "deepseek_v3", "llama4": "llama4", "gptoss": "gpt_oss", "glm4moe": "glm4_moe"}
 _ARCH_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM", "LMHeadModel", "Model")
 
 _MISSING = object()
@@ -184,6 +187,10 @@ def _architecture(r: "_Reader", family: str) -> dict:
         out["linear_bias"] = any(r.bool(k, False) for k in ("attention_bias", "mlp_bias"))
     if family in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = True
+    if family == "glm4_moe":
+        # Glm4MoeAttention: a weighted RMSNorm of q and k where use_qk_norm (GLM-4.5's is off); its
+        # q/k/v biases under attention_bias, without the output's or the MLP's, no one flag says.
+        out["qk_norm"] = r.bool("use_qk_norm", False)
     if family in ("llama4", "llama4_text"):
         # transformers' Llama4TextAttention: a weightless L2 norm of q and k where use_qk_norm (and RoPE).
         out["qk_l2_norm"] = r.bool("use_qk_norm", False)
@@ -457,6 +464,28 @@ def _deepseek(r: _Reader, groups: dict) -> dict:
     return fields
 
 
+def _glm4_moe(r: _Reader) -> dict:
+    """GLM-4.5 (transformers' Glm4MoeConfig and modeling_glm4_moe): grouped-query attention with its own
+    head_dim, then DeepSeek-V3's mixture: n_routed_experts of moe_intermediate_size, n_shared_experts of
+    the same width, the first first_k_dense_replace layers dense of intermediate_size, a sigmoid router
+    (Glm4MoeTopkRouter) over n_group groups picking topk_group (its config has no topk_method: always
+    grouped), num_nextn_predict_layers multi-token prediction modules."""
+    _swiglu(r)
+    fields = _decoder(r, "intermediate_size")
+    width = r.int("moe_intermediate_size")
+    shared = r.zero_or_int("n_shared_experts")
+    fields.update(num_experts=r.int("n_routed_experts"), moe_top_k=r.int("num_experts_per_tok"),
+                  moe_ffn_hidden_size=width, moe_router="sigmoid", **_router_groups(r, "noaux_tc", (1, 1)))
+    first, layers = r.zero_or_int("first_k_dense_replace"), fields["num_layers"]
+    fields.update(_moe_pattern(r, "first_k_dense_replace", layers, [i for i in range(layers) if i >= first]))
+    mtp = r.zero_or_int("num_nextn_predict_layers")
+    if mtp:
+        fields["mtp_layers"] = mtp
+    if shared:
+        fields["moe_shared_expert_ffn_hidden_size"] = shared * width
+    return _head_dim(r, fields)
+
+
 def _llama4(r: _Reader) -> dict:
     _swiglu(r)
     fields = _decoder(r, "intermediate_size_mlp")
@@ -565,7 +594,7 @@ def _name(r: _Reader) -> str:
 
 _READERS = {**{family: _llama_like for family in LLAMA_LIKE}, "gpt_neox": _gpt_neox, "gpt2": _gpt2,
             "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
-            "llama4": _llama4, "llama4_text": _llama4, "gpt_oss": _gpt_oss}
+            "llama4": _llama4, "llama4_text": _llama4, "gpt_oss": _gpt_oss, "glm4_moe": _glm4_moe}
 
 
 # --------------------------------------------------------------------------- helpers

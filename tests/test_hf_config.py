@@ -169,6 +169,25 @@ def test_kimi_k2_is_read_as_the_deepseek_v3_model_it_is(tmp_path):
     assert (as_kimi["num_experts"], as_kimi["moe_top_k"], as_kimi["moe_first_dense_layers"]) == (384, 8, 1)
 
 
+def test_glm_4_5_air_is_read_to_its_model_cards_counts():
+    """GLM-4.5 (model_type glm4_moe) was refused as an unsupported model type: grouped-query attention
+    (96 heads of 128 over a 4,096-wide stream, 8 KV heads) and DeepSeek-V3's mixture (128 experts of
+    1,408, 8 a token, one shared, the first layer dense, a sigmoid router, one MTP layer). zai-org's
+    model card: 106B total parameters, 12B active (both without the MTP layer, which the card's
+    figures leave out as DeepSeek-V3's do)."""
+    from dataclasses import replace
+
+    from cost_models.parameters import active_parameters, total_parameters
+    from cost_models.specs import ModelSpec
+
+    fields = read_hf_config(fixture("GLM-4.5-Air"))
+    assert (fields["num_experts"], fields["moe_top_k"], fields["moe_first_dense_layers"], fields["mtp_layers"],
+            fields["head_dim"], fields["num_kv_heads"], fields["moe_router"]) == (128, 8, 1, 1, 128, 8, "sigmoid")
+    model = replace(ModelSpec(**fields), mtp_layers=0)
+    assert 106e9 <= total_parameters(model) < 107e9
+    assert 12e9 <= active_parameters(model) < 13e9
+
+
 def test_llama_defaults(tmp_path):
     cfg = published("Llama-2-7b-hf")
     for key in ("num_key_value_heads", "tie_word_embeddings", "hidden_act"):
