@@ -108,6 +108,10 @@ class ModelSpec:
     # Llama4TextL2Norm under use_qk_norm; megatron-core's qk_l2_norm, --qk-l2-norm): one more
     # element-wise pass, as qk_norm's (``layer_time.elementwise_bytes``).
     qk_l2_norm: Optional[bool] = None
+    # Biases on the query, key and value projections alone (Qwen2's, GLM-4.5's attention_bias, with
+    # linear_bias false: no output or MLP biases; megatron-core's add_qkv_bias, --add-qkv-bias).
+    # Not priced: a bias is an element-wise add the GEMM's epilogue does.
+    qkv_bias: Optional[bool] = None
     # Rotary positions skipped in every N-th layer, the last of each N (Llama 4's NoPE layers:
     # transformers' Llama4TextConfig builds them every no_rope_layer_interval = 4; megatron-core's
     # no_rope_freq N, the same pattern); 0 for none. Not priced: the rotation is element-wise.

@@ -51,7 +51,7 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
               "moe_router_group_topk", "moe_capacity_factor", "moe_load_imbalance", "mtp_layers",
               "sliding_window", "sliding_window_full_every",
               "normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm", "nope_every",
-              "qk_l2_norm")
+              "qk_l2_norm", "qkv_bias")
 
 
 # Integer model fields that may be 0 (none) or null: a model without query compression, shared
@@ -269,7 +269,7 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
             values[key] = read_str(src, f"model.{key}", fields[key])
     if fields.get("rope_base") is not None:
         values["rope_base"] = read_number(src, "model.rope_base", fields["rope_base"], MAX_ROPE_BASE)
-    for key in ("linear_bias", "qk_norm", "qk_l2_norm"):
+    for key in ("linear_bias", "qk_norm", "qk_l2_norm", "qkv_bias"):
         if fields.get(key) is not None:
             values[key] = read_bool(src, f"model.{key}", fields[key])
     if "dropout" in fields:

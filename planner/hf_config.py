@@ -142,7 +142,8 @@ def _sliding_window(r: "_Reader", family: str) -> dict:
 
 # Families whose linear layers have biases exactly when the config's attention_bias/mlp_bias say
 # (transformers' modeling files: q/k/v/o and the MLP's gate/up/down), absent meaning none. Qwen2
-# keeps q/k/v biases whatever it says, which no one flag expresses: its biases stay unstated.
+# keeps q/k/v biases whatever it says (Qwen2Attention: bias=True on q, k and v, none on o), GLM-4.5
+# on q, k and v where attention_bias says (Glm4MoeAttention): ``qkv_bias`` and no other.
 BIAS_BY_FLAGS = ("llama", "mistral", "mixtral", "qwen3", "qwen3_moe", "llama4", "deepseek_v2", "deepseek_v3")
 BIASED = ("gpt2", "gpt_neox")
 
@@ -181,15 +182,18 @@ def _architecture(r: "_Reader", family: str) -> dict:
                 out["position_embedding"], out["rope_base"], out["nope_every"] = "rope", float(base), interval
     elif base is not _MISSING and family != "gpt_neox":
         out["position_embedding"], out["rope_base"] = "rope", float(base)
-    if family in BIASED:
+    if family == "qwen2":
+        out["linear_bias"], out["qkv_bias"] = False, True
+    elif family == "glm4_moe":
+        out["linear_bias"], out["qkv_bias"] = False, r.bool("attention_bias", False)
+    elif family in BIASED:
         out["linear_bias"] = True
     elif family in BIAS_BY_FLAGS:
         out["linear_bias"] = any(r.bool(k, False) for k in ("attention_bias", "mlp_bias"))
     if family in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = True
     if family == "glm4_moe":
-        # Glm4MoeAttention: a weighted RMSNorm of q and k where use_qk_norm (GLM-4.5's is off); its
-        # q/k/v biases under attention_bias, without the output's or the MLP's, no one flag says.
+        # Glm4MoeAttention: a weighted RMSNorm of q and k where use_qk_norm (GLM-4.5's is off).
         out["qk_norm"] = r.bool("use_qk_norm", False)
     if family in ("llama4", "llama4_text"):
         # transformers' Llama4TextAttention: a weightless L2 norm of q and k where use_qk_norm (and RoPE).

@@ -1141,3 +1141,26 @@ def test_llama4_scout_is_built_with_its_query_and_key_l2_norm(tmp_path):
         assert ("--qk-l2-norm" in args) is normed
         assert TransformerConfig(num_layers=48, hidden_size=64, num_attention_heads=4,
                                  qk_l2_norm="--qk-l2-norm" in args).qk_l2_norm is normed
+
+
+def test_qwen2_and_glm_are_built_with_biases_on_their_query_key_and_value_alone(tmp_path):
+    """Qwen2's attention biases q, k and v and nothing else (Qwen2Attention), GLM-4.5's where attention_bias
+    says (Glm4MoeAttention): read as no linear bias, so the files wrote --disable-bias-linear and built
+    attention without the q/k/v biases (or, unstated, Megatron-LM's default biases on every linear).
+    megatron-core's TransformerConfig.add_qkv_bias is those alone (--add-qkv-bias)."""
+    import planner
+    from planner.hf_config import read_hf_config
+
+    fixtures = Path(__file__).parent / "fixtures" / "hf"
+    for folder, gpus in (("Qwen2.5-72B", 64), ("GLM-4.5-Air", 64)):
+        fields = read_hf_config(fixtures / folder / "config.json")
+        assert (fields["linear_bias"], fields["qkv_bias"]) == (False, True), folder
+        case = {"model": {"hf_config": str(fixtures / folder / "config.json")},
+                "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": gpus},
+                "training": {"global_batch_size": 512, "seq_len": 4096, "engine": "megatron"}}
+        best = planner.plan(case, top_k=0).best
+        args = parse_args(megatron.render(best, ["header"])["megatron_args.txt"])
+        assert "--disable-bias-linear" in args and "--add-qkv-bias" in args, folder
+        config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, add_bias_linear=False,
+                                   add_qkv_bias="--add-qkv-bias" in args)
+        assert (config.add_bias_linear, config.add_qkv_bias) == (False, True)

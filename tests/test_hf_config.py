@@ -18,7 +18,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 MODEL_KEYS = {"name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
               "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout"}
 # Stated where the config states them (planner/hf_config.py, _architecture).
-ARCHITECTURE_KEYS = {"normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm",
+ARCHITECTURE_KEYS = {"normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm", "qkv_bias",
                      "sliding_window", "sliding_window_full_every"}
 
 
@@ -57,7 +57,7 @@ EXPECTED = {
     "Qwen2.5-72B": dict(name="Qwen2.5-72B (Qwen2ForCausalLM)", num_layers=80, hidden_size=8192,
                         num_attention_heads=64, num_kv_heads=8, ffn_hidden_size=29568,
                         activation="swiglu", vocab_size=152064, tied_embeddings=False, dropout=0.0,
-        normalization="rmsnorm", position_embedding="rope", rope_base=1000000.0),
+        normalization="rmsnorm", position_embedding="rope", rope_base=1000000.0, linear_bias=False, qkv_bias=True),
     "gpt-neox-20b": dict(name="gpt-neox-20b (GPTNeoXForCausalLM)", num_layers=44, hidden_size=6144,
                          num_attention_heads=64, num_kv_heads=64, ffn_hidden_size=24576,
                          activation="gelu", vocab_size=50432, tied_embeddings=False, dropout=0.0,

@@ -82,7 +82,7 @@ BOOL_FLAGS = (
     "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep", "--overlap-grad-reduce", "--overlap-param-gather",
     "--qk-layernorm", "--multi-latent-attention", "--moe-layer-recompute", "--moe-grouped-gemm",
     "--moe-pad-expert-input-to-capacity", "--moe-router-enable-expert-bias", "--moe-router-force-load-balancing",
-    "--qk-l2-norm",
+    "--qk-l2-norm", "--add-qkv-bias",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}
@@ -334,6 +334,8 @@ def architecture_arguments(m) -> list[tuple[str, Optional[str]]]:
             args.append(("--rotary-base", str(int(m.rope_base))))
     if m.linear_bias is False:
         args.append(("--disable-bias-linear", None))
+        if m.qkv_bias:  # TransformerConfig.add_qkv_bias: the q/k/v projections' biases alone
+            args.append(("--add-qkv-bias", None))
     if m.nope_every:  # megatron-core skips RoPE in the last layer of each no_rope_freq (TransformerConfig)
         args.append(("--no-rope-freq", str(m.nope_every)))
     if m.qk_norm or m.attention_type == "mla":

@@ -561,6 +561,10 @@ def architecture_notes(path: Path, case) -> list[str]:
         note("--group-query-attention", "grouped KV heads" if "--group-query-attention" in flags
              else "a KV head per head (its default)", f"{model.num_kv_heads} KV heads for "
              f"{model.num_attention_heads} heads (model.num_kv_heads)")
+    if model.qkv_bias is not None and model.linear_bias is False and "--disable-bias-linear" in flags \
+            and model.qkv_bias != ("--add-qkv-bias" in flags):
+        note("--add-qkv-bias", "biases on the query, key and value projections" if "--add-qkv-bias" in flags
+             else "no biases at all", f"{'q/k/v biases' if model.qkv_bias else 'none'} (model.qkv_bias)")
     if model.qk_l2_norm is not None and model.qk_l2_norm != ("--qk-l2-norm" in flags):
         note("--qk-l2-norm", "queries and keys L2-normed" if "--qk-l2-norm" in flags else "no L2 norm of queries "
              "and keys (its default)", f"{'an' if model.qk_l2_norm else 'no'} L2 norm of them (model.qk_l2_norm)")
