@@ -5,14 +5,15 @@ training stack: triton, datasets, torchao).
 torchtitan's ``ConfigManager._load_config`` (``config/manager.py``) imports ``M.config_registry``
 (``torchtitan.models.M``, then ``torchtitan.experiments.M``) or ``M`` itself, calls ``F()`` for a
 ``Trainer.Config`` and applies the ``--section.key`` overrides on top. Its model configs
-(``models/*/config_registry.py``) return one ``Trainer.Config(...)`` whose sections are
+(``models/*/config_registry.py``) take one of two shapes: one ``Trainer.Config(...)`` whose sections are
 ``TrainingConfig(...)``, ``ParallelismConfig(...)``, ``CompileConfig(...)``, an activation-checkpoint
-config and a loss: their literal fields are read here. The planner's own config module
-(``emit.CONFIG_MODULE``, beside the launch script) is read the same way: its PARALLELISM,
-TRAINING and COMPILE dicts and its checkpointing and loss chunks, over its own base config.
+config and a loss; or another function's config with sections or fields set on it. Their literal
+fields are read here (:func:`_read_function`). The planner's own config module (``emit.CONFIG_MODULE``,
+beside the launch script) is read the same way: its PARALLELISM, TRAINING and COMPILE dicts and its
+checkpointing and loss chunks, over its own base config.
 
-A function of another shape (one that edits another config, or computes a field) is not read:
-:func:`read_base` returns None, and the reader says the base was not loaded.
+A function of another shape (a branch, a loop, a computed field) is not read: :func:`read_base`
+returns None, and the reader says the base was not loaded.
 """
 
 from __future__ import annotations
@@ -206,8 +207,7 @@ def _read_own(path: Path) -> Optional[BaseConfig]:
             except ValueError:
                 continue
     base_module, base_function = str(names.get("BASE_MODULE", "")), str(names.get("BASE_CONFIG", ""))
-    below = read_base(base_module.removeprefix("torchtitan.models.").removesuffix(".config_registry"),
-                      base_function, path.parent) if base_module and base_function else None
+    below = read_base(base_module, base_function, path.parent) if base_module and base_function else None
     values = dict(below.values) if below else {}
     for section, name in (("parallelism", "PARALLELISM"), ("training", "TRAINING"), ("compile", "COMPILE")):
         table = names.get(name)
