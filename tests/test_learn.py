@@ -437,6 +437,21 @@ def test_a_logs_step_time_is_held_to_a_runs_bounds(tmp_path, figure, needle):
         runs_from_logs([write(tmp_path, "huge.log", log)], [case_path])
 
 
+def test_runs_copied_from_the_repos_published_file_are_fitted_as_the_docs_say(tmp_path):
+    """docs/calibration.md: a runs file is "a list of runs in the published-runs schema"; six llm-foundry
+    rows copied verbatim from planner/published/published_runs.yaml were refused, their
+    measured.activation_cpu_offload (false) an unknown key. One that offloads is refused by name."""
+    from planner.published_runs import DEFAULT_FILES
+
+    rows = yaml.safe_load(DEFAULT_FILES[0].read_text())
+    copied = [r for r in rows if r["id"].startswith("mpt_a100")][:6]
+    assert len(copied) == 6 and all("activation_cpu_offload" in r["measured"] for r in copied)
+    assert len(runs_from_rows(copied, "runs.yaml")) == 6
+    offloading = [{**copied[0], "measured": {**copied[0]["measured"], "activation_cpu_offload": True}}]
+    with pytest.raises(CaseError, match=r"measured\.activation_cpu_offload: True: a run that offloads"):
+        runs_from_rows(offloading, "runs.yaml")
+
+
 def test_one_step_past_the_bounds_is_refused_though_the_median_hides_it(tmp_path):
     case_path = tmp_path / "case.yaml"
     case_path.write_text(yaml.safe_dump({k: v for k, v in case(8, 1, 1, 1, 1).items()}))
