@@ -449,6 +449,13 @@ def _check_capacity_and_dropout(args: _Args, model) -> None:
             raise CaseError(args.src, flag, f"{value:g} differs from the case's {model.dropout:g} (model.dropout)")
 
 
+def _one_expert_rank(flags: dict) -> bool:
+    """Whether the list's token dispatcher spans one rank: tp·ep = 1 (their flags, Megatron-LM's default
+    1 where absent; a value that is no number is the layout reader's to refuse, and counts as more)."""
+    degrees = [flags.get(flag) or "1" for flag in ("--tensor-model-parallel-size", "--expert-model-parallel-size")]
+    return all(d.isdigit() for d in degrees) and int(degrees[0]) * int(degrees[1]) == 1
+
+
 def _positive(word: str) -> bool:
     try:
         return float(word) > 0
@@ -470,8 +477,7 @@ def _expert_notes(name: str, flags: dict, model) -> list[str]:
         notes.append(f"{name} leaves out --moe-grouped-gemm: megatron-core runs one GEMM per local expert in turn "
                      "(SequentialMLP), priced as grouped GEMMs, so the run may step slower")
     dispatcher = flags.get("--moe-token-dispatcher-type") or "allgather"
-    degrees = [flags.get(flag) or "1" for flag in ("--tensor-model-parallel-size", "--expert-model-parallel-size")]
-    if dispatcher == "allgather" and not (all(d.isdigit() for d in degrees) and int(degrees[0]) * int(degrees[1]) == 1):
+    if dispatcher == "allgather" and not _one_expert_rank(flags):
         said = "gives" if "--moe-token-dispatcher-type" in flags else "leaves to its default"
         notes.append(f"{name} {said} the allgather token dispatcher: megatron-core gathers every token over the "
                      "tp·ep ranks and reduce-scatters them back, priced as the all-to-all (which sends each token to "
@@ -866,8 +872,7 @@ def _training(flags: dict, case, src: str) -> dict:
             # TransformerConfig.__post_init__: "DeepEP backend is only supported with flex token dispatcher."
             raise CaseError(src, "--moe-enable-deepep", f"needs --moe-token-dispatcher-type flex, got {dispatcher} "
                                                         "(megatron-core refuses it)")
-        degrees = [flags.get(flag) or "1" for flag in ("--tensor-model-parallel-size", "--expert-model-parallel-size")]
-        if dispatcher == "flex" and all(d.isdigit() for d in degrees) and int(degrees[0]) * int(degrees[1]) == 1:
+        if dispatcher == "flex" and _one_expert_rank(flags):
             # MoEFlexTokenDispatcher.__init__ (token_dispatcher.py): "Flex token dispatcher requires TPxEP > 1".
             raise CaseError(src, "--moe-token-dispatcher-type", "flex needs tensor or expert parallelism (tp·ep > 1; "
                                                                 "megatron-core's flex dispatcher refuses one rank)")
