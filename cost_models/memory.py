@@ -400,11 +400,16 @@ def reduce_bucket_bytes(job: Job) -> float:
     ``bucket_params`` elements each, in the dtype it accumulates gradients in
     (:func:`model_states.working_bytes`: fp32 where the gradients are, DeepSpeed's
     ``use_grad_accum_attribute``, else 16-bit). Not where DeepSpeed's
-    BF16_Optimizer runs ZeRO-1 instead (:func:`model_states.folds_gradients_into_fp32`)."""
+    BF16_Optimizer runs ZeRO-1 instead (:func:`model_states.folds_gradients_into_fp32`). One under a
+    pipeline whose engine reduces after it (``EngineBehaviour.reduce_after_pipeline``): DeepSpeed's
+    PipelineModule turns overlap_comm off ("Pipeline parallelism does not support overlapped
+    communication", runtime/engine.py), and the second buffer is overlap_comm's (``setup_buckets``)."""
     engine, lay = job.training.engine, job.layout
     if not engine.reduce_bucket_buffers or lay.zero_stage not in (1, 2) or folds_gradients_into_fp32(job):
         return 0.0
-    return engine.reduce_bucket_buffers * engine.bucket_params * working_bytes(job.training).gradients
+    buffers = min(engine.reduce_bucket_buffers, 1) if lay.pp > 1 and engine.reduce_after_pipeline \
+        else engine.reduce_bucket_buffers
+    return buffers * engine.bucket_params * working_bytes(job.training).gradients
 
 
 def accumulates_unsharded(job: Job) -> bool:

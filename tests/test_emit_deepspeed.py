@@ -656,3 +656,18 @@ def test_the_reduction_buffers_the_config_asks_for_are_priced(zero_stage, fp32_g
     bf16_optimizer = estimate_of(training={"fp32_grads": True, "engine": "deepspeed"}, zero_stage=1).peak
     assert bf16_optimizer.other == pytest.approx(
         estimate.job.overheads.comm_buffers + estimate.job.overheads.fragmentation * bf16_optimizer.activations)
+
+
+def test_a_pipelines_zero_1_holds_one_reduction_buffer(tmp_path, world):
+    """Under a PipelineModule DeepSpeed turns overlap_comm off ("Pipeline parallelism does not support
+    overlapped communication", runtime/engine.py), and the second buffer is overlap_comm's
+    (stage_1_and_2.py, setup_buckets): the files asked for overlap, and the estimate priced two."""
+    estimate = estimate_of(training={"engine": "deepspeed"}, zero_stage=1, pp=2)
+    emit(estimate, tmp_path)
+    world(estimate.job.layout.dp)
+    config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
+    buffers = config.zero_config.contiguous_gradients + config.zero_config.overlap_comm
+    assert buffers == 1
+    peak = estimate.peak
+    fixed = estimate.job.overheads.comm_buffers + estimate.job.overheads.fragmentation * peak.activations
+    assert peak.other - fixed == pytest.approx(buffers * config.zero_config.reduce_bucket_size * 2, rel=1e-9)

@@ -76,6 +76,9 @@ def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str,
     config.setdefault("_comment", []).append("optimizer: add params (lr, betas, weight_decay) as the run sets them; "
                                              "the type is the one planned")
     config["zero_optimization"] = _zero(lay.zero_stage, job.model.hidden_size)
+    if lay.pp > 1 and lay.zero_stage in (1, 2):
+        # A PipelineModule's engine turns it off (runtime/engine.py), as the estimate prices it: said so.
+        config["zero_optimization"]["overlap_comm"] = False
     # ZeRO-Offload / ZeRO-Infinity to CPU memory, pinned for the copies the estimate timed
     # (deepspeed/runtime/zero/offload_config.py).
     if lay.offload_optimizer:
