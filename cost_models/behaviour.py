@@ -136,7 +136,7 @@ class EngineBehaviour:
     # stages its gradient reductions through for the whole step (:func:`memory.reduce_bucket_bytes`):
     # DeepSpeed's stage_1_and_2.py ``setup_buckets`` allocates one per dtype with contiguous_gradients
     # and a second with overlap_comm ("double buffers to avoid data access conflict"); its emitted
-    # configs set both.
+    # configs set both, but under a pipeline, whose engine turns overlap_comm off (one buffer there).
     reduce_bucket_buffers: int = 0
     # ZeRO-1/2 weight shards gathered after the optimizer step behind the next forward
     # (Megatron --overlap-param-gather, which NeMo's recipes set; FSDP-style prefetch), not
