@@ -253,12 +253,18 @@ def verdict_of(job: Job, peak: float, fits: bool, headroom: float) -> str:
 
 def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Remedy]:
     """The change as the job's engine runs it, or None where it cannot: more tensor parallelism with
-    sequence parallelism where the engine runs it so (torchtitan always does); a ZeRO stage a pipeline
-    refuses (DeepSpeed's above 1, Megatron-LM's distributed optimizer) is no remedy."""
+    sequence parallelism where the engine runs it only so (an MoE under Megatron-LM); the optimizer
+    offloaded with the parameters where the engine offloads them together (torchtitan's
+    training.enable_cpu_offload: the optimizer alone was refused, and the advice said nothing fits where
+    the offload did); a ZeRO stage a pipeline refuses (DeepSpeed's above 1, Megatron-LM's distributed
+    optimizer) is no remedy."""
     engine = ENGINES[job.training.engine.name]
     variants = [(description, changes)]
     if "tp" in changes and not job.layout.sequence_parallel:
         variants.append((f"{description} with sequence parallelism", {**changes, "sequence_parallel": True}))
+    if changes.get("offload_optimizer") and engine.support.offload_together and not job.layout.offload_params:
+        variants.append((f"{description}, with the parameters (training.enable_cpu_offload: both together)",
+                         {**changes, "offload_params": True}))
     for shown, variant in variants:
         try:
             candidate = job.with_layout(job.layout.with_changes(**variant))

@@ -58,3 +58,20 @@ def test_full_recomputation_of_the_fewest_layers_is_tried():
     assert _changed(case, recompute="full", recompute_num_layers=layers).fits
     assert layers == 2 or not _changed(case, recompute="full", recompute_num_layers=layers - 2).fits
     assert est.remedy().step_time_s <= partial[0].step_time_s
+
+
+def test_torchtitans_offload_is_advised_as_it_runs_it_with_the_parameters():
+    """torchtitan offloads the optimizer only with the parameters (training.enable_cpu_offload, FSDP2's
+    CPUOffloadPolicy): the advice tried the optimizer alone, which torchtitan refuses, and said no
+    single change fits Llama 3 70B on 8 H100s, where the offload fits. Applied, the change is what the
+    advice said."""
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 32, "seq_len": 4096, "precision": "bf16", "engine": "torchtitan"},
+            "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 3, "recompute": "full"}}
+    est = planner.estimate(case)
+    assert not est.fits
+    remedy = est.remedy()
+    assert remedy is not None and remedy.fits
+    assert (remedy.layout.offload_optimizer, remedy.layout.offload_params) == (1.0, True)
+    again = planner.estimate({**case, "layout": layout_to_mapping(remedy.layout)})
+    assert again.fits and again.step_time_s == remedy.step_time_s and again.peak.total == remedy.peak_bytes
