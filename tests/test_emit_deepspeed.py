@@ -635,6 +635,19 @@ def test_an_sgd_plan_is_written_with_sgd_and_read_back(tmp_path, world):
     assert layout.zero_stage == best.job.layout.zero_stage
 
 
+def asked_and_priced_buffers(estimate, tmp_path, world) -> tuple[int, int, float]:
+    """The reduction buffers the emitted config gives DeepSpeed's ZeRO-1/2 optimizer (one with
+    contiguous_gradients, a second with overlap_comm, as DeepSpeedConfig parses them), their bucket size,
+    and what the estimate holds beyond its fixed buffers for them."""
+    emit(estimate, tmp_path)
+    world(estimate.job.layout.dp)
+    config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
+    peak = estimate.peak
+    fixed = estimate.job.overheads.comm_buffers + estimate.job.overheads.fragmentation * peak.activations
+    return (config.zero_config.contiguous_gradients + config.zero_config.overlap_comm,
+            config.zero_config.reduce_bucket_size, peak.other - fixed)
+
+
 @pytest.mark.parametrize("zero_stage, fp32_grads, element_bytes", [(2, False, 2), (1, False, 2), (2, True, 4)])
 def test_the_reduction_buffers_the_config_asks_for_are_priced(zero_stage, fp32_grads, element_bytes, tmp_path,
                                                               world):
@@ -644,15 +657,9 @@ def test_the_reduction_buffers_the_config_asks_for_are_priced(zero_stage, fp32_g
     2 GB in bf16 at the emitted 5e8, which the memory estimate left out. Where its BF16_Optimizer runs
     ZeRO-1 (fp32 gradients) there are none."""
     estimate = estimate_of(training={"fp32_grads": fp32_grads, "engine": "deepspeed"}, zero_stage=zero_stage)
-    emit(estimate, tmp_path)
-    world(estimate.job.layout.dp)
-    config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
-    buffers = config.zero_config.contiguous_gradients + config.zero_config.overlap_comm
+    buffers, bucket, priced = asked_and_priced_buffers(estimate, tmp_path, world)
     assert buffers == 2
-    peak = estimate.peak
-    fixed = estimate.job.overheads.comm_buffers + estimate.job.overheads.fragmentation * peak.activations
-    assert peak.other - fixed == pytest.approx(buffers * config.zero_config.reduce_bucket_size * element_bytes,
-                                               rel=1e-9)
+    assert priced == pytest.approx(buffers * bucket * element_bytes, rel=1e-9)
     bf16_optimizer = estimate_of(training={"fp32_grads": True, "engine": "deepspeed"}, zero_stage=1).peak
     assert bf16_optimizer.other == pytest.approx(
         estimate.job.overheads.comm_buffers + estimate.job.overheads.fragmentation * bf16_optimizer.activations)
@@ -663,11 +670,6 @@ def test_a_pipelines_zero_1_holds_one_reduction_buffer(tmp_path, world):
     overlapped communication", runtime/engine.py), and the second buffer is overlap_comm's
     (stage_1_and_2.py, setup_buckets): the files asked for overlap, and the estimate priced two."""
     estimate = estimate_of(training={"engine": "deepspeed"}, zero_stage=1, pp=2)
-    emit(estimate, tmp_path)
-    world(estimate.job.layout.dp)
-    config = DeepSpeedConfig(str(tmp_path / "ds_config.json"), mpu=None)
-    buffers = config.zero_config.contiguous_gradients + config.zero_config.overlap_comm
+    buffers, bucket, priced = asked_and_priced_buffers(estimate, tmp_path, world)
     assert buffers == 1
-    peak = estimate.peak
-    fixed = estimate.job.overheads.comm_buffers + estimate.job.overheads.fragmentation * peak.activations
-    assert peak.other - fixed == pytest.approx(buffers * config.zero_config.reduce_bucket_size * 2, rel=1e-9)
+    assert priced == pytest.approx(buffers * bucket * 2, rel=1e-9)
