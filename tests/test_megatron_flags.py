@@ -241,6 +241,12 @@ def test_a_list_without_the_data_parallel_overlap_the_estimate_credits_is_said(t
     ("--deepspeed", "a Megatron-DeepSpeed argument, which Megatron-LM's parser refuses"),
     ("--moe-expert-parallel-size 8", "a Megatron-DeepSpeed argument"),
     ("--num-key-value-heads 8", "a Megatron-DeepSpeed argument"),
+    # Megatron-LM's own examples/academic_paper_scripts/sc21 (core_v0.16.1) pass both; its parser no
+    # longer defines either ("unrecognized arguments"), and the first was read as no recomputation.
+    ("--activations-checkpoint-method uniform", "no longer defined in Megatron-LM, whose parser stops on it"),
+    ("--DDP-impl local", "no longer defined in Megatron-LM"),
+    # examples/mamba/train.sh: a hybrid Mamba model, priced as 32 transformer layers
+    ("--hybrid-attention-ratio 0.08", "builds a hybrid Mamba model (pretrain_mamba.py)"),
 ])
 def test_an_argument_megatron_lm_stops_on_or_megatron_deepspeeds_is_refused(tmp_path, flag, says):
     """Read as Megatron-LM's, --checkpoint-activations was no recomputation and --model-parallel-size 2
@@ -257,6 +263,46 @@ def test_a_batch_ramp_up_is_said(tmp_path):
     result = diagnosed(tmp_path, ARGS.replace("\n", " --rampup-batch-size 16 16 5859375\n"), CASE)
     assert "args.txt ramps the global batch up (--rampup-batch-size 16 16 5859375): diagnosed at the batch it " \
            "reaches, 128" in " ".join(result.notes)
+
+
+def test_a_batch_ramp_up_with_iteration_based_training_is_refused(tmp_path):
+    """Megatron-LM's GPT-3 175B example on the 16 nodes its comment asks for gives --rampup-batch-size
+    with --train-iters, which validate_args refuses (megatron/training/arguments.py: "expected no
+    batch-size rampup for iteration-based training"): it was estimated and advised on."""
+    with pytest.raises(CaseError) as error:
+        diagnosed(tmp_path, ARGS.replace("\n", " --rampup-batch-size 16 16 5859375 --train-iters=500000\n"), CASE)
+    assert error.value.key == "--rampup-batch-size" and "--train-iters" in error.value.expected
+
+
+@pytest.mark.parametrize("program, builds", [("pretrain_mamba.py", "a hybrid Mamba model"),
+                                             ("pretrain_t5.py", "an encoder-decoder T5 model"),
+                                             ("pretrain_bert.py", "a BERT encoder")])
+def test_a_launch_of_another_model_than_a_gpt_is_refused(tmp_path, program, builds):
+    """Megatron-LM's examples/t5/train_t5_220m_distributed.sh and examples/mamba/train.sh were priced as
+    decoder-only transformers of --num-layers layers (T5's decoder and cross-attention, Mamba's
+    layers unpriced), with nothing said."""
+    from planner.diagnose import diagnose
+
+    (tmp_path / "case.yaml").write_text(CASE)
+    (tmp_path / "train.sh").write_text(f"#!/bin/bash\nARGS=({ARGS.strip()})\n"
+                                       f"torchrun --nproc-per-node 8 --nnodes 2 {program} ${{ARGS[@]}}\n")
+    with pytest.raises(CaseError) as error:
+        diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "train.sh")
+    assert error.value.key == program and f"line 3: trains {builds}, which diagnose does not price" \
+        in error.value.expected
+
+
+def test_a_script_that_starts_nothing_says_what_it_did_not_follow(tmp_path):
+    """Megatron-LM's examples/academic_paper_scripts/sc21/run_figure_11.sh sources its arguments and its
+    srun (`. CONFIG.sh`, `. SBATCH.sh`): the refusal said the script starts no command, not why."""
+    from planner.diagnose import diagnose
+
+    (tmp_path / "case.yaml").write_text(CASE)
+    (tmp_path / "run.sh").write_text("#!/bin/bash\nTP=8\n. `pwd`/CONFIG.sh\n")
+    with pytest.raises(CaseError) as error:
+        diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "run.sh")
+    assert "the script starts no command" in error.value.expected
+    assert "line 3: . /CONFIG.sh is not followed" in error.value.expected
 
 
 MIXTRAL_ON_64 = ("model: {preset: mixtral-8x7b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 64}\n"

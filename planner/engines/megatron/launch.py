@@ -101,6 +101,26 @@ def _substitute(word: str, variables: dict[str, str], src: str, key: str) -> str
 NO_LONGER_VALID = {"--batch-size": "--micro-batch-size", "--warmup": "--lr-warmup-fraction",
                    "--model-parallel-size": "--tensor-model-parallel-size",
                    "--checkpoint-activations": "--recompute-activations, or --recompute-granularity"}
+# Arguments Megatron-LM's parser no longer defines (renamed or removed since older releases, whose
+# scripts still carry them: Megatron-LM's own examples/academic_paper_scripts/sc21): argparse stops on
+# them ("unrecognized arguments"), with what replaced them where something did.
+NO_LONGER_DEFINED = {"--activations-checkpoint-method": "--recompute-method (with --recompute-granularity full)",
+                     "--activations-checkpoint-num-layers": "--recompute-num-layers",
+                     "--checkpoint-num-layers": "--recompute-num-layers",
+                     "--distribute-checkpointed-activations": "--distribute-saved-activations",
+                     "--DDP-impl": "nothing: Megatron-LM runs its own DistributedDataParallel (--use-torch-fsdp2 "
+                                   "or --use-megatron-fsdp for the others)",
+                     "--use-contiguous-buffers-in-local-ddp": "nothing: the local DDP it set up is gone",
+                     "--no-async-tensor-model-parallel-allreduce": "nothing: the option is gone"}
+# Arguments that build a hybrid Mamba model (megatron/core/ssm/mamba_hybrid_layer_allocation.py), which
+# pretrain_mamba.py trains: not the transformer the case describes and this reader prices.
+HYBRID_MODEL = ("--hybrid-attention-ratio", "--hybrid-mlp-ratio", "--hybrid-override-pattern")
+# Megatron-LM's training programs that build another model than pretrain_gpt.py's decoder-only
+# transformer (Megatron-LM core_v0.16.1, the repository's top level), and what they build.
+OTHER_MODELS = {"pretrain_mamba.py": "a hybrid Mamba model", "pretrain_t5.py": "an encoder-decoder T5 model",
+                "pretrain_bert.py": "a BERT encoder", "pretrain_ict.py": "a retrieval (ICT) BERT model",
+                "pretrain_vlm.py": "a vision-language model", "pretrain_vision_classify.py": "a vision model",
+                "pretrain_vision_dino.py": "a vision model", "pretrain_vision_inpaint.py": "a vision model"}
 MEGATRON_DEEPSPEED = ("--deepspeed", "--deepspeed_config", "--deepspeed-config", "--zero-stage",
                       "--num-key-value-heads", "--moe-expert-parallel-size", "--deepspeed-activation-checkpointing",
                       "--no-pipeline-parallel", "--ds-sequence-parallel-size", "--checkpoint-in-cpu")
@@ -109,10 +129,17 @@ MEGATRON_DEEPSPEED = ("--deepspeed", "--deepspeed_config", "--deepspeed-config",
 def _refuse_what_megatron_lm_refuses(src: str, flag: str) -> None:
     """An argument Megatron-LM stops on, or one of Megatron-DeepSpeed's (a read as Megatron-LM's took
     --checkpoint-activations for no recomputation, --model-parallel-size 2 for tp 1, and left
-    --moe-expert-parallel-size 64 unread), named: the launch would not start as read."""
+    --moe-expert-parallel-size 64 unread), or one that builds another model than the case's (a
+    hybrid Mamba model priced as 48 transformer layers), named: the launch would not start as read."""
     if flag in NO_LONGER_VALID:
         raise CaseError(src, flag, f"no longer valid in Megatron-LM, which stops on it "
                                    f"(megatron/training/arguments.py): use {NO_LONGER_VALID[flag]}")
+    if flag in NO_LONGER_DEFINED:
+        raise CaseError(src, flag, f"no longer defined in Megatron-LM, whose parser stops on it (unrecognized "
+                                   f"arguments: the run would not start): use {NO_LONGER_DEFINED[flag]}")
+    if flag in HYBRID_MODEL:
+        raise CaseError(src, flag, "builds a hybrid Mamba model (pretrain_mamba.py), which diagnose does not price: "
+                                   "it reads launches of pretrain_gpt.py's transformers")
     if flag in MEGATRON_DEEPSPEED:
         raise CaseError(src, flag, "a Megatron-DeepSpeed argument, which Megatron-LM's parser refuses: this "
                                    "reads Megatron-LM's launches; diagnose a Megatron-DeepSpeed run by its "
@@ -386,8 +413,10 @@ class _Launch:
             said.append(f"{', '.join(own[:5])}, which bash sets as it runs, read as empty (nothing is run)")
         if not self.started:
             said.append("the script starts no command, so nothing reaches pretrain_gpt.py")
+        # Where nothing was started, what the reading did not follow (a sourced file, an eval) may hold
+        # the launch: every note bears on it.
         said += [note.text[len(self.src) + 2:] if note.text.startswith(self.src + ": ") else note.text
-                 for note in self.notes if note.flags is None or read & set(note.flags)]
+                 for note in self.notes if note.flags is None or read & set(note.flags) or not self.started]
         if not said:
             return error
         return CaseError(error.source, error.key, f"{error.expected} ({'; '.join(said)})")
@@ -430,6 +459,10 @@ def launch_of(path: Path, text: str) -> _Launch:
     # whose flags argparse in the training never sees.
     training = next((c for c in programs if Path(_program(c)).name.startswith("pretrain")), None) \
         or (programs[0] if programs else None)
+    if training is not None and Path(_program(training)).name in OTHER_MODELS:
+        name = Path(_program(training)).name
+        raise CaseError(src, name, f"line {training.line}: trains {OTHER_MODELS[name]}, which diagnose does not "
+                                   "price: it reads launches of pretrain_gpt.py's decoder-only transformers")
     launches = [training] if training is not None else script.commands
     notes = list(script.notes)
     others = [c for c in programs if c is not training]

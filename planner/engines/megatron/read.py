@@ -93,9 +93,23 @@ def read(path: Path, case) -> Layout:
                                  "argument list: give the arguments its launch passes to pretrain_gpt.py")
     launch = launch_of(path, text)
     try:
-        return _layout(src, flags_of(launch.words, src, launch.shell), case)
+        flags = flags_of(launch.words, src, launch.shell)
+        _check_ramp(src, launch.words, flags)
+        return _layout(src, flags, case)
     except CaseError as error:
         raise launch.explain(error) from None
+
+
+def _check_ramp(src: str, words: list[str], flags: dict) -> None:
+    """A batch ramp-up with iteration-based training, refused as validate_args refuses it
+    (megatron/training/arguments.py: "expected no batch-size rampup for iteration-based training";
+    the ramp counts samples): the launch would stop before its first step."""
+    if "--rampup-batch-size" in flags and any(w.partition("=")[0].replace("_", "-") == "--train-iters"
+                                              for w in words):
+        raise CaseError(src, "--rampup-batch-size", "ramps the batch up by samples, and --train-iters trains by "
+                                                    "iterations: Megatron-LM refuses the two together (validate_args: "
+                                                    "expected no batch-size rampup for iteration-based training); "
+                                                    "give --train-samples with the ramp-up, or no ramp-up")
 
 
 _SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
