@@ -259,9 +259,9 @@ def scaled_fabric(mapping: dict, efficiency: float) -> dict:
     return out
 
 
-def predict(run: Run, hw: Hardware, values: dict[str, float]) -> tuple[float, float]:
-    """(log step time, log peak GiB) of ``run`` under ``values``."""
-    est = estimate(with_figures(run.case, hw, values))
+def predict(run: Run, hw: Hardware, values: dict[str, float], est=None) -> tuple[float, float]:
+    """(log step time, log peak GiB) of ``run`` under ``values`` (its estimate there, where given)."""
+    est = est or estimate(with_figures(run.case, hw, values))
     peak = est.peak if run.memory_stage is None else est.stages[run.memory_stage]
     return math.log(est.step_time_s), math.log(peak.total / 2**30)
 
@@ -293,6 +293,9 @@ class Residual:
     throughput_after: Optional[float]
     memory_before: Optional[float]  # predicted / measured − 1 (peak)
     memory_after: Optional[float]
+    # Where the fitted figures predict the run's own layout not to fit its GPU (it ran): its
+    # predicted peak and the most a peak may be and fit, in bytes (``search_memory.fit_limit``).
+    unfit: Optional[tuple[float, float]] = None
 
 
 # A run the fitted figures still leave more than this factor from its measurement, either way, is
@@ -331,6 +334,11 @@ class Fit:
         lines = [f"run {rid}: its {what} stays {_factor(what, ratio)} after the fit: no figure explains it "
                  f"(a stall, or a figure in other units); it weighs little in the fit" for rid, what, ratio
                  in self.unexplained()]
+        # A run that ran, priced as not fitting: its layout, GPU or model misstated, or a plan on the
+        # profile would call layouts like it unfit (an 8B at micro-batch 1 on 8 A100s of 40 GB: 63.6 GiB).
+        lines += [f"run {r.id}: its own layout is predicted not to fit after the fit ({r.unfit[0] / 2**30:.1f} GiB "
+                  f"a GPU, over the {r.unfit[1] / 2**30:.1f} GiB a peak may take): check its layout, GPU and "
+                  "model as written" for r in self.residuals if r.unfit is not None]
         for f in self.figures:
             if f.bound is not None:
                 # Two A100 runs at 95 % MFU fitted the GEMMs at 100 % of the datasheet peak, without a word.
@@ -502,7 +510,10 @@ def fit(runs: Sequence[Run], source: str = "runs", gpu_preset: Optional[str] = N
                                   at if j in chosen else None))
     residuals = []
     for r in runs:
-        before, after = predict(r, hw, priors), predict(r, hw, values)
+        fitted_estimate = estimate(with_figures(r.case, hw, values))
+        before, after = predict(r, hw, priors), predict(r, hw, values, fitted_estimate)
+        peak, limit = fitted_estimate.peak.total, fitted_estimate.fit_limit_bytes
+        unfit = (peak, limit) if peak > limit else None
         tb = ta = mb = ma = None
         if r.tokens_per_s:
             m = math.log(measured_step_s(r))
@@ -510,7 +521,7 @@ def fit(runs: Sequence[Run], source: str = "runs", gpu_preset: Optional[str] = N
         if r.peak_gib:
             m = math.log(r.peak_gib)
             mb, ma = math.exp(before[1] - m) - 1, math.exp(after[1] - m) - 1
-        residuals.append(Residual(r.id, tb, ta, mb, ma))
+        residuals.append(Residual(r.id, tb, ta, mb, ma, unfit))
     return Fit(hw, tuple(figures), tuple(residuals), coverage(runs))
 
 

@@ -95,13 +95,16 @@ class Plan:
     # (step time s, peak bytes) of every fitting layout scored: the cloud the Pareto plot shows.
     candidates: tuple[tuple[float, float], ...] = ()
     headroom: float = 0.0  # share of GPU memory every layout had to leave free
-    # How the best was chosen: "speed" (the fastest: --fastest, or nothing else within the margin),
-    # "simplicity" (the simplest within --simplest-within), or "robust": among the layouts within the
-    # gap the model cannot tell apart (``bands.indistinguishable_gap``), the surest to fit (its memory
-    # band's upper end fits, else its predicted peak: ``search_memory.fit_tier``), then the simplest.
+    # How the best was chosen: among the layouts within ``margin`` of the fastest (the gap the model
+    # cannot tell apart, ``bands.indistinguishable_gap``, or --simplest-within's: ``margin_set_by``
+    # "model" or "simplest_within"), the surest to fit (its memory band's upper end fits, else its
+    # predicted peak: ``search_memory.fit_tier``), then the simplest. ``picked_on`` says what set the
+    # fastest aside (:func:`picked_on`): "speed" where nothing did (--fastest, or the fastest is the
+    # pick), "fit" where the pick is surer to fit, "simplicity" where it is as sure and simpler.
     # ``fastest`` is the raw optimum where it differs.
     picked_on: str = "speed"
     margin: float = 0.0
+    margin_set_by: str = "model"
     fastest: Optional[Estimate] = None
     # With no engine named (``any``), the plan of each engine that can run the case, by name (None
     # with the reason where it cannot), and the pick among their bests (the engine of ``best``).
@@ -126,7 +129,7 @@ class Plan:
         runner = self.alternatives[0]
         gap = runner.step_time_s - self.best.step_time_s
         if gap < -1e-3 * self.best.step_time_s:  # a slower, simpler (or safer) layout was picked
-            within = (f"within the --simplest-within margin ({self.margin:.1%})" if self.picked_on == "simplicity"
+            within = (f"within the --simplest-within margin ({self.margin:.1%})" if self.margin_set_by == "simplest_within"
                       else f"within {self.margin:.1%} of the fastest, which the model cannot tell apart")
             # The same rule either way: a simpler layout that fits less surely is not the pick.
             why = (f"the pick among layouts {within}: the surest to fit (its memory band's upper end, else its "
@@ -154,7 +157,7 @@ class Plan:
                                if p is not None and p.best is not None else {"why_not": why or "nothing fits"})
                         for name, p, why in self.engines},
             "engine": self.best.job.training.engine.name if self.best else None,
-            "pick": {"made_on": self.picked_on, "margin": self.margin,
+            "pick": {"made_on": self.picked_on, "margin": self.margin, "margin_set_by": self.margin_set_by,
                      "fastest": {**self.fastest.to_dict(), "differs_from_best": self.differences(self.fastest)}
                      if self.fastest is not None else None},
             "search": {"scored": self.scored, "fitting": self.fitting, "pruned": self.pruned},
@@ -357,10 +360,8 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         return Plan(solution.status, None, (), result.scored, 0, no_fit=advice, headroom=spec.headroom)
     status = solution.status
     chosen = fastest_index = solution.index
-    picked_on = "speed"
     if robust:
         chosen = robust_choice(table, fastest_index, margin, case)
-        picked_on = "speed" if chosen == fastest_index else "simplicity" if simplest_within is not None else "robust"
     model.exclude(chosen)
     for index, candidate in enumerate(table):  # a safer twin is the robust pick's to take, not a runner-up
         if candidate.safer and index != chosen:
@@ -376,11 +377,28 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     def estimate_of(index: int) -> Estimate:
         return estimate_job(case, table[index].job, table[index].time)
 
-    return Plan(status, estimate_of(chosen), tuple(estimate_of(i) for i in alternatives),
+    best, fastest_layout = estimate_of(chosen), estimate_of(fastest_index) if chosen != fastest_index else None
+    return Plan(status, best, tuple(estimate_of(i) for i in alternatives),
                 result.scored, len(result.candidates), pruned=result.pruned,
                 candidates=tuple((c.step_time_s, c.peak_bytes) for c in result.candidates), headroom=spec.headroom,
-                picked_on=picked_on, margin=margin,
-                fastest=estimate_of(fastest_index) if chosen != fastest_index else None)
+                picked_on=picked_on(best, fastest_layout, spec.headroom), margin=margin,
+                margin_set_by=_margin_set_by(simplest_within), fastest=fastest_layout)
+
+
+def picked_on(best: Estimate, fastest: Optional[Estimate], headroom: float) -> str:
+    """What set the fastest layout aside for the pick: nothing ("speed"), the memory band ("fit": the
+    pick fits more surely, ``search_memory.fit_tier``), or the complexity order ("simplicity": as
+    sure to fit, and simpler)."""
+    from .search_memory import fit_tier
+
+    if fastest is None:
+        return "speed"
+    surer = fit_tier(best.job, best.peak.total, headroom) < fit_tier(fastest.job, fastest.peak.total, headroom)
+    return "fit" if surer else "simplicity"
+
+
+def _margin_set_by(simplest_within: Optional[float]) -> str:
+    return "model" if simplest_within is None else "simplest_within"
 
 
 def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
@@ -485,8 +503,9 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
             if behind <= (0.0 if fastest else margin):
                 plans[index] = planned(name, alone=False)
             else:
-                weighs = "" if fastest else f": beyond the {margin:.1%} the pick weighs"
-                plans[index] = (name, p, f"its fastest, a step {behind:.1%} longer than the fastest of "
+                shown, shown_margin = _told_apart(behind, margin)
+                weighs = "" if fastest else f": beyond the {shown_margin} the pick weighs"
+                plans[index] = (name, p, f"its fastest, a step {shown} longer than the fastest of "
                                          f"{quickest.best.job.training.engine.name} "
                                          f"({_raw(quickest).tokens_per_s:,.0f} tokens/s){weighs}, so planned no further")
     ran = [p for _, p, _ in plans if p is not None and p.best is not None]
@@ -523,9 +542,19 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
                                                      p.best.job), p.best.case))
     overall = _raw(quickest)
     same = chosen is quickest and chosen.best is overall
-    return replace(chosen, engines=tuple(plans), margin=margin,
-                   picked_on="speed" if same else ("simplicity" if simplest_within is not None else "robust"),
+    return replace(chosen, engines=tuple(plans), margin=margin, margin_set_by=_margin_set_by(simplest_within),
+                   picked_on=picked_on(chosen.best, None if same else overall, chosen.headroom),
                    fastest=None if same else overall)
+
+
+def _told_apart(share: float, bound: float) -> tuple[str, str]:
+    """Two shares as percentages, to the fewest decimals (one at least) that tell them apart: a gap
+    of 8.51 % beyond a margin of 8.46 % read "8.5 % ... beyond the 8.5 %"."""
+    for digits in range(1, 5):
+        a, b = f"{share:.{digits}%}", f"{bound:.{digits}%}"
+        if a != b:
+            break
+    return a, b
 
 
 def _raw(plan: Plan) -> Estimate:

@@ -210,11 +210,11 @@ def print_plan(plan, console: Console) -> None:
         from .search_memory import fit_tier
 
         fastest = plan.fastest
-        within = ("within --simplest-within" if plan.picked_on == "simplicity" else
+        within = (f"within --simplest-within ({plan.margin:.1%})" if plan.margin_set_by == "simplest_within" else
                   f"within {plan.margin:.1%} of the fastest, which the model cannot tell apart (published sweeps: "
                   f"planner/published/bands.yaml)")
         tiers = [fit_tier(e.job, e.peak.total, plan.headroom) for e in (best, fastest)]
-        if tiers[0] < tiers[1]:  # the memory band decided, not the layouts' complexity
+        if plan.picked_on == "fit":  # the memory band decided, not the layouts' complexity
             sure = ("fits at the upper end of its memory band", "fits as predicted", "fits only at its band's low end")
             head = (f"picked as surer to fit: of the layouts {within}, it {sure[tiers[0]]}, where the fastest "
                     f"{sure[tiers[1]]}")

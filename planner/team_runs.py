@@ -737,10 +737,11 @@ SAME_JOB_APART = 1.5
 
 def check_each_run_once(runs: Sequence[Run], source: str) -> None:
     """A run given twice (one file twice, or two files that share a run) would weigh double in the fit;
-    two runs of one job that ran far apart (same model, cluster, training and layout) would be fitted
-    between the two, describing neither (12 s and 36 s: the profile predicted a step faster than both)."""
+    two runs of one job that ran or peaked far apart (same model, cluster, training and layout) would be
+    fitted between the two, describing neither (12 s and 36 s: the profile predicted a step faster than
+    both)."""
     seen: set[str] = set()
-    jobs: dict[str, Run] = {}
+    jobs: dict[tuple[str, str], Run] = {}
     measurements: dict[tuple, Run] = {}
     for r in runs:
         if r.id in seen:
@@ -754,15 +755,19 @@ def check_each_run_once(runs: Sequence[Run], source: str) -> None:
         if copy is not r:  # two measurements of one job never agree to the last digit: one run, copied
             raise CaseError(source, r.id, f"repeats run {copy.id}: the same job and the same measurement; give "
                                           "each run once (a copy would weigh as another run in the fit)")
-        if not r.tokens_per_s:
-            continue
-        other = jobs.setdefault(key, r)
-        if other is not r and max(r.tokens_per_s, other.tokens_per_s) > SAME_JOB_APART * min(
-                r.tokens_per_s, other.tokens_per_s):
-            ratio = max(r.tokens_per_s, other.tokens_per_s) / min(r.tokens_per_s, other.tokens_per_s)
-            raise CaseError(source, r.id, f"the same job as {other.id} (model, cluster, training and layout) ran "
-                                          f"{ratio:.1f}x apart: one profile cannot describe both; give the runs "
-                                          f"of the software the plans are for")
+        # The speed, and the peak memory (the allocator's, which runs of one job repeat within a few %):
+        # 63.6 and 40.0 GiB for one job were fitted between the two.
+        for measure, what in (("tokens_per_s", "ran"), ("peak_gib", "peaked")):
+            mine = getattr(r, measure)
+            if not mine:
+                continue
+            other = jobs.setdefault((key, measure), r)
+            theirs = getattr(other, measure)
+            if other is not r and max(mine, theirs) > SAME_JOB_APART * min(mine, theirs):
+                raise CaseError(source, r.id, f"the same job as {other.id} (model, cluster, training and layout) "
+                                              f"{what} {max(mine, theirs) / min(mine, theirs):.1f}x apart: one "
+                                              "profile cannot describe both; give the runs of the software the "
+                                              "plans are for")
 
 
 # --- the hardware the runs share ----------------------------------------------------------

@@ -725,6 +725,54 @@ def test_two_runs_of_one_job_far_apart_are_refused():
     check_each_run_once(fast + near, "runs.yaml")  # run-to-run noise: both taken
 
 
+def test_two_runs_of_one_job_that_peaked_far_apart_are_refused():
+    """One job reporting 63.6 and 40.0 GiB was fitted between the two, silently (the same job's step
+    times that far apart were refused)."""
+    from planner.team_runs import check_each_run_once
+
+    first = runs_from_rows([published_row(measured={"iteration_time_s": 12.0, "memory_gb_per_gpu": 63.6})],
+                           "runs.yaml")
+    far = runs_from_rows([published_row(id="team-run-2", measured={"iteration_time_s": 12.2,
+                                                                   "memory_gb_per_gpu": 40.0})], "runs.yaml")
+    with pytest.raises(CaseError, match=r"team-run-2: the same job as team-run-1 .* peaked 1\.6x apart"):
+        check_each_run_once(first + far, "runs.yaml")
+    near = runs_from_rows([published_row(id="team-run-3", measured={"iteration_time_s": 12.2,
+                                                                    "memory_gb_per_gpu": 62.0})], "runs.yaml")
+    check_each_run_once(first + near, "runs.yaml")
+
+
+def test_a_run_whose_own_layout_is_predicted_not_to_fit_is_said():
+    """An 8B at micro-batch 1, ZeRO 1 on 8 A100s of 40 GB was fitted without a word, though the model
+    puts its peak near 64 GiB (bf16 weights and gradients alone are 30 GiB a GPU): the plans on that
+    profile would call layouts like it unfit."""
+    from planner.learn import fit
+
+    result = fit(runs_from_rows([published_row(gpu="A100-SXM4-40GB")], "runs.yaml"))
+    warning = next(line for line in result.warnings() if line.startswith("run team-run-1: its own layout"))
+    assert "is predicted not to fit after the fit" in warning
+    assert not [line for line in fit(runs_from_rows([published_row()], "runs.yaml")).warnings()
+                if "its own layout" in line]  # on 80 GB it fits
+
+
+def test_a_fabric_beside_a_profile_whose_fabric_the_runs_fitted_is_refused(tmp_path):
+    """A case's cluster.fabric replaced the fitted profile's fabric silently, and the notes on where a
+    plan leaves the runs still named the fitted fabric.efficiency as the figure it leaned on."""
+    from planner.learn import render
+
+    # tensor parallelism of 16 spans two nodes: those runs inform the fabric's efficiency
+    runs = measured_runs(LAYOUTS[:6] + [(16, 16, 1, 1, 1), (32, 16, 1, 1, 1)],
+                         {**TRUE, "fabric.efficiency": 0.5})
+    profile, _ = calibrate_from_runs(runs)
+    assert profile["fitted"]["figures"]["fabric.efficiency"]["runs"] == 2
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    cluster = {"profile": str(path), "num_gpus": 128}
+    estimate({**case(128, 4, 2, 1, 1), "cluster": cluster})
+    with pytest.raises(CaseError) as error:
+        estimate({**case(128, 4, 2, 1, 1), "cluster": {**cluster, "fabric": "aws-efa-p5"}})
+    assert error.value.key == "cluster.fabric" and "fabric.efficiency" in error.value.expected
+
+
 def test_a_gated_gelu_mlp_is_priced_with_its_three_matrices():
     """`ffn_act: geglu` was accepted as a gated MLP but priced as a two-matrix GeLU one: the fit would
     have learned its GEMM efficiency from MLP FLOPs a third too low."""
