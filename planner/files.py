@@ -191,8 +191,13 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
                 mode = "wb" if isinstance(out.data, bytes) else "w"
                 with open(tmp, mode, **({} if isinstance(out.data, bytes) else {"encoding": "utf-8"})) as f:
                     f.write(out.data)
-                # open() gives the file what writing it in place would (0o666 less the umask): no
-                # chmod, and no os.umask to read the mask, which sets it for every thread at once.
+                # open() gives the file what writing it in place would (0o666 less the umask), with no
+                # os.umask to read the mask (it sets it for every thread at once). A script (#!) is
+                # executable by whoever may read it, as `chmod +x` leaves it: ./launch.sh and
+                # `srun ./launch.sh` were "Permission denied".
+                if (out.data[:2] if isinstance(out.data, bytes) else out.data[:2].encode()) == b"#!":
+                    readable = os.stat(tmp).st_mode & 0o444
+                    os.chmod(tmp, os.stat(tmp).st_mode | readable >> 2)
                 staged.append((out, tmp))
             for path in ([] if callable(removes) else removes):
                 folder = Path(os.path.abspath(path.parent))

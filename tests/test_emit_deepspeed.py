@@ -202,8 +202,12 @@ def test_launch_script(index, tmp_path):
     nodes, gpus = (1, job.cluster.num_gpus) if job.cluster.num_gpus <= per_node \
         else (job.cluster.num_gpus // per_node, per_node)
     # the config and the training script beside the script, from wherever it is run
-    assert (f'\ndeepspeed --num_nodes {nodes} --num_gpus {gpus} "${{TRAIN_SCRIPT:-$HERE/train.py}}" --deepspeed '
-            f'--deepspeed_config "$HERE/ds_config.json"') in text
+    # across nodes, the hostfile from HOSTFILE (what follows the script's name goes to train.py, not
+    # to the launcher: `--hostfile FILE`, as the comment said, never reached it)
+    hostfile = '${HOSTFILE:+--hostfile "$HOSTFILE"} ' if nodes > 1 else ""
+    assert (f'\ndeepspeed {hostfile}--num_nodes {nodes} --num_gpus {gpus} "${{TRAIN_SCRIPT:-$HERE/train.py}}" '
+            f'--deepspeed --deepspeed_config "$HERE/ds_config.json"') in text
+    assert ("or pass --hostfile" not in text) and ((nodes > 1) == ("HOSTFILE=FILE bash launch.sh" in text))
     assert 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"' in text
     subprocess.run(["bash", "-n", str(tmp_path / "launch.sh")], check=True)
     if lay.tp > 1 and lay.pp == 1:

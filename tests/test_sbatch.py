@@ -44,3 +44,83 @@ def test_sbatch_starts_the_plans_world(engine, tmp_path):
     assert all(line.startswith("#") for line in text.splitlines() if "rm -rf" in line)
     if engine == "megatron":  # tp > 1 before Blackwell: validate_args wants it set before the processes start
         assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text
+
+
+def _fake_tools(bin_dir, hosts: int) -> None:
+    """scontrol printing ``hosts`` long host names a line at a time, flushing each (a pipe reader
+    that stops early kills it with SIGPIPE, as Slurm's own, whose printf output goes out in several
+    writes past a few KiB), and srun recording the command each node would run."""
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/usr/bin/env python3\nimport sys\n"
+        f"for i in range({hosts}):\n"
+        "    sys.stdout.write(f'gpu-node-{i:05d}.cluster.example.org\\n'); sys.stdout.flush()\n")
+    (bin_dir / "srun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\n')
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+
+
+@pytest.mark.parametrize("engine", sorted(CASES))
+def test_sbatch_reaches_srun_on_a_long_node_list_and_stops_where_its_files_are_not(engine, tmp_path):
+    """On 256 nodes and more, `scontrol show hostnames | head -n 1` under pipefail ended the job with
+    scontrol's SIGPIPE before srun, printing nothing; srun gave torchrun one CPU (a step inherits no
+    --cpus-per-task from sbatch since Slurm 22.05); and submitted from another folder, the launch
+    started on every node without its arguments or config."""
+    import os
+
+    est = planner.estimate(CASES[engine])
+    files = tmp_path / "files"
+    planner.emit(est, engine, files, force_unfit=not est.fits)
+    _fake_tools(tmp_path / "bin", 20_000)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu[0-19999]",
+           "SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "96", "SRUN_ARGS": str(tmp_path / "srun.txt")}
+    for _ in range(3):  # the SIGPIPE was a race: most runs on 512 nodes
+        done = subprocess.run(["bash", str(files / "sbatch.sh")], env={**env, "SLURM_SUBMIT_DIR": str(files)},
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        words = (tmp_path / "srun.txt").read_text().split("\n")
+        assert "--cpus-per-task=96" in words and "gpu-node-00000.cluster.example.org:29500" in words
+    (tmp_path / "srun.txt").unlink()
+    elsewhere = subprocess.run(["bash", str(files / "sbatch.sh")], env={**env, "SLURM_SUBMIT_DIR": str(tmp_path)},
+                               capture_output=True, text=True, timeout=60)
+    assert elsewhere.returncode != 0 and "No such file or directory" in elsewhere.stderr
+    assert not (tmp_path / "srun.txt").exists()  # no node started
+
+
+def test_launch_scripts_are_executable_as_written():
+    """launch.sh and sbatch.sh were written 0644: ./launch.sh and `srun ./launch.sh` were "Permission denied"."""
+    import os
+    import stat
+    import tempfile
+    from pathlib import Path
+
+    est = planner.estimate(CASES["megatron"])
+    with tempfile.TemporaryDirectory() as folder:
+        planner.emit(est, "megatron", folder)
+        for name in ("launch.sh", "sbatch.sh"):
+            mode = os.stat(Path(folder) / name).st_mode
+            assert mode & stat.S_IXUSR and (mode & stat.S_IRGRP == 0 or mode & stat.S_IXGRP)
+        assert not os.stat(Path(folder) / "megatron_args.txt").st_mode & stat.S_IXUSR
+
+
+def test_deepspeeds_multi_node_launch_refuses_a_folder_its_launcher_would_split(tmp_path):
+    """DeepSpeed's pdsh runner writes `cd FOLDER; SCRIPT ...` into one remote shell line unquoted
+    (launcher/multinode_runner.py, PDSHRunner.get_cmd): from a folder with a space, every node ran
+    `cd` on half the path. The launch says so before starting; the hosts come from HOSTFILE."""
+    import os
+
+    est = planner.estimate(CASES["deepspeed"])  # 2 nodes
+    folder = tmp_path / "my runs"
+    planner.emit(est, "deepspeed", folder)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "deepspeed").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$DS_ARGS"\n')
+    (bin_dir / "deepspeed").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DS_ARGS": str(tmp_path / "ds.txt")}
+    done = subprocess.run(["bash", str(folder / "launch.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "holds a space" in done.stderr and not (tmp_path / "ds.txt").exists()
+    os.rename(folder, tmp_path / "runs")
+    done = subprocess.run(["bash", str(tmp_path / "runs" / "launch.sh")], env={**env, "HOSTFILE": "/etc/my hosts"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ds.txt").read_text().split("\n")[:4] == ["--hostfile", "/etc/my hosts", "--num_nodes", "2"]

@@ -2,8 +2,8 @@
 
 One task per node (``srun --ntasks-per-node=1``), each starting torchrun with the GPUs of its node;
 the rendezvous (torchrun's c10d backend) on the first node of the allocation
-(``scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1``), keyed by the job id; the whole
-nodes (``--exclusive``). The folder of the files is the one ``sbatch`` was called from
+(``scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p``), keyed by the job id; the whole
+nodes (``--exclusive``), every CPU of a node to its task. The folder of the files is the one ``sbatch`` was called from
 (``$SLURM_SUBMIT_DIR``: Slurm runs a copy of the script from its spool directory). Every value
 that comes from the case goes through :func:`quoting.shell_word` or a comment, as in ``launch.sh``.
 """
@@ -54,10 +54,23 @@ def rack_placement(cluster, nodes: int) -> list[str]:
             f"{SBATCH_FILE} [extra arguments]"]
 
 
-def sbatch(header: str, nodes: int, per_node: int, entry: str, env: str = "", cluster=None) -> str:
+def sbatch(header: str, nodes: int, per_node: int, entry: str, env: str = "", cluster=None,
+           files: str = "") -> str:
     """The batch script: ``header`` (comment lines), ``env`` (shell lines the engine needs before its
-    processes start), ``entry`` (what torchrun runs, with its arguments, already quoted); for a
-    ``cluster`` whose NVLink domains span several nodes, how to place them (:func:`rack_placement`)."""
+    processes start), ``files`` (assignments that read the files beside it from ``$HERE``: an
+    assignment whose command substitution fails stops the script under ``set -e``, naming the
+    file, before any node starts, where a substitution inside the launch's arguments escapes it and
+    every rank started without them: Megatron-LM stopped on "either num-layers or
+    encoder-num-layers should be specified", the cause hidden), ``entry`` (what torchrun runs, with
+    its arguments, already quoted); for a ``cluster`` whose NVLink domains span several nodes, how to
+    place them (:func:`rack_placement`).
+
+    The node list is read whole (``sed -n 1p``): ``head -n 1`` exits after the first line, and
+    scontrol, still writing a long list (256 nodes and more), died of SIGPIPE, which ``pipefail``
+    made the job's end before srun. srun gives torchrun every CPU of its node
+    (``--cpus-per-task=$SLURM_CPUS_ON_NODE``): from Slurm 22.05 a step inherits no
+    ``--cpus-per-task`` from sbatch (sbatch(1), "NOTE: Beginning with 22.05 ..."), and one task
+    with its eight ranks and their data loaders was bound to one core where the site binds tasks."""
     return (
         "#!/usr/bin/env bash\n"
         + header  # comments: Slurm reads #SBATCH lines up to the first command
@@ -72,8 +85,10 @@ def sbatch(header: str, nodes: int, per_node: int, entry: str, env: str = "", cl
         "set -f  # no globbing of the arguments\n"
         + env
         + 'HERE="${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"\n'
-        'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
-        f"srun --nodes={shell_word(nodes)} --ntasks-per-node=1 \\\n"
+        + (comment([f"The files beside {SBATCH_FILE}, from the folder sbatch was called in: "
+                    "the job stops here where they are not."]) + files if files else "")
+        + 'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"\n'
+        f"srun --nodes={shell_word(nodes)} --ntasks-per-node=1 --cpus-per-task=\"$SLURM_CPUS_ON_NODE\" \\\n"
         f"    torchrun --nnodes {shell_word(nodes)} --nproc-per-node {shell_word(per_node)} \\\n"
         '    --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$HEAD_NODE:${MASTER_PORT:-29500}" \\\n'
         f"    {entry}\n"

@@ -178,14 +178,23 @@ def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
     if lay.pp > 1:
         out.append(comment(_pipeline_snippet(job)))
     if nodes > 1:
-        out.append(comment(["", f"{nodes} nodes: the launcher reads the hosts from /job/hostfile "
-                                f"(or pass --hostfile FILE), one line per node: HOST slots={per_node}"]))
+        # What follows the script's name goes to train.py: a --hostfile there never reached the launcher.
+        out.append(comment(["", f"{nodes} nodes: the launcher reads the hosts from /job/hostfile, or from "
+                                f"HOSTFILE=FILE bash {LAUNCH}; one line per node: HOST slots={per_node}"]))
     out.append(comment([""] + TRAIN_SCRIPT_LINES))
     out.append("set -euo pipefail\n")
     # The config and the training script beside this script, wherever it is run from (as sbatch.sh
     # finds them): train.py in the caller's folder was no file where the launch ran from elsewhere.
-    out.append('HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n\n')
-    out.append(f"deepspeed --num_nodes {shell_word(nodes)} --num_gpus {shell_word(per_node)} {TRAIN_COMMAND}\n")
+    out.append('HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n')
+    hostfile = ""
+    if nodes > 1:
+        # DeepSpeed's pdsh runner writes `cd FOLDER; SCRIPT ...` into one remote shell line unquoted
+        # (launcher/multinode_runner.py, PDSHRunner.get_cmd): a folder with a space splits there.
+        out.append(f'case "$HERE" in *[[:space:]]*) echo "{LAUNCH}: $HERE holds a space, which DeepSpeed\'s '
+                   'multi-node launcher (pdsh) splits: move the folder" >&2; exit 1;; esac\n')
+        hostfile = '${HOSTFILE:+--hostfile "$HOSTFILE"} '
+    out.append(f"\ndeepspeed {hostfile}--num_nodes {shell_word(nodes)} --num_gpus {shell_word(per_node)} "
+               f"{TRAIN_COMMAND}\n")
     return "".join(out)
 
 
@@ -342,5 +351,6 @@ def render(estimate, header_lines: Union[list[str], str]) -> dict[str, str]:
     nodes, per_node = launch_nodes(cluster, "deepspeed")
     files = {CONFIG: json.dumps(config, indent=2) + "\n", LAUNCH: launch_text(estimate, header_lines)}
     files[SBATCH_FILE] = sbatch(comment(_lines(header_lines) + [""] + TRAIN_SCRIPT_LINES), nodes, per_node,
-                                TRAIN_COMMAND, cluster=cluster)
+                                TRAIN_COMMAND.replace(f'"$HERE/{CONFIG}"', '"$CONFIG"'), cluster=cluster,
+                                files=f'CONFIG="$(realpath -e "$HERE/{CONFIG}")"\n')
     return files

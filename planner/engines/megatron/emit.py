@@ -514,8 +514,8 @@ def render(estimate, header_lines) -> dict[str, str]:
         '--master-port "${MASTER_PORT:-6000}" \\\n'
         '    "${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/' + ARGS_FILE + '") "$@"\n'
     )
-    batch = sbatch(header, nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/'
-                   + ARGS_FILE + '") "$@"', connections_line(lay), cluster=job.cluster)
+    batch = sbatch(header, nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $ARGS "$@"', connections_line(lay),
+                   cluster=job.cluster, files='ARGS="$(grep -v \'^#\' "$HERE/' + ARGS_FILE + '")"\n')
     return {ARGS_FILE: args_text, LAUNCH_FILE: launch, SBATCH_FILE: batch}
 
 

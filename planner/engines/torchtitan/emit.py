@@ -464,8 +464,9 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
     )
     batch = sbatch(comment(header), nnodes, nproc,
                    f'-m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION} "$@"',
-                   'export PYTHONPATH="${SLURM_SUBMIT_DIR:-.}${PYTHONPATH:+:$PYTHONPATH}"\n',
-                   cluster=estimate.job.cluster)
+                   cluster=estimate.job.cluster,
+                   files=f'CONFIG="$(realpath -e "$HERE/{CONFIG_FILE}")"\n'
+                         'export PYTHONPATH="${CONFIG%/*}${PYTHONPATH:+:$PYTHONPATH}"\n')
     return {
         CONFIG_FILE: _config_module(estimate, header),
         OVERRIDES_FILE: overrides_text,
