@@ -128,9 +128,11 @@ def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int],
                       stage_layers: Optional[tuple[int, ...]]) -> tuple[str, ...]:
     """What a ds_config leaves to the model's code and neither the case's layout nor the options
     said, so was read as DeepSpeed's default: DeepSpeed-MoE's ep_size, PipelineModule's split."""
+    from .engines.deepspeed.read import autoep_size, load_config
+
     stated = case.layout
     notes = []
-    if case.model.is_moe and stated is None and ep is None:
+    if case.model.is_moe and stated is None and ep is None and autoep_size(str(config), load_config(config)) is None:
         notes.append(f"{config.name} does not state DeepSpeed-MoE's ep_size (the model code's): read as ep 1; "
                      "give --ep (or layout.ep in the case) for another")
     if layout.pp > 1 and stated is None and stage_layers is None:
@@ -206,6 +208,10 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: O
         loaded, settings = _param_gather_left_open(loaded, as_given, layout, settings)
         taken = taken_from_arguments(as_given, settings)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
+    if engine == "deepspeed":
+        from .engines.deepspeed.read import reduction_as_configured
+
+        training = replace(training, engine=reduction_as_configured(path, loaded, training.engine))
     loaded = replace(loaded, training=training, search=spec)
     job = _job(loaded, layout, path, engine, options, argument)
     if engine == "megatron":

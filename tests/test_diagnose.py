@@ -315,8 +315,9 @@ def test_what_the_emitted_deepspeed_config_runs_is_priced_and_what_a_users_adds_
                           ({"zero_optimization.zero_quantized_gradients": True},
                            "zero_optimization.zero_quantized_gradients: not priced"),
                           ({"compile": {"enabled": True}}, "compile.enabled: not priced"),
-                          ({"zero_optimization.reduce_bucket_size": 200_000_000},
-                           "reduce_bucket_size 2e+08: priced at DeepSpeed's default of 5e+08"),
+                          ({"zero_optimization.reduce_bucket_size": 200_000_000},  # priced; the gather's not
+                           "allgather_bucket_size 500,000,000: the weights' gather after the step priced in buckets "
+                           "of 200,000,000 elements"),
                           ({"amp": {"enabled": True}}, "amp: removed from DeepSpeed")]:
         config, _ = _ds_config(tmp_path, **changes)
         notes = diagnose(DS_CASE, config=config).notes

@@ -562,8 +562,8 @@ def test_the_moe_layers_launch_sh_names_are_the_priced_ones():
 
 
 def test_deepspeed_moe_refuses_zero_3():
-    with pytest.raises(CaseError, match="layout.zero_stage: deepspeed cannot run it: DeepSpeed's engine refuses "
-                                        "its MoE layers under ZeRO stage 3"):
+    with pytest.raises(CaseError, match="layout.zero_stage: deepspeed cannot run it: DeepSpeed-MoE's layers, as "
+                                        "priced and written here, are refused under ZeRO stage 3"):
         planner.estimate({**MOE_CASE, "training": {**MOE_CASE["training"], "engine": "deepspeed"},
                           "search": {}, "layout": {"ep": 8, "zero_stage": 3}})
 

@@ -51,10 +51,18 @@ def test_the_trainers_configs_are_read_with_each_auto_resolved(tmp_path, config,
     lay = result.estimate.job.layout
     assert (lay.dp, lay.micro_batch_size, lay.zero_stage, lay.recompute) == (8, 2, zero, "none")
     assert result.estimate.job.grad_accum == 4  # 64 / (2 x 8)
+    # transformers' trainer_config_finalize sizes the ZeRO buckets by the model's hidden size (4,096)
+    sized = () if zero == 2 else (
+        "zero_optimization.reduce_bucket_size: auto -> 16777216 (the hidden size squared, 4096, as the Trainer "
+        "fills it)",
+        "zero_optimization.stage3_prefetch_bucket_size: auto -> 15099494 (0.9 × the hidden size squared, 4096, as "
+        "the Trainer fills it)",
+        "zero_optimization.stage3_param_persistence_threshold: auto -> 40960 (10 × the hidden size, 4096, as the "
+        "Trainer fills it)")
     assert result.resolved == ("train_micro_batch_size_per_gpu: auto -> 2",
                                "gradient_accumulation_steps: auto -> 4 (global batch 64 / micro-batch 2 / dp 8)",
                                "train_batch_size: auto -> 64 (micro-batch 2 × accumulation 4 × dp 8, as the "
-                               "Trainer fills it)",
+                               "Trainer fills it)", *sized,
                                "bf16.enabled: auto -> true (training.precision bf16)",
                                "fp16.enabled: auto -> false (training.precision bf16)")
 
@@ -64,7 +72,7 @@ def test_activation_checkpointing_is_the_models_choice_not_the_sections(tmp_path
     assert diagnose(case, config=ds, micro_batch_size=1, recompute="full").estimate.job.layout.recompute == "full"
     done = run_cli("diagnose", str(case), "--config", str(ds), "--micro-batch-size", "1", "--json")
     data = json.loads(done.stdout)
-    assert data["config"]["layout"]["recompute"] == "none" and len(data["resolved"]) == 5
+    assert data["config"]["layout"]["recompute"] == "none" and len(data["resolved"]) == 8  # 5, and 3 ZeRO-3 buckets
 
 
 def test_an_auto_micro_batch_with_nothing_to_resolve_it_names_the_option(tmp_path):
@@ -148,3 +156,64 @@ def test_an_optimizer_or_a_partial_offload_the_case_does_not_price_is_refused(tm
                                                                 "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})
     with pytest.raises(CaseError, match=r"zero_optimization.offload_optimizer.ratio: is 0.3: a partial offload"):
         diagnose(case, config=ds, micro_batch_size=2)
+
+
+@pytest.mark.parametrize("zero, buffers, elements", [
+    # accelerate's zero_stage2 template: "auto" (the Trainer's hidden², 4096²), overlap_comm on: two buffers
+    ({"stage": 2, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto"}, 2, 4096 ** 2),
+    # DeepSpeed's defaults below stage 3: contiguous gradients, overlap_comm off, 5e8 elements: one buffer
+    ({"stage": 2}, 1, 5e8),
+    ({"stage": 1, "reduce_bucket_size": 2e8, "overlap_comm": "true"}, 2, 2e8),
+    # no contiguous gradients and nothing offloaded: setup_buckets allocates none
+    ({"stage": 2, "contiguous_gradients": False, "overlap_comm": True}, 0, 5e8),
+])
+def test_the_reduction_buffers_are_priced_as_the_config_sizes_them(tmp_path, zero, buffers, elements):
+    """Priced at the two 5e8-element buffers the planner's own files ask for: a Trainer's ZeRO-2 config
+    with "auto" holds two of 4096² (runtime/zero/stage_1_and_2.py, setup_buckets: one with
+    contiguous_gradients, a second with overlap_comm), 1.9 GB less on an 8B model in fp16."""
+    from cost_models.memory import reduce_bucket_bytes
+    from cost_models.model_states import working_bytes
+
+    config = {**ZERO2, "zero_optimization": zero}
+    case, ds = files(tmp_path, config)
+    job = diagnose(case, config=ds, micro_batch_size=2).estimate.job
+    assert reduce_bucket_bytes(job) == buffers * elements * working_bytes(job.training).gradients
+    assert not [note for note in diagnose(case, config=ds, micro_batch_size=2).notes if "reduce_bucket_size" in note]
+
+
+MIXTRAL = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+           "training": {"global_batch_size": 32, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"}}
+AUTOEP = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 2, "overlap_comm": True},
+          "expert_parallel": {"enabled": True, "autoep_size": 8}}
+
+
+def test_autoeps_expert_parallelism_is_read(tmp_path):
+    """DeepSpeed 0.19's AutoEP (``expert_parallel``: runtime/engine.py, _configure_expert_parallel) was read as
+    no expert parallelism, with a note that the config states none: Mixtral on 8 GPUs at autoep_size 8 was
+    priced at 213.6 GB, not fitting."""
+    case, ds = files(tmp_path, AUTOEP, MIXTRAL)
+    result = diagnose(case, config=ds)
+    assert result.estimate.job.layout.ep == 8
+    assert not [n for n in result.notes if "ep_size" in n] and any("AutoEP" in n for n in result.notes)
+    with pytest.raises(CaseError) as error:
+        diagnose(case, config=ds, ep=4)
+    assert error.value.source == "--ep" and "expert_parallel.autoep_size 8" in error.value.expected
+
+
+@pytest.mark.parametrize("zero, says", [
+    ({"zero_hpz_partition_size": 0}, None),  # zero/config.py: Field(1, ge=0)
+    ({"allgather_bucket_size": 200000001}, "asserts a multiple of 2"),  # stage_1_and_2.py
+    ({"offload_optimizer": {"device": "cpu", "pin_memory": False}}, "pin_memory false: the copies"),
+    ({"zero_hpz_partition_size": 8}, None),  # ZeRO++'s secondary shards: stage 3's only, nothing unpriced at 2
+])
+def test_zero_settings_as_deepspeed_takes_them(tmp_path, zero, says):
+    config = {**ZERO2, "zero_optimization": {"stage": 2, **zero}}
+    case, ds = files(tmp_path, config)
+    if says == "asserts a multiple of 2":
+        with pytest.raises(CaseError, match="zero_optimization.allgather_bucket_size.*asserts a multiple of 2"):
+            diagnose(case, config=ds, micro_batch_size=2)
+        return
+    notes = diagnose(case, config=ds, micro_batch_size=2).notes
+    assert not [n for n in notes if "hpz" in n]
+    assert (says is None) or any(says in n for n in notes)

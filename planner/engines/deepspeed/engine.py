@@ -112,9 +112,13 @@ def rules(job: Job) -> list[tuple[str, str]]:
                                           "'Bf16_master_weights_and_grads is only supported with ZeRO Stage 1, 2, "
                                           "or 3'); use zero_stage 1")]
     if job.model.is_moe and job.layout.zero_stage == 3:
-        return [("layout.zero_stage", "DeepSpeed's engine refuses its MoE layers under ZeRO stage 3 "
-                                      "(runtime/engine.py: 'Native DeepSpeed MoE is not supported with ZeRO "
-                                      "Stage 3'); use 1 or 2")]
+        # Priced and written as DeepSpeed-MoE layers, which its engine refuses at stage 3. A model whose
+        # own MoE modules ZeRO-3 shards as dense ones, or AutoEP's layers, which it takes there, are
+        # another dispatch and another sharding, not priced.
+        return [("layout.zero_stage", "DeepSpeed-MoE's layers, as priced and written here, are refused under ZeRO "
+                                      "stage 3 (runtime/engine.py: 'Native DeepSpeed MoE is not supported with ZeRO "
+                                      "Stage 3. Use AutoEP or choose ZeRO stage 1/2.'); use 1 or 2 (a model's own MoE "
+                                      "modules, or AutoEP's, under ZeRO-3 are not priced)")]
     # Without master weights, at stage 1-3 (runtime/config.py: "Bf16_master_weights_and_grads is only
     # supported with ZeRO Stage 1, 2, or 3", above):
     # offloaded, its bf16 states need DeepSpeedCPUAdam built for them (runtime/base_optimizer.py).

@@ -33,7 +33,7 @@ DEEPSPEED_KEYS = (
     "dataloader_drop_last", "disable_allgather", "use_node_local_storage", "load_universal_checkpoint", "compile",
     "timers", "graph_harvesting", "mics_shard_size", "mics_hierarchical_params_gather", "zero_quantized_weights",
     "zero_quantized_gradients", "sequence_parallel_size", "fp16_master_weights_and_grads",
-    "bf16_master_weights_and_grads", "disable_python_gc")
+    "bf16_master_weights_and_grads", "disable_python_gc", "expert_parallel")
 
 
 # zero_optimization's keys (DeepSpeedZeroConfig's fields and aliases, DeepSpeed 0.19): a pydantic model
@@ -85,7 +85,7 @@ def misspelled_keys(path: Union[str, Path]) -> list[str]:
     import difflib
 
     path = Path(path)
-    config, notes = _load(path), []
+    config, notes = load_config(path), []
     for key in config:
         close = difflib.get_close_matches(str(key), DEEPSPEED_KEYS, n=1, cutoff=0.85)
         if key not in DEEPSPEED_KEYS and close:
@@ -156,7 +156,7 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
     CPU checkpointing and torch.compile, which the cost models do not hold."""
     path = Path(path)
     src = str(path)
-    config, _ = as_deepspeed_reads(src, _load(path))
+    config, _ = as_deepspeed_reads(src, load_config(path))
     zero = dict(config.get("zero_optimization")) if isinstance(config.get("zero_optimization"), dict) else {}
     # As DeepSpeed's pydantic models take them (lax: "false" is False, 5e8 is 500000000), else refused as
     # they refuse them: a value of another kind was read as absent, and its note lost.
@@ -167,8 +167,9 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
             del zero[key]
         elif key in zero:
             zero[key] = _lax_bool(src, f"zero_optimization.{key}", zero[key])
-    # (DeepSpeedZeroConfig's stage3 sizes: Field(ge=0), as its allgather bucket's; its reduce bucket gt=0)
-    for key, least in (("reduce_bucket_size", 1), ("allgather_bucket_size", 0), ("zero_hpz_partition_size", 1),
+    # (DeepSpeedZeroConfig's stage3 sizes: Field(ge=0), as its allgather bucket's and zero_hpz_partition_size's;
+    # its reduce bucket gt=0)
+    for key, least in (("reduce_bucket_size", 1), ("allgather_bucket_size", 0), ("zero_hpz_partition_size", 0),
                        ("stage3_prefetch_bucket_size", 0), ("stage3_max_live_parameters", 0),
                        ("stage3_param_persistence_threshold", 0), ("stage3_max_reuse_distance", 0),
                        ("stage3_model_persistence_threshold", 0), ("sub_group_size", 0)):
@@ -206,13 +207,17 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
         said = "false" if "overlap_comm" in zero else "absent (DeepSpeed's default below stage 3: off)"
         notes.append(f"zero_optimization.overlap_comm {said}: DeepSpeed reduces the gradients after the backward, not "
                      "behind it; priced with the overlap, so the run may step slower")
-    priced_bucket = training.engine.bucket_params
-    for key in ("reduce_bucket_size", "allgather_bucket_size"):
-        bucket = zero.get(key)
-        if stage in (1, 2) and isinstance(bucket, (int, float)) and not isinstance(bucket, bool) \
-                and bucket != priced_bucket:
-            notes.append(f"zero_optimization.{key} {bucket:g}: priced at DeepSpeed's default of {priced_bucket:g} "
-                         "elements a bucket")
+    # (The reduce bucket is priced as the config sizes it: reduction_as_configured.)
+    bucket = zero.get("allgather_bucket_size")
+    if stage in (1, 2) and isinstance(bucket, int) and bucket % 2 and not folds_gradients_into_fp32(job):
+        # stage_1_and_2.py: "allgather_bucket_size must be a multiple of nccl_start_alignment_factor" (2)
+        raise CaseError(src, "zero_optimization.allgather_bucket_size", f"{bucket}: DeepSpeed's ZeRO-{stage} optimizer "
+                                                                        "asserts a multiple of 2 (its 4-byte NCCL "
+                                                                        "alignment, runtime/zero/stage_1_and_2.py)")
+    if stage in (1, 2) and isinstance(bucket, (int, float)) and not isinstance(bucket, bool) \
+            and bucket != training.engine.bucket_params and not folds_gradients_into_fp32(job):
+        notes.append(f"zero_optimization.allgather_bucket_size {bucket:,}: the weights' gather after the step priced "
+                     f"in buckets of {training.engine.bucket_params:,.0f} elements, the reduce bucket's")
     # DeepSpeed reduces in communication_data_type, the model's dtype unless set (runtime/engine.py).
     priced_dtype = "fp32" if fp32_gradients(training) else {"fp16": "fp16"}.get(training.precision, "bf16")
     if isinstance(said_dtype, str) and said_dtype.lower() != priced_dtype and lay.dp * lay.cp > 1:
@@ -220,7 +225,7 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
     unpriced = [f"zero_optimization.{key}" for key in ("zero_quantized_weights", "zero_quantized_gradients",
                                                        "zero_quantized_nontrainable_weights")
                 if zero.get(key) is True]
-    if zero.get("zero_hpz_partition_size", 1) > 1:
+    if zero.get("zero_hpz_partition_size", 1) > 1 and stage == 3:  # ZeRO++'s secondary shards: stage 3's only
         unpriced.append("zero_optimization.zero_hpz_partition_size")
     checkpointing = config.get("activation_checkpointing")
     if isinstance(checkpointing, dict):
@@ -238,6 +243,17 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
         notes.append(f"bf16.immediate_grad_update {said}: the BF16_Optimizer keeps every parameter's bf16 gradient "
                      f"beside its fp32 one until the step, {2 * params / 1e9:.1f} GB a GPU more than priced (the "
                      "planner's files set it true)")
+    if autoep_size(src, config) is not None and job.model.is_moe:
+        notes.append("expert_parallel: AutoEP's expert layers priced as DeepSpeed-MoE's (their all-to-all dispatch, "
+                     "one GEMM per local expert)")
+    for section in ("offload_optimizer", "offload_param"):
+        offload = zero.get(section)
+        if isinstance(offload, dict) and offload.get("device") == "cpu" and \
+                not _lax_bool(src, f"zero_optimization.{section}.pin_memory", offload.get("pin_memory", True)):
+            # offload_config.py: pin_memory defaults to true; off, the host buffers are pageable
+            # (stage_1_and_2.py, stage3.py: pin_memory only where it is set)
+            notes.append(f"zero_optimization.{section}.pin_memory false: the copies to and from the host run "
+                         "through pageable memory, priced at a pinned copy's bandwidth, so the run may step slower")
     if unpriced:
         notes.append(f"{', '.join(unpriced)}: not priced (the estimate is of plain ZeRO-{stage}, eager kernels and "
                      "the case's recomputation), so the run's memory and step time may differ")
@@ -261,7 +277,8 @@ def _enabled(src: str, config: dict, key: str) -> bool:
     return _lax_bool(src, f"{key}.enabled", section.get("enabled", False))
 
 
-def _load(path: Path) -> dict:
+def load_config(path: Path) -> dict:
+    """A ds_config.json as a mapping, or a CaseError naming it."""
     data = read_json(path)
     if not isinstance(data, dict):
         raise CaseError(str(path), "", f"expected a JSON object, got {type(data).__name__}")
@@ -276,7 +293,9 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
     per_device_train_batch_size: ``argument("micro_batch_size")``) or the case's layout, the
     accumulation from the case's global batch, the global batch as the Trainer computes it
     (world size ÷ model parallelism × micro-batch × accumulation), bf16/fp16 from its precision.
-    What the Trainer fills that the cost model does not read (learning rate, buckets) is left.
+    The ZeRO buckets the Trainer sizes by the model (``trainer_config_finalize``): the reduce bucket
+    at hidden² elements, and at stage 3 the prefetch bucket at 0.9·hidden² and the persistence
+    threshold at 10·hidden. What it fills that the cost model does not read (learning rate) is left.
     DeepSpeed's own rewrites come first (:func:`as_deepspeed_reads`)."""
     config, resolved = as_deepspeed_reads(src, config)
     gbs = case.training.global_batch_size
@@ -331,6 +350,18 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
         else:
             config["train_batch_size"] = gbs
             resolved.append(f"train_batch_size: auto -> {gbs} (the case's global batch)")
+    zero = config.get("zero_optimization")
+    if isinstance(zero, dict):
+        hidden = case.model.hidden_size
+        sized = [("reduce_bucket_size", hidden * hidden, "the hidden size squared")]
+        if zero.get("stage") == 3:
+            sized += [("stage3_prefetch_bucket_size", int(0.9 * hidden * hidden), "0.9 × the hidden size squared"),
+                      ("stage3_param_persistence_threshold", 10 * hidden, "10 × the hidden size")]
+        for key, value, how in sized:
+            if zero.get(key) == "auto":
+                zero = {**zero, key: value}
+                resolved.append(f"zero_optimization.{key}: auto -> {value} ({how}, {hidden}, as the Trainer fills it)")
+        config["zero_optimization"] = zero
     precision = case.training.precision
     for key, wanted in (("bf16", precision in ("bf16", "fp8")), ("fp16", precision == "fp16")):
         section = config.get(key)
@@ -381,6 +412,47 @@ def as_deepspeed_reads(src: str, config: dict) -> tuple[dict, list[str]]:
     return config, notes
 
 
+def autoep_size(src: str, config: dict) -> Optional[int]:
+    """The expert parallelism of DeepSpeed's AutoEP where the config turns it on (``expert_parallel``:
+    ``enabled``, ``autoep_size``, default 1; module_inject/auto_ep_config.py, parse_autoep_config),
+    which swaps the model's MoE blocks for its own expert-parallel layers (runtime/engine.py,
+    ``_configure_expert_parallel``); None where it is off. It was read as no expert parallelism:
+    Mixtral at autoep_size 8 on 8 GPUs was called 213.6 GB and not fitting."""
+    section = config.get("expert_parallel")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise CaseError(src, "expert_parallel", f"expected a mapping, got {one_line(repr(section), 40)}")
+    if not _lax_bool(src, "expert_parallel.enabled", section.get("enabled", False)):
+        return None
+    return _positive(src, "expert_parallel.autoep_size", section.get("autoep_size", 1))
+
+
+def reduction_as_configured(path: Union[str, Path], case, engine):
+    """``engine`` (DeepSpeed's behaviour) with the ZeRO-1/2 gradient reduction the config runs: buckets
+    of its ``reduce_bucket_size`` elements (5e8 unless set; "auto" the Trainer's hidden²:
+    :func:`resolve_auto`), staged through one buffer with contiguous_gradients (DeepSpeed's default,
+    and any optimizer offload) and a second with overlap_comm (off below stage 3 unless set)
+    (runtime/zero/stage_1_and_2.py, ``setup_buckets``: "double buffers to avoid data access conflict
+    when overlap_comm is enabled"). The estimate priced the two buffers of 5e8 its own files write:
+    1.9 GB more than a Trainer's ZeRO-2 config with "auto" holds for an 8B model."""
+    from dataclasses import replace
+
+    src = str(path)
+    config, _ = as_deepspeed_reads(src, load_config(Path(path)))
+    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    bucket = zero.get("reduce_bucket_size", engine.bucket_params)
+    bucket = case.model.hidden_size ** 2 if bucket == "auto" else _lax_int(src, "zero_optimization.reduce_bucket_size",
+                                                                           bucket, 1)
+    offloaded = isinstance(zero.get("offload_optimizer"), dict) and \
+        zero["offload_optimizer"].get("device", "none") not in ("none", None)
+    contiguous = offloaded or _lax_bool(src, "zero_optimization.contiguous_gradients",
+                                        zero.get("contiguous_gradients", True))
+    overlap = zero.get("overlap_comm", False)
+    overlap = False if overlap == "auto" else _lax_bool(src, "zero_optimization.overlap_comm", overlap)
+    return replace(engine, bucket_params=float(bucket), reduce_bucket_buffers=int(contiguous) * (1 + int(overlap)))
+
+
 def pipeline_checkpointing(src: str, config: dict, pp: int) -> Optional[int]:
     """``pipeline.activation_checkpoint_interval``, where DeepSpeed's pipeline engine (pp > 1) takes
     it: above 0 its ``PipelineModule`` checkpoints every layer, that many at a time
@@ -399,7 +471,7 @@ def auto_resolved(path: Union[str, Path], case, pp: Optional[int] = None, tp: Op
                   micro_batch_size: Optional[int] = None, argument: Argument = cli_flag) -> list[str]:
     """What :func:`read` resolved of the config (its ``"auto"`` values, DeepSpeed's rewrites, the
     pipeline engine's checkpointing), one line each."""
-    config = _load(Path(path))
+    config = load_config(Path(path))
     pp = pp if pp is not None else case.layout.pp if case.layout is not None else 1
     tp = _pipeline_tp(case, pp, tp)
     lines = resolve_auto(str(path), config, case, _dp(str(path), config, case, pp, tp), micro_batch_size, argument)[1]
@@ -443,7 +515,7 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     """
     path = Path(path)
     src = str(path)
-    config = _load(path)
+    config = load_config(path)
     stated = case.layout
     pipeline_unstated = pp is None and stated is None  # neither the pp option nor the case's layout says it
     # Who set the degrees, for a refusal of their product: an option the caller gave, else the file.
@@ -565,8 +637,13 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     recompute = recompute or (case.layout.recompute if case.layout is not None else "none")
 
     offload = {name: _offload_device(src, zero_section, name) for name in ("offload_optimizer", "offload_param")}
-    # The model's code: DeepSpeed-MoE's ep_size and PipelineModule's partition, as the case's layout says.
-    ep = ep if ep is not None else stated.ep if stated is not None else 1
+    # The experts' parallelism: AutoEP's, where the config turns it on; else the model's code (DeepSpeed-MoE's
+    # ep_size), as the caller or the case's layout says. PipelineModule's partition, likewise.
+    auto_ep = autoep_size(src, config)
+    if auto_ep is not None and ep is not None and ep != auto_ep:
+        raise CaseError(*argument("ep"), f"{ep} differs from {src}'s expert_parallel.autoep_size {auto_ep}, which "
+                                         "the run takes")
+    ep = auto_ep or (ep if ep is not None else stated.ep if stated is not None else 1)
     if stage_layers is None:
         stage_layers = stated.stage_layers if stated is not None and stated.pp == pp else None
     elif len(stage_layers) != pp or sum(stage_layers) != case.model.num_layers:
