@@ -26,7 +26,7 @@ from typing import Optional
 
 import yaml
 
-from planner.errors import CaseError, interrupts_deferred, one_line
+from planner.errors import CaseError, interrupts_deferred, one_line, safe_repr
 
 from .host import cores
 from .profile import render
@@ -80,7 +80,7 @@ def check_endpoint(endpoint: str) -> None:
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise CaseError("--rdzv-endpoint", "", f"expected HOST:PORT with a port from 1 to 65535, got "
-                                               f"{one_line(repr(endpoint), 80)}")
+                                               f"{one_line(safe_repr(endpoint), 80)}")
     if len(host.strip("[]")) > MAX_HOST_NAME:  # a name past DNS's limit reaches no rendezvous: the ranks wait it out
         raise CaseError("--rdzv-endpoint", "", f"expected a host name of at most {MAX_HOST_NAME} characters (DNS's "
                                                f"limit), got one of {len(host):,}")

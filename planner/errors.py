@@ -17,6 +17,15 @@ def one_line(text: object, limit: int = MAX_MESSAGE_PART) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def safe_repr(value: object) -> str:
+    """``repr(value)``, or what it is where Python cannot show it: a list of a list ... a thousand deep,
+    built in Python, raised a RecursionError from the message that would name it."""
+    try:
+        return repr(value)
+    except RecursionError:
+        return f"<{type(value).__name__} nested too deeply to show>"
+
+
 class CaseError(Exception):
     """Bad input: one line naming the file, the key and what was expected.
 

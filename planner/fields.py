@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import CaseError, one_line
+from .errors import CaseError, one_line, safe_repr
 from .limits import MAX_FIXED_TIME_S, MAX_INT, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import closest
 from .units import UnitError
@@ -22,7 +22,7 @@ def describe(value: Any) -> str:
         return "nothing"
     if isinstance(value, int) and value.bit_length() > 200:  # its repr may pass Python's digit limit
         return f"an integer of {value.bit_length()} bits"
-    return f"{type(value).__name__} {one_line(repr(value), 80)}"
+    return f"{type(value).__name__} {one_line(safe_repr(value), 80)}"
 
 
 def read_mapping(src: str, key: str, value: Any, allowed: tuple[str, ...]) -> dict:
@@ -100,7 +100,7 @@ def check_option(option: str, value: Any, low: float, high: float, what: str) ->
     """A command-line number from ``low`` to ``high`` (nan and inf fail: they compare as neither),
     refused before any work starts as a CaseError naming the option."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise CaseError(option, "", f"expected {what} from {low:g} to {high:g}, got {one_line(repr(value), 60)}")
+        raise CaseError(option, "", f"expected {what} from {low:g} to {high:g}, got {one_line(safe_repr(value), 60)}")
 
 
 def read_bool(src: str, key: str, value: Any) -> bool:

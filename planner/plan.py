@@ -13,7 +13,7 @@ from .bands import fit_limit, indistinguishable_gap
 from .case import CASE_ENGINES, Case, check_batch_tokens, layout_to_mapping, load_case, spec_errors
 from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
-from .errors import CaseError, one_line
+from .errors import CaseError, one_line, safe_repr
 from .fields import read_bool
 from .estimate import Estimate, check_step_time, estimate_job
 from .search_memory import fit_tier
@@ -183,7 +183,7 @@ def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[
 
     def refuse(key: str, expected: str, value: Any) -> CaseError:
         return CaseError(names.get(key, "plan"), "" if key in names else key,
-                         f"{expected}, got {one_line(repr(value), 60)}")
+                         f"{expected}, got {one_line(safe_repr(value), 60)}")
 
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
                               or not 0 <= top_k <= MAX_TOP_K):
@@ -405,10 +405,14 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
          target: Optional[str] = None, engine: Optional[str] = None, fastest: bool = False) -> Plan:
     """Python API: plan a case (path or dict in the case-file schema); any ``layout`` section is ignored.
 
-    ``target`` restricts the search to one engine (as ``search.target`` does); ``engine``
-    replaces the case's training.engine and search.target (`plan --engine`). The best is the
-    robust pick (:func:`robust_choice`) unless ``fastest`` (the raw optimum) or ``simplest_within``."""
+    ``target`` restricts the search to one engine, or with ``"any"`` decides between them, as
+    ``search.target`` does; ``engine`` replaces the case's training.engine and search.target
+    (`plan --engine`: ``"any"`` is plain PyTorch alone). The best is the robust pick
+    (:func:`robust_choice`) unless ``fastest`` (the raw optimum) or ``simplest_within``."""
     plan_options(top_k, simplest_within, target, engine=engine)
+    if target is not None and engine is not None and target != engine:
+        raise CaseError("plan", "target", f"{target!r} differs from engine {engine!r}, which replaces the case's "
+                                          "engine and target: give one of them")
     read_bool("plan", "fastest", fastest)  # "no" is truthy: it returned the raw optimum
     if fastest and simplest_within is not None:  # as the CLI refuses --fastest with --simplest-within
         raise CaseError("plan", "fastest", "give either fastest or simplest_within, not both")
@@ -419,7 +423,11 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
     else:
         check_ignored_layout(case)
         loaded = load_case(case, engine=engine, ignore_layout=True)
-    if target is None and engine is None and loaded.search.target == "any":
+    if engine is None and target == "any" and loaded.search.target != "any":
+        raise CaseError(loaded.source, loaded.search.target_key, f"is {loaded.search.target!r} but target 'any' asks "
+                                                                 "to decide between the engines; drop one of them")
+    if target in (None, "any") and engine is None and loaded.search.target == "any":
+        # target "any" as search.target: any says it (plain PyTorch alone was planned)
         return plan_engines(loaded, simplest_within, top_k, fastest)
     return plan_case(loaded, simplest_within=simplest_within, top_k=top_k, target=target, fastest=fastest)
 

@@ -81,9 +81,9 @@ def retarget(src: str, spec: SearchSpec, training: TrainingSpec, target: Optiona
     error. Every layout is timed as the engine chosen runs it."""
     if target is not None and target != spec.target:
         if spec.target != "any":
-            raise CaseError(src, spec.target_key, f"is {spec.target!r} but configs for {target!r} were asked for; "
-                                                  f"pass --engine {target} (plan(..., engine={target!r})) to plan "
-                                                  "for it instead")
+            raise CaseError(src, spec.target_key, f"is {spec.target!r} but {target!r} was asked for (--emit "
+                                                  f"{target}, or target={target!r}); pass --engine {target} "
+                                                  f"(plan(..., engine={target!r})) to plan for it instead")
         spec = replace(spec, target=target)
     if training.engine.name != spec.target:
         training = replace(training, engine=ENGINES[spec.target].behaviour)

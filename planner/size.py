@@ -45,7 +45,7 @@ from cost_models.layer_time import layer_time_bound
 
 from .case import SECTIONS, Case, build_case, check_usable_memory, read_case, spec_errors
 from .cluster_options import ClusterOption, read_cluster_options, with_part_racks
-from .errors import CaseError, one_line
+from .errors import CaseError, one_line, safe_repr
 from .fields import read_mapping
 from .estimate import Estimate, estimate_job
 from .limits import MAX_CLUSTER_SIZES, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_TOP_K
@@ -94,7 +94,7 @@ def size_target(tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nod
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-            raise refuse(key, f"expected an integer from {least} to {most}, got {one_line(repr(value), 60)}")
+            raise refuse(key, f"expected an integer from {least} to {most}, got {one_line(safe_repr(value), 60)}")
         return value
 
     try:
@@ -117,7 +117,7 @@ def size_target(tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nod
     if gpu_hour_cost is not None and (isinstance(gpu_hour_cost, bool) or not isinstance(gpu_hour_cost, (int, float))
                                       or not 0 < gpu_hour_cost <= MAX_GPU_HOUR_COST):
         raise refuse("gpu_hour_cost", f"expected a price per GPU-hour above 0 and at most {MAX_GPU_HOUR_COST:g}, "
-                                      f"got {one_line(repr(gpu_hour_cost), 60)}")
+                                      f"got {one_line(safe_repr(gpu_hour_cost), 60)}")
     return SizeTarget(parsed_tokens, deadline_s, count("max_gpus", max_gpus, MAX_GPUS),
                       count("max_nodes", max_nodes, MAX_GPUS),
                       None if gpu_hour_cost is None else float(gpu_hour_cost),
@@ -344,7 +344,7 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
         progress = lambda done, total: None  # noqa: E731
     if not callable(progress):
         raise CaseError("size", "progress",
-                        f"expected a function of (sizes done, sizes in all), got {one_line(repr(progress), 60)}")
+                        f"expected a function of (sizes done, sizes in all), got {one_line(safe_repr(progress), 60)}")
     # A malformed layout section is the case's error, as under plan; a well-formed one, a note.
     ignored = check_ignored_layout(case, "size")
     loaded, options = load_sizing_case(case)

@@ -17,7 +17,7 @@ from cost_models.parameters import total_parameters
 from cost_models.specs import Job
 
 from .case import build_case, load_case, read_case, spec_errors
-from .errors import Argument, CaseError, cli_flag, one_line
+from .errors import Argument, CaseError, cli_flag, one_line, safe_repr
 from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
@@ -105,13 +105,13 @@ def _team_fields(source: str, name: str, row: dict) -> dict:
     ``source``, which only published tables need, defaults to its file."""
     for key in ("id", "source", "framework", "gpu", "precision", "record_type"):
         if key in row and row[key] is not None and not isinstance(row[key], str):
-            raise CaseError(source, f"{name}.{key}", f"expected text, got {one_line(repr(row[key]), 60)}")
+            raise CaseError(source, f"{name}.{key}", f"expected text, got {one_line(safe_repr(row[key]), 60)}")
     gpus = row.get("num_gpus")
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise CaseError(source, f"{name}.num_gpus", f"expected the run's number of GPUs: a whole number from 1, "
-                                                    f"got {one_line(repr(gpus), 60)}")
+                                                    f"got {one_line(safe_repr(gpus), 60)}")
     if gpus > MAX_GPUS:  # as a case's cluster is bounded, before its grid is checked against it
-        raise CaseError(source, f"{name}.num_gpus", f"expected an integer <= {MAX_GPUS}, got {one_line(repr(gpus), 60)}")
+        raise CaseError(source, f"{name}.num_gpus", f"expected an integer <= {MAX_GPUS}, got {one_line(safe_repr(gpus), 60)}")
     return row if row.get("source") else {**row, "source": source}
 
 
@@ -125,7 +125,7 @@ def _missing(row: dict) -> Optional[tuple[str, str]]:
     """(the dotted key, what was expected) of the first field a team's run must state and does not."""
     if not isinstance(row.get("framework"), str) or not row["framework"].strip():
         return "framework", "expected the framework that ran it (Megatron-Core, DeepSpeed, torchtitan, nanotron, " \
-                            f"PyTorch FSDP …), got {one_line(repr(row.get('framework')), 60)}"
+                            f"PyTorch FSDP …), got {one_line(safe_repr(row.get('framework')), 60)}"
     for section, keys in REQUIRED.items():
         for key in keys:
             if row[section].get(key) is None:
@@ -152,7 +152,7 @@ def _check_recompute(source: str, name: str, stated: Any) -> None:
     if stated is None or str(stated).lower().startswith(RECOMPUTE_WORDS):
         return
     raise CaseError(source, f"{name}.recompute", f"expected none, selective or full (a description may follow), "
-                                                 f"got {one_line(repr(stated), 60)}")
+                                                 f"got {one_line(safe_repr(stated), 60)}")
 
 
 # Published tables round a step time to three figures and tokens/s to whole tokens: two statements
@@ -221,7 +221,7 @@ def _check_team_row(source: str, name: str, row: dict, case: dict) -> None:
     if act is not None and str(act).lower() not in GATED_ACTIVATIONS + PLAIN_ACTIVATIONS:
         raise CaseError(source, f"{name}.model.ffn_act", f"expected {', '.join(GATED_ACTIVATIONS)} (a gated MLP, three "
                                                          f"matrices) or {', '.join(PLAIN_ACTIVATIONS)} (two), got "
-                                                         f"{one_line(repr(act), 40)}")
+                                                         f"{one_line(safe_repr(act), 40)}")
     for section, keys in RUN_KEYS.items():
         for key in row.get(section) or {}:
             close = _near_miss(str(key), keys)
@@ -236,7 +236,7 @@ def _check_team_row(source: str, name: str, row: dict, case: dict) -> None:
     if measured.get("activation_cpu_offload") not in (None, False):
         # llm-foundry's activation offload to the host: the fit would price the run's activations on the GPU
         raise CaseError(source, f"{name}.measured.activation_cpu_offload",
-                        f"{one_line(repr(measured['activation_cpu_offload']), 20)}: a run that offloads its activations "
+                        f"{one_line(safe_repr(measured['activation_cpu_offload']), 20)}: a run that offloads its activations "
                         "to the host is not fitted (its activations would be priced on the GPU); give false or leave it out")
     total, per_gpu = measured.get("tokens_per_sec_total"), measured.get("tokens_per_sec_per_gpu")
     if total and per_gpu and abs(per_gpu * row["num_gpus"] / total - 1) > MEASURES_AGREE:
@@ -294,7 +294,7 @@ def _check_team_cluster(source: str, name: str, section: Any) -> None:
         return
     if not isinstance(section, dict):
         raise CaseError(source, f"{name}.cluster", f"expected a mapping of {', '.join(CLUSTER_KEYS)}, got "
-                                                   f"{one_line(repr(section), 40)}")
+                                                   f"{one_line(safe_repr(section), 40)}")
     for key, value in section.items():
         if key not in CLUSTER_KEYS:
             raise CaseError(source, f"{name}.cluster.{one_line(key, 40)}",
@@ -302,12 +302,12 @@ def _check_team_cluster(source: str, name: str, section: Any) -> None:
     fabric = section.get("fabric")
     if "fabric" in section and (not isinstance(fabric, str) or fabric not in fabric_presets()):
         raise CaseError(source, f"{name}.cluster.fabric", f"expected a fabric preset ({', '.join(fabric_presets())}), "
-                                                          f"got {one_line(repr(fabric), 40)}")
+                                                          f"got {one_line(safe_repr(fabric), 40)}")
     per_node = section.get("gpus_per_node")
     if "gpus_per_node" in section and (isinstance(per_node, bool) or not isinstance(per_node, int)
                                        or not 1 <= per_node <= MAX_GPUS):
         raise CaseError(source, f"{name}.cluster.gpus_per_node", f"expected a whole number from 1 to {MAX_GPUS}, got "
-                                                                 f"{one_line(repr(per_node), 40)}")
+                                                                 f"{one_line(safe_repr(per_node), 40)}")
 
 
 def _check_team_shape(source: str, name: str, row: dict) -> None:
@@ -328,7 +328,7 @@ def _check_team_shape(source: str, name: str, row: dict) -> None:
             raise CaseError(source, f"{name}.{one_line(key, 40)}", f"unknown key; a run takes {', '.join(TOP_KEYS)}")
         if key in TEXT_KEYS and row[key] is not None and not isinstance(row[key], (str, int, float)):
             raise CaseError(source, f"{name}.{key}", f"expected words (the fit does not read it), got "
-                                                     f"{one_line(repr(row[key]), 40)}: a run's settings go in its "
+                                                     f"{one_line(safe_repr(row[key]), 40)}: a run's settings go in its "
                                                      "model, parallel, batch and cluster")
     _check_team_cluster(source, name, row.get("cluster"))
     model = row.get("model")
@@ -340,7 +340,7 @@ def _check_team_shape(source: str, name: str, row: dict) -> None:
     for section in ("moe", "attention", "extra"):
         value = model.get(section) if isinstance(model, dict) else None
         if value is not None and not isinstance(value, dict):
-            raise CaseError(source, f"{name}.model.{section}", f"expected a mapping, got {one_line(repr(value), 40)}")
+            raise CaseError(source, f"{name}.model.{section}", f"expected a mapping, got {one_line(safe_repr(value), 40)}")
     _check_extra(source, name, model.get("extra") if isinstance(model, dict) else None)
     if isinstance(model, dict):
         _check_moe(source, name, model)
@@ -350,24 +350,24 @@ def _check_team_shape(source: str, name: str, row: dict) -> None:
         if fsdp is not None and fsdp is not False and not (isinstance(fsdp, int) and not isinstance(fsdp, bool)) \
                 and str(fsdp).upper() not in FSDP_STRATEGIES:
             raise CaseError(source, f"{name}.parallel.fsdp", f"expected a sharding strategy ({', '.join(FSDP_STRATEGIES)}) "
-                                                             f"or the sharding degree, got {one_line(repr(fsdp), 40)}")
+                                                             f"or the sharding degree, got {one_line(safe_repr(fsdp), 40)}")
         gpus = row.get("num_gpus")
         if isinstance(fsdp, int) and not isinstance(fsdp, bool) and isinstance(gpus, int) \
                 and not (1 <= fsdp <= gpus and gpus % fsdp == 0):
             # a degree of -1 or 1,000 on 8 GPUs was fitted (as ZeRO-3 above 1)
             raise CaseError(source, f"{name}.parallel.fsdp", f"expected the sharding degree, a divisor of the run's "
-                                                             f"{gpus} GPUs, got {one_line(repr(fsdp), 40)}")
+                                                             f"{gpus} GPUs, got {one_line(safe_repr(fsdp), 40)}")
         _check_sharding_agrees(source, name, parallel)
         optimizer = parallel.get("distributed_optimizer")
         if optimizer is not None and not isinstance(optimizer, bool):
             raise CaseError(source, f"{name}.parallel.distributed_optimizer",
-                            f"expected true or false, got {one_line(repr(optimizer), 40)}")
+                            f"expected true or false, got {one_line(safe_repr(optimizer), 40)}")
     measured = row.get("measured")
     if isinstance(measured, dict) and measured.get("mfu") is not None:
         mfu = measured["mfu"]
         if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
             raise CaseError(source, f"{name}.measured.mfu", f"expected a share of the peak from 0 to 1, got "
-                                                            f"{one_line(repr(mfu), 40)}")
+                                                            f"{one_line(safe_repr(mfu), 40)}")
     _check_gpu_name(source, name, row["gpu"])
 
 
@@ -382,8 +382,8 @@ def _check_sharding_agrees(source: str, name: str, parallel: dict) -> None:
     sharded = 3 if (isinstance(fsdp, int) and not isinstance(fsdp, bool) and fsdp > 1) \
         or "FULL_SHARD" in text or "HYBRID" in text else 2 if "SHARD_GRAD_OP" in text else None
     if sharded is not None and stated != sharded:
-        raise CaseError(source, f"{name}.parallel.zero_stage", f"{one_line(repr(stated), 20)}, but parallel.fsdp "
-                                                               f"{one_line(repr(fsdp), 20)} shards as ZeRO {sharded}: "
+        raise CaseError(source, f"{name}.parallel.zero_stage", f"{one_line(safe_repr(stated), 20)}, but parallel.fsdp "
+                                                               f"{one_line(safe_repr(fsdp), 20)} shards as ZeRO {sharded}: "
                                                                "give the one the run ran")
 
 
@@ -413,7 +413,7 @@ def _check_moe(source: str, name: str, model: dict) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < MOE_KEYS[key]:
             raise CaseError(source, f"{name}.model.moe.{key}", f"expected a whole number >= {MOE_KEYS[key]}, got "
-                                                              f"{one_line(repr(value), 40)}")
+                                                              f"{one_line(safe_repr(value), 40)}")
 
 
 # What the fit reads of a run's model.extra (published_runs: tied_embeddings, head_dim, mtp_layers), and
@@ -435,7 +435,7 @@ def _check_extra(source: str, name: str, extra: Optional[dict]) -> None:
         whole = isinstance(value, int) and not isinstance(value, bool)
         if (key == "tied_embeddings" and not isinstance(value, bool)) or (key == "head_dim" and not (
                 whole and value > 0)) or (key == "mtp_layers" and not (whole and value >= 0)):
-            raise CaseError(source, f"{name}.model.extra.{key}", f"expected {kind}, got {one_line(repr(value), 40)}")
+            raise CaseError(source, f"{name}.model.extra.{key}", f"expected {kind}, got {one_line(safe_repr(value), 40)}")
 
 
 # A GPU name's variants that are other GPUs than the SXM part the presets hold (PCIe cards, the NVL
@@ -468,12 +468,12 @@ def _unsupported(name: str, row: dict) -> tuple[str, str]:
     """(key, what was expected) of a run ``case_of`` takes for no run of the planner's."""
     if row.get("record_type") != "measured_throughput":
         return f"{name}.record_type", f"expected measured_throughput (a run's measurement), got " \
-                                      f"{one_line(repr(row.get('record_type')), 60)}"
+                                      f"{one_line(safe_repr(row.get('record_type')), 60)}"
     if gpu_preset(row.get("gpu")) is None:
         return f"{name}.gpu", f"expected a GPU the planner has a preset for, named as NVIDIA's (A100, H100, H200, " \
                               f"H800, B200, B300, GB200, GB300, V100 …) or AMD Instinct MI300X, got " \
-                              f"{one_line(repr(row.get('gpu')), 60)}"
-    return f"{name}.precision", f"expected a pretraining precision, got {one_line(repr(row.get('precision')), 60)} " \
+                              f"{one_line(safe_repr(row.get('gpu')), 60)}"
+    return f"{name}.precision", f"expected a pretraining precision, got {one_line(safe_repr(row.get('precision')), 60)} " \
                                 f"(adapter fine-tuning is no layout of the planner's)"
 
 
@@ -484,7 +484,7 @@ def _stated_precision(source: str, name: str, text: Any) -> str:
     named = named_precision(text)
     if named is None:
         raise CaseError(source, f"{name}.precision", f"expected the run's training precision (bf16, fp16, fp8, "
-                                                     f"mxfp8, nvfp4 or fp32), got {one_line(repr(text), 60)}")
+                                                     f"mxfp8, nvfp4 or fp32), got {one_line(safe_repr(text), 60)}")
     return named
 
 

@@ -86,3 +86,41 @@ def test_an_api_name_whose_module_fails_to_load_says_why(monkeypatch):
     with pytest.raises(ImportError, match="planner.size could not be loaded: module 'planner.size' has no "
                                           "attribute 'size'"):
         planner.size  # noqa: B018
+
+
+def _deep(levels: int) -> list:
+    value: list = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("call", [
+    lambda deep: planner.plan({**CASE, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": deep}}),
+    lambda deep: planner.plan(CASE, top_k=deep),
+    lambda deep: planner.size(CASE, deep),
+    lambda deep: planner.size(CASE, "1T", deadline=deep),
+    lambda deep: planner.calibrate_from_runs([{"id": "a", "num_gpus": deep}]),
+])
+def test_a_value_nested_past_pythons_recursion_limit_is_refused_by_name(call):
+    """A list of a list ... a thousand deep, built in Python (json.loads refuses one so deep), raised a
+    bare RecursionError from the repr the message quoted, where the docs promise a CaseError."""
+    with pytest.raises(planner.CaseError, match="nested too deeply to show"):
+        call(_deep(1000))
+
+
+def test_target_any_decides_between_the_engines_as_search_target_any_does():
+    """target="any" planned plain PyTorch alone, where the case's search.target: any (and the docstring's
+    "as search.target does") decides between the engines; a target beside another engine named the
+    case's training.engine, which the caller never gave."""
+    by_target = planner.plan(CASE, target="any", top_k=0)
+    by_case = planner.plan({**CASE, "search": {"target": "any"}}, top_k=0)
+    assert [name for name, _, _ in by_target.engines] == [name for name, _, _ in by_case.engines] \
+        == ["megatron", "deepspeed", "torchtitan"]
+    assert by_target.best.job.training.engine.name == by_case.best.job.training.engine.name
+    with pytest.raises(planner.CaseError) as error:
+        planner.plan(CASE, target="deepspeed", engine="megatron")
+    assert (error.value.source, error.value.key) == ("plan", "target")
+    with pytest.raises(planner.CaseError) as error:
+        planner.plan({**CASE, "training": {**CASE["training"], "engine": "megatron"}}, target="any")
+    assert error.value.key == "training.engine" and "target 'any'" in error.value.expected

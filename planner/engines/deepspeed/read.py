@@ -13,7 +13,7 @@ from cost_models.model_states import folds_gradients_into_fp32, fp32_gradients
 from cost_models.specs import Layout
 
 from planner.fields import read_int as integer
-from planner.errors import Argument, CaseError, cli_flag, named, one_line
+from planner.errors import Argument, CaseError, cli_flag, named, one_line, safe_repr
 from planner.inputs import read_json
 from planner.limits import MAX_INT
 
@@ -131,7 +131,7 @@ def _lax_bool(src: str, key: str, value: Any) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS + _FALSE_WORDS:
         return value.strip().lower() in _TRUE_WORDS
-    raise CaseError(src, key, f"expected true or false (DeepSpeed's config refuses it), got {one_line(repr(value), 40)}")
+    raise CaseError(src, key, f"expected true or false (DeepSpeed's config refuses it), got {one_line(safe_repr(value), 40)}")
 
 
 def _lax_int(src: str, key: str, value: Any, least: int) -> int:
@@ -144,7 +144,7 @@ def _lax_int(src: str, key: str, value: Any, least: int) -> int:
         number = int(number)
     if isinstance(number, bool) or not isinstance(number, int) or number < least or number > MAX_INT:
         raise CaseError(src, key, f"expected a whole number of at least {least} (DeepSpeed's config refuses it), got "
-                                  f"{one_line(repr(value), 40)}")
+                                  f"{one_line(safe_repr(value), 40)}")
     return number
 
 
@@ -180,11 +180,11 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
     said_dtype = config.get("communication_data_type")
     if said_dtype is not None and (not isinstance(said_dtype, str) or said_dtype.lower() not in ("fp32", "fp16", "bf16")):
         raise CaseError(src, "communication_data_type", f"expected fp32, fp16 or bf16 (runtime/config.py, "
-                                                        f"get_communication_data_type), got {one_line(repr(said_dtype), 40)}")
+                                                        f"get_communication_data_type), got {one_line(safe_repr(said_dtype), 40)}")
     compiled = config.get("compile")
     if compiled is not None and not isinstance(compiled, dict):
         raise CaseError(src, "compile", f"expected a mapping (DeepSpeed's CompileConfig), got "
-                                        f"{one_line(repr(compiled), 40)}")
+                                        f"{one_line(safe_repr(compiled), 40)}")
     enabled = _lax_bool(src, "compile.enabled", compiled.get("enabled", False)) if compiled else False
     lay, training = job.layout, job.training
     stage = lay.zero_stage
@@ -422,7 +422,7 @@ def autoep_size(src: str, config: dict) -> Optional[int]:
     if section is None:
         return None
     if not isinstance(section, dict):
-        raise CaseError(src, "expert_parallel", f"expected a mapping, got {one_line(repr(section), 40)}")
+        raise CaseError(src, "expert_parallel", f"expected a mapping, got {one_line(safe_repr(section), 40)}")
     if not _lax_bool(src, "expert_parallel.enabled", section.get("enabled", False)):
         return None
     return _positive(src, "expert_parallel.autoep_size", section.get("autoep_size", 1))
@@ -530,7 +530,7 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     ulysses = config.get("sequence_parallel_size", 1)
     if ulysses != 1:
         # runtime/config.py: the batch's data-parallel size is the world over sequence_parallel_size.
-        raise CaseError(src, "sequence_parallel_size", f"{one_line(repr(ulysses), 40)}: DeepSpeed-Ulysses sequence "
+        raise CaseError(src, "sequence_parallel_size", f"{one_line(safe_repr(ulysses), 40)}: DeepSpeed-Ulysses sequence "
                                                        "parallelism is not priced (the planner's context parallelism "
                                                        "is Megatron-LM's and torchtitan's); expected 1 or absent")
 

@@ -37,7 +37,7 @@ from cost_models.layout_spec import rank_chunks
 from cost_models.specs import Job, Layout, SpecError
 
 from planner.case import case_message
-from planner.errors import CaseError, one_line
+from planner.errors import CaseError, one_line, safe_repr
 from planner.inputs import read_text
 from planner.limits import MAX_INT
 
@@ -194,7 +194,7 @@ class _Settings:
                 raise CaseError(self.src, key, f"expected an integer, got {one_line(word, 40)!r}")
             value = int(word)
         elif isinstance(value, bool) or not isinstance(value, int):
-            raise CaseError(self.src, key, f"expected an integer, got {one_line(repr(value), 40)}")
+            raise CaseError(self.src, key, f"expected an integer, got {one_line(safe_repr(value), 40)}")
         if value < minimum or value > MAX_INT:
             raise CaseError(self.src, key, f"expected an integer >= {minimum}, got {value}")
         return value
@@ -204,7 +204,7 @@ class _Settings:
             return default
         value = self._word(key) if self.cli else self.values[key]
         if not isinstance(value, str):
-            raise CaseError(self.src, key, f"expected a string, got {one_line(repr(value), 40)}")
+            raise CaseError(self.src, key, f"expected a string, got {one_line(safe_repr(value), 40)}")
         return value
 
     def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
@@ -219,7 +219,7 @@ class _Settings:
         value = self.values[key]
         if isinstance(value, bool):
             return value
-        said = f"given {' '.join(value)!r}" if self.cli else f"got {one_line(repr(value), 40)}"
+        said = f"given {' '.join(value)!r}" if self.cli else f"got {one_line(safe_repr(value), 40)}"
         field = key.split(".", 1)[1]
         expected = f"a switch (--{key} or --{key.split('.')[0]}.no_{field}, no value: tyro's flag)" if self.cli \
             else "true or false"
@@ -233,7 +233,7 @@ class _Settings:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise CaseError(self.src, key, f"expected a list of names, got {one_line(repr(value), 60)}")
+            raise CaseError(self.src, key, f"expected a list of names, got {one_line(safe_repr(value), 60)}")
         if self.cli and len(value) > 1:
             # ConfigManager's list_str_rule: one comma-separated word (tyro refuses a second)
             raise CaseError(self.src, key, f"expected one comma-separated word ({','.join(value)}), got "
@@ -255,7 +255,7 @@ class _Settings:
         if not isinstance(value, list) or not all(isinstance(p, list) and all(isinstance(n, str) for n in p)
                                                   for p in value):
             raise CaseError(self.src, key, f"expected a list of lists of module names, got "
-                                           f"{one_line(repr(value), 60)}")
+                                           f"{one_line(safe_repr(value), 60)}")
         return value
 
 
@@ -331,7 +331,7 @@ def _from_toml(src: str, data: dict) -> _Settings:
     for section in sections:
         table = data.get(section, {})
         if not isinstance(table, dict):
-            raise CaseError(src, section, f"expected a table [{section}], got {one_line(repr(table), 40)}")
+            raise CaseError(src, section, f"expected a table [{section}], got {one_line(safe_repr(table), 40)}")
         for key in table:
             if key not in TOML_KEYS[section]:  # ConfigManager._dict_to_dataclass: "Invalid field names"
                 close = difflib.get_close_matches(str(key), TOML_KEYS[section], n=1, cutoff=0.8)
