@@ -389,8 +389,12 @@ def test_a_setting_one_engine_runs_is_planned_for_it_where_the_case_names_no_eng
 
 def test_the_apis_target_takes_any_as_search_target_does():
     """planner.plan(case, target="any") was refused ("expected one of deepspeed, megatron,
-    torchtitan") though search.target takes any: plain PyTorch, as engine="any" plans it."""
-    generic = planner.plan(case(model={"preset": "llama3-8b"}, cluster={"num_gpus": 16}), target="any")
+    torchtitan") though search.target takes any: it decides between the engines, as search.target: any
+    does; plain PyTorch alone is engine="any" (`plan --engine any`)."""
+    job = case(model={"preset": "llama3-8b"}, cluster={"num_gpus": 16})
+    decided = planner.plan(job, target="any", top_k=0)
+    assert [name for name, _, _ in decided.engines] == ["megatron", "deepspeed", "torchtitan"]
+    generic = planner.plan(job, engine="any", top_k=0)
     assert generic.best.job.training.engine.name == "any" and not generic.engines
 
 
