@@ -19,11 +19,16 @@ def one_line(text: object, limit: int = MAX_MESSAGE_PART) -> str:
 
 def safe_repr(value: object) -> str:
     """``repr(value)``, or what it is where Python cannot show it: a list of a list ... a thousand deep,
-    built in Python, raised a RecursionError from the message that would name it."""
+    built in Python, raised a RecursionError from the message that would name it, and an integer of
+    5,000 digits a ValueError (Python's limit on integer-string conversion)."""
+    if isinstance(value, int) and value.bit_length() > 200:  # past Python's digit limit its repr raises ValueError
+        return f"<an integer of {value.bit_length()} bits>"
     try:
         return repr(value)
     except RecursionError:
         return f"<{type(value).__name__} nested too deeply to show>"
+    except ValueError:  # an integer nested in a container, past the digit limit
+        return f"<{type(value).__name__} holding an integer too long to show>"
 
 
 class CaseError(Exception):

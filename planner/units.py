@@ -35,17 +35,17 @@ class UnitError(ValueError):
 def _parse(text: object, units: dict[str, float], kind: str, example: str) -> float:
     accepted = ", ".join(units)
     if isinstance(text, bool) or not isinstance(text, str):
-        raise UnitError(f"expected a {kind} with a unit, like \"{example}\" ({accepted}), got {text!r}")
+        raise UnitError(f"expected a {kind} with a unit, like \"{example}\" ({accepted}), got {_shown(text)}")
     match = _QUANTITY.match(text)
     if not match or match.group(2) not in units:
-        raise UnitError(f"expected a {kind} with a unit, like \"{example}\" ({accepted}), got {text!r}")
+        raise UnitError(f"expected a {kind} with a unit, like \"{example}\" ({accepted}), got {_shown(text)}")
     value = float(match.group(1)) * units[match.group(2)]
     base = "B" if units is MEMORY_UNITS else "B/s"
     if value <= 0:
-        raise UnitError(f"expected a positive {kind}, got {text!r}")
+        raise UnitError(f"expected a positive {kind}, got {_shown(text)}")
     if not MIN_QUANTITY <= value <= MAX_QUANTITY:  # inf (1e308 GB) included
         raise UnitError(f"expected a {kind} between {MIN_QUANTITY:g} {base} and {MAX_QUANTITY:g} {base}, "
-                        f"got {text!r}")
+                        f"got {_shown(text)}")
     return value
 
 

@@ -124,3 +124,21 @@ def test_target_any_decides_between_the_engines_as_search_target_any_does():
     with pytest.raises(planner.CaseError) as error:
         planner.plan({**CASE, "training": {**CASE["training"], "engine": "megatron"}}, target="any")
     assert error.value.key == "training.engine" and "target 'any'" in error.value.expected
+
+
+@pytest.mark.parametrize("call, key", [
+    (lambda big: planner.estimate({**CASE, "overheads": {"cuda_context": big},
+                                   "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": 1}}),
+     "overheads.cuda_context"),
+    (lambda big: planner.plan({**CASE, "cluster": {**CASE["cluster"], "intra_node_bandwidth": big}}),
+     "cluster.intra_node_bandwidth"),
+    (lambda big: planner.plan(CASE, top_k=big), "top_k"),
+    (lambda big: planner.size(CASE, big), "tokens"),
+])
+def test_an_integer_past_pythons_digit_limit_is_refused_by_name(call, key):
+    """A 5,000-digit integer, built in Python (the YAML and JSON readers refuse one first), raised a bare
+    ValueError ("Exceeds the limit (4300 digits) for integer string conversion") from the message
+    that would quote it."""
+    with pytest.raises(planner.CaseError) as error:
+        call(10 ** 5000)
+    assert error.value.key == key and "an integer of 16610 bits" in error.value.expected
