@@ -300,6 +300,9 @@ def test_an_emitted_sbatch_script_reads_back_to_the_plan(tmp_path):
     ("Y=" + "a" * 100_000 + "\nZ=${Y%%*a*a*a*b}\n", "Y", "past the bound of 4,000,000 steps"),
     (":\n" * 600_000, "", "past the 1,000,000 a launch script is read to"),
     ("X=$((" + "(" * 5000 + "1" + ")" * 5000 + "))\n", "", "nests too deeply"),
+    # each split under the bound, 10,000 of them: a hundred minutes (0.6 s a turn)
+    ('A="x "; for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18; do A="$A$A"; done\nwhile :; do B=($A); done\n'
+     "pretrain_gpt.py --micro-batch-size 1\n", "line 2", "expands past 5,000,000 characters in all"),
 ])
 def test_scripts_that_would_run_without_end_are_refused_quickly(tmp_path, script, key, needle):
     case, args = files(tmp_path, script, CASE)

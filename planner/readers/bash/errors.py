@@ -10,6 +10,10 @@ MAX_WORDS = 200_000
 MAX_STEPS = 10_000
 MAX_DEPTH = 100
 MAX_PATTERN_WORK = 4_000_000
+# Characters the whole reading may expand, every expansion counted: each stays under
+# MAX_EXPANDED_CHARS, but a loop that splits a long variable on every turn did 10,000 of them
+# (``while :; do B=($A); done`` over 500,000 characters: a hundred minutes).
+MAX_EXPANSION_WORK = 5_000_000
 MAX_NOTES = 20  # notes kept; the rest are counted
 
 

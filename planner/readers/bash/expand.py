@@ -317,6 +317,7 @@ class _Expander(_Arithmetic):
                 push()
 
         for kind, value in self.scan(raw, ctx, key):
+            self.expanded(len(value) if isinstance(value, str) else sum(len(v) + 1 for v in value))
             if kind in ("lit", "qlit", "qexp"):
                 add(value)
             elif kind == "exp":
@@ -339,6 +340,7 @@ class _Expander(_Arithmetic):
         out, size = [], 0
         for _, value in self.scan(raw, ctx, key):
             text = _joined(value)
+            self.expanded(len(text))
             size += len(text)
             if size > MAX_EXPANDED_CHARS:
                 raise self.too_long(key)

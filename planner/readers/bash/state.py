@@ -10,7 +10,7 @@ from typing import Callable, Optional, Union
 
 from ...errors import one_line
 from ...limits import MAX_EXPANDED_CHARS
-from .errors import MAX_NOTES, MAX_STEPS, ScriptLimit
+from .errors import MAX_EXPANSION_WORK, MAX_NOTES, MAX_STEPS, ScriptLimit
 from .lexer import _ASSIGNMENT, _Tok
 from .results import Command, Note
 
@@ -68,7 +68,7 @@ class _State:
         self.notes: list[Note] = []
         self.noted: set[Note] = set()
         self.more_notes = 0
-        self.steps = steps if steps is not None else [0]
+        self.steps = steps if steps is not None else [0, 0]  # commands followed, characters expanded
         self.depth = depth
         # Each function call's variables made local (``local``, ``declare`` in a function): their
         # values before the call, None where unset, put back when it returns.
@@ -86,6 +86,13 @@ class _State:
         if self.steps[0] > MAX_STEPS:
             raise ScriptLimit(f"line {self.line}", f"runs past {MAX_STEPS:,} commands (a loop without end?); "
                                                    "expected a launch script")
+
+    def expanded(self, characters: int) -> None:
+        """Count ``characters`` expanded against the reading's whole budget (MAX_EXPANSION_WORK)."""
+        self.steps[1] += characters
+        if self.steps[1] > MAX_EXPANSION_WORK:
+            raise ScriptLimit(f"line {self.line}", f"expands past {MAX_EXPANSION_WORK:,} characters in all (a loop "
+                                                   "over a long variable?)")
 
     def too_long(self, key: str) -> ScriptLimit:
         return ScriptLimit(key, f"expands past {MAX_EXPANDED_CHARS:,} characters")
