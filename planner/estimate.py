@@ -226,20 +226,29 @@ def refuse_what_the_engine_cannot_run(case: Case, job: Job) -> None:
         raise CaseError(case.source, key, f"{engine.name} cannot run it: {why}")
 
 
-def check_step_time(source: str, seconds: float) -> None:
-    """A step past MAX_STEP_TIME_S (116 days) comes from figures no hardware has (a bandwidth of a
-    few bytes per second, say): the case's error, under `estimate` as under `plan` (whose solver
-    holds step times in whole microseconds)."""
-    if not seconds <= MAX_STEP_TIME_S:
-        raise CaseError(source, "cluster", f"the GPU's figures give steps of {seconds:.3g} s; expected figures "
-                                           f"that give steps under {MAX_STEP_TIME_S:g} s")
+def check_step_time(source: str, seconds: float, parts: Optional[dict[str, float]] = None) -> None:
+    """A step past MAX_STEP_TIME_S (116 days): the case's error, under `estimate` as under `plan`
+    (whose solver holds step times in whole microseconds). Where the step's compute alone passes it,
+    the job is the cause (a sequence of 2^24 tokens on 8 GPUs, say: "the GPU's figures" were blamed);
+    else figures no hardware has (a bandwidth of a few bytes per second), named by the part they
+    slow (``parts``: the step's exposed parts)."""
+    if seconds <= MAX_STEP_TIME_S:
+        return
+    if parts and parts.get("compute_s", 0.0) + parts.get("recompute_s", 0.0) > MAX_STEP_TIME_S:
+        raise CaseError(source, "training", f"its steps compute for {parts['compute_s'] + parts['recompute_s']:.3g} "
+                                            f"s on these GPUs; expected a job (global_batch_size × seq_len tokens) "
+                                            f"whose steps take under {MAX_STEP_TIME_S:g} s")
+    slowest = f", {max(parts.values()):.3g} s of it {max(parts, key=parts.get).removesuffix('_s')}" if parts else ""
+    raise CaseError(source, "cluster", f"the GPU's figures give steps of {seconds:.3g} s{slowest}; expected figures "
+                                       f"that give steps under {MAX_STEP_TIME_S:g} s")
 
 
 def estimate(case: Any) -> Estimate:
     """Python API: estimate the case's layout. ``case`` is a path or a dict in the case-file schema."""
     loaded = case if isinstance(case, Case) else load_case(case)
     result = estimate_job(loaded, loaded.job())
-    check_step_time(loaded.source, result.step_time_s)  # "0 tokens/s" and exit 0 otherwise
+    if result.fits:  # a layout that does not fit is that, whatever its step (exit 3, not the case's error)
+        check_step_time(loaded.source, result.step_time_s, result.time.by_part())  # "0 tokens/s", exit 0 otherwise
     return result
 
 

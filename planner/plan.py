@@ -204,7 +204,9 @@ def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[
 def _check_times(case: Case, candidates: list[Candidate]) -> None:
     """The solver works in whole microseconds: a step time past MAX_STEP_TIME_S comes from
     figures no hardware has (a bandwidth of a few bytes per second, say)."""
-    check_step_time(case.source, max((c.step_time_s for c in candidates), default=0.0))
+    slowest = max(candidates, key=lambda c: c.step_time_s, default=None)
+    if slowest is not None:
+        check_step_time(case.source, slowest.step_time_s, slowest.time.by_part() if slowest.time is not None else None)
 
 
 def _some_layout_fits(case: Case, spec: SearchSpec) -> bool:
@@ -532,6 +534,12 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
             if all(e.key == "search" for e in errors):  # pins no engine's layout meets
                 raise CaseError(case.source, "search", excluded_text(case, case.search, DECIDED_ENGINES)
                                 + ", though some layout runs without them")
+            keys = {e.key for e in errors}
+            if len(keys) == 1 and len(errors) == len(plans) and not keys & {"", "training.engine", "layout.zero_stage"}:
+                # Every engine stopped on one key of the case (a bandwidth of 1 B/s: the cluster's figures):
+                # that key, not the engine, is what to change.
+                raise CaseError(case.source, keys.pop(), "; ".join(f"{name}: {e.expected}"
+                                                                   for (name, _, _), e in zip(plans, errors)))
             raise CaseError(case.source, "training.engine", "no engine can run it: "
                             + "; ".join(f"{name}: {why}" for name, _, why in plans))
         names = tuple(name for name, p, _ in plans if p is not None)

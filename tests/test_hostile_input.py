@@ -1100,3 +1100,21 @@ def test_write_bands_keeps_an_existing_file_unless_forced(tmp_path):
     # with --force it goes on to the scoring (which this one run cannot give bands)
     one_line_error(cli("validate-published", str(runs), "--no-experts", "--write-bands", str(kept), "--force"),
                    "error: --write-bands: 1 scored run: bands need at least 20")
+
+
+def test_a_step_past_the_bound_names_its_cause_and_a_layout_that_overflows_is_exit_3(tmp_path):
+    """Llama 3.1 405B at 2^24 tokens a sequence on 8 H100s: `estimate` said exit 2, "cluster: the GPU's
+    figures give steps of 1.25e+08 s", for a layout that does not fit (plan said exit 3); where it fits
+    (a GPU of 100 TB), the job's own compute passes the bound, not the GPU's figures; and a bandwidth
+    of 1 B/s was "training.engine: no engine can run it", naming no key the case gives."""
+    huge = ("model: {preset: llama3.1-405b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 8%s}\n"
+            "training: {global_batch_size: 64, seq_len: 16777216}\nlayout: {tp: 8, recompute: full}\n")
+    (tmp_path / "over.yaml").write_text(huge % "")
+    assert run_cli("estimate", str(tmp_path / "over.yaml")).returncode == 3
+    (tmp_path / "roomy.yaml").write_text(huge % ", memory: 100000 GB")
+    done = run_cli("estimate", str(tmp_path / "roomy.yaml"))
+    assert done.returncode == 2 and f"{tmp_path / 'roomy.yaml'}: training: its steps compute for" in done.stderr
+    (tmp_path / "slow.yaml").write_text("model: {preset: llama3-8b}\ntraining: {global_batch_size: 64, seq_len: 4096}\n"
+                                        "cluster: {gpu: h100-sxm-80gb, num_gpus: 16, intra_node_bandwidth: 1 B/s}\n")
+    done = run_cli("plan", str(tmp_path / "slow.yaml"))
+    assert done.returncode == 2 and f"{tmp_path / 'slow.yaml'}: cluster: megatron: the GPU's figures" in done.stderr
