@@ -125,6 +125,16 @@ def load_rows(paths=DEFAULT_FILES) -> Rows:
         rows.extend({**row, "source": str(path)} if isinstance(row, dict) and not row.get("source") else row
                     for row in data)
         rows.origins += [f"{path}[{i}]" for i in range(len(data))]
+    # A run given twice (repeated in a file, an alias of it, or in two files) counted twice in every
+    # score and band: refused, as calibrate --from-runs refuses it.
+    seen: dict[str, str] = {}
+    for row, origin in zip(rows, rows.origins):
+        run_id = row.get("id") if isinstance(row, dict) else None
+        if isinstance(run_id, str) and run_id in seen:
+            raise CaseError(origin, run_id, f"the same run id as {seen[run_id]}: give each run once (a copy would "
+                                            "count twice in every score)")
+        if isinstance(run_id, str):
+            seen[run_id] = origin
     return rows
 
 

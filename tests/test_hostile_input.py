@@ -1118,3 +1118,21 @@ def test_a_step_past_the_bound_names_its_cause_and_a_layout_that_overflows_is_ex
                                         "cluster: {gpu: h100-sxm-80gb, num_gpus: 16, intra_node_bandwidth: 1 B/s}\n")
     done = run_cli("plan", str(tmp_path / "slow.yaml"))
     assert done.returncode == 2 and f"{tmp_path / 'slow.yaml'}: cluster: megatron: the GPU's figures" in done.stderr
+
+
+def test_validate_published_refuses_a_run_given_twice(tmp_path):
+    """Two copies of a runs file (or a row repeated, or a YAML alias of it) were scored twice: 8 rows
+    from 4, every error and band count doubled; calibrate --from-runs refuses them."""
+    from planner.published_runs import DEFAULT_FILES
+
+    import yaml as yaml_module
+
+    rows = yaml_module.safe_load(Path(DEFAULT_FILES[0]).read_text())[:2]
+    (tmp_path / "a.yaml").write_text(yaml_module.safe_dump(rows))
+    (tmp_path / "b.yaml").write_text(yaml_module.safe_dump(rows[:1]))
+    (tmp_path / "aliased.yaml").write_text("- &r " + json.dumps(rows[0]) + "\n- *r\n")
+    for files, origin in (((tmp_path / "a.yaml", tmp_path / "b.yaml"), f"{tmp_path / 'b.yaml'}[0]"),
+                          ((tmp_path / "aliased.yaml",), f"{tmp_path / 'aliased.yaml'}[1]")):
+        done = run_cli("validate-published", *map(str, files))
+        assert done.returncode == 2 and done.stderr.startswith(f"error: {origin}: {rows[0]['id']}: the same run id "), \
+            done.stderr
