@@ -554,3 +554,11 @@ def test_the_rotary_base_is_bounded_where_read(tmp_path, base, refused):
         assert error.value.key == "--rotary-base"
     else:
         assert diagnosed(tmp_path, args).estimate is not None
+
+
+def test_an_integer_argparse_cannot_convert_is_refused_on_every_integer_flag(tmp_path):
+    """--max-position-embeddings of 5,000 digits was taken (the reader bounds only the flags it uses);
+    argparse's type=int refuses it (Python's 4,300-digit limit: "invalid int value")."""
+    with pytest.raises(CaseError) as error:
+        diagnosed(tmp_path, ARGS.replace("\n", " --max-position-embeddings " + "9" * 5000 + "\n"), CASE)
+    assert error.value.key == "--max-position-embeddings" and "5,000 digits" in error.value.expected

@@ -237,6 +237,11 @@ def _check_value(src: str, flag: str, value: Optional[str]) -> None:
     # the reader's to refuse, with the bound, where it reads them).
     if flag in INT_FLAGS and not _INTEGER.fullmatch(value) and not _torchrun_word(flag, value):
         raise CaseError(src, flag, f"expected an integer, got {one_line(value, 60)!r}")
+    if flag in INT_FLAGS and len(value.strip().lstrip("+-")) > 4300:
+        # argparse's type=int is int(), which refuses past Python's 4,300-digit limit ("invalid int value"):
+        # a flag the reader does not bound itself (--max-position-embeddings) passed with 5,000 digits.
+        raise CaseError(src, flag, f"expected an integer, got one of {len(value.strip().lstrip('+-')):,} digits: "
+                                   "Megatron-LM's parser refuses it (invalid int value), and the run would not start")
     if flag in FLOAT_FLAGS and not _is_float(value):
         raise CaseError(src, flag, f"expected a number, got {one_line(value, 60)!r}: Megatron-LM's parser "
                                    "refuses it (type=float), and the run would not start")
