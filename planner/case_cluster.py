@@ -15,7 +15,7 @@ from .errors import CaseError
 from .fields import (describe, read_bool, read_figure, read_file_path, read_for, read_int, read_mapping, read_number,
                      read_str, read_time, read_unit, required)
 from .inputs import read_yaml
-from .limits import MAX_FABRIC_EFFICIENCY, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_PEAK_TFLOPS, MIN_FIGURE
+from .limits import MAX_FABRIC_EFFICIENCY, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_PEAK_TFLOPS, MAX_SM_COUNT, MIN_FIGURE
 from .presets import closest, fabric_presets, gpu_presets, performance_presets, resolve_gpu_preset
 from .units import parse_bandwidth, parse_memory
 
@@ -73,7 +73,8 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
                                        parse_bandwidth),
             gpus_per_node=read_int(src, f"{key}.gpus_per_node", data["gpus_per_node"], maximum=MAX_GPUS),
             nvlink_domain=read_int(src, f"{key}.nvlink_domain", data["nvlink_domain"], maximum=MAX_GPUS),
-            sm_count=read_int(src, f"{key}.sm_count", data["sm_count"]) if "sm_count" in data else None,
+            sm_count=read_int(src, f"{key}.sm_count", data["sm_count"], maximum=MAX_SM_COUNT) if "sm_count" in data
+            else None,
             host=host_from_mapping(src, f"{key}.host", data["host"]) if "host" in data else None,
             block_scaling=tuple(formats),
             vendor=read_str(src, f"{key}.vendor", data["vendor"]) if "vendor" in data else "nvidia",

@@ -27,6 +27,10 @@ MAX_INT = 2**63 - 1
 
 # `plan`: the search enumerates divisors of these, so each is bounded.
 MAX_GPUS = 1 << 20
+# Streaming multiprocessors (or compute units) of one GPU: 4,096, more than ten times the most
+# shipped (MI300X's 304 compute units; B200's 148 SMs). 2^63 was taken, and priced as steps of
+# 2.6e15 s blamed on "the GPU's figures".
+MAX_SM_COUNT = 4096
 # Tokens per sequence: 16 M, sixteen times the longest context trained on published (1 M);
 # the search enumerates context-parallel degrees and micro-batches against it.
 MAX_SEQ_LEN = 1 << 24

@@ -15,7 +15,7 @@ from .engines import ENGINES, Engine, EngineSupport
 from .engines.megatron import recompute_module_refusals
 from .errors import CaseError
 from .fields import describe, read_bool, read_int, read_mapping, read_number, read_str
-from .limits import MAX_HEADROOM, MAX_INT, MAX_TOP_K
+from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_HEADROOM, MAX_TOP_K
 
 PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
             "recompute_num_layers", "recompute_modules", "offload_optimizer", "offload_params", "offload_activations",
@@ -247,7 +247,10 @@ def _bounds(src: str, data: dict) -> dict[str, tuple]:
     bounds: dict[str, tuple] = {}
     for name in BOUNDED:
         least = 0 if name == "zero_stage" else 1  # every other degree is a count of at least one
-        most = max(ZERO_STAGES) if name == "zero_stage" else MAX_INT  # ZeRO's stages, as the pin's
+        # ZeRO's stages, as the pin's; a degree is at most the GPUs a case may have, a micro-batch the
+        # global batch (min_pp 2^62 was refused as no layout meeting "the search section's pp")
+        most = max(ZERO_STAGES) if name == "zero_stage" else MAX_GLOBAL_BATCH if name == "micro_batch_size" \
+            else MAX_GPUS
         low = read_int(src, f"search.min_{name}", data[f"min_{name}"], minimum=least, maximum=most) \
             if f"min_{name}" in data else None
         high = read_int(src, f"search.max_{name}", data[f"max_{name}"], minimum=least, maximum=most) \

@@ -86,10 +86,20 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
             raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
         run = Run(name, case, tokens, float(peak) if peak else None, stage)
         _check_grid(source, name, row, case)  # before check_run builds its job: a grid off its GPUs named as such
-        check_run(run, source)
+        check_run(run, source, throughput_key=_throughput_key(row))
         _check_team_row(source, name, row, case)
         runs.append(run)
     return runs
+
+
+def _throughput_key(row: dict) -> str:
+    """The measured figure a row's throughput is read from (``published_runs.measured_tokens_per_s``'s
+    order), for a refusal to name: a tokens_per_sec_total of 1.5 was refused under "measured"."""
+    measured = row.get("measured") or {}
+    for key in ("iteration_time_s", "tokens_per_sec_total", "tokens_per_sec_per_gpu", "tflops_per_gpu"):
+        if measured.get(key):
+            return f"measured.{key}"
+    return "measured"
 
 
 def _check_run_count(count: int, source: str) -> None:
@@ -488,10 +498,11 @@ def _stated_precision(source: str, name: str, text: Any) -> str:
     return named
 
 
-def check_run(run: Run, source: str, case_file: Optional[str] = None) -> None:
+def check_run(run: Run, source: str, case_file: Optional[str] = None, throughput_key: str = "measured") -> None:
     """A run that could not have run: faster than its GPU's dense peak at its own model FLOPs, or
     a peak above the GPU's memory. What its case refuses is named as the runs file's run and key
-    (``row_key``), or, for a log's run, as its ``case_file``'s own key."""
+    (``row_key``), or, for a log's run, as its ``case_file``'s own key; a throughput as the figure it
+    was read from (``throughput_key``)."""
 
     def named(error: CaseError) -> CaseError:
         if case_file is not None:
@@ -506,7 +517,7 @@ def check_run(run: Run, source: str, case_file: Optional[str] = None) -> None:
     except CaseError as error:  # the case made from the run: named as the run's file and key
         raise named(error) from None
     if run.tokens_per_s is not None and not (math.isfinite(run.tokens_per_s) and run.tokens_per_s > 0):
-        raise CaseError(source, f"{run.id}.measured", f"expected a positive throughput, got {run.tokens_per_s!r}")
+        raise CaseError(source, f"{run.id}.{throughput_key}", f"expected a positive throughput, got {run.tokens_per_s!r}")
     try:
         # What the fit will price, once here: the engine's refusals and the step's bounds, named as the run's
         # (a pp of 64 for 32 layers, a global batch of 2^40, were "<case>: layout.stage_layers" in the fit).
@@ -517,7 +528,8 @@ def check_run(run: Run, source: str, case_file: Optional[str] = None) -> None:
         raise named(error) from None
     problem = impossible_measurement(job, run.tokens_per_s, run.peak_gib, run.memory_stage)
     if problem:
-        raise CaseError(source, f"{run.id}.{problem[0]}", problem[1])
+        key = throughput_key if problem[0] == "measured" else problem[0]
+        raise CaseError(source, f"{run.id}.{key}", problem[1])
 
 
 # The least share of the dense peak a training run's model FLOPs reach: the published runs' least is the

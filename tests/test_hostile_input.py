@@ -1136,3 +1136,18 @@ def test_validate_published_refuses_a_run_given_twice(tmp_path):
         done = run_cli("validate-published", *map(str, files))
         assert done.returncode == 2 and done.stderr.startswith(f"error: {origin}: {rows[0]['id']}: the same run id "), \
             done.stderr
+
+
+@pytest.mark.parametrize("section, key", [
+    ("cluster: {num_gpus: 8, gpu: {memory: 80 GB, peak_tflops: {bf16: 989}, hbm_bandwidth: 3.35 TB/s, "
+     "intra_node_bandwidth: 900 GB/s, inter_node_bandwidth: 50 GB/s, gpus_per_node: 8, nvlink_domain: 8, "
+     "sm_count: 9223372036854775807}}", "cluster.gpu.sm_count"),
+    ("cluster: {gpu: h100-sxm-80gb, num_gpus: 8}\nsearch: {min_pp: 4611686018427387904}", "search.min_pp"),
+])
+def test_a_count_past_any_gpu_or_cluster_is_refused_with_its_bound(tmp_path, section, key):
+    """sm_count 2^63 was taken and priced as steps of 2.6e15 s blamed on "the GPU's figures"; min_pp 2^62
+    as no layout meeting "the search section's pp"."""
+    (tmp_path / "case.yaml").write_text("model: {preset: llama3-8b}\ntraining: {global_batch_size: 64, seq_len: 4096}\n"
+                                        + section + "\n")
+    done = run_cli("plan", str(tmp_path / "case.yaml"))
+    assert done.returncode == 2 and f"case.yaml: {key}: expected an integer <= " in done.stderr, done.stderr

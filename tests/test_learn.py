@@ -149,7 +149,7 @@ def test_a_peak_under_what_the_weights_alone_take_is_refused():
 
 def test_a_run_faster_than_its_gpu_can_be_is_refused():
     # 128 × 4096 tokens of an 8B model in 0.05 s on 8 H100s: 80,000 TFLOP/s a GPU.
-    with pytest.raises(CaseError, match=r"team-run-1\.measured: .* is above the h100-sxm-80gb's bf16 peak of 989"):
+    with pytest.raises(CaseError, match=r"team-run-1\.measured\.iteration_time_s: .* is above the h100-sxm-80gb's bf16 peak of 989"):
         runs_from_rows([published_row(measured__iteration_time_s=0.05)], "runs.yaml")
 
 
@@ -841,7 +841,7 @@ def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
      "expected true or false, got 'no'"),
     # fitted without the key, or without a word
     ({"recompte": "full"}, "recompte", "unknown key (did you mean recompute?)"),
-    ({"measured": {"iteration_time_s": 1e6}}, "measured", "of the h100-sxm-80gb's bf16 peak, below any training run's"),
+    ({"measured": {"iteration_time_s": 1e6}}, "measured.iteration_time_s", "of the h100-sxm-80gb's bf16 peak, below any training run's"),
     ({"measured": {"iteration_time_s": 12.0, "mfu": 1.7}}, "measured.mfu", "expected a share of the peak from 0 to 1"),
     # "'str' object has no attribute 'get'", "a field has the wrong type or is missing ('gpu')"
     ({"model__moe": "yes"}, "model.moe", "expected a mapping, got 'yes'"),
@@ -1084,7 +1084,7 @@ def test_a_run_recomputing_faster_than_its_gpu_can_run_the_recomputation_is_refu
     tokens = 128 * 4096
     step = tokens * model_flops_per_token(job.model, 4096) / (8 * 0.9 * 989e12)
     runs_from_rows([published_row(measured={"iteration_time_s": step})], "runs.yaml")
-    with pytest.raises(CaseError, match=r"team-run-1\.measured: 890 model TFLOP/s per GPU \(1,1\d\d with its "
+    with pytest.raises(CaseError, match=r"team-run-1\.measured\.iteration_time_s: 890 model TFLOP/s per GPU \(1,1\d\d with its "
                                         r"recomputation\) is above the h100-sxm-80gb's bf16 peak of 989"):
         runs_from_rows([published_row(measured={"iteration_time_s": step}, recompute="full")], "runs.yaml")
 
@@ -1337,3 +1337,9 @@ def test_the_api_fits_a_teams_logs_as_calibrate_from_logs_does(tmp_path):
         calibrate_from_logs([log], [case_path, case_path])
     with pytest.raises(CaseError, match="calibrate_from_logs: logs: expected at least one training log"):
         calibrate_from_logs([], case_path)
+
+
+def test_an_impossible_throughput_is_named_by_the_figure_it_was_read_from():
+    """tokens_per_sec_total: 1.5 was refused under "measured", naming no figure the run gives."""
+    with pytest.raises(CaseError, match=r"team-run-1\.measured\.tokens_per_sec_total: .* below any training run's"):
+        runs_from_rows([published_row(measured={"tokens_per_sec_total": 1.5})], "runs.yaml")
