@@ -1151,3 +1151,17 @@ def test_a_count_past_any_gpu_or_cluster_is_refused_with_its_bound(tmp_path, sec
                                         + section + "\n")
     done = run_cli("plan", str(tmp_path / "case.yaml"))
     assert done.returncode == 2 and f"case.yaml: {key}: expected an integer <= " in done.stderr, done.stderr
+
+
+def test_a_config_of_hundreds_of_thousands_of_values_is_refused_before_it_is_read(tmp_path):
+    """An 11 MB ds_config of 5.5 million numbers took 29 s to diagnose (a Python hook on every number,
+    five readings over), and an 11 MB argument list of 1.5 million words 53 s: both are bounded
+    (the YAML files' 250,000 nodes; the bash reader's 200,000 words), and refused at once."""
+    (tmp_path / "ds.json").write_text(json.dumps({"train_batch_size": 8, "_comment": [0] * 300_000}))
+    (tmp_path / "args.txt").write_text("--tensor-model-parallel-size 8 --data-path "
+                                       + " ".join(f"/d{i}" for i in range(250_000)) + "\n")
+    case = str(Path(__file__).resolve().parent.parent / "examples" / "llama3-70b-h100.yaml")
+    for option, name, says in (("--config", "ds.json", "holds more than 250,000 numbers and objects"),
+                               ("--megatron-args", "args.txt", "holds more than 200,000 words")):
+        done = run_cli("diagnose", case, option, str(tmp_path / name))
+        assert done.returncode == 2 and f"{tmp_path / name}: {says}" in done.stderr, done.stderr

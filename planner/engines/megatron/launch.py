@@ -11,7 +11,7 @@ from typing import Callable, Optional
 from planner.engines.megatron.emit import ALIASES, BOOL_FLAGS, INT_FLAGS, LIST_FLAGS, STR_FLAGS
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
-from planner.limits import MAX_EXPANDED_CHARS
+from planner.limits import MAX_EXPANDED_CHARS, MAX_INT
 from planner.readers import bash
 
 
@@ -24,6 +24,11 @@ def _tokens(text: str, src: str) -> list[str]:
     removed, and ``$VAR`` / ``${VAR:-default}`` resolved from plain assignments in the same text
     (a value past MAX_EXPANDED_CHARS is refused: variables that double on every line would
     otherwise fill the memory)."""
+    if len(text.split()) > bash.MAX_WORDS:
+        # Counted before the words are read (in C): a --data-path of 1.5 million words took 53 s, read
+        # four times over; the bash reader holds a script's expansions to the same bound.
+        raise CaseError(src, "", f"holds more than {bash.MAX_WORDS:,} words; expected a launch's arguments (a data "
+                                 "blend of that many paths belongs in a --data-args-path file)")
     text = re.sub(r"\\\r?\n", " ", text)
     variables: dict[str, str] = {}
     words: list[str] = []
@@ -240,8 +245,9 @@ def _check_value(src: str, flag: str, value: Optional[str]) -> None:
     if flag in INT_FLAGS and len(value.strip().lstrip("+-")) > 4300:
         # argparse's type=int is int(), which refuses past Python's 4,300-digit limit ("invalid int value"):
         # a flag the reader does not bound itself (--max-position-embeddings) passed with 5,000 digits.
-        raise CaseError(src, flag, f"expected an integer, got one of {len(value.strip().lstrip('+-')):,} digits: "
-                                   "Megatron-LM's parser refuses it (invalid int value), and the run would not start")
+        raise CaseError(src, flag, f"expected an integer <= {MAX_INT}, got one of {len(value.strip().lstrip('+-')):,} "
+                                   "digits: Megatron-LM's parser refuses it (invalid int value), and the run would "
+                                   "not start")
     if flag in FLOAT_FLAGS and not _is_float(value):
         raise CaseError(src, flag, f"expected a number, got {one_line(value, 60)!r}: Megatron-LM's parser "
                                    "refuses it (type=float), and the run would not start")
