@@ -159,17 +159,8 @@ def plan_command(
 
             # Before the plan, as --plot: a folder that is a file, cannot be written or holds the files.
             check_writable([Output(Path(out) / name, "", "--out") for name in EVERY_ENGINE_WRITES], force)
-        from .plan import check_ignored_layout
-
-        ignored = check_ignored_layout(case)
-        if ignored:
-            notes.append(ignored)
-        from .plan import ignored_sizing_keys
-
-        unread = ignored_sizing_keys(case)
-        if unread:
-            notes.append(unread)
         result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine, fastest=fastest)
+        notes += result.notes  # what the case gives that plan does not read
         outputs: list[Output] = []
         removed: list[Path] = []
         files: dict[str, str] = {}

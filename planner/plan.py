@@ -109,6 +109,9 @@ class Plan:
     # With no engine named (``any``), the plan of each engine that can run the case, by name (None
     # with the reason where it cannot), and the pick among their bests (the engine of ``best``).
     engines: tuple[tuple[str, Optional["Plan"], str], ...] = ()
+    # What the case gives that `plan` does not read (a layout section, `size`'s cluster keys): the CLI
+    # prints these on stderr, and the API's caller had no way to learn them.
+    notes: tuple[str, ...] = ()
 
     def differences(self, other: Estimate) -> dict[str, list]:
         """Layout fields where ``other`` differs from the best: {field: [best, other]}."""
@@ -161,6 +164,7 @@ class Plan:
                      "fastest": {**self.fastest.to_dict(), "differs_from_best": self.differences(self.fastest)}
                      if self.fastest is not None else None},
             "search": {"scored": self.scored, "fitting": self.fitting, "pruned": self.pruned},
+            "notes": list(self.notes),
             "no_fit": self.no_fit.to_dict() if self.no_fit else None,
         }
 
@@ -418,13 +422,20 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
     read_bool("plan", "fastest", fastest)  # "no" is truthy: it returned the raw optimum
     if fastest and simplest_within is not None:  # as the CLI refuses --fastest with --simplest-within
         raise CaseError("plan", "fastest", "give either fastest or simplest_within, not both")
+    notes: tuple[str, ...] = ()
     if isinstance(case, Case):
         if engine is not None:
             raise CaseError(case.source, "engine", "applies to a case path or dict, not to a loaded Case")
         loaded = case
     else:
-        check_ignored_layout(case)
+        notes = tuple(note for note in (check_ignored_layout(case), ignored_sizing_keys(case)) if note)
         loaded = load_case(case, engine=engine, ignore_layout=True)
+    return replace(_planned(loaded, simplest_within, top_k, target, engine, fastest), notes=notes)
+
+
+def _planned(loaded: Case, simplest_within: Optional[float], top_k: Optional[int], target: Optional[str],
+             engine: Optional[str], fastest: bool) -> Plan:
+    """:func:`plan` of a loaded case: one engine's, or the decision between them."""
     if engine is None and target == "any" and loaded.search.target != "any":
         raise CaseError(loaded.source, loaded.search.target_key, f"is {loaded.search.target!r} but target 'any' asks "
                                                                  "to decide between the engines; drop one of them")

@@ -142,3 +142,12 @@ def test_an_integer_past_pythons_digit_limit_is_refused_by_name(call, key):
     with pytest.raises(planner.CaseError) as error:
         call(10 ** 5000)
     assert error.value.key == key and "an integer of 16610 bits" in error.value.expected
+
+
+def test_what_plan_does_not_read_is_said_to_the_api_as_to_the_cli():
+    """The CLI says on stderr that plan ignores a layout section and does not read size's cluster keys;
+    the API's Plan carried neither, so an orchestrator's user never learnt that their pins went unread."""
+    case = {**CASE, "cluster": {**CASE["cluster"], "max_gpus": 64}, "layout": {"tp": 8}}
+    p = planner.plan(case, top_k=0)
+    assert [n.split(": ", 1)[1][:30] for n in p.notes] == ["plan chooses the layout and ig", "plan runs on cluster.num_gpus "]
+    assert p.to_dict()["notes"] == list(p.notes) and planner.plan(CASE, top_k=0).notes == ()
