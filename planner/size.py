@@ -649,12 +649,23 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
         return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status),
                       lambda: ([], None))
 
-    sweep = _Sweep(case, spec, options, limits, weights, objective, step_deadline, target.top_k + 1, progress).run()
+    # Racks used whole and in part are two options whose sizes beat each other only once both are
+    # priced (undominated): the sweep keeps twice the runners-up there, so that the list can be filled.
+    kept = (target.top_k + 1) * (2 if any(option.rack for option in options) else 1)
+    sweep = _Sweep(case, spec, options, limits, weights, objective, step_deadline, kept, progress).run()
     all_rows, sweep.rows = sweep.rows, sweep.unbeaten_rows()  # the runners-up among sizes not beaten
-    status, chosen = decide(sweep, objective, step_deadline, target.top_k + 1)
-    sweep.rows = all_rows
-    if chosen:
+    # Sizes a rack's whole and partial use beat across each other (undominated) leave the list short of
+    # --top: more are asked for until it is full or none is left (GB200's next best lost 14 partial racks).
+    count, picks, status = target.top_k + 1, [], "INFEASIBLE"
+    while True:
+        status, chosen = decide(sweep, objective, step_deadline, count)
         picks = undominated([choice(sweep, row) for row in chosen])
+        if len(picks) >= target.top_k + 1 or len(chosen) < count:
+            break
+        count += target.top_k + 1 - len(picks)
+    picks = picks[:target.top_k + 1]
+    sweep.rows = all_rows
+    if picks:
         return Sizing(OK, best=picks[0], alternatives=tuple(picks[1:]), **common(sweep, status))
 
     def quickest() -> tuple[list, Optional[_Sweep]]:

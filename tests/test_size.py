@@ -581,7 +581,10 @@ def test_plan_and_estimate_need_one_gpu_type_and_ignore_sizing_keys():
         planner.plan({**TINY, "cluster": {"gpu": "h100", "num_gpus": 8, "gpu_hour_cost": -2}})
     priced = planner.plan({**TINY, "cluster": {"gpu": "h100", "num_gpus": 8, "gpu_hour_cost": 2, "max_gpus": 64}})
     plain = planner.plan({**TINY, "cluster": {"gpu": "h100", "num_gpus": 8}})
-    assert priced.to_dict() == plain.to_dict()
+    # the same plan; the sizing keys it does not read are said (plan's notes)
+    assert {**priced.to_dict(), "notes": []} == plain.to_dict()
+    assert [note.split(": ", 1)[1] for note in priced.notes] == [
+        "plan runs on cluster.num_gpus (or nodes) and does not read cluster.max_gpus, cluster.gpu_hour_cost: `size` does"]
     # --max-gpus stands in for a count the case lacks; the case's own count is size's limit.
     assert planner.size({**TINY, "cluster": {"gpu": "h100"}}, "1B", max_nodes=2).best.gpus <= 16
 
@@ -802,3 +805,24 @@ def test_the_batch_script_says_how_to_place_nodes_in_racks(tmp_path, engine):
     h100 = {**case, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1024}}
     planner.emit(planner.plan(h100), engine, tmp_path / "h100")
     assert "--segment" not in (tmp_path / "h100" / "sbatch.sh").read_text()
+
+
+GB200_RACKS = {"model": {"preset": "llama3-70b"},
+               "cluster": {"options": [{"gpu": "gb200", "max_gpus": 1152, "gpu_hour_cost": 6.0}]},
+               "training": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16", "optimizer": "adamw"},
+               "search": {"target": "megatron"}}
+
+
+@pytest.mark.parametrize("limits", [{"deadline": "170d"}, {"max_gpus": 1000}])
+def test_the_runners_up_on_racks_fill_the_list_with_undominated_sizes(limits):
+    """Llama 3 70B on GB200 racks: whole and partial racks are sized apart and then merged, and the sizes
+    one beat of the other were dropped after the count was fixed: two runners-up where three were asked
+    for and `plan` at every rack count finds more (640 GPUs on 10 racks within 170 days; 512 on 8, the
+    cheapest, within 1,000 GPUs)."""
+    sized = planner.size(GB200_RACKS, "15T", **limits)
+    picks = [sized.best, *sized.alternatives]
+    assert len(sized.alternatives) == 3
+    for p in picks:  # none beaten by another on GPUs paid, days and cost at once
+        assert not any(q is not p and q.gpus_paid <= p.gpus_paid and q.days <= p.days and q.cost <= p.cost
+                       for q in picks)
+    assert (640 if "deadline" in limits else 512) in [p.gpus for p in picks]
