@@ -443,15 +443,24 @@ FIT_ERROR_WARNING = 0.15
 def profile_warnings(case: Any) -> list[str]:
     """What `estimate`, `plan` and `size` say on stderr of the hardware profile a case names: a
     `calibrate --quick` profile (a smoke test, not a measurement), and each fit in it whose relative
-    rms error passes FIT_ERROR_WARNING."""
+    rms error passes FIT_ERROR_WARNING. For `size`, each GPU type's of ``cluster.options`` too (a
+    profile there was priced without a word of either)."""
     try:
         data, src, base = read_case(case)
-        found = cluster_profile(src, data.get("cluster") if isinstance(data, dict) else None, base)
+        cluster = data.get("cluster") if isinstance(data, dict) else None
+        options = cluster.get("options") if isinstance(cluster, dict) else None
+        sections = [cluster] + (list(options) if isinstance(options, list) else [])
+        found = [f for f in (cluster_profile(src, section, base) for section in sections) if f is not None]
     except CaseError:
         return []  # the command itself reports a case it cannot read
-    if found is None:
-        return []
-    path, profile = found
+    out: list[str] = []
+    for path in dict.fromkeys(path for path, _ in found):
+        out += _warnings_of_profile(path, next(profile for p, profile in found if p == path))
+    return out
+
+
+def _warnings_of_profile(path: str, profile: dict) -> list[str]:
+    """:func:`profile_warnings` of one profile."""
     try:
         gpu_from_profile(Path(path))
     except CaseError:

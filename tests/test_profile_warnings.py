@@ -78,3 +78,17 @@ def test_a_case_refused_after_its_profile_was_read_is_one_line_too(tmp_path):
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "warning" not in done.stderr, done.stderr
     assert len([line for line in run_cli("plan", str(profile(tmp_path, quick=True, error=0.39))).stderr.splitlines()
                 if line.startswith("warning: ")]) == 2
+
+
+def test_a_profile_among_sizes_gpu_types_is_warned_about_too(tmp_path):
+    """`size` on a case whose cluster.options held a quick, poorly fitted profile said nothing of it; the same
+    profile under cluster got both warnings."""
+    case = profile(tmp_path, quick=True, error=0.39)
+    data = yaml.safe_load(case.read_text())
+    data["cluster"] = {"options": [{"profile": data["cluster"]["profile"], "max_gpus": 16}, {"gpu": "h100-sxm-80gb",
+                                                                                            "max_gpus": 16}]}
+    data.pop("layout")
+    case.write_text(yaml.safe_dump(data))
+    done = run_cli("size", str(case), "--tokens", "1B")
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2 and "calibrate --quick" in warnings[0] and "39% rms error" in warnings[1], done.stderr
