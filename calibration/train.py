@@ -157,7 +157,9 @@ def run_spec(job: "Job", *, steps: int = 5, warmup: int = 2, seed: int = 0,
             ("attention_type", model.attention_type != "mla", "no multi-head latent attention"),
             ("head_dim", model.attention_type == "mla" or model.head_dim * model.num_attention_heads
              == model.hidden_size, "attention heads hidden_size / num_attention_heads wide"),
-            ("mtp_layers", not model.mtp_layers, "no multi-token prediction modules")):
+            ("mtp_layers", not model.mtp_layers, "no multi-token prediction modules"),
+            # full causal attention in every layer: a window was priced, the loop ran none (0.36 against 0.61)
+            ("sliding_window", not model.sliding_window, "full causal attention in every layer")):
         if not built:
             raise Unsupported(f"model.{key}", f"the validation loop builds a dense GPT with {what}, so it "
                                               f"cannot time this model; got {getattr(model, key)!r}")
@@ -165,6 +167,17 @@ def run_spec(job: "Job", *, steps: int = 5, warmup: int = 2, seed: int = 0,
         if getattr(lay, key) != 1:
             raise Unsupported(f"layout.{key}", f"the CPU validation loop runs data parallelism only; "
                                                f"{key} must be 1, got {getattr(lay, key)}")
+    # What the loop does not run, priced all the same, would time another job (offload's copies, a
+    # loss chunked or compiled): refused, as the model features above.
+    for key, runs in (("offload_optimizer", not lay.offload_optimizer), ("offload_params", not lay.offload_params),
+                      ("offload_activations", not lay.offload_activations)):
+        if not runs:
+            raise Unsupported(f"layout.{key}", "the validation loop offloads nothing to the host; leave it out")
+    if training.loss_chunk_count > 1:
+        raise Unsupported("training.loss_chunks", "the validation loop computes the loss on the whole logits; "
+                                                  "leave it out or give 1")
+    if training.loss_compiled:
+        raise Unsupported("training.compiled_loss", "the validation loop runs an eager loss; leave it out or give false")
     if lay.zero_stage not in (0, 3):
         raise Unsupported("layout.zero_stage", "the CPU validation loop runs ZeRO 0 (DDP) or 3 (FSDP2), "
                                                f"got {lay.zero_stage}")

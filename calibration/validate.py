@@ -152,19 +152,28 @@ def load_with_profile(case: Union[str, Path, dict], profile: Optional[Union[str,
     return build_case(data, source, base)
 
 
-def profiled_machine(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> dict:
-    """The ``machine`` section of the profile in use (``--profile``, else the case's
-    ``cluster.profile``), or {} without one."""
+def profile_in_use(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> Optional[Path]:
+    """The profile in use: ``--profile``, else the case's ``cluster.profile`` (beside the case file),
+    or None without one."""
     from planner.inputs import read_yaml
 
+    if profile is not None:
+        return Path(profile)
+    data = case if isinstance(case, dict) else read_yaml(Path(case))
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    if not isinstance(cluster, dict) or not isinstance(cluster.get("profile"), str):
+        return None
+    path = Path(cluster["profile"])
+    return Path(case).parent / path if not path.is_absolute() and not isinstance(case, dict) else path
+
+
+def profiled_machine(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> dict:
+    """The ``machine`` section of the profile in use (:func:`profile_in_use`), or {} without one."""
+    from planner.inputs import read_yaml
+
+    profile = profile_in_use(case, profile)
     if profile is None:
-        data = case if isinstance(case, dict) else read_yaml(Path(case))
-        cluster = data.get("cluster") if isinstance(data, dict) else None
-        if not isinstance(cluster, dict) or not isinstance(cluster.get("profile"), str):
-            return {}
-        profile = Path(cluster["profile"])
-        if not profile.is_absolute() and not isinstance(case, dict):
-            profile = Path(case).parent / profile
+        return {}
     from planner.case_cluster import read_machine
 
     data = read_yaml(Path(profile))
@@ -289,7 +298,9 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
         speed = replace(speed, after=reference_gemm_tflops(spec.threads))
         if not slower and speed.slower_reason():
             warn(f"{speed.slower_reason()} after the run: the measured steps may describe a slower machine")
-    return Validation(est, spec, measurement, str(profile) if profile is not None else None, others, used, speed)
+    used_profile = profile_in_use(case, profile)  # the case's own, where --profile is not given: recorded too
+    return Validation(est, spec, measurement, str(used_profile) if used_profile is not None else None, others, used,
+                      speed)
 
 
 def print_validation(result: Validation, console) -> None:
@@ -318,6 +329,8 @@ def print_validation(result: Validation, console) -> None:
     console.print(table)
     parts = ", ".join(f"{k.removesuffix('_s')} {v:.4f}" for k, v in result.estimate.time.by_part().items() if v)
     console.print(f"predicted by part (s): {parts}")
+    console.print("predicted as this loop runs (the reference engine: plain PyTorch, eager kernels, selective "
+                  "recomputation of the attention core), not as the case's engine: it can differ from `estimate`")
     console.print(f"measured: median of {len(m.step_times_s)} steps after {len(m.warmup_times_s)} warm-up "
                   f"(min {min(m.step_times_s):.4f}, max {max(m.step_times_s):.4f}); "
                   f"optimizer step median {m.optimizer_time_s:.4f} s")

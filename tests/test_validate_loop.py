@@ -122,9 +122,22 @@ def test_one_rank_selective_recomputation_swiglu_gqa(profile):
     ({"model": {**MODEL, "mtp_layers": 1}}, "model.mtp_layers"),
     ({"model": {**MODEL, "attention_type": "mla", "kv_lora_rank": 32, "qk_head_dim": 32, "qk_rope_head_dim": 16,
                 "v_head_dim": 32}}, "model.attention_type"),
+    # What the loop does not run was priced all the same: a window (0.36 against 0.61 without it), the
+    # optimizer's offload, a chunked or compiled loss.
+    ({"model": {**MODEL, "sliding_window": 16}}, "model.sliding_window"),
+    ({"layout": {"dp": 2, "offload_optimizer": 1.0},
+      "cluster": {"profile": "PROFILE", "num_gpus": 2,
+                  "host": {"memory": "8 GB", "link_bandwidth": "10 GB/s", "memory_bandwidth": "10 GB/s"}}},
+     "layout.offload_optimizer"),
+    ({"training": {"global_batch_size": 4, "seq_len": 64, "precision": "fp32", "loss_chunks": 2}},
+     "training.loss_chunks"),
+    ({"training": {"global_batch_size": 4, "seq_len": 64, "precision": "fp32", "compiled_loss": True}},
+     "training.compiled_loss"),
 ])
 def test_layouts_the_cpu_loop_cannot_run_are_refused_by_key(profile, change, key):
     data = {**case(), **change}
+    if data["cluster"].get("profile") == "PROFILE":
+        data["cluster"]["profile"] = str(profile)
     loaded = load_with_profile(data, profile)
     with pytest.raises(Unsupported) as error:
         run_spec(loaded.job(), cpu_count=2)
@@ -327,3 +340,14 @@ def test_a_profile_fitted_to_runs_is_refused_before_anything_runs(tmp_path):
     for given in (tmp_path, tmp_path / "missing.yaml"):  # an empty --profile is the working directory
         with pytest.raises(CaseError, match=f"{given}: --profile: "):
             validate(case(), profile=given)
+
+
+def test_the_profile_the_case_names_is_the_one_recorded(tmp_path, profile):
+    """validate --json said "profile": null where the profile came from the case's cluster.profile, not
+    --profile: an archived result did not say which profile gave its prediction."""
+    from calibration.validate import profile_in_use
+
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump({**case(), "cluster": {"num_gpus": 2, "profile": profile.name}}))
+    assert profile_in_use(path, None) == profile and profile_in_use(path, "other.yaml") == Path("other.yaml")
+    assert profile_in_use(case(), None) is None
