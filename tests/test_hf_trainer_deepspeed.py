@@ -217,3 +217,29 @@ def test_zero_settings_as_deepspeed_takes_them(tmp_path, zero, says):
     notes = diagnose(case, config=ds, micro_batch_size=2).notes
     assert not [n for n in notes if "hpz" in n]
     assert (says is None) or any(says in n for n in notes)
+
+
+PURE_BF16 = {**CASE, "training": {**CASE["training"], "master_weights": False}}
+
+
+@pytest.mark.parametrize("bf16, offload, refused", [
+    # bf16 master weights with fp32 moments on the GPU: the ZeRO optimizer asserts ZeRO-Offload with DeepSpeedCPUAdam
+    ({"bf16_master_weights_and_grads": True}, False, "bf16.bf16_master_weights_and_grads"),
+    ({"bf16_optimizer_states": True}, False, "bf16.bf16_optimizer_states"),  # runtime/config.py asserts it
+    # offloaded with bf16 moments: DeepSpeed builds its DeepSpeedCPUAdam with bf16 states itself (engine.py)
+    ({"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}, True, None),
+    ({"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}, False, None),
+])
+def test_bf16_master_weights_are_read_as_deepspeed_runs_them(tmp_path, bf16, offload, refused):
+    """Master weights in bf16 without bf16_optimizer_states and without offload were estimated (DeepSpeed
+    asserts at the optimizer's start); with both and the optimizer offloaded, refused (DeepSpeed 0.19 runs it)."""
+    zero = {"stage": 2, **({"offload_optimizer": {"device": "cpu"}} if offload else {})}
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True, **bf16},
+              "zero_optimization": zero}
+    case, ds = files(tmp_path, config, PURE_BF16 if bf16.get("bf16_master_weights_and_grads") else CASE)
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, config=ds)
+        assert error.value.key == refused
+    else:
+        assert diagnose(case, config=ds).estimate.job.layout.offload_optimizer == (1.0 if offload else 0.0)

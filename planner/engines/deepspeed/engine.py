@@ -119,13 +119,9 @@ def rules(job: Job) -> list[tuple[str, str]]:
                                       "stage 3 (runtime/engine.py: 'Native DeepSpeed MoE is not supported with ZeRO "
                                       "Stage 3. Use AutoEP or choose ZeRO stage 1/2.'); use 1 or 2 (a model's own MoE "
                                       "modules, or AutoEP's, under ZeRO-3 are not priced)")]
-    # Without master weights, at stage 1-3 (runtime/config.py: "Bf16_master_weights_and_grads is only
-    # supported with ZeRO Stage 1, 2, or 3", above):
-    # offloaded, its bf16 states need DeepSpeedCPUAdam built for them (runtime/base_optimizer.py).
-    if not job.training.master_weights and job.layout.offload_optimizer:
-        return [("layout.offload_optimizer", "DeepSpeed offloads bf16 optimizer states only to a "
-                                             "DeepSpeedCPUAdam built with fp32_optimizer_states false, which "
-                                             "the plan does not write; keep the optimizer on the GPU")]
+    # Without master weights, offloaded: the bf16_optimizer_states the files write make DeepSpeed build its
+    # DeepSpeedCPUAdam with bf16 moments itself (runtime/engine.py, _configure_basic_optimizer: "overriding
+    # fp32_optimizer_states to False"), as ZeRO-Offload needs for bf16 master weights (stage_1_and_2.py).
     return []
 
 

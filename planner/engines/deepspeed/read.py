@@ -617,6 +617,20 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
         raise CaseError(src, "bf16.bf16_master_weights_and_grads",
                         f"the config keeps {'bf16' if master_bf16 else 'fp32'} master weights, but the case "
                         f"{case.source} has training.master_weights {str(case.training.master_weights).lower()}")
+    states_bf16 = bf16 and _lax_bool(src, "bf16.bf16_optimizer_states", config["bf16"].get("bf16_optimizer_states",
+                                                                                          False))
+    if states_bf16 and not master_bf16:  # runtime/config.py asserts it
+        raise CaseError(src, "bf16.bf16_optimizer_states", "needs bf16_master_weights_and_grads true (DeepSpeed's "
+                                                           "config refuses it without)")
+    zero_settings = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    if master_bf16 and not states_bf16 and not _offload_device(src, zero_settings, "offload_optimizer"):
+        # Its fp32 moments cannot stay on the GPU beside bf16 master weights: the ZeRO optimizer asserts
+        # ZeRO-Offload with DeepSpeedCPUAdam (runtime/zero/stage_1_and_2.py, _enforce_cpu_offload).
+        raise CaseError(src, "bf16.bf16_master_weights_and_grads", "keeps fp32 optimizer states without "
+                                                                   "bf16_optimizer_states, which DeepSpeed runs only "
+                                                                   "offloaded to DeepSpeedCPUAdam: set "
+                                                                   "bf16_optimizer_states true, or offload_optimizer "
+                                                                   "to the cpu")
 
     if bf16:
         zero = _bf16_optimizer_stage(src, config, zero, pp, case)
