@@ -55,6 +55,9 @@ class NoFit:
     # Whether layouts that offload enough for the GPU to hold their peak overflowed the host's memory:
     # the closest miss alone read as the GPU's memory being all that stood in the way.
     host_overflowed: bool = False
+    # With no engine named: the engine whose advice this is, the one whose layouts come closest
+    # (fewest GPUs that fit, then the smallest peak) of those `plan` decides between.
+    engine: Optional[str] = None
 
     def describe(self) -> str:
         if self.closest_layout is None:
@@ -71,6 +74,8 @@ class NoFit:
             parts.append(f"{self.gpus_that_fit} GPUs would fit")
         if self.seq_len_that_fits:
             parts.append(f"seq_len {self.seq_len_that_fits} would fit")
+        if self.engine:
+            parts.append(f"{self.engine}'s layouts, which come closest of the engines planned")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,7 +85,7 @@ class NoFit:
                 "closest_layout": layout_to_mapping(self.closest_layout) if known else None,
                 "gpus_that_fit": self.gpus_that_fit, "seq_len_that_fits": self.seq_len_that_fits,
                 "excluded_by": self.excluded_by, "fewer_gpus_that_fit": self.fewer_gpus_that_fit,
-                "host_overflowed": self.host_overflowed}
+                "host_overflowed": self.host_overflowed, "engine": self.engine}
 
 
 @dataclass(frozen=True)
@@ -531,12 +536,12 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
                                          f"({_raw(quickest).tokens_per_s:,.0f} tokens/s){weighs}, so planned no further")
     ran = [p for _, p, _ in plans if p is not None and p.best is not None]
     if not ran:
-        # Nothing fits: the first engine that can run the case planned again, in full, for its
-        # advice; where the first cannot, the others, for their advice or their refusals (the
-        # case's own, where every engine's is the same).
-        advised = [0] if plans[0][1] is not None else range(1, len(plans))
-        plans = [planned(name, alone=False) if index in advised and p is not None and p.no_fit is None
-                 else (name, p, why) for index, (name, p, why) in enumerate(plans)]
+        # Nothing fits: every engine that can run the case planned again, in full, for its advice (the
+        # first's alone said 24 GPUs would fit Llama 3 70B at 128k tokens on A100s of 40 GB, where
+        # torchtitan's layouts fit on 16); where none can, their refusals (the case's own, where every
+        # engine's is the same).
+        plans = [planned(name, alone=False) if p is not None and p.no_fit is None else (name, p, why)
+                 for name, p, why in plans]
     if not ran:
         first = next((p for _, p, _ in plans if p is not None), None)
         if first is None:
@@ -554,6 +559,15 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
             raise CaseError(case.source, "training.engine", "no engine can run it: "
                             + "; ".join(f"{name}: {why}" for name, _, why in plans))
         names = tuple(name for name, p, _ in plans if p is not None)
+        advised = [(name, p) for name, p, _ in plans if p is not None and p.no_fit is not None
+                   and p.no_fit.closest_layout is not None]
+        if advised:
+            def closeness(entry: tuple[str, Plan]) -> tuple[float, float]:
+                advice = entry[1].no_fit
+                return (advice.gpus_that_fit or math.inf, advice.peak_bytes)
+            name, first = min(advised, key=closeness)  # ties: the first engine's, as before
+            if len(advised) > 1:
+                first = replace(first, no_fit=replace(first.no_fit, engine=name))
         if first.no_fit is not None and first.no_fit.excluded_by is not None:
             # Said of the first engine's search: every engine planned came to the same.
             first = replace(first, no_fit=replace(first.no_fit, excluded_by=excluded_text(case, case.search, names)))

@@ -79,7 +79,16 @@ def _layout_label(estimate: "Estimate") -> str:
     if lay["sequence_parallel"]:
         parts.append("SP")
     if lay["recompute"] != "none":
-        parts.append(f"recompute {lay['recompute']}")
+        layers = lay.get("recompute_num_layers")
+        parts.append(f"recompute {lay['recompute']}" + (f" ({layers} layers)" if layers else ""))
+    # what moves the states off the GPU: without it the chart's empty state bars made no sense
+    if lay.get("offload_optimizer"):
+        share = lay["offload_optimizer"]
+        parts.append("optimizer offloaded" + (f" ({share:.0%})" if share < 1 else ""))
+    if lay.get("offload_params"):
+        parts.append("parameters offloaded")
+    if lay.get("offload_activations"):
+        parts.append("activations offloaded")
     return " ".join(parts)
 
 

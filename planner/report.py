@@ -115,7 +115,7 @@ def print_estimate(est: Estimate, console: Console) -> None:
     band = est.throughput_band
     console.print(f"{est.tokens_per_s:,.0f} tokens/s (80% band {est.tokens_per_s * band.low:,.0f}–"
                   f"{est.tokens_per_s * band.high:,.0f}; {band.runs:,} published runs of this class: "
-                  f"{band.of}), {est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, "
+                  f"{band.of}), {_tflops(est.model_tflops_per_gpu)} model TFLOP/s per GPU, "
                   f"MFU {est.mfu:.1%}" + (f" ({est.mfu_bf16:.1%} of the bf16 peak)"
                                           if est.job.training.precision == "fp8" and est.mfu_bf16 else ""),
                   markup=False)
@@ -192,6 +192,11 @@ def _changes(diff: dict) -> str:
     return ", ".join(f"{k} {value_text(k, a)}→{value_text(k, b)}" for k, (a, b) in diff.items())
 
 
+def _tflops(value: float) -> str:
+    """TFLOP/s as a person reads it: whole above 100, three figures below (a CPU's 0.12 printed as 0)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def print_plan(plan, console: Console) -> None:
     """The best layout, its runners-up and why the first of them lost; or why nothing fits."""
     if plan.best is None:
@@ -227,14 +232,21 @@ def print_plan(plan, console: Console) -> None:
     if not plan.alternatives:
         return
     table = Table(title="Alternatives")
-    # memory: each row's verdict (an alternative may fit only at its memory band's low end: at risk)
-    for column in ("#", "step s", "tokens/s", "MFU", "peak GB", "memory", "differs from best"):
-        table.add_column(column, justify="left" if column in ("memory", "differs from best") else "right")
     rows = [(best, {})] + [(alt, plan.differences(alt)) for alt in plan.alternatives]
-    for i, (est, diff) in enumerate(rows):
-        table.add_row("best" if i == 0 else str(i), f"{est.step_time_s:.3f}", f"{est.tokens_per_s:,.0f}",
-                      f"{est.mfu:.1%}", f"{est.peak.total / GB:.1f}", est.memory_verdict,
-                      escape(_layout_summary(est.to_dict()["layout"]) if i == 0 else _changes(diff)))
+    cells = [("best" if i == 0 else str(i), f"{est.step_time_s:.3f}", f"{est.tokens_per_s:,.0f}", f"{est.mfu:.1%}",
+              f"{est.peak.total / GB:.1f}", est.memory_verdict,
+              escape(_layout_summary(est.to_dict()["layout"]) if i == 0 else _changes(diff)))
+             for i, (est, diff) in enumerate(rows)]
+    # memory: each row's verdict (an alternative may fit only at its memory band's low end: at risk)
+    for k, column in enumerate(("#", "step s", "tokens/s", "MFU", "peak GB", "memory", "differs from best")):
+        # On a narrow terminal the figures keep their width and the changes fold: "117,0…" hid a
+        # figure, "micro_batch_si…" a change.
+        text = column == "differs from best"
+        table.add_column(column, justify="left" if column in ("memory", "differs from best") else "right",
+                         overflow="fold", no_wrap=not text,
+                         min_width=None if text else max(len(row[k]) for row in cells))
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
     console.print(f"runner-up: {plan.why_runner_up_lost()}", markup=False)
 

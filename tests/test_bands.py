@@ -281,7 +281,8 @@ def test_no_engine_is_advised_on_where_another_engine_fits(monkeypatch):
     """GPT-OSS 20B at 2^19 tokens a sequence on 8 H100s: no Megatron-LM or DeepSpeed layout fits,
     torchtitan's does. Megatron, planned first and in full, searched again at more GPUs and
     shorter sequences for advice the report never gives beside an engine that fits: 25 s of a
-    1.3 s plan. Where no engine fits, the first's advice is still the plan's."""
+    1.3 s plan. Where no engine fits, each engine's advice is sought, and the closest is the plan's
+    (Llama 3.1 405B on 16 H100s: Megatron-LM's, 24 GPUs, against DeepSpeed's and torchtitan's 32)."""
     plan_module = importlib.import_module("planner.plan")
 
     advised = []
@@ -297,8 +298,9 @@ def test_no_engine_is_advised_on_where_another_engine_fits(monkeypatch):
                  "training": {"global_batch_size": 64, "seq_len": 8192, "precision": "bf16"}}
     nothing = planner.plan(none_fits, top_k=0)
     alone = planner.plan(none_fits, top_k=0, engine="megatron")
-    assert nothing.best is None and len(advised) == 2
-    assert nothing.no_fit.to_dict() == alone.no_fit.to_dict() and nothing.no_fit.gpus_that_fit == 24
+    assert nothing.best is None and len(advised) == 4  # each engine's, then Megatron-LM's alone
+    assert {**nothing.no_fit.to_dict(), "engine": None} == alone.no_fit.to_dict()
+    assert (nothing.no_fit.engine, nothing.no_fit.gpus_that_fit) == ("megatron", 24)
 
 
 def test_the_cheapest_change_says_what_estimating_it_says(tmp_path):
@@ -373,3 +375,15 @@ def test_an_engine_set_aside_says_a_gap_and_a_margin_that_differ():
 
     assert _told_apart(0.0851, 0.0846) == ("8.51%", "8.46%")
     assert _told_apart(0.12, 0.0846) == ("12.0%", "8.5%")
+
+
+def test_where_no_engine_fits_the_advice_is_the_engine_that_comes_closest():
+    """Llama 3 70B at 131,072 tokens on 8 A100s of 40 GB, no engine named: the advice was Megatron-LM's
+    alone, "24 GPUs would fit", where torchtitan's layouts fit on 16 (plan --engine torchtitan says so)."""
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 131072, "precision": "bf16"}}
+    decided = planner.plan(case, top_k=0).no_fit
+    alone = {name: planner.plan(case, top_k=0, engine=name).no_fit for name in ("megatron", "torchtitan")}
+    assert alone["torchtitan"].gpus_that_fit < alone["megatron"].gpus_that_fit
+    assert (decided.engine, decided.gpus_that_fit) == ("torchtitan", alone["torchtitan"].gpus_that_fit)
+    assert "torchtitan's layouts, which come closest of the engines planned" in decided.describe()
