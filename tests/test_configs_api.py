@@ -154,7 +154,7 @@ def test_every_engine_writes_the_files_plan_checks_before_it_plans(engine):
     assert set(EVERY_ENGINE_WRITES) <= set(files)
 
 
-def ds_config(tmp_path, **zero) -> "Path":
+def ds_config(tmp_path, **zero):
     import json
 
     path = tmp_path / "ds_config.json"
