@@ -125,9 +125,11 @@ def taken_from_arguments(case: Case, settings: dict) -> Optional[str]:
 
 
 def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int],
-                      stage_layers: Optional[tuple[int, ...]]) -> tuple[str, ...]:
+                      stage_layers: Optional[tuple[int, ...]], recompute: Optional[str] = None) -> tuple[str, ...]:
     """What a ds_config leaves to the model's code and neither the case's layout nor the options
-    said, so was read as DeepSpeed's default: DeepSpeed-MoE's ep_size, PipelineModule's split."""
+    said, so was read as DeepSpeed's default: DeepSpeed-MoE's ep_size, PipelineModule's split, the
+    recomputation (read as none, it was said of nothing: the planner's own files, planned with full
+    recomputation, were diagnosed as not fitting without a word why)."""
     from .engines.deepspeed.read import autoep_size, load_config
 
     stated = case.layout
@@ -135,6 +137,10 @@ def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int],
     if case.model.is_moe and stated is None and ep is None and autoep_size(str(config), load_config(config)) is None:
         notes.append(f"{config.name} does not state DeepSpeed-MoE's ep_size (the model code's): read as ep 1; "
                      "give --ep (or layout.ep in the case) for another")
+    if stated is None and recompute is None and layout.recompute == "none":  # a pipeline's interval says it
+        notes.append(f"{config.name} does not state the recomputation (the model code's: gradient checkpointing, "
+                     "deepspeed.checkpointing): read as none; give --recompute (or layout.recompute in the case) "
+                     "for another")
     if layout.pp > 1 and stated is None and stage_layers is None:
         notes.append(f"{config.name} does not state PipelineModule's split of the layers: read as the even split; "
                      "give --stage-layers (or layout.stage_layers in the case) for another")
@@ -199,7 +205,7 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: O
         raise CaseError(error.source, error.key, f"{error.expected} ({'; '.join(misspelled)})") from None
     taken = None
     if engine == "deepspeed":
-        notes = misspelled + _model_code_notes(loaded, layout, path, ep, stage_layers)
+        notes = misspelled + _model_code_notes(loaded, layout, path, ep, stage_layers, options["recompute"])
     else:
         if said_dispatch is None:
             loaded = _dispatch_left_open(loaded, layout)

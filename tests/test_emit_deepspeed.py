@@ -597,7 +597,8 @@ def test_a_deepspeed_moe_plan_reads_back_with_the_ep_its_model_code_sets(tmp_pat
     ep = json.loads(planned.stdout)["best"]["layout"]["ep"]
     assert ep > 1
     config = str(tmp_path / "run" / "ds_config.json")
-    done = run_cli("diagnose", str(case), "--config", config, "--ep", str(ep), "--json")
+    recompute = json.loads(planned.stdout)["best"]["layout"]["recompute"]  # the model code's, as ep
+    done = run_cli("diagnose", str(case), "--config", config, "--ep", str(ep), "--recompute", recompute, "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["speedup"] == pytest.approx(1.0) and json.loads(done.stdout)["notes"] == []
     without = run_cli("diagnose", str(case), "--config", config, "--json")
@@ -621,7 +622,8 @@ def test_an_uneven_deepspeed_pipeline_reads_back_with_the_split_its_model_code_s
     assert len(set(stages)) > 1  # uneven: the LM head's stage holds fewer
     config = str(tmp_path / "run" / "ds_config.json")
     done = run_cli("diagnose", str(case), "--config", config, "--pp", "4",
-                   "--stage-layers", ",".join(map(str, stages)), "--json")
+                   "--stage-layers", ",".join(map(str, stages)), "--recompute",
+                   json.loads(planned.stdout)["best"]["layout"]["recompute"], "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["speedup"] == pytest.approx(1.0) and json.loads(done.stdout)["notes"] == []
     wrong = run_cli("diagnose", str(case), "--config", config, "--pp", "4", "--stage-layers", "8,8,8")

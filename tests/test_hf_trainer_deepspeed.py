@@ -243,3 +243,14 @@ def test_bf16_master_weights_are_read_as_deepspeed_runs_them(tmp_path, bf16, off
         assert error.value.key == refused
     else:
         assert diagnose(case, config=ds).estimate.job.layout.offload_optimizer == (1.0 if offload else 0.0)
+
+
+def test_a_recomputation_no_one_stated_is_said_to_be_read_as_none(tmp_path):
+    """A ds_config cannot state the recomputation (the model code turns it on): read as none, the planner's
+    own files, planned with full recomputation, were diagnosed as not fitting with no word of why."""
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 1}}
+    case, ds = files(tmp_path, config)
+    said = [n for n in diagnose(case, config=ds).notes if "does not state the recomputation" in n]
+    assert said and "give --recompute" in said[0]
+    assert not [n for n in diagnose(case, config=ds, recompute="full").notes if "recomputation" in n]
