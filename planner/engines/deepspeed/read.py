@@ -353,11 +353,7 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
     zero = config.get("zero_optimization")
     if isinstance(zero, dict):
         hidden = case.model.hidden_size
-        sized = [("reduce_bucket_size", hidden * hidden, "the hidden size squared")]
-        if zero.get("stage") == 3:
-            sized += [("stage3_prefetch_bucket_size", int(0.9 * hidden * hidden), "0.9 × the hidden size squared"),
-                      ("stage3_param_persistence_threshold", 10 * hidden, "10 × the hidden size")]
-        for key, value, how in sized:
+        for key, (value, how) in trainer_sized_buckets(hidden, zero.get("stage") == 3).items():
             if zero.get(key) == "auto":
                 zero = {**zero, key: value}
                 resolved.append(f"zero_optimization.{key}: auto -> {value} ({how}, {hidden}, as the Trainer fills it)")
@@ -412,6 +408,17 @@ def as_deepspeed_reads(src: str, config: dict) -> tuple[dict, list[str]]:
     return config, notes
 
 
+def trainer_sized_buckets(hidden: int, stage3: bool) -> dict[str, tuple[int, str]]:
+    """The ZeRO sizes the Hugging Face Trainer gives an "auto" by the model's hidden size, and how
+    (transformers, integrations/deepspeed.py, ``trainer_config_finalize``: the reduce bucket at every
+    stage, the prefetch bucket and the persistence threshold at stage 3)."""
+    sized = {"reduce_bucket_size": (hidden * hidden, "the hidden size squared")}
+    if stage3:
+        sized["stage3_prefetch_bucket_size"] = (int(0.9 * hidden * hidden), "0.9 × the hidden size squared")
+        sized["stage3_param_persistence_threshold"] = (10 * hidden, "10 × the hidden size")
+    return sized
+
+
 def autoep_size(src: str, config: dict) -> Optional[int]:
     """The expert parallelism of DeepSpeed's AutoEP where the config turns it on (``expert_parallel``:
     ``enabled``, ``autoep_size``, default 1; module_inject/auto_ep_config.py, parse_autoep_config),
@@ -442,12 +449,10 @@ def reduction_as_configured(path: Union[str, Path], case, engine):
     config, _ = as_deepspeed_reads(src, load_config(Path(path)))
     zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
     bucket = zero.get("reduce_bucket_size", engine.bucket_params)
-    bucket = case.model.hidden_size ** 2 if bucket == "auto" else _lax_int(src, "zero_optimization.reduce_bucket_size",
-                                                                           bucket, 1)
-    offloaded = isinstance(zero.get("offload_optimizer"), dict) and \
-        zero["offload_optimizer"].get("device", "none") not in ("none", None)
-    contiguous = offloaded or _lax_bool(src, "zero_optimization.contiguous_gradients",
-                                        zero.get("contiguous_gradients", True))
+    bucket = trainer_sized_buckets(case.model.hidden_size, False)["reduce_bucket_size"][0] if bucket == "auto" \
+        else _lax_int(src, "zero_optimization.reduce_bucket_size", bucket, 1)
+    contiguous = _offload_device(src, zero, "offload_optimizer") or \
+        _lax_bool(src, "zero_optimization.contiguous_gradients", zero.get("contiguous_gradients", True))
     overlap = zero.get("overlap_comm", False)
     overlap = False if overlap == "auto" else _lax_bool(src, "zero_optimization.overlap_comm", overlap)
     return replace(engine, bucket_params=float(bucket), reduce_bucket_buffers=int(contiguous) * (1 + int(overlap)))
