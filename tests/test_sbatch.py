@@ -87,20 +87,15 @@ def test_sbatch_reaches_srun_on_a_long_node_list_and_stops_where_its_files_are_n
     assert not (tmp_path / "srun.txt").exists()  # no node started
 
 
-def test_launch_scripts_are_executable_as_written():
+def test_launch_scripts_are_executable_as_written(tmp_path):
     """launch.sh and sbatch.sh were written 0644: ./launch.sh and `srun ./launch.sh` were "Permission denied"."""
-    import os
     import stat
-    import tempfile
-    from pathlib import Path
 
-    est = planner.estimate(CASES["megatron"])
-    with tempfile.TemporaryDirectory() as folder:
-        planner.emit(est, "megatron", folder)
-        for name in ("launch.sh", "sbatch.sh"):
-            mode = os.stat(Path(folder) / name).st_mode
-            assert mode & stat.S_IXUSR and (mode & stat.S_IRGRP == 0 or mode & stat.S_IXGRP)
-        assert not os.stat(Path(folder) / "megatron_args.txt").st_mode & stat.S_IXUSR
+    planner.emit(planner.estimate(CASES["megatron"]), "megatron", tmp_path)
+    for name in ("launch.sh", "sbatch.sh"):
+        mode = (tmp_path / name).stat().st_mode
+        assert mode & stat.S_IXUSR and (mode & stat.S_IRGRP == 0 or mode & stat.S_IXGRP)
+    assert not (tmp_path / "megatron_args.txt").stat().st_mode & stat.S_IXUSR
 
 
 def test_deepspeeds_multi_node_launch_refuses_a_folder_its_launcher_would_split(tmp_path):
