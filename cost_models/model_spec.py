@@ -116,6 +116,12 @@ class ModelSpec:
     # transformers' Llama4TextConfig builds them every no_rope_layer_interval = 4; megatron-core's
     # no_rope_freq N, the same pattern); 0 for none. Not priced: the rotation is element-wise.
     nope_every: int = 0
+    # Llama 4's chunked local attention: its RoPE layers attend only within their own block of this
+    # many tokens (transformers' Llama4TextConfig attention_chunk_size, create_chunked_causal_mask); 0
+    # for none. No engine the planner writes for builds it (megatron-core core_v0.16.1's attention has
+    # no chunked mask; torchtitan 0.3.0 has no Llama 4): they train full attention. A sequence within one
+    # chunk is the same model either way, and the case refuses a longer one (planner.case.build_case).
+    attention_chunk_size: int = 0
 
     def __post_init__(self) -> None:
         s = ModelSpec
@@ -175,6 +181,7 @@ class ModelSpec:
         _non_negative_int(s, "mtp_layers", self.mtp_layers)
         _non_negative_int(s, "sliding_window", self.sliding_window)
         _non_negative_int(s, "nope_every", self.nope_every)
+        _non_negative_int(s, "attention_chunk_size", self.attention_chunk_size)
         if self.nope_every:
             if self.position_embedding != "rope":
                 raise SpecError(s, "nope_every", "applies only with position_embedding: rope")

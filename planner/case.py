@@ -51,7 +51,7 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
               "moe_router_group_topk", "moe_capacity_factor", "moe_load_imbalance", "mtp_layers",
               "sliding_window", "sliding_window_full_every",
               "normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm", "nope_every",
-              "qk_l2_norm", "qkv_bias")
+              "qk_l2_norm", "qkv_bias", "attention_chunk_size")
 
 
 # Integer model fields that may be 0 (none) or null: a model without query compression, shared
@@ -59,9 +59,11 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
 # The most each model count may be (planner/limits.py); a width not named here, MAX_MODEL_WIDTH.
 MODEL_BOUNDS = {"num_layers": MAX_LAYERS, "vocab_size": MAX_VOCAB, "num_experts": MAX_EXPERTS,
                 "moe_first_dense_layers": MAX_LAYERS, "mtp_layers": MAX_LAYERS, "moe_layer_freq": MAX_LAYERS,
-                "sliding_window": MAX_SEQ_LEN, "sliding_window_full_every": MAX_LAYERS, "nope_every": MAX_LAYERS}
+                "sliding_window": MAX_SEQ_LEN, "sliding_window_full_every": MAX_LAYERS, "nope_every": MAX_LAYERS,
+                "attention_chunk_size": MAX_SEQ_LEN}
 OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidden_size", "moe_first_dense_layers",
-                       "mtp_layers", "sliding_window", "sliding_window_full_every", "nope_every")
+                       "mtp_layers", "sliding_window", "sliding_window_full_every", "nope_every",
+                       "attention_chunk_size")
 
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
                  "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_recipe", "fp8_param_gather",
@@ -199,6 +201,12 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
         for key in ("expert_dispatch", "moe_comm_overlap"):
             if getattr(training, key) not in (None, False):
                 raise CaseError(src, f"training.{key}", "applies only to a mixture of experts (model.num_experts)")
+    if model.attention_chunk_size and training.seq_len > model.attention_chunk_size:
+        raise CaseError(src, "training.seq_len", f"{training.seq_len} is longer than the model's attention chunk of "
+                                                 f"{model.attention_chunk_size} tokens (model.attention_chunk_size: "
+                                                 "Llama 4's chunked local attention), which no engine the planner "
+                                                 "writes for builds: they would train full attention; expected at "
+                                                 f"most {model.attention_chunk_size}")
     if training.expert_dispatch == "deepep" and cluster.gpu.deepep_refusal:  # every layout would refuse it
         raise CaseError(src, "training.expert_dispatch", f"{cluster.gpu.deepep_refusal}: dispatch all_to_all")
     # The engine searched for is the engine trained with: estimate and plan time it alike.

@@ -114,6 +114,8 @@ def read_hf_config(path: str | os.PathLike) -> dict:
 # Where a config lists no layer_types, the layers its family windows (transformers' config classes):
 # GPT-OSS alternates sliding and full attention, sliding first (GptOssConfig), Mistral windows every layer.
 FULL_EVERY_BY_FAMILY = {"gpt_oss": 2}
+# Families whose configs window only the layers from max_window_layers on, and only with use_sliding_window.
+QWEN_WINDOWS = ("qwen2", "qwen3", "qwen3_moe")
 
 
 def _sliding_window(r: "_Reader", family: str) -> dict:
@@ -122,10 +124,26 @@ def _sliding_window(r: "_Reader", family: str) -> dict:
     full attention, from ``layer_types`` (one full layer every N, as megatron-core's
     ``window_attn_skip_freq`` N expresses) or the family's default."""
     window = r.zero_or_int("sliding_window")
-    if not window or not r.bool("use_sliding_window", True):  # a 0 or "false" is no bool: refused
+    # Qwen's classes window only where use_sliding_window says so, false where the file is silent.
+    if not window or not r.bool("use_sliding_window", family not in QWEN_WINDOWS):  # "false" is no bool: refused
         return {}
     types = r.get("layer_types")
-    if types is _MISSING:
+    if types is _MISSING and family in QWEN_WINDOWS:
+        # Qwen2Config, Qwen3Config, Qwen3MoeConfig: layer i slides where i >= max_window_layers (28 where
+        # the file is silent), so the first layers attend to every key: Qwen2.5-7B's 28 of 28 layers.
+        layers = r.int("num_hidden_layers")
+        if "max_window_layers" in r.cfg and r.cfg["max_window_layers"] is None:
+            raise r.fail("max_window_layers", "expected the number of leading layers with full attention, got null")
+        first_windowed = r.zero_or_int("max_window_layers") if "max_window_layers" in r.cfg else 28
+        if first_windowed >= layers:
+            return {}
+        if first_windowed:
+            raise r.fail("max_window_layers", f"{first_windowed} of {layers} layers with full attention, the rest "
+                                              "windowed: expected 0 (every layer windowed) or at least "
+                                              f"num_hidden_layers ({layers}, none windowed); megatron-core's "
+                                              "window_attn_skip_freq holds one full layer every N, not a leading run")
+        every = 0
+    elif types is _MISSING:
         every = FULL_EVERY_BY_FAMILY.get(family, 0)
     else:
         if not isinstance(types, list) or any(t not in ("sliding_attention", "full_attention") for t in types):
@@ -162,11 +180,16 @@ def _architecture(r: "_Reader", family: str) -> dict:
         out["normalization"] = "rmsnorm"
     elif any(r.get(k) is not _MISSING for k in ("layer_norm_eps", "layer_norm_epsilon", "layernorm_epsilon")):
         out["normalization"] = "layernorm"
-    base = r.get("rope_theta")
+    base, key = r.get("rope_theta"), "rope_theta"
+    parameters = r.get("rope_parameters")
+    if base is _MISSING and isinstance(parameters, dict) and "rope_theta" in parameters:
+        # transformers 5's configs keep the base in rope_parameters (convert_rope_params_to_dict): a
+        # DeepSeek-V3 file so written was read at 10,000 and its launch files said --rotary-base 10000.
+        base, key = parameters["rope_theta"], "rope_parameters.rope_theta"
     if base is not _MISSING and (isinstance(base, bool) or not isinstance(base, (int, float))
                                  or not 0 < base <= MAX_ROPE_BASE):  # false for NaN
-        raise r.fail("rope_theta", f"expected RoPE's base, a number above 0 and at most {MAX_ROPE_BASE:g}, "
-                                   f"got {_show(base)}")
+        raise r.fail(key, f"expected RoPE's base, a number above 0 and at most {MAX_ROPE_BASE:g}, "
+                          f"got {_show(base)}")
     if family == "gpt2":
         out["position_embedding"] = "learned"
     elif family in ("deepseek_v2", "deepseek_v3"):
@@ -407,9 +430,8 @@ def _qwen3_moe(r: _Reader) -> dict:
     layers = fields["num_layers"]
     fields.update(_moe_pattern(r, "decoder_sparse_step" if not dense else "mlp_only_layers", layers,
                                [i for i in range(layers) if i not in dense and (i + 1) % step == 0]))
-    shared = r.zero_or_int("shared_expert_intermediate_size")
-    if shared:
-        fields["moe_shared_expert_ffn_hidden_size"] = shared
+    # No shared expert: Qwen3MoeSparseMoeBlock has none, and Qwen3MoeConfig takes no
+    # shared_expert_intermediate_size (Qwen2-MoE's key), which a file may still carry.
     return _head_dim(r, fields)
 
 
@@ -501,6 +523,11 @@ def _llama4(r: _Reader) -> dict:
     listed = r.get("moe_layers") is not _MISSING
     moe = sorted(set(r.int_list("moe_layers"))) if listed else list(range(step - 1, layers, step))
     fields.update(_moe_pattern(r, "moe_layers" if listed else "interleave_moe_layer_step", layers, moe))
+    # Llama4TextConfig: the RoPE layers attend within chunks of attention_chunk_size (8192 where the file
+    # is silent, none where null), which the case refuses past (ModelSpec.attention_chunk_size).
+    chunk = r.cfg.get("attention_chunk_size", 8192)
+    if chunk is not None:
+        fields["attention_chunk_size"] = r.int("attention_chunk_size", 8192)
     return _head_dim(r, fields)
 
 

@@ -601,3 +601,87 @@ def test_a_count_past_its_bound_is_named_at_the_configs_key(tmp_path, key, value
     path = write(tmp_path, {**published("DeepSeek-V3"), key: value})
     with pytest.raises(CaseError, match=rf"config.json: {key}: expected an integer at most {bound}, got"):
         read_hf_config(path)
+
+
+@pytest.mark.parametrize("max_window_layers, expected", [
+    (80, {}),            # Qwen2.5-72B's own: layers i >= 80 slide, none of its 80
+    (None, {}),          # absent: Qwen2Config's 28 ... of 80 is refused below; absent with 28 layers, none
+    (0, {"sliding_window": 4096}),  # every layer windowed
+])
+def test_qwen_windows_only_the_layers_from_max_window_layers_on(tmp_path, max_window_layers, expected):
+    """transformers' Qwen2Config (and Qwen3's, Qwen3-MoE's): layer i is "sliding_attention" only where
+    i >= max_window_layers; Qwen2.5-7B with use_sliding_window true and max_window_layers 28 of 28 layers
+    runs full attention everywhere, and was read as windowed in every layer (24 % of its FLOPs at 32k)."""
+    cfg = published("Qwen2.5-72B")
+    cfg.update(use_sliding_window=True, sliding_window=4096)
+    if max_window_layers is None:
+        del cfg["max_window_layers"]
+        cfg["num_hidden_layers"] = 28
+    else:
+        cfg["max_window_layers"] = max_window_layers
+    fields = read_hf_config(write(tmp_path, cfg))
+    assert {k: fields[k] for k in ("sliding_window", "sliding_window_full_every") if k in fields} == expected
+
+
+def test_qwen_windows_after_a_leading_run_of_full_layers_are_refused(tmp_path):
+    """max_window_layers 21 of 28: the last 7 layers slide (transformers), which no one-full-every-N
+    pattern holds: refused naming the key, not read as every layer windowed."""
+    cfg = published("Qwen2.5-72B")
+    cfg.update(use_sliding_window=True, sliding_window=4096, num_hidden_layers=28, max_window_layers=21)
+    assert "21 of 28 layers" in str(raises(write(tmp_path, cfg), "max_window_layers"))
+    del cfg["max_window_layers"]  # Qwen2Config's default, 28, of 80 layers
+    cfg["num_hidden_layers"] = 80
+    assert "28 of 80 layers" in str(raises(write(tmp_path, cfg), "max_window_layers"))
+
+
+def test_qwen_windows_need_use_sliding_window(tmp_path):
+    """Qwen2Config: sliding_window only where use_sliding_window, whose default is false."""
+    cfg = published("Qwen2.5-72B")
+    del cfg["use_sliding_window"]
+    cfg.update(sliding_window=4096, max_window_layers=0)
+    assert "sliding_window" not in read_hf_config(write(tmp_path, cfg))
+
+
+def test_qwen3_moe_has_no_shared_expert_whatever_the_file_carries(tmp_path):
+    """Qwen3MoeConfig takes no shared_expert_intermediate_size (Qwen2-MoE's key) and
+    Qwen3MoeSparseMoeBlock builds no shared expert: a file carrying 6144 was read as 32.3B parameters
+    for Qwen3-30B-A3B's 30.5B."""
+    cfg = published("Qwen3-30B-A3B")
+    cfg["shared_expert_intermediate_size"] = 6144
+    assert "moe_shared_expert_ffn_hidden_size" not in read_hf_config(write(tmp_path, cfg))
+
+
+@pytest.mark.parametrize("model", ["DeepSeek-V3", "Meta-Llama-3-8B"])
+def test_transformers_5_rope_parameters_give_the_base(tmp_path, model):
+    """transformers 5 writes the RoPE base inside rope_parameters; Kimi K2's file so written (base 50,000)
+    was read at DeepSeek's default 10,000 and Megatron-LM's arguments said --rotary-base 10000."""
+    cfg = published(model)
+    cfg.pop("rope_theta", None)
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 50000.0}
+    assert read_hf_config(write(tmp_path, cfg))["rope_base"] == 50000.0
+    cfg["rope_parameters"]["rope_theta"] = "abc"
+    assert "expected RoPE's base" in str(raises(write(tmp_path, cfg), "rope_parameters.rope_theta"))
+
+
+def test_llama4_chunked_attention_is_read_and_a_longer_sequence_refused(tmp_path):
+    """Llama4TextConfig's attention_chunk_size (8192 where the file is silent, none where null): its RoPE
+    layers attend within 8,192-token chunks, which megatron-core builds no mask for. At 32k tokens Scout
+    was priced (and its launch files written) as full attention without a word: 23 % more FLOPs per
+    token than the model the user named."""
+    from planner.case import build_case
+    from planner.errors import CaseError as Refusal
+
+    cfg = published("Llama-4-Scout-17B-16E")
+    assert read_hf_config(write(tmp_path, cfg))["attention_chunk_size"] == 8192
+    del cfg["text_config"]["attention_chunk_size"]
+    assert read_hf_config(write(tmp_path, cfg))["attention_chunk_size"] == 8192
+    cfg["text_config"]["attention_chunk_size"] = None
+    assert "attention_chunk_size" not in read_hf_config(write(tmp_path, cfg))
+
+    def case(seq_len):
+        return {"model": {"preset": "llama4-scout"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+                "training": {"global_batch_size": 64, "seq_len": seq_len}}
+    assert build_case(case(8192), "c.yaml", tmp_path).model.attention_chunk_size == 8192
+    with pytest.raises(Refusal) as info:
+        build_case(case(32768), "c.yaml", tmp_path)
+    assert info.value.key == "training.seq_len" and "at most 8192" in str(info.value)
