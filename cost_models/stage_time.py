@@ -114,6 +114,21 @@ def gradient_accumulation_time(job: Job, stage: int) -> float:
     return in_place_time(job_stage_parameters(job, stage).total * per_param, job.cluster.gpu)
 
 
+def unpaired_pass_share(job: Job, stage: int) -> float:
+    """The share of pipeline rank ``stage``'s forward passes (and as many backward passes) that
+    megatron-core's combined 1F1B schedule runs alone, so that their expert-parallel dispatch and
+    combine overlap nothing (``--overlap-moe-expert-parallel-comm``). Without a pipeline, the first
+    micro-batch's forward and the last one's backward (``combined_1f1b.py``,
+    combined_1f1b_schedule_for_no_pipelining: "executed alone"); with the interleaved schedule, its
+    warm-up forwards and cool-down backwards, 2(p − r − 1) + (v − 1)·p + 1 of its m·v chunk passes
+    (``schedules.py``, get_pp_rank_microbatches: the microbatch group per virtual stage is p, and
+    one extra forward with the overlap): all of them where m·v is no more."""
+    lay = job.layout
+    passes = job.num_microbatches * lay.vpp
+    warmup = 2 * (lay.pp - stage - 1) + (lay.vpp - 1) * lay.pp + 1 if lay.pp > 1 else 1
+    return min(warmup, passes) / passes
+
+
 def stage_time(job: Job, stage: int) -> StageTime:
     """Forward + backward of one micro-batch through stage ``stage``, with its exposed TP, CP and
     EP traffic."""
@@ -191,8 +206,9 @@ def stage_time(job: Job, stage: int) -> StageTime:
         if training.moe_comm_overlap:
             # Each MoE layer's forward dispatch and combine run beside another micro-batch's
             # backward of a layer, its backward pair beside a forward: what that compute cannot
-            # cover shows (:func:`collectives.exposed`).
-            ep_comm = exposed(ep_comm, compute + recompute, perf)
+            # cover shows (:func:`collectives.exposed`). Passes the schedule runs alone hide nothing.
+            unpaired = unpaired_pass_share(job, stage)
+            ep_comm = unpaired * ep_comm + (1 - unpaired) * exposed(ep_comm, compute + recompute, perf)
 
     cp_comm = layers * cp_exposed_per_layer(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size, low.core)
     # A stage whose pipeline neighbours, or tensor-parallel peers, are across the fabric may not run

@@ -435,6 +435,7 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
     else:
         notes = tuple(note for note in (check_ignored_layout(case), ignored_sizing_keys(case)) if note)
         loaded = load_case(case, engine=engine, ignore_layout=True)
+        notes += tuple(note for note in (unstated_routing(case, loaded),) if note)
     return replace(_planned(loaded, simplest_within, top_k, target, engine, fastest), notes=notes)
 
 
@@ -470,6 +471,26 @@ def check_ignored_layout(case: Any, command: str = "plan") -> Optional[str]:
     layout_from_mapping(src, section, min(gpus, MAX_GPUS ** 2))
     return (f"{src}: {command} chooses the layout and ignores the case's layout section (estimate scores it; "
             f"search.<key> pins a choice for {command})")
+
+
+def unstated_routing(case: Any, loaded: Case) -> Optional[str]:
+    """A line saying that a mixture of experts whose case leaves ``model.moe_load_imbalance`` unstated
+    was priced with every expert-parallel rank given the same tokens (the default, 1), as the published
+    benchmarks run with forced balancing (Megatron-LM's --moe-router-force-load-balancing, which the
+    emitted files leave off: it changes what is trained). A trained router is less even, and each MoE
+    layer waits for its busiest rank; None where the case states it or has no experts."""
+    from .case import read_case
+
+    if not loaded.model.is_moe:
+        return None
+    data, src, _ = read_case(case)
+    section = data.get("model") if isinstance(data, dict) else None
+    if isinstance(section, dict) and "moe_load_imbalance" in section:
+        return None
+    return (f"{src}: model.moe_load_imbalance is unstated: priced with balanced routing (every expert-parallel "
+            "rank given the same tokens, as forced balancing runs); a trained router's busiest rank takes more "
+            "and each MoE layer waits for it: state the imbalance your runs measure (the busiest rank's tokens "
+            "over the mean)")
 
 
 def ignored_sizing_keys(case: Any) -> Optional[str]:

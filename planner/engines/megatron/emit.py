@@ -369,7 +369,9 @@ def needs_deepep(job: Job) -> bool:
     (``training.expert_dispatch: deepep``, which diagnose then reads back), or the estimate priced
     the hierarchical dispatch and the expert-parallel group spans NVLink domains."""
     lay = job.layout
-    if not (job.model.is_moe and lay.tp * lay.ep > 1):
+    # The flex dispatcher spans the expert tensor- and expert-parallel groups, and refuses one of a
+    # single rank (megatron-core token_dispatcher.py, MoEFlexTokenDispatcher: "requires TPxEP > 1").
+    if not (job.model.is_moe and lay.expert_tp * lay.ep > 1):
         return False
     return job.training.expert_dispatch == "deepep" or bool(
         hierarchical_dispatch(job.model, job.training, job.cluster.gpu) and domains_spanned(job.cluster, lay).get("ep", 1) > 1)

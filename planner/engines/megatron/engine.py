@@ -104,6 +104,11 @@ def rules(job: Job) -> list[tuple[str, str]]:
     if job.model.is_moe and lay.tp > 1 and not lay.sequence_parallel:
         out.append(("layout.sequence_parallel", "megatron-core's MoELayer refuses to train with tensor parallelism "
                                                 "and no sequence parallelism: set layout.sequence_parallel: true"))
+    if job.model.is_moe and training.expert_dispatch == "deepep" and lay.expert_tp * lay.ep == 1:
+        # MoEFlexTokenDispatcher asserts its expert tensor- and expert-parallel group spans ranks
+        # (megatron-core transformer/moe/token_dispatcher.py: "Flex token dispatcher requires TPxEP > 1").
+        out.append(("layout.ep", "training.expert_dispatch deepep runs --moe-token-dispatcher-type flex, which "
+                                 "needs etp × ep above 1: with both 1 every rank stops building the model"))
     if training.moe_comm_overlap:  # TransformerConfig.__post_init__ on overlap_moe_expert_parallel_comm
         if lay.ep == 1:
             out.append(("training.moe_comm_overlap", "--overlap-moe-expert-parallel-comm needs expert "
