@@ -786,3 +786,24 @@ def test_overrides_on_torchtitans_own_base_config_say_the_mtp_layers_it_may_not_
     result = diagnose(case_of("deepseek-v3", 64, 64, 4096), torchtitan=path)
     assert any("the case's model has 1 multi-token prediction layer(s), priced; torchtitan builds them only where"
                in note for note in result.notes)
+
+
+@pytest.mark.parametrize("preset, precision, words, said", [
+    # qwen3_30b_a3b's model_registry("30B-A3B"): its 48 layers, whatever the case's model (the 235B's
+    # stages named layers 48–93, which torchtitan's _split_module leaves empty).
+    ("qwen3-235b-a22b", "bf16", "--module qwen3 --config qwen3_30b_a3b", "builds torchtitan's 30B-A3B model"),
+    # llama3_405b's model spec converts every linear but lm_head to fp8 (Float8LinearConverter).
+    ("llama3.1-405b", "bf16", "--module llama3 --config llama3_405b", "Float8LinearConverter"),
+])
+def test_a_base_config_that_builds_another_model_or_precision_is_refused(tmp_path, preset, precision, words, said):
+    """The overrides' base config builds its own model spec, which no override changes: diagnose
+    priced the case's 235B (or bf16) job, identical to the plan, while the launch trained torchtitan's
+    30B-A3B (or fp8 linears)."""
+    path = tmp_path / "overrides.txt"
+    path.write_text(f"{words} --training.seq_len 4096 --training.global_batch_size 2048 "
+                    "--training.local_batch_size 1 --parallelism.tensor_parallel_degree 8\n")
+    case = case_of(preset, 2048, 2048, 4096)
+    case["training"]["precision"] = precision
+    with pytest.raises(CaseError) as refused:
+        diagnose(case, torchtitan=path)
+    assert refused.value.key == "--config" and said in str(refused.value)

@@ -338,6 +338,8 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
         if lay.vpp > 1:  # ScheduleInterleaved1F1B's rounds
             rounds = max(1, pipeline_microbatches // lay.pp)
             assert pipeline_microbatches % rounds == 0
+        else:  # Schedule1F1B: "Number of microbatches ... must be greater than or equal to the number of stages"
+            assert pipeline_microbatches >= lay.pp
     else:
         assert p.module_fqns_per_model_part is None
 
@@ -521,8 +523,12 @@ def test_gpt_oss_under_context_parallelism_is_rebuilt_with_flex_attention(workdi
     for cp, backend in ((2, "flex"), (1, None)):
         layout = {"dp": 16 // cp, "cp": cp, "ep": 8, "zero_stage": 3, "micro_batch_size": 1, "recompute": "full"}
         estimate = planner.estimate({**case, "layout": layout})
-        cfg = load_emitted(emit.render(estimate, ["x"]), workdir, f"tt_gpt_oss_cp{cp}")
+        files = emit.render(estimate, ["x"])
+        cfg = load_emitted(files, workdir, f"tt_gpt_oss_cp{cp}")
         assert cfg.model_spec.get("attn_backend") == backend
+        # overrides.txt, on gpt_oss's own model spec, keeps VarlenAttention: it says so, as it says of the
+        # converters (it called itself equivalent, and its command stopped at startup).
+        assert ("Not here: the attention backend" in files[emit.OVERRIDES_FILE]) == (backend == "flex")
 
 
 def test_mxfp8_experts_pad_to_the_rows_their_kernel_needs(workdir):
@@ -814,3 +820,36 @@ def test_nvfp4_experts_torchtitan_cannot_quantize_are_refused_before_the_plan():
         planner.plan(case, engine="torchtitan")
     decided = planner.plan(case, top_k=0)
     assert decided.best.job.training.engine.name != "torchtitan"
+
+
+def test_a_1f1b_pipeline_with_fewer_micro_batches_than_stages_is_refused():
+    """torch's Schedule1F1B raises ValueError for fewer micro-batches than stages when torchtitan's
+    trainer builds it; a plan pinned to pp 8 at dp 8 with 16 sequences a step (2 micro-batches) was
+    written as 1F1B and stopped at startup."""
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 16, "seq_len": 4096, "engine": "torchtitan"},
+            "layout": {"dp": 8, "tp": 1, "pp": 8, "micro_batch_size": 1, "zero_stage": 3, "recompute": "full"}}
+    with pytest.raises(CaseError) as refused:
+        planner.estimate(case)
+    assert refused.value.key == "layout.micro_batch_size" and "got 2 for pp 8" in str(refused.value)
+    case["training"]["global_batch_size"] = 64  # 8 micro-batches for 8 stages
+    assert planner.estimate(case).job.num_microbatches == 8
+
+
+def test_replicated_experts_that_torchtitan_would_shard_are_refused():
+    """At zero_stage 0, torchtitan still FSDP-shards the routed experts over efsdp = cp·tp / ep
+    (ParallelDims.build_mesh, apply_fsdp_to_decoder's edp_mesh): DeepSeek-V2-Lite at tp 8, ep 4 had
+    its experts priced whole (15.2 GB of parameters where torchtitan keeps half)."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    dims = ParallelDims(dp_replicate=2, dp_shard=1, cp=1, tp=8, pp=1, ep=4, world_size=16)
+    assert dims.dp_shard * dims.cp * dims.tp // dims.ep == 2  # the efsdp build_mesh makes
+    case = {"model": {"preset": "deepseek-v2-lite", "mtp_layers": 0}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "torchtitan"},
+            "layout": {"dp": 2, "tp": 8, "ep": 4, "etp": 1, "zero_stage": 0, "micro_batch_size": 1,
+                       "recompute": "full"}}
+    with pytest.raises(CaseError) as refused:
+        planner.estimate(case)
+    assert refused.value.key == "layout.ep" and "ep must be cp·tp = 8" in str(refused.value)
+    case["layout"]["ep"] = 8
+    assert planner.estimate(case).job.layout.ep == 8

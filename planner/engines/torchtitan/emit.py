@@ -36,7 +36,7 @@ Mapping (field names as in ``torchtitan/config/configs.py``, ``trainer.py``,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from cost_models.activations import loss_chunks
 
@@ -107,10 +107,11 @@ def base_config(model) -> tuple[tuple[str, str], bool]:
     return (module, function), exact
 
 
-def base_flavor(function: str) -> str:
-    """The flavour a base config function builds its own model as: its first entry above."""
+def base_flavor(function: str) -> Optional[str]:
+    """The flavour a base config function builds its own model as: its first entry above (None for a
+    function not among them)."""
     table = list(BASE_CONFIGS.values()) + [DEFAULT_BASE] + list(MOE_BASE_CONFIGS.values()) + [DEFAULT_MOE_BASE]
-    return next(flavor for _, name, flavor in table if name == function)
+    return next((flavor for _, name, flavor in table if name == function), None)
 
 
 def model_flavor(model) -> str:
@@ -253,10 +254,7 @@ def settings(estimate) -> dict[str, Any]:
                        "enable_async_tensor_parallel": bool(training.tp_comm_overlap and lay.tp > 1)}}
     if training.recipe is not None:
         out["converters"] = converters(job)
-    if lay.cp > 1 and base_config(job.model)[0][0] == "gpt_oss":
-        # gpt_oss's model_registry builds VarlenAttention, which validate_config refuses under context
-        # parallelism with the default spmd_types backend (distributed/full_dtensor.py: "Use FlexAttention
-        # + CP"); its flex backend is the other models' default (models/*/__init__.py model_registry).
+    if needs_flex_attention(job):
         out["attn_backend"] = "flex"
     if job.model.mtp_layers:
         out["mtp_layers"] = job.model.mtp_layers
@@ -424,6 +422,14 @@ def launch_shape(estimate) -> tuple[int, int]:
     return launch_nodes(estimate.job.cluster, "torchtitan")
 
 
+def needs_flex_attention(job) -> bool:
+    """Whether the model spec must be rebuilt with FlexAttention: gpt_oss's model_registry builds
+    VarlenAttention, which validate_config refuses under context parallelism with the default
+    spmd_types backend (distributed/full_dtensor.py: "Use FlexAttention + CP"); its flex backend is
+    the other models' default (models/*/__init__.py model_registry)."""
+    return job.layout.cp > 1 and base_config(job.model)[0][0] == "gpt_oss"
+
+
 def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
     header = _header(header_lines)
     opts = overrides(estimate)  # also refuses what torchtitan cannot express
@@ -446,7 +452,11 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
                       f"rebuilds it (MODEL_FLAVOR)."]
                      if model_flavor(estimate.job.model) != base_flavor(function) else [])
                   + ([f"Not here: the multi-token prediction layers and their loss (MTP_LAYERS in {CONFIG_FILE}); "
-                      "neither is a command-line option."] if estimate.job.model.mtp_layers else []))
+                      "neither is a command-line option."] if estimate.job.model.mtp_layers else [])
+                  + ([f"Not here: the attention backend: {function} builds VarlenAttention, which torchtitan "
+                      "refuses under context parallelism, and the model spec is no command-line option: these "
+                      f"overrides on it stop at startup; run {CONFIG_FILE} (launch.sh does), which rebuilds it "
+                      "with FlexAttention (ATTN_BACKEND)."] if needs_flex_attention(estimate.job) else []))
         + "".join(" ".join(argument_word("torchtitan", word) for word in opt) + "\n" for opt in opts)
     )
     launch = (

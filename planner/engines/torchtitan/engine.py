@@ -131,6 +131,13 @@ def rules(job: Job) -> list[tuple[str, str]]:
         out.append(("layout.ep", f"torchtitan's expert parallelism borrows ranks from FSDP and TP only: ep must "
                                  f"divide dp_shard·cp·tp = {shard}·{lay.cp}·{lay.tp} (ParallelDims: efsdp = "
                                  "dp_shard·cp·tp / ep); replicated (zero_stage 0) data parallelism lends none"))
+    elif lay.ep > 1 and lay.zero_stage == 0 and lay.ep != lay.cp * lay.tp:
+        # ParallelDims.build_mesh: efsdp = dp_shard·cp·tp / ep, and apply_fsdp_to_decoder shards the experts
+        # over it (models/*/parallelize.py edp_mesh) even where the rest is replicated: HSDP for the experts.
+        out.append(("layout.ep", f"torchtitan shards the experts over efsdp = cp·tp / ep = {lay.cp * lay.tp // lay.ep} "
+                                 "ranks even where it replicates the rest (zero_stage 0: ParallelDims, "
+                                 "apply_fsdp_to_decoder), which the cost model does not price: at zero_stage 0 "
+                                 f"ep must be cp·tp = {lay.cp * lay.tp}"))
     if job.model.mtp_layers:
         # torchtitan 0.3.0's Config refuses multi-token prediction with PP or CP.
         if lay.pp > 1:
@@ -139,6 +146,8 @@ def rules(job: Job) -> list[tuple[str, str]]:
         if lay.cp > 1:
             out.append(("layout.cp", "torchtitan's multi-token prediction does not support context parallelism "
                                      "(MTPDecoder.Config: NotImplementedError)"))
+    if lay.pp > 1:
+        out += _schedule_rules(job.num_microbatches, lay.pp, lay.vpp)
     # trainer.py: the sequence divides by tp (with sequence parallelism) times 2·cp (with context parallelism).
     sp = lay.tp if lay.sequence_parallel else 1
     divisor = sp * (2 * lay.cp if lay.cp > 1 else 1)
@@ -155,6 +164,18 @@ def rules(job: Job) -> list[tuple[str, str]]:
                     f"{training.seq_len}/{lay.cp}) into {chunks} equal chunks (components/loss.py, "
                     f"ChunkedLossWrapper): it must divide"))
     return out
+
+
+def _schedule_rules(microbatches: int, pp: int, vpp: int) -> list[tuple[str, str]]:
+    """What torch's pipeline schedules (torch.distributed.pipelining.schedules, which torchtitan's
+    build_pipeline_schedule builds with the step's micro-batches) refuse when the trainer starts:
+    Schedule1F1B fewer micro-batches than stages. (ScheduleInterleaved1F1B's rounds of pp divide
+    the micro-batches wherever pp does, as every engine's interleaving needs: ``Job``.)"""
+    if vpp == 1 and microbatches < pp:
+        return [("layout.micro_batch_size", f"torchtitan's 1F1B schedule needs at least as many micro-batches per "
+                                            f"step as pipeline stages (torch's Schedule1F1B: ValueError), got "
+                                            f"{microbatches} for pp {pp}: a smaller micro-batch makes more")]
+    return []
 
 
 # Its reader (read.py) takes no options: a torchtitan job states every degree, the micro-batch and the

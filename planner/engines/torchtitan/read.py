@@ -42,7 +42,7 @@ from planner.inputs import read_text
 from planner.limits import MAX_INT
 
 from .base_config import read_base
-from .emit import CONFIG_FUNCTION, CONFIG_MODULE
+from .emit import BASE_CONVERTERS, CONFIG_FILE, CONFIG_FUNCTION, CONFIG_MODULE, base_flavor, model_flavor
 
 # The fields of torchtitan 0.3.0's ParallelismConfig, TrainingConfig and CompileConfig
 # (config/configs.py): tyro refuses any other option in these sections, so the launch would not start.
@@ -887,6 +887,31 @@ def _default_split(case, layout: Layout) -> bool:
         return False
 
 
+def _check_base_model(s: _Settings, case) -> None:
+    """What a base config's model spec builds, which no command-line override changes: torchtitan's
+    model flavour (``model_registry(flavor)`` in its config function: qwen3_30b_a3b builds the 48-layer
+    30B-A3B whatever the case's model), and llama3_405b's Float8LinearConverter (``emit.BASE_CONVERTERS``).
+    A job on another model or precision than the case's is another run: refused, as Megatron-LM's
+    reader refuses a --num-layers the case does not have. The planner's own config module rebuilds the
+    model the plan priced."""
+    words = (s.base or "").split()
+    base = dict(zip(words[::2], words[1::2]))
+    function = base.get("--config")
+    if function is None or (base.get("--module"), function) == (CONFIG_MODULE, CONFIG_FUNCTION):
+        return
+    built, planned = base_flavor(function), model_flavor(case.model)
+    if built is not None and built != planned:
+        raise CaseError(s.src, "--config", f"{one_line(function, 60)} builds torchtitan's {built} model (its model "
+                                           "spec, which no override changes), not the case's "
+                                           f"{one_line(case.model.name, 60)} ({planned}): the job trains another "
+                                           f"model; run the planner's {CONFIG_FILE}, which rebuilds it")
+    if function in BASE_CONVERTERS and case.training.precision != "fp8":
+        raise CaseError(s.src, "--config", f"{function} builds its model with {BASE_CONVERTERS[function]} (fp8 "
+                                           "linears, which no override removes), but the case "
+                                           f"{case.source} trains in {case.training.precision} "
+                                           "(training.precision)")
+
+
 def read(path: Union[str, Path], case) -> Layout:
     """The layout of a torchtitan job (overrides, a launch script or a 0.2 TOML file) on ``case``'s
     cluster, checked against the case."""
@@ -905,6 +930,7 @@ def read(path: Union[str, Path], case) -> Layout:
         raise CaseError(case.source, "model.mtp_layers", f"{model.mtp_layers}, but {path.name} is a torchtitan 0.2 job "
                                                          "file, and torchtitan 0.2 builds no multi-token prediction "
                                                          "layers: set model.mtp_layers: 0 to diagnose the job it runs")
+    _check_base_model(s, case)
     d = _degrees(s, case.cluster.num_gpus)
     zero = _zero_stage(s, d)
     _check_training(s, case, d)
