@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import re
 import shutil
 import sys
 import tempfile
@@ -77,10 +78,17 @@ MAX_HOST_NAME = 253
 def check_endpoint(endpoint: str) -> None:
     """``--rdzv-endpoint`` as torchrun takes it: HOST:PORT, the port from 1 to 65535 (torchrun
     itself says so only after its ranks start)."""
-    host, _, port = endpoint.rpartition(":")
+    host, _, port = endpoint.strip().rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise CaseError("--rdzv-endpoint", "", f"expected HOST:PORT with a port from 1 to 65535, got "
                                                f"{one_line(safe_repr(endpoint), 80)}")
+    # torch's parse_rendezvous_endpoint (distributed/elastic/rendezvous/utils.py), which its ranks run
+    # after they start: a name of letters, digits, dots, colons and dashes, an IPv6 address in brackets.
+    bare = host[1:-1] if len(host) > 1 and host[0] == "[" and host[-1] == "]" else host
+    if not re.fullmatch(r"[\w.:-]+", bare):
+        raise CaseError("--rdzv-endpoint", "", f"expected a host name of letters, digits, dots and dashes, an IPv4 "
+                                               f"address or an IPv6 one in brackets, got "
+                                               f"{one_line(safe_repr(host), 80)}")
     if len(host.strip("[]")) > MAX_HOST_NAME:  # a name past DNS's limit reaches no rendezvous: the ranks wait it out
         raise CaseError("--rdzv-endpoint", "", f"expected a host name of at most {MAX_HOST_NAME} characters (DNS's "
                                                f"limit), got one of {len(host):,}")

@@ -19,7 +19,7 @@ from cost_models.specs import Job
 from .case import build_case, load_case, read_case, spec_errors
 from .errors import Argument, CaseError, cli_flag, one_line, safe_repr
 from .inputs import check_each_file_once, read_yaml
-from .limits import MAX_FIT_RUNS, MAX_GPUS, MIN_FIGURE
+from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
 from .published_runs import (GPU_PREFIXES, ROW_MEASURES, case_of, gpu_preset, measure_in_bounds, measured_tokens_per_s,
@@ -116,6 +116,11 @@ def _team_fields(source: str, name: str, row: dict) -> dict:
     for key in ("id", "source", "framework", "gpu", "precision", "record_type"):
         if key in row and row[key] is not None and not isinstance(row[key], str):
             raise CaseError(source, f"{name}.{key}", f"expected text, got {one_line(safe_repr(row[key]), 60)}")
+    for key in ("id", "source", "framework", "gpu", "precision", "record_type") + TEXT_KEYS:
+        # As a case's text is bounded (planner.limits): an id of 10,000 characters went into the profile.
+        if isinstance(row.get(key), str) and len(row[key]) > MAX_STRING_CHARS:
+            raise CaseError(source, f"{name}.{key}", f"expected text of at most {MAX_STRING_CHARS:,} characters, "
+                                                     f"got {len(row[key]):,}")
     gpus = row.get("num_gpus")
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise CaseError(source, f"{name}.num_gpus", f"expected the run's number of GPUs: a whole number from 1, "

@@ -306,7 +306,7 @@ def read_log(path: Path) -> LogReading:
                                if batch_of.get(step, final) == final and step != carried])
         memory = MEGATRON_MEMORY.points(text, src)
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
-        stated = [(k, float(args[k])) for k in MEGATRON_STATED if k in args and _is_number(args[k])]
+        stated = _stated(args, MEGATRON_STATED, src)
         if args.get("group_query_attention") == "False" and "num_attention_heads" in args:
             # Without grouped-query attention Megatron-LM ignores num_query_groups: every head has its own.
             stated = [(k, v) for k, v in stated if k != "num_query_groups"]
@@ -338,8 +338,7 @@ def read_log(path: Path) -> LogReading:
     elif deepspeed or pipe or timers:
         memory = _after_warmup(DS_MEMORY.points(text, src))
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
-        stated = tuple((k, float(args[k])) for k in ("train_batch_size", "train_micro_batch_size_per_gpu")
-                       if k in args and _is_number(args[k]))
+        stated = tuple(_stated(args, ("train_batch_size", "train_micro_batch_size_per_gpu"), src))
         if deepspeed:
             rates = _after_warmup(_in_order(deepspeed, src, "global_step"))
             reading = LogReading("deepspeed", samples_per_s=_median(rates, src, "'CurrSamplesPerSec='"),
@@ -371,9 +370,22 @@ def _median(values: list[float], src: str, what: str) -> float:
     return statistics.median(values)
 
 
-def _is_number(text: str) -> bool:
-    """Whether an argument dump's value is a finite number (one of 5,000 digits reads as infinity)."""
-    try:
-        return math.isfinite(float(text))
-    except ValueError:
-        return False
+def _stated(args: dict[str, str], keys: tuple[str, ...], src: str) -> list[tuple[str, float]]:
+    """The counts an argument dump states, of ``keys``: each an integer as the engine prints it, or
+    None (Megatron-LM's unset optional counts). Any other value is refused naming the key: a hidden
+    size of nan, 0x10 or 5,000 digits was passed over, and the log fitted as the case's model."""
+    from .errors import CaseError, one_line, safe_repr
+
+    stated = []
+    for key in keys:
+        value = args.get(key)
+        if value is None or value == "None":
+            continue
+        if not _COUNT.fullmatch(value):
+            raise CaseError(src, key, f"the argument dump gives {one_line(safe_repr(value), 40)}: expected an "
+                                      "integer of at most 18 digits, as the engine prints it (or None)")
+        stated.append((key, float(value)))
+    return stated
+
+
+_COUNT = re.compile(r"\d{1,18}")

@@ -637,6 +637,10 @@ def test_calibrate_refuses_bad_arguments_before_starting(tmp_path):
     # nodes, waited out the two-minute start-up).
     (("--rdzv-endpoint", "bogus.invalid:1"), "--rdzv-endpoint: is where the nodes of a run over several meet"),
     (("--nnodes", "2", "--rdzv-endpoint", "h" * 5000 + ":29500"), "--rdzv-endpoint: expected a host name of at most 253"),
+    # torch's parse_rendezvous_endpoint refuses these names once torchrun has started (exit 4 after 5 s).
+    (("--nnodes", "2", "--rdzv-endpoint", "a b:1"), "--rdzv-endpoint: expected a host name of letters"),
+    (("--nnodes", "2", "--rdzv-endpoint", "[::1]:80:1"), "--rdzv-endpoint: expected a host name of letters"),
+    (("--nnodes", "2", "--rdzv-endpoint", "ho\nst:80"), "--rdzv-endpoint: expected a host name of letters"),
     # --quick times tiny shapes: the profile named the case whose shapes it never timed.
     (("--quick", "--case", "examples/llama3-70b-h100.yaml"), "--case: times the case's own shapes, which --quick"),
 ])

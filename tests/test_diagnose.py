@@ -478,3 +478,19 @@ def test_an_autotp_size_against_the_cases_pipeline_tp_names_the_case_not_an_opti
         diagnose(case, config=config)
     with pytest.raises(CaseError, match=r"tensor_parallel.autotp_size: 4 differs from --tp 2"):
         diagnose(case, config=config, tp=2)
+
+
+def test_a_config_of_many_unknown_keys_is_read_quickly_and_said_so(tmp_path):
+    """Each unknown top-level key was checked for a misspelling against every DeepSpeed key: a config
+    of 100,000 made-up keys kept diagnose busy past 30 s. The first thousand are checked, the rest said."""
+    import time
+
+    from planner.engines.deepspeed.read import MAX_KEYS_CHECKED, misspelled_keys
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"trian_batch_size": 8, **{f"made_up_key_{i}": "x" for i in range(5_000)}}))
+    started = time.perf_counter()
+    notes = misspelled_keys(path)
+    assert time.perf_counter() - started < 5
+    assert any("trian_batch_size is no DeepSpeed key (did you mean train_batch_size?)" in n for n in notes)
+    assert any("5,001 top-level keys are no DeepSpeed key" in n and f"first {MAX_KEYS_CHECKED:,}" in n for n in notes)

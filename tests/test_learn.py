@@ -337,6 +337,17 @@ def test_runs_from_logs_take_the_cases_layout_and_refuse_another_model(tmp_path)
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize("value", ["nan", "0x10", "9" * 5000, "4096.5"])
+def test_a_count_the_argument_dump_gives_unreadably_is_refused(tmp_path, value):
+    """Megatron-LM prints each count of its argument dump as an integer: a hidden size of nan, 0x10 or
+    5,000 digits was passed over, and the log fitted as the case's model."""
+    log = MEGATRON_LOG.replace("hidden_size ..................................... 4096",
+                               f"hidden_size ..................................... {value}")
+    with pytest.raises(CaseError) as refused:
+        read_log(write(tmp_path, "megatron.log", log))
+    assert refused.value.key == "hidden_size" and "expected an integer" in str(refused.value)
+
+
 def test_a_torchtitan_run_fits_the_same_from_its_log_as_from_a_runs_file(tmp_path):
     """A runs file's torchtitan run was priced as the generic engine (eager kernels, no compiled loss)
     and its log as torchtitan: the same run gave two profiles (fragmentation 0.107 against 0.078)."""
@@ -677,6 +688,9 @@ def test_a_dump_behind_a_logger_or_rank_prefix_is_checked_against_the_case(tmp_p
     ({"batch__tokens_per_batch": 999}, "batch.tokens_per_batch", "999, but global batch 128 × sequence 4096"),
     # no key named: "a field has the wrong type or is missing"
     ({"framework": 3}, "framework", "expected text, got 3"),
+    # held to a case's text bound: 100,000 characters went into the profile
+    ({"framework": "x" * 100_000}, "framework", "expected text of at most 4,096 characters, got 100,000"),
+    ({"notes": "x" * 5000}, "notes", "expected text of at most 4,096 characters"),
     ({"num_gpus": None}, "num_gpus", "expected the run's number of GPUs"),
 ])
 def test_a_team_run_that_says_what_the_fit_would_misread_is_refused_naming_the_key(changes, key, needle):

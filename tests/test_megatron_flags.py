@@ -11,7 +11,7 @@ import re
 import pytest
 
 from cli_in_process import run_cli
-from planner.engines.megatron.launch import flags_of
+from planner.engines.megatron.launch import flags_of, split_words
 from planner.errors import CaseError
 
 ARGS = ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
@@ -494,13 +494,46 @@ def test_letters_run_on_to_a_flag_are_a_misspelling(typo):
     assert refused.value.key == typo and "did you mean" in refused.value.expected
 
 
+@pytest.mark.parametrize("written", ["--tensor-model-parallel-size\u00a08", "--tensor-model-parallel-size\v8",
+                                     "--tensor-model-parallel-size\u20038"])
+def test_a_space_bash_does_not_split_at_keeps_the_flag_and_its_value_one_word(written):
+    """bash splits a launch's words at spaces, tabs and newlines only: a no-break space, a vertical tab
+    or an em space holds the flag and its value in one word, which Megatron-LM's parser refuses. Read
+    at every Unicode space, it was tp 8, and the launch would not have started."""
+    with pytest.raises(CaseError) as refused:
+        flags_of(split_words(f"{written} --bf16"), "args.txt")
+    assert "did you mean --tensor-model-parallel-size?" in refused.value.expected
+
+
+@pytest.mark.parametrize("typo, says", [("-tensor-model-parallel-size", "one dash"),
+                                        ("--tensor_model_parallel_size", "no underscores")])
+def test_one_dash_or_underscores_are_no_flag_of_megatron_lm(typo, says):
+    """argparse matches option strings as written: a one-dash or underscored --tensor-model-parallel-size
+    is refused by Megatron-LM's parser, and was read as no flag (tp 1)."""
+    with pytest.raises(CaseError) as refused:
+        flags_of(["pretrain_gpt.py", typo, "8", "--bf16"], "args.txt")
+    assert refused.value.key == typo and says in refused.value.expected
+
+
+def test_an_argument_list_of_more_flags_than_megatron_lm_defines_is_refused_quickly():
+    """Each flag the reading does not read is checked for a misspelling: 100,000 made-up flags kept
+    diagnose busy past 30 s. Megatron-LM's parser (core_v0.16.1) defines 682 option strings."""
+    import time
+
+    words = [w for i in range(5000) for w in (f"--made-up-flag-{i}", "1")]
+    started = time.perf_counter()
+    with pytest.raises(CaseError) as refused:
+        flags_of(words, "args.txt")
+    assert refused.value.key == "--made-up-flag-1000" and "more than 1,000 different flags" in refused.value.expected
+    assert time.perf_counter() - started < 5
+    assert flags_of(words[:1000], "args.txt") == {}  # 500 of them: Megatron-LM's many the layout needs not
+
+
 def test_a_long_word_is_split_in_linear_time():
     """shlex builds a word a character at a time: one word of 900,000 characters took 44 s (under
     the 16 MiB input bound). The split is bash's (as shlex's but for a # inside a word)."""
     import shlex
     import time
-
-    from planner.engines.megatron.launch import split_words
 
     for line in ["--a 1 --b 'x y' \"q\\\"z\" # comment", "a\\ b c", "'' \"\" a", "--f=\"a b\"c'd e'", "  x  "]:
         assert split_words(line) == shlex.split(line, comments=True)

@@ -78,6 +78,11 @@ KEY_OF_FIELD = {"zero_stage": "zero_optimization.stage", "micro_batch_size": "tr
                 "offload_params": "zero_optimization.offload_param"}
 
 
+# The unknown top-level keys checked for a misspelling, each against every DeepSpeed key (100,000 made-up
+# keys kept diagnose busy past 30 s).
+MAX_KEYS_CHECKED = 1000
+
+
 def misspelled_keys(path: Union[str, Path]) -> list[str]:
     """Notes on the top-level keys of a ds_config a letter or two from DeepSpeed's own, which DeepSpeed
     (and so this reading) ignores: ``trian_micro_batch_size_per_gpu`` leaves the micro-batch derived.
@@ -86,11 +91,15 @@ def misspelled_keys(path: Union[str, Path]) -> list[str]:
 
     path = Path(path)
     config, notes = load_config(path), []
-    for key in config:
+    unknown = [key for key in config if key not in DEEPSPEED_KEYS]
+    for key in unknown[:MAX_KEYS_CHECKED]:
         close = difflib.get_close_matches(str(key), DEEPSPEED_KEYS, n=1, cutoff=0.85)
-        if key not in DEEPSPEED_KEYS and close:
+        if close:
             notes.append(f"{path.name}: {one_line(key, 60)} is no DeepSpeed key (did you mean {close[0]}?): "
                          "DeepSpeed ignores it, and so does this reading")
+    if len(unknown) > MAX_KEYS_CHECKED:
+        notes.append(f"{path.name}: {len(unknown):,} top-level keys are no DeepSpeed key, which DeepSpeed ignores; "
+                     f"the first {MAX_KEYS_CHECKED:,} were checked for misspellings, not the rest")
     for key in config:
         if key in REMOVED_KEYS:
             notes.append(f"{path.name}: {key}: removed from DeepSpeed (0.19 refuses the config: runtime/config.py, "

@@ -6,8 +6,9 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 from planner.engines.megatron.emit import ALIASES, BOOL_FLAGS, INT_FLAGS, LIST_FLAGS, STR_FLAGS
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
@@ -32,10 +33,12 @@ def _tokens(text: str, src: str) -> list[str]:
     text = re.sub(r"\\\r?\n", " ", text)
     variables: dict[str, str] = {}
     words: list[str] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # Lines and words as bash takes them: a line ends at a newline alone, and words part at its
+    # blanks (a no-break space or a form feed is a word's character: the parser refuses the word).
+    for number, line in enumerate(text.split("\n"), 1):
         line_words = split_words(line)
-        if line_words is None:  # an unbalanced quote: fall back to whitespace
-            line_words = line.split("#", 1)[0].split()
+        if line_words is None:  # an unbalanced quote: fall back to blanks
+            line_words = [w for w in _BLANKS.split(line.split("#", 1)[0]) if w]
         match = _ASSIGNMENT.match(line)
         if match and len(line_words) == 1:
             name = match.group(1)
@@ -45,11 +48,16 @@ def _tokens(text: str, src: str) -> list[str]:
         for word in line_words:
             resolved = _substitute(word, variables, src, f"line {number}")
             # An expanded variable splits into words, as unquoted in the shell.
-            words += resolved.split() if resolved != word else [word]
+            words += [w for w in _BLANKS.split(resolved) if w] if resolved != word else [word]
     return words
 
 
-_WORD_PART = re.compile(r"""'([^']*)'|"((?:[^"\\]|\\.)*)"|\\(.)|([^\s'"\\]+)|(\s+)""", re.DOTALL)
+# bash's blanks (IFS's space, tab and newline, and the carriage return its reader takes as one:
+# planner.readers.bash.lexer), not every Unicode space.
+_BLANKS = re.compile(r"[ \t\r\n]+")
+
+
+_WORD_PART = re.compile(r"""'([^']*)'|"((?:[^"\\]|\\.)*)"|\\(.)|([^ \t\r\n'"\\]+)|([ \t\r\n]+)""", re.DOTALL)
 _DOUBLE_QUOTED_ESCAPE = re.compile(r'\\([\\"])')
 
 
@@ -151,10 +159,15 @@ def _refuse_what_megatron_lm_refuses(src: str, flag: str) -> None:
                                    "ds_config (--config, with --pp and --tp)")
 
 
-def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, Optional[str]]:
+def flags_of(words: Sequence[str], src: str = "", shell: bool = False) -> dict[str, Optional[str]]:
     """The last value of every flag read() knows (argparse keeps the last). ``shell``: the words
     are those bash passes (:mod:`planner.readers.bash`), so no array parentheses are left in them,
     and a word that holds a flag and its value together is the one argument argparse refuses."""
+    return dict(_flags_of(tuple(words), src, shell))
+
+
+@lru_cache(maxsize=4)
+def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Optional[str]]:
     known = set(INT_FLAGS) | set(STR_FLAGS) | set(BOOL_FLAGS) | set(LIST_FLAGS) | set(ALIASES)
     # Megatron-LM's own arguments: an argument list's every word, a launch's those after the
     # Python script it starts (before it, torchrun's and srun's: srun --nodes is no --nnodes).
@@ -169,6 +182,7 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
     closes = (lambda w: False) if shell else (lambda w: w.endswith(")"))
     strip = (lambda w: w) if shell else (lambda w: w.rstrip(")"))
     found: dict[str, Optional[str]] = {}
+    checked: set[str] = set()  # the other flags, each checked once
     i = 0
     while i < len(words):
         word = words[i]
@@ -183,9 +197,18 @@ def flags_of(words: list[str], src: str = "", shell: bool = False) -> dict[str, 
                             "expand it unquoted, ${A[@]}, as Megatron-LM's examples do")
         flag, _, inline = word.partition("=")
         flag = name(flag)
-        if flag.startswith("--") and flag not in known and i > script_at:
+        if flag.startswith("--") and flag not in known and i > script_at and flag not in checked:
+            checked.add(flag)
+            if len(checked) > MAX_OTHER_FLAGS:
+                raise CaseError(src, flag, f"makes more than {MAX_OTHER_FLAGS:,} different flags this reading does "
+                                           f"not read: expected at most {MAX_OTHER_FLAGS:,} (Megatron-LM's parser, "
+                                           f"core_v0.16.1, defines {MEGATRON_LM_FLAGS} and refuses any other)")
             _refuse_what_megatron_lm_refuses(src, flag)
             _check_not_a_misspelling(src, flag, known - TORCHRUN_FLAGS)
+        elif i > script_at and _ONE_DASH.fullmatch(flag) and "-" + flag in known:
+            # argparse takes a one-dash word for a short option it does not define: it refuses it.
+            raise CaseError(src, flag, f"is no Megatron-LM argument (one dash: did you mean -{flag}?): Megatron-LM's "
+                                       "parser refuses it, and the run would not start")
         if flag in known:
             if flag in BOOL_FLAGS:
                 if inline and i > script_at:  # argparse's store_true: "ignored explicit argument"
@@ -321,6 +344,13 @@ def _torchrun_word(flag: str, value: str) -> bool:
 _INTEGER = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")
 
 
+# The option strings Megatron-LM's parser defines (core_v0.16.1's parse_args: 682, counted from its
+# ArgumentParser's actions), and the most other flags an argument list may give: each is checked for a
+# misspelling (a list of 100,000 made-up flags kept diagnose busy past 30 s).
+MEGATRON_LM_FLAGS = 682
+MAX_OTHER_FLAGS = 1000
+_ONE_DASH = re.compile(r"-[A-Za-z][A-Za-z0-9-]+")
+
 # torchrun's flags that read() takes (the world size): they come before the Python script.
 TORCHRUN_FLAGS = frozenset({"--nnodes", "--nproc-per-node", "--nproc_per_node"})
 # Set among the flags where torchrun starts the script (its --nnodes then defaults to one node).
@@ -337,6 +367,9 @@ def _check_not_a_misspelling(src: str, flag: str, known: set[str]) -> None:
     run on to it (``--tensor-model-parallel-sizee``):
     none of the 396 flags ``arguments.py`` defines (Megatron-LM d98e8a64dd) is refused, nor any of
     megatron-core's config fields, from which it makes the rest (tests/test_megatron_flags.py)."""
+    if flag.replace("_", "-") in known:  # argparse matches option strings as written
+        raise CaseError(src, flag, f"is no Megatron-LM argument (did you mean {flag.replace('_', '-')}?): Megatron-LM's "
+                                   "parser takes no underscores in its flags, and the run would not start")
     close = difflib.get_close_matches(flag, known, n=1, cutoff=0.9)
     # An extension adds a word (``-ag``); letters run on (--tensor-model-parallel-sizee,
     # --context-parallel-size2) are a typo the parser refuses as well.
@@ -445,7 +478,13 @@ class _Launch:
 def launch_of(path: Path, text: str) -> _Launch:
     """The words a Megatron-LM argument list or launch script gives pretrain_gpt.py: an argument
     list word by word; a script as bash would expand it (planner.readers.bash), its launch being
-    the commands that start a Python script (torchrun ... pretrain_gpt.py), else every command."""
+    the commands that start a Python script (torchrun ... pretrain_gpt.py), else every command.
+    Read once for the several readings of one diagnose (195,000 words took 8 s, read four times)."""
+    return _launch_of(Path(path), text)
+
+
+@lru_cache(maxsize=4)
+def _launch_of(path: Path, text: str) -> _Launch:
     src = str(path)
     if is_argument_list(text):
         return _Launch(src, _tokens(text, src))
