@@ -116,6 +116,12 @@ class EngineBehaviour:
     # bf16 gradient once folded), the zeroing goes: 18, 2 bytes a parameter under the 20 priced.
     # Megatron accumulates into main_grad inside the wgrad GEMM (gradient_accumulation_fusion): 0.
     fp32_accumulation_bytes: float = 0.0
+    # Bytes per parameter the optimizer step holds beside the model states at ZeRO 0 with 16-bit
+    # gradients (``memory.step_gradient_copy_bytes``): DeepSpeed's FP16_Optimizer (fp16, or bf16 with
+    # no pipeline: ``runtime/engine.py`` ``_do_optimizer_sanity_check``, FP16 and DDP_BFLOAT16) casts
+    # every gradient of a group to fp32 and flattens the copies into one fp32 buffer before it frees
+    # the 16-bit ones (``runtime/fp16/fused_optimizer.py``, ``step``): 4 + 4.
+    step_gradient_copy_bytes: float = 0.0
     # The optimizer step's passes beyond Adam's own (``model_states.optimizer_step_bytes``): a
     # separate kernel copies the fp32 master into the 16-bit weights, reading it once more
     # (Megatron's ``_copy_main_params_to_model_params``, megatron/core/optimizer/optimizer.py;

@@ -358,6 +358,8 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
             # A transient of the loss's, on the GPU whatever the optimizer offloads (FSDP2 gathers and
             # accumulates there; CPUOffloadPolicy copies the reduced shard out).
             other += chunked_loss_head_gradient_bytes(job)
+        # The step's copies come once the activations are freed: what they add is what they pass them by.
+        other += max(0.0, step_gradient_copy_bytes(job, stage) - (1 + o.fragmentation) * held)
         out.append(StageMemory(
             stage=stage,
             parameters=states.weights * on_gpu_weights + quantized_weight_copy_bytes(job, stage),
@@ -367,6 +369,19 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
             other=other + o.fragmentation * held,
         ))
     return tuple(out)
+
+
+def step_gradient_copy_bytes(job: Job, stage: int) -> float:
+    """What the optimizer step holds beside the model states of one GPU of ``stage`` at ZeRO 0 with
+    16-bit gradients (``EngineBehaviour.step_gradient_copy_bytes``): DeepSpeed's FP16_Optimizer
+    casts the gradients to fp32 and flattens them before it frees them (``fused_optimizer.py``,
+    ``step``), 8 bytes a parameter (24 with the states' 16) after the backward's activations
+    are gone."""
+    training, lay = job.training, job.layout
+    if not training.engine.step_gradient_copy_bytes or lay.zero_stage != 0 or training.precision == "fp32" \
+            or fp32_gradients(training):
+        return 0.0
+    return training.engine.step_gradient_copy_bytes * job_stage_parameters(job, stage).total
 
 
 def offload_gradient_copies(job: Job, stage: int) -> tuple[float, float]:

@@ -52,17 +52,26 @@ def _accumulation_bytes(job: Job) -> float:
     return FP32_BYTES if fp32_gradients(job.training) else 2.0
 
 
+def _partition_bytes(job: Job) -> float:
+    """Bytes of a gradient in the optimizer's partition: the master weights' dtype, fp32, or bf16
+    where the engine keeps a bf16 master without master weights (DeepSpeed's
+    bf16_master_weights_and_grads: ``stage_1_and_2.py`` and ``stage3.py`` make the partition's
+    gradient buffer in the master's dtype)."""
+    training = job.training
+    return 2.0 if not training.master_weights and training.engine.bf16_master_partition else FP32_BYTES
+
+
 def host_gradient_bytes(job: Job) -> float:
     """Host bytes per offloaded parameter of the gradients where :func:`accumulates_on_host`: the
-    optimizer's fp32 gradient partition, pinned for the run (DeepSpeed ``stage_1_and_2.py``,
-    ``initialize_optimizer_states``, kept under cpu_offload; ``stage3.py``, each sub-group's
-    ``subgroup_gradient_buffer``), and the buffer the micro-batches accumulate into: at ZeRO-1/2
-    with more than one micro-batch, 16-bit (``async_accumulate_grad_in_cpu_via_gpu``,
+    optimizer's gradient partition (:func:`_partition_bytes`), pinned for the run (DeepSpeed
+    ``stage_1_and_2.py``, ``initialize_optimizer_states``, kept under cpu_offload; ``stage3.py``, each
+    sub-group's ``subgroup_gradient_buffer``), and the buffer the micro-batches accumulate into: at
+    ZeRO-1/2 with more than one micro-batch, 16-bit (``async_accumulate_grad_in_cpu_via_gpu``,
     ``accumulated_grads_in_cpu``); at ZeRO-3 always, in the accumulation dtype
     (``grad_partitions_flat_buffer``)."""
     if job.layout.zero_stage == 3:
-        return FP32_BYTES + _accumulation_bytes(job)
-    return FP32_BYTES + 2 * (job.num_microbatches > 1)
+        return _partition_bytes(job) + _accumulation_bytes(job)
+    return _partition_bytes(job) + 2 * (job.num_microbatches > 1)
 
 
 def gradient_copies(job: Job) -> list[tuple[float, int]]:
@@ -73,7 +82,7 @@ def gradient_copies(job: Job) -> list[tuple[float, int]]:
     :func:`accumulates_on_host` (DeepSpeed ``stage_1_and_2.py``: ``copy_grads_in_partition``, then
     ``async_accumulate_grad_in_cpu_via_gpu`` wherever ``micro_step_id > 0`` or the boundary is yet
     to come, and ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` at the boundary): with one
-    micro-batch, the partition out in fp32 (4); else ZeRO-2, reducing every micro-batch, sends the
+    micro-batch, the partition out in its dtype (4 in fp32: :func:`_partition_bytes`); else ZeRO-2, reducing every micro-batch, sends the
     first's 16-bit partition out (g), each later one's brings the sum back in and sends it out
     (2g), and the last's also goes out in fp32 (2g + 4); ZeRO-1, reducing at the boundary alone,
     moves the last's 2g + 4. ZeRO-3 (``stage3.py``, ``partition_grads``) copies each micro-batch's
@@ -83,14 +92,14 @@ def gradient_copies(job: Job) -> list[tuple[float, int]]:
     if not accumulates_on_host(job):
         lay = job.layout
         return [(state_bytes(job.training, lay.zero_stage, zero_shards(job)).gradients, 1)]
-    ga, g = job.num_microbatches, _accumulation_bytes(job)
+    ga, g, partition = job.num_microbatches, _accumulation_bytes(job), _partition_bytes(job)
     if job.layout.zero_stage == 3:
-        return [(2 * g, ga - 1), (2 * g + FP32_BYTES, 1)]
+        return [(2 * g, ga - 1), (2 * g + partition, 1)]
     if ga == 1:
-        return [(FP32_BYTES, 1)]
+        return [(partition, 1)]
     if job.layout.zero_stage == 1:
-        return [(2 * g + FP32_BYTES, 1)]
-    return [(g, 1), (2 * g, ga - 2), (2 * g + FP32_BYTES, 1)]
+        return [(2 * g + partition, 1)]
+    return [(g, 1), (2 * g, ga - 2), (2 * g + partition, 1)]
 
 
 def offloaded_activation_layers(job: Job, stage: int) -> float:

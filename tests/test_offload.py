@@ -288,3 +288,21 @@ def test_fsdp2s_cpu_offload_clips_its_gradients_on_the_host():
     local = LLAMA2_7B_PARAMETERS / 8
     dram = gpu.host.memory_bandwidth * gpu.performance.host_memory_efficiency
     assert optimizer_offload_floor(job, local) == pytest.approx(local * (4 + 2 * 12 + 12) / dram)
+
+
+def test_deepspeeds_bf16_master_keeps_its_gradient_partition_in_bf16_on_the_host():
+    """Without master weights DeepSpeed keeps a bf16 master (bf16_master_weights_and_grads), bf16 Adam
+    moments (bf16_optimizer_states) and its gradient partition in the master's dtype (stage3.py's
+    partition buffers; stage_1_and_2.py likewise): 2 + 4 + 2 on the host, and ZeRO-3's accumulation
+    buffer in bf16, 2: 10 bytes a parameter where 12 were priced (Llama 3 70B at ZeRO-3 on a host share
+    of 100 GB: "does not fit"). The last micro-batch's partition goes out in bf16 too."""
+    from cost_models.offload import gradient_copies
+
+    pure = copy.deepcopy(SMALL)
+    pure["training"]["master_weights"] = False
+    est = estimate(pure, "deepspeed", zero_stage=3, offload_optimizer=1.0)
+    params = LLAMA2_7B_PARAMETERS / 8
+    assert est.host_bytes == pytest.approx((2 + 4 + 2 + 2) * params)
+    assert sum(b * n for b, n in gradient_copies(est.job)) == 8 * 4 + 2
+    two = estimate(pure, "deepspeed", zero_stage=2, offload_optimizer=1.0)
+    assert two.host_bytes == pytest.approx((2 + 4 + 2 + 2) * params)  # master, moments, partition, accumulator

@@ -243,7 +243,8 @@ def _moe_snippet(job) -> list[str]:
         f"              ep_size={lay.ep}, k={m.moe_top_k}, {capacity}, use_residual=False"
         + (f", enable_expert_tensor_parallelism=True)  # experts split over the {lay.tp} TP ranks" if lay.tp > 1
            else ")"),
-        "    params = split_params_into_different_moe_groups_for_optimizer({'params': list(model.parameters())})",
+        "    params = split_params_into_different_moe_groups_for_optimizer(",
+        "        {'params': list(model.parameters()), 'name': 'parameters'})  # each group named (moe/utils.py)",
         "    engine, optimizer, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=params)",
     ]
     if m.moe_shared_expert_ffn_hidden_size:
