@@ -94,6 +94,8 @@ class Entry:
         the line where the marker is followed by no positive figure (a step time of nan, -15000 or 0
         was skipped, or counted, and the run fitted on the others)."""
         from .errors import CaseError
+        from .limits import MIN_FIGURE
+        from .published_runs import ROW_MEASURES
 
         found = []
         for number, line in enumerate(text.splitlines(), 1):
@@ -113,9 +115,6 @@ class Entry:
                 raise CaseError(src, f"line {number}", f"'{self.marker}' {_clipped(value.group(1).rstrip(','))}: expected a "
                                                        "positive figure")
             if self.measure:
-                from .limits import MIN_FIGURE
-                from .published_runs import ROW_MEASURES
-
                 least, most = MIN_FIGURE * self.per, ROW_MEASURES[self.measure] * self.per
                 if not least <= figure <= most:
                     raise CaseError(src, f"line {number}", f"'{self.marker}' {_clipped(value.group(1).rstrip(','))}: "
@@ -216,9 +215,9 @@ MAX_COUNT_DIGITS = 18
 
 def _count(text: str, src: str, line: int) -> int:
     """A step, rank or batch count the log prints at ``line``, or a CaseError naming the line."""
-    from .errors import CaseError
-
     if len(text) > MAX_COUNT_DIGITS:
+        from .errors import CaseError  # here: an import a line took a fifth of a 200 MB log's reading
+
         raise CaseError(src, f"line {line}", f"a count of {len(text)} digits ({_clipped(text)}): expected at most "
                                              f"{MAX_COUNT_DIGITS}")
     return int(text)
@@ -231,10 +230,10 @@ def _clipped(text: str, most: int = 12) -> str:
 def _figure(text: str, src: str, line: int, what: str) -> float:
     """A figure the log prints after ``what`` at ``line``: finite, or a CaseError naming the line
     (a 5,000-digit time was read as infinity and fitted)."""
-    from .errors import CaseError
-
     value = _num(text)
     if not math.isfinite(value):
+        from .errors import CaseError
+
         raise CaseError(src, f"line {line}", f"'{what}' {_clipped(text)}: expected a finite figure")
     return value
 
