@@ -17,7 +17,7 @@ from .errors import CaseError, one_line, safe_repr
 from .fields import read_bool
 from .estimate import Estimate, check_step_time, estimate_job
 from .search_memory import fit_tier
-from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_TOP_K
+from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_STEP_TIME_S, MAX_TOP_K
 from .search import search
 from .search_rows import Candidate, SearchResult
 from .search_options import SearchSpec, retarget
@@ -210,12 +210,16 @@ def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[
         raise refuse("engine", f"expected one of {', '.join(CASE_ENGINES)}", engine)
 
 
-def _check_times(case: Case, candidates: list[Candidate]) -> None:
-    """The solver works in whole microseconds: a step time past MAX_STEP_TIME_S comes from
-    figures no hardware has (a bandwidth of a few bytes per second, say)."""
-    slowest = max(candidates, key=lambda c: c.step_time_s, default=None)
-    if slowest is not None:
-        check_step_time(case.source, slowest.step_time_s, slowest.time.by_part() if slowest.time is not None else None)
+def _check_times(case: Case, result: SearchResult) -> None:
+    """The solver works in whole microseconds: a step time past MAX_STEP_TIME_S comes from figures
+    no hardware has (a bandwidth of a few bytes per second, say), or a job no cluster steps through.
+    The layouts past it are set aside, as no answer beside one under it; where the fastest is past
+    it too, the case's error (one slow runner-up refused the case, or dropped an engine whose best
+    stepped in a fifth of the bound)."""
+    fastest = min(result.candidates, key=lambda c: c.step_time_s, default=None)
+    if fastest is not None:
+        check_step_time(case.source, fastest.step_time_s, fastest.time.by_part() if fastest.time is not None else None)
+    result.candidates = [c for c in result.candidates if c.step_time_s <= MAX_STEP_TIME_S]
 
 
 def _some_layout_fits(case: Case, spec: SearchSpec) -> bool:
@@ -305,7 +309,7 @@ def layout_table(case: Case, spec: SearchSpec, slack: float = TABLE_SLACK, ceili
     ``slack`` of the fastest, and at least the top_k + 1 fastest (none slower than ``ceiling``)."""
     with spec_errors(case.source):  # e.g. a precision the GPU (or profile) has no peak for
         result = search(case, spec, keep_within=slack, ceiling=ceiling, robust=robust, safer=safer)
-    _check_times(case, result.candidates)
+    _check_times(case, result)
     return result, _table(result.candidates, slack, spec.top_k)
 
 

@@ -1114,8 +1114,10 @@ def test_a_step_past_the_bound_names_its_cause_and_a_layout_that_overflows_is_ex
     (tmp_path / "roomy.yaml").write_text(huge % ", memory: 100000 GB")
     done = run_cli("estimate", str(tmp_path / "roomy.yaml"))
     assert done.returncode == 2 and f"{tmp_path / 'roomy.yaml'}: training: its steps compute for" in done.stderr
+    # One node: every layout talks over the 1 B/s links (on two, a pipeline across them was priced at
+    # the fabric's speed, under the bound, and answered).
     (tmp_path / "slow.yaml").write_text("model: {preset: llama3-8b}\ntraining: {global_batch_size: 64, seq_len: 4096}\n"
-                                        "cluster: {gpu: h100-sxm-80gb, num_gpus: 16, intra_node_bandwidth: 1 B/s}\n")
+                                        "cluster: {gpu: h100-sxm-80gb, num_gpus: 8, intra_node_bandwidth: 1 B/s}\n")
     done = run_cli("plan", str(tmp_path / "slow.yaml"))
     assert done.returncode == 2 and f"{tmp_path / 'slow.yaml'}: cluster: megatron: the GPU's figures" in done.stderr
 
@@ -1165,3 +1167,19 @@ def test_a_config_of_hundreds_of_thousands_of_values_is_refused_before_it_is_rea
                                ("--megatron-args", "args.txt", "holds more than 200,000 words")):
         done = run_cli("diagnose", case, option, str(tmp_path / name))
         assert done.returncode == 2 and f"{tmp_path / name}: {says}" in done.stderr, done.stderr
+
+
+def test_a_slow_runner_up_past_the_step_bound_leaves_the_answer_under_it():
+    """A kernel overhead of an hour (within its bound) gives llama3-8b's layouts steps of 1.8e6 s, and
+    some runner-up 1.45e7 s, past the solver's bound: `plan --engine torchtitan` refused the case
+    (exit 2), though its best steps in 7.2e6 s, and the default plan dropped two engines on it. The
+    layouts past the bound are set aside; the answer stands."""
+    case = {"model": {"preset": "llama3-8b"},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8, "performance": {"kernel_overhead_s": 3600}},
+            "training": {"global_batch_size": 32, "seq_len": 4096}}
+    from planner.limits import MAX_STEP_TIME_S
+
+    best = planner.plan(case, engine="torchtitan", top_k=20).best
+    assert best.step_time_s < MAX_STEP_TIME_S
+    engines = planner.plan(case, top_k=20).engines
+    assert len(engines) == 3 and all(plan is not None and plan.best is not None for _, plan, _ in engines)
