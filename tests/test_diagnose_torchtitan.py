@@ -78,7 +78,8 @@ def test_the_emitted_overrides_read_back_to_the_plans_layout_and_step_time(tmp_p
     assert result.estimate.peak.total == best.peak.total
     # The planner's best for the same case is the plan's: nothing to change, nothing taken from the files.
     assert result.speedup == pytest.approx(1.0, abs=1e-12) and result.plan.differences(result.estimate) == {}
-    assert result.notes == () and result.planned_with is None
+    # Read on the base config its header's command names, as it is run: said, and nothing else.
+    assert all("base config" in note for note in result.notes) and result.planned_with is None
 
 
 def test_the_round_trips_cover_the_layouts_torchtitan_runs(tmp_path):
@@ -807,3 +808,21 @@ def test_a_base_config_that_builds_another_model_or_precision_is_refused(tmp_pat
     with pytest.raises(CaseError) as refused:
         diagnose(case, torchtitan=path)
     assert refused.value.key == "--config" and said in str(refused.value)
+
+
+def test_an_overrides_file_is_read_on_the_base_config_its_header_names(tmp_path):
+    """The planner's overrides.txt names its base config only in its header's command (python -m
+    torchtitan.train --module llama3 --config llama3_70b ...): with its last line (the checkpointing
+    subcommand) taken out, what it left out was read as Trainer.Config's defaults (selective, and "does
+    not fit"), where llama3_70b's FullAC.Config() runs (models/llama3/config_registry.py)."""
+    case, pins = ROUND_TRIPS["70b_64"]
+    best, overrides = emitted(case, pins, tmp_path)
+    assert best.job.layout.recompute == "full"
+    lines = overrides.read_text().splitlines()
+    assert lines[-1].startswith("activation_checkpoint:")
+    edited = tmp_path / "edited.txt"
+    edited.write_text("\n".join(lines[:-1]) + "\n")
+    result = diagnose({**case, "search": pins}, torchtitan=edited)
+    assert result.estimate.job.layout.recompute == "full"
+    assert any("names no base config: read on the one its header's command names (--module llama3 --config "
+               "llama3_70b)" in note for note in result.notes)

@@ -235,6 +235,31 @@ def test_a_list_without_the_data_parallel_overlap_the_estimate_credits_is_said(t
                 if "overlap" in n]
 
 
+@pytest.mark.parametrize("flags", ["--overlap-grad-reduce --overlap-param-gather",  # no distributed optimizer
+                                   "--use-distributed-optimizer --overlap-param-gather"])  # no grad-reduce overlap
+def test_a_param_gather_overlap_megatron_lm_refuses_is_refused(tmp_path, flags):
+    """validate_args (megatron/training/arguments.py): --overlap-param-gather only with the distributed
+    optimizer or Megatron-FSDP, and only beside --overlap-grad-reduce. Taking either out of the
+    planner's files (which carry --overlap-param-gather) was read as ZeRO 0, or as an overlap the step
+    pays, where the launch stops before its first step."""
+    base = "--tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 64 --bf16 --sequence-parallel "
+    with pytest.raises(CaseError) as refused:
+        diagnosed(tmp_path, base + flags + "\n")
+    assert refused.value.key == "--overlap-param-gather" and "would not start" in refused.value.expected
+
+
+def test_uniform_recomputation_of_chunks_is_refused_not_priced_as_single_layers(tmp_path):
+    """Megatron's uniform method checkpoints chunks of --recompute-num-layers layers and holds a chunk's
+    activations in its backward (TransformerBlock._checkpointed_forward): every N was priced as chunks
+    of one (4.3 GB of activations where N = 32 holds about 21)."""
+    base = ("--tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 64 --bf16 --sequence-parallel "
+            "--use-distributed-optimizer --recompute-granularity full --recompute-method uniform ")
+    assert diagnosed(tmp_path, base + "--recompute-num-layers 1\n").estimate.job.layout.recompute == "full"
+    with pytest.raises(CaseError) as refused:
+        diagnosed(tmp_path, base + "--recompute-num-layers 4\n")
+    assert refused.value.key == "--recompute-num-layers" and "chunks of 4 layers" in refused.value.expected
+
+
 @pytest.mark.parametrize("flag, says", [
     ("--checkpoint-activations", "no longer valid in Megatron-LM, which stops on it"),
     ("--model-parallel-size 2", "no longer valid in Megatron-LM, which stops on it"),

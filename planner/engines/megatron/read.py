@@ -95,6 +95,7 @@ def read(path: Path, case) -> Layout:
     try:
         flags = flags_of(launch.words, src, launch.shell)
         _check_ramp(src, launch.words, flags)
+        _check_overlaps(src, flags)
         return _layout(src, flags, case)
     except CaseError as error:
         raise launch.explain(error) from None
@@ -110,6 +111,23 @@ def _check_ramp(src: str, words: list[str], flags: dict) -> None:
                                                     "iterations: Megatron-LM refuses the two together (validate_args: "
                                                     "expected no batch-size rampup for iteration-based training); "
                                                     "give --train-samples with the ramp-up, or no ramp-up")
+
+
+def _check_overlaps(src: str, flags: dict) -> None:
+    """--overlap-param-gather as validate_args takes it (megatron/training/arguments.py): only with the
+    distributed optimizer or Megatron-FSDP, and only beside --overlap-grad-reduce. A user who takes
+    --use-distributed-optimizer or --overlap-grad-reduce out of the planner's files leaves it behind,
+    and the launch stops before its first step."""
+    if "--overlap-param-gather" not in flags:
+        return
+    if not {"--use-distributed-optimizer", "--use-megatron-fsdp", "--use-custom-fsdp"} & set(flags):
+        raise CaseError(src, "--overlap-param-gather", "needs --use-distributed-optimizer or --use-megatron-fsdp: "
+                                                       "Megatron-LM refuses it without (validate_args), and the run "
+                                                       "would not start")
+    if "--overlap-grad-reduce" not in flags:
+        raise CaseError(src, "--overlap-param-gather", "needs --overlap-grad-reduce beside it: Megatron-LM refuses it "
+                                                       "alone (validate_args: \"Must use --overlap-param-gather with "
+                                                       "--overlap-grad-reduce\"), and the run would not start")
 
 
 _SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
@@ -815,6 +833,16 @@ def _recompute(args: _Args, vpp: int, stages: tuple[int, ...]) -> tuple[str, Opt
             per_stage = count * vpp  # block counts layers per model chunk
             if per_stage < max(stages):
                 recompute_layers = per_stage
+        elif count > 1:
+            # TransformerBlock._checkpointed_forward (uniform): chunks of N layers, each recomputed whole
+            # in its backward, which holds the chunk's N layers' activations at once (at N ≥ a stage's
+            # layers, about what no recomputation holds); priced as chunks of one, it read 4.3 GB for 21.
+            raise CaseError(args.src, "--recompute-num-layers", f"{count} with --recompute-method uniform: "
+                                                                f"Megatron-LM checkpoints chunks of {count} layers and "
+                                                                "holds a chunk's activations at once in its backward, "
+                                                                "which the estimate does not price (it prices uniform "
+                                                                "1 and block N); expected 1, or --recompute-method "
+                                                                "block")
     elif granularity is not None:
         raise CaseError(args.src, "--recompute-granularity", f"expected selective or full, got {granularity!r}")
     return recompute, modules, recompute_layers

@@ -311,7 +311,19 @@ def _parse(path: Path, text: str) -> _Settings:
     if data:  # an empty or comment-only file reads as TOML's {}: no settings either way
         return _from_toml(src, data)
     words, torchrun, notes = _words(src, text)
+    header = _HEADER_BASE.search(text)
+    if header is not None and not {"--module", "--config"} & {w.partition("=")[0] for w in words}:
+        # The planner's overrides.txt is run on the base config its header's command names (it names none
+        # itself): read on Trainer.Config's defaults, an overrides file without its last line (the
+        # activation-checkpoint subcommand) read as selective where llama3_70b's FullAC runs.
+        words = ["--module", header.group(1), "--config", header.group(2), *words]
+        notes = (*notes, f"{Path(src).name} names no base config: read on the one its header's command names "
+                         f"(--module {header.group(1)} --config {header.group(2)})")
     return replace(_from_words(src, words), script_notes=notes, torchrun=torchrun)
+
+
+# The command the planner's overrides.txt gives in its header (emit.render): the base config it runs on.
+_HEADER_BASE = re.compile(r"^#[^\n]*torchtitan\.train --module (\S+) --config (\S+)", re.MULTILINE)
 
 
 def _from_toml(src: str, data: dict) -> _Settings:
