@@ -122,6 +122,13 @@ class EngineBehaviour:
     # every gradient of a group to fp32 and flattens the copies into one fp32 buffer before it frees
     # the 16-bit ones (``runtime/fp16/fused_optimizer.py``, ``step``): 4 + 4.
     step_gradient_copy_bytes: float = 0.0
+    # A flat buffer of every parameter's gradient, in the gradients' dtype, beside the ones autograd
+    # writes, at ZeRO 0-1 (``memory.stage_memories``), folded into after each micro-batch's backward
+    # (``stage_time.gradient_accumulation_time``: read 2 + 2, write 2, and autograd's zeroed, 2):
+    # DeepSpeed's BF16_Optimizer with bf16 accumulation, which a pipeline's bf16 at ZeRO 0 runs
+    # (``runtime/bf16_optimizer.py``: fp32_groups_gradients_flat in grad_acc_dtype, whole on every
+    # rank; no ZeRO reduction buckets). Set by the reading of such a config (`diagnose`).
+    flat_gradient_accumulator: bool = False
     # The optimizer step's passes beyond Adam's own (``model_states.optimizer_step_bytes``): a
     # separate kernel copies the fp32 master into the 16-bit weights, reading it once more
     # (Megatron's ``_copy_main_params_to_model_params``, megatron/core/optimizer/optimizer.py;

@@ -346,7 +346,7 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
         held = stage_activation_bytes(job, stage, shared) if shared is not None else 0.0
         params = job_stage_parameters(job, stage)
         gradients = states.gradients * on_gpu_gradients + params.dense * buckets[0] + params.expert * buckets[1] \
-            + offload_gradient_copies(job, stage)[0]
+            + offload_gradient_copies(job, stage)[0] + flat_accumulator_bytes(job, stage)
         other = fixed
         if unsharded:
             # The stage's gradients whole in the reduce dtype, and its 16-bit weights gathered at the
@@ -369,6 +369,15 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
             other=other + o.fragmentation * held,
         ))
     return tuple(out)
+
+
+def flat_accumulator_bytes(job: Job, stage: int) -> float:
+    """The engine's flat gradient accumulator on one GPU of ``stage``, in the gradients' dtype, every
+    parameter of the stage (``EngineBehaviour.flat_gradient_accumulator``: DeepSpeed's BF16_Optimizer
+    with bf16 accumulation keeps it whole beside autograd's gradients)."""
+    if not job.training.engine.flat_gradient_accumulator or job.layout.zero_stage > 1:
+        return 0.0
+    return working_bytes(job.training).gradients * job_stage_parameters(job, stage).total
 
 
 def step_gradient_copy_bytes(job: Job, stage: int) -> float:
@@ -420,7 +429,8 @@ def reduce_bucket_bytes(job: Job) -> float:
     PipelineModule turns overlap_comm off ("Pipeline parallelism does not support overlapped
     communication", runtime/engine.py), and the second buffer is overlap_comm's (``setup_buckets``)."""
     engine, lay = job.training.engine, job.layout
-    if not engine.reduce_bucket_buffers or lay.zero_stage not in (1, 2) or folds_gradients_into_fp32(job):
+    if not engine.reduce_bucket_buffers or lay.zero_stage not in (1, 2) or folds_gradients_into_fp32(job) \
+            or engine.flat_gradient_accumulator:
         return 0.0
     buffers = min(engine.reduce_bucket_buffers, 1) if lay.pp > 1 and engine.reduce_after_pipeline \
         else engine.reduce_bucket_buffers

@@ -105,13 +105,24 @@ class StageTime:
 
 def gradient_accumulation_time(job: Job, stage: int) -> float:
     """One micro-batch's fold of its 16-bit gradients into the fp32 gradients
-    (:func:`folds_gradients_into_fp32`), over every parameter of the stage's ranks. DeepSpeed's
-    BF16_Optimizer does so after every backward (``runtime/pipe/engine.py`` ``_exec_backward_pass``:
-    ``clear_lp_grads``, ``update_hp_grads``)."""
-    if not folds_gradients_into_fp32(job):
+    (:func:`folds_gradients_into_fp32`), or into a flat 16-bit accumulator
+    (``EngineBehaviour.flat_gradient_accumulator``), over every parameter of the stage's ranks.
+    DeepSpeed's BF16_Optimizer does so after every backward (``runtime/pipe/engine.py``
+    ``_exec_backward_pass``: ``clear_lp_grads``, ``update_hp_grads``)."""
+    engine = job.training.engine
+    if folds_gradients_into_fp32(job):
+        per_param = engine.fp32_accumulation_bytes
+    elif engine.flat_gradient_accumulator and job.layout.zero_stage <= 1:
+        per_param = FLAT_ACCUMULATION_BYTES
+    else:
         return 0.0
-    per_param = job.training.engine.fp32_accumulation_bytes
     return in_place_time(job_stage_parameters(job, stage).total * per_param, job.cluster.gpu)
+
+
+# The fold into a 16-bit flat accumulator (``EngineBehaviour.flat_gradient_accumulator``): DeepSpeed's
+# BF16_Optimizer ``update_hp_grads`` adds each bf16 gradient into its bf16 buffer (read 2 + 2, write 2;
+# the cast to the buffer's dtype is none) and ``clear_lp_grads`` zeroes autograd's (2).
+FLAT_ACCUMULATION_BYTES = 8.0
 
 
 def unpaired_pass_share(job: Job, stage: int) -> float:

@@ -217,7 +217,7 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: O
     if engine == "deepspeed":
         from .engines.deepspeed.read import reduction_as_configured
 
-        training = replace(training, engine=reduction_as_configured(path, loaded, training.engine))
+        training = replace(training, engine=reduction_as_configured(path, loaded, training.engine, layout.pp))
     loaded = replace(loaded, training=training, search=spec)
     job = _job(loaded, layout, path, engine, options, argument)
     if engine == "megatron":

@@ -494,3 +494,46 @@ def test_a_config_of_many_unknown_keys_is_read_quickly_and_said_so(tmp_path):
     assert time.perf_counter() - started < 5
     assert any("trian_batch_size is no DeepSpeed key (did you mean train_batch_size?)" in n for n in notes)
     assert any("5,001 top-level keys are no DeepSpeed key" in n and f"first {MAX_KEYS_CHECKED:,}" in n for n in notes)
+
+
+def test_the_bf16_optimizer_of_a_pipeline_at_zero_0_holds_its_flat_bf16_accumulator(tmp_path, monkeypatch):
+    """A pipeline's bf16 at ZeRO 0 (Megatron-DeepSpeed's llama configs) runs DeepSpeed's BF16_Optimizer
+    (runtime/engine.py), read as ZeRO-1 for its sharded states but priced with ZeRO's 1 GB reduction
+    bucket, which it does not have, and without the flat bf16 buffer of every gradient it keeps
+    (built here by DeepSpeed's own BF16_Optimizer: bf16, the stage's every parameter): 5.5 GB under
+    for a 13B model at tp 2, pp 2."""
+    import types
+
+    import torch
+    import deepspeed.comm as ds_comm
+    import deepspeed.runtime.bf16_optimizer as bf16_optimizer
+
+    monkeypatch.setattr(ds_comm, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_comm, "get_world_size", lambda *a, **k: 1)
+    weight = torch.nn.Parameter(torch.zeros(1000, dtype=torch.bfloat16))
+    built = bf16_optimizer.BF16_Optimizer(torch.optim.Adam([weight]), param_names={weight: "w"},
+                                          bfloat16_config=types.SimpleNamespace(enabled=True,
+                                                                                immediate_grad_update=False),
+                                          grad_acc_dtype=torch.bfloat16)
+    flat, = built.fp32_groups_gradients_flat
+    assert flat.dtype == torch.bfloat16 and flat.numel() == weight.numel()  # 2 bytes, whole on the rank
+
+    from cost_models.memory import job_stage_parameters, reduce_bucket_bytes
+
+    case = {"model": {"preset": "llama2-13b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "deepspeed"}}
+    def config(stage: int):
+        path = tmp_path / f"ds_config_{stage}.json"
+        path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 16,
+                                    "zero_optimization": {"stage": stage}, "bf16": {"enabled": True}}))
+        return path
+    pipeline = diagnose(case, config=config(0), pp=2, tp=2).estimate
+    zero1 = diagnose(case, config=config(1), pp=2, tp=2).estimate  # DeepSpeed's ZeRO-1 optimizer
+    assert pipeline.job.layout.zero_stage == zero1.job.layout.zero_stage == 1
+    assert reduce_bucket_bytes(pipeline.job) == 0 and reduce_bucket_bytes(zero1.job) == pytest.approx(5e8 * 2)
+    for stage in range(2):
+        params = job_stage_parameters(pipeline.job, stage).total
+        # autograd's bf16 gradients and the flat bf16 buffer beside them; ZeRO-1's the first alone
+        assert pipeline.stages[stage].gradients == pytest.approx(2 * params + 2 * params)
+        assert zero1.stages[stage].gradients == pytest.approx(2 * params)
+    assert pipeline.peak.total - zero1.peak.total > 5e9

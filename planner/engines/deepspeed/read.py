@@ -444,7 +444,7 @@ def autoep_size(src: str, config: dict) -> Optional[int]:
     return _positive(src, "expert_parallel.autoep_size", section.get("autoep_size", 1))
 
 
-def reduction_as_configured(path: Union[str, Path], case, engine):
+def reduction_as_configured(path: Union[str, Path], case, engine, pp: int = 1):
     """``engine`` (DeepSpeed's behaviour) with the ZeRO-1/2 gradient reduction the config runs: buckets
     of its ``reduce_bucket_size`` elements (5e8 unless set; "auto" the Trainer's hidden²:
     :func:`resolve_auto`), staged through one buffer with contiguous_gradients (DeepSpeed's default,
@@ -464,7 +464,25 @@ def reduction_as_configured(path: Union[str, Path], case, engine):
         _lax_bool(src, "zero_optimization.contiguous_gradients", zero.get("contiguous_gradients", True))
     overlap = zero.get("overlap_comm", False)
     overlap = False if overlap == "auto" else _lax_bool(src, "zero_optimization.overlap_comm", overlap)
+    if runs_bf16_optimizer_with_bf16_gradients(src, config, pp):
+        # Read as ZeRO-1 (its states are sharded so), but no ZeRO optimizer's buckets: the BF16_Optimizer's
+        # flat bf16 accumulator instead (EngineBehaviour.flat_gradient_accumulator).
+        return replace(engine, reduce_bucket_buffers=0, flat_gradient_accumulator=True)
     return replace(engine, bucket_params=float(bucket), reduce_bucket_buffers=int(contiguous) * (1 + int(overlap)))
+
+
+def runs_bf16_optimizer_with_bf16_gradients(src: str, config: dict, pp: int) -> bool:
+    """Whether DeepSpeed runs its BF16_Optimizer accumulating in bf16: a pipeline's bf16 at ZeRO 0 with
+    the gradients in the model's dtype (``runtime/engine.py``, ``_do_optimizer_sanity_check``: BFLOAT16
+    where ``model_dtype == grad_accum_dtype`` under pipeline parallelism; Megatron-DeepSpeed's llama
+    configs), which keeps a flat bf16 buffer of every gradient (``runtime/bf16_optimizer.py``)."""
+    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    bf16 = config.get("bf16") if isinstance(config.get("bf16"), dict) else {}
+    data_types = config.get("data_types") if isinstance(config.get("data_types"), dict) else {}
+    accumulated = data_types.get("grad_accum_dtype")
+    fp32 = accumulated is not None and str(accumulated).lower() in _FP32_NAMES
+    stage = _lax_int(src, "zero_optimization.stage", zero.get("stage", 0), 0)
+    return pp > 1 and stage == 0 and not fp32 and _lax_bool(src, "bf16.enabled", bf16.get("enabled", False))
 
 
 def pipeline_checkpointing(src: str, config: dict, pp: int) -> Optional[int]:
