@@ -84,12 +84,18 @@ HF_BOUNDS = {**dict.fromkeys(("num_hidden_layers", "n_layer", "first_k_dense_rep
 # Qwen3Config, Qwen3MoeConfig, MistralConfig, DeepseekV3Config, Llama4TextConfig, GptOssConfig).
 # A DeepSeek-V3 file without q_lora_rank, n_shared_experts and first_k_dense_replace was read as no
 # query compression, no shared expert and every layer MoE: 720.6B parameters for 682.6B.
+# Qwen2Config's, Qwen3Config's and Qwen3MoeConfig's max_window_layers, 28 (a null one is no count: refused);
+# Llama4TextConfig's attention_chunk_size, 8192 (a null one: no chunking).
+QWEN_WINDOW_DEFAULTS = {"max_window_layers": 28}
 ABSENT_DEFAULTS = {
-    "qwen3": {"num_key_value_heads": 32, "head_dim": 128},
-    "qwen3_moe": {"num_key_value_heads": 4},
+    "qwen2": QWEN_WINDOW_DEFAULTS,
+    "qwen3": {"num_key_value_heads": 32, "head_dim": 128, **QWEN_WINDOW_DEFAULTS},
+    "qwen3_moe": {"num_key_value_heads": 4, **QWEN_WINDOW_DEFAULTS},
     "mistral": {"num_key_value_heads": 8},
     "deepseek_v3": {"q_lora_rank": 1536, "n_shared_experts": 1, "first_k_dense_replace": 3},
-    **dict.fromkeys(("llama4", "llama4_text"), {"num_key_value_heads": 8, "head_dim": 128}),  # the text config's
+    # the text config's
+    **dict.fromkeys(("llama4", "llama4_text"), {"num_key_value_heads": 8, "head_dim": 128,
+                                                "attention_chunk_size": 8192}),
     "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "num_experts_per_tok": 4},
 }
 
@@ -132,9 +138,9 @@ def _sliding_window(r: "_Reader", family: str) -> dict:
         # Qwen2Config, Qwen3Config, Qwen3MoeConfig: layer i slides where i >= max_window_layers (28 where
         # the file is silent), so the first layers attend to every key: Qwen2.5-7B's 28 of 28 layers.
         layers = r.int("num_hidden_layers")
-        if "max_window_layers" in r.cfg and r.cfg["max_window_layers"] is None:
+        if r.get("max_window_layers") is _MISSING:
             raise r.fail("max_window_layers", "expected the number of leading layers with full attention, got null")
-        first_windowed = r.zero_or_int("max_window_layers") if "max_window_layers" in r.cfg else 28
+        first_windowed = r.zero_or_int("max_window_layers")
         if first_windowed >= layers:
             return {}
         if first_windowed:
@@ -523,11 +529,10 @@ def _llama4(r: _Reader) -> dict:
     listed = r.get("moe_layers") is not _MISSING
     moe = sorted(set(r.int_list("moe_layers"))) if listed else list(range(step - 1, layers, step))
     fields.update(_moe_pattern(r, "moe_layers" if listed else "interleave_moe_layer_step", layers, moe))
-    # Llama4TextConfig: the RoPE layers attend within chunks of attention_chunk_size (8192 where the file
-    # is silent, none where null), which the case refuses past (ModelSpec.attention_chunk_size).
-    chunk = r.cfg.get("attention_chunk_size", 8192)
-    if chunk is not None:
-        fields["attention_chunk_size"] = r.int("attention_chunk_size", 8192)
+    # Llama4TextConfig: the RoPE layers attend within chunks of attention_chunk_size (ABSENT_DEFAULTS where
+    # the file is silent, none where null), which the case refuses past (ModelSpec.attention_chunk_size).
+    if r.get("attention_chunk_size") is not _MISSING:
+        fields["attention_chunk_size"] = r.int("attention_chunk_size")
     return _head_dim(r, fields)
 
 
