@@ -10,7 +10,8 @@ from .activations import (embedding_activation_bytes, head_activation_bytes, lay
                           layer_activations, loss_chunks, loss_gradient_bytes, mtp_projection_activation_bytes)
 from .experts import alltoall_buffer_bytes
 from .flops import layer_gemms
-from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_gradients_into_fp32, fp32_gradients,
+from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_gradients_into_flat_buffer,
+                           folds_gradients_into_fp32, fp32_gradients,
                            gathered_weight_bytes, keeps_weights_quantized, quantizes_weights_once_a_step,
                            sharded_state_bytes, state_bytes, working_bytes, zero_shards)
 from .offload import accumulates_on_host, gradients_on_host, host_gradient_bytes, offloaded_activation_layers
@@ -375,7 +376,7 @@ def flat_accumulator_bytes(job: Job, stage: int) -> float:
     """The engine's flat gradient accumulator on one GPU of ``stage``, in the gradients' dtype, every
     parameter of the stage (``EngineBehaviour.flat_gradient_accumulator``: DeepSpeed's BF16_Optimizer
     with bf16 accumulation keeps it whole beside autograd's gradients)."""
-    if not job.training.engine.flat_gradient_accumulator or job.layout.zero_stage > 1:
+    if not folds_gradients_into_flat_buffer(job):
         return 0.0
     return working_bytes(job.training).gradients * job_stage_parameters(job, stage).total
 
@@ -430,7 +431,7 @@ def reduce_bucket_bytes(job: Job) -> float:
     communication", runtime/engine.py), and the second buffer is overlap_comm's (``setup_buckets``)."""
     engine, lay = job.training.engine, job.layout
     if not engine.reduce_bucket_buffers or lay.zero_stage not in (1, 2) or folds_gradients_into_fp32(job) \
-            or engine.flat_gradient_accumulator:
+            or folds_gradients_into_flat_buffer(job):
         return 0.0
     buffers = min(engine.reduce_bucket_buffers, 1) if lay.pp > 1 and engine.reduce_after_pipeline \
         else engine.reduce_bucket_buffers

@@ -115,6 +115,14 @@ def folds_gradients_into_fp32(job: Job) -> bool:
         and training.precision != "fp32" and fp32_gradients(training) and not job.layout.offload_optimizer
 
 
+def folds_gradients_into_flat_buffer(job: Job) -> bool:
+    """Whether the engine folds the 16-bit gradients autograd writes into a flat buffer of the same
+    dtype beside them, at ZeRO 0-1 (``EngineBehaviour.flat_gradient_accumulator``): DeepSpeed's
+    BF16_Optimizer accumulating in bf16 (``runtime/bf16_optimizer.py``), which runs no ZeRO
+    reduction buckets."""
+    return job.training.engine.flat_gradient_accumulator and job.layout.zero_stage <= 1
+
+
 @lru_cache(maxsize=256)
 def working_bytes(training: TrainingSpec) -> StateBytes:
     """Bytes per parameter of the weights as a replica runs them and of the gradients as its

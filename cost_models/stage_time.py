@@ -12,7 +12,7 @@ from .experts import dispatch_combine_time, moe_recompute_time
 from .flops import head_gemm, mtp_projection_gemm
 from .kernels import gemm_time, high_precision_precision, in_place_time
 from .memory import job_stage_parameters
-from .model_states import folds_gradients_into_fp32
+from .model_states import folds_gradients_into_flat_buffer, folds_gradients_into_fp32
 from .quantization import activation_bytes
 from .job import Job
 from .specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
@@ -109,10 +109,9 @@ def gradient_accumulation_time(job: Job, stage: int) -> float:
     (``EngineBehaviour.flat_gradient_accumulator``), over every parameter of the stage's ranks.
     DeepSpeed's BF16_Optimizer does so after every backward (``runtime/pipe/engine.py``
     ``_exec_backward_pass``: ``clear_lp_grads``, ``update_hp_grads``)."""
-    engine = job.training.engine
     if folds_gradients_into_fp32(job):
-        per_param = engine.fp32_accumulation_bytes
-    elif engine.flat_gradient_accumulator and job.layout.zero_stage <= 1:
+        per_param = job.training.engine.fp32_accumulation_bytes
+    elif folds_gradients_into_flat_buffer(job):
         per_param = FLAT_ACCUMULATION_BYTES
     else:
         return 0.0

@@ -113,10 +113,9 @@ def _team_fields(source: str, name: str, row: dict) -> dict:
     """A team's run's top-level fields of the types the reading takes (a framework of 3 was 'a field has
     the wrong type' with no key; no num_gpus, a TypeError): the count of GPUs, the names as text. Its
     ``source``, which only published tables need, defaults to its file."""
-    for key in ("id", "source", "framework", "gpu", "precision", "record_type"):
-        if key in row and row[key] is not None and not isinstance(row[key], str):
-            raise CaseError(source, f"{name}.{key}", f"expected text, got {one_line(safe_repr(row[key]), 60)}")
     for key in ("id", "source", "framework", "gpu", "precision", "record_type") + TEXT_KEYS:
+        if key not in TEXT_KEYS and row.get(key) is not None and not isinstance(row[key], str):
+            raise CaseError(source, f"{name}.{key}", f"expected text, got {one_line(safe_repr(row[key]), 60)}")
         # As a case's text is bounded (planner.limits): an id of 10,000 characters went into the profile.
         if isinstance(row.get(key), str) and len(row[key]) > MAX_STRING_CHARS:
             raise CaseError(source, f"{name}.{key}", f"expected text of at most {MAX_STRING_CHARS:,} characters, "

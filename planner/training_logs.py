@@ -382,9 +382,9 @@ def _stated(args: dict[str, str], keys: tuple[str, ...], src: str) -> list[tuple
             continue
         if not _COUNT.fullmatch(value):
             raise CaseError(src, key, f"the argument dump gives {one_line(safe_repr(value), 40)}: expected an "
-                                      "integer of at most 18 digits, as the engine prints it (or None)")
+                                      f"integer of at most {MAX_COUNT_DIGITS} digits, as the engine prints it (or None)")
         stated.append((key, float(value)))
     return stated
 
 
-_COUNT = re.compile(r"\d{1,18}")
+_COUNT = re.compile(rf"\d{{1,{MAX_COUNT_DIGITS}}}")

@@ -478,11 +478,9 @@ def runs_bf16_optimizer_with_bf16_gradients(src: str, config: dict, pp: int) -> 
     configs), which keeps a flat bf16 buffer of every gradient (``runtime/bf16_optimizer.py``)."""
     zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
     bf16 = config.get("bf16") if isinstance(config.get("bf16"), dict) else {}
-    data_types = config.get("data_types") if isinstance(config.get("data_types"), dict) else {}
-    accumulated = data_types.get("grad_accum_dtype")
-    fp32 = accumulated is not None and str(accumulated).lower() in _FP32_NAMES
     stage = _lax_int(src, "zero_optimization.stage", zero.get("stage", 0), 0)
-    return pp > 1 and stage == 0 and not fp32 and _lax_bool(src, "bf16.enabled", bf16.get("enabled", False))
+    return pp > 1 and stage == 0 and _lax_bool(src, "bf16.enabled", bf16.get("enabled", False)) \
+        and not _accumulates_fp32(src, config)
 
 
 def pipeline_checkpointing(src: str, config: dict, pp: int) -> Optional[int]:
@@ -737,11 +735,7 @@ def _bf16_optimizer_stage(src: str, config: dict, zero: int, pp: int, case) -> i
     fp32 gradients are refused ("unsupported mix"), and a pipeline's bf16 runs the BF16_Optimizer,
     which shards the optimizer states as ZeRO-1 does (``runtime/bf16_optimizer.py``): stage 0 reads as
     1 there. Stage 1 with fp32 gradients runs the BF16_Optimizer too."""
-    data_types = config.get("data_types", {})
-    if not isinstance(data_types, dict):
-        raise CaseError(src, "data_types", f"expected a mapping, got {data_types!r}")
-    accumulated = data_types.get("grad_accum_dtype")
-    fp32 = accumulated is not None and str(accumulated).lower() in _FP32_NAMES
+    fp32 = _accumulates_fp32(src, config)
     if zero == 0 and fp32:
         raise CaseError(src, "data_types.grad_accum_dtype", "fp32 with bf16 and ZeRO stage 0: DeepSpeed refuses the "
                                                             "mix (runtime/engine.py, _do_optimizer_sanity_check: "
@@ -751,6 +745,15 @@ def _bf16_optimizer_stage(src: str, config: dict, zero: int, pp: int, case) -> i
                         f"the config accumulates {'fp32' if fp32 else 'bf16'} gradients, but the case "
                         f"{case.source} has training.fp32_grads {str(not fp32).lower()}")
     return 1 if zero == 0 and pp > 1 else zero
+
+
+def _accumulates_fp32(src: str, config: dict) -> bool:
+    """Whether ``data_types.grad_accum_dtype`` is fp32 (the model's dtype unless set: ``get_data_types``)."""
+    data_types = config.get("data_types", {})
+    if not isinstance(data_types, dict):
+        raise CaseError(src, "data_types", f"expected a mapping, got {data_types!r}")
+    accumulated = data_types.get("grad_accum_dtype")
+    return accumulated is not None and str(accumulated).lower() in _FP32_NAMES
 
 
 def _offload_device(src: str, zero_section: dict, name: str) -> bool:
