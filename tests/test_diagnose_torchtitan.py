@@ -777,16 +777,27 @@ def test_a_case_with_mtp_layers_against_a_0_2_toml_is_refused_and_a_compiled_los
     assert any("does not compile the model (compile.components leaves out \"model\")" in n for n in result.notes)
 
 
-def test_overrides_on_torchtitans_own_base_config_say_the_mtp_layers_it_may_not_build(tmp_path):
-    """torchtitan 0.3.0's DeepSeek-V3 flavors build no MTP layer (num_mtp_layers 0; only
-    deepseek_v3_debugmodel_mtp does): overrides on its own base config priced the case's one unsaid."""
+@pytest.mark.parametrize("parallel", ["", "--parallelism.pipeline_parallel_degree 8 "
+                                          "--parallelism.pipeline_parallel_schedule Interleaved1F1B",
+                                      "--parallelism.context_parallel_degree 2"])
+def test_overrides_on_torchtitans_own_base_config_refuse_the_mtp_layers_it_does_not_build(tmp_path, parallel):
+    """torchtitan 0.3.0's DeepSeek-V3 flavors build no MTP layer (model_registry's num_mtp_layers 0; only
+    deepseek_v3_debugmodel_mtp does), so MTPDecoder.Config's refusal of pp and cp never fires: overrides on
+    deepseek_v3_671b with pp 8 (its own schedule's) or cp 2 were refused as torchtitan refusing them, and
+    without either priced the case's MTP layer the job never builds. Refused by the case's key, as a 0.2
+    job file is; without the MTP layer the same job is read."""
     path = tmp_path / "overrides.txt"
     path.write_text("--module deepseek_v3 --config deepseek_v3_671b --parallelism.data_parallel_shard_degree -1 "
-                    "--parallelism.expert_parallel_degree 8 --training.local_batch_size 1 --training.seq_len 4096 "
-                    "--training.global_batch_size 64 activation_checkpoint:full\n")
-    result = diagnose(case_of("deepseek-v3", 64, 64, 4096), torchtitan=path)
-    assert any("the case's model has 1 multi-token prediction layer(s), priced; torchtitan builds them only where"
-               in note for note in result.notes)
+                    f"--parallelism.expert_parallel_degree 8 {parallel} --training.local_batch_size 8 "
+                    "--training.seq_len 4096 --training.global_batch_size 2048 activation_checkpoint:full\n")
+    case = case_of("deepseek-v3", 256, 2048, 4096)
+    with pytest.raises(CaseError) as refused:
+        diagnose(case, torchtitan=path)
+    assert refused.value.key == "model.mtp_layers"
+    assert "deepseek_v3_671b builds torchtitan's 671B model with no multi-token prediction layers" in str(refused.value)
+    case["model"]["mtp_layers"] = 0
+    lay = read_config(case, "torchtitan", path)
+    assert (lay.pp, lay.cp) == ((8, 1) if "pipeline" in parallel else (1, 2) if "context" in parallel else (1, 1))
 
 
 @pytest.mark.parametrize("preset, precision, words, said", [

@@ -282,6 +282,17 @@ def test_an_argument_megatron_lm_stops_on_or_megatron_deepspeeds_is_refused(tmp_
     assert error.value.key == flag.split()[0] and says in error.value.expected
 
 
+def test_a_megatron_deepspeed_launch_is_named_before_the_arguments_its_fork_reads_otherwise(tmp_path):
+    """Megatron-DeepSpeed's examples_deepspeed/pretrain_llama2_distributed.sh passes --normalization rmsnorm
+    (its parser's choices are lower-case, megatron/arguments.py) before --deepspeed: the launch was refused
+    as one that "would not start", which it does, on its own engine."""
+    with pytest.raises(CaseError) as error:
+        diagnosed(tmp_path, ARGS.replace("\n", " --normalization rmsnorm --deepspeed --deepspeed_config=ds.json\n"),
+                  CASE)
+    assert error.value.key == "--deepspeed" and "diagnose a Megatron-DeepSpeed run by its ds_config" \
+        in error.value.expected
+
+
 def test_a_batch_ramp_up_is_said(tmp_path):
     """Megatron-LM's GPT-3 175B example ramps its batch up (--rampup-batch-size 16 16 5859375): diagnosed at
     the global batch it reaches, with nothing said of the smaller steps before it."""

@@ -181,6 +181,13 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
     # An argument list's words may still carry an array's parentheses: NAME=(--flag value ...).
     closes = (lambda w: False) if shell else (lambda w: w.endswith(")"))
     strip = (lambda w: w) if shell else (lambda w: w.rstrip(")"))
+    # A Megatron-DeepSpeed launch is named before anything else is read: its fork's parser takes what
+    # Megatron-LM's refuses (--normalization rmsnorm), so the first word read as Megatron-LM's would
+    # refuse the run for a reason its own engine never gives.
+    fork = next((name(w.partition("=")[0]) for w in words[script_at + 1:]
+                 if name(w.partition("=")[0]) in MEGATRON_DEEPSPEED), None)
+    if fork is not None:
+        _refuse_what_megatron_lm_refuses(src, fork)
     found: dict[str, Optional[str]] = {}
     checked: set[str] = set()  # the other flags, each checked once
     i = 0

@@ -917,6 +917,15 @@ def _check_base_model(s: _Settings, case) -> None:
                                            "spec, which no override changes), not the case's "
                                            f"{one_line(case.model.name, 60)} ({planned}): the job trains another "
                                            f"model; run the planner's {CONFIG_FILE}, which rebuilds it")
+    if built is not None and case.model.mtp_layers:
+        # Every flavour above is model_registry's with num_mtp_layers at its default, 0 (models/deepseek_v3/
+        # __init__.py; only deepseek_v3_debugmodel_mtp builds one): the job trains without the case's MTP
+        # layers, and MTPDecoder.Config's refusal of pp and cp never fires. Refused by the case's key, as
+        # a 0.2 job file and Megatron-LM's reader (no --mtp-num-layers) refuse the same mismatch.
+        raise CaseError(case.source, "model.mtp_layers", f"{case.model.mtp_layers}, but {one_line(function, 60)} "
+                                                         f"builds torchtitan's {built} model with no multi-token "
+                                                         "prediction layers (model_registry's num_mtp_layers 0): "
+                                                         "set model.mtp_layers: 0 to diagnose the job it runs")
     if function in BASE_CONVERTERS and case.training.precision != "fp8":
         raise CaseError(s.src, "--config", f"{function} builds its model with {BASE_CONVERTERS[function]} (fp8 "
                                            "linears, which no override removes), but the case "
