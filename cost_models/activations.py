@@ -97,21 +97,51 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, 
     # (1 byte in fp8, with its scales for MX and NVFP4), not the bf16 tensor: the QKV, projection,
     # first-MLP and down-projection inputs (``quantization.saved_input_bytes``).
     g = saved_input_bytes(training.recipe if quantized else None, engine.fused_quantize, p)
+    beside = copy_beside_saved_bytes(training, g, p)
     if moe:
-
         mlp_hidden = moe_mlp_activation_bytes(model, training, layout, engine.fused_elementwise, g)
+        # The router keeps the pre-MLP norm's output itself (RouterGatingLinearFunction saves its
+        # 16-bit input, moe/moe_utils.py), and the shared experts' first linear, where there are
+        # any, a copy beside it.
+        mlp_input = (p + (beside if model.moe_shared_expert_ffn_hidden_size else 0.0)) * s * b * h / sp
     else:
         mlp_hidden = ((mlp_widths - 1) * p + g) * s * b * f / t
+        mlp_input = g * s * b * h / sp  # the norm fused into the first linear, which keeps its input
+    # A fused (flash) attention keeps its own output for backward (Dao et al. 2022, Algorithm 2), and the
+    # output projection a copy beside it; the unfused core's output is the projection's input alone.
+    projection = p + beside if training.flash_attention else g
     return LayerActivations(
         norm_inputs=2 * residual_bytes(training) * s * b * h / sp,
-        qkv_input=g * s * b * h / sp + g * s * b * latents,
+        qkv_input=input_norm_output_bytes(model, layout, g, p) * s * b + g * s * b * latents,
         qkv=p * s * b * q_k_v,
         attention_core=core,
-        projection_input=g * s * b * model.context_size / t,
-        mlp_input=g * s * b * h / sp,
+        projection_input=projection * s * b * model.context_size / t,
+        mlp_input=mlp_input,
         mlp_hidden=mlp_hidden,
         dropout_masks=2 * mask * s * b * h / sp,
     )
+
+
+def copy_beside_saved_bytes(training: TrainingSpec, saved_input: float, high_precision: float) -> float:
+    """Bytes per element a linear adds for an input another op already keeps in 16 bits (the
+    attention's output, the router's input): its own quantized copy (``saved_input``, where
+    Transformer Engine keeps one: ``quantization.saved_input_bytes``), or nothing where the linear
+    keeps the original tensor (torchao's, or the engine's ``saves_original_input_recipes``)."""
+    recipe = training.recipe
+    if saved_input == high_precision or recipe is None or recipe.name in training.engine.saves_original_input_recipes:
+        return 0.0
+    return saved_input
+
+
+def input_norm_output_bytes(model: ModelSpec, layout: Layout, saved_input: float, high_precision: float) -> float:
+    """Bytes per token one layer keeps of its input norm's output. Fused into the QKV linear, the
+    copy that linear keeps; under MLA the norm stands apart and feeds two linears (the query's and
+    the key-value down-projections, or the query's projection: megatron-core's
+    multi_latent_attention.py), each keeping its own quantized copy where one is kept, else the one
+    16-bit tensor they share."""
+    sp = layout.tp if layout.sequence_parallel else 1
+    copies = 2 if model.attention_type == "mla" and saved_input != high_precision else 1
+    return copies * saved_input * model.hidden_size / sp
 
 
 def selective_modules(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[str, ...]:
@@ -228,7 +258,9 @@ def selective_freed_bytes(model: ModelSpec, training: TrainingSpec, layout: Layo
     if "mla_up_proj" in modules:
         freed += full.qkv
     if "layernorm" in modules and model.attention_type == "mla":
-        freed += g * tokens * model.hidden_size / sp  # the input norm's output, the down-projections' input
+        # the input norm's output, the down-projections' input: each linear keeps the original
+        # (set_for_recompute_input_layernorm), which the checkpoint discards
+        freed += input_norm_output_bytes(model, layout, g, activation_bytes(training.precision)) * tokens
     if not moe:
         return freed + (full.mlp_input + full.mlp_hidden if "mlp" in modules else 0.0)
     if "moe" in modules:
@@ -237,6 +269,8 @@ def selective_freed_bytes(model: ModelSpec, training: TrainingSpec, layout: Layo
         return freed + full.mlp_input + full.mlp_hidden - kept_input
     if "layernorm" in modules:
         freed += full.mlp_input
+    elif "shared_experts" in modules:  # the shared experts' copy of the norm's output, inside their checkpoint
+        freed += full.mlp_input - activation_bytes(training.precision) * tokens * model.hidden_size / sp
     if "moe_act" in modules:
         freed += moe_act_output_bytes(model, training, layout, g)
     if "shared_experts" in modules:

@@ -236,6 +236,12 @@ class EngineBehaviour:
     # reads; torchao casts each use from the bf16 tensor and keeps the bf16 input
     # (``cost_models.quantization``).
     quantizer: str = "torchao"
+    # The recipes under which the engine has a quantized linear whose input another op already keeps
+    # for backward keep that 16-bit tensor, not a quantized copy of its own: megatron-core's
+    # set_save_original_input on the attention's linear_proj (the fused attention keeps its output)
+    # and on the shared experts' linear_fc1 (the router keeps the pre-MLP norm's output), for every
+    # recipe but delayed scaling (transformer/attention.py, moe/shared_experts.py).
+    saves_original_input_recipes: tuple[str, ...] = ()
     # Quantized weights cast once per step and reused by every micro-batch (Transformer Engine's
     # ``is_first_microbatch``, which Megatron passes).
     fp8_weight_cache: bool = False

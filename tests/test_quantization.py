@@ -118,8 +118,10 @@ def test_kept_high_layers_cost_what_bf16_layers_cost():
 
 
 def test_transformer_engine_keeps_quantized_inputs_torchao_bf16():
-    """The four linear inputs saved for wgrad: 1 byte in fp8 under Transformer Engine, 0.5 + 1/16
-    under NVFP4; torchao keeps them bf16 (2 bytes)."""
+    """The linear inputs saved for wgrad: 1 byte in fp8 under Transformer Engine, 0.5 + 1/16 under
+    NVFP4; torchao keeps them bf16 (2 bytes). The flash attention keeps its own bf16 output beside the
+    output projection's input: a quantized copy beside it under delayed scaling, none under NVFP4,
+    where megatron-core has linear_proj keep the original (attention.py, set_save_original_input)."""
     model = ModelSpec("m", num_layers=1, hidden_size=1024, num_attention_heads=8, vocab_size=1000,
                       activation="swiglu", ffn_hidden_size=4096)
     lay = Layout(micro_batch_size=1)
@@ -129,9 +131,34 @@ def test_transformer_engine_keeps_quantized_inputs_torchao_bf16():
         return a.qkv_input + a.projection_input + a.mlp_input
 
     s, h = 1024, 1024
-    assert inputs("fp8", "megatron") == 3 * s * h
-    assert inputs("nvfp4", "megatron") == pytest.approx(3 * s * h * (0.5 + 1 / 16))
+    assert inputs("fp8", "megatron") == (1 + (2 + 1) + 1) * s * h
+    assert inputs("nvfp4", "megatron") == pytest.approx((2 * (0.5 + 1 / 16) + 2) * s * h)
     assert inputs("fp8", "any") == inputs("bf16", "any") == 3 * 2 * s * h
+
+
+@pytest.mark.parametrize("preset, recipe, projection, norm_output, qkv_input", [
+    # Qwen3-30B-A3B (32 heads of 128, hidden 2048, no shared expert) under delayed scaling: the attention
+    # keeps its bf16 output and linear_proj its fp8 copy, 3 bytes; the router its bf16 input, 2 bytes.
+    ("qwen3-30b-a3b", "delayed", 3 * 4096 * 4096, 2 * 4096 * 2048, 1 * 4096 * 2048),
+    # DeepSeek-V3 (128 heads of 128, hidden 7168) blockwise: linear_proj keeps the original (2 bytes);
+    # the router the norm's output and the shared experts' linear_fc1 the original beside it; MLA's
+    # norm output feeds two down-projections, each keeping its own copy, and its two latents one each.
+    ("deepseek-v3", "blockwise", 2 * 4096 * 16384, 2 * 4096 * 7168,
+     (2 * 7168 + 1536 + 512) * 4096 * (1 + 4 / 128)),
+])
+def test_megatron_fp8_keeps_the_16_bit_tensors_other_ops_save_beside_the_quantized_copies(
+        preset, recipe, projection, norm_output, qkv_input):
+    """megatron-core 0.16: the fused attention saves its output itself (attention.py: "the output of the
+    fused core_attn is saved by itself"), and the MoE router its 16-bit input (moe_utils.py,
+    RouterGatingLinearFunction.save_for_backward(inp, ...)); only the quantized copy was counted, 2.0 GB
+    (13.7 %) short of Qwen3-30B-A3B's first stage at pp 4 under delayed scaling."""
+    case = load_case({"model": {"preset": preset}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+                      "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "fp8", "fp8_recipe": recipe,
+                                   "engine": "megatron"}, "layout": {"micro_batch_size": 1}})
+    job = case.job()
+    saved = layer_activations(job.model, job.training, job.layout, moe=True)
+    assert (saved.projection_input, saved.mlp_input) == (projection, norm_output)
+    assert saved.qkv_input == pytest.approx(qkv_input)
 
 
 def test_fp8_parameter_gather_halves_the_gathered_bytes():

@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 from cost_models.behaviour import QUANTIZED_GATHER_ZERO_STAGES, EngineBehaviour
+from cost_models.quantization import RECIPES
 from cost_models.stage_time import cp_runs_all_to_all
 from cost_models.specs import Job, ModelSpec, TrainingSpec
 
@@ -77,6 +78,7 @@ BEHAVIOUR = EngineBehaviour(
     master_copy_kernel=True, zeroes_gradient_buffer=True, cp_all_to_all_for_windows=True,
     offload_fp32_gradient_copies=True,
     quantized_param_gather=("delayed", "tensorwise", "mxfp8", "nvfp4"), quantized_param_gather_offloaded=("delayed",),
+    saves_original_input_recipes=tuple(name for name in RECIPES if name != "delayed"),
 )
 
 
