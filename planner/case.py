@@ -22,7 +22,7 @@ from .case_cluster import _cluster, cluster_profile, gpu_from_profile
 from .case_errors import case_message, spec_errors
 from .engines import ENGINES
 from .errors import CaseError, one_line
-from .fitted import read_fitted
+from .fitted import check_fitted_fabric_kept, read_fitted
 from .fields import (describe, read_bool, read_figure, read_file_path, read_for, read_int, read_mapping, read_number,
                      read_str, read_unit, required)
 from .hf_config import read_hf_config
@@ -106,21 +106,6 @@ class Case:
 def entry_of(cluster: Any) -> Any:
     """A cluster section's first GPU type (``size``'s ``options``), else the one cluster."""
     return cluster["options"][0] if isinstance(cluster, dict) and "options" in cluster else cluster
-
-
-def _check_fitted_fabric_kept(src: str, cluster: Any, fitted: Optional[dict]) -> None:
-    """Refuse a cluster's ``fabric`` beside a profile whose fabric a team's runs fitted: the case's
-    fabric would replace the fitted one, silently, while the profile's coverage notes still named it."""
-    if not isinstance(cluster, dict) or "fabric" not in cluster or not fitted:
-        return
-    fitted_fabric = {name: figure for name, figure in (fitted.get("figures") or {}).items()
-                     if name.startswith("fabric.") and figure.get("runs")}
-    if fitted_fabric:
-        name, figure = next(iter(fitted_fabric.items()))
-        raise CaseError(src, "cluster.fabric", f"replaces the profile's fabric, whose {name} {figure.get('value')} "
-                                               f"was fitted to {figure['runs']} of the team's runs: give either "
-                                               "fabric or that profile, not both (the fabric of another cluster "
-                                               "is another profile's)")
 
 
 def load_case(case: Any, engine: Optional[str] = None, ignore_layout: bool = False) -> Case:
@@ -217,7 +202,7 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
     search = read_search(src, data.get("search"), training, model)  # a bad search key fails `estimate` as `plan`
     fitted = read_fitted(profile[0], profile[1].get("fitted")) if profile else None
-    _check_fitted_fabric_kept(src, entry_of(data["cluster"]), fitted)
+    check_fitted_fabric_kept(src, cluster_key, entry_of(data["cluster"]), fitted)
     entry = entry_of(data["cluster"])
     check_usable_memory(src, cluster, overheads, search, "cuda_context" in (data.get("overheads") or {}), cluster_key,
                         entry)

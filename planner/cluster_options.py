@@ -9,15 +9,17 @@ such entries instead; one job runs on one of them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from cost_models.specs import ClusterSpec, FabricSpec, GPUSpec
 
-from .case_cluster import CLUSTER_KEYS, HARDWARE_KEYS, SIZING_KEYS, cluster_hardware, gpu_count, sizing_terms
+from .case_cluster import (CLUSTER_KEYS, HARDWARE_KEYS, SIZING_KEYS, cluster_hardware, cluster_profile, gpu_count,
+                           sizing_terms)
 from .errors import CaseError
 from .fields import describe, read_mapping
+from .fitted import check_fitted_fabric_kept, read_fitted
 
 # More types than any real procurement weighs; each is sized separately.
 MAX_OPTIONS = 16
@@ -35,6 +37,9 @@ class ClusterOption:
     # GPUs paid for per unit where the job uses fewer of each NVLink domain than it holds (72 where
     # it runs on 64 of each NVL72 rack: :func:`part_rack`); None: the unit, every GPU used.
     rack: Optional[int] = None
+    # The ``fitted`` section of the profile it is given by, where a team's runs fitted it (what they
+    # covered: an answer on this type outside it says so, as `plan` and `estimate` on the profile do).
+    fitted: Optional[dict] = field(default=None, compare=False)
 
     @property
     def unit(self) -> int:
@@ -101,7 +106,7 @@ def read_cluster_options(src: str, section: Any, base: Path) -> tuple[ClusterOpt
         most, price = sizing_terms(src, section, "cluster", gpu.gpus_per_node)
         if most is None:  # the GPUs `plan` would use are the most `size` may
             most = gpu_count(src, section, "cluster", gpu.gpus_per_node, ("num_gpus", "nodes"))
-        return (ClusterOption("cluster", gpu, fabric, most, price),)
+        return (ClusterOption("cluster", gpu, fabric, most, price, fitted=_fitted(src, "cluster", section, base)),)
     beside = [k for k in section if k != "options"]
     if beside:
         raise CaseError(src, f"cluster.{beside[0]}", "give each GPU type's keys inside its cluster.options entry")
@@ -117,10 +122,19 @@ def read_cluster_options(src: str, section: Any, base: Path) -> tuple[ClusterOpt
         entry = read_mapping(src, key, entry, HARDWARE_KEYS + SIZING_KEYS)
         gpu, fabric = cluster_hardware(src, entry, base, key)
         most, price = sizing_terms(src, entry, key, gpu.gpus_per_node)
-        option = ClusterOption(key, gpu, fabric, most, price)
+        option = ClusterOption(key, gpu, fabric, most, price, fitted=_fitted(src, key, entry, base))
         same = next((o.key for o in options if (o.gpu, o.fabric, o.gpu_hour_cost) == (gpu, fabric, price)), None)
         if same is not None:  # sized twice, it would be its own runner-up (a larger limit only adds sizes)
             raise CaseError(src, key, f"is the same GPU type, fabric and price as {same}: give each once, with "
                                       f"the larger limit")
         options.append(option)
     return tuple(options)
+
+
+def _fitted(src: str, key: str, entry: dict, base: Path) -> Optional[dict]:
+    """The ``fitted`` section of the profile a GPU type is given by (None: no profile, or one not fitted
+    to runs), its fabric kept."""
+    profile = cluster_profile(src, entry, base)
+    fitted = read_fitted(profile[0], profile[1].get("fitted")) if profile else None
+    check_fitted_fabric_kept(src, key, entry, fitted)
+    return fitted

@@ -18,9 +18,10 @@ from .limits import MAX_INT
 COVERED = ("tp", "pp", "cp", "ep", "zero_stage", "nodes", "precision", "seq_len", "micro_batch_size", "recompute",
            "engine")
 # The fitted figure a job leans on where it leaves the runs' coverage in each respect: the expert
-# dispatch and ZeRO's traffic run over the fabric across nodes, inside one over NVLink (:func:`_leans_on`).
+# dispatch (an all-to-all) and ZeRO's traffic run over the fabric across nodes, inside one over NVLink
+# (:func:`outside`).
 LEANS_ON = {"tp": "performance.intra_node_efficiency", "cp": "performance.intra_node_efficiency",
-            "ep": "fabric.efficiency", "pp": "performance.microbatch_overhead_s",
+            "ep": "fabric.alltoall_efficiency", "pp": "performance.microbatch_overhead_s",
             "zero_stage": "fabric.efficiency", "nodes": "fabric.efficiency",
             "seq_len": "performance.attention_efficiency", "micro_batch_size": "performance.gemm_efficiency",
             "recompute": "performance.gemm_efficiency", "engine": "performance.gemm_efficiency"}
@@ -35,6 +36,24 @@ def _named_values() -> dict[str, tuple[str, ...]]:
     from .engines import ENGINES
 
     return {"precision": PRECISIONS, "recompute": RECOMPUTE, "engine": tuple(ENGINES)}
+
+
+def check_fitted_fabric_kept(src: str, key: str, cluster: Any, fitted: Optional[dict]) -> None:
+    """Refuse a cluster's ``fabric`` (at ``key``: cluster, or one of `size`'s cluster.options) beside a
+    profile whose fabric a team's runs fitted: the case's fabric would replace the fitted one, silently,
+    while the profile's coverage notes still named it."""
+    from .errors import CaseError
+
+    if not isinstance(cluster, dict) or "fabric" not in cluster or not fitted:
+        return
+    fitted_fabric = {name: figure for name, figure in (fitted.get("figures") or {}).items()
+                     if name.startswith("fabric.") and figure.get("runs")}
+    if fitted_fabric:
+        name, figure = next(iter(fitted_fabric.items()))
+        raise CaseError(src, f"{key}.fabric", f"replaces the profile's fabric, whose {name} {figure.get('value')} "
+                                              f"was fitted to {figure['runs']} of the team's runs: give either "
+                                              "fabric or that profile, not both (the fabric of another cluster "
+                                              "is another profile's)")
 
 
 def read_fitted(src: str, section: Any) -> Optional[dict]:

@@ -133,6 +133,9 @@ PARAMETERS: tuple[Parameter, ...] = (
               why="achieved bus bandwidth inside an NVLink domain over its nominal rate"),
     Parameter("fabric.efficiency", True, 0.12, 0.02, 1.5,
               why="achieved bus bandwidth across NVLink domains over the NIC line rate"),
+    Parameter("fabric.alltoall_efficiency", True, 0.12, 0.02, 1.0,
+              why="achieved all-to-all bandwidth across NVLink domains over the NIC line rate (the experts' "
+                  "dispatch and combine)"),
     Parameter("performance.microbatch_overhead_s", False, 0.010, 0.0, 10.0,
               why="host time per micro-batch no GPU work hides"),
     Parameter("performance.step_overhead_s", False, 0.05, 0.0, 600.0,
@@ -213,7 +216,7 @@ def prior_value(p: Parameter, hw: Hardware) -> float:
             return perf.gemm_efficiency_for("fp4")
         return getattr(perf, p.key)
     if p.section == "fabric":
-        return float(hw.fabric_mapping.get("efficiency", FabricSpec.efficiency))
+        return float(hw.fabric_mapping.get(p.key, getattr(FabricSpec, p.key)))
     return float(getattr(hw.overheads, p.key))
 
 
@@ -236,7 +239,7 @@ def with_figures(case: dict, hw: Hardware, values: dict[str, float]) -> dict:
             else:
                 performance[p.key] = value
         elif p.section == "fabric":
-            fabric = scaled_fabric(hw.fabric_mapping, value)
+            fabric = fitted_fabric(fabric or hw.fabric_mapping, p.key, value)
         elif p.key == "comm_buffers":
             overheads[p.key] = f"{value:.6g} B"
         else:
@@ -247,6 +250,12 @@ def with_figures(case: dict, hw: Hardware, values: dict[str, float]) -> dict:
     if overheads:
         out["overheads"] = overheads
     return out
+
+
+def fitted_fabric(mapping: dict, key: str, value: float) -> dict:
+    """The fabric's fields with its figure ``key`` fitted to ``value``: the all-reduce efficiency as
+    :func:`scaled_fabric` moves it, the all-to-all's as it is."""
+    return scaled_fabric(mapping, value) if key == "efficiency" else {**mapping, key: value}
 
 
 def scaled_fabric(mapping: dict, efficiency: float) -> dict:
@@ -544,8 +553,8 @@ def profile_of(result: Fit, origin: str) -> dict[str, Any]:
     performance.pop("<<", None)
     probe = with_figures({"cluster": {}}, hw, {k: v for k, v in values.items() if k.startswith("performance.")})
     performance.update(probe["cluster"]["performance"])
-    fabric = scaled_fabric(hw.fabric_mapping, values["fabric.efficiency"]) if "fabric.efficiency" in values \
-        else dict(hw.fabric_mapping)
+    fabric = with_figures({"cluster": {}}, hw, {k: v for k, v in values.items() if k.startswith("fabric.")})[
+        "cluster"].get("fabric") or dict(hw.fabric_mapping)
     overheads = {p.key: values.get(p.name, getattr(hw.overheads, p.key)) for p in PARAMETERS if p.memory}
     return {
         "machine": {"device": hw.gpu, "source": origin, "fabric": hw.fabric},

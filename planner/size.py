@@ -471,7 +471,7 @@ class _Sweep:
     def cluster_case(self, option: int, gpus: int, engine: Optional[str] = None) -> Case:
         """The case on this size, as ``engine`` runs it (one the sweep plans for) or as written."""
         case = next((c for c, s in self.variants[option] if s.target == engine), self.case)
-        return replace(case, cluster=self.options[option].cluster(gpus))
+        return replace(case, cluster=self.options[option].cluster(gpus), fitted=self.options[option].fitted)
 
     def fastest(self, option: int, gpus: int, ceiling: float = math.inf) -> list[Candidate]:
         """Plan's fastest layouts on this size, and those the solver could not tell from them: of
@@ -479,7 +479,7 @@ class _Sweep:
         tables: list[Candidate] = []
         searched = False
         for case, spec in self.variants[option]:
-            cluster_case = replace(case, cluster=self.options[option].cluster(gpus))
+            cluster_case = replace(case, cluster=self.options[option].cluster(gpus), fitted=self.options[option].fitted)
             result, table = layout_table(cluster_case, spec, TIE_WINDOW, ceiling)
             searched = searched or bool(result.scored)
             self.scored += result.scored

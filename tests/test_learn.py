@@ -652,6 +652,57 @@ def test_size_on_a_fitted_profile_says_where_its_answer_leaves_the_runs(tmp_path
     assert f"{sized.best.gpus:,} ×" in note and "lies outside the fitted profile's runs (1, 2, 4, 8)" in note
 
 
+def test_size_over_gpu_types_on_a_fitted_profile_says_where_its_answer_leaves_the_runs(tmp_path):
+    """A GPU type of `size`'s cluster.options given by a fitted profile used its figures but said nothing of
+    the runs' coverage (its case was built without the profile's fitted section)."""
+    from planner import size
+    from planner.learn import render
+
+    profile, _ = calibrate_from_runs(measured_runs())
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    sized = size({**case(128, 4, 2, 1, 1), "cluster": {"options": [{"profile": str(path), "max_gpus": 1024}]}},
+                 "2T", deadline="7d")
+    assert sized.best is not None and sized.best.gpus > 64
+    note = next(n for n in sized.notes if n.startswith("the answer, "))
+    assert "lies outside the fitted profile's runs (1, 2, 4, 8)" in note
+
+
+# A small mixture of experts (128 experts, 8 routed a token) whose expert parallelism crosses H100 nodes.
+MOE = {"num_layers": 16, "hidden_size": 2048, "num_attention_heads": 16, "num_kv_heads": 4, "ffn_hidden_size": 6144,
+       "activation": "swiglu", "vocab_size": 32000, "num_experts": 128, "moe_top_k": 8, "moe_ffn_hidden_size": 1024}
+MOE_LAYOUTS = [(16, 16, 1), (16, 16, 2), (32, 32, 1), (32, 16, 2), (64, 64, 1), (64, 32, 1), (16, 8, 1), (32, 8, 2)]
+
+
+def test_a_slow_all_to_all_across_nodes_is_fitted_as_the_fabrics_all_to_all(tmp_path):
+    """Runs of a mixture of experts whose dispatch crosses nodes at 0.4 of the NIC line rate (the H100
+    fabric preset's 0.85): no fitted figure moved the all-to-all, so the fit bent the GEMMs for it, and a
+    plan at another ep named fabric.efficiency, which the dispatch never uses."""
+    from planner.learn import render
+
+    def moe_case(gpus: int, ep: int, mb: int) -> dict:
+        return {"model": dict(MOE), "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": gpus},
+                "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16", "engine": "megatron"},
+                "layout": {"dp": gpus, "ep": ep, "micro_batch_size": mb, "zero_stage": 1}}
+    runs = []
+    for i, lay in enumerate(MOE_LAYOUTS):
+        c = moe_case(*lay)
+        runs.append(Run(f"run{i}", c, estimate(with_figures(c, prior_hardware([Run("x", c)], "runs"),
+                                                            {"fabric.alltoall_efficiency": 0.4})).tokens_per_s))
+    result = fit(runs)
+    alltoall = figure(result, "fabric.alltoall_efficiency")
+    assert alltoall.prior == 0.85 and alltoall.runs == 6 and 0.4 <= alltoall.value < 0.5
+    assert abs(figure(result, "performance.gemm_efficiency").value / 0.50 - 1) < 0.03
+    assert max(r.throughput_before for r in result.residuals) > 0.6
+    assert all(abs(r.throughput_after) < 0.07 for r in result.residuals)
+    profile, _ = calibrate_from_runs(runs)
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    wider = estimate({**moe_case(128, 128, 1), "cluster": {"profile": str(path), "num_gpus": 128}})
+    assert any(line.startswith("ep 128 lies outside the fitted profile's runs (8, 16, 32, 64); it leans on "
+                               "fabric.alltoall_efficiency 0.44") for line in wider.outside_fitted_runs)
+
+
 def test_a_dump_behind_a_logger_or_rank_prefix_is_checked_against_the_case(tmp_path):
     """The argument dump was read only at the start of a line: torchrun's `[rank0]:` prefix (as
     --tee writes every line) hid a Megatron log of another model, and DeepSpeed's own logger prefix
