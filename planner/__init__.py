@@ -5,27 +5,43 @@ import sys
 import types
 from importlib import import_module
 
-__all__ = ["CaseError", "Emitted", "Estimate", "Plan", "Sizing", "calibrate_from_logs", "calibrate_from_runs", "emit",
-           "estimate", "plan", "read_config", "size"]
+from .api_values import plain_arguments
+
+__all__ = ["CaseError", "Diagnosis", "Emitted", "Estimate", "Plan", "Sizing", "calibrate_from_logs",
+           "calibrate_from_runs", "diagnose", "emit", "estimate", "plan", "read_config", "size"]
 
 # The API loads when first asked for, so that a command imports only what it runs (`plan` never
 # loads the fit of `learn`, nor `size` its sweep) and the command's entry point
 # (:mod:`planner.entry`) sets its signal handlers before anything heavy: name -> its module.
-_LAZY = {"CaseError": "errors", "Estimate": "estimate", "estimate": "estimate", "Emitted": "configs", "emit": "configs", "read_config": "configs", "calibrate_from_runs": "learn", "calibrate_from_logs": "learn",
-         "Plan": "plan", "plan": "plan", "Sizing": "size", "size": "size"}
+_LAZY = {"CaseError": "errors", "Estimate": "estimate", "estimate": "estimate", "Emitted": "configs", "emit": "configs",
+         "read_config": "configs", "diagnose": "configs", "Diagnosis": "diagnose", "calibrate_from_runs": "learn",
+         "calibrate_from_logs": "learn", "Plan": "plan", "plan": "plan", "Sizing": "size", "size": "size"}
 
 
 class _Package(types.ModuleType):
-    """The package, whose API names above resolve on first use. Four of them (``estimate``,
-    ``plan``, ``size``, ``emit``) are also the names of submodules, which the import system binds to the package's
-    attribute of that name once it loads them: the package's attribute stays the API's."""
+    """The package, whose API names above resolve on first use. Five of them (``estimate``,
+    ``plan``, ``size``, ``emit``, ``diagnose``) are also the names of submodules, which the import system binds to
+    the package's attribute of that name once it loads them: the package's attribute stays the API's.
+    Any other submodule loads on first use too (``planner.learn.render``, as the docs write it)."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return import_module(f".{name}", __name__)
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 def _api_name(name: str, module: str) -> property:
     def get(package: types.ModuleType):
         if name not in package.__dict__:  # set by hand (a test's monkeypatch), else loaded on first use
             try:
-                package.__dict__[name] = getattr(import_module(f".{module}", __name__), name)
+                value = getattr(import_module(f".{module}", __name__), name)
+                # A function takes numpy scalars and paths as the case schema's values (api_values).
+                package.__dict__[name] = plain_arguments(value) if isinstance(value, types.FunctionType) else value
             except AttributeError as error:
                 # Raised out of a property, it would read as "module 'planner' has no attribute 'plan'"
                 # (an import cut short by Ctrl-C leaves a dependency half-loaded): say what failed.

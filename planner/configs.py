@@ -145,6 +145,22 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
                     argument=api_argument("read_config")).layout
 
 
+def diagnose(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] = None, tp: Optional[int] = None,
+             micro_batch_size: Optional[int] = None, recompute: Optional[str] = None, ep: Optional[int] = None,
+             stage_layers: Optional[tuple[int, ...]] = None):
+    """An existing config read as :func:`read_config` reads it, estimated and set against the planner's
+    best: the Diagnosis `layout-planner diagnose --json` prints (``to_dict()``), with the notes that
+    say what the config leaves unsaid (a ds_config states no recomputation) and how it was read."""
+    from .diagnose import diagnose as diagnosed
+
+    if engine not in READERS:
+        raise CaseError("diagnose", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
+    key = {"deepspeed": "config", "megatron": "megatron_args", "torchtitan": "torchtitan"}[engine]
+    return diagnosed(case, pp=pp, tp=tp, micro_batch_size=micro_batch_size, recompute=recompute, ep=ep,
+                     stage_layers=stage_layers, argument=api_argument("diagnose"),
+                     **{key: read_path("diagnose", "path", path)})
+
+
 def checked_options(pp: Any = None, tp: Any = None, micro_batch_size: Any = None, recompute: Any = None,
                     ep: Any = None, stage_layers: Any = None, argument: Callable[[str], tuple[str, str]] = cli_flag) \
         -> dict[str, Any]:

@@ -267,17 +267,19 @@ def _job(case: Case, layout: Layout, path: Path, engine: str, options: dict, arg
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
              pp: Optional[int] = None, tp: Optional[int] = None, micro_batch_size: Optional[int] = None,
              recompute: Optional[str] = None, ep: Optional[int] = None,
-             stage_layers: Optional[tuple[int, ...]] = None, torchtitan: Optional[Path] = None) -> Diagnosis:
+             stage_layers: Optional[tuple[int, ...]] = None, torchtitan: Optional[Path] = None,
+             argument: Argument = cli_flag) -> Diagnosis:
     """The config (a ds_config ``config``, ``megatron_args`` or ``torchtitan`` command-line overrides,
     a launch script or a 0.2 TOML job file) read as :func:`read_job` reads it, estimated, and set
-    against the planner's best for the same model, cluster, global batch and engine."""
+    against the planner's best for the same model, cluster, global batch and engine; options the
+    config contradicts named as ``argument`` names them."""
     if sum(given is not None for given in (config, megatron_args, torchtitan)) != 1:
         raise CaseError("diagnose", "config", "give exactly one of config (a ds_config), megatron_args or torchtitan")
     engine, key, given = next((e, k, p) for e, k, p in (("deepspeed", "config", config),
                                                          ("megatron", "megatron_args", megatron_args),
                                                          ("torchtitan", "torchtitan", torchtitan)) if p is not None)
     path = read_path("diagnose", key, given)
-    reading = read_job(case, engine, path, pp, tp, micro_batch_size, recompute, ep, stage_layers)
+    reading = read_job(case, engine, path, pp, tp, micro_batch_size, recompute, ep, stage_layers, argument)
     loaded, layout, job = reading.case, reading.layout, reading.job
     try:
         estimate = estimate_job(loaded, job)

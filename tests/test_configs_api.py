@@ -221,3 +221,62 @@ def test_emit_refuses_a_nul_in_its_folder_and_a_sizing_by_name(tmp_path):
                                         r"best.estimate is one\)"):
         planner.emit(sizing, "megatron", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_numpy_scalars_and_paths_are_taken_as_the_values_they_hold(tmp_path):
+    """An orchestration job's sweep gives numpy integers (pandas' iterrows) and pathlib paths: np.int64(2)
+    as a tp was refused ("expected an integer, got int64"), as were a Path hf_config and a top_k, tokens
+    or pp of numpy's, where np.float64 passed (it subclasses float). The caller's dict is left as it was."""
+    import json
+    from pathlib import Path
+
+    np = pytest.importorskip("numpy")
+    plain = {**CASE, "layout": {"tp": 2, "pp": 2, "dp": 4, "micro_batch_size": 2, "sequence_parallel": True}}
+    hf = Path(__file__).parent / "fixtures" / "hf" / "Llama-2-7b-hf"
+    numpy_case = {"model": {"hf_config": hf},
+                  "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": np.int64(16)},
+                  "training": {"global_batch_size": np.int32(128), "seq_len": np.int64(4096),
+                               "flash_attention": np.bool_(True)},
+                  "layout": {"tp": np.int64(2), "pp": np.int64(2), "dp": np.int64(4),
+                             "micro_batch_size": np.int64(2), "sequence_parallel": np.bool_(True)}}
+    before = repr(numpy_case)
+    assert planner.estimate(numpy_case).step_time_s == planner.estimate(
+        {**plain, "model": {"hf_config": str(hf)}, "training": {**CASE["training"], "flash_attention": True}}).step_time_s
+    assert repr(numpy_case) == before
+    assert len(planner.plan(CASE, top_k=np.int64(2)).alternatives) <= 2
+    assert planner.size(CASE, np.int64(10**11), deadline="30d").best is not None
+    est = planner.estimate({**CASE, "training": {**CASE["training"], "engine": "megatron"}, "layout": plain["layout"]})
+    planner.emit(est, "megatron", tmp_path, source=Path("sweep.yaml"))
+    assert planner.read_config(CASE, "megatron", tmp_path / "megatron_args.txt", pp=np.int64(2)) == est.job.layout
+    json.dumps(planner.estimate(numpy_case).to_dict(), allow_nan=False)
+
+
+def test_the_python_api_diagnoses_a_config_with_the_notes_diagnose_prints(tmp_path):
+    """read_config gave a DeepSpeed file's layout bare, recomputation read as none where the plan recomputed,
+    with nothing to say so; planner.diagnose gives what `diagnose --json` prints, its notes included."""
+    import json
+
+    case = {**CASE, "model": {"preset": "llama2-13b"}, "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8}}
+    est = planner.estimate({**case, "training": {**case["training"], "engine": "deepspeed"},
+                            "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": 3, "recompute": "full"}})
+    planner.emit(est, "deepspeed", tmp_path)
+    diagnosed = planner.diagnose(case, "deepspeed", tmp_path / "ds_config.json", recompute="full")
+    assert diagnosed.estimate.job.layout == est.job.layout
+    unsaid = planner.diagnose(case, "deepspeed", tmp_path / "ds_config.json")
+    assert unsaid.estimate.job.layout.recompute == "none"
+    assert any("does not state the recomputation" in note for note in unsaid.notes)
+    json.dumps(unsaid.to_dict(), allow_nan=False)
+    with pytest.raises(CaseError) as refused:
+        planner.diagnose(case, "deepspeed", tmp_path / "ds_config.json", pp=0)
+    assert (refused.value.source, refused.value.key) == ("diagnose", "pp")
+
+
+def test_a_submodule_is_reached_from_the_package_as_the_docs_write_it():
+    """docs/calibration.md writes planner.learn.render(profile): after `import planner` alone it raised
+    AttributeError (module 'planner' has no attribute 'learn')."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import planner; print(planner.learn.render.__name__); "
+                          "print(hasattr(planner, 'no_such_module'))"], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["render", "False"]

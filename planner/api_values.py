@@ -1,0 +1,50 @@
+"""Values a Python caller hands the API, as the case-file schema reads them.
+
+An orchestration job builds its cases from what it has: a pandas sweep's rows give numpy integers
+and floats (``np.int64(4)`` for a tp of 4), a pipeline's paths are ``pathlib.Path`` objects. A case
+file read from YAML never holds either, and the readers (:mod:`planner.fields`) take Python's own
+types only, so the public functions take every argument through :func:`plain` first: numpy scalars
+become the Python numbers (and booleans) they hold, ``os.PathLike`` values their path strings. The
+caller's own objects are never changed; anything else is left for the readers to accept or refuse.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every numpy scalar and os.PathLike in it (through dicts, lists and tuples) made
+    the Python value it stands for; a structure that holds itself is left as it is where it recurs."""
+    memo: dict[int, Any] = {}
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, (dict, list, tuple)):
+            if id(v) in memo:  # a shared part is converted once; a cycle stays the caller's object
+                return memo[id(v)]
+            memo[id(v)] = v
+            if isinstance(v, dict):
+                out: Any = {k: walk(x) for k, x in v.items()}
+            else:
+                out = [walk(x) for x in v] if isinstance(v, list) else tuple(walk(x) for x in v)
+            memo[id(v)] = out
+            return out
+        if isinstance(v, os.PathLike):
+            return os.fspath(v)
+        if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0 and hasattr(v, "item"):
+            return v.item()  # np.int64(4) -> 4, np.float32(0.5) -> 0.5, np.bool_(True) -> True
+        return v
+
+    return walk(value)
+
+
+def plain_arguments(function: F) -> F:
+    """``function`` with its arguments taken through :func:`plain`."""
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return function(*(plain(a) for a in args), **{k: plain(v) for k, v in kwargs.items()})
+    return wrapper  # type: ignore[return-value]
