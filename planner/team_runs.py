@@ -82,6 +82,13 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
             if why == "not a supported row":
                 raise CaseError(source, *_unsupported(name, row))
             raise CaseError(source, name, why)
+        unread = next((k for k in UNREAD_THROUGHPUTS if (row.get("measured") or {}).get(k)), None) \
+            if not tokens else None
+        if unread is not None:  # the run's speed would go unread: a peak alone was fitted, or "nothing measured"
+            raise CaseError(source, f"{name}.measured.{unread}",
+                            "is not read as a throughput (a FLOP count is its tool's: with or without the "
+                            "recomputation, the attention and the LM head; a sample's tokens are its length): give "
+                            "iteration_time_s, tokens_per_sec_total or tokens_per_sec_per_gpu")
         if not tokens and not peak:
             raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
         run = Run(name, case, tokens, float(peak) if peak else None, stage)
@@ -185,6 +192,12 @@ def _check_measures_agree(source: str, name: str, row: dict, tokens: Optional[fl
         raise CaseError(source, f"{name}.measured.iteration_time_s",
                         f"{measured['iteration_time_s']:g} s gives {tokens:,.0f} tokens/s, but the run's tokens/s says "
                         f"{stated:,.0f} ({stated / tokens - 1:+.0%}): give the two of one run, or one of them")
+
+
+# Throughputs of the schema a team's run is not fitted on (published_runs.measured_tokens_per_s reads
+# TFLOP/s only for the papers whose FLOP formula it knows): a run that gives one of them and no tokens/s
+# or step time is refused, naming it.
+UNREAD_THROUGHPUTS = ("tflops_per_gpu", "mfu", "hfu", "aggregate_pflops", "samples_per_sec_total")
 
 
 # A team's run names its MLP's activation as the schema does: a gated MLP (three matrices) is swiglu

@@ -924,6 +924,11 @@ def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
                                                 "first_dense_layers": 1}, "parallel__ep": 8},
      "model.ffn_hidden", "expected the MLP's width (of the dense layers)"),
     ({"model__ffn_act": None}, "model.ffn_act", "expected the MLP's activation"),
+    # a speed the fit does not read: with a peak beside it, the run was fitted on its memory alone without a
+    # word; without one, refused as measuring nothing
+    ({"measured": {"tflops_per_gpu": 387.9, "memory_gb_per_gpu": 60.0}}, "measured.tflops_per_gpu",
+     "is not read as a throughput"),
+    ({"measured": {"mfu": 0.39}}, "measured.mfu", "give iteration_time_s, tokens_per_sec_total or tokens_per_sec_per_gpu"),
 ])
 def test_a_team_run_is_read_as_it_ran_or_refused_naming_its_key(changes, key, needle):
     with pytest.raises(CaseError, match=rf"^runs.yaml: team-run-1\.{re.escape(key)}: .*{re.escape(needle)}"):
