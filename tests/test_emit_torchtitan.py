@@ -411,6 +411,11 @@ def test_qwen3_235b_is_built_as_itself_not_as_the_30b_whose_training_config_it_t
         "gpu": "h100-sxm-80gb", "num_gpus": 8}, "training": {**case["training"], "global_batch_size": 64}},
         top_k=0).best, ["x"])
     assert "Not here: the model" not in llama[emit.OVERRIDES_FILE]
+    # Only there is overrides.txt what torchtitan_config.py is: on qwen3_30b_a3b it was called "equivalent"
+    # above the lines saying what it leaves out (and diagnose refuses it, as it trains another model).
+    assert f"equivalent to {emit.CONFIG_FILE}" in llama[emit.OVERRIDES_FILE]
+    assert "equivalent" not in files[emit.OVERRIDES_FILE] and \
+        f"the settings of {emit.CONFIG_FILE} on qwen3_30b_a3b, not the job it plans" in files[emit.OVERRIDES_FILE]
     source = (Path(torchtitan.__file__).parent / "models" / "qwen3" / "__init__.py").read_text()
     built = source[source.index("def _235b_a22b("):]
     built = built[:built.index("\ndef ")]

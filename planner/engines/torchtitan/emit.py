@@ -435,28 +435,34 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
     opts = overrides(estimate)  # also refuses what torchtitan cannot express
     (module, function), _ = base_config(estimate.job.model)
     nnodes, nproc = launch_shape(estimate)
+    job = estimate.job
+    not_here = (([f"Not here: the quantization converters (CONVERTERS in {CONFIG_FILE}); the model spec is "
+                  "no command-line option."] if job.training.recipe is not None else [])
+                + ([f"Not here either: {function} builds its model with {BASE_CONVERTERS[function]}, which no "
+                    f"command-line option removes: these overrides on it train another precision than the "
+                    f"plan's; run {CONFIG_FILE} (launch.sh does), which rebuilds the model as planned."]
+                   if function in BASE_CONVERTERS else [])
+                + ([f"Not here: the model: {function} builds torchtitan's {base_flavor(function)} model and the "
+                    f"model spec is no command-line option, so these overrides on it train that model, not the "
+                    f"planned {model_flavor(job.model)}; run {CONFIG_FILE} (launch.sh does), which "
+                    f"rebuilds it (MODEL_FLAVOR)."]
+                   if model_flavor(job.model) != base_flavor(function) else [])
+                + ([f"Not here: the multi-token prediction layers and their loss (MTP_LAYERS in {CONFIG_FILE}); "
+                    "neither is a command-line option."] if job.model.mtp_layers else [])
+                + ([f"Not here: the attention backend: {function} builds VarlenAttention, which torchtitan "
+                    "refuses under context parallelism, and the model spec is no command-line option: these "
+                    f"overrides on it stop at startup; run {CONFIG_FILE} (launch.sh does), which rebuilds it "
+                    "with FlexAttention (ATTN_BACKEND)."] if needs_flex_attention(job) else []))
+    # Equivalent only where nothing the plan priced is left out: else the settings of CONFIG_FILE, short
+    # of what follows (`diagnose` refuses these overrides then, as they train another job).
+    title = f"Command-line overrides for torchtitan 0.3.0, equivalent to {CONFIG_FILE}:" if not not_here else \
+        f"Command-line overrides for torchtitan 0.3.0: the settings of {CONFIG_FILE} on {function}, not the job it " \
+        "plans (below what these leave out):"
     overrides_text = (
         comment(header)
-        + comment([f"Command-line overrides for torchtitan 0.3.0, equivalent to {CONFIG_FILE}:",
+        + comment([title,
                    f"python -m torchtitan.train --module {module} --config {function} $(grep -v '^#' {OVERRIDES_FILE})",
-                   "The activation_checkpoint:<mode> subcommand must stay last."]
-                  + ([f"Not here: the quantization converters (CONVERTERS in {CONFIG_FILE}); the model spec is "
-                      "no command-line option."] if estimate.job.training.recipe is not None else [])
-                  + ([f"Not here either: {function} builds its model with {BASE_CONVERTERS[function]}, which no "
-                      f"command-line option removes: these overrides on it train another precision than the "
-                      f"plan's; run {CONFIG_FILE} (launch.sh does), which rebuilds the model as planned."]
-                     if function in BASE_CONVERTERS else [])
-                  + ([f"Not here: the model: {function} builds torchtitan's {base_flavor(function)} model and the "
-                      f"model spec is no command-line option, so these overrides on it train that model, not the "
-                      f"planned {model_flavor(estimate.job.model)}; run {CONFIG_FILE} (launch.sh does), which "
-                      f"rebuilds it (MODEL_FLAVOR)."]
-                     if model_flavor(estimate.job.model) != base_flavor(function) else [])
-                  + ([f"Not here: the multi-token prediction layers and their loss (MTP_LAYERS in {CONFIG_FILE}); "
-                      "neither is a command-line option."] if estimate.job.model.mtp_layers else [])
-                  + ([f"Not here: the attention backend: {function} builds VarlenAttention, which torchtitan "
-                      "refuses under context parallelism, and the model spec is no command-line option: these "
-                      f"overrides on it stop at startup; run {CONFIG_FILE} (launch.sh does), which rebuilds it "
-                      "with FlexAttention (ATTN_BACKEND)."] if needs_flex_attention(estimate.job) else []))
+                   "The activation_checkpoint:<mode> subcommand must stay last."] + not_here)
         + "".join(" ".join(argument_word("torchtitan", word) for word in opt) + "\n" for opt in opts)
     )
     launch = (
