@@ -871,7 +871,8 @@ def read_training(path: Path, case) -> dict:
     - ``fp32_grads``: ``validate_args`` (megatron/training/arguments.py) accumulates and all-reduces
       the gradients of a ``--bf16`` run in fp32 unless ``--grad-reduce-in-bf16`` (or
       ``--main-grads-dtype bf16``); ``--accumulate-allreduce-grads-in-fp32`` asks for it outright.
-    - ``tp_comm_overlap``: ``--tp-comm-overlap`` (off by default).
+    - ``tp_comm_overlap``: ``--tp-comm-overlap`` (off by default), where tp > 1 (it needs sequence
+      parallelism, which validate_args turns off at tp 1).
     - ``moe_comm_overlap``: ``--overlap-moe-expert-parallel-comm`` (off by default).
     - ``fp8_param_gather`` (a low-precision recipe): ``--fp8-param-gather`` (``--fp4-param-gather``
       under NVFP4), off by default: the weights are kept in 16 bits and quantized each step.
@@ -895,11 +896,18 @@ def _training(flags: dict, case, src: str) -> dict:
         # Megatron-FSDP keeps its gradients in the dtype this flag names (Megatron-LM's
         # mcore_fsdp_adapter), whatever --grad-reduce-in-bf16 says
         fp32_grads = fsdp_grads.lower() in ("fp32", "float32")
+    tp = int(flags.get("--tensor-model-parallel-size") or 1)
+    if "--tp-comm-overlap" in flags and (tp == 1 or "--sequence-parallel" not in flags):
+        # validate_args turns sequence parallelism off at tp 1, then asserts it under --tp-comm-overlap
+        raise CaseError(src, "--tp-comm-overlap", "needs --sequence-parallel with tp > 1 (validate_args asserts "
+                                                  "it, and turns sequence parallelism off at tp 1): the run would "
+                                                  "not start")
     settings = {
         "fp32_grads": fp32_grads,
-        "tp_comm_overlap": "--tp-comm-overlap" in flags,
         "moe_comm_overlap": "--overlap-moe-expert-parallel-comm" in flags,
     }
+    if tp > 1:  # at tp 1 there is no tensor-parallel communication to overlap: the case's word stands
+        settings["tp_comm_overlap"] = "--tp-comm-overlap" in flags
     if case.training.recipe is not None:  # the weights kept quantized: off unless the flag is given
         settings["fp8_param_gather"] = ("--fp4-param-gather" if case.training.precision == "nvfp4"
                                         else "--fp8-param-gather") in flags
