@@ -17,20 +17,26 @@ from typing import Any, Callable, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# The deepest a case's values are looked into: past it a structure is left as given, for the readers
+# to refuse by name (a value nested past Python's recursion limit is, in tests/test_api_service.py).
+MAX_DEPTH = 64
+
+
 def plain(value: Any) -> Any:
-    """``value`` with every numpy scalar and os.PathLike in it (through dicts, lists and tuples) made
-    the Python value it stands for; a structure that holds itself is left as it is where it recurs."""
+    """``value`` with every numpy scalar and os.PathLike in it (through dicts, lists and tuples, MAX_DEPTH
+    deep) made the Python value it stands for; a structure that holds itself is left as it is where it
+    recurs."""
     memo: dict[int, Any] = {}
 
-    def walk(v: Any) -> Any:
-        if isinstance(v, (dict, list, tuple)):
+    def walk(v: Any, depth: int = 0) -> Any:
+        if isinstance(v, (dict, list, tuple)) and depth < MAX_DEPTH:
             if id(v) in memo:  # a shared part is converted once; a cycle stays the caller's object
                 return memo[id(v)]
             memo[id(v)] = v
             if isinstance(v, dict):
-                out: Any = {k: walk(x) for k, x in v.items()}
+                out: Any = {k: walk(x, depth + 1) for k, x in v.items()}
             else:
-                out = [walk(x) for x in v] if isinstance(v, list) else tuple(walk(x) for x in v)
+                out = [walk(x, depth + 1) for x in v] if isinstance(v, list) else tuple(walk(x, depth + 1) for x in v)
             memo[id(v)] = out
             return out
         if isinstance(v, os.PathLike):
