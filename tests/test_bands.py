@@ -43,10 +43,12 @@ def test_an_estimates_band_is_its_prediction_times_its_class_percentiles():
 
 
 def test_a_recipe_that_ran_is_at_risk_not_refused():
-    """84.3 GB against an H100's 84.0 usable (the driver's 1 % and the CUDA context off its 85.9): the
-    band's low end fits, its upper end does not. `estimate` says "at risk" and exits 0."""
+    """86.6 GB against an H100's 84.0 usable (the driver's 1 % and the CUDA context off its 85.9): the
+    band's low end fits, its upper end does not. `estimate` says "at risk" and exits 0. (84.3 GB before
+    the attention's bf16 output was counted beside linear_proj's fp8 copy under delayed scaling: 32
+    layers × 8,192 tokens × 4,096 × 2 bytes, 2.15 GB, and the allocator's 10 % on it.)"""
     est = planner.estimate(EIGHT_B_FP8)
-    assert est.peak.total / 1e9 == pytest.approx(84.3, abs=0.05)
+    assert est.peak.total / 1e9 == pytest.approx(84.3 + 32 * 8192 * 4096 * 2 * 1.1 / 1e9, abs=0.05)
     assert est.usable_bytes / 1e9 == pytest.approx(85.90 * 0.99 - 1.07, abs=0.01)
     assert est.fits and est.memory_verdict == "at risk"
 
