@@ -122,6 +122,12 @@ class EngineBehaviour:
     # every gradient of a group to fp32 and flattens the copies into one fp32 buffer before it frees
     # the 16-bit ones (``runtime/fp16/fused_optimizer.py``, ``step``): 4 + 4.
     step_gradient_copy_bytes: float = 0.0
+    # Bytes per parameter of a rank's optimizer partition that the ZeRO-1 and -2 step copies its 16-bit
+    # gradient partition into before the optimizer runs (``memory.step_gradient_copy_bytes``):
+    # DeepSpeed's DeepSpeedZeroOptimizer flattens it (2) and casts the flat copy to fp32 (4), group by
+    # group (``runtime/zero/stage_1_and_2.py``, ``step``). With fp32 accumulation the partition is one
+    # fp32 buffer already, and an offloaded optimizer steps on the host: no copy.
+    zero_step_gradient_copy_bytes: float = 0.0
     # A flat buffer of every parameter's gradient, in the gradients' dtype, beside the ones autograd
     # writes, at ZeRO 0-1 (``memory.stage_memories``), folded into after each micro-batch's backward
     # (``stage_time.gradient_accumulation_time``: read 2 + 2, write 2, and autograd's zeroed, 2):
@@ -192,6 +198,10 @@ class EngineBehaviour:
     # core-attention recomputation, or PyTorch op-level selective checkpointing that keeps
     # attention and every other matmul (torchtitan's default selective mode).
     selective: str = "matmuls"
+    # Q, K and V from one linear: torchtitan 0.3.0 builds every llama3, qwen3 and gpt_oss flavour with
+    # fuse_qkv=True (models/*/__init__.py), so the "matmuls" policy, which keeps every other matmul's
+    # output (distributed/activation_checkpoint.py), keeps K too and recomputes no K projection.
+    fused_qkv: bool = False
     # Fused kernels: the vendor's fused attention (Transformer Engine → cuDNN) and fused
     # element-wise kernels (SwiGLU, rotary embeddings: Megatron's fusions, or torch.compile),
     # which also keep fewer tensors for backward (``activations.layer_activations``).

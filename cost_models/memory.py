@@ -382,16 +382,27 @@ def flat_accumulator_bytes(job: Job, stage: int) -> float:
 
 
 def step_gradient_copy_bytes(job: Job, stage: int) -> float:
-    """What the optimizer step holds beside the model states of one GPU of ``stage`` at ZeRO 0 with
-    16-bit gradients (``EngineBehaviour.step_gradient_copy_bytes``): DeepSpeed's FP16_Optimizer
-    casts the gradients to fp32 and flattens them before it frees them (``fused_optimizer.py``,
-    ``step``), 8 bytes a parameter (24 with the states' 16) after the backward's activations
-    are gone."""
+    """What the optimizer step holds beside the model states of one GPU of ``stage`` with 16-bit
+    gradients, after the backward's activations are gone:
+
+    - at ZeRO 0 (``EngineBehaviour.step_gradient_copy_bytes``), DeepSpeed's FP16_Optimizer casts the
+      gradients to fp32 and flattens them before it frees them (``fused_optimizer.py``, ``step``), 8
+      bytes a parameter (24 with the states' 16);
+    - at ZeRO 1 and 2 (``EngineBehaviour.zero_step_gradient_copy_bytes``), DeepSpeed's ZeRO optimizer
+      flattens the rank's gradient partition and casts it to fp32, 6 bytes a parameter of the partition
+      (``stage_1_and_2.py``, ``step``), once it has freed a ZeRO-1 rank's gradients of the parameters
+      outside its partition (``free_grad_in_param_list``): only what passes them counts."""
     training, lay = job.training, job.layout
-    if not training.engine.step_gradient_copy_bytes or lay.zero_stage != 0 or training.precision == "fp32" \
-            or fp32_gradients(training):
+    engine = training.engine
+    if training.precision == "fp32" or fp32_gradients(training):
         return 0.0
-    return training.engine.step_gradient_copy_bytes * job_stage_parameters(job, stage).total
+    if lay.zero_stage == 0:
+        return engine.step_gradient_copy_bytes * job_stage_parameters(job, stage).total
+    if lay.zero_stage in (1, 2) and engine.zero_step_gradient_copy_bytes and not lay.offload_optimizer:
+        partition = optimizer_local_parameters(job, stage)
+        freed = stage_state_bytes(job, stage).gradients - working_bytes(training).gradients * partition
+        return max(0.0, engine.zero_step_gradient_copy_bytes * partition - freed)
+    return 0.0
 
 
 def offload_gradient_copies(job: Job, stage: int) -> tuple[float, float]:
