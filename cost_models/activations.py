@@ -176,21 +176,24 @@ def selective_modules(model: ModelSpec, training: TrainingSpec, layout: Layout) 
 SELECTIVE_POLICIES = ("attention", "matmuls")
 
 
-def matmul_policy_saved_elements(model: ModelSpec, layout: Layout, mlp: bool = True) -> float:
+def matmul_policy_saved_elements(model: ModelSpec, layout: Layout, mlp: bool = True,
+                                 fused_qkv: bool = False) -> float:
     """Elements per token one layer keeps under the "matmuls" policy.
 
     torchtitan's policy counts the matmuls of a block and saves the odd-numbered ones'
     outputs. A Llama block (SwiGLU) runs wq, wk, wv, wo, w1, w3, w2: q, v, w1's and w2's
-    outputs are kept; a GPT block (GeLU) runs qkv, proj, fc1, fc2: qkv's and fc1's. Both
-    keep the block's input (the checkpoint's) and the attention output.
+    outputs are kept; with Q, K and V from one linear (``EngineBehaviour.fused_qkv``) it runs wqkv,
+    wo, w1, w3, w2: q, k and v, w1's and w2's; a GPT block (GeLU) runs qkv, proj, fc1, fc2:
+    qkv's and fc1's. Both keep the block's input (the checkpoint's) and the attention output.
     """
     h, t = model.hidden_size, layout.tp
     f = model.ffn_hidden_size if mlp else 0
     kv = max(model.num_kv_heads // t, 1) * model.value_head_dim
+    keys = max(model.num_kv_heads // t, 1) * model.head_dim if fused_qkv else 0
     q, context = model.q_size / t, model.context_size / t
     sp = t if layout.sequence_parallel else 1
     if model.activation == "swiglu":
-        return h / sp + q + kv + f / t + h / sp + context
+        return h / sp + q + keys + kv + f / t + h / sp + context
     return h / sp + (q + 2 * kv) + f / t + context
 
 
@@ -216,7 +219,8 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
         if selective == "matmuls":
             # An MoE layer keeps its experts' tensors as without recomputation: the policy saves
             # the outputs of its grouped GEMMs, and the dispatch is not run twice.
-            kept = p * tokens * matmul_policy_saved_elements(model, layout, mlp=not moe)
+            kept = p * tokens * matmul_policy_saved_elements(model, layout, mlp=not moe,
+                                                             fused_qkv=training.engine.fused_qkv)
             return kept + (full.mlp_hidden if moe else 0.0)
         return full.total - selective_freed_bytes(model, training, layout, full, moe, quantized)
     return full.total

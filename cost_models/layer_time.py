@@ -259,8 +259,8 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
       (``layernorm``: one read and one write of the hidden states), and the dense MLP's forward
       (``mlp``, where ``mlp``: its two linears and its activation function);
     - "matmuls": the matmuls whose outputs are not kept and every element-wise kernel (wk, wo
-      and w3 of a Llama block, proj and fc2 of a GPT block;
-      :func:`activations.matmul_policy_saved_elements`).
+      and w3 of a Llama block, wo and w3 where Q, K and V come from one linear, proj and fc2 of a
+      GPT block; :func:`activations.matmul_policy_saved_elements`).
     """
     t = layer_time_for(model, training, gpu, tp, cp, micro_batch_size, sequence_parallel, quantized, weight_share)
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
@@ -280,8 +280,8 @@ def selective_recompute_time(model: ModelSpec, training: TrainingSpec, gpu: GPUS
     h, f = model.hidden_size, model.ffn_hidden_size
     kv = max(model.num_kv_heads // tp, 1) * model.head_dim
     if model.activation == "swiglu":
-        gemms = (Gemm("wk", tokens, kv, h), Gemm("wo", tokens, h, model.context_size / tp),
-                 Gemm("w3", tokens, f / tp, h))
+        gemms = (() if training.engine.fused_qkv else (Gemm("wk", tokens, kv, h),)) \
+            + (Gemm("wo", tokens, h, model.context_size / tp), Gemm("w3", tokens, f / tp, h))
     else:
         gemms = (Gemm("proj", tokens, h, model.context_size / tp), Gemm("fc2", tokens, h, f / tp))
     memory = layer_elementwise_time(model, training, lay, tokens, gpu)
