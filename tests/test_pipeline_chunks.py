@@ -42,15 +42,19 @@ def test_the_first_chunk_runs_ahead_so_lightening_it_lowers_the_peak():
 
 
 def test_the_planners_uneven_split_is_what_megatron_builds_and_fits_deepseek_v3():
-    """DeepSeek-V3 in fp8 on 1,024 H100s at tp 2, pp 8, vpp 4, ep 64, micro-batch 1, no
-    recomputation: Megatron-Bridge's 25.09 performance table ran it (1,328,128 tokens/s). With the
-    spare layers on rank 0's first chunk the model had it at 78.1 GiB, over an H100's 77.6 usable;
-    with them in the middle, rank 0 holds 7 layers, the busiest rank (2) 76.0 GiB, and it fits."""
+    """DeepSeek-V3 in fp8 on 1,024 H100s at tp 2, pp 8, vpp 4, ep 64, micro-batch 1: Megatron-Bridge's
+    25.09 performance table ran it (1,328,128 tokens/s), with MLA's up-projections and the dense MLPs
+    recomputed (its perf script's, planner/published_runs.py BRIDGE_2509_SETTINGS). With the spare
+    layers on rank 0's first chunk the model had it, without that recomputation, at 78.1 GiB, over an
+    H100's 77.6 usable; with them in the middle, rank 0 holds 7 layers, and it fits. (Without the
+    recomputation it is now 83.0 GiB: the attention's bf16 output beside its fp8 copy, which the
+    non-delayed recipes' linear_proj does not keep.)"""
     case = {"model": {"preset": "deepseek-v3"}, "cluster": {"gpu": "h100", "num_gpus": 1024},
             "training": {"global_batch_size": 8192, "seq_len": 4096, "precision": "fp8", "engine": "megatron",
                          "tp_comm_overlap": True},
             "layout": {"tp": 2, "pp": 8, "vpp": 4, "dp": 64, "ep": 64, "micro_batch_size": 1, "zero_stage": 1,
-                       "sequence_parallel": True}}
+                       "sequence_parallel": True, "recompute": "selective",
+                       "recompute_modules": ["mla_up_proj", "mlp"]}}
     estimate = planner.estimate(case)
     assert estimate.job.stage_layers == (7, 8, 8, 8, 8, 8, 7, 7)
     assert estimate.job.rank_chunk_layers(0) == (1, 2, 2, 2)
