@@ -120,14 +120,23 @@ class EngineBehaviour:
     # gradients (``memory.step_gradient_copy_bytes``): DeepSpeed's FP16_Optimizer (fp16, or bf16 with
     # no pipeline: ``runtime/engine.py`` ``_do_optimizer_sanity_check``, FP16 and DDP_BFLOAT16) casts
     # every gradient of a group to fp32 and flattens the copies into one fp32 buffer before it frees
-    # the 16-bit ones (``runtime/fp16/fused_optimizer.py``, ``step``): 4 + 4.
+    # the 16-bit ones (``runtime/fp16/fused_optimizer.py``, ``step``): 4 + 4. Megatron's
+    # Float16OptimizerWithFloat16Params gives every fp32 master an fp32 copy of its bf16 main_grad
+    # (``optimizer/optimizer.py``, ``_copy_model_grads_to_main_grads``: ``main_grad.float()``), freed by
+    # the next step's zero_grad: 4.
     step_gradient_copy_bytes: float = 0.0
-    # Bytes per parameter of a rank's optimizer partition that the ZeRO-1 and -2 step copies its 16-bit
-    # gradient partition into before the optimizer runs (``memory.step_gradient_copy_bytes``):
-    # DeepSpeed's DeepSpeedZeroOptimizer flattens it (2) and casts the flat copy to fp32 (4), group by
-    # group (``runtime/zero/stage_1_and_2.py``, ``step``). With fp32 accumulation the partition is one
-    # fp32 buffer already, and an offloaded optimizer steps on the host: no copy.
+    # Bytes per parameter of a rank's optimizer partition that the sharded step (at the ZeRO stages of
+    # ``zero_step_gradient_copy_stages``) copies its 16-bit gradient partition into before the optimizer
+    # runs (``memory.step_gradient_copy_bytes``): DeepSpeed's DeepSpeedZeroOptimizer flattens it (2)
+    # and casts the flat copy to fp32 (4), group by group (``runtime/zero/stage_1_and_2.py``, ``step``),
+    # having freed a rank's gradients outside its partition (``step_frees_unpartitioned_gradients``);
+    # Megatron's distributed optimizer gives each fp32 shard an fp32 copy of its bf16 main_grad (4,
+    # ``optimizer/distrib_optimizer.py``: ``shard_main_param.grad = shard_model_grad.float()``), its
+    # gradient buffer kept whole. With fp32 accumulation the partition is fp32 already, and an
+    # offloaded optimizer steps on the host: no copy.
     zero_step_gradient_copy_bytes: float = 0.0
+    zero_step_gradient_copy_stages: tuple[int, ...] = (1, 2)
+    step_frees_unpartitioned_gradients: bool = False
     # A flat buffer of every parameter's gradient, in the gradients' dtype, beside the ones autograd
     # writes, at ZeRO 0-1 (``memory.stage_memories``), folded into after each micro-batch's backward
     # (``stage_time.gradient_accumulation_time``: read 2 + 2, write 2, and autograd's zeroed, 2):
@@ -271,6 +280,13 @@ class EngineBehaviour:
     # to, through pinned 16-bit host buffers beside the optimizer's fp32 gradient partition
     # (DeepSpeed ``stage_1_and_2.py``: ``offload.gradient_copies``, ``offload.host_gradient_bytes``).
     offload_accumulates_on_host: bool = False
+    # With the optimizer offloaded at ZeRO 1-2, its staging buffers: a pinned 16-bit copy of the rank's
+    # partition on the host, through which the updated weights return to the GPU
+    # (``param_buffer_of_bit16_for_cpu_offload_groups``), and one of the largest parameter's size in
+    # 16 bits on the host and another on the GPU for the gradients' copies
+    # (``temp_grad_buffer_for_cpu_offload``, ``temp_grad_buffer_for_gpu_offload``): DeepSpeed
+    # ``stage_1_and_2.py``, ``__init__`` (:func:`memory.offload_staging_bytes`).
+    offload_staging_buffers: bool = False
     # Optimizer offload that keeps fp32 gradient copies for its step: a pinned fp32 host buffer for
     # each offloaded parameter's gradient, and for a partial offload an fp32 copy of each GPU-kept
     # parameter's 16-bit gradient on the GPU, never freed (megatron-core

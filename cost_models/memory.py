@@ -15,7 +15,7 @@ from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_grad
                            gathered_weight_bytes, keeps_weights_quantized, quantizes_weights_once_a_step,
                            sharded_state_bytes, state_bytes, working_bytes, zero_shards)
 from .offload import accumulates_on_host, gradients_on_host, host_gradient_bytes, offloaded_activation_layers
-from .parameters import (StageParameters, attention_parameters, expert_parameters, mlp_parameters,
+from .parameters import (StageParameters, attention_parameters, expert_parameters, largest_parameter, mlp_parameters,
                          router_parameters, shared_expert_parameters, stage_dense_linear_parameters,
                          stage_linear_parameters, stage_parameters, total_parameters)
 from .quantization import cached_weight_bytes
@@ -165,7 +165,11 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
 
     # A rank's chunks take a few sizes at most: each priced once (vpp runs to a layer a chunk).
     by_size = {n: chunk_bytes(n) for n in set(chunk_sizes)}
-    total = in_flight_peak(lay.pp, lay.vpp, job.num_microbatches, stage, [by_size[n] for n in chunk_sizes])
+    per_chunk = [by_size[n] for n in chunk_sizes]
+    total = in_flight_peak(lay.pp, lay.vpp, job.num_microbatches, stage, per_chunk)
+    # What the last stage holds when its LM head is live: right after a forward of its last chunk.
+    at_head = total if stage < lay.pp - 1 or lay.vpp == 1 else \
+        in_flight_peak(lay.pp, lay.vpp, job.num_microbatches, stage, per_chunk, chunk=lay.vpp - 1)
     dense = layers > moe  # the kinds of layer the stage holds: what one of them holds again is its kind's
     again = 0.0  # what a layer's backward holds again: its recomputed activations, or restored modules
     if lay.recompute == "full" and (lay.recompute_num_layers is None or lay.recompute_num_layers > 0):
@@ -177,19 +181,25 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
             working = max(0.0, recomputed * shared.checkpointed + working - total)
         again += 0.0 if forward_only else working
     again += max(shared.restored if dense else 0.0, shared.restored_moe if moe else 0.0)
-    total += again
+    extra = (kept if offloaded else 0.0) + (chunks * shared.embedding if stage == 0 else 0.0)
     if offloaded:  # the layer whose copy is under way
         total += kept
     if stage == 0:
         total += chunks * shared.embedding
     if stage == lay.pp - 1:
         ends = shared.head + (0.0 if forward_only else shared.loss_gradients)
-        if lay.vpp == 1 and not forward_only:
-            # The last stage runs each micro-batch's backward right after its forward, the head's
-            # first: its logits and the loss's gradients are freed before any layer holds its
-            # activations again, so the two are not held at once.
-            ends = max(0.0, ends - again)
-        total += ends + mtp_activation_bytes(job, shared, dense_kept)
+        if forward_only:
+            total += again + ends
+        else:
+            # The last stage runs each micro-batch's backward right after the forward of its last chunk,
+            # the head's first: its logits and the loss's gradients are freed before any layer holds its
+            # activations again, so the two are never held at once; and the head is live only right
+            # after that forward (with vpp > 1 the rank may peak at another chunk's without it:
+            # megatron-core's schedule table, pipeline.in_flight_peak).
+            total = max(total + again, at_head + extra + ends)
+        total += mtp_activation_bytes(job, shared, dense_kept)
+    else:
+        total += again
     return total
 
 
@@ -348,7 +358,7 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
         params = job_stage_parameters(job, stage)
         gradients = states.gradients * on_gpu_gradients + params.dense * buckets[0] + params.expert * buckets[1] \
             + offload_gradient_copies(job, stage)[0] + flat_accumulator_bytes(job, stage)
-        other = fixed
+        other = fixed + offload_staging_bytes(job, stage)[0]
         if unsharded:
             # The stage's gradients whole in the reduce dtype, and its 16-bit weights gathered at the
             # end of each backward in place of the two units in flight (an upper bound: at that
@@ -387,22 +397,38 @@ def step_gradient_copy_bytes(job: Job, stage: int) -> float:
 
     - at ZeRO 0 (``EngineBehaviour.step_gradient_copy_bytes``), DeepSpeed's FP16_Optimizer casts the
       gradients to fp32 and flattens them before it frees them (``fused_optimizer.py``, ``step``), 8
-      bytes a parameter (24 with the states' 16);
-    - at ZeRO 1 and 2 (``EngineBehaviour.zero_step_gradient_copy_bytes``), DeepSpeed's ZeRO optimizer
-      flattens the rank's gradient partition and casts it to fp32, 6 bytes a parameter of the partition
+      bytes a parameter (24 with the states' 16); Megatron's gives every fp32 master a copy of its
+      bf16 gradient, 4 (20);
+    - sharded (``EngineBehaviour.zero_step_gradient_copy_bytes``), DeepSpeed's ZeRO optimizer flattens
+      the rank's gradient partition and casts it to fp32, 6 bytes a parameter of the partition
       (``stage_1_and_2.py``, ``step``), once it has freed a ZeRO-1 rank's gradients of the parameters
-      outside its partition (``free_grad_in_param_list``): only what passes them counts."""
+      outside its partition (``free_grad_in_param_list``: only what passes them counts); Megatron's
+      distributed optimizer casts its shard, 4, its gradient buffer kept."""
     training, lay = job.training, job.layout
     engine = training.engine
     if training.precision == "fp32" or fp32_gradients(training):
         return 0.0
     if lay.zero_stage == 0:
         return engine.step_gradient_copy_bytes * job_stage_parameters(job, stage).total
-    if lay.zero_stage in (1, 2) and engine.zero_step_gradient_copy_bytes and not lay.offload_optimizer:
+    if lay.zero_stage in engine.zero_step_gradient_copy_stages and engine.zero_step_gradient_copy_bytes \
+            and not lay.offload_optimizer:
         partition = optimizer_local_parameters(job, stage)
-        freed = stage_state_bytes(job, stage).gradients - working_bytes(training).gradients * partition
+        freed = stage_state_bytes(job, stage).gradients - working_bytes(training).gradients * partition \
+            if engine.step_frees_unpartitioned_gradients else 0.0
         return max(0.0, engine.zero_step_gradient_copy_bytes * partition - freed)
     return 0.0
+
+
+def offload_staging_bytes(job: Job, stage: int) -> tuple[float, float]:
+    """(on the GPU, on the host) bytes of an offloaded optimizer's staging buffers on one GPU of
+    ``stage`` (``EngineBehaviour.offload_staging_buffers``, ZeRO 1-2): the largest parameter's size in
+    the 16-bit dtype on each side, and on the host the rank's partition in it too."""
+    lay = job.layout
+    if not (job.training.engine.offload_staging_buffers and lay.offload_optimizer and lay.zero_stage in (1, 2)):
+        return 0.0, 0.0
+    dtype = working_bytes(job.training).weights
+    largest = dtype * largest_parameter(job.model, stage == 0, stage == lay.pp - 1, lay.tp)
+    return largest, largest + dtype * optimizer_local_parameters(job, stage)
 
 
 def offload_gradient_copies(job: Job, stage: int) -> tuple[float, float]:
@@ -480,7 +506,8 @@ def host_bytes(job: Job) -> float:
             gradients = optimizer_local_parameters(job, stage) * lay.offload_optimizer * host_gradient_bytes(job)
         else:
             gradients = states.gradients * (1 - gpu.gradients) + offload_gradient_copies(job, stage)[1]
-        on_host = states.weights * (1 - gpu.weights) + gradients + states.optimizer * (1 - gpu.optimizer)
+        on_host = states.weights * (1 - gpu.weights) + gradients + states.optimizer * (1 - gpu.optimizer) \
+            + offload_staging_bytes(job, stage)[1]
         most = max(most, on_host + activations)
     return most
 

@@ -155,6 +155,14 @@ class StageParameters:
 
 
 @lru_cache(maxsize=4096)
+def largest_parameter(model: ModelSpec, first: bool, last: bool, tp: int) -> float:
+    """Elements of the largest parameter tensor a GPU of a pipeline stage holds: the embedding (the
+    first stage) or the LM head (the last), else a layer's largest matrix (an MLP's h × f, an
+    expert's, W_Q's h × a·d), each split over tp."""
+    largest = model.hidden_size * max(model.ffn_hidden_size, model.moe_ffn_hidden_size, model.q_size) / tp
+    return max(largest, embedding_parameters(model) / tp) if first or last else largest
+
+
 def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp: int, moe_layers: int = 0,
                      ep: int = 1, etp: int = 1) -> StageParameters:
     """Parameters one GPU of a pipeline stage of ``layers`` layers (``moe_layers`` of them with

@@ -13,7 +13,7 @@ Korthikanti et al. 2022 §4.2.3.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 def in_flight_chunks(pp: int, vpp: int, microbatches: int, stage: int) -> int:
@@ -24,9 +24,11 @@ def in_flight_chunks(pp: int, vpp: int, microbatches: int, stage: int) -> int:
     return min(warmup + 1, microbatches * vpp)
 
 
-def in_flight_peak(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: Sequence[float]) -> float:
+def in_flight_peak(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: Sequence[float],
+                   chunk: Optional[int] = None) -> float:
     """The most that stage ``stage`` holds at once of what each of its model chunks keeps per
-    micro-batch in flight (``per_chunk``, the rank's chunks in model order).
+    micro-batch in flight (``per_chunk``, the rank's chunks in model order); with ``chunk``, the
+    most it holds right after a forward of that chunk (the last stage's last chunk: the LM head's).
 
     Megatron runs each rank's forwards and backwards by its schedule table
     (``schedules.get_schedule_table``, ``microbatch_group_size_per_vp_stage`` = p): the k-th
@@ -35,8 +37,10 @@ def in_flight_peak(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: 
     one backward, so the first chunk's forwards run ahead of its backwards: with chunks of unequal
     size the peak is where the heavy ones are most in flight, which may come after the warm-up.
     The composition repeats every p·v steps. Chunks of one size: :func:`in_flight_chunks` of them."""
-    if vpp == 1 or len(set(per_chunk)) == 1:
+    if vpp == 1 or (len(set(per_chunk)) == 1 and chunk is None):
         return in_flight_chunks(pp, vpp, microbatches, stage) * max(per_chunk)
+    if chunk is not None:
+        return _peak_after(pp, vpp, microbatches, stage, tuple(per_chunk), chunk)
     start, steps = _in_flight_steps(pp, vpp, microbatches, stage)
     # Each steady-state step adds one chunk's micro-batch (where the rank can peak) and then
     # frees one: the held total moves by two chunks' figures a step, not a sum over all v.
@@ -45,6 +49,23 @@ def in_flight_peak(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: 
     for added, freed in steps:
         held += per_chunk[added]
         peak = max(peak, held)
+        held -= per_chunk[freed]
+    return peak
+
+
+def _peak_after(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: tuple[float, ...], chunk: int) -> float:
+    """The most held right after a forward of ``chunk``, the warm-up's forwards one by one, then the
+    steady state's (:func:`in_flight_peak`)."""
+    start, steps = _in_flight_steps(pp, vpp, microbatches, stage)
+    held, peak = 0.0, 0.0
+    for k in range(sum(start)):  # the warm-up's k-th forward is of chunk ⌊k/p⌋ mod v
+        held += per_chunk[(k // pp) % vpp]
+        if (k // pp) % vpp == chunk:
+            peak = max(peak, held)
+    for added, freed in steps:
+        held += per_chunk[added]
+        if added == chunk:
+            peak = max(peak, held)
         held -= per_chunk[freed]
     return peak
 

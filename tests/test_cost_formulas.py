@@ -443,3 +443,24 @@ def test_selective_recompute_without_flash_attention_runs_the_softmax_again_as_k
     again = selective_recompute_time(job.model, job.training, job.cluster.gpu, 8, 1, 4, False,
                                      modules=("core_attn",))
     assert again == pytest.approx(1.3e-3, rel=0.35)
+
+
+@pytest.mark.parametrize("zero_stage, fp32_grads, per_parameter", [
+    (0, False, 4.0),  # Float16OptimizerWithFloat16Params: main_param.grad = model_param.main_grad.float()
+    (1, False, 4.0),  # the distributed optimizer: shard_main_param.grad = shard_model_grad.float(), its shard
+    (1, True, 0.0),  # an fp32 main_grad's .float() is itself: no copy
+])
+def test_megatrons_step_holds_an_fp32_copy_of_its_bf16_main_grads(zero_stage, fp32_grads, per_parameter):
+    """megatron-core 0.16 (optimizer/optimizer.py _copy_model_grads_to_main_grads; optimizer/distrib_optimizer.py)
+    gives every fp32 master (or master shard) an fp32 copy of its bf16 main_grad, freed by the next step's
+    zero_grad: 20 bytes a parameter at ZeRO 0 where 16 were priced (a Llama-3-8B shape at tp 8 on one node
+    with full recomputation: 20.6 GB, priced 16.9, and less than with fp32 main_grads)."""
+    from cost_models.memory import step_gradient_copy_bytes
+
+    case = load_case({"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+                      "training": {"global_batch_size": 8, "seq_len": 2048, "precision": "bf16", "engine": "megatron",
+                                   "fp32_grads": fp32_grads},
+                      "layout": {"tp": 8 // (1 + zero_stage), "micro_batch_size": 1, "zero_stage": zero_stage,
+                                 "sequence_parallel": True, "recompute": "full"}})
+    job = case.job()
+    assert step_gradient_copy_bytes(job, 0) == pytest.approx(per_parameter * optimizer_local_parameters(job, 0))

@@ -768,6 +768,50 @@ def test_the_zero_optimizers_step_copies_are_in_the_peak(zero_stage):
     assert peak_stage_memory(job).total >= at_step
 
 
+OFFLOAD_STAGING = """
+import os, socket, sys
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+import torch, deepspeed
+deepspeed.init_distributed(dist_backend="gloo")
+model = torch.nn.Sequential(torch.nn.Embedding(1000, 128), *[torch.nn.Linear(128, 128, bias=False) for _ in range(4)])
+n = sum(p.numel() for p in model.parameters())
+config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "train_batch_size": 4,
+          "bf16": {"enabled": True}, "zero_force_ds_cpu_optimizer": False,
+          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}},
+          "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}}}
+engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+staging = sum(t.numel() * t.element_size() for t in optimizer.param_buffer_of_bit16_for_cpu_offload_groups)
+host, gpu = optimizer.temp_grad_buffer_for_cpu_offload, optimizer.temp_grad_buffer_for_gpu_offload
+print(staging / n, host.numel() * host.element_size(), gpu.numel() * gpu.element_size())
+"""
+
+
+@pytest.mark.slow
+def test_an_offloaded_zero_optimizers_staging_buffers_are_priced():
+    """DeepSpeed's ZeRO-1/2 optimizer with cpu_offload keeps a 16-bit copy of the rank's partition on the
+    host, the updated weights' way back (param_buffer_of_bit16_for_cpu_offload_groups), and a 16-bit buffer
+    the size of the largest parameter on the host and another on the GPU (temp_grad_buffer_for_*_offload,
+    runtime/zero/stage_1_and_2.py __init__): measured on its own optimizer, 2 bytes a parameter and the
+    embedding's 1,000 × 128 in 16 bits each. Unpriced: 1 GB on the GPU for Llama 3 8B's embedding."""
+    import sys
+
+    from cost_models.memory import offload_staging_bytes, optimizer_local_parameters
+
+    done = subprocess.run([sys.executable, "-c", OFFLOAD_STAGING], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    per_parameter, host, gpu = (float(word) for word in done.stdout.split()[-3:])
+    assert per_parameter == 2 and host == gpu == 1000 * 128 * 2
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"},
+            "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": 2, "offload_optimizer": 1.0}}
+    job = planner.estimate(case).job
+    embedding = 128256 * 4096 * 2  # the largest parameter, in bf16
+    assert offload_staging_bytes(job, 0) == (embedding, embedding + per_parameter * optimizer_local_parameters(job, 0))
+
+
 def test_the_fp16_optimizers_step_copies_are_in_the_peak(monkeypatch):
     """At ZeRO 0 with 16-bit gradients DeepSpeed wraps Adam in FP16_Optimizer, whose step casts the
     gradients to fp32 and flattens them into one buffer before it frees the 16-bit ones

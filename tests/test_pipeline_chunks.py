@@ -102,3 +102,36 @@ def test_nvfp4_on_a_pipeline_is_planned_on_a_split_by_each_layers_time():
                    {"dp": 4, "tp": 2, "sequence_parallel": True, "stage_layers": [1, 5, 5, 5, 5, 5, 3, 2, 1]}):
         other = planner.estimate({**case, "layout": {"pp": 9, "micro_batch_size": 1, "zero_stage": 0, **layout}})
         assert other.fits and fastest <= other.step_time_s, layout
+
+
+# A Llama-3-8B-shaped model on 4 H100 nodes at tp 2, pp 4, vpp 2, 8,192 tokens a sequence: per micro-batch
+# a layer's checkpoint (its input, sequence-parallel) is 32 MiB, a layer whole 17·s·h/2 bytes (544 MiB), the
+# LM head's input and logits 2,068 MiB (2 + 2 bytes of its hidden input and 4 a logit over 128,256 / 2),
+# the loss's gradients 1,002 MiB.
+LLAMA_VPP = {"model": {"name": "llama-ish", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                       "num_kv_heads": 8, "ffn_hidden_size": 14336, "activation": "swiglu", "vocab_size": 128256},
+             "cluster": {"gpu": "h100-sxm-80gb", "nodes": 4},
+             "training": {"global_batch_size": 64, "seq_len": 8192, "precision": "bf16", "optimizer": "adamw",
+                          "engine": "megatron"},
+             "layout": {"tp": 2, "pp": 4, "vpp": 2, "micro_batch_size": 1, "zero_stage": 1, "sequence_parallel": True}}
+
+
+def test_the_last_stage_holds_its_lm_head_only_after_a_forward_of_its_last_chunk():
+    """megatron-core's interleaved schedule runs each steady step's forward and then the backward of the same
+    last-chunk micro-batch on the last rank (schedules.py: get_schedule_table, the backward of chunk
+    v - 1 - ⌊j/p⌋ mod v): the head's logits and the loss's gradients are freed before a layer is recomputed,
+    and are live only after a forward of the last chunk. At vpp > 1 they were added on top of both.
+
+    Full recomputation: 5 chunk micro-batches in flight × 4 layers × 32 MiB = 640 MiB, then either the head
+    (2,068 + 1,002) or one recomputed layer (544): 3,710 MiB (it was 4,254). No recomputation, 30 layers, the
+    embedding and the loss each counted as a layer (rank 3's chunks of 4 and 3): right after a last-chunk
+    forward the rank holds 19 layers and the head, 19 × 544 + 3,070 = 13,406 MiB; its 20 layers at a
+    first-chunk forward hold no head (it was 13,950)."""
+    full = {**LLAMA_VPP, "layout": {**LLAMA_VPP["layout"], "recompute": "full"}}
+    assert planner.estimate(full).stages[-1].activations == 3710 * 2**20
+    uneven = {**LLAMA_VPP, "model": {**LLAMA_VPP["model"], "num_layers": 30},
+              "layout": {**LLAMA_VPP["layout"], "account_for_embedding_in_pipeline_split": True,
+                         "account_for_loss_in_pipeline_split": True}}
+    estimate = planner.estimate(uneven)
+    assert estimate.job.rank_chunk_layers(3) == (4, 3)
+    assert estimate.stages[-1].activations == (19 * 544 + 2068 + 1002) * 2**20

@@ -71,8 +71,8 @@ BEHAVIOUR = EngineBehaviour(
     # Without fp32 master weights: bf16.bf16_master_weights_and_grads and bf16_optimizer_states.
     bf16_master_partition=True,
     reduce_after_pipeline=True, zero0_reduce_after_backward=True, fp32_accumulation_bytes=20.0,
-    step_gradient_copy_bytes=8.0, zero_step_gradient_copy_bytes=6.0,
-    offload_accumulates_on_host=True,
+    step_gradient_copy_bytes=8.0, zero_step_gradient_copy_bytes=6.0, step_frees_unpartitioned_gradients=True,
+    offload_accumulates_on_host=True, offload_staging_buffers=True,
     bucket_params=5e8, bucket_bytes=0.0, reduce_bucket_buffers=2, overlap_param_gather=False, loss_gradient_bytes=2.0,
     selective="attention", fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine",
     collective_launch_s=0.0, grouped_gemm_streams=1,

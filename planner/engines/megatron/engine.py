@@ -79,6 +79,9 @@ BEHAVIOUR = EngineBehaviour(
     offload_fp32_gradient_copies=True,
     quantized_param_gather=("delayed", "tensorwise", "mxfp8", "nvfp4"), quantized_param_gather_offloaded=("delayed",),
     saves_original_input_recipes=tuple(name for name in RECIPES if name != "delayed"),
+    # optimizer.py and distrib_optimizer.py: main_grad.float() for each fp32 master (its shard under the
+    # distributed optimizer; Megatron-FSDP's own path is not this one)
+    step_gradient_copy_bytes=4.0, zero_step_gradient_copy_bytes=4.0, zero_step_gradient_copy_stages=(1,),
 )
 
 
