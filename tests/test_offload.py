@@ -41,7 +41,9 @@ def test_offloaded_states_leave_the_gpu_for_the_host():
     optimizer's fp32 gradient partition, pinned for the run (stage_1_and_2.py,
     initialize_optimizer_states), and, over 8 micro-batches, the bf16 buffer they accumulate into
     (async_accumulate_grad_in_cpu_via_gpu): 12 + 4 + 2 bytes a parameter, where the bf16 shard
-    alone (12 + 2) was priced. Megatron's --optimizer-offload-fraction moves that share of the
+    alone (12 + 2) was priced; beside them its staging buffers, the partition in bf16 (2) and the
+    largest parameter's size, the embedding's, in bf16 (param_buffer_of_bit16_for_cpu_offload_groups,
+    temp_grad_buffer_for_cpu_offload). Megatron's --optimizer-offload-fraction moves that share of the
     distributed optimizer only."""
     plain = estimate(SMALL, "deepspeed", zero_stage=2)
     offloaded = estimate(SMALL, "deepspeed", zero_stage=2, offload_optimizer=1.0)
@@ -50,11 +52,12 @@ def test_offloaded_states_leave_the_gpu_for_the_host():
     assert plain.peak.gradients == pytest.approx(2 * params)
     assert offloaded.job.num_microbatches == 8
     assert offloaded.peak.optimizer_states == offloaded.peak.gradients == 0
-    assert offloaded.host_bytes == pytest.approx((12 + 4 + 2) * params)
+    embedding = 2 * 32000 * 4096  # Llama 2's largest parameter, in bf16
+    assert offloaded.host_bytes == pytest.approx((12 + 4 + 2 + 2) * params + embedding)
     assert plain.host_bytes == 0
     one = estimate({**SMALL, "training": {**SMALL["training"], "global_batch_size": 8}}, "deepspeed", zero_stage=2,
                    offload_optimizer=1.0)
-    assert one.job.num_microbatches == 1 and one.host_bytes == pytest.approx((12 + 4) * params)  # no accumulator
+    assert one.job.num_microbatches == 1 and one.host_bytes == pytest.approx((12 + 4 + 2) * params + embedding)
 
     # Megatron's HybridDeviceOptimizer (hybrid_optimizer.py, _set_sub_optimizer_grads) copies each
     # offloaded parameter's gradient into a pinned fp32 host buffer, and each GPU-kept one's into an fp32
@@ -305,4 +308,5 @@ def test_deepspeeds_bf16_master_keeps_its_gradient_partition_in_bf16_on_the_host
     assert est.host_bytes == pytest.approx((2 + 4 + 2 + 2) * params)
     assert sum(b * n for b, n in gradient_copies(est.job)) == 8 * 4 + 2
     two = estimate(pure, "deepspeed", zero_stage=2, offload_optimizer=1.0)
-    assert two.host_bytes == pytest.approx((2 + 4 + 2 + 2) * params)  # master, moments, partition, accumulator
+    # master, moments, partition, accumulator, and the staging buffers: the partition and the embedding in bf16
+    assert two.host_bytes == pytest.approx((2 + 4 + 2 + 2 + 2) * params + 2 * 32000 * 4096)
