@@ -4,7 +4,8 @@ An orchestration job builds its cases from what it has: a pandas sweep's rows gi
 and floats (``np.int64(4)`` for a tp of 4), a pipeline's paths are ``pathlib.Path`` objects. A case
 file read from YAML never holds either, and the readers (:mod:`planner.fields`) take Python's own
 types only, so the public functions take every argument through :func:`plain` first: numpy scalars
-become the Python numbers (and booleans) they hold, ``os.PathLike`` values their path strings. The
+become the Python numbers (and booleans) they hold (not dates and durations, whose item may be an
+integer of nanoseconds), arrays the lists they hold, ``os.PathLike`` values their path strings. The
 caller's own objects are never changed; anything else is left for the readers to accept or refuse.
 """
 
@@ -40,9 +41,16 @@ def plain(value: Any) -> Any:
             memo[id(v)] = out
             return out
         if isinstance(v, os.PathLike):
-            return os.fspath(v)
-        if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0 and hasattr(v, "item"):
-            return v.item()  # np.int64(4) -> 4, np.float32(0.5) -> 0.5, np.bool_(True) -> True
+            try:
+                path = os.fspath(v)
+            except Exception:  # a __fspath__ that raises, or returns no path: the readers refuse the value
+                return v
+            return path if isinstance(path, str) else v
+        if type(v).__module__ == "numpy" and hasattr(v, "dtype"):
+            if getattr(v, "ndim", None) == 0 and v.dtype.kind in "biuf":
+                return v.item()  # np.int64(4) -> 4, np.float32(0.5) -> 0.5, np.bool_(True) -> True
+            if getattr(v, "ndim", 0) >= 1 and depth < MAX_DEPTH:
+                return walk(v.tolist(), depth)  # an array: the list it holds, which no reader takes for one value
         return v
 
     return walk(value)

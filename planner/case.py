@@ -22,7 +22,7 @@ from .case_cluster import _cluster, cluster_profile, gpu_from_profile
 from .case_errors import case_message, spec_errors
 from .engines import ENGINES
 from .errors import CaseError, one_line
-from .fitted import check_fitted_fabric_kept, read_fitted
+from .fitted import check_fitted_figures_kept, read_fitted
 from .fields import (describe, read_bool, read_figure, read_file_path, read_for, read_int, read_mapping, read_number,
                      read_str, read_unit, required)
 from .hf_config import read_hf_config
@@ -202,7 +202,7 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
     search = read_search(src, data.get("search"), training, model)  # a bad search key fails `estimate` as `plan`
     fitted = read_fitted(profile[0], profile[1].get("fitted")) if profile else None
-    check_fitted_fabric_kept(src, cluster_key, entry_of(data["cluster"]), fitted)
+    check_fitted_figures_kept(src, cluster_key, entry_of(data["cluster"]), fitted)
     entry = entry_of(data["cluster"])
     check_usable_memory(src, cluster, overheads, search, "cuda_context" in (data.get("overheads") or {}), cluster_key,
                         entry)

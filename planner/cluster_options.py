@@ -19,7 +19,7 @@ from .case_cluster import (CLUSTER_KEYS, HARDWARE_KEYS, SIZING_KEYS, cluster_har
                            sizing_terms)
 from .errors import CaseError
 from .fields import describe, read_mapping
-from .fitted import check_fitted_fabric_kept, read_fitted
+from .fitted import check_fitted_figures_kept, read_fitted
 
 # More types than any real procurement weighs; each is sized separately.
 MAX_OPTIONS = 16
@@ -136,5 +136,5 @@ def _fitted(src: str, key: str, entry: dict, base: Path) -> Optional[dict]:
     to runs), its fabric kept."""
     profile = cluster_profile(src, entry, base)
     fitted = read_fitted(profile[0], profile[1].get("fitted")) if profile else None
-    check_fitted_fabric_kept(src, key, entry, fitted)
+    check_fitted_figures_kept(src, key, entry, fitted)
     return fitted

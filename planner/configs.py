@@ -62,7 +62,7 @@ def render(result: Any, engine: str, source: Optional[str] = None,
     every file's header says so."""
     from .emit import provenance
 
-    if engine not in EMITTERS:
+    if not isinstance(engine, str) or engine not in EMITTERS:
         raise CaseError("emit", "engine", f"expected one of {', '.join(EMITTERS)}, got {engine!r}")
     estimate = _estimate_of(result)
     planned_for = estimate.job.training.engine.name
@@ -136,7 +136,7 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
     (``read_config``, the argument)."""
     from .diagnose import read_job
 
-    if engine not in READERS:
+    if not isinstance(engine, str) or engine not in READERS:
         raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
     path = read_path("read_config", "path", path)
     # As `diagnose` reads it, every refusal of it included (its misspelled keys, values DeepSpeed refuses,
@@ -153,7 +153,7 @@ def diagnose(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] =
     say what the config leaves unsaid (a ds_config states no recomputation) and how it was read."""
     from .diagnose import diagnose as diagnosed
 
-    if engine not in READERS:
+    if not isinstance(engine, str) or engine not in READERS:
         raise CaseError("diagnose", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
     key = {"deepspeed": "config", "megatron": "megatron_args", "torchtitan": "torchtitan"}[engine]
     return diagnosed(case, pp=pp, tp=tp, micro_batch_size=micro_batch_size, recompute=recompute, ep=ep,
@@ -173,7 +173,7 @@ def checked_options(pp: Any = None, tp: Any = None, micro_batch_size: Any = None
         if not isinstance(stage_layers, (list, tuple)) or not stage_layers:
             raise CaseError(*argument("stage_layers"), f"expected a list of layer counts, got {stage_layers!r}")
         stage_layers = tuple(read_int(*argument("stage_layers"), n, minimum=0) for n in stage_layers)
-    if recompute is not None and recompute not in ("none", "selective", "full"):
+    if recompute is not None and (not isinstance(recompute, str) or recompute not in ("none", "selective", "full")):
         raise CaseError(*argument("recompute"), f"expected none, selective or full, got {recompute!r}")
     return {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size, "recompute": recompute, "ep": ep,
             "stage_layers": stage_layers}

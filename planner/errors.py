@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import reprlib
+
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
@@ -17,12 +19,21 @@ def one_line(text: object, limit: int = MAX_MESSAGE_PART) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_SHORT = reprlib.Repr()  # Python 3.11's takes no limits as arguments
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 60, 60, 60
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = _SHORT.maxfrozenset = 6
+
+
 def safe_repr(value: object) -> str:
     """``repr(value)``, or what it is where Python cannot show it: a list of a list ... a thousand deep,
     built in Python, raised a RecursionError from the message that would name it, and an integer of
     5,000 digits a ValueError (Python's limit on integer-string conversion)."""
     if isinstance(value, int) and value.bit_length() > 200:  # past Python's digit limit its repr raises ValueError
         return f"<an integer of {value.bit_length()} bits>"
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        # A container's repr may grow past any bound (one list shared by another forty times over is
+        # 2^40 elements to show): a message quotes its first few, a few levels deep (reprlib).
+        return _SHORT.repr(value)
     try:
         return repr(value)
     except RecursionError:

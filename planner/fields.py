@@ -120,10 +120,16 @@ def read_str(src: str, key: str, value: Any) -> str:
 
 def read_path(src: str, key: str, value: Any) -> Path:
     """A path given to the Python API (a str or os.PathLike, not empty), as a Path."""
-    if isinstance(value, os.PathLike) or (isinstance(value, str) and value.strip()):
-        if "\0" in str(os.fspath(value)):  # the OS refuses it: a ValueError from deep inside, not the argument's error
+    if isinstance(value, os.PathLike):
+        try:
+            value = os.fspath(value)
+        except Exception as error:  # its own __fspath__ failed: said as the argument's error, not raised from it
+            raise CaseError(src, key, f"expected a path, got a {type(value).__name__} whose __fspath__ raised "
+                                      f"{type(error).__name__}") from None
+    if isinstance(value, str) and value.strip():
+        if "\0" in value:  # the OS refuses it: a ValueError from deep inside, not the argument's error
             raise CaseError(src, key, "expected a path, got one holding a NUL byte")
-        return Path(read_str(src, key, os.fspath(value)) if isinstance(value, str) else value)
+        return Path(read_str(src, key, value))
     raise CaseError(src, key, f"expected a path (str or os.PathLike), got {describe(value)}")
 
 

@@ -38,17 +38,24 @@ def _named_values() -> dict[str, tuple[str, ...]]:
     return {"precision": PRECISIONS, "recompute": RECOMPUTE, "engine": tuple(ENGINES)}
 
 
-def check_fitted_fabric_kept(src: str, key: str, cluster: Any, fitted: Optional[dict]) -> None:
-    """Refuse a cluster's ``fabric`` (at ``key``: cluster, or one of `size`'s cluster.options) beside a
-    profile whose fabric a team's runs fitted: the case's fabric would replace the fitted one, silently,
-    while the profile's coverage notes still named it."""
+def check_fitted_figures_kept(src: str, key: str, cluster: Any, fitted: Optional[dict]) -> None:
+    """Refuse a cluster's ``fabric``, or a ``performance`` figure, (at ``key``: cluster, or one of `size`'s
+    cluster.options) beside a profile whose fabric or that figure a team's runs fitted: the case's would
+    replace the fitted one, silently, while the profile's coverage notes still named it."""
     from .errors import CaseError
 
-    if not isinstance(cluster, dict) or "fabric" not in cluster or not fitted:
+    if not isinstance(cluster, dict) or not fitted:
         return
-    fitted_fabric = {name: figure for name, figure in (fitted.get("figures") or {}).items()
-                     if name.startswith("fabric.") and figure.get("runs")}
-    if fitted_fabric:
+    informed = {name: figure for name, figure in (fitted.get("figures") or {}).items() if figure.get("runs")}
+    performance = cluster.get("performance")
+    for name in performance if isinstance(performance, dict) else ():
+        figure = informed.get(f"performance.{name}")
+        if figure is not None:
+            raise CaseError(src, f"{key}.performance.{name}",
+                            f"replaces the profile's {name} {figure.get('value')}, fitted to {figure['runs']} of the "
+                            "team's runs: give either it or that profile, not both")
+    fitted_fabric = {name: figure for name, figure in informed.items() if name.startswith("fabric.")}
+    if "fabric" in cluster and fitted_fabric:
         name, figure = next(iter(fitted_fabric.items()))
         raise CaseError(src, f"{key}.fabric", f"replaces the profile's fabric, whose {name} {figure.get('value')} "
                                               f"was fitted to {figure['runs']} of the team's runs: give either "
@@ -77,7 +84,11 @@ def read_fitted(src: str, section: Any) -> Optional[dict]:
     if not isinstance(figures, dict):
         raise CaseError(src, "fitted.figures", f"expected a mapping of figure names to their value, prior and "
                                                f"runs, got {describe(figures)}")
+    from .learn import BY_NAME
+
     for name, figure in figures.items():
+        if name not in BY_NAME:  # a figure no fit writes: its note would name what nothing prices
+            raise CaseError(src, f"fitted.figures.{name}", f"unknown figure; expected one of {', '.join(BY_NAME)}")
         if not isinstance(figure, dict):
             raise CaseError(src, f"fitted.figures.{name}", f"expected its value, prior and runs, got {describe(figure)}")
     if not isinstance(cover, dict):

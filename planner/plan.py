@@ -203,7 +203,7 @@ def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[
         raise refuse("simplest_within", f"expected a percentage from 0 to {MAX_SIMPLEST_WITHIN_PCT:g}",
                      simplest_within)
     targets = tuple(ENGINES)  # as search.target takes them: any is plain PyTorch, as engine="any"
-    if target is not None and target not in targets:
+    if target is not None and (not isinstance(target, str) or target not in targets):
         raise refuse("target", f"expected one of {', '.join(targets)}", target)
     if engine is not None and (not isinstance(engine, str) or engine not in CASE_ENGINES):
         # Here, not in load_case: the API's error names its argument (the CLI's, --engine).

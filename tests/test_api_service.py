@@ -104,9 +104,15 @@ def _deep(levels: int) -> list:
 ])
 def test_a_value_nested_past_pythons_recursion_limit_is_refused_by_name(call):
     """A list of a list ... a thousand deep, built in Python (json.loads refuses one so deep), raised a
-    bare RecursionError from the repr the message quoted, where the docs promise a CaseError."""
-    with pytest.raises(planner.CaseError, match="nested too deeply to show"):
+    bare RecursionError from the repr the message quoted, where the docs promise a CaseError; and one
+    list shared by another forty times over (2^40 elements to show) kept every call busy in that repr."""
+    with pytest.raises(planner.CaseError, match=r"got (list )?\[\[\[\[\.\.\.\]\]\]\]"):
         call(_deep(1000))
+    shared = [1]
+    for _ in range(40):
+        shared = [shared, shared]
+    with pytest.raises(planner.CaseError, match=r"got (list )?\[\[\[\[\.\.\.\], \[\.\.\.\]\]"):
+        call(shared)
 
 
 def test_target_any_decides_between_the_engines_as_search_target_any_does():

@@ -280,3 +280,37 @@ def test_a_submodule_is_reached_from_the_package_as_the_docs_write_it():
     out = subprocess.run([sys.executable, "-c", "import planner; print(planner.learn.render.__name__); "
                           "print(hasattr(planner, 'no_such_module'))"], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["render", "False"]
+
+
+def test_values_that_hold_no_number_or_path_are_refused_by_name(tmp_path):
+    """What api_values leaves for the readers is refused by name: a path whose __fspath__ raises (it escaped
+    as its RuntimeError), an array or a dict where a choice is asked for (unhashable, or "truth value
+    ambiguous", from deep inside), a one-element array taken as the recomputation itself, and numpy's
+    dates and durations, whose item() in nanoseconds is an int: taken as a tp of 2 or 10^12 tokens."""
+    import os
+
+    np = pytest.importorskip("numpy")
+
+    class Broken(os.PathLike):
+        def __fspath__(self):
+            raise RuntimeError("boom")
+
+    est = planner.estimate({**CASE, "training": {**CASE["training"], "engine": "deepspeed"},
+                            "layout": {"dp": 16, "micro_batch_size": 2, "zero_stage": 2}})
+    planner.emit(est, "deepspeed", tmp_path)
+    config = tmp_path / "ds_config.json"
+    refused = [
+        (lambda: planner.read_config(CASE, "deepspeed", Broken()), ("read_config", "path")),
+        (lambda: planner.read_config(CASE, np.array(["deepspeed", "megatron"]), config), ("read_config", "engine")),
+        (lambda: planner.diagnose(CASE, np.array(["deepspeed"]), config), ("diagnose", "engine")),
+        (lambda: planner.read_config(CASE, "deepspeed", config, recompute=np.array(["full"])),
+         ("read_config", "recompute")),
+        (lambda: planner.emit(est, np.array(["deepspeed"]), tmp_path / "x"), ("emit", "engine")),
+        (lambda: planner.plan(CASE, target=np.array(["megatron"])), ("plan", "target")),
+        (lambda: planner.estimate({**CASE, "layout": {"tp": np.datetime64(2, "ns")}}), ("<case>", "layout.tp")),
+        (lambda: planner.size(CASE, np.timedelta64(10**12, "ns")), ("size", "tokens")),
+    ]
+    for call, (source, key) in refused:
+        with pytest.raises(CaseError) as error:
+            call()
+        assert (error.value.source, error.value.key) == (source, key), str(error.value)

@@ -838,6 +838,35 @@ def test_a_fabric_beside_a_profile_whose_fabric_the_runs_fitted_is_refused(tmp_p
     assert error.value.key == "cluster.fabric" and "fabric.efficiency" in error.value.expected
 
 
+def test_a_performance_figure_beside_a_profile_that_fitted_it_is_refused_and_an_unknown_figure_too(tmp_path):
+    """cluster.performance beside a fitted profile replaced its fitted GEMM efficiency silently (MFU 0.63
+    where the fit gave 0.52), while the notes still quoted the fitted figure; a figure no fit writes in a
+    hand-edited fitted section was taken, and quoted, as if something priced it."""
+    from planner import size
+    from planner.learn import render
+
+    profile, _ = calibrate_from_runs(measured_runs())
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    faster = {"performance": {"gemm_efficiency": 0.99}}
+    estimate({**case(16, 2, 1, 1, 1), "cluster": {"profile": str(path), "num_gpus": 16,
+                                                 "performance": {"gemm_efficiency_fp8": 0.6}}})  # no run informed it: taken
+    with pytest.raises(CaseError) as error:
+        estimate({**case(16, 2, 1, 1, 1), "cluster": {"profile": str(path), "num_gpus": 16, **faster}})
+    assert error.value.key == "cluster.performance.gemm_efficiency" and "fitted to 12 of the team's runs" \
+        in error.value.expected
+    with pytest.raises(CaseError) as error:
+        size({**case(16, 2, 1, 1, 1), "cluster": {"options": [{"profile": str(path), "max_gpus": 64, **faster}]}},
+             "1T", deadline="30d")
+    assert error.value.key == "cluster.options[0].performance.gemm_efficiency"
+    edited = yaml.safe_load(path.read_text())
+    edited["fitted"]["figures"]["performance.bogus"] = {"prior": 1, "value": 1, "runs": 1}
+    path.write_text(yaml.safe_dump(edited))
+    with pytest.raises(CaseError) as error:
+        estimate({**case(16, 2, 1, 1, 1), "cluster": {"profile": str(path), "num_gpus": 16}})
+    assert error.value.key == "fitted.figures.performance.bogus" and "unknown figure" in error.value.expected
+
+
 def test_a_gated_gelu_mlp_is_priced_with_its_three_matrices():
     """`ffn_act: geglu` was accepted as a gated MLP but priced as a two-matrix GeLU one: the fit would
     have learned its GEMM efficiency from MLP FLOPs a third too low."""
