@@ -11,3 +11,16 @@ with socket.socket() as s:
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 dist.init_process_group("gloo", rank=0, world_size=1)
 """
+
+# DeepSpeed's own initialisation of the same group of one (deepspeed.init_distributed reads the rank and
+# world from the environment).
+DEEPSPEED_PRELUDE = """
+import os, socket, sys
+import torch, deepspeed
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+deepspeed.init_distributed(dist_backend="gloo")
+"""

@@ -22,6 +22,7 @@ import torch  # noqa: E402  (deepspeed depends on it)
 from deepspeed.runtime.utils import partition_balanced, partition_uniform  # noqa: E402
 
 from cost_models.memory import job_stage_parameters  # noqa: E402
+from gloo_one_rank import DEEPSPEED_PRELUDE  # noqa: E402
 from cost_models.model_states import folds_gradients_into_fp32, state_bytes  # noqa: E402
 import planner  # noqa: E402
 from planner.case import load_case  # noqa: E402
@@ -705,16 +706,19 @@ def test_a_pipelines_zero_1_holds_one_reduction_buffer(tmp_path, world):
     assert priced == pytest.approx(buffers * bucket * 2, rel=1e-9)
 
 
+def on_one_rank(script: str, *args) -> list[float]:
+    """The figures a DeepSpeed script on one CPU rank (gloo) prints last, run in a process of its own."""
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [float(word) for word in done.stdout.splitlines()[-1].split()]
+
+
 # DeepSpeed's ZeRO optimizer on one CPU rank (gloo): its step's copies of the gradient partition,
 # recorded as its own step makes them (the flat 16-bit copy, and the fp32 gradient the optimizer reads).
-ZERO_STEP = """
-import os, socket, sys
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-import torch, deepspeed
-deepspeed.init_distributed(dist_backend="gloo")
+ZERO_STEP = DEEPSPEED_PRELUDE + """
 model = torch.nn.Sequential(*[torch.nn.Linear(128, 128, bias=False) for _ in range(4)])
 n = sum(p.numel() for p in model.parameters())
 config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2,
@@ -745,12 +749,7 @@ def test_the_zero_optimizers_step_copies_are_in_the_peak(zero_stage):
     before the optimizer runs (runtime/zero/stage_1_and_2.py, step): measured here on its own step, 6 bytes a
     parameter of the partition. Unpriced, Llama-3-8B's shape cut to 8 layers on 2 H100s at ZeRO 2 with full
     recomputation was 31.5 GB where the step holds 8.4 GB more (the activations long gone)."""
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", ZERO_STEP, str(zero_stage)], capture_output=True, text=True,
-                          timeout=240)
-    assert done.returncode == 0, done.stderr[-2000:]
-    measured = float(done.stdout.split()[-1])
+    measured, = on_one_rank(ZERO_STEP, zero_stage)
     from planner.engines.deepspeed.engine import BEHAVIOUR
     assert measured == BEHAVIOUR.zero_step_gradient_copy_bytes == 6
 
@@ -768,14 +767,7 @@ def test_the_zero_optimizers_step_copies_are_in_the_peak(zero_stage):
     assert peak_stage_memory(job).total >= at_step
 
 
-OFFLOAD_STAGING = """
-import os, socket, sys
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-import torch, deepspeed
-deepspeed.init_distributed(dist_backend="gloo")
+OFFLOAD_STAGING = DEEPSPEED_PRELUDE + """
 model = torch.nn.Sequential(torch.nn.Embedding(1000, 128), *[torch.nn.Linear(128, 128, bias=False) for _ in range(4)])
 n = sum(p.numel() for p in model.parameters())
 config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "train_batch_size": 4,
@@ -796,13 +788,9 @@ def test_an_offloaded_zero_optimizers_staging_buffers_are_priced():
     the size of the largest parameter on the host and another on the GPU (temp_grad_buffer_for_*_offload,
     runtime/zero/stage_1_and_2.py __init__): measured on its own optimizer, 2 bytes a parameter and the
     embedding's 1,000 × 128 in 16 bits each. Unpriced: 1 GB on the GPU for Llama 3 8B's embedding."""
-    import sys
-
     from cost_models.memory import offload_staging_bytes, optimizer_local_parameters
 
-    done = subprocess.run([sys.executable, "-c", OFFLOAD_STAGING], capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-2000:]
-    per_parameter, host, gpu = (float(word) for word in done.stdout.split()[-3:])
+    per_parameter, host, gpu = on_one_rank(OFFLOAD_STAGING)
     assert per_parameter == 2 and host == gpu == 1000 * 128 * 2
     case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
             "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"},
