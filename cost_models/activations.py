@@ -23,8 +23,10 @@ Small per-token statistics (norm mean/rstd, flash-attention log-sum-exp: under
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Optional
 
-from .experts import moe_act_output_bytes, moe_mlp_activation_bytes, shared_expert_activation_bytes
+from .experts import (exchanged_token_bytes, moe_act_output_bytes, moe_mlp_activation_bytes,
+                      shared_expert_activation_bytes)
 from .model_states import FP32_BYTES
 from .quantization import activation_bytes, saved_input_bytes
 from .layout_spec import Layout
@@ -101,9 +103,10 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, 
     if moe:
         mlp_hidden = moe_mlp_activation_bytes(model, training, layout, engine.fused_elementwise, g)
         # The router keeps the pre-MLP norm's output itself (RouterGatingLinearFunction saves its
-        # 16-bit input, moe/moe_utils.py), and the shared experts' first linear, where there are
-        # any, a copy beside it.
-        mlp_input = (p + (beside if model.moe_shared_expert_ffn_hidden_size else 0.0)) * s * b * h / sp
+        # 16-bit input, moe/moe_utils.py; DeepSpeed's TopKGate an fp32 copy of it), and the shared
+        # experts' first linear, where there are any, a copy beside it.
+        router = FP32_BYTES if engine.router_input_fp32 else p
+        mlp_input = (router + (beside if model.moe_shared_expert_ffn_hidden_size else 0.0)) * s * b * h / sp
     else:
         mlp_hidden = ((mlp_widths - 1) * p + g) * s * b * f / t
         mlp_input = g * s * b * h / sp  # the norm fused into the first linear, which keeps its input
@@ -199,7 +202,7 @@ def matmul_policy_saved_elements(model: ModelSpec, layout: Layout, mlp: bool = T
 
 def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
                            recomputed: bool = False, selective: str = "attention", moe: bool = False,
-                           quantized: bool = True) -> float:
+                           quantized: bool = True, exchanges: Optional[bool] = None) -> float:
     """Bytes one layer keeps per micro-batch under the layout's recomputation.
 
     - ``none``: everything in :func:`layer_activations`.
@@ -217,11 +220,11 @@ def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Lay
         return residual_bytes(training) * tokens * model.hidden_size / sp
     if layout.recompute == "selective":
         if selective == "matmuls":
-            # An MoE layer keeps its experts' tensors as without recomputation: the policy saves
-            # the outputs of its grouped GEMMs, and the dispatch is not run twice.
+            # An MoE layer's expert part keeps what the policy saves of it: the all-to-all's outputs,
+            # and the shared experts' (experts.exchanged_token_bytes); its grouped GEMMs are recomputed.
             kept = p * tokens * matmul_policy_saved_elements(model, layout, mlp=not moe,
                                                              fused_qkv=training.engine.fused_qkv)
-            return kept + (full.mlp_hidden if moe else 0.0)
+            return kept + (exchanged_token_bytes(model, training, layout, exchanges) if moe else 0.0)
         return full.total - selective_freed_bytes(model, training, layout, full, moe, quantized)
     return full.total
 

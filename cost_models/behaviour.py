@@ -211,6 +211,15 @@ class EngineBehaviour:
     # fuse_qkv=True (models/*/__init__.py), so the "matmuls" policy, which keeps every other matmul's
     # output (distributed/activation_checkpoint.py), keeps K too and recomputes no K projection.
     fused_qkv: bool = False
+    # The router's scores multiply the experts' outputs after them, so autograd keeps those outputs for
+    # the scores' gradient (``experts.routed_output_bytes``): torchtitan's token dispatcher
+    # (models/common/token_dispatcher.py, ``routed_output * top_scores``) and DeepSpeed-MoE
+    # (moe/sharded_moe.py ``_sparse_decode``, ``routed * gates``); Megatron applies them inside the
+    # activation (``TEGroupedMLP.activation_func_with_probs``) and keeps none.
+    moe_scores_after_experts: bool = False
+    # The router keeps an fp32 copy of its input for its linear (DeepSpeed-MoE's TopKGate:
+    # ``input.float()``), not the 16-bit one (megatron-core's RouterGatingLinearFunction).
+    router_input_fp32: bool = False
     # Fused kernels: the vendor's fused attention (Transformer Engine → cuDNN) and fused
     # element-wise kernels (SwiGLU, rotary embeddings: Megatron's fusions, or torch.compile),
     # which also keep fewer tensors for backward (``activations.layer_activations``).

@@ -289,9 +289,9 @@ def moe_mlp_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: L
     - each expert's input (the dispatched copies), R·h, at ``saved_input`` bytes per element
       (``quantization.saved_input_bytes``: the quantized copy where Transformer Engine keeps it);
     - the experts' hidden activations, as a dense MLP's (SwiGLU fused: its 2f input and the f
-      input of the down projection), on R copies of width f_e/etp; the router's probabilities
-      are applied inside the activation (``TEGroupedMLP.activation_func_with_probs``), so the
-      unpermutation keeps no expert output;
+      input of the down projection), on R copies of width f_e/etp;
+    - the experts' outputs, where the router's scores multiply them after the experts
+      (:func:`routed_output_bytes`; Megatron applies them inside the activation and keeps none);
     - the shared experts' hidden activations on the group's tokens, width f_s/tp.
     """
     g = saved_input
@@ -301,7 +301,40 @@ def moe_mlp_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: L
     router = 2 * ROUTER_BYTES * tokens * model.num_experts
     hidden = _hidden_bytes_per_width(model, training, fused, g) * model.moe_ffn_hidden_size / lay.expert_tp
     experts = routed * (g * model.hidden_size + hidden)
-    return router + experts + shared_expert_activation_bytes(model, training, layout, g, fused)
+    return router + experts + routed_output_bytes(model, training, layout) \
+        + shared_expert_activation_bytes(model, training, layout, g, fused)
+
+
+def routed_output_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """The experts' outputs that the router's scores multiply after them, kept for the scores'
+    gradient where the engine applies them there (``EngineBehaviour.moe_scores_after_experts``):
+    R copies of width h, in the activations' dtype; 0 where the scores are applied inside the
+    activation."""
+    if not training.engine.moe_scores_after_experts:
+        return 0.0
+    lay = layout
+    routed = routed_tokens(model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp) / lay.expert_tp
+    return activation_bytes(training.precision) * routed * model.hidden_size
+
+
+def exchanged_token_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
+                          exchanges: Optional[bool] = None) -> float:
+    """What PyTorch's op-level selective checkpointing, as torchtitan configures it
+    (distributed/activation_checkpoint.py: ``_c10d_functional.all_to_all_single`` among the ops it
+    saves, the grouped GEMMs and the permutations not), keeps of a layer's expert part: the
+    all-to-all's outputs, the dispatched tokens and the experts' outputs coming back, R copies of
+    width h each, where expert parallelism exchanges them (``exchanges``; by default ep > 1); nothing
+    where the experts are local. The shared experts' matmuls take their turn in its every-other-matmul rule: the first's
+    output (f_s/tp) and the last's (h) are kept."""
+    lay = layout
+    p = activation_bytes(training.precision)
+    routed = routed_tokens(model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp) / lay.expert_tp
+    exchanged = 2 * p * routed * model.hidden_size if (lay.ep > 1 if exchanges is None else exchanges) else 0.0
+    sp = lay.tp if lay.sequence_parallel else 1
+    tokens = lay.micro_batch_size * training.seq_len / lay.cp
+    shared = p * tokens * (model.moe_shared_expert_ffn_hidden_size / lay.tp + model.hidden_size / sp) \
+        if model.moe_shared_expert_ffn_hidden_size else 0.0
+    return exchanged + shared
 
 
 def _hidden_bytes_per_width(model: ModelSpec, training: TrainingSpec, fused: bool, saved_input: float) -> float:

@@ -93,21 +93,22 @@ class PerMicrobatch:
 def per_microbatch(job: Job) -> PerMicrobatch:
     lay = job.layout
     return _per_microbatch(job.model, job.training, lay.tp, lay.cp, lay.micro_batch_size, lay.sequence_parallel,
-                           lay.recompute, lay.expert_tp, lay.recompute_modules)
+                           lay.recompute, lay.expert_tp, lay.recompute_modules, lay.ep > 1)
 
 
 @lru_cache(maxsize=4096)
 def _per_microbatch(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, micro_batch_size: int,
                     sequence_parallel: bool, recompute: str, etp: int = 1,
-                    recompute_modules: Optional[tuple[str, ...]] = None) -> PerMicrobatch:
+                    recompute_modules: Optional[tuple[str, ...]] = None, exchanges: bool = False) -> PerMicrobatch:
     # Only these layout fields shape a micro-batch's activations: cache on them, since a
-    # search scores many layouts that share them.
+    # search scores many layouts that share them (``exchanges``: expert parallelism's all-to-all,
+    # whose outputs op-level selective checkpointing keeps).
     lay = Layout(tp=tp, cp=cp, micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
                  recompute=recompute, etp=etp, recompute_modules=recompute_modules)
     selective = training.engine.selective
     kept = layer_activation_bytes(model, training, lay, recomputed=False, selective=selective)
-    kept_moe = layer_activation_bytes(model, training, lay, recomputed=False, selective=selective, moe=True) \
-        if model.is_moe else 0.0
+    kept_moe = layer_activation_bytes(model, training, lay, recomputed=False, selective=selective, moe=True,
+                                      exchanges=exchanges) if model.is_moe else 0.0
     restored = restored_moe = 0.0
     if recompute == "selective" and selective == "attention":
         restored = layer_activations(model, training, lay).total - kept

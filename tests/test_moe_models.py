@@ -445,3 +445,61 @@ def test_a_plan_says_when_it_priced_balanced_routing_the_case_did_not_state():
     assert any("model.moe_load_imbalance is unstated" in note for note in planner.plan(case, top_k=0).notes)
     case["model"]["moe_load_imbalance"] = 1.2
     assert not any("moe_load_imbalance" in note for note in planner.plan(case, top_k=0).notes)
+
+
+QWEN3_EP8 = {"model": {"preset": "qwen3-30b-a3b", "num_layers": 4, "moe_load_imbalance": 1},
+             "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+             "training": {"global_batch_size": 8, "seq_len": 4096, "precision": "bf16"},
+             "layout": {"dp": 8, "ep": 8, "micro_batch_size": 1, "zero_stage": 1, "recompute": "none"}}
+
+
+@pytest.mark.parametrize("engine, routed_outputs, router_input", [
+    ("megatron", 0, 2),  # scores applied inside the activation; RouterGatingLinearFunction keeps its bf16 input
+    ("torchtitan", 2, 2),  # token_dispatcher: routed_output * top_scores keeps the experts' outputs
+    ("deepspeed", 2, 4),  # sharded_moe._sparse_decode: routed * gates; TopKGate keeps input.float()
+])
+def test_an_moe_layer_keeps_what_its_engine_applies_the_scores_to(engine, routed_outputs, router_input):
+    """Qwen3-30B-A3B's MoE layer on one rank of 8 (ep 8, balanced): T = 4,096 tokens, h = 2,048, k = 8
+    of E = 128 experts of width 768, R = T·k copies. Megatron applies the router's scores inside the
+    experts' activation and keeps no expert output; torchtitan's combine and DeepSpeed-MoE's decode multiply
+    the experts' outputs by them, so autograd keeps those (R·h in bf16: 134 MB a layer, unpriced), and
+    DeepSpeed's gate keeps an fp32 copy of its input where Megatron's router keeps the bf16 one."""
+    from cost_models.activations import layer_activations
+
+    case = {**QWEN3_EP8, "training": {**QWEN3_EP8["training"], "engine": engine}}
+    if engine == "torchtitan":
+        case["layout"] = {**case["layout"], "zero_stage": 3}
+    job = planner.estimate(case).job
+    saved = layer_activations(job.model, job.training, job.layout, moe=True)
+    T, h, E, k, f = 4096, 2048, 128, 8, 768
+    R = T * k
+    router = 2 * 4 * T * E  # the router's fp32 logits and scores
+    experts = R * (2 * h + (2 * 2 + 2) * f)  # each copy's input, the fused SwiGLU's 2f input and the f one
+    assert saved.mlp_hidden == router + experts + routed_outputs * R * h
+    assert saved.mlp_input == router_input * T * h
+
+
+def test_torchtitans_selective_checkpointing_keeps_the_all_to_alls_outputs_not_the_grouped_gemms():
+    """torchtitan's op-level policy saves _c10d_functional.all_to_all_single's outputs and recomputes the
+    grouped GEMMs (aten._grouped_mm is in neither its save list nor its every-other-matmul rule,
+    distributed/activation_checkpoint.py): an MoE layer's expert part keeps the dispatched tokens and the
+    experts' outputs coming back, 2·R·h in bf16 at ep 8, and nothing of them with the experts local (ep 1).
+    Its grouped GEMMs' tensors were counted as kept: 308 MB a DeepSeek-V2-Lite layer where 201 MB are."""
+    from cost_models.experts import exchanged_token_bytes
+    from torchtitan.distributed.activation_checkpoint import _get_default_save_ops
+
+    saved = {str(op) for op in _get_default_save_ops()}
+    assert "_c10d_functional.all_to_all_single.default" in saved and not any("grouped_mm" in op for op in saved)
+    case = {"model": {"preset": "deepseek-v2-lite", "num_layers": 4, "mtp_layers": 0, "moe_first_dense_layers": 0,
+                      "moe_load_imbalance": 1},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 4096, "precision": "bf16", "engine": "torchtitan"},
+            "layout": {"dp": 8, "ep": 8, "micro_batch_size": 1, "zero_stage": 3, "recompute": "selective"}}
+    T, h, k, shared = 4096, 2048, 6, 2816
+    job = planner.estimate(case).job
+    exchanged = 2 * 2 * T * k * h
+    assert exchanged == 201_326_592
+    # the shared experts' matmuls take their turns: the first's output and the last's are kept
+    assert exchanged_token_bytes(job.model, job.training, job.layout) == exchanged + 2 * T * (shared + h)
+    local = planner.estimate({**case, "layout": {**case["layout"], "ep": 1}}).job
+    assert exchanged_token_bytes(local.model, local.training, local.layout) == 2 * T * (shared + h)

@@ -65,7 +65,7 @@ BEHAVIOUR = EngineBehaviour(
     loss_chunks=8,
     fsdp_always=True, pp_unsharded_accumulation=True, gradient_bucket_copy=False,
     collective_launch_s=0.0,
-    balance_stages=False, fp8_recipe="rowwise", quantizer="torchao", fused_qkv=True,
+    balance_stages=False, fp8_recipe="rowwise", quantizer="torchao", fused_qkv=True, moe_scores_after_experts=True,
 )
 
 PARAM_PRECISIONS = ("bf16", "fp32", "fp8", "mxfp8", "nvfp4")
