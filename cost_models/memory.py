@@ -182,11 +182,9 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
             working = max(0.0, recomputed * shared.checkpointed + working - total)
         again += 0.0 if forward_only else working
     again += max(shared.restored if dense else 0.0, shared.restored_moe if moe else 0.0)
+    # The layer whose copy to the host is under way, and the first stage's embedding.
     extra = (kept if offloaded else 0.0) + (chunks * shared.embedding if stage == 0 else 0.0)
-    if offloaded:  # the layer whose copy is under way
-        total += kept
-    if stage == 0:
-        total += chunks * shared.embedding
+    total += extra
     if stage == lay.pp - 1:
         ends = shared.head + (0.0 if forward_only else shared.loss_gradients)
         if forward_only:
