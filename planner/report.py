@@ -73,6 +73,15 @@ def describe_domains(est: Estimate) -> str:
         "groups leaving it: " + ", ".join(leaving) if leaving else "every group stays inside it")
 
 
+def step_copy_share(est: Estimate) -> float:
+    """What the optimizer step's gradient copies add to the peak stage's ``other``, beyond the
+    activations they follow (``memory.step_gradient_copy_bytes``, as ``stage_memories`` adds it)."""
+    from cost_models.memory import step_gradient_copy_bytes
+
+    held = (1 + est.job.overheads.fragmentation) * est.peak.activations
+    return max(0.0, step_gradient_copy_bytes(est.job, est.peak.stage) - held)
+
+
 def print_estimate(est: Estimate, console: Console) -> None:
     job = est.job
     model = est.to_dict()["model"]
@@ -102,6 +111,11 @@ def print_estimate(est: Estimate, console: Console) -> None:
         table.add_row("host (offload)", f"{est.host_bytes / GB:.2f}", f"{est.host_bytes / host:.0%} of "
                                                                         f"{host / GB:.0f} GB a GPU used")
     console.print(table)
+    step_copies = step_copy_share(est)
+    if step_copies:
+        console.print(f"note: other holds {step_copies / GB:.2f} GB of the optimizer step's gradient copies, past "
+                      "the activations the step follows (they are freed by then): fewer activations do not lower "
+                      "the peak below them", markup=False)
     time = Table(title="Step time (exposed parts)")
     time.add_column("part")
     time.add_column("s", justify="right")
@@ -147,6 +161,9 @@ def print_estimate(est: Estimate, console: Console) -> None:
         # In the words the estimate of the changed layout says it (a peak over the usable memory that
         # fits only at the band's low end is "at risk", not "fits").
         verdict = {"does not fit": "still does not fit"}.get(remedy.verdict, remedy.verdict)
+        if remedy.verdict == "does not fit" and remedy.peak_bytes <= est.usable_bytes:
+            # Its GPU peak fits: what overflows is the host, which the offload's share of it cannot hold.
+            verdict += ": its offload overflows the host's memory"
         step = "" if remedy.step_time_s is None else \
             f", step {remedy.step_time_s:.3f} s ({remedy.step_time_s / est.step_time_s - 1:+.1%})"
         console.print(f"cheapest next change: {remedy.description} → peak {remedy.peak_bytes / GB:.1f} GB, "
