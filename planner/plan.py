@@ -123,10 +123,17 @@ class Plan:
         assert self.best is not None
         mine, theirs = self.best.to_dict(), other.to_dict()
         keys = ["grad_accum"] + list(dict.fromkeys(list(mine["layout"]) + list(theirs["layout"])))
+
+        def value(estimate: dict, key: str) -> Any:
+            if key == "grad_accum":
+                return estimate[key]
+            # A layout that leaves the experts' split unsaid runs ep 1 and etp = tp (Layout.expert_tp).
+            section = estimate["layout"]
+            return section[key] if key in section else {"ep": 1, "etp": section.get("tp", 1)}.get(key)
+
         out = {}
         for key in keys:
-            a = mine.get(key) if key == "grad_accum" else mine["layout"].get(key)
-            b = theirs.get(key) if key == "grad_accum" else theirs["layout"].get(key)
+            a, b = value(mine, key), value(theirs, key)
             if a != b:
                 out[key] = [a, b]
         return out

@@ -314,3 +314,19 @@ def test_values_that_hold_no_number_or_path_are_refused_by_name(tmp_path):
         with pytest.raises(CaseError) as error:
             call()
         assert (error.value.source, error.value.key) == (source, key), str(error.value)
+
+
+def test_a_deepspeed_moe_plan_without_expert_parallelism_reads_back_as_planned(tmp_path):
+    """DeepSpeed-MoE splits its experts over the tensor-parallel ranks (etp = tp, as the search writes it):
+    its ds_config read back with etp unsaid, so diagnose of the plan's own files advised "change: ep 1→1,
+    etp 1→4" where nothing differed."""
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096}, "search": {"ep": 1}}
+    best = planner.plan(case, engine="deepspeed", top_k=0).best
+    assert best.job.layout.ep == 1 and best.job.layout.etp == best.job.layout.tp
+    planner.emit(best, "deepspeed", tmp_path)
+    lay = best.job.layout
+    diagnosed = planner.diagnose(case, "deepspeed", tmp_path / "ds_config.json", pp=lay.pp, tp=lay.tp,
+                                 recompute=lay.recompute, stage_layers=lay.stage_layers)
+    assert diagnosed.estimate.job.layout.expert_tp == lay.expert_tp
+    assert diagnosed.plan.differences(diagnosed.estimate) == {}

@@ -696,7 +696,10 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
                                                    f"{case.model.num_layers} layers")
     return Layout(dp=dp, tp=tp, pp=pp, micro_batch_size=micro, zero_stage=zero, recompute=recompute,
                   offload_optimizer=1.0 if offload["offload_optimizer"] else 0.0,
-                  offload_params=offload["offload_param"], ep=ep, etp=stated.etp if stated is not None else None,
+                  offload_params=offload["offload_param"], ep=ep,
+                  # DeepSpeed-MoE splits the experts over the tensor-parallel ranks (the engine's expert_tp
+                  # "tp"), as the search writes it: etp = tp, stated, for a model with experts
+                  etp=stated.etp if stated is not None else (tp if case.model.is_moe else None),
                   stage_layers=stage_layers)
 
 
