@@ -312,6 +312,11 @@ def routed_output_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout
     activation."""
     if not training.engine.moe_scores_after_experts:
         return 0.0
+    return _routed_hidden_bytes(model, training, layout)
+
+
+def _routed_hidden_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:
+    """The token copies a rank's experts return, at the hidden width, in the activations' dtype."""
     lay = layout
     routed = routed_tokens(model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp) / lay.expert_tp
     return activation_bytes(training.precision) * routed * model.hidden_size
@@ -328,8 +333,8 @@ def exchanged_token_bytes(model: ModelSpec, training: TrainingSpec, layout: Layo
     output (f_s/tp) and the last's (h) are kept."""
     lay = layout
     p = activation_bytes(training.precision)
-    routed = routed_tokens(model, training, lay.tp, lay.cp, lay.micro_batch_size, lay.expert_tp) / lay.expert_tp
-    exchanged = 2 * p * routed * model.hidden_size if (lay.ep > 1 if exchanges is None else exchanges) else 0.0
+    exchanged = 2 * _routed_hidden_bytes(model, training, lay) if (lay.ep > 1 if exchanges is None else exchanges) \
+        else 0.0
     sp = lay.tp if lay.sequence_parallel else 1
     tokens = lay.micro_batch_size * training.seq_len / lay.cp
     shared = p * tokens * (model.moe_shared_expert_ffn_hidden_size / lay.tp + model.hidden_size / sp) \

@@ -39,32 +39,17 @@ def in_flight_peak(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: 
     The composition repeats every p·v steps. Chunks of one size: :func:`in_flight_chunks` of them."""
     if vpp == 1 or (len(set(per_chunk)) == 1 and chunk is None):
         return in_flight_chunks(pp, vpp, microbatches, stage) * max(per_chunk)
-    if chunk is not None:
-        return _peak_after(pp, vpp, microbatches, stage, tuple(per_chunk), chunk)
-    start, steps = _in_flight_steps(pp, vpp, microbatches, stage)
-    # Each steady-state step adds one chunk's micro-batch (where the rank can peak) and then
-    # frees one: the held total moves by two chunks' figures a step, not a sum over all v.
-    held = sum(n * w for n, w in zip(start, per_chunk))
-    peak = held
-    for added, freed in steps:
-        held += per_chunk[added]
-        peak = max(peak, held)
-        held -= per_chunk[freed]
-    return peak
-
-
-def _peak_after(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: tuple[float, ...], chunk: int) -> float:
-    """The most held right after a forward of ``chunk``, the warm-up's forwards one by one, then the
-    steady state's (:func:`in_flight_peak`)."""
     start, steps = _in_flight_steps(pp, vpp, microbatches, stage)
     held, peak = 0.0, 0.0
     for k in range(sum(start)):  # the warm-up's k-th forward is of chunk ⌊k/p⌋ mod v
         held += per_chunk[(k // pp) % vpp]
-        if (k // pp) % vpp == chunk:
+        if chunk is None or (k // pp) % vpp == chunk:
             peak = max(peak, held)
+    # Each steady-state step adds one chunk's micro-batch (where the rank can peak) and then
+    # frees one: the held total moves by two chunks' figures a step, not a sum over all v.
     for added, freed in steps:
         held += per_chunk[added]
-        if added == chunk:
+        if chunk is None or added == chunk:
             peak = max(peak, held)
         held -= per_chunk[freed]
     return peak
