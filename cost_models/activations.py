@@ -105,8 +105,8 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, 
         # The router keeps the pre-MLP norm's output itself (RouterGatingLinearFunction saves its
         # 16-bit input, moe/moe_utils.py; DeepSpeed's TopKGate an fp32 copy of it), and the shared
         # experts' first linear, where there are any, a copy beside it.
-        router = FP32_BYTES if engine.router_input_fp32 else p
-        mlp_input = (router + (beside if model.moe_shared_expert_ffn_hidden_size else 0.0)) * s * b * h / sp
+        mlp_input = (router_input_bytes(training) + (beside if model.moe_shared_expert_ffn_hidden_size else 0.0)) \
+            * s * b * h / sp
     else:
         mlp_hidden = ((mlp_widths - 1) * p + g) * s * b * f / t
         mlp_input = g * s * b * h / sp  # the norm fused into the first linear, which keeps its input
@@ -123,6 +123,13 @@ def layer_activations(model: ModelSpec, training: TrainingSpec, layout: Layout, 
         mlp_hidden=mlp_hidden,
         dropout_masks=2 * mask * s * b * h / sp,
     )
+
+
+def router_input_bytes(training: TrainingSpec) -> float:
+    """Bytes per element the MoE router keeps of the pre-MLP norm's output: the 16-bit tensor
+    (megatron-core's RouterGatingLinearFunction), or the fp32 copy it casts it to
+    (``EngineBehaviour.router_input_fp32``: DeepSpeed-MoE's TopKGate)."""
+    return FP32_BYTES if training.engine.router_input_fp32 else activation_bytes(training.precision)
 
 
 def copy_beside_saved_bytes(training: TrainingSpec, saved_input: float, high_precision: float) -> float:
@@ -271,13 +278,12 @@ def selective_freed_bytes(model: ModelSpec, training: TrainingSpec, layout: Layo
     if not moe:
         return freed + (full.mlp_input + full.mlp_hidden if "mlp" in modules else 0.0)
     if "moe" in modules:
-        kept_input = 0.0 if "layernorm" in modules else activation_bytes(training.precision) * tokens \
-            * model.hidden_size / sp
+        kept_input = 0.0 if "layernorm" in modules else router_input_bytes(training) * tokens * model.hidden_size / sp
         return freed + full.mlp_input + full.mlp_hidden - kept_input
     if "layernorm" in modules:
         freed += full.mlp_input
     elif "shared_experts" in modules:  # the shared experts' copy of the norm's output, inside their checkpoint
-        freed += full.mlp_input - activation_bytes(training.precision) * tokens * model.hidden_size / sp
+        freed += full.mlp_input - router_input_bytes(training) * tokens * model.hidden_size / sp
     if "moe_act" in modules:
         freed += moe_act_output_bytes(model, training, layout, g)
     if "shared_experts" in modules:
