@@ -163,6 +163,7 @@ def largest_parameter(model: ModelSpec, first: bool, last: bool, tp: int) -> flo
     return max(largest, embedding_parameters(model) / tp) if first or last else largest
 
 
+@lru_cache(maxsize=8192)
 def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp: int, moe_layers: int = 0,
                      ep: int = 1, etp: int = 1) -> StageParameters:
     """Parameters one GPU of a pipeline stage of ``layers`` layers (``moe_layers`` of them with

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
 from .behaviour import GENERIC, EngineBehaviour
@@ -140,10 +141,11 @@ class TrainingSpec:
             return self.engine.hierarchical_dispatch
         return self.expert_dispatch == "deepep"
 
-    @property
+    @cached_property
     def recipe(self) -> Optional[Recipe]:
         """The low-precision recipe the linear GEMMs run (``cost_models.quantization``); None
-        for fp32, fp16 and bf16. fp8 without a recipe runs the engine's default."""
+        for fp32, fp16 and bf16. fp8 without a recipe runs the engine's default. Cached: the
+        cost models ask for it tens of thousands of times a search."""
         return recipe_for(self.precision, self.fp8_recipe or self.engine.fp8_recipe)
 
     @property
