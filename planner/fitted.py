@@ -25,6 +25,10 @@ LEANS_ON = {"tp": "performance.intra_node_efficiency", "cp": "performance.intra_
             "zero_stage": "fabric.efficiency", "nodes": "fabric.efficiency",
             "seq_len": "performance.attention_efficiency", "micro_batch_size": "performance.gemm_efficiency",
             "recompute": "performance.gemm_efficiency", "engine": "performance.gemm_efficiency"}
+# Respects in which a job between two of the runs' values lies inside their coverage: a fitted figure
+# priced at 2 and 8 nodes (a fabric efficiency, an attention or GEMM efficiency by size) holds between
+# them as it does at either; the degrees, ZeRO stages and names are each a regime of their own.
+RANGED = ("nodes", "seq_len", "micro_batch_size")
 PRECISION_FIGURE = {"fp8": "performance.gemm_efficiency_fp8", "mxfp8": "performance.gemm_efficiency_fp8",
                     "nvfp4": "performance.gemm_efficiency_fp4"}
 
@@ -142,13 +146,16 @@ def coverage(jobs: Iterable[Job]) -> dict[str, list]:
 
 def outside(fitted: dict, job: Job) -> list[str]:
     """One line for each respect in which ``job`` leaves the coverage of a profile's ``fitted``
-    section, with the fitted figure it leans on there."""
+    section, with the fitted figure it leans on there: a value the runs did not use, or for the
+    :data:`RANGED` counts, one beyond the least and the most they used."""
     cover, figures = fitted.get("coverage") or {}, fitted.get("figures") or {}
     lines = []
     known = facts(job)
     for k, v in known.items():
         seen = cover.get(k)
         if not isinstance(seen, list) or not seen or v in seen:
+            continue
+        if k in RANGED and min(seen) <= v <= max(seen):
             continue
         figure = PRECISION_FIGURE.get(v, "performance.gemm_efficiency") if k == "precision" else \
             "performance.intra_node_efficiency" if k in ("ep", "zero_stage") and known["nodes"] == 1 else LEANS_ON[k]

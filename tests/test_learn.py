@@ -120,6 +120,22 @@ def test_the_written_profile_prices_a_case_as_the_fit_does(tmp_path):
     assert estimate(new).outside_fitted_runs == []  # a preset has no runs behind it
 
 
+def test_a_node_count_between_the_runs_lies_inside_them(tmp_path):
+    """Runs on 1, 2, 4 and 8 nodes: 3 nodes lie between them, where the fitted fabric efficiency holds as
+    it does at 2 and 4; it was said to lie outside them, as 16 nodes does."""
+    from planner.learn import render
+
+    profile, _ = calibrate_from_runs(measured_runs())
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    between = case(24, 2, 1, 2, 1)
+    between["training"]["global_batch_size"] = 96
+    assert estimate({**between, "cluster": {"profile": str(path), "num_gpus": 24}}).outside_fitted_runs == []
+    beyond = case(128, 2, 1, 2, 1)
+    notes = estimate({**beyond, "cluster": {"profile": str(path), "num_gpus": 128}}).outside_fitted_runs
+    assert [n.split(" lies outside")[0] for n in notes] == ["nodes 16"]
+
+
 def test_runs_of_two_gpu_types_are_refused_naming_them():
     runs = measured_runs(LAYOUTS[:2])
     other = Run("b200-run", {**runs[0].case, "cluster": {"gpu": "b200", "num_gpus": 8}}, runs[0].tokens_per_s)
