@@ -4,7 +4,7 @@ model chunks over pipeline ranks (:func:`rank_chunks`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .spec_checks import SpecError, _choice, _positive_int
 
@@ -172,3 +172,30 @@ class Layout:
         # dataclasses.replace inspects the fields on every call; the search calls this for every
         # rung of every recompute ladder. The new layout is validated all the same.
         return Layout(**{**self.__dict__, **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The layout as a case file's ``layout`` section gives it (docs/case-reference.md): the
+        degrees, micro-batch, ZeRO stage and recomputation always; the rest where set."""
+        section: dict[str, Any] = {
+            "dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "vpp": self.vpp,
+            "micro_batch_size": self.micro_batch_size, "zero_stage": self.zero_stage,
+            "sequence_parallel": self.sequence_parallel, "recompute": self.recompute,
+        }
+        if self.ep > 1 or self.etp is not None:
+            section["ep"] = self.ep
+            section["etp"] = self.expert_tp
+        if self.recompute_num_layers is not None:
+            section["recompute_num_layers"] = self.recompute_num_layers
+        if self.recompute_modules is not None:
+            section["recompute_modules"] = list(self.recompute_modules)
+        if self.stage_layers is not None:
+            section["stage_layers"] = list(self.stage_layers)
+        if self.chunk_layers is not None:
+            section["chunk_layers"] = list(self.chunk_layers)
+        for flag in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+            if getattr(self, flag):
+                section[flag] = True
+        for name in ("offload_optimizer", "offload_params", "offload_activations"):
+            if getattr(self, name):
+                section[name] = getattr(self, name)
+        return section

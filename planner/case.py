@@ -404,29 +404,7 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
 
 def layout_to_mapping(layout: Layout) -> dict[str, Any]:
     """The case-file ``layout`` section for ``layout``: what `plan` hands to `estimate`."""
-    section: dict[str, Any] = {
-        "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vpp": layout.vpp,
-        "micro_batch_size": layout.micro_batch_size, "zero_stage": layout.zero_stage,
-        "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
-    }
-    if layout.ep > 1 or layout.etp is not None:
-        section["ep"] = layout.ep
-        section["etp"] = layout.expert_tp
-    if layout.recompute_num_layers is not None:
-        section["recompute_num_layers"] = layout.recompute_num_layers
-    if layout.recompute_modules is not None:
-        section["recompute_modules"] = list(layout.recompute_modules)
-    if layout.stage_layers is not None:
-        section["stage_layers"] = list(layout.stage_layers)
-    if layout.chunk_layers is not None:
-        section["chunk_layers"] = list(layout.chunk_layers)
-    for flag in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
-        if getattr(layout, flag):
-            section[flag] = True
-    for name in ("offload_optimizer", "offload_params", "offload_activations"):
-        if getattr(layout, name):
-            section[name] = getattr(layout, name)
-    return section
+    return layout.to_dict()
 
 
 # A fit whose relative rms error passes this gives a figure the user should not lean on silently.

@@ -327,6 +327,21 @@ class Fit:
     def values(self) -> dict[str, float]:
         return {f.name: f.value for f in self.figures if f.fitted}
 
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON types, for a job that logs it (``json.dumps(fit.to_dict())``): each
+        figure beside its prior, each run's error before and after, the runs' coverage and the warnings
+        the CLI prints; the hardware the figures price is the profile's (the first of the pair)."""
+        return {"figures": [{"name": f.name, "prior": f.prior, "value": f.value, "runs": f.runs, "fitted": f.fitted,
+                             "why_not": f.why_not or None, "bound": f.bound} for f in self.figures],
+                "residuals": [{"id": r.id, "throughput_before": r.throughput_before,
+                               "throughput_after": r.throughput_after, "memory_before": r.memory_before,
+                               "memory_after": r.memory_after,
+                               "unfit": None if r.unfit is None else {"peak_bytes": r.unfit[0],
+                                                                      "limit_bytes": r.unfit[1]}}
+                              for r in self.residuals],
+                "coverage": {k: list(v) for k, v in self.coverage.items()},
+                "warnings": self.warnings()}
+
     def unexplained(self) -> list[tuple[str, str, float]]:
         """(run id, "tokens/s" or "peak memory", predicted / measured) of each run the fitted figures
         leave more than UNEXPLAINED× from its measurement."""

@@ -26,6 +26,22 @@ def test_an_emitted_config_reads_back_as_its_layout(tmp_path, engine, name, layo
     assert planner.read_config(CASE, engine, tmp_path / name, pp=est.job.layout.pp) == est.job.layout
 
 
+def test_a_read_layout_is_a_case_files_layout_section(tmp_path):
+    """read_config returned a bare Layout, with no way back to the case schema but field by field: its
+    to_dict() is the section a case takes, estimated as the config it was read from, and plain JSON."""
+    import json
+
+    layout = {"tp": 2, "pp": 2, "dp": 4, "micro_batch_size": 2, "zero_stage": 1, "sequence_parallel": True,
+              "recompute": "selective", "recompute_modules": ["mlp"]}
+    training = {**CASE["training"], "engine": "megatron"}
+    est = planner.estimate({**CASE, "training": training, "layout": layout})
+    planner.emit(est, "megatron", tmp_path)
+    section = json.loads(json.dumps(planner.read_config(CASE, "megatron", tmp_path / "megatron_args.txt").to_dict()))
+    assert {k: section[k] for k in layout} == layout
+    again = planner.estimate({**CASE, "training": training, "layout": section})
+    assert again.step_time_s == est.step_time_s and again.peak.total == est.peak.total
+
+
 def test_a_plans_best_layout_is_what_emit_writes(tmp_path):
     result = planner.plan({**CASE, "search": {"target": "megatron"}}, top_k=0)
     planner.emit(result, "megatron", tmp_path)

@@ -68,6 +68,21 @@ def test_twelve_runs_recover_the_figures_they_were_measured_with():
     assert all(abs(r.throughput_after) < abs(r.throughput_before) / 3 for r in result.residuals)
 
 
+def test_the_fit_report_is_plain_json_for_a_job_that_logs_it():
+    """A Fit could not be json.dumps'ed (frozen dataclasses, tuples of them): an orchestration job logging
+    the fit beside the profile had to take it apart by hand. Its dict carries the same figures: the GEMM
+    efficiency the twelve runs measured at 0.60, from the preset's 0.50."""
+    import json
+
+    profile, result = calibrate_from_runs(measured_runs())
+    report = json.loads(json.dumps(result.to_dict()))
+    gemm = next(f for f in report["figures"] if f["name"] == "performance.gemm_efficiency")
+    assert gemm["prior"] == 0.50 and gemm["fitted"] and gemm["runs"] == 12 and 0.56 < gemm["value"] <= 0.60
+    assert [r["id"] for r in report["residuals"]] == [f"run{i}" for i in range(12)]
+    assert all(-0.14 < r["throughput_before"] < -0.08 for r in report["residuals"])
+    assert report["coverage"]["nodes"] == [1, 2, 4, 8] and report["warnings"] == result.warnings()
+
+
 def test_one_run_moves_a_figure_part_of_the_way_and_ten_runs_most_of_it():
     """The regularisation (planner/learn.py): the prior counts as about two runs that inform a
     figure fully, so one run moves it about a third of the way from 0.50 to 0.60 (in log terms),
