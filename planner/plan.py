@@ -147,12 +147,12 @@ class Plan:
             within = (f"within the --simplest-within margin ({self.margin:.1%})" if self.margin_set_by == "simplest_within"
                       else f"within {self.margin:.1%} of the fastest, which the model cannot tell apart")
             # The same rule either way: a simpler layout that fits less surely is not the pick.
-            why = (f"the pick among layouts {within}: the surest to fit (its memory band's upper end, else its "
+            why = (f"the surest to fit of the layouts {within} (at its memory band's upper end, else at its "
                    f"predicted peak), then the simplest")
-            return f"{-gap:.3f} s faster per step ({gap / self.best.step_time_s:+.1%}), but the best is {why} " \
+            return f"{-gap:.3f} s faster per step ({gap / self.best.step_time_s:+.1%}), but the pick is {why} " \
                    f"(order: {COMPLEXITY_ORDER})"
         if gap <= 1e-3 * self.best.step_time_s:
-            return f"ties with the best on step time and ranks lower as the more complex layout " \
+            return f"ties with the pick on step time and ranks lower as the more complex layout " \
                    f"(order: {COMPLEXITY_ORDER})"
         mine, theirs = self.best.time.by_part(), runner.time.by_part()
         part = max(theirs, key=lambda k: theirs[k] - mine[k])

@@ -11,6 +11,7 @@ from rich.table import Table
 from cost_models.activations import selective_modules
 from cost_models.topology import domains_spanned
 
+from .engines import ENGINES
 from .errors import one_line
 from .estimate import Estimate
 
@@ -82,6 +83,12 @@ def step_copy_share(est: Estimate) -> float:
     return max(0.0, step_gradient_copy_bytes(est.job, est.peak.stage) - held)
 
 
+def engine_title(name: str) -> str:
+    """The engine as a person names it ("Megatron-LM" for ``megatron``, "plain PyTorch" for ``any``)."""
+    engine = ENGINES.get(name)
+    return engine.title if engine is not None and engine.title else name
+
+
 def print_estimate(est: Estimate, console: Console) -> None:
     job = est.job
     model = est.to_dict()["model"]
@@ -91,7 +98,7 @@ def print_estimate(est: Estimate, console: Console) -> None:
         if job.model.mtp_layers else "")
     console.print(f"[bold]{escape(job.model.name)}[/] ({size}) on {job.cluster.num_gpus} × "
                   f"{escape(job.cluster.gpu.name)}, global batch {job.training.global_batch_size} × "
-                  f"{job.training.seq_len} tokens")
+                  f"{job.training.seq_len} tokens, as {escape(engine_title(job.training.engine.name))} runs it")
     console.print(describe_layout(est), markup=False)
     console.print(describe_domains(est), markup=False)
     table = Table(title=f"Memory per GPU, heaviest stage ({est.peak.stage} of {job.layout.pp})")
@@ -105,7 +112,11 @@ def print_estimate(est: Estimate, console: Console) -> None:
     # The peak is what PyTorch's allocator reports; the CUDA context and NCCL's buffers sit beside it.
     outside = job.overheads.cuda_context
     table.add_row("outside the allocator", f"{outside / GB:.2f}", "")
-    table.add_row("capacity", f"{est.capacity_bytes / GB:.2f}", f"{(total + outside) / est.capacity_bytes:.0%} used")
+    # GB are 10^9 bytes throughout; a GPU's memory is sold in GiB (an 80 GB H100 holds 85.9 GB).
+    table.add_row(f"capacity ({est.capacity_bytes / 2**30:,.0f} GiB)", f"{est.capacity_bytes / GB:.2f}",
+                  f"{(total + outside) / est.capacity_bytes:.0%} used")
+    # What the verdict holds the peak to: the capacity less the headroom and what lives outside the allocator.
+    table.add_row("usable by the peak", f"{est.usable_bytes / GB:.2f}", f"{total / est.usable_bytes:.0%} of it")
     if job.layout.offloads:
         host = job.cluster.gpu.host.memory_bytes
         table.add_row("host (offload)", f"{est.host_bytes / GB:.2f}", f"{est.host_bytes / host:.0%} of "
@@ -250,16 +261,16 @@ def print_plan(plan, console: Console) -> None:
         return
     table = Table(title="Alternatives")
     rows = [(best, {})] + [(alt, plan.differences(alt)) for alt in plan.alternatives]
-    cells = [("best" if i == 0 else str(i), f"{est.step_time_s:.3f}", f"{est.tokens_per_s:,.0f}", f"{est.mfu:.1%}",
+    cells = [("pick" if i == 0 else str(i), f"{est.step_time_s:.3f}", f"{est.tokens_per_s:,.0f}", f"{est.mfu:.1%}",
               f"{est.peak.total / GB:.1f}", est.memory_verdict,
               escape(_layout_summary(est.to_dict()["layout"]) if i == 0 else _changes(diff)))
              for i, (est, diff) in enumerate(rows)]
     # memory: each row's verdict (an alternative may fit only at its memory band's low end: at risk)
-    for k, column in enumerate(("#", "step s", "tokens/s", "MFU", "peak GB", "memory", "differs from best")):
+    for k, column in enumerate(("#", "step s", "tokens/s", "MFU", "peak GB", "memory", "differs from the pick")):
         # On a narrow terminal the figures keep their width and the changes fold: "117,0…" hid a
         # figure, "micro_batch_si…" a change.
-        text = column == "differs from best"
-        table.add_column(column, justify="left" if column in ("memory", "differs from best") else "right",
+        text = column == "differs from the pick"
+        table.add_column(column, justify="left" if column in ("memory", "differs from the pick") else "right",
                          overflow="fold", no_wrap=not text,
                          min_width=None if text else max(len(row[k]) for row in cells))
     for row in cells:

@@ -120,3 +120,21 @@ def test_the_step_copies_that_set_the_peak_are_said_and_a_host_overflow_named_in
     done = run_cli("estimate", str(path))
     assert done.returncode == 3
     assert "still does not fit: its offload overflows the host's memory" in " ".join(done.stdout.split())
+
+
+def test_the_report_names_its_engine_its_pick_and_the_memory_its_verdict_holds_the_peak_to(tmp_path):
+    """A newcomer read "best" over a faster runner-up, a capacity of 85.90 GB for an 80 GB H100 and a verdict
+    against 84.0 GB usable that no row showed, and no engine named: the report says which engine's layout it
+    is, calls the robust pick the pick, and gives the capacity in the GiB a GPU is sold in beside the memory
+    the peak may use: the H100's 80 GiB less its 1 % headroom and the 1 GiB outside the allocator
+    (case-reference.md: `search.headroom`, `overheads.cuda_context`), 83.97 GB."""
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump({**SIXTEEN_K, "training": {**SIXTEEN_K["training"], "seq_len": 4096}}))
+    text = " ".join(run_cli("estimate", str(path)).stdout.split())
+    assert "global batch 128 × 4096 tokens, as Megatron-LM runs it" in text
+    assert "capacity (80 GiB) │ 85.90 │" in text and "usable by the peak │ 83.97 │" in text
+    case = {k: v for k, v in SIXTEEN_K.items() if k != "layout"}
+    case["training"] = {**case["training"], "seq_len": 4096}
+    path.write_text(yaml.safe_dump(case))
+    planned = " ".join(run_cli("plan", str(path), "--engine", "any").stdout.split())
+    assert "as plain PyTorch runs it" in planned and "│ pick │" in planned and "differs from the pick" in planned

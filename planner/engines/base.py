@@ -258,6 +258,7 @@ class Engine:
     # its ``read`` takes (what its configs leave out: a ds_config.json has no pipeline degree).
     reader: Optional[str] = None
     reader_options: tuple[str, ...] = ()
+    title: str = ""  # how a report names it to a person: "Megatron-LM" (``name`` is what a case writes)
 
     def emit_module(self) -> Emitter:
         """The engine's emitter, imported when first needed (planning needs none)."""

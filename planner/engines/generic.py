@@ -27,4 +27,4 @@ def rules(job: Job) -> list[tuple[str, str]]:
     return out
 
 
-ENGINE = Engine("any", SUPPORT, GENERIC, rules)
+ENGINE = Engine("any", SUPPORT, GENERIC, rules, title="plain PyTorch")

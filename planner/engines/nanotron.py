@@ -48,4 +48,4 @@ BEHAVIOUR = EngineBehaviour(
     pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3, cross_domain_tp_rank_s=0.06e-3,
 )
 
-ENGINE = Engine("nanotron", SUPPORT, BEHAVIOUR)
+ENGINE = Engine("nanotron", SUPPORT, BEHAVIOUR, title="nanotron")

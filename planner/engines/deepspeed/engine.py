@@ -129,4 +129,4 @@ def rules(job: Job) -> list[tuple[str, str]]:
 
 ENGINE = Engine("deepspeed", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.deepspeed.emit", training_rules=training_rules,
                 reader="planner.engines.deepspeed.read", reader_options=("pp", "tp", "micro_batch_size", "recompute", "ep",
-                                                                      "stage_layers"))
+                                                                      "stage_layers"), title="DeepSpeed")

@@ -204,4 +204,4 @@ def case_rules(training: TrainingSpec, model: ModelSpec) -> list[tuple[str, str]
 
 
 ENGINE = Engine("megatron", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.megatron.emit",
-                reader="planner.engines.megatron.read", case_rules=case_rules)
+                reader="planner.engines.megatron.read", case_rules=case_rules, title="Megatron-LM")

@@ -211,4 +211,4 @@ def case_rules(training: TrainingSpec, model: ModelSpec) -> list[tuple[str, str]
 
 ENGINE = Engine("torchtitan", SUPPORT, BEHAVIOUR, rules, emitter="planner.engines.torchtitan.emit",
                 training_rules=training_rules, model_rules=model_rules, case_rules=case_rules,
-                reader="planner.engines.torchtitan.read")
+                reader="planner.engines.torchtitan.read", title="torchtitan")
