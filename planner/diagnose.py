@@ -130,7 +130,7 @@ def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int],
     said, so was read as DeepSpeed's default: DeepSpeed-MoE's ep_size, PipelineModule's split, the
     recomputation (read as none, it was said of nothing: the planner's own files, planned with full
     recomputation, were diagnosed as not fitting without a word why)."""
-    from .engines.deepspeed.read import autoep_size, load_config
+    from .engines.deepspeed.read import autoep_size, load_config, planned_recompute
 
     stated = case.layout
     notes = []
@@ -141,6 +141,10 @@ def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int],
         notes.append(f"{config.name} does not state the recomputation (the model code's: gradient checkpointing, "
                      "deepspeed.checkpointing): read as none; give --recompute (or layout.recompute in the case) "
                      "for another")
+    if stated is None and recompute is None and layout.pp == 1 and planned_recompute(load_config(config)):
+        notes.append(f"{config.name} was written by layout-planner for a layout that recomputes every layer (its "
+                     "header says so; no ds_config key does): read as recompute full, which train.py must run "
+                     "(launch.sh says how); give --recompute for another")
     if layout.pp > 1 and stated is None and stage_layers is None:
         notes.append(f"{config.name} does not state PipelineModule's split of the layers: read as the even split; "
                      "give --stage-layers (or layout.stage_layers in the case) for another")

@@ -842,3 +842,33 @@ def test_the_fp16_optimizers_step_copies_are_in_the_peak(monkeypatch):
     assert estimate.peak.total >= (16 + step_bytes / n) * total_parameters(job.model)
     case["layout"]["zero_stage"] = 1  # DeepSpeed's ZeRO optimizer: no such copies
     assert step_gradient_copy_bytes(planner.estimate(case).job, 0) == 0
+
+
+def test_the_planners_own_files_read_back_with_the_recomputation_they_were_planned_with(tmp_path, world):
+    """No ds_config key says that the model checkpoints: `plan --emit deepspeed` for Llama 3 70B on one
+    H100 node (ZeRO-Infinity, every layer recomputed) read back through `diagnose` as recomputing nothing,
+    'the config does not fit as predicted' (a 0.81x speedup) against the planner's best, its very layout.
+    Its header now says it, and only a header layout-planner wrote is read so."""
+    from cli_in_process import run_cli
+
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb",
+                                                                                 "num_gpus": 8},
+                                    "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "deepspeed"}}))
+    planned = run_cli("plan", str(case), "--emit", "deepspeed", "--out", str(tmp_path / "run"), "--json")
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)["best"]["layout"]["recompute"] == "full"
+    config = tmp_path / "run" / "ds_config.json"
+    world(8)
+    DeepSpeedConfig(str(config), mpu=None)  # the header line is DeepSpeed's to ignore
+    done = run_cli("diagnose", str(case), "--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr
+    read = json.loads(done.stdout)
+    assert read["speedup"] == pytest.approx(1.0) and read["config"]["layout"]["recompute"] == "full"
+    assert any("written by layout-planner" in note for note in read["notes"])
+    # Someone else's config with the same section and no such header states nothing: read as none.
+    theirs = json.loads(config.read_text())
+    theirs["_comment"] = ["our 70B config", *theirs["_comment"][1:]]
+    config.write_text(json.dumps(theirs))
+    read = json.loads(run_cli("diagnose", str(case), "--config", str(config), "--json").stdout)
+    assert read["config"]["layout"]["recompute"] == "none"

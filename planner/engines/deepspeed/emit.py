@@ -29,6 +29,7 @@ from cost_models.specs import Layout
 
 from planner.engines import ENGINES
 from planner.engines.deepspeed import engine as ds_engine
+from planner.engines.deepspeed.read import PLANNED_RECOMPUTE
 from planner.errors import CaseError
 from planner.emit import header_lines as _lines
 from planner.emit.quoting import comment, shell_word
@@ -104,6 +105,9 @@ def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str,
             # copy until the step (runtime/bf16_optimizer.py: accumulate_hp_grads_and_remove_lp).
             config["bf16"]["immediate_grad_update"] = True
     if lay.recompute == "full":
+        # What no key says (read.planned_recompute reads it back): launch.sh's header tells train.py how.
+        config["_comment"].append(f"{PLANNED_RECOMPUTE} (train.py checkpoints every transformer layer: see "
+                                  "launch.sh; no ds_config key says so)")
         # The planner's memory model keeps each recomputed layer's input whole on every TP rank.
         config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                               "cpu_checkpointing": False, "synchronize_checkpoint_boundary": False,

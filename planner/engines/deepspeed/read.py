@@ -527,6 +527,24 @@ def _dp(src: str, config: dict, case, pp: int, tp: Optional[int]) -> int:
     return max(1, case.cluster.num_gpus // (tp * pp))
 
 
+
+# The line of layout-planner's header (``_comment``) that gives the recomputation its files were planned
+# with: no ds_config key says that the model checkpoints (activation_checkpointing configures what the
+# model's code calls), so its own files were read back as recomputing nothing and as not fitting.
+PLANNED_RECOMPUTE = "recompute: full"
+
+
+def planned_recompute(config: dict) -> Optional[str]:
+    """"full" where the config is one layout-planner wrote (its header's first line) for a layout that
+    recomputes every layer; else None: what a ds_config cannot say is not guessed from anyone else's."""
+    from planner.emit import GENERATED
+
+    lines = config.get("_comment")
+    if not isinstance(lines, list) or not lines or not str(lines[0]).startswith(GENERATED):
+        return None
+    return "full" if any(str(line).startswith(PLANNED_RECOMPUTE) for line in lines) else None
+
+
 def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[int] = None,
          micro_batch_size: Optional[int] = None, recompute: Optional[str] = None,
          ep: Optional[int] = None, stage_layers: Optional[tuple[int, ...]] = None,
@@ -678,7 +696,8 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
             raise CaseError(*argument("recompute"), f"{recompute}: {src}'s pipeline.activation_checkpoint_interval "
                                                     f"{interval} checkpoints every layer: full")
         recompute = "full"
-    recompute = recompute or (case.layout.recompute if case.layout is not None else "none")
+    recompute = recompute or (case.layout.recompute if case.layout is not None else None) \
+        or planned_recompute(config) or "none"
 
     offload = {name: _offload_device(src, zero_section, name) for name in ("offload_optimizer", "offload_param")}
     # The experts' parallelism: AutoEP's, where the config turns it on; else the model's code (DeepSpeed-MoE's
