@@ -216,6 +216,14 @@ AS_BASH = [
     'TP=8; f() { local TP=4; declare -g TP=2; torchrun in$TP; }; f; torchrun out$TP\nQ=2; local Q=4; torchrun $Q',
     "printf -v A '%d' 0x10; printf -v B '%d' 08; printf -v C '%d' 8abc; printf -v D -- %d 8; "
     "printf -v E 'a\\\\b'; Z=(1 2); printf -v 'Z[1]' %d 9; torchrun $A $B $C $D \"$E\" ${Z[1]}",
+    # a subscript or a substring's offset that holds $ (refused as "fails in bash"); an element in arithmetic
+    'A=(1 2 4 8); I=2; X=1248; O=2; torchrun ${A[$I]} ${A[${I}]} ${A[$((I+1))]} ${X:$O:1} $(( A[1] * 2 ))\n'
+    'A[$I]=9; (( A[0] += 5 )); torchrun "${A[@]}"',
+    # a subshell's stated exit status; declare -u, -l, and -i's +=; "$*" joined by IFS; ${@:N}; $'\xHH'
+    '(exit 1) || torchrun sub-1; (exit 0) && torchrun sub-0; (exit 256) && torchrun sub-256',
+    'declare -u U=h100; declare -l L=H100; declare -i N=2; N+=2; U+=x; torchrun $U $L $N',
+    'set -- 4 2; IFS=-; X="$*"; IFS=; Y="$*"; unset IFS; torchrun $X $Y ${@:2} "${@:1:1}"',
+    "torchrun $'\\x34' $'\\101' $'a\\qb'",
 ]
 
 
@@ -437,3 +445,10 @@ def test_torchruns_elastic_nodes_and_a_process_per_gpu_are_read(tmp_path, torchr
     assert torchrun in script
     case, args = files(tmp_path, script, BF16)
     assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+
+
+def test_a_for_list_whose_command_substitution_is_not_run_is_said():
+    """`for i in $(seq 1 4); do TP=$i; done` ran no iteration (the substitution read as empty) and left TP as
+    it was, with nothing said: a tensor parallelism bash never launches, silently."""
+    read = read_script("TP=2\nfor i in $(seq 1 4); do TP=$i; done\ntorchrun --tp $TP\n", "train.sh")
+    assert any("line 2: for i in …: the list's command substitution is not run" in note.text for note in read.notes)

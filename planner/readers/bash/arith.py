@@ -15,11 +15,20 @@ class _ArithError(Exception):
     pass
 
 
+def _subscripted(name: str) -> tuple[str, Optional[str]]:
+    """(name, subscript) of an arithmetic operand: ``A[1]`` is A's element 1, ``X`` is X (None)."""
+    if name.endswith("]") and "[" in name:
+        base, index = name[:-1].split("[", 1)
+        return base, index
+    return name, None
+
+
 class _ExpansionError(Exception):
     """An expansion bash fails on (``$((a b))``): it abandons the rest of the line."""
 
 
-_ARITH_TOKEN = re.compile(r"\s*(?:(0[xX][0-9a-fA-F]+|[0-9]+#[0-9a-zA-Z@_]+|[0-9]+)|([A-Za-z_][A-Za-z0-9_]*)"
+# A name may carry a subscript (``A[1]``, ``A[i+1]``): an array's element, as bash reads it.
+_ARITH_TOKEN = re.compile(r"\s*(?:(0[xX][0-9a-fA-F]+|[0-9]+#[0-9a-zA-Z@_]+|[0-9]+)|([A-Za-z_][A-Za-z0-9_]*(?:\[[^\]]*\])?)"
                           r"|(\*\*=|<<=|>>=|&&|\|\||\+\+|--|\*\*|<<|>>|<=|>=|==|!=|[-+*/%&^|]=|[-+*/%<>=!~&^|?:(),]))")
 _BINARY = [("||",), ("&&",), ("|",), ("^",), ("&",), ("==", "!="), ("<", ">", "<=", ">="), ("<<", ">>"),
            ("+", "-"), ("*", "/", "%")]
@@ -177,8 +186,13 @@ class _Arithmetic(_State):
     """A shell's arithmetic; an operand that holds ``$`` is expanded first (``string``, expand.py)."""
 
     def arith_expansion(self, expression: str, ctx: _Ctx, key: str) -> str:
-        return str(self.arith(self.string(expression, ctx, key) if "$" in expression or "`" in expression
-                              else expression, ctx, key))
+        return str(self.expanded_arith(expression, ctx, key))
+
+    def expanded_arith(self, expression: str, ctx: _Ctx, key: str) -> int:
+        """An arithmetic context's value with its ``$`` and backquote expansions done first, as bash does
+        for ``$((...))``, an array's subscript (``${A[$i]}``) and a substring's offset (``${X:$o:1}``)."""
+        return self.arith(self.string(expression, ctx, key) if "$" in expression or "`" in expression
+                          else expression, ctx, key)
 
     def arith(self, expression: str, ctx: _Ctx, key: str) -> int:
         """The value of an arithmetic expression; _ExpansionError where bash fails on it."""
@@ -199,13 +213,13 @@ class _Arithmetic(_State):
         if kind in ("pre", "post"):
             old = self.variable_value(node[2], ctx, depth)
             new = _wrap(old + (1 if node[1] == "++" else -1))
-            self.set_var(node[2], str(new), ctx.deps)
+            self.set_arith_var(node[2], new, ctx)
             return new if kind == "pre" else old
         if kind == "assign":
             value = self.evaluate(node[3], ctx, depth)
             if node[1] != "=":
                 value = _binary(node[1][:-1], self.variable_value(node[2], ctx, depth), value)
-            self.set_var(node[2], str(value), ctx.deps)
+            self.set_arith_var(node[2], value, ctx)
             return value
         if kind == "comma":
             self.evaluate(node[1], ctx, depth)
@@ -219,8 +233,13 @@ class _Arithmetic(_State):
             return int(bool(left) or bool(self.evaluate(node[3], ctx, depth)))
         return _binary(op, left, self.evaluate(node[3], ctx, depth))
 
+    def set_arith_var(self, name: str, value: int, ctx: _Ctx) -> None:
+        base, index = _subscripted(name)
+        self.set_var(base, str(value), ctx.deps, index=index)
+
     def variable_value(self, name: str, ctx: _Ctx, depth: int) -> int:
-        value, is_set = self.lookup(name, None, ctx)
+        base, index = _subscripted(name)
+        value, is_set = self.lookup(base, index, ctx)
         if not is_set:
             ctx.deps.setdefault(name, "is not set by the script: read as 0")
             return 0

@@ -66,9 +66,14 @@ class _Commands(_Expander):
         scoped = self.frames and (command == "local" or (command in ("declare", "typeset") and not global_))
         if any(t.kind == "word" and t.text.startswith("-") and "n" in t.text for t in rest[1:]):
             self.note(f"{command} -n (a name reference) is not followed: its name reads as a variable of its own")
-        if any(t.kind == "word" and t.text.startswith("-") and "i" in t.text for t in rest[1:]):
-            self.integers.update(_ASSIGNMENT.match(t.text).group(1) if t.kind == "array" or _is_assignment(t.text)
-                                 else t.text for t in rest[1:] if not t.text.startswith(("-", "+")))
+        declared = [_ASSIGNMENT.match(t.text).group(1) if t.kind == "array" or _is_assignment(t.text) else t.text
+                    for t in rest[1:] if not t.text.startswith(("-", "+"))]
+        options = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("-"))
+        if "i" in options:
+            self.integers.update(declared)
+        for letter in "ul":  # the later of -u and -l wins, as in bash
+            if letter in options and options.rindex(letter) == max(options.rfind("u"), options.rfind("l")):
+                self.letter_cases.update(dict.fromkeys(declared, letter))
         for tok in rest[1:]:
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
                 name = _ASSIGNMENT.match(tok.text).group(1) if tok.kind == "array" or _is_assignment(tok.text) \
@@ -106,7 +111,8 @@ class _Commands(_Expander):
     def builtin(self, fields: list[str], ctx: _Ctx, node: _Simple) -> _Status:
         name, args = fields[0], fields[1:]
         if name == "exit":
-            raise _Exit()
+            code = args[0] if args else None
+            raise _Exit(None if code is None or not code.isdigit() else _TRUE if int(code) % 256 == 0 else _FALSE)
         if name == "return":
             raise _Return(_TRUE if not args or args[0] == "0" else _FALSE)
         if name in ("break", "continue"):

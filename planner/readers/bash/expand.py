@@ -19,10 +19,25 @@ _SIMPLE_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]|[@*#?$!\-]")
 _PARAM_OP = re.compile(r":?[-=+?]|##?|%%?|/#|/%|//?|\^\^?|,,?|:")
 
 
+_ANSI_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f",
+                 "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+# An escape of a $'...' quote: hexadecimal (\xHH), Unicode (\uHHHH, \UHHHHHHHH), octal (\NNN), or a letter.
+_ANSI_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{1,2})|u([0-9a-fA-F]{1,4})|U([0-9a-fA-F]{1,8})|([0-7]{1,3})|(.))", re.S)
+
+
 def _ansi(text: str) -> str:
-    escapes = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f",
-               "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
-    return re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), m.group(0)), text)
+    """A ``$'...'`` quote's text with its escapes decoded as bash decodes them."""
+
+    def decode(m: re.Match) -> str:
+        hexadecimal = m.group(1) or m.group(2) or m.group(3)
+        if hexadecimal:
+            value = int(hexadecimal, 16)
+            return chr(value) if value < 0x110000 else m.group(0)
+        if m.group(4):
+            return chr(int(m.group(4), 8) & 0xFF)
+        return _ANSI_ESCAPES.get(m.group(5), m.group(0))
+
+    return _ANSI_ESCAPE.sub(decode, text)
 
 
 def _split_replacement(body: str) -> tuple[str, str, str]:
@@ -229,10 +244,12 @@ class _Expander(_Arithmetic):
                               ((v[:1].upper() if upper else v[:1].lower()) + v[1:]))
         elif op == ":":
             parts = rest[1:].split(":", 1)
-            offset = self.arith(parts[0], ctx, key)
-            length = self.arith(parts[1], ctx, key) if len(parts) > 1 else None
+            offset = self.expanded_arith(parts[0], ctx, key)
+            length = self.expanded_arith(parts[1], ctx, key) if len(parts) > 1 else None
             if splat:
                 items = value if isinstance(value, list) else [value]
+                if name in ("@", "*"):  # ${@:2} counts from $0, as bash does: $2 on
+                    items = [self.argv0] + items
                 start = offset if offset >= 0 else max(0, len(items) + offset)
                 value = items[start:] if length is None else items[start:start + max(length, 0)]
             else:
@@ -244,8 +261,10 @@ class _Expander(_Arithmetic):
                     end = start + length if length >= 0 else len(text) + length
                     value = text[start:end]
         if isinstance(value, list):
-            if star and quoted:
-                return (kind_s, " ".join(value))
+            if star and quoted:  # "$*" and "${A[*]}" join with IFS's first character (none where IFS is empty)
+                ifs = self.vars.get("IFS")
+                separator = " " if ifs is None or isinstance(ifs.value, list) else ifs.value[:1]
+                return (kind_s, separator.join(value))
             if splat:
                 return (kind_l, value)
             value = " ".join(value)

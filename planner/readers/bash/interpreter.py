@@ -18,7 +18,7 @@ from .parser import (_AndOr, _Arith, _ArithFor, _Case, _For, _FuncDef, _Group, _
                      _Simple, _Test, _While)
 from .patterns import _match_bounded
 from .results import Note, Script
-from .state import _GENERATIONS, _Ctx
+from .state import _GENERATIONS, _NOT_RUN, _Ctx
 from .status import _TRUE, _Exit, _LoopControl, _Return, _Status, _k3_and, _k3_or
 
 
@@ -129,8 +129,8 @@ class _Shell(_Commands):
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()
-        except _Exit:
-            return _Status(None, True, reason="a subshell that exits")
+        except _Exit as leaving:  # `(exit 1) || TP=4`: a status the script states is known
+            return leaving.status or _Status(None, True, reason="a subshell that exits")
         finally:
             self.vars, self.funcs, self.positional, self.generation = saved
 
@@ -227,6 +227,9 @@ class _Shell(_Commands):
                 items += self.fields(tok.text, ctx, node.name)
                 if sum(len(w) + 1 for w in items) > MAX_EXPANDED_CHARS:
                     raise self.too_long(node.name)
+        if node.items is not None and any(how.startswith(_NOT_RUN) for how in ctx.deps.values()):
+            self.note(f"for {node.name} in …: the list's command substitution is not run (read as empty), so the "
+                      f"loop runs over {len(items)} word{'s' * (len(items) != 1)} where bash runs over its output")
         for item in items:
             self.step(node.start)
             self.set_var(node.name, item, {})

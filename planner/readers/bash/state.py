@@ -74,6 +74,7 @@ class _State:
         # values before the call, None where unset, put back when it returns.
         self.frames: list[dict[str, Optional[_Var]]] = []
         self.integers: set[str] = set()  # declare -i: an assignment's value is evaluated as arithmetic
+        self.letter_cases: dict[str, str] = {}  # declare -u / -l: "u" or "l", the case its values are stored in
         self.in_condition = 0
         self.line = 1
         self.generation = next(_GENERATIONS)
@@ -148,7 +149,7 @@ class _State:
             return (value[0] if value else "") if isinstance(value, list) else value, True
         if index in ("@", "*"):
             return list(value) if isinstance(value, list) else [value], True
-        position = self.arith(index, ctx, name)
+        position = self.expanded_arith(index, ctx, name)
         items = value if isinstance(value, list) else [value]
         if position < 0:
             position += len(items)
@@ -164,7 +165,7 @@ class _State:
         if index is not None and index not in ("@", "*"):
             items = list(old.value) if old is not None and isinstance(old.value, list) else \
                 ([old.value] if old is not None else [])
-            position = self.arith(index, _Ctx(), name) or 0
+            position = self.expanded_arith(index, _Ctx(), name) or 0
             if position < 0 or position >= MAX_EXPANDED_CHARS:
                 raise self.too_long(name)
             while len(items) <= position:
@@ -218,6 +219,13 @@ class _State:
             self.set_var(name, elements, ctx.deps, append=append, exported=exported)
         else:
             value = self.string(tok.text[match.end():], ctx, name)
-            if name in self.integers and not append:
-                value = str(self.arith(value or "0", ctx, name))
+            if name in self.integers:
+                number = self.arith(value or "0", ctx, name)
+                if append:  # declare -i X; X+=2 adds, where a string would be appended to
+                    old, _ = self.lookup(name, index, ctx)
+                    number += self.arith(_joined(old) or "0", ctx, name) if old is not None else 0
+                value, append = str(number), False
+            case = self.letter_cases.get(name)
+            if case is not None:  # declare -u / -l: the value is stored upper- or lower-cased
+                value = value.upper() if case == "u" else value.lower()
             self.set_var(name, value, ctx.deps, append=append, index=index, exported=exported)

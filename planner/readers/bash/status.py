@@ -21,7 +21,12 @@ _FALSE = _Status(False, False)
 
 
 class _Exit(Exception):
-    pass
+    """``exit [N]``: the status it leaves, where the script says it (``exit 1``); else None (``exit`` alone
+    leaves the last command's, ``exit $RC`` what the script does not set)."""
+
+    def __init__(self, status: Optional[_Status] = None):
+        super().__init__()
+        self.status = status
 
 
 class _Return(Exception):
