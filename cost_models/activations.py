@@ -343,8 +343,8 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     ``GradAccumulator`` the chunks' input gradients are written into, an fp32 buffer of the
     hidden states' local shape (the whole local sequence: the final norm's output is replicated
     over the TP ranks), whose cast to the activations' width the head keeps. The LM head's
-    fp32 gradient, which FSDP2 holds unsharded across the chunks, is a weight's
-    (``memory.chunked_loss_head_gradient_bytes``).
+    fp32 gradient, which FSDP2 holds unsharded across the chunks, its reduce-scatter's input and
+    its gathered weight are a weight's (``memory.chunked_loss_head_bytes``).
     """
     s = training.seq_len / layout.cp
     b = layout.micro_batch_size

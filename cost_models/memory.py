@@ -367,7 +367,7 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
         if stage == lay.pp - 1:
             # A transient of the loss's, on the GPU whatever the optimizer offloads (FSDP2 gathers and
             # accumulates there; CPUOffloadPolicy copies the reduced shard out).
-            other += chunked_loss_head_gradient_bytes(job)
+            other += chunked_loss_head_bytes(job)
         # The step's copies come once the activations are freed: what they add is what they pass them by.
         other += max(0.0, step_gradient_copy_bytes(job, stage) - (1 + o.fragmentation) * held)
         out.append(StageMemory(
@@ -443,17 +443,30 @@ def offload_gradient_copies(job: Job, stage: int) -> tuple[float, float]:
     return on_gpu, FP32_BYTES * lay.offload_optimizer * local
 
 
-def chunked_loss_head_gradient_bytes(job: Job) -> float:
-    """The LM head's gradient, whole and in fp32, while a chunked loss runs (:func:`activations.loss_chunks`):
-    torchtitan's ``ChunkedLossWrapper`` turns the head's gradient sync off for every chunk but the last,
-    so FSDP2 keeps its unsharded gradient between them, upcast to the reduce dtype (torch
-    ``FSDPParam.to_accumulated_grad_if_needed``, ``accumulate_unsharded_grad_if_needed``; torchtitan
-    reduces in fp32): 4·V·h/tp on the last stage. Where the stage holds every gradient unsharded
-    anyway (:func:`accumulates_unsharded`), the head's is among them."""
-    model = job.model
-    if loss_chunks(model, job.training) == 1 or accumulates_unsharded(job):
+def chunked_loss_head_bytes(job: Job) -> float:
+    """What the LM head holds on a GPU of the last stage while a chunked loss runs
+    (:func:`activations.loss_chunks`), beyond the units ZeRO-3's gather prices in flight
+    (:func:`zero3_gather_bytes`), each measured on FSDP2 (``tests/test_chunked_loss_torch.py``):
+
+    - its gradient, whole, upcast to the reduce dtype: torchtitan's ``ChunkedLossWrapper`` turns the
+      head's gradient sync off for every chunk but the last, so FSDP2 accumulates it unsharded between
+      them (torch ``FSDPParam.to_accumulated_grad_if_needed``, ``accumulate_unsharded_grad_if_needed``;
+      torchtitan reduces in fp32), 4·V·h/tp;
+    - at the last chunk, the reduce-scatter's input, a copy of that gradient in the reduce dtype,
+      allocated while the accumulated one is still referenced (``foreach_reduce``,
+      ``_fsdp_collectives.py``), 4·V·h/tp more; its output is the shard's gradient (``gradients``);
+    - its weight, gathered in 16 bits through the loss (torchtitan shards the final norm and the head as
+      one unit that is not resharded after the forward: ``distributed/fsdp.py``), 2·V·h/tp, in place of
+      the decoder layers' units, none of which is gathered then: only what it passes them by.
+
+    Where the stage holds every gradient unsharded anyway (:func:`accumulates_unsharded`), the head's is
+    among them and nothing of this is added."""
+    model, training = job.model, job.training
+    if loss_chunks(model, training) == 1 or accumulates_unsharded(job):
         return 0.0
-    return FP32_BYTES * model.vocab_size * model.hidden_size / job.layout.tp
+    head = model.vocab_size * model.hidden_size / job.layout.tp
+    gathered = head * gathered_weight_bytes(training)
+    return 2 * FP32_BYTES * head + max(0.0, gathered - zero3_gather_bytes(job))
 
 
 def reduce_bucket_bytes(job: Job) -> float:

@@ -1,12 +1,14 @@
 """torchtitan 0.3.0's chunked loss (``ChunkedLossWrapper``, every model's config_registry loss), run on
 real PyTorch: FSDP2 over a gloo group of one on CPU, bf16 parameters reduced in fp32 as torchtitan
 runs them. What it holds is what the torchtitan engine prices (``activations.head_activation_bytes``,
-``activations.loss_gradient_bytes``, ``memory.chunked_loss_head_gradient_bytes``):
+``activations.loss_gradient_bytes``, ``memory.chunked_loss_head_bytes``):
 
 - each chunk's logits are s/N of the sequence's, in bf16: no logits outlive the loss;
 - the chunks' input gradients gather in an fp32 buffer of the hidden states' shape;
 - the LM head's gradient stays whole between the chunks, in fp32 (FSDP2's unsharded accumulated
-  gradient, with gradient sync off for all but the last chunk);
+  gradient, with gradient sync off for all but the last chunk), and at the last chunk its
+  reduce-scatter's fp32 input is allocated beside it, with the head's weight gathered in bf16
+  throughout: 10 bytes a weight of the head at once (``memory.chunked_loss_head_bytes``);
 - after the loss, what autograd keeps for the decoder's backward is one bf16 tensor of the hidden
   states' shape: the gradient the loss hands back.
 """
@@ -25,16 +27,20 @@ pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
 
 from cost_models.activations import head_activation_bytes, loss_gradient_bytes, residual_bytes  # noqa: E402
-from cost_models.memory import chunked_loss_head_gradient_bytes  # noqa: E402
+from cost_models.memory import chunked_loss_head_bytes, zero3_gather_bytes  # noqa: E402
 from gloo_one_rank import PRELUDE  # noqa: E402
 from planner.case import load_case  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-B, S, H, V, N = 2, 64, 32, 512, 8  # the script's micro-batch, sequence, hidden size, vocabulary, chunks
+# The script's micro-batch, sequence, hidden size, vocabulary, chunks: the head's tensors (V·H weights in 2
+# or 4 bytes) are sized apart from every other, so that their bytes can be told from the chunks' logits.
+B, S, H, V, N = 1, 64, 32, 4096, 8
 
 SCRIPT = PRELUDE + textwrap.dedent('''
 import gc, json, weakref
 from torch.distributed.device_mesh import init_device_mesh
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 import torchtitan.components.loss as L
 
@@ -60,14 +66,34 @@ def record(self, *a, **k):
     seen["accumulator"].append([list(self._buffer.shape), str(self._buffer.dtype)])
 L.GradAccumulator.__init__ = record
 
+class HeadBytes(TorchDispatchMode):
+    """The most bytes live at once in tensors of the head's size (V·H elements, 2 or 4 bytes each):
+    every storage an op makes is followed until it is freed."""
+    def __init__(self):
+        super().__init__(); self.live, self.now, self.peak = {}, 0, 0
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if type(t) is torch.Tensor and t.untyped_storage().nbytes() in (2 * V * H, 4 * V * H):
+                storage = t.untyped_storage()
+                if storage._cdata not in self.live:
+                    self.live[storage._cdata] = storage.nbytes(); self.now += storage.nbytes()
+                    weakref.finalize(storage, self.free, storage._cdata)
+        self.peak = max(self.peak, self.now)
+        return out
+    def free(self, key):
+        self.now -= self.live.pop(key, 0)
+
 decoder = torch.randn(B, S, H, requires_grad=True)
 hidden = decoder.to(torch.bfloat16) * 1.0
 labels = torch.randint(V, (B, S))
 kept = []
 def pack(t):
     kept.append(weakref.ref(t)); return t
-with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+head_bytes = HeadBytes()
+with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), head_bytes:
     loss, _ = wrapper(hidden, labels)
+seen["head_peak_bytes"] = head_bytes.peak
 gc.collect()
 alive = {}
 for r in kept:
@@ -108,9 +134,14 @@ def test_torchtitans_chunked_loss_holds_what_the_torchtitan_engine_prices():
     assert dtype == "torch.float32" and shape == [B, S, H]
     assert loss_gradient_bytes(model, lay, training) == (4 + 6) * chunk_logits + 4 * B * S * H
 
-    # The LM head's gradient, whole in fp32, from the second chunk on.
+    # The LM head's gradient, whole in fp32, from the second chunk on; at the last chunk its reduce-scatter's
+    # fp32 input beside it, and the weight gathered in bf16 throughout: 2 + 4 + 4 bytes a weight at once.
     assert seen["head_grad"][0] is None and seen["head_grad"][1:] == [[V * H, "torch.float32"]] * (N - 1)
-    assert chunked_loss_head_gradient_bytes(job) == 4 * V * H
+    assert seen["head_peak_bytes"] == (2 + 4 + 4) * V * H
+    # Priced beside the decoder layers' units ZeRO-3 holds in flight, of which the gathered head takes the
+    # place while the loss runs (these two layers' are smaller than the head).
+    assert zero3_gather_bytes(job) < 2 * V * H
+    assert chunked_loss_head_bytes(job) + zero3_gather_bytes(job) == (2 + 4 + 4) * V * H
 
     # Kept for the decoder's backward: the gradient handed back (bf16, the hidden states' shape); the
     # trainer holds the final norm's output of that shape as the model's output, and the norm its input.
