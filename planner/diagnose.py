@@ -163,6 +163,9 @@ class ConfigReading:
     resolved: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     planned_with: Optional[str] = None
+    # The case the planner's best is searched on, where it differs from ``case``: every layout as the
+    # engine's own files run it (a ds_config's reduce_bucket_size prices its own layout, not the rest).
+    planning: Optional[Case] = None
 
 
 def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: Optional[int] = None,
@@ -218,9 +221,13 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: O
         loaded, settings = _param_gather_left_open(loaded, as_given, layout, settings)
         taken = taken_from_arguments(as_given, settings)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)  # the config's engine runs it
+    planning = None
     if engine == "deepspeed":
         from .engines.deepspeed.read import reduction_as_configured
 
+        # The ZeRO-3 files `plan` writes reduce in buckets of hidden² elements: the ZeRO-1/2 layouts its
+        # search weighs against them were priced with those, where their own files hold 5e8 (1.9 GB more).
+        planning = replace(loaded, training=training, search=spec)
         training = replace(training, engine=reduction_as_configured(path, loaded, training.engine, layout.pp))
     loaded = replace(loaded, training=training, search=spec)
     job = _job(loaded, layout, path, engine, options, argument)
@@ -232,7 +239,7 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: O
         from .engines.deepspeed.read import unpriced_notes
 
         notes += tuple(unpriced_notes(path, job))
-    return ConfigReading(engine, loaded, layout, job, resolved, notes, taken)
+    return ConfigReading(engine, loaded, layout, job, resolved, notes, taken, planning)
 
 
 def _read_torchtitan(case: Any, path: Path, options: dict, argument: Argument) -> ConfigReading:
@@ -289,7 +296,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
         estimate = estimate_job(loaded, job)
     except CaseError as error:  # the layout the config runs: named in the config, not the case
         raise _in_the_config(error, loaded.source, path, engine, layout) from None
-    best = plan_case(loaded, target=engine)
+    best = plan_case(reading.planning or loaded, target=engine)
     notes = reading.notes
     if engine == "megatron" and best.best is not None:
         from .engines.megatron.emit import needs_deepep
