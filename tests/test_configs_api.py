@@ -278,6 +278,13 @@ def test_the_python_api_diagnoses_a_config_with_the_notes_diagnose_prints(tmp_pa
     planner.emit(est, "deepspeed", tmp_path)
     diagnosed = planner.diagnose(case, "deepspeed", tmp_path / "ds_config.json", recompute="full")
     assert diagnosed.estimate.job.layout == est.job.layout
+    # Its own header says it was planned recomputing every layer (no ds_config key can); without the
+    # header, nothing says so: read as none, and noted.
+    own = planner.diagnose(case, "deepspeed", tmp_path / "ds_config.json")
+    assert own.estimate.job.layout == est.job.layout and any("written by layout-planner" in n for n in own.notes)
+    config = json.loads((tmp_path / "ds_config.json").read_text())
+    del config["_comment"]
+    (tmp_path / "ds_config.json").write_text(json.dumps(config))
     unsaid = planner.diagnose(case, "deepspeed", tmp_path / "ds_config.json")
     assert unsaid.estimate.job.layout.recompute == "none"
     assert any("does not state the recomputation" in note for note in unsaid.notes)
