@@ -157,7 +157,8 @@ class LogReading:
 
 # The labels a launcher puts before each rank's lines: srun -l's task ("3: "), then torchrun's role
 # and rank ("[rank3]:" under torchtitan's --role rank, "[default3]:" under --tee's default role).
-RANK_LABEL = re.compile(r"^(?:(\d{1,9}): ?)?(?:\[[A-Za-z_]*?(\d{1,9})\]:)?")
+# A clock's "09:58:00" is no label: srun's is followed by no digit.
+RANK_LABEL = re.compile(r"^(?:(\d{1,9}):(?!\d) ?)?(?:\[[A-Za-z_]*?(\d{1,9})\]:)?")
 
 
 def _lowest_rank_lines(text: str) -> str:
@@ -243,6 +244,27 @@ def _after_warmup(points: list[tuple[int, float]]) -> list[float]:
     return [v for i, (step, v) in enumerate(points) if i > 0 and step > WARMUP_STEPS]
 
 
+def _megatron_starts(points: list[tuple[int, float]], log_interval: Optional[str]) -> tuple[set[int], set[int]]:
+    """(the iterations a ``train()`` call logged alone after the log's first, the intervals after each
+    of them, its own first included): Megatron-LM logs the first iteration of every ``train()`` call,
+    a resumed run's (1001) as a fresh one's (1), and resets neither the interval's timer nor its count
+    then (training.py: ``should_reset = not is_first_iteration``), so the next interval averages it
+    back in. A later start, in a requeued job's log whose iterations rise past the restart, is an
+    iteration off the log interval (the argument dump's ``log_interval``, else the commonest gap)."""
+    steps = [step for step, _ in points]
+    if len(steps) < 2:
+        return set(), set()
+    # The first gap is short by the iteration logged alone (1 → 10): the commonest of the rest, the longest of
+    # those as common.
+    gaps = [b - a for a, b in zip(steps, steps[1:])][1:] or [steps[1] - steps[0]]
+    interval = int(log_interval) if log_interval is not None and log_interval.isdigit() and int(log_interval) > 0 \
+        else max(gaps, key=lambda gap: (gaps.count(gap), gap))
+    later = [i for i in range(1, len(steps)) if interval > 1 and steps[i] % interval]
+    starts = {steps[i] for i in later}
+    carried = {steps[i + 1] for i in [0] + later if i + 1 < len(steps)}
+    return starts, carried
+
+
 def _in_order(points: list[tuple[int, float]], src: str, what: str) -> list[tuple[int, float]]:
     """``points`` whose steps rise from line to line, or a CaseError naming the step that does not:
     a log of two runs (a restart from a checkpoint, two logs run together) was fitted as one, its
@@ -271,6 +293,10 @@ def read_log(path: Path) -> LogReading:
     # Windows' line ends, and a progress bar's carriage returns, end lines as a newline does (an
     # argument dump's value read with its "\r" was no number, and its check against the case skipped).
     text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\n" in text.rstrip("\n") and not text.endswith("\n"):
+        # A last line with no end is one the run was killed writing: a figure in it may be cut short
+        # (torchtitan's "tps: 7,0" read as 70, "memory: 62" refused the whole log). Left out.
+        text = text[:text.rindex("\n") + 1]
     megatron = MEGATRON_STEP.points(text, src)
     titan = TITAN_STEP.points(text, src)
     deepspeed = DS_THROUGHPUT.points(text, src)
@@ -299,12 +325,11 @@ def read_log(path: Path) -> LogReading:
         # The batch the run ends at: its last interval's that states one (a log cut off mid-line, the last
         # interval's batch lost, excluded every interval that stated its own).
         final = next((batch_of[step] for step, _ in reversed(megatron) if step in batch_of), None)
-        # The interval after iteration 1 logged alone holds iteration 1 too (module docstring).
-        carried = megatron[1][0] if len(megatron) > 1 and megatron[0][0] == 1 else None
-        times = _after_warmup([(step, v) for step, v in megatron
-                               if batch_of.get(step, final) == final and step != carried])
-        memory = MEGATRON_MEMORY.points(text, src)
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
+        starts, carried = _megatron_starts(megatron, args.get("log_interval"))
+        times = _after_warmup([(step, v) for step, v in megatron
+                               if batch_of.get(step, final) == final and step not in carried and step not in starts])
+        memory = MEGATRON_MEMORY.points(text, src)
         stated = _stated(args, MEGATRON_STATED, src)
         if args.get("group_query_attention") == "False" and "num_attention_heads" in args:
             # Without grouped-query attention Megatron-LM ignores num_query_groups: every head has its own.
@@ -335,11 +360,15 @@ def read_log(path: Path) -> LogReading:
                              peak_gib=max(memory) if memory else None, peak_of_rank_0_only=bool(memory),
                              stated=(("parameters", params[0]),) if params else ())
     elif deepspeed or pipe or timers:
-        memory = _after_warmup(DS_MEMORY.points(text, src))
+        # DeepSpeed's ThroughputTimer logs on every rank (utils/timer.py, no rank filter): as torchtitan's.
+        ranked = _lowest_rank_lines(text)
+        if ranked is not text:
+            deepspeed = DS_THROUGHPUT.points(ranked, src)
+        memory = _after_warmup(_per_step(DS_MEMORY.points(ranked, src), max))
         args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
         stated = tuple(_stated(args, ("train_batch_size", "train_micro_batch_size_per_gpu"), src))
         if deepspeed:
-            rates = _after_warmup(_in_order(deepspeed, src, "global_step"))
+            rates = _after_warmup(_in_order(_per_step(deepspeed, statistics.median), src, "global_step"))
             reading = LogReading("deepspeed", samples_per_s=_median(rates, src, "'CurrSamplesPerSec='"),
                                  steps=len(rates), stated=stated, peak_gib=max(memory) if memory else None)
         elif pipe:

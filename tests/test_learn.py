@@ -423,7 +423,61 @@ def test_a_megatron_log_cut_off_in_its_last_line_reads_the_intervals_before(tmp_
     whole = read_log(write(tmp_path, "whole.log", MEGATRON_LOG))
     cut = MEGATRON_LOG[:MEGATRON_LOG.rindex("global batch size")]
     reading = read_log(write(tmp_path, "cut.log", cut))
-    assert reading.step_time_s == pytest.approx(whole.step_time_s, rel=0.01) and reading.steps == whole.steps
+    # The cut line itself is left out (a figure in it may be cut short): the intervals before it are read.
+    before = read_log(write(tmp_path, "before.log", MEGATRON_LOG[:MEGATRON_LOG.rindex(" [2026")]))
+    assert (reading.step_time_s, reading.steps) == (before.step_time_s, before.steps) == \
+        (pytest.approx(whole.step_time_s, rel=0.01), whole.steps - 1)
+
+
+def megatron_lines(intervals: list[tuple[int, float]]) -> str:
+    """Megatron-LM's training_log lines (megatron/training/training.py) for (iteration, ms) pairs."""
+    return "".join(f" [2026-11-30 10:00:00] iteration {n:8d}/    2000 | consumed samples: {128 * n:12d} | elapsed time "
+                   f"per iteration (ms): {ms:.1f} | global batch size:   128 | lm loss: 2.5E+00 |\n" for n, ms in intervals)
+
+
+def test_a_resumed_or_requeued_megatron_run_leaves_out_each_start_and_the_interval_after_it(tmp_path):
+    """Megatron-LM logs the first iteration of every train() call alone and averages it into the next
+    interval (training.py: should_reset = not is_first_iteration), a resumed run's 1001 as a fresh run's 1:
+    a resumed run was read 20 % slow (1010's 16.8 s counted), and so was a requeued job's second run."""
+    steady = [(20, 12000.0), (30, 12100.0), (40, 11900.0)]
+    fresh = read_log(write(tmp_path, "fresh.log", megatron_lines([(1, 60000.0), (10, 16800.0)] + steady)))
+    assert fresh.step_time_s == pytest.approx(12.0)
+    resumed = [(n + 1000, ms) for n, ms in [(1, 60000.0), (10, 16800.0)] + steady]
+    assert read_log(write(tmp_path, "resumed.log", megatron_lines(resumed))).step_time_s == pytest.approx(12.0)
+    requeued = megatron_lines([(1, 60000.0), (10, 16800.0)] + steady) + "srun: error: node 3: task 0: Exited\n" + \
+        megatron_lines([(41, 60000.0), (50, 16800.0), (60, 12050.0), (70, 11950.0)])
+    reading = read_log(write(tmp_path, "requeued.log", requeued))
+    assert (reading.step_time_s, reading.steps) == (pytest.approx(12.0), 5)
+
+
+def test_a_deepspeed_log_of_every_ranks_lines_reads_each_steps_median_and_largest_peak(tmp_path):
+    """DeepSpeed's ThroughputTimer logs on every rank (utils/timer.py): a log of two ranks' lines was refused
+    as "more than one run" (global_step 4 after global_step 4)."""
+    lines = DEEPSPEED_LOG.splitlines(keepends=True)
+    other = "".join(line.replace("CurrSamplesPerSec=10.", "CurrSamplesPerSec=11.").replace("=59.0GB", "=59.5GB")
+                    for line in lines)
+    both = read_log(write(tmp_path, "both.log", "".join(a + b for a, b in zip(lines, other.splitlines(True)))))
+    one = read_log(write(tmp_path, "one.log", DEEPSPEED_LOG))
+    assert both.samples_per_s == pytest.approx(one.samples_per_s + 0.5) and both.peak_gib == pytest.approx(59.5)
+
+
+def test_a_clock_before_each_line_is_no_rank_label(tmp_path):
+    """A log piped through `ts '%H:%M:%S'` began each line with "09:58:00 ", read as srun -l's rank label
+    "09:": only the lowest hour's lines were read (the 10 o'clock steps left out, without a word)."""
+    lines = TITAN_LOG.splitlines(keepends=True)
+    clocked = "".join(f"{9 + i // 3:02d}:{i % 3:02d}:00 {line}" for i, line in enumerate(lines))
+    one = read_log(write(tmp_path, "plain.log", TITAN_LOG))
+    read = read_log(write(tmp_path, "clocked.log", clocked))
+    assert (read.tokens_per_s_per_gpu, read.steps, read.peak_gib) == (one.tokens_per_s_per_gpu, one.steps, one.peak_gib)
+
+
+def test_a_torchtitan_log_cut_in_its_last_figure_reads_the_steps_before(tmp_path):
+    """A last line cut inside 'memory: 62' refused the whole log; one cut inside 'tps: 6,1' counted 61 tokens/s."""
+    before = read_log(write(tmp_path, "before.log", TITAN_LOG[:TITAN_LOG.rindex("[rank0]")]))
+    for cut in ("memory: 6", "tps: 6,1"):
+        text = TITAN_LOG[:TITAN_LOG.rindex(cut.split(" ")[0])] + cut
+        read = read_log(write(tmp_path, "cut.log", text))
+        assert (read.tokens_per_s_per_gpu, read.steps) == (before.tokens_per_s_per_gpu, before.steps)
 
 
 @pytest.mark.parametrize("settings, key, says", [
