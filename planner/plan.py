@@ -63,7 +63,7 @@ class NoFit:
         if self.closest_layout is None:
             parts = [f"no layout fits: {self.excluded_by or 'no layout could be scored'}"]
         else:
-            parts = [f"no layout fits: {self.term} overflows (closest layout needs "
+            parts = [f"no layout fits: the {self.term} term overflows (closest layout needs "
                      f"{self.peak_bytes / 1e9:.1f} GB; a predicted peak up to {self.limit_bytes / 1e9:.1f} GB fits, "
                      f"its memory band's low end within the usable memory)"]
         if self.host_overflowed:

@@ -307,6 +307,8 @@ def print_diagnosis(diagnosis, console: Console) -> None:
 
 def count_text(value: float) -> str:
     """A count with the suffix `size --tokens` takes: 15T, 300B, 2.5M."""
+    if value >= 1e15:  # past the largest suffix: 1e+25, not 1e+13T
+        return f"{value:.4g}"
     for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if value >= scale:
             return f"{value / scale:.4g}{suffix}"

@@ -53,7 +53,7 @@ from .engines import ENGINES
 from .plan import DECIDED_ENGINES, _check_size, layout_table, plan_case
 from .search import MIN_TOKENS_PER_CP_RANK, Candidate, divisors
 from .search_options import SearchSpec, retarget
-from .units import UnitError, duration_text, parse_duration, parse_tokens
+from .units import UnitError, duration_text, figure_text, parse_duration, parse_tokens
 
 SECONDS_PER_DAY = 86400.0
 DEFAULT_ALTERNATIVES = 3
@@ -110,7 +110,8 @@ def size_target(tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nod
         # With neither, `size` answers the front of days against GPU-hours, every size on it.
         raise refuse("top_k", f"applies with {names.get('deadline', 'deadline')} or a budget "
                               f"({names.get('max_gpus', 'max_gpus')}, {names.get('max_nodes', 'max_nodes')}): "
-                              f"without them the answer is the front of days against GPU-hours, every size on it")
+                              f"without them the answer is the front of days against spend (cost where every "
+                              f"type has a price, else GPU-hours), every size on it")
     if max_gpus is not None and max_nodes is not None:
         raise refuse("max_nodes", f"give either {names.get('max_gpus', 'max_gpus')} or "
                                   f"{names.get('max_nodes', 'max_nodes')}, not both")
@@ -694,10 +695,10 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
     if fastest:  # clusters fit within the limits, none meets the deadline
         fastest = fastest[0]
         reason = (f"no cluster within the limits meets the deadline of {duration_text(common['deadline_s'])}: "
-                  f"the fastest, {gpus_text(fastest)}, takes {fastest.days:.4g} days")
+                  f"the fastest, {gpus_text(fastest)}, takes {figure_text(fastest.days, 1)} days")
         would = _would_meet(sweep, options, limits, step_deadline)
         met = choice(sweep, would) if would is not None else None
-        reason += f"; {gpus_text(met)} would take {met.days:.4g} days" if met else \
+        reason += f"; {gpus_text(met)} would take {figure_text(met.days, 1)} days" if met else \
             f"; no cluster up to {ADVICE_REACH}× the limits would"
         return Sizing(DEADLINE_NOT_MET, best=None, alternatives=(), **common, no_fit=reason, fastest=fastest,
                       would_meet=met)
@@ -710,14 +711,16 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
             advice = plan_case(sweep.cluster_case(option, largest)).no_fit
             reason = f"{advice.describe()} ({where})" if advice else f"no layout fits ({where})"
         except CaseError as error:  # the search section's pins need more GPUs than the limits leave
-            reason = f"{error.expected} ({where})"
+            advice, reason = None, f"{error.expected} ({where})"
     else:
         units = ", ".join(f"{o.gpu.name} {o.unit} GPUs per {o.unit_name}" for o in options if not o.rack)
-        reason = f"the limits leave no whole node or rack of any type ({units})"
+        advice, reason = None, f"the limits leave no whole node or rack of any type ({units})"
     would = _would_meet(sweep, options, limits, step_deadline)
     if would is not None:
         met = choice(sweep, would)
-        meet = f" and meet the deadline ({met.days:.4g} days)" if step_deadline is not None else ""
+        meet = f" and meet the deadline ({figure_text(met.days, 1)} days)" if step_deadline is not None else ""
+        if advice:  # the GPUs that would fit are said once, past the limits, with their type
+            reason = f"{replace(advice, gpus_that_fit=None).describe()} ({where})"
         return Sizing(OVER_BUDGET, best=None, alternatives=(), **common, would_meet=met,
                       no_fit=f"{reason}; past the limits, {gpus_text(met)} would fit{meet}")
     if step_deadline is not None and (fits := _would_meet(sweep, options, limits, None)) is not None:

@@ -14,15 +14,9 @@ from .bands import indistinguishable_gap
 from .report import _layout_summary, count_text
 from .size import OBJECTIVE_TEXT, OK, SizeChoice, Sizing
 from .size_front import DOUBLING_SAVES, FRONT_SPAN
-from .units import duration_text
+from .units import duration_text, figure_text as _figure
 
 
-def _figure(value: float, decimals: int = 0) -> str:
-    """``value`` grouped with ``decimals`` decimals, or to two significant figures where those would
-    round a small figure away (a run of a billion tokens is 0.0115 days, not 0.0)."""
-    if 0 < value < 10 ** (1 - decimals):
-        return f"{value:.2g}"
-    return f"{value:,.{decimals}f}"
 
 
 def _cluster(choice: SizeChoice) -> str:
@@ -78,19 +72,25 @@ def print_sizing(sizing: Sizing, console: Console) -> None:
     else:
         _print_choice(console, best)
         if sizing.alternatives:
-            table = Table(title="Next best")
-            for column in ("#", "GPUs", "type", "days", "GPU-hours", "cost", "trades"):
-                table.add_column(column, justify="left" if column in ("type", "trades") else "right")
+            table = Table(title="Next best", caption="trades: each against the answer above (its type named where it "
+                                                     "differs); cost: GPU-hours × gpu_hour_cost, in its currency")
             # Entries of one GPU type at two prices (reserved, on demand) are told apart by their key.
             keys: dict[str, set] = {}
             for c in (best, *sizing.alternatives):
                 keys.setdefault(c.option.gpu.name, set()).add(c.option.key)
-            for i, alt in enumerate(sizing.alternatives, 1):
-                kind = _kind(alt, len(keys[alt.option.gpu.name]) > 1)
-                table.add_row(str(i), f"{alt.gpus:,}", escape(kind), _figure(alt.days, 1),
-                              _figure(alt.gpu_hours), "-" if alt.cost is None else _figure(alt.cost),
-                              escape(best.trade_text(alt)))
+            rows = [[str(i), f"{alt.gpus:,}", escape(_kind(alt, len(keys[alt.option.gpu.name]) > 1)),
+                     _figure(alt.days, 1), _figure(alt.gpu_hours), "-" if alt.cost is None else _figure(alt.cost),
+                     escape(best.trade_text(alt))] for i, alt in enumerate(sizing.alternatives, 1)]
+            for k, column in enumerate(("#", "GPUs", "type", "days", "GPU-hours", "cost", "trades")):
+                # The figures whole at any width (piped, the console is 80 columns); the words fold.
+                text = column in ("type", "trades")
+                table.add_column(column, justify="left" if text else "right", overflow="fold",
+                                 min_width=None if text else max(len(row[k]) for row in rows))
+            for row in rows:
+                table.add_row(*row)
             console.print(table)
+        elif sizing.deadline_s is not None:
+            console.print(f"No other size within the limits meets {duration_text(sizing.deadline_s)}.", markup=False)
     console.print(f"solver: {sizing.solver_status} over {sizing.rows} layout{'s' * (sizing.rows != 1)} on "
                   f"{sizing.sizes_searched} of "
                   f"{sizing.sizes:,} cluster sizes ({sizing.layouts_scored:,} layouts scored)")
@@ -115,7 +115,7 @@ def print_front(sizing: Sizing, console: Console) -> None:
     for k, column in enumerate(columns):  # the figures whole; a long type name folds
         widest = max(len(row[k]) for row in rows)
         table.add_column(column, justify="left" if column in ("", "type") else "right",
-                         overflow="fold" if column == "type" else "ellipsis",
+                         overflow="fold",
                          min_width=None if column == "type" else widest)
     for row in rows:
         table.add_row(*row)

@@ -100,6 +100,17 @@ def parse_tokens(text: object) -> float:
     return _suffixed(text, COUNT_SUFFIXES, "a token count", "15T", MAX_TOKENS, bare=True)
 
 
+def figure_text(value: float, decimals: int = 0) -> str:
+    """``value`` grouped with ``decimals`` decimals, or to two significant figures where those would
+    round a small figure away (a run of a billion tokens is 0.0115 days, not 0.0): every figure of
+    `size`'s answer, in its tables and its sentences alike."""
+    if 0 < value < 10 ** (1 - decimals):
+        return f"{value:.2g}"
+    if value >= 1e15:  # 1.046e+15 days, where 1,045,957,920,790,199.4 took a table past 80 columns
+        return f"{value:.4g}"
+    return f"{value:,.{decimals}f}"
+
+
 def duration_text(seconds: float) -> str:
     """A deadline as a user gave it: in days, or in hours where under a day ("36h" is 1.5 days,
     "1h" 1 hour, not 0.04167 days)."""

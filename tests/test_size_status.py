@@ -79,6 +79,9 @@ def test_too_few_gpus_for_any_layout_is_over_budget_with_the_fewest_that_fit(arg
     assert result.status == "over budget" and result.best is None and result.fastest is None
     assert result.would_meet.gpus == 24
     assert "past the limits, 24 h100-sxm-80gb GPUs would fit" in result.reason
+    # Said once, with its type ("24 GPUs would fit" came first from the plan's advice, then again), and in
+    # words that agree ("parameters overflows").
+    assert result.reason.count("24 ") == 1 and "the parameters term overflows" in result.reason
     assert no_fit_json(result)["would_meet"]["gpus"] == 24 and no_fit_json(result)["fastest"] is None
     if args:  # the fewest by the definition: 16 GPUs fit nothing, 24 do
         assert planner.size(case, "15.6T", max_gpus=16).status == "over budget"
@@ -214,3 +217,24 @@ def test_a_same_type_runner_up_on_whole_racks_is_not_named_as_another_gpu():
     assert result.alternatives and all(alt.option.gpu.name == "gb200" for alt in result.alternatives)
     for alt in result.alternatives:
         assert not result.best.trade_text(alt).startswith("gb200"), result.best.trade_text(alt)
+
+
+def test_the_answer_piped_keeps_every_figure_whole_and_its_days_one_way(tmp_path):
+    """Piped (rich draws 80 columns off a terminal), the next-best table cut its cells ("1,045,957,9…",
+    "h100-sxm-80g…"); the status line gave 1.053e+04 days for the 10,527.2 its detail lines did; a token
+    count past the suffixes read "1e+13T"; `--top` without a deadline named GPU-hours where the front is cost."""
+    example = REPO / "examples" / "llama3-70b-15t-size.yaml"
+    text = run_cli("size", str(example), "--tokens", "1e25", "--max-gpus", "64").stdout
+    result = planner.size(example, "1e25", max_gpus=64)
+    from planner.units import figure_text
+
+    for alt in result.alternatives:
+        assert all(figure_text(x) in text for x in (alt.days, alt.gpu_hours, alt.cost))
+        assert figure_text(alt.days) == f"{alt.days:.4g}"  # past 10^15, in four figures
+    assert "…" not in text and "on 1e+25 tokens" in text
+    missed = run_cli("size", str(example), "--tokens", "15T", "--max-gpus", "8", "--deadline", "60d")
+    fastest = planner.size(example, "15T", max_gpus=8, deadline="60d").fastest
+    assert missed.returncode == 3 and f"takes {fastest.days:,.1f} days" in " ".join(missed.stdout.split())
+    refused = run_cli("size", str(example), "--tokens", "15T", "--top", "3")
+    assert refused.returncode == 2 and "front of days against spend (cost where every type has a price" in \
+        refused.stderr
