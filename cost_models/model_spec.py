@@ -83,6 +83,10 @@ class ModelSpec:
     # DeepSeek-V3: 8 and 4). 1 and 1: none.
     moe_router_num_groups: int = 1
     moe_router_group_topk: int = 1
+    # What the router's top-k weights are multiplied by (Hugging Face's ``routed_scaling_factor``,
+    # megatron-core's ``moe_router_topk_scaling_factor``; DeepSeek-V3: 2.5): the model a launch builds,
+    # no cost.
+    moe_router_topk_scaling: float = 1.0
     moe_capacity_factor: Optional[float] = None
     moe_load_imbalance: float = 1.0
     mtp_layers: int = 0
@@ -102,6 +106,9 @@ class ModelSpec:
     normalization: Optional[str] = None
     position_embedding: Optional[str] = None
     rope_base: Optional[float] = None
+    # The share of each head's dimensions RoPE rotates (Hugging Face's ``partial_rotary_factor``,
+    # Megatron-LM's ``--rotary-percent``; GLM-4.5: 0.5): the model a launch builds, no cost.
+    rotary_percent: float = 1.0
     linear_bias: Optional[bool] = None
     qk_norm: Optional[bool] = None
     # Llama 4's L2 norm of each head's queries and keys, without weights (transformers'
@@ -133,6 +140,12 @@ class ModelSpec:
             _choice(s, "position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
         if self.rope_base is not None:
             _positive_float(s, "rope_base", self.rope_base)
+        _positive_float(s, "rotary_percent", self.rotary_percent)
+        if self.rotary_percent > 1:
+            raise SpecError(s, "rotary_percent", f"expected a share of each head from above 0 to 1, got "
+                                                 f"{self.rotary_percent!r}")
+        if self.rotary_percent != 1 and self.position_embedding not in (None, "rope"):
+            raise SpecError(s, "rotary_percent", "applies only with position_embedding rope")
         _choice(s, "attention_type", self.attention_type, ATTENTION_TYPES)
         mla = self.attention_type == "mla"
         if mla:
@@ -212,6 +225,7 @@ class ModelSpec:
             for name, unset in (("moe_top_k", 0), ("moe_ffn_hidden_size", 0), ("moe_shared_expert_ffn_hidden_size", 0),
                                 ("moe_first_dense_layers", 0), ("moe_layer_freq", 1), ("moe_router", "softmax"),
                                 ("moe_router_num_groups", 1), ("moe_router_group_topk", 1),
+                                ("moe_router_topk_scaling", 1.0),
                                 ("moe_capacity_factor", None), ("moe_load_imbalance", 1.0)):
                 if getattr(self, name) != unset:
                     raise SpecError(s, name, "applies only to a mixture of experts (num_experts > 0)")
@@ -253,6 +267,7 @@ class ModelSpec:
         s = ModelSpec
         _positive_int(s, "moe_router_num_groups", self.moe_router_num_groups)
         _positive_int(s, "moe_router_group_topk", self.moe_router_group_topk)
+        _positive_float(s, "moe_router_topk_scaling", self.moe_router_topk_scaling)
         problem = router_group_problem(self.num_experts, self.moe_router_num_groups, self.moe_router_group_topk,
                                        self.moe_top_k)
         if problem is not None:

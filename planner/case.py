@@ -10,6 +10,7 @@ the key and what was expected.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,9 +49,11 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
               "attention_type", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_rope_head_dim", "v_head_dim",
               "num_experts", "moe_top_k", "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size",
               "moe_first_dense_layers", "moe_layer_freq", "moe_router", "moe_router_num_groups",
-              "moe_router_group_topk", "moe_capacity_factor", "moe_load_imbalance", "mtp_layers",
+              "moe_router_group_topk", "moe_router_topk_scaling", "moe_capacity_factor", "moe_load_imbalance",
+              "mtp_layers",
               "sliding_window", "sliding_window_full_every",
-              "normalization", "position_embedding", "rope_base", "linear_bias", "qk_norm", "nope_every",
+              "normalization", "position_embedding", "rope_base", "rotary_percent", "linear_bias", "qk_norm",
+              "nope_every",
               "qk_l2_norm", "qkv_bias", "attention_chunk_size")
 
 
@@ -273,8 +276,10 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
             values[key] = read_str(src, f"model.{key}", fields[key])
     if fields.get("moe_capacity_factor") is not None:
         values["moe_capacity_factor"] = read_figure(src, "model.moe_capacity_factor", fields["moe_capacity_factor"])
-    if "moe_load_imbalance" in fields:
-        values["moe_load_imbalance"] = read_figure(src, "model.moe_load_imbalance", fields["moe_load_imbalance"])
+    # The router's weights scaled by up to 1,000 (DeepSeek-V2: 16); RoPE on at most the whole head.
+    for key, most in (("moe_load_imbalance", math.inf), ("moe_router_topk_scaling", 1000.0), ("rotary_percent", 1.0)):
+        if key in fields:
+            values[key] = read_figure(src, f"model.{key}", fields[key], maximum=most)
     if "tied_embeddings" in fields:
         values["tied_embeddings"] = read_bool(src, "model.tied_embeddings", fields["tied_embeddings"])
     for key in ("normalization", "position_embedding"):

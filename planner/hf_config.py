@@ -211,6 +211,10 @@ def _architecture(r: "_Reader", family: str) -> dict:
                 out["position_embedding"], out["rope_base"], out["nope_every"] = "rope", float(base), interval
     elif base is not _MISSING and family != "gpt_neox":
         out["position_embedding"], out["rope_base"] = "rope", float(base)
+        if family == "glm4_moe":  # Glm4MoeConfig: RoPE on partial_rotary_factor of each head (0.5)
+            share = r.figure("partial_rotary_factor", 0.5, 1.0)
+            if share != 1.0:
+                out["rotary_percent"] = share
     if family == "qwen2":
         out["linear_bias"], out["qkv_bias"] = False, True
     elif family == "glm4_moe":
@@ -319,6 +323,15 @@ class _Reader:
             raise self.fail(key, f"expected a dropout probability in [0, 1), got {_show(value)}")
         if not 0.0 <= value < 1.0:  # false for NaN and infinities; no float() of a huge integer
             raise self.fail(key, f"expected a dropout probability in [0, 1), got {_show(value)}")
+        return float(value)
+
+    def figure(self, key: str, default: float, most: float) -> float:
+        """A positive number of at most ``most``, ``default`` where the file leaves it out."""
+        value = self.get(key)
+        if value is _MISSING:
+            return float(default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= most:
+            raise self.fail(key, f"expected a number above 0 and at most {most:g}, got {_show(value)}")
         return float(value)
 
     def string(self, key: str, default: str) -> str:
@@ -468,6 +481,13 @@ def _router_groups(r: _Reader, method: str, groups: tuple[int, int] | None) -> d
     return {} if fields["moe_router_num_groups"] == 1 else fields
 
 
+def _topk_scaling(r: _Reader) -> dict:
+    """What the router's top-k weights are multiplied by (``routed_scaling_factor``: DeepSeek-V3's 2.5;
+    1.0 where left out, transformers' DeepseekV3Config and Glm4MoeConfig), where it is not 1."""
+    scaling = r.figure("routed_scaling_factor", 1.0, 1000.0)
+    return {} if scaling == 1.0 else {"moe_router_topk_scaling": scaling}
+
+
 def _deepseek(r: _Reader, groups: dict) -> dict:
     _swiglu(r)
     fields = _decoder(r, "intermediate_size")
@@ -481,7 +501,7 @@ def _deepseek(r: _Reader, groups: dict) -> dict:
                   kv_lora_rank=r.int("kv_lora_rank"), qk_head_dim=r.int("qk_nope_head_dim"),
                   qk_rope_head_dim=r.int("qk_rope_head_dim"), v_head_dim=r.int("v_head_dim"),
                   num_experts=r.int("n_routed_experts"), moe_top_k=r.int("num_experts_per_tok"),
-                  moe_ffn_hidden_size=width, moe_router=router, **groups)
+                  moe_ffn_hidden_size=width, moe_router=router, **groups, **_topk_scaling(r))
     # DeepSeek's modeling code: experts where i >= first_k_dense_replace and i % moe_layer_freq == 0
     first, freq, layers = r.zero_or_int("first_k_dense_replace"), r.int("moe_layer_freq", 1), fields["num_layers"]
     fields.update(_moe_pattern(r, "moe_layer_freq" if freq > 1 else "first_k_dense_replace", layers,
@@ -507,7 +527,8 @@ def _glm4_moe(r: _Reader) -> dict:
     width = r.int("moe_intermediate_size")
     shared = r.zero_or_int("n_shared_experts")
     fields.update(num_experts=r.int("n_routed_experts"), moe_top_k=r.int("num_experts_per_tok"),
-                  moe_ffn_hidden_size=width, moe_router="sigmoid", **_router_groups(r, "noaux_tc", (1, 1)))
+                  moe_ffn_hidden_size=width, moe_router="sigmoid", **_router_groups(r, "noaux_tc", (1, 1)),
+                  **_topk_scaling(r))
     first, layers = r.zero_or_int("first_k_dense_replace"), fields["num_layers"]
     fields.update(_moe_pattern(r, "first_k_dense_replace", layers, [i for i in range(layers) if i >= first]))
     mtp = r.zero_or_int("num_nextn_predict_layers")

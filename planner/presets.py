@@ -36,7 +36,9 @@ MOE_SPELLINGS = {"num_local_experts": "num_experts", "n_routed_experts": "num_ex
                  "first_k_dense_replace": "moe_first_dense_layers", "expert_model_parallel_size": "ep",
                  "expert_parallel": "ep", "expert_tensor_parallel_size": "etp", "qk_nope_head_dim": "qk_head_dim",
                  "capacity_factor": "moe_capacity_factor", "moe_expert_capacity_factor": "moe_capacity_factor",
-                 "n_group": "moe_router_num_groups", "topk_group": "moe_router_group_topk"}
+                 "n_group": "moe_router_num_groups", "topk_group": "moe_router_group_topk",
+                 "routed_scaling_factor": "moe_router_topk_scaling",
+                 "moe_router_topk_scaling_factor": "moe_router_topk_scaling"}
 
 
 @lru_cache(maxsize=None)

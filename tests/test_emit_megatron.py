@@ -1164,3 +1164,26 @@ def test_qwen2_and_glm_are_built_with_biases_on_their_query_key_and_value_alone(
         config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, add_bias_linear=False,
                                    add_qkv_bias="--add-qkv-bias" in args)
         assert (config.add_bias_linear, config.add_qkv_bias) == (False, True)
+
+
+def test_the_launch_builds_the_published_models_rope_share_and_router_scale(tmp_path):
+    """GLM-4.5-Air's RoPE on half of each head and DeepSeek-V3's router weights scaled by 2.5 reach
+    Megatron-LM's arguments (--rotary-percent, arguments.py; --moe-router-topk-scaling-factor, from
+    TransformerConfig.moe_router_topk_scaling_factor), read back without a note; a list that leaves one
+    out builds another model, which diagnose says."""
+    from planner.diagnose import diagnose
+
+    fixtures = Path(__file__).parent / "fixtures" / "hf"
+    for name, flag, value in (("GLM-4.5-Air", "--rotary-percent", "0.5"),
+                              ("DeepSeek-V3", "--moe-router-topk-scaling-factor", "2.5")):
+        case = {"model": {"hf_config": str(fixtures / name / "config.json")},
+                "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 256},
+                "training": {"global_batch_size": 512, "seq_len": 4096, "precision": "bf16", "engine": "megatron"}}
+        best = plan(case, top_k=0).best
+        files = megatron.render(best, ["header"])
+        assert parse_args(files["megatron_args.txt"])[flag] == value
+        path = tmp_path / f"{name}.txt"
+        path.write_text(files["megatron_args.txt"])
+        assert not [n for n in diagnose(case, megatron_args=path).notes if flag in n]
+        path.write_text(files["megatron_args.txt"].replace(f"{flag} {value}\n", ""))
+        assert any(f"leaves out {flag}" in n for n in diagnose(case, megatron_args=path).notes)

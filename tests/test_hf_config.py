@@ -685,3 +685,32 @@ def test_llama4_chunked_attention_is_read_and_a_longer_sequence_refused(tmp_path
     with pytest.raises(Refusal) as info:
         build_case(case(32768), "c.yaml", tmp_path)
     assert info.value.key == "training.seq_len" and "at most 8192" in str(info.value)
+
+
+def test_what_the_launch_builds_beyond_the_costs_is_read_rope_on_half_a_head_and_the_routers_scale():
+    """GLM-4.5 rotates half of each head (partial_rotary_factor 0.5) and DeepSeek-V3 scales its router's top-k
+    weights by 2.5 (routed_scaling_factor): both were dropped, and Megatron-LM's files built full rotary
+    and unscaled weights, another model than the one published (transformers' Glm4MoeConfig,
+    DeepseekV3Config; megatron-core's rotary_percent and moe_router_topk_scaling_factor)."""
+    glm, v3, lite = (read_hf_config(fixture(name)) for name in ("GLM-4.5-Air", "DeepSeek-V3", "DeepSeek-V2-Lite"))
+    assert glm["rotary_percent"] == 0.5 and "moe_router_topk_scaling" not in glm  # Air's is 1.0
+    assert v3["moe_router_topk_scaling"] == 2.5 and "rotary_percent" not in v3
+    assert "moe_router_topk_scaling" not in lite  # 1.0
+    from planner.presets import model_presets
+
+    assert model_presets()["deepseek-v3"]["moe_router_topk_scaling"] == v3["moe_router_topk_scaling"]
+
+
+@pytest.mark.parametrize("model, key, says", [
+    ({"preset": "deepseek-v3", "rotary_percent": 1.5}, "model.rotary_percent", "at most 1"),
+    ({"preset": "llama3-8b", "moe_router_topk_scaling": 2.5}, "moe_router_topk_scaling",
+     "applies only to a mixture of experts"),
+    ({"preset": "deepseek-v3", "moe_router_topk_scaling": 1e6}, "model.moe_router_topk_scaling", "at most 1000"),
+])
+def test_the_rope_share_and_router_scale_are_bounded_where_read(model, key, says):
+    from planner.case import load_case
+
+    with pytest.raises(CaseError) as refused:
+        load_case({"model": model, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+                   "training": {"global_batch_size": 8, "seq_len": 4096}})
+    assert key in f"{refused.value.key}" and says in str(refused.value)

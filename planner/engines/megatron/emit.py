@@ -70,7 +70,8 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--normalization", "--position-embedding-type", "--window-size", "--optimizer",
              "--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
              "--window-attn-skip-freq", "--moe-layer-freq", "--tokenizer-type", "--attention-backend",
-             "--cp-comm-type", "--no-rope-freq", "--moe-router-bias-update-rate")
+             "--cp-comm-type", "--no-rope-freq", "--moe-router-bias-update-rate", "--rotary-percent",
+             "--moe-router-topk-scaling-factor")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--quick-geglu", "--group-query-attention", "--untie-embeddings-and-output-weights",
@@ -332,6 +333,8 @@ def architecture_arguments(m) -> list[tuple[str, Optional[str]]]:
                 raise CaseError("--emit", "megatron", f"model.rope_base is {m.rope_base:g}, but Megatron-LM's "
                                                       "--rotary-base takes a whole number (arguments.py: type=int)")
             args.append(("--rotary-base", str(int(m.rope_base))))
+        if m.position_embedding == "rope" and m.rotary_percent != 1.0:  # GLM-4.5 rotates half of each head
+            args.append(("--rotary-percent", f"{m.rotary_percent:g}"))
     if m.linear_bias is False:
         args.append(("--disable-bias-linear", None))
         if m.qkv_bias:  # TransformerConfig.add_qkv_bias: the q/k/v projections' biases alone
@@ -418,6 +421,8 @@ def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
     if m.moe_router_num_groups > 1:
         args += [("--moe-router-num-groups", str(m.moe_router_num_groups)),
                  ("--moe-router-group-topk", str(m.moe_router_group_topk))]
+    if m.moe_router_topk_scaling != 1.0:  # TransformerConfig.moe_router_topk_scaling_factor (DeepSeek-V3: 2.5)
+        args.append(("--moe-router-topk-scaling-factor", f"{m.moe_router_topk_scaling:g}"))
     if m.moe_top_k == 1 and m.moe_router == "softmax":
         args.append(("--moe-router-pre-softmax", None))  # TransformerConfig: softmax over one expert has no gradient
     args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.expert_tp)),
