@@ -137,6 +137,10 @@ class EngineBehaviour:
     zero_step_gradient_copy_bytes: float = 0.0
     zero_step_gradient_copy_stages: tuple[int, ...] = (1, 2)
     step_frees_unpartitioned_gradients: bool = False
+    # At ZeRO 3 the copy is made sub-group by sub-group, each of at most this many of the partition's
+    # parameters (DeepSpeed's ``zero_optimization.sub_group_size``, 1e9 by default: ``zero/config.py``;
+    # ``runtime/zero/stage3.py``, ``_prepare_fp32_grad_for_sub_group``); None: the whole partition.
+    zero3_step_sub_group_params: Optional[float] = None
     # A flat buffer of every parameter's gradient, in the gradients' dtype, beside the ones autograd
     # writes, at ZeRO 0-1 (``memory.stage_memories``), folded into after each micro-batch's backward
     # (``stage_time.gradient_accumulation_time``: read 2 + 2, write 2, and autograd's zeroed, 2):

@@ -401,8 +401,9 @@ def step_gradient_copy_bytes(job: Job, stage: int) -> float:
     - sharded (``EngineBehaviour.zero_step_gradient_copy_bytes``), DeepSpeed's ZeRO optimizer flattens
       the rank's gradient partition and casts it to fp32, 6 bytes a parameter of the partition
       (``stage_1_and_2.py``, ``step``), once it has freed a ZeRO-1 rank's gradients of the parameters
-      outside its partition (``free_grad_in_param_list``: only what passes them counts); Megatron's
-      distributed optimizer casts its shard, 4, its gradient buffer kept."""
+      outside its partition (``free_grad_in_param_list``: only what passes them counts), and its ZeRO-3
+      step the same, one sub-group at a time (``stage3.py``, ``_prepare_fp32_grad_for_sub_group``);
+      Megatron's distributed optimizer casts its shard, 4, its gradient buffer kept."""
     training, lay = job.training, job.layout
     engine = training.engine
     if training.precision == "fp32" or fp32_gradients(training):
@@ -414,7 +415,10 @@ def step_gradient_copy_bytes(job: Job, stage: int) -> float:
         partition = optimizer_local_parameters(job, stage)
         freed = stage_state_bytes(job, stage).gradients - working_bytes(training).gradients * partition \
             if engine.step_frees_unpartitioned_gradients else 0.0
-        return max(0.0, engine.zero_step_gradient_copy_bytes * partition - freed)
+        copied = partition
+        if lay.zero_stage == 3 and engine.zero3_step_sub_group_params is not None:
+            copied = min(partition, engine.zero3_step_sub_group_params)  # one sub-group's at a time
+        return max(0.0, engine.zero_step_gradient_copy_bytes * copied - freed)
     return 0.0
 
 

@@ -72,6 +72,7 @@ BEHAVIOUR = EngineBehaviour(
     bf16_master_partition=True,
     reduce_after_pipeline=True, zero0_reduce_after_backward=True, fp32_accumulation_bytes=20.0,
     step_gradient_copy_bytes=8.0, zero_step_gradient_copy_bytes=6.0, step_frees_unpartitioned_gradients=True,
+    zero_step_gradient_copy_stages=(1, 2, 3), zero3_step_sub_group_params=1e9,
     moe_scores_after_experts=True, router_input_fp32=True,
     offload_accumulates_on_host=True, offload_staging_buffers=True,
     bucket_params=5e8, bucket_bytes=0.0, reduce_bucket_buffers=2, overlap_param_gather=False, loss_gradient_bytes=2.0,
