@@ -19,7 +19,7 @@ from .parameters import (StageParameters, attention_parameters, expert_parameter
                          router_parameters, shared_expert_parameters, stage_dense_linear_parameters,
                          stage_linear_parameters, stage_parameters, total_parameters)
 from .quantization import cached_weight_bytes
-from .pipeline import in_flight_chunks, in_flight_peak
+from .pipeline import first_chunk_in_flight, in_flight_chunks, in_flight_peak
 from .job import Job
 from .layout_spec import Layout
 from .model_spec import ModelSpec
@@ -144,7 +144,6 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
     lay = job.layout
     shared = shared or per_microbatch(job)
     layers = job.stage_layers[stage]
-    chunks = in_flight_chunks(lay.pp, lay.vpp, job.num_microbatches, stage)
     # Unequal chunks (a stage's layers not divisible by vpp, or a layout's own split): each
     # chunk's micro-batches in flight by the schedule (pipeline.in_flight_peak).
     chunk_sizes = job.rank_chunk_layers(stage)
@@ -183,7 +182,8 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
         again += 0.0 if forward_only else working
     again += max(shared.restored if dense else 0.0, shared.restored_moe if moe else 0.0)
     # The layer whose copy to the host is under way, and the first stage's embedding.
-    extra = (kept if offloaded else 0.0) + (chunks * shared.embedding if stage == 0 else 0.0)
+    embedded = first_chunk_in_flight(lay.pp, lay.vpp, job.num_microbatches) if stage == 0 and shared.embedding else 0
+    extra = (kept if offloaded else 0.0) + embedded * shared.embedding
     total += extra
     if stage == lay.pp - 1:
         ends = shared.head + (0.0 if forward_only else shared.loss_gradients)

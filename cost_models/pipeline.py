@@ -55,6 +55,13 @@ def in_flight_peak(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: 
     return peak
 
 
+def first_chunk_in_flight(pp: int, vpp: int, microbatches: int) -> int:
+    """Micro-batches of the first stage's first model chunk in flight at once: what the embedding's
+    saved tensors (its dropout mask) are held for, by the schedule of :func:`in_flight_peak` (the
+    first chunk alone holds the embedding; all v chunks' micro-batches were counted)."""
+    return round(in_flight_peak(pp, vpp, microbatches, 0, [1.0] + [0.0] * (vpp - 1)))
+
+
 @lru_cache(maxsize=1024)
 def _in_flight_steps(pp: int, vpp: int, microbatches: int, stage: int) \
         -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:

@@ -135,3 +135,38 @@ def test_the_last_stage_holds_its_lm_head_only_after_a_forward_of_its_last_chunk
     estimate = planner.estimate(uneven)
     assert estimate.job.rank_chunk_layers(3) == (4, 3)
     assert estimate.stages[-1].activations == (19 * 544 + 2068 + 1002) * 2**20
+
+
+def test_the_embedding_is_held_for_the_first_chunks_micro_batches_alone():
+    """The first stage's embedding (its dropout mask) lies in its first model chunk: its saved tensors are
+    held for that chunk's micro-batches in flight, not for every chunk's (39 were charged at pp 8, vpp 4,
+    m 64). Counted on megatron-core's own schedule table (schedules.get_schedule_table; rank 0's warm-up of
+    (v − 1)·p + 2(p − 1) forwards, then one forward and one backward a step, backwards in reverse chunk order)."""
+    from megatron.core.pipeline_parallel.schedules import get_schedule_table
+
+    from cost_models.pipeline import first_chunk_in_flight
+
+    def megatron(pp: int, vpp: int, m: int) -> int:
+        table = get_schedule_table(m, vpp, pp)
+        total, warmup = m * vpp, min((pp - 1) * 2 + (vpp - 1) * pp, m * vpp)
+        held = peak = forwards = backwards = 0
+
+        def forward():
+            nonlocal held, peak, forwards
+            held += table[forwards][1] == 0
+            peak, forwards = max(peak, held), forwards + 1
+
+        def backward():
+            nonlocal held, backwards
+            held -= vpp - 1 - table[backwards][1] == 0
+            backwards += 1
+        for _ in range(warmup):
+            forward()
+        while forwards < total:
+            forward()
+            backward()
+        return peak
+
+    for pp, vpp, m in ((8, 4, 64), (8, 5, 32), (4, 2, 8), (4, 2, 12), (2, 4, 16), (8, 1, 32)):
+        assert first_chunk_in_flight(pp, vpp, m) == (megatron(pp, vpp, m) if vpp > 1 else min(pp, m))
+    assert (first_chunk_in_flight(8, 4, 64), in_flight_chunks(8, 4, 64, 0)) == (16, 39)
