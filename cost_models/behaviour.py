@@ -51,6 +51,20 @@ class EngineBehaviour:
     # (``memory.zero3_gather_bytes``); its prefetch bucket (in units of h²) is what the emitter writes.
     zero3_max_live_parameters: Optional[float] = None
     zero3_prefetch_bucket_h2: float = 0.0
+    # Megatron-FSDP prefetches whole units until this many of their parameters (a rank's) are in
+    # flight beyond the running one, or one unit where a unit holds more (``megatron_fsdp.py``:
+    # suggested_AG_prefetch_size = max(1e9, 2 units) // 2; ``param_and_grad_buffer.py``, the
+    # all-gather pipeline's prefetch loop); None: one unit (FSDP2's). And it gathers the modules
+    # outside its units (the embedding, the final norm and the LM head) in their pre-forward and
+    # releases them only when the backward's gradient sync is done (only units are resharded after
+    # their forward: ``megatron_fsdp.py``, ``_post_forward``, ``finish_grad_sync``).
+    zero3_prefetch_params: Optional[float] = None
+    zero3_edges_gathered: bool = False
+    # From this ZeRO stage on, weight gradients are not fused into the gradient buffer: each weight's
+    # 16-bit gradient is written on its own and copied in (Megatron-FSDP, which the emitted files run
+    # with --no-gradient-accumulation-fusion: ``tensor_parallel/layers.py``, ``megatron_fsdp.py``
+    # ``_grad_acc``), the LM head's while the loss's gradients are live (``memory.stage_memories``).
+    unfused_weight_gradients_from_zero: Optional[int] = None
     # Interleaved pipelines post the next chunk's send/receive before computing the current
     # one (Megatron-core ``overlap_p2p_comm``, on unless --no-overlap-p2p-communication;
     # ``pipeline_parallel/schedules.py``).

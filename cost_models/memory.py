@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Optional
@@ -15,7 +16,8 @@ from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_grad
                            gathered_weight_bytes, keeps_weights_quantized, quantizes_weights_once_a_step,
                            sharded_state_bytes, state_bytes, working_bytes, zero_shards)
 from .offload import accumulates_on_host, gradients_on_host, host_gradient_bytes, offloaded_activation_layers
-from .parameters import (StageParameters, attention_parameters, expert_parameters, largest_parameter, mlp_parameters,
+from .parameters import (StageParameters, attention_parameters, embedding_parameters, expert_parameters,
+                         largest_parameter, mlp_parameters,
                          router_parameters, shared_expert_parameters, stage_dense_linear_parameters,
                          stage_linear_parameters, stage_parameters, total_parameters)
 from .quantization import cached_weight_bytes
@@ -219,7 +221,9 @@ def mtp_activation_bytes(job: Job, shared: PerMicrobatch, dense_kept: float) -> 
 
 def zero3_gather_bytes(job: Job) -> float:
     """ZeRO-3 materialises the weights it runs. FSDP gathers whole units: the current layer and
-    one prefetched (its forward prefetch); an MoE layer's, with this GPU's experts. DeepSpeed
+    one prefetched (its forward prefetch); an MoE layer's, with this GPU's experts; Megatron-FSDP
+    more prefetched, and the embedding and LM head held gathered through the step
+    (``EngineBehaviour.zero3_prefetch_params``, ``zero3_edges_gathered``). DeepSpeed
     gathers submodule by submodule (``EngineBehaviour.zero3_max_live_parameters``): each module's
     own weights in its pre-forward hook whatever is live, prefetching more only up to the
     live-parameter cap (``partitioned_param_coordinator.py``, ``fetch_sub_module``: a prefetch of
@@ -244,7 +248,13 @@ def zero3_gather_bytes(job: Job) -> float:
         moe_layer = (attention_parameters(model) + shared_expert_parameters(model)) / lay.tp \
             + router_parameters(model) + model.num_experts // lay.ep * expert_parameters(model) / lay.expert_tp
         per_layer = max(per_layer, moe_layer) if model.num_moe_layers < model.num_layers else moe_layer
-    return 2 * per_layer * gathered_weight_bytes(job.training)
+    units = 2  # the running unit and one prefetched
+    edges = 0.0
+    if engine.zero3_prefetch_params is not None:
+        units = 1 + math.ceil(max(engine.zero3_prefetch_params, per_layer) / per_layer)
+    if engine.zero3_edges_gathered:
+        edges = embedding_parameters(model) * (1 if model.tied_embeddings else 2) / lay.tp
+    return (units * per_layer + edges) * gathered_weight_bytes(job.training)
 
 
 def _quantized_dense_linears(job: Job, stage: int) -> float:
@@ -367,7 +377,7 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
         if stage == lay.pp - 1:
             # A transient of the loss's, on the GPU whatever the optimizer offloads (FSDP2 gathers and
             # accumulates there; CPUOffloadPolicy copies the reduced shard out).
-            other += chunked_loss_head_bytes(job)
+            other += chunked_loss_head_bytes(job) + unfused_head_gradient_bytes(job)
         # The step's copies come once the activations are freed: what they add is what they pass them by.
         other += max(0.0, step_gradient_copy_bytes(job, stage) - (1 + o.fragmentation) * held)
         out.append(StageMemory(
@@ -471,6 +481,16 @@ def chunked_loss_head_bytes(job: Job) -> float:
     head = model.vocab_size * model.hidden_size / job.layout.tp
     gathered = head * gathered_weight_bytes(training)
     return 2 * FP32_BYTES * head + max(0.0, gathered - zero3_gather_bytes(job))
+
+
+def unfused_head_gradient_bytes(job: Job) -> float:
+    """The LM head's weight gradient, written on its own beside the loss's gradients where the engine
+    does not fuse weight gradients into its buffer (``EngineBehaviour.unfused_weight_gradients_from_zero``:
+    Megatron-FSDP, the head's V·h/tp in the weights' 16 bits) and copied in after."""
+    first = job.training.engine.unfused_weight_gradients_from_zero
+    if first is None or job.layout.zero_stage < first:
+        return 0.0
+    return working_bytes(job.training).weights * job.model.vocab_size * job.model.hidden_size / job.layout.tp
 
 
 def reduce_bucket_bytes(job: Job) -> float:

@@ -771,6 +771,28 @@ def test_zero_2_and_3_are_megatron_fsdp(tmp_path, zero, strategy):
     assert megatron_reader.read(tmp_path / megatron.ARGS_FILE, case).zero_stage == zero
 
 
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_megatron_fsdp_holds_what_its_code_allocates(zero):
+    """Megatron-FSDP (core 0.16's megatron_fsdp), read in its code (it needs CUDA to run), for Llama 3 8B on 8
+    GPUs: at ZeRO 3 it prefetches whole layers until 5e8 parameters are in flight (max(1e9, two units) // 2,
+    megatron_fsdp.py; the prefetch loop, param_and_grad_buffer.py): three of 218.1M beside the running one,
+    and holds the embedding and LM head gathered from their forward to the gradient sync (only units are
+    resharded after their forward); at ZeRO 2 and 3 the emitted --no-gradient-accumulation-fusion writes the
+    head's bf16 weight gradient on its own beside the loss's gradients, and the step casts each bf16 shard's
+    gradient to fp32 (update_main_grads). Priced were two layers, no edges, no head gradient, no cast."""
+    from cost_models.memory import step_gradient_copy_bytes, unfused_head_gradient_bytes, zero3_gather_bytes
+
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 8192, "precision": "bf16", "engine": "megatron"},
+            "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": zero, "recompute": "full"}}
+    job = load_case(case).job()
+    layer, head = 4096 * (2 * 4096 + 2 * 1024) + 3 * 4096 * 14336, 128_256 * 4096  # Llama 3 8B: a decoder layer's weights, the embedding's
+    gathered = (1 + 3) * 2 * layer + 2 * 2 * head
+    assert zero3_gather_bytes(job) == (gathered if zero == 3 else 0.0)
+    assert unfused_head_gradient_bytes(job) == (2 * head if zero >= 2 else 0.0)
+    assert step_gradient_copy_bytes(job, 0) == pytest.approx(4 * 8_030_261_248 / 8)
+
+
 def test_metas_405b_layout_is_written_down(tmp_path):
     """Llama 3 405B as Meta ran it (Dubey et al. 2024 §3.3.2): 126 layers on 16 interleaved stages, one
     fewer on the first and last, so those stages split into unequal chunks (4 + 3). It estimates, and

@@ -80,8 +80,10 @@ BEHAVIOUR = EngineBehaviour(
     quantized_param_gather=("delayed", "tensorwise", "mxfp8", "nvfp4"), quantized_param_gather_offloaded=("delayed",),
     saves_original_input_recipes=tuple(name for name in RECIPES if name != "delayed"),
     # optimizer.py and distrib_optimizer.py: main_grad.float() for each fp32 master (its shard under the
-    # distributed optimizer; Megatron-FSDP's own path is not this one)
-    step_gradient_copy_bytes=4.0, zero_step_gradient_copy_bytes=4.0, zero_step_gradient_copy_stages=(1,),
+    # distributed optimizer); Megatron-FSDP (ZeRO 2, 3) the same of each shard's bf16 gradient
+    # (param_and_grad_buffer.py, update_main_grads: optimizer_grad.to(param.dtype))
+    step_gradient_copy_bytes=4.0, zero_step_gradient_copy_bytes=4.0, zero_step_gradient_copy_stages=(1, 2, 3),
+    zero3_prefetch_params=5e8, zero3_edges_gathered=True, unfused_weight_gradients_from_zero=2,
 )
 
 
