@@ -224,6 +224,12 @@ AS_BASH = [
     'declare -u U=h100; declare -l L=H100; declare -i N=2; N+=2; U+=x; torchrun $U $L $N',
     'set -- 4 2; IFS=-; X="$*"; IFS=; Y="$*"; unset IFS; torchrun $X $Y ${@:2} "${@:1:1}"',
     "torchrun $'\\x34' $'\\101' $'a\\qb'",
+    # exit -1 and exit with a word fail (255, 2); offsets before the start give nothing; A[-1] from the end;
+    # declare -ul applies neither case
+    'TP=2; (exit -1) || TP=4; (exit abc) || Q=5; torchrun $TP $Q',
+    'set -- x y z; torchrun "${@: -9}" c; A=(a b c); torchrun "${A[@]: -4}" d; X=abc; torchrun "[${X: -10}]"',
+    'TP=(1 2); (( TP[-1]++ )); torchrun ${TP[-1]}; TP[-1]=9; TP[-5]=7; torchrun "${TP[@]}"',
+    'declare -ul U=AbC; declare -lu V=AbC; torchrun $U $V',
 ]
 
 

@@ -71,9 +71,8 @@ class _Commands(_Expander):
         options = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("-"))
         if "i" in options:
             self.integers.update(declared)
-        for letter in "ul":  # the later of -u and -l wins, as in bash
-            if letter in options and options.rindex(letter) == max(options.rfind("u"), options.rfind("l")):
-                self.letter_cases.update(dict.fromkeys(declared, letter))
+        if ("u" in options) != ("l" in options):  # bash applies neither where both are given
+            self.letter_cases.update(dict.fromkeys(declared, "u" if "u" in options else "l"))
         for tok in rest[1:]:
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
                 name = _ASSIGNMENT.match(tok.text).group(1) if tok.kind == "array" or _is_assignment(tok.text) \
@@ -111,8 +110,12 @@ class _Commands(_Expander):
     def builtin(self, fields: list[str], ctx: _Ctx, node: _Simple) -> _Status:
         name, args = fields[0], fields[1:]
         if name == "exit":
-            code = args[0] if args else None
-            raise _Exit(None if code is None or not code.isdigit() else _TRUE if int(code) % 256 == 0 else _FALSE)
+            # exit N leaves N mod 256 (exit -1: 255); a word that is no number, 2 ("numeric argument
+            # required"); exit alone, the last command's status, which is not known here.
+            code = args[0].strip() if args else None
+            if code is None:
+                raise _Exit()
+            raise _Exit(_TRUE if re.fullmatch(r"[-+]?[0-9]+", code) and int(code) % 256 == 0 else _FALSE)
         if name == "return":
             raise _Return(_TRUE if not args or args[0] == "0" else _FALSE)
         if name in ("break", "continue"):

@@ -250,12 +250,15 @@ class _Expander(_Arithmetic):
                 items = value if isinstance(value, list) else [value]
                 if name in ("@", "*"):  # ${@:2} counts from $0, as bash does: $2 on
                     items = [self.argv0] + items
-                start = offset if offset >= 0 else max(0, len(items) + offset)
-                value = items[start:] if length is None else items[start:start + max(length, 0)]
+                # A negative offset past the start gives nothing, as in bash (not everything).
+                start = offset if offset >= 0 else len(items) + offset
+                value = [] if start < 0 else items[start:] if length is None else items[start:start + max(length, 0)]
             else:
                 text = _joined(value)
-                start = offset if offset >= 0 else max(0, len(text) + offset)
-                if length is None:
+                start = offset if offset >= 0 else len(text) + offset
+                if start < 0:
+                    value = ""
+                elif length is None:
                     value = text[start:]
                 else:
                     end = start + length if length >= 0 else len(text) + length

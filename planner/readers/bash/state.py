@@ -166,7 +166,13 @@ class _State:
             items = list(old.value) if old is not None and isinstance(old.value, list) else \
                 ([old.value] if old is not None else [])
             position = self.expanded_arith(index, _Ctx(), name) or 0
-            if position < 0 or position >= MAX_EXPANDED_CHARS:
+            if position < 0:  # from the end, as bash counts A[-1]; before the start, bash fails
+                position += len(items)
+                if position < 0:
+                    from .arith import _ExpansionError
+
+                    raise _ExpansionError(f"{name}[{one_line(index, 20)}]= fails in bash (a bad array subscript)")
+            if position >= MAX_EXPANDED_CHARS:
                 raise self.too_long(name)
             while len(items) <= position:
                 items.append("")
