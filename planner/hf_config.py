@@ -51,7 +51,7 @@ from typing import Callable
 from cost_models.model_spec import router_group_problem
 from planner.errors import CaseError
 from planner.inputs import read_json
-from planner.limits import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_VOCAB
+from planner.limits import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_VOCAB, MIN_FIGURE
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 MOE = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "glm4_moe")
@@ -330,8 +330,8 @@ class _Reader:
         value = self.get(key)
         if value is _MISSING:
             return float(default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= most:
-            raise self.fail(key, f"expected a number above 0 and at most {most:g}, got {_show(value)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_FIGURE <= value <= most:
+            raise self.fail(key, f"expected a number from {MIN_FIGURE:g} to {most:g}, got {_show(value)}")
         return float(value)
 
     def string(self, key: str, default: str) -> str:

@@ -113,7 +113,7 @@ def print_estimate(est: Estimate, console: Console) -> None:
     outside = job.overheads.cuda_context
     table.add_row("outside the allocator", f"{outside / GB:.2f}", "")
     # GB are 10^9 bytes throughout; a GPU's memory is sold in GiB (an 80 GB H100 holds 85.9 GB).
-    table.add_row(f"capacity ({est.capacity_bytes / 2**30:,.0f} GiB)", f"{est.capacity_bytes / GB:.2f}",
+    table.add_row(f"capacity ({est.capacity_bytes / 2**30:.3g} GiB)", f"{est.capacity_bytes / GB:.2f}",
                   f"{(total + outside) / est.capacity_bytes:.0%} used")
     # What the verdict holds the peak to: the capacity less the headroom and what lives outside the allocator.
     table.add_row("usable by the peak", f"{est.usable_bytes / GB:.2f}", f"{total / est.usable_bytes:.0%} of it")

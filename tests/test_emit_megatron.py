@@ -1209,3 +1209,9 @@ def test_the_launch_builds_the_published_models_rope_share_and_router_scale(tmp_
         assert not [n for n in diagnose(case, megatron_args=path).notes if flag in n]
         path.write_text(files["megatron_args.txt"].replace(f"{flag} {value}\n", ""))
         assert any(f"leaves out {flag}" in n for n in diagnose(case, megatron_args=path).notes)
+    # Written as given (":g" wrote 0.333333 for a third, and diagnose said the file built another router).
+    third = {**case, "model": {"preset": "deepseek-v3", "moe_router_topk_scaling": 1 / 3}}
+    files = megatron.render(plan(third, top_k=0).best, ["header"])
+    assert parse_args(files["megatron_args.txt"])["--moe-router-topk-scaling-factor"] == repr(1 / 3)
+    path.write_text(files["megatron_args.txt"])
+    assert not [n for n in diagnose(third, megatron_args=path).notes if "scaling" in n]

@@ -714,3 +714,11 @@ def test_the_rope_share_and_router_scale_are_bounded_where_read(model, key, says
         load_case({"model": model, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
                    "training": {"global_batch_size": 8, "seq_len": 4096}})
     assert key in f"{refused.value.key}" and says in str(refused.value)
+
+
+def test_the_routers_scale_from_an_hf_config_is_held_to_the_case_keys_bounds(tmp_path):
+    """routed_scaling_factor 1e-300 was taken from an HF config where the case's own key refuses under 1e-6."""
+    cfg = published("DeepSeek-V3")
+    cfg["routed_scaling_factor"] = 1e-300
+    with pytest.raises(CaseError, match="routed_scaling_factor: expected a number from 1e-06 to 1000"):
+        read_hf_config(write(tmp_path, cfg))

@@ -133,6 +133,14 @@ def test_the_report_names_its_engine_its_pick_and_the_memory_its_verdict_holds_t
     text = " ".join(run_cli("estimate", str(path)).stdout.split())
     assert "global batch 128 × 4096 tokens, as Megatron-LM runs it" in text
     assert "capacity (80 GiB) │ 85.90 │" in text and "usable by the peak │ 83.97 │" in text
+    # A GPU of 3 GB holds 2.79 GiB, not "3 GiB".
+    small = {**SIXTEEN_K, "model": {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 1000},
+             "cluster": {"gpu": {"memory": "3 GB", "peak_tflops": {"bf16": 100, "fp32": 50}, "hbm_bandwidth": "1 TB/s",
+                                 "intra_node_bandwidth": "100 GB/s", "inter_node_bandwidth": "10 GB/s",
+                                 "gpus_per_node": 8, "nvlink_domain": 8}, "num_gpus": 8},
+             "training": {**SIXTEEN_K["training"], "seq_len": 512, "precision": "bf16"}}
+    path.write_text(yaml.safe_dump(small))
+    assert "capacity (2.79 GiB) │ 3.00 │" in " ".join(run_cli("estimate", str(path)).stdout.split())
     case = {k: v for k, v in SIXTEEN_K.items() if k != "layout"}
     case["training"] = {**case["training"], "seq_len": 4096}
     path.write_text(yaml.safe_dump(case))

@@ -334,7 +334,7 @@ def architecture_arguments(m) -> list[tuple[str, Optional[str]]]:
                                                       "--rotary-base takes a whole number (arguments.py: type=int)")
             args.append(("--rotary-base", str(int(m.rope_base))))
         if m.position_embedding == "rope" and m.rotary_percent != 1.0:  # GLM-4.5 rotates half of each head
-            args.append(("--rotary-percent", f"{m.rotary_percent:g}"))
+            args.append(("--rotary-percent", repr(float(m.rotary_percent))))  # as given, not to 6 figures
     if m.linear_bias is False:
         args.append(("--disable-bias-linear", None))
         if m.qkv_bias:  # TransformerConfig.add_qkv_bias: the q/k/v projections' biases alone
@@ -422,7 +422,7 @@ def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args += [("--moe-router-num-groups", str(m.moe_router_num_groups)),
                  ("--moe-router-group-topk", str(m.moe_router_group_topk))]
     if m.moe_router_topk_scaling != 1.0:  # TransformerConfig.moe_router_topk_scaling_factor (DeepSeek-V3: 2.5)
-        args.append(("--moe-router-topk-scaling-factor", f"{m.moe_router_topk_scaling:g}"))
+        args.append(("--moe-router-topk-scaling-factor", repr(float(m.moe_router_topk_scaling))))
     if m.moe_top_k == 1 and m.moe_router == "softmax":
         args.append(("--moe-router-pre-softmax", None))  # TransformerConfig: softmax over one expert has no gradient
     args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.expert_tp)),
