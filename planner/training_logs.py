@@ -185,7 +185,11 @@ def _per_step(points: list[tuple[int, float]], combine) -> list[tuple[int, float
     for step, figure in points:
         counts.setdefault(step, []).append(figure)
     times = [len(v) for v in counts.values()]
-    if len(counts) < 2 or max(times) < 2 or len(set(times[:-1])) != 1 or times[-1] > times[0]:
+    # Ranks whose lines interleave step by step keep the steps in order, whichever rank missed a line or
+    # began later (DeepSpeed's every-rank lines); ranks' runs one after the other log every step alike often.
+    interleaved = all(a <= b for (a, _), (b, _) in zip(points, points[1:]))
+    if len(counts) < 2 or max(times) < 2 or \
+            not interleaved and (len(set(times[:-1])) != 1 or times[-1] > times[0]):
         return points
     return sorted((step, combine(figures)) for step, figures in counts.items())
 

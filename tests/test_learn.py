@@ -459,6 +459,9 @@ def test_a_deepspeed_log_of_every_ranks_lines_reads_each_steps_median_and_larges
     both = read_log(write(tmp_path, "both.log", "".join(a + b for a, b in zip(lines, other.splitlines(True)))))
     one = read_log(write(tmp_path, "one.log", DEEPSPEED_LOG))
     assert both.samples_per_s == pytest.approx(one.samples_per_s + 0.5) and both.peak_gib == pytest.approx(59.5)
+    # A rank that missed a step's line, or began logging later: still each step's median.
+    gapped = "".join(a + (b if i != 4 else "") for i, (a, b) in enumerate(zip(lines, other.splitlines(True))))
+    assert read_log(write(tmp_path, "gapped.log", gapped)).steps == one.steps
 
 
 def test_a_clock_before_each_line_is_no_rank_label(tmp_path):
