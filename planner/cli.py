@@ -243,7 +243,11 @@ def size_command(
     else:
         from .size_report import print_sizing
 
-        print_sizing(result, _console())
+        console = _console()
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            # Piped into a file or a log, rich draws 80 columns: the front's eight cut their figures.
+            console.width = PIPED_TABLE_WIDTH
+        print_sizing(result, console)
     if result.best is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -552,6 +556,8 @@ MIN_REPORT_WIDTH, DEFAULT_REPORT_WIDTH = 40, 80
 # The widest a report or --help is drawn: rich fills every line to the width, and COLUMNS=100000000
 # gave `plan --help` 500 MB of spaces (past 2^63, an OverflowError traceback).
 MAX_REPORT_WIDTH = 1000
+# The width a table of many figures is drawn at off a terminal (size's front: eight columns).
+PIPED_TABLE_WIDTH = 120
 
 
 def _sane_columns() -> None:

@@ -238,3 +238,17 @@ def test_the_answer_piped_keeps_every_figure_whole_and_its_days_one_way(tmp_path
     refused = run_cli("size", str(example), "--tokens", "15T", "--top", "3")
     assert refused.returncode == 2 and "front of days against spend (cost where every type has a price" in \
         refused.stderr
+
+
+def test_the_front_piped_keeps_its_eight_columns_whole(tmp_path):
+    """Piped (rich draws 80 columns off a terminal), the front's header read "× cos" and its ratios "1.0" for
+    1.06, at a price of 380 and 680 an hour: off a terminal its tables are drawn 120 wide."""
+    case = yaml.safe_load((REPO / "examples" / "llama3-70b-15t-size.yaml").read_text())
+    for option, price in zip(case["cluster"]["options"], (380, 680)):
+        option["gpu_hour_cost"] = price
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    text = run_cli("size", str(tmp_path / "case.yaml"), "--tokens", "100T").stdout
+    result = planner.size(tmp_path / "case.yaml", "100T")
+    assert "× days  × cost" in text and "…" not in text
+    for before, point in zip(result.front, result.front[1:]):
+        assert f"{before.trade(point)['cost']:.2f}" in text and f"{point.cost:,.0f}" in text
