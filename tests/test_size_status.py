@@ -240,13 +240,14 @@ def test_the_answer_piped_keeps_every_figure_whole_and_its_days_one_way(tmp_path
         refused.stderr
 
 
-def test_the_front_piped_keeps_its_eight_columns_whole(tmp_path):
+def test_the_front_piped_keeps_its_eight_columns_whole(tmp_path, monkeypatch):
     """Piped (rich draws 80 columns off a terminal), the front's header read "× cos" and its ratios "1.0" for
     1.06, at a price of 380 and 680 an hour: off a terminal its tables are drawn 120 wide."""
     case = yaml.safe_load((REPO / "examples" / "llama3-70b-15t-size.yaml").read_text())
     for option, price in zip(case["cluster"]["options"], (380, 680)):
         option["gpu_hour_cost"] = price
     (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    monkeypatch.delenv("COLUMNS", raising=False)  # a width the user sets is theirs
     text = run_cli("size", str(tmp_path / "case.yaml"), "--tokens", "100T").stdout
     result = planner.size(tmp_path / "case.yaml", "100T")
     assert "× days  × cost" in text and "…" not in text
