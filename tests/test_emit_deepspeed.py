@@ -602,18 +602,26 @@ def test_the_moe_snippets_parameter_groups_run_through_deepspeeds_split():
     assert sorted(len(group["params"]) for group in scope["params"]) == [1, 1]  # the dense bias, the expert weight
 
 
+def planned_files(tmp_path, preset: str, gpus: int, batch: int):
+    """(the case file, the finished `plan --emit deepspeed --json`) of ``preset`` on ``gpus`` H100s at
+    ``batch`` × 4,096 tokens, its files in tmp_path/run."""
+    from cli_in_process import run_cli
+
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({"model": {"preset": preset}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": gpus},
+                                    "training": {"global_batch_size": batch, "seq_len": 4096, "engine": "deepspeed"}}))
+    planned = run_cli("plan", str(case), "--emit", "deepspeed", "--out", str(tmp_path / "run"), "--json")
+    assert planned.returncode == 0, planned.stderr
+    return case, planned
+
+
 def test_a_deepspeed_moe_plan_reads_back_with_the_ep_its_model_code_sets(tmp_path):
     """ds_config.json has no expert parallelism (DeepSpeed-MoE's ep_size is the model code's): the
     planner's own files read back as ep 1 and 'does not fit' (232 GB) with no way to say otherwise
     but editing the case. --ep says it."""
     from cli_in_process import run_cli
 
-    case = tmp_path / "case.yaml"
-    case.write_text(yaml.safe_dump({"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb",
-                                                                                   "num_gpus": 64},
-                                    "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "deepspeed"}}))
-    planned = run_cli("plan", str(case), "--emit", "deepspeed", "--out", str(tmp_path / "run"), "--json")
-    assert planned.returncode == 0, planned.stderr
+    case, planned = planned_files(tmp_path, "mixtral-8x7b", 64, 256)
     ep = json.loads(planned.stdout)["best"]["layout"]["ep"]
     assert ep > 1
     config = str(tmp_path / "run" / "ds_config.json")
@@ -898,12 +906,7 @@ def test_the_planners_own_files_read_back_with_the_recomputation_they_were_plann
     Its header now says it, and only a header layout-planner wrote is read so."""
     from cli_in_process import run_cli
 
-    case = tmp_path / "case.yaml"
-    case.write_text(yaml.safe_dump({"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb",
-                                                                                 "num_gpus": 8},
-                                    "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "deepspeed"}}))
-    planned = run_cli("plan", str(case), "--emit", "deepspeed", "--out", str(tmp_path / "run"), "--json")
-    assert planned.returncode == 0, planned.stderr
+    case, planned = planned_files(tmp_path, "llama3-70b", 8, 64)
     assert json.loads(planned.stdout)["best"]["layout"]["recompute"] == "full"
     config = tmp_path / "run" / "ds_config.json"
     world(8)
