@@ -17,9 +17,8 @@ from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_grad
                            sharded_state_bytes, state_bytes, working_bytes, zero_shards)
 from .offload import accumulates_on_host, gradients_on_host, host_gradient_bytes, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, embedding_parameters, expert_parameters,
-                         largest_parameter, mlp_parameters,
-                         router_parameters, shared_expert_parameters, stage_dense_linear_parameters,
-                         stage_linear_parameters, stage_parameters, total_parameters)
+                         largest_parameter, mlp_parameters, router_parameters, shared_expert_parameters,
+                         stage_dense_linear_parameters, stage_linear_parameters, stage_parameters, total_parameters)
 from .quantization import cached_weight_bytes
 from .pipeline import first_chunk_in_flight, in_flight_chunks, in_flight_peak
 from .job import Job
@@ -184,7 +183,7 @@ def stage_activation_bytes(job: Job, stage: int, shared: Optional[PerMicrobatch]
         again += 0.0 if forward_only else working
     again += max(shared.restored if dense else 0.0, shared.restored_moe if moe else 0.0)
     # The layer whose copy to the host is under way, and the first stage's embedding.
-    embedded = first_chunk_in_flight(lay.pp, lay.vpp, job.num_microbatches) if stage == 0 and shared.embedding else 0
+    embedded = first_chunk_in_flight(lay.pp, lay.vpp, job.num_microbatches) if stage == 0 else 0
     extra = (kept if offloaded else 0.0) + embedded * shared.embedding
     total += extra
     if stage == lay.pp - 1:
