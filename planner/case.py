@@ -37,7 +37,7 @@ from .units import parse_memory
 # case_message and spec_errors are the case layer's too (planner.case_errors).
 __all__ = ["CASE_ENGINES", "Case", "LAYOUT_KEYS", "MODEL_KEYS", "OVERHEAD_KEYS", "SECTIONS", "TRAINING_KEYS",
            "build_case", "case_message", "layout_from_mapping", "layout_to_mapping", "load_case", "profile_warnings",
-           "read_case", "spec_errors", "with_engine"]
+           "read_case", "spec_errors", "warnings_of_profile", "with_engine"]
 
 SECTIONS = ("model", "cluster", "training", "layout", "overheads", "search")
 
@@ -431,12 +431,12 @@ def profile_warnings(case: Any) -> list[str]:
         return []  # the command itself reports a case it cannot read
     out: list[str] = []
     for path in dict.fromkeys(path for path, _ in found):
-        out += _warnings_of_profile(path, next(profile for p, profile in found if p == path))
+        out += warnings_of_profile(path, next(profile for p, profile in found if p == path))
     return out
 
 
-def _warnings_of_profile(path: str, profile: dict) -> list[str]:
-    """:func:`profile_warnings` of one profile."""
+def warnings_of_profile(path: str, profile: dict) -> list[str]:
+    """:func:`profile_warnings` of one profile (what `calibrate` says of the profile it writes)."""
     try:
         gpu_from_profile(Path(path))
     except CaseError:

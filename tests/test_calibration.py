@@ -492,6 +492,9 @@ def test_quick_calibration_writes_a_profile_the_planner_uses(tmp_path):
     result = calibrate("--out", str(out), "--quick", "--nproc", "2")
     assert result.returncode == 0, result.stderr
     assert f"wrote {out}" in result.stdout
+    # Said as it is written, as every estimate on it says it (its figures printed without a word: its memory
+    # bandwidth 3.8x this CPU's, its all-reduce 1/6, timed on tiny shapes).
+    assert f"warning: {out} was written by `calibrate --quick`: a smoke test of tiny shapes" in result.stderr
     profile = yaml.safe_load(out.read_text())
     assert profile["machine"]["backend"] == "gloo" and profile["machine"]["world_size"] == 2
     assert set(profile["gpu"]["peak_tflops"]) == {"fp32"}  # a CPU run times fp32 only
