@@ -611,7 +611,9 @@ def architecture_notes(path: Path, case) -> list[str]:
                                      "RoPE on {:g} of each head"),
                                     ("--moe-router-topk-scaling-factor", model.moe_router_topk_scaling,
                                      "moe_router_topk_scaling", "the router's top-k weights scaled by {:g}")):
-        given = _share_or_scale(launch.src, flag, flags.get(flag))
+        given = _Args(launch.src, flags).number(flag)
+        if given is not None and given <= 0:
+            raise CaseError(launch.src, flag, f"expected a positive number, got {flags[flag]!r}")
         if (key != "moe_router_topk_scaling" or model.is_moe) and (given or 1.0) != figure:
             note(flag, what.format(given or 1.0) + ("" if flag in flags else " (its default)"),
                  f"{what.format(figure)} (model.{key})")
@@ -620,20 +622,6 @@ def architecture_notes(path: Path, case) -> list[str]:
         built = "an untied output layer" if untie in flags else "an output layer tied to the embedding (its default)"
         note(untie, built, f"{'a tied' if model.tied_embeddings else 'an untied'} one (model.tied_embeddings)")
     return notes
-
-
-def _share_or_scale(src: str, flag: str, value: Optional[str]) -> Optional[float]:
-    """A float argument the list gives (None where it does not), or a CaseError naming it: argparse's
-    ``type=float`` refuses what is no number (arguments.py), and the run would not start."""
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number) or number <= 0:
-        raise CaseError(src, flag, f"expected a positive number, got {one_line(value, 40)!r}")
-    return number
 
 
 def overlap_notes(path: Path, job: Job) -> list[str]:
