@@ -6,6 +6,15 @@ Only the file on disk is read (``planner.inputs.read_json``: bounded); nothing i
 
 * ``llama``, ``mistral``, ``qwen2``: gated SiLU MLP ("swiglu"), GQA through
   ``num_key_value_heads``, embeddings untied unless the file says otherwise.
+* ``granite`` (transformers' GraniteConfig, modeling_granite): Llama's layer, biases where
+  ``attention_bias``/``mlp_bias`` say. Its ``embedding_multiplier``, ``residual_multiplier``,
+  ``attention_multiplier`` and ``logits_scaling`` scale activations, scores and logits, no weight and no
+  FLOP: the model spec holds none of them, so a launch built from the case leaves them at 1 (and the
+  scores at 1/sqrt(head_dim)).
+* ``phi3`` (Phi3Config, modeling_phi3): Llama's layer with q, k, v fused in ``qkv_proj`` and gate and up
+  in ``gate_up_proj`` (the same matrices), no biases, every layer windowed to ``sliding_window`` where
+  set (Phi-3-mini-4k: 2,047), RoPE on ``partial_rotary_factor`` of each head; its ``rope_scaling``
+  (longrope), like Llama 3.1's, is not read.
 * ``gpt_neox``: GELU MLP, ``intermediate_size`` defaulting to 4 x hidden, untied.
 * ``gpt2``: GELU MLP, ``n_inner`` defaulting to 4 x ``n_embd``, tied unless
   ``tie_word_embeddings`` is explicitly false.
@@ -53,9 +62,9 @@ from planner.errors import CaseError
 from planner.inputs import read_json
 from planner.limits import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_VOCAB, MIN_FIGURE
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "granite")
 MOE = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "glm4_moe")
-SUPPORTED = LLAMA_LIKE + ("gpt_neox", "gpt2") + MOE
+SUPPORTED = LLAMA_LIKE + ("phi3", "gpt_neox", "gpt2") + MOE
 
 # Model types that are another family's model under their own name, read as that family: Kimi K2
 # "reuses the DeepseekV3CausalLM architecture" and sets model_type kimi_k2 only so that inference engines
@@ -65,7 +74,7 @@ SAME_AS = {"kimi_k2": "deepseek_v3"}
 
 # architectures[0] with its head suffix removed, lower-cased, mapped to model_type.
 _ARCH_TO_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gptneox": "gpt_neox",
-                 "gpt2": "gpt2", "mixtral": "mixtral", "qwen3moe": "qwen3_moe", "deepseekv2": "deepseek_v2",
+                 "gpt2": "gpt2", "phi3": "phi3", "granite": "granite", "mixtral": "mixtral", "qwen3moe": "qwen3_moe", "deepseekv2": "deepseek_v2",
                  "deepseekv3": "deepseek_v3", "llama4": "llama4", "gptoss": "gpt_oss", "glm4moe": "glm4_moe"}
 _ARCH_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM", "LMHeadModel", "Model")
 
@@ -168,7 +177,7 @@ def _sliding_window(r: "_Reader", family: str) -> dict:
 # (transformers' modeling files: q/k/v/o and the MLP's gate/up/down), absent meaning none. Qwen2
 # keeps q/k/v biases whatever it says (Qwen2Attention: bias=True on q, k and v, none on o), GLM-4.5
 # on q, k and v where attention_bias says (Glm4MoeAttention): ``qkv_bias`` and no other.
-BIAS_BY_FLAGS = ("llama", "mistral", "mixtral", "qwen3", "qwen3_moe", "llama4", "deepseek_v2", "deepseek_v3")
+BIAS_BY_FLAGS = ("llama", "mistral", "granite", "mixtral", "qwen3", "qwen3_moe", "llama4", "deepseek_v2", "deepseek_v3")
 BIASED = ("gpt2", "gpt_neox")
 
 
@@ -215,6 +224,19 @@ def _architecture(r: "_Reader", family: str) -> dict:
             share = r.figure("partial_rotary_factor", 0.5, 1.0)
             if share != 1.0:
                 out["rotary_percent"] = share
+    if family == "phi3":
+        # Phi3Attention's qkv_proj and o_proj, Phi3MLP's gate_up_proj and down_proj: bias=False whatever the
+        # file says (Phi3Config takes no attention_bias). RoPE on partial_rotary_factor of each head (1.0 where
+        # left out: Phi3Config.convert_rope_params_to_dict), top-level or, as transformers 5 writes it, in
+        # rope_parameters: Phi-4-mini's 0.75.
+        out["linear_bias"] = False
+        key = "partial_rotary_factor"
+        if r.get(key) is _MISSING and isinstance(parameters, dict) and key in parameters:
+            share = r.nested("rope_parameters").figure(key, 1.0, 1.0)
+        else:
+            share = r.figure(key, 1.0, 1.0)
+        if share != 1.0:
+            out["rotary_percent"] = share
     if family == "qwen2":
         out["linear_bias"], out["qkv_bias"] = False, True
     elif family == "glm4_moe":
@@ -565,6 +587,18 @@ def _gpt_oss(r: _Reader) -> dict:
     return _head_dim(r, fields)
 
 
+def _phi3(r: _Reader) -> dict:
+    """Phi-3 (transformers' Phi3Config, modeling_phi3): Llama's layer with q, k and v in one qkv_proj and
+    gate and up in one gate_up_proj, the same weights and FLOPs as the separate matrices; SiLU-gated
+    (Phi3MLP: up_states * act(gate)). Dropout on the attention scores (attention_dropout), on each
+    sublayer's output before the residual add (resid_pdrop) and on the embeddings (embd_pdrop): the
+    largest of them, as GPT-2's three are read."""
+    _swiglu(r)
+    fields = _head_dim(r, _decoder(r, "intermediate_size"))
+    fields["dropout"] = max(r.probability(k, 0.0) for k in ("attention_dropout", "resid_pdrop", "embd_pdrop"))
+    return fields
+
+
 def _gpt_neox(r: _Reader) -> dict:
     hidden = r.int("hidden_size")
     heads = r.int("num_attention_heads")
@@ -649,7 +683,7 @@ def _name(r: _Reader) -> str:
     return folder
 
 
-_READERS = {**{family: _llama_like for family in LLAMA_LIKE}, "gpt_neox": _gpt_neox, "gpt2": _gpt2,
+_READERS = {**{family: _llama_like for family in LLAMA_LIKE}, "phi3": _phi3, "gpt_neox": _gpt_neox, "gpt2": _gpt2,
             "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
             "llama4": _llama4, "llama4_text": _llama4, "gpt_oss": _gpt_oss, "glm4_moe": _glm4_moe}
 

@@ -722,3 +722,41 @@ def test_the_routers_scale_from_an_hf_config_is_held_to_the_case_keys_bounds(tmp
     cfg["routed_scaling_factor"] = 1e-300
     with pytest.raises(CaseError, match="routed_scaling_factor: expected a number from 1e-06 to 1000"):
         read_hf_config(write(tmp_path, cfg))
+
+
+# --------------------------------------------------------------------------- Phi-3, Granite, Qwen2-MoE
+# The configs below are the published config.json files' values (the Hugging Face Hub repositories named),
+# written out here rather than kept as fixtures; keys that do not bear on the model's shape are left out.
+
+PHI3_MINI = {  # microsoft/Phi-3-mini-4k-instruct
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "attention_dropout": 0.0, "embd_pdrop": 0.0,
+    "resid_pdrop": 0.0, "hidden_act": "silu", "hidden_size": 3072, "intermediate_size": 8192,
+    "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False, "vocab_size": 32064}
+PHI3_MEDIUM = {  # microsoft/Phi-3-medium-4k-instruct
+    **PHI3_MINI, "hidden_size": 5120, "intermediate_size": 17920, "num_attention_heads": 40,
+    "num_hidden_layers": 40, "num_key_value_heads": 10}
+GRANITE_3_8B = {  # ibm-granite/granite-3.0-8b-base
+    "architectures": ["GraniteForCausalLM"], "model_type": "granite", "attention_bias": False,
+    "attention_dropout": 0.1, "attention_multiplier": 0.0078125, "embedding_multiplier": 12.0,
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12800, "logits_scaling": 16.0,
+    "max_position_embeddings": 4096, "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 40,
+    "num_key_value_heads": 8, "residual_multiplier": 0.22, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 10000.0, "tie_word_embeddings": True, "vocab_size": 49155}
+
+
+@pytest.mark.parametrize("cfg, card", [(PHI3_MINI, 3.82e9), (PHI3_MEDIUM, 14.0e9), (GRANITE_3_8B, 8.17e9)],
+                         ids=["Phi-3-mini-4k", "Phi-3-medium-4k", "granite-3.0-8b"])
+def test_phi3_and_granite_are_read_to_their_model_cards_counts(tmp_path, cfg, card):
+    """phi3 and granite were refused as unsupported model types. Phi-3's fused qkv_proj and gate_up_proj
+    hold Llama's matrices; Granite's multipliers scale activations, not weights."""
+    assert _params(read_hf_config(write(tmp_path, cfg)))[0] == pytest.approx(card, rel=0.01)
+
+
+def test_phi3_windows_every_layer_and_rotates_the_share_of_each_head_its_config_gives(tmp_path):
+    """Phi3Model masks every layer to sliding_window where the config sets one (Phi-3-mini-4k: 2,047);
+    Phi-4-mini (model_type phi3) rotates 0.75 of each head (partial_rotary_factor)."""
+    fields = read_hf_config(write(tmp_path, PHI3_MINI))
+    assert (fields["sliding_window"], "sliding_window_full_every" in fields) == (2047, False)
+    assert read_hf_config(write(tmp_path, {**PHI3_MINI, "partial_rotary_factor": 0.75}))["rotary_percent"] == 0.75
