@@ -26,6 +26,11 @@ Mixtures of experts and multi-head latent attention:
 * ``qwen3`` (dense, with its own ``head_dim``) and ``qwen3_moe``: ``num_experts`` of
   ``moe_intermediate_size``, MoE every ``decoder_sparse_step`` layers, ``mlp_only_layers``
   dense (a leading run only).
+* ``qwen2_moe`` (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen3-MoE's experts and placement, no own
+  ``head_dim``, q/k/v biases (``qkv_bias``), and a shared expert of ``shared_expert_intermediate_size``
+  whose sigmoid gate (``shared_expert_gate``, hidden_size weights) the model spec does not hold: a
+  launch leaves it ungated. Windowed only under ``use_sliding_window``, on the even layers below
+  ``max_window_layers`` (Qwen2MoeConfig).
 * ``deepseek_v2`` and ``deepseek_v3``: MLA (``q_lora_rank`` (null: none), ``kv_lora_rank``,
   ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``), ``n_routed_experts`` of
   ``moe_intermediate_size``, ``n_shared_experts`` of the same width, the first
@@ -63,7 +68,7 @@ from planner.inputs import read_json
 from planner.limits import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_VOCAB, MIN_FIGURE
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "granite")
-MOE = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "glm4_moe")
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "glm4_moe")
 SUPPORTED = LLAMA_LIKE + ("phi3", "gpt_neox", "gpt2") + MOE
 
 # Model types that are another family's model under their own name, read as that family: Kimi K2
@@ -74,7 +79,7 @@ SAME_AS = {"kimi_k2": "deepseek_v3"}
 
 # architectures[0] with its head suffix removed, lower-cased, mapped to model_type.
 _ARCH_TO_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gptneox": "gpt_neox",
-                 "gpt2": "gpt2", "phi3": "phi3", "granite": "granite", "mixtral": "mixtral", "qwen3moe": "qwen3_moe", "deepseekv2": "deepseek_v2",
+                 "gpt2": "gpt2", "phi3": "phi3", "granite": "granite", "mixtral": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "deepseekv2": "deepseek_v2",
                  "deepseekv3": "deepseek_v3", "llama4": "llama4", "gptoss": "gpt_oss", "glm4moe": "glm4_moe"}
 _ARCH_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM", "LMHeadModel", "Model")
 
@@ -100,6 +105,10 @@ ABSENT_DEFAULTS = {
     "qwen2": QWEN_WINDOW_DEFAULTS,
     "qwen3": {"num_key_value_heads": 32, "head_dim": 128, **QWEN_WINDOW_DEFAULTS},
     "qwen3_moe": {"num_key_value_heads": 4, **QWEN_WINDOW_DEFAULTS},
+    # Qwen2MoeConfig: a file without shared_expert_intermediate_size has Qwen1.5-MoE's 5,632-wide shared
+    # expert, not none; its window (4096) applies only under use_sliding_window.
+    "qwen2_moe": {"num_key_value_heads": 16, "shared_expert_intermediate_size": 5632, "sliding_window": 4096,
+                  **QWEN_WINDOW_DEFAULTS},
     "mistral": {"num_key_value_heads": 8},
     "deepseek_v3": {"q_lora_rank": 1536, "n_shared_experts": 1, "first_k_dense_replace": 3},
     # the text config's
@@ -131,6 +140,8 @@ def read_hf_config(path: str | os.PathLike) -> dict:
 FULL_EVERY_BY_FAMILY = {"gpt_oss": 2}
 # Families whose configs window only the layers from max_window_layers on, and only with use_sliding_window.
 QWEN_WINDOWS = ("qwen2", "qwen3", "qwen3_moe")
+# Families that window only with use_sliding_window, false where the file is silent.
+USE_SLIDING_WINDOW = QWEN_WINDOWS + ("qwen2_moe",)
 
 
 def _sliding_window(r: "_Reader", family: str) -> dict:
@@ -140,7 +151,7 @@ def _sliding_window(r: "_Reader", family: str) -> dict:
     ``window_attn_skip_freq`` N expresses) or the family's default."""
     window = r.zero_or_int("sliding_window")
     # Qwen's classes window only where use_sliding_window says so, false where the file is silent.
-    if not window or not r.bool("use_sliding_window", family not in QWEN_WINDOWS):  # "false" is no bool: refused
+    if not window or not r.bool("use_sliding_window", family not in USE_SLIDING_WINDOW):  # "false" is no bool: refused
         return {}
     types = r.get("layer_types")
     if types is _MISSING and family in QWEN_WINDOWS:
@@ -158,19 +169,33 @@ def _sliding_window(r: "_Reader", family: str) -> dict:
                                               f"num_hidden_layers ({layers}, none windowed); megatron-core's "
                                               "window_attn_skip_freq holds one full layer every N, not a leading run")
         every = 0
+    elif types is _MISSING and family == "qwen2_moe":
+        # Qwen2MoeConfig.__post_init__ (transformers 5): layer i slides where i is even and i < max_window_layers
+        # (28 where the file is silent), the others attend to every key; not Qwen2's rule.
+        first_full = r.int("max_window_layers")
+        every = _full_every(r, "max_window_layers", [i % 2 == 0 and i < first_full
+                                                     for i in range(r.int("num_hidden_layers"))])
     elif types is _MISSING:
         every = FULL_EVERY_BY_FAMILY.get(family, 0)
     else:
         if not isinstance(types, list) or any(t not in ("sliding_attention", "full_attention") for t in types):
             raise r.fail("layer_types", f"expected a list of 'sliding_attention' and 'full_attention', got {_show(types)}")
-        full = [i + 1 for i, t in enumerate(types) if t == "full_attention"]
-        every = full[0] if full else 0
-        if full and full != list(range(every, len(types) + 1, every)):
-            raise r.fail("layer_types", "expected one full-attention layer every N layers (megatron-core's "
-                                        f"window_attn_skip_freq), got full attention at layers {_short(str(full))}")
+        every = _full_every(r, "layer_types", [t == "sliding_attention" for t in types])
     if every == 1:
         return {}
     return {"sliding_window": window, **({"sliding_window_full_every": every} if every else {})}
+
+
+def _full_every(r: "_Reader", key: str, sliding: list[bool]) -> int:
+    """N where every N-th layer (numbered from 1) runs full attention and the others slide, as
+    megatron-core's ``window_attn_skip_freq`` N expresses (0: none full); another pattern is refused,
+    naming ``key``, the config's key that set it."""
+    full = [i + 1 for i, windowed in enumerate(sliding) if not windowed]
+    every = full[0] if full else 0
+    if full and full != list(range(every, len(sliding) + 1, every)):
+        raise r.fail(key, "expected one full-attention layer every N layers (megatron-core's "
+                          f"window_attn_skip_freq), got full attention at layers {_short(str(full))}")
+    return every
 
 
 # Families whose linear layers have biases exactly when the config's attention_bias/mlp_bias say
@@ -239,6 +264,8 @@ def _architecture(r: "_Reader", family: str) -> dict:
             out["rotary_percent"] = share
     if family == "qwen2":
         out["linear_bias"], out["qkv_bias"] = False, True
+    elif family == "qwen2_moe":  # Qwen2MoeAttention: biases on q, k and v where qkv_bias (true by default)
+        out["linear_bias"], out["qkv_bias"] = False, r.bool("qkv_bias", True)
     elif family == "glm4_moe":
         out["linear_bias"], out["qkv_bias"] = False, r.bool("attention_bias", False)
     elif family in BIASED:
@@ -476,6 +503,21 @@ def _qwen3_moe(r: _Reader) -> dict:
     return _head_dim(r, fields)
 
 
+def _qwen2_moe(r: _Reader) -> dict:
+    """Qwen2-MoE (transformers' Qwen2MoeConfig, modeling_qwen2_moe): Qwen3-MoE's experts and their
+    placement (Qwen2MoeDecoderLayer: where the layer is not in mlp_only_layers and (i + 1) %
+    decoder_sparse_step == 0), plus Qwen2MoeSparseMoeBlock's shared expert, an MLP of
+    shared_expert_intermediate_size every token passes through. Its output is scaled by a sigmoid gate
+    (shared_expert_gate: hidden_size weights, one per layer) the model spec does not hold: its
+    hidden_size weights and FLOPs per token are under 0.001 % of the model's, and a launch built from the
+    case leaves the shared expert ungated."""
+    fields = _qwen3_moe(r)
+    shared = r.zero_or_int("shared_expert_intermediate_size")
+    if shared:
+        fields["moe_shared_expert_ffn_hidden_size"] = shared
+    return fields
+
+
 def _deepseek_v2(r: _Reader) -> dict:
     return _deepseek(r, _router_groups(r, "greedy", None))
 
@@ -684,7 +726,7 @@ def _name(r: _Reader) -> str:
 
 
 _READERS = {**{family: _llama_like for family in LLAMA_LIKE}, "phi3": _phi3, "gpt_neox": _gpt_neox, "gpt2": _gpt2,
-            "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
+            "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
             "llama4": _llama4, "llama4_text": _llama4, "gpt_oss": _gpt_oss, "glm4_moe": _glm4_moe}
 
 

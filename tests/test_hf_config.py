@@ -760,3 +760,45 @@ def test_phi3_windows_every_layer_and_rotates_the_share_of_each_head_its_config_
     fields = read_hf_config(write(tmp_path, PHI3_MINI))
     assert (fields["sliding_window"], "sliding_window_full_every" in fields) == (2047, False)
     assert read_hf_config(write(tmp_path, {**PHI3_MINI, "partial_rotary_factor": 0.75}))["rotary_percent"] == 0.75
+
+
+QWEN1_5_MOE = {  # Qwen/Qwen1.5-MoE-A2.7B
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "attention_dropout": 0.0,
+    "decoder_sparse_step": 1, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 5632,
+    "max_position_embeddings": 8192, "max_window_layers": 21, "moe_intermediate_size": 1408,
+    "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
+    "num_hidden_layers": 24, "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": False,
+    "use_sliding_window": False, "vocab_size": 151936}
+QWEN2_57B = {  # Qwen/Qwen2-57B-A14B
+    **QWEN1_5_MOE, "hidden_size": 3584, "intermediate_size": 18944, "max_position_embeddings": 131072,
+    "max_window_layers": 28, "moe_intermediate_size": 2560, "num_attention_heads": 28, "num_experts": 64,
+    "num_experts_per_tok": 8, "num_hidden_layers": 28, "num_key_value_heads": 4,
+    "shared_expert_intermediate_size": 20480, "sliding_window": 131072}
+
+
+@pytest.mark.parametrize("cfg, card_total, card_active", [(QWEN1_5_MOE, 14.3e9, 2.7e9), (QWEN2_57B, 57.4e9, 14.2e9)],
+                         ids=["Qwen1.5-MoE-A2.7B", "Qwen2-57B-A14B"])
+def test_qwen2_moe_is_read_to_its_model_cards_counts(tmp_path, cfg, card_total, card_active):
+    """qwen2_moe was refused as an unsupported model type. Its shared expert (5,632 wide in Qwen1.5-MoE,
+    20,480 in Qwen2-57B) is a third of the active parameters. Qwen's active count takes the input
+    embedding in (cost_models.parameters.active_parameters leaves it out)."""
+    fields = read_hf_config(write(tmp_path, cfg))
+    total, active = _params(fields)
+    embedding = fields["vocab_size"] * fields["hidden_size"]
+    assert total == pytest.approx(card_total, rel=0.01)
+    assert active + embedding == pytest.approx(card_active, rel=0.01)
+    # Qwen2MoeConfig's shared_expert_intermediate_size where the file is silent: Qwen1.5-MoE's own 5,632
+    bare = {k: v for k, v in QWEN1_5_MOE.items() if k != "shared_expert_intermediate_size"}
+    assert _params(read_hf_config(write(tmp_path, bare, "bare")))[0] == pytest.approx(14.3e9, rel=0.01)
+
+
+def test_qwen2_moe_windows_as_its_config_class_does_or_is_refused_naming_the_key(tmp_path):
+    """Qwen2MoeConfig (transformers 5) slides the even layers below max_window_layers: Qwen1.5-MoE's
+    21 of 24, switched on, leaves layers 21 to 24 full, which no one-full-every-N pattern holds."""
+    assert "sliding_window" not in read_hf_config(write(tmp_path, QWEN1_5_MOE))
+    on = {**QWEN1_5_MOE, "use_sliding_window": True}
+    with pytest.raises(CaseError, match=r"max_window_layers: expected one full-attention layer every N"):
+        read_hf_config(write(tmp_path, on))
+    fields = read_hf_config(write(tmp_path, {**on, "max_window_layers": 24}))
+    assert (fields["sliding_window"], fields["sliding_window_full_every"]) == (32768, 2)
