@@ -47,6 +47,11 @@ Mixtures of experts and multi-head latent attention:
 * ``gpt_oss``: ``num_local_experts`` of ``intermediate_size`` in every layer; its clamped
   SwiGLU counts as SwiGLU.
 
+Refused, saying what the model spec lacks (``REFUSED``): ``gemma2``, ``gemma3`` and ``gemma3_text``
+(a GeGLU MLP, which the spec's activations, gelu and SiLU-gated swiglu, do not name; Gemma 2's
+soft-capping; norms after each sublayer; Gemma 3's second RoPE base) and ``olmo2`` (q/k norms over all
+heads together; norms after each sublayer instead of before).
+
 A key the file leaves out takes its ``transformers`` config class's default where that differs
 from what ``null`` means (``ABSENT_DEFAULTS``, each from its configuration file); a ``null`` key is
 unset, as the classes treat it (kv heads = heads, no query compression). MoE layers are placed as
@@ -71,6 +76,25 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "granite")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "glm4_moe")
 SUPPORTED = LLAMA_LIKE + ("phi3", "gpt_neox", "gpt2") + MOE
 
+# Families the model spec cannot hold faithfully, refused with what it lacks (each from transformers'
+# modeling_<family>.py). Gemma's gated MLP has SwiGLU's three matrices, so its parameters and FLOPs would
+# come out right as "swiglu" (gemma-2-9b: 9.24B), but activation "swiglu" is also what the launch files build
+# (--swiglu, a SiLU gate): another model than the one named, and the spec has no GeGLU.
+_GEGLU = ("its MLP is GeGLU (hidden_activation gelu_pytorch_tanh gating up_proj), and the model spec's "
+          "activation is gelu (ungated) or swiglu (SiLU-gated, which the launch files build)")
+_SANDWICH = "a norm on each sublayer's output as well as its input (post_attention_layernorm, post_feedforward_layernorm)"
+REFUSED = {
+    "gemma2": f"{_GEGLU}; nor does it hold Gemma 2's tanh soft-capping of attention scores and logits "
+              f"(attn_logit_softcapping, final_logit_softcapping) or {_SANDWICH}",
+    "gemma3_text": f"{_GEGLU}; nor does it hold {_SANDWICH} or the sliding layers' own RoPE base "
+                   "(rope_local_base_freq beside rope_theta: one rope_base)",
+    "olmo2": "its q and k norms (Olmo2Attention's q_norm, k_norm) span all heads together, where the model "
+             "spec's qk_norm is per head (megatron-core's qk_layernorm) and needs no reduction across the "
+             "tensor-parallel ranks that split the heads; and it normalizes each sublayer's output "
+             "(post_attention_layernorm, post_feedforward_layernorm) instead of its input, which the spec cannot say",
+}
+REFUSED["gemma3"] = REFUSED["gemma3_text"]  # its text_config is a Gemma3TextConfig
+
 # Model types that are another family's model under their own name, read as that family: Kimi K2
 # "reuses the DeepseekV3CausalLM architecture" and sets model_type kimi_k2 only so that inference engines
 # tell it apart (Moonshot's deployment guide, docs/deploy_guidance.md: change it to deepseek_v3 where a
@@ -80,7 +104,8 @@ SAME_AS = {"kimi_k2": "deepseek_v3"}
 # architectures[0] with its head suffix removed, lower-cased, mapped to model_type.
 _ARCH_TO_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gptneox": "gpt_neox",
                  "gpt2": "gpt2", "phi3": "phi3", "granite": "granite", "mixtral": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "deepseekv2": "deepseek_v2",
-                 "deepseekv3": "deepseek_v3", "llama4": "llama4", "gptoss": "gpt_oss", "glm4moe": "glm4_moe"}
+                 "deepseekv3": "deepseek_v3", "llama4": "llama4", "gptoss": "gpt_oss", "glm4moe": "glm4_moe",
+                 "gemma2": "gemma2", "gemma3": "gemma3", "olmo2": "olmo2"}
 _ARCH_SUFFIXES = ("ForConditionalGeneration", "ForCausalLM", "LMHeadModel", "Model")
 
 _MISSING = object()
@@ -402,6 +427,8 @@ def _family(r: _Reader) -> str:
         if not isinstance(model_type, str):
             raise r.fail("model_type", f"expected a string, one of {supported}; got {_show(model_type)}")
         model_type = SAME_AS.get(model_type, model_type)
+        if model_type in REFUSED:
+            raise r.fail("model_type", f"{model_type!r} is not read: {REFUSED[model_type]}")
         if model_type not in SUPPORTED:
             raise r.fail("model_type", f"unsupported model type {model_type!r}; expected one of {supported}")
         return model_type
@@ -417,6 +444,8 @@ def _family(r: _Reader) -> str:
             stem = stem[: -len(suffix)]
             break
     family = _ARCH_TO_TYPE.get(stem.lower())
+    if family in REFUSED and stem != arch:
+        raise r.fail("architectures", f"{arch!r} is not read: {REFUSED[family]}")
     if family is None or stem == arch:
         raise r.fail("architectures", f"unsupported architecture {arch!r} (and no model_type); "
                                       f"expected a model of type {supported}")

@@ -802,3 +802,48 @@ def test_qwen2_moe_windows_as_its_config_class_does_or_is_refused_naming_the_key
         read_hf_config(write(tmp_path, on))
     fields = read_hf_config(write(tmp_path, {**on, "max_window_layers": 24}))
     assert (fields["sliding_window"], fields["sliding_window_full_every"]) == (32768, 2)
+
+
+# Refused families, with the published config.json values (the Hub repositories named).
+GEMMA2_9B = {  # google/gemma-2-9b
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "attention_bias": False,
+    "attention_dropout": 0.0, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584,
+    "intermediate_size": 14336, "max_position_embeddings": 8192, "num_attention_heads": 16, "num_hidden_layers": 42,
+    "num_key_value_heads": 8, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "sliding_window": 4096, "vocab_size": 256000}
+GEMMA3_27B = {  # google/gemma-3-27b-pt (its text_config; the vision tower's keys left out)
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+    "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "model_type": "gemma3_text",
+                    "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+                    "query_pre_attn_scalar": 168, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024}}
+GEMMA3_1B = {  # google/gemma-3-1b-pt
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "intermediate_size": 6912,
+    "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_theta": 1000000, "sliding_window": 512,
+    "sliding_window_pattern": 6, "vocab_size": 262144}
+OLMO2_7B = {  # allenai/OLMo-2-1124-7B
+    "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "attention_bias": False, "attention_dropout": 0.0,
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008, "max_position_embeddings": 4096,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 500000, "tie_word_embeddings": False, "vocab_size": 100352}
+
+
+@pytest.mark.parametrize("cfg, says", [
+    (GEMMA2_9B, r"'gemma2' is not read: its MLP is GeGLU .*attn_logit_softcapping, final_logit_softcapping"),
+    (GEMMA3_27B, r"'gemma3' is not read: its MLP is GeGLU .*rope_local_base_freq"),
+    (GEMMA3_1B, r"'gemma3_text' is not read: its MLP is GeGLU .*post_feedforward_layernorm"),
+    (OLMO2_7B, r"'olmo2' is not read: its q and k norms .* span all heads together.*per head"),
+], ids=["gemma-2-9b", "gemma-3-27b", "gemma-3-1b", "OLMo-2-1124-7B"])
+def test_a_family_the_model_spec_cannot_hold_is_refused_saying_what_it_lacks(tmp_path, cfg, says):
+    """Gemma 2 and 3 and OLMo 2 were refused as unsupported model types, which said nothing of why. Gemma's
+    GeGLU MLP has SwiGLU's parameters (gemma-2-9b 9.24B) but read as "swiglu" the launch files would build a
+    SiLU gate; OLMo 2's q/k norms span every head, not each head as the spec's qk_norm does."""
+    with pytest.raises(CaseError, match=rf"config.json: model_type: {says}") as refused:
+        read_hf_config(write(tmp_path, cfg))
+    assert "\n" not in str(refused.value)
+    untyped = {k: v for k, v in cfg.items() if k != "model_type"}
+    with pytest.raises(CaseError, match=rf"architectures: '{cfg['architectures'][0]}' is not read: "):
+        read_hf_config(write(tmp_path, untyped))
