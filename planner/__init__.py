@@ -7,15 +7,16 @@ from importlib import import_module
 
 from .api_values import plain_arguments
 
-__all__ = ["CaseError", "Diagnosis", "Emitted", "Estimate", "Plan", "Sizing", "calibrate_from_logs",
-           "calibrate_from_runs", "diagnose", "emit", "estimate", "plan", "read_config", "size"]
+__all__ = ["CaseError", "Diagnosis", "Emitted", "Estimate", "Fit", "Layout", "NoFit", "Plan", "SizeChoice", "Sizing",
+           "calibrate_from_logs", "calibrate_from_runs", "diagnose", "emit", "estimate", "plan", "read_config", "size"]
 
 # The API loads when first asked for, so that a command imports only what it runs (`plan` never
 # loads the fit of `learn`, nor `size` its sweep) and the command's entry point
 # (:mod:`planner.entry`) sets its signal handlers before anything heavy: name -> its module.
 _LAZY = {"CaseError": "errors", "Estimate": "estimate", "estimate": "estimate", "Emitted": "configs", "emit": "configs",
          "read_config": "configs", "diagnose": "configs", "Diagnosis": "diagnose", "calibrate_from_runs": "learn",
-         "calibrate_from_logs": "learn", "Plan": "plan", "plan": "plan", "Sizing": "size", "size": "size"}
+         "calibrate_from_logs": "learn", "Fit": "learn", "Plan": "plan", "plan": "plan", "NoFit": "plan",
+         "Sizing": "size", "SizeChoice": "size", "size": "size", "Layout": "case"}
 
 
 class _Package(types.ModuleType):
@@ -41,7 +42,12 @@ def _api_name(name: str, module: str) -> property:
             try:
                 value = getattr(import_module(f".{module}", __name__), name)
                 # A function takes numpy scalars and paths as the case schema's values (api_values).
-                package.__dict__[name] = plain_arguments(value) if isinstance(value, types.FunctionType) else value
+                if isinstance(value, types.FunctionType):
+                    value = plain_arguments(value)
+                    # Named as the package's own, where pickle looks it up (planner.plan, not the submodule's
+                    # unwrapped function): a process pool hands it to its workers.
+                    value.__module__, value.__qualname__ = __name__, name
+                package.__dict__[name] = value
             except AttributeError as error:
                 # Raised out of a property, it would read as "module 'planner' has no attribute 'plan'"
                 # (an import cut short by Ctrl-C leaves a dependency half-loaded): say what failed.

@@ -5,7 +5,8 @@ and floats (``np.int64(4)`` for a tp of 4), a pipeline's paths are ``pathlib.Pat
 file read from YAML never holds either, and the readers (:mod:`planner.fields`) take Python's own
 types only, so the public functions take every argument through :func:`plain` first: numpy scalars
 become the Python numbers (and booleans) they hold (not dates and durations, whose item may be an
-integer of nanoseconds), arrays the lists they hold, ``os.PathLike`` values their path strings. The
+integer of nanoseconds), arrays the lists they hold, tuples inside a dict case the lists the schema
+takes, ``os.PathLike`` values their path strings. The
 caller's own objects are never changed; anything else is left for the readers to accept or refuse.
 """
 
@@ -29,15 +30,19 @@ def plain(value: Any) -> Any:
     recurs."""
     memo: dict[int, Any] = {}
 
-    def walk(v: Any, depth: int = 0) -> Any:
+    def walk(v: Any, depth: int = 0, in_case: bool = False) -> Any:
         if isinstance(v, (dict, list, tuple)) and depth < MAX_DEPTH:
             if id(v) in memo:  # a shared part is converted once; a cycle stays the caller's object
                 return memo[id(v)]
             memo[id(v)] = v
             if isinstance(v, dict):
-                out: Any = {k: walk(x, depth + 1) for k, x in v.items()}
+                out: Any = {k: walk(x, depth + 1, True) for k, x in v.items()}
+            elif isinstance(v, list) or in_case:
+                # Inside a dict case a tuple is the list the schema takes (stage_layers=(16, 16)), as
+                # YAML's sequences are: the readers take lists.
+                out = [walk(x, depth + 1, in_case) for x in v]
             else:
-                out = [walk(x, depth + 1) for x in v] if isinstance(v, list) else tuple(walk(x, depth + 1) for x in v)
+                out = tuple(walk(x, depth + 1) for x in v)
             memo[id(v)] = out
             return out
         if isinstance(v, os.PathLike):

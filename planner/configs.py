@@ -24,6 +24,7 @@ from .engines import READING as READERS
 from .errors import CaseError, api_argument, cli_flag
 from .fields import read_bool, read_int, read_path, read_str
 from .case import Case, spec_errors
+from .diagnose import Diagnosis
 from .estimate import Estimate, estimate_job
 from .search_options import retarget
 
@@ -147,7 +148,7 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
 
 def diagnose(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] = None, tp: Optional[int] = None,
              micro_batch_size: Optional[int] = None, recompute: Optional[str] = None, ep: Optional[int] = None,
-             stage_layers: Optional[tuple[int, ...]] = None):
+             stage_layers: Optional[tuple[int, ...]] = None) -> Diagnosis:
     """An existing config read as :func:`read_config` reads it, estimated and set against the planner's
     best: the Diagnosis `layout-planner diagnose --json` prints (``to_dict()``), with the notes that
     say what the config leaves unsaid (a ds_config states no recomputation) and how it was read."""

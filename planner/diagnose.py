@@ -9,7 +9,6 @@ from typing import Any, Optional
 from .case import Case, load_case
 from cost_models.specs import Job, Layout
 
-from .configs import checked_options, read_layout
 from .errors import Argument, CaseError, cli_flag
 from .fields import read_path
 from .estimate import Estimate, estimate_job
@@ -178,6 +177,8 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: O
     Face Trainer's DeepSpeed config leaves to the Trainer (its per_device_train_batch_size, its
     gradient_checkpointing); ``ep`` what DeepSpeed-MoE's model code sets (its ep_size),
     ``stage_layers`` its PipelineModule's split."""
+    from .configs import checked_options, read_layout  # configs names Diagnosis as its API's result
+
     options = checked_options(pp, tp, micro_batch_size, recompute, ep, stage_layers, argument)
     pp, tp, micro_batch_size, ep, stage_layers = (options[k] for k in ("pp", "tp", "micro_batch_size", "ep",
                                                                         "stage_layers"))
@@ -247,6 +248,7 @@ def _read_torchtitan(case: Any, path: Path, options: dict, argument: Argument) -
     case leaves it to the engine (the compiled loss, async TP), the layout it runs, and notes on what
     the estimate does not see as the job runs it. ``options`` are the DeepSpeed reader's, refused
     where they differ from what the job states (``read_layout``)."""
+    from .configs import read_layout
     from .engines.torchtitan.read import read_training, reading_notes, taken_from_job, with_training
 
     engine = "torchtitan"

@@ -120,7 +120,9 @@ class Plan:
 
     def differences(self, other: Estimate) -> dict[str, list]:
         """Layout fields where ``other`` differs from the best: {field: [best, other]}."""
-        assert self.best is not None
+        if self.best is None:
+            raise CaseError("Plan.differences", "best", f"the plan found no layout ({self.status}): nothing to "
+                                                        "set another against")
         mine, theirs = self.best.to_dict(), other.to_dict()
         keys = ["grad_accum"] + list(dict.fromkeys(list(mine["layout"]) + list(theirs["layout"])))
 

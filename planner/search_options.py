@@ -11,7 +11,7 @@ from typing import Any, Optional
 from cost_models.layout_spec import ZERO_STAGES
 from cost_models.specs import RECOMPUTE_MODULES, Layout, ModelSpec, SpecError, TrainingSpec
 
-from .engines import ENGINES, Engine, EngineSupport
+from .engines import EMITTING, ENGINES, Engine, EngineSupport
 from .engines.megatron import recompute_module_refusals
 from .errors import CaseError
 from .fields import describe, read_bool, read_int, read_mapping, read_number, read_str
@@ -81,8 +81,10 @@ def retarget(src: str, spec: SearchSpec, training: TrainingSpec, target: Optiona
     error. Every layout is timed as the engine chosen runs it."""
     if target is not None and target != spec.target:
         if spec.target != "any":
-            raise CaseError(src, spec.target_key, f"is {spec.target!r} but {target!r} was asked for (--emit "
-                                                  f"{target}, or target={target!r}); pass --engine {target} "
+            # --emit names only the engines that write launch files (nanotron writes none).
+            emit = f"--emit {target}, or " if target in EMITTING else ""
+            raise CaseError(src, spec.target_key, f"is {spec.target!r} but {target!r} was asked for ({emit}"
+                                                  f"target={target!r}); pass --engine {target} "
                                                   f"(plan(..., engine={target!r})) to plan for it instead")
         spec = replace(spec, target=target)
     if training.engine.name != spec.target:

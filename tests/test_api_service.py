@@ -157,3 +157,62 @@ def test_what_plan_does_not_read_is_said_to_the_api_as_to_the_cli():
     p = planner.plan(case, top_k=0)
     assert [n.split(": ", 1)[1][:30] for n in p.notes] == ["plan chooses the layout and ig", "plan runs on cluster.num_gpus "]
     assert p.to_dict()["notes"] == list(p.notes) and planner.plan(CASE, top_k=0).notes == ()
+
+
+def test_the_api_functions_run_in_a_process_pool():
+    """A process pool pickles the function it maps: planner.plan was the package's wrapper under the
+    submodule's name, which pickle found to be another object (PicklingError), so
+    ``pool.map(planner.plan, cases)`` failed before any case ran."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    for name in ("plan", "estimate", "size", "emit", "read_config", "diagnose", "calibrate_from_runs",
+                 "calibrate_from_logs"):
+        function = getattr(planner, name)
+        assert pickle.loads(pickle.dumps(function)) is function, name
+    case = dict(CASE, search={"target": "megatron"})
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        (pooled,) = pool.map(planner.plan, [case])
+    assert pooled.to_dict() == planner.plan(case).to_dict()
+
+
+def test_the_types_the_api_returns_import_from_the_package():
+    """The docs name Layout (read_config's), SizeChoice (Sizing.best's), Fit (the calibration's
+    report) and NoFit (Plan.no_fit) as what the API hands back: an orchestration tool's isinstance
+    checks and annotations import them from planner, as they do Plan and Estimate."""
+    import typing
+
+    from planner import Fit, Layout, NoFit, SizeChoice
+
+    case = dict(CASE, layout={"tp": 2, "micro_batch_size": 1})
+    assert isinstance(planner.estimate(case).job.layout, Layout)
+    assert isinstance(planner.size(dict(CASE, search={"target": "megatron"}), "1e9", max_gpus=16).best, SizeChoice)
+    assert planner.plan(dict(CASE, model={"preset": "llama3.1-405b"}, search={"target": "megatron"},
+                             cluster={"gpu": "h100-sxm-80gb", "num_gpus": 1})).no_fit.__class__ is NoFit
+    assert Fit.__module__ == "planner.learn"
+    assert typing.get_type_hints(planner.diagnose)["return"] is planner.Diagnosis
+
+
+def test_a_tuple_in_a_dict_case_is_the_list_the_schema_takes():
+    """A case built in Python writes stage_layers=(16, 16) as readily as [16, 16]: it was refused as
+    "expected a list of layer counts, got tuple"."""
+    layout = {"tp": 2, "pp": 2, "micro_batch_size": 1}
+    listed = planner.estimate(dict(CASE, layout=dict(layout, stage_layers=[12, 20])))
+    tupled = planner.estimate(dict(CASE, layout=dict(layout, stage_layers=(12, 20))))
+    assert tupled.to_dict() == listed.to_dict()
+
+
+def test_an_api_caller_is_not_told_of_an_emitter_the_engine_lacks():
+    """nanotron writes no launch files: its refusal named `--emit nanotron`, which the CLI refuses."""
+    with pytest.raises(planner.CaseError) as info:
+        planner.plan(dict(CASE, search={"target": "megatron"}), target="nanotron")
+    assert "--emit" not in str(info.value) and "target='nanotron'" in str(info.value)
+
+
+def test_an_infeasible_plans_differences_are_a_clear_error():
+    """Plan.differences on a plan that found nothing raised a bare AssertionError."""
+    infeasible = planner.plan(dict(CASE, model={"preset": "llama3.1-405b"}, search={"target": "megatron"},
+                                   cluster={"gpu": "h100-sxm-80gb", "num_gpus": 1}))
+    assert infeasible.best is None
+    with pytest.raises(planner.CaseError, match="found no layout"):
+        infeasible.differences(planner.estimate(dict(CASE, layout={"tp": 1})))
