@@ -242,6 +242,19 @@ def _duplicate_key(node, path: str = "", seen: Optional[set] = None) -> Optional
                 if (key.tag, name) in keys:
                     return here, key.start_mark
                 keys.add((key.tag, name))
+            elif key.tag == "tag:yaml.org,2002:merge":
+                # Two merged mappings that give one key: which wins is PyYAML's order, not the spec's (it
+                # took the later of ``<<: [{global_batch_size: 64}, {global_batch_size: 128}]``, a batch
+                # the user did not mean): refused, as a key given twice in one mapping is.
+                merged: set = set()
+                sources = value.value if isinstance(value, SequenceNode) else [value]
+                for source in sources:
+                    names = {k.value for k, _ in source.value if isinstance(k, ScalarNode)
+                             and k.tag != "tag:yaml.org,2002:merge"} if isinstance(source, MappingNode) else set()
+                    twice = sorted(names & merged)
+                    if twice:
+                        return (f"{path}.{twice[0]}" if path else twice[0]), key.start_mark
+                    merged |= names
             found = _duplicate_key(value, str(here), seen)
             if found:
                 return found
@@ -264,7 +277,8 @@ def load_yaml(text: str, source: str, max_nodes: int = MAX_YAML_NODES) -> Any:
         duplicate = _duplicate_key(node)
         if duplicate:
             key, mark = duplicate
-            raise _Refused(key, f"given twice in one mapping{_line(mark)}; expected each key once")
+            raise _Refused(key, f"given twice in one mapping (or the mappings << merges into it){_line(mark)}; "
+                                "expected each key once")
         loader.root = node
         return loader.construct_document(node)
     except _Refused as refused:

@@ -320,6 +320,18 @@ def test_a_json_key_given_twice_is_refused_as_in_yaml(tmp_path):
     one_line_error(cli("estimate", str(hf_case)), str(hf), ": model_type: ", "given twice")
 
 
+def test_a_key_two_merged_mappings_give_is_refused(tmp_path):
+    """``<<: [{global_batch_size: 64}, {global_batch_size: 128}]`` planned a global batch of 128 (PyYAML's
+    order, where the YAML merge spec lets the first win): a batch the user may not have meant, said
+    nowhere. A key the mapping itself gives over a merged one is what merging is for, and stays."""
+    text = ("model: {preset: llama3-8b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 8}\n"
+            "training:\n  <<: [{global_batch_size: 64}, {global_batch_size: 128}]\n  seq_len: 4096\n")
+    one_line_error(cli("plan", str(write(tmp_path / "merged.yaml", text))), "merged.yaml",
+                   "training.global_batch_size", "given twice")
+    from planner.inputs import load_yaml
+    assert load_yaml("d: &d {g: 64, s: 4096}\nt:\n  <<: *d\n  g: 32\n", "over.yaml")["t"] == {"g": 32, "s": 4096}
+
+
 def test_rich_markup_in_names_is_printed_as_written(tmp_path):
     case = copy.deepcopy(CASE)
     case["model"]["name"] = "x[/]y[bold]z[link=u]"
