@@ -101,7 +101,8 @@ class Case:
         """The job for ``layout`` (default: the case's own), checked against model, cluster and batch."""
         layout = layout or self.layout
         if layout is None:
-            raise CaseError(self.source, "layout", "missing; `estimate` needs a layout (`plan` chooses one)")
+            raise CaseError(self.source, "layout", "missing; `estimate` and `validate` score a given layout "
+                                                   "(`plan` chooses one)")
         with spec_errors(self.source):
             return Job(self.model, self.cluster, self.training, layout, self.overheads)
 

@@ -139,6 +139,11 @@ def plan_command(
             raise CaseError("--out", "", "--emit needs --out DIR")
         if out is not None and not out.strip():
             raise CaseError("--out", "", f"expected a folder's path, got {out!r}")
+        if out == "-":  # stdout to many tools; a folder named "-" to the file system
+            raise CaseError("--out", "-", "expected a folder's path: the launch files are several, not one stream "
+                                          "(write ./- for a folder of that name)")
+        if plot is not None and out is not None and os.path.abspath(plot) == os.path.abspath(out):
+            raise CaseError("--plot", str(plot), "is --out's folder too; expected a file of its own")
         if emit is not None and engine not in (None, emit):
             raise CaseError("--engine", engine, f"differs from --emit {emit}; give the same engine to both")
         plan_options(top, simplest_within, None, names={"top_k": "--top", "simplest_within": "--simplest-within",

@@ -47,7 +47,7 @@ from cost_models.specs import FabricSpec, Overheads, Performance
 
 from .case import load_case
 from .errors import Argument, CaseError, api_argument, cli_flag, named
-from .fields import read_path, read_str
+from .fields import describe, read_path, read_str
 from .estimate import estimate
 from .fitted import coverage as jobs_coverage
 from .presets import fabric_presets, gpu_preset_name, gpu_presets, performance_presets, resolve_gpu_preset
@@ -662,6 +662,10 @@ HEADER = """\
 
 def render(profile: dict[str, Any]) -> str:
     """The profile's YAML text, under HEADER."""
+    if not isinstance(profile, dict) or not profile:
+        # Rendered as "null" or "{}", it made a profile file every case then refused on loading.
+        raise CaseError("render", "profile", f"expected the profile a calibration returned (a mapping of its "
+                                             f"sections), got {describe(profile)}")
     return HEADER + yaml.safe_dump(profile, sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
 
 

@@ -1195,3 +1195,34 @@ def test_a_slow_runner_up_past_the_step_bound_leaves_the_answer_under_it():
     assert best.step_time_s < MAX_STEP_TIME_S
     engines = planner.plan(case, top_k=20).engines
     assert len(engines) == 3 and all(plan is not None and plan.best is not None for _, plan, _ in engines)
+
+
+def test_validate_without_a_layout_names_validate_too(tmp_path):
+    """`validate` on a case with no layout said "`estimate` needs a layout", naming another command."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
+    line = one_line_error(cli("validate", str(case), "--profile", "calibration/profiles/cpu-2core-dev.yaml"),
+                          "layout: missing")
+    assert "`validate`" in line
+
+
+def test_plot_and_out_at_one_path_are_refused_as_such(tmp_path):
+    """--plot and --out on one path said "--plot: is a folder" where nothing existed: the two collide."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
+    both = str(tmp_path / "z.png")
+    one_line_error(cli("plan", str(case), "--emit", "megatron", "--out", both, "--plot", both), "--plot",
+                   "--out's folder")
+    assert not os.path.exists(both)
+
+
+def test_out_dash_is_refused_not_a_folder_named_dash(tmp_path):
+    """`--out -` made a folder named "-" in the working directory, where "-" means a stream to most tools."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
+    one_line_error(cli("plan", str(case), "--emit", "megatron", "--out", "-"), "--out", "folder's path")
+    assert not os.path.exists("-")
+
+
+@pytest.mark.parametrize("profile", [None, {}, "abc"])
+def test_rendering_no_profile_is_refused(profile):
+    """learn.render(None) wrote "null" under the header: a profile file every case then refused."""
+    with pytest.raises(CaseError, match="render: profile: expected the profile"):
+        planner.learn.render(profile)
