@@ -155,10 +155,11 @@ class LogReading:
     settings: tuple[tuple[str, str], ...] = ()
 
 
-# The labels a launcher puts before each rank's lines: srun -l's task ("3: "), then torchrun's role
-# and rank ("[rank3]:" under torchtitan's --role rank, "[default3]:" under --tee's default role).
-# A clock's "09:58:00" is no label: srun's is followed by no digit.
-RANK_LABEL = re.compile(r"^(?:(\d{1,9}):(?!\d) ?)?(?:\[[A-Za-z_]*?(\d{1,9})\]:)?")
+# The labels a launcher puts before each rank's lines: srun -l's task ("3: ", right-aligned to the
+# widest task's digits: " 3: " beside "12: "), then torchrun's role and rank ("[rank3]:" under
+# torchtitan's --role rank, "[default3]:" under --tee's default role). A clock's "09:58:00" is no
+# label: srun's is followed by no digit.
+RANK_LABEL = re.compile(r"^(?: *(\d{1,9}):(?!\d) ?)?(?:\[[A-Za-z_]*?(\d{1,9})\]:)?")
 
 
 def _lowest_rank_lines(text: str) -> str:

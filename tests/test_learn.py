@@ -1450,11 +1450,12 @@ def test_a_torchtitan_logs_validation_lines_are_not_its_steps(tmp_path):
 
 
 @pytest.mark.parametrize("labels", [("", ""), ("[rank0]:", "[rank0]:"), ("[default0]:", "[default1]:"),
-                                    ("0: [rank0]:", "1: [rank8]:")])
+                                    ("0: [rank0]:", "1: [rank8]:"), (" 0: [rank0]:", "12: [rank8]:")])
 def test_a_torchtitan_log_of_two_ranks_under_any_launchers_labels_reads_as_one_run(tmp_path, labels):
     """Each rank's step lines: a bare torchrun (no label), a rank 0 on each of two nodes (torchtitan's
     run_train.sh filters to local rank 0), torchrun --tee's default role, srun -l's task before
-    torchrun's rank. Only "[rankN]:" of distinct N was read; the others were refused as "more than
+    torchrun's rank (padded to the widest task's digits where there are ten or more). Only "[rankN]:"
+    of distinct N was read; the others were refused as "more than
     one run". The second rank's tps here is 2 % higher: the figures are the ranks' median where
     they share a label (the mean of two), the lowest label's where they do not."""
     lines = [line.removeprefix("[rank0]:") for line in TITAN_LOG.splitlines(keepends=True)]
