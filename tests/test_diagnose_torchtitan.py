@@ -838,3 +838,87 @@ def test_an_overrides_file_is_read_on_the_base_config_its_header_names(tmp_path)
     assert result.estimate.job.layout.recompute == "full"
     assert any("names no base config: read on the one its header's command names (--module llama3 --config "
                "llama3_70b)" in note for note in result.notes)
+
+
+# --- the planner's own config module: the model spec it rebuilds --------------------------------
+
+OWN_MODEL_CASES = {
+    "deepseek_v3": case_of("deepseek-v3", 256, 512, 4096),
+    "qwen3_moe_fp8": case_of("qwen3-30b-a3b", 16, 256, 4096, precision="fp8"),
+}
+# An edit to the model names of the emitted torchtitan_config.py, the case it is read on, and the
+# refusal's key and words.
+OWN_MODEL_EDITS = {
+    # The job trains DeepSeek-V3 without its MTP layer (apply_layout's num_mtp_layers 0): it was priced with it.
+    "mtp_dropped": ("deepseek_v3", "MTP_LAYERS = 1", "MTP_LAYERS = 0", "MTP_LAYERS",
+                    "0: apply_layout rebuilds the model with no multi-token prediction layers, but the case"),
+    "mtp_not_literal": ("deepseek_v3", "MTP_LAYERS = 1", "MTP_LAYERS = int('1')", "MTP_LAYERS",
+                        "expected an integer >= 0 and <= 9223372036854775807"),
+    # The job trains in bf16 (no converter): it was priced in the case's fp8.
+    "no_converters": ("qwen3_moe_fp8", None, "CONVERTERS = []", "CONVERTERS",
+                      "[] (no converter: 16-bit GEMMs), but the case"),
+    "experts_in_bf16": ("qwen3_moe_fp8", None, "CONVERTERS = [['Float8LinearConverter', {}]]", "CONVERTERS",
+                        "expected a grouped-experts converter too (Float8GroupedExpertsConverter)"),
+    "other_recipe": ("qwen3_moe_fp8", "'rowwise'", "'rowwise_with_gw_hp'", "CONVERTERS",
+                     "scales fp8 'rowwise_with_gw_hp', but the case's recipe is rowwise"),
+    "unknown_converter": ("qwen3_moe_fp8", None, "CONVERTERS = [['Float8Converter', {}]]", "CONVERTERS",
+                          "'Float8Converter' is not read: expected one of Float8LinearConverter"),
+}
+
+
+@pytest.fixture(scope="module")
+def own_files(tmp_path_factory):
+    """The files `plan --emit torchtitan` writes for each case of OWN_MODEL_CASES, with the plan."""
+    out = {}
+    for label, case in OWN_MODEL_CASES.items():
+        best = planner.plan({**case, "search": {"target": "torchtitan"}}, top_k=0).best
+        assert best is not None
+        written = planner.emit(best, "torchtitan", tmp_path_factory.mktemp(label) / "run")
+        out[label] = (best, next(p for p in written.paths if p.name == "launch.sh"))
+    return out
+
+
+def test_the_plans_own_config_module_with_its_mtp_layers_and_converters_reads_as_planned(own_files):
+    """The unedited files read to the plan, with no note that the converters are no command-line option
+    (launch.sh's config module carries them: CONVERTERS)."""
+    for label, (best, launch) in own_files.items():
+        result = diagnose(OWN_MODEL_CASES[label], torchtitan=launch)
+        assert result.estimate.step_time_s == best.step_time_s, label
+        assert not any("converters are no command-line option" in note for note in result.notes), label
+
+
+@pytest.mark.parametrize("label", OWN_MODEL_EDITS)
+def test_an_edit_to_the_model_the_config_module_rebuilds_is_refused_naming_it(tmp_path, own_files, label):
+    """diagnose read only the config module's PARALLELISM, TRAINING, COMPILE and checkpointing: MTP_LAYERS = 0
+    on DeepSeek-V3 or CONVERTERS = [] on an fp8 case priced the case's MTP layer and fp8 at the unedited
+    step time, where overrides on deepseek_v3_671b (no MTP layer) are refused."""
+    case_label, old, new, key, needle = OWN_MODEL_EDITS[label]
+    _, launch = own_files[case_label]
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for path in launch.parent.iterdir():
+        text = path.read_text()
+        if path.name == "torchtitan_config.py":
+            if old is None:  # the whole CONVERTERS line
+                old = next(line for line in text.splitlines() if line.startswith("CONVERTERS = "))
+            assert old in text
+            text = text.replace(old, new)
+        (copy / path.name).write_text(text)
+    with pytest.raises(CaseError) as refused:
+        diagnose(OWN_MODEL_CASES[case_label], torchtitan=copy / "launch.sh")
+    assert (refused.value.source, refused.value.key) == (str(copy / "torchtitan_config.py"), key)
+    assert needle in refused.value.expected
+
+
+def test_the_cli_refuses_a_config_module_that_drops_the_mtp_layer_in_one_line(tmp_path, own_files):
+    _, launch = own_files["deepseek_v3"]
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for path in launch.parent.iterdir():
+        (copy / path.name).write_text(path.read_text().replace("MTP_LAYERS = 1", "MTP_LAYERS = 0"))
+    case_file = tmp_path / "case.yaml"
+    case_file.write_text(json.dumps(OWN_MODEL_CASES["deepseek_v3"]))
+    done = run_cli("diagnose", str(case_file), "--torchtitan", str(copy / "launch.sh"))
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(copy / "torchtitan_config.py") in lines[0] and "MTP_LAYERS" in lines[0]

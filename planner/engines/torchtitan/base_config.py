@@ -10,7 +10,8 @@ torchtitan's ``ConfigManager._load_config`` (``config/manager.py``) imports ``M.
 config and a loss; or another function's config with sections or fields set on it. Their literal
 fields are read here (:func:`_read_function`). The planner's own config module (``emit.CONFIG_MODULE``,
 beside the launch script) is read the same way: its PARALLELISM, TRAINING and COMPILE dicts and its
-checkpointing and loss chunks, over its own base config.
+checkpointing and loss chunks, over its own base config; and what its apply_layout rebuilds the model
+spec with (MTP_LAYERS, CONVERTERS), which no command-line option sets.
 
 A function of another shape (a branch, a loop, a computed field) is not read: :func:`read_base`
 returns None, and the reader says the base was not loaded.
@@ -34,13 +35,29 @@ LOSS_CHUNKS = {"ChunkedLossWrapper.Config": BASE_LOSS_CHUNKS, "CrossEntropyLoss.
 
 
 @dataclass(frozen=True)
+class NotLiteral:
+    """A name of the planner's config module assigned something other than a literal (its source text):
+    the reader does not run the file, so it cannot say what the name holds."""
+
+    text: str
+
+
+# The names of the planner's config module that apply_layout rebuilds the model spec with
+# (emit._config_module: model_registry(MODEL_FLAVOR, converters=converters(), num_mtp_layers=MTP_LAYERS)).
+MODEL_NAMES = ("MTP_LAYERS", "CONVERTERS")
+
+
+@dataclass(frozen=True)
 class BaseConfig:
     """What a base config sets: {"section.key": value} as Python values, its checkpointing mode
-    (None where it leaves Trainer.Config's), and the file it was read from."""
+    (None where it leaves Trainer.Config's), and the file it was read from. ``model``: for the planner's
+    own config module only, its MODEL_NAMES as written (a NotLiteral where not a literal; absent where
+    the file does not assign them), which the reader checks against the case."""
 
     values: dict
     ac_mode: Optional[str]
     source: str
+    model: Optional[dict[str, Any]] = None
 
 
 def read_base(module: str, function: str, beside: Path) -> Optional[BaseConfig]:
@@ -204,9 +221,12 @@ def _read_own(path: Path) -> Optional[BaseConfig]:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             try:
                 names[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                continue
-    base_module, base_function = str(names.get("BASE_MODULE", "")), str(names.get("BASE_CONFIG", ""))
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                # Kept for the model's names, whose refusal says it is no literal (the others read as before).
+                names[node.targets[0].id] = NotLiteral(ast.unparse(node.value))
+    base_module, base_function = (names.get(name) for name in ("BASE_MODULE", "BASE_CONFIG"))
+    base_module = base_module if isinstance(base_module, str) else ""
+    base_function = base_function if isinstance(base_function, str) else ""
     below = read_base(base_module, base_function, path.parent) if base_module and base_function else None
     values = dict(below.values) if below else {}
     for section, name in (("parallelism", "PARALLELISM"), ("training", "TRAINING"), ("compile", "COMPILE")):
@@ -214,10 +234,12 @@ def _read_own(path: Path) -> Optional[BaseConfig]:
         if not isinstance(table, dict):
             return None
         values.update({f"{section}.{key}": value for key, value in table.items()})
-    if names.get("LOSS_CHUNKS") is not None:
+    if names.get("LOSS_CHUNKS") is not None and not isinstance(names["LOSS_CHUNKS"], NotLiteral):
         values["loss.num_chunks"] = names["LOSS_CHUNKS"]
     mode = names.get("ACTIVATION_CHECKPOINT")
-    return BaseConfig(values, mode if isinstance(mode, str) else (below.ac_mode if below else None), str(path))
+    model = {name: names[name] for name in MODEL_NAMES if name in names}
+    return BaseConfig(values, mode if isinstance(mode, str) else (below.ac_mode if below else None), str(path),
+                      model)
 
 
 def _registry_file(module: str) -> Optional[Path]:

@@ -41,7 +41,7 @@ from planner.errors import CaseError, one_line, safe_repr
 from planner.inputs import read_text
 from planner.limits import MAX_INT
 
-from .base_config import read_base
+from .base_config import NotLiteral, read_base
 from .emit import BASE_CONVERTERS, CONFIG_FILE, CONFIG_FUNCTION, CONFIG_MODULE, base_flavor, model_flavor
 
 # The fields of torchtitan 0.3.0's ParallelismConfig, TrainingConfig and CompileConfig
@@ -126,6 +126,14 @@ PARAM_DTYPES = {"bfloat16": ("bf16", "fp8", "mxfp8", "nvfp4"), "float32": ("fp32
 CONVERTER_PRECISIONS = {"float8": "fp8", "mx": "mxfp8", "quantize.linear.float8": "fp8",
                         "quantize.grouped_mm.float8": "fp8", "quantize.linear.mx": "mxfp8",
                         "quantize.grouped_mm.mx": "mxfp8"}
+# torchtitan 0.3.0's converter classes (components/quantization/__init__.py), as the planner's config module
+# names them in CONVERTERS: the precision each runs, and whether it converts the experts' grouped GEMMs
+# (Float8LinearConverter walks Linear configs only) or the linears.
+CONVERTER_CLASSES = {"Float8LinearConverter": ("fp8", False), "Float8GroupedExpertsConverter": ("fp8", True),
+                     "MXFP8LinearConverter": ("mxfp8", False), "MXFP8GroupedExpertsConverter": ("mxfp8", True),
+                     "NVFP4LinearConverter": ("nvfp4", False)}
+# Float8LinearConverter.Config.recipe_name's default (components/quantization/float8.py).
+FLOAT8_RECIPE_DEFAULT = "rowwise"
 # Where each release keeps the float8 recipe: 0.1's [float8], 0.2's [quantize.linear.float8].
 FLOAT8_RECIPE_KEYS = ("quantize.linear.float8.recipe_name", "float8.recipe_name")
 
@@ -165,6 +173,9 @@ class _Settings:
     # What reading a launch script assumed (the branches taken on what it does not set, the programs it
     # starts beside the training), as the Megatron reader says it.
     script_notes: tuple[str, ...] = ()
+    # The planner's own config module's model names (base_config.MODEL_NAMES) where the job runs it; None
+    # on torchtitan's own base configs, whose model spec _check_base_model reads.
+    own_model: Optional[dict[str, Any]] = None
 
     def name(self, key: str) -> str:
         """How the file states ``key``: the option's words or the TOML key."""
@@ -517,6 +528,7 @@ def _from_words(src: str, words: list[str]) -> _Settings:
         values[f"{section}.{key}"] = value
     named = " ".join(f"--{k} {v}" for k, v in base.items()) or None
     source = None
+    own_model = None
     if "module" in base and "config" in base:
         # What the base config sets, under the overrides (ConfigManager: F() first, then tyro).
         found = read_base(base["module"], base["config"], Path(src).parent)
@@ -525,7 +537,8 @@ def _from_words(src: str, words: list[str]) -> _Settings:
             for key, value in found.values.items():
                 values.setdefault(key, _as_words(value))
             ac_mode = ac_mode if ac_mode is not None else found.ac_mode
-    return _Settings(src, values, cli=True, base=named, ac_mode=ac_mode, base_source=source)
+            own_model = found.model
+    return _Settings(src, values, cli=True, base=named, ac_mode=ac_mode, base_source=source, own_model=own_model)
 
 
 def _as_words(value: Any) -> Any:
@@ -933,6 +946,62 @@ def _check_base_model(s: _Settings, case) -> None:
                                            "(training.precision)")
 
 
+def _check_own_model(s: _Settings, case) -> None:
+    """What the planner's own config module rebuilds the model spec with (apply_layout:
+    ``model_registry(MODEL_FLAVOR, converters=converters(), num_mtp_layers=MTP_LAYERS)``), checked against
+    the case as the other forms check the same things: MTP_LAYERS as Megatron-LM's reader checks
+    --mtp-num-layers (another count is another model), CONVERTERS as a 0.2 job file's [model] converters
+    (another precision is another run). Both are plain literals the emitter writes; an edit to either
+    was read as the case's model and precision."""
+    if s.own_model is None or s.base_source is None:
+        return
+    src, model, training = s.base_source, case.model, case.training
+    mtp = s.own_model.get("MTP_LAYERS")
+    if isinstance(mtp, bool) or not isinstance(mtp, int) or not 0 <= mtp <= MAX_INT:
+        said = f"not a literal ({one_line(mtp.text, 40)})" if isinstance(mtp, NotLiteral) else             "absent" if "MTP_LAYERS" not in s.own_model else one_line(safe_repr(mtp), 40)
+        raise CaseError(src, "MTP_LAYERS", f"expected an integer >= 0 and <= {MAX_INT} (written as a literal: the "
+                                           f"file is read, not run), got {said}")
+    if mtp != model.mtp_layers:
+        builds = "no multi-token prediction layers" if mtp == 0 else f"{mtp} multi-token prediction layer(s)"
+        raise CaseError(src, "MTP_LAYERS", f"{mtp}: apply_layout rebuilds the model with {builds}, but the case "
+                                           f"{case.source} has {model.mtp_layers} (model.mtp_layers)")
+    key = "CONVERTERS"
+    entries = s.own_model.get(key)
+    expected = "a list of [converter class, {Config fields}] pairs"
+    if not isinstance(entries, (list, tuple)) or not all(
+            isinstance(e, (list, tuple)) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], dict)
+            for e in entries):
+        said = f"not a literal ({one_line(entries.text, 40)})" if isinstance(entries, NotLiteral) else             "absent" if key not in s.own_model else one_line(safe_repr(entries), 60)
+        raise CaseError(src, key, f"expected {expected} (written as a literal: the file is read, not run), got {said}")
+    unknown = [name for name, _ in entries if name not in CONVERTER_CLASSES]
+    if unknown:
+        raise CaseError(src, key, f"{one_line(unknown[0], 40)!r} is not read: expected one of "
+                                  f"{', '.join(CONVERTER_CLASSES)} (torchtitan.components.quantization)")
+    runs = {CONVERTER_CLASSES[name][0] for name, _ in entries}
+    if len(runs) > 1:
+        raise CaseError(src, key, f"converts to {' and '.join(sorted(runs))} together: expected one precision")
+    precision = training.precision
+    wanted = precision if precision in ("fp8", "mxfp8", "nvfp4") else None
+    if (next(iter(runs)) if runs else None) != wanted:
+        said = ", ".join(name for name, _ in entries) if entries else "[] (no converter: 16-bit GEMMs)"
+        raise CaseError(src, key, f"{one_line(said, 80)}, but the case {case.source} trains in {precision} "
+                                  "(training.precision)")
+    if wanted is None:
+        return
+    if model.is_moe and not any(CONVERTER_CLASSES[name][1] for name, _ in entries):
+        # The experts' weights are most of a mixture's GEMMs: left in bf16 they run slower than priced.
+        raise CaseError(src, key, f"converts the linears only, but the case {case.source} trains its experts in "
+                                  f"{precision} (training.precision): expected a grouped-experts converter too "
+                                  f"({'Float8' if precision == 'fp8' else 'MXFP8'}GroupedExpertsConverter)")
+    if precision == "fp8":
+        for name, fields in entries:
+            if name == "Float8LinearConverter":
+                recipe = fields.get("recipe_name", FLOAT8_RECIPE_DEFAULT)
+                if recipe != training.recipe.name:
+                    raise CaseError(src, key, f"Float8LinearConverter scales fp8 {one_line(safe_repr(recipe), 40)}, "
+                                              f"but the case's recipe is {training.recipe.name} (training.fp8_recipe)")
+
+
 def read(path: Union[str, Path], case) -> Layout:
     """The layout of a torchtitan job (overrides, a launch script or a 0.2 TOML file) on ``case``'s
     cluster, checked against the case."""
@@ -952,6 +1021,7 @@ def read(path: Union[str, Path], case) -> Layout:
                                                          "file, and torchtitan 0.2 builds no multi-token prediction "
                                                          "layers: set model.mtp_layers: 0 to diagnose the job it runs")
     _check_base_model(s, case)
+    _check_own_model(s, case)
     d = _degrees(s, case.cluster.num_gpus)
     zero = _zero_stage(s, d)
     _check_training(s, case, d)
@@ -1095,7 +1165,8 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
         notes.append(f"the case's model has {job.model.mtp_layers} multi-token prediction layer(s), priced; torchtitan "
                      f"builds them only where the base config's model asks (its DeepSeek-V3 flavors build none), so "
                      f"the job may run without them (set model.mtp_layers: 0 to price it so)")
-    if s.cli and job.training.recipe is not None:
+    if s.cli and job.training.recipe is not None and s.own_model is None:
+        # The planner's own config module carries them (CONVERTERS), read and checked by _check_own_model.
         notes.append(f"{path.name}: torchtitan's quantization converters are no command-line option (the model "
                      f"spec is not): priced in the case's {job.training.precision}")
     return notes
