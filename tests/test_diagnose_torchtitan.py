@@ -413,6 +413,12 @@ REFUSALS = {
                              "absent (torchtitan's default -1"),
     "non_integer_degree": ("--parallelism.tensor_parallel_degree 2.5", "parallelism.tensor_parallel_degree",
                            "expected an integer, got '2.5'"),
+    # Past int64 (torchtitan's int fields go to torch): the bound said, not "expected an integer, got '4096…'".
+    "seq_len_digits": ("--training.seq_len 4096000000000000000000000000000000", "training.seq_len",
+                       "expected an integer >= 1 and <= 9223372036854775807, got one of 34 digits"),
+    "degree_past_int64": ("--parallelism.tensor_parallel_degree 9223372036854775808",
+                          "parallelism.tensor_parallel_degree",
+                          "expected an integer >= 1 and <= 9223372036854775807, got 9223372036854775808"),
     "misspelled": ("--parallelism.tensor_paralel_degree 2", "parallelism.tensor_paralel_degree",
                    "did you mean parallelism.tensor_parallel_degree?"),
     "seq_len": ("--training.seq_len 2048", "training.seq_len", "differs from the case's training.seq_len 4096"),
@@ -922,3 +928,13 @@ def test_the_cli_refuses_a_config_module_that_drops_the_mtp_layer_in_one_line(tm
     assert done.returncode == 2 and done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(copy / "torchtitan_config.py") in lines[0] and "MTP_LAYERS" in lines[0]
+
+
+def test_a_toml_integer_past_int64_is_refused_with_both_bounds(tmp_path):
+    """A job file's seq_len past int64 was refused as "expected an integer >= 1", which it is."""
+    path = tmp_path / "job.toml"
+    path.write_text(LLAMA3_8B_TOML.replace("seq_len = 8192", "seq_len = 81920000000000000000000"))
+    with pytest.raises(CaseError) as refused:
+        read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path)
+    assert (refused.value.source, refused.value.key) == (str(path), "training.seq_len")
+    assert refused.value.expected == "expected an integer >= 1 and <= 9223372036854775807, got 81920000000000000000000"

@@ -201,13 +201,19 @@ class _Settings:
         value = self.values[key]
         if self.cli:
             word = self._word(key).strip()
-            if not re.fullmatch(r"[+-]?\d+", word) or len(word.lstrip("+-")) > len(str(MAX_INT)):
+            if not re.fullmatch(r"[+-]?\d+", word):
                 raise CaseError(self.src, key, f"expected an integer, got {one_line(word, 40)!r}")
+            digits = len(word.lstrip("+-"))
+            if digits > len(str(MAX_INT)):  # not converted: past Python's int() digit limit it raises
+                raise CaseError(self.src, key, f"expected an integer >= {minimum} and <= {MAX_INT}, got one of "
+                                               f"{digits:,} digits")
             value = int(word)
         elif isinstance(value, bool) or not isinstance(value, int):
             raise CaseError(self.src, key, f"expected an integer, got {one_line(safe_repr(value), 40)}")
         if value < minimum or value > MAX_INT:
-            raise CaseError(self.src, key, f"expected an integer >= {minimum}, got {value}")
+            # Both bounds: a number past the top was said to be below "expected an integer >= 1".
+            shown = f"one of {len(str(abs(value))):,} digits" if len(str(abs(value))) > 40 else str(value)
+            raise CaseError(self.src, key, f"expected an integer >= {minimum} and <= {MAX_INT}, got {shown}")
         return value
 
     def string(self, key: str, default: Optional[str]) -> Optional[str]:
