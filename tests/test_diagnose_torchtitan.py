@@ -938,3 +938,33 @@ def test_a_toml_integer_past_int64_is_refused_with_both_bounds(tmp_path):
         read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path)
     assert (refused.value.source, refused.value.key) == (str(path), "training.seq_len")
     assert refused.value.expected == "expected an integer >= 1 and <= 9223372036854775807, got 81920000000000000000000"
+
+
+@pytest.mark.parametrize("option, said", [
+    # torchtitan 0.2 raises "Invalid selective AC option" for these at startup: not a layer frequency.
+    ("-1", "'-1': torchtitan 0.2 refuses it at startup"),
+    ("every", "'every': torchtitan 0.2 refuses it at startup"),
+    (" 2", "' 2': torchtitan 0.2 refuses it at startup"),
+    # A layer frequency torchtitan runs and the cost model does not price.
+    ("3", "'3': selective checkpointing of every N-th layer (N > 1) is not priced"),
+])
+def test_a_toml_selective_ac_option_torchtitan_refuses_is_said_so(tmp_path, option, said):
+    """selective_ac_option "-1" was refused as "every N-th layer (N > 1) is not priced", which -1 is not:
+    torchtitan 0.2 takes "op" or digits (str.isdigit) and stops at startup on anything else."""
+    path = tmp_path / "job.toml"
+    path.write_text(LLAMA3_8B_TOML.replace('selective_ac_option = "op"', f'selective_ac_option = "{option}"'))
+    with pytest.raises(CaseError) as refused:
+        read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path)
+    assert (refused.value.source, refused.value.key) == (str(path), "activation_checkpoint.selective_ac_option")
+    assert refused.value.expected.startswith(said)
+    if "refuses it" in said:
+        assert "expected 'op' (op-level selective) or a positive integer N" in refused.value.expected
+
+
+def test_a_toml_selective_ac_option_0_checkpoints_every_layer_as_torchtitan_runs_it(tmp_path):
+    """torchtitan 0.2 takes "0" (it is digits) and wraps a layer where "not ac_freq or i % ac_freq == 0"
+    (distributed/activation_checkpoint.py _apply_layer_sac): every layer, as "1" does; it was refused as
+    every N-th layer with N > 1."""
+    path = tmp_path / "job.toml"
+    path.write_text(LLAMA3_8B_TOML.replace('selective_ac_option = "op"', 'selective_ac_option = "0"'))
+    assert read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path).recompute == "full"

@@ -770,14 +770,26 @@ def _recompute(s: _Settings) -> str:
     if mode == "selective" and not s.cli:
         option = s.ac_option
         key = "activation_checkpoint.selective_ac_option"
-        if option == "1":
+        said = f"{one_line(option, 20)!r}" if key in s.values else "absent (torchtitan 0.2's default '2')"
+        if option == "op":
+            return "selective"
+        # torchtitan 0.1 and 0.2 (_apply_ac_to_transformer_block: models/llama3/infra/parallelize.py at 0.1,
+        # distributed/activation_checkpoint.py at 0.2) take "op" or str.isdigit() words, int() of which
+        # checkpoints layer i where "not ac_freq or i % ac_freq == 0"; anything else raises ValueError
+        # ("Invalid selective AC option") at startup, so "-1" is no layer frequency to price.
+        try:
+            every = int(option) if option.isdigit() else None
+        except ValueError:  # a digit str.isdigit() takes and int() does not ("²"): torchtitan's int() raises too
+            every = None
+        if every is None:
+            raise CaseError(s.src, key, f"{said}: torchtitan 0.2 refuses it at startup (Invalid selective AC "
+                                        "option); expected 'op' (op-level selective) or a positive integer N "
+                                        "(every N-th layer checkpointed whole)")
+        if every <= 1:  # 1, and 0 ("not ac_freq"): every layer checkpointed whole
             return "full"
-        if option != "op":
-            said = f"{one_line(option, 20)!r}" if "activation_checkpoint.selective_ac_option" in s.values \
-                else "absent (torchtitan 0.2's default '2')"
-            raise CaseError(s.src, key, f"{said}: selective checkpointing of every N-th layer (N > 1) is not priced "
-                                        "(torchtitan's full checkpointing wraps every layer or none); expected 'op' "
-                                        "(op-level selective) or '1'")
+        raise CaseError(s.src, key, f"{said}: selective checkpointing of every N-th layer (N > 1) is not priced "
+                                    "(torchtitan's full checkpointing wraps every layer or none); expected 'op' "
+                                    "(op-level selective) or '1'")
     return AC_MODES[mode]
 
 
