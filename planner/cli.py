@@ -557,7 +557,8 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
     print_fit(result, console)
     for line in result.warnings():
         print(f"warning: {line}", file=sys.stderr)
-    console.print(f"wrote {', '.join(str(p) for p in written)} ({len(runs)} runs)", markup=False)
+    console.print(f"wrote {', '.join(str(p) for p in written)} ({len(runs)} run{'' if len(runs) == 1 else 's'})",
+                  markup=False)
 
 
 # A report narrower than this is unreadable: a terminal (or COLUMNS) that says less, 0 or 1 from a

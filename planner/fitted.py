@@ -29,6 +29,9 @@ LEANS_ON = {"tp": "performance.intra_node_efficiency", "cp": "performance.intra_
 # priced at 2 and 8 nodes (a fabric efficiency, an attention or GEMM efficiency by size) holds between
 # them as it does at either; the degrees, ZeRO stages and names are each a regime of their own.
 RANGED = ("nodes", "seq_len", "micro_batch_size")
+# The GEMM figure of a job's precision; any other respect's note that leans on "the GEMMs" names it (an
+# fp8 case at an engine no run used leans on gemm_efficiency_fp8, not on the 16-bit figure).
+GEMM = "performance.gemm_efficiency"
 PRECISION_FIGURE = {"fp8": "performance.gemm_efficiency_fp8", "mxfp8": "performance.gemm_efficiency_fp8",
                     "nvfp4": "performance.gemm_efficiency_fp4"}
 
@@ -146,26 +149,36 @@ def coverage(jobs: Iterable[Job]) -> dict[str, list]:
 
 def outside(fitted: dict, job: Job) -> list[str]:
     """One line for each respect in which ``job`` leaves the coverage of a profile's ``fitted``
-    section, with the fitted figure it leans on there: a value the runs did not use, or for the
+    section, with the fitted figures it leans on there: a value the runs did not use, or for the
     :data:`RANGED` counts, one beyond the least and the most they used."""
     cover, figures = fitted.get("coverage") or {}, fitted.get("figures") or {}
     lines = []
     known = facts(job)
+    gemm = PRECISION_FIGURE.get(known["precision"], GEMM)
+    # Expert parallelism and ZeRO inside one node run over NVLink, not the fabric.
+    exchange = "performance.intra_node_efficiency" if known["nodes"] == 1 else None
     for k, v in known.items():
         seen = cover.get(k)
         if not isinstance(seen, list) or not seen or v in seen:
             continue
         if k in RANGED and min(seen) <= v <= max(seen):
             continue
-        figure = PRECISION_FIGURE.get(v, "performance.gemm_efficiency") if k == "precision" else \
-            "performance.intra_node_efficiency" if k in ("ep", "zero_stage") and known["nodes"] == 1 else LEANS_ON[k]
-        f = figures.get(figure) if isinstance(figures.get(figure), dict) else {}
-        if not f:
-            lean = ""
-        elif f.get("runs"):
-            lean = f"; it leans on {figure} {f.get('value')} (prior {f.get('prior')}, from {f['runs']} runs)"
-        else:
-            lean = f"; it leans on {figure} {f.get('value')}, the preset's: no run informed it"
+        figure = PRECISION_FIGURE.get(v, GEMM) if k == "precision" else \
+            exchange if k in ("ep", "zero_stage") and exchange else LEANS_ON[k]
+        if figure == GEMM:
+            figure = gemm
         lines.append(f"{k.replace('_', ' ')} {v} lies outside the fitted profile's runs "
-                     f"({', '.join(str(x) for x in seen)}){lean}")
+                     f"({', '.join(str(x) for x in seen)}); it leans on {_lean(figures, figure)}")
     return lines
+
+
+def _lean(figures: dict, figure: str) -> str:
+    """A fitted figure as a note names it: its value, prior and the runs behind it, or the preset's
+    value where no run informed it (just its name where the profile does not list it)."""
+    f = figures.get(figure) if isinstance(figures.get(figure), dict) else {}
+    if not f:
+        return figure
+    if f.get("runs"):
+        n = f["runs"]
+        return f"{figure} {f.get('value')} (prior {f.get('prior')}, from {n} run{'' if n == 1 else 's'})"
+    return f"{figure} {f.get('value')}, the preset's: no run informed it"

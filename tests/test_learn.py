@@ -1531,3 +1531,48 @@ def test_an_impossible_throughput_is_named_by_the_figure_it_was_read_from():
     """tokens_per_sec_total: 1.5 was refused under "measured", naming no figure the run gives."""
     with pytest.raises(CaseError, match=r"team-run-1\.measured\.tokens_per_sec_total: .* below any training run's"):
         runs_from_rows([published_row(measured={"tokens_per_sec_total": 1.5})], "runs.yaml")
+
+
+def profile_file(tmp_path: Path, runs: list[Run], name: str = "profile.yaml") -> Path:
+    from planner.learn import render
+
+    profile, _ = calibrate_from_runs(runs)
+    path = tmp_path / name
+    path.write_text(render(profile))
+    return path
+
+
+def fp8_runs(layouts=LAYOUTS) -> list[Run]:
+    """Runs in fp8 as the preset's figures price them."""
+    runs = []
+    for i, lay in enumerate(layouts):
+        c = case(*lay)
+        c["training"]["precision"] = "fp8"
+        runs.append(Run(f"run{i}", c, estimate(c).tokens_per_s))
+    return runs
+
+
+def test_an_fp8_case_outside_the_runs_engines_names_the_fp8_gemm_figure(tmp_path):
+    """An fp8 case under an engine no run used was said to lean on the 16-bit gemm_efficiency, a figure
+    its GEMMs never run at."""
+    path = profile_file(tmp_path, fp8_runs(LAYOUTS[:4]))
+    new = case(8, 1, 1, 1, 1)
+    new["training"] = {**new["training"], "precision": "fp8", "engine": "torchtitan"}
+    new["layout"] = {**new["layout"], "sequence_parallel": False, "zero_stage": 3}
+    notes = estimate({**new, "cluster": {"profile": str(path), "num_gpus": 8}}).outside_fitted_runs
+    engine = next(n for n in notes if n.startswith("engine torchtitan"))
+    assert "it leans on performance.gemm_efficiency_fp8 " in engine
+
+
+def test_a_profile_of_one_run_says_one_run_not_one_runs(tmp_path):
+    runs_file = tmp_path / "runs.yaml"
+    row = published_row()
+    runs_file.write_text(yaml.safe_dump([row]))
+    out = tmp_path / "profile.yaml"
+    done = run_cli("calibrate", "--from-runs", str(runs_file), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out} (1 run)" in " ".join(done.stdout.split())  # the console wraps it
+    bigger = case(8, 1, 1, 1, 1)
+    bigger["layout"]["micro_batch_size"] = 8
+    notes = estimate({**bigger, "cluster": {"profile": str(out), "num_gpus": 8}}).outside_fitted_runs
+    assert any("from 1 run)" in n for n in notes) and not any("from 1 runs" in n for n in notes)
