@@ -16,7 +16,11 @@ from cost_models.specs import Job
 from .limits import MAX_INT
 
 COVERED = ("tp", "pp", "cp", "ep", "zero_stage", "nodes", "precision", "seq_len", "micro_batch_size", "recompute",
-           "engine")
+           "engine", "model_kind")
+# model_kind: "dense" or "moe" (a mixture of experts). Runs of dense models never price the experts'
+# grouped GEMMs or their dispatch, nor runs of experts a dense MLP's GEMMs alone: a profile fitted to one
+# kind gave a Mixtral at ep 1 no note at all (its degrees all lay inside dense runs'). Profiles written
+# before this respect have no such entry and say nothing of it.
 # The fitted figure a job leans on where it leaves the runs' coverage in each respect: the expert
 # dispatch (an all-to-all) and ZeRO's traffic run over the fabric across nodes, inside one over NVLink
 # (:func:`outside`).
@@ -29,6 +33,7 @@ LEANS_ON = {"tp": "performance.intra_node_efficiency", "cp": "performance.intra_
 # priced at 2 and 8 nodes (a fabric efficiency, an attention or GEMM efficiency by size) holds between
 # them as it does at either; the degrees, ZeRO stages and names are each a regime of their own.
 RANGED = ("nodes", "seq_len", "micro_batch_size")
+MODEL_KINDS = ("dense", "moe")
 # The GEMM figure of a job's precision; any other respect's note that leans on "the GEMMs" names it (an
 # fp8 case at an engine no run used leans on gemm_efficiency_fp8, not on the 16-bit figure).
 GEMM = "performance.gemm_efficiency"
@@ -42,7 +47,7 @@ def _named_values() -> dict[str, tuple[str, ...]]:
 
     from .engines import ENGINES
 
-    return {"precision": PRECISIONS, "recompute": RECOMPUTE, "engine": tuple(ENGINES)}
+    return {"precision": PRECISIONS, "recompute": RECOMPUTE, "engine": tuple(ENGINES), "model_kind": MODEL_KINDS}
 
 
 def check_fitted_figures_kept(src: str, key: str, cluster: Any, fitted: Optional[dict]) -> None:
@@ -135,7 +140,8 @@ def facts(job: Job) -> dict[str, Any]:
     return {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "zero_stage": lay.zero_stage,
             "nodes": math.ceil(job.cluster.num_gpus / job.cluster.gpu.gpus_per_node),
             "precision": job.training.precision, "seq_len": job.training.seq_len,
-            "micro_batch_size": lay.micro_batch_size, "recompute": lay.recompute, "engine": job.training.engine.name}
+            "micro_batch_size": lay.micro_batch_size, "recompute": lay.recompute, "engine": job.training.engine.name,
+            "model_kind": "moe" if job.model.is_moe else "dense"}
 
 
 def coverage(jobs: Iterable[Job]) -> dict[str, list]:
@@ -163,6 +169,9 @@ def outside(fitted: dict, job: Job) -> list[str]:
             continue
         if k in RANGED and min(seen) <= v <= max(seen):
             continue
+        if k == "model_kind":
+            lines.append(_kind_line(v, seen, figures, gemm, known["ep"], exchange))
+            continue
         figure = PRECISION_FIGURE.get(v, GEMM) if k == "precision" else \
             exchange if k in ("ep", "zero_stage") and exchange else LEANS_ON[k]
         if figure == GEMM:
@@ -170,6 +179,23 @@ def outside(fitted: dict, job: Job) -> list[str]:
         lines.append(f"{k.replace('_', ' ')} {v} lies outside the fitted profile's runs "
                      f"({', '.join(str(x) for x in seen)}); it leans on {_lean(figures, figure)}")
     return lines
+
+
+def _kind_line(kind: str, seen: list, figures: dict, gemm: str, ep: int, exchange: Optional[str]) -> str:
+    """The note of a dense job on a profile fitted to mixtures of experts, or of one of experts on dense
+    runs: the GEMM figure those runs fitted on other shapes, and for experts spread over GPUs (ep > 1)
+    the all-to-all figure their dispatch and combine run at, which dense runs never exercised."""
+    said = {"dense": "dense models", "moe": "mixtures of experts"}
+    if kind == "moe":
+        leans = [(gemm, "the experts' GEMMs lean")]
+        if ep > 1:  # at ep 1 every expert is local: no dispatch crosses GPUs
+            leans.append((exchange or "fabric.alltoall_efficiency", "their all-to-all leans"))
+        what = "a mixture of experts"
+    else:
+        leans, what = [(gemm, "its dense MLP's GEMMs lean")], "a dense model"
+    ran = " and ".join(said.get(s, str(s)) for s in seen)
+    parts = "; ".join(f"{why} on {_lean(figures, figure)}" for figure, why in leans)
+    return f"model kind {kind} ({what}) lies outside the fitted profile's runs ({ran} only); {parts}"
 
 
 def _lean(figures: dict, figure: str) -> str:

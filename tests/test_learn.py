@@ -700,6 +700,7 @@ def test_a_log_that_is_a_fifo_or_a_device_is_refused_before_it_is_read(tmp_path)
     (lambda f: {**f, "coverage": {**f["coverage"], "seq_len": []}}, "fitted.coverage.seq_len"),
     (lambda f: {**f, "coverage": {**f["coverage"], "zero_stage": [4]}}, "fitted.coverage.zero_stage"),
     (lambda f: {**f, "coverage": {**f["coverage"], "tp": [2**70]}}, "fitted.coverage.tp"),
+    (lambda f: {**f, "coverage": {**f["coverage"], "model_kind": ["hybrid"]}}, "fitted.coverage.model_kind"),
     (lambda f: {**f, "figures": {**f["figures"], "performance.gemm_efficiency": 0.7}},
      "fitted.figures.performance.gemm_efficiency"),
     (lambda f: {**f, "figures": {**f["figures"], "performance.gemm_efficiency": {
@@ -1540,6 +1541,46 @@ def profile_file(tmp_path: Path, runs: list[Run], name: str = "profile.yaml") ->
     path = tmp_path / name
     path.write_text(render(profile))
     return path
+
+
+def moe_case(gpus: int, ep: int, mb: int, precision: str = "bf16") -> dict:
+    return {"model": dict(MOE), "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": gpus},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": precision, "engine": "megatron"},
+            "layout": {"dp": gpus, "ep": ep, "micro_batch_size": mb, "zero_stage": 1}}
+
+
+def test_a_mixture_of_experts_on_a_profile_of_dense_runs_says_so_at_ep_1(tmp_path):
+    """A profile fitted to dense runs only priced a mixture of experts at ep 1 with no note: its degrees,
+    nodes and precision all lay inside the runs', though no run ever ran the experts' GEMMs."""
+    path = profile_file(tmp_path, measured_runs())
+    assert yaml.safe_load(path.read_text())["fitted"]["coverage"]["model_kind"] == ["dense"]
+    notes = estimate({**moe_case(16, 1, 1), "cluster": {"profile": str(path), "num_gpus": 16}}).outside_fitted_runs
+    kind = [n for n in notes if n.startswith("model kind moe")]
+    assert len(kind) == 1 and "outside the fitted profile's runs (dense models only)" in kind[0]
+    assert "the experts' GEMMs lean on performance.gemm_efficiency 0.5" in kind[0]
+    # Experts over 16 GPUs on two nodes: their dispatch runs at the fabric's all-to-all, which no dense run used.
+    notes = estimate({**moe_case(16, 16, 1), "cluster": {"profile": str(path), "num_gpus": 16}}).outside_fitted_runs
+    kind = next(n for n in notes if n.startswith("model kind moe"))
+    assert "their all-to-all leans on fabric.alltoall_efficiency 0.85, the preset's: no run informed it" in kind
+
+
+def test_a_dense_model_on_a_profile_of_mixtures_of_experts_says_so(tmp_path):
+    runs = [Run(f"run{i}", moe_case(*lay), estimate(moe_case(*lay)).tokens_per_s)
+            for i, lay in enumerate(MOE_LAYOUTS[:3])]
+    path = profile_file(tmp_path, runs)
+    notes = estimate({**case(16, 1, 1, 1, 1), "cluster": {"profile": str(path), "num_gpus": 16}}).outside_fitted_runs
+    kind = [n for n in notes if n.startswith("model kind dense")]
+    assert len(kind) == 1 and "(mixtures of experts only)" in kind[0]
+    assert "its dense MLP's GEMMs lean on performance.gemm_efficiency" in kind[0]
+
+
+def test_a_profile_written_before_the_model_kind_was_recorded_still_prices_a_mixture_of_experts(tmp_path):
+    path = profile_file(tmp_path, measured_runs())
+    data = yaml.safe_load(path.read_text())
+    del data["fitted"]["coverage"]["model_kind"]
+    path.write_text(yaml.safe_dump(data))
+    notes = estimate({**moe_case(16, 1, 1), "cluster": {"profile": str(path), "num_gpus": 16}}).outside_fitted_runs
+    assert not [n for n in notes if "model kind" in n]
 
 
 def fp8_runs(layouts=LAYOUTS) -> list[Run]:
