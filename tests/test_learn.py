@@ -1688,3 +1688,17 @@ def test_runs_all_scattered_alike_name_none():
     runs = measured_runs()
     scattered = [Run(r.id, r.case, r.tokens_per_s * (1.3 if i % 2 else 1 / 1.3)) for i, r in enumerate(runs)]
     assert not fit(scattered).far_off()
+
+
+def test_the_docs_from_runs_section_names_record_type_a_run_is_refused_without():
+    """docs/calibration.md's "From runs" listed what a team's run must state but not record_type, and the
+    loader refuses a run without it: a team writing its runs from the docs met the refusal first."""
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "calibration.md").read_text()
+    section = docs.split("## From runs", 1)[1].split("\n## ", 1)[0]
+    assert "`record_type: measured_throughput`" in section
+    row = published_row()
+    del row["record_type"]
+    with pytest.raises(CaseError) as refused:
+        runs_from_rows([row], "runs.yaml")
+    assert str(refused.value).endswith("record_type: missing: expected measured_throughput")
+    assert "record_type: missing: expected measured_throughput" in " ".join(section.split())
