@@ -76,8 +76,3 @@ def _in_flight_steps(pp: int, vpp: int, microbatches: int, stage: int) \
     steps = tuple((((warmup + j) // pp) % vpp, vpp - 1 - (j // pp) % vpp)
                   for j in range(min(forwards - warmup, pp * vpp)))
     return tuple(held), steps
-
-
-def bubble_fraction(pp: int, vpp: int, microbatches: int) -> float:
-    """Pipeline bubble over ideal compute time: (p − 1)/(v·m) (Narayanan et al. 2021, §2.2.1–2.2.2)."""
-    return (pp - 1) / (vpp * microbatches)

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from .collectives import p2p_time
 from .quantization import activation_bytes
-from .pipeline import bubble_fraction
 from .job import Job
 from .topology import group_links
 from .stage_time import StageTime, stage_time
@@ -42,34 +41,64 @@ def pipeline_comm(job: Job) -> float:
 @dataclass(frozen=True)
 class Pipeline:
     """The stages of a job that differ (one of each kind: layer count and role, first, middle
-    or last, take the same time), and the slowest of them, which sets every micro-batch's pace."""
+    or last, take the same time), the slowest of them, which sets every micro-batch's pace, and
+    one micro-batch's time on every stage in turn, which sets the bubble."""
 
     kinds: tuple[int, ...]  # a stage of each kind
     slowest: StageTime
+    stages_total_s: float  # Σ_i T_i over the p stages (each stage's forward and backward of a micro-batch)
+
+    @classmethod
+    def of(cls, job: Job, times: dict[int, StageTime]) -> "Pipeline":
+        """The pipeline of ``times``, a time for the first stage of each kind (:func:`stage_kinds`)."""
+        counts = stage_kind_counts(job)
+        return cls(tuple(times), max(times.values(), key=lambda s: s.total),
+                   sum(counts[i] * t.total for i, t in times.items()))
 
     def bubble(self, job: Job) -> float:
-        """The pipeline's idle time in a step: its bubble fraction of the micro-batches, at the
-        slowest stage's pace (Narayanan et al. 2021, §2.2)."""
-        m, lay = job.num_microbatches, job.layout
-        return bubble_fraction(lay.pp, lay.vpp, m) * m * self.slowest.total
+        """The pipeline's idle time in a step. 1F1B runs the first micro-batch's forward through every
+        stage and the last's backward back through them at each stage's own pace, and the steady state
+        between at the slowest's: step = (m − 1)·T_max + Σ_i T_i, so the bubble is Σ_i T_i − T_max;
+        with equal stages (p − 1)·T (Narayanan et al. 2021, §2.2.1). Interleaving v model chunks a
+        stage cuts each fill and drain step to a chunk's time, T_i/v (§2.2.2): (Σ_i T_i − T_max)/v.
+        A stage lighter than the slowest (a pipeline whose last stage also runs the LM head and the
+        loss) idles less than the slowest would: its share of the fill and drain is its own time.
+        Exact where the slowest stage is the last; where one before it is, its warm-up forwards run
+        in the fill and the schedule takes less still (tests/test_step_time.py simulates both)."""
+        return (self.stages_total_s - self.slowest.total) / job.layout.vpp
 
     def least_step(self, job: Job) -> float:
-        """What every micro-batch and the bubble take at the slowest stage's pace: the step
-        (:func:`step_time`) less its data-parallel, pipeline, optimizer and offload terms."""
+        """What every micro-batch and the bubble take: the step (:func:`step_time`) less its
+        data-parallel, pipeline, optimizer and offload terms."""
         return job.num_microbatches * self.slowest.total + self.bubble(job)
+
+
+def _kind(job: Job, stage: int) -> tuple:
+    """What makes stages take the same time: layer count, MoE and high-precision layers and role
+    (first, middle or last)."""
+    return (job.stage_layers[stage], job.stage_moe_layers[stage], job.high_precision_layers[stage],
+            stage == 0, stage == job.layout.pp - 1)
 
 
 def stage_kinds(job: Job) -> tuple[int, ...]:
     """The first stage of each kind: stages alike in layer count, MoE and high-precision layers and
     role (first, middle or last) take the same time and hold and move the same parameters."""
-    lay = job.layout
     kinds: dict[tuple, int] = {}
-    for i, layers in enumerate(job.stage_layers):
-        kinds.setdefault((layers, job.stage_moe_layers[i], job.high_precision_layers[i], i == 0, i == lay.pp - 1), i)
+    for i in range(job.layout.pp):
+        kinds.setdefault(_kind(job, i), i)
     return tuple(kinds.values())
+
+
+def stage_kind_counts(job: Job) -> dict[int, int]:
+    """How many stages each kind has, by its first stage (:func:`stage_kinds`)."""
+    first: dict[tuple, int] = {}
+    counts: dict[int, int] = {}
+    for i in range(job.layout.pp):
+        head = first.setdefault(_kind(job, i), i)
+        counts[head] = counts.get(head, 0) + 1
+    return counts
 
 
 def pipeline(job: Job) -> Pipeline:
     """The job's stages by kind, each kind's time computed once (:func:`stage_time`)."""
-    kinds = stage_kinds(job)
-    return Pipeline(kinds, max((stage_time(job, i) for i in kinds), key=lambda s: s.total))
+    return Pipeline.of(job, {i: stage_time(job, i) for i in stage_kinds(job)})

@@ -20,7 +20,7 @@ from typing import Optional
 from cost_models.experts import dispatch_combine_time, moe_mlp_time_floor
 from cost_models.layer_time import layer_time_bound, layer_time_for, moe_layer_time_for
 from cost_models.memory import peak_candidates, stage_memories
-from cost_models.pipeline_time import Pipeline, pipeline
+from cost_models.pipeline_time import pipeline
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
 from cost_models.stage_time import cp_exposed_per_layer, head_time, stage_time
 from cost_models.optimizer_time import least_offload_time
@@ -44,8 +44,10 @@ _SHARED: dict[tuple, tuple[dict, ...]] = {}
 
 class StepBounds:
     """Lower bounds on the step time of a group's layouts, one per micro-batch size:
-    (m + (p − 1)/v) · the heaviest stage's layers · (3 · t_layer + 4 · t_tp + t_cp) — every
-    micro-batch and the bubble run the forward and backward of the heaviest stage, its layers with
+    m · the heaviest stage + (p − 1)/v · the lightest, each stage at its layers ·
+    (3 · t_layer + 4 · t_tp + t_cp) — every micro-batch runs the forward and backward of the
+    heaviest stage, and the bubble those of the p − 1 stages but the slowest
+    (``pipeline_time.Pipeline.bubble``), none lighter than the lightest; its layers with
     their four tensor-parallel collectives each and what their context-parallel ring cannot hide
     (an MoE layer: its compute, half or all of the TP pair, the ring, and its dispatches and
     combines, of those only what no compute can hide where they overlap it), the last stage with
@@ -124,8 +126,9 @@ class StepBounds:
             dense, collectives, ring = self._dense.get(shape) or self._dense_layer(*shape)
             moe = self._moe_floor.get(shape + (etp,)) or self._moe_layer_floor(*shape, etp, collectives, ring)
             head = self._heads.get(shape[:3]) or self._head(*shape[:3])
-            stage = max((n - k) * dense + k * moe + (head if last else 0.0) for n, k, last in composition)
-            least = min(least, (global_batch // (mbs * g.dp) + bubble) * stage)
+            heaviest, lightest = _extremes((n - k) * dense + k * moe + (head if last else 0.0)
+                                           for n, k, last in composition)
+            least = min(least, global_batch // (mbs * g.dp) * heaviest + bubble * lightest)
         self._least[key] = least
         return least
 
@@ -178,9 +181,16 @@ class StepBounds:
             moe = (self._moe.get(shape + (g.ep, etp)) or self._moe_layer(*shape, g.ep, etp, collectives, ring)) \
                 if is_moe else 0.0
             head = self._heads.get(shape[:3]) or self._head(*shape[:3])
-            stage = max((n - k) * dense + k * moe + (head if last else 0.0) for n, k, last in composition)
-            out[mbs] = (global_batch // (mbs * g.dp) + bubble) * stage
+            heaviest, lightest = _extremes((n - k) * dense + k * moe + (head if last else 0.0)
+                                           for n, k, last in composition)
+            out[mbs] = global_batch // (mbs * g.dp) * heaviest + bubble * lightest
         return out
+
+
+def _extremes(stages) -> tuple[float, float]:
+    """The heaviest and the lightest of the stages' times."""
+    times = list(stages)
+    return max(times), min(times)
 
 
 def _heaviest_stages(job: Job) -> list[int]:
@@ -205,9 +215,12 @@ def floor(case: Case, base: Layout, threshold: float) -> tuple[float, Optional[S
     except SpecError:
         return 0.0, None
     if job.layout.pp > 1 and threshold < math.inf:
+        times: list[float] = []
         for stage in _heaviest_stages(job):
-            # The slowest stage sets the pace: no slower than this one (Pipeline.least_step).
-            least = Pipeline((stage,), stage_time(job, stage)).least_step(job)
+            times.append(stage_time(job, stage).total)
+            # The slowest stage sets the pace, no faster than these; the bubble runs every stage but the
+            # slowest (Pipeline.least_step, Pipeline.bubble): these but the heaviest of them at least.
+            least = job.num_microbatches * max(times) + (sum(times) - max(times)) / job.layout.vpp
             if least > threshold:
                 return least, None
     stages = pipeline(job)

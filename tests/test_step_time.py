@@ -9,7 +9,7 @@ import pytest
 
 from cost_models.collectives import bus_bandwidth, collective_time, exposed
 from cost_models.flops import layer_gemms, model_flops_per_token
-from cost_models.pipeline import bubble_fraction
+from cost_models.pipeline_time import pipeline
 from cost_models.memory import job_stage_parameters
 from cost_models.model_states import StateBytes, state_bytes, working_bytes
 from cost_models.flops import Gemm
@@ -57,10 +57,61 @@ def test_gqa_swiglu_layer_gemms():
     assert sum(g.flops for g in layer_gemms(model, 1, 8)) == pytest.approx(flops / 8)
 
 
-@pytest.mark.parametrize("p, v, m, expected", [(8, 1, 64, 7 / 64), (4, 2, 16, 3 / 32), (1, 1, 8, 0.0)])
-def test_bubble_fractions(p, v, m, expected):
-    """(p − 1)/m for 1F1B and (p − 1)/(v·m) interleaved (Narayanan et al. 2021, §2.2)."""
-    assert bubble_fraction(p, v, m) == pytest.approx(expected)
+def one_f_one_b_makespan(forward: list[float], backward: list[float], m: int) -> float:
+    """The step of a non-interleaved 1F1B schedule, simulated op by op: stage i runs p − i − 1
+    warm-up forwards, then one forward and one backward in turn, then the cool-down backwards
+    (Narayanan et al. 2021, §2.2.1; Megatron-LM's forward_backward_pipelining_without_interleaving);
+    a forward waits for the previous stage's, a backward for the next stage's."""
+    p = len(forward)
+    orders = []
+    for i in range(p):
+        warmup = min(p - i - 1, m)
+        order = [("F", j) for j in range(warmup)]
+        for j in range(m - warmup):
+            order += [("F", warmup + j), ("B", j)]
+        order += [("B", j) for j in range(m - warmup, m)]
+        orders.append(order)
+    done: dict[tuple, float] = {}
+    clock, position = [0.0] * p, [0] * p
+    while any(position[i] < len(orders[i]) for i in range(p)):
+        for i in range(p):
+            while position[i] < len(orders[i]):
+                kind, j = orders[i][position[i]]
+                after = (("F", i - 1, j) if kind == "F" and i > 0 else
+                         ("B", i + 1, j) if kind == "B" and i < p - 1 else None)
+                if after is not None and after not in done:
+                    break
+                start = max(clock[i], done.get(after, 0.0))
+                clock[i] = done[(kind, i, j)] = start + (forward[i] if kind == "F" else backward[i])
+                position[i] += 1
+    return max(clock)
+
+
+@pytest.mark.parametrize("pp, m", [(2, 8), (4, 8), (4, 16)])
+def test_a_pipeline_step_is_its_1f1b_schedule(pp, m):
+    """The micro-batches at the slowest stage's pace and the bubble (``Pipeline.least_step``) take
+    what a 1F1B schedule of the job's own stage times takes where the slowest stage is the last
+    (it also runs the LM head and the loss): the others idle in the fill and drain for their own
+    time, not for its, (m − 1)·T_last + Σ T_i, below the (m + p − 1)·T_last of equal stages.
+    Where a stage before the slowest is heavier, the schedule hides more still (its warm-up
+    forwards run in the bubble): the model lies between that and equal stages'."""
+    def job_of(stage_layers):
+        layout = Layout(dp=64 // pp, pp=pp, micro_batch_size=1, stage_layers=stage_layers)
+        training = TrainingSpec(global_batch_size=m * layout.dp, seq_len=2048, precision="bf16", flash_attention=True)
+        return Job(_gpt(layers=24), ClusterSpec(gpu=_gpu(), num_gpus=64), training, layout)
+
+    job = job_of((24 // pp,) * pp)
+    times = [stage_time(job, i).total for i in range(pp)]
+    assert times[-1] == max(times) > min(times)  # the head makes the last stage the slowest
+    simulated = one_f_one_b_makespan([t / 3 for t in times], [2 * t / 3 for t in times], m)
+    assert pipeline(job).least_step(job) == pytest.approx(simulated, rel=1e-9)
+    assert simulated < (m + pp - 1) * times[-1]
+    # A first stage with two more layers than the others: the slowest, at the front.
+    heavy = job_of((24 // pp + 2,) + (24 // pp,) * (pp - 2) + (24 // pp - 2,))
+    times = [stage_time(heavy, i).total for i in range(pp)]
+    assert times[0] == max(times)
+    simulated = one_f_one_b_makespan([t / 3 for t in times], [2 * t / 3 for t in times], m)
+    assert simulated <= pipeline(heavy).least_step(heavy) < (m + pp - 1) * times[0]
 
 
 def test_ring_collective_volumes():
@@ -125,12 +176,14 @@ def test_full_recompute_repeats_exactly_one_forward():
     assert full.recompute <= plain.compute / 3
 
 
-def test_the_bubble_is_p_minus_one_slowest_stages_and_every_link_is_paid():
+def test_the_bubble_is_every_stage_but_the_slowest_and_every_link_is_paid():
+    """Each stage's fill and drain at its own pace (the 1F1B schedule simulated above): with a last
+    stage slower than the others, less than the p − 1 slowest stages of equal stages."""
     job = _job(tp=2, pp=4, micro_batch_size=1)
     t = step_time(job)
-    m = job.num_microbatches
-    slowest = max(stage_time(job, i).total for i in range(4))
-    assert t.bubble_s == pytest.approx(3 / m * m * slowest)
+    times = [stage_time(job, i).total for i in range(4)]
+    assert t.bubble_s == pytest.approx(sum(times) - max(times))
+    assert t.bubble_s < 3 * max(times)
     assert t.compute_s > 0 and t.tp_comm_s > 0 and t.pp_comm_s > 0 and t.dp_comm_s >= 0
 
 
