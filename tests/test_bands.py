@@ -91,6 +91,28 @@ def test_the_indistinguishable_gap_is_where_ordering_reaches_four_in_five():
     assert gap == pytest.approx(math.expm1(ordered[first_right_run][0]))
 
 
+def test_the_indistinguishable_gap_holds_whichever_sweeps_were_published():
+    """The sweeps are a sample: the shipped gap is the 90th percentile of the gap over resamples of
+    them (the 22 published give 5.5-8.6 % resampled; the point estimate moved from 8.5 to 5.9 % with a
+    change to the pipeline's bubble that ordered a few more pairs right). Of two sweeps, one the model
+    orders right at every gap and one it orders wrong up to a larger gap, a resample of the second
+    twice comes up a quarter of the time: the gap is the second's alone, above the pooled estimate."""
+    from types import SimpleNamespace
+
+    def row(job: str, predicted: float, measured: float):
+        return SimpleNamespace(measured=measured, predicted=predicted, fits=True, row={}, job=(job,))
+    right = [row("right", p, p) for p in (1.00, 1.01, 1.03, 1.06, 1.10)]
+    wrong = [row("wrong", 1.00, 1.05), row("wrong", 1.02, 1.04), row("wrong", 1.05, 1.03), row("wrong", 1.08, 1.02),
+             row("wrong", 1.40, 1.40), row("wrong", 1.80, 1.70)]
+    gap, pairs = bands.indistinguishable_from(right + wrong)
+    alone, _ = bands.indistinguishable_from(wrong)
+    assert pairs == 10 + 15
+    assert gap == alone
+    pooled = bands._gap([bands.ordering(a, b) for rows in (right, wrong)
+                         for i, a in enumerate(rows) for b in rows[i + 1:]])
+    assert pooled < gap
+
+
 def test_the_robust_pick_on_a_published_sweep():
     """The Ultra-Scale Playbook's 3B on one node of 8 H100s (256 sequences of 4,096): the model's
     fastest measured layout, dp 8 at micro-batch 2, is within the gap the model cannot tell apart
@@ -322,22 +344,26 @@ def test_the_cheapest_change_says_what_estimating_it_says(tmp_path):
     assert f"→ peak {remedy.peak_bytes / 1e9:.1f} GB, at risk" in " ".join(done.stdout.split())
 
 
+# The gap the report names: the shipped data file's (planner/published/bands.yaml), as the report prints it.
+GAP = f"{bands.indistinguishable_gap():.1%}"
+
+
 @pytest.mark.parametrize("case, says", [
     # the fastest fits as predicted, not at its band's upper end: the band decided
     ("examples/llama3-70b-1024-h100-plan.yaml",
-     "picked as surer to fit: of the layouts within 8.5% of the fastest, which the model cannot tell apart "
+     f"picked as surer to fit: of the layouts within {GAP} of the fastest, which the model cannot tell apart "
      "(published sweeps: planner/published/bands.yaml), it fits at the upper end of its memory band, where the "
      "fastest fits as predicted"),
     # the fastest fits only at its band's low end, the pick as predicted: the band decided
     ({"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 16},
       "training": {"global_batch_size": 8, "seq_len": 8192, "precision": "bf16", "engine": "megatron"}},
-     "picked as surer to fit: of the layouts within 8.5% of the fastest, which the model cannot tell apart "
+     f"picked as surer to fit: of the layouts within {GAP} of the fastest, which the model cannot tell apart "
      "(published sweeps: planner/published/bands.yaml), it fits as predicted, where the fastest fits only at its "
      "band's low end"),
     # both fit at their bands' upper ends (131 and 99 GB of 190): the simpler was taken
     ({"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "gb200", "num_gpus": 72},
       "training": {"global_batch_size": 256, "seq_len": 8192, "precision": "bf16"}, "search": {"target": "megatron"}},
-     "picked on simplicity: the simplest of the layouts within 8.5% of the fastest, which the model cannot tell "
+     f"picked on simplicity: the simplest of the layouts within {GAP} of the fastest, which the model cannot tell "
      "apart (published sweeps: planner/published/bands.yaml), as sure to fit as the fastest"),
 ])
 def test_the_report_says_whether_the_memory_band_or_simplicity_decided_the_pick(tmp_path, case, says):
