@@ -39,16 +39,21 @@ class Diagnosis:
         """What the speedup means, given the model's error: a gain within the gap it cannot tell apart
         (``Plan.margin``, learned from published sweeps) is no reason to change a config, and a best
         slower than the config is the price of fitting at the memory band's upper end."""
+        from .search_memory import fit_tier
+
         best, config = self.plan.best, self.estimate
         if best is None:
             return None
         speedup, margin = self.speedup, self.plan.margin
         if config.memory_verdict == "does not fit":
             return f"the config does not fit as predicted; the planner's best does ({best.memory_verdict})"
-        if config.memory_verdict == "at risk" and best.memory_verdict == "fits" and speedup <= 1 + margin:
+        tiers = [fit_tier(e.job, e.peak.total, self.plan.headroom) for e in (best, config)]
+        if config.memory_verdict == "at risk" and tiers[0] < tiers[1] and speedup <= 1 + margin:
+            # The best is surer to fit (the robust pick's order): slower, it is what fitting surely costs.
+            where = ("fits at its band's upper end" if tiers[0] == 0 else
+                     "fits as predicted, where the config's predicted peak is over the usable memory")
             return ("the config is at risk of not fitting (its memory band straddles the usable memory); the "
-                    "planner's best fits at its band's upper end" + (f", {1 / speedup - 1:.1%} slower"
-                                                                     if speedup < 1 else ""))
+                    f"planner's best {where}" + (f", {1 / speedup - 1:.1%} slower" if speedup < 1 else ""))
         if speedup > 1 + margin:
             return f"faster beyond the {margin:.1%} the model cannot tell apart: worth the change"
         if speedup >= 1 - margin:
