@@ -554,6 +554,28 @@ def test_mixture_of_experts_plan_builds_deepspeed_moe_layers(tmp_path, world):
     assert layer.num_local_experts == experts // lay.ep
 
 
+def test_the_top2_gate_launch_sh_builds_picks_mixtrals_two_highest_scoring_experts(tmp_path):
+    """Mixtral routes each token to its two highest-scoring experts; the MoE(...) launch.sh wrote left
+    DeepSpeed's top2_2nd_expert_sampling at its default (True), whose gate draws the second expert with
+    Gumbel noise (moe/sharded_moe.py, top2gating): another router than the one planned."""
+    from deepspeed.moe.sharded_moe import top2gating
+
+    estimate = planner.plan(MOE_CASE, top_k=0).best
+    launch = emit(estimate, tmp_path)["launch.sh"]
+    call = re.search(r"MoE\((.*?)\)\s", re.sub(r"\n#\s+", " ", launch), re.S)
+    assert call is not None, launch
+    # The gate's keywords as train.py would pass them (those of MoE that top2gating takes).
+    said = dict(re.findall(r"(\w+)=(True|False|[\d.]+)(?=[,)\s]|$)", call[1]))
+    assert said["k"] == "2"
+    torch.manual_seed(0)
+    logits = torch.randn(512, 8)
+    routed = top2gating(logits.clone(), capacity_factor=8.0, min_capacity=512, drop_tokens=True,
+                        top2_2nd_expert_sampling=said.get("top2_2nd_expert_sampling", "True") == "True",
+                        sparse_routes=True)
+    second = routed[3][1].long()
+    assert torch.equal(second, logits.topk(2, dim=1).indices[:, 1])
+
+
 def test_the_moe_layers_launch_sh_names_are_the_priced_ones():
     """Llama 4 Maverick's experts are in layers 1, 3, 5, … (Hugging Face ``modeling_llama4``:
     ``(layer_idx + 1) % interleave_moe_layer_step == 0``), as priced and as Megatron's emitted

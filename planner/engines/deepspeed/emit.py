@@ -230,6 +230,10 @@ def _moe_snippet(job) -> list[str]:
     m, lay = job.model, job.layout
     capacity = (f"capacity_factor={m.moe_capacity_factor:g}, drop_tokens=True" if m.moe_capacity_factor is not None
                 else "drop_tokens=False")  # dropless, as the plan timed it
+    # DeepSpeed's top-2 gate draws the second expert with Gumbel noise unless told not to
+    # (moe/sharded_moe.py, top2gating: top2_2nd_expert_sampling defaults to True), where the model
+    # (Mixtral's) routes each token to its two highest-scoring experts.
+    sampling = ", top2_2nd_expert_sampling=False" if m.moe_top_k == 2 else ""
     first = next(i for i in range(m.num_layers) if m.is_moe_layer(i))  # the last of its group (Llama 4)
     layers = (f"layers {first}.. of every {m.moe_layer_freq}" if m.moe_first_dense_layers
               or m.moe_layer_freq > 1 else "every layer")
@@ -244,7 +248,7 @@ def _moe_snippet(job) -> list[str]:
         "    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer",
         f"    mlp = MoE(hidden_size={m.hidden_size}, expert=Expert(ffn_hidden_size={m.moe_ffn_hidden_size}), "
         f"num_experts={m.num_experts},",
-        f"              ep_size={lay.ep}, k={m.moe_top_k}, {capacity}, use_residual=False"
+        f"              ep_size={lay.ep}, k={m.moe_top_k}, {capacity}, use_residual=False{sampling}"
         + (f", enable_expert_tensor_parallelism=True)  # experts split over the {lay.tp} TP ranks" if lay.tp > 1
            else ")"),
         "    params = split_params_into_different_moe_groups_for_optimizer(",
