@@ -9,7 +9,7 @@ from typing import Any, Optional
 from .case import Case, load_case
 from cost_models.specs import Job, Layout
 
-from .errors import Argument, CaseError, cli_flag
+from .errors import Argument, CaseError, cli_flag, named
 from .fields import read_path
 from .estimate import Estimate, estimate_job
 from .plan import Plan, plan_case
@@ -128,31 +128,67 @@ def taken_from_arguments(case: Case, settings: dict) -> Optional[str]:
     return "; ".join(taken)
 
 
-def _model_code_notes(case: Case, layout, config: Path, ep: Optional[int],
-                      stage_layers: Optional[tuple[int, ...]], recompute: Optional[str] = None) -> tuple[str, ...]:
-    """What a ds_config leaves to the model's code and neither the case's layout nor the options
-    said, so was read as DeepSpeed's default: DeepSpeed-MoE's ep_size, PipelineModule's split, the
-    recomputation (read as none, it was said of nothing: the planner's own files, planned with full
-    recomputation, were diagnosed as not fitting without a word why)."""
-    from .engines.deepspeed.read import autoep_size, load_config, planned_recompute
+def _model_code_notes(case: Case, layout: Layout, config: Path, options: dict[str, Any],
+                      argument: Argument = cli_flag) -> tuple[str, ...]:
+    """What a ds_config leaves to the model's code, and where the reading took it from: its header's
+    planned layout where layout-planner wrote it (an option that says otherwise taken over it, said so),
+    else the case's layout or the options, else DeepSpeed's default, said so (read as none, the
+    recomputation was said of nothing: the planner's own files, planned with full recomputation, were
+    diagnosed as not fitting without a word why)."""
+    from .engines.deepspeed.read import autoep_size, load_config, planned_layout, planned_recompute
 
+    read = load_config(config)
+    planned = planned_layout(str(config), read)
     stated = case.layout
+    ep, stage_layers, recompute = options["ep"], options["stage_layers"], options["recompute"]
     notes = []
-    if case.model.is_moe and stated is None and ep is None and autoep_size(str(config), load_config(config)) is None:
+    if case.model.is_moe and stated is None and ep is None and "ep" not in planned \
+            and autoep_size(str(config), read) is None:
         notes.append(f"{config.name} does not state DeepSpeed-MoE's ep_size (the model code's): read as ep 1; "
                      "give --ep (or layout.ep in the case) for another")
-    if stated is None and recompute is None and layout.recompute == "none":  # a pipeline's interval says it
+    if stated is None and recompute is None and layout.recompute == "none" and "recompute" not in planned:
+        # (a pipeline's interval says it)
         notes.append(f"{config.name} does not state the recomputation (the model code's: gradient checkpointing, "
                      "deepspeed.checkpointing): read as none; give --recompute (or layout.recompute in the case) "
                      "for another")
-    if stated is None and recompute is None and layout.pp == 1 and planned_recompute(load_config(config)):
+    if recompute is None and layout.pp == 1 and not planned and planned_recompute(read):
         notes.append(f"{config.name} was written by layout-planner for a layout that recomputes every layer (its "
                      "header says so; no ds_config key does): read as recompute full, which train.py must run "
                      "(launch.sh says how); give --recompute for another")
-    if layout.pp > 1 and stated is None and stage_layers is None:
+    # (the header of a pipeline planned on the engine's own split states none)
+    if layout.pp > 1 and stated is None and stage_layers is None and planned.get("pp") != layout.pp:
         notes.append(f"{config.name} does not state PipelineModule's split of the layers: read as the even split; "
                      "give --stage-layers (or layout.stage_layers in the case) for another")
+    # The header's values of its own pipeline (tp and the split are those of its pp).
+    own = {k: v for k, v in planned.items() if k not in ("tp", "stage_layers") or planned.get("pp") == layout.pp}
+    overridden = [f"{named(argument, k)} {_shown(options[k])} is taken over its {k} {_shown(v)}"
+                  for k, v in own.items() if options.get(k) is not None and options[k] != v]
+    if overridden:
+        notes.append(f"{config.name}'s _comment records the layout layout-planner planned, and "
+                     f"{'; '.join(overridden)}: the option says what train.py builds")
+    defaults = {"pp": 1, "tp": 1, "ep": 1, "recompute": "none"}
+    taken = [f"{k} {_shown(v)}" for k, v in own.items() if options.get(k) is None and defaults.get(k) != v]
+    if taken:
+        said = [named(argument, k) for k in PLANNED_OPTIONS]
+        notes.append(f"{config.name} was written by layout-planner for {', '.join(taken)} (its _comment says so; no "
+                     f"ds_config key does): read so, which train.py must build (launch.sh says how); give "
+                     f"{', '.join(said[:-1])} or {said[-1]} for another")
     return tuple(notes)
+
+
+# The options that say what the header's planned layout says.
+PLANNED_OPTIONS = ("pp", "tp", "stage_layers", "ep", "recompute")
+
+
+def _shown(value: Any) -> str:
+    """A layout value as a note writes it: stages and module lists comma-joined, an unset one as none."""
+    if value is None:
+        return "none"
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -218,7 +254,7 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: O
         raise CaseError(error.source, error.key, f"{error.expected} ({'; '.join(misspelled)})") from None
     taken = None
     if engine == "deepspeed":
-        notes = misspelled + _model_code_notes(loaded, layout, path, ep, stage_layers, options["recompute"])
+        notes = misspelled + _model_code_notes(loaded, layout, path, options, argument)
     else:
         if said_dispatch is None:
             loaded = _dispatch_left_open(loaded, layout)
@@ -345,9 +381,11 @@ def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str
                # ZeRO 2 and 3 are Megatron-FSDP's, not the distributed optimizer's
                **({"zero_stage": "--use-megatron-fsdp"} if layout.zero_stage >= 2 else {})}.get(field, error.key)
     else:
-        from .engines.deepspeed.read import KEY_OF_FIELD
+        from .engines.deepspeed.read import KEY_OF_FIELD, load_config, planned_layout
 
-        key = KEY_OF_FIELD.get(field, error.key)
+        read = load_config(config)
+        # What the planner's header says, the header's.
+        key = "_comment" if field in planned_layout(str(config), read) else KEY_OF_FIELD.get(field, error.key)
     return CaseError(str(config), key, error.expected)
 
 

@@ -152,13 +152,19 @@ def test_stage_layers_that_agree_with_the_arguments_are_taken(tmp_path):
         diagnose(case, megatron_args=args, stage_layers=(16, 16))
 
 
-def test_the_planners_pipeline_ds_config_without_pp_says_to_give_it(tmp_path):
-    """A ds_config.json does not state the pipeline: the planner's own at pp 2 read without --pp was
-    refused as a file whose train_batch_size contradicts itself; the line now says the pipeline it took
-    and the pp · tp that would make the file's batch, and with --pp 2 it reads back."""
+def test_a_pipeline_ds_config_without_pp_says_to_give_it(tmp_path):
+    """A ds_config.json does not state the pipeline: one at pp 2 read without --pp was refused as a file
+    whose train_batch_size contradicts itself; the line now says the pipeline it took and the pp · tp
+    that would make the file's batch, and with --pp 2 it reads back. (The planner's own files say their
+    pipeline in their header, and read back without --pp.)"""
+    import json
+
     case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
             "training": {"global_batch_size": 64, "seq_len": 4096}, "search": {"pp": 2, "tp": 1}}
     config = next(p for p in _written(tmp_path, case, "deepspeed") if p.name == "ds_config.json")
+    assert diagnose(case, config=config).estimate.job.layout.pp == 2
+    theirs = {k: v for k, v in json.loads(config.read_text()).items() if k != "_comment"}
+    config.write_text(json.dumps(theirs))
     with pytest.raises(CaseError, match=r"taken as pp 1 and tp 1: for data-parallel 8, give pp · tp = 2 \(--pp"):
         diagnose(case, config=config)
     assert diagnose(case, config=config, pp=2).estimate.job.layout.pp == 2

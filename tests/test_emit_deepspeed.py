@@ -9,6 +9,7 @@ import os
 import random
 import re
 import subprocess
+from pathlib import Path
 from functools import lru_cache
 
 import pytest
@@ -651,8 +652,75 @@ def test_a_deepspeed_moe_plan_reads_back_with_the_ep_its_model_code_sets(tmp_pat
     done = run_cli("diagnose", str(case), "--config", config, "--ep", str(ep), "--recompute", recompute, "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["speedup"] == pytest.approx(1.0) and json.loads(done.stdout)["notes"] == []
+    # Without --ep, its header's planned layout says it; someone else's config without that header does not.
     without = run_cli("diagnose", str(case), "--config", config, "--json")
-    assert "give --ep (or layout.ep in the case) for another" in without.stdout + without.stderr
+    assert without.returncode == 0, without.stderr
+    assert json.loads(without.stdout)["speedup"] == pytest.approx(1.0)
+    assert json.loads(without.stdout)["config"]["layout"]["ep"] == ep
+    theirs = json.loads(Path(config).read_text())
+    del theirs["_comment"]
+    Path(config).write_text(json.dumps(theirs))
+    unsaid = run_cli("diagnose", str(case), "--config", config, "--json")
+    assert "give --ep (or layout.ep in the case) for another" in unsaid.stdout + unsaid.stderr
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize("case", [
+    # Mixtral at ep 8: read back as ep 1, "does not fit", "change: ep 1→8"
+    str(EXAMPLES / "mixtral-8x7b-64-h100-plan.yaml"),
+    # tp 2 × pp 7: refused, "train_batch_size: 28 is not micro 1 × accumulation 28 × data-parallel 14 = 392"
+    {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100", "num_gpus": 14, "gpus_per_node": 7},
+     "training": {"global_batch_size": 28, "seq_len": 4096}},
+    # A Megatron layout in the case (ep 64, recompute selective): refused, "layout.recompute: deepspeed
+    # cannot run it", where the plan was ep 8 and recompute full at pp 16 on uneven stages
+    str(EXAMPLES / "deepseek-v3-2048-h800.yaml"),
+], ids=["moe", "pipeline", "megatron-layout-in-the-case"])
+def test_diagnose_reads_the_planners_own_deepspeed_files_back_as_planned(tmp_path, case):
+    """ds_config.json has no key for the pipeline, its stages or DeepSpeed-MoE's ep_size (the model code
+    builds them, as launch.sh says): the planner's own files were read back from the case's layout or as
+    DeepSpeed's defaults. Their header's planned layout says them, and diagnose prices the plan's figures."""
+    from cli_in_process import run_cli
+
+    if isinstance(case, dict):
+        (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+        case = str(tmp_path / "case.yaml")
+    planned = run_cli("plan", case, "--engine", "deepspeed", "--emit", "deepspeed", "--out", str(tmp_path / "run"),
+                      "--json")
+    assert planned.returncode == 0, planned.stderr
+    best = json.loads(planned.stdout)["best"]
+    done = run_cli("diagnose", case, "--config", str(tmp_path / "run" / "ds_config.json"), "--json")
+    assert done.returncode == 0, done.stderr
+    read = json.loads(done.stdout)["config"]
+    assert read["step_time_s"] == best["step_time_s"]
+    assert read["memory"]["peak_bytes"] == best["memory"]["peak_bytes"]
+    assert {k: read["layout"].get(k) for k in ("pp", "tp", "ep", "recompute")} == \
+        {k: best["layout"].get(k) for k in ("pp", "tp", "ep", "recompute")}
+    assert json.loads(done.stdout)["differs_from_best"] == {}
+
+
+def test_an_option_that_differs_from_the_planners_header_is_taken_and_said(tmp_path):
+    """The header records what the plan told train.py to build; --ep says what the user's train.py
+    builds, so it wins, and a note says over what. A header line edited past reading is a one-line
+    refusal naming the file and _comment."""
+    from cli_in_process import run_cli
+
+    case, planned = planned_files(tmp_path, "mixtral-8x7b", 64, 256)
+    assert json.loads(planned.stdout)["best"]["layout"]["ep"] == 8
+    config = tmp_path / "run" / "ds_config.json"
+    done = run_cli("diagnose", str(case), "--config", str(config), "--ep", "4", "--json")
+    assert done.returncode != 2, done.stderr  # (3: ep 4 does not fit, as diagnose says)
+    read = json.loads(done.stdout)
+    assert read["config"]["layout"]["ep"] == 4
+    assert any("--ep 4 is taken over its ep 8" in note for note in read["notes"]), read["notes"]
+    written = json.loads(config.read_text())
+    written["_comment"] = [line.replace("ep=8", "ep=eight") for line in written["_comment"]]
+    config.write_text(json.dumps(written))
+    edited = run_cli("diagnose", str(case), "--config", str(config))
+    assert edited.returncode == 2
+    assert edited.stderr.strip().splitlines() == [
+        f"error: {config}: _comment: 'planned layout:' ep=eight: expected a whole number of at least 1"]
 
 
 def test_an_uneven_deepspeed_pipeline_reads_back_with_the_split_its_model_code_sets(tmp_path):
@@ -944,3 +1012,4 @@ def test_the_planners_own_files_read_back_with_the_recomputation_they_were_plann
     config.write_text(json.dumps(theirs))
     read = json.loads(run_cli("diagnose", str(case), "--config", str(config), "--json").stdout)
     assert read["config"]["layout"]["recompute"] == "none"
+

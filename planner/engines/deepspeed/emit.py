@@ -29,7 +29,7 @@ from cost_models.specs import Layout
 
 from planner.engines import ENGINES
 from planner.engines.deepspeed import engine as ds_engine
-from planner.engines.deepspeed.read import PLANNED_RECOMPUTE
+from planner.engines.deepspeed.read import PLANNED_LAYOUT
 from planner.errors import CaseError
 from planner.emit import header_lines as _lines
 from planner.emit.quoting import comment, shell_word
@@ -104,10 +104,10 @@ def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str,
             # frees it, as the estimate held them (4 bytes a parameter); by default it keeps the bf16
             # copy until the step (runtime/bf16_optimizer.py: accumulate_hp_grads_and_remove_lp).
             config["bf16"]["immediate_grad_update"] = True
+    # What no key says, which the model's code builds (launch.sh's header tells train.py how): read back
+    # by read.planned_layout, so that `diagnose` prices the layout planned, not ep 1 and no pipeline.
+    config["_comment"].append(planned_layout_line(job))
     if lay.recompute == "full":
-        # What no key says (read.planned_recompute reads it back): launch.sh's header tells train.py how.
-        config["_comment"].append(f"{PLANNED_RECOMPUTE} (train.py checkpoints every transformer layer: see "
-                                  "launch.sh; no ds_config key says so)")
         # The planner's memory model keeps each recomputed layer's input whole on every TP rank.
         config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                               "cpu_checkpointing": False, "synchronize_checkpoint_boundary": False,
@@ -118,6 +118,23 @@ def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str,
     config["steps_per_print"] = 10
     config["wall_clock_breakdown"] = False
     return config
+
+
+def planned_layout_line(job) -> str:
+    """The ``_comment`` line stating what the model's code decides and ds_config has no key for: the
+    pipeline depth, its tensor parallelism and stage layers (``PipelineModule``), DeepSpeed-MoE's
+    ``ep_size`` (its experts split over the tp ranks, etp = tp, as DeepSpeed-MoE always does) and whether
+    every layer is recomputed."""
+    lay = job.layout
+    words = [f"pp={lay.pp}"]
+    if lay.pp > 1:  # without a pipeline, tensor_parallel.autotp_size states tp
+        words.append(f"tp={lay.tp}")
+    if lay.pp > 1 and lay.stage_layers is not None:  # else the engine's own split, as the plan priced it
+        words.append("stage_layers=" + ",".join(map(str, lay.stage_layers)))
+    if job.model.is_moe:
+        words.append(f"ep={lay.ep}")
+    words.append(f"recompute={lay.recompute}")
+    return f"{PLANNED_LAYOUT} {' '.join(words)} (train.py builds it: see launch.sh; no ds_config key says so)"
 
 
 def _zero(stage: int, hidden: int) -> dict[str, Any]:

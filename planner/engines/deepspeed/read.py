@@ -502,8 +502,7 @@ def auto_resolved(path: Union[str, Path], case, pp: Optional[int] = None, tp: Op
     """What :func:`read` resolved of the config (its ``"auto"`` values, DeepSpeed's rewrites, the
     pipeline engine's checkpointing), one line each."""
     config = load_config(Path(path))
-    pp = pp if pp is not None else case.layout.pp if case.layout is not None else 1
-    tp = _pipeline_tp(case, pp, tp)
+    pp, tp = _degrees(str(path), config, case, pp, tp)
     lines = resolve_auto(str(path), config, case, _dp(str(path), config, case, pp, tp), micro_batch_size, argument)[1]
     interval = pipeline_checkpointing(str(path), config, pp)
     if interval is not None:
@@ -534,15 +533,72 @@ def _dp(src: str, config: dict, case, pp: int, tp: Optional[int]) -> int:
 PLANNED_RECOMPUTE = "recompute: full"
 
 
-def planned_recompute(config: dict) -> Optional[str]:
-    """"full" where the config is one layout-planner wrote (its header's first line) for a layout that
-    recomputes every layer; else None: what a ds_config cannot say is not guessed from anyone else's."""
+# The line of its header that gives the layout its files were planned with where ds_config has no key for
+# it, the model code's (``PipelineModule``'s stages, DeepSpeed-MoE's ep_size): without it the planner's own
+# Mixtral files were read back as ep 1 and not fitting, its pipelines as no pipeline (emit.planned_layout_line).
+PLANNED_LAYOUT = "planned layout:"
+PLANNED_KEYS = ("pp", "tp", "stage_layers", "ep", "recompute")
+
+
+def _written_by_planner(config: dict) -> list[str]:
+    """The ``_comment`` lines of a config layout-planner wrote (its header's first line), else none: what a
+    ds_config cannot say is not guessed from anyone else's."""
     from planner.emit import GENERATED
 
     lines = config.get("_comment")
     if not isinstance(lines, list) or not lines or not str(lines[0]).startswith(GENERATED):
-        return None
-    return "full" if any(str(line).startswith(PLANNED_RECOMPUTE) for line in lines) else None
+        return []
+    return [str(line) for line in lines]
+
+
+def planned_layout(src: str, config: dict) -> dict[str, Any]:
+    """What the header's ``planned layout:`` line says (``pp``, ``tp``, ``stage_layers``, ``ep``,
+    ``recompute``), in a config layout-planner wrote; empty where there is none. One edited past reading
+    is refused, naming the file and ``_comment``: read as nothing, the plan's own files were misread."""
+    said = [line for line in _written_by_planner(config) if line.startswith(PLANNED_LAYOUT)]
+    if not said:
+        return {}
+    if len(said) > 1:
+        raise CaseError(src, "_comment", f"{len(said)} '{PLANNED_LAYOUT}' lines; expected one")
+    planned: dict[str, Any] = {}
+    expected = f"expected key=value words of {', '.join(PLANNED_KEYS)}, each once"
+    for word in said[0][len(PLANNED_LAYOUT):].split("(", 1)[0].split():
+        key, equals, value = word.partition("=")
+        if not equals or key not in PLANNED_KEYS or key in planned:
+            raise CaseError(src, "_comment", f"'{PLANNED_LAYOUT}' {one_line(word, 40)}: {expected}")
+        if key == "recompute":
+            if value not in ("none", "full"):
+                raise CaseError(src, "_comment", f"'{PLANNED_LAYOUT}' recompute={one_line(value, 40)}: expected "
+                                                 "none or full")
+            planned[key] = value
+            continue
+        numbers = value.split(",") if key == "stage_layers" else [value]
+        # (ASCII digits, few enough for int(): "²" is a digit to str.isdigit, and int() refuses 5,000 of them)
+        if not all(n.isascii() and n.isdigit() and len(n) <= 18 and 0 < int(n) <= MAX_INT for n in numbers):
+            raise CaseError(src, "_comment", f"'{PLANNED_LAYOUT}' {key}={one_line(value, 40)}: expected "
+                                             + ("whole numbers of at least 1, comma-separated"
+                                                if key == "stage_layers" else "a whole number of at least 1"))
+        planned[key] = tuple(map(int, numbers)) if key == "stage_layers" else int(value)
+    return planned
+
+
+def planned_recompute(config: dict) -> Optional[str]:
+    """"full" where the config is one layout-planner wrote (its header's first line) for a layout that
+    recomputes every layer, as its ``recompute: full`` line said before the ``planned layout:`` line
+    (:func:`planned_layout`) said it; else None."""
+    return "full" if any(line.startswith(PLANNED_RECOMPUTE) for line in _written_by_planner(config)) else None
+
+
+def _degrees(src: str, config: dict, case, pp: Optional[int], tp: Optional[int]) -> tuple[int, Optional[int]]:
+    """The pipeline depth and a pipeline's tensor parallelism as the reading takes them (the pp option,
+    else the header's planned layout, else the case's layout, else 1; tp likewise, the header's for its
+    own pipeline only)."""
+    planned = planned_layout(src, config)
+    if pp is None:
+        pp = planned.get("pp", case.layout.pp if case.layout is not None else 1)
+    if tp is None and pp > 1 and planned.get("pp") == pp and "tp" in planned:
+        tp = planned["tp"]
+    return pp, _pipeline_tp(case, pp, tp)
 
 
 def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[int] = None,
@@ -565,13 +621,22 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     src = str(path)
     config = load_config(path)
     stated = case.layout
-    pipeline_unstated = pp is None and stated is None  # neither the pp option nor the case's layout says it
+    # What the planner's own header says the model's code builds: read before the case's layout, which
+    # may be another engine's (a Megatron layout beside `plan --engine deepspeed`'s files) or none.
+    planned = planned_layout(src, config)
+    # Neither the pp option, the header nor the case's layout says it.
+    pipeline_unstated = pp is None and stated is None and "pp" not in planned
     # Who set the degrees, for a refusal of their product: an option the caller gave, else the file.
-    degrees_said = argument("pp") if pp is not None else argument("tp") if tp is not None else None
-    pp = _positive(*argument("pp"), pp if pp is not None else stated.pp if stated is not None else 1)
-    # Who says tp, for a refusal: the tp option, or the case's layout where a pipeline takes it from there.
-    tp_said = named(argument, "tp") if tp is not None else "the case's layout.tp"
-    tp = _pipeline_tp(case, pp, tp)
+    degrees_said = argument("pp") if pp is not None else argument("tp") if tp is not None else \
+        (src, "_comment") if "pp" in planned else None
+    if pp is not None:
+        pp = _positive(*argument("pp"), pp)
+    # Who says tp, for a refusal: the tp option, the header, or the case's layout where a pipeline takes it.
+    tp_said = named(argument, "tp") if tp is not None else f"{path.name}'s _comment tp" \
+        if pp in (None, planned.get("pp")) and "tp" in planned else "the case's layout.tp"
+    pp, tp = _degrees(src, config, case, pp, tp)
+    # The header's pipeline split and its tensor parallelism are those of its own pipeline depth.
+    own_pipeline = planned.get("pp") == pp
     batch_was_auto = config.get("train_batch_size") == "auto"
     config = resolve_auto(src, config, case, _dp(src, config, case, pp, tp), micro_batch_size, argument)[0]
     _check_optimizer(src, config, case)
@@ -696,8 +761,8 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
             raise CaseError(*argument("recompute"), f"{recompute}: {src}'s pipeline.activation_checkpoint_interval "
                                                     f"{interval} checkpoints every layer: full")
         recompute = "full"
-    recompute = recompute or (case.layout.recompute if case.layout is not None else None) \
-        or planned_recompute(config) or "none"
+    recompute = recompute or planned.get("recompute") or planned_recompute(config) \
+        or (case.layout.recompute if case.layout is not None else None) or "none"
 
     offload = {name: _offload_device(src, zero_section, name) for name in ("offload_optimizer", "offload_param")}
     # The experts' parallelism: AutoEP's, where the config turns it on; else the model's code (DeepSpeed-MoE's
@@ -706,20 +771,24 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     if auto_ep is not None and ep is not None and ep != auto_ep:
         raise CaseError(*argument("ep"), f"{ep} differs from {src}'s expert_parallel.autoep_size {auto_ep}, which "
                                          "the run takes")
-    ep = auto_ep or (ep if ep is not None else stated.ep if stated is not None else 1)
+    ep = auto_ep or (ep if ep is not None else planned["ep"] if "ep" in planned
+                     else stated.ep if stated is not None else 1)
+    split_said = argument("stage_layers")
+    if stage_layers is None and own_pipeline and "stage_layers" in planned:
+        stage_layers, split_said = planned["stage_layers"], (src, "_comment")
     if stage_layers is None:
         stage_layers = stated.stage_layers if stated is not None and stated.pp == pp else None
     elif len(stage_layers) != pp or sum(stage_layers) != case.model.num_layers:
-        raise CaseError(*argument("stage_layers"), f"{len(stage_layers)} stages of {sum(stage_layers)} layers; "
-                                                   f"expected pp = {pp} stages holding the model's "
-                                                   f"{case.model.num_layers} layers")
+        raise CaseError(*split_said, f"{len(stage_layers)} stages of {sum(stage_layers)} layers; "
+                                     f"expected pp = {pp} stages holding the model's {case.model.num_layers} layers")
+    # DeepSpeed-MoE splits the experts over the tensor-parallel ranks (the engine's expert_tp "tp"), as
+    # the search writes it: etp = tp for a model with experts, as the case's layout states it, and in the
+    # planner's own files (whose header states ep) whatever another engine's layout in the case says.
+    etp = stated.etp if stated is not None and (stated.etp in (None, tp) or "ep" not in planned) \
+        else (tp if case.model.is_moe else None)
     return Layout(dp=dp, tp=tp, pp=pp, micro_batch_size=micro, zero_stage=zero, recompute=recompute,
                   offload_optimizer=1.0 if offload["offload_optimizer"] else 0.0,
-                  offload_params=offload["offload_param"], ep=ep,
-                  # DeepSpeed-MoE splits the experts over the tensor-parallel ranks (the engine's expert_tp
-                  # "tp"), as the search writes it: etp = tp, stated, for a model with experts
-                  etp=stated.etp if stated is not None else (tp if case.model.is_moe else None),
-                  stage_layers=stage_layers)
+                  offload_params=offload["offload_param"], ep=ep, etp=etp, stage_layers=stage_layers)
 
 
 # DeepSpeed's optimizer types (runtime/config.py: ADAM_OPTIMIZER ... and torch.optim's names it
