@@ -353,7 +353,8 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
 
 def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str, layout) -> CaseError:
     """A refusal of the layout a config runs (``layout.offload_activations: megatron cannot run it``)
-    named where the config states it, the flag or key, not the case's layout section the case may not have."""
+    named where the config states it, the flag or key, not the case's layout section the case may not have;
+    for a ds_config, a value no key of it states and the case's layout gave is the case's to name."""
     if error.source != case_source:
         return error
     if engine == "torchtitan":  # parallelism.tensor_parallel_degree, compile.enable_async_tensor_parallel
@@ -381,11 +382,23 @@ def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str
                # ZeRO 2 and 3 are Megatron-FSDP's, not the distributed optimizer's
                **({"zero_stage": "--use-megatron-fsdp"} if layout.zero_stage >= 2 else {})}.get(field, error.key)
     else:
-        from .engines.deepspeed.read import KEY_OF_FIELD, load_config, planned_layout
+        from .engines.deepspeed.read import KEY_OF_FIELD, autoep_size, load_config, planned_layout, planned_recompute
 
         read = load_config(config)
-        # What the planner's header says, the header's.
-        key = "_comment" if field in planned_layout(str(config), read) else KEY_OF_FIELD.get(field, error.key)
+        if field in KEY_OF_FIELD:
+            key = KEY_OF_FIELD[field]
+        elif field in planned_layout(str(config), read) or field == "recompute" and planned_recompute(read):
+            key = "_comment"  # the planner's header says it
+        elif field == "tp" and layout.pp == 1:
+            key = "tensor_parallel.autotp_size"
+        elif field == "ep" and autoep_size(str(config), read) is not None:
+            key = "expert_parallel.autoep_size"
+        elif field in ("", "dp"):
+            key = error.key  # the degrees and the batch the file states together
+        else:
+            # What no ds_config key states, taken from the case's layout section (its layout.recompute:
+            # selective, a Megatron case's): the case's key, in the case file, not the config.
+            return error
     return CaseError(str(config), key, error.expected)
 
 

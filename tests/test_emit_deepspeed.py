@@ -1013,3 +1013,22 @@ def test_the_planners_own_files_read_back_with_the_recomputation_they_were_plann
     read = json.loads(run_cli("diagnose", str(case), "--config", str(config), "--json").stdout)
     assert read["config"]["layout"]["recompute"] == "none"
 
+
+def test_a_case_layout_deepspeed_cannot_run_is_refused_in_the_case_file(tmp_path):
+    """The case's layout.recompute selective (a Megatron layout) is the case's key, which no ds_config
+    states: the refusal named the ds_config.json, where the user would look for a key it has none of."""
+    from cli_in_process import run_cli
+
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100", "num_gpus": 8},
+                                    "training": {"global_batch_size": 64, "seq_len": 4096},
+                                    "layout": {"micro_batch_size": 1, "zero_stage": 1, "recompute": "selective"}}))
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+                                  "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}))
+    done = run_cli("diagnose", str(case), "--config", str(config))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: {case}: layout.recompute: deepspeed cannot run it: DeepSpeed checkpoints whole layers only "
+        "(recompute none or full)"]
+
