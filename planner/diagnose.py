@@ -129,12 +129,14 @@ def taken_from_arguments(case: Case, settings: dict) -> Optional[str]:
 
 
 def _model_code_notes(case: Case, layout: Layout, config: Path, options: dict[str, Any],
-                      argument: Argument = cli_flag) -> tuple[str, ...]:
+                      case_keys: tuple[str, ...], argument: Argument = cli_flag) -> tuple[str, ...]:
     """What a ds_config leaves to the model's code, and where the reading took it from: its header's
     planned layout where layout-planner wrote it (an option that says otherwise taken over it, said so),
     else the case's layout or the options, else DeepSpeed's default, said so (read as none, the
     recomputation was said of nothing: the planner's own files, planned with full recomputation, were
-    diagnosed as not fitting without a word why)."""
+    diagnosed as not fitting without a word why); and each key of the case's layout section
+    (``case_keys``) the config runs otherwise, named: a layout the reading dropped without a word
+    priced another job than the case's author wrote, unsaid."""
     from .engines.deepspeed.read import autoep_size, load_config, planned_layout, planned_recompute
 
     read = load_config(config)
@@ -173,6 +175,17 @@ def _model_code_notes(case: Case, layout: Layout, config: Path, options: dict[st
         notes.append(f"{config.name} was written by layout-planner for {', '.join(taken)} (its _comment says so; no "
                      f"ds_config key does): read so, which train.py must build (launch.sh says how); give "
                      f"{', '.join(said[:-1])} or {said[-1]} for another")
+    unread = []
+    for key in case_keys:
+        if options.get(key) is not None or stated is None:
+            continue  # an option the caller gave decides it, not the file
+        attribute = "expert_tp" if key == "etp" else key
+        wanted, runs = getattr(stated, attribute, None), getattr(layout, attribute, None)
+        if wanted != runs:
+            unread.append(f"layout.{key} {_shown(wanted)} (runs {_shown(runs)})")
+    if unread:
+        notes.append(f"{config.name} runs another layout than the case's layout section ({case.source}) says, and "
+                     f"is diagnosed as it runs: {', '.join(unread)}")
     return tuple(notes)
 
 
@@ -189,6 +202,15 @@ def _shown(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return str(value)
+
+
+def _layout_keys(case: Any) -> tuple[str, ...]:
+    """The keys the case's ``layout`` section states (those it leaves out are defaults, said by nobody)."""
+    from .case import read_case
+
+    data = read_case(case)[0]
+    section = data.get("layout") if isinstance(data, dict) else None
+    return tuple(str(key) for key in section) if isinstance(section, dict) else ()
 
 
 @dataclass(frozen=True)
@@ -254,7 +276,7 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: O
         raise CaseError(error.source, error.key, f"{error.expected} ({'; '.join(misspelled)})") from None
     taken = None
     if engine == "deepspeed":
-        notes = misspelled + _model_code_notes(loaded, layout, path, options, argument)
+        notes = misspelled + _model_code_notes(loaded, layout, path, options, _layout_keys(case), argument)
     else:
         if said_dispatch is None:
             loaded = _dispatch_left_open(loaded, layout)

@@ -1032,3 +1032,28 @@ def test_a_case_layout_deepspeed_cannot_run_is_refused_in_the_case_file(tmp_path
         f"error: {case}: layout.recompute: deepspeed cannot run it: DeepSpeed checkpoints whole layers only "
         "(recompute none or full)"]
 
+
+def test_a_case_layout_the_ds_config_runs_otherwise_is_named_in_a_note(tmp_path):
+    """The case's layout section said micro-batch 4 at ZeRO 3 where the ds_config runs micro-batch 1 at
+    ZeRO 1: diagnose priced the file's, as the run takes it, with notes: [] (the same micro-batch given as
+    --micro-batch-size is refused). Each case key the file overrides is now named."""
+    from cli_in_process import run_cli
+
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100", "num_gpus": 8},
+                                    "training": {"global_batch_size": 64, "seq_len": 4096},
+                                    "layout": {"micro_batch_size": 4, "zero_stage": 3, "tp": 2, "pp": 2,
+                                               "recompute": "full"}}))
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+                                  "gradient_accumulation_steps": 32, "bf16": {"enabled": True},
+                                  "zero_optimization": {"stage": 1}}))
+    done = run_cli("diagnose", str(case), "--config", str(config), "--json")
+    assert done.returncode != 2, done.stderr
+    read = json.loads(done.stdout)
+    assert (read["config"]["layout"]["micro_batch_size"], read["config"]["layout"]["zero_stage"]) == (1, 1)
+    said = [note for note in read["notes"] if "case's layout section" in note]
+    assert len(said) == 1, read["notes"]
+    assert "layout.micro_batch_size 4 (runs 1), layout.zero_stage 3 (runs 1)" in said[0]
+    # tp, pp and recompute the file leaves to the model's code: taken from the case, so not named
+    assert not any(f"layout.{key} " in said[0] for key in ("tp", "pp", "recompute"))
