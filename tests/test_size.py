@@ -750,7 +750,7 @@ def test_a_progress_that_cannot_be_called_is_refused_by_name():
 def test_what_would_meet_the_deadline_spends_no_more_than_a_size_it_tried():
     """Past the limits, the advice was the fewest GPUs of each type that meet the deadline, the
     cheapest of those, where 8,192 B200s (a size the search tried) meet it for less (at a 30.3-day
-    deadline 17.6M, against 23.5M for the fewest B200s that meet it, 7,168). The deadline's answer
+    deadline 17.5M, against 23.2M for the fewest B200s that meet it, 7,168). The deadline's answer
     spends least; so does its advice."""
     case = {"model": {"preset": "llama3-70b"},
             "cluster": {"options": [{"gpu": "h100-sxm-80gb", "max_gpus": 8192, "gpu_hour_cost": 2.5},
