@@ -71,7 +71,7 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
              "--window-attn-skip-freq", "--moe-layer-freq", "--tokenizer-type", "--attention-backend",
              "--cp-comm-type", "--no-rope-freq", "--moe-router-bias-update-rate", "--rotary-percent",
-             "--moe-router-topk-scaling-factor")
+             "--moe-router-topk-scaling-factor", "--moe-router-score-function")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
     "--swiglu", "--quick-geglu", "--group-query-attention", "--untie-embeddings-and-output-weights",

@@ -286,6 +286,7 @@ def _check_model(args: _Args, model, training) -> None:
         if value is not None and value != expected:
             raise CaseError(args.src, flag, f"{value} differs from the case's {expected} "
                                        f"(model.{flag[2:].replace('-', '_')}: the expert dispatch is priced by it)")
+    _check_moe_defaults(args, model)
     if "--num-experts" in args.flags:
         _check_moe_layers(args, model)
     _check_window(args, model)
@@ -339,6 +340,52 @@ def _check_model(args: _Args, model, training) -> None:
         if precision == "fp8" and recipe != training.recipe.name:
             raise CaseError(args.src, "--fp8-recipe", f"scales fp8 {recipe}, but the case's recipe is "
                                                  f"{training.recipe.name} (training.fp8_recipe)")
+
+
+def _check_moe_defaults(args: _Args, model) -> None:
+    """The expert flags a list that builds the model (it gives --num-layers, as
+    :func:`architecture_notes` reads it) leaves out, read as Megatron-LM's defaults at core_v0.16.1
+    and checked as the same value written out is by :func:`_check_model`: refused where it differs
+    from the case's model. DeepSeek-V3's list without --moe-ffn-hidden-size builds experts of
+    18,432 (9x the case's 2,048) and was priced as the case's without a word. A list without
+    --num-experts builds a dense model, and with --expert-model-parallel-size > 1 does not start."""
+    if not model.is_moe:
+        return
+    if "--num-layers" not in args.flags:
+        # The layout's flags alone, read for the case's model (as the widths above are read where given):
+        # Megatron-LM would refuse such a fragment anyway (arguments.py:796-799, --num-layers required).
+        return
+    if "--num-experts" not in args.flags and args.integer("--expert-model-parallel-size", 1) > 1:
+        # megatron/training/arguments.py:1025-1026 (validate_args)
+        raise CaseError(args.src, "--num-experts", "absent, and Megatron-LM refuses --expert-model-parallel-size > 1 "
+                                                   "without it (validate_args: \"num_experts must be non None to use "
+                                                   "expert model parallelism\"): expected --num-experts "
+                                                   f"{model.num_experts} (model.num_experts)")
+    if "--num-experts" not in args.flags:
+        raise CaseError(args.src, "--num-experts", f"absent (Megatron-LM's default: no experts, a dense model) "
+                                                   f"differs from the case's {model.num_experts} (model.num_experts)")
+    ffn = args.integer("--ffn-hidden-size")
+    if ffn is None:  # megatron/training/arguments.py:802-811: 4h, or 2/3 of it in multiples of 64 with --swiglu
+        hidden = args.integer("--hidden-size", model.hidden_size)
+        ffn = int((4 * hidden * 2 / 3) / 64) * 64 if "--swiglu" in args.flags else 4 * hidden
+    defaults = (
+        # arguments.py:1016-1017: the experts take --ffn-hidden-size where no width of their own is given
+        ("--moe-ffn-hidden-size", ffn, f"--ffn-hidden-size, {ffn}", model.moe_ffn_hidden_size,
+         "moe_ffn_hidden_size"),
+        # transformer_config.py:578: moe_router_topk = 2
+        ("--moe-router-topk", 2, "2", model.moe_top_k, "moe_top_k"),
+        # transformer_config.py:534: moe_shared_expert_intermediate_size = None, no shared experts
+        ("--moe-shared-expert-intermediate-size", 0, "none, no shared experts",
+         model.moe_shared_expert_ffn_hidden_size, "moe_shared_expert_ffn_hidden_size"),
+        # transformer_config.py:598 and 614: None, routing over all experts, not group-limited
+        ("--moe-router-num-groups", 1, "none, routing not group-limited", model.moe_router_num_groups,
+         "moe_router_num_groups"),
+        ("--moe-router-group-topk", 1, "none, routing not group-limited", model.moe_router_group_topk,
+         "moe_router_group_topk"))
+    for flag, default, said, expected, key in defaults:
+        if flag not in args.flags and default != expected:
+            raise CaseError(args.src, flag, f"absent (Megatron-LM's default: {said}) differs from the case's "
+                                            f"{expected or 'none'} (model.{key}: the experts are priced by it)")
 
 
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
@@ -617,6 +664,14 @@ def architecture_notes(path: Path, case) -> list[str]:
         if (key != "moe_router_topk_scaling" or model.is_moe) and (given or 1.0) != figure:
             note(flag, what.format(given or 1.0) + ("" if flag in flags else " (its default)"),
                  f"{what.format(figure)} (model.{key})")
+    # The router's score function: transformer_config.py:626 at core_v0.16.1, softmax where the list
+    # gives none. It changes the routing the run trains and nothing the estimate prices (the experts'
+    # widths, top k and groups are checked by _check_model and _check_moe_defaults).
+    score = (flags.get("--moe-router-score-function") or "softmax").lower()
+    if model.is_moe and score != model.moe_router:
+        note("--moe-router-score-function", f"a {score} router" + ("" if "--moe-router-score-function" in flags
+                                                                   else " (its default)"),
+             f"a {model.moe_router} one (model.moe_router)")
     untie = "--untie-embeddings-and-output-weights"
     if model.tied_embeddings == (untie in flags):
         built = "an untied output layer" if untie in flags else "an output layer tied to the embedding (its default)"
