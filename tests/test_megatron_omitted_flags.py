@@ -95,3 +95,14 @@ def test_a_router_scored_otherwise_than_the_case_is_said(tmp_path, text, said):
     (tmp_path / "args.txt").write_text(text)
     notes = " ".join(diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "args.txt").notes)
     assert f"args.txt {said}" in notes and "(model.moe_router); priced as the case's" in notes
+
+
+def test_moe_act_recomputed_without_grouped_gemm_is_refused(tmp_path):
+    """megatron-core refuses moe_act in --recompute-modules without --moe-grouped-gemm
+    (transformer_config.py:1213-1216 at core_v0.16.1); it was priced, as if the run started."""
+    text = DEEPSEEK_V3_ARGS + "--recompute-granularity selective --recompute-modules mla_up_proj moe_act\n"
+    assert diagnose_cli(tmp_path, text).returncode != 2
+    done = diagnose_cli(tmp_path, text.replace("--moe-grouped-gemm ", ""))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "args.txt: --recompute-modules: moe_act needs --moe-grouped-gemm beside it: megatron-core refuses it " \
+           "without" in done.stderr

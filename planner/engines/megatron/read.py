@@ -885,6 +885,12 @@ def _recompute(args: _Args, vpp: int, stages: tuple[int, ...]) -> tuple[str, Opt
             else ("core_attn",)
         if moe_layer and "moe" not in modules:
             modules += ("moe",)
+        if "moe_act" in modules and "--moe-grouped-gemm" not in args.flags:
+            # megatron/core/transformer/transformer_config.py:1213-1216 at core_v0.16.1 (__post_init__)
+            raise CaseError(args.src, "--recompute-modules", "moe_act needs --moe-grouped-gemm beside it: megatron-core "
+                                                             "refuses it without (TransformerConfig: \"moe_act in "
+                                                             "recompute_modules is only supported with "
+                                                             "moe_grouped_gemm\"), and the run would not start")
         if not modules:
             recompute, modules = "none", None
     elif granularity == "full":
