@@ -106,3 +106,12 @@ def test_moe_act_recomputed_without_grouped_gemm_is_refused(tmp_path):
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "args.txt: --recompute-modules: moe_act needs --moe-grouped-gemm beside it: megatron-core refuses it " \
            "without" in done.stderr
+
+
+def test_fp16_and_bf16_together_are_refused_saying_both_were_given(tmp_path):
+    """validate_args asserts not (fp16 and bf16) (arguments.py:702-703 at core_v0.16.1); the list was read
+    as fp16 and, against a bf16 case, refused as training in fp16."""
+    done = diagnose_cli(tmp_path, DEEPSEEK_V3_ARGS + "--fp16\n")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "args.txt: --fp16: given with --bf16: Megatron-LM refuses both together" in done.stderr
+    assert "trains in fp16" not in done.stderr

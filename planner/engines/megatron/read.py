@@ -96,6 +96,7 @@ def read(path: Path, case) -> Layout:
         flags = flags_of(launch.words, src, launch.shell)
         _check_ramp(src, launch.words, flags)
         _check_overlaps(src, flags)
+        _check_one_precision(src, flags)
         return _layout(src, flags, case)
     except CaseError as error:
         raise launch.explain(error) from None
@@ -111,6 +112,15 @@ def _check_ramp(src: str, words: list[str], flags: dict) -> None:
                                                     "iterations: Megatron-LM refuses the two together (validate_args: "
                                                     "expected no batch-size rampup for iteration-based training); "
                                                     "give --train-samples with the ramp-up, or no ramp-up")
+
+
+def _check_one_precision(src: str, flags: dict) -> None:
+    """--fp16 and --bf16 together, refused as validate_args refuses them (megatron/training/arguments.py:702-703
+    and 711-712 at core_v0.16.1: assert not args.bf16 under args.fp16): the run would not start, and
+    read_precision took --fp16 for it."""
+    if "--fp16" in flags and "--bf16" in flags:
+        raise CaseError(src, "--fp16", "given with --bf16: Megatron-LM refuses both together (validate_args asserts "
+                                       "not both), and the run would not start; expected one of them")
 
 
 def _check_overlaps(src: str, flags: dict) -> None:
@@ -960,6 +970,7 @@ def read_training(path: Path, case) -> dict:
 
 
 def _training(flags: dict, case, src: str) -> dict:
+    _check_one_precision(src, flags)  # before the gradients' dtype is read from --bf16
     main_grads = (flags.get("--main-grads-dtype") or "fp32").lower()
     fp32_grads = "--accumulate-allreduce-grads-in-fp32" in flags or (
         "--bf16" in flags and "--grad-reduce-in-bf16" not in flags and main_grads in ("fp32", "float32"))
