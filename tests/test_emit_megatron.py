@@ -1215,3 +1215,26 @@ def test_the_launch_builds_the_published_models_rope_share_and_router_scale(tmp_
     assert parse_args(files["megatron_args.txt"])["--moe-router-topk-scaling-factor"] == repr(1 / 3)
     path.write_text(files["megatron_args.txt"])
     assert not [n for n in diagnose(third, megatron_args=path).notes if "scaling" in n]
+
+
+def test_diagnose_takes_the_lists_fp8_recipe_where_the_case_leaves_it_to_the_engine(tmp_path):
+    """A case without training.fp8_recipe leaves the recipe to the engine, as it leaves the gradients'
+    dtype: the list's --fp8-recipe is the run's, taken and said as the other settings taken from the
+    arguments are (it was refused: "the case's recipe is delayed (training.fp8_recipe)"). A case that
+    names its recipe is still held to it."""
+    from cli_in_process import run_cli
+
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump(_recipe_case("h100-sxm-80gb", "fp8")))
+    assert run_cli("plan", str(case), "--engine", "megatron", "--emit", "megatron", "--out",
+                   str(tmp_path / "run")).returncode == 0
+    text = (tmp_path / "run" / "megatron_args.txt").read_text()
+    assert "--fp8-recipe delayed" in text
+    (tmp_path / "args.txt").write_text(text.replace("--fp8-recipe delayed", "--fp8-recipe tensorwise"))
+    done = run_cli("diagnose", str(case), "--megatron-args", str(tmp_path / "args.txt"))
+    assert done.returncode != 2 and not done.stderr, done.stderr
+    assert "training.fp8_recipe tensorwise (--fp8-recipe)" in " ".join(done.stdout.split())
+    case.write_text(yaml.safe_dump(_recipe_case("h100-sxm-80gb", "fp8", fp8_recipe="delayed")))
+    done = run_cli("diagnose", str(case), "--megatron-args", str(tmp_path / "args.txt"))
+    assert done.returncode == 2 and "args.txt: --fp8-recipe: scales fp8 tensorwise, but the case's recipe is " \
+                                   "delayed (training.fp8_recipe)" in done.stderr, done.stderr

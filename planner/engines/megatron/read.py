@@ -958,6 +958,8 @@ def read_training(path: Path, case) -> dict:
     - ``moe_comm_overlap``: ``--overlap-moe-expert-parallel-comm`` (off by default).
     - ``fp8_param_gather`` (a low-precision recipe): ``--fp8-param-gather`` (``--fp4-param-gather``
       under NVFP4), off by default: the weights are kept in 16 bits and quantized each step.
+    - ``fp8_recipe`` (fp8, where the case names none and the list's differs from the engine's):
+      ``--fp8-recipe``, delayed by default (TransformerConfig.fp8_recipe).
     - ``expert_dispatch`` (mixtures of experts): ``--moe-token-dispatcher-type`` ``flex`` with the DeepEP
       or HybridEP backend (``--moe-flex-dispatcher-backend``, DeepEP unless it says otherwise) sends a token once
       per NVLink domain (``deepep``); ``allgather`` (the default) and ``alltoall`` once per expert."""
@@ -994,6 +996,14 @@ def _training(flags: dict, case, src: str) -> dict:
     if case.training.recipe is not None:  # the weights kept quantized: off unless the flag is given
         settings["fp8_param_gather"] = ("--fp4-param-gather" if case.training.precision == "nvfp4"
                                         else "--fp8-param-gather") in flags
+    precision = read_precision(flags)
+    if precision is not None and precision[0] == "fp8" == case.training.precision \
+            and case.training.fp8_recipe is None and precision[1] != case.training.recipe.name:
+        # A case that names no training.fp8_recipe leaves it to the engine: the list's recipe (or
+        # TransformerConfig's default, delayed: transformer_config.py:436-437 at core_v0.16.1) is the
+        # one the run scales by, taken as the other settings left to the engine are. A case that names
+        # one is held to it by _check_model.
+        settings["fp8_recipe"] = precision[1]
     if case.model.is_moe:
         dispatcher = flags.get("--moe-token-dispatcher-type") or "allgather"
         if "--overlap-moe-expert-parallel-comm" in flags and dispatcher not in ("alltoall", "flex"):
@@ -1021,7 +1031,7 @@ def _training(flags: dict, case, src: str) -> dict:
 SETTING_FLAGS = {"fp32_grads": "--grad-reduce-in-bf16", "tp_comm_overlap": "--tp-comm-overlap",
                  "fp8_param_gather": "--fp8-param-gather",
                  "moe_comm_overlap": "--overlap-moe-expert-parallel-comm",
-                 "expert_dispatch": "--moe-token-dispatcher-type"}
+                 "expert_dispatch": "--moe-token-dispatcher-type", "fp8_recipe": "--fp8-recipe"}
 
 
 def _check_quantized_weights(src: str, flags: dict, job: Job) -> None:
