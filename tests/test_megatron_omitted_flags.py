@@ -115,3 +115,12 @@ def test_fp16_and_bf16_together_are_refused_saying_both_were_given(tmp_path):
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "args.txt: --fp16: given with --bf16: Megatron-LM refuses both together" in done.stderr
     assert "trains in fp16" not in done.stderr
+
+
+def test_full_recomputation_without_a_method_says_what_is_expected(tmp_path):
+    """megatron-core refuses --recompute-granularity full without --recompute-method
+    (transformer_config.py:1165-1169 at core_v0.16.1); the refusal ended "got None"."""
+    done = diagnose_cli(tmp_path, DEEPSEEK_V3_ARGS + "--recompute-granularity full --recompute-num-layers 1\n")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "args.txt: --recompute-method: absent, and --recompute-granularity full needs it: expected " \
+           "--recompute-method uniform or block" in done.stderr and "None" not in done.stderr

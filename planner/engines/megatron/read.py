@@ -905,6 +905,12 @@ def _recompute(args: _Args, vpp: int, stages: tuple[int, ...]) -> tuple[str, Opt
             recompute, modules = "none", None
     elif granularity == "full":
         recompute = "full"
+        if method is None:
+            # megatron/core/transformer/transformer_config.py:1165-1169 at core_v0.16.1 (__post_init__)
+            raise CaseError(args.src, "--recompute-method", "absent, and --recompute-granularity full needs it: "
+                                                            "expected --recompute-method uniform or block (megatron-core "
+                                                            "refuses full recomputation without one, and the run would "
+                                                            "not start)")
         if method not in ("uniform", "block"):
             raise CaseError(args.src, "--recompute-method", f"expected uniform or block with full recomputation, "
                                                        f"got {method!r}")
