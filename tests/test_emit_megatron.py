@@ -578,7 +578,7 @@ def test_launch_script_runs_torchrun_with_the_arguments(emitted, tmp_path):
             (tmp_path / name).write_text(text)
         run = subprocess.run([bash, str(tmp_path / "launch.sh"), "--data-path", "/data/x y"], capture_output=True,
                              text=True, env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                                             "MEGATRON_LM": "/opt/megatron"}, check=True)
+                                             "MEGATRON_LM": "/opt/megatron", "MASTER_ADDR": "node0"}, check=True)
         given = run.stdout.splitlines()
         nodes, per_node = megatron.nodes_and_gpus(e.job)
         assert given[:4] == ["--nnodes", str(nodes), "--nproc-per-node", str(per_node)], e
@@ -1238,3 +1238,31 @@ def test_diagnose_takes_the_lists_fp8_recipe_where_the_case_leaves_it_to_the_eng
     done = run_cli("diagnose", str(case), "--megatron-args", str(tmp_path / "args.txt"))
     assert done.returncode == 2 and "args.txt: --fp8-recipe: scales fp8 tensorwise, but the case's recipe is " \
                                    "delayed (training.fp8_recipe)" in done.stderr, done.stderr
+
+
+def test_a_multi_node_launch_script_says_to_set_master_addr_to_node_0_and_stops_without_it(tmp_path):
+    """launch.sh defaulted --master-addr to localhost on every node, so that nodes 1.. waited on
+    themselves, and its header said only to set NODE_RANK; torchtitan's says to set MASTER_ADDR to
+    node 0. A multi-node plan's script now says so, and stops saying so where it is unset."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    best = plan(_recipe_case("h100-sxm-80gb", "bf16"), top_k=0).best
+    assert megatron.nodes_and_gpus(best.job)[0] == 2
+    text = megatron.render(best, provenance(best, "case.yaml"))["launch.sh"]
+    assert "# Megatron-LM on 2 node(s) x 8 GPUs; on node i run with NODE_RANK=i and MASTER_ADDR set to node 0." \
+        in text
+    for name, body in megatron.render(best, provenance(best, "case.yaml")).items():
+        (tmp_path / name).write_text(body)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "MASTER_ADDR"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    unset = subprocess.run([bash, str(tmp_path / "launch.sh")], capture_output=True, text=True, env=env)
+    assert unset.returncode != 0 and unset.stdout == ""
+    assert "MASTER_ADDR: set MASTER_ADDR to node 0 (the node run with NODE_RANK=0) on every node" in unset.stderr
+    given = subprocess.run([bash, str(tmp_path / "launch.sh")], capture_output=True, text=True, check=True,
+                           env={**env, "MASTER_ADDR": "node0", "NODE_RANK": "1"}).stdout.splitlines()
+    assert given[given.index("--master-addr") + 1] == "node0" and given[given.index("--node-rank") + 1] == "1"

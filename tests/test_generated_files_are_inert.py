@@ -46,14 +46,15 @@ def emit(tmp_path: Path, engine: str, model: dict) -> Path:
 
 
 def stub_launchers(tmp_path: Path) -> dict[str, str]:
-    """torchrun and deepspeed that do nothing, first on PATH."""
+    """torchrun and deepspeed that do nothing, first on PATH, and node 0's address, which a
+    multi-node Megatron launch.sh stops without."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name in ("torchrun", "deepspeed"):
         stub = bin_dir / name
         stub.write_text("#!/bin/sh\nexit 0\n")
         stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "MASTER_ADDR": "node0"}
 
 
 def check_inert(tmp_path: Path, out: Path, marker: Path) -> None:

@@ -507,9 +507,15 @@ def render(estimate, header_lines) -> dict[str, str]:
         "Add data, tokenizer and learning-rate arguments on the command line"
         + (f"; the case does not state the model's {', '.join(unstated)}: add them too." if unstated else "."),
     ]) + body)
+    # torchrun's rendezvous runs on node 0: every other node must be told where it is. A multi-node
+    # plan stops with the reason where MASTER_ADDR is unset (localhost would leave nodes 1.. waiting
+    # on themselves until the rendezvous times out); the header says so, as torchtitan's launch.sh does.
+    master = '"${MASTER_ADDR:-localhost}"' if nodes == 1 else \
+        '"${MASTER_ADDR:?set MASTER_ADDR to node 0 (the node run with NODE_RANK=0) on every node}"'
     launch = (
         "#!/usr/bin/env bash\n" + header + comment([
-            f"Megatron-LM on {nodes} node(s) x {per_node} GPUs; run once per node with NODE_RANK set.",
+            f"Megatron-LM on {nodes} node(s) x {per_node} GPUs; on node i run with NODE_RANK=i"
+            + (" and MASTER_ADDR set to node 0." if nodes > 1 else "."),
             "MEGATRON_LM: a Megatron-LM checkout; extra arguments (data, tokenizer, schedule) pass through.",
         ]) +
         "set -euo pipefail\n"
@@ -517,7 +523,7 @@ def render(estimate, header_lines) -> dict[str, str]:
         + connections_line(lay) +
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         f"torchrun --nnodes {shell_word(nodes)} --nproc-per-node {shell_word(per_node)} \\\n"
-        '    --node-rank "${NODE_RANK:-0}" --master-addr "${MASTER_ADDR:-localhost}" '
+        '    --node-rank "${NODE_RANK:-0}" --master-addr ' + master + ' '
         '--master-port "${MASTER_PORT:-6000}" \\\n'
         '    "${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/' + ARGS_FILE + '") "$@"\n'
     )
