@@ -130,13 +130,18 @@ def indistinguishable_from(rows: Sequence) -> tuple[float, int]:
         if r.measured and r.fits and r.row.get("trust") != "low":
             groups[r.job].append(r)
     sweeps: list[list[tuple[float, bool]]] = []
-    for group in groups.values():
+    # In an order of their own (the jobs'), not the files': the draw picks sweeps by place, and the same
+    # runs listed otherwise would ship another gap.
+    for job in sorted(groups, key=repr):
+        group = groups[job]
         if len(group) < 5:  # a sweep, as the sweep measure counts one
             continue
         best = max(r.measured for r in group)
         group = [r for r in group if r.measured * 2 >= best]
-        sweeps.append([ordering(a, b) for i, a in enumerate(group) for b in group[i + 1:]
-                       if a.predicted != b.predicted and a.measured != b.measured])
+        pairs = [ordering(a, b) for i, a in enumerate(group) for b in group[i + 1:]
+                 if a.predicted != b.predicted and a.measured != b.measured]
+        if pairs:  # a sweep with no pair to order says nothing of the gap (a resample of it alone, 0)
+            sweeps.append(pairs)
     pairs = [pair for sweep in sweeps for pair in sweep]
     if not pairs:
         return 0.0, 0
@@ -148,7 +153,9 @@ def indistinguishable_from(rows: Sequence) -> tuple[float, int]:
 
 def ordering(a: Any, b: Any) -> tuple[float, bool]:
     """A pair of measured layouts: their predicted gap (log ratio) and whether the model ordered them right."""
-    return abs(math.log(a.predicted / b.predicted)), (a.predicted > b.predicted) == (a.measured > b.measured)
+    # The larger over the smaller, whichever comes first: the gap of a pair is one number, to the last bit.
+    gap = math.log(max(a.predicted, b.predicted) / min(a.predicted, b.predicted))
+    return gap, (a.predicted > b.predicted) == (a.measured > b.measured)
 
 
 def _gap(pairs: list[tuple[float, bool]]) -> float:
@@ -247,7 +254,8 @@ HEADER = """\
 #   the most specific class that has them.
 # indistinguishable_gap: the predicted step-time gap below which the model orders two layouts of one
 #   published sweep right less than right_share of the time (isotonic fit over `pairs` pairs of layouts
-#   that both ran within 2x of their sweep's best and were both predicted to fit).
+#   that both ran within 2x of their sweep's best and were both predicted to fit), its `percentile` over
+#   `resamples` resamples of the sweeps (a bootstrap: the gap moves with which sweeps were published).
 """
 
 

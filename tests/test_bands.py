@@ -111,6 +111,10 @@ def test_the_indistinguishable_gap_holds_whichever_sweeps_were_published():
     pooled = bands._gap([bands.ordering(a, b) for rows in (right, wrong)
                          for i, a in enumerate(rows) for b in rows[i + 1:]])
     assert pooled < gap
+    # The same runs listed otherwise give the same gap (the draw picked sweeps by their place in the
+    # files), and a sweep with no pair to order (its layouts predicted alike) is none.
+    alike = [row("alike", 1.0, m) for m in (1.0, 1.1, 1.2, 1.3, 1.4)]
+    assert bands.indistinguishable_from(list(reversed(right + wrong)) + alike) == (gap, pairs)
 
 
 def test_the_robust_pick_on_a_published_sweep():
