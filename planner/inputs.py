@@ -227,31 +227,55 @@ class BoundedLoader(_BudgetComposer, _Parser, _CheckedConstructor, Resolver):
         Resolver.__init__(self)
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _merged_names(source, seen: set) -> set:
+    """The (tag, name) of every key a mapping merged with ``<<`` gives: its own keys and those it
+    merges in turn (each mapping once)."""
+    if not isinstance(source, MappingNode) or id(source) in seen:
+        return set()
+    seen.add(id(source))
+    names = set()
+    for key, value in source.value:
+        if isinstance(key, ScalarNode) and key.tag != MERGE_TAG:
+            names.add((key.tag, key.value))
+        elif isinstance(key, ScalarNode):
+            for inner in value.value if isinstance(value, SequenceNode) else [value]:
+                names |= _merged_names(inner, seen)
+    return names
+
+
 def _duplicate_key(node, path: str = "", seen: Optional[set] = None) -> Optional[tuple[str, Any]]:
-    """(dotted key, mark) of the first key given twice in one mapping, else None."""
+    """(dotted key, mark) of the first key given twice in one mapping, or by two of the mappings
+    ``<<`` merges into it, else None."""
     seen = set() if seen is None else seen
     if id(node) in seen:
         return None
     seen.add(id(node))
     if isinstance(node, MappingNode):
         keys: set = set()
+        # Two merged mappings that give one key: which wins is PyYAML's order, not the spec's (it took the
+        # later of ``<<: [{global_batch_size: 64}, {global_batch_size: 128}]``, a batch the user did not
+        # mean): refused, as a key given twice in one mapping is, across every ``<<`` of the mapping and
+        # what its sources merge in turn. The same mapping merged twice gives nothing twice; a key the
+        # mapping gives itself over a merged one is what merging is for.
+        merged: set = set()
+        counted: set = set()
         for key, value in node.value:
             name = key.value if isinstance(key, ScalarNode) else None
             here = f"{path}.{name}" if path and name is not None else (name or path)
-            if name is not None and key.tag != "tag:yaml.org,2002:merge":
+            if name is not None and key.tag != MERGE_TAG:
                 if (key.tag, name) in keys:
                     return here, key.start_mark
                 keys.add((key.tag, name))
-            elif key.tag == "tag:yaml.org,2002:merge":
-                # Two merged mappings that give one key: which wins is PyYAML's order, not the spec's (it
-                # took the later of ``<<: [{global_batch_size: 64}, {global_batch_size: 128}]``, a batch
-                # the user did not mean): refused, as a key given twice in one mapping is.
-                merged: set = set()
-                sources = value.value if isinstance(value, SequenceNode) else [value]
-                for source in sources:
-                    names = {k.value for k, _ in source.value if isinstance(k, ScalarNode)
-                             and k.tag != "tag:yaml.org,2002:merge"} if isinstance(source, MappingNode) else set()
-                    twice = sorted(names & merged)
+            elif name is not None:
+                for source in value.value if isinstance(value, SequenceNode) else [value]:
+                    if id(source) in counted:
+                        continue
+                    counted.add(id(source))
+                    names = _merged_names(source, set())
+                    twice = sorted(name for _, name in names & merged)
                     if twice:
                         return (f"{path}.{twice[0]}" if path else twice[0]), key.start_mark
                     merged |= names

@@ -330,6 +330,12 @@ def test_a_key_two_merged_mappings_give_is_refused(tmp_path):
                    "training.global_batch_size", "given twice")
     from planner.inputs import load_yaml
     assert load_yaml("d: &d {g: 64, s: 4096}\nt:\n  <<: *d\n  g: 32\n", "over.yaml")["t"] == {"g": 32, "s": 4096}
+    # Two << keys, or a key a merged mapping merges in turn: the same ambiguity, refused alike.
+    for text in ("t:\n  <<: {g: 64}\n  <<: {g: 128}\n", "t:\n  <<: [{<<: {g: 64}, s: 1}, {g: 128}]\n"):
+        with pytest.raises(CaseError, match="t.g: given twice"):
+            load_yaml(text, "merged.yaml")
+    # The same mapping merged twice gives nothing twice.
+    assert load_yaml("a: &a {g: 64}\nt:\n  <<: [*a, *a]\n", "twice.yaml")["t"] == {"g": 64}
 
 
 def test_rich_markup_in_names_is_printed_as_written(tmp_path):
