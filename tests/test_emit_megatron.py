@@ -1238,6 +1238,13 @@ def test_diagnose_takes_the_lists_fp8_recipe_where_the_case_leaves_it_to_the_eng
     done = run_cli("diagnose", str(case), "--megatron-args", str(tmp_path / "args.txt"))
     assert done.returncode == 2 and "args.txt: --fp8-recipe: scales fp8 tensorwise, but the case's recipe is " \
                                    "delayed (training.fp8_recipe)" in done.stderr, done.stderr
+    # Megatron's "custom" recipe (a module of the user's own), taken where the case leaves the recipe to the
+    # engine, raised a traceback (TrainingSpec refused it outside any error handling).
+    case.write_text(yaml.safe_dump(_recipe_case("h100-sxm-80gb", "fp8")))
+    (tmp_path / "custom.txt").write_text(text.replace("--fp8-recipe delayed", "--fp8-recipe custom"))
+    done = run_cli("diagnose", str(case), "--megatron-args", str(tmp_path / "custom.txt"))
+    assert done.returncode == 2 and "custom.txt: --fp8-recipe: custom: a recipe the planner cannot price" \
+        in done.stderr, done.stderr
 
 
 def test_a_multi_node_launch_script_says_to_set_master_addr_to_node_0_and_stops_without_it(tmp_path):

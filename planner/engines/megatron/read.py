@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from cost_models.quantization import FP8_RECIPES
 from cost_models.partition import chunk_layers, rank_chunks, virtual_stage_layers
 from cost_models.specs import Job, Layout, SpecError
 from cost_models.stage_time import cp_runs_all_to_all
@@ -1009,6 +1010,9 @@ def _training(flags: dict, case, src: str) -> dict:
         # TransformerConfig's default, delayed: transformer_config.py:436-437 at core_v0.16.1) is the
         # one the run scales by, taken as the other settings left to the engine are. A case that names
         # one is held to it by _check_model.
+        if precision[1] not in FP8_RECIPES:  # Megatron's "custom" (a recipe module of the user's own)
+            raise CaseError(src, "--fp8-recipe", f"{precision[1]}: a recipe the planner cannot price; expected one of "
+                                                 f"{', '.join(FP8_RECIPES)}")
         settings["fp8_recipe"] = precision[1]
     if case.model.is_moe:
         dispatcher = flags.get("--moe-token-dispatcher-type") or "allgather"
