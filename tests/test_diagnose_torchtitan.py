@@ -851,6 +851,7 @@ def test_an_overrides_file_is_read_on_the_base_config_its_header_names(tmp_path)
 OWN_MODEL_CASES = {
     "deepseek_v3": case_of("deepseek-v3", 256, 512, 4096),
     "qwen3_moe_fp8": case_of("qwen3-30b-a3b", 16, 256, 4096, precision="fp8"),
+    "llama3_8b_fp8": case_of("llama3-8b", 8, 64, 4096, precision="fp8"),
 }
 # An edit to the model names of the emitted torchtitan_config.py, the case it is read on, and the
 # refusal's key and words.
@@ -869,6 +870,15 @@ OWN_MODEL_EDITS = {
                      "scales fp8 'rowwise_with_gw_hp', but the case's recipe is rowwise"),
     "unknown_converter": ("qwen3_moe_fp8", None, "CONVERTERS = [['Float8Converter', {}]]", "CONVERTERS",
                           "'Float8Converter' is not read: expected one of Float8LinearConverter"),
+    # The experts' converter alone leaves every linear in bf16; on a dense model it converts nothing: both
+    # were priced in fp8.
+    "experts_only": ("qwen3_moe_fp8", None, "CONVERTERS = [['Float8GroupedExpertsConverter', {}]]", "CONVERTERS",
+                     "converts the experts only, but the case"),
+    "experts_on_dense": ("llama3_8b_fp8", None, "CONVERTERS = [['Float8GroupedExpertsConverter', {}]]", "CONVERTERS",
+                         "Float8GroupedExpertsConverter converts grouped experts, but the case's model has none"),
+    # An annotated assignment binds the name as a plain one does: it was read as absent.
+    "mtp_annotated": ("deepseek_v3", "MTP_LAYERS = 1", "MTP_LAYERS: int = 0", "MTP_LAYERS",
+                      "0: apply_layout rebuilds the model with no multi-token prediction layers, but the case"),
 }
 
 

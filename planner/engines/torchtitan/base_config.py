@@ -218,12 +218,19 @@ def _read_own(path: Path) -> Optional[BaseConfig]:
         return None
     names: dict[str, Any] = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        # NAME = value, or NAME: type = value (an annotated assignment binds the name alike)
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target = node.target
+        else:
+            continue
+        if isinstance(target, ast.Name):
             try:
-                names[node.targets[0].id] = ast.literal_eval(node.value)
+                names[target.id] = ast.literal_eval(node.value)
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 # Kept for the model's names, whose refusal says it is no literal (the others read as before).
-                names[node.targets[0].id] = NotLiteral(ast.unparse(node.value))
+                names[target.id] = NotLiteral(ast.unparse(node.value))
     base_module, base_function = (names.get(name) for name in ("BASE_MODULE", "BASE_CONFIG"))
     base_module = base_module if isinstance(base_module, str) else ""
     base_function = base_function if isinstance(base_function, str) else ""

@@ -989,7 +989,8 @@ def _check_own_model(s: _Settings, case) -> None:
     if not isinstance(entries, (list, tuple)) or not all(
             isinstance(e, (list, tuple)) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], dict)
             for e in entries):
-        said = f"not a literal ({one_line(entries.text, 40)})" if isinstance(entries, NotLiteral) else             "absent" if key not in s.own_model else one_line(safe_repr(entries), 60)
+        said = (f"not a literal ({one_line(entries.text, 40)})" if isinstance(entries, NotLiteral) else
+                "absent" if key not in s.own_model else one_line(safe_repr(entries), 60))
         raise CaseError(src, key, f"expected {expected} (written as a literal: the file is read, not run), got {said}")
     unknown = [name for name, _ in entries if name not in CONVERTER_CLASSES]
     if unknown:
@@ -1006,7 +1007,16 @@ def _check_own_model(s: _Settings, case) -> None:
                                   "(training.precision)")
     if wanted is None:
         return
-    if model.is_moe and not any(CONVERTER_CLASSES[name][1] for name, _ in entries):
+    experts = [name for name, _ in entries if CONVERTER_CLASSES[name][1]]
+    if not model.is_moe and experts:
+        raise CaseError(src, key, f"{experts[0]} converts grouped experts, but the case's model has none: "
+                                  f"expected a linear converter alone")
+    if len(experts) == len(entries):
+        # Float8GroupedExpertsConverter walks the experts alone: every other GEMM would stay in bf16.
+        raise CaseError(src, key, f"converts the experts only, but the case {case.source} trains its linears in "
+                                  f"{precision} (training.precision): expected a linear converter too "
+                                  f"({'Float8' if precision == 'fp8' else precision.upper()}LinearConverter)")
+    if model.is_moe and not experts:
         # The experts' weights are most of a mixture's GEMMs: left in bf16 they run slower than priced.
         raise CaseError(src, key, f"converts the linears only, but the case {case.source} trains its experts in "
                                   f"{precision} (training.precision): expected a grouped-experts converter too "
