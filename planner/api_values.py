@@ -28,13 +28,14 @@ def plain(value: Any) -> Any:
     """``value`` with every numpy scalar and os.PathLike in it (through dicts, lists and tuples, MAX_DEPTH
     deep) made the Python value it stands for; a structure that holds itself is left as it is where it
     recurs."""
-    memo: dict[int, Any] = {}
+    memo: dict[tuple[int, bool], Any] = {}
 
     def walk(v: Any, depth: int = 0, in_case: bool = False) -> Any:
         if isinstance(v, (dict, list, tuple)) and depth < MAX_DEPTH:
-            if id(v) in memo:  # a shared part is converted once; a cycle stays the caller's object
-                return memo[id(v)]
-            memo[id(v)] = v
+            key = (id(v), in_case)  # a tuple shared in and out of a dict case is converted in it alone
+            if key in memo:  # a shared part is converted once; a cycle stays the caller's object
+                return memo[key]
+            memo[key] = v
             if isinstance(v, dict):
                 out: Any = {k: walk(x, depth + 1, True) for k, x in v.items()}
             elif isinstance(v, list) or in_case:
@@ -43,7 +44,7 @@ def plain(value: Any) -> Any:
                 out = [walk(x, depth + 1, in_case) for x in v]
             else:
                 out = tuple(walk(x, depth + 1) for x in v)
-            memo[id(v)] = out
+            memo[key] = out
             return out
         if isinstance(v, os.PathLike):
             try:

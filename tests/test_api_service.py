@@ -216,3 +216,22 @@ def test_an_infeasible_plans_differences_are_a_clear_error():
     assert infeasible.best is None
     with pytest.raises(planner.CaseError, match="found no layout"):
         infeasible.differences(planner.estimate(dict(CASE, layout={"tp": 1})))
+
+
+def test_a_tuple_shared_in_and_out_of_a_dict_case_is_a_list_in_it():
+    """The conversion was remembered by the object alone: met outside a case first, a tuple was left a
+    tuple inside one."""
+    from planner.api_values import plain
+
+    shared = (16, 16)
+    assert plain((shared, {"stage_layers": shared})) == ((16, 16), {"stage_layers": [16, 16]})
+
+
+def test_size_says_a_mixture_of_experts_is_sized_with_balanced_routing():
+    """plan said model.moe_load_imbalance was unstated (priced as forced balancing runs); size, on the
+    same case, said nothing, and its days are as optimistic."""
+    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "max_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096}, "search": {"target": "megatron"}}
+    assert any("moe_load_imbalance is unstated" in note for note in planner.size(case, "1T").notes)
+    stated = {**case, "model": {"preset": "qwen3-30b-a3b", "moe_load_imbalance": 1.2}}
+    assert not any("moe_load_imbalance" in note for note in planner.size(stated, "1T").notes)
