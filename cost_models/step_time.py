@@ -3,9 +3,10 @@
 One step runs m micro-batches through each of the dp pipelines. Per micro-batch a
 stage spends forward + backward (2× forward) GEMM and attention time, element-wise
 (HBM-bound) time, recomputation, and the tensor-parallel collectives it cannot hide.
-The slowest stage sets the pipeline's clock (Narayanan et al. 2021, §2.2):
+The slowest stage sets the steady state's clock, and the fill and drain run each stage at its
+own pace (Narayanan et al. 2021, §2.2; ``pipeline_time.Pipeline.bubble``):
 
-    step = m·t_stage + (p − 1)/v·t_stage + pipeline sends + exposed DP traffic + optimizer
+    step = m·t_slowest + (Σ_i t_i − t_slowest)/v + pipeline sends + exposed DP traffic + optimizer
 
 The exposed part of the data-parallel traffic is what the backward pass of the
 last micro-batch cannot hide (Li et al. 2020, PyTorch DDP, §3.2.3; Megatron's
