@@ -72,8 +72,11 @@ def print_sizing(sizing: Sizing, console: Console) -> None:
     else:
         _print_choice(console, best)
         if sizing.alternatives:
+            # The cost's words only where some answer has a price (its column is "-" where none has).
+            priced = any(c.cost is not None for c in (best, *sizing.alternatives))
             table = Table(title="Next best", caption="trades: each against the answer above (its type named where it "
-                                                     "differs); cost: GPU-hours × gpu_hour_cost, in its currency")
+                                                     "differs)" + ("; cost: GPU-hours × gpu_hour_cost, in its currency"
+                                                                   if priced else ""))
             # Entries of one GPU type at two prices (reserved, on demand) are told apart by their key.
             keys: dict[str, set] = {}
             for c in (best, *sizing.alternatives):

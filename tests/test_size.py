@@ -826,3 +826,16 @@ def test_the_runners_up_on_racks_fill_the_list_with_undominated_sizes(limits):
         assert not any(q is not p and q.gpus_paid <= p.gpus_paid and q.days <= p.days and q.cost <= p.cost
                        for q in picks)
     assert (640 if "deadline" in limits else 512) in [p.gpus for p in picks]
+
+
+def test_the_next_best_tables_caption_names_the_cost_only_where_there_is_one(tmp_path):
+    """Without a price the cost column is "-" in every row, and the caption still explained it as
+    GPU-hours × gpu_hour_cost."""
+    unpriced = {**MID, "cluster": {"options": [{k: v for k, v in option.items() if k != "gpu_hour_cost"}
+                                               for option in MID["cluster"]["options"]]}}
+    for case, said in ((unpriced, False), (MID, True)):
+        path = tmp_path / "case.yaml"
+        path.write_text(yaml.safe_dump(case))
+        done = cli("size", str(path), "--tokens", "1T", "--deadline", "60d")
+        assert done.returncode == 0 and "Next best" in done.stdout, done.stderr
+        assert ("gpu_hour_cost, in its currency" in " ".join(done.stdout.split())) == said
