@@ -724,6 +724,8 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
         return Sizing(OVER_BUDGET, best=None, alternatives=(), **common, would_meet=met,
                       no_fit=f"{reason}; past the limits, {gpus_text(met)} would fit{meet}")
     if step_deadline is not None and (fits := _would_meet(sweep, options, limits, None)) is not None:
+        if advice:  # as above: the GPUs that would fit, said once
+            reason = f"{replace(advice, gpus_that_fit=None).describe()} ({where})"
         return Sizing(OVER_BUDGET, best=None, alternatives=(), **common,
                       no_fit=f"{reason}; past the limits, {gpus_text(choice(sweep, fits))} would fit, but none up to "
                              f"{ADVICE_REACH}× the limits would meet the deadline")

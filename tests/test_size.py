@@ -839,3 +839,13 @@ def test_the_next_best_tables_caption_names_the_cost_only_where_there_is_one(tmp
         done = cli("size", str(path), "--tokens", "1T", "--deadline", "60d")
         assert done.returncode == 0 and "Next best" in done.stdout, done.stderr
         assert ("gpu_hour_cost, in its currency" in " ".join(done.stdout.split())) == said
+
+
+def test_over_budget_with_a_deadline_none_past_the_limits_meets_says_the_gpus_that_fit_once():
+    """405B within 8 H100s by 60 days: "…; 24 GPUs would fit (the largest cluster within the limits: 8
+    …); past the limits, 24 h100-sxm-80gb GPUs would fit, but none … would meet the deadline": the
+    GPUs that fit said twice, the first time without their type."""
+    result = planner.size("examples/llama3.1-405b-16384-h100-plan.yaml", "15.6T", deadline="60d", max_gpus=8)
+    assert result.status == "over budget"
+    reason = result.no_fit
+    assert reason.count("would fit") == 1 and "past the limits, 24 h100-sxm-80gb GPUs would fit, but none" in reason
