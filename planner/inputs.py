@@ -230,38 +230,48 @@ class BoundedLoader(_BudgetComposer, _Parser, _CheckedConstructor, Resolver):
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _merged_names(source, seen: set) -> set:
-    """The (tag, name) of every key a mapping merged with ``<<`` gives: its own keys and those it
-    merges in turn (each mapping once)."""
-    if not isinstance(source, MappingNode) or id(source) in seen:
-        return set()
-    seen.add(id(source))
-    names = set()
-    for key, value in source.value:
+def _merge_sources(node) -> list:
+    """The mappings a mapping's ``<<`` keys merge into it, in order, each once, with the ``<<`` key
+    that merges it."""
+    sources, counted = [], set()
+    for key, value in node.value:
+        if isinstance(key, ScalarNode) and key.tag == MERGE_TAG:
+            for source in value.value if isinstance(value, SequenceNode) else [value]:
+                if isinstance(source, MappingNode) and id(source) not in counted:
+                    counted.add(id(source))
+                    sources.append((source, key))
+    return sources
+
+
+def _given(node, memo: dict) -> dict:
+    """{(tag, name): the key node that gives it} of a mapping, merges resolved as the YAML merge spec
+    says (the mapping's own keys over what it merges, an earlier source over a later), each mapping
+    resolved once (``memo``, by node: a chain of merges is walked once, not once per level)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = {}  # a merge cycle gives nothing more
+    given: dict = {}
+    for source, _ in _merge_sources(node):
+        for name, key in _given(source, memo).items():
+            given.setdefault(name, key)
+    for key, _ in node.value:
         if isinstance(key, ScalarNode) and key.tag != MERGE_TAG:
-            names.add((key.tag, key.value))
-        elif isinstance(key, ScalarNode):
-            for inner in value.value if isinstance(value, SequenceNode) else [value]:
-                names |= _merged_names(inner, seen)
-    return names
+            given[(key.tag, key.value)] = key
+    memo[id(node)] = given
+    return given
 
 
-def _duplicate_key(node, path: str = "", seen: Optional[set] = None) -> Optional[tuple[str, Any]]:
+def _duplicate_key(node, path: str = "", seen: Optional[set] = None,
+                   memo: Optional[dict] = None) -> Optional[tuple[str, Any]]:
     """(dotted key, mark) of the first key given twice in one mapping, or by two of the mappings
     ``<<`` merges into it, else None."""
     seen = set() if seen is None else seen
+    memo = {} if memo is None else memo
     if id(node) in seen:
         return None
     seen.add(id(node))
     if isinstance(node, MappingNode):
         keys: set = set()
-        # Two merged mappings that give one key: which wins is PyYAML's order, not the spec's (it took the
-        # later of ``<<: [{global_batch_size: 64}, {global_batch_size: 128}]``, a batch the user did not
-        # mean): refused, as a key given twice in one mapping is, across every ``<<`` of the mapping and
-        # what its sources merge in turn. The same mapping merged twice gives nothing twice; a key the
-        # mapping gives itself over a merged one is what merging is for.
-        merged: set = set()
-        counted: set = set()
         for key, value in node.value:
             name = key.value if isinstance(key, ScalarNode) else None
             here = f"{path}.{name}" if path and name is not None else (name or path)
@@ -269,22 +279,27 @@ def _duplicate_key(node, path: str = "", seen: Optional[set] = None) -> Optional
                 if (key.tag, name) in keys:
                     return here, key.start_mark
                 keys.add((key.tag, name))
-            elif name is not None:
-                for source in value.value if isinstance(value, SequenceNode) else [value]:
-                    if id(source) in counted:
-                        continue
-                    counted.add(id(source))
-                    names = _merged_names(source, set())
-                    twice = sorted(name for _, name in names & merged)
-                    if twice:
-                        return (f"{path}.{twice[0]}" if path else twice[0]), key.start_mark
-                    merged |= names
-            found = _duplicate_key(value, str(here), seen)
+            found = _duplicate_key(value, str(here), seen, memo)
             if found:
                 return found
+        # Two merged mappings that give one key from two key nodes: which wins is PyYAML's order, not
+        # the spec's (it took the later of ``<<: [{global_batch_size: 64}, {global_batch_size: 128}]``, a
+        # batch the user did not mean): refused, as a key given twice in one mapping is, across every
+        # ``<<`` of the mapping and what its sources merge in turn. One key reached by two routes (a base
+        # both sources merge) is given once; a key the mapping gives itself is what merging is for.
+        sources = _merge_sources(node)
+        if len(sources) > 1:
+            merged: dict = {}
+            for source, merge_key in sources:
+                for given_name, given_key in _given(source, memo).items():
+                    if given_name in keys:
+                        continue
+                    if merged.setdefault(given_name, given_key) is not given_key:
+                        name = given_name[1]
+                        return (f"{path}.{name}" if path else name), merge_key.start_mark
     elif isinstance(node, SequenceNode):
         for item in node.value:
-            found = _duplicate_key(item, path, seen)
+            found = _duplicate_key(item, path, seen, memo)
             if found:
                 return found
     return None

@@ -334,8 +334,12 @@ def test_a_key_two_merged_mappings_give_is_refused(tmp_path):
     for text in ("t:\n  <<: {g: 64}\n  <<: {g: 128}\n", "t:\n  <<: [{<<: {g: 64}, s: 1}, {g: 128}]\n"):
         with pytest.raises(CaseError, match="t.g: given twice"):
             load_yaml(text, "merged.yaml")
-    # The same mapping merged twice gives nothing twice.
+    # The same mapping merged twice, or reached by two routes (a base both sources merge), gives nothing
+    # twice; nor two sources the mapping overrides itself.
     assert load_yaml("a: &a {g: 64}\nt:\n  <<: [*a, *a]\n", "twice.yaml")["t"] == {"g": 64}
+    diamond = "b: &b {s: 4096}\nm: &m {<<: *b, l: 80}\nc: &c {<<: *b, n: 8}\nt: {<<: [*m, *c]}\n"
+    assert load_yaml(diamond, "diamond.yaml")["t"] == {"s": 4096, "l": 80, "n": 8}
+    assert load_yaml("p: &p {g: 1}\nq: &q {g: 2}\nt: {<<: [*p, *q], g: 32}\n", "own.yaml")["t"] == {"g": 32}
 
 
 def test_rich_markup_in_names_is_printed_as_written(tmp_path):
