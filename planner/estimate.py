@@ -267,9 +267,9 @@ def estimate_notes(case: Any, loaded: Case) -> list[str]:
     named = (isinstance(training, dict) and training.get("engine") not in (None, "any")) or \
         (isinstance(search, dict) and search.get("target") not in (None, "any"))
     if not named:
-        notes.append(f"{src}: training.engine is unset: priced as plain PyTorch runs it (DDP buckets, FSDP units, "
-                     "eager kernels); `plan` decides between Megatron-LM, DeepSpeed and torchtitan, so to price a "
-                     "plan's layout as it runs, give the plan's engine (training.engine)")
+        notes.append(f"{src}: training.engine is unset (or any): priced as plain PyTorch runs it (DDP buckets, "
+                     "FSDP units, eager kernels); `plan` decides between Megatron-LM, DeepSpeed and torchtitan, so "
+                     "to price a plan's layout as it runs, give the plan's engine (training.engine)")
     return notes
 
 

@@ -619,6 +619,12 @@ def test_torchtitan_0_2s_float8_converters_are_read_by_their_registered_names(tm
     with pytest.raises(CaseError) as refused:
         diagnose(case, torchtitan=path)
     assert refused.value.key == "quantize.linear.float8.recipe_name" and "per tensor" in refused.value.expected
+    # The experts' converter alone converts nothing of a dense model: it was priced in fp8.
+    path.write_text(body.replace("quantize.linear.float8\"]", "quantize.grouped_mm.float8\"]") +
+                    "recipe_name = \"rowwise\"\n")
+    with pytest.raises(CaseError) as refused:
+        diagnose(case, torchtitan=path)
+    assert refused.value.key == "model.converters" and "grouped experts only" in refused.value.expected
 
 
 def test_a_launch_script_is_read_as_bash_runs_it(tmp_path):
@@ -875,7 +881,7 @@ OWN_MODEL_EDITS = {
     "experts_only": ("qwen3_moe_fp8", None, "CONVERTERS = [['Float8GroupedExpertsConverter', {}]]", "CONVERTERS",
                      "converts the experts only, but the case"),
     "experts_on_dense": ("llama3_8b_fp8", None, "CONVERTERS = [['Float8GroupedExpertsConverter', {}]]", "CONVERTERS",
-                         "Float8GroupedExpertsConverter converts grouped experts, but the case's model has none"),
+                         "converts grouped experts only, but the case's model has none"),
     # An annotated assignment binds the name as a plain one does: it was read as absent.
     "mtp_annotated": ("deepseek_v3", "MTP_LAYERS = 1", "MTP_LAYERS: int = 0", "MTP_LAYERS",
                       "0: apply_layout rebuilds the model with no multi-token prediction layers, but the case"),

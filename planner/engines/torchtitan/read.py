@@ -869,6 +869,22 @@ def _dispatch_syncs(s: _Settings) -> bool:
     return not (backend == ["minimal_async_ep"] or backend == ["hybridep"] and capacity not in (None, ["None"]))
 
 
+def _check_linears_converted(src: str, key: str, grouped: list[bool], case) -> None:
+    """Converters (``grouped``: whether each converts the experts' grouped GEMMs, not the linears) that
+    leave a low-precision case's linears in 16 bits are refused: the experts' converter walks the
+    GroupedExperts modules alone (components/quantization), so with no linear converter beside it every
+    other GEMM runs in bf16, priced in the case's precision; on a model without experts it converts
+    nothing at all."""
+    if not grouped or not all(grouped):
+        return
+    precision = case.training.precision
+    if not case.model.is_moe:
+        raise CaseError(src, key, f"converts grouped experts only, but the case's model has none: nothing "
+                                  f"would train in {precision}; expected a linear converter")
+    raise CaseError(src, key, f"converts the experts only, but the case {case.source} trains its linears in "
+                              f"{precision} (training.precision): expected a linear converter too")
+
+
 def _check_converters(s: _Settings, case) -> None:
     """torchtitan 0.2's [model] converters run the case's precision: float8 fp8 (its [float8]
     recipe_name the case's recipe; None, 0.2's default, is tensorwise scaling), mx MXFP8."""
@@ -887,6 +903,7 @@ def _check_converters(s: _Settings, case) -> None:
         said = f"{names}" if names else "absent (no converter: 16-bit GEMMs)"
         raise CaseError(s.src, key, f"{said}, but the case {case.source} trains in {precision} "
                                     "(training.precision)")
+    _check_linears_converted(s.src, key, [n.startswith("quantize.grouped_mm.") for n in names], case)
     if precision == "fp8":
         where = next((k for k in FLOAT8_RECIPE_KEYS if s.string(k, None) is not None), FLOAT8_RECIPE_KEYS[0])
         recipe = s.string(where, None) or "tensorwise"
@@ -976,7 +993,8 @@ def _check_own_model(s: _Settings, case) -> None:
     src, model, training = s.base_source, case.model, case.training
     mtp = s.own_model.get("MTP_LAYERS")
     if isinstance(mtp, bool) or not isinstance(mtp, int) or not 0 <= mtp <= MAX_INT:
-        said = f"not a literal ({one_line(mtp.text, 40)})" if isinstance(mtp, NotLiteral) else             "absent" if "MTP_LAYERS" not in s.own_model else one_line(safe_repr(mtp), 40)
+        said = (f"not a literal ({one_line(mtp.text, 40)})" if isinstance(mtp, NotLiteral) else
+                "absent" if "MTP_LAYERS" not in s.own_model else one_line(safe_repr(mtp), 40))
         raise CaseError(src, "MTP_LAYERS", f"expected an integer >= 0 and <= {MAX_INT} (written as a literal: the "
                                            f"file is read, not run), got {said}")
     if mtp != model.mtp_layers:
@@ -1008,14 +1026,7 @@ def _check_own_model(s: _Settings, case) -> None:
     if wanted is None:
         return
     experts = [name for name, _ in entries if CONVERTER_CLASSES[name][1]]
-    if not model.is_moe and experts:
-        raise CaseError(src, key, f"{experts[0]} converts grouped experts, but the case's model has none: "
-                                  f"expected a linear converter alone")
-    if len(experts) == len(entries):
-        # Float8GroupedExpertsConverter walks the experts alone: every other GEMM would stay in bf16.
-        raise CaseError(src, key, f"converts the experts only, but the case {case.source} trains its linears in "
-                                  f"{precision} (training.precision): expected a linear converter too "
-                                  f"({'Float8' if precision == 'fp8' else precision.upper()}LinearConverter)")
+    _check_linears_converted(src, key, [CONVERTER_CLASSES[name][1] for name, _ in entries], case)
     if model.is_moe and not experts:
         # The experts' weights are most of a mixture's GEMMs: left in bf16 they run slower than priced.
         raise CaseError(src, key, f"converts the linears only, but the case {case.source} trains its experts in "
