@@ -526,7 +526,6 @@ def _dp(src: str, config: dict, case, pp: int, tp: Optional[int]) -> int:
     return max(1, case.cluster.num_gpus // (tp * pp))
 
 
-
 # The line of layout-planner's header (``_comment``) that gives the recomputation its files were planned
 # with: no ds_config key says that the model checkpoints (activation_checkpointing configures what the
 # model's code calls), so its own files were read back as recomputing nothing and as not fitting.
