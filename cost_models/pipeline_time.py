@@ -86,10 +86,7 @@ def _kind(job: Job, stage: int) -> tuple:
 def stage_kinds(job: Job) -> tuple[int, ...]:
     """The first stage of each kind: stages alike in layer count, MoE and high-precision layers and
     role (first, middle or last) take the same time and hold and move the same parameters."""
-    kinds: dict[tuple, int] = {}
-    for i in range(job.layout.pp):
-        kinds.setdefault(_kind(job, i), i)
-    return tuple(kinds.values())
+    return tuple(stage_kind_counts(job))
 
 
 def stage_kind_counts(job: Job) -> dict[int, int]:

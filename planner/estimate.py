@@ -258,16 +258,11 @@ def estimate_notes(case: Any, loaded: Case) -> list[str]:
     (``plan.unstated_routing``), and a case that names no engine, which `estimate` prices as plain
     PyTorch runs it where `plan` decides between the engines it writes files for: the same layout
     copied from a plan's report prices otherwise unless the case names the plan's engine."""
-    from .case import read_case
     from .plan import unstated_routing
 
     notes = [note for note in (unstated_routing(case, loaded),) if note]
-    data, src, _ = read_case(case)
-    training, search = (data.get(k) if isinstance(data, dict) else None for k in ("training", "search"))
-    named = (isinstance(training, dict) and training.get("engine") not in (None, "any")) or \
-        (isinstance(search, dict) and search.get("target") not in (None, "any"))
-    if not named:
-        notes.append(f"{src}: training.engine is unset (or any): priced as plain PyTorch runs it (DDP buckets, "
+    if loaded.training.engine.name == "any":  # neither training.engine nor search.target names one
+        notes.append(f"{loaded.source}: training.engine is unset (or any): priced as plain PyTorch runs it (DDP buckets, "
                      "FSDP units, eager kernels); `plan` decides between Megatron-LM, DeepSpeed and torchtitan, so "
                      "to price a plan's layout as it runs, give the plan's engine (training.engine)")
     return notes
