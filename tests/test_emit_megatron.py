@@ -43,6 +43,7 @@ from cost_models.specs import Layout  # noqa: E402
 from cost_models.topology import domains_spanned  # noqa: E402
 from planner.case import load_case  # noqa: E402
 from planner.emit import provenance  # noqa: E402
+from planner.engines import ENGINES  # noqa: E402
 from planner.engines.megatron import emit as megatron  # noqa: E402
 from planner.engines.megatron import read as megatron_reader  # noqa: E402
 from planner.errors import CaseError  # noqa: E402
@@ -1247,19 +1248,26 @@ def test_diagnose_takes_the_lists_fp8_recipe_where_the_case_leaves_it_to_the_eng
         in done.stderr, done.stderr
 
 
-def test_a_multi_node_launch_script_says_to_set_master_addr_to_node_0_and_stops_without_it(tmp_path):
-    """launch.sh defaulted --master-addr to localhost on every node, so that nodes 1.. waited on
-    themselves, and its header said only to set NODE_RANK; torchtitan's says to set MASTER_ADDR to
-    node 0. A multi-node plan's script now says so, and stops saying so where it is unset."""
+@pytest.mark.parametrize("engine, header, addr, rank", [
+    ("megatron", "# Megatron-LM on 2 node(s) x 8 GPUs; on node i run with NODE_RANK=i and MASTER_ADDR set to node 0.",
+     "--master-addr", "--node-rank"),
+    # torchtitan's header said to set MASTER_ADDR, yet its script defaulted it to localhost.
+    ("torchtitan", "# 2 node(s) x 8 processes; on node i run with NODE_RANK=i and MASTER_ADDR set to node 0.",
+     "--master_addr", "--node_rank"),
+])
+def test_a_multi_node_launch_script_says_to_set_master_addr_to_node_0_and_stops_without_it(tmp_path, engine, header,
+                                                                                          addr, rank):
+    """launch.sh defaulted torchrun's master address to localhost on every node, so that nodes 1..
+    waited on themselves until the rendezvous timed out. A multi-node plan's script says to set
+    MASTER_ADDR to node 0, and stops saying so where it is unset."""
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("no bash")
-    best = plan(_recipe_case("h100-sxm-80gb", "bf16"), top_k=0).best
+    best = plan({**_recipe_case("h100-sxm-80gb", "bf16"), "search": {"target": engine}}, top_k=0).best
     assert megatron.nodes_and_gpus(best.job)[0] == 2
-    text = megatron.render(best, provenance(best, "case.yaml"))["launch.sh"]
-    assert "# Megatron-LM on 2 node(s) x 8 GPUs; on node i run with NODE_RANK=i and MASTER_ADDR set to node 0." \
-        in text
-    for name, body in megatron.render(best, provenance(best, "case.yaml")).items():
+    files = ENGINES[engine].emit_module().render(best, provenance(best, "case.yaml"))
+    assert header in files["launch.sh"]
+    for name, body in files.items():
         (tmp_path / name).write_text(body)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -1272,4 +1280,4 @@ def test_a_multi_node_launch_script_says_to_set_master_addr_to_node_0_and_stops_
     assert "MASTER_ADDR: set MASTER_ADDR to node 0 (the node run with NODE_RANK=0) on every node" in unset.stderr
     given = subprocess.run([bash, str(tmp_path / "launch.sh")], capture_output=True, text=True, check=True,
                            env={**env, "MASTER_ADDR": "node0", "NODE_RANK": "1"}).stdout.splitlines()
-    assert given[given.index("--master-addr") + 1] == "node0" and given[given.index("--node-rank") + 1] == "1"
+    assert given[given.index(addr) + 1] == "node0" and given[given.index(rank) + 1] == "1"

@@ -39,6 +39,15 @@ def launch_nodes(cluster, engine: str) -> tuple[int, int]:
                                       f"for {full * per_node} or {(full + 1) * per_node} GPUs{other}")
 
 
+def master_addr(nodes: int) -> str:
+    """launch.sh's ``--master-addr`` word: torchrun's rendezvous runs on node 0, so every other node
+    must be told where it is. One node defaults to localhost; several stop with the reason where
+    MASTER_ADDR is unset, as localhost would leave nodes 1.. waiting on themselves until the
+    rendezvous times out (torch/distributed/run.py: ``--master-addr`` defaults to 127.0.0.1)."""
+    return '"${MASTER_ADDR:-localhost}"' if nodes == 1 else \
+        '"${MASTER_ADDR:?set MASTER_ADDR to node 0 (the node run with NODE_RANK=0) on every node}"'
+
+
 def rack_placement(cluster, nodes: int) -> list[str]:
     """Where an NVLink domain spans several nodes (an NVL72 rack of 18 trays), the plan was priced
     with the domain's GPUs (``cluster.gpu.nvlink_domain``: 64 where a job runs on 16 trays of each

@@ -40,7 +40,7 @@ from planner.engines import ENGINES
 from planner.errors import CaseError
 from planner.emit import header_lines as _lines
 from planner.emit.quoting import argument_word, comment, shell_word
-from planner.emit.slurm import SBATCH_FILE, launch_nodes, sbatch
+from planner.emit.slurm import SBATCH_FILE, launch_nodes, master_addr, sbatch
 
 ARGS_FILE = "megatron_args.txt"
 LAUNCH_FILE = "launch.sh"
@@ -507,11 +507,6 @@ def render(estimate, header_lines) -> dict[str, str]:
         "Add data, tokenizer and learning-rate arguments on the command line"
         + (f"; the case does not state the model's {', '.join(unstated)}: add them too." if unstated else "."),
     ]) + body)
-    # torchrun's rendezvous runs on node 0: every other node must be told where it is. A multi-node
-    # plan stops with the reason where MASTER_ADDR is unset (localhost would leave nodes 1.. waiting
-    # on themselves until the rendezvous times out); the header says so, as torchtitan's launch.sh does.
-    master = '"${MASTER_ADDR:-localhost}"' if nodes == 1 else \
-        '"${MASTER_ADDR:?set MASTER_ADDR to node 0 (the node run with NODE_RANK=0) on every node}"'
     launch = (
         "#!/usr/bin/env bash\n" + header + comment([
             f"Megatron-LM on {nodes} node(s) x {per_node} GPUs; on node i run with NODE_RANK=i"
@@ -523,7 +518,7 @@ def render(estimate, header_lines) -> dict[str, str]:
         + connections_line(lay) +
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         f"torchrun --nnodes {shell_word(nodes)} --nproc-per-node {shell_word(per_node)} \\\n"
-        '    --node-rank "${NODE_RANK:-0}" --master-addr ' + master + ' '
+        '    --node-rank "${NODE_RANK:-0}" --master-addr ' + master_addr(nodes) + ' '
         '--master-port "${MASTER_PORT:-6000}" \\\n'
         '    "${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/' + ARGS_FILE + '") "$@"\n'
     )

@@ -44,7 +44,7 @@ from planner.engines import ENGINES
 from planner.errors import CaseError
 from planner.emit import header_lines as _header
 from planner.emit.quoting import argument_word, comment, python_literal, shell_word
-from planner.emit.slurm import SBATCH_FILE, launch_nodes, sbatch
+from planner.emit.slurm import SBATCH_FILE, launch_nodes, master_addr, sbatch
 
 from .engine import BEHAVIOUR
 
@@ -474,7 +474,7 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         'export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"\n'
         f"torchrun --nnodes {shell_word(nnodes)} --nproc_per_node {shell_word(nproc)} \\\n"
-        '    --node_rank "${NODE_RANK:-0}" --master_addr "${MASTER_ADDR:-localhost}" '
+        '    --node_rank "${NODE_RANK:-0}" --master_addr ' + master_addr(nnodes) + ' '
         '--master_port "${MASTER_PORT:-29500}" \\\n'
         f'    -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION} "$@"\n'
     )
