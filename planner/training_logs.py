@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -263,7 +264,7 @@ def _megatron_starts(points: list[tuple[int, float]], log_interval: Optional[str
     # those as common.
     gaps = [b - a for a, b in zip(steps, steps[1:])][1:] or [steps[1] - steps[0]]
     interval = int(log_interval) if log_interval is not None and log_interval.isdigit() and int(log_interval) > 0 \
-        else max(gaps, key=lambda gap: (gaps.count(gap), gap))
+        else max(counts := Counter(gaps), key=lambda gap: (counts[gap], gap))
     later = [i for i in range(1, len(steps)) if interval > 1 and steps[i] % interval]
     starts = {steps[i] for i in later}
     carried = {steps[i + 1] for i in [0] + later if i + 1 < len(steps)}
