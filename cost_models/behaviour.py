@@ -69,6 +69,11 @@ class EngineBehaviour:
     # one (Megatron-core ``overlap_p2p_comm``, on unless --no-overlap-p2p-communication;
     # ``pipeline_parallel/schedules.py``).
     p2p_overlap_interleaved: bool = False
+    # The interleaved schedule is torch's ScheduleInterleaved1F1B (``torch/distributed/pipelining/
+    # schedules.py``, "flex_pp"): it runs the micro-batches in max(1, m // pp) rounds, any m those
+    # divide (pipeline.interleaving_refusal, pipeline.microbatches_per_round); else groups of pp,
+    # which pp must divide (megatron-core's default microbatch_group_size_per_vp_stage).
+    interleaving_rounds: bool = False
     # The pipeline reduces data-parallel gradients only after the last micro-batch, with
     # nothing to overlap: DeepSpeed's ``TrainSchedule`` ends every step with ReduceTiedGrads,
     # ReduceGrads, OptimizerStep (``deepspeed/runtime/pipe/schedule.py``).

@@ -12,6 +12,7 @@ from . import placement
 from .hardware import ClusterSpec, GPUSpec
 from .layout_spec import Layout
 from .model_spec import ModelSpec
+from .pipeline import interleaving_refusal
 from .resolution import resolve_training
 from .spec_checks import SpecError
 from .training_spec import Overheads, TrainingSpec
@@ -110,9 +111,10 @@ class Job:
             raise SpecError(TrainingSpec, "global_batch_size",
                             f"{t.global_batch_size} must divide by micro_batch_size·dp = "
                             f"{lay.micro_batch_size}·{lay.dp} = {per_step}")
-        if lay.vpp > 1 and self.num_microbatches % lay.pp:
-            raise SpecError(s, "vpp", f"interleaving needs micro-batches per step ({self.num_microbatches}) "
-                                      f"divisible by pp {lay.pp}")
+        refusal = lay.vpp > 1 and interleaving_refusal(lay.pp, self.num_microbatches,
+                                                        self.training.engine.interleaving_rounds)
+        if refusal:
+            raise SpecError(s, "vpp", refusal)
 
     def _check_experts(self) -> None:
         """Expert parallelism against the model and the attention's grid (megatron-core

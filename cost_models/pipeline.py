@@ -7,7 +7,9 @@ rank, Megatron's warm-up (``megatron/core/pipeline_parallel/schedules.py``,
 ``forward_backward_pipelining_with_interleaving``) runs (p − i − 1)·2 + (v − 1)·p
 chunk forwards before the steady state, so one more chunk is in flight at the
 peak. For the first stage that is L·(1 + (p − 1)/(p·v)) layer-activations,
-Korthikanti et al. 2022 §4.2.3.
+Korthikanti et al. 2022 §4.2.3. torch's ScheduleInterleaved1F1B (torchtitan's) runs the
+same schedule in rounds of :func:`microbatches_per_round` micro-batches of a chunk, p
+wherever p divides m, so that it also runs micro-batch counts p does not divide.
 """
 
 from __future__ import annotations
@@ -16,11 +18,57 @@ from functools import lru_cache
 from typing import Optional, Sequence
 
 
+def microbatches_per_round(pp: int, microbatches: int) -> int:
+    """The micro-batches a pipeline rank runs through one model chunk before it turns to its next
+    (a round) under interleaving. torch's ScheduleInterleaved1F1B, which torchtitan builds
+    (``torch/distributed/pipelining/schedules.py``, "flex_pp"): number_of_rounds =
+    max(1, m // p), microbatches_per_round = m // number_of_rounds (m where m < p; more than p
+    where p does not divide m ≥ p). Wherever p divides m that is p, megatron-core's
+    ``microbatch_group_size_per_vp_stage`` (its default, the only one Megatron-LM and the
+    other engines' interleaving run, all of them needing p to divide m: :func:`interleaving_refusal`)."""
+    return microbatches // max(1, microbatches // pp)
+
+
+def interleaving_refusal(pp: int, microbatches: int, rounds: bool) -> Optional[str]:
+    """Why an interleaved schedule cannot run ``microbatches`` a step on ``pp`` stages; None if it can.
+    ``rounds``: the engine runs torch's ScheduleInterleaved1F1B (``torch/distributed/pipelining/
+    schedules.py``), which raises ValueError unless its max(1, m // p) rounds divide m
+    (:func:`microbatches_per_round`); the others' micro-batch groups of p need p to divide m
+    (megatron-core's ``schedules.py``, forward_backward_pipelining_with_interleaving)."""
+    if rounds:
+        count = max(1, microbatches // pp)
+        if microbatches % count:
+            return (f"torch's ScheduleInterleaved1F1B runs the {microbatches} micro-batches per step in "
+                    f"max(1, m // pp) = {count} rounds: they must divide by it (\"Interleaved 1F1B requires the "
+                    f"number of microbatches to be a multiple of the number of rounds ({count}), but got "
+                    f"{microbatches}.\")")
+        return None
+    if microbatches % pp:
+        return f"interleaving needs micro-batches per step ({microbatches}) divisible by pp {pp}"
+    return None
+
+
+def round_stall_passes(pp: int, vpp: int, microbatches: int) -> int:
+    """Model-chunk passes (a forward and a backward) every rank waits in an interleaved step beyond
+    the fill and drain, at equal stages: (v − 1)·max(0, p − g) for rounds of g micro-batches
+    (:func:`microbatches_per_round`). With g < p (fewer micro-batches than stages: torch's
+    ScheduleInterleaved1F1B, ``torch/distributed/pipelining/schedules.py``, runs them in one round)
+    a rank is through a chunk's round before the round's first micro-batch is back from the
+    other ranks: each of its v − 1 turns to the next chunk waits p − g passes for it, forward and
+    backward, and the step is that micro-batch's way through all p·v chunks and back and the
+    other m − 1 behind it, p·v + m − 1 passes in place of m·v + p − 1. None where g ≥ p."""
+    return (vpp - 1) * max(0, pp - microbatches_per_round(pp, microbatches))
+
+
 def in_flight_chunks(pp: int, vpp: int, microbatches: int, stage: int) -> int:
-    """Model-chunk micro-batches whose activations stage ``stage`` holds at its peak."""
+    """Model-chunk micro-batches whose activations stage ``stage`` holds at its peak: its warm-up
+    forwards and the steady state's first, (v − 1)·g + 2·(p − 1 − stage) + 1 for rounds of g
+    micro-batches (:func:`microbatches_per_round`), all m·v at most. torch's _get_warmup_ops
+    (``torch/distributed/pipelining/schedules.py``, ScheduleInterleaved1F1B): (n_local_stages − 1)·
+    microbatches_per_round + 2·((pp − 1) − rank), capped at m·v; Megatron's the same with g = p."""
     if vpp == 1:
         return min(pp - stage, microbatches)
-    warmup = (pp - stage - 1) * 2 + (vpp - 1) * pp
+    warmup = (pp - stage - 1) * 2 + (vpp - 1) * microbatches_per_round(pp, microbatches)
     return min(warmup + 1, microbatches * vpp)
 
 
@@ -31,19 +79,22 @@ def in_flight_peak(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: 
     most it holds right after a forward of that chunk (the last stage's last chunk: the LM head's).
 
     Megatron runs each rank's forwards and backwards by its schedule table
-    (``schedules.get_schedule_table``, ``microbatch_group_size_per_vp_stage`` = p): the k-th
-    forward is of chunk ⌊k/p⌋ mod v, the j-th backward of chunk v − 1 − ⌊j/p⌋ mod v. The warm-up
+    (``schedules.get_schedule_table``, ``microbatch_group_size_per_vp_stage`` = p), torch's
+    ScheduleInterleaved1F1B by its forward_stage_index and backward_stage_index in rounds of g
+    (:func:`microbatches_per_round`; p wherever p divides m): the k-th forward is of chunk
+    ⌊k/g⌋ mod v, the j-th backward of chunk v − 1 − ⌊j/g⌋ mod v. The warm-up
     runs its forwards (:func:`in_flight_chunks`), then each steady-state step one forward before
     one backward, so the first chunk's forwards run ahead of its backwards: with chunks of unequal
     size the peak is where the heavy ones are most in flight, which may come after the warm-up.
-    The composition repeats every p·v steps. Chunks of one size: :func:`in_flight_chunks` of them."""
+    The composition repeats every g·v steps. Chunks of one size: :func:`in_flight_chunks` of them."""
     if vpp == 1 or (len(set(per_chunk)) == 1 and chunk is None):
         return in_flight_chunks(pp, vpp, microbatches, stage) * max(per_chunk)
     start, steps = _in_flight_steps(pp, vpp, microbatches, stage)
     held, peak = 0.0, 0.0
-    for k in range(sum(start)):  # the warm-up's k-th forward is of chunk ⌊k/p⌋ mod v
-        held += per_chunk[(k // pp) % vpp]
-        if chunk is None or (k // pp) % vpp == chunk:
+    group = microbatches_per_round(pp, microbatches)
+    for k in range(sum(start)):  # the warm-up's k-th forward is of chunk ⌊k/g⌋ mod v
+        held += per_chunk[(k // group) % vpp]
+        if chunk is None or (k // group) % vpp == chunk:
             peak = max(peak, held)
     # Each steady-state step adds one chunk's micro-batch (where the rank can peak) and then
     # frees one: the held total moves by two chunks' figures a step, not a sum over all v.
@@ -67,12 +118,13 @@ def _in_flight_steps(pp: int, vpp: int, microbatches: int, stage: int) \
         -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
     """Micro-batches in flight per chunk after the warm-up's last forward, and for each
     steady-state step the chunk whose forward adds one (the rank can peak after it) and the chunk
-    whose backward then frees one (one period of p·v steps suffices)."""
+    whose backward then frees one (one period of g·v steps suffices, g: :func:`microbatches_per_round`)."""
     forwards = microbatches * vpp
-    warmup = min((pp - stage - 1) * 2 + (vpp - 1) * pp, forwards)
+    group = microbatches_per_round(pp, microbatches)
+    warmup = min((pp - stage - 1) * 2 + (vpp - 1) * group, forwards)
     held = [0] * vpp
     for k in range(warmup):
-        held[(k // pp) % vpp] += 1
-    steps = tuple((((warmup + j) // pp) % vpp, vpp - 1 - (j // pp) % vpp)
-                  for j in range(min(forwards - warmup, pp * vpp)))
+        held[(k // group) % vpp] += 1
+    steps = tuple((((warmup + j) // group) % vpp, vpp - 1 - (j // group) % vpp)
+                  for j in range(min(forwards - warmup, group * vpp)))
     return tuple(held), steps

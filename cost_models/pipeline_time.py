@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .collectives import p2p_time
+from .pipeline import microbatches_per_round, round_stall_passes
 from .quantization import activation_bytes
 from .job import Job
 from .topology import group_links
@@ -35,7 +36,10 @@ def pipeline_comm(job: Job) -> float:
         # micro-batch still waits for its receive to be posted and land: the latency shows.
         wait = links.inter_latency if crosses else cluster.gpu.performance.link_latency_s
         return 2 * send * (lay.pp - 1) + 2 * wait * job.num_microbatches * lay.vpp
-    return 2 * send * (job.num_microbatches * lay.vpp + lay.pp - 1)
+    # The chunk passes on the critical path: m·v, the fill and drain, and where the rounds are shorter
+    # than the pipeline, the waits between them (pipeline.round_stall_passes).
+    passes = job.num_microbatches * lay.vpp + lay.pp - 1 + round_stall_passes(lay.pp, lay.vpp, job.num_microbatches)
+    return 2 * send * passes
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,20 @@ class Pipeline:
         A stage lighter than the slowest (a pipeline whose last stage also runs the LM head and the
         loss) idles less than the slowest would: its share of the fill and drain is its own time.
         Exact where the slowest stage is the last; where one before it is, its warm-up forwards run
-        in the fill and the schedule takes less still (tests/test_step_time.py simulates both)."""
-        return (self.stages_total_s - self.slowest.total) / job.layout.vpp
+        in the fill and the schedule takes less still (tests/test_step_time.py simulates both).
+
+        Rounds of fewer micro-batches than stages (torch's ScheduleInterleaved1F1B runs m < p in one
+        round of g = m: ``torch/distributed/pipelining/schedules.py``, :func:`pipeline.microbatches_per_round`)
+        leave each rank waiting at its v − 1 turns to the next chunk for the round's first micro-batch
+        (:func:`pipeline.round_stall_passes`): the step is then that micro-batch's way through every
+        chunk and back, Σ_i T_i, and the m − 1 others behind it at the slowest chunk's pace,
+        (m − 1)·T_max/v, which is (1 − 1/v)·(Σ_i T_i − g·T_max) more than the above: (p − g)(v − 1)
+        chunk passes at equal stages. Nothing where g ≥ p, as with m ≥ p, since Σ_i T_i ≤ p·T_max
+        (tests/test_pipeline_rounds.py simulates torch's own schedule)."""
+        lay = job.layout
+        fill = (self.stages_total_s - self.slowest.total) / lay.vpp
+        group = microbatches_per_round(lay.pp, job.num_microbatches)
+        return fill + (1 - 1 / lay.vpp) * max(0.0, self.stages_total_s - group * self.slowest.total)
 
     def least_step(self, job: Job) -> float:
         """What every micro-batch and the bubble take: the step (:func:`step_time`) less its

@@ -13,6 +13,7 @@ from typing import Iterator, Optional
 from cost_models.layer_time import layer_time_for
 from cost_models.partition import (balanced_partition, cost_balanced_partition, default_partition, layer_and_head_cost,
                                    virtual_partition)
+from cost_models.pipeline import interleaving_refusal
 from cost_models.placement import high_precision_tail
 from cost_models.specs import GPUSpec, Layout, ModelSpec, TrainingSpec
 from cost_models.stage_time import head_time
@@ -247,7 +248,8 @@ def group_families(case: Case, spec: SearchSpec) -> Iterator[tuple[Group, tuple[
         for partition, stage_layers, vpp in _splits(case, spec, pp):
             micro_batches = tuple(mbs for mbs in divisors(training.global_batch_size // dp)
                                   if spec.admits("micro_batch_size", mbs)
-                                  and not (vpp > 1 and (training.global_batch_size // (mbs * dp)) % pp))
+                                  and not (vpp > 1 and interleaving_refusal(pp, training.global_batch_size // (mbs * dp),
+                                                                            training.engine.interleaving_rounds)))
             # Past the largest micro-batch that could fit, none does; the smallest stays, as the
             # closest miss where nothing fits.
             micro_batches = micro_batches[:1] + tuple(m for m in micro_batches[1:] if m <= largest)

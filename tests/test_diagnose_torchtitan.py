@@ -50,6 +50,10 @@ ROUND_TRIPS = {
     "8b_32_1f1b": (case_of("llama3-8b", 32, 128, 8192), {"pp": 4, "vpp": 1}),
     "70b_128_async_tp": (case_of("llama3-70b", 128, 256, 8192, tp_comm_overlap=True), {"tp": 4, "pp": 2}),
     "qwen3_moe": (case_of("qwen3-30b-a3b", 16, 256, 4096), {}),
+    # torch's ScheduleInterleaved1F1B runs micro-batches pp does not divide: 10 in 2 rounds of 5, 3 in one.
+    "8b_16_interleaved_rounds": (case_of("llama3-8b", 16, 40, 4096), {"pp": 4, "vpp": 2, "dp": 4, "micro_batch_size": 1}),
+    "8b_16_interleaved_one_round": (case_of("llama3-8b", 16, 12, 4096),
+                                    {"pp": 4, "vpp": 2, "dp": 4, "micro_batch_size": 1}),
 }
 
 
@@ -94,6 +98,8 @@ def test_the_round_trips_cover_the_layouts_torchtitan_runs(tmp_path):
     assert lay["8b_1_offload"].offload_params and lay["8b_4_tp"].tp > 1
     assert layouts["70b_128_async_tp"].training.tp_comm_overlap and lay["70b_128_async_tp"].tp == 4
     assert lay["qwen3_moe"].ep > 1
+    assert [(layouts[k].num_microbatches, lay[k].pp, lay[k].vpp)
+            for k in ("8b_16_interleaved_rounds", "8b_16_interleaved_one_round")] == [(10, 4, 2), (3, 4, 2)]
 
 
 def test_a_launch_script_is_read_from_its_words_after_torchtitan_train(tmp_path):

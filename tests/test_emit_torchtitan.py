@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -32,6 +33,7 @@ from torchtitan.config import ConfigManager
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.pipeline_parallel import (
+    _build_pipeline_schedule,
     _get_pp_rank_to_stage_indices_mapping,
 )
 
@@ -194,8 +196,14 @@ EXPLICIT = {
     # parallelism.no_enable_sequence_parallel (config/configs.py; the models' parallelize take enable_sp)
     "tp_without_sp": {"tp": 2, "sequence_parallel": False, "zero_stage": 3},
     "cpu_offload": {"zero_stage": 3, "offload_optimizer": 1.0, "offload_params": True, "recompute": "full"},
+    # torch's ScheduleInterleaved1F1B runs micro-batches pp does not divide: 10 in 2 rounds of 5, and 3
+    # (fewer than the stages) in one round.
+    "interleaved_rounds": {"pp": 4, "vpp": 2, "micro_batch_size": 1, "zero_stage": 3},
+    "interleaved_one_round": {"pp": 4, "vpp": 2, "micro_batch_size": 1, "zero_stage": 3},
 }
-EXPLICIT_TRAINING = {"async_tp": {"tp_comm_overlap": True}}
+EXPLICIT_TRAINING = {"async_tp": {"tp_comm_overlap": True},
+                     "interleaved_rounds": {"global_batch_size": 40, "engine": "torchtitan"},
+                     "interleaved_one_round": {"global_batch_size": 12, "engine": "torchtitan"}}
 # Mixtures of experts: planned (the search picks ep; etp is 1) and given.
 MOE_CASES = {
     "qwen3_30b_a3b_planned": ({"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
@@ -335,11 +343,15 @@ def check_emitted(best, case_global_batch: int, workdir: Path, module_name: str)
             assert len(stages) == lay.vpp
             layers = sum(1 for s in stages for m in parts[s] if m.startswith("layers."))
             assert layers == job.stage_layers[rank]
-        if lay.vpp > 1:  # ScheduleInterleaved1F1B's rounds
-            rounds = max(1, pipeline_microbatches // lay.pp)
-            assert pipeline_microbatches % rounds == 0
-        else:  # Schedule1F1B: "Number of microbatches ... must be greater than or equal to the number of stages"
-            assert pipeline_microbatches >= lay.pp
+        # torchtitan's own schedule builder takes the config and the local batch (its checks, then torch's
+        # Schedule1F1B or ScheduleInterleaved1F1B, whose rounds must divide the micro-batches), on
+        # stand-in stages that carry only their place: the schedule it builds runs the plan's micro-batches.
+        stages = [SimpleNamespace(group_size=lay.pp, group_rank=0, num_stages=lay.pp * lay.vpp,
+                                  stage_index=lay.pp * v, is_first=v == 0, is_last=lay.pp * v == lay.pp * lay.vpp - 1)
+                  for v in range(lay.vpp)]
+        built = _build_pipeline_schedule(parallelism=p, local_batch_size=t.local_batch_size, stages=stages,
+                                         loss_fn=lambda *args: (None, None))
+        assert type(built) is schedule and built._n_microbatches == pipeline_microbatches == job.num_microbatches
     else:
         assert p.module_fqns_per_model_part is None
 

@@ -4,7 +4,8 @@
   or replication (ZeRO-0), TP with sequence parallelism on the norms or without it
   (``parallelism.enable_sequence_parallel``, on by default), PP with
   interleaved schedules of any contiguous model chunks (module_fqns_per_model_part; its own
-  default split leaves the first and last one layer short), CP (whose ranks always join the FSDP shard
+  default split leaves the first and last one layer short) and any micro-batch count that torch's
+  ScheduleInterleaved1F1B's max(1, m // pp) rounds divide, CP (whose ranks always join the FSDP shard
   mesh), expert parallelism (``parallelism.expert_parallel_degree``) over whole experts (without
   it, the experts split over the TP ranks as the attention is),
   selective (op-level) and full activation checkpointing of every layer; bfloat16 or
@@ -66,6 +67,9 @@ BEHAVIOUR = EngineBehaviour(
     fsdp_always=True, pp_unsharded_accumulation=True, gradient_bucket_copy=False,
     collective_launch_s=0.0,
     balance_stages=False, fp8_recipe="rowwise", quantizer="torchao", fused_qkv=True, moe_scores_after_experts=True,
+    # distributed/pipeline_parallel.py builds torch's ScheduleInterleaved1F1B with local_batch_size //
+    # pipeline_parallel_microbatch_size micro-batches, checking only that the micro-batch divides the batch.
+    interleaving_rounds=True,
 )
 
 PARAM_PRECISIONS = ("bf16", "fp32", "fp8", "mxfp8", "nvfp4")
@@ -169,8 +173,10 @@ def rules(job: Job) -> list[tuple[str, str]]:
 def _schedule_rules(microbatches: int, pp: int, vpp: int) -> list[tuple[str, str]]:
     """What torch's pipeline schedules (torch.distributed.pipelining.schedules, which torchtitan's
     build_pipeline_schedule builds with the step's micro-batches) refuse when the trainer starts:
-    Schedule1F1B fewer micro-batches than stages. (ScheduleInterleaved1F1B's rounds of pp divide
-    the micro-batches wherever pp does, as every engine's interleaving needs: ``Job``.)"""
+    Schedule1F1B fewer micro-batches than stages. (ScheduleInterleaved1F1B, its "flex_pp", runs
+    the micro-batches in max(1, m // pp) rounds and refuses an m they do not divide: ``Job``, by
+    ``EngineBehaviour.interleaving_rounds``, cost_models.pipeline.interleaving_refusal; torchtitan's
+    build_pipeline_schedule only warns of fewer micro-batches than virtual stages.)"""
     if vpp == 1 and microbatches < pp:
         return [("layout.micro_batch_size", f"torchtitan's 1F1B schedule needs at least as many micro-batches per "
                                             f"step as pipeline stages (torch's Schedule1F1B: ValueError), got "
