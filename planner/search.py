@@ -45,7 +45,7 @@ from .case import Case
 from .complexity import layout_complexity
 from .engines.base import DEGREE_KEYS
 from .search_bounds import Incumbents, SimplerFaster, StepBounds, floor, offload_floor, states_cannot_fit, states_fit
-from .search_memory import fit_limit, fit_tier, fits_with_margin, fits_within_tier
+from .search_memory import case_job, fit_limit, fit_tier, fits_with_margin, fits_within_tier
 from .search_options import SearchSpec
 from .search_recompute import least_activation_offload, least_recompute, offload_options, selective_bundles
 from .search_rows import Candidate, Group, SearchResult
@@ -204,7 +204,7 @@ class _Search:
         """Whether the engine refuses ``base``'s degrees themselves (a problem keyed on one of
         ``engines.base.DEGREE_KEYS``), which no recomputation, offload or micro-batch changes."""
         try:
-            job = Job(self.case.model, self.case.cluster, self.case.training, base, self.case.overheads)
+            job = case_job(self.case, base)
         except SpecError:
             return False
         return any(key in DEGREE_KEYS for key, _ in self.spec.runner.problems(job))
@@ -297,7 +297,7 @@ class _Search:
             return 0.0
         if group not in self._zero3:
             try:
-                job = Job(self.case.model, self.case.cluster, self.case.training, base, self.case.overheads)
+                job = case_job(self.case, base)
             except SpecError:
                 return 0.0
             self._zero3[group] = zero3_exposed_floor(job)

@@ -28,7 +28,7 @@ from cost_models.step_time import StepTime, step_time
 from cost_models.tp_time import moe_layer_tp_share, tp_exposed_per_layer
 
 from .case import Case
-from .search_memory import fit_limit
+from .search_memory import case_job, fit_limit
 from .search_options import SearchSpec
 from .search_recompute import offload_options
 from .search_rows import Group
@@ -211,7 +211,7 @@ def floor(case: Case, base: Layout, threshold: float) -> tuple[float, Optional[S
     only a bound that passes ``threshold``). (0, None) where ``base`` alone is not a layout the
     cost models take."""
     try:
-        job = Job(case.model, case.cluster, case.training, base, case.overheads)
+        job = case_job(case, base)
     except SpecError:
         return 0.0, None
     if job.layout.pp > 1 and threshold < math.inf:
@@ -242,12 +242,12 @@ def states_fit(case: Case, spec: SearchSpec, base: Layout) -> Optional[str]:
     bits there: ``EngineBehaviour.quantized_param_gather_offloaded``), so both ends are priced."""
 
     def least_states(changes: dict) -> float:
-        job = Job(case.model, case.cluster, case.training, base.with_changes(**changes), case.overheads)
+        job = case_job(case, base.with_changes(**changes))
         return max(m.total for m in stage_memories(job, peak_candidates(job), activations=False))
 
     strongest = ([{}] + offload_options(spec, base.zero_stage))[-1]
     try:
-        limit = fit_limit(Job(case.model, case.cluster, case.training, base, case.overheads), spec.headroom)
+        limit = fit_limit(case_job(case, base), spec.headroom)
         if least_states({}) <= limit:
             return "plain"
         return "offload" if strongest and least_states(strongest) <= limit else None
@@ -270,8 +270,7 @@ def offload_floor(case: Case, spec: SearchSpec, base: Layout) -> float:
     if not shares:
         return 0.0
     try:
-        job = Job(case.model, case.cluster, case.training,
-                  base.with_changes(offload_optimizer=min(shares), offload_params=False), case.overheads)
+        job = case_job(case, base.with_changes(offload_optimizer=min(shares), offload_params=False))
     except SpecError:
         return 0.0
     return least_offload_time(job)

@@ -4,6 +4,7 @@ both import."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable
 
 from cost_models.activations import head_activation_bytes, loss_gradient_bytes
@@ -13,6 +14,19 @@ from cost_models.specs import ClusterSpec, Job, Layout, ModelSpec, Overheads, Tr
 
 from .bands import fit_limit as band_fit_limit
 from .bands import memory_band
+
+
+@lru_cache(maxsize=8192)
+def _job(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, overheads: Overheads) -> Job:
+    return Job(model, cluster, training, layout, overheads)
+
+
+def case_job(case, layout: Layout) -> Job:
+    """The case's job at ``layout``, built once: a search asks for the same layout's job several times
+    (its bound's floor, its ZeRO-3 traffic, its recomputation ladder: a third of a three-engine plan's
+    5,748 jobs were built before), and a Job holds what it derives (its stages' layers). Keyed on every
+    field of the Job; a layout the Job refuses raises each time, as before."""
+    return _job(case.model, case.cluster, case.training, layout, case.overheads)
 
 
 def usable_bytes(job: Job, headroom: float) -> float:

@@ -14,7 +14,7 @@ from cost_models.stage_time import stage_time
 
 from .case import Case
 from .engines import EngineSupport
-from .search_memory import fits
+from .search_memory import case_job, fits
 from .search_options import SearchSpec
 
 # Told of each layout scored that does not fit, with its peak (the search keeps the closest, for advice).
@@ -92,8 +92,7 @@ def least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least:
 
     def job_of(n: int) -> Job:
         rnl = None if n >= stage_max or not spec.engine.partial_recompute else n
-        return Job(case.model, case.cluster, case.training, layout.with_changes(recompute_num_layers=rnl),
-                   case.overheads)
+        return case_job(case, layout.with_changes(recompute_num_layers=rnl))
 
     def trial(n: int) -> tuple[Optional[Job], float]:
         job = job_of(n)
@@ -144,8 +143,7 @@ def full_layers_faster_than(case: Case, selective: Job, full: Layout, at_least: 
     fewest = min(stage_max, fewest_recomputed(stage_max, at_least, full.vpp))
 
     def widest_stage(layers: int) -> float:
-        job = Job(case.model, case.cluster, case.training, full.with_changes(recompute_num_layers=layers),
-                  case.overheads)
+        job = case_job(case, full.with_changes(recompute_num_layers=layers))
         return stage_time(job, widest).total
     target = stage_time(selective, widest).total
     try:
@@ -203,7 +201,7 @@ def least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
                 if hit is not None and not spec.runner.problems(hit[0]):
                     return hit, scored
                 continue
-            job = Job(case.model, case.cluster, case.training, layout, case.overheads)
+            job = case_job(case, layout)
         except SpecError:
             continue
         if spec.runner.problems(job):  # a rule of the engine's own code (planner/engines/)
@@ -227,7 +225,7 @@ def least_recompute(case: Case, spec: SearchSpec, base: Layout, at_least: int,
 def _tried(case: Case, spec: SearchSpec, layout: Layout, fit: FitTest) -> Optional[tuple[Job, bool, float]]:
     """(the job, whether it fits, its peak) where ``layout`` is one the engine runs; else None."""
     try:
-        job = Job(case.model, case.cluster, case.training, layout, case.overheads)
+        job = case_job(case, layout)
     except SpecError:
         return None
     if spec.runner.problems(job):
@@ -275,8 +273,7 @@ def least_activation_offload(case: Case, spec: SearchSpec, layout: Layout, note_
     def trial(n: int) -> Optional[tuple[Job, float]]:
         nonlocal scored
         try:
-            job = Job(case.model, case.cluster, case.training, layout.with_changes(**recompute, offload_activations=n),
-                      case.overheads)
+            job = case_job(case, layout.with_changes(**recompute, offload_activations=n))
         except SpecError:
             return None
         if spec.runner.problems(job):
