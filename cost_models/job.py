@@ -5,10 +5,10 @@ against each other in one place. What an engine leaves to the layout is resolved
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Optional
 
 from . import placement
+from .frozen import cached_property
 from .hardware import ClusterSpec, GPUSpec
 from .layout_spec import Layout
 from .model_spec import ModelSpec

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Optional
 
 from .behaviour import GENERIC, EngineBehaviour
-from .frozen import cached_hash
+from .frozen import cached_hash, cached_property
 from .quantization import FP8_RECIPES, Recipe, recipe_for
 from .spec_checks import SpecError, _choice, _positive_int
 
