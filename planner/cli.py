@@ -21,7 +21,7 @@ import typer
 from .errors import (INTERRUPTS, CaseError, Interrupted, forget_interrupts, ignore_interrupts, interrupt,
                      interrupt_received, interrupted_exit_code, one_line, raise_if_interrupted)
 from .estimate import estimate
-from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS
+from .limits import MAX_FEW_SHOT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS
 
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
@@ -330,7 +330,7 @@ def validate_published_command(
     write_bands: Optional[str] = typer.Option(None, "--write-bands", metavar="FILE",
                                                help="Write the error bands and the indistinguishable gap these runs "
                                                     "give (planner/published/bands.yaml is the repo's)."),
-    few_shot: Optional[int] = typer.Option(None, "--few-shot", min=0, max=50,
+    few_shot: Optional[int] = typer.Option(None, "--few-shot", min=0, max=MAX_FEW_SHOT,
                                            help="Also fit a profile to K runs of each source's GPU type and score "
                                                 "its other runs, for K = 0, 1, 3, 5 up to K (about a minute)."),
     leave_family_out: bool = typer.Option(False, "--leave-family-out",

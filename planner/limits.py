@@ -97,6 +97,10 @@ MAX_HEADROOM = 0.9
 # watchdog, and 2^70 steps would never end.
 MAX_TIMEOUT_S = 86400.0
 MAX_RUN_STEPS = 10_000
+# `validate-published --few-shot K`: the runs of each source's GPU type drawn for one fit (five draws
+# each for K = 0, 1, 3, 5 up to K); a team hands in a few, and the largest group but the Playbook's
+# holds 78.
+MAX_FEW_SHOT = 50
 # Runs one fit takes (calibrate --from-runs / --from-logs): every run is checked and priced, about 50 ms
 # each on a slow core, and the fit prices them again each iteration; 4,500 runs took nearly five
 # minutes. A profile's few shared figures are informed by a few dozen runs.
