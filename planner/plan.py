@@ -50,16 +50,30 @@ class NoFit:
     # When no layout was scored at all: what excluded every one (the pins, the engine, ...).
     excluded_by: Optional[str] = None
     # Where no layout of these GPUs exists (their count shares too little with the batch, the heads
-    # and the layers: 1,000 GPUs for a batch of 1,024), the most GPUs below, in whole nodes, that have one.
+    # and the layers: 1,000 GPUs for a batch of 1,024), the whole-node size below (down to half the
+    # nodes) whose fastest layout that fits runs the most tokens/s, with those tokens/s and that layout
+    # (:func:`_fewer_gpus`). The most GPUs below that have a layout can be a slow, odd one (992 GPUs
+    # for Llama 3 8B at that batch: pp 31, half the tokens/s of 768): said beside it, with its tokens/s.
     fewer_gpus_that_fit: Optional[int] = None
     # Whether layouts that offload enough for the GPU to hold their peak overflowed the host's memory:
     # the closest miss alone read as the GPU's memory being all that stood in the way.
     host_overflowed: bool = False
     # With no engine named: the engine whose advice this is, the one whose layouts come closest
-    # (fewest GPUs that fit, then the smallest peak) of those `plan` decides between.
+    # (fewest GPUs that fit, then the smallest peak) of those `plan` decides between; where none has a
+    # layout of these GPUs at all, the one whose size below (fewer_gpus_that_fit) runs fastest.
     engine: Optional[str] = None
+    # The figures of fewer_gpus_that_fit's fastest layout, and the most GPUs below that have a layout
+    # that fits, with theirs (the same size where it is the fastest).
+    fewer_gpus_tokens_per_s: Optional[float] = None
+    fewer_gpus_mfu: Optional[float] = None
+    fewer_gpus_layout: Optional[Layout] = None
+    most_fewer_gpus_that_fit: Optional[int] = None
+    most_fewer_gpus_tokens_per_s: Optional[float] = None
+    most_fewer_gpus_mfu: Optional[float] = None
+    most_fewer_gpus_layout: Optional[Layout] = None
 
     def describe(self) -> str:
+        known_layout = self.closest_layout is not None
         if self.closest_layout is None:
             parts = [f"no layout fits: {self.excluded_by or 'no layout could be scored'}"]
         else:
@@ -69,13 +83,24 @@ class NoFit:
         if self.host_overflowed:
             parts.append("layouts offloading enough for the GPU overflow the host's memory")
         if self.fewer_gpus_that_fit:
-            parts.append(f"{self.fewer_gpus_that_fit} GPUs would have a layout that fits")
+            text = f"{self.fewer_gpus_that_fit} GPUs would have a layout that fits"
+            if self.fewer_gpus_tokens_per_s is not None:
+                differs = self.most_fewer_gpus_that_fit != self.fewer_gpus_that_fit
+                speed = _speed_text(self.fewer_gpus_tokens_per_s, self.fewer_gpus_mfu, self.fewer_gpus_layout)
+                text += (f", {'the' if differs else 'the most below and the'} fastest of the whole-node sizes "
+                         f"below down to half these GPUs: {speed}")
+                if differs and self.most_fewer_gpus_that_fit:
+                    most = _speed_text(self.most_fewer_gpus_tokens_per_s, self.most_fewer_gpus_mfu,
+                                       self.most_fewer_gpus_layout)
+                    text += f"; the most GPUs below that have one, {self.most_fewer_gpus_that_fit}, would run {most}"
+            parts.append(text)
         if self.gpus_that_fit:
             parts.append(f"{self.gpus_that_fit} GPUs would fit")
         if self.seq_len_that_fits:
             parts.append(f"seq_len {self.seq_len_that_fits} would fit")
         if self.engine:
-            parts.append(f"{self.engine}'s layouts, which come closest of the engines planned")
+            parts.append(f"{self.engine}'s layouts, which come closest of the engines planned" if known_layout
+                         else f"{self.engine}'s layouts, the fastest there of the engines planned")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,7 +110,26 @@ class NoFit:
                 "closest_layout": layout_to_mapping(self.closest_layout) if known else None,
                 "gpus_that_fit": self.gpus_that_fit, "seq_len_that_fits": self.seq_len_that_fits,
                 "excluded_by": self.excluded_by, "fewer_gpus_that_fit": self.fewer_gpus_that_fit,
+                "fewer_gpus_tokens_per_s": self.fewer_gpus_tokens_per_s, "fewer_gpus_mfu": self.fewer_gpus_mfu,
+                "fewer_gpus_layout": _mapping(self.fewer_gpus_layout),
+                "most_fewer_gpus_that_fit": self.most_fewer_gpus_that_fit,
+                "most_fewer_gpus_tokens_per_s": self.most_fewer_gpus_tokens_per_s,
+                "most_fewer_gpus_mfu": self.most_fewer_gpus_mfu,
+                "most_fewer_gpus_layout": _mapping(self.most_fewer_gpus_layout),
                 "host_overflowed": self.host_overflowed, "engine": self.engine}
+
+
+def _mapping(layout: Optional[Layout]) -> Optional[dict[str, Any]]:
+    return layout_to_mapping(layout) if layout is not None else None
+
+
+def _speed_text(tokens_per_s: Optional[float], mfu: Optional[float], layout: Optional[Layout]) -> str:
+    """A size's fastest layout in a few words: its tokens/s, MFU and grid."""
+    grid = "" if layout is None else ", ".join(
+        f"{key} {getattr(layout, key)}" for key in ("dp", "tp", "pp", "cp", "ep")
+        if key in ("dp", "tp", "pp") or getattr(layout, key) > 1)
+    mfu_text = "" if mfu is None else f", MFU {mfu:.1%}"
+    return f"{tokens_per_s or 0:,.0f} tokens/s{mfu_text}" + (f" ({grid})" if grid else "")
 
 
 @dataclass(frozen=True)
@@ -300,16 +344,58 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job], host_overflow
             seq_that_fits = seq
             break
         seq //= 2
-    fewer = None
+    fewer: dict[str, Any] = {}
     if tightest is None and not (spec.pins or spec.bounds) and nodes > 1:
         # No layout of these GPUs at all: the divisors they share with the batch, heads and layers left
         # none (doubling the nodes keeps the odd factor: 125 nodes, 250, 500 … never have one).
-        for count in range(nodes - 1, max(nodes // 2, 1) - 1, -1):
-            if _some_layout_fits(replace(case, cluster=ClusterSpec(case.cluster.gpu, count * per_node)), spec):
-                fewer = count * per_node
-                break
+        fewer = _fewer_gpus(case, spec, nodes, per_node)
     return NoFit(term, peak_bytes, limit, tightest.layout if tightest else None, gpus_that_fit, seq_that_fits,
-                 excluded_by, fewer, host_overflowed)
+                 excluded_by, host_overflowed=host_overflowed, **fewer)
+
+
+def _fewer_gpus(case: Case, spec: SearchSpec, nodes: int, per_node: int) -> dict[str, Any]:
+    """Of the whole-node sizes below these GPUs, down to half the nodes, the one whose fastest layout
+    that fits runs the most tokens/s (the global batch is the case's, so the shortest step), and the
+    most GPUs that have a layout that fits, as :class:`NoFit`'s ``fewer_gpus_*`` and
+    ``most_fewer_gpus_*`` fields (none where no size has one).
+
+    The most GPUs below is not the answer to give: where these GPUs have no layout at all, the count
+    just below often shares as little with the batch (992 GPUs for a batch of 1,024 run Llama 3 8B
+    at dp 4 and pp 31, at half the tokens/s of 768 GPUs at dp 64 and pp 3). The sizes are searched
+    from the most down, each for its fastest layout alone, under a ceiling of the fastest step found
+    so far (the search's own lower bounds skip what cannot beat it), and the walk stops where the
+    work no layout on any number of these GPUs goes below (``size.work_lower_bound``), spread over
+    this size's GPUs, is slower than that step: no smaller size can beat it."""
+    from .size import work_lower_bound  # size imports this module
+
+    with spec_errors(case.source):
+        work = work_lower_bound(case, spec, case.cluster.gpu)
+    quick = replace(spec, top_k=0)
+    most: Optional[tuple[Case, Candidate]] = None
+    best: Optional[tuple[Case, Candidate]] = None
+    for count in range(nodes - 1, max(nodes // 2, 1) - 1, -1):
+        gpus = count * per_node
+        ceiling = best[1].step_time_s if best is not None else math.inf
+        if work / gpus > ceiling:  # fewer GPUs step slower still: no size below beats the best
+            break
+        sized = replace(case, cluster=replace(case.cluster, num_gpus=gpus))
+        result = search(sized, quick, keep_within=0.0, ceiling=ceiling)
+        fastest = min((c for c in result.candidates if c.step_time_s <= MAX_STEP_TIME_S),
+                      key=lambda c: c.step_time_s, default=None)
+        if fastest is None or fastest.step_time_s >= ceiling:  # a tie goes to the more GPUs, found first
+            continue
+        best = (sized, fastest)
+        most = most or best
+    if best is None or most is None:
+        return {}
+
+    def figures(prefix: str, entry: tuple[Case, Candidate]) -> dict[str, Any]:
+        sized, candidate = entry
+        est = estimate_job(sized, candidate.job, candidate.time)
+        return {f"{prefix}_that_fit": sized.cluster.num_gpus, f"{prefix}_tokens_per_s": est.tokens_per_s,
+                f"{prefix}_mfu": est.mfu, f"{prefix}_layout": candidate.job.layout}
+
+    return {**figures("fewer_gpus", best), **figures("most_fewer_gpus", most)}
 
 
 def layout_table(case: Case, spec: SearchSpec, slack: float = TABLE_SLACK, ceiling: float = math.inf,
@@ -602,6 +688,16 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
             name, first = min(advised, key=closeness)  # ties: the first engine's, as before
             if len(advised) > 1:
                 first = replace(first, no_fit=replace(first.no_fit, engine=name))
+        else:
+            # No engine has a layout of these GPUs at all: the advice of the engine whose size below runs
+            # fastest (Llama 3 8B on 1,000 H100s: Megatron-LM's 768 GPUs, torchtitan's 896 run slower).
+            fewer = [(name, p) for name, p, _ in plans if p is not None and p.no_fit is not None
+                     and p.no_fit.fewer_gpus_tokens_per_s is not None]
+            if fewer:
+                # ties: the first engine's
+                name, first = max(fewer, key=lambda entry: entry[1].no_fit.fewer_gpus_tokens_per_s)
+                if len(fewer) > 1:
+                    first = replace(first, no_fit=replace(first.no_fit, engine=name))
         if first.no_fit is not None and first.no_fit.excluded_by is not None:
             # Said of the first engine's search: every engine planned came to the same.
             first = replace(first, no_fit=replace(first.no_fit, excluded_by=excluded_text(case, case.search, names)))

@@ -665,18 +665,25 @@ def test_files_for_gpus_that_do_not_fill_whole_nodes_are_refused_by_every_engine
     assert not (tmp_path / "o").exists()
 
 
-def test_where_no_layout_of_these_gpus_exists_the_most_gpus_below_that_have_one_are_named(tmp_path):
+def test_where_no_layout_of_these_gpus_exists_the_fastest_gpus_below_are_named_and_the_most_beside_them(tmp_path):
     """1,000 H100s for a batch of 1,024: no layout at all (dp must divide both, and what is left, 125
     GPUs' worth, no tp, pp and cp of Llama 3 70B fills), and no advice: doubling the nodes keeps the
-    factor of 125, so no cluster up to 64 times this one has a layout either."""
+    factor of 125, so no cluster up to 64 times this one has a layout either. Below: 992 GPUs have one
+    (pp 31), 896 the fastest (pp 7), which the advice names, with the 992's tokens/s beside them."""
     case = write(tmp_path / "case.yaml", yaml.safe_dump({
         "model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1000},
         "training": {"global_batch_size": 1024, "seq_len": 8192, "engine": "megatron"}}))
     done = cli("plan", str(case))
-    assert done.returncode == 3 and "no megatron layout of 1000 GPUs for this model and global batch; 992 GPUs " \
-        "would have a layout that fits" in " ".join(done.stdout.split()), done.stdout
-    fewer = json.loads(cli("plan", str(case), "--json").stdout)["no_fit"]["fewer_gpus_that_fit"]
-    assert fewer == 992
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 3 and "no megatron layout of 1000 GPUs for this model and global batch; 896 GPUs " \
+        "would have a layout that fits, the fastest of the whole-node sizes below" in said, done.stdout
+    advice = json.loads(cli("plan", str(case), "--json").stdout)["no_fit"]
+    fewer = advice["fewer_gpus_that_fit"]
+    assert (fewer, advice["fewer_gpus_layout"]["pp"], advice["most_fewer_gpus_that_fit"],
+            advice["most_fewer_gpus_layout"]["pp"]) == (896, 7, 992, 31)
+    assert advice["fewer_gpus_tokens_per_s"] > advice["most_fewer_gpus_tokens_per_s"]
+    assert f"the most GPUs below that have one, 992, would run {advice['most_fewer_gpus_tokens_per_s']:,.0f} " \
+        "tokens/s" in said
     smaller = write(tmp_path / "smaller.yaml", yaml.safe_dump({
         "model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": fewer},
         "training": {"global_batch_size": 1024, "seq_len": 8192, "engine": "megatron"}}))

@@ -176,6 +176,44 @@ def test_what_would_fit_counts_gpus_within_the_first_node():
     assert not planner.plan(case(model={"preset": "llama2-70b"}, cluster={"num_gpus": fewest - 1})).best
 
 
+def test_where_these_gpus_have_no_layout_the_advice_is_the_fastest_size_below_not_the_most_gpus():
+    """Llama 3 8B on 1,000 H100s at a batch of 1,024: no layout of 1,000 GPUs at all (dp divides the
+    batch, and the factor of 125 left no tp, pp or cp fills). The most GPUs below that have one, 992,
+    run dp 4, tp 2, pp 31, cp 4; the advice said "992 GPUs", where 768 run twice the tokens/s. It names
+    the size below whose fastest layout runs the most tokens/s, each size timed by the planner's own
+    plan there, and what the most GPUs below would run beside it."""
+    eight = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1000},
+             "training": {"global_batch_size": 1024, "seq_len": 8192}}
+    advice = planner.plan(eight).no_fit
+
+    def fastest_at(gpus: int):  # the plan's fastest there, of the engine whose advice it is
+        return planner.plan({**eight, "cluster": {**eight["cluster"], "num_gpus": gpus}}, target=advice.engine,
+                            fastest=True).best
+
+    most = fastest_at(992)  # the most GPUs below with a layout: a 31-stage pipeline
+    assert most.job.layout.pp == 31
+    advised = fastest_at(advice.fewer_gpus_that_fit)
+    assert advised.tokens_per_s >= most.tokens_per_s
+    assert advice.fewer_gpus_that_fit < 992 and advised.job.layout.pp != 31
+    # Sizes a user might take instead (as many nodes as a power of two allows, a pipeline of 7, of 15)
+    # run no faster.
+    for gpus in (512, 896, 960):
+        assert fastest_at(gpus).tokens_per_s <= advised.tokens_per_s
+    # The figures given are the plan's at each size, the most GPUs' said beside the advised.
+    assert advice.fewer_gpus_tokens_per_s == pytest.approx(advised.tokens_per_s, rel=1e-9)
+    assert advice.fewer_gpus_layout == advised.job.layout
+    assert (advice.most_fewer_gpus_that_fit, advice.most_fewer_gpus_tokens_per_s) == (992, pytest.approx(
+        most.tokens_per_s, rel=1e-9))
+    said = advice.describe()
+    assert f"{advice.fewer_gpus_that_fit} GPUs would have a layout that fits" in said
+    assert f"the most GPUs below that have one, 992, would run {most.tokens_per_s:,.0f} tokens/s" in said
+    # Of the engines planned, the advice is the one whose size below runs fastest.
+    assert advice.engine in ("megatron", "deepspeed", "torchtitan")
+    for engine in ("megatron", "deepspeed", "torchtitan"):
+        own = planner.plan(eight, target=engine).no_fit
+        assert own.fewer_gpus_tokens_per_s <= advice.fewer_gpus_tokens_per_s
+
+
 def test_cli_plan_json_and_exit_codes(tmp_path):
     import yaml
     good = tmp_path / "good.yaml"
