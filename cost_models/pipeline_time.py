@@ -105,13 +105,28 @@ def stage_kinds(job: Job) -> tuple[int, ...]:
     return tuple(stage_kind_counts(job))
 
 
+# stage_kind_counts' answers by what they depend on: the stages' layer, MoE-layer and high-precision
+# counts. Every size `size` searches walks the same pipeline splits again, one Job per layout and
+# data-parallel degree (Qwen3 235B on up to 30,240 GB200s: 27,264 calls, 9 % of its time, on a few
+# hundred splits).
+_KIND_COUNTS: dict[tuple, dict[int, int]] = {}
+
+
 def stage_kind_counts(job: Job) -> dict[int, int]:
-    """How many stages each kind has, by its first stage (:func:`stage_kinds`)."""
-    first: dict[tuple, int] = {}
-    counts: dict[int, int] = {}
-    for i in range(job.layout.pp):
-        head = first.setdefault(_kind(job, i), i)
-        counts[head] = counts.get(head, 0) + 1
+    """How many stages each kind has, by its first stage (:func:`stage_kinds`). Read-only: the
+    dict is shared by every job of the same stages."""
+    pp = job.layout.pp
+    key = (pp, job.stage_layers, job.stage_moe_layers, job.high_precision_layers)
+    counts = _KIND_COUNTS.get(key)
+    if counts is None:
+        first: dict[tuple, int] = {}
+        counts = {}
+        for i in range(pp):
+            head = first.setdefault(_kind(job, i), i)
+            counts[head] = counts.get(head, 0) + 1
+        if len(_KIND_COUNTS) >= 4096:
+            _KIND_COUNTS.clear()
+        _KIND_COUNTS[key] = counts
     return counts
 
 
