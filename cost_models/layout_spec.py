@@ -9,6 +9,7 @@ from typing import Any, Optional, Sequence
 from .spec_checks import SpecError, _choice, _positive_int
 
 RECOMPUTE = ("none", "selective", "full")
+_INT = {int}  # the types of a list of layer counts that needs no check one by one but its sign
 # The parts of a layer selective recomputation can run again, in megatron-core's
 # ``--recompute-modules`` names (``TransformerConfig.recompute_modules``); what each frees is
 # ``activations.selective_freed_bytes``, what it runs again ``layer_time.selective_recompute_time``
@@ -124,7 +125,8 @@ class Layout:
         if self.stage_layers is not None:
             if len(self.stage_layers) != self.pp:
                 raise SpecError(s, "stage_layers", f"expected {self.pp} entries (one per stage), got {len(self.stage_layers)}")
-            for n in self.stage_layers:
+            plain = {*map(type, self.stage_layers)} == _INT and min(self.stage_layers) >= 0
+            for n in () if plain else self.stage_layers:
                 # A stage may hold no decoder layer: the edges still hold the embedding or the LM
                 # head, and an engine that spreads blocks over more stages than there are layers
                 # (nanotron) leaves some with none.
@@ -138,7 +140,10 @@ class Layout:
                                                f"chunk), got {len(chunks)}")
         # The model's last chunk may hold no decoder layer when it holds the MTP modules and the loss
         # (Megatron-Bridge's DeepSeek-V3 layout on H100, "Et|(tt|)*30mL"); Job checks the model has them.
-        for i, n in enumerate(chunks):
+        # The common case first, in C: every count a plain int, each positive but the last, which may be 0
+        # (a search builds layouts by the ten thousand, some of 94 chunks, two checks each).
+        plain = {*map(type, chunks)} == _INT and min(chunks[:-1], default=1) >= 1 and chunks[-1] >= 0
+        for i, n in enumerate(() if plain else chunks):
             last = i == len(chunks) - 1
             if isinstance(n, bool) or not isinstance(n, int) or n < (0 if last else 1):
                 raise SpecError(s, "chunk_layers", f"expected a positive layer count for every model chunk (the last "
