@@ -126,8 +126,8 @@ class StepBounds:
             dense, collectives, ring = self._dense.get(shape) or self._dense_layer(*shape)
             moe = self._moe_floor.get(shape + (etp,)) or self._moe_layer_floor(*shape, etp, collectives, ring)
             head = self._heads.get(shape[:3]) or self._head(*shape[:3])
-            heaviest, lightest = _extremes((n - k) * dense + k * moe + (head if last else 0.0)
-                                           for n, k, last in composition)
+            times = [(n - k) * dense + k * moe + (head if last else 0.0) for n, k, last in composition]
+            heaviest, lightest = max(times), min(times)
             least = min(least, global_batch // (mbs * g.dp) * heaviest + bubble * lightest)
         self._least[key] = least
         return least
@@ -181,16 +181,10 @@ class StepBounds:
             moe = (self._moe.get(shape + (g.ep, etp)) or self._moe_layer(*shape, g.ep, etp, collectives, ring)) \
                 if is_moe else 0.0
             head = self._heads.get(shape[:3]) or self._head(*shape[:3])
-            heaviest, lightest = _extremes((n - k) * dense + k * moe + (head if last else 0.0)
-                                           for n, k, last in composition)
+            times = [(n - k) * dense + k * moe + (head if last else 0.0) for n, k, last in composition]
+            heaviest, lightest = max(times), min(times)
             out[mbs] = global_batch // (mbs * g.dp) * heaviest + bubble * lightest
         return out
-
-
-def _extremes(stages) -> tuple[float, float]:
-    """The heaviest and the lightest of the stages' times."""
-    times = list(stages)
-    return max(times), min(times)
 
 
 def _heaviest_stages(job: Job) -> list[int]:
