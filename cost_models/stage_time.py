@@ -141,7 +141,19 @@ def unpaired_pass_share(job: Job, stage: int) -> float:
 
 def stage_time(job: Job, stage: int) -> StageTime:
     """Forward + backward of one micro-batch through stage ``stage``, with its exposed TP, CP and
-    EP traffic."""
+    EP traffic. Kept on the job (a Job never changes): the search's floor prices a layout's
+    heaviest stages and then its pipeline, which prices them again (a third of the calls in
+    `size`'s searches)."""
+    times = job.__dict__.get("_stage_times")
+    if times is None:
+        times = job.__dict__["_stage_times"] = {}
+    found = times.get(stage)
+    if found is None:
+        found = times[stage] = _stage_time(job, stage)
+    return found
+
+
+def _stage_time(job: Job, stage: int) -> StageTime:
     model, lay, training = job.model, job.layout, job.training
     cluster, gpu = job.cluster, job.cluster.gpu
     perf = gpu.performance
