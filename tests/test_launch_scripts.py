@@ -230,6 +230,11 @@ AS_BASH = [
     'set -- x y z; torchrun "${@: -9}" c; A=(a b c); torchrun "${A[@]: -4}" d; X=abc; torchrun "[${X: -10}]"',
     'TP=(1 2); (( TP[-1]++ )); torchrun ${TP[-1]}; TP[-1]=9; TP[-5]=7; torchrun "${TP[@]}"',
     'declare -ul U=AbC; declare -lu V=AbC; torchrun $U $V',
+    # process substitution: a word (the pipe's file name), not a redirection without its file; the if after
+    # it was read word by word, its else branch's TP=8 winning
+    'exec > >(cat) 2>&1\nif [ "${SMALL:-1}" = 1 ]; then\n  TP=2\nelse\n  TP=8\nfi\ntorchrun --tp $TP',
+    'mapfile -t L < <(echo 8); TP=2; torchrun $TP\ncat <(echo hi) > >(cat); torchrun after',
+    'torchrun a<(true)b; torchrun 2>(true) "<(q)" \'>(q)\'; A=(<(true) x); torchrun "${A[@]}"',
 ]
 
 
@@ -425,6 +430,25 @@ def test_a_launch_inside_a_here_document_fed_to_sbatch_is_read(tmp_path):
     with pytest.raises(CaseError) as error:
         diagnose(case, megatron_args=written)
     assert error.value.key == "" and "starts no Python program (mkdir, cat)" in str(error.value)
+
+
+def test_a_process_substitution_is_a_word_and_the_script_is_read_as_bash_runs_it(tmp_path):
+    """`exec > >(tee -a train.log) 2>&1`, one of the commonest first lines of a launch script, made the
+    reader give up ("a redirection without its file") and read the script word by word: both branches'
+    TP=, the last (tp 8) winning, where bash takes tp 2, with exit 0. A process substitution in the
+    launch's words is the file name bash gives its pipe, its content not known: said."""
+    script = ('#!/bin/bash\nexec > >(tee -a train.log) 2>&1\nif [ "${SMALL:-1}" = 1 ]; then\n  TP=2\nelse\n  TP=8\nfi\n'
+              + TRAIN.replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size $TP") + "\n")
+    case, args = files(tmp_path, script, BF16)
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.layout.tp == 2
+    assert not any("word by word" in note for note in result.notes), result.notes
+    assert any('if [ "${SMALL:-1}" = 1 ] is true' in note for note in result.notes), result.notes
+    launch = read_script("torchrun pretrain_gpt.py --data-args-path <(cat blend.txt)\n", "t.sh").commands[0]
+    assert launch.fields[-1] == "/dev/fd/63" and launch.not_run == ("<(cat blend.txt)",)
+    case, args = files(tmp_path, "#!/bin/bash\n" + TRAIN + " --data-args-path <(cat blend.txt)\n", BF16)
+    assert any("<(cat blend.txt) is not run: read as the file name bash gives it (/dev/fd/63)" in note
+               for note in diagnose(case, megatron_args=args).notes)
 
 
 def test_input_read_by_read_or_mapfile_and_name_references_are_said():

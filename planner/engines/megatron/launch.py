@@ -529,8 +529,10 @@ def _launch_of(path: Path, text: str) -> _Launch:
                                + ", whose flags are not the training's", None))
     for c in launches:
         for substitution in c.not_run:
-            notes.append(bash.Note(f"{src}: line {c.line}: {substitution} is not run: its output is read as empty, "
-                                   "so the flags it would give are not read", None))
+            notes.append(bash.Note(f"{src}: line {c.line}: {substitution} is not run: " + (
+                "read as the file name bash gives it (/dev/fd/63), whose content is not known"
+                if substitution.startswith(("<(", ">(")) else
+                "its output is read as empty, so the flags it would give are not read"), None))
     unset = tuple(dict.fromkeys(name for c in launches for name in c.unset))
     defaulted = tuple(dict.fromkeys(what for c in launches for what in c.defaulted))
     return _Launch(src, [w for c in launches for w in c.fields], True, tuple(notes), unset,

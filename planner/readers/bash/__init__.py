@@ -34,12 +34,13 @@ A ``$((...))`` bash fails on abandons the rest of its line, as bash does (said i
 ``((...))``, ``let`` and ``[[ ... -eq ... ]]`` fail with status 1.
 
 Not modelled: command substitution (``$(...)`` and backquotes read as empty, but for what
-``command_output`` answers), globbing (``*`` stays as written, as under ``set -f``), brace and
+``command_output`` answers) and process substitution (``<(...)``, ``>(...)``: parsed as bash parses
+them, a word or a redirection's file, never run; the word is the file name bash gives the pipe,
+/dev/fd/63, said where a launch's words hold it), globbing (``*`` stays as written, as under ``set -f``), brace and
 tilde expansion, sparse and associative arrays (``A[5]=x`` pads with empty elements),
 ``source``/``eval`` (said in a note), ``read``, ``mapfile`` and ``readarray`` (they fail, as with no
 input; the names they would set read as empty, said in a note and where a launch uses them),
-``declare -n`` name references (said), ``=~``, process
-substitution, and variables bash sets itself (``PWD``, ``HOME``: unset).
+``declare -n`` name references (said), ``=~``, and variables bash sets itself (``PWD``, ``HOME``: unset).
 A script bash could not parse raises :class:`ScriptSyntax`; one that expands, loops or recurses
 without end, or is longer than MAX_EXPANDED_CHARS, raises :class:`ScriptLimit`.
 """

@@ -16,7 +16,7 @@ from .expand import _Expander
 from .lexer import _ASSIGNMENT, _NAME, _Tok
 from .parser import _Simple
 from .results import Command
-from .state import _DEFAULTED, _NOT_RUN, _READ_EMPTY, _Ctx
+from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, _Ctx
 from .status import _FALSE, _TRUE, _Exit, _LoopControl, _Return, _Status
 
 _DECLARATIONS = {"export", "declare", "typeset", "local", "readonly"}
@@ -182,7 +182,7 @@ class _Commands(_Expander):
             text = body if quoted else self.string('"' + body.replace('"', '\\"') + '"', ctx, "here-document")
             self.run_inline((text, []), node)
         unset = tuple(name for name, how in ctx.deps.items() if how == _READ_EMPTY)
-        not_run = tuple(name for name, how in ctx.deps.items() if how == _NOT_RUN)
+        not_run = tuple(name for name, how in ctx.deps.items() if how in (_NOT_RUN, _PROCESS))
         defaulted = tuple((name, ast.literal_eval(how[len(_DEFAULTED) + 1:])) for name, how in ctx.deps.items()
                           if how.startswith(_DEFAULTED))
         self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run, defaulted))

@@ -1,5 +1,5 @@
 """Word expansion as bash does it: quoting, parameter expansion (defaults, lengths, trims,
-replacements, case, substrings, arrays), command substitution (never run), and the splitting of
+replacements, case, substrings, arrays), command and process substitution (never run), and the splitting of
 unquoted expansions into fields."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from .arith import _Arithmetic
 from .errors import ScriptSyntax
 from .lexer import _NAME, _skip_ansi, _skip_backtick, _skip_double, _skip_nested, _skip_single
 from .patterns import _glob_tokens, _replace, _trim
-from .state import _DEFAULTED, _NOT_RUN, _READ_EMPTY, _Ctx, _joined
+from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, _Ctx, _joined
 
 _SIMPLE_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]|[@*#?$!\-]")
 _PARAM_OP = re.compile(r":?[-=+?]|##?|%%?|/#|/%|//?|\^\^?|,,?|:")
@@ -136,6 +136,12 @@ class _Expander(_Arithmetic):
                 pieces.append(self.substitute(raw[i + 1:j - 1], ctx, quoted, key))
                 i = j
                 continue
+            if not quoted and c in "<>" and raw[i + 1:i + 2] == "(":
+                j = _skip_nested(raw, i + 1)
+                flush()
+                put(self.process_substitution(raw[i:j], ctx))
+                i = j
+                continue
             buf.append(c)
             i += 1
         flush()
@@ -172,6 +178,13 @@ class _Expander(_Arithmetic):
         if len(output) > MAX_EXPANDED_CHARS:
             raise self.too_long(key)
         return ("qexp" if quoted else "exp", output)
+
+    @staticmethod
+    def process_substitution(text: str, ctx: _Ctx):
+        """``<(command)`` or ``>(command)``: never run; the word is the file name bash gives the pipe
+        to it (/dev/fd/63 for the first), one word whatever it holds (bash splits no file name)."""
+        ctx.deps.setdefault(one_line(text[:2] + " ".join(text[2:-1].split()) + ")", 60), _PROCESS)
+        return ("qexp", "/dev/fd/63")
 
     def parameter(self, inner: str, ctx: _Ctx, key: str, quoted: bool):
         kind_s, kind_l = ("qexp", "qat") if quoted else ("exp", "at")

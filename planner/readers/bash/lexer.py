@@ -75,11 +75,13 @@ def _skip_backtick(t: str, i: int) -> int:
 _NESTED = {"(": (")", "$( substitution"), "{": ("}", "${ expansion")}
 
 
-def _skip_nested(t: str, i: int) -> int:
-    """After the ``)`` or ``}`` matching the ``(`` of ``$(`` or the ``{`` of ``${`` at ``i``: quotes and
-    the other kind of substitution inside are kept whole; a comment counts inside ``$( )`` only."""
+def _skip_nested(t: str, i: int, what: Optional[str] = None) -> int:
+    """After the ``)`` or ``}`` matching the ``(`` of ``$(`` (or of a process substitution's ``<(``,
+    ``>(``) or the ``{`` of ``${`` at ``i``: quotes and the other kind of substitution inside are kept
+    whole; a comment counts inside ``( )`` only."""
     opener = t[i]
-    closer, what = _NESTED[opener]
+    closer, said = _NESTED[opener]
+    what = what or said
     depth, j = 0, i
     while j < len(t):
         c = t[j]
@@ -122,6 +124,9 @@ def _read_word(t: str, i: int) -> int:
             if j >= len(t):
                 break
         c = t[j]
+        if c in "<>" and t[j + 1:j + 2] == "(":  # a process substitution, <(...) or >(...): part of the word
+            j = _skip_nested(t, j + 1, "<( substitution" if c == "<" else ">( substitution")
+            continue
         if c in _META:
             break
         if c == "\\":
@@ -183,7 +188,8 @@ def _lex(text: str, line_of: Callable[[int], int]) -> list[_Tok]:
                                                                      "quoted" if quoted else ""))
                 heredocs = []
                 continue
-            match = _OPERATOR.match(text, i)
+            # <(...) and >(...) open a word (a process substitution), where < and > would be operators.
+            match = None if c in "<>" and text[i + 1:i + 2] == "(" else _OPERATOR.match(text, i)
             op = match.group(0) if match else None
             if op is not None:
                 tokens.append(_Tok("op", op, i, i + len(op)))

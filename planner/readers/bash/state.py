@@ -30,6 +30,8 @@ _GENERATIONS = itertools.count(1)
 _READ_EMPTY = "is not set by the script: read as empty"
 _DEFAULTED = "is not set by the script: read as its default"  # ${X:-default}'s, followed by the default
 _NOT_RUN = "not run: read as empty"  # a command substitution's output
+# A process substitution's word: the file name of a pipe to a command never run.
+_PROCESS = "not run: read as the file name bash gives it, /dev/fd/63, whose content is not known"
 
 
 class _Ctx:
