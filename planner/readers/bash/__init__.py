@@ -22,11 +22,12 @@ script's ``IFS`` (a run of separators one boundary: no empty fields), and
 ``bash -c STRING`` (read as a script of its own, with the exported variables).
 
 Conditions: ``[ ... ]``, ``test`` and ``[[ ... ]]`` with ``=``, ``==``, ``!=`` (patterns in
-``[[ ]]``), ``<``, ``>``, ``-n``, ``-z``, ``-v``, the integer comparisons, ``!``, ``-a``/``-o``,
+``[[ ]]``), ``<``, ``>``, ``=~`` (a POSIX extended regular expression, in the subset Python's ``re`` reads alike:
+planner/readers/bash/regex.py), ``-n``, ``-z``, ``-v``, the integer comparisons, ``!``, ``-a``/``-o``,
 ``&&``/``||`` and parentheses. A variable the script does not set (it comes from the
 environment or the command line) reads as bash reads it unset: empty, or the default that
 ``${X:-default}`` gives. What cannot be decided without running something (a file test, a
-regular expression, a command's exit status) is read as the outcome that does not ``exit``;
+regular expression ``re`` reads otherwise, such as a back-reference, a command's exit status) is read as the outcome that does not ``exit``;
 failing that, a test as false and a command as succeeding. Each branch decided by something
 the script does not set is said in a note.
 
@@ -40,7 +41,7 @@ them, a word or a redirection's file, never run; the word is the file name bash 
 tilde expansion, sparse and associative arrays (``A[5]=x`` pads with empty elements),
 ``source``/``eval`` (said in a note), ``read``, ``mapfile`` and ``readarray`` (they fail, as with no
 input; the names they would set read as empty, said in a note and where a launch uses them),
-``declare -n`` name references (said), ``=~``, and variables bash sets itself (``PWD``, ``HOME``: unset).
+``declare -n`` name references (said), ``BASH_REMATCH``, and variables bash sets itself (``PWD``, ``HOME``: unset).
 A script bash could not parse raises :class:`ScriptSyntax`; one that expands, loops or recurses
 without end, or is longer than MAX_EXPANDED_CHARS, raises :class:`ScriptLimit`.
 """

@@ -1,5 +1,6 @@
 """Conditions: ``[[ ... ]]``, and ``[ ... ]``/``test`` on their expanded words; what cannot be decided
-without running something (a file test, a regular expression) is unknown, with the outcome read."""
+without running something (a file test, a regular expression re reads otherwise than POSIX) is unknown,
+with the outcome read."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .errors import ScriptSyntax
 from .expand import _Expander
 from .lexer import _Tok
 from .patterns import _match_bounded
+from .regex import ere_search
 from .state import _Ctx
 from .status import _k3_and, _k3_or
 
@@ -110,13 +112,35 @@ class _CondParser:
                 result = hit if op != "!=" else not hit
                 return result, result
             if op == "=~":
-                while self.peek() is not None and not (self.peek().kind == "op" and self.peek().text in ("&&", "||")):
-                    self.k += 1  # a regular expression: not modelled
-                self.reasons.append("a regular expression match")
-                return None, False
+                return self.regex_match(left)
             right = self.word()
             return self.binary(left, op, right, arithmetic=True)
         return left != "", left != ""
+
+    def regex_match(self, left: str):
+        """``=~``: its right operand is one word as bash reads it there, parentheses, ``|`` and the
+        blanks inside parentheses its own; quoted characters in it match themselves."""
+        first = self.tokens[self.k]
+        end, depth = first.start, 0
+        while True:
+            tok = self.peek()
+            if tok is None or (tok.start != end and depth <= 0) or \
+                    (depth <= 0 and tok.kind == "op" and tok.text in ("&&", "||")):
+                break
+            if tok.kind == "op" and tok.text in ("(", ")"):
+                depth += 1 if tok.text == "(" else -1
+            end = tok.end
+            self.k += 1
+        raw = self.shell.text[first.start:end]
+        chars: list[tuple[str, bool]] = []
+        for kind, value in self.shell.scan(raw, self.ctx, "[["):
+            text = " ".join(value) if isinstance(value, list) else value
+            chars += [(c, kind.startswith("q")) for c in text]
+        hit = ere_search(chars, left)
+        if hit is None:
+            self.reasons.append("a regular expression match")
+            return None, False
+        return hit, hit
 
     def unary(self, op: str, operand: str):
         return _unary(op, operand, self.shell, self.ctx, self.reasons)
