@@ -212,10 +212,13 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
                                            f"core_v0.16.1, defines {MEGATRON_LM_FLAGS} and refuses any other)")
             _refuse_what_megatron_lm_refuses(src, flag)
             _check_not_a_misspelling(src, flag, known - TORCHRUN_FLAGS)
+            _check_defined(src, flag)
         elif i > script_at and _ONE_DASH.fullmatch(flag) and "-" + flag in known:
             # argparse takes a one-dash word for a short option it does not define: it refuses it.
             raise CaseError(src, flag, f"is no Megatron-LM argument (one dash: did you mean -{flag}?): Megatron-LM's "
                                        "parser refuses it, and the run would not start")
+        elif i > script_at and _ONE_DASH.fullmatch(flag):
+            _check_defined(src, flag)
         if flag in known:
             if flag in BOOL_FLAGS:
                 if inline and i > script_at:  # argparse's store_true: "ignored explicit argument"
@@ -351,10 +354,13 @@ def _torchrun_word(flag: str, value: str) -> bool:
 _INTEGER = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")
 
 
-# The option strings Megatron-LM's parser defines (core_v0.16.1's parse_args: 682, counted from its
-# ArgumentParser's actions), and the most other flags an argument list may give: each is checked for a
-# misspelling (a list of 100,000 made-up flags kept diagnose busy past 30 s).
-MEGATRON_LM_FLAGS = 682
+# The option strings Megatron-LM's parser defines (core_v0.16.1's add_megatron_arguments, listed from
+# its ArgumentParser's actions by bench/megatron_lm_flags.py into megatron_lm_flags.txt), and the most
+# other flags an argument list may give (a list of 100,000 made-up flags kept diagnose busy past 30 s).
+PARSER_FLAGS = frozenset(line for line in (Path(__file__).with_name("megatron_lm_flags.txt")
+                                           .read_text(encoding="utf-8").splitlines())
+                         if line and not line.startswith("#"))
+MEGATRON_LM_FLAGS = len(PARSER_FLAGS)
 MAX_OTHER_FLAGS = 1000
 _ONE_DASH = re.compile(r"-[A-Za-z][A-Za-z0-9-]+")
 
@@ -385,6 +391,35 @@ def _check_not_a_misspelling(src: str, flag: str, known: set[str]) -> None:
         # takes none, and read as no flag the layout was another (tp 1).
         raise CaseError(src, flag, f"is no Megatron-LM argument (did you mean {close[0]}?): Megatron-LM's parser "
                                    "refuses it (it takes no abbreviation), and the run would not start")
+
+
+# Other launchers' names for the flags that shape a layout (vLLM's, NeMo's, DeepSpeed's, torchtitan's
+# shorthands; a -size or -degree ending dropped), and Megatron-LM's for them.
+SHORT_NAMES = {"tp": "--tensor-model-parallel-size", "tensor-parallel": "--tensor-model-parallel-size",
+               "pp": "--pipeline-model-parallel-size", "pipeline-parallel": "--pipeline-model-parallel-size",
+               "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
+               "expert-parallel": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
+               "vpp": "--num-layers-per-virtual-pipeline-stage", "sp": "--sequence-parallel",
+               "mbs": "--micro-batch-size", "micro-batch": "--micro-batch-size", "gbs": "--global-batch-size",
+               "global-batch": "--global-batch-size", "seq-len": "--seq-length", "zero-stage": "--use-distributed-optimizer"}
+
+
+def _check_defined(src: str, flag: str) -> None:
+    """Refuse a flag Megatron-LM's parser does not define (core_v0.16.1: PARSER_FLAGS), naming the
+    closest it does: argparse, with ``allow_abbrev=False`` and no ``ignore_unknown_args`` (parse_args
+    in megatron/training/arguments.py), stops on it ("unrecognized arguments"), so the run would not
+    start; read as absent, ``--tensor-parallel-size 2`` (vLLM's and NeMo's spelling) or ``--tp 2`` was
+    priced as tp 1. A flag a training script adds to the parser itself (extra_args_provider) is one
+    pretrain_gpt.py refuses too."""
+    if flag in PARSER_FLAGS:
+        return
+    short = re.sub(r"-(size|degree)$", "", flag.lstrip("-").lower().replace("_", "-"))
+    close = [SHORT_NAMES[short]] if short in SHORT_NAMES else \
+        difflib.get_close_matches(flag, PARSER_FLAGS, n=1, cutoff=0.7)
+    hint = f" (the closest it defines: {close[0]})" if close else ""
+    raise CaseError(src, flag, f"is no Megatron-LM argument{hint}: Megatron-LM's parser (core_v0.16.1) refuses a flag "
+                               "it does not define (unrecognized arguments), and the run would not start; expected "
+                               "one of its flags")
 
 
 # How launch.sh (ours, and scripts written like it) takes its arguments from a file beside it.
