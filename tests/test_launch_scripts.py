@@ -511,3 +511,24 @@ def test_a_for_list_whose_command_substitution_is_not_run_is_said():
     it was, with nothing said: a tensor parallelism bash never launches, silently."""
     read = read_script("TP=2\nfor i in $(seq 1 4); do TP=$i; done\ntorchrun --tp $TP\n", "train.sh")
     assert any("line 2: for i in …: the list's command substitution is not run" in note.text for note in read.notes)
+
+
+@pytest.mark.parametrize("torchrun, key, said", [
+    # 16 processes on the case's 8-GPU nodes: exit 0, priced as 16 GPUs
+    ("torchrun --nnodes 1 --nproc-per-node 16 pretrain_gpt.py", "--nproc-per-node",
+     "torchrun starts 16 processes on each node, but the case's nodes have 8 GPUs (cluster.gpus_per_node)"),
+    ("torchrun --nnodes 1 --nproc_per_node=16 pretrain_gpt.py", "--nproc-per-node", "16 processes on each node"),
+    # after the script, --nnodes is pretrain_gpt.py's (refused as torchrun's world: 5 x 8 = 40 GPUs)
+    ("torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --nnodes 5", "--nnodes",
+     "comes after pretrain_gpt.py, so it is that script's, not torchrun's"),
+    # torchrun's parser refuses it, not Megatron-LM's
+    ("torchrun --nnodes $NNODES --nproc-per-node 8 pretrain_gpt.py", "--nnodes",
+     "takes a value, and none follows it: torchrun's parser refuses it"),
+])
+def test_torchruns_flags_are_its_own_before_the_script_and_checked_against_the_nodes(tmp_path, torchrun, key, said):
+    script = "#!/bin/bash\n" + TRAIN.replace("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py", torchrun) + "\n"
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16}})
+    with pytest.raises(CaseError) as error:
+        diagnose(case, megatron_args=args)
+    assert error.value.key == key and said in error.value.expected, str(error.value)
+    assert "Megatron-LM's parser refuses" not in error.value.expected or "after" in said

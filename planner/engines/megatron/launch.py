@@ -219,7 +219,15 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
                                        "parser refuses it, and the run would not start")
         elif i > script_at and _ONE_DASH.fullmatch(flag):
             _check_defined(src, flag)
-        if flag in known:
+        # In the words bash passes (not a file read word by word, whose arrays may come before the script),
+        # torchrun's flags are those before the script, Megatron-LM's those after it.
+        if shell and i > script_at >= 0 and flag in TORCHRUN_FLAGS:
+            raise CaseError(src, flag, f"comes after {words[script_at]}, so it is that script's, not torchrun's (torchrun "
+                                       "takes its flags before the script): Megatron-LM's parser does not define it "
+                                       "and refuses it, and the run would not start")
+        if shell and i < script_at and flag not in TORCHRUN_FLAGS:
+            pass  # a launcher's (torchrun's, srun's): not Megatron-LM's
+        elif flag in known:
             if flag in BOOL_FLAGS:
                 if inline and i > script_at:  # argparse's store_true: "ignored explicit argument"
                     raise CaseError(src, flag, f"is a switch and takes no value, got {one_line(word, 60)!r}: "
@@ -236,6 +244,9 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
             elif i + 1 < len(words) and not words[i + 1].startswith("--"):
                 found[flag] = strip(words[i + 1])
                 i += 1
+            elif shell and i < script_at:
+                raise CaseError(src, flag, "takes a value, and none follows it: torchrun's parser refuses it "
+                                           "(expected one argument), and the run would not start")
             else:
                 raise CaseError(src, flag, "takes a value, and none follows it: Megatron-LM's parser refuses it "
                                            "(expected one argument), and the run would not start")

@@ -255,6 +255,11 @@ def _check_world(args: _Args, num_gpus: int, gpus_per_node: int) -> None:
         args.integer("--nproc-per-node")  # a count within its bound
     if nodes_given and ":" not in (args.flags["--nnodes"] or ""):
         args.integer("--nnodes")
+    per_node = (args.flags["--nproc-per-node"] or "").strip()
+    if per_node not in NPROC_WORDS and int(per_node) > gpus_per_node:
+        raise CaseError(args.src, "--nproc-per-node", f"torchrun starts {int(per_node)} processes on each node, but the "
+                                                      f"case's nodes have {gpus_per_node} GPUs (cluster.gpus_per_node): "
+                                                      f"expected at most {gpus_per_node}")
     world = torchrun_world(args.flags.get("--nnodes"), args.flags["--nproc-per-node"], gpus_per_node)
     if world is None or world == num_gpus:
         return
