@@ -675,7 +675,8 @@ def test_read_the_modules_selective_recomputation_names(tmp_path, recompute, mod
     (("--micro-batch-size 1", "--micro-batch-size 3"), "--global-batch-size",
      "256 must divide by micro-batch x dp = 3·8 = 24"),
     (("--tensor-model-parallel-size $TP", "--tensor-model-parallel-size 3"), "--tensor-model-parallel-size",
-     "tp·pp·cp = 3·4·1 = 12 must divide the case's 64 GPUs"),
+     "tp·pp·cp = 3·4·1 = 12 must divide the case's 64 GPUs (--tensor-model-parallel-size 3, "
+     "--pipeline-model-parallel-size 4, --context-parallel-size 1)"),
     (("--pipeline-model-parallel-size=4", "--pipeline-model-parallel-size=four"), "--pipeline-model-parallel-size",
      "expected an integer, got 'four'"),
     (("NNODES=${NNODES:-8}", "NNODES=4"), "--nnodes", "--nnodes x --nproc-per-node = 32 GPUs, but the case has 64"),

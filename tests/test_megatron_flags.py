@@ -689,3 +689,34 @@ def test_the_shipped_flags_are_megatron_lms_parsers():
     done = subprocess.run([sys.executable, str(root / "bench" / "megatron_lm_flags.py"), str(mirror), "core_v0.16.1",
                            "--check"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_odd_context_parallelism_is_named_at_its_own_flag(tmp_path):
+    """--context-parallel-size 3 on 16 GPUs was blamed on --tensor-model-parallel-size (given as 1)."""
+    with pytest.raises(CaseError) as error:
+        diagnosed(tmp_path, ARGS + "--context-parallel-size 3\n", CASE)
+    assert error.value.key == "--context-parallel-size", str(error.value)
+    assert "(--tensor-model-parallel-size 4, --pipeline-model-parallel-size 2, --context-parallel-size 3)" \
+        in error.value.expected
+
+
+def test_a_json_file_given_as_megatron_arguments_is_named_json(tmp_path):
+    """A DeepSpeed ds_config given as Megatron-LM's arguments was refused as "--micro-batch-size: missing"."""
+    (tmp_path / "case.yaml").write_text(CASE)
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}}\n')
+    done = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(tmp_path / "ds.json"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "ds.json: not a Megatron-LM argument list (it is JSON: a DeepSpeed ds_config? give it to diagnose as " \
+           "--config FILE)" in done.stderr
+
+
+def test_a_launch_script_with_windows_line_endings_says_so(tmp_path):
+    """A CRLF script whose continuations end in \\ and CR: bash continues no line there, and the refusal
+    named "--micro-batch-size: missing", hiding the cause."""
+    (tmp_path / "case.yaml").write_text(CASE)
+    script = tmp_path / "train.sh"
+    script.write_bytes(("#!/bin/bash\ntorchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py \\\n  "
+                        + ARGS.strip() + "\n").replace("\n", "\r\n").encode())
+    done = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(script))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "train.sh: line 1: has Windows (CRLF) line endings" in done.stderr

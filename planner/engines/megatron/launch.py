@@ -541,6 +541,12 @@ def _launch_of(path: Path, text: str) -> _Launch:
     src = str(path)
     if is_argument_list(text):
         return _Launch(src, _tokens(text, src))
+    if "\r\n" in text:
+        line = text[:text.index("\r\n")].count("\n") + 1
+        raise CaseError(src, f"line {line}", "has Windows (CRLF) line endings: bash reads each line's carriage return "
+                                             "as part of its last word, and a \\ before one continues no line (the "
+                                             "flags on the lines after it run as commands of their own), so the launch "
+                                             "would not run as written; expected Unix (LF) line endings (dos2unix)")
     try:
         script = bash.read_script(text, src, lambda command: _included(command, path))
     except bash.ScriptLimit as error:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -92,6 +93,15 @@ def read(path: Path, case) -> Layout:
     if NEMO_SECTIONS.search(included) and "--" not in included:
         raise CaseError(src, "", "this is a NeMo config (YAML with trainer and model sections), not a Megatron-LM "
                                  "argument list: give the arguments its launch passes to pretrain_gpt.py")
+    if text.lstrip("\ufeff \t\r\n").startswith(("{", "[")):
+        try:
+            json.loads(text.lstrip("\ufeff"))
+        except ValueError:
+            pass
+        else:
+            raise CaseError(src, "", "not a Megatron-LM argument list (it is JSON: a DeepSpeed ds_config? give it to "
+                                     "diagnose as --config FILE); expected the arguments its launch passes to "
+                                     "pretrain_gpt.py, or the launch script")
     launch = launch_of(path, text)
     try:
         flags = flags_of(launch.words, src, launch.shell)
@@ -718,8 +728,15 @@ def _degrees(args: _Args, model, num_gpus: int) -> tuple[int, int, int, int]:
     pp = args.integer("--pipeline-model-parallel-size", 1)
     cp = args.integer("--context-parallel-size", 1)
     if num_gpus % (tp * pp * cp):
-        raise CaseError(args.src, "--tensor-model-parallel-size",
-                        f"tp·pp·cp = {tp}·{pp}·{cp} = {tp * pp * cp} must divide the case's {num_gpus} GPUs")
+        # The flag most likely changed: one whose own value does not divide the GPUs, else the last of
+        # cp, pp, tp given past 1 (cp and pp are the rarer, so the likelier to have been added).
+        given = [("--context-parallel-size", cp), ("--pipeline-model-parallel-size", pp),
+                 ("--tensor-model-parallel-size", tp)]
+        key = next((flag for flag, value in given if num_gpus % value), None) or \
+            next((flag for flag, value in given if value > 1 and flag in args.flags), "--tensor-model-parallel-size")
+        raise CaseError(args.src, key, f"tp·pp·cp = {tp}·{pp}·{cp} = {tp * pp * cp} must divide the case's {num_gpus} "
+                                       f"GPUs (--tensor-model-parallel-size {tp}, --pipeline-model-parallel-size {pp}, "
+                                       f"--context-parallel-size {cp})")
     dp = num_gpus // (tp * pp * cp)
     if model.num_attention_heads % tp:
         raise CaseError(args.src, "--tensor-model-parallel-size",
