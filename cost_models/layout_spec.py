@@ -83,9 +83,10 @@ class Layout:
         _choice(s, "recompute", self.recompute, RECOMPUTE)
         if self.recompute_num_layers is not None:
             if isinstance(self.recompute_num_layers, bool) or not isinstance(self.recompute_num_layers, int) \
-                    or self.recompute_num_layers < 0:
+                    or self.recompute_num_layers < 1:
                 raise SpecError(s, "recompute_num_layers",
-                                f"expected a non-negative integer, got {self.recompute_num_layers!r}")
+                                f"expected at least 1 (layers per stage recomputed in full), "
+                                f"got {self.recompute_num_layers!r}")
             if self.recompute != "full":
                 raise SpecError(s, "recompute_num_layers", "applies only with recompute: full")
         if self.recompute_modules is not None:

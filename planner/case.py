@@ -25,7 +25,7 @@ from .engines import ENGINES
 from .errors import CaseError, one_line
 from .fitted import check_fitted_figures_kept, read_fitted
 from .fields import (describe, read_bool, read_figure, read_file_path, read_for, read_int, read_mapping, read_number,
-                     read_str, read_unit, required)
+                     read_recompute_layers, read_str, read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import load_yaml, read_text
 from .limits import (MAX_BATCH_TOKENS, MAX_CASE_YAML_NODES, MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_LAYERS,
@@ -369,8 +369,8 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
     if "recompute" in section:
         values["recompute"] = read_str(src, f"{key}.recompute", section["recompute"])
     if section.get("recompute_num_layers") is not None:
-        values["recompute_num_layers"] = read_int(src, f"{key}.recompute_num_layers",
-                                              section["recompute_num_layers"], minimum=0)
+        values["recompute_num_layers"] = read_recompute_layers(src, f"{key}.recompute_num_layers",
+                                                           section["recompute_num_layers"])
     if section.get("recompute_modules") is not None:
         values["recompute_modules"] = read_module_names(src, f"{key}.recompute_modules", section["recompute_modules"])
     if "offload_optimizer" in section:

@@ -45,6 +45,17 @@ def read_int(src: str, key: str, value: Any, minimum: int = 1, maximum: int = MA
     return value
 
 
+def read_recompute_layers(src: str, key: str, value: Any) -> int:
+    """``recompute_num_layers``: layers per stage recomputed in full, at least one. megatron-core
+    takes 1 to a stage's layers (TransformerConfig: "recompute_num_layers must be between 1 and
+    num_layers_per_pipeline_rank"); 0 would recompute nothing, which is ``recompute: none``."""
+    number = read_int(src, key, value, minimum=0)
+    if number < 1:
+        raise CaseError(src, key, "expected at least 1 with recompute: full, got 0 (layers per stage "
+                                  "recomputed; 0 recomputes nothing: write recompute: none instead)")
+    return number
+
+
 def read_number(src: str, key: str, value: Any, maximum: float = math.inf) -> float:
     """A finite number, at most ``maximum`` where the key has a bound (named in the refusal)."""
     if not isinstance(value, bool) and isinstance(value, (int, float)):

@@ -14,7 +14,7 @@ from cost_models.specs import RECOMPUTE_MODULES, Layout, ModelSpec, SpecError, T
 from .engines import EMITTING, ENGINES, Engine, EngineSupport
 from .engines.megatron import recompute_module_refusals
 from .errors import CaseError
-from .fields import describe, read_bool, read_int, read_mapping, read_number, read_str
+from .fields import describe, read_bool, read_int, read_mapping, read_number, read_recompute_layers, read_str
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_HEADROOM, MAX_TOP_K
 
 PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
@@ -209,9 +209,11 @@ def _pins(src: str, data: dict) -> dict[str, Any]:
                 raise CaseError(src, key, f"expected none, selective or full, got {pins[name]!r}")
         elif name == "recompute_modules":
             pins[name] = _modules(src, key, data[name])
+        elif name == "recompute_num_layers":
+            pins[name] = read_recompute_layers(src, key, data[name])
         else:
             pins[name] = read_int(src, key, data[name],
-                                  minimum=0 if name in ("zero_stage", "recompute_num_layers", "offload_activations")
+                                  minimum=0 if name in ("zero_stage", "offload_activations")
                                   else 1)
     if "recompute_modules" in pins:  # modules are selective recomputation's
         if pins.setdefault("recompute", "selective") != "selective":

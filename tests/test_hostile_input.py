@@ -1243,3 +1243,31 @@ def test_rendering_no_profile_is_refused(profile):
     """learn.render(None) wrote "null" under the header: a profile file every case then refused."""
     with pytest.raises(CaseError, match="render: profile: expected the profile"):
         planner.learn.render(profile)
+
+
+# --- silently accepted nonsense and misleading messages (second hostile report) ------------------
+
+MEGATRON_16 = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+               "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron"}}
+
+
+@pytest.mark.parametrize("section, key", [("layout", "layout.recompute_num_layers"),
+                                          ("search", "search.recompute_num_layers")])
+def test_full_recomputation_of_no_layers_is_refused(tmp_path, section, key):
+    """recompute: full with recompute_num_layers: 0 was priced exactly as recompute: none (exit 0), while
+    the answer still said full; megatron-core takes 1 to a stage's layers."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump(
+        {**MEGATRON_16, section: {"recompute": "full", "recompute_num_layers": 0}}))
+    one_line_error(cli("estimate" if section == "layout" else "plan", str(case)),
+                   f"case.yaml: {key}: expected at least 1", "got 0")
+
+
+def test_megatron_full_recomputation_of_no_layers_is_refused(tmp_path):
+    """--recompute-num-layers 0: block checkpoints no layer, uniform's loop never advances."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump(MEGATRON_16))
+    for method in ("block", "uniform"):
+        args = write(tmp_path / "args.txt", "--tensor-model-parallel-size 1 --micro-batch-size 1 --global-batch-size 64 "
+                     f"--bf16 --use-distributed-optimizer --recompute-granularity full --recompute-method {method} "
+                     "--recompute-num-layers 0\n")
+        one_line_error(cli("diagnose", str(case), "--megatron-args", str(args)),
+                       "args.txt: --recompute-num-layers: expected at least 1")

@@ -940,6 +940,12 @@ def _recompute(args: _Args, vpp: int, stages: tuple[int, ...]) -> tuple[str, Opt
         count = args.integer("--recompute-num-layers")
         if count is None:
             raise CaseError(args.src, "--recompute-num-layers", "missing (full recomputation requires it)")
+        if count < 1:
+            # megatron-core's TransformerConfig: "between 1 and num_layers_per_pipeline_rank"; block with
+            # 0 checkpoints no layer, and uniform's loop (layer_idx += recompute_num_layers) never advances.
+            raise CaseError(args.src, "--recompute-num-layers", f"expected at least 1 with --recompute-granularity "
+                                                                f"full, got {count} (0 recomputes nothing: drop "
+                                                                "--recompute-granularity for none)")
         if method == "block":
             per_stage = count * vpp  # block counts layers per model chunk
             if per_stage < max(stages):
