@@ -561,7 +561,13 @@ def planned_layout(src: str, config: dict) -> dict[str, Any]:
         raise CaseError(src, "_comment", f"{len(said)} '{PLANNED_LAYOUT}' lines; expected one")
     planned: dict[str, Any] = {}
     expected = f"expected key=value words of {', '.join(PLANNED_KEYS)}, each once"
-    for word in said[0][len(PLANNED_LAYOUT):].split("(", 1)[0].split():
+    # The words, then the emitter's own aside in parentheses (planned_layout_line), which says nothing read.
+    words = said[0][len(PLANNED_LAYOUT):].split("(", 1)[0].split()
+    if not words:
+        # "planned layout: (pp=2)" read as stating nothing: the case's layout, or 1, stood in for its pp.
+        raise CaseError(src, "_comment", f"'{one_line(said[0], 60)}' states no layout before its '(': {expected}, "
+                                         "before any parenthesised aside")
+    for word in words:
         key, equals, value = word.partition("=")
         if not equals or key not in PLANNED_KEYS or key in planned:
             raise CaseError(src, "_comment", f"'{PLANNED_LAYOUT}' {one_line(word, 40)}: {expected}")
