@@ -197,7 +197,11 @@ def _sliding_window(r: "_Reader", family: str) -> dict:
     elif types is _MISSING and family == "qwen2_moe":
         # Qwen2MoeConfig.__post_init__ (transformers 5): layer i slides where i is even and i < max_window_layers
         # (28 where the file is silent), the others attend to every key; not Qwen2's rule.
-        first_full = r.int("max_window_layers")
+        # (0 windows no layer, as i < 0 never holds: every layer attends to every key)
+        value = r.get("max_window_layers")
+        if type(value) is int and value < 0:
+            raise r.fail("max_window_layers", f"expected an integer >= 0 (layers i < it may slide), got {value}")
+        first_full = 0 if type(value) is int and value == 0 else r.int("max_window_layers")
         every = _full_every(r, "max_window_layers", [i % 2 == 0 and i < first_full
                                                      for i in range(r.int("num_hidden_layers"))])
     elif types is _MISSING:

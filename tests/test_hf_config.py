@@ -804,6 +804,23 @@ def test_qwen2_moe_windows_as_its_config_class_does_or_is_refused_naming_the_key
     assert (fields["sliding_window"], fields["sliding_window_full_every"]) == (32768, 2)
 
 
+
+def test_qwen2_moe_max_window_layers_0_windows_no_layer(tmp_path):
+    """Qwen2MoeConfig slides layer i only where i < max_window_layers: 0 windows none, every layer attends
+    to every key. It was refused, "max_window_layers: expected a positive integer, got 0"; -1 is no count."""
+    from cli_in_process import run_cli
+
+    on = {**QWEN1_5_MOE, "use_sliding_window": True, "max_window_layers": 0}
+    fields = read_hf_config(write(tmp_path, on))
+    assert "sliding_window" not in fields and "sliding_window_full_every" not in fields
+    case = tmp_path / "case.yaml"
+    case.write_text(f"model: {{hf_config: {write(tmp_path, on)}}}\ncluster: {{gpu: h100-sxm-80gb, num_gpus: 8}}\n"
+                    "training: {global_batch_size: 64, seq_len: 4096}\nlayout: {tp: 2, zero_stage: 1}\n")
+    done = run_cli("estimate", str(case))
+    assert done.returncode == 0, done.stderr
+    assert "max_window_layers: expected an integer >= 0" in str(
+        raises(write(tmp_path, {**on, "max_window_layers": -1}, "negative"), "max_window_layers"))
+
 # Refused families, with the published config.json values (the Hub repositories named).
 GEMMA2_9B = {  # google/gemma-2-9b
     "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "attention_bias": False,
