@@ -334,10 +334,18 @@ def _job(case: Case, layout: Layout, path: Path, engine: str, options: dict, arg
     try:
         return case.job(layout)
     except CaseError as error:
-        field = error.key.partition(".")[2] if error.source == case.source and error.key.startswith("layout.") else ""
-        if options.get(field) is not None:
-            raise CaseError(*argument(field), error.expected) from None
-        raise _in_the_config(error, case.source, path, engine, layout) from None
+        raise _blamed(error, case.source, path, engine, layout, options, argument) from None
+
+
+def _blamed(error: CaseError, case_source: str, path: Path, engine: str, layout, options: dict,
+            argument: Argument) -> CaseError:
+    """A refusal of the layout the config runs, named as the caller's option where the caller gave that
+    value (``--recompute selective`` on a ds_config: not the file's ``_comment``, which said none), else
+    where the config states it (``_in_the_config``)."""
+    field = error.key.partition(".")[2] if error.source == case_source and error.key.startswith("layout.") else ""
+    if options.get(field) is not None:
+        return CaseError(*argument(field), error.expected)
+    return _in_the_config(error, case_source, path, engine, layout)
 
 
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
@@ -359,8 +367,10 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     loaded, layout, job = reading.case, reading.layout, reading.job
     try:
         estimate = estimate_job(loaded, job)
-    except CaseError as error:  # the layout the config runs: named in the config, not the case
-        raise _in_the_config(error, loaded.source, path, engine, layout) from None
+    except CaseError as error:  # the layout the config runs: named as the option or in the config, not the case
+        options = {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size, "recompute": recompute, "ep": ep,
+                   "stage_layers": stage_layers}
+        raise _blamed(error, loaded.source, path, engine, layout, options, argument) from None
     best = plan_case(reading.planning or loaded, target=engine)
     notes = reading.notes
     if engine == "megatron" and best.best is not None:

@@ -1298,3 +1298,15 @@ def test_a_planned_layout_line_that_states_nothing_is_refused(tmp_path, line):
     case, config = _ds_config(tmp_path, line)
     one_line_error(cli("diagnose", str(case), "--config", str(config)), "ds_config.json: _comment: ",
                    "states no layout")
+
+
+def test_an_option_the_engine_cannot_run_is_blamed_on_the_option_not_the_files_header(tmp_path):
+    """--recompute selective on the planner's own ds_config was refused as "ds_config.json: _comment:
+    deepspeed cannot run it", blaming the header, which says recompute=none."""
+    case, config = _ds_config(tmp_path)
+    line = one_line_error(cli("diagnose", str(case), "--config", str(config), "--recompute", "selective"),
+                          "error: --recompute: deepspeed cannot run it")
+    assert "_comment" not in line
+    with pytest.raises(CaseError) as refused:
+        planner.diagnose(case, "deepspeed", config, recompute="selective")
+    assert refused.value.key == "recompute" and "_comment" not in str(refused.value)
