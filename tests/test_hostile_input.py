@@ -1310,3 +1310,40 @@ def test_an_option_the_engine_cannot_run_is_blamed_on_the_option_not_the_files_h
     with pytest.raises(CaseError) as refused:
         planner.diagnose(case, "deepspeed", config, recompute="selective")
     assert refused.value.key == "recompute" and "_comment" not in str(refused.value)
+
+
+def test_a_data_parallel_size_the_header_sets_is_said_in_the_batch_refusal(tmp_path):
+    """The header's "planned layout: pp=2" made dp 8, and the refusal read as the file's own arithmetic:
+    "train_batch_size: 64 is not micro 1 × accumulation 4 × data-parallel 8 = 32"."""
+    case, config = _ds_config(tmp_path, "planned layout: pp=2 recompute=none")
+    one_line_error(cli("diagnose", str(case), "--config", str(config)), "ds_config.json: train_batch_size: ",
+                   "data-parallel 8 = 16 GPUs / (tp 1 × pp 2); pp 2 from ds_config.json's _comment (planned layout: pp=2)")
+    case, config = _ds_config(tmp_path)
+    one_line_error(cli("diagnose", str(case), "--config", str(config), "--pp", "2"),
+                   "ds_config.json: train_batch_size: ", "pp 2 from --pp")
+
+
+HF_TRAINER_DS = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                 "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"},
+                 "zero_optimization": {"stage": 2, "overlap_comm": True}, "optimizer": {"type": "AdamW"}}
+
+
+@pytest.mark.parametrize("key", ["train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"])
+def test_an_auto_the_trainer_does_not_fill_is_refused_as_such(tmp_path, key):
+    """"AUTO" was taken for a micro-batch: "--micro-batch-size: 1 differs from ...'s
+    train_micro_batch_size_per_gpu 'AUTO'", or "micro-batch AUTO x dp 16"."""
+    case = write(tmp_path / "ds.yaml", yaml.safe_dump(DEEPSPEED_16))
+    config = write(tmp_path / "ds_config.json", json.dumps({**HF_TRAINER_DS, key: "AUTO"}))
+    for options in ((), ("--micro-batch-size", "1")):
+        one_line_error(cli("diagnose", str(case), "--config", str(config), *options),
+                       f"ds_config.json: {key}: expected an integer or \"auto\", got 'AUTO'")
+
+
+def test_a_train_batch_beside_an_auto_accumulation_is_set_against_the_cases_batch(tmp_path):
+    """train_batch_size 128 with the accumulation "auto" (filled from the case's 64) was refused as
+    "128 is not micro 1 × accumulation 4 × data-parallel 16 = 64", the 4 being derived from 64."""
+    case = write(tmp_path / "ds.yaml", yaml.safe_dump(DEEPSPEED_16))
+    config = write(tmp_path / "ds_config.json", json.dumps({**HF_TRAINER_DS, "train_batch_size": 128}))
+    line = one_line_error(cli("diagnose", str(case), "--config", str(config), "--micro-batch-size", "1"),
+                          "ds_config.json: train_batch_size: 128 differs from the case's global batch 64")
+    assert "is not micro" not in line

@@ -307,6 +307,14 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
     threshold at 10·hidden. What it fills that the cost model does not read (learning rate) is left.
     DeepSpeed's own rewrites come first (:func:`as_deepspeed_reads`)."""
     config, resolved = as_deepspeed_reads(src, config)
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        value = config.get(key)
+        if isinstance(value, str) and value != "auto":
+            # The Trainer fills only the exact "auto" (HfDeepSpeedConfig.fill_match), and DeepSpeed takes an
+            # integer: "AUTO" was taken as a micro-batch and named in refusals as one.
+            raise CaseError(src, key, f"expected an integer or \"auto\", got {one_line(safe_repr(value), 40)}"
+                                      + (" (the Trainer fills only the lower-case \"auto\")"
+                                         if value.strip().lower() == "auto" else ""))
     gbs = case.training.global_batch_size
     micro = micro_batch_size or (case.layout.micro_batch_size if case.layout is not None else None)
     stated = config.get("train_micro_batch_size_per_gpu")
@@ -344,6 +352,15 @@ def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Option
         if not isinstance(micro, int) or gbs % (micro * dp):
             raise CaseError(src, "gradient_accumulation_steps", f"is \"auto\", but the case's global batch {gbs} is "
                                                                 f"not a multiple of micro-batch {micro} x dp {dp}")
+        stated_batch = config.get("train_batch_size")
+        if isinstance(stated_batch, int) and not isinstance(stated_batch, bool) and stated_batch != gbs:
+            # The Trainer fills the accumulation from its own batch (the case's global batch here) and then
+            # refuses a train_batch_size that mismatches it; the accumulation derived from the case was
+            # named as the file's own arithmetic ("128 is not micro 1 × accumulation 4 × data-parallel 16").
+            raise CaseError(src, "train_batch_size", f"{stated_batch} differs from the case's global batch {gbs} "
+                                                     f"({case.source} training.global_batch_size), from which "
+                                                     f"gradient_accumulation_steps \"auto\" is filled: {gbs} / "
+                                                     f"micro-batch {micro} / dp {dp} = {gbs // (micro * dp)}")
         config["gradient_accumulation_steps"] = gbs // (micro * dp)
         resolved.append(f"gradient_accumulation_steps: auto -> {gbs // (micro * dp)} (global batch {gbs} / "
                         f"micro-batch {micro} / dp {dp})")
@@ -639,6 +656,9 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     # Who says tp, for a refusal: the tp option, the header, or the case's layout where a pipeline takes it.
     tp_said = named(argument, "tp") if tp is not None else f"{path.name}'s _comment tp" \
         if pp in (None, planned.get("pp")) and "tp" in planned else "the case's layout.tp"
+    # Who says pp, for a refusal of the data-parallel size it leaves.
+    pp_said = named(argument, "pp") if pp is not None else f"{path.name}'s _comment (planned layout: " \
+        f"pp={planned['pp']})" if "pp" in planned else "the case's layout.pp" if stated is not None else None
     pp, tp = _degrees(src, config, case, pp, tp)
     # The header's pipeline split and its tensor parallelism are those of its own pipeline depth.
     own_pipeline = planned.get("pp") == pp
@@ -691,6 +711,13 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     elif batch is None and micro is None:
         raise CaseError(src, "train_batch_size", "missing; give train_batch_size or train_micro_batch_size_per_gpu")
     if batch != micro * accum * dp:
+        # Where the data-parallel size came from, where the file's batch keys do not say it: the pipeline (and
+        # its tp) of an option, the header's planned layout or the case's layout (ds_pp2.json's "pp=2" made
+        # dp 8, and the refusal read as the file's own arithmetic being wrong).
+        said = {"pp": pp_said, "tp": tp_said if tp > 1 and not autotp else None}
+        dp_from = "".join(f"; {k} {v} from {said[k]}" for k, v in (("pp", pp), ("tp", tp)) if v > 1 and said[k])
+        if dp_from:
+            dp_from = f" (data-parallel {dp} = {gpus} GPUs / (tp {tp} × pp {pp}){dp_from})"
         hint = ""
         if pipeline_unstated and batch % (micro * accum) == 0 and gpus % (batch // (micro * accum)) == 0:
             # The file is likely right and the data-parallel size wrong: a ds_config.json does not state
@@ -699,7 +726,7 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
                     f"{batch // (micro * accum)}, give pp · tp = {gpus // (batch // (micro * accum))} "
                     f"({named(argument, 'pp')}, {named(argument, 'tp')})")
         raise CaseError(src, "train_batch_size", f"{batch} is not micro {micro} × accumulation {accum} × "
-                                                 f"data-parallel {dp} = {micro * accum * dp}{hint}")
+                                                 f"data-parallel {dp} = {micro * accum * dp}{dp_from}{hint}")
     global_batch = case.training.global_batch_size
     if batch != global_batch:
         said = f"\"auto\", as the Trainer fills it (micro {micro} × accumulation {accum} × data-parallel {dp})," \
