@@ -70,7 +70,8 @@ from typing import Callable
 from cost_models.model_spec import router_group_problem
 from planner.errors import CaseError
 from planner.inputs import read_json
-from planner.limits import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_VOCAB, MIN_FIGURE
+from planner.limits import (MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_STRING_CHARS,
+                            MAX_VOCAB, MIN_FIGURE)
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "granite")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "glm4_moe")
@@ -745,6 +746,10 @@ def _name(r: _Reader) -> str:
     name = r.get("_name_or_path")
     if name is not _MISSING and not isinstance(name, str):
         raise r.fail("_name_or_path", f"expected a string, got {_show(name)}")
+    if isinstance(name, str) and len(name) > MAX_STRING_CHARS:
+        # Checked here, where the file says it: the case's model.name bound named a key the case never wrote.
+        raise r.fail("_name_or_path", f"expected a string of at most {MAX_STRING_CHARS:,} characters, got one of "
+                                      f"{len(name):,}")
     if isinstance(name, str) and name.strip():
         return name
     # No name in the config: its folder (a download's local-dir, or just "hf") with the architecture

@@ -821,6 +821,21 @@ def test_qwen2_moe_max_window_layers_0_windows_no_layer(tmp_path):
     assert "max_window_layers: expected an integer >= 0" in str(
         raises(write(tmp_path, {**on, "max_window_layers": -1}, "negative"), "max_window_layers"))
 
+
+def test_an_overlong_name_or_path_is_refused_naming_the_config_key(tmp_path):
+    """A 100,000-character _name_or_path was refused as "case.yaml: model.name: expected a string of at
+    most 4,096 characters": a key the case never wrote, in a file that does not hold it."""
+    from cli_in_process import run_cli
+
+    config = write(tmp_path, {**QWEN1_5_MOE, "_name_or_path": "A" * 100_000})
+    case = tmp_path / "case.yaml"
+    case.write_text(f"model: {{hf_config: {config}}}\ncluster: {{gpu: h100-sxm-80gb, num_gpus: 8}}\n"
+                    "training: {global_batch_size: 64, seq_len: 4096}\nlayout: {tp: 2, zero_stage: 1}\n")
+    done = run_cli("estimate", str(case))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: {config}: _name_or_path: expected a string of at most 4,096 characters, got one of 100,000"]
+
 # Refused families, with the published config.json values (the Hub repositories named).
 GEMMA2_9B = {  # google/gemma-2-9b
     "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "attention_bias": False,
