@@ -279,6 +279,7 @@ def _duplicate_key(node, path: str = "", seen: Optional[set] = None,
                 if (key.tag, name) in keys:
                     return here, key.start_mark
                 keys.add((key.tag, name))
+            _no_bare_merge(value, str(here))
             found = _duplicate_key(value, str(here), seen, memo)
             if found:
                 return found
@@ -298,11 +299,22 @@ def _duplicate_key(node, path: str = "", seen: Optional[set] = None,
                         name = given_name[1]
                         return (f"{path}.{name}" if path else name), merge_key.start_mark
     elif isinstance(node, SequenceNode):
-        for item in node.value:
-            found = _duplicate_key(item, path, seen, memo)
+        for i, item in enumerate(node.value):
+            # Each item named by its index, as the readers name list items (cluster.options[2]): a key
+            # merged twice into the third option was "cluster.options.gpu_hour_cost".
+            _no_bare_merge(item, f"{path}[{i}]")
+            found = _duplicate_key(item, f"{path}[{i}]", seen, memo)
             if found:
                 return found
     return None
+
+
+def _no_bare_merge(node, key: str) -> None:
+    """A plain ``<<`` where a value goes (``name: <<``) is YAML's merge key, which only a key may be:
+    PyYAML said "could not determine a constructor for the tag 'tag:yaml.org,2002:merge'"."""
+    if isinstance(node, ScalarNode) and node.tag == MERGE_TAG:
+        raise _Refused(key, f"<< is YAML's merge key{_line(node.start_mark)}; quote it (\"<<\") to use it as "
+                            "a string")
 
 
 def load_yaml(text: str, source: str, max_nodes: int = MAX_YAML_NODES) -> Any:

@@ -1347,3 +1347,31 @@ def test_a_train_batch_beside_an_auto_accumulation_is_set_against_the_cases_batc
     line = one_line_error(cli("diagnose", str(case), "--config", str(config), "--micro-batch-size", "1"),
                           "ds_config.json: train_batch_size: 128 differs from the case's global batch 64")
     assert "is not micro" not in line
+
+
+def test_a_key_merged_twice_into_a_list_item_is_named_with_its_index(tmp_path):
+    """The duplicate-key walker dropped list indices: "cluster.options.gpu_hour_cost: given twice"."""
+    case = write(tmp_path / "case.yaml", """\
+model: {preset: llama3-8b}
+cluster:
+  options:
+    - &h100 {gpu: h100-sxm-80gb, max_gpus: 64, gpu_hour_cost: 2.5}
+    - &cheap {gpu_hour_cost: 1.0}
+    - <<: [*h100, *cheap]
+      gpu: b200
+training: {global_batch_size: 512, seq_len: 4096, engine: megatron}
+""")
+    one_line_error(cli("plan", str(case)), "case.yaml: cluster.options[2].gpu_hour_cost: given twice")
+
+
+@pytest.mark.parametrize("text, key", [
+    ("model: {preset: llama3-8b, name: <<}\n", "model.name"),
+    ("model: {preset: llama3-8b}\nlayout: {recompute_modules: [<<]}\n", "layout.recompute_modules[0]"),
+])
+def test_a_bare_merge_key_as_a_value_says_to_quote_it(tmp_path, text, key):
+    """`name: <<` said "expected valid YAML: could not determine a constructor for the tag
+    'tag:yaml.org,2002:merge'", naming neither the key nor the fix."""
+    case = write(tmp_path / "case.yaml", text + "cluster: {gpu: h100-sxm-80gb, num_gpus: 8}\n"
+                                                "training: {global_batch_size: 64, seq_len: 4096}\n")
+    line = one_line_error(cli("estimate", str(case)), f"case.yaml: {key}: << is YAML's merge key", 'quote it ("<<")')
+    assert "constructor" not in line
