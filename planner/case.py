@@ -56,6 +56,8 @@ MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_k
               "nope_every",
               "qk_l2_norm", "qkv_bias", "attention_chunk_size")
 
+# A mixture of experts' keys: num_experts: 0 over an MoE preset or hf_config drops those it set.
+EXPERT_KEYS = tuple(k for k in MODEL_KEYS if k.startswith("moe_"))
 
 # Integer model fields that may be 0 (none) or null: a model without query compression, shared
 # experts, leading dense layers, multi-token prediction or a sliding window.
@@ -254,7 +256,19 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
         with read_for(src, "model.hf_config", path):
             fields = read_hf_config(path)
     overrides = {k: v for k, v in section.items() if k not in ("preset", "hf_config")}
+    base = "the preset" if "preset" in section else "the hf_config" if "hf_config" in section else None
+    if base and type(overrides.get("num_experts")) is int and overrides["num_experts"] == 0:
+        # num_experts: 0 over a mixture of experts makes it dense: the expert keys the preset (or config)
+        # set go with its experts. Kept, they were refused as "model.moe_top_k: applies only to a mixture
+        # of experts", a key the case never wrote, and no value of it the case could write made it dense.
+        fields = {k: v for k, v in fields.items() if k not in EXPERT_KEYS or k in overrides}
     fields.update(overrides)
+    experts = fields.get("num_experts")
+    if type(experts) is int and experts > 0 and "moe_top_k" not in fields:
+        # It was "model.moe_top_k: expected a positive integer, got 0": a 0 the case never gave.
+        dense = f"; {base} is dense and sets none" if base and "num_experts" in overrides else ""
+        raise CaseError(src, "model.moe_top_k", f"missing; required with num_experts {experts} (the experts each "
+                                                f"token is routed to{dense})")
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
         required(src, "model", fields, key)
     # Shown in every report and file header: control characters (an ANSI escape, a line break) are

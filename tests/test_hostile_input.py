@@ -1375,3 +1375,25 @@ def test_a_bare_merge_key_as_a_value_says_to_quote_it(tmp_path, text, key):
                                                 "training: {global_batch_size: 64, seq_len: 4096}\n")
     line = one_line_error(cli("estimate", str(case)), f"case.yaml: {key}: << is YAML's merge key", 'quote it ("<<")')
     assert "constructor" not in line
+
+
+def test_experts_over_a_dense_preset_name_the_missing_top_k(tmp_path):
+    """model: {preset: llama3-8b, num_experts: 8} said "model.moe_top_k: expected a positive integer, got 0",
+    a 0 the case never gave."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({**CASE, "model": {"preset": "llama3-8b", "num_experts": 8}}))
+    line = one_line_error(cli("estimate", str(case)), "case.yaml: model.moe_top_k: missing; required with num_experts 8",
+                          "the preset is dense")
+    assert "got 0" not in line
+
+
+def test_no_experts_over_a_moe_preset_makes_it_dense(tmp_path):
+    """model: {preset: mixtral-8x7b, num_experts: 0} was refused as "model.moe_top_k: applies only to a mixture
+    of experts", a key the case never wrote and no value of which it could write: the preset's expert keys go
+    with its experts. One the case writes itself is still refused."""
+    dense = write(tmp_path / "case.yaml", yaml.safe_dump({**CASE, "model": {"preset": "mixtral-8x7b", "num_experts": 0}}))
+    done = cli("estimate", str(dense), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["model"]["parameters"] == pytest.approx(7.24e9, rel=0.01)  # Mistral 7B
+    written = write(tmp_path / "case.yaml", yaml.safe_dump(
+        {**CASE, "model": {"preset": "mixtral-8x7b", "num_experts": 0, "moe_top_k": 2}}))
+    one_line_error(cli("estimate", str(written)), "case.yaml: model.moe_top_k: applies only to a mixture of experts")
