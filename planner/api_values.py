@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -25,19 +26,26 @@ MAX_DEPTH = 64
 
 
 def plain(value: Any) -> Any:
-    """``value`` with every numpy scalar and os.PathLike in it (through dicts, lists and tuples, MAX_DEPTH
+    """``value`` with every numpy scalar and os.PathLike in it (through mappings, made dicts, lists and tuples, MAX_DEPTH
     deep) made the Python value it stands for; a structure that holds itself is left as it is where it
     recurs."""
     memo: dict[tuple[int, bool], Any] = {}
 
     def walk(v: Any, depth: int = 0, in_case: bool = False) -> Any:
-        if isinstance(v, (dict, list, tuple)) and depth < MAX_DEPTH:
+        if isinstance(v, (Mapping, list, tuple)) and depth < MAX_DEPTH:
             key = (id(v), in_case)  # a tuple shared in and out of a dict case is converted in it alone
             if key in memo:  # a shared part is converted once; a cycle stays the caller's object
                 return memo[key]
             memo[key] = v
-            if isinstance(v, dict):
-                out: Any = {k: walk(x, depth + 1, True) for k, x in v.items()}
+            if isinstance(v, Mapping):
+                # Any mapping (a types.MappingProxyType, a frozen dict) is the dict the readers take: one
+                # was refused as "expected a mapping, got mappingproxy". One whose items cannot be read is
+                # left for the readers to refuse.
+                try:
+                    items = list(v.items())
+                except Exception:
+                    return v
+                out: Any = {k: walk(x, depth + 1, True) for k, x in items}
             elif isinstance(v, list) or in_case:
                 # Inside a dict case a tuple is the list the schema takes (stage_layers=(16, 16)), as
                 # YAML's sequences are: the readers take lists.

@@ -137,7 +137,7 @@ def read_case(case: Any) -> tuple[Any, str, Path]:
             raise CaseError("<case>", "", "expected a case file's path, got an empty one")
         path = Path(case)
         return _parsed(path), str(path), path.parent
-    raise CaseError("<case>", "", f"expected a case-file path or a dict, got {type(case).__name__}")
+    raise CaseError("<case>", "", f"expected a case-file path or a mapping, got {type(case).__name__}")
 
 
 # The last case files parsed, by their contents: `plan` reads its case up to four times (the layout

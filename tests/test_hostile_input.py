@@ -1397,3 +1397,14 @@ def test_no_experts_over_a_moe_preset_makes_it_dense(tmp_path):
     written = write(tmp_path / "case.yaml", yaml.safe_dump(
         {**CASE, "model": {"preset": "mixtral-8x7b", "num_experts": 0, "moe_top_k": 2}}))
     one_line_error(cli("estimate", str(written)), "case.yaml: model.moe_top_k: applies only to a mixture of experts")
+
+
+def test_any_mapping_is_a_mapping_to_the_api():
+    """A layout given as types.MappingProxyType was refused, "expected a mapping, got mappingproxy": it is a
+    collections.abc.Mapping, as a dict is."""
+    import types
+
+    case = copy.deepcopy(CASE)
+    as_dict = planner.estimate(case)
+    proxied = planner.estimate(types.MappingProxyType({**case, "layout": types.MappingProxyType(case["layout"])}))
+    assert proxied.step_time_s == as_dict.step_time_s and proxied.job.layout == as_dict.job.layout
