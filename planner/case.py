@@ -338,7 +338,8 @@ def _training(src: str, section: Any) -> TrainingSpec:
     if "loss_chunks" in section:
         values["loss_chunks"] = read_int(src, "training.loss_chunks", section["loss_chunks"], maximum=MAX_SEQ_LEN)
     for key in ("precision", "optimizer", "engine", "fp8_recipe", "expert_dispatch"):
-        if key in section:
+        # engine: null (YAML's ~, the API's None) is unset, as YAML users mean it: search.target, else any
+        if key in section and not (key == "engine" and section[key] is None):
             values[key] = read_str(src, f"training.{key}", section[key])
     if "engine" in values:
         if values["engine"] not in CASE_ENGINES:

@@ -1408,3 +1408,17 @@ def test_any_mapping_is_a_mapping_to_the_api():
     as_dict = planner.estimate(case)
     proxied = planner.estimate(types.MappingProxyType({**case, "layout": types.MappingProxyType(case["layout"])}))
     assert proxied.step_time_s == as_dict.step_time_s and proxied.job.layout == as_dict.job.layout
+
+
+def test_a_null_engine_is_an_unset_one(tmp_path):
+    """training.engine: ~ (or None in an API dict) was refused, "expected a string, got nothing": YAML users
+    write null for unset. It is: search.target's engine, else any."""
+    case = copy.deepcopy(CASE)
+    case["training"]["engine"] = None
+    assert planner.estimate(case).job.training.engine.name == "any"
+    targeted = {**copy.deepcopy(case), "search": {"target": "megatron"}}
+    assert planner.estimate(targeted).job.training.engine.name == "megatron"
+    path = write(tmp_path / "case.yaml", yaml.safe_dump(case).replace("engine: null", "engine: ~"))
+    assert "engine: ~" in path.read_text()
+    done = cli("estimate", str(path))
+    assert done.returncode == 0, done.stderr
