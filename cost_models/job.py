@@ -87,7 +87,9 @@ class Job:
         elif lay.account_for_embedding_in_pipeline_split or lay.account_for_loss_in_pipeline_split:
             units = m.num_layers + lay.account_for_embedding_in_pipeline_split + lay.account_for_loss_in_pipeline_split
             if units % (lay.pp * lay.vpp):
-                raise SpecError(s, "pp", f"num_layers {m.num_layers} with the embedding and loss counted ({units}) "
+                counted = " and ".join(name for name, on in (("embedding", lay.account_for_embedding_in_pipeline_split),
+                                                             ("loss", lay.account_for_loss_in_pipeline_split)) if on)
+                raise SpecError(s, "pp", f"num_layers {m.num_layers} with the {counted} counted ({units}) "
                                          f"must divide by pp·vpp = {lay.pp * lay.vpp}")
         elif self.training.engine.balance_stages and lay.vpp == 1:  # balanced split (cost_models.partition)
             if m.num_layers < lay.pp - 2:

@@ -1422,3 +1422,17 @@ def test_a_null_engine_is_an_unset_one(tmp_path):
     assert "engine: ~" in path.read_text()
     done = cli("estimate", str(path))
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("flags, counted", [({"account_for_embedding_in_pipeline_split": True}, "embedding"),
+                                            ({"account_for_loss_in_pipeline_split": True}, "loss")])
+def test_a_pipeline_split_refusal_names_only_what_is_counted(tmp_path, flags, counted):
+    """account_for_embedding_in_pipeline_split alone was refused as "num_layers 32 with the embedding and loss
+    counted (33)": only the embedding is."""
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({**MEGATRON_16, "layout": {"pp": 2, **flags}}))
+    one_line_error(cli("estimate", str(case)), f"case.yaml: layout.pp: num_layers 32 with the {counted} counted (33)")
+    args = write(tmp_path / "args.txt", "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 "
+                 "--micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer "
+                 f"--{next(iter(flags)).replace('_', '-')}\n")
+    one_line_error(cli("diagnose", str(case), "--megatron-args", str(args)),
+                   f"num_layers 32 with the {counted} counted (33)")

@@ -779,6 +779,13 @@ class _Pipeline:
     accounted: dict
 
 
+def _counted(accounted: dict[str, bool]) -> str:
+    """What the split counts as layers: "embedding", "loss" or "embedding and loss" (only what is set:
+    "the embedding and loss counted" was said of the embedding flag alone)."""
+    return " and ".join(name for name, field in (("embedding", "account_for_embedding_in_pipeline_split"),
+                                                 ("loss", "account_for_loss_in_pipeline_split")) if accounted[field])
+
+
 def _pipeline(args: _Args, model, pp: int, micro: int, dp: int, global_batch: int) -> _Pipeline:
     """The pipeline's partition and interleaving."""
     layers = model.num_layers
@@ -798,7 +805,7 @@ def _pipeline(args: _Args, model, pp: int, micro: int, dp: int, global_batch: in
         if pp == 1:
             raise CaseError(args.src, flag, "needs --pipeline-model-parallel-size > 1")
         if units % pp:
-            raise CaseError(args.src, flag, f"num_layers {layers} with the embedding and loss counted ({units}) "
+            raise CaseError(args.src, flag, f"num_layers {layers} with the {_counted(accounted)} counted ({units}) "
                                        f"must divide by --pipeline-model-parallel-size {pp}")
     if custom is None and (first is not None or last is not None):
         if pp == 1:
@@ -855,7 +862,7 @@ def _pipeline(args: _Args, model, pp: int, micro: int, dp: int, global_batch: in
         if (units // pp) % per_chunk:
             raise CaseError(args.src, "--num-layers-per-virtual-pipeline-stage",
                             f"{per_chunk} must divide the {units // pp} layers per pipeline stage"
-                            + (" (the embedding and loss counted as layers)" if units != layers else ""))
+                            + (f" (the {_counted(accounted)} counted as layers)" if units != layers else ""))
         vpp = units // pp // per_chunk
     elif chunks is not None:
         vpp = chunks
