@@ -1436,3 +1436,15 @@ def test_a_pipeline_split_refusal_names_only_what_is_counted(tmp_path, flags, co
                  f"--{next(iter(flags)).replace('_', '-')}\n")
     one_line_error(cli("diagnose", str(case), "--megatron-args", str(args)),
                    f"num_layers 32 with the {counted} counted (33)")
+
+
+@pytest.mark.parametrize("text", ["", "# nothing yet\n"])
+def test_an_empty_torchtitan_toml_is_no_job_file(tmp_path, text):
+    """An empty .toml was read as an override list with no words, on torchtitan's defaults: "training.seq_len:
+    absent ... differs from the case's", where a TOML holding only [model] is "not a torchtitan job file"."""
+    case = write(tmp_path / "tt.yaml", yaml.safe_dump(
+        {**MEGATRON_16, "training": {**MEGATRON_16["training"], "engine": "torchtitan"}}))
+    job = write(tmp_path / "job.toml", text)
+    line = one_line_error(cli("diagnose", str(case), "--torchtitan", str(job)), "job.toml: ",
+                          "not a torchtitan job file")
+    assert "seq_len" not in line

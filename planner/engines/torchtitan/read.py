@@ -325,8 +325,13 @@ def _parse(path: Path, text: str) -> _Settings:
                 key = section + line.partition("=")[0].strip()
                 break
         raise CaseError(src, one_line(key, 60), "expected a number of at most 19 digits, got one of thousands") from None
-    if data:  # an empty or comment-only file reads as TOML's {}: no settings either way
+    if data:
         return _from_toml(src, data)
+    if data is not None and path.suffix.lower() == ".toml":
+        # An empty or comment-only .toml reads as TOML's {}: taken for an override list with no words, it was
+        # diagnosed on torchtitan's defaults ("training.seq_len: absent ... differs from the case's").
+        raise CaseError(src, "", "holds no [parallelism], [training], [compile] or [activation_checkpoint] table "
+                                 "(it is empty or only comments): not a torchtitan job file")
     words, torchrun, notes = _words(src, text)
     header = _HEADER_BASE.search(text)
     if header is not None and not {"--module", "--config"} & {w.partition("=")[0] for w in words}:
