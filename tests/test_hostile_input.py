@@ -1448,3 +1448,17 @@ def test_an_empty_torchtitan_toml_is_no_job_file(tmp_path, text):
     line = one_line_error(cli("diagnose", str(case), "--torchtitan", str(job)), "job.toml: ",
                           "not a torchtitan job file")
     assert "seq_len" not in line
+
+
+def test_an_unknown_option_after_the_checkpoint_subcommand_is_named_as_unknown(tmp_path):
+    """activation_checkpoint:selective then --activation_checkpoint.selective_ac_option 0 (0.2's option) said
+    "the subcommand goes last"; moved before it, the option was refused again for another reason."""
+    case = write(tmp_path / "tt.yaml", yaml.safe_dump(
+        {**MEGATRON_16, "training": {**MEGATRON_16["training"], "engine": "torchtitan"}}))
+    overrides = write(tmp_path / "overrides.txt", "--parallelism.data_parallel_shard_degree 16\n"
+                      "--training.global_batch_size 64\n--training.seq_len 4096\n--training.local_batch_size 2\n"
+                      "activation_checkpoint:selective\n--activation_checkpoint.selective_ac_option 0\n")
+    line = one_line_error(cli("diagnose", str(case), "--torchtitan", str(overrides)),
+                          "overrides.txt: --activation_checkpoint.selective_ac_option: activation_checkpoint:selective "
+                          "in torchtitan 0.3.0 has no such option")
+    assert "goes last" not in line

@@ -493,6 +493,13 @@ def _from_words(src: str, words: list[str]) -> _Settings:
             base[key] = inline if eq else words[i]
             i += 0 if eq else 1
             continue
+        if ac_mode is not None and word[2:].replace("-", "_").startswith("activation_checkpoint."):
+            # An activation_checkpoint option after the subcommand that the subcommand does not take: it is in
+            # the right place, but no such option exists in 0.3 (0.2's selective_ac_option). "The subcommand
+            # goes last" sent the user to move it before the subcommand, where it is refused again.
+            raise CaseError(src, f"--activation_checkpoint.{one_line(field, 60)}",
+                            f"activation_checkpoint:{ac_mode} in torchtitan 0.3.0 has no such option (it takes "
+                            f"{', '.join(AC_OPTIONS.get(ac_mode, ())) or 'none'}); tyro refuses it")
         if ac_mode is not None and word.startswith("--"):
             # tyro reads what follows a subcommand as that subcommand's options
             raise CaseError(src, one_line(word, 60), f"follows activation_checkpoint:{ac_mode}, whose options tyro "
