@@ -37,7 +37,7 @@ from .units import parse_memory
 # case_message and spec_errors are the case layer's too (planner.case_errors).
 __all__ = ["CASE_ENGINES", "Case", "LAYOUT_KEYS", "MODEL_KEYS", "OVERHEAD_KEYS", "SECTIONS", "TRAINING_KEYS",
            "build_case", "case_message", "layout_from_mapping", "layout_to_mapping", "load_case", "profile_warnings",
-           "read_case", "spec_errors", "warnings_of_profile", "with_engine"]
+           "read_case", "read_sections", "spec_errors", "warnings_of_profile", "with_engine"]
 
 SECTIONS = ("model", "cluster", "training", "layout", "overheads", "search")
 
@@ -129,15 +129,42 @@ def load_case(case: Any, engine: Optional[str] = None, ignore_layout: bool = Fal
 
 
 def read_case(case: Any) -> tuple[Any, str, Path]:
-    """The parsed data of a case path or dict, its name for errors, and the folder relative paths start from."""
+    """The parsed data of a case path or dict, its name for errors, and the folder relative paths start from;
+    top-level ``x-`` keys left out (:func:`without_extensions`)."""
     if isinstance(case, dict):
-        return case, "<case>", Path(".")  # relative paths from the working directory, not asked for (it may be gone)
+        # relative paths from the working directory, not asked for (it may be gone)
+        return without_extensions(case), "<case>", Path(".")
     if isinstance(case, (str, os.PathLike)):
         if not os.fspath(case).strip():  # Path("") is the working directory: "'.' is a directory"
             raise CaseError("<case>", "", "expected a case file's path, got an empty one")
         path = Path(case)
-        return _parsed(path), str(path), path.parent
+        return without_extensions(_parsed(path)), str(path), path.parent
     raise CaseError("<case>", "", f"expected a case-file path or a mapping, got {type(case).__name__}")
+
+
+# Top-level keys a case may hold and the planner ignores, as docker-compose ignores its "x-" keys: where
+# YAML anchors live (x-defaults: &d {...}, merged with <<: *d). A `defaults:` key was "unknown key", and
+# no section could hold a mapping that is only there to be merged elsewhere.
+EXTENSION_PREFIX = "x-"
+
+
+def read_sections(src: str, data: Any) -> dict:
+    """A case's top-level mapping of SECTIONS; an unknown key is refused saying where anchors may live."""
+    data = data if data is not None else {}
+    if isinstance(data, dict):
+        for k in data:
+            if k not in SECTIONS:
+                raise CaseError(src, str(k), f"unknown key{closest(k, SECTIONS)}; expected one of {', '.join(SECTIONS)}, "
+                                             f"or a key starting with {EXTENSION_PREFIX}, which the planner ignores (a "
+                                             f"place for YAML anchors: {EXTENSION_PREFIX}defaults: &d {{...}})")
+    return read_mapping(src, "", data, SECTIONS)
+
+
+def without_extensions(data: Any) -> Any:
+    """``data`` without its top-level ``x-`` keys (a case's anchors), where it is a mapping."""
+    if isinstance(data, dict) and any(isinstance(k, str) and k.startswith(EXTENSION_PREFIX) for k in data):
+        return {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith(EXTENSION_PREFIX))}
+    return data
 
 
 # The last case files parsed, by their contents: `plan` reads its case up to four times (the layout
@@ -181,7 +208,7 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     """A case from already-parsed data; ``src`` names it in errors, ``base`` anchors relative paths.
 
     ``cluster`` replaces what the cluster section says (`size` reads that section itself)."""
-    data = read_mapping(src, "", data if data is not None else {}, SECTIONS)
+    data = read_sections(src, data)
     for section in ("model", "cluster", "training"):
         if section not in data:
             raise CaseError(src, section, "missing section")

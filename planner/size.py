@@ -43,10 +43,9 @@ from typing import Any, Callable, Optional, Sequence
 from cost_models.specs import PRECISIONS, GPUSpec, SpecError
 from cost_models.layer_time import layer_time_bound
 
-from .case import SECTIONS, Case, build_case, check_usable_memory, read_case, spec_errors
+from .case import Case, build_case, check_usable_memory, read_case, read_sections, spec_errors
 from .cluster_options import ClusterOption, read_cluster_options, with_part_racks
 from .errors import CaseError, one_line, safe_repr
-from .fields import read_mapping
 from .estimate import Estimate, estimate_job
 from .limits import MAX_CLUSTER_SIZES, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_TOP_K
 from .engines import ENGINES
@@ -295,7 +294,7 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
 
     Like `plan`, `size` chooses the layout: any ``layout`` section is ignored."""
     data, src, base = read_case(case)
-    data = read_mapping(src, "", data if data is not None else {}, SECTIONS)
+    data = read_sections(src, data)
     if "cluster" not in data:
         raise CaseError(src, "cluster", "missing section")
     options = read_cluster_options(src, data["cluster"], base)

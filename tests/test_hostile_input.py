@@ -1462,3 +1462,16 @@ def test_an_unknown_option_after_the_checkpoint_subcommand_is_named_as_unknown(t
                           "overrides.txt: --activation_checkpoint.selective_ac_option: activation_checkpoint:selective "
                           "in torchtitan 0.3.0 has no such option")
     assert "goes last" not in line
+
+
+def test_anchors_live_under_x_keys_which_are_ignored(tmp_path):
+    """A top-level anchor holder (defaults: &d {...}) was "defaults: unknown key", with nowhere documented to keep
+    anchors: x- keys are ignored, as docker-compose's are; any other unknown top-level key says so."""
+    text = ("{key}: &d {{global_batch_size: 64, seq_len: 4096}}\nmodel: {{preset: llama3-8b}}\n"
+            "cluster: {{gpu: h100-sxm-80gb, num_gpus: 8}}\ntraining: {{<<: *d}}\nlayout: {{tp: 2, zero_stage: 1}}\n")
+    done = cli("estimate", str(write(tmp_path / "case.yaml", text.format(key="x-defaults"))))
+    assert done.returncode == 0, done.stderr
+    one_line_error(cli("estimate", str(write(tmp_path / "case.yaml", text.format(key="defaults")))),
+                   "case.yaml: defaults: unknown key", "a key starting with x-")
+    sizing = yaml.safe_load(text.format(key="x-defaults"))
+    assert planner.estimate(sizing).job.training.global_batch_size == 64  # the API's dict too
