@@ -291,7 +291,10 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
         fields = {k: v for k, v in fields.items() if k not in EXPERT_KEYS or k in overrides}
     fields.update(overrides)
     experts = fields.get("num_experts")
-    if type(experts) is int and experts > 0 and "moe_top_k" not in fields:
+    if experts is not None:  # its own refusal first (2^62 experts: past the bound, not a missing top-k)
+        experts = read_int(src, "model.num_experts", experts, minimum=0,
+                           maximum=MODEL_BOUNDS.get("num_experts", MAX_MODEL_WIDTH))
+    if experts and "moe_top_k" not in fields:
         # It was "model.moe_top_k: expected a positive integer, got 0": a 0 the case never gave.
         dense = f"; {base} is dense and sets none" if base and "num_experts" in overrides else ""
         raise CaseError(src, "model.moe_top_k", f"missing; required with num_experts {experts} (the experts each "
