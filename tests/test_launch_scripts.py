@@ -521,6 +521,10 @@ def test_a_for_list_whose_command_substitution_is_not_run_is_said():
     # after the script, --nnodes is pretrain_gpt.py's (refused as torchrun's world: 5 x 8 = 40 GPUs)
     ("torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --nnodes 5", "--nnodes",
      "comes after pretrain_gpt.py, so it is that script's, not torchrun's"),
+    # 4 processes on each of 4 nodes: priced on the case's 2 full 8-GPU nodes, tp 2 groups and all
+    ("torchrun --nnodes 4 --nproc-per-node 4 pretrain_gpt.py", "--nproc-per-node",
+     "torchrun starts 4 processes on each of 4 nodes, but the case packs its 16 GPUs 8 to a node "
+     "(cluster.gpus_per_node): give cluster.gpus_per_node: 4"),
     # torchrun's parser refuses it, not Megatron-LM's
     ("torchrun --nnodes $NNODES --nproc-per-node 8 pretrain_gpt.py", "--nnodes",
      "takes a value, and none follows it: torchrun's parser refuses it"),
@@ -532,3 +536,12 @@ def test_torchruns_flags_are_its_own_before_the_script_and_checked_against_the_n
         diagnose(case, megatron_args=args)
     assert error.value.key == key and said in error.value.expected, str(error.value)
     assert "Megatron-LM's parser refuses" not in error.value.expected or "after" in said
+
+
+def test_a_launch_on_nodes_of_fewer_gpus_reads_when_the_case_says_so(tmp_path):
+    """4 processes on each of 4 nodes is what a case of 4-GPU nodes launches: read as written."""
+    script = "#!/bin/bash\n" + TRAIN.replace("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py",
+                                             "torchrun --nnodes 4 --nproc-per-node 4 pretrain_gpt.py") + "\n"
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16,
+                                                              "gpus_per_node": 4}})
+    assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
