@@ -6,6 +6,7 @@ said the layout did not fit. No flag megatron-core defines is taken for a misspe
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -664,6 +665,20 @@ def test_a_flag_megatron_lms_parser_does_not_define_is_refused(tmp_path, flag, c
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     said = f"args.txt: {flag}: is no Megatron-LM argument" + (f" (the closest it defines: {closest})" if closest else ":")
     assert said in done.stderr and "Megatron-LM's parser (core_v0.16.1) refuses" in done.stderr, done.stderr
+
+
+def test_a_deprecated_flag_megatron_lms_parser_still_defines_reads_as_the_list_without_it(tmp_path):
+    """--no-async-tensor-model-parallel-allreduce was refused as no longer defined, but core_v0.16.1 still
+    makes it from ModelParallelConfig.async_tensor_model_parallel_allreduce ("NOTE: Deprecated. This flag
+    is ignored.", megatron/core/model_parallel_config.py): the run starts, as without it."""
+    (tmp_path / "case.yaml").write_text(CASE)
+    args = tmp_path / "args.txt"
+    args.write_text(ARGS)
+    (tmp_path / "with.txt").write_text(ARGS + "\n--no-async-tensor-model-parallel-allreduce\n")
+    without = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(args), "--json")
+    given = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(tmp_path / "with.txt"), "--json")
+    assert given.returncode == without.returncode == 0, given.stderr
+    assert json.loads(given.stdout)["config"] == json.loads(without.stdout)["config"]
 
 
 def test_the_shipped_flags_are_megatron_lms_parsers():

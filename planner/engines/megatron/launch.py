@@ -123,8 +123,7 @@ NO_LONGER_DEFINED = {"--activations-checkpoint-method": "--recompute-method (wit
                      "--distribute-checkpointed-activations": "--distribute-saved-activations",
                      "--DDP-impl": "nothing: Megatron-LM runs its own DistributedDataParallel (--use-torch-fsdp2 "
                                    "or --use-megatron-fsdp for the others)",
-                     "--use-contiguous-buffers-in-local-ddp": "nothing: the local DDP it set up is gone",
-                     "--no-async-tensor-model-parallel-allreduce": "nothing: the option is gone"}
+                     "--use-contiguous-buffers-in-local-ddp": "nothing: the local DDP it set up is gone"}
 # Arguments that build a hybrid Mamba model (megatron/core/ssm/mamba_hybrid_layer_allocation.py), which
 # pretrain_mamba.py trains: not the transformer the case describes and this reader prices.
 HYBRID_MODEL = ("--hybrid-attention-ratio", "--hybrid-mlp-ratio", "--hybrid-override-pattern")
