@@ -18,6 +18,12 @@ from functools import lru_cache
 from typing import Optional, Sequence
 
 
+def interleaving_round_count(pp: int, microbatches: int) -> int:
+    """The rounds torch's ScheduleInterleaved1F1B runs a step's micro-batches in
+    (``torch/distributed/pipelining/schedules.py``, "flex_pp"): number_of_rounds = max(1, m // p)."""
+    return max(1, microbatches // pp)
+
+
 def microbatches_per_round(pp: int, microbatches: int) -> int:
     """The micro-batches a pipeline rank runs through one model chunk before it turns to its next
     (a round) under interleaving. torch's ScheduleInterleaved1F1B, which torchtitan builds
@@ -26,7 +32,7 @@ def microbatches_per_round(pp: int, microbatches: int) -> int:
     where p does not divide m ≥ p). Wherever p divides m that is p, megatron-core's
     ``microbatch_group_size_per_vp_stage`` (its default, the only one Megatron-LM and the
     other engines' interleaving run, all of them needing p to divide m: :func:`interleaving_refusal`)."""
-    return microbatches // max(1, microbatches // pp)
+    return microbatches // interleaving_round_count(pp, microbatches)
 
 
 def interleaving_refusal(pp: int, microbatches: int, rounds: bool) -> Optional[str]:
@@ -36,7 +42,7 @@ def interleaving_refusal(pp: int, microbatches: int, rounds: bool) -> Optional[s
     (:func:`microbatches_per_round`); the others' micro-batch groups of p need p to divide m
     (megatron-core's ``schedules.py``, forward_backward_pipelining_with_interleaving)."""
     if rounds:
-        count = max(1, microbatches // pp)
+        count = interleaving_round_count(pp, microbatches)
         if microbatches % count:
             return (f"torch's ScheduleInterleaved1F1B runs the {microbatches} micro-batches per step in "
                     f"max(1, m // pp) = {count} rounds: they must divide by it (\"Interleaved 1F1B requires the "
@@ -56,8 +62,17 @@ def round_stall_passes(pp: int, vpp: int, microbatches: int) -> int:
     a rank is through a chunk's round before the round's first micro-batch is back from the
     other ranks: each of its v − 1 turns to the next chunk waits p − g passes for it, forward and
     backward, and the step is that micro-batch's way through all p·v chunks and back and the
-    other m − 1 behind it, p·v + m − 1 passes in place of m·v + p − 1. None where g ≥ p."""
+    other m − 1 behind it, p·v + m − 1 passes in place of m·v + p − 1. 0 where g ≥ p."""
     return (vpp - 1) * max(0, pp - microbatches_per_round(pp, microbatches))
+
+
+def interleaved_warmup(pp: int, vpp: int, microbatches: int, stage: int) -> int:
+    """Chunk forwards rank ``stage`` runs before its steady state under interleaving, uncapped:
+    2·(p − 1 − stage) + (v − 1)·g for rounds of g micro-batches (:func:`microbatches_per_round`).
+    torch's _get_warmup_ops (``torch/distributed/pipelining/schedules.py``, ScheduleInterleaved1F1B):
+    (n_local_stages − 1)·microbatches_per_round + 2·((pp − 1) − rank); Megatron's
+    (``schedules.py``, forward_backward_pipelining_with_interleaving) the same with g = p."""
+    return (pp - stage - 1) * 2 + (vpp - 1) * microbatches_per_round(pp, microbatches)
 
 
 def in_flight_chunks(pp: int, vpp: int, microbatches: int, stage: int) -> int:
@@ -68,8 +83,7 @@ def in_flight_chunks(pp: int, vpp: int, microbatches: int, stage: int) -> int:
     microbatches_per_round + 2·((pp − 1) − rank), capped at m·v; Megatron's the same with g = p."""
     if vpp == 1:
         return min(pp - stage, microbatches)
-    warmup = (pp - stage - 1) * 2 + (vpp - 1) * microbatches_per_round(pp, microbatches)
-    return min(warmup + 1, microbatches * vpp)
+    return min(interleaved_warmup(pp, vpp, microbatches, stage) + 1, microbatches * vpp)
 
 
 def in_flight_peak(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: Sequence[float],
@@ -121,7 +135,7 @@ def _in_flight_steps(pp: int, vpp: int, microbatches: int, stage: int) \
     whose backward then frees one (one period of g·v steps suffices, g: :func:`microbatches_per_round`)."""
     forwards = microbatches * vpp
     group = microbatches_per_round(pp, microbatches)
-    warmup = min((pp - stage - 1) * 2 + (vpp - 1) * group, forwards)
+    warmup = min(interleaved_warmup(pp, vpp, microbatches, stage), forwards)
     held = [0] * vpp
     for k in range(warmup):
         held[(k // group) % vpp] += 1

@@ -14,6 +14,7 @@ from .kernels import gemm_time, high_precision_precision, in_place_time
 from .memory import job_stage_parameters
 from .model_states import folds_gradients_into_flat_buffer, folds_gradients_into_fp32
 from .quantization import activation_bytes
+from .pipeline import interleaved_warmup
 from .job import Job
 from .specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
 from .topology import cp_group_links
@@ -135,7 +136,7 @@ def unpaired_pass_share(job: Job, stage: int) -> float:
     one extra forward with the overlap): all of them where m·v is no more."""
     lay = job.layout
     passes = job.num_microbatches * lay.vpp
-    warmup = 2 * (lay.pp - stage - 1) + (lay.vpp - 1) * lay.pp + 1 if lay.pp > 1 else 1
+    warmup = interleaved_warmup(lay.pp, lay.vpp, job.num_microbatches, stage) + 1 if lay.pp > 1 else 1
     return min(warmup, passes) / passes
 
 
