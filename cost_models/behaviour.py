@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .frozen import cached_hash
+from .frozen import cached_hash, state_without_hash
 
 QUANTIZERS = ("transformer_engine", "torchao")
 # The ZeRO stages whose weights come out of a sharded optimizer or a sharded gather, the only ones
@@ -24,6 +24,7 @@ QUANTIZED_GATHER_ZERO_STAGES = (1, 3)
 @dataclass(frozen=True)
 class EngineBehaviour:
     __hash__ = cached_hash
+    __getstate__ = state_without_hash
 
     name: str = "any"
     # ZeRO-3 gathers the weights once more for the recompute forward inside backward.

@@ -20,6 +20,15 @@ def cached_hash(spec) -> int:
     return cached
 
 
+def state_without_hash(spec) -> dict:
+    """A spec's pickled state, less its cached hash (``__getstate__`` beside ``__hash__ = cached_hash``):
+    Python salts the hashes of strings per process (PYTHONHASHSEED), so a hash carried into another
+    process would differ from an equal spec's there, and every dict lookup of the one by the other miss."""
+    state = dict(spec.__dict__)
+    state.pop("_hash", None)
+    return state
+
+
 class cached_property:  # noqa: N801 - named as functools' is
     """``functools.cached_property`` without its lock: the value computed on the first read is kept in
     the instance's ``__dict__``, where later reads find it before the descriptor (as functools' does).

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from .frozen import cached_hash
+from .frozen import cached_hash, state_without_hash
 from .quantization import recipe_for
 from .spec_checks import SpecError, _choice, _positive_float, _positive_int
 
@@ -175,6 +175,7 @@ class HostSpec:
 @dataclass(frozen=True)
 class GPUSpec:
     __hash__ = cached_hash
+    __getstate__ = state_without_hash
 
     """One accelerator, with datasheet (or calibrated) figures."""
 
@@ -333,6 +334,7 @@ class FabricSpec:
 @dataclass(frozen=True)
 class ClusterSpec:
     __hash__ = cached_hash
+    __getstate__ = state_without_hash
 
     gpu: GPUSpec
     num_gpus: int

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .frozen import cached_hash
+from .frozen import cached_hash, state_without_hash
 from .spec_checks import SpecError, _choice, _non_negative_int, _positive_float, _positive_int
 
 ACTIVATIONS = ("gelu", "swiglu")
@@ -17,6 +17,7 @@ ROUTERS = ("softmax", "sigmoid")
 @dataclass(frozen=True)
 class ModelSpec:
     __hash__ = cached_hash
+    __getstate__ = state_without_hash
 
     """A decoder-only transformer (GPT / Llama family), dense or a mixture of experts.
 

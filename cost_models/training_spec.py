@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .behaviour import GENERIC, EngineBehaviour
-from .frozen import cached_hash, cached_property
+from .frozen import cached_hash, cached_property, state_without_hash
 from .quantization import FP8_RECIPES, Recipe, recipe_for
 from .spec_checks import SpecError, _choice, _positive_int
 
@@ -23,6 +23,7 @@ EXPERT_DISPATCHES = ("all_to_all", "deepep")
 @dataclass(frozen=True)
 class TrainingSpec:
     __hash__ = cached_hash
+    __getstate__ = state_without_hash
 
     global_batch_size: int  # sequences per optimizer step
     seq_len: int

@@ -235,3 +235,22 @@ def test_size_says_a_mixture_of_experts_is_sized_with_balanced_routing():
     assert any("moe_load_imbalance is unstated" in note for note in planner.size(case, "1T").notes)
     stated = {**case, "model": {"preset": "qwen3-30b-a3b", "moe_load_imbalance": 1.2}}
     assert not any("moe_load_imbalance" in note for note in planner.size(stated, "1T").notes)
+
+
+def test_a_plan_pickled_in_one_process_keys_the_same_dicts_in_another(tmp_path):
+    """A spec kept the hash it cached in the process that pickled it: Python salts string hashes per
+    process, so in another its model spec equalled a fresh one but hashed otherwise, and every dict
+    keyed by the one missed the other (a service passing plans between processes)."""
+    import subprocess
+
+    dump = tmp_path / "plan.pickle"
+    made = ("import pickle, sys, planner; best = planner.plan(%r, top_k=0).best; hash(best.job.model); "
+            "hash(best.job.cluster); open(sys.argv[1], 'wb').write(pickle.dumps(best))" % CASE)
+    read = ("import pickle, sys; from planner.case import load_case; best = pickle.loads(open(sys.argv[1], 'rb').read()); "
+            "case = load_case(%r); print(hash(best.job.model) == hash(case.model), "
+            "{case.model: 1}.get(best.job.model), {case.cluster: 1}.get(best.job.cluster))" % CASE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", made, str(dump)], check=True, env={**env, "PYTHONHASHSEED": "1"})
+    done = subprocess.run([sys.executable, "-c", read, str(dump)], check=True, capture_output=True, text=True,
+                          env={**env, "PYTHONHASHSEED": "2"})
+    assert done.stdout.split() == ["True", "1", "1"], done.stdout
