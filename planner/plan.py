@@ -87,8 +87,9 @@ class NoFit:
             if self.fewer_gpus_tokens_per_s is not None:
                 differs = self.most_fewer_gpus_that_fit != self.fewer_gpus_that_fit
                 speed = _speed_text(self.fewer_gpus_tokens_per_s, self.fewer_gpus_mfu, self.fewer_gpus_layout)
+                # The fastest layout's figures, as `size` compares sizes: `plan` there picks the robust one.
                 text += (f", {'the' if differs else 'the most below and the'} fastest of the whole-node sizes "
-                         f"below down to half these GPUs: {speed}")
+                         f"below down to half these GPUs: its fastest layout (`plan --fastest`) runs {speed}")
                 if differs and self.most_fewer_gpus_that_fit:
                     most = _speed_text(self.most_fewer_gpus_tokens_per_s, self.most_fewer_gpus_mfu,
                                        self.most_fewer_gpus_layout)
@@ -100,7 +101,7 @@ class NoFit:
             parts.append(f"seq_len {self.seq_len_that_fits} would fit")
         if self.engine:
             parts.append(f"{self.engine}'s layouts, which come closest of the engines planned" if known_layout
-                         else f"{self.engine}'s layouts, the fastest there of the engines planned")
+                         else f"{self.engine}'s layouts, the engine planned whose size below runs fastest")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

@@ -206,6 +206,9 @@ def test_where_these_gpus_have_no_layout_the_advice_is_the_fastest_size_below_no
         most.tokens_per_s, rel=1e-9))
     said = advice.describe()
     assert f"{advice.fewer_gpus_that_fit} GPUs would have a layout that fits" in said
+    # The figures are the fastest layout's, which `plan` there gives with --fastest (by default the robust
+    # pick, up to the gap the model cannot tell apart slower): said so, not left to be read as plan's.
+    assert f"its fastest layout (`plan --fastest`) runs {advised.tokens_per_s:,.0f} tokens/s" in said
     assert f"the most GPUs below that have one, 992, would run {most.tokens_per_s:,.0f} tokens/s" in said
     # Of the engines planned, the advice is the one whose size below runs fastest.
     assert advice.engine in ("megatron", "deepspeed", "torchtitan")
