@@ -413,6 +413,10 @@ REFUSALS = {
                              "parallelism.data_parallel_shard_degree", "does not divide the case's 8 GPUs"),
     "ac_mode": ("activation_checkpoint:partial", "activation_checkpoint", "unknown mode 'partial'"),
     "ac_memory_budget": ("activation_checkpoint:memory-budget", "activation_checkpoint", "not priced"),
+    # with its own options (MemoryBudgetAC.Config), which tyro takes: the mode refused, not an option of it
+    "ac_memory_budget_options": ("activation_checkpoint:memory-budget --activation_checkpoint.memory_budget 0.3 "
+                                 "--activation_checkpoint.visualize_memory_budget_pareto", "activation_checkpoint",
+                                 "memory-budget checkpointing (MemoryBudgetAC) is not priced"),
     "global_batch": ("--training.global_batch_size 128", "training.global_batch_size",
                      "training.global_batch_size 64"),
     "global_batch_default": ("--training.local_batch_size 4", "training.global_batch_size",

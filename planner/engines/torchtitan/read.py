@@ -113,8 +113,11 @@ UNPRICED_AC_MODES = ("memory-budget", "memory_budget")
 # The options each subcommand takes after it (ActivationCheckpointing.Config and SelectiveAC.Config,
 # distributed/activation_checkpoint.py), none of which the cost model prices; the switches among them.
 AC_OPTIONS = {"full": ("preserve_rng_state", "determinism_check", "debug"),
-              "selective": ("preserve_rng_state", "determinism_check", "debug", "force_recompute_mm_shapes_by_fqns")}
-AC_SWITCHES = ("preserve_rng_state", "debug")
+              "selective": ("preserve_rng_state", "determinism_check", "debug", "force_recompute_mm_shapes_by_fqns"),
+              # MemoryBudgetAC.Config: taken here so that the mode itself is what is refused, as unpriced
+              **{mode: ("preserve_rng_state", "determinism_check", "debug", "memory_budget",
+                        "visualize_memory_budget_pareto") for mode in UNPRICED_AC_MODES}}
+AC_SWITCHES = ("preserve_rng_state", "debug", "visualize_memory_budget_pareto")
 # Trainer.Config's own fields (trainer.py), one value each: --hf_assets_path, --dump_folder.
 TOP_LEVEL = ("hf_assets_path", "dump_folder")
 
