@@ -1386,11 +1386,13 @@ def test_experts_over_a_dense_preset_name_the_missing_top_k(tmp_path):
     assert "got 0" not in line
 
 
-def test_no_experts_over_a_moe_preset_makes_it_dense(tmp_path):
-    """model: {preset: mixtral-8x7b, num_experts: 0} was refused as "model.moe_top_k: applies only to a mixture
-    of experts", a key the case never wrote and no value of which it could write: the preset's expert keys go
-    with its experts. One the case writes itself is still refused."""
-    dense = write(tmp_path / "case.yaml", yaml.safe_dump({**CASE, "model": {"preset": "mixtral-8x7b", "num_experts": 0}}))
+@pytest.mark.parametrize("none", [0, None])
+def test_no_experts_over_a_moe_preset_makes_it_dense(tmp_path, none):
+    """model: {preset: mixtral-8x7b, num_experts: 0} (or null, as an optional count reads) was refused as
+    "model.moe_top_k: applies only to a mixture of experts", a key the case never wrote and no value of which
+    it could write: the preset's expert keys go with its experts. One the case writes itself is still refused."""
+    dense = write(tmp_path / "case.yaml", yaml.safe_dump({**CASE, "model": {"preset": "mixtral-8x7b",
+                                                                            "num_experts": none}}))
     done = cli("estimate", str(dense), "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["model"]["parameters"] == pytest.approx(7.24e9, rel=0.01)  # Mistral 7B
