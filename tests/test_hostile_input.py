@@ -1291,13 +1291,15 @@ def _ds_config(tmp_path, planned_line=None, **keys):
     return case, write(tmp_path / "ds_config.json", json.dumps(config))
 
 
-@pytest.mark.parametrize("line", ["planned layout: (pp=2)", "planned layout:"])
-def test_a_planned_layout_line_that_states_nothing_is_refused(tmp_path, line):
+@pytest.mark.parametrize("line, where", [("planned layout: (pp=2)", "before its '('"),
+                                         ("planned layout:", "after it")])
+def test_a_planned_layout_line_that_states_nothing_is_refused(tmp_path, line, where):
     """"planned layout: (pp=2)": everything from the "(" was dropped as the emitter's aside, so the line read
-    as saying nothing (exit 0, pp 1), where every other edit the reader cannot parse is refused."""
+    as saying nothing (exit 0, pp 1), where every other edit the reader cannot parse is refused. A line with
+    no "(" is not said to state nothing before one."""
     case, config = _ds_config(tmp_path, line)
     one_line_error(cli("diagnose", str(case), "--config", str(config)), "ds_config.json: _comment: ",
-                   "states no layout")
+                   f"states no layout {where}")
 
 
 def test_an_option_the_engine_cannot_run_is_blamed_on_the_option_not_the_files_header(tmp_path):

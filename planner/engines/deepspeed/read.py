@@ -582,7 +582,8 @@ def planned_layout(src: str, config: dict) -> dict[str, Any]:
     words = said[0][len(PLANNED_LAYOUT):].split("(", 1)[0].split()
     if not words:
         # "planned layout: (pp=2)" read as stating nothing: the case's layout, or 1, stood in for its pp.
-        raise CaseError(src, "_comment", f"'{one_line(said[0], 60)}' states no layout before its '(': {expected}, "
+        where = "before its '('" if "(" in said[0] else "after it"
+        raise CaseError(src, "_comment", f"'{one_line(said[0], 60)}' states no layout {where}: {expected}, "
                                          "before any parenthesised aside")
     for word in words:
         key, equals, value = word.partition("=")
