@@ -246,6 +246,22 @@ AS_BASH = [
     '[[ a-b =~ ^[a-c-]+$ ]] && torchrun 14; [[ "]" =~ []] ]] && torchrun 15; [[ ab =~ ^[^b]b ]] && torchrun 16\n'
     'P="l+a"; [[ "llama" =~ $P ]] && torchrun 17; [[ "l+a" =~ "$P" ]] && torchrun 18; [[ lla =~ "$P" ]] || torchrun 19',
     '[[ a1 =~ ^(a)\\1$ ]] && torchrun 20; [[ a.b =~ a\\.b ]] && torchrun 21; [[ axb =~ a\\.b ]] || torchrun 22',
+    # what regcomp refuses (not re): the test is false, status 2, and BASH_REMATCH kept; [[:word:]] is no class
+    'RUN=llama_run; [[ $RUN =~ [[:word:]]+ ]] && torchrun 1; [[ $RUN =~ [[:word:]]+ ]] || torchrun 2\n'
+    '[[ x70 =~ ([0-9]+) ]]; [[ - =~ [[:digit:]-z] ]] || torchrun 3 "${BASH_REMATCH[@]}"\n'
+    '[[ b =~ [a-c-e] ]] || torchrun 4 "${BASH_REMATCH[@]}"; [[ a-b =~ ^[a-c-]+$ ]] && torchrun 5',
+    # BASH_REMATCH: the match and its groups (an empty one ""), emptied where nothing matches
+    'MODEL=llama3-70b; [[ $MODEL =~ -([0-9]+)b$ ]]; SIZE=${BASH_REMATCH[1]}\n'
+    'torchrun $(( SIZE >= 65 ? 8 : 4 )) "${BASH_REMATCH[@]}" ${#BASH_REMATCH[@]}\n'
+    '[[ xyz =~ ([0-9]) ]]; torchrun "${#BASH_REMATCH[@]}" "[${BASH_REMATCH[0]}]"\n'
+    '[[ xaab =~ a(x*)(a?)ab ]]; torchrun "${BASH_REMATCH[@]}"; [[ aab =~ a?ab ]]; torchrun "${BASH_REMATCH[@]}"\n'
+    '[[ abc =~ ^((a)(b))c$ ]] && torchrun "${BASH_REMATCH[@]}"; [[ $\'a\\nb\' =~ (.)$ ]] && torchrun "${BASH_REMATCH[@]}"\n'
+    '[[ ab1 =~ [0-9] ]]; BASH_REMATCH=(q); torchrun "${BASH_REMATCH[@]}"',
+    # shopt -s nocasematch: =~ without regard to case (in this shell only); a ) the regex did not open closes the test's
+    'shopt -s nocasematch; M=llama-70b; [[ $M =~ ^LLAMA ]] && torchrun 1; [[ $M =~ ^(LL)AMA-[0-9]+([[:upper:]]+) ]]\n'
+    'torchrun "${BASH_REMATCH[@]}"; (shopt -u nocasematch; [[ $M =~ ^LLAMA ]] || torchrun 2); [[ A =~ a ]] && torchrun 3\n'
+    'shopt -u nocasematch; [[ $M =~ ^LLAMA ]] || torchrun 4; (shopt -s nocasematch); [[ A =~ a ]] || torchrun 5',
+    '[[ ( x =~ a) ]] || torchrun 1; [[ ( xa =~ a) ]] && torchrun 2; [[ ( xa =~ (a)) && b =~ b ]] && torchrun 3',
 ]
 
 
@@ -466,7 +482,7 @@ def test_a_regular_expression_re_would_read_otherwise_is_still_not_decided(tmp_p
     """A back-reference (GNU's, in no POSIX ERE) or GNU's \\w are read otherwise by Python's re: such a
     test stays "cannot be decided", said, where one re reads as regcomp does is decided (bash is the
     oracle for those: test_words_are_those_bash_passes)."""
-    for regex in ("^(a)\\1$", "^\\w+$", "^[[.a.]]"):  # from a variable: a backslash written in [[ ]] quotes
+    for regex in ("^(a)\\1$", "^\\w+$", "^[[.a.]]", "^[[:word:]]+$"):  # from a variable: a backslash written in [[ ]] quotes
         script = (f"M=aa\nRE='{regex}'\nif [[ $M =~ $RE ]]; then\n  TP=8\nelse\n  TP=2\nfi\n"
                   + TRAIN.replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size $TP") + "\n")
         case, args = files(tmp_path, script, BF16)
@@ -478,6 +494,43 @@ def test_a_regular_expression_re_would_read_otherwise_is_still_not_decided(tmp_p
     case, args = files(tmp_path, script, BF16)
     result = diagnose(case, megatron_args=args)
     assert result.estimate.job.layout.tp == 2 and not any("regular expression" in n for n in result.notes)
+
+
+def test_bash_rematch_where_the_match_is_not_worked_out_is_said_where_it_is_used(tmp_path):
+    """BASH_REMATCH was never set: ``[[ $MODEL =~ -([0-9]+)b$ ]]; SIZE=${BASH_REMATCH[1]}`` priced tp 4 where
+    bash runs tp 8, with nothing said (decided matches: test_words_are_those_bash_passes). Where the
+    groups' spans are not worked out (an alternation: POSIX takes the longest, re the first) or the
+    match is not decided, BASH_REMATCH reads as empty and the launch that uses it says so."""
+    tp = "--tensor-model-parallel-size $TP"
+    for test in ("[[ $MODEL =~ -(7|70)(b)$ ]]", "RE='-([0-9]+)\\w$'; [[ $MODEL =~ $RE ]]"):
+        script = (f"MODEL=llama3-70b\n{test}\nSIZE=${{BASH_REMATCH[1]}}\nTP=$(( SIZE >= 65 ? 2 : 4 ))\n"
+                  + TRAIN.replace("--tensor-model-parallel-size 2", tp) + "\n")
+        case, args = files(tmp_path, script, BF16)
+        result = diagnose(case, megatron_args=args)
+        assert any("BASH_REMATCH (line 2): the [[ =~ ]] that sets it is not decided without running bash, so "
+                   "BASH_REMATCH is read as empty" in note for note in result.notes), (test, result.notes)
+    script = ("MODEL=llama3-70b\n[[ $MODEL =~ -([0-9]+)b$ ]]\nSIZE=${BASH_REMATCH[1]}\nTP=$(( SIZE >= 65 ? 2 : 4 ))\n"
+              + TRAIN.replace("--tensor-model-parallel-size 2", tp) + "\n")
+    case, args = files(tmp_path, script, BF16)
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.layout.tp == 2 and not any("BASH_REMATCH" in n for n in result.notes), result.notes
+
+
+def test_a_pattern_match_under_nocasematch_is_not_decided_and_a_stray_parenthesis_is_a_syntax_error(tmp_path):
+    """``shopt -s nocasematch`` makes [[ == ]] match without regard to case: read as bash without it,
+    [[ A == a ]] was false with nothing said (=~ follows it: test_words_are_those_bash_passes). A ) the
+    regular expression did not open, or a ( it does not close, is bash's syntax error: it was read as a
+    false test."""
+    script = ("shopt -s nocasematch\nM=LLAMA\nif [[ $M == llama ]]; then\n  TP=2\nelse\n  TP=4\nfi\n"
+              + TRAIN.replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size $TP") + "\n")
+    case, args = files(tmp_path, script, BF16)
+    assert any("cannot be decided without running anything (a pattern match under shopt -s nocasematch)" in note
+               for note in diagnose(case, megatron_args=args).notes)
+    for test, said in (("[[ $M =~ a) ]]", "line 2: unexpected ')' in [[ ]]"),
+                       ("[[ $M =~ (a ]]", "line 2: an unmatched ( in the regular expression of [[ =~ ]]")):
+        case, args = files(tmp_path, f"M=a\n{test} && echo yes\n{TRAIN}\n", BF16)
+        notes = diagnose(case, megatron_args=args).notes
+        assert any(f"{args}: {said}" in note and "read word by word, not as bash would" in note for note in notes), notes
 
 
 def test_input_read_by_read_or_mapfile_and_name_references_are_said():

@@ -580,6 +580,10 @@ def _launch_of(path: Path, text: str) -> _Launch:
                                + ", whose flags are not the training's", None))
     for c in launches:
         for substitution in c.not_run:
+            if substitution.startswith("BASH_REMATCH"):
+                notes.append(bash.Note(f"{src}: line {c.line}: {substitution}: the [[ =~ ]] that sets it is not "
+                                       "decided without running bash, so BASH_REMATCH is read as empty", None))
+                continue
             notes.append(bash.Note(f"{src}: line {c.line}: {substitution} is not run: " + (
                 "read as the file name bash gives it (/dev/fd/63), whose content is not known"
                 if substitution.startswith(("<(", ">(")) else

@@ -23,7 +23,9 @@ script's ``IFS`` (a run of separators one boundary: no empty fields), and
 
 Conditions: ``[ ... ]``, ``test`` and ``[[ ... ]]`` with ``=``, ``==``, ``!=`` (patterns in
 ``[[ ]]``), ``<``, ``>``, ``=~`` (a POSIX extended regular expression, in the subset Python's ``re`` reads alike:
-planner/readers/bash/regex.py), ``-n``, ``-z``, ``-v``, the integer comparisons, ``!``, ``-a``/``-o``,
+planner/readers/bash/regex.py; it sets ``BASH_REMATCH`` as bash does where the match and its groups' spans
+are worked out, else leaves it empty, said where a launch uses it; ``shopt -s nocasematch`` is followed for
+``=~`` on ASCII text, while ``==`` under it is not decided), ``-n``, ``-z``, ``-v``, the integer comparisons, ``!``, ``-a``/``-o``,
 ``&&``/``||`` and parentheses. A variable the script does not set (it comes from the
 environment or the command line) reads as bash reads it unset: empty, or the default that
 ``${X:-default}`` gives. What cannot be decided without running something (a file test, a
@@ -41,7 +43,7 @@ them, a word or a redirection's file, never run; the word is the file name bash 
 tilde expansion, sparse and associative arrays (``A[5]=x`` pads with empty elements),
 ``source``/``eval`` (said in a note), ``read``, ``mapfile`` and ``readarray`` (they fail, as with no
 input; the names they would set read as empty, said in a note and where a launch uses them),
-``declare -n`` name references (said), ``BASH_REMATCH``, and variables bash sets itself (``PWD``, ``HOME``: unset).
+``declare -n`` name references (said), and variables bash sets itself (``PWD``, ``HOME``: unset).
 A script bash could not parse raises :class:`ScriptSyntax`; one that expands, loops or recurses
 without end, or is longer than MAX_EXPANDED_CHARS, raises :class:`ScriptLimit`.
 """

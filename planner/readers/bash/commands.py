@@ -16,7 +16,7 @@ from .expand import _Expander
 from .lexer import _ASSIGNMENT, _NAME, _Tok
 from .parser import _Simple
 from .results import Command
-from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, _Ctx
+from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, REMATCH_UNKNOWN, _Ctx
 from .status import _FALSE, _TRUE, _Exit, _LoopControl, _Return, _Status
 
 _DECLARATIONS = {"export", "declare", "typeset", "local", "readonly"}
@@ -166,6 +166,8 @@ class _Commands(_Expander):
             rest = args[3:] if args[2] == "--" else args[2:]  # printf -v X -- FORMAT ...
             if rest:
                 return self.printf_to(args[1], rest[0], rest[1:], ctx)
+        if name == "shopt" and args[:1] in (["-s"], ["-u"]) and "nocasematch" in args:
+            self.nocasematch = args[0] == "-s"
         if name in ("source", ".", "eval"):
             what = "followed" if name != "eval" else "evaluated"
             self.note(f"{one_line(' '.join(fields), 80)} is not {what}: what it would set reads as unset")
@@ -182,7 +184,7 @@ class _Commands(_Expander):
             text = body if quoted else self.string('"' + body.replace('"', '\\"') + '"', ctx, "here-document")
             self.run_inline((text, []), node)
         unset = tuple(name for name, how in ctx.deps.items() if how == _READ_EMPTY)
-        not_run = tuple(name for name, how in ctx.deps.items() if how in (_NOT_RUN, _PROCESS))
+        not_run = tuple(name for name, how in ctx.deps.items() if how in (_NOT_RUN, _PROCESS, REMATCH_UNKNOWN))
         defaulted = tuple((name, ast.literal_eval(how[len(_DEFAULTED) + 1:])) for name, how in ctx.deps.items()
                           if how.startswith(_DEFAULTED))
         self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run, defaulted))

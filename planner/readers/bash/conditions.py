@@ -13,8 +13,8 @@ from .errors import ScriptSyntax
 from .expand import _Expander
 from .lexer import _Tok
 from .patterns import _match_bounded
-from .regex import ere_search
-from .state import _Ctx
+from .regex import REFUSED, ere_search
+from .state import REMATCH_UNKNOWN, _Ctx
 from .status import _k3_and, _k3_or
 
 _UNARY_TESTS = {"-n", "-z", "-v", "-a", "-b", "-c", "-d", "-e", "-f", "-g", "-h", "-k", "-p", "-r", "-s", "-t",
@@ -107,6 +107,9 @@ class _CondParser:
             right_tok = self.tokens[self.k]
             if op in ("==", "=", "!=") and right_tok.kind == "word":
                 self.k += 1
+                if self.shell.nocasematch:  # the pattern matched without regard to case: not followed
+                    self.reasons.append("a pattern match under shopt -s nocasematch")
+                    return None, False
                 tokens = self.shell.pattern(right_tok.text, self.ctx, "[[")
                 hit = _match_bounded(tokens, left, "[[")
                 result = hit if op != "!=" else not hit
@@ -125,20 +128,33 @@ class _CondParser:
         while True:
             tok = self.peek()
             if tok is None or (tok.start != end and depth <= 0) or \
-                    (depth <= 0 and tok.kind == "op" and tok.text in ("&&", "||")):
-                break
+                    (depth <= 0 and tok.kind == "op" and tok.text in ("&&", "||", ")")):
+                break  # a ) the word has not opened closes a group of the test's (or is bash's syntax error)
             if tok.kind == "op" and tok.text in ("(", ")"):
                 depth += 1 if tok.text == "(" else -1
             end = tok.end
             self.k += 1
+        if depth > 0:  # bash reads on past ]] for the ), and stops at the end of the script
+            raise ScriptSyntax(f"line {self.shell.line}", "an unmatched ( in the regular expression of [[ =~ ]] "
+                                                          "(bash reads no further: a syntax error)")
         raw = self.shell.text[first.start:end]
         chars: list[tuple[str, bool]] = []
         for kind, value in self.shell.scan(raw, self.ctx, "[["):
             text = " ".join(value) if isinstance(value, list) else value
             chars += [(c, kind.startswith("q")) for c in text]
-        hit = ere_search(chars, left)
+        hit, groups = ere_search(chars, left, icase=self.shell.nocasematch)
+        # BASH_REMATCH: the match and its groups, emptied where nothing matches; a pattern regcomp
+        # refuses leaves it as it was. Where that is not known, it is read as empty, and said where used.
+        if groups == REFUSED:
+            return False, False
+        if groups is not None:
+            self.shell.set_var("BASH_REMATCH", groups, self.ctx.deps)
+        else:
+            self.shell.set_var("BASH_REMATCH", [], {**self.ctx.deps, f"BASH_REMATCH (line {self.shell.line})":
+                                                    REMATCH_UNKNOWN})
         if hit is None:
-            self.reasons.append("a regular expression match")
+            self.reasons.append("a regular expression match" + (" under shopt -s nocasematch"
+                                                                 if self.shell.nocasematch else ""))
             return None, False
         return hit, hit
 

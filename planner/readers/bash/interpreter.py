@@ -125,14 +125,14 @@ class _Shell(_Commands):
         return status
 
     def subshell(self, run: Callable[[], _Status]) -> _Status:
-        saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation)
+        saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch)
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()
         except _Exit as leaving:  # `(exit 1) || TP=4`: a status the script states is known
             return leaving.status or _Status(None, True, reason="a subshell that exits")
         finally:
-            self.vars, self.funcs, self.positional, self.generation = saved
+            self.vars, self.funcs, self.positional, self.generation, self.nocasematch = saved
 
     def run_command(self, node) -> _Status:
         if isinstance(node, _Simple):

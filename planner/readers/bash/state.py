@@ -32,6 +32,8 @@ _DEFAULTED = "is not set by the script: read as its default"  # ${X:-default}'s,
 _NOT_RUN = "not run: read as empty"  # a command substitution's output
 # A process substitution's word: the file name of a pipe to a command never run.
 _PROCESS = "not run: read as the file name bash gives it, /dev/fd/63, whose content is not known"
+# BASH_REMATCH after a [[ =~ ]] whose match (or its groups' spans) is not worked out.
+REMATCH_UNKNOWN = "not known (the [[ =~ ]] that sets it is not decided here): read as empty"
 
 
 class _Ctx:
@@ -78,6 +80,7 @@ class _State:
         self.integers: set[str] = set()  # declare -i: an assignment's value is evaluated as arithmetic
         self.letter_cases: dict[str, str] = {}  # declare -u / -l: "u" or "l", the case its values are stored in
         self.in_condition = 0
+        self.nocasematch = False  # shopt -s nocasematch: [[ =~ ]] and [[ == ]] without regard to case
         self.line = 1
         self.generation = next(_GENERATIONS)
 
