@@ -1,31 +1,41 @@
 """Write planner/engines/megatron/megatron_lm_flags.txt: every option string Megatron-LM's parser
-defines, taken from the parser itself (megatron/training/arguments.py's add_megatron_arguments, at
-Megatron-LM core_v0.16.1), not from a reading of its text: most of its flags are made from
+defines for pretrain_gpt.py in some release from core_v0.16.1 to the newest one a clone holds, taken
+from the parser itself, not from a reading of its text: most of its flags are made from
 megatron-core's config dataclasses (megatron/training/argument_utils.py, ArgumentGroupFactory).
 
-    python bench/megatron_lm_flags.py [MEGATRON_LM_GIT_DIR] [REF]
+    python bench/megatron_lm_flags.py [MEGATRON_LM_GIT_DIR] [--check]
 
-MEGATRON_LM_GIT_DIR is a clone of NVIDIA/Megatron-LM (default: the mirror under /work/.mirror), REF
-its tag (default core_v0.16.1). The training package is taken from the clone at REF into a temporary
-directory, with megatron/training/__init__.py and utils.py (which pull in the whole training loop)
-replaced by stubs; megatron-core is the installed one (of the same release). Nothing is run but the
-parser's construction. ``--check`` compares the shipped list with the parser instead of writing it
-(exit 1 where they differ)."""
+MEGATRON_LM_GIT_DIR is a clone of NVIDIA/Megatron-LM (default: the mirror under /work/.mirror). The
+releases are its core_vX.Y.Z tags (no release candidates) from core_v0.16.1 on. For each, the parser
+is megatron/training/arguments.py's add_megatron_arguments and the extra_args_provider pretrain_gpt.py
+hands parse_args (add_modelopt_args of megatron/post_training/arguments.py, in every release so far:
+passed whenever nvidia-modelopt is installed); the list is their union. The release's megatron/
+(training, core, post_training/arguments.py) is taken into a temporary directory, with
+megatron/training/__init__.py, utils and global_vars (which pull in the whole training loop) replaced
+by stubs, and the modules that import triton at their top (kernels; triton is absent here) by empty
+ones; typing.override (Python 3.12, used by core_v0.19.0) is given on older Pythons. Nothing is run
+but the parsers' construction. ``--check`` rebuilds the list from the releases the shipped file's
+header names and compares (exit 1 where they differ)."""
 
 from __future__ import annotations
 
 import argparse
+import io
+import re
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "planner" / "engines" / "megatron" / "megatron_lm_flags.txt"
 MIRROR = "/work/.mirror/NVIDIA+Megatron-LM/repo"
-REF = "core_v0.16.1"
-# The training modules the parser's construction imports.
-MODULES = ("arguments.py", "argument_utils.py", "common_config.py", "training_config.py", "resilience_config.py")
+FIRST = (0, 16, 1)
+RELEASE = re.compile(r"core_v(\d+)\.(\d+)\.(\d+)")
+# What pretrain_gpt.py hands parse_args as extra_args_provider, and where that function is.
+EXTRA = {"add_modelopt_args": "megatron.post_training.arguments"}
 UTILS_STUB = '''
 def get_device_arch_version(): return 9
 def update_use_dist_ckpt(args): pass
@@ -34,52 +44,100 @@ def warn_rank_0(*a, **k): pass
 def is_rank0(): return True
 '''
 HEADER = """\
-# The option strings Megatron-LM's parser defines (argparse.ArgumentParser(allow_abbrev=False),
-# parse_args without ignore_unknown_args: it refuses any other flag, "unrecognized arguments").
-# Derived from Megatron-LM core_v0.16.1 megatron/training/arguments.py (add_megatron_arguments, with
-# the flags argument_utils.py makes from megatron-core's config dataclasses) by
-# bench/megatron_lm_flags.py, which builds the parser and lists its actions' option strings.
+# The option strings Megatron-LM's parser defines for pretrain_gpt.py (argparse.ArgumentParser(
+# allow_abbrev=False), parse_args without ignore_unknown_args: it refuses any other flag,
+# "unrecognized arguments"), in any of the releases below: the union of each release's
+# megatron/training/arguments.py add_megatron_arguments (with the flags argument_utils.py makes from
+# megatron-core's config dataclasses) and the extra_args_provider its pretrain_gpt.py passes
+# (add_modelopt_args, megatron/post_training/arguments.py, wherever nvidia-modelopt is installed).
+# Made by bench/megatron_lm_flags.py, which builds each release's parser and lists its actions' option
+# strings.
+# Releases: {releases}
 # {count} option strings, one a line.
 """
 
 
+def git(git_dir: str, *args: str) -> bytes:
+    return subprocess.run(["git", "--git-dir", git_dir, *args], check=True, capture_output=True).stdout
+
+
+def releases(git_dir: str) -> list[str]:
+    tags = [t for t in git(git_dir, "tag", "--list", "core_v*").decode().split() if RELEASE.fullmatch(t)]
+    key = lambda t: tuple(int(n) for n in RELEASE.fullmatch(t).groups())  # noqa: E731
+    return sorted((t for t in tags if key(t) >= FIRST), key=key)
+
+
+def extra_provider(git_dir: str, ref: str) -> str | None:
+    """The extra_args_provider pretrain_gpt.py passes at ref (a name in EXTRA), or None."""
+    text = git(git_dir, "show", f"{ref}:pretrain_gpt.py").decode()
+    names = set(re.findall(r"extra_args_provider\s*=\s*(\w+)", text))
+    unknown = names - set(EXTRA) - {"None"}
+    if unknown:
+        raise SystemExit(f"{ref}: pretrain_gpt.py passes extra_args_provider={sorted(unknown)}, which this "
+                         "script does not know: add it to EXTRA")
+    return next(iter(names - {"None"}), None)
+
+
 def parser_flags(git_dir: str, ref: str) -> list[str]:
+    extra = extra_provider(git_dir, ref)
     with tempfile.TemporaryDirectory() as tmp:
-        training = Path(tmp) / "megatron" / "training"
-        training.mkdir(parents=True)
-        for name in MODULES:
-            text = subprocess.run(["git", "--git-dir", git_dir, "show", f"{ref}:megatron/training/{name}"],
-                                  check=True, capture_output=True, text=True).stdout
-            (training / name).write_text(text)
+        paths = ["megatron/training", "megatron/core"] + \
+            ([EXTRA[extra].replace(".", "/") + ".py"] if extra else [])
+        tarfile.open(fileobj=io.BytesIO(git(git_dir, "archive", "--format=tar", ref, *paths))).extractall(
+            tmp, filter="data")
+        megatron = Path(tmp) / "megatron"
+        for package in [megatron] + [p for p in megatron.iterdir() if p.is_dir()]:
+            if not (package / "__init__.py").exists():
+                (package / "__init__.py").write_text("")
+        training = megatron / "training"
         (training / "__init__.py").write_text("")
+        if (training / "utils").is_dir():
+            shutil.rmtree(training / "utils")
         (training / "utils.py").write_text(UTILS_STUB)
-        code = (f"import sys, argparse; sys.path.insert(0, {tmp!r})\n"
+        (training / "global_vars.py").write_text("def set_global_variables(*a, **k): pass\n")
+        for module in megatron.rglob("*.py"):  # triton kernels: no flag is made there
+            if re.search(r"^(import|from) triton\b", module.read_text(encoding="utf-8"), re.M):
+                module.write_text("def __getattr__(name):\n    return lambda *a, **k: None\n")
+        code = (f"import sys, argparse, typing; sys.path.insert(0, {tmp!r})\n"
+                "typing.override = getattr(typing, 'override', lambda f: f)\n"
                 "from megatron.training.arguments import add_megatron_arguments\n"
                 "parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))\n"
+                + (f"from {EXTRA[extra]} import {extra}\nparser = {extra}(parser)\n" if extra else "") +
+                "import megatron.core; assert megatron.core.__file__.startswith(sys.path[0])\n"
                 "print('\\n'.join(sorted({o for a in parser._actions for o in a.option_strings})))\n")
-        done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], check=True, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{ref}: the parser could not be built:\n{done.stderr[-3000:]}")
     return [line for line in done.stdout.splitlines() if line.startswith("-")]
 
 
-def shipped() -> list[str]:
-    return [line for line in OUT.read_text().splitlines() if line and not line.startswith("#")]
+def union(git_dir: str, refs: list[str]) -> list[str]:
+    return sorted(set().union(*(parser_flags(git_dir, ref) for ref in refs)))
+
+
+def shipped() -> tuple[list[str], list[str]]:
+    lines = OUT.read_text().splitlines()
+    refs = next(line.split(":", 1)[1].split() for line in lines if line.startswith("# Releases:"))
+    return refs, [line for line in lines if line and not line.startswith("#")]
 
 
 def main() -> int:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("git_dir", nargs="?", default=MIRROR)
-    cli.add_argument("ref", nargs="?", default=REF)
     cli.add_argument("--check", action="store_true")
     options = cli.parse_args()
-    flags = parser_flags(options.git_dir, options.ref)
     if options.check:
-        if flags != shipped():
-            print(f"{OUT}: differs from {options.ref}'s parser: missing {sorted(set(flags) - set(shipped()))[:10]}, "
-                  f"extra {sorted(set(shipped()) - set(flags))[:10]}")
+        refs, listed = shipped()
+        flags = union(options.git_dir, refs)
+        if flags != listed:
+            print(f"{OUT}: differs from the parsers of {' '.join(refs)}: missing {sorted(set(flags) - set(listed))[:10]}, "
+                  f"extra {sorted(set(listed) - set(flags))[:10]}")
             return 1
         return 0
-    OUT.write_text(HEADER.format(count=len(flags)) + "\n".join(flags) + "\n")
-    print(f"{OUT}: {len(flags)} option strings")
+    refs = releases(options.git_dir)
+    flags = union(options.git_dir, refs)
+    OUT.write_text(HEADER.format(releases=" ".join(refs), count=len(flags)) + "\n".join(flags) + "\n")
+    print(f"{OUT}: {len(flags)} option strings ({' '.join(refs)})")
     return 0
 
 

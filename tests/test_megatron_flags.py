@@ -331,6 +331,61 @@ def test_a_launch_of_another_model_than_a_gpt_is_refused(tmp_path, program, buil
         in error.value.expected
 
 
+@pytest.mark.parametrize("program", ["pretrain_mamba.py", "pretrain_hybrid.py"])
+def test_a_hybrid_launch_is_refused_for_its_program_not_its_flags(tmp_path, program):
+    """Megatron-LM's examples/mamba/train.sh (pretrain_hybrid.py from core_v0.18.0 on, with
+    --hybrid-layer-pattern, core_v0.17.0 on) was blamed on --hybrid-layer-pattern as "no Megatron-LM
+    argument ... the run would not start"; the run starts, and trains a model diagnose does not price."""
+    from planner.diagnose import diagnose
+
+    (tmp_path / "case.yaml").write_text(CASE)
+    (tmp_path / "train.sh").write_text(f"#!/bin/bash\nARGS=({ARGS.strip()} --hybrid-layer-pattern M-M*-)\n"
+                                       f"torchrun --nproc-per-node 8 --nnodes 2 {program} ${{ARGS[@]}}\n")
+    with pytest.raises(CaseError) as error:
+        diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "train.sh")
+    assert error.value.key == program and "line 3: trains a hybrid Mamba model, which diagnose does not price" \
+        in error.value.expected
+
+
+def test_megatron_lms_mamba_example_is_refused_for_its_program(tmp_path):
+    """The mirror's examples/mamba/train.sh (newest release) is refused by its program's name."""
+    import subprocess
+    from pathlib import Path
+
+    from planner.diagnose import diagnose
+
+    mirror = Path("/work/.mirror/NVIDIA+Megatron-LM/repo")
+    shown = subprocess.run(["git", "--git-dir", str(mirror), "show", "core_v0.19.0:examples/mamba/train.sh"],
+                           capture_output=True, text=True) if mirror.is_dir() else None
+    if shown is None or shown.returncode:
+        pytest.skip("no Megatron-LM clone with core_v0.19.0")
+    (tmp_path / "case.yaml").write_text(CASE)
+    (tmp_path / "train.sh").write_text(shown.stdout)
+    with pytest.raises(CaseError) as error:
+        diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "train.sh")
+    assert error.value.key == "pretrain_hybrid.py" and "trains a hybrid Mamba model" in error.value.expected, \
+        str(error.value)
+
+
+def test_another_programs_own_flags_are_not_refused_as_megatron_lms(tmp_path):
+    """examples/multimodal/train.py adds flags of its own to Megatron-LM's parser (--use-tiling); a
+    launch of it was refused as "no Megatron-LM argument ... the run would not start", which is false:
+    its parser is not known here, so an unknown flag is let through, and the reading says so."""
+    from planner.engines.megatron.launch import launch_notes
+
+    (tmp_path / "case.yaml").write_text(CASE)
+    script = tmp_path / "train.sh"
+    script.write_text(f"#!/bin/bash\nARGS=({ARGS.strip()} --use-tiling --max-num-tiles 12)\n"
+                      "torchrun --nproc-per-node 8 --nnodes 2 examples/multimodal/train.py ${ARGS[@]}\n")
+    done = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(script))
+    assert done.returncode == 0, done.stderr
+    assert any("examples/multimodal/train.py is not Megatron-LM's pretrain_gpt.py: its parser is not known here"
+               in note for note in launch_notes(script))
+    script.write_text(script.read_text().replace("examples/multimodal/train.py", "pretrain_gpt.py"))
+    done = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(script))
+    assert done.returncode == 2 and "--use-tiling: is no Megatron-LM argument" in done.stderr, done.stderr
+
+
 def test_a_script_that_starts_nothing_says_what_it_did_not_follow(tmp_path):
     """Megatron-LM's examples/academic_paper_scripts/sc21/run_figure_11.sh sources its arguments and its
     srun (`. CONFIG.sh`, `. SBATCH.sh`): the refusal said the script starts no command, not why."""
@@ -556,12 +611,13 @@ def test_one_dash_or_underscores_are_no_flag_of_megatron_lm(typo, says):
 
 def test_an_argument_list_of_more_flags_than_megatron_lm_defines_is_refused_quickly():
     """Each flag the reading does not read is checked for a misspelling: 100,000 made-up flags kept
-    diagnose busy past 30 s. Megatron-LM's parser (core_v0.16.1) defines 682 option strings."""
+    diagnose busy past 30 s. Megatron-LM's parsers for pretrain_gpt.py (core_v0.16.1 to core_v0.19.0)
+    define 899 option strings between them."""
     import time
 
     from planner.engines.megatron.launch import MEGATRON_LM_FLAGS, PARSER_FLAGS
 
-    assert MEGATRON_LM_FLAGS == 682
+    assert MEGATRON_LM_FLAGS == 899
     words = [w for i in range(5000) for w in (f"--made-up-flag-{i}", "1")]
     started = time.perf_counter()
     with pytest.raises(CaseError) as refused:  # the first: Megatron-LM's parser defines none of them
@@ -656,15 +712,15 @@ def test_an_integer_argparse_cannot_convert_is_refused_on_every_integer_flag(tmp
 def test_a_flag_megatron_lms_parser_does_not_define_is_refused(tmp_path, flag, closest):
     """Megatron-LM's parser (allow_abbrev=False, parse_args with no ignore_unknown_args) stops on any flag
     it does not define: `--tensor-parallel-size 2` (vLLM's and NeMo's spelling) or `--tp 2` was read
-    as absent and priced as tp 1, exit 0, with nothing said. A flag a training script adds itself
-    (extra_args_provider) is refused as well: pretrain_gpt.py's parser does not take it."""
+    as absent and priced as tp 1, exit 0, with nothing said."""
     (tmp_path / "case.yaml").write_text(CASE)
     args = tmp_path / "args.txt"
     args.write_text(ARGS.replace("--tensor-model-parallel-size 4", f"{flag} 4"))
     done = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(args))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    said = f"args.txt: {flag}: is no Megatron-LM argument" + (f" (the closest it defines: {closest})" if closest else ":")
-    assert said in done.stderr and "Megatron-LM's parser (core_v0.16.1) refuses" in done.stderr, done.stderr
+    said = f"args.txt: {flag}: is no Megatron-LM argument (core_v0.16.1 to core_v0.19.0 define none such" + \
+        (f"; the closest: {closest})" if closest else "):")
+    assert said in done.stderr and "pretrain_gpt.py's parser refuses" in done.stderr, done.stderr
 
 
 def test_a_deprecated_flag_megatron_lms_parser_still_defines_reads_as_the_list_without_it(tmp_path):
@@ -682,28 +738,60 @@ def test_a_deprecated_flag_megatron_lms_parser_still_defines_reads_as_the_list_w
 
 
 def test_the_shipped_flags_are_megatron_lms_parsers():
-    """megatron_lm_flags.txt holds the option strings of Megatron-LM core_v0.16.1's parser: a few known
-    to be there and to be not; against the parser itself where a Megatron-LM clone is at hand
-    (bench/megatron_lm_flags.py builds it from the clone's arguments.py)."""
+    """megatron_lm_flags.txt holds the option strings of Megatron-LM's parsers for pretrain_gpt.py,
+    core_v0.16.1 to core_v0.19.0 (add_megatron_arguments and pretrain_gpt.py's add_modelopt_args): a
+    few known to be there and to be not; against the parsers themselves where a Megatron-LM clone with
+    those releases is at hand (bench/megatron_lm_flags.py builds them from the clone)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    from planner.engines.megatron.launch import PARSER_FLAGS
+    from planner.engines.megatron.launch import PARSER_FLAGS, PARSER_RELEASES
 
+    assert PARSER_RELEASES == ("core_v0.16.1", "core_v0.17.0", "core_v0.17.1", "core_v0.18.0", "core_v0.18.2",
+                               "core_v0.19.0")
     assert {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
             "--micro-batch-size", "--global-batch-size", "--seq-length", "--bf16", "--use-distributed-optimizer",
-            "--recompute-granularity", "--num-experts", "--tp-comm-overlap", "--help", "-h"} <= PARSER_FLAGS
+            "--recompute-granularity", "--num-experts", "--tp-comm-overlap", "--help", "-h",
+            "--export-te-mcore-model", "--export-force-local-attention",  # add_modelopt_args (pretrain_gpt.py)
+            "--megatron-fsdp-grad-comm-dtype", "--hybrid-layer-pattern",  # core_v0.17.0 on
+            "--step-batch-size-schedule"} <= PARSER_FLAGS  # core_v0.18.0 on
     assert not {"--tensor-parallel-size", "--tp", "--nnodes", "--nproc-per-node", "--deepspeed",
                 "--activations-checkpoint-method"} & PARSER_FLAGS
     mirror = Path("/work/.mirror/NVIDIA+Megatron-LM/repo")
-    if not mirror.is_dir() or subprocess.run(["git", "--git-dir", str(mirror), "rev-parse", "-q", "--verify",
-                                              "core_v0.16.1"], capture_output=True).returncode:
-        pytest.skip("no Megatron-LM clone with core_v0.16.1 to build the parser from")
+    if not mirror.is_dir() or any(subprocess.run(["git", "--git-dir", str(mirror), "rev-parse", "-q", "--verify",
+                                                  ref], capture_output=True).returncode for ref in PARSER_RELEASES):
+        pytest.skip("no Megatron-LM clone with core_v0.16.1 to core_v0.19.0 to build the parsers from")
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(root / "bench" / "megatron_lm_flags.py"), str(mirror), "core_v0.16.1",
-                           "--check"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(root / "bench" / "megatron_lm_flags.py"), str(mirror), "--check"],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("line", ["--export-te-mcore-model", "--export-force-local-attention",
+                                  "--megatron-fsdp-grad-comm-dtype bf16", "--export-kd-teacher-load /ckpt"])
+def test_a_flag_some_release_or_pretrain_gpts_modelopt_args_define_reads_as_without_it(tmp_path, line):
+    """pretrain_gpt.py adds add_modelopt_args's flags (--export-te-mcore-model) wherever nvidia-modelopt
+    is installed, and later releases define flags core_v0.16.1 lacks (--megatron-fsdp-grad-comm-dtype,
+    core_v0.17.0): both were refused as "no Megatron-LM argument ... the run would not start"."""
+    (tmp_path / "case.yaml").write_text(CASE)
+    (tmp_path / "with.txt").write_text(ARGS + line + "\n")
+    (tmp_path / "without.txt").write_text(ARGS)
+    given = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(tmp_path / "with.txt"), "--json")
+    without = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(tmp_path / "without.txt"),
+                      "--json")
+    assert given.returncode == without.returncode == 0, given.stderr
+    assert json.loads(given.stdout)["config"] == json.loads(without.stdout)["config"]
+
+
+def test_a_flag_no_release_defines_is_still_refused(tmp_path):
+    """The union of the releases' flags refuses what none defines, naming the releases."""
+    (tmp_path / "case.yaml").write_text(CASE)
+    (tmp_path / "args.txt").write_text(ARGS + "--frobnicate-layout-knob 3\n")
+    done = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(tmp_path / "args.txt"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "--frobnicate-layout-knob: is no Megatron-LM argument (core_v0.16.1 to core_v0.19.0 define none such)" \
+        in done.stderr, done.stderr
 
 
 def test_an_odd_context_parallelism_is_named_at_its_own_flag(tmp_path):

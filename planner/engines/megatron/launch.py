@@ -125,11 +125,14 @@ NO_LONGER_DEFINED = {"--activations-checkpoint-method": "--recompute-method (wit
                                    "or --use-megatron-fsdp for the others)",
                      "--use-contiguous-buffers-in-local-ddp": "nothing: the local DDP it set up is gone"}
 # Arguments that build a hybrid Mamba model (megatron/core/ssm/mamba_hybrid_layer_allocation.py), which
-# pretrain_mamba.py trains: not the transformer the case describes and this reader prices.
-HYBRID_MODEL = ("--hybrid-attention-ratio", "--hybrid-mlp-ratio", "--hybrid-override-pattern")
+# pretrain_mamba.py trains: not the transformer the case describes and this reader prices
+# (--hybrid-layer-pattern is --hybrid-override-pattern's name from core_v0.17.0 on).
+HYBRID_MODEL = ("--hybrid-attention-ratio", "--hybrid-mlp-ratio", "--hybrid-override-pattern",
+                "--hybrid-layer-pattern")
 # Megatron-LM's training programs that build another model than pretrain_gpt.py's decoder-only
-# transformer (Megatron-LM core_v0.16.1, the repository's top level), and what they build.
-OTHER_MODELS = {"pretrain_mamba.py": "a hybrid Mamba model", "pretrain_t5.py": "an encoder-decoder T5 model",
+# transformer (Megatron-LM core_v0.16.1 to core_v0.19.0, the repository's top level; pretrain_hybrid.py,
+# core_v0.18.0 on, is what pretrain_mamba.py became), and what they build.
+OTHER_MODELS = {"pretrain_mamba.py": "a hybrid Mamba model", "pretrain_hybrid.py": "a hybrid Mamba model", "pretrain_t5.py": "an encoder-decoder T5 model",
                 "pretrain_bert.py": "a BERT encoder", "pretrain_ict.py": "a retrieval (ICT) BERT model",
                 "pretrain_vlm.py": "a vision-language model", "pretrain_vision_classify.py": "a vision model",
                 "pretrain_vision_dino.py": "a vision model", "pretrain_vision_inpaint.py": "a vision model"}
@@ -171,6 +174,9 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
     # Megatron-LM's own arguments: an argument list's every word, a launch's those after the
     # Python script it starts (before it, torchrun's and srun's: srun --nodes is no --nnodes).
     script_at = next((i for i, w in enumerate(words) if w.endswith(".py")), -1)
+    # Whose parser takes them: an argument list's are pretrain_gpt.py's; another program (a multimodal
+    # train.py) adds flags of its own, which no list here holds, so none is refused as undefined.
+    gpt = script_at < 0 or Path(words[script_at]).name == GPT_PROGRAM
 
     def name(word: str) -> str:
         flag = word.partition("=")[0]
@@ -208,15 +214,16 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
             if len(checked) > MAX_OTHER_FLAGS:
                 raise CaseError(src, flag, f"makes more than {MAX_OTHER_FLAGS:,} different flags this reading does "
                                            f"not read: expected at most {MAX_OTHER_FLAGS:,} (Megatron-LM's parser, "
-                                           f"core_v0.16.1, defines {MEGATRON_LM_FLAGS} and refuses any other)")
+                                           f"{RELEASES}, defines {MEGATRON_LM_FLAGS} and refuses any other)")
             _refuse_what_megatron_lm_refuses(src, flag)
             _check_not_a_misspelling(src, flag, known - TORCHRUN_FLAGS)
-            _check_defined(src, flag)
+            if gpt:
+                _check_defined(src, flag)
         elif i > script_at and _ONE_DASH.fullmatch(flag) and "-" + flag in known:
             # argparse takes a one-dash word for a short option it does not define: it refuses it.
             raise CaseError(src, flag, f"is no Megatron-LM argument (one dash: did you mean -{flag}?): Megatron-LM's "
                                        "parser refuses it, and the run would not start")
-        elif i > script_at and _ONE_DASH.fullmatch(flag):
+        elif i > script_at and _ONE_DASH.fullmatch(flag) and gpt:
             _check_defined(src, flag)
         # In the words bash passes (not a file read word by word, whose arrays may come before the script),
         # torchrun's flags are those before the script, Megatron-LM's those after it.
@@ -364,13 +371,18 @@ def _torchrun_word(flag: str, value: str) -> bool:
 _INTEGER = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")
 
 
-# The option strings Megatron-LM's parser defines (core_v0.16.1's add_megatron_arguments, listed from
-# its ArgumentParser's actions by bench/megatron_lm_flags.py into megatron_lm_flags.txt), and the most
-# other flags an argument list may give (a list of 100,000 made-up flags kept diagnose busy past 30 s).
-PARSER_FLAGS = frozenset(line for line in (Path(__file__).with_name("megatron_lm_flags.txt")
-                                           .read_text(encoding="utf-8").splitlines())
-                         if line and not line.startswith("#"))
+# The option strings Megatron-LM's parser defines for pretrain_gpt.py in some release the list names
+# (each release's add_megatron_arguments and the add_modelopt_args pretrain_gpt.py adds, listed from
+# their ArgumentParsers' actions by bench/megatron_lm_flags.py into megatron_lm_flags.txt), those
+# releases, and the most other flags an argument list may give (a list of 100,000 made-up flags kept
+# diagnose busy past 30 s).
+_FLAGS_FILE = Path(__file__).with_name("megatron_lm_flags.txt").read_text(encoding="utf-8").splitlines()
+PARSER_FLAGS = frozenset(line for line in _FLAGS_FILE if line and not line.startswith("#"))
+PARSER_RELEASES = tuple(next(line.split(":", 1)[1].split() for line in _FLAGS_FILE if line.startswith("# Releases:")))
+RELEASES = f"{PARSER_RELEASES[0]} to {PARSER_RELEASES[-1]}"
 MEGATRON_LM_FLAGS = len(PARSER_FLAGS)
+# The program whose parser PARSER_FLAGS is: another adds flags of its own (examples/multimodal/train.py).
+GPT_PROGRAM = "pretrain_gpt.py"
 MAX_OTHER_FLAGS = 1000
 _ONE_DASH = re.compile(r"-[A-Za-z][A-Za-z0-9-]+")
 
@@ -389,7 +401,11 @@ def _check_not_a_misspelling(src: str, flag: str, known: set[str]) -> None:
     ``--tp-comm-overlap``), but its abbreviation is (``--tensor-model-parallel``), and so are letters
     run on to it (``--tensor-model-parallel-sizee``):
     none of the 396 flags ``arguments.py`` defines (Megatron-LM d98e8a64dd) is refused, nor any of
-    megatron-core's config fields, from which it makes the rest (tests/test_megatron_flags.py)."""
+    megatron-core's config fields, from which it makes the rest (tests/test_megatron_flags.py), nor any
+    flag a release's parser defines (PARSER_FLAGS: --megatron-fsdp-main-params-dtype, core_v0.17.0,
+    beside --megatron-fsdp-main-grads-dtype)."""
+    if flag in PARSER_FLAGS:
+        return
     if flag.replace("_", "-") in known:  # argparse matches option strings as written
         raise CaseError(src, flag, f"is no Megatron-LM argument (did you mean {flag.replace('_', '-')}?): Megatron-LM's "
                                    "parser takes no underscores in its flags, and the run would not start")
@@ -415,21 +431,23 @@ SHORT_NAMES = {"tp": "--tensor-model-parallel-size", "tensor-parallel": "--tenso
 
 
 def _check_defined(src: str, flag: str) -> None:
-    """Refuse a flag Megatron-LM's parser does not define (core_v0.16.1: PARSER_FLAGS), naming the
-    closest it does: argparse, with ``allow_abbrev=False`` and no ``ignore_unknown_args`` (parse_args
-    in megatron/training/arguments.py), stops on it ("unrecognized arguments"), so the run would not
-    start; read as absent, ``--tensor-parallel-size 2`` (vLLM's and NeMo's spelling) or ``--tp 2`` was
-    priced as tp 1. A flag a training script adds to the parser itself (extra_args_provider) is one
-    pretrain_gpt.py refuses too."""
+    """Refuse a flag Megatron-LM's parser for pretrain_gpt.py defines in none of the releases
+    PARSER_FLAGS lists, naming the closest one does: argparse, with ``allow_abbrev=False`` and no
+    ``ignore_unknown_args`` (parse_args in megatron/training/arguments.py), stops on it ("unrecognized
+    arguments"), so the run would not start; read as absent, ``--tensor-parallel-size 2`` (vLLM's and
+    NeMo's spelling) or ``--tp 2`` was priced as tp 1. A flag one release defines and another lacks
+    is taken (the release run is not known); so are the flags pretrain_gpt.py adds with nvidia-modelopt
+    installed (add_modelopt_args). Only pretrain_gpt.py's launches (and argument lists) are checked:
+    another program adds its own flags."""
     if flag in PARSER_FLAGS:
         return
     short = re.sub(r"-(size|degree)$", "", flag.lstrip("-").lower().replace("_", "-"))
     close = [SHORT_NAMES[short]] if short in SHORT_NAMES else \
         difflib.get_close_matches(flag, PARSER_FLAGS, n=1, cutoff=0.7)
-    hint = f" (the closest it defines: {close[0]})" if close else ""
-    raise CaseError(src, flag, f"is no Megatron-LM argument{hint}: Megatron-LM's parser (core_v0.16.1) refuses a flag "
-                               "it does not define (unrecognized arguments), and the run would not start; expected "
-                               "one of its flags")
+    hint = f"; the closest: {close[0]}" if close else ""
+    raise CaseError(src, flag, f"is no Megatron-LM argument ({RELEASES} define none such{hint}): pretrain_gpt.py's "
+                               "parser refuses a flag it does not define (unrecognized arguments), and the run would "
+                               "not start; expected one of its flags")
 
 
 # How launch.sh (ours, and scripts written like it) takes its arguments from a file beside it.
@@ -573,6 +591,10 @@ def _launch_of(path: Path, text: str) -> _Launch:
                                    "price: it reads launches of pretrain_gpt.py's decoder-only transformers")
     launches = [training] if training is not None else script.commands
     notes = list(script.notes)
+    if training is not None and Path(_program(training)).name != GPT_PROGRAM:
+        notes.append(bash.Note(f"{src}: line {training.line}: {_program(training)} is not Megatron-LM's "
+                               f"{GPT_PROGRAM}: its parser is not known here, so a flag Megatron-LM's does not "
+                               "define is not refused (it may be that program's own)", None))
     others = [c for c in programs if c is not training]
     if others:
         notes.append(bash.Note(f"{src}: line {training.line}: the training launch read is {_program(training)}'s; "
