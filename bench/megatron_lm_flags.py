@@ -130,7 +130,8 @@ def main() -> int:
         refs, listed = shipped()
         flags = union(options.git_dir, refs)
         if flags != listed:
-            print(f"{OUT}: differs from the parsers of {' '.join(refs)}: missing {sorted(set(flags) - set(listed))[:10]}, "
+            print(f"{OUT}: differs from the parsers of {' '.join(refs)}: "
+                  f"missing {sorted(set(flags) - set(listed))[:10]}, "
                   f"extra {sorted(set(listed) - set(flags))[:10]}")
             return 1
         return 0

@@ -132,7 +132,8 @@ HYBRID_MODEL = ("--hybrid-attention-ratio", "--hybrid-mlp-ratio", "--hybrid-over
 # Megatron-LM's training programs that build another model than pretrain_gpt.py's decoder-only
 # transformer (Megatron-LM core_v0.16.1 to core_v0.19.0, the repository's top level; pretrain_hybrid.py,
 # core_v0.18.0 on, is what pretrain_mamba.py became), and what they build.
-OTHER_MODELS = {"pretrain_mamba.py": "a hybrid Mamba model", "pretrain_hybrid.py": "a hybrid Mamba model", "pretrain_t5.py": "an encoder-decoder T5 model",
+OTHER_MODELS = {"pretrain_mamba.py": "a hybrid Mamba model", "pretrain_hybrid.py": "a hybrid Mamba model",
+                "pretrain_t5.py": "an encoder-decoder T5 model",
                 "pretrain_bert.py": "a BERT encoder", "pretrain_ict.py": "a retrieval (ICT) BERT model",
                 "pretrain_vlm.py": "a vision-language model", "pretrain_vision_classify.py": "a vision model",
                 "pretrain_vision_dino.py": "a vision model", "pretrain_vision_inpaint.py": "a vision model"}
