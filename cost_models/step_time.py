@@ -53,21 +53,44 @@ def step_time(job: Job, stages: Optional[Pipeline] = None) -> StepTime:
     pipeline, data-parallel, optimizer and offload traffic add (``stages``: :func:`pipeline`'s,
     where the caller has it)."""
     stages = stages or pipeline(job)
+    return _with_dp(job, stages, _parts_but_dp(job, stages))
+
+
+def step_time_under(job: Job, stages: Pipeline, threshold: float) -> tuple[float, Optional[StepTime]]:
+    """:func:`step_time`'s total and the step, or, where its parts but the data-parallel traffic
+    already pass ``threshold``, their sum and None: the step passes it too, and its data-parallel
+    traffic (each stage kind's buckets or ZeRO-3 units over its links: the costliest part to price)
+    is not priced. The search's floor (``planner.search_bounds.floor``) prunes most of the layouts it
+    prices so (torchtitan's Mixtral 8x7B on 64 H100s: 225 of 436)."""
+    parts = _parts_but_dp(job, stages)
+    least = sum(parts.values())
+    if least > threshold:
+        return least, None
+    time = _with_dp(job, stages, parts)
+    return time.total, time
+
+
+def _parts_but_dp(job: Job, stages: Pipeline) -> dict[str, float]:
+    """Every part of the step (:class:`StepTime`'s fields) but ``dp_comm_s``."""
     kinds, slowest = stages.kinds, stages.slowest
     m = job.num_microbatches
-    return StepTime(
+    return dict(
         compute_s=m * slowest.compute,
         recompute_s=m * slowest.recompute,
         tp_comm_s=m * slowest.tp_comm,
         cp_comm_s=m * slowest.cp_comm,
         ep_comm_s=m * slowest.ep_comm,
         pp_comm_s=pipeline_comm(job),
-        dp_comm_s=max(dp_comm_exposed(job, i, slowest) for i in kinds),
         bubble_s=stages.bubble(job),
         optimizer_s=max(optimizer_time(job, i) for i in kinds),
         offload_s=max(offload_time(job, i, slowest) for i in kinds),
         overhead_s=host_overhead(job),
     )
+
+
+def _with_dp(job: Job, stages: Pipeline, parts: dict[str, float]) -> StepTime:
+    """The step of ``parts`` (:func:`_parts_but_dp`) and its exposed data-parallel traffic."""
+    return StepTime(dp_comm_s=max(dp_comm_exposed(job, i, stages.slowest) for i in stages.kinds), **parts)
 
 
 def host_overhead(job: Job) -> float:

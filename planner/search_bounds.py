@@ -24,7 +24,7 @@ from cost_models.pipeline_time import pipeline
 from cost_models.specs import Job, Layout, SpecError, moe_layers_per_stage
 from cost_models.stage_time import cp_exposed_per_layer, head_time, stage_time
 from cost_models.optimizer_time import least_offload_time
-from cost_models.step_time import StepTime, step_time
+from cost_models.step_time import StepTime, step_time_under
 from cost_models.tp_time import moe_layer_tp_share, tp_exposed_per_layer
 
 from .case import Case
@@ -201,8 +201,9 @@ def floor(case: Case, base: Layout, threshold: float) -> tuple[float, Optional[S
     recomputation nor offload, since each only adds work (a recomputed forward, a copy to or
     from the host) to the step; its memory is not needed for that. With that step where it
     took all of it: where the micro-batches and the bubble alone pass ``threshold`` at the pace
-    of one stage, or of the slowest, the rest of the step is not priced (the first figure is then
-    only a bound that passes ``threshold``). (0, None) where ``base`` alone is not a layout the
+    of one stage, or of the slowest, or with the rest of the step but its data-parallel traffic, the
+    rest is not priced (the first figure is then only a bound that passes ``threshold``, and holds no
+    data-parallel traffic). (0, None) where ``base`` alone is not a layout the
     cost models take."""
     try:
         job = case_job(case, base)
@@ -221,8 +222,10 @@ def floor(case: Case, base: Layout, threshold: float) -> tuple[float, Optional[S
     least = stages.least_step(job)
     if least > threshold:
         return least, None
-    time = step_time(job, stages)
-    return time.total, time
+    # The step's parts but its data-parallel traffic next, and that last (step_time_under): the caller
+    # adds ZeRO-3's least traffic (search._Search._zero3_traffic, under the step's dp_comm_s) to a
+    # figure returned without the step, as to the bound, so none may hold the data-parallel traffic.
+    return step_time_under(job, stages, threshold)
 
 
 def states_fit(case: Case, spec: SearchSpec, base: Layout) -> Optional[str]:

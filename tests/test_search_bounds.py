@@ -138,7 +138,11 @@ def test_zero3_traffic_lies_under_every_zero3_layouts_step(name):
             except SpecError:
                 continue
             traffic = job.num_microbatches * zero3_exposed_floor(job)
-            assert bound + traffic <= step_time(job).total * (1 + 1e-12)
+            time = step_time(job)
+            assert bound + traffic <= time.total * (1 + 1e-12)
+            # Under the data-parallel part itself: the floor leaves that part out of a figure that passes
+            # its threshold (step_time.step_time_under), and the search adds this traffic to such a figure.
+            assert traffic <= time.dp_comm_s * (1 + 1e-12)
             checked += traffic > 0  # nothing to shard over: nothing to gather
     assert checked > 10
 
@@ -184,14 +188,13 @@ def test_where_states_fit_only_under_offload_every_fitting_layout_offloads_and_p
     assert checked > 10
 
 
-@pytest.mark.parametrize("name", ["dense", "moe"])
+@pytest.mark.parametrize("name", ["dense", "moe", "fsdp experts"])
 def test_the_floor_prunes_what_the_whole_pipeline_would(name):
-    """Priced one stage at a time, the floor passes a threshold exactly where the whole step does."""
+    """Priced one stage at a time, and the step but its data-parallel traffic before that, the floor
+    passes a threshold exactly where the whole step does."""
     case = loaded(name)
     checked = 0
     for group in list(groups(case, case.search))[::5]:
-        if group.pp == 1:
-            continue
         mbs, zero = group.micro_batches[0], group.zeros[0]
         try:
             job = Job(case.model, case.cluster, case.training, group.layout(mbs, zero), case.overheads)
@@ -199,9 +202,12 @@ def test_the_floor_prunes_what_the_whole_pipeline_would(name):
             continue
         whole = step_time(job).total
         least = pipeline(job).least_step(job)
-        for threshold in (least * 0.9, (least + whole) / 2, whole * 1.1):
+        but_dp = whole - step_time(job).dp_comm_s
+        for threshold in (least * 0.9, (least + but_dp) / 2, (but_dp + whole) / 2, whole * 1.1):
             figure, time = floor(case, group.layout(mbs, zero), threshold)
             assert (figure > threshold) == (whole > threshold)
+            if time is None:  # a figure without the data-parallel traffic, which the search adds to
+                assert figure <= whole - step_time(job).dp_comm_s + 1e-12 * whole
             if time is not None:
                 assert time.total == whole
         checked += 1
