@@ -287,9 +287,9 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
     if base and "num_experts" in overrides and (overrides["num_experts"] is None or
                                                  (type(overrides["num_experts"]) is int and overrides["num_experts"] == 0)):
         # num_experts: 0 (or null, as an optional count reads) over a mixture of experts makes it dense: the
-        # expert keys the preset (or config)
-        # set go with its experts. Kept, they were refused as "model.moe_top_k: applies only to a mixture
-        # of experts", a key the case never wrote, and no value of it the case could write made it dense.
+        # expert keys the preset (or config) set go with its experts. Kept, they were refused as
+        # "model.moe_top_k: applies only to a mixture of experts", a key the case never wrote, and no value
+        # of it the case could write made it dense.
         fields = {k: v for k, v in fields.items() if k not in EXPERT_KEYS or k in overrides}
     fields.update(overrides)
     experts = fields.get("num_experts")
