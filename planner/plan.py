@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from cost_models.memory import peak_stage_memory, usable_bytes
-from cost_models.specs import ClusterSpec, Job, Layout
+from cost_models.specs import Job, Layout
 
 from .bands import fit_limit, indistinguishable_gap
 from .case import CASE_ENGINES, Case, check_batch_tokens, layout_to_mapping, load_case, spec_errors
@@ -320,18 +320,18 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job], host_overflow
     # doubling below starts at two whole nodes and would skip the one).
     if case.cluster.num_gpus % per_node:
         for gpus in range(case.cluster.num_gpus + 1, min(nodes * per_node, MAX_GPUS) + 1):
-            if _some_layout_fits(replace(case, cluster=ClusterSpec(case.cluster.gpu, gpus)), spec):
+            if _some_layout_fits(replace(case, cluster=replace(case.cluster, num_gpus=gpus)), spec):
                 gpus_that_fit = gpus
                 break
     # Double the nodes until a layout fits, then bisect back to the fewest nodes that fit.
     high = nodes
     while gpus_that_fit is None and high <= 64 * nodes and high * per_node <= MAX_GPUS:
         high *= 2
-        if _some_layout_fits(replace(case, cluster=ClusterSpec(case.cluster.gpu, high * per_node)), spec):
+        if _some_layout_fits(replace(case, cluster=replace(case.cluster, num_gpus=high * per_node)), spec):
             low = high // 2
             while low + 1 < high:
                 mid = (low + high) // 2
-                if _some_layout_fits(replace(case, cluster=ClusterSpec(case.cluster.gpu, mid * per_node)), spec):
+                if _some_layout_fits(replace(case, cluster=replace(case.cluster, num_gpus=mid * per_node)), spec):
                     high = mid
                 else:
                     low = mid
