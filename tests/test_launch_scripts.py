@@ -261,6 +261,8 @@ AS_BASH = [
     'shopt -s nocasematch; M=llama-70b; [[ $M =~ ^LLAMA ]] && torchrun 1; [[ $M =~ ^(LL)AMA-[0-9]+([[:upper:]]+) ]]\n'
     'torchrun "${BASH_REMATCH[@]}"; (shopt -u nocasematch; [[ $M =~ ^LLAMA ]] || torchrun 2); [[ A =~ a ]] && torchrun 3\n'
     'shopt -u nocasematch; [[ $M =~ ^LLAMA ]] || torchrun 4; (shopt -s nocasematch); [[ A =~ a ]] || torchrun 5',
+    # its options in one word or several (shopt -qs was missed: =~ read with regard to case)
+    'shopt -qs nocasematch; [[ LLAMA =~ ^llama$ ]] && torchrun 1; shopt -q -u nocasematch; [[ A =~ a ]] || torchrun 2',
     '[[ ( x =~ a) ]] || torchrun 1; [[ ( xa =~ a) ]] && torchrun 2; [[ ( xa =~ (a)) && b =~ b ]] && torchrun 3',
 ]
 
@@ -531,6 +533,20 @@ def test_a_pattern_match_under_nocasematch_is_not_decided_and_a_stray_parenthesi
         case, args = files(tmp_path, f"M=a\n{test} && echo yes\n{TRAIN}\n", BF16)
         notes = diagnose(case, megatron_args=args).notes
         assert any(f"{args}: {said}" in note and "read word by word, not as bash would" in note for note in notes), notes
+
+
+@pytest.mark.parametrize("choice, said", [
+    ("case $M in llama) TP=2;; *) TP=4;; esac", "case $M is under shopt -s nocasematch"),
+    ('N=${M/llama/x}; if [ "$N" = x ]; then TP=2; else TP=4; fi', "${M/…} is under shopt -s nocasematch")])
+def test_what_nocasematch_changes_beyond_tests_is_said_where_it_reaches_the_launch(tmp_path, choice, said):
+    """Under ``shopt -s nocasematch`` bash matches a case's patterns and ${X/pattern/...} without regard to
+    case (tp 2 here, the reader's tp 4 or LLAMA), which the reader does not follow: it read them with
+    regard to case and said nothing."""
+    script = (f"shopt -s nocasematch\nM=LLAMA\n{choice}\n"
+              + TRAIN.replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size $TP") + "\n")
+    case, args = files(tmp_path, script, BF16)
+    notes = diagnose(case, megatron_args=args).notes
+    assert any(f"{said}, which is not followed here: matched with regard to case" in note for note in notes), notes
 
 
 def test_input_read_by_read_or_mapfile_and_name_references_are_said():

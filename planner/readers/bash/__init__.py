@@ -25,7 +25,8 @@ Conditions: ``[ ... ]``, ``test`` and ``[[ ... ]]`` with ``=``, ``==``, ``!=`` (
 ``[[ ]]``), ``<``, ``>``, ``=~`` (a POSIX extended regular expression, in the subset Python's ``re`` reads alike:
 planner/readers/bash/regex.py; it sets ``BASH_REMATCH`` as bash does where the match and its groups' spans
 are worked out, else leaves it empty, said where a launch uses it; ``shopt -s nocasematch`` is followed for
-``=~`` on ASCII text, while ``==`` under it is not decided), ``-n``, ``-z``, ``-v``, the integer comparisons, ``!``, ``-a``/``-o``,
+``=~`` on ASCII text, while ``==`` under it is not decided, and a ``case`` or ``${X/pattern/...}`` under it is
+read with regard to case, said where it reaches the launch), ``-n``, ``-z``, ``-v``, the integer comparisons, ``!``, ``-a``/``-o``,
 ``&&``/``||`` and parentheses. A variable the script does not set (it comes from the
 environment or the command line) reads as bash reads it unset: empty, or the default that
 ``${X:-default}`` gives. What cannot be decided without running something (a file test, a

@@ -166,8 +166,11 @@ class _Commands(_Expander):
             rest = args[3:] if args[2] == "--" else args[2:]  # printf -v X -- FORMAT ...
             if rest:
                 return self.printf_to(args[1], rest[0], rest[1:], ctx)
-        if name == "shopt" and args[:1] in (["-s"], ["-u"]) and "nocasematch" in args:
-            self.nocasematch = args[0] == "-s"
+        if name == "shopt" and "nocasematch" in args:
+            # -s sets and -u unsets, in any word of options before the names (shopt -qs, -q -s); the last wins
+            letters = "".join(a[1:] for a in args[:args.index("nocasematch")] if a.startswith("-"))
+            if "s" in letters or "u" in letters:
+                self.nocasematch = letters.rfind("s") > letters.rfind("u")
         if name in ("source", ".", "eval"):
             what = "followed" if name != "eval" else "evaluated"
             self.note(f"{one_line(' '.join(fields), 80)} is not {what}: what it would set reads as unset")

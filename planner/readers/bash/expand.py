@@ -13,7 +13,7 @@ from .arith import _Arithmetic
 from .errors import ScriptSyntax
 from .lexer import _NAME, _skip_ansi, _skip_backtick, _skip_double, _skip_nested, _skip_single
 from .patterns import _glob_tokens, _replace, _trim
-from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, _Ctx, _joined
+from .state import NOCASEMATCH_UNFOLLOWED, _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, _Ctx, _joined
 
 _SIMPLE_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]|[@*#?$!\-]")
 _PARAM_OP = re.compile(r":?[-=+?]|##?|%%?|/#|/%|//?|\^\^?|,,?|:")
@@ -245,6 +245,8 @@ class _Expander(_Arithmetic):
             pattern = self.pattern(rest[len(op):], ctx, key)
             value = self.each(value, lambda v: _trim(v, pattern, op, name))
         elif op.startswith("/"):
+            if self.nocasematch:  # bash (5.1 on) replaces without regard to case then: not followed here
+                ctx.deps.setdefault(f"${{{label}/…}}", NOCASEMATCH_UNFOLLOWED)
             body = rest[len(op):]
             pat_raw, _, replacement = _split_replacement(body)
             pattern = self.pattern(pat_raw, ctx, key)

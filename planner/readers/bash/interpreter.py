@@ -18,7 +18,7 @@ from .parser import (_AndOr, _Arith, _ArithFor, _Case, _For, _FuncDef, _Group, _
                      _Simple, _Test, _While)
 from .patterns import _match_bounded
 from .results import Note, Script
-from .state import _GENERATIONS, _NOT_RUN, _Ctx
+from .state import _GENERATIONS, _NOT_RUN, NOCASEMATCH_UNFOLLOWED, _Ctx
 from .status import _TRUE, _Exit, _LoopControl, _Return, _Status, _k3_and, _k3_or
 
 
@@ -274,6 +274,8 @@ class _Shell(_Commands):
         self.step(node.start)
         ctx = _Ctx()
         word = self.string(node.word.text, ctx, "case")
+        if self.nocasematch:  # bash matches the patterns without regard to case then: not followed here
+            ctx.deps.setdefault(f"case {one_line(node.word.text, 40)}", NOCASEMATCH_UNFOLLOWED)
         matching = False
         for patterns, body, terminator in node.items:
             if not matching:

@@ -7,10 +7,9 @@ then cannot be decided without running bash."""
 from __future__ import annotations
 
 import re
-from typing import Optional
 
-# POSIX character classes, in the C locale (glibc's regcomp knows these and no others: [[:word:]] is
-# refused, and the test is false, status 2).
+# POSIX character classes, in the C locale (glibc's regcomp knows these). Any other name, such as [[:word:]],
+# which the C locale refuses (the test false, status 2), is left undecided: other locales define more.
 _CLASSES = {"alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9", "upper": "A-Z", "lower": "a-z",
             "space": " \\t\\n\\r\\f\\v", "blank": " \\t", "xdigit": "0-9A-Fa-f",
             "punct": re.escape("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"), "cntrl": "\\x00-\\x1f\\x7f",

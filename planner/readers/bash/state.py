@@ -28,6 +28,9 @@ _GENERATIONS = itertools.count(1)
 
 
 _READ_EMPTY = "is not set by the script: read as empty"
+# What shopt -s nocasematch changes that the reader does not follow (a case's patterns, ${X/pattern/...}):
+# matched with regard to case, said where it reaches the launch.
+NOCASEMATCH_UNFOLLOWED = "is under shopt -s nocasematch, which is not followed here: matched with regard to case"
 _DEFAULTED = "is not set by the script: read as its default"  # ${X:-default}'s, followed by the default
 _NOT_RUN = "not run: read as empty"  # a command substitution's output
 # A process substitution's word: the file name of a pipe to a command never run.
