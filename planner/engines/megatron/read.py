@@ -271,7 +271,7 @@ def _check_world(args: _Args, num_gpus: int, gpus_per_node: int) -> None:
                                                       f"case's nodes have {gpus_per_node} GPUs (cluster.gpus_per_node): "
                                                       f"expected at most {gpus_per_node}")
     world = torchrun_world(args.flags.get("--nnodes"), args.flags["--nproc-per-node"], gpus_per_node)
-    if world == num_gpus and per_node not in NPROC_WORDS and world > int(per_node) < gpus_per_node:
+    if world == num_gpus and per_node not in NPROC_WORDS and int(per_node) < gpus_per_node and world > int(per_node):
         # The GPUs the case prices fill its nodes (launch_nodes); spread over more nodes, a tensor-parallel
         # group of the planned size would cross them, over links the estimate did not price.
         raise CaseError(args.src, "--nproc-per-node", f"torchrun starts {int(per_node)} processes on each of "
