@@ -71,6 +71,10 @@ class NoFit:
     most_fewer_gpus_tokens_per_s: Optional[float] = None
     most_fewer_gpus_mfu: Optional[float] = None
     most_fewer_gpus_layout: Optional[Layout] = None
+    # Where the search section pins or bounds choices and a layout of these GPUs fits without them: the
+    # keys it narrows (:func:`narrowed_keys`), the cause, where the advice's GPUs and sequences, searched
+    # under the same pins, said nothing or blamed the cluster.
+    fits_without: Optional[tuple[str, ...]] = None
 
     def describe(self) -> str:
         known_layout = self.closest_layout is not None
@@ -82,6 +86,9 @@ class NoFit:
                      f"its memory band's low end within the usable memory)"]
         if self.host_overflowed:
             parts.append("layouts offloading enough for the GPU overflow the host's memory")
+        if self.fits_without:
+            parts.append(f"the search section's {', '.join(self.fits_without)} leave none that fits: "
+                         "without them a layout of these GPUs fits")
         if self.fewer_gpus_that_fit:
             text = f"{self.fewer_gpus_that_fit} GPUs would have a layout that fits"
             if self.fewer_gpus_tokens_per_s is not None:
@@ -117,7 +124,8 @@ class NoFit:
                 "most_fewer_gpus_tokens_per_s": self.most_fewer_gpus_tokens_per_s,
                 "most_fewer_gpus_mfu": self.most_fewer_gpus_mfu,
                 "most_fewer_gpus_layout": _mapping(self.most_fewer_gpus_layout),
-                "host_overflowed": self.host_overflowed, "engine": self.engine}
+                "host_overflowed": self.host_overflowed, "engine": self.engine,
+                "fits_without": list(self.fits_without) if self.fits_without else None}
 
 
 def _mapping(layout: Optional[Layout]) -> Optional[dict[str, Any]]:
@@ -293,9 +301,14 @@ def _check_pins_leave_a_layout(case: Case, spec: SearchSpec, result: SearchResul
                                                              (spec.target,)) + ", though some layout runs without them")
 
 
+def narrowed_keys(spec: SearchSpec) -> list[str]:
+    """The variables the search section pins or bounds, by name."""
+    return sorted(set(spec.pins) | set(spec.bounds))
+
+
 def excluded_text(case: Case, spec: SearchSpec, engines: tuple[str, ...]) -> str:
     """What left no layout to score, of these engines' (any engine's where none is named)."""
-    narrowed = sorted(set(spec.pins) | set(spec.bounds))
+    narrowed = narrowed_keys(spec)
     named = "" if not engines else f"{engines[0]} " if len(engines) == 1 else \
         f"{', '.join(engines[:-1])} or {engines[-1]} "
     return (f"no {named}layout of {case.cluster.num_gpus} GPUs for this model and global batch"
@@ -345,13 +358,17 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job], host_overflow
             seq_that_fits = seq
             break
         seq //= 2
+    fits_without = None
+    if tightest is not None and (spec.pins or spec.bounds) \
+            and _some_layout_fits(case, replace(spec, pins={}, bounds={})):
+        fits_without = tuple(narrowed_keys(spec))
     fewer: dict[str, Any] = {}
     if tightest is None and not (spec.pins or spec.bounds) and nodes > 1:
         # No layout of these GPUs at all: the divisors they share with the batch, heads and layers left
         # none (doubling the nodes keeps the odd factor: 125 nodes, 250, 500 … never have one).
         fewer = _fewer_gpus(case, spec, nodes, per_node)
     return NoFit(term, peak_bytes, limit, tightest.layout if tightest else None, gpus_that_fit, seq_that_fits,
-                 excluded_by, host_overflowed=host_overflowed, **fewer)
+                 excluded_by, host_overflowed=host_overflowed, fits_without=fits_without, **fewer)
 
 
 def _fewer_gpus(case: Case, spec: SearchSpec, nodes: int, per_node: int) -> dict[str, Any]:

@@ -513,3 +513,26 @@ def test_an_unknown_engine_is_named_as_the_api_argument_and_as_the_cli_flag(tmp_
     done = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--engine", "bogus"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith("error: --engine: expected one of megatron")
+
+
+def test_pins_that_leave_nothing_fitting_say_so_where_a_layout_fits_without_them(tmp_path):
+    """Pins every layout of which overflows, on GPUs where an unpinned layout fits: the advice names
+    the search section's keys (it named the overflowing term alone, and its searches at more GPUs and
+    shorter sequences, under the same pins, found nothing: the pins were never said to be the cause)."""
+    import yaml
+
+    pins = {"tp": 1, "pp": 1, "zero_stage": 0, "offload_optimizer": 0}
+    pinned = case(model={"preset": "llama2-70b"}, training={"engine": "megatron"}, search=pins)
+    assert planner.plan({k: v for k, v in pinned.items() if k != "search"}).best is not None
+    p = planner.plan(pinned)
+    assert p.best is None and p.no_fit.closest_layout is not None
+    assert p.to_dict()["no_fit"]["fits_without"] == sorted(pins)
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(pinned))
+    out = subprocess.run([sys.executable, "-m", "planner", "plan", str(path)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 3, out.stderr
+    assert "the search section's offload_optimizer, pp, tp, zero_stage leave none that fits" \
+           in " ".join(out.stdout.split())
+    # Nothing pinned, nothing said.
+    assert planner.plan(case(model={"preset": "llama3.1-405b"}, cluster={"num_gpus": 8})).no_fit.fits_without is None
