@@ -155,7 +155,7 @@ class Plan:
     headroom: float = 0.0  # share of GPU memory every layout had to leave free
     # How the best was chosen: among the layouts within ``margin`` of the fastest (the gap the model
     # cannot tell apart, ``bands.indistinguishable_gap``, or --simplest-within's: ``margin_set_by``
-    # "model" or "simplest_within"), the surest to fit (its memory band's upper end fits, else its
+    # "model" or "simplest_within"; "fastest", margin 0, under --fastest), the surest to fit (its memory band's upper end fits, else its
     # predicted peak: ``search_memory.fit_tier``), then the simplest. ``picked_on`` says what set the
     # fastest aside (:func:`picked_on`): "speed" where nothing did (--fastest, or the fastest is the
     # pick), "fit" where the pick is surer to fit, "simplicity" where it is as sure and simpler.
@@ -509,8 +509,8 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     return Plan(status, best, tuple(estimate_of(i) for i in alternatives),
                 result.scored, len(result.candidates), pruned=result.pruned,
                 candidates=tuple((c.step_time_s, c.peak_bytes) for c in result.candidates), headroom=spec.headroom,
-                picked_on=picked_on(best, fastest_layout, spec.headroom), margin=margin,
-                margin_set_by=_margin_set_by(simplest_within), fastest=fastest_layout)
+                picked_on=picked_on(best, fastest_layout, spec.headroom), margin=margin if robust else 0.0,
+                margin_set_by=_margin_set_by(simplest_within, fastest), fastest=fastest_layout)
 
 
 def picked_on(best: Estimate, fastest: Optional[Estimate], headroom: float) -> str:
@@ -525,8 +525,9 @@ def picked_on(best: Estimate, fastest: Optional[Estimate], headroom: float) -> s
     return "fit" if surer else "simplicity"
 
 
-def _margin_set_by(simplest_within: Optional[float]) -> str:
-    return "model" if simplest_within is None else "simplest_within"
+def _margin_set_by(simplest_within: Optional[float], fastest: bool = False) -> str:
+    """What set the margin the pick was made within: none with --fastest (the raw optimum, margin 0)."""
+    return "fastest" if fastest else "model" if simplest_within is None else "simplest_within"
 
 
 def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int] = None,

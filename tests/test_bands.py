@@ -197,6 +197,19 @@ def test_the_json_pick_says_what_set_the_fastest_aside_as_the_report_does():
         assert (pick["made_on"], pick["margin_set_by"]) == (made_on, set_by)
 
 
+
+def test_the_json_pick_of_fastest_says_no_margin_was_weighed():
+    """`--fastest` returns the raw optimum: its `pick` said margin 0.0824 set by the model, a gap no
+    rule weighed (one engine named, or none: the engines' fastest decides between them)."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16"}}
+    for engine in ("megatron", None):
+        pick = planner.plan(case, top_k=0, fastest=True, engine=engine).to_dict()["pick"]
+        assert (pick["made_on"], pick["margin"], pick["margin_set_by"], pick["fastest"]) == \
+               ("speed", 0.0, "fastest", None)
+    robust = planner.plan(case, top_k=0, engine="megatron").to_dict()["pick"]
+    assert (robust["margin"], robust["margin_set_by"]) == (bands.indistinguishable_gap(), "model")
+
 def test_with_no_engine_named_plan_decides_between_the_engines():
     case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
             "training": {"global_batch_size": 256, "seq_len": 8192}}
