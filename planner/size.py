@@ -356,6 +356,7 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
                                                          "type and fabric: it would be its own runner-up; give each once")
     result = size_case(loaded, options, target, progress)
     return replace(result, notes=tuple(n for n in (ignored, *result.notes, unpriced_note(options, target),
+                                                   part_unit_note(loaded.source, options, target),
                                                    fitted_note(result), unstated_routing(case, loaded)) if n))
 
 
@@ -379,6 +380,21 @@ def unpriced_note(options: Sequence[ClusterOption], target: SizeTarget) -> Optio
     unpriced = [o.key for o in options if o.gpu_hour_cost is None]
     return (f"{', '.join(k + '.gpu_hour_cost' for k in priced)} given, none for {', '.join(unpriced)}: with a price "
             "for some GPU types only, size weighs GPU-hours, not cost; give each type a price (or --gpu-hour-cost)")
+
+
+def part_unit_note(source: str, options: Sequence[ClusterOption], target: SizeTarget) -> Optional[str]:
+    """A limit that is not whole nodes (or racks): size considers whole ones only, so the GPUs
+    past the last whole one go unused; said, not left for the user to find in the answer."""
+    parts = []
+    for option in options:
+        most = gpu_limit(source, option, target)
+        if most >= option.unit and most % option.unit:
+            given = ("--max-gpus" if most == target.max_gpus else
+                     "--max-nodes" if target.max_nodes is not None else
+                     "cluster.num_gpus" if option.key == "cluster" else f"{option.key}.max_gpus")
+            parts.append(f"{given} gives {most:,} {option.gpu.name} GPUs, not whole {option.unit_name}s of "
+                         f"{option.unit}: size considers whole {option.unit_name}s, up to {most // option.unit * option.unit:,}")
+    return "; ".join(parts) or None
 
 
 def gpu_limit(source: str, option: ClusterOption, target: SizeTarget) -> int:

@@ -849,3 +849,15 @@ def test_over_budget_with_a_deadline_none_past_the_limits_meets_says_the_gpus_th
     assert result.status == "over budget"
     reason = result.no_fit
     assert reason.count("would fit") == 1 and "past the limits, 24 h100-sxm-80gb GPUs would fit, but none" in reason
+
+
+def test_a_limit_of_part_of_a_node_is_said_where_size_leaves_those_gpus_unused():
+    # 12 H100s at 8 a node: size considers whole nodes, so 4 GPUs the case gives go unused
+    case = {**TINY, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 12}}
+    result = planner.size(case, "1B")
+    assert max(c.gpus for c in result.front) == 8
+    assert any("cluster.num_gpus gives 12" in n and "up to 8" in n for n in result.notes)
+    # a budget given with the call is the budget, and its name is the one said
+    assert any(n.startswith("--max-gpus gives 20") and "up to 16" in n
+               for n in planner.size(case, "1B", max_gpus=20).notes)
+    assert not any("whole nodes" in n for n in planner.size(case, "1B", max_gpus=16).notes)
