@@ -870,3 +870,14 @@ def test_replicated_experts_that_torchtitan_would_shard_are_refused():
     assert refused.value.key == "layout.ep" and "ep must be cp·tp = 8" in str(refused.value)
     case["layout"]["ep"] = 8
     assert planner.estimate(case).job.layout.ep == 8
+
+
+@pytest.mark.parametrize("preset, limit", [("qwen3-30b-a3b", 40960), ("deepseek-v2-lite", 16384)])
+def test_plan_refuses_a_sequence_past_the_base_configs_rope_before_the_search(preset, limit):
+    """torchtitan 0.3.0's models hold RoPE for max_seq_len tokens (models/qwen3/__init__.py 40960,
+    models/deepseek_v3/__init__.py 16384; models/common/decoder.py refuses a longer sequence). plan
+    picked a layout at seq_len 131072 that --emit then refused: the refusal comes before the search."""
+    case = {"model": {"preset": preset}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 16, "seq_len": 131072}}
+    with pytest.raises(CaseError, match=f"past the {limit} tokens"):
+        planner.plan(case, engine="torchtitan", top_k=0)

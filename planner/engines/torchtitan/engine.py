@@ -189,6 +189,17 @@ def _schedule_rules(microbatches: int, pp: int, vpp: int) -> list[tuple[str, str
 def case_rules(training: TrainingSpec, model: ModelSpec) -> list[tuple[str, str]]:
     """What no layout meets: a recipe the experts' converter does not run."""
     out = []
+    # The base config the emitted files build the model on (emit.base_config) holds RoPE tables for at
+    # most max_seq_len tokens (models/{llama3,qwen3,deepseek_v3,gpt_oss}/__init__.py; models/common/
+    # decoder.py refuses a longer sequence): refused here, before the search, as --emit refuses it, so
+    # that plan never picks a layout whose files it would then not write.
+    from .emit import ROPE_MAX_SEQ_LEN, base_config
+    (module, function), _ = base_config(model)
+    limit = ROPE_MAX_SEQ_LEN.get(module)
+    if limit is not None and training.seq_len > limit:
+        out.append(("training.seq_len", f"{training.seq_len} is past the {limit} tokens torchtitan's {module} "
+                                        f"models' RoPE holds (max_seq_len; models/common/decoder.py refuses a "
+                                        f"longer training sequence): the base config {function} would not start"))
     if model.mtp_layers and (training.loss_chunks or 1) > 1:
         out.append(("training.loss_chunks", "torchtitan trains multi-token prediction with MTPLoss, which runs on "
                                             "whole logits (models/deepseek_v3/mtp.py): no chunks"))
