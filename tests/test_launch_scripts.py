@@ -614,3 +614,31 @@ def test_a_launch_on_nodes_of_fewer_gpus_reads_when_the_case_says_so(tmp_path):
     case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16,
                                                               "gpus_per_node": 4}})
     assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+
+
+FSDP_TRAIN = TRAIN.replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size 1") \
+    .replace("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 1") \
+    + " --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor"
+
+
+@pytest.mark.parametrize("setting, refused", [
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=1\n", True),
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}\n", True),  # examples/llama's line 4
+    ("CUDA_DEVICE_MAX_CONNECTIONS=1 ", True),  # the launch's own prefix: in torchrun's environment alone
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=1\nunset CUDA_DEVICE_MAX_CONNECTIONS\n", False),  # examples/megatron_fsdp
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=32\n", False),
+    ("CUDA_DEVICE_MAX_CONNECTIONS=1\n", False),  # not exported: torchrun does not see it
+])
+def test_megatron_fsdp_under_one_cuda_connection_is_refused(tmp_path, setting, refused):
+    """A launch that exports CUDA_DEVICE_MAX_CONNECTIONS=1 (as most of Megatron-LM's examples do) with
+    --use-megatron-fsdp was priced as ZeRO 3 and exit 0, where Megatron-LM stops before its first step:
+    validate_args asserts os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1" under Megatron-FSDP
+    (megatron/training/arguments.py:687-688 at core_v0.16.1, 1143 at core_v0.19.0; :622 under
+    --use-torch-fsdp2), and examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh unsets it for that."""
+    case, args = files(tmp_path, "#!/bin/bash\n" + setting + FSDP_TRAIN + "\n", BF16)
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == "CUDA_DEVICE_MAX_CONNECTIONS" and "--use-megatron-fsdp" in error.value.expected
+    else:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.zero_stage == 3

@@ -506,6 +506,7 @@ class _Launch:
     unset: tuple = ()  # variables the launch's words read that nothing set
     started: bool = True  # the script starts a command at all
     defaulted: tuple = ()  # (NAME, default): unset variables read as their ${X:-default}
+    environment: tuple = ()  # (NAME, value, decided): what the script puts in the training launch's environment
 
     def explain(self, error: CaseError) -> CaseError:
         """``error`` with what the reading assumed that bears on it (the branches between
@@ -614,7 +615,7 @@ def _launch_of(path: Path, text: str) -> _Launch:
     unset = tuple(dict.fromkeys(name for c in launches for name in c.unset))
     defaulted = tuple(dict.fromkeys(what for c in launches for what in c.defaulted))
     return _Launch(src, [w for c in launches for w in c.fields], True, tuple(notes), unset,
-                   bool(script.commands), defaulted)
+                   bool(script.commands), defaulted, training.environment if training is not None else ())
 
 
 def _program(command) -> Optional[str]:

@@ -108,6 +108,7 @@ def read(path: Path, case) -> Layout:
         _check_ramp(src, launch.words, flags)
         _check_overlaps(src, flags)
         _check_one_precision(src, flags)
+        _check_connections(src, flags, launch.environment)
         return _layout(src, flags, case)
     except CaseError as error:
         raise launch.explain(error) from None
@@ -123,6 +124,25 @@ def _check_ramp(src: str, words: list[str], flags: dict) -> None:
                                                     "iterations: Megatron-LM refuses the two together (validate_args: "
                                                     "expected no batch-size rampup for iteration-based training); "
                                                     "give --train-samples with the ramp-up, or no ramp-up")
+
+
+def _check_connections(src: str, flags: dict, environment: tuple) -> None:
+    """CUDA_DEVICE_MAX_CONNECTIONS=1 in the environment a launch script gives the training, under
+    Megatron-FSDP or torch FSDP2, refused as validate_args refuses it (megatron/training/arguments.py
+    at core_v0.16.1, 622-623 under --use-torch-fsdp2 and 687-688 under --use-megatron-fsdp: "FSDP
+    always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one"; core_v0.19.0 1014 and 1143):
+    the run would not start. Megatron-LM's own FSDP scripts unset it; the others export it as 1."""
+    fsdp = next((flag for flag in ("--use-megatron-fsdp", "--use-torch-fsdp2") if flag in flags), None)
+    value = next(((value, decided) for name, value, decided in reversed(environment)
+                  if name == "CUDA_DEVICE_MAX_CONNECTIONS"), None)
+    if fsdp is None or value is None or value[0] != "1":
+        return
+    how = "" if value[1] else (" (as the script sets it where the caller's environment leaves it unset, its "
+                               "${CUDA_DEVICE_MAX_CONNECTIONS:-1} default)")
+    raise CaseError(src, "CUDA_DEVICE_MAX_CONNECTIONS",
+                    f"is 1 in the training's environment{how}, and {fsdp} refuses it: Megatron-LM's validate_args "
+                    "asserts that FSDP runs with more than one connection, so the run would not start; unset it for "
+                    "FSDP, as Megatron-LM's examples/megatron_fsdp scripts do")
 
 
 def _check_one_precision(src: str, flags: dict) -> None:

@@ -52,7 +52,30 @@ class _Commands(_Expander):
             for tok in assignments:
                 self.assign(tok)
             return _TRUE
-        return self.builtin(fields, ctx, node)
+        return self.builtin(fields, ctx, node, assignments)
+
+    def environment(self, assignments: list[_Tok]) -> tuple[tuple[str, str, bool], ...]:
+        """The scalar variables a started command's environment holds from the script: the exported
+        ones, and its own ``NAME=value`` prefixes (bash passes those to that command alone)."""
+        held = {name: var for name, var in self.vars.items() if var.exported and not isinstance(var.value, list)}
+        names = [_ASSIGNMENT.match(tok.text).group(1) for tok in assignments if tok.kind != "array"]
+        saved = {name: self.vars.get(name) for name in names}
+        try:
+            for tok in assignments:
+                if tok.kind != "array":
+                    self.assign(tok, exported=True)
+                    name = _ASSIGNMENT.match(tok.text).group(1)
+                    if not isinstance(self.vars[name].value, list):
+                        held[name] = self.vars[name]
+        except _ExpansionError:
+            pass
+        finally:
+            for name, var in saved.items():
+                if var is None:
+                    self.vars.pop(name, None)
+                else:
+                    self.vars[name] = var
+        return tuple((name, var.value, not var.deps) for name, var in held.items())
 
     def declare(self, rest: list[_Tok]) -> _Status:
         command = rest[0].text
@@ -107,7 +130,7 @@ class _Commands(_Expander):
                         var.exported = True
         return _TRUE
 
-    def builtin(self, fields: list[str], ctx: _Ctx, node: _Simple) -> _Status:
+    def builtin(self, fields: list[str], ctx: _Ctx, node: _Simple, assignments: tuple = ()) -> _Status:
         name, args = fields[0], fields[1:]
         if name == "exit":
             # exit N leaves N mod 256 (exit -1: 255); a word that is no number, 2 ("numeric argument
@@ -190,7 +213,8 @@ class _Commands(_Expander):
         not_run = tuple(name for name, how in ctx.deps.items() if how in (_NOT_RUN, _PROCESS, REMATCH_UNKNOWN))
         defaulted = tuple((name, ast.literal_eval(how[len(_DEFAULTED) + 1:])) for name, how in ctx.deps.items()
                           if how.startswith(_DEFAULTED))
-        self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run, defaulted))
+        self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run, defaulted,
+                                     self.environment(list(assignments))))
         return _Status(None, True, reason=f"{one_line(name, 40)} is not run")
 
     def read_builtin(self, command: str, args: list[str]) -> None:
