@@ -642,3 +642,28 @@ def test_megatron_fsdp_under_one_cuda_connection_is_refused(tmp_path, setting, r
         assert error.value.key == "CUDA_DEVICE_MAX_CONNECTIONS" and "--use-megatron-fsdp" in error.value.expected
     else:
         assert diagnose(case, megatron_args=args).estimate.job.layout.zero_stage == 3
+
+
+@pytest.mark.parametrize("setting, backend, refused", [
+    ("export NVTE_FUSED_ATTN=0\n", "", "NVTE_FUSED_ATTN"),  # auto expects 1, 1, 1
+    ("export NVTE_FLASH_ATTN=1 NVTE_FUSED_ATTN=0\n", "", "NVTE_FUSED_ATTN"),
+    ("NVTE_FLASH_ATTN=0 ", "", "NVTE_FLASH_ATTN"),  # the launch's own prefix
+    ("export NVTE_FLASH_ATTN=1 NVTE_FUSED_ATTN=0\n", " --attention-backend flash", None),
+    ("export NVTE_FLASH_ATTN=1\n", " --attention-backend fused", "NVTE_FLASH_ATTN"),
+    ("export NVTE_FUSED_ATTN=1\n", "", None),
+    ("NVTE_FUSED_ATTN=0\n", "", None),  # not exported: the training does not see it
+])
+def test_an_nvte_attention_switch_the_backend_does_not_set_is_refused(tmp_path, setting, backend, refused):
+    """`export NVTE_FUSED_ATTN=0` (older scripts' way to pick flash attention) beside the default
+    --attention-backend auto was priced and exit 0, where megatron-core stops as it builds the model:
+    LanguageModule._set_attention_backend asserts each of NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and
+    NVTE_UNFUSED_ATTN is unset or the backend's value (1, 1, 1 for auto; 1, 0, 0 for flash; 0, 1, 0 for
+    fused), megatron/core/models/common/language_module/language_module.py:98-126 at core_v0.16.1."""
+    script = "#!/bin/bash\n" + setting + TRAIN.replace("pretrain_gpt.py", "pretrain_gpt.py" + backend) + "\n"
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == refused
+    else:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2

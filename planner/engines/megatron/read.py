@@ -109,6 +109,7 @@ def read(path: Path, case) -> Layout:
         _check_overlaps(src, flags)
         _check_one_precision(src, flags)
         _check_connections(src, flags, launch.environment)
+        _check_attention_environment(src, flags, launch.environment)
         return _layout(src, flags, case)
     except CaseError as error:
         raise launch.explain(error) from None
@@ -143,6 +144,36 @@ def _check_connections(src: str, flags: dict, environment: tuple) -> None:
                     f"is 1 in the training's environment{how}, and {fsdp} refuses it: Megatron-LM's validate_args "
                     "asserts that FSDP runs with more than one connection, so the run would not start; unset it for "
                     "FSDP, as Megatron-LM's examples/megatron_fsdp scripts do")
+
+
+# The Transformer Engine attention switches megatron-core sets for each --attention-backend, asserting
+# that the environment holds none of them otherwise (LanguageModule._set_attention_backend,
+# megatron/core/models/common/language_module/language_module.py:92-126 at core_v0.16.1, 108-142 at
+# core_v0.19.0): (NVTE_FLASH_ATTN, NVTE_FUSED_ATTN, NVTE_UNFUSED_ATTN).
+ATTENTION_SWITCHES = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+_SWITCHES_OF_BACKEND = {"local": ("0", "0", "0"), "flash": ("1", "0", "0"), "fused": ("0", "1", "0"),
+                        "unfused": ("0", "0", "1"), "auto": ("1", "1", "1")}
+
+
+def _check_attention_environment(src: str, flags: dict, environment: tuple) -> None:
+    """An NVTE_FLASH_ATTN, NVTE_FUSED_ATTN or NVTE_UNFUSED_ATTN the launch script puts in the training's
+    environment at another value than its --attention-backend sets (older scripts' export NVTE_FUSED_ATTN=0
+    beside the default auto), refused: megatron-core asserts it as it builds the model, so the run would
+    not start."""
+    backend = (flags.get("--attention-backend") or "auto").lower()
+    if backend not in _SWITCHES_OF_BACKEND:
+        return  # refused where the model is checked, naming the flag
+    held = {name: (value, decided) for name, value, decided in environment}
+    for name, expected in zip(ATTENTION_SWITCHES, _SWITCHES_OF_BACKEND[backend]):
+        if name in held and held[name][0] != expected:
+            value, decided = held[name]
+            said = f"--attention-backend {backend}" if "--attention-backend" in flags else \
+                "--attention-backend absent (Megatron-LM's default, auto)"
+            how = "" if decided else " (a default the script gives where the caller's environment leaves it unset)"
+            raise CaseError(src, name, f"is {one_line(value, 20)!r} in the training's environment{how}, and with "
+                                       f"{said} megatron-core expects it unset or {expected}: it asserts so as it "
+                                       "builds the model (LanguageModule._set_attention_backend), so the run would not "
+                                       "start; choose the kernel with --attention-backend, not NVTE_* variables")
 
 
 def _check_one_precision(src: str, flags: dict) -> None:
