@@ -823,3 +823,16 @@ def test_a_launch_script_with_windows_line_endings_says_so(tmp_path):
     done = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(script))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "train.sh: line 1: has Windows (CRLF) line endings" in done.stderr
+
+
+def test_fine_grained_activation_offloading_is_refused_not_priced_on_the_gpu(tmp_path):
+    """--fine-grained-activation-offloading --offload-modules core_attn ... was read as no offload (exit 0,
+    nothing said): megatron-core sends the inputs of those modules to the host in every layer
+    (TransformerConfig.fine_grained_activation_offloading and offload_modules,
+    megatron/core/transformer/transformer_config.py:889-894 at core_v0.16.1; validate_args checks it,
+    megatron/training/arguments.py:1222), which the estimate does not price."""
+    args = ARGS.replace("--global-batch-size 128", "--global-batch-size 64")
+    assert diagnosed(tmp_path, args).estimate.job.layout.offload_activations == 0
+    with pytest.raises(CaseError) as error:
+        diagnosed(tmp_path, args.replace("\n", " --fine-grained-activation-offloading --offload-modules core_attn\n"))
+    assert error.value.key == "--fine-grained-activation-offloading"

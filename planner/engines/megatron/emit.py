@@ -83,7 +83,7 @@ BOOL_FLAGS = (
     "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep", "--overlap-grad-reduce", "--overlap-param-gather",
     "--qk-layernorm", "--multi-latent-attention", "--moe-layer-recompute", "--moe-grouped-gemm",
     "--moe-pad-expert-input-to-capacity", "--moe-router-enable-expert-bias", "--moe-router-force-load-balancing",
-    "--qk-l2-norm", "--add-qkv-bias",
+    "--qk-l2-norm", "--add-qkv-bias", "--fine-grained-activation-offloading",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}

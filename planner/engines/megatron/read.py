@@ -1044,6 +1044,16 @@ def _offload(args: _Args) -> tuple[float, int]:
         raise CaseError(args.src, "--cpu-offloading", "Megatron-LM has no such argument, so its parser refuses the "
                                                       "launch: --cpu-offloading-num-layers N alone offloads N layers' "
                                                       "activations (validate_args turns cpu_offloading on)")
+    if "--fine-grained-activation-offloading" in args.flags:
+        # TransformerConfig.fine_grained_activation_offloading (megatron/core/transformer/transformer_config.py:889-894
+        # at core_v0.16.1): the inputs of the --offload-modules it names (core_attn, expert_fc1, ...) go to the host
+        # in every layer, which neither the layers' activations offloaded whole (--cpu-offloading-num-layers) nor
+        # any other term of the estimate prices: read as no offload, the activations were priced on the GPU.
+        raise CaseError(args.src, "--fine-grained-activation-offloading",
+                        "offloads the inputs of the modules --offload-modules names to the host in every layer, "
+                        "which the estimate does not price (it prices whole layers' activations offloaded, "
+                        "--cpu-offloading-num-layers N): diagnose the launch without it, or with "
+                        "--cpu-offloading-num-layers")
     return offload_optimizer, args.integer("--cpu-offloading-num-layers", 0)
 
 
