@@ -615,7 +615,36 @@ def _launch_of(path: Path, text: str) -> _Launch:
     unset = tuple(dict.fromkeys(name for c in launches for name in c.unset))
     defaulted = tuple(dict.fromkeys(what for c in launches for what in c.defaulted))
     return _Launch(src, [w for c in launches for w in c.fields], True, tuple(notes), unset,
-                   bool(script.commands), defaulted, training.environment if training is not None else ())
+                   bool(script.commands), defaulted, _environment(training) if training is not None else ())
+
+
+_ENV_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def _environment(command) -> tuple:
+    """(NAME, value, decided) of what a started command's environment holds from the script: what bash
+    passes it (the exported variables, its NAME=value prefixes), and the NAME=value words of an ``env``
+    that starts it (``env CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun ...``; env's options before them)."""
+    held = list(command.environment)
+    fields = command.fields
+    if fields and Path(fields[0]).name == "env":
+        words = iter(fields[1:])
+        for word in words:
+            if _ENV_SETTING.match(word):
+                name, _, value = word.partition("=")
+                held.append((name, value, True))
+            elif word in ("-u", "--unset"):  # env -u NAME: taken out
+                name = next(words, "")
+                held = [setting for setting in held if setting[0] != name]
+            elif word.startswith("--unset="):
+                held = [setting for setting in held if setting[0] != word.partition("=")[2]]
+            elif word in ("-i", "-", "--ignore-environment"):  # an empty environment
+                held = []
+            elif word in ("-C", "--chdir"):
+                next(words, None)
+            elif not word.startswith("-"):
+                break
+    return tuple(held)
 
 
 def _program(command) -> Optional[str]:
