@@ -746,9 +746,13 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
         training["compiled_loss"] = compiled
     if (fused := fused_attention(row)) is not None:
         training["fused_attention"] = fused
-    # The experts' dispatch overlapped with another micro-batch's compute where the recipe says so.
+    # The experts' dispatch overlapped with another micro-batch's compute where the recipe says so, or
+    # where the row's runtime does: the 26.08 DeepSeek-V3 recipes set it in a helper the recipe calls
+    # (Megatron-Bridge perf_recipes/deepseek/common.py, _enable_deepseek_full_iteration_mxfp8:
+    # comm_overlap.overlap_moe_expert_parallel_comm = True), not in their explicit settings.
     settings = recipe_settings(row)
-    if moe and (settings.get("moe_a2a_overlap") or settings.get("overlap_moe_expert_parallel_comm")):
+    if moe and (settings.get("moe_a2a_overlap") or settings.get("overlap_moe_expert_parallel_comm")
+                or (row.get("moe_runtime") or {}).get("a2a_overlap") is True):
         training["moe_comm_overlap"] = True
     # DeepEP or HybridEP where the row names it and the engine would not run it by itself.
     if moe and training["engine"] == "any" and runs_deepep(row):

@@ -92,6 +92,19 @@ def test_megatron_bridge_rows_run_what_their_recipes_set(rows):
     assert gb300["layout"]["recompute"] == "none" and gb300["training"]["moe_comm_overlap"]
 
 
+def test_megatron_bridge_2608_deepseek_rows_overlap_the_dispatch_their_helper_sets(rows):
+    """The 26.08 DeepSeek-V3 recipes on GB200 and GB300 set their MoE settings in a helper, not in
+    explicit settings: Megatron-Bridge's perf_recipes/deepseek/common.py
+    ``_enable_deepseek_full_iteration_mxfp8`` sets ``comm_overlap.overlap_moe_expert_parallel_comm =
+    True`` (with HybridEP and full-iteration CUDA graphs), which the rows record as
+    ``moe_runtime.a2a_overlap: true``; their cases overlap the dispatch as the 26.06 ones do."""
+    for rid in ("mb_2608_deepseekv3_gb300_256g_mxfp8", "mb_2608_deepseekv3_gb200_256g_mxfp8"):
+        assert rows[rid]["moe_runtime"]["a2a_overlap"] is True
+        assert case_of(rows[rid])[0]["training"]["moe_comm_overlap"] is True, rid
+    # A row whose runtime says no overlap, and whose recipe sets none, keeps none.
+    assert "moe_comm_overlap" not in case_of(rows["mb_2604_deepseekv3_gb200_256g_mxfp8"])[0]["training"]
+
+
 def test_megatron_bridges_2509_rows_run_what_its_perf_script_set(rows):
     """The 25.09 rows name no recipe; its perf script (scripts/performance/run_script.py, v0.1.0rc4) runs
     DeepSeek-V3 on H100 with the dispatch overlapped in 1F1B and MLA's up-projections and the dense MLPs
