@@ -392,7 +392,8 @@ def stated_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
     """(the dotted key, what was expected) of the first statement of a run that its case would take
     for something else, else None: a precision that names none (read as bf16, which only a table's
     "mixed (not stated)" means), a recomputation in words that say neither none, selective, full nor
-    what it recomputes (read as none), degrees that do not hold its GPUs (its stated dp unread)."""
+    what it recomputes (read as none), degrees that do not hold its GPUs (its stated dp unread), a step
+    time and tokens/s that say two speeds (the tokens/s unread)."""
     text = row.get("precision")
     lowered = str(text).lower()
     if text is not None and named_precision(text) is None and not lowered.startswith("mixed") and "lora" not in lowered:
@@ -403,7 +404,27 @@ def stated_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
     if stated is not None and not lowered.startswith(RECOMPUTE_WORDS) and "recomput" not in lowered:
         return "recompute", (f"expected none, selective or full (a description may follow), or what it "
                              f"recomputes, got {_quoted(stated)}")
-    return grid_problem(row, case)
+    return grid_problem(row, case) or measures_problem(row, measured_tokens_per_s(row))
+
+
+# Published tables round a step time to three figures and tokens/s to whole tokens: two statements
+# of one run's speed further apart than this are two runs, or a typo.
+MEASURES_AGREE = 0.05
+
+
+def measures_problem(row: dict, tokens: Optional[float]) -> Optional[tuple[str, str]]:
+    """(the dotted key, what was expected) where a run states its step time and its tokens/s and the two
+    say different speeds (``tokens``: what the step time gives, as measured_tokens_per_s reads it, which
+    takes the step time and leaves the tokens/s unread); else None."""
+    measured = row.get("measured") or {}
+    if not (tokens and measured.get("iteration_time_s")):
+        return None
+    stated = measured.get("tokens_per_sec_total") or (measured.get("tokens_per_sec_per_gpu") or 0) * row["num_gpus"]
+    if stated and abs(stated / tokens - 1) > MEASURES_AGREE:
+        return "measured.iteration_time_s", (f"{measured['iteration_time_s']:g} s gives {tokens:,.0f} tokens/s, but the "
+                                             f"run's tokens/s says {stated:,.0f} ({stated / tokens - 1:+.0%}): give the "
+                                             "two of one run, or one of them")
+    return None
 
 
 # How a run's recomputation begins (a description may follow).

@@ -22,9 +22,9 @@ from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
-from .published_runs import (GPU_PREFIXES, ROW_MEASURES, case_of, gpu_preset, measure_in_bounds, measured_tokens_per_s,
-                             RECOMPUTE_WORDS, grid_problem, named_precision, published_memory_stage, row_key,
-                             row_problem)
+from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, gpu_preset, measure_in_bounds,
+                             measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
+                             published_memory_stage, row_key, row_problem)
 from .training_logs import read_log
 
 
@@ -176,22 +176,12 @@ def _check_recompute(source: str, name: str, stated: Any) -> None:
                                                  f"got {one_line(safe_repr(stated), 60)}")
 
 
-# Published tables round a step time to three figures and tokens/s to whole tokens: two statements
-# of one run's speed further apart than this are two runs, or a typo.
-MEASURES_AGREE = 0.05
-
-
 def _check_measures_agree(source: str, name: str, row: dict, tokens: Optional[float]) -> None:
     """A run that states its step time and its tokens/s: the fit reads the step time, so the two
-    must say the same speed."""
-    measured = row.get("measured") or {}
-    if not (tokens and measured.get("iteration_time_s")):
-        return
-    stated = measured.get("tokens_per_sec_total") or (measured.get("tokens_per_sec_per_gpu") or 0) * row["num_gpus"]
-    if stated and abs(stated / tokens - 1) > MEASURES_AGREE:
-        raise CaseError(source, f"{name}.measured.iteration_time_s",
-                        f"{measured['iteration_time_s']:g} s gives {tokens:,.0f} tokens/s, but the run's tokens/s says "
-                        f"{stated:,.0f} ({stated / tokens - 1:+.0%}): give the two of one run, or one of them")
+    must say the same speed (published_runs.measures_problem)."""
+    problem = measures_problem(row, tokens)
+    if problem:
+        raise CaseError(source, f"{name}.{problem[0]}", problem[1])
 
 
 # Throughputs of the schema a team's run is not fitted on (published_runs.measured_tokens_per_s reads

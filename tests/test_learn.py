@@ -977,6 +977,20 @@ def test_validate_published_skips_a_run_faster_than_its_gpu_naming_it():
     assert not result.skipped  # the sane run is scored, not dropped as below half the impossible one
 
 
+def test_validate_published_skips_a_run_whose_step_time_and_tokens_per_s_disagree_naming_it():
+    """A run stating 12 s a step (43,691 tokens/s) and 5 tokens/s was scored on the step time, its
+    tokens/s unread, where calibrate --from-runs refuses it: one of the two is wrong, and which is not
+    known. It is skipped, named by the key, as a precision that names none is."""
+    from planner.fidelity import evaluate
+    rows = [published_row(id="two-speeds", measured={"iteration_time_s": 12.0, "tokens_per_sec_total": 5.0}),
+            published_row(id="sane", parallel__tp=2, parallel__dp=4)]
+    result = evaluate(rows, experts=False)
+    assert [r.row["id"] for r in result.rows] == ["sane"]
+    assert [name for name, _ in result.malformed] == ["two-speeds (row 0)"]
+    assert result.malformed[0][1].startswith("measured.iteration_time_s: 12 s gives 43,691 tokens/s, but the run's "
+                                             "tokens/s says 5")
+
+
 def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
     """validate-published scored a runs file given twice twice (doubling every score and band count),
     and calibrate --from-logs fitted one log twice; calibrate --from-runs refused the same run twice."""
