@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from .errors import CaseError, one_line
-from .published_runs import (case_of, load_rows, measured_tokens_per_s, published_memory_stage, row_key, row_name,
-                             row_problem, source_of, stated_problem)
+from .published_runs import (case_of, copied_run, job_key, load_rows, measured_tokens_per_s, published_memory_stage,
+                             row_key, row_name, row_problem, source_of, stated_problem)
 from .team_runs import impossible_measurement
 
 TUNED = ("Megatron-Bridge", "NVIDIA-NeMo/Megatron-Bridge", "torchtitan", "MLPerf", "NVIDIA/NeMo")
@@ -149,6 +149,7 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
         estimate, plan = estimate or estimate_api, plan or (lambda case: plan_api(case, top_k=0))
     rows = load_rows() if rows is None else rows
     out = Fidelity()
+    copies: dict[tuple, int] = {}
     for index, r in enumerate(rows):
         if not isinstance(r, dict):
             out.malformed.append((row_name(rows, index), f"expected a mapping, got {type(r).__name__}"))
@@ -175,6 +176,14 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
             out.skipped[why] = out.skipped.get(why, 0) + 1
             out.skipped_first.setdefault(why, row_name(rows, index))
             continue
+        # A run copied under another id (the same job, the same measurement) counted twice in every score
+        # and band: refused, as load_rows refuses one id twice and calibrate --from-runs a copy.
+        first = copies.setdefault((job_key(case), measured, mem), index)
+        if first != index:
+            origins = getattr(rows, "origins", None)
+            raise CaseError(origins[index] if origins else f"row {index}",
+                            one_line(r["id"], 80) if r.get("id") is not None else "",
+                            copied_run(row_name(rows, first), "count twice in every score"))
         try:
             est = estimate(case)
         except CaseError as error:  # a row the model cannot take counts against it

@@ -138,6 +138,20 @@ def load_rows(paths=DEFAULT_FILES) -> Rows:
     return rows
 
 
+def job_key(case: dict) -> str:
+    """A run's case as the job it trains, whatever the job is called (a model's name defaults to its
+    run's id): two runs of one key ran the same model, cluster, training and layout."""
+    case = {**case, "model": {k: v for k, v in case["model"].items() if k != "name"}} \
+        if isinstance(case.get("model"), dict) else case
+    return repr(sorted((k, repr(v)) for k, v in case.items()))
+
+
+def copied_run(original: str, counts: str) -> str:
+    """What a run copied from ``original`` under another id is told (two measurements of one job never
+    agree to the last digit); ``counts``: what the copy would do."""
+    return f"repeats run {original}: the same job and the same measurement; give each run once (a copy would {counts})"
+
+
 def row_name(rows: list, index: int) -> str:
     """A row as a report names it: its id where it has one, and where it was read (file and index)."""
     origins = getattr(rows, "origins", None)

@@ -22,7 +22,8 @@ from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
-from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, gpu_preset, measure_in_bounds,
+from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, copied_run, gpu_preset, job_key,
+                             measure_in_bounds,
                              measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
                              published_memory_stage, row_key, row_problem)
 from .training_logs import read_log
@@ -766,14 +767,10 @@ def check_each_run_once(runs: Sequence[Run], source: str) -> None:
         if r.id in seen:
             raise CaseError(source, r.id, "the same run id appears twice: each run once")
         seen.add(r.id)
-        # The job is what is trained, not what it is called: a model's name defaults to its run's id.
-        case = {**r.case, "model": {k: v for k, v in r.case["model"].items() if k != "name"}} \
-            if isinstance(r.case.get("model"), dict) else r.case
-        key = repr(sorted((k, repr(v)) for k, v in case.items()))
+        key = job_key(r.case)
         copy = measurements.setdefault((key, r.tokens_per_s, r.peak_gib), r)
         if copy is not r:  # two measurements of one job never agree to the last digit: one run, copied
-            raise CaseError(source, r.id, f"repeats run {copy.id}: the same job and the same measurement; give "
-                                          "each run once (a copy would weigh as another run in the fit)")
+            raise CaseError(source, r.id, copied_run(copy.id, "weigh as another run in the fit"))
         # The speed, and the peak memory (the allocator's, which runs of one job repeat within a few %):
         # 63.6 and 40.0 GiB for one job were fitted between the two.
         for measure, what in (("tokens_per_s", "ran"), ("peak_gib", "peaked")):

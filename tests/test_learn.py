@@ -991,6 +991,22 @@ def test_validate_published_skips_a_run_whose_step_time_and_tokens_per_s_disagre
                                              "tokens/s says 5")
 
 
+def test_validate_published_refuses_a_run_copied_under_another_id(tmp_path):
+    """A row copied under another id (the same job, the same measurement to the last digit) was scored
+    twice, where calibrate --from-runs refuses it: a copy counts twice in every score and band."""
+    from planner.published_runs import load_rows
+    from planner.fidelity import evaluate
+    runs = tmp_path / "runs.yaml"
+    runs.write_text(yaml.safe_dump([published_row(), published_row(id="team-run-2", parallel__tp=2, parallel__dp=4),
+                                    published_row(id="team-run-1-again")]))
+    with pytest.raises(CaseError) as refused:
+        evaluate(load_rows([runs]), experts=False)
+    assert refused.value.key == "team-run-1-again" and str(refused.value).startswith(f"{runs}[2]: ")
+    assert "repeats run team-run-1" in refused.value.expected
+    done = run_cli("validate-published", "--no-experts", str(runs))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "team-run-1-again" in done.stderr
+
+
 def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
     """validate-published scored a runs file given twice twice (doubling every score and band count),
     and calibrate --from-logs fitted one log twice; calibrate --from-runs refused the same run twice."""
