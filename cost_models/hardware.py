@@ -200,6 +200,10 @@ class GPUSpec:
     # Whose GPU it is, for the libraries that run on one vendor's only: DeepEP's dispatch needs NVSHMEM
     # and NVIDIA GPUs (ROCm has no port: ROCm/aiter#421; AMD's MoRI and rccl_ep are other APIs).
     vendor: str = "nvidia"
+    # The CUDA compute capability's major (torch.cuda.get_device_properties().major: 8 Ampere, 9 Hopper,
+    # 10 Blackwell), what Megatron-LM's validate_args keys CUDA_DEVICE_MAX_CONNECTIONS on; None: not
+    # known (AMD GPUs, whose ROCm torch reports HIP's gfx numbers; a profile that does not say).
+    compute_capability_major: Optional[int] = None
 
     def __post_init__(self) -> None:
         s = GPUSpec
@@ -212,6 +216,8 @@ class GPUSpec:
         _positive_int(s, "nvlink_domain", self.nvlink_domain)
         if self.sm_count is not None:
             _positive_int(s, "sm_count", self.sm_count)
+        if self.compute_capability_major is not None:
+            _positive_int(s, "compute_capability_major", self.compute_capability_major)
         for precision, flops in self.peak_flops.items():
             _positive_float(s, f"peak_flops.{precision}", flops)
 

@@ -15,17 +15,19 @@ from .errors import CaseError
 from .fields import (describe, read_bool, read_figure, read_file_path, read_for, read_int, read_mapping, read_number,
                      read_str, read_time, read_unit, required)
 from .inputs import read_yaml
-from .limits import MAX_FABRIC_EFFICIENCY, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_PEAK_TFLOPS, MAX_SM_COUNT, MIN_FIGURE
+from .limits import (MAX_COMPUTE_CAPABILITY_MAJOR, MAX_FABRIC_EFFICIENCY, MAX_GPU_HOUR_COST, MAX_GPUS,
+                     MAX_PEAK_TFLOPS, MAX_SM_COUNT, MIN_FIGURE)
 from .presets import closest, fabric_presets, gpu_presets, performance_presets, resolve_gpu_preset
 from .units import parse_bandwidth, parse_memory
 
 
 GPU_KEYS = ("memory", "peak_tflops", "hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth",
-            "gpus_per_node", "nvlink_domain", "sm_count", "fabric", "host", "block_scaling", "vendor")
+            "gpus_per_node", "nvlink_domain", "sm_count", "fabric", "host", "block_scaling", "vendor",
+            "compute_capability_major")
 
 # A GPU preset may name the fabric of its reference system; the cluster's fabric overrides it.
 # ``host`` (what offload reaches) is the reference system's too; ``cluster.host`` overrides it.
-OPTIONAL_GPU_KEYS = ("sm_count", "fabric", "host", "block_scaling", "vendor")
+OPTIONAL_GPU_KEYS = ("sm_count", "fabric", "host", "block_scaling", "vendor", "compute_capability_major")
 
 PEAK_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
 
@@ -78,6 +80,9 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
             host=host_from_mapping(src, f"{key}.host", data["host"]) if "host" in data else None,
             block_scaling=tuple(formats),
             vendor=read_str(src, f"{key}.vendor", data["vendor"]) if "vendor" in data else "nvidia",
+            compute_capability_major=read_int(src, f"{key}.compute_capability_major", data["compute_capability_major"],
+                                              maximum=MAX_COMPUTE_CAPABILITY_MAJOR)
+            if "compute_capability_major" in data else None,
         )
 
 

@@ -256,13 +256,13 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: O
     misspelled: tuple[str, ...] = ()
     if engine == "megatron":
         from .engines.megatron.launch import launch_notes
-        from .engines.megatron.read import architecture_notes, read_training
+        from .engines.megatron.read import architecture_notes, connection_notes, read_training
 
         said_dispatch = loaded.training.expert_dispatch
         settings = read_training(path, loaded)  # read once, for the case and the note
         as_given = loaded
         loaded = with_megatron_training(loaded, path, settings)
-        notes = tuple(launch_notes(path)) + tuple(architecture_notes(path, loaded))
+        notes = tuple(launch_notes(path)) + tuple(architecture_notes(path, loaded)) + tuple(connection_notes(path, loaded))
     else:
         from .engines.deepspeed.read import auto_resolved, misspelled_keys
 

@@ -31,6 +31,8 @@ MAX_GPUS = 1 << 20
 # shipped (MI300X's 304 compute units; B200's 148 SMs). 2^63 was taken, and priced as steps of
 # 2.6e15 s blamed on "the GPU's figures".
 MAX_SM_COUNT = 4096
+# A CUDA compute capability's major: 99, past any NVIDIA has named (12 for consumer Blackwell).
+MAX_COMPUTE_CAPABILITY_MAJOR = 99
 # Tokens per sequence: 16 M, sixteen times the longest context trained on published (1 M);
 # the search enumerates context-parallel degrees and micro-batches against it.
 MAX_SEQ_LEN = 1 << 24

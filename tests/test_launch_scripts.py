@@ -669,3 +669,92 @@ def test_an_nvte_attention_switch_the_backend_does_not_set_is_refused(tmp_path, 
         assert error.value.key == refused
     else:
         assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+
+
+@pytest.mark.parametrize("gpu, setting, train, refused", [
+    ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=32\n", TRAIN, "'32'"),
+    ("h100-sxm-80gb", "unset CUDA_DEVICE_MAX_CONNECTIONS\n", TRAIN, "unset"),
+    ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=1\nunset CUDA_DEVICE_MAX_CONNECTIONS\n", TRAIN, "unset"),
+    ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=1\nenv -u CUDA_DEVICE_MAX_CONNECTIONS ", TRAIN, "unset"),
+    ("h100-sxm-80gb", "CUDA_DEVICE_MAX_CONNECTIONS=8 ", TRAIN, "'8'"),  # the launch's own prefix
+    ("a100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=32\n", TRAIN, "'32'"),
+    ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=1\n", TRAIN, None),
+    ("h100-sxm-80gb", "unset CUDA_DEVICE_MAX_CONNECTIONS\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n", TRAIN, None),
+    ("b200", "export CUDA_DEVICE_MAX_CONNECTIONS=32\n", TRAIN, None),  # Blackwell: no such assertion
+    ("b300", "unset CUDA_DEVICE_MAX_CONNECTIONS\n", TRAIN, None),  # Blackwell Ultra, sm_103: major 10
+    ("mi300x", "export CUDA_DEVICE_MAX_CONNECTIONS=32\n", TRAIN, None),  # capability not known on ROCm: no check
+    ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=32\n",
+     TRAIN.replace("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 1")
+     + " --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor",
+     None),  # FSDP: validate_args only warns
+    ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=32\n", FSDP_TRAIN.replace(
+        "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor", ""),
+     None),  # tp 1, pp 1, cp 1: nothing asserted
+])
+def test_tensor_parallelism_without_one_cuda_connection_before_blackwell_is_refused(tmp_path, gpu, setting, train,
+                                                                                   refused):
+    """A launch script with tp 2 on H100 that exports CUDA_DEVICE_MAX_CONNECTIONS=32 (or unsets it) was
+    priced, exit 0, where Megatron-LM stops before its first step: validate_args asserts
+    os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') == "1" for tp or cp > 1 where get_device_arch_version()
+    (the compute capability's major) is below 10, unless FSDP or --overlap-moe-expert-parallel-comm is on
+    (megatron/training/arguments.py:927-953 at core_v0.16.1, 1413-1439 at core_v0.19.0)."""
+    script = "#!/bin/bash\n" + setting + train + "\n"
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": gpu, "num_gpus": 8}})
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == "CUDA_DEVICE_MAX_CONNECTIONS", str(error.value)
+        assert refused in error.value.expected and "validate_args" in error.value.expected, str(error.value)
+        assert "tp 2" in error.value.expected
+    else:
+        result = diagnose(case, megatron_args=args)
+        assert not any("CUDA_DEVICE_MAX_CONNECTIONS" in note for note in result.notes), result.notes
+
+
+def test_moe_expert_overlap_lifts_the_one_connection_assertion(tmp_path):
+    """--overlap-moe-expert-parallel-comm turns validate_args' assertion into a warning: the reader
+    does not refuse CUDA_DEVICE_MAX_CONNECTIONS=32 beside it (emit.one_connection_asserted)."""
+    from planner.engines.megatron.emit import one_connection_asserted
+    assert one_connection_asserted(2, 1, fsdp=False, moe_overlap=False, arch_major=9)
+    assert one_connection_asserted(1, 2, fsdp=False, moe_overlap=False, arch_major=8)
+    assert not one_connection_asserted(2, 1, fsdp=False, moe_overlap=True, arch_major=9)
+    assert not one_connection_asserted(2, 1, fsdp=True, moe_overlap=False, arch_major=9)
+    assert not one_connection_asserted(2, 1, fsdp=False, moe_overlap=False, arch_major=10)
+    assert not one_connection_asserted(2, 1, fsdp=False, moe_overlap=False, arch_major=None)
+    assert not one_connection_asserted(1, 1, fsdp=False, moe_overlap=False, arch_major=9)
+
+
+@pytest.mark.parametrize("setting, said", [
+    ("", "does not set CUDA_DEVICE_MAX_CONNECTIONS"),
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}\n",
+     "takes CUDA_DEVICE_MAX_CONNECTIONS from the caller's environment (read as '32')"),
+])
+def test_tensor_parallelism_with_connections_left_to_the_caller_is_noted(tmp_path, setting, said):
+    """A script that does not decide CUDA_DEVICE_MAX_CONNECTIONS leaves it to the caller's environment,
+    which may export 1: not refused, but the note says Megatron-LM needs it for tp 2 on H100."""
+    case, args = files(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", BF16)
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.layout.tp == 2
+    notes = [note for note in result.notes if "CUDA_DEVICE_MAX_CONNECTIONS" in note]
+    assert len(notes) == 1 and said in notes[0], result.notes
+    assert "needs CUDA_DEVICE_MAX_CONNECTIONS=1 in the training's environment for tp 2 on h100-sxm-80gb" in notes[0]
+    # an argument list carries no environment: no note (the planner's launch.sh exports it)
+    (tmp_path / "args.txt").write_text(TRAIN.split("pretrain_gpt.py ", 1)[1] + "\n")
+    listed = diagnose(case, megatron_args=tmp_path / "args.txt")
+    assert not any("CUDA_DEVICE_MAX_CONNECTIONS" in note for note in listed.notes), listed.notes
+
+
+def test_a_profile_without_a_compute_capability_is_read_and_not_checked(tmp_path):
+    """compute_capability_major stays optional in an inline GPU (or a calibrated profile): without it
+    nothing keys on it, and a value out of range is refused naming the key."""
+    from planner.presets import gpu_presets
+    h100 = dict(gpu_presets()["h100-sxm-80gb"])
+    h100.pop("compute_capability_major")
+    case, args = files(tmp_path, "#!/bin/bash\nexport CUDA_DEVICE_MAX_CONNECTIONS=32\n" + TRAIN + "\n",
+                       {**BF16, "cluster": {"gpu": h100, "num_gpus": 8}})
+    assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump({**BF16, "cluster": {
+        "gpu": {**h100, "compute_capability_major": 0}, "num_gpus": 8}}))
+    with pytest.raises(CaseError) as error:
+        diagnose(case, megatron_args=args)
+    assert error.value.key.endswith("compute_capability_major"), str(error.value)

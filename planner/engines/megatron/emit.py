@@ -478,13 +478,34 @@ def nodes_and_gpus(job: Job) -> tuple[int, int]:
     return launch_nodes(job.cluster, "megatron")
 
 
+# The first CUDA compute capability major on which validate_args no longer asks for one connection:
+# Blackwell ("CUDA_DEVICE_MAX_CONNECTIONS requirement no longer exists since the Blackwell architecture").
+NO_CONNECTIONS_RULE_FROM_ARCH = 10
+
+
+def one_connection_asserted(tp: int, cp: int, *, fsdp: bool, moe_overlap: bool,
+                            arch_major: Optional[int]) -> bool:
+    """Whether Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS == "1"
+    (megatron/training/arguments.py:927-953 at core_v0.16.1, 1413-1439 at core_v0.19.0): tp or cp > 1
+    on a GPU whose get_device_arch_version() (the compute capability's major) is below 10, unless
+    --use-torch-fsdp2 / --use-megatron-fsdp or --overlap-moe-expert-parallel-comm is on (then it only
+    warns). ``arch_major`` None (a GPU whose capability is not known: AMD's, a profile without it):
+    False, no assertion is claimed. The emitter's :func:`connections_line` and the reader's check
+    (read.py ``_check_connections_for_parallelism``) both follow it."""
+    if (tp <= 1 and cp <= 1) or fsdp or moe_overlap:
+        return False
+    return arch_major is not None and arch_major < NO_CONNECTIONS_RULE_FROM_ARCH
+
+
 def connections_line(lay: Layout) -> str:
     """CUDA_DEVICE_MAX_CONNECTIONS as validate_args wants it: 1 for tp or cp > 1 (on Hopper and
-    older, so that the communication kernels launch before the GEMMs they overlap), anything but
-    1 under Megatron-FSDP."""
-    if lay.zero_stage >= 2:
+    older, so that the communication kernels launch before the GEMMs they overlap: exported on every
+    GPU, which Blackwell takes too, and where the GPU's capability is not known), anything but 1
+    under Megatron-FSDP (the emitted files' ZeRO 2 and 3)."""
+    fsdp = lay.zero_stage >= 2
+    if fsdp:
         return "unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP refuses 1\n"
-    if lay.tp > 1 or lay.cp > 1:
+    if one_connection_asserted(lay.tp, lay.cp, fsdp=fsdp, moe_overlap=False, arch_major=0):
         return "export CUDA_DEVICE_MAX_CONNECTIONS=1  # validate_args: tp or cp > 1 needs it before Blackwell\n"
     return ""
 

@@ -506,7 +506,9 @@ class _Launch:
     unset: tuple = ()  # variables the launch's words read that nothing set
     started: bool = True  # the script starts a command at all
     defaulted: tuple = ()  # (NAME, default): unset variables read as their ${X:-default}
-    environment: tuple = ()  # (NAME, value, decided): what the script puts in the training launch's environment
+    # (NAME, value, decided): what the script puts in the training launch's environment; value None: a name
+    # it unsets (unset NAME, env -u NAME), decidedly not in it
+    environment: tuple = ()
 
     def explain(self, error: CaseError) -> CaseError:
         """``error`` with what the reading assumed that bears on it (the branches between
@@ -633,11 +635,12 @@ def _environment(command) -> tuple:
             if _ENV_SETTING.match(word):
                 name, _, value = word.partition("=")
                 held.append((name, value, True))
-            elif word in ("-u", "--unset"):  # env -u NAME: taken out
+            elif word in ("-u", "--unset"):  # env -u NAME: taken out (None: decidedly not there)
                 name = next(words, "")
-                held = [setting for setting in held if setting[0] != name]
+                held = [setting for setting in held if setting[0] != name] + [(name, None, True)]
             elif word.startswith("--unset="):
-                held = [setting for setting in held if setting[0] != word.partition("=")[2]]
+                name = word.partition("=")[2]
+                held = [setting for setting in held if setting[0] != name] + [(name, None, True)]
             elif word in ("-i", "-", "--ignore-environment"):  # an empty environment
                 held = []
             elif word in ("-C", "--chdir"):

@@ -17,7 +17,7 @@ from cost_models.specs import Job, Layout, SpecError
 from cost_models.stage_time import cp_runs_all_to_all
 
 from planner.case import case_message
-from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD
+from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD, one_connection_asserted
 from planner.engines.megatron.launch import (NEMO_SECTIONS, NPROC_WORDS, TORCHRUN, flags_of, launch_of,
                                            torchrun_world, with_included_args)
 from planner.errors import CaseError, one_line
@@ -110,7 +110,9 @@ def read(path: Path, case) -> Layout:
         _check_one_precision(src, flags)
         _check_connections(src, flags, launch.environment)
         _check_attention_environment(src, flags, launch.environment)
-        return _layout(src, flags, case)
+        layout = _layout(src, flags, case)
+        _check_connections_for_parallelism(src, flags, launch.environment, layout.tp, layout.cp, case.cluster.gpu)
+        return layout
     except CaseError as error:
         raise launch.explain(error) from None
 
@@ -146,6 +148,75 @@ def _check_connections(src: str, flags: dict, environment: tuple) -> None:
                     "FSDP, as Megatron-LM's examples/megatron_fsdp scripts do")
 
 
+_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+_FSDP_FLAGS = ("--use-megatron-fsdp", "--use-torch-fsdp2")
+_MOE_OVERLAP = "--overlap-moe-expert-parallel-comm"
+
+
+def _connections_setting(environment: tuple) -> Optional[tuple[Optional[str], bool]]:
+    """(value, decided) of CUDA_DEVICE_MAX_CONNECTIONS in the training's environment as the script
+    leaves it (value None: the script unsets it), None where the script does not mention it."""
+    return next(((value, decided) for name, value, decided in reversed(environment) if name == _CONNECTIONS), None)
+
+
+def _asserts_one_connection(flags: dict, tp: int, cp: int, gpu) -> bool:
+    """Whether validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS == "1" for this launch on ``gpu``
+    (emit.one_connection_asserted, which the emitter's connections_line follows too)."""
+    return one_connection_asserted(tp, cp, fsdp=any(flag in flags for flag in _FSDP_FLAGS),
+                                   moe_overlap=_MOE_OVERLAP in flags,
+                                   arch_major=getattr(gpu, "compute_capability_major", None))
+
+
+def _check_connections_for_parallelism(src: str, flags: dict, environment: tuple, tp: int, cp: int, gpu) -> None:
+    """CUDA_DEVICE_MAX_CONNECTIONS set to another value than 1 (or unset) by a launch script whose tp or
+    cp is past 1, on a GPU before Blackwell (compute capability major below 10), without FSDP or
+    --overlap-moe-expert-parallel-comm: validate_args asserts it is "1" (megatron/training/arguments.py:
+    927-953 at core_v0.16.1, 1413-1439 at core_v0.19.0), so the run would not start. Only what the script
+    decides is refused; a value it takes from the caller's environment (${X:-32}, $X) is said in a note
+    (:func:`connection_notes`), as is a script that does not mention the variable."""
+    setting = _connections_setting(environment)
+    if setting is None or not setting[1] or setting[0] == "1" or not _asserts_one_connection(flags, tp, cp, gpu):
+        return
+    value = setting[0]
+    said = "unset in the training's environment (the script unsets it)" if value is None else \
+        f"{one_line(value, 20)!r} in the training's environment (the script sets it so)"
+    degrees = " and ".join(f"{name} {degree}" for name, degree in (("tp", tp), ("cp", cp)) if degree > 1)
+    raise CaseError(src, _CONNECTIONS,
+                    f"is {said}, and with {degrees} on {gpu.name} (compute capability "
+                    f"{gpu.compute_capability_major}, before Blackwell's 10) Megatron-LM's validate_args asserts "
+                    "it is 1 (megatron/training/arguments.py: \"Using tensor model parallelism or context parallelism "
+                    "require setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1\"), so the run would "
+                    "not start; export CUDA_DEVICE_MAX_CONNECTIONS=1 (only --use-megatron-fsdp, --use-torch-fsdp2 or "
+                    "--overlap-moe-expert-parallel-comm lift the assertion to a warning)")
+
+
+def connection_notes(path: Path, case) -> list[str]:
+    """A launch script with tp or cp > 1 on a GPU before Blackwell, where validate_args asserts
+    CUDA_DEVICE_MAX_CONNECTIONS=1, that does not decide the variable (does not mention it, or takes it
+    from the caller's environment): the caller must set it, said in a note. Not for an argument list,
+    whose environment is the launcher's (the planner's launch.sh exports it)."""
+    path = Path(path)
+    launch = launch_of(path, read_text(path))
+    if not launch.shell:
+        return []
+    try:
+        flags = flags_of(launch.words, launch.src, launch.shell)
+        args = _Args(launch.src, flags)
+        tp, cp = args.integer("--tensor-model-parallel-size", 1), args.integer("--context-parallel-size", 1)
+    except CaseError:
+        return []  # refused as the layout is read
+    gpu = case.cluster.gpu
+    setting = _connections_setting(launch.environment)
+    if (setting is not None and (setting[1] or setting[0] == "1")) or not _asserts_one_connection(flags, tp, cp, gpu):
+        return []
+    degrees = " and ".join(f"{name} {degree}" for name, degree in (("tp", tp), ("cp", cp)) if degree > 1)
+    how = "does not set CUDA_DEVICE_MAX_CONNECTIONS" if setting is None else \
+        f"takes CUDA_DEVICE_MAX_CONNECTIONS from the caller's environment (read as {one_line(setting[0] or '', 20)!r})"
+    return [f"{path.name} {how}: Megatron-LM needs CUDA_DEVICE_MAX_CONNECTIONS=1 in the training's environment for "
+            f"{degrees} on {gpu.name} (compute capability {gpu.compute_capability_major}, before Blackwell; "
+            "validate_args asserts it), so the run starts only where the caller exports it"]
+
+
 # The Transformer Engine attention switches megatron-core sets for each --attention-backend, asserting
 # that the environment holds none of them otherwise (LanguageModule._set_attention_backend,
 # megatron/core/models/common/language_module/language_module.py:92-126 at core_v0.16.1, 108-142 at
@@ -165,7 +236,7 @@ def _check_attention_environment(src: str, flags: dict, environment: tuple) -> N
         return  # refused where the model is checked, naming the flag
     held = {name: (value, decided) for name, value, decided in environment}
     for name, expected in zip(ATTENTION_SWITCHES, _SWITCHES_OF_BACKEND[backend]):
-        if name in held and held[name][0] != expected:
+        if name in held and held[name][0] is not None and held[name][0] != expected:
             value, decided = held[name]
             said = f"--attention-backend {backend}" if "--attention-backend" in flags else \
                 "--attention-backend absent (Megatron-LM's default, auto)"

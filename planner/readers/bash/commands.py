@@ -54,9 +54,11 @@ class _Commands(_Expander):
             return _TRUE
         return self.builtin(fields, ctx, node, assignments)
 
-    def environment(self, assignments: list[_Tok]) -> tuple[tuple[str, str, bool], ...]:
+    def environment(self, assignments: list[_Tok]) -> tuple[tuple[str, Optional[str], bool], ...]:
         """The scalar variables a started command's environment holds from the script: the exported
-        ones, and its own ``NAME=value`` prefixes (bash passes those to that command alone)."""
+        ones, and its own ``NAME=value`` prefixes (bash passes those to that command alone); and, with
+        the value None, those the script ``unset`` and did not export again: decidedly absent, whatever
+        the caller's environment held."""
         held = {name: var for name, var in self.vars.items() if var.exported and not isinstance(var.value, list)}
         names = [_ASSIGNMENT.match(tok.text).group(1) for tok in assignments if tok.kind != "array"]
         saved = {name: self.vars.get(name) for name in names}
@@ -75,7 +77,8 @@ class _Commands(_Expander):
                     self.vars.pop(name, None)
                 else:
                     self.vars[name] = var
-        return tuple((name, var.value, not var.deps) for name, var in held.items())
+        return tuple((name, var.value, not var.deps) for name, var in held.items()) + tuple(
+            (name, None, True) for name in sorted(self.cleared) if name not in held)
 
     def declare(self, rest: list[_Tok]) -> _Status:
         command = rest[0].text
@@ -170,6 +173,8 @@ class _Commands(_Expander):
             for arg in args:
                 if not arg.startswith("-"):
                     (self.funcs if functions else self.vars).pop(arg, None)
+                    if not functions:
+                        self.cleared.add(arg)
             return _TRUE
         if name == "let":
             value = 0

@@ -125,14 +125,15 @@ class _Shell(_Commands):
         return status
 
     def subshell(self, run: Callable[[], _Status]) -> _Status:
-        saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch)
+        saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch,
+                 set(self.cleared))
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()
         except _Exit as leaving:  # `(exit 1) || TP=4`: a status the script states is known
             return leaving.status or _Status(None, True, reason="a subshell that exits")
         finally:
-            self.vars, self.funcs, self.positional, self.generation, self.nocasematch = saved
+            self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared = saved
 
     def run_command(self, node) -> _Status:
         if isinstance(node, _Simple):
@@ -310,7 +311,7 @@ class _Shell(_Commands):
         exported = {name: var for name, var in self.vars.items() if var.exported}
         inner = run_script(text, f"{self.name} (bash -c at line {self.line_of(node.start)})", self.command_output,
                            exported, positional[1:], self.steps, self.depth + 1,
-                           positional[0] if positional else "bash")
+                           positional[0] if positional else "bash", self.cleared - set(exported))
         self.commands += inner.commands
         for note in inner.notes:
             self.note_as_is(note)
@@ -338,7 +339,8 @@ def _check_expansion_nesting(text: str) -> None:
 
 def run_script(text: str, name: str, command_output: Optional[Callable[[str], Optional[str]]] = None,
                variables: Optional[dict] = None, positional: Optional[list] = None,
-               steps: Optional[list] = None, depth: int = 0, argv0: Optional[str] = None) -> Script:
+               steps: Optional[list] = None, depth: int = 0, argv0: Optional[str] = None,
+               cleared: Optional[set] = None) -> Script:
     """``read_script``'s reading, and that of a ``bash -c`` string inside it: ``steps`` (a one-item
     list) counts the commands followed across both, ``depth`` their nesting, ``argv0`` is ``$0``."""
     if len(text) > MAX_EXPANDED_CHARS:
@@ -357,6 +359,7 @@ def run_script(text: str, name: str, command_output: Optional[Callable[[str], Op
         if parser.peek() is not None:
             raise parser.error(parser.peek(), f"unexpected {one_line(parser.peek().text, 40)!r}")
         shell = _Shell(text, name, command_output, line_of, variables, positional, steps, depth, argv0)
+        shell.cleared = set(cleared or ())  # what the outer script unset, out of the inner one's environment too
         try:
             shell.run_program(program)
         except _Exit:

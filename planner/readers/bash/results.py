@@ -15,8 +15,9 @@ class Command:
     not_run: tuple[str, ...] = ()  # command substitutions in its words, never run (read as empty)
     defaulted: tuple[tuple[str, str], ...] = ()  # (NAME, default): unset variables whose ${X:-default} it took
     # (NAME, value, decided): the scalar variables its environment holds from the script (those exported,
-    # and its own NAME=value prefixes); decided where the value owes nothing to what the script does not set
-    environment: tuple[tuple[str, str, bool], ...] = ()
+    # and its own NAME=value prefixes); decided where the value owes nothing to what the script does not set;
+    # value None: a name the script unset (and did not export again), decidedly not in it
+    environment: tuple[tuple[str, Optional[str], bool], ...] = ()
 
 
 @dataclass(frozen=True)

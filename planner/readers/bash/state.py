@@ -80,6 +80,9 @@ class _State:
         # Each function call's variables made local (``local``, ``declare`` in a function): their
         # values before the call, None where unset, put back when it returns.
         self.frames: list[dict[str, Optional[_Var]]] = []
+        # Names the script `unset`: whatever the caller's environment held for them is gone, so a started
+        # command's environment decidedly lacks them unless the script exports them again.
+        self.cleared: set[str] = set()
         self.integers: set[str] = set()  # declare -i: an assignment's value is evaluated as arithmetic
         self.letter_cases: dict[str, str] = {}  # declare -u / -l: "u" or "l", the case its values are stored in
         self.in_condition = 0
