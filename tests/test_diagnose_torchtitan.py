@@ -994,3 +994,67 @@ def test_a_toml_selective_ac_option_0_checkpoints_every_layer_as_torchtitan_runs
     path = tmp_path / "job.toml"
     path.write_text(LLAMA3_8B_TOML.replace('selective_ac_option = "op"', 'selective_ac_option = "0"'))
     assert read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path).recompute == "full"
+
+
+# torchtitan 0.2's run_train.sh (v0.2.2), its normal branch: the job file from --job.config_file, the
+# script's own arguments ("$@") and the overrides given here on top.
+RUN_TRAIN_SH = """\
+#!/usr/bin/bash
+set -ex
+NGPU=${NGPU:-"8"}
+export LOG_RANK=${LOG_RANK:-0}
+CONFIG_FILE=${CONFIG_FILE:-"./train_configs/llama3_8b.toml"}
+TRAIN_FILE=${TRAIN_FILE:-"torchtitan.train"}
+COMM_MODE=${COMM_MODE:-""}
+TORCHFT_LIGHTHOUSE=${TORCHFT_LIGHTHOUSE:-"http://localhost:29510"}
+if [ -n "$COMM_MODE" ]; then
+    NGPU="${NGPU}" LOCAL_RANK=0 python3 -m "${TRAIN_FILE}" --job.config_file "${CONFIG_FILE}" "$@" --comm.mode=${COMM_MODE} --training.steps=1
+else
+    PYTORCH_ALLOC_CONF="expandable_segments:True" \\
+    TORCHFT_LIGHTHOUSE=${TORCHFT_LIGHTHOUSE} \\
+    torchrun --nproc_per_node=${NGPU} --rdzv_backend c10d --rdzv_endpoint="localhost:0" \\
+    --local-ranks-filter ${LOG_RANK} --role rank --tee 3 \\
+    -m ${TRAIN_FILE} --job.config_file ${CONFIG_FILE} "$@" --training.global_batch_size 64 OVERRIDES
+fi
+"""
+
+
+@pytest.mark.parametrize("overrides, tp, recompute", [
+    ("", 1, "selective"),
+    ("--parallelism.tensor_parallel_degree 2 --activation_checkpoint.mode full", 2, "full"),
+    ("--parallelism.tensor_parallel_degree=2", 2, "selective"),
+])
+def test_a_0_2_launch_script_reads_its_job_file_with_the_overrides_over_it(tmp_path, overrides, tp, recompute):
+    """torchtitan 0.2's run_train.sh (-m torchtitan.train --job.config_file ${CONFIG_FILE} "$@") was refused:
+    "--job.config_file: unknown section 'job': torchtitan 0.3.0's Trainer.Config has no such section", where the
+    same TOML given alone is read. The job file is followed (relative to the script's directory), the command
+    line's overrides over it, as 0.2's ConfigManager merges them ("CLI args > TOML file", config/manager.py)."""
+    (tmp_path / "train_configs").mkdir()
+    (tmp_path / "train_configs" / "llama3_8b.toml").write_text(LLAMA3_8B_TOML)
+    script = tmp_path / "run_train.sh"
+    script.write_text(RUN_TRAIN_SH.replace("OVERRIDES", overrides))
+    case = case_of("llama3-8b", 8, 64, 8192)
+    result = diagnose(case, torchtitan=script)
+    lay = result.estimate.job.layout
+    assert (lay.tp, lay.dp, lay.zero_stage, lay.recompute) == (tp, 8 // tp, 3, recompute)
+    assert result.estimate.job.training.loss_chunk_count == 1  # a 0.2 job: whole logits
+    assert any("reads the job file ./train_configs/llama3_8b.toml" in note for note in result.notes), result.notes
+    assert any("the job file's path is CONFIG_FILE's default" in note for note in result.notes), result.notes
+
+
+def test_a_0_2_launch_scripts_job_file_refusals_name_what_is_wrong(tmp_path):
+    """A job file that is not there (the script's default path, which the caller's CONFIG_FILE may change),
+    and an override 0.2's JobConfig does not define, are refused naming them."""
+    script = tmp_path / "run_train.sh"
+    script.write_text(RUN_TRAIN_SH.replace("OVERRIDES", ""))
+    case = case_of("llama3-8b", 8, 64, 8192)
+    with pytest.raises(CaseError) as error:
+        diagnose(case, torchtitan=script)
+    assert error.value.key == "--job.config_file" and "no such file" in error.value.expected
+    assert "CONFIG_FILE is not set by the script" in error.value.expected, str(error.value)
+    (tmp_path / "train_configs").mkdir()
+    (tmp_path / "train_configs" / "llama3_8b.toml").write_text(LLAMA3_8B_TOML)
+    script.write_text(RUN_TRAIN_SH.replace("OVERRIDES", "--parallelism.tensor_paralel_degree 2"))
+    with pytest.raises(CaseError) as error:
+        diagnose(case, torchtitan=script)
+    assert error.value.key == "parallelism.tensor_paralel_degree" and "tensor_parallel_degree" in error.value.expected

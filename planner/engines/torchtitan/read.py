@@ -335,7 +335,10 @@ def _parse(path: Path, text: str) -> _Settings:
         # diagnosed on torchtitan's defaults ("training.seq_len: absent ... differs from the case's").
         raise CaseError(src, "", "holds no [parallelism], [training], [compile] or [activation_checkpoint] table "
                                  "(it is empty or only comments): not a torchtitan job file")
-    words, torchrun, notes = _words(src, text)
+    words, torchrun, notes, defaulted = _words(src, text)
+    job_file = _job_file(src, words, defaulted)
+    if job_file is not None:
+        return _with_job_file(src, words, torchrun, notes, *job_file, defaulted)
     header = _HEADER_BASE.search(text)
     if header is not None and not {"--module", "--config"} & {w.partition("=")[0] for w in words}:
         # The planner's overrides.txt is run on the base config its header's command names (it names none
@@ -400,11 +403,12 @@ def _starts_training(words, i: int) -> bool:
 
 
 def _words(src: str, text: str) -> tuple[list[str], Optional[tuple[Optional[str], Optional[str]]],
-                                         tuple[str, ...]]:
+                                         tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The words of an overrides file (as a shell splits them, comments dropped), or of the command a
     launch script starts torchtitan with, as bash would run it (planner.readers.bash: its variables
     expanded, the branches it takes taken, the commands after it apart): the words after
-    ``-m torchtitan.train``."""
+    ``-m torchtitan.train``; torchrun's flags, the reading's notes, and (NAME, default) of the unset
+    variables whose ``${X:-default}`` the command took."""
     from planner.engines.megatron.launch import is_argument_list, split_words  # a launch's words, as Megatron's
 
     if not is_argument_list(text, also=_is_subcommand):
@@ -431,7 +435,7 @@ def _words(src: str, text: str) -> tuple[list[str], Optional[tuple[Optional[str]
                     if command.unset:
                         notes.append(f"{src}: line {command.line}: the script leaves {', '.join(command.unset[:5])} "
                                      "unset: read as empty, as bash does")
-                    return fields[start + 1:], _torchrun_flags(fields[:start]), tuple(notes)
+                    return fields[start + 1:], _torchrun_flags(fields[:start]), tuple(notes), command.defaulted
             raise CaseError(src, "", "starts no torchtitan training (-m torchtitan.train or torchtitan/train.py) "
                                      "in the commands bash would run: give the overrides it passes")
     words = []  # bash's split in linear time (shlex's is not)
@@ -441,7 +445,135 @@ def _words(src: str, text: str) -> tuple[list[str], Optional[tuple[Optional[str]
             raise CaseError(src, f"line {number}", "cannot be split into words as a shell does: a quote with no end")
         words += got
     start = next((i for i in range(len(words)) if _starts_training(words, i)), None)
-    return (words, None, ()) if start is None else (words[start + 1:], _torchrun_flags(words[:start]), ())
+    return (words, None, (), ()) if start is None else (words[start + 1:], _torchrun_flags(words[:start]), (), ())
+
+
+# torchtitan 0.2's job file on the command line (config/manager.py ConfigManager._maybe_load_toml at v0.2.2:
+# the first of these, --job.config_file PATH or --job.config_file=PATH).
+JOB_FILE_FLAGS = ("--job.config_file", "--job.config-file")
+# The list fields of 0.2's tables the reader reads: one comma-separated word on the command line
+# (ConfigManager's list_str_rule), a list in TOML; module_fqns_per_model_part: a word per model part.
+_TOML_LISTS = ("model.converters", "compile.components", "float8.filter_fqns", "mx.filter_fqns")
+
+
+def _job_file(src: str, words: list[str], defaulted) -> Optional[tuple[Path, str, int]]:
+    """(the job file, its path as the launch gives it, the index of its flag) where the words give
+    ``--job.config_file``, as torchtitan 0.2's ConfigManager finds it: the first, its value after ``=`` or
+    the next word. A relative path is resolved against the launch file's directory: the script is read as
+    run from where it lives (``./run_train.sh`` beside ``./torchtitan/...``, as torchtitan's own is run);
+    torchrun's processes open it from their working directory. None where the words give none."""
+    for i, word in enumerate(words):
+        name, eq, inline = word.partition("=")
+        if name not in JOB_FILE_FLAGS or (not eq and word != name):
+            continue
+        value = inline if eq else (words[i + 1] if i + 1 < len(words) else "")
+        if not value or (not eq and value.startswith("--")):
+            unset = [f"{n} (read as its default {d!r})" for n, d in defaulted]
+            raise CaseError(src, name, "takes the job file's path, and none follows it: torchtitan 0.2's "
+                                       "ConfigManager would fail to open it (a variable the script does not set "
+                                       "reads as empty" + (f"; the script leaves unset {', '.join(unset[:3])}"
+                                                           if unset else "") + ")")
+        path = Path(value)
+        if not path.is_absolute():
+            path = Path(src).parent / path
+        if not path.is_file():
+            taken = [n for n, d in defaulted if d == value]
+            why = f" ({', '.join(taken)} is not set by the script: read as its default {value!r}; another " \
+                  "value the caller exports reads another file)" if taken else ""
+            raise CaseError(src, name, f"{one_line(value, 120)}: no such file, resolved against the script's directory "
+                                       f"({Path(src).parent}, as the script is read run from there){why}: give the "
+                                       "job file itself to diagnose --torchtitan, or run the script's directory's "
+                                       "layout")
+        return path, value, i
+    return None
+
+
+def _with_job_file(src: str, words: list[str], torchrun, notes: tuple[str, ...], path: Path, given: str,
+                   at: int, defaulted=()) -> _Settings:
+    """A torchtitan 0.2 launch, ``--job.config_file PATH`` and overrides (run_train.sh's ``-m torchtitan.train
+    --job.config_file ${CONFIG_FILE} "$@"``): the job file read as a job file is, the command line's
+    ``--section.key`` overrides over it, as ConfigManager.parse_args merges them (config/manager.py at v0.2.2:
+    "CLI args > TOML file > JobConfig defaults"; tyro.cli with the TOML's dataclass as its default)."""
+    job = _parse(path, read_text(path))
+    if job.cli:
+        raise CaseError(src, words[at].partition("=")[0], f"{one_line(given, 120)} ({path}) is not a TOML job file: "
+                                                          "torchtitan 0.2's ConfigManager reads it with tomllib")
+    rest = words[:at] + words[at + (1 if "=" in words[at] else 2):]
+    values = dict(job.values)
+    values.update(_job_overrides(src, rest))
+    settings = _Settings(src, values, cli=False)
+    mode = settings.string("activation_checkpoint.mode", "selective")
+    option = settings.string("activation_checkpoint.selective_ac_option", "2")
+    said = [f"{src}: reads the job file {given} ({path}, --job.config_file, resolved against the script's "
+            "directory) with the command line's overrides over it, as torchtitan 0.2's ConfigManager merges them"]
+    taken = [name for name, default in defaulted if default == given]
+    if taken:
+        said.append(f"{src}: the job file's path is {', '.join(taken)}'s default ({given}): the script does not set "
+                    f"{'it' if len(taken) == 1 else 'them'}, so a caller that exports another reads another file")
+    return _Settings(src, values, cli=False, ac_mode=mode, ac_option=option, torchrun=torchrun,
+                     script_notes=(*notes, *said))
+
+
+def _job_overrides(src: str, words: list[str]) -> dict[str, Any]:
+    """torchtitan 0.2's command-line overrides (``--section.key value``, a bool field's ``--section.key`` or
+    ``--section.no_key``), flattened as _from_toml flattens a table and typed as TOML would type them;
+    refused where 0.2's JobConfig has no such section or (in the tables read) no such field."""
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word in ("$@", "$*"):
+            continue
+        if not word.startswith("--"):
+            raise CaseError(src, one_line(word, 60), "expected a --section.key option (torchtitan 0.2's ConfigManager "
+                                                     "hands the words to tyro, which refuses a stray word)")
+        name, eq, inline = word[2:].partition("=")
+        args = [inline] if eq else []
+        while not eq and i < len(words) and not words[i].startswith("--") and words[i] not in ("$@", "$*"):
+            args.append(words[i])
+            i += 1
+        section, dot, key = name.replace("-", "_").partition(".")
+        if not dot or not key:
+            raise CaseError(src, f"--{one_line(name, 60)}", "expected --section.key (torchtitan 0.2's options are "
+                                                            "grouped by section: --parallelism.tensor_parallel_degree 2)")
+        if section not in JOB_SECTIONS:
+            close = difflib.get_close_matches(section, JOB_SECTIONS, n=1, cutoff=0.75)
+            meant = f" (did you mean {close[0]}?)" if close else ""
+            raise CaseError(src, f"--{one_line(name, 60)}", f"unknown section {one_line(section, 40)!r}{meant}: "
+                                                            "torchtitan 0.2's JobConfig (config/job_config.py) has no "
+                                                            "such section, and tyro refuses the launch")
+        value: Any = True
+        if not args and key.startswith("no_") and key[3:] in TOML_KEYS.get(section, ()):
+            key, value = key[3:], False
+        if section in TOML_KEYS and key not in TOML_KEYS[section]:
+            close = difflib.get_close_matches(key, TOML_KEYS[section], n=1, cutoff=0.8)
+            meant = f" (did you mean {section}.{close[0]}?)" if close else ""
+            raise CaseError(src, f"{section}.{one_line(key, 60)}", f"unknown key{meant}: torchtitan 0.2's {section} "
+                                                                    "(config/job_config.py) has no such field, and tyro "
+                                                                    "refuses the launch")
+        full = f"{section}.{key}"
+        if full == "parallelism.module_fqns_per_model_part" and args:
+            value = [[n for n in arg.split(",") if n] for arg in args]
+        elif full in _TOML_LISTS and args:
+            value = [n.strip() for arg in args for n in arg.split(",") if n.strip()]
+        elif len(args) == 1:
+            value = _typed(args[0])
+        elif args:
+            value = args
+        values[full] = value
+    return values
+
+
+def _typed(word: str) -> Any:
+    """A command-line value as TOML would hold it: an integer, a number, else the word."""
+    if re.fullmatch(r"[+-]?\d{1,19}", word):
+        return int(word)
+    try:
+        number = float(word)
+    except ValueError:
+        return word
+    return number if math.isfinite(number) else word
 
 
 def _torchrun_flags(words: list[str]) -> Optional[tuple[Optional[str], Optional[str]]]:
