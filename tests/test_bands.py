@@ -108,7 +108,7 @@ def test_the_indistinguishable_gap_holds_whichever_sweeps_were_published():
     alone, _ = bands.indistinguishable_from(wrong)
     assert pairs == 10 + 15
     assert gap == alone
-    pooled = bands._gap([bands.ordering(a, b) for rows in (right, wrong)
+    pooled = bands.ordering_gap([bands.ordering(a, b) for rows in (right, wrong)
                          for i, a in enumerate(rows) for b in rows[i + 1:]])
     assert pooled < gap
     # The same runs listed otherwise give the same gap (the draw picked sweeps by their place in the
@@ -319,21 +319,23 @@ def test_an_engine_the_pins_leave_no_layout_says_so_when_no_engine_is_named():
 
 
 def test_no_engine_is_advised_on_where_another_engine_fits(monkeypatch):
-    """GPT-OSS 20B at 2^19 tokens a sequence on 8 H100s: no Megatron-LM or DeepSpeed layout fits,
-    torchtitan's does. Megatron, planned first and in full, searched again at more GPUs and
-    shorter sequences for advice the report never gives beside an engine that fits: 25 s of a
-    1.3 s plan. Where no engine fits, each engine's advice is sought, and the closest is the plan's
+    """An engine with no layout that fits beside one that has: its advice (more GPUs, shorter
+    sequences) is never given, so never sought. GPT-OSS 20B at 2^19 tokens a sequence on 8 H100s,
+    where Megatron, planned first and in full, searched again for advice beside torchtitan's layout:
+    25 s of a 1.3 s plan (torchtitan's gpt_oss RoPE now holds 2^17 tokens, so that case has no
+    engine). Llama 3 70B at 2^17 tokens on 8 H100s: DeepSpeed, with no context parallelism, has no
+    layout; Megatron-LM's fits. Where no engine fits, each engine's advice is sought, and the closest is the plan's
     (Llama 3.1 405B on 16 H100s: Megatron-LM's, 24 GPUs, against DeepSpeed's and torchtitan's 32)."""
     plan_module = importlib.import_module("planner.plan")
 
     advised = []
     advice = plan_module._advice
     monkeypatch.setattr(plan_module, "_advice", lambda *args, **kw: advised.append(args) or advice(*args, **kw))
-    case = {"model": {"preset": "gpt-oss-20b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
-            "training": {"global_batch_size": 8, "seq_len": 524288, "precision": "bf16"}}
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 131072, "precision": "bf16"}}
     decided = planner.plan(case, top_k=0).to_dict()
-    assert decided["engine"] == "torchtitan"
-    assert decided["engines"]["megatron"] == decided["engines"]["deepspeed"] == {"why_not": "nothing fits"}
+    assert decided["engine"] == "megatron"
+    assert decided["engines"]["deepspeed"] == {"why_not": "nothing fits"}
     assert advised == []
     none_fits = {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
                  "training": {"global_batch_size": 64, "seq_len": 8192, "precision": "bf16"}}
