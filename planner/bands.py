@@ -125,6 +125,16 @@ def indistinguishable_from(rows: Sequence) -> tuple[float, int]:
     """(the predicted gap below which the model orders two layouts of one sweep right less than
     RIGHT_SHARE of the time, at the GAP_PERCENTILE-th percentile over resampled sweeps; the pairs it
     was read from): module docstring."""
+    sweeps = sweep_pairs(rows)
+    if not sweeps:
+        return 0.0, 0
+    gaps = resampled_gaps(sweeps)
+    return gaps[math.ceil(GAP_PERCENTILE * GAP_RESAMPLES) - 1], sum(len(sweep) for sweep in sweeps)
+
+
+def sweep_pairs(rows: Sequence) -> list[list[tuple[float, bool]]]:
+    """Per published sweep (a job with at least five measured layouts predicted to fit), its pairs
+    of layouts that both ran within 2x of its best: (predicted gap, ordered right), :func:`ordering`."""
     groups: dict[tuple, list] = defaultdict(list)
     for r in rows:
         if r.measured and r.fits and r.row.get("trust") != "low":
@@ -142,13 +152,14 @@ def indistinguishable_from(rows: Sequence) -> tuple[float, int]:
                  if a.predicted != b.predicted and a.measured != b.measured]
         if pairs:  # a sweep with no pair to order says nothing of the gap (a resample of it alone, 0)
             sweeps.append(pairs)
-    pairs = [pair for sweep in sweeps for pair in sweep]
-    if not pairs:
-        return 0.0, 0
+    return sweeps
+
+
+def resampled_gaps(sweeps: list[list[tuple[float, bool]]]) -> list[float]:
+    """The gap (:func:`ordering_gap`) of GAP_RESAMPLES resamples of the sweeps, with replacement, sorted."""
     draw = random.Random(GAP_SEED)
-    gaps = sorted(_gap([pair for _ in sweeps for pair in sweeps[draw.randrange(len(sweeps))]])
+    return sorted(ordering_gap([pair for _ in sweeps for pair in sweeps[draw.randrange(len(sweeps))]])
                   for _ in range(GAP_RESAMPLES))
-    return gaps[math.ceil(GAP_PERCENTILE * GAP_RESAMPLES) - 1], len(pairs)
 
 
 def ordering(a: Any, b: Any) -> tuple[float, bool]:
@@ -158,7 +169,7 @@ def ordering(a: Any, b: Any) -> tuple[float, bool]:
     return gap, (a.predicted > b.predicted) == (a.measured > b.measured)
 
 
-def _gap(pairs: list[tuple[float, bool]]) -> float:
+def ordering_gap(pairs: list[tuple[float, bool]]) -> float:
     """The smallest predicted gap (a fraction) at which the isotonic fit of "ordered right" on the gap
     reaches RIGHT_SHARE (the largest gap where it never does)."""
     if not pairs:
