@@ -109,9 +109,14 @@ _DEFERRING = [0]  # depth of interrupts_deferred blocks now running
 
 def interrupt(name: str) -> None:
     """Record the interrupt ``name`` (SIGINT, SIGTERM, SIGHUP) and raise it, unless a clean-up that
-    must run to its end is running (:func:`interrupts_deferred`)."""
+    must run to its end is running (:func:`interrupts_deferred`), or an interrupt is being answered
+    already: a second Ctrl-C landing in an ``except`` or ``finally`` that handles the first (the CLI's
+    own, saying "interrupted") raised out of it, a traceback of two interrupts and exit 1. The first
+    decides the exit code."""
+    import sys
+
     _RECEIVED.append(name)
-    if not _DEFERRING[0]:
+    if not _DEFERRING[0] and not isinstance(sys.exc_info()[1], (Interrupted, KeyboardInterrupt)):
         raise Interrupted(name)
 
 

@@ -299,3 +299,34 @@ runpy.run_module("planner", run_name="__main__", alter_sys=True)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 130 and done.stderr == "error: interrupted\n" and done.stdout == ""
+
+
+SECOND_SIGNAL = """
+import importlib, os, signal, sys
+import planner.cli
+plan_module = importlib.import_module("planner.plan")
+real_plan, real_caused = plan_module.plan, planner.cli._caused_by_interrupt
+def first(*args, **options):
+    os.kill(os.getpid(), signal.{first})  # the first: the plan is interrupted
+    return real_plan(*args, **options)
+def second(error):
+    os.kill(os.getpid(), signal.{second})  # the second, as the CLI answers the first
+    return real_caused(error)
+plan_module.plan, planner.cli._caused_by_interrupt = first, second
+sys.argv = ["layout-planner", "plan", {case!r}, "--emit", "megatron", "--out", {out!r}]
+planner.cli.main()
+"""
+
+
+@pytest.mark.parametrize("first,second", [("SIGINT", "SIGINT"), ("SIGTERM", "SIGINT"), ("SIGINT", "SIGTERM")])
+def test_a_second_signal_while_the_first_is_answered_is_the_same_one_line(tmp_path, first, second):
+    """Ctrl-C twice in quick succession: the second landing while the CLI answered the first (inside
+    the except clause that says "interrupted") raised out of it, a traceback of two interrupts and exit 1.
+    A signal while one is being answered is recorded, not raised: the first decides the exit code."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", SECOND_SIGNAL.format(first=first, second=second, case=str(EXAMPLE),
+                                                                       out=str(out))],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 128 + int(getattr(signal, first)), done.stderr
+    assert done.stderr == "error: interrupted\n"
+    assert list(tmp_path.iterdir()) == []
