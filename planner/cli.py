@@ -621,17 +621,16 @@ def main() -> None:
         from click.exceptions import UsageError
 
     forget_interrupts()
-    for signum in (getattr(signal, name) for name in INTERRUPTS):  # Ctrl-C, `kill`, a closed terminal alike:
-        if signal.getsignal(signum) is not signal.SIG_IGN:  # exit 128 + its number, nothing written (nohup and
-            # background jobs ignore them)
-            signal.signal(signum, _interrupted)
+    # What runs before the command's own ``try`` runs before its handlers are set, under the entry point's
+    # (one line, exit 128 + the signal): a signal in the import of planner.files or in the stream checks,
+    # after the CLI's handlers and outside the try, raised out of main(), a traceback and exit 1.
+    from .files import WritesRefused, refuse_writes
+
     closed = _guard_streams()
     if closed:  # no file is written where the answer cannot be: files beside an exit 1 left the caller unsure
-        from .files import refuse_writes
-
         refuse_writes("stdout: closed; the answer could not be written, so no file was written")
     _sane_columns()
-    code = _run(UsageError)
+    code = _run(UsageError, WritesRefused)
     if closed and code in (0, EXIT_DOES_NOT_FIT):  # an answer was due, and went nowhere
         print("error: stdout: closed; the answer could not be written", file=sys.stderr)
         code = EXIT_OUTPUT_FAILED
@@ -746,16 +745,14 @@ _OUTPUT_ERRORS = (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBI
 EXIT_OUTPUT_FAILED = 1
 
 
-def _run(usage_error: type) -> int:
+def _run(usage_error: type, writes_refused: type) -> int:
     """The command's exit code, its answer flushed to stdout; where stdout cannot take it, one line
     on stderr (none for a closed pipe: its reader has gone) and exit 1, not a traceback."""
-    from .files import WritesRefused
-
     try:
         code = _run_command(usage_error)
         sys.stdout.flush()
         return code
-    except WritesRefused as refused:
+    except writes_refused as refused:
         print(f"error: {refused}", file=sys.stderr)
         return _exiting(EXIT_OUTPUT_FAILED)
     except OSError as error:
@@ -772,6 +769,10 @@ def _run(usage_error: type) -> int:
 def _run_command(usage_error: type) -> int:
     """The command's exit code, with every message printed; interrupts ignored once it is decided."""
     try:
+        for signum in (getattr(signal, name) for name in INTERRUPTS):  # Ctrl-C, `kill`, a closed terminal alike:
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # exit 128 + its number, nothing written (nohup
+                # and background jobs ignore them); set inside the try that answers them
+                signal.signal(signum, _interrupted)
         refused = _argument_problem(sys.argv[1:])  # inside: an interrupt while it looks is answered as any
         if refused is not None:
             print(f"error: {refused}", file=sys.stderr)

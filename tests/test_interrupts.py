@@ -330,3 +330,42 @@ def test_a_second_signal_while_the_first_is_answered_is_the_same_one_line(tmp_pa
     assert done.returncode == 128 + int(getattr(signal, first)), done.stderr
     assert done.stderr == "error: interrupted\n"
     assert list(tmp_path.iterdir()) == []
+
+
+BEFORE_THE_COMMAND = """
+import os, signal, sys
+import planner.cli
+{hook}
+sys.argv = ["layout-planner", "estimate", {case!r}, "--json"]
+from planner.entry import main
+main()
+"""
+HOOKS = {
+    # The last module the CLI loads before a command runs (its writes' errors), after its handlers are set.
+    "files' import": """
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "planner.files":
+            os.kill(os.getpid(), signal.{signum})
+        return None
+sys.meta_path.insert(0, Interrupt())""",
+    # Between the CLI setting its handlers and the command: its stream and COLUMNS checks.
+    "stream checks": """
+real = planner.cli._sane_columns
+def interrupted():
+    os.kill(os.getpid(), signal.{signum})
+    real()
+planner.cli._sane_columns = interrupted""",
+}
+
+
+@pytest.mark.parametrize("where", sorted(HOOKS))
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_between_the_cli_loading_and_the_command_is_the_one_line(tmp_path, where, signum):
+    """A signal in the few milliseconds after the CLI set its handlers and before the command's own
+    ``try`` (loading planner.files, guarding the streams) raised out of main(): a traceback ending in
+    ``planner.errors.Interrupted`` and exit 1."""
+    code = BEFORE_THE_COMMAND.format(hook=HOOKS[where].format(signum=signum), case=str(REPO / "examples" / "llama3-70b-h100.yaml"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 128 + int(getattr(signal, signum)), done.stderr
+    assert done.stderr == "error: interrupted\n" and done.stdout == ""
