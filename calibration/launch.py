@@ -6,7 +6,7 @@ Checks the arguments, then runs ``calibration.worker`` on ``--nproc`` ranks thro
 temporary folder for the run. Meanwhile it draws a progress bar from rank 0's progress. On
 success it checks that the profile rank 0 left in the folder loads
 (``planner.case.gpu_from_profile``) and only then writes it to ``out``, atomically
-(``planner.files.write_atomically``); on failure or an interrupt it writes nothing.
+(``planner.files.write_all``); on failure or an interrupt it writes nothing.
 Before the ranks start it measures what else uses the machine (other processes' CPU share;
 on GPUs, their utilisation), and on CPUs it times the reference GEMM before and after them
 (:mod:`calibration.speed`); the profile's ``machine`` section keeps all of it.
@@ -158,8 +158,12 @@ class _ProgressBar:
 def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = None, quick: bool = False,
               timeout: float = 300.0, force: bool = False, gpu_preset: Optional[str] = None, nnodes: int = 1,
               rdzv_endpoint: Optional[str] = None, show_progress: bool = True, allow_busy: bool = False,
-              warn=lambda line: print(f"warning: {line}", file=sys.stderr)) -> Outcome:
+              warn=lambda line: print(f"warning: {line}", file=sys.stderr), last: bool = False) -> Outcome:
     """Run the calibration and write the profile to ``out``; :class:`RunFailed` if it fails.
+
+    ``last`` (the CLI's: the profile is the command's last act) ignores interrupts from the moment the
+    profile is in place (``planner.files.write_all``): a signal in what is left (the run folder's
+    removal) said "calibration interrupted; no profile written", exit 130, with the profile written.
 
     Bad arguments raise :class:`planner.errors.CaseError` before anything runs, and so does a
     machine that other processes keep busy (:func:`host.busy_reason`, on GPUs
@@ -170,7 +174,7 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
     from .host import busy_reason, gpu_busy_reason, gpu_use, measuring_anyway, other_cpu_share
 
     from planner.fields import check_option
-    from planner.files import Output, check_writable, write_atomically
+    from planner.files import Output, check_writable, write_all
     from planner.limits import MAX_TIMEOUT_S
 
     check_writable([Output(out, "")], force)  # an existing or unwritable --out fails now, not after the run
@@ -252,7 +256,7 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
             if used is not None:
                 data["machine"]["other_gpu_use"] = used
             text = render(data)
-        write_atomically(out, text, force=force)
+        write_all([Output(Path(out), text)], force, last=last)
         return Outcome(out, time.monotonic() - start, nproc * nnodes, yaml.safe_load(text))
     finally:
         with interrupts_deferred():  # a second Ctrl-C does not leave the run's folder behind

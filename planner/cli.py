@@ -495,8 +495,8 @@ def calibrate_command(
         outcome = calibrate(out, case=case[0] if case else None, nproc=nproc, quick=quick,
                             timeout=300.0 if timeout is None else timeout, force=force,
                             gpu_preset=gpu_preset, nnodes=1 if nnodes is None else nnodes, rdzv_endpoint=rdzv_endpoint,
-                            show_progress=True, allow_busy=allow_busy)
-        ignore_interrupts()  # the profile is written
+                            show_progress=True, allow_busy=allow_busy, last=True)
+        ignore_interrupts()  # the profile is written (and from then on, interrupts ignored: last=True)
     except CaseError as error:
         _fail(error)
     except RunFailed as error:

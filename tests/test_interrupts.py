@@ -369,3 +369,33 @@ def test_an_interrupt_between_the_cli_loading_and_the_command_is_the_one_line(tm
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 128 + int(getattr(signal, signum)), done.stderr
     assert done.stderr == "error: interrupted\n" and done.stdout == ""
+
+
+PROFILE_THEN_SIGNAL = """
+import os, signal, sys
+import planner.cli, planner.files
+real = planner.files.write_all
+def write_then_signal(*args, **options):
+    written = real(*args, **options)
+    os.kill(os.getpid(), signal.{signum})  # lands just after the profile is in place
+    return written
+planner.files.write_all = write_then_signal
+sys.argv = ["layout-planner", "calibrate", "--quick", "--nproc", "1", "--allow-busy", "--out", {out!r}]
+planner.cli.main()
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_after_calibrate_wrote_its_profile_lets_it_finish(tmp_path, signum):
+    """A signal after the profile was renamed into place, while the run's folder was being removed,
+    said "calibration interrupted; no profile written" and exit 130 (143) with the profile there,
+    4 of 4 times a signal was sent the moment it appeared. Past the write, signals are ignored."""
+    pytest.importorskip("torch")
+    scratch, out = tmp_path / "tmp", tmp_path / "profile.yaml"
+    scratch.mkdir()
+    done = subprocess.run([sys.executable, "-c", PROFILE_THEN_SIGNAL.format(signum=signum, out=str(out))],
+                          capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "TMPDIR": str(scratch)})
+    assert done.returncode == 0 and "interrupted" not in done.stderr, done.stderr
+    assert out.is_file() and "wrote" in done.stdout
+    assert list(scratch.iterdir()) == []  # the run's folder is gone all the same
