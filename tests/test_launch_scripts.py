@@ -630,6 +630,10 @@ FSDP_TRAIN = TRAIN.replace("--tensor-model-parallel-size 2", "--tensor-model-par
     ("CUDA_DEVICE_MAX_CONNECTIONS=1\n", False),  # not exported: torchrun does not see it
     ("env CUDA_DEVICE_MAX_CONNECTIONS=1 ", True),  # env(1) puts it in torchrun's environment
     ("export CUDA_DEVICE_MAX_CONNECTIONS=1\nenv -u CUDA_DEVICE_MAX_CONNECTIONS ", False),  # env(1) takes it out
+    # bash takes it out of the environment, still set (help export: "-n remove the export property")
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=1\nexport -n CUDA_DEVICE_MAX_CONNECTIONS\n", False),
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=1\ndeclare +x CUDA_DEVICE_MAX_CONNECTIONS\n", False),
+    ("CUDA_DEVICE_MAX_CONNECTIONS=1\n( export CUDA_DEVICE_MAX_CONNECTIONS )\n", False),  # the subshell's export alone
 ])
 def test_megatron_fsdp_under_one_cuda_connection_is_refused(tmp_path, setting, refused):
     """A launch that exports CUDA_DEVICE_MAX_CONNECTIONS=1 (as most of Megatron-LM's examples do) with

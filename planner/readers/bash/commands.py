@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import replace
 from typing import Optional
 
 from ...errors import one_line
@@ -90,7 +91,10 @@ class _Commands(_Expander):
         global_ = command in ("declare", "typeset") and any(
             t.kind == "word" and t.text.startswith("-") and "g" in t.text for t in rest[1:])
         scoped = self.frames and (command == "local" or (command in ("declare", "typeset") and not global_))
-        if any(t.kind == "word" and t.text.startswith("-") and "n" in t.text for t in rest[1:]):
+        if command == "export" and any(t.kind == "word" and t.text.startswith("-") and "n" in t.text
+                                       for t in rest[1:]):
+            exported = False  # export -n: the names leave the environment (bash's help export), they stay set
+        elif any(t.kind == "word" and t.text.startswith("-") and "n" in t.text for t in rest[1:]):
             self.note(f"{command} -n (a name reference) is not followed: its name reads as a variable of its own")
         declared = [_ASSIGNMENT.match(t.text).group(1) if t.kind == "array" or _is_assignment(t.text) else t.text
                     for t in rest[1:] if not t.text.startswith(("-", "+"))]
@@ -124,13 +128,15 @@ class _Commands(_Expander):
                 else:
                     self.assign(tok, exported=exported)
             elif tok.text.startswith(("-", "+")):
-                if "x" in tok.text and tok.text.startswith("-"):
-                    exported = True
+                if "x" in tok.text:  # declare -x exports, declare +x takes the export attribute off
+                    exported = tok.text.startswith("-")
             else:
                 for name in self.fields(tok.text, _Ctx(), command):
                     var = self.vars.get(name)
-                    if var is not None and exported:
-                        var.exported = True
+                    if var is not None and exported is not None and var.exported != exported:
+                        # A new _Var, not the shared one changed in place: a subshell's copy of the
+                        # variables shares them, and `( export X )` must not export the parent's X.
+                        self.vars[name] = replace(var, exported=exported)
         return _TRUE
 
     def builtin(self, fields: list[str], ctx: _Ctx, node: _Simple, assignments: tuple = ()) -> _Status:
