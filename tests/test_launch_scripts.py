@@ -631,6 +631,8 @@ FSDP_TRAIN = TRAIN.replace("--tensor-model-parallel-size 2", "--tensor-model-par
     ("env CUDA_DEVICE_MAX_CONNECTIONS=1 ", True),  # env(1) puts it in torchrun's environment
     ("export CUDA_DEVICE_MAX_CONNECTIONS=1\nenv -u CUDA_DEVICE_MAX_CONNECTIONS ", False),  # env(1) takes it out
     # bash takes it out of the environment, still set (help export: "-n remove the export property")
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=1\nenv -uCUDA_DEVICE_MAX_CONNECTIONS ", False),
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=1\nenv -i PATH=/usr/bin ", False),
     ("export CUDA_DEVICE_MAX_CONNECTIONS=1\nexport -n CUDA_DEVICE_MAX_CONNECTIONS\n", False),
     ("export CUDA_DEVICE_MAX_CONNECTIONS=1\ndeclare +x CUDA_DEVICE_MAX_CONNECTIONS\n", False),
     ("CUDA_DEVICE_MAX_CONNECTIONS=1\n( export CUDA_DEVICE_MAX_CONNECTIONS )\n", False),  # the subshell's export alone
@@ -680,6 +682,12 @@ def test_an_nvte_attention_switch_the_backend_does_not_set_is_refused(tmp_path, 
     ("h100-sxm-80gb", "unset CUDA_DEVICE_MAX_CONNECTIONS\n", TRAIN, "unset"),
     ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=1\nunset CUDA_DEVICE_MAX_CONNECTIONS\n", TRAIN, "unset"),
     ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=1\nenv -u CUDA_DEVICE_MAX_CONNECTIONS ", TRAIN, "unset"),
+    # env(1)'s other spellings (coreutils env --help): -uNAME, --unset=NAME; -i starts from an empty
+    # environment, the caller's export gone too
+    ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=1\nenv -uCUDA_DEVICE_MAX_CONNECTIONS ", TRAIN, "unset"),
+    ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=1\nenv --unset=CUDA_DEVICE_MAX_CONNECTIONS ", TRAIN, "unset"),
+    ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=1\nenv -i PATH=/usr/bin ", TRAIN, "unset"),
+    ("h100-sxm-80gb", "env -i CUDA_DEVICE_MAX_CONNECTIONS=1 ", TRAIN, None),
     ("h100-sxm-80gb", "CUDA_DEVICE_MAX_CONNECTIONS=8 ", TRAIN, "'8'"),  # the launch's own prefix
     ("a100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=32\n", TRAIN, "'32'"),
     ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=1\n", TRAIN, None),

@@ -507,7 +507,8 @@ class _Launch:
     started: bool = True  # the script starts a command at all
     defaulted: tuple = ()  # (NAME, default): unset variables read as their ${X:-default}
     # (NAME, value, decided): what the script puts in the training launch's environment; value None: a name
-    # it unsets (unset NAME, env -u NAME), decidedly not in it
+    # it unsets (unset NAME, env -u NAME), decidedly not in it; NAME EMPTIED: env -i, nothing before it
+    # reaches the launch (read with :func:`environment_value`)
     environment: tuple = ()
 
     def explain(self, error: CaseError) -> CaseError:
@@ -621,6 +622,16 @@ def _launch_of(path: Path, text: str) -> _Launch:
 
 
 _ENV_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+# The name of the environment entry env -i leaves: every variable before it is out of the launch's
+# environment, the caller's too (no name can be listed for those).
+EMPTIED = ""
+
+
+def environment_value(environment: tuple, name: str) -> Optional[tuple[Optional[str], bool]]:
+    """(value, decided) of ``name`` in a launch's environment as the script leaves it (value None: decidedly
+    not there: unset, env -u, env -i), None where the script says nothing of it (the caller's decides)."""
+    return next(((value, decided) for held, value, decided in reversed(environment) if held in (name, EMPTIED)),
+                None)
 
 
 def _environment(command) -> tuple:
@@ -635,14 +646,14 @@ def _environment(command) -> tuple:
             if _ENV_SETTING.match(word):
                 name, _, value = word.partition("=")
                 held.append((name, value, True))
-            elif word in ("-u", "--unset"):  # env -u NAME: taken out (None: decidedly not there)
-                name = next(words, "")
+            elif word in ("-u", "--unset") or word.startswith("--unset=") or (word.startswith("-u")
+                                                                              and not word.startswith("--")):
+                # env -u NAME, -uNAME, --unset=NAME: taken out (None: decidedly not there)
+                name = next(words, "") if word in ("-u", "--unset") else \
+                    word.partition("=")[2] if word.startswith("--") else word[2:]
                 held = [setting for setting in held if setting[0] != name] + [(name, None, True)]
-            elif word.startswith("--unset="):
-                name = word.partition("=")[2]
-                held = [setting for setting in held if setting[0] != name] + [(name, None, True)]
-            elif word in ("-i", "-", "--ignore-environment"):  # an empty environment
-                held = []
+            elif word in ("-i", "-", "--ignore-environment"):  # an empty environment, the caller's too
+                held = [(EMPTIED, None, True)]
             elif word in ("-C", "--chdir"):
                 next(words, None)
             elif not word.startswith("-"):

@@ -18,8 +18,8 @@ from cost_models.stage_time import cp_runs_all_to_all
 
 from planner.case import case_message
 from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD, one_connection_asserted
-from planner.engines.megatron.launch import (NEMO_SECTIONS, NPROC_WORDS, TORCHRUN, flags_of, launch_of,
-                                           torchrun_world, with_included_args)
+from planner.engines.megatron.launch import (NEMO_SECTIONS, NPROC_WORDS, TORCHRUN, environment_value, flags_of,
+                                           launch_of, torchrun_world, with_included_args)
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
 from planner.limits import MAX_EXPANDED_CHARS, MAX_INT, MAX_LAYERS, MAX_ROPE_BASE
@@ -135,9 +135,8 @@ def _check_connections(src: str, flags: dict, environment: tuple) -> None:
     at core_v0.16.1, 622-623 under --use-torch-fsdp2 and 687-688 under --use-megatron-fsdp: "FSDP
     always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one"; core_v0.19.0 1014 and 1143):
     the run would not start. Megatron-LM's own FSDP scripts unset it; the others export it as 1."""
-    fsdp = next((flag for flag in ("--use-megatron-fsdp", "--use-torch-fsdp2") if flag in flags), None)
-    value = next(((value, decided) for name, value, decided in reversed(environment)
-                  if name == "CUDA_DEVICE_MAX_CONNECTIONS"), None)
+    fsdp = next((flag for flag in _FSDP_FLAGS if flag in flags), None)
+    value = _connections_setting(environment)
     if fsdp is None or value is None or value[0] != "1":
         return
     how = "" if value[1] else (" (as the script sets it where the caller's environment leaves it unset, its "
@@ -156,7 +155,7 @@ _MOE_OVERLAP = "--overlap-moe-expert-parallel-comm"
 def _connections_setting(environment: tuple) -> Optional[tuple[Optional[str], bool]]:
     """(value, decided) of CUDA_DEVICE_MAX_CONNECTIONS in the training's environment as the script
     leaves it (value None: the script unsets it), None where the script does not mention it."""
-    return next(((value, decided) for name, value, decided in reversed(environment) if name == _CONNECTIONS), None)
+    return environment_value(environment, _CONNECTIONS)
 
 
 def _asserts_one_connection(flags: dict, tp: int, cp: int, gpu) -> bool:
