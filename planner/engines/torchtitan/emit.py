@@ -168,12 +168,7 @@ def check(estimate) -> None:
     (planner/engines/torchtitan/engine.py)."""
     ENGINES["torchtitan"].refuse_unrunnable(estimate.job)
     job = estimate.job
-    (module, function), exact = base_config(job.model)
-    limit = ROPE_MAX_SEQ_LEN.get(module)
-    if limit is not None and job.training.seq_len > limit:
-        raise _refuse(f"training.seq_len: {job.training.seq_len} is past the {limit} tokens torchtitan's {module} "
-                      f"models' RoPE holds (max_seq_len; models/common/decoder.py refuses a longer training "
-                      f"sequence); the base config {function} would not start")
+    (module, _), exact = base_config(job.model)
     if estimate.job.model.mtp_layers and not (exact and module == "deepseek_v3"):
         raise _refuse("model.mtp_layers: torchtitan builds multi-token prediction layers into its own DeepSeek-V3 "
                       "configs only (671B, 16B); this model is neither")
