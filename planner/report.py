@@ -295,7 +295,7 @@ def print_diagnosis(diagnosis, console: Console) -> None:
                       markup=False)
         console.print(f"predicted step {best.step_time_s:.3f} s against {diagnosis.estimate.step_time_s:.3f} s: "
                       f"[bold]{diagnosis.speedup:.2f}×[/] speedup: {escape(diagnosis.verdict)}")
-        changes = diagnosis.plan.differences(diagnosis.estimate)
+        changes = diagnosis.differences()
         if changes:
             console.print("change: " + _changes({k: (b, a) for k, (a, b) in changes.items()}), markup=False)
         if diagnosis.planned_with:
