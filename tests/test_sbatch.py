@@ -73,7 +73,8 @@ def test_sbatch_reaches_srun_on_a_long_node_list_and_stops_where_its_files_are_n
     planner.emit(est, engine, files, force_unfit=not est.fits)
     _fake_tools(tmp_path / "bin", 20_000)
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu[0-19999]",
-           "SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "96", "SRUN_ARGS": str(tmp_path / "srun.txt")}
+           "SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "96", "SRUN_ARGS": str(tmp_path / "srun.txt"),
+           "MEGATRON_LM": str(_megatron_checkout(tmp_path))}
     for _ in range(3):  # the SIGPIPE was a race: most runs on 512 nodes
         done = subprocess.run(["bash", str(files / "sbatch.sh")], env={**env, "SLURM_SUBMIT_DIR": str(files)},
                               capture_output=True, text=True, timeout=60)
@@ -85,6 +86,40 @@ def test_sbatch_reaches_srun_on_a_long_node_list_and_stops_where_its_files_are_n
                                capture_output=True, text=True, timeout=60)
     assert elsewhere.returncode != 0 and "No such file or directory" in elsewhere.stderr
     assert not (tmp_path / "srun.txt").exists()  # no node started
+
+
+def _megatron_checkout(tmp_path):
+    checkout = tmp_path / "Megatron-LM"
+    checkout.mkdir(exist_ok=True)
+    (checkout / "pretrain_gpt.py").write_text("")
+    return checkout
+
+
+def test_megatrons_files_say_what_the_user_adds_and_sbatch_stops_without_a_checkout(tmp_path):
+    """megatron_args.txt asked for data, tokenizer and learning-rate arguments, not the run's length,
+    which pretrain_gpt.py needs (update_train_iters: train_samples // global_batch_size, a TypeError on
+    None); and sbatch.sh, submitted from its own folder, ran ./pretrain_gpt.py there on every node
+    where MEGATRON_LM was not exported, which only launch.sh's header named."""
+    import os
+
+    files = tmp_path / "files"
+    planner.emit(planner.estimate(CASES["megatron"]), "megatron", files)
+    header = [line for line in (files / "megatron_args.txt").read_text().splitlines() if line.startswith("#")]
+    assert any("--train-samples" in line and "--train-iters" in line for line in header)
+    assert "MEGATRON_LM" in "".join(line for line in (files / "sbatch.sh").read_text().splitlines()
+                                    if line.startswith("#"))
+    _fake_tools(tmp_path / "bin", 2)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu[0-1]",
+           "SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "96", "SRUN_ARGS": str(tmp_path / "srun.txt"),
+           "SLURM_SUBMIT_DIR": str(files)}
+    env.pop("MEGATRON_LM", None)
+    done = subprocess.run(["bash", str(files / "sbatch.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "MEGATRON_LM" in done.stderr
+    assert not (tmp_path / "srun.txt").exists()  # no node started
+    done = subprocess.run(["bash", str(files / "sbatch.sh")], env={**env, "MEGATRON_LM": str(_megatron_checkout(tmp_path))},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"{tmp_path}/Megatron-LM/pretrain_gpt.py" in (tmp_path / "srun.txt").read_text().split("\n")
 
 
 def test_launch_scripts_are_executable_as_written(tmp_path):

@@ -525,14 +525,16 @@ def render(estimate, header_lines) -> dict[str, str]:
     unstated = unstated_architecture(job.model)
     args_text = (header + comment(warnings(estimate) + [
         summary,
-        "Add data, tokenizer and learning-rate arguments on the command line"
+        "Add data, tokenizer, learning-rate and run-length arguments on the command line (pretrain_gpt.py "
+        "needs --train-samples (tokens / seq-length) or --train-iters)"
         + (f"; the case does not state the model's {', '.join(unstated)}: add them too." if unstated else "."),
     ]) + body)
     launch = (
         "#!/usr/bin/env bash\n" + header + comment([
             f"Megatron-LM on {nodes} node(s) x {per_node} GPUs; on node i run with NODE_RANK=i"
             + (" and MASTER_ADDR set to node 0." if nodes > 1 else "."),
-            "MEGATRON_LM: a Megatron-LM checkout; extra arguments (data, tokenizer, schedule) pass through.",
+            "MEGATRON_LM: a Megatron-LM checkout; extra arguments (data, tokenizer, learning rate, "
+            "--train-samples or --train-iters) pass through.",
         ]) +
         "set -euo pipefail\n"
         "set -f  # no globbing of the arguments (a pipeline layout holds '*')\n"
@@ -543,8 +545,15 @@ def render(estimate, header_lines) -> dict[str, str]:
         '--master-port "${MASTER_PORT:-6000}" \\\n'
         '    "${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/' + ARGS_FILE + '") "$@"\n'
     )
-    batch = sbatch(header, nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $ARGS "$@"', connections_line(lay),
-                   cluster=job.cluster, files='ARGS="$(grep -v \'^#\' "$HERE/' + ARGS_FILE + '")"\n')
+    # Submitted from the folder of these files, ./pretrain_gpt.py is there only where they were written
+    # into a Megatron-LM checkout: without MEGATRON_LM every rank failed to open it, once the nodes started.
+    checkout = ('[ -f "${MEGATRON_LM:-.}/pretrain_gpt.py" ] || { echo "sbatch.sh: no pretrain_gpt.py in '
+                '${MEGATRON_LM:-.}: export MEGATRON_LM=<a Megatron-LM checkout> before sbatch" >&2; exit 1; }\n')
+    batch = sbatch(header + comment(["MEGATRON_LM: a Megatron-LM checkout (export it before sbatch); extra arguments "
+                                     "(data, tokenizer, learning rate, --train-samples or --train-iters) pass "
+                                     "through."]),
+                   nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $ARGS "$@"', connections_line(lay),
+                   cluster=job.cluster, files='ARGS="$(grep -v \'^#\' "$HERE/' + ARGS_FILE + '")"\n' + checkout)
     return {ARGS_FILE: args_text, LAUNCH_FILE: launch, SBATCH_FILE: batch}
 
 
