@@ -411,6 +411,17 @@ def test_a_usage_guard_on_the_callers_arguments_is_not_taken(tmp_path, guard):
     assert any("which the caller decides: read as false, the way that does not exit" in n for n in result.notes)
 
 
+def test_a_guard_on_a_file_that_ends_the_script_is_read_as_passing_with_nothing_said(tmp_path):
+    """[ -f "${MEGATRON_LM:-.}/pretrain_gpt.py" ] || { echo ...; exit 1; } (the emitted sbatch.sh's):
+    the test cannot be decided without the file system, and its failure launches nothing, so the one
+    reading that prices a launch is the guard passing; a note on it said nothing a user could act on."""
+    guard = '[ -f "${MEGATRON_LM:-.}/pretrain_gpt.py" ] || { echo "no checkout: export MEGATRON_LM=..." >&2; exit 1; }'
+    case, args = files(tmp_path, f"#!/bin/bash\n{guard}\n{TRAIN}\n", BF16)
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.layout.tp == 2
+    assert not any("a file test, -f" in n for n in result.notes), result.notes
+
+
 def test_a_substitution_left_unrun_and_a_torchrun_of_one_node_are_said(tmp_path):
     script = "#!/bin/bash\n" + TRAIN.replace("--tensor-model-parallel-size 2", "$(cat tp.txt)") + "\n"
     case, args = files(tmp_path, script, BF16)

@@ -79,7 +79,11 @@ class _Shell(_Commands):
                 run = status.assumed == wanted
             right_text = self.text[pipeline.start:pipeline.end]
             matters = "=" in right_text or "--" in right_text or _pipeline_exits(pipeline)  # not: || mkdir -p
-            if not self.in_condition and matters and (status.deps or (not decided and status.test)):
+            # A guard on what cannot be decided without running anything ([ -f "$X/y" ] || exit 1): read as
+            # passing, the one way the script launches anything, which leaves nothing to say. One on what
+            # the caller sets is said: the caller decides it.
+            guard = _pipeline_exits(pipeline) and status.known is None
+            if not self.in_condition and matters and not guard and (status.deps or (not decided and status.test)):
                 left = self.source(node.first.start, left_end)
                 outcome = run == wanted
                 self.line = self.line_of(node.first.start)
