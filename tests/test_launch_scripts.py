@@ -705,7 +705,8 @@ def test_an_nvte_attention_switch_the_backend_does_not_set_is_refused(tmp_path, 
     ("h100-sxm-80gb", "unset CUDA_DEVICE_MAX_CONNECTIONS\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n", TRAIN, None),
     ("b200", "export CUDA_DEVICE_MAX_CONNECTIONS=32\n", TRAIN, None),  # Blackwell: no such assertion
     ("b300", "unset CUDA_DEVICE_MAX_CONNECTIONS\n", TRAIN, None),  # Blackwell Ultra, sm_103: major 10
-    ("mi300x", "export CUDA_DEVICE_MAX_CONNECTIONS=32\n", TRAIN, None),  # capability not known on ROCm: no check
+    # ROCm: torch's device major is the ISA's (gfx942: 9), below 10 as Megatron-LM reads it
+    ("mi300x", "export CUDA_DEVICE_MAX_CONNECTIONS=32\n", TRAIN, "'32'"),
     ("h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=32\n",
      TRAIN.replace("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 1")
      + " --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor",

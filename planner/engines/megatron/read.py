@@ -181,8 +181,8 @@ def _check_connections_for_parallelism(src: str, flags: dict, environment: tuple
         f"{one_line(value, 20)!r} in the training's environment (the script sets it so)"
     degrees = " and ".join(f"{name} {degree}" for name, degree in (("tp", tp), ("cp", cp)) if degree > 1)
     raise CaseError(src, _CONNECTIONS,
-                    f"is {said}, and with {degrees} on {gpu.name} (compute capability "
-                    f"{gpu.compute_capability_major}, before Blackwell's 10) Megatron-LM's validate_args asserts "
+                    f"is {said}, and with {degrees} on {gpu.name} (device major "
+                    f"{gpu.compute_capability_major}, below Blackwell's 10) Megatron-LM's validate_args asserts "
                     "it is 1 (megatron/training/arguments.py: \"Using tensor model parallelism or context parallelism "
                     "require setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1\"), so the run would "
                     "not start; export CUDA_DEVICE_MAX_CONNECTIONS=1 (only --use-megatron-fsdp, --use-torch-fsdp2 or "
@@ -212,7 +212,7 @@ def connection_notes(path: Path, case) -> list[str]:
     how = "does not set CUDA_DEVICE_MAX_CONNECTIONS" if setting is None else \
         f"takes CUDA_DEVICE_MAX_CONNECTIONS from the caller's environment (read as {one_line(setting[0] or '', 20)!r})"
     return [f"{path.name} {how}: Megatron-LM needs CUDA_DEVICE_MAX_CONNECTIONS=1 in the training's environment for "
-            f"{degrees} on {gpu.name} (compute capability {gpu.compute_capability_major}, before Blackwell; "
+            f"{degrees} on {gpu.name} (device major {gpu.compute_capability_major}, below Blackwell's 10; "
             "validate_args asserts it), so the run starts only where the caller exports it"]
 
 
