@@ -40,6 +40,9 @@ class ClusterOption:
     # The ``fitted`` section of the profile it is given by, where a team's runs fitted it (what they
     # covered: an answer on this type outside it says so, as `plan` and `estimate` on the profile do).
     fitted: Optional[dict] = field(default=None, compare=False)
+    # The key the case gives max_gpus by (cluster.nodes, cluster.options[1].max_nodes, ...): what a
+    # note on the limit names. None where the case gives none (--max-gpus or --max-nodes must).
+    limit_key: Optional[str] = field(default=None, compare=False)
 
     @property
     def unit(self) -> int:
@@ -86,8 +89,7 @@ def part_rack(option: ClusterOption) -> Optional[ClusterOption]:
         used *= 2
     if used == unit:
         return None
-    return ClusterOption(option.key, replace(option.gpu, nvlink_domain=used), option.fabric, option.max_gpus,
-                         option.gpu_hour_cost, rack=unit)
+    return replace(option, gpu=replace(option.gpu, nvlink_domain=used), rack=unit, fitted=None)
 
 
 def with_part_racks(options: tuple[ClusterOption, ...]) -> tuple[ClusterOption, ...]:
@@ -106,7 +108,8 @@ def read_cluster_options(src: str, section: Any, base: Path) -> tuple[ClusterOpt
         most, price = sizing_terms(src, section, "cluster", gpu.gpus_per_node)
         if most is None:  # the GPUs `plan` would use are the most `size` may
             most = gpu_count(src, section, "cluster", gpu.gpus_per_node, ("num_gpus", "nodes"))
-        return (ClusterOption("cluster", gpu, fabric, most, price, fitted=_fitted(src, "cluster", section, base)),)
+        return (ClusterOption("cluster", gpu, fabric, most, price, fitted=_fitted(src, "cluster", section, base),
+                              limit_key=_limit_key("cluster", section)),)
     beside = [k for k in section if k != "options"]
     if beside:
         raise CaseError(src, f"cluster.{beside[0]}", "give each GPU type's keys inside its cluster.options entry")
@@ -122,13 +125,19 @@ def read_cluster_options(src: str, section: Any, base: Path) -> tuple[ClusterOpt
         entry = read_mapping(src, key, entry, HARDWARE_KEYS + SIZING_KEYS)
         gpu, fabric = cluster_hardware(src, entry, base, key)
         most, price = sizing_terms(src, entry, key, gpu.gpus_per_node)
-        option = ClusterOption(key, gpu, fabric, most, price, fitted=_fitted(src, key, entry, base))
+        option = ClusterOption(key, gpu, fabric, most, price, fitted=_fitted(src, key, entry, base),
+                               limit_key=_limit_key(key, entry))
         same = next((o.key for o in options if (o.gpu, o.fabric, o.gpu_hour_cost) == (gpu, fabric, price)), None)
         if same is not None:  # sized twice, it would be its own runner-up (a larger limit only adds sizes)
             raise CaseError(src, key, f"is the same GPU type, fabric and price as {same}: give each once, with "
                                       f"the larger limit")
         options.append(option)
     return tuple(options)
+
+
+def _limit_key(key: str, section: dict) -> Optional[str]:
+    """The key a GPU type's limit is read from, in the order sizing_terms and gpu_count take them."""
+    return next((f"{key}.{name}" for name in ("max_gpus", "max_nodes", "num_gpus", "nodes") if name in section), None)
 
 
 def _fitted(src: str, key: str, entry: dict, base: Path) -> Optional[dict]:

@@ -390,8 +390,7 @@ def part_unit_note(source: str, options: Sequence[ClusterOption], target: SizeTa
         most = gpu_limit(source, option, target)
         if most >= option.unit and most % option.unit:
             given = ("--max-gpus" if most == target.max_gpus else
-                     "--max-nodes" if target.max_nodes is not None else
-                     "cluster.num_gpus" if option.key == "cluster" else f"{option.key}.max_gpus")
+                     "--max-nodes" if target.max_nodes is not None else option.limit_key or option.key)
             parts.append(f"{given} gives {most:,} {option.gpu.name} GPUs, not whole {option.unit_name}s of "
                          f"{option.unit}: size considers whole {option.unit_name}s, up to {most // option.unit * option.unit:,}")
     return "; ".join(parts) or None

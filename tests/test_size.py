@@ -861,3 +861,14 @@ def test_a_limit_of_part_of_a_node_is_said_where_size_leaves_those_gpus_unused()
     assert any(n.startswith("--max-gpus gives 20") and "up to 16" in n
                for n in planner.size(case, "1B", max_gpus=20).notes)
     assert not any("whole nodes" in n for n in planner.size(case, "1B", max_gpus=16).notes)
+
+
+def test_the_part_node_note_names_the_key_the_limit_was_written_by():
+    # 20 GB200 nodes of 4 are 80 GPUs, past one NVL72 rack of 72: the note names what the case wrote
+    racks = {**TINY, "training": {**TINY["training"], "global_batch_size": 144}}
+    nodes = planner.size({**racks, "cluster": {"gpu": "gb200", "nodes": 20}}, "1B").notes
+    assert any(n.startswith("cluster.nodes gives 80 gb200 GPUs") and "up to 72" in n for n in nodes), nodes
+    options = {**racks, "cluster": {"options": [{"gpu": "gb200", "max_nodes": 20}]}}
+    assert any(n.startswith("cluster.options[0].max_nodes gives 80") for n in planner.size(options, "1B").notes)
+    assert any(n.startswith("--max-nodes gives 80")
+               for n in planner.size(options, "1B", max_nodes=20).notes)
