@@ -345,8 +345,11 @@ def test_what_the_emitted_deepspeed_config_runs_is_priced_and_what_a_users_adds_
                            "zero_optimization.zero_quantized_gradients: not priced"),
                           ({"compile": {"enabled": True}}, "compile.enabled: not priced"),
                           ({"zero_optimization.reduce_bucket_size": 200_000_000},  # priced; the gather's not
-                           "allgather_bucket_size 500,000,000: the weights' gather after the step priced in buckets "
-                           "of 200,000,000 elements"),
+                           "allgather_bucket_size 500,000,000: DeepSpeed does not use it at ZeRO-"),
+                          ({"zero_optimization.reduce_bucket_size": 200_000_000},  # what it does, what is priced
+                           "it gathers each parameter group's updated weights after the step in one collective: "
+                           "runtime/utils.py, all_gather_dp_groups); the estimate prices that gather as one "
+                           "all-gather per reduce bucket of 200,000,000 elements (reduce_bucket_size)"),
                           ({"amp": {"enabled": True}}, "amp: removed from DeepSpeed")]:
         config, _ = _ds_config(tmp_path, **changes)
         notes = diagnose(DS_CASE, config=config).notes
