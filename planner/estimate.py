@@ -34,6 +34,9 @@ class Remedy:
     # "at risk" or "does not fit".
     verdict: str = "does not fit"
     step_time_s: Optional[float] = None  # the changed layout's step, where it fits
+    # The single changes it makes together, where no single one fits (:func:`combined_remedy`): each
+    # one's description; empty for a single change.
+    together: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,8 @@ class Estimate:
         """The cheapest change that makes the layout fit: of those :func:`remedies` tries that fit, the
         one whose step is the shortest (a ZeRO stage can cost a quarter of what recomputing the MLPs
         of every layer does, and recomputing a few whole layers less than part of every one); where
-        none fits, the one that comes closest. None if the layout fits."""
+        none fits, the fewest of them that fit together (:func:`combined_remedy`), else the one that comes
+        closest. None if the layout fits."""
         if self.fits:
             return None
         # The host overflows while the GPU holds the peak: only offloading less frees host memory (a
@@ -146,6 +150,12 @@ class Estimate:
         fitting = [r for r in ladder if r.fits]
         if fitting:
             return min(fitting, key=lambda r: r.step_time_s)
+        if self.overflows != "host":
+            # No single change fits: the fewest together that do (a ZeRO-2 Mixtral with its optimizer
+            # offloaded was told "micro_batch_size 1", 96.8 GB of 87.0, as its cheapest next change).
+            together = combined_remedy(self.job, self.headroom)
+            if together is not None:
+                return together
         return min(ladder, key=lambda r: r.peak_bytes) if ladder else None
 
     def layout_mapping(self) -> dict[str, Any]:
@@ -400,13 +410,98 @@ def remedies(job: Job, headroom: float = 0.0):
     4. more tensor parallelism, inside one NVLink domain;
     5. more pipeline parallelism, across nodes;
     6. the optimizer offloaded to the host, alone and with full recomputation, where the engine
-       runs it (DeepSpeed's ZeRO-Offload; what fits a 70B job on 8 GPUs at all).
+       runs it (DeepSpeed's ZeRO-Offload; what fits a 70B job on 8 GPUs at all);
+    7. more expert parallelism for a mixture of experts (fewer experts on each GPU).
     Each yields the best single step of its kind (the smallest change that fits,
     else the strongest one available).
     """
     quantized = _quantized_weights(job, headroom)
     if quantized is not None:
         yield quantized
+    for index, ladder in enumerate(_ladders(job)):
+        tried = [r for r in (_try(job, headroom, d, **c) for d, c in ladder) if r is not None]
+        if index == 1:  # recomputation: a few whole layers may cost less than part of every layer
+            partial = _fewest_full_layers(job, headroom)
+            tried += [partial] if partial is not None else []
+        fitting = [r for r in tried if r.fits]
+        if fitting:
+            # The smallest change of its kind; of recomputation's, whose costs are not in the order
+            # of the memory they free, each that fits.
+            yield from (fitting if index == 1 else fitting[:1])
+        elif tried:
+            yield min(tried, key=lambda r: r.peak_bytes)
+
+
+# The most single changes :func:`combined_remedy` makes together.
+MAX_CHANGES_TOGETHER = 4
+
+
+def combined_remedy(job: Job, headroom: float = 0.0) -> Optional[Remedy]:
+    """Where no single change of :func:`remedies` fits: the fewest of them, each of another kind (a
+    smaller micro-batch and recomputation, say), that fit together, of those the one whose step is
+    shortest; None where no set of up to :data:`MAX_CHANGES_TOGETHER` fits."""
+    from itertools import combinations, product
+
+    lay = job.layout
+    # Each kind's rungs; the optimizer offloaded with full recomputation is a pair of kinds already.
+    kinds = [[(d, c) for d, c in ladder if not ("offload_optimizer" in c and "recompute" in c)]
+             for ladder in _ladders(job)]
+    kinds = [k for k in kinds if k]
+    for size in range(2, MAX_CHANGES_TOGETHER + 1):
+        fitting = []
+        for chosen in combinations(kinds, size):
+            for rungs in product(*chosen):
+                changes: dict = {}
+                for _, change in rungs:
+                    changes.update(change)
+                if "tp" in changes or "pp" in changes:  # the data-parallel ranks the rest leave
+                    tp, pp = changes.get("tp", lay.tp), changes.get("pp", lay.pp)
+                    if (lay.dp * lay.tp * lay.pp) % (tp * pp):
+                        continue
+                    changes["dp"] = lay.dp * lay.tp * lay.pp // (tp * pp)
+                remedy = _try(job, headroom, "", **changes)
+                if remedy is not None and remedy.fits:
+                    # Said as the layout changes, together (each rung's own words count the
+                    # accumulation and the data-parallel ranks of its change alone).
+                    said = _changed_fields(lay, remedy.layout, job.training.global_batch_size)
+                    made = tuple(c for c in said if not c.startswith(("dp ", "sequence_parallel "))
+                                 and not c.endswith("accumulation steps"))
+                    fitting.append(replace(remedy, description=", ".join(said), together=made))
+        if fitting:
+            return min(fitting, key=lambda r: r.step_time_s)
+    return None
+
+
+def _changed_fields(before: Layout, after: Layout, global_batch: int) -> list[str]:
+    """What ``after`` changes of ``before``, field by field (``zero_stage 2→3``), the accumulation steps
+    where the micro-batch or the data-parallel ranks change."""
+    unset = {"offload_optimizer": 0, "ep": 1, "etp": 1, "recompute_num_layers": "all", "recompute_modules": "default",
+             "stage_layers": "even"}
+    said = []
+    for name in ("micro_batch_size", "recompute", "recompute_num_layers", "recompute_modules", "zero_stage", "tp",
+                 "sequence_parallel", "pp", "stage_layers", "dp", "ep", "etp", "offload_optimizer", "offload_params"):
+        old, new = getattr(before, name), getattr(after, name)
+        if old != new:
+            shown = [unset.get(name, "none") if v is None else str(v).lower() if isinstance(v, bool) else
+                     ",".join(map(str, v)) if isinstance(v, (tuple, list)) else v for v in (old, new)]
+            said.append(f"{name} {shown[0]}→{shown[1]}")
+    if (before.micro_batch_size, before.dp) != (after.micro_batch_size, after.dp):
+        said.append(f"{global_batch // (after.micro_batch_size * after.dp)} accumulation steps")
+    return said
+
+
+def _expert_parallel_rungs(job: Job) -> list[tuple[str, dict]]:
+    """More expert parallelism for a mixture of experts, where the engine runs it: each GPU holds
+    fewer experts (what shards a DeepSpeed-MoE model's experts below ZeRO-3, which refuses them)."""
+    lay, model = job.layout, job.model
+    engine = ENGINES.get(job.training.engine.name)
+    if not model.is_moe or engine is None or not engine.support.expert_parallel:
+        return []
+    return [(f"ep {e}", {"ep": e}) for e in (2 * lay.ep, 4 * lay.ep, 8 * lay.ep) if model.num_experts % e == 0]
+
+
+def _ladders(job: Job) -> list[list[tuple[str, dict]]]:
+    """The kinds of change :func:`remedies` tries, each its rungs, lightest first."""
     lay = job.layout
     gpu = job.cluster.gpu
     ladders: list[list[tuple[str, dict]]] = [
@@ -425,16 +520,6 @@ def remedies(job: Job, headroom: float = 0.0):
                               {"offload_optimizer": 1.0, "recompute": "full", "recompute_num_layers": None,
                                "recompute_modules": None}))
          if lay.offload_optimizer < 1.0],
+        _expert_parallel_rungs(job),
     ]
-    for index, ladder in enumerate(ladders):
-        tried = [r for r in (_try(job, headroom, d, **c) for d, c in ladder) if r is not None]
-        if index == 1:  # recomputation: a few whole layers may cost less than part of every layer
-            partial = _fewest_full_layers(job, headroom)
-            tried += [partial] if partial is not None else []
-        fitting = [r for r in tried if r.fits]
-        if fitting:
-            # The smallest change of its kind; of recomputation's, whose costs are not in the order
-            # of the memory they free, each that fits.
-            yield from (fitting if index == 1 else fitting[:1])
-        elif tried:
-            yield min(tried, key=lambda r: r.peak_bytes)
+    return ladders

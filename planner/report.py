@@ -177,8 +177,35 @@ def print_estimate(est: Estimate, console: Console) -> None:
             verdict += ": its offload overflows the host's memory"
         step = "" if remedy.step_time_s is None else \
             f", step {remedy.step_time_s:.3f} s ({remedy.step_time_s / est.step_time_s - 1:+.1%})"
-        console.print(f"cheapest next change: {remedy.description} → peak {remedy.peak_bytes / GB:.1f} GB, "
+        takes = "".join(f" ({key}: {text})" for key, text in change_takes(est.job, remedy.layout).items())
+        if remedy.together:
+            head = f"no single change fits; the fewest that fit together ({len(remedy.together)})"
+        elif not remedy.fits:
+            from .estimate import MAX_CHANGES_TOGETHER
+
+            head = ("no change tried fits, alone or up to " f"{MAX_CHANGES_TOGETHER} together; the closest"
+                    if est.overflows != "host" else "no change of the offload fits; the closest")
+        else:
+            head = "cheapest next change"
+        console.print(f"{head}: {remedy.description}{takes} → peak {remedy.peak_bytes / GB:.1f} GB, "
                       f"{verdict}{step}", markup=False)
+
+
+def change_takes(job, layout) -> dict[str, str]:
+    """What changing ``job``'s layout to ``layout`` takes, field by field, where its engine's config has no
+    key for it (DeepSpeed's expert parallelism: the model's MoE blocks rebuilt as DeepSpeed-MoE's)."""
+    if job.training.engine.name != "deepspeed":
+        return {}
+    from .engines.deepspeed.read import change_takes as deepspeed_takes
+
+    out = {}
+    for key in ("ep", "etp", "pp", "stage_layers", "tp", "recompute"):
+        old, new = getattr(job.layout, key, None), getattr(layout, key, None)
+        if old != new:
+            text = deepspeed_takes(key, new, layout)
+            if text:
+                out[key] = text
+    return out
 
 
 # What a layout field's None means, as a person reads it.
@@ -297,7 +324,11 @@ def print_diagnosis(diagnosis, console: Console) -> None:
                       f"[bold]{diagnosis.speedup:.2f}×[/] speedup: {escape(diagnosis.verdict)}")
         changes = diagnosis.differences()
         if changes:
-            console.print("change: " + _changes({k: (b, a) for k, (a, b) in changes.items()}), markup=False)
+            # Where the config has no key for a change, what it takes, beside it.
+            takes = change_takes(diagnosis.estimate.job, best.job.layout)
+            console.print("change: " + ", ".join(f"{k} {value_text(k, b)}→{value_text(k, a)}"
+                                                 + (f" ({takes[k]})" if k in takes else "")
+                                                 for k, (a, b) in changes.items()), markup=False)
         if diagnosis.planned_with:
             console.print(f"planned, as the arguments train where the case leaves it to the engine (so `plan` on the "
                           f"case alone may pick otherwise): {diagnosis.planned_with}", markup=False)

@@ -593,3 +593,69 @@ def test_a_reduce_bucket_that_alone_makes_the_config_slower_is_the_change_named(
                            str(config), "--micro-batch-size", "1", "--ep", "8"], capture_output=True, text=True,
                           timeout=300)
     assert "change: reduce_bucket_size 4194304→500000000" in done.stdout.replace("\n", " "), done.stdout
+
+
+# A Hugging Face Trainer's ZeRO-2 ds_config with the optimizer offloaded, for Mixtral 8x7B on 64 H100s.
+TRAINER_Z2 = {"bf16": {"enabled": "auto"}, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                                    "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto",
+                                    "allgather_bucket_size": 5e8},
+              "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+              "train_micro_batch_size_per_gpu": "auto"}
+MIXTRAL_CASE = {"model": {"preset": "mixtral-8x7b"},
+                "cluster": {"gpu": "h100", "num_gpus": 64, "fabric": "infiniband-ndr"},
+                "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16", "optimizer": "adamw",
+                             "engine": "deepspeed"}}
+
+
+@pytest.mark.parametrize("recompute, together", [("full", False), (None, True)])
+def test_the_cheapest_next_change_of_a_config_that_does_not_fit_fits(tmp_path, recompute, together):
+    """A ZeRO-2 Mixtral with its optimizer offloaded holds 93 GB of parameters a GPU: no micro-batch,
+    recomputation or ZeRO stage DeepSpeed-MoE runs (ZeRO-3 refuses it) shards them, and the advice was
+    "cheapest next change: micro_batch_size 1 → peak 96.8 GB, still does not fit". Expert parallelism
+    does; where no single change fits, the fewest that fit together are said as such. Estimated as
+    advised, the config fits."""
+    import io
+
+    from rich.console import Console
+
+    from planner.estimate import estimate_job
+    from planner.report import print_diagnosis
+
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(TRAINER_Z2))
+    found = diagnose(MIXTRAL_CASE, config=config, micro_batch_size=2, recompute=recompute)
+    est = found.estimate
+    assert est.memory_verdict == "does not fit"
+    remedy = est.remedy()
+    assert remedy is not None and remedy.fits and remedy.layout.ep > 1
+    assert bool(remedy.together) is together
+    advised = estimate_job(est.case, est.job.with_layout(remedy.layout))
+    assert advised.fits and advised.peak.total == pytest.approx(remedy.peak_bytes)
+    out = io.StringIO()
+    print_diagnosis(found, Console(file=out, width=10_000))
+    said = out.getvalue()
+    head = "no single change fits; the fewest that fit together (2): " if together else "cheapest next change: ep 2"
+    assert head in said and "still does not fit" not in said, said
+
+
+def test_a_deepspeed_change_no_ds_config_key_makes_says_what_it_takes(tmp_path):
+    """`ep 1→8` for a Trainer's Mixtral config read as a key to flip: DeepSpeed's expert parallelism is
+    the model's MoE blocks rebuilt as deepspeed.moe.layer.MoE (ep_size), which no ds_config key sets."""
+    import io
+
+    from rich.console import Console
+
+    from planner.report import print_diagnosis
+
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(TRAINER_Z2))
+    found = diagnose(MIXTRAL_CASE, config=config, micro_batch_size=2)
+    assert found.differences()["ep"] == [8, 1]
+    out = io.StringIO()
+    print_diagnosis(found, Console(file=out, width=10_000))
+    change = next(line for line in out.getvalue().splitlines() if line.startswith("change: "))
+    assert ("ep 1→8 (no ds_config key: the model's MoE blocks rebuilt as DeepSpeed-MoE's "
+            "deepspeed.moe.layer.MoE(ep_size=8); a Hugging Face model's own MoE blocks do not shard experts)") \
+        in change, change
+    assert "zero_stage 2→1," in change  # a key's change is said as is

@@ -906,3 +906,32 @@ def _offload_device(src: str, zero_section: dict, name: str) -> bool:
         raise CaseError(src, f"zero_optimization.{name}.ratio", f"is {ratio!r}: a partial offload is not "
                                                                  "modelled for DeepSpeed; expected 1.0 (all)")
     return device == "cpu"
+
+
+def change_takes(field: str, value, layout) -> Optional[str]:
+    """What changing a layout ``field`` to ``value`` takes under DeepSpeed where no ds_config key sets it
+    (the model's code does), else None: `diagnose`'s change line and its cheapest next change say it
+    beside the change (``ep 1→8`` for a Hugging Face Trainer's Mixtral read as a key to flip)."""
+    if field == "ep" and (value or 1) > 1:
+        return (f"no ds_config key: the model's MoE blocks rebuilt as DeepSpeed-MoE's "
+                f"deepspeed.moe.layer.MoE(ep_size={value}); a Hugging Face model's own MoE blocks do not shard "
+                f"experts")
+    if field == "etp" and (value or 1) > 1:
+        return ("no ds_config key: deepspeed.moe.layer.MoE(enable_expert_tensor_parallelism=True), the experts split "
+                "over the tensor-parallel ranks")
+    if field == "pp" and value > 1:
+        return (f"no ds_config key: the model built as a deepspeed.pipe.PipelineModule(num_stages={value}) and trained "
+                "with engine.train_batch(), which the Hugging Face Trainer does not run")
+    if field == "pp":
+        return "no ds_config key: the model built without deepspeed.pipe.PipelineModule"
+    if field == "stage_layers" and value is not None:
+        return "no ds_config key: PipelineModule's partition of the layers (partition_method)"
+    if field == "tp" and value > 1 and layout.pp > 1:
+        return ("no ds_config key: the model's own Megatron-style tensor-parallel layers on the pipeline's grid "
+                "(Megatron-DeepSpeed's --tensor-model-parallel-size), not AutoTP")
+    if field == "recompute" and value == "full":
+        return ("no ds_config key: activation checkpointing in the model's code (the Trainer's "
+                "--gradient_checkpointing, or deepspeed.checkpointing.checkpoint around each layer)")
+    if field == "recompute" and value == "none":
+        return "no ds_config key: activation checkpointing turned off in the model's code (no --gradient_checkpointing)"
+    return None
