@@ -659,3 +659,32 @@ def test_a_deepspeed_change_no_ds_config_key_makes_says_what_it_takes(tmp_path):
             "deepspeed.moe.layer.MoE(ep_size=8); a Hugging Face model's own MoE blocks do not shard experts)") \
         in change, change
     assert "zero_stage 2→1," in change  # a key's change is said as is
+
+
+def test_zero3_live_parameters_and_sub_group_are_priced_as_the_config_sets_them(tmp_path):
+    """DeepSpeedZeroConfig's max_live_parameters (alias stage3_max_live_parameters) caps the weights ZeRO-3
+    keeps gathered, and sub_group_size the partition its step copies to fp32 at once (runtime/zero/config.py:
+    1e9 each by default). Both were priced at 1e9 whatever the config said: 1e11 live parameters, which keep
+    an 8B model's every weight gathered (16 GB a GPU in bf16), read the same as 1e9 (3 GB)."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"}}
+
+    def estimate(**zero):
+        config = tmp_path / "ds_config.json"
+        config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+                                      "bf16": {"enabled": True},
+                                      "zero_optimization": {"stage": 3, "overlap_comm": True, **zero}}))
+        return planner.diagnose(case, "deepspeed", config).estimate
+
+    def peak(**zero):
+        return estimate(**zero).peak.total
+
+    default = peak()
+    assert peak(stage3_max_live_parameters=1e9, sub_group_size="auto") == pytest.approx(default)
+    assert peak(stage3_max_live_parameters=1e11) - default == pytest.approx(2 * (8.03e9 - 1e9 - 0.525e9), rel=0.01)
+    assert peak(max_live_parameters=1e11) == pytest.approx(peak(stage3_max_live_parameters=1e11))
+    assert estimate(sub_group_size=1e8).job.training.engine.zero3_step_sub_group_params == 1e8
+    assert estimate().job.training.engine.zero3_step_sub_group_params == 1e9
+    with pytest.raises(CaseError, match="zero_optimization.stage3_max_live_parameters"):
+        peak(stage3_max_live_parameters=-1)
+

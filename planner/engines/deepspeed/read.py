@@ -488,6 +488,17 @@ def reduction_as_configured(path: Union[str, Path], case, engine, pp: int = 1):
         _lax_bool(src, "zero_optimization.contiguous_gradients", zero.get("contiguous_gradients", True))
     overlap = zero.get("overlap_comm", False)
     overlap = False if overlap == "auto" else _lax_bool(src, "zero_optimization.overlap_comm", overlap)
+    # ZeRO-3's gathered weights and its step's fp32 gradient copy, as the config sizes them: DeepSpeedZeroConfig's
+    # max_live_parameters (alias stage3_max_live_parameters) and sub_group_size, 1e9 each unless set ("auto", which
+    # DeepSpeedConfigModel drops, the same; runtime/zero/config.py). Both were priced at 1e9 whatever the file said:
+    # stage3_max_live_parameters 1e11, which keeps an 8B model's every weight gathered, read as 1e9.
+    live, sub_group = engine.zero3_max_live_parameters, engine.zero3_step_sub_group_params
+    for key in ("stage3_max_live_parameters", "max_live_parameters"):
+        if zero.get(key, "auto") != "auto":
+            live = float(_lax_int(src, f"zero_optimization.{key}", zero[key], 0))
+    if zero.get("sub_group_size", "auto") != "auto":
+        sub_group = float(_lax_int(src, "zero_optimization.sub_group_size", zero["sub_group_size"], 0))
+    engine = replace(engine, zero3_max_live_parameters=live, zero3_step_sub_group_params=sub_group)
     if runs_bf16_optimizer_with_bf16_gradients(src, config, pp):
         # Read as ZeRO-1 (its states are sharded so), but no ZeRO optimizer's buckets: the BF16_Optimizer's
         # flat bf16 accumulator instead (EngineBehaviour.flat_gradient_accumulator).
