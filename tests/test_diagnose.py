@@ -688,3 +688,22 @@ def test_zero3_live_parameters_and_sub_group_are_priced_as_the_config_sets_them(
     with pytest.raises(CaseError, match="zero_optimization.stage3_max_live_parameters"):
         peak(stage3_max_live_parameters=-1)
 
+
+@pytest.mark.parametrize("fp16", [{"enabled": True, "fp16_master_weights_and_grads": True},
+                                  {"enabled": True, "fp16_master_weights_and_grads": "true"}])
+def test_fp16_master_weights_and_grads_is_refused_naming_it(tmp_path, fp16):
+    """DeepSpeedFP16Config.fp16_master_weights_and_grads (runtime/precision_config.py) keeps the ZeRO
+    optimizer's master partition and gradients in fp16 (runtime/base_optimizer.py,
+    _configure_master_weights): read as the fp32 master weights a case prices, it went unsaid."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "fp16", "engine": "deepspeed"}}
+    config = tmp_path / "ds_config.json"
+    zero = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+                                  "optimizer": {"type": "AdamW"}, "fp16": fp16, "zero_optimization": zero}))
+    with pytest.raises(CaseError, match="fp16.fp16_master_weights_and_grads"):
+        planner.diagnose(case, "deepspeed", config)
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+                                  "optimizer": {"type": "AdamW"}, "zero_optimization": zero,
+                                  "fp16": {**fp16, "fp16_master_weights_and_grads": "auto"}}))
+    planner.diagnose(case, "deepspeed", config)  # "auto": DeepSpeed's default, false

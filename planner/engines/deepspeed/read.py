@@ -774,6 +774,18 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
         raise CaseError(src, key, f"the config trains in {written}, but the case {case.source} has "
                                   f"training.precision {case.training.precision}")
 
+    fp16_section = config.get("fp16") if isinstance(config.get("fp16"), dict) else {}
+    fp16_master = fp16_section.get("fp16_master_weights_and_grads", False)  # "auto": dropped, DeepSpeedConfigModel
+    if fp16_master != "auto" and _lax_bool(src, "fp16.fp16_master_weights_and_grads", fp16_master):
+        # DeepSpeedFP16Config.fp16_master_weights_and_grads (runtime/precision_config.py), which the engine hands
+        # to its ZeRO optimizer whether or not fp16 is enabled (runtime/engine.py, _configure_zero_optimizer): the
+        # optimizer's master partition and its gradients in fp16 (runtime/base_optimizer.py,
+        # _configure_master_weights). It was read as fp32 master weights, as priced.
+        raise CaseError(src, "fp16.fp16_master_weights_and_grads", "true: DeepSpeed keeps the optimizer's master "
+                                                                   "weights and gradients in fp16, which no case "
+                                                                   "prices (fp32 master weights, or bf16's own "
+                                                                   "without: training.master_weights); expected "
+                                                                   "false or absent")
     master_bf16 = bf16 and config["bf16"].get("bf16_master_weights_and_grads", False)
     if not isinstance(master_bf16, bool):
         raise CaseError(src, "bf16.bf16_master_weights_and_grads", f"expected true or false, got {master_bf16!r}")
