@@ -128,7 +128,12 @@ HF_BOUNDS = {**dict.fromkeys(("num_hidden_layers", "n_layer", "first_k_dense_rep
 # Llama4TextConfig's attention_chunk_size, 8192 (a null one: no chunking).
 QWEN_WINDOW_DEFAULTS = {"max_window_layers": 28}
 ABSENT_DEFAULTS = {
-    "qwen2": QWEN_WINDOW_DEFAULTS,
+    # Qwen2Config's num_key_value_heads is 32, MixtralConfig's 8, whatever the heads (None alone means the
+    # heads): Mixtral-8x7B's file without it was read as 32 kv heads, not 8. Glm4MoeConfig (modular_glm4_moe.py):
+    # 8 kv heads, one shared expert and one leading dense layer, read as kv = heads, none and none.
+    "qwen2": {"num_key_value_heads": 32, **QWEN_WINDOW_DEFAULTS},
+    "mixtral": {"num_key_value_heads": 8},
+    "glm4_moe": {"num_key_value_heads": 8, "n_shared_experts": 1, "first_k_dense_replace": 1},
     "qwen3": {"num_key_value_heads": 32, "head_dim": 128, **QWEN_WINDOW_DEFAULTS},
     "qwen3_moe": {"num_key_value_heads": 4, **QWEN_WINDOW_DEFAULTS},
     # Qwen2MoeConfig: a file without shared_expert_intermediate_size has Qwen1.5-MoE's 5,632-wide shared

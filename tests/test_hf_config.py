@@ -879,3 +879,22 @@ def test_a_family_the_model_spec_cannot_hold_is_refused_saying_what_it_lacks(tmp
     untyped = {k: v for k, v in cfg.items() if k != "model_type"}
     with pytest.raises(CaseError, match=rf"architectures: '{cfg['architectures'][0]}' is not read: "):
         read_hf_config(write(tmp_path, untyped))
+
+
+@pytest.mark.parametrize("name, left_out, expected", [
+    # MixtralConfig: num_key_value_heads 8 (None alone means the heads); Qwen2Config: 32
+    ("Mixtral-8x7B-v0.1", ("num_key_value_heads",), {"num_kv_heads": 8}),
+    ("Qwen2.5-72B", ("num_key_value_heads",), {"num_kv_heads": 32}),
+    # Glm4MoeConfig (modular_glm4_moe.py): 8 kv heads, n_shared_experts 1, first_k_dense_replace 1
+    ("GLM-4.5-Air", ("num_key_value_heads", "n_shared_experts", "first_k_dense_replace"),
+     {"num_kv_heads": 8, "moe_shared_expert_ffn_hidden_size": 1408, "moe_first_dense_layers": 1}),
+])
+def test_a_key_left_out_takes_its_config_class_default(tmp_path, name, left_out, expected):
+    """A key the file leaves out is the transformers config class's default, not what a null means: a
+    Mixtral file without num_key_value_heads was read as 32 kv heads (MixtralConfig builds 8), a GLM-4.5
+    file without n_shared_experts and first_k_dense_replace as no shared expert and no dense layer."""
+    cfg = published(name)
+    for key in left_out:
+        del cfg[key]
+    fields = read_hf_config(write(tmp_path, cfg))
+    assert {key: fields.get(key) for key in expected} == expected
