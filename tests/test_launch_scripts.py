@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import yaml
@@ -733,6 +734,64 @@ def test_tensor_parallelism_without_one_cuda_connection_before_blackwell_is_refu
     else:
         result = diagnose(case, megatron_args=args)
         assert not any("CUDA_DEVICE_MAX_CONNECTIONS" in note for note in result.notes), result.notes
+
+
+def bash_connections(tmp_path: Path, script: str, caller: Optional[str] = None) -> Optional[str]:
+    """CUDA_DEVICE_MAX_CONNECTIONS as real bash passes it to the script's torchrun (an executable stand-in,
+    so that exec, env and nohup reach it too), None where torchrun's environment lacks it; ``caller``: the
+    value the environment that runs the script exports, if any."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(exist_ok=True)
+    (stubs / "torchrun").write_text('#!/bin/sh\nprintf "%s\\n" "${CUDA_DEVICE_MAX_CONNECTIONS-<unset>}" >&3\n')
+    (stubs / "torchrun").chmod(0o755)
+    (tmp_path / "oracle.sh").write_text(script)
+    caller_env = [f"CUDA_DEVICE_MAX_CONNECTIONS={caller}"] if caller is not None else []
+    run = subprocess.run(["env", "-i", f"PATH={stubs}:{os.environ.get('PATH', '/usr/bin:/bin')}", *caller_env,
+                          BASH, "-c", 'exec bash "$0" 3>&1 1>&2', str(tmp_path / "oracle.sh")],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    seen = run.stdout.splitlines()
+    assert len(seen) == 1, (run.stdout, run.stderr)
+    return None if seen[0] == "<unset>" else seen[0]
+
+
+CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+
+@needs_bash
+@pytest.mark.parametrize("script, refused", [
+    # unset on a local removes the local alone: the caller's variable is back when the function returns
+    (f"f() {{ local {CONNECTIONS}=32; unset {CONNECTIONS}; }}\nf\n{TRAIN}\n", None),
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}=32; unset {CONNECTIONS}; }}\nf\n{TRAIN}\n", None),
+    # ... and, inside the function, the exported global shows through the unset (or valueless) local
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}=32; unset {CONNECTIONS}; {TRAIN}; }}\nf\n", None),
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}; {TRAIN}; }}\nf\n", None),
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}=32; export -n {CONNECTIONS}; {TRAIN}; }}\nf\n", None),
+    # unset of a calling function's local removes it: the global it hid is back
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}=32; g; }}\ng() {{ unset {CONNECTIONS}; {TRAIN}; }}\nf\n",
+     None),
+    # what bash does refuse: a local inherits the export, and an unset outside any local unsets the global
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}=32; {TRAIN}; }}\nf\n", "'32'"),
+    (f"export {CONNECTIONS}=1\nf() {{ unset {CONNECTIONS}; }}\nf\n{TRAIN}\n", "unset"),
+    (f"export {CONNECTIONS}=1\nf() {{ local -x {CONNECTIONS}=32; g; }}\ng() {{ local {CONNECTIONS}; {TRAIN}; }}\nf\n",
+     "'32'"),
+])
+def test_a_functions_local_connections_are_scoped_as_bash_scopes_them(tmp_path, script, refused):
+    """`f() { local CUDA_DEVICE_MAX_CONNECTIONS=32; unset CUDA_DEVICE_MAX_CONNECTIONS; }; f` before a tp 2
+    launch on H100 was refused as unsetting it, where bash's unset takes the local away alone and the
+    variable it hid (the caller's, or an exported 1) is the training's again (Bash Reference Manual, 4.2
+    Bash Builtins: local, unset); and inside the function an exported global shows through a local that
+    is not exported, which hides it from $X but not from the environment bash builds from every scope's
+    exported variables (3.7.4 Environment). Real bash is the oracle: what is refused is what no caller
+    exporting 1 rescues."""
+    script = "#!/bin/bash\n" + script
+    assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
+    else:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
 
 
 def test_moe_expert_overlap_lifts_the_one_connection_assertion(tmp_path):

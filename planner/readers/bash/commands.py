@@ -17,7 +17,7 @@ from .expand import _Expander
 from .lexer import _ASSIGNMENT, _NAME, _Tok
 from .parser import _Simple
 from .results import Command
-from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, REMATCH_UNKNOWN, _Ctx
+from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, REMATCH_UNKNOWN, _Ctx, _Var
 from .status import _FALSE, _TRUE, _Exit, _LoopControl, _Return, _Status
 
 _DECLARATIONS = {"export", "declare", "typeset", "local", "readonly"}
@@ -60,7 +60,11 @@ class _Commands(_Expander):
         ones, and its own ``NAME=value`` prefixes (bash passes those to that command alone); and, with
         the value None, those the script ``unset`` and did not export again: decidedly absent, whatever
         the caller's environment held."""
-        held = {name: var for name, var in self.vars.items() if var.exported and not isinstance(var.value, list)}
+        held = {}
+        for name in dict.fromkeys([*self.vars, *(name for frame in self.frames for name in frame)]):
+            var = self.exported_var(name)
+            if var is not None and not isinstance(var.value, list):
+                held[name] = var
         names = [_ASSIGNMENT.match(tok.text).group(1) for tok in assignments if tok.kind != "array"]
         saved = {name: self.vars.get(name) for name in names}
         try:
@@ -80,6 +84,34 @@ class _Commands(_Expander):
                     self.vars[name] = var
         return tuple((name, var.value, not var.deps) for name, var in held.items()) + tuple(
             (name, None, True) for name in sorted(self.cleared) if name not in held)
+
+    def exported_var(self, name: str) -> Optional[_Var]:
+        """The variable bash passes a started command as ``name``: the innermost exported one, a function's
+        locals first. A local that is not exported (``local X`` without a value, one ``unset`` in its own
+        function, one ``export -n`` took the attribute off) hides a caller's X from the script's words, not
+        from the environment: bash builds it from the exported variables of every scope (Bash Reference
+        Manual, 3.7.4 Environment; ``export X=1; f() { local X; env; }`` passes X=1)."""
+        chain = [self.vars.get(name)] + [frame[name] for frame in reversed(self.frames) if name in frame]
+        return next((var for var in chain if var is not None and var.exported), None)
+
+    def unset_var(self, name: str) -> None:
+        """``unset NAME`` as bash's builtin does it in a function (Bash Reference Manual, 4.2 Bash Builtins:
+        local, unset; shopt localvar_unset off): a local of this call stays local, unset until the call
+        returns, when the variable it hid is back; a local of a calling function is removed, the variable it
+        hid showing again; only a variable no call made local is gone from the script, and from the
+        environment of what it starts, whatever the caller's held."""
+        scope = next((frame for frame in reversed(self.frames) if name in frame), None)
+        if scope is None:
+            self.vars.pop(name, None)
+            self.cleared.add(name)
+        elif scope is self.frames[-1]:
+            self.vars.pop(name, None)
+        else:
+            hidden = scope.pop(name)
+            if hidden is None:
+                self.vars.pop(name, None)
+            else:
+                self.vars[name] = hidden
 
     def declare(self, rest: list[_Tok]) -> _Status:
         command = rest[0].text
@@ -178,9 +210,10 @@ class _Commands(_Expander):
             functions = "-f" in args
             for arg in args:
                 if not arg.startswith("-"):
-                    (self.funcs if functions else self.vars).pop(arg, None)
-                    if not functions:
-                        self.cleared.add(arg)
+                    if functions:
+                        self.funcs.pop(arg, None)
+                    else:
+                        self.unset_var(arg)
             return _TRUE
         if name == "let":
             value = 0
