@@ -744,6 +744,9 @@ def bash_connections(tmp_path: Path, script: str, caller: Optional[str] = None) 
     stubs.mkdir(exist_ok=True)
     (stubs / "torchrun").write_text('#!/bin/sh\nprintf "%s\\n" "${CUDA_DEVICE_MAX_CONNECTIONS-<unset>}" >&3\n')
     (stubs / "torchrun").chmod(0o755)
+    for launcher in ("srun", "numactl"):  # their options (given as --name=value here) dropped, the rest started
+        (stubs / launcher).write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n')
+        (stubs / launcher).chmod(0o755)
     (tmp_path / "oracle.sh").write_text(script)
     caller_env = [f"CUDA_DEVICE_MAX_CONNECTIONS={caller}"] if caller is not None else []
     run = subprocess.run(["env", "-i", f"PATH={stubs}:{os.environ.get('PATH', '/usr/bin:/bin')}", *caller_env,
@@ -784,6 +787,64 @@ def test_a_functions_local_connections_are_scoped_as_bash_scopes_them(tmp_path, 
     exported variables (3.7.4 Environment). Real bash is the oracle: what is refused is what no caller
     exporting 1 rescues."""
     script = "#!/bin/bash\n" + script
+    assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
+    else:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"export {CONNECTIONS}=1\nexec env -u {CONNECTIONS} ", "unset"),
+    (f"export {CONNECTIONS}=1\ncommand env -u {CONNECTIONS} ", "unset"),
+    (f"export {CONNECTIONS}=1\nnohup env -u {CONNECTIONS} ", "unset"),
+    (f"export {CONNECTIONS}=1\ntime -p env -u {CONNECTIONS} ", "unset"),
+    (f"export {CONNECTIONS}=1\nnice -n 5 env -u {CONNECTIONS} ", "unset"),
+    (f"export {CONNECTIONS}=1\nstdbuf -oL env -u {CONNECTIONS} ", "unset"),
+    (f"export {CONNECTIONS}=1\ntimeout --signal=TERM 3600 env -u {CONNECTIONS} ", "unset"),
+    (f"export {CONNECTIONS}=1\nsrun --nodes=1 --ntasks-per-node=1 env -u {CONNECTIONS} ", "unset"),
+    (f"export {CONNECTIONS}=1\nnumactl --cpunodebind=0 --membind=0 env -u {CONNECTIONS} ", "unset"),
+    (f"export {CONNECTIONS}=1\nexec -c env PATH=\"$PATH\" ", "unset"),  # exec -c: an empty environment
+    (f"export {CONNECTIONS}=1\nenv -S '-u {CONNECTIONS}' ", "unset"),
+    (f"export {CONNECTIONS}=1\nenv -iu {CONNECTIONS} PATH=\"$PATH\" ", "unset"),
+    (f"nohup env {CONNECTIONS}=8 ", "'8'"),
+    (f"env {CONNECTIONS}=1 env -u {CONNECTIONS} ", "unset"),  # the env it starts takes it out again
+    (f"export {CONNECTIONS}=32\nexec env {CONNECTIONS}=1 ", None),
+    (f"export {CONNECTIONS}=1\nenv -u {CONNECTIONS} env {CONNECTIONS}=1 ", None),
+    (f"export {CONNECTIONS}=1\nexec -a trainer ", None),
+])
+def test_env_reached_through_the_commands_that_start_it_is_read(tmp_path, setting, refused):
+    """`export CUDA_DEVICE_MAX_CONNECTIONS=1` then `exec env -u CUDA_DEVICE_MAX_CONNECTIONS torchrun ...` (tp 2
+    on H100) was priced, exit 0: env(1)'s options were read only where env was the command's first word, so
+    after exec (or nohup, nice, srun, ...) the -u was missed, where bash's exec and command start env in the
+    environment they were given (Bash Reference Manual, 4.1 Bourne Shell Builtins: exec; 4.2 Bash Builtins:
+    command; exec -c: "with an empty environment"), as coreutils' nohup, nice, stdbuf and timeout do, and env
+    takes the variable out. Real bash is the oracle: what is refused is what no caller exporting 1 rescues."""
+    script = "#!/bin/bash\n" + setting + TRAIN + "\n"
+    assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
+    else:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"export {CONNECTIONS}=1\nenv -u {CONNECTIONS} bash -c '{TRAIN}'\n", "unset"),
+    (f"{CONNECTIONS}=32 bash -c '{TRAIN}'\n", "'32'"),  # the prefix is in the inner shell's environment
+    (f"export {CONNECTIONS}=32\nenv {CONNECTIONS}=1 bash -c '{TRAIN}'\n", None),
+])
+def test_the_environment_a_bash_c_launch_is_given_is_its_own(tmp_path, setting, refused):
+    """A `bash -c` launch read the exported variables alone: its NAME=value prefixes and what env(1) changes
+    on the way were lost to the inner script (Bash Reference Manual, 3.7.4 Environment)."""
+    script = "#!/bin/bash\n" + setting
     assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
     case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
     if refused:

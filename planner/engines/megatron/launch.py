@@ -621,10 +621,9 @@ def _launch_of(path: Path, text: str) -> _Launch:
                    bool(script.commands), defaulted, _environment(training) if training is not None else ())
 
 
-_ENV_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 # The name of the environment entry env -i leaves: every variable before it is out of the launch's
 # environment, the caller's too (no name can be listed for those).
-EMPTIED = ""
+EMPTIED = bash.EMPTIED
 
 
 def environment_value(environment: tuple, name: str) -> Optional[tuple[Optional[str], bool]]:
@@ -636,29 +635,10 @@ def environment_value(environment: tuple, name: str) -> Optional[tuple[Optional[
 
 def _environment(command) -> tuple:
     """(NAME, value, decided) of what a started command's environment holds from the script: what bash
-    passes it (the exported variables, its NAME=value prefixes), and the NAME=value words of an ``env``
-    that starts it (``env CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun ...``; env's options before them)."""
-    held = list(command.environment)
-    fields = command.fields
-    if fields and Path(fields[0]).name == "env":
-        words = iter(fields[1:])
-        for word in words:
-            if _ENV_SETTING.match(word):
-                name, _, value = word.partition("=")
-                held.append((name, value, True))
-            elif word in ("-u", "--unset") or word.startswith("--unset=") or (word.startswith("-u")
-                                                                              and not word.startswith("--")):
-                # env -u NAME, -uNAME, --unset=NAME: taken out (None: decidedly not there)
-                name = next(words, "") if word in ("-u", "--unset") else \
-                    word.partition("=")[2] if word.startswith("--") else word[2:]
-                held = [setting for setting in held if setting[0] != name] + [(name, None, True)]
-            elif word in ("-i", "-", "--ignore-environment"):  # an empty environment, the caller's too
-                held = [(EMPTIED, None, True)]
-            elif word in ("-C", "--chdir"):
-                next(words, None)
-            elif not word.startswith("-"):
-                break
-    return tuple(held)
+    passes it (the exported variables, its NAME=value prefixes) as env(1) changes it on the way, through
+    the commands that start another (``exec env -u CUDA_DEVICE_MAX_CONNECTIONS torchrun ...``): the bash
+    reader's (planner/readers/bash/commands.py, started_environment)."""
+    return tuple(command.environment)
 
 
 def _program(command) -> Optional[str]:

@@ -55,9 +55,9 @@ from typing import Callable, Optional
 
 from .errors import MAX_DEPTH, MAX_NOTES, MAX_PATTERN_WORK, MAX_STEPS, MAX_WORDS, ScriptError, ScriptLimit, ScriptSyntax
 from .interpreter import run_script
-from .results import Command, Note, Script
+from .results import EMPTIED, Command, Note, Script
 
-__all__ = ["MAX_DEPTH", "MAX_NOTES", "MAX_PATTERN_WORK", "MAX_STEPS", "MAX_WORDS", "Command", "Note", "Script",
+__all__ = ["EMPTIED", "MAX_DEPTH", "MAX_NOTES", "MAX_PATTERN_WORK", "MAX_STEPS", "MAX_WORDS", "Command", "Note", "Script",
            "ScriptError", "ScriptLimit", "ScriptSyntax", "read_script"]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import replace
-from typing import Optional
+from typing import Optional, Sequence
 
 from ...errors import one_line
 from ...limits import MAX_EXPANDED_CHARS
@@ -16,7 +16,7 @@ from .errors import MAX_DEPTH, ScriptLimit
 from .expand import _Expander
 from .lexer import _ASSIGNMENT, _NAME, _Tok
 from .parser import _Simple
-from .results import Command
+from .results import EMPTIED, Command
 from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, REMATCH_UNKNOWN, _Ctx, _Var
 from .status import _FALSE, _TRUE, _Exit, _LoopControl, _Return, _Status
 
@@ -55,11 +55,17 @@ class _Commands(_Expander):
             return _TRUE
         return self.builtin(fields, ctx, node, assignments)
 
-    def environment(self, assignments: list[_Tok]) -> tuple[tuple[str, Optional[str], bool], ...]:
+    def environment(self, assignments: list[_Tok], fields: Sequence[str] = ()) -> tuple[tuple[str, Optional[str], bool], ...]:
         """The scalar variables a started command's environment holds from the script: the exported
         ones, and its own ``NAME=value`` prefixes (bash passes those to that command alone); and, with
         the value None, those the script ``unset`` and did not export again: decidedly absent, whatever
-        the caller's environment held."""
+        the caller's environment held. Then what the command's ``fields`` change of it on the way to
+        the program they start: env(1)'s settings and options, through the commands that start another
+        (:func:`started_environment`)."""
+        return started_environment(fields, self.script_environment(assignments))
+
+    def script_environment(self, assignments: list[_Tok]) -> tuple[tuple[str, Optional[str], bool], ...]:
+        """:meth:`environment` as bash hands it to the command's first word."""
         held = {}
         for name in dict.fromkeys([*self.vars, *(name for frame in self.frames for name in frame)]):
             var = self.exported_var(name)
@@ -246,19 +252,19 @@ class _Commands(_Expander):
             return self.call(self.funcs[name], args)
         shell = _inline_script(fields)
         if shell is not None:
-            self.run_inline(shell, node)
+            self.run_inline(shell, node, self.environment(list(assignments), fields))
         elif node.heredoc is not None and name.rsplit("/", 1)[-1] in HEREDOC_SHELLS:
             # `sbatch <<EOF ... EOF`, `bash <<EOF`: the here-document is the script they run, expanded as
             # bash expands an unquoted one (as inside double quotes, its own quotes kept), or as written.
             body, quoted = node.heredoc
             text = body if quoted else self.string('"' + body.replace('"', '\\"') + '"', ctx, "here-document")
-            self.run_inline((text, []), node)
+            self.run_inline((text, []), node, self.environment(list(assignments), fields))
         unset = tuple(name for name, how in ctx.deps.items() if how == _READ_EMPTY)
         not_run = tuple(name for name, how in ctx.deps.items() if how in (_NOT_RUN, _PROCESS, REMATCH_UNKNOWN))
         defaulted = tuple((name, ast.literal_eval(how[len(_DEFAULTED) + 1:])) for name, how in ctx.deps.items()
                           if how.startswith(_DEFAULTED))
         self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run, defaulted,
-                                     self.environment(list(assignments))))
+                                     self.environment(list(assignments), fields)))
         return _Status(None, True, reason=f"{one_line(name, 40)} is not run")
 
     def read_builtin(self, command: str, args: list[str]) -> None:
@@ -378,6 +384,101 @@ def _inline_script(fields: list[str]) -> Optional[tuple[str, list[str]]]:
                 return None
             i += 1
     return None
+
+
+_ENV_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+# Commands that start the rest of their words as a command, in the environment they were given (bash's
+# exec, command and builtin, Bash Reference Manual 4.1 and 4.2; time, 3.2.3 Pipelines; coreutils' nohup,
+# nice, stdbuf, timeout): name -> (its short options that take the next word, its long ones, the operands
+# before the command: timeout's duration).
+_WRAPPERS = {
+    "exec": ("a", (), 0), "command": ("", (), 0), "builtin": ("", (), 0), "time": ("fo", ("format", "output"), 0),
+    "nohup": ("", (), 0), "nice": ("n", ("adjustment",), 0), "stdbuf": ("ioe", ("input", "output", "error"), 0),
+    "timeout": ("sk", ("signal", "kill-after"), 1),
+}
+# Launchers whose many options are not read here (srun's, numactl's, taskset's): the command they start is
+# taken as the first later word that names env(1) or one of _WRAPPERS, before any program.
+_LAUNCHERS = ("srun", "numactl", "taskset")
+
+
+def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optional[str], bool], ...]:
+    """``held`` (what bash passes the command ``fields`` start with) as the program at the end of the
+    command's wrappers gets it: ``exec``, ``command``, ``nohup``, ``time``, ``nice``, ``stdbuf``,
+    ``timeout`` and ``srun``/``numactl`` pass it on as they are given it; ``exec -c`` empties it (Bash
+    Reference Manual, 4.1 Bourne Shell Builtins: exec); env(1) (coreutils' env --help) adds its NAME=VALUE
+    words (NAME= : set, empty), takes out ``-u NAME`` (``-uNAME``, ``--unset[=]NAME``), empties it with
+    ``-i``/``-``/``--ignore-environment``, and runs ``-S STRING``'s words as its own; an ``env`` it
+    starts (env -u X env X=4 torchrun) changes it again."""
+    held = list(held)
+    words = list(fields)
+    i = 0
+    while i < len(words):
+        name = words[i].rsplit("/", 1)[-1]
+        i += 1
+        if name == "env":
+            while i < len(words):
+                word = words[i]
+                i += 1
+                if word == "--":
+                    break
+                if word in ("-", "--ignore-environment"):
+                    held = [(EMPTIED, None, True)]
+                elif word.startswith("--"):
+                    option, eq, value = word[2:].partition("=")
+                    if option in ("unset", "chdir", "split-string") and not eq:
+                        value = words[i] if i < len(words) else ""
+                        i += 1
+                    if option == "unset":
+                        held = [setting for setting in held if setting[0] != value] + [(value, None, True)]
+                    elif option == "split-string":
+                        words[i:i] = value.split()
+                elif word.startswith("-") and len(word) > 1:
+                    k = 1
+                    while k < len(word):  # a cluster of short options: -iu NAME, -uNAME, -C DIR, -S STRING
+                        letter = word[k]
+                        k += 1
+                        if letter == "i":
+                            held = [(EMPTIED, None, True)]
+                        elif letter in "uCS":
+                            value = word[k:]
+                            if not value:
+                                value = words[i] if i < len(words) else ""
+                                i += 1
+                            if letter == "u":
+                                held = [setting for setting in held if setting[0] != value] + [(value, None, True)]
+                            elif letter == "S":
+                                words[i:i] = value.split()
+                            break
+                else:
+                    i -= 1
+                    break
+            while i < len(words) and _ENV_SETTING.match(words[i]):  # NAME=VALUE: in the command's environment
+                setting, _, value = words[i].partition("=")
+                held.append((setting, value, True))
+                i += 1
+        elif name in _WRAPPERS:
+            takes, long_takes, operands = _WRAPPERS[name]
+            while i < len(words) and words[i].startswith("-") and words[i] != "-":
+                word = words[i]
+                i += 1
+                if word == "--":
+                    break
+                if word.startswith("--"):
+                    if "=" not in word and word[2:] in long_takes:
+                        i += 1
+                elif name == "exec" and "c" in word[1:]:  # exec -c: "with an empty environment"
+                    held = [(EMPTIED, None, True)]
+                elif word[-1] in takes:  # -n 5, -a NAME (the value its own word)
+                    i += 1
+            i += operands
+        elif name in _LAUNCHERS:
+            i = next((j for j in range(i, len(words))
+                      if words[j].rsplit("/", 1)[-1] in ("env", *_WRAPPERS, *_LAUNCHERS)
+                      or words[j].endswith(".py") or words[j].rsplit("/", 1)[-1].startswith(("torchrun", "python"))),
+                     len(words))
+        else:
+            break
+    return tuple(held)
 
 
 def _is_assignment(text: str) -> bool:

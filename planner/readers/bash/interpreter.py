@@ -17,8 +17,8 @@ from .lexer import _lex, _Unterminated
 from .parser import (_AndOr, _Arith, _ArithFor, _Case, _For, _FuncDef, _Group, _If, _List, _Parser, _Pipeline,
                      _Simple, _Test, _While)
 from .patterns import _match_bounded
-from .results import Note, Script
-from .state import _GENERATIONS, _NOT_RUN, NOCASEMATCH_UNFOLLOWED, _Ctx
+from .results import EMPTIED, Note, Script
+from .state import _GENERATIONS, _NOT_RUN, NOCASEMATCH_UNFOLLOWED, _Ctx, _Var
 from .status import _TRUE, _Exit, _LoopControl, _Return, _Status, _k3_and, _k3_or
 
 
@@ -307,16 +307,28 @@ class _Shell(_Commands):
                       self.flags_in(node.start, node.end))
         return _TRUE
 
-    def run_inline(self, inline: tuple[str, list[str]], node: _Simple) -> None:
+    def run_inline(self, inline: tuple[str, list[str]], node: _Simple, environment: tuple = ()) -> None:
         """``bash -c 'script' name args`` (or a here-document fed to sbatch, bash or sh): read as a script
-        of its own, with the exported variables."""
+        of its own, whose variables are the environment the command gives it (:meth:`environment`: the
+        exported variables, its NAME=value prefixes, env -u's and env -i's changes)."""
         text, positional = inline
         if self.depth >= MAX_DEPTH:
             raise ScriptLimit(f"line {self.line}", f"nests bash -c past {MAX_DEPTH} levels")
-        exported = {name: var for name, var in self.vars.items() if var.exported}
+        exported: dict = {}
+        cleared = set(self.cleared)
+        for name, value, _ in environment:
+            if name == EMPTIED:  # env -i: nothing before it, the caller's environment gone too (not listed)
+                exported, cleared = {}, set(cleared) | set(self.vars)
+            elif value is None:
+                exported.pop(name, None)
+                cleared.add(name)
+            else:
+                var = self.exported_var(name)
+                exported[name] = var if var is not None and var.value == value else _Var(value, exported=True,
+                                                                                         size=len(value))
         inner = run_script(text, f"{self.name} (bash -c at line {self.line_of(node.start)})", self.command_output,
                            exported, positional[1:], self.steps, self.depth + 1,
-                           positional[0] if positional else "bash", self.cleared - set(exported))
+                           positional[0] if positional else "bash", cleared - set(exported))
         self.commands += inner.commands
         for note in inner.notes:
             self.note_as_is(note)

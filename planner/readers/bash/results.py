@@ -6,6 +6,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 
+# The name of the environment entry ``env -i`` (or ``exec -c``) leaves in a Command's environment: every
+# variable before it is out of the started command's environment, the caller's too.
+EMPTIED = ""
+
+
 @dataclass(frozen=True)
 class Command:
     """A command the script would start, its words as the program receives them."""
@@ -16,7 +21,9 @@ class Command:
     defaulted: tuple[tuple[str, str], ...] = ()  # (NAME, default): unset variables whose ${X:-default} it took
     # (NAME, value, decided): the scalar variables its environment holds from the script (those exported,
     # and its own NAME=value prefixes); decided where the value owes nothing to what the script does not set;
-    # value None: a name the script unset (and did not export again), decidedly not in it
+    # value None: a name the script unset (and did not export again), or env -u took out, decidedly not in
+    # it; NAME EMPTIED: env -i or exec -c, nothing before it reaches the command. What env(1) sets or takes
+    # out is read through the commands that start another (exec, nohup, nice, srun ... env -u X torchrun)
     environment: tuple[tuple[str, Optional[str], bool], ...] = ()
 
 
