@@ -855,6 +855,29 @@ def test_the_environment_a_bash_c_launch_is_given_is_its_own(tmp_path, setting, 
         assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
 
 
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"set -a\n{CONNECTIONS}=32\n", "'32'"),
+    (f"set -o allexport\n{CONNECTIONS}=32\nset +a\n", "'32'"),  # exported as it was set
+    (f"set -ea\nf() {{ local {CONNECTIONS}=8; {TRAIN}; }}\nf\n", "'8'"),
+    (f"(set -a; {CONNECTIONS}=32)\n", None),  # the subshell's alone: the caller's 1 stays
+    (f"set -a\nset +o allexport\nexport {CONNECTIONS}=1\n", None),
+])
+def test_allexport_puts_what_the_script_sets_in_the_trainings_environment(tmp_path, setting, refused):
+    """`set -a` then CUDA_DEVICE_MAX_CONNECTIONS=32 before a tp 2 launch on H100 was priced, exit 0: set's
+    -a (-o allexport) was not read, where bash exports every variable set after it (Bash Reference Manual,
+    4.3.1 The Set Builtin). Real bash is the oracle: what is refused is what no caller exporting 1 rescues."""
+    script = "#!/bin/bash\n" + setting + (TRAIN + "\n" if TRAIN not in setting else "")
+    assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
+    else:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+
+
 def test_moe_expert_overlap_lifts_the_one_connection_assertion(tmp_path):
     """--overlap-moe-expert-parallel-comm turns validate_args' assertion into a warning: the reader
     does not refuse CUDA_DEVICE_MAX_CONNECTIONS=32 beside it (emit.one_connection_asserted)."""

@@ -205,6 +205,15 @@ class _Commands(_Expander):
         if name == "set":
             if args[:1] == ["--"]:
                 self.positional, self.positional_known = args[1:], True
+            # set -a / set -o allexport (off: +a, +o allexport): every variable set after it is exported
+            # (Bash Reference Manual, 4.3.1 The Set Builtin), in any word of options (set -ea); the last wins
+            for k, arg in enumerate(args):
+                if arg == "--" or arg[:1] not in ("-", "+"):
+                    break
+                if arg in ("-o", "+o") and args[k + 1:k + 2] == ["allexport"]:
+                    self.allexport = arg == "-o"
+                elif arg[1:2] != "o" and "a" in arg[1:]:
+                    self.allexport = arg[0] == "-"
             return _TRUE
         if name == "shift":
             count = int(args[0]) if args and args[0].isdigit() else 1

@@ -130,14 +130,15 @@ class _Shell(_Commands):
 
     def subshell(self, run: Callable[[], _Status]) -> _Status:
         saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch,
-                 set(self.cleared), [dict(frame) for frame in self.frames])
+                 set(self.cleared), [dict(frame) for frame in self.frames], self.allexport)
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()
         except _Exit as leaving:  # `(exit 1) || TP=4`: a status the script states is known
             return leaving.status or _Status(None, True, reason="a subshell that exits")
         finally:
-            self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, frames = saved
+            (self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, frames,
+             self.allexport) = saved
             self.frames[:] = frames  # the list itself: a call the subshell is in pops its own frame off it
 
     def run_command(self, node) -> _Status:

@@ -87,6 +87,7 @@ class _State:
         self.letter_cases: dict[str, str] = {}  # declare -u / -l: "u" or "l", the case its values are stored in
         self.in_condition = 0
         self.nocasematch = False  # shopt -s nocasematch: [[ =~ ]] and [[ == ]] without regard to case
+        self.allexport = False  # set -a: every variable set is exported
         self.line = 1
         self.generation = next(_GENERATIONS)
 
@@ -215,7 +216,8 @@ class _State:
         if size > MAX_EXPANDED_CHARS:
             raise self.too_long(name)
         self.vars[name] = _Var(value, tuple(deps.items()),
-                               old.exported if exported is None and old is not None else bool(exported),
+                               self.allexport or (old.exported if exported is None and old is not None
+                                                  else bool(exported)),
                                size, self.generation)
 
     def assign(self, tok: _Tok, exported: Optional[bool] = None) -> None:
