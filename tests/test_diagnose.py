@@ -707,3 +707,21 @@ def test_fp16_master_weights_and_grads_is_refused_naming_it(tmp_path, fp16):
                                   "optimizer": {"type": "AdamW"}, "zero_optimization": zero,
                                   "fp16": {**fp16, "fp16_master_weights_and_grads": "auto"}}))
     planner.diagnose(case, "deepspeed", config)  # "auto": DeepSpeed's default, false
+
+
+@pytest.mark.parametrize("enabled", [True, "false"])  # DeepSpeed tests the value's truth: the string turns it on
+def test_torch_autocast_is_refused_naming_it_where_it_was_priced_as_fp32(tmp_path, enabled):
+    """DeepSpeed's torch_autocast section runs forward and backward under torch.autocast
+    (runtime/engine.py: init_autocast_params where torch_autocast_enabled(); runtime/torch_autocast.py):
+    fp32 weights beside low-precision GEMMs. Against an fp32 case the config read as fp32 throughout,
+    its GEMMs priced at fp32's rate, nothing said."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "fp32", "engine": "deepspeed"}}
+    config = tmp_path / "ds_config.json"
+    body = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8, "optimizer": {"type": "AdamW"},
+            "zero_optimization": {"stage": 3}}
+    config.write_text(json.dumps({**body, "torch_autocast": {"enabled": enabled, "dtype": "bfloat16"}}))
+    with pytest.raises(CaseError, match="torch_autocast.enabled"):
+        planner.diagnose(case, "deepspeed", config)
+    config.write_text(json.dumps({**body, "torch_autocast": {"enabled": False}}))
+    planner.diagnose(case, "deepspeed", config)

@@ -767,6 +767,15 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     bf16, fp16 = _enabled(src, config, "bf16"), _enabled(src, config, "fp16")
     if bf16 and fp16:
         raise CaseError(src, "fp16.enabled", "bf16 and fp16 cannot both be enabled")
+    autocast = config.get("torch_autocast")
+    # DeepSpeed takes the key as written and tests its truth (runtime/config.py get_torch_autocast_enabled,
+    # get_scalar_param; engine.py: `if self.torch_autocast_enabled()`): "false" as a string turns it on.
+    if isinstance(autocast, dict) and autocast.get("enabled", False):
+        raise CaseError(src, "torch_autocast.enabled", "DeepSpeed runs the model's forward and backward under "
+                                                       "torch.autocast (runtime/torch_autocast.py): low-precision "
+                                                       "GEMMs beside weights kept in their own dtype, which no "
+                                                       "training.precision prices; expected it off (bf16.enabled or "
+                                                       "fp16.enabled for mixed precision)")
     written = "bf16" if bf16 else "fp16" if fp16 else "fp32"
     wanted = {"fp8": "bf16"}.get(case.training.precision, case.training.precision)
     if written != wanted:
