@@ -194,6 +194,28 @@ class EngineBehaviour:
     # (Megatron --overlap-param-gather, which NeMo's recipes set; FSDP-style prefetch), not
     # in the open (DeepSpeed's ZeRO-1/2 gathers them before the step returns).
     overlap_param_gather: bool = True
+    # ZeRO-1/2 weights gathered after the optimizer step in one all-gather per optimizer parameter group,
+    # whatever the bucket sizes (``dp_time.after_step_gather``); 0: one per gradient bucket. DeepSpeed's
+    # ZeRO-1/2 optimizer and BF16_Optimizer call ``all_gather_dp_groups`` (``runtime/utils.py``), which on
+    # any torch with all_gather_into_tensor (1.13 on) gathers each group's flat 16-bit buffer in one
+    # collective and never reads allgather_bucket_size. How many groups is the training script's choice:
+    # 1 where the optimizer is DeepSpeed's own, built from the ds_config's ``optimizer`` section over the
+    # model_parameters it is handed, which the emitted files' train.py passes as model.parameters() (one
+    # list: one group; engine.py ``_configure_basic_optimizer``), as the Hugging Face Trainer does with such
+    # a section (integrations/deepspeed.py: ``deepspeed_init`` hands DummyOptim a flat list of the
+    # trainable parameters). Without one the Trainer's ``create_optimizer`` makes 2 (trainer.py: weight
+    # decay and none, for biases and norms: ``get_decay_parameter_names``), as Megatron-DeepSpeed's
+    # ``get_param_groups`` does (megatron/optimizer/__init__.py: wd_no_scale_lr, no_wd_no_scale_lr; the two
+    # lr-scaled groups only for a fine-tuning's scale_lr_cond), and the BigScience fork BLOOM ran 3 (its
+    # ``_get_params_for_weight_decay_optimization`` halves the decay group, an apex FusedAdam workaround):
+    # a collective's latency more or less each, not priced.
+    zero_gather_param_groups: int = 0
+    # The experts' parameters gathered in groups of their own, whole tensors packed in order up to this
+    # many elements a group: DeepSpeed's ``split_params_into_different_moe_groups_for_optimizer``
+    # (``moe/utils.py``, max_group_size 178,956,971), which its engine applies to the groups of any model
+    # with MoE layers (engine.py ``configure_moe_param_groups``), and the emitted train.py calls itself.
+    # 0: the experts' parameters are in the groups above.
+    zero_gather_expert_group_params: float = 0.0
     # ZeRO-1 that sends the updated shards to every rank before step() returns, whatever the
     # engine does at ZeRO-2: PyTorch's ZeroRedundancyOptimizer (``_sync_params`` at the end of
     # step(), overlap_with_ddp off by default) and nanotron's ZeroDistributedOptimizer (``step``

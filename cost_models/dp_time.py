@@ -23,7 +23,8 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
 
     - ZeRO 0: gradient all-reduce, bucketed and overlapped with the last micro-batch's backward.
     - ZeRO 1/2: gradient reduce-scatter (overlapped likewise) and the parameter all-gather
-      after the optimizer step (behind the next forward where the engine prefetches it).
+      after the optimizer step (behind the next forward where the engine prefetches it; one per
+      bucket, or per optimizer parameter group where the engine gathers so: :func:`after_step_gather`).
       ZeRO-2 keeps only its gradient shard, so it reduce-scatters every micro-batch's
       gradients as they are produced, not once per step: DeepSpeed's stage 2 reduces in each
       backward's hooks (``zero/stage_1_and_2.py``, ``partition_gradients``) where stage 1
@@ -64,7 +65,7 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
                                                   (stage_params.expert, expert_tensors, "edp", lay.edp, 0.0)):
         if params and shards > 1:
             exposed_total += _dp_traffic_exposed(job, stage, slowest, params, group_links(cluster, lay, group),
-                                                 backward_last, first, tensors)
+                                                 backward_last, first, tensors, expert=group == "edp")
     return exposed_total
 
 
@@ -118,10 +119,11 @@ def last_bucket_parameters(job: Job, stage: int) -> float:
 
 
 def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float, dp_links, backward_last: float,
-                        first_unit: float, tensors: int) -> float:
+                        first_unit: float, tensors: int, expert: bool = False) -> float:
     """The exposed data-parallel traffic of ``params`` parameters in ``tensors`` tensors over
     ``dp_links`` (:func:`dp_comm_exposed`); ``first_unit`` of them form the ZeRO-3 unit that opens
-    and closes the passes (:func:`first_unit_parameters`)."""
+    and closes the passes (:func:`first_unit_parameters`); ``expert``: the experts' parameters, over
+    the expert data-parallel group."""
     lay, training = job.layout, job.training
     perf = job.cluster.gpu.performance
     tied = 0.0  # counted once, by dp_comm_exposed
@@ -153,8 +155,10 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
         # schedule has drained, and so does its BF16_Optimizer without a pipeline, once the last
         # backward is done (``engine.allreduce_gradients`` → ``buffered_allreduce_fallback``: it has no
         # reduce_gradients of its own), as its engine does at stage 0 in fp16 or fp32; ZeRO-1 then
-        # gathers the updated weight shards (``BF16_Optimizer.update_lp_params`` → ``all_gather_dp_groups``).
-        return tied + chunked("all_reduce", grads) + (chunked("all_gather", weights) if lay.zero_stage else 0.0)
+        # gathers the updated weight shards (``BF16_Optimizer.update_lp_params`` → ``all_gather_dp_groups``:
+        # one all-gather per parameter group, :func:`after_step_gather`).
+        return tied + chunked("all_reduce", grads) \
+            + (after_step_gather(job, weights, dp_links, chunks, params, tensors, expert) if lay.zero_stage else 0.0)
     forward = slowest.compute / 3
     if lay.zero_stage < 3:
         # Buckets reduce as the last micro-batch's backward produces them; the last bucket waits,
@@ -179,7 +183,7 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
             # paying the collective's latency once, not once per gradient bucket.
             return tied + reduce + collective_time("all_gather", weights, dp_links, perf) \
                 + gather_copies_time(job, dp_links.size, tensors)
-        gather = chunked("all_gather", weights)
+        gather = after_step_gather(job, weights, dp_links, chunks, params, tensors, expert)
         return tied + reduce + (pipelined(gather, chunks, forward, perf, last) if engine.overlap_param_gather
                                 else gather)
     # ZeRO-3 keeps only gradient shards, so every micro-batch gathers the weights again and
@@ -203,6 +207,33 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     per_microbatch = pipelined(gather, chunks, forward, perf, opening) \
         + pipelined(backward_gathers * gather + reduce, chunks, backward_last, perf, opening)
     return tied + job.num_microbatches * per_microbatch
+
+
+def after_step_gather(job: Job, weights: float, dp_links, buckets: int, params: float, tensors: int,
+                      expert: bool = False) -> float:
+    """Seconds of the all-gathers of the updated ZeRO-1/2 weights (``weights`` bytes, of ``params``
+    parameters in ``tensors`` tensors) after the optimizer step: one per gradient bucket
+    (``buckets``, :func:`gradient_chunks`), or where the engine gathers per optimizer parameter group
+    (``EngineBehaviour.zero_gather_param_groups``), one per group, whatever the bucket sizes.
+
+    DeepSpeed's ZeRO-1/2 optimizer (``runtime/zero/stage_1_and_2.py``: ``step``, ``update_lp_params``)
+    and its BF16_Optimizer (``runtime/bf16_optimizer.py``: ``update_lp_params``) gather with
+    ``all_gather_dp_groups`` (``runtime/utils.py``, lines 1008-1022 in 0.19.8): where torch has
+    ``all_gather_into_tensor`` (every torch since 1.13, on NCCL) it calls
+    ``all_gather_into_tensor_dp_groups``, one ``all_gather_into_tensor`` of each parameter group's
+    flat 16-bit buffer (``bit16_groups_flat``, ``bf16_groups_flat``: one per ``optimizer.param_groups``
+    entry), and never reads ``allgather_bucket_size``. The experts' groups hold whole tensors up to
+    ``EngineBehaviour.zero_gather_expert_group_params`` elements each (``moe/utils.py``,
+    ``split_params_into_different_moe_groups_for_optimizer``), packed in order: ``tensors`` of
+    ``params / tensors`` elements each here."""
+    engine = job.training.engine
+    gathers = buckets
+    if engine.zero_gather_param_groups:
+        gathers = engine.zero_gather_param_groups
+        if expert and engine.zero_gather_expert_group_params:
+            per_group = max(1, math.floor(engine.zero_gather_expert_group_params / (params / max(tensors, 1))))
+            gathers = math.ceil(max(tensors, 1) / per_group)
+    return gathers * collective_time("all_gather", weights / gathers, dp_links, job.cluster.gpu.performance)
 
 
 def zero3_units(job: Job, stage: int) -> int:

@@ -404,7 +404,7 @@ def test_plain_pytorch_zero1_gathers_its_updated_weights_before_the_step_returns
     assert dp_comm_exposed(job, 0, stage_time(job, 0)) - dp_comm_exposed(overlapped, 0, stage_time(overlapped, 0)) \
         == pytest.approx(gather * (1 - 51200 * 2304 / params), rel=1e-9)
     # One coalesced all-gather (nanotron's all_gather_coalesced) pays the collective's latency once,
-    # where an engine that gathers bucket by bucket in the open (DeepSpeed's ZeRO-1) pays it per bucket.
+    # where an engine that gathers bucket by bucket in the open pays it per bucket.
     from cost_models.collectives import latency
 
     slow = replace(job.cluster.gpu, performance=replace(NO_LATENCY, link_latency_s=20e-6))
@@ -421,6 +421,42 @@ def test_plain_pytorch_zero1_gathers_its_updated_weights_before_the_step_returns
     zero2, zero2_overlapped = (replace(j, layout=j.layout.with_changes(zero_stage=2)) for j in (job, overlapped))
     assert dp_comm_exposed(zero2, 0, stage_time(zero2, 0)) \
         == pytest.approx(dp_comm_exposed(zero2_overlapped, 0, stage_time(zero2_overlapped, 0)), rel=1e-12)
+
+
+def test_deepspeed_gathers_its_updated_weights_once_per_parameter_group_whatever_the_buckets():
+    """DeepSpeed's ZeRO-1/2 optimizer gathers the updated bf16 weights after the step with
+    ``all_gather_dp_groups`` (runtime/utils.py): where torch has all_gather_into_tensor (any since 1.13) it
+    issues one all_gather_into_tensor of each parameter group's flat buffer (``bit16_groups_flat``),
+    reading neither reduce_bucket_size nor allgather_bucket_size; the reduce-scatter goes bucket by
+    bucket. So a reduce bucket of 16 M elements (the Hugging Face Trainer's "auto", h², at h = 4096)
+    in place of 5e8 adds the reduce-scatters' latencies, not the gather's: 106 buckets of the 1.765 B
+    parameters instead of 4, 102 reduce-scatter latencies more. The BF16_Optimizer's gather
+    (``update_lp_params``, the same function) likewise, after its bucketed all-reduce, and the
+    optimizer the emitted train.py builds (ds_config's, over model.parameters()) has one group."""
+    from cost_models.collectives import latency
+
+    gpu = replace(_zero3_job("deepspeed").cluster.gpu, performance=replace(NO_LATENCY, link_latency_s=20e-6))
+
+    def exposed_dp(bucket: float, fp32_grads: bool = False) -> tuple[float, Job]:
+        job = _zero3_job("deepspeed", recompute="none")
+        engine = replace(behaviour_of("deepspeed"), bucket_params=bucket)
+        job = Job(job.model, replace(job.cluster, gpu=gpu),
+                  TrainingSpec(global_batch_size=64, seq_len=2, precision="bf16", engine=engine,
+                               fp32_grads=fp32_grads), job.layout.with_changes(zero_stage=1))
+        return dp_comm_exposed(job, 0, stage_time(job, 0)), job
+
+    small, job = exposed_dp(16_777_216)
+    large, big_buckets = exposed_dp(5e8)
+    params = 1_764_979_200
+    assert job_stage_parameters(job, 0).dense == params
+    assert (gradient_chunks(job, params, 2), gradient_chunks(big_buckets, params, 2)) == (106, 4)
+    links = group_links(job.cluster, job.layout, "dp_cp")
+    assert latency("all_gather", links, gpu.performance) > 0
+    assert small - large == pytest.approx(102 * latency("reduce_scatter", links, gpu.performance), rel=1e-9)
+    # BF16_Optimizer (fp32 gradients at ZeRO-1): all-reduce buckets, one gather.
+    small, _ = exposed_dp(16_777_216, fp32_grads=True)
+    large, _ = exposed_dp(5e8, fp32_grads=True)
+    assert small - large == pytest.approx(102 * latency("all_reduce", links, gpu.performance), rel=1e-9)
 
 
 def test_nanotron_zero1_reduces_fp32_gradients_after_the_backward_and_copies_its_gather_out():
@@ -632,8 +668,11 @@ def test_deepspeeds_bf16_optimizer_reduces_after_the_backward_without_a_pipeline
     params = job_stage_parameters(job, 0).dense
     links, perf = group_links(job.cluster, job.layout, "dp_cp"), job.cluster.gpu.performance
     chunks = gradient_chunks(job, params, 2)
-    whole = chunks * (collective_time("all_reduce", 4 * params / chunks, links, perf)
-                      + collective_time("all_gather", 2 * params / chunks, links, perf))
+    # The fp32 all-reduce in 5e8-element buckets; the bf16 gather one all_gather_into_tensor of the
+    # optimizer's one parameter group (update_lp_params → all_gather_dp_groups, runtime/utils.py).
+    whole = chunks * collective_time("all_reduce", 4 * params / chunks, links, perf) \
+        + collective_time("all_gather", 2 * params, links, perf)
+    assert chunks > 1
     assert dp_comm_exposed(job, 0, stage_time(job, 0)) == pytest.approx(whole)
 
 

@@ -16,7 +16,8 @@
 - Behaviour: ZeRO-3 gathers each submodule's weights on its own and again for the recompute
   (``zero/parameter_offload.py``); its pipeline reduces gradients after the last
   micro-batch (``pipe/schedule.py``: ReduceTiedGrads, ReduceGrads, OptimizerStep);
-  reduce buckets of 5e8 elements; ZeRO-1/2 weights gathered before the step returns; the local
+  reduce buckets of 5e8 elements; ZeRO-1/2 weights gathered before the step returns, one
+  all-gather per optimizer parameter group (``runtime/utils.py``, ``all_gather_dp_groups``); the local
   experts run one after another (``moe/experts.py``: ``Experts.forward`` loops over them);
   Megatron's vocab-parallel cross-entropy and fused element-wise kernels (Megatron-DeepSpeed).
 """
@@ -76,6 +77,11 @@ BEHAVIOUR = EngineBehaviour(
     moe_scores_after_experts=True, router_input_fp32=True,
     offload_accumulates_on_host=True, offload_staging_buffers=True,
     bucket_params=5e8, bucket_bytes=0.0, reduce_bucket_buffers=2, overlap_param_gather=False, loss_gradient_bytes=2.0,
+    # The updated weights gathered after the step one parameter group at a time (runtime/utils.py,
+    # all_gather_dp_groups): the one group of the optimizer its ds_config section builds over
+    # model.parameters(), as the emitted train.py hands it, the experts in groups of at most 178,956,971
+    # elements (moe/utils.py, split_params_into_different_moe_groups_for_optimizer).
+    zero_gather_param_groups=1, zero_gather_expert_group_params=178_956_971,
     selective="attention", fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine",
     collective_launch_s=0.0, grouped_gemm_streams=1,
     balance_stages=False, offload_moves_gradients=True, master_copy_kernel=True,

@@ -227,13 +227,19 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
             and bucket != training.engine.bucket_params and not folds_gradients_into_fp32(job):
         # DeepSpeed 0.19's ZeRO-1/2 gathers the updated weights after the step with all_gather_dp_groups
         # (runtime/utils.py), which takes the bucket size only where torch has no all_gather_into_tensor
-        # (before 1.13): otherwise one all_gather_into_tensor of each parameter group's flat buffer.
+        # (before 1.13): otherwise one all_gather_into_tensor of each parameter group's flat buffer, as
+        # priced (dp_time.after_step_gather).
+        engine = training.engine
+        gathers = "one all-gather" if engine.zero_gather_param_groups == 1 else \
+            f"{engine.zero_gather_param_groups} all-gathers"
+        experts = (f", and the experts' in groups of at most {engine.zero_gather_expert_group_params:,.0f} elements"
+                   if job.model.is_moe and engine.zero_gather_expert_group_params else "")
         notes.append(f"zero_optimization.allgather_bucket_size {bucket:,}: DeepSpeed does not use it at ZeRO-{stage} "
                      "(on a torch with all_gather_into_tensor, any since 1.13, it gathers each parameter group's "
                      "updated weights after the step in one collective: runtime/utils.py, all_gather_dp_groups); "
-                     "the estimate prices that gather as one all-gather per reduce bucket of "
-                     f"{training.engine.bucket_params:,.0f} elements (reduce_bucket_size), so its latency may be "
-                     "overstated, its bytes are not")
+                     f"the estimate prices that gather so, {gathers} of the weights, whatever the bucket sizes: "
+                     f"one per parameter group of the optimizer the ds_config's section builds over "
+                     f"model.parameters(){experts}")
     # DeepSpeed reduces in communication_data_type, the model's dtype unless set (runtime/engine.py).
     priced_dtype = "fp32" if fp32_gradients(training) else {"fp16": "fp16"}.get(training.precision, "bf16")
     if isinstance(said_dtype, str) and said_dtype.lower() != priced_dtype and lay.dp * lay.cp > 1:
