@@ -464,8 +464,10 @@ def combined_remedy(job: Job, headroom: float = 0.0) -> Optional[Remedy]:
                     # Said as the layout changes, together (each rung's own words count the
                     # accumulation and the data-parallel ranks of its change alone).
                     said = _changed_fields(lay, remedy.layout, job.training.global_batch_size)
-                    made = tuple(c for c in said if not c.startswith(("dp ", "sequence_parallel "))
-                                 and not c.endswith("accumulation steps"))
+                    # One entry a change, as many as were made: a rung that sets several fields
+                    # (selective recomputation's level and module set) is one change, not two.
+                    made = tuple(", ".join(c for c in said if c.split(" ", 1)[0] in change and
+                                           c.split(" ", 1)[0] != "dp") for _, change in rungs)
                     fitting.append(replace(remedy, description=", ".join(said), together=made))
         if fitting:
             return min(fitting, key=lambda r: r.step_time_s)

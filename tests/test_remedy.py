@@ -75,3 +75,35 @@ def test_torchtitans_offload_is_advised_as_it_runs_it_with_the_parameters():
     assert (remedy.layout.offload_optimizer, remedy.layout.offload_params) == (1.0, True)
     again = planner.estimate({**case, "layout": layout_to_mapping(remedy.layout)})
     assert again.fits and again.step_time_s == remedy.step_time_s and again.peak.total == remedy.peak_bytes
+
+
+def test_changes_made_together_are_counted_as_changes_not_as_fields():
+    """Mixtral 8x7B on 64 H100s at micro-batch 4, ZeRO-0, no recomputation: no single change fits, and
+    the fewest that do are two, selective recomputation of the layer norms and the experts with ZeRO-3
+    (each one re-estimated here fits, and neither alone does). Selective recomputation with a module set
+    writes two fields, `recompute` and `recompute_modules`: the remedy was said as "the fewest that fit
+    together (3)", three changes where the search had stopped at two."""
+    import io
+
+    from rich.console import Console
+
+    from planner.report import print_estimate
+
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16", "optimizer": "adamw",
+                         "engine": "megatron"},
+            "layout": {"tp": 1, "pp": 1, "micro_batch_size": 4, "zero_stage": 0, "recompute": "none"}}
+    est = planner.estimate(case)
+    remedy = est.remedy()
+    assert not est.fits and remedy is not None and remedy.fits
+    modules = list(remedy.layout.recompute_modules)
+    assert (remedy.layout.recompute, remedy.layout.zero_stage) == ("selective", 3) and "moe" in modules
+    together = _changed(case, recompute="selective", recompute_modules=modules, zero_stage=3)
+    assert together.fits and together.step_time_s == remedy.step_time_s
+    assert not _changed(case, recompute="selective", recompute_modules=modules).fits
+    assert not _changed(case, zero_stage=3).fits
+    assert remedy.together == (f"recompute none→selective, recompute_modules default→{','.join(modules)}",
+                               "zero_stage 0→3")
+    out = io.StringIO()
+    print_estimate(est, Console(file=out, width=10_000))
+    assert "no single change fits; the fewest that fit together (2): recompute none→selective" in out.getvalue()
