@@ -925,3 +925,22 @@ def test_a_profile_without_a_compute_capability_is_read_and_not_checked(tmp_path
     with pytest.raises(CaseError) as error:
         diagnose(case, megatron_args=args)
     assert error.value.key.endswith("compute_capability_major"), str(error.value)
+
+
+def test_a_return_guard_on_what_cannot_be_decided_is_said_as_the_launch_depends_on_it(tmp_path):
+    """`[ -f x ] || return` leaves the function, not the script: the launch runs either way, and here with
+    another --tensor-model-parallel-size (bash itself, the file missing: 2; present: 4). A guard that exits
+    was read as passing with nothing said, as it should be for exit (the one way the script launches
+    anything), and so was this one, whose other way launches too: tp 4 with no note."""
+    script = ("TP=2\nsetup() {\n    [ -f ready ] || return 0\n    TP=4\n}\nsetup\n"
+              "torchrun pretrain_gpt.py --tensor-model-parallel-size $TP\n")
+    assert bash_words(tmp_path, script) == [["pretrain_gpt.py", "--tensor-model-parallel-size", "2"]]
+    (tmp_path / "ready").write_text("")
+    assert bash_words(tmp_path, script) == [["pretrain_gpt.py", "--tensor-model-parallel-size", "4"]]
+    read = read_script(script, "train.sh")
+    assert launched(script) == ["pretrain_gpt.py", "--tensor-model-parallel-size", "4"]
+    assert [n.text for n in read.notes] == [
+        "train.sh: line 3: [ -f ready ] cannot be decided without running anything (a file test, -f): read as "
+        "true, so the script skips return 0"]
+    # exit stops the script: the one way it launches, nothing to say.
+    assert read_script(script.replace("return 0", "exit 1"), "train.sh").notes == []

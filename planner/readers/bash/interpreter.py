@@ -26,18 +26,19 @@ def _first_word(node) -> Optional[str]:
     return node.words[0].text if isinstance(node, _Simple) and node.words and node.words[0].kind == "word" else None
 
 
-def _list_exits(body: Optional[_List]) -> bool:
-    """Whether ``body`` leaves the script at its top level (``...; exit 1``)."""
-    return body is not None and any(_pipeline_exits(item.first) for item in body.items)
+def _list_exits(body: Optional[_List], words: tuple[str, ...] = ("exit", "return")) -> bool:
+    """Whether ``body`` leaves the script or function at its top level (``...; exit 1``); ``words``: the
+    builtins that count (``("exit",)``: the script itself)."""
+    return body is not None and any(_pipeline_exits(item.first, words) for item in body.items)
 
 
-def _pipeline_exits(pipeline: _Pipeline) -> bool:
+def _pipeline_exits(pipeline: _Pipeline, words: tuple[str, ...] = ("exit", "return")) -> bool:
     if len(pipeline.commands) != 1:
         return False
     command = pipeline.commands[0]
     if isinstance(command, _Group):
-        return _list_exits(command.body)
-    return _first_word(command) in ("exit", "return")
+        return _list_exits(command.body, words)
+    return _first_word(command) in words
 
 
 class _Shell(_Commands):
@@ -82,7 +83,9 @@ class _Shell(_Commands):
             # A guard on what cannot be decided without running anything ([ -f "$X/y" ] || exit 1): read as
             # passing, the one way the script launches anything, which leaves nothing to say. One on what
             # the caller sets is said: the caller decides it.
-            guard = _pipeline_exits(pipeline) and status.known is None
+            # Only exit stops the script: a function's `|| return` skips the rest of the function and the
+            # script launches either way, so which way it went is said (`[ -f x ] || return; TP=4`).
+            guard = _pipeline_exits(pipeline, ("exit",)) and status.known is None
             if not self.in_condition and matters and not guard and (status.deps or (not decided and status.test)):
                 left = self.source(node.first.start, left_end)
                 outcome = run == wanted
