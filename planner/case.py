@@ -455,6 +455,12 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
         return Layout(**values)
 
 
+# What a layout field's None means, as a person reads it (the report's tables, the remedies' changes).
+LAYOUT_UNSET_TEXT = {"stage_layers": "even", "recompute_num_layers": "all", "offload_optimizer": "0",
+                     "offload_params": "off", "offload_activations": "0", "recompute_modules": "default", "ep": "1",
+                     "etp": "1"}
+
+
 def layout_to_mapping(layout: Layout) -> dict[str, Any]:
     """The case-file ``layout`` section for ``layout``: what `plan` hands to `estimate`."""
     return layout.to_dict()

@@ -13,7 +13,7 @@ from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import Job, Layout, SpecError
 
 from .bands import Band, memory_band, throughput_band
-from .case import Case, layout_to_mapping, load_case, spec_errors
+from .case import LAYOUT_UNSET_TEXT, Case, layout_to_mapping, load_case, spec_errors
 from .engines import ENGINES
 from .errors import CaseError
 from .limits import MAX_STEP_TIME_S
@@ -477,14 +477,12 @@ def combined_remedy(job: Job, headroom: float = 0.0) -> Optional[Remedy]:
 def _changed_fields(before: Layout, after: Layout, global_batch: int) -> list[str]:
     """What ``after`` changes of ``before``, field by field (``zero_stage 2→3``), the accumulation steps
     where the micro-batch or the data-parallel ranks change."""
-    unset = {"offload_optimizer": 0, "ep": 1, "etp": 1, "recompute_num_layers": "all", "recompute_modules": "default",
-             "stage_layers": "even"}
     said = []
     for name in ("micro_batch_size", "recompute", "recompute_num_layers", "recompute_modules", "zero_stage", "tp",
                  "sequence_parallel", "pp", "stage_layers", "dp", "ep", "etp", "offload_optimizer", "offload_params"):
         old, new = getattr(before, name), getattr(after, name)
         if old != new:
-            shown = [unset.get(name, "none") if v is None else str(v).lower() if isinstance(v, bool) else
+            shown = [LAYOUT_UNSET_TEXT.get(name, "none") if v is None else str(v).lower() if isinstance(v, bool) else
                      ",".join(map(str, v)) if isinstance(v, (tuple, list)) else v for v in (old, new)]
             said.append(f"{name} {shown[0]}→{shown[1]}")
     if (before.micro_batch_size, before.dp) != (after.micro_batch_size, after.dp):

@@ -11,6 +11,7 @@ from rich.table import Table
 from cost_models.activations import selective_modules
 from cost_models.topology import domains_spanned
 
+from .case import LAYOUT_UNSET_TEXT
 from .engines import ENGINES
 from .errors import one_line
 from .estimate import Estimate
@@ -208,16 +209,11 @@ def change_takes(job, layout) -> dict[str, str]:
     return out
 
 
-# What a layout field's None means, as a person reads it.
-_UNSET = {"stage_layers": "even", "recompute_num_layers": "all", "offload_optimizer": "0", "offload_params": "off",
-          "offload_activations": "0", "recompute_modules": "default", "ep": "1", "etp": "1"}
-
-
 def value_text(key: str, value: Any) -> str:
     """A layout value for a table: None as what it means, a stage list with repeats folded
     (``5, 6×10, 5``), booleans as on/off."""
     if value is None:
-        return _UNSET.get(key, "-")
+        return LAYOUT_UNSET_TEXT.get(key, "-")
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, (list, tuple)):
