@@ -426,7 +426,12 @@ def step_gradient_copy_bytes(job: Job, stage: int) -> float:
             if engine.step_frees_unpartitioned_gradients else 0.0
         copied = partition
         if lay.zero_stage == 3 and engine.zero3_step_sub_group_params is not None:
-            copied = min(partition, engine.zero3_step_sub_group_params)  # one sub-group's at a time
+            # One sub-group's at a time; DeepSpeed closes a sub-group once its partitions reach
+            # sub_group_size (stage3.py, _create_fp16_sub_groups), so one holds up to the partition of
+            # one parameter past it: at sub_group_size 0, each parameter's alone.
+            whole = job_stage_parameters(job, stage).total
+            past = largest_parameter(job.model, stage == 0, stage == lay.pp - 1, lay.tp) * partition / whole
+            copied = min(partition, engine.zero3_step_sub_group_params + past)
         return max(0.0, engine.zero_step_gradient_copy_bytes * copied - freed)
     return 0.0
 

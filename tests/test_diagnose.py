@@ -689,6 +689,14 @@ def test_zero3_live_parameters_and_sub_group_are_priced_as_the_config_sets_them(
     assert peak(max_live_parameters=1e11) == pytest.approx(peak(stage3_max_live_parameters=1e11))
     assert estimate(sub_group_size=1e8).job.training.engine.zero3_step_sub_group_params == 1e8
     assert estimate().job.training.engine.zero3_step_sub_group_params == 1e9
+    # The step's fp32 gradient copy, 6 bytes a parameter of one sub-group (stage3.py): a sub-group closes
+    # once its partitions reach sub_group_size (_create_fp16_sub_groups), so it holds up to one parameter's
+    # partition past it, on the first stage the embedding's (128,256 × 4,096 over 8 ranks); at 0, that alone.
+    from cost_models.memory import step_gradient_copy_bytes
+    embedding = 128_256 * 4096 / 8
+    for size, copied in ((0, embedding), (1e8, 1e8 + embedding)):
+        job = estimate(sub_group_size=size).job
+        assert step_gradient_copy_bytes(job, 0) == pytest.approx(6 * copied, rel=1e-9)
     with pytest.raises(CaseError, match="zero_optimization.stage3_max_live_parameters"):
         peak(stage3_max_live_parameters=-1)
 

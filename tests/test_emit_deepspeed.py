@@ -883,8 +883,9 @@ def test_the_zero_3_steps_copies_of_a_sub_group_are_in_the_peak():
             "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": 3, "recompute": "full"}}
     job = planner.estimate(case).job
     partition = optimizer_local_parameters(job, 0)
-    assert 1.0e9 < partition < 1.01e9  # 8.03B over 8: the 1e9 sub-group and a remainder of 4M
-    assert step_gradient_copy_bytes(job, 0) == pytest.approx(6 * 1e9)
+    assert 1.0e9 < partition < 1.01e9  # 8.03B over 8: a sub-group closed once it reaches 1e9, and the rest
+    # (_create_fp16_sub_groups): the first holds at least 1e9, at most the whole partition
+    assert 6 * 1e9 <= step_gradient_copy_bytes(job, 0) <= 6 * partition
 
 
 @pytest.mark.slow
