@@ -226,14 +226,20 @@ def after_step_gather(job: Job, weights: float, dp_links, buckets: int, params: 
     ``EngineBehaviour.zero_gather_expert_group_params`` elements each (``moe/utils.py``,
     ``split_params_into_different_moe_groups_for_optimizer``), packed in order: ``tensors`` of
     ``params / tensors`` elements each here."""
-    engine = job.training.engine
-    gathers = buckets
-    if engine.zero_gather_param_groups:
-        gathers = engine.zero_gather_param_groups
-        if expert and engine.zero_gather_expert_group_params:
-            per_group = max(1, math.floor(engine.zero_gather_expert_group_params / (params / max(tensors, 1))))
-            gathers = math.ceil(max(tensors, 1) / per_group)
+    gathers = after_step_gathers(job.training.engine, buckets, params, tensors, expert)
     return gathers * collective_time("all_gather", weights / gathers, dp_links, job.cluster.gpu.performance)
+
+
+def after_step_gathers(engine, buckets: int, params: float, tensors: int, expert: bool = False) -> int:
+    """How many all-gathers :func:`after_step_gather` prices: the buckets, or one per parameter group,
+    the experts' tensors (``params / tensors`` elements each) packed whole into groups of at most
+    ``zero_gather_expert_group_params`` elements."""
+    if not engine.zero_gather_param_groups:
+        return buckets
+    if expert and engine.zero_gather_expert_group_params:
+        per_group = max(1, math.floor(engine.zero_gather_expert_group_params / (params / max(tensors, 1))))
+        return math.ceil(max(tensors, 1) / per_group)
+    return engine.zero_gather_param_groups
 
 
 def zero3_units(job: Job, stage: int) -> int:

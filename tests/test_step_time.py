@@ -459,6 +459,29 @@ def test_deepspeed_gathers_its_updated_weights_once_per_parameter_group_whatever
     assert small - large == pytest.approx(102 * latency("all_reduce", links, gpu.performance), rel=1e-9)
 
 
+@pytest.mark.parametrize("tensors, numel, largest_group", [(16, 100, 178), (16, 50, 178), (7, 178, 178),
+                                                           (5, 30, 100), (9, 60, 178)])
+def test_deepspeeds_expert_parameter_groups_are_counted_as_its_split_makes_them(tensors, numel, largest_group):
+    """DeepSpeed packs the expert parameters of one group, in order and whole, into optimizer parameter
+    groups of at most max_group_size elements (moe/utils.py, split_params_into_different_moe_groups_for_
+    optimizer; 178,956,971 by default), and gathers each group after the step: the count priced is the
+    count that function makes, run here on tensors of a scaled-down size."""
+    torch = pytest.importorskip("torch")
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    from cost_models.dp_time import after_step_gathers
+
+    params = []
+    for _ in range(tensors):
+        param = torch.nn.Parameter(torch.zeros(numel))
+        param.allreduce, param.group_name = False, "ep_size_8"
+        params.append(param)
+    groups = split_params_into_different_moe_groups_for_optimizer({"name": "experts", "params": params},
+                                                                   max_group_size=largest_group)
+    split = sum(1 for group in groups if group.get("moe"))
+    engine = replace(behaviour_of("deepspeed"), zero_gather_expert_group_params=largest_group)
+    assert after_step_gathers(engine, 99, tensors * numel, tensors, expert=True) == split
+
+
 def test_nanotron_zero1_reduces_fp32_gradients_after_the_backward_and_copies_its_gather_out():
     """nanotron accumulating in fp32 under ZeRO builds no DDP wrapper (``trainer.py``, ``make_ddp``):
     its trainer all-reduces the accumulator's whole fp32 buffer once the backward is done
