@@ -797,6 +797,40 @@ def test_a_functions_local_connections_are_scoped_as_bash_scopes_them(tmp_path, 
         assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
 
 
+@pytest.mark.parametrize("script, refused", [
+    # the call's prefix is in its commands' environment, for the call alone
+    (f"f() {{ {TRAIN}; }}\n{CONNECTIONS}=32 f\n", "'32'"),
+    (f"export {CONNECTIONS}=1\nf() {{ {TRAIN}; }}\n{CONNECTIONS}=32 f\n", "'32'"),
+    (f"g() {{ {TRAIN}; }}\nf() {{ {CONNECTIONS}=32 g; }}\nf\n", "'32'"),  # nested: g's commands have it
+    (f"f() {{ :; }}\nexport {CONNECTIONS}=1\n{CONNECTIONS}=32 f\n{TRAIN}\n", None),  # gone when f returns
+    (f"f() {{ local {CONNECTIONS}; {TRAIN}; }}\n{CONNECTIONS}=32 f\n", "'32'"),  # local keeps the prefix's value
+    # unset takes the prefix's variable away: the caller's exported 1 shows again
+    (f"export {CONNECTIONS}=1\nf() {{ unset {CONNECTIONS}; {TRAIN}; }}\n{CONNECTIONS}=32 f\n", None),
+    # export (or readonly) of the prefix's variable keeps it past the call
+    (f"f() {{ export {CONNECTIONS}; }}\n{CONNECTIONS}=32 f\n{TRAIN}\n", "'32'"),
+    (f"f() {{ readonly {CONNECTIONS}; }}\n{CONNECTIONS}=32 f\n{TRAIN}\n", "'32'"),
+    (f"f() {{ {CONNECTIONS}=8; }}\nexport {CONNECTIONS}=1\n{CONNECTIONS}=32 f\n{TRAIN}\n", None),
+])
+def test_a_function_calls_prefix_assignments_are_its_commands_environment(tmp_path, script, refused):
+    """`CUDA_DEVICE_MAX_CONNECTIONS=32 f`, where f runs a tp 2 launch on H100, was priced, exit 0: the
+    reader dropped a function call's NAME=value prefixes, where bash gives them to the function's commands
+    for the call's duration, exported (Bash Reference Manual, 3.7.4 Environment: "...for a function call,
+    they affect the function's execution environment"; bash 5.2 in POSIX mode drops them on return too).
+    Bash puts them in the function's scope: local keeps one's value, unset shows the caller's variable,
+    export and readonly keep it past the return (variables.c, push_func_var). Real bash, where there is
+    one, is the oracle: what is refused is what no caller exporting 1 rescues."""
+    script = "#!/bin/bash\n" + script
+    if BASH is not None:
+        assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
+    else:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+
+
 @needs_bash
 @pytest.mark.parametrize("setting, refused", [
     (f"export {CONNECTIONS}=1\nexec env -u {CONNECTIONS} ", "unset"),

@@ -24,11 +24,10 @@ script's ``IFS`` (a run of separators one boundary: no empty fields), and
 The environment each command starts with (``Command.environment``): what the script exports
 (``export``, ``declare -x``, ``local -x``, ``set -a``/``set -o allexport``; ``export -n``, ``declare +x``
 and ``unset`` take a variable out, a function's locals scoped as bash scopes them), the command's own
-``NAME=value`` prefixes, and what ``env`` changes (``-u NAME``, ``-uNAME``, ``--unset``, ``-i``, ``-S``),
+``NAME=value`` prefixes (on a function call, its commands' for the call, scoped as bash scopes them), and what ``env`` changes (``-u NAME``, ``-uNAME``, ``--unset``, ``-i``, ``-S``),
 read through the commands that start another (``exec``, whose ``-c`` empties it, ``command``, ``time``,
 ``nohup``, ``nice``, ``stdbuf``, ``timeout``, ``srun``, ``numactl``, ``taskset``); a variable the script
-leaves alone is the caller's. Not followed: ``NAME=value`` before a function call or after ``time``,
-``sudo``.
+leaves alone is the caller's. Not followed: ``NAME=value`` after ``time``, ``sudo``.
 
 Conditions: ``[ ... ]``, ``test`` and ``[[ ... ]]`` with ``=``, ``==``, ``!=`` (patterns in
 ``[[ ]]``), ``<``, ``>``, ``=~`` (a POSIX extended regular expression, in the subset Python's ``re`` reads alike:

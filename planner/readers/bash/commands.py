@@ -17,7 +17,7 @@ from .expand import _Expander
 from .lexer import _ASSIGNMENT, _NAME, _Tok
 from .parser import _Simple
 from .results import EMPTIED, Command
-from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, REMATCH_UNKNOWN, _Ctx, _Var
+from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, REMATCH_UNKNOWN, _Ctx, _Frame, _Var
 from .status import _FALSE, _TRUE, _Exit, _LoopControl, _Return, _Status
 
 _DECLARATIONS = {"export", "declare", "typeset", "local", "readonly"}
@@ -110,10 +110,12 @@ class _Commands(_Expander):
         if scope is None:
             self.vars.pop(name, None)
             self.cleared.add(name)
-        elif scope is self.frames[-1]:
+        elif scope is self.frames[-1] and name not in scope.temporary:
             self.vars.pop(name, None)
-        else:
+        else:  # a calling function's local, or a NAME=value prefix of this call (X=9 f; bash's tempvar)
             hidden = scope.pop(name)
+            scope.temporary.discard(name)
+            scope.propagated.discard(name)
             if hidden is None:
                 self.vars.pop(name, None)
             else:
@@ -141,13 +143,14 @@ class _Commands(_Expander):
             self.integers.update(declared)
         if ("u" in options) != ("l" in options):  # bash applies neither where both are given
             self.letter_cases.update(dict.fromkeys(declared, "u" if "u" in options else "l"))
+        touched: list[str] = []  # the names export or readonly set or changed
         for tok in rest[1:]:
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
                 name = _ASSIGNMENT.match(tok.text).group(1) if tok.kind == "array" or _is_assignment(tok.text) \
                     else tok.text
                 self.frames[-1].setdefault(name, self.vars.get(name))
-                if not (tok.kind == "array" or _is_assignment(tok.text)):
-                    self.vars.pop(name, None)  # `local X`: unset inside the call
+                if not (tok.kind == "array" or _is_assignment(tok.text)) and name not in self.frames[-1].temporary:
+                    self.vars.pop(name, None)  # `local X`: unset inside the call (X=9 f's X: kept, as bash keeps it)
             if tok.kind == "array" or _is_assignment(tok.text):
                 name = _ASSIGNMENT.match(tok.text).group(1)
                 hidden = next((frame for frame in self.frames if name in frame), None) if global_ else None
@@ -165,16 +168,23 @@ class _Commands(_Expander):
                         self.vars.pop(name, None)
                 else:
                     self.assign(tok, exported=exported)
+                touched.append(name)
             elif tok.text.startswith(("-", "+")):
                 if "x" in tok.text:  # declare -x exports, declare +x takes the export attribute off
                     exported = tok.text.startswith("-")
             else:
                 for name in self.fields(tok.text, _Ctx(), command):
+                    touched.append(name)
                     var = self.vars.get(name)
                     if var is not None and exported is not None and var.exported != exported:
                         # A new _Var, not the shared one changed in place: a subshell's copy of the
                         # variables shares them, and `( export X )` must not export the parent's X.
                         self.vars[name] = replace(var, exported=exported)
+        if command in ("export", "readonly") and exported is not False:
+            for name in touched:  # X=9 f; f exports X: bash keeps X past the call (see call)
+                scope = next((frame for frame in reversed(self.frames) if name in frame), None)
+                if scope is not None and name in scope.temporary:
+                    scope.propagated.add(name)
         return _TRUE
 
     def builtin(self, fields: list[str], ctx: _Ctx, node: _Simple, assignments: tuple = ()) -> _Status:
@@ -258,7 +268,7 @@ class _Commands(_Expander):
             self.note(f"{one_line(' '.join(fields), 80)} is not {what}: what it would set reads as unset")
             return _Status(None, True, reason=f"{name} is not {what}")
         if name in self.funcs:
-            return self.call(self.funcs[name], args)
+            return self.call(self.funcs[name], args, assignments)
         shell = _inline_script(fields)
         if shell is not None:
             self.run_inline(shell, node, self.environment(list(assignments), fields))
@@ -333,20 +343,38 @@ class _Commands(_Expander):
             self.set_var(name, text, ctx.deps)
         return _TRUE
 
-    def call(self, body, args: list[str]) -> _Status:
+    def call(self, body, args: list[str], assignments: Sequence[_Tok] = ()) -> _Status:
+        """A function call. Its ``NAME=value`` prefixes (``X=9 f``) are the function's for the call, exported
+        (Bash Reference Manual, 3.7.4 Environment: "...for a function call, they affect the function's
+        execution environment"; bash 5.2 drops them on return in POSIX mode too): bash puts them in the
+        function's own scope, so a ``local`` of one keeps its value, an ``unset`` of one shows the caller's
+        variable again, and one ``export`` or ``readonly`` took keeps its value past the return, in every
+        scope out to the script's (bash's variables.c, push_func_var: att_propagate)."""
         if self.depth >= MAX_DEPTH:
             raise ScriptLimit(f"line {self.line}", f"calls functions past {MAX_DEPTH} levels deep")
         saved = (self.positional, self.positional_known)
-        self.positional, self.positional_known = list(args), True
         self.depth += 1
-        self.frames.append({})
+        frame = _Frame()
+        self.frames.append(frame)
         try:
+            for tok in assignments:  # in order, each seeing those before it; an array's is not passed
+                if tok.kind != "array":
+                    name = _ASSIGNMENT.match(tok.text).group(1)
+                    frame.setdefault(name, self.vars.get(name))
+                    frame.temporary.add(name)
+                    self.assign(tok, exported=True)
+            self.positional, self.positional_known = list(args), True
             return self.run_command(body)
         except _Return as returned:
             return returned.status
         finally:
-            for name, before in self.frames.pop().items():  # the call's locals give way to what they hid
-                if before is None:
+            self.frames.pop()
+            for name, before in frame.items():  # the call's locals give way to what they hid
+                if name in frame.propagated:  # bash keeps it, through the callers' scopes too
+                    for outer in self.frames:
+                        if name in outer:
+                            outer.propagated.add(name)
+                elif before is None:
                     self.vars.pop(name, None)
                 else:
                     self.vars[name] = before

@@ -133,7 +133,7 @@ class _Shell(_Commands):
 
     def subshell(self, run: Callable[[], _Status]) -> _Status:
         saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch,
-                 set(self.cleared), [dict(frame) for frame in self.frames], self.allexport)
+                 set(self.cleared), [frame.copy() for frame in self.frames], self.allexport)
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()

@@ -27,6 +27,23 @@ class _Var:
 _GENERATIONS = itertools.count(1)
 
 
+class _Frame(dict):
+    """One function call's variables made local: each name's value before the call (None: unset), put back
+    when it returns. ``temporary``: the names the call's own ``NAME=value`` prefixes set (``X=9 f``), which
+    bash puts in the function's scope, exported (Bash Reference Manual, 3.7.4 Environment); ``propagated``:
+    those of them ``export`` or ``readonly`` took in the call, whose value bash keeps past its return."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.temporary: set[str] = set()
+        self.propagated: set[str] = set()
+
+    def copy(self) -> "_Frame":
+        frame = _Frame(self)
+        frame.temporary, frame.propagated = set(self.temporary), set(self.propagated)
+        return frame
+
+
 _READ_EMPTY = "is not set by the script: read as empty"
 # What shopt -s nocasematch changes that the reader does not follow (a case's patterns, ${X/pattern/...}):
 # matched with regard to case, said where it reaches the launch.
@@ -77,9 +94,9 @@ class _State:
         self.more_notes = 0
         self.steps = steps if steps is not None else [0, 0]  # commands followed, characters expanded
         self.depth = depth
-        # Each function call's variables made local (``local``, ``declare`` in a function): their
-        # values before the call, None where unset, put back when it returns.
-        self.frames: list[dict[str, Optional[_Var]]] = []
+        # Each function call's variables made local (``local``, ``declare`` in a function, the call's own
+        # NAME=value prefixes): their values before the call, None where unset, put back when it returns.
+        self.frames: list[_Frame] = []
         # Names the script `unset`: whatever the caller's environment held for them is gone, so a started
         # command's environment decidedly lacks them unless the script exports them again.
         self.cleared: set[str] = set()
