@@ -831,6 +831,32 @@ def test_a_function_calls_prefix_assignments_are_its_commands_environment(tmp_pa
         assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
 
 
+@pytest.mark.parametrize("setting, refused", [
+    (f"time {CONNECTIONS}=32 ", "'32'"),
+    (f"time -p {CONNECTIONS}=32 ", "'32'"),
+    (f"time -p -- {CONNECTIONS}=32 ", "'32'"),
+    (f"time ! {CONNECTIONS}=32 ", "'32'"),
+    (f"f() {{ \"$@\"; }}\ntime {CONNECTIONS}=32 f ", "'32'"),  # time f calls the function
+    (f"export {CONNECTIONS}=32\ntime {CONNECTIONS}=1 ", None),
+])
+def test_a_prefix_after_the_reserved_word_time_is_the_launchs_environment(tmp_path, setting, refused):
+    """`time CUDA_DEVICE_MAX_CONNECTIONS=32 torchrun ...` (tp 2 on H100) was priced, exit 0: the reserved
+    word time was read as the command's first word, so the assignment after it was taken for an argument,
+    where bash times the pipeline after `time [-p]` and passes it its NAME=value prefixes (Bash Reference
+    Manual, 3.2.3 Pipelines; 3.7.4 Environment). Real bash, where there is one, is the oracle: what is
+    refused is what no caller exporting 1 rescues."""
+    script = "#!/bin/bash\n" + setting + TRAIN + "\n"
+    if BASH is not None:
+        assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
+    else:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+
+
 @needs_bash
 @pytest.mark.parametrize("setting, refused", [
     (f"export {CONNECTIONS}=1\nexec env -u {CONNECTIONS} ", "unset"),

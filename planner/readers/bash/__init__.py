@@ -27,7 +27,8 @@ and ``unset`` take a variable out, a function's locals scoped as bash scopes the
 ``NAME=value`` prefixes (on a function call, its commands' for the call, scoped as bash scopes them), and what ``env`` changes (``-u NAME``, ``-uNAME``, ``--unset``, ``-i``, ``-S``),
 read through the commands that start another (``exec``, whose ``-c`` empties it, ``command``, ``time``,
 ``nohup``, ``nice``, ``stdbuf``, ``timeout``, ``srun``, ``numactl``, ``taskset``); a variable the script
-leaves alone is the caller's. Not followed: ``NAME=value`` after ``time``, ``sudo``.
+leaves alone is the caller's (the reserved word ``time [-p]`` is no command: ``time X=3 torchrun`` passes X=3).
+Not followed: ``sudo``.
 
 Conditions: ``[ ... ]``, ``test`` and ``[[ ... ]]`` with ``=``, ``==``, ``!=`` (patterns in
 ``[[ ]]``), ``<``, ``>``, ``=~`` (a POSIX extended regular expression, in the subset Python's ``re`` reads alike:

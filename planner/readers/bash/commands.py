@@ -425,8 +425,9 @@ def _inline_script(fields: list[str]) -> Optional[tuple[str, list[str]]]:
 
 _ENV_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 # Commands that start the rest of their words as a command, in the environment they were given (bash's
-# exec, command and builtin, Bash Reference Manual 4.1 and 4.2; time, 3.2.3 Pipelines; coreutils' nohup,
-# nice, stdbuf, timeout): name -> (its short options that take the next word, its long ones, the operands
+# exec, command and builtin, Bash Reference Manual 4.1 and 4.2; GNU time, where it is no reserved word:
+# `command time`, `"time"`, /usr/bin/time (the parser takes bash's `time [-p]` off a pipeline); coreutils'
+# nohup, nice, stdbuf, timeout): name -> (its short options that take the next word, its long ones, the operands
 # before the command: timeout's duration).
 _WRAPPERS = {
     "exec": ("a", (), 0), "command": ("", (), 0), "builtin": ("", (), 0), "time": ("fo", ("format", "output"), 0),

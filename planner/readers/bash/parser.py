@@ -182,9 +182,17 @@ class _Parser:
     def parse_pipeline(self) -> _Pipeline:
         negate = False
         start_tok = self.peek()
-        while self.word(self.peek(), "!"):
-            negate = not negate
-            self.k += 1
+        while True:
+            if self.word(self.peek(), "!"):
+                negate = not negate
+                self.k += 1
+            elif self.word(self.peek(), "time") and self.command_at(self.after_time(self.k + 1)):
+                # The reserved word time (Bash Reference Manual, 3.2.3 Pipelines: time [-p] [!] pipeline; bash's
+                # parser takes a -- after it too) times the pipeline: what follows is the command, so that
+                # `time X=3 torchrun` passes X=3 and `time f` calls the function f.
+                self.k = self.after_time(self.k + 1)
+            else:
+                break
         commands = [self.parse_command()]
         while self.op(self.peek(), "|", "|&"):
             self.k += 1
@@ -192,6 +200,17 @@ class _Parser:
             commands.append(self.parse_command())
         last = self.tokens[self.k - 1]
         return _Pipeline(commands, negate, start_tok.start if start_tok else 0, last.end)
+
+    def after_time(self, k: int) -> int:
+        """The token after the reserved word time's options, ``-p`` and ``--``, from the k-th."""
+        for option in ("-p", "--"):
+            if k < len(self.tokens) and self.word(self.tokens[k], option):
+                k += 1
+        return k
+
+    def command_at(self, k: int) -> bool:
+        """Whether the k-th token can start a command (a time with none after it is a command named time)."""
+        return k < len(self.tokens) and (self.tokens[k].kind != "op" or self.tokens[k].text == "(")
 
     def parse_command(self):
         tok = self.peek()
