@@ -857,6 +857,37 @@ def test_a_prefix_after_the_reserved_word_time_is_the_launchs_environment(tmp_pa
         assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
 
 
+@pytest.mark.parametrize("setting, refused", [
+    (f"export {CONNECTIONS}=1\nexport -n {CONNECTIONS}=5\n", "unset"),
+    (f"export {CONNECTIONS}=1\nexport -n {CONNECTIONS}\n", "unset"),
+    (f"export -n {CONNECTIONS}\n", "unset"),  # the caller's exported 1 is the script's variable: taken off too
+    (f"declare +x {CONNECTIONS}\n", "unset"),
+    (f"export {CONNECTIONS}=1\nexport -n {CONNECTIONS}\n{CONNECTIONS}=1\n", "unset"),  # set, still not exported
+    (f"export {CONNECTIONS}=1\nf() {{ export -n {CONNECTIONS}; }}\nf\n", "unset"),  # no local: the global's
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}=1; export -n {CONNECTIONS}; }}\nf\n", None),
+    (f"export {CONNECTIONS}=1\n(export -n {CONNECTIONS})\n", None),  # the subshell's alone
+    (f"export {CONNECTIONS}=1\nexport -n {CONNECTIONS}\nexport {CONNECTIONS}\n", None),  # exported again
+])
+def test_export_n_takes_the_variable_out_of_the_launchs_environment_decidedly(tmp_path, setting, refused):
+    """`export CUDA_DEVICE_MAX_CONNECTIONS=1; export -n CUDA_DEVICE_MAX_CONNECTIONS=5` before a tp 2 launch on
+    H100 was read as leaving the variable to the caller, where bash passes none: export -n takes the export
+    attribute off the script's variable, which is the one a caller's exported value became when bash started
+    (Bash Reference Manual, 4.1 Bourne Shell Builtins: export; 3.7.4 Environment), so no caller rescues it.
+    Real bash, where there is one, is the oracle: what is refused is what no caller exporting 1 rescues."""
+    script = "#!/bin/bash\n" + setting + TRAIN + "\n"
+    if BASH is not None:
+        assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
+    else:
+        result = diagnose(case, megatron_args=args)
+        assert result.estimate.job.layout.tp == 2
+        assert not any(CONNECTIONS in note for note in result.notes), result.notes
+
+
 @needs_bash
 @pytest.mark.parametrize("setting, refused", [
     (f"export {CONNECTIONS}=1\nexec env -u {CONNECTIONS} ", "unset"),

@@ -23,7 +23,7 @@ script's ``IFS`` (a run of separators one boundary: no empty fields), and
 
 The environment each command starts with (``Command.environment``): what the script exports
 (``export``, ``declare -x``, ``local -x``, ``set -a``/``set -o allexport``; ``export -n``, ``declare +x``
-and ``unset`` take a variable out, a function's locals scoped as bash scopes them), the command's own
+and ``unset`` take a variable out, a caller's exported one too, a function's locals scoped as bash scopes them), the command's own
 ``NAME=value`` prefixes (on a function call, its commands' for the call, scoped as bash scopes them), and what ``env`` changes (``-u NAME``, ``-uNAME``, ``--unset``, ``-i``, ``-S``),
 read through the commands that start another (``exec``, whose ``-c`` empties it, ``command``, ``time``,
 ``nohup``, ``nice``, ``stdbuf``, ``timeout``, ``srun``, ``numactl``, ``taskset``); a variable the script

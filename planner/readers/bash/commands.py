@@ -143,7 +143,7 @@ class _Commands(_Expander):
             self.integers.update(declared)
         if ("u" in options) != ("l" in options):  # bash applies neither where both are given
             self.letter_cases.update(dict.fromkeys(declared, "u" if "u" in options else "l"))
-        touched: list[str] = []  # the names export or readonly set or changed
+        touched: list[str] = []  # the names it sets or changes
         for tok in rest[1:]:
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
                 name = _ASSIGNMENT.match(tok.text).group(1) if tok.kind == "array" or _is_assignment(tok.text) \
@@ -180,7 +180,12 @@ class _Commands(_Expander):
                         # A new _Var, not the shared one changed in place: a subshell's copy of the
                         # variables shares them, and `( export X )` must not export the parent's X.
                         self.vars[name] = replace(var, exported=exported)
-        if command in ("export", "readonly") and exported is not False:
+        if exported is False:
+            # export -n X, declare +x X: the script's X, the one a caller's exported X became as bash started,
+            # leaves the environment, decidedly, until exported again (a function's local alone: the global
+            # keeps its attribute, and shows through).
+            self.cleared.update(name for name in touched if not any(name in frame for frame in self.frames))
+        elif command in ("export", "readonly"):
             for name in touched:  # X=9 f; f exports X: bash keeps X past the call (see call)
                 scope = next((frame for frame in reversed(self.frames) if name in frame), None)
                 if scope is not None and name in scope.temporary:

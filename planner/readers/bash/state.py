@@ -97,8 +97,9 @@ class _State:
         # Each function call's variables made local (``local``, ``declare`` in a function, the call's own
         # NAME=value prefixes): their values before the call, None where unset, put back when it returns.
         self.frames: list[_Frame] = []
-        # Names the script `unset`: whatever the caller's environment held for them is gone, so a started
-        # command's environment decidedly lacks them unless the script exports them again.
+        # Names the script `unset`, or took the export attribute off (`export -n`, `declare +x`): whatever
+        # the caller's environment held for them is gone from what the script starts, so a started command's
+        # environment decidedly lacks them unless the script exports them again.
         self.cleared: set[str] = set()
         self.integers: set[str] = set()  # declare -i: an assignment's value is evaluated as arithmetic
         self.letter_cases: dict[str, str] = {}  # declare -u / -l: "u" or "l", the case its values are stored in
