@@ -888,6 +888,32 @@ def test_export_n_takes_the_variable_out_of_the_launchs_environment_decidedly(tm
         assert not any(CONNECTIONS in note for note in result.notes), result.notes
 
 
+@pytest.mark.parametrize("setting, refused", [
+    (f"readonly -x {CONNECTIONS}=32\n", None),  # readonly takes no -x: "invalid option", nothing set
+    (f"export -f {CONNECTIONS}=32\n", None),  # -f names functions: "not a function", nothing set
+    (f"declare -fx {CONNECTIONS}=32\n", None),  # "cannot use `-f' to make functions"
+    (f"export -f {CONNECTIONS}=32 && export {CONNECTIONS}=32\n", None),  # it fails: && goes no further
+    (f"readonly -x {CONNECTIONS}=32 || export {CONNECTIONS}=32\n", "'32'"),
+    (f"readonly -a A=(1)\nexport {CONNECTIONS}=32\n", "'32'"),  # what readonly takes is still read
+])
+def test_a_declaration_bash_rejects_sets_nothing(tmp_path, setting, refused):
+    """`readonly -x CUDA_DEVICE_MAX_CONNECTIONS=32` (or `export -f CUDA_DEVICE_MAX_CONNECTIONS=32`) before a tp 2
+    launch on H100 was refused as exporting 32, where bash rejects it and sets nothing: readonly takes -a, -A,
+    -f and -p alone ("invalid option", status 2), and -f names functions ("not a function", status 1) (Bash
+    Reference Manual, 4.1 Bourne Shell Builtins: export, readonly; 4.2 Bash Builtins: declare). Real bash,
+    where there is one, is the oracle: what is refused is what no caller exporting 1 rescues."""
+    script = "#!/bin/bash\n" + setting + TRAIN + "\n"
+    if BASH is not None:
+        assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
+    else:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+
+
 @needs_bash
 @pytest.mark.parametrize("setting, refused", [
     (f"export {CONNECTIONS}=1\nexec env -u {CONNECTIONS} ", "unset"),

@@ -22,7 +22,8 @@ script's ``IFS`` (a run of separators one boundary: no empty fields), and
 ``bash -c STRING`` (read as a script of its own, with the exported variables).
 
 The environment each command starts with (``Command.environment``): what the script exports
-(``export``, ``declare -x``, ``local -x``, ``set -a``/``set -o allexport``; ``export -n``, ``declare +x``
+(``export``, ``declare -x``, ``local -x``, ``set -a``/``set -o allexport``; a declaration bash rejects,
+``readonly -x``, ``export -f X=3``, sets nothing; ``export -n``, ``declare +x``
 and ``unset`` take a variable out, a caller's exported one too, a function's locals scoped as bash scopes them), the command's own
 ``NAME=value`` prefixes (on a function call, its commands' for the call, scoped as bash scopes them), and what ``env`` changes (``-u NAME``, ``-uNAME``, ``--unset``, ``-i``, ``-S``),
 read through the commands that start another (``exec``, whose ``-c`` empties it, ``command``, ``time``,

@@ -21,6 +21,9 @@ from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, REMATCH_UNKNOWN,
 from .status import _FALSE, _TRUE, _Exit, _LoopControl, _Return, _Status
 
 _DECLARATIONS = {"export", "declare", "typeset", "local", "readonly"}
+# The option letters each takes (bash 5.2's builtins; `help export` and so on), -p included.
+_DECLARATION_OPTIONS = {"export": "fnp", "readonly": "aAfp", "declare": "aAfFgiIlnprtux",
+                        "typeset": "aAfFgiIlnprtux", "local": "aAfFgiIlnprtux"}
 
 
 class _Commands(_Expander):
@@ -127,6 +130,22 @@ class _Commands(_Expander):
         if command == "local" and not self.frames:  # bash: "can only be used in a function", nothing set
             self.note("local outside a function fails in bash and sets nothing")
             return _FALSE
+        # What bash's builtin rejects sets nothing (Bash Reference Manual, 4.1 Bourne Shell Builtins: export,
+        # readonly; 4.2 Bash Builtins: declare): an option it does not take (readonly -x: "invalid option",
+        # status 2), and -f, which names functions alone (export -f X=3: "not a function"; declare -f X=3:
+        # "cannot use `-f' to make functions", status 1).
+        signs = ("-", "+") if command in ("declare", "typeset", "local") else "-"  # export +n: a name, not valid
+        letters = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith(signs)
+                          and t.text != "--")
+        invalid = next((c for c in letters if c not in _DECLARATION_OPTIONS[command]), None)
+        if invalid is not None:
+            self.note(f"{command} -{invalid} fails in bash (an invalid option) and sets nothing")
+            return _Status(False, False)
+        if "f" in letters:
+            names = [t.text for t in rest[1:] if not t.text.startswith(("-", "+"))]
+            if any(t.kind == "array" or _is_assignment(t.text) for t in rest[1:]):
+                self.note(f"{command} -f NAME=value fails in bash (-f names functions alone) and sets nothing")
+            return _TRUE if names and all(name in self.funcs for name in names) else _Status(False, False)
         # In a function, local (and declare, typeset without -g) scope the names to the call.
         global_ = command in ("declare", "typeset") and any(
             t.kind == "word" and t.text.startswith("-") and "g" in t.text for t in rest[1:])
