@@ -737,3 +737,58 @@ def test_torch_autocast_is_refused_naming_it_where_it_was_priced_as_fp32(tmp_pat
         planner.diagnose(case, "deepspeed", config)
     config.write_text(json.dumps({**body, "torch_autocast": {"enabled": False}}))
     planner.diagnose(case, "deepspeed", config)
+
+
+def test_the_lax_readers_take_what_pydantic_takes_and_refuse_what_it_refuses():
+    """DeepSpeed's config models read their bool, int and float fields in pydantic's lax mode (runtime/
+    config_utils.py, DeepSpeedConfigModel): each reader is held to pydantic itself, value by value."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from planner.engines.deepspeed.read import _lax_bool, _lax_float, _lax_int
+
+    values = [True, False, 0, 1, 2, -3, 0.0, 1.0, 3.0, 3.5, 1e18, 1e20, float("nan"), float("inf"), "1", "0", "2",
+              "true", "TRUE", "False", " true ", "yes", "no", "on", "off", "t", "f", "y", "n", "", "3", " 3 ", "+3",
+              "-0", "03", "3.0", "3.00", "3.", "3.5", "1e9", "1_000", "_1", "1__0", "0x3", "٣", "1.0", " 1.5 ",
+              "inf", "nan", None, [1], {}]
+    readers = ((bool, lambda v: _lax_bool("f", "k", v)), (int, lambda v: _lax_int("f", "k", v, -2**63)),
+               (float, lambda v: _lax_float("f", "k", v)))
+    differ = []
+    for kind, reader in readers:
+        for value in values:
+            try:
+                wanted = TypeAdapter(kind).validate_python(value)
+            except ValidationError:
+                wanted = "refused"
+            try:
+                got = reader(value)
+            except CaseError:
+                got = "refused"
+            if repr(got) != repr(wanted) or type(got) is not type(wanted):
+                differ.append((kind.__name__, value, got, wanted))
+    assert not differ
+
+
+_BATCH = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}}
+
+
+@pytest.mark.parametrize("stage, zero", [("3", 3), (3.0, 3), (True, 1), (" 2 ", 2), ("1.0", 1), ("auto", 0)])
+def test_a_zero_stage_deepspeed_coerces_is_read_as_the_stage_it_runs(tmp_path, stage, zero):
+    """zero_optimization.stage is an int enum to DeepSpeed (ZeroStageEnum, runtime/zero/config.py), read in
+    pydantic's lax mode: "3" is stage 3, true stage 1. They were refused as "expected an integer"."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    assert DeepSpeedZeroConfig(stage=stage).stage == zero
+    config = _write_config(tmp_path, {**_BATCH, "zero_optimization": {"stage": stage}})
+    assert diagnose(CASE_8, config=config).estimate.job.layout.zero_stage == zero
+
+
+@pytest.mark.parametrize("stage", [2.5, "3.5", 4, -1, "1e0", None])
+def test_a_zero_stage_deepspeed_refuses_is_refused_naming_it(tmp_path, stage):
+    from pydantic import ValidationError
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    with pytest.raises(ValidationError):
+        DeepSpeedZeroConfig(stage=stage)
+    with pytest.raises(CaseError) as error:
+        diagnose(CASE_8, config=_write_config(tmp_path, {**_BATCH, "zero_optimization": {"stage": stage}}))
+    assert error.value.key == "zero_optimization.stage"

@@ -5,6 +5,7 @@ the file and the key."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -129,32 +130,53 @@ def misspelled_keys(path: Union[str, Path]) -> list[str]:
     return notes
 
 
-_TRUE_WORDS, _FALSE_WORDS = ("true", "yes", "on", "1", "t", "y"), ("false", "no", "off", "0", "f", "n")
+# How DeepSpeed's config models (DeepSpeedConfigModel, runtime/config_utils.py: pydantic BaseModels in lax
+# mode) take a bool, int or float field: pydantic 2's conversion table (docs.pydantic.dev, "Conversion
+# Table"; pydantic-core's input_python.rs), as the venv's pydantic 2.14 reads each (tests/test_diagnose.py
+# runs it): a bool from true/false, 0/1 (int or float) or these words in any case but unstripped (" true "
+# is refused); an int from a bool, a whole float, or a string of ASCII digits, stripped, with a sign,
+# single underscores between digits and a fraction of zeros ("3.0"; not "3." nor "1e9"); a float from a
+# number, or a string float() reads. What each reader refuses, DeepSpeed's config refuses.
+_TRUE_WORDS, _FALSE_WORDS = ("1", "on", "t", "true", "y", "yes"), ("0", "off", "f", "false", "n", "no")
+_LAX_INT_TEXT = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?")
 
 
 def _lax_bool(src: str, key: str, value: Any) -> bool:
-    """A bool as pydantic's lax mode reads it (true/false, their words and 0/1), else refused as it is."""
+    """A bool as pydantic's lax mode reads it, else refused as it is."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, int) and value in (0, 1):
+    if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS + _FALSE_WORDS:
-        return value.strip().lower() in _TRUE_WORDS
+    if isinstance(value, str) and value.lower() in _TRUE_WORDS + _FALSE_WORDS:
+        return value.lower() in _TRUE_WORDS
     raise CaseError(src, key, f"expected true or false (DeepSpeed's config refuses it), got {one_line(safe_repr(value), 40)}")
 
 
 def _lax_int(src: str, key: str, value: Any, least: int) -> int:
-    """A whole number of at least ``least`` as pydantic's lax mode reads it (5e8 and "500000000" are whole),
-    else refused as it is (DeepSpeed's bucket sizes are int, ge=0)."""
+    """A whole number of at least ``least`` as pydantic's lax mode reads it (5e8, "500000000" and
+    true are whole), else refused as it is (DeepSpeed's bucket sizes are int, ge=0; its ZeRO stage an int
+    enum of 0 to 3)."""
     number = value
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        number = int(value)
+    if isinstance(value, str) and len(value) <= 100 and _LAX_INT_TEXT.fullmatch(value.strip()):
+        number = int(value.strip().split(".")[0])
     if isinstance(number, float) and math.isfinite(number) and number.is_integer():
         number = int(number)
-    if isinstance(number, bool) or not isinstance(number, int) or number < least or number > MAX_INT:
+    if not isinstance(number, int) or not least <= number <= MAX_INT:
         raise CaseError(src, key, f"expected a whole number of at least {least} (DeepSpeed's config refuses it), got "
                                   f"{one_line(safe_repr(value), 40)}")
-    return number
+    return int(number)
+
+
+def _lax_float(src: str, key: str, value: Any) -> float:
+    """A number as pydantic's lax mode reads a float field ("1.0" is 1.0), else refused as it is."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and len(value) <= 100 and value.isascii():  # float("٣") is 3.0; pydantic refuses it
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise CaseError(src, key, f"expected a number (DeepSpeed's config refuses it), got {one_line(safe_repr(value), 40)}")
 
 
 def unpriced_notes(path: Union[str, Path], job) -> list[str]:
@@ -429,6 +451,15 @@ def as_deepspeed_reads(src: str, config: dict) -> tuple[dict, list[str]]:
                      "(DeepSpeed's deprecated form)")
     if isinstance(zero, dict):
         zero = dict(zero)
+        if zero.get("stage") == "auto":
+            # DeepSpeedConfigModel drops a field's "auto" before reading it (runtime/config_utils.py), and the
+            # Trainer fills no stage: DeepSpeed's default, 0.
+            del zero["stage"]
+            notes.append("zero_optimization.stage: \"auto\" read as absent, stage 0 (DeepSpeed's config drops "
+                         "\"auto\", runtime/config_utils.py, and the Trainer fills no stage)")
+        elif "stage" in zero:
+            # DeepSpeedZeroConfig.stage, an int enum (ZeroStageEnum): "3", 3.0 and true (1) are stages to it.
+            zero["stage"] = _lax_int(src, "zero_optimization.stage", zero["stage"], 0)  # (0 to 3: read() says so)
         for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
             if old in zero:
                 flag = zero.pop(old)
