@@ -792,3 +792,25 @@ def test_a_zero_stage_deepspeed_refuses_is_refused_naming_it(tmp_path, stage):
     with pytest.raises(CaseError) as error:
         diagnose(CASE_8, config=_write_config(tmp_path, {**_BATCH, "zero_optimization": {"stage": stage}}))
     assert error.value.key == "zero_optimization.stage"
+
+
+def test_string_booleans_deepspeeds_bool_fields_take_are_read_as_it_reads_them(tmp_path):
+    """cpu_offload (DeepSpeedZeroConfig, Optional[bool]) and bf16_master_weights_and_grads
+    (DeepSpeedBF16Config, bool) in pydantic's lax mode: "true" is true. Both were refused as not a bool."""
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    assert DeepSpeedZeroConfig(stage=2, cpu_offload="true").offload_optimizer.device == "cpu"
+    assert DeepSpeedZeroConfig(stage=2, cpu_offload="false").offload_optimizer is None
+    for said, offload in (("true", 1.0), ("false", 0.0)):
+        config = _write_config(tmp_path, {**_BATCH, "zero_optimization": {"stage": 2, "cpu_offload": said}})
+        assert diagnose(CASE_8, config=config).estimate.job.layout.offload_optimizer == offload
+    assert DeepSpeedBF16Config(enabled=True, bf16_master_weights_and_grads="true").bf16_master_weights_and_grads
+    bf16_master = {**CASE_8, "training": {**CASE_8["training"], "master_weights": False}}
+    config = _write_config(tmp_path, {**_BATCH, "zero_optimization": {"stage": 2}, "bf16": {
+        "enabled": True, "bf16_master_weights_and_grads": "true", "bf16_optimizer_states": "true"}})
+    assert diagnose(bf16_master, config=config).estimate.job.training.master_weights is False
+    with pytest.raises(CaseError) as error:
+        diagnose(bf16_master, config=_write_config(tmp_path, {**_BATCH, "bf16": {
+            "enabled": True, "bf16_master_weights_and_grads": "maybe"}}))
+    assert error.value.key == "bf16.bf16_master_weights_and_grads"

@@ -462,9 +462,9 @@ def as_deepspeed_reads(src: str, config: dict) -> tuple[dict, list[str]]:
             zero["stage"] = _lax_int(src, "zero_optimization.stage", zero["stage"], 0)  # (0 to 3: read() says so)
         for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
             if old in zero:
+                # Optional[bool] fields of DeepSpeedZeroConfig, made their sections once read ("true" is true)
                 flag = zero.pop(old)
-                if not isinstance(flag, bool):
-                    raise CaseError(src, f"zero_optimization.{old}", f"expected true or false, got {flag!r}")
+                flag = flag is not None and _lax_bool(src, f"zero_optimization.{old}", flag)
                 if flag and new not in zero:
                     zero[new] = {"device": "cpu"}
                     notes.append(f"zero_optimization.{old}: true read as {new} on the cpu (DeepSpeed's deprecated "
@@ -832,9 +832,8 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
                                                                    "prices (fp32 master weights, or bf16's own "
                                                                    "without: training.master_weights); expected "
                                                                    "false or absent")
-    master_bf16 = bf16 and config["bf16"].get("bf16_master_weights_and_grads", False)
-    if not isinstance(master_bf16, bool):
-        raise CaseError(src, "bf16.bf16_master_weights_and_grads", f"expected true or false, got {master_bf16!r}")
+    master_said = config["bf16"].get("bf16_master_weights_and_grads", False) if bf16 else False
+    master_bf16 = master_said != "auto" and _lax_bool(src, "bf16.bf16_master_weights_and_grads", master_said)
     if master_bf16 == case.training.master_weights:
         raise CaseError(src, "bf16.bf16_master_weights_and_grads",
                         f"the config keeps {'bf16' if master_bf16 else 'fp32'} master weights, but the case "
