@@ -814,3 +814,26 @@ def test_string_booleans_deepspeeds_bool_fields_take_are_read_as_it_reads_them(t
         diagnose(bf16_master, config=_write_config(tmp_path, {**_BATCH, "bf16": {
             "enabled": True, "bf16_master_weights_and_grads": "maybe"}}))
     assert error.value.key == "bf16.bf16_master_weights_and_grads"
+
+
+@pytest.mark.parametrize("ratio, refused", [("1.0", None), (1, None), ("auto", None), (0.5, "partial offload"),
+                                            ("1.5", "from 0.0 to 1.0"), ("all", "expected a number")])
+def test_an_offload_ratio_is_read_as_deepspeeds_float_field(tmp_path, ratio, refused):
+    """offload_optimizer.ratio "1.0" is a full offload to DeepSpeed (a float field, pydantic's lax mode,
+    runtime/zero/offload_config.py); it was refused as a partial one."""
+    from pydantic import ValidationError
+    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
+
+    zero = {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": ratio}}
+    config = _write_config(tmp_path, {**_BATCH, "zero_optimization": zero})
+    if refused is None or refused == "partial offload":
+        assert DeepSpeedZeroOffloadOptimizerConfig(device="cpu", ratio=ratio).ratio == (0.5 if refused else 1.0)
+    else:
+        with pytest.raises(ValidationError):
+            DeepSpeedZeroOffloadOptimizerConfig(device="cpu", ratio=ratio)
+    if refused is None:
+        assert diagnose(CASE_8, config=config).estimate.job.layout.offload_optimizer == 1.0
+    else:
+        with pytest.raises(CaseError) as error:
+            diagnose(CASE_8, config=config)
+        assert error.value.key == "zero_optimization.offload_optimizer.ratio" and refused in error.value.expected

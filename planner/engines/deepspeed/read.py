@@ -967,7 +967,13 @@ def _offload_device(src: str, zero_section: dict, name: str) -> bool:
         raise CaseError(src, f"zero_optimization.{name}.device", "nvme offload is not modelled; expected cpu or none")
     if device not in ("cpu", "none"):
         raise CaseError(src, f"zero_optimization.{name}.device", f"expected cpu or none, got {device!r}")
-    ratio = section.get("ratio", 1.0)
+    # DeepSpeedZeroOffloadOptimizerConfig.ratio: a float, ge=0.0, le=1.0 (runtime/zero/offload_config.py), read
+    # in pydantic's lax mode ("1.0" is 1.0, all); "auto" dropped, as DeepSpeedConfigModel drops it.
+    said = section.get("ratio", "auto")
+    ratio = 1.0 if said == "auto" else _lax_float(src, f"zero_optimization.{name}.ratio", said)
+    if not 0.0 <= ratio <= 1.0:
+        raise CaseError(src, f"zero_optimization.{name}.ratio", f"expected a number from 0.0 to 1.0 (DeepSpeed's "
+                                                                 f"config refuses it), got {one_line(safe_repr(said), 40)}")
     if device == "cpu" and ratio != 1.0:
         # ZeRO-3's partial optimizer offload (DeepSpeedZeroOffloadOptimizerConfig.ratio): the
         # planner prices DeepSpeed's offload as all or none (engines/deepspeed/engine.py).
