@@ -837,3 +837,17 @@ def test_an_offload_ratio_is_read_as_deepspeeds_float_field(tmp_path, ratio, ref
         with pytest.raises(CaseError) as error:
             diagnose(CASE_8, config=config)
         assert error.value.key == "zero_optimization.offload_optimizer.ratio" and refused in error.value.expected
+
+
+@pytest.mark.parametrize("said", [True, "false", 1, "no"])
+def test_activation_checkpointing_keys_deepspeed_tests_for_truth_are_said_when_true_to_it(tmp_path, said):
+    """activation_checkpointing's keys are read raw (get_scalar_param) and tested for their truth
+    (activation_checkpointing/checkpointing.py): "false" partitions the activations; it had no note."""
+    from deepspeed.runtime.activation_checkpointing.config import DeepSpeedActivationCheckpointingConfig
+
+    assert DeepSpeedActivationCheckpointingConfig({"activation_checkpointing": {
+        "partition_activations": said}}).partition_activations
+    config = _write_config(tmp_path, {**_BATCH, "zero_optimization": {"stage": 2},
+                                      "activation_checkpointing": {"partition_activations": said}})
+    notes = diagnose(CASE_8, config=config).notes
+    assert any("activation_checkpointing.partition_activations" in n and "not priced" in n for n in notes)

@@ -273,8 +273,10 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
         unpriced.append("zero_optimization.zero_hpz_partition_size")
     checkpointing = config.get("activation_checkpointing")
     if isinstance(checkpointing, dict):
+        # Read raw (activation_checkpointing/config.py, get_scalar_param) and tested for their truth
+        # (checkpointing.py: `if PARTITION_ACTIVATIONS:`, `elif CPU_CHECKPOINT`): "false" as a string turns it on.
         unpriced += [f"activation_checkpointing.{key}" for key in ("partition_activations", "cpu_checkpointing")
-                     if checkpointing.get(key) is True]
+                     if checkpointing.get(key)]
     if enabled:
         unpriced.append("compile.enabled")
     bf16 = config.get("bf16") if isinstance(config.get("bf16"), dict) else {}
