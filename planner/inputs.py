@@ -17,7 +17,7 @@ import json
 import math
 import os
 import stat
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import yaml
 from yaml.composer import Composer
@@ -399,11 +399,14 @@ class _TooManyValues(Exception):
     pass
 
 
-def load_json(text: str, source: str) -> Any:
+def load_json(text: str, source: str, parse_float: Callable[[str], Any] = float, loads: Callable[..., Any] = json.loads,
+              syntax: str = "valid JSON") -> Any:
     """JSON text, or a CaseError naming ``source``: malformed, too deep, a key given twice in one
     object, a number too long (naming its key), or more numbers and members than a config holds
     (MAX_YAML_NODES, the YAML files' bound: a ds_config of 5.5 million zeros took 29 s to diagnose,
-    each number through a Python hook, five readings over)."""
+    each number through a Python hook, five readings over). ``parse_float`` reads a number with a
+    fraction or an exponent; ``loads`` is json.loads or a reader taking its hooks (hjson's), whose
+    errors say ``syntax``."""
     count = [0]
 
     def counted(value: Any) -> Any:
@@ -417,20 +420,18 @@ def load_json(text: str, source: str) -> Any:
                        else _LongNumber(len(digits.lstrip("-"))))
 
     try:
-        data = json.loads(text, parse_int=number, parse_float=lambda digits: counted(float(digits)),
+        data = loads(text, parse_int=number, parse_float=lambda digits: counted(parse_float(digits)),
                           object_pairs_hook=lambda pairs: counted(_object_without_duplicates(pairs)))
     except _TooManyValues:
         raise CaseError(source, "", f"holds more than {MAX_YAML_NODES:,} numbers and objects; expected a "
                                     "configuration file") from None
     except _DuplicateKey as error:
         raise CaseError(source, one_line(error.key, 80), "given twice in one object; expected each key once") from None
-    except json.JSONDecodeError as error:
-        raise CaseError(source, "", f"expected valid JSON: {error.msg} at line {error.lineno}, "
-                                    f"column {error.colno}") from None
     except RecursionError:
-        raise CaseError(source, "", "expected valid JSON: nested too deeply to read") from None
-    except ValueError as error:  # pragma: no cover - long integers are caught above
-        raise CaseError(source, "", f"expected valid JSON: {error}") from None
+        raise CaseError(source, "", f"expected {syntax}: nested too deeply to read") from None
+    except ValueError as error:  # json's JSONDecodeError, hjson's HjsonDecodeError (long integers are caught above)
+        where = f" at line {error.lineno}, column {error.colno}" if hasattr(error, "lineno") else ""
+        raise CaseError(source, "", f"expected {syntax}: {getattr(error, 'msg', error)}{where}") from None
     long_number = _long_number_key(data)
     if long_number:
         raise CaseError(source, long_number[0], f"a number of {long_number[1]:,} digits; expected a number of at "

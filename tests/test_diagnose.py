@@ -851,3 +851,26 @@ def test_activation_checkpointing_keys_deepspeed_tests_for_truth_are_said_when_t
                                       "activation_checkpointing": {"partition_activations": said}})
     notes = diagnose(CASE_8, config=config).notes
     assert any("activation_checkpointing.partition_activations" in n and "not priced" in n for n in notes)
+
+
+def test_a_ds_config_file_is_read_as_deepspeeds_hjson_reads_it(tmp_path, monkeypatch):
+    """DeepSpeed reads its config file with hjson (runtime/config.py, DeepSpeedConfig), which reads 4.0 as 4
+    (hjson/decoder.py) and takes comments, trailing commas and unquoted keys: such files were refused as
+    "expected an integer" and "expected valid JSON"."""
+    import hjson
+
+    text = ('{\n  // the Llama 3 8B run\n  train_batch_size: 64,\n  "train_micro_batch_size_per_gpu": 2.0,\n'
+            '  "bf16": {"enabled": true},\n  "zero_optimization": {"stage": 2,},\n}\n')
+    assert hjson.loads(text)["train_micro_batch_size_per_gpu"] == 2
+    assert hjson.loads('{"a": 8.0}')["a"] == 8 and type(hjson.loads('{"a": 8.0}')["a"]) is int
+    path = tmp_path / "ds_config.hjson.json"
+    path.write_text(text)
+    layout = diagnose(CASE_8, config=path).estimate.job.layout
+    assert (layout.micro_batch_size, layout.zero_stage) == (2, 2)
+    floats = _write_config(tmp_path, {**_BATCH, "train_micro_batch_size_per_gpu": 2.0,
+                                      "gradient_accumulation_steps": 4.0, "zero_optimization": {"stage": 2}})
+    assert diagnose(CASE_8, config=floats).estimate.job.grad_accum == 4
+    monkeypatch.setitem(sys.modules, "hjson", None)  # where hjson is not installed
+    with pytest.raises(CaseError, match="install hjson") as error:
+        diagnose(CASE_8, config=path)
+    assert "line 2" in error.value.expected

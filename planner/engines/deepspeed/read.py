@@ -15,7 +15,7 @@ from cost_models.specs import Layout
 
 from planner.fields import read_int as integer
 from planner.errors import Argument, CaseError, cli_flag, named, one_line, safe_repr
-from planner.inputs import read_json
+from planner.inputs import load_json, read_text
 from planner.limits import MAX_INT
 
 
@@ -323,9 +323,33 @@ def _enabled(src: str, config: dict, key: str) -> bool:
     return _lax_bool(src, f"{key}.enabled", section.get("enabled", False))
 
 
+def _hjson_number(digits: str) -> Union[int, float]:
+    """A number with a fraction or an exponent as hjson reads it: a float, an int where whole and below 1e10
+    (hjson/decoder.py, scanValue: ``if int(res) == res and abs(res)<1e10: res = int(res)``), so that
+    DeepSpeed takes ``"train_micro_batch_size_per_gpu": 4.0`` as 4."""
+    number = float(digits)
+    return int(number) if math.isfinite(number) and number.is_integer() and abs(number) < 1e10 else number
+
+
 def load_config(path: Path) -> dict:
-    """A ds_config.json as a mapping, or a CaseError naming it."""
-    data = read_json(path)
+    """A ds_config.json as DeepSpeed reads its config file: with hjson (runtime/config.py, DeepSpeedConfig:
+    ``hjson.load``), which reads JSON, whole numbers written as floats (4.0) as ints, and comments, trailing
+    commas and unquoted keys; a mapping, or a CaseError naming it. Where hjson is not installed (a
+    DeepSpeed dependency, not the planner's), a file that is not JSON is refused saying so."""
+    text = read_text(path, "valid JSON")
+    try:
+        data = load_json(text, str(path), parse_float=_hjson_number)
+    except CaseError as error:
+        if not error.expected.startswith("expected valid JSON:") or "nested too deeply" in error.expected:
+            raise
+        try:
+            import hjson
+        except ImportError:
+            raise CaseError(str(path), "", f"{error.expected}; DeepSpeed reads its config with hjson (comments, "
+                                           "trailing commas, unquoted keys: runtime/config.py), which is not "
+                                           "installed here: install hjson (DeepSpeed's dependency) to read it as "
+                                           "DeepSpeed does") from None
+        data = load_json(text, str(path), loads=hjson.loads, syntax="Hjson, as DeepSpeed reads its config")
     if not isinstance(data, dict):
         raise CaseError(str(path), "", f"expected a JSON object, got {type(data).__name__}")
     return data
