@@ -760,6 +760,21 @@ def bash_connections(tmp_path: Path, script: str, caller: Optional[str] = None) 
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 
 
+def read_as_bash_does(tmp_path: Path, script: str, refused: Optional[str], oracle: bool = True) -> None:
+    """The tp 2 launch ``script`` on 8 H100s: refused naming CUDA_DEVICE_MAX_CONNECTIONS (``refused`` in
+    its message) exactly where real bash, its caller exporting 1, gives the training another value (where
+    ``oracle``), else read at tp 2."""
+    if oracle:
+        assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
+    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
+    else:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+
+
 @needs_bash
 @pytest.mark.parametrize("script, refused", [
     # unset on a local removes the local alone: the caller's variable is back when the function returns
@@ -787,14 +802,7 @@ def test_a_functions_local_connections_are_scoped_as_bash_scopes_them(tmp_path, 
     exported variables (3.7.4 Environment). Real bash is the oracle: what is refused is what no caller
     exporting 1 rescues."""
     script = "#!/bin/bash\n" + script
-    assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
-    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
-    if refused:
-        with pytest.raises(CaseError) as error:
-            diagnose(case, megatron_args=args)
-        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
-    else:
-        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+    read_as_bash_does(tmp_path, script, refused)
 
 
 @pytest.mark.parametrize("script, refused", [
@@ -820,15 +828,7 @@ def test_a_function_calls_prefix_assignments_are_its_commands_environment(tmp_pa
     export and readonly keep it past the return (variables.c, push_func_var). Real bash, where there is
     one, is the oracle: what is refused is what no caller exporting 1 rescues."""
     script = "#!/bin/bash\n" + script
-    if BASH is not None:
-        assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
-    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
-    if refused:
-        with pytest.raises(CaseError) as error:
-            diagnose(case, megatron_args=args)
-        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
-    else:
-        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+    read_as_bash_does(tmp_path, script, refused, oracle=BASH is not None)
 
 
 @pytest.mark.parametrize("setting, refused", [
@@ -846,15 +846,7 @@ def test_a_prefix_after_the_reserved_word_time_is_the_launchs_environment(tmp_pa
     Manual, 3.2.3 Pipelines; 3.7.4 Environment). Real bash, where there is one, is the oracle: what is
     refused is what no caller exporting 1 rescues."""
     script = "#!/bin/bash\n" + setting + TRAIN + "\n"
-    if BASH is not None:
-        assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
-    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
-    if refused:
-        with pytest.raises(CaseError) as error:
-            diagnose(case, megatron_args=args)
-        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
-    else:
-        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+    read_as_bash_does(tmp_path, script, refused, oracle=BASH is not None)
 
 
 @pytest.mark.parametrize("setting, refused", [
@@ -903,15 +895,7 @@ def test_a_declaration_bash_rejects_sets_nothing(tmp_path, setting, refused):
     Reference Manual, 4.1 Bourne Shell Builtins: export, readonly; 4.2 Bash Builtins: declare). Real bash,
     where there is one, is the oracle: what is refused is what no caller exporting 1 rescues."""
     script = "#!/bin/bash\n" + setting + TRAIN + "\n"
-    if BASH is not None:
-        assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
-    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
-    if refused:
-        with pytest.raises(CaseError) as error:
-            diagnose(case, megatron_args=args)
-        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
-    else:
-        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+    read_as_bash_does(tmp_path, script, refused, oracle=BASH is not None)
 
 
 @needs_bash
@@ -942,14 +926,7 @@ def test_env_reached_through_the_commands_that_start_it_is_read(tmp_path, settin
     command; exec -c: "with an empty environment"), as coreutils' nohup, nice, stdbuf and timeout do, and env
     takes the variable out. Real bash is the oracle: what is refused is what no caller exporting 1 rescues."""
     script = "#!/bin/bash\n" + setting + TRAIN + "\n"
-    assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
-    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
-    if refused:
-        with pytest.raises(CaseError) as error:
-            diagnose(case, megatron_args=args)
-        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
-    else:
-        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+    read_as_bash_does(tmp_path, script, refused)
 
 
 @needs_bash
@@ -962,14 +939,7 @@ def test_the_environment_a_bash_c_launch_is_given_is_its_own(tmp_path, setting, 
     """A `bash -c` launch read the exported variables alone: its NAME=value prefixes and what env(1) changes
     on the way were lost to the inner script (Bash Reference Manual, 3.7.4 Environment)."""
     script = "#!/bin/bash\n" + setting
-    assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
-    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
-    if refused:
-        with pytest.raises(CaseError) as error:
-            diagnose(case, megatron_args=args)
-        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
-    else:
-        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+    read_as_bash_does(tmp_path, script, refused)
 
 
 @needs_bash
@@ -985,14 +955,7 @@ def test_allexport_puts_what_the_script_sets_in_the_trainings_environment(tmp_pa
     -a (-o allexport) was not read, where bash exports every variable set after it (Bash Reference Manual,
     4.3.1 The Set Builtin). Real bash is the oracle: what is refused is what no caller exporting 1 rescues."""
     script = "#!/bin/bash\n" + setting + (TRAIN + "\n" if TRAIN not in setting else "")
-    assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
-    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
-    if refused:
-        with pytest.raises(CaseError) as error:
-            diagnose(case, megatron_args=args)
-        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
-    else:
-        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+    read_as_bash_does(tmp_path, script, refused)
 
 
 def test_moe_expert_overlap_lifts_the_one_connection_assertion(tmp_path):
