@@ -354,14 +354,19 @@ def _parse(path: Path, text: str) -> _Settings:
 _HEADER_BASE = re.compile(r"^#[^\n]*torchtitan\.train --module (\S+) --config (\S+)", re.MULTILINE)
 
 
+def _meant(word: str, choices, cutoff: float, prefix: str = "") -> str:
+    """" (did you mean X?)" for the closest of ``choices`` to a word torchtitan would refuse, or ""."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+
 def _from_toml(src: str, data: dict) -> _Settings:
     """A torchtitan 0.2 job file: its sections flattened to "section.key"."""
     values = {}
     sections = ("parallelism", "training", "compile", "activation_checkpoint", "model", "float8", "mx")
     for name in data:
         if name not in JOB_SECTIONS:  # ConfigManager._dict_to_dataclass: "Invalid field names"
-            close = difflib.get_close_matches(str(name), JOB_SECTIONS, n=1, cutoff=0.75)
-            meant = f" (did you mean {close[0]}?)" if close else ""
+            meant = _meant(str(name), JOB_SECTIONS, 0.75)
             raise CaseError(src, one_line(str(name), 60), f"unknown section{meant}: torchtitan 0.1-0.2's JobConfig "
                                                           "(config/job_config.py) has no such field, and refuses "
                                                           "the file")
@@ -374,8 +379,7 @@ def _from_toml(src: str, data: dict) -> _Settings:
             raise CaseError(src, section, f"expected a table [{section}], got {one_line(safe_repr(table), 40)}")
         for key in table:
             if key not in TOML_KEYS[section]:  # ConfigManager._dict_to_dataclass: "Invalid field names"
-                close = difflib.get_close_matches(str(key), TOML_KEYS[section], n=1, cutoff=0.8)
-                meant = f" (did you mean {section}.{close[0]}?)" if close else ""
+                meant = _meant(str(key), TOML_KEYS[section], 0.8, f"{section}.")
                 raise CaseError(src, f"{section}.{one_line(str(key), 60)}",
                                 f"unknown key{meant}: torchtitan 0.1-0.2's {section} (config/job_config.py) has no "
                                 "such field, and refuses the file")
@@ -538,8 +542,7 @@ def _job_overrides(src: str, words: list[str]) -> dict[str, Any]:
             raise CaseError(src, f"--{one_line(name, 60)}", "expected --section.key (torchtitan 0.2's options are "
                                                             "grouped by section: --parallelism.tensor_parallel_degree 2)")
         if section not in JOB_SECTIONS:
-            close = difflib.get_close_matches(section, JOB_SECTIONS, n=1, cutoff=0.75)
-            meant = f" (did you mean {close[0]}?)" if close else ""
+            meant = _meant(section, JOB_SECTIONS, 0.75)
             raise CaseError(src, f"--{one_line(name, 60)}", f"unknown section {one_line(section, 40)!r}{meant}: "
                                                             "torchtitan 0.2's JobConfig (config/job_config.py) has no "
                                                             "such section, and tyro refuses the launch")
@@ -547,8 +550,7 @@ def _job_overrides(src: str, words: list[str]) -> dict[str, Any]:
         if not args and key.startswith("no_") and key[3:] in TOML_KEYS.get(section, ()):
             key, value = key[3:], False
         if section in TOML_KEYS and key not in TOML_KEYS[section]:
-            close = difflib.get_close_matches(key, TOML_KEYS[section], n=1, cutoff=0.8)
-            meant = f" (did you mean {section}.{close[0]}?)" if close else ""
+            meant = _meant(key, TOML_KEYS[section], 0.8, f"{section}.")
             raise CaseError(src, f"{section}.{one_line(key, 60)}", f"unknown key{meant}: torchtitan 0.2's {section} "
                                                                     "(config/job_config.py) has no such field, and tyro "
                                                                     "refuses the launch")
@@ -663,8 +665,7 @@ def _from_words(src: str, words: list[str]) -> _Settings:
                                                             "subcommand activation_checkpoint:<none|selective|full>, "
                                                             "last on the line; tyro refuses this option")
         if section not in SECTIONS:
-            close = difflib.get_close_matches(section, SECTIONS, n=1, cutoff=0.75)
-            meant = f" (did you mean {close[0]}?)" if close else ""
+            meant = _meant(section, SECTIONS, 0.75)
             raise CaseError(src, f"--{one_line(name, 60)}", f"unknown section {one_line(section, 40)!r}{meant}: "
                                                             "torchtitan 0.3.0's Trainer.Config (trainer.py) has no such "
                                                             "section, and tyro refuses the launch")
@@ -673,8 +674,7 @@ def _from_words(src: str, words: list[str]) -> _Settings:
         else:
             value = args if args else True
         if section in KNOWN_KEYS and key not in KNOWN_KEYS[section]:
-            close = difflib.get_close_matches(key, KNOWN_KEYS[section], n=1, cutoff=0.8)
-            meant = f" (did you mean {section}.{close[0]}?)" if close else ""
+            meant = _meant(key, KNOWN_KEYS[section], 0.8, f"{section}.")
             raise CaseError(src, f"{section}.{one_line(key, 60)}", f"unknown key{meant}: torchtitan 0.3.0's "
                                                                     f"{section} section (config/configs.py) has no "
                                                                     "such field, and tyro refuses the launch")
