@@ -760,10 +760,10 @@ def bash_connections(tmp_path: Path, script: str, caller: Optional[str] = None) 
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 
 
-def read_as_bash_does(tmp_path: Path, script: str, refused: Optional[str], oracle: bool = True) -> None:
+def read_as_bash_does(tmp_path: Path, script: str, refused: Optional[str], oracle: bool = True):
     """The tp 2 launch ``script`` on 8 H100s: refused naming CUDA_DEVICE_MAX_CONNECTIONS (``refused`` in
     its message) exactly where real bash, its caller exporting 1, gives the training another value (where
-    ``oracle``), else read at tp 2."""
+    ``oracle``), else read at tp 2 (its diagnosis returned)."""
     if oracle:
         assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
     case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
@@ -771,8 +771,10 @@ def read_as_bash_does(tmp_path: Path, script: str, refused: Optional[str], oracl
         with pytest.raises(CaseError) as error:
             diagnose(case, megatron_args=args)
         assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
-    else:
-        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+        return None
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.layout.tp == 2
+    return result
 
 
 @needs_bash
@@ -866,17 +868,8 @@ def test_export_n_takes_the_variable_out_of_the_launchs_environment_decidedly(tm
     attribute off the script's variable, which is the one a caller's exported value became when bash started
     (Bash Reference Manual, 4.1 Bourne Shell Builtins: export; 3.7.4 Environment), so no caller rescues it.
     Real bash, where there is one, is the oracle: what is refused is what no caller exporting 1 rescues."""
-    script = "#!/bin/bash\n" + setting + TRAIN + "\n"
-    if BASH is not None:
-        assert (bash_connections(tmp_path, script, caller="1") != "1") == (refused is not None)
-    case, args = files(tmp_path, script, {**BF16, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
-    if refused:
-        with pytest.raises(CaseError) as error:
-            diagnose(case, megatron_args=args)
-        assert error.value.key == CONNECTIONS and refused in error.value.expected, str(error.value)
-    else:
-        result = diagnose(case, megatron_args=args)
-        assert result.estimate.job.layout.tp == 2
+    result = read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused, oracle=BASH is not None)
+    if result is not None:  # decided, not left to the caller: no note on it
         assert not any(CONNECTIONS in note for note in result.notes), result.notes
 
 
