@@ -265,16 +265,20 @@ def diagnose_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster and training."),
     config: Optional[Path] = typer.Option(None, "--config", help="A DeepSpeed ds_config.json."),
     pp: Optional[int] = typer.Option(None, "--pp", min=1, max=MAX_GPUS,
-                                     help="Pipeline stages of the DeepSpeed run (ds_config has none; default 1)."),
+                                     help="Pipeline stages of the DeepSpeed run (ds_config has none; "
+                                          "default: a ds_config plan --emit wrote: its planned layout; else the case's layout; else 1)."),
     tp: Optional[int] = typer.Option(None, "--tp", min=1, max=MAX_GPUS,
                                      help="Tensor parallelism of a DeepSpeed pipeline whose model splits its own "
-                                          "layers (Megatron-DeepSpeed); without a pipeline, ds_config's autotp_size."),
+                                          "layers (Megatron-DeepSpeed); without a pipeline, ds_config's autotp_size (with a pipeline, "
+                                          "default: a ds_config plan --emit wrote: its planned layout; else the case's layout; else autotp_size, else 1)."),
     ep: Optional[int] = typer.Option(None, "--ep", min=1, max=MAX_GPUS,
                                      help="Expert parallelism of a DeepSpeed-MoE run (the model code's ep_size, "
-                                          "which ds_config does not state; default: the case's layout, else 1)."),
+                                          "which ds_config does not state; AutoEP's autoep_size where the config turns it on; "
+                                          "default: a ds_config plan --emit wrote: its planned layout; else the case's layout; else 1)."),
     stage_layers: Optional[str] = typer.Option(None, "--stage-layers",
                                                help="Layers of each pipeline stage of a DeepSpeed run, comma-separated "
-                                                    "(its PipelineModule's split, which ds_config does not state)."),
+                                                    "(its PipelineModule's split, which ds_config does not state; "
+                                                    "default: a ds_config plan --emit wrote: its planned layout; else the case's layout; else the estimate's own split)."),
     megatron_args: Optional[Path] = typer.Option(None, "--megatron-args",
                                                  help="A Megatron-LM argument list or launch script."),
     torchtitan: Optional[Path] = typer.Option(None, "--torchtitan",
@@ -285,7 +289,9 @@ def diagnose_command(
                                                         "for a ds_config whose micro-batch is \"auto\"."),
     recompute: Optional[str] = typer.Option(None, "--recompute",
                                             help="none, selective or full: the model's activation checkpointing "
-                                                 "(the Trainer's gradient_checkpointing), which ds_config does not say."),
+                                                 "(the Trainer's gradient_checkpointing), which ds_config does not say; "
+                                                 "default: a ds_config plan --emit wrote: its planned layout; else the case's layout; else none; full under a pipeline's "
+                                                 "activation_checkpoint_interval)."),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
 ) -> None:
     """Estimate an existing config's layout and compare it with the planner's best."""
