@@ -469,7 +469,8 @@ def calibrate_command(
                                                  "(its start-up: at least two minutes; default 300)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing profile."),
     gpu_preset: Optional[str] = typer.Option(
-        None, "--gpu-preset", help="Take peak_tflops from this GPU preset (datasheet) instead of the best measured."),
+        None, "--gpu-preset", help="Take peak_tflops from this GPU preset (datasheet) instead of the best measured; with "
+             "--from-runs or --from-logs, the GPU preset the runs ran on, their priors (another is refused)."),
     nnodes: Optional[int] = typer.Option(None, "--nnodes", min=1, max=MAX_GPUS,
                                          help="Nodes (run the same command on each; default 1)."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",

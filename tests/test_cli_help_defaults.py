@@ -37,3 +37,9 @@ def test_diagnose_pp_help_says_the_default_diagnose_takes(tmp_path):
         assert "default 1)" not in text, (flag, text)
         assert "planned layout" in text and "the case's layout" in text, (flag, text)
 
+
+def test_calibrate_gpu_preset_help_says_what_it_does_with_from_runs():
+    """With --from-runs or --from-logs, --gpu-preset takes no peak from anywhere: it is the GPU the runs
+    must have run on (another is refused). The help gave only the microbenchmarks' meaning."""
+    text = option_help("calibrate", "--gpu-preset")
+    assert "--from-runs" in text and "refused" in text, text
