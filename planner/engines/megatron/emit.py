@@ -525,8 +525,10 @@ def render(estimate, header_lines) -> dict[str, str]:
     unstated = unstated_architecture(job.model)
     args_text = (header + comment(warnings(estimate) + [
         summary,
-        "Add data, tokenizer, learning-rate and run-length arguments on the command line (pretrain_gpt.py "
-        "needs --train-samples (tokens / seq-length) or --train-iters)"
+        "Add data, tokenizer, learning-rate, run-length and checkpoint arguments on the command line "
+        "(--data-path, --tokenizer-type and --tokenizer-model, --lr; pretrain_gpt.py needs --train-samples "
+        "(tokens / seq-length) or --train-iters; without --save DIR and --save-interval N no checkpoint is "
+        "written, and --load DIR resumes)"
         + (f"; the case does not state the model's {', '.join(unstated)}: add them too." if unstated else "."),
     ]) + body)
     launch = (
@@ -534,7 +536,7 @@ def render(estimate, header_lines) -> dict[str, str]:
             f"Megatron-LM on {nodes} node(s) x {per_node} GPUs; on node i run with NODE_RANK=i"
             + (" and MASTER_ADDR set to node 0." if nodes > 1 else "."),
             "MEGATRON_LM: a Megatron-LM checkout; extra arguments (data, tokenizer, learning rate, "
-            "--train-samples or --train-iters) pass through.",
+            "--train-samples or --train-iters, --save/--save-interval/--load) pass through.",
         ]) +
         "set -euo pipefail\n"
         "set -f  # no globbing of the arguments (a pipeline layout holds '*')\n"
@@ -550,8 +552,8 @@ def render(estimate, header_lines) -> dict[str, str]:
     checkout = ('[ -f "${MEGATRON_LM:-.}/pretrain_gpt.py" ] || { echo "sbatch.sh: no pretrain_gpt.py in '
                 '${MEGATRON_LM:-.}: export MEGATRON_LM=<a Megatron-LM checkout> before sbatch" >&2; exit 1; }\n')
     batch = sbatch(header + comment(["MEGATRON_LM: a Megatron-LM checkout (export it before sbatch); extra arguments "
-                                     "(data, tokenizer, learning rate, --train-samples or --train-iters) pass "
-                                     "through."]),
+                                     "(data, tokenizer, learning rate, --train-samples or --train-iters, "
+                                     "--save/--save-interval/--load) pass through."]),
                    nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $ARGS "$@"', connections_line(lay),
                    cluster=job.cluster, files='ARGS="$(grep -v \'^#\' "$HERE/' + ARGS_FILE + '")"\n' + checkout)
     return {ARGS_FILE: args_text, LAUNCH_FILE: launch, SBATCH_FILE: batch}
