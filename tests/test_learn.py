@@ -1732,3 +1732,19 @@ def test_the_docs_from_runs_section_names_record_type_a_run_is_refused_without()
         runs_from_rows([row], "runs.yaml")
     assert str(refused.value).endswith("record_type: missing: expected measured_throughput")
     assert "record_type: missing: expected measured_throughput" in " ".join(section.split())
+
+
+def test_the_docs_from_runs_section_shows_a_run_that_fits(tmp_path):
+    """docs/calibration.md sent a team writing its runs file to planner/published/README.md, which lists
+    the files but not their fields, and to ../shared/validation/README.md, which is not in the repo: a
+    user had no run to copy. The section shows one, and it is a runs file calibrate --from-runs fits."""
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "calibration.md").read_text()
+    section = docs.split("## From runs", 1)[1].split("\n## ", 1)[0]
+    assert "../shared/validation/README.md" not in section
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "runs.yaml"
+    path.write_text(example)
+    runs = runs_from_rows(yaml.safe_load(example), str(path))
+    assert len(runs) == 1
+    profile, report = calibrate_from_runs([str(path)])
+    assert [row for row in report.to_dict()["residuals"]]
