@@ -21,7 +21,7 @@ import typer
 from .errors import (INTERRUPTS, CaseError, Interrupted, forget_interrupts, ignore_interrupts, interrupt,
                      interrupt_received, interrupted_exit_code, one_line, raise_if_interrupted)
 from .estimate import estimate
-from .limits import MAX_FEW_SHOT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS
+from .limits import MAX_FEW_SHOT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_TOP_K
 
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
@@ -110,18 +110,21 @@ def _say(lines: list[str]) -> None:
 def plan_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster, training and optional search."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    top: Optional[int] = typer.Option(None, "--top", help="Alternatives to list (default 5, or search.top_k)."),
+    top: Optional[int] = typer.Option(None, "--top",
+                                      help=f"Alternatives to list, 0 to {MAX_TOP_K} (default search.top_k, else 5)."),
     simplest_within: Optional[float] = typer.Option(
         None, "--simplest-within",
         help="Make the robust pick within PCT percent of the fastest (the surest to fit, then the least complex) "
-             "instead of within the gap the model cannot tell apart."),
+             f"instead of within the gap the model cannot tell apart (0 to {MAX_SIMPLEST_WITHIN_PCT:g}; default: "
+             "that gap, learned from published sweeps, planner/published/bands.yaml)."),
     fastest: bool = typer.Option(False, "--fastest", help="Return the raw optimum of the model, not the robust pick "
                                                           "(the simplest layout the model cannot tell from it)."),
-    plot: Optional[str] = typer.Option(None, "--plot", metavar="FILE", help="Write the memory and Pareto plots to this PNG."),
+    plot: Optional[str] = typer.Option(None, "--plot", metavar="FILE", help="Write the memory and Pareto plots to this PNG (needs matplotlib: the `plot` extra)."),
     emit: Optional[str] = typer.Option(None, "--emit", help="Write launch configs: deepspeed, megatron or torchtitan."),
     engine: Optional[str] = typer.Option(
         None, "--engine", help="Plan for this engine (megatron, deepspeed, torchtitan, nanotron or any), "
-                               "overriding the case's training.engine and search.target."),
+                               "overriding the case's training.engine and search.target (default: theirs, else any: "
+                               "plan for each engine that can run the case and pick among them)."),
     # A string, not a Path: Path("") is ".", and `--out ''` wrote the files into the current folder.
     out: Optional[str] = typer.Option(None, "--out", help="Folder for --emit's files."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
@@ -216,11 +219,13 @@ def size_command(
                                                                     "GPU-hours, or cost, that meets it. Without it "
                                                                     "or a budget: the front of days against "
                                                                     "GPU-hours (cost) and its knee."),
-    max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="Use at most this many GPUs (of any one type); "
-                                                                    "without --deadline, the shortest time within it."),
+    max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="Use at most this many GPUs (of any one type), "
+                                                                    "replacing the case's max_gpus or num_gpus, above or "
+                                                                    "below; without --deadline, the shortest time within it."),
     max_nodes: Optional[int] = typer.Option(None, "--max-nodes", help="Use at most this many nodes, as --max-gpus."),
     gpu_hour_cost: Optional[float] = typer.Option(None, "--gpu-hour-cost",
-                                                  help="Price of a GPU-hour, for every GPU type of the case."),
+                                                  help="Price of a GPU-hour (any currency), for every GPU type of the "
+                                                       "case, replacing the case's gpu_hour_cost."),
     top: Optional[int] = typer.Option(None, "--top", help="Alternatives to list (default 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print the sizing as JSON."),
 ) -> None:

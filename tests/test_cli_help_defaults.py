@@ -43,3 +43,28 @@ def test_calibrate_gpu_preset_help_says_what_it_does_with_from_runs():
     must have run on (another is refused). The help gave only the microbenchmarks' meaning."""
     text = option_help("calibrate", "--gpu-preset")
     assert "--from-runs" in text and "refused" in text, text
+
+
+def test_plan_help_names_the_bounds_plan_enforces(tmp_path):
+    """`plan --help` gave --top and --simplest-within no range: the highest value each help names is
+    taken and one above it is refused (exit 2), so the help tells a user the bound they will meet."""
+    import re
+
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 1024, "engine": "megatron"}}
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    for flag in ("--top", "--simplest-within"):
+        bound = re.search(r"0 to (\d+)", option_help("plan", flag))
+        assert bound, (flag, option_help("plan", flag))
+        highest = int(bound.group(1))
+        taken = run_cli("plan", str(tmp_path / "case.yaml"), flag, str(highest), "--json")
+        assert taken.returncode == 0, (flag, taken.stderr)
+        refused = run_cli("plan", str(tmp_path / "case.yaml"), flag, str(highest + 1))
+        assert refused.returncode == 2 and flag in refused.stderr, (flag, refused.stderr)
+
+
+def test_size_help_says_a_budget_flag_replaces_the_case_value():
+    """--max-gpus raises the case's limit as well as lowering it, and --gpu-hour-cost replaces the
+    case's price (docs/case-reference.md): the help said neither."""
+    for flag in ("--max-gpus", "--gpu-hour-cost"):
+        assert "replacing the case's" in option_help("size", flag), flag
