@@ -454,6 +454,11 @@ def validate_command(
         print_validation(result, _console())
 
 
+def how_to_use_profile(path: Union[str, Path]) -> str:
+    """The line after `wrote PROFILE`: what a user does with the file next (the case key that reads it)."""
+    return f"use it in a case as cluster: {{profile: {path}}} (relative to the case file), in place of cluster.gpu"
+
+
 @app.command("calibrate")
 def calibrate_command(
     files: Optional[list[Path]] = typer.Argument(None, help="With --from-runs: published-runs files (YAML); with "
@@ -523,6 +528,7 @@ def calibrate_command(
     perf = outcome.profile["performance"]
     gpu = outcome.profile["gpu"]
     print(f"wrote {outcome.path} ({outcome.world_size} ranks, {outcome.seconds:.0f} s)")
+    print(how_to_use_profile(outcome.path))
     print("  peak_tflops " + ", ".join(f"{k} {v}" for k, v in gpu["peak_tflops"].items())
           + f"; hbm {gpu['hbm_bandwidth']}; intra-node {gpu['intra_node_bandwidth']}")
     print("  " + ", ".join(f"{k} {v}" for k, v in perf.items()))
@@ -574,6 +580,7 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
         print(f"warning: {line}", file=sys.stderr)
     console.print(f"wrote {', '.join(str(p) for p in written)} ({len(runs)} run{'' if len(runs) == 1 else 's'})",
                   markup=False)
+    console.print(how_to_use_profile(written[0]), markup=False)
 
 
 # A report narrower than this is unreadable: a terminal (or COLUMNS) that says less, 0 or 1 from a

@@ -1748,3 +1748,20 @@ def test_the_docs_from_runs_section_shows_a_run_that_fits(tmp_path):
     assert len(runs) == 1
     profile, report = calibrate_from_runs([str(path)])
     assert [row for row in report.to_dict()["residuals"]]
+
+
+def test_calibrate_says_how_a_case_reads_the_profile_it_wrote(tmp_path):
+    """`calibrate --from-runs` ended on "wrote my-cluster.yaml": a new user was not told which case key
+    reads it. The line it prints next names the key, and a case written as that line says plans on it."""
+    import re
+
+    runs_file = tmp_path / "runs.yaml"
+    runs_file.write_text(yaml.safe_dump([published_row()]))
+    out = tmp_path / "profile.yaml"
+    done = run_cli("calibrate", "--from-runs", str(runs_file), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    said = re.search(r"cluster:\{profile:([^}]+)\}", "".join(done.stdout.split()))  # the console may wrap the path
+    assert said, done.stdout
+    new = case(8, 1, 1, 1, 1)
+    result = estimate({**new, "cluster": yaml.safe_load(f"{{profile: {said.group(1)}, num_gpus: 8}}")})
+    assert result.step_time_s > 0
