@@ -874,3 +874,21 @@ def test_a_ds_config_file_is_read_as_deepspeeds_hjson_reads_it(tmp_path, monkeyp
     with pytest.raises(CaseError, match="install hjson") as error:
         diagnose(CASE_8, config=path)
     assert "line 2" in error.value.expected
+
+
+_BASE_8 = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}}
+
+
+def test_an_auto_deepspeed_drops_runs_its_default(tmp_path):
+    """DeepSpeedConfigModel drops a field's "auto" (runtime/config_utils.py), in zero_optimization and its
+    offload sections alike: contiguous_gradients, pin_memory and cpu_offload "auto" run their
+    defaults, and were refused as values "DeepSpeed's config refuses"."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    zero = {"stage": 2, "contiguous_gradients": "auto", "cpu_offload": "auto",
+            "offload_optimizer": {"device": "cpu", "pin_memory": "auto"}}
+    parsed = DeepSpeedZeroConfig(**zero)
+    assert parsed.contiguous_gradients and parsed.offload_optimizer.pin_memory
+    result = diagnose(CASE_8, config=_write_config(tmp_path, {**_BASE_8, "zero_optimization": zero}))
+    assert result.estimate.job.layout.offload_optimizer == 1.0
+    assert not [n for n in result.notes if "pin_memory" in n]

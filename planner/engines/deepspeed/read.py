@@ -56,6 +56,12 @@ ZERO_KEYS = (
     "zero_quantized_nontrainable_weights", "zero_quantized_weights")
 
 
+# What the Hugging Face Trainer fills where zero_optimization says "auto" (transformers,
+# integrations/deepspeed.py, trainer_config_finalize): resolve_auto sizes them; DeepSpeed drops any
+# other "auto" in the section and runs its default.
+TRAINER_FILLED_ZERO_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+
+
 # The offload sections' keys (runtime/zero/offload_config.py: DeepSpeedZeroOffloadOptimizerConfig and
 # DeepSpeedZeroOffloadParamConfig, DeepSpeed 0.19): pydantic models that forbid others, as zero_optimization.
 OFFLOAD_KEYS = {
@@ -477,6 +483,15 @@ def as_deepspeed_reads(src: str, config: dict) -> tuple[dict, list[str]]:
                      "(DeepSpeed's deprecated form)")
     if isinstance(zero, dict):
         zero = dict(zero)
+        # DeepSpeedConfigModel drops a field's "auto" before reading it (runtime/config_utils.py), in
+        # zero_optimization and in its offload sections alike: the default is what runs. (The Trainer fills
+        # its three ZeRO sizes first, resolve_auto; the stage's is said below.) "contiguous_gradients":
+        # "auto" was refused as a value "DeepSpeed's config refuses", which it runs as true.
+        for key in [k for k, v in zero.items() if v == "auto" and k not in TRAINER_FILLED_ZERO_KEYS + ("stage",)]:
+            del zero[key]
+        for section in OFFLOAD_KEYS:
+            if isinstance(zero.get(section), dict):
+                zero[section] = {k: v for k, v in zero[section].items() if v != "auto"}
         if zero.get("stage") == "auto":
             # DeepSpeedConfigModel drops a field's "auto" before reading it (runtime/config_utils.py), and the
             # Trainer fills no stage: DeepSpeed's default, 0.
