@@ -879,6 +879,31 @@ def test_a_ds_config_file_is_read_as_deepspeeds_hjson_reads_it(tmp_path, monkeyp
 _BASE_8 = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}}
 
 
+@pytest.mark.parametrize("zero, key", [
+    ({"stage": 3, "stage3_max_live_parameters": 5, "max_live_parameters": 10**10}, "max_live_parameters"),
+    ({"stage": 3, "prefetch_bucket_size": 7, "stage3_prefetch_bucket_size": 5}, "prefetch_bucket_size"),
+    ({"stage": 2, "cpu_offload": False, "offload_optimizer": {"device": "cpu"}}, "cpu_offload"),
+    ({"stage": 2, "cpu_offload": True, "offload_optimizer": None}, "cpu_offload"),
+    ({"stage": 3, "cpu_offload_param": True, "offload_param": {"device": "none"}}, "cpu_offload_param"),
+])
+def test_one_zero_field_given_by_both_its_keys_is_refused_as_deepspeed_refuses_it(tmp_path, zero, key):
+    """A field and its alias (pydantic: the second an extra input), or a deprecated key beside its
+    replacement (DeepSpeedConfigModel's assertion): DeepSpeed does not start; the file was priced
+    with one of the two (max_live_parameters 1e10 where stage3_max_live_parameters said 5)."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    with pytest.raises(Exception):
+        DeepSpeedZeroConfig(**zero)
+    with pytest.raises(CaseError) as error:
+        diagnose(CASE_8, config=_write_config(tmp_path, {**_BASE_8, "zero_optimization": zero}))
+    assert error.value.key == f"zero_optimization.{key}", str(error.value)
+    # One of the two "auto": DeepSpeed drops it and takes the other.
+    live = {"stage": 3, "max_live_parameters": 7, "stage3_max_live_parameters": "auto"}
+    assert DeepSpeedZeroConfig(**live).max_live_parameters == 7
+    result = diagnose(CASE_8, config=_write_config(tmp_path, {**_BASE_8, "zero_optimization": live}))
+    assert result.estimate.job.training.engine.zero3_max_live_parameters == 7
+
+
 def test_an_auto_deepspeed_drops_runs_its_default(tmp_path):
     """DeepSpeedConfigModel drops a field's "auto" (runtime/config_utils.py), in zero_optimization and its
     offload sections alike: contiguous_gradients, pin_memory and cpu_offload "auto" run their

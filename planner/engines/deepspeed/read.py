@@ -62,6 +62,25 @@ ZERO_KEYS = (
 TRAINER_FILLED_ZERO_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
 
 
+# Two keys of zero_optimization that set one field (DeepSpeedZeroConfig, DeepSpeed 0.19): a field and its
+# alias, of which pydantic refuses the second as an extra input, and a deprecated key and the one that
+# replaces it, which DeepSpeedConfigModel refuses together. The second of each is the one named.
+ZERO_KEY_PAIRS = tuple(
+    [(alias, name, "its alias (one field of DeepSpeedZeroConfig)") for name, alias in (
+        ("prefetch_bucket_size", "stage3_prefetch_bucket_size"),
+        ("param_persistence_threshold", "stage3_param_persistence_threshold"),
+        ("model_persistence_threshold", "stage3_model_persistence_threshold"),
+        ("max_live_parameters", "stage3_max_live_parameters"), ("max_reuse_distance", "stage3_max_reuse_distance"),
+        ("gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"),
+        ("module_granularity_threshold", "stage3_module_granularity_threshold"),
+        ("use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params"),
+        ("allgather_sequential", "stage3_allgather_sequential"))]
+    + [(new, old, "the key that replaces it (a deprecated key and its replacement together)") for old, new in (
+        ("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param"),
+        ("stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"),
+        ("stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"))])
+
+
 # The offload sections' keys (runtime/zero/offload_config.py: DeepSpeedZeroOffloadOptimizerConfig and
 # DeepSpeedZeroOffloadParamConfig, DeepSpeed 0.19): pydantic models that forbid others, as zero_optimization.
 OFFLOAD_KEYS = {
@@ -492,6 +511,14 @@ def as_deepspeed_reads(src: str, config: dict) -> tuple[dict, list[str]]:
         for section in OFFLOAD_KEYS:
             if isinstance(zero.get(section), dict):
                 zero[section] = {k: v for k, v in zero[section].items() if v != "auto"}
+        for name, other, why in ZERO_KEY_PAIRS:
+            # Both spellings of one field: pydantic takes one as the field and refuses the other as an
+            # extra input; a deprecated key beside its replacement fails DeepSpeed's assertion
+            # (config_utils.py, _process_deprecated_field). The run does not start; it was priced.
+            if name in zero and other in zero:
+                raise CaseError(src, f"zero_optimization.{other}", f"given beside zero_optimization.{name}, {why}: "
+                                                                   "DeepSpeed refuses the config (runtime/zero/config.py), "
+                                                                   "and the launch would not start; expected one of the two")
         if zero.get("stage") == "auto":
             # DeepSpeedConfigModel drops a field's "auto" before reading it (runtime/config_utils.py), and the
             # Trainer fills no stage: DeepSpeed's default, 0.
