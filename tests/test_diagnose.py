@@ -343,7 +343,7 @@ def test_what_the_emitted_deepspeed_config_runs_is_priced_and_what_a_users_adds_
                                                                 "reductions priced in bf16"),
                           ({"zero_optimization.zero_quantized_gradients": True},
                            "zero_optimization.zero_quantized_gradients: not priced"),
-                          ({"compile": {"enabled": True}}, "compile.enabled: not priced"),
+                          ({"compile": {"deepcompile": True}}, "compile.deepcompile: not priced"),
                           ({"zero_optimization.reduce_bucket_size": 200_000_000},  # priced; the gather's not
                            "allgather_bucket_size 500,000,000: DeepSpeed does not use it at ZeRO-"),
                           ({"zero_optimization.reduce_bucket_size": 200_000_000},  # what it does, what is priced
@@ -482,7 +482,7 @@ def test_values_deepspeed_coerces_get_their_notes(tmp_path):
     """pydantic's lax mode takes "false" for False and 8.0 for 8: read so, their notes were lost."""
     for changes, said in [({"zero_optimization.overlap_comm": "false"}, "overlap_comm false"),
                           ({"zero_optimization.zero_quantized_weights": "yes"}, "zero_quantized_weights: not priced"),
-                          ({"compile": {"enabled": "true"}}, "compile.enabled: not priced")]:
+                          ({"compile": {"deepcompile": "true"}}, "compile.deepcompile: not priced")]:
         config, _ = _ds_config(tmp_path, **changes)
         assert any(said in n for n in diagnose(DS_CASE, config=config).notes), changes
 
@@ -917,3 +917,22 @@ def test_an_auto_deepspeed_drops_runs_its_default(tmp_path):
     result = diagnose(CASE_8, config=_write_config(tmp_path, {**_BASE_8, "zero_optimization": zero}))
     assert result.estimate.job.layout.offload_optimizer == 1.0
     assert not [n for n in result.notes if "pin_memory" in n]
+
+
+def test_the_compile_section_is_deepspeeds_compile_config(tmp_path):
+    """DeepSpeed 0.19's CompileConfig has no "enabled" and forbids keys it does not define: a
+    "compile": {"enabled": true} does not start (it was priced with a note, exit 0); deepcompile is the
+    key that compiles, "auto" is dropped."""
+    from deepspeed.compile.config import CompileConfig
+
+    from planner.engines.deepspeed.read import COMPILE_KEYS
+
+    assert set(COMPILE_KEYS) == set(CompileConfig.model_fields)
+    with pytest.raises(Exception):
+        CompileConfig(enabled=True)
+    with pytest.raises(CaseError) as error:
+        diagnose(CASE_8, config=_write_config(tmp_path, {**_BASE_8, "compile": {"enabled": True}}))
+    assert error.value.key == "compile.enabled" and "CompileConfig" in error.value.expected
+    assert not CompileConfig(deepcompile="auto").deepcompile
+    notes = diagnose(CASE_8, config=_write_config(tmp_path, {**_BASE_8, "compile": {"deepcompile": "auto"}})).notes
+    assert not [n for n in notes if "compile" in n]

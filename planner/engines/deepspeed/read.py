@@ -81,6 +81,14 @@ ZERO_KEY_PAIRS = tuple(
         ("stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"))])
 
 
+# The compile section's keys (compile/config.py, CompileConfig, DeepSpeed 0.19): a DeepSpeedConfigModel that
+# forbids others. It has no "enabled": torch.compile runs where the model code calls engine.compile().
+COMPILE_KEYS = ("deepcompile", "autoep_non_moe", "free_activation", "free_activation_threshold",
+                "offload_activation", "offload_activation_pin_memory", "offload_opt_states", "double_buffer",
+                "symmetric_memory", "debug_log", "offload_parameters", "sync_before_reduce", "sync_after_reduce",
+                "sync_before_allgather", "sync_after_allgather", "keep_int_input_tensors", "keep_all_input_tensors",
+                "passes")
+
 # The offload sections' keys (runtime/zero/offload_config.py: DeepSpeedZeroOffloadOptimizerConfig and
 # DeepSpeedZeroOffloadParamConfig, DeepSpeed 0.19): pydantic models that forbid others, as zero_optimization.
 OFFLOAD_KEYS = {
@@ -241,7 +249,18 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
     if compiled is not None and not isinstance(compiled, dict):
         raise CaseError(src, "compile", f"expected a mapping (DeepSpeed's CompileConfig), got "
                                         f"{one_line(safe_repr(compiled), 40)}")
-    enabled = _lax_bool(src, "compile.enabled", compiled.get("enabled", False)) if compiled else False
+    compiled = {k: v for k, v in (compiled or {}).items() if v != "auto"}  # dropped, DeepSpeedConfigModel
+    for key in compiled:
+        if key not in COMPILE_KEYS:
+            import difflib
+
+            close = difflib.get_close_matches(str(key), COMPILE_KEYS, n=1, cutoff=0.8)
+            raise CaseError(src, f"compile.{one_line(str(key), 60)}",
+                            f"unknown key{f' (did you mean {close[0]}?)' if close else ''}: DeepSpeed 0.19's "
+                            "CompileConfig takes no other (a pydantic model that forbids extra fields, "
+                            "compile/config.py; torch.compile is the model code's engine.compile()), and the launch "
+                            "would not start")
+    enabled = _lax_bool(src, "compile.deepcompile", compiled.get("deepcompile", False))
     lay, training = job.layout, job.training
     stage = lay.zero_stage
     if "compute_grad_norm" in zero and not _lax_bool(src, "zero_optimization.compute_grad_norm",
@@ -303,7 +322,7 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
         unpriced += [f"activation_checkpointing.{key}" for key in ("partition_activations", "cpu_checkpointing")
                      if checkpointing.get(key)]
     if enabled:
-        unpriced.append("compile.enabled")
+        unpriced.append("compile.deepcompile")
     bf16 = config.get("bf16") if isinstance(config.get("bf16"), dict) else {}
     if folds_gradients_into_fp32(job) and not _lax_bool(src, "bf16.immediate_grad_update",
                                                          bf16.get("immediate_grad_update", False)):
