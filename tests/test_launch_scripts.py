@@ -1017,3 +1017,17 @@ def test_a_return_guard_on_what_cannot_be_decided_is_said_as_the_launch_depends_
         "true, so the script skips return 0"]
     # exit stops the script: the one way it launches, nothing to say.
     assert read_script(script.replace("return 0", "exit 1"), "train.sh").notes == []
+
+
+@needs_bash
+@pytest.mark.parametrize("script, refused", [
+    (f"export {CONNECTIONS}=32 &\nwait\n{TRAIN}\n", None),
+    (f"f() {{ export {CONNECTIONS}=32; }}\nf &\nwait\n{TRAIN}\n", None),
+    (f"export {CONNECTIONS}=32 && true &\n{TRAIN}\n", None),
+    (f"export {CONNECTIONS}=32\n{TRAIN} &\nwait\n", "'32'"),
+])
+def test_what_a_background_command_exports_stays_in_its_subshell(tmp_path, script, refused):
+    """`export CUDA_DEVICE_MAX_CONNECTIONS=32 &` before a tp 2 launch on H100 was refused as the training's
+    32, where bash runs an asynchronous list in a subshell (Bash Reference Manual, 3.2.4 Lists) and the
+    training keeps the caller's 1; a launch sent to the background is still the launch."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + script, refused)

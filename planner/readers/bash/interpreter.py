@@ -65,7 +65,13 @@ class _Shell(_Commands):
             status = self.run_and_or(item)
         return status
 
-    def run_and_or(self, node: _AndOr) -> _Status:
+    def run_and_or(self, node: _AndOr, background: bool = True) -> _Status:
+        if node.background and background:
+            # `cmd &` runs in a subshell (Bash Reference Manual, 3.2.4 Lists): what it exports, sets or
+            # unsets stays there, and the script goes on with status 0. `export X=32 &` was read as
+            # exporting X to the commands after it.
+            self.subshell(lambda: self.run_and_or(node, background=False))
+            return _TRUE
         status = self.run_pipeline(node.first)
         left_end = node.first.end
         for op, pipeline in node.rest:

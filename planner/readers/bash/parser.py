@@ -104,6 +104,7 @@ class _Pipeline:
 class _AndOr:
     first: _Pipeline
     rest: list[tuple[str, _Pipeline]]
+    background: bool = False  # ended by &: bash runs it in a subshell, asynchronously
 
 
 _RESERVED = {"then", "elif", "else", "fi", "do", "done", "esac", "}", "in"}
@@ -164,6 +165,7 @@ class _Parser:
             start = item.first.start if start is None else start
             end = (item.rest[-1][1] if item.rest else item.first).end
             tok = self.peek()
+            item.background = self.op(tok, "&")
             if tok is None or self.op(tok, "\n", ";", "&") or (tok.kind == "word" and tok.text in stop_words) \
                     or (tok.kind == "op" and tok.text in stop_ops):
                 continue
