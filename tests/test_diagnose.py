@@ -936,3 +936,18 @@ def test_the_compile_section_is_deepspeeds_compile_config(tmp_path):
     assert not CompileConfig(deepcompile="auto").deepcompile
     notes = diagnose(CASE_8, config=_write_config(tmp_path, {**_BASE_8, "compile": {"deepcompile": "auto"}})).notes
     assert not [n for n in notes if "compile" in n]
+
+
+def test_a_zero_size_past_the_planners_bound_is_refused_as_the_planners(tmp_path):
+    """stage3_max_live_parameters 2^63, which DeepSpeed's int field takes, was refused as a value
+    "DeepSpeed's config refuses"; it is the planner's bound that refuses it, and it says so."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from planner.limits import MAX_INT
+
+    zero = {"stage": 3, "stage3_max_live_parameters": 2**63}
+    assert DeepSpeedZeroConfig(**zero).max_live_parameters == 2**63 > MAX_INT
+    with pytest.raises(CaseError) as error:
+        diagnose(CASE_8, config=_write_config(tmp_path, {**_BASE_8, "zero_optimization": zero}))
+    assert error.value.key == "zero_optimization.stage3_max_live_parameters"
+    assert "the planner's bound" in error.value.expected and "DeepSpeed's config refuses" not in error.value.expected

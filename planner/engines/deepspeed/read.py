@@ -194,6 +194,10 @@ def _lax_int(src: str, key: str, value: Any, least: int) -> int:
         number = int(value.strip().split(".")[0])
     if isinstance(number, float) and math.isfinite(number) and number.is_integer():
         number = int(number)
+    if isinstance(number, int) and number > MAX_INT and not isinstance(number, bool):
+        # DeepSpeed takes any int (2^63 too); past the planner's bound it is this reading that refuses it.
+        raise CaseError(src, key, f"expected a whole number of at most {MAX_INT:,} (the planner's bound), got "
+                                  f"{one_line(safe_repr(value), 40)}")
     if not isinstance(number, int) or not least <= number <= MAX_INT:
         raise CaseError(src, key, f"expected a whole number of at least {least} (DeepSpeed's config refuses it), got "
                                   f"{one_line(safe_repr(value), 40)}")
