@@ -87,7 +87,8 @@ class NoFit:
         if self.host_overflowed:
             parts.append("layouts offloading enough for the GPU overflow the host's memory")
         if self.fits_without:
-            parts.append(f"the search section's {', '.join(self.fits_without)} leave none that fits: "
+            verb = "leaves" if len(self.fits_without) == 1 else "leave"
+            parts.append(f"the search section's {', '.join(self.fits_without)} {verb} none that fits: "
                          "without them a layout of these GPUs fits")
         if self.fewer_gpus_that_fit:
             text = f"{self.fewer_gpus_that_fit} GPUs would have a layout that fits"

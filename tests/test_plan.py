@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import json
 import subprocess
@@ -536,3 +537,6 @@ def test_pins_that_leave_nothing_fitting_say_so_where_a_layout_fits_without_them
            in " ".join(out.stdout.split())
     # Nothing pinned, nothing said.
     assert planner.plan(case(model={"preset": "llama3.1-405b"}, cluster={"num_gpus": 8})).no_fit.fits_without is None
+    # One key is said in the singular: "the search section's tp leaves none that fits".
+    one = dataclasses.replace(p.no_fit, fits_without=("tp",)).describe()
+    assert "the search section's tp leaves none that fits" in one, one
