@@ -270,6 +270,9 @@ LLAMA8 = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", 
     ({"zero_optimization": {"stage": 2, "cpu_offload": True}, "bf16": {"enabled": True}}, 2, 1.0, False),
     ({"zero_optimization": {"stage": 3, "cpu_offload_param": True}, "bf16": {"enabled": True}}, 3, 0.0, True),
     ({"zero_optimization": {"stage": 2}, "bfloat16": {"enabled": True}}, 2, 0.0, False),
+    # bf16: null is no bf16 to precision_config.get_bfloat16_config, which then reads bfloat16 (it was
+    # refused as an fp32 run)
+    ({"zero_optimization": {"stage": 2}, "bf16": None, "bfloat16": {"enabled": True}}, 2, 0.0, False),
     # offload_param below stage 3: only DeepSpeed's stage-3 optimizer takes it (runtime/engine.py); refused
     ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
       "bf16": {"enabled": True}}, 2, 1.0, False),
@@ -281,6 +284,20 @@ def test_a_ds_config_is_read_as_deepspeed_reads_it(tmp_path, config, zero, offlo
     assert (layout.zero_stage, layout.offload_optimizer, layout.offload_params) == (zero, offload_optimizer,
                                                                                   offload_params)
     assert layout.micro_batch_size == 2
+
+
+def test_bfloat16_beside_bf16_is_said_to_be_ignored_where_it_would_have_run_bf16(tmp_path):
+    """DeepSpeed reads bf16 where it is given and ignores the deprecated bfloat16 beside it: an fp32 run
+    by a disabled bf16 is refused as fp32, and the refusal says why the enabled bfloat16 did not count."""
+    from deepspeed.runtime.precision_config import get_bfloat16_config
+
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+              "bf16": {"enabled": False}, "bfloat16": {"enabled": True}}
+    assert not get_bfloat16_config(config).enabled  # DeepSpeed's own reading: fp32
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(CaseError, match="trains in fp32 \\(bfloat16 beside bf16 is ignored: DeepSpeed reads bf16\\)"):
+        diagnose(LLAMA8, config=path)
 
 
 def test_deepspeeds_pipeline_checkpoint_interval_recomputes_every_layer(tmp_path):

@@ -511,7 +511,7 @@ def as_deepspeed_reads(src: str, config: dict) -> tuple[dict, list[str]]:
     stage-3 optimizer takes (``runtime/engine.py``): dropped, as DeepSpeed runs it. A deprecated key
     read as nothing priced the optimizer on the GPU, or the run in fp32."""
     config, notes = dict(config), []
-    if "bf16" not in config and isinstance(config.get("bfloat16"), dict):
+    if config.get("bf16") is None and isinstance(config.get("bfloat16"), dict):  # bf16: null reads bfloat16 too
         config["bf16"] = config.pop("bfloat16")
         notes.append("bfloat16: read as bf16 (DeepSpeed's deprecated spelling)")
     zero = config.get("zero_optimization")
@@ -908,7 +908,9 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     wanted = {"fp8": "bf16"}.get(case.training.precision, case.training.precision)
     if written != wanted:
         key = "bf16.enabled" if bf16 else "fp16.enabled" if fp16 else "bf16"
-        raise CaseError(src, key, f"the config trains in {written}, but the case {case.source} has "
+        # get_bfloat16_config reads bf16 where it is given, whatever the deprecated bfloat16 beside it says.
+        ignored = " (bfloat16 beside bf16 is ignored: DeepSpeed reads bf16)" if "bfloat16" in config else ""
+        raise CaseError(src, key, f"the config trains in {written}{ignored}, but the case {case.source} has "
                                   f"training.precision {case.training.precision}")
 
     fp16_section = config.get("fp16") if isinstance(config.get("fp16"), dict) else {}
