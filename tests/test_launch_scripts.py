@@ -1031,3 +1031,56 @@ def test_what_a_background_command_exports_stays_in_its_subshell(tmp_path, scrip
     32, where bash runs an asynchronous list in a subshell (Bash Reference Manual, 3.2.4 Lists) and the
     training keeps the caller's 1; a launch sent to the background is still the launch."""
     read_as_bash_does(tmp_path, "#!/bin/bash\n" + script, refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"{CONNECTIONS}=32\n", "absent where the caller does not"),
+    (f"readonly {CONNECTIONS}=32\n", "absent where the caller does not"),
+    (f"declare -i {CONNECTIONS}=16*2\n", "'32'"),
+    (f"declare -l {CONNECTIONS}=32\n", "'32'"),
+    (f"f() {{ declare -g {CONNECTIONS}=32; }}\nf\n", "'32'"),
+    (f"f() {{ {CONNECTIONS}=32; }}\nf\n", "'32'"),
+    (f"printf -v {CONNECTIONS} %s 32\n", "'32'"),
+    (f"let {CONNECTIONS}=32\n", "'32'"),
+    (f"(( {CONNECTIONS} = 32 ))\n", "'32'"),
+    (f"for {CONNECTIONS} in 32; do :; done\n", "'32'"),
+    (f"{CONNECTIONS}=1\n", None),  # 1 where the caller exports it: said, read as exported
+    (f"unset {CONNECTIONS}\n{CONNECTIONS}=1\n", "unset"),  # not exported after unset: decidedly absent
+    (f"export -n {CONNECTIONS}\n{CONNECTIONS}=1\n", "unset"),
+])
+def test_a_value_set_without_export_reaches_the_training_where_the_caller_exports_it(tmp_path, setting, refused):
+    """`CUDA_DEVICE_MAX_CONNECTIONS=32` without export before a tp 2 launch on H100 was priced, exit 0: bash
+    exports a variable it inherited from the environment (Bash Reference Manual, 3.7.4 Environment), so
+    the training gets 32 where the caller exports the name and nothing where not; neither is 1, so
+    validate_args stops it either way. Real bash is the oracle, with the caller exporting 1 and with no
+    caller's value: both cases are what the refusal says."""
+    script = "#!/bin/bash\n" + setting + TRAIN + "\n"
+    if refused is not None and refused != "unset":
+        assert bash_connections(tmp_path, script) is None  # no caller's value: nothing reaches the training
+    result = read_as_bash_does(tmp_path, script, refused)
+    if refused is None:
+        notes = [note for note in result.notes if CONNECTIONS in note]
+        assert len(notes) == 1 and "without export" in notes[0] and "read as the caller exporting it" in notes[0], notes
+        assert bash_connections(tmp_path, script) is None  # the case the note warns of
+
+
+@needs_bash
+@pytest.mark.parametrize("script, refused", [
+    (f"f() {{ local {CONNECTIONS}=32; {TRAIN}; }}\nf\n", "'32'"),  # a local inherits the caller's export
+    (f"f() {{ local {CONNECTIONS}=32; }}\nf\n{TRAIN}\n", None),  # gone when f returns: the caller's own
+])
+def test_a_local_of_a_name_the_caller_may_export_is_exported_with_it(tmp_path, script, refused):
+    """`f() { local CUDA_DEVICE_MAX_CONNECTIONS=32; torchrun ...; }` was priced: bash's local of a variable
+    inherited from the environment is exported too, with the local value (3.7.4 Environment)."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + script, refused)
+
+
+def test_a_one_set_without_export_under_fsdp_or_an_nvte_switch_is_said_not_refused(tmp_path):
+    """Under FSDP, CUDA_DEVICE_MAX_CONNECTIONS=1 without export breaks validate_args only where the caller
+    exports the name; an NVTE_FUSED_ATTN=0 without export beside --attention-backend auto likewise: said,
+    read as the caller not exporting it, not refused."""
+    case, args = files(tmp_path, f"#!/bin/bash\n{CONNECTIONS}=1\nNVTE_FUSED_ATTN=0\n{FSDP_TRAIN}\n", BF16)
+    notes = diagnose(case, megatron_args=args).notes
+    assert any(CONNECTIONS in note and "--use-megatron-fsdp refuses" in note for note in notes), notes
+    assert any("NVTE_FUSED_ATTN=0 without export" in note for note in notes), notes

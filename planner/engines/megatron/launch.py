@@ -506,7 +506,7 @@ class _Launch:
     unset: tuple = ()  # variables the launch's words read that nothing set
     started: bool = True  # the script starts a command at all
     defaulted: tuple = ()  # (NAME, default): unset variables read as their ${X:-default}
-    # (NAME, value, decided): what the script puts in the training launch's environment; value None: a name
+    # (NAME, value, decided, conditional): what the script puts in the training launch's environment; value None: a name
     # it unsets (unset NAME, env -u NAME), decidedly not in it; NAME EMPTIED: env -i, nothing before it
     # reaches the launch (read with :func:`environment_value`)
     environment: tuple = ()
@@ -626,11 +626,13 @@ def _launch_of(path: Path, text: str) -> _Launch:
 EMPTIED = bash.EMPTIED
 
 
-def environment_value(environment: tuple, name: str) -> Optional[tuple[Optional[str], bool]]:
-    """(value, decided) of ``name`` in a launch's environment as the script leaves it (value None: decidedly
-    not there: unset, env -u, env -i), None where the script says nothing of it (the caller's decides)."""
-    return next(((value, decided) for held, value, decided in reversed(environment) if held in (name, EMPTIED)),
-                None)
+def environment_value(environment: tuple, name: str) -> Optional[tuple[Optional[str], bool, bool]]:
+    """(value, decided, conditional) of ``name`` in a launch's environment as the script leaves it (value None:
+    decidedly not there: unset, env -u, env -i, an array; conditional: the script set it without export, so
+    it holds the value where the caller's environment exported the name and is absent where not), None where
+    the script says nothing of it (the caller's decides)."""
+    return next(((value, decided, conditional) for held, value, decided, conditional in reversed(environment)
+                 if held in (name, EMPTIED)), None)
 
 
 def _environment(command) -> tuple:

@@ -134,11 +134,13 @@ def _check_connections(src: str, flags: dict, environment: tuple) -> None:
     Megatron-FSDP or torch FSDP2, refused as validate_args refuses it (megatron/training/arguments.py
     at core_v0.16.1, 622-623 under --use-torch-fsdp2 and 687-688 under --use-megatron-fsdp: "FSDP
     always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one"; core_v0.19.0 1014 and 1143):
-    the run would not start. Megatron-LM's own FSDP scripts unset it; the others export it as 1."""
+    the run would not start. Megatron-LM's own FSDP scripts unset it; the others export it as 1. A 1 the
+    script sets without export reaches the training only where the caller exports the name: the other
+    case passes, so it is said in a note (:func:`connection_notes`), not refused."""
     fsdp = next((flag for flag in _FSDP_FLAGS if flag in flags), None)
     value = _connections_setting(environment)
-    if fsdp is None or value is None or value[0] != "1":
-        return
+    if fsdp is None or value is None or value[0] != "1" or value[2]:
+        return  # set without export (value[2]): 1 only where the caller exports it, said in connection_notes
     how = "" if value[1] else (" (as the script sets it where the caller's environment leaves it unset, its "
                                "${CUDA_DEVICE_MAX_CONNECTIONS:-1} default)")
     raise CaseError(src, "CUDA_DEVICE_MAX_CONNECTIONS",
@@ -152,9 +154,10 @@ _FSDP_FLAGS = ("--use-megatron-fsdp", "--use-torch-fsdp2")
 _MOE_OVERLAP = "--overlap-moe-expert-parallel-comm"
 
 
-def _connections_setting(environment: tuple) -> Optional[tuple[Optional[str], bool]]:
-    """(value, decided) of CUDA_DEVICE_MAX_CONNECTIONS in the training's environment as the script
-    leaves it (value None: the script unsets it), None where the script does not mention it."""
+def _connections_setting(environment: tuple) -> Optional[tuple[Optional[str], bool, bool]]:
+    """(value, decided, conditional) of CUDA_DEVICE_MAX_CONNECTIONS in the training's environment as the
+    script leaves it (value None: the script unsets it; conditional: set without export, the value where the
+    caller exports the name, absent where not), None where the script does not mention it."""
     return environment_value(environment, _CONNECTIONS)
 
 
@@ -172,13 +175,19 @@ def _check_connections_for_parallelism(src: str, flags: dict, environment: tuple
     --overlap-moe-expert-parallel-comm: validate_args asserts it is "1" (megatron/training/arguments.py:
     927-953 at core_v0.16.1, 1413-1439 at core_v0.19.0), so the run would not start. Only what the script
     decides is refused; a value it takes from the caller's environment (${X:-32}, $X) is said in a note
-    (:func:`connection_notes`), as is a script that does not mention the variable."""
+    (:func:`connection_notes`), as is a script that does not mention the variable. A value other than 1 set
+    without export is refused too: the training gets it where the caller exports the name, and nothing
+    where not, and neither is 1."""
     setting = _connections_setting(environment)
     if setting is None or not setting[1] or setting[0] == "1" or not _asserts_one_connection(flags, tp, cp, gpu):
         return
-    value = setting[0]
+    value, _, conditional = setting
     said = "unset in the training's environment (the script unsets it)" if value is None else \
         f"{one_line(value, 20)!r} in the training's environment (the script sets it so)"
+    if conditional:  # neither case is 1: both break the assertion
+        said = (f"{one_line(value, 20)!r} in the training's environment where the caller exports it, and absent "
+                "where the caller does not (the script sets it without export, and bash passes a variable on only "
+                "where it is exported: Bash Reference Manual, 3.7.4 Environment) — not 1 either way")
     degrees = " and ".join(f"{name} {degree}" for name, degree in (("tp", tp), ("cp", cp)) if degree > 1)
     raise CaseError(src, _CONNECTIONS,
                     f"is {said}, and with {degrees} on {gpu.name} (device major "
@@ -204,16 +213,52 @@ def connection_notes(path: Path, case) -> list[str]:
         tp, cp = args.integer("--tensor-model-parallel-size", 1), args.integer("--context-parallel-size", 1)
     except CaseError:
         return []  # refused as the layout is read
-    gpu = case.cluster.gpu
-    setting = _connections_setting(launch.environment)
-    if (setting is not None and (setting[1] or setting[0] == "1")) or not _asserts_one_connection(flags, tp, cp, gpu):
+    return (_parallelism_connection_notes(path, flags, launch.environment, tp, cp, case.cluster.gpu)
+            + _unexported_setting_notes(path, flags, launch.environment))
+
+
+def _parallelism_connection_notes(path: Path, flags: dict, environment: tuple, tp: int, cp: int, gpu) -> list[str]:
+    """The note of :func:`connection_notes` for validate_args' assertion of CUDA_DEVICE_MAX_CONNECTIONS=1:
+    a script that leaves the variable to the caller (does not set it, takes it from the caller's
+    environment, or sets 1 without export, which reaches the training only where the caller exports it)."""
+    setting = _connections_setting(environment)
+    left = setting is None or not setting[1] or (setting[2] and setting[0] == "1")
+    if not left or not _asserts_one_connection(flags, tp, cp, gpu):
         return []
     degrees = " and ".join(f"{name} {degree}" for name, degree in (("tp", tp), ("cp", cp)) if degree > 1)
-    how = "does not set CUDA_DEVICE_MAX_CONNECTIONS" if setting is None else \
-        f"takes CUDA_DEVICE_MAX_CONNECTIONS from the caller's environment (read as {one_line(setting[0] or '', 20)!r})"
+    if setting is None:
+        how = "does not set CUDA_DEVICE_MAX_CONNECTIONS"
+    elif setting[1]:
+        how = ("sets CUDA_DEVICE_MAX_CONNECTIONS=1 without export, which the training gets only where the caller's "
+               "environment exports the name, and otherwise nothing (Bash Reference Manual, 3.7.4 Environment); "
+               "read as the caller exporting it")
+    else:
+        how = f"takes CUDA_DEVICE_MAX_CONNECTIONS from the caller's environment (read as {one_line(setting[0] or '', 20)!r})"
     return [f"{path.name} {how}: Megatron-LM needs CUDA_DEVICE_MAX_CONNECTIONS=1 in the training's environment for "
             f"{degrees} on {gpu.name} (device major {gpu.compute_capability_major}, below Blackwell's 10; "
             "validate_args asserts it), so the run starts only where the caller exports it"]
+
+
+def _unexported_setting_notes(path: Path, flags: dict, environment: tuple) -> list[str]:
+    """A value set without export that breaks a rule only where the caller exports its name (the training
+    gets nothing otherwise, which passes): CUDA_DEVICE_MAX_CONNECTIONS=1 under FSDP, an NVTE_* attention
+    switch its --attention-backend does not set. Said, read as the caller not exporting it."""
+    said = []
+    fsdp = next((flag for flag in _FSDP_FLAGS if flag in flags), None)
+    setting = _connections_setting(environment)
+    if fsdp is not None and setting is not None and setting[2] and setting[0] == "1":
+        said.append(f"{path.name} sets {_CONNECTIONS}=1 without export: where the caller's environment exports the "
+                    f"name the training gets 1, which {fsdp} refuses (validate_args), and otherwise nothing, which it "
+                    "takes (Bash Reference Manual, 3.7.4 Environment); read as the caller not exporting it")
+    backend = (flags.get("--attention-backend") or "auto").lower()
+    for name, expected in zip(ATTENTION_SWITCHES, _SWITCHES_OF_BACKEND.get(backend, ())):
+        value = environment_value(environment, name)
+        if value is not None and value[2] and value[0] is not None and value[0] != expected:
+            said.append(f"{path.name} sets {name}={one_line(value[0], 20)} without export: where the caller's "
+                        f"environment exports the name the training gets it, which megatron-core refuses with "
+                        f"--attention-backend {backend} (it expects it unset or {expected}), and otherwise nothing, "
+                        "which it takes (Bash Reference Manual, 3.7.4 Environment); read as the caller not exporting it")
+    return said
 
 
 # The Transformer Engine attention switches megatron-core sets for each --attention-backend, asserting
@@ -233,8 +278,9 @@ def _check_attention_environment(src: str, flags: dict, environment: tuple) -> N
     backend = (flags.get("--attention-backend") or "auto").lower()
     if backend not in _SWITCHES_OF_BACKEND:
         return  # refused where the model is checked, naming the flag
-    held = {name: (value, decided) for name, value, decided in environment}
+    held = {name: (value, decided) for name, value, decided, conditional in environment if not conditional}
     for name, expected in zip(ATTENTION_SWITCHES, _SWITCHES_OF_BACKEND[backend]):
+        # one set without export (conditional) is absent where the caller does not export it: said, not refused
         if name in held and held[name][0] is not None and held[name][0] != expected:
             value, decided = held[name]
             said = f"--attention-backend {backend}" if "--attention-backend" in flags else \

@@ -67,12 +67,12 @@ class _Commands(_Expander):
         (:func:`started_environment`)."""
         return started_environment(fields, self.script_environment(assignments))
 
-    def script_environment(self, assignments: list[_Tok]) -> tuple[tuple[str, Optional[str], bool], ...]:
+    def script_environment(self, assignments: list[_Tok]) -> tuple[tuple[str, Optional[str], bool, bool], ...]:
         """:meth:`environment` as bash hands it to the command's first word."""
         held = {}
         for name in dict.fromkeys([*self.vars, *(name for frame in self.frames for name in frame)]):
-            var = self.exported_var(name)
-            if var is not None and not isinstance(var.value, list):
+            var = self.exported_var(name) or self.inherited_var(name)
+            if var is not None:
                 held[name] = var
         names = [_ASSIGNMENT.match(tok.text).group(1) for tok in assignments if tok.kind != "array"]
         saved = {name: self.vars.get(name) for name in names}
@@ -81,8 +81,7 @@ class _Commands(_Expander):
                 if tok.kind != "array":
                     self.assign(tok, exported=True)
                     name = _ASSIGNMENT.match(tok.text).group(1)
-                    if not isinstance(self.vars[name].value, list):
-                        held[name] = self.vars[name]
+                    held[name] = self.vars[name]
         except _ExpansionError:
             pass
         finally:
@@ -91,8 +90,17 @@ class _Commands(_Expander):
                     self.vars.pop(name, None)
                 else:
                     self.vars[name] = var
-        return tuple((name, var.value, not var.deps) for name, var in held.items()) + tuple(
-            (name, None, True) for name in sorted(self.cleared) if name not in held)
+        return tuple(_setting(name, var) for name, var in held.items()) + tuple(
+            (name, None, True, False) for name in sorted(self.cleared) if name not in held)
+
+    def inherited_var(self, name: str) -> Optional[_Var]:
+        """The script's ``name`` where no exported one is passed but the caller's environment may have
+        exported the name, so that bash passes the script's value where the caller did (Bash Reference
+        Manual, 3.7.4 Environment): set without ``export`` (``X=32``, ``readonly``, ``declare -i``, ``local``
+        in a function, ``printf -v``, ``let``, ``for X in``...); or an array there, which bash does not
+        export at all."""
+        var = self.vars.get(name)
+        return var if var is not None and (var.inherited or var.exported) else None
 
     def exported_var(self, name: str) -> Optional[_Var]:
         """The variable bash passes a started command as ``name``: the innermost exported one, a function's
@@ -198,7 +206,7 @@ class _Commands(_Expander):
                     if var is not None and exported is not None and var.exported != exported:
                         # A new _Var, not the shared one changed in place: a subshell's copy of the
                         # variables shares them, and `( export X )` must not export the parent's X.
-                        self.vars[name] = replace(var, exported=exported)
+                        self.vars[name] = replace(var, exported=exported, inherited=False)
         if exported is False:
             # export -n X, declare +x X: the script's X, the one a caller's exported X became as bash started,
             # leaves the environment, decidedly, until exported again (a function's local alone: the global
@@ -484,14 +492,14 @@ def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optiona
                 if word == "--":
                     break
                 if word in ("-", "--ignore-environment"):
-                    held = [(EMPTIED, None, True)]
+                    held = [(EMPTIED, None, True, False)]
                 elif word.startswith("--"):
                     option, eq, value = word[2:].partition("=")
                     if option in ("unset", "chdir", "split-string") and not eq:
                         value = words[i] if i < len(words) else ""
                         i += 1
                     if option == "unset":
-                        held = [setting for setting in held if setting[0] != value] + [(value, None, True)]
+                        held = [setting for setting in held if setting[0] != value] + [(value, None, True, False)]
                     elif option == "split-string":
                         words[i:i] = value.split()
                 elif word.startswith("-") and len(word) > 1:
@@ -500,14 +508,14 @@ def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optiona
                         letter = word[k]
                         k += 1
                         if letter == "i":
-                            held = [(EMPTIED, None, True)]
+                            held = [(EMPTIED, None, True, False)]
                         elif letter in "uCS":
                             value = word[k:]
                             if not value:
                                 value = words[i] if i < len(words) else ""
                                 i += 1
                             if letter == "u":
-                                held = [setting for setting in held if setting[0] != value] + [(value, None, True)]
+                                held = [setting for setting in held if setting[0] != value] + [(value, None, True, False)]
                             elif letter == "S":
                                 words[i:i] = value.split()
                             break
@@ -516,7 +524,7 @@ def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optiona
                     break
             while i < len(words) and _ENV_SETTING.match(words[i]):  # NAME=VALUE: in the command's environment
                 setting, _, value = words[i].partition("=")
-                held.append((setting, value, True))
+                held.append((setting, value, True, False))
                 i += 1
         elif name in _WRAPPERS:
             takes, long_takes, operands = _WRAPPERS[name]
@@ -529,7 +537,7 @@ def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optiona
                     if "=" not in word and word[2:] in long_takes:
                         i += 1
                 elif name == "exec" and "c" in word[1:]:  # exec -c: "with an empty environment"
-                    held = [(EMPTIED, None, True)]
+                    held = [(EMPTIED, None, True, False)]
                 elif word[-1] in takes:  # -n 5, -a NAME (the value its own word)
                     i += 1
             i += operands
@@ -541,6 +549,15 @@ def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optiona
         else:
             break
     return tuple(held)
+
+
+def _setting(name: str, var: _Var) -> tuple[str, Optional[str], bool, bool]:
+    """(NAME, value, decided, conditional) of ``var`` in a started command's environment: an array is
+    decidedly not there (bash exports no array: 3.7.4 Environment, "Array variables may not (yet) be
+    exported"); conditional: there only if the caller's environment exported the name (``inherited``)."""
+    if isinstance(var.value, list):
+        return name, None, True, False
+    return name, var.value, not var.deps, var.inherited and not var.exported
 
 
 def _is_assignment(text: str) -> bool:

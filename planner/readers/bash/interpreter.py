@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from dataclasses import replace
 from typing import Callable, Optional
 
 from ...errors import one_line
@@ -326,19 +327,22 @@ class _Shell(_Commands):
             raise ScriptLimit(f"line {self.line}", f"nests bash -c past {MAX_DEPTH} levels")
         exported: dict = {}
         cleared = set(self.cleared)
-        for name, value, _ in environment:
+        emptied = False
+        for name, value, _, conditional in environment:
             if name == EMPTIED:  # env -i: nothing before it, the caller's environment gone too (not listed)
-                exported, cleared = {}, set(cleared) | set(self.vars)
+                exported, cleared, emptied = {}, set(cleared) | set(self.vars), True
             elif value is None:
                 exported.pop(name, None)
                 cleared.add(name)
             else:
-                var = self.exported_var(name)
-                exported[name] = var if var is not None and var.value == value else _Var(value, exported=True,
-                                                                                         size=len(value))
+                var = self.exported_var(name) or self.inherited_var(name)
+                if var is None or var.value != value:
+                    var = _Var(value, size=len(value))
+                # a value there only where the caller exported its name stays so in the inner script
+                exported[name] = replace(var, exported=not conditional, inherited=conditional)
         inner = run_script(text, f"{self.name} (bash -c at line {self.line_of(node.start)})", self.command_output,
                            exported, positional[1:], self.steps, self.depth + 1,
-                           positional[0] if positional else "bash", cleared - set(exported))
+                           positional[0] if positional else "bash", cleared - set(exported), emptied)
         self.commands += inner.commands
         for note in inner.notes:
             self.note_as_is(note)
@@ -367,7 +371,7 @@ def _check_expansion_nesting(text: str) -> None:
 def run_script(text: str, name: str, command_output: Optional[Callable[[str], Optional[str]]] = None,
                variables: Optional[dict] = None, positional: Optional[list] = None,
                steps: Optional[list] = None, depth: int = 0, argv0: Optional[str] = None,
-               cleared: Optional[set] = None) -> Script:
+               cleared: Optional[set] = None, emptied: bool = False) -> Script:
     """``read_script``'s reading, and that of a ``bash -c`` string inside it: ``steps`` (a one-item
     list) counts the commands followed across both, ``depth`` their nesting, ``argv0`` is ``$0``."""
     if len(text) > MAX_EXPANDED_CHARS:
@@ -387,6 +391,7 @@ def run_script(text: str, name: str, command_output: Optional[Callable[[str], Op
             raise parser.error(parser.peek(), f"unexpected {one_line(parser.peek().text, 40)!r}")
         shell = _Shell(text, name, command_output, line_of, variables, positional, steps, depth, argv0)
         shell.cleared = set(cleared or ())  # what the outer script unset, out of the inner one's environment too
+        shell.caller_emptied = emptied  # env -i bash -c: no name comes from a caller's environment
         try:
             shell.run_program(program)
         except _Exit:

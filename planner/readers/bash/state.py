@@ -22,6 +22,10 @@ class _Var:
     exported: bool = False
     size: int = 0  # characters, an array's separators counted
     generation: int = 0  # the (sub)shell that may extend its array in place
+    # Exported only if the caller's environment holds the name: the script set it without deciding its export
+    # attribute (X=32, readonly X=32, declare -i X=32, local X=32 of such a name), and bash exports a variable
+    # it inherited from the environment (Bash Reference Manual, 3.7.4 Environment). Meaningless once exported.
+    inherited: bool = False
 
 
 _GENERATIONS = itertools.count(1)
@@ -106,6 +110,7 @@ class _State:
         self.in_condition = 0
         self.nocasematch = False  # shopt -s nocasematch: [[ =~ ]] and [[ == ]] without regard to case
         self.allexport = False  # set -a: every variable set is exported
+        self.caller_emptied = False  # a bash -c under env -i: the caller's environment holds nothing
         self.line = 1
         self.generation = next(_GENERATIONS)
 
@@ -236,7 +241,18 @@ class _State:
         self.vars[name] = _Var(value, tuple(deps.items()),
                                self.allexport or (old.exported if exported is None and old is not None
                                                   else bool(exported)),
-                               size, self.generation)
+                               size, self.generation, self.inherits_export(name, old, exported))
+
+    def inherits_export(self, name: str, old: Optional[_Var], exported: Optional[bool]) -> bool:
+        """Whether ``name``, set now without ``export`` or ``+x`` (``exported`` None), is exported exactly where
+        the caller's environment holds it: a name the script has not yet given a value, unset, or taken
+        the export attribute from (Bash Reference Manual, 3.7.4 Environment: bash marks what it inherits
+        for export), or one that already was so."""
+        if exported is not None:
+            return False
+        if old is not None:
+            return old.inherited and not old.exported
+        return name not in self.cleared and not self.caller_emptied
 
     def assign(self, tok: _Tok, exported: Optional[bool] = None) -> None:
         match = _ASSIGNMENT.match(tok.text)
