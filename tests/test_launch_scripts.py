@@ -1084,3 +1084,24 @@ def test_a_one_set_without_export_under_fsdp_or_an_nvte_switch_is_said_not_refus
     notes = diagnose(case, megatron_args=args).notes
     assert any(CONNECTIONS in note and "--use-megatron-fsdp refuses" in note for note in notes), notes
     assert any("NVTE_FUSED_ATTN=0 without export" in note for note in notes), notes
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"command export {CONNECTIONS}=32\n", "'32'"),
+    (f"builtin export {CONNECTIONS}=32\n", "'32'"),
+    (f"{CONNECTIONS}=32 export {CONNECTIONS}\n", "'32'"),  # the export carries the prefix past the command
+    (f"{CONNECTIONS}=32 readonly {CONNECTIONS}\n", "'32'"),
+    (f"export {CONNECTIONS}=1\n{CONNECTIONS}=32 export OTHER\n", None),  # a prefix it does not name: its own
+    (f"declare -a {CONNECTIONS}=32\n", "array"),  # bash exports no array
+    (f"declare -A {CONNECTIONS}=32\n", "array"),
+    (f"export {CONNECTIONS}=1\n{CONNECTIONS}=(1)\n", "array"),
+    (f"mapfile {CONNECTIONS} <<< 1\n", "array"),
+])
+def test_declarations_reached_through_command_builtin_a_prefix_or_as_arrays_are_read(tmp_path, setting, refused):
+    """`command export CUDA_DEVICE_MAX_CONNECTIONS=32` (or builtin export) was read as a command started,
+    `CUDA_DEVICE_MAX_CONNECTIONS=32 export CUDA_DEVICE_MAX_CONNECTIONS` as exporting nothing, and
+    `declare -a CUDA_DEVICE_MAX_CONNECTIONS=32` as a scalar: bash runs the declaration (4.2 Bash Builtins),
+    keeps the prefix the export names (3.7.4 Environment), and exports no array, so a tp 2 launch on H100
+    was priced where validate_args stops it."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused)

@@ -182,7 +182,8 @@ def _check_connections_for_parallelism(src: str, flags: dict, environment: tuple
     if setting is None or not setting[1] or setting[0] == "1" or not _asserts_one_connection(flags, tp, cp, gpu):
         return
     value, _, conditional = setting
-    said = "unset in the training's environment (the script unsets it)" if value is None else \
+    said = ("unset in the training's environment (the script unsets it, or makes it an array, which bash "
+            "does not export)") if value is None else \
         f"{one_line(value, 20)!r} in the training's environment (the script sets it so)"
     if conditional:  # neither case is 1: both break the assertion
         said = (f"{one_line(value, 20)!r} in the training's environment where the caller exports it, and absent "

@@ -40,7 +40,9 @@ class _Commands(_Expander):
             for tok in assignments:
                 self.assign(tok)
             return _TRUE
+        rest = _without_builtin_prefix(rest)
         if rest[0].kind == "word" and rest[0].text in _DECLARATIONS:
+            self.keep_declared_prefixes(assignments, rest)
             return self.declare(rest)
         ctx = _Ctx()
         key = rest[0].text if rest[0].kind == "word" else "array"
@@ -57,6 +59,19 @@ class _Commands(_Expander):
                 self.assign(tok)
             return _TRUE
         return self.builtin(fields, ctx, node, assignments)
+
+    def keep_declared_prefixes(self, assignments: Sequence[_Tok], rest: list[_Tok]) -> None:
+        """``X=32 export X`` (or ``readonly X``, ``declare -x X``): bash puts the prefix in a temporary
+        environment that the declaration's export or readonly attribute carries past the command (Bash
+        Reference Manual, 3.7.4 Environment; bash's variables.c, att_propagate), so X is 32, exported, after
+        it; a prefix the declaration does not name stays the command's alone."""
+        options = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("-"))
+        if rest[0].text not in ("export", "readonly") and not set("xr") & set(options):
+            return
+        named = {t.text for t in rest[1:] if t.kind == "word" and _NAME.fullmatch(t.text)}
+        for tok in assignments:
+            if tok.kind != "array" and _ASSIGNMENT.match(tok.text).group(1) in named:
+                self.assign(tok)
 
     def environment(self, assignments: list[_Tok], fields: Sequence[str] = ()) -> tuple[tuple[str, Optional[str], bool], ...]:
         """The scalar variables a started command's environment holds from the script: the exported
@@ -195,6 +210,8 @@ class _Commands(_Expander):
                         self.vars.pop(name, None)
                 else:
                     self.assign(tok, exported=exported)
+                if set("aA") & set(options):
+                    self.make_array(name)
                 touched.append(name)
             elif tok.text.startswith(("-", "+")):
                 if "x" in tok.text:  # declare -x exports, declare +x takes the export attribute off
@@ -218,6 +235,13 @@ class _Commands(_Expander):
                 if scope is not None and name in scope.temporary:
                     scope.propagated.add(name)
         return _TRUE
+
+    def make_array(self, name: str) -> None:
+        """``declare -a X=32`` (or ``-A``): X is an array, its value X[0] (Bash Reference Manual, 6.7 Arrays),
+        which bash passes no started command, whatever the caller exported."""
+        var = self.vars.get(name)
+        if var is not None and not isinstance(var.value, list):
+            self.vars[name] = replace(var, value=[var.value])
 
     def builtin(self, fields: list[str], ctx: _Ctx, node: _Simple, assignments: tuple = ()) -> _Status:
         name, args = fields[0], fields[1:]
@@ -549,6 +573,16 @@ def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optiona
         else:
             break
     return tuple(held)
+
+
+def _without_builtin_prefix(rest: list[_Tok]) -> list[_Tok]:
+    """``command export X=32``, ``builtin export X=32``: the declaration itself, which bash runs as
+    written (Bash Reference Manual, 4.2 Bash Builtins: builtin, command; ``command -p`` and the like
+    are left as commands)."""
+    while len(rest) > 1 and rest[0].kind == "word" and rest[0].text in ("command", "builtin") \
+            and rest[1].kind == "word" and rest[1].text in _DECLARATIONS:
+        rest = rest[1:]
+    return rest
 
 
 def _setting(name: str, var: _Var) -> tuple[str, Optional[str], bool, bool]:
