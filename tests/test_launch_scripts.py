@@ -1105,3 +1105,45 @@ def test_declarations_reached_through_command_builtin_a_prefix_or_as_arrays_are_
     keeps the prefix the export names (3.7.4 Environment), and exports no array, so a tp 2 launch on H100
     was priced where validate_args stops it."""
     read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f'eval "export {CONNECTIONS}=32"\n', "'32'"),
+    (f"eval {CONNECTIONS}=32\n", "'32'"),  # set without export: the caller's export carries it
+    (f'X=32\neval "{CONNECTIONS}=$X"\n', "'32'"),
+    (f"eval 'f() {{ export {CONNECTIONS}=32; }}'\nf\n", "'32'"),
+    (f"eval 'export {CONNECTIONS}=32' &\nwait\n", None),  # in its subshell
+    (f"eval 'export {CONNECTIONS}=32; exit 0'\n", "exit"),  # exits the script: nothing launched
+])
+def test_an_eval_of_a_string_the_script_decides_is_run_as_bash_runs_it(tmp_path, setting, refused):
+    """`eval "export CUDA_DEVICE_MAX_CONNECTIONS=32"` before a tp 2 launch on H100 was priced, exit 0, with a
+    note that the eval is not evaluated: a string the script decides is read and run in the shell as bash
+    runs it (Bash Reference Manual, 4.1 Bourne Shell Builtins: eval)."""
+    script = "#!/bin/bash\n" + setting + TRAIN + "\n"
+    if refused == "exit":
+        case, args = files(tmp_path, script, BF16)
+        with pytest.raises(CaseError, match="starts no command"):
+            diagnose(case, megatron_args=args)
+        return
+    read_as_bash_does(tmp_path, script, refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting", [
+    f"source <(echo {CONNECTIONS}=32)\n",
+    f". <(echo export {CONNECTIONS}=32)\n",
+    f"trap '{CONNECTIONS}=32' DEBUG\n",
+    f'eval "$(echo {CONNECTIONS}=32)"\n',
+])
+def test_what_may_set_the_variable_and_is_not_followed_is_said_naming_it(tmp_path, setting):
+    """`source <(echo CUDA_DEVICE_MAX_CONNECTIONS=32)`, a DEBUG trap that sets it, an eval of a command's
+    output: bash gives the tp 2 training 32, which the reader cannot follow without running anything; it
+    was priced with no word of the variable (a trap, not even a note). Now a note names the variable and
+    the line: its value could not be read."""
+    script = "#!/bin/bash\n" + setting + TRAIN + "\n"
+    assert bash_connections(tmp_path, script, caller="1") == "32"
+    case, args = files(tmp_path, script, BF16)
+    notes = diagnose(case, megatron_args=args).notes
+    assert any(f"line 2: " in note and f"may set {CONNECTIONS}: its value could not be read" in note
+               for note in notes), notes

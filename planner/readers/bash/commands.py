@@ -12,10 +12,10 @@ from ...errors import one_line
 from ...limits import MAX_EXPANDED_CHARS
 from .arith import _ExpansionError
 from .conditions import _test_words
-from .errors import MAX_DEPTH, ScriptLimit
+from .errors import MAX_DEPTH, ScriptLimit, ScriptSyntax
 from .expand import _Expander
-from .lexer import _ASSIGNMENT, _NAME, _Tok
-from .parser import _Simple
+from .lexer import _ASSIGNMENT, _NAME, _lex, _Tok, _Unterminated
+from .parser import _Parser, _Simple
 from .results import EMPTIED, Command
 from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, REMATCH_UNKNOWN, _Ctx, _Frame, _Var
 from .status import _FALSE, _TRUE, _Exit, _LoopControl, _Return, _Status
@@ -319,10 +319,10 @@ class _Commands(_Expander):
             letters = "".join(a[1:] for a in args[:args.index("nocasematch")] if a.startswith("-"))
             if "s" in letters or "u" in letters:
                 self.nocasematch = letters.rfind("s") > letters.rfind("u")
-        if name in ("source", ".", "eval"):
-            what = "followed" if name != "eval" else "evaluated"
-            self.note(f"{one_line(' '.join(fields), 80)} is not {what}: what it would set reads as unset")
-            return _Status(None, True, reason=f"{name} is not {what}")
+        if name == "eval" and not ctx.deps:
+            return self.eval_string(" ".join(args))
+        if name in ("source", ".", "eval", "trap"):
+            return self.not_followed(name, fields, node)
         if name in self.funcs:
             return self.call(self.funcs[name], args, assignments)
         shell = _inline_script(fields)
@@ -341,6 +341,42 @@ class _Commands(_Expander):
         self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run, defaulted,
                                      self.environment(list(assignments), fields)))
         return _Status(None, True, reason=f"{one_line(name, 40)} is not run")
+
+    def eval_string(self, text: str) -> _Status:
+        """``eval STRING`` whose words the script decides (no unset variable, no command substitution): the
+        string read and run as commands in this shell (Bash Reference Manual, 4.1 Bourne Shell Builtins:
+        eval), each at the eval's line; one bash cannot parse fails with status 2, said."""
+        line = self.line
+        try:
+            program = _parse(text, lambda offset: line)
+        except (ScriptSyntax, _Unterminated):
+            self.note(f"eval {one_line(text, 60)}: bash cannot parse its string, so the eval fails and sets nothing")
+            return _Status(False, False)
+        saved = (self.text, self.line_of)
+        self.text, self.line_of = text, (lambda offset: line)
+        try:
+            return self.run_list(program)
+        finally:
+            self.text, self.line_of = saved
+            self.line = line
+
+    def not_followed(self, name: str, fields: list[str], node: _Simple) -> _Status:
+        """``source FILE``, ``eval`` of a string the script does not decide (``eval "$(cmd)"``) and ``trap
+        ACTION SIGNAL`` (whose action runs as the signal, or each command under DEBUG, comes: Bash Reference
+        Manual, 4.1 Bourne Shell Builtins): not followed, said in a note, which names each variable the
+        command's text visibly assigns or exports (``source <(echo X=32)``, ``trap 'X=32' DEBUG``): its value
+        in the training's environment could not be read."""
+        what = {"eval": "evaluated", "trap": "run (a trap's action is not followed)"}.get(name, "followed")
+        written = " ".join([*(tok.text for tok in node.words), *fields[1:]])  # as written, and expanded
+        names = list(dict.fromkeys(re.findall(r"(?<![\w$-])([A-Za-z_][A-Za-z0-9_]*)\+?=", written)))
+        names = names[:4]
+        if names:
+            self.note(f"{one_line(' '.join(fields), 80)} is not {what}, and may set {', '.join(names)}: "
+                      f"{'their values' if len(names) > 1 else 'its value'} could not be read (read as the script "
+                      "leaves it before this line)", None)
+        elif name != "trap":
+            self.note(f"{one_line(' '.join(fields), 80)} is not {what}: what it would set reads as unset")
+        return _Status(None, True, reason=f"{name} is not {what}") if name != "trap" else _TRUE
 
     def read_builtin(self, command: str, args: list[str]) -> None:
         """``read [-r] [-a ARRAY] [-d DELIM] ... NAME...`` and ``mapfile``/``readarray [-t] ... ARRAY``:
@@ -573,6 +609,15 @@ def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optiona
         else:
             break
     return tuple(held)
+
+
+def _parse(text: str, line_of):
+    """The commands of ``text`` (an eval's string), as bash parses them."""
+    parser = _Parser(_lex(text, line_of), text, line_of)
+    program = parser.parse_list()
+    if parser.peek() is not None:
+        raise parser.error(parser.peek(), f"unexpected {one_line(parser.peek().text, 40)!r}")
+    return program
 
 
 def _without_builtin_prefix(rest: list[_Tok]) -> list[_Tok]:
