@@ -1147,3 +1147,17 @@ def test_what_may_set_the_variable_and_is_not_followed_is_said_naming_it(tmp_pat
     notes = diagnose(case, megatron_args=args).notes
     assert any(f"line 2: " in note and f"may set {CONNECTIONS}: its value could not be read" in note
                for note in notes), notes
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"read {CONNECTIONS} <<< 32\n", "'32'"),  # set without export: 32 where the caller exports it, else none
+    (f"read -r {CONNECTIONS} REST <<< '32  8 9'\n", "'32'"),
+    (f"read -r REST {CONNECTIONS} <<< '8 32'\n", "'32'"),
+    (f"read {CONNECTIONS} <<< 1\n", None),
+])
+def test_read_of_a_here_string_gives_the_training_what_bash_gives(tmp_path, setting, refused):
+    """`read CUDA_DEVICE_MAX_CONNECTIONS <<< 32` before a tp 2 launch on H100 was read as empty (its input
+    not followed) and priced, exit 0: bash reads the here-string's word (Bash Reference Manual, 3.6.7 Here
+    Strings; 4.2 Bash Builtins: read), so the training gets 32 where the caller exports the name, else none."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused)

@@ -52,7 +52,7 @@ Not modelled: command substitution (``$(...)`` and backquotes read as empty, but
 them, a word or a redirection's file, never run; the word is the file name bash gives the pipe,
 /dev/fd/63, said where a launch's words hold it), globbing (``*`` stays as written, as under ``set -f``), brace and
 tilde expansion, sparse and associative arrays (``A[5]=x`` pads with empty elements),
-``source``, ``eval`` of a string the script does not decide and ``trap`` actions (said in a note, which names the variables their text assigns: their values could not be read; an ``eval`` of a decided string is run), ``read``, ``mapfile`` and ``readarray`` (they fail, as with no
+``source``, ``eval`` of a string the script does not decide and ``trap`` actions (said in a note, which names the variables their text assigns: their values could not be read; an ``eval`` of a decided string is run), ``read`` (but of a here-string the script decides, ``read X <<< 32``, split as bash splits it), ``mapfile`` and ``readarray`` (they fail, as with no
 input; the names they would set read as empty, said in a note and where a launch uses them),
 ``declare -n`` name references (said), and variables bash sets itself (``PWD``, ``HOME``: unset).
 A script bash could not parse raises :class:`ScriptSyntax`; one that expands, loops or recurses

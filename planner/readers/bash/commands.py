@@ -304,6 +304,8 @@ class _Commands(_Expander):
             except _ExpansionError:  # let: status 1
                 return _Status(False, False, ctx.deps, test=True)
             return _Status(value != 0, value != 0, ctx.deps, test=True)
+        if name == "read" and node.herestring is not None and self.read_herestring(args, node.herestring):
+            return _TRUE
         if name in ("read", "mapfile", "readarray"):
             self.read_builtin(name, args)
             return _FALSE  # no input: bash's answer with none
@@ -377,6 +379,26 @@ class _Commands(_Expander):
         elif name != "trap":
             self.note(f"{one_line(' '.join(fields), 80)} is not {what}: what it would set reads as unset")
         return _Status(None, True, reason=f"{name} is not {what}") if name != "trap" else _TRUE
+
+    def read_herestring(self, args: list[str], word: _Tok) -> bool:
+        """``read [-r] NAME... <<< WORD`` whose word the script decides: the word (and the newline bash adds)
+        split on IFS's whitespace, a field to each name, the rest of the line to the last (Bash Reference
+        Manual, 3.6.7 Here Strings; 4.2 Bash Builtins: read). False, nothing set, where that is not how
+        it reads (another option, a backslash read without -r, a word the script does not decide, an IFS
+        of its own)."""
+        options = [a for a in args if a.startswith("-")]
+        names = [a for a in args if not a.startswith("-")] or ["REPLY"]
+        ctx = _Ctx()
+        text = self.string(word.text, ctx, "<<<")
+        if ctx.deps or any(o != "-r" for o in options) or ("\\" in text and not options) or "IFS" in self.vars \
+                or not all(_NAME.fullmatch(n) for n in names):
+            return False
+        line = text.split("\n", 1)[0].strip(" \t")
+        fields = line.split(None, len(names) - 1) if line else []
+        for k, target in enumerate(names):
+            value = fields[k] if k < len(fields) else ""
+            self.set_var(target, value.rstrip(" \t") if k == len(names) - 1 else value, {})
+        return True
 
     def read_builtin(self, command: str, args: list[str]) -> None:
         """``read [-r] [-a ARRAY] [-d DELIM] ... NAME...`` and ``mapfile``/``readarray [-t] ... ARRAY``:

@@ -25,6 +25,7 @@ class _Simple:
     # A here-document fed to the command (<<EOF ... EOF): its body, and whether its delimiter was
     # quoted (then taken as written; else expanded as bash expands it).
     heredoc: Optional[tuple[str, bool]] = None
+    herestring: Optional[_Tok] = None  # <<< WORD: the word, unexpanded
 
 
 @dataclass
@@ -292,7 +293,7 @@ class _Parser:
         words: list[_Tok] = []
         start = self.peek().start
         redirected = False
-        heredoc = None
+        heredoc = herestring = None
         while True:
             tok = self.peek()
             if tok is None:
@@ -307,13 +308,15 @@ class _Parser:
                     raise self.error(target, "a redirection without its file")
                 if tok.text in ("<<", "<<-") and target.elements:
                     heredoc = (target.elements[0], target.elements[1] == "quoted")
+                if tok.text == "<<<":
+                    herestring = target
                 self.k += 1
                 redirected = True
             else:
                 break
         if not words and not redirected:
             raise self.error(self.peek(), f"unexpected {one_line(self.peek().text, 40)!r}")
-        return _Simple(words, start, heredoc)
+        return _Simple(words, start, heredoc, herestring)
 
     def parse_if(self) -> _If:
         start = self.expect_word("if").start
