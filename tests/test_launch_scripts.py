@@ -1161,3 +1161,18 @@ def test_read_of_a_here_string_gives_the_training_what_bash_gives(tmp_path, sett
     not followed) and priced, exit 0: bash reads the here-string's word (Bash Reference Manual, 3.6.7 Here
     Strings; 4.2 Bash Builtins: read), so the training gets 32 where the caller exports the name, else none."""
     read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"shopt -s lastpipe\ntrue | export {CONNECTIONS}=32\n", "'32'"),  # the pipeline's last part: this shell
+    (f"shopt -s lastpipe\ntrue | {CONNECTIONS}=32\n", "'32'"),
+    (f"shopt -s lastpipe\nshopt -u lastpipe\ntrue | export {CONNECTIONS}=32\n", None),
+    (f"true | export {CONNECTIONS}=32\n", None),
+    (f"shopt -s lastpipe\n(true | export {CONNECTIONS}=32)\n", None),
+])
+def test_under_lastpipe_a_pipelines_last_command_runs_in_the_shell(tmp_path, setting, refused):
+    """`shopt -s lastpipe; true | export CUDA_DEVICE_MAX_CONNECTIONS=32` was read as an export in a subshell,
+    so a tp 2 launch on H100 was priced: bash runs a pipeline's last command in the shell under lastpipe
+    where job control is off, as in a script (Bash Reference Manual, 3.2.3 Pipelines)."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused)

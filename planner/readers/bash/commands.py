@@ -316,6 +316,10 @@ class _Commands(_Expander):
             rest = args[3:] if args[2] == "--" else args[2:]  # printf -v X -- FORMAT ...
             if rest:
                 return self.printf_to(args[1], rest[0], rest[1:], ctx)
+        if name == "shopt" and "lastpipe" in args:
+            letters = "".join(a[1:] for a in args[:args.index("lastpipe")] if a.startswith("-"))
+            if "s" in letters or "u" in letters:
+                self.lastpipe = letters.rfind("s") > letters.rfind("u")
         if name == "shopt" and "nocasematch" in args:
             # -s sets and -u unsets, in any word of options before the names (shopt -qs, -q -s); the last wins
             letters = "".join(a[1:] for a in args[:args.index("nocasematch")] if a.startswith("-"))

@@ -130,17 +130,26 @@ class _Shell(_Commands):
     def run_pipeline(self, node: _Pipeline) -> _Status:
         if len(node.commands) == 1:
             status = self.run_command(node.commands[0])
-        else:  # each part of a pipeline runs in a subshell
-            for command in node.commands:
-                status = self.subshell(lambda c=command: self.run_command(c))
+        else:
+            status = self.run_piped(node.commands)
         if node.negate:
             status = _Status(None if status.known is None else not status.known, not status.assumed,
                              status.deps, status.reason, status.test)
         return status
 
+    def run_piped(self, commands: list) -> _Status:
+        """A pipeline's commands, each in a subshell; under ``shopt -s lastpipe`` the last in this shell, as
+        bash runs it where job control is off, as in a script (Bash Reference Manual, 3.2.3 Pipelines):
+        ``echo 32 | read X`` sets X."""
+        for command in commands[:-1]:
+            self.subshell(lambda c=command: self.run_command(c))
+        if self.lastpipe:
+            return self.run_command(commands[-1])
+        return self.subshell(lambda: self.run_command(commands[-1]))
+
     def subshell(self, run: Callable[[], _Status]) -> _Status:
         saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch,
-                 set(self.cleared), [frame.copy() for frame in self.frames], self.allexport)
+                 set(self.cleared), [frame.copy() for frame in self.frames], self.allexport, self.lastpipe)
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()
@@ -148,7 +157,7 @@ class _Shell(_Commands):
             return leaving.status or _Status(None, True, reason="a subshell that exits")
         finally:
             (self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, frames,
-             self.allexport) = saved
+             self.allexport, self.lastpipe) = saved
             self.frames[:] = frames  # the list itself: a call the subshell is in pops its own frame off it
 
     def run_command(self, node) -> _Status:

@@ -110,6 +110,7 @@ class _State:
         self.in_condition = 0
         self.nocasematch = False  # shopt -s nocasematch: [[ =~ ]] and [[ == ]] without regard to case
         self.allexport = False  # set -a: every variable set is exported
+        self.lastpipe = False  # shopt -s lastpipe: a pipeline's last command runs in this shell
         self.caller_emptied = False  # a bash -c under env -i: the caller's environment holds nothing
         self.line = 1
         self.generation = next(_GENERATIONS)
