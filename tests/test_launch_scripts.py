@@ -1176,3 +1176,16 @@ def test_under_lastpipe_a_pipelines_last_command_runs_in_the_shell(tmp_path, set
     so a tp 2 launch on H100 was priced: bash runs a pipeline's last command in the shell under lastpipe
     where job control is off, as in a script (Bash Reference Manual, 3.2.3 Pipelines)."""
     read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"set -k\n{TRAIN} {CONNECTIONS}=32\n", "'32'"),  # -k: the word is the launch's environment
+    (f"set -o keyword\nexport {CONNECTIONS}=1\n{TRAIN} {CONNECTIONS}=32\n", "'32'"),
+    (f"set -ek\n{TRAIN} {CONNECTIONS}=1\n", None),
+])
+def test_under_set_k_an_assignment_after_the_command_name_is_its_environment(tmp_path, setting, refused):
+    """`set -k` then `torchrun ... CUDA_DEVICE_MAX_CONNECTIONS=32` was read with the assignment as an argument,
+    refused naming --bf16 (a stray word after it) rather than the variable: bash puts every NAME=value word
+    in the command's environment under -k (Bash Reference Manual, 4.3.1 The Set Builtin)."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting, refused)

@@ -36,6 +36,8 @@ class _Commands(_Expander):
         while k < len(words) and (words[k].kind == "array" or _is_assignment(words[k].text)):
             k += 1
         assignments, rest = words[:k], words[k:]
+        if self.keyword and rest and not (rest[0].kind == "word" and rest[0].text in _DECLARATIONS):
+            assignments, rest = _keyword_assignments(assignments, rest)
         if not rest:
             for tok in assignments:
                 self.assign(tok)
@@ -278,8 +280,13 @@ class _Commands(_Expander):
                     break
                 if arg in ("-o", "+o") and args[k + 1:k + 2] == ["allexport"]:
                     self.allexport = arg == "-o"
-                elif arg[1:2] != "o" and "a" in arg[1:]:
-                    self.allexport = arg[0] == "-"
+                elif arg in ("-o", "+o") and args[k + 1:k + 2] == ["keyword"]:
+                    self.keyword = arg == "-o"
+                elif arg[1:2] != "o":
+                    if "a" in arg[1:]:
+                        self.allexport = arg[0] == "-"
+                    if "k" in arg[1:]:  # set -k: every NAME=value word is the command's environment
+                        self.keyword = arg[0] == "-"
             return _TRUE
         if name == "shift":
             count = int(args[0]) if args and args[0].isdigit() else 1
@@ -644,6 +651,14 @@ def _parse(text: str, line_of):
     if parser.peek() is not None:
         raise parser.error(parser.peek(), f"unexpected {one_line(parser.peek().text, 40)!r}")
     return program
+
+
+def _keyword_assignments(assignments: Sequence[_Tok], rest: list[_Tok]) -> tuple[list[_Tok], list[_Tok]]:
+    """Under ``set -k`` (``-o keyword``) every word after the command name in the form of an assignment is
+    one of the command's ``NAME=value`` prefixes, taken out of its arguments (Bash Reference Manual, 4.3.1
+    The Set Builtin: -k)."""
+    moved = [tok for tok in rest[1:] if tok.kind == "word" and _is_assignment(tok.text)]
+    return [*assignments, *moved], [rest[0], *(tok for tok in rest[1:] if all(tok is not m for m in moved))]
 
 
 def _without_builtin_prefix(rest: list[_Tok]) -> list[_Tok]:

@@ -149,7 +149,7 @@ class _Shell(_Commands):
 
     def subshell(self, run: Callable[[], _Status]) -> _Status:
         saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch,
-                 set(self.cleared), [frame.copy() for frame in self.frames], self.allexport, self.lastpipe)
+                 set(self.cleared), [frame.copy() for frame in self.frames], self.allexport, self.lastpipe, self.keyword)
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()
@@ -157,7 +157,7 @@ class _Shell(_Commands):
             return leaving.status or _Status(None, True, reason="a subshell that exits")
         finally:
             (self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, frames,
-             self.allexport, self.lastpipe) = saved
+             self.allexport, self.lastpipe, self.keyword) = saved
             self.frames[:] = frames  # the list itself: a call the subshell is in pops its own frame off it
 
     def run_command(self, node) -> _Status:

@@ -111,6 +111,7 @@ class _State:
         self.nocasematch = False  # shopt -s nocasematch: [[ =~ ]] and [[ == ]] without regard to case
         self.allexport = False  # set -a: every variable set is exported
         self.lastpipe = False  # shopt -s lastpipe: a pipeline's last command runs in this shell
+        self.keyword = False  # set -k: NAME=value words after the command name are its environment too
         self.caller_emptied = False  # a bash -c under env -i: the caller's environment holds nothing
         self.line = 1
         self.generation = next(_GENERATIONS)
