@@ -1189,3 +1189,19 @@ def test_under_set_k_an_assignment_after_the_command_name_is_its_environment(tmp
     refused naming --bf16 (a stray word after it) rather than the variable: bash puts every NAME=value word
     in the command's environment under -k (Bash Reference Manual, 4.3.1 The Set Builtin)."""
     read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting, refused)
+
+
+@needs_bash
+def test_a_value_read_from_a_pipe_without_export_is_said_as_not_read_not_as_the_callers(tmp_path):
+    """`shopt -s lastpipe; echo 32 | read CUDA_DEVICE_MAX_CONNECTIONS` gives the tp 2 training 32 where the
+    caller exports the name (bash), a value the reader cannot read without running echo: the note said
+    the script "takes CUDA_DEVICE_MAX_CONNECTIONS from the caller's environment (read as '')", which it
+    does not; now it says the value set without export could not be decided, beside the read's note naming
+    the line."""
+    script = f"#!/bin/bash\nshopt -s lastpipe\necho 32 | read {CONNECTIONS}\n{TRAIN}\n"
+    assert bash_connections(tmp_path, script, caller="1") == "32" and bash_connections(tmp_path, script) is None
+    case, args = files(tmp_path, script, BF16)
+    notes = [note for note in diagnose(case, megatron_args=args).notes if CONNECTIONS in note]
+    assert any("line 3: read reads input, which is not followed" in note for note in notes), notes
+    assert any("without export to a value the reading could not decide" in note for note in notes), notes
+    assert not any("from the caller's environment" in note for note in notes), notes

@@ -233,6 +233,10 @@ def _parallelism_connection_notes(path: Path, flags: dict, environment: tuple, t
         how = ("sets CUDA_DEVICE_MAX_CONNECTIONS=1 without export, which the training gets only where the caller's "
                "environment exports the name, and otherwise nothing (Bash Reference Manual, 3.7.4 Environment); "
                "read as the caller exporting it")
+    elif setting[2]:  # set without export, to what the script does not decide (read X from a pipe, X=${Y:-32})
+        how = ("sets CUDA_DEVICE_MAX_CONNECTIONS without export to a value the reading could not decide (read as "
+               f"{one_line(setting[0] or '', 20)!r}; see the note of the line that sets it), which the training gets "
+               "only where the caller's environment exports the name")
     else:
         how = f"takes CUDA_DEVICE_MAX_CONNECTIONS from the caller's environment (read as {one_line(setting[0] or '', 20)!r})"
     return [f"{path.name} {how}: Megatron-LM needs CUDA_DEVICE_MAX_CONNECTIONS=1 in the training's environment for "
