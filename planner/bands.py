@@ -233,7 +233,11 @@ def memory_band(job: Job) -> Band:
     return memory_band_of(job.model, job.cluster, job.training)
 
 
+@functools.lru_cache(maxsize=256)
 def memory_band_of(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> Band:
+    """The memory band of a job of these specs. Cached on them: every fit test of a search asks for
+    it (search_memory.fit_limit, 4,000 times a three-engine plan), of a few specs, each deriving
+    its class again."""
     cls = class_of_parts(model, cluster, training)
     return _memory_band(tuple(cls[k] for k in MEMORY_KEYS))
 
