@@ -27,6 +27,11 @@ def rank_chunks(virtual: Sequence[int], pp: int) -> list[tuple[int, ...]]:
     return [tuple(virtual[r::pp]) for r in range(pp)]
 
 
+def _check_zero_stage(zero_stage: object) -> None:
+    if isinstance(zero_stage, bool) or zero_stage not in ZERO_STAGES:
+        raise SpecError(Layout, "zero_stage", f"expected 0, 1, 2 or 3, got {zero_stage!r}")
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one training job is spread over the cluster (Megatron rank order: tp, cp, dp, pp)."""
@@ -76,8 +81,7 @@ class Layout:
             _positive_int(s, name, getattr(self, name))
         if self.etp is not None:
             _positive_int(s, "etp", self.etp)
-        if isinstance(self.zero_stage, bool) or self.zero_stage not in ZERO_STAGES:
-            raise SpecError(s, "zero_stage", f"expected 0, 1, 2 or 3, got {self.zero_stage!r}")
+        _check_zero_stage(self.zero_stage)
         if not isinstance(self.sequence_parallel, bool):
             raise SpecError(s, "sequence_parallel", f"expected true or false, got {self.sequence_parallel!r}")
         _choice(s, "recompute", self.recompute, RECOMPUTE)
@@ -173,6 +177,20 @@ class Layout:
         """Expert data parallel: the ranks that hold the same experts, tp·cp·dp / (etp·ep)
         (megatron-core ``parallel_state``: the expert grid folds over the attention's)."""
         return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
+
+    def at_micro_batch(self, micro_batch_size: int, zero_stage: int) -> "Layout":
+        """This layout at another micro-batch size and ZeRO stage, checked in those two alone: of the
+        checks of :meth:`__post_init__`, which this layout passed, no other reads them but the
+        parameters' offload (which takes them all). The search builds a layout for each micro-batch
+        and ZeRO stage of each group of degrees it weighs (3,330 a three-engine plan of Mixtral 8x7B),
+        most of them only to find them past its threshold."""
+        if self.offload_params:
+            return self.with_changes(micro_batch_size=micro_batch_size, zero_stage=zero_stage)
+        _positive_int(Layout, "micro_batch_size", micro_batch_size)
+        _check_zero_stage(zero_stage)
+        layout = object.__new__(Layout)
+        layout.__dict__.update(self.__dict__, micro_batch_size=micro_batch_size, zero_stage=zero_stage)
+        return layout
 
     def with_changes(self, **changes) -> "Layout":
         # dataclasses.replace inspects the fields on every call; the search calls this for every

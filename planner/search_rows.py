@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from cost_models.frozen import cached_property
 from cost_models.specs import Job, Layout
 from cost_models.step_time import StepTime
 
@@ -62,7 +63,12 @@ class Group:
     micro_batches: tuple[int, ...]  # ascending
 
     def layout(self, micro_batch_size: int, zero_stage: int) -> Layout:
-        """The group's layout at this micro-batch and ZeRO stage, with neither recomputation nor offload."""
-        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, vpp=self.vpp, micro_batch_size=micro_batch_size,
-                      zero_stage=zero_stage, sequence_parallel=self.sequence_parallel, stage_layers=self.partition,
-                      ep=self.ep, etp=self.etp)
+        """The group's layout at this micro-batch and ZeRO stage, with neither recomputation nor offload
+        (its degrees checked once, in :attr:`_degrees`)."""
+        return self._degrees.at_micro_batch(micro_batch_size, zero_stage)
+
+    @cached_property
+    def _degrees(self) -> Layout:
+        """The group's degrees as a layout (one sequence a micro-batch, ZeRO 0), built with every check."""
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, vpp=self.vpp,
+                      sequence_parallel=self.sequence_parallel, stage_layers=self.partition, ep=self.ep, etp=self.etp)
