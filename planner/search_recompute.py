@@ -14,7 +14,7 @@ from cost_models.stage_time import stage_time
 
 from .case import Case
 from .engines import EngineSupport
-from .search_memory import case_job, fit_limit, fits
+from .search_memory import case_job, fits
 from .search_options import SearchSpec
 
 # Told of each layout scored that does not fit, with its peak (the search keeps the closest, for advice).
@@ -117,22 +117,6 @@ def least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least:
     # the per-stage count moves in steps of vpp.
     step = layout.vpp
     low, high = fewest_recomputed(stage_max, at_least, step) // step, top // step
-    if low < high:
-        fewest = trial(low * step)
-        if fewest[0] is not None:
-            return fewest
-        # Memory falls by about the same with each layer more recomputed: the count where the line
-        # through the two ends crosses the limit, and the one below it, most often settle the
-        # bisection's answer in two trials (each only narrows its interval where they do not).
-        guess = _crossing(low, fewest[1], high, best[1], fit_limit(best[0], spec.headroom))
-        low += 1
-        for probe in (guess, guess - 1):
-            if low <= probe < high:
-                attempt = trial(probe * step)
-                if attempt[0] is not None:
-                    high, best = probe, attempt
-                else:
-                    low = probe + 1
     while low < high:
         mid = (low + high) // 2
         attempt = trial(mid * step)
@@ -141,14 +125,6 @@ def least_full_recompute(case: Case, spec: SearchSpec, layout: Layout, at_least:
         else:
             low = mid + 1
     return best
-
-
-def _crossing(low: int, low_peak: float, high: int, high_peak: float, limit: float) -> int:
-    """Where the peak, taken as linear between ``low`` (over ``limit``) and ``high`` (under it), first
-    comes under ``limit``: a guess for :func:`least_full_recompute` to try, never an answer."""
-    if low_peak <= high_peak:
-        return high
-    return min(high, low + max(1, math.ceil((low_peak - limit) / (low_peak - high_peak) * (high - low))))
 
 
 def fewest_recomputed(stage_max: int, at_least: int, vpp: int) -> int:
