@@ -26,8 +26,8 @@ from planner.plan import _table, layout_table, robust_choice
 from planner.search import _Search, search
 from planner.search_bounds import StepBounds, floor, offload_floor, states_cannot_fit, states_fit
 from planner.search_memory import fit_limit, fits
-from planner.search_recompute import (least_full_recompute, least_recompute, offload_options, recompute_ladder,
-                                     selective_bundles)
+from planner.search_recompute import (fewest_recomputed, least_full_recompute, least_recompute, offload_options,
+                                     recompute_ladder, selective_bundles)
 from planner.search_space import divisors, groups
 
 CASES = {
@@ -444,3 +444,64 @@ def test_a_zero_stage_whose_degrees_the_engine_refuses_is_not_scored(monkeypatch
                         lambda case, spec, base, *args, **kw: scored.append(base) or least(case, spec, base, *args, **kw))
     search(case, case.search, first_only=True)
     assert scored and not [b for b in scored if b.cp == 16 and b.tp == 1]
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "balanced, interleaved"])
+def test_the_fewest_layers_recomputed_in_full_are_the_fewest_that_fit(name):
+    """least_full_recompute's bisection assumes memory falls as more layers are recomputed: its count is
+    the fewest of every count it may take (whole steps of vpp) that fits, whatever the memory's limit
+    (headrooms from none to most of the GPU put it at each end and between)."""
+    case = loaded(name)
+    tried = 0
+    for group in list(groups(case, case.search))[::5]:
+        base = group.layout(group.micro_batches[0], group.zeros[0]).with_changes(recompute="full")
+        try:
+            stage_max = max(case_job_layers(case, base))
+        except SpecError:
+            continue
+        for headroom in (0.0, 0.3, 0.5, 0.6, 0.7, 0.8):
+            spec = dataclasses.replace(case.search, headroom=headroom)
+            counts = range(fewest_recomputed(stage_max, 1, base.vpp), stage_max + 1, base.vpp) \
+                if spec.engine.partial_recompute else [stage_max]
+            fitting = [n for n in counts if fits(_recomputing(case, base, n, stage_max), headroom)[0]]
+            hit = least_full_recompute(case, spec, base, 1, lambda job, peak: None)
+            if spec.runner.problems(_recomputing(case, base, stage_max, stage_max)):
+                continue
+            tried += 1
+            assert (hit[0].layout.recompute_num_layers or stage_max if hit else None) == \
+                (fitting[0] if fitting else None)
+    assert tried > 10
+
+
+def case_job_layers(case, layout: Layout) -> tuple[int, ...]:
+    return Job(case.model, case.cluster, case.training, layout, case.overheads).stage_layers
+
+
+def _recomputing(case, layout: Layout, layers: int, stage_max: int) -> Job:
+    return Job(case.model, case.cluster, case.training,
+               layout.with_changes(recompute_num_layers=None if layers >= stage_max else layers), case.overheads)
+
+
+def test_a_groups_layout_at_a_micro_batch_is_the_layout_built_with_every_check():
+    """Group.layout builds from the group's degrees, checked once, with the micro-batch and ZeRO stage
+    checked alone (Layout.at_micro_batch): the same layout as one built whole, the same refusals."""
+    case = loaded("moe")
+    for group in list(groups(case, case.search))[::7]:
+        for zero in group.zeros:
+            for mbs in group.micro_batches:
+                whole = Layout(dp=group.dp, tp=group.tp, pp=group.pp, cp=group.cp, vpp=group.vpp,
+                               micro_batch_size=mbs, zero_stage=zero, sequence_parallel=group.sequence_parallel,
+                               stage_layers=group.partition, ep=group.ep, etp=group.etp)
+                built = group.layout(mbs, zero)
+                assert built == whole and hash(built) == hash(whole) and vars(built) == vars(whole)
+    base = Layout(dp=2, tp=2, sequence_parallel=True)
+    for bad in ({"micro_batch_size": 0, "zero_stage": 1}, {"micro_batch_size": True, "zero_stage": 1},
+                {"micro_batch_size": 1, "zero_stage": 4}, {"micro_batch_size": 1, "zero_stage": True}):
+        with pytest.raises(SpecError) as built:
+            base.at_micro_batch(**bad)
+        with pytest.raises(SpecError) as whole:
+            base.with_changes(**bad)
+        assert str(built.value) == str(whole.value)
+    offloading = Layout(dp=2, zero_stage=3, offload_params=True)
+    with pytest.raises(SpecError, match="offload_params"):
+        offloading.at_micro_batch(1, 2)
