@@ -103,33 +103,21 @@ def in_flight_peak(pp: int, vpp: int, microbatches: int, stage: int, per_chunk: 
     The composition repeats every g·v steps. Chunks of one size: :func:`in_flight_chunks` of them."""
     if vpp == 1 or (len(set(per_chunk)) == 1 and chunk is None):
         return in_flight_chunks(pp, vpp, microbatches, stage) * max(per_chunk)
-    return max((sum(n * size for n, size in zip(held, per_chunk) if n) for held in
-                _peak_holdings(pp, vpp, microbatches, stage, chunk)), default=0.0)
-
-
-@lru_cache(maxsize=1024)
-def _peak_holdings(pp: int, vpp: int, microbatches: int, stage: int, chunk: Optional[int]) \
-        -> tuple[tuple[int, ...], ...]:
-    """The micro-batches of each chunk that stage ``stage`` holds at the moments :func:`in_flight_peak`
-    weighs (after each forward; with ``chunk``, after each forward of that chunk), less those another
-    moment holds as many of every chunk or more: what a chunk keeps is never negative, so these hold
-    the peak whatever the chunks' sizes. A schedule's hundreds of moments come to a few: the memory
-    of every layout searched at vpp > 1 weighs these, not the schedule again."""
     start, steps = _in_flight_steps(pp, vpp, microbatches, stage)
+    held, peak = 0.0, 0.0
     group = microbatches_per_round(pp, microbatches)
-    held, moments = [0] * vpp, set()
     for k in range(sum(start)):  # the warm-up's k-th forward is of chunk ⌊k/g⌋ mod v
-        held[(k // group) % vpp] += 1
+        held += per_chunk[(k // group) % vpp]
         if chunk is None or (k // group) % vpp == chunk:
-            moments.add(tuple(held))
-    # Each steady-state step adds one chunk's micro-batch (where the rank can peak) and then frees one.
+            peak = max(peak, held)
+    # Each steady-state step adds one chunk's micro-batch (where the rank can peak) and then
+    # frees one: the held total moves by two chunks' figures a step, not a sum over all v.
     for added, freed in steps:
-        held[added] += 1
+        held += per_chunk[added]
         if chunk is None or added == chunk:
-            moments.add(tuple(held))
-        held[freed] -= 1
-    return tuple(sorted(m for m in moments
-                        if not any(o != m and all(a >= b for a, b in zip(o, m)) for o in moments)))
+            peak = max(peak, held)
+        held -= per_chunk[freed]
+    return peak
 
 
 def first_chunk_in_flight(pp: int, vpp: int, microbatches: int) -> int:

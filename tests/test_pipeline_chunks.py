@@ -171,35 +171,3 @@ def test_the_embedding_is_held_for_the_first_chunks_micro_batches_alone():
         assert first_chunk_in_flight(pp, vpp, m) == (megatron(pp, vpp, m) if vpp > 1 else min(pp, m))
     assert (first_chunk_in_flight(8, 4, 64), in_flight_chunks(8, 4, 64, 0)) == (16, 39)
 
-
-def _walked_peak(pp, vpp, microbatches, stage, per_chunk, chunk=None):
-    """The peak by walking the schedule forward by forward (what in_flight_peak did before it kept the
-    moments that can peak): the oracle."""
-    from cost_models.pipeline import _in_flight_steps, microbatches_per_round
-    start, steps = _in_flight_steps(pp, vpp, microbatches, stage)
-    group = microbatches_per_round(pp, microbatches)
-    held = peak = 0.0
-    for k in range(sum(start)):
-        held += per_chunk[(k // group) % vpp]
-        if chunk is None or (k // group) % vpp == chunk:
-            peak = max(peak, held)
-    for added, freed in steps:
-        held += per_chunk[added]
-        if chunk is None or added == chunk:
-            peak = max(peak, held)
-        held -= per_chunk[freed]
-    return peak
-
-
-def test_the_peak_over_the_moments_kept_is_the_peak_of_the_walked_schedule():
-    """in_flight_peak weighs only the holdings no other moment of the schedule holds as much of every
-    chunk as: the same peak as the walk through every forward, for any sizes (none negative)."""
-    import random
-    rng = random.Random(0)
-    for _ in range(2000):
-        pp, vpp = rng.choice([2, 3, 4, 8, 16]), rng.choice([2, 3, 4, 5, 10, 20])
-        microbatches, stage = rng.choice([1, 2, 3, 7, pp, 2 * pp, 4 * pp, 64, 128]), rng.randrange(pp)
-        sizes = [rng.choice([0.0, 3e8, rng.random() * 1e9]) for _ in range(vpp)]
-        chunk = rng.choice([None, vpp - 1])
-        walked = _walked_peak(pp, vpp, microbatches, stage, sizes, chunk)
-        assert abs(in_flight_peak(pp, vpp, microbatches, stage, sizes, chunk) - walked) <= 1e-12 * walked
