@@ -1058,3 +1058,23 @@ def test_a_0_2_launch_scripts_job_file_refusals_name_what_is_wrong(tmp_path):
     with pytest.raises(CaseError) as error:
         diagnose(case, torchtitan=script)
     assert error.value.key == "parallelism.tensor_paralel_degree" and "tensor_parallel_degree" in error.value.expected
+
+
+@pytest.mark.parametrize("edit, key, second", [
+    # a key given twice in its table: tomllib says "Cannot overwrite a value" with no key
+    (("tensor_parallel_degree = 1", "tensor_parallel_degree = 1\ntensor_parallel_degree = 2"),
+     "parallelism.tensor_parallel_degree", "tensor_parallel_degree = 2"),
+    # a table declared twice
+    (("[training]", "[training]\nseq_len = 8192\n[training]"), "training", "[training]"),
+])
+def test_a_key_a_toml_gives_twice_is_named(tmp_path, edit, key, second):
+    """A TOML job file with a key given twice was refused as "is not TOML: Cannot overwrite a value
+    (at line 49, column 27)", naming no key, where a case, a ds_config or a HF config given a key twice
+    names it. It names the key (with its table) and the line of the second, as the YAML reader does."""
+    text = LLAMA3_8B_TOML.replace(*edit)
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    with pytest.raises(CaseError) as error:
+        read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path)
+    line = max(i for i, t in enumerate(text.splitlines(), 1) if t.strip() == second)
+    assert error.value.key == key and f"given twice (line {line})" in error.value.expected

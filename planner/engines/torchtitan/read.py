@@ -300,6 +300,33 @@ def _load(path: Path) -> _Settings:
 _LOADED: dict[tuple[str, str], _Settings] = {}
 
 
+def _given_twice(text: str, error: str) -> tuple[str, str] | None:
+    """The key (with its table) and what was expected where tomllib refused a key or a table given
+    twice: its message ("Cannot overwrite a value (at line 49, column 27)", "Cannot declare
+    ('training',) twice") names the line alone (Python 3.11's TOMLDecodeError has no line
+    attribute), where a case, a ds_config or a HF config given a key twice is refused naming it."""
+    found = re.search(r"\(at line (\d+), column \d+\)", error)
+    if not found or not ("Cannot overwrite" in error or "twice" in error):
+        return None
+    number = int(found.group(1))
+    table = ""
+    lines = text.splitlines()
+    for line in lines[:number - 1]:
+        header = re.match(r"\s*\[\[?\s*([^\]]+?)\s*\]", line)
+        if header:
+            table = header.group(1)
+    here = lines[number - 1] if 0 < number <= len(lines) else ""
+    header = re.match(r"\s*\[\[?\s*([^\]]+?)\s*\]", here)
+    if header:
+        key = header.group(1)
+    else:
+        name = here.partition("=")[0].strip()
+        if not name:
+            return None
+        key = f"{table}.{name}" if table else name
+    return one_line(key.replace('"', "").replace(" ", ""), 80), f"given twice (line {number}); expected each key once"
+
+
 def _parse(path: Path, text: str) -> _Settings:
     import tomllib
 
@@ -317,6 +344,9 @@ def _parse(path: Path, text: str) -> _Settings:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         if path.suffix.lower() == ".toml":
+            twice = _given_twice(text, str(error))
+            if twice:
+                raise CaseError(src, *twice) from None
             raise CaseError(src, "", f"is not TOML: {error}") from None
         data = None
     except ValueError:  # an integer past the digits Python converts (sys.get_int_max_str_digits)
