@@ -1205,3 +1205,42 @@ def test_a_value_read_from_a_pipe_without_export_is_said_as_not_read_not_as_the_
     assert any("line 3: read reads input, which is not followed" in note for note in notes), notes
     assert any("without export to a value the reading could not decide" in note for note in notes), notes
     assert not any("from the caller's environment" in note for note in notes), notes
+
+
+def _hostile_lines(marker: Path) -> list[str]:
+    """Every way a script's text could reach a command run for real: eval of a decided string and of an
+    undecided one, a command and a process substitution, backquotes, a trap, source, bash -c, a here-document
+    fed to bash, a function, a pipeline under lastpipe and a background job."""
+    m = str(marker)
+    return [f'eval "touch {m}.eval"', f"X='touch {m}.evalvar'\neval \"$X\"", f'eval "$(touch {m}.evalsub)"',
+            f"Y=$(touch {m}.sub)", f"Z=`touch {m}.backquote`", f"trap 'touch {m}.trap' EXIT DEBUG ERR",
+            f"source <(touch {m}.source)", f". /dev/stdin <<< 'touch {m}.dot'", f"bash -c 'touch {m}.bashc'",
+            f"bash <<EOF\ntouch {m}.heredoc\nEOF", f"f() {{ touch {m}.function; }}\nf",
+            f"shopt -s lastpipe\necho | touch {m}.pipe", f"touch {m}.background &",
+            f"read CMD <<< 'touch {m}.read'\n$CMD", f"set -k\ntouch {m}.keyword X=1"]
+
+
+def test_no_command_of_the_users_script_is_ever_run(tmp_path, monkeypatch):
+    """diagnose reads a launch script; it never runs one of its commands. eval of a string the script decides
+    is run only by the reader's own interpreter: each way a command could reach a real process (eval, $(...),
+    backquotes, trap, source, bash -c, functions, pipelines, &) is read, and no file is created and no process
+    started (subprocess, os.system, os.posix_spawn and fork refuse while it reads)."""
+    started = []
+
+    def refuse(*args, **kwargs):
+        started.append(args)
+        raise AssertionError(f"the reader started a process: {args!r}")
+
+    for module, name in [(subprocess, "Popen"), (os, "system"), (os, "popen"), (os, "fork"), (os, "posix_spawn"),
+                         (os, "posix_spawnp"), (os, "execv"), (os, "execve"), (os, "execvp")]:
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, refuse)
+    marker = tmp_path / "ran"
+    lines = _hostile_lines(marker)
+    for line in lines:
+        script = read_script(f"#!/bin/bash\n{line}\ntorchrun --nproc_per_node 8 pretrain_gpt.py --tp 1\n", "t.sh")
+        assert any(c.fields[0] == "torchrun" for c in script.commands), line
+    case, args = files(tmp_path, "#!/bin/bash\n" + "\n".join(lines) + "\n" + TRAIN + "\n", BF16)
+    diagnose(case, megatron_args=args)
+    monkeypatch.undo()
+    assert not started and not list(tmp_path.glob("ran*"))
