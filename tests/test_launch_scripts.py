@@ -1183,6 +1183,10 @@ def test_under_lastpipe_a_pipelines_last_command_runs_in_the_shell(tmp_path, set
     (f"set -k\n{TRAIN} {CONNECTIONS}=32\n", "'32'"),  # -k: the word is the launch's environment
     (f"set -o keyword\nexport {CONNECTIONS}=1\n{TRAIN} {CONNECTIONS}=32\n", "'32'"),
     (f"set -ek\n{TRAIN} {CONNECTIONS}=1\n", None),
+    # a declaration's NAME=value words too: the export's own environment, gone after it
+    (f"set -k\nexport {CONNECTIONS}=32\n{TRAIN}\n", None),
+    (f"set -k\nreadonly {CONNECTIONS}=32\n{TRAIN}\n", None),
+    (f"set -k\nexport {CONNECTIONS} {CONNECTIONS}=32\n{TRAIN}\n", "'32'"),  # ... but kept where it exports the name
 ])
 def test_under_set_k_an_assignment_after_the_command_name_is_its_environment(tmp_path, setting, refused):
     """`set -k` then `torchrun ... CUDA_DEVICE_MAX_CONNECTIONS=32` was read with the assignment as an argument,

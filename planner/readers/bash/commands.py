@@ -36,7 +36,9 @@ class _Commands(_Expander):
         while k < len(words) and (words[k].kind == "array" or _is_assignment(words[k].text)):
             k += 1
         assignments, rest = words[:k], words[k:]
-        if self.keyword and rest and not (rest[0].kind == "word" and rest[0].text in _DECLARATIONS):
+        if self.keyword and rest:
+            # a declaration's NAME=value words too: `set -k; export X=32` exports nothing (bash's
+            # separate_out_assignments takes them before it looks at the command's name)
             assignments, rest = _keyword_assignments(assignments, rest)
         if not rest:
             for tok in assignments:
