@@ -1108,6 +1108,21 @@ def test_declarations_reached_through_command_builtin_a_prefix_or_as_arrays_are_
 
 
 @needs_bash
+@pytest.mark.parametrize("declaration", ["readonly", "declare -r", "export"])
+def test_a_prefix_a_readonly_names_is_exported_whatever_the_caller_exports(tmp_path, declaration):
+    """`CUDA_DEVICE_MAX_CONNECTIONS=32 readonly CUDA_DEVICE_MAX_CONNECTIONS` before a tp 2 launch on H100 was
+    refused as 32 "where the caller exports it, and absent where the caller does not": bash passes 32 either
+    way (the temporary environment's variable is exported, and readonly's attribute carries it past the
+    command with its export), as real bash with no caller's value shows."""
+    script = f"#!/bin/bash\n{CONNECTIONS}=32 {declaration} {CONNECTIONS}\n{TRAIN}\n"
+    assert bash_connections(tmp_path, script) == "32"
+    case, args = files(tmp_path, script, BF16)
+    with pytest.raises(CaseError) as error:
+        diagnose(case, megatron_args=args)
+    assert "'32' in the training's environment (the script sets it so)" in error.value.expected, str(error.value)
+
+
+@needs_bash
 @pytest.mark.parametrize("setting, refused", [
     (f'eval "export {CONNECTIONS}=32"\n', "'32'"),
     (f"eval {CONNECTIONS}=32\n", "'32'"),  # set without export: the caller's export carries it

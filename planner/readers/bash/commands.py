@@ -68,14 +68,15 @@ class _Commands(_Expander):
         """``X=32 export X`` (or ``readonly X``, ``declare -x X``): bash puts the prefix in a temporary
         environment that the declaration's export or readonly attribute carries past the command (Bash
         Reference Manual, 3.7.4 Environment; bash's variables.c, att_propagate), so X is 32, exported, after
-        it; a prefix the declaration does not name stays the command's alone."""
+        it, readonly's too (the temporary environment's variables are exported, and the attribute
+        propagates with them); a prefix the declaration does not name stays the command's alone."""
         options = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("-"))
         if rest[0].text not in ("export", "readonly") and not set("xr") & set(options):
             return
         named = {t.text for t in rest[1:] if t.kind == "word" and _NAME.fullmatch(t.text)}
         for tok in assignments:
             if tok.kind != "array" and _ASSIGNMENT.match(tok.text).group(1) in named:
-                self.assign(tok)
+                self.assign(tok, exported=True)
 
     def environment(self, assignments: list[_Tok], fields: Sequence[str] = ()) -> tuple[tuple[str, Optional[str], bool], ...]:
         """The scalar variables a started command's environment holds from the script: the exported
