@@ -1170,6 +1170,7 @@ def test_what_may_set_the_variable_and_is_not_followed_is_said_naming_it(tmp_pat
     (f"read -r {CONNECTIONS} REST <<< '32  8 9'\n", "'32'"),
     (f"read -r REST {CONNECTIONS} <<< '8 32'\n", "'32'"),
     (f"read {CONNECTIONS} <<< 1\n", None),
+    (f"read -r {CONNECTIONS} REST <<< '1\u00a02 3'\n", "'1\\\\xa02'"),  # a no-break space is no IFS whitespace
 ])
 def test_read_of_a_here_string_gives_the_training_what_bash_gives(tmp_path, setting, refused):
     """`read CUDA_DEVICE_MAX_CONNECTIONS <<< 32` before a tp 2 launch on H100 was read as empty (its input

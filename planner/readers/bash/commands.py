@@ -408,7 +408,9 @@ class _Commands(_Expander):
                 or not all(_NAME.fullmatch(n) for n in names):
             return False
         line = text.split("\n", 1)[0].strip(" \t")
-        fields = line.split(None, len(names) - 1) if line else []
+        # on IFS's default whitespace alone, space and tab (the newline ended the line): str.split() would
+        # also split on \r, \v, \f, which bash keeps in a field
+        fields = re.split(r"[ \t]+", line, maxsplit=len(names) - 1) if line else []
         for k, target in enumerate(names):
             value = fields[k] if k < len(fields) else ""
             self.set_var(target, value.rstrip(" \t") if k == len(names) - 1 else value, {})
