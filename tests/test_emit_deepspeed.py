@@ -17,8 +17,8 @@ import yaml
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported: no CUDA probing
 deepspeed = pytest.importorskip("deepspeed")
-from deepspeed import comm as ds_comm  # noqa: E402
 from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
+from deepspeed_world import DataParallelMPU, world  # noqa: E402,F401  (world: a fixture)
 import torch  # noqa: E402  (deepspeed depends on it)
 from deepspeed.runtime.utils import partition_balanced, partition_uniform  # noqa: E402
 
@@ -88,27 +88,6 @@ def usable(index: int):
     if estimate is None:
         pytest.skip("nothing fits")
     return case, estimate
-
-
-@pytest.fixture
-def world(monkeypatch):
-    """Stand in for deepspeed.comm: DeepSpeedConfig asks it for the rank and the world size."""
-
-    def set_world(size: int) -> None:
-        monkeypatch.setattr(ds_comm, "get_world_size", lambda group=None: size)
-        monkeypatch.setattr(ds_comm, "get_rank", lambda group=None: 0)
-
-    return set_world
-
-
-class DataParallelMPU:
-    """What a PipelineModule's grid or AutoTP's groups answer DeepSpeedConfig."""
-
-    def __init__(self, dp: int):
-        self.dp = dp
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.dp
 
 
 def emit(estimate, folder):

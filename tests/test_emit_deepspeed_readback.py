@@ -18,8 +18,8 @@ import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported: no CUDA probing
 pytest.importorskip("deepspeed")
-from deepspeed import comm as ds_comm  # noqa: E402
 from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
+from deepspeed_world import DataParallelMPU, world  # noqa: E402,F401  (world: a fixture)
 
 import planner  # noqa: E402
 from cost_models.model_states import state_bytes  # noqa: E402
@@ -79,27 +79,6 @@ def estimate_of(label: str):
         _estimates[label] = planner.estimate(case) if "layout" in case else planner.plan(case, top_k=0).best
     assert _estimates[label] is not None, f"{label}: nothing fits"
     return _estimates[label]
-
-
-@pytest.fixture
-def world(monkeypatch):
-    """Stand in for deepspeed.comm: DeepSpeedConfig asks it for the rank and the world size."""
-
-    def set_world(size: int) -> None:
-        monkeypatch.setattr(ds_comm, "get_world_size", lambda group=None: size)
-        monkeypatch.setattr(ds_comm, "get_rank", lambda group=None: 0)
-
-    return set_world
-
-
-class DataParallelMPU:
-    """What a PipelineModule's grid or AutoTP's groups answer DeepSpeedConfig."""
-
-    def __init__(self, dp: int):
-        self.dp = dp
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.dp
 
 
 def test_the_cases_reach_what_the_dense_draws_do_not():
