@@ -78,26 +78,34 @@ def extra_provider(git_dir: str, ref: str) -> str | None:
     return next(iter(names - {"None"}), None)
 
 
-def parser_flags(git_dir: str, ref: str) -> list[str]:
+def extract(git_dir: str, ref: str, into: Path, utils_stub: str = UTILS_STUB, also: tuple[str, ...] = ()) -> str | None:
+    """The release's megatron/training and megatron/core (and the paths ``also`` names) in ``into``, its
+    packages made importable, megatron/training's utils and global_vars stubbed (``utils_stub``: the
+    device, the ranks) and every module that imports triton a stand-in (none of argument handling needs
+    it); the extra_args_provider pretrain_gpt.py passes (a key of EXTRA), or None."""
     extra = extra_provider(git_dir, ref)
+    paths = ["megatron/training", "megatron/core", *also] + ([EXTRA[extra].replace(".", "/") + ".py"] if extra else [])
+    tarfile.open(fileobj=io.BytesIO(git(git_dir, "archive", "--format=tar", ref, *paths))).extractall(
+        into, filter="data")
+    megatron = Path(into) / "megatron"
+    for package in [megatron] + [p for p in megatron.iterdir() if p.is_dir()]:
+        if not (package / "__init__.py").exists():
+            (package / "__init__.py").write_text("")
+    training = megatron / "training"
+    (training / "__init__.py").write_text("")
+    if (training / "utils").is_dir():
+        shutil.rmtree(training / "utils")
+    (training / "utils.py").write_text(utils_stub)
+    (training / "global_vars.py").write_text("def set_global_variables(*a, **k): pass\n")
+    for module in megatron.rglob("*.py"):  # triton kernels: nothing argument handling needs
+        if re.search(r"^(import|from) triton\b", module.read_text(encoding="utf-8"), re.M):
+            module.write_text("def __getattr__(name):\n    return lambda *a, **k: None\n")
+    return extra
+
+
+def parser_flags(git_dir: str, ref: str) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
-        paths = ["megatron/training", "megatron/core"] + \
-            ([EXTRA[extra].replace(".", "/") + ".py"] if extra else [])
-        tarfile.open(fileobj=io.BytesIO(git(git_dir, "archive", "--format=tar", ref, *paths))).extractall(
-            tmp, filter="data")
-        megatron = Path(tmp) / "megatron"
-        for package in [megatron] + [p for p in megatron.iterdir() if p.is_dir()]:
-            if not (package / "__init__.py").exists():
-                (package / "__init__.py").write_text("")
-        training = megatron / "training"
-        (training / "__init__.py").write_text("")
-        if (training / "utils").is_dir():
-            shutil.rmtree(training / "utils")
-        (training / "utils.py").write_text(UTILS_STUB)
-        (training / "global_vars.py").write_text("def set_global_variables(*a, **k): pass\n")
-        for module in megatron.rglob("*.py"):  # triton kernels: no flag is made there
-            if re.search(r"^(import|from) triton\b", module.read_text(encoding="utf-8"), re.M):
-                module.write_text("def __getattr__(name):\n    return lambda *a, **k: None\n")
+        extra = extract(git_dir, ref, Path(tmp))
         code = (f"import sys, argparse, typing; sys.path.insert(0, {tmp!r})\n"
                 "typing.override = getattr(typing, 'override', lambda f: f)\n"
                 "from megatron.training.arguments import add_megatron_arguments\n"

@@ -24,13 +24,11 @@ per-case results."""
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import random
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -38,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from megatron_lm_flags import EXTRA, MIRROR, extra_provider, git  # noqa: E402
+from megatron_lm_flags import EXTRA, MIRROR  # noqa: E402
+from megatron_lm_flags import extract as extract_release  # noqa: E402
 
 DEFAULT_REFS = ["core_v0.16.1"]
 USER_ARGS = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "32000", "--train-samples", "1000",
@@ -148,26 +147,7 @@ def generated_cases(count: int, seed: int) -> list[dict]:
 def extract(git_dir: str, ref: str, into: Path) -> tuple[str, str] | None:
     """The release's megatron/ and pretrain_gpt.py in `into`, stubbed as the docstring says; the
     extra_args_provider pretrain_gpt.py passes, as (module, function), or None."""
-    extra = extra_provider(git_dir, ref)
-    paths = ["megatron/training", "megatron/core", "pretrain_gpt.py"] + \
-        ([EXTRA[extra].replace(".", "/") + ".py"] if extra else [])
-    tarfile.open(fileobj=io.BytesIO(git(git_dir, "archive", "--format=tar", ref, *paths))).extractall(
-        into, filter="data")
-    megatron = into / "megatron"
-    for package in [megatron] + [p for p in megatron.iterdir() if p.is_dir()]:
-        if not (package / "__init__.py").exists():
-            (package / "__init__.py").write_text("")
-    training = megatron / "training"
-    (training / "__init__.py").write_text("")
-    if (training / "utils").is_dir():
-        import shutil
-        shutil.rmtree(training / "utils")
-    (training / "utils.py").write_text(UTILS_STUB)
-    (training / "global_vars.py").write_text("def set_global_variables(*a, **k): pass\n")
-    import re
-    for module in megatron.rglob("*.py"):  # triton kernels: nothing argument handling needs
-        if re.search(r"^(import|from) triton\b", module.read_text(encoding="utf-8"), re.M):
-            module.write_text("def __getattr__(name):\n    return lambda *a, **k: None\n")
+    extra = extract_release(git_dir, ref, into, UTILS_STUB, also=("pretrain_gpt.py",))
     return (EXTRA[extra], extra) if extra else None
 
 
