@@ -8,6 +8,7 @@ planner/training_logs.py).
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 
@@ -50,6 +51,16 @@ def measured_runs(layouts=LAYOUTS, truth=TRUE) -> list[Run]:
         est = estimate(with_figures(c, prior_hardware([Run("x", c)], "runs"), truth))
         runs.append(Run(f"run{i}", c, est.tokens_per_s, est.peak.total / 2**30 * 1.08))
     return runs
+
+
+@functools.lru_cache(maxsize=None)
+def fitted_profile_text() -> str:
+    """The profile `calibrate_from_runs` fits to the twelve measured runs, as written (render): half a
+    second each time, which eighteen tests asked for. A string, so no test can change another's copy."""
+    from planner.learn import render
+
+    profile, _ = calibrate_from_runs(measured_runs())
+    return render(profile)
 
 
 def figure(result, name):
@@ -138,11 +149,9 @@ def test_the_written_profile_prices_a_case_as_the_fit_does(tmp_path):
 def test_a_node_count_between_the_runs_lies_inside_them(tmp_path):
     """Runs on 1, 2, 4 and 8 nodes: 3 nodes lie between them, where the fitted fabric efficiency holds as
     it does at 2 and 4; it was said to lie outside them, as 16 nodes does."""
-    from planner.learn import render
 
-    profile, _ = calibrate_from_runs(measured_runs())
     path = tmp_path / "profile.yaml"
-    path.write_text(render(profile))
+    path.write_text(fitted_profile_text())
     between = case(24, 2, 1, 2, 1)
     between["training"]["global_batch_size"] = 96
     assert estimate({**between, "cluster": {"profile": str(path), "num_gpus": 24}}).outside_fitted_runs == []
@@ -713,10 +722,8 @@ def test_a_profile_whose_fitted_section_is_malformed_is_refused_naming_the_key(t
     import yaml
 
     from planner.errors import CaseError
-    from planner.learn import render
 
-    profile, _ = calibrate_from_runs(measured_runs())
-    data = yaml.safe_load(render(profile))
+    data = yaml.safe_load(fitted_profile_text())
     data["fitted"] = corrupt(data["fitted"])
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -729,11 +736,9 @@ def test_size_on_a_fitted_profile_says_where_its_answer_leaves_the_runs(tmp_path
     """`size` on a profile fitted to runs of 1 to 8 nodes answered 16 nodes and more with no word that
     those lie beyond the runs (estimate and plan say so)."""
     from planner import size
-    from planner.learn import render
 
-    profile, _ = calibrate_from_runs(measured_runs())
     path = tmp_path / "profile.yaml"
-    path.write_text(render(profile))
+    path.write_text(fitted_profile_text())
     sized = size({**case(128, 4, 2, 1, 1), "cluster": {"profile": str(path), "max_gpus": 1024}}, "2T",
                  deadline="7d")
     assert sized.best is not None and sized.best.gpus > 64
@@ -745,11 +750,9 @@ def test_size_over_gpu_types_on_a_fitted_profile_says_where_its_answer_leaves_th
     """A GPU type of `size`'s cluster.options given by a fitted profile used its figures but said nothing of
     the runs' coverage (its case was built without the profile's fitted section)."""
     from planner import size
-    from planner.learn import render
 
-    profile, _ = calibrate_from_runs(measured_runs())
     path = tmp_path / "profile.yaml"
-    path.write_text(render(profile))
+    path.write_text(fitted_profile_text())
     sized = size({**case(128, 4, 2, 1, 1), "cluster": {"options": [{"profile": str(path), "max_gpus": 1024}]}},
                  "2T", deadline="7d")
     assert sized.best is not None and sized.best.gpus > 64
@@ -851,11 +854,9 @@ def test_a_plan_beyond_the_runs_sequences_recomputation_or_engine_is_said(tmp_pa
     """Runs at 4,096 tokens, no recomputation, Megatron-LM: a case at 16,384 tokens recomputing in full
     under DeepSpeed left them in three respects, and nothing was said; ZeRO 3 inside one node was said
     to lean on the fabric, whose traffic stays on NVLink there."""
-    from planner.learn import render
 
-    profile, _ = calibrate_from_runs(measured_runs())
     path = tmp_path / "profile.yaml"
-    path.write_text(render(profile))
+    path.write_text(fitted_profile_text())
     far = case(8, 1, 1, 1, 3, seq=16384)
     far["training"]["engine"] = "deepspeed"
     far["layout"]["recompute"] = "full"
@@ -932,11 +933,9 @@ def test_a_performance_figure_beside_a_profile_that_fitted_it_is_refused_and_an_
     where the fit gave 0.52), while the notes still quoted the fitted figure; a figure no fit writes in a
     hand-edited fitted section was taken, and quoted, as if something priced it."""
     from planner import size
-    from planner.learn import render
 
-    profile, _ = calibrate_from_runs(measured_runs())
     path = tmp_path / "profile.yaml"
-    path.write_text(render(profile))
+    path.write_text(fitted_profile_text())
     faster = {"performance": {"gemm_efficiency": 0.99}}
     estimate({**case(16, 2, 1, 1, 1), "cluster": {"profile": str(path), "num_gpus": 16,
                                                  "performance": {"gemm_efficiency_fp8": 0.6}}})  # no run informed it: taken
