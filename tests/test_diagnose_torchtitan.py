@@ -57,9 +57,23 @@ ROUND_TRIPS = {
 }
 
 
+_BEST: dict[str, object] = {}
+
+
+def best_for(case: dict, pins: dict):
+    """The planner's best for torchtitan of ``case`` under ``pins``, planned once a module: the round trips,
+    the test of what they cover and the launch-script test planned the same cases again (an Estimate is
+    frozen, and the tests only read it)."""
+    asked = {**case, "search": {"target": "torchtitan", **pins}}
+    key = json.dumps(asked, sort_keys=True, default=str)
+    if key not in _BEST:
+        _BEST[key] = planner.plan(asked, top_k=0).best
+    return _BEST[key]
+
+
 def emitted(case: dict, pins: dict, folder: Path):
     """The planner's best for torchtitan and its files, written as `plan --emit` writes them."""
-    best = planner.plan({**case, "search": {"target": "torchtitan", **pins}}, top_k=0).best
+    best = best_for(case, pins)
     assert best is not None
     files, _ = render(best, "torchtitan", "<generated>")
     write_all([Output(folder / name, text) for name, text in files.items()], force=False)
@@ -90,8 +104,7 @@ def test_the_round_trips_cover_the_layouts_torchtitan_runs(tmp_path):
     """The cases above reach what the reader inverts: sharding and replication, TP, CP, pipelines with
     and without interleaving, offload, async TP and experts (a pin the search ignored would leave a
     branch of the reader untested)."""
-    layouts = {label: planner.plan({**case, "search": {"target": "torchtitan", **pins}}, top_k=0).best.job
-               for label, (case, pins) in ROUND_TRIPS.items()}
+    layouts = {label: best_for(case, pins).job for label, (case, pins) in ROUND_TRIPS.items()}
     lay = {label: job.layout for label, job in layouts.items()}
     assert lay["70b_256_interleaved"].vpp > 1 and lay["8b_32_1f1b"].pp == 4 and lay["8b_32_1f1b"].vpp == 1
     assert lay["8b_16_cp"].cp == 2 and lay["8b_16_replicated"].zero_stage == 0
@@ -183,7 +196,7 @@ def test_the_plans_own_launch_script_reads_back_through_its_config_module(tmp_pa
     """launch.sh starts ``--module torchtitan_config --config layout_planner``: the module beside it holds
     the layout (it was refused: "seq_len absent")."""
     case, pins = ROUND_TRIPS["70b_64"]
-    best = planner.plan({**case, "search": {"target": "torchtitan", **pins}}, top_k=0).best
+    best = best_for(case, pins)
     written = planner.emit(best, "torchtitan", tmp_path / "run")
     launch = next(p for p in written.paths if p.name == "launch.sh")
     result = diagnose(case, torchtitan=launch)
