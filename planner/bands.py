@@ -100,9 +100,18 @@ def _tables(samples: Iterable[tuple[dict[str, str], float]], keys: Sequence[str]
 
 
 def compute(rows: Sequence, jobs: Sequence[Job]) -> dict[str, Any]:
-    """The bands document from fidelity Rows (``planner.fidelity``) and their jobs: throughput over
-    the runs the throughput headline scores (within 2x of their job's best), memory over every run
-    that publishes a peak; and the gap the model cannot order layouts across."""
+    """The bands document from fidelity Rows (``planner.fidelity``) and their jobs: the bands
+    (:func:`band_tables`) and the gap the model cannot order layouts across."""
+    gap, pairs = indistinguishable_from(rows)
+    return {**band_tables(rows, jobs),
+            "indistinguishable_gap": {"value": round(gap, 4), "pairs": pairs, "right_share": RIGHT_SHARE,
+                                      "percentile": GAP_PERCENTILE, "resamples": GAP_RESAMPLES}}
+
+
+def band_tables(rows: Sequence, jobs: Sequence[Job]) -> dict[str, Any]:
+    """The bands alone: throughput over the runs the throughput headline scores (within 2x of their
+    job's best), memory over every run that publishes a peak. Coverage asks for these a dozen times
+    (once per source held out) and never for the gap, whose resampled sweeps are most of compute's work."""
     best: dict[tuple, float] = defaultdict(float)
     for r in rows:
         if r.measured:
@@ -114,11 +123,8 @@ def compute(rows: Sequence, jobs: Sequence[Job]) -> dict[str, Any]:
             throughput.append((cls, r.measured / r.predicted))
         if r.measured_gib:
             memory.append((cls, r.measured_gib / r.peak_gib))
-    gap, pairs = indistinguishable_from(rows)
     return {"min_runs": MIN_RUNS, "percentiles": [LOW, HIGH],
-            "throughput": _tables(throughput, KEYS), "memory": _tables(memory, MEMORY_KEYS),
-            "indistinguishable_gap": {"value": round(gap, 4), "pairs": pairs, "right_share": RIGHT_SHARE,
-                                      "percentile": GAP_PERCENTILE, "resamples": GAP_RESAMPLES}}
+            "throughput": _tables(throughput, KEYS), "memory": _tables(memory, MEMORY_KEYS)}
 
 
 def indistinguishable_from(rows: Sequence) -> tuple[float, int]:
@@ -327,7 +333,7 @@ def _held_out_inside(rows: Sequence, jobs: Sequence[Job], scored: Sequence[tuple
     out: dict[int, Optional[bool]] = {}
     for source in sorted({r.source for r, _ in scored}):
         rest = [(r, j) for r, j in zip(rows, jobs) if r.source != source]
-        without = compute([r for r, _ in rest], [j for _, j in rest])
+        without = band_tables([r for r, _ in rest], [j for _, j in rest])
         mine = [(r, j) for r, j in scored if r.source == source]
         insides = _inside(without, [r for r, _ in mine], [j for _, j in mine]) if without["throughput"] \
             else [None] * len(mine)
@@ -348,7 +354,7 @@ def coverage(rows: Sequence, jobs: Sequence[Job], min_rows: int = MIN_RUNS) -> l
     for r, _ in scored:
         counts[r.source] += 1
     kept = [(r, j) for r, j in scored if counts[r.source] >= min_rows]
-    inside = dict(zip((id(r) for r, _ in kept), _inside(compute(rows, jobs), [r for r, _ in kept],
+    inside = dict(zip((id(r) for r, _ in kept), _inside(band_tables(rows, jobs), [r for r, _ in kept],
                                                         [j for _, j in kept])))
     held = _held_out_inside(rows, jobs, kept)
     out = []
@@ -365,7 +371,7 @@ def coverage_by_class(rows: Sequence, jobs: Sequence[Job]) -> list[Coverage]:
     share inside the band computed without each run's own source (``Coverage.source`` names the
     class)."""
     scored = _scored(rows, jobs)
-    whole = compute(rows, jobs)
+    whole = band_tables(rows, jobs)
     held = _held_out_inside(rows, jobs, scored)
     by_class: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
     for (r, j), inside in zip(scored, _inside(whole, [r for r, _ in scored], [j for _, j in scored])):
