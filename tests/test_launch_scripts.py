@@ -807,6 +807,47 @@ def test_a_functions_local_connections_are_scoped_as_bash_scopes_them(tmp_path, 
     read_as_bash_does(tmp_path, script, refused)
 
 
+@needs_bash
+@pytest.mark.parametrize("script, refused", [
+    # a local of an exported name is exported: the value it is given later is the training's
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}; {CONNECTIONS}=32; {TRAIN}; }}\nf\n", "'32'"),
+    (f"export {CONNECTIONS}=1\nf() {{ declare {CONNECTIONS}; {CONNECTIONS}=32; {TRAIN}; }}\nf\n", "'32'"),
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}=5; {TRAIN}; }}\nf\n", "'5'"),
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}; g; }}\n"
+     f"g() {{ local {CONNECTIONS}; {CONNECTIONS}=32; {TRAIN}; }}\nf\n", "'32'"),
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}; g; }}\ng() {{ {CONNECTIONS}=32; {TRAIN}; }}\nf\n", "'32'"),
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}; declare -x {CONNECTIONS}; {CONNECTIONS}=32; "
+     f"{TRAIN}; }}\nf\n", "'32'"),
+    # unset, while unset, or without the attribute: the exported global's 1 shows through
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}; {TRAIN}; }}\nf\n", None),
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}; unset {CONNECTIONS}; {CONNECTIONS}=32; {TRAIN}; }}\nf\n",
+     None),
+    (f"export {CONNECTIONS}=1\nf() {{ local +x {CONNECTIONS}; {CONNECTIONS}=32; {TRAIN}; }}\nf\n", None),
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}; export -n {CONNECTIONS}; {CONNECTIONS}=32; {TRAIN}; }}\nf\n",
+     None),
+    # and the global is the training's again once the function returns
+    (f"export {CONNECTIONS}=1\nf() {{ local {CONNECTIONS}; {CONNECTIONS}=32; }}\nf\n{TRAIN}\n", None),
+])
+def test_a_valueless_local_of_an_exported_name_is_exported(tmp_path, script, refused):
+    """`export CUDA_DEVICE_MAX_CONNECTIONS=1; f() { local CUDA_DEVICE_MAX_CONNECTIONS;
+    CUDA_DEVICE_MAX_CONNECTIONS=32; torchrun ...; }` at tp 2 on H100 was read as passing 1, where bash
+    passes 32: a new local takes the export attribute of the variable it hides (bash's variables.c,
+    make_local_variable: "new_var->attributes = exported_p (old_var) ? att_exported : 0"), kept while it is
+    unset and given to the value assigned later; unset drops it (makunbound), as do local +x and export -n.
+    Real bash is the oracle: what is refused is what no caller exporting 1 rescues."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + script, refused)
+
+
+@needs_bash
+def test_a_valueless_local_of_a_global_the_script_does_not_export_is_not_exported(tmp_path):
+    """`CUDA_DEVICE_MAX_CONNECTIONS=1; f() { local CUDA_DEVICE_MAX_CONNECTIONS; CUDA_DEVICE_MAX_CONNECTIONS=32;
+    torchrun ...; }`: exported only where the caller's environment held the name (then the global was
+    exported too, and the local took the attribute from it); bash passes none otherwise."""
+    script = f"#!/bin/bash\n{CONNECTIONS}=1\nf() {{ local {CONNECTIONS}; {CONNECTIONS}=32; {TRAIN}; }}\nf\n"
+    assert bash_connections(tmp_path, script) is None
+    read_as_bash_does(tmp_path, script, "'32'")
+
+
 @pytest.mark.parametrize("script, refused", [
     # the call's prefix is in its commands' environment, for the call alone
     (f"f() {{ {TRAIN}; }}\n{CONNECTIONS}=32 f\n", "'32'"),

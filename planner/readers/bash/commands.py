@@ -143,9 +143,11 @@ class _Commands(_Expander):
             self.cleared.add(name)
         elif scope is self.frames[-1] and name not in scope.temporary:
             self.vars.pop(name, None)
+            scope.exported.discard(name)  # bash's makunbound: the unset local keeps att_local alone
         else:  # a calling function's local, or a NAME=value prefix of this call (X=9 f; bash's tempvar)
             hidden = scope.pop(name)
             scope.temporary.discard(name)
+            scope.exported.discard(name)
             scope.propagated.discard(name)
             if hidden is None:
                 self.vars.pop(name, None)
@@ -195,6 +197,15 @@ class _Commands(_Expander):
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
                 name = _ASSIGNMENT.match(tok.text).group(1) if tok.kind == "array" or _is_assignment(tok.text) \
                     else tok.text
+                if name not in self.frames[-1]:
+                    # A new local takes the export attribute of the variable it hides, the caller's unset
+                    # local's too, unless local -x or +x decides it (bash's variables.c, make_local_variable:
+                    # "new_var->attributes = exported_p (old_var) ? att_exported : 0"): `export X=1;
+                    # f() { local X; X=32; torchrun; }` passes X=32.
+                    hidden = self.vars.get(name)
+                    if exported if exported is not None else (
+                            hidden.exported if hidden is not None else self.unset_local_exported(name)):
+                        self.frames[-1].exported.add(name)
                 self.frames[-1].setdefault(name, self.vars.get(name))
                 if not (tok.kind == "array" or _is_assignment(tok.text)) and name not in self.frames[-1].temporary:
                     self.vars.pop(name, None)  # `local X`: unset inside the call (X=9 f's X: kept, as bash keeps it)
@@ -207,7 +218,7 @@ class _Commands(_Expander):
                         self.vars[name] = hidden[name]
                     else:
                         self.vars.pop(name, None)
-                    self.assign(tok, exported=exported)
+                    self.assign(tok, exported=exported, global_=True)
                     hidden[name] = self.vars.get(name)
                     if local is not None:
                         self.vars[name] = local
@@ -225,6 +236,10 @@ class _Commands(_Expander):
                 for name in self.fields(tok.text, _Ctx(), command):
                     touched.append(name)
                     var = self.vars.get(name)
+                    scope = next((frame for frame in reversed(self.frames) if name in frame), None)
+                    if var is None and exported is not None and scope is not None:
+                        # `export X`, `export -n X` of an unset local: the attribute a later X=32 keeps
+                        (scope.exported.add if exported else scope.exported.discard)(name)
                     if var is not None and exported is not None and var.exported != exported:
                         # A new _Var, not the shared one changed in place: a subshell's copy of the
                         # variables shares them, and `( export X )` must not export the parent's X.

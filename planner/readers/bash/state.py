@@ -35,16 +35,21 @@ class _Frame(dict):
     """One function call's variables made local: each name's value before the call (None: unset), put back
     when it returns. ``temporary``: the names the call's own ``NAME=value`` prefixes set (``X=9 f``), which
     bash puts in the function's scope, exported (Bash Reference Manual, 3.7.4 Environment); ``propagated``:
-    those of them ``export`` or ``readonly`` took in the call, whose value bash keeps past its return."""
+    those of them ``export`` or ``readonly`` took in the call, whose value bash keeps past its return;
+    ``exported``: the call's locals that hold the export attribute while unset (``local X`` of an exported
+    X, ``local -x X``), which the value a later ``X=32`` gives them keeps (bash's variables.c,
+    make_local_variable: a new local takes the export attribute of the variable it hides)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.temporary: set[str] = set()
         self.propagated: set[str] = set()
+        self.exported: set[str] = set()
 
     def copy(self) -> "_Frame":
         frame = _Frame(self)
         frame.temporary, frame.propagated = set(self.temporary), set(self.propagated)
+        frame.exported = set(self.exported)
         return frame
 
 
@@ -193,7 +198,8 @@ class _State:
         return (items[position], True) if 0 <= position < len(items) else (None, False)
 
     def set_var(self, name: str, value: Union[str, list], deps: dict, append: bool = False,
-                index: Optional[str] = None, exported: Optional[bool] = None) -> None:
+                index: Optional[str] = None, exported: Optional[bool] = None, global_: bool = False) -> None:
+        """``global_``: the script's own variable set past the calls' locals (declare -g)."""
         old = self.vars.get(name)
         deps = dict(deps)
         if old is not None and (append or index is not None or
@@ -240,10 +246,18 @@ class _State:
             size = len(value)
         if size > MAX_EXPANDED_CHARS:
             raise self.too_long(name)
+        if exported is None and old is None and not global_:  # an unset local: the export attribute it was made with
+            exported = self.unset_local_exported(name) or None
         self.vars[name] = _Var(value, tuple(deps.items()),
                                self.allexport or (old.exported if exported is None and old is not None
                                                   else bool(exported)),
                                size, self.generation, self.inherits_export(name, old, exported))
+
+    def unset_local_exported(self, name: str) -> bool:
+        """Whether ``name``, unset, is a function's local (``local X`` without a value) that holds the export
+        attribute: the innermost call that made it local, which an assignment now sets, has it exported."""
+        scope = next((frame for frame in reversed(self.frames) if name in frame), None)
+        return scope is not None and name in scope.exported
 
     def inherits_export(self, name: str, old: Optional[_Var], exported: Optional[bool]) -> bool:
         """Whether ``name``, set now without ``export`` or ``+x`` (``exported`` None), is exported exactly where
@@ -256,7 +270,7 @@ class _State:
             return old.inherited and not old.exported
         return name not in self.cleared and not self.caller_emptied
 
-    def assign(self, tok: _Tok, exported: Optional[bool] = None) -> None:
+    def assign(self, tok: _Tok, exported: Optional[bool] = None, global_: bool = False) -> None:
         match = _ASSIGNMENT.match(tok.text)
         name, index, append = match.group(1), match.group(2), match.group(3) == "+"
         ctx = _Ctx()
@@ -271,7 +285,7 @@ class _State:
                     if size > MAX_EXPANDED_CHARS:
                         raise self.too_long(name)
                     elements.append(word)
-            self.set_var(name, elements, ctx.deps, append=append, exported=exported)
+            self.set_var(name, elements, ctx.deps, append=append, exported=exported, global_=global_)
         else:
             value = self.string(tok.text[match.end():], ctx, name)
             if name in self.integers:
@@ -283,4 +297,4 @@ class _State:
             case = self.letter_cases.get(name)
             if case is not None:  # declare -u / -l: the value is stored upper- or lower-cased
                 value = value.upper() if case == "u" else value.lower()
-            self.set_var(name, value, ctx.deps, append=append, index=index, exported=exported)
+            self.set_var(name, value, ctx.deps, append=append, index=index, exported=exported, global_=global_)
