@@ -455,8 +455,15 @@ def validate_command(
 
 
 def how_to_use_profile(path: Union[str, Path]) -> str:
-    """The line after `wrote PROFILE`: what a user does with the file next (the case key that reads it)."""
-    return f"use it in a case as cluster: {{profile: {path}}} (relative to the case file), in place of cluster.gpu"
+    """The line after `wrote PROFILE`: what a user does with the file next (the case key that reads it).
+    The path absolute: a case reads a relative profile path from its own folder, not from where
+    calibrate ran (`--out my.yaml` printed as ``profile: my.yaml`` was not found from a case elsewhere);
+    JSON-quoted, a YAML string whatever the path holds (a space, a colon, a brace)."""
+    import json
+
+    where = json.dumps(str(Path(path).resolve()))
+    return (f"use it in a case as cluster: {{profile: {where}}}, in place of cluster.gpu (a relative path there is "
+            "read from the case file's folder)")
 
 
 @app.command("calibrate")

@@ -1770,3 +1770,21 @@ def test_calibrate_says_how_a_case_reads_the_profile_it_wrote(tmp_path):
     new = case(8, 1, 1, 1, 1)
     result = estimate({**new, "cluster": yaml.safe_load(f"{{profile: {said.group(1)}, num_gpus: 8}}")})
     assert result.step_time_s > 0
+
+
+def test_the_profile_path_calibrate_prints_is_found_from_a_case_in_another_folder(tmp_path, monkeypatch):
+    """`calibrate --from-runs runs.yaml --out prof.yaml` printed `cluster: {profile: prof.yaml}` "relative to
+    the case file": a case in cases/ written so read cases/prof.yaml, not found (exit 2). The printed path is
+    absolute, so the line works as written from a case in any folder."""
+    import re
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump([published_row()]))
+    done = run_cli("calibrate", "--from-runs", "runs.yaml", "--out", "prof.yaml")
+    assert done.returncode == 0, done.stderr
+    said = re.search(r"cluster:\{profile:([^}]+)\}", "".join(done.stdout.split()))
+    assert said, done.stdout
+    (tmp_path / "cases").mkdir()
+    written = {**case(8, 1, 1, 1, 1), "cluster": yaml.safe_load(f"{{profile: {said.group(1)}, num_gpus: 8}}")}
+    (tmp_path / "cases" / "c.yaml").write_text(yaml.safe_dump(written))
+    assert estimate(str(tmp_path / "cases" / "c.yaml")).step_time_s > 0
