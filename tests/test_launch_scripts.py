@@ -1305,3 +1305,18 @@ def test_no_command_of_the_users_script_is_ever_run(tmp_path, monkeypatch):
     diagnose(case, megatron_args=args)
     monkeypatch.undo()
     assert not started and not list(tmp_path.glob("ran*"))
+
+
+@needs_bash
+@pytest.mark.parametrize("declaration", ["export -n", "declare +x", "typeset +x"])
+@pytest.mark.parametrize("caller_exports", [True, False])
+def test_a_prefix_an_unexporting_declaration_names_leaves_the_variable_as_it_was(tmp_path, declaration,
+                                                                                  caller_exports):
+    """`CUDA_DEVICE_MAX_CONNECTIONS=32 export -n CUDA_DEVICE_MAX_CONNECTIONS` (or `declare +x`) before a tp 2
+    launch on H100 was refused as unset (8694d2a: as '32', exported): the declaration takes the export from the
+    temporary variable alone, which goes with the command, so bash 5.2 passes the caller's 1 (real bash, its
+    caller exporting 1, shows it), or the script's own exported 1."""
+    before = "" if caller_exports else f"export {CONNECTIONS}=1\n"
+    script = f"#!/bin/bash\n{before}{CONNECTIONS}=32 {declaration} {CONNECTIONS}\n{TRAIN}\n"
+    assert bash_connections(tmp_path, script, caller="1" if caller_exports else None) == "1"
+    read_as_bash_does(tmp_path, script, None)

@@ -46,8 +46,7 @@ class _Commands(_Expander):
             return _TRUE
         rest = _without_builtin_prefix(rest)
         if rest[0].kind == "word" and rest[0].text in _DECLARATIONS:
-            self.keep_declared_prefixes(assignments, rest)
-            return self.declare(rest)
+            return self.declare(self.keep_declared_prefixes(assignments, rest))
         ctx = _Ctx()
         key = rest[0].text if rest[0].kind == "word" else "array"
         fields: list[str] = []
@@ -64,19 +63,28 @@ class _Commands(_Expander):
             return _TRUE
         return self.builtin(fields, ctx, node, assignments)
 
-    def keep_declared_prefixes(self, assignments: Sequence[_Tok], rest: list[_Tok]) -> None:
+    def keep_declared_prefixes(self, assignments: Sequence[_Tok], rest: list[_Tok]) -> list[_Tok]:
         """``X=32 export X`` (or ``readonly X``, ``declare -x X``): bash puts the prefix in a temporary
         environment that the declaration's export or readonly attribute carries past the command (Bash
         Reference Manual, 3.7.4 Environment; bash's variables.c, att_propagate), so X is 32, exported, after
         it, readonly's too (the temporary environment's variables are exported, and the attribute
-        propagates with them); a prefix the declaration does not name stays the command's alone."""
+        propagates with them); a prefix the declaration does not name stays the command's alone. ``X=32
+        export -n X`` (or ``declare +x X``) takes the export from the temporary X alone, which goes with the
+        command: X is as before it, the caller's exported 1 still passed (bash 5.2). The declaration's words,
+        less the names it so leaves alone."""
         options = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("-"))
+        unexporting = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("+")) \
+            if rest[0].text in ("declare", "typeset") else ""
+        prefixed = {_ASSIGNMENT.match(t.text).group(1) for t in assignments if t.kind != "array"}
+        if "r" not in options and ((rest[0].text == "export" and "n" in options) or "x" in unexporting):
+            return [rest[0], *(t for t in rest[1:] if not (t.kind == "word" and t.text in prefixed))]
         if rest[0].text not in ("export", "readonly") and not set("xr") & set(options):
-            return
+            return rest
         named = {t.text for t in rest[1:] if t.kind == "word" and _NAME.fullmatch(t.text)}
         for tok in assignments:
             if tok.kind != "array" and _ASSIGNMENT.match(tok.text).group(1) in named:
                 self.assign(tok, exported=True)
+        return rest
 
     def environment(self, assignments: list[_Tok], fields: Sequence[str] = ()) -> tuple[tuple[str, Optional[str], bool], ...]:
         """The scalar variables a started command's environment holds from the script: the exported
