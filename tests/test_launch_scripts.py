@@ -1320,3 +1320,22 @@ def test_a_prefix_an_unexporting_declaration_names_leaves_the_variable_as_it_was
     script = f"#!/bin/bash\n{before}{CONNECTIONS}=32 {declaration} {CONNECTIONS}\n{TRAIN}\n"
     assert bash_connections(tmp_path, script, caller="1" if caller_exports else None) == "1"
     read_as_bash_does(tmp_path, script, None)
+
+
+@needs_bash
+@pytest.mark.parametrize("script", [
+    f"{CONNECTIONS}=32\nf() {{ local {CONNECTIONS}; {TRAIN}; }}\nf\n",
+    f"f() {{ local -x {CONNECTIONS}; declare -g {CONNECTIONS}=32; {TRAIN}; }}\nf\n",
+    f"{CONNECTIONS}=32\nf() {{ local {CONNECTIONS}; g; }}\ng() {{ local {CONNECTIONS}; {TRAIN}; }}\nf\n",
+    f"{CONNECTIONS}=32\nf() {{ local +x {CONNECTIONS}=5; {TRAIN}; }}\nf\n",
+])
+def test_a_global_set_without_export_shows_through_a_functions_local_where_the_caller_exports_it(tmp_path, script):
+    """`CUDA_DEVICE_MAX_CONNECTIONS=32; f() { local CUDA_DEVICE_MAX_CONNECTIONS; torchrun ...; }` at tp 2 on
+    H100, the caller exporting 1, was read as passing 1, where bash passes 32: the global, set without export,
+    is exported as the variable bash inherited from the caller, and bash builds a started command's
+    environment from the exported variables of every scope, skipping a local that is unset (invisible) or
+    not exported (variables.c: visible_and_exported); the reader looked for such a global among the current
+    variables alone, not among those a function's locals hide. Without the caller's value bash passes none."""
+    script = "#!/bin/bash\n" + script
+    assert bash_connections(tmp_path, script) is None
+    read_as_bash_does(tmp_path, script, "'32'")

@@ -126,9 +126,12 @@ class _Commands(_Expander):
         exported the name, so that bash passes the script's value where the caller did (Bash Reference
         Manual, 3.7.4 Environment): set without ``export`` (``X=32``, ``readonly``, ``declare -i``, ``local``
         in a function, ``printf -v``, ``let``, ``for X in``...); or an array there, which bash does not
-        export at all."""
-        var = self.vars.get(name)
-        return var if var is not None and (var.inherited or var.exported) else None
+        export at all. The innermost such variable of every scope, as :meth:`exported_var` takes it: a
+        function's local that is unset (``local X`` without a value) or not exported (``local +x X=5``) is
+        skipped where bash builds the environment (variables.c, visible_and_exported), so ``X=32; f() { local
+        X; torchrun; }`` passes the global's 32 where the caller exported X."""
+        chain = [self.vars.get(name)] + [frame[name] for frame in reversed(self.frames) if name in frame]
+        return next((var for var in chain if var is not None and (var.inherited or var.exported)), None)
 
     def exported_var(self, name: str) -> Optional[_Var]:
         """The variable bash passes a started command as ``name``: the innermost exported one, a function's
