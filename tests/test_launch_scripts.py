@@ -1339,3 +1339,29 @@ def test_a_global_set_without_export_shows_through_a_functions_local_where_the_c
     script = "#!/bin/bash\n" + script
     assert bash_connections(tmp_path, script) is None
     read_as_bash_does(tmp_path, script, "'32'")
+
+
+@needs_bash
+@pytest.mark.parametrize("before, refused", [
+    ("", "'32'"),  # exported where the caller exports the name, as the script's own X=32 is
+    (f"{CONNECTIONS}=5\n", "'32'"),
+    (f"export {CONNECTIONS}=1\n", "'32'"),  # the global's export attribute is kept
+    (f"declare +x {CONNECTIONS}\n", "unset"),  # ... and its lack of one
+])
+@pytest.mark.parametrize("declaration", ["declare -r +x", "typeset -r +x", "declare +x -r", "declare +x -rx",
+                                         "declare -gr +x"])
+def test_a_prefix_a_readonly_unexporting_declaration_names_is_the_variables_value_its_export_as_it_was(
+        tmp_path, before, refused, declaration):
+    """`CUDA_DEVICE_MAX_CONNECTIONS=32 declare -r +x CUDA_DEVICE_MAX_CONNECTIONS` before a tp 2 launch on H100
+    was read as unset, where bash 5.2 passes 32 wherever the variable was exported (by the caller too): the
+    declaration works on the temporary variable, whose readonly attribute carries its value past the command
+    into the global (variables.c, push_temp_var: bind_variable, then the temporary's attributes added), and
+    +x took the export from the temporary alone, so the global keeps its own export attribute. Real bash is
+    the oracle, with the caller's 1 and without. +x wins over a -x; declare -g works on the global itself,
+    which +x unexports, and leaves the temporary 32 to go with the command: none passed."""
+    script = f"#!/bin/bash\n{before}{CONNECTIONS}=32 {declaration} {CONNECTIONS}\n{TRAIN}\n"
+    if "g" in declaration:
+        refused = "unset"
+    assert bash_connections(tmp_path, script) == ("32" if before.startswith("export") and refused != "unset"
+                                                  else None)
+    read_as_bash_does(tmp_path, script, refused)

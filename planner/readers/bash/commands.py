@@ -78,6 +78,18 @@ class _Commands(_Expander):
         prefixed = {_ASSIGNMENT.match(t.text).group(1) for t in assignments if t.kind != "array"}
         if "r" not in options and ((rest[0].text == "export" and "n" in options) or "x" in unexporting):
             return [rest[0], *(t for t in rest[1:] if not (t.kind == "word" and t.text in prefixed))]
+        if "x" in unexporting and "g" not in options and not self.frames:
+            # X=32 declare -r +x X: the readonly temporary's value carries into the global past the command,
+            # its export attribute dropped by +x (which wins over a -x: declare sets the attributes on, then
+            # takes those off), the temporary's attributes added to the global's (variables.c,
+            # push_temp_var), so the global is 32 with the export it had: exported where it was, or where
+            # the caller exported the name if the script left that undecided (bash 5.2). declare -g works
+            # on the global itself, and leaves the temporary to go with the command.
+            for tok in assignments:
+                if tok.kind != "array" and _ASSIGNMENT.match(tok.text).group(1) in {
+                        t.text for t in rest[1:] if t.kind == "word"}:
+                    self.assign(tok)
+            return [rest[0], *(t for t in rest[1:] if not (t.kind == "word" and t.text in prefixed))]
         if rest[0].text not in ("export", "readonly") and not set("xr") & set(options):
             return rest
         named = {t.text for t in rest[1:] if t.kind == "word" and _NAME.fullmatch(t.text)}
