@@ -607,6 +607,16 @@ _WRAPPERS = {
 _LAUNCHERS = ("srun", "numactl", "taskset")
 
 
+def _env_option(letter: str, value: str, held: list, words: list[str], at: int) -> list:
+    """env(1)'s -u NAME (--unset): NAME decidedly absent from what it passes; -S STRING (--split-string):
+    STRING's words read as env's own from ``at`` on (``words`` changed in place). Other options: nothing."""
+    if letter == "u":
+        return [setting for setting in held if setting[0] != value] + [(value, None, True, False)]
+    if letter == "S":
+        words[at:at] = value.split()
+    return held
+
+
 def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optional[str], bool], ...]:
     """``held`` (what bash passes the command ``fields`` start with) as the program at the end of the
     command's wrappers gets it: ``exec``, ``command``, ``nohup``, ``time``, ``nice``, ``stdbuf``,
@@ -634,10 +644,7 @@ def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optiona
                     if option in ("unset", "chdir", "split-string") and not eq:
                         value = words[i] if i < len(words) else ""
                         i += 1
-                    if option == "unset":
-                        held = [setting for setting in held if setting[0] != value] + [(value, None, True, False)]
-                    elif option == "split-string":
-                        words[i:i] = value.split()
+                    held = _env_option({"unset": "u", "split-string": "S"}.get(option, ""), value, held, words, i)
                 elif word.startswith("-") and len(word) > 1:
                     k = 1
                     while k < len(word):  # a cluster of short options: -iu NAME, -uNAME, -C DIR, -S STRING
@@ -650,10 +657,7 @@ def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optiona
                             if not value:
                                 value = words[i] if i < len(words) else ""
                                 i += 1
-                            if letter == "u":
-                                held = [setting for setting in held if setting[0] != value] + [(value, None, True, False)]
-                            elif letter == "S":
-                                words[i:i] = value.split()
+                            held = _env_option(letter, value, held, words, i)
                             break
                 else:
                     i -= 1
