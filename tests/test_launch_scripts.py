@@ -736,6 +736,36 @@ def test_tensor_parallelism_without_one_cuda_connection_before_blackwell_is_refu
         assert not any("CUDA_DEVICE_MAX_CONNECTIONS" in note for note in result.notes), result.notes
 
 
+@needs_bash
+@pytest.mark.parametrize("gpu, expected", [
+    ("h100-sxm-80gb", "1"),  # Hopper: validate_args asserts 1
+    ("b200", "32"),  # Blackwell: Megatron-Bridge's PerfEnvPlugin, streams in parallel
+    ({"memory": "80 GiB", "peak_tflops": {"bf16": 900}, "hbm_bandwidth": "3 TB/s", "intra_node_bandwidth": "400 GB/s",
+      "inter_node_bandwidth": "50 GB/s", "gpus_per_node": 8, "nvlink_domain": 8},
+     "1"),  # capability not known: what passes validate_args whatever it is
+])
+def test_the_emitted_launch_gives_the_training_the_connections_the_engine_sets(tmp_path, gpu, expected):
+    """The emitted launch.sh exported CUDA_DEVICE_MAX_CONNECTIONS=1 on Blackwell too, where validate_args no
+    longer asks for it and NVIDIA's own performance launches set 32 for tp or cp > 1 (Megatron-Bridge,
+    src/megatron/bridge/recipes/run_plugins.py, PerfEnvPlugin.setup): one connection serializes the
+    streams the data-parallel and pipeline traffic overlap on. Run by real bash, its torchrun a
+    stand-in; read back by diagnose with no note or refusal on the variable."""
+    from planner.engines.megatron import emit as megatron
+    from planner.estimate import estimate
+
+    case = {**BF16, "cluster": {"gpu": gpu, "num_gpus": 8},
+            "layout": {"tp": 2, "pp": 2, "sequence_parallel": True, "micro_batch_size": 1, "recompute": "full"}}
+    rendered = megatron.render(estimate(case), ["header"])
+    (tmp_path / megatron.ARGS_FILE).write_text(rendered[megatron.ARGS_FILE])
+    assert bash_connections(tmp_path, rendered[megatron.LAUNCH_FILE]) == expected
+    launch, case_path = tmp_path / megatron.LAUNCH_FILE, tmp_path / "case.yaml"
+    launch.write_text(rendered[megatron.LAUNCH_FILE])
+    case_path.write_text(yaml.safe_dump(case))
+    result = diagnose(case_path, megatron_args=launch)
+    assert result.estimate.job.layout.tp == 2
+    assert not any(CONNECTIONS in note for note in result.notes), result.notes
+
+
 def bash_connections(tmp_path: Path, script: str, caller: Optional[str] = None) -> Optional[str]:
     """CUDA_DEVICE_MAX_CONNECTIONS as real bash passes it to the script's torchrun (an executable stand-in,
     so that exec, env and nohup reach it too), None where torchrun's environment lacks it; ``caller``: the

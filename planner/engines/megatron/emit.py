@@ -497,17 +497,25 @@ def one_connection_asserted(tp: int, cp: int, *, fsdp: bool, moe_overlap: bool,
     return arch_major is not None and arch_major < NO_CONNECTIONS_RULE_FROM_ARCH
 
 
-def connections_line(lay: Layout) -> str:
-    """CUDA_DEVICE_MAX_CONNECTIONS as validate_args wants it: 1 for tp or cp > 1 (on Hopper and
-    older, so that the communication kernels launch before the GEMMs they overlap: exported on every
-    GPU, which Blackwell takes too, and where the GPU's capability is not known), anything but 1
-    under Megatron-FSDP (the emitted files' ZeRO 2 and 3)."""
-    fsdp = lay.zero_stage >= 2
-    if fsdp:
+def connections_line(job: Job) -> str:
+    """CUDA_DEVICE_MAX_CONNECTIONS for tp or cp > 1 as the engine's own performance launches set it
+    (Megatron-Bridge, ``src/megatron/bridge/recipes/run_plugins.py``, ``PerfEnvPlugin.setup``): 1
+    before Blackwell, which validate_args asserts (:func:`one_connection_asserted`) so that the
+    communication kernels launch before the GEMMs they overlap, and where the GPU's capability is not
+    known; 32 from Blackwell on, where validate_args no longer asks for one and a single connection
+    would serialize the data-parallel and pipeline streams the estimate overlaps with compute.
+    Under Megatron-FSDP (the emitted files' ZeRO 2 and 3) anything but 1: unset."""
+    lay = job.layout
+    if lay.zero_stage >= 2:
         return "unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP refuses 1\n"
-    if one_connection_asserted(lay.tp, lay.cp, fsdp=fsdp, moe_overlap=False, arch_major=0):
+    if lay.tp <= 1 and lay.cp <= 1:
+        return ""
+    arch_major = job.cluster.gpu.compute_capability_major
+    if one_connection_asserted(lay.tp, lay.cp, fsdp=False, moe_overlap=False,
+                               arch_major=0 if arch_major is None else arch_major):
         return "export CUDA_DEVICE_MAX_CONNECTIONS=1  # validate_args: tp or cp > 1 needs it before Blackwell\n"
-    return ""
+    return ("export CUDA_DEVICE_MAX_CONNECTIONS=32  # Blackwell: streams in parallel "
+            "(Megatron-Bridge's PerfEnvPlugin)\n")
 
 
 def render(estimate, header_lines) -> dict[str, str]:
@@ -540,7 +548,7 @@ def render(estimate, header_lines) -> dict[str, str]:
         ]) +
         "set -euo pipefail\n"
         "set -f  # no globbing of the arguments (a pipeline layout holds '*')\n"
-        + connections_line(lay) +
+        + connections_line(job) +
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         f"torchrun --nnodes {shell_word(nodes)} --nproc-per-node {shell_word(per_node)} \\\n"
         '    --node-rank "${NODE_RANK:-0}" --master-addr ' + master_addr(nodes) + ' '
@@ -554,7 +562,7 @@ def render(estimate, header_lines) -> dict[str, str]:
     batch = sbatch(header + comment(["MEGATRON_LM: a Megatron-LM checkout (export it before sbatch); extra arguments "
                                      "(data, tokenizer, learning rate, --train-samples or --train-iters, "
                                      "--save/--save-interval/--load) pass through."]),
-                   nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $ARGS "$@"', connections_line(lay),
+                   nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $ARGS "$@"', connections_line(job),
                    cluster=job.cluster, files='ARGS="$(grep -v \'^#\' "$HERE/' + ARGS_FILE + '")"\n' + checkout)
     return {ARGS_FILE: args_text, LAUNCH_FILE: launch, SBATCH_FILE: batch}
 
