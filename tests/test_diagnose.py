@@ -412,6 +412,9 @@ def test_a_zero_key_deepspeed_refuses_and_ulysses_are_refused(tmp_path):
     ({"zero_optimization.overlap_comm": [1]}, "zero_optimization.overlap_comm", "expected true or false"),
     ({"communication_data_type": "fp17"}, "communication_data_type", "expected fp32, fp16 or bf16"),
     ({"compile": True}, "compile", "expected a mapping"),
+    # `"1.0" > 0.` raises TypeError at DeepSpeed's first step (engine.py, _take_model_step)
+    ({"gradient_clipping": "1.0"}, "gradient_clipping", "expected a number"),
+    ({"gradient_clipping": None}, "gradient_clipping", "expected a number"),
     ({"zero_optimization.offload_optimizer": {"device": "cpu", "buffr_count": 4}},
      "zero_optimization.offload_optimizer.buffr_count", "did you mean buffer_count?"),
 ])
@@ -422,6 +425,28 @@ def test_what_deepspeed_refuses_in_the_keys_the_notes_read_is_refused(tmp_path, 
     with pytest.raises(CaseError) as error:
         diagnose(DS_CASE, config=config)
     assert error.value.key == key and said in error.value.expected, str(error.value)
+
+
+def test_a_gradient_clipping_that_clips_nothing_is_said(tmp_path):
+    """DeepSpeed clips only where gradient_clipping is above 0: -1 and NaN (which compares as neither)
+    train unclipped with no word from DeepSpeed, and went by here too. 0 (its way to turn clipping off),
+    a positive norm and the Trainer's "auto" get no note."""
+    import inspect
+
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    assert "if self.gradient_clipping() > 0.0:" in inspect.getsource(DeepSpeedEngine._take_model_step)
+    assert "if self.clip_grad > 0.:" in inspect.getsource(BF16_Optimizer)
+    for clip, shown in ((-1.0, "-1"), (float("nan"), "nan")):  # -1.0 read as -1, as hjson reads it
+        config, _ = _ds_config(tmp_path, gradient_clipping=clip)
+        notes = diagnose(DS_CASE, config=config).notes
+        assert f"ds_config.json: gradient_clipping {shown}: DeepSpeed clips only where it is above 0 (runtime/engine.py " \
+               "and its optimizers: clip_grad > 0.), so the run trains with no gradient clipping and says nothing; " \
+               "write 0 to mean that, or the norm to clip at (1.0 is DeepSpeed's default)" in notes, notes
+    for clip in (0, 1.0, "auto", True):
+        config, _ = _ds_config(tmp_path, gradient_clipping=clip)
+        assert not [n for n in diagnose(DS_CASE, config=config).notes if "gradient_clipping" in n]
 
 
 CASE_8 = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},

@@ -277,7 +277,7 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
             raise CaseError(src, "zero_optimization.compute_grad_norm", "false: DeepSpeed refuses it for ZeRO stage 1 "
                                                                         "with bf16 parameters and fp32 gradient "
                                                                         "accumulation (runtime/engine.py)")
-    notes = []
+    notes = [] if (clipping := clipping_note(path, config)) is None else [clipping]
     # (Not under a pipeline, whose engine turns overlap_comm off and reduces after the schedule drains,
     # engine.py; nor for the BF16_Optimizer, which takes no overlap_comm: the estimate prices neither
     # overlapped, dp_time.)
@@ -352,6 +352,29 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
         notes.append(f"{', '.join(unpriced)}: not priced (the estimate is of plain ZeRO-{stage}, eager kernels and "
                      "the case's recomputation), so the run's memory and step time may differ")
     return notes
+
+
+def clipping_note(path: Path, config: dict) -> Optional[str]:
+    """A line where the config's gradient_clipping clips nothing though it is not 0, else None; a value
+    DeepSpeed cannot compare refused. DeepSpeed 0.19 reads it raw (runtime/config.py, get_gradient_clipping:
+    dict.get, default 1.0) and clips only where ``clip_grad > 0.`` (runtime/engine.py, _take_model_step; the
+    ZeRO, bf16 and fp16 optimizers alike): below 0 it clips nothing, as 0 does, and NaN, which compares as
+    neither, too; no error, no log line. A run whose file says -1 or NaN trains unclipped, which its author
+    seldom meant (0 is how DeepSpeed's docs turn clipping off). "auto" is the Hugging Face Trainer's to fill
+    (its max_grad_norm)."""
+    clip = config.get("gradient_clipping", "auto")
+    if clip == "auto":
+        return None
+    if not isinstance(clip, (int, float)):  # bools compare as 0 and 1, as DeepSpeed compares them
+        # `"1.0" > 0.` and `None > 0.` raise TypeError at the first step (engine.py, _take_model_step).
+        raise CaseError(str(path), "gradient_clipping", f"expected a number (DeepSpeed compares it with 0 at every "
+                                                        f"step, and a {type(clip).__name__} raises TypeError there), "
+                                                        f"got {one_line(safe_repr(clip), 40)}")
+    if clip >= 0:
+        return None
+    return (f"{path.name}: gradient_clipping {clip}: DeepSpeed clips only where it is above 0 (runtime/engine.py and "
+            "its optimizers: clip_grad > 0.), so the run trains with no gradient clipping and says nothing; write 0 "
+            "to mean that, or the norm to clip at (1.0 is DeepSpeed's default)")
 
 
 def _positive(src: str, key: str, value: Any, minimum: int = 1) -> int:
