@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import signal
 import sys
@@ -17,14 +18,42 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 import typer
+from typer._click.types import FloatParamType
 
-from .errors import (INTERRUPTS, CaseError, Interrupted, forget_interrupts, ignore_interrupts, interrupt,
+from .errors import (INTERRUPTS, CaseError, as_typed, Interrupted, forget_interrupts, ignore_interrupts, interrupt,
                      interrupt_received, interrupted_exit_code, one_line, raise_if_interrupted)
 from .estimate import estimate
 from .limits import MAX_FEW_SHOT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_TOP_K
 
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
+
+class _Typed(float):
+    """A number option's value where float() loses what was typed: a 5,000-digit --gpu-hour-cost or
+    1e999 is inf to it, and the refusal said "got inf". It shows itself as typed (:func:`as_typed`);
+    every command refuses it (each takes finite numbers only), so no figure is ever drawn from it."""
+
+    given: str
+
+    def __new__(cls, number: float, given: str) -> "_Typed":
+        typed = super().__new__(cls, number)
+        typed.given = given
+        return typed
+
+    def __repr__(self) -> str:  # within the 60 characters the commands' refusals quote of a value
+        return as_typed(self.given, head=30)
+
+
+class _NumberAsTyped(FloatParamType):
+    """typer's float type for the number options, keeping what was typed where it is no finite
+    number (inf, nan, 1e999, a 5,000-digit one): the commands' own range refusals then show it."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        return number if math.isfinite(number) or not isinstance(value, str) else _Typed(number, value)
+
+
+NUMBER = _NumberAsTyped()
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan the fastest training layout that fits, at a fixed global batch.")
@@ -113,7 +142,7 @@ def plan_command(
     top: Optional[int] = typer.Option(None, "--top",
                                       help=f"Alternatives to list, 0 to {MAX_TOP_K} (default search.top_k, else 5)."),
     simplest_within: Optional[float] = typer.Option(
-        None, "--simplest-within",
+        None, "--simplest-within", click_type=NUMBER,
         help="Make the robust pick within PCT percent of the fastest (the surest to fit, then the least complex) "
              f"instead of within the gap the model cannot tell apart (0 to {MAX_SIMPLEST_WITHIN_PCT:g}; default: "
              "that gap, learned from published sweeps, planner/published/bands.yaml)."),
@@ -223,7 +252,7 @@ def size_command(
                                                                     "replacing the case's max_gpus or num_gpus, above or "
                                                                     "below; without --deadline, the shortest time within it."),
     max_nodes: Optional[int] = typer.Option(None, "--max-nodes", help="Use at most this many nodes, as --max-gpus."),
-    gpu_hour_cost: Optional[float] = typer.Option(None, "--gpu-hour-cost",
+    gpu_hour_cost: Optional[float] = typer.Option(None, "--gpu-hour-cost", click_type=NUMBER,
                                                   help="Price of a GPU-hour (any currency), for every GPU type of the "
                                                        "case, replacing the case's gpu_hour_cost."),
     top: Optional[int] = typer.Option(None, "--top", help="Alternatives to list (default 3)."),
@@ -420,7 +449,7 @@ def validate_command(
                                                 "replaces the case's cluster.gpu or cluster.profile."),
     steps: int = typer.Option(5, "--steps", help="Timed steps; the median is reported."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed steps before them."),
-    timeout: float = typer.Option(600.0, "--timeout", help="Seconds before the run is stopped."),
+    timeout: float = typer.Option(600.0, "--timeout", click_type=NUMBER, help="Seconds before the run is stopped."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     allow_quick: bool = typer.Option(False, "--allow-quick", help="Predict with a `calibrate --quick` profile anyway."),
     allow_busy: bool = typer.Option(False, "--allow-busy", help="Measure even while other processes keep the "
@@ -481,7 +510,7 @@ def calibrate_command(
     nproc: Optional[int] = typer.Option(None, "--nproc",
                                         help="Ranks on this node (default: the GPUs, or 2 on a CPU-only machine)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny shapes and few repeats: a smoke test, not a profile."),
-    timeout: Optional[float] = typer.Option(None, "--timeout",
+    timeout: Optional[float] = typer.Option(None, "--timeout", click_type=NUMBER,
                                             help="Seconds a rank may make no progress before the run is stopped "
                                                  "(its start-up: at least two minutes; default 300)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing profile."),
@@ -828,10 +857,7 @@ def _shortened(message: str) -> str:
     --top) cut to its first 40 characters and its length."""
     import re
 
-    def cut(match: "re.Match[str]") -> str:
-        value = match.group(1)
-        return f"'{value[:40]}…' ({len(value):,} characters)"
-    return one_line(re.sub(r"'([^']{61,})'", cut, message), 1000)
+    return one_line(re.sub(r"'([^']{61,})'", lambda match: as_typed(match.group(1)), message), 1000)
 
 
 def _exiting(code: int) -> int:

@@ -24,6 +24,13 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 60, 60, 
 _SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = _SHORT.maxfrozenset = 6
 
 
+def as_typed(text: str, head: int = 40) -> str:
+    """A value as a user typed it, quoted, on one short line: past 60 characters (a 5,000-digit
+    number) its first ``head`` and its length, so that a refusal says what was given, not what
+    float() made of it (inf) nor the whole of it."""
+    return repr(text) if len(text) <= 60 else f"'{text[:head]}…' ({len(text):,} characters)"
+
+
 def safe_repr(value: object) -> str:
     """``repr(value)``, or what it is where Python cannot show it: a list of a list ... a thousand deep,
     built in Python, raised a RecursionError from the message that would name it, and an integer of

@@ -12,7 +12,7 @@ import math
 import re
 
 from .limits import MAX_DEADLINE_S, MAX_QUANTITY, MAX_TOKENS, MIN_QUANTITY
-from .errors import safe_repr
+from .errors import as_typed, safe_repr
 
 MEMORY_UNITS = {
     "B": 1.0,
@@ -91,6 +91,8 @@ def _suffixed(text: object, units: dict[str, float], what: str, example: str, ma
 
 def _shown(text: object) -> str:
     """The value as given, cut to 60 characters: a 5,000-digit count stays one short line."""
+    if isinstance(text, str):
+        return as_typed(text)
     shown = safe_repr(text)
     return shown if len(shown) <= 60 else f"{shown[:40]}… ({len(shown):,} characters)"
 

@@ -489,7 +489,21 @@ def test_a_token_count_past_float_range_is_refused_in_a_short_line():
     with pytest.raises(CaseError, match="at most 1e[+]25") as error:
         planner.size(case, 10**400)
     assert len(str(error.value)) < 200
-    one_line_error(cli("size", "case.yaml", "--tokens", "9" * 5000), "--tokens", "5,002 characters")
+    one_line_error(cli("size", "case.yaml", "--tokens", "9" * 5000), "--tokens",
+                   "got '9999999999999999999999999999999999999999…' (5,000 characters)")  # its length, not its repr's
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("size", "case.yaml", "--tokens", "1T", "--gpu-hour-cost"), "expected a price per GPU-hour above 0 and at most 1e+06"),
+    (("plan", "case.yaml", "--simplest-within"), "expected a percentage from 0 to 1000"),
+    (("validate", "case.yaml", "--timeout"), "expected seconds from 1 to 86400"),
+    (("calibrate", "--out", "profile.yaml", "--timeout"), "expected seconds from 1 to 86400")])
+@pytest.mark.parametrize("given, shown", [("9" * 5000, "'999999999999999999999999999999…' (5,000 characters)"),
+                                          ("1e999", "'1e999'"), ("nan", "'nan'"), ("-inf", "'-inf'")])
+def test_a_number_option_past_float_range_is_shown_as_typed(args, expected, given, shown):
+    """float() makes a 5,000-digit price, or 1e999, inf: the refusal said "got inf", not what was typed."""
+    option = args[-1]
+    one_line_error(cli(*args, given), f"error: {option}: {expected}, got {shown}")
 
 
 @pytest.mark.parametrize("args, option", [(("plan", "case.yaml", "--top", "9" * 5000), "--top"),
