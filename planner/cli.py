@@ -157,6 +157,8 @@ def plan_command(
     # A string, not a Path: Path("") is ".", and `--out ''` wrote the files into the current folder.
     out: Optional[str] = typer.Option(None, "--out", help="Folder for --emit's files."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="Tokens to train on, as size takes them (15.6T, "
+                                                                 "300B, 2.5e12): say the days the pick takes."),
 ) -> None:
     """The fastest layout that fits, at the case's global batch, and its runners-up."""
     from .configs import EMITTERS as ENGINES, removed_notes, render
@@ -182,7 +184,8 @@ def plan_command(
         if emit is not None and engine not in (None, emit):
             raise CaseError("--engine", engine, f"differs from --emit {emit}; give the same engine to both")
         plan_options(top, simplest_within, None, names={"top_k": "--top", "simplest_within": "--simplest-within",
-                                                        "engine": "--engine"}, engine=engine)
+                                                        "engine": "--engine", "tokens": "--tokens"}, engine=engine,
+                     tokens=tokens)
         if fastest and simplest_within is not None:
             raise CaseError("--fastest", "", "give either --fastest or --simplest-within, not both")
         if out is not None and emit is None:  # nothing would be written there
@@ -199,7 +202,8 @@ def plan_command(
 
             # Before the plan, as --plot: a folder that is a file, cannot be written or holds the files.
             check_writable([Output(Path(out) / name, "", "--out") for name in EVERY_ENGINE_WRITES], force)
-        result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine, fastest=fastest)
+        result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine, fastest=fastest,
+                      tokens=tokens)
         notes += result.notes  # what the case gives that plan does not read
         outputs: list[Output] = []
         removed: list[Path] = []
@@ -223,6 +227,8 @@ def plan_command(
         written = write_all(outputs, force, last=True, removes=stale)
         notes += removed_notes(removed)
     except CaseError as error:
+        if error.source == "plan" and error.key == "tokens":  # the API's argument is this command's option
+            error = CaseError("--tokens", "", error.expected)
         _fail(error)
     _say(warned)
     for note in notes:

@@ -21,6 +21,7 @@ from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_
 from .search import search
 from .search_rows import Candidate, SearchResult
 from .search_options import SearchSpec, retarget
+from .units import UnitError, parse_tokens, run_days
 
 # The solver's table holds every fitting layout within this share of the fastest (or the
 # --simplest-within margin, if wider), and at least the top-k: all that the answer,
@@ -171,6 +172,12 @@ class Plan:
     # What the case gives that `plan` does not read (a layout section, `size`'s cluster keys): the CLI
     # prints these on stderr, and the API's caller had no way to learn them.
     notes: tuple[str, ...] = ()
+    tokens: Optional[float] = None  # the run's tokens (`plan --tokens`), for the days the best takes
+
+    @property
+    def days(self) -> Optional[float]:
+        """Days the best layout takes for the run's tokens, as `size` counts them; None without either."""
+        return None if self.tokens is None or self.best is None else run_days(self.tokens, self.best.tokens_per_s)
 
     def differences(self, other: Estimate) -> dict[str, list]:
         """Layout fields where ``other`` differs from the best: {field: [best, other]}."""
@@ -228,6 +235,7 @@ class Plan:
                                if p is not None and p.best is not None else {"why_not": why or "nothing fits"})
                         for name, p, why in self.engines},
             "engine": self.best.job.training.engine.name if self.best else None,
+            "tokens": self.tokens, "days": self.days,
             "pick": {"made_on": self.picked_on, "margin": self.margin, "margin_set_by": self.margin_set_by,
                      "fastest": {**self.fastest.to_dict(), "differs_from_best": self.differences(self.fastest)}
                      if self.fastest is not None else None},
@@ -249,8 +257,9 @@ def _check_size(case: Case) -> None:
 
 
 def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[dict[str, str]] = None,
-                 engine: Any = None) -> None:
-    """Refuse options `plan` cannot honour, as a CaseError naming the option (``names``: CLI spellings)."""
+                 engine: Any = None, tokens: Any = None) -> Optional[float]:
+    """Refuse options `plan` cannot honour, as a CaseError naming the option (``names``: CLI spellings);
+    the run's tokens, read as `size --tokens` reads them (15.6T), or None."""
     names = names or {}
 
     def refuse(key: str, expected: str, value: Any) -> CaseError:
@@ -271,6 +280,21 @@ def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[
     if engine is not None and (not isinstance(engine, str) or engine not in CASE_ENGINES):
         # Here, not in load_case: the API's error names its argument (the CLI's, --engine).
         raise refuse("engine", f"expected one of {', '.join(CASE_ENGINES)}", engine)
+    try:
+        return None if tokens is None else parse_tokens(tokens)
+    except UnitError as error:
+        raise CaseError(names.get("tokens", "plan"), "" if "tokens" in names else "tokens", str(error)) from None
+
+
+def check_run_tokens(case: Case, tokens: float, source: str) -> None:
+    """A run of at least one global batch, the least a run steps: fewer tokens have no days to give
+    (`size`'s deadline per step was endless). Said of the option (the case gave the batch, the option
+    the tokens): it was blamed on the file."""
+    tokens_per_step = case.training.global_batch_size * case.training.seq_len
+    if tokens < tokens_per_step:
+        raise CaseError(source, "tokens", f"expected at least one global batch of {case.source}, "
+                                          f"{tokens_per_step:,} tokens (global_batch_size × seq_len), "
+                                          f"got {tokens:,.10g}")
 
 
 def _check_times(case: Case, result: SearchResult) -> None:
@@ -532,14 +556,16 @@ def _margin_set_by(simplest_within: Optional[float], fastest: bool = False) -> s
 
 
 def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
-         target: Optional[str] = None, engine: Optional[str] = None, fastest: bool = False) -> Plan:
+         target: Optional[str] = None, engine: Optional[str] = None, fastest: bool = False,
+         tokens: Any = None) -> Plan:
     """Python API: plan a case (path or dict in the case-file schema); any ``layout`` section is ignored.
 
     ``target`` restricts the search to one engine, or with ``"any"`` decides between them, as
     ``search.target`` does; ``engine`` replaces the case's training.engine and search.target
     (`plan --engine`: ``"any"`` is plain PyTorch alone). The best is the robust pick
-    (:func:`robust_choice`) unless ``fastest`` (the raw optimum) or ``simplest_within``."""
-    plan_options(top_k, simplest_within, target, engine=engine)
+    (:func:`robust_choice`) unless ``fastest`` (the raw optimum) or ``simplest_within``. With ``tokens``
+    (a count, or `size --tokens`'s "15.6T"), ``.days`` is how long the best takes to train on them."""
+    run_tokens = plan_options(top_k, simplest_within, target, engine=engine, tokens=tokens)
     if target is not None and engine is not None and target != engine:
         raise CaseError("plan", "target", f"{target!r} differs from engine {engine!r}, which replaces the case's "
                                           "engine and target: give one of them")
@@ -555,7 +581,9 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
         notes = tuple(note for note in (check_ignored_layout(case), ignored_sizing_keys(case)) if note)
         loaded = load_case(case, engine=engine, ignore_layout=True)
         notes += tuple(note for note in (unstated_routing(case, loaded),) if note)
-    return replace(_planned(loaded, simplest_within, top_k, target, engine, fastest), notes=notes)
+    if run_tokens is not None:
+        check_run_tokens(loaded, run_tokens, "plan")
+    return replace(_planned(loaded, simplest_within, top_k, target, engine, fastest), notes=notes, tokens=run_tokens)
 
 
 def _planned(loaded: Case, simplest_within: Optional[float], top_k: Optional[int], target: Optional[str],

@@ -14,6 +14,7 @@ from cost_models.topology import domains_spanned
 from .case import LAYOUT_UNSET_TEXT
 from .engines import ENGINES
 from .errors import one_line
+from .units import figure_text
 from .estimate import Estimate
 
 GB = 1e9
@@ -255,6 +256,9 @@ def print_plan(plan, console: Console) -> None:
         return
     best = plan.best
     print_estimate(best, console)
+    if plan.days is not None:  # `size`'s figure, for this layout on these GPUs
+        console.print(f"{count_text(plan.tokens)} tokens: {figure_text(plan.days, 1)} days at "
+                      f"{best.tokens_per_s:,.0f} tokens/s", markup=False)
     console.print(f"solver: {plan.status} over {plan.fitting} fitting layouts ({plan.scored} scored)")
     if plan.engines:
         parts = [f"{name} {p.best.tokens_per_s:,.0f} tokens/s ({p.best.memory_verdict}{'; ' + why if why else ''})"

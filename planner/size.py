@@ -49,10 +49,10 @@ from .errors import CaseError, one_line, safe_repr
 from .estimate import Estimate, estimate_job
 from .limits import MAX_CLUSTER_SIZES, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_TOP_K
 from .engines import ENGINES
-from .plan import DECIDED_ENGINES, _check_size, layout_table, plan_case
+from .plan import DECIDED_ENGINES, _check_size, check_run_tokens, layout_table, plan_case
 from .search import MIN_TOKENS_PER_CP_RANK, Candidate, divisors
 from .search_options import SearchSpec, retarget
-from .units import UnitError, duration_text, figure_text, parse_duration, parse_tokens
+from .units import UnitError, duration_text, figure_text, parse_duration, parse_tokens, run_days
 
 SECONDS_PER_DAY = 86400.0
 DEFAULT_ALTERNATIVES = 3
@@ -152,7 +152,7 @@ class SizeChoice:
 
     @property
     def days(self) -> float:
-        return self.tokens / self.tokens_per_s / SECONDS_PER_DAY
+        return run_days(self.tokens, self.tokens_per_s)
 
     @property
     def gpu_hours(self) -> float:
@@ -605,11 +605,7 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     # Spend per GPU used and second: where a run uses part of each rack, the whole rack's.
     weights = [(p if priced else 1.0) * o.paid_unit / o.unit for p, o in zip(prices, options)]
     tokens_per_step = case.training.global_batch_size * case.training.seq_len
-    if target.tokens < tokens_per_step:  # a run shorter than one step: its deadline per step is endless
-        # Said of the option (the case gave the batch, the option the tokens): it was blamed on the file.
-        raise CaseError("size", "tokens", f"expected at least one global batch of {case.source}, "
-                                          f"{tokens_per_step:,} tokens (global_batch_size × seq_len), "
-                                          f"got {target.tokens:,.10g}")
+    check_run_tokens(case, target.tokens, "size")  # a run shorter than one step: its deadline per step is endless
     step_deadline = None if target.deadline_s is None else target.deadline_s * tokens_per_step / target.tokens
     gbs = case.training.global_batch_size
 

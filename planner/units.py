@@ -102,6 +102,11 @@ def parse_tokens(text: object) -> float:
     return _suffixed(text, COUNT_SUFFIXES, "a token count", "15T", MAX_TOKENS, bare=True)
 
 
+def run_days(tokens: float, tokens_per_s: float) -> float:
+    """Days a run of ``tokens`` takes at ``tokens_per_s``: `size`'s days and `plan --tokens`'s, one formula."""
+    return tokens / tokens_per_s / DURATION_UNITS["d"]
+
+
 def figure_text(value: float, decimals: int = 0) -> str:
     """``value`` grouped with ``decimals`` decimals, or to two significant figures where those would
     round a small figure away (a run of a billion tokens is 0.0115 days, not 0.0): every figure of

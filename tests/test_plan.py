@@ -540,3 +540,25 @@ def test_pins_that_leave_nothing_fitting_say_so_where_a_layout_fits_without_them
     # One key is said in the singular: "the search section's tp leaves none that fits".
     one = dataclasses.replace(p.no_fit, fits_without=("tp",)).describe()
     assert "the search section's tp leaves none that fits" in one, one
+
+
+def test_plan_says_the_days_its_pick_takes_for_a_token_count(tmp_path):
+    """`size` gave the days a run of so many tokens takes, `plan` none: with --tokens (read as size reads
+    it) it says them for its pick, by size's formula (docs/sizing.md: days = T ÷ tokens/s ÷ 86,400)."""
+    from cli_in_process import run_cli
+
+    path = tmp_path / "case.yaml"
+    path.write_text(json.dumps(BASE))
+    result = planner.plan(path, top_k=0, tokens="2T")
+    assert result.tokens == 2e12
+    assert result.days == pytest.approx(2e12 / result.best.tokens_per_s / 86400, rel=1e-12)
+    printed = json.loads(run_cli("plan", str(path), "--top", "0", "--tokens", "2T", "--json").stdout)
+    assert (printed["tokens"], printed["days"]) == (2e12, result.days)
+    out = run_cli("plan", str(path), "--top", "0", "--tokens", "2T")
+    assert f"2T tokens: {result.days:,.1f} days at {result.best.tokens_per_s:,.0f} tokens/s" in out.stdout, out.stdout
+    assert json.loads(run_cli("plan", str(path), "--top", "0", "--json").stdout)["days"] is None
+    for tokens, said in (("2X", "error: --tokens: expected a token count like 15T (K, M, B, T), got '2X'"),
+                         ("1K", "error: --tokens: expected at least one global batch of")):
+        refused = run_cli("plan", str(path), "--tokens", tokens)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and refused.stderr.startswith(said), \
+            refused.stderr
