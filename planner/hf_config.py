@@ -166,6 +166,18 @@ def read_hf_config(path: str | os.PathLike) -> dict:
     return {"name": name, **fields, **_sliding_window(reader, family), **_architecture(reader, family)}
 
 
+def position_limit(path: str | os.PathLike) -> int | None:
+    """The longest sequence the config's model was built for, or None where it states none: its
+    ``max_position_embeddings`` (GPT-2's ``n_positions``, which transformers' GPT2Config maps it to;
+    Llama 4's in its ``text_config``). Not a model field: a RoPE model trains past it (with
+    ``rope_scaling`` or a larger base), so it is only ever said, never refused."""
+    cfg = _load(os.fspath(path))
+    if isinstance(cfg.get("text_config"), dict) and "max_position_embeddings" not in cfg:
+        cfg = cfg["text_config"]
+    limit = cfg.get("max_position_embeddings", cfg.get("n_positions"))
+    return limit if type(limit) is int and limit > 0 else None
+
+
 # Where a config lists no layer_types, the layers its family windows (transformers' config classes):
 # GPT-OSS alternates sliding and full attention, sliding first (GptOssConfig), Mistral windows every layer.
 FULL_EVERY_BY_FAMILY = {"gpt_oss": 2}

@@ -580,7 +580,7 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
     else:
         notes = tuple(note for note in (check_ignored_layout(case), ignored_sizing_keys(case)) if note)
         loaded = load_case(case, engine=engine, ignore_layout=True)
-        notes += tuple(note for note in (unstated_routing(case, loaded),) if note)
+        notes += case_notes(case, loaded)
     if run_tokens is not None:
         check_run_tokens(loaded, run_tokens, "plan")
     return replace(_planned(loaded, simplest_within, top_k, target, engine, fastest), notes=notes, tokens=run_tokens)
@@ -618,6 +618,37 @@ def check_ignored_layout(case: Any, command: str = "plan") -> Optional[str]:
     layout_from_mapping(src, section, min(gpus, MAX_GPUS ** 2))
     return (f"{src}: {command} chooses the layout and ignores the case's layout section (estimate scores it; "
             f"search.<key> pins a choice for {command})")
+
+
+def case_notes(case: Any, loaded: Case) -> tuple[str, ...]:
+    """What `estimate`, `plan` and `size` say on stderr of the case they price, one line each: routing
+    it leaves unstated, and a sequence past its hf_config's positions."""
+    return tuple(note for note in (unstated_routing(case, loaded), past_positions(case, loaded)) if note)
+
+
+def past_positions(case: Any, loaded: Case) -> Optional[str]:
+    """A line where ``training.seq_len`` is past the ``max_position_embeddings`` of the case's
+    ``model.hf_config``: the model was built for shorter sequences. Said, not refused: a RoPE model
+    trains past it (long-context extension sets rope_scaling or a larger rope_theta), but a case
+    that says so seldom meant it, and the price is of the sequence as given."""
+    from .case import read_case
+    from .fields import read_file_path
+    from .hf_config import position_limit
+
+    data, src, base = read_case(case)
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, dict) or "hf_config" not in model:
+        return None
+    path = read_file_path(src, "model.hf_config", model["hf_config"], base, "config.json")
+    limit = position_limit(path)
+    if limit is None or loaded.training.seq_len <= limit:
+        return None
+    # A learned table (GPT-2's) has no row past it: the run fails unless the table is grown.
+    how = ("a RoPE model can be trained past it, with rope_scaling or a larger rope_theta, but check it is meant"
+           if loaded.model.position_embedding != "learned" else
+           "its learned position table has no row past it, so the run fails unless the table is grown")
+    return (f"{src}: training.seq_len {loaded.training.seq_len:,} is past the {limit:,} positions of {path} "
+            f"(max_position_embeddings), the longest sequence the model was built for: priced as given ({how})")
 
 
 def unstated_routing(case: Any, loaded: Case) -> Optional[str]:

@@ -898,3 +898,30 @@ def test_a_key_left_out_takes_its_config_class_default(tmp_path, name, left_out,
         del cfg[key]
     fields = read_hf_config(write(tmp_path, cfg))
     assert {key: fields.get(key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("command", ["estimate", "plan"])
+def test_a_sequence_past_the_configs_positions_is_said(tmp_path, command):
+    """An hf_config's max_position_embeddings (GPT-2's n_positions) was not read: a case training
+    Llama 2 7B (4,096 positions) at 8,192 tokens got no word. A note on stderr now, not a refusal (a
+    RoPE model can be trained past it), and none at or below the limit."""
+    import yaml
+    from cli_in_process import run_cli
+
+    rope = "a RoPE model can be trained past it, with rope_scaling or a larger rope_theta, but check it is meant"
+    learned = "its learned position table has no row past it, so the run fails unless the table is grown"
+    for model, limit, how in (("Llama-2-7b-hf", 4096, rope), ("gpt2", 1024, learned)):
+        for seq_len, said in ((limit, False), (2 * limit, True)):
+            case = tmp_path / "case.yaml"
+            case.write_text(yaml.safe_dump({
+                "model": {"hf_config": str(fixture(model))}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+                "training": {"global_batch_size": 8, "seq_len": seq_len, "engine": "megatron"},
+                "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 1}}))
+            out = run_cli(command, str(case), "--json")
+            assert out.returncode in (0, 3), out.stderr
+            line = (f"note: {case}: training.seq_len {2 * limit:,} is past the {limit:,} positions of "
+                    f"{fixture(model)} (max_position_embeddings), the longest sequence the model was built for: "
+                    f"priced as given ({how})")
+            assert (line in out.stderr.splitlines()) is said, (model, seq_len, out.stderr)
+            if command == "plan":
+                assert any("max_position_embeddings" in n for n in json.loads(out.stdout)["notes"]) is said
