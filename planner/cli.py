@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 import typer
-from typer._click.types import FloatParamType
+try:  # typer ≥ 0.20 ships its own click; earlier ones use click itself (as main's UsageError)
+    from typer._click.types import FloatParamType
+except ImportError:  # pragma: no cover
+    from click.types import FloatParamType
 
 from .errors import (INTERRUPTS, CaseError, as_typed, Interrupted, forget_interrupts, ignore_interrupts, interrupt,
                      interrupt_received, interrupted_exit_code, one_line, raise_if_interrupted)
