@@ -105,12 +105,10 @@ def estimate_command(
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
 ) -> None:
     """Memory per GPU of the case's layout, by term, and whether it fits."""
-    from .estimate import estimate_notes
-
     warned = _profile_warnings(case)
     try:
         est = estimate(case)
-        warned += [f"note: {one_line(note, 1000)}" for note in estimate_notes(case, est.case)]
+        warned += [f"note: {one_line(note, 1000)}" for note in est.notes]  # the API's Estimate.notes
     except CaseError as error:
         _fail(error)
     _say(warned)

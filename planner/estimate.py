@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from cost_models.activations import selective_modules
@@ -49,6 +49,11 @@ class Estimate:
     # Share of GPU memory a layout must leave free to fit (the case's search.headroom): the
     # same limit `estimate`, `diagnose` and `plan` hold every layout to.
     headroom: float = 0.0
+    # What `estimate` says on stderr beside it (:func:`estimate_notes`: an engine left unset, priced as
+    # plain PyTorch runs it; a mixture of experts' unstated routing), as Plan.notes and Sizing.notes carry
+    # theirs: the API's `planner.estimate` fills it, an estimate inside a plan or a sizing leaves it empty
+    # (theirs carry it). Beside the figures: not in to_dict (`estimate --json`), nor in equality.
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def step_time_s(self) -> float:
@@ -259,7 +264,9 @@ def estimate(case: Any) -> Estimate:
     result = estimate_job(loaded, loaded.job())
     if result.fits:  # a layout that does not fit is that, whatever its step (exit 3, not the case's error)
         check_step_time(loaded.source, result.step_time_s, result.time.by_part())  # "0 tokens/s", exit 0 otherwise
-    return result
+    if isinstance(case, Case):  # the planner's own callers (a fit's runs): nothing to tell
+        return result
+    return replace(result, notes=tuple(estimate_notes(case, loaded)))
 
 
 def estimate_notes(case: Any, loaded: Case) -> list[str]:

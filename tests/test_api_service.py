@@ -254,3 +254,21 @@ def test_a_plan_pickled_in_one_process_keys_the_same_dicts_in_another(tmp_path):
     done = subprocess.run([sys.executable, "-c", read, str(dump)], check=True, capture_output=True, text=True,
                           env={**env, "PYTHONHASHSEED": "2"})
     assert done.stdout.split() == ["True", "1", "1"], done.stdout
+
+
+def test_estimate_says_to_the_api_what_the_cli_says_on_stderr():
+    """`estimate` says on stderr that a case naming no engine is priced as plain PyTorch runs it, and that a
+    mixture of experts' unstated routing is priced as forced balancing; Plan and Sizing carried their
+    notes, but the API's Estimate had none, so an orchestrator that estimated a plan's layout without its
+    engine was never told why the figures moved."""
+    layout = {"tp": 2, "micro_batch_size": 1}
+    unset = planner.estimate({**CASE, "layout": layout})
+    assert [n.split(": ", 1)[1][:36] for n in unset.notes] == ["training.engine is unset (or any): p"]
+    named = planner.estimate({**CASE, "layout": layout, "training": {**CASE["training"], "engine": "megatron"}})
+    assert named.notes == ()
+    moe = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+           "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"},
+           "layout": {"tp": 2, "ep": 8, "pp": 2, "micro_batch_size": 1, "sequence_parallel": True}}
+    assert any("moe_load_imbalance is unstated" in n for n in planner.estimate(moe).notes)
+    # the notes are beside the figures: the JSON (`estimate --json`'s) and equality are as before
+    assert "notes" not in unset.to_dict()
