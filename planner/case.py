@@ -137,9 +137,25 @@ def read_case(case: Any) -> tuple[Any, str, Path]:
     if isinstance(case, (str, os.PathLike)):
         if not os.fspath(case).strip():  # Path("") is the working directory: "'.' is a directory"
             raise CaseError("<case>", "", "expected a case file's path, got an empty one")
+        if isinstance(case, str) and _looks_like_text(case):
+            raise CaseError("<case>", "", "expected a case file's path or a dict in the case-file schema, got text that "
+                                          "names no file (YAML or JSON? parse it first: yaml.safe_load(text))")
         path = Path(case)
         return without_extensions(_parsed(path)), str(path), path.parent
     raise CaseError("<case>", "", f"expected a case-file path or a mapping, got {type(case).__name__}")
+
+
+def _looks_like_text(case: str) -> bool:
+    """Whether a string handed to the API as a case is a case's YAML or JSON text rather than a path: it
+    names no file, and holds a line break, opens a mapping or a list, or holds a key's ": ". Such a string
+    was taken for a path and refused as "<the whole text>: file not found" (past 255 bytes, "File name too
+    long"), naming nothing the API takes."""
+    if not ("\n" in case or case.lstrip()[:1] in ("{", "[") or ": " in case):
+        return False
+    try:
+        return not os.path.lexists(case)
+    except (OSError, ValueError):  # a NUL byte: the path's own refusal says so
+        return False
 
 
 # Top-level keys a case may hold and the planner ignores, as docker-compose ignores its "x-" keys: where

@@ -272,3 +272,18 @@ def test_estimate_says_to_the_api_what_the_cli_says_on_stderr():
     assert any("moe_load_imbalance is unstated" in n for n in planner.estimate(moe).notes)
     # the notes are beside the figures: the JSON (`estimate --json`'s) and equality are as before
     assert "notes" not in unset.to_dict()
+
+
+@pytest.mark.parametrize("text", ["model: {preset: llama3-8b}", "model:\n  preset: llama3-8b\ncluster: {gpu: b200}\n" * 20,
+                                  '{"model": {"preset": "llama3-8b"}}'])
+def test_a_case_given_as_yaml_or_json_text_is_refused_as_text_not_as_a_missing_file(text):
+    """A pipeline that reads its case from a config store hands over the text: it was taken for a path and
+    refused as "model: {preset: llama3-8b}: file not found" (or, past 255 bytes, "cannot be read (File
+    name too long)"), the whole text for the file's name and nothing of what the API takes."""
+    for call in (planner.estimate, planner.plan, lambda case: planner.size(case, "1T")):
+        with pytest.raises(planner.CaseError) as error:
+            call(text)
+        assert error.value.source == "<case>" and "yaml.safe_load" in error.value.expected
+        assert "file not found" not in str(error.value) and "too long" not in str(error.value)
+    with pytest.raises(planner.CaseError, match="file not found"):
+        planner.estimate("no-such-case.yaml")  # a path that names no file is still that
