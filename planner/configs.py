@@ -49,8 +49,8 @@ def _estimate_of(result: Any) -> Estimate:
     if isinstance(result, Plan):
         raise CaseError("plan", "best", "nothing fits, so there is no layout to write")
     # A Sizing's best (a SizeChoice) holds the layout's estimate, but which of its choices to write is the caller's.
-    hint = " (its best.estimate is one)" if isinstance(getattr(getattr(result, "best", None), "estimate", None),
-                                                      Estimate) else ""
+    hint = (" (its best.estimate is one)" if isinstance(getattr(getattr(result, "best", None), "estimate", None), Estimate)
+            else " (its estimate is one)" if isinstance(getattr(result, "estimate", None), Estimate) else "")
     raise CaseError("emit", "result", f"expected a Plan or an Estimate, got {type(result).__name__}{hint}")
 
 

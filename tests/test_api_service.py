@@ -287,3 +287,16 @@ def test_a_case_given_as_yaml_or_json_text_is_refused_as_text_not_as_a_missing_f
         assert "file not found" not in str(error.value) and "too long" not in str(error.value)
     with pytest.raises(planner.CaseError, match="file not found"):
         planner.estimate("no-such-case.yaml")  # a path that names no file is still that
+
+
+def test_emit_of_a_size_choice_says_which_of_its_fields_to_write(tmp_path):
+    """A Sizing handed to emit was told "(its best.estimate is one)"; its SizeChoice, the object a caller
+    holds after picking sizing.best or an alternative, was refused with no word of its .estimate."""
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"options": [{"gpu": "h100-sxm-80gb", "max_gpus": 64}]},
+            "training": {"global_batch_size": 64, "seq_len": 4096}, "search": {"target": "megatron"}}
+    sizing = planner.size(case, "100B")
+    with pytest.raises(planner.CaseError, match=r"got SizeChoice \(its estimate is one\)"):
+        planner.emit(sizing.best, "megatron", tmp_path / "run")
+    with pytest.raises(planner.CaseError, match=r"got Sizing \(its best.estimate is one\)"):
+        planner.emit(sizing, "megatron", tmp_path / "run")
+    assert planner.emit(sizing.best.estimate, "megatron", tmp_path / "run").paths
