@@ -26,8 +26,16 @@ class _Package(types.ModuleType):
     Any other submodule loads on first use too (``planner.learn.render``, as the docs write it)."""
 
     def __getattr__(self, name: str):
+        if name == "__version__":  # what `layout-planner --version` says, read when first asked (not at import)
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                self.__dict__[name] = version("layout-planner")
+            except PackageNotFoundError:  # run from a checkout that was never installed
+                self.__dict__[name] = "0+unknown"
+            return self.__dict__[name]
         if name.startswith("__"):
-            raise AttributeError(name)
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         try:
             return import_module(f".{name}", __name__)
         except ModuleNotFoundError as error:

@@ -300,3 +300,13 @@ def test_emit_of_a_size_choice_says_which_of_its_fields_to_write(tmp_path):
     with pytest.raises(planner.CaseError, match=r"got Sizing \(its best.estimate is one\)"):
         planner.emit(sizing, "megatron", tmp_path / "run")
     assert planner.emit(sizing.best.estimate, "megatron", tmp_path / "run").paths
+
+
+def test_the_package_says_its_version_as_the_cli_does():
+    """An orchestrator records what planned its runs: `layout-planner --version` said it, but
+    planner.__version__ raised AttributeError('__version__'), naming no module."""
+    from importlib.metadata import version
+
+    assert planner.__version__ == version("layout-planner")
+    with pytest.raises(AttributeError, match="module 'planner' has no attribute '__nope__'"):
+        planner.__nope__
