@@ -490,6 +490,38 @@ def test_deepspeed_reads_as_deepspeed_does_what_it_takes_and_refuses_what_it_ref
     assert result.estimate.job.training.precision == "bf16"
 
 
+@pytest.mark.parametrize("extra, refused", [
+    ({}, "gradient_clipping 1.0 (its default, where the file states none)"),
+    ({"gradient_clipping": 0.5}, "gradient_clipping 0.5: it requires gradient_clipping 0"),
+    ({"gradient_clipping": 0, "zero_optimization": {"stage": 2, "compute_grad_norm": False,
+                                                    "offload_optimizer": {"device": "cpu"}}},
+     "with the optimizer offloaded"),
+    ({"gradient_clipping": 0}, None),
+])
+def test_compute_grad_norm_false_is_held_to_what_the_zero_optimizer_takes(tmp_path, extra, refused):
+    """zero_optimization.compute_grad_norm false at stage 2 with gradient_clipping left at DeepSpeed's
+    default 1.0 (or any clip above 0), or with the optimizer offloaded, was diagnosed, exit 0, where
+    DeepSpeedZeroOptimizer.__init__ raises before the first step (deepspeed 0.19.8,
+    runtime/zero/stage_1_and_2.py: "compute_grad_norm=false requires gradient_clipping=0", "does not
+    support optimizer offload"); with clipping at 0 it runs."""
+    import inspect
+
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    source = inspect.getsource(DeepSpeedZeroOptimizer.__init__)
+    assert "if not compute_grad_norm and clip_grad > 0.0:" in source
+    assert "compute_grad_norm=false does not support optimizer offload" in source
+    base = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
+            "zero_optimization": {"stage": 2, "compute_grad_norm": False}}
+    path = _write_config(tmp_path, {**base, **extra})
+    if refused is None:
+        assert diagnose(CASE_8, config=path).estimate.job.layout.zero_stage == 2
+        return
+    with pytest.raises(CaseError) as error:
+        diagnose(CASE_8, config=path)
+    assert error.value.key == "zero_optimization.compute_grad_norm" and refused in error.value.expected, str(error.value)
+
+
 def test_a_micro_batch_option_is_held_to_the_one_deepspeed_derives_from_the_global_batch_alone(tmp_path,
                                                                                                monkeypatch):
     """train_batch_size alone: DeepSpeed runs one accumulation step of 64 / 8 = 8 a GPU

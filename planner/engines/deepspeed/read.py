@@ -277,6 +277,18 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
             raise CaseError(src, "zero_optimization.compute_grad_norm", "false: DeepSpeed refuses it for ZeRO stage 1 "
                                                                         "with bf16 parameters and fp32 gradient "
                                                                         "accumulation (runtime/engine.py)")
+        # DeepSpeedZeroOptimizer.__init__ (zero/stage_1_and_2.py) refuses it beside a clip above 0 (1.0 where
+        # the file states none, runtime/config.py) and beside an offloaded optimizer, as the engine builds it.
+        clip = config.get("gradient_clipping", 1.0)
+        if isinstance(clip, (int, float)) and clip > 0:
+            raise CaseError(src, "zero_optimization.compute_grad_norm",
+                            f"false: DeepSpeed's ZeRO optimizer refuses it beside gradient_clipping {clip}"
+                            f"{' (its default, where the file states none)' if 'gradient_clipping' not in config else ''}"
+                            ": it requires gradient_clipping 0 (runtime/zero/stage_1_and_2.py)")
+        if lay.offload_optimizer:
+            raise CaseError(src, "zero_optimization.compute_grad_norm",
+                            "false: DeepSpeed's ZeRO optimizer refuses it with the optimizer offloaded "
+                            "(runtime/zero/stage_1_and_2.py)")
     notes = [] if (clipping := clipping_note(path, config)) is None else [clipping]
     # (Not under a pipeline, whose engine turns overlap_comm off and reduces after the schedule drains,
     # engine.py; nor for the BF16_Optimizer, which takes no overlap_comm: the estimate prices neither
