@@ -1395,3 +1395,14 @@ def test_a_prefix_a_readonly_unexporting_declaration_names_is_the_variables_valu
     assert bash_connections(tmp_path, script) == ("32" if before.startswith("export") and refused != "unset"
                                                   else None)
     read_as_bash_does(tmp_path, script, refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("declaration", ["declare +x -x", "declare -x +x", "typeset +x -x", "declare +x -rx"])
+def test_declare_plus_x_unexports_whatever_the_order_of_its_options(tmp_path, declaration):
+    """`export CUDA_DEVICE_MAX_CONNECTIONS=32; declare +x -x CUDA_DEVICE_MAX_CONNECTIONS` before a tp 2 launch on
+    H100 was read as passing 32 (the last option won), where bash 5.2 takes the export attribute off whatever
+    the order (declare.c sets the -x attributes on, then takes the +x ones off): the training gets nothing."""
+    script = f"#!/bin/bash\nexport {CONNECTIONS}=32\n{declaration} {CONNECTIONS}\n{TRAIN}\n"
+    assert bash_connections(tmp_path, script, caller="1") is None
+    read_as_bash_does(tmp_path, script, "unset")

@@ -206,6 +206,12 @@ class _Commands(_Expander):
         if command == "export" and any(t.kind == "word" and t.text.startswith("-") and "n" in t.text
                                        for t in rest[1:]):
             exported = False  # export -n: the names leave the environment (bash's help export), they stay set
+        elif any(t.kind == "word" and t.text.startswith("+") and "x" in t.text for t in rest[1:]):
+            # declare +x takes the export attribute off whatever the order: bash sets the -x attributes on,
+            # then takes the +x ones off (declare.c), so `declare +x -x X` leaves X unexported
+            exported = False
+        elif any(t.kind == "word" and t.text.startswith("-") and "x" in t.text for t in rest[1:]):
+            exported = True  # declare -x, before any name it exports
         elif any(t.kind == "word" and t.text.startswith("-") and "n" in t.text for t in rest[1:]):
             self.note(f"{command} -n (a name reference) is not followed: its name reads as a variable of its own")
         declared = [_ASSIGNMENT.match(t.text).group(1) if t.kind == "array" or _is_assignment(t.text) else t.text
@@ -253,8 +259,7 @@ class _Commands(_Expander):
                     self.make_array(name)
                 touched.append(name)
             elif tok.text.startswith(("-", "+")):
-                if "x" in tok.text:  # declare -x exports, declare +x takes the export attribute off
-                    exported = tok.text.startswith("-")
+                pass  # the options, read above
             else:
                 for name in self.fields(tok.text, _Ctx(), command):
                     touched.append(name)
