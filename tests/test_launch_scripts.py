@@ -1406,3 +1406,15 @@ def test_declare_plus_x_unexports_whatever_the_order_of_its_options(tmp_path, de
     script = f"#!/bin/bash\nexport {CONNECTIONS}=32\n{declaration} {CONNECTIONS}\n{TRAIN}\n"
     assert bash_connections(tmp_path, script, caller="1") is None
     read_as_bash_does(tmp_path, script, "unset")
+
+
+@needs_bash
+@pytest.mark.parametrize("unexport", ["export -n", "declare +x", "typeset +x"])
+def test_unexporting_a_value_set_without_export_takes_the_callers_export_away_too(tmp_path, unexport):
+    """`CUDA_DEVICE_MAX_CONNECTIONS=32; export -n CUDA_DEVICE_MAX_CONNECTIONS` before a tp 2 launch on H100 was
+    read as passing 32 where the caller exports the name (the value set without export kept its "exported
+    where the caller exported it"), where bash takes the export attribute the variable inherited away: the
+    training gets nothing, whatever the caller exported."""
+    script = f"#!/bin/bash\n{CONNECTIONS}=32\n{unexport} {CONNECTIONS}\n{TRAIN}\n"
+    assert bash_connections(tmp_path, script, caller="1") is None
+    read_as_bash_does(tmp_path, script, "unset")

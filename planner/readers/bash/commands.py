@@ -268,9 +268,11 @@ class _Commands(_Expander):
                     if var is None and exported is not None and scope is not None:
                         # `export X`, `export -n X` of an unset local: the attribute a later X=32 keeps
                         (scope.exported.add if exported else scope.exported.discard)(name)
-                    if var is not None and exported is not None and var.exported != exported:
+                    if var is not None and exported is not None and (var.exported != exported or var.inherited):
                         # A new _Var, not the shared one changed in place: a subshell's copy of the
-                        # variables shares them, and `( export X )` must not export the parent's X.
+                        # variables shares them, and `( export X )` must not export the parent's X. One
+                        # exported only where the caller exported it (X=5) is decided either way now:
+                        # `X=5; export -n X` passes nothing, whatever the caller exported.
                         self.vars[name] = replace(var, exported=exported, inherited=False)
         if exported is False:
             # export -n X, declare +x X: the script's X, the one a caller's exported X became as bash started,
