@@ -1418,3 +1418,35 @@ def test_unexporting_a_value_set_without_export_takes_the_callers_export_away_to
     script = f"#!/bin/bash\n{CONNECTIONS}=32\n{unexport} {CONNECTIONS}\n{TRAIN}\n"
     assert bash_connections(tmp_path, script, caller="1") is None
     read_as_bash_does(tmp_path, script, "unset")
+
+
+def read_as_bash_gives(tmp_path: Path, script: str):
+    """:func:`read_as_bash_does`, refused exactly as real bash (its caller exporting 1) gives the training
+    another value: naming the value it gives, or "unset"."""
+    given = bash_connections(tmp_path, script, caller="1")
+    read_as_bash_does(tmp_path, script, None if given == "1" else "unset" if given is None else repr(given))
+
+
+@needs_bash
+@pytest.mark.parametrize("before", ["", f"export {CONNECTIONS}=1\n", f"{CONNECTIONS}=5\n"])
+@pytest.mark.parametrize("declaration", ["declare -r +x", "declare +x", "local -r +x", "local +x -x", "declare -r",
+                                         "local", "declare -x", "local -a", "declare -gr +x", "declare -gx"])
+@pytest.mark.parametrize("where", ["in", "after"])
+def test_a_prefix_a_functions_declaration_names_is_the_local_it_makes(tmp_path, before, declaration, where):
+    """Inside a function, `CUDA_DEVICE_MAX_CONNECTIONS=32 declare -r +x CUDA_DEVICE_MAX_CONNECTIONS` before a tp 2
+    launch on H100 was refused as passing 32, where bash passes the exported global's 1: the declaration makes
+    a local of the temporary variable (value 32, exported but for +x, an empty array under -a), the global
+    left as it was; under -g it works on the global, and the temporary goes with the command. Real bash is the
+    oracle, in the function and after it returns."""
+    call = f"f() {{ {CONNECTIONS}=32 {declaration} {CONNECTIONS}; {TRAIN if where == 'in' else ':'}; }}\nf\n"
+    read_as_bash_gives(tmp_path, f"#!/bin/bash\n{before}{call}{TRAIN if where == 'after' else ''}\n")
+
+
+@needs_bash
+@pytest.mark.parametrize("declaration", ["declare -gx", "declare -g +x", "declare -gr"])
+def test_a_prefix_of_a_global_declaration_goes_with_the_command(tmp_path, declaration):
+    """`export CUDA_DEVICE_MAX_CONNECTIONS=1; CUDA_DEVICE_MAX_CONNECTIONS=32 declare -gx CUDA_DEVICE_MAX_CONNECTIONS`
+    was read as passing 32, where declare -g works on the global itself (bash 5.2): it passes 1 (and +x takes
+    the global's export off)."""
+    read_as_bash_gives(tmp_path, f"#!/bin/bash\nexport {CONNECTIONS}=1\n{CONNECTIONS}=32 {declaration} {CONNECTIONS}\n"
+                                 f"{TRAIN}\n")

@@ -70,21 +70,26 @@ class _Commands(_Expander):
         it, readonly's too (the temporary environment's variables are exported, and the attribute
         propagates with them); a prefix the declaration does not name stays the command's alone. ``X=32
         export -n X`` (or ``declare +x X``) takes the export from the temporary X alone, which goes with the
-        command: X is as before it, the caller's exported 1 still passed (bash 5.2). The declaration's words,
-        less the names it so leaves alone."""
+        command: X is as before it, the caller's exported 1 still passed (bash 5.2). ``declare -g`` works on
+        the global itself, the temporary X left to go with the command (``X=32 declare -gx X`` exports the
+        X there was). In a function, a local the declaration makes takes the prefix's value (see
+        :meth:`declare_prefixed_locals`). The declaration's words, less the names it so leaves alone."""
         options = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("-"))
         unexporting = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("+")) \
             if rest[0].text in ("declare", "typeset") else ""
         prefixed = {_ASSIGNMENT.match(t.text).group(1) for t in assignments if t.kind != "array"}
+        if rest[0].text in ("declare", "typeset") and "g" in options:
+            return rest
+        if self.frames and rest[0].text in ("declare", "typeset", "local"):
+            return self.declare_prefixed_locals(assignments, rest, prefixed)
         if "r" not in options and ((rest[0].text == "export" and "n" in options) or "x" in unexporting):
             return [rest[0], *(t for t in rest[1:] if not (t.kind == "word" and t.text in prefixed))]
-        if "x" in unexporting and "g" not in options and not self.frames:
+        if "x" in unexporting:
             # X=32 declare -r +x X: the readonly temporary's value carries into the global past the command,
             # its export attribute dropped by +x (which wins over a -x: declare sets the attributes on, then
             # takes those off), the temporary's attributes added to the global's (variables.c,
             # push_temp_var), so the global is 32 with the export it had: exported where it was, or where
-            # the caller exported the name if the script left that undecided (bash 5.2). declare -g works
-            # on the global itself, and leaves the temporary to go with the command.
+            # the caller exported the name if the script left that undecided (bash 5.2).
             for tok in assignments:
                 if tok.kind != "array" and _ASSIGNMENT.match(tok.text).group(1) in {
                         t.text for t in rest[1:] if t.kind == "word"}:
@@ -97,6 +102,25 @@ class _Commands(_Expander):
             if tok.kind != "array" and _ASSIGNMENT.match(tok.text).group(1) in named:
                 self.assign(tok, exported=True)
         return rest
+
+    def declare_prefixed_locals(self, assignments: Sequence[_Tok], rest: list[_Tok], prefixed: set) -> list[_Tok]:
+        """``X=32 local X`` (``declare X`` in a function, with any options but -g): the local bash makes is the
+        temporary X itself, its value 32 and exported, unless +x takes that off (variables.c,
+        make_local_variable finds the temporary variable), and the global is left as it was: ``export X=1;
+        f() { X=32 declare -r +x X; torchrun; }`` passes 1. Such names are declared here, with the prefix's
+        value where the declaration gives none, as by ``local -x``; the declaration's other words returned."""
+        named = [t for t in rest[1:] if t.kind == "word" and (_NAME.fullmatch(t.text) or _is_assignment(t.text))
+                 and _declared_name(t) in prefixed]
+        if not named:
+            return rest
+        options = [t for t in rest[1:] if t.kind == "word" and t.text.startswith(("-", "+")) and t.text != "--"]
+        # local -a X of the temporary X: an empty array (bash 5.2), which no started command gets
+        arrays = any(set("aA") & set(t.text) for t in options if t.text.startswith("-"))
+        values = {_declared_name(t): _Tok("array", f"{_declared_name(t)}=()", t.start, t.end) if arrays else t
+                  for t in assignments if t.kind != "array"}
+        exporting = _Tok("word", "-x", rest[0].start, rest[0].end)  # +x, where given, wins over it
+        self.declare([rest[0], *options, exporting, *(values[t.text] if _NAME.fullmatch(t.text) else t for t in named)])
+        return [t for t in rest if all(t is not n for n in named)]
 
     def environment(self, assignments: list[_Tok], fields: Sequence[str] = ()) -> tuple[tuple[str, Optional[str], bool], ...]:
         """The scalar variables a started command's environment holds from the script: the exported
@@ -214,8 +238,7 @@ class _Commands(_Expander):
             exported = True  # declare -x, before any name it exports
         elif any(t.kind == "word" and t.text.startswith("-") and "n" in t.text for t in rest[1:]):
             self.note(f"{command} -n (a name reference) is not followed: its name reads as a variable of its own")
-        declared = [_ASSIGNMENT.match(t.text).group(1) if t.kind == "array" or _is_assignment(t.text) else t.text
-                    for t in rest[1:] if not t.text.startswith(("-", "+"))]
+        declared = [_declared_name(t) for t in rest[1:] if not t.text.startswith(("-", "+"))]
         options = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("-"))
         if "i" in options:
             self.integers.update(declared)
@@ -224,8 +247,7 @@ class _Commands(_Expander):
         touched: list[str] = []  # the names it sets or changes
         for tok in rest[1:]:
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
-                name = _ASSIGNMENT.match(tok.text).group(1) if tok.kind == "array" or _is_assignment(tok.text) \
-                    else tok.text
+                name = _declared_name(tok)
                 if name not in self.frames[-1]:
                     # A new local takes the export attribute of the variable it hides, the caller's unset
                     # local's too, unless local -x or +x decides it (bash's variables.c, make_local_variable:
@@ -732,6 +754,11 @@ def _setting(name: str, var: _Var) -> tuple[str, Optional[str], bool, bool]:
     if isinstance(var.value, list):
         return name, None, True, False
     return name, var.value, not var.deps, var.inherited and not var.exported
+
+
+def _declared_name(tok: _Tok) -> str:
+    """The name a declaration's word declares: NAME of NAME=value (or NAME=(...)), else the word."""
+    return _ASSIGNMENT.match(tok.text).group(1) if tok.kind == "array" or _is_assignment(tok.text) else tok.text
 
 
 def _is_assignment(text: str) -> bool:
