@@ -1450,3 +1450,16 @@ def test_a_prefix_of_a_global_declaration_goes_with_the_command(tmp_path, declar
     the global's export off)."""
     read_as_bash_gives(tmp_path, f"#!/bin/bash\nexport {CONNECTIONS}=1\n{CONNECTIONS}=32 {declaration} {CONNECTIONS}\n"
                                  f"{TRAIN}\n")
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f'V="7  8"\n{CONNECTIONS}=(a "b  c" $V) {TRAIN}\n', "'(a b  c 7  8)'"),  # the string of the words, as bash has it
+    (f"f() {{ {TRAIN}; }}\n{CONNECTIONS}=(4 5) f\n", "'(4 5)'"),  # a function call's prefix too
+    (f"{CONNECTIONS}=(4 5) export {CONNECTIONS}\n{TRAIN}\n", "'(4 5)'"),  # ... and one an export carries past it
+])
+def test_an_array_prefix_of_a_command_is_the_string_of_its_words(tmp_path, setting, refused):
+    """`CUDA_DEVICE_MAX_CONNECTIONS=(4 5) torchrun ...` was read as passing nothing of the prefix (the caller's 1
+    kept: no refusal), where bash puts the string "(4 5)" in the command's environment (parse.y joins the
+    compound assignment's words, which the temporary environment takes as a string)."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting, refused)

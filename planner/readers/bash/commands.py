@@ -40,6 +40,8 @@ class _Commands(_Expander):
             # a declaration's NAME=value words too: `set -k; export X=32` exports nothing (bash's
             # separate_out_assignments takes them before it looks at the command's name)
             assignments, rest = _keyword_assignments(assignments, rest)
+        if rest:
+            assignments = [_prefix_string(tok) for tok in assignments]
         if not rest:
             for tok in assignments:
                 self.assign(tok)
@@ -735,6 +737,16 @@ def _keyword_assignments(assignments: Sequence[_Tok], rest: list[_Tok]) -> tuple
     The Set Builtin: -k)."""
     moved = [tok for tok in rest[1:] if tok.kind == "word" and _is_assignment(tok.text)]
     return [*assignments, *moved], [rest[0], *(tok for tok in rest[1:] if all(tok is not m for m in moved))]
+
+
+def _prefix_string(tok: _Tok) -> _Tok:
+    """A command's ``NAME=(a "b c")`` prefix as bash reads it: no array, the string of its words joined by a
+    space, in parentheses, expanded as an assignment's value is (``(a b c)``: parse.y's
+    parse_compound_assignment joins the words, the temporary environment takes the string); another as it is."""
+    if tok.kind != "array":
+        return tok
+    head = tok.text[:tok.text.index("=") + 1]
+    return _Tok("word", f"{head}({' '.join(tok.elements)})", tok.start, tok.end)
 
 
 def _without_builtin_prefix(rest: list[_Tok]) -> list[_Tok]:
