@@ -1463,3 +1463,17 @@ def test_an_array_prefix_of_a_command_is_the_string_of_its_words(tmp_path, setti
     kept: no refusal), where bash puts the string "(4 5)" in the command's environment (parse.y joins the
     compound assignment's words, which the temporary environment takes as a string)."""
     read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting, refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"set -k\nexport {CONNECTIONS}=(4 5)\n{TRAIN}\n", None),  # the export's own environment, gone after it
+    (f"set -k\nexport {CONNECTIONS}=32 B=(4 5)\n{TRAIN}\n", None),
+    (f"set -k\nexport {CONNECTIONS} {CONNECTIONS}=(4 5)\n{TRAIN}\n", "'(4 5)'"),  # kept where it exports the name
+    (f"set -k\ndeclare -a {CONNECTIONS}=(4 5)\n{TRAIN}\n", None),
+])
+def test_under_set_k_a_declarations_array_words_are_its_environment(tmp_path, setting, refused):
+    """`set -k; export CUDA_DEVICE_MAX_CONNECTIONS=(4 5)` was read as making the name an array (refused as unset
+    in the training's environment), where under -k bash takes every assignment word out of the command's
+    arguments, an array's too, into the declaration's own temporary environment: nothing is set after it."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting, refused)

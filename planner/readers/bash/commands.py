@@ -734,8 +734,8 @@ def _parse(text: str, line_of):
 def _keyword_assignments(assignments: Sequence[_Tok], rest: list[_Tok]) -> tuple[list[_Tok], list[_Tok]]:
     """Under ``set -k`` (``-o keyword``) every word after the command name in the form of an assignment is
     one of the command's ``NAME=value`` prefixes, taken out of its arguments (Bash Reference Manual, 4.3.1
-    The Set Builtin: -k)."""
-    moved = [tok for tok in rest[1:] if tok.kind == "word" and _is_assignment(tok.text)]
+    The Set Builtin: -k), a declaration's ``NAME=(...)`` too (``set -k; export A=(1 2)`` sets nothing)."""
+    moved = [tok for tok in rest[1:] if tok.kind == "array" or (tok.kind == "word" and _is_assignment(tok.text))]
     return [*assignments, *moved], [rest[0], *(tok for tok in rest[1:] if all(tok is not m for m in moved))]
 
 
