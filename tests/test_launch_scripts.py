@@ -18,6 +18,7 @@ import yaml
 
 from cli_in_process import run_cli
 from planner.diagnose import diagnose
+from planner.engines.megatron.launch import environment_value
 from planner.errors import CaseError
 from planner.readers.bash import read_script
 
@@ -1477,3 +1478,23 @@ def test_under_set_k_a_declarations_array_words_are_its_environment(tmp_path, se
     in the training's environment), where under -k bash takes every assignment word out of the command's
     arguments, an array's too, into the declaration's own temporary environment: nothing is set after it."""
     read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting, refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, exported", [
+    (f"export {CONNECTIONS}\n{CONNECTIONS}=32\n", True),  # exported before it had a value
+    (f"declare -x {CONNECTIONS}\n{CONNECTIONS}=32\n", True),
+    (f"f() {{ export {CONNECTIONS}; }}\nf\n{CONNECTIONS}=32\n", True),
+    (f"export {CONNECTIONS}\nunset {CONNECTIONS}\n{CONNECTIONS}=32\n", False),  # the unset takes the attribute too
+    (f"( export {CONNECTIONS} )\n{CONNECTIONS}=32\n", False),  # a subshell's export is its own
+])
+def test_a_name_exported_before_it_is_set_passes_the_value_it_is_given(tmp_path, setting, exported):
+    """`export CUDA_DEVICE_MAX_CONNECTIONS` then `CUDA_DEVICE_MAX_CONNECTIONS=32`, the caller exporting nothing,
+    was read as passing 32 only where the caller exports the name, where bash keeps the export attribute on the
+    unset variable, so the training gets 32 whatever the caller did. Real bash is the oracle."""
+    script = f"#!/bin/bash\n{setting}{TRAIN}\n"
+    assert bash_connections(tmp_path, script) == ("32" if exported else None)
+    read_as_bash_gives(tmp_path, script)
+    launch = [c for c in read_script(script, "train.sh").commands if c.fields[0] == "torchrun"][0]
+    assert environment_value(launch.environment, CONNECTIONS) == (
+        ("32", True, False) if exported else (None, True, False) if "unset" in setting else ("32", True, True))

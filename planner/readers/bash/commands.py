@@ -190,6 +190,7 @@ class _Commands(_Expander):
         if scope is None:
             self.vars.pop(name, None)
             self.cleared.add(name)
+            self.exported_unset.discard(name)  # its attributes go with it
         elif scope is self.frames[-1] and name not in scope.temporary:
             self.vars.pop(name, None)
             scope.exported.discard(name)  # bash's makunbound: the unset local keeps att_local alone
@@ -289,9 +290,10 @@ class _Commands(_Expander):
                     touched.append(name)
                     var = self.vars.get(name)
                     scope = next((frame for frame in reversed(self.frames) if name in frame), None)
-                    if var is None and exported is not None and scope is not None:
-                        # `export X`, `export -n X` of an unset local: the attribute a later X=32 keeps
-                        (scope.exported.add if exported else scope.exported.discard)(name)
+                    if var is None and exported is not None:
+                        # `export X`, `export -n X` of an unset local (or global): the attribute a later X=32 keeps
+                        held = self.exported_unset if scope is None else scope.exported
+                        (held.add if exported else held.discard)(name)
                     if var is not None and exported is not None and (var.exported != exported or var.inherited):
                         # A new _Var, not the shared one changed in place: a subshell's copy of the
                         # variables shares them, and `( export X )` must not export the parent's X. One

@@ -149,15 +149,16 @@ class _Shell(_Commands):
 
     def subshell(self, run: Callable[[], _Status]) -> _Status:
         saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch,
-                 set(self.cleared), [frame.copy() for frame in self.frames], self.allexport, self.lastpipe, self.keyword)
+                 set(self.cleared), set(self.exported_unset), [frame.copy() for frame in self.frames], self.allexport,
+                 self.lastpipe, self.keyword)
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()
         except _Exit as leaving:  # `(exit 1) || TP=4`: a status the script states is known
             return leaving.status or _Status(None, True, reason="a subshell that exits")
         finally:
-            (self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, frames,
-             self.allexport, self.lastpipe, self.keyword) = saved
+            (self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, self.exported_unset,
+             frames, self.allexport, self.lastpipe, self.keyword) = saved
             self.frames[:] = frames  # the list itself: a call the subshell is in pops its own frame off it
 
     def run_command(self, node) -> _Status:

@@ -110,6 +110,9 @@ class _State:
         # the caller's environment held for them is gone from what the script starts, so a started command's
         # environment decidedly lacks them unless the script exports them again.
         self.cleared: set[str] = set()
+        # Names `export X` (declare -x X) exported while unset, outside any call's locals: the value a later
+        # X=32 gives them is exported (bash keeps the attribute on the unset variable), whatever the caller had.
+        self.exported_unset: set[str] = set()
         self.integers: set[str] = set()  # declare -i: an assignment's value is evaluated as arithmetic
         self.letter_cases: dict[str, str] = {}  # declare -u / -l: "u" or "l", the case its values are stored in
         self.in_condition = 0
@@ -254,10 +257,11 @@ class _State:
                                size, self.generation, self.inherits_export(name, old, exported))
 
     def unset_local_exported(self, name: str) -> bool:
-        """Whether ``name``, unset, is a function's local (``local X`` without a value) that holds the export
-        attribute: the innermost call that made it local, which an assignment now sets, has it exported."""
+        """Whether ``name``, unset, holds the export attribute, which an assignment now keeps: a function's local
+        (``local X`` without a value) the innermost call that made it local has exported, or a global ``export
+        X`` exported before it had a value (``export X; X=32`` passes 32)."""
         scope = next((frame for frame in reversed(self.frames) if name in frame), None)
-        return scope is not None and name in scope.exported
+        return name in (self.exported_unset if scope is None else scope.exported)
 
     def inherits_export(self, name: str, old: Optional[_Var], exported: Optional[bool]) -> bool:
         """Whether ``name``, set now without ``export`` or ``+x`` (``exported`` None), is exported exactly where
