@@ -1498,3 +1498,27 @@ def test_a_name_exported_before_it_is_set_passes_the_value_it_is_given(tmp_path,
     launch = [c for c in read_script(script, "train.sh").commands if c.fields[0] == "torchrun"][0]
     assert environment_value(launch.environment, CONNECTIONS) == (
         ("32", True, False) if exported else (None, True, False) if "unset" in setting else ("32", True, True))
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f'setenv() {{ export "$1=$2"; }}\nsetenv {CONNECTIONS} 32\n', "'32'"),
+    (f'ENVS=({CONNECTIONS}=32 TORCH_NCCL_AVOID_RECORD_STREAMS=1)\nexport "${{ENVS[@]}}"\n', "'32'"),
+    (f'S="{CONNECTIONS}=1"\nexport $S\n', None),
+    (f'f() {{ declare -gx "{CONNECTIONS}=$1"; }}\nf 32\n', "'32'"),
+])
+def test_a_declarations_expanded_assignment_words_assign(tmp_path, setting, refused):
+    """`setenv() { export "$1=$2"; }; setenv CUDA_DEVICE_MAX_CONNECTIONS 32` (or `export "${ENVS[@]}"`) was read
+    as leaving the variable to the caller, where bash expands the builtin's words first and assigns each that
+    reads NAME=value: the training gets 32."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused)
+
+
+def test_a_declarations_expanded_value_is_not_expanded_twice_and_keeps_what_it_read():
+    """The value an expanded word gives is the value (a $ in it stays), and one that read a variable the
+    script does not set is not decided."""
+    script = ("#!/bin/bash\nV='$HOME'\nexport \"X=$V\"\nexport \"Y=$UNSET\"\n"
+              "torchrun --nproc_per_node 8 pretrain_gpt.py\n")
+    launch = read_script(script, "t.sh").commands[0]
+    assert environment_value(launch.environment, "X") == ("$HOME", True, False)
+    assert environment_value(launch.environment, "Y") == ("", False, False)

@@ -205,6 +205,37 @@ class _Commands(_Expander):
                 self.vars[name] = hidden
 
     def declare(self, rest: list[_Tok]) -> _Status:
+        rest, read = self.expanded_declaration(rest)
+        status = self.declared(rest)
+        for name, deps in read.items():  # what the values owe to what the script does not set
+            var = self.vars.get(name)
+            if var is not None:
+                self.vars[name] = replace(var, deps=tuple({**dict(var.deps), **deps}.items()))
+        return status
+
+    def expanded_declaration(self, rest: list[_Tok]) -> tuple[list[_Tok], dict]:
+        """The declaration's words, each that is neither an option, a name nor an assignment as written expanded
+        first, as bash does before the builtin reads them: ``export "$1=$2"``, ``export "${ENVS[@]}"`` assign
+        (an expanded NAME=value word is quoted, so that it is not expanded twice; one that is no name, which
+        bash refuses, dropped); and the variables each such value read that the script does not set."""
+        words, read = [rest[0]], {}
+        for tok in rest[1:]:
+            if tok.kind != "word" or tok.text.startswith(("-", "+")) or _NAME.fullmatch(tok.text) \
+                    or _is_assignment(tok.text):
+                words.append(tok)
+                continue
+            ctx = _Ctx()
+            for field in self.fields(tok.text, ctx, rest[0].text):
+                if _is_assignment(field):
+                    name, value = field.split("=", 1)
+                    words.append(_Tok("word", f"{name}=" + "'" + value.replace("'", "'\\''") + "'", tok.start, tok.end))
+                    if ctx.deps:
+                        read[name.rstrip("+")] = ctx.deps
+                elif _NAME.fullmatch(field):
+                    words.append(_Tok("word", field, tok.start, tok.end))
+        return words, read
+
+    def declared(self, rest: list[_Tok]) -> _Status:
         command = rest[0].text
         exported = True if command == "export" else None
         if command == "local" and not self.frames:  # bash: "can only be used in a function", nothing set
