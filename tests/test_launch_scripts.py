@@ -1522,3 +1522,12 @@ def test_a_declarations_expanded_value_is_not_expanded_twice_and_keeps_what_it_r
     launch = read_script(script, "t.sh").commands[0]
     assert environment_value(launch.environment, "X") == ("$HOME", True, False)
     assert environment_value(launch.environment, "Y") == ("", False, False)
+
+
+@needs_bash
+def test_read_of_a_here_string_into_one_name_takes_the_whole_line(tmp_path):
+    """`read -r EXTRA <<< "  --lr 1e-4  --bf16  "` was read as EXTRA=--lr (re.split's maxsplit 0 is no limit),
+    where bash gives the one name the line, its leading and trailing blanks stripped: "--lr 1e-4  --bf16"."""
+    script = '#!/bin/bash\nread -r EXTRA <<< "  --lr 1e-4  --bf16  "\ntorchrun pretrain_gpt.py "$EXTRA"\n'
+    assert bash_words(tmp_path, script) == [["pretrain_gpt.py", "--lr 1e-4  --bf16"]]
+    assert launched(script) == ["pretrain_gpt.py", "--lr 1e-4  --bf16"]

@@ -512,7 +512,8 @@ class _Commands(_Expander):
         line = text.split("\n", 1)[0].strip(" \t")
         # on IFS's default whitespace alone, space and tab (the newline ended the line): str.split() would
         # also split on \r, \v, \f, which bash keeps in a field
-        fields = re.split(r"[ \t]+", line, maxsplit=len(names) - 1) if line else []
+        # (maxsplit 0 is no limit to re.split: one name takes the whole line)
+        fields = (re.split(r"[ \t]+", line, maxsplit=len(names) - 1) if len(names) > 1 else [line]) if line else []
         for k, target in enumerate(names):
             value = fields[k] if k < len(fields) else ""
             self.set_var(target, value.rstrip(" \t") if k == len(names) - 1 else value, {})
