@@ -1531,3 +1531,15 @@ def test_read_of_a_here_string_into_one_name_takes_the_whole_line(tmp_path):
     script = '#!/bin/bash\nread -r EXTRA <<< "  --lr 1e-4  --bf16  "\ntorchrun pretrain_gpt.py "$EXTRA"\n'
     assert bash_words(tmp_path, script) == [["pretrain_gpt.py", "--lr 1e-4  --bf16"]]
     assert launched(script) == ["pretrain_gpt.py", "--lr 1e-4  --bf16"]
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"{CONNECTIONS}=32 eval '{TRAIN}'\n", "'32'"),  # the eval's prefix is its commands' environment
+    (f"{CONNECTIONS}=32 eval 'true'\n{TRAIN}\n", None),  # ... for the eval alone
+    (f"{CONNECTIONS}=32 eval 'export {CONNECTIONS}'\n{TRAIN}\n", None),
+])
+def test_an_evals_prefix_is_the_environment_of_what_it_runs(tmp_path, setting, refused):
+    """`CUDA_DEVICE_MAX_CONNECTIONS=32 eval 'torchrun ...'` was read as passing the caller's 1, the prefix dropped,
+    where bash puts it in the temporary environment the eval's commands run in (and drops it after)."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting, refused)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import ast
 import re
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ...errors import one_line
 from ...limits import MAX_EXPANDED_CHARS
@@ -140,24 +141,33 @@ class _Commands(_Expander):
             var = self.exported_var(name) or self.inherited_var(name)
             if var is not None:
                 held[name] = var
+        with self.prefixes_set(assignments, lambda name: held.__setitem__(name, self.vars[name])):
+            pass
+        return tuple(_setting(name, var) for name, var in held.items()) + tuple(
+            (name, None, True, False) for name in sorted(self.cleared) if name not in held)
+
+    @contextmanager
+    def prefixes_set(self, assignments: Sequence[_Tok], each: Callable[[str], None] = lambda name: None):
+        """A command's ``NAME=value`` prefixes set, exported, while it runs (bash's temporary environment; ``each``
+        told each name as it is set, one bash cannot expand ending them), what they hid put back after: ``X=2
+        eval 'torchrun ...'`` passes X=2, and X is as before it after."""
         names = [_ASSIGNMENT.match(tok.text).group(1) for tok in assignments if tok.kind != "array"]
         saved = {name: self.vars.get(name) for name in names}
         try:
-            for tok in assignments:
-                if tok.kind != "array":
-                    self.assign(tok, exported=True)
-                    name = _ASSIGNMENT.match(tok.text).group(1)
-                    held[name] = self.vars[name]
-        except _ExpansionError:
-            pass
+            try:
+                for tok in assignments:
+                    if tok.kind != "array":
+                        self.assign(tok, exported=True)
+                        each(_ASSIGNMENT.match(tok.text).group(1))
+            except _ExpansionError:
+                pass
+            yield
         finally:
             for name, var in saved.items():
                 if var is None:
                     self.vars.pop(name, None)
                 else:
                     self.vars[name] = var
-        return tuple(_setting(name, var) for name, var in held.items()) + tuple(
-            (name, None, True, False) for name in sorted(self.cleared) if name not in held)
 
     def inherited_var(self, name: str) -> Optional[_Var]:
         """The script's ``name`` where no exported one is passed but the caller's environment may have
@@ -438,7 +448,8 @@ class _Commands(_Expander):
             if "s" in letters or "u" in letters:
                 self.nocasematch = letters.rfind("s") > letters.rfind("u")
         if name == "eval" and not ctx.deps:
-            return self.eval_string(" ".join(args))
+            with self.prefixes_set(assignments):
+                return self.eval_string(" ".join(args))
         if name in ("source", ".", "eval", "trap"):
             return self.not_followed(name, fields, node)
         if name in self.funcs:
