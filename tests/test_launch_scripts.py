@@ -1543,3 +1543,15 @@ def test_an_evals_prefix_is_the_environment_of_what_it_runs(tmp_path, setting, r
     """`CUDA_DEVICE_MAX_CONNECTIONS=32 eval 'torchrun ...'` was read as passing the caller's 1, the prefix dropped,
     where bash puts it in the temporary environment the eval's commands run in (and drops it after)."""
     read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting, refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("body, refused", [
+    (f"local -x {CONNECTIONS}=32; local {CONNECTIONS}; {TRAIN}", "'32'"),  # the second local keeps the first's 32
+    (f"local {CONNECTIONS}=32; local {CONNECTIONS}; {CONNECTIONS}+=0; {TRAIN}", "'320'"),
+])
+def test_a_second_local_of_a_name_keeps_the_value_the_call_gave_it(tmp_path, body, refused):
+    """`f() { local -x CUDA_DEVICE_MAX_CONNECTIONS=32; local CUDA_DEVICE_MAX_CONNECTIONS; torchrun ...; }` was read
+    as passing the exported global's 1 (the second local unset the first), where bash's local of a name the
+    call already made local changes nothing of its value: the training gets 32."""
+    read_as_bash_does(tmp_path, f"#!/bin/bash\nexport {CONNECTIONS}=1\nf() {{ {body}; }}\nf\n", refused)

@@ -292,7 +292,8 @@ class _Commands(_Expander):
         for tok in rest[1:]:
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
                 name = _declared_name(tok)
-                if name not in self.frames[-1]:
+                new = name not in self.frames[-1]  # not yet this call's (X=9 f's X is: kept, as bash keeps it)
+                if new:
                     # A new local takes the export attribute of the variable it hides, the caller's unset
                     # local's too, unless local -x or +x decides it (bash's variables.c, make_local_variable:
                     # "new_var->attributes = exported_p (old_var) ? att_exported : 0"): `export X=1;
@@ -302,8 +303,8 @@ class _Commands(_Expander):
                             hidden.exported if hidden is not None else self.unset_local_exported(name)):
                         self.frames[-1].exported.add(name)
                 self.frames[-1].setdefault(name, self.vars.get(name))
-                if not (tok.kind == "array" or _is_assignment(tok.text)) and name not in self.frames[-1].temporary:
-                    self.vars.pop(name, None)  # `local X`: unset inside the call (X=9 f's X: kept, as bash keeps it)
+                if new and not (tok.kind == "array" or _is_assignment(tok.text)):
+                    self.vars.pop(name, None)  # `local X`: unset inside the call; a second `local X` keeps its value
             if tok.kind == "array" or _is_assignment(tok.text):
                 name = _ASSIGNMENT.match(tok.text).group(1)
                 hidden = next((frame for frame in self.frames if name in frame), None) if global_ else None
