@@ -1555,3 +1555,16 @@ def test_a_second_local_of_a_name_keeps_the_value_the_call_gave_it(tmp_path, bod
     as passing the exported global's 1 (the second local unset the first), where bash's local of a name the
     call already made local changes nothing of its value: the training gets 32."""
     read_as_bash_does(tmp_path, f"#!/bin/bash\nexport {CONNECTIONS}=1\nf() {{ {body}; }}\nf\n", refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"{CONNECTIONS}=1 V=32\nexport {CONNECTIONS}=$V V=${CONNECTIONS}\n", "'32'"),
+    (f"V=32\nexport V=1 {CONNECTIONS}=$V\n", "'32'"),  # the V it reads is the one before the export's
+    (f"V=1\nf() {{ local V=32 {CONNECTIONS}=$V; export {CONNECTIONS}; {TRAIN}; }}\nf\n", None),
+])
+def test_a_declarations_words_are_all_expanded_before_it_assigns(tmp_path, setting, refused):
+    """`V=32; export V=1 CUDA_DEVICE_MAX_CONNECTIONS=$V` was read as passing 1 (each word expanded after the one
+    before it was assigned), where bash expands all the builtin's words first: the training gets 32."""
+    script = f"#!/bin/bash\n{setting}" + ("" if "f()" in setting else f"{TRAIN}\n")
+    read_as_bash_does(tmp_path, script, refused)

@@ -224,25 +224,29 @@ class _Commands(_Expander):
         return status
 
     def expanded_declaration(self, rest: list[_Tok]) -> tuple[list[_Tok], dict]:
-        """The declaration's words, each that is neither an option, a name nor an assignment as written expanded
-        first, as bash does before the builtin reads them: ``export "$1=$2"``, ``export "${ENVS[@]}"`` assign
+        """The declaration's words expanded first, every one before any is assigned, as bash does before the
+        builtin reads them: ``export X=$Y Y=$X`` swaps, ``export "$1=$2"`` and ``export "${ENVS[@]}"`` assign
         (an expanded NAME=value word is quoted, so that it is not expanded twice; one that is no name, which
-        bash refuses, dropped); and the variables each such value read that the script does not set."""
+        bash refuses, dropped); and the variables each value read that the script does not set."""
         words, read = [rest[0]], {}
         for tok in rest[1:]:
-            if tok.kind != "word" or tok.text.startswith(("-", "+")) or _NAME.fullmatch(tok.text) \
-                    or _is_assignment(tok.text):
+            if tok.kind != "word" or tok.text.startswith(("-", "+")) or _NAME.fullmatch(tok.text):
                 words.append(tok)
                 continue
             ctx = _Ctx()
-            for field in self.fields(tok.text, ctx, rest[0].text):
-                if _is_assignment(field):
-                    name, value = field.split("=", 1)
-                    words.append(_Tok("word", f"{name}=" + "'" + value.replace("'", "'\\''") + "'", tok.start, tok.end))
+            match = _ASSIGNMENT.match(tok.text)
+            if match:  # NAME=value as written: its value expanded as an assignment's is
+                assigned = [(tok.text[:match.end()], self.string(tok.text[match.end():], ctx, match.group(1)))]
+            else:
+                assigned = [(field[:field.index("=") + 1], field[field.index("=") + 1:]) if _is_assignment(field)
+                            else (field, None) for field in self.fields(tok.text, ctx, rest[0].text)]
+            for head, value in assigned:
+                if value is not None:
+                    words.append(_Tok("word", head + "'" + value.replace("'", "'\\''") + "'", tok.start, tok.end))
                     if ctx.deps:
-                        read[name.rstrip("+")] = ctx.deps
-                elif _NAME.fullmatch(field):
-                    words.append(_Tok("word", field, tok.start, tok.end))
+                        read[_ASSIGNMENT.match(head).group(1)] = ctx.deps
+                elif _NAME.fullmatch(head):
+                    words.append(_Tok("word", head, tok.start, tok.end))
         return words, read
 
     def declared(self, rest: list[_Tok]) -> _Status:
