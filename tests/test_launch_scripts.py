@@ -1568,3 +1568,16 @@ def test_a_declarations_words_are_all_expanded_before_it_assigns(tmp_path, setti
     before it was assigned), where bash expands all the builtin's words first: the training gets 32."""
     script = f"#!/bin/bash\n{setting}" + ("" if "f()" in setting else f"{TRAIN}\n")
     read_as_bash_does(tmp_path, script, refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"declare -i {CONNECTIONS}\ndeclare +i {CONNECTIONS}\n{CONNECTIONS}=0+1\n", "'0+1'"),  # a string again
+    (f"declare -i {CONNECTIONS}\n{CONNECTIONS}=0+1\n", None),
+    (f"declare -l V\ndeclare +l V\nV=ON\n{CONNECTIONS}=$V\n", "'ON'"),
+])
+def test_declare_plus_i_and_plus_l_take_the_attribute_off(tmp_path, setting, refused):
+    """`declare -i CUDA_DEVICE_MAX_CONNECTIONS; declare +i CUDA_DEVICE_MAX_CONNECTIONS; CUDA_DEVICE_MAX_CONNECTIONS=0+1`
+    was read as 1 (still evaluated as arithmetic), where bash's +i takes the integer attribute off: the value is
+    the string "0+1" (and +l, +u, the case it is stored in)."""
+    read_as_bash_does(tmp_path, f"#!/bin/bash\nexport {CONNECTIONS}\n{setting}{TRAIN}\n", refused)

@@ -290,6 +290,11 @@ class _Commands(_Expander):
         options = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("-"))
         if "i" in options:
             self.integers.update(declared)
+        removed = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("+"))
+        if "i" in removed:  # declare +i X: X=2*4 is the string again
+            self.integers.difference_update(declared)
+        for name in declared if set("ul") & set(removed) else ():  # declare +u X, +l X: stored as given
+            self.letter_cases.pop(name, None)
         if ("u" in options) != ("l" in options):  # bash applies neither where both are given
             self.letter_cases.update(dict.fromkeys(declared, "u" if "u" in options else "l"))
         touched: list[str] = []  # the names it sets or changes
