@@ -1581,3 +1581,18 @@ def test_declare_plus_i_and_plus_l_take_the_attribute_off(tmp_path, setting, ref
     was read as 1 (still evaluated as arithmetic), where bash's +i takes the integer attribute off: the value is
     the string "0+1" (and +l, +u, the case it is stored in)."""
     read_as_bash_does(tmp_path, f"#!/bin/bash\nexport {CONNECTIONS}\n{setting}{TRAIN}\n", refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"{CONNECTIONS}=32 {TRAIN}\n", None),  # the prefix fails; the command runs with the readonly 1
+    (f"export {CONNECTIONS}=32\n{TRAIN}\n", None),
+    (f"{CONNECTIONS}=32\n{TRAIN}\n", None),  # the line is abandoned, the script goes on
+    (f"unset {CONNECTIONS}\n{TRAIN}\n", None),
+    (f"f() {{ {CONNECTIONS}=32; }}\nf\n{TRAIN}\n", None),
+])
+def test_a_readonly_variable_keeps_its_value(tmp_path, setting, refused):
+    """`readonly CUDA_DEVICE_MAX_CONNECTIONS=1` then `CUDA_DEVICE_MAX_CONNECTIONS=32 torchrun ...` (or an export,
+    an assignment, an unset of it) was read as passing 32, where bash refuses to assign or unset a readonly
+    variable: the training gets 1."""
+    read_as_bash_does(tmp_path, f"#!/bin/bash\nexport {CONNECTIONS}=1\nreadonly {CONNECTIONS}\n{setting}", refused)

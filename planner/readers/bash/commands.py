@@ -197,7 +197,9 @@ class _Commands(_Expander):
         hid showing again; only a variable no call made local is gone from the script, and from the
         environment of what it starts, whatever the caller's held."""
         scope = next((frame for frame in reversed(self.frames) if name in frame), None)
-        if scope is None:
+        if scope is None and name in self.readonly:
+            self.note(f"unset {name} fails in bash (a readonly variable): it keeps its value")
+        elif scope is None:
             self.vars.pop(name, None)
             self.cleared.add(name)
             self.exported_unset.discard(name)  # its attributes go with it
@@ -351,6 +353,8 @@ class _Commands(_Expander):
                         # exported only where the caller exported it (X=5) is decided either way now:
                         # `X=5; export -n X` passes nothing, whatever the caller exported.
                         self.vars[name] = replace(var, exported=exported, inherited=False)
+        if command == "readonly" or ("r" in options and not scoped):
+            self.readonly.update(name for name in touched if not any(name in frame for frame in self.frames))
         if exported is False:
             # export -n X, declare +x X: the script's X, the one a caller's exported X became as bash started,
             # leaves the environment, decidedly, until exported again (a function's local alone: the global

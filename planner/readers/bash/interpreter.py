@@ -149,8 +149,8 @@ class _Shell(_Commands):
 
     def subshell(self, run: Callable[[], _Status]) -> _Status:
         saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch,
-                 set(self.cleared), set(self.exported_unset), [frame.copy() for frame in self.frames], self.allexport,
-                 self.lastpipe, self.keyword)
+                 set(self.cleared), set(self.exported_unset), set(self.readonly), [frame.copy() for frame in self.frames],
+                 self.allexport, self.lastpipe, self.keyword)
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()
@@ -158,7 +158,7 @@ class _Shell(_Commands):
             return leaving.status or _Status(None, True, reason="a subshell that exits")
         finally:
             (self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, self.exported_unset,
-             frames, self.allexport, self.lastpipe, self.keyword) = saved
+             self.readonly, frames, self.allexport, self.lastpipe, self.keyword) = saved
             self.frames[:] = frames  # the list itself: a call the subshell is in pops its own frame off it
 
     def run_command(self, node) -> _Status:

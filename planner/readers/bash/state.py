@@ -113,6 +113,7 @@ class _State:
         # Names `export X` (declare -x X) exported while unset, outside any call's locals: the value a later
         # X=32 gives them is exported (bash keeps the attribute on the unset variable), whatever the caller had.
         self.exported_unset: set[str] = set()
+        self.readonly: set[str] = set()  # readonly X, declare -r X outside a call: bash refuses to set or unset them
         self.integers: set[str] = set()  # declare -i: an assignment's value is evaluated as arithmetic
         self.letter_cases: dict[str, str] = {}  # declare -u / -l: "u" or "l", the case its values are stored in
         self.in_condition = 0
@@ -203,6 +204,12 @@ class _State:
     def set_var(self, name: str, value: Union[str, list], deps: dict, append: bool = False,
                 index: Optional[str] = None, exported: Optional[bool] = None, global_: bool = False) -> None:
         """``global_``: the script's own variable set past the calls' locals (declare -g)."""
+        if name in self.readonly and (global_ or not any(name in frame for frame in self.frames)):
+            from .arith import _ExpansionError
+
+            # bash refuses it, the value left as it was, and abandons the rest of the line as for an expansion
+            # it fails on (a command's X=2 prefix too, though the command runs: see script_environment)
+            raise _ExpansionError(f"{name} is readonly: assigning it fails in bash")
         old = self.vars.get(name)
         deps = dict(deps)
         if old is not None and (append or index is not None or
