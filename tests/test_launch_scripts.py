@@ -20,7 +20,7 @@ from cli_in_process import run_cli
 from planner.diagnose import diagnose
 from planner.engines.megatron.launch import environment_value
 from planner.errors import CaseError
-from planner.readers.bash import read_script
+from planner.readers.bash import ScriptSyntax, read_script
 
 BASH = shutil.which("bash")
 needs_bash = pytest.mark.skipif(BASH is None, reason="no bash to compare with")
@@ -1596,3 +1596,18 @@ def test_a_readonly_variable_keeps_its_value(tmp_path, setting, refused):
     an assignment, an unset of it) was read as passing 32, where bash refuses to assign or unset a readonly
     variable: the training gets 1."""
     read_as_bash_does(tmp_path, f"#!/bin/bash\nexport {CONNECTIONS}=1\nreadonly {CONNECTIONS}\n{setting}", refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("line", ["torchrun pretrain_gpt.py A=(1 2) --bf16", "command export A=(1 2)",
+                                  "env A=(1 2) torchrun pretrain_gpt.py"])
+def test_an_array_word_after_a_commands_name_is_a_syntax_error_as_in_bash(tmp_path, line):
+    """`torchrun pretrain_gpt.py A=(1 2) --bf16` was read as a launch with the word "A=", where bash refuses to
+    parse a NAME=(...) word but among a command's prefixes or a declaration's words (export A=(1 2))."""
+    (tmp_path / "s.sh").write_text(f"#!/bin/bash\n{line}\n")
+    run = subprocess.run([BASH, "-n", str(tmp_path / "s.sh")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "syntax error" in run.stderr
+    with pytest.raises(ScriptSyntax):
+        read_script(f"#!/bin/bash\n{line}\n", "s.sh")
+    assert [c.fields for c in read_script("#!/bin/bash\nX=1 export A=(1 2)\ntorchrun \"${A[@]}\"\n", "s.sh").commands] \
+        == [("torchrun", "1", "2")]

@@ -16,12 +16,11 @@ from .conditions import _test_words
 from .errors import MAX_DEPTH, ScriptLimit, ScriptSyntax
 from .expand import _Expander
 from .lexer import _ASSIGNMENT, _NAME, _lex, _Tok, _Unterminated
-from .parser import _Parser, _Simple
+from .parser import _DECLARATIONS, _Parser, _Simple
 from .results import EMPTIED, Command
 from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, REMATCH_UNKNOWN, _Ctx, _Frame, _Var
 from .status import _FALSE, _TRUE, _Exit, _LoopControl, _Return, _Status
 
-_DECLARATIONS = {"export", "declare", "typeset", "local", "readonly"}
 # The option letters each takes (bash 5.2's builtins; `help export` and so on), -p included.
 _DECLARATION_OPTIONS = {"export": "fnp", "readonly": "aAfp", "declare": "aAfFgiIlnprtux",
                         "typeset": "aAfFgiIlnprtux", "local": "aAfFgiIlnprtux"}

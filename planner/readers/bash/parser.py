@@ -8,7 +8,10 @@ from typing import Callable, Optional
 
 from ...errors import one_line
 from .errors import ScriptSyntax
-from .lexer import _NAME, _REDIRECTS, _Tok
+from .lexer import _ASSIGNMENT, _NAME, _REDIRECTS, _Tok
+
+# The builtins whose NAME=value words are assignments, NAME=(...) ones included (bash's parse.y: W_ASSIGNARG).
+_DECLARATIONS = {"export", "declare", "typeset", "local", "readonly"}
 
 
 @dataclass
@@ -299,6 +302,8 @@ class _Parser:
             if tok is None:
                 break
             if tok.kind in ("word", "array"):
+                if tok.kind == "array" and not _takes_array(words):
+                    raise self.error(tok, "unexpected '(' (a NAME=(...) word after a command's name)")
                 words.append(tok)
                 self.k += 1
             elif tok.kind == "op" and tok.text in _REDIRECTS:
@@ -422,3 +427,11 @@ class _Parser:
                 return _Test(tokens, start)
             if not self.op(tok, "\n"):
                 tokens.append(tok)
+
+
+def _takes_array(words: list[_Tok]) -> bool:
+    """Whether bash parses a NAME=(...) word after ``words``: among the command's own NAME=value prefixes, or
+    among a declaration's words (``export A=(1 2)``); after another command's name (``torchrun a.py A=(1 2)``,
+    ``command export A=(1 2)``) it is a syntax error."""
+    name = next((tok for tok in words if not (tok.kind == "array" or _ASSIGNMENT.match(tok.text))), None)
+    return name is None or name.text in _DECLARATIONS
