@@ -587,6 +587,29 @@ def runs_deepep(row: dict) -> bool:
     return "deepep" in dispatcher or "hybridep" in dispatcher
 
 
+def fake_gate_routing(row: dict, moe: dict) -> dict:
+    """The routing of a run whose benchmark replaces the router by NeMo AutoModel's
+    ``FakeBalancedGate`` (the rows' ``moe_runtime.load_balancing``; the benchmark configs'
+    ``backend.fake_balanced_gate: true``), as the model fields that carry it; {} for another router.
+
+    The gate gives token t the k contiguous experts from t·k mod E (``nemo_automodel/components/
+    moe/layers.py``, ``FakeBalancedGate.forward``: ``indices = torch.arange(T * k).view(-1, k) %
+    n_routed_experts``, at the config's commit 89e3a9fd as today), whatever the model's own router
+    (DeepSeek-V3's node-limited groups included): E/k groups of k contiguous experts, one picked a
+    token, round-robin, so every group alike. A DeepEP dispatch then sends each token to the one
+    domain that holds its group (``cost_models.experts.remote_domains_per_token``: (D − 1)/D remote
+    domains a token), not to the 4.59 of 8 nodes a random top-8 of 256 reaches. Megatron's forced
+    balancing (``moe_router_force_load_balancing``: random logits, ``moe_utils.apply_random_logits``)
+    keeps the router's groups and is not this. Where k does not divide E a token's window wraps
+    around the experts' ends: not groups, left to the router's own fields."""
+    if "fake balanced gate" not in str((row.get("moe_runtime") or {}).get("load_balancing") or "").lower():
+        return {}
+    experts, top_k = moe.get("num_experts"), moe.get("moe_top_k")
+    if not experts or not top_k or experts % top_k:
+        return {}
+    return {"moe_router_num_groups": experts // top_k, "moe_router_group_topk": 1}
+
+
 def head_dim(md: dict) -> Optional[int]:
     """The attention head width where the row publishes one other than hidden/heads (Qwen3:
     32 heads of 128 over a hidden size of 2,048)."""
@@ -756,6 +779,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
              "vocab_size": md["vocab"],
              "tied_embeddings": tied_embeddings(row),
              "dropout": 0.1 if source.startswith(DROPOUT) else 0.0, **moe, **mla}
+    if moe and (routing := fake_gate_routing(row, moe)):
+        model.update(routing)
     if moe and (capacity := token_drop_capacity(row)) is not None:
         model["moe_capacity_factor"] = capacity
     if mla:
