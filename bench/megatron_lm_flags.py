@@ -103,24 +103,66 @@ def extract(git_dir: str, ref: str, into: Path, utils_stub: str = UTILS_STUB, al
     return extra
 
 
-def parser_flags(git_dir: str, ref: str) -> list[str]:
+# Run in one Python for all the releases: torch and the other libraries megatron imports are the same for
+# each (they are the installed ones), so they are imported once, and each release's parser is built in a
+# child forked from there, which imports that release's megatron into a fresh interpreter state (nothing
+# of megatron is imported before the fork) and writes its parser's option strings to a file.
+PARSERS = """\
+import argparse, os, sys, traceback, typing
+typing.override = getattr(typing, 'override', lambda f: f)
+import torch, torch.distributed, torch.distributed.tensor, torch._dynamo, torch._inductor.compile_fx  # noqa: what torch.compile loads
+failed = 0
+for tmp, extra, module in zip(*[iter(sys.argv[1:])] * 3):
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            sys.path.insert(0, tmp)
+            from megatron.training.arguments import add_megatron_arguments
+            parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+            if extra != '-':
+                parser = getattr(__import__(module, fromlist=[extra]), extra)(parser)
+            import megatron.core; assert megatron.core.__file__.startswith(sys.path[0])
+            with open(os.path.join(tmp, 'flags.txt'), 'w') as out:
+                out.write('\\n'.join(sorted({o for a in parser._actions for o in a.option_strings})) + '\\n')
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    failed |= status != 0
+sys.exit(failed)
+"""
+
+
+def parsers_flags(git_dir: str, refs: list[str]) -> dict[str, list[str]]:
+    """Each release's parser's option strings (ref: sorted list), built in one Python (PARSERS)."""
     with tempfile.TemporaryDirectory() as tmp:
-        extra = extract(git_dir, ref, Path(tmp))
-        code = (f"import sys, argparse, typing; sys.path.insert(0, {tmp!r})\n"
-                "typing.override = getattr(typing, 'override', lambda f: f)\n"
-                "from megatron.training.arguments import add_megatron_arguments\n"
-                "parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))\n"
-                + (f"from {EXTRA[extra]} import {extra}\nparser = {extra}(parser)\n" if extra else "") +
-                "import megatron.core; assert megatron.core.__file__.startswith(sys.path[0])\n"
-                "print('\\n'.join(sorted({o for a in parser._actions for o in a.option_strings})))\n")
-        done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True)
+        args = []
+        for ref in refs:
+            into = Path(tmp) / ref
+            into.mkdir()
+            extra = extract(git_dir, ref, into)
+            args += [str(into), extra or "-", EXTRA[extra] if extra else "-"]
+        done = subprocess.run([sys.executable, "-W", "ignore", "-c", PARSERS, *args], capture_output=True, text=True)
+        flags = {}
+        for ref in refs:
+            out = Path(tmp) / ref / "flags.txt"
+            if done.returncode and not out.exists():
+                raise SystemExit(f"{ref}: the parser could not be built:\n{done.stderr[-3000:]}")
+            flags[ref] = [line for line in out.read_text().splitlines() if line.startswith("-")]
         if done.returncode:
-            raise SystemExit(f"{ref}: the parser could not be built:\n{done.stderr[-3000:]}")
-    return [line for line in done.stdout.splitlines() if line.startswith("-")]
+            raise SystemExit(f"the parsers could not be built:\n{done.stderr[-3000:]}")
+    return flags
+
+
+def parser_flags(git_dir: str, ref: str) -> list[str]:
+    return parsers_flags(git_dir, [ref])[ref]
 
 
 def union(git_dir: str, refs: list[str]) -> list[str]:
-    return sorted(set().union(*(parser_flags(git_dir, ref) for ref in refs)))
+    return sorted(set().union(*parsers_flags(git_dir, refs).values()))
 
 
 def shipped() -> tuple[list[str], list[str]]:
