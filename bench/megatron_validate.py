@@ -70,7 +70,74 @@ while [ $# -gt 0 ]; do
 done
 [ -f "$1" ] || { echo "torchrun stand-in: no program $1" >&2; exit 2; }
 program="$1"; shift
-WORLD_SIZE=$((nnodes * nproc)) exec "$VALIDATE_PYTHON" -W ignore "$VALIDATE_SCRIPT" "$program" "$@"
+export WORLD_SIZE=$((nnodes * nproc))
+[ -n "$VALIDATE_SERVER" ] && exec "$VALIDATE_PYTHON" "$VALIDATE_CLIENT" "$VALIDATE_SCRIPT" "$program" "$@"
+exec "$VALIDATE_PYTHON" -W ignore "$VALIDATE_SCRIPT" "$program" "$@"
+'''
+# The validator's Python, as the stand-in torchrun would start it, but forked from one that has imported
+# torch and what torch.compile loads (megatron's jit_fuser imports them: seconds a case, the same for every
+# case): SERVER takes each stand-in's arguments, environment, folder and standard streams (CLIENT, a bare
+# Python, sends them over a Unix socket) and runs the validator in a child forked for it, which imports the
+# release's megatron afresh (nothing of megatron is imported before the fork); CLIENT exits with the
+# child's status.
+SERVER = '''
+import json, os, socket, sys, traceback, typing, warnings
+warnings.simplefilter("ignore")
+typing.override = getattr(typing, "override", lambda f: f)
+import torch, torch.distributed, torch.distributed.tensor, torch._dynamo, torch._inductor.compile_fx  # noqa
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(sys.argv[1])
+listener.listen()
+print("ready", flush=True)
+while True:
+    conn, _ = listener.accept()
+    message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    while not message.endswith(b"\\n"):
+        more = conn.recv(1 << 20)
+        if not more:
+            break
+        message += more
+    request = json.loads(message)
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        sys.stdin, sys.stdout, sys.stderr = (open(i, mode, closefd=False) for i, mode in ((0, "r"), (1, "w"), (2, "w")))
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        sys.argv = request["argv"]
+        code = 0
+        try:
+            exec(compile(open(sys.argv[0]).read(), sys.argv[0], "exec"), {"__name__": "__main__"})
+        except SystemExit as error:
+            code = error.code if isinstance(error.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+    for fd in fds:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    conn.sendall(str(os.waitstatus_to_exitcode(status)).encode())
+    conn.close()
+'''
+CLIENT = '''
+import json, os, socket, sys
+conn = socket.socket(socket.AF_UNIX)
+conn.connect(os.environ["VALIDATE_SERVER"])
+request = {"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}
+socket.send_fds(conn, [json.dumps(request).encode() + b"\\n"], [0, 1, 2])
+status = b""
+while True:
+    more = conn.recv(64)
+    if not more:
+        break
+    status += more
+sys.exit(int(status) if status else 1)
 '''
 # Run by the stand-in torchrun: parse_args and validate_args of the release in MEGATRON_LM, resolved
 # fields to $VALIDATE_OUT.
@@ -243,7 +310,8 @@ def check_case(case: dict, estimate, release: Path, extra, arch: int, work: Path
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "NVTE_", "NCCL_"))}
     env.update(PATH=f"{release / 'bin'}:{os.environ['PATH']}", MEGATRON_LM=str(release), FAKE_ARCH=str(arch),
                VALIDATE_PYTHON=sys.executable, VALIDATE_SCRIPT=str(release / "validate.py"),
-               VALIDATE_OUT=str(out), MASTER_ADDR="localhost", EXTRA_MODULE=extra[0] if extra else "",
+               VALIDATE_OUT=str(out), MASTER_ADDR="localhost", VALIDATE_SERVER=str(release / "validate.sock"),
+               VALIDATE_CLIENT=str(release / "client.py"), EXTRA_MODULE=extra[0] if extra else "",
                EXTRA_FUNCTION=extra[1] if extra else "")
     done = subprocess.run(["bash", str(work / "launch.sh"), *USER_ARGS], env=env, cwd=work, capture_output=True,
                           text=True, timeout=600)
@@ -272,16 +340,32 @@ def run(git_dir: str, refs: list[str], cases: list[dict]) -> list[dict]:
             release = Path(tmp) / ref
             release.mkdir()
             extra = prepare(git_dir, ref, release)
-            for index, (case, estimate) in enumerate(zip(cases, plans)):
-                if estimate is None:
-                    results.append({"ref": ref, "case": index, "skipped": "nothing fits or the pins are refused"})
-                    continue
-                work = Path(tmp) / f"{ref}-case{index}"
-                work.mkdir()
-                arch = ARCH[case["cluster"]["gpu"].split("-")[0]]
-                result = check_case(case, estimate, release, extra, arch, work)
-                results.append({"ref": ref, "case": index, "layout": estimate.to_dict()["layout"],
-                                "gpu": case["cluster"]["gpu"], "model": case["model"]["preset"], **result})
+            (release / "server.py").write_text(SERVER)
+            (release / "client.py").write_text(CLIENT)
+            server = subprocess.Popen([sys.executable, str(release / "server.py"), str(release / "validate.sock")],
+                                      stdout=subprocess.PIPE, text=True)
+            try:
+                if server.stdout.readline().strip() != "ready":
+                    raise SystemExit(f"{ref}: the validator's server did not start")
+                results += run_release(ref, release, extra, cases, plans, Path(tmp))
+            finally:
+                server.kill()
+                server.wait()
+    return results
+
+
+def run_release(ref: str, release: Path, extra, cases: list[dict], plans: list, tmp: Path) -> list[dict]:
+    results = []
+    for index, (case, estimate) in enumerate(zip(cases, plans)):
+        if estimate is None:
+            results.append({"ref": ref, "case": index, "skipped": "nothing fits or the pins are refused"})
+            continue
+        work = Path(tmp) / f"{ref}-case{index}"
+        work.mkdir()
+        arch = ARCH[case["cluster"]["gpu"].split("-")[0]]
+        result = check_case(case, estimate, release, extra, arch, work)
+        results.append({"ref": ref, "case": index, "layout": estimate.to_dict()["layout"],
+                        "gpu": case["cluster"]["gpu"], "model": case["model"]["preset"], **result})
     return results
 
 
