@@ -17,6 +17,8 @@ recording warn_rank_0's warnings), and the modules that import triton at their t
 needs a GPU is stood in: torch.cuda.get_device_capability answers the case's GPU's (validate_args's
 Hopper and Blackwell rules), and Transformer Engine, not installed on CPU, is taken as 2.9. The data and
 tokenizer arguments launch.sh leaves to the user are appended as its "$@" (--mock-data, NullTokenizer).
+The validator's Python is forked, for each case, from one that has imported torch (and what
+torch.compile loads) once per release (SERVER below); the release's megatron is imported in the fork.
 
 Exit 0 where every case resolved as planned; 1 otherwise, each mismatch printed. ``--json`` prints the
 per-case results."""

@@ -3,7 +3,8 @@
 
 megatron/training/arguments.py is not in megatron-core: it needs a clone of NVIDIA/Megatron-LM, given by
 MEGATRON_LM_GIT_DIR or found at the mirror path; without one the test is skipped, saying so. Each case
-starts a Python that imports megatron (a few seconds each): marked slow."""
+runs a validator that imports megatron (forked from a Python that has imported torch once:
+under a second of CPU each, after a few seconds for the first): marked slow."""
 
 from __future__ import annotations
 
