@@ -28,6 +28,7 @@ from typing import Optional
 from .experts import (exchanged_token_bytes, moe_act_output_bytes, moe_mlp_activation_bytes,
                       shared_expert_activation_bytes)
 from .model_states import FP32_BYTES
+from .parameters import built_vocab
 from .quantization import activation_bytes, saved_input_bytes
 from .layout_spec import Layout
 from .model_spec import ModelSpec
@@ -349,7 +350,7 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     s = training.seq_len / layout.cp
     b = layout.micro_batch_size
     chunks = loss_chunks(model, training)
-    logits = s * b * model.vocab_size / layout.tp
+    logits = s * b * built_vocab(model, layout.tp, training.engine) / layout.tp
     if chunks == 1:
         return _per_logit_gradient_bytes(training) * logits
     p = activation_bytes(training.precision)
@@ -374,7 +375,8 @@ def head_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layo
 
     Whole logits: the LM head's input and the logits the loss keeps (Korthikanti §4.3 and
     Megatron's ``vocab_parallel_cross_entropy``, which casts the vocab-parallel logits to fp32 and
-    keeps their softmax for backward: 4·s·b·V/t; :func:`saved_logit_bytes`: less where the loss
+    keeps their softmax for backward: 4·s·b·V/t, V the engine's vocabulary, ``parameters.built_vocab``:
+    Megatron-LM's padded; :func:`saved_logit_bytes`: less where the loss
     is compiled).
 
     In chunks (:func:`loss_chunks`; torchtitan's ``ChunkedLossWrapper``), no logits outlive the
@@ -391,4 +393,4 @@ def head_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layo
     if loss_chunks(model, training) > 1:
         return norm_input + 2 * p * s * b * model.hidden_size
     return norm_input + p * s * b * model.hidden_size / sp \
-        + saved_logit_bytes(training) * s * b * model.vocab_size / layout.tp
+        + saved_logit_bytes(training) * s * b * built_vocab(model, layout.tp, training.engine) / layout.tp

@@ -27,6 +27,13 @@ class EngineBehaviour:
     __getstate__ = state_without_hash
 
     name: str = "any"
+    # The vocabulary the engine builds its embedding, LM head and logits for: the model's padded up
+    # to a multiple of this × tp (:func:`cost_models.parameters.padded_vocab`), or as it is (None).
+    # Megatron-LM pads to --make-vocab-size-divisible-by (128) × tp (``_vocab_size_with_padding``,
+    # megatron/training/tokenizer/tokenizer.py), nanotron to its make_vocab_size_divisible_by (1) × tp
+    # (``trainer.py``, ``init_model``); torchtitan, DeepSpeed's Hugging Face models and plain PyTorch
+    # build what the model's config says.
+    vocab_padding_multiple: Optional[int] = None
     # ZeRO-3 gathers the weights once more for the recompute forward inside backward.
     # ZeRO-3 collectives per layer and pass: FSDP gathers a wrapped transformer block at once;
     # DeepSpeed gathers each submodule's parameters on its own (QKV, projection, two MLP
@@ -374,6 +381,9 @@ class EngineBehaviour:
     def __post_init__(self) -> None:
         if self.selective not in ("attention", "matmuls"):
             raise ValueError(f"EngineBehaviour.selective: expected attention or matmuls, got {self.selective!r}")
+        if self.vocab_padding_multiple is not None and self.vocab_padding_multiple < 1:
+            raise ValueError(f"EngineBehaviour.vocab_padding_multiple: expected None or 1 or more, "
+                             f"got {self.vocab_padding_multiple}")
         if self.grouped_gemm_streams < 0:
             raise ValueError(f"EngineBehaviour.grouped_gemm_streams: expected 0 or more, "
                              f"got {self.grouped_gemm_streams}")

@@ -9,7 +9,7 @@ from typing import Optional
 
 from .collectives import collective_time, exposed, p2p_time
 from .kernels import elementwise_time, first_touch_time
-from .memory import accumulates_unsharded, job_stage_parameters
+from .memory import accumulates_unsharded, job_stage_parameters, job_vocab
 from .parameters import embedding_parameters, norm_parameters
 from .model_states import folds_gradients_into_fp32, fp32_gradients, gathered_weight_bytes, working_bytes, zero_shards
 from .job import Job
@@ -98,13 +98,14 @@ def first_unit_parameters(job: Job, stage: int) -> float:
         return 0.0
     unit = input_embedding_shard(job, stage)
     if job.training.engine.zero3_root_unit and lay.pp == 1:
-        unit += (0 if model.tied_embeddings else embedding_parameters(model) / lay.tp) + norm_parameters(model)
+        unit += (0 if model.tied_embeddings else embedding_parameters(model, job_vocab(job)) / lay.tp) \
+            + norm_parameters(model)
     return unit
 
 
 def input_embedding_shard(job: Job, stage: int) -> float:
     """Parameters of the input embedding on ``stage``: V·h/tp (vocab-parallel) on the first, 0 elsewhere."""
-    return embedding_parameters(job.model) / job.layout.tp if stage == 0 else 0.0
+    return embedding_parameters(job.model, job_vocab(job)) / job.layout.tp if stage == 0 else 0.0
 
 
 def last_bucket_parameters(job: Job, stage: int) -> float:
@@ -349,6 +350,6 @@ def tied_embedding_reduce(job: Job, stage: int) -> float:
     lay, model = job.layout, job.model
     if lay.pp == 1 or not (model.tied_embeddings or model.mtp_layers) or stage not in (0, lay.pp - 1):
         return 0.0
-    size = embedding_parameters(model) / lay.tp * working_bytes(job.training).gradients
+    size = embedding_parameters(model, job_vocab(job)) / lay.tp * working_bytes(job.training).gradients
     links = group_links(job.cluster, lay, "pp")
     return p2p_time(size, links.domains > 1, links, job.cluster.gpu.performance)

@@ -27,6 +27,7 @@ of its active parameters, as the MoE papers report MFU (DeepSeek-V3 report §3.1
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from .model_spec import ModelSpec
 
@@ -95,8 +96,10 @@ def moe_mlp_flops(model: ModelSpec, tokens: float) -> float:
     return router + experts + shared
 
 
-def head_gemm(model: ModelSpec, tokens: float, tp: int) -> Gemm:
-    return Gemm("lm_head", tokens, model.vocab_size / tp, model.hidden_size)
+def head_gemm(model: ModelSpec, tokens: float, tp: int, vocab: Optional[int] = None) -> Gemm:
+    """The LM head on ``tokens``: h → V/tp, of the engine's ``vocab`` where given (padded:
+    ``parameters.built_vocab``), else the model's, as its model FLOPs count it."""
+    return Gemm("lm_head", tokens, (model.vocab_size if vocab is None else vocab) / tp, model.hidden_size)
 
 
 def attention_flops(model: ModelSpec, batch: float, seq_len: float, kv_len: float, tp: int,
@@ -161,7 +164,14 @@ def layers_forward_flops(model: ModelSpec, seq_len: int) -> float:
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward, no recompute), causal attention; a mixture
     of experts counts the experts each token is routed to; multi-token prediction modules
-    count as Megatron-LM counts them (:func:`mtp_forward_flops`)."""
+    count as Megatron-LM counts them (:func:`mtp_forward_flops`).
+
+    The LM head counts the model card's vocabulary, not the one an engine pads it to
+    (``parameters.built_vocab``): the padded rows are work no token can use, priced in the step
+    time like recomputation but not counted as the model's, so that the MFU of one model compares
+    across engines and tensor-parallel degrees. Megatron-LM's own logged TFLOP/s count
+    ``args.padded_vocab_size`` (``num_floating_point_operations``, megatron/training/training.py):
+    above this by 6·h·(V_padded − V) a token, 0.04 % for Llama 3 8B at tp 8."""
     forward = layers_forward_flops(model, seq_len) + head_gemm(model, 1, 1).flops + mtp_forward_flops(model, seq_len)
     return 3.0 * forward
 

@@ -16,7 +16,7 @@ from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_grad
                            gathered_weight_bytes, keeps_weights_quantized, quantizes_weights_once_a_step,
                            sharded_state_bytes, state_bytes, working_bytes, zero_shards)
 from .offload import accumulates_on_host, gradients_on_host, host_gradient_bytes, offloaded_activation_layers
-from .parameters import (StageParameters, attention_parameters, embedding_parameters, expert_parameters,
+from .parameters import (StageParameters, attention_parameters, built_vocab, embedding_parameters, expert_parameters,
                          largest_parameter, mlp_parameters, router_parameters, shared_expert_parameters,
                          stage_dense_linear_parameters, stage_linear_parameters, stage_parameters, total_parameters)
 from .quantization import cached_weight_bytes
@@ -53,13 +53,25 @@ def expert_zero_shards(job: Job) -> int:
     return job.layout.edp
 
 
+def job_vocab(job: Job) -> int:
+    """The vocabulary the job's engine builds its embedding, LM head and logits for (:func:`built_vocab`)."""
+    return built_vocab(job.model, job.layout.tp, job.training.engine)
+
+
 def job_stage_parameters(job: Job, stage: int) -> StageParameters:
     """Parameters one GPU of pipeline stage ``stage`` holds before ZeRO sharding."""
     lay = job.layout
     if not job.model.is_moe:
-        return stage_parameters(job.model, job.stage_layers[stage], stage == 0, stage == lay.pp - 1, lay.tp)
+        return stage_parameters(job.model, job.stage_layers[stage], stage == 0, stage == lay.pp - 1, lay.tp,
+                                vocab=job_vocab(job))
     return stage_parameters(job.model, job.stage_layers[stage], stage == 0, stage == lay.pp - 1, lay.tp,
-                            job.stage_moe_layers[stage], lay.ep, lay.expert_tp)
+                            job.stage_moe_layers[stage], lay.ep, lay.expert_tp, job_vocab(job))
+
+
+def job_largest_parameter(job: Job, stage: int) -> float:
+    """Elements of the largest parameter tensor a GPU of pipeline stage ``stage`` holds (:func:`largest_parameter`)."""
+    lay = job.layout
+    return largest_parameter(job.model, stage == 0, stage == lay.pp - 1, lay.tp, job_vocab(job))
 
 
 def optimizer_local_parameters(job: Job, stage: int) -> float:
@@ -239,7 +251,7 @@ def zero3_gather_bytes(job: Job) -> float:
     engine = job.training.engine
     if engine.zero3_max_live_parameters is not None:
         largest = max(max(g.n * g.k for g in layer_gemms(model, 1, lay.tp)),
-                      model.vocab_size * model.hidden_size / lay.tp)
+                      embedding_parameters(model, job_vocab(job)) / lay.tp)
         live = min(engine.zero3_max_live_parameters + largest, total_parameters(model) / lay.tp)
         return live * gathered_weight_bytes(job.training)
     per_layer = (attention_parameters(model) + mlp_parameters(model)) / lay.tp
@@ -252,7 +264,7 @@ def zero3_gather_bytes(job: Job) -> float:
     if engine.zero3_prefetch_params is not None:
         units = 1 + math.ceil(max(engine.zero3_prefetch_params, per_layer) / per_layer)
     if engine.zero3_edges_gathered:
-        edges = embedding_parameters(model) * (1 if model.tied_embeddings else 2) / lay.tp
+        edges = embedding_parameters(model, job_vocab(job)) * (1 if model.tied_embeddings else 2) / lay.tp
     return (units * per_layer + edges) * gathered_weight_bytes(job.training)
 
 
@@ -430,7 +442,7 @@ def step_gradient_copy_bytes(job: Job, stage: int) -> float:
             # sub_group_size (stage3.py, _create_fp16_sub_groups), so one holds up to the partition of
             # one parameter past it: at sub_group_size 0, each parameter's alone.
             whole = job_stage_parameters(job, stage).total
-            past = largest_parameter(job.model, stage == 0, stage == lay.pp - 1, lay.tp) * partition / whole
+            past = job_largest_parameter(job, stage) * partition / whole
             copied = min(partition, engine.zero3_step_sub_group_params + past)
         return max(0.0, engine.zero_step_gradient_copy_bytes * copied - freed)
     return 0.0
@@ -444,7 +456,7 @@ def offload_staging_bytes(job: Job, stage: int) -> tuple[float, float]:
     if not (job.training.engine.offload_staging_buffers and lay.offload_optimizer and lay.zero_stage in (1, 2)):
         return 0.0, 0.0
     dtype = working_bytes(job.training).weights
-    largest = dtype * largest_parameter(job.model, stage == 0, stage == lay.pp - 1, lay.tp)
+    largest = dtype * job_largest_parameter(job, stage)
     return largest, largest + dtype * optimizer_local_parameters(job, stage)
 
 
@@ -482,7 +494,7 @@ def chunked_loss_head_bytes(job: Job) -> float:
     model, training = job.model, job.training
     if loss_chunks(model, training) == 1 or accumulates_unsharded(job):
         return 0.0
-    head = model.vocab_size * model.hidden_size / job.layout.tp
+    head = embedding_parameters(model, job_vocab(job)) / job.layout.tp
     gathered = head * gathered_weight_bytes(training)
     return 2 * FP32_BYTES * head + max(0.0, gathered - zero3_gather_bytes(job))
 
@@ -494,7 +506,7 @@ def unfused_head_gradient_bytes(job: Job) -> float:
     first = job.training.engine.unfused_weight_gradients_from_zero
     if first is None or job.layout.zero_stage < first:
         return 0.0
-    return working_bytes(job.training).weights * job.model.vocab_size * job.model.hidden_size / job.layout.tp
+    return working_bytes(job.training).weights * embedding_parameters(job.model, job_vocab(job)) / job.layout.tp
 
 
 def reduce_bucket_bytes(job: Job) -> float:

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
+from .behaviour import EngineBehaviour
 from .model_spec import ModelSpec
 
 
@@ -99,8 +101,27 @@ def layer_parameters(model: ModelSpec) -> int:
     return dense_layer_parameters(model)
 
 
-def embedding_parameters(model: ModelSpec) -> int:
-    return model.vocab_size * model.hidden_size
+def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
+    """The vocabulary Megatron-LM builds its embedding, LM head and logits for
+    (``_vocab_size_with_padding``, megatron/training/tokenizer/tokenizer.py): ``vocab`` up to a
+    multiple of --make-vocab-size-divisible-by × tp (nanotron's ``_vocab_size_with_padding`` the same)."""
+    step = divisible_by * tp
+    return -(-vocab // step) * step
+
+
+def built_vocab(model: ModelSpec, tp: int, engine: EngineBehaviour) -> int:
+    """The vocabulary ``engine`` builds the model's embedding, LM head and logits for at tensor
+    parallelism ``tp``: padded where it pads (``EngineBehaviour.vocab_padding_multiple``), else the
+    model's. What the engine holds, computes and stores; the model's own counts and its model FLOPs
+    (:func:`total_parameters`, ``flops.model_flops_per_token``) keep the model card's vocabulary."""
+    multiple = engine.vocab_padding_multiple
+    return model.vocab_size if multiple is None else padded_vocab(model.vocab_size, tp, multiple)
+
+
+def embedding_parameters(model: ModelSpec, vocab: Optional[int] = None) -> int:
+    """The input embedding's (or an untied LM head's) V × h, of ``vocab`` rows where given (the
+    engine's, :func:`built_vocab`), else the model's."""
+    return (model.vocab_size if vocab is None else vocab) * model.hidden_size
 
 
 def mtp_projection_matrices(model: ModelSpec) -> tuple[int, int]:
@@ -155,19 +176,20 @@ class StageParameters:
 
 
 @lru_cache(maxsize=4096)
-def largest_parameter(model: ModelSpec, first: bool, last: bool, tp: int) -> float:
+def largest_parameter(model: ModelSpec, first: bool, last: bool, tp: int, vocab: Optional[int] = None) -> float:
     """Elements of the largest parameter tensor a GPU of a pipeline stage holds: the embedding (the
-    first stage) or the LM head (the last), else a layer's largest matrix (an MLP's h × f, an
-    expert's, W_Q's h × a·d), each split over tp."""
+    first stage) or the LM head (the last), of ``vocab`` rows where given (:func:`built_vocab`), else a
+    layer's largest matrix (an MLP's h × f, an expert's, W_Q's h × a·d), each split over tp."""
     largest = model.hidden_size * max(model.ffn_hidden_size, model.moe_ffn_hidden_size, model.q_size) / tp
-    return max(largest, embedding_parameters(model) / tp) if first or last else largest
+    return max(largest, embedding_parameters(model, vocab) / tp) if first or last else largest
 
 
 @lru_cache(maxsize=8192)
 def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp: int, moe_layers: int = 0,
-                     ep: int = 1, etp: int = 1) -> StageParameters:
+                     ep: int = 1, etp: int = 1, vocab: Optional[int] = None) -> StageParameters:
     """Parameters one GPU of a pipeline stage of ``layers`` layers (``moe_layers`` of them with
-    experts) holds, before any ZeRO sharding.
+    experts) holds, before any ZeRO sharding, its embeddings of ``vocab`` rows where given (the
+    engine's, :func:`built_vocab`), else of the model's.
 
     Matrices split over tp (Megatron column/row-parallel layers and the vocab-parallel
     embedding); norms, the router and MLA's down-projections are replicated. Each GPU holds
@@ -181,11 +203,11 @@ def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp:
     replicated = whole + layers * 2 * norms + moe_layers * router_parameters(model)
     experts = _local_experts(model, moe_layers, ep, etp)
     if first:
-        split += embedding_parameters(model)
+        split += embedding_parameters(model, vocab)
     if last:
         replicated += norms
         if not model.tied_embeddings or not first:
-            split += embedding_parameters(model)
+            split += embedding_parameters(model, vocab)
         if model.mtp_layers:
             # The prediction modules (megatron-core builds them on the last stage), and, with an
             # untied head after the first stage, a copy of the input embedding for the tokens they
@@ -199,7 +221,7 @@ def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp:
             replicated += mtp_whole + mtp * (2 * norms + projection_norms) + mtp_moe * router_parameters(model)
             experts += _local_experts(model, mtp_moe, ep, etp)
             if not first and not model.tied_embeddings:
-                split += embedding_parameters(model)
+                split += embedding_parameters(model, vocab)
     return StageParameters(dense=split / tp + replicated, expert=experts)
 
 

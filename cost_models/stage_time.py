@@ -12,6 +12,7 @@ from .experts import dispatch_combine_time, moe_recompute_time
 from .flops import head_gemm, mtp_projection_gemm
 from .kernels import gemm_time, high_precision_precision, in_place_time
 from .memory import job_stage_parameters
+from .parameters import built_vocab
 from .model_states import folds_gradients_into_flat_buffer, folds_gradients_into_fp32
 from .quantization import activation_bytes
 from .pipeline import interleaved_warmup
@@ -79,11 +80,13 @@ def head_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, t
     ColumnParallelLinear, bar megatron-core's opt-in MXFP8 head of 2026-05-31, ``fp8_output_proj``,
     which no case asks for; torchao's conversions skip lm_head); its backward is twice its forward;
     the loss's traffic is its own. Each multi-token prediction module runs the head and the loss
-    again, after its 2h → h projection (priced as the head). Cached: it depends on no cluster size."""
+    again, after its 2h → h projection (priced as the head). Both run over the vocabulary the engine
+    builds (``parameters.built_vocab``: Megatron-LM's padded). Cached: it depends on no cluster size."""
     high_precision = high_precision_precision(training)
     heads = 1 + model.mtp_layers
-    time = heads * (3 * gemm_time(head_gemm(model, tokens, tp), gpu, high_precision)
-                    + cross_entropy_time(tokens * model.vocab_size / tp, training, gpu))
+    vocab = built_vocab(model, tp, training.engine)
+    time = heads * (3 * gemm_time(head_gemm(model, tokens, tp, vocab), gpu, high_precision)
+                    + cross_entropy_time(tokens * vocab / tp, training, gpu))
     if model.mtp_layers:
         time += model.mtp_layers * 3 * gemm_time(mtp_projection_gemm(model, tokens, tp), gpu, high_precision)
     return time

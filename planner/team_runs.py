@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 
 from cost_models.flops import model_flops_per_token, recomputed_flops_per_token
 from cost_models.memory import stage_memories
-from cost_models.parameters import total_parameters
+from cost_models.parameters import padded_vocab, total_parameters
 from cost_models.specs import Job
 
 from .case import build_case, load_case, read_case, spec_errors
@@ -675,8 +675,6 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any], argument: Argument
                 continue
             if what == "padded_vocab_size":
                 # A case may give the vocabulary padded or as the tokenizer has it.
-                from .engines.megatron.read import padded_vocab
-
                 if value not in (job.model.vocab_size, padded_vocab(job.model.vocab_size, job.layout.tp)):
                     raise CaseError(str(log), what, f"the log's padded vocabulary {value:g} is not the case {src}'s "
                                                     f"model.vocab_size {job.model.vocab_size} padded: a log of another "

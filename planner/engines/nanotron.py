@@ -43,7 +43,7 @@ SUPPORT = EngineSupport(
 )
 
 BEHAVIOUR = EngineBehaviour(
-    name="nanotron", fp32_grads_for_bf16=True,
+    name="nanotron", fp32_grads_for_bf16=True, vocab_padding_multiple=1,
     zero1_gather_in_step=True, zero1_gather_copies=True, zero1_fp32_reduce_after_backward=True,
     pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3, cross_domain_tp_rank_s=0.06e-3,
 )

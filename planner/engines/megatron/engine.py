@@ -68,7 +68,7 @@ SUPPORT = EngineSupport(
 )
 
 BEHAVIOUR = EngineBehaviour(
-    name="megatron", gradient_bucket_copy=False,
+    name="megatron", gradient_bucket_copy=False, vocab_padding_multiple=128,
     sharded_master_weights=False, zero3_unit_copies=False, zero3_root_unit=False,
     p2p_overlap_interleaved=True, bucket_params=40e6, bucket_params_per_dp_rank=1e6, bucket_bytes=0.0,
     overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention", fused_attention=True,

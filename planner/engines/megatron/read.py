@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Optional
 
 from cost_models.quantization import FP8_RECIPES
+from cost_models.parameters import padded_vocab
 from cost_models.partition import chunk_layers, rank_chunks, virtual_stage_layers
 from cost_models.specs import Job, Layout, SpecError
 from cost_models.stage_time import cp_runs_all_to_all
 
 from planner.case import case_message
+from planner.engines.megatron.engine import BEHAVIOUR
 from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD, one_connection_asserted
 from planner.engines.megatron.launch import (NEMO_SECTIONS, NPROC_WORDS, TORCHRUN, environment_value, flags_of,
                                            launch_of, torchrun_world, with_included_args)
@@ -497,6 +499,7 @@ def _check_model(args: _Args, model, training) -> None:
         _check_moe_layers(args, model)
     _check_window(args, model)
     _check_vocab(args, model)
+    _check_vocab_padding(args, model)
     base = args.integer("--rotary-base")  # an integer to Megatron-LM (arguments.py: type=int), above 0
     if base is not None and base > MAX_ROPE_BASE:
         raise CaseError(args.src, "--rotary-base", f"expected RoPE's base, at most {MAX_ROPE_BASE:g}, got {base}")
@@ -696,13 +699,6 @@ def _check_moe_layers(args: _Args, model) -> None:
                                                       f"model.moe_layer_freq {model.moe_layer_freq})")
 
 
-def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
-    """The vocabulary Megatron-LM builds its embedding for (``_vocab_size_with_padding``): ``vocab``
-    up to a multiple of --make-vocab-size-divisible-by × tp."""
-    step = divisible_by * tp
-    return -(-vocab // step) * step
-
-
 def _check_vocab(args: _Args, model) -> None:
     """``--vocab-size``, where the run's tokenizer takes it (megatron/training/tokenizer: the
     NullTokenizer of mock-data runs; a real tokenizer brings its own), is the case's vocabulary, or
@@ -716,6 +712,22 @@ def _check_vocab(args: _Args, model) -> None:
     if model.vocab_size not in (vocab, padded):
         raise CaseError(args.src, "--vocab-size", f"{vocab} (padded to {padded}) differs from the case's "
                                                   f"{model.vocab_size} (model.vocab_size)")
+
+
+def _check_vocab_padding(args: _Args, model) -> None:
+    """``--make-vocab-size-divisible-by``, where the list gives it, pads the case's vocabulary as the
+    estimate does (``EngineBehaviour.vocab_padding_multiple``, Megatron-LM's default): the padded
+    embedding, LM head and logits are priced, so another multiple runs what was not priced."""
+    given = args.integer("--make-vocab-size-divisible-by")
+    if given is None:
+        return
+    tp = args.integer("--tensor-model-parallel-size", 1)
+    priced = BEHAVIOUR.vocab_padding_multiple
+    if padded_vocab(model.vocab_size, tp, given) != padded_vocab(model.vocab_size, tp, priced):
+        raise CaseError(args.src, "--make-vocab-size-divisible-by",
+                        f"{given} pads the case's vocabulary {model.vocab_size} to "
+                        f"{padded_vocab(model.vocab_size, tp, given)} at tp {tp}; the estimate prices "
+                        f"Megatron-LM's default {priced}, {padded_vocab(model.vocab_size, tp, priced)}")
 
 
 def _check_capacity_and_dropout(args: _Args, model) -> None:
