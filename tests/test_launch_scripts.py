@@ -1611,3 +1611,18 @@ def test_an_array_word_after_a_commands_name_is_a_syntax_error_as_in_bash(tmp_pa
         read_script(f"#!/bin/bash\n{line}\n", "s.sh")
     assert [c.fields for c in read_script("#!/bin/bash\nX=1 export A=(1 2)\ntorchrun \"${A[@]}\"\n", "s.sh").commands] \
         == [("torchrun", "1", "2")]
+
+
+@needs_bash
+@pytest.mark.parametrize("setting", [
+    f"f() {{ local {CONNECTIONS}=32; export {CONNECTIONS}; {TRAIN}; }}\nf\n",  # local of a readonly global fails
+    f"f() {{ local {CONNECTIONS}; {CONNECTIONS}=32 {TRAIN}; }}\nf\n",
+    f"readonly {CONNECTIONS}=1 {CONNECTIONS}=32\n{TRAIN}\n",  # readonly from its own first word on
+    f"declare {CONNECTIONS}=32 OTHER=1\n{TRAIN}\n",
+    f"f() {{ {TRAIN}; }}\n{CONNECTIONS}=32 f\n",  # a function's prefix fails; the function runs
+])
+def test_a_readonly_variable_keeps_its_value_in_a_call_and_a_declaration(tmp_path, setting):
+    """Past `readonly CUDA_DEVICE_MAX_CONNECTIONS=1`, a function's `local CUDA_DEVICE_MAX_CONNECTIONS=32`, a
+    function call's `CUDA_DEVICE_MAX_CONNECTIONS=32 f` prefix and a `readonly X=1 X=32` were read as passing 32
+    (refused), where bash refuses each of them ("readonly variable") and the training gets 1."""
+    read_as_bash_does(tmp_path, f"#!/bin/bash\nexport {CONNECTIONS}=1\nreadonly {CONNECTIONS}\n{setting}", None)

@@ -299,7 +299,14 @@ class _Commands(_Expander):
         if ("u" in options) != ("l" in options):  # bash applies neither where both are given
             self.letter_cases.update(dict.fromkeys(declared, "u" if "u" in options else "l"))
         touched: list[str] = []  # the names it sets or changes
+        makes_readonly = command == "readonly" or ("r" in options and not scoped)
         for tok in rest[1:]:
+            if (tok.kind == "array" or _is_assignment(tok.text) or (scoped and _NAME.fullmatch(tok.text))) \
+                    and self.readonly_global(_declared_name(tok), scoped):
+                # bash refuses this name alone ("readonly variable": a local of it too, `local X=32`, `local X`)
+                # and goes on with the declaration's other words: the readonly global keeps its value
+                self.note(f"{command} {_declared_name(tok)} fails in bash (a readonly variable): it keeps its value")
+                continue
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
                 name = _declared_name(tok)
                 new = name not in self.frames[-1]  # not yet this call's (X=9 f's X is: kept, as bash keeps it)
@@ -335,6 +342,8 @@ class _Commands(_Expander):
                 if set("aA") & set(options):
                     self.make_array(name)
                 touched.append(name)
+                if makes_readonly and not any(name in frame for frame in self.frames):
+                    self.readonly.add(name)  # at once: `readonly X=1 X=32` fails at its second word
             elif tok.text.startswith(("-", "+")):
                 pass  # the options, read above
             else:
@@ -352,7 +361,7 @@ class _Commands(_Expander):
                         # exported only where the caller exported it (X=5) is decided either way now:
                         # `X=5; export -n X` passes nothing, whatever the caller exported.
                         self.vars[name] = replace(var, exported=exported, inherited=False)
-        if command == "readonly" or ("r" in options and not scoped):
+        if makes_readonly:
             self.readonly.update(name for name in touched if not any(name in frame for frame in self.frames))
         if exported is False:
             # export -n X, declare +x X: the script's X, the one a caller's exported X became as bash started,
@@ -365,6 +374,13 @@ class _Commands(_Expander):
                 if scope is not None and name in scope.temporary:
                     scope.propagated.add(name)
         return _TRUE
+
+    def readonly_global(self, name: str, scoped: bool, frames: Optional[Sequence] = None) -> bool:
+        """Whether setting ``name`` here (a local of it where ``scoped``) meets a readonly global, which
+        bash refuses: no call's local hides it (``frames``: the calls' scopes, all of them by default), and a
+        local of it in the current call is its own."""
+        frames = self.frames if frames is None else frames
+        return name in self.readonly and not any(name in frame for frame in frames)
 
     def make_array(self, name: str) -> None:
         """``declare -a X=32`` (or ``-A``): X is an array, its value X[0] (Bash Reference Manual, 6.7 Arrays),
@@ -617,6 +633,10 @@ class _Commands(_Expander):
             for tok in assignments:  # in order, each seeing those before it; an array's is not passed
                 if tok.kind != "array":
                     name = _ASSIGNMENT.match(tok.text).group(1)
+                    if self.readonly_global(name, False, self.frames[:-1]):
+                        # bash refuses the prefix ("readonly variable") and runs the function, the value as it was
+                        self.note(f"{name}=... before a function fails in bash (a readonly variable): it keeps its value")
+                        continue
                     frame.setdefault(name, self.vars.get(name))
                     frame.temporary.add(name)
                     self.assign(tok, exported=True)
