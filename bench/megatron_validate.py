@@ -83,7 +83,7 @@ exec "$VALIDATE_PYTHON" -W ignore "$VALIDATE_SCRIPT" "$program" "$@"
 # release's megatron afresh (nothing of megatron is imported before the fork); CLIENT exits with the
 # child's status.
 SERVER = '''
-import json, os, socket, sys, traceback, typing, warnings
+import json, os, selectors, socket, sys, traceback, typing, warnings
 warnings.simplefilter("ignore")
 typing.override = getattr(typing, "override", lambda f: f)
 import torch, torch.distributed, torch.distributed.tensor, torch._dynamo, torch._inductor.compile_fx  # noqa
@@ -91,7 +91,15 @@ listener = socket.socket(socket.AF_UNIX)
 listener.bind(sys.argv[1])
 listener.listen()
 print("ready", flush=True)
+# Its standard input is a pipe its starter holds and never writes: end of file there is the starter gone
+# (killed by SIGTERM or SIGKILL, whose finally never ran), and the server goes too, its socket with it.
+watch = selectors.DefaultSelector()
+watch.register(listener, selectors.EVENT_READ)
+watch.register(0, selectors.EVENT_READ)
 while True:
+    if any(key.fd == 0 for key, _ in watch.select()) and not os.read(0, 1):
+        os.unlink(sys.argv[1])
+        sys.exit(0)
     conn, _ = listener.accept()
     message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
     while not message.endswith(b"\\n"):
@@ -342,18 +350,28 @@ def run(git_dir: str, refs: list[str], cases: list[dict]) -> list[dict]:
             release = Path(tmp) / ref
             release.mkdir()
             extra = prepare(git_dir, ref, release)
-            (release / "server.py").write_text(SERVER)
-            (release / "client.py").write_text(CLIENT)
-            server = subprocess.Popen([sys.executable, str(release / "server.py"), str(release / "validate.sock")],
-                                      stdout=subprocess.PIPE, text=True)
+            server = start_server(release)
             try:
-                if server.stdout.readline().strip() != "ready":
-                    raise SystemExit(f"{ref}: the validator's server did not start")
                 results += run_release(ref, release, extra, cases, plans, Path(tmp))
             finally:
                 server.kill()
                 server.wait()
     return results
+
+
+def start_server(release: Path) -> subprocess.Popen:
+    """The release's validator server (SERVER), ready on release/validate.sock, and its client. Its
+    standard input is a pipe this Python holds: where this Python dies without its finally (SIGTERM's
+    default, SIGKILL), the server sees end of file there and exits, not left serving with torch imported."""
+    (release / "server.py").write_text(SERVER)
+    (release / "client.py").write_text(CLIENT)
+    server = subprocess.Popen([sys.executable, str(release / "server.py"), str(release / "validate.sock")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if server.stdout.readline().strip() != "ready":
+        server.kill()
+        server.wait()
+        raise SystemExit(f"{release.name}: the validator's server did not start")
+    return server
 
 
 def run_release(ref: str, release: Path, extra, cases: list[dict], plans: list, tmp: Path) -> list[dict]:

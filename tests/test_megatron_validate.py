@@ -91,3 +91,42 @@ def test_resolved_arguments_are_compared_key_by_key():
         "gradient accumulation: planned 4, resolved 8",
         "overlap_param_gather: priced overlapped, resolved off",
     ]
+
+
+@pytest.mark.slow
+def test_the_validators_server_goes_when_the_python_that_started_it_is_killed(tmp_path):
+    """The server imports torch and serves forever; run() killed it in a finally, which SIGTERM's default
+    (a CI job cancelled, `timeout`) and SIGKILL never run: it was left serving, torch imported, its socket
+    in a temporary folder nothing removes. It now reads end of file on the pipe its starter holds and goes."""
+    import signal
+    import time
+
+    starter = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+                               "import megatron_validate as mv; print(mv.start_server(Path(sys.argv[2])).pid, "
+                               "flush=True); time.sleep(600)", str(ROOT / "bench"), str(tmp_path)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        server = int(starter.stdout.readline())
+        assert (tmp_path / "validate.sock").exists()
+        starter.send_signal(signal.SIGTERM)
+        starter.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _running(server):
+            time.sleep(0.1)
+        alive = _running(server)
+        if alive:
+            os.kill(server, signal.SIGKILL)
+        assert not alive, "the server outlived the Python that started it"
+        assert not (tmp_path / "validate.sock").exists()
+    finally:
+        starter.kill()
+        starter.wait()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (not gone, nor a zombie its new parent has yet to reap)."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return False
