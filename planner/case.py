@@ -22,7 +22,7 @@ from cost_models.memory import usable_bytes
 from .case_cluster import _cluster, cluster_profile, gpu_from_profile
 from .case_errors import case_message, spec_errors
 from .engines import ENGINES
-from .errors import CaseError, one_line
+from .errors import CaseError, as_typed, one_line
 from .fitted import check_fitted_figures_kept, read_fitted
 from .fields import (describe, read_bool, read_figure, read_file_path, read_for, read_int, read_mapping, read_number,
                      read_recompute_layers, read_str, read_unit, required)
@@ -138,8 +138,11 @@ def read_case(case: Any) -> tuple[Any, str, Path]:
         if not os.fspath(case).strip():  # Path("") is the working directory: "'.' is a directory"
             raise CaseError("<case>", "", "expected a case file's path, got an empty one")
         if isinstance(case, str) and _looks_like_text(case):
-            raise CaseError("<case>", "", "expected a case file's path or a dict in the case-file schema, got text that "
-                                          "names no file (YAML or JSON? parse it first: yaml.safe_load(text))")
+            # What was given, cut: a path with a ": " in it that names no file reads as text too, and a
+            # refusal that did not show it left its author looking for YAML they never wrote.
+            raise CaseError("<case>", "", f"expected a case file's path or a dict in the case-file schema, got "
+                                          f"{one_line(as_typed(case), 200)}, which names no file (a case's YAML or "
+                                          "JSON text? parse it first: yaml.safe_load(text))")
         path = Path(case)
         return without_extensions(_parsed(path)), str(path), path.parent
     raise CaseError("<case>", "", f"expected a case-file path or a mapping, got {type(case).__name__}")

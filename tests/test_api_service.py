@@ -310,3 +310,15 @@ def test_the_package_says_its_version_as_the_cli_does():
     assert planner.__version__ == version("layout-planner")
     with pytest.raises(AttributeError, match="module 'planner' has no attribute '__nope__'"):
         planner.__nope__
+
+
+def test_a_case_string_refused_as_text_shows_what_was_given():
+    """A path holding ": " that names no file (a folder named for its run, "runs/lr: 3e-4/case.yaml") is
+    refused as text, and the refusal named nothing of it: its author was told to parse YAML they never
+    wrote, without the path that was missing."""
+    for given, shown in (("runs/lr: 3e-4/case.yaml", "'runs/lr: 3e-4/case.yaml'"),
+                         ("model: {preset: llama3-8b}", "'model: {preset: llama3-8b}'"),
+                         ("model:\n  preset: llama3-8b\n" * 10, "'model:\\n  preset: llama3-8b\\nmodel:\\n  pres…' (270 characters)")):
+        with pytest.raises(planner.CaseError) as error:
+            planner.estimate(given)
+        assert shown in error.value.expected and "\n" not in str(error.value), str(error.value)
