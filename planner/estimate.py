@@ -50,7 +50,8 @@ class Estimate:
     # same limit `estimate`, `diagnose` and `plan` hold every layout to.
     headroom: float = 0.0
     # What `estimate` says on stderr beside it (:func:`estimate_notes`: an engine left unset, priced as
-    # plain PyTorch runs it; a mixture of experts' unstated routing), as Plan.notes and Sizing.notes carry
+    # plain PyTorch runs it; a mixture of experts' unstated routing; a seq_len past the hf_config's
+    # max_position_embeddings), as Plan.notes and Sizing.notes carry
     # theirs: the API's `planner.estimate` fills it, an estimate inside a plan or a sizing leaves it empty
     # (theirs carry it). Beside the figures: not in to_dict (`estimate --json`), nor in equality.
     notes: tuple[str, ...] = field(default=(), compare=False)

@@ -322,3 +322,15 @@ def test_a_case_string_refused_as_text_shows_what_was_given():
         with pytest.raises(planner.CaseError) as error:
             planner.estimate(given)
         assert shown in error.value.expected and "\n" not in str(error.value), str(error.value)
+
+
+def test_estimate_notes_carry_a_sequence_past_the_hf_configs_positions():
+    """Estimate.notes (1fc76d7) is documented as what `estimate` says on stderr, and the note of a
+    seq_len past the hf_config's max_position_embeddings (3f66b99) is one: the API's caller gets it too."""
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "hf" / "Llama-2-7b-hf"
+    est = planner.estimate({"model": {"hf_config": str(fixture)}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+                            "training": {"global_batch_size": 8, "seq_len": 8192, "engine": "megatron"},
+                            "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 1}})
+    assert any("max_position_embeddings" in note for note in est.notes), est.notes
