@@ -598,7 +598,8 @@ def fake_gate_routing(row: dict, moe: dict) -> dict:
     (DeepSeek-V3's node-limited groups included): E/k groups of k contiguous experts, one picked a
     token, round-robin, so every group alike. A DeepEP dispatch then sends each token to the one
     domain that holds its group (``cost_models.experts.remote_domains_per_token``: (D − 1)/D remote
-    domains a token), not to the 4.59 of 8 nodes a random top-8 of 256 reaches. Megatron's forced
+    domains a token), not to the 4.59 of the other 7 nodes a random top-8 of 256 reaches (of 8 nodes, 8 experts a
+    token drawn as with replacement: 7·(1 − (7/8)^8), ``remote_domains_per_token``'s ungrouped count). Megatron's forced
     balancing (``moe_router_force_load_balancing``: random logits, ``moe_utils.apply_random_logits``)
     keeps the router's groups and is not this. Where k does not divide E a token's window wraps
     around the experts' ends: not groups, left to the router's own fields."""
