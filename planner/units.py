@@ -82,6 +82,8 @@ def _suffixed(text: object, units: dict[str, float], what: str, example: str, ma
         value = float(match.group(1)) * units[unit]
     else:
         raise UnitError(f"{expected}, got {_shown(text)}")
+    if math.isnan(value):  # neither above zero nor past the maximum: "at most 1e+25, got nan" misled
+        raise UnitError(f"{expected}, a number, got {_shown(text)}")
     if value <= 0:
         raise UnitError(f"{expected}, above zero, got {_shown(text)}")
     if not value <= maximum:  # an overflow to infinity too

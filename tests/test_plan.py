@@ -550,6 +550,9 @@ def test_plan_says_the_days_its_pick_takes_for_a_token_count(tmp_path):
     path = tmp_path / "case.yaml"
     path.write_text(json.dumps(BASE))
     result = planner.plan(path, top_k=0, tokens="2T")
+    # The API's NaN is neither above zero nor past the bound: it read "at most 1e+25, got nan".
+    with pytest.raises(planner.CaseError, match=r"expected a token count like 15T \(K, M, B, T\), a number, got nan$"):
+        planner.plan(path, top_k=0, tokens=float("nan"))
     assert result.tokens == 2e12
     assert result.days == pytest.approx(2e12 / result.best.tokens_per_s / 86400, rel=1e-12)
     printed = json.loads(run_cli("plan", str(path), "--top", "0", "--tokens", "2T", "--json").stdout)
