@@ -106,26 +106,40 @@ def test_the_models_parameters_and_model_flops_keep_the_model_cards_vocabulary()
 
 
 @pytest.mark.parametrize("divisible_by, rows", [(128, PADDED), (256, PADDED), (64, 128_512), (1, VOCAB)])
-def test_a_megatron_list_that_pads_otherwise_is_refused(divisible_by, rows):
+def test_a_megatron_list_that_pads_otherwise_is_said(divisible_by, rows):
     """--make-vocab-size-divisible-by 256 at tp 8 pads to 129,024 as well (63 · 2,048); 64 to 128,512
-    (251 · 512) and 1 not at all: neither is what was priced."""
-    from planner.engines.megatron.read import _check_vocab_padding
+    (251 · 512) and 1 not at all: neither is what was priced, which a note says with both row counts."""
+    from planner.engines.megatron.read import vocab_padding_note
 
     assert padded_vocab(VOCAB, TP, divisible_by) == rows
-    args = _FakeArgs({"--tensor-model-parallel-size": TP, "--make-vocab-size-divisible-by": divisible_by})
+    flags = {"--tensor-model-parallel-size": str(TP), "--make-vocab-size-divisible-by": str(divisible_by)}
+    note = vocab_padding_note("megatron_args.txt", flags, job("megatron").model)
     if rows == PADDED:
-        _check_vocab_padding(args, job("megatron").model)
+        assert note is None
     else:
-        with pytest.raises(CaseError, match="make-vocab-size-divisible-by"):
-            _check_vocab_padding(args, job("megatron").model)
+        assert note == (f"megatron_args.txt gives --make-vocab-size-divisible-by {divisible_by}: Megatron-LM pads the "
+                        f"vocabulary 128,256 to {rows:,} rows at tp 8, priced at its default 128's 129,024 (the "
+                        "embedding, LM head and logits); drop the flag to run what was priced")
 
 
-class _FakeArgs:
-    """The reader's parsed list, as far as _check_vocab_padding reads it."""
-    src = "megatron_args.txt"
+def test_diagnose_says_a_list_that_pads_otherwise_and_refuses_one_that_is_no_positive_integer(tmp_path):
+    """Through diagnose: the emitted list with --make-vocab-size-divisible-by 64 is diagnosed with the
+    note; with 0 (Megatron-LM divides by it) it is refused naming the flag."""
+    from planner.diagnose import diagnose
+    from planner.engines.megatron import emit as megatron
+    from planner.estimate import estimate
 
-    def __init__(self, values: dict):
-        self.values = values
-
-    def integer(self, flag, default=None):
-        return self.values.get(flag, default)
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "megatron"},
+            "layout": {"tp": 8, "sequence_parallel": True, "micro_batch_size": 1, "recompute": "full"}}
+    text = megatron.render(estimate(case), ["header"])[megatron.ARGS_FILE]
+    for given, refused in (("64", False), ("0", True)):
+        path = tmp_path / f"args_{given}.txt"
+        path.write_text(text + f"--make-vocab-size-divisible-by {given}\n")
+        if refused:
+            with pytest.raises(CaseError) as error:
+                diagnose(case, megatron_args=path)
+            assert error.value.key == "--make-vocab-size-divisible-by"
+        else:
+            notes = diagnose(case, megatron_args=path).notes
+            assert any("pads the vocabulary 128,256 to 128,512 rows at tp 8" in note for note in notes), notes

@@ -499,7 +499,7 @@ def _check_model(args: _Args, model, training) -> None:
         _check_moe_layers(args, model)
     _check_window(args, model)
     _check_vocab(args, model)
-    _check_vocab_padding(args, model)
+    args.integer("--make-vocab-size-divisible-by")  # a positive integer; otherwise, vocab_padding_note
     base = args.integer("--rotary-base")  # an integer to Megatron-LM (arguments.py: type=int), above 0
     if base is not None and base > MAX_ROPE_BASE:
         raise CaseError(args.src, "--rotary-base", f"expected RoPE's base, at most {MAX_ROPE_BASE:g}, got {base}")
@@ -714,20 +714,22 @@ def _check_vocab(args: _Args, model) -> None:
                                                   f"{model.vocab_size} (model.vocab_size)")
 
 
-def _check_vocab_padding(args: _Args, model) -> None:
-    """``--make-vocab-size-divisible-by``, where the list gives it, pads the case's vocabulary as the
-    estimate does (``EngineBehaviour.vocab_padding_multiple``, Megatron-LM's default): the padded
-    embedding, LM head and logits are priced, so another multiple runs what was not priced."""
-    given = args.integer("--make-vocab-size-divisible-by")
-    if given is None:
-        return
-    tp = args.integer("--tensor-model-parallel-size", 1)
-    priced = BEHAVIOUR.vocab_padding_multiple
-    if padded_vocab(model.vocab_size, tp, given) != padded_vocab(model.vocab_size, tp, priced):
-        raise CaseError(args.src, "--make-vocab-size-divisible-by",
-                        f"{given} pads the case's vocabulary {model.vocab_size} to "
-                        f"{padded_vocab(model.vocab_size, tp, given)} at tp {tp}; the estimate prices "
-                        f"Megatron-LM's default {priced}, {padded_vocab(model.vocab_size, tp, priced)}")
+def vocab_padding_note(name: str, flags: dict, model) -> Optional[str]:
+    """A line where the list's ``--make-vocab-size-divisible-by`` pads the case's vocabulary otherwise
+    than the estimate (``EngineBehaviour.vocab_padding_multiple``, Megatron-LM's default 128, times tp:
+    ``_vocab_size_with_padding``): the embedding, LM head and logits run with the list's rows, priced
+    with the default's, a fraction of a percent of most steps. A value that is no positive integer
+    read() refuses."""
+    given, tp = flags.get("--make-vocab-size-divisible-by"), flags.get("--tensor-model-parallel-size") or "1"
+    if given is None or not (given.strip().isdigit() and tp.strip().isdigit()) or int(given) < 1 or int(tp) < 1:
+        return None
+    given, tp, priced = int(given), int(tp), BEHAVIOUR.vocab_padding_multiple
+    built, estimated = padded_vocab(model.vocab_size, tp, given), padded_vocab(model.vocab_size, tp, priced)
+    if built == estimated:
+        return None
+    return (f"{name} gives --make-vocab-size-divisible-by {given}: Megatron-LM pads the vocabulary "
+            f"{model.vocab_size:,} to {built:,} rows at tp {tp}, priced at its default {priced}'s {estimated:,} "
+            "(the embedding, LM head and logits); drop the flag to run what was priced")
 
 
 def _check_capacity_and_dropout(args: _Args, model) -> None:
@@ -846,6 +848,8 @@ def architecture_notes(path: Path, case) -> list[str]:
                          "model's dtype (auto: bf16 here): give it to diagnose the run as your release runs it")
     if model.is_moe:
         notes += _expert_notes(path.name, flags, model)
+    if (padding := vocab_padding_note(path.name, flags, model)) is not None:
+        notes.append(padding)
     if "--num-layers" not in flags:
         return notes
 
