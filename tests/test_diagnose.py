@@ -497,6 +497,7 @@ def test_deepspeed_reads_as_deepspeed_does_what_it_takes_and_refuses_what_it_ref
                                                     "offload_optimizer": {"device": "cpu"}}},
      "with the optimizer offloaded"),
     ({"gradient_clipping": 0}, None),
+    ({"gradient_clipping": "auto"}, None),  # the Trainer's to fill: said in a note (below)
 ])
 def test_compute_grad_norm_false_is_held_to_what_the_zero_optimizer_takes(tmp_path, extra, refused):
     """zero_optimization.compute_grad_norm false at stage 2 with gradient_clipping left at DeepSpeed's
@@ -515,7 +516,11 @@ def test_compute_grad_norm_false_is_held_to_what_the_zero_optimizer_takes(tmp_pa
             "zero_optimization": {"stage": 2, "compute_grad_norm": False}}
     path = _write_config(tmp_path, {**base, **extra})
     if refused is None:
-        assert diagnose(CASE_8, config=path).estimate.job.layout.zero_stage == 2
+        result = diagnose(CASE_8, config=path)
+        assert result.estimate.job.layout.zero_stage == 2
+        # "auto" is the Hugging Face Trainer's --max_grad_norm, 1.0 by default (TrainingArguments): a note.
+        said = [note for note in result.notes if "--max_grad_norm 0" in note]
+        assert len(said) == (extra.get("gradient_clipping") == "auto"), result.notes
         return
     with pytest.raises(CaseError) as error:
         diagnose(CASE_8, config=path)

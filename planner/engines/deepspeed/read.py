@@ -290,6 +290,14 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
                             "false: DeepSpeed's ZeRO optimizer refuses it with the optimizer offloaded "
                             "(runtime/zero/stage_1_and_2.py)")
     notes = [] if (clipping := clipping_note(path, config)) is None else [clipping]
+    if config.get("gradient_clipping") == "auto" and "compute_grad_norm" in zero \
+            and not _lax_bool(src, "zero_optimization.compute_grad_norm", zero["compute_grad_norm"]):
+        # The Hugging Face Trainer fills "auto" with TrainingArguments.max_grad_norm (1.0 unless given:
+        # transformers' integrations/deepspeed.py, trainer_config_process), which the refusal above names.
+        notes.append(f"{path.name}: gradient_clipping \"auto\" beside zero_optimization.compute_grad_norm false: the "
+                     "Hugging Face Trainer fills it with --max_grad_norm, 1.0 unless given, and DeepSpeed's ZeRO "
+                     "optimizer refuses any clip above 0 without the gradient norm (runtime/zero/stage_1_and_2.py): "
+                     "pass --max_grad_norm 0")
     # (Not under a pipeline, whose engine turns overlap_comm off and reduces after the schedule drains,
     # engine.py; nor for the BF16_Optimizer, which takes no overlap_comm: the estimate prices neither
     # overlapped, dp_time.)
