@@ -1626,3 +1626,30 @@ def test_a_readonly_variable_keeps_its_value_in_a_call_and_a_declaration(tmp_pat
     function call's `CUDA_DEVICE_MAX_CONNECTIONS=32 f` prefix and a `readonly X=1 X=32` were read as passing 32
     (refused), where bash refuses each of them ("readonly variable") and the training gets 1."""
     read_as_bash_does(tmp_path, f"#!/bin/bash\nexport {CONNECTIONS}=1\nreadonly {CONNECTIONS}\n{setting}", None)
+
+
+@needs_bash
+@pytest.mark.parametrize("script, refused", [
+    # the prefix fails; the command runs with the readonly local's value
+    (f"f() {{ local -x {CONNECTIONS}=1; declare -r {CONNECTIONS}; {CONNECTIONS}=32 {TRAIN}; }}\nf\n", None),
+    (f"f() {{ local -x {CONNECTIONS}=1; readonly {CONNECTIONS}; {CONNECTIONS}=32 {TRAIN}; }}\nf\n", None),
+    # the assignment fails: bash abandons the line that called f, and the script goes on
+    (f"f() {{ local -x {CONNECTIONS}=1; declare -r {CONNECTIONS}; {CONNECTIONS}=32; {TRAIN}; }}\nf\n{TRAIN}\n",
+     None),
+    (f"export {CONNECTIONS}=1\nf() {{ local -r {CONNECTIONS}=1; g; }}\ng() {{ {CONNECTIONS}=32; {TRAIN}; }}\nf\n{TRAIN}\n",
+     None),
+    # unset fails, and a second local of it in its own call; a callee's new local hides it, as bash allows
+    (f"f() {{ local -rx {CONNECTIONS}=32; unset {CONNECTIONS}; {TRAIN}; }}\nf\n", "'32'"),
+    (f"f() {{ local -rx {CONNECTIONS}=32; local {CONNECTIONS}=1; {TRAIN}; }}\nf\n", "'32'"),
+    (f"f() {{ local -rx {CONNECTIONS}=32; g; }}\ng() {{ local {CONNECTIONS}=1; {TRAIN}; }}\nf\n", None),
+    # gone with its call: the global it hid is assigned after the return
+    (f"f() {{ local -r {CONNECTIONS}=32; }}\nf\nexport {CONNECTIONS}=1\n{TRAIN}\n", None),
+    # ... but readonly of a call's X=32 prefix, which bash keeps past the return, keeps it readonly too
+    (f"f() {{ readonly {CONNECTIONS}; }}\n{CONNECTIONS}=32 f\n{CONNECTIONS}=1\n{TRAIN}\n", "'32'"),
+])
+def test_a_functions_readonly_local_keeps_its_value_in_its_call(tmp_path, script, refused):
+    """`f() { local -x CUDA_DEVICE_MAX_CONNECTIONS=1; declare -r CUDA_DEVICE_MAX_CONNECTIONS;
+    CUDA_DEVICE_MAX_CONNECTIONS=32; torchrun ...; }` was read as launching with 32, where bash refuses to assign
+    the function's readonly local ("readonly variable") and abandons the line that called f, the launch in it
+    never run; only readonly globals were followed (Bash Reference Manual, 4.2 Bash Builtins: declare, local)."""
+    read_as_bash_does(tmp_path, f"#!/bin/bash\n{script}", refused)

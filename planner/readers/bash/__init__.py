@@ -29,10 +29,11 @@ and ``unset`` take a variable out, a caller's exported one too, a function's loc
 read through the commands that start another (``exec``, whose ``-c`` empties it, ``command``, ``time``,
 ``nohup``, ``nice``, ``stdbuf``, ``timeout``, ``srun``, ``numactl``, ``taskset``); a variable the script
 leaves alone is the caller's, and one it sets without ``export`` (``X=32``, ``readonly``, ``declare -i``, ``local``, ``printf -v``, ``let``, ``for``) is there only where the caller exported the name, as bash exports what it inherits (Bash Reference Manual, 3.7.4 Environment; an array, never: ``Command.environment``'s conditional) (the reserved word ``time [-p]`` is no command: ``time X=3 torchrun`` passes X=3).
-A ``readonly`` variable (``readonly X``, ``declare -r X`` outside a function) keeps its value: an assignment
-to it fails as in bash, the rest of its line abandoned; a declaration's word for it (``local X=32``, ``declare X=32``,
-``readonly X=1 X=32``'s second) and a function call's ``X=32 f`` prefix fail alone, the declaration's other words
-assigned and the function run (a function's readonly locals are not followed).
+A ``readonly`` variable (``readonly X``, ``declare -r X``; a function's ``local -r X`` until the call returns) keeps
+its value: an assignment to it fails as in bash, the rest of its line abandoned (the line that called the function,
+where it fails in one); a declaration's word for it (``local X=32``, ``declare X=32``, ``readonly X=1 X=32``'s
+second; a new local of a calling function's readonly local hides it, as bash allows) and a function call's ``X=32 f``
+prefix fail alone, the declaration's other words assigned and the function run.
 Not followed: ``sudo``.
 
 Conditions: ``[ ... ]``, ``test`` and ``[[ ... ]]`` with ``=``, ``==``, ``!=`` (patterns in

@@ -196,7 +196,7 @@ class _Commands(_Expander):
         hid showing again; only a variable no call made local is gone from the script, and from the
         environment of what it starts, whatever the caller's held."""
         scope = next((frame for frame in reversed(self.frames) if name in frame), None)
-        if scope is None and name in self.readonly:
+        if self.meets_readonly(name):
             self.note(f"unset {name} fails in bash (a readonly variable): it keeps its value")
         elif scope is None:
             self.vars.pop(name, None)
@@ -299,12 +299,12 @@ class _Commands(_Expander):
         if ("u" in options) != ("l" in options):  # bash applies neither where both are given
             self.letter_cases.update(dict.fromkeys(declared, "u" if "u" in options else "l"))
         touched: list[str] = []  # the names it sets or changes
-        makes_readonly = command == "readonly" or ("r" in options and not scoped)
+        makes_readonly = command == "readonly" or "r" in options
         for tok in rest[1:]:
             if (tok.kind == "array" or _is_assignment(tok.text) or (scoped and _NAME.fullmatch(tok.text))) \
-                    and self.readonly_global(_declared_name(tok), scoped):
+                    and self.meets_readonly(_declared_name(tok), bool(scoped)):
                 # bash refuses this name alone ("readonly variable": a local of it too, `local X=32`, `local X`)
-                # and goes on with the declaration's other words: the readonly global keeps its value
+                # and goes on with the declaration's other words: the readonly variable keeps its value
                 self.note(f"{command} {_declared_name(tok)} fails in bash (a readonly variable): it keeps its value")
                 continue
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
@@ -342,8 +342,8 @@ class _Commands(_Expander):
                 if set("aA") & set(options):
                     self.make_array(name)
                 touched.append(name)
-                if makes_readonly and not any(name in frame for frame in self.frames):
-                    self.readonly.add(name)  # at once: `readonly X=1 X=32` fails at its second word
+                if makes_readonly:
+                    self.mark_readonly(name, global_)  # at once: `readonly X=1 X=32` fails at its second word
             elif tok.text.startswith(("-", "+")):
                 pass  # the options, read above
             else:
@@ -361,8 +361,8 @@ class _Commands(_Expander):
                         # exported only where the caller exported it (X=5) is decided either way now:
                         # `X=5; export -n X` passes nothing, whatever the caller exported.
                         self.vars[name] = replace(var, exported=exported, inherited=False)
-        if makes_readonly:
-            self.readonly.update(name for name in touched if not any(name in frame for frame in self.frames))
+        for name in touched if makes_readonly else ():
+            self.mark_readonly(name, global_)
         if exported is False:
             # export -n X, declare +x X: the script's X, the one a caller's exported X became as bash started,
             # leaves the environment, decidedly, until exported again (a function's local alone: the global
@@ -374,13 +374,6 @@ class _Commands(_Expander):
                 if scope is not None and name in scope.temporary:
                     scope.propagated.add(name)
         return _TRUE
-
-    def readonly_global(self, name: str, scoped: bool, frames: Optional[Sequence] = None) -> bool:
-        """Whether setting ``name`` here (a local of it where ``scoped``) meets a readonly global, which
-        bash refuses: no call's local hides it (``frames``: the calls' scopes, all of them by default), and a
-        local of it in the current call is its own."""
-        frames = self.frames if frames is None else frames
-        return name in self.readonly and not any(name in frame for frame in frames)
 
     def make_array(self, name: str) -> None:
         """``declare -a X=32`` (or ``-A``): X is an array, its value X[0] (Bash Reference Manual, 6.7 Arrays),
@@ -633,7 +626,7 @@ class _Commands(_Expander):
             for tok in assignments:  # in order, each seeing those before it; an array's is not passed
                 if tok.kind != "array":
                     name = _ASSIGNMENT.match(tok.text).group(1)
-                    if self.readonly_global(name, False, self.frames[:-1]):
+                    if self.meets_readonly(name, frames=self.frames[:-1]):
                         # bash refuses the prefix ("readonly variable") and runs the function, the value as it was
                         self.note(f"{name}=... before a function fails in bash (a readonly variable): it keeps its value")
                         continue
@@ -651,6 +644,8 @@ class _Commands(_Expander):
                     for outer in self.frames:
                         if name in outer:
                             outer.propagated.add(name)
+                    if name in frame.readonly:  # X=9 f; f's readonly X: readonly past the call too
+                        self.mark_readonly(name)
                 elif before is None:
                     self.vars.pop(name, None)
                 else:

@@ -38,18 +38,21 @@ class _Frame(dict):
     those of them ``export`` or ``readonly`` took in the call, whose value bash keeps past its return;
     ``exported``: the call's locals that hold the export attribute while unset (``local X`` of an exported
     X, ``local -x X``), which the value a later ``X=32`` gives them keeps (bash's variables.c,
-    make_local_variable: a new local takes the export attribute of the variable it hides)."""
+    make_local_variable: a new local takes the export attribute of the variable it hides); ``readonly``: the
+    call's locals made readonly (``local -r X``, ``declare -r X``, ``readonly X`` of a local), which bash
+    refuses to set or unset until the call returns and they go with it."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.temporary: set[str] = set()
         self.propagated: set[str] = set()
         self.exported: set[str] = set()
+        self.readonly: set[str] = set()
 
     def copy(self) -> "_Frame":
         frame = _Frame(self)
         frame.temporary, frame.propagated = set(self.temporary), set(self.propagated)
-        frame.exported = set(self.exported)
+        frame.exported, frame.readonly = set(self.exported), set(self.readonly)
         return frame
 
 
@@ -113,7 +116,9 @@ class _State:
         # Names `export X` (declare -x X) exported while unset, outside any call's locals: the value a later
         # X=32 gives them is exported (bash keeps the attribute on the unset variable), whatever the caller had.
         self.exported_unset: set[str] = set()
-        self.readonly: set[str] = set()  # readonly X, declare -r X outside a call: bash refuses to set or unset them
+        # readonly X, declare -r X of a variable no call made local: bash refuses to set or unset them (a
+        # function's readonly locals are its frame's: _Frame.readonly)
+        self.readonly: set[str] = set()
         self.integers: set[str] = set()  # declare -i: an assignment's value is evaluated as arithmetic
         self.letter_cases: dict[str, str] = {}  # declare -u / -l: "u" or "l", the case its values are stored in
         self.in_condition = 0
@@ -204,7 +209,7 @@ class _State:
     def set_var(self, name: str, value: Union[str, list], deps: dict, append: bool = False,
                 index: Optional[str] = None, exported: Optional[bool] = None, global_: bool = False) -> None:
         """``global_``: the script's own variable set past the calls' locals (declare -g)."""
-        if name in self.readonly and (global_ or not any(name in frame for frame in self.frames)):
+        if (name in self.readonly) if global_ else self.meets_readonly(name):
             from .arith import _ExpansionError
 
             # bash refuses it, the value left as it was, and abandons the rest of the line as for an expansion
@@ -262,6 +267,24 @@ class _State:
                                self.allexport or (old.exported if exported is None and old is not None
                                                   else bool(exported)),
                                size, self.generation, self.inherits_export(name, old, exported))
+
+    def meets_readonly(self, name: str, scoped: bool = False, frames: Optional[list] = None) -> bool:
+        """Whether setting ``name`` here (a local of it in the current call where ``scoped``) meets a readonly
+        variable, which bash refuses: the one the innermost of ``frames`` (the calls' scopes, all of them by
+        default) that made it local holds, else the global. A new local of it may hide a calling function's
+        readonly local (bash allows it), not a readonly global, nor its own call's (variables.c,
+        make_local_variable)."""
+        frames = self.frames if frames is None else frames
+        scope = next((frame for frame in reversed(frames) if name in frame), None)
+        if scope is None:
+            return name in self.readonly
+        return name in scope.readonly and (not scoped or scope is frames[-1])
+
+    def mark_readonly(self, name: str, global_: bool = False) -> None:
+        """``readonly NAME`` (``declare -r``, ``local -r``): the variable the name now reads, a call's local
+        (gone with the call) or the global (``global_``: declare -g's, past any local)."""
+        scope = None if global_ else next((frame for frame in reversed(self.frames) if name in frame), None)
+        (self.readonly if scope is None else scope.readonly).add(name)
 
     def unset_local_exported(self, name: str) -> bool:
         """Whether ``name``, unset, holds the export attribute, which an assignment now keeps: a function's local
