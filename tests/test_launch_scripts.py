@@ -1653,3 +1653,23 @@ def test_a_functions_readonly_local_keeps_its_value_in_its_call(tmp_path, script
     the function's readonly local ("readonly variable") and abandons the line that called f, the launch in it
     never run; only readonly globals were followed (Bash Reference Manual, 4.2 Bash Builtins: declare, local)."""
     read_as_bash_does(tmp_path, f"#!/bin/bash\n{script}", refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("script, refused", [
+    (f"{CONNECTIONS}=()\n{CONNECTIONS}+=1 {TRAIN}\n", None),
+    (f"{CONNECTIONS}=(3 2)\n{CONNECTIONS}+=2 {TRAIN}\n", "'32'"),
+    (f"{CONNECTIONS}=(3 2)\n{CONNECTIONS}=1 {TRAIN}\n", None),
+    (f"{CONNECTIONS}=(3)\n{CONNECTIONS}+=(2) {TRAIN}\n", "'3(2)'"),
+    # the array itself is as it was after the command
+    (f"{CONNECTIONS}=(3 2)\n{CONNECTIONS}+=1 true\n{CONNECTIONS}+=2 {TRAIN}\n", "'32'"),
+    # a function call's prefix is the same string, the caller's array as it was after the call
+    (f"f() {{ {TRAIN}; }}\n{CONNECTIONS}=(3 2)\n{CONNECTIONS}+=2 f\n", "'32'"),
+    (f"f() {{ :; }}\n{CONNECTIONS}=(1 2)\n{CONNECTIONS}+=2 f\n{CONNECTIONS}+=3 {TRAIN}\n", "'13'"),
+])
+def test_an_arrays_prefix_passes_the_string_it_makes_of_element_zero(tmp_path, script, refused):
+    """`CUDA_DEVICE_MAX_CONNECTIONS=(3 2); CUDA_DEVICE_MAX_CONNECTIONS+=2 torchrun ...` was read as passing no
+    CUDA_DEVICE_MAX_CONNECTIONS (an array, which bash exports not), where bash's temporary environment holds a
+    string: the array's element 0 appended to (or the prefix's value alone, for `=`), "32" here, exported to the
+    command; the array is left as it was (bash's variables.c, assign_in_env)."""
+    read_as_bash_does(tmp_path, f"#!/bin/bash\n{script}", refused)

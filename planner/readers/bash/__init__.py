@@ -25,7 +25,7 @@ The environment each command starts with (``Command.environment``): what the scr
 (``export``, ``declare -x``, ``local -x``, ``set -a``/``set -o allexport``; a declaration bash rejects,
 ``readonly -x``, ``export -f X=3``, sets nothing; ``export -n``, ``declare +x``
 and ``unset`` take a variable out, a caller's exported one too, a function's locals scoped as bash scopes them), the command's own
-``NAME=value`` prefixes (under ``set -k``, its ``NAME=value`` words after the name too; on a function call, its commands' for the call, scoped as bash scopes them), and what ``env`` changes (``-u NAME``, ``-uNAME``, ``--unset``, ``-i``, ``-S``),
+``NAME=value`` prefixes (an array's: a string, its element 0 that ``A+=c`` appends to, the array left as it was; under ``set -k``, its ``NAME=value`` words after the name too; on a function call, its commands' for the call, scoped as bash scopes them), and what ``env`` changes (``-u NAME``, ``-uNAME``, ``--unset``, ``-i``, ``-S``),
 read through the commands that start another (``exec``, whose ``-c`` empties it, ``command``, ``time``,
 ``nohup``, ``nice``, ``stdbuf``, ``timeout``, ``srun``, ``numactl``, ``taskset``); a variable the script
 leaves alone is the caller's, and one it sets without ``export`` (``X=32``, ``readonly``, ``declare -i``, ``local``, ``printf -v``, ``let``, ``for``) is there only where the caller exported the name, as bash exports what it inherits (Bash Reference Manual, 3.7.4 Environment; an array, never: ``Command.environment``'s conditional) (the reserved word ``time [-p]`` is no command: ``time X=3 torchrun`` passes X=3).

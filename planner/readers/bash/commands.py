@@ -156,6 +156,7 @@ class _Commands(_Expander):
             try:
                 for tok in assignments:
                     if tok.kind != "array":
+                        self.prefix_string(_ASSIGNMENT.match(tok.text).group(1))
                         self.assign(tok, exported=True)
                         each(_ASSIGNMENT.match(tok.text).group(1))
             except _ExpansionError:
@@ -167,6 +168,16 @@ class _Commands(_Expander):
                     self.vars.pop(name, None)
                 else:
                     self.vars[name] = var
+
+    def prefix_string(self, name: str) -> None:
+        """Before a command's (or a call's) ``NAME=value`` prefix of an array: the array's element 0 in its stead,
+        a string, which ``X+=c`` appends to and ``X=c`` replaces, as bash's temporary environment holds strings
+        alone (variables.c, assign_in_env): ``A=(3 2); A+=2 torchrun`` passes A=32. The caller puts the array
+        back after the command."""
+        var = self.vars.get(name)
+        if var is not None and isinstance(var.value, list):
+            first = var.value[0] if var.value else ""
+            self.vars[name] = replace(var, value=first, size=len(first))
 
     def inherited_var(self, name: str) -> Optional[_Var]:
         """The script's ``name`` where no exported one is passed but the caller's environment may have
@@ -632,6 +643,7 @@ class _Commands(_Expander):
                         continue
                     frame.setdefault(name, self.vars.get(name))
                     frame.temporary.add(name)
+                    self.prefix_string(name)
                     self.assign(tok, exported=True)
             self.positional, self.positional_known = list(args), True
             return self.run_command(body)
