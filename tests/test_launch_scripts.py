@@ -1673,3 +1673,20 @@ def test_an_arrays_prefix_passes_the_string_it_makes_of_element_zero(tmp_path, s
     string: the array's element 0 appended to (or the prefix's value alone, for `=`), "32" here, exported to the
     command; the array is left as it was (bash's variables.c, assign_in_env)."""
     read_as_bash_does(tmp_path, f"#!/bin/bash\n{script}", refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("env, word", [(f"env {CONNECTIONS}=32 -u {CONNECTIONS}", "-u"),
+                                       (f"env {CONNECTIONS}=32 -- env", "--"),
+                                       (f"env -i {CONNECTIONS}=32 --unset={CONNECTIONS}", f"--unset={CONNECTIONS}")])
+def test_an_env_option_after_its_settings_is_the_command_it_runs(tmp_path, env, word):
+    """`env CUDA_DEVICE_MAX_CONNECTIONS=32 -u CUDA_DEVICE_MAX_CONNECTIONS torchrun ...` was read as a launch
+    without CUDA_DEVICE_MAX_CONNECTIONS, where GNU env reads no option after its first NAME=VALUE: it runs a
+    command named -u, which fails (127), and no torchrun starts. Said in a note naming the line, the command
+    not taken as a launch; a `|| torchrun ...` after it runs, as in bash."""
+    assert bash_connections(tmp_path, f"{env} {TRAIN} || {TRAIN}\n", caller="1") == "1"
+    read_as_bash_does(tmp_path, f"#!/bin/bash\n{env} {TRAIN} || {TRAIN}\n", None)
+    result = read_script(f"#!/bin/bash\n{env} {TRAIN}\n", "t.sh")
+    assert result.commands == []
+    assert any(n.text.startswith(f"t.sh: line 2: ") and f"runs a command named {word}" in n.text
+               for n in result.notes), result.notes

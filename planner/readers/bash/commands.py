@@ -487,6 +487,13 @@ class _Commands(_Expander):
             return self.not_followed(name, fields, node)
         if name in self.funcs:
             return self.call(self.funcs[name], args, assignments)
+        program = started_program(fields)
+        if program is not None and program.startswith("-"):
+            # env X=2 -u X torchrun: GNU env takes the words after its first NAME=VALUE as the command, so it
+            # runs one named -u, not found (127): nothing the command names starts
+            self.note(f"{one_line(' '.join(fields), 80)}: env reads no option after its first NAME=VALUE, so it "
+                      f"runs a command named {one_line(program, 40)}, which fails: what follows is not started")
+            return _Status(False, False)
         shell = _inline_script(fields)
         if shell is not None:
             self.run_inline(shell, node, self.environment(list(assignments), fields))
@@ -741,6 +748,20 @@ def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optiona
     words (NAME= : set, empty), takes out ``-u NAME`` (``-uNAME``, ``--unset[=]NAME``), empties it with
     ``-i``/``-``/``--ignore-environment``, and runs ``-S STRING``'s words as its own; an ``env`` it
     starts (env -u X env X=4 torchrun) changes it again."""
+    return _started(fields, held)[0]
+
+
+def started_program(fields: Sequence[str]) -> Optional[str]:
+    """The word naming the program at the end of the command's wrappers (see :func:`started_environment`),
+    None where they start none: ``env X=2 -u X torchrun``'s is ``-u``, as GNU env reads no option after its
+    first NAME=VALUE."""
+    words, at = _started(fields, ())[1:]
+    return words[at] if at < len(words) else None
+
+
+def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int]:
+    """(:func:`started_environment`'s environment, the command's words as its wrappers read them, env -S's
+    string split among them, the index of the program they start: the words' length where none)."""
     held = list(held)
     words = list(fields)
     i = 0
@@ -803,8 +824,9 @@ def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optiona
                       or words[j].endswith(".py") or words[j].rsplit("/", 1)[-1].startswith(("torchrun", "python"))),
                      len(words))
         else:
+            i -= 1
             break
-    return tuple(held)
+    return tuple(held), words, i
 
 
 def _parse(text: str, line_of):
