@@ -1690,3 +1690,21 @@ def test_an_env_option_after_its_settings_is_the_command_it_runs(tmp_path, env, 
     assert result.commands == []
     assert any(n.text.startswith(f"t.sh: line 2: ") and f"runs a command named {word}" in n.text
                for n in result.notes), result.notes
+
+
+@needs_bash
+@pytest.mark.parametrize("script", [
+    f"f() {{ {CONNECTIONS}=32 local -n {CONNECTIONS}; {TRAIN}; }}\nf\n",
+    f"export {CONNECTIONS}=1\nf() {{ {CONNECTIONS}=32 local -n {CONNECTIONS}; {TRAIN}; }}\nf\n",
+    f"export {CONNECTIONS}=1\nf() {{ {CONNECTIONS}=32 declare -n -x {CONNECTIONS}; {TRAIN}; }}\nf\n",
+    f"export {CONNECTIONS}=1\nf() {{ local -n -x {CONNECTIONS}; {TRAIN}; }}\nf\n",
+])
+def test_a_name_reference_is_said_where_a_prefix_or_an_export_comes_with_it(tmp_path, script):
+    """`f() { CUDA_DEVICE_MAX_CONNECTIONS=32 local -n CUDA_DEVICE_MAX_CONNECTIONS; torchrun ...; }` was read as
+    launching with 32 (the prefix taken as the local's value, exported) and `local -n -x X` said nothing of the
+    name reference, where bash takes the prefix's 32 as the name the reference refers to, which is none
+    ("invalid variable name for name reference"), so the local fails and the training gets the caller's 1. Name
+    references are not followed: the prefix stays the command's, and the note says so."""
+    read_as_bash_does(tmp_path, f"#!/bin/bash\n{script}", None)
+    notes = [n.text for n in read_script(f"#!/bin/bash\n{script}", "t.sh").notes]
+    assert any("-n (a name reference) is not followed" in n for n in notes), notes

@@ -76,10 +76,15 @@ class _Commands(_Expander):
         the global itself, the temporary X left to go with the command (``X=32 declare -gx X`` exports the
         X there was). In a function, a local the declaration makes takes the prefix's value (see
         :meth:`declare_prefixed_locals`). The declaration's words, less the names it so leaves alone."""
-        options = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("-"))
+        options = _declaration_options(rest)
         unexporting = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("+")) \
             if rest[0].text in ("declare", "typeset") else ""
         prefixed = {_ASSIGNMENT.match(t.text).group(1) for t in assignments if t.kind != "array"}
+        if rest[0].text in ("declare", "typeset", "local") and "n" in options:
+            # X=32 local -n X: bash takes the prefix's value as the name the reference refers to (32 is none:
+            # the declaration fails, the caller's X shows through). Name references are not followed (declared
+            # says so): the prefix stays the command's, not read as the variable's value.
+            return rest
         if rest[0].text in ("declare", "typeset") and "g" in options:
             return rest
         if self.frames and rest[0].text in ("declare", "typeset", "local"):
@@ -296,10 +301,10 @@ class _Commands(_Expander):
             exported = False
         elif any(t.kind == "word" and t.text.startswith("-") and "x" in t.text for t in rest[1:]):
             exported = True  # declare -x, before any name it exports
-        elif any(t.kind == "word" and t.text.startswith("-") and "n" in t.text for t in rest[1:]):
+        if command in ("declare", "typeset", "local") and "n" in _declaration_options(rest):
             self.note(f"{command} -n (a name reference) is not followed: its name reads as a variable of its own")
         declared = [_declared_name(t) for t in rest[1:] if not t.text.startswith(("-", "+"))]
-        options = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("-"))
+        options = _declaration_options(rest)
         if "i" in options:
             self.integers.update(declared)
         removed = "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("+"))
@@ -873,6 +878,11 @@ def _setting(name: str, var: _Var) -> tuple[str, Optional[str], bool, bool]:
     if isinstance(var.value, list):
         return name, None, True, False
     return name, var.value, not var.deps, var.inherited and not var.exported
+
+
+def _declaration_options(rest: Sequence[_Tok]) -> str:
+    """The option letters a declaration's ``-`` words give (``declare -r -x X``: "rx")."""
+    return "".join(t.text[1:] for t in rest[1:] if t.kind == "word" and t.text.startswith("-"))
 
 
 def _declared_name(tok: _Tok) -> str:
