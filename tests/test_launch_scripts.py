@@ -1708,3 +1708,23 @@ def test_a_name_reference_is_said_where_a_prefix_or_an_export_comes_with_it(tmp_
     read_as_bash_does(tmp_path, f"#!/bin/bash\n{script}", None)
     notes = [n.text for n in read_script(f"#!/bin/bash\n{script}", "t.sh").notes]
     assert any("-n (a name reference) is not followed" in n for n in notes), notes
+
+
+@needs_bash
+@pytest.mark.parametrize("script, refused", [
+    (f"f() {{ local -rx {CONNECTIONS}=1; ( {CONNECTIONS}=32 ); {TRAIN}; }}\nf\n", None),
+    (f"readonly {CONNECTIONS}=1\n( {CONNECTIONS}=32 ); export {CONNECTIONS}; {TRAIN}\n", None),
+    (f"f() {{ local -rx {CONNECTIONS}=1; ( {CONNECTIONS}=32 ) || true; {TRAIN}; }}\nf\n", None),
+    (f"export {CONNECTIONS}=1\n( x=$((a b)) ); {TRAIN}\n", None),
+    # the subshell's own commands after the failure are not run
+    (f"f() {{ local -rx {CONNECTIONS}=1; ( {CONNECTIONS}=32; {TRAIN} ); {TRAIN}; }}\nf\n", None),
+    (f"export {CONNECTIONS}=1\n( {CONNECTIONS}=32; x=$((a b)); {TRAIN} ); {TRAIN}\n", None),
+    (f"export {CONNECTIONS}=1\n( x=$((a b)) ); export {CONNECTIONS}=32; {TRAIN}\n", "'32'"),
+])
+def test_what_bash_fails_on_in_a_subshell_ends_the_subshell_alone(tmp_path, script, refused):
+    """`f() { local -rx CUDA_DEVICE_MAX_CONNECTIONS=1; ( CUDA_DEVICE_MAX_CONNECTIONS=32 ); torchrun ...; }` was
+    refused as starting no command ("bash abandons the rest of the line"), where bash's readonly-variable error
+    (or a $((...)) it fails on) exits the subshell alone, status 1, and the torchrun after it starts with 1."""
+    read_as_bash_does(tmp_path, f"#!/bin/bash\n{script}", refused)
+    assert read_script(f"#!/bin/bash\n{script}", "t.sh").commands
+

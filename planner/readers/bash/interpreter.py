@@ -156,6 +156,11 @@ class _Shell(_Commands):
             return run()
         except _Exit as leaving:  # `(exit 1) || TP=4`: a status the script states is known
             return leaving.status or _Status(None, True, reason="a subshell that exits")
+        except _ExpansionError as error:
+            # what bash fails on in a subshell (a readonly variable's assignment, $((a b))) ends the subshell
+            # alone, status 1: `( X=32 ); torchrun ...` starts torchrun, where the rest of the line was abandoned
+            self.note(f"{error}, so the subshell it is in exits with status 1", None)
+            return _Status(False, False)
         finally:
             (self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, self.exported_unset,
              self.readonly, frames, self.allexport, self.lastpipe, self.keyword) = saved
