@@ -1728,3 +1728,19 @@ def test_what_bash_fails_on_in_a_subshell_ends_the_subshell_alone(tmp_path, scri
     read_as_bash_does(tmp_path, f"#!/bin/bash\n{script}", refused)
     assert read_script(f"#!/bin/bash\n{script}", "t.sh").commands
 
+
+@needs_bash
+@pytest.mark.parametrize("script, refused", [
+    (f"f() {{ local -rx {CONNECTIONS}=1; declare -g {CONNECTIONS}=32; }}\nf\nexport {CONNECTIONS}\n{TRAIN}\n", "'32'"),
+    (f"f() {{ local -rx {CONNECTIONS}=1; declare -gx {CONNECTIONS}=32; }}\nf\n{TRAIN}\n", "'32'"),
+    (f"f() {{ local -rx {CONNECTIONS}=1; g; }}\ng() {{ declare -gx {CONNECTIONS}=32; }}\nf\n{TRAIN}\n", "'32'"),
+    # inside the call, the readonly local is still what the name reads
+    (f"f() {{ local -rx {CONNECTIONS}=1; declare -gx {CONNECTIONS}=32; {TRAIN}; }}\nf\n", None),
+    # a readonly global is refused to declare -g as to anything
+    (f"readonly {CONNECTIONS}=1\nexport {CONNECTIONS}\nf() {{ declare -gx {CONNECTIONS}=32; }}\nf\n{TRAIN}\n", None),
+])
+def test_declare_g_sets_the_global_past_a_functions_readonly_local(tmp_path, script, refused):
+    """`f() { local -rx CUDA_DEVICE_MAX_CONNECTIONS=1; declare -gx CUDA_DEVICE_MAX_CONNECTIONS=32; }; f; torchrun ...`
+    was read as the declaration failing ("a readonly variable"), the launch after the call passing the caller's 1,
+    where bash's declare -g sets the global, past the call's readonly local, and torchrun gets 32."""
+    read_as_bash_does(tmp_path, f"#!/bin/bash\n{script}", refused)

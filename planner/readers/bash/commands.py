@@ -318,9 +318,11 @@ class _Commands(_Expander):
         makes_readonly = command == "readonly" or "r" in options
         for tok in rest[1:]:
             if (tok.kind == "array" or _is_assignment(tok.text) or (scoped and _NAME.fullmatch(tok.text))) \
-                    and self.meets_readonly(_declared_name(tok), bool(scoped)):
+                    and ((_declared_name(tok) in self.readonly) if global_
+                         else self.meets_readonly(_declared_name(tok), bool(scoped))):
                 # bash refuses this name alone ("readonly variable": a local of it too, `local X=32`, `local X`)
                 # and goes on with the declaration's other words: the readonly variable keeps its value
+                # (declare -g sets the global past a call's readonly local, which bash allows)
                 self.note(f"{command} {_declared_name(tok)} fails in bash (a readonly variable): it keeps its value")
                 continue
             if scoped and (tok.kind == "array" or _is_assignment(tok.text) or _NAME.fullmatch(tok.text)):
