@@ -143,3 +143,15 @@ def test_diagnose_says_a_list_that_pads_otherwise_and_refuses_one_that_is_no_pos
         else:
             notes = diagnose(case, megatron_args=path).notes
             assert any("pads the vocabulary 128,256 to 128,512 rows at tp 8" in note for note in notes), notes
+
+
+@pytest.mark.parametrize("divisible_by, tp", [("+64", "8"), ("64", "+8"), (" +64 ", " 8")])
+def test_a_signed_multiple_megatron_reads_as_its_number_is_said(divisible_by, tp):
+    """--make-vocab-size-divisible-by +64 was taken by diagnose (an integer, as argparse's int reads it, 64) with
+    no note, where Megatron-LM pads 128,256 to 128,512 rows, not the 129,024 priced: the note read only unsigned
+    digits, so a sign (on tp too) silently dropped it."""
+    from planner.engines.megatron.read import vocab_padding_note
+
+    flags = {"--tensor-model-parallel-size": tp, "--make-vocab-size-divisible-by": divisible_by}
+    note = vocab_padding_note("megatron_args.txt", flags, job("megatron").model)
+    assert note is not None and "--make-vocab-size-divisible-by 64:" in note and "to 128,512 rows at tp 8" in note, note

@@ -721,7 +721,9 @@ def vocab_padding_note(name: str, flags: dict, model) -> Optional[str]:
     with the default's, a fraction of a percent of most steps. A value that is no positive integer
     read() refuses."""
     given, tp = flags.get("--make-vocab-size-divisible-by"), flags.get("--tensor-model-parallel-size") or "1"
-    if given is None or not (given.strip().isdigit() and tp.strip().isdigit()) or int(given) < 1 or int(tp) < 1:
+    # as _Args.integer reads them (and argparse's int): `+64` is 64, which Megatron-LM pads with
+    if given is None or not (re.fullmatch(r"[+-]?\d+", given.strip()) and re.fullmatch(r"[+-]?\d+", tp.strip())) \
+            or int(given) < 1 or int(tp) < 1:
         return None
     given, tp, priced = int(given), int(tp), BEHAVIOUR.vocab_padding_multiple
     built, estimated = padded_vocab(model.vocab_size, tp, given), padded_vocab(model.vocab_size, tp, priced)
