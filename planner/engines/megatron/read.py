@@ -720,12 +720,14 @@ def vocab_padding_note(name: str, flags: dict, model) -> Optional[str]:
     ``_vocab_size_with_padding``): the embedding, LM head and logits run with the list's rows, priced
     with the default's, a fraction of a percent of most steps. A value that is no positive integer
     read() refuses."""
-    given, tp = flags.get("--make-vocab-size-divisible-by"), flags.get("--tensor-model-parallel-size") or "1"
-    # as _Args.integer reads them (and argparse's int): `+64` is 64, which Megatron-LM pads with
-    if given is None or not (re.fullmatch(r"[+-]?\d+", given.strip()) and re.fullmatch(r"[+-]?\d+", tp.strip())) \
-            or int(given) < 1 or int(tp) < 1:
+    args = _Args(name, flags)
+    try:  # read as read() reads them (`+64` is 64, as argparse's int takes it); what it refuses, it says
+        given, tp = args.integer("--make-vocab-size-divisible-by"), args.integer("--tensor-model-parallel-size", 1)
+    except CaseError:
         return None
-    given, tp, priced = int(given), int(tp), BEHAVIOUR.vocab_padding_multiple
+    if given is None:
+        return None
+    priced = BEHAVIOUR.vocab_padding_multiple
     built, estimated = padded_vocab(model.vocab_size, tp, given), padded_vocab(model.vocab_size, tp, priced)
     if built == estimated:
         return None
