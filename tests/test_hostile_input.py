@@ -1225,7 +1225,9 @@ def test_a_slow_runner_up_past_the_step_bound_leaves_the_answer_under_it():
     best = planner.plan(case, engine="torchtitan", top_k=20).best
     assert best.step_time_s < MAX_STEP_TIME_S
     engines = planner.plan(case, top_k=20).engines
-    assert len(engines) == 3 and all(plan is not None and plan.best is not None for _, plan, _ in engines)
+    # Each engine is given, or found slower than the margin of the quickest: none is refused.
+    assert len(engines) == 3 and all(plan is not None and plan.best is not None or why.startswith("no layout within")
+                                     for _, plan, why in engines)
 
 
 def test_validate_without_a_layout_names_validate_too(tmp_path):
