@@ -41,7 +41,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 import yaml
@@ -187,6 +187,9 @@ def prior_hardware(runs: Sequence[Run], source: str, gpu_preset: Optional[str] =
     keys: dict[tuple[str, str], list[str]] = {}
     for run in runs:
         keys.setdefault(hardware_key(run.case), []).append(run.id)
+    files = {run.source for run in runs}
+    if len(files) == 1 and None not in files:  # one runs file: named as the CLI names it, by the API too
+        source = files.pop()
     if len(keys) > 1:
         parts = "; ".join(f"{gpu} on {fabric}: {', '.join(ids[:3])}{' …' if len(ids) > 3 else ''}"
                           for (gpu, fabric), ids in keys.items())
@@ -340,6 +343,8 @@ class Fit:
     figures: tuple[Figure, ...]
     residuals: tuple[Residual, ...]
     coverage: dict[str, list]
+    # Each run's file (its id's), where it was read from one: what an error about the run names.
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def values(self) -> dict[str, float]:
@@ -453,7 +458,7 @@ def check_explained(result: Fit, source: str) -> None:
         measured = sum(getattr(r, attr) is not None for r in result.residuals)
         if far and 2 * len(far) > measured:
             rid, what, ratio = max(far, key=lambda f: abs(math.log(f[2])))
-            raise CaseError(source, f"{rid}.measured",
+            raise CaseError(result.sources.get(rid, source), f"{rid}.measured",
                             f"{len(far)} of {measured} runs' {kind} stay more than {UNEXPLAINED:g}x from the model "
                             f"after the fit (this run's: {_factor(what, ratio)}): no figure explains them; check their "
                             "units (iteration_time_s in seconds, tokens_per_sec_total over all GPUs, memory_gb_per_gpu "
@@ -604,7 +609,7 @@ def fit(runs: Sequence[Run], source: str = "runs", gpu_preset: Optional[str] = N
             m = math.log(r.peak_gib)
             mb, ma = math.exp(before[1] - m) - 1, math.exp(after[1] - m) - 1
         residuals.append(Residual(r.id, tb, ta, mb, ma, unfit))
-    return Fit(hw, tuple(figures), tuple(residuals), coverage(runs))
+    return Fit(hw, tuple(figures), tuple(residuals), coverage(runs), {r.id: r.source for r in runs if r.source})
 
 
 # --- what the runs covered -----------------------------------------------------------------

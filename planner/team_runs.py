@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -38,6 +38,10 @@ class Run:
     tokens_per_s: Optional[float] = None  # over all GPUs
     peak_gib: Optional[float] = None  # the allocator's peak per GPU (GiB), as logs and tables print it
     memory_stage: Optional[int] = None  # the pipeline stage whose peak was published, where not the heaviest
+    # The runs file it was read from: what an error about this run names, where runs of several
+    # files are fitted together (the first file was named for a run of the second). None: given as a Run,
+    # or read from a log, whose id is the log's name.
+    source: Optional[str] = field(default=None, compare=False)
 
 
 # --- runs from the published-runs schema ----------------------------------------------------
@@ -92,7 +96,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
                             "iteration_time_s, tokens_per_sec_total or tokens_per_sec_per_gpu")
         if not tokens and not peak:
             raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
-        run = Run(name, case, tokens, float(peak) if peak else None, stage)
+        run = Run(name, case, tokens, float(peak) if peak else None, stage, source)
         _check_grid(source, name, row, case)  # before check_run builds its job: a grid off its GPUs named as such
         check_run(run, source, throughput_key=_throughput_key(row))
         _check_team_row(source, name, row, case)
@@ -708,7 +712,7 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any], argument: Argument
                                           f"{MIN_FIGURE:g} to {ROW_MEASURES['memory_gb_per_gpu']:g} GiB")
         stage = 0 if reading.peak_of_rank_0_only and job.layout.pp > 1 else None
         name = Path(str(log)).name if names.count(Path(str(log)).name) == 1 else str(log)
-        run = Run(name, data, tokens, reading.peak_gib, stage)
+        run = Run(name, data, tokens, reading.peak_gib, stage)  # its id names the log itself
         try:
             check_run(run, str(log), case_file=src)
         except CaseError as error:  # a figure the log printed: named as the log's, not a runs file's key
@@ -762,13 +766,14 @@ def check_each_run_once(runs: Sequence[Run], source: str) -> None:
     jobs: dict[tuple[str, str], Run] = {}
     measurements: dict[tuple, Run] = {}
     for r in runs:
+        source_of = r.source or source  # the file that holds the run refused, not the first file given
         if r.id in seen:
-            raise CaseError(source, r.id, "the same run id appears twice: each run once")
+            raise CaseError(source_of, r.id, "the same run id appears twice: each run once")
         seen.add(r.id)
         key = job_key(r.case)
         copy = measurements.setdefault((key, r.tokens_per_s, r.peak_gib), r)
         if copy is not r:  # two measurements of one job never agree to the last digit: one run, copied
-            raise CaseError(source, r.id, copied_run(copy.id, "weigh as another run in the fit"))
+            raise CaseError(source_of, r.id, copied_run(copy.id, "weigh as another run in the fit"))
         # The speed, and the peak memory (the allocator's, which runs of one job repeat within a few %):
         # 63.6 and 40.0 GiB for one job were fitted between the two.
         for measure, what in (("tokens_per_s", "ran"), ("peak_gib", "peaked")):
@@ -778,7 +783,7 @@ def check_each_run_once(runs: Sequence[Run], source: str) -> None:
             other = jobs.setdefault((key, measure), r)
             theirs = getattr(other, measure)
             if other is not r and max(mine, theirs) > SAME_JOB_APART * min(mine, theirs):
-                raise CaseError(source, r.id, f"the same job as {other.id} (model, cluster, training and layout) "
+                raise CaseError(source_of, r.id, f"the same job as {other.id} (model, cluster, training and layout) "
                                               f"{what} {max(mine, theirs) / min(mine, theirs):.1f}x apart: one "
                                               "profile cannot describe both; give the runs of the software the "
                                               "plans are for")

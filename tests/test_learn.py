@@ -1788,3 +1788,52 @@ def test_the_profile_path_calibrate_prints_is_found_from_a_case_in_another_folde
     written = {**case(8, 1, 1, 1, 1), "cluster": yaml.safe_load(f"{{profile: {said.group(1)}, num_gpus: 8}}")}
     (tmp_path / "cases" / "c.yaml").write_text(yaml.safe_dump(written))
     assert estimate(str(tmp_path / "cases" / "c.yaml")).step_time_s > 0
+
+
+# --- which file a refused run came from --------------------------------------------------------
+
+def _runs_files(tmp_path, second_rows):
+    first = tmp_path / "ours.yaml"
+    first.write_text(yaml.safe_dump([published_row(), published_row(id="team-run-2", parallel__tp=2, parallel__dp=4,
+                                                                     measured={"iteration_time_s": 11.0})]))
+    second = tmp_path / "theirs.yaml"
+    second.write_text(yaml.safe_dump(second_rows))
+    return first, second
+
+
+def _ms_rows():
+    """Four runs whose step times were written in milliseconds: most of the six runs stay far off."""
+    return [published_row(id=f"ms-{tp}-{mb}", parallel__tp=tp, parallel__dp=8 // tp, batch__micro_batch_size=mb,
+                          measured={"iteration_time_s": 12000.0 + 100 * tp + mb})
+            for tp, mb in ((1, 2), (2, 2), (4, 1), (8, 1))]
+
+
+@pytest.mark.parametrize("second_rows, needle", [
+    ([published_row(id="team-run-1-again")], "team-run-1-again: repeats run team-run-1"),
+    ([published_row(id="team-run-1-slow", measured={"iteration_time_s": 36.0})], "team-run-1-slow: the same job as"),
+    (_ms_rows(), "no figure explains them"),
+])
+def test_a_refused_run_is_named_with_the_file_that_holds_it(tmp_path, second_rows, needle):
+    """Runs of two files: the run refused in the second was said to be in the first (`calibrate
+    --from-runs ours.yaml theirs.yaml` said "ours.yaml: team-run-1-again: repeats run team-run-1"),
+    sending the user to the wrong file; the API named no file at all ("runs: ...")."""
+    first, second = _runs_files(tmp_path, second_rows)
+    refused = run_cli("calibrate", "--from-runs", str(first), str(second), "--out", str(tmp_path / "p.yaml"))
+    assert refused.returncode == 2 and needle in refused.stderr
+    assert refused.stderr.startswith(f"error: {second}:"), refused.stderr
+    with pytest.raises(CaseError) as error:
+        calibrate_from_runs([first, second])
+    assert error.value.source == str(second) and needle in str(error.value)
+
+
+def test_runs_of_two_gpu_types_name_their_file_in_the_api_as_on_the_command_line(tmp_path):
+    """One file of runs on two GPU types: the CLI named the file, the API "runs"."""
+    runs = tmp_path / "mixed.yaml"
+    runs.write_text(yaml.safe_dump([published_row(), published_row(id="b200-run", gpu="B200")]))
+    refused = run_cli("calibrate", "--from-runs", str(runs), "--out", str(tmp_path / "p.yaml"))
+    assert refused.returncode == 2 and refused.stderr.startswith(f"error: {runs}: cluster: one profile is one GPU type")
+    with pytest.raises(CaseError) as error:
+        calibrate_from_runs([runs])
+    assert error.value.source == str(runs)
+    assert str(error.value) == refused.stderr.removeprefix("error: ").strip()
+
