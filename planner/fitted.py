@@ -205,10 +205,15 @@ def _kind_line(kind: str, seen: list, figures: dict, gemm: str, ep: int, exchang
 
 def _lean(figures: dict, figure: str) -> str:
     """A fitted figure as a note names it: its value, prior and the runs behind it, or the preset's
-    value where no run informed it (just its name where the profile does not list it)."""
+    value where no run informed it or the fit left it at its prior (with fewer runs than informed
+    figures: "from 2 runs" said two runs had fitted it), just its name where the profile does not
+    list it."""
     f = figures.get(figure) if isinstance(figures.get(figure), dict) else {}
     if not f:
         return figure
+    stayed = f.get("stayed_at_prior")
+    if f.get("runs") and isinstance(stayed, str):  # informed but left at the prior (fewer runs than figures)
+        return f"{figure} {f.get('value')}, the preset's: not fitted, {stayed.split(';')[0]}"
     if f.get("runs"):
         n = f["runs"]
         return f"{figure} {f.get('value')} (prior {f.get('prior')}, from {n} run{'' if n == 1 else 's'})"

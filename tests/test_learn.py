@@ -1837,3 +1837,18 @@ def test_runs_of_two_gpu_types_name_their_file_in_the_api_as_on_the_command_line
     assert error.value.source == str(runs)
     assert str(error.value) == refused.stderr.removeprefix("error: ").strip()
 
+
+def test_a_note_does_not_say_a_figure_left_at_its_prior_was_fitted_from_runs():
+    """Three runs, four informed figures: performance.microbatch_overhead_s stayed at its prior (the
+    profile says so), yet a plan outside the runs' pipeline degrees said it leaned on
+    "performance.microbatch_overhead_s 0.0 (prior 0.0, from 2 runs)", as if two runs had fitted it."""
+    from planner.fitted import _lean
+
+    figures = {"performance.microbatch_overhead_s": {
+        "prior": 0.0, "value": 0.0, "runs": 2,
+        "stayed_at_prior": "fewer runs (3) than informed figures (4); the ones listed first were fitted"},
+        "performance.gemm_efficiency": {"prior": 0.5, "value": 0.451, "runs": 3}}
+    said = _lean(figures, "performance.microbatch_overhead_s")
+    assert said == ("performance.microbatch_overhead_s 0.0, the preset's: not fitted, fewer runs (3) than "
+                    "informed figures (4)"), said
+    assert _lean(figures, "performance.gemm_efficiency") == "performance.gemm_efficiency 0.451 (prior 0.5, from 3 runs)"
