@@ -296,7 +296,7 @@ def size_command(
         if not console.is_terminal and "COLUMNS" not in os.environ:
             # Piped into a file or a log, rich draws 80 columns: the front's eight cut their figures.
             console.width = PIPED_TABLE_WIDTH
-        print_sizing(result, console)
+        print_sizing(result, console, top)
     if result.best is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 

@@ -5,6 +5,8 @@ The fields are the `Sizing`'s, as `size --json` gives them."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -56,7 +58,7 @@ def _spend_text(sizing: Sizing) -> str:
     return "cost" if sizing.spend == "cost" else "GPU-hours"
 
 
-def print_sizing(sizing: Sizing, console: Console) -> None:
+def print_sizing(sizing: Sizing, console: Console, top_k: Optional[int] = None) -> None:
     if sizing.status != OK:
         print_unmet(sizing, console)
         return
@@ -92,7 +94,7 @@ def print_sizing(sizing: Sizing, console: Console) -> None:
             for row in rows:
                 table.add_row(*row)
             console.print(table)
-        elif sizing.deadline_s is not None:
+        elif sizing.deadline_s is not None and top_k != 0:  # --top 0 asked for none: others may meet it
             console.print(f"No other size within the limits meets {duration_text(sizing.deadline_s)}.", markup=False)
     console.print(f"solver: {sizing.solver_status} over {sizing.rows} layout{'s' * (sizing.rows != 1)} on "
                   f"{sizing.sizes_searched} of "

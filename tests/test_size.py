@@ -872,3 +872,19 @@ def test_the_part_node_note_names_the_key_the_limit_was_written_by():
     assert any(n.startswith("cluster.options[0].max_nodes gives 80") for n in planner.size(options, "1B").notes)
     assert any(n.startswith("--max-nodes gives 80")
                for n in planner.size(options, "1B", max_nodes=20).notes)
+
+
+def test_top_0_does_not_say_that_no_other_size_meets_the_deadline(tmp_path):
+    """`size … --deadline 60d --top 0` (no runners-up asked for) printed "No other size within the
+    limits meets 60 days." on a case where 4,096, 8,192 and 16,384 H100s all meet it: the sentence
+    is for a deadline that only the answer meets, not for alternatives left unlisted."""
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "max_gpus": 16384},
+            "training": {"global_batch_size": 512, "seq_len": 8192, "precision": "bf16", "optimizer": "adamw"},
+            "search": {"target": "megatron"}}
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case))
+    listed = run_cli("size", str(path), "--tokens", "15T", "--deadline", "60d")
+    assert listed.returncode == 0 and "Next best" in listed.stdout
+    none = run_cli("size", str(path), "--tokens", "15T", "--deadline", "60d", "--top", "0")
+    assert none.returncode == 0 and "Next best" not in none.stdout
+    assert "No other size" not in none.stdout, none.stdout
