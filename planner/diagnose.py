@@ -12,7 +12,7 @@ from cost_models.specs import Job, Layout
 from .errors import Argument, CaseError, cli_flag, named
 from .fields import read_path
 from .estimate import Estimate, estimate_job
-from .plan import Plan, plan_case
+from .plan import Plan, case_notes, plan_case
 from .search_options import retarget
 
 
@@ -388,7 +388,9 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
                    "stage_layers": stage_layers}
         raise _blamed(error, loaded.source, path, engine, layout, options, argument) from None
     best = plan_case(reading.planning or loaded, target=engine)
-    notes = reading.notes
+    # What `estimate` and `plan` say of the case (routing it leaves unstated, a sequence past its
+    # hf_config's positions), of the training as the config runs it, first.
+    notes = case_notes(case, loaded) + reading.notes
     if engine == "megatron" and best.best is not None:
         from .engines.megatron.emit import needs_deepep
 

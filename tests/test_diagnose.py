@@ -1030,3 +1030,19 @@ def test_a_zero_size_past_the_planners_bound_is_refused_as_the_planners(tmp_path
         diagnose(CASE_8, config=_write_config(tmp_path, {**_BASE_8, "zero_optimization": zero}))
     assert error.value.key == "zero_optimization.stage3_max_live_parameters"
     assert "the planner's bound" in error.value.expected and "DeepSpeed's config refuses" not in error.value.expected
+
+
+def test_diagnose_says_what_estimate_and_plan_say_of_the_case(tmp_path):
+    """An MoE case that leaves its routing unstated is priced with balanced routing: `estimate` and
+    `plan` said so on stderr, `diagnose`, which prices the same case twice, said nothing."""
+    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16"},
+            "search": {"pp": 2}}
+    best = planner.plan(case, target="megatron").best
+    files, _ = render(best, "megatron", "<generated>")
+    written = write_all([Output(tmp_path / name, text) for name, text in files.items()], force=False)
+    args = next(p for p in written if p.name == "megatron_args.txt")
+    notes = diagnose(case, megatron_args=args).notes
+    assert any("model.moe_load_imbalance is unstated: priced with balanced routing" in note for note in notes)
+    stated = {**case, "model": {**case["model"], "moe_load_imbalance": 1.0}}
+    assert not any("moe_load_imbalance" in note for note in diagnose(stated, megatron_args=args).notes)
