@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
+from operator import attrgetter
 from typing import Iterable, Optional
 
 from .activations import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
@@ -361,6 +362,79 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
     lay = job.layout
     shared = per_microbatch(job) if activations else None
     o = job.overheads
+    wanted = tuple(range(lay.pp) if stages is None else stages)
+    held_states = _stage_states(job, wanted)
+    out = []
+    for stage, states in zip(wanted, held_states):
+        held = stage_activation_bytes(job, stage, shared) if shared is not None else 0.0
+        # The step's copies come once the activations are freed: what they add is what they pass them by.
+        other = states.other + max(0.0, states.step_copies - (1 + o.fragmentation) * held)
+        out.append(StageMemory(
+            stage=stage,
+            parameters=states.parameters,
+            gradients=states.gradients,
+            optimizer_states=states.optimizer_states,
+            activations=held,
+            other=other + o.fragmentation * held,
+        ))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class _StageStates:
+    """What one GPU of a stage holds whatever its layers' recomputation: the terms of
+    :class:`StageMemory` but the activations, with ``other`` short of the step's gradient copies
+    (``step_copies``), which only add what they pass the activations by."""
+
+    parameters: float
+    gradients: float
+    optimizer_states: float
+    other: float
+    step_copies: float
+
+
+# The layout's fields that only its activations read (their recomputation, and the layers whose
+# activations go to the host): every other term of a stage's memory (model states, buffers, the
+# step's copies) is the same at any of them.
+_ACTIVATION_FIELDS = ("recompute", "recompute_num_layers", "recompute_modules", "offload_activations")
+_states_layout_key = attrgetter(*(f.name for f in fields(Layout) if f.name not in _ACTIVATION_FIELDS))
+
+
+_STATES: dict[tuple, dict[int, "_StageStates"]] = {}
+_STATES_LIMIT = 8192  # jobs; emptied when full (a three-engine Mixtral 8x7B plan keeps under 2,000)
+
+
+def _stage_states(job: Job, stages: tuple[int, ...]) -> tuple[_StageStates, ...]:
+    """:func:`_stage_states_of` the stages, kept per job less its recomputation and activation
+    offload. Safe: the key is every field of the Job (the training as resolved at its layout) but
+    the layout's ``_ACTIVATION_FIELDS``, and nothing :func:`_stage_states_of` reads depends on those:
+    they reach a stage's memory only through its activations (``stage_activation_bytes``,
+    ``offload.offloaded_activation_layers``); the stages' layers (``placement``), the training's
+    resolution (``resolution``), the parameters, model states, offloads of states and buffers do not
+    read them (``Layout.offloads``, which reads offload_activations, is read by ``host_bytes`` alone).
+    A search tries each layout's recomputation ladder, rung by rung and bisected over full
+    recomputation's layers, and the activation offload's bisection: the states were priced again at
+    every trial (2,742 stage memories in a three-engine Mixtral 8x7B plan)."""
+    key = (job.model, job.cluster, job.training, job.overheads, _states_layout_key(job.layout))
+    known = _STATES.get(key)
+    if known is None:
+        if len(_STATES) >= _STATES_LIMIT:
+            _STATES.clear()
+        known = _STATES[key] = {}
+    missing = tuple(stage for stage in stages if stage not in known)
+    if missing:
+        known.update(zip(missing, _stage_states_of(job, missing)))
+    return tuple(known[stage] for stage in stages)
+
+
+# As functools' caches have it: ``planner.refit.clear_caches`` empties every cost model's cache.
+_stage_states.cache_clear = _STATES.clear  # type: ignore[attr-defined]
+
+
+def _stage_states_of(job: Job, stages: tuple[int, ...]) -> list[_StageStates]:
+    """Each stage's memory but its activations (:class:`_StageStates`)."""
+    lay = job.layout
+    o = job.overheads
     fixed = o.comm_buffers + zero3_gather_bytes(job) + reduce_bucket_bytes(job)
     if job.model.is_moe:
         fixed += alltoall_buffer_bytes(job.model, job.training, lay)
@@ -372,9 +446,8 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
     buckets = (bucket_copy_bytes(job.training, lay.zero_stage, zero_shards(job)),
                bucket_copy_bytes(job.training, lay.zero_stage, expert_zero_shards(job)))
     unsharded = accumulates_unsharded(job)
-    for stage in (range(lay.pp) if stages is None else stages):
+    for stage in stages:
         states = stage_state_bytes(job, stage, per_parameter)
-        held = stage_activation_bytes(job, stage, shared) if shared is not None else 0.0
         params = job_stage_parameters(job, stage)
         gradients = states.gradients * on_gpu_gradients + params.dense * buckets[0] + params.expert * buckets[1] \
             + offload_gradient_copies(job, stage)[0] + flat_accumulator_bytes(job, stage)
@@ -389,17 +462,14 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
             # A transient of the loss's, on the GPU whatever the optimizer offloads (FSDP2 gathers and
             # accumulates there; CPUOffloadPolicy copies the reduced shard out).
             other += chunked_loss_head_bytes(job) + unfused_head_gradient_bytes(job)
-        # The step's copies come once the activations are freed: what they add is what they pass them by.
-        other += max(0.0, step_gradient_copy_bytes(job, stage) - (1 + o.fragmentation) * held)
-        out.append(StageMemory(
-            stage=stage,
+        out.append(_StageStates(
             parameters=states.weights * on_gpu_weights + quantized_weight_copy_bytes(job, stage),
             gradients=gradients,
             optimizer_states=states.optimizer * on_gpu_optimizer,
-            activations=held,
-            other=other + o.fragmentation * held,
+            other=other,
+            step_copies=step_gradient_copy_bytes(job, stage),
         ))
-    return tuple(out)
+    return out
 
 
 def flat_accumulator_bytes(job: Job, stage: int) -> float:
