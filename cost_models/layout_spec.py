@@ -17,6 +17,9 @@ _INT = {int}  # the types of a list of layer counts that needs no check one by o
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "layernorm", "mlp", "moe_act", "moe", "shared_experts")
 
 
+# The fields only the recomputation's and the activation offload's checks read (Layout.with_changes).
+_ACTIVATION_FIELDS = frozenset({"recompute", "recompute_num_layers", "recompute_modules", "offload_activations"})
+
 # ZeRO's stages (Rajbhandari et al. 2020, §5): none, optimizer states, gradients too, weights too.
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -84,25 +87,7 @@ class Layout:
         _check_zero_stage(self.zero_stage)
         if not isinstance(self.sequence_parallel, bool):
             raise SpecError(s, "sequence_parallel", f"expected true or false, got {self.sequence_parallel!r}")
-        _choice(s, "recompute", self.recompute, RECOMPUTE)
-        if self.recompute_num_layers is not None:
-            if isinstance(self.recompute_num_layers, bool) or not isinstance(self.recompute_num_layers, int) \
-                    or self.recompute_num_layers < 1:
-                raise SpecError(s, "recompute_num_layers",
-                                f"expected at least 1 (layers per stage recomputed in full), "
-                                f"got {self.recompute_num_layers!r}")
-            if self.recompute != "full":
-                raise SpecError(s, "recompute_num_layers", "applies only with recompute: full")
-        if self.recompute_modules is not None:
-            if self.recompute != "selective":
-                raise SpecError(s, "recompute_modules", "applies only with recompute: selective")
-            if not self.recompute_modules:
-                raise SpecError(s, "recompute_modules", "expected at least one module (nothing recomputed is "
-                                                        "recompute: none)")
-            for name in self.recompute_modules:
-                _choice(s, "recompute_modules", name, RECOMPUTE_MODULES)
-            if len(set(self.recompute_modules)) != len(self.recompute_modules):
-                raise SpecError(s, "recompute_modules", f"names a module twice: {list(self.recompute_modules)}")
+        self._check_recompute()
         if self.sequence_parallel and self.tp == 1:
             raise SpecError(s, "sequence_parallel", "needs tp > 1")
         for name in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
@@ -122,9 +107,7 @@ class Layout:
             raise SpecError(s, "offload_params", f"expected true or false, got {self.offload_params!r}")
         if self.offload_params and self.zero_stage != 3:
             raise SpecError(s, "offload_params", "needs zero_stage 3 (only sharded parameters live off the GPU)")
-        n = self.offload_activations
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise SpecError(s, "offload_activations", f"expected a non-negative integer, got {n!r}")
+        self._check_offload_activations()
         if self.chunk_layers is not None:
             self._check_chunk_layers()
         if self.stage_layers is not None:
@@ -137,6 +120,35 @@ class Layout:
                 # (nanotron) leaves some with none.
                 if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                     raise SpecError(s, "stage_layers", f"expected non-negative layer counts, got {n!r}")
+
+    def _check_recompute(self) -> None:
+        """The checks of the recomputation fields, which no other check reads (``with_changes``)."""
+        s = Layout
+        _choice(s, "recompute", self.recompute, RECOMPUTE)
+        if self.recompute_num_layers is not None:
+            if isinstance(self.recompute_num_layers, bool) or not isinstance(self.recompute_num_layers, int) \
+                    or self.recompute_num_layers < 1:
+                raise SpecError(s, "recompute_num_layers",
+                                f"expected at least 1 (layers per stage recomputed in full), "
+                                f"got {self.recompute_num_layers!r}")
+            if self.recompute != "full":
+                raise SpecError(s, "recompute_num_layers", "applies only with recompute: full")
+        if self.recompute_modules is not None:
+            if self.recompute != "selective":
+                raise SpecError(s, "recompute_modules", "applies only with recompute: selective")
+            if not self.recompute_modules:
+                raise SpecError(s, "recompute_modules", "expected at least one module (nothing recomputed is "
+                                                        "recompute: none)")
+            for name in self.recompute_modules:
+                _choice(s, "recompute_modules", name, RECOMPUTE_MODULES)
+            if len(set(self.recompute_modules)) != len(self.recompute_modules):
+                raise SpecError(s, "recompute_modules", f"names a module twice: {list(self.recompute_modules)}")
+
+    def _check_offload_activations(self) -> None:
+        """The check of offload_activations, which no other check reads (``with_changes``)."""
+        n = self.offload_activations
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise SpecError(Layout, "offload_activations", f"expected a non-negative integer, got {n!r}")
 
     def _check_chunk_layers(self) -> None:
         s, chunks = Layout, self.chunk_layers
@@ -194,8 +206,27 @@ class Layout:
 
     def with_changes(self, **changes) -> "Layout":
         # dataclasses.replace inspects the fields on every call; the search calls this for every
-        # rung of every recompute ladder. The new layout is validated all the same.
+        # rung of every recompute ladder. The new layout is validated all the same: in full, or
+        # where only the recomputation fields and offload_activations change, in those alone
+        # (:meth:`_with_activation_changes`).
+        if changes.keys() <= _ACTIVATION_FIELDS:
+            return self._with_activation_changes(changes)
         return Layout(**{**self.__dict__, **changes})
+
+    def _with_activation_changes(self, changes: dict[str, Any]) -> "Layout":
+        """This layout with only its recomputation fields and offload_activations changed, checked in
+        those alone. Safe: this layout passed every check of :meth:`__post_init__` (a Layout is only
+        built through it, :meth:`at_micro_batch` or here, each of which checks what it changes), and
+        of those checks only :meth:`_check_recompute` and :meth:`_check_offload_activations` read
+        these fields, in the order :meth:`__post_init__` runs them; no field is derived from them
+        (``stage_layers`` is from ``chunk_layers``). The search builds each rung of every layout's
+        recomputation ladder and each trial of its bisections so (3,661 layouts a three-engine plan
+        of Mixtral 8x7B)."""
+        layout = object.__new__(Layout)
+        layout.__dict__.update(self.__dict__, **changes)
+        layout._check_recompute()
+        layout._check_offload_activations()
+        return layout
 
     def to_dict(self) -> dict[str, Any]:
         """The layout as a case file's ``layout`` section gives it (docs/case-reference.md): the

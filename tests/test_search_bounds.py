@@ -505,3 +505,33 @@ def test_a_groups_layout_at_a_micro_batch_is_the_layout_built_with_every_check()
     offloading = Layout(dp=2, zero_stage=3, offload_params=True)
     with pytest.raises(SpecError, match="offload_params"):
         offloading.at_micro_batch(1, 2)
+
+
+def test_a_layout_with_its_recomputation_changed_alone_is_the_layout_built_with_every_check():
+    """Layout.with_changes of the recomputation fields and offload_activations alone checks those alone:
+    the same layout as one built whole, the same refusals, from every kind of valid layout."""
+    bases = [Layout(dp=2, tp=2, sequence_parallel=True), Layout(pp=4, vpp=2, chunk_layers=(2, 1, 1, 1, 1, 1, 1, 0)),
+             Layout(pp=2, stage_layers=(3, 5), zero_stage=3, offload_params=True, offload_optimizer=0.5),
+             Layout(pp=2, account_for_loss_in_pipeline_split=True, recompute="full", recompute_num_layers=2),
+             Layout(tp=2, ep=4, etp=1, recompute="selective", recompute_modules=("mlp",), offload_activations=1)]
+    changes = [{"recompute": "none", "recompute_num_layers": None, "recompute_modules": None},
+               {"recompute": "full", "recompute_num_layers": None, "recompute_modules": None},
+               {"recompute": "full", "recompute_num_layers": 3, "recompute_modules": None},
+               {"recompute": "selective", "recompute_modules": ("core_attn", "layernorm"), "recompute_num_layers": None},
+               {"recompute_num_layers": 1}, {"recompute_modules": ("mlp",)}, {"offload_activations": 2},
+               {"recompute": "full", "recompute_num_layers": 0}, {"recompute": "full", "recompute_num_layers": True},
+               {"recompute": "partial"}, {"recompute": "selective", "recompute_modules": ()},
+               {"recompute": "selective", "recompute_modules": ("mlp", "mlp")},
+               {"recompute": "selective", "recompute_modules": ("attention",), "recompute_num_layers": None},
+               {"offload_activations": -1}, {"offload_activations": 1.5}, {"recompute": "x", "offload_activations": -1}]
+    for base in bases:
+        for change in changes:
+            try:
+                whole = Layout(**{**vars(base), **change})
+            except SpecError as refused:
+                with pytest.raises(SpecError) as built:
+                    base.with_changes(**change)
+                assert str(built.value) == str(refused)
+                continue
+            built = base.with_changes(**change)
+            assert built == whole and hash(built) == hash(whole) and vars(built) == vars(whole)
