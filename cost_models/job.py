@@ -28,6 +28,15 @@ def dispatch_refusal(training: TrainingSpec, model: ModelSpec, gpu: GPUSpec) -> 
     return None
 
 
+# The layout's fields that no check of a Job but :meth:`Job._check_activation_fields` reads, nor the
+# training's resolution or the stages' layers: what a search changes rung by rung (Job.at_activations).
+ACTIVATION_FIELDS = ("recompute", "recompute_num_layers", "recompute_modules", "offload_activations")
+# What Job.at_activations carries over from the job it is built from: the fields but the layout, the
+# training as requested, and the layout's placement (cached properties) that these fields do not change.
+_CARRIED = frozenset({"model", "cluster", "training", "overheads", "_requested", "stage_layers", "chunk_layers",
+                      "stage_moe_layers", "high_precision_layers"})
+
+
 @dataclass(frozen=True)
 class Job:
     """Everything the cost models need: what is trained, on what, and how it is laid out.
@@ -99,15 +108,7 @@ class Job:
         elif lay.vpp == 1 and m.num_layers % lay.pp:
             raise SpecError(s, "pp", f"num_layers {m.num_layers} must divide by pp = {lay.pp} "
                                      "(or give Layout.stage_layers)")
-        if lay.offloads and c.gpu.host is None:
-            raise SpecError(GPUSpec, "host", "has no host figures (memory, link and memory bandwidth) "
-                                                   "for the layout's offload")
-        if lay.offload_activations > max(self.stage_layers):
-            raise SpecError(s, "offload_activations",
-                            f"at most the {max(self.stage_layers)} layers of a stage, got {lay.offload_activations}")
-        if lay.recompute_num_layers is not None and lay.recompute_num_layers > max(self.stage_layers):
-            raise SpecError(s, "recompute_num_layers",
-                            f"at most the {max(self.stage_layers)} layers of a stage, got {lay.recompute_num_layers}")
+        self._check_activation_fields()
         per_step = lay.micro_batch_size * lay.dp
         if t.global_batch_size % per_step:
             raise SpecError(TrainingSpec, "global_batch_size",
@@ -117,6 +118,37 @@ class Job:
                                                         self.training.engine.interleaving_rounds)
         if refusal:
             raise SpecError(s, "vpp", refusal)
+
+    def _check_activation_fields(self) -> None:
+        """The checks of :meth:`__post_init__` that read the layout's ``ACTIVATION_FIELDS`` (``Layout.offloads``
+        reads offload_activations), in its order: :meth:`at_activations` runs these alone."""
+        lay, s = self.layout, Layout
+        if lay.offloads and self.cluster.gpu.host is None:
+            raise SpecError(GPUSpec, "host", "has no host figures (memory, link and memory bandwidth) "
+                                                   "for the layout's offload")
+        if lay.offload_activations > max(self.stage_layers):
+            raise SpecError(s, "offload_activations",
+                            f"at most the {max(self.stage_layers)} layers of a stage, got {lay.offload_activations}")
+        if lay.recompute_num_layers is not None and lay.recompute_num_layers > max(self.stage_layers):
+            raise SpecError(s, "recompute_num_layers",
+                            f"at most the {max(self.stage_layers)} layers of a stage, got {lay.recompute_num_layers}")
+
+    def at_activations(self, layout: Layout) -> "Job":
+        """This job at ``layout``, which differs from its own layout in ``ACTIVATION_FIELDS`` alone,
+        checked in those alone: the same Job as ``Job(model, cluster, requested training, layout,
+        overheads)``, the same refusal. Safe: of :meth:`__post_init__`'s checks only
+        :meth:`_check_activation_fields` reads those fields, and it runs at the point where the first
+        of them could fail (every other passed at this job's layout); the training's resolution reads
+        the ZeRO stage and the optimizer's offload alone (``resolution.resolve_training``), and the
+        stages' layers, model chunks, MoE and high-precision layers none of these fields
+        (``placement``, ``partition``): they are carried over. What is kept of the job's pricing
+        (``stage_time``'s ``_stage_times``) is not. A search builds a job for every rung of each
+        layout's recomputation ladder and every trial of its bisections (``planner.search_memory.case_job``)."""
+        job = object.__new__(Job)
+        job.__dict__.update({name: value for name, value in self.__dict__.items() if name in _CARRIED},
+                            layout=layout)
+        job._check_activation_fields()
+        return job
 
     def _check_experts(self) -> None:
         """Expert parallelism against the model and the attention's grid (megatron-core

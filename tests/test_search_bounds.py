@@ -535,3 +535,31 @@ def test_a_layout_with_its_recomputation_changed_alone_is_the_layout_built_with_
                 continue
             built = base.with_changes(**change)
             assert built == whole and hash(built) == hash(whole) and vars(built) == vars(whole)
+
+
+def test_a_job_at_another_recomputation_is_the_job_built_with_every_check():
+    """Job.at_activations (search_memory.case_job's jobs at each rung of a layout's recomputation and
+    activation offload) checks those fields alone: the same Job as one built whole, the same refusals."""
+    for name, precision in (("dense", "bf16"), ("moe", "bf16"), ("dense", "fp8")):
+        case = loaded(name, precision=precision)
+        for base in (Layout(dp=4, tp=2, pp=2, sequence_parallel=True, zero_stage=1),
+                     Layout(dp=2, tp=2, pp=4, vpp=2, micro_batch_size=2, offload_optimizer=1.0, zero_stage=1)):
+            sibling = Job(case.model, case.cluster, case.training, base, case.overheads)
+            stage_max = max(sibling.stage_layers)
+            for change in ({"recompute": "full"}, {"recompute": "full", "recompute_num_layers": 1},
+                           {"recompute": "full", "recompute_num_layers": stage_max},
+                           {"recompute": "full", "recompute_num_layers": stage_max + 1},
+                           {"recompute": "selective"}, {"offload_activations": 1},
+                           {"offload_activations": stage_max + 1}, {"recompute": "none", "offload_activations": 0}):
+                layout = base.with_changes(**change)
+                try:
+                    whole = Job(case.model, case.cluster, case.training, layout, case.overheads)
+                except SpecError as refused:
+                    with pytest.raises(SpecError) as built:
+                        sibling.at_activations(layout)
+                    assert str(built.value) == str(refused)
+                    continue
+                built = sibling.at_activations(layout)
+                for job in (built, whole):
+                    job.stage_layers, job.chunk_layers, job.stage_moe_layers, job.high_precision_layers
+                assert built == whole and hash(built) == hash(whole) and vars(built) == vars(whole)
