@@ -17,6 +17,7 @@ them behind that micro-batch's compute (FSDP prefetch).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Optional
 
 from .dp_time import dp_comm_exposed
@@ -42,10 +43,16 @@ class StepTime:
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, f.name) for f in fields(self))
+        # The parts in the fields' order, summed by sum() as before (the same values in the same order:
+        # the same float); the names are found once (_parts), where dataclasses.fields was asked on every
+        # call (2,000 times a three-engine Mixtral 8x7B plan).
+        return sum(_parts(self))
 
     def by_part(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_parts = attrgetter(*(f.name for f in fields(StepTime)))  # a tuple of StepTime's parts, in its fields' order
 
 
 def step_time(job: Job, stages: Optional[Pipeline] = None) -> StepTime:
