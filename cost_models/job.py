@@ -28,9 +28,9 @@ def dispatch_refusal(training: TrainingSpec, model: ModelSpec, gpu: GPUSpec) -> 
     return None
 
 
-# The layout's fields that no check of a Job but :meth:`Job._check_activation_fields` reads, nor the
-# training's resolution or the stages' layers: what a search changes rung by rung (Job.at_activations).
-ACTIVATION_FIELDS = ("recompute", "recompute_num_layers", "recompute_modules", "offload_activations")
+# ACTIVATION_FIELDS (layout_spec): the layout's fields that no check of a Job but
+# :meth:`Job._check_activation_fields` reads, nor the training's resolution or the stages' layers: what
+# a search changes rung by rung (Job.at_activations).
 # What Job.at_activations carries over from the job it is built from: the fields but the layout, the
 # training as requested, and the layout's placement (cached properties) that these fields do not change.
 _CARRIED = frozenset({"model", "cluster", "training", "overheads", "_requested", "stage_layers", "chunk_layers",

@@ -3,7 +3,8 @@ model chunks over pipeline ranks (:func:`rank_chunks`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any, Optional, Sequence
 
 from .spec_checks import SpecError, _choice, _positive_int
@@ -17,8 +18,9 @@ _INT = {int}  # the types of a list of layer counts that needs no check one by o
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "layernorm", "mlp", "moe_act", "moe", "shared_experts")
 
 
-# The fields only the recomputation's and the activation offload's checks read (Layout.with_changes).
-_ACTIVATION_FIELDS = frozenset({"recompute", "recompute_num_layers", "recompute_modules", "offload_activations"})
+# The fields only the recomputation's and the activation offload's checks read (Layout.with_changes),
+# and only a stage's activations price (Job.at_activations, memory._stage_states).
+ACTIVATION_FIELDS = frozenset({"recompute", "recompute_num_layers", "recompute_modules", "offload_activations"})
 
 # ZeRO's stages (Rajbhandari et al. 2020, §5): none, optimizer states, gradients too, weights too.
 ZERO_STAGES = (0, 1, 2, 3)
@@ -209,7 +211,7 @@ class Layout:
         # rung of every recompute ladder. The new layout is validated all the same: in full, or
         # where only the recomputation fields and offload_activations change, in those alone
         # (:meth:`_with_activation_changes`).
-        if changes.keys() <= _ACTIVATION_FIELDS:
+        if changes.keys() <= ACTIVATION_FIELDS:
             return self._with_activation_changes(changes)
         return Layout(**{**self.__dict__, **changes})
 
@@ -254,3 +256,8 @@ class Layout:
             if getattr(self, name):
                 section[name] = getattr(self, name)
         return section
+
+
+# A layout's fields but its ACTIVATION_FIELDS, as a tuple: what keys the pricing a layout's
+# recomputation ladder shares (Job.at_activations, memory._stage_states).
+without_activations = attrgetter(*(f.name for f in fields(Layout) if f.name not in ACTIVATION_FIELDS))

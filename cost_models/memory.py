@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache
-from operator import attrgetter
 from typing import Iterable, Optional
 
 from .activations import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
@@ -23,7 +22,7 @@ from .parameters import (StageParameters, attention_parameters, built_vocab, emb
 from .quantization import cached_weight_bytes
 from .pipeline import first_chunk_in_flight, in_flight_chunks, in_flight_peak
 from .job import Job
-from .layout_spec import Layout
+from .layout_spec import Layout, without_activations
 from .model_spec import ModelSpec
 from .training_spec import Overheads, TrainingSpec
 
@@ -407,10 +406,8 @@ class _StageStates:
 
 
 # The layout's fields that only its activations read (their recomputation, and the layers whose
-# activations go to the host): every other term of a stage's memory (model states, buffers, the
-# step's copies) is the same at any of them.
-_ACTIVATION_FIELDS = ("recompute", "recompute_num_layers", "recompute_modules", "offload_activations")
-_states_layout_key = attrgetter(*(f.name for f in fields(Layout) if f.name not in _ACTIVATION_FIELDS))
+# activations go to the host, ``layout_spec.ACTIVATION_FIELDS``): every other term of a stage's memory
+# (model states, buffers, the step's copies) is the same at any of them.
 
 
 _STATES: dict[tuple, dict[int, "_StageStates"]] = {}
@@ -420,7 +417,7 @@ _STATES_LIMIT = 8192  # jobs; emptied when full (a three-engine Mixtral 8x7B pla
 def _stage_states(job: Job, stages: tuple[int, ...]) -> tuple[_StageStates, ...]:
     """:func:`_stage_states_of` the stages, kept per job less its recomputation and activation
     offload. Safe: the key is every field of the Job (the training as resolved at its layout) but
-    the layout's ``_ACTIVATION_FIELDS``, and nothing :func:`_stage_states_of` reads depends on those:
+    the layout's ``ACTIVATION_FIELDS``, and nothing :func:`_stage_states_of` reads depends on those:
     they reach a stage's memory only through its activations (``stage_activation_bytes``,
     ``offload.offloaded_activation_layers``); the stages' layers (``placement``), the training's
     resolution (``resolution``), the parameters, model states, offloads of states and buffers do not
@@ -428,7 +425,7 @@ def _stage_states(job: Job, stages: tuple[int, ...]) -> tuple[_StageStates, ...]
     A search tries each layout's recomputation ladder, rung by rung and bisected over full
     recomputation's layers, and the activation offload's bisection: the states were priced again at
     every trial (2,742 stage memories in a three-engine Mixtral 8x7B plan)."""
-    key = (job.model, job.cluster, job.training, job.overheads, _states_layout_key(job.layout))
+    key = (job.model, job.cluster, job.training, job.overheads, without_activations(job.layout))
     known = _STATES.get(key)
     if known is None:
         if len(_STATES) >= _STATES_LIMIT:

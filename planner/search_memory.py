@@ -4,15 +4,13 @@ both import."""
 
 from __future__ import annotations
 
-from dataclasses import fields
 from functools import lru_cache
-from operator import attrgetter
 from typing import Callable
 
 from cost_models.activations import head_activation_bytes, loss_gradient_bytes
 from cost_models.memory import host_bytes, peak_stage_memory
 from cost_models.memory import usable_bytes as allocator_usable_bytes
-from cost_models.job import ACTIVATION_FIELDS
+from cost_models.layout_spec import without_activations
 from cost_models.specs import ClusterSpec, Job, Layout, ModelSpec, Overheads, TrainingSpec
 
 from .bands import fit_limit as band_fit_limit
@@ -23,12 +21,11 @@ from .bands import memory_band
 # overheads, the layout's other fields): a job at another rung is built from it (Job.at_activations).
 _SIBLINGS: dict[tuple, Job] = {}
 _SIBLINGS_LIMIT = 8192  # emptied when full, as _job's cache holds as many
-_sibling_key = attrgetter(*(f.name for f in fields(Layout) if f.name not in ACTIVATION_FIELDS))
 
 
 @lru_cache(maxsize=8192)
 def _job(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, layout: Layout, overheads: Overheads) -> Job:
-    key = (model, cluster, training, overheads, _sibling_key(layout))
+    key = (model, cluster, training, overheads, without_activations(layout))
     sibling = _SIBLINGS.get(key)
     if sibling is not None:
         # Safe: the sibling was built from this training with every check and differs from this job in
