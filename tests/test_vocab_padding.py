@@ -155,3 +155,26 @@ def test_a_signed_multiple_megatron_reads_as_its_number_is_said(divisible_by, tp
     flags = {"--tensor-model-parallel-size": tp, "--make-vocab-size-divisible-by": divisible_by}
     note = vocab_padding_note("megatron_args.txt", flags, job("megatron").model)
     assert note is not None and "--make-vocab-size-divisible-by 64:" in note and "to 128,512 rows at tp 8" in note, note
+
+
+@pytest.mark.parametrize("divisible_by", ["1099511627776", "9223372036854775807", "16777216"])
+def test_a_multiple_that_pads_past_the_largest_vocabulary_is_refused_with_the_bound(tmp_path, divisible_by):
+    """--make-vocab-size-divisible-by 1099511627776 (2**40) was diagnosed as fitting with a note that Megatron-LM
+    pads 128,256 to 4,398,046,511,104 rows at tp 4: an embedding no GPU holds, priced at the default's 128,512.
+    A multiple that pads the vocabulary past the largest a case takes (2**24 rows) is refused naming the flag,
+    the bound and the rows; 16,777,216 at tp 8 pads to 2**27."""
+    from planner.diagnose import diagnose
+    from planner.engines.megatron import emit as megatron
+    from planner.estimate import estimate
+    from planner.limits import MAX_VOCAB
+
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "megatron"},
+            "layout": {"tp": 8, "sequence_parallel": True, "micro_batch_size": 1, "recompute": "full"}}
+    path = tmp_path / "args.txt"
+    path.write_text(megatron.render(estimate(case), ["header"])[megatron.ARGS_FILE]
+                    + f"--make-vocab-size-divisible-by {divisible_by}\n")
+    with pytest.raises(CaseError) as error:
+        diagnose(case, megatron_args=path)
+    assert error.value.key == "--make-vocab-size-divisible-by"
+    assert f"at most {MAX_VOCAB:,} rows at tp 8" in error.value.expected and divisible_by in error.value.expected

@@ -24,7 +24,7 @@ from planner.engines.megatron.launch import (NEMO_SECTIONS, NPROC_WORDS, TORCHRU
                                            launch_of, torchrun_world, with_included_args)
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
-from planner.limits import MAX_EXPANDED_CHARS, MAX_INT, MAX_LAYERS, MAX_ROPE_BASE
+from planner.limits import MAX_EXPANDED_CHARS, MAX_INT, MAX_LAYERS, MAX_ROPE_BASE, MAX_VOCAB
 
 
 def _repeat(pattern: str, text: str) -> str:
@@ -499,7 +499,7 @@ def _check_model(args: _Args, model, training) -> None:
         _check_moe_layers(args, model)
     _check_window(args, model)
     _check_vocab(args, model)
-    args.integer("--make-vocab-size-divisible-by")  # a positive integer; otherwise, vocab_padding_note
+    _check_vocab_padding(args, model)  # a positive integer whose rows a case could hold; otherwise, vocab_padding_note
     base = args.integer("--rotary-base")  # an integer to Megatron-LM (arguments.py: type=int), above 0
     if base is not None and base > MAX_ROPE_BASE:
         raise CaseError(args.src, "--rotary-base", f"expected RoPE's base, at most {MAX_ROPE_BASE:g}, got {base}")
@@ -712,6 +712,22 @@ def _check_vocab(args: _Args, model) -> None:
     if model.vocab_size not in (vocab, padded):
         raise CaseError(args.src, "--vocab-size", f"{vocab} (padded to {padded}) differs from the case's "
                                                   f"{model.vocab_size} (model.vocab_size)")
+
+
+def _check_vocab_padding(args: _Args, model) -> None:
+    """--make-vocab-size-divisible-by is a positive integer, and the vocabulary it pads to (times tp) at most
+    the largest a case takes (MAX_VOCAB rows): 2**40 padded 128,256 rows to 4.4 trillion, which no GPU holds,
+    and the estimate, priced at the default's rows, said the list fits, with only a note of the rows."""
+    given = args.integer("--make-vocab-size-divisible-by")
+    if given is None:
+        return
+    tp = args.integer("--tensor-model-parallel-size", 1)
+    built = padded_vocab(model.vocab_size, tp, given)
+    if built > MAX_VOCAB:
+        raise CaseError(args.src, "--make-vocab-size-divisible-by",
+                        f"expected a multiple that pads the vocabulary {model.vocab_size:,} to at most {MAX_VOCAB:,} "
+                        f"rows at tp {tp} (the largest vocabulary a case takes), got {given}, which pads it to "
+                        f"{built:,}")
 
 
 def vocab_padding_note(name: str, flags: dict, model) -> Optional[str]:
