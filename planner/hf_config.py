@@ -70,7 +70,7 @@ from typing import Callable
 from cost_models.model_spec import router_group_problem
 from planner.errors import CaseError
 from planner.inputs import read_json
-from planner.limits import (MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_STRING_CHARS,
+from planner.limits import (MAX_EXPERTS, MAX_INT, MAX_LAYERS, MAX_MODEL_WIDTH, MAX_ROPE_BASE, MAX_SEQ_LEN, MAX_STRING_CHARS,
                             MAX_VOCAB, MIN_FIGURE)
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "granite")
@@ -171,11 +171,19 @@ def position_limit(path: str | os.PathLike) -> int | None:
     ``max_position_embeddings`` (GPT-2's ``n_positions``, which transformers' GPT2Config maps it to;
     Llama 4's in its ``text_config``). Not a model field: a RoPE model trains past it (with
     ``rope_scaling`` or a larger base), so it is only ever said, never refused."""
-    cfg = _load(os.fspath(path))
+    source = os.fspath(path)
+    cfg, prefix = _load(source), ""
     if isinstance(cfg.get("text_config"), dict) and "max_position_embeddings" not in cfg:
-        cfg = cfg["text_config"]
-    limit = cfg.get("max_position_embeddings", cfg.get("n_positions"))
-    return limit if type(limit) is int and limit > 0 else None
+        cfg, prefix = cfg["text_config"], "text_config."
+    key = "max_position_embeddings" if "max_position_embeddings" in cfg else "n_positions"
+    limit = cfg.get(key)
+    if limit is None:  # absent or null: the config states none
+        return None
+    # A count read is a count bounded: -1, "big", 8192.5, NaN and true were taken as no limit, without a word.
+    if type(limit) is not int or not 0 < limit <= MAX_INT:
+        raise CaseError(source, prefix + key, f"expected a positive integer of at most {MAX_INT} (the longest "
+                                              f"sequence the model was built for), got {_show(limit)}")
+    return limit
 
 
 # Where a config lists no layer_types, the layers its family windows (transformers' config classes):

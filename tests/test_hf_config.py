@@ -925,3 +925,34 @@ def test_a_sequence_past_the_configs_positions_is_said(tmp_path, command):
             assert (line in out.stderr.splitlines()) is said, (model, seq_len, out.stderr)
             if command == "plan":
                 assert any("max_position_embeddings" in n for n in json.loads(out.stdout)["notes"]) is said
+
+
+@pytest.mark.parametrize("command", ["estimate", "plan", "size"])
+@pytest.mark.parametrize("limit, shown", [(-1, "-1"), (0, "0"), ("big", '"big"'), (8192.5, "8192.5"), (True, "true"),
+                                          (float("nan"), "NaN"), (2 ** 63, str(2 ** 63))])
+def test_a_position_count_that_is_no_positive_integer_is_refused_naming_the_file_and_key(tmp_path, command, limit,
+                                                                                        shown):
+    """max_position_embeddings -1, 0, "big", 8192.5, true or NaN was taken as no limit, without a word: a case
+    training past it got no note, and the config's malformed count passed unseen. Refused (exit 2) naming
+    the file, the key and what was expected, as the config's other counts are; null is a config stating none."""
+    import yaml
+    from cli_in_process import run_cli
+
+    config = json.loads(fixture("Meta-Llama-3-8B").read_text())
+    config["max_position_embeddings"] = limit
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump({
+        "model": {"hf_config": "config.json"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+        "training": {"global_batch_size": 8, "seq_len": 4096, "engine": "megatron"},
+        "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 1}}))
+    extra = ["--tokens", "1T"] if command == "size" else []
+    out = run_cli(command, str(case), *extra)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines()[-1].startswith(f"error: {tmp_path / 'config.json'}: max_position_embeddings: "
+                                                  "expected a positive integer"), out.stderr
+    assert out.stderr.splitlines()[-1].endswith(f"got {shown}"), out.stderr
+    assert "Traceback" not in out.stderr
+    config["max_position_embeddings"] = None  # null: no limit stated, nothing said
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert run_cli(command, str(case), *extra).returncode in (0, 3)
