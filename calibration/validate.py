@@ -137,6 +137,9 @@ def load_with_profile(case: Union[str, Path, dict], profile: Optional[Union[str,
     if not profile.is_file():  # a folder (an empty --profile is the working directory), a pipe, a device
         raise CaseError(str(profile), "--profile", "expected a profile file (YAML), got a directory"
                         if profile.is_dir() else "expected a profile file (YAML), got no regular file")
+    # Read here, so that a profile that is no YAML is said of the --profile file given, not of the case's
+    # cluster.profile key the case file never wrote (which the profile is put under below).
+    read_yaml(profile)
     if isinstance(case, dict):
         data, source, base = dict(case), "<case>", Path.cwd()
     else:

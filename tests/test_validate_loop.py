@@ -351,3 +351,18 @@ def test_the_profile_the_case_names_is_the_one_recorded(tmp_path, profile):
     path.write_text(yaml.safe_dump({**case(), "cluster": {"num_gpus": 2, "profile": profile.name}}))
     assert profile_in_use(path, None) == profile and profile_in_use(path, "other.yaml") == Path("other.yaml")
     assert profile_in_use(case(), None) is None
+
+
+def test_a_profile_that_is_no_yaml_is_said_of_the_profile_given_not_of_the_case(tmp_path):
+    """validate CASE --profile p.yaml with p.yaml no YAML said `error: case.yaml: cluster.profile: /…/p.yaml: expected
+    valid YAML`: the case file, and a key it never wrote (validate puts --profile there). Said of the file given, as
+    a profile missing a key is (`p.yaml: gpu: missing`), exit 2, before anything runs."""
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case()))
+    bad = tmp_path / "p.yaml"
+    bad.write_text("gpu: [1, 2\n")
+    run = subprocess.run([sys.executable, "-m", "planner", "validate", str(path), "--profile", str(bad),
+                          "--allow-busy"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert run.stderr.startswith(f"error: {bad}: expected valid YAML"), run.stderr
+    assert "cluster.profile" not in run.stderr and "Traceback" not in run.stderr
