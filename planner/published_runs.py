@@ -317,8 +317,10 @@ ROW_COUNTS = {"": ("num_gpus",), "model": ("layers", "hidden", "heads", "kv_head
 # The most each parallel degree may be, as a case's own keys are bounded (planner/limits.py): a pp of
 # 2^70 was "Python int too large to convert to C ssize_t", with no key named. The other counts the case
 # built from the row bounds, naming the row's key.
-ROW_COUNT_BOUNDS = {"dp": MAX_GPUS, "tp": MAX_GPUS, "pp": MAX_GPUS, "vpp": MAX_LAYERS, "cp": MAX_GPUS, "ep": MAX_GPUS,
-                    "etp": MAX_GPUS}
+# num_gpus among them before the degrees: 10^30 GPUs beside dp 32 was said as "parallel.dp: 32, but 10^30 GPUs
+# ... leave dp 10^30", blaming the degree the run stated for the count it overstated.
+ROW_COUNT_BOUNDS = {"num_gpus": MAX_GPUS, "dp": MAX_GPUS, "tp": MAX_GPUS, "pp": MAX_GPUS, "vpp": MAX_LAYERS,
+                    "cp": MAX_GPUS, "ep": MAX_GPUS, "etp": MAX_GPUS}
 # What a row measured and the planner scores against: finite, at least MIN_FIGURE (1e-300 TFLOP/s
 # gave a headline error of 1.5e302) and below what no training run measures (a GPU's 10^5
 # TFLOP/s, 10^5 GB, a step of 10^7 s).

@@ -175,3 +175,18 @@ def test_validate_published_refuses_a_bands_file_it_cannot_write_before_the_work
     blocker.write_text("")
     done = run_cli("validate-published", "--no-experts", "--write-bands", str(blocker / "bands.yaml"))
     assert done.returncode == 2 and done.stdout == "" and "--write-bands: cannot be written" in done.stderr
+
+
+@pytest.mark.parametrize("gpus", [10**30, 2**21])
+def test_validate_published_bounds_a_runs_gpu_count_naming_it(tmp_path, gpus):
+    """num_gpus of 10^30 beside the run's dp 32 was said as "parallel.dp: 32, but 10^30 GPUs over tp 1 · pp 1 ·
+    cp 1 leave dp 10^30": the degree the run stated blamed for the count it overstated, and no bound said.
+    num_gpus is bounded where the row is read, as its degrees are, naming the key and the bound."""
+    row = yaml.safe_load((Path(__file__).parent.parent / "planner" / "published" / "published_runs.yaml")
+                         .read_text())[0]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump([{**row, "num_gpus": gpus}]))
+    done = run_cli("validate-published", str(bad), "--no-experts")
+    assert done.returncode == 2, done.stderr
+    assert f"{row['id']} ({bad}[0]): num_gpus: expected a whole number from 1 to 1,048,576, got {gpus}" in done.stderr, \
+        done.stderr
