@@ -1744,3 +1744,21 @@ def test_declare_g_sets_the_global_past_a_functions_readonly_local(tmp_path, scr
     was read as the declaration failing ("a readonly variable"), the launch after the call passing the caller's 1,
     where bash's declare -g sets the global, past the call's readonly local, and torchrun gets 32."""
     read_as_bash_does(tmp_path, f"#!/bin/bash\n{script}", refused)
+
+
+@needs_bash
+@pytest.mark.parametrize("script", [
+    'A=([1]=64 [0]=--make-vocab-size-divisible-by); torchrun "${A[@]}"',
+    'declare -a A=([2]=c [0]=a [1]=b); torchrun "${A[@]}" ${A[0]}',
+    'A=([1]=y [0]=x [1]=z); torchrun "${A[@]}" ${#A[@]}',  # the last of an index given twice wins
+    'A=([0]=x [1]=y); A+=(z); torchrun "${A[@]}"',
+])
+def test_an_arrays_literal_subscripts_order_its_elements_as_bash_does(tmp_path, script):
+    """declare -a V=([1]=64 [0]=--make-vocab-size-divisible-by) is `--make-vocab-size-divisible-by 64` to bash: the
+    reader took the words in the written order, `64 --make-vocab-size-divisible-by`, and diagnose refused the
+    list ("--overlap-param-gather: takes no value, but '64' follows it") that bash runs. Dense literal
+    subscripts now order the elements by index."""
+    script += "\n"
+    got = [list(c.fields[1:]) for c in read_script(script, str(tmp_path / "oracle.sh")).commands
+           if c.fields[0] == "torchrun"]
+    assert got == bash_words(tmp_path, script)

@@ -15,6 +15,20 @@ from .lexer import _ASSIGNMENT, _Tok
 from .results import Command, Note
 
 
+def _by_subscript(raws: list[str]) -> list[str]:
+    """An array's ``(...)`` words in the order of their indices, where every word gives a literal one and
+    they fill 0 to n-1 (the last of an index given twice wins, as in bash): ``A=([1]=64 [0]=--flag)`` is
+    ``--flag 64`` to bash, and was read in the written order, ``64 --flag``, refusing a list bash runs.
+    Otherwise the written order (sparse arrays, subscripts to evaluate, words without one: not modelled)."""
+    indexed: dict[int, str] = {}
+    for raw in raws:
+        match = re.match(r"\[(\d{1,9})\]=", raw)
+        if match is None:
+            return raws
+        indexed[int(match.group(1))] = raw
+    return [indexed[i] for i in sorted(indexed)] if sorted(indexed) == list(range(len(indexed))) else raws
+
+
 @dataclass
 class _Var:
     value: Union[str, list]
@@ -311,7 +325,7 @@ class _State:
         if tok.kind == "array":
             elements: list[str] = []
             size = 0
-            for raw in tok.elements:
+            for raw in _by_subscript(tok.elements) if not append else tok.elements:
                 if re.match(r"\[[^\]]*\]=", raw):  # [i]=value: the value, in order (sparse arrays are not modelled)
                     raw = raw.split("=", 1)[1]
                 for word in self.fields(raw, ctx, name):
