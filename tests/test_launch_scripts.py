@@ -1762,3 +1762,21 @@ def test_an_arrays_literal_subscripts_order_its_elements_as_bash_does(tmp_path, 
     got = [list(c.fields[1:]) for c in read_script(script, str(tmp_path / "oracle.sh")).commands
            if c.fields[0] == "torchrun"]
     assert got == bash_words(tmp_path, script)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"'export' {CONNECTIONS}=32\n", "'32'"),
+    (f"\\export {CONNECTIONS}=32\n", "'32'"),
+    (f'"declare" -x {CONNECTIONS}=32\n', "'32'"),
+    (f"D=export; $D {CONNECTIONS}=32\n", "'32'"),
+    (f"S='{CONNECTIONS}=32 OTHER=1'; 'export' $S\n", "'32'"),  # split, as any command's words
+    (f"export {CONNECTIONS}=32; 'export' -n {CONNECTIONS}\n", "unset"),
+    (f"'export' {CONNECTIONS}=1\n", None),
+    (f"'readonly' X=1; export {CONNECTIONS}=$X\n", None),
+])
+def test_a_declaration_named_by_a_quoted_or_expanded_word_declares(tmp_path, setting, refused):
+    """`'export' CUDA_DEVICE_MAX_CONNECTIONS=32` (or `\\export`, or `$D` holding export) was read as a command
+    started, setting nothing, and a tp 2 launch on H100 was priced with no word, where bash's export builtin
+    runs all the same (its words expanded as any command's) and validate_args stops the run."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused)

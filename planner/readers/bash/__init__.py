@@ -5,7 +5,8 @@ it sets itself, and returns the words of every command it would start (``torchru
 ``python``, ``srun``...), expanded: nothing is executed, no file but the script is opened (a
 caller may answer a command substitution it recognises, see ``command_output``).
 
-Modelled: scalar assignments (``X=1``, ``export X=...``, ``declare``/``local``/``readonly``,
+Modelled: scalar assignments (``X=1``, ``export X=...``, ``declare``/``local``/``readonly``, also named by a
+quoted or expanded word (``'export' X=1``, ``$D X=1``: its words expanded as any command's),
 ``X+=...``), arrays (``A=(...)``, ``A+=(...)``, ``A[i]=...``), parameter expansion
 (``$X``, ``${X}``, ``${X:-default}``, ``${X-default}``, ``${X:=default}``, ``${X:+alt}``,
 ``${#X}``, ``${A[@]}``, ``${A[*]}``, ``${A[i]}``, ``${#A[@]}``, ``${X#pat}``, ``${X%pat}`` and

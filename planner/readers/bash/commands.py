@@ -63,6 +63,13 @@ class _Commands(_Expander):
             for tok in assignments:
                 self.assign(tok)
             return _TRUE
+        if fields[0] in _DECLARATIONS and rest[0].kind == "word":
+            # A declaration named by a quoted or expanded word ('export', \export, $DECLARE): bash's parser
+            # does not take it for one, so its words are expanded as any command's (split, no NAME=value
+            # parsing), but the builtin it runs declares them all the same. It was read as a command
+            # started: `'export' CUDA_DEVICE_MAX_CONNECTIONS=32` exported nothing.
+            return self.declare(self.keep_declared_prefixes(
+                assignments, [_Tok("word", _as_word(field), rest[0].start, rest[-1].end) for field in fields]))
         return self.builtin(fields, ctx, node, assignments)
 
     def keep_declared_prefixes(self, assignments: Sequence[_Tok], rest: list[_Tok]) -> list[_Tok]:
@@ -861,6 +868,14 @@ def _prefix_string(tok: _Tok) -> _Tok:
         return tok
     head = tok.text[:tok.text.index("=") + 1]
     return _Tok("word", f"{head}({' '.join(tok.elements)})", tok.start, tok.end)
+
+
+def _as_word(field: str) -> str:
+    """A word that expands to ``field`` alone: as it is where it holds nothing bash expands, splits or
+    quotes (an option, NAME=value), else single-quoted."""
+    if field and re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", field):
+        return field
+    return "'" + field.replace("'", "'\\''") + "'"
 
 
 def _without_builtin_prefix(rest: list[_Tok]) -> list[_Tok]:
