@@ -573,7 +573,8 @@ def test_input_read_by_read_or_mapfile_and_name_references_are_said():
     assert "t.sh: line 2: read reads input, which is not followed: x read as empty (a while-read loop's body " \
            "is not run)" in notes
     assert "t.sh: line 3: mapfile reads input, which is not followed: L read as empty" in notes
-    assert any("declare -n (a name reference) is not followed" in n for n in notes)
+    assert "t.sh: line 4: declare -n (a name reference) is not followed: its name reads as a variable of its " \
+           "own (R, not as TP)" in notes
     assert result.commands[0].not_run == ("mapfile L (line 3)",)
 
 

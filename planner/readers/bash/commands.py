@@ -309,7 +309,13 @@ class _Commands(_Expander):
         elif any(t.kind == "word" and t.text.startswith("-") and "x" in t.text for t in rest[1:]):
             exported = True  # declare -x, before any name it exports
         if command in ("declare", "typeset", "local") and "n" in _declaration_options(rest):
-            self.note(f"{command} -n (a name reference) is not followed: its name reads as a variable of its own")
+            # Each reference named with what bash would read and write through it: `declare -n
+            # R=CUDA_DEVICE_MAX_CONNECTIONS; R=16` exports 16 to the training, which the note must lead to.
+            refs = [f"{_declared_name(t)}, not as {_expanded_value(t.text)}" if _is_assignment(t.text)
+                    and t.kind != "array" else _declared_name(t)
+                    for t in rest[1:] if not t.text.startswith(("-", "+"))]
+            self.note(f"{command} -n (a name reference) is not followed: its name reads as a variable of its own"
+                      + (f" ({'; '.join(refs)})" if refs else ""))
         declared = [_declared_name(t) for t in rest[1:] if not t.text.startswith(("-", "+"))]
         options = _declaration_options(rest)
         if "i" in options:
@@ -868,6 +874,14 @@ def _prefix_string(tok: _Tok) -> _Tok:
         return tok
     head = tok.text[:tok.text.index("=") + 1]
     return _Tok("word", f"{head}({' '.join(tok.elements)})", tok.start, tok.end)
+
+
+def _expanded_value(word: str) -> str:
+    """The value of a NAME=value word as :meth:`expanded_declaration` leaves it: single-quoted, each ' as '\\''."""
+    value = word.partition("=")[2]
+    if len(value) >= 2 and value[0] == value[-1] == "'":
+        return value[1:-1].replace("'\\''", "'")
+    return value
 
 
 def _as_word(field: str) -> str:
