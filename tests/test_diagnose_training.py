@@ -141,7 +141,9 @@ def test_experts_run_otherwise_than_priced_are_said_and_the_plans_own_files_say_
     args = next(p for p in written.paths if p.name == "megatron_args.txt")
     (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
     own = diagnose(tmp_path / "case.yaml", megatron_args=args)
-    assert not [n for n in own.notes if "moe" in n.lower() or "dispatcher" in n]
+    # Of the files nothing is said; of the case, what `plan` says (its routing, unstated).
+    assert [n for n in own.notes if "moe" in n.lower() or "dispatcher" in n] == list(
+        planner.plan(tmp_path / "case.yaml", engine="megatron", top_k=0).notes)
     text = args.read_text()
     assert "--moe-grouped-gemm" in text and "--moe-token-dispatcher-type" in text
     bare = tmp_path / "bare.txt"

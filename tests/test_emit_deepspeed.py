@@ -632,7 +632,10 @@ def test_a_deepspeed_moe_plan_reads_back_with_the_ep_its_model_code_sets(tmp_pat
     recompute = json.loads(planned.stdout)["best"]["layout"]["recompute"]  # the model code's, as ep
     done = run_cli("diagnose", str(case), "--config", config, "--ep", str(ep), "--recompute", recompute, "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["speedup"] == pytest.approx(1.0) and json.loads(done.stdout)["notes"] == []
+    # Nothing said of the files: only what `plan` says of the case (its routing, unstated).
+    said = json.loads(done.stdout)["notes"]
+    assert json.loads(done.stdout)["speedup"] == pytest.approx(1.0) and said == json.loads(planned.stdout)["notes"]
+    assert len(said) == 1 and "model.moe_load_imbalance is unstated" in said[0]
     # Without --ep, its header's planned layout says it; someone else's config without that header does not.
     without = run_cli("diagnose", str(case), "--config", config, "--json")
     assert without.returncode == 0, without.stderr
