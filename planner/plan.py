@@ -507,6 +507,15 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
             # The advice searches again, at more GPUs and shorter sequences: seconds. (Where the case
             # pins choices, the search in full says whether the pins leave the engine any layout.)
             return Plan(solution.status, None, (), result.scored, 0, headroom=spec.headroom)
+        if fastest_alone and ceiling < math.inf:
+            # A search under a ceiling that found nothing says nothing of the pins: they may leave the
+            # engine layouts, all slower than the ceiling (Llama 3 70B on 64 H100s, tp 8 pinned, no
+            # engine named: DeepSpeed's entry said no layout of it meets the search section's tp, where
+            # `--engine deepspeed` plans one). Whether they leave any is asked without the ceiling.
+            with spec_errors(case.source):
+                pinned = search(case, spec, first_only=True)
+            if pinned.candidates or pinned.tightest is not None:
+                return Plan(solution.status, None, (), result.scored, 0, headroom=spec.headroom)
         # Every search below prices layouts: a figure the cost models refuse (fp8 on a GPU without fp8
         # tensor cores, first met at a pinned tp) is the case's error, not a traceback.
         with spec_errors(case.source):

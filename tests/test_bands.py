@@ -339,6 +339,22 @@ def test_an_engine_the_pins_leave_no_layout_says_so_when_no_engine_is_named():
         planner.plan(case, engine="deepspeed")
 
 
+def test_an_engine_the_pins_leave_layouts_beyond_the_margin_is_not_said_to_have_none():
+    """Llama 3 70B on 64 H100s, tp 8 pinned, no engine named: DeepSpeed's search under the ceiling
+    (the margin of Megatron-LM's fastest) found nothing, and its entry said that no layout of it meets
+    the search section's tp, where `plan --engine deepspeed` plans one. Its layouts are all beyond
+    the margin: the entry says that, as `--engine deepspeed --fastest` bears out."""
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 512, "seq_len": 4096, "precision": "bf16"}, "search": {"tp": 8}}
+    decided = planner.plan(case, top_k=0)
+    why = decided.to_dict()["engines"]["deepspeed"]["why_not"]
+    alone = planner.plan(case, top_k=0, engine="deepspeed", fastest=True)
+    assert alone.best is not None and alone.best.job.layout.tp == 8
+    quickest = decided.fastest or decided.best
+    assert alone.best.step_time_s > quickest.step_time_s * (1 + decided.margin)
+    assert why.startswith(f"no layout within {decided.margin:.1%}, the gap the pick weighs, of the fastest of megatron")
+
+
 def test_no_engine_is_advised_on_where_another_engine_fits(monkeypatch):
     """An engine with no layout that fits beside one that has: its advice (more GPUs, shorter
     sequences) is never given, so never sought. GPT-OSS 20B at 2^19 tokens a sequence on 8 H100s,
