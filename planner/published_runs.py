@@ -163,6 +163,10 @@ def row_name(rows: list, index: int) -> str:
 
 def gpu_preset(name: str) -> Optional[str]:
     n = str(name).upper().replace("NVIDIA ", "")
+    if "PCIE" in n or re.match(r"H100[ -]NVL(?!\d)", n):
+        # A PCIe card (H100 PCIe or NVL, A100 PCIe) is no preset's part: its peak, clocks and links are not
+        # the SXM module's. "H100 PCIe 80GB" was scored as an H100 SXM, 99 % off, with no word.
+        return None
     if n.startswith("A100"):
         return "a100-sxm-40gb" if "40GB" in n else "a100-sxm-80gb"
     return next((preset for prefix, preset in GPU_PREFIXES if n.startswith(prefix)), None)

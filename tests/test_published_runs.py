@@ -351,3 +351,18 @@ def test_a_row_that_names_fp32_is_scored_as_fp32_and_one_that_names_nothing_as_b
     assert precision("fp32 (TF32 matmuls)") == "fp32" and precision("FP32") == "fp32"
     assert precision("mixed (not stated)") == "bf16" and precision(None) == "bf16"
     assert precision("fp16 params/grads + fp32 Adam (2+2+12 bytes/param)") == "fp16"
+
+
+@pytest.mark.parametrize("name", ["H100 PCIe 80GB", "NVIDIA H100-PCIe", "H100 NVL 94GB", "A100 PCIe 80GB",
+                                  "A100-PCIE-40GB"])
+def test_a_pcie_card_is_no_sxm_preset(name):
+    """A hand-written run on "H100 PCIe 80GB" was scored as an H100 SXM (its peak, HBM and NVLink
+    switch), 99 % off with no word; a PCIe card is no preset's part, so its row is not a supported one."""
+    assert gpu_preset(name) is None
+
+
+@pytest.mark.parametrize("name, preset", [("H100-SXM5-80GB (DGX H100)", "h100-sxm-80gb"),
+                                          ("GB200 (DGX GB200 NVL72)", "gb200"), ("A100-40GB (1600 Gbps RoCE)", "a100-sxm-40gb"),
+                                          ("NVIDIA Blackwell GPU (GB200) 189471 MiB [Tyche (8x NVIDIA GB200 NVL72)]", "gb200")])
+def test_the_sxm_and_nvl72_parts_keep_their_presets(name, preset):
+    assert gpu_preset(name) == preset
