@@ -145,7 +145,7 @@ def test_diagnose_says_a_list_that_pads_otherwise_and_refuses_one_that_is_no_pos
             assert any("pads the vocabulary 128,256 to 128,512 rows at tp 8" in note for note in notes), notes
 
 
-@pytest.mark.parametrize("divisible_by, tp", [("+64", "8"), ("64", "+8"), (" +64 ", " 8")])
+@pytest.mark.parametrize("divisible_by, tp", [("+64", "8"), ("64", "+8"), (" +64 ", " 8"), ("6_4", "8")])
 def test_a_signed_multiple_megatron_reads_as_its_number_is_said(divisible_by, tp):
     """--make-vocab-size-divisible-by +64 was taken by diagnose (an integer, as argparse's int reads it, 64) with
     no note, where Megatron-LM pads 128,256 to 128,512 rows, not the 129,024 priced: the note read only unsigned

@@ -366,9 +366,11 @@ class _Args:
             return default
         value = self.flags[flag]
         digits = (value or "").strip()
-        if not re.fullmatch(r"[+-]?\d+", digits):
+        # What argparse's type=int takes: int() reads a sign, digits and single underscores between them
+        # (PEP 515: `1_024` is 1024 to Megatron-LM), not a float or hex.
+        if not re.fullmatch(r"[+-]?\d+(?:_\d+)*", digits):
             raise CaseError(self.src, flag, f"expected an integer, got {value!r}")
-        if len(digits.lstrip("+-")) > len(str(MAX_INT)) or int(digits) > MAX_INT:
+        if len(digits.lstrip("+-").replace("_", "")) > len(str(MAX_INT)) or int(digits) > MAX_INT:
             raise CaseError(self.src, flag, f"expected an integer <= {MAX_INT}, got {digits}")
         number = int(digits)
         if number < (0 if flag in ("--recompute-num-layers", "--cpu-offloading-num-layers") else 1):
