@@ -44,6 +44,7 @@ from cost_models.step_time import StepTime, step_time
 from .case import Case
 from .complexity import layout_complexity
 from .engines.base import DEGREE_KEYS
+from .limits import MAX_STEP_TIME_S
 from .search_bounds import Incumbents, SimplerFaster, StepBounds, floor, offload_floor, states_cannot_fit, states_fit
 from .search_memory import case_job, fit_limit, fit_tier, fits_with_margin, fits_within_tier
 from .search_options import SearchSpec
@@ -282,7 +283,10 @@ class _Search:
             # Offload only adds time: worth scoring only where memory forces recomputation, or
             # where nothing fits without it.
             if plain is None or plain[0].layout.recompute != "none":
-                hits += self._least_offloaded(group, zero, base, activations=not needs_offload)
+                # With a hit already (plain's), whether the micro-batch has one, on which the walk stops
+                # (below), is settled: an offload's ladder may then be skipped on its time alone.
+                hits += self._least_offloaded(group, zero, base, activations=not needs_offload,
+                                              options=not (hits and self._offload_too_slow(base, time)))
             if not hits:
                 break  # a larger micro-batch needs more memory still
             if self._keep(hits, base, time):
@@ -388,13 +392,41 @@ class _Search:
                 safer.append(safe)
         return safer
 
-    def _least_offloaded(self, group: Group, zero: int, base: Layout, activations: bool = True) \
-            -> list[tuple[Job, float]]:
-        """The least recomputation that fits under each offload the engine runs, and (with
-        ``activations``: not where only an offloaded optimizer lets the states fit) the fewest
-        layers' activations offloaded that fit."""
+    def _offload_too_slow(self, base: Layout, time: Optional[StepTime]) -> bool:
+        """Whether no layout on ``base`` that offloads the optimizer can matter, so that the ladders of the
+        offloads need not be scored: where ``base``'s own step (``time``, the floor: neither recomputation
+        nor offload, each of which only adds to it) and the least the offload adds to any step, its
+        optimizer step on the CPU and the weights back in at the least share the search offloads
+        (:func:`offload_floor`), pass the incumbents' threshold. (The search already prunes a
+        micro-batch whose model states need the offload on that sum.)
+
+        That threshold only falls as the search goes on, and at the end is at least the slowest of the
+        top_k + 1 fastest and the table's slack past the fastest: such a layout, should it fit, is in
+        neither ``plan._table`` (which keeps those within the slack of the fastest, or else the top_k + 1
+        fastest) nor (the slack being no less than the robust pick's margin) within that margin, where
+        ``_add_safer`` looks. Kept, it would move no threshold: slower than the slowest of
+        the top_k + 1 fastest, :class:`Incumbents` would push it and pop it again, and :class:`SimplerFaster` would give :meth:`_threshold` no
+        figure under the incumbents' threshold, of which it takes the least, nor one within the margin of
+        the fastest there can be. Its misses only name the closest miss, read where nothing fits: a
+        threshold under ``MAX_STEP_TIME_S`` means the top_k + 1 layouts found fit within what the table
+        keeps, each obeying the pins the solver holds it to; where the case bounds a field the solver
+        weighs, or under a ceiling (which the threshold may lie under), the skip is not made. Only
+        ``search.fitting`` and `plot`'s cloud of the fitting layouts scored count such layouts."""
+        threshold = self.incumbents.threshold
+        # Finite without a ceiling: top_k + 1 layouts found, and the threshold at least the slowest of them and
+        # the slack past the fastest (Incumbents.add), a slack no less than the robust pick's margin.
+        if time is None or self.ceiling < math.inf or threshold > MAX_STEP_TIME_S or self.spec.bounds or \
+                (self.robust is not None and (self.keep_within or 0.0) < self.robust):
+            return False
+        return time.total + offload_floor(self.case, self.spec, base) > threshold
+
+    def _least_offloaded(self, group: Group, zero: int, base: Layout, activations: bool = True,
+                         options: bool = True) -> list[tuple[Job, float]]:
+        """The least recomputation that fits under each offload the engine runs (not without ``options``:
+        :meth:`_offload_too_slow`), and (with ``activations``: not where
+        only an offloaded optimizer lets the states fit) the fewest layers' activations offloaded that fit."""
         hits = []
-        for offload in offload_options(self.spec, zero):
+        for offload in offload_options(self.spec, zero) if options else ():
             hit, scored = least_recompute(self.case, self.spec, base.with_changes(**offload), 1, self.note_miss)
             self.result.scored += scored
             if hit is not None:
