@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,34 +95,124 @@ class Entry:
         """(step or rank, figure) of every line that holds the key and the marker; a CaseError naming
         the line where the marker is followed by no positive figure (a step time of nan, -15000 or 0
         was skipped, or counted, and the run fitted on the others)."""
+        return self.points_of(_Lines(text), src)
+
+    def points_of(self, lines: "_Lines", src: str = "log") -> list[tuple[int, float]]:
+        """``points`` of a log already split (``_Lines``): a 200 MB log was split, and its every line
+        scanned, once per entry (25 s of its 30); only the lines holding the marker are read here."""
         from .errors import CaseError
         from .limits import MIN_FIGURE
         from .published_runs import ROW_MEASURES
 
+        marker, also, unit, after = self.marker, self.also, self.unit, len(self.marker)
+        # A figure within [least, most] is positive and finite (a bound of its own, or the least and most floats).
+        least, most = (MIN_FIGURE * self.per, ROW_MEASURES[self.measure] * self.per) if self.measure \
+            else (5e-324, sys.float_info.max)
+        digits = MAX_COUNT_DIGITS
+        key_at, figure_at = self.key.search, _FIGURE.match
         found = []
-        for number, line in enumerate(text.splitlines(), 1):
-            at = line.rfind(self.marker)
-            if at < 0 or self.also not in line:
+        if marker not in lines.text:
+            return found
+        append = found.append
+        for number, line in enumerate(lines.lines, 1):
+            # Inline, each line's work a few calls (a 1.45M-line log's read in 2 s, not 25); a figure out of
+            # its bounds, or a count too long to read, is refused as by _figure, _count and the bounds below.
+            at = line.rfind(marker)
+            if at < 0 or also and also not in line:
                 continue
-            keys = list(self.key.finditer(line, 0, at))
-            if not keys:
+            # The last key before the marker: as finditer's last, each search from the one before's end.
+            last = key_at(line, 0, at)
+            if last is None:
                 continue
-            value = _FIGURE.match(line, at + len(self.marker))
-            if value is None or not line.startswith(self.unit, value.end()):
-                written = line[at + len(self.marker):].strip().split(" ", 1)[0]
-                raise CaseError(src, f"line {number}", f"'{self.marker}' {_clipped(written) or 'with nothing'}: "
-                                                       f"expected a positive figure{' in ' + self.unit if self.unit else ''}")
-            figure = _figure(value.group(1), src, number, self.marker)
-            if figure <= 0:
-                raise CaseError(src, f"line {number}", f"'{self.marker}' {_clipped(value.group(1).rstrip(','))}: expected a "
-                                                       "positive figure")
-            if self.measure:
-                least, most = MIN_FIGURE * self.per, ROW_MEASURES[self.measure] * self.per
-                if not least <= figure <= most:
-                    raise CaseError(src, f"line {number}", f"'{self.marker}' {_clipped(value.group(1).rstrip(','))}: "
+            while (later := key_at(line, last.end(), at)) is not None:
+                last = later
+            value = figure_at(line, at + after)
+            if value is None or unit and not line.startswith(unit, value.end()):
+                written = line[at + after:].strip().split(" ", 1)[0]
+                raise CaseError(src, f"line {number}", f"'{marker}' {_clipped(written) or 'with nothing'}: "
+                                                       f"expected a positive figure{' in ' + unit if unit else ''}")
+            written = value.group(1)
+            figure = float(written) if "," not in written else _num(written)
+            if not least <= figure <= most:
+                figure = _figure(written, src, number, marker)
+                if figure <= 0:
+                    raise CaseError(src, f"line {number}", f"'{marker}' {_clipped(written.rstrip(','))}: expected a "
+                                                           "positive figure")
+                if self.measure and not least <= figure <= most:
+                    raise CaseError(src, f"line {number}", f"'{marker}' {_clipped(written.rstrip(','))}: "
                                                            f"expected a figure from {least:g} to {most:g}")
-            found.append((_count(keys[-1].group(1), src, number), figure))
+            step = last.group(1)
+            append((int(step) if len(step) <= digits else _count(step, src, number), figure))
         return found
+
+
+class _Lines:
+    """A log's text split into lines once (``str.splitlines``, as every reading of it numbers them),
+    and, for each marker asked for, the lines holding it: a marker the text lacks costs one scan of
+    the text, not one of its lines."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.lines = text.splitlines()
+        self._holding: dict[str, list[tuple[int, str]]] = {}
+
+    def holding(self, marker: str) -> list[tuple[int, str]]:
+        """(line number from 1, line) of every line holding ``marker``."""
+        if marker not in self._holding:
+            self._holding[marker] = [(number, line) for number, line in enumerate(self.lines, 1) if marker in line] \
+                if marker in self.text else []
+        return self._holding[marker]
+
+    def newline_lines(self) -> Optional[list[str]]:
+        """The lines as "\\n" alone ends them (as ``re.MULTILINE``'s ``^`` and ``$`` see them), where
+        they are ``lines`` (no form feed, vertical tab or other break ``splitlines`` also ends a line
+        at); else None."""
+        ends = self.text.count("\n")
+        return self.lines if len(self.lines) == ends + (not self.text.endswith("\n") and bool(self.text)) else None
+
+
+def _megatron_batches(lines: _Lines, megatron: list[tuple[int, float]],
+                      src: str) -> tuple[Optional[dict[int, int]], Optional[int]]:
+    """(each logged interval's global batch, from its own line, by iteration; the batch the run ends at:
+    its last interval's that states one) of a Megatron-LM log: under a batch ramp-up
+    (--rampup-batch-size) the early intervals ran smaller batches in less time, and were priced at the
+    full batch; a log cut off mid-line, the last interval's batch lost, excluded every interval that
+    stated its own. None for the first where every line states one batch (any interval's is then the
+    final one): two searches of the text, where reading each of a 200 MB log's lines took 2 s."""
+    step_at, batch_at = MEGATRON_STEP.key.search, MEGATRON_BATCH.search
+    text = lines.text
+    first = batch_at(text)
+    # Every batch the text states is the first's, and no count is too long to read (each line's reading
+    # below would refuse it): any line's batch is the first's.
+    if first is None or len(first.group(1)) <= MAX_COUNT_DIGITS and \
+            not re.search(r"global batch size:\s*(?!" + first.group(1) + r"(?!\d))\d", text) and \
+            not re.search(r"iteration\s+\d{" + str(MAX_COUNT_DIGITS + 1) + r"}", text):
+        if first is None:
+            return None, None
+        steps = {step for step, _ in megatron}
+        for line in reversed(lines.lines):  # the last line stating an interval's batch, most often the last line
+            if "global batch size:" in line and (m := step_at(line)) and batch_at(line) and int(m.group(1)) in steps:
+                return None, int(first.group(1))
+        return None, None
+    batch_of = {}
+    for number, line in lines.holding("global batch size:"):
+        if (m := step_at(line)) and (b := batch_at(line)):
+            step, batch = m.group(1), b.group(1)
+            if len(step) > MAX_COUNT_DIGITS or len(batch) > MAX_COUNT_DIGITS:
+                step, batch = _count(step, src, number), _count(batch, src, number)
+            batch_of[int(step)] = int(batch)
+    return batch_of, next((batch_of[step] for step, _ in reversed(megatron) if step in batch_of), None)
+
+
+def _arguments(lines: _Lines) -> dict[str, str]:
+    """An argument dump's ``{name: value}`` (``MEGATRON_ARG``), the last line of a name counting:
+    matched line by line where the text's lines end at "\\n" alone (a pass of the pattern over a
+    200 MB log's text, tried at each of its characters, took 5 s), else over the text."""
+    plain = lines.newline_lines()
+    if plain is None:
+        return {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(lines.text)}
+    match = MEGATRON_ARG.match
+    return {m.group(1): m.group(2) for m in filter(None, map(match, plain))}
 
 
 _FIGURE = re.compile(r"\s*" + NUMBER + r"\s*")
@@ -163,18 +254,20 @@ class LogReading:
 RANK_LABEL = re.compile(r"^(?: *(\d{1,9}):(?!\d) ?)?(?:\[[A-Za-z_]*?(\d{1,9})\]:)?")
 
 
-def _lowest_rank_lines(text: str) -> str:
+def _lowest_rank_lines(text: str, lines: Optional[list[str]] = None) -> str:
     """A torchtitan log of every rank's lines, each behind a launcher's label (``RANK_LABEL``), as its
     lowest label's: torchtitan logs its steps on every rank, and the ranks' steps one after another
     were refused as "more than one run". ``text`` itself where its lines carry one label or none."""
     def label(line: str) -> Optional[tuple[int, int]]:
         m = RANK_LABEL.match(line)
         return None if not m.group(0) else (int(m.group(1) or 0), int(m.group(2) or 0))
-    labels = {label(line) for line in text.splitlines()} - {None}
+    lines = text.splitlines() if lines is None else lines  # ``lines``: ``text``'s, split once by the reader
+    each = [label(line) for line in lines]
+    labels = set(each) - {None}
     if len(labels) < 2:
         return text
     lowest = min(labels)
-    return "\n".join(line for line in text.splitlines() if label(line) in (None, lowest))
+    return "\n".join(line for line, mine in zip(lines, each) if mine in (None, lowest))
 
 
 def _per_step(points: list[tuple[int, float]], combine) -> list[tuple[int, float]]:
@@ -277,6 +370,9 @@ def _in_order(points: list[tuple[int, float]], src: str, what: str) -> list[tupl
     median taken over both."""
     from .errors import CaseError
 
+    steps = [step for step, _ in points]
+    if all(map(int.__lt__, steps, steps[1:])):  # at C speed: a 1.45M-step log's took a fifth of a second
+        return points
     for (before, _), (step, _) in zip(points, points[1:]):
         if step <= before:
             raise CaseError(src, f"{what} {step}", f"comes after {what} {before}: the log holds more than one run "
@@ -298,15 +394,17 @@ def read_log(path: Path) -> LogReading:
     text = data.decode("utf-8", errors="replace")  # logs carry progress bars and colour codes
     # Windows' line ends, and a progress bar's carriage returns, end lines as a newline does (an
     # argument dump's value read with its "\r" was no number, and its check against the case skipped).
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
     if "\n" in text.rstrip("\n") and not text.endswith("\n"):
         # A last line with no end is one the run was killed writing: a figure in it may be cut short
         # (torchtitan's "tps: 7,0" read as 70, "memory: 62" refused the whole log). Left out.
         text = text[:text.rindex("\n") + 1]
-    megatron = MEGATRON_STEP.points(text, src)
-    titan = TITAN_STEP.points(text, src)
-    deepspeed = DS_THROUGHPUT.points(text, src)
-    pipe = DS_PIPE_STEP.points(text, src)
+    lines = _Lines(text)  # split once: each entry reads the lines holding its marker
+    megatron = MEGATRON_STEP.points_of(lines, src)
+    titan = TITAN_STEP.points_of(lines, src)
+    deepspeed = DS_THROUGHPUT.points_of(lines, src)
+    pipe = DS_PIPE_STEP.points_of(lines, src)
     timers = [(m, total) for m in DS_TIMERS.finditer(text) if (total := _timer_total(m)) is not None]
     timers = [(i + 1, total, m.start()) for i, (m, total) in enumerate(timers)]
     for _, total, at in timers:
@@ -325,17 +423,13 @@ def read_log(path: Path) -> LogReading:
         megatron = _in_order(megatron, src, "iteration")
         # Each interval's global batch, from its own line: under a batch ramp-up (--rampup-batch-size)
         # the early intervals ran smaller batches in less time, and were priced at the full batch.
-        batch_of = {_count(m.group(1), src, number): _count(b.group(1), src, number)
-                    for number, line in enumerate(text.splitlines(), 1)
-                    for m in [MEGATRON_STEP.key.search(line)] for b in [MEGATRON_BATCH.search(line)] if m and b}
-        # The batch the run ends at: its last interval's that states one (a log cut off mid-line, the last
-        # interval's batch lost, excluded every interval that stated its own).
-        final = next((batch_of[step] for step, _ in reversed(megatron) if step in batch_of), None)
-        args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
+        batch_of, final = _megatron_batches(lines, megatron, src)
+        args = _arguments(lines)
         starts, carried = _megatron_starts(megatron, args.get("log_interval"))
         times = _after_warmup([(step, v) for step, v in megatron
-                               if batch_of.get(step, final) == final and step not in carried and step not in starts])
-        memory = MEGATRON_MEMORY.points(text, src)
+                               if (batch_of is None or batch_of.get(step, final) == final) and step not in carried
+                               and step not in starts])
+        memory = MEGATRON_MEMORY.points_of(lines, src)
         stated = _stated(args, MEGATRON_STATED, src)
         if args.get("group_query_attention") == "False" and "num_attention_heads" in args:
             # Without grouped-query attention Megatron-LM ignores num_query_groups: every head has its own.
@@ -356,22 +450,24 @@ def read_log(path: Path) -> LogReading:
                              peak_gib=max(v for _, v in memory) / 1024 if memory else None,
                              peak_of_rank_0_only=bool(memory) and {r for r, _ in memory} == {0})
     elif titan:
-        ranked = _lowest_rank_lines(text)
+        ranked = _lowest_rank_lines(text, lines.lines)
+        ranked_lines = lines if ranked is text else _Lines(ranked)
         if ranked is not text:
-            titan = TITAN_STEP.points(ranked, src)
+            titan = TITAN_STEP.points_of(ranked_lines, src)
         times = _after_warmup(_in_order(_per_step(titan, statistics.median), src, "step"))
-        memory = _after_warmup(_per_step(TITAN_MEMORY.points(ranked, src), max))
+        memory = _after_warmup(_per_step(TITAN_MEMORY.points_of(ranked_lines, src), max))
         params = [_num(m.group(1)) for m in TITAN_PARAMETERS.finditer(text)]
         reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
                              peak_gib=max(memory) if memory else None, peak_of_rank_0_only=bool(memory),
                              stated=(("parameters", params[0]),) if params else ())
     elif deepspeed or pipe or timers:
         # DeepSpeed's ThroughputTimer logs on every rank (utils/timer.py, no rank filter): as torchtitan's.
-        ranked = _lowest_rank_lines(text)
+        ranked = _lowest_rank_lines(text, lines.lines)
+        ranked_lines = lines if ranked is text else _Lines(ranked)
         if ranked is not text:
-            deepspeed = DS_THROUGHPUT.points(ranked, src)
-        memory = _after_warmup(_per_step(DS_MEMORY.points(ranked, src), max))
-        args = {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(text)}
+            deepspeed = DS_THROUGHPUT.points_of(ranked_lines, src)
+        memory = _after_warmup(_per_step(DS_MEMORY.points_of(ranked_lines, src), max))
+        args = _arguments(lines)
         stated = tuple(_stated(args, ("train_batch_size", "train_micro_batch_size_per_gpu"), src))
         if deepspeed:
             rates = _after_warmup(_in_order(_per_step(deepspeed, statistics.median), src, "global_step"))

@@ -1,0 +1,111 @@
+"""How planner/training_logs.py reads a log: once, the lines holding each entry's marker alone.
+
+A 200 MB Megatron-LM log (1.45M step lines, under the reader's bound) took 30 s to read: every entry
+split and scanned the whole text, the batch of each interval was read line by line, and the argument
+dump's pattern was tried at every character. These tests hold the shortcuts to what the plain
+reading gives (no timing: the work done, and the results, alike).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from planner import training_logs as tl
+from planner.errors import CaseError
+from planner.training_logs import read_log
+
+HEAD = """------------------------ arguments ------------------------
+  global_batch_size ............................... 128
+  log_interval .................................... 1
+  num_layers ...................................... 32
+-------------------- end of arguments ---------------------
+"""
+
+
+def step_line(i: int, ms: float, batch=128, extra: str = "") -> str:
+    stated = f" global batch size: {batch:5d} |" if batch is not None else ""
+    return (f" [2026-11-30 10:01:29] iteration {i:8d}/ 1000 | consumed samples: {i} | elapsed time per iteration "
+            f"(ms): {ms} |{stated}{extra}\n")
+
+
+class NoLines(list):
+    """Lines a reading must not go through."""
+
+    def __iter__(self):
+        raise AssertionError("went through every line of a text that lacks the marker")
+
+
+def test_an_entry_whose_marker_the_log_lacks_reads_none_of_its_lines():
+    text = HEAD + "".join(step_line(i, 12000.0) for i in range(1, 50))
+    lines = tl._Lines(text)
+    lines.lines = NoLines(lines.lines)
+    for entry in (tl.TITAN_STEP, tl.TITAN_MEMORY, tl.DS_THROUGHPUT, tl.DS_MEMORY, tl.DS_PIPE_STEP, tl.MEGATRON_MEMORY):
+        assert entry.points_of(lines, "log") == []
+
+
+def plain_batches(text: str, megatron, src="log"):
+    """The reading of each interval's batch line by line, as it was before its shortcut."""
+    batch_of = {tl._count(m.group(1), src, n): tl._count(b.group(1), src, n)
+                for n, line in enumerate(text.splitlines(), 1)
+                for m in [tl.MEGATRON_STEP.key.search(line)] for b in [tl.MEGATRON_BATCH.search(line)] if m and b}
+    return batch_of, next((batch_of[s] for s, _ in reversed(megatron) if s in batch_of), None)
+
+
+BATCH_LOGS = {
+    "one batch": "".join(step_line(i, 12000.0) for i in range(1, 20)),
+    "ramp-up": "".join(step_line(i, 12000.0, 64 if i < 8 else 128) for i in range(1, 20)),
+    "ramp-down": "".join(step_line(i, 12000.0, 128 if i < 8 else 64) for i in range(1, 20)),
+    "last lines state none": "".join(step_line(i, 12000.0, 128 if i < 15 else None) for i in range(1, 20)),
+    "none stated": "".join(step_line(i, 12000.0, None) for i in range(1, 20)),
+    "a batch on no step's line": "".join(step_line(i, 12000.0) for i in range(1, 20)) + " global batch size: 64 |\n",
+    "a batch across a line end": "".join(step_line(i, 12000.0) for i in range(1, 20)) + " iteration 30/ 99 | "
+                                 "global batch size:\n64 |\n",
+    "a step across a line end": "".join(step_line(i, 12000.0) for i in range(1, 20)) + " iteration\n31/ 99 | "
+                                "global batch size: 64 |\n",
+    "a step no interval logged": "".join(step_line(i, 12000.0, None) for i in range(1, 20)) + " iteration 50/ 99 | "
+                                 "global batch size: 128 |\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BATCH_LOGS))
+def test_each_intervals_batch_reads_as_line_by_line(name):
+    text = HEAD + BATCH_LOGS[name]
+    lines = tl._Lines(text)
+    megatron = tl.MEGATRON_STEP.points_of(lines, "log")
+    batch_of, final = tl._megatron_batches(lines, megatron, "log")
+    plain_of, plain_final = plain_batches(text, megatron)
+    assert final == plain_final
+    # None where every line states the final batch: each interval's lookup is then that batch.
+    assert all((plain_of.get(step, final) == final) == (batch_of is None or batch_of.get(step, final) == final)
+               for step, _ in megatron)
+
+
+@pytest.mark.parametrize("line", [" iteration 1234567890123456789012/ 99 | global batch size: 128 |\n",
+                                  " iteration 30/ 99 | global batch size: 12345678901234567890123 |\n"])
+def test_a_count_too_long_on_a_batch_line_is_refused_as_before(line, tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text(HEAD + "".join(step_line(i, 12000.0) for i in range(1, 20)) + line)
+    with pytest.raises(CaseError, match=r"line 25: a count of \d+ digits"):
+        read_log(path)
+
+
+@pytest.mark.parametrize("text", [
+    HEAD,
+    HEAD.replace("  log_interval", "\x0c  log_interval"),  # a form feed: a line end to splitlines, none to "$"
+    HEAD + "  num_layers ... 40\x0b  x\n",
+    "[rank0]: [INFO] [config.py:1000:print]   train_batch_size ...... 64\n0:  hidden_size  4096\n  x  y  z\n",
+])
+def test_the_argument_dump_reads_as_the_pattern_over_the_text(text):
+    whole = {m.group(1): m.group(2) for m in tl.MEGATRON_ARG.finditer(text)}
+    assert tl._arguments(tl._Lines(text)) == whole
+
+
+def test_the_last_key_before_the_marker_is_the_one_read():
+    # Two iterations on a line: the step is the one nearest the marker, as finditer's last.
+    text = HEAD + "".join(step_line(i, 12000.0, extra="") .replace(" [2026", f" iteration {i + 5}/ 9 | [2026")
+                          for i in range(1, 20))
+    points = tl.MEGATRON_STEP.points(text, "log")
+    assert [s for s, _ in points] == list(range(1, 20))
+    assert re.search(r"iteration 6/ 9", text)
