@@ -32,7 +32,8 @@ the first logged interval is iteration 1 alone, Megatron-LM's next one holds it 
 iteration (``should_reset = not is_first_iteration``), so that interval is warm-up as well. The
 step time is the median of the rest; under Megatron-LM's batch ramp-up, of the intervals at the
 final global batch. Steps must rise from line to line: a log whose steps go back holds more than
-one run.
+one run. A figure's commas are thousands' separators in groups of three, and a step line's step a
+whole number: a line holding the marker and either misprinted is refused, naming it.
 """
 
 from __future__ import annotations
@@ -48,7 +49,12 @@ from typing import Optional
 
 WARMUP_STEPS = 3
 
+# A figure as a log prints it, found loosely (any commas among its digits, one after it: DeepSpeed's
+# "CurrSamplesPerSec=12, …") and read strictly (STRICT_NUMBER): "tps: 6,,0,0" was read as 600.
 NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
+# Thousands separated by commas in groups of three (torchtitan's "tps: 7,012", "8,030,261,248 total
+# parameters"), or none.
+STRICT_NUMBER = re.compile(r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
 # The facts of Megatron-LM's argument dump a run's case must state alike (team_runs.STATED_IN_CASE).
 MEGATRON_STATED = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
@@ -90,6 +96,11 @@ class Entry:
     # not only the median (a step of 1e300 ms among others was fitted).
     measure: str = ""
     per: float = 1.0
+    # The key as a line may misprint it, its count no whole number ("step: -20", "iteration 1.5/"): a line
+    # holding the marker and this, not the key, before it is refused naming the line (it was skipped, and the
+    # run fitted on the other lines); ``named`` is how the refusal names the key.
+    loose: Optional[re.Pattern] = None
+    named: str = ""
 
     def points(self, text: str, src: str = "log") -> list[tuple[int, float]]:
         """(step or rank, figure) of every line that holds the key and the marker; a CaseError naming
@@ -123,6 +134,8 @@ class Entry:
             # The last key before the marker: as finditer's last, each search from the one before's end.
             last = key_at(line, 0, at)
             if last is None:
+                if self.loose is not None:
+                    _no_misprinted_key(self, line, at, src, number)
                 continue
             while (later := key_at(line, last.end(), at)) is not None:
                 last = later
@@ -132,7 +145,7 @@ class Entry:
                 raise CaseError(src, f"line {number}", f"'{marker}' {_clipped(written) or 'with nothing'}: "
                                                        f"expected a positive figure{' in ' + unit if unit else ''}")
             written = value.group(1)
-            figure = float(written) if "," not in written else _num(written)
+            figure = float(written) if "," not in written else _grouped(written, src, number, marker)
             if not least <= figure <= most:
                 figure = _figure(written, src, number, marker)
                 if figure <= 0:
@@ -217,16 +230,22 @@ def _arguments(lines: _Lines) -> dict[str, str]:
 
 _FIGURE = re.compile(r"\s*" + NUMBER + r"\s*")
 MEGATRON_STEP = Entry(re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|"), "elapsed time per iteration (ms):",
-                      measure="iteration_time_s", per=1000.0)
+                      measure="iteration_time_s", per=1000.0,
+                      loose=re.compile(r"iteration\s+([^\s/|]*)\s*/\s*[^\s/|]*\s*\|"), named="iteration")
 MEGATRON_MEMORY = Entry(re.compile(r"\[Rank (\d+)\]"), "max allocated:", also="memory (MB)",
                         measure="memory_gb_per_gpu", per=1024.0)
 # A training step's line, not a validation's ("validate step: N").
 TITAN_STEP_KEY = re.compile(r"(?<!validate )step:\s*(\d+)\b")  # after a colour code: no \b before
-TITAN_STEP = Entry(TITAN_STEP_KEY, "tps:", measure="tokens_per_sec_per_gpu")
-TITAN_MEMORY = Entry(TITAN_STEP_KEY, "memory:", "GiB", measure="memory_gb_per_gpu")
-DS_THROUGHPUT = Entry(re.compile(r"global_step=(\d+)"), "CurrSamplesPerSec=")
-DS_MEMORY = Entry(re.compile(r"global_step=(\d+)"), "MaxMemAllocated=", "GB", measure="memory_gb_per_gpu")
-DS_PIPE_STEP = Entry(re.compile(r"\bsteps: (\d+) "), "iter time (s):", measure="iteration_time_s")
+TITAN_STEP_LOOSE = re.compile(r"(?<!validate )step:\s*(\S*)")
+TITAN_STEP = Entry(TITAN_STEP_KEY, "tps:", measure="tokens_per_sec_per_gpu", loose=TITAN_STEP_LOOSE, named="step:")
+TITAN_MEMORY = Entry(TITAN_STEP_KEY, "memory:", "GiB", measure="memory_gb_per_gpu", loose=TITAN_STEP_LOOSE,
+                     named="step:")
+DS_STEP_LOOSE = re.compile(r"global_step=([^\s,]*)")
+DS_THROUGHPUT = Entry(re.compile(r"global_step=(\d+)"), "CurrSamplesPerSec=", loose=DS_STEP_LOOSE, named="global_step=")
+DS_MEMORY = Entry(re.compile(r"global_step=(\d+)"), "MaxMemAllocated=", "GB", measure="memory_gb_per_gpu",
+                  loose=DS_STEP_LOOSE, named="global_step=")
+DS_PIPE_STEP = Entry(re.compile(r"\bsteps: (\d+) "), "iter time (s):", measure="iteration_time_s",
+                     loose=re.compile(r"\bsteps: (\S*) "), named="steps:")
 
 
 @dataclass(frozen=True)
@@ -293,6 +312,36 @@ def _num(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+def _strict(text: str) -> bool:
+    """Whether ``text`` (a match of NUMBER) is a figure as an engine prints one: its commas thousands'
+    separators in groups of three, one after it at most (DeepSpeed's "=12, …")."""
+    return STRICT_NUMBER.fullmatch(text[:-1] if text.endswith(",") else text) is not None
+
+
+def _grouped(text: str, src: str, line: int, what: str) -> float:
+    """A figure with commas the log prints after ``what`` at ``line``, or a CaseError naming the line
+    where they are no thousands' separators ("6,,0,0" was read as 600, "7,0" as 70)."""
+    if not _strict(text):
+        from .errors import CaseError
+
+        raise CaseError(src, f"line {line}", f"'{what}' {_clipped(text)}: expected a figure whose commas separate "
+                                             "thousands, in groups of three (7,012)")
+    return _num(text)
+
+
+def _no_misprinted_key(entry: "Entry", line: str, at: int, src: str, number: int) -> None:
+    """A CaseError naming ``line`` where it holds the entry's key misprinted (``Entry.loose``) before the
+    marker at ``at``: a step line whose step is no whole number ("step: -20")."""
+    from .errors import CaseError
+
+    bad = None
+    for bad in entry.loose.finditer(line, 0, at):
+        pass
+    if bad is not None:
+        raise CaseError(src, f"line {number}", f"'{entry.named}' {_clipped(bad.group(1)) or 'with nothing'} before "
+                                               f"'{entry.marker}': expected a whole step count")
+
+
 def _timer_total(match: re.Match) -> Optional[float]:
     """The sum of a DeepSpeed timer line's fwd, bwd and step figures (``DS_STEP_TIMERS``); NaN where
     one is no non-negative number (refused by the reader, naming the line); None where the line
@@ -302,7 +351,7 @@ def _timer_total(match: re.Match) -> Optional[float]:
         return None
     figures = []
     for name in DS_STEP_TIMERS:
-        if not re.fullmatch(NUMBER, timers[name]):
+        if not re.fullmatch(NUMBER, timers[name]) or not _strict(timers[name]) or timers[name].endswith(","):
             return math.nan
         figures.append(_num(timers[name]))
     return sum(figures)
@@ -330,7 +379,7 @@ def _clipped(text: str, most: int = 12) -> str:
 def _figure(text: str, src: str, line: int, what: str) -> float:
     """A figure the log prints after ``what`` at ``line``: finite, or a CaseError naming the line
     (a 5,000-digit time was read as infinity and fitted)."""
-    value = _num(text)
+    value = _grouped(text, src, line, what) if "," in text else _num(text)
     if not math.isfinite(value):
         from .errors import CaseError
 
@@ -456,7 +505,8 @@ def read_log(path: Path) -> LogReading:
             titan = TITAN_STEP.points_of(ranked_lines, src)
         times = _after_warmup(_in_order(_per_step(titan, statistics.median), src, "step"))
         memory = _after_warmup(_per_step(TITAN_MEMORY.points_of(ranked_lines, src), max))
-        params = [_num(m.group(1)) for m in TITAN_PARAMETERS.finditer(text)]
+        params = [_grouped(m.group(1), src, text.count("\n", 0, m.start()) + 1, "total parameters")
+                  for m in TITAN_PARAMETERS.finditer(text)]
         reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
                              peak_gib=max(memory) if memory else None, peak_of_rank_0_only=bool(memory),
                              stated=(("parameters", params[0]),) if params else ())

@@ -109,3 +109,60 @@ def test_the_last_key_before_the_marker_is_the_one_read():
     points = tl.MEGATRON_STEP.points(text, "log")
     assert [s for s, _ in points] == list(range(1, 20))
     assert re.search(r"iteration 6/ 9", text)
+
+
+TITAN = ("[rank0]:[titan] 2026-11-30 10:00:00,000 - root - INFO - Model llama3 8B size: 8,030,261,248 total parameters\n"
+         + "".join(f"[rank0]:[titan] 2026-11-30 10:00:{i:02d},000 - root - INFO - step: {{s{i}}}  loss:  8.1  "
+                   f"grad_norm:  1.2  memory: 66.40GiB(83.9%)  tps: {{t{i}}}  tflops: 347.8  mfu: 35.2%\n"
+                   for i in range(1, 9)))
+
+
+def titan_log(tmp_path, **changed):
+    figures = {f"s{i}": f"{i * 10:2d}" for i in range(1, 9)} | {f"t{i}": "6,000" for i in range(1, 9)}
+    path = tmp_path / "titan.log"
+    path.write_text(TITAN.format(**(figures | changed)))
+    return path
+
+
+def test_a_figure_with_thousands_separators_in_threes_is_read(tmp_path):
+    assert read_log(titan_log(tmp_path, **{f"t{i}": "6,100" for i in range(4, 9)})).tokens_per_s_per_gpu == 6100.0
+    assert read_log(titan_log(tmp_path, t5="12,345.5")).steps == 7
+
+
+@pytest.mark.parametrize("tps", ["6,,0,0", "6,1", "60,00", "6,0000", "6,000,,"])
+def test_a_figure_whose_commas_are_no_thousands_separators_is_refused_naming_its_line(tps, tmp_path):
+    # "6,,0,0" was read as 600, "6,1" as 61.
+    with pytest.raises(CaseError, match=rf"line 5: 'tps:' {re.escape(tps)}: expected a figure whose commas separate "
+                                        r"thousands, in groups of three"):
+        read_log(titan_log(tmp_path, t4=tps))
+
+
+@pytest.mark.parametrize("step", ["-20", "x20", "-"])
+def test_a_step_line_whose_step_is_no_whole_number_is_refused_naming_its_line(step, tmp_path):
+    # "step: -20" was skipped without a word, and the run fitted on the other lines.
+    with pytest.raises(CaseError, match=rf"line 4: 'step:' {re.escape(step)} before 'tps:': expected a whole step count"):
+        read_log(titan_log(tmp_path, s3=step))
+
+
+def test_a_megatron_iteration_misprinted_is_refused_and_deepspeeds_figure_with_a_comma_after_read(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text(HEAD + "".join(step_line(i, 12000.0) for i in range(1, 9)).replace("iteration        5/",
+                                                                                       "iteration -5/"))
+    with pytest.raises(CaseError, match=r"line 10: 'iteration' -5 before 'elapsed time per iteration \(ms\):'"):
+        read_log(path)
+    # DeepSpeed's "CurrSamplesPerSec=12, MemAllocated=…": one comma after a figure is no separator.
+    assert tl.DS_THROUGHPUT.points("epoch=0/micro_step=8/global_step=8, RunningAvgSamplesPerSec=11.9, "
+                                   "CurrSamplesPerSec=12, MemAllocated=3.1GB, MaxMemAllocated=9.5GB\n") == [(8, 12.0)]
+
+
+def test_deepspeeds_timers_and_torchtitans_parameters_read_commas_strictly(tmp_path):
+    path = titan_log(tmp_path)
+    path.write_text(path.read_text().replace("8,030,261,248", "8,03,261,248"))
+    with pytest.raises(CaseError, match=r"line 1: 'total parameters' 8,03,261,248: expected a figure whose commas"):
+        read_log(path)
+    timers = "".join(f"[Rank 0] time (ms) | fwd: 100.0 | bwd: {'2,00' if i == 5 else '200.0'} | bwd_inner: 150.0 | "
+                     f"bwd_allreduce: 50.0 | step: 10.0\n" for i in range(1, 9))
+    path = tmp_path / "ds.log"
+    path.write_text(timers)
+    with pytest.raises(CaseError, match=r"line 5: a 'time \(ms\) \| fwd: … \| bwd: … \| step: …' timer line"):
+        read_log(path)
