@@ -413,7 +413,8 @@ def stated_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
     for something else, else None: a precision that names none (read as bf16, which only a table's
     "mixed (not stated)" means), a recomputation in words that say neither none, selective, full nor
     what it recomputes (read as none), degrees that do not hold its GPUs (its stated dp unread), a step
-    time and tokens/s that say two speeds (the tokens/s unread)."""
+    time and tokens/s that say two speeds (the tokens/s unread), tokens/s in all and per GPU that say two
+    speeds, or a gradient accumulation its batch does not make (each unread)."""
     text = row.get("precision")
     lowered = str(text).lower()
     if text is not None and named_precision(text) is None and not lowered.startswith("mixed") and "lora" not in lowered:
@@ -424,7 +425,62 @@ def stated_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
     if stated is not None and not lowered.startswith(RECOMPUTE_WORDS) and "recomput" not in lowered:
         return "recompute", (f"expected none, selective or full (a description may follow), or what it "
                              f"recomputes, got {_quoted(stated)}")
-    return grid_problem(row, case) or measures_problem(row, measured_tokens_per_s(row))
+    return grid_problem(row, case) or measures_problem(row, measured_tokens_per_s(row)) or tokens_problem(row) \
+        or batch_problem(row, case)
+
+
+# A table prints tokens/s per GPU to its last digit (whole tokens, a 7 of 512 GPUs as much as 7 % off the
+# total) and tokens/s in all to three or four figures (at most 0.5 % off each): the two statements of one
+# run agree within half a token per GPU and 1 % of the total. The published rows that state both (1,366)
+# are at most 0.72 of that apart; a total 32x the per-GPU figure's (100,000 beside 99,999 on 32 GPUs) was
+# scored on the total without a word.
+TOKENS_ROUNDING = 0.01
+
+
+def tokens_problem(row: dict) -> Optional[tuple[str, str]]:
+    """(the dotted key, what was expected) where a run states tokens/s in all and per GPU and the two
+    (the per-GPU figure times the GPUs) say different speeds beyond rounding (TOKENS_ROUNDING); else None.
+    The total was scored, the per-GPU figure unread."""
+    measured = row.get("measured") or {}
+    total, per_gpu, gpus = measured.get("tokens_per_sec_total"), measured.get("tokens_per_sec_per_gpu"), row["num_gpus"]
+    if not (total and per_gpu):
+        return None
+    if abs(total - per_gpu * gpus) > TOKENS_ROUNDING * total + 0.5 * gpus:
+        return "measured.tokens_per_sec_per_gpu", (f"{per_gpu:,g} on {gpus:,} GPUs gives {per_gpu * gpus:,.0f} tokens/s, "
+                                                   f"but tokens_per_sec_total says {total:,g} "
+                                                   f"({total / (per_gpu * gpus) - 1:+.0%}; rounding allows half a token "
+                                                   "per GPU and 1 %): give the two of one run, or one of them")
+    return None
+
+
+def batch_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
+    """(the dotted key, what was expected) where a run states its gradient accumulation and its global
+    batch is not the micro-batch (NeMo AutoModel's tables: the local batch, ``batch.local_batch_size``)
+    times the accumulation times the data-parallel degree its GPUs leave, or its tokens a batch are not the
+    batch times the sequence; else None. Counts are printed
+    whole, so no rounding is allowed. A row the source marks ``trust: low`` is left as it is: the
+    Ultra-Scale Playbook's sweep marks so its rows whose dp · mbs · accumulation is not the batch
+    (validation README), real measurements the scores keep."""
+    batch = row["batch"]
+    gbs, accum, tokens = batch.get("global_batch_size"), batch.get("grad_accum"), batch.get("tokens_per_batch")
+    training = case["training"]
+    if tokens is not None and tokens != training["global_batch_size"] * training["seq_len"]:
+        return "batch.tokens_per_batch", (f"{_quoted(tokens)}, but global batch {training['global_batch_size']} × "
+                                          f"sequence {training['seq_len']} is "
+                                          f"{training['global_batch_size'] * training['seq_len']}")
+    local = batch.get("local_batch_size")
+    per_rank = local if isinstance(local, int) and not isinstance(local, bool) and local >= 1 \
+        else batch.get("micro_batch_size")
+    if row.get("trust") == "low" or not (gbs and accum and per_rank):
+        return None
+    dp = case["layout"]["dp"]
+    if per_rank * accum * dp != gbs:
+        what = "local_batch_size" if per_rank is local else "micro_batch_size"
+        return "batch.grad_accum", (f"{accum}, but global_batch_size {gbs} over {what} {per_rank} · dp {dp} "
+                                    + (f"leaves {gbs // (per_rank * dp)}" if gbs % (per_rank * dp) == 0 else
+                                       f"leaves no whole accumulation ({gbs / (per_rank * dp):g})")
+                                    + ": give the counts of one run")
+    return None
 
 
 # Published tables round a step time to three figures and tokens/s to whole tokens: two statements
