@@ -161,15 +161,26 @@ def row_name(rows: list, index: int) -> str:
     return f"{one_line(rid, 80)} ({where})" if rid is not None else where
 
 
-def gpu_preset(name: str) -> Optional[str]:
+# A GPU name's variants that are other GPUs than the SXM part the presets hold: PCIe cards and the NVL
+# boards of H100 and H200 ("H100 NVL 94GB": other peaks, clocks and memory, no SXM NVLink switch);
+# "NVL72", a GB200 or GB300 rack, and "NVLink" are not.
+OTHER_PARTS = re.compile(r"PCIE|\bNVL\b")
+
+
+def family_preset(name: str) -> Optional[str]:
+    """The preset of the GPU family a name reads as, by its prefix, whatever part of it: the H100 SXM
+    preset for "H100 PCIe" too (:func:`gpu_preset` is the part's)."""
     n = str(name).upper().replace("NVIDIA ", "")
-    if "PCIE" in n or re.match(r"H100[ -]NVL(?!\d)", n):
-        # A PCIe card (H100 PCIe or NVL, A100 PCIe) is no preset's part: its peak, clocks and links are not
-        # the SXM module's. "H100 PCIe 80GB" was scored as an H100 SXM, 99 % off, with no word.
-        return None
     if n.startswith("A100"):
         return "a100-sxm-40gb" if "40GB" in n else "a100-sxm-80gb"
     return next((preset for prefix, preset in GPU_PREFIXES if n.startswith(prefix)), None)
+
+
+def gpu_preset(name: str) -> Optional[str]:
+    """The preset a run's GPU is: its family's (:func:`family_preset`), None for a PCIe or NVL part
+    (``OTHER_PARTS``), whose peak, clocks and links are not the SXM module's ("H100 PCIe 80GB" was
+    scored as an H100 SXM, 99 % off, with no word)."""
+    return None if OTHER_PARTS.search(str(name).upper()) else family_preset(name)
 
 
 def named_precision(text: Any) -> Optional[str]:

@@ -22,8 +22,8 @@ from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
-from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, copied_run, gpu_preset, job_key,
-                             measure_in_bounds,
+from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, copied_run, family_preset, gpu_preset, job_key,
+                             measure_in_bounds, OTHER_PARTS,
                              measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
                              published_memory_stage, row_key, row_problem)
 from .training_logs import read_log
@@ -460,16 +460,11 @@ def _check_extra(source: str, name: str, extra: Optional[dict]) -> None:
             raise CaseError(source, f"{name}.model.extra.{key}", f"expected {kind}, got {one_line(safe_repr(value), 40)}")
 
 
-# A GPU name's variants that are other GPUs than the SXM part the presets hold (PCIe cards, the NVL
-# boards of H100 and H200: other peaks and memory, no SXM NVLink).
-_OTHER_PARTS = re.compile(r"PCIE|\bNVL\b(?!\s*\d)")
-
-
 def _check_gpu_name(source: str, name: str, gpu: str) -> None:
     """The run's GPU is the preset its name reads as (published_runs.gpu_preset, by prefix), not a
     PCIe or NVL part of the family, another memory size, or another number that shares the prefix
     (H100 PCIe, H100-SXM5-94GB and H1000 were read as the H100 SXM preset, and mixed with it)."""
-    preset = gpu_preset(gpu)
+    preset = family_preset(gpu)
     if preset is None:
         return  # refused with the presets it could be (_unsupported)
     text = str(gpu).upper().replace("NVIDIA ", "")
@@ -480,7 +475,7 @@ def _check_gpu_name(source: str, name: str, gpu: str) -> None:
     size = parse_memory(preset_memory)
     # A name's "80GB" is the marketing figure: GB or GiB, either within 5 %.
     other_memory = memory and all(abs(float(memory[1]) / (size / unit) - 1) > 0.05 for unit in (1e9, 2**30))
-    if rest[:1].isdigit() or _OTHER_PARTS.search(rest) or other_memory:
+    if rest[:1].isdigit() or OTHER_PARTS.search(rest) or other_memory:
         raise CaseError(source, f"{name}.gpu", f"{one_line(gpu, 60)} is no GPU the planner has a preset for (its "
                                                 f"{preset} is the SXM part with {preset_memory}): give the run a GPU "
                                                 f"preset's, or calibrate that GPU")
