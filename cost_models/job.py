@@ -5,7 +5,7 @@ against each other in one place. What an engine leaves to the layout is resolved
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 from . import placement
 from .frozen import cached_property
@@ -16,6 +16,22 @@ from .pipeline import interleaving_refusal
 from .resolution import resolve_training
 from .spec_checks import SpecError
 from .training_spec import Overheads, TrainingSpec
+
+
+_Priced = TypeVar("_Priced")
+
+
+def kept_by_stage(job: "Job", name: str, stage: int, price: Callable[["Job", int], _Priced]) -> _Priced:
+    """``price(job, stage)``, kept on the job in a dict named ``name``: a Job never changes, and the
+    search asks for a stage's figures many times a layout (``stage_time.stage_time``,
+    ``memory.job_stage_parameters``). ``Job.at_activations`` carries no such dict to a sibling."""
+    held = job.__dict__.get(name)
+    if held is None:
+        held = job.__dict__[name] = {}
+    found = held.get(stage)
+    if found is None:
+        found = held[stage] = price(job, stage)
+    return found
 
 
 def dispatch_refusal(training: TrainingSpec, model: ModelSpec, gpu: GPUSpec) -> Optional[str]:

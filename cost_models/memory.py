@@ -21,7 +21,7 @@ from .parameters import (StageParameters, attention_parameters, built_vocab, emb
                          stage_dense_linear_parameters, stage_linear_parameters, stage_parameters, total_parameters)
 from .quantization import cached_weight_bytes
 from .pipeline import first_chunk_in_flight, in_flight_chunks, in_flight_peak
-from .job import Job
+from .job import Job, kept_by_stage
 from .layout_spec import Layout, without_activations
 from .model_spec import ModelSpec
 from .training_spec import Overheads, TrainingSpec
@@ -63,13 +63,7 @@ def job_stage_parameters(job: Job, stage: int) -> StageParameters:
     ``stage_time.stage_time`` keeps its stage times: a Job never changes, and the model states, the
     step's copies, the offload and the gradient accumulation each ask for them (8,895 times a
     three-engine Mixtral 8x7B plan, for 2,900 jobs' stages)."""
-    held = job.__dict__.get("_stage_parameters")
-    if held is None:
-        held = job.__dict__["_stage_parameters"] = {}
-    found = held.get(stage)
-    if found is None:
-        found = held[stage] = _job_stage_parameters(job, stage)
-    return found
+    return kept_by_stage(job, "_stage_parameters", stage, _job_stage_parameters)
 
 
 def _job_stage_parameters(job: Job, stage: int) -> StageParameters:

@@ -16,7 +16,7 @@ from .parameters import built_vocab
 from .model_states import folds_gradients_into_flat_buffer, folds_gradients_into_fp32
 from .quantization import activation_bytes
 from .pipeline import interleaved_warmup
-from .job import Job
+from .job import Job, kept_by_stage
 from .specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
 from .topology import cp_group_links
 from .layer_time import cross_entropy_time, layer_time, moe_layer_time, selective_recompute_time, weight_quantize_share
@@ -148,13 +148,7 @@ def stage_time(job: Job, stage: int) -> StageTime:
     EP traffic. Kept on the job (a Job never changes): the search's floor prices a layout's
     heaviest stages and then its pipeline, which prices them again (a third of the calls in
     `size`'s searches)."""
-    times = job.__dict__.get("_stage_times")
-    if times is None:
-        times = job.__dict__["_stage_times"] = {}
-    found = times.get(stage)
-    if found is None:
-        found = times[stage] = _stage_time(job, stage)
-    return found
+    return kept_by_stage(job, "_stage_times", stage, _stage_time)
 
 
 def _stage_time(job: Job, stage: int) -> StageTime:
