@@ -337,7 +337,9 @@ def _no_misprinted_key(entry: "Entry", line: str, at: int, src: str, number: int
     bad = None
     for bad in entry.loose.finditer(line, 0, at):
         pass
-    if bad is not None:
+    # A whole step is no misprinted step: Megatron-LM's "iteration 20/ -1 |" misprints its total, not its
+    # step, and is passed over as before (it was refused as "'iteration' 20 …: expected a whole step count").
+    if bad is not None and not _WHOLE.fullmatch(bad.group(1)):
         raise CaseError(src, f"line {number}", f"'{entry.named}' {_clipped(bad.group(1)) or 'with nothing'} before "
                                                f"'{entry.marker}': expected a whole step count")
 
@@ -569,3 +571,4 @@ def _stated(args: dict[str, str], keys: tuple[str, ...], src: str) -> list[tuple
 
 
 _COUNT = re.compile(rf"\d{{1,{MAX_COUNT_DIGITS}}}")
+_WHOLE = re.compile(r"\d+")

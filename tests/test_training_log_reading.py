@@ -166,3 +166,18 @@ def test_deepspeeds_timers_and_torchtitans_parameters_read_commas_strictly(tmp_p
     path.write_text(timers)
     with pytest.raises(CaseError, match=r"line 5: a 'time \(ms\) \| fwd: … \| bwd: … \| step: …' timer line"):
         read_log(path)
+
+
+def test_a_megatron_line_whose_iteration_is_whole_and_total_misprinted_is_read_as_before(tmp_path):
+    # "iteration 20/ -1 |": the step is a whole number, only the total misprinted. The reader before the
+    # refusal of misprinted steps passed the line over (no key), and so does this one; it was refused as
+    # "'iteration' 20 …: expected a whole step count", naming a whole step as no whole step.
+    path = tmp_path / "train.log"
+    path.write_text(HEAD + "".join(step_line(i, 12000.0 if i != 5 else 99000.0) for i in range(1, 9))
+                    .replace("iteration        5/ 1000", "iteration        5/ -1"))
+    reading = read_log(path)
+    assert reading.step_time_s == 12.0 and reading.steps == 4
+    path.write_text(path.read_text().replace("iteration        5/ -1", "iteration      5.5/ -1"))
+    with pytest.raises(CaseError, match=r"line 10: 'iteration' 5\.5 before 'elapsed time per iteration \(ms\):'"):
+        read_log(path)
+
