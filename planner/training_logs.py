@@ -180,8 +180,15 @@ class _Lines:
         """The lines as "\\n" alone ends them (as ``re.MULTILINE``'s ``^`` and ``$`` see them), where
         they are ``lines`` (no form feed, vertical tab or other break ``splitlines`` also ends a line
         at); else None."""
-        ends = self.text.count("\n")
-        return self.lines if len(self.lines) == ends + (not self.text.endswith("\n") and bool(self.text)) else None
+        text, lines = self.text, self.lines
+        ends = text.count("\n")
+        if len(lines) != ends + (not text.endswith("\n") and bool(text)):
+            return None
+        # As many lines, yet a last line cut by another break at the text's very end ("…32\x0c", no "\n" after:
+        # splitlines drops the break, where "$" does not match before it): the text's own last line, else None.
+        if text and not text.endswith("\n") and lines[-1] != text[text.rfind("\n") + 1:]:
+            return None
+        return lines
 
 
 def _megatron_batches(lines: _Lines, megatron: list[tuple[int, float]],

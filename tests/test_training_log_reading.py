@@ -181,3 +181,16 @@ def test_a_megatron_line_whose_iteration_is_whole_and_total_misprinted_is_read_a
     with pytest.raises(CaseError, match=r"line 10: 'iteration' 5\.5 before 'elapsed time per iteration \(ms\):'"):
         read_log(path)
 
+
+@pytest.mark.parametrize("end", ["\x0c", "\x1c", "\x85", "\u2028"])
+def test_a_one_line_log_ending_at_a_line_break_other_than_newline_reads_its_arguments_as_before(end, tmp_path):
+    # Its one line is "line\x0c": str.splitlines drops the form feed, as many lines as "\n" ends, but the
+    # argument pattern's "$" does not match before a form feed. The argument line ending at it was read
+    # (and its "nan" refused), where the reader before it, and every multi-line log, did not read it.
+    path = tmp_path / "one.log"
+    path.write_text("[iteration 5/ 10 | elapsed time per iteration (ms): 100] hidden_size .. nan" + end,
+                    encoding="utf-8")
+    with pytest.raises(CaseError, match="holds no step time past warm-up"):
+        read_log(path)
+    lines = tl._Lines("  hidden_size .... 4096" + end)
+    assert tl._arguments(lines) == {}
