@@ -163,8 +163,10 @@ def row_name(rows: list, index: int) -> str:
 
 # A GPU name's variants that are other GPUs than the SXM part the presets hold: PCIe cards and the NVL
 # boards of H100 and H200 ("H100 NVL 94GB": other peaks, clocks and memory, no SXM NVLink switch);
-# "NVL72", a GB200 or GB300 rack, and "NVLink" are not.
-OTHER_PARTS = re.compile(r"PCIE|\bNVL\b")
+# "NVL72", a GB200 or GB300 rack, and "NVLink" are not. "NVL" is matched by letters, not word
+# boundaries: "H100_NVL" and "H100NVL" are the NVL board too, as "H100 PCI-E" is the PCIe card (each was
+# scored as the SXM module).
+OTHER_PARTS = re.compile(r"PCI|(?<![A-Z])NVL(?![A-Z0-9])")
 
 
 def family_preset(name: str) -> Optional[str]:
@@ -180,7 +182,15 @@ def gpu_preset(name: str) -> Optional[str]:
     """The preset a run's GPU is: its family's (:func:`family_preset`), None for a PCIe or NVL part
     (``OTHER_PARTS``), whose peak, clocks and links are not the SXM module's ("H100 PCIe 80GB" was
     scored as an H100 SXM, 99 % off, with no word)."""
-    return None if OTHER_PARTS.search(str(name).upper()) else family_preset(name)
+    if OTHER_PARTS.search(str(name).upper()):
+        return None
+    # Another number that shares a family's prefix is another GPU: "A1000" (an RTX workstation card)
+    # and "H1000" were scored as the A100 and H100 SXM modules.
+    n = str(name).upper().replace("NVIDIA ", "")
+    part = next((prefix for prefix, _ in GPU_PREFIXES if n.startswith(prefix)), "A100" if n.startswith("A100") else None)
+    if part and re.fullmatch(r"[A-Z]+\d+", part) and n[len(part):len(part) + 1].isdigit():
+        return None
+    return family_preset(name)
 
 
 def named_precision(text: Any) -> Optional[str]:
@@ -831,6 +841,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
         return None, "not a supported row"
     if b.get("micro_batch_size") is None or par.get("tp") is None or par.get("pp") is None:
         return None, "layout not published"
+    if row.get("num_gpus") is None:  # divided by the degrees: "unsupported operand type(s) for //", no key named
+        return None, "GPU count not published (num_gpus)"
     if b.get("global_batch_size") is None:  # multiplied by the sequence: "unsupported operand type(s)"
         return None, "global batch not published (batch.global_batch_size)"
     if ((par.get("ep") or 1) > 1 or md.get("moe")) and not (md.get("moe") or {}).get("num_experts"):

@@ -1,0 +1,32 @@
+"""A published row's GPU name that is another part than the SXM preset, and a row that gives no GPU count."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.published_runs import case_of, gpu_preset
+
+
+@pytest.mark.parametrize("name", ["H100_NVL", "H100NVL", "H100 PCI-E", "H100-PCI-E-80GB", "A1000", "H1000"])
+def test_another_part_or_number_of_a_family_is_no_sxm_preset(name):
+    # Each was scored as the H100 / A100 SXM module, with no word.
+    assert gpu_preset(name) is None
+
+
+@pytest.mark.parametrize("name, preset", [("GB200 NVL72", "gb200"), ("H100 SXM5 NVLink", "h100-sxm-80gb"),
+                                          ("A100-SXM4-80GB", "a100-sxm-80gb"), ("NVIDIA H200-SXM5-141GB", "h200-sxm-141gb"),
+                                          ("NVIDIA Blackwell GPU (GB200) 189471 MiB", "gb200")])
+def test_the_sxm_parts_and_racks_keep_their_presets(name, preset):
+    assert gpu_preset(name) == preset
+
+
+def test_a_row_without_num_gpus_is_skipped_naming_the_key():
+    # It reached grid_problem and was "a field has the wrong type or is missing (unsupported operand ...)".
+    row = {"id": "r", "record_type": "measured_throughput", "framework": "torchtitan", "gpu": "H100", "num_gpus": None,
+           "precision": "bf16", "recompute": "none", "source": "s",
+           "model": {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336, "ffn_act": "swiglu",
+                     "vocab": 128256, "seq_len": 8192},
+           "parallel": {"dp": 64, "tp": 1, "pp": 1}, "batch": {"global_batch_size": 64, "micro_batch_size": 1},
+           "measured": {"tokens_per_sec_per_gpu": 2904}}
+    case, why = case_of(row)
+    assert case is None and "num_gpus" in why
