@@ -242,14 +242,18 @@ MEGATRON_STEP = Entry(re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|"), "elapsed 
 MEGATRON_MEMORY = Entry(re.compile(r"\[Rank (\d+)\]"), "max allocated:", also="memory (MB)",
                         measure="memory_gb_per_gpu", per=1024.0)
 # A training step's line, not a validation's ("validate step: N").
-TITAN_STEP_KEY = re.compile(r"(?<!validate )step:\s*(\d+)\b")  # after a colour code: no \b before
+# A step is a whole count: "step: 5.5" and "global_step=4.5" were read as steps 5 and 4 (the rest of
+# the figure after "\b"), the one refused as "step 5: comes after step 20" naming no line, the other
+# fitted; not followed by more of a figure, they are left to the loose key, which names the line.
+WHOLE_STEP = r"(\d+)(?![\d.,]*\d)"
+TITAN_STEP_KEY = re.compile(r"(?<!validate )step:\s*" + WHOLE_STEP)  # after a colour code: no \b before
 TITAN_STEP_LOOSE = re.compile(r"(?<!validate )step:\s*(\S*)")
 TITAN_STEP = Entry(TITAN_STEP_KEY, "tps:", measure="tokens_per_sec_per_gpu", loose=TITAN_STEP_LOOSE, named="step:")
 TITAN_MEMORY = Entry(TITAN_STEP_KEY, "memory:", "GiB", measure="memory_gb_per_gpu", loose=TITAN_STEP_LOOSE,
                      named="step:")
 DS_STEP_LOOSE = re.compile(r"global_step=([^\s,]*)")
-DS_THROUGHPUT = Entry(re.compile(r"global_step=(\d+)"), "CurrSamplesPerSec=", loose=DS_STEP_LOOSE, named="global_step=")
-DS_MEMORY = Entry(re.compile(r"global_step=(\d+)"), "MaxMemAllocated=", "GB", measure="memory_gb_per_gpu",
+DS_THROUGHPUT = Entry(re.compile(r"global_step=" + WHOLE_STEP), "CurrSamplesPerSec=", loose=DS_STEP_LOOSE, named="global_step=")
+DS_MEMORY = Entry(re.compile(r"global_step=" + WHOLE_STEP), "MaxMemAllocated=", "GB", measure="memory_gb_per_gpu",
                   loose=DS_STEP_LOOSE, named="global_step=")
 DS_PIPE_STEP = Entry(re.compile(r"\bsteps: (\d+) "), "iter time (s):", measure="iteration_time_s",
                      loose=re.compile(r"\bsteps: (\S*) "), named="steps:")

@@ -194,3 +194,22 @@ def test_a_one_line_log_ending_at_a_line_break_other_than_newline_reads_its_argu
         read_log(path)
     lines = tl._Lines("  hidden_size .... 4096" + end)
     assert tl._arguments(lines) == {}
+
+
+@pytest.mark.parametrize("step", ["5.5", "3,5", "1,001"])
+def test_a_step_with_more_figure_after_its_digits_is_refused_naming_its_line(step, tmp_path):
+    # "step: 5.5" was read as step 5 and refused as "step 5: comes after step 20", naming no line.
+    with pytest.raises(CaseError, match=rf"line 4: 'step:' {re.escape(step)} before 'tps:': expected a whole step count"):
+        read_log(titan_log(tmp_path, s3=step))
+
+
+def test_a_deepspeed_global_step_that_is_no_whole_number_is_refused_naming_its_line(tmp_path):
+    # "global_step=4.5" was read as step 4, and the run fitted.
+    line = ("epoch=0/micro_step={i}/global_step={g}, RunningAvgSamplesPerSec=11.9, CurrSamplesPerSec=12, "
+            "MemAllocated=3.1GB, MaxMemAllocated=9.5GB\n")
+    path = tmp_path / "ds.log"
+    path.write_text("".join(line.format(i=i, g="4.5" if i == 4 else i) for i in range(1, 9)))
+    with pytest.raises(CaseError, match=r"line 4: 'global_step=' 4.5 before 'CurrSamplesPerSec=': expected a whole step"):
+        read_log(path)
+    path.write_text("".join(line.format(i=i, g=i) for i in range(1, 9)))
+    assert read_log(path).steps == 5
