@@ -54,7 +54,9 @@ WARMUP_STEPS = 3
 NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
 # Thousands separated by commas in groups of three (torchtitan's "tps: 7,012", "8,030,261,248 total
 # parameters"), or none.
-STRICT_NUMBER = re.compile(r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+# A grouped figure's first group starts with no 0: "0,667" is a decimal comma (a locale's 0.667), which
+# was read as 667 samples/s, 1,000x the run's.
+STRICT_NUMBER = re.compile(r"(?:[1-9][0-9]{0,2}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
 # The facts of Megatron-LM's argument dump a run's case must state alike (team_runs.STATED_IN_CASE).
 MEGATRON_STATED = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",

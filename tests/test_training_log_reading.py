@@ -213,3 +213,10 @@ def test_a_deepspeed_global_step_that_is_no_whole_number_is_refused_naming_its_l
         read_log(path)
     path.write_text("".join(line.format(i=i, g=i) for i in range(1, 9)))
     assert read_log(path).steps == 5
+
+
+@pytest.mark.parametrize("tps", ["0,667", "012,345"])
+def test_a_grouped_figure_whose_first_group_starts_with_zero_is_refused(tps, tmp_path):
+    # "0,667" (a decimal comma) was read as 667.
+    with pytest.raises(CaseError, match=rf"line 5: 'tps:' {re.escape(tps)}: expected a figure whose commas separate"):
+        read_log(titan_log(tmp_path, t4=tps))
