@@ -338,7 +338,7 @@ def engine(row: dict) -> str:
 # The counts a row's case is built from: whole numbers from 1, where given (None: not published).
 ROW_COUNTS = {"": ("num_gpus",), "model": ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"),
               "parallel": ("dp", "tp", "pp", "vpp", "cp", "ep", "etp"),
-              "batch": ("global_batch_size", "micro_batch_size", "grad_accum")}
+              "batch": ("global_batch_size", "micro_batch_size", "grad_accum", "local_batch_size")}
 # The most each parallel degree may be, as a case's own keys are bounded (planner/limits.py): a pp of
 # 2^70 was "Python int too large to convert to C ssize_t", with no key named. The other counts the case
 # built from the row bounds, naming the row's key.

@@ -30,3 +30,14 @@ def test_a_row_without_num_gpus_is_skipped_naming_the_key():
            "measured": {"tokens_per_sec_per_gpu": 2904}}
     case, why = case_of(row)
     assert case is None and "num_gpus" in why
+
+
+@pytest.mark.parametrize("local", ["2", -2, 0, 2.0, True])
+def test_a_local_batch_that_is_no_whole_count_is_refused_naming_it(local):
+    # It was passed over, and the batch checked against micro_batch_size without a word.
+    from planner.published_runs import row_problem
+
+    row = {"id": "r", "record_type": "measured_throughput", "framework": "NeMo AutoModel", "gpu": "H100",
+           "num_gpus": 8, "source": "s", "model": {"layers": 2}, "parallel": {"tp": 1},
+           "batch": {"global_batch_size": 16, "micro_batch_size": 1, "grad_accum": 1, "local_batch_size": local}}
+    assert row_problem(row)[0] == "batch.local_batch_size"
