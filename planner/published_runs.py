@@ -169,10 +169,16 @@ def row_name(rows: list, index: int) -> str:
 OTHER_PARTS = re.compile(r"PCI|(?<![A-Z])NVL(?![A-Z0-9])")
 
 
+def gpu_name(name: Any) -> str:
+    """A GPU's name as the presets are looked up by: upper case, its spaces single ("NVIDIA  H100" and
+    "  H100   SXM " were refused where "nvidia h100" was read), without the vendor's "NVIDIA "."""
+    return " ".join(str(name).split()).upper().replace("NVIDIA ", "")
+
+
 def family_preset(name: str) -> Optional[str]:
     """The preset of the GPU family a name reads as, by its prefix, whatever part of it: the H100 SXM
     preset for "H100 PCIe" too (:func:`gpu_preset` is the part's)."""
-    n = str(name).upper().replace("NVIDIA ", "")
+    n = gpu_name(name)
     if n.startswith("A100"):
         return "a100-sxm-40gb" if "40GB" in n else "a100-sxm-80gb"
     return next((preset for prefix, preset in GPU_PREFIXES if n.startswith(prefix)), None)
@@ -186,7 +192,7 @@ def gpu_preset(name: str) -> Optional[str]:
         return None
     # Another number that shares a family's prefix is another GPU: "A1000" (an RTX workstation card)
     # and "H1000" were scored as the A100 and H100 SXM modules.
-    n = str(name).upper().replace("NVIDIA ", "")
+    n = gpu_name(name)
     part = next((prefix for prefix, _ in GPU_PREFIXES if n.startswith(prefix)), "A100" if n.startswith("A100") else None)
     if part and re.fullmatch(r"[A-Z]+\d+", part) and n[len(part):len(part) + 1].isdigit():
         return None

@@ -22,7 +22,7 @@ from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
-from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, copied_run, family_preset, gpu_preset, job_key,
+from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, copied_run, family_preset, gpu_name, gpu_preset, job_key,
                              measure_in_bounds, OTHER_PARTS,
                              measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
                              published_memory_stage, row_key, row_problem)
@@ -467,7 +467,7 @@ def _check_gpu_name(source: str, name: str, gpu: str) -> None:
     preset = family_preset(gpu)
     if preset is None:
         return  # refused with the presets it could be (_unsupported)
-    text = str(gpu).upper().replace("NVIDIA ", "")
+    text = gpu_name(gpu)
     prefix = next((p for p, _ in GPU_PREFIXES if text.startswith(p)), "A100")
     rest = text[len(prefix):]
     memory = re.search(r"(\d+)\s*GB", rest)

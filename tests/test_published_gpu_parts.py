@@ -41,3 +41,10 @@ def test_a_local_batch_that_is_no_whole_count_is_refused_naming_it(local):
            "num_gpus": 8, "source": "s", "model": {"layers": 2}, "parallel": {"tp": 1},
            "batch": {"global_batch_size": 16, "micro_batch_size": 1, "grad_accum": 1, "local_batch_size": local}}
     assert row_problem(row)[0] == "batch.local_batch_size"
+
+
+@pytest.mark.parametrize("name", ["NVIDIA  H100", "  H100   SXM  ", "H100\tSXM5 80GB"])
+def test_a_gpu_name_with_extra_spaces_reads_as_its_preset(name):
+    """"NVIDIA  H100" and "  H100   SXM  " were refused as not supported rows where "nvidia h100" was read
+    as the H100 SXM: a name's spaces are single, and its ends bare, before the presets are looked up."""
+    assert gpu_preset(name) == gpu_preset("nvidia h100") == "h100-sxm-80gb"
