@@ -480,6 +480,18 @@ def tokens_problem(row: dict) -> Optional[tuple[str, str]]:
     return None
 
 
+def tokens_per_batch_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
+    """(the dotted key, what was expected) where a run's ``batch.tokens_per_batch`` is not its global
+    batch times its sequence (counts, printed whole); else None. A team's runs are held to it too
+    (``team_runs``)."""
+    tokens, training = row["batch"].get("tokens_per_batch"), case["training"]
+    if tokens is None or tokens == training["global_batch_size"] * training["seq_len"]:
+        return None
+    return "batch.tokens_per_batch", (f"{_quoted(tokens)}, but global batch {training['global_batch_size']} × "
+                                      f"sequence {training['seq_len']} is "
+                                      f"{training['global_batch_size'] * training['seq_len']}")
+
+
 def batch_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
     """(the dotted key, what was expected) where a run states its gradient accumulation and its global
     batch is not the micro-batch (NeMo AutoModel's tables: the local batch, ``batch.local_batch_size``)
@@ -489,12 +501,10 @@ def batch_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
     Ultra-Scale Playbook's sweep marks so its rows whose dp · mbs · accumulation is not the batch
     (validation README), real measurements the scores keep."""
     batch = row["batch"]
-    gbs, accum, tokens = batch.get("global_batch_size"), batch.get("grad_accum"), batch.get("tokens_per_batch")
-    training = case["training"]
-    if tokens is not None and tokens != training["global_batch_size"] * training["seq_len"]:
-        return "batch.tokens_per_batch", (f"{_quoted(tokens)}, but global batch {training['global_batch_size']} × "
-                                          f"sequence {training['seq_len']} is "
-                                          f"{training['global_batch_size'] * training['seq_len']}")
+    gbs, accum = batch.get("global_batch_size"), batch.get("grad_accum")
+    problem = tokens_per_batch_problem(row, case)
+    if problem is not None:
+        return problem
     local = batch.get("local_batch_size")
     per_rank = local if isinstance(local, int) and not isinstance(local, bool) and local >= 1 \
         else batch.get("micro_batch_size")

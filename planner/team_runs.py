@@ -23,9 +23,10 @@ from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
 from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, copied_run, family_preset, gpu_name, gpu_preset, job_key,
-                             measure_in_bounds, OTHER_PARTS,
+                             measure_in_bounds,
                              measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
-                             published_memory_stage, row_key, row_problem)
+                             published_memory_stage, row_key, row_problem,
+                             tokens_per_batch_problem)
 from .training_logs import read_log
 
 
@@ -272,11 +273,9 @@ def _check_team_row(source: str, name: str, row: dict, case: dict) -> None:
                                                             f"{case['training']['global_batch_size']} over micro-batch "
                                                             f"{lay['micro_batch_size']} · dp {lay['dp']} is "
                                                             f"{accumulation}")
-    tokens = batch.get("tokens_per_batch")
-    if tokens is not None and tokens != case["training"]["global_batch_size"] * case["training"]["seq_len"]:
-        raise CaseError(source, f"{name}.batch.tokens_per_batch",
-                        f"{tokens}, but global batch {case['training']['global_batch_size']} × sequence "
-                        f"{case['training']['seq_len']} is {case['training']['global_batch_size'] * case['training']['seq_len']}")
+    problem = tokens_per_batch_problem(row, case)
+    if problem is not None:
+        raise CaseError(source, f"{name}.{problem[0]}", problem[1])
 
 
 def _check_grid(source: str, name: str, row: dict, case: dict) -> None:
@@ -461,7 +460,7 @@ def _check_extra(source: str, name: str, extra: Optional[dict]) -> None:
 
 
 def _check_gpu_name(source: str, name: str, gpu: str) -> None:
-    """The run's GPU is the preset its name reads as (published_runs.gpu_preset, by prefix), not a
+    """The run's GPU is the preset its name reads as (published_runs.family_preset, by prefix), not a
     PCIe or NVL part of the family, another memory size, or another number that shares the prefix
     (H100 PCIe, H100-SXM5-94GB and H1000 were read as the H100 SXM preset, and mixed with it)."""
     preset = family_preset(gpu)
@@ -475,7 +474,9 @@ def _check_gpu_name(source: str, name: str, gpu: str) -> None:
     size = parse_memory(preset_memory)
     # A name's "80GB" is the marketing figure: GB or GiB, either within 5 %.
     other_memory = memory and all(abs(float(memory[1]) / (size / unit) - 1) > 0.05 for unit in (1e9, 2**30))
-    if rest[:1].isdigit() or OTHER_PARTS.search(rest) or other_memory:
+    # A PCIe or NVL part, or another number sharing the prefix, is no preset's (published_runs.gpu_preset
+    # decides it for published rows and team runs alike); said here with the family's SXM part.
+    if gpu_preset(gpu) is None or other_memory:
         raise CaseError(source, f"{name}.gpu", f"{one_line(gpu, 60)} is no GPU the planner has a preset for (its "
                                                 f"{preset} is the SXM part with {preset_memory}): give the run a GPU "
                                                 f"preset's, or calibrate that GPU")
