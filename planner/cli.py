@@ -19,14 +19,15 @@ from typing import Callable, Optional, Union
 
 import typer
 try:  # typer ≥ 0.20 ships its own click; earlier ones use click itself (as main's UsageError)
-    from typer._click.types import FloatParamType
+    from typer._click.types import FloatParamType, IntParamType, IntRange
 except ImportError:  # pragma: no cover
-    from click.types import FloatParamType
+    from click.types import FloatParamType, IntParamType, IntRange
 
 from .errors import (INTERRUPTS, CaseError, as_typed, Interrupted, forget_interrupts, ignore_interrupts, interrupt,
                      interrupt_received, interrupted_exit_code, one_line, raise_if_interrupted)
 from .estimate import estimate
 from .limits import MAX_FEW_SHOT, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_TOP_K
+from .units import is_typed_number
 
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
@@ -47,7 +48,17 @@ class _Typed(float):
         return as_typed(self.given, head=30)
 
 
-class _NumberAsTyped(FloatParamType):
+class _TypedRule:
+    """A number option's text read by the rule --tokens reads its count by (units.is_typed_number),
+    before click's float() or int(): those took "1_0" and Arabic-Indic "١٠" as 10."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not is_typed_number(value):
+            self.fail(f"{as_typed(value)} is not a number in ASCII digits (like 2, 2.5 or 1e3)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class _NumberAsTyped(_TypedRule, FloatParamType):
     """typer's float type for the number options, keeping what was typed where it is no finite
     number (inf, nan, 1e999, a 5,000-digit one): the commands' own range refusals then show it."""
 
@@ -56,7 +67,16 @@ class _NumberAsTyped(FloatParamType):
         return number if math.isfinite(number) or not isinstance(value, str) else _Typed(number, value)
 
 
+class _Whole(_TypedRule, IntParamType):
+    """typer's int type, read by the same rule."""
+
+
+class _WholeRange(_TypedRule, IntRange):
+    """typer's int type with a range (its ``min=`` and ``max=``), read by the same rule."""
+
+
 NUMBER = _NumberAsTyped()
+WHOLE = _Whole()
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan the fastest training layout that fits, at a fixed global batch.")
@@ -140,7 +160,7 @@ def _say(lines: list[str]) -> None:
 def plan_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster, training and optional search."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    top: Optional[int] = typer.Option(None, "--top",
+    top: Optional[int] = typer.Option(None, "--top", click_type=WHOLE,
                                       help=f"Alternatives to list, 0 to {MAX_TOP_K} (default search.top_k, else 5)."),
     simplest_within: Optional[float] = typer.Option(
         None, "--simplest-within", click_type=NUMBER,
@@ -255,14 +275,14 @@ def size_command(
                                                                     "GPU-hours, or cost, that meets it. Without it "
                                                                     "or a budget: the front of days against "
                                                                     "GPU-hours (cost) and its knee."),
-    max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="Use at most this many GPUs (of any one type), "
+    max_gpus: Optional[int] = typer.Option(None, "--max-gpus", click_type=WHOLE, help="Use at most this many GPUs (of any one type), "
                                                                     "replacing the case's max_gpus or num_gpus, above or "
                                                                     "below; without --deadline, the shortest time within it."),
-    max_nodes: Optional[int] = typer.Option(None, "--max-nodes", help="Use at most this many nodes, as --max-gpus."),
+    max_nodes: Optional[int] = typer.Option(None, "--max-nodes", click_type=WHOLE, help="Use at most this many nodes, as --max-gpus."),
     gpu_hour_cost: Optional[float] = typer.Option(None, "--gpu-hour-cost", click_type=NUMBER,
                                                   help="Price of a GPU-hour (any currency), for every GPU type of the "
                                                        "case, replacing the case's gpu_hour_cost."),
-    top: Optional[int] = typer.Option(None, "--top", help="Alternatives to list (default 3)."),
+    top: Optional[int] = typer.Option(None, "--top", click_type=WHOLE, help="Alternatives to list (default 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print the sizing as JSON."),
 ) -> None:
     """How many GPUs of which type, in which layout, for a run of so many tokens: days, GPU-hours, cost.
@@ -305,14 +325,14 @@ def size_command(
 def diagnose_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster and training."),
     config: Optional[Path] = typer.Option(None, "--config", help="A DeepSpeed ds_config.json."),
-    pp: Optional[int] = typer.Option(None, "--pp", min=1, max=MAX_GPUS,
+    pp: Optional[int] = typer.Option(None, "--pp", click_type=_WholeRange(1, MAX_GPUS),
                                      help="Pipeline stages of the DeepSpeed run (ds_config has none; "
                                           "default: a ds_config plan --emit wrote: its planned layout; else the case's layout; else 1)."),
-    tp: Optional[int] = typer.Option(None, "--tp", min=1, max=MAX_GPUS,
+    tp: Optional[int] = typer.Option(None, "--tp", click_type=_WholeRange(1, MAX_GPUS),
                                      help="Tensor parallelism of a DeepSpeed pipeline whose model splits its own "
                                           "layers (Megatron-DeepSpeed); without a pipeline, ds_config's autotp_size (with a pipeline, "
                                           "default: a ds_config plan --emit wrote: its planned layout; else the case's layout; else autotp_size, else 1)."),
-    ep: Optional[int] = typer.Option(None, "--ep", min=1, max=MAX_GPUS,
+    ep: Optional[int] = typer.Option(None, "--ep", click_type=_WholeRange(1, MAX_GPUS),
                                      help="Expert parallelism of a DeepSpeed-MoE run (the model code's ep_size, "
                                           "which ds_config does not state; AutoEP's autoep_size where the config turns it on; "
                                           "default: a ds_config plan --emit wrote: its planned layout; else the case's layout; else 1)."),
@@ -325,7 +345,7 @@ def diagnose_command(
     torchtitan: Optional[Path] = typer.Option(None, "--torchtitan",
                                               help="torchtitan command-line overrides (overrides.txt), a launch "
                                                    "script's words after -m torchtitan.train, or a 0.2 TOML job file."),
-    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", min=1, max=MAX_GLOBAL_BATCH,
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", click_type=_WholeRange(1, MAX_GLOBAL_BATCH),
                                                    help="The Hugging Face Trainer's per_device_train_batch_size, "
                                                         "for a ds_config whose micro-batch is \"auto\"."),
     recompute: Optional[str] = typer.Option(None, "--recompute",
@@ -360,7 +380,8 @@ def _stage_layers(text: str) -> tuple[int, ...]:
     """``--stage-layers 4,4,4,1`` as layer counts."""
     words = [w.strip() for w in text.split(",")]
     # Each count no more than a model's layers: a 5,000-digit one was int()'s traceback.
-    if not words or not all(w.isdigit() and len(w) <= len(str(MAX_LAYERS)) and int(w) <= MAX_LAYERS for w in words) \
+    # ASCII digits, as every number typed (units.is_typed_number): str.isdigit() took "²", int()'s traceback.
+    if not words or not all(w.isascii() and w.isdigit() and len(w) <= len(str(MAX_LAYERS)) and int(w) <= MAX_LAYERS for w in words) \
             or len(words) > 10_000:
         raise CaseError("--stage-layers", "", f"expected layer counts from 0 to {MAX_LAYERS} separated by commas "
                                               f"(4,4,4,1), got {one_line(text, 60)!r}")
@@ -377,7 +398,7 @@ def validate_published_command(
     write_bands: Optional[str] = typer.Option(None, "--write-bands", metavar="FILE",
                                                help="Write the error bands and the indistinguishable gap these runs "
                                                     "give (planner/published/bands.yaml is the repo's)."),
-    few_shot: Optional[int] = typer.Option(None, "--few-shot", min=0, max=MAX_FEW_SHOT,
+    few_shot: Optional[int] = typer.Option(None, "--few-shot", click_type=_WholeRange(0, MAX_FEW_SHOT),
                                            help="Also fit a profile to K runs of each source's GPU type and score "
                                                 "its other runs, for K = 0, 1, 3, 5 up to K (about a minute)."),
     leave_family_out: bool = typer.Option(False, "--leave-family-out",
@@ -454,8 +475,8 @@ def validate_command(
     profile: Optional[Path] = typer.Option(None, "--profile",
                                            help="Hardware profile (from `calibrate`) to predict with; "
                                                 "replaces the case's cluster.gpu or cluster.profile."),
-    steps: int = typer.Option(5, "--steps", help="Timed steps; the median is reported."),
-    warmup: int = typer.Option(2, "--warmup", help="Untimed steps before them."),
+    steps: int = typer.Option(5, "--steps", click_type=WHOLE, help="Timed steps; the median is reported."),
+    warmup: int = typer.Option(2, "--warmup", click_type=WHOLE, help="Untimed steps before them."),
     timeout: float = typer.Option(600.0, "--timeout", click_type=NUMBER, help="Seconds before the run is stopped."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     allow_quick: bool = typer.Option(False, "--allow-quick", help="Predict with a `calibrate --quick` profile anyway."),
@@ -514,7 +535,7 @@ def calibrate_command(
     case: Optional[list[Path]] = typer.Option(None, "--case",
                                               help="Time the GEMM and attention shapes of this case's model; with "
                                                    "--from-logs, the case the logs ran (once, or once per log)."),
-    nproc: Optional[int] = typer.Option(None, "--nproc",
+    nproc: Optional[int] = typer.Option(None, "--nproc", click_type=WHOLE,
                                         help="Ranks on this node (default: the GPUs, or 2 on a CPU-only machine)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny shapes and few repeats: a smoke test, not a profile."),
     timeout: Optional[float] = typer.Option(None, "--timeout", click_type=NUMBER,
@@ -524,7 +545,7 @@ def calibrate_command(
     gpu_preset: Optional[str] = typer.Option(
         None, "--gpu-preset", help="Take peak_tflops from this GPU preset (datasheet) instead of the best measured; with "
              "--from-runs or --from-logs, the GPU preset the runs ran on, their priors (another is refused)."),
-    nnodes: Optional[int] = typer.Option(None, "--nnodes", min=1, max=MAX_GPUS,
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", click_type=_WholeRange(1, MAX_GPUS),
                                          help="Nodes (run the same command on each; default 1)."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
                                                 help="HOST:PORT of the rendezvous (nnodes > 1)."),

@@ -62,8 +62,22 @@ def parse_bandwidth(text: object) -> float:
 # `size`: token counts with a decimal suffix, and durations in days or hours.
 COUNT_SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
 DURATION_UNITS = {"d": 86400.0, "h": 3600.0}
-# The sign read too, so that "-5T" is refused as not above zero rather than as no count at all.
-_SUFFIXED = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+# A number as a user types it: ASCII digits, with a sign, a point and an exponent where wanted. float()
+# and int() read more: PEP 515's "1_0" as 10 and any script's digits (Arabic-Indic "١٠" as 10), which
+# --tokens refused and --gpu-hour-cost took. Every number typed on the command line is read by this one
+# rule (the count's here, the options' in planner.cli); the sign too, so that "-5T" is refused as not
+# above zero rather than as no count at all.
+NUMBER_TEXT = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+_SUFFIXED = re.compile(rf"^\s*({NUMBER_TEXT})\s*([A-Za-z]*)\s*$")
+# Past the digits, the words float() reads for infinity and not-a-number: every option's range
+# refuses them, quoting them as typed ("got 'nan'"), where "not a number" would say less.
+_TYPED_NUMBER = re.compile(rf"\s*(?:{NUMBER_TEXT}|[+-]?(?:inf|infinity|nan))\s*", re.ASCII | re.IGNORECASE)
+
+
+def is_typed_number(text: str) -> bool:
+    """Whether ``text`` is a number as a user types it (:data:`NUMBER_TEXT`), not one of float()'s other
+    spellings."""
+    return _TYPED_NUMBER.fullmatch(text) is not None
 
 
 def _suffixed(text: object, units: dict[str, float], what: str, example: str, maximum: float,

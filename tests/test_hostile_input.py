@@ -506,6 +506,46 @@ def test_a_number_option_past_float_range_is_shown_as_typed(args, expected, give
     one_line_error(cli(*args, given), f"error: {option}: {expected}, got {shown}")
 
 
+def _number_options() -> list[tuple[str, str]]:
+    """(command, option) for every option of every command that takes a number."""
+    import typer.main
+    try:  # click's number types (ranges among them), from typer's own click where it ships one
+        from typer._click.types import FloatParamType, IntParamType
+    except ImportError:
+        from click.types import FloatParamType, IntParamType
+
+    from planner.cli import app
+
+    group = typer.main.get_command(app)
+    return [(name, param.opts[0]) for name, command in sorted(group.commands.items()) for param in command.params
+            if isinstance(param.type, (FloatParamType, IntParamType))]
+
+
+@pytest.mark.parametrize("command, option", _number_options())
+@pytest.mark.parametrize("given", ["1_0", "\u0661\u0660"])
+def test_every_number_option_reads_numbers_as_tokens_does(command, option, given):
+    """Python's float() and int() read PEP 515's "1_0" and any script's digits (Arabic-Indic "١٠") as 10,
+    which --tokens refuses: every number option took them (`--gpu-hour-cost 1_0` priced a GPU-hour at
+    10). One rule for each number typed: refused by every option as --tokens refuses them."""
+    assert float("1_0") == 10 and float("\u0661\u0660") == 10  # what the options read them as
+    one_line_error(cli("size", "case.yaml", "--tokens", given + "T"), "--tokens")
+    one_line_error(cli(command, "case.yaml", option, given), option, "not a number in ASCII digits")
+
+
+def test_the_number_options_are_found():
+    """The test above covers the options a user types numbers into (a new one joins it by itself)."""
+    found = set(_number_options())
+    assert {("size", "--gpu-hour-cost"), ("plan", "--simplest-within"), ("validate", "--timeout"),
+            ("calibrate", "--timeout"), ("size", "--max-gpus"), ("diagnose", "--pp"), ("plan", "--top")} <= found
+
+
+def test_stage_layers_takes_ascii_digits_only(tmp_path):
+    """str.isdigit() is true of "²", which int() refuses: `--stage-layers ²,1` was a ValueError's traceback."""
+    config = write(tmp_path / "ds_config.json", "{}")
+    one_line_error(cli("diagnose", "case.yaml", "--config", str(config), "--stage-layers", "\u00b2,1"),
+                   "--stage-layers", "expected layer counts")
+
+
 @pytest.mark.parametrize("args, option", [(("plan", "case.yaml", "--top", "9" * 5000), "--top"),
                                           (("size", "case.yaml", "--tokens", "1T", "--max-gpus", "9" * 5000),
                                            "--max-gpus")])
