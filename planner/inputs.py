@@ -190,10 +190,20 @@ class _CheckedConstructor(SafeConstructor):
                                                              f"characters{_line(node.start_mark)}") from None
         return value
 
+    def _not_base_60(self, node) -> None:
+        """YAML 1.1 reads digits joined by colons in base 60 (``seq_len: 1:08:16`` is 4096, ``1:30`` is 90):
+        a time or a ratio a user typed, never the number they meant. Refused naming its key."""
+        if ":" in node.value:
+            raise _Refused(_path_to(self.root, node) or "",
+                           f"expected a number, got {one_line(node.value, 40)}, which YAML 1.1 reads in base 60"
+                           f"{_line(node.start_mark)}; write the number in digits, or quote it for text")
+
     def construct_yaml_int(self, node):
+        self._not_base_60(node)
         return self._sized(SafeConstructor.construct_yaml_int, node)
 
     def construct_yaml_float(self, node):
+        self._not_base_60(node)
         return self._sized(SafeConstructor.construct_yaml_float, node)
 
 

@@ -425,6 +425,26 @@ def test_the_loader_keeps_yaml_aliases_merges_and_numbers():
         load_yaml("x: !!python/object/apply:os.system ['true']", "t")
 
 
+@pytest.mark.parametrize("text, key", [("training: {seq_len: 1:08:16}\n", "training.seq_len"),
+                                       ("runs:\n  - {mfu: 0:45.5}\n", "runs[0].mfu"),
+                                       ("1:30: x\n", "1:30")])
+def test_yaml_base_60_numbers_are_refused_naming_their_key(text, key):
+    """YAML 1.1 reads digits joined by colons in base 60 (PyYAML's resolver, which every reader of the
+    planner's input files shares): a seq_len typed as 1:08:16 was 1*3600 + 8*60 + 16 = 4096 tokens."""
+    assert yaml.safe_load("n: 1:08:16")["n"] == 1 * 3600 + 8 * 60 + 16  # the reading refused
+    with pytest.raises(CaseError, match="base 60") as error:
+        load_yaml(text, "in.yaml")
+    assert error.value.source == "in.yaml" and error.value.key == key
+    assert load_yaml("t: '1:08:16'\n", "q.yaml") == {"t": "1:08:16"}  # quoted, it is the text it says
+
+
+def test_a_base_60_seq_len_in_a_case_file_is_one_line(tmp_path):
+    case = copy.deepcopy(CASE)
+    case["training"]["seq_len"] = "SEQ"
+    path = write(tmp_path / "case.yaml", yaml.safe_dump(case).replace("SEQ", "1:08:16"))
+    one_line_error(cli("estimate", str(path)), f"{path}: training.seq_len:", "base 60")
+
+
 def test_an_empty_out_folder_is_refused_not_taken_for_the_current_one(tmp_path, monkeypatch):
     """`plan --emit megatron --out ''` wrote the launch files into the current folder (Path('') is '.')."""
     case = write(tmp_path / "case.yaml", yaml.safe_dump({k: v for k, v in CASE.items() if k != "layout"}))
