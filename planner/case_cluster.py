@@ -13,9 +13,9 @@ from cost_models.specs import ClusterSpec, FabricSpec, GPUSpec, HostSpec, Perfor
 from .case_errors import spec_errors
 from .errors import CaseError
 from .fields import (describe, read_bool, read_figure, read_file_path, read_for, read_int, read_mapping, read_number,
-                     read_str, read_time, read_unit, required)
+                     read_price, read_str, read_time, read_unit, required)
 from .inputs import read_yaml
-from .limits import (MAX_COMPUTE_CAPABILITY_MAJOR, MAX_FABRIC_EFFICIENCY, MAX_GPU_HOUR_COST, MAX_GPUS,
+from .limits import (MAX_COMPUTE_CAPABILITY_MAJOR, MAX_FABRIC_EFFICIENCY, MAX_GPUS,
                      MAX_PEAK_TFLOPS, MAX_SM_COUNT, MIN_FIGURE)
 from .presets import closest, fabric_presets, gpu_presets, performance_presets, resolve_gpu_preset
 from .units import parse_bandwidth, parse_memory
@@ -373,10 +373,7 @@ def sizing_terms(src: str, section: dict, key: str, gpus_per_node: int) -> tuple
         raise CaseError(src, f"{key}.max_gpus", f"at most {MAX_GPUS} GPUs can be sized, got {most}")
     price = None
     if "gpu_hour_cost" in section:
-        price = read_number(src, f"{key}.gpu_hour_cost", section["gpu_hour_cost"])
-        if not 0 < price <= MAX_GPU_HOUR_COST:
-            raise CaseError(src, f"{key}.gpu_hour_cost", f"expected a price per GPU-hour above 0 and at most "
-                                                         f"{MAX_GPU_HOUR_COST:g}, got {price!r}")
+        price = read_price(src, f"{key}.gpu_hour_cost", section["gpu_hour_cost"])
     return most, price
 
 

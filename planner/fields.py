@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .errors import CaseError, one_line, safe_repr
-from .limits import MAX_FIXED_TIME_S, MAX_INT, MAX_STRING_CHARS, MIN_FIGURE
+from .limits import MAX_FIXED_TIME_S, MAX_GPU_HOUR_COST, MAX_INT, MAX_STRING_CHARS, MIN_FIGURE, MIN_GPU_HOUR_COST
 from .presets import closest
 from .units import UnitError
 
@@ -105,6 +105,16 @@ def read_figure(src: str, key: str, value: Any, maximum: float = math.inf) -> fl
     if number < MIN_FIGURE:
         raise CaseError(src, key, f"expected a figure of at least {MIN_FIGURE:g}, got {number:g}")
     return number
+
+
+def read_price(src: str, key: str, value: Any) -> float:
+    """A price per GPU-hour (`size`'s gpu_hour_cost, of a case's GPU type or --gpu-hour-cost for all), from
+    MIN_GPU_HOUR_COST to MAX_GPU_HOUR_COST (nan fails both comparisons)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not MIN_GPU_HOUR_COST <= value <= MAX_GPU_HOUR_COST:
+        raise CaseError(src, key, f"expected a price per GPU-hour from {MIN_GPU_HOUR_COST:g} to {MAX_GPU_HOUR_COST:g}, "
+                                  f"got {one_line(safe_repr(value), 60)}{_yaml_text_hint(value)}")
+    return float(value)
 
 
 def check_option(option: str, value: Any, low: float, high: float, what: str) -> None:

@@ -60,6 +60,11 @@ MAX_CLUSTER_SIZES = 1 << 17
 # `size`: the price of one GPU-hour, and the tokens and deadline of a run (a thousand
 # years of the largest cluster at a million tokens per second per GPU is under 10^25 tokens).
 MAX_GPU_HOUR_COST = 1e6
+# And the least, the bound above mirrored: a millionth of a unit of whatever currency prices a GPU-hour
+# (a $2 GPU-hour is 2e-5 bitcoin). Below it, "above 0" let a denormal through: at 5e-324 the costs kept
+# a digit or two (197.57 GPU-hours cost 9.8e-322, not 9.88e-322) and the knee's days² × cost (size_front)
+# underflowed to 0, so that every size tied on it.
+MIN_GPU_HOUR_COST = 1e-6
 MAX_TOKENS = 1e25
 MAX_DEADLINE_S = 1000 * 365 * 86400.0
 # --simplest-within, in percent of the fastest step time.

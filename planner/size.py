@@ -46,8 +46,9 @@ from cost_models.layer_time import layer_time_bound
 from .case import Case, build_case, check_usable_memory, read_case, read_sections, spec_errors
 from .cluster_options import ClusterOption, read_cluster_options, with_part_racks
 from .errors import CaseError, one_line, safe_repr
+from .fields import read_price
 from .estimate import Estimate, estimate_job
-from .limits import MAX_CLUSTER_SIZES, MAX_GPU_HOUR_COST, MAX_GPUS, MAX_TOP_K
+from .limits import MAX_CLUSTER_SIZES, MAX_GPUS, MAX_TOP_K
 from .engines import ENGINES
 from .plan import DECIDED_ENGINES, _check_size, check_run_tokens, layout_table, plan_case
 from .search import MIN_TOKENS_PER_CP_RANK, Candidate, divisors
@@ -114,13 +115,10 @@ def size_target(tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nod
     if max_gpus is not None and max_nodes is not None:
         raise refuse("max_nodes", f"give either {names.get('max_gpus', 'max_gpus')} or "
                                   f"{names.get('max_nodes', 'max_nodes')}, not both")
-    if gpu_hour_cost is not None and (isinstance(gpu_hour_cost, bool) or not isinstance(gpu_hour_cost, (int, float))
-                                      or not 0 < gpu_hour_cost <= MAX_GPU_HOUR_COST):
-        raise refuse("gpu_hour_cost", f"expected a price per GPU-hour above 0 and at most {MAX_GPU_HOUR_COST:g}, "
-                                      f"got {one_line(safe_repr(gpu_hour_cost), 60)}")
+    price = None if gpu_hour_cost is None else \
+        read_price(names.get("gpu_hour_cost", "size"), "" if "gpu_hour_cost" in names else "gpu_hour_cost", gpu_hour_cost)
     return SizeTarget(parsed_tokens, deadline_s, count("max_gpus", max_gpus, MAX_GPUS),
-                      count("max_nodes", max_nodes, MAX_GPUS),
-                      None if gpu_hour_cost is None else float(gpu_hour_cost),
+                      count("max_nodes", max_nodes, MAX_GPUS), price,
                       DEFAULT_ALTERNATIVES if top_k is None else count("top_k", top_k, MAX_TOP_K, least=0))
 
 

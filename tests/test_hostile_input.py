@@ -514,7 +514,7 @@ def test_a_token_count_past_float_range_is_refused_in_a_short_line():
 
 
 @pytest.mark.parametrize("args, expected", [
-    (("size", "case.yaml", "--tokens", "1T", "--gpu-hour-cost"), "expected a price per GPU-hour above 0 and at most 1e+06"),
+    (("size", "case.yaml", "--tokens", "1T", "--gpu-hour-cost"), "expected a price per GPU-hour from 1e-06 to 1e+06"),
     (("plan", "case.yaml", "--simplest-within"), "expected a percentage from 0 to 1000"),
     (("validate", "case.yaml", "--timeout"), "expected seconds from 1 to 86400"),
     (("calibrate", "--out", "profile.yaml", "--timeout"), "expected seconds from 1 to 86400")])
@@ -607,6 +607,21 @@ def test_the_same_gpu_type_twice_among_size_options_is_refused(tmp_path, second)
                                                          "training": {"global_batch_size": 256, "seq_len": 4096}}))
     one_line_error(cli("size", str(case), "--tokens", "1T", "--deadline", "30d"), str(case), "cluster.options[1]: ",
                    "same GPU type, fabric and price as cluster.options[0]: give each once, with the larger limit")
+
+
+@pytest.mark.parametrize("price", [5e-324, 1e-320])
+def test_a_denormal_price_is_refused_where_every_price_is_read(price):
+    """`size --gpu-hour-cost 1e-320` passed "above 0": a denormal float keeps few digits (IEEE 754), so
+    that the costs, GPU-hours × the price, lost theirs and the knee's days² × cost underflowed to 0."""
+    gpu_hours, days = 197.56675943643666, 0.0020097530053348454  # Llama 3 70B, 1B tokens, 4,096 B200s
+    assert (gpu_hours * price) / price != gpu_hours  # the digits lost: GPU-hours no longer come back
+    assert days * days * 24 * 4096 * price < 2 ** -1022  # the knee's product below the least normal float
+    case = {k: v for k, v in CASE.items() if k != "layout"}
+    for given in (case, {**case, "cluster": {**case["cluster"], "gpu_hour_cost": price}}):
+        with pytest.raises(CaseError, match="expected a price per GPU-hour from 1e-06 to 1e[+]06"):
+            planner.size(given, "1B", gpu_hour_cost=price if given is case else None)
+    one_line_error(cli("size", "case.yaml", "--tokens", "1B", "--gpu-hour-cost", repr(price)), "error: --gpu-hour-cost: ",
+                   "from 1e-06 to 1e+06")
 
 
 def test_one_price_for_every_type_that_makes_two_options_one_is_refused(tmp_path):

@@ -559,9 +559,9 @@ def test_nothing_that_fits_exits_3_with_plans_advice():
     ({"options": [{"gpu": "h100", "max_gpus": 8, "max_nodes": 1}]}, "cluster.options[0].max_nodes",
      "give either max_gpus or max_nodes"),
     ({"options": [{"gpu": "h100", "max_gpus": 8, "gpu_hour_cost": "2.5$"}]}, "cluster.options[0].gpu_hour_cost",
-     "expected a finite number"),
+     "expected a price per GPU-hour"),
     ({"options": [{"gpu": "h100", "max_gpus": 8, "gpu_hour_cost": 0}]}, "cluster.options[0].gpu_hour_cost",
-     "above 0"),
+     "from 1e-06 to 1e+06"),
     ({"options": [{"gpu": "h100", "max_gpus": 2 ** 21}]}, "cluster.options[0].max_gpus", "at most"),
     ({"options": []}, "cluster.options", "expected a list of GPU types, at least one, got an empty list"),
     ({"options": [{"gpu": "h100", "max_gpus": 8}], "gpu": "b200"}, "cluster.gpu", "inside its cluster.options"),
@@ -597,7 +597,7 @@ def test_plan_and_estimate_need_one_gpu_type_and_ignore_sizing_keys():
     ({"tokens": "1T", "deadline": "-3d"}, "deadline", "expected a duration"),
     ({"tokens": "1T", "max_gpus": 0}, "max_gpus", "from 1 to"),
     ({"tokens": "1T", "max_gpus": 8, "max_nodes": 1}, "max_nodes", "not both"),
-    ({"tokens": "1T", "gpu_hour_cost": float("nan")}, "gpu_hour_cost", "above 0"),
+    ({"tokens": "1T", "gpu_hour_cost": float("nan")}, "gpu_hour_cost", "from 1e-06 to 1e+06"),
     ({"tokens": "1T", "top_k": 101}, "top_k", "from 0 to 100"),
 ])
 def test_bad_size_options_name_the_option(args, key, expected):
