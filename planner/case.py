@@ -143,7 +143,9 @@ def read_case(case: Any) -> tuple[Any, str, Path]:
             raise CaseError("<case>", "", f"expected a case file's path or a dict in the case-file schema, got "
                                           f"{one_line(as_typed(case), 200)}, which names no file (a case's YAML or "
                                           "JSON text? parse it first: yaml.safe_load(text))")
-        path = Path(case)
+        # ~ is the user's home, as the shell makes it of a path typed unquoted: planner.plan("~/case.yaml")
+        # and `layout-planner plan '~/case.yaml'` read the file the user meant
+        path = Path(os.path.expanduser(case))
         return without_extensions(_parsed(path)), str(path), path.parent
     raise CaseError("<case>", "", f"expected a case-file path or a mapping, got {type(case).__name__}")
 
@@ -153,12 +155,24 @@ def _looks_like_text(case: str) -> bool:
     names no file, and holds a line break, opens a mapping or a list, or holds a key's ": ". Such a string
     was taken for a path and refused as "<the whole text>: file not found" (past 255 bytes, "File name too
     long"), naming nothing the API takes."""
+    if _too_long_for_a_name(case):  # no file system holds it: text, whatever it holds
+        return True
     if not ("\n" in case or case.lstrip()[:1] in ("{", "[") or ": " in case):
         return False
     try:
         return not os.path.lexists(case)
     except (OSError, ValueError):  # a NUL byte: the path's own refusal says so
         return False
+
+
+# The longest name of one file or folder: NAME_MAX of Linux's and macOS's file systems, and NTFS's limit
+NAME_MAX_BYTES = 255
+
+
+def _too_long_for_a_name(case: str) -> bool:
+    """Whether a string cannot be a path at all: one of its parts is over a file name's 255 bytes. It was
+    refused as "cannot be read (File name too long)", naming nothing of what the API takes."""
+    return any(len(os.fsencode(part)) > NAME_MAX_BYTES for part in Path(case).parts)
 
 
 # Top-level keys a case may hold and the planner ignores, as docker-compose ignores its "x-" keys: where

@@ -150,7 +150,8 @@ def read_path(src: str, key: str, value: Any) -> Path:
     if isinstance(value, str) and value.strip():
         if "\0" in value:  # the OS refuses it: a ValueError from deep inside, not the argument's error
             raise CaseError(src, key, "expected a path, got one holding a NUL byte")
-        return Path(read_str(src, key, value))
+        # ~ is the user's home, as the shell makes it (and a case's path: planner.case.read_case)
+        return Path(os.path.expanduser(read_str(src, key, value)))
     raise CaseError(src, key, f"expected a path (str or os.PathLike), got {describe(value)}")
 
 

@@ -5,6 +5,7 @@ case file's, progress that finishes, and an import failure that says what failed
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import pickle
 import sys
 import types
@@ -275,7 +276,7 @@ def test_estimate_says_to_the_api_what_the_cli_says_on_stderr():
 
 
 @pytest.mark.parametrize("text", ["model: {preset: llama3-8b}", "model:\n  preset: llama3-8b\ncluster: {gpu: b200}\n" * 20,
-                                  '{"model": {"preset": "llama3-8b"}}'])
+                                  '{"model": {"preset": "llama3-8b"}}', "x" * 300])
 def test_a_case_given_as_yaml_or_json_text_is_refused_as_text_not_as_a_missing_file(text):
     """A pipeline that reads its case from a config store hands over the text: it was taken for a path and
     refused as "model: {preset: llama3-8b}: file not found" (or, past 255 bytes, "cannot be read (File
@@ -287,6 +288,25 @@ def test_a_case_given_as_yaml_or_json_text_is_refused_as_text_not_as_a_missing_f
         assert "file not found" not in str(error.value) and "too long" not in str(error.value)
     with pytest.raises(planner.CaseError, match="file not found"):
         planner.estimate("no-such-case.yaml")  # a path that names no file is still that
+
+
+def test_a_case_path_and_an_api_path_take_the_home_folder_as_the_shell_does(tmp_path, monkeypatch):
+    """planner.estimate("~/case.yaml") was "~/case.yaml: file not found", where a shell hands the CLI
+    $HOME's file: ~ is the home folder (os.path.expanduser) in a case's path, the CLI's given quoted
+    and the API's other paths (emit's out_dir) alike."""
+    import yaml
+
+    from cli_in_process import run_cli
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump({**CASE, "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1}}))
+    est = planner.estimate("~/case.yaml")
+    assert est.to_dict() == planner.estimate(str(tmp_path / "case.yaml")).to_dict()
+    done, direct = (run_cli("estimate", path, "--json") for path in ("~/case.yaml", str(tmp_path / "case.yaml")))
+    assert (done.returncode, done.stdout) == (direct.returncode, direct.stdout) and "not found" not in done.stderr
+    monkeypatch.chdir(tmp_path.parent)
+    written = planner.emit(est, "megatron", "~/run", force_unfit=True).paths
+    assert written and all(Path(p).parent == tmp_path / "run" for p in written)
 
 
 def test_emit_of_a_size_choice_says_which_of_its_fields_to_write(tmp_path):
