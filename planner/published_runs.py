@@ -95,11 +95,12 @@ NEMO_GPT3_VOCAB = 51200
 # Row `gpu` strings (upper-cased, without "NVIDIA ") by prefix, most specific first.
 GPU_PREFIXES = (
     ("BLACKWELL ULTRA", "gb300"), ("BLACKWELL GPU (GB2", "gb200"), ("H200", "h200-sxm-141gb"),
-    ("H800", "h800"), ("B300", "b300"), ("AMD-MI300X", "mi300x"), ("AMD INSTINCT MI300X", "mi300x"),
-    ("GB300", "gb300"), ("GB200", "gb200"), ("B200", "b200"), ("H100", "h100-sxm-80gb"),
-    ("V100", "v100-sxm-32gb"), ("AMD INSTINCT MI325X", "mi325x"), ("AMD INSTINCT MI355X", "mi355x"),
-    ("AMD-MI325X", "mi325x"), ("AMD-MI355X", "mi355x"),
+    ("H800", "h800"), ("B300", "b300"), ("MI300X", "mi300x"), ("GB300", "gb300"), ("GB200", "gb200"),
+    ("B200", "b200"), ("H100", "h100-sxm-80gb"), ("V100", "v100-sxm-32gb"), ("MI325X", "mi325x"), ("MI355X", "mi355x"),
 )
+# The names a row's GPU may be written as, for a refusal to list: each family's model number (A100's
+# memory picks its preset), each the SXM/OAM module or the NVL72 rack the presets hold.
+ACCEPTED_GPUS = ", ".join(sorted({"A100"} | {p for p, _ in GPU_PREFIXES if re.fullmatch(r"[A-Z]+\d+X?", p)}))
 
 
 class Rows(list):
@@ -166,13 +167,22 @@ def row_name(rows: list, index: int) -> str:
 # "NVL72", a GB200 or GB300 rack, and "NVLink" are not. "NVL" is matched by letters, not word
 # boundaries: "H100_NVL" and "H100NVL" are the NVL board too, as "H100 PCI-E" is the PCIe card (each was
 # scored as the SXM module).
-OTHER_PARTS = re.compile(r"PCI|(?<![A-Z])NVL(?![A-Z0-9])")
+OTHER_PARTS = re.compile(r"PCI|CNX|(?<![A-Z])NVL(?![A-Z0-9])")
+# NVIDIA's NVLink systems ("NVL" and a GPU count) whose NVLink domain is the preset's: the GB200 NVL72 and
+# GB300 NVL72 datasheets (72 GPUs joined by the rack's NVLink switch trays, the presets' nvlink_domain 72)
+# and NVIDIA's HGX B300 NVL16 (the HGX B300 board: 8 Blackwell Ultra GPUs, two dies each). Any other count
+# is another system of the family (GB200 NVL4 and NVL2: a 4- and a 2-GPU domain, not the rack's 72) or no
+# product at all: "H100 NVL72" was scored as the H100 SXM module, but the NVL72 racks are Grace
+# Blackwell's, and H100's one "NVL" is the PCIe board pair (OTHER_PARTS).
+NVL_SYSTEMS = {"gb200": ("NVL72",), "gb300": ("NVL72",), "b300": ("NVL16",)}
+NVL_COUNT = re.compile(r"(?<![A-Z])NVL\d+")
 
 
 def gpu_name(name: Any) -> str:
     """A GPU's name as the presets are looked up by: upper case, its spaces single ("NVIDIA  H100" and
-    "  H100   SXM " were refused where "nvidia h100" was read), without the vendor's "NVIDIA "."""
-    return " ".join(str(name).split()).upper().replace("NVIDIA ", "")
+    "  H100   SXM " were refused where "nvidia h100" was read), without the vendor's "NVIDIA " or a leading
+    "AMD Instinct " ("MI300X" was refused where "AMD-MI300X" was read)."""
+    return re.sub(r"^AMD[ -](INSTINCT )?", "", " ".join(str(name).split()).upper().replace("NVIDIA ", ""))
 
 
 def family_preset(name: str) -> Optional[str]:
@@ -190,13 +200,27 @@ def gpu_preset(name: str) -> Optional[str]:
     scored as an H100 SXM, 99 % off, with no word)."""
     if OTHER_PARTS.search(str(name).upper()):
         return None
-    # Another number that shares a family's prefix is another GPU: "A1000" (an RTX workstation card)
-    # and "H1000" were scored as the A100 and H100 SXM modules.
+    # Another number or letter after a family's model number is another GPU: "A1000" (an RTX workstation
+    # card) and "H1000" were scored as the A100 and H100 SXM modules, and so was "A100X", NVIDIA's A100X
+    # converged accelerator (its datasheet: an A100 80GB on a dual-slot PCIe card with an on-board
+    # ConnectX-6 Dx and PCIe switch, NVLink bridged to one other card, no NVSwitch board), as "V100S"
+    # (a PCIe card only) the V100 SXM2. The SXM module's own "H100SXM5" is the preset's.
     n = gpu_name(name)
     part = next((prefix for prefix, _ in GPU_PREFIXES if n.startswith(prefix)), "A100" if n.startswith("A100") else None)
-    if part and re.fullmatch(r"[A-Z]+\d+", part) and n[len(part):len(part) + 1].isdigit():
+    rest = n[len(part):] if part else ""
+    if part and re.fullmatch(r"[A-Z]+\d+X?", part) and rest[:1].isalnum() and not rest.startswith("SXM"):
         return None
-    return family_preset(name)
+    preset = family_preset(name)
+    if any(count not in NVL_SYSTEMS.get(preset, ()) for count in NVL_COUNT.findall(n)):
+        return None
+    return preset
+
+
+def gpu_expected(name: Any) -> str:
+    """What a run's ``gpu`` was expected to be, where :func:`gpu_preset` reads it as no preset."""
+    return (f"expected a GPU the planner has a preset for, by its model number ({ACCEPTED_GPUS}): the SXM or "
+            f"OAM module, or its NVL72 rack, not a PCIe card, an NVL board, a converged accelerator or another "
+            f"NVLink system; got {one_line(repr(str(name)), 60)}")
 
 
 def named_precision(text: Any) -> Optional[str]:

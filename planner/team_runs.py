@@ -22,7 +22,7 @@ from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
-from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, copied_run, family_preset, gpu_name, gpu_preset, job_key,
+from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, copied_run, family_preset, gpu_expected, gpu_name, gpu_preset, job_key,
                              measure_in_bounds,
                              measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
                              published_memory_stage, row_key, row_problem,
@@ -478,8 +478,8 @@ def _check_gpu_name(source: str, name: str, gpu: str) -> None:
     # decides it for published rows and team runs alike); said here with the family's SXM part.
     if gpu_preset(gpu) is None or other_memory:
         raise CaseError(source, f"{name}.gpu", f"{one_line(gpu, 60)} is no GPU the planner has a preset for (its "
-                                                f"{preset} is the SXM part with {preset_memory}): give the run a GPU "
-                                                f"preset's, or calibrate that GPU")
+                                                f"{preset} is the SXM part with {preset_memory}); "
+                                                f"{gpu_expected(gpu)}; or calibrate that GPU")
 
 
 def _unsupported(name: str, row: dict) -> tuple[str, str]:
@@ -488,9 +488,7 @@ def _unsupported(name: str, row: dict) -> tuple[str, str]:
         return f"{name}.record_type", f"expected measured_throughput (a run's measurement), got " \
                                       f"{one_line(safe_repr(row.get('record_type')), 60)}"
     if gpu_preset(row.get("gpu")) is None:
-        return f"{name}.gpu", f"expected a GPU the planner has a preset for, named as NVIDIA's (A100, H100, H200, " \
-                              f"H800, B200, B300, GB200, GB300, V100 …) or AMD Instinct MI300X, got " \
-                              f"{one_line(safe_repr(row.get('gpu')), 60)}"
+        return f"{name}.gpu", gpu_expected(row.get("gpu"))
     return f"{name}.precision", f"expected a pretraining precision, got {one_line(safe_repr(row.get('precision')), 60)} " \
                                 f"(adapter fine-tuning is no layout of the planner's)"
 

@@ -239,6 +239,8 @@ def test_a_run_whose_case_is_refused_is_named_by_its_file_run_and_key(changes, k
 @pytest.mark.parametrize("changes, key, needle", [
     # each was 'not a supported row', naming no key; an unknown precision was fitted as bf16
     ({"gpu": "Z100"}, "gpu", "expected a GPU the planner has a preset for"),
+    ({"gpu": "L40S"}, "gpu", "expected a GPU the planner has a preset for, by its model number \\(A100, B200, "
+                             "B300, GB200, GB300, H100, H200, H800, MI300X, MI325X, MI355X, V100\\)"),
     ({"record_type": "estimated"}, "record_type", "expected measured_throughput"),
     ({"precision": "banana"}, "precision", "expected the run's training precision"),
     ({"precision": ""}, "precision", "expected the run's training precision"),
@@ -1040,6 +1042,9 @@ def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
     ({"gpu": "H100 PCIe"}, "gpu", "H100 PCIe is no GPU the planner has a preset for"),
     ({"gpu": "H100-SXM5-94GB"}, "gpu", "is no GPU the planner has a preset for"),
     ({"gpu": "H1000"}, "gpu", "H1000 is no GPU the planner has a preset for"),
+    # a PCIe converged accelerator and a product that does not exist, fitted as the A100 and H100 SXM modules
+    ({"gpu": "A100X"}, "gpu", "A100X is no GPU the planner has a preset for"),
+    ({"gpu": "H100 NVL72"}, "gpu", "H100 NVL72 is no GPU the planner has a preset for"),
     # read as plain DDP, and as ZeRO-1
     ({"parallel__fsdp": True}, "parallel.fsdp", "expected a sharding strategy"),
     # a degree off the run's GPUs, or beside a ZeRO stage it contradicts: fitted as ZeRO-3 without a word

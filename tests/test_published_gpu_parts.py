@@ -48,3 +48,31 @@ def test_a_gpu_name_with_extra_spaces_reads_as_its_preset(name):
     """"NVIDIA  H100" and "  H100   SXM  " were refused as not supported rows where "nvidia h100" was read
     as the H100 SXM: a name's spaces are single, and its ends bare, before the presets are looked up."""
     assert gpu_preset(name) == gpu_preset("nvidia h100") == "h100-sxm-80gb"
+
+
+@pytest.mark.parametrize("name", [
+    # NVIDIA's A100X converged accelerator (its datasheet: an A100 80GB PCIe card with an on-board ConnectX-6
+    # Dx, NVLink bridged to one other card) and H100 CNX (an H100 PCIe with a ConnectX-7): PCIe cards
+    "A100X", "NVIDIA A100X 80GB", "H100 CNX",
+    # no product: the NVL72 racks are GB200's and GB300's (their datasheets); H100's one NVL is a PCIe pair
+    "H100 NVL72", "NVIDIA H100 NVL72", "B200 NVL72",
+    # another NVLink domain than the preset's 72: GB200 NVL4 and NVL2 join 4 and 2 GPUs
+    "GB200 NVL4", "GB200 NVL2",
+    # the V100S is a PCIe card only; MI300A is the APU, not the MI300X
+    "V100S", "MI300A",
+    # PCIe and NVL boards, Grace Hopper and Ada cards, of which the presets hold none
+    "H100 PCIe", "H100 NVL", "H200 NVL", "GH200", "A100 PCIe 40GB", "A100 80GB PCIe", "L40S",
+])
+def test_a_gpu_no_preset_is_is_read_as_none(name):
+    # A100X, H100 NVL72 and the rest of the first three lines were scored as the SXM modules, with no word.
+    assert gpu_preset(name) is None
+
+
+@pytest.mark.parametrize("name, preset", [
+    ("B200", "b200"), ("GB200", "gb200"), ("GB200 NVL72", "gb200"), ("B300", "b300"),
+    ("B300 NVL16", "b300"), ("GB300", "gb300"), ("GB300 NVL72", "gb300"), ("H100SXM5", "h100-sxm-80gb"),
+    # AMD's names with or without the vendor: "MI300X" alone was refused where "AMD-MI300X" was read
+    ("MI300X", "mi300x"), ("AMD MI300X", "mi300x"), ("AMD Instinct MI325X", "mi325x"), ("MI355X", "mi355x"),
+])
+def test_the_modules_and_racks_the_presets_hold_read_as_them(name, preset):
+    assert gpu_preset(name) == preset
