@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from .errors import CaseError, one_line
 from .published_runs import (case_of, copied_run, job_key, load_rows, measured_tokens_per_s, published_memory_stage,
-                             row_key, row_name, row_problem, source_of, stated_problem)
+                             row_key, row_name, row_problem, source_of, stated_problem, unsupported)
 from .team_runs import impossible_measurement
 
 TUNED = ("Megatron-Bridge", "NVIDIA-NeMo/Megatron-Bridge", "torchtitan", "MLPerf", "NVIDIA/NeMo")
@@ -168,6 +168,13 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
             continue
         problem = stated_problem(r, case) if case else None
         if problem:  # a statement the case would read as another (a precision of "banana" as bf16), named
+            out.malformed.append((row_name(rows, index), f"{problem[0]}: {problem[1]}"))
+            continue
+        problem = unsupported(r) if why == "not a supported row" else None
+        if problem and problem[0] == "gpu":
+            # A GPU no preset is, the row's error rather than its source's kind of run (a per-layer time,
+            # LoRA): named with its key and the names accepted, as a team's run is refused. It was counted
+            # among "not a supported row", naming no key.
             out.malformed.append((row_name(rows, index), f"{problem[0]}: {problem[1]}"))
             continue
         if case and not measured and not mem:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from cost_models.flops import model_flops_per_token
 from cost_models.specs import RECOMPUTE_MODULES, ModelSpec
 
-from .errors import CaseError, one_line
+from .errors import CaseError, one_line, safe_repr
 from .limits import MAX_GPUS, MAX_LAYERS, MIN_FIGURE
 
 DATA = Path(__file__).parent / "published"
@@ -221,6 +221,18 @@ def gpu_expected(name: Any) -> str:
     return (f"expected a GPU the planner has a preset for, by its model number ({ACCEPTED_GPUS}): the SXM or "
             f"OAM module, or its NVL72 rack, not a PCIe card, an NVL board, a converged accelerator or another "
             f"NVLink system; got {one_line(repr(str(name)), 60)}")
+
+
+def unsupported(row: dict) -> tuple[str, str]:
+    """(key, what was expected) of a row :func:`case_of` calls "not a supported row": its record, its GPU
+    or its precision, in the order it reads them."""
+    if row.get("record_type") != "measured_throughput":
+        return "record_type", (f"expected measured_throughput (a run's measurement), got "
+                               f"{one_line(safe_repr(row.get('record_type')), 60)}")
+    if gpu_preset(row.get("gpu")) is None:
+        return "gpu", gpu_expected(row.get("gpu"))
+    return "precision", (f"expected a pretraining precision, got {one_line(safe_repr(row.get('precision')), 60)} "
+                         f"(adapter fine-tuning is no layout of the planner's)")
 
 
 def named_precision(text: Any) -> Optional[str]:

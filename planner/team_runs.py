@@ -22,7 +22,7 @@ from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
-from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, copied_run, family_preset, gpu_expected, gpu_name, gpu_preset, job_key,
+from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, copied_run, family_preset, gpu_expected, gpu_name, gpu_preset, job_key, unsupported,
                              measure_in_bounds,
                              measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
                              published_memory_stage, row_key, row_problem,
@@ -86,7 +86,8 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
             if why == "layout not published":
                 why = "a run with no layout: give parallel.tp, parallel.pp and batch.micro_batch_size"
             if why == "not a supported row":
-                raise CaseError(source, *_unsupported(name, row))
+                key, expected = unsupported(row)
+                raise CaseError(source, f"{name}.{key}", expected)
             raise CaseError(source, name, why)
         unread = next((k for k in UNREAD_THROUGHPUTS if (row.get("measured") or {}).get(k)), None) \
             if not tokens else None
@@ -465,7 +466,7 @@ def _check_gpu_name(source: str, name: str, gpu: str) -> None:
     (H100 PCIe, H100-SXM5-94GB and H1000 were read as the H100 SXM preset, and mixed with it)."""
     preset = family_preset(gpu)
     if preset is None:
-        return  # refused with the presets it could be (_unsupported)
+        return  # refused with the presets it could be (published_runs.unsupported)
     text = gpu_name(gpu)
     prefix = next((p for p, _ in GPU_PREFIXES if text.startswith(p)), "A100")
     rest = text[len(prefix):]
@@ -480,17 +481,6 @@ def _check_gpu_name(source: str, name: str, gpu: str) -> None:
         raise CaseError(source, f"{name}.gpu", f"{one_line(gpu, 60)} is no GPU the planner has a preset for (its "
                                                 f"{preset} is the SXM part with {preset_memory}); "
                                                 f"{gpu_expected(gpu)}; or calibrate that GPU")
-
-
-def _unsupported(name: str, row: dict) -> tuple[str, str]:
-    """(key, what was expected) of a run ``case_of`` takes for no run of the planner's."""
-    if row.get("record_type") != "measured_throughput":
-        return f"{name}.record_type", f"expected measured_throughput (a run's measurement), got " \
-                                      f"{one_line(safe_repr(row.get('record_type')), 60)}"
-    if gpu_preset(row.get("gpu")) is None:
-        return f"{name}.gpu", gpu_expected(row.get("gpu"))
-    return f"{name}.precision", f"expected a pretraining precision, got {one_line(safe_repr(row.get('precision')), 60)} " \
-                                f"(adapter fine-tuning is no layout of the planner's)"
 
 
 def _stated_precision(source: str, name: str, text: Any) -> str:

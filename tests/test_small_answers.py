@@ -76,15 +76,23 @@ def test_validate_published_with_nothing_readable_exits_2_naming_the_rows(tmp_pa
         bad.write_text(yaml.safe_dump([{**row, "measured": {**row["measured"], field: value}}]))
         done = run_cli("validate-published", str(bad), "--no-experts")
         assert done.returncode == 2 and f"{row['id']} ({bad}[0]): {needle}" in done.stderr, done.stderr
+    # a row of a GPU no preset is names its file, run and gpu key, and the model numbers the presets are
+    # (it was "1 not a supported row", naming no key), on one line
     bad.write_text(yaml.safe_dump([{**row, "gpu": "Quantum GPU 9000"}]))
     done = run_cli("validate-published", str(bad), "--no-experts")
-    assert done.returncode == 2 and f"1 not a supported row, {row['id']} ({bad}[0]) the first" in done.stderr, \
-        done.stderr
-    # beside a run it scores, the report names the first skipped for each reason
-    bad.write_text(yaml.safe_dump([row, {**row, "id": "tpu-run", "gpu": "TPU-v5"}]))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"{row['id']} ({bad}[0]): gpu: expected a GPU the planner has a preset for, by its model number (A100, " \
+           in done.stderr and "got 'Quantum GPU 9000'" in done.stderr, done.stderr
+    # beside a run it scores, the report names the row skipped, with its key, and still skips a source's
+    # other kinds of run (a per-layer time) by reason, naming the first
+    bad.write_text(yaml.safe_dump([row, {**row, "id": "tpu-run", "gpu": "TPU-v5"},
+                                   {**row, "id": "layer-time", "record_type": "measured_per_layer_time"}]))
     done = run_cli("validate-published", str(bad), "--no-experts")
-    assert done.returncode == 0 and "skipped 1: not a supported row (first: tpu-run (" in " ".join(done.stdout.split())
-    assert f"{bad.name}[1]))" in "".join(done.stdout.split())  # the path may wrap at the console's width
+    flat = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "malformed 1;" in flat and "skipped tpu-run (" in flat, done.stdout
+    bare = "".join(f"{bad.name}[1]): gpu: expected a GPU the planner has a preset for".split())
+    assert bare in "".join(done.stdout.split())  # the path may wrap at the console's width
+    assert "skipped 1: not a supported row (first: layer-time (" in flat
 
 
 @pytest.mark.parametrize("change, needle", [
