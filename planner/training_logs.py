@@ -366,7 +366,9 @@ def _timer_total(match: re.Match) -> Optional[float]:
         return None
     figures = []
     for name in DS_STEP_TIMERS:
-        if not re.fullmatch(NUMBER, timers[name]) or not _strict(timers[name]) or timers[name].endswith(","):
+        # Read as any figure after a marker is (_strict): one comma after it is punctuation, as after
+        # DeepSpeed's "CurrSamplesPerSec=12,"; "458.2,," or "2,00" is no figure.
+        if not _strict(timers[name]):
             return math.nan
         figures.append(_num(timers[name]))
     return sum(figures)

@@ -220,3 +220,27 @@ def test_a_grouped_figure_whose_first_group_starts_with_zero_is_refused(tps, tmp
     # "0,667" (a decimal comma) was read as 667.
     with pytest.raises(CaseError, match=rf"line 5: 'tps:' {re.escape(tps)}: expected a figure whose commas separate"):
         read_log(titan_log(tmp_path, t4=tps))
+
+
+def ds_timer_log(tmp_path, bwd: str):
+    """Eight optimizer steps of DeepSpeed's wall-clock breakdown, the fifth's bwd printed as ``bwd``."""
+    timers = "".join(f"[Rank 0] time (ms) | fwd: 100.0 | bwd: {bwd if i == 5 else '458.2'} | bwd_inner: 400.0 | "
+                     f"bwd_allreduce: 58.2 | step: 10.0\n" for i in range(1, 9))
+    path = tmp_path / "ds.log"
+    path.write_text(timers)
+    return path
+
+
+@pytest.mark.parametrize("bwd", ["458.2,", "458,"])
+def test_a_deepspeed_timer_with_one_comma_after_its_figure_is_read_as_currsamplespersecs_is(bwd, tmp_path):
+    # "CurrSamplesPerSec=12," reads as 12; "bwd: 458.2," refused the whole log. The step is fwd + bwd + step
+    # (bwd holds bwd_inner and bwd_allreduce): 100 + 458.2 + 10 ms on every step past warm-up but the fifth,
+    # whose figure is the median's all the same (4 of 5 intervals at 568.2 ms).
+    reading = read_log(ds_timer_log(tmp_path, bwd))
+    assert reading.steps == 5 and reading.step_time_s == pytest.approx((100.0 + 458.2 + 10.0) / 1e3)
+
+
+@pytest.mark.parametrize("bwd", ["458.2,,", "458,,", ",", "4,58.2,"])
+def test_a_deepspeed_timer_with_more_than_one_comma_after_its_figure_is_refused_naming_its_line(bwd, tmp_path):
+    with pytest.raises(CaseError, match=r"line 5: a 'time \(ms\) \| fwd: … \| bwd: … \| step: …' timer line"):
+        read_log(ds_timer_log(tmp_path, bwd))
