@@ -161,6 +161,13 @@ class Entry:
         return found
 
 
+# Where ``str.splitlines`` ends a line: the one rule by which the reader splits a log and numbers its lines
+# (a form feed, a vertical tab, the separators \x1c-\x1e, NEL and the Unicode line and paragraph separators
+# as well as "\n" and "\r"). Counting "\n" alone named the wrong line of a log whose lines end in form
+# feeds, and cut all of its lines after the last "\n" as one unfinished line.
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
 class _Lines:
     """A log's text split into lines once (``str.splitlines``, as every reading of it numbers them),
     and, for each marker asked for, the lines holding it: a marker the text lacks costs one scan of
@@ -177,20 +184,6 @@ class _Lines:
             self._holding[marker] = [(number, line) for number, line in enumerate(self.lines, 1) if marker in line] \
                 if marker in self.text else []
         return self._holding[marker]
-
-    def newline_lines(self) -> Optional[list[str]]:
-        """The lines as "\\n" alone ends them (as ``re.MULTILINE``'s ``^`` and ``$`` see them), where
-        they are ``lines`` (no form feed, vertical tab or other break ``splitlines`` also ends a line
-        at); else None."""
-        text, lines = self.text, self.lines
-        ends = text.count("\n")
-        if len(lines) != ends + (not text.endswith("\n") and bool(text)):
-            return None
-        # As many lines, yet a last line cut by another break at the text's very end ("…32\x0c", no "\n" after:
-        # splitlines drops the break, where "$" does not match before it): the text's own last line, else None.
-        if text and not text.endswith("\n") and lines[-1] != text[text.rfind("\n") + 1:]:
-            return None
-        return lines
 
 
 def _megatron_batches(lines: _Lines, megatron: list[tuple[int, float]],
@@ -227,14 +220,12 @@ def _megatron_batches(lines: _Lines, megatron: list[tuple[int, float]],
 
 
 def _arguments(lines: _Lines) -> dict[str, str]:
-    """An argument dump's ``{name: value}`` (``MEGATRON_ARG``), the last line of a name counting:
-    matched line by line where the text's lines end at "\\n" alone (a pass of the pattern over a
-    200 MB log's text, tried at each of its characters, took 5 s), else over the text."""
-    plain = lines.newline_lines()
-    if plain is None:
-        return {m.group(1): m.group(2) for m in MEGATRON_ARG.finditer(lines.text)}
+    """An argument dump's ``{name: value}`` (``MEGATRON_ARG``), the last line of a name counting, matched
+    line by line (a pass of the pattern over a 200 MB log's text, tried at each of its characters, took
+    5 s): the lines as every reading splits them, so a dump whose lines end in form feeds is read (over
+    the text, "$" matched before "\\n" alone, and the dump went unchecked against the case)."""
     match = MEGATRON_ARG.match
-    return {m.group(1): m.group(2) for m in filter(None, map(match, plain))}
+    return {m.group(1): m.group(2) for m in filter(None, map(match, lines.lines))}
 
 
 _FIGURE = re.compile(r"\s*" + NUMBER + r"\s*")
@@ -299,7 +290,9 @@ def _lowest_rank_lines(text: str, lines: Optional[list[str]] = None) -> str:
     if len(labels) < 2:
         return text
     lowest = min(labels)
-    return "\n".join(line for line, mine in zip(lines, each) if mine in (None, lowest))
+    # The other ranks' lines left empty, not out: a line refused in the lowest rank's is named by its number
+    # in the file (a torchtitan "memory: nan" on the log's line 11 was named as line 6).
+    return "\n".join(line if mine in (None, lowest) else "" for line, mine in zip(lines, each))
 
 
 def _per_step(points: list[tuple[int, float]], combine) -> list[tuple[int, float]]:
@@ -462,20 +455,22 @@ def read_log(path: Path) -> LogReading:
     # argument dump's value read with its "\r" was no number, and its check against the case skipped).
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if "\n" in text.rstrip("\n") and not text.endswith("\n"):
+    last_break = max(map(text.rfind, LINE_BREAKS))
+    if 0 <= last_break < len(text) - 1:
         # A last line with no end is one the run was killed writing: a figure in it may be cut short
         # (torchtitan's "tps: 7,0" read as 70, "memory: 62" refused the whole log). Left out.
-        text = text[:text.rindex("\n") + 1]
+        text = text[:last_break + 1]
     lines = _Lines(text)  # split once: each entry reads the lines holding its marker
     megatron = MEGATRON_STEP.points_of(lines, src)
     titan = TITAN_STEP.points_of(lines, src)
     deepspeed = DS_THROUGHPUT.points_of(lines, src)
     pipe = DS_PIPE_STEP.points_of(lines, src)
-    timers = [(m, total) for m in DS_TIMERS.finditer(text) if (total := _timer_total(m)) is not None]
-    timers = [(i + 1, total, m.start()) for i, (m, total) in enumerate(timers)]
-    for _, total, at in timers:
+    timers = [(number, total) for number, line in lines.holding("time (ms)") for m in DS_TIMERS.finditer(line)
+              if (total := _timer_total(m)) is not None]
+    timers = [(i + 1, total, number) for i, (number, total) in enumerate(timers)]
+    for _, total, number in timers:
         if not math.isfinite(total) or total <= 0:
-            raise CaseError(src, f"line {text.count(chr(10), 0, at) + 1}",
+            raise CaseError(src, f"line {number}",
                             "a 'time (ms) | fwd: … | bwd: … | step: …' timer line: expected milliseconds, none negative, whose sum "
                             "is positive")
     timers = [(step, total) for step, total, _ in timers]
@@ -522,8 +517,8 @@ def read_log(path: Path) -> LogReading:
             titan = TITAN_STEP.points_of(ranked_lines, src)
         times = _after_warmup(_in_order(_per_step(titan, statistics.median), src, "step"))
         memory = _after_warmup(_per_step(TITAN_MEMORY.points_of(ranked_lines, src), max))
-        params = [_grouped(m.group(1), src, text.count("\n", 0, m.start()) + 1, "total parameters")
-                  for m in TITAN_PARAMETERS.finditer(text)]
+        params = [_grouped(m.group(1), src, number, "total parameters")
+                  for number, line in lines.holding("total parameters") for m in TITAN_PARAMETERS.finditer(line)]
         reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
                              peak_gib=max(memory) if memory else None, peak_of_rank_0_only=bool(memory),
                              stated=(("parameters", params[0]),) if params else ())

@@ -91,14 +91,22 @@ def test_a_count_too_long_on_a_batch_line_is_refused_as_before(line, tmp_path):
         read_log(path)
 
 
+def as_newlines(text: str) -> str:
+    """``text`` with each line ended by "\\n", wherever str.splitlines ends one."""
+    return "".join(line + "\n" for line in text.splitlines())
+
+
 @pytest.mark.parametrize("text", [
     HEAD,
-    HEAD.replace("  log_interval", "\x0c  log_interval"),  # a form feed: a line end to splitlines, none to "$"
+    HEAD.replace("  log_interval", "\x0c  log_interval"),  # a form feed: a line end, as splitlines has it
     HEAD + "  num_layers ... 40\x0b  x\n",
+    HEAD.replace("\n", "\x0c"),
     "[rank0]: [INFO] [config.py:1000:print]   train_batch_size ...... 64\n0:  hidden_size  4096\n  x  y  z\n",
 ])
-def test_the_argument_dump_reads_as_the_pattern_over_the_text(text):
-    whole = {m.group(1): m.group(2) for m in tl.MEGATRON_ARG.finditer(text)}
+def test_the_argument_dump_reads_as_the_pattern_over_the_text_of_its_lines(text):
+    # Every line break splitlines knows ends an argument's line as "\n" does: the pattern over the text
+    # matched "$" before "\n" alone, and a dump whose lines end in form feeds went unread.
+    whole = {m.group(1): m.group(2) for m in tl.MEGATRON_ARG.finditer(as_newlines(text))}
     assert tl._arguments(tl._Lines(text)) == whole
 
 
@@ -182,18 +190,17 @@ def test_a_megatron_line_whose_iteration_is_whole_and_total_misprinted_is_read_a
         read_log(path)
 
 
-@pytest.mark.parametrize("end", ["\x0c", "\x1c", "\x85", "\u2028"])
-def test_a_one_line_log_ending_at_a_line_break_other_than_newline_reads_its_arguments_as_before(end, tmp_path):
-    # Its one line is "line\x0c": str.splitlines drops the form feed, as many lines as "\n" ends, but the
-    # argument pattern's "$" does not match before a form feed. The argument line ending at it was read
-    # (and its "nan" refused), where the reader before it, and every multi-line log, did not read it.
+@pytest.mark.parametrize("end", ["\n", "\x0c", "\x1c", "\x85", "\u2028"])
+def test_a_one_line_log_ending_at_any_line_break_reads_its_arguments_as_at_a_newline(end, tmp_path):
+    # Its one line is "line\x0c": the argument line ending at "\n" is read and its "nan" refused, and so it
+    # is at a form feed (it was passed over, the log refused as holding no step time past warm-up instead).
     path = tmp_path / "one.log"
     path.write_text("[iteration 5/ 10 | elapsed time per iteration (ms): 100] hidden_size .. nan" + end,
                     encoding="utf-8")
-    with pytest.raises(CaseError, match="holds no step time past warm-up"):
+    with pytest.raises(CaseError, match="hidden_size: the argument dump gives 'nan'"):
         read_log(path)
     lines = tl._Lines("  hidden_size .... 4096" + end)
-    assert tl._arguments(lines) == {}
+    assert tl._arguments(lines) == {"hidden_size": "4096"}
 
 
 @pytest.mark.parametrize("step", ["5.5", "3,5", "1,001"])
@@ -244,3 +251,44 @@ def test_a_deepspeed_timer_with_one_comma_after_its_figure_is_read_as_currsample
 def test_a_deepspeed_timer_with_more_than_one_comma_after_its_figure_is_refused_naming_its_line(bwd, tmp_path):
     with pytest.raises(CaseError, match=r"line 5: a 'time \(ms\) \| fwd: … \| bwd: … \| step: …' timer line"):
         read_log(ds_timer_log(tmp_path, bwd))
+
+
+@pytest.mark.parametrize("end", ["\x0c", "\x0b", "\x1e", "\x85", "\u2028", "\u2029"])
+@pytest.mark.parametrize("where", ["every line", "the step lines"])
+def test_a_megatron_log_whose_lines_end_at_any_line_break_reads_as_at_newlines(end, where, tmp_path):
+    # A log whose lines end in form feeds was refused as holding no step time where its header's lines ended
+    # in "\n" (all after the last "\n" cut as one unfinished line), and its argument dump went unread (its
+    # model unchecked against the case) where none did; CR and CRLF read. The same log at "\n": 8 intervals
+    # past warm-up at 12,000 ms, 32 layers, a batch of 128.
+    steps = "".join(step_line(i, 12000.0) for i in range(1, 12))
+    text = (HEAD + steps).replace("\n", end) if where == "every line" else HEAD + steps.replace("\n", end)
+    path = tmp_path / "train.log"
+    path.write_text(text, encoding="utf-8")
+    reading = read_log(path)
+    path.write_text(HEAD + steps)
+    at_newlines = read_log(path)
+    assert (reading.step_time_s, reading.steps, reading.stated) == (12.0, 8, at_newlines.stated)
+    assert ("num_layers", 32.0) in reading.stated
+
+
+def test_an_error_names_the_line_as_every_reading_numbers_lines(tmp_path):
+    # Line 4 by splitlines (the first line holds two form feeds: three lines), where counting "\n" said 2.
+    path = titan_log(tmp_path)
+    path.write_text("a\x0cb\x0cc\n" + path.read_text().replace("8,030,261,248", "8,03,261,248"))
+    with pytest.raises(CaseError, match=r"line 4: 'total parameters' 8,03,261,248: expected a figure whose commas"):
+        read_log(path)
+    path = ds_timer_log(tmp_path, "-5")
+    path.write_text("a\x0cb\n" + path.read_text())
+    with pytest.raises(CaseError, match=r"line 7: a 'time \(ms\) \| fwd: … \| bwd: … \| step: …' timer line"):
+        read_log(path)
+
+
+def test_a_line_of_the_lowest_ranks_is_named_by_its_line_in_the_file(tmp_path):
+    # Two ranks' torchtitan lines interleaved: rank 0's sixth step is the file's line 11; it was named as line
+    # 6, its number among rank 0's lines alone.
+    lines = [f"[rank{rank}]:[titan] step: {i * 10}  loss:  8.1  memory: {'nan' if (rank, i) == (0, 6) else '66.40'}"
+             f"GiB(83.9%)  tps: 6,000  tflops: 347.8  mfu: 35.2%\n" for i in range(1, 9) for rank in (0, 1)]
+    path = tmp_path / "ranks.log"
+    path.write_text("".join(lines))
+    with pytest.raises(CaseError, match=r"line 11: 'memory:' nanGiB"):
+        read_log(path)
