@@ -529,22 +529,29 @@ def tokens_per_batch_problem(row: dict, case: dict) -> Optional[tuple[str, str]]
 
 
 def batch_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
-    """(the dotted key, what was expected) where a run states its gradient accumulation and its global
-    batch is not the micro-batch (NeMo AutoModel's tables: the local batch, ``batch.local_batch_size``)
-    times the accumulation times the data-parallel degree its GPUs leave, or its tokens a batch are not the
-    batch times the sequence; else None. Counts are printed
-    whole, so no rounding is allowed. A row the source marks ``trust: low`` is left as it is: the
+    """(the dotted key, what was expected) where a run's tokens a batch are not the batch times the
+    sequence, or its gradient accumulation does not make its global batch (``accumulation_problem``:
+    NeMo AutoModel's tables state the batch per rank as ``batch.local_batch_size``); else None. Counts are
+    printed whole, so no rounding is allowed. A row the source marks ``trust: low`` is left as it is: the
     Ultra-Scale Playbook's sweep marks so its rows whose dp · mbs · accumulation is not the batch
     (validation README), real measurements the scores keep."""
-    batch = row["batch"]
-    gbs, accum = batch.get("global_batch_size"), batch.get("grad_accum")
     problem = tokens_per_batch_problem(row, case)
     if problem is not None:
         return problem
+    return None if row.get("trust") == "low" else accumulation_problem(row, case)
+
+
+def accumulation_problem(row: dict, case: dict) -> Optional[tuple[str, str]]:
+    """(the dotted key, what was expected) where a run states its gradient accumulation and its global
+    batch is not its batch per rank (``batch.local_batch_size`` where given, else the micro-batch) times
+    the accumulation times the data-parallel degree its GPUs leave; else None. The message names the
+    field the run gave. A team's run is held to it whatever its ``trust`` (``team_runs``)."""
+    batch = row["batch"]
+    gbs, accum = batch.get("global_batch_size"), batch.get("grad_accum")
     local = batch.get("local_batch_size")
     per_rank = local if isinstance(local, int) and not isinstance(local, bool) and local >= 1 \
         else batch.get("micro_batch_size")
-    if row.get("trust") == "low" or not (gbs and accum and per_rank):
+    if not (gbs and accum and per_rank):
         return None
     dp = case["layout"]["dp"]
     if per_rank * accum * dp != gbs:

@@ -22,7 +22,7 @@ from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
 from .units import parse_memory
-from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, case_of, copied_run, family_preset, gpu_expected, gpu_name, gpu_preset, job_key, unsupported,
+from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, accumulation_problem, case_of, copied_run, family_preset, gpu_expected, gpu_name, gpu_preset, job_key, unsupported,
                              measure_in_bounds,
                              measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
                              published_memory_stage, row_key, row_problem,
@@ -256,7 +256,7 @@ def _check_team_row(source: str, name: str, row: dict, case: dict) -> None:
                 # parallel.context_parallel: 2 was fitted as cp 1, measured.step_time_ms went unread
                 raise CaseError(source, f"{name}.{section}.{one_line(key, 40)}",
                                 f"unknown key; a run's {section} takes {', '.join(keys)}")
-    measured, batch = row.get("measured") or {}, row["batch"]
+    measured = row.get("measured") or {}
     if measured.get("activation_cpu_offload") not in (None, False):
         # llm-foundry's activation offload to the host: the fit would price the run's activations on the GPU
         raise CaseError(source, f"{name}.measured.activation_cpu_offload",
@@ -267,14 +267,11 @@ def _check_team_row(source: str, name: str, row: dict, case: dict) -> None:
         raise CaseError(source, f"{name}.measured.tokens_per_sec_per_gpu",
                         f"{per_gpu:,.0f} a GPU on {row['num_gpus']} GPUs is {per_gpu * row['num_gpus']:,.0f} in all, "
                         f"but tokens_per_sec_total says {total:,.0f}: give the two of one run, or one of them")
-    lay = case["layout"]
-    accumulation = case["training"]["global_batch_size"] // (lay["micro_batch_size"] * lay["dp"])
-    if batch.get("grad_accum") is not None and batch["grad_accum"] != accumulation:
-        raise CaseError(source, f"{name}.batch.grad_accum", f"{batch['grad_accum']}, but global batch "
-                                                            f"{case['training']['global_batch_size']} over micro-batch "
-                                                            f"{lay['micro_batch_size']} · dp {lay['dp']} is "
-                                                            f"{accumulation}")
-    problem = tokens_per_batch_problem(row, case)
+    # The published rows' rule (global batch = batch per rank × accumulation × dp, the batch per rank its
+    # local_batch_size where given), named by the fields the run gave: a run giving local_batch_size 2 and
+    # grad_accum 8 on dp 8 (128) was refused as "global batch 128 over micro-batch 1 · dp 8 is 16". Held
+    # whatever the run's trust, which leaves a published table's low-trust rows as they are.
+    problem = accumulation_problem(row, case) or tokens_per_batch_problem(row, case)
     if problem is not None:
         raise CaseError(source, f"{name}.{problem[0]}", problem[1])
 

@@ -835,7 +835,8 @@ def test_a_dump_behind_a_logger_or_rank_prefix_is_checked_against_the_case(tmp_p
     ({"measured__tokens_per_sec_total": 43690, "measured__tokens_per_sec_per_gpu": 1000,
       "measured__iteration_time_s": None}, "measured.tokens_per_sec_per_gpu", "1,000 a GPU on 8 GPUs is 8,000"),
     ({"parallel__tp": 2}, "parallel.dp", "8, but 8 GPUs over tp 2 · pp 1 · cp 1 leave dp 4"),
-    ({"batch__grad_accum": 5}, "batch.grad_accum", "5, but global batch 128 over micro-batch 1 · dp 8 is 16"),
+    ({"batch__grad_accum": 5}, "batch.grad_accum", "5, but global_batch_size 128 over micro_batch_size 1 · dp 8 "
+                                                    "leaves 16"),
     ({"batch__tokens_per_batch": 999}, "batch.tokens_per_batch", "999, but global batch 128 × sequence 4096"),
     # no key named: "a field has the wrong type or is missing"
     ({"framework": 3}, "framework", "expected text, got 3"),
@@ -848,6 +849,33 @@ def test_a_team_run_that_says_what_the_fit_would_misread_is_refused_naming_the_k
     with pytest.raises(CaseError) as error:
         runs_from_rows([published_row(**changes)], "runs.yaml")
     assert error.value.key == f"team-run-1.{key}" and needle in error.value.expected
+
+
+@pytest.mark.parametrize("batch, needle", [
+    # 2 × 5 × 8 = 80, not 128: named by the local batch the run gave, not as "over micro-batch 1 · dp 8 is 16"
+    ({"local_batch_size": 2, "grad_accum": 5}, "5, but global_batch_size 128 over local_batch_size 2 · dp 8 leaves 8"),
+    # 128 / (1 · 8) = 16 micro-batches a step, stated as 5
+    ({"grad_accum": 5}, "5, but global_batch_size 128 over micro_batch_size 1 · dp 8 leaves 16"),
+    # 128 / (3 · 8) = 5.33: no accumulation makes it
+    ({"grad_accum": 5, "local_batch_size": 3}, "over local_batch_size 3 · dp 8 leaves no whole accumulation (5.33333)"),
+])
+def test_a_team_runs_batch_check_names_the_fields_it_gave(batch, needle):
+    with pytest.raises(CaseError) as error:
+        runs_from_rows([published_row(batch={"global_batch_size": 128, "micro_batch_size": 1, **batch})], "runs.yaml")
+    assert error.value.key == "team-run-1.batch.grad_accum" and needle in error.value.expected
+    # Held whatever the run's trust: a team's run states its own counts.
+    with pytest.raises(CaseError, match=re.escape(needle)):
+        runs_from_rows([published_row(trust="low", batch={"global_batch_size": 128, "micro_batch_size": 1, **batch})],
+                       "runs.yaml")
+
+
+def test_a_team_run_whose_local_batch_makes_its_global_batch_is_fitted():
+    # NeMo AutoModel's rule (its tables' notes: LBS · FSDP · GA = GBS), as published rows are held to it:
+    # local batch 2 × accumulation 8 × dp 8 = 128. It was refused as "8, but global batch 128 over
+    # micro-batch 1 · dp 8 is 16".
+    run, = runs_from_rows([published_row(batch={"global_batch_size": 128, "micro_batch_size": 1,
+                                                 "local_batch_size": 2, "grad_accum": 8})], "runs.yaml")
+    assert run.case["training"]["global_batch_size"] == 2 * 8 * 8
 
 
 def test_a_team_run_needs_no_source_field():
