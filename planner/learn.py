@@ -402,15 +402,21 @@ class Fit:
                 out.append((f, share))
         return out
 
+    def named(self, run_id: str) -> str:
+        """A run as a warning names it: the file that holds it, where it was read from one, and its id (of
+        20 runs files, "run llama2-7b-8" alone left the user to search them), as an error names a run."""
+        source = self.sources.get(run_id)
+        return f"{source}: run {run_id}" if source else f"run {run_id}"
+
     def warnings(self) -> list[str]:
         """What a user should read before planning on the profile: runs no figure explains, runs the
         others' figures leave far off and the figures resting on them, and figures the runs moved far
         from their priors."""
-        lines = [f"run {rid}: its {what} stays {_factor(what, ratio)} after the fit: no figure explains it "
+        lines = [f"{self.named(rid)}: its {what} stays {_factor(what, ratio)} after the fit: no figure explains it "
                  f"(a stall, or a figure in other units); it weighs little in the fit" for rid, what, ratio
                  in self.unexplained()]
         for rid, what, ratio, others in self.far_off():
-            line = (f"run {rid}: its {what} stays {_factor(what, ratio)} after the fit, while the other runs "
+            line = (f"{self.named(rid)}: its {what} stays {_factor(what, ratio)} after the fit, while the other runs "
                     f"fit within {others:.0%} (rms): check what it states (its precision, layout, GPU and "
                     "measurement); it weighs little where others inform the same figures")
             for f, share in self.resting_on(rid, what == "peak memory"):
@@ -420,7 +426,7 @@ class Fit:
             lines.append(line)
         # A run that ran, priced as not fitting: its layout, GPU or model misstated, or a plan on the
         # profile would call layouts like it unfit (an 8B at micro-batch 1 on 8 A100s of 40 GB: 63.6 GiB).
-        lines += [f"run {r.id}: its own layout is predicted not to fit after the fit ({r.unfit[0] / 2**30:.1f} GiB "
+        lines += [f"{self.named(r.id)}: its own layout is predicted not to fit after the fit ({r.unfit[0] / 2**30:.1f} GiB "
                   f"a GPU, over the {r.unfit[1] / 2**30:.1f} GiB a peak may take): check its layout, GPU and "
                   "model as written" for r in self.residuals if r.unfit is not None]
         for f in self.figures:

@@ -939,7 +939,7 @@ def test_a_run_whose_own_layout_is_predicted_not_to_fit_is_said():
     from planner.learn import fit
 
     result = fit(runs_from_rows([published_row(gpu="A100-SXM4-40GB")], "runs.yaml"))
-    warning = next(line for line in result.warnings() if line.startswith("run team-run-1: its own layout"))
+    warning = next(line for line in result.warnings() if line.startswith("runs.yaml: run team-run-1: its own layout"))
     assert "is predicted not to fit after the fit" in warning
     assert not [line for line in fit(runs_from_rows([published_row()], "runs.yaml")).warnings()
                 if "its own layout" in line]  # on 80 GB it fits
@@ -1733,11 +1733,11 @@ def test_a_run_mislabelled_bf16_among_fp8_ones_is_named_with_the_figure_it_alone
     """One run of five stated bf16 while it measured fp8's speed: exit 0 and not a word, the run left 32 %
     off while the rest fit within 3 %, and gemm_efficiency moved 0.50 -> 0.547 on it alone."""
     stderr, profile = calibrate_rows(tmp_path, nemo_fp8_rows(llama2_7b_8={"precision": "bf16"}))
-    said = [w for w in profile["fitted"]["warnings"] if w.startswith("run llama2-7b-8:")]
+    said = [w for w in profile["fitted"]["warnings"] if w.startswith(f"{tmp_path / 'runs.yaml'}: run llama2-7b-8:")]
     assert len(said) == 1 and "predicted 1.5x slower than measured after the fit" in said[0]
     assert "performance.gemm_efficiency fitted at 0.547 (prior 0.5) rests on this run alone" in said[0]
     assert "warning: " + said[0] in stderr
-    assert not any(w.startswith("run ") and "llama2-7b-8" not in w for w in profile["fitted"]["warnings"])
+    assert not any(": run " in w and "llama2-7b-8" not in w for w in profile["fitted"]["warnings"])
 
 
 @pytest.mark.parametrize("factor, says", [(1 / 2.6, "predicted 2.5x faster"), (1.9, "predicted 1.9x slower")])
@@ -1747,8 +1747,26 @@ def test_a_run_far_off_the_others_but_within_the_refusal_threshold_is_named(tmp_
     stderr, profile = calibrate_rows(tmp_path, nemo_fp8_rows(
         llama2_7b_8={"measured": {"tokens_per_sec_per_gpu": round(16934 * factor)}}))
     warnings = profile["fitted"]["warnings"]
-    assert len(warnings) == 1 and warnings[0].startswith(f"run llama2-7b-8: its tokens/s stays {says} than measured")
+    assert len(warnings) == 1 and warnings[0].startswith(f"{tmp_path / 'runs.yaml'}: run llama2-7b-8: its tokens/s "
+                                                         f"stays {says} than measured")
     assert "while the other runs fit within 2% (rms)" in warnings[0] and "warning: " + warnings[0] in stderr
+
+
+def test_a_warning_names_the_file_that_holds_the_run(tmp_path):
+    """Of several runs files, a warning named the run's id alone ("warning: run llama2-7b-8: …"): a team with
+    20 files had to search them. It names the file that holds the run, then the run, as a refusal does."""
+    rows = nemo_fp8_rows(llama2_7b_8={"precision": "bf16"})
+    ours, theirs = tmp_path / "ours.yaml", tmp_path / "theirs.yaml"
+    ours.write_text(yaml.safe_dump(rows[:2], sort_keys=False))
+    theirs.write_text(yaml.safe_dump(rows[2:], sort_keys=False))  # llama2-7b-8 is the first of these
+    out = tmp_path / "profile.yaml"
+    done = run_cli("calibrate", "--from-runs", str(ours), str(theirs), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(said) == 1 and said[0].startswith(f"warning: {theirs}: run llama2-7b-8: its tokens/s stays")
+    assert yaml.safe_load(out.read_text())["fitted"]["warnings"] == [said[0].removeprefix("warning: ")]
+    _, fitted = calibrate_from_runs([ours, theirs])
+    assert fitted.warnings()[0].startswith(f"{theirs}: run llama2-7b-8: ")
 
 
 def test_runs_all_scattered_alike_name_none():
