@@ -642,8 +642,8 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
     print_fit(result, console)
     for line in result.warnings():
         print(f"warning: {line}", file=sys.stderr)
-    console.print(f"wrote {', '.join(str(p) for p in written)} ({len(runs)} run{'' if len(runs) == 1 else 's'})",
-                  markup=False)
+    # The runs the figures were fitted to, not every run given: one set aside informed none of them.
+    console.print(f"wrote {', '.join(str(p) for p in written)} ({result.summary()})", markup=False)
     console.print(how_to_use_profile(written[0]), markup=False)
 
 

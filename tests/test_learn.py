@@ -1680,7 +1680,7 @@ def test_a_profile_of_one_run_says_one_run_not_one_runs(tmp_path):
     out = tmp_path / "profile.yaml"
     done = run_cli("calibrate", "--from-runs", str(runs_file), "--out", str(out))
     assert done.returncode == 0, done.stderr
-    assert f"wrote{out}(1run)" in "".join(done.stdout.split())  # the console wraps it, within the path too
+    assert f"wrote{out}(1runfitted)" in "".join(done.stdout.split())  # the console wraps it, within the path too
     bigger = case(8, 1, 1, 1, 1)
     bigger["layout"]["micro_batch_size"] = 8
     notes = estimate({**bigger, "cluster": {"profile": str(out), "num_gpus": 8}}).outside_fitted_runs
@@ -1767,6 +1767,36 @@ def test_a_warning_names_the_file_that_holds_the_run(tmp_path):
     assert yaml.safe_load(out.read_text())["fitted"]["warnings"] == [said[0].removeprefix("warning: ")]
     _, fitted = calibrate_from_runs([ours, theirs])
     assert fitted.warnings()[0].startswith(f"{theirs}: run llama2-7b-8: ")
+
+
+def test_a_run_no_figure_explains_is_set_aside_and_counted_as_such(tmp_path):
+    """A run measured at a tenth of its speed (a step time logged in the wrong unit, a stalled job) weighed
+    about 5 % of a run under the heavy-tailed likelihood, yet counted as a run informing each figure, toward
+    how many figures the runs may fit (five with four good runs: one more than they can tell apart), and in
+    the report's "(5 runs)". The figures of the five are those of the four alone, and the report says so."""
+    rows = nemo_fp8_rows(gpt3_20b_64={"measured": {"tokens_per_sec_per_gpu": 585}})  # 5,851 measured
+    with_it = fit(runs_from_rows(rows, "runs.yaml"))
+    without = fit(runs_from_rows([r for r in rows if r["id"] != "gpt3-20b-64"], "runs.yaml"))
+    assert with_it.figures == without.figures  # values, the runs informing each, which were fitted
+    assert sum(f.fitted for f in with_it.figures) == 4  # as many as the runs that inform them, not five
+    assert with_it.set_aside == (("gpt3-20b-64", "tokens/s"),) and "gpt3-20b-64" not in with_it.fitted_runs()
+    assert next(r for r in with_it.residuals if r.id == "gpt3-20b-64").throughput_after > 2  # still said
+    stderr, profile = calibrate_rows(tmp_path, rows)
+    # 10x apart as measured (5,851 and 585 tokens/s a GPU), the other runs fitting within a few %
+    assert re.search(r"run gpt3-20b-64: its tokens/s stays predicted (9\.\d|10\.\d)x faster than measured after the "
+                     r"fit: no figure explains it \(a stall, or a figure in other units\); set aside: the figures are "
+                     r"fitted to the other runs", stderr)
+    assert profile["fitted"]["figures"]["performance.gemm_efficiency_fp8"]["runs"] == 4
+    done = run_cli("calibrate", "--from-runs", str(tmp_path / "runs.yaml"), "--out", str(tmp_path / "again.yaml"))
+    assert "(4 runs fitted; the tokens/s of 1 run set aside, no figure explaining it)" in " ".join(done.stdout.split())
+
+
+def test_a_run_set_aside_does_not_hide_one_far_off_the_others():
+    """The run mislabelled bf16 (1.5x off, the others within 2 %) went unnamed beside a run set aside at
+    10x: "the other runs' rms" took in the set-aside run's 860 %."""
+    rows = nemo_fp8_rows(llama2_7b_8={"precision": "bf16"}, gpt3_20b_64={"measured": {"tokens_per_sec_per_gpu": 585}})
+    far = fit(runs_from_rows(rows, "runs.yaml")).far_off()
+    assert [(rid, what) for rid, what, _, _ in far] == [("llama2-7b-8", "tokens/s")] and far[0][3] < 0.02
 
 
 def test_runs_all_scattered_alike_name_none():
