@@ -377,7 +377,7 @@ def test_no_engine_is_advised_on_where_another_engine_fits(monkeypatch):
     assert decided["engine"] == "megatron"
     # Nothing of DeepSpeed's fits (no context parallelism), and so nothing within the margin either:
     # its search stops there, as for an engine that is only slower.
-    assert decided["engines"]["deepspeed"]["why_not"].startswith("no layout within")
+    assert decided["engines"]["deepspeed"]["why_not"].startswith("no layout whose step is within")
     assert advised == []
     assert planner.plan(case, top_k=0, engine="deepspeed").best is None
     advised.clear()

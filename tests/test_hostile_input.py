@@ -1301,7 +1301,7 @@ def test_a_slow_runner_up_past_the_step_bound_leaves_the_answer_under_it():
     assert best.step_time_s < MAX_STEP_TIME_S
     engines = planner.plan(case, top_k=20).engines
     # Each engine is given, or found slower than the margin of the quickest: none is refused.
-    assert len(engines) == 3 and all(plan is not None and plan.best is not None or why.startswith("no layout within")
+    assert len(engines) == 3 and all(plan is not None and plan.best is not None or why.startswith("no layout whose step is within")
                                      for _, plan, why in engines)
 
 
