@@ -492,8 +492,8 @@ def test_a_loss_left_uncompiled_is_left_out_of_compile_components(workdir):
 @pytest.mark.parametrize("chunks", [1, 4])
 def test_the_loss_runs_in_the_chunks_the_case_names(chunks, workdir):
     """training.loss_chunks: the base config's ChunkedLossWrapper in that many chunks, or, for one, its
-    cross-entropy on whole logits (what the plan then prices: the logits kept for backward); the files
-    say that overrides.txt cannot carry it."""
+    cross-entropy on whole logits (what the plan then prices: the logits kept for backward). overrides.txt
+    carries the chunks (tyro takes --loss.num_chunks); whole logits it cannot, and the files say so."""
     training = {**BASE_CASE["training"], "engine": "torchtitan", "loss_chunks": chunks}
     estimate = planner.estimate({**BASE_CASE, "training": training, "layout": {"zero_stage": 3}})
     default = planner.estimate({**BASE_CASE, "training": {**BASE_CASE["training"], "engine": "torchtitan"},
@@ -501,7 +501,11 @@ def test_the_loss_runs_in_the_chunks_the_case_names(chunks, workdir):
     files = emit.render(estimate, ["x"])
     cfg = load_emitted(files, workdir, f"tt_emitted_loss_{chunks}")
     check_loss(estimate.job, cfg)
-    assert "not a command-line option, so overrides.txt cannot carry it" in files[emit.CONFIG_FILE]
+    if chunks == 1:
+        assert "no command-line option, so overrides.txt cannot carry it" in files[emit.CONFIG_FILE]
+        assert "Not here: the loss on whole logits" in files[emit.OVERRIDES_FILE]
+    else:
+        assert f"--loss.num_chunks {chunks}\n" in files[emit.OVERRIDES_FILE]
     # Four chunks hold twice the logits eight do, beside the same fp32 accumulator and LM-head gradient.
     if chunks == 4:
         assert estimate.peak.activations > default.peak.activations

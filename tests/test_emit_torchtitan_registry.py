@@ -70,6 +70,13 @@ CASES = {
     "cpu_offload": {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": H100, "num_gpus": 8},
                     "training": {"global_batch_size": 32, "seq_len": 4096, "engine": "torchtitan"},
                     "layout": {"zero_stage": 3, "offload_optimizer": 1.0, "offload_params": True, "recompute": "full"}},
+    # The LM head and loss in other chunks than the bases' 8, and on whole logits (training.loss_chunks).
+    "loss_chunks_4": {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": H100, "num_gpus": 16},
+                      "training": {"global_batch_size": 64, "seq_len": 8192, "engine": "torchtitan", "loss_chunks": 4},
+                      "layout": {"zero_stage": 3, "recompute": "full"}},
+    "whole_logits": {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": H100, "num_gpus": 16},
+                     "training": {"global_batch_size": 64, "seq_len": 8192, "engine": "torchtitan", "loss_chunks": 1},
+                     "layout": {"zero_stage": 3, "recompute": "full"}},
 }
 
 # Run in a child process: the stubs go into its sys.modules, nowhere else. It loads every folder it is
@@ -147,6 +154,7 @@ LOADER = textwrap.dedent('''
             "converters": [[type(c).__qualname__, {k: getattr(c, k) for k in ("recipe_name", "filter_fqns", "fqns")
                                                    if hasattr(c, k)}] for c in BUILT],
             "flavor": getattr(spec, "flavor", None),
+            "loss": [type(config.loss).__qualname__, getattr(config.loss, "num_chunks", None)],
             "base_class": type(config).__module__ + "." + type(config).__qualname__,
         }
 
@@ -222,7 +230,8 @@ def test_the_real_base_config_resolves_to_the_plan(label, loaded):
     # Both ways of loading the folder resolve to the same thing, but for the converters, which are no
     # command-line option (overrides.txt says so): that way the model is the base config's own.
     r = got["module"]
-    assert {**got["overrides"], "converters": r["converters"]} == r, label
+    # (The loss: test_the_overrides_run_the_planned_loss.)
+    assert {**got["overrides"], "converters": r["converters"], "loss": r["loss"]} == r, label
     assert got["overrides"]["converters"] == []
 
     zero3 = layout["zero_stage"] == 3
@@ -269,3 +278,22 @@ def test_the_real_base_config_resolves_to_the_plan(label, loaded):
                                                         else [])
     else:
         assert r["converters"] == []
+
+
+@pytest.mark.parametrize("label", CASES)
+def test_the_overrides_run_the_planned_loss(label, loaded, tmp_path):
+    """The loss as the plan priced it (training.loss_chunks, else torchtitan's 8): ChunkedLossWrapper in
+    that many chunks, or, for 1, torchtitan's cross-entropy on whole logits. overrides.txt carries the
+    chunks (tyro takes --loss.num_chunks); whole logits it cannot select, and then must not say it is
+    equivalent to torchtitan_config.py but name what it leaves out."""
+    estimate, got = loaded[label]
+    if estimate.job.model.mtp_layers:  # MTPLoss: the model rebuilt, said in overrides.txt (another test)
+        return
+    chunks = CASES[label]["training"].get("loss_chunks", 8)
+    planned_loss = ["CrossEntropyLoss.Config", None] if chunks == 1 else ["ChunkedLossWrapper.Config", chunks]
+    assert got["module"]["loss"] == planned_loss
+    header = render(estimate, "torchtitan", "case.yaml")[0]["overrides.txt"]
+    if chunks == 1:
+        assert "equivalent to" not in header and "Not here: the loss on whole logits" in header
+    else:
+        assert got["overrides"]["loss"] == planned_loss

@@ -282,6 +282,11 @@ def overrides(estimate) -> list[list[str]]:
     for section in ("parallelism", "training", "compile"):
         for key, value in s.get(section, {}).items():
             out.append(_cli_option(section, key, value))
+    chunks = s.get("loss_chunks", BASE_LOSS_CHUNKS)
+    if chunks not in (1, BASE_LOSS_CHUNKS):
+        # Every base config's ChunkedLossWrapper takes its chunks from the command line (tyro:
+        # --loss.num_chunks); its cross-entropy on whole logits (1) it cannot take: render says so.
+        out.append(_cli_option("loss", "num_chunks", chunks))
     out.append([f"activation_checkpoint:{s['activation_checkpoint']}"])
     return out
 
@@ -319,10 +324,13 @@ def _notes(estimate) -> list[str]:
                      f"(CONVERTERS below; model_spec is not a command-line option, so overrides.txt cannot "
                      f"carry them); parameters stay bfloat16")
     chunks = settings(estimate).get("loss_chunks", BASE_LOSS_CHUNKS)
-    if chunks != BASE_LOSS_CHUNKS:
-        notes.append(f"loss: the LM head and the loss run in {chunks} sequence chunk(s) "
-                     f"(LOSS_CHUNKS below), not the base config's {BASE_LOSS_CHUNKS}; not a command-line option, so "
+    if chunks == 1:
+        notes.append(f"loss: the LM head and the loss run on whole logits (LOSS_CHUNKS below), not in the base "
+                     f"config's {BASE_LOSS_CHUNKS} chunks; its cross-entropy is no command-line option, so "
                      f"overrides.txt cannot carry it")
+    elif chunks != BASE_LOSS_CHUNKS:
+        notes.append(f"loss: the LM head and the loss run in {chunks} sequence chunks (LOSS_CHUNKS below), "
+                     f"not the base config's {BASE_LOSS_CHUNKS} (overrides.txt: --loss.num_chunks)")
     if job.model.mtp_layers:
         notes.append(f"multi-token prediction: the model is rebuilt with {job.model.mtp_layers} MTP layer(s) and "
                      "trained with MTPLoss (MTP_LAYERS below; not a command-line option either)")
@@ -442,6 +450,10 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
                     f"planned {model_flavor(job.model)}; run {CONFIG_FILE} (launch.sh does), which "
                     f"rebuilds it (MODEL_FLAVOR)."]
                    if model_flavor(job.model) != base_flavor(function) else [])
+                + ([f"Not here: the loss on whole logits (LOSS_CHUNKS = 1 in {CONFIG_FILE}): {function} runs "
+                    f"ChunkedLossWrapper, whose chunks the command line sets but whose cross-entropy on whole "
+                    f"logits it cannot: these overrides run the loss in {BASE_LOSS_CHUNKS} chunks."]
+                   if settings(estimate).get("loss_chunks") == 1 else [])
                 + ([f"Not here: the multi-token prediction layers and their loss (MTP_LAYERS in {CONFIG_FILE}); "
                     "neither is a command-line option."] if job.model.mtp_layers else [])
                 + ([f"Not here: the attention backend: {function} builds VarlenAttention, which torchtitan "
