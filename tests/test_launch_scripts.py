@@ -768,6 +768,35 @@ def test_the_emitted_launch_gives_the_training_the_connections_the_engine_sets(t
     assert not any(CONNECTIONS in note for note in result.notes), result.notes
 
 
+@needs_bash
+@pytest.mark.parametrize("dispatch, expected", [("all_to_all", "8"), ("deepep", "32")])
+def test_the_emitted_launch_keeps_the_expert_overlap_in_parallel_streams(tmp_path, dispatch, expected):
+    """training.moe_comm_overlap is credited by the estimate (the experts' dispatch and combine beside
+    another micro-batch's compute), but with tp > 1 on Hopper the launch exported
+    CUDA_DEVICE_MAX_CONNECTIONS=1, of which validate_args warns that it serializes that overlap
+    (megatron/training/arguments.py at core_v0.16.1: "overlap_moe_expert_parallel_comm requires setting a
+    larger CUDA_DEVICE_MAX_CONNECTIONS"); Megatron-Bridge's PerfEnvPlugin sets 8 there, 32 with DeepEP
+    (run_plugins.py, _set_num_cuda_device_max_connections: a2a_overlap, deepep_enabled). Run by real bash,
+    read back by diagnose with no refusal on the variable."""
+    from planner.engines.megatron import emit as megatron
+    from planner.estimate import estimate
+
+    case = {"model": {"preset": "deepseek-v2-lite"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 32, "seq_len": 4096, "engine": "megatron", "moe_comm_overlap": True,
+                         "expert_dispatch": dispatch},
+            "layout": {"tp": 2, "sequence_parallel": True, "pp": 2, "vpp": 2, "ep": 4, "etp": 1, "zero_stage": 1}}
+    rendered = megatron.render(estimate(case), ["header"])
+    (tmp_path / megatron.ARGS_FILE).write_text(rendered[megatron.ARGS_FILE])
+    assert bash_connections(tmp_path, rendered[megatron.LAUNCH_FILE]) == expected
+    assert f"export CUDA_DEVICE_MAX_CONNECTIONS={expected} " in rendered[megatron.SBATCH_FILE]
+    launch, case_path = tmp_path / megatron.LAUNCH_FILE, tmp_path / "case.yaml"
+    launch.write_text(rendered[megatron.LAUNCH_FILE])
+    case_path.write_text(yaml.safe_dump(case))
+    result = diagnose(case_path, megatron_args=launch)
+    assert result.estimate.job.training.moe_comm_overlap and result.estimate.job.layout.tp == 2
+    assert not any(CONNECTIONS in note for note in result.notes), result.notes
+
+
 def bash_connections(tmp_path: Path, script: str, caller: Optional[str] = None) -> Optional[str]:
     """CUDA_DEVICE_MAX_CONNECTIONS as real bash passes it to the script's torchrun (an executable stand-in,
     so that exec, env and nohup reach it too), None where torchrun's environment lacks it; ``caller``: the

@@ -504,13 +504,19 @@ def connections_line(job: Job) -> str:
     communication kernels launch before the GEMMs they overlap, and where the GPU's capability is not
     known; 32 from Blackwell on, where validate_args no longer asks for one and a single connection
     would serialize the data-parallel and pipeline streams the estimate overlaps with compute.
-    Under Megatron-FSDP (the emitted files' ZeRO 2 and 3) anything but 1: unset."""
+    Under Megatron-FSDP (the emitted files' ZeRO 2 and 3) anything but 1: unset. With the experts'
+    dispatch and combine overlapped (training.moe_comm_overlap, which the estimate credits) more than
+    one before Blackwell too: PerfEnvPlugin's 8, 32 with DeepEP, as validate_args then only warns
+    that one connection serializes that overlap."""
     lay = job.layout
     if lay.zero_stage >= 2:
         return "unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP refuses 1\n"
     if lay.tp <= 1 and lay.cp <= 1:
         return ""
     arch_major = job.cluster.gpu.compute_capability_major
+    if job.training.moe_comm_overlap and (arch_major is None or arch_major < NO_CONNECTIONS_RULE_FROM_ARCH):
+        return (f"export CUDA_DEVICE_MAX_CONNECTIONS={32 if needs_deepep(job) else 8}  # the experts' "
+                "dispatch and combine beside compute (Megatron-Bridge's PerfEnvPlugin, a2a_overlap)\n")
     if one_connection_asserted(lay.tp, lay.cp, fsdp=False, moe_overlap=False,
                                arch_major=0 if arch_major is None else arch_major):
         return "export CUDA_DEVICE_MAX_CONNECTIONS=1  # validate_args: tp or cp > 1 needs it before Blackwell\n"
