@@ -154,3 +154,29 @@ def test_deepspeeds_multi_node_launch_refuses_a_folder_its_launcher_would_split(
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "ds.txt").read_text().split("\n")[:4] == ["--hostfile", "/etc/my hosts", "--num_nodes", "2"]
+
+
+def test_torchtitans_launch_imports_its_config_from_a_folder_holding_a_colon(tmp_path):
+    """launch.sh puts its folder on PYTHONPATH for the ranks' `import torchtitan_config`, but PYTHONPATH
+    splits at ':' (Python's sys.path initialisation, os.pathsep), so from a folder such as `run:1` started
+    from elsewhere every rank failed with ModuleNotFoundError after torchrun had started. Run from that
+    folder, the ranks (python -m) import it from their working folder, as python puts it on sys.path;
+    from elsewhere the launch says so before starting anything. The stand-in torchrun imports the config
+    as a rank would."""
+    import os
+    import sys
+
+    folder = tmp_path / "run:1"
+    planner.emit(planner.estimate(CASES["torchtitan"]), "torchtitan", folder)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(f'#!/usr/bin/env bash\nexec {sys.executable} -c "import torchtitan_config"\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MASTER_ADDR": "localhost"}
+    env.pop("PYTHONSAFEPATH", None)
+    inside = subprocess.run(["bash", "launch.sh"], env=env, cwd=folder, capture_output=True, text=True, timeout=60)
+    assert inside.returncode == 0, inside.stderr
+    outside = subprocess.run(["bash", str(folder / "launch.sh")], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)
+    assert outside.returncode == 1 and "ModuleNotFoundError" not in outside.stderr
+    assert outside.stderr.count("\n") == 1 and "holds a ':'" in outside.stderr, outside.stderr

@@ -479,6 +479,11 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
                     "MASTER_ADDR set to node 0. Extra arguments are passed on as overrides.")])
         + "set -euo pipefail\n"
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+        # PYTHONPATH splits at ':', so a folder holding one never reaches sys.path; the ranks (python -m)
+        # still import the config from their working folder, which is this one only when run from it.
+        'case "$HERE" in *:*) [ "$HERE" -ef . ] || { echo "' + LAUNCH_FILE + ': $HERE holds a \':\', at which '
+        'PYTHONPATH splits, so the ranks could not import ' + CONFIG_MODULE + ' from it: run it from that '
+        'folder, or move the folder" >&2; exit 1; };; esac\n'
         'export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"\n'
         f"torchrun --nnodes {shell_word(nnodes)} --nproc_per_node {shell_word(nproc)} \\\n"
         '    --node_rank "${NODE_RANK:-0}" --master_addr ' + master_addr(nnodes) + ' '
