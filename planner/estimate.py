@@ -38,6 +38,16 @@ class Remedy:
     # one's description; empty for a single change.
     together: tuple[str, ...] = ()
 
+    def to_dict(self) -> dict[str, Any]:
+        """What the report's "cheapest next change" line says, for `estimate --json` (a tool reading the
+        JSON of a layout that does not fit was told nothing of what to change): the change as the line
+        words it, the changes it makes together, the changed layout in the case-file schema (a change
+        of the training, its fp8_param_gather, keeps the layout and is said in ``change``) and what the
+        changed layout would give."""
+        return {"change": self.description, "together": list(self.together),
+                "layout": layout_to_mapping(self.layout), "peak_bytes": int(round(self.peak_bytes)),
+                "fits": self.fits, "memory_verdict": self.verdict, "step_time_s": self.step_time_s}
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -219,6 +229,8 @@ class Estimate:
             "time": self.time.by_part(),
             # Where a profile fitted to a team's runs is extrapolated (empty on presets).
             "outside_fitted_runs": self.outside_fitted_runs,
+            # The text's cheapest next change (or the fewest together, or the closest), null where it fits.
+            "cheapest_change": None if (remedy := self.remedy()) is None else remedy.to_dict(),
         }
 
 

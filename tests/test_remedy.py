@@ -107,3 +107,24 @@ def test_changes_made_together_are_counted_as_changes_not_as_fields():
     out = io.StringIO()
     print_estimate(est, Console(file=out, width=10_000))
     assert "no single change fits; the fewest that fit together (2): recompute none→selective" in out.getvalue()
+
+
+def test_estimate_json_carries_the_change_the_text_advises(tmp_path):
+    """`estimate --json` of a layout that does not fit said nothing of what to change, where the text
+    names its cheapest next change: the JSON carries that change, whose layout, estimated, gives the
+    peak and step it states; a layout that fits has none."""
+    import json
+
+    import yaml
+    from cli_in_process import run_cli
+
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(LLAMA3_70B_16K))
+    text, done = run_cli("estimate", str(path)), run_cli("estimate", str(path), "--json")
+    assert done.returncode == text.returncode == 3
+    change = json.loads(done.stdout)["cheapest_change"]
+    assert f"cheapest next change: {change['change']} →" in " ".join(text.stdout.split())
+    again = planner.estimate({**LLAMA3_70B_16K, "layout": change["layout"]})
+    assert change["fits"] and again.fits and change["memory_verdict"] == again.memory_verdict
+    assert (change["peak_bytes"], change["step_time_s"]) == (round(again.peak.total), again.step_time_s)
+    assert again.to_dict()["cheapest_change"] is None
