@@ -170,6 +170,16 @@ def print_estimate(est: Estimate, console: Console) -> None:
     if remedy is None and est.overflows == "host":
         console.print("no change of the offload fits it at this layout: more GPUs each hold less of the model "
                       "(`plan` on more GPUs, or `size`)", markup=False)
+    if remedy is None and est.overflows == "gpu":
+        # Every change the ladder tries is at its limit here or one the engine cannot run at this layout
+        # (Llama 3.1 405B on eight A100s under DeepSpeed, micro-batch 1, full recomputation, ZeRO-3 with
+        # everything offloaded: AutoTP and the pipeline refuse ZeRO-3): the report ended at "does not
+        # fit", with no way on.
+        experts = ", more expert parallelism" if est.job.model.is_moe else ""
+        console.print(f"no change tried (a smaller micro-batch, more recomputation, a higher ZeRO stage, more "
+                      f"tensor or pipeline parallelism, offload{experts}) can be made to this "
+                      f"layout as {engine_title(est.job.training.engine.name)} runs it; `plan` searches every "
+                      f"layout of these GPUs and, where none fits, says how many GPUs would", markup=False)
     if remedy is not None:
         # In the words the estimate of the changed layout says it (a peak over the usable memory that
         # fits only at the band's low end is "at risk", not "fits").

@@ -146,3 +146,22 @@ def test_the_report_names_its_engine_its_pick_and_the_memory_its_verdict_holds_t
     path.write_text(yaml.safe_dump(case))
     planned = " ".join(run_cli("plan", str(path), "--engine", "any").stdout.split())
     assert "as plain PyTorch runs it" in planned and "│ pick │" in planned and "differs from the pick" in planned
+
+
+def test_a_layout_no_change_can_be_made_to_says_where_to_go_on(tmp_path):
+    """Llama 3.1 405B on eight A100s under DeepSpeed at micro-batch 1, full recomputation and ZeRO-3 with
+    the optimizer and parameters offloaded: each change the advice tries is at its limit or one DeepSpeed
+    refuses (AutoTP takes ZeRO ≤ 2, its pipeline ZeRO ≤ 1), and the report stopped at "does not fit".
+    It says so and points at `plan`, which does say how many GPUs would fit."""
+    import planner
+
+    case = {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 8192, "precision": "bf16", "engine": "deepspeed"},
+            "layout": {"zero_stage": 3, "offload_optimizer": 1.0, "offload_params": True, "recompute": "full"}}
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case))
+    done = run_cli("estimate", str(path))
+    assert done.returncode == 3 and planner.estimate(case).remedy() is None
+    text = " ".join(done.stdout.split())
+    assert "does not fit" in text and "can be made to this layout as DeepSpeed runs it; `plan` searches" in text
+    assert planner.plan(case).no_fit.gpus_that_fit is not None
