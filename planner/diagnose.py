@@ -39,6 +39,20 @@ class Diagnosis:
         """What the speedup means, given the model's error: a gain within the gap it cannot tell apart
         (``Plan.margin``, learned from published sweeps) is no reason to change a config, and a best
         slower than the config is the price of fitting at the memory band's upper end."""
+        judged = self._judged()
+        return judged[0] if judged else None
+
+    @property
+    def change_advised(self) -> bool:
+        """Whether the verdict advises moving to the planner's best (to fit, to fit surely, or for a gain
+        beyond the gap): where it says no change is worth making, or that the config is faster, the
+        report lists the differences as such, not as "change:" (a config 7 % faster than the robust
+        pick was told "no change is worth making for speed", then "change: tp 2→8, ...")."""
+        judged = self._judged()
+        return bool(judged and judged[1])
+
+    def _judged(self) -> Optional[tuple[str, bool]]:
+        """The verdict and whether it advises the change."""
         from .search_memory import fit_tier
 
         best, config = self.plan.best, self.estimate
@@ -46,21 +60,21 @@ class Diagnosis:
             return None
         speedup, margin = self.speedup, self.plan.margin
         if config.memory_verdict == "does not fit":
-            return f"the config does not fit as predicted; the planner's best does ({best.memory_verdict})"
+            return f"the config does not fit as predicted; the planner's best does ({best.memory_verdict})", True
         tiers = [fit_tier(e.job, e.peak.total, self.plan.headroom) for e in (best, config)]
         if config.memory_verdict == "at risk" and tiers[0] < tiers[1] and speedup <= 1 + margin:
             # The best is surer to fit (the robust pick's order): slower, it is what fitting surely costs.
             where = ("fits at its band's upper end" if tiers[0] == 0 else
                      "fits as predicted, where the config's predicted peak is over the usable memory")
             return ("the config is at risk of not fitting (its memory band straddles the usable memory); the "
-                    f"planner's best {where}" + (f", {1 / speedup - 1:.1%} slower" if speedup < 1 else ""))
+                    f"planner's best {where}" + (f", {1 / speedup - 1:.1%} slower" if speedup < 1 else "")), True
         if speedup > 1 + margin:
-            return f"faster beyond the {margin:.1%} the model cannot tell apart: worth the change"
+            return f"faster beyond the {margin:.1%} the model cannot tell apart: worth the change", True
         if speedup >= 1 - margin:
             return (f"within the {margin:.1%} the model cannot tell apart (published sweeps): no change is worth "
-                    f"making for speed")
+                    f"making for speed"), False
         return (f"the config is {1 / speedup - 1:.1%} faster than the planner's best, beyond the {margin:.1%} the "
-                f"model cannot tell apart: its layout is one the search does not try")
+                f"model cannot tell apart: its layout is one the search does not try"), False
 
     def differences(self) -> dict[str, list]:
         """What the config runs otherwise than the planner's best, {key: [best, config]}: the layout's
@@ -82,7 +96,7 @@ class Diagnosis:
         return {"engine": self.engine, "config": self.estimate.to_dict(), "resolved": list(self.resolved),
                 "notes": list(self.notes), "planned_with": self.planned_with,
                 "best": self.plan.best.to_dict() if self.plan.best else None,
-                "speedup": self.speedup, "verdict": self.verdict,
+                "speedup": self.speedup, "verdict": self.verdict, "change_advised": self.change_advised,
                 "differs_from_best": self.differences() if self.plan.best else None}
 
 

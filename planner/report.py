@@ -336,7 +336,9 @@ def print_diagnosis(diagnosis, console: Console) -> None:
         if changes:
             # Where the config has no key for a change, what it takes, beside it.
             takes = change_takes(diagnosis.estimate.job, best.job.layout)
-            console.print("change: " + ", ".join(f"{k} {value_text(k, b)}→{value_text(k, a)}"
+            # "change:" where the verdict advises it; else what differs, which no gain asks for.
+            label = "change" if diagnosis.change_advised else "differs from the planner's best"
+            console.print(f"{label}: " + ", ".join(f"{k} {value_text(k, b)}→{value_text(k, a)}"
                                                  + (f" ({takes[k]})" if k in takes else "")
                                                  for k, (a, b) in changes.items()), markup=False)
         if diagnosis.planned_with:

@@ -1046,3 +1046,29 @@ def test_diagnose_says_what_estimate_and_plan_say_of_the_case(tmp_path):
     assert any("model.moe_load_imbalance is unstated: priced with balanced routing" in note for note in notes)
     stated = {**case, "model": {**case["model"], "moe_load_imbalance": 1.0}}
     assert not any("moe_load_imbalance" in note for note in diagnose(stated, megatron_args=args).notes)
+
+
+def test_differences_no_gain_asks_for_are_not_said_as_a_change(tmp_path):
+    """Megatron-LM's files of `plan --fastest` for Mixtral 8x7B on 96 H200s (a global batch of 333, 3²·37):
+    the robust pick is another layout, slower by less than the gap the model cannot tell apart. diagnose
+    said "no change is worth making for speed", then "change: tp 2→8, ..." toward the slower layout. What
+    differs is listed as that, and --json says no change is advised (a config that does not fit is still
+    told "change:": test_a_deepspeed_change_no_ds_config_key_makes_says_what_it_takes)."""
+    import io
+
+    from rich.console import Console
+
+    from planner.report import print_diagnosis
+
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h200-sxm-141gb", "num_gpus": 96},
+            "training": {"global_batch_size": 333, "seq_len": 8192, "precision": "bf16", "engine": "megatron"}}
+    fastest = planner.plan(case, fastest=True)
+    planner.emit(fastest, "megatron", tmp_path / "fastest")
+    found = planner.diagnose(case, "megatron", tmp_path / "fastest" / "megatron_args.txt")
+    assert found.differences() and 1 - found.plan.margin <= found.speedup < 1  # faster, within the gap
+    assert "no change is worth making" in found.verdict and not found.to_dict()["change_advised"]
+    out = io.StringIO()
+    print_diagnosis(found, Console(file=out, width=10_000))
+    lines = out.getvalue().splitlines()
+    assert not any(line.startswith("change: ") for line in lines)
+    assert any(line.startswith("differs from the planner's best: tp ") for line in lines)
