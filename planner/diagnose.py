@@ -97,7 +97,10 @@ class Diagnosis:
                 "notes": list(self.notes), "planned_with": self.planned_with,
                 "best": self.plan.best.to_dict() if self.plan.best else None,
                 "speedup": self.speedup, "verdict": self.verdict, "change_advised": self.change_advised,
-                "differs_from_best": self.differences() if self.plan.best else None}
+                "differs_from_best": self.differences() if self.plan.best else None,
+                # Where the planner finds no layout that fits, why and what would (plan --json's no_fit), as
+                # the report says it in the best's place.
+                "no_fit": self.plan.no_fit.to_dict() if self.plan.no_fit else None}
 
 
 def with_megatron_training(case: Case, path: Path, settings: dict) -> Case:

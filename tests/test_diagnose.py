@@ -1072,3 +1072,20 @@ def test_differences_no_gain_asks_for_are_not_said_as_a_change(tmp_path):
     lines = out.getvalue().splitlines()
     assert not any(line.startswith("change: ") for line in lines)
     assert any(line.startswith("differs from the planner's best: tp ") for line in lines)
+
+
+def test_json_says_what_would_fit_where_the_planner_finds_nothing(tmp_path):
+    """Llama 3.1 405B on eight A100s of 40 GB under DeepSpeed, all offloaded: the report says in the best's
+    place that no layout fits and how many GPUs would; diagnose --json said only "best": null. It carries
+    plan --json's no_fit."""
+    case = {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 8192, "precision": "bf16", "engine": "deepspeed"}}
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                                  "bf16": {"enabled": True},
+                                  "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                                        "offload_param": {"device": "cpu"}}}))
+    found = planner.diagnose(case, "deepspeed", config, recompute="full").to_dict()
+    planned = planner.plan(case).to_dict()
+    assert found["best"] is None and planned["best"] is None
+    assert found["no_fit"] == planned["no_fit"] and found["no_fit"]["gpus_that_fit"] > 8
