@@ -86,16 +86,20 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
         )
 
 
-def host_from_mapping(src: str, key: str, data: Any) -> HostSpec:
-    """What offload reaches: host memory, the GPU↔host link and host DRAM bandwidth, per GPU."""
+def host_from_mapping(src: str, key: str, data: Any, base: Optional[HostSpec] = None) -> HostSpec:
+    """What offload reaches: host memory, the GPU↔host link and host DRAM bandwidth, per GPU. Over a
+    GPU that has a host (``base``: its preset's reference system), the keys given replace its figures
+    and the rest stay, as ``performance`` overrides its GPU's: a case saying only its hosts' memory was
+    refused, "cluster.host.link_bandwidth: missing". A GPU without one needs every key."""
     data = read_mapping(src, key, data, HOST_KEYS)
-    for k in HOST_KEYS:
-        required(src, key, data, k)
+    if base is None:
+        for k in HOST_KEYS:
+            required(src, key, data, k)
+    values = {"memory_bytes": ("memory", parse_memory), "link_bandwidth": ("link_bandwidth", parse_bandwidth),
+              "memory_bandwidth": ("memory_bandwidth", parse_bandwidth)}
     with spec_errors(src):
-        return HostSpec(memory_bytes=read_unit(src, f"{key}.memory", data["memory"], parse_memory),
-                        link_bandwidth=read_unit(src, f"{key}.link_bandwidth", data["link_bandwidth"], parse_bandwidth),
-                        memory_bandwidth=read_unit(src, f"{key}.memory_bandwidth", data["memory_bandwidth"],
-                                               parse_bandwidth))
+        return HostSpec(**{field: read_unit(src, f"{key}.{name}", data[name], parse) if name in data
+                           else getattr(base, field) for field, (name, parse) in values.items()})
 
 
 def fabric_from_mapping(src: str, key: str, name: str, data: Any) -> tuple[FabricSpec, Optional[float]]:
@@ -169,8 +173,9 @@ def domain_used(src: str, key: str, value: Any, per_node: int, domain: int) -> i
     return used
 
 
-def _cluster_overrides(src: str, section: dict, key: str) -> dict[str, Any]:
-    """GPUSpec fields the cluster section sets over its GPU's (a different NIC, a smaller node)."""
+def _cluster_overrides(src: str, section: dict, key: str, gpu_host: Optional[HostSpec]) -> dict[str, Any]:
+    """GPUSpec fields the cluster section sets over its GPU's (a different NIC, a smaller node, a host
+    whose figures it gives over ``gpu_host``, the GPU's)."""
     overrides: dict[str, Any] = {}
     if "memory" in section:
         overrides["memory_bytes"] = read_unit(src, f"{key}.memory", section["memory"], parse_memory)
@@ -180,7 +185,7 @@ def _cluster_overrides(src: str, section: dict, key: str) -> dict[str, Any]:
     if "gpus_per_node" in section:
         overrides["gpus_per_node"] = read_int(src, f"{key}.gpus_per_node", section["gpus_per_node"], maximum=MAX_GPUS)
     if "host" in section:
-        overrides["host"] = host_from_mapping(src, f"{key}.host", section["host"])
+        overrides["host"] = host_from_mapping(src, f"{key}.host", section["host"], gpu_host)
     return overrides
 
 
@@ -312,7 +317,7 @@ def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster", 
     else:
         fabric, nic = FabricSpec(), None
     overrides = {"inter_node_bandwidth": nic} if nic is not None else {}
-    overrides.update(_cluster_overrides(src, section, key))
+    overrides.update(_cluster_overrides(src, section, key, gpu.host))
     per_node = overrides.get("gpus_per_node")
     if per_node is not None and gpu.nvlink_domain == gpu.gpus_per_node and per_node < gpu.nvlink_domain:
         # The preset's NVLink domain is its node (an HGX board): a smaller node is a smaller domain,

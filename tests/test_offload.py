@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 from deepspeed.runtime.config import DeepSpeedConfig
@@ -310,3 +311,24 @@ def test_deepspeeds_bf16_master_keeps_its_gradient_partition_in_bf16_on_the_host
     two = estimate(pure, "deepspeed", zero_stage=2, offload_optimizer=1.0)
     # master, moments, partition, accumulator, and the staging buffers: the partition and the embedding in bf16
     assert two.host_bytes == pytest.approx((2 + 4 + 2 + 2 + 2) * params + 2 * 32000 * 4096)
+
+
+def test_a_host_section_giving_only_its_memory_keeps_the_gpus_other_host_figures(tmp_path):
+    """cluster.host defaults to the GPU preset's reference system: a case giving only its hosts' memory (a
+    node of 800 GB, 100 GB a GPU) was refused, "cluster.host.link_bandwidth: missing". The keys given
+    replace the preset's and the rest stay, as the whole mapping with the preset's other figures prices it."""
+    import yaml
+    from cli_in_process import run_cli
+
+    preset = yaml.safe_load((Path(planner.__file__).parent / "presets" / "gpus.yaml").read_text())["h100-sxm-80gb"]
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8,
+                                                           "host": {"memory": "100 GB"}},
+            "training": {"global_batch_size": 8, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"},
+            "layout": {"zero_stage": 3, "offload_optimizer": 1.0, "offload_params": True, "recompute": "full"}}
+    whole = {**case, "cluster": {**case["cluster"], "host": {**preset["host"], "memory": "100 GB"}}}
+    (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
+    done = run_cli("estimate", str(tmp_path / "case.yaml"), "--json")
+    assert done.returncode == 3, done.stderr  # 70B's offload is past 100 GB a GPU: the host overflows
+    assert json.loads(done.stdout) == planner.estimate(whole).to_dict()
+    assert json.loads(done.stdout)["memory"]["overflows"] == "host"
+    assert planner.estimate(case).job.cluster.gpu.host.memory_bytes == 100e9
