@@ -166,11 +166,11 @@ def read_hf_config(path: str | os.PathLike) -> dict:
     return {"name": name, **fields, **_sliding_window(reader, family), **_architecture(reader, family)}
 
 
-def position_limit(path: str | os.PathLike) -> int | None:
-    """The longest sequence the config's model was built for, or None where it states none: its
-    ``max_position_embeddings`` (GPT-2's ``n_positions``, which transformers' GPT2Config maps it to;
-    Llama 4's in its ``text_config``). Not a model field: a RoPE model trains past it (with
-    ``rope_scaling`` or a larger base), so it is only ever said, never refused."""
+def position_limit(path: str | os.PathLike) -> tuple[int, str] | None:
+    """The longest sequence the config's model was built for and the key that states it, or None where
+    it states none: its ``max_position_embeddings`` (GPT-2's ``n_positions``, which transformers'
+    GPT2Config maps it to; Llama 4's in its ``text_config``). Not a model field: a RoPE model trains
+    past it (with ``rope_scaling`` or a larger base), so it is only ever said, never refused."""
     source = os.fspath(path)
     cfg, prefix = _load(source), ""
     if isinstance(cfg.get("text_config"), dict) and "max_position_embeddings" not in cfg:
@@ -183,7 +183,7 @@ def position_limit(path: str | os.PathLike) -> int | None:
     if type(limit) is not int or not 0 < limit <= MAX_INT:
         raise CaseError(source, prefix + key, f"expected a positive integer of at most {MAX_INT} (the longest "
                                               f"sequence the model was built for), got {_show(limit)}")
-    return limit
+    return limit, prefix + key
 
 
 # Where a config lists no layer_types, the layers its family windows (transformers' config classes):

@@ -639,7 +639,7 @@ def case_notes(case: Any, loaded: Case) -> tuple[str, ...]:
 
 
 def past_positions(case: Any, loaded: Case) -> Optional[str]:
-    """A line where ``training.seq_len`` is past the ``max_position_embeddings`` of the case's
+    """A line where ``training.seq_len`` is past the ``max_position_embeddings`` (GPT-2's ``n_positions``) of the case's
     ``model.hf_config``: the model was built for shorter sequences. Said, not refused: a RoPE model
     trains past it (long-context extension sets rope_scaling or a larger rope_theta), but a case
     that says so seldom meant it, and the price is of the sequence as given."""
@@ -652,15 +652,16 @@ def past_positions(case: Any, loaded: Case) -> Optional[str]:
     if not isinstance(model, dict) or "hf_config" not in model:
         return None
     path = read_file_path(src, "model.hf_config", model["hf_config"], base, "config.json")
-    limit = position_limit(path)
-    if limit is None or loaded.training.seq_len <= limit:
+    stated = position_limit(path)
+    if stated is None or loaded.training.seq_len <= stated[0]:
         return None
+    limit, key = stated
     # A learned table (GPT-2's) has no row past it: the run fails unless the table is grown.
     how = ("a RoPE model can be trained past it, with rope_scaling or a larger rope_theta, but check it is meant"
            if loaded.model.position_embedding != "learned" else
            "its learned position table has no row past it, so the run fails unless the table is grown")
     return (f"{src}: training.seq_len {loaded.training.seq_len:,} is past the {limit:,} positions of {path} "
-            f"(max_position_embeddings), the longest sequence the model was built for: priced as given ({how})")
+            f"({key}), the longest sequence the model was built for: priced as given ({how})")
 
 
 def unstated_routing(case: Any, loaded: Case) -> Optional[str]:

@@ -910,7 +910,9 @@ def test_a_sequence_past_the_configs_positions_is_said(tmp_path, command):
 
     rope = "a RoPE model can be trained past it, with rope_scaling or a larger rope_theta, but check it is meant"
     learned = "its learned position table has no row past it, so the run fails unless the table is grown"
-    for model, limit, how in (("Llama-2-7b-hf", 4096, rope), ("gpt2", 1024, learned)):
+    # each count named by the config's own key: GPT-2's config.json states n_positions, not max_position_embeddings
+    for model, limit, how, key in (("Llama-2-7b-hf", 4096, rope, "max_position_embeddings"),
+                                   ("gpt2", 1024, learned, "n_positions")):
         for seq_len, said in ((limit, False), (2 * limit, True)):
             case = tmp_path / "case.yaml"
             case.write_text(yaml.safe_dump({
@@ -920,11 +922,11 @@ def test_a_sequence_past_the_configs_positions_is_said(tmp_path, command):
             out = run_cli(command, str(case), "--json")
             assert out.returncode in (0, 3), out.stderr
             line = (f"note: {case}: training.seq_len {2 * limit:,} is past the {limit:,} positions of "
-                    f"{fixture(model)} (max_position_embeddings), the longest sequence the model was built for: "
+                    f"{fixture(model)} ({key}), the longest sequence the model was built for: "
                     f"priced as given ({how})")
             assert (line in out.stderr.splitlines()) is said, (model, seq_len, out.stderr)
             if command == "plan":
-                assert any("max_position_embeddings" in n for n in json.loads(out.stdout)["notes"]) is said
+                assert any(f"({key})" in n for n in json.loads(out.stdout)["notes"]) is said
 
 
 @pytest.mark.parametrize("command", ["estimate", "plan", "size"])
