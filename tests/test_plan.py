@@ -565,3 +565,20 @@ def test_plan_says_the_days_its_pick_takes_for_a_token_count(tmp_path):
         refused = run_cli("plan", str(path), "--tokens", tokens)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and refused.stderr.startswith(said), \
             refused.stderr
+
+
+def test_the_runner_up_on_a_step_of_milliseconds_is_said_by_its_gap_not_rounded_to_zero():
+    """On a 10 ms step the runner-up's gap was "0.000 s faster per step (-6.2%)": three decimals of a
+    second round a gap of 0.6 ms away. The gap said is the step times' difference, to two figures."""
+    import re
+
+    case = {"model": {"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "ffn_hidden_size": 2048,
+                      "vocab_size": 32000},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": 1024, "engine": "megatron"}}
+    for fastest in (False, True):
+        p = planner.plan(case, top_k=3, fastest=fastest)
+        gap = abs(p.alternatives[0].step_time_s - p.best.step_time_s)
+        assert p.best.step_time_s < 0.1 and gap > 1e-4
+        said = re.match(r"([0-9.e-]+) s (faster|slower) per step", p.why_runner_up_lost())
+        assert said and float(said.group(1)) == pytest.approx(gap, rel=0.05), p.why_runner_up_lost()
