@@ -225,6 +225,30 @@ def test_read_configs_errors_name_its_own_arguments(tmp_path, options, match):
         planner.read_config(CASE, "deepspeed", path, **options)
 
 
+def test_a_pipeline_that_does_not_divide_the_gpus_is_refused_before_auto_batch_values_are_filled(tmp_path):
+    """With the batch values "auto" (the HF Trainer's), pp 3 on 16 GPUs was told "gradient_accumulation_steps:
+    is "auto", but the case's global batch 128 is not a multiple of micro-batch 2 x dp 5": the accumulation
+    was filled from a data-parallel size that 3 stages leave no whole one of. The degrees are refused first,
+    naming the option that set them, by diagnose and read_config alike."""
+    import json
+
+    import yaml
+    from planner.cli import app
+    from typer.testing import CliRunner
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                                "gradient_accumulation_steps": "auto", "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 1}}))
+    with pytest.raises(CaseError, match=r"read_config: pp: tp 1 x pp 3 = 3 must divide the cluster's 16 GPUs"):
+        planner.read_config(CASE, "deepspeed", path, pp=3, micro_batch_size=2)
+    case = tmp_path / "case.yaml"
+    case.write_text(yaml.safe_dump(CASE))
+    result = CliRunner().invoke(app, ["diagnose", str(case), "--config", str(path), "--pp", "3",
+                                      "--micro-batch-size", "2"])
+    assert result.exit_code == 2 and "--pp: tp 1 x pp 3 = 3 must divide the cluster's 16 GPUs" in result.output
+
+
 def test_emit_refuses_a_nul_in_its_folder_and_a_sizing_by_name(tmp_path):
     """A NUL byte in out_dir raised the OS's ValueError from inside the writer; a Sizing (which has a
     best) was said to be a plan where nothing fits."""

@@ -708,8 +708,10 @@ def auto_resolved(path: Union[str, Path], case, pp: Optional[int] = None, tp: Op
     """What :func:`read` resolved of the config (its ``"auto"`` values, DeepSpeed's rewrites, the
     pipeline engine's checkpointing), one line each."""
     config = load_config(Path(path))
+    said = _degrees_said(str(path), planned_layout(str(path), config), pp, tp, argument)
     pp, tp = _degrees(str(path), config, case, pp, tp)
-    lines = resolve_auto(str(path), config, case, _dp(str(path), config, case, pp, tp), micro_batch_size, argument)[1]
+    lines = resolve_auto(str(path), config, case, _dp(str(path), config, case, pp, tp, said), micro_batch_size,
+                         argument)[1]
     interval = pipeline_checkpointing(str(path), config, pp)
     if interval is not None:
         lines.append(f"pipeline.activation_checkpoint_interval: {interval} -> recompute full (DeepSpeed's pipeline "
@@ -725,11 +727,23 @@ def _pipeline_tp(case, pp: int, tp: Optional[int]) -> Optional[int]:
     return tp
 
 
-def _dp(src: str, config: dict, case, pp: int, tp: Optional[int]) -> int:
+def _dp(src: str, config: dict, case, pp: int, tp: Optional[int], said: Optional[tuple[str, str]] = None) -> int:
+    """The data-parallel size the degrees leave, for filling "auto" batch values: refused where tp x pp
+    does not divide the GPUs, before a value is filled from it (--pp 3 on 16 GPUs was told its global
+    batch is no multiple of dp 5)."""
     tp_section = config.get("tensor_parallel", {})
     autotp = tp_section.get("autotp_size", 0) if isinstance(tp_section, dict) else 0
-    tp = tp or (autotp if isinstance(autotp, int) else 0) or 1
-    return max(1, case.cluster.num_gpus // (tp * pp))
+    tp = tp or (autotp if isinstance(autotp, int) and not isinstance(autotp, bool) and autotp > 0 else 0) or 1
+    _check_degrees_divide(src, case, tp, pp, said)
+    return case.cluster.num_gpus // (tp * pp)
+
+
+def _check_degrees_divide(src: str, case, tp: int, pp: int, said: Optional[tuple[str, str]]) -> None:
+    """tp x pp divides the cluster's GPUs (DeepSpeed's world is their product times dp), said by who set them."""
+    gpus = case.cluster.num_gpus
+    if gpus % (tp * pp):
+        raise CaseError(*(said or (src, "tensor_parallel.autotp_size")),
+                        f"tp {tp} x pp {pp} = {tp * pp} must divide the cluster's {gpus} GPUs")
 
 
 # The line of layout-planner's header (``_comment``) that gives the recomputation its files were planned
@@ -801,6 +815,13 @@ def planned_recompute(config: dict) -> Optional[str]:
     return "full" if any(line.startswith(PLANNED_RECOMPUTE) for line in _written_by_planner(config)) else None
 
 
+def _degrees_said(src: str, planned: dict, pp: Optional[int], tp: Optional[int],
+                  argument: Argument) -> Optional[tuple[str, str]]:
+    """Who set the degrees, for a refusal of their product: an option the caller gave, else the header."""
+    return argument("pp") if pp is not None else argument("tp") if tp is not None else \
+        (src, "_comment") if "pp" in planned else None
+
+
 def _degrees(src: str, config: dict, case, pp: Optional[int], tp: Optional[int]) -> tuple[int, Optional[int]]:
     """The pipeline depth and a pipeline's tensor parallelism as the reading takes them (the pp option,
     else the header's planned layout, else the case's layout, else 1; tp likewise, the header's for its
@@ -838,9 +859,7 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     planned = planned_layout(src, config)
     # Neither the pp option, the header nor the case's layout says it.
     pipeline_unstated = pp is None and stated is None and "pp" not in planned
-    # Who set the degrees, for a refusal of their product: an option the caller gave, else the file.
-    degrees_said = argument("pp") if pp is not None else argument("tp") if tp is not None else \
-        (src, "_comment") if "pp" in planned else None
+    degrees_said = _degrees_said(src, planned, pp, tp, argument)
     if pp is not None:
         pp = _positive(*argument("pp"), pp)
     # Who says tp, for a refusal: the tp option, the header, or the case's layout where a pipeline takes it.
@@ -853,7 +872,8 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
     # The header's pipeline split and its tensor parallelism are those of its own pipeline depth.
     own_pipeline = planned.get("pp") == pp
     batch_was_auto = config.get("train_batch_size") == "auto"
-    config = resolve_auto(src, config, case, _dp(src, config, case, pp, tp), micro_batch_size, argument)[0]
+    config = resolve_auto(src, config, case, _dp(src, config, case, pp, tp, degrees_said), micro_batch_size,
+                          argument)[0]
     _check_optimizer(src, config, case)
     ulysses = config.get("sequence_parallel_size", 1)
     if ulysses != 1:
@@ -871,10 +891,8 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
         if autotp and autotp != tp:
             raise CaseError(src, "tensor_parallel.autotp_size", f"{autotp} differs from {tp_said} {tp}")
     tp = tp or autotp or 1
+    _check_degrees_divide(src, case, tp, pp, degrees_said)
     gpus = case.cluster.num_gpus
-    if gpus % (tp * pp):
-        raise CaseError(*(degrees_said or (src, "tensor_parallel.autotp_size")),
-                        f"tp {tp} x pp {pp} = {tp * pp} must divide the cluster's {gpus} GPUs")
     dp = gpus // (tp * pp)
 
     keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
