@@ -16,6 +16,7 @@ noisy: report medians.
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import statistics
@@ -73,10 +74,16 @@ def without_engine(case: str, folder: str) -> str:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    runs = int(args.pop(0)) if args and args[0].isdigit() else 7
-    no_engine = "--no-engine" in args
-    cases = [a for a in args if a != "--no-engine"] or CASES
+    # argparse: "--help" was timed as a case
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("words", nargs="*", metavar="[RUNS] CASE",
+                        help="timed runs of each command (a first number; default 7), then case files "
+                             "(default: the example plans)")
+    parser.add_argument("--no-engine", action="store_true", help="each case also with no engine named")
+    args = parser.parse_intermixed_args()
+    words = list(args.words)
+    runs = int(words.pop(0)) if words and words[0].isdigit() else 7
+    no_engine, cases = args.no_engine, words or CASES
     report("import planner.cli", *timed([sys.executable, "-c", "import planner.cli"], runs))
     with tempfile.TemporaryDirectory() as folder:
         one = os.path.join(folder, "one-layout.yaml")

@@ -17,6 +17,7 @@ medians.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -71,11 +72,19 @@ def one(name: str) -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--one":
-        print(json.dumps(one(sys.argv[2])))
+    # argparse: "--help" was int()'s traceback
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("words", nargs="*", metavar="[RUNS] WORD",
+                        help="runs of each case, each in a fresh process (a first number; default 7), then "
+                             "words: only the cases whose name has one")
+    parser.add_argument("--one", metavar="CASE", help=argparse.SUPPRESS)  # one timed run, in the child process
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one)))
         return
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-    chosen = [name for name in CASES if not sys.argv[2:] or any(word in name for word in sys.argv[2:])]
+    words = list(args.words)
+    runs = int(words.pop(0)) if words and words[0].isdigit() else 7
+    chosen = [name for name in CASES if not words or any(word in name for word in words)]
     for name in chosen:
         results = []
         for _ in range(runs):
