@@ -1810,3 +1810,44 @@ def test_a_declaration_named_by_a_quoted_or_expanded_word_declares(tmp_path, set
     started, setting nothing, and a tp 2 launch on H100 was priced with no word, where bash's export builtin
     runs all the same (its words expanded as any command's) and validate_args stops the run."""
     read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused)
+
+
+def reader_calls(tmp_path: Path, script: str) -> list[list[str]]:
+    """The words the reader gives each torchrun of ``script``, as :func:`bash_words` gives bash's."""
+    return [list(c.fields[1:]) for c in read_script(script, str(tmp_path / "oracle.sh")).commands
+            if c.fields[0] == "torchrun"]
+
+
+@needs_bash
+@pytest.mark.parametrize("script", [
+    "set -e\nfalse\ntorchrun a\n",
+    "set -euo pipefail\nX=1\n[ -n \"$X\" ] && false\ntorchrun a\n",
+    "set -o errexit\nX=0\n(( X++ ))\ntorchrun a\n",  # ((...)) of 0 fails, a classic of set -e
+    "set -e\nf() { return 1; }\nf\ntorchrun a\n",
+    "set -e\n( false )\ntorchrun a\n",
+    "set -e\ntrue && { false; torchrun a; }\ntorchrun b\n",
+    "set -eo pipefail\nfalse | true\ntorchrun a\n",
+    # where bash ignores it: before the last && or ||, in a condition, under !, a compound command's status
+    "set -e\nfalse || true\nfalse && true\n! true\ntorchrun a\n",
+    "set -e\nf() { false; torchrun a; }\nf || true\nif f; then torchrun b; fi\n",
+    "set -e\n{ false && true; }\nfor i in 1; do false && true; done\ntorchrun a\n",
+    "set -e\nfalse | true\ntorchrun a\n",  # without pipefail: the last command's status
+    "set -e\nset +e\nfalse\ntorchrun a\n",
+    "set -e\n( set +e; false; torchrun a )\nfalse || torchrun b\n",
+    "(set -e; false; torchrun a)\nfalse\ntorchrun b\n",  # set -e in a subshell stays there
+    "set -e\nfalse &\ntorchrun a\n",  # a background command's status is 0
+])
+def test_set_e_ends_the_script_where_bash_ends_it(tmp_path, script):
+    """`set -e` (`set -euo pipefail`, the head of most launch scripts) was not followed: a command that fails
+    ends the script in bash (Bash Reference Manual, 4.3.1 The Set Builtin: -e, and where it is ignored), and
+    the reader went on to read the launch after it, which bash never starts."""
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
+
+
+def test_under_set_e_what_the_caller_decides_or_no_command_run_decides_is_read_as_going_on():
+    """A failure that owes to what the caller sets (an argument, an exported variable, read as empty) or to a
+    command not run (a file read, grep) is read the way that does not exit, as a guard is: `set -e;
+    [ -n "$DATA" ]` ends the script only where the caller leaves DATA unset, which is said."""
+    script = read_script("set -e\n[ -n \"$DATA\" ]\ngrep -q x log\nread -r A < conf\nshift\ntorchrun a\n", "t.sh")
+    assert [c.fields for c in script.commands if c.fields[0] == "torchrun"] == [("torchrun", "a")]
+    assert any("line 2" in n.text and "DATA" in n.text and "set -e" in n.text for n in script.notes), script.notes

@@ -16,7 +16,9 @@ word splitting as bash does it (a quoted ``"${A[@]}"`` keeps each element one wo
 unquoted ``${A[@]}`` splits them), comments, line continuations, here-documents (the script of
 ``sbatch``, ``bash`` or ``sh`` they feed, expanded as bash expands one; others skipped),
 ``if``/``elif``/``else``, ``&&``/``||``, ``case``, ``for``, ``while``/``until``, functions,
-``{ ...; }`` and subshells, ``exit``, ``set --``, ``shift``, ``unset``, ``local`` (and ``declare``
+``{ ...; }`` and subshells, ``exit``, ``set -e`` (``-o errexit``, with ``-o pipefail``: a command that fails ends the
+script where bash does not ignore it; one whose failure the caller decides, or no command run decides, read as
+going on, the first said), ``set --`` (and ``set a b``), ``shift``, ``unset``, ``local`` (and ``declare``
 in a function) scoped to the call, ``declare -i``, ``printf -v NAME`` with ``%s``/``%d``/``%i``
 (hexadecimal, octal and character arguments as bash reads them), ``${!name}``, word splitting on the
 script's ``IFS`` (a run of separators one boundary: no empty fields), and

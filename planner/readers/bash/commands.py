@@ -439,25 +439,23 @@ class _Commands(_Expander):
             known, assumed, reason = _test_words(args, self, ctx)
             return _Status(known, assumed, ctx.deps, reason, test=True)
         if name == "set":
-            if args[:1] == ["--"]:
-                self.positional, self.positional_known = args[1:], True
-            # set -a / set -o allexport (off: +a, +o allexport): every variable set after it is exported
-            # (Bash Reference Manual, 4.3.1 The Set Builtin), in any word of options (set -ea); the last wins
-            for k, arg in enumerate(args):
-                if arg == "--" or arg[:1] not in ("-", "+"):
-                    break
-                if arg in ("-o", "+o") and args[k + 1:k + 2] == ["allexport"]:
-                    self.allexport = arg == "-o"
-                elif arg in ("-o", "+o") and args[k + 1:k + 2] == ["keyword"]:
-                    self.keyword = arg == "-o"
-                elif arg[1:2] != "o":
-                    if "a" in arg[1:]:
-                        self.allexport = arg[0] == "-"
-                    if "k" in arg[1:]:  # set -k: every NAME=value word is the command's environment
-                        self.keyword = arg[0] == "-"
+            options, operands = _set_options(args)
+            if operands is not None:
+                self.positional, self.positional_known = operands, True
+            for option, on in options:
+                # -a / -o allexport: every variable set after it is exported; -k / -o keyword: NAME=value words
+                # after a command's name are its environment; -e / -o errexit: a failing command ends the script;
+                # -o pipefail (Bash Reference Manual, 4.3.1 The Set Builtin); the last word wins
+                if option in ("allexport", "keyword", "errexit", "pipefail"):
+                    setattr(self, option, on)
             return _TRUE
         if name == "shift":
             count = int(args[0]) if args and args[0].isdigit() else 1
+            if count > len(self.positional) and not self.positional_known:
+                # past the arguments read as none: the caller's arguments decide it (set -e ends the script
+                # where it fails), read as succeeding
+                self.positional = []
+                return _Status(None, True, reason="shift of the script's arguments, which the caller gives")
             if count > len(self.positional):
                 return _FALSE
             self.positional = self.positional[count:]
@@ -483,7 +481,9 @@ class _Commands(_Expander):
             return _TRUE
         if name in ("read", "mapfile", "readarray"):
             self.read_builtin(name, args)
-            return _FALSE  # no input: bash's answer with none
+            # its input is not read: whether it succeeds is not known (set -e ends the script where it fails),
+            # read as failing, bash's answer with no input (a while-read loop's body does not run)
+            return _Status(None, False, reason=f"{name}'s input is not followed")
         if name == "getopts":
             return _FALSE  # no options
         if name == "printf" and args[:1] == ["-v"] and len(args) >= 3 \
@@ -856,6 +856,33 @@ def _parse(text: str, line_of):
     if parser.peek() is not None:
         raise parser.error(parser.peek(), f"unexpected {one_line(parser.peek().text, 40)!r}")
     return program
+
+
+# set's one-letter options that the reading follows, by the long name ``set -o`` gives them
+_SET_LETTERS = {"a": "allexport", "k": "keyword", "e": "errexit"}
+
+
+def _set_options(args: Sequence[str]) -> tuple[list[tuple[str, bool]], Optional[list[str]]]:
+    """``set``'s options, in order, by their long names ((name, on): ``-euo pipefail`` is errexit,
+    nounset, pipefail, each on; ``+e`` takes errexit off), and its operands, the positional parameters
+    it sets (None where it sets none: no ``--`` and no word after the options)."""
+    options: list[tuple[str, bool]] = []
+    k = 0
+    while k < len(args):
+        arg = args[k]
+        if arg == "--":
+            return options, list(args[k + 1:])
+        if arg in ("-", "+") or arg[:1] not in ("-", "+"):  # `set - a b`: the words after it are operands
+            return options, list(args[k + (arg in ("-", "+")):]) or None
+        k += 1
+        for letter in arg[1:]:
+            if letter == "o":  # -o NAME (alone, it prints the options)
+                if k < len(args):
+                    options.append((args[k], arg[0] == "-"))
+                    k += 1
+            else:
+                options.append((_SET_LETTERS.get(letter, letter), arg[0] == "-"))
+    return options, None
 
 
 def _keyword_assignments(assignments: Sequence[_Tok], rest: list[_Tok]) -> tuple[list[_Tok], list[_Tok]]:

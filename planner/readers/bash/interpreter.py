@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Callable, Optional
 
@@ -42,6 +43,12 @@ def _pipeline_exits(pipeline: _Pipeline, words: tuple[str, ...] = ("exit", "retu
     return _first_word(command) in words
 
 
+def _errexit_checked(command) -> bool:
+    """Whether ``set -e`` looks at ``command``'s own status: a simple command, a test, ``((...))`` or a
+    subshell; a compound command fails only where its last command did."""
+    return isinstance(command, (_Simple, _Test, _Arith)) or (isinstance(command, _Group) and command.subshell)
+
+
 class _Shell(_Commands):
     """A shell reading one script (or one ``bash -c`` string): what it runs, it follows."""
 
@@ -73,9 +80,10 @@ class _Shell(_Commands):
             # exporting X to the commands after it.
             self.subshell(lambda: self.run_and_or(node, background=False))
             return _TRUE
-        status = self.run_pipeline(node.first)
+        with self.errexit_ignored_if(bool(node.rest)):  # set -e: only the command after the last && or || ends it
+            status = self.run_pipeline(node.first)
         left_end = node.first.end
-        for op, pipeline in node.rest:
+        for k, (op, pipeline) in enumerate(node.rest):
             wanted = op == "&&"
             # Known only by reading what the caller sets as empty: a guard that exits is not taken.
             decided = status.known is not None and not (status.deps and _pipeline_exits(pipeline))
@@ -101,7 +109,8 @@ class _Shell(_Commands):
                           f"{'runs' if run else 'skips'} {self.source(pipeline.start, pipeline.end)}",
                           self.flags_in(pipeline.start, pipeline.end))
             if run:
-                right = self.run_pipeline(pipeline)
+                with self.errexit_ignored_if(k < len(node.rest) - 1):
+                    right = self.run_pipeline(pipeline)
                 if decided:
                     status = right
                 else:
@@ -127,30 +136,62 @@ class _Shell(_Commands):
         return "; ".join(f"{name} {how}" if how.startswith("is ") else f"{name}: {how}"
                          for name, how in list(deps.items())[:4])
 
+    @contextmanager
+    def errexit_ignored_if(self, ignored: bool):
+        """Where ``ignored``, what runs inside is out of ``set -e``'s reach, as bash ignores it there."""
+        self.errexit_ignored += ignored
+        try:
+            yield
+        finally:
+            self.errexit_ignored -= ignored
+
     def run_pipeline(self, node: _Pipeline) -> _Status:
-        if len(node.commands) == 1:
-            status = self.run_command(node.commands[0])
-        else:
-            status = self.run_piped(node.commands)
+        with self.errexit_ignored_if(node.negate):
+            if len(node.commands) == 1:
+                status = self.run_command(node.commands[0])
+            else:
+                status = self.run_piped(node.commands)
         if node.negate:
-            status = _Status(None if status.known is None else not status.known, not status.assumed,
-                             status.deps, status.reason, status.test)
+            return _Status(None if status.known is None else not status.known, not status.assumed,
+                           status.deps, status.reason, status.test)
+        self.check_errexit(node, status)
         return status
+
+    def check_errexit(self, node: _Pipeline, status: _Status) -> None:
+        """Under ``set -e``, a pipeline that fails ends the script, where bash does not ignore it (Bash
+        Reference Manual, 4.3.1 The Set Builtin: -e). A compound command other than a subshell is left alone:
+        it fails only where its last command failed, which ended the script already unless ignored. A failure
+        decided by what the caller sets is read as going on, said, as a guard that exits is; one that cannot be
+        decided (a command not run) is read as succeeding."""
+        if not self.errexit or self.errexit_ignored or status.known is not False:
+            return
+        if len(node.commands) == 1 and not _errexit_checked(node.commands[0]):
+            return
+        self.line = self.line_of(node.start)
+        if status.deps:
+            self.note(f"{self.source(node.start, node.end)} fails only as read ({self.reasons(status.deps)}), "
+                      "which the caller decides: under set -e bash would end the script there; read as going on",
+                      None)
+            return
+        self.note(f"{self.source(node.start, node.end)} fails, so set -e ends the script here: nothing after it "
+                  "runs", None)
+        raise _Exit(status)
 
     def run_piped(self, commands: list) -> _Status:
         """A pipeline's commands, each in a subshell; under ``shopt -s lastpipe`` the last in this shell, as
         bash runs it where job control is off, as in a script (Bash Reference Manual, 3.2.3 Pipelines):
-        ``echo 32 | read X`` sets X."""
-        for command in commands[:-1]:
-            self.subshell(lambda c=command: self.run_command(c))
-        if self.lastpipe:
-            return self.run_command(commands[-1])
-        return self.subshell(lambda: self.run_command(commands[-1]))
+        ``echo 32 | read X`` sets X. Its status is the last command's, or under ``set -o pipefail`` the last
+        that failed: a failure of any, decidedly, fails it."""
+        statuses = [self.subshell(lambda c=command: self.run_command(c)) for command in commands[:-1]]
+        last = self.run_command(commands[-1]) if self.lastpipe else self.subshell(lambda: self.run_command(commands[-1]))
+        if not self.pipefail:
+            return last
+        return next((status for status in reversed(statuses) if status.known is False), last)
 
     def subshell(self, run: Callable[[], _Status]) -> _Status:
         saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch,
                  set(self.cleared), set(self.exported_unset), set(self.readonly), [frame.copy() for frame in self.frames],
-                 self.allexport, self.lastpipe, self.keyword)
+                 self.allexport, self.lastpipe, self.keyword, self.errexit, self.pipefail)
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()
@@ -163,7 +204,7 @@ class _Shell(_Commands):
             return _Status(False, False)
         finally:
             (self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, self.exported_unset,
-             self.readonly, frames, self.allexport, self.lastpipe, self.keyword) = saved
+             self.readonly, frames, self.allexport, self.lastpipe, self.keyword, self.errexit, self.pipefail) = saved
             self.frames[:] = frames  # the list itself: a call the subshell is in pops its own frame off it
 
     def run_command(self, node) -> _Status:
@@ -202,7 +243,8 @@ class _Shell(_Commands):
     def condition(self, body: _List) -> _Status:
         self.in_condition += 1
         try:
-            return self.run_list(body)
+            with self.errexit_ignored_if(True):  # set -e ignores an if's or while's condition
+                return self.run_list(body)
         finally:
             self.in_condition -= 1
 

@@ -140,6 +140,11 @@ class _State:
         self.allexport = False  # set -a: every variable set is exported
         self.lastpipe = False  # shopt -s lastpipe: a pipeline's last command runs in this shell
         self.keyword = False  # set -k: NAME=value words after the command name are its environment too
+        self.errexit = False  # set -e: a command that fails ends the script (Bash Reference Manual, 4.3.1)
+        self.pipefail = False  # set -o pipefail: a pipeline fails where any of its commands does
+        # Above 0 where bash ignores set -e: an if's or while's condition, a command before an and-or list's
+        # last && or ||, a pipeline negated by ! (and what functions and subshells run from there)
+        self.errexit_ignored = 0
         self.caller_emptied = False  # a bash -c under env -i: the caller's environment holds nothing
         self.line = 1
         self.generation = next(_GENERATIONS)
