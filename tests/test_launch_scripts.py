@@ -1851,3 +1851,33 @@ def test_under_set_e_what_the_caller_decides_or_no_command_run_decides_is_read_a
     script = read_script("set -e\n[ -n \"$DATA\" ]\ngrep -q x log\nread -r A < conf\nshift\ntorchrun a\n", "t.sh")
     assert [c.fields for c in script.commands if c.fields[0] == "torchrun"] == [("torchrun", "a")]
     assert any("line 2" in n.text and "DATA" in n.text and "set -e" in n.text for n in script.notes), script.notes
+
+
+@pytest.mark.parametrize("launch, refused", [
+    # sudoers(5): env_reset is on by default, the command gets a minimal environment of sudo's own
+    (f"sudo {TRAIN}", CONNECTIONS),
+    (f"sudo -u trainer -H {TRAIN}", CONNECTIONS),
+    (f"sudo -uE {TRAIN}", CONNECTIONS),  # -u takes the rest of its word: a user named E
+    (f"sudo -iE {TRAIN}", CONNECTIONS),  # a login shell resets it whatever -E asks
+    # sudo(8): -E, --preserve-env keep the caller's environment; NAME=VALUE words are set in the command's
+    (f"sudo -E {TRAIN}", None),
+    (f"sudo --preserve-env -u trainer {TRAIN}", None),
+    (f"sudo --preserve-env={CONNECTIONS},PATH {TRAIN}", None),
+    (f"sudo {CONNECTIONS}=1 {TRAIN}", None),
+    (f"sudo -u trainer -- env {CONNECTIONS}=1 {TRAIN}", None),
+    (f"srun -N 1 sudo -E {TRAIN}", None),
+])
+def test_sudo_starts_the_launch_in_the_environment_sudo_gives_it(tmp_path, launch, refused):
+    """`export CUDA_DEVICE_MAX_CONNECTIONS=1; sudo torchrun ...` (tp 2, H100) was read as passing the export
+    through sudo, which starts the command in a reset environment by default (sudoers(5): env_reset), so the
+    training runs without the setting Megatron-LM asserts: now refused naming it, as sudo -E (sudo(8): "preserve
+    their existing environment variables") and sudo's own NAME=VALUE words are read as passing it."""
+    script = f"#!/bin/bash\nexport {CONNECTIONS}=1\n{launch}\n"
+    case, args = files(tmp_path, script, BF16)
+    if refused:
+        with pytest.raises(CaseError) as error:
+            diagnose(case, megatron_args=args)
+        assert error.value.key == CONNECTIONS, str(error.value)
+        assert any("env_reset" in n.text for n in read_script(script, "train.sh").notes)
+    else:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2

@@ -37,7 +37,8 @@ its value: an assignment to it fails as in bash, the rest of its line abandoned 
 where it fails in one); a declaration's word for it (``local X=32``, ``declare X=32``, ``readonly X=1 X=32``'s
 second; a new local of a calling function's readonly local hides it, as bash allows) and a function call's ``X=32 f``
 prefix fail alone, the declaration's other words assigned and the function run.
-Not followed: ``sudo``.
+``sudo`` starts its command in an environment of its own: emptied by default (sudoers' env_reset), the caller's
+with ``-E``/``--preserve-env`` (its names alone with ``--preserve-env=A,B``), plus its NAME=VALUE words; said.
 
 Conditions: ``[ ... ]``, ``test`` and ``[[ ... ]]`` with ``=``, ``==``, ``!=`` (patterns in
 ``[[ ]]``), ``<``, ``>``, ``=~`` (a POSIX extended regular expression, in the subset Python's ``re`` reads alike:

@@ -527,6 +527,8 @@ class _Commands(_Expander):
         not_run = tuple(name for name, how in ctx.deps.items() if how in (_NOT_RUN, _PROCESS, REMATCH_UNKNOWN))
         defaulted = tuple((name, ast.literal_eval(how[len(_DEFAULTED) + 1:])) for name, how in ctx.deps.items()
                           if how.startswith(_DEFAULTED))
+        for said in started_notes(fields):
+            self.note(said, None)
         self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run, defaulted,
                                      self.environment(list(assignments), fields)))
         return _Status(None, True, reason=f"{one_line(name, 40)} is not run")
@@ -775,15 +777,22 @@ def started_program(fields: Sequence[str]) -> Optional[str]:
     """The word naming the program at the end of the command's wrappers (see :func:`started_environment`),
     None where they start none: ``env X=2 -u X torchrun``'s is ``-u``, as GNU env reads no option after its
     first NAME=VALUE."""
-    words, at = _started(fields, ())[1:]
+    words, at = _started(fields, ())[1:3]
     return words[at] if at < len(words) else None
 
 
-def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int]:
+def started_notes(fields: Sequence[str]) -> list[str]:
+    """What reading the command's wrappers assumed (a sudo that resets the environment: SUDO_RESETS)."""
+    return _started(fields, ())[3]
+
+
+def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int, list[str]]:
     """(:func:`started_environment`'s environment, the command's words as its wrappers read them, env -S's
-    string split among them, the index of the program they start: the words' length where none)."""
+    string split among them, the index of the program they start: the words' length where none, and
+    :func:`started_notes`)."""
     held = list(held)
     words = list(fields)
+    said: list[str] = []
     i = 0
     while i < len(words):
         name = words[i].rsplit("/", 1)[-1]
@@ -819,10 +828,10 @@ def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int]:
                 else:
                     i -= 1
                     break
-            while i < len(words) and _ENV_SETTING.match(words[i]):  # NAME=VALUE: in the command's environment
-                setting, _, value = words[i].partition("=")
-                held.append((setting, value, True, False))
-                i += 1
+            i = _settings(words, i, held)
+        elif name == "sudo":
+            held, i, reset = _sudo(words, i, held)
+            said += [SUDO_RESETS] if reset else []
         elif name in _WRAPPERS:
             takes, long_takes, operands = _WRAPPERS[name]
             while i < len(words) and words[i].startswith("-") and words[i] != "-":
@@ -840,13 +849,72 @@ def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int]:
             i += operands
         elif name in _LAUNCHERS:
             i = next((j for j in range(i, len(words))
-                      if words[j].rsplit("/", 1)[-1] in ("env", *_WRAPPERS, *_LAUNCHERS)
+                      if words[j].rsplit("/", 1)[-1] in ("env", "sudo", *_WRAPPERS, *_LAUNCHERS)
                       or words[j].endswith(".py") or words[j].rsplit("/", 1)[-1].startswith(("torchrun", "python"))),
                      len(words))
         else:
             i -= 1
             break
-    return tuple(held), words, i
+    return tuple(held), words, i, said
+
+
+def _settings(words: list[str], i: int, held: list) -> int:
+    """env's (or sudo's) NAME=VALUE words from ``i`` on, each put in ``held`` (NAME= : set, empty); the index
+    of the word after them."""
+    while i < len(words) and _ENV_SETTING.match(words[i]):
+        setting, _, value = words[i].partition("=")
+        held.append((setting, value, True, False))
+        i += 1
+    return i
+
+
+# sudo(8)'s short options that take the next word (-u USER, -g GROUP, -C FD, -D DIR, -p PROMPT, -r ROLE, -t TYPE,
+# -T TIMEOUT, -U USER, -c CLASS; -h takes a host only joined to it, -hHOST), and its long ones
+_SUDO_TAKES = "ugCDprtTUc"
+_SUDO_LONG_TAKES = ("user", "group", "close-from", "chdir", "prompt", "role", "type", "command-timeout",
+                    "other-user", "login-class")
+SUDO_RESETS = ("sudo starts the command in a new environment (sudoers' env_reset, on by default): read as passing "
+               "none of the script's variables but the NAME=VALUE words after sudo's options; sudo -E (or a "
+               "sudoers env_keep) would pass them")
+
+
+def _sudo(words: list[str], i: int, held: list) -> tuple[list, int, bool]:
+    """sudo's options and NAME=VALUE words from ``i`` on, as sudo(8) reads them: (the environment of the
+    command it starts, the index of that command, whether it reset the environment). sudo starts it in a
+    minimal environment of its own (sudoers(5): env_reset, on by default, keeps TERM, PATH, HOME and the like,
+    none a launch reads here), unless -E (--preserve-env) keeps the caller's; --preserve-env=A,B keeps those
+    names alone; -i (a login shell) resets it whatever else is given. Its NAME=VALUE words are set in it."""
+    preserve: Optional[set] = set()  # the names kept; None: all
+    login = False
+    while i < len(words) and words[i].startswith("-") and words[i] != "-":
+        word = words[i]
+        i += 1
+        if word == "--":
+            break
+        if word.startswith("--"):
+            option, eq, value = word[2:].partition("=")
+            if option == "preserve-env":
+                preserve = (preserve | set(value.split(","))) if eq and preserve is not None else None
+            elif option == "login":
+                login = True
+            elif option in _SUDO_LONG_TAKES and not eq:
+                i += 1
+            continue
+        for k, letter in enumerate(word[1:], 1):
+            if letter in _SUDO_TAKES:  # -u USER, -uUSER: the rest of the word, or the next, is its value
+                i += k == len(word) - 1
+                break
+            if letter == "h":  # -hHOST, or -h alone (help)
+                break
+            if letter == "E":
+                preserve = None
+            elif letter == "i":
+                login = True
+    reset = preserve is not None or login
+    if reset:
+        held = [(EMPTIED, None, True, False), *(s for s in held if s[0] in (preserve or ()) and not login)]
+    at = _settings(words, i, held)
+    return held, at, reset
 
 
 def _parse(text: str, line_of):
