@@ -437,9 +437,10 @@ def test_a_substitution_left_unrun_and_a_torchrun_of_one_node_are_said(tmp_path)
 
 
 def test_what_read_would_set_is_said_not_silently_empty():
-    """`read -ra PAR <<< "..."` (or from a here-document) read PAR as empty with nothing said, so its
-    flags went missing unannounced: the input of read is not modelled, and the launch says so."""
-    script = 'read -ra PAR <<< "--tensor-model-parallel-size 8"\ntorchrun pretrain_gpt.py ${PAR[@]}\n'
+    """`read -ra PAR < par.txt` (or from a here-document) read PAR as empty with nothing said, so its
+    flags went missing unannounced: the input of read is not modelled, and the launch says so (a here-string
+    the script decides is read: test_read_of_a_here_string_splits_as_bash_splits_it)."""
+    script = 'read -ra PAR < par.txt\ntorchrun pretrain_gpt.py ${PAR[@]}\n'
     launch = read_script(script, "r.sh").commands[0]
     assert launch.fields == ("torchrun", "pretrain_gpt.py") and launch.not_run == ("read PAR (line 1)",)
 
@@ -1881,3 +1882,33 @@ def test_sudo_starts_the_launch_in_the_environment_sudo_gives_it(tmp_path, launc
         assert any("env_reset" in n.text for n in read_script(script, "train.sh").notes)
     else:
         assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+
+
+def _read_cases(count: int) -> str:
+    """A script of ``count`` reads of here-strings, each torchrun then given what the read set: random lines of
+    fields, blanks, IFS characters and backslashes, under several IFS, options and numbers of names."""
+    import random
+
+    rng = random.Random(44)
+    lines = []
+    for k in range(count):
+        word = "".join(rng.choice(["a", "b7", " ", "  ", ",", ":", "\t", "\\", "\n", "x y"])
+                       for _ in range(rng.randint(0, 9)))
+        ifs = rng.choice(["", "IFS=, ", "IFS=', ' ", "IFS=: ", "IFS= ", "IFS=$'\\t' "])
+        options = rng.choice(["-r", "", "-r -d :", "-rd ''", "-n 3 -r", "-N 4", "-r -p x -t 5"])
+        if k % 5 == 0:
+            lines.append(f"unset A; {ifs}read {options} -a A <<< '{word}' && S=0 || S=1; torchrun \"$S\" \"${{#A[@]}}\" \"${{A[@]}}\"")
+        else:
+            names = " ".join(["V1", "V2", "V3"][:rng.randint(0, 3)])
+            shown = " ".join(f'"${{{n}-unset}}"' for n in (names.split() or ["REPLY"]))
+            lines.append(f"unset V1 V2 V3 REPLY; {ifs}read {options} {names} <<< '{word}' && S=0 || S=1; torchrun \"$S\" {shown}")
+    return "\n".join(lines) + "\n"
+
+
+@needs_bash
+def test_read_of_a_here_string_splits_as_bash_splits_it(tmp_path):
+    """`read -ra ARR <<< "$LIST"`, `IFS=, read -r A B <<< "$PAIR"` and `read -d ''` were not followed (or, for
+    an IFS prefix, split on blanks, silently): each read of a here-string the script decides now sets what bash
+    sets, with the status bash leaves, on 300 random lines checked against bash itself."""
+    script = _read_cases(300)
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)

@@ -62,7 +62,8 @@ them, a word or a redirection's file, never run; the word is the file name bash 
 /dev/fd/63, said where a launch's words hold it), globbing (``*`` stays as written, as under ``set -f``), brace and
 tilde expansion, sparse and associative arrays (``A[5]=x`` pads with empty elements; an ``A=([1]=b [0]=a)`` whose literal
 subscripts fill 0 to n-1 is ordered by them, as bash does),
-``source``, ``eval`` of a string the script does not decide and ``trap`` actions (said in a note, which names the variables their text assigns: their values could not be read; an ``eval`` of a decided string is run), ``read`` (but of a here-string the script decides, ``read X <<< 32``, split as bash splits it), ``mapfile`` and ``readarray`` (they fail, as with no
+``source``, ``eval`` of a string the script does not decide and ``trap`` actions (said in a note, which names the variables their text assigns: their values could not be read; an ``eval`` of a decided string is run), ``read`` (but of a here-string the script decides, ``read X <<< 32``, with -r, -a, -d, -n, -N, -p, -s, -e, -t and
+an ``IFS=...`` prefix, split as bash's read splits it, its status too), ``mapfile`` and ``readarray`` (they fail, as with no
 input; the names they would set read as empty, said in a note and where a launch uses them),
 ``declare -n`` name references (said, a ``-x`` with it too; ``X=32 local -n X``'s prefix is no value of X, whose reference bash refuses), and variables bash sets itself (``PWD``, ``HOME``: unset).
 A script bash could not parse raises :class:`ScriptSyntax`; one that expands, loops or recurses

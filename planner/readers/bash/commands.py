@@ -477,8 +477,10 @@ class _Commands(_Expander):
             except _ExpansionError:  # let: status 1
                 return _Status(False, False, ctx.deps, test=True)
             return _Status(value != 0, value != 0, ctx.deps, test=True)
-        if name == "read" and node.herestring is not None and self.read_herestring(args, node.herestring):
-            return _TRUE
+        if name == "read" and node.herestring is not None:
+            status = self.read_herestring(args, node.herestring, assignments)
+            if status is not None:
+                return status
         if name in ("read", "mapfile", "readarray"):
             self.read_builtin(name, args)
             # its input is not read: whether it succeeds is not known (set -e ends the script where it fails),
@@ -569,28 +571,38 @@ class _Commands(_Expander):
             self.note(f"{one_line(' '.join(fields), 80)} is not {what}: what it would set reads as unset")
         return _Status(None, True, reason=f"{name} is not {what}") if name != "trap" else _TRUE
 
-    def read_herestring(self, args: list[str], word: _Tok) -> bool:
-        """``read [-r] NAME... <<< WORD`` whose word the script decides: the word (and the newline bash adds)
-        split on IFS's whitespace, a field to each name, the rest of the line to the last (Bash Reference
-        Manual, 3.6.7 Here Strings; 4.2 Bash Builtins: read). False, nothing set, where that is not how
-        it reads (another option, a backslash read without -r, a word the script does not decide, an IFS
-        of its own)."""
-        options = [a for a in args if a.startswith("-")]
-        names = [a for a in args if not a.startswith("-")] or ["REPLY"]
+    def read_herestring(self, args: list[str], word: _Tok, assignments: Sequence[_Tok]) -> Optional[_Status]:
+        """``read [-r] [-a ARRAY] [-d DELIM] [-n|-N COUNT] [-p PROMPT] [-t TIMEOUT] [-s] [-e] NAME... <<< WORD``
+        whose word (and IFS, the command's ``IFS=...`` prefix too) the script decides: the word and the newline
+        bash adds, read to the delimiter, split on IFS as bash's read splits it (Bash Reference Manual, 3.6.7
+        Here Strings; 4.2 Bash Builtins: read); its status: 1 where the input ends before the delimiter (``-d
+        ''``) or before -N's count. None, nothing set, where that is not how it reads (-u FD, which reads
+        another file; a word or IFS the script does not decide; a name that is no variable's)."""
+        options = _read_options(args)
+        if options is None:
+            return None
+        names, array, delim, count, exact, raw, timeout = options
         ctx = _Ctx()
-        text = self.string(word.text, ctx, "<<<")
-        if ctx.deps or any(o != "-r" for o in options) or ("\\" in text and not options) or "IFS" in self.vars \
-                or not all(_NAME.fullmatch(n) for n in names):
-            return False
-        line = text.split("\n", 1)[0].strip(" \t")
-        # on IFS's default whitespace alone, space and tab (the newline ended the line): str.split() would
-        # also split on \r, \v, \f, which bash keeps in a field
-        # (maxsplit 0 is no limit to re.split: one name takes the whole line)
-        fields = (re.split(r"[ \t]+", line, maxsplit=len(names) - 1) if len(names) > 1 else [line]) if line else []
-        for k, target in enumerate(names):
-            value = fields[k] if k < len(fields) else ""
-            self.set_var(target, value.rstrip(" \t") if k == len(names) - 1 else value, {})
-        return True
+        text = self.string(word.text, ctx, "<<<") + "\n"
+        with self.prefixes_set(assignments):
+            ifs_var = self.vars.get("IFS")
+        if ctx.deps or (ifs_var is not None and (ifs_var.deps or isinstance(ifs_var.value, list))) \
+                or not all(_NAME.fullmatch(n) for n in [*names, *([array] if array else [])]):
+            return None
+        if timeout:  # -t 0: bash says whether input is there, and reads none of it
+            return _TRUE
+        ifs = " \t\n" if ifs_var is None else ifs_var.value
+        chars, complete = _read_line(text, delim, count, exact, raw)
+        if exact:  # -N: what it read, unsplit, to the first name (bash 5.2)
+            ifs = ""
+        if array is not None:
+            self.set_var(array, _read_fields(chars, ifs, None), {})
+        elif not names:  # REPLY: the line as it is, unsplit
+            self.set_var("REPLY", "".join(c for c, _ in chars), {})
+        else:
+            for target, value in zip(names, _read_fields(chars, ifs, len(names))):
+                self.set_var(target, value, {})
+        return _TRUE if complete else _FALSE
 
     def read_builtin(self, command: str, args: list[str]) -> None:
         """``read [-r] [-a ARRAY] [-d DELIM] ... NAME...`` and ``mapfile``/``readarray [-t] ... ARRAY``:
@@ -697,6 +709,105 @@ class _Commands(_Expander):
 
 # Commands that run the here-document fed to them as a script (a batch script, a shell's input).
 HEREDOC_SHELLS = ("sbatch", "bash", "sh")
+
+
+def _read_options(args: Sequence[str]) -> Optional[tuple]:
+    """read's words as bash's getopts reads them ("a:d:ei:n:N:p:rst:u:"): (names, -a's array, the delimiter,
+    -n or -N's count, whether -N, -r, whether -t asks only whether input is there: -t 0); None where an option
+    is not followed here (-u FD, another file than the here-string) or not valid."""
+    names: list[str] = []
+    values = {"a": None, "d": "\n", "n": None, "N": None, "t": None}
+    flags = ""
+    k = 0
+    while k < len(args) and args[k].startswith("-") and args[k] != "-":
+        word = args[k]
+        k += 1
+        if word == "--":
+            break
+        for j, letter in enumerate(word[1:], 1):
+            if letter in "adinNptu":  # takes a value: the rest of the word, or the next word
+                value = word[j + 1:] if j + 1 < len(word) else (args[k] if k < len(args) else None)
+                k += j + 1 == len(word)
+                if value is None or letter == "u":
+                    return None
+                values[letter] = value
+                break
+            if letter not in "ers":
+                return None
+            flags += letter
+    names = list(args[k:])
+    count = values["N"] if values["N"] is not None else values["n"]
+    if count is not None and not count.isdigit():
+        return None
+    timeout = values["t"]
+    if timeout is not None and not re.fullmatch(r"[0-9]*\.?[0-9]*", timeout):
+        return None
+    return (names, values["a"], values["d"][:1] or "\0", None if count is None else int(count),
+            values["N"] is not None, "r" in flags, timeout is not None and not timeout.strip("0."))
+
+
+def _read_line(text: str, delim: str, count: Optional[int], exact: bool, raw: bool) -> tuple[list, bool]:
+    """The characters read reads of ``text``, each with whether a backslash escaped it (without -r a backslash
+    escapes the next character, which no IFS character splits then, and one before a newline continues the
+    line); whether the input held the whole line (its delimiter, or -N's count)."""
+    chars: list[tuple[str, bool]] = []
+    k = 0
+    while k < len(text) and (count is None or len(chars) < count):
+        c = text[k]
+        if c == "\\" and not raw and k + 1 < len(text):
+            if text[k + 1] != "\n":
+                chars.append((text[k + 1], True))
+            k += 2
+            continue
+        if c == delim and not exact:
+            return chars, True
+        chars.append((c, False))
+        k += 1
+    return chars, count is not None and len(chars) == count
+
+
+def _read_fields(chars: list, ifs: str, names: Optional[int]) -> list[str]:
+    """read's split of the line ``chars`` (from :func:`_read_line`) on ``ifs``, as bash's read.def does it:
+    IFS whitespace at the ends dropped, each field then its delimiter (IFS whitespace, at most one other IFS
+    character, IFS whitespace) taken; for ``names`` variables, the last gets the rest of the line, its IFS
+    whitespace at the end dropped (an escaped one too), or the one field it holds where that field and its delimiter end it
+    (``IFS=, read a b <<< 1,2,``: b is 2). ``names`` None: every field (-a)."""
+    def separator(k: int, blank: bool) -> bool:
+        return k < len(chars) and not chars[k][1] and chars[k][0] in ifs and (chars[k][0] in " \t\n") == blank
+
+    def skip_blanks(k: int) -> int:
+        while separator(k, True):
+            k += 1
+        return k
+
+    def word(k: int) -> tuple[str, int]:
+        """The field at ``k`` and where the next starts."""
+        start = k
+        while k < len(chars) and not (separator(k, True) or separator(k, False)):
+            k += 1
+        field = "".join(c for c, _ in chars[start:k])
+        k = skip_blanks(k)
+        if separator(k, False):
+            k = skip_blanks(k + 1)
+        return field, k
+
+    k = skip_blanks(0)
+    fields: list[str] = []
+    while k < len(chars) and (names is None or len(fields) < names - 1):
+        field, k = word(k)
+        fields.append(field)
+    if names is None:
+        return fields
+    if k < len(chars):
+        field, end = word(k)
+        if end < len(chars):
+            # bash's strip_trailing_ifs_whitespace: IFS's blanks, escaped ones too, the first character kept
+            end = len(chars)
+            while end > k + 1 and chars[end - 1][0] in " \t\n" and chars[end - 1][0] in ifs:
+                end -= 1
+            field = "".join(c for c, _ in chars[k:end])
+        fields.append(field)
+    return fields + [""] * (names - len(fields))
 
 
 def _printf_integer(text: str) -> int:
