@@ -1912,3 +1912,37 @@ def test_read_of_a_here_string_splits_as_bash_splits_it(tmp_path):
     sets, with the status bash leaves, on 300 random lines checked against bash itself."""
     script = _read_cases(300)
     assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"env -S 'OTHER=\"a b\" {CONNECTIONS}=32' {TRAIN}\n", "'32'"),  # env's own quotes keep "a b" one word
+    (f"env -S \"OTHER='a b' {CONNECTIONS}=32\" {TRAIN}\n", "'32'"),
+    (f"env -S 'OTHER=a\\_{CONNECTIONS}=32' {TRAIN}\n", "'32'"),  # \_ outside quotes: a separator
+    (f"env -S 'OTHER=\"a\\_b\" {CONNECTIONS}=1 # a comment' {TRAIN}\n", None),
+    (f"env -vS '{CONNECTIONS}=32' {TRAIN}\n", "'32'"),
+])
+def test_env_s_splits_its_string_as_env_splits_it(tmp_path, setting, refused):
+    """`env -S 'OTHER="a b" CUDA_DEVICE_MAX_CONNECTIONS=32' torchrun ...` was split on blanks alone, so `b"` was
+    read as the command env starts and the 32 never reached the tp 2 training, priced: coreutils' env splits -S's
+    string with quotes and escapes of its own (env --help; env.c's split_string), passing 32."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting, refused)
+
+
+@needs_bash
+def test_env_0_with_a_command_starts_nothing(tmp_path):
+    """`env -0 X=1 torchrun ...` was read as starting torchrun: coreutils' env refuses a command with -0 ("cannot
+    specify --null (-0) with command", status 125), so bash starts only the launch after it."""
+    script = "env -0 X=1 torchrun a\nenv --null torchrun b\nenv -0 torchrun c || torchrun d\n"
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script) == [["d"]]
+
+
+def test_env_s_whose_string_env_expands_is_refused_naming_the_line(tmp_path):
+    """env -S expands ${NAME} from env's own environment, which the reading does not follow: the launch's words
+    and environment would be guessed, so the script is refused, exit 2, one line naming the file, the line and
+    the construct."""
+    case, args = files(tmp_path, f"#!/bin/bash\nexport {CONNECTIONS}=1\nenv -S 'X=${{HOME}}' {TRAIN}\n", BF16)
+    result = run_cli("diagnose", str(case), "--megatron-args", str(args))
+    assert result.returncode == 2 and result.stdout == "", result
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert str(args) in result.stderr and "line 3" in result.stderr and "env -S" in result.stderr, result.stderr

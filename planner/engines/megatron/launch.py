@@ -571,7 +571,7 @@ def _launch_of(path: Path, text: str) -> _Launch:
                                              "would not run as written; expected Unix (LF) line endings (dos2unix)")
     try:
         script = bash.read_script(text, src, lambda command: _included(command, path))
-    except bash.ScriptLimit as error:
+    except (bash.ScriptLimit, bash.ScriptUnfollowed) as error:
         suffix = "; expected a launch script whose variables hold arguments" if "expands past" in error.message else ""
         raise CaseError(src, error.key, error.message + suffix) from None
     except bash.ScriptSyntax as error:  # what bash (or this reader) cannot parse: word by word, as before

@@ -450,7 +450,7 @@ def _words(src: str, text: str) -> tuple[list[str], Optional[tuple[Optional[str]
 
         try:
             script = bash.read_script(text, src)
-        except bash.ScriptLimit as error:
+        except (bash.ScriptLimit, bash.ScriptUnfollowed) as error:
             raise CaseError(src, error.key, error.message) from None
         except bash.ScriptSyntax:
             script = None  # what this reader cannot parse: word by word, as below

@@ -28,7 +28,7 @@ The environment each command starts with (``Command.environment``): what the scr
 (``export``, ``declare -x``, ``local -x``, ``set -a``/``set -o allexport``; a declaration bash rejects,
 ``readonly -x``, ``export -f X=3``, sets nothing; ``export -n``, ``declare +x``
 and ``unset`` take a variable out, a caller's exported one too, a function's locals scoped as bash scopes them), the command's own
-``NAME=value`` prefixes (an array's: a string, its element 0 that ``A+=c`` appends to, the array left as it was; under ``set -k``, its ``NAME=value`` words after the name too; on a function call, its commands' for the call, scoped as bash scopes them), and what ``env`` changes (``-u NAME``, ``-uNAME``, ``--unset``, ``-i``, ``-S``; none after its first ``NAME=VALUE``, where a word is the command it runs: ``env X=2 -u X torchrun`` runs one named ``-u``, which fails, said, and starts nothing),
+``NAME=value`` prefixes (an array's: a string, its element 0 that ``A+=c`` appends to, the array left as it was; under ``set -k``, its ``NAME=value`` words after the name too; on a function call, its commands' for the call, scoped as bash scopes them), and what ``env`` changes (``-u NAME``, ``-uNAME``, ``--unset``, ``-i``, ``-S`` (its string split as env splits it: quotes, escapes, comments; one with ``${NAME}``, refused), ``-0`` with a command (env refuses it: nothing started); none after its first ``NAME=VALUE``, where a word is the command it runs: ``env X=2 -u X torchrun`` runs one named ``-u``, which fails, said, and starts nothing),
 read through the commands that start another (``exec``, whose ``-c`` empties it, ``command``, ``time``,
 ``nohup``, ``nice``, ``stdbuf``, ``timeout``, ``srun``, ``numactl``, ``taskset``); a variable the script
 leaves alone is the caller's, and one it sets without ``export`` (``X=32``, ``readonly``, ``declare -i``, ``local``, ``printf -v``, ``let``, ``for``) is there only where the caller exported the name, as bash exports what it inherits (Bash Reference Manual, 3.7.4 Environment; an array, never: ``Command.environment``'s conditional) (the reserved word ``time [-p]`` is no command: ``time X=3 torchrun`` passes X=3).
@@ -66,7 +66,8 @@ subscripts fill 0 to n-1 is ordered by them, as bash does),
 an ``IFS=...`` prefix, split as bash's read splits it, its status too), ``mapfile`` and ``readarray`` (they fail, as with no
 input; the names they would set read as empty, said in a note and where a launch uses them),
 ``declare -n`` name references (said, a ``-x`` with it too; ``X=32 local -n X``'s prefix is no value of X, whose reference bash refuses), and variables bash sets itself (``PWD``, ``HOME``: unset).
-A script bash could not parse raises :class:`ScriptSyntax`; one that expands, loops or recurses
+A script bash could not parse raises :class:`ScriptSyntax`; one whose launch depends on what is not followed
+(``env -S`` with ``${NAME}``), :class:`ScriptUnfollowed`; one that expands, loops or recurses
 without end, or is longer than MAX_EXPANDED_CHARS, raises :class:`ScriptLimit`.
 """
 
@@ -74,12 +75,13 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .errors import MAX_DEPTH, MAX_NOTES, MAX_PATTERN_WORK, MAX_STEPS, MAX_WORDS, ScriptError, ScriptLimit, ScriptSyntax
+from .errors import (MAX_DEPTH, MAX_NOTES, MAX_PATTERN_WORK, MAX_STEPS, MAX_WORDS, ScriptError, ScriptLimit, ScriptSyntax,
+                     ScriptUnfollowed)
 from .interpreter import run_script
 from .results import EMPTIED, Command, Note, Script
 
 __all__ = ["EMPTIED", "MAX_DEPTH", "MAX_NOTES", "MAX_PATTERN_WORK", "MAX_STEPS", "MAX_WORDS", "Command", "Note", "Script",
-           "ScriptError", "ScriptLimit", "ScriptSyntax", "read_script"]
+           "ScriptError", "ScriptLimit", "ScriptSyntax", "ScriptUnfollowed", "read_script"]
 
 
 def read_script(text: str, name: str, command_output: Optional[Callable[[str], Optional[str]]] = None, *,

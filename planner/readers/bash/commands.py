@@ -13,7 +13,7 @@ from ...errors import one_line
 from ...limits import MAX_EXPANDED_CHARS
 from .arith import _ExpansionError
 from .conditions import _test_words
-from .errors import MAX_DEPTH, ScriptLimit, ScriptSyntax
+from .errors import MAX_DEPTH, ScriptLimit, ScriptSyntax, ScriptUnfollowed
 from .expand import _Expander
 from .lexer import _ASSIGNMENT, _NAME, _lex, _Tok, _Unterminated
 from .parser import _DECLARATIONS, _Parser, _Simple
@@ -509,7 +509,15 @@ class _Commands(_Expander):
             return self.not_followed(name, fields, node)
         if name in self.funcs:
             return self.call(self.funcs[name], args, assignments)
-        program = started_program(fields)
+        try:
+            program = started_program(fields)
+        except _WrapperFails as failing:
+            self.note(f"{one_line(' '.join(fields), 80)}: {failing}")
+            return _Status(False, False)
+        except _Unfollowed as what:
+            raise ScriptUnfollowed(f"line {self.line}", f"{what}: not followed here, so the words and environment "
+                                                        "of what it starts cannot be read; expected them written "
+                                                        "out") from None
         if program is not None and program.startswith("-"):
             # env X=2 -u X torchrun: GNU env takes the words after its first NAME=VALUE as the command, so it
             # runs one named -u, not found (127): nothing the command names starts
@@ -869,8 +877,72 @@ def _env_option(letter: str, value: str, held: list, words: list[str], at: int) 
     if letter == "u":
         return [setting for setting in held if setting[0] != value] + [(value, None, True, False)]
     if letter == "S":
-        words[at:at] = value.split()
+        words[at:at] = _split_string(value)
     return held
+
+
+class _Unfollowed(Exception):
+    """What a wrapper does that the reading does not follow, whose words or environment would differ."""
+
+
+class _WrapperFails(Exception):
+    """A wrapper that fails before it starts the command it names (env -0 with a command)."""
+
+
+# env -S's escapes (coreutils' env.c, "escape sequences"): \_ is a space inside double quotes, a separator outside
+_SPLIT_ESCAPES = {"\\": "\\", "'": "'", '"': '"', "#": "#", "$": "$", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
+                  "v": "\v"}
+
+
+def _split_string(text: str) -> list[str]:
+    """env -S STRING's words as coreutils' env splits them: on blanks, within '...' (where \\\\ and \\' alone
+    are escapes) and "..." (and outside quotes, the escapes of _SPLIT_ESCAPES, \\_, and \\c ending the string), a
+    word begun by # a comment to the end. Raises _Unfollowed on ${NAME}, which env expands from its own
+    environment, and on what env refuses (an unknown escape, a quote left open)."""
+    words: list[str] = []
+    word: Optional[list[str]] = None
+    quote = ""
+    k = 0
+    while k < len(text):
+        c = text[k]
+        k += 1
+        if not quote and c in " \t\n\v\f\r":
+            if word is not None:
+                words.append("".join(word))
+            word = None
+            continue
+        if word is None:
+            if c == "#" and not quote:
+                break
+            word = []
+        if c == quote:
+            quote = ""
+        elif c in "'\"" and not quote:
+            quote = c
+        elif c == "$" and quote != "'":
+            raise _Unfollowed(f"env -S {one_line(text, 60)}: its ${{NAME}} is expanded from env's own environment")
+        elif c == "\\" and (quote != "'" or text[k:k + 1] in ("\\", "'")):
+            escape = text[k:k + 1]
+            k += 1
+            if escape == "c" and not quote:
+                break
+            if escape == "_":
+                if quote:
+                    word.append(" ")
+                else:
+                    words.append("".join(word))
+                    word = None
+                continue
+            if escape not in _SPLIT_ESCAPES:
+                raise _Unfollowed(f"env -S {one_line(text, 60)}: env refuses its \\{escape or ' at the end'}")
+            word.append(_SPLIT_ESCAPES[escape])
+        else:
+            word.append(c)
+    if quote:
+        raise _Unfollowed(f"env -S {one_line(text, 60)}: env refuses its {quote} left open")
+    if word is not None:
+        words.append("".join(word))
+    return words
 
 
 def started_environment(fields: Sequence[str], held) -> tuple[tuple[str, Optional[str], bool], ...]:
@@ -909,6 +981,7 @@ def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int, list[s
         name = words[i].rsplit("/", 1)[-1]
         i += 1
         if name == "env":
+            null = False
             while i < len(words):
                 word = words[i]
                 i += 1
@@ -918,6 +991,7 @@ def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int, list[s
                     held = [(EMPTIED, None, True, False)]
                 elif word.startswith("--"):
                     option, eq, value = word[2:].partition("=")
+                    null = null or option == "null"
                     if option in ("unset", "chdir", "split-string") and not eq:
                         value = words[i] if i < len(words) else ""
                         i += 1
@@ -929,6 +1003,8 @@ def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int, list[s
                         k += 1
                         if letter == "i":
                             held = [(EMPTIED, None, True, False)]
+                        elif letter == "0":
+                            null = True
                         elif letter in "uCS":
                             value = word[k:]
                             if not value:
@@ -940,6 +1016,9 @@ def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int, list[s
                     i -= 1
                     break
             i = _settings(words, i, held)
+            if null and i < len(words):  # coreutils: "cannot specify --null (-0) with command", status 125
+                raise _WrapperFails(f"env -0 (--null) refuses to start a command, so {one_line(words[i], 40)} "
+                                    "is not started")
         elif name == "sudo":
             held, i, reset = _sudo(words, i, held)
             said += [SUDO_RESETS] if reset else []

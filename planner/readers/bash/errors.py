@@ -32,3 +32,8 @@ class ScriptSyntax(ScriptError):
 
 class ScriptLimit(ScriptError):
     """A script that expands, loops or recurses past the bounds."""
+
+
+class ScriptUnfollowed(ScriptError):
+    """A construct bash runs that this reader does not follow, where reading past it would give the launch
+    other words or another environment than bash gives it: refused, naming the line and the construct."""
