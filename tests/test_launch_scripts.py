@@ -1946,3 +1946,21 @@ def test_env_s_whose_string_env_expands_is_refused_naming_the_line(tmp_path):
     assert result.returncode == 2 and result.stdout == "", result
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert str(args) in result.stderr and "line 3" in result.stderr and "env -S" in result.stderr, result.stderr
+
+
+@needs_bash
+@pytest.mark.parametrize("setting", [f"{CONNECTIONS}[0]=32 ", f"export {CONNECTIONS}=1\n{CONNECTIONS}[0]=32 ",
+                                     f"set -k\nexport {CONNECTIONS}=1\n{TRAIN} {CONNECTIONS}[0]=32\n#"])
+def test_an_indexed_prefix_is_refused_by_bash_and_the_command_runs_without_it(tmp_path, setting):
+    """`CUDA_DEVICE_MAX_CONNECTIONS[0]=32 torchrun ...` was read as taking the variable out of the tp 2 launch's
+    environment (refused, 'unset'): bash refuses an indexed prefix ("not a valid identifier") and runs the
+    command with the environment as it was, the caller's exported 1 passed."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", None)
+
+
+@needs_bash
+def test_an_indexed_prefix_of_a_function_call_or_eval_sets_nothing(tmp_path):
+    """`A[1]=x f` was read as setting A[1] for the call: bash refuses the prefix and calls f with A as it was."""
+    script = "A=(1 2)\nf() { torchrun \"${A[@]}\"; }\nA[1]=x f\nA[0]=y eval 'torchrun \"${A[@]}\"'\nA[0]=z :\n" \
+             "torchrun \"${A[@]}\"\n"
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script) == [["1", "2"]] * 3

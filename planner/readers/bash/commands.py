@@ -41,7 +41,7 @@ class _Commands(_Expander):
             # separate_out_assignments takes them before it looks at the command's name)
             assignments, rest = _keyword_assignments(assignments, rest)
         if rest:
-            assignments = [_prefix_string(tok) for tok in assignments]
+            assignments = self.valid_prefixes([_prefix_string(tok) for tok in assignments])
         if not rest:
             for tok in assignments:
                 self.assign(tok)
@@ -71,6 +71,20 @@ class _Commands(_Expander):
             return self.declare(self.keep_declared_prefixes(
                 assignments, [_Tok("word", _as_word(field), rest[0].start, rest[-1].end) for field in fields]))
         return self.builtin(fields, ctx, node, assignments)
+
+    def valid_prefixes(self, assignments: list[_Tok]) -> list[_Tok]:
+        """A command's ``NAME=value`` prefixes less the indexed ones (``A[1]=x torchrun``): bash refuses each ("`A[1]':
+        not a valid identifier") and runs the command without it, the array as it was, a caller's exported A
+        passed as before; it was read as setting A[1] for a function call, and as taking A out of the launch's
+        environment."""
+        kept = []
+        for tok in assignments:
+            if tok.kind != "array" and _ASSIGNMENT.match(tok.text).group(2) is not None:
+                self.note(f"{one_line(tok.text, 60)} before a command fails in bash (`{_ASSIGNMENT.match(tok.text).group(1)}"
+                          f"[...]': not a valid identifier): the command runs without it", None)
+                continue
+            kept.append(tok)
+        return kept
 
     def keep_declared_prefixes(self, assignments: Sequence[_Tok], rest: list[_Tok]) -> list[_Tok]:
         """``X=32 export X`` (or ``readonly X``, ``declare -x X``): bash puts the prefix in a temporary
