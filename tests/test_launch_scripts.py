@@ -1964,3 +1964,17 @@ def test_an_indexed_prefix_of_a_function_call_or_eval_sets_nothing(tmp_path):
     script = "A=(1 2)\nf() { torchrun \"${A[@]}\"; }\nA[1]=x f\nA[0]=y eval 'torchrun \"${A[@]}\"'\nA[0]=z :\n" \
              "torchrun \"${A[@]}\"\n"
     assert reader_calls(tmp_path, script) == bash_words(tmp_path, script) == [["1", "2"]] * 3
+
+
+@needs_bash
+@pytest.mark.parametrize("setting, refused", [
+    (f"select C in a b; do break; done </dev/null; export {CONNECTIONS}=32\n", "'32'"),
+    (f"select C in a b\ndo export {CONNECTIONS}=32; done </dev/null\n", None),  # no choice read: no body run
+])
+def test_a_select_loop_is_parsed_and_what_follows_it_on_its_line_is_read(tmp_path, setting, refused):
+    """`select C in a b; do break; done; export CUDA_DEVICE_MAX_CONNECTIONS=32` was no command the reader parsed:
+    the script was read word by word and the export lost, so a tp 2 launch on H100 was priced. select is parsed
+    as bash's compound command; its choice, read from the input, is read as at the input's end, as bash runs it
+    without any (no body run), said."""
+    read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused)
+    assert any("select C reads its choice" in note.text for note in read_script(setting, "t.sh").notes)

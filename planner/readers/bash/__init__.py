@@ -15,7 +15,8 @@ their doubles, ``${X/pat/rep}``, ``${X:off:len}``, ``${X^^}``, ``${X,,}``), arit
 word splitting as bash does it (a quoted ``"${A[@]}"`` keeps each element one word, an
 unquoted ``${A[@]}`` splits them), comments, line continuations, here-documents (the script of
 ``sbatch``, ``bash`` or ``sh`` they feed, expanded as bash expands one; others skipped),
-``if``/``elif``/``else``, ``&&``/``||``, ``case``, ``for``, ``while``/``until``, functions,
+``if``/``elif``/``else``, ``&&``/``||``, ``case``, ``for``, ``while``/``until``, ``select`` (its choice, read from
+the input, read as at the input's end: no body run, said), functions,
 ``{ ...; }`` and subshells, ``exit``, ``set -e`` (``-o errexit``, with ``-o pipefail``: a command that fails ends the
 script where bash does not ignore it; one whose failure the caller decides, or no command run decides, read as
 going on, the first said), ``set --`` (and ``set a b``), ``shift``, ``unset``, ``local`` (and ``declare``

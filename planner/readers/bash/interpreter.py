@@ -292,6 +292,8 @@ class _Shell(_Commands):
 
     def run_for(self, node: _For) -> _Status:
         self.step(node.start)
+        if node.select:
+            return self.run_select(node)
         if node.items is None:
             items = list(self.positional)
         else:
@@ -310,6 +312,16 @@ class _Shell(_Commands):
             if self.loop_body(node.body) == "break":
                 break
         return _TRUE
+
+    def run_select(self, node: _For) -> _Status:
+        """``select NAME in WORDS; do ...; done``: bash prints the menu and reads the choice from its input, which
+        is not followed: read as at the input's end, where bash sets REPLY empty, leaves NAME as it was and runs
+        no body (status 1), said. It was no command the reader parsed: the script was read word by word, and
+        what followed it on its line (``done; export X=1``) lost."""
+        self.set_var("REPLY", "", {f"select {node.name} (line {self.line})": _NOT_RUN})
+        self.note(f"select {node.name} reads its choice from input, which is not followed: read as at the input's "
+                  f"end, its body not run and {node.name} as it was")
+        return _Status(None, False, reason="select's input is not followed")
 
     def run_arith_for(self, node: _ArithFor) -> _Status:
         ctx = _Ctx()

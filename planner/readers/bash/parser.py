@@ -45,6 +45,7 @@ class _For:
     items: Optional[list[_Tok]]
     body: _List
     start: int
+    select: bool = False  # select NAME in ...: a menu whose choice is read from the input
 
 
 @dataclass
@@ -227,7 +228,7 @@ class _Parser:
             keyword = tok.text
             if keyword == "if":
                 node = self.parse_if()
-            elif keyword == "for":
+            elif keyword in ("for", "select"):
                 node = self.parse_for()
             elif keyword in ("while", "until"):
                 node = self.parse_while()
@@ -342,8 +343,9 @@ class _Parser:
         return _If(clauses, orelse, start, end)
 
     def parse_for(self):
-        start = self.expect_word("for").start
-        if self.op(self.peek(), "(") and self.op(self.peek(1), "("):
+        select = self.word(self.peek(), "select")
+        start = self.expect_word("select" if select else "for").start
+        if not select and self.op(self.peek(), "(") and self.op(self.peek(1), "("):
             text = self.parse_double_paren()
             parts = text.split(";")
             if len(parts) != 3:
@@ -351,7 +353,7 @@ class _Parser:
             return _ArithFor(parts[0], parts[1], parts[2], self.parse_do_group(), start)
         name = self.peek()
         if not self.word(name) or not _NAME.fullmatch(name.text):
-            raise self.error(name, "expected a loop variable after for")
+            raise self.error(name, f"expected a loop variable after {'select' if select else 'for'}")
         self.k += 1
         self.skip_newlines()
         items = None
@@ -361,7 +363,7 @@ class _Parser:
             while self.word(self.peek()):
                 items.append(self.peek())
                 self.k += 1
-        return _For(name.text, items, self.parse_do_group(), start)
+        return _For(name.text, items, self.parse_do_group(), start, select)
 
     def parse_do_group(self) -> _List:
         """A loop's ``do ... done``, after the separators before it."""
