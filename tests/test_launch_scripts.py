@@ -1978,3 +1978,27 @@ def test_a_select_loop_is_parsed_and_what_follows_it_on_its_line_is_read(tmp_pat
     without any (no body run), said."""
     read_as_bash_does(tmp_path, "#!/bin/bash\n" + setting + TRAIN + "\n", refused)
     assert any("select C reads its choice" in note.text for note in read_script(setting, "t.sh").notes)
+
+
+@needs_bash
+def test_unset_of_an_arrays_last_element_or_whole_array_reads_as_bash(tmp_path):
+    """`unset 'A[2]'` was read as unsetting a variable named A[2], none, the element kept: bash takes the element
+    off (the last one leaves the array dense, its indices 0..n-2); `unset 'A[@]'` unsets the array, and X[0] of a
+    scalar X unsets X."""
+    script = ("A=(--bf16 --fp8-format hybrid)\nunset 'A[2]'\nunset 'A[7]'\ntorchrun \"${A[@]}\" \"${#A[@]}\" "
+              "\"${!A[@]}\"\nunset A[-1]\ntorchrun \"${A[@]}\" \"${!A[@]}\"\nunset 'A[@]'\ntorchrun \"${#A[@]}\"\n"
+              "X=1\nunset 'X[0]'\ntorchrun \"${X-unset}\"\nE=()\ntorchrun \"${E-unset}\"\n")
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
+
+
+@pytest.mark.parametrize("making, construct", [("unset 'A[0]'", "unset A[0]"), ("A[5]=64", "A[5]=")])
+def test_a_sparse_array_is_refused_naming_the_line(tmp_path, making, construct):
+    """`unset 'A[0]'` (or `A[5]=64` past the end) makes a sparse array, whose "${A[@]}" and ${!A[@]} the reading
+    does not follow (it kept the element, or padded with empty words bash never passes): refused, exit 2, one
+    line naming the file, the line and the construct, rather than a launch read with other words."""
+    script = f"#!/bin/bash\nA=(--bf16 --use-distributed-optimizer)\n{making}\n{TRAIN} \"${{A[@]}}\"\n"
+    case, args = files(tmp_path, script, BF16)
+    result = run_cli("diagnose", str(case), "--megatron-args", str(args))
+    assert result.returncode == 2 and result.stdout == "", result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {args}: line 3: {construct}"), lines

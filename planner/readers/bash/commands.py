@@ -252,6 +252,32 @@ class _Commands(_Expander):
             else:
                 self.vars[name] = hidden
 
+    def unset_element(self, word: str) -> None:
+        """``unset 'A[i]'``: ``A[@]`` and ``A[*]`` unset the whole array (as bash 5.2 does); the last element (or one
+        past the end, which bash leaves alone) taken off, the array as bash leaves it. Another leaves a hole, a
+        sparse array, whose indices (``${!A[@]}``) and elements (``${A[i]}``) the reading does not follow: refused,
+        as reading on would give the launch other words than bash gives it."""
+        name, index = word[:word.index("[")], word[word.index("[") + 1:-1]
+        if index in ("@", "*"):
+            self.unset_var(name)
+            return
+        var = self.vars.get(name)
+        if var is None:
+            return
+        items = var.value if isinstance(var.value, list) else [var.value]
+        position = self.expanded_arith(index, _Ctx(), name)
+        if position < 0:
+            position += len(items)
+        if position == len(items) - 1 and not isinstance(var.value, list):  # X[0] of a scalar: X itself
+            self.unset_var(name)
+        elif position == len(items) - 1 and not self.meets_readonly(name):
+            self.vars[name] = replace(var, value=items[:-1], size=sum(len(v) + 1 for v in items[:-1]))
+        elif 0 <= position < len(items):
+            raise ScriptUnfollowed(f"line {self.line}", f"unset {one_line(word, 40)} leaves a hole in the array "
+                                                        f"{name} (a sparse array), which is not followed here: its "
+                                                        "elements and indices would be read otherwise than bash "
+                                                        "reads them; expected the array built without it")
+
     def declare(self, rest: list[_Tok]) -> _Status:
         rest, read = self.expanded_declaration(rest)
         status = self.declared(rest)
@@ -480,6 +506,8 @@ class _Commands(_Expander):
                 if not arg.startswith("-"):
                     if functions:
                         self.funcs.pop(arg, None)
+                    elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\[.*\]", arg, re.S):
+                        self.unset_element(arg)
                     else:
                         self.unset_var(arg)
             return _TRUE

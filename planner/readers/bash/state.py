@@ -215,8 +215,10 @@ class _State:
             return None, False
         ctx.merge(var.deps)
         value = var.value
-        if index is None:
-            return (value[0] if value else "") if isinstance(value, list) else value, True
+        if index is None:  # an array's element 0, unset in an empty one (A=(); ${A-unset} is "unset" to bash)
+            if isinstance(value, list):
+                return (value[0], True) if value else (None, False)
+            return value, True
         if index in ("@", "*"):
             return list(value) if isinstance(value, list) else [value], True
         position = self.expanded_arith(index, ctx, name)
@@ -251,7 +253,15 @@ class _State:
                     raise _ExpansionError(f"{name}[{one_line(index, 20)}]= fails in bash (a bad array subscript)")
             if position >= MAX_EXPANDED_CHARS:
                 raise self.too_long(name)
-            while len(items) <= position:
+            if position > len(items):
+                # bash leaves the indices between unset: a sparse array, whose ${!A[@]}, ${#A[@]} and "${A[@]}" the
+                # reading does not follow (empty elements in their stead gave the launch words bash does not)
+                from .errors import ScriptUnfollowed
+
+                raise ScriptUnfollowed(f"line {self.line}", f"{name}[{one_line(index, 20)}]= sets an index past the "
+                                                            f"end of {name} (a sparse array), which is not followed "
+                                                            "here; expected the elements set in order")
+            if position == len(items):
                 items.append("")
             items[position] = (items[position] + value) if append else value
             value = items
