@@ -765,7 +765,6 @@ def _read_options(args: Sequence[str]) -> Optional[tuple]:
     """read's words as bash's getopts reads them ("a:d:ei:n:N:p:rst:u:"): (names, -a's array, the delimiter,
     -n or -N's count, whether -N, -r, whether -t asks only whether input is there: -t 0); None where an option
     is not followed here (-u FD, another file than the here-string) or not valid."""
-    names: list[str] = []
     values = {"a": None, "d": "\n", "n": None, "N": None, "t": None}
     flags = ""
     k = 0

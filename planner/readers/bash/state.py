@@ -10,7 +10,7 @@ from typing import Callable, Optional, Union
 
 from ...errors import one_line
 from ...limits import MAX_EXPANDED_CHARS
-from .errors import MAX_EXPANSION_WORK, MAX_NOTES, MAX_STEPS, ScriptLimit
+from .errors import MAX_EXPANSION_WORK, MAX_NOTES, MAX_STEPS, ScriptLimit, ScriptUnfollowed
 from .lexer import _ASSIGNMENT, _Tok
 from .results import Command, Note
 
@@ -256,8 +256,6 @@ class _State:
             if position > len(items):
                 # bash leaves the indices between unset: a sparse array, whose ${!A[@]}, ${#A[@]} and "${A[@]}" the
                 # reading does not follow (empty elements in their stead gave the launch words bash does not)
-                from .errors import ScriptUnfollowed
-
                 raise ScriptUnfollowed(f"line {self.line}", f"{name}[{one_line(index, 20)}]= sets an index past the "
                                                             f"end of {name} (a sparse array), which is not followed "
                                                             "here; expected the elements set in order")
