@@ -1991,7 +1991,9 @@ def test_unset_of_an_arrays_last_element_or_whole_array_reads_as_bash(tmp_path):
     assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
 
 
-@pytest.mark.parametrize("making, construct", [("unset 'A[0]'", "unset A[0]"), ("A[5]=64", "A[5]=")])
+@pytest.mark.parametrize("making, construct", [("unset 'A[0]'", "unset A[0]"), ("A[5]=64", "A[5]="),
+                                               ("A=([0]=--bf16 [2]=64)", "A=(...) sets the indices 0, 2"),
+                                               ("A+=([3]=64)", "A+=(...) sets the indices 3")])
 def test_a_sparse_array_is_refused_naming_the_line(tmp_path, making, construct):
     """`unset 'A[0]'` (or `A[5]=64` past the end) makes a sparse array, whose "${A[@]}" and ${!A[@]} the reading
     does not follow (it kept the element, or padded with empty words bash never passes): refused, exit 2, one
@@ -2002,3 +2004,12 @@ def test_a_sparse_array_is_refused_naming_the_line(tmp_path, making, construct):
     assert result.returncode == 2 and result.stdout == "", result
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {args}: line 3: {construct}"), lines
+
+
+@needs_bash
+def test_an_arrays_subscripted_words_set_the_indices_bash_sets(tmp_path):
+    """`A=([0]=$X [1]=c)` split X's value into two elements, where bash assigns `[i]=value` as one (no word
+    splitting, as any assignment's), and a plain word after `[1]=f` goes to index 2, an appended one after the end."""
+    script = ('X="a b"\nA=([0]=$X [1]=c)\ntorchrun "${A[@]}"\nD=(a [1]=f g)\nD+=([3]=h i)\nD+=(j)\n'
+              'torchrun "${D[@]}" "${!D[@]}"\nE=([1]=x [1]=y [0]=z)\ntorchrun "${E[@]}"\n')
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)

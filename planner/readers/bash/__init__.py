@@ -62,7 +62,8 @@ Not modelled: command substitution (``$(...)`` and backquotes read as empty, but
 them, a word or a redirection's file, never run; the word is the file name bash gives the pipe,
 /dev/fd/63, said where a launch's words hold it), globbing (``*`` stays as written, as under ``set -f``), brace and
 tilde expansion, sparse and associative arrays (``A[5]=x`` past the end, or ``unset 'A[0]'`` before the last element, makes one:
-refused, :class:`ScriptUnfollowed`; ``unset 'A[i]'`` of the last element and ``unset 'A[@]'`` are followed; an ``A=([1]=b [0]=a)`` whose literal
+refused, :class:`ScriptUnfollowed`, as is ``A=([0]=a [2]=c)``; ``unset 'A[i]'`` of the last element and
+``unset 'A[@]'`` are followed; an ``A=([1]=b [0]=a)`` whose literal
 subscripts fill 0 to n-1 is ordered by them, as bash does),
 ``source``, ``eval`` of a string the script does not decide and ``trap`` actions (said in a note, which names the variables their text assigns: their values could not be read; an ``eval`` of a decided string is run), ``read`` (but of a here-string the script decides, ``read X <<< 32``, with -r, -a, -d, -n, -N, -p, -s, -e, -t and
 an ``IFS=...`` prefix, split as bash's read splits it, its status too), ``mapfile`` and ``readarray`` (they fail, as with no

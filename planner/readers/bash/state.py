@@ -6,27 +6,13 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 from ...errors import one_line
 from ...limits import MAX_EXPANDED_CHARS
 from .errors import MAX_EXPANSION_WORK, MAX_NOTES, MAX_STEPS, ScriptLimit, ScriptUnfollowed
 from .lexer import _ASSIGNMENT, _Tok
 from .results import Command, Note
-
-
-def _by_subscript(raws: list[str]) -> list[str]:
-    """An array's ``(...)`` words in the order of their indices, where every word gives a literal one and
-    they fill 0 to n-1 (the last of an index given twice wins, as in bash): ``A=([1]=64 [0]=--flag)`` is
-    ``--flag 64`` to bash, and was read in the written order, ``64 --flag``, refusing a list bash runs.
-    Otherwise the written order (sparse arrays, subscripts to evaluate, words without one: not modelled)."""
-    indexed: dict[int, str] = {}
-    for raw in raws:
-        match = re.match(r"\[(\d{1,9})\]=", raw)
-        if match is None:
-            return raws
-        indexed[int(match.group(1))] = raw
-    return [indexed[i] for i in sorted(indexed)] if sorted(indexed) == list(range(len(indexed))) else raws
 
 
 @dataclass
@@ -331,21 +317,43 @@ class _State:
             return old.inherited and not old.exported
         return name not in self.cleared and not self.caller_emptied
 
+    def compound_elements(self, name: str, raws: Sequence[str], append: bool, ctx: _Ctx) -> list[str]:
+        """The elements ``NAME=(...)`` (``NAME+=(...)``) gives, in the order of their indices, as bash sets them: a
+        word ``[i]=value`` sets index i to the value (expanded as an assignment's: not split), the next word goes
+        to i+1, a plain word's fields to the next indices, the last of an index given twice winning
+        (``A=([1]=64 [0]=--flag)`` is ``--flag 64``). Indices that do not fill the array from its start (or from
+        its end, appended to) make a sparse array, not followed: refused. A subscript that is no literal index
+        (``[$i]=``, an associative array's ``[tp]=``, not modelled) leaves the elements in the written order."""
+        literal = all(re.match(r"\[\d{1,9}\]=", raw) for raw in raws if raw.startswith("["))
+        old = self.vars.get(name) if append else None
+        first = (len(old.value) if isinstance(old.value, list) else 1) if old is not None else 0
+        slots: dict[int, str] = {}
+        at, size = first, 0
+        for raw in raws:
+            subscript = re.match(r"\[([^\]]*)\]=", raw)
+            if subscript:
+                at = int(subscript.group(1)) if literal else at
+                words = [self.string(raw[subscript.end():], ctx, name)]
+            else:
+                words = self.fields(raw, ctx, name)
+            for word in words:
+                size += len(word) + 1
+                if size > MAX_EXPANDED_CHARS:
+                    raise self.too_long(name)
+                slots[at] = word
+                at += 1
+        if sorted(slots) != list(range(first, first + len(slots))):
+            raise ScriptUnfollowed(f"line {self.line}", f"{name}{'+=' if append else '='}(...) sets the indices {', '.join(map(str, sorted(slots)[:6]))}"
+                                                        f", which leave holes in {name} (a sparse array), not followed "
+                                                        "here; expected the elements set in order")
+        return [slots[k] for k in sorted(slots)]
+
     def assign(self, tok: _Tok, exported: Optional[bool] = None, global_: bool = False) -> None:
         match = _ASSIGNMENT.match(tok.text)
         name, index, append = match.group(1), match.group(2), match.group(3) == "+"
         ctx = _Ctx()
         if tok.kind == "array":
-            elements: list[str] = []
-            size = 0
-            for raw in _by_subscript(tok.elements) if not append else tok.elements:
-                if re.match(r"\[[^\]]*\]=", raw):  # [i]=value: the value, in order (sparse arrays are not modelled)
-                    raw = raw.split("=", 1)[1]
-                for word in self.fields(raw, ctx, name):
-                    size += len(word) + 1
-                    if size > MAX_EXPANDED_CHARS:
-                        raise self.too_long(name)
-                    elements.append(word)
+            elements = self.compound_elements(name, tok.elements, append, ctx)
             self.set_var(name, elements, ctx.deps, append=append, exported=exported, global_=global_)
         else:
             value = self.string(tok.text[match.end():], ctx, name)
