@@ -181,8 +181,9 @@ NVL_COUNT = re.compile(r"(?<![A-Z])NVL\d+")
 def gpu_name(name: Any) -> str:
     """A GPU's name as the presets are looked up by: upper case, its spaces single ("NVIDIA  H100" and
     "  H100   SXM " were refused where "nvidia h100" was read), without the vendor's "NVIDIA " or a leading
-    "AMD Instinct " ("MI300X" was refused where "AMD-MI300X" was read)."""
-    return re.sub(r"^AMD[ -](INSTINCT )?", "", " ".join(str(name).split()).upper().replace("NVIDIA ", ""))
+    "AMD Instinct " ("MI300X" was refused where "AMD-MI300X" was read), or NVIDIA's former data-centre
+    brand, "Tesla ", that nvidia-smi still names the V100 by ("Tesla V100-SXM2-32GB" was refused)."""
+    return re.sub(r"^(AMD[ -](INSTINCT )?|TESLA )", "", " ".join(str(name).split()).upper().replace("NVIDIA ", ""))
 
 
 def family_preset(name: str) -> Optional[str]:

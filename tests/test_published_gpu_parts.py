@@ -76,3 +76,19 @@ def test_a_gpu_no_preset_is_is_read_as_none(name):
 ])
 def test_the_modules_and_racks_the_presets_hold_read_as_them(name, preset):
     assert gpu_preset(name) == preset
+
+
+@pytest.mark.parametrize("name, preset", [
+    # nvidia-smi's --query-gpu=name on each SXM module, as a user pastes it: the V100's carries NVIDIA's
+    # old "Tesla" brand (its datasheet: "NVIDIA Tesla V100"), and was refused as no preset's GPU
+    ("Tesla V100-SXM2-32GB", "v100-sxm-32gb"), ("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb"),
+    ("NVIDIA A100-SXM4-40GB", "a100-sxm-40gb"), ("NVIDIA H100 80GB HBM3", "h100-sxm-80gb"),
+    ("H100 80GB HBM3", "h100-sxm-80gb"), ("H100-SXM5-80GB", "h100-sxm-80gb"),
+])
+def test_nvidia_smi_names_of_the_sxm_modules_read_as_their_presets(name, preset):
+    assert gpu_preset(name) == preset
+
+
+def test_nvidia_smi_names_of_other_v100_parts_stay_refused():
+    # the V100 PCIe card, as nvidia-smi names it, with the brand taken off like the SXM module's
+    assert gpu_preset("Tesla V100-PCIE-32GB") is None and gpu_preset("Tesla T4") is None
