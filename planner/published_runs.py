@@ -167,7 +167,15 @@ def row_name(rows: list, index: int) -> str:
 # "NVL72", a GB200 or GB300 rack, and "NVLink" are not. "NVL" is matched by letters, not word
 # boundaries: "H100_NVL" and "H100NVL" are the NVL board too, as "H100 PCI-E" is the PCIe card (each was
 # scored as the SXM module).
-OTHER_PARTS = re.compile(r"PCI|CNX|(?<![A-Z])NVL(?![A-Z0-9])")
+# The HGX A100 and HGX H100 4-GPU boards join their 4 SXM modules to each other, with no NVSwitch (the HGX
+# datasheets' "4-GPU" columns: NVSwitch "N/A"): not the 8-GPU NVSwitch domain of the presets.
+OTHER_PARTS = re.compile(r"PCI|CNX|(?<![A-Z])NVL(?![A-Z0-9])|(?<![A-Z0-9])4-GPU")
+# NVIDIA's DGX and HGX systems by the module they hold, "DGX H100", "DGX-B200", "HGX B300": each 8 of the
+# SXM module on one NVSwitch board (the DGX H100 datasheet: 8x H100 SXM5 80GB, 4 NVSwitches; DGX B200: 8x
+# B200, 1,440 GB; HGX B300: 8 Blackwell Ultra SXM GPUs; DGX A100: 8x A100 SXM4, 6 NVSwitches; DGX GB200:
+# the NVL72 rack), which is the preset's part. Only before a model number: DGX-1 and DGX-2 name none (P100
+# or V100; DGX-2 joins 16 on 12 NVSwitches), and "DGX Station A100" is 4 A100s without NVSwitch.
+SYSTEM = re.compile(r"^[DH]GX[ -](?=[A-Z]+\d)")
 # NVIDIA's NVLink systems ("NVL" and a GPU count) whose NVLink domain is the preset's: the GB200 NVL72 and
 # GB300 NVL72 datasheets (72 GPUs joined by the rack's NVLink switch trays, the presets' nvlink_domain 72)
 # and NVIDIA's HGX B300 NVL16 (the HGX B300 board: 8 Blackwell Ultra GPUs, two dies each). Any other count
@@ -182,8 +190,10 @@ def gpu_name(name: Any) -> str:
     """A GPU's name as the presets are looked up by: upper case, its spaces single ("NVIDIA  H100" and
     "  H100   SXM " were refused where "nvidia h100" was read), without the vendor's "NVIDIA " or a leading
     "AMD Instinct " ("MI300X" was refused where "AMD-MI300X" was read), or NVIDIA's former data-centre
-    brand, "Tesla ", that nvidia-smi still names the V100 by ("Tesla V100-SXM2-32GB" was refused)."""
-    return re.sub(r"^(AMD[ -](INSTINCT )?|TESLA )", "", " ".join(str(name).split()).upper().replace("NVIDIA ", ""))
+    brand, "Tesla ", that nvidia-smi still names the V100 by ("Tesla V100-SXM2-32GB" was refused), or the
+    DGX or HGX system before a model number (``SYSTEM``: "DGX-H100" and "HGX B300" were refused)."""
+    n = re.sub(r"^(AMD[ -](INSTINCT )?|TESLA )", "", " ".join(str(name).split()).upper().replace("NVIDIA ", ""))
+    return SYSTEM.sub("", n)
 
 
 def family_preset(name: str) -> Optional[str]:
@@ -220,7 +230,7 @@ def gpu_preset(name: str) -> Optional[str]:
 def gpu_expected(name: Any) -> str:
     """What a run's ``gpu`` was expected to be, where :func:`gpu_preset` reads it as no preset."""
     return (f"expected a GPU the planner has a preset for, by its model number ({ACCEPTED_GPUS}): the SXM or "
-            f"OAM module, or its NVL72 rack, not a PCIe card, an NVL board, a converged accelerator or another "
+            f"OAM module (or the DGX or HGX system of 8), or its NVL72 rack, not a PCIe card, an NVL board, a converged accelerator or another "
             f"NVLink system; got {one_line(repr(str(name)), 60)}")
 
 

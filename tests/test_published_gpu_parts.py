@@ -92,3 +92,31 @@ def test_nvidia_smi_names_of_the_sxm_modules_read_as_their_presets(name, preset)
 def test_nvidia_smi_names_of_other_v100_parts_stay_refused():
     # the V100 PCIe card, as nvidia-smi names it, with the brand taken off like the SXM module's
     assert gpu_preset("Tesla V100-PCIE-32GB") is None and gpu_preset("Tesla T4") is None
+
+
+@pytest.mark.parametrize("name, preset", [
+    # NVIDIA's DGX and HGX systems hold 8 of the SXM module on one NVSwitch board (DGX H100 and DGX B200
+    # datasheets: "8x NVIDIA H100 / B200 Tensor Core GPUs", 4 and 2 NVSwitch chips; HGX B300: 8 Blackwell
+    # Ultra SXM GPUs): a run on one ran on the preset's module. Each was refused as no preset's GPU.
+    ("DGX B200", "b200"), ("DGX-B200", "b200"), ("HGX B300", "b300"), ("HGX B300 NVL16", "b300"),
+    ("HGX H100", "h100-sxm-80gb"), ("DGX H100", "h100-sxm-80gb"), ("DGX-H100", "h100-sxm-80gb"),
+    ("NVIDIA DGX H100", "h100-sxm-80gb"), ("HGX H200", "h200-sxm-141gb"), ("DGX A100", "a100-sxm-80gb"),
+    ("HGX A100 40GB", "a100-sxm-40gb"), ("DGX GB200 NVL72", "gb200"),
+    # the published rows' way, the module with its system beside it, reads as before
+    ("B200 (DGX B200)", "b200"), ("H100-SXM-80GB (DGX-H100)", "h100-sxm-80gb"),
+])
+def test_a_dgx_or_hgx_system_reads_as_the_module_it_holds(name, preset):
+    assert gpu_preset(name) == preset
+
+
+@pytest.mark.parametrize("name", [
+    # no model number: DGX-1 held P100s or V100s, DGX-2 16 V100s on 12 NVSwitches (another NVLink domain)
+    "DGX-2", "DGX-1", "DGX",
+    # 4 GPUs joined to each other without NVSwitch (DGX Station A100; the HGX A100 and H100 4-GPU boards):
+    # not the 8-GPU NVSwitch domain the presets hold
+    "DGX Station A100", "HGX A100 4-GPU", "HGX H100 4-GPU",
+    # Grace Hopper, of which the presets hold none
+    "DGX GH200",
+])
+def test_a_dgx_or_hgx_system_of_no_preset_is_refused(name):
+    assert gpu_preset(name) is None
