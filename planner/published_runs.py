@@ -20,6 +20,8 @@ from cost_models.specs import RECOMPUTE_MODULES, ModelSpec
 
 from .errors import CaseError, one_line, safe_repr
 from .limits import MAX_GPUS, MAX_LAYERS, MIN_FIGURE
+from .presets import gpu_presets
+from .units import parse_memory
 
 DATA = Path(__file__).parent / "published"
 DEFAULT_FILES = tuple(DATA / name for name in ("published_runs.yaml", "published_runs_2.yaml",
@@ -196,6 +198,48 @@ def gpu_name(name: Any) -> str:
     return SYSTEM.sub("", n)
 
 
+def model_number(name: Any) -> Optional[str]:
+    """The family's model number a GPU's name starts with (a ``GPU_PREFIXES`` prefix, or A100), None for none."""
+    n = gpu_name(name)
+    return next((prefix for prefix, _ in GPU_PREFIXES if n.startswith(prefix)), "A100" if n.startswith("A100") else None)
+
+
+# The memory a GPU's name states after its model number, in GB as the datasheets print it ("H100 80GB HBM3",
+# "V100-SXM2-16GB"); an nvidia-smi total in MiB ("81559 MiB") is the preset's own and not read, nor is a link's
+# bandwidth ("H800 (NVLink 160 GB/s intra-node ...)", DeepSeek-V3's row) or "1600 Gbps RoCE".
+STATED_MEMORY = re.compile(r"(\d+)\s*GI?B(?![A-Z0-9/])")
+# Modules of a preset's family that differ from its part in memory alone, by the GB their name states, and the
+# cluster.memory their case states: the V100 SXM2 with 16 GB (the V100 datasheet's SXM2 column: "32/16 GB
+# HBM2", one 900 GB/s and one 125 TFLOPS for both) and Meta's Grand Teton H100 with 96 GB (as
+# shared/validation/score.py reads it).
+MEMORY_VARIANTS = {"v100-sxm-32gb": {16: "16 GiB"}, "h100-sxm-80gb": {95: "96 GiB", 96: "96 GiB"}}
+# A name's "80GB" is the marketing figure: the preset's memory in GB or GiB, either within 5 %.
+MEMORY_ROUNDING = 0.05
+
+
+def stated_memory(name: Any) -> Optional[int]:
+    """The GB a GPU's name states after its model number (``STATED_MEMORY``), None where it states none."""
+    part = model_number(name)
+    found = STATED_MEMORY.search(gpu_name(name)[len(part):]) if part else None
+    return int(found[1]) if found else None
+
+
+def memory_variant(name: Any) -> Optional[str]:
+    """The ``cluster.memory`` of a module that is its preset's part with other memory (``MEMORY_VARIANTS``),
+    None for the preset's own memory: one reading for a published row and a team's run."""
+    return MEMORY_VARIANTS.get(family_preset(name) or "", {}).get(stated_memory(name) or 0)
+
+
+def other_memory(name: Any) -> bool:
+    """Whether a GPU's name states a memory neither its preset's part holds nor a variant of it does
+    (``MEMORY_VARIANTS``): "H100 SXM5 64GB" and "V100 SXM2 8GB" were scored as the 80 GB and 32 GB presets."""
+    gb, preset = stated_memory(name), family_preset(name)
+    if gb is None or preset is None or memory_variant(name):
+        return False
+    size = parse_memory(gpu_presets()[preset]["memory"])
+    return all(abs(gb / (size / unit) - 1) > MEMORY_ROUNDING for unit in (1e9, 2**30))
+
+
 def family_preset(name: str) -> Optional[str]:
     """The preset of the GPU family a name reads as, by its prefix, whatever part of it: the H100 SXM
     preset for "H100 PCIe" too (:func:`gpu_preset` is the part's)."""
@@ -216,19 +260,25 @@ def gpu_preset(name: str) -> Optional[str]:
     # converged accelerator (its datasheet: an A100 80GB on a dual-slot PCIe card with an on-board
     # ConnectX-6 Dx and PCIe switch, NVLink bridged to one other card, no NVSwitch board), as "V100S"
     # (a PCIe card only) the V100 SXM2. The SXM module's own "H100SXM5" is the preset's.
-    n = gpu_name(name)
-    part = next((prefix for prefix, _ in GPU_PREFIXES if n.startswith(prefix)), "A100" if n.startswith("A100") else None)
+    n, part = gpu_name(name), model_number(name)
     rest = n[len(part):] if part else ""
     if part and re.fullmatch(r"[A-Z]+\d+X?", part) and rest[:1].isalnum() and not rest.startswith("SXM"):
         return None
     preset = family_preset(name)
     if any(count not in NVL_SYSTEMS.get(preset, ()) for count in NVL_COUNT.findall(n)):
         return None
-    return preset
+    # Another memory than its part's and no variant's: other HBM stacks, so another bandwidth too.
+    return None if other_memory(name) else preset
 
 
 def gpu_expected(name: Any) -> str:
     """What a run's ``gpu`` was expected to be, where :func:`gpu_preset` reads it as no preset."""
+    if other_memory(name):
+        preset = family_preset(name)
+        held = [gpu_presets()[preset]["memory"]] + list(MEMORY_VARIANTS.get(preset, {}).values())
+        return (f"expected the memory of a GPU the planner has a preset for: {stated_memory(name)} GB is no "
+                f"{preset}'s ({' or '.join(dict.fromkeys(held))}: another memory is other HBM stacks, another "
+                f"bandwidth); got {one_line(repr(str(name)), 60)}")
     return (f"expected a GPU the planner has a preset for, by its model number ({ACCEPTED_GPUS}): the SXM or "
             f"OAM module (or the DGX or HGX system of 8), or its NVL72 rack, not a PCIe card, an NVL board, a converged accelerator or another "
             f"NVLink system; got {one_line(repr(str(name)), 60)}")
@@ -948,8 +998,8 @@ def case_of(row: dict) -> tuple[Optional[dict], str]:
         cluster["fabric"] = fabric
     if performance := cluster_performance(row):
         cluster["performance"] = performance
-    if gpu.startswith("h100") and ("96GB" in row["gpu"] or "95GB" in row["gpu"]):
-        cluster["memory"] = "96 GiB"  # Meta's Grand Teton H100 with 96 GB HBM2e
+    if memory := memory_variant(row["gpu"]):  # the V100 with 16 GB, Meta's Grand Teton H100 with 96 GB
+        cluster["memory"] = memory
     training = {"global_batch_size": b["global_batch_size"], "seq_len": md["seq_len"], "precision": prec,
                 "optimizer": "adam", "engine": engine(row), "flash_attention": not source.startswith(PRE_FLASH),
                 # NeMo and Megatron-Bridge performance recipes overlap TP communication with TP.

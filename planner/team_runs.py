@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -21,8 +20,7 @@ from .errors import Argument, CaseError, cli_flag, one_line, safe_repr
 from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
-from .units import parse_memory
-from .published_runs import (GPU_PREFIXES, MEASURES_AGREE, ROW_MEASURES, accumulation_problem, case_of, copied_run, family_preset, gpu_expected, gpu_name, gpu_preset, job_key, unsupported,
+from .published_runs import (MEASURES_AGREE, ROW_MEASURES, accumulation_problem, case_of, copied_run, family_preset, gpu_expected, gpu_preset, job_key, unsupported,
                              measure_in_bounds,
                              measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
                              published_memory_stage, row_key, row_problem,
@@ -464,19 +462,11 @@ def _check_gpu_name(source: str, name: str, gpu: str) -> None:
     preset = family_preset(gpu)
     if preset is None:
         return  # refused with the presets it could be (published_runs.unsupported)
-    text = gpu_name(gpu)
-    prefix = next((p for p, _ in GPU_PREFIXES if text.startswith(p)), "A100")
-    rest = text[len(prefix):]
-    memory = re.search(r"(\d+)\s*GB", rest)
-    preset_memory = gpu_presets()[preset]["memory"]
-    size = parse_memory(preset_memory)
-    # A name's "80GB" is the marketing figure: GB or GiB, either within 5 %.
-    other_memory = memory and all(abs(float(memory[1]) / (size / unit) - 1) > 0.05 for unit in (1e9, 2**30))
-    # A PCIe or NVL part, or another number sharing the prefix, is no preset's (published_runs.gpu_preset
-    # decides it for published rows and team runs alike); said here with the family's SXM part.
-    if gpu_preset(gpu) is None or other_memory:
+    # published_runs.gpu_preset decides it for published rows and team runs alike (a memory its part has
+    # not, published_runs.other_memory, among it); said here with the family's SXM part.
+    if gpu_preset(gpu) is None:
         raise CaseError(source, f"{name}.gpu", f"{one_line(gpu, 60)} is no GPU the planner has a preset for (its "
-                                                f"{preset} is the SXM part with {preset_memory}); "
+                                                f"{preset} is the SXM part with {gpu_presets()[preset]['memory']}); "
                                                 f"{gpu_expected(gpu)}; or calibrate that GPU")
 
 
