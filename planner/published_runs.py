@@ -271,8 +271,24 @@ def gpu_preset(name: str) -> Optional[str]:
     return None if other_memory(name) else preset
 
 
+def other_nvlink_system(name: Any) -> Optional[str]:
+    """What a name's NVLink system ("NVL" and a count) was expected to be where it is not one its preset
+    is (``NVL_SYSTEMS``): "GB200 NVL36" (racks of 36 GPUs) is no NVL72 rack, and neither the published
+    rows nor a team's runs have a key for another NVLink domain; None where it names none or its own."""
+    preset = family_preset(name)
+    other = next((count for count in NVL_COUNT.findall(gpu_name(name)) if count not in NVL_SYSTEMS.get(preset, ())), None)
+    if preset is None or other is None:
+        return None
+    systems = " or ".join(NVL_SYSTEMS.get(preset, ())) or "the SXM module's NVSwitch board"
+    return (f"expected the NVLink system the {preset} preset is ({systems}, an NVLink domain of "
+            f"{gpu_presets()[preset]['nvlink_domain']} GPUs): {other} is another NVLink system, whose domain a "
+            f"run cannot state; got {one_line(repr(str(name)), 60)}")
+
+
 def gpu_expected(name: Any) -> str:
     """What a run's ``gpu`` was expected to be, where :func:`gpu_preset` reads it as no preset."""
+    if system := other_nvlink_system(name):
+        return system
     if other_memory(name):
         preset = family_preset(name)
         held = [gpu_presets()[preset]["memory"]] + list(MEMORY_VARIANTS.get(preset, {}).values())

@@ -63,3 +63,18 @@ def test_a_memory_no_preset_holds_is_refused_naming_the_gpu_in_a_row_and_a_team_
 ])
 def test_a_bandwidth_beside_the_gpu_is_no_memory(gpu, preset):
     assert gpu_preset(gpu) == preset and "memory" not in case_of(row(gpu))[0]["cluster"]
+
+
+@pytest.mark.parametrize("gpu, system, domain", [
+    # NVIDIA's GB200 comes as the NVL72 rack (72 GPUs on its NVLink switch trays: the preset) or as NVL36x2,
+    # racks of 36 on NVL36 switch trays (NVIDIA's multi-node NVLink tuning guide: "36x2 and 72x1
+    # configurations"), and the NVL4 and NVL2 boards; a run's schema has no key for another NVLink domain
+    ("GB200 NVL36", "NVL36", 72), ("GB200 NVL36x2", "NVL36", 72), ("GB200 NVL4", "NVL4", 72),
+    # the H100 SXM module's NVLink domain is its 8-GPU NVSwitch board (DGX H100 datasheet); no NVL72 holds it
+    ("H100 NVL72", "NVL72", 8),
+])
+def test_another_nvlink_system_is_refused_naming_the_presets_domain(gpu, system, domain):
+    # It was refused with the generic list of parts, naming neither the system nor the preset's NVLink domain.
+    key, expected = unsupported(row(gpu))
+    assert key == "gpu" and f"{system} is another NVLink system" in expected
+    assert f"an NVLink domain of {domain} GPUs" in expected
