@@ -83,9 +83,10 @@ def check_writable(outputs: list[Output], force: bool) -> None:
         if not folder.is_dir():
             raise CaseError(str(out.path), out.option, f"cannot be written: {folder} is not a folder")
         try:
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=_STAGING_PREFIX)
-            os.close(fd)
-            os.unlink(probe)
+            with _signals_held():  # made and removed in one step: an interrupt between would leave it
+                fd, probe = tempfile.mkstemp(dir=folder, prefix=_STAGING_PREFIX)
+                os.close(fd)
+                os.unlink(probe)
         except OSError as error:
             raise CaseError(str(out.path), out.option,
                             f"cannot be written: folder {folder} is not writable ({error.strerror or error})") from None
@@ -125,10 +126,19 @@ def _make_folder(folder: Path, created: list[Path]) -> None:
         folder = folder.parent
     for path in reversed(missing):
         try:
-            path.mkdir()
-            created.append(path)
+            with _signals_held():  # made and recorded in one step, so that the clean-up finds it
+                path.mkdir()
+                created.append(path)
         except FileExistsError:  # another run made it meanwhile
             pass
+
+
+def _stage(folder: Path, stages: dict[Path, Path]) -> None:
+    """The staging folder in ``folder``, made and recorded in one step: an interrupt landing between
+    the two (inside tempfile's own code) left it beside the user's files, unknown to the clean-up."""
+    if folder not in stages:
+        with _signals_held():
+            stages[folder] = Path(tempfile.mkdtemp(dir=folder, prefix=_STAGING_PREFIX))
 
 
 def _put_back(moved: list[tuple[Path, Optional[Path]]]) -> None:
@@ -185,8 +195,7 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
                 _refuse_special(out)
                 folder = Path(os.path.abspath(out.path.parent))
                 _make_folder(folder, created)
-                if folder not in stages:
-                    stages[folder] = Path(tempfile.mkdtemp(dir=folder, prefix=_STAGING_PREFIX))
+                _stage(folder, stages)
                 tmp = stages[folder] / out.path.name
                 mode = "wb" if isinstance(out.data, bytes) else "w"
                 with open(tmp, mode, **({} if isinstance(out.data, bytes) else {"encoding": "utf-8"})) as f:
@@ -200,9 +209,7 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
                     os.chmod(tmp, os.stat(tmp).st_mode | readable >> 2)
                 staged.append((out, tmp))
             for path in ([] if callable(removes) else removes):
-                folder = Path(os.path.abspath(path.parent))
-                if folder not in stages:
-                    stages[folder] = Path(tempfile.mkdtemp(dir=folder, prefix=_STAGING_PREFIX))
+                _stage(Path(os.path.abspath(path.parent)), stages)
             with ExitStack() as locks:
                 for folder in sorted(stages):
                     locks.enter_context(_locked(folder))

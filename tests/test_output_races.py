@@ -277,3 +277,49 @@ def test_an_interrupt_inside_the_clean_up_leaves_no_staging_folder(tmp_path, mon
     with pytest.raises(KeyboardInterrupt):
         write_all([Output(tmp_path / "launch.sh", "x\n")], force=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["launch.sh"]
+
+
+@pytest.mark.parametrize("module, name, target", [
+    ("tempfile", "mkstemp", "launch.sh"),  # check_writable's probe
+    ("tempfile", "mkdtemp", "launch.sh"),  # write_all's staging folder
+    ("pathlib", "Path.mkdir", "new/launch.sh"),  # a folder --out names that did not exist
+])
+def test_an_interrupt_just_after_the_writer_makes_a_file_or_folder_leaves_none(tmp_path, monkeypatch, module, name,
+                                                                               target):
+    """The probe file, the staging folder and a folder made for --out are the planner's to remove: a signal
+    landing between the file system making one and the planner holding its name (inside tempfile's own
+    Python code, or before the assignment) left a .layout-planner-* file or folder, or an empty folder,
+    in the user's folder, which nothing removed. Here the signal is sent the moment the call returns,
+    and the CLI's handler answers it; the folder must hold what it held."""
+    import importlib
+    import signal
+
+    from planner import cli
+    from planner.errors import Interrupted, forget_interrupts
+    from planner.files import check_writable
+
+    owner = importlib.import_module(module)
+    *inner, attribute = name.split(".")
+    for part in inner:
+        owner = getattr(owner, part)
+    real = getattr(owner, attribute)
+
+    def made_then_signalled(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs as soon as this returns
+        return made
+
+    (tmp_path / "keep.txt").write_text("mine\n")
+    outputs = [Output(tmp_path / target, "x\n")]
+    previous = signal.signal(signal.SIGTERM, cli._interrupted)
+    monkeypatch.setattr(owner, attribute, made_then_signalled)
+    forget_interrupts()
+    try:
+        with pytest.raises(Interrupted):
+            check_writable(outputs, force=False)
+            write_all(outputs, force=False)
+            time.sleep(0.5)  # a late handler raises here, if not already
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        forget_interrupts()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
