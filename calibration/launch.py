@@ -17,9 +17,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import re
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +31,7 @@ from .host import cores
 from .profile import render
 from .progress import STAGES
 from .speed import moved_reason, reference_gemm_tflops
-from .supervisor import RunFailed, run_ranks
+from .supervisor import RunFailed, run_folder, run_ranks
 from .train import threads_per_rank
 
 
@@ -223,42 +221,41 @@ def calibrate(out: Path, *, case: Optional[Path] = None, nproc: Optional[int] = 
     threads = threads_per_rank(nproc, cores())  # as each rank sets (calibration.worker)
     before = None if cuda else reference_gemm_tflops(threads)
 
-    workdir = Path(tempfile.mkdtemp(prefix="layout-planner-calibrate-"))
     start = time.monotonic()
-    bar = _ProgressBar(show_progress)
-    try:
+    with run_folder("layout-planner-calibrate-") as workdir:
+        bar = _ProgressBar(show_progress)
         try:
-            run_ranks(worker_args(timeout, case, quick, gpu_preset, others), nproc, workdir, name="calibration",
-                      stall_s=timeout, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, on_progress=bar.update)
-        except RunFailed as error:
-            raise RunFailed(f"{error}; no profile written", error.output) from None
-        profile = workdir / "profile.yaml"
-        if not profile.exists():
-            if nnodes > 1:
-                return Outcome(None, time.monotonic() - start, nproc * nnodes)
-            raise RunFailed("calibration failed: rank 0 wrote no profile; no profile written")
-        from planner.case_cluster import gpu_from_profile
+            try:
+                run_ranks(worker_args(timeout, case, quick, gpu_preset, others), nproc, workdir, name="calibration",
+                          stall_s=timeout, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, on_progress=bar.update)
+            except RunFailed as error:
+                raise RunFailed(f"{error}; no profile written", error.output) from None
+            profile = workdir / "profile.yaml"
+            if not profile.exists():
+                if nnodes > 1:
+                    return Outcome(None, time.monotonic() - start, nproc * nnodes)
+                raise RunFailed("calibration failed: rank 0 wrote no profile; no profile written")
+            from planner.case_cluster import gpu_from_profile
 
-        try:
-            gpu_from_profile(profile)
-        except CaseError as error:
-            raise RunFailed(f"calibration failed: the profile does not load ({error}); "
-                            "no profile written") from None
-        text = profile.read_text(encoding="utf-8")
-        if before is not None or used is not None:
-            data = yaml.safe_load(text)
-            if before is not None:
-                after = reference_gemm_tflops(threads)
-                data["machine"]["reference_gemm_tflops"] = {"before": round(before, 4), "after": round(after, 4)}
-                moved = moved_reason(before, after)
-                if moved:
-                    warn(moved)
-            if used is not None:
-                data["machine"]["other_gpu_use"] = used
-            text = render(data)
-        write_all([Output(Path(out), text)], force, last=last)
-        return Outcome(out, time.monotonic() - start, nproc * nnodes, yaml.safe_load(text))
-    finally:
-        with interrupts_deferred():  # a second Ctrl-C does not leave the run's folder behind
-            bar.close()
-            shutil.rmtree(workdir, ignore_errors=True)
+            try:
+                gpu_from_profile(profile)
+            except CaseError as error:
+                raise RunFailed(f"calibration failed: the profile does not load ({error}); "
+                                "no profile written") from None
+            text = profile.read_text(encoding="utf-8")
+            if before is not None or used is not None:
+                data = yaml.safe_load(text)
+                if before is not None:
+                    after = reference_gemm_tflops(threads)
+                    data["machine"]["reference_gemm_tflops"] = {"before": round(before, 4), "after": round(after, 4)}
+                    moved = moved_reason(before, after)
+                    if moved:
+                        warn(moved)
+                if used is not None:
+                    data["machine"]["other_gpu_use"] = used
+                text = render(data)
+            write_all([Output(Path(out), text)], force, last=last)
+            return Outcome(out, time.monotonic() - start, nproc * nnodes, yaml.safe_load(text))
+        finally:
+            with interrupts_deferred():  # a second Ctrl-C does not leave the bar's thread drawing
+                bar.close()

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -63,6 +65,26 @@ def _waits(ranks: dict[int, dict], expected: list[int], changed: dict[int, float
         if info.get("status") == "done":
             continue
         yield now - changed.get(local, start), startup_s if info.get("stage", "start") in SETUP_STAGES else stall_s
+
+
+@contextmanager
+def run_folder(prefix: str) -> Iterator[Path]:
+    """A fresh temporary folder for one run (its ranks' records, torchrun's files), removed on the way
+    out whatever ends the run. Made with the interrupts held back, and inside the block that removes it:
+    a Ctrl-C landing between mkdtemp making it and the caller's ``try`` (tempfile's own code, or a
+    progress bar starting on a terminal) left a layout-planner-* folder in the temporary folder."""
+    from planner.errors import interrupts_deferred
+    from planner.files import signals_held
+
+    workdir: Optional[Path] = None
+    try:
+        with signals_held():
+            workdir = Path(tempfile.mkdtemp(prefix=prefix))
+        yield workdir
+    finally:
+        if workdir is not None:
+            with interrupts_deferred():  # a second Ctrl-C does not leave the run's folder behind
+                shutil.rmtree(workdir, ignore_errors=True)
 
 
 def torchrun_command(workdir: Path, nproc: int, worker: Sequence[str], *, nnodes: int = 1,

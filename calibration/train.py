@@ -49,16 +49,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from planner.errors import interrupts_deferred
-
-from .supervisor import RunFailed, run_ranks
+from .supervisor import RunFailed, run_folder, run_ranks
 
 if TYPE_CHECKING:
     from cost_models.specs import Job
@@ -225,8 +221,7 @@ def launch(spec: RunSpec, *, timeout_s: float = 600.0, stall_s: Optional[float] 
     watchdog `calibrate` runs under), or when the run passes ``timeout_s``.
     An interrupt stops every rank. The run's folder (spec, result, the ranks' records,
     torchrun's files) is removed with it."""
-    workdir = Path(tempfile.mkdtemp(prefix="layout-planner-validate-"))
-    try:
+    with run_folder("layout-planner-validate-") as workdir:
         spec_path, out_path = workdir / "spec.json", workdir / "measurement.json"
         spec_path.write_text(json.dumps(asdict(spec)))
         run_ranks(["calibration.train", str(spec_path), str(out_path)], spec.dp, workdir, name="training run",
@@ -234,9 +229,6 @@ def launch(spec: RunSpec, *, timeout_s: float = 600.0, stall_s: Optional[float] 
         if not out_path.exists():
             raise RunFailed("training run failed: rank 0 wrote no measurement")
         data = json.loads(out_path.read_text())
-    finally:
-        with interrupts_deferred():  # a second Ctrl-C does not leave the run's folder behind
-            shutil.rmtree(workdir, ignore_errors=True)
     return Measurement(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 

@@ -83,7 +83,7 @@ def check_writable(outputs: list[Output], force: bool) -> None:
         if not folder.is_dir():
             raise CaseError(str(out.path), out.option, f"cannot be written: {folder} is not a folder")
         try:
-            with _signals_held():  # made and removed in one step: an interrupt between would leave it
+            with signals_held():  # made and removed in one step: an interrupt between would leave it
                 fd, probe = tempfile.mkstemp(dir=folder, prefix=_STAGING_PREFIX)
                 os.close(fd)
                 os.unlink(probe)
@@ -93,7 +93,7 @@ def check_writable(outputs: list[Output], force: bool) -> None:
 
 
 @contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP wait until the block is done; a pending one is raised after it.
 
     Blocked in this thread, and deferred by the CLI's handler too (``interrupts_deferred``): a process
@@ -126,7 +126,7 @@ def _make_folder(folder: Path, created: list[Path]) -> None:
         folder = folder.parent
     for path in reversed(missing):
         try:
-            with _signals_held():  # made and recorded in one step, so that the clean-up finds it
+            with signals_held():  # made and recorded in one step, so that the clean-up finds it
                 path.mkdir()
                 created.append(path)
         except FileExistsError:  # another run made it meanwhile
@@ -137,7 +137,7 @@ def _stage(folder: Path, stages: dict[Path, Path]) -> None:
     """The staging folder in ``folder``, made and recorded in one step: an interrupt landing between
     the two (inside tempfile's own code) left it beside the user's files, unknown to the clean-up."""
     if folder not in stages:
-        with _signals_held():
+        with signals_held():
             stages[folder] = Path(tempfile.mkdtemp(dir=folder, prefix=_STAGING_PREFIX))
 
 
@@ -221,7 +221,7 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
                     if os.path.lexists(out.path) and not force:
                         raise CaseError(str(out.path), out.option, f"exists; pass {out.force} to overwrite")
                 try:
-                    with _signals_held():
+                    with signals_held():
                         raise_if_interrupted()  # one that landed where Python drops exceptions
                         for out, tmp in staged:
                             backup = None

@@ -688,3 +688,71 @@ def test_the_busy_warning_under_allow_busy_does_not_ask_for_allow_busy():
     warning = measuring_anyway(refusal)
     assert "pass --allow-busy" not in warning and warning.endswith("measuring anyway (--allow-busy)")
     assert warning.startswith("other processes use 90% of this machine's CPU time")
+
+
+@pytest.mark.parametrize("where", ["the run folder is made", "the progress bar starts"])
+def test_an_interrupt_as_a_calibration_sets_up_leaves_no_run_folder(tmp_path, monkeypatch, where):
+    """The run folder (layout-planner-calibrate-* in the temporary folder) was made before the block that
+    removes it: a Ctrl-C landing as mkdtemp returned, or while the progress bar started (rich's, on a
+    terminal: imports and a thread), left it behind for good. The signal is sent at that moment here,
+    and answered by the CLI's handler; the temporary folder must be as it was, and no profile written."""
+    import tempfile
+
+    from calibration import launch
+    from planner import cli
+    from planner.errors import Interrupted, forget_interrupts
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setattr(launch, "reference_gemm_tflops", lambda threads: 1.0)  # its seconds of GEMMs play no part
+    hooked = (tempfile, "mkdtemp") if where == "the run folder is made" else (launch, "_ProgressBar")
+    real = getattr(*hooked)
+
+    def then_interrupted(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs as soon as this returns
+        return made
+
+    monkeypatch.setattr(*hooked, then_interrupted)
+    previous = signal.signal(signal.SIGINT, cli._interrupted)
+    forget_interrupts()
+    try:
+        with pytest.raises(Interrupted):
+            launch.calibrate(tmp_path / "profile.yaml", quick=True, nproc=1, allow_busy=True, show_progress=False,
+                             warn=lambda line: None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        forget_interrupts()
+    assert list(scratch.iterdir()) == [] and not (tmp_path / "profile.yaml").exists()
+
+
+def test_an_interrupt_as_a_validate_run_folder_is_made_leaves_none(tmp_path, monkeypatch):
+    """validate's run folder (layout-planner-validate-*), as calibrate's: a signal landing as mkdtemp
+    returned, before the block that removes it, left it behind. Nothing of the spec is read before."""
+    import tempfile
+
+    from calibration import train
+    from planner import cli
+    from planner.errors import Interrupted, forget_interrupts
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    real = tempfile.mkdtemp
+
+    def then_terminated(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return made
+
+    monkeypatch.setattr(tempfile, "mkdtemp", then_terminated)
+    previous = signal.signal(signal.SIGTERM, cli._interrupted)
+    forget_interrupts()
+    try:
+        with pytest.raises(Interrupted):
+            train.launch(None)  # type: ignore[arg-type]  # interrupted before the spec is written
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        forget_interrupts()
+    assert list(scratch.iterdir()) == []
