@@ -616,7 +616,7 @@ def calibrate_command(
 def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_logs: bool, cases: list[Path],
                          gpu_preset: Optional[str], force: bool) -> None:
     """`calibrate --from-runs` / `--from-logs`: fit, write the profile atomically, print the fit."""
-    from .files import Output, write_all
+    from .files import Output, check_writable, write_all
     from .learn import check_explained, fit, print_fit, profile_of, render
     from .team_runs import load_runs, runs_from_logs
 
@@ -631,6 +631,9 @@ def _calibrate_from_runs(files: list[Path], out: Path, from_runs: bool, from_log
         read = [os.path.realpath(f) for f in [*files, *cases]]
         if os.path.realpath(out) in read:  # with --force the profile replaced the runs it was fitted to
             raise CaseError("--out", str(out), "is a file the fit reads: give the profile another path")
+        # Before the fit, as calibrate's ranks and validate-published's work: an --out that exists or cannot
+        # be written was said only once 500 runs (half a minute) had been read and fitted.
+        check_writable([Output(out, "")], force)
         runs = load_runs(files) if from_runs else runs_from_logs(files, cases)
         result = fit(runs, str(files[0]) if files else "runs", gpu_preset)
         check_explained(result, str(files[0]) if files else "runs")

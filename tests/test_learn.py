@@ -1933,3 +1933,24 @@ def test_a_note_does_not_say_a_figure_left_at_its_prior_was_fitted_from_runs():
     assert said == ("performance.microbatch_overhead_s 0.0, the preset's: not fitted, fewer runs (3) than "
                     "informed figures (4)"), said
     assert _lean(figures, "performance.gemm_efficiency") == "performance.gemm_efficiency 0.451 (prior 0.5, from 3 runs)"
+
+
+@pytest.mark.parametrize("out_is", ["an existing file", "a path under a file"])
+def test_calibrate_from_runs_refuses_its_out_before_reading_or_fitting_the_runs(tmp_path, monkeypatch, out_is):
+    """As calibrate refuses an --out it may not write before any rank starts and validate-published its
+    --write-bands before the work (docs/commands.md): the fit of 500 runs takes half a minute, and an
+    existing profile (without --force), or a folder that is a file, was said only after it."""
+    import planner.learn
+
+    def fitted(*args, **kwargs):
+        raise AssertionError("the runs were fitted before --out was refused")
+
+    monkeypatch.setattr(planner.learn, "fit", fitted)
+    runs_file = tmp_path / "runs.yaml"
+    runs_file.write_text(yaml.safe_dump(nemo_fp8_rows(), sort_keys=False))
+    (tmp_path / "profile.yaml").write_text("old\n")
+    out = tmp_path / "profile.yaml" if out_is == "an existing file" else tmp_path / "profile.yaml" / "p.yaml"
+    done = run_cli("calibrate", "--from-runs", str(runs_file), "--out", str(out))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: {out}: --out: ")
+    assert (tmp_path / "profile.yaml").read_text() == "old\n"
