@@ -239,6 +239,10 @@ def diagnose(ranks: dict[int, dict], expected: list[int], stalled_s: Optional[fl
     if all(i["step"] == info["step"] and i.get("in_comm") for i in running.values()) and len(running) > 1:
         names = ", ".join(str(r) for r in sorted(running))
         return f"ranks {names} hung in a collective {_where(info)}"
+    if not stalled_s and len(expected) == 1:
+        # One rank, ended unseen by the watchdog: no others timed out waiting for it, and its records name
+        # no cause (a full disk stops them being written), so the launcher's own error is the one to give.
+        return None
     waited = f"no progress for {stalled_s:.0f} s" if stalled_s else "the others timed out waiting for it"
     return f"rank {rank} hung {_where(info)}: {waited}"
 

@@ -356,6 +356,17 @@ def test_diagnosis_of_a_hang_names_the_rank_behind():
     assert diagnose({0: rank(1)}, [0, 1], stalled_s=30) == "rank 1 did not start within 30 s"
 
 
+def test_a_lone_rank_that_ended_unrecorded_is_not_said_to_have_kept_others_waiting():
+    """One rank whose records stop (TMPDIR full: its progress could not be written) and whose torchrun
+    exited was "rank 0 hung during start-up: the others timed out waiting for it", where there are no
+    others: the records name no cause, and the launcher's own error is given instead. A stall the
+    watchdog saw is still the rank's hang."""
+    assert diagnose({0: rank(1)}, [0]) is None
+    assert diagnose({0: rank(1)}, [0], stalled_s=30).startswith("rank 0 hung")
+    assert diagnose({0: rank(6, "collectives"), 1: rank(7, in_comm=True)}, [0, 1]).endswith(
+        "the others timed out waiting for it")
+
+
 def test_the_watchdog_allows_set_up_longer_than_a_measured_step():
     """Ten seconds without progress stop a rank in its warm-up steps (stall 5 s), not one still
     building its model, nor one not yet reported, which have the start-up allowance (120 s)."""
