@@ -50,12 +50,12 @@ from .search_memory import case_job, fit_limit, fit_tier, fits_with_margin, fits
 from .search_options import SearchSpec
 from .search_recompute import least_activation_offload, least_recompute, offload_options, selective_bundles
 from .search_rows import Candidate, Group, SearchResult
-from .search_space import (MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, divisors, expert_options, family_members,
+from .search_space import (MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, cp_too_thin, divisors, expert_options, family_members,
                            group_families, groups, partitions, structures)
 
 # Names other modules and the tests import from here.
 _floor, _states_cannot_fit = floor, states_cannot_fit
-__all__ = ["MIN_TOKENS_PER_CP_RANK", "UNEVEN_VPP", "Candidate", "SearchResult", "divisors", "expert_options",
+__all__ = ["MIN_TOKENS_PER_CP_RANK", "UNEVEN_VPP", "cp_too_thin", "Candidate", "SearchResult", "divisors", "expert_options",
            "offload_options", "partitions", "search", "selective_bundles", "structures"]
 
 

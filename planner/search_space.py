@@ -35,6 +35,16 @@ MIN_TOKENS_PER_CP_RANK = 1024
 UNEVEN_VPP = (2, 4)
 
 
+def cp_too_thin(spec: SearchSpec, seq_len: int, cp: int) -> bool:
+    """Whether the search leaves out context parallelism of degree ``cp`` by default: each rank
+    keeps MIN_TOKENS_PER_CP_RANK tokens where the search section leaves cp free. A section that
+    pins or bounds cp (``cp``, ``min_cp``, ``max_cp``) asks for the degrees it names: they are
+    tried however short each rank's chunk (``SearchSpec.bounds`` holds cp's bounds under "cp";
+    the test for "max_cp" there never held, so ``max_cp: 8`` on 4,096 tokens found no layout)."""
+    return (cp > 1 and "cp" not in spec.pins and "cp" not in spec.bounds
+            and seq_len < cp * MIN_TOKENS_PER_CP_RANK)
+
+
 @lru_cache(maxsize=65536)  # `size` searches thousands of cluster sizes that share divisors
 def divisors(n: int) -> tuple[int, ...]:
     small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
@@ -98,7 +108,7 @@ def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, in
             continue
         halves = training.seq_len // 2 if engine.context_parallel and training.seq_len % 2 == 0 else 1
         for cp in divisors(math.gcd(n // tp, halves)):
-            if cp > 1 and "max_cp" not in spec.bounds and training.seq_len < cp * MIN_TOKENS_PER_CP_RANK:
+            if cp_too_thin(spec, training.seq_len, cp):
                 continue
             if not spec.admits("cp", cp):
                 continue

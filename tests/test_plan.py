@@ -111,6 +111,19 @@ def test_tp_stays_inside_the_nvlink_domain_unless_lifted():
     assert layout_of(lifted.best)["tp"] == 16
 
 
+def test_a_search_section_naming_cp_is_not_held_to_the_default_tokens_per_rank():
+    """By default each context-parallel rank keeps 1,024 tokens (4,096 tokens: cp at most 4);
+    a section that pins or bounds cp asks for the degrees it names (docs/case-reference.md: "unless
+    max_cp is given"). cp 8 on 4,096 tokens is 512 a rank, and the sequence divides by 2·cp = 16,
+    as Megatron's load-balanced ring splits it: it has a layout on 16 GPUs (dp 2)."""
+    base = case(model={"preset": "llama3-8b"}, cluster={"gpu": "h100-sxm-80gb"},
+                training={"global_batch_size": 32, "engine": "megatron"})
+    free = planner.plan(base, top_k=20)
+    assert all(layout_of(e)["cp"] * 1024 <= 4096 for e in (free.best,) + free.alternatives)
+    for search in ({"max_cp": 8, "min_cp": 8}, {"cp": 8}):
+        assert layout_of(planner.plan({**base, "search": search}, top_k=0).best)["cp"] == 8
+
+
 def test_full_recomputation_of_a_few_layers_is_weighed_against_selective_of_all():
     """Llama 2 7B on 8 A100 80GB at 4,096 tokens without flash attention, pinned to dp 8, ZeRO 2
     and micro-batch 1: nothing fits without recomputation, and Megatron's selective recomputation

@@ -13,8 +13,8 @@ edge-light ones; every composition of the layers into stages would be combinator
 the divisors, expert-parallel choices and engine rules from the same helpers.
 
 The oracle keeps only the space's stated bounds: tp within one NVLink domain (unless
-``search.tp_across_nodes``), the pins and bounds of the case, and, unless the case sets
-``search.max_cp``, at least MIN_TOKENS_PER_CP_RANK tokens on each rank of a context-parallel
+``search.tp_across_nodes``), the pins and bounds of the case, and, unless the case pins or
+bounds cp (``search.cp``, ``min_cp``, ``max_cp``), at least MIN_TOKENS_PER_CP_RANK tokens on each rank of a context-parallel
 group (cp > 1; cp = 1 is always in the space).
 """
 
@@ -72,8 +72,10 @@ def _structures(case, spec):
             continue
         for cp in divisors(n // tp):
             # The bound is on context-parallel ranks' chunks: cp = 1 (no context parallelism) is
-            # always a choice, whatever the sequence length.
-            if cp > 1 and "max_cp" not in spec.bounds and case.training.seq_len < cp * MIN_TOKENS_PER_CP_RANK:
+            # always a choice, whatever the sequence length; a search section naming cp (its pin
+            # or bounds, all under "cp") lifts it.
+            if (cp > 1 and "cp" not in spec.pins and "cp" not in spec.bounds
+                    and case.training.seq_len < cp * MIN_TOKENS_PER_CP_RANK):
                 continue
             for pp in divisors(n // (tp * cp)):
                 yield tp, cp, pp, n // (tp * cp * pp)
