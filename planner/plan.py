@@ -27,6 +27,9 @@ from .units import UnitError, figure_text, parse_tokens, run_days
 # --simplest-within margin, if wider), and at least the top-k: all that the answer,
 # its alternatives and the simplest-within choice can be drawn from.
 TABLE_SLACK = 0.05
+# Layout keys that mean something under one recomputation mode only (Layout refuses them under
+# another): compared between two layouts only where both run that mode.
+RECOMPUTE_MODE_OF = {"recompute_num_layers": "full", "recompute_modules": "selective"}
 
 
 def _table(candidates: list[Candidate], slack: float, top_k: int) -> list[Candidate]:
@@ -186,6 +189,12 @@ class Plan:
                                                         "set another against")
         mine, theirs = self.best.to_dict(), other.to_dict()
         keys = ["grad_accum"] + list(dict.fromkeys(list(mine["layout"]) + list(theirs["layout"])))
+        # A key of one recomputation mode says nothing of a layout in another: recompute none→full is
+        # the difference, and its layers unset on the side without full read "2→all" (all layers
+        # recomputed, where that side recomputes none; Megatron reads --recompute-num-layers only
+        # with --recompute-granularity full, --recompute-modules only with selective).
+        keys = [k for k in keys if RECOMPUTE_MODE_OF.get(k) is None
+                or mine["layout"].get("recompute") == theirs["layout"].get("recompute") == RECOMPUTE_MODE_OF[k]]
 
         def value(estimate: dict, key: str) -> Any:
             if key == "grad_accum":

@@ -124,6 +124,26 @@ def test_a_search_section_naming_cp_is_not_held_to_the_default_tokens_per_rank()
         assert layout_of(planner.plan({**base, "search": search}, top_k=0).best)["cp"] == 8
 
 
+def test_differences_never_give_a_recompute_modes_key_to_a_layout_of_another_mode():
+    """Llama 3 70B on 8 H100s at 16 × 8,192 tokens: the pick recomputes 2 layers of a stage in full;
+    the fastest, at vpp 40, recomputes nothing. A layout without full recomputation recomputes no
+    layer (Megatron reads --recompute-num-layers only with --recompute-granularity full), so its
+    difference is "recompute full→none", not also "recompute_num_layers 2→all"."""
+    p = planner.plan({"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+                      "training": {"global_batch_size": 16, "seq_len": 8192, "engine": "megatron"}})
+    others = p.alternatives + ((p.fastest,) if p.fastest is not None else ())
+    mode_changes = 0
+    for other in others:
+        diff = p.differences(other)
+        modes = {layout_of(p.best)["recompute"], layout_of(other)["recompute"]}
+        if modes != {"full"}:
+            assert "recompute_num_layers" not in diff, diff
+        if modes != {"selective"}:
+            assert "recompute_modules" not in diff, diff
+        mode_changes += "recompute" in diff
+    assert mode_changes, "the case no longer sets a pick against a layout of another recomputation mode"
+
+
 def test_full_recomputation_of_a_few_layers_is_weighed_against_selective_of_all():
     """Llama 2 7B on 8 A100 80GB at 4,096 tokens without flash attention, pinned to dp 8, ZeRO 2
     and micro-batch 1: nothing fits without recomputation, and Megatron's selective recomputation
