@@ -183,12 +183,14 @@ class Plan:
         return None if self.tokens is None or self.best is None else run_days(self.tokens, self.best.tokens_per_s)
 
     def differences(self, other: Estimate) -> dict[str, list]:
-        """Layout fields where ``other`` differs from the best: {field: [best, other]}."""
+        """Layout fields where ``other`` differs from the best: {field: [best, other]}, led by the
+        engine where another engine runs it (the fastest of a case naming none may be another
+        engine's: its layout alone named a change the pick's engine may not run)."""
         if self.best is None:
             raise CaseError("Plan.differences", "best", f"the plan found no layout ({self.status}): nothing to "
                                                         "set another against")
         mine, theirs = self.best.to_dict(), other.to_dict()
-        keys = ["grad_accum"] + list(dict.fromkeys(list(mine["layout"]) + list(theirs["layout"])))
+        keys = ["engine", "grad_accum"] + list(dict.fromkeys(list(mine["layout"]) + list(theirs["layout"])))
         # A key of one recomputation mode says nothing of a layout in another: recompute none→full is
         # the difference, and its layers unset on the side without full read "2→all" (all layers
         # recomputed, where that side recomputes none; Megatron reads --recompute-num-layers only
@@ -199,6 +201,8 @@ class Plan:
         def value(estimate: dict, key: str) -> Any:
             if key == "grad_accum":
                 return estimate[key]
+            if key == "engine":
+                return estimate["training"]["engine"]
             # A layout that leaves the experts' split unsaid runs ep 1 and etp = tp (Layout.expert_tp).
             section = estimate["layout"]
             return section[key] if key in section else {"ep": 1, "etp": section.get("tp", 1)}.get(key)

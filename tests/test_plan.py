@@ -144,6 +144,21 @@ def test_differences_never_give_a_recompute_modes_key_to_a_layout_of_another_mod
     assert mode_changes, "the case no longer sets a pick against a layout of another recomputation mode"
 
 
+def test_a_fastest_of_another_engine_is_said_to_be_that_engines():
+    """MPT-1B on 8 A100s, no engine named: the pick is torchtitan's dp 8 at ZeRO 0, the fastest
+    Megatron-LM's at ZeRO 1. torchtitan runs ZeRO 0 or 3 only (FSDP2: docs/case-reference.md,
+    search.target), so "the fastest (zero_stage 0→1)" named a layout the pick's engine cannot run:
+    what differs leads with the engine, in the report and in --json."""
+    p = planner.plan({"model": {"preset": "mpt-1b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
+                      "training": {"global_batch_size": 32, "seq_len": 4096}})
+    ours, theirs = p.best.job.training.engine.name, p.fastest.job.training.engine.name
+    assert ours != theirs, "the case no longer sets a fastest of another engine against the pick"
+    diff = p.to_dict()["pick"]["fastest"]["differs_from_best"]
+    assert list(diff)[0] == "engine" and diff["engine"] == [ours, theirs]
+    # Within one engine nothing changes: the alternatives are the pick's engine's own.
+    assert all("engine" not in alt["differs_from_best"] for alt in p.to_dict()["alternatives"])
+
+
 def test_full_recomputation_of_a_few_layers_is_weighed_against_selective_of_all():
     """Llama 2 7B on 8 A100 80GB at 4,096 tokens without flash attention, pinned to dp 8, ZeRO 2
     and micro-batch 1: nothing fits without recomputation, and Megatron's selective recomputation
