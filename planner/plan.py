@@ -27,6 +27,8 @@ from .units import UnitError, figure_text, parse_tokens, run_days
 # --simplest-within margin, if wider), and at least the top-k: all that the answer,
 # its alternatives and the simplest-within choice can be drawn from.
 TABLE_SLACK = 0.05
+# How sure a layout is to fit, by its ``search_memory.fit_tier``, as the report says it.
+FIT_TIER_TEXT = ("fits at the upper end of its memory band", "fits as predicted", "fits only at its band's low end")
 # Layout keys that mean something under one recomputation mode only (Layout refuses them under
 # another): compared between two layouts only where both run that mode.
 RECOMPUTE_MODE_OF = {"recompute_num_layers": "full", "recompute_modules": "selective"}
@@ -214,12 +216,30 @@ class Plan:
                 out[key] = [a, b]
         return out
 
+    def _rank_set_apart(self, runner: Estimate) -> Optional[str]:
+        """What of the robust pick's order (:func:`robust_rank`) put ``runner`` below the best where
+        the order did ("fit" or "complexity"); None where speed did: under --fastest, or beyond the
+        margin, or as sure to fit and as simple. A tie on step time said "ranks lower as the more
+        complex layout" of a simpler runner-up that --fastest had set below by 1.5 ms."""
+        if self.margin_set_by == "fastest":
+            return None
+        fastest = self.fastest if self.fastest is not None else self.best
+        if runner.step_time_s > fastest.step_time_s * (1 + self.margin):
+            return None
+        ours, theirs = (robust_rank(Candidate(e.job.layout, e.step_time_s, e.peak.total, e.job), e.case)
+                        for e in (self.best, runner))
+        if theirs[0] != ours[0]:
+            return "fit"
+        return "complexity" if theirs[1] != ours[1] else None
+
     def why_runner_up_lost(self) -> Optional[str]:
         if self.best is None or not self.alternatives:
             return None
         runner = self.alternatives[0]
         gap = runner.step_time_s - self.best.step_time_s
-        if gap < -1e-3 * self.best.step_time_s:  # a slower, simpler (or safer) layout was picked
+        set_apart = self._rank_set_apart(runner)
+        tie = abs(gap) <= 1e-3 * self.best.step_time_s
+        if set_apart is not None and not tie and gap < 0:  # a slower, simpler (or safer) layout was picked
             within = (f"within the --simplest-within margin ({self.margin:.1%})" if self.margin_set_by == "simplest_within"
                       else f"within {self.margin:.1%} of the fastest, which the model cannot tell apart")
             # The same rule either way: a simpler layout that fits less surely is not the pick.
@@ -228,9 +248,16 @@ class Plan:
             # figure_text: a gap on a 5 ms step was "0.000 s faster per step (-1.3%)"
             return f"{figure_text(-gap, 3)} s faster per step ({gap / self.best.step_time_s:+.1%}), but the pick is {why} " \
                    f"(order: {COMPLEXITY_ORDER})"
-        if gap <= 1e-3 * self.best.step_time_s:
+        if tie and set_apart == "fit":  # a tie on step time the robust order broke
+            tiers = [fit_tier(e.job, e.peak.total, self.headroom) for e in (self.best, runner)]
+            return (f"ties with the pick on step time and ranks lower as less sure to fit: it "
+                    f"{FIT_TIER_TEXT[tiers[1]]}, where the pick {FIT_TIER_TEXT[tiers[0]]}")
+        if tie and set_apart == "complexity":
             return f"ties with the pick on step time and ranks lower as the more complex layout " \
                    f"(order: {COMPLEXITY_ORDER})"
+        if tie:  # speed set it below, by less than the 3 decimals of a second the slower case gives
+            return (f"ties with the pick on step time but is {gap * 1e3:.1f} ms slower per step "
+                    f"({gap / self.best.step_time_s:+.2%}), and the faster ranks first")
         mine, theirs = self.best.time.by_part(), runner.time.by_part()
         part = max(theirs, key=lambda k: theirs[k] - mine[k])
         return (f"{figure_text(gap, 3)} s slower per step ({gap / self.best.step_time_s:+.1%}), mostly "

@@ -285,9 +285,10 @@ def print_plan(plan, console: Console) -> None:
                   f"planner/published/bands.yaml)")
         tiers = [fit_tier(e.job, e.peak.total, plan.headroom) for e in (best, fastest)]
         if plan.picked_on == "fit":  # the memory band decided, not the layouts' complexity
-            sure = ("fits at the upper end of its memory band", "fits as predicted", "fits only at its band's low end")
-            head = (f"picked as surer to fit: of the layouts {within}, it {sure[tiers[0]]}, where the fastest "
-                    f"{sure[tiers[1]]}")
+            from .plan import FIT_TIER_TEXT
+
+            head = (f"picked as surer to fit: of the layouts {within}, it {FIT_TIER_TEXT[tiers[0]]}, where the "
+                    f"fastest {FIT_TIER_TEXT[tiers[1]]}")
         else:
             head = (f"picked on simplicity: the simplest of the layouts {within}, as sure to fit as the fastest "
                     f"(the surest first: at the upper end of their memory band, else as predicted)")
