@@ -229,6 +229,19 @@ def test_nothing_fits_is_an_answer_with_the_overflowing_term_and_what_would_fit(
                                  cluster={"num_gpus": advice.gpus_that_fit - 8})).best
 
 
+def test_where_nothing_fits_the_json_names_no_pick():
+    """Llama 3.1 405B on 16 A100s of 40 GB within pp 2: 810 GB of bf16 weights over tp 8 × pp 2 is
+    over 50 GB a GPU, so no layout fits and nothing is picked. `pick` said made_on "speed" within a
+    margin of 0.0 set by the model, whose margin is the published sweeps' gap (7.9 %): it is null,
+    as `best` and `engine` are."""
+    p = planner.plan({"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "a100-sxm-40gb", "num_gpus": 16},
+                      "training": {"global_batch_size": 16, "seq_len": 8192, "engine": "megatron"},
+                      "search": {"max_pp": 2}}, top_k=0)
+    printed = p.to_dict()
+    assert printed["best"] is None and printed["engine"] is None
+    assert printed["pick"] is None
+
+
 def test_what_would_fit_counts_gpus_within_the_first_node():
     # Llama 2 70B's 16 bytes a parameter need more than one H100's 80 GB even offloaded: the advice
     # is the fewest GPUs that fit, here within the node (it said 16, two whole nodes, skipping one).
