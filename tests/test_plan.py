@@ -173,6 +173,22 @@ def test_a_runner_up_set_below_by_speed_is_not_called_the_more_complex():
     assert "more complex" not in why and "slower" in why, why
 
 
+def test_a_tied_runner_up_set_below_by_its_memory_band_is_said_to_fit_less_surely():
+    """Llama 2 7B on 16 H100s held to 48 GB, DeepSpeed, 16 × 2,048 tokens: the ZeRO-1 runner-up
+    steps exactly as fast as the ZeRO-2 pick, and is simpler (docs/robust-plans.md's order), but its
+    memory band's upper end (44.5 GB predicted) overflows the usable memory where the pick's
+    (31.9 GB) does not: the robust pick takes the surer to fit first. The report called it "the
+    more complex layout"."""
+    p = planner.plan({"model": {"preset": "llama2-7b"},
+                      "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16, "memory": "48 GB"},
+                      "training": {"global_batch_size": 16, "seq_len": 2048, "engine": "deepspeed"}})
+    runner = p.alternatives[0]
+    assert runner.job.layout.zero_stage < p.best.job.layout.zero_stage, "the case no longer has a simpler runner-up"
+    assert (p.best.memory_verdict, runner.memory_verdict) == ("fits", "at risk")
+    why = p.why_runner_up_lost()
+    assert why.startswith("ties") and "less sure to fit" in why and "more complex" not in why, why
+
+
 def test_full_recomputation_of_a_few_layers_is_weighed_against_selective_of_all():
     """Llama 2 7B on 8 A100 80GB at 4,096 tokens without flash attention, pinned to dp 8, ZeRO 2
     and micro-batch 1: nothing fits without recomputation, and Megatron's selective recomputation
