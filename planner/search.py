@@ -55,8 +55,8 @@ from .search_space import (MIN_TOKENS_PER_CP_RANK, UNEVEN_VPP, cp_too_thin, divi
 
 # Names other modules and the tests import from here.
 _floor, _states_cannot_fit = floor, states_cannot_fit
-__all__ = ["MIN_TOKENS_PER_CP_RANK", "UNEVEN_VPP", "cp_too_thin", "Candidate", "SearchResult", "divisors", "expert_options",
-           "offload_options", "partitions", "search", "selective_bundles", "structures"]
+__all__ = ["MIN_TOKENS_PER_CP_RANK", "UNEVEN_VPP", "cp_too_thin", "Candidate", "SearchResult", "divisors",
+           "expert_options", "offload_options", "partitions", "search", "selective_bundles", "structures"]
 
 
 def search(case: Case, spec: SearchSpec, first_only: bool = False, keep_within: Optional[float] = None,
