@@ -51,7 +51,7 @@ from .estimate import Estimate, estimate_job
 from .limits import MAX_CLUSTER_SIZES, MAX_GPUS, MAX_TOP_K
 from .engines import ENGINES
 from .plan import DECIDED_ENGINES, _check_size, check_run_tokens, layout_table, plan_case
-from .search import MIN_TOKENS_PER_CP_RANK, Candidate, divisors
+from .search import Candidate, cp_too_thin, divisors
 from .search_options import SearchSpec, retarget
 from .units import UnitError, duration_text, figure_text, parse_duration, parse_tokens, run_days
 
@@ -424,7 +424,7 @@ def work_lower_bound(case: Case, spec: SearchSpec, gpu: GPUSpec) -> float:
         if (tp > gpu.nvlink_domain and not spec.tp_across_nodes) or not spec.admits("tp", tp):
             continue
         for cp in sorted({1, *divisors(max(training.seq_len // 2, 1))}):
-            if cp > 1 and ("max_cp" not in spec.bounds and training.seq_len < cp * MIN_TOKENS_PER_CP_RANK):
+            if cp_too_thin(spec, training.seq_len, cp):  # plan's floor, lifted where the case names cp
                 continue
             if not spec.admits("cp", cp):
                 continue

@@ -888,3 +888,21 @@ def test_top_0_does_not_say_that_no_other_size_meets_the_deadline(tmp_path):
     none = run_cli("size", str(path), "--tokens", "15T", "--deadline", "60d", "--top", "0")
     assert none.returncode == 0 and "Next best" not in none.stdout
     assert "No other size" not in none.stdout, none.stdout
+
+
+def test_the_work_bound_holds_for_a_case_that_names_its_context_parallelism():
+    """A search section bounding cp (min_cp = max_cp = 8 on 4,096 tokens) lifts plan's floor of 1,024
+    tokens a rank, so plan runs cp 8; the work bound size stops its walk on still skipped cp 8 by the
+    floor (a test of "max_cp" where the bounds are held under "cp"), found no shape at all and bounded
+    every size's step at infinity: no bound of a step plan takes. It is a lower bound on it again."""
+    from planner.case import load_case
+    from planner.size import work_lower_bound
+
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 32, "seq_len": 4096, "engine": "megatron"},
+            "search": {"min_cp": 8, "max_cp": 8}}
+    best = planner.plan(case, top_k=0).best
+    assert best.job.layout.cp == 8
+    loaded = load_case(case)
+    bound = work_lower_bound(loaded, loaded.search, loaded.cluster.gpu) / 16
+    assert 0 < bound <= best.step_time_s
