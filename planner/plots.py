@@ -9,6 +9,7 @@ nor leaves figures open.
 from __future__ import annotations
 
 import io
+import textwrap
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 
 # Figure size in inches and resolution: the PNG is FIGSIZE * DPI pixels (width, height).
 FIGSIZE = (13.0, 5.5)
+# The characters of the memory panel's title on one line: at 10 points, about the panel's width.
+TITLE_CHARS = 60
 DPI = 100
 GB = 1e9
 # The y axes reach this multiple of the larger of capacity and the tallest bar or point,
@@ -118,7 +121,9 @@ def _draw_memory(ax, best: "Estimate", headroom: float) -> None:
     ax.set_xlim(min(stages) - 0.6, max(stages) + 0.6)
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("memory per GPU (GB)")
-    ax.set_title(f"Chosen layout: {_layout_label(best)}", fontsize=10)
+    # Wrapped: a long label (dp1 tp4 pp2 vpp40 … recompute) ran past the panel, and tight_layout cut
+    # the title's start off the figure ("osen layout: …").
+    ax.set_title("\n".join(textwrap.wrap(f"Chosen layout: {_layout_label(best)}", TITLE_CHARS)), fontsize=10)
     if len(stages) <= 16:
         ax.set_xticks(stages)
     else:

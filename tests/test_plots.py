@@ -156,3 +156,27 @@ def test_the_plot_draws_the_headroom_line_and_alternatives_over_the_star(small_p
         assert any(label.startswith("usable") and y == pytest.approx(usable) for label, y in labels.items())
     layers = {c.get_label(): c.get_zorder() for c in pareto.collections}
     assert layers["best"] < next(z for label, z in layers.items() if label.startswith("alternatives"))
+
+
+def test_the_chosen_layouts_title_stays_inside_the_figure(monkeypatch, tmp_path):
+    """A long layout label (Llama 3 70B on 8 H100s: dp1 tp4 pp2 vpp40 … recompute) ran past its panel,
+    and tight_layout cut the title's start off the figure ("osen layout: dp1 tp4 …"). Every title's
+    drawn extent lies inside the figure's."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from planner.plots import render_plots
+
+    drawn = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (drawn.append(self), savefig(self, *a, **k))[1])
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 16, "seq_len": 8192}}
+    plan = planner.plan(case)
+    render_plots(plan, tmp_path / "plan.png")
+    (fig,) = drawn
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        box = ax.title.get_window_extent(renderer)
+        assert ax.title.get_text() and 0 <= box.x0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1, \
+            (ax.title.get_text(), box, fig.bbox)
