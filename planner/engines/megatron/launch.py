@@ -10,6 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 from planner.engines.megatron.emit import ALIASES, BOOL_FLAGS, INT_FLAGS, LIST_FLAGS, STR_FLAGS
+from planner.engines.megatron.functional_test import functional_test_launch
 from planner.errors import CaseError, one_line
 from planner.inputs import read_text
 from planner.limits import MAX_EXPANDED_CHARS, MAX_INT
@@ -563,6 +564,13 @@ def _launch_of(path: Path, text: str) -> _Launch:
     src = str(path)
     if is_argument_list(text):
         return _Launch(src, _tokens(text, src))
+    # A functional test's model_config.yaml: read line by line, its `--flag: value` lines would be
+    # no flag argparse takes, and the run's --micro-batch-size and layout would be lost.
+    test = functional_test_launch(text, src)
+    if test is not None:
+        words, environment, notes = test
+        return _Launch(src, words, shell=True, environment=environment,
+                       notes=tuple(bash.Note(note, None) for note in notes))
     if "\r\n" in text:
         line = text[:text.index("\r\n")].count("\n") + 1
         raise CaseError(src, f"line {line}", "has Windows (CRLF) line endings: bash reads each line's carriage return "
