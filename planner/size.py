@@ -244,6 +244,9 @@ class Sizing:
     front: tuple[SizeChoice, ...] = ()  # neither a deadline nor a budget: days against spend, the cheapest first
     knee: Optional[SizeChoice] = None  # the front's point of least days × spend (``size_front``)
     spend_bound: Optional[float] = None  # the front's: no size of any type spends less (the work bound)
+    # The front's: the most GPUs of the knee's type the limits allow (its last whole node or rack). A knee
+    # short of it is no limit binding: the larger sizes considered there ran no faster.
+    knee_limit: Optional[int] = None
     notes: tuple[str, ...] = ()  # what the case gives that the sizing could not use (a price of some types only)
 
     @property
@@ -653,8 +656,10 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
             knee = picks[knee_index(picks, days, spent)]
             front = pareto_front([c for c in picks if c.days <= FRONT_SPAN * knee.days * (1 + 1e-12)], days, spent)
             knee = front[knee_index(front, days, spent)]
+            limit = limits[next(i for i, o in enumerate(options) if o is knee.option)]
             return Sizing(OK, best=knee, alternatives=(), front=tuple(front), knee=knee,
-                          spend_bound=found.spend_bound, **common(sweep, status))
+                          spend_bound=found.spend_bound, knee_limit=limit // knee.option.unit * knee.option.unit,
+                          **common(sweep, status))
         return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status),
                       lambda: ([], None))
 

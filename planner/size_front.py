@@ -20,7 +20,8 @@ considers, with the knee marked:
   prices' scale, it is a point of the front (a dominated point has both factors larger), and
   it moves only when a point beats it: where the front ends (the limit, the smallest size that
   fits) does not move it, unlike the point farthest from the chord between the front's ends.
-  A knee at the front's fast end says the limit binds: doubling still pays there.
+  A knee at the front's fast end and at its type's limit says the limit binds: doubling still pays
+  there; short of that limit, the larger sizes considered ran no faster, and the limit does not bind.
 
 Sizes are searched the fastest they could be first (by the work bound, :func:`work_lower_bound`),
 each under the Pareto ceiling of the points found so far: a size whose fastest step would be no

@@ -130,7 +130,12 @@ def print_front(sizing: Sizing, console: Console) -> None:
     console.print(f"The knee: the front's least days × {spend}, where 1% more {spend} stops buying 1% fewer days "
                   f"(doubling one type's GPUs pays when it cuts the days by more than {DOUBLING_SAVES:.1%}).",
                   markup=False)
-    if knee is sizing.front[-1]:
+    if knee is sizing.front[-1] and sizing.knee_limit is not None and knee.gpus < sizing.knee_limit:
+        # Short of the limit, the larger sizes considered ran no faster (else they would be on the front).
+        limit = knee.option.paid_gpus(sizing.knee_limit)  # as the case counts them: whole racks
+        console.print(f"The knee is the front's fastest size, short of the limit of {limit:,} {knee.option.gpu.name} "
+                      f"GPUs: the limit does not bind, no larger size considered within it runs faster.", markup=False)
+    elif knee is sizing.front[-1]:
         console.print("The knee is the front's fastest size: the limit binds, and more GPUs may still pay "
                       "(the case's num_gpus, nodes, max_gpus or max_nodes).", markup=False)
     bound = f"{_figure(sizing.spend_bound)} {'in cost' if sizing.spend == 'cost' else 'GPU-hours'}"
