@@ -387,13 +387,20 @@ def part_unit_note(source: str, options: Sequence[ClusterOption], target: SizeTa
     """A limit that is not whole nodes (or racks): size considers whole ones only, so the GPUs
     past the last whole one go unused; said, not left for the user to find in the answer."""
     parts = []
-    for option in options:
-        most = gpu_limit(source, option, target)
-        if most >= option.unit and most % option.unit:
-            given = ("--max-gpus" if most == target.max_gpus else
-                     "--max-nodes" if target.max_nodes is not None else option.limit_key or option.key)
+    limits = [gpu_limit(source, option, target) for option in options]
+    for option, most in zip(options, limits):
+        if not most % option.unit:
+            continue
+        given = ("--max-gpus" if most == target.max_gpus else
+                 "--max-nodes" if target.max_nodes is not None else option.limit_key or option.key)
+        if most >= option.unit:
             parts.append(f"{given} gives {most:,} {option.gpu.name} GPUs, not whole {option.unit_name}s of "
                          f"{option.unit}: size considers whole {option.unit_name}s, up to {most // option.unit * option.unit:,}")
+        elif any(n >= o.unit for o, n in zip(options, limits)):
+            # Less than one unit: the type is left out whole, while the answer (of another type) reads as if
+            # it had been weighed. With no type left at all, the answer's reason says so ("no whole node or rack").
+            parts.append(f"{given} gives {most:,} {option.gpu.name} GPUs, less than one {option.unit_name} of "
+                         f"{option.unit}: size leaves {option.key} ({option.gpu.name}) out")
     return "; ".join(parts) or None
 
 

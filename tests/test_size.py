@@ -906,3 +906,19 @@ def test_the_work_bound_holds_for_a_case_that_names_its_context_parallelism():
     loaded = load_case(case)
     bound = work_lower_bound(loaded, loaded.search, loaded.cluster.gpu) / 16
     assert 0 < bound <= best.step_time_s
+
+
+def test_a_type_whose_limit_is_less_than_one_rack_is_said_to_be_left_out():
+    """--max-nodes 10 gives 40 GB200s at 4 a tray, short of one NVL72 rack of 72 (the unit `size`
+    takes them in), beside 80 H100s: the answer was an H100 cluster and nothing said that the GB200s
+    were never weighed, as if they had lost on the merits."""
+    case = {**TINY, "cluster": {"options": [{"gpu": "gb200", "max_nodes": 20, "gpu_hour_cost": 6.0},
+                                            {"gpu": "h100-sxm-80gb", "max_nodes": 4, "gpu_hour_cost": 2.5}]}}
+    result = planner.size(case, "1B", max_nodes=10)
+    assert result.status == "ok" and result.best.option.gpu.name == "h100-sxm-80gb"
+    assert any(n.startswith("--max-nodes gives 40 gb200 GPUs, less than one rack of 72") and "out" in n
+               for n in result.notes), result.notes
+    # with no type left, the reason says so once, not a note per type
+    alone = planner.size(case, "1B", max_gpus=4)
+    assert alone.status == "over budget" and "no whole node or rack" in alone.no_fit
+    assert not any("less than one" in n for n in alone.notes)
