@@ -247,6 +247,9 @@ class Sizing:
     # The front's: the most GPUs of the knee's type the limits allow (its last whole node or rack). A knee
     # short of it is no limit binding: the larger sizes considered there ran no faster.
     knee_limit: Optional[int] = None
+    # By a deadline: the other sizes within the limits that meet it but are not listed, each beaten by a size
+    # of its GPU type on GPUs, days and spend at once (so that "no other size meets it" is said only when true).
+    beaten_meeting: int = 0
     notes: tuple[str, ...] = ()  # what the case gives that the sizing could not use (a price of some types only)
 
     @property
@@ -687,7 +690,9 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
     picks = picks[:target.top_k + 1]
     sweep.rows = all_rows
     if picks:
-        return Sizing(OK, best=picks[0], alternatives=tuple(picks[1:]), **common(sweep, status))
+        return Sizing(OK, best=picks[0], alternatives=tuple(picks[1:]),
+                      beaten_meeting=_beaten_meeting(all_rows, chosen[0], step_deadline) if len(picks) == 1 else 0,
+                      **common(sweep, status))
 
     def quickest() -> tuple[list, Optional[_Sweep]]:
         """The fastest cluster within the limits (none when nothing fits there), and the sweep that found it.
@@ -698,6 +703,18 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
         fastest_sweep = _Sweep(case, spec, options, limits, weights, "time", None, 1).run()
         return [choice(fastest_sweep, row) for row in decide(fastest_sweep, "time", None, 1)[1]], fastest_sweep
     return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status), quickest)
+
+
+def _beaten_meeting(rows: list, answer, step_deadline: Optional[float]) -> int:
+    """Where the answer (its row) is listed alone: the other sizes of ``rows`` that meet the deadline, each
+    left out as beaten by one of its type. The sweep's cut skips a size only once it holds as many that meet
+    it as the list can take, so where the answer stands alone every size that meets it is among ``rows``."""
+    from .size_solver import within_deadline
+
+    if step_deadline is None:
+        return 0
+    meeting = {(r.option, r.gpus) for r in rows if within_deadline(r.candidate.step_time_s, step_deadline)}
+    return len(meeting - {(answer.option, answer.gpus)})
 
 
 def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int], step_deadline: Optional[float],

@@ -94,6 +94,12 @@ def print_sizing(sizing: Sizing, console: Console, top_k: Optional[int] = None) 
             for row in rows:
                 table.add_row(*row)
             console.print(table)
+        elif sizing.deadline_s is not None and top_k != 0 and sizing.beaten_meeting:  # --top 0 asked for none
+            # Sizes more GPUs for more days at no saving are left out of the list, not said not to exist.
+            n = sizing.beaten_meeting
+            console.print(f"{n:,} other size{'s' * (n > 1)} within the limits meet{'s' * (n == 1)} "
+                          f"{duration_text(sizing.deadline_s)}, each beaten by one of its GPU type on GPUs, days and "
+                          f"spend at once: none is listed.", markup=False)
         elif sizing.deadline_s is not None and top_k != 0:  # --top 0 asked for none: others may meet it
             console.print(f"No other size within the limits meets {duration_text(sizing.deadline_s)}.", markup=False)
     console.print(f"solver: {sizing.solver_status} over {sizing.rows} layout{'s' * (sizing.rows != 1)} on "

@@ -922,3 +922,31 @@ def test_a_type_whose_limit_is_less_than_one_rack_is_said_to_be_left_out():
     alone = planner.size(case, "1B", max_gpus=4)
     assert alone.status == "over budget" and "no whole node or rack" in alone.no_fit
     assert not any("less than one" in n for n in alone.notes)
+
+
+def test_sizes_left_out_as_beaten_are_not_said_not_to_meet_the_deadline(tmp_path):
+    """A small mixture of experts on up to two GB200 NVL72 racks, 1T tokens by 10 days: one rack on
+    64 of its GPUs is the cheapest, and `plan` runs every other size (one rack or two whole, two on
+    64 of each) slower on more GPUs, well within 10 days. They are rightly not listed as trades, but
+    the report said "No other size within the limits meets 10 days", which a user would act on."""
+    model = {"name": "moe-s", "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 32000,
+             "activation": "swiglu", "ffn_hidden_size": 1024, "num_experts": 8, "moe_top_k": 2,
+             "moe_load_imbalance": 1.0}
+    case = {"model": model, "cluster": {"gpu": "gb200", "max_gpus": 144, "gpu_hour_cost": 6.0},
+            "training": {"global_batch_size": 48, "seq_len": 1024}, "search": {"target": "megatron"}}
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case))
+    result = planner.size(path, "1T", deadline="10d")
+    best = result.best
+    assert result.status == "ok" and best.gpus == 64 and not result.alternatives
+    step_deadline = 10 * SECONDS_PER_DAY * 48 * 1024 / 1e12
+    meeting = 0
+    for cluster in ({"num_gpus": 72}, {"num_gpus": 144}, {"num_gpus": 128, "nvlink_domain": 64}):
+        other = planner.plan({**case, "cluster": {"gpu": "gb200", **cluster}}, fastest=True, engine="megatron").best
+        assert other.step_time_s >= best.step_time_s  # slower, on more GPUs: beaten, not a trade
+        meeting += other.step_time_s <= step_deadline
+    done = run_cli("size", str(path), "--tokens", "1T", "--deadline", "10d")
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0 and meeting == 3
+    assert "No other size" not in text
+    assert f"{meeting} other sizes within the limits meet 10 days, each beaten by one of its GPU type" in text
