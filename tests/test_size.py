@@ -321,6 +321,44 @@ MID = {"model": {"preset": "llama3-8b"},
        "training": {"global_batch_size": 64, "seq_len": 4096}, "search": {"target": "megatron"}}
 
 
+# A small mixture of experts and a small dense model on GB200 NVL72 racks (whole, or on 64 of each
+# 72) beside nodes of 2 or 4: global batches of 48, 40, 60 and 18 sequences, which 72 GPUs a rack and
+# most node counts do not divide; deadlines, --max-nodes across types of 4 and 8 GPUs a node, a price
+# given with the call, a front of 100T tokens.
+SMALL_MOE = {"name": "moe-s", "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 32000,
+             "activation": "swiglu", "ffn_hidden_size": 1024, "num_experts": 8, "moe_top_k": 2,
+             "moe_load_imbalance": 1.0}
+SMALL_DENSE = {"name": "dense-s", "num_layers": 6, "hidden_size": 768, "num_attention_heads": 12, "num_kv_heads": 4,
+               "vocab_size": 32000, "activation": "swiglu"}
+
+
+def small_nodes(name: str, per_node: int, **terms) -> dict:
+    return {"gpu": {**gpu_presets()[name], "gpus_per_node": per_node, "nvlink_domain": per_node}, **terms}
+
+
+@pytest.mark.parametrize("model, options, batch, args", [
+    pytest.param(SMALL_MOE, [{"gpu": "gb200", "max_gpus": 216, "gpu_hour_cost": 6.0},
+                             small_nodes("h100-sxm-80gb", 4, max_gpus=16, gpu_hour_cost=2.5)], 40,
+                 {"tokens": "1T", "max_nodes": 40}, id="moe-racks-max-nodes"),
+    pytest.param(SMALL_MOE, [{"gpu": "gb200", "max_gpus": 144, "gpu_hour_cost": 6.0}], 48,
+                 {"tokens": "1T", "deadline_at": 2}, id="moe-racks-deadline"),
+    pytest.param(SMALL_MOE, [small_nodes("h100-sxm-80gb", 2, max_gpus=12, gpu_hour_cost=2.5),
+                             small_nodes("b200", 2, max_gpus=8)], 20,
+                 {"tokens": "3e9", "deadline_at": 7, "gpu_hour_cost": 3.0}, id="moe-price-given"),
+    pytest.param(SMALL_DENSE, [{"gpu": "gb200", "max_gpus": 144, "gpu_hour_cost": 6},
+                               small_nodes("h100-sxm-80gb", 2, max_gpus=16, gpu_hour_cost=2.5)], 60,
+                 {"tokens": "20B", "deadline_at": 1}, id="dense-racks-deadline"),
+    pytest.param(SMALL_DENSE, [small_nodes("h100-sxm-80gb", 2, max_gpus=14),
+                               small_nodes("a100-sxm-80gb", 1, max_gpus=9, gpu_hour_cost=1.0)], 18,
+                 {"tokens": "100T"}, id="dense-front-100t"),
+])
+def test_size_matches_a_sweep_of_plan_on_racks_mixtures_and_uneven_batches(model, options, batch, args):
+    case = {"model": model, "cluster": {"options": options}, "training": {"global_batch_size": batch, "seq_len": 1024},
+            "search": {"target": "megatron"}}
+    problems = check_against_sweep(model["name"], case, args)
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.parametrize("cluster, args", [
     pytest.param(None, {"tokens": "1T", "deadline_at": 0}, id="deadline-fastest"),
     pytest.param(None, {"tokens": "1T", "deadline_at": 12}, id="deadline-middle"),
