@@ -597,6 +597,19 @@ def _check_log_settings(log: str, src: str, job, settings: dict[str, str]) -> No
             raise CaseError(log, "use_distributed_optimizer", f"the log's {settings['use_distributed_optimizer']}, "
                                                               f"the case {src}'s layout.zero_stage "
                                                               f"{job.layout.zero_stage}: a log of another run than the case")
+    # The layout's own settings the dump prints after validate_args (which turns sequence parallelism off
+    # at tp 1, as a case refuses it there): a log without sequence parallelism fitted as the case's run
+    # with it was priced with a tp-th of its norms' and dropouts' activations, moving the fragmentation.
+    if "sequence_parallel" in settings and true("sequence_parallel") != job.layout.sequence_parallel:
+        raise CaseError(log, "sequence_parallel", f"the log's {settings['sequence_parallel']}, the case {src}'s "
+                                                  f"layout.sequence_parallel {job.layout.sequence_parallel}: a log of "
+                                                  "another run than the case")
+    vpp = settings.get("virtual_pipeline_model_parallel_size")
+    # None: one model chunk per pipeline rank (the interleaved schedule off), the case's vpp 1.
+    if vpp is not None and ("1" if vpp == "None" else vpp) != str(job.layout.vpp):
+        raise CaseError(log, "virtual_pipeline_model_parallel_size", f"the log's {vpp}, the case {src}'s layout.vpp "
+                                                                     f"{job.layout.vpp}: a log of another run than "
+                                                                     "the case")
     if "recompute_granularity" in settings:
         granularity = settings["recompute_granularity"].lower()
         recompute = "none" if granularity in ("none", "") else granularity

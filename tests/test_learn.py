@@ -520,6 +520,30 @@ def test_a_log_whose_arguments_ran_otherwise_than_its_case_is_refused(tmp_path, 
     runs_from_logs([write(tmp_path, "same.log", log)], [case_path])
 
 
+@pytest.mark.parametrize("setting, key, says", [
+    ("sequence_parallel False", "sequence_parallel", "the log's False, the case"),
+    ("virtual_pipeline_model_parallel_size 4", "virtual_pipeline_model_parallel_size", "the log's 4, the case"),
+])
+def test_a_log_whose_layout_settings_differ_from_its_case_is_refused(tmp_path, setting, key, says):
+    """Megatron-LM's dump prints sequence_parallel and virtual_pipeline_model_parallel_size as validate_args
+    left them: a tp-2 log without sequence parallelism was fitted as its case's run with it, whose norms' and
+    dropouts' activations are a tp-th as large (activations.py), so the allocator's figures took up the
+    difference; a log with 4 model chunks a rank ran another pipeline schedule than its case's one."""
+    tp2 = {**case(8, 2, 1, 1, 1)}
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump(tp2))
+    tp_line = "  tensor_model_parallel_size ...................... 1"
+    base = MEGATRON_LOG.replace(tp_line, tp_line[:-1] + "2")
+    name, value = setting.split()
+    log = base.replace("  global_batch_size", f"  {name} {'.' * 20} {value}\n  global_batch_size", 1)
+    with pytest.raises(CaseError, match=rf"ran.log: {key}: {re.escape(says)}"):
+        runs_from_logs([write(tmp_path, "ran.log", log)], [case_path])
+    # As the case ran (sequence parallel at tp 2, no interleaving: Megatron prints None), the log is fitted.
+    agreeing = "  sequence_parallel ........ True\n  virtual_pipeline_model_parallel_size .... None\n"
+    runs_from_logs([write(tmp_path, "same.log", base.replace("  global_batch_size", agreeing + "  global_batch_size", 1))],
+                   [case_path])
+
+
 @pytest.mark.parametrize("name, log, prefix", [("megatron.log", MEGATRON_LOG, "iteration 1/ 2 |"),
                                                ("titan.log", TITAN_LOG, "step: 1 "),
                                                ("ds.log", DEEPSPEED_LOG, "global_step=1 ")])
