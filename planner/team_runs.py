@@ -59,6 +59,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         name = one_line(row.get("id") or f"{source}[{index}]", 200)  # the file's place where it has no id
         row = _team_fields(source, name, row)
         _check_team_shape(source, name, row)
+        _check_section_keys(source, name, row)
         problem = row_problem(row) or _missing(row)
         if problem:
             raise CaseError(source, f"{name}.{problem[0]}", problem[1])
@@ -244,16 +245,6 @@ def _check_team_row(source: str, name: str, row: dict, case: dict) -> None:
         raise CaseError(source, f"{name}.model.ffn_act", f"expected {', '.join(GATED_ACTIVATIONS)} (a gated MLP, three "
                                                          f"matrices) or {', '.join(PLAIN_ACTIVATIONS)} (two), got "
                                                          f"{one_line(safe_repr(act), 40)}")
-    for section, keys in RUN_KEYS.items():
-        for key in row.get(section) or {}:
-            close = _near_miss(str(key), keys)
-            if close:
-                raise CaseError(source, f"{name}.{section}.{one_line(key, 40)}", f"unknown key (did you mean {close}?)")
-            if key not in keys and section in STRICT_SECTIONS and not (section == "measured"
-                                                                       and key in UNREAD_MEASURES):
-                # parallel.context_parallel: 2 was fitted as cp 1, measured.step_time_ms went unread
-                raise CaseError(source, f"{name}.{section}.{one_line(key, 40)}",
-                                f"unknown key; a run's {section} takes {', '.join(keys)}")
     measured = row.get("measured") or {}
     if measured.get("activation_cpu_offload") not in (None, False):
         # llm-foundry's activation offload to the host: the fit would price the run's activations on the GPU
@@ -272,6 +263,24 @@ def _check_team_row(source: str, name: str, row: dict, case: dict) -> None:
     problem = accumulation_problem(row, case) or tokens_per_batch_problem(row, case)
     if problem is not None:
         raise CaseError(source, f"{name}.{problem[0]}", problem[1])
+
+
+def _check_section_keys(source: str, name: str, row: dict) -> None:
+    """Each key of a run's model, parallel, batch and measured is one the reading takes (RUN_KEYS), before
+    anything is read from them: a key it drops was refused as what its absence left (measured.tokens_per_second
+    as "expected a step time, tokens/s or a peak memory", batch.gbs as "batch.global_batch_size: … got None",
+    parallel.tensor_parallel as "a run with no layout"), naming a key the team never wrote."""
+    for section, keys in RUN_KEYS.items():
+        mapping = row.get(section)
+        for key in mapping if isinstance(mapping, dict) else ():
+            close = _near_miss(str(key), keys)
+            if close:
+                raise CaseError(source, f"{name}.{section}.{one_line(key, 40)}", f"unknown key (did you mean {close}?)")
+            if key not in keys and section in STRICT_SECTIONS and not (section == "measured"
+                                                                       and key in UNREAD_MEASURES):
+                # parallel.context_parallel: 2 was fitted as cp 1, measured.step_time_ms went unread
+                raise CaseError(source, f"{name}.{section}.{one_line(key, 40)}",
+                                f"unknown key; a run's {section} takes {', '.join(keys)}")
 
 
 def _check_grid(source: str, name: str, row: dict, case: dict) -> None:

@@ -1126,6 +1126,14 @@ def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path):
     ({"measured": {"step_time_ms": 12000, "tokens_per_sec_per_gpu": 1400}}, "measured.step_time_ms",
      "unknown key; a run's measured takes tokens_per_sec_per_gpu"),
     ({"batch__sequences": 128}, "batch.sequences", "unknown key; a run's batch takes global_batch_size"),
+    # the key the team wrote, where it is the run's only throughput, batch or degree: refused as what its
+    # absence left ("measured: expected a step time, tokens/s or a peak memory", "batch.global_batch_size: …
+    # got None", "a run with no layout"), naming a key the team never wrote
+    ({"measured": {"step_time_ms": 12000}}, "measured.step_time_ms", "unknown key; a run's measured takes"),
+    ({"measured": {"tokens_per_second": 43690}}, "measured.tokens_per_second", "unknown key (did you mean"),
+    ({"batch": {"gbs": 128, "micro_batch_size": 1}}, "batch.gbs", "unknown key; a run's batch takes global_batch_size"),
+    ({"parallel": {"tensor_parallel": 1, "pp": 1, "dp": 8}}, "parallel.tensor_parallel",
+     "unknown key; a run's parallel takes dp, tp, pp"),
     # left to a published row's guesses: priced as multi-head attention and a 16,384-wide GeLU MLP, +20 %
     ({"model__kv_heads": None}, "model.kv_heads", "expected the key-value heads"),
     ({"model__ffn_hidden": None}, "model.ffn_hidden", "expected the MLP's width"),
