@@ -582,7 +582,10 @@ STATED_IN_CASE = {"num_layers": ("model", "num_layers"), "hidden_size": ("model"
                   "num_query_groups": ("model", "num_kv_heads"), "ffn_hidden_size": ("model", "ffn_hidden_size"),
                   "num_experts": ("model", "num_experts"), "moe_router_topk": ("model", "moe_top_k"),
                   "context_parallel_size": ("layout", "cp"), "expert_model_parallel_size": ("layout", "ep"),
-                  "data_parallel_size": ("layout", "dp"), "world_size": ("cluster", "num_gpus")}
+                  "data_parallel_size": ("layout", "dp"), "world_size": ("cluster", "num_gpus"),
+                  # torchtitan's mesh line (training_logs._titan_mesh), in its own names
+                  "pp": ("layout", "pp"), "dp_replicate·dp_shard": ("layout", "dp"), "cp": ("layout", "cp"),
+                  "tp": ("layout", "tp"), "ep": ("layout", "ep"), "world": ("cluster", "num_gpus")}
 
 
 def _check_log_settings(log: str, src: str, job, settings: dict[str, str]) -> None:

@@ -9,7 +9,8 @@
 - torchtitan (``torchtitan/components/metrics.py``, ``MetricsProcessor.log``): ``step: N  loss: …
   memory: X GiB(P%)  tps: T  tflops: F  mfu: M%`` (``tps`` is tokens per second per GPU;
   ``memory`` the allocator's max reserved), and at start ``Model … size: 8,030,261,248 total
-  parameters``. Its validation lines (``log_validation``: ``validate step: N … tps: …``, at step 1
+  parameters`` and its mesh (``distributed/parallel_dims.py``: ``Building device mesh with parallelism:
+  pp=1, dp_replicate=1, dp_shard=32, cp=1, tp=2, ep=1``). Its validation lines (``log_validation``: ``validate step: N … tps: …``, at step 1
   and every ``validation.freq`` steps) time forward passes alone and are not read. Every rank logs
   its steps: behind torchrun's or Slurm's labels (``[rank3]:``, ``[default3]:``, ``srun -l``'s
   ``3: ``) the lowest label's lines are read; where several ranks' lines carry one label or none
@@ -72,6 +73,10 @@ MEGATRON_SETTINGS = ("bf16", "fp16", "fp8", "use_distributed_optimizer", "use_to
 MEGATRON_ARG = re.compile(r"^(?:[ \t]*(?:\[[^\]\n]*\]:?|\d{1,9}:))*[ \t]*([a-z_0-9]+) \.* [ \t]*(\S+)[ \t]*$",
                           re.MULTILINE)
 TITAN_PARAMETERS = re.compile(r"size:\s*" + NUMBER + r"\s*total parameters")
+# torchtitan's mesh, printed at start by every rank (distributed/parallel_dims.py, ParallelDims.build_mesh):
+# "Building device mesh with parallelism: pp=1, dp_replicate=1, dp_shard=32, cp=1, tp=2, ep=1".
+TITAN_MESH = re.compile(r"Building device mesh with parallelism: pp=(\d+), dp_replicate=(\d+), dp_shard=(\d+), "
+                        r"cp=(\d+), tp=(\d+), ep=(\d+)")
 # DeepSpeed's wall-clock breakdown: "time (ms)" and each timer's "| name: figure". Any figure after a
 # timer's name: one that is no number ("nan", "N/A", a negative) is refused naming its line, not
 # skipped (a skipped line also moved which lines counted as warm-up).
@@ -519,9 +524,10 @@ def read_log(path: Path) -> LogReading:
         memory = _after_warmup(_per_step(TITAN_MEMORY.points_of(ranked_lines, src), max))
         params = [_grouped(m.group(1), src, number, "total parameters")
                   for number, line in lines.holding("total parameters") for m in TITAN_PARAMETERS.finditer(line)]
+        stated = ((("parameters", params[0]),) if params else ()) + _titan_mesh(lines)
         reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
                              peak_gib=max(memory) if memory else None, peak_of_rank_0_only=bool(memory),
-                             stated=(("parameters", params[0]),) if params else ())
+                             stated=stated)
     elif deepspeed or pipe or timers:
         # DeepSpeed's ThroughputTimer logs on every rank (utils/timer.py, no rank filter): as torchtitan's.
         ranked = _lowest_rank_lines(text, lines.lines)
@@ -550,6 +556,19 @@ def read_log(path: Path) -> LogReading:
                                  "torchtitan's 'tps:' and DeepSpeed's 'CurrSamplesPerSec=', its pipeline engine's "
                                  "'iter time (s):' or its 'time (ms) | fwd: … | bwd: … | step: …' timers")
     return reading
+
+
+def _titan_mesh(lines: _Lines) -> tuple[tuple[str, float], ...]:
+    """The degrees torchtitan's first mesh line states, as the case holds them (team_runs.STATED_IN_CASE):
+    its data parallelism is dp_replicate·dp_shard (ParallelDims: batch = dp_replicate·dp_shard), its world
+    the product of every degree but ep, which borrows its GPUs from the others. None where it printed none."""
+    for _, line in lines.holding("Building device mesh"):
+        found = TITAN_MESH.search(line)
+        if found:
+            pp, replicate, shard, cp, tp, ep = (int(g) for g in found.groups())
+            return (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp_replicate·dp_shard", replicate * shard),
+                    ("world", pp * replicate * shard * cp * tp))
+    return ()
 
 
 def _median(values: list[float], src: str, what: str) -> float:

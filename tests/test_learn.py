@@ -410,6 +410,34 @@ def test_a_torchtitan_run_fits_the_same_from_its_log_as_from_a_runs_file(tmp_pat
     assert fit([from_log]).values == pytest.approx(fit([from_row]).values)
 
 
+# torchtitan's start-up line (distributed/parallel_dims.py, ParallelDims.build_mesh), as every rank prints it.
+TITAN_MESH_LINE = ("[rank0]:[titan] 2026-11-30 09:59:50,000 - root - INFO - Building device mesh with parallelism: "
+                   "pp={pp}, dp_replicate=1, dp_shard={shard}, cp=1, tp={tp}, ep=1\n")
+
+
+@pytest.mark.parametrize("tp, pp, shard, key, says", [
+    (2, 1, 4, "tp", "the log states tp 2, the case"),
+    (1, 2, 4, "pp", "the log states pp 2, the case"),
+    # tp, pp and cp as the case's, the GPUs not: a log of 16 GPUs fitted as the case's 8
+    (1, 1, 16, "dp_replicate·dp_shard", "the log states dp_replicate·dp_shard 16, the case"),
+])
+def test_a_torchtitan_log_whose_mesh_differs_from_its_case_is_refused(tmp_path, tp, pp, shard, key, says):
+    """torchtitan's log states its layout only in its mesh line; its parameter count alone was checked,
+    so a log at tp 2 on 8 GPUs was fitted as its case's tp-1 run (a run at another layout teaching the
+    profile that layout's speed). The case's own mesh (tp 1, pp 1, dp_shard 8 on its 8 GPUs) is fitted."""
+    row = published_row(framework="torchtitan", parallel__zero_stage=3,
+                        measured={"tokens_per_sec_per_gpu": 6000.0, "memory_gb_per_gpu": 66.41})
+    from_row, = runs_from_rows([row], "runs.yaml")
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump(from_row.case))
+    other = TITAN_MESH_LINE.format(pp=pp, shard=shard, tp=tp) + TITAN_LOG
+    with pytest.raises(CaseError, match=rf"other.log: {re.escape(key)}: {re.escape(says)}"):
+        runs_from_logs([write(tmp_path, "other.log", other)], [case_path])
+    same = TITAN_MESH_LINE.format(pp=1, shard=8, tp=1) + TITAN_LOG
+    assert runs_from_logs([write(tmp_path, "same.log", same)], [case_path])[0].tokens_per_s == \
+        pytest.approx(from_row.tokens_per_s)
+
+
 def test_a_torchtitan_log_under_a_case_of_any_engine_is_priced_as_torchtitan(tmp_path):
     """A case's training.engine "any" (plain PyTorch) priced a torchtitan log as another engine's run
     (its memory 18 % apart), and torchtitan's plans on the profile lay "outside the fitted runs"."""
