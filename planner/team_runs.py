@@ -578,6 +578,7 @@ STATED_IN_CASE = {"num_layers": ("model", "num_layers"), "hidden_size": ("model"
                   "train_batch_size": ("training", "global_batch_size"),
                   "micro_batch_size": ("layout", "micro_batch_size"),
                   "train_micro_batch_size_per_gpu": ("layout", "micro_batch_size"),
+                  "zero_optimization_stage": ("layout", "zero_stage"),
                   "tensor_model_parallel_size": ("layout", "tp"), "pipeline_model_parallel_size": ("layout", "pp"),
                   "num_query_groups": ("model", "num_kv_heads"), "ffn_hidden_size": ("model", "ffn_hidden_size"),
                   "num_experts": ("model", "num_experts"), "moe_router_topk": ("model", "moe_top_k"),

@@ -24,7 +24,7 @@
   either, the engine's ``wall_clock_breakdown`` timers per optimizer step, ``time (ms) | fwd: … |
   bwd: … | bwd_inner: … | bwd_allreduce: … | step: …`` (``EngineTimers.global_timers``; ``bwd``
   holds ``bwd_inner`` and ``bwd_allreduce``, so the step is fwd + bwd + step); and its config dump
-  (``  train_batch_size ...... 64``).
+  (``  train_batch_size ...... 64``, ``  zero_optimization_stage ...... 3``).
 
 Warm-up is dropped: the first logged interval (the first iterations' compilation, allocator
 growth and NCCL set-up) and every interval ending at one of the first WARMUP_STEPS steps. Where
@@ -536,7 +536,10 @@ def read_log(path: Path) -> LogReading:
             deepspeed = DS_THROUGHPUT.points_of(ranked_lines, src)
         memory = _after_warmup(_per_step(DS_MEMORY.points_of(ranked_lines, src), max))
         args = _arguments(lines)
-        stated = tuple(_stated(args, ("train_batch_size", "train_micro_batch_size_per_gpu"), src))
+        # Its ZeRO stage too (DeepSpeedConfig.print: "zero_optimization_stage ...... 3"): a ZeRO-3 log was
+        # fitted as its case's ZeRO-1 run, its all-gathers and sharded states priced as another layout's.
+        stated = tuple(_stated(args, ("train_batch_size", "train_micro_batch_size_per_gpu", "zero_optimization_stage"),
+                               src))
         if deepspeed:
             rates = _after_warmup(_in_order(_per_step(deepspeed, statistics.median), src, "global_step"))
             reading = LogReading("deepspeed", samples_per_s=_median(rates, src, "'CurrSamplesPerSec='"),

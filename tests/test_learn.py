@@ -876,6 +876,21 @@ def test_a_dump_behind_a_logger_or_rank_prefix_is_checked_against_the_case(tmp_p
         runs_from_logs([write(tmp_path, "ds256.log", bigger)], [ds_path])
 
 
+def test_a_deepspeed_log_at_another_zero_stage_than_its_case_is_refused(tmp_path):
+    """DeepSpeedConfig.print dumps zero_optimization_stage beside the batch (runtime/config.py): a ZeRO-3
+    log was fitted as its case's ZeRO-1 run, its parameters' all-gathers and sharded weights priced as
+    absent. At the case's stage the log is fitted."""
+    ds_case = case(8, 1, 1, 1, 1)
+    ds_case = {**ds_case, "training": {**ds_case["training"], "engine": "deepspeed"}}
+    ds_path = tmp_path / "ds_case.yaml"
+    ds_path.write_text(yaml.safe_dump(ds_case))
+    dump = "[INFO] [config.py:1000:print]   zero_optimization_stage ...... {}\n"
+    with pytest.raises(CaseError, match=r"z3.log: zero_optimization_stage: the log states zero_optimization_stage 3, "
+                                        r"the case .* layout.zero_stage 1"):
+        runs_from_logs([write(tmp_path, "z3.log", dump.format(3) + DEEPSPEED_LOG)], [ds_path])
+    assert runs_from_logs([write(tmp_path, "z1.log", dump.format(1) + DEEPSPEED_LOG)], [ds_path])
+
+
 @pytest.mark.parametrize("changes, key, needle", [
     # priced as a plain GeLU MLP (Hugging Face names the gate's function, not the MLP's shape)
     ({"model__ffn_act": "silu"}, "model.ffn_act", "expected swiglu, geglu (a gated MLP, three matrices)"),
