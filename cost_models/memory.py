@@ -37,10 +37,24 @@ class StageMemory:
     optimizer_states: float
     activations: float
     other: float
+    # The part of ``other`` that the caching allocator holds beyond its live tensors: blocks cached
+    # for the activations' sizes (``Overheads.fragmentation``), less what the step's copies reuse of them.
+    fragmentation: float = 0.0
 
     @property
     def total(self) -> float:
+        """What the caching allocator holds at the stage's peak: ``torch.cuda.max_memory_reserved``."""
         return self.parameters + self.gradients + self.optimizer_states + self.activations + self.other
+
+    @property
+    def allocated(self) -> float:
+        """What the stage's live tensors take at its peak: ``torch.cuda.max_memory_allocated``.
+        PyTorch's CUDA semantics notes (docs/stable/notes/cuda.html, "Memory management") say the
+        caching allocator keeps freed blocks for reuse: ``memory_allocated`` counts the tensors,
+        ``memory_reserved`` all it holds, the cached blocks as well. The gap is the fragmentation
+        term, so a peak measured as allocated is held to this, not to :attr:`total` (a fit on
+        allocated peaks against the reserved figure read the gap as 0)."""
+        return self.total - self.fragmentation
 
     def by_term(self) -> dict[str, float]:
         return {term: getattr(self, term) for term in TERMS}
@@ -375,6 +389,8 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
         held = stage_activation_bytes(job, stage, shared) if shared is not None else 0.0
         # The step's copies come once the activations are freed: what they add is what they pass them by.
         other = states.other + max(0.0, states.step_copies - (1 + o.fragmentation) * held)
+        # Without the cached blocks, the copies pass the activations alone: the allocated peak's ``other``.
+        allocated_other = states.other + max(0.0, states.step_copies - held)
         out.append(StageMemory(
             stage=stage,
             parameters=states.parameters,
@@ -382,6 +398,7 @@ def stage_memories(job: Job, stages: Optional[Iterable[int]] = None, activations
             optimizer_states=states.optimizer_states,
             activations=held,
             other=other + o.fragmentation * held,
+            fragmentation=other + o.fragmentation * held - allocated_other,
         ))
     return tuple(out)
 

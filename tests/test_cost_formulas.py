@@ -464,3 +464,22 @@ def test_megatrons_step_holds_an_fp32_copy_of_its_bf16_main_grads(zero_stage, fp
                                  "sequence_parallel": True, "recompute": "full"}})
     job = case.job()
     assert step_gradient_copy_bytes(job, 0) == pytest.approx(per_parameter * optimizer_local_parameters(job, 0))
+
+
+# --- the allocator's two peaks (cost_models/memory.py) ---
+
+def test_the_allocated_peak_is_the_reserved_one_less_the_cached_blocks():
+    """What ``torch.cuda.max_memory_allocated`` reports (the tensors) is the priced peak, the reserved
+    one, less the fragmentation's cached blocks: at fragmentation 0 the two are one figure, and at the
+    preset's, the gap is its share of the activations (the step's copies here fit in what the activations freed)."""
+    from dataclasses import replace
+
+    from cost_models.memory import stage_memories
+
+    job = _job(model="llama3-8b", num_gpus=8, layout={"tp": 1, "pp": 1, "dp": 8, "zero_stage": 1,
+                                                      "micro_batch_size": 1})
+    stage = stage_memories(job)[0]
+    assert job.overheads.fragmentation > 0
+    assert stage.allocated == pytest.approx(stage.total - job.overheads.fragmentation * stage.activations)
+    none = stage_memories(replace(job, overheads=replace(job.overheads, fragmentation=0.0)))[0]
+    assert none.allocated == pytest.approx(none.total) and none.allocated == pytest.approx(stage.allocated)
