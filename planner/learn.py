@@ -52,7 +52,7 @@ from cost_models.specs import FabricSpec, Overheads, Performance
 from .case import load_case
 from .errors import Argument, CaseError, api_argument, cli_flag, named
 from .fields import describe, read_path, read_str
-from .estimate import estimate
+from .estimate import Estimate, estimate
 from .fitted import coverage as jobs_coverage
 from .presets import fabric_presets, gpu_preset_name, gpu_presets, performance_presets, resolve_gpu_preset
 from .team_runs import Run, check_each_run_once, load_runs, runs_from_rows
@@ -278,8 +278,18 @@ def scaled_fabric(mapping: dict, efficiency: float) -> dict:
 def predict(run: Run, hw: Hardware, values: dict[str, float], est=None) -> tuple[float, float]:
     """(log step time, log peak GiB) of ``run`` under ``values`` (its estimate there, where given)."""
     est = est or estimate(with_figures(run.case, hw, values))
+    return math.log(est.step_time_s), math.log(predicted_peak(run, est) / 2**30)
+
+
+def predicted_peak(run: Run, est: Estimate) -> float:
+    """The peak (bytes) ``est`` predicts for what ``run`` measured: its stage's, or the heaviest's, as
+    the allocator's reserved blocks or, for an allocated peak, its tensors alone (StageMemory.allocated):
+    only reserved peaks inform the fragmentation, which allocated ones pulled toward 0."""
+    if run.peak_scope == "allocated":
+        stages = est.stages if run.memory_stage is None else (est.stages[run.memory_stage],)
+        return max(stage.allocated for stage in stages)
     peak = est.peak if run.memory_stage is None else est.stages[run.memory_stage]
-    return math.log(est.step_time_s), math.log(peak.total / 2**30)
+    return peak.total
 
 
 def measured_step_s(run: Run) -> float:

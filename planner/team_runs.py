@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -37,6 +38,9 @@ class Run:
     tokens_per_s: Optional[float] = None  # over all GPUs
     peak_gib: Optional[float] = None  # the allocator's peak per GPU (GiB), as logs and tables print it
     memory_stage: Optional[int] = None  # the pipeline stage whose peak was published, where not the heaviest
+    # Which of the allocator's peaks ``peak_gib`` is (PEAK_SCOPES): what the runs' peaks have meant so far,
+    # the reserved one, unless the run says (its runs file's measured.memory_scope, its log's figure).
+    peak_scope: str = "reserved"
     # The runs file it was read from: what an error about this run names, where runs of several
     # files are fitted together (the first file was named for a run of the second). None: given as a Run,
     # or read from a log, whose id is the log's name.
@@ -68,6 +72,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
             tokens = measured_tokens_per_s(row) if case else None
             peak = (row.get("measured") or {}).get("memory_gb_per_gpu") if case else None
             stage = published_memory_stage(row) if case else None
+            scope = peak_scope(source, name, (row.get("measured") or {}).get("memory_scope"))
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError, ZeroDivisionError) as error:
             raise CaseError(source, name, f"a field has the wrong type or is missing ({one_line(error, 80)})") from None
         if case is not None:
@@ -97,12 +102,39 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
                             "iteration_time_s, tokens_per_sec_total or tokens_per_sec_per_gpu")
         if not tokens and not peak:
             raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
-        run = Run(name, case, tokens, float(peak) if peak else None, stage, source)
+        run = Run(name, case, tokens, float(peak) if peak else None, stage, scope, source=source)
         _check_grid(source, name, row, case)  # before check_run builds its job: a grid off its GPUs named as such
         check_run(run, source, throughput_key=_throughput_key(row))
         _check_team_row(source, name, row, case)
         runs.append(run)
     return runs
+
+
+# The allocator's peaks a measured peak may be (PyTorch's torch.cuda.max_memory_reserved, what the cost
+# model prices, and max_memory_allocated, its tensors alone: cost_models.memory.StageMemory.allocated).
+PEAK_SCOPES = ("reserved", "allocated")
+# How a runs file's measured.memory_scope names each, as the engines print them (spaces, "_" and "-" alike):
+# torch's max_memory_allocated, Megatron-LM's "max allocated", DeepSpeed's MaxMemAllocated; torch's
+# max_memory_reserved, Megatron-LM's "max reserved", torchtitan's memory (max reserved), nvidia-smi's used
+# memory (the reserved blocks, and the CUDA context beside them).
+SCOPE_WORDS = {"allocated": re.compile(r"\b(?:max|peak)\s*(?:mem(?:ory)?\s*)?allocated\b"),
+               "reserved": re.compile(r"\b(?:max|peak)\s*(?:mem(?:ory)?\s*)?reserved\b|\bnvidia\s*smi\b")}
+
+
+def peak_scope(source: str, name: str, stated: Any) -> str:
+    """The peak (PEAK_SCOPES) a run's ``measured.memory_scope`` names: "reserved" where it says none;
+    a CaseError naming the file, run and key where it names neither peak, or both ("model states only",
+    an analytical figure, was accepted and fitted as the allocator's peak)."""
+    if stated is None:
+        return "reserved"
+    words = re.sub(r"[\s_\-]+", " ", stated.lower()) if isinstance(stated, str) else ""
+    named = [scope for scope, pattern in SCOPE_WORDS.items() if pattern.search(words)]
+    if len(named) != 1:
+        raise CaseError(source, f"{name}.measured.memory_scope",
+                        "expected the allocator's peak that memory_gb_per_gpu is: max reserved "
+                        "(torch.cuda.max_memory_reserved, nvidia-smi) or max allocated (torch.cuda.max_memory_allocated, "
+                        f"DeepSpeed's MaxMemAllocated), got {one_line(safe_repr(stated), 60)}")
+    return named[0]
 
 
 def _throughput_key(row: dict) -> str:
@@ -777,7 +809,9 @@ def check_each_run_once(runs: Sequence[Run], source: str) -> None:
             mine = getattr(r, measure)
             if not mine:
                 continue
-            other = jobs.setdefault((key, measure), r)
+            # A peak beside the job's peaks of its own scope: an allocated peak is short of the reserved one
+            # by the allocator's cached blocks, which is no second software stack.
+            other = jobs.setdefault((key, measure, r.peak_scope if measure == "peak_gib" else ""), r)
             theirs = getattr(other, measure)
             if other is not r and max(mine, theirs) > SAME_JOB_APART * min(mine, theirs):
                 raise CaseError(source_of, r.id, f"the same job as {other.id} (model, cluster, training and layout) "
