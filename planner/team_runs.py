@@ -741,7 +741,7 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any], argument: Argument
                                           f"{MIN_FIGURE:g} to {ROW_MEASURES['memory_gb_per_gpu']:g} GiB")
         stage = 0 if reading.peak_of_rank_0_only and job.layout.pp > 1 else None
         name = Path(str(log)).name if names.count(Path(str(log)).name) == 1 else str(log)
-        run = Run(name, data, tokens, reading.peak_gib, stage)  # its id names the log itself
+        run = Run(name, data, tokens, reading.peak_gib, stage, reading.peak_scope)  # its id names the log itself
         try:
             check_run(run, str(log), case_file=src)
         except CaseError as error:  # a figure the log printed: named as the log's, not a runs file's key

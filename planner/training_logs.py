@@ -3,8 +3,9 @@
 - Megatron-LM (``megatron/training/training.py``, ``training_log``): per logged interval
   ``iteration N/ M | … | elapsed time per iteration (ms): T | throughput per GPU (TFLOP/s/GPU): F |
   … | global batch size: B |``; once, after the first iterations, ``report_memory``'s
-  ``[Rank r] (after N iterations) memory (MB) | allocated: … | max allocated: X | reserved: … |
-  max reserved: …`` (MB = 2^20 bytes), printed by every data-parallel rank 0; and at start the
+  ``[Rank r] (after N iterations) memory (MB) | allocated: … | max allocated: … | reserved: … |
+  max reserved: X`` (``megatron/training/utils/common_utils.py``; MB = 2^20 bytes; its max reserved
+  read, the peak the cost model prices), printed by every data-parallel rank 0; and at start the
   argument dump (``  num_layers ........ 32``).
 - torchtitan (``torchtitan/components/metrics.py``, ``MetricsProcessor.log``): ``step: N  loss: …
   memory: X GiB(P%)  tps: T  tflops: F  mfu: M%`` (``tps`` is tokens per second per GPU;
@@ -18,8 +19,8 @@
   figures are the ranks' (median tps, largest memory).
 - DeepSpeed (``deepspeed/utils/timer.py``, ``ThroughputTimer``): ``epoch=0/micro_step=N/
   global_step=G, RunningAvgSamplesPerSec=…, CurrSamplesPerSec=S, MemAllocated=…GB,
-  MaxMemAllocated=XGB`` (samples of the global batch per second; GB = 2^30 bytes; logged at
-  level info); the pipeline engine's ``steps: N loss: … iter time (s): T samples/sec: S``
+  MaxMemAllocated=XGB`` (samples of the global batch per second; GB = 2^30 bytes; its only peak the
+  allocated one, so read as such: ``LogReading.peak_scope``; logged at level info); the pipeline engine's ``steps: N loss: … iter time (s): T samples/sec: S``
   (``runtime/pipe/engine.py``, ``train_batch``: printed by rank 0 whatever the log level); without
   either, the engine's ``wall_clock_breakdown`` timers per optimizer step, ``time (ms) | fwd: … |
   bwd: … | bwd_inner: … | bwd_allreduce: … | step: …`` (``EngineTimers.global_timers``; ``bwd``
@@ -44,7 +45,7 @@ import re
 import statistics
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -237,7 +238,9 @@ _FIGURE = re.compile(r"\s*" + NUMBER + r"\s*")
 MEGATRON_STEP = Entry(re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|"), "elapsed time per iteration (ms):",
                       measure="iteration_time_s", per=1000.0,
                       loose=re.compile(r"iteration\s+([^\s/|]*)\s*/\s*[^\s/|]*\s*\|"), named="iteration")
-MEGATRON_MEMORY = Entry(re.compile(r"\[Rank (\d+)\]"), "max allocated:", also="memory (MB)",
+# Its max reserved, the line's last peak: what the cost model prices (cost_models.memory.stage_memories).
+# Its max allocated, read before, was fitted against the reserved prediction and pulled the fragmentation to 0.
+MEGATRON_MEMORY = Entry(re.compile(r"\[Rank (\d+)\]"), "max reserved:", also="memory (MB)",
                         measure="memory_gb_per_gpu", per=1024.0)
 # A training step's line, not a validation's ("validate step: N").
 # A step is a whole count: "step: 5.5" and "global_step=4.5" were read as steps 5 and 4 (the rest of
@@ -270,6 +273,9 @@ class LogReading:
     steps: int = 0
     peak_gib: Optional[float] = None
     peak_of_rank_0_only: bool = False
+    # Which of the allocator's peaks peak_gib is (team_runs.PEAK_SCOPES): Megatron-LM's max reserved and
+    # torchtitan's memory are the reserved one, DeepSpeed's MaxMemAllocated the allocated one.
+    peak_scope: str = "reserved"
     stated: tuple[tuple[str, float], ...] = ()  # (what, value): layers, hidden, parameters, global batch…
     # Megatron-LM's settings as its argument dump prints them (bf16 True, recompute_granularity full…).
     settings: tuple[tuple[str, str], ...] = ()
@@ -543,17 +549,18 @@ def read_log(path: Path) -> LogReading:
         if deepspeed:
             rates = _after_warmup(_in_order(_per_step(deepspeed, statistics.median), src, "global_step"))
             reading = LogReading("deepspeed", samples_per_s=_median(rates, src, "'CurrSamplesPerSec='"),
-                                 steps=len(rates), stated=stated, peak_gib=max(memory) if memory else None)
+                                 steps=len(rates), stated=stated)
         elif pipe:
             # Each line's time is the mean over the steps since the last (steps_per_print of them).
             steps = _after_warmup(_in_order(pipe, src, "steps"))
             reading = LogReading("deepspeed", step_time_s=_median(steps, src, "'iter time (s):'"), steps=len(steps),
-                                 stated=stated, peak_gib=max(memory) if memory else None)
+                                 stated=stated)
         else:
             steps = _after_warmup(timers)
             step = _median(steps, src, "'time (ms) | fwd: … | bwd: … | step: …'") / 1e3
-            reading = LogReading("deepspeed", step_time_s=step, steps=len(steps), stated=stated,
-                                 peak_gib=max(memory) if memory else None)
+            reading = LogReading("deepspeed", step_time_s=step, steps=len(steps), stated=stated)
+        # ThroughputTimer prints no reserved peak: its MaxMemAllocated is held to the allocated prediction.
+        reading = replace(reading, peak_gib=max(memory) if memory else None, peak_scope="allocated")
     else:
         raise CaseError(src, "", "holds no step time: looked for Megatron-LM's 'elapsed time per iteration (ms)', "
                                  "torchtitan's 'tps:' and DeepSpeed's 'CurrSamplesPerSec=', its pipeline engine's "

@@ -319,7 +319,7 @@ MEGATRON_LOG = """\
 -------------------- end of arguments ---------------------
  [2026-11-30 10:00:41] iteration        1/     100 | consumed samples:          128 | elapsed time per iteration (ms): 41230.5 | throughput per GPU (TFLOP/s/GPU): 101.2 | learning rate: 1.0E-06 | global batch size:   128 | lm loss: 1.2E+01 |
 [Rank 0] (after 1 iterations) memory (MB) | allocated: 51234.1 | max allocated: 60112.4 | reserved: 63000.0 | max reserved: 63000.0
-[Rank 1] (after 1 iterations) memory (MB) | allocated: 51234.1 | max allocated: 61440.0 | reserved: 63000.0 | max reserved: 63000.0
+[Rank 1] (after 1 iterations) memory (MB) | allocated: 51234.1 | max allocated: 61440.0 | reserved: 63000.0 | max reserved: 64512.0
  [2026-11-30 10:00:53] iteration        2/     100 | consumed samples:          256 | elapsed time per iteration (ms): 12400.0 | global batch size:   128 |
  [2026-11-30 10:01:05] iteration        4/     100 | consumed samples:          512 | elapsed time per iteration (ms): 12100.0 | global batch size:   128 |
  [2026-11-30 10:01:17] iteration        5/     100 | consumed samples:          640 | elapsed time per iteration (ms): 12000.0 | global batch size:   128 |
@@ -354,7 +354,9 @@ def test_megatron_log_gives_the_median_step_after_warm_up_and_the_heaviest_ranks
     # Iterations 4-7 past the first interval and the first 3 steps: 12.1, 12.0, 11.9, 12.05 s.
     assert reading.engine == "megatron" and reading.steps == 4
     assert reading.step_time_s == pytest.approx(12.025)
-    assert reading.peak_gib == pytest.approx(61440.0 / 1024)  # rank 1's max allocated, MiB → GiB
+    # Rank 1's max reserved, MiB → GiB: the peak the cost model prices (its max allocated, 60 GiB, was read
+    # and fitted against it, pulling the fragmentation toward 0).
+    assert reading.peak_gib == pytest.approx(64512.0 / 1024) and reading.peak_scope == "reserved"
     assert ("num_layers", 32.0) in reading.stated
 
 
@@ -368,6 +370,8 @@ def test_torchtitan_log_gives_tokens_per_gpu_and_its_reserved_peak(tmp_path):
 def test_deepspeed_log_gives_global_samples_per_second(tmp_path):
     reading = read_log(write(tmp_path, "ds.log", DEEPSPEED_LOG))
     assert reading.samples_per_s == pytest.approx(10.5) and reading.peak_gib == pytest.approx(59.0)
+    # Its only peak is MaxMemAllocated: held to the allocated prediction, not the reserved one.
+    assert reading.peak_scope == "allocated"
 
 
 def test_runs_from_logs_take_the_cases_layout_and_refuse_another_model(tmp_path):
@@ -375,6 +379,12 @@ def test_runs_from_logs_take_the_cases_layout_and_refuse_another_model(tmp_path)
     case_path.write_text(yaml.safe_dump({k: v for k, v in case(8, 1, 1, 1, 1).items()}))
     run, = runs_from_logs([write(tmp_path, "megatron.log", MEGATRON_LOG)], [case_path])
     assert measured_step_s(run) == pytest.approx(12.025)
+    assert (run.peak_gib, run.peak_scope) == (pytest.approx(63.0), "reserved")
+    ds_case = tmp_path / "ds.yaml"
+    ds_case.write_text(yaml.safe_dump({**case(8, 1, 1, 1, 1), "training": {**case(8, 1, 1, 1, 1)["training"],
+                                                                          "engine": "deepspeed"}}))
+    ds, = runs_from_logs([write(tmp_path, "ds.log", DEEPSPEED_LOG)], [ds_case])
+    assert (ds.peak_gib, ds.peak_scope) == (pytest.approx(59.0), "allocated")
     other = MEGATRON_LOG.replace("hidden_size ..................................... 4096",
                                  "hidden_size ..................................... 5120")
     with pytest.raises(CaseError, match=r"other.log: hidden_size: the log states hidden_size 5120, .* model.hidden_size "
