@@ -1917,6 +1917,10 @@ def test_the_docs_from_runs_section_shows_a_run_that_fits(tmp_path):
     path.write_text(example)
     runs = runs_from_rows(yaml.safe_load(example), str(path))
     assert len(runs) == 1
+    # Its peak says which of the allocator's it is: the example called it "max allocated" in a comment, and
+    # the fit held it to the reserved prediction.
+    assert yaml.safe_load(example)[0]["measured"]["memory_scope"] == "max_memory_reserved"
+    assert runs[0].peak_scope == "reserved"
     profile, report = calibrate_from_runs([str(path)])
     assert [row for row in report.to_dict()["residuals"]]
 
