@@ -132,8 +132,9 @@ def peak_scope(source: str, name: str, stated: Any) -> str:
     if len(named) != 1:
         raise CaseError(source, f"{name}.measured.memory_scope",
                         "expected the allocator's peak that memory_gb_per_gpu is: max reserved "
-                        "(torch.cuda.max_memory_reserved, nvidia-smi) or max allocated (torch.cuda.max_memory_allocated, "
-                        f"DeepSpeed's MaxMemAllocated), got {one_line(safe_repr(stated), 60)}")
+                        "(torch.cuda.max_memory_reserved, nvidia-smi) or max allocated "
+                        "(torch.cuda.max_memory_allocated, DeepSpeed's MaxMemAllocated), "
+                        f"got {one_line(safe_repr(stated), 60)}")
     return named[0]
 
 

@@ -20,7 +20,8 @@
 - DeepSpeed (``deepspeed/utils/timer.py``, ``ThroughputTimer``): ``epoch=0/micro_step=N/
   global_step=G, RunningAvgSamplesPerSec=…, CurrSamplesPerSec=S, MemAllocated=…GB,
   MaxMemAllocated=XGB`` (samples of the global batch per second; GB = 2^30 bytes; its only peak the
-  allocated one, so read as such: ``LogReading.peak_scope``; logged at level info); the pipeline engine's ``steps: N loss: … iter time (s): T samples/sec: S``
+  allocated one, so read as such: ``LogReading.peak_scope``; logged at level info); the pipeline
+  engine's ``steps: N loss: … iter time (s): T samples/sec: S``
   (``runtime/pipe/engine.py``, ``train_batch``: printed by rank 0 whatever the log level); without
   either, the engine's ``wall_clock_breakdown`` timers per optimizer step, ``time (ms) | fwd: … |
   bwd: … | bwd_inner: … | bwd_allreduce: … | step: …`` (``EngineTimers.global_timers``; ``bwd``
