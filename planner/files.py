@@ -170,6 +170,34 @@ def _refuse_if_told(outputs: list[Output]) -> None:
         raise WritesRefused(_REFUSED[0])
 
 
+# Each try of the clean-up is cut short only by a new interrupt: two in a row at most, in practice.
+_CLEAN_UP_TRIES = 8
+
+
+def _clean_up(stages: dict[Path, Path], created: list[Path]) -> None:
+    """The staging folders removed, and the folders made for files not written; done again from the
+    start where an interrupt cut it short (what is gone already is skipped)."""
+    for stage in stages.values():
+        shutil.rmtree(stage, ignore_errors=True)
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
+def _the_interrupt(error: BaseException) -> BaseException:
+    """The interrupt behind ``error``: a Ctrl-C between shutil.rmtree's os.close and its note of it
+    closes the folder again in rmtree's ``finally``, whose OSError [Errno 9] replaces the
+    KeyboardInterrupt (its ``__context__``); the caller is owed the interrupt."""
+    cause: Optional[BaseException] = error
+    while cause is not None:
+        if not isinstance(cause, Exception):  # KeyboardInterrupt, the CLI's Interrupted
+            return cause
+        cause = cause.__context__
+    return error
+
+
 def write_all(outputs: list[Output], force: bool, last: bool = False,
               removes: Union[Sequence[Path], Callable[[], Sequence[Path]]] = ()) -> list[Path]:
     """Write every output, all or none (see the module docstring); returns their paths. ``last``
@@ -247,23 +275,20 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
                             f"cannot write ({error.strerror or error}); nothing written") from None
     finally:
         # The staging folders go whatever interrupts the clean-up (a Ctrl-C inside rmtree left one
-        # beside the files): each is removed to the end, and the interrupt raised after.
+        # beside the files): it is retried to the end, and the interrupt raised after. Nothing here
+        # but the names' stores stands outside the `try` (no call, where Python raises a pending
+        # KeyboardInterrupt): one landing as the clean-up began left the staging folder.
         interrupted: Optional[BaseException] = None
-        for stage in stages.values():
-            for _ in range(3):  # an interrupt, then the rest of the folder (two in a row at most, in practice)
-                try:
-                    shutil.rmtree(stage, ignore_errors=True)
-                    break
-                except BaseException as error:  # raised again below, once the folders are gone
-                    interrupted = error
-        if not done:
-            for folder in reversed(created):
-                try:
-                    folder.rmdir()
-                except OSError:
-                    pass
+        tries = 0
+        while tries < _CLEAN_UP_TRIES:
+            tries += 1
+            try:
+                _clean_up(stages, [] if done else created)
+                break
+            except BaseException as error:  # raised again below, once the folders are gone
+                interrupted = interrupted or error
         if interrupted is not None:
-            raise interrupted
+            raise _the_interrupt(interrupted)
     return [out.path for out in outputs]
 
 

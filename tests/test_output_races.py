@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import yaml
@@ -323,3 +324,63 @@ def test_an_interrupt_just_after_the_writer_makes_a_file_or_folder_leaves_none(t
         signal.signal(signal.SIGTERM, previous)
         forget_interrupts()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+
+# Where CPython raises the KeyboardInterrupt of a pending SIGINT (its "eval breaker" checks): a
+# function's start, a call's return, a loop's jump back (Python/bytecodes.c; PRECALL is 3.11's).
+_INTERRUPT_POINTS = {"RESUME", "PRECALL", "CALL", "CALL_FUNCTION_EX", "JUMP_BACKWARD"}
+
+
+def _interrupted_at(k: int, call) -> Optional[BaseException]:
+    """``call()`` with a KeyboardInterrupt raised at the k-th point where Python would raise one for a
+    Ctrl-C, leaving out those where SIGINT is blocked (``signals_held``, as the kernel holds it back);
+    what it raised, None where it ended first."""
+    import dis
+    import signal
+
+    count, after_call = [0], set()
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event != "opcode":
+            return trace
+        name = dis.opname[frame.f_code.co_code[frame.f_lasti]]
+        # Before the point, or right after a call returned (its check comes once its result is back).
+        point = name in _INTERRUPT_POINTS or id(frame) in after_call
+        after_call.discard(id(frame))
+        if name.startswith("CALL"):
+            after_call.add(id(frame))
+        if point and signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, ()):
+            count[0] += 1
+            if count[0] == k:
+                raise KeyboardInterrupt  # raised in the traced frame (and the trace turned off)
+        return trace
+
+    sys.settrace(trace)
+    try:
+        call()
+    except BaseException as error:  # noqa: B036 - the interrupt is what is looked at
+        return error
+    finally:
+        sys.settrace(None)
+    return None
+
+
+def test_a_ctrl_c_anywhere_in_a_write_leaves_all_or_none_and_raises_the_interrupt(tmp_path):
+    """The module's promise, "all of a command's files or none", at every point a Ctrl-C can be raised.
+    One raised as the clean-up began, before its first removal, left the staging folder beside the
+    files written; one raised inside shutil.rmtree between its os.close and its note of it closed the
+    folder again in rmtree's finally, raising OSError [Errno 9] instead of the interrupt."""
+    points = 0
+    while points < 20_000:  # until the interrupt comes past the call's last point
+        points += 1
+        out = tmp_path / str(points)
+        error = _interrupted_at(points, lambda: write_all([Output(out / "a.sh", "#!/bin/sh\n"),
+                                                           Output(out / "b.json", "{}\n")], force=False))
+        if error is None:
+            break
+        assert isinstance(error, KeyboardInterrupt), (points, repr(error))
+        assert not out.exists() or sorted(p.name for p in out.iterdir()) in ([], ["a.sh", "b.json"]), \
+            (points, sorted(p.name for p in out.iterdir()))
+    assert 100 < points < 20_000  # every point of the write was reached: staging, renames and clean-up
