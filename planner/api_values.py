@@ -6,7 +6,8 @@ file read from YAML never holds either, and the readers (:mod:`planner.fields`) 
 types only, so the public functions take every argument through :func:`plain` first: numpy scalars
 become the Python numbers (and booleans) they hold (not dates and durations, whose item may be an
 integer of nanoseconds), arrays the lists they hold, tuples inside a dict case the lists the schema
-takes, ``os.PathLike`` values their path strings. The
+takes, ``os.PathLike`` values their path strings, and a subclass of int, float or str (an
+``IntEnum``, a ``str`` Enum, numpy's ``str_``) the plain value it holds. The
 caller's own objects are never changed; anything else is left for the readers to accept or refuse.
 """
 
@@ -54,6 +55,8 @@ def plain(value: Any) -> Any:
                 out = tuple(walk(x, depth + 1) for x in v)
             memo[key] = out
             return out
+        if isinstance(v, (int, float, str)) and type(v) not in _PLAIN:
+            return _held(v)
         if isinstance(v, os.PathLike):
             try:
                 path = os.fspath(v)
@@ -68,6 +71,21 @@ def plain(value: Any) -> Any:
         return v
 
     return walk(value)
+
+
+# The types the readers keep as given. A subclass of one (an IntEnum, a str Enum, numpy's str_ and
+# float64) passes their isinstance checks and was echoed into to_dict()'s layout as given: no plain
+# JSON type, and a str Enum formats as "Engine.MEGATRON" in a message.
+_PLAIN = (int, float, str, bool)
+
+
+def _held(v: Any) -> Any:
+    """The int, float or str a subclass's instance holds, through the base type's own conversion (str()
+    of a str Enum is its member's name, not its value)."""
+    for base in (int, float, str):  # bool is no subclass anyone makes: it cannot be subclassed
+        if isinstance(v, base):
+            return getattr(base, f"__{base.__name__}__")(v)
+    return v
 
 
 def plain_arguments(function: F) -> F:

@@ -291,6 +291,39 @@ def test_numpy_scalars_and_paths_are_taken_as_the_values_they_hold(tmp_path):
     json.dumps(planner.estimate(numpy_case).to_dict(), allow_nan=False)
 
 
+def _json_types(value) -> set[str]:
+    """The type names in ``value``, as json.loads gives a document's: dict, list, str, int, float, bool, None."""
+    if type(value) is dict:
+        return {"dict"}.union(*(_json_types(k) | _json_types(v) for k, v in value.items()))
+    if type(value) is list:
+        return {"list"}.union(*(_json_types(v) for v in value))
+    return {type(value).__name__}
+
+
+def test_a_subclass_of_int_or_str_in_a_dict_case_is_the_plain_value_it_holds():
+    """A sweep's string column as a numpy array gives numpy's str_, and a scheduler's own IntEnum is an int:
+    both passed the readers' isinstance checks and came back in to_dict()'s layout as given (numpy.str_,
+    the IntEnum), where the docs promise plain JSON types, the CLI's --json as json.loads reads it."""
+    import enum
+    import json
+
+    np = pytest.importorskip("numpy")
+
+    class ZeroStage(enum.IntEnum):
+        OPTIMIZER = 1
+
+    recompute = np.array(["selective", "full"])[0]
+    assert type(recompute) is np.str_ and isinstance(recompute, str)
+    layout = {"tp": 2, "pp": 2, "dp": 4, "micro_batch_size": 2, "zero_stage": ZeroStage.OPTIMIZER,
+              "recompute": recompute}
+    case = {**CASE, "training": {**CASE["training"], "engine": "megatron"}, "layout": layout}
+    given = planner.estimate(case).to_dict()
+    assert given["layout"]["zero_stage"] == 1 and given["layout"]["recompute"] == "selective"
+    assert _json_types(given) <= {"dict", "list", "str", "int", "float", "bool", "NoneType"}
+    assert given == json.loads(json.dumps(given, allow_nan=False))
+    assert type(layout["zero_stage"]) is ZeroStage and type(layout["recompute"]) is np.str_  # the caller's, as given
+
+
 def test_the_python_api_diagnoses_a_config_with_the_notes_diagnose_prints(tmp_path):
     """read_config gave a DeepSpeed file's layout bare, recomputation read as none where the plan recomputed,
     with nothing to say so; planner.diagnose gives what `diagnose --json` prints, its notes included."""
