@@ -260,8 +260,12 @@ def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional
         if isinstance(gpu_data, dict):
             # Rank 0 timed the training precision alone: the other precisions keep their figures.
             peaks = gpu_data.get("peak_tflops")
-            if isinstance(peaks, dict) and isinstance(one.get("peak_tflops"), dict):
-                merged = {**gpu_data, "peak_tflops": {**peaks, **one["peak_tflops"]}}
+            # Read as gpu.peak_tflops is: a figure that is no mapping (`peak_tflops: 5`) was passed over,
+            # and a case of one rank priced at the peak all ranks shared, with no word.
+            alone_peaks = read_mapping(src, "alone.peak_tflops", one["peak_tflops"], PEAK_KEYS) \
+                if "peak_tflops" in one else {}
+            if isinstance(peaks, dict):
+                merged = {**gpu_data, "peak_tflops": {**peaks, **alone_peaks}}
             if "hbm_bandwidth" in one:
                 merged = {**merged, "hbm_bandwidth": one["hbm_bandwidth"]}
         gpu_alone = gpu_from_mapping(src, "alone", name, merged)

@@ -289,7 +289,9 @@ def test_a_case_of_one_rank_takes_the_figures_measured_with_one_rank_running(tmp
                                         gpus_per_node=1, main_precision="bf16", datasheet_peaks={"bf16": 400.0})
     # A malformed alone section is refused whichever case reads the profile (a case of two passed it),
     # its figures named where the section holds them (alone.peak_tflops.bf16 was named gpu.peak_tflops…).
+    # A peak that is no mapping was passed over: a case of one rank took the peak all ranks shared.
     for bad, key in ((3, "alone"), ({**alone, "peak_tflops": {"bf16": 0}}, "alone.peak_tflops.bf16"),
+                     ({**alone, "peak_tflops": 500}, "alone.peak_tflops"),
                      ({**alone, "performance": {"gemm_efficiency": float("nan")}}, "alone.performance.gemm_efficiency")):
         path.write_text(render({**profile, "alone": bad}))
         for num_gpus in (1, 2):
