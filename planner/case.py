@@ -526,8 +526,33 @@ def profile_warnings(case: Any) -> list[str]:
     return out
 
 
-def warnings_of_profile(path: str, profile: dict) -> list[str]:
-    """:func:`profile_warnings` of one profile (what `calibrate` says of the profile it writes)."""
+def measured_while_disturbed(path: str, machine: dict) -> list[str]:
+    """What a profile's machine section records of a calibration that other work disturbed: a busy
+    machine (measured under --allow-busy) or one whose speed moved between the reference GEMMs timed
+    before and after the ranks. `calibrate` warned of each once, as it wrote the profile; every estimate on
+    it then took its figures with no word (a calibration whose reference GEMM ran 0.057 then 0.173 TFLOP/s
+    on this project's 2-core machine priced plans as any other)."""
+    from calibration.host import OTHERS_BUSY_SHARE
+    from calibration.speed import moved_reason
+
+    out = []
+    share = machine.get("other_cpu_share")
+    if isinstance(share, (int, float)) and share > OTHERS_BUSY_SHARE:
+        out.append(f"{path} was measured while other processes used {share:.0%} of its machine's CPU time (more than "
+                   f"{OTHERS_BUSY_SHARE:.0%}; machine.other_cpu_share): its figures describe a slower machine; "
+                   "calibrate again when it is quiet")
+    timed = machine.get("reference_gemm_tflops")
+    before, after = (timed.get("before"), timed.get("after")) if isinstance(timed, dict) else (None, None)
+    if all(isinstance(v, (int, float)) and v > 0 for v in (before, after)):
+        moved = moved_reason(before, after)
+        if moved:
+            out.append(f"{path}: {moved} (machine.reference_gemm_tflops)")
+    return out
+
+
+def warnings_of_profile(path: str, profile: dict, disturbed: bool = True) -> list[str]:
+    """:func:`profile_warnings` of one profile (what `calibrate` says of the profile it writes, with
+    ``disturbed`` False: it said those as it measured)."""
     try:
         gpu_from_profile(Path(path))
     except CaseError:
@@ -543,6 +568,8 @@ def warnings_of_profile(path: str, profile: dict) -> list[str]:
     if machine.get("quick"):
         out.append(f"{path} was written by `calibrate --quick`: a smoke test of tiny shapes, not this machine's "
                    "figures; calibrate without --quick before trusting an estimate on it")
+    if disturbed:
+        out += measured_while_disturbed(path, machine)
 
     def walk(node: Any, where: str) -> None:
         if isinstance(node, dict):

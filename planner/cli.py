@@ -606,10 +606,11 @@ def calibrate_command(
     timed = outcome.profile["machine"].get("reference_gemm_tflops")
     if timed:  # what `validate` compares this machine's speed with later (calibration/speed.py)
         print(f"  reference GEMM {timed['before']} TFLOP/s before the ranks, {timed['after']} after")
-    # Said now, as every estimate on the profile will say it: a --quick smoke test, fits with a large error.
+    # Said now, as every estimate on the profile will say it: a --quick smoke test, fits with a large error
+    # (a busy or moving machine was said as it was measured).
     from .case import warnings_of_profile
 
-    for warning in warnings_of_profile(str(outcome.path), outcome.profile):
+    for warning in warnings_of_profile(str(outcome.path), outcome.profile, disturbed=False):
         print(f"warning: {one_line(warning, 1000)}", file=sys.stderr)
 
 

@@ -63,6 +63,29 @@ def test_a_poor_fit_that_gives_the_profile_no_figure_is_not_said_to_make_one_unc
     assert "warning" not in run_cli("estimate", str(case)).stderr
 
 
+def test_a_profile_measured_on_a_busy_or_moving_machine_says_so_whenever_it_is_used(tmp_path):
+    """calibrate refuses a machine whose other processes take more than a quarter of its CPU time, and
+    warns when its reference GEMM moves more than 10 % between before and after its ranks; under
+    --allow-busy the profile records both (machine.other_cpu_share, reference_gemm_tflops), and every
+    estimate on it then said nothing. The figures here are this machine's calibration of 2026-12-07:
+    other processes at 100 %, the reference GEMM at 0.0573 then 0.173 TFLOP/s (3x)."""
+    case = profile(tmp_path, quick=False, error=0.05)
+    path = tmp_path / "profile.yaml"
+    doc = yaml.safe_load(path.read_text())
+
+    def warnings(machine: dict) -> list[str]:
+        doc["machine"] = {"device": "test", **machine}
+        path.write_text(yaml.safe_dump(doc))
+        return [line for line in run_cli("estimate", str(case)).stderr.splitlines() if line.startswith("warning: ")]
+
+    disturbed = warnings({"other_cpu_share": 1.0, "reference_gemm_tflops": {"before": 0.0573, "after": 0.173}})
+    assert len(disturbed) == 2, disturbed
+    assert "100%" in disturbed[0] and "machine.other_cpu_share" in disturbed[0]
+    assert "0.0573" in disturbed[1] and "0.173" in disturbed[1] and "machine.reference_gemm_tflops" in disturbed[1]
+    # A quiet calibration (2 % of the CPU to others, the GEMM within 10 %) says nothing.
+    assert warnings({"other_cpu_share": 0.02, "reference_gemm_tflops": {"before": 0.150, "after": 0.157}}) == []
+
+
 def test_model_presets_are_case_insensitive_and_layout_keys_are_sent_to_layout():
     base = {"cluster": {"gpu": "H100-SXM-80GB", "num_gpus": 8},
             "training": {"global_batch_size": 64, "seq_len": 4096}, "layout": {"dp": 8, "micro_batch_size": 1}}
