@@ -291,6 +291,12 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
             raise CaseError(loaded.source, "host", reason)
         if reason:
             warn(measuring_anyway(reason))
+    # The prediction is the profile's: one measured on a busy or moving machine predicts neither machine,
+    # and its profiled speed (the mean of a reference GEMM that moved) is no speed the machine had.
+    from planner.case import measured_while_disturbed
+
+    for reason in measured_while_disturbed(str(profile_in_use(case, profile)), machine):
+        warn(reason)
     progress(f"validate: predicted {est.step_time_s:.3g} s a step; running {spec.warmup} warm-up and {spec.steps} "
              f"timed steps on {spec.dp} rank{'s' if spec.dp > 1 else ''} ({spec.device}), stopped after "
              f"{timeout_s:.0f} s at most")

@@ -109,6 +109,34 @@ def test_validate_says_what_it_runs_before_the_run(tmp_path, monkeypatch):
         line.endswith("running 1 warm-up and 3 timed steps on 2 ranks (cpu), stopped after 90 s at most")
 
 
+def test_validate_warns_of_a_profile_measured_on_a_busy_or_moving_machine(tmp_path, monkeypatch):
+    """A profile calibrated under --allow-busy with other processes at 100 % of the CPU and the reference
+    GEMM at 0.0573 then 0.173 TFLOP/s (this machine, 2026-12-07) predicted a step as a quiet one would,
+    and validate compared this machine's speed with the mean of the two (0.115), with no word."""
+    import yaml
+
+    import calibration.validate as validation
+    from test_validate_loop import PROFILE, case
+
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({**PROFILE, "machine": {
+        **PROFILE["machine"], "other_cpu_share": 1.0, "reference_gemm_tflops": {"before": 0.0573, "after": 0.173}}}))
+    warned: list[str] = []
+
+    class Launched(Exception):
+        pass
+
+    def launch(spec, timeout_s, stall_s=None):
+        raise Launched()
+
+    monkeypatch.setattr(validation, "launch", launch)
+    with pytest.raises(Launched):
+        validation.validate(case(micro_batch_size=1), profile, steps=1, warmup=0, allow_busy=True, warn=warned.append)
+    of_profile = [line for line in warned if line.startswith(str(profile))]
+    assert len(of_profile) == 2, warned
+    assert "machine.other_cpu_share" in of_profile[0] and "machine.reference_gemm_tflops" in of_profile[1]
+
+
 def test_a_gpu_profile_needs_a_gpu_for_every_rank(tmp_path, monkeypatch):
     """A GPU profile on a machine with that GPU, but fewer of them than the layout's ranks:
     refused with layout.dp before any rank starts (the ranks would crash on a missing device)."""
