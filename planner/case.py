@@ -510,7 +510,8 @@ NO_FIGURE_FITS = ("p2p",)
 def profile_warnings(case: Any) -> list[str]:
     """What `estimate`, `plan` and `size` say on stderr of the hardware profile a case names: a
     `calibrate --quick` profile (a smoke test, not a measurement), and each fit in it whose relative
-    rms error passes FIT_ERROR_WARNING. For `size`, each GPU type's of ``cluster.options`` too (a
+    rms error passes FIT_ERROR_WARNING, and a profile of one rank under a case of several
+    (:func:`links_not_measured`). For `size`, each GPU type's of ``cluster.options`` too (a
     profile there was priced without a word of either)."""
     try:
         data, src, base = read_case(case)
@@ -523,7 +524,32 @@ def profile_warnings(case: Any) -> list[str]:
     out: list[str] = []
     for path in dict.fromkeys(path for path, _ in found):
         out += warnings_of_profile(path, next(profile for p, profile in found if p == path))
+    for section in sections:
+        out += links_not_measured(src, section, base)
     return out
+
+
+def links_not_measured(src: str, section: Any, base: Path) -> list[str]:
+    """A warning for a cluster section of more than one GPU (or one of `size`'s options, which size up)
+    on a profile `calibrate` measured with one rank, which timed no collective: its link bandwidths are
+    placeholders, the device's own copy bandwidth (calibration/profile.py), so every collective between
+    its GPUs was priced at memory speed (39 GB/s for two gloo ranks on this project's 2-core machine,
+    which measures 1.3 GB/s between two), with no word. None where the section gives its own."""
+    found = cluster_profile(src, section, base)
+    if found is None or section.get("num_gpus") == 1 or "intra_node_bandwidth" in section:
+        return []
+    path, profile = found
+    measured = profile.get("measurements")
+    if not isinstance(measured, dict) or measured.get("collectives") != {}:
+        return []  # collectives timed, or a profile fitted to runs (no measurements)
+    try:
+        gpu, _ = gpu_from_profile(Path(path))
+    except CaseError:
+        return []  # the command's one line says what is wrong with it, with no warning before it
+    return [f"{path} was measured with one rank, which times no collective: its gpu.intra_node_bandwidth and "
+            f"inter_node_bandwidth ({gpu.intra_node_bandwidth / 1e9:.3g} GB/s) are the device's copy bandwidth, "
+            "a placeholder; calibrate with --nproc 2 or more, or set cluster.intra_node_bandwidth and "
+            "inter_node_bandwidth, before trusting the communication of a case of several GPUs"]
 
 
 def measured_while_disturbed(path: str, machine: dict) -> list[str]:

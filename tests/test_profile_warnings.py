@@ -86,6 +86,31 @@ def test_a_profile_measured_on_a_busy_or_moving_machine_says_so_whenever_it_is_u
     assert warnings({"other_cpu_share": 0.02, "reference_gemm_tflops": {"before": 0.150, "after": 0.157}}) == []
 
 
+def test_a_profile_of_one_rank_under_a_case_of_several_says_its_links_are_placeholders(tmp_path):
+    """calibrate --nproc 1 times no collective and writes the device's copy bandwidth as both link
+    bandwidths (calibration/profile.py): 39 GB/s on this machine, where two gloo ranks measure 1.3 GB/s
+    between them. An estimate of several GPUs on it priced every collective at memory speed, with no word."""
+    case = profile(tmp_path, quick=False, error=0.05)
+    path = tmp_path / "profile.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["gpu"].update(intra_node_bandwidth="39.08 GB/s", inter_node_bandwidth="39.08 GB/s")
+    doc["measurements"] = {"collectives": {}}  # what a run of one rank writes
+    path.write_text(yaml.safe_dump(doc))
+    data = yaml.safe_load(case.read_text())
+
+    def warnings(cluster: dict, layout: dict) -> list[str]:
+        case.write_text(yaml.safe_dump({**data, "cluster": {**data["cluster"], **cluster},
+                                        "layout": {**data["layout"], **layout}}))
+        done = run_cli("estimate", str(case))  # 3 on one GPU, which an 8B model does not fit: warned all the same
+        assert done.returncode in (0, 3), done.stderr
+        return [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+
+    (line,) = warnings({}, {})
+    assert f"{path} was measured with one rank" in line and "39.1 GB/s" in line
+    assert warnings({"num_gpus": 1}, {"dp": 1}) == []  # one GPU has no collective to price
+    assert warnings({"intra_node_bandwidth": "1.3 GB/s", "inter_node_bandwidth": "1.3 GB/s"}, {}) == []
+
+
 def test_model_presets_are_case_insensitive_and_layout_keys_are_sent_to_layout():
     base = {"cluster": {"gpu": "H100-SXM-80GB", "num_gpus": 8},
             "training": {"global_batch_size": 64, "seq_len": 4096}, "layout": {"dp": 8, "micro_batch_size": 1}}
