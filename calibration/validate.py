@@ -222,8 +222,9 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     progress for ``stall_s`` (default: 20 predicted steps, at least two minutes) is taken for
     hung and the run stopped, naming it, without waiting for ``timeout_s``.
     """
-    from planner.case import spec_errors
+    from planner.case import collectives_not_timed, spec_errors
     from planner.fields import check_option
+    from planner.inputs import read_yaml
     from planner.limits import MAX_RUN_STEPS, MAX_TIMEOUT_S
 
     check_option("--steps", steps, 1, MAX_RUN_STEPS, "a number of steps")
@@ -262,6 +263,11 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
         spec = run_spec(loaded.job(), steps=steps, warmup=warmup, threads=_threads(machine), device=device)
     except Unsupported as error:
         raise CaseError(loaded.source, error.key, error.message) from None
+    if spec.dp > 1 and collectives_not_timed(read_yaml(profile_in_use(case, profile))):
+        # Its link bandwidths are the copy bandwidth, a placeholder: the prediction's all-reduce would run
+        # at memory speed (39 GB/s where two gloo ranks measure 1.3), and its ratio read as the model's.
+        raise CaseError(*named, f"was measured with one rank, which times no collective, and the layout runs "
+                                f"{spec.dp} ranks: calibrate with --nproc {spec.dp} or more, and validate with that profile")
     if spec.device == "cuda":
         if spec.dp > local_gpu_count():  # one GPU per rank: caught here, not as a rank's crash
             raise CaseError(loaded.source, "layout.dp", f"{spec.dp} ranks need {spec.dp} GPUs, one each, and this "

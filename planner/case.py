@@ -529,6 +529,13 @@ def profile_warnings(case: Any) -> list[str]:
     return out
 
 
+def collectives_not_timed(profile: dict) -> bool:
+    """Whether `calibrate` measured ``profile`` with one rank, timing no collective ({} in its
+    measurements); False for a profile fitted to runs, which has no measurements."""
+    measured = profile.get("measurements")
+    return isinstance(measured, dict) and measured.get("collectives") == {}
+
+
 def links_not_measured(src: str, section: Any, base: Path) -> list[str]:
     """A warning for a cluster section of more than one GPU (or one of `size`'s options, which size up)
     on a profile `calibrate` measured with one rank, which timed no collective: its link bandwidths are
@@ -539,9 +546,8 @@ def links_not_measured(src: str, section: Any, base: Path) -> list[str]:
     if found is None or section.get("num_gpus") == 1 or "intra_node_bandwidth" in section:
         return []
     path, profile = found
-    measured = profile.get("measurements")
-    if not isinstance(measured, dict) or measured.get("collectives") != {}:
-        return []  # collectives timed, or a profile fitted to runs (no measurements)
+    if not collectives_not_timed(profile):
+        return []
     try:
         gpu, _ = gpu_from_profile(Path(path))
     except CaseError:

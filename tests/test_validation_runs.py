@@ -137,6 +137,25 @@ def test_validate_warns_of_a_profile_measured_on_a_busy_or_moving_machine(tmp_pa
     assert "machine.other_cpu_share" in of_profile[0] and "machine.reference_gemm_tflops" in of_profile[1]
 
 
+def test_a_profile_of_one_rank_is_refused_for_a_layout_of_several(tmp_path, monkeypatch):
+    """calibrate --nproc 1 times no collective and writes the copy bandwidth as the link bandwidths (39 GB/s
+    on this machine, where two gloo ranks measure 1.3 GB/s): a dp-2 prediction on it prices its all-reduce at
+    memory speed, and the run's ratio would be read as the model's. Refused before any rank starts."""
+    import yaml
+
+    import calibration.validate as validation
+    from planner.errors import CaseError
+    from test_validate_loop import PROFILE, case
+
+    monkeypatch.setattr(validation, "launch", lambda *args, **kwargs: pytest.fail("a rank was started"))
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({**PROFILE, "machine": {**PROFILE["machine"], "world_size": 1},
+                                       "measurements": {"collectives": {}}}))
+    with pytest.raises(CaseError) as error:
+        validation.validate(case(num_gpus=2, micro_batch_size=1), profile, steps=1, warmup=0, allow_busy=True)
+    assert error.value.key == "--profile" and "measured with one rank" in error.value.expected
+
+
 def test_a_gpu_profile_needs_a_gpu_for_every_rank(tmp_path, monkeypatch):
     """A GPU profile on a machine with that GPU, but fewer of them than the layout's ranks:
     refused with layout.dp before any rank starts (the ranks would crash on a missing device)."""
