@@ -297,9 +297,13 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
 HEADER = """\
 # Hardware profile written by `layout-planner calibrate`. Use it in a case file as
 #   cluster: {profile: PATH, num_gpus: N}
-# gpu: measured figures in the GPU-preset schema; performance and fabric: the cost model's
-# achieved figures fitted to the timings under its own formulas; measurements: every timing
-# (median, p10, p90 over samples, per call) and fit. See calibration/profile.py.
+# machine: where, when and how it was measured (device, torch, ranks, threads, --quick, the
+# CPU share others used and a reference GEMM's speed before and after the ranks ran);
+# gpu: measured figures in the GPU-preset schema (memory: a GPU's, or on CPUs the host's RAM
+# over the ranks sharing it); performance and fabric: the cost model's achieved figures fitted
+# to the timings under its own formulas; alone: the figures rank 0 measured while the others
+# waited, which a case of one GPU takes; measurements: every timing (median, p10, p90 over
+# samples, per call) and fit. See docs/calibration.md and calibration/profile.py.
 """
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -298,6 +299,20 @@ def test_a_case_of_one_rank_takes_the_figures_measured_with_one_rank_running(tmp
             with pytest.raises(CaseError) as error:
                 gpu(num_gpus)
             assert error.value.key == key, (bad, num_gpus)
+
+
+def test_the_header_of_a_profile_says_what_each_of_its_sections_holds():
+    """A profile is read by people as well as by the planner: each section calibrate writes is named in
+    the comment it opens with (machine and alone, the one-rank figures a case of one GPU takes, were not)."""
+    m = synthetic_measurements()
+    m.alone = synthetic_measurements(eta=0.7)
+    text = render(build_profile({"device": "x", "backend": "gloo"}, m, memory_bytes=1e9, gpus_per_node=2,
+                                main_precision="bf16"))
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    sections = [line.split(":")[0] for line in text.splitlines() if line and not line[0] in "# -"]
+    assert sections == ["machine", "gpu", "performance", "fabric", "alone", "measurements"]
+    for section in sections:
+        assert re.search(rf"\b{section}\b", header), section
 
 
 def test_without_a_datasheet_the_peak_is_the_best_measured_gemm():
