@@ -255,8 +255,11 @@ class GPUSpec:
                 raise SpecError("TrainingSpec", "precision", f"fp4 GEMMs need fp4 tensor cores (Blackwell, CDNA4), "
                                                          f"and {self.name} has none: no fp4 peak")
             # bf16 on a V100, or a precision a calibrated profile did not measure.
-            raise SpecError("TrainingSpec", "precision", f"{precision} has no peak on {self.name} "
-                                                     f"(cluster.gpu.peak_tflops has no figure for it)")
+            # What it has, so the one to write is in the refusal: a CPU profile times fp32 alone, and a case
+            # that leaves training.precision out trains in bf16.
+            has = ", ".join(sorted(self.peak_flops)) or "none"
+            raise SpecError("TrainingSpec", "precision", f"{precision} has no peak on {self.name} (its peak_tflops "
+                                                     f"has {has} alone): give training.precision one of them")
         return self.peak_flops[key]
 
 

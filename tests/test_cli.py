@@ -130,6 +130,10 @@ def test_a_precision_the_gpu_has_no_peak_for_is_a_case_error(tmp_path):
     for command in ("estimate", "plan"):
         result = cli(command, str(write(tmp_path, case)))
         assert result.returncode == 2 and "training.precision: bf16 has no peak on" in result.stderr, result.stderr
+        # the precisions it has, so the one to write is in the refusal (a case that leaves training.precision
+        # out trains in bf16; a CPU profile times fp32 alone): it named cluster.gpu.peak_tflops, which a
+        # profile's case never wrote
+        assert "(its peak_tflops has fp32 alone): give training.precision one of them" in result.stderr
 
 
 def test_absurd_sizes_are_answered_quickly_or_refused_with_the_bound(tmp_path):
