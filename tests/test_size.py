@@ -967,11 +967,9 @@ def test_sizes_left_out_as_beaten_are_not_said_not_to_meet_the_deadline(tmp_path
     64 of its GPUs is the cheapest, and `plan` runs every other size (one rack or two whole, two on
     64 of each) slower on more GPUs, well within 10 days. They are rightly not listed as trades, but
     the report said "No other size within the limits meets 10 days", which a user would act on."""
-    model = {"name": "moe-s", "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 32000,
-             "activation": "swiglu", "ffn_hidden_size": 1024, "num_experts": 8, "moe_top_k": 2,
-             "moe_load_imbalance": 1.0}
-    case = {"model": model, "cluster": {"gpu": "gb200", "max_gpus": 144, "gpu_hour_cost": 6.0},
-            "training": {"global_batch_size": 48, "seq_len": 1024}, "search": {"target": "megatron"}}
+    from test_size_front import SMALL_MOE_ON_TWO_RACKS
+
+    case = SMALL_MOE_ON_TWO_RACKS
     path = tmp_path / "case.yaml"
     path.write_text(yaml.safe_dump(case))
     result = planner.size(path, "1T", deadline="10d")

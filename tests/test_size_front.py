@@ -169,16 +169,22 @@ def test_top_is_refused_where_the_answer_is_the_front():
         planner.size("examples/llama3-70b-15t-size.yaml", "15T", top_k=3)
 
 
+# A small mixture of experts on up to two GB200 NVL72 racks, whose best size is one rack run on 64 of its
+# 72 GPUs (its batch of 48 leaves a whole rack no better layout).
+SMALL_MOE_ON_TWO_RACKS = {
+    "model": {"name": "moe-s", "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 32000,
+              "activation": "swiglu", "ffn_hidden_size": 1024, "num_experts": 8, "moe_top_k": 2,
+              "moe_load_imbalance": 1.0},
+    "cluster": {"gpu": "gb200", "max_gpus": 144, "gpu_hour_cost": 6.0},
+    "training": {"global_batch_size": 48, "seq_len": 1024}, "search": {"target": "megatron"}}
+
+
 def test_a_knee_short_of_the_limit_is_not_said_to_be_held_by_it(tmp_path):
     """A small mixture of experts on up to two GB200 NVL72 racks: its front's fastest size, one rack
     run on 64 of its GPUs, is short of the limit, and `plan` on the larger sizes `size` considers
     within it (two racks whole, or on 64 of each) runs no faster. The report said "the limit binds,
     and more GPUs may still pay", sending the user to raise a limit that holds nothing back."""
-    model = {"name": "moe-s", "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 32000,
-             "activation": "swiglu", "ffn_hidden_size": 1024, "num_experts": 8, "moe_top_k": 2,
-             "moe_load_imbalance": 1.0}
-    case = {"model": model, "cluster": {"gpu": "gb200", "max_gpus": 144, "gpu_hour_cost": 6.0},
-            "training": {"global_batch_size": 48, "seq_len": 1024}, "search": {"target": "megatron"}}
+    case = SMALL_MOE_ON_TWO_RACKS
     path = tmp_path / "case.yaml"
     path.write_text(yaml.safe_dump(case))
     result = planner.size(path, "1T")
