@@ -218,3 +218,52 @@ def _lean(figures: dict, figure: str) -> str:
         n = f["runs"]
         return f"{figure} {f.get('value')} (prior {f.get('prior')}, from {n} run{'' if n == 1 else 's'})"
     return f"{figure} {f.get('value')}, the preset's: no run informed it"
+
+
+def other_fabric_notes(case: Any) -> list[str]:
+    """A line for each cluster section (cluster, or one of `size`'s cluster.options) on a profile fitted to a
+    team's runs that names a ``fabric`` other than the runs': one profile is one GPU type on one fabric.
+    Where the runs fitted a fabric figure the case's fabric is refused (:func:`check_fitted_figures_kept`);
+    where they fitted none the case's is priced with its own figures, which no run exercised, and the
+    profile's coverage notes still named the runs' fabric's figure as the one a plan across nodes leaned on.
+    Read from the case as written, after it loaded (a case it cannot read is the command's own error)."""
+    from dataclasses import replace
+
+    from .case import read_case
+    from .case_cluster import _fabric, cluster_profile, fabric_from_mapping
+    from .errors import CaseError
+    from .presets import fabric_presets
+
+    try:
+        data, src, base = read_case(case)
+        cluster = data.get("cluster") if isinstance(data, dict) else None
+        options = cluster.get("options") if isinstance(cluster, dict) else None
+        sections = [("cluster", cluster)] + [(f"cluster.options[{i}]", section)
+                                            for i, section in enumerate(options if isinstance(options, list) else [])]
+        lines = []
+        for key, section in sections:
+            found = cluster_profile(src, section, base)
+            if found is None or "fabric" not in section:
+                continue
+            path, profile = found
+            machine = profile.get("machine") if isinstance(profile.get("machine"), dict) else {}
+            if not isinstance(profile.get("fitted"), dict) or profile.get("fabric") is None:
+                continue  # a measured profile's fabric is no team's runs', and one with none has nothing to cover
+            runs_on, runs_nic = fabric_from_mapping(path, "fabric", "runs", profile["fabric"])
+            priced, nic = _fabric(src, section["fabric"], f"{key}.fabric")
+            # Compared by figures (and NIC rate), not by name: the runs' preset named again is their
+            # fabric, and an inline fabric with the runs' figures is too.
+            if (replace(priced, name=runs_on.name), nic) == (runs_on, runs_nic):
+                continue
+            ran_on = machine.get("fabric")  # learn.profile_of writes the runs' preset, else "custom" or "none"
+            ran_on = ran_on if ran_on in fabric_presets() else "a fabric of their own"
+            named = section["fabric"] if isinstance(section["fabric"], str) else "an inline fabric"
+            figures = "the preset's figures" if isinstance(section["fabric"], str) else "the case's own figures"
+            lines.append(f"{src}: {key}.fabric is {named}, but the runs behind {path} ran on "
+                         f"{ran_on}: its communication across nodes is priced with "
+                         f"{figures}, which those runs' evidence does not cover (one profile is one GPU type on "
+                         "one fabric)")
+        return lines
+    except CaseError:
+        return []  # the command itself reports a case it cannot read
+

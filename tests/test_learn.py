@@ -9,6 +9,7 @@ planner/training_logs.py).
 from __future__ import annotations
 
 import functools
+import json
 import re
 import time
 
@@ -1039,6 +1040,38 @@ def test_a_fabric_beside_a_profile_whose_fabric_the_runs_fitted_is_refused(tmp_p
     with pytest.raises(CaseError) as error:
         estimate({**case(128, 4, 2, 1, 1), "cluster": {**cluster, "fabric": "aws-efa-p5"}})
     assert error.value.key == "cluster.fabric" and "fabric.efficiency" in error.value.expected
+
+
+def test_another_fabric_beside_a_profile_whose_runs_fitted_no_fabric_figure_is_said(tmp_path):
+    """Runs inside one node fit no fabric figure, so a case's cluster.fabric is taken; but the runs ran on
+    the H100 preset's fabric (InfiniBand NDR, planner/presets/gpus.yaml, its DGX H100 SuperPOD), and a case
+    on AWS EFA was priced with EFA's figures, which no run exercised, with no word: one profile is one GPU
+    type on one fabric. estimate, plan and size say so (plan and size in their --json notes too); the
+    runs' own fabric named again is theirs, and says nothing."""
+    from planner import size
+    from planner.learn import render
+
+    profile, _ = calibrate_from_runs(measured_runs(LAYOUTS[:3]))  # 8 GPUs each: one node
+    assert profile["machine"]["fabric"] == "infiniband-ndr"
+    assert not any(f["runs"] for name, f in profile["fitted"]["figures"].items() if name.startswith("fabric."))
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    efa = {"profile": str(path), "num_gpus": 64, "fabric": "aws-efa-p5"}
+    said = estimate({**case(64, 2, 1, 1, 1), "cluster": efa})
+    theirs = estimate({**case(64, 2, 1, 1, 1), "cluster": {**efa, "fabric": "infiniband-ndr"}})
+    assert said.step_time_s != theirs.step_time_s  # the data-parallel all-reduce crosses 8 nodes: EFA's figures
+    line, = [n for n in said.notes if "cluster.fabric" in n]
+    assert "aws-efa-p5" in line and "infiniband-ndr" in line and "does not cover" in line
+    assert not [n for n in theirs.notes if "cluster.fabric" in n]
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump({**case(64, 2, 1, 1, 1), "cluster": efa}))
+    planned = run_cli("plan", str(case_path), "--top", "1", "--json")
+    assert planned.returncode == 0, planned.stderr
+    assert line.split(": ", 1)[1] in planned.stderr
+    assert [n for n in json.loads(planned.stdout)["notes"] if n.split(": ", 1)[1] == line.split(": ", 1)[1]]
+    option = {"profile": str(path), "fabric": "aws-efa-p5", "max_gpus": 64}
+    sized = size({**case(64, 2, 1, 1, 1), "cluster": {"options": [option]}}, "2T")
+    assert [n for n in sized.notes if "cluster.options[0].fabric is aws-efa-p5" in n]
 
 
 def test_a_performance_figure_beside_a_profile_that_fitted_it_is_refused_and_an_unknown_figure_too(tmp_path):
