@@ -260,7 +260,9 @@ def plan_command(
     for note in notes:
         print(f"note: {one_line(note, 1000)}", file=sys.stderr)
     if as_json:
-        print(json.dumps(result.to_dict(), indent=2))
+        # Every note said above, not the plan's alone: --plot's and --emit's (nothing drawn, files
+        # written or taken out) were said on stderr only, and a tool reading the JSON was told nothing.
+        print(json.dumps({**result.to_dict(), "notes": notes}, indent=2))
     else:
         from .report import print_plan
 

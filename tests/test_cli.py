@@ -159,6 +159,21 @@ def test_absurd_sizes_are_answered_quickly_or_refused_with_the_bound(tmp_path):
     assert time.perf_counter() - start < 60
 
 
+def test_plan_json_carries_every_note_the_command_says(tmp_path):
+    """`plan --plot` where nothing fits said "--plot: nothing fits, so … was not written" on stderr, but
+    `plan --json`'s notes, which a tool reads in place of stderr, left it out. Llama 2 70B's weights alone
+    (69e9 parameters, 2 bytes each in bf16: 138 GB) are over one 40 GB A100, whatever the layout."""
+    case = copy.deepcopy(CASE)
+    case["model"], case["cluster"] = {"preset": "llama2-70b"}, {"gpu": "a100-sxm-40gb", "num_gpus": 1}
+    del case["layout"]
+    plot = tmp_path / "plots.png"
+    result = cli("plan", str(write(tmp_path, case)), "--plot", str(plot), "--json")
+    assert result.returncode == 3 and not plot.exists()
+    said = [line.removeprefix("note: ") for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert any(line.startswith("--plot: nothing fits") for line in said)
+    assert json.loads(result.stdout)["notes"] == said
+
+
 def test_the_cli_plans_without_numpy_or_pandas_and_as_the_api_does(tmp_path):
     """`plan` and `size` solve CP-SAT's message directly (planner/cpsat.py): neither OR-tools'
     Python layer nor the numpy and pandas it imports is loaded; `plan --json` prints exactly
