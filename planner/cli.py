@@ -14,7 +14,6 @@ import math
 import os
 import signal
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -185,7 +184,6 @@ def plan_command(
     """The fastest layout that fits, at the case's global batch, and its runners-up."""
     from .configs import EMITTERS as ENGINES, removed_notes, render
     from .files import Output, check_writable, write_all
-    from .fitted import other_fabric_notes
     from .plan import plan, plan_options
 
     written: list[Path] = []
@@ -227,9 +225,6 @@ def plan_command(
             check_writable([Output(Path(out) / name, "", "--out") for name in EVERY_ENGINE_WRITES], force)
         result = plan(case, simplest_within=simplest_within, top_k=top, target=emit, engine=engine, fastest=fastest,
                       tokens=tokens)
-        # A fabric other than the fitted profile's runs' (fitted.other_fabric_notes), which estimate and size
-        # say too: in the plan's notes, so that --json carries it.
-        result = replace(result, notes=(*result.notes, *other_fabric_notes(case)))
         notes += result.notes  # what the case gives that plan does not read
         outputs: list[Output] = []
         removed: list[Path] = []

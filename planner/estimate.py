@@ -289,10 +289,9 @@ def estimate_notes(case: Any, loaded: Case) -> list[str]:
     a fabric other than the one a fitted profile's runs ran on (``fitted.other_fabric_notes``),
     and a case that names no engine, which `estimate` prices as plain PyTorch runs it where `plan` decides between the engines it writes files for: the same layout
     copied from a plan's report prices otherwise unless the case names the plan's engine."""
-    from .fitted import other_fabric_notes
     from .plan import case_notes
 
-    notes = list(case_notes(case, loaded)) + other_fabric_notes(case)
+    notes = list(case_notes(case, loaded))
     if loaded.training.engine.name == "any":  # neither training.engine nor search.target names one
         notes.append(f"{loaded.source}: training.engine is unset (or any): priced as plain PyTorch runs it (DDP buckets, "
                      "FSDP units, eager kernels); `plan` decides between Megatron-LM, DeepSpeed and torchtitan, so "

@@ -15,6 +15,7 @@ from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
 from .errors import CaseError, one_line, safe_repr
 from .fields import read_bool
+from .fitted import other_fabric_notes
 from .estimate import Estimate, check_step_time, estimate_job
 from .search_memory import fit_tier
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_STEP_TIME_S, MAX_TOP_K
@@ -677,9 +678,11 @@ def check_ignored_layout(case: Any, command: str = "plan") -> Optional[str]:
 
 
 def case_notes(case: Any, loaded: Case) -> tuple[str, ...]:
-    """What `estimate`, `plan` and `size` say on stderr of the case they price, one line each: routing
-    it leaves unstated, and a sequence past its hf_config's positions."""
-    return tuple(note for note in (unstated_routing(case, loaded), past_positions(case, loaded)) if note)
+    """What `estimate`, `plan`, `size` and `diagnose` say on stderr of the case they price, one line each:
+    routing it leaves unstated, a sequence past its hf_config's positions, and a fabric other than the
+    one a fitted profile's runs ran on (``fitted.other_fabric_notes``)."""
+    return tuple(note for note in (unstated_routing(case, loaded), past_positions(case, loaded),
+                                   *other_fabric_notes(case)) if note)
 
 
 def past_positions(case: Any, loaded: Case) -> Optional[str]:

@@ -341,7 +341,6 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
     "15T"), optionally by a ``deadline`` ("60d", "36h"), within ``max_gpus`` or ``max_nodes``
     (of any one type), at ``gpu_hour_cost`` per GPU-hour (replacing every type's price);
     ``progress(done, total)`` is told of each cluster size as it is searched."""
-    from .fitted import other_fabric_notes
     from .plan import case_notes, check_ignored_layout
 
     target = size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top_k)
@@ -362,8 +361,7 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
     result = size_case(loaded, options, target, progress)
     return replace(result, notes=tuple(n for n in (ignored, *result.notes, unpriced_note(options, target),
                                                    part_unit_note(loaded.source, options, target),
-                                                   fitted_note(result), *other_fabric_notes(case),
-                                                   *case_notes(case, loaded)) if n))
+                                                   fitted_note(result), *case_notes(case, loaded)) if n))
 
 
 def fitted_note(result: Sizing) -> Optional[str]:
