@@ -2013,3 +2013,50 @@ def test_an_arrays_subscripted_words_set_the_indices_bash_sets(tmp_path):
     script = ('X="a b"\nA=([0]=$X [1]=c)\ntorchrun "${A[@]}"\nD=(a [1]=f g)\nD+=([3]=h i)\nD+=(j)\n'
               'torchrun "${D[@]}" "${!D[@]}"\nE=([1]=x [1]=y [0]=z)\ntorchrun "${E[@]}"\n')
     assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
+
+
+@needs_bash
+@pytest.mark.parametrize("script", [
+    "set -u\nX=1\nunset X\ntorchrun a $X\ntorchrun b\n",
+    "set -o nounset\nf() { local X; torchrun a $X; }\nf\ntorchrun b\n",
+    "set -euo pipefail\nset -- one\ntorchrun a $2\ntorchrun b\n",
+    "set -u\nunset X\ntorchrun a ${#X}\n",
+    "set -u\nunset B\ntorchrun a ${#B[@]}\n",
+    "set -u\nunset X\ntorchrun a $((X + 1))\n",
+    "set -u\nunset X\n(( X )) || true\ntorchrun a\n",
+    "set -u\nunset X\nif [ \"$X\" ]; then :; fi\ntorchrun a\n",
+    "set -u\nunset X\ntorchrun a ${X#a}\n",
+    "set -u\nA=(1)\ntorchrun a ${A[3]}\n",
+    "set -u\nunset Z\nY=Z\ntorchrun a ${!Y}\n",
+    "set -u\nunset X\n( echo $X )\ntorchrun a\n",  # a subshell ends alone
+    "set -u\nunset X\necho $X || true\ntorchrun a\n",  # not even || catches it
+    # what set -u lets through: defaults, "$@" and ${A[@]} of none, $#, $?, set variables, set +u
+    "set -u\nunset X\ntorchrun a ${X:-d} ${X-e} ${X+w} ${X:+v} ${X:=f} \"$@\" \"$*\" ${B[@]} $# $?\n",
+    "set -u\nunset X\n[[ -v X ]] || torchrun a\nset +u\ntorchrun b $X\n",
+    "unset X\ntorchrun a $X\n",
+])
+def test_set_u_ends_the_script_where_bash_ends_it(tmp_path, script):
+    """`set -u` (`set -euo pipefail`): bash ends the script at an expansion of a variable that is unset
+    (Bash Reference Manual, 4.3.1 The Set Builtin: -u), ${#X}, $((X)) and ${!Y} included, "$@" and the
+    defaults not; the reader read it as empty and went on to a launch bash never starts. Here the script
+    itself leaves it unset, so the reading stops where bash does."""
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
+
+
+@pytest.mark.parametrize("script, name", [
+    ("set -euo pipefail\ntorchrun --nnodes $SLURM_NNODES a\n", "SLURM_NNODES"),
+    ("set -u\ntorchrun a $1\n", "$1"),
+    ("set -u\ntorchrun a $((NODE_RANK + 0))\n", "NODE_RANK"),
+])
+def test_set_u_on_what_the_caller_may_set_is_said(script, name):
+    """An unset variable the caller's environment (or arguments) may set ends a `set -u` script only where
+    the caller leaves it unset, which the reader cannot know: read as set, as a guard the caller decides
+    is read, and said in a note, not silently read as empty."""
+    read = read_script(script, "t.sh")
+    assert [c.fields[0] for c in read.commands] == ["torchrun"]
+    assert any(f"{name} is not set by the script" in n.text and "set -u" in n.text and "line 2" in n.text
+               for n in read.notes), read.notes
+    assert not any("set -u" in n.text for n in read_script(script.replace("-euo", "-eo").replace("-u", "-e"), "t.sh").notes)
+    # Slurm sets its variables in every batch job: an #SBATCH script's are the caller's, decidedly
+    if name.startswith("SLURM_"):
+        assert not any("set -u" in n.text for n in read_script("#SBATCH --nodes=1\n" + script, "t.sh").notes)

@@ -656,10 +656,8 @@ def _program(command) -> Optional[str]:
     return next((f for f in command.fields if f.endswith(".py")), None)
 
 
-# Variables bash (or the login that starts it) sets in every script, which the reader leaves empty:
-# bash's manual, "Shell Variables".
-BASH_SETS = frozenset(("PWD", "OLDPWD", "HOME", "HOSTNAME", "USER", "UID", "EUID", "PPID", "SHELL", "BASH",
-                       "BASH_VERSION", "BASH_SOURCE", "LINENO", "RANDOM", "SECONDS", "PATH", "SHLVL", "IFS"))
+# Variables bash (or the login that starts it) sets in every script, which the reader leaves empty.
+BASH_SETS = bash.BASH_SETS
 
 
 def launch_notes(path: Path) -> list[str]:

@@ -82,8 +82,9 @@ from .errors import (MAX_DEPTH, MAX_NOTES, MAX_PATTERN_WORK, MAX_STEPS, MAX_WORD
                      ScriptUnfollowed)
 from .interpreter import run_script
 from .results import EMPTIED, Command, Note, Script
+from .state import BASH_SETS
 
-__all__ = ["EMPTIED", "MAX_DEPTH", "MAX_NOTES", "MAX_PATTERN_WORK", "MAX_STEPS", "MAX_WORDS", "Command", "Note", "Script",
+__all__ = ["BASH_SETS", "EMPTIED", "MAX_DEPTH", "MAX_NOTES", "MAX_PATTERN_WORK", "MAX_STEPS", "MAX_WORDS", "Command", "Note", "Script",
            "ScriptError", "ScriptLimit", "ScriptSyntax", "ScriptUnfollowed", "read_script"]
 
 

@@ -242,6 +242,7 @@ class _Arithmetic(_State):
         base, index = _subscripted(name)
         value, is_set = self.lookup(base, index, ctx)
         if not is_set:
+            self.unbound(base, base)  # $((X+1)), (( X )): set -u fails an unset X there too
             ctx.deps.setdefault(name, "is not set by the script: read as 0")
             return 0
         text = _joined(value).strip()

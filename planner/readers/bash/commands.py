@@ -238,6 +238,7 @@ class _Commands(_Expander):
         elif scope is None:
             self.vars.pop(name, None)
             self.cleared.add(name)
+            self.unset_names.add(name)
             self.exported_unset.discard(name)  # its attributes go with it
         elif scope is self.frames[-1] and name not in scope.temporary:
             self.vars.pop(name, None)
@@ -486,7 +487,8 @@ class _Commands(_Expander):
                 # -a / -o allexport: every variable set after it is exported; -k / -o keyword: NAME=value words
                 # after a command's name are its environment; -e / -o errexit: a failing command ends the script;
                 # -o pipefail (Bash Reference Manual, 4.3.1 The Set Builtin); the last word wins
-                if option in ("allexport", "keyword", "errexit", "pipefail"):
+                # -u / -o nounset: expanding an unset variable ends the script
+                if option in ("allexport", "keyword", "errexit", "pipefail", "nounset"):
                     setattr(self, option, on)
             return _TRUE
         if name == "shift":
@@ -1158,7 +1160,7 @@ def _parse(text: str, line_of):
 
 
 # set's one-letter options that the reading follows, by the long name ``set -o`` gives them
-_SET_LETTERS = {"a": "allexport", "k": "keyword", "e": "errexit"}
+_SET_LETTERS = {"a": "allexport", "k": "keyword", "e": "errexit", "u": "nounset"}
 
 
 def _set_options(args: Sequence[str]) -> tuple[list[tuple[str, bool]], Optional[list[str]]]:

@@ -193,6 +193,8 @@ class _Expander(_Arithmetic):
             if m:
                 value, _ = self.lookup(m.group(1), m.group(2), ctx)
                 if value is None:
+                    if m.group(1) not in ("@", "*"):  # ${#X}, ${#A[@]} of an unset one: bash's set -u fails it
+                        self.unbound(m.group(1), m.group(1) if not m.group(1).isdigit() else f"${m.group(1)}")
                     return (kind_s, "0")
                 return (kind_s, str(len(value)))
         if inner.startswith("!"):
@@ -211,6 +213,8 @@ class _Expander(_Arithmetic):
         if rest and not op:
             raise ScriptSyntax(f"line {self.line}", f"a bad substitution ${{{one_line(inner, 40)}}}")
         if not is_set and op[-1:] not in ("-", "=", "+"):
+            if not splat:  # "$@" and "${A[@]}" of none expand to nothing under set -u too (bash 4.4 on)
+                self.unbound(name, label)
             ctx.deps.setdefault(label, _READ_EMPTY)
             value = [] if splat else ""
         if op in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):

@@ -191,7 +191,8 @@ class _Shell(_Commands):
     def subshell(self, run: Callable[[], _Status]) -> _Status:
         saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch,
                  set(self.cleared), set(self.exported_unset), set(self.readonly), [frame.copy() for frame in self.frames],
-                 self.allexport, self.lastpipe, self.keyword, self.errexit, self.pipefail)
+                 self.allexport, self.lastpipe, self.keyword, self.errexit, self.pipefail, self.nounset,
+                 set(self.unset_names))
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()
@@ -204,7 +205,8 @@ class _Shell(_Commands):
             return _Status(False, False)
         finally:
             (self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, self.exported_unset,
-             self.readonly, frames, self.allexport, self.lastpipe, self.keyword, self.errexit, self.pipefail) = saved
+             self.readonly, frames, self.allexport, self.lastpipe, self.keyword, self.errexit, self.pipefail,
+             self.nounset, self.unset_names) = saved
             self.frames[:] = frames  # the list itself: a call the subshell is in pops its own frame off it
 
     def run_command(self, node) -> _Status:

@@ -13,6 +13,13 @@ from ...limits import MAX_EXPANDED_CHARS
 from .errors import MAX_EXPANSION_WORK, MAX_NOTES, MAX_STEPS, ScriptLimit, ScriptUnfollowed
 from .lexer import _ASSIGNMENT, _Tok
 from .results import Command, Note
+from .status import _FALSE, _Exit
+
+
+# Variables bash (or the login that starts it) sets in every script, which the reader leaves empty:
+# bash's manual, "Shell Variables".
+BASH_SETS = frozenset(("PWD", "OLDPWD", "HOME", "HOSTNAME", "USER", "UID", "EUID", "PPID", "SHELL", "BASH",
+                       "BASH_VERSION", "BASH_SOURCE", "LINENO", "RANDOM", "SECONDS", "PATH", "SHLVL", "IFS"))
 
 
 @dataclass
@@ -116,6 +123,9 @@ class _State:
         # Names `export X` (declare -x X) exported while unset, outside any call's locals: the value a later
         # X=32 gives them is exported (bash keeps the attribute on the unset variable), whatever the caller had.
         self.exported_unset: set[str] = set()
+        # Names the script `unset` (outside any call's locals) and has not set since: decidedly unset, whatever
+        # the caller's environment held (`cleared` holds those `export -n` took out too, which keep a value).
+        self.unset_names: set[str] = set()
         # readonly X, declare -r X of a variable no call made local: bash refuses to set or unset them (a
         # function's readonly locals are its frame's: _Frame.readonly)
         self.readonly: set[str] = set()
@@ -128,6 +138,7 @@ class _State:
         self.keyword = False  # set -k: NAME=value words after the command name are its environment too
         self.errexit = False  # set -e: a command that fails ends the script (Bash Reference Manual, 4.3.1)
         self.pipefail = False  # set -o pipefail: a pipeline fails where any of its commands does
+        self.nounset = False  # set -u: expanding an unset variable ends the script (Bash Reference Manual, 4.3.1)
         # Above 0 where bash ignores set -e: an if's or while's condition, a command before an and-or list's
         # last && or ||, a pipeline negated by ! (and what functions and subshells run from there)
         self.errexit_ignored = 0
@@ -173,6 +184,32 @@ class _State:
         self.note_as_is(Note(f"{self.name}: line {self.line}: {text}", flags))
 
     # --- variables
+
+    def unbound(self, name: str, label: str) -> None:
+        """Under ``set -u``, an expansion of the unset ``name`` (``label`` as bash names it: ``$1``) ends the
+        script, a subshell alone where in one (Bash Reference Manual, 4.3.1 The Set Builtin: -u; bash 5.2 exits
+        "X: unbound variable"). Where the script alone decides it is unset (it unset it, a function's local
+        never given a value, an element past an array's end, a positional parameter past those ``set --``
+        gave, env -i), bash stops here, and so does the reading. Where the caller's environment or arguments
+        may set it, the reading cannot know: said, and read as set, empty, the way that goes on (as a
+        guard the caller decides is read). What bash sets itself (PWD, HOME) is set."""
+        if not self.nounset or name in BASH_SETS:
+            return
+        if self.provably_unset(name):
+            self.note(f"{label} is unset (the script leaves it so), so set -u ends the script here (bash: "
+                      f"\"{label.lstrip('$')}: unbound variable\"): nothing after it runs", None)
+            raise _Exit(_FALSE)
+        if name.startswith("SLURM_") and re.search(r"^#SBATCH", self.text, re.M):
+            return  # a batch script: Slurm sets SLURM_* in its job's environment (sbatch(1), OUTPUT ENVIRONMENT)
+        self.note(f"{label} is not set by the script: under set -u bash ends the script here unless the caller "
+                  "sets it; read as set, empty", None)
+
+    def provably_unset(self, name: str) -> bool:
+        """Whether ``name``, unset as read, is unset whatever the caller gives: see :meth:`unbound`."""
+        if name.isdigit():
+            return self.positional_known
+        return (self.caller_emptied or name in self.unset_names or name in self.vars
+                or any(name in frame for frame in self.frames))
 
     def lookup(self, name: str, index: Optional[str], ctx: _Ctx):
         """(value, set): a list for [@]/[*] and $@/$*, else a string."""
@@ -274,6 +311,7 @@ class _State:
             size = len(value)
         if size > MAX_EXPANDED_CHARS:
             raise self.too_long(name)
+        self.unset_names.discard(name)
         if exported is None and old is None and not global_:  # an unset local: the export attribute it was made with
             exported = self.unset_local_exported(name) or None
         self.vars[name] = _Var(value, tuple(deps.items()),
