@@ -2060,3 +2060,29 @@ def test_set_u_on_what_the_caller_may_set_is_said(script, name):
     # Slurm sets its variables in every batch job: an #SBATCH script's are the caller's, decidedly
     if name.startswith("SLURM_"):
         assert not any("set -u" in n.text for n in read_script("#SBATCH --nodes=1\n" + script, "t.sh").notes)
+
+
+@needs_bash
+@pytest.mark.parametrize("script", [
+    "false\nif [ $? -ne 0 ]; then exit 1; fi\ntorchrun a\n",
+    "true\nif [ $? -ne 0 ]; then exit 1; fi\ntorchrun a\n",
+    "[ 1 -gt 2 ]\n[ $? -eq 0 ] || exit 1\ntorchrun a\n",
+    "! true\nif [ \"$?\" != 0 ]; then exit 1; fi\ntorchrun a\n",
+    "( exit 0 )\n(( $? == 0 )) && torchrun a\nfalse || true\ntorchrun b $?\n",
+    "false\ntorchrun a $?\nX=$?\ntorchrun b $X\n",
+    "set -- a\nshift 2\n[ $? -ne 0 ] && exit 1\ntorchrun a\n",
+])
+def test_status_variable_follows_the_last_command(tmp_path, script):
+    """`$?` was read as 0 whatever ran before it: `false; if [ $? -ne 0 ]; then exit 1; fi` went on to a
+    launch bash never starts. Where the reader knows the last status (false, true, a test, a subshell's
+    exit), `$?` is bash's."""
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
+
+
+def test_status_variable_of_a_command_not_run_is_said():
+    """After a command the reader does not run (the launch itself), its status is not known: read as 0,
+    the way that goes on, and said, where it was silently 0."""
+    read = read_script("torchrun a\nif [ $? -ne 0 ]; then echo failed; exit 1; fi\ntorchrun b\n", "t.sh")
+    assert [c.fields for c in read.commands] == [("torchrun", "a"), ("torchrun", "b")]
+    assert any("line 2" in n.text and "$?" in n.text and "torchrun is not run" in n.text for n in read.notes), \
+        read.notes

@@ -152,9 +152,11 @@ class _Shell(_Commands):
             else:
                 status = self.run_piped(node.commands)
         if node.negate:
-            return _Status(None if status.known is None else not status.known, not status.assumed,
-                           status.deps, status.reason, status.test)
-        self.check_errexit(node, status)
+            status = _Status(None if status.known is None else not status.known, not status.assumed,
+                             status.deps, status.reason, status.test)
+        else:
+            self.check_errexit(node, status)
+        self.last_status = status  # $?
         return status
 
     def check_errexit(self, node: _Pipeline, status: _Status) -> None:

@@ -13,7 +13,7 @@ from ...limits import MAX_EXPANDED_CHARS
 from .errors import MAX_EXPANSION_WORK, MAX_NOTES, MAX_STEPS, ScriptLimit, ScriptUnfollowed
 from .lexer import _ASSIGNMENT, _Tok
 from .results import Command, Note
-from .status import _FALSE, _Exit
+from .status import _FALSE, _TRUE, _Exit, _Status
 
 
 # Variables bash (or the login that starts it) sets in every script, which the reader leaves empty:
@@ -139,6 +139,7 @@ class _State:
         self.errexit = False  # set -e: a command that fails ends the script (Bash Reference Manual, 4.3.1)
         self.pipefail = False  # set -o pipefail: a pipeline fails where any of its commands does
         self.nounset = False  # set -u: expanding an unset variable ends the script (Bash Reference Manual, 4.3.1)
+        self.last_status: _Status = _TRUE  # the last pipeline's, which $? expands to (0 as bash starts)
         # Above 0 where bash ignores set -e: an if's or while's condition, a command before an and-or list's
         # last && or ||, a pipeline negated by ! (and what functions and subshells run from there)
         self.errexit_ignored = 0
@@ -228,8 +229,10 @@ class _State:
             if n <= len(self.positional):
                 return self.positional[n - 1], True
             return None, False
-        if name in ("?", "-"):
-            return "0" if name == "?" else "", True
+        if name == "?":
+            return self.status_word(ctx), True
+        if name == "-":
+            return "", True
         if name in ("$", "!"):
             ctx.deps.setdefault(f"${name}", "a process id: read as empty")
             return "", True
@@ -249,6 +252,18 @@ class _State:
         if position < 0:
             position += len(items)
         return (items[position], True) if 0 <= position < len(items) else (None, False)
+
+    def status_word(self, ctx: _Ctx) -> str:
+        """``$?``: the last pipeline's status where it is known, 0 or, failed, 1 (what ``false``, a test and
+        most commands leave; an ``exit 3`` in a subshell is read as 1 too), what decided it carried with it.
+        Where it cannot be known (a command the reader does not run: torchrun, grep), read as 0, said: a
+        ``[ $? -ne 0 ]`` guard turns on it."""
+        status = self.last_status
+        ctx.merge(status.deps.items())
+        if status.known is None:
+            ctx.deps.setdefault("$?", f"the status of a command not run ({status.reason or 'a command'}): read as 0")
+            return "0"
+        return "0" if status.known else "1"
 
     def set_var(self, name: str, value: Union[str, list], deps: dict, append: bool = False,
                 index: Optional[str] = None, exported: Optional[bool] = None, global_: bool = False) -> None:
