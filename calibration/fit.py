@@ -11,7 +11,8 @@ Each fit is the formula ``cost_models`` evaluates, solved for its figures:
   (``attention_shape_efficiency``) and t₀ taken from the GEMM fit.
 - Collectives (``cost_models.collectives.collective_time`` and ``p2p_time``):
   ``t = steps · α + volume / B`` for α (``link_latency_s``) and the bus bandwidth B,
-  with the cost model's steps and volume factors for the group size.
+  with the cost model's steps and volume factors for the group size; α from all sizes (the
+  small ones dominate it), B from the large ones alone (:func:`fit_collective`).
 
 The fits minimise the *relative* squared error, Σ ((model − t) / t)²: timings span
 microseconds to seconds, and an absolute fit would let the largest sizes alone set
@@ -25,9 +26,15 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from cost_models.behaviour import EngineBehaviour
 from cost_models.collectives import VOLUME, algorithm_steps, volume_per_gpu
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
+
+# Messages at least this large set a collective's bus bandwidth: the smallest gradient bucket the
+# cost model reduces (PyTorch DDP's bucket_cap_mb = 25 MB, EngineBehaviour's default; Megatron's
+# 40 M parameters and DeepSpeed's 5e8 elements are larger), the message the bandwidth mostly prices.
+BANDWIDTH_FIT_BYTES = EngineBehaviour.bucket_bytes
 
 
 @dataclass(frozen=True)
@@ -74,8 +81,13 @@ def fit_two(u: Sequence[float], v: Sequence[float], y: Sequence[float], *,
         candidates.append((max(p_min, (suy - q_min * suv) / suu), q_min))
     candidates.append((p_min, q_min))
     p, q = min(candidates, key=lambda c: sse(*c))
-    rms = math.sqrt(sum(((p * a + q * b - t) / t) ** 2 for a, b, t in zip(u, v, y)) / len(y))
-    return LinearFit(p, q, rms)
+    return LinearFit(p, q, rms_rel_error(u, v, y, p, q))
+
+
+def rms_rel_error(u: Sequence[float], v: Sequence[float], y: Sequence[float], p: float, q: float) -> float:
+    """Root-mean-square relative error of ``p·u + q·v`` against ``y``: the figure a profile's
+    fit-error warning reads."""
+    return math.sqrt(sum(((p * a + q * b - t) / t) ** 2 for a, b, t in zip(u, v, y)) / len(y))
 
 
 @dataclass(frozen=True)
@@ -147,7 +159,19 @@ class CollectiveFit:
 
 
 def fit_collective(kind: str, group_size: int, sizes: Sequence[float], times: Sequence[float]) -> CollectiveFit:
-    """α ≥ 0 and B > 0 of ``t = steps·α + volume/B`` over message sizes."""
+    """α ≥ 0 and B > 0 of ``t = steps·α + volume/B`` over message sizes, read as the alpha-beta
+    (Hockney) model is: α from the small messages, B from the large ones.
+
+    nccl-tests reads its timings so (doc/PERFORMANCE.md: time "is useful with small sizes, to
+    measure the constant overhead (or latency)"; "on large sizes, it makes more sense to look at
+    the bandwidth", its busbw). A bandwidth is no constant: gloo's falls at large sizes (1.2-1.5
+    GB/s at 4-16 MiB, 0.92-0.99 at 64 MiB on the 2-core development machine), and one relative
+    fit over every size, each weighed alike, read the mid sizes' figure and priced a 64 MiB
+    all-reduce 8-30 % fast. So α is that fit's (relative error makes the small messages, mostly
+    latency, set it), and B the relative fit of ``volume/B = t − steps·α`` over the messages of at least
+    ``BANDWIDTH_FIT_BYTES`` (the largest alone where none is that large). ``rms_rel_error`` is
+    the resulting α and B's over every size, so a curve the model cannot follow is still warned of.
+    """
     if group_size < 2:
         raise ValueError("fit_collective: a collective needs at least two ranks")
     pairs = [collective_steps_and_volume(kind, group_size, s) for s in sizes]
@@ -160,7 +184,21 @@ def fit_collective(kind: str, group_size: int, sizes: Sequence[float], times: Se
         largest = max(range(len(sizes)), key=lambda i: volumes[i])
         q = times[largest] / volumes[largest]
         fit = fit_two(steps, volumes, times, p_min=0.0, q_min=q)
-    return CollectiveFit(fit.p, 1.0 / fit.q, fit.rms_rel_error)
+    alpha, q = fit.p, _large_message_seconds_per_byte(sizes, steps, volumes, times, fit.p) or fit.q
+    return CollectiveFit(alpha, 1.0 / q, rms_rel_error(steps, volumes, times, alpha, q))
+
+
+def _large_message_seconds_per_byte(sizes: Sequence[float], steps: Sequence[float], volumes: Sequence[float],
+                                    times: Sequence[float], alpha: float) -> Optional[float]:
+    """1/B from the messages of at least ``BANDWIDTH_FIT_BYTES`` (else the largest), their
+    latency ``steps·α`` taken off, weighed by 1/t² as every fit here; None where what is left
+    is no positive time (latency-bound timings: the caller keeps its own B)."""
+    threshold = min(BANDWIDTH_FIT_BYTES, max(sizes))
+    large = [i for i, size in enumerate(sizes) if size >= threshold]
+    weights = [1.0 / (times[i] * times[i]) for i in large]
+    num = sum(w * volumes[i] * (times[i] - steps[i] * alpha) for w, i in zip(weights, large))
+    den = sum(w * volumes[i] * volumes[i] for w, i in zip(weights, large))
+    return num / den if num > 0 and den > 0 else None
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
