@@ -28,10 +28,6 @@ def _zero_stage_without_fsdp_ranks(row: dict) -> int:
     return ZERO_STAGE(row)
 
 
-def _even_split(row: dict, layers: int, pp: int, vpp: int) -> dict:
-    return pr.engine_split(layers, pp, vpp)
-
-
 ZERO_STAGE = pr.zero_stage
 # Each fact, and what `score.py` writes in its place.
 FACTS = {
@@ -42,7 +38,6 @@ FACTS = {
     "BLOOM's dropout": ("DROPOUT", tuple(s for s in pr.DROPOUT if s != "bigscience")),
     "nanotron's fp32 gradients": ("FP32_GRADIENT_FRAMEWORKS", ()),
     "BLOOM's fp32 gradients": ("BF16_OPTIMIZER_SOURCES", ()),
-    "nanotron's own stage split": ("stage_split", _even_split),
     "Qwen3's head width": ("head_dim", lambda md: None),
     "AutoModel's FSDP2 (ZeRO-3)": ("zero_stage", _zero_stage_without_fsdp_ranks),
     "AutoModel's DeepEP": ("runs_deepep", lambda row: False),

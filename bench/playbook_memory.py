@@ -3,7 +3,7 @@
     python bench/playbook_memory.py
 
 Each row is scored on the stage whose memory it publishes (``published_runs.published_memory_stage``:
-nanotron's first stage), in the split nanotron makes (``published_runs.nanotron_split``). Three tables:
+nanotron's first stage), in the split nanotron makes (``partition.block_cost_partition``). Three tables:
 
 - per model: rows, mean |predicted / published − 1|, its bias, and the median of what the published
   peak holds above the prediction per parameter a GPU holds (bytes), with data parallelism (DDP) and

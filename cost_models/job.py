@@ -116,6 +116,8 @@ class Job:
                                                              ("loss", lay.account_for_loss_in_pipeline_split)) if on)
                 raise SpecError(s, "pp", f"num_layers {m.num_layers} with the {counted} counted ({units}) "
                                          f"must divide by pp·vpp = {lay.pp * lay.vpp}")
+        elif self.training.engine.splits_by_block_cost:
+            pass  # nanotron's own split, which leaves ranks empty (the Playbook ran 28 layers on 32 ranks)
         elif self.training.engine.balance_stages and lay.vpp == 1:  # balanced split (cost_models.partition)
             if m.num_layers < lay.pp - 2:
                 raise SpecError(s, "pp", f"num_layers {m.num_layers} cannot fill pp {lay.pp} stages")

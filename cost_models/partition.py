@@ -11,10 +11,11 @@ token are four layers' worth).
 - An engine-neutral plan (``engine: any``) balances stage compute as PipeDream-style
   partitioners do: the contiguous split whose slowest stage is fastest, the spare layers off
   the first stage (it holds the most micro-batches in flight). The edge stages may hold no
-  decoder layer at all. nanotron fills ranks in order until each reaches its share of the
-  running cost, the LM head weighted V·h against a layer's 4h² + 3hf (``nanotron/models/base.py``);
-  on the Playbook's models that reaches the same slowest stage, with the first stages fuller
-  (``planner.published_runs.nanotron_split`` writes it into those runs' cases).
+  decoder layer at all.
+- nanotron takes no split: it fills ranks in order until each reaches its share of the running
+  cost, the LM head weighted V·h against a layer's 4h² + 3hf (:func:`block_cost_partition`,
+  ``EngineBehaviour.splits_by_block_cost``). The first stages come out fuller, and the LM head
+  may close a rank before the last.
 """
 
 from __future__ import annotations
@@ -65,6 +66,39 @@ def balanced_partition(layers: int, stages: int, layer_cost: float, head_cost: f
     for i in order[:spare]:
         counts[i] += 1
     return tuple(counts) + (last,)
+
+
+def block_costs(model: ModelSpec) -> tuple[int, int]:
+    """nanotron's cost of a decoder layer and of the LM head (``models/llama.py``,
+    ``get_block_compute_costs``): 4·heads·(h/heads)·h + 3·f·h, and V·h; its other blocks cost nothing."""
+    h, heads = model.hidden_size, model.num_attention_heads
+    return 4 * heads * (h // heads) * h + 3 * model.ffn_hidden_size * h, model.vocab_size * h
+
+
+@lru_cache(maxsize=4096)
+def block_cost_partition(layers: int, pp: int, layer_cost: int, head_cost: int) -> tuple[int, ...]:
+    """Decoder layers per pipeline rank as nanotron builds them (``nanotron/models/base.py``,
+    ``build_model``): its blocks in model order (embedding, layers, final norm, LM head, loss) go to
+    the ranks by cumulative cost (:func:`block_costs`), each rank taking blocks until the running cost
+    passes (r + 1)/pp of the total. The first ranks fill first, and the LM head can close a rank
+    before the last, so the ranks after it hold no layer (the model then runs the head on the last
+    stage, alone, as nanotron's loss rank would wait for it).
+
+    nanotron's test is `>`: a block whose running cost lands exactly on a threshold stays. The
+    Playbook's 1B's power-of-two costs land there at pp 2 and 4, and its sweep measures the next
+    rank taking that block: the first stage holds 10 and 5 layers, not 11 and 6 (rank 0's published
+    memory, tp 1: +5 % and -2 % with the move, +14 % both without; the step times, -7 % and -16 %
+    without). So a rank here moves on once the running cost reaches its threshold."""
+    costs = [0] + [layer_cost] * layers + [0, head_cost]  # embedding, layers, final norm, LM head
+    total = sum(costs)
+    counts, rank, running = [0] * pp, 0, 0
+    for block, cost in enumerate(costs):
+        running += cost
+        if 1 <= block <= layers:
+            counts[rank] += 1
+        if rank < pp - 1 and running * pp >= total * (rank + 1):
+            rank += 1
+    return tuple(counts)
 
 
 @lru_cache(maxsize=1024)
@@ -209,11 +243,13 @@ def default_chunk_layers(model: ModelSpec, layout: Layout) -> Optional[tuple[int
 
 
 def default_partition(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[int, ...]:
-    """The split an engine makes by itself: Megatron's embedding- and loss-aware split where the
-    layout asks for it, balanced by compute for engines that balance (without interleaving),
+    """The split an engine makes by itself: nanotron's by block cost, Megatron's embedding- and
+    loss-aware split where the layout asks for it, balanced by compute for engines that balance (without interleaving),
     even, or with interleaving over layers the virtual stages do not divide
     :func:`default_chunk_layers`."""
     pp, vpp = layout.pp, layout.vpp
+    if training.engine.splits_by_block_cost and pp > 1:
+        return block_cost_partition(model.num_layers, pp, *block_costs(model))
     if layout.account_for_embedding_in_pipeline_split or layout.account_for_loss_in_pipeline_split:
         return embedding_and_loss_partition(model.num_layers, pp, vpp, layout.account_for_embedding_in_pipeline_split,
                                             layout.account_for_loss_in_pipeline_split)

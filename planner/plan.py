@@ -679,10 +679,32 @@ def check_ignored_layout(case: Any, command: str = "plan") -> Optional[str]:
 
 def case_notes(case: Any, loaded: Case) -> tuple[str, ...]:
     """What `estimate`, `plan`, `size` and `diagnose` say on stderr of the case they price, one line each:
-    routing it leaves unstated, a sequence past its hf_config's positions, and a fabric other than the
-    one a fitted profile's runs ran on (``fitted.other_fabric_notes``)."""
+    routing it leaves unstated, a sequence past its hf_config's positions, a pipeline split the engine
+    does not run, and a fabric other than the one a fitted profile's runs ran on
+    (``fitted.other_fabric_notes``)."""
     return tuple(note for note in (unstated_routing(case, loaded), past_positions(case, loaded),
-                                   *other_fabric_notes(case)) if note)
+                                   own_split_note(case, loaded), *other_fabric_notes(case)) if note)
+
+
+def own_split_note(case: Any, loaded: Case) -> Optional[str]:
+    """A line where the case gives ``layout.stage_layers`` to an engine that takes no split (nanotron:
+    ``EngineBehaviour.splits_by_block_cost``) and it is not the one the engine cuts: the layout is
+    priced with the engine's, which is what runs (``case.build_case`` drops the stated one)."""
+    from cost_models.placement import stage_layers
+
+    from .case import read_case
+
+    if loaded.layout is None or not loaded.training.engine.splits_by_block_cost:
+        return None
+    data, src, _ = read_case(case)
+    section = data.get("layout") if isinstance(data, dict) else None
+    stated = section.get("stage_layers") if isinstance(section, dict) else None
+    own = list(stage_layers(loaded.model, loaded.training, loaded.layout))
+    if not isinstance(stated, (list, tuple)) or [int(n) for n in stated] == own:
+        return None
+    return (f"{src}: layout.stage_layers {[int(n) for n in stated]} is not a split {loaded.training.engine.name} "
+            f"runs: it cuts its stages itself, each rank filled to its share of the layers' running cost "
+            f"(nanotron/models/base.py, build_model), here {own}: priced with that split")
 
 
 def past_positions(case: Any, loaded: Case) -> Optional[str]:

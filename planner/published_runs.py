@@ -838,40 +838,12 @@ def head_dim(md: dict) -> Optional[int]:
 
 
 def stage_split(row: dict, layers: int, pp: int, vpp: int) -> dict:
-    """The layout's split of the layers over pipeline stages, as the run's engine makes it:
-    nanotron's own (:func:`nanotron_split`), Megatron's (:func:`pipeline_split`), and other
-    engines' as even as they can (:func:`balanced_stages`)."""
-    if row["framework"].startswith("nanotron") and vpp == 1 and pp > 1:
-        return {"stage_layers": nanotron_split(row["model"], pp)}
+    """The layout's split of the layers over pipeline stages, as the run's engine makes it: none for
+    nanotron, which cuts its own (``cost_models.partition.block_cost_partition``), Megatron's
+    (:func:`pipeline_split`), and other engines' as even as they can (:func:`balanced_stages`)."""
+    if row["framework"].startswith("nanotron"):
+        return {}
     return engine_split(layers, pp, vpp)
-
-
-def nanotron_split(md: dict, pp: int) -> list[int]:
-    """Decoder layers per pipeline rank as nanotron builds them (``nanotron/models/base.py``,
-    ``build_model``): its blocks in model order (embedding, layers, final norm, LM head, loss) go
-    to the ranks by cumulative cost (``models/llama.py``, ``get_block_compute_costs``: 4·heads·
-    (h/heads)·h + 3·f·h a layer, V·h the LM head, nothing else), each rank taking blocks until the
-    running cost passes (r + 1)/pp of the total. The first ranks fill first, and the LM head can
-    close a rank before the last, so the ranks after it hold no layer (the model then runs the head
-    on the last stage, alone, as nanotron's loss rank would wait for it).
-
-    nanotron's test is `>`: a block whose running cost lands exactly on a threshold stays. The 1B's
-    power-of-two costs land there at pp 2 and 4, and the sweep measures the next rank taking that
-    block: its first stage holds 10 and 5 layers, not 11 and 6 (rank 0's published memory, tp 1:
-    +5 % and -2 % with the move, +14 % both without; the step times, -7 % and -16 % without).
-    So a rank here moves on once the running cost reaches its threshold."""
-    h, f, heads = md["hidden"], md.get("ffn_hidden") or 4 * md["hidden"], md["heads"]
-    layer, head = 4 * heads * (h // heads) * h + 3 * f * h, md["vocab"] * h
-    costs = [0] + [layer] * md["layers"] + [0, head]  # embedding, layers, final norm, LM head
-    total = sum(costs)
-    counts, rank, running = [0] * pp, 0, 0
-    for block, cost in enumerate(costs):
-        running += cost
-        if 1 <= block <= md["layers"]:
-            counts[rank] += 1
-        if rank < pp - 1 and running * pp >= total * (rank + 1):
-            rank += 1
-    return counts
 
 
 def engine_split(layers: int, pp: int, vpp: int) -> dict:

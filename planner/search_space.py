@@ -187,7 +187,8 @@ def _engine_splits(model: ModelSpec, training: TrainingSpec, engine: EngineSuppo
         -> tuple[tuple[Optional[tuple[int, ...]], tuple[int, ...], int], ...]:
     """:func:`_splits` before the case's pins on vpp. Cached: `size` asks for them at every cluster size."""
     balances = training.engine.balance_stages and pp > 1
-    options = partitions(model.num_layers, pp)
+    # An engine that cuts its own stages (nanotron) runs that split alone.
+    options = [None] if training.engine.splits_by_block_cost else partitions(model.num_layers, pp)
     if balances and None not in options:
         options = [None] + options  # the engine's own split, balanced by compute
     # The engine's own split (partition None) at each vpp: an engine that balances its stages by

@@ -8,7 +8,7 @@ from planner.case import load_case
 from planner.estimate import estimate as estimate_case
 from planner.fidelity import evaluate
 from planner.published_runs import (balanced_stages, bridge_mtp_split, case_of, gpu_preset, load_rows,
-                                    measured_tokens_per_s, nanotron_split, pipeline_split, precision,
+                                    measured_tokens_per_s, pipeline_split, precision,
                                     published_memory_stage, zero_stage)
 
 
@@ -41,15 +41,15 @@ def test_a_playbook_row_is_written_as_its_user_would(rows):
     assert case["cluster"] == {"gpu": "h100-sxm-80gb", "num_gpus": 8, "fabric": "aws-efa-p5"}
     assert case["training"]["engine"] == "nanotron" and case["training"]["flash_attention"]
     assert case["layout"] == {"tp": 1, "pp": 2, "cp": 1, "dp": 4, "vpp": 1, "micro_batch_size": 4, "zero_stage": 1,
-                              "sequence_parallel": False, "recompute": "none", "stage_layers": [10, 6]}
+                              "sequence_parallel": False, "recompute": "none"}  # nanotron cuts its own stages
     assert load_case(case).layout.dp == 4
 
 
 def test_the_playbook_is_written_as_nanotron_built_it(rows):
     """nanotron's scaling_benchmarks.py ties the embeddings of the models with an FFN under
     10,000 wide (the 1B and 3B: the rows say "tied emb"), not the 80B's (28,672: "untied emb");
-    its nodes are AWS p5 ("EFA inter-node"); it reduces fp32 gradients; and the case gives the
-    split nanotron makes by itself (published_runs.nanotron_split)."""
+    its nodes are AWS p5 ("EFA inter-node"); it reduces fp32 gradients; and the case gives no
+    split: nanotron cuts its own (cost_models.partition.block_cost_partition)."""
     def case(row_id):
         return case_of(rows[row_id])[0]
 
@@ -60,8 +60,10 @@ def test_the_playbook_is_written_as_nanotron_built_it(rows):
     assert case("playbook_80b_4n_dp1_tp8_pp4_mbs1_ga256_z0")["cluster"]["fabric"] == "aws-efa-p5"
     # The sweep's config accumulates and reduces the gradients in fp32 (accumulate_grad_in_fp32).
     assert case("playbook_80b_4n_dp1_tp8_pp4_mbs1_ga256_z0")["training"]["fp32_grads"] is True
-    # 28 layers over 32 ranks: one each on the first 28, the LM head on the 29th; the last three hold nothing.
-    assert case("playbook_3b_16n_dp1_tp4_pp32_mbs1_ga256_z0")["layout"]["stage_layers"] == [1] * 28 + [0] * 4
+    # No split in the case: nanotron cuts its own. 28 layers over 32 ranks: one each on the first 28,
+    # the LM head on the 29th; the last three hold nothing.
+    assert "stage_layers" not in case("playbook_3b_16n_dp1_tp4_pp32_mbs1_ga256_z0")["layout"]
+    assert load_case(case("playbook_3b_16n_dp1_tp4_pp32_mbs1_ga256_z0")).job().stage_layers == (1,) * 28 + (0,) * 4
     # The 3B's LM head (2·V·h = 805 MFLOP a token, against a layer's 2·(4h² + 3hf) = 226 M and its
     # attention) outweighs three layers: the last stage runs it alone.
     assert load_case(case("playbook_3b_1n_dp1_tp1_pp8_mbs1_ga256_z0")).job().stage_layers == (4, 4, 4, 4, 4, 4, 4, 0)
@@ -193,25 +195,6 @@ def test_megatron_recipes_count_embedding_and_loss_as_layers_where_the_layers_do
     assert pipeline_split(80, 3) is None
     assert balanced_stages(80, 3) == [27, 27, 26]  # the middle stage first, then the first
     assert balanced_stages(30, 4) == [7, 8, 8, 7]
-
-
-PLAYBOOK_1B = {"hidden": 2048, "ffn_hidden": 8192, "heads": 32, "vocab": 131072, "layers": 16}
-PLAYBOOK_3B = {"hidden": 3072, "ffn_hidden": 8192, "heads": 32, "vocab": 131072, "layers": 28}
-PLAYBOOK_80B = {"hidden": 8192, "ffn_hidden": 28672, "heads": 64, "vocab": 131072, "layers": 80}
-
-
-def test_nanotron_gives_its_ranks_blocks_by_their_running_cost():
-    """nanotron's build_model: a layer costs 4h² + 3fh, the LM head Vh. The 3B's layer is 113.2 M
-    and its head 402.7 M (3.6 layers): over 2 ranks the first takes 16 layers (1,812 M reaches half
-    of 3,574 M; 15 do not), over 16 ranks two each (226.5 M reaches 223.3 M), and the head closes
-    rank 14, which leaves the last two without a layer. The 80B's head (1.07 G) is 1.1 of its
-    layers (973 M): 11 on the first of 8 ranks. The 1B's costs are powers of two that land on the
-    thresholds exactly: 10 of its 16 layers (2^26 each, head 2^28) are half the total."""
-    assert nanotron_split(PLAYBOOK_3B, 2) == [16, 12]
-    assert nanotron_split(PLAYBOOK_3B, 16) == [2] * 14 + [0, 0]
-    assert nanotron_split(PLAYBOOK_80B, 8) == [11, 10, 10, 10, 10, 10, 10, 9]
-    assert nanotron_split(PLAYBOOK_1B, 2) == [10, 6]
-    assert nanotron_split(PLAYBOOK_1B, 4) == [5, 5, 5, 1]
 
 
 def test_the_playbooks_memory_is_its_first_stages(rows):

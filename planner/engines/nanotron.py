@@ -14,7 +14,8 @@ Playbook's sweep (1,265 layouts on 1-64 nodes of 8 H100s over EFA) measured it.
   (``distributed.all_gather_coalesced``). Its pipeline reads the shape of every tensor it receives on
   the host (``P2P._recv_meta``), and its tensor-parallel collectives across nodes run far slower
   than NCCL's: floors measured on the Playbook's sweep (``cost_models.behaviour``'s fields,
-  fitted by bench/fit_performance.py h100; bench/pipeline_floor.py). Stages split by compute.
+  fitted by bench/fit_performance.py h100; bench/pipeline_floor.py). Its stages are cut by
+  block cost (``models/base.py``, ``build_model``), and no split can be given it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ SUPPORT = EngineSupport(
 BEHAVIOUR = EngineBehaviour(
     name="nanotron", fp32_grads_for_bf16=True, vocab_padding_multiple=1,
     zero1_gather_in_step=True, zero1_gather_copies=True, zero1_fp32_reduce_after_backward=True,
-    pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3, cross_domain_tp_rank_s=0.06e-3,
+    splits_by_block_cost=True, pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3, cross_domain_tp_rank_s=0.06e-3,
 )
 
 ENGINE = Engine("nanotron", SUPPORT, BEHAVIOUR, title="nanotron")
