@@ -50,7 +50,7 @@ from .fields import read_price
 from .estimate import Estimate, estimate_job
 from .limits import MAX_CLUSTER_SIZES, MAX_GPUS, MAX_TOP_K
 from .engines import ENGINES
-from .plan import DECIDED_ENGINES, _check_size, check_run_tokens, layout_table, plan_case
+from .plan import DECIDED_ENGINES, _check_size, check_run_tokens, layout_table, plan
 from .search import Candidate, cp_too_thin, divisors
 from .search_options import SearchSpec, retarget
 from .units import UnitError, duration_text, figure_text, parse_duration, parse_tokens, run_days
@@ -740,15 +740,18 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
         return Sizing(DEADLINE_NOT_MET, best=None, alternatives=(), **common, no_fit=reason, fastest=fastest,
                       would_meet=met)
     # No layout fits within the limits: plan's advice at the largest, and the fewest GPUs past them that fit.
+    refused: Optional[CaseError] = None  # plan's refusal of the case on the largest cluster
     if sweep.sizes():
         option = max(range(len(options)), key=lambda i: limits[i] // options[i].unit * options[i].unit)
         largest = limits[option] // options[option].unit * options[option].unit
         where = f"the largest cluster within the limits: {largest:,} {options[option].gpu.name} GPUs"
         try:
-            advice = plan_case(sweep.cluster_case(option, largest)).no_fit
+            # `plan` on that cluster, as it answers the same case there: with no engine named, each engine's
+            # advice (plan_case alone priced plain PyTorch, which plan does not pick, and said "no layout").
+            advice = plan(sweep.cluster_case(option, largest)).no_fit
             reason = f"{advice.describe()} ({where})" if advice else f"no layout fits ({where})"
-        except CaseError as error:  # the search section's pins need more GPUs than the limits leave
-            advice, reason = None, f"{error.expected} ({where})"
+        except CaseError as error:  # plan refuses it there: pins more GPUs may meet, an engine that cannot run it
+            refused, advice, reason = error, None, f"{error.expected} ({where})"
     else:
         units = ", ".join(f"{o.gpu.name} {o.unit} GPUs per {o.unit_name}" for o in options if not o.rack)
         advice, reason = None, f"the limits leave no whole node or rack of any type ({units})"
@@ -766,6 +769,11 @@ def _unmet(sweep: _Sweep, options: tuple[ClusterOption, ...], limits: list[int],
         return Sizing(OVER_BUDGET, best=None, alternatives=(), **common,
                       no_fit=f"{reason}; past the limits, {gpus_text(choice(sweep, fits))} would fit, but none up to "
                              f"{ADVICE_REACH}× the limits would meet the deadline")
+    if refused is not None:
+        # No size within the limits or past them has a layout, and `plan` refuses the case on the largest (pins
+        # no layout meets, an engine that cannot run it): the case's error, exit 2 with plan's line, not
+        # "nothing fits" (exit 3), which says layouts exist and overflow memory (docs/commands.md, Exit codes).
+        raise refused
     return Sizing(NOTHING_FITS, best=None, alternatives=(), **common, no_fit=reason)
 
 

@@ -253,3 +253,22 @@ def test_the_front_piped_keeps_its_eight_columns_whole(tmp_path, monkeypatch):
     assert "× days  × cost" in text and "…" not in text
     for before, point in zip(result.front, result.front[1:]):
         assert f"{before.trade(point)['cost']:.2f}" in text and f"{point.cost:,.0f}" in text
+
+
+@pytest.mark.parametrize("changes", [
+    {"search": {"tp": 3}},  # tp divides the attention heads, 8 here (Megatron-LM's validate_args asserts it)
+    {"search": {"min_pp": 8}},  # a pipeline stage holds at least one of the 4 layers
+    # torchtitan's models have no dropout (docs/case-reference.md, model.dropout)
+    {"model": {**TINY["model"], "dropout": 0.1}, "training": {**TINY["training"], "engine": "torchtitan"}},
+])
+def test_a_case_plan_refuses_size_refuses_with_plans_line(tmp_path, changes):
+    """Pins no layout of any size meets, or an engine that cannot run the case, are bad input (exit 2,
+    docs/commands.md, Exit codes): `plan` refused them in one line, `size` answered "nothing fits" (exit 3),
+    the code for layouts that exist and overflow memory, after searching every size up to 64× its limit."""
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}, **changes}))
+    planned = run_cli("plan", str(path))
+    assert planned.returncode == 2 and len(planned.stderr.splitlines()) == 1 and str(path) in planned.stderr
+    sized = run_cli("size", str(path), "--tokens", "1B")
+    assert (sized.returncode, sized.stdout, sized.stderr) == (2, "", planned.stderr)
+
