@@ -359,7 +359,8 @@ def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max
                 raise CaseError("size", "gpu_hour_cost", f"gives {option.key} the price of {same}, the same GPU "
                                                          "type and fabric: it would be its own runner-up; give each once")
     result = size_case(loaded, options, target, progress)
-    return replace(result, notes=tuple(n for n in (ignored, *result.notes, unpriced_note(options, target),
+    return replace(result, notes=tuple(n for n in (ignored, unread_count_note(case, options, target), *result.notes,
+                                                   unpriced_note(options, target),
                                                    part_unit_note(loaded.source, options, target),
                                                    fitted_note(result), *case_notes(case, loaded)) if n))
 
@@ -384,6 +385,23 @@ def unpriced_note(options: Sequence[ClusterOption], target: SizeTarget) -> Optio
     unpriced = [o.key for o in options if o.gpu_hour_cost is None]
     return (f"{', '.join(k + '.gpu_hour_cost' for k in priced)} given, none for {', '.join(unpriced)}: with a price "
             "for some GPU types only, size weighs GPU-hours, not cost; give each type a price (or --gpu-hour-cost)")
+
+
+def unread_count_note(case: Any, options: Sequence[ClusterOption], target: SizeTarget) -> Optional[str]:
+    """A line where the cluster section gives both the GPUs `plan` runs on (num_gpus or nodes) and
+    `size`'s limit (max_gpus or max_nodes): size reads the limit alone (``read_cluster_options``), and
+    took it over num_gpus without a word, above or below it. The converse of plan's
+    ``ignored_sizing_keys``. None where a budget on the command line replaces both (as documented)."""
+    if target.max_gpus is not None or target.max_nodes is not None or options[0].key != "cluster":
+        return None
+    data, src, _ = read_case(case)
+    section = data.get("cluster") if isinstance(data, dict) else None
+    count = next((k for k in ("num_gpus", "nodes") if isinstance(section, dict) and k in section), None)
+    limit = options[0].limit_key
+    if count is None or limit in (None, f"cluster.{count}"):
+        return None
+    return (f"{src}: size may use up to {limit} ({options[0].max_gpus:,} GPUs) and does not read "
+            f"cluster.{count} ({section[count]}), the {'GPUs' if count == 'num_gpus' else 'nodes'} `plan` runs on")
 
 
 def part_unit_note(source: str, options: Sequence[ClusterOption], target: SizeTarget) -> Optional[str]:

@@ -272,3 +272,24 @@ def test_a_case_plan_refuses_size_refuses_with_plans_line(tmp_path, changes):
     sized = run_cli("size", str(path), "--tokens", "1B")
     assert (sized.returncode, sized.stdout, sized.stderr) == (2, "", planned.stderr)
 
+
+@pytest.mark.parametrize("count, limit", [({"num_gpus": 8}, {"max_gpus": 16}), ({"nodes": 2}, {"max_nodes": 1})])
+def test_a_limit_beside_the_count_plan_runs_on_is_said(tmp_path, count, limit):
+    """`size` reads max_gpus (max_nodes) and not num_gpus (nodes) where a case gives both
+    (docs/case-reference.md, cluster), above or below them, and said nothing: `plan` says the converse
+    of the same case. One note on stderr and in --json's notes; none where --max-gpus replaces both."""
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "cluster": {"gpu": "h100-sxm-80gb", **count, **limit}}))
+    (key, value), (limit_key, _) = next(iter(count.items())), next(iter(limit.items()))
+    most = 16 if "max_gpus" in limit else 8  # the limit, in GPUs of 8 a node
+    result = planner.size(path, "1B")
+    assert result.sizes == most // 8  # the whole nodes up to the limit, not up to num_gpus or nodes
+    said = [n for n in result.notes if f"cluster.{key}" in n]
+    assert said == [f"{path}: size may use up to cluster.{limit_key} ({most} GPUs) and does not read "
+                    f"cluster.{key} ({value}), the {'GPUs' if key == 'num_gpus' else 'nodes'} `plan` runs on"]
+    done = run_cli("size", str(path), "--tokens", "1B", "--json")
+    assert done.returncode == 0 and f"note: {said[0]}" in done.stderr.splitlines()
+    assert json.loads(done.stdout)["notes"].count(said[0]) == 1
+    assert not [n for n in planner.size(path, "1B", max_gpus=8).notes if f"cluster.{key}" in n]
+    assert not [n for n in planner.size({**TINY, "cluster": {"gpu": "h100-sxm-80gb", **count}}, "1B").notes
+                if f"cluster.{key}" in n]
