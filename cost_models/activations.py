@@ -322,6 +322,21 @@ def loss_chunks(model: ModelSpec, training: TrainingSpec) -> int:
     return 1 if model.mtp_layers else training.loss_chunk_count
 
 
+def chunked_loss(model: ModelSpec, training: TrainingSpec) -> bool:
+    """Whether the LM head and the loss run inside torchtitan's ``ChunkedLossWrapper``
+    (components/loss.py, ``ChunkedLossWrapper.__call__``), in :func:`loss_chunks` chunks, rather
+    than on whole logits that the loss keeps for backward (``TrainingSpec.loss_in_chunks``).
+
+    One chunk is the wrapper's state, not the whole logits': ``--loss.num_chunks 1`` still detaches
+    the final norm's output, runs the LM head and the loss forward and backward on it inside the
+    model's forward, writes the input gradient into its fp32 ``GradAccumulator`` and keeps no logits
+    afterwards, with FSDP2 holding the head gathered (reshard off) through it. Measured on CPU with
+    torchtitan 0.3.0 (``tests/test_chunked_loss_torch.py``): after the loss, one bf16 tensor of the
+    hidden states' shape is saved, where torchtitan's ``CrossEntropyLoss`` on whole logits keeps the
+    fp32 log-softmax, 4 bytes a logit. MTP's loss runs on whole logits (:func:`loss_chunks`)."""
+    return not model.mtp_layers and training.loss_in_chunks
+
+
 def _per_logit_gradient_bytes(training: TrainingSpec) -> float:
     """The logits' gradients beside what the loss saved, per logit: eager PyTorch's fp32
     gradient of the log-softmax and its bf16 cast, 4 + 2 (``EngineBehaviour.loss_gradient_bytes``);
@@ -339,8 +354,8 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     backward; Megatron's ``vocab_parallel_cross_entropy`` writes it into the saved softmax in
     place and hands back one bf16 copy; a compiled loss writes it once).
 
-    In chunks (torchtitan's ``ChunkedLossWrapper.__call__``, components/loss.py), during the
-    forward: one chunk's logits, as the loss saves them, and their gradient (s/N of them); and the
+    In chunks (:func:`chunked_loss`, one included: torchtitan's ``ChunkedLossWrapper.__call__``,
+    components/loss.py), during the forward: one chunk's logits, as the loss saves them, and their gradient (s/N of them); and the
     ``GradAccumulator`` the chunks' input gradients are written into, an fp32 buffer of the
     hidden states' local shape (the whole local sequence: the final norm's output is replicated
     over the TP ranks), whose cast to the activations' width the head keeps. The LM head's
@@ -351,7 +366,7 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     b = layout.micro_batch_size
     chunks = loss_chunks(model, training)
     logits = s * b * built_vocab(model, layout.tp, training.engine) / layout.tp
-    if chunks == 1:
+    if not chunked_loss(model, training):
         return _per_logit_gradient_bytes(training) * logits
     p = activation_bytes(training.precision)
     accumulator = FP32_BYTES * s * b * model.hidden_size if p != FP32_BYTES else 0.0  # .to(fp32) is no copy
@@ -379,7 +394,7 @@ def head_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layo
     Megatron-LM's padded; :func:`saved_logit_bytes`: less where the loss
     is compiled).
 
-    In chunks (:func:`loss_chunks`; torchtitan's ``ChunkedLossWrapper``), no logits outlive the
+    In chunks (:func:`chunked_loss`, one included; torchtitan's ``ChunkedLossWrapper``), no logits outlive the
     loss: the LM head and the loss run forward and backward chunk by chunk inside it. What it
     leaves is the final norm's output, replicated over the TP ranks and held as the model's output
     until the backward, and the gradient it hands the decoder, saved by
@@ -390,7 +405,7 @@ def head_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layo
     b = layout.micro_batch_size
     sp = layout.tp if layout.sequence_parallel else 1
     norm_input = residual_bytes(training) * s * b * model.hidden_size / sp
-    if loss_chunks(model, training) > 1:
+    if chunked_loss(model, training):
         return norm_input + 2 * p * s * b * model.hidden_size
     return norm_input + p * s * b * model.hidden_size / sp \
         + saved_logit_bytes(training) * s * b * built_vocab(model, layout.tp, training.engine) / layout.tp

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Optional
 
-from .activations import (embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
-                          layer_activations, loss_chunks, loss_gradient_bytes, mtp_projection_activation_bytes)
+from .activations import (chunked_loss, embedding_activation_bytes, head_activation_bytes, layer_activation_bytes,
+                          layer_activations, loss_gradient_bytes, mtp_projection_activation_bytes)
 from .experts import alltoall_buffer_bytes
 from .flops import layer_gemms
 from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_gradients_into_flat_buffer,
@@ -566,7 +566,7 @@ def offload_gradient_copies(job: Job, stage: int) -> tuple[float, float]:
 
 def chunked_loss_head_bytes(job: Job) -> float:
     """What the LM head holds on a GPU of the last stage while a chunked loss runs
-    (:func:`activations.loss_chunks`), beyond the units ZeRO-3's gather prices in flight
+    (:func:`activations.chunked_loss`, in one chunk too), beyond the units ZeRO-3's gather prices in flight
     (:func:`zero3_gather_bytes`), each measured on FSDP2 (``tests/test_chunked_loss_torch.py``):
 
     - its gradient, whole, upcast to the reduce dtype: torchtitan's ``ChunkedLossWrapper`` turns the
@@ -583,7 +583,7 @@ def chunked_loss_head_bytes(job: Job) -> float:
     Where the stage holds every gradient unsharded anyway (:func:`accumulates_unsharded`), the head's is
     among them and nothing of this is added."""
     model, training = job.model, job.training
-    if loss_chunks(model, training) == 1 or accumulates_unsharded(job):
+    if not chunked_loss(model, training) or accumulates_unsharded(job):
         return 0.0
     head = embedding_parameters(model, job_vocab(job)) / job.layout.tp
     gathered = head * gathered_weight_bytes(training)

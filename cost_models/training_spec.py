@@ -67,6 +67,11 @@ class TrainingSpec:
     # The sequence chunks the LM head and the loss run in (torchtitan's ChunkedLossWrapper
     # ``num_chunks``; ``EngineBehaviour.loss_chunks``). None: the engine's (``loss_chunk_count``).
     loss_chunks: Optional[int] = None
+    # The LM head and the loss run inside torchtitan's ChunkedLossWrapper, even in one chunk
+    # (``--loss.num_chunks 1``: the loss runs forward and backward inside the model's forward and no
+    # logits outlive it, ``activations.chunked_loss``); False: on whole logits, the model's own LM head
+    # and a cross-entropy that keeps its logits for backward. None: wherever ``loss_chunks`` is above 1.
+    chunked_loss: Optional[bool] = None
     # The vendor's fused attention kernel (cuDNN through Transformer Engine's DotProductAttention)
     # rather than a FlashAttention-2-class one, timed at ``Performance.attention_efficiency_fused``
     # (``EngineBehaviour.fused_attention``). None: the engine's default (``attention_fused``).
@@ -81,16 +86,20 @@ class TrainingSpec:
         if not isinstance(self.engine, EngineBehaviour):
             raise SpecError(s, "engine", f"expected an engine's behaviour, got {self.engine!r}")
         for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather",
-                     "master_weights", "compiled_loss", "fused_attention"):
+                     "master_weights", "compiled_loss", "fused_attention", "chunked_loss"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name in ("fp32_grads", "fp8_param_gather", "compiled_loss",
-                                                             "fused_attention") and value is None):
+                                                             "fused_attention", "chunked_loss") and value is None):
                 raise SpecError(s, name, f"expected true or false, got {value!r}")
         if self.loss_chunks is not None:
             _positive_int(s, "loss_chunks", self.loss_chunks)
             if self.loss_chunks > self.seq_len:
                 raise SpecError(s, "loss_chunks", f"splits the sequence: at most seq_len ({self.seq_len}), "
                                                   f"not {self.loss_chunks}")
+        if self.chunked_loss is False and self.loss_chunk_count > 1:
+            # Whole logits are one chunk: a wrapper of more is chunked by definition.
+            raise SpecError(s, "chunked_loss", f"false runs the loss on whole logits: it needs loss_chunks 1, "
+                                               f"not {self.loss_chunk_count}")
         if self.fused_attention and not self.flash_attention:
             # The fused kernels are flash-style: they never write the s×s scores, which
             # flash_attention false says the attention keeps.
@@ -132,6 +141,12 @@ class TrainingSpec:
     def loss_chunk_count(self) -> int:
         """The sequence chunks the LM head and the loss run in: as the case says, else as the engine does."""
         return self.engine.loss_chunks if self.loss_chunks is None else self.loss_chunks
+
+    @property
+    def loss_in_chunks(self) -> bool:
+        """Whether the LM head and the loss run inside the chunked-loss wrapper: as the case says, else
+        wherever they run in more than one chunk."""
+        return self.loss_chunk_count > 1 if self.chunked_loss is None else self.chunked_loss
 
     @property
     def hierarchical_dispatch(self) -> bool:

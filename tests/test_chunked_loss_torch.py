@@ -49,7 +49,8 @@ torch.manual_seed(0)
 lm_head = torch.nn.Linear(H, V, bias=False)
 fully_shard(lm_head, mesh=init_device_mesh("cpu", (1,)),
             mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
-wrapper = L.ChunkedLossWrapper(L.ChunkedLossWrapper.Config(loss_fn=L.CrossEntropyLoss.Config(global_vocab_size=V)))
+wrapper = L.ChunkedLossWrapper(L.ChunkedLossWrapper.Config(num_chunks=N,
+                                                          loss_fn=L.CrossEntropyLoss.Config(global_vocab_size=V)))
 wrapper.set_lm_head(lm_head)
 param = lm_head._get_fsdp_state()._fsdp_param_group.fsdp_params[0]
 seen = {"logits": [], "head_grad": [], "accumulator": []}
@@ -105,24 +106,30 @@ loss.backward()
 seen["grad_ok"] = decoder.grad is not None and lm_head.weight.grad is not None
 print(json.dumps(seen))
 dist.destroy_process_group()
-''').replace("SHAPE", repr((B, S, H, V, N)))
+''')
 
 
-def measured() -> dict:
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300)
+def measured(hidden: int = H, chunks: int = N) -> dict:
+    """What the wrapper of ``chunks`` chunks held, over hidden states of width ``hidden``."""
+    script = SCRIPT.replace("SHAPE", repr((B, S, hidden, V, chunks)))
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def torchtitan_job(hidden: int, **training):
+    """The same shapes as a torchtitan job: one GPU, the loss left eager as the script runs it."""
+    return load_case({"model": {"num_layers": 2, "hidden_size": hidden, "num_attention_heads": 4, "vocab_size": V},
+                      "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1},
+                      "training": {"global_batch_size": B, "seq_len": S, "engine": "torchtitan",
+                                   "compiled_loss": False, **training},
+                      "layout": {"dp": 1, "zero_stage": 3, "micro_batch_size": B, "recompute": "none"}}).job()
 
 
 def test_torchtitans_chunked_loss_holds_what_the_torchtitan_engine_prices():
     seen = measured()
     assert seen["grad_ok"]
-    # The same shapes as a torchtitan job: one GPU, the loss left eager as the script runs it.
-    job = load_case({"model": {"num_layers": 2, "hidden_size": H, "num_attention_heads": 4, "vocab_size": V},
-                     "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1},
-                     "training": {"global_batch_size": B, "seq_len": S, "engine": "torchtitan",
-                                  "compiled_loss": False},
-                     "layout": {"dp": 1, "zero_stage": 3, "micro_batch_size": B, "recompute": "none"}}).job()
+    job = torchtitan_job(H)
     model, lay, training = job.model, job.layout, job.training
     assert training.loss_chunk_count == N
 
@@ -148,3 +155,36 @@ def test_torchtitans_chunked_loss_holds_what_the_torchtitan_engine_prices():
     assert seen["saved_after"] == [[[B, S, H], "torch.bfloat16"]]
     norm_input = residual_bytes(training) * B * S * H
     assert head_activation_bytes(model, training, lay) == norm_input + 2 * (2 * B * S * H)
+
+
+def test_one_chunk_of_torchtitans_wrapper_keeps_no_logits_where_the_loss_on_whole_logits_keeps_them():
+    """``--loss.num_chunks 1`` (what ``diagnose`` reads as ``chunked_loss: true``) is still
+    ChunkedLossWrapper: one chunk of the whole sequence, run forward and backward inside the forward.
+    A hidden width of 48 keeps the whole sequence's bf16 logits (2·S·V bytes) off the head's sizes."""
+    hidden = 48
+    assert 2 * S * V not in (2 * V * hidden, 4 * V * hidden)
+    seen = measured(hidden, 1)
+    assert seen["grad_ok"]
+    job = torchtitan_job(hidden, loss_chunks=1, chunked_loss=True)
+    model, lay, training = job.model, job.layout, job.training
+
+    # One chunk: the whole sequence's bf16 logits, their loss and gradient while it runs, and the fp32
+    # accumulator of the hidden states' shape, as in N chunks at N = 1.
+    assert seen["logits"] == [[[B, S, V], "torch.bfloat16"]]
+    assert seen["accumulator"] == [[[B, S, hidden], "torch.float32"]]
+    assert loss_gradient_bytes(model, lay, training) == (4 + 6) * B * S * V + 4 * B * S * hidden
+
+    # After it, no logits: the gradient handed back, bf16 of the hidden states' shape, as for N chunks; the
+    # loss on whole logits would keep its fp32 log-softmax, 4 bytes a logit, until the backward.
+    assert seen["saved_after"] == [[[B, S, hidden], "torch.bfloat16"]]
+    norm_input = residual_bytes(training) * B * S * hidden
+    assert head_activation_bytes(model, training, lay) == norm_input + 2 * (2 * B * S * hidden)
+    whole = torchtitan_job(hidden, loss_chunks=1)
+    assert head_activation_bytes(whole.model, whole.training, whole.layout) \
+        == norm_input + 2 * B * S * hidden + 4 * B * S * V
+
+    # The head's weight gathered in bf16 through the loss and its gradient reduced in fp32: 10 bytes a weight
+    # at the peak, as the engine prices the wrapper's head; one chunk never accumulates it between chunks.
+    assert seen["head_grad"] == [None]
+    assert seen["head_peak_bytes"] == (2 + 4 + 4) * V * hidden
+    assert chunked_loss_head_bytes(job) + zero3_gather_bytes(job) == (2 + 4 + 4) * V * hidden

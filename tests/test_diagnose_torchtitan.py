@@ -564,6 +564,32 @@ def test_the_loss_chunks_a_command_line_sets_are_read_and_a_case_that_says_other
     assert (error.value.key, error.value.source) == ("loss.num_chunks", str(path))
 
 
+def test_one_chunk_on_the_command_line_is_torchtitans_wrapper_not_the_loss_on_whole_logits(tmp_path):
+    """``--loss.num_chunks 1`` keeps torchtitan 0.3.0's ChunkedLossWrapper (components/loss.py): one chunk of
+    the whole sequence, run forward and backward inside the forward, no logits kept after it
+    (tests/test_chunked_loss_torch.py measures it). Priced so: the last stage keeps the final norm's input
+    and two 16-bit tensors of the hidden states' shape, not the 4-byte log-softmax of every logit that a
+    case's ``loss_chunks: 1`` (the cross-entropy on whole logits) keeps; a case that says whole logits is
+    refused at the option."""
+    from cost_models.activations import head_activation_bytes, residual_bytes
+
+    path = tmp_path / "overrides.txt"
+    path.write_text(BASE_OVERRIDES + " --compile.enable --loss.num_chunks 1\n")
+    result = diagnose(case_of("llama3-8b", 8, 64, 4096), torchtitan=path)
+    job = result.estimate.job
+    training, lay = job.training, job.layout
+    assert training.loss_chunk_count == 1 and training.chunked_loss is True
+    assert result.planned_with == "training.loss_chunks 1 (loss.num_chunks); training.chunked_loss true " \
+                                  "(loss.num_chunks)"
+    tokens = 4096 // lay.cp * lay.micro_batch_size
+    sp = lay.tp if lay.sequence_parallel else 1
+    assert head_activation_bytes(job.model, training, lay) \
+        == (residual_bytes(training) / sp + 2 * 2) * tokens * job.model.hidden_size
+    with pytest.raises(CaseError, match="runs its LM head and loss in ChunkedLossWrapper") as error:
+        diagnose(case_of("llama3-8b", 8, 64, 4096, loss_chunks=1, chunked_loss=False), torchtitan=path)
+    assert (error.value.key, error.value.source) == ("loss.num_chunks", str(path))
+
+
 def test_a_case_that_contradicts_the_jobs_training_is_refused(tmp_path):
     path = tmp_path / "overrides.txt"
     path.write_text(BASE_OVERRIDES + " --compile.enable --compile.components model\n")

@@ -38,7 +38,7 @@ from torchtitan.distributed.pipeline_parallel import (
 )
 
 import planner
-from cost_models.activations import loss_chunks
+from cost_models.activations import chunked_loss, loss_chunks
 from planner.emit import provenance
 from planner.engines.torchtitan import emit
 from planner.errors import CaseError
@@ -489,6 +489,20 @@ def test_a_loss_left_uncompiled_is_left_out_of_compile_components(workdir):
     assert eager.peak.activations > compiled.peak.activations
 
 
+def test_one_chunk_of_the_wrapper_is_written_as_the_plan_priced_it(workdir):
+    """training.chunked_loss with one chunk: ChunkedLossWrapper's one chunk, which keeps no logits
+    (tests/test_chunked_loss_torch.py), in the config module and on the command line (tyro takes
+    --loss.num_chunks 1), not the cross-entropy on whole logits that ``loss_chunks: 1`` alone runs."""
+    training = {**BASE_CASE["training"], "engine": "torchtitan", "loss_chunks": 1, "chunked_loss": True}
+    estimate = planner.estimate({**BASE_CASE, "training": training, "layout": {"zero_stage": 3}})
+    files = emit.render(estimate, ["x"])
+    cfg = load_emitted(files, workdir, "tt_emitted_loss_wrapped_1")
+    check_loss(estimate.job, cfg)
+    assert type(cfg.loss).__name__ == "Config" and cfg.loss.num_chunks == 1
+    assert "--loss.num_chunks 1\n" in files[emit.OVERRIDES_FILE]
+    assert "Not here: the loss on whole logits" not in files[emit.OVERRIDES_FILE]
+
+
 @pytest.mark.parametrize("chunks", [1, 4])
 def test_the_loss_runs_in_the_chunks_the_case_names(chunks, workdir):
     """training.loss_chunks: the base config's ChunkedLossWrapper in that many chunks, or, for one, its
@@ -613,7 +627,7 @@ def check_loss(job, cfg) -> None:
     if not job.model.mtp_layers:
         assert cfg.model_spec is None or "num_mtp_layers" not in cfg.model_spec
         chunks = loss_chunks(job.model, job.training)
-        if chunks == 1:
+        if not chunked_loss(job.model, job.training):
             assert type(cfg.loss) is CrossEntropyLoss.Config
         else:
             assert type(cfg.loss) is ChunkedLossWrapper.Config and cfg.loss.num_chunks == chunks

@@ -79,8 +79,9 @@ class EngineSupport:
     # The loss compiled by torch.compile, or not (``training.compiled_loss``): the PyTorch stacks
     # run either; Megatron's and Megatron-DeepSpeed's vocab-parallel cross-entropy is their own.
     compiled_loss: bool = True
-    # The LM head and the loss run in sequence chunks (``training.loss_chunks`` above 1): torchtitan's
-    # ChunkedLossWrapper; the others run them on the whole sequence.
+    # The LM head and the loss run in sequence chunks (``training.loss_chunks`` above 1, or
+    # ``training.chunked_loss``): torchtitan's ChunkedLossWrapper; the others run them on the whole
+    # sequence.
     chunked_loss: bool = False
     # The attention kernels a case may name (``training.fused_attention``): the vendor's fused one
     # (True) and a FlashAttention-2-class one (False). Engines whose attention is one kernel of
@@ -115,8 +116,8 @@ class EngineSupport:
         if training.compiled_loss and not self.compiled_loss:
             out.append(("training.compiled_loss", self.reason(
                 "compiled_loss", "its cross-entropy is its own kernel, not a compiled one")))
-        if (training.loss_chunks or 1) > 1 and not self.chunked_loss:
-            out.append(("training.loss_chunks", self.reason(
+        if ((training.loss_chunks or 1) > 1 or training.chunked_loss) and not self.chunked_loss:
+            out.append(("training.loss_chunks" if (training.loss_chunks or 1) > 1 else "training.chunked_loss", self.reason(
                 "chunked_loss", "its LM head and loss run on the whole sequence, not in chunks")))
         if training.fused_attention is not None and training.fused_attention not in self.fused_attention:
             out.append(("training.fused_attention", self.reason(

@@ -32,6 +32,10 @@ from .emit import BASE_LOSS_CHUNKS, CONFIG_FILE, CONFIG_FUNCTION, CONFIG_MODULE
 SECTIONS = {"TrainingConfig": "training", "ParallelismConfig": "parallelism", "CompileConfig": "compile"}
 AC_CONFIGS = {"FullAC.Config": "full", "SelectiveAC.Config": "selective"}
 LOSS_CHUNKS = {"ChunkedLossWrapper.Config": BASE_LOSS_CHUNKS, "CrossEntropyLoss.Config": 1}
+# Set where the base config's loss runs on whole logits (a loss other than ChunkedLossWrapper, or the
+# planner's own LOSS_CHUNKS = 1 without CHUNKED_LOSS): its one "chunk" is not ChunkedLossWrapper's
+# (activations.chunked_loss). No command-line option is spelt so (tyro's are dotted).
+WHOLE_LOGITS = "loss:whole_logits"
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,8 @@ def _apply(state: dict, path: list[str], value: ast.AST, names: dict) -> bool:
             except ValueError:
                 return False
         values["loss.num_chunks"] = chunks
+        if ast.unparse(value.func) != "ChunkedLossWrapper.Config":
+            values[WHOLE_LOGITS] = True
         return True
     if path == ["model_spec"]:
         # What the reader needs of the model: its expert dispatch (the rest is the case's).
@@ -243,6 +249,10 @@ def _read_own(path: Path) -> Optional[BaseConfig]:
         values.update({f"{section}.{key}": value for key, value in table.items()})
     if names.get("LOSS_CHUNKS") is not None and not isinstance(names["LOSS_CHUNKS"], NotLiteral):
         values["loss.num_chunks"] = names["LOSS_CHUNKS"]
+        # apply_layout: LOSS_CHUNKS 1 is the loss on whole logits unless CHUNKED_LOSS keeps the wrapper
+        # (files emitted before CHUNKED_LOSS have none: whole logits).
+        if names["LOSS_CHUNKS"] == 1 and names.get("CHUNKED_LOSS") is not True:
+            values[WHOLE_LOGITS] = True
     mode = names.get("ACTIVATION_CHECKPOINT")
     model = {name: names[name] for name in MODEL_NAMES if name in names}
     return BaseConfig(values, mode if isinstance(mode, str) else (below.ac_mode if below else None), str(path),

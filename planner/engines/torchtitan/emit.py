@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from cost_models.activations import loss_chunks
+from cost_models.activations import chunked_loss, loss_chunks
 
 from planner.engines import ENGINES
 from planner.errors import CaseError
@@ -255,9 +255,18 @@ def settings(estimate) -> dict[str, Any]:
         out["mtp_layers"] = job.model.mtp_layers
     else:
         # The chunks the plan priced the LM head and the loss in (activations.loss_chunks), written whatever
-        # the base config says (its ChunkedLossWrapper's num_chunks; 1: its cross-entropy on whole logits).
+        # the base config says (its ChunkedLossWrapper's num_chunks), and for one chunk whether it priced
+        # the wrapper's (activations.chunked_loss) or the cross-entropy on whole logits.
         out["loss_chunks"] = loss_chunks(job.model, training)
+        if out["loss_chunks"] == 1:
+            out["chunked_loss"] = chunked_loss(job.model, training)
     return out
+
+
+def whole_logits(s: dict) -> bool:
+    """Whether the settings (:func:`settings`) run the loss on whole logits: one chunk, not the
+    wrapper's one chunk (MTP's loss, which has no chunks, aside)."""
+    return s.get("loss_chunks") == 1 and not s.get("chunked_loss")
 
 
 def _cli_option(section: str, key: str, value: Any) -> list[str]:
@@ -283,9 +292,9 @@ def overrides(estimate) -> list[list[str]]:
         for key, value in s.get(section, {}).items():
             out.append(_cli_option(section, key, value))
     chunks = s.get("loss_chunks", BASE_LOSS_CHUNKS)
-    if chunks not in (1, BASE_LOSS_CHUNKS):
+    if chunks != BASE_LOSS_CHUNKS and not whole_logits(s):
         # Every base config's ChunkedLossWrapper takes its chunks from the command line (tyro:
-        # --loss.num_chunks); its cross-entropy on whole logits (1) it cannot take: render says so.
+        # --loss.num_chunks), one included; its cross-entropy on whole logits it cannot take: render says so.
         out.append(_cli_option("loss", "num_chunks", chunks))
     out.append([f"activation_checkpoint:{s['activation_checkpoint']}"])
     return out
@@ -323,8 +332,9 @@ def _notes(estimate) -> list[str]:
         notes.append(f"{job.training.precision}: the model is rebuilt with torchtitan's quantization converters "
                      f"(CONVERTERS below; model_spec is not a command-line option, so overrides.txt cannot "
                      f"carry them); parameters stay bfloat16")
-    chunks = settings(estimate).get("loss_chunks", BASE_LOSS_CHUNKS)
-    if chunks == 1:
+    s = settings(estimate)
+    chunks = s.get("loss_chunks", BASE_LOSS_CHUNKS)
+    if whole_logits(s):
         notes.append(f"loss: the LM head and the loss run on whole logits (LOSS_CHUNKS below), not in the base "
                      f"config's {BASE_LOSS_CHUNKS} chunks; its cross-entropy is no command-line option, so "
                      f"overrides.txt cannot carry it")
@@ -354,8 +364,10 @@ def _config_module(estimate, header: list[str]) -> str:
         f"ATTN_BACKEND = {python_literal(s.get('attn_backend'))}\n"
         f"VOCAB_SIZE = {python_literal(estimate.job.model.vocab_size)}  # MTPLoss's global_vocab_size\n"
         "# The sequence chunks the LM head and the loss run in (the base config's ChunkedLossWrapper's\n"
-        "# num_chunks; 1: its cross-entropy on whole logits; None: MTPLoss's).\n"
-        f"LOSS_CHUNKS = {python_literal(s.get('loss_chunks'))}\n\n\n"
+        "# num_chunks; None: MTPLoss's), and for 1 whether it stays ChunkedLossWrapper's one chunk (True)\n"
+        "# or is its cross-entropy on whole logits (False), which keeps the logits for backward.\n"
+        f"LOSS_CHUNKS = {python_literal(s.get('loss_chunks'))}\n"
+        f"CHUNKED_LOSS = {python_literal(not whole_logits(s) and 'loss_chunks' in s)}\n\n\n"
         "def mtp_loss():\n"
         '    """The loss of the main and the MTP predictions, as torchtitan\'s deepseek_v3_debugmodel_mtp sets it."""\n'
         "    from torchtitan.models.deepseek_v3.mtp import MTPLoss\n\n"
@@ -409,7 +421,7 @@ def _config_module(estimate, header: list[str]) -> str:
         "    config.model_spec = registry.model_registry(MODEL_FLAVOR, converters=converters(), **extra)\n"
         "    if MTP_LAYERS:\n"
         "        config.loss = mtp_loss()\n"
-        "    elif LOSS_CHUNKS == 1:\n"
+        "    elif LOSS_CHUNKS == 1 and not CHUNKED_LOSS:\n"
         "        config.loss = config.loss.loss_fn\n"
         "    else:\n"
         "        config.loss.num_chunks = LOSS_CHUNKS\n"
@@ -453,7 +465,7 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
                 + ([f"Not here: the loss on whole logits (LOSS_CHUNKS = 1 in {CONFIG_FILE}): {function} runs "
                     f"ChunkedLossWrapper, whose chunks the command line sets but whose cross-entropy on whole "
                     f"logits it cannot: these overrides run the loss in {BASE_LOSS_CHUNKS} chunks."]
-                   if settings(estimate).get("loss_chunks") == 1 else [])
+                   if whole_logits(settings(estimate)) else [])
                 + ([f"Not here: the multi-token prediction layers and their loss (MTP_LAYERS in {CONFIG_FILE}); "
                     "neither is a command-line option."] if job.model.mtp_layers else [])
                 + ([f"Not here: the attention backend: {function} builds VarlenAttention, which torchtitan "

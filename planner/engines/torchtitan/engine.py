@@ -200,9 +200,10 @@ def case_rules(training: TrainingSpec, model: ModelSpec) -> list[tuple[str, str]
         out.append(("training.seq_len", f"{training.seq_len} is past the {limit} tokens torchtitan's {module} "
                                         f"models' RoPE holds (max_seq_len; models/common/decoder.py refuses a "
                                         f"longer training sequence): the base config {function} would not start"))
-    if model.mtp_layers and (training.loss_chunks or 1) > 1:
-        out.append(("training.loss_chunks", "torchtitan trains multi-token prediction with MTPLoss, which runs on "
-                                            "whole logits (models/deepseek_v3/mtp.py): no chunks"))
+    if model.mtp_layers and ((training.loss_chunks or 1) > 1 or training.chunked_loss):
+        out.append(("training.loss_chunks" if (training.loss_chunks or 1) > 1 else "training.chunked_loss",
+                    "torchtitan trains multi-token prediction with MTPLoss, which runs on whole logits "
+                    "(models/deepseek_v3/mtp.py): no chunks"))
     chunks = loss_chunks(model, training)
     if training.seq_len % chunks:
         out.append(("training.loss_chunks" if training.loss_chunks else "training.seq_len",

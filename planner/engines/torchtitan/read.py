@@ -41,7 +41,7 @@ from planner.errors import CaseError, one_line, safe_repr
 from planner.inputs import read_text
 from planner.limits import MAX_INT
 
-from .base_config import NotLiteral, read_base
+from .base_config import WHOLE_LOGITS, NotLiteral, read_base
 from .emit import BASE_CONVERTERS, CONFIG_FILE, CONFIG_FUNCTION, CONFIG_MODULE, base_flavor, model_flavor
 
 # The fields of torchtitan 0.3.0's ParallelismConfig, TrainingConfig and CompileConfig
@@ -153,7 +153,7 @@ KEY_OF_FIELD = {
 }
 # Where it states the training settings read_training reads.
 SETTING_KEYS = {"compiled_loss": "compile.components", "tp_comm_overlap": "compile.enable_async_tensor_parallel",
-                "loss_chunks": "loss.num_chunks"}
+                "loss_chunks": "loss.num_chunks", "chunked_loss": "loss.num_chunks"}
 
 
 @dataclass(frozen=True)
@@ -1269,7 +1269,10 @@ def read_training(path: Union[str, Path], case) -> dict:
     - ``tp_comm_overlap`` (with tensor parallelism only): async TP,
       ``compile.enable_async_tensor_parallel`` (``parallelism.`` in torchtitan 0.2), which needs the
       model compiled (CompileConfig refuses it otherwise);
-    - ``loss_chunks``: ``loss.num_chunks`` where the command line sets it; 1 for a 0.1 or 0.2 job file."""
+    - ``loss_chunks``: ``loss.num_chunks`` where the command line sets it; 1 for a 0.1 or 0.2 job file;
+    - ``chunked_loss`` (where ``loss_chunks`` is 1): whether that 1 is ChunkedLossWrapper's
+      (``--loss.num_chunks 1``), which runs its one chunk as it runs eight (``activations.chunked_loss``),
+      or a loss on whole logits (a job file, a base config's CrossEntropyLoss)."""
     path = Path(path)
     s = _load(path)
     enabled = s.switch("compile.enable", False) or (not s.cli and s.switch("training.compile", False))
@@ -1287,9 +1290,13 @@ def read_training(path: Union[str, Path], case) -> dict:
     if not s.cli:
         # A job file is torchtitan 0.1's or 0.2's, whose loss ran on whole logits (components/loss.py at
         # v0.2.2 has no ChunkedLossWrapper).
-        settings["loss_chunks"] = 1
+        settings.update(loss_chunks=1, chunked_loss=False)
     elif (chunks := s.integer("loss.num_chunks", None)) is not None:
         settings["loss_chunks"] = chunks
+        if chunks == 1:
+            # torchtitan 0.3.0's ChunkedLossWrapper with num_chunks 1 (components/loss.py) is still the
+            # wrapper, whose one chunk keeps no logits past the loss; a base config's other loss is not.
+            settings["chunked_loss"] = not s.switch(WHOLE_LOGITS, False)
     return settings
 
 
@@ -1300,6 +1307,8 @@ def _left_open(training, key: str, value: bool) -> bool:
     said = getattr(training, key)
     if key == "tp_comm_overlap":  # a bool whose false is the default: the job's async TP stands
         return said is False and value is True
+    if key == "chunked_loss":  # read only as true (one chunk in the wrapper), which no engine defaults to
+        return said is None and value is True
     return said is None and value != getattr(training.engine, key)  # the engine's field of the same name
 
 
@@ -1316,7 +1325,9 @@ def with_training(case, path: Union[str, Path], settings: dict):
         elif said is not None and said != value:
             runs = {"compiled_loss": "compiles the loss" if value else "runs the loss eagerly",
                     "tp_comm_overlap": "runs async TP" if value else "runs TP without async TP",
-                    "loss_chunks": f"runs its LM head and loss in {value} sequence chunk(s)"}[key]
+                    "loss_chunks": f"runs its LM head and loss in {value} sequence chunk(s)",
+                    "chunked_loss": "runs its LM head and loss in ChunkedLossWrapper (one chunk)" if value
+                    else "runs its loss on whole logits"}[key]
             raise CaseError(str(path), SETTING_KEYS[key], f"the job {runs}, but the case {case.source} says "
                                                           f"training.{key}: {str(said).lower()}")
     return replace(case, training=replace(requested, **changes)) if changes else case
