@@ -16,16 +16,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from cost_models.specs import ClusterSpec, Job, Layout, ModelSpec, Overheads, Performance, TrainingSpec
+from cost_models.specs import (EXPERT_DISPATCHES, OPTIMIZERS, PRECISIONS, ClusterSpec, Job, Layout, ModelSpec, Overheads,
+                               Performance, TrainingSpec)
 from cost_models.memory import usable_bytes
+from cost_models.quantization import FP8_RECIPES
 
 from .case_cluster import _cluster, cluster_profile, gpu_from_profile
 from .case_errors import case_message, spec_errors
 from .engines import ENGINES
 from .errors import CaseError, as_typed, one_line
 from .fitted import check_fitted_figures_kept, read_fitted
-from .fields import (describe, read_bool, read_figure, read_file_path, read_for, read_int, read_mapping, read_number,
-                     read_recompute_layers, read_str, read_unit, required)
+from .fields import (describe, read_bool, read_choice, read_figure, read_file_path, read_for, read_int, read_mapping,
+                     read_number, read_recompute_layers, read_str, read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import load_yaml, read_text
 from .limits import (MAX_BATCH_TOKENS, MAX_CASE_YAML_NODES, MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_LAYERS,
@@ -43,6 +45,10 @@ SECTIONS = ("model", "cluster", "training", "layout", "overheads", "search")
 
 # Engines a case can name (``planner/engines/``).
 CASE_ENGINES = tuple(ENGINES)
+
+# The training keys that name one of a few values (read in any letter case: "BF16", "AdamW").
+TRAINING_CHOICES = {"precision": PRECISIONS, "optimizer": OPTIMIZERS, "engine": CASE_ENGINES,
+                    "fp8_recipe": FP8_RECIPES, "expert_dispatch": EXPERT_DISPATCHES}
 
 MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
               "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout", "head_dim",
@@ -405,14 +411,11 @@ def _training(src: str, section: Any) -> TrainingSpec:
     check_batch_tokens(src, values["global_batch_size"], values["seq_len"])
     if "loss_chunks" in section:
         values["loss_chunks"] = read_int(src, "training.loss_chunks", section["loss_chunks"], maximum=MAX_SEQ_LEN)
-    for key in ("precision", "optimizer", "engine", "fp8_recipe", "expert_dispatch"):
+    for key, choices in TRAINING_CHOICES.items():
         # engine: null (YAML's ~, the API's None) is unset, as YAML users mean it: search.target, else any
         if key in section and not (key == "engine" and section[key] is None):
-            values[key] = read_str(src, f"training.{key}", section[key])
+            values[key] = read_choice(src, f"training.{key}", section[key], choices)
     if "engine" in values:
-        if values["engine"] not in CASE_ENGINES:
-            raise CaseError(src, "training.engine",
-                            f"expected one of {', '.join(CASE_ENGINES)}, got {values['engine']!r}")
         values["engine"] = ENGINES[values["engine"]].behaviour
     for key in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather",
                 "master_weights", "compiled_loss", "fused_attention", "chunked_loss"):

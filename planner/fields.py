@@ -8,7 +8,7 @@ import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .errors import CaseError, one_line, safe_repr
 from .limits import MAX_FIXED_TIME_S, MAX_GPU_HOUR_COST, MAX_INT, MAX_STRING_CHARS, MIN_FIGURE, MIN_GPU_HOUR_COST
@@ -137,6 +137,25 @@ def read_str(src: str, key: str, value: Any) -> str:
         raise CaseError(src, key, f"expected a string of at most {MAX_STRING_CHARS:,} characters, got one of "
                                   f"{len(value):,}")
     return value
+
+
+def canonical_choice(text: str, choices: Iterable[str]) -> str:
+    """``text`` as the choice it names in any letter case, else ``text`` itself (for its reader's refusal).
+
+    An enumerated value reads as GPU and model preset names do: "BF16" from a Megatron log is bf16,
+    "AdamW" from a paper adamw. What is read goes on in the canonical spelling, so the reports, the
+    JSON and the emitted files show one spelling whatever the case wrote."""
+    folded = text.casefold()
+    return next((choice for choice in choices if choice.casefold() == folded), text)
+
+
+def read_choice(src: str, key: str, value: Any, choices: tuple[str, ...]) -> str:
+    """A string naming one of ``choices`` (in any letter case), as its canonical spelling; a
+    refusal names the canonical choices."""
+    text = canonical_choice(read_str(src, key, value), choices)
+    if text not in choices:
+        raise CaseError(src, key, f"expected one of {', '.join(choices)}, got {one_line(safe_repr(text), 60)}")
+    return text
 
 
 def read_path(src: str, key: str, value: Any) -> Path:

@@ -40,13 +40,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
-from cost_models.specs import PRECISIONS, GPUSpec, SpecError
+from cost_models.specs import EXPERT_DISPATCHES, PRECISIONS, GPUSpec, SpecError
 from cost_models.layer_time import layer_time_bound
 
 from .case import Case, build_case, check_usable_memory, read_case, read_sections, spec_errors
 from .cluster_options import ClusterOption, read_cluster_options, with_part_racks
 from .errors import CaseError, one_line, safe_repr
-from .fields import read_price
+from .fields import canonical_choice, read_choice, read_price
 from .estimate import Estimate, estimate_job
 from .limits import MAX_CLUSTER_SIZES, MAX_GPUS, MAX_TOP_K
 from .engines import ENGINES
@@ -304,9 +304,10 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
     options = read_cluster_options(src, data["cluster"], base)
     training = data.get("training")
     precision = training.get("precision", "bf16") if isinstance(training, dict) else None
-    if isinstance(precision, str) and precision not in PRECISIONS:
-        # No GPU's: the key is the training's (it was "cluster: h100-sxm-80gb cannot train in banana").
-        raise CaseError(src, "training.precision", f"expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if isinstance(precision, str):
+        # Refused as the training's key, not a GPU's (it was "cluster: h100-sxm-80gb cannot train in banana");
+        # read as build_case reads it, so that "BF16" is bf16 here too.
+        precision = read_choice(src, "training.precision", precision, PRECISIONS)
     for option in options if isinstance(precision, str) else ():
         # A type that has no peak for the precision, named as its entry (the error named cluster.gpu,
         # a key an options case does not have).
@@ -317,6 +318,7 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
                 raise CaseError(src, option.key, f"{option.gpu.name} cannot train in {precision}: {error.message}; "
                                                  "drop the type, or train in a precision it has") from None
     dispatch = training.get("expert_dispatch") if isinstance(training, dict) else None
+    dispatch = canonical_choice(dispatch, EXPERT_DISPATCHES) if isinstance(dispatch, str) else dispatch
     for option in options if dispatch == "deepep" else ():
         # Every layout of such a type would refuse it: the type vanished from the answer without a word
         # where it came after the first (build_case holds the first type to it).

@@ -1,0 +1,73 @@
+"""Enumerated case values read in any letter case, as GPU and model preset names are
+(docs/case-reference.md): "BF16" copied from a Megatron log is bf16, "AdamW" from a paper adamw,
+"DeepEP" from its README deepep. What is read goes on in the canonical spelling."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import planner
+from cli_in_process import run_cli
+
+# A small mixture of experts, so that every training choice (expert_dispatch too) applies.
+MOE = {
+    "model": {"preset": "mixtral-8x7b"},
+    "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+    "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron", "precision": "fp8",
+                 "fp8_recipe": "blockwise", "optimizer": "adamw", "expert_dispatch": "deepep"},
+    "layout": {"tp": 2, "ep": 8, "zero_stage": 1, "sequence_parallel": True, "recompute": "full"},
+}
+
+
+def with_value(case: dict, section: str, key: str, value) -> dict:
+    changed = copy.deepcopy(case)
+    changed[section][key] = value
+    return changed
+
+
+@pytest.mark.parametrize("key, spelled", [("precision", "FP8"), ("optimizer", "AdamW"), ("engine", "Megatron"),
+                                          ("fp8_recipe", "Blockwise"), ("expert_dispatch", "DeepEP")])
+def test_a_training_choice_in_any_letter_case_is_the_canonical_one(key, spelled):
+    canonical = planner.estimate(MOE)
+    read = planner.estimate(with_value(MOE, "training", key, spelled))
+    shown = read.job.training.engine.name if key == "engine" else getattr(read.job.training, key)
+    assert shown == MOE["training"][key]  # kept as the case reference spells it
+    # The same job: the same memory and the same step, to the byte and the second.
+    assert (read.peak.total, read.step_time_s) == (canonical.peak.total, canonical.step_time_s)
+
+
+def test_the_estimate_json_shows_the_canonical_spelling(tmp_path: Path):
+    example = Path(__file__).parent.parent / "examples" / "llama3-70b-h100.yaml"
+    case = yaml.safe_load(example.read_text())
+    case["training"].update(precision="BF16", optimizer="AdamW", engine="Megatron")
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case))
+    result = run_cli("estimate", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["training"]["engine"] == "megatron"
+    assert not {"BF16", "AdamW", "Megatron"} & set(result.stdout.replace('"', " ").split())
+
+
+def test_a_value_no_spelling_names_is_refused_naming_the_canonical_choices(tmp_path: Path):
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(with_value(MOE, "training", "precision", "BF17")))
+    result = run_cli("estimate", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"error: {path}: training.precision: expected one of fp32, fp16, bf16, fp8, "
+                                     "mxfp8, nvfp4, got 'BF17'")
+
+
+def test_size_reads_the_precision_as_estimate_does():
+    """size checks each GPU type's peak for the precision before it builds the case: "FP8" is fp8
+    there too, so an A100 (no fp8 tensor cores) is the type refused, not the spelling."""
+    case = {"model": {"preset": "llama3-8b"},
+            "cluster": {"options": [{"gpu": "h100-sxm-80gb", "max_gpus": 64}, {"gpu": "a100-sxm-80gb", "max_gpus": 64}]},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "FP8"}}
+    with pytest.raises(planner.CaseError) as refused:
+        planner.size(case, 1e12)
+    assert refused.value.key == "cluster.options[1]" and "cannot train in fp8" in refused.value.expected
