@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from cost_models.specs import (EXPERT_DISPATCHES, OPTIMIZERS, PRECISIONS, ClusterSpec, Job, Layout, ModelSpec, Overheads,
-                               Performance, TrainingSpec)
+from cost_models.specs import (ACTIVATIONS, ATTENTION_TYPES, EXPERT_DISPATCHES, NORMALIZATIONS, OPTIMIZERS,
+                               POSITION_EMBEDDINGS, PRECISIONS, RECOMPUTE, ROUTERS, ClusterSpec, Job, Layout, ModelSpec,
+                               Overheads, Performance, TrainingSpec)
 from cost_models.memory import usable_bytes
 from cost_models.quantization import FP8_RECIPES
 
@@ -26,7 +27,7 @@ from .case_errors import case_message, spec_errors
 from .engines import ENGINES
 from .errors import CaseError, as_typed, one_line
 from .fitted import check_fitted_figures_kept, read_fitted
-from .fields import (describe, read_bool, read_choice, read_figure, read_file_path, read_for, read_int, read_mapping,
+from .fields import (canonical_choice, describe, read_bool, read_choice, read_figure, read_file_path, read_for, read_int, read_mapping,
                      read_number, read_recompute_layers, read_str, read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import load_yaml, read_text
@@ -49,6 +50,10 @@ CASE_ENGINES = tuple(ENGINES)
 # The training keys that name one of a few values (read in any letter case: "BF16", "AdamW").
 TRAINING_CHOICES = {"precision": PRECISIONS, "optimizer": OPTIMIZERS, "engine": CASE_ENGINES,
                     "fp8_recipe": FP8_RECIPES, "expert_dispatch": EXPERT_DISPATCHES}
+
+# The model keys that name one of a few values, read as the training's are.
+MODEL_CHOICES = {"activation": ACTIVATIONS, "attention_type": ATTENTION_TYPES, "moe_router": ROUTERS,
+                 "normalization": NORMALIZATIONS, "position_embedding": POSITION_EMBEDDINGS}
 
 MODEL_KEYS = ("name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
               "ffn_hidden_size", "activation", "vocab_size", "tied_embeddings", "dropout", "head_dim",
@@ -315,7 +320,7 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
         name = read_str(src, "model.preset", section["preset"])
         presets = model_presets()
         # Case-insensitive, as GPU names are: "Llama3-8B" is llama3-8b.
-        name = next((p for p in presets if p.lower() == name.lower()), name)
+        name = canonical_choice(name, presets)
         if name not in presets:
             raise CaseError(src, "model.preset", f"unknown model preset {name!r}{closest(name, presets)}; "
                                                  f"expected one of {', '.join(presets)}")
@@ -362,7 +367,7 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
                                    maximum=MODEL_BOUNDS.get(key, MAX_MODEL_WIDTH))
     for key in ("activation", "attention_type", "moe_router"):
         if key in fields:
-            values[key] = read_str(src, f"model.{key}", fields[key])
+            values[key] = read_choice(src, f"model.{key}", fields[key], MODEL_CHOICES[key])
     if fields.get("moe_capacity_factor") is not None:
         values["moe_capacity_factor"] = read_figure(src, "model.moe_capacity_factor", fields["moe_capacity_factor"])
     # The router's weights scaled by up to 1,000 (DeepSeek-V2: 16); RoPE on at most the whole head.
@@ -373,7 +378,7 @@ def _model(src: str, section: Any, base: Path) -> ModelSpec:
         values["tied_embeddings"] = read_bool(src, "model.tied_embeddings", fields["tied_embeddings"])
     for key in ("normalization", "position_embedding"):
         if fields.get(key) is not None:
-            values[key] = read_str(src, f"model.{key}", fields[key])
+            values[key] = read_choice(src, f"model.{key}", fields[key], MODEL_CHOICES[key])
     if fields.get("rope_base") is not None:
         values["rope_base"] = read_number(src, "model.rope_base", fields["rope_base"], MAX_ROPE_BASE)
     for key in ("linear_bias", "qk_norm", "qk_l2_norm", "qkv_bias"):
@@ -453,7 +458,7 @@ def layout_from_mapping(src: str, section: Any, num_gpus: int, key: str = "layou
         if flag in section:
             values[flag] = read_bool(src, f"{key}.{flag}", section[flag])
     if "recompute" in section:
-        values["recompute"] = read_str(src, f"{key}.recompute", section["recompute"])
+        values["recompute"] = read_choice(src, f"{key}.recompute", section["recompute"], RECOMPUTE)
     if section.get("recompute_num_layers") is not None:
         values["recompute_num_layers"] = read_recompute_layers(src, f"{key}.recompute_num_layers",
                                                            section["recompute_num_layers"])

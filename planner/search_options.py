@@ -9,12 +9,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from cost_models.layout_spec import ZERO_STAGES
-from cost_models.specs import RECOMPUTE_MODULES, Layout, ModelSpec, SpecError, TrainingSpec
+from cost_models.specs import RECOMPUTE, RECOMPUTE_MODULES, Layout, ModelSpec, SpecError, TrainingSpec
 
 from .engines import EMITTING, ENGINES, Engine, EngineSupport
 from .engines.megatron import recompute_module_refusals
 from .errors import CaseError
-from .fields import describe, read_bool, read_int, read_mapping, read_number, read_recompute_layers, read_str
+from .fields import (canonical_choice, describe, read_bool, read_choice, read_int, read_mapping, read_number,
+                     read_recompute_layers, read_str)
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_HEADROOM, MAX_TOP_K
 
 PINNABLE = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel", "recompute",
@@ -63,9 +64,7 @@ def training_for_target(src: str, search: Any, training: TrainingSpec) -> Traini
     training.engine where that is ``any``, and contradicting it is an error."""
     if not isinstance(search, dict) or "target" not in search:
         return training
-    target = read_str(src, "search.target", search["target"])
-    if target not in ENGINES:
-        raise CaseError(src, "search.target", f"expected one of {', '.join(ENGINES)}, got {target!r}")
+    target = read_choice(src, "search.target", search["target"], tuple(ENGINES))
     if training.engine.name == "any":
         return replace(training, engine=ENGINES[target].behaviour)
     if target != training.engine.name:  # "any" too: it decides between engines, and one is named
@@ -204,8 +203,8 @@ def _pins(src: str, data: dict) -> dict[str, Any]:
             if not 0 <= pins[name] <= 1:
                 raise CaseError(src, key, f"expected a fraction in [0, 1], got {pins[name]}")
         elif name == "recompute":
-            pins[name] = read_str(src, key, data[name])
-            if pins[name] not in ("none", "selective", "full"):
+            pins[name] = canonical_choice(read_str(src, key, data[name]), RECOMPUTE)
+            if pins[name] not in RECOMPUTE:
                 raise CaseError(src, key, f"expected none, selective or full, got {pins[name]!r}")
         elif name == "recompute_modules":
             pins[name] = _modules(src, key, data[name])
@@ -230,11 +229,12 @@ def _pins(src: str, data: dict) -> dict[str, Any]:
 
 def read_module_names(src: str, key: str, value: Any) -> tuple[str, ...]:
     """A list of megatron-core module names (``layout.recompute_modules``, ``search.recompute_modules``)
-    as a tuple of strings; ``Layout`` checks the names themselves."""
+    as a tuple of strings, each in megatron-core's spelling where it names one in any letter case
+    (as the case's other choices read); ``Layout`` refuses the others."""
     if not isinstance(value, list):
         raise CaseError(src, key, f"expected a list of module names ({', '.join(RECOMPUTE_MODULES)}), "
                                   f"got {describe(value)}")
-    return tuple(read_str(src, key, m) for m in value)
+    return tuple(canonical_choice(read_str(src, key, m), RECOMPUTE_MODULES) for m in value)
 
 
 def _modules(src: str, key: str, value: Any) -> tuple[str, ...]:

@@ -71,3 +71,34 @@ def test_size_reads_the_precision_as_estimate_does():
     with pytest.raises(planner.CaseError) as refused:
         planner.size(case, 1e12)
     assert refused.value.key == "cluster.options[1]" and "cannot train in fp8" in refused.value.expected
+
+
+@pytest.mark.parametrize("key, spelled", [("activation", "SwiGLU"), ("attention_type", "GQA"), ("moe_router", "Softmax"),
+                                          ("normalization", "RMSNorm"), ("position_embedding", "RoPE")])
+def test_a_model_choice_in_any_letter_case_is_the_canonical_one(key, spelled):
+    # Mixtral's own: SwiGLU experts, grouped-query attention, a softmax router, RMSNorm, RoPE
+    canonical = planner.estimate(MOE)
+    read = planner.estimate(with_value(MOE, "model", key, spelled))
+    assert getattr(read.job.model, key) == spelled.lower()
+    assert (read.peak.total, read.step_time_s) == (canonical.peak.total, canonical.step_time_s)
+
+
+@pytest.mark.parametrize("layout", [{"recompute": "Full"}, {"recompute": "Selective", "recompute_modules": ["MoE_Act"]}])
+def test_a_layout_choice_in_any_letter_case_is_the_canonical_one(layout):
+    canonical = planner.estimate({**MOE, "layout": {**MOE["layout"], **{k: v.lower() if isinstance(v, str) else
+                                                                       [m.lower() for m in v] for k, v in layout.items()}}})
+    read = planner.estimate({**MOE, "layout": {**MOE["layout"], **layout}})
+    assert read.job.layout.recompute == layout["recompute"].lower()
+    assert read.job.layout.recompute_modules == (("moe_act",) if "recompute_modules" in layout else None)
+    assert (read.peak.total, read.step_time_s) == (canonical.peak.total, canonical.step_time_s)
+
+
+def test_the_search_section_reads_its_target_and_pins_in_any_letter_case():
+    from planner.case import load_case
+
+    case = {key: value for key, value in MOE.items() if key != "layout"}
+    case["training"] = {k: v for k, v in MOE["training"].items() if k != "engine"}
+    case["search"] = {"target": "Megatron", "recompute": "Selective", "recompute_modules": ["MoE_Act"]}
+    loaded = load_case(case)
+    assert loaded.training.engine.name == "megatron"
+    assert (loaded.search.pins["recompute"], loaded.search.pins["recompute_modules"]) == ("selective", ("moe_act",))
