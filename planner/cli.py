@@ -182,13 +182,18 @@ def plan_command(
                                                                  "300B, 2.5e12): say the days the pick takes."),
 ) -> None:
     """The fastest layout that fits, at the case's global batch, and its runners-up."""
+    from .case import CASE_ENGINES
     from .configs import EMITTERS as ENGINES, removed_notes, render
+    from .fields import canonical_choice
     from .files import Output, check_writable, write_all
     from .plan import plan, plan_options
 
     written: list[Path] = []
     notes: list[str] = []
     warned = _profile_warnings(case)
+    # --emit Megatron and --engine Megatron name megatron, as training.engine does: the files, the
+    # report and the notes say megatron.
+    emit, engine = canonical_choice(emit, ENGINES), canonical_choice(engine, CASE_ENGINES)
     try:
         plot = _file_option("--plot", plot)
         if emit is not None and emit not in ENGINES:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from cost_models.placement import stage_layers as stage_layers_of
-from cost_models.specs import Layout
+from cost_models.specs import RECOMPUTE, Layout
 
 # planner.emit is imported here, before planner/__init__ binds planner.emit to the function below:
 # imported later, the package would take the name.
@@ -22,7 +22,7 @@ from .emit import ENGINES as EMITTERS
 from .engines import ENGINES
 from .engines import READING as READERS
 from .errors import CaseError, api_argument, cli_flag
-from .fields import read_bool, read_int, read_path, read_str
+from .fields import canonical_choice, read_bool, read_int, read_path, read_str
 from .case import Case, spec_errors
 from .diagnose import Diagnosis
 from .estimate import Estimate, estimate_job
@@ -63,6 +63,7 @@ def render(result: Any, engine: str, source: Optional[str] = None,
     every file's header says so."""
     from .emit import provenance
 
+    engine = canonical_choice(engine, EMITTERS)  # "Megatron" is megatron, as a case's training.engine
     if not isinstance(engine, str) or engine not in EMITTERS:
         raise CaseError("emit", "engine", f"expected one of {', '.join(EMITTERS)}, got {engine!r}")
     estimate = _estimate_of(result)
@@ -137,6 +138,7 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
     (``read_config``, the argument)."""
     from .diagnose import read_job
 
+    engine = canonical_choice(engine, READERS)  # "DeepSpeed" is deepspeed, as a case's training.engine
     if not isinstance(engine, str) or engine not in READERS:
         raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
     path = read_path("read_config", "path", path)
@@ -154,6 +156,7 @@ def diagnose(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] =
     say what the config leaves unsaid (a ds_config states no recomputation) and how it was read."""
     from .diagnose import diagnose as diagnosed
 
+    engine = canonical_choice(engine, READERS)  # "DeepSpeed" is deepspeed, as a case's training.engine
     if not isinstance(engine, str) or engine not in READERS:
         raise CaseError("diagnose", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
     key = {"deepspeed": "config", "megatron": "megatron_args", "torchtitan": "torchtitan"}[engine]
@@ -174,7 +177,8 @@ def checked_options(pp: Any = None, tp: Any = None, micro_batch_size: Any = None
         if not isinstance(stage_layers, (list, tuple)) or not stage_layers:
             raise CaseError(*argument("stage_layers"), f"expected a list of layer counts, got {stage_layers!r}")
         stage_layers = tuple(read_int(*argument("stage_layers"), n, minimum=0) for n in stage_layers)
-    if recompute is not None and (not isinstance(recompute, str) or recompute not in ("none", "selective", "full")):
+    recompute = canonical_choice(recompute, RECOMPUTE)  # "Full" is full, as the case's layout.recompute
+    if recompute is not None and (not isinstance(recompute, str) or recompute not in RECOMPUTE):
         raise CaseError(*argument("recompute"), f"expected none, selective or full, got {recompute!r}")
     return {"pp": pp, "tp": tp, "micro_batch_size": micro_batch_size, "recompute": recompute, "ep": ep,
             "stage_layers": stage_layers}

@@ -139,14 +139,17 @@ def read_str(src: str, key: str, value: Any) -> str:
     return value
 
 
-def canonical_choice(text: str, choices: Iterable[str]) -> str:
-    """``text`` as the choice it names in any letter case, else ``text`` itself (for its reader's refusal).
+def canonical_choice(value: Any, choices: Iterable[str]) -> Any:
+    """``value`` as the choice it names in any letter case, else ``value`` itself (None, a number,
+    a string naming none: for its reader's refusal, which names the choices).
 
     An enumerated value reads as GPU and model preset names do: "BF16" from a Megatron log is bf16,
     "AdamW" from a paper adamw. What is read goes on in the canonical spelling, so the reports, the
-    JSON and the emitted files show one spelling whatever the case wrote."""
-    folded = text.casefold()
-    return next((choice for choice in choices if choice.casefold() == folded), text)
+    JSON and the emitted files show one spelling whatever the case (or option) wrote."""
+    if not isinstance(value, str):
+        return value
+    folded = value.casefold()
+    return next((choice for choice in choices if choice.casefold() == folded), value)
 
 
 def read_choice(src: str, key: str, value: Any, choices: tuple[str, ...]) -> str:

@@ -14,7 +14,7 @@ from .case import CASE_ENGINES, Case, check_batch_tokens, layout_to_mapping, loa
 from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
 from .errors import CaseError, one_line, safe_repr
-from .fields import read_bool
+from .fields import canonical_choice, read_bool
 from .fitted import other_fabric_notes
 from .estimate import Estimate, check_step_time, estimate_job
 from .search_memory import fit_tier
@@ -622,6 +622,8 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
     (`plan --engine`: ``"any"`` is plain PyTorch alone). The best is the robust pick
     (:func:`robust_choice`) unless ``fastest`` (the raw optimum) or ``simplest_within``. With ``tokens``
     (a count, or `size --tokens`'s "15.6T"), ``.days`` is how long the best takes to train on them."""
+    # The engines as a case names them, in any letter case ("Megatron" is megatron)
+    target, engine = canonical_choice(target, ENGINES), canonical_choice(engine, CASE_ENGINES)
     run_tokens = plan_options(top_k, simplest_within, target, engine=engine, tokens=tokens)
     if target is not None and engine is not None and target != engine:
         raise CaseError("plan", "target", f"{target!r} differs from engine {engine!r}, which replaces the case's "

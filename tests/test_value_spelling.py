@@ -102,3 +102,40 @@ def test_the_search_section_reads_its_target_and_pins_in_any_letter_case():
     loaded = load_case(case)
     assert loaded.training.engine.name == "megatron"
     assert (loaded.search.pins["recompute"], loaded.search.pins["recompute_modules"]) == ("selective", ("moe_act",))
+
+
+DENSE = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+         "training": {"global_batch_size": 64, "seq_len": 4096}}
+
+
+@pytest.mark.parametrize("option", ["engine", "target"])
+def test_plan_takes_its_engine_in_any_letter_case(option):
+    canonical = planner.plan(DENSE, top_k=0, **{option: "megatron"})
+    read = planner.plan(DENSE, top_k=0, **{option: "Megatron"})
+    assert read.best.job.training.engine.name == "megatron"
+    assert (read.best.job.layout, read.best.step_time_s) == (canonical.best.job.layout, canonical.best.step_time_s)
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+def test_emit_and_read_config_take_the_engine_and_recompute_in_any_letter_case(tmp_path: Path):
+    case = {**DENSE, "training": {**DENSE["training"], "engine": "deepspeed"}, "layout": {"zero_stage": 1}}
+    estimate = planner.estimate(case)
+    planner.emit(estimate, "deepspeed", tmp_path / "canonical", source="case")
+    planner.emit(estimate, "DeepSpeed", tmp_path / "spelled", source="case")
+    assert files_of(tmp_path / "spelled") == files_of(tmp_path / "canonical")  # the same engine's files
+    config = tmp_path / "canonical" / "ds_config.json"
+    read = planner.read_config(case, "DeepSpeed", config, recompute="Full")
+    assert read == planner.read_config(case, "deepspeed", config, recompute="full") and read.recompute == "full"
+
+
+def test_plan_cli_takes_engine_and_emit_in_any_letter_case(tmp_path: Path):
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(DENSE))
+    result = run_cli("plan", str(path), "--engine", "Megatron", "--emit", "Megatron", "--out", str(tmp_path / "run"),
+                     "--json", "--top", "0")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["best"]["training"]["engine"] == "megatron"
+    assert (tmp_path / "run" / "megatron_args.txt").is_file()
