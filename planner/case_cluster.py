@@ -7,13 +7,14 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from cost_models.hardware import GPU_VENDORS
 from cost_models.spec_checks import SpecError
-from cost_models.specs import ClusterSpec, FabricSpec, GPUSpec, HostSpec, Performance
+from cost_models.specs import BLOCK_SCALED_FORMATS, ClusterSpec, FabricSpec, GPUSpec, HostSpec, Performance
 
 from .case_errors import spec_errors
 from .errors import CaseError
-from .fields import (describe, read_bool, read_figure, read_file_path, read_for, read_int, read_mapping, read_number,
-                     read_price, read_str, read_time, read_unit, required)
+from .fields import (canonical_choice, describe, read_bool, read_choice, read_figure, read_file_path, read_for,
+                     read_int, read_mapping, read_number, read_price, read_str, read_time, read_unit, required)
 from .inputs import read_yaml
 from .limits import (MAX_COMPUTE_CAPABILITY_MAJOR, MAX_FABRIC_EFFICIENCY, MAX_GPUS,
                      MAX_PEAK_TFLOPS, MAX_SM_COUNT, MIN_FIGURE)
@@ -78,8 +79,9 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
             sm_count=read_int(src, f"{key}.sm_count", data["sm_count"], maximum=MAX_SM_COUNT) if "sm_count" in data
             else None,
             host=host_from_mapping(src, f"{key}.host", data["host"]) if "host" in data else None,
-            block_scaling=tuple(formats),
-            vendor=read_str(src, f"{key}.vendor", data["vendor"]) if "vendor" in data else "nvidia",
+            # NVIDIA writes MXFP8, NVFP4 and nvidia-smi NVIDIA: read as the case's other choices are
+            block_scaling=tuple(canonical_choice(f, BLOCK_SCALED_FORMATS) for f in formats),
+            vendor=read_choice(src, f"{key}.vendor", data["vendor"], GPU_VENDORS) if "vendor" in data else "nvidia",
             compute_capability_major=read_int(src, f"{key}.compute_capability_major", data["compute_capability_major"],
                                               maximum=MAX_COMPUTE_CAPABILITY_MAJOR)
             if "compute_capability_major" in data else None,
@@ -139,6 +141,7 @@ def _fabric(src: str, entry: Any, key: str) -> tuple[FabricSpec, Optional[float]
     """A fabric named by a preset, or given as a mapping."""
     if isinstance(entry, str):
         presets = fabric_presets()
+        entry = canonical_choice(entry, presets)  # "InfiniBand-NDR", as GPU presets read in any letter case
         if entry not in presets:
             raise CaseError(src, key, f"unknown fabric preset {entry!r}{closest(entry, presets)}; "
                                       f"expected one of {', '.join(presets)}")

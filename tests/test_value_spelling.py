@@ -139,3 +139,19 @@ def test_plan_cli_takes_engine_and_emit_in_any_letter_case(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["best"]["training"]["engine"] == "megatron"
     assert (tmp_path / "run" / "megatron_args.txt").is_file()
+
+
+def test_a_cluster_choice_in_any_letter_case_is_the_canonical_one():
+    """NVIDIA spells its formats MXFP8 and NVFP4 and nvidia-smi its vendor NVIDIA; fabrics are presets
+    named as GPU presets are, which read in any letter case."""
+    from planner.presets import gpu_presets
+
+    b200 = copy.deepcopy(gpu_presets()["b200"])
+    case = {**DENSE, "training": {**DENSE["training"], "precision": "mxfp8"}, "layout": {"zero_stage": 1}}
+    canonical = planner.estimate({**case, "cluster": {"gpu": b200, "num_gpus": 8, "fabric": "infiniband-ndr"}})
+    b200.update(vendor="NVIDIA", block_scaling=[f.upper() for f in b200["block_scaling"]])
+    read = planner.estimate({**case, "cluster": {"gpu": b200, "num_gpus": 8, "fabric": "InfiniBand-NDR"}})
+    gpu = read.job.cluster.gpu
+    assert gpu.vendor == "nvidia" and gpu.block_scaling == tuple(gpu_presets()["b200"]["block_scaling"])
+    assert read.job.cluster.fabric == canonical.job.cluster.fabric
+    assert (read.peak.total, read.step_time_s) == (canonical.peak.total, canonical.step_time_s)
