@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from cost_models.behaviour import EngineBehaviour
 from cost_models.job import dispatch_refusal
-from cost_models.quantization import FP8_RECIPES
+from cost_models.quantization import FP8_RECIPES, LOW_PRECISIONS
 from cost_models.specs import EXPERT_DISPATCHES, GPUSpec, Job, ModelSpec, TrainingSpec
 
 from planner.errors import CaseError
@@ -104,7 +104,11 @@ class EngineSupport:
     def recipe_refusals(self, training: TrainingSpec) -> list[tuple[str, str]]:
         """(key, reason) for a low-precision recipe the engine does not run."""
         out = []
-        if training.precision == "fp8" and training.fp8_recipe not in (None,) + self.fp8_recipes:
+        if training.precision in LOW_PRECISIONS and not self.fp8_recipes:
+            # An engine with no recipe at all (nanotron) runs no low precision: a recipe left unset
+            # would otherwise pass, priced with a recipe the engine does not have.
+            out.append(("training.precision", self.reason("fp8_recipe", f"runs no {training.precision} recipe")))
+        elif training.precision == "fp8" and training.fp8_recipe not in (None,) + self.fp8_recipes:
             out.append(("training.fp8_recipe", self.reason("fp8_recipe", "its fp8 recipes are")
                         + f" {', '.join(self.fp8_recipes)}, not {training.fp8_recipe}"))
         if training.expert_dispatch not in (None,) + self.expert_dispatches:

@@ -36,7 +36,9 @@ SUPPORT = EngineSupport(
          ("recompute", "nanotron recomputes whole layers (parallelism.recompute_layer) or none:"),
          ("partial_recompute", "nanotron's recompute_layer recomputes every layer"),
          ("expert_parallel", "the planner prices no nanotron mixture of experts"),
-         ("fp8_recipe", "the planner prices nanotron in bf16 only; its fp8 recipes are"),
+         ("fp8_recipe", "the planner prices nanotron in bf16 only, as the Playbook's sweep ran it: set "
+                        "training.precision bf16, or give the low-precision run to an engine that has its "
+                        "recipes (training.engine megatron or torchtitan)"),
          ("fp8_param_gather", "nanotron gathers bf16 weights"),
          ("pure_bf16", "nanotron keeps fp32 master weights"),
          ("compiled_loss", "nanotron's loss is its own sharded cross-entropy, not compiled"),

@@ -1,0 +1,62 @@
+"""A new user's cases for the `nanotron` engine: what it cannot run is refused in one line that
+says what it runs instead, and what it runs is priced as nanotron runs it (planner/engines/nanotron.py)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+import planner
+from cli_in_process import run_cli
+from planner.errors import CaseError
+
+# The Ultra-Scale Playbook's 3B (nanotron's scripts/scaling_benchmarks.py), on one node at pp 8.
+CASE = {"model": {"name": "playbook-3B", "num_layers": 28, "hidden_size": 3072, "num_attention_heads": 32,
+                  "ffn_hidden_size": 8192, "activation": "swiglu", "vocab_size": 131072, "tied_embeddings": True},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+        "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16", "engine": "nanotron"},
+        "layout": {"dp": 1, "tp": 1, "pp": 8, "micro_batch_size": 1, "zero_stage": 0, "recompute": "none"}}
+
+
+def case(training: dict = {}, layout: dict = {}, search: dict = None) -> dict:
+    out = copy.deepcopy(CASE)
+    out["training"].update(training)
+    out["layout"].update(layout)
+    if search is not None:
+        out["search"] = search
+    return out
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def one_line_error(done) -> str:
+    """The CLI's refusal: exit 2, one line on stderr, nothing on stdout."""
+    assert done.returncode == 2 and not done.stdout, (done.returncode, done.stdout)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("precision, gpu", [("fp8", "h100-sxm-80gb"), ("nvfp4", "b200")])
+def test_a_low_precision_is_refused_saying_what_runs_it(tmp_path, precision, gpu):
+    """nanotron's engine module lists no low-precision recipe (``fp8_recipes=()``: the Playbook's
+    sweep ran bf16). An fp8 case that left ``training.fp8_recipe`` unset was priced all the same
+    (at 2x the bf16 GEMM peak, with a recipe nanotron does not have): it is refused, naming the
+    precision, bf16, and the engines that run the recipes."""
+    low = case({"precision": precision})
+    low["cluster"]["gpu"] = gpu  # NVFP4's block-scaled tensor cores are Blackwell's
+    with pytest.raises(CaseError) as refused:
+        planner.estimate(low)
+    assert refused.value.key == "training.precision"
+    line = one_line_error(run_cli("estimate", str(write(tmp_path, low))))
+    assert "training.precision: nanotron cannot run it" in line
+    assert "bf16" in line and "megatron" in line
+    # and plan never prices it either
+    assert "training.precision: nanotron cannot run it" in one_line_error(run_cli("plan", str(write(tmp_path, low))))
