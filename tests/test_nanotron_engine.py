@@ -60,3 +60,23 @@ def test_a_low_precision_is_refused_saying_what_runs_it(tmp_path, precision, gpu
     assert "bf16" in line and "megatron" in line
     # and plan never prices it either
     assert "training.precision: nanotron cannot run it" in one_line_error(run_cli("plan", str(write(tmp_path, low))))
+
+
+@pytest.mark.parametrize("layout, key, instead", [
+    # parallelism.recompute_layer recomputes every layer or none
+    ({"recompute": "selective"}, "layout.recompute", "recompute full or none"),
+    # nanotron's config has no offload: its optimizer shards with optimizer.zero_stage 1 alone
+    ({"offload_optimizer": 1.0}, "layout.offload_optimizer", "zero_stage 1"),
+    ({"pp": 1, "dp": 8, "offload_activations": 1}, "layout.offload_activations", "recompute full"),
+    # its pipeline engines, OneForwardOneBackward and AllForwardAllBackward, have no virtual stages
+    ({"vpp": 2}, "layout.vpp", "vpp 1"),
+    # ParallelismArgs has dp, tp, pp (and expert_parallel_size) only
+    ({"cp": 2, "pp": 4}, "layout.cp", "cp 1"),
+])
+def test_a_refusal_says_what_nanotron_runs_instead(tmp_path, layout, key, instead):
+    """Each refusal ends in the choice nanotron offers (a selective recomputation was refused with
+    "recomputes whole layers or none:" and nothing after the colon; an offload with "cannot offload
+    the optimizer"), so the user can change the case and rerun."""
+    line = one_line_error(run_cli("estimate", str(write(tmp_path, case(layout=layout)))))
+    assert f"{key}: nanotron cannot run it: " in line and instead in line
+    assert not line.endswith(":")

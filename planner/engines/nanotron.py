@@ -31,11 +31,20 @@ SUPPORT = EngineSupport(
     fused_attention=(False,),
     why=(("zero_stages", "nanotron's optimizer.zero_stage is 0 or 1"),
          ("max_zero_with_pp", "nanotron's optimizer.zero_stage is 0 or 1"),
-         ("interleaving", "nanotron's pipeline engines are 1F1B and AFAB, without interleaving"),
-         ("context_parallel", "nanotron has no context parallelism"),
-         ("recompute", "nanotron recomputes whole layers (parallelism.recompute_layer) or none:"),
+         ("interleaving", "nanotron's pipeline engines are 1F1B and AFAB, without interleaving: vpp 1"),
+         ("context_parallel", "nanotron has no context parallelism: cp 1, with tp and sequence_parallel (its "
+                              "tp_mode REDUCE_SCATTER) or recompute full to hold a long sequence's activations; "
+                              "megatron and torchtitan run cp"),
+         ("recompute", "nanotron recomputes whole layers (parallelism.recompute_layer) or none: recompute "
+                       "full or none"),
          ("partial_recompute", "nanotron's recompute_layer recomputes every layer"),
          ("expert_parallel", "the planner prices no nanotron mixture of experts"),
+         # nanotron keeps everything on the GPU: what frees memory there instead.
+         ("optimizer_offload", "nanotron keeps the optimizer on the GPU (no offload): shard its states with "
+                               "zero_stage 1, or free activations with recompute full"),
+         ("param_offload", "nanotron keeps the parameters on the GPU (no offload): split them with tp or pp"),
+         ("activation_offload", "nanotron keeps the activations on the GPU (no offload): recompute full frees "
+                                "them"),
          ("fp8_recipe", "the planner prices nanotron in bf16 only, as the Playbook's sweep ran it: set "
                         "training.precision bf16, or give the low-precision run to an engine that has its "
                         "recipes (training.engine megatron or torchtitan)"),
