@@ -183,7 +183,7 @@ def plan_command(
 ) -> None:
     """The fastest layout that fits, at the case's global batch, and its runners-up."""
     from .case import CASE_ENGINES
-    from .configs import EMITTERS as ENGINES, removed_notes, render
+    from .configs import EMITTERS as ENGINES, removed_notes, render, unwritten_engine
     from .fields import canonical_choice
     from .files import Output, check_writable, write_all
     from .plan import plan, plan_options
@@ -193,11 +193,11 @@ def plan_command(
     warned = _profile_warnings(case)
     # --emit Megatron and --engine Megatron name megatron, as training.engine does: the files, the
     # report and the notes say megatron.
-    emit, engine = canonical_choice(emit, ENGINES), canonical_choice(engine, CASE_ENGINES)
+    emit, engine = canonical_choice(emit, CASE_ENGINES), canonical_choice(engine, CASE_ENGINES)
     try:
         plot = _file_option("--plot", plot)
         if emit is not None and emit not in ENGINES:
-            raise CaseError("--emit", emit, f"expected one of {', '.join(ENGINES)}")
+            raise CaseError("--emit", "", unwritten_engine(emit, ENGINES))
         if emit is not None and out is None:
             raise CaseError("--out", "", "--emit needs --out DIR")
         if out is not None and not out.strip():

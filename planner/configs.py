@@ -37,6 +37,22 @@ class Emitted:
     notes: tuple[str, ...]
 
 
+def unwritten_engine(engine: Any, kinds: tuple[str, ...], reading: bool = False) -> str:
+    """What an engine name outside ``kinds`` (those the planner writes files for, or reads configs
+    of, with ``reading``) was expected to be. An engine the planner prices but writes no files for
+    (nanotron, plain PyTorch) was answered with the list alone, as if its name were a typo: it is
+    told what the planner does for it instead."""
+    text = f"expected one of {', '.join(kinds)}, got {engine!r}"
+    if not isinstance(engine, str) or engine not in ENGINES:
+        return text
+    title = ENGINES[engine].title or engine
+    if reading:
+        return (f"{text}: the planner reads no {title} config; state the layout it runs in the case's layout "
+                f"section (training.engine {engine}) and run `estimate` on it")
+    return (f"{text}: the planner prices {title} but writes no files for it; `plan --engine {engine}` "
+            f"(the API's engine={engine!r}) prints the layout to set in {title}'s config by hand")
+
+
 def _estimate_of(result: Any) -> Estimate:
     """The layout to write: an Estimate as it is, a Plan's best (a plan where nothing fits has none)."""
     if isinstance(result, Estimate):
@@ -63,9 +79,9 @@ def render(result: Any, engine: str, source: Optional[str] = None,
     every file's header says so."""
     from .emit import provenance
 
-    engine = canonical_choice(engine, EMITTERS)  # "Megatron" is megatron, as a case's training.engine
+    engine = canonical_choice(engine, tuple(ENGINES))  # "Megatron" is megatron, as a case's training.engine
     if not isinstance(engine, str) or engine not in EMITTERS:
-        raise CaseError("emit", "engine", f"expected one of {', '.join(EMITTERS)}, got {engine!r}")
+        raise CaseError("emit", "engine", unwritten_engine(engine, EMITTERS))
     estimate = _estimate_of(result)
     planned_for = estimate.job.training.engine.name
     if planned_for not in ("any", engine):
@@ -138,9 +154,9 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
     (``read_config``, the argument)."""
     from .diagnose import read_job
 
-    engine = canonical_choice(engine, READERS)  # "DeepSpeed" is deepspeed, as a case's training.engine
+    engine = canonical_choice(engine, tuple(ENGINES))  # "DeepSpeed" is deepspeed, as a case's training.engine
     if not isinstance(engine, str) or engine not in READERS:
-        raise CaseError("read_config", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
+        raise CaseError("read_config", "engine", unwritten_engine(engine, READERS, reading=True))
     path = read_path("read_config", "path", path)
     # As `diagnose` reads it, every refusal of it included (its misspelled keys, values DeepSpeed refuses,
     # a layout the case's model cannot run): a config the CLI refused was read here.
@@ -156,9 +172,9 @@ def diagnose(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] =
     say what the config leaves unsaid (a ds_config states no recomputation) and how it was read."""
     from .diagnose import diagnose as diagnosed
 
-    engine = canonical_choice(engine, READERS)  # "DeepSpeed" is deepspeed, as a case's training.engine
+    engine = canonical_choice(engine, tuple(ENGINES))  # "DeepSpeed" is deepspeed, as a case's training.engine
     if not isinstance(engine, str) or engine not in READERS:
-        raise CaseError("diagnose", "engine", f"expected one of {', '.join(READERS)}, got {engine!r}")
+        raise CaseError("diagnose", "engine", unwritten_engine(engine, READERS, reading=True))
     key = {"deepspeed": "config", "megatron": "megatron_args", "torchtitan": "torchtitan"}[engine]
     return diagnosed(case, pp=pp, tp=tp, micro_batch_size=micro_batch_size, recompute=recompute, ep=ep,
                      stage_layers=stage_layers, argument=api_argument("diagnose"),

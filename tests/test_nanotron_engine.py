@@ -80,3 +80,20 @@ def test_a_refusal_says_what_nanotron_runs_instead(tmp_path, layout, key, instea
     line = one_line_error(run_cli("estimate", str(write(tmp_path, case(layout=layout)))))
     assert f"{key}: nanotron cannot run it: " in line and instead in line
     assert not line.endswith(":")
+
+
+def test_emit_and_read_config_of_nanotron_say_the_planner_writes_and_reads_none(tmp_path):
+    """nanotron has no emitter and no reader (``Engine.emitter``, ``Engine.reader`` unset): `--emit
+    nanotron` was answered "expected one of deepspeed, megatron, torchtitan", as if the name were a
+    typo of an engine it does not know. It is told that nanotron is priced, and where its layout is."""
+    path = write(tmp_path, case())
+    line = one_line_error(run_cli("plan", str(path), "--emit", "nanotron", "--out", str(tmp_path / "o")))
+    assert "writes no files for it" in line and "plan --engine nanotron" in line
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(CaseError, match="writes no files for it"):
+        planner.emit(planner.estimate(case()), "nanotron", tmp_path / "o")
+    with pytest.raises(CaseError, match="reads no nanotron config.*`estimate`"):
+        planner.read_config(case(), "nanotron", tmp_path / "config.yaml")
+    # a name the planner does not know at all is answered with the list alone
+    assert one_line_error(run_cli("plan", str(path), "--emit", "slurm", "--out", str(tmp_path / "o"))).endswith(
+        "expected one of deepspeed, megatron, torchtitan, got 'slurm'")
