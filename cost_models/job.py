@@ -216,7 +216,7 @@ class Job:
     def chunk_layers(self) -> Optional[tuple[int, ...]]:
         """Layers of each model chunk in model order, where not each rank's split evenly
         (:func:`placement.chunk_layers`)."""
-        return placement.chunk_layers(self.model, self.layout)
+        return placement.chunk_layers(self.model, self.training, self.layout)
 
     @property
     def model_chunk_layers(self) -> tuple[int, ...]:

@@ -16,17 +16,22 @@ from .training_spec import TrainingSpec
 
 def stage_layers(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[int, ...]:
     """Layers of each pipeline stage: the layout's, else the engine's own split
-    (:func:`partition.default_partition`)."""
-    if layout.stage_layers is not None:
+    (:func:`partition.default_partition`), which an engine that takes no split (nanotron) runs
+    whatever the layout says: ``planner.case`` drops a stated ``stage_layers``, but ``chunk_layers``
+    sets it again."""
+    if layout.stage_layers is not None and not training.engine.splits_by_block_cost:
         return layout.stage_layers
     return partition.default_partition(model, training, layout)
 
 
-def chunk_layers(model: ModelSpec, layout: Layout) -> Optional[tuple[int, ...]]:
+def chunk_layers(model: ModelSpec, training: TrainingSpec, layout: Layout) -> Optional[tuple[int, ...]]:
     """Layers of each model chunk in model order where they are not each rank's layers split
-    evenly (:func:`partition.chunk_layers`): the layout's own, else the engine's uneven
-    interleaved split (:func:`partition.default_chunk_layers`); None otherwise."""
-    return layout.chunk_layers if layout.chunk_layers is not None else partition.default_chunk_layers(model, layout)
+    evenly (:func:`partition.chunk_layers`): the layout's own, unless the engine cuts its stages
+    itself (:func:`stage_layers`), else the engine's uneven interleaved split
+    (:func:`partition.default_chunk_layers`); None otherwise."""
+    if layout.chunk_layers is not None and not training.engine.splits_by_block_cost:
+        return layout.chunk_layers
+    return partition.default_chunk_layers(model, layout)
 
 
 def rank_chunk_layers(stages: tuple[int, ...], chunks: Optional[tuple[int, ...]], layout: Layout,

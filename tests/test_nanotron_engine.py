@@ -97,3 +97,20 @@ def test_emit_and_read_config_of_nanotron_say_the_planner_writes_and_reads_none(
     # a name the planner does not know at all is answered with the list alone
     assert one_line_error(run_cli("plan", str(path), "--emit", "slurm", "--out", str(tmp_path / "o"))).endswith(
         "expected one of deepspeed, megatron, torchtitan, got 'slurm'")
+
+
+def test_a_split_stated_as_chunk_layers_is_priced_as_nanotron_cuts_it_and_said():
+    """``chunk_layers`` sets ``stage_layers`` (without interleaving, the same split), so a case that
+    stated the Playbook 3B's even split that way escaped the rule that nanotron cuts its own stages
+    (``build_model``: four layers on each of the first seven ranks, the LM head alone on the last):
+    it was priced at the stated split, a third slower, and said nothing. Now it prices as the case
+    with no split, and the note names the key it gave."""
+    even = [3, 4, 4, 4, 4, 3, 3, 3]
+    stated, own = case(layout={"chunk_layers": even}), case()
+    assert planner.estimate(stated).step_time_s == planner.estimate(own).step_time_s
+    notes = planner.estimate(stated).notes
+    assert any(f"layout.chunk_layers {even} is not a split nanotron runs" in n and "[4, 4, 4, 4, 4, 4, 4, 0]" in n
+               for n in notes), notes
+    # an engine that takes a split still runs the stated one
+    assert planner.estimate(case({"engine": "any"}, {"chunk_layers": even})).step_time_s \
+        > 1.3 * planner.estimate(own).step_time_s
