@@ -180,6 +180,13 @@ class Estimate:
         emitted arguments say, and what a launcher or a later case can take as is."""
         section = layout_to_mapping(self.job.layout)
         lay, job = self.job.layout, self.job
+        if job.training.engine.splits_by_block_cost:
+            # The split such an engine (nanotron) runs is its own, whatever the case stated: said as
+            # the report says it, and which a later case may give back without a note.
+            section.pop("chunk_layers", None)
+            section.pop("stage_layers", None)
+            if lay.pp > 1:
+                section["stage_layers"] = list(job.stage_layers)
         if lay.recompute == "selective" and lay.recompute_modules is None \
                 and job.training.engine.selective == "attention":
             modules = selective_modules(job.model, job.training, lay)

@@ -4,6 +4,7 @@ says what it runs instead, and what it runs is priced as nanotron runs it (plann
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,18 @@ def test_a_split_stated_as_chunk_layers_is_priced_as_nanotron_cuts_it_and_said()
     # an engine that takes a split still runs the stated one
     assert planner.estimate(case({"engine": "any"}, {"chunk_layers": even})).step_time_s \
         > 1.3 * planner.estimate(own).step_time_s
+
+
+def test_the_json_layout_is_the_split_nanotron_runs(tmp_path):
+    """The report says "layers per stage 4×7, 0" (nanotron's ``build_model`` split of the 3B over 8
+    ranks); `estimate --json`'s layout, "the layout as a case file gives it", said nothing of it for a
+    case that stated none, and the stated split nanotron does not run for one that did. It now holds
+    the split priced, which a later case may give back without a note."""
+    own = [4] * 7 + [0]
+    for layout in ({}, {"stage_layers": [3, 4, 4, 4, 4, 3, 3, 3]}, {"chunk_layers": [3, 4, 4, 4, 4, 3, 3, 3]}):
+        done = run_cli("estimate", str(write(tmp_path, case(layout=layout))), "--json")
+        assert done.returncode == 0, done.stderr
+        section = json.loads(done.stdout)["layout"]
+        assert section["stage_layers"] == own and "chunk_layers" not in section
+        again = case(layout={"stage_layers": section["stage_layers"]})
+        assert not planner.estimate(again).notes
