@@ -109,6 +109,15 @@ class Job:
                 raise SpecError(s, "chunk_layers", "the last model chunk holds no decoder layer: only a model with "
                                                    "multi-token prediction layers (mtp_layers) may end in a chunk "
                                                    "of its MTP layers and loss alone")
+        elif self.training.engine.splits_by_block_cost:
+            # nanotron's own split, which leaves ranks empty (the Playbook ran 28 layers on 32 ranks),
+            # and which Megatron's flags do not move: refused by name, not as a split that must divide.
+            flag = next((f for f in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+                         if getattr(lay, f)), None)
+            if flag is not None:
+                raise SpecError(s, flag, f"{self.training.engine.name} has no such flag: it cuts its stages itself, "
+                                         "by the blocks' running cost (nanotron/models/base.py, build_model), the "
+                                         "embedding and LM head weighed in; drop it")
         elif lay.account_for_embedding_in_pipeline_split or lay.account_for_loss_in_pipeline_split:
             units = m.num_layers + lay.account_for_embedding_in_pipeline_split + lay.account_for_loss_in_pipeline_split
             if units % (lay.pp * lay.vpp):
@@ -116,8 +125,6 @@ class Job:
                                                              ("loss", lay.account_for_loss_in_pipeline_split)) if on)
                 raise SpecError(s, "pp", f"num_layers {m.num_layers} with the {counted} counted ({units}) "
                                          f"must divide by pp·vpp = {lay.pp * lay.vpp}")
-        elif self.training.engine.splits_by_block_cost:
-            pass  # nanotron's own split, which leaves ranks empty (the Playbook ran 28 layers on 32 ranks)
         elif self.training.engine.balance_stages and lay.vpp == 1:  # balanced split (cost_models.partition)
             if m.num_layers < lay.pp - 2:
                 raise SpecError(s, "pp", f"num_layers {m.num_layers} cannot fill pp {lay.pp} stages")

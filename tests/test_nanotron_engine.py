@@ -130,3 +130,14 @@ def test_the_json_layout_is_the_split_nanotron_runs(tmp_path):
         assert section["stage_layers"] == own and "chunk_layers" not in section
         again = case(layout={"stage_layers": section["stage_layers"]})
         assert not planner.estimate(again).notes
+
+
+@pytest.mark.parametrize("flag", ["account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"])
+def test_megatrons_split_flags_are_refused_by_name(tmp_path, flag):
+    """The account-for flags are Megatron's (--account-for-embedding-in-pipeline-split); nanotron has
+    none, and cuts its stages by block cost. With 28 layers at pp 8 the flag was refused as "num_layers
+    28 with the embedding counted (29) must divide by pp·vpp = 8", naming pp for a flag nanotron
+    never reads; where the count divided (both flags, 30, at pp 2) it was ignored without a word
+    (``partition.default_partition`` cuts nanotron's split first). It is refused by its own name."""
+    line = one_line_error(run_cli("estimate", str(write(tmp_path, case(layout={flag: True})))))
+    assert f"layout.{flag}: nanotron has no such flag" in line and "drop it" in line
