@@ -94,11 +94,22 @@ def retarget(src: str, spec: SearchSpec, training: TrainingSpec, target: Optiona
 
 
 def check_pins_for_engine(src: str, spec: SearchSpec) -> None:
-    """A pinned offload the engine does not run is the case's error, as `estimate` refuses the layout:
-    the search would otherwise find no layout that holds the pin and answer that nothing fits."""
+    """A pinned choice the engine does not run (a cp, vpp, ZeRO stage, recomputation or offload) is
+    the case's error with the engine's reason, as `estimate` refuses the layout: the search would
+    otherwise find no layout that holds the pin and say only that none meets it."""
     if spec.target == "any":
         return
     pins, support = spec.pins, ENGINES[spec.target].support
+    # Unpinned degrees at what every engine runs with any pin (one GPU's worth, its first sequence-
+    # parallel and recompute choices, its largest ZeRO stage: the one that shards cp's states), so a
+    # refusal of a pinned key is the pin's alone, or two pins' together.
+    degrees = {"tp": pins.get("tp", 1), "pp": pins.get("pp", 1), "cp": pins.get("cp", 1), "vpp": pins.get("vpp", 1),
+               "zero_stage": pins.get("zero_stage", max(support.zero_stages)),
+               "sequence_parallel": pins.get("sequence_parallel", support.sequence_parallel[0]),
+               "recompute": pins.get("recompute", support.recompute[0])}
+    for key, why in support.refusals(**degrees):
+        if key in pins:
+            raise CaseError(src, f"search.{key}", f"{spec.target} cannot run it: {why}")
     # An unpinned ZeRO stage is the search's to choose: any the engine offloads the optimizer with.
     zero = pins.get("zero_stage", 3 if pins.get("offload_params") or not support.optimizer_offload_zero
                     else max(support.optimizer_offload_zero))

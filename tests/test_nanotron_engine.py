@@ -141,3 +141,17 @@ def test_megatrons_split_flags_are_refused_by_name(tmp_path, flag):
     (``partition.default_partition`` cuts nanotron's split first). It is refused by its own name."""
     line = one_line_error(run_cli("estimate", str(write(tmp_path, case(layout={flag: True})))))
     assert f"layout.{flag}: nanotron has no such flag" in line and "drop it" in line
+
+
+@pytest.mark.parametrize("pin, instead", [({"cp": 2}, "cp 1"), ({"vpp": 2}, "vpp 1"),
+                                          ({"zero_stage": 3}, "0 or 1"), ({"recompute": "selective"}, "full or none")])
+def test_a_pin_nanotron_cannot_run_is_refused_with_its_reason(tmp_path, pin, instead):
+    """A search section pinning what nanotron has not (``planner/engines/nanotron.py``) was answered
+    "no nanotron layout of 8 GPUs ... meets the search section's cp, though some layout runs without
+    them": no word of why. As `estimate` refuses the layout, `plan` refuses the pin, with nanotron's
+    reason and what it runs instead (a pinned offload already was)."""
+    data = case(search=pin)
+    del data["layout"]
+    key = next(iter(pin))
+    line = one_line_error(run_cli("plan", str(write(tmp_path, data))))
+    assert f"search.{key}: nanotron cannot run it: " in line and instead in line
