@@ -155,3 +155,15 @@ def test_a_pin_nanotron_cannot_run_is_refused_with_its_reason(tmp_path, pin, ins
     key = next(iter(pin))
     line = one_line_error(run_cli("plan", str(write(tmp_path, data))))
     assert f"search.{key}: nanotron cannot run it: " in line and instead in line
+
+
+def test_a_mixture_of_experts_is_refused_as_the_engine_module_says(tmp_path):
+    """nanotron's engine module says "the planner prices no nanotron mixture of experts" (its fitted
+    runs, the Playbook's sweep, are dense), but refused only ep > 1: Mixtral 8x7B at ep 1 was
+    planned and priced "as nanotron runs it". The model is refused, naming the engines that run it."""
+    moe = {"model": {"preset": "mixtral-8x7b", "moe_load_imbalance": 1}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+           "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "nanotron"}}
+    for command in ("plan", "estimate"):
+        data = moe if command == "plan" else {**moe, "layout": {"dp": 8, "tp": 8, "zero_stage": 1, "recompute": "full"}}
+        line = one_line_error(run_cli(command, str(write(tmp_path, data))))
+        assert "model.num_experts: nanotron cannot run it" in line and "megatron" in line

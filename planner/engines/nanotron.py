@@ -21,6 +21,7 @@ Playbook's sweep (1,265 layouts on 1-64 nodes of 8 H100s over EFA) measured it.
 from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
+from cost_models.specs import ModelSpec
 
 from .base import Engine, EngineSupport
 
@@ -60,4 +61,16 @@ BEHAVIOUR = EngineBehaviour(
     splits_by_block_cost=True, pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3, cross_domain_tp_rank_s=0.06e-3,
 )
 
-ENGINE = Engine("nanotron", SUPPORT, BEHAVIOUR, title="nanotron")
+
+
+def model_rules(model: ModelSpec) -> list[tuple[str, str]]:
+    """A mixture of experts: SUPPORT says the planner prices none under nanotron, yet only ep > 1 was
+    refused, so a Mixtral case planned at ep 1 was priced "as nanotron runs it"."""
+    if model.is_moe:
+        return [("model.num_experts", f"{SUPPORT.reason('expert_parallel', '')} (the runs it is fitted on, "
+                                      "the Playbook's sweep, are dense): plan a mixture of experts for megatron, "
+                                      "torchtitan or deepspeed (training.engine)")]
+    return []
+
+
+ENGINE = Engine("nanotron", SUPPORT, BEHAVIOUR, title="nanotron", model_rules=model_rules)
