@@ -334,8 +334,8 @@ class EngineBehaviour:
     # does (``cost_models.partition``).
     balance_stages: bool = True
     # The engine takes no split: it cuts the layers by their running cost as nanotron's build_model
-    # does (``partition.block_cost_partition``), whatever a layout says (``planner.case`` drops a
-    # stated one with a note).
+    # does (``partition.block_cost_partition``), whatever a layout says (``placement.stage_layers``;
+    # ``planner.plan.own_split_note`` says so).
     splits_by_block_cost: bool = False
     # With the whole optimizer offloaded and gradients sharded (ZeRO ≥ 2), the reduced gradient
     # shards go straight to host buffers (DeepSpeed ``stage_1_and_2.py`` with cpu_offload), so

@@ -17,8 +17,8 @@ from .training_spec import TrainingSpec
 def stage_layers(model: ModelSpec, training: TrainingSpec, layout: Layout) -> tuple[int, ...]:
     """Layers of each pipeline stage: the layout's, else the engine's own split
     (:func:`partition.default_partition`), which an engine that takes no split (nanotron) runs
-    whatever the layout says: ``planner.case`` drops a stated ``stage_layers``, but ``chunk_layers``
-    sets it again."""
+    whatever the layout says (``stage_layers`` or ``chunk_layers``, which sets it; ``Job`` still
+    checks a stated one, and ``planner.plan.own_split_note`` says it is not the one priced)."""
     if layout.stage_layers is not None and not training.engine.splits_by_block_cost:
         return layout.stage_layers
     return partition.default_partition(model, training, layout)

@@ -278,8 +278,6 @@ def build_case(data: Any, src: str, base: Path, cluster: Optional[ClusterSpec] =
     overheads = _overheads(src, data.get("overheads", {}), _overheads(profile[0], profile[1].get("overheads"))
                            if profile else Overheads())
     layout = layout_from_mapping(src, data["layout"], cluster.num_gpus) if data.get("layout") is not None else None
-    if layout is not None and layout.stage_layers is not None and training.engine.splits_by_block_cost:
-        layout = layout.with_changes(stage_layers=None)  # the engine cuts its own (plan.own_split_note says so)
     search = read_search(src, data.get("search"), training, model)  # a bad search key fails `estimate` as `plan`
     fitted = read_fitted(profile[0], profile[1].get("fitted")) if profile else None
     check_fitted_figures_kept(src, cluster_key, entry_of(data["cluster"]), fitted)

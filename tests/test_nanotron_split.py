@@ -80,3 +80,10 @@ def test_the_search_scores_nanotrons_split_alone():
     loaded = load_case(case())
     splits = _engine_splits(loaded.model, loaded.training, ENGINES["nanotron"].support, 8, loaded.cluster.gpu)
     assert [layers for _, layers, _ in splits] == [(4,) * 7 + (0,)]
+
+
+def test_a_stated_split_is_still_checked_against_the_model():
+    """A split nanotron does not run is priced as nanotron's, but one that does not add up to the
+    model's 28 layers is a mistake in the case, refused as for any engine."""
+    with pytest.raises(planner.CaseError, match="stage_layers: must sum to num_layers 28, got 32"):
+        planner.estimate(case([4] * 8))
