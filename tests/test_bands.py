@@ -331,13 +331,14 @@ def test_an_engine_within_the_margin_is_found_by_the_search_that_stops_at_it():
 def test_an_engine_the_pins_leave_no_layout_says_so_when_no_engine_is_named():
     """DeepSpeed cannot interleave: with pp 2 and vpp 2 pinned and no engine named, its entry said
     "nothing fits" once an engine that cannot be picked was planned for its fastest alone; alone,
-    it is the case's refusal naming search."""
+    it is the case's refusal naming the pin and the engine's reason."""
     case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
             "training": {"global_batch_size": 128, "seq_len": 4096, "precision": "bf16"},
             "search": {"pp": 2, "vpp": 2}}
     engines = planner.plan(case, top_k=0).to_dict()["engines"]
-    assert engines["deepspeed"]["why_not"].startswith("search: no deepspeed layout of 16 GPUs")
-    with pytest.raises(planner.CaseError, match="search: no deepspeed layout of 16 GPUs"):
+    reason = "search.vpp: deepspeed cannot run it: DeepSpeed's pipeline engine has no interleaved schedule"
+    assert engines["deepspeed"]["why_not"].startswith(reason)
+    with pytest.raises(planner.CaseError, match=reason):
         planner.plan(case, engine="deepspeed")
 
 
