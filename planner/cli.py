@@ -133,7 +133,10 @@ def estimate_command(
         _fail(error)
     _say(warned)
     if as_json:
-        print(json.dumps(est.to_dict(), indent=2))
+        # The notes said on stderr, under `notes` as plan --json and size --json carry theirs: a tool
+        # reading the JSON alone lost them (nanotron's own stage split, unstated MoE routing). Beside
+        # Estimate.to_dict, which the API keeps without them (an estimate inside a plan has none).
+        print(json.dumps({**est.to_dict(), "notes": list(est.notes)}, indent=2))
     else:
         from .report import print_estimate
 

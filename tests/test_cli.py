@@ -38,7 +38,8 @@ def test_json_equals_the_python_api_and_memory_terms_add_up_to_the_peak(tmp_path
     result = cli("estimate", str(EXAMPLE), "--json")
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
-    assert printed == json.loads(json.dumps(planner.estimate(EXAMPLE).to_dict()))
+    said = planner.estimate(EXAMPLE)
+    assert printed == json.loads(json.dumps({**said.to_dict(), "notes": list(said.notes)}))
     memory = printed["memory"]
     assert set(memory["by_term"]) == set(TERMS)
     assert sum(memory["by_term"].values()) == pytest.approx(memory["peak_bytes"], abs=5)
@@ -172,6 +173,30 @@ def test_plan_json_carries_every_note_the_command_says(tmp_path):
     said = [line.removeprefix("note: ") for line in result.stderr.splitlines() if line.startswith("note: ")]
     assert any(line.startswith("--plot: nothing fits") for line in said)
     assert json.loads(result.stdout)["notes"] == said
+
+
+PLAYBOOK_3B = {"name": "playbook-3B", "num_layers": 28, "hidden_size": 3072, "num_attention_heads": 32,
+               "ffn_hidden_size": 8192, "activation": "swiglu", "vocab_size": 131072, "tied_embeddings": True}
+
+
+def test_estimate_json_carries_the_notes_the_command_says(tmp_path):
+    """`estimate --json` printed no notes where `plan --json` and `size --json` carry theirs: a script
+    reading its JSON was not told that nanotron runs another split than the case states. nanotron cuts
+    the Playbook's 3B over 8 ranks as [4 × 7, 0] (nanotron/models/base.py, build_model: a layer is
+    113.2 M of running cost, the LM head 402.7 M, 3.6 layers), whatever the case says; a case naming no
+    engine is priced as plain PyTorch runs it, and says so."""
+    layout = {"dp": 1, "tp": 1, "pp": 8, "micro_batch_size": 1, "zero_stage": 0, "recompute": "none",
+              "stage_layers": [3, 4, 4, 4, 4, 3, 3, 3]}
+    case = {"model": PLAYBOOK_3B, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16", "engine": "nanotron"},
+            "layout": layout}
+    for training, said_of in ((case["training"], "[4, 4, 4, 4, 4, 4, 4, 0]: priced with that split"),
+                              ({**case["training"], "engine": "any"}, "training.engine is unset (or any)")):
+        result = cli("estimate", str(write(tmp_path, {**case, "training": training})), "--json")
+        assert result.returncode == 0, result.stderr
+        said = [line.removeprefix("note: ") for line in result.stderr.splitlines() if line.startswith("note: ")]
+        assert len(said) == 1 and said_of in said[0]
+        assert json.loads(result.stdout)["notes"] == said
 
 
 def test_the_cli_plans_without_numpy_or_pandas_and_as_the_api_does(tmp_path):
