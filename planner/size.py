@@ -284,6 +284,13 @@ class Sizing:
             "objective": self.objective, "tokens": self.tokens, "deadline_days": self.deadline_days,
             "status": self.status, "solver_status": self.solver_status, "spend": self.spend, "notes": list(self.notes),
             "front": front, "knee": self.knee_index, "spend_bound": self.spend_bound,
+            # What the report says beside the answer, which a tool reading the JSON was not told: the most
+            # GPUs of the knee's type the limits allow, as gpus_paid counts them (a knee short of it holds no
+            # limit binding), and by a deadline the other sizes that meet it though beaten, so not listed
+            # (no alternatives is not "no other size meets it").
+            "knee_limit": None if self.knee is None or self.knee_limit is None
+            else self.knee.option.paid_gpus(self.knee_limit),
+            "beaten_meeting": self.beaten_meeting,
             "search": {"sizes": self.sizes, "sizes_searched": self.sizes_searched,
                        "layouts_scored": self.layouts_scored, "rows": self.rows},
             "no_fit": None if self.status == OK else {

@@ -986,3 +986,20 @@ def test_sizes_left_out_as_beaten_are_not_said_not_to_meet_the_deadline(tmp_path
     assert done.returncode == 0 and meeting == 3
     assert "No other size" not in text
     assert f"{meeting} other sizes within the limits meet 10 days, each beaten by one of its GPU type" in text
+
+
+def test_size_json_counts_the_sizes_that_meet_the_deadline_though_beaten(tmp_path):
+    """By a deadline `size` lists no size another of its type beats on GPUs, days and spend at once, and
+    the report says how many such meet it ("3 other sizes within the limits meet 10 days"); `size
+    --json` gave none and no count, which a script reads as "no other size meets it". The small mixture
+    of experts on up to two GB200 NVL72 racks: one rack run on 64 GPUs is the answer, and the other
+    three sizes (one rack or two whole, two on 64 of each) all meet 10 days, slower on more GPUs
+    (test_sizes_left_out_as_beaten_are_not_said_not_to_meet_the_deadline times each with `plan`)."""
+    from test_size_front import SMALL_MOE_ON_TWO_RACKS
+
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(SMALL_MOE_ON_TWO_RACKS))
+    done = run_cli("size", str(path), "--tokens", "1T", "--deadline", "10d", "--json")
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["gpus"] == 64 and printed["alternatives"] == [] and printed["beaten_meeting"] == 3

@@ -198,3 +198,18 @@ def test_a_knee_short_of_the_limit_is_not_said_to_be_held_by_it(tmp_path):
     text = " ".join(done.stdout.split())
     assert "the limit binds" not in text
     assert "short of the limit of 144 gb200 GPUs: the limit does not bind" in text
+
+
+def test_size_json_says_where_the_limit_stands_beside_the_knee(tmp_path):
+    """The report says whether the knee is held by the limit ("short of the limit of 144 gb200 GPUs"),
+    where `size --json` gave no limit to compare the knee with: a script could not tell a binding
+    limit, worth raising, from one that holds nothing back. Up to two NVL72 racks (the case's max_gpus,
+    144) are the limit; the knee, one rack run on 64 of its GPUs, pays for the rack's 72."""
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(SMALL_MOE_ON_TWO_RACKS))
+    done = run_cli("size", str(path), "--tokens", "1T", "--json")
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    knee = printed["front"][printed["knee"]]
+    assert printed["knee_limit"] == SMALL_MOE_ON_TWO_RACKS["cluster"]["max_gpus"] == 144
+    assert (knee["gpus"], knee["gpus_paid"]) == (64, 72) and knee is printed["front"][-1]
