@@ -11,7 +11,7 @@ from cost_models.specs import Job, Layout
 
 from .errors import Argument, CaseError, cli_flag, named
 from .fields import read_path
-from .estimate import Estimate, estimate_job
+from .estimate import Estimate, change_takes, estimate_job
 from .plan import Plan, case_notes, plan_case
 from .search_options import retarget
 
@@ -76,6 +76,13 @@ class Diagnosis:
         return (f"the config is {1 / speedup - 1:.1%} faster than the planner's best, beyond the {margin:.1%} the "
                 f"model cannot tell apart: its layout is one the search does not try"), False
 
+    def takes(self) -> dict[str, str]:
+        """What each field of :meth:`differences` takes to change to the best's, where no key of the config
+        sets it (``estimate.change_takes``); empty where each is a key of the config."""
+        differs = self.differences()
+        return {key: text for key, text in change_takes(self.estimate.job, self.plan.best.job.layout).items()
+                if key in differs}
+
     def differences(self) -> dict[str, list]:
         """What the config runs otherwise than the planner's best, {key: [best, config]}: the layout's
         fields (:meth:`Plan.differences`) and, for a DeepSpeed config at ZeRO 1 or 2 against a best at
@@ -98,6 +105,9 @@ class Diagnosis:
                 "best": self.plan.best.to_dict() if self.plan.best else None,
                 "speedup": self.speedup, "verdict": self.verdict, "change_advised": self.change_advised,
                 "differs_from_best": self.differences() if self.plan.best else None,
+                # What each of those changes takes where the engine's config has no key for it (DeepSpeed's
+                # ep: the model's MoE blocks rebuilt), as the report's change line says it beside the change.
+                "takes": self.takes() if self.plan.best else None,
                 # Where the planner finds no layout that fits, why and what would (plan --json's no_fit), as
                 # the report says it in the best's place.
                 "no_fit": self.plan.no_fit.to_dict() if self.plan.no_fit else None}

@@ -236,8 +236,10 @@ class Estimate:
             "time": self.time.by_part(),
             # Where a profile fitted to a team's runs is extrapolated (empty on presets).
             "outside_fitted_runs": self.outside_fitted_runs,
-            # The text's cheapest next change (or the fewest together, or the closest), null where it fits.
-            "cheapest_change": None if (remedy := self.remedy()) is None else remedy.to_dict(),
+            # The text's cheapest next change (or the fewest together, or the closest), null where it fits,
+            # with what each changed field takes where the engine's config has no key for it, as the text says.
+            "cheapest_change": None if (remedy := self.remedy()) is None else
+            {**remedy.to_dict(), "takes": change_takes(self.job, remedy.layout)},
         }
 
 
@@ -304,6 +306,24 @@ def estimate_notes(case: Any, loaded: Case) -> list[str]:
                      "FSDP units, eager kernels); `plan` decides between Megatron-LM, DeepSpeed and torchtitan, so "
                      "to price a plan's layout as it runs, give the plan's engine (training.engine)")
     return notes
+
+
+def change_takes(job: Job, layout: Layout) -> dict[str, str]:
+    """What changing ``job``'s layout to ``layout`` takes, field by field, where its engine's config has no
+    key for it (DeepSpeed's expert parallelism: the model's MoE blocks rebuilt as DeepSpeed-MoE's): the report
+    says it beside the change, and `estimate --json`'s cheapest_change and `diagnose --json` carry it."""
+    if job.training.engine.name != "deepspeed":
+        return {}
+    from .engines.deepspeed.read import change_takes as deepspeed_takes
+
+    out = {}
+    for key in ("ep", "etp", "pp", "stage_layers", "tp", "recompute"):
+        old, new = getattr(job.layout, key, None), getattr(layout, key, None)
+        if old != new:
+            text = deepspeed_takes(key, new, layout)
+            if text:
+                out[key] = text
+    return out
 
 
 def verdict_of(job: Job, peak: float, fits: bool, headroom: float) -> str:

@@ -15,7 +15,7 @@ from .case import LAYOUT_UNSET_TEXT
 from .engines import ENGINES
 from .errors import one_line
 from .units import figure_text
-from .estimate import Estimate
+from .estimate import Estimate, change_takes
 
 GB = 1e9
 
@@ -203,23 +203,6 @@ def print_estimate(est: Estimate, console: Console) -> None:
                       f"{verdict}{step}", markup=False)
 
 
-def change_takes(job, layout) -> dict[str, str]:
-    """What changing ``job``'s layout to ``layout`` takes, field by field, where its engine's config has no
-    key for it (DeepSpeed's expert parallelism: the model's MoE blocks rebuilt as DeepSpeed-MoE's)."""
-    if job.training.engine.name != "deepspeed":
-        return {}
-    from .engines.deepspeed.read import change_takes as deepspeed_takes
-
-    out = {}
-    for key in ("ep", "etp", "pp", "stage_layers", "tp", "recompute"):
-        old, new = getattr(job.layout, key, None), getattr(layout, key, None)
-        if old != new:
-            text = deepspeed_takes(key, new, layout)
-            if text:
-                out[key] = text
-    return out
-
-
 def value_text(key: str, value: Any) -> str:
     """A layout value for a table: None as what it means, a stage list with repeats folded
     (``5, 6×10, 5``), booleans as on/off."""
@@ -336,7 +319,7 @@ def print_diagnosis(diagnosis, console: Console) -> None:
         changes = diagnosis.differences()
         if changes:
             # Where the config has no key for a change, what it takes, beside it.
-            takes = change_takes(diagnosis.estimate.job, best.job.layout)
+            takes = diagnosis.takes()
             # "change:" where the verdict advises it; else what differs, which no gain asks for.
             label = "change" if diagnosis.change_advised else "differs from the planner's best"
             console.print(f"{label}: " + ", ".join(f"{k} {value_text(k, b)}→{value_text(k, a)}"

@@ -744,6 +744,24 @@ def test_a_deepspeed_change_no_ds_config_key_makes_says_what_it_takes(tmp_path):
     assert "zero_stage 2→1," in change  # a key's change is said as is
 
 
+def test_diagnose_json_says_what_a_change_no_ds_config_key_makes_takes(tmp_path):
+    """The report says beside `ep 1→8` that no ds_config key makes it (DeepSpeed's expert parallelism is
+    the model's MoE blocks rebuilt as deepspeed.moe.layer.MoE(ep_size=8)), in the change line and in the
+    config's cheapest next change; `diagnose --json` and `estimate --json` gave the change alone, which a
+    script would apply as a key to flip. A Trainer's ZeRO-2 Mixtral at micro-batch 2 does not fit, and
+    only expert parallelism shards the 93 GB of parameters it holds a GPU."""
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(TRAINER_Z2))
+    printed = json.loads(json.dumps(diagnose(MIXTRAL_CASE, config=config, micro_batch_size=2).to_dict()))
+    assert printed["differs_from_best"]["ep"] == [8, 1]
+    assert printed["takes"]["ep"].startswith("no ds_config key: the model's MoE blocks rebuilt as DeepSpeed-MoE's "
+                                             "deepspeed.moe.layer.MoE(ep_size=8)")
+    assert "zero_stage" in printed["differs_from_best"] and "zero_stage" not in printed["takes"]  # a key of it
+    change = printed["config"]["cheapest_change"]
+    assert change["fits"] and change["layout"]["ep"] > 1
+    assert f"deepspeed.moe.layer.MoE(ep_size={change['layout']['ep']})" in change["takes"]["ep"]
+
+
 def test_zero3_live_parameters_and_sub_group_are_priced_as_the_config_sets_them(tmp_path):
     """DeepSpeedZeroConfig's max_live_parameters (alias stage3_max_live_parameters) caps the weights ZeRO-3
     keeps gathered, and sub_group_size the partition its step copies to fp32 at once (runtime/zero/config.py:
