@@ -2079,6 +2079,28 @@ def test_status_variable_follows_the_last_command(tmp_path, script):
     assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
 
 
+@needs_bash
+@pytest.mark.parametrize("script", [
+    "(exit 3)\nif [ $? -eq 3 ]; then TP=8; else TP=1; fi\ntorchrun a $TP\n",
+    "f() { return 4; }\nf\ntorchrun a $?\n",
+    "f() { false; return; }\nf\ntorchrun a $?\n",  # return alone: the last command's status
+    "(false; exit)\ntorchrun a $?\n",
+    "(exit 300)\ntorchrun a $?\n(exit -1)\ntorchrun b $?\n(exit x)\ntorchrun c $?\n",  # mod 256; no number: 2
+    "true && (exit 5)\ntorchrun a $?\n(exit 6) || (exit 7)\ntorchrun b $?\n",
+    "set -o pipefail\n(exit 4) | true\ntorchrun a $?\n",
+    "[ 1 -eq 1\ntorchrun a $?\neval 'if'\ntorchrun b $?\nenv X=1 -u X true\ntorchrun c $?\n",
+    "[ a -eq 1 ]\ntorchrun a $?\n[ a b ]\ntorchrun b $?\n[ 1 -eq 2 -o a -eq 1 ]\ntorchrun c $?\n[ ]\ntorchrun d $?\n",
+    "env -0 true\ntorchrun a $?\n",
+])
+def test_status_variable_is_the_failed_commands_own_status(tmp_path, script):
+    """Every decided failure read `$?` as 1, so `(exit 3); if [ $? -eq 3 ]; then TP=8; fi` took the else branch
+    bash does not take: `exit N` and `return N` leave N mod 256 (2 for a word that is no number), alone the last
+    command's; a `[` bash refuses (without `]`, an integer expected, an operator missing) and an eval bash cannot
+    parse leave 2, env's command not found 127, env -0's refusal 125 (Bash Reference Manual, 4.1 Bourne Shell
+    Builtins; bash's test.c; coreutils' env). Real bash is the oracle."""
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
+
+
 def test_status_variable_of_a_command_not_run_is_said():
     """After a command the reader does not run (the launch itself), its status is not known: read as 0,
     the way that goes on, and said, where it was silently 0."""

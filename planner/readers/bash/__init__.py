@@ -55,7 +55,9 @@ failing that, a test as false and a command as succeeding. Each branch decided b
 the script does not set is said in a note.
 
 A ``$((...))`` bash fails on abandons the rest of its line, as bash does (said in a note);
-``((...))``, ``let`` and ``[[ ... -eq ... ]]`` fail with status 1.
+``((...))``, ``let`` and ``[[ ... -eq ... ]]`` fail with status 1. ``$?`` is bash's value where the status is
+decided (``exit N``/``return N``: N mod 256, alone the last command's; a ``[`` bash refuses: 2; env's command
+not found: 127); a failure whose value is not followed is read as 1, said.
 
 Not modelled: command substitution (``$(...)`` and backquotes read as empty, but for what
 ``command_output`` answers) and process substitution (``<(...)``, ``>(...)``: parsed as bash parses

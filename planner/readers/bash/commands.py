@@ -19,7 +19,7 @@ from .lexer import _ASSIGNMENT, _NAME, _lex, _Tok, _Unterminated
 from .parser import _DECLARATIONS, _Parser, _Simple
 from .results import EMPTIED, Command
 from .state import _DEFAULTED, _NOT_RUN, _PROCESS, _READ_EMPTY, REMATCH_UNKNOWN, _Ctx, _Frame, _Var
-from .status import _FALSE, _TRUE, _Exit, _LoopControl, _Return, _Status
+from .status import _FALSE, _TRUE, _Exit, _failed, _LoopControl, _Return, _stated, _Status
 
 # The option letters each takes (bash 5.2's builtins; `help export` and so on), -p included.
 _DECLARATION_OPTIONS = {"export": "fnp", "readonly": "aAfp", "declare": "aAfFgiIlnprtux",
@@ -330,12 +330,12 @@ class _Commands(_Expander):
         invalid = next((c for c in letters if c not in _DECLARATION_OPTIONS[command]), None)
         if invalid is not None:
             self.note(f"{command} -{invalid} fails in bash (an invalid option) and sets nothing")
-            return _Status(False, False)
+            return _failed(2)
         if "f" in letters:
             names = [t.text for t in rest[1:] if not t.text.startswith(("-", "+"))]
             if any(t.kind == "array" or _is_assignment(t.text) for t in rest[1:]):
                 self.note(f"{command} -f NAME=value fails in bash (-f names functions alone) and sets nothing")
-            return _TRUE if names and all(name in self.funcs for name in names) else _Status(False, False)
+            return _TRUE if names and all(name in self.funcs for name in names) else _FALSE
         # In a function, local (and declare, typeset without -g) scope the names to the call.
         global_ = command in ("declare", "typeset") and any(
             t.kind == "word" and t.text.startswith("-") and "g" in t.text for t in rest[1:])
@@ -457,14 +457,10 @@ class _Commands(_Expander):
     def builtin(self, fields: list[str], ctx: _Ctx, node: _Simple, assignments: tuple = ()) -> _Status:
         name, args = fields[0], fields[1:]
         if name == "exit":
-            # exit N leaves N mod 256 (exit -1: 255); a word that is no number, 2 ("numeric argument
-            # required"); exit alone, the last command's status, which is not known here.
-            code = args[0].strip() if args else None
-            if code is None:
-                raise _Exit()
-            raise _Exit(_TRUE if re.fullmatch(r"[-+]?[0-9]+", code) and int(code) % 256 == 0 else _FALSE)
-        if name == "return":
-            raise _Return(_TRUE if not args or args[0] == "0" else _FALSE)
+            raise _Exit(_stated(args, self.last_status, not ctx.deps))
+        if name == "return":  # `return $RC`, what the caller decides: not known, as a command not run
+            raise _Return(_stated(args, self.last_status, not ctx.deps)
+                          or _Status(None, True, ctx.deps, reason="a return of what the script does not set"))
         if name in ("break", "continue"):
             levels = int(args[0]) if args and args[0].isdigit() and int(args[0]) > 0 else 1
             raise _LoopControl(name, levels)
@@ -474,11 +470,11 @@ class _Commands(_Expander):
             return _FALSE
         if name in ("[", "test"):
             if name == "[":
-                if not args or args[-1] != "]":
-                    return _Status(False, False, ctx.deps, test=True)
+                if not args or args[-1] != "]":  # bash: "[: missing `]'", status 2
+                    return _failed(2, ctx.deps, test=True)
                 args = args[:-1]
-            known, assumed, reason = _test_words(args, self, ctx)
-            return _Status(known, assumed, ctx.deps, reason, test=True)
+            known, assumed, reason, code = _test_words(args, self, ctx)
+            return _Status(known, assumed, ctx.deps, reason, test=True, code=code)
         if name == "set":
             options, operands = _set_options(args)
             if operands is not None:
@@ -519,8 +515,8 @@ class _Commands(_Expander):
                 for arg in args:
                     value = self.arith(arg, ctx, "let")
             except _ExpansionError:  # let: status 1
-                return _Status(False, False, ctx.deps, test=True)
-            return _Status(value != 0, value != 0, ctx.deps, test=True)
+                return _failed(1, ctx.deps, test=True)
+            return _Status(value != 0, value != 0, ctx.deps, test=True, code=1)
         if name == "read" and node.herestring is not None:
             status = self.read_herestring(args, node.herestring, assignments)
             if status is not None:
@@ -557,7 +553,7 @@ class _Commands(_Expander):
             program = started_program(fields)
         except _WrapperFails as failing:
             self.note(f"{one_line(' '.join(fields), 80)}: {failing}")
-            return _Status(False, False)
+            return _failed(125)  # coreutils' env: "cannot specify --null (-0) with command", 125
         except _Unfollowed as what:
             raise ScriptUnfollowed(f"line {self.line}", f"{what}: not followed here, so the words and environment "
                                                         "of what it starts cannot be read; expected them written "
@@ -567,7 +563,7 @@ class _Commands(_Expander):
             # runs one named -u, not found (127): nothing the command names starts
             self.note(f"{one_line(' '.join(fields), 80)}: env reads no option after its first NAME=VALUE, so it "
                       f"runs a command named {one_line(program, 40)}, which fails: what follows is not started")
-            return _Status(False, False)
+            return _failed(127)  # env: "No such file or directory"
         shell = _inline_script(fields)
         if shell is not None:
             self.run_inline(shell, node, self.environment(list(assignments), fields))
@@ -596,7 +592,7 @@ class _Commands(_Expander):
             program = _parse(text, lambda offset: line)
         except (ScriptSyntax, _Unterminated):
             self.note(f"eval {one_line(text, 60)}: bash cannot parse its string, so the eval fails and sets nothing")
-            return _Status(False, False)
+            return _failed(2)
         saved = (self.text, self.line_of)
         self.text, self.line_of = text, (lambda offset: line)
         try:

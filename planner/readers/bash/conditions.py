@@ -200,15 +200,21 @@ def _binary_test(left: str, op: str, right: str, shell: _Expander, ctx: _Ctx, re
             a = int(left) if re.fullmatch(r"\s*[-+]?[0-9]+\s*", left) else None
             b = int(right) if re.fullmatch(r"\s*[-+]?[0-9]+\s*", right) else None
             if a is None or b is None:
-                return False, False  # [: integer expression expected (status 2)
+                raise _TestRefused()  # [: integer expression expected
         result = {"-eq": a == b, "-ne": a != b, "-lt": a < b, "-le": a <= b, "-gt": a > b, "-ge": a >= b}[op]
         return result, result
     reasons.append(f"a file comparison, {op}" if op in ("-nt", "-ot", "-ef") else f"the test {op}")
     return None, False
 
 
+class _TestRefused(Exception):
+    """What ``[`` refuses (an integer expected, an operator missing, too many arguments): bash's test fails
+    with status 2 (test.c, test_syntax_error), where a false test leaves 1."""
+
+
 def _test_words(args: list[str], shell: _Expander, ctx: _Ctx):
-    """``[ ... ]`` / ``test ...`` on expanded words, by bash's rules on their count."""
+    """``[ ... ]`` / ``test ...`` on expanded words, by bash's rules on their count: (known, assumed, what
+    cannot be decided, the status it leaves where it fails)."""
     reasons: list[str] = []
 
     def one(a: list[str]):
@@ -223,7 +229,7 @@ def _test_words(args: list[str], shell: _Expander, ctx: _Ctx):
                 return (None if k is None else not k), not s
             if a[0] in _UNARY_TESTS:
                 return _unary(a[0], a[1], shell, ctx, reasons)
-            return False, False
+            raise _TestRefused()  # [: unary operator expected
         if n == 3:
             if a[1] in ("-a", "-o"):
                 k1, s1 = one(a[:1])
@@ -236,7 +242,7 @@ def _test_words(args: list[str], shell: _Expander, ctx: _Ctx):
                 return (None if k is None else not k), not s
             if a[0] == "(" and a[2] == ")":
                 return one(a[1:2])
-            return False, False
+            raise _TestRefused()  # [: binary operator expected
         if n == 4 and a[0] == "!":
             k, s = one(a[1:])
             return (None if k is None else not k), not s
@@ -249,7 +255,10 @@ def _test_words(args: list[str], shell: _Expander, ctx: _Ctx):
                     return (_k3_or(k1, k2), s1 or s2) if joiner == "-o" else (_k3_and(k1, k2), s1 and s2)
         if a[0] == "(" and a[-1] == ")":
             return one(a[1:-1])
-        return False, False
+        raise _TestRefused()  # [: too many arguments
 
-    known, assumed = one(args)
-    return known, assumed, ", ".join(dict.fromkeys(reasons))
+    try:
+        known, assumed = one(args)
+    except _TestRefused:  # the whole test fails, with 2
+        return False, False, ", ".join(dict.fromkeys(reasons)), 2
+    return known, assumed, ", ".join(dict.fromkeys(reasons)), 1

@@ -21,7 +21,7 @@ from .parser import (_AndOr, _Arith, _ArithFor, _Case, _For, _FuncDef, _Group, _
 from .patterns import _match_bounded
 from .results import EMPTIED, Note, Script
 from .state import _GENERATIONS, _NOT_RUN, NOCASEMATCH_UNFOLLOWED, _Ctx, _Var
-from .status import _TRUE, _Exit, _LoopControl, _Return, _Status, _k3_and, _k3_or
+from .status import _TRUE, _Exit, _failed, _LoopControl, _Return, _Status, _k3_and, _k3_or
 
 
 def _first_word(node) -> Optional[str]:
@@ -116,7 +116,7 @@ class _Shell(_Commands):
                 else:
                     known = _k3_and(None, right.known) if wanted else _k3_or(None, right.known)
                     status = _Status(known, right.assumed, {**status.deps, **right.deps},
-                                     status.reason or right.reason, status.test and right.test)
+                                     status.reason or right.reason, status.test and right.test, right.code)
             left_end = pipeline.end
         return status
 
@@ -152,8 +152,9 @@ class _Shell(_Commands):
             else:
                 status = self.run_piped(node.commands)
         if node.negate:
+            # `! true` leaves 1 (Bash Reference Manual, 3.2.3 Pipelines: the logical negation)
             status = _Status(None if status.known is None else not status.known, not status.assumed,
-                             status.deps, status.reason, status.test)
+                             status.deps, status.reason, status.test, code=1)
         else:
             self.check_errexit(node, status)
         self.last_status = status  # $?
@@ -204,7 +205,7 @@ class _Shell(_Commands):
             # what bash fails on in a subshell (a readonly variable's assignment, $((a b))) ends the subshell
             # alone, status 1: `( X=32 ); torchrun ...` starts torchrun, where the rest of the line was abandoned
             self.note(f"{error}, so the subshell it is in exits with status 1", None)
-            return _Status(False, False)
+            return _failed(1)
         finally:
             (self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, self.exported_unset,
              self.readonly, frames, self.allexport, self.lastpipe, self.keyword, self.errexit, self.pipefail,
@@ -222,15 +223,15 @@ class _Shell(_Commands):
             self.step(node.start)
             ctx = _Ctx()
             known, assumed, reason = _CondParser(self, node.tokens, ctx).parse()
-            return _Status(known, assumed, ctx.deps, reason, test=True)
+            return _Status(known, assumed, ctx.deps, reason, test=True, code=1)  # [[ ]] false: 1
         if isinstance(node, _Arith):
             self.step(node.start)
             ctx = _Ctx()
             try:
                 value = self.arith(self.string(node.text, ctx, "((") if "$" in node.text else node.text, ctx, "((")
             except _ExpansionError:  # (( a b )): status 1
-                return _Status(False, False, ctx.deps, test=True)
-            return _Status(value != 0, value != 0, ctx.deps, test=True)
+                return _failed(1, ctx.deps, test=True)
+            return _Status(value != 0, value != 0, ctx.deps, test=True, code=1)
         if isinstance(node, _For):
             return self.run_for(node)
         if isinstance(node, _ArithFor):

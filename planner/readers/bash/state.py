@@ -254,16 +254,21 @@ class _State:
         return (items[position], True) if 0 <= position < len(items) else (None, False)
 
     def status_word(self, ctx: _Ctx) -> str:
-        """``$?``: the last pipeline's status where it is known, 0 or, failed, 1 (what ``false``, a test and
-        most commands leave; an ``exit 3`` in a subshell is read as 1 too), what decided it carried with it.
-        Where it cannot be known (a command the reader does not run: torchrun, grep), read as 0, said: a
-        ``[ $? -ne 0 ]`` guard turns on it."""
+        """``$?``: the last pipeline's status where it is known, what decided it carried with it: 0, or the
+        failed one's own (``false``'s 1, ``(exit 3)``'s 3: a ``[ $? -eq 3 ]`` turns on it). Where it cannot be
+        known (a command the reader does not run: torchrun, grep), read as 0, said: a ``[ $? -ne 0 ]`` guard
+        turns on it; a failure whose status is not followed (a ``[`` bash may refuse with 2), as 1, said."""
         status = self.last_status
         ctx.merge(status.deps.items())
         if status.known is None:
             ctx.deps.setdefault("$?", f"the status of a command not run ({status.reason or 'a command'}): read as 0")
             return "0"
-        return "0" if status.known else "1"
+        if status.known:
+            return "0"
+        if status.code is None:
+            ctx.deps.setdefault("$?", "a failure whose status is not followed: read as 1")
+            return "1"
+        return str(status.code)
 
     def set_var(self, name: str, value: Union[str, list], deps: dict, append: bool = False,
                 index: Optional[str] = None, exported: Optional[bool] = None, global_: bool = False) -> None:
