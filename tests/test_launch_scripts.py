@@ -2101,6 +2101,24 @@ def test_status_variable_is_the_failed_commands_own_status(tmp_path, script):
     assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
 
 
+@needs_bash
+@pytest.mark.parametrize("script", [
+    "bash -u -c 'unset TP; torchrun a $TP'\ntorchrun b\n",
+    "sh -u -c 'unset TP; torchrun a $TP'\ntorchrun b\n",
+    "bash -e -c 'false; torchrun a'\ntorchrun b\n",
+    "bash -euo pipefail -c 'false | true; torchrun a'\ntorchrun b\n",
+    "bash -o errexit -c 'false; torchrun a'\nbash -e +e -c 'false; torchrun b'\n",  # the last word wins
+    "bash -e <<'EOF'\nfalse\ntorchrun a\nEOF\ntorchrun b\n",
+    "bash -x -c 'torchrun a'\nbash --norc -c -- 'torchrun b'\n",  # options the reading has no use for
+])
+def test_options_given_to_an_inner_shell_reach_its_script(tmp_path, script):
+    """`bash -u -c '...'` (and -e, -o pipefail, sh -u, bash -e <<EOF) read the inner script without the
+    options, so a launch bash never starts past an unset variable or a failure was read, and `bash -euo pipefail
+    -c` was not read as running its script at all: bash starts the script it runs under the set options of its
+    invocation (bash(1), OPTIONS). Real bash is the oracle."""
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
+
+
 def test_status_variable_of_a_command_not_run_is_said():
     """After a command the reader does not run (the launch itself), its status is not known: read as 0,
     the way that goes on, and said, where it was silently 0."""

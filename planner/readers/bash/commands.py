@@ -454,6 +454,16 @@ class _Commands(_Expander):
         if var is not None and not isinstance(var.value, list):
             self.vars[name] = replace(var, value=[var.value])
 
+    def apply_options(self, options: Sequence[tuple[str, bool]]) -> None:
+        """``set``'s options (or those ``bash -u -c`` starts its script with), by long name, in order: the last
+        word wins (Bash Reference Manual, 4.3.1 The Set Builtin)."""
+        for option, on in options:
+            # -a / -o allexport: every variable set after it is exported; -k / -o keyword: NAME=value words
+            # after a command's name are its environment; -e / -o errexit: a failing command ends the script;
+            # -o pipefail; -u / -o nounset: expanding an unset variable ends the script
+            if option in ("allexport", "keyword", "errexit", "pipefail", "nounset"):
+                setattr(self, option, on)
+
     def builtin(self, fields: list[str], ctx: _Ctx, node: _Simple, assignments: tuple = ()) -> _Status:
         name, args = fields[0], fields[1:]
         if name == "exit":
@@ -479,13 +489,7 @@ class _Commands(_Expander):
             options, operands = _set_options(args)
             if operands is not None:
                 self.positional, self.positional_known = operands, True
-            for option, on in options:
-                # -a / -o allexport: every variable set after it is exported; -k / -o keyword: NAME=value words
-                # after a command's name are its environment; -e / -o errexit: a failing command ends the script;
-                # -o pipefail (Bash Reference Manual, 4.3.1 The Set Builtin); the last word wins
-                # -u / -o nounset: expanding an unset variable ends the script
-                if option in ("allexport", "keyword", "errexit", "pipefail", "nounset"):
-                    setattr(self, option, on)
+            self.apply_options(options)
             return _TRUE
         if name == "shift":
             count = int(args[0]) if args and args[0].isdigit() else 1
@@ -572,7 +576,9 @@ class _Commands(_Expander):
             # bash expands an unquoted one (as inside double quotes, its own quotes kept), or as written.
             body, quoted = node.heredoc
             text = body if quoted else self.string('"' + body.replace('"', '\\"') + '"', ctx, "here-document")
-            self.run_inline((text, []), node, self.environment(list(assignments), fields))
+            # `bash -e <<EOF`: the shell's options reach the script it reads (sbatch's are its own)
+            options = shell_options(fields, 1)[0] if name.rsplit("/", 1)[-1] in ("bash", "sh") else []
+            self.run_inline((text, [], options), node, self.environment(list(assignments), fields))
         unset = tuple(name for name, how in ctx.deps.items() if how == _READ_EMPTY)
         not_run = tuple(name for name, how in ctx.deps.items() if how in (_NOT_RUN, _PROCESS, REMATCH_UNKNOWN))
         defaulted = tuple((name, ast.literal_eval(how[len(_DEFAULTED) + 1:])) for name, how in ctx.deps.items()
@@ -873,25 +879,44 @@ def _printf_integer(text: str) -> int:
     return 0
 
 
-def _inline_script(fields: list[str]) -> Optional[tuple[str, list[str]]]:
-    """(the script, its arguments) of ``bash -c SCRIPT ...`` among ``fields``, options before -c
-    included: ``bash -x -c``, ``bash -lc``, ``bash -e -o pipefail -c`` (Megatron-LM's Megatron-FSDP
+def _inline_script(fields: list[str]) -> Optional[tuple[str, list[str], list[tuple[str, bool]]]]:
+    """(the script, its arguments, the shell's options) of ``bash -c SCRIPT ...`` among ``fields``, options
+    before -c included: ``bash -x -c``, ``bash -lc``, ``bash -euo pipefail -c`` (Megatron-LM's Megatron-FSDP
     DeepSeek-V3 example runs ``srun ... bash -x -c "${TRAINING_CMD}"``)."""
     for k, word in enumerate(fields):
         if word.rsplit("/", 1)[-1] not in ("bash", "sh"):
             continue
-        i = k + 1
-        while i < len(fields) and fields[i].startswith(("-", "+")) and fields[i] not in ("-", "--"):
-            option = fields[i]
-            if option in ("-o", "+o", "-O", "+O"):  # an option that takes a name: -o pipefail
-                i += 2
-                continue
-            if not option.startswith("--") and "c" in option[1:]:  # -c, -lc, -xc, -ec
-                if i + 1 < len(fields):
-                    return fields[i + 1], fields[i + 2:]
-                return None
-            i += 1
+        options, command, i = shell_options(fields, k + 1)
+        if command:
+            return (fields[i], fields[i + 1:], options) if i < len(fields) else None
     return None
+
+
+def shell_options(fields: Sequence[str], i: int) -> tuple[list[tuple[str, bool]], bool, int]:
+    """The options of a ``bash`` (or ``sh``) whose first word after its name is ``fields[i]``, as bash reads
+    its invocation (bash(1), OPTIONS: the set builtin's letters and ``-o NAME``, which the script it runs starts
+    with, ``-c``, ``-O NAME``, long ``--norc``-like ones): (the set options by long name, as :func:`_set_options`
+    gives them: ``-u`` is nounset; whether ``-c`` is among them; the index of the word after them, past a
+    ``--`` or ``-`` that ends them)."""
+    options: list[tuple[str, bool]] = []
+    command = False
+    while i < len(fields) and fields[i].startswith(("-", "+")) and fields[i] not in ("-", "--"):
+        word = fields[i]
+        i += 1
+        if word.startswith("--"):  # --norc, --login, --posix: none that the reading follows
+            continue
+        for letter in word[1:]:
+            if letter == "c":
+                command = True
+            elif letter in "oO":  # -o NAME, -O NAME (shopt's): the name is the next word
+                if letter == "o" and i < len(fields):
+                    options.append((fields[i], word[0] == "-"))
+                i += 1
+            else:
+                options.append((_SET_LETTERS.get(letter, letter), word[0] == "-"))
+    if i < len(fields) and fields[i] in ("-", "--"):
+        i += 1
+    return options, command, i
 
 
 _ENV_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")

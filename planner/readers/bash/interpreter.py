@@ -7,7 +7,7 @@ import bisect
 import re
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ...errors import one_line
 from ...limits import MAX_EXPANDED_CHARS
@@ -392,11 +392,12 @@ class _Shell(_Commands):
                       self.flags_in(node.start, node.end))
         return _TRUE
 
-    def run_inline(self, inline: tuple[str, list[str]], node: _Simple, environment: tuple = ()) -> None:
+    def run_inline(self, inline: tuple[str, list[str], list], node: _Simple, environment: tuple = ()) -> None:
         """``bash -c 'script' name args`` (or a here-document fed to sbatch, bash or sh): read as a script
         of its own, whose variables are the environment the command gives it (:meth:`environment`: the
-        exported variables, its NAME=value prefixes, env -u's and env -i's changes)."""
-        text, positional = inline
+        exported variables, its NAME=value prefixes, env -u's and env -i's changes), started with the
+        shell's options (``bash -u -c``: set -u)."""
+        text, positional, options = inline
         if self.depth >= MAX_DEPTH:
             raise ScriptLimit(f"line {self.line}", f"nests bash -c past {MAX_DEPTH} levels")
         exported: dict = {}
@@ -416,7 +417,7 @@ class _Shell(_Commands):
                 exported[name] = replace(var, exported=not conditional, inherited=conditional)
         inner = run_script(text, f"{self.name} (bash -c at line {self.line_of(node.start)})", self.command_output,
                            exported, positional[1:], self.steps, self.depth + 1,
-                           positional[0] if positional else "bash", cleared - set(exported), emptied)
+                           positional[0] if positional else "bash", cleared - set(exported), emptied, options)
         self.commands += inner.commands
         for note in inner.notes:
             self.note_as_is(note)
@@ -445,7 +446,7 @@ def _check_expansion_nesting(text: str) -> None:
 def run_script(text: str, name: str, command_output: Optional[Callable[[str], Optional[str]]] = None,
                variables: Optional[dict] = None, positional: Optional[list] = None,
                steps: Optional[list] = None, depth: int = 0, argv0: Optional[str] = None,
-               cleared: Optional[set] = None, emptied: bool = False) -> Script:
+               cleared: Optional[set] = None, emptied: bool = False, options: Sequence = ()) -> Script:
     """``read_script``'s reading, and that of a ``bash -c`` string inside it: ``steps`` (a one-item
     list) counts the commands followed across both, ``depth`` their nesting, ``argv0`` is ``$0``."""
     if len(text) > MAX_EXPANDED_CHARS:
@@ -466,6 +467,7 @@ def run_script(text: str, name: str, command_output: Optional[Callable[[str], Op
         shell = _Shell(text, name, command_output, line_of, variables, positional, steps, depth, argv0)
         shell.cleared = set(cleared or ())  # what the outer script unset, out of the inner one's environment too
         shell.caller_emptied = emptied  # env -i bash -c: no name comes from a caller's environment
+        shell.apply_options(options)  # bash -u -c, bash -e <<EOF: the inner script starts under them
         try:
             shell.run_program(program)
         except _Exit:
