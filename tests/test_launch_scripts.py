@@ -2119,6 +2119,34 @@ def test_options_given_to_an_inner_shell_reach_its_script(tmp_path, script):
     assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
 
 
+@needs_bash
+@pytest.mark.parametrize("script", [
+    "unset T\ntorchrun a \"${T:?set T}\"\ntorchrun b\n",  # bash: "T: set T", the script ends
+    "T=\ntorchrun a \"${T:?}\"\ntorchrun b\n",  # set, empty: :? ends it, ? does not
+    "T=\ntorchrun a \"${T?}\"\nunset T\n(torchrun b \"${T?}\")\ntorchrun c $?\n",  # a subshell alone, status 1
+    "f() { local T; torchrun a \"${T:?}\"; }\nf\ntorchrun b\n",
+    "unset Y\ntorchrun a \"${!Y}\"; torchrun b\ntorchrun c $?\n",  # invalid indirect expansion: the line
+    "X=\ntorchrun a \"${!X:-d}\"\nX='a b'\ntorchrun b \"${!X}\"\nX=T\ntorchrun c \"${!X:-d}\"\n",
+    "torchrun a \"$!\" \"${!}\"\nset -u\ntorchrun b \"$!\"\ntorchrun c\n",  # no job in the background
+])
+def test_expansions_bash_fails_on_stop_the_reading_as_in_bash(tmp_path, script):
+    """`${T:?msg}` of an unset T was read as empty and the script went on, where bash ends it whatever set -u says
+    (Bash Reference Manual, 3.5.3: "if the shell is not interactive, it exits"); `${!Y}` of an unset Y, or of a
+    value that names no variable, was read as empty, where bash refuses it and abandons the line (status 1); `$!`
+    was read as an indirect expansion, so set -u did not end the script where no job ran in the background.
+    Real bash is the oracle."""
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
+
+
+def test_required_expansion_of_what_the_caller_sets_is_said():
+    """`${TP:?set TP}` of a TP the script leaves to the caller ends the script only where the caller does not set
+    it: read as set, going on (the launch the script is for), and said, as set -u's is."""
+    read = read_script("torchrun a --tp \"${TP:?set TP}\"\n", "t.sh")
+    assert [c.fields for c in read.commands] == [("torchrun", "a", "--tp", "")]
+    assert any("line 1" in n.text and "${TP:?set TP}" in n.text and "unless the caller sets it" in n.text
+               for n in read.notes), read.notes
+
+
 def test_status_variable_of_a_command_not_run_is_said():
     """After a command the reader does not run (the launch itself), its status is not known: read as 0,
     the way that goes on, and said, where it was silently 0."""

@@ -55,7 +55,10 @@ regular expression ``re`` reads otherwise, such as a back-reference, a command's
 failing that, a test as false and a command as succeeding. Each branch decided by something
 the script does not set is said in a note.
 
-A ``$((...))`` bash fails on abandons the rest of its line, as bash does (said in a note);
+A ``$((...))`` bash fails on abandons the rest of its line, as bash does (said in a note), and so does a
+``${!X}`` whose X is unset or names no variable (said, read as empty, where the caller may set X); ``${X:?msg}``
+of an unset (or, the script deciding it, empty) X ends the script, a subshell alone, set -u or not, as bash
+does (said, read as going on, where the caller may set X);
 ``((...))``, ``let`` and ``[[ ... -eq ... ]]`` fail with status 1. ``$?`` is bash's value where the status is
 decided (``exit N``/``return N``: N mod 256, alone the last command's; a ``[`` bash refuses: 2; env's command
 not found: 127); a failure whose value is not followed is read as 1, said.

@@ -9,7 +9,7 @@ from typing import Optional
 
 from ...errors import one_line
 from ...limits import MAX_EXPANDED_CHARS
-from .arith import _Arithmetic
+from .arith import _Arithmetic, _ExpansionError
 from .errors import ScriptSyntax
 from .lexer import _NAME, _skip_ansi, _skip_backtick, _skip_double, _skip_nested, _skip_single
 from .patterns import _glob_tokens, _replace, _trim
@@ -197,7 +197,7 @@ class _Expander(_Arithmetic):
                         self.unbound(m.group(1), m.group(1) if not m.group(1).isdigit() else f"${m.group(1)}")
                     return (kind_s, "0")
                 return (kind_s, str(len(value)))
-        if inner.startswith("!"):
+        if inner.startswith("!") and inner != "!":  # $! and ${!} are the last background job's process id
             return self.indirect(inner[1:], ctx, key, quoted)
         m = re.match(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!\-])(?:\[([^\]]*)\])?", inner)
         if not m:
@@ -243,6 +243,8 @@ class _Expander(_Arithmetic):
                     return ("pieces", self.scan(word, ctx, key))
                 value = "" if null else self.string(word, ctx, key)
             elif null:
+                if not splat:  # ${X:?msg}: bash ends the script where X is null, set -u or not
+                    self.required(name, label, op, word, is_set)
                 ctx.deps.setdefault(label, _READ_EMPTY)
                 value = "" if not splat else []
         elif op in ("#", "##", "%", "%%"):
@@ -311,6 +313,16 @@ class _Expander(_Arithmetic):
             pointer, is_set = self.lookup(named.group(1), None, ctx)
             if is_set and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?|[0-9]+|[@*]", pointer or ""):
                 return self.parameter(pointer + named.group(2), ctx, key, quoted)
+            var = self.vars.get(named.group(1))
+            if (var is not None and not var.deps) if is_set else self.provably_unset(named.group(1)):
+                # bash refuses it and abandons the line, status 1: "X: invalid indirect expansion" for an
+                # unset X, "...: invalid variable name" for a value that names none; a caller's X, said
+                raise _ExpansionError(f"${{!{one_line(rest, 40)}}} names no variable ({named.group(1)} is "
+                                      + (f"{one_line(pointer, 30)!r})" if is_set else "unset)") + ", which bash refuses")
+            if not is_set:
+                self.note(f"${{!{one_line(rest, 40)}}}: {named.group(1)} is not set by the script: bash refuses it "
+                          f"(invalid indirect expansion) and abandons the line unless the caller sets "
+                          f"{named.group(1)} to a variable's name; read as empty, going on", None)
         ctx.deps.setdefault("${!" + one_line(rest, 40) + "}", _NOT_RUN)
         return (kind_s, "")
 

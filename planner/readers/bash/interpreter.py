@@ -66,6 +66,7 @@ class _Shell(_Commands):
             except _ExpansionError as error:
                 self.note(f"{error}, so bash abandons the rest of the line", None)
                 abandoned = end
+                self.last_status = _failed(1)  # what the next line's $? reads, as in bash
 
     def run_list(self, body: _List) -> _Status:
         status = _TRUE
@@ -79,6 +80,7 @@ class _Shell(_Commands):
             # unsets stays there, and the script goes on with status 0. `export X=32 &` was read as
             # exporting X to the commands after it.
             self.subshell(lambda: self.run_and_or(node, background=False))
+            self.jobs_started = True
             return _TRUE
         with self.errexit_ignored_if(bool(node.rest)):  # set -e: only the command after the last && or || ends it
             status = self.run_pipeline(node.first)
@@ -195,7 +197,7 @@ class _Shell(_Commands):
         saved = (dict(self.vars), dict(self.funcs), list(self.positional), self.generation, self.nocasematch,
                  set(self.cleared), set(self.exported_unset), set(self.readonly), [frame.copy() for frame in self.frames],
                  self.allexport, self.lastpipe, self.keyword, self.errexit, self.pipefail, self.nounset,
-                 set(self.unset_names))
+                 set(self.unset_names), self.jobs_started)
         self.generation = next(_GENERATIONS)  # what the subshell changes, it copies first
         try:
             return run()
@@ -209,7 +211,7 @@ class _Shell(_Commands):
         finally:
             (self.vars, self.funcs, self.positional, self.generation, self.nocasematch, self.cleared, self.exported_unset,
              self.readonly, frames, self.allexport, self.lastpipe, self.keyword, self.errexit, self.pipefail,
-             self.nounset, self.unset_names) = saved
+             self.nounset, self.unset_names, self.jobs_started) = saved
             self.frames[:] = frames  # the list itself: a call the subshell is in pops its own frame off it
 
     def run_command(self, node) -> _Status:

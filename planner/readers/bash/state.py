@@ -132,6 +132,7 @@ class _State:
         self.integers: set[str] = set()  # declare -i: an assignment's value is evaluated as arithmetic
         self.letter_cases: dict[str, str] = {}  # declare -u / -l: "u" or "l", the case its values are stored in
         self.in_condition = 0
+        self.jobs_started = False  # a command run in the background (`cmd &`), which sets $!
         self.nocasematch = False  # shopt -s nocasematch: [[ =~ ]] and [[ == ]] without regard to case
         self.allexport = False  # set -a: every variable set is exported
         self.lastpipe = False  # shopt -s lastpipe: a pipeline's last command runs in this shell
@@ -196,19 +197,47 @@ class _State:
         guard the caller decides is read). What bash sets itself (PWD, HOME) is set."""
         if not self.nounset or name in BASH_SETS:
             return
+        self.ends_unless_set(name, label, "set -u", f"{label.lstrip('$')}: unbound variable")
+
+    def ends_unless_set(self, name: str, label: str, what: str, says: str) -> None:
+        """``what`` (set -u, ``${X:?}``) ends the script where ``name`` is unset (``says``: bash's message): here
+        where the script alone decides it (:meth:`provably_unset`), read as set, empty, and said where the
+        caller may set it, as :meth:`unbound` explains."""
         if self.provably_unset(name):
-            self.note(f"{label} is unset (the script leaves it so), so set -u ends the script here (bash: "
-                      f"\"{label.lstrip('$')}: unbound variable\"): nothing after it runs", None)
+            self.note(f"{label} is unset (the script leaves it so), so {what} ends the script here (bash: "
+                      f"\"{says}\"): nothing after it runs", None)
             raise _Exit(_FALSE)
         if name.startswith("SLURM_") and re.search(r"^#SBATCH", self.text, re.M):
             return  # a batch script: Slurm sets SLURM_* in its job's environment (sbatch(1), OUTPUT ENVIRONMENT)
-        self.note(f"{label} is not set by the script: under set -u bash ends the script here unless the caller "
+        self.note(f"{label} is not set by the script: under {what} bash ends the script here unless the caller "
                   "sets it; read as set, empty", None)
+
+    def required(self, name: str, label: str, op: str, word: str, is_set: bool) -> None:
+        """``${X:?word}`` where X is unset or empty (``${X?word}``: unset): bash prints ``X: word`` and ends the
+        script, a subshell alone where in one, whatever set -u says (Bash Reference Manual, 3.5.3 Shell Parameter
+        Expansion: "if the shell is not interactive, it exits"). Set but empty, it ends here where the script
+        decided the value; where the caller decides it, read as going on, said."""
+        if name in BASH_SETS:
+            return
+        what = f"${{{label.lstrip('$')}{op}{one_line(word, 30)}}}"
+        says = f"{label.lstrip('$')}: " + (word or ("parameter null or not set" if op == ":?" else "parameter not set"))
+        if not is_set:
+            self.ends_unless_set(name, label, what, says)
+            return
+        var = self.vars.get(name)
+        if var is not None and not var.deps:
+            self.note(f"{label} is empty (the script sets it so), so {what} ends the script here (bash: \"{says}\"): "
+                      "nothing after it runs", None)
+            raise _Exit(_FALSE)
+        self.note(f"{label} is empty only as read ({self.reasons(dict(var.deps)) if var else 'what the caller gives'}): "
+                  f"under {what} bash ends the script here unless the caller gives it a value; read as going on", None)
 
     def provably_unset(self, name: str) -> bool:
         """Whether ``name``, unset as read, is unset whatever the caller gives: see :meth:`unbound`."""
         if name.isdigit():
             return self.positional_known
+        if name == "!":  # read as unset only where no job was started in the background
+            return True
         return (self.caller_emptied or name in self.unset_names or name in self.vars
                 or any(name in frame for frame in self.frames))
 
@@ -233,6 +262,8 @@ class _State:
             return self.status_word(ctx), True
         if name == "-":
             return "", True
+        if name == "!" and not self.jobs_started:  # no job started in the background: bash leaves $! unset
+            return (None, False) if self.nounset else ("", True)
         if name in ("$", "!"):
             ctx.deps.setdefault(f"${name}", "a process id: read as empty")
             return "", True
