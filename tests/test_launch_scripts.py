@@ -1937,6 +1937,51 @@ def test_env_0_with_a_command_starts_nothing(tmp_path):
     assert reader_calls(tmp_path, script) == bash_words(tmp_path, script) == [["d"]]
 
 
+@needs_bash
+@pytest.mark.parametrize("script", [
+    "env -S 'torchrun a --b 1'\n",
+    "env -S 'torchrun --nproc_per_node 4' a\nenv -vS'torchrun b' c\nenv --split-string='X=1 torchrun' d\n",
+    "nohup env --split-string 'torchrun -u' e 2>/dev/null\n",
+])
+def test_env_s_starts_the_program_its_string_names(tmp_path, script):
+    """`env -S 'torchrun ...' pretrain_gpt.py` kept the string one word, so the program env starts from it (and
+    torchrun's flags in it) were not among the launch's words: coreutils' env reads -S's words as its own, the
+    first that is no option or NAME=VALUE the program it runs. The oracle: bash running the script, env starting
+    a torchrun on PATH that writes its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text("#!/bin/sh\nprintf '%s\\0' \"$@\" >> \"$CALLS\"; printf '\\1' >> \"$CALLS\"\n")
+    (bin_dir / "torchrun").chmod(0o755)
+    (tmp_path / "t.sh").write_text(script)
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    subprocess.run([BASH, str(tmp_path / "t.sh")], cwd=tmp_path, timeout=60, capture_output=True,
+                   env={"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "CALLS": str(calls)})
+    ran = [call.split("\0")[:-1] for call in calls.read_text().split("\1")[:-1]]
+    read = [list(c.fields[c.fields.index("torchrun") + 1:]) for c in read_script(script, "t.sh").commands]
+    assert read == ran
+
+
+@pytest.mark.parametrize("launch, nproc_refused", [
+    (f"env -S '{TRAIN}'", False),
+    (f"env -S '{TRAIN.split(' pretrain_gpt.py')[0]}' pretrain_gpt.py{TRAIN.split('pretrain_gpt.py')[1]}", False),
+    (f"env -S '{TRAIN.split(' pretrain_gpt.py')[0].replace('8', '4')}' pretrain_gpt.py{TRAIN.split('pretrain_gpt.py')[1]}", True),
+])
+def test_env_s_launch_is_read_as_the_program_it_starts(tmp_path, launch, nproc_refused):
+    """The whole launch in `env -S '...'` found no pretrain_gpt.py and was refused for a --micro-batch-size it
+    sets; torchrun's `--nproc_per_node 4` inside the string went unseen and 4 processes were priced as 8. Read as
+    env starts it (env -S 'A B' C is env A B C), the tp 2 launch is read, and the 4 processes refused as torchrun
+    launched without -S is: exit 2, one line naming the file and --nnodes."""
+    case, args = files(tmp_path, "#!/bin/bash\n" + launch + "\n", BF16)
+    if not nproc_refused:
+        assert diagnose(case, megatron_args=args).estimate.job.layout.tp == 2
+        return
+    result = run_cli("diagnose", str(case), "--megatron-args", str(args))
+    assert result.returncode == 2 and result.stdout == "", result
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert str(args) in result.stderr and "--nnodes" in result.stderr and "4 GPUs" in result.stderr, result.stderr
+
+
 def test_env_s_whose_string_env_expands_is_refused_naming_the_line(tmp_path):
     """env -S expands ${NAME} from env's own environment, which the reading does not follow: the launch's words
     and environment would be guessed, so the script is refused, exit 2, one line naming the file, the line and

@@ -568,7 +568,9 @@ class _Commands(_Expander):
             self.note(f"{one_line(' '.join(fields), 80)}: env reads no option after its first NAME=VALUE, so it "
                       f"runs a command named {one_line(program, 40)}, which fails: what follows is not started")
             return _failed(127)  # env: "No such file or directory"
-        shell = _inline_script(fields)
+        # env -S's string read as the words env makes of it: the program it names, a bash -c among them
+        words = list(started_words(fields))
+        shell = _inline_script(words)
         if shell is not None:
             self.run_inline(shell, node, self.environment(list(assignments), fields))
         elif node.heredoc is not None and name.rsplit("/", 1)[-1] in HEREDOC_SHELLS:
@@ -585,7 +587,7 @@ class _Commands(_Expander):
                           if how.startswith(_DEFAULTED))
         for said in started_notes(fields):
             self.note(said, None)
-        self.commands.append(Command(tuple(fields), self.line_of(node.start), unset, not_run, defaulted,
+        self.commands.append(Command(tuple(words), self.line_of(node.start), unset, not_run, defaulted,
                                      self.environment(list(assignments), fields)))
         return _Status(None, True, reason=f"{one_line(name, 40)} is not run")
 
@@ -1028,15 +1030,40 @@ def started_program(fields: Sequence[str]) -> Optional[str]:
     return words[at] if at < len(words) else None
 
 
+def started_words(fields: Sequence[str]) -> tuple[str, ...]:
+    """The command's words with each ``env -S STRING`` (``-SSTRING``, ``--split-string[=]STRING``) replaced by
+    the words env splits STRING into, which env reads as its own (coreutils' env: ``env -S 'A B' C`` runs as
+    ``env A B C``): ``env -S 'python3 -u' pretrain_gpt.py`` starts pretrain_gpt.py, one word of its own."""
+    words, spans = _started(fields, ())[1], _started_spans(fields)
+    kept: list[str] = []
+    for k, word in enumerate(words):
+        if k in spans:
+            if spans[k]:
+                kept.append(spans[k])
+            continue
+        kept.append(word)
+    return tuple(kept)
+
+
+def _started_spans(fields: Sequence[str]) -> dict[int, str]:
+    """The words of an ``env -S`` option among ``fields`` as :func:`_started` lays them out, by index: what
+    each becomes where the string's words stand in for it (its option letters but S: ``-vS`` is ``-v``; empty,
+    dropped)."""
+    spans: dict[int, str] = {}
+    _started(fields, (), spans)
+    return spans
+
+
 def started_notes(fields: Sequence[str]) -> list[str]:
     """What reading the command's wrappers assumed (a sudo that resets the environment: SUDO_RESETS)."""
     return _started(fields, ())[3]
 
 
-def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int, list[str]]:
+def _started(fields: Sequence[str], held, spans: Optional[dict] = None) -> tuple[tuple, list[str], int, list[str]]:
     """(:func:`started_environment`'s environment, the command's words as its wrappers read them, env -S's
     string split among them, the index of the program they start: the words' length where none, and
-    :func:`started_notes`)."""
+    :func:`started_notes`); ``spans`` gets the words of each -S option, as :func:`_started_spans` gives them."""
+    spans = {} if spans is None else spans
     held = list(held)
     words = list(fields)
     said: list[str] = []
@@ -1056,6 +1083,8 @@ def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int, list[s
                 elif word.startswith("--"):
                     option, eq, value = word[2:].partition("=")
                     null = null or option == "null"
+                    if option == "split-string":
+                        spans.update({i - 1: ""} if eq else {i - 1: "", i: ""})
                     if option in ("unset", "chdir", "split-string") and not eq:
                         value = words[i] if i < len(words) else ""
                         i += 1
@@ -1071,6 +1100,10 @@ def _started(fields: Sequence[str], held) -> tuple[tuple, list[str], int, list[s
                             null = True
                         elif letter in "uCS":
                             value = word[k:]
+                            if letter == "S":  # -vS STRING: -v stays, -S gives way to STRING's words
+                                spans[i - 1] = word[:k - 1] if k > 2 else ""
+                                if not value:
+                                    spans[i] = ""
                             if not value:
                                 value = words[i] if i < len(words) else ""
                                 i += 1
