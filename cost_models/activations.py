@@ -338,8 +338,9 @@ def chunked_loss(model: ModelSpec, training: TrainingSpec) -> bool:
 
 
 def _per_logit_gradient_bytes(training: TrainingSpec) -> float:
-    """The logits' gradients beside what the loss saved, per logit: eager PyTorch's fp32
-    gradient of the log-softmax and its bf16 cast, 4 + 2 (``EngineBehaviour.loss_gradient_bytes``);
+    """The logits' gradients beside what the loss saved, per logit, at their peak: eager PyTorch's
+    fp32 gradients of the log-softmax (``nll_loss_backward``) and of the logits
+    (``_log_softmax_backward_data``), alive together, 4 + 4 (``EngineBehaviour.loss_gradient_bytes``);
     Megatron's in-place vocab-parallel cross-entropy, 2; a compiled loss, one write at the
     logits' width."""
     return activation_bytes(training.precision) if training.loss_compiled else training.engine.loss_gradient_bytes
@@ -349,10 +350,11 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     """Last stage, while the loss runs backward: what exists beside what the head keeps
     (:func:`head_activation_bytes`), not saved for backward but part of the stage's peak.
 
-    Whole logits: their gradients, :func:`_per_logit_gradient_bytes` a logit (eager PyTorch
-    allocates the fp32 gradient of the log-softmax and then its bf16 cast for the LM head's
-    backward; Megatron's ``vocab_parallel_cross_entropy`` writes it into the saved softmax in
-    place and hands back one bf16 copy; a compiled loss writes it once).
+    Whole logits: their gradients, :func:`_per_logit_gradient_bytes` a logit (eager PyTorch's
+    ``nll_loss_backward`` allocates the fp32 gradient of the log-softmax, and
+    ``_log_softmax_backward_data`` the fp32 gradient of the logits beside it, before the bf16 cast
+    the LM head's backward takes; Megatron's ``vocab_parallel_cross_entropy`` writes it into the
+    saved softmax in place and hands back one bf16 copy; a compiled loss writes it once).
 
     In chunks (:func:`chunked_loss`, one included: torchtitan's ``ChunkedLossWrapper.__call__``,
     components/loss.py), during the forward: one chunk's logits, as the loss saves them, and their gradient (s/N of them); and the

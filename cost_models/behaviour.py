@@ -242,10 +242,14 @@ class EngineBehaviour:
     # (``trainer.py``, ``make_ddp``), and its trainer all-reduces the accumulator's contiguous buffer
     # (``sync_gradients_across_dp`` with ``reduce_scatter=False``) before the optimizer steps.
     zero1_fp32_reduce_after_backward: bool = False
-    # Bytes per logit of the loss's gradients alive beside the saved log-softmax while the loss
-    # runs backward (``activations.loss_gradient_bytes``): 4 + 2 for eager PyTorch's
-    # cross-entropy on upcast logits, 2 for Megatron's in-place vocab-parallel cross-entropy.
-    loss_gradient_bytes: float = 6.0
+    # Bytes per logit alive beside the saved log-softmax at the loss's peak
+    # (``activations.loss_gradient_bytes``). Eager PyTorch's ``F.cross_entropy`` on upcast logits, 4 + 4:
+    # its backward's ``nll_loss_backward`` writes the fp32 gradient of the log-softmax (a dense tensor
+    # of the logits' shape), and ``_log_softmax_backward_data`` (aten/src/ATen/native/SoftMax.cpp) writes
+    # the fp32 gradient of the logits while that one is still its input; the bf16 cast comes after the
+    # first is freed (measured on CPU: tests/test_eager_loss_torch.py). 2 for Megatron's vocab-parallel
+    # cross-entropy, which writes the gradient into the saved softmax and hands back a bf16 copy.
+    loss_gradient_bytes: float = 8.0
     # The loss compiled by torch.compile (torchtitan's compile.components default ["model",
     # "loss"]): inductor fuses the upcast, log-softmax and NLL, saves the logits at their own
     # width and two fp32 numbers a row, and writes their gradient at that width in one kernel

@@ -134,12 +134,12 @@ def test_torchtitans_chunked_loss_holds_what_the_torchtitan_engine_prices():
     assert training.loss_chunk_count == N
 
     # N chunks of s/N positions' bf16 logits; eager cross-entropy keeps 4 bytes a logit (its fp32
-    # log-softmax) and writes 4 + 2 of gradient (tests/test_compiled_loss.py measures both).
+    # log-softmax) and its backward's two fp32 gradients alive at once, 4 + 4 (tests/test_eager_loss_torch.py).
     assert seen["logits"] == [[[B, S // N, V], "torch.bfloat16"]] * N
     chunk_logits = B * (S // N) * V
     (shape, dtype), = seen["accumulator"]
     assert dtype == "torch.float32" and shape == [B, S, H]
-    assert loss_gradient_bytes(model, lay, training) == (4 + 6) * chunk_logits + 4 * B * S * H
+    assert loss_gradient_bytes(model, lay, training) == (4 + 8) * chunk_logits + 4 * B * S * H
 
     # The LM head's gradient, whole in fp32, from the second chunk on; at the last chunk its reduce-scatter's
     # fp32 input beside it, and the weight gathered in bf16 throughout: 2 + 4 + 4 bytes a weight at once.
@@ -172,7 +172,7 @@ def test_one_chunk_of_torchtitans_wrapper_keeps_no_logits_where_the_loss_on_whol
     # accumulator of the hidden states' shape, as in N chunks at N = 1.
     assert seen["logits"] == [[[B, S, V], "torch.bfloat16"]]
     assert seen["accumulator"] == [[[B, S, hidden], "torch.float32"]]
-    assert loss_gradient_bytes(model, lay, training) == (4 + 6) * B * S * V + 4 * B * S * hidden
+    assert loss_gradient_bytes(model, lay, training) == (4 + 8) * B * S * V + 4 * B * S * hidden
 
     # After it, no logits: the gradient handed back, bf16 of the hidden states' shape, as for N chunks; the
     # loss on whole logits would keep its fp32 log-softmax, 4 bytes a logit, until the backward.
