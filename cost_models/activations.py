@@ -357,7 +357,10 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     saved softmax in place and hands back one bf16 copy; a compiled loss writes it once).
 
     In chunks (:func:`chunked_loss`, one included: torchtitan's ``ChunkedLossWrapper.__call__``,
-    components/loss.py), during the forward: one chunk's logits, as the loss saves them, and their gradient (s/N of them); and the
+    components/loss.py), during the forward: one chunk's logits (s/N of them), as the LM head wrote
+    them, which the loop's ``logits`` still names through ``chunk_loss.backward()``, what the loss
+    saves of them and their gradient (eager: 2 + 4 + 8, measured in ``tests/test_chunked_loss_torch.py``;
+    a compiled loss saves those very logits, so nothing beside them); and the
     ``GradAccumulator`` the chunks' input gradients are written into, an fp32 buffer of the
     hidden states' local shape (the whole local sequence: the final norm's output is replicated
     over the TP ranks), whose cast to the activations' width the head keeps. The LM head's
@@ -372,7 +375,11 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
         return _per_logit_gradient_bytes(training) * logits
     p = activation_bytes(training.precision)
     accumulator = FP32_BYTES * s * b * model.hidden_size if p != FP32_BYTES else 0.0  # .to(fp32) is no copy
-    return (saved_logit_bytes(training) + _per_logit_gradient_bytes(training)) * logits / chunks + accumulator
+    # The head's output, alive through the chunk's backward; eager cross-entropy saves an fp32 copy
+    # of it, a compiled loss saves it (saved_logit_bytes), already counted here.
+    head_output = 0.0 if training.loss_compiled else p
+    per_logit = head_output + saved_logit_bytes(training) + _per_logit_gradient_bytes(training)
+    return per_logit * logits / chunks + accumulator
 
 
 def mtp_projection_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout) -> float:

@@ -67,15 +67,15 @@ def record(self, *a, **k):
     seen["accumulator"].append([list(self._buffer.shape), str(self._buffer.dtype)])
 L.GradAccumulator.__init__ = record
 
-class HeadBytes(TorchDispatchMode):
-    """The most bytes live at once in tensors of the head's size (V·H elements, 2 or 4 bytes each):
-    every storage an op makes is followed until it is freed."""
-    def __init__(self):
-        super().__init__(); self.live, self.now, self.peak = {}, 0, 0
+class Bytes(TorchDispatchMode):
+    """The most bytes live at once in tensors of one size (``elements``, 2 or 4 bytes each): every
+    storage an op makes is followed until it is freed, whatever an allocator would reuse."""
+    def __init__(self, elements):
+        super().__init__(); self.sizes = (2 * elements, 4 * elements); self.live, self.now, self.peak = {}, 0, 0
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if type(t) is torch.Tensor and t.untyped_storage().nbytes() in (2 * V * H, 4 * V * H):
+            if type(t) is torch.Tensor and t.untyped_storage().nbytes() in self.sizes:
                 storage = t.untyped_storage()
                 if storage._cdata not in self.live:
                     self.live[storage._cdata] = storage.nbytes(); self.now += storage.nbytes()
@@ -91,10 +91,11 @@ labels = torch.randint(V, (B, S))
 kept = []
 def pack(t):
     kept.append(weakref.ref(t)); return t
-head_bytes = HeadBytes()
-with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), head_bytes:
+head_bytes, logit_bytes = Bytes(V * H), Bytes(B * (S // N) * V)  # the head's tensors, one chunk's logits'
+with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), head_bytes, logit_bytes:
     loss, _ = wrapper(hidden, labels)
 seen["head_peak_bytes"] = head_bytes.peak
+seen["logit_peak_bytes"] = logit_bytes.peak
 gc.collect()
 alive = {}
 for r in kept:
@@ -133,13 +134,15 @@ def test_torchtitans_chunked_loss_holds_what_the_torchtitan_engine_prices():
     model, lay, training = job.model, job.layout, job.training
     assert training.loss_chunk_count == N
 
-    # N chunks of s/N positions' bf16 logits; eager cross-entropy keeps 4 bytes a logit (its fp32
-    # log-softmax) and its backward's two fp32 gradients alive at once, 4 + 4 (tests/test_eager_loss_torch.py).
+    # N chunks of s/N positions' bf16 logits; at a chunk's peak, inside its backward, the loop's ``logits``
+    # still names them (2), eager cross-entropy keeps its fp32 log-softmax (4) and its backward's two
+    # fp32 gradients are alive at once, 4 + 4 (tests/test_eager_loss_torch.py): 14 bytes a chunk's logit.
     assert seen["logits"] == [[[B, S // N, V], "torch.bfloat16"]] * N
     chunk_logits = B * (S // N) * V
+    assert seen["logit_peak_bytes"] == (2 + 4 + 4 + 4) * chunk_logits
     (shape, dtype), = seen["accumulator"]
     assert dtype == "torch.float32" and shape == [B, S, H]
-    assert loss_gradient_bytes(model, lay, training) == (4 + 8) * chunk_logits + 4 * B * S * H
+    assert loss_gradient_bytes(model, lay, training) == seen["logit_peak_bytes"] + 4 * B * S * H
 
     # The LM head's gradient, whole in fp32, from the second chunk on; at the last chunk its reduce-scatter's
     # fp32 input beside it, and the weight gathered in bf16 throughout: 2 + 4 + 4 bytes a weight at once.
@@ -172,7 +175,8 @@ def test_one_chunk_of_torchtitans_wrapper_keeps_no_logits_where_the_loss_on_whol
     # accumulator of the hidden states' shape, as in N chunks at N = 1.
     assert seen["logits"] == [[[B, S, V], "torch.bfloat16"]]
     assert seen["accumulator"] == [[[B, S, hidden], "torch.float32"]]
-    assert loss_gradient_bytes(model, lay, training) == (4 + 8) * B * S * V + 4 * B * S * hidden
+    assert seen["logit_peak_bytes"] == (2 + 4 + 4 + 4) * B * S * V
+    assert loss_gradient_bytes(model, lay, training) == seen["logit_peak_bytes"] + 4 * B * S * hidden
 
     # After it, no logits: the gradient handed back, bf16 of the hidden states' shape, as for N chunks; the
     # loss on whole logits would keep its fp32 log-softmax, 4 bytes a logit, until the backward.
