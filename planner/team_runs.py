@@ -16,7 +16,7 @@ from cost_models.memory import stage_memories
 from cost_models.parameters import padded_vocab, total_parameters
 from cost_models.specs import Job
 
-from .case import build_case, load_case, read_case, spec_errors
+from .case import build_case, load_case, read_case, read_sections, spec_errors
 from .errors import Argument, CaseError, cli_flag, one_line, safe_repr
 from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
@@ -684,19 +684,27 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any], argument: Argument
     for i, log in enumerate(logs):
         case_path = cases[0] if len(cases) == 1 else cases[i]
         data, src, base = read_case(case_path)
-        if not isinstance(data, dict) or not isinstance(data.get("layout"), dict):
+        # A case that is no mapping, or a key that is no section, is refused as build_case refuses it: a
+        # list of a case was "layout: missing".
+        data = read_sections(src, data)
+        if data.get("layout") is None:
             raise CaseError(src, "layout", "missing: a run's case gives the layout it ran")
         data = absolute_paths(data, base)
         reading = read_log(log)
-        training = dict(data.get("training") or {})
-        if training.get("engine") in (None, "any"):
-            # Priced as the engine that ran it: under the case's "any" (plain PyTorch) a torchtitan log was
-            # fitted as another engine's run, and torchtitan's plans said they lay outside the fitted runs.
-            training["engine"] = reading.engine
-        elif training["engine"] != reading.engine:
-            raise CaseError(str(log), "", f"is a {reading.engine} log; the case {src} says training.engine "
-                                          f"{training['engine']}")
-        data = {**data, "training": training}
+        training = data.get("training")
+        # A training section of the wrong type (or none) is left for build_case to name, as `estimate` names
+        # it: `training: [1, 2]` raised dict()'s TypeError, and `training:` with nothing was read as one
+        # that lacks global_batch_size.
+        if isinstance(training, dict):
+            training = dict(training)
+            if training.get("engine") in (None, "any"):
+                # Priced as the engine that ran it: under the case's "any" (plain PyTorch) a torchtitan log was
+                # fitted as another engine's run, and torchtitan's plans said they lay outside the fitted runs.
+                training["engine"] = reading.engine
+            elif training["engine"] != reading.engine:
+                raise CaseError(str(log), "", f"is a {reading.engine} log; the case {src} says training.engine "
+                                              f"{training['engine']}")
+            data = {**data, "training": training}
         case = build_case(data, src, base)  # its refusals name the case file, not "<case>"
         job = case.job()
         for what, value in reading.stated:

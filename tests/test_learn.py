@@ -1714,6 +1714,32 @@ def test_the_api_fits_a_teams_logs_as_calibrate_from_logs_does(tmp_path):
         calibrate_from_logs([], case_path)
 
 
+@pytest.mark.parametrize("section, value, expected", [
+    ("training", [1, 2], "training: expected a mapping, got list [1, 2]"),  # was dict()'s TypeError
+    ("training", None, "training: expected a mapping, got nothing"),  # was "training.global_batch_size: missing"
+    ("layout", "dp 8", "layout: expected a mapping, got str 'dp 8'"),  # was "layout: missing"
+])
+def test_a_log_case_section_of_the_wrong_type_is_named_as_estimate_names_it(tmp_path, section, value, expected):
+    """The case a log ran, with a section that is no mapping, is refused as `estimate` refuses that case
+    (the rule every section reader follows: name the file, the key and what was expected), through the
+    API and the CLI alike, in one line with exit 2."""
+    from planner import calibrate_from_logs
+
+    bad = {**case(8, 1, 1, 1, 1), section: value}
+    log = write(tmp_path, "megatron.log", MEGATRON_LOG)
+    with pytest.raises(CaseError) as given:
+        estimate(bad)
+    assert str(given.value) == f"<case>: {expected}"
+    with pytest.raises(CaseError) as logged:
+        calibrate_from_logs(log, bad)
+    assert str(logged.value) == str(given.value)
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump(bad))
+    refused = run_cli("calibrate", "--from-logs", str(log), "--case", str(case_path), "--out", str(tmp_path / "p.yaml"))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"{case_path}: {expected}" in refused.stderr
+
+
 def test_an_impossible_throughput_is_named_by_the_figure_it_was_read_from():
     """tokens_per_sec_total: 1.5 was refused under "measured", naming no figure the run gives."""
     with pytest.raises(CaseError, match=r"team-run-1\.measured\.tokens_per_sec_total: .* below any training run's"):
