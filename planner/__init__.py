@@ -4,8 +4,22 @@ many GPUs of which type a run of so many tokens needs."""
 import sys
 import types
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from .api_values import plain_arguments
+
+if TYPE_CHECKING:
+    # What a type checker sees of the names below, which load on first use: without these, mypy knew
+    # none of them ("Module has no attribute plan") and every result was Any. Never run, so importing
+    # the package still loads nothing.
+    from .case import Layout
+    from .configs import Emitted, diagnose, emit, read_config
+    from .diagnose import Diagnosis
+    from .errors import CaseError
+    from .estimate import Estimate, estimate
+    from .learn import Fit, calibrate_from_logs, calibrate_from_runs
+    from .plan import NoFit, Plan, plan
+    from .size import SizeChoice, Sizing, size
 
 __all__ = ["CaseError", "Diagnosis", "Emitted", "Estimate", "Fit", "Layout", "NoFit", "Plan", "SizeChoice", "Sizing",
            "calibrate_from_logs", "calibrate_from_runs", "diagnose", "emit", "estimate", "plan", "read_config", "size"]

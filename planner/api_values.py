@@ -16,9 +16,32 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar, Union
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# What the public functions' hints say they take, as :func:`plain` hands it on: a number as Python's or
+# a numpy scalar (a pandas sweep's np.int64), a path as str or any os.PathLike (a pathlib.Path, a
+# pipeline's own path type), a case as such a path or any mapping in the case-file schema (made a dict).
+if TYPE_CHECKING:
+    import numpy  # ortools installs it
+
+    IntArg = Union[int, numpy.integer[Any]]
+    FloatArg = Union[float, numpy.integer[Any], numpy.floating[Any]]  # an int is a float to a type checker
+    BoolArg = Union[bool, numpy.bool_]
+    NumpyArray = numpy.ndarray[Any, Any]
+else:
+    # At run time the hints name Python's own types: the planner never loads numpy (docs/speed.md), and a
+    # name left unresolved made typing.get_type_hints(planner.diagnose) raise NameError.
+    IntArg, FloatArg, BoolArg, NumpyArray = int, float, bool, list
+PathArg = Union[str, os.PathLike[str]]
+CaseArg = Union[Mapping[str, Any], PathArg]
+# Where one value or several are taken (calibrate_from_logs' logs and cases): a list or a tuple of them.
+# Sequence, not list, as list is invariant: a caller's list[Path] is no list[PathArg] to a type checker.
+LogsArg = Union[PathArg, Sequence[PathArg]]
+CasesArg = Union[CaseArg, Sequence[CaseArg]]
+# A pipeline's stage_layers: (16, 16) or [16, 16] (or a numpy array's tolist()), as the readers take either.
+StageLayersArg = Union[Sequence[IntArg], NumpyArray]
 
 
 # The deepest a case's values are looked into: past it a structure is left as given, for the readers

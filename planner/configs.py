@@ -19,6 +19,7 @@ from cost_models.specs import RECOMPUTE, Layout
 # planner.emit is imported here, before planner/__init__ binds planner.emit to the function below:
 # imported later, the package would take the name.
 from .emit import ENGINES as EMITTERS
+from .api_values import BoolArg, CaseArg, IntArg, PathArg, StageLayersArg
 from .engines import ENGINES
 from .engines import READING as READERS
 from .errors import CaseError, api_argument, cli_flag
@@ -26,6 +27,7 @@ from .fields import canonical_choice, read_bool, read_int, read_path, read_str
 from .case import Case, spec_errors
 from .diagnose import Diagnosis
 from .estimate import Estimate, estimate_job
+from .plan import Plan  # loaded already, by .diagnose: named here for emit's hint
 from .search_options import retarget
 
 
@@ -118,16 +120,16 @@ def as_engine_runs_it(estimate: Estimate, engine: str) -> Estimate:
     return estimate_job(retimed, job)
 
 
-def emit(result: Any, engine: str, out_dir: Union[str, Path], *, source: Optional[str] = None,
-         force: bool = False, force_unfit: bool = False) -> Emitted:
+def emit(result: Union[Plan, Estimate], engine: str, out_dir: PathArg, *, source: Optional[str] = None,
+         force: BoolArg = False, force_unfit: BoolArg = False) -> Emitted:
     """Write the engine's launch files for ``result`` (a Plan's best layout, or an Estimate) into
     ``out_dir``, all or none (:func:`planner.files.write_all`); existing files only with ``force``;
     a layout predicted not to fit only with ``force_unfit``, said in every file's header."""
     from .emit import earlier_emission_finder
     from .files import Output, write_all
 
-    read_bool("emit", "force", force)  # "no" is truthy: it overwrote the user's files
-    read_bool("emit", "force_unfit", force_unfit)
+    force = read_bool("emit", "force", force)  # "no" is truthy: it overwrote the user's files
+    force_unfit = read_bool("emit", "force_unfit", force_unfit)
     if source is not None:  # written into every file's header: a 5 there named no case
         read_str("emit", "source", source)
     out = read_path("emit", "out_dir", out_dir)
@@ -144,9 +146,9 @@ def removed_notes(removed: list[Path]) -> list[str]:
             "this plan's files replace" for path in removed]
 
 
-def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] = None, tp: Optional[int] = None,
-                micro_batch_size: Optional[int] = None, recompute: Optional[str] = None,
-                ep: Optional[int] = None, stage_layers: Optional[tuple[int, ...]] = None) -> Layout:
+def read_config(case: CaseArg, engine: str, path: PathArg, pp: Optional[IntArg] = None, tp: Optional[IntArg] = None,
+                micro_batch_size: Optional[IntArg] = None, recompute: Optional[str] = None,
+                ep: Optional[IntArg] = None, stage_layers: Optional[StageLayersArg] = None) -> Layout:
     """The layout of an existing config: a DeepSpeed ds_config.json (``pp`` and ``tp`` say what it
     does not: the pipeline stages, and tensor parallelism in a Megatron-DeepSpeed pipeline) or a
     Megatron-LM argument list or launch script. Contradictions with the case are a CaseError
@@ -164,9 +166,9 @@ def read_config(case: Any, engine: str, path: Union[str, Path], pp: Optional[int
                     argument=api_argument("read_config")).layout
 
 
-def diagnose(case: Any, engine: str, path: Union[str, Path], pp: Optional[int] = None, tp: Optional[int] = None,
-             micro_batch_size: Optional[int] = None, recompute: Optional[str] = None, ep: Optional[int] = None,
-             stage_layers: Optional[tuple[int, ...]] = None) -> Diagnosis:
+def diagnose(case: CaseArg, engine: str, path: PathArg, pp: Optional[IntArg] = None, tp: Optional[IntArg] = None,
+             micro_batch_size: Optional[IntArg] = None, recompute: Optional[str] = None, ep: Optional[IntArg] = None,
+             stage_layers: Optional[StageLayersArg] = None) -> Diagnosis:
     """An existing config read as :func:`read_config` reads it, estimated and set against the planner's
     best: the Diagnosis `layout-planner diagnose --json` prints (``to_dict()``), with the notes that
     say what the config leaves unsaid (a ds_config states no recomputation) and how it was read."""

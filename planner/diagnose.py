@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from .api_values import StageLayersArg
 from .case import Case, load_case
 from cost_models.specs import Job, Layout
 
@@ -275,7 +276,7 @@ class ConfigReading:
 
 def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: Optional[int] = None,
              micro_batch_size: Optional[int] = None, recompute: Optional[str] = None, ep: Optional[int] = None,
-             stage_layers: Optional[tuple[int, ...]] = None, argument: Argument = cli_flag) -> ConfigReading:
+             stage_layers: Optional[StageLayersArg] = None, argument: Argument = cli_flag) -> ConfigReading:
     """The config at ``path`` for ``engine`` (deepspeed: a ds_config.json; megatron: an argument list or
     launch script; torchtitan: overrides, a launch script or a 0.2 TOML file) on ``case``: every
     refusal `diagnose` makes of it, options the config contradicts named as ``argument`` names them
@@ -394,7 +395,7 @@ def _blamed(error: CaseError, case_source: str, path: Path, engine: str, layout,
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
              pp: Optional[int] = None, tp: Optional[int] = None, micro_batch_size: Optional[int] = None,
              recompute: Optional[str] = None, ep: Optional[int] = None,
-             stage_layers: Optional[tuple[int, ...]] = None, torchtitan: Optional[Path] = None,
+             stage_layers: Optional[StageLayersArg] = None, torchtitan: Optional[Path] = None,
              argument: Argument = cli_flag) -> Diagnosis:
     """The config (a ds_config ``config``, ``megatron_args`` or ``torchtitan`` command-line overrides,
     a launch script or a 0.2 TOML job file) read as :func:`read_job` reads it, estimated, and set

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from cost_models.activations import selective_modules
 from cost_models.topology import domains_spanned
@@ -12,6 +12,7 @@ from cost_models.parameters import active_parameters, total_parameters
 from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import Job, Layout, SpecError
 
+from .api_values import CaseArg
 from .bands import Band, memory_band, throughput_band
 from .case import LAYOUT_UNSET_TEXT, Case, layout_to_mapping, load_case, spec_errors
 from .engines import ENGINES
@@ -280,7 +281,7 @@ def check_step_time(source: str, seconds: float, parts: Optional[dict[str, float
                                        f"that give steps under {MAX_STEP_TIME_S:g} s")
 
 
-def estimate(case: Any) -> Estimate:
+def estimate(case: Union[CaseArg, Case]) -> Estimate:
     """Python API: estimate the case's layout. ``case`` is a path or a dict in the case-file schema."""
     loaded = case if isinstance(case, Case) else load_case(case)
     result = estimate_job(loaded, loaded.job())

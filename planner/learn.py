@@ -43,12 +43,14 @@ import copy
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import Mapping
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import yaml
 
 from cost_models.specs import FabricSpec, Overheads, Performance
 
+from .api_values import CasesArg, LogsArg, PathArg
 from .case import load_case
 from .errors import Argument, CaseError, api_argument, cli_flag, named
 from .fields import describe, read_path, read_str
@@ -56,6 +58,9 @@ from .estimate import Estimate, estimate
 from .fitted import coverage as jobs_coverage
 from .presets import fabric_presets, gpu_preset_name, gpu_presets, performance_presets, resolve_gpu_preset
 from .team_runs import Run, check_each_run_once, load_runs, runs_from_rows
+
+# What calibrate_from_runs takes: runs files, published-run rows, Run objects, or a list or tuple mixing them.
+RunsArg = Union[PathArg, Mapping[str, Any], Run, Sequence[Union[PathArg, Mapping[str, Any], Run]]]
 
 # How far one run's step time (its peak) sits from the model for reasons no fitted figure holds, as
 # a log ratio: the standard deviation of the model's log error inside a group of runs of one source
@@ -749,7 +754,7 @@ def _plain(v: Any) -> Any:
 
 # --- the API, the file and the report ------------------------------------------------------------
 
-def calibrate_from_runs(runs: Any, gpu_preset: Optional[str] = None) -> tuple[dict[str, Any], Fit]:
+def calibrate_from_runs(runs: RunsArg, gpu_preset: Optional[str] = None) -> tuple[dict[str, Any], Fit]:
     """The profile a team's runs teach, and the fit's report.
 
     ``runs``: published-runs files (paths), rows in that schema (dicts) or :class:`Run` objects,
@@ -780,7 +785,7 @@ def calibrate_from_runs(runs: Any, gpu_preset: Optional[str] = None) -> tuple[di
     return profile_of(result, ", ".join(origins) or f"{len(collected)} runs"), result
 
 
-def calibrate_from_logs(logs: Any, cases: Any, gpu_preset: Optional[str] = None) -> tuple[dict[str, Any], Fit]:
+def calibrate_from_logs(logs: LogsArg, cases: CasesArg, gpu_preset: Optional[str] = None) -> tuple[dict[str, Any], Fit]:
     """The profile a team's training logs teach (`calibrate --from-logs`), and the fit's report:
     ``logs``, one path or a list of them, as the engines print them (:mod:`planner.training_logs`);
     ``cases``, the case each ran (a path or a dict in the case-file schema, with its layout): one for
@@ -790,13 +795,14 @@ def calibrate_from_logs(logs: Any, cases: Any, gpu_preset: Optional[str] = None)
     argument = api_argument("calibrate_from_logs", {"from_logs": "logs", "case": "cases"})
     if gpu_preset is not None:
         read_str("calibrate_from_logs", "gpu_preset", gpu_preset)
-    logs = list(logs) if isinstance(logs, (list, tuple)) else [logs]
-    paths = [read_path("calibrate_from_logs", "logs", log) for log in logs]
-    cases = list(cases) if isinstance(cases, (list, tuple)) else [cases]
-    if not all(isinstance(c, (dict, str, os.PathLike)) for c in cases):
+    # Each value as given, checked below (Any: the hint's other sequences are refused by name, not listed).
+    each_log: list[Any] = list(logs) if isinstance(logs, (list, tuple)) else [logs]
+    paths = [read_path("calibrate_from_logs", "logs", log) for log in each_log]
+    each_case: list[Any] = list(cases) if isinstance(cases, (list, tuple)) else [cases]
+    if not all(isinstance(c, (dict, str, os.PathLike)) for c in each_case):
         raise CaseError("calibrate_from_logs", "cases", "expected case-file paths or dicts, got "
-                                                        f"{', '.join(sorted({type(c).__name__ for c in cases}))}")
-    runs = runs_from_logs(paths, cases, argument)
+                                                        f"{', '.join(sorted({type(c).__name__ for c in each_case}))}")
+    runs = runs_from_logs(paths, each_case, argument)
     result = fit(runs, "logs", gpu_preset, argument)
     check_explained(result, "logs")
     return profile_of(result, ", ".join(str(p) for p in paths)), result

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from cost_models.memory import peak_stage_memory, usable_bytes
 from cost_models.specs import Job, Layout
 
+from .api_values import BoolArg, CaseArg, FloatArg, IntArg
 from .bands import fit_limit, indistinguishable_gap
 from .case import CASE_ENGINES, Case, check_batch_tokens, layout_to_mapping, load_case, spec_errors
 from .complexity import COMPLEXITY_ORDER, complexity
@@ -612,9 +613,9 @@ def _margin_set_by(simplest_within: Optional[float], fastest: bool = False) -> s
     return "fastest" if fastest else "model" if simplest_within is None else "simplest_within"
 
 
-def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int] = None,
-         target: Optional[str] = None, engine: Optional[str] = None, fastest: bool = False,
-         tokens: Any = None) -> Plan:
+def plan(case: Union[CaseArg, Case], simplest_within: Optional[FloatArg] = None, top_k: Optional[IntArg] = None,
+         target: Optional[str] = None, engine: Optional[str] = None, fastest: BoolArg = False,
+         tokens: Union[FloatArg, str, None] = None) -> Plan:
     """Python API: plan a case (path or dict in the case-file schema); any ``layout`` section is ignored.
 
     ``target`` restricts the search to one engine, or with ``"any"`` decides between them, as
@@ -628,7 +629,7 @@ def plan(case: Any, simplest_within: Optional[float] = None, top_k: Optional[int
     if target is not None and engine is not None and target != engine:
         raise CaseError("plan", "target", f"{target!r} differs from engine {engine!r}, which replaces the case's "
                                           "engine and target: give one of them")
-    read_bool("plan", "fastest", fastest)  # "no" is truthy: it returned the raw optimum
+    fastest = read_bool("plan", "fastest", fastest)  # "no" is truthy: it returned the raw optimum
     if fastest and simplest_within is not None:  # as the CLI refuses --fastest with --simplest-within
         raise CaseError("plan", "fastest", "give either fastest or simplest_within, not both")
     notes: tuple[str, ...] = ()

@@ -38,11 +38,12 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 from cost_models.specs import EXPERT_DISPATCHES, PRECISIONS, GPUSpec, SpecError
 from cost_models.layer_time import layer_time_bound
 
+from .api_values import CaseArg, FloatArg, IntArg
 from .case import Case, build_case, check_usable_memory, read_case, read_sections, spec_errors
 from .cluster_options import ClusterOption, read_cluster_options, with_part_racks
 from .errors import CaseError, one_line, safe_repr
@@ -343,8 +344,9 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
     return loaded, options
 
 
-def size(case: Any, tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nodes: Any = None,
-         gpu_hour_cost: Any = None, top_k: Any = None,
+def size(case: CaseArg, tokens: Union[FloatArg, str], deadline: Optional[str] = None,
+         max_gpus: Optional[IntArg] = None, max_nodes: Optional[IntArg] = None, gpu_hour_cost: Optional[FloatArg] = None,
+         top_k: Optional[IntArg] = None,
          progress: Optional[Callable[[int, int], None]] = None) -> Sizing:
     """Python API: size a case (path or dict in the case-file schema) for ``tokens`` (15e12 or
     "15T"), optionally by a ``deadline`` ("60d", "36h"), within ``max_gpus`` or ``max_nodes``

@@ -354,3 +354,59 @@ def test_estimate_notes_carry_a_sequence_past_the_hf_configs_positions():
                             "training": {"global_batch_size": 8, "seq_len": 8192, "engine": "megatron"},
                             "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 1}})
     assert any("max_position_embeddings" in note for note in est.notes), est.notes
+
+
+
+class _PipelinePath(os.PathLike):
+    """A pipeline's own path type: any os.PathLike is a path to the API (api_values.plain)."""
+
+    def __fspath__(self) -> str:
+        return "out"
+
+
+@pytest.mark.parametrize("name, argument, value", [
+    # As docs/commands.md's Python API says each is taken: a case as a path or a dict (any mapping,
+    # made a dict by api_values.plain), a path as any os.PathLike, tokens as a number or "15.6T", and
+    # stage_layers as a tuple or a list, as checked_options reads it.
+    ("plan", "case", Path("case.yaml")), ("plan", "case", types.MappingProxyType({"model": {}})),
+    ("plan", "tokens", "15.6T"), ("size", "tokens", 15e12), ("estimate", "case", Path("case.yaml")),
+    ("emit", "out_dir", _PipelinePath()), ("read_config", "path", _PipelinePath()),
+    ("read_config", "stage_layers", [16, 16]), ("diagnose", "stage_layers", [16, 16]),
+    ("calibrate_from_logs", "logs", [Path("a.log"), "b.log"]), ("calibrate_from_logs", "cases", [{}, Path("c.yaml")]),
+    ("calibrate_from_runs", "runs", [Path("runs.yaml"), {"id": "r"}]),
+])
+def test_the_public_functions_hints_take_what_the_functions_take(name, argument, value):
+    """A hint narrower than what a function takes fails a caller's type checker on a documented call
+    (out_dir: Union[str, Path] refused a pipeline's os.PathLike, stage_layers: tuple[int, ...] a list).
+    Each documented value is checked against the hint as Python reads it at run time."""
+    import typing
+
+    typeguard = pytest.importorskip("typeguard")
+    typeguard.check_type(value, typing.get_type_hints(getattr(planner, name))[argument])
+
+
+def test_a_type_checker_sees_the_lazy_api_and_takes_numpy_numbers(tmp_path):
+    """The API's names load on first use (planner/__init__.py), so mypy saw none of them: "Module has no
+    attribute plan" on the documented `planner.plan(case)`, every result Any. A pandas sweep's np.int64
+    is taken as the int it holds (api_values.plain), so the hints take it too. Run where mypy is
+    installed (no dependency of the planner's)."""
+    mypy = pytest.importorskip("mypy.api")
+    script = tmp_path / "caller.py"
+    script.write_text("""import os
+from pathlib import Path
+import numpy as np
+import planner
+
+case = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16}}
+best: planner.Plan = planner.plan(Path("case.yaml"), top_k=np.int64(3), simplest_within=np.float64(5), tokens="15T")
+sizing: planner.Sizing = planner.size(case, "15T", deadline="60d", max_gpus=np.int64(1024), gpu_hour_cost=2.5)
+written: planner.Emitted = planner.emit(planner.estimate(case), "megatron", Path("out"), force=np.bool_(True))
+layout: planner.Layout = planner.read_config(case, "megatron", "args.txt", pp=np.int64(2), stage_layers=[16, 16])
+report: planner.Diagnosis = planner.diagnose(case, "megatron", Path("args.txt"), stage_layers=(16, 16))
+logs: list[Path] = [Path("a.log")]
+fit: planner.Fit = planner.calibrate_from_logs(logs, [case, "case.yaml"])[1]
+planner.calibrate_from_runs(["runs.yaml", {"id": "r"}])
+""")
+    out, err, status = mypy.run(["--follow-imports=silent", "--ignore-missing-imports", "--no-incremental",
+                                 "--cache-dir", str(tmp_path / "cache"), str(script)])
+    assert status == 0, out + err
