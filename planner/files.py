@@ -6,7 +6,7 @@ Then, holding an exclusive lock on each target folder (``flock`` on the folder i
 so no lock file is left behind) and with SIGINT, SIGTERM and SIGHUP held back, the existence
 check is made again and the files are renamed into place, each old file moved aside
 first. If a rename fails, or an interrupt arrived meanwhile, every file moved so far is
-put back: the folders hold the old files, or no files, and no partial one.
+put back, with the signals still held: the folders hold the old files, or no files, and no partial one.
 """
 
 from __future__ import annotations
@@ -267,7 +267,23 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
                             ignore_interrupts()  # before the held signals are let through
                     done = True  # past this point, an interrupt held back above has been raised
                 except BaseException:
-                    _put_back(moved)
+                    # Held as the renames are: a second Ctrl-C cut the put-back short where no handler defers
+                    # it (the Python API's), leaving new files beside old ones and the old ones moved aside
+                    # into the staging folder, which the clean-up removes. One landing before the block holds
+                    # it starts the put-back again (a step done already fails and is skipped); the interrupt
+                    # is raised once all is back, as the clean-up's below.
+                    again: Optional[BaseException] = None
+                    tries = 0
+                    while tries < _CLEAN_UP_TRIES:
+                        tries += 1
+                        try:
+                            with signals_held():
+                                _put_back(moved)
+                            break
+                        except BaseException as error:
+                            again = again or error
+                    if again is not None:
+                        raise _the_interrupt(again)
                     raise
         except OSError as error:
             first = outputs[0] if outputs else Output(Path("."), "")

@@ -85,6 +85,42 @@ def test_a_forced_write_that_fails_part_way_puts_the_old_files_back(tmp_path, mo
     assert sorted(p.name for p in out.iterdir()) == ["launch.sh", "megatron_args.txt"]  # nothing staged is left
 
 
+@pytest.mark.parametrize("first", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_second_ctrl_c_during_the_roll_back_still_puts_every_old_file_back(tmp_path, monkeypatch, first):
+    """The module's promise (the old files, or no files) through a roll-back cut short: a second Ctrl-C,
+    raised as Python raises one, at a call where SIGINT is not blocked, stopped the put-back after its
+    first file. The Python API has no handler to defer it (the CLI's records a signal that lands while
+    it answers the first), so the new args stayed beside the old launch file, and the old args, moved
+    aside into the staging folder, went with it."""
+    import signal
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "megatron_args.txt").write_text("old args\n")
+    (out / "launch.sh").write_text("old launch\n")
+    real_replace = os.replace
+    rolling_back = []
+
+    def fail_then_interrupt(src, dst):
+        if Path(dst) == out / "launch.sh" and Path(src).name == "launch.sh":  # the new one, not a put-back
+            rolling_back.append(True)
+            raise first
+        if rolling_back and signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, ()):
+            raise KeyboardInterrupt  # the second Ctrl-C, where the kernel would deliver it
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_then_interrupt)
+    files = [Output(out / "megatron_args.txt", "new args\n"), Output(out / "launch.sh", "new launch\n")]
+    try:
+        write_all(files, force=True)
+    except BaseException as error:  # noqa: B036 - an interrupt escaping would end the test session
+        raised = error
+    assert isinstance(raised, (CaseError, KeyboardInterrupt)), repr(raised)
+    assert (out / "megatron_args.txt").read_text() == "old args\n"
+    assert (out / "launch.sh").read_text() == "old launch\n"
+    assert sorted(p.name for p in out.iterdir()) == ["launch.sh", "megatron_args.txt"]  # nothing staged is left
+
+
 def test_a_failed_write_into_a_new_folder_leaves_no_folder(tmp_path, monkeypatch):
     def no_space(src, dst):
         raise OSError(28, "No space left on device")
