@@ -135,9 +135,27 @@ def emit(result: Union[Plan, Estimate], engine: str, out_dir: PathArg, *, source
     out = read_path("emit", "out_dir", out_dir)
     files, notes = render(result, engine, source, force_unfit)
     removed: list[Path] = []
-    written = write_all([Output(out / name, text, "out_dir", "force=True") for name, text in files.items()], force,
-                        removes=earlier_emission_finder(out, files, removed) if force else ())
-    return Emitted(tuple(written), tuple(notes) + tuple(removed_notes(removed)))
+    committed = [False]
+    outputs = [Output(out / name, text, "out_dir", "force=True") for name, text in files.items()]
+    paths = [output.path for output in outputs]
+    try:
+        written = write_all(outputs, force, removes=earlier_emission_finder(out, files, removed) if force else (),
+                            committed=committed)
+        emitted = Emitted(tuple(written), tuple(notes) + tuple(removed_notes(removed)))
+    except BaseException as error:
+        # An interrupt before the files were in place leaves none of them (write_all puts back what it moved).
+        # One after (in write_all's clean-up, or here) cannot undo them, and the CLI's way, ignoring it, is no
+        # library's: it is raised saying what is written, which the caller was never handed as an Emitted.
+        if committed[0]:
+            error.add_note(interrupted_after(paths, removed))
+        raise
+    return emitted  # bound inside the try: an interrupt as Emitted(...) returns is still told of the files
+
+
+def interrupted_after(paths: list[Path], removed: list[Path]) -> str:
+    """What an interrupt raised after emit's files were in place says of them."""
+    took = f"; removed {', '.join(str(p) for p in removed)}" if removed else ""
+    return f"planner.emit had written all its files when interrupted: {', '.join(str(p) for p in paths)}{took}"
 
 
 def removed_notes(removed: list[Path]) -> list[str]:

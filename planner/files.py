@@ -199,14 +199,17 @@ def _the_interrupt(error: BaseException) -> BaseException:
 
 
 def write_all(outputs: list[Output], force: bool, last: bool = False,
-              removes: Union[Sequence[Path], Callable[[], Sequence[Path]]] = ()) -> list[Path]:
+              removes: Union[Sequence[Path], Callable[[], Sequence[Path]]] = (),
+              committed: Optional[list[bool]] = None) -> list[Path]:
     """Write every output, all or none (see the module docstring); returns their paths. ``last``
     (the CLI's: the command's last act) ignores interrupts once the files are in place, a signal
     held back during the renames included (``errors.ignore_interrupts``). ``removes`` (with
     ``force``: an earlier emission's files that these replace) are taken out in the same step, and
     put back with the rest if it fails; given as a function, it is asked once the folders are
     locked, for files in the outputs' folders (what is there may change until then: another run's
-    emission into the same folder, written a moment before)."""
+    emission into the same folder, written a moment before). ``committed`` (the Python API's, which
+    cannot ignore interrupts as the CLI does) is set to ``[True]`` the moment the files are in place for
+    good: an interrupt raised after it (in the clean-up, or on the way back) leaves them written."""
     outputs = list(outputs)
     assert force or not removes
     _refuse_if_told(outputs)
@@ -214,7 +217,8 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
     stages: dict[Path, Path] = {}
     staged: list[tuple[Output, Path]] = []
     moved: list[tuple[Path, Optional[Path]]] = []
-    done = False
+    done = [False] if committed is None else committed  # one store sets it: no point between for an interrupt
+    done[0] = False
     try:
         try:
             for out in outputs:
@@ -265,7 +269,7 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
                                 moved.append((path, backup))
                         if last and outputs:
                             ignore_interrupts()  # before the held signals are let through
-                    done = True  # past this point, an interrupt held back above has been raised
+                    done[0] = True  # past this point, an interrupt held back above has been raised
                 except BaseException:
                     # Held as the renames are: a second Ctrl-C cut the put-back short where no handler defers
                     # it (the Python API's), leaving new files beside old ones and the old ones moved aside
@@ -299,7 +303,7 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
         while tries < _CLEAN_UP_TRIES:
             tries += 1
             try:
-                _clean_up(stages, [] if done else created)
+                _clean_up(stages, [] if done[0] else created)
                 break
             except BaseException as error:  # raised again below, once the folders are gone
                 interrupted = interrupted or error

@@ -420,3 +420,42 @@ def test_a_ctrl_c_anywhere_in_a_write_leaves_all_or_none_and_raises_the_interrup
         assert not out.exists() or sorted(p.name for p in out.iterdir()) in ([], ["a.sh", "b.json"]), \
             (points, sorted(p.name for p in out.iterdir()))
     assert 100 < points < 20_000  # every point of the write was reached: staging, renames and clean-up
+
+
+def test_emit_interrupted_anywhere_leaves_the_old_files_or_says_it_wrote_the_new(tmp_path, monkeypatch):
+    """planner.emit over an earlier emission (force=True), with a Ctrl-C at every point Python can raise
+    one: it returns with every new file written, or raises the interrupt with the old files as they were
+    (the renames are held, and put back under an interrupt), or, where the interrupt came once the files
+    were in place for good (the clean-up, the way back), raises it saying so: an interrupt there left them
+    written while the caller, handed no Emitted, had every reason to think emit wrote nothing. The CLI
+    ignores a late interrupt instead (test_interrupts.py); a library may not. Called as the API runs it
+    past its argument wrapper, from C (functools.partial): a point in the caller's own frame is the caller's."""
+    import functools
+    import traceback
+
+    from planner import configs
+    from planner.estimate import estimate
+
+    est = estimate({**CASE, "training": {**CASE["training"], "engine": "megatron"},
+                    "layout": {"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "zero_stage": 1}})
+    rendered = configs.render(est, "megatron")
+    monkeypatch.setattr(configs, "render", lambda *args: rendered)  # the write alone is traced
+    names = sorted(rendered[0])
+    points = 0
+    while points < 20_000:  # until the interrupt comes past the call's last point
+        points += 1
+        out = tmp_path / str(points)
+        out.mkdir()
+        for name in names:
+            (out / name).write_text("old\n")
+        error = _interrupted_at(points, functools.partial(configs.emit, est, "megatron", str(out), force=True))
+        now = {p.name: p.read_text() for p in out.iterdir()}
+        if error is None:
+            assert now == rendered[0], points
+            break
+        assert isinstance(error, KeyboardInterrupt), (points, repr(error))
+        if now != {name: "old\n" for name in names}:
+            assert now == rendered[0], (points, sorted(now))
+            assert any(str(out / names[0]) in note for note in getattr(error, "__notes__", [])), \
+                (points, "".join(traceback.format_exception(error)))
+    assert 100 < points < 20_000  # every point of the emission was reached: staging, renames and clean-up
