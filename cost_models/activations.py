@@ -337,13 +337,21 @@ def chunked_loss(model: ModelSpec, training: TrainingSpec) -> bool:
     return not model.mtp_layers and training.loss_in_chunks
 
 
-def _per_logit_gradient_bytes(training: TrainingSpec) -> float:
+def _per_logit_gradient_bytes(training: TrainingSpec, tp: int) -> float:
     """The logits' gradients beside what the loss saved, per logit, at their peak: eager PyTorch's
     fp32 gradients of the log-softmax (``nll_loss_backward``) and of the logits
     (``_log_softmax_backward_data``), alive together, 4 + 4 (``EngineBehaviour.loss_gradient_bytes``);
     Megatron's in-place vocab-parallel cross-entropy, 2; a compiled loss, one write at the
-    logits' width."""
-    return activation_bytes(training.precision) if training.loss_compiled else training.engine.loss_gradient_bytes
+    logits' width. At ``tp`` > 1, an engine's own vocab-parallel loss where it states one
+    (``EngineBehaviour.tp_loss_gradient_bytes``): torchtitan's ``_LossParallelCrossEntropy.backward``
+    (components/loss.py), ``zeros_like(log_probs)``, ``exp(log_probs)``, their sum and its product
+    with the loss's gradient, three fp32 tensors at once, 12."""
+    if training.loss_compiled:
+        return activation_bytes(training.precision)
+    engine = training.engine
+    if tp > 1 and engine.tp_loss_gradient_bytes is not None:
+        return engine.tp_loss_gradient_bytes
+    return engine.loss_gradient_bytes
 
 
 def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec) -> float:
@@ -360,6 +368,7 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     components/loss.py), during the forward: one chunk's logits (s/N of them), as the LM head wrote
     them, which the loop's ``logits`` still names through ``chunk_loss.backward()``, what the loss
     saves of them and their gradient (eager: 2 + 4 + 8, measured in ``tests/test_chunked_loss_torch.py``;
+    2 + 4 + 12 in torchtitan's vocab-parallel loss at tp > 1, ``tests/test_loss_parallel_torch.py``;
     a compiled loss saves those very logits, so nothing beside them); and the
     ``GradAccumulator`` the chunks' input gradients are written into, an fp32 buffer of the
     hidden states' local shape (the whole local sequence: the final norm's output is replicated
@@ -372,13 +381,13 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     chunks = loss_chunks(model, training)
     logits = s * b * built_vocab(model, layout.tp, training.engine) / layout.tp
     if not chunked_loss(model, training):
-        return _per_logit_gradient_bytes(training) * logits
+        return _per_logit_gradient_bytes(training, layout.tp) * logits
     p = activation_bytes(training.precision)
     accumulator = FP32_BYTES * s * b * model.hidden_size if p != FP32_BYTES else 0.0  # .to(fp32) is no copy
     # The head's output, alive through the chunk's backward; eager cross-entropy saves an fp32 copy
     # of it, a compiled loss saves it (saved_logit_bytes), already counted here.
     head_output = 0.0 if training.loss_compiled else p
-    per_logit = head_output + saved_logit_bytes(training) + _per_logit_gradient_bytes(training)
+    per_logit = head_output + saved_logit_bytes(training) + _per_logit_gradient_bytes(training, layout.tp)
     return per_logit * logits / chunks + accumulator
 
 

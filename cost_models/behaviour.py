@@ -250,6 +250,14 @@ class EngineBehaviour:
     # first is freed (measured on CPU: tests/test_eager_loss_torch.py). 2 for Megatron's vocab-parallel
     # cross-entropy, which writes the gradient into the saved softmax and hands back a bf16 copy.
     loss_gradient_bytes: float = 8.0
+    # The same bytes where tp > 1 and the engine runs the loss vocab-parallel on its own terms: None, as
+    # ``loss_gradient_bytes``. torchtitan 0.3.0 at tp > 1 (any ``parallelism.spmd_backend``: its LM head's
+    # logits are vocab-sharded) runs ``_LossParallelCrossEntropy`` (components/loss.py, which replaces
+    # torch's ``loss_parallel()``), whose ``backward`` keeps the saved fp32 log-probs and allocates
+    # ``zeros_like(log_probs)``, ``exp(log_probs)``, their sum and the product with the loss's gradient,
+    # three fp32 tensors of the local logits' shape beside the saved one at its peak: 12 (measured on CPU
+    # over gloo groups of two: tests/test_loss_parallel_torch.py). A compiled loss is priced as compiled.
+    tp_loss_gradient_bytes: Optional[float] = None
     # The loss compiled by torch.compile (torchtitan's compile.components default ["model",
     # "loss"]): inductor fuses the upcast, log-softmax and NLL, saves the logits at their own
     # width and two fp32 numbers a row, and writes their gradient at that width in one kernel

@@ -64,6 +64,9 @@ BEHAVIOUR = EngineBehaviour(
     name="torchtitan", fp32_grads_for_bf16=True, fused_elementwise=True, compiled_loss=True, zero3_root_unit=False,
     # models/*/config_registry.py: loss=ChunkedLossWrapper.Config(...), num_chunks 8 (components/loss.py).
     loss_chunks=8,
+    # At tp > 1 the loss is _LossParallelCrossEntropy (components/loss.py), whose backward holds three
+    # fp32 tensors of the local logits beside the saved log-probs (``activations._per_logit_gradient_bytes``).
+    tp_loss_gradient_bytes=12.0,
     fsdp_always=True, pp_unsharded_accumulation=True, gradient_bucket_copy=False,
     collective_launch_s=0.0,
     balance_stages=False, fp8_recipe="rowwise", quantizer="torchao", fused_qkv=True, moe_scores_after_experts=True,
