@@ -28,7 +28,9 @@ class Remedy:
     """One change to a layout that does not fit, and what it would give."""
 
     description: str
-    layout: Layout
+    # The job as changed: its layout, and the training it resolves to there (where the change is of the
+    # training, fp8_param_gather, the layout is the job's own), which the case-file section needs.
+    job: Job
     peak_bytes: float
     fits: bool
     # As Estimate.memory_verdict says it of the changed layout: "fits" (the band's upper end fits),
@@ -39,6 +41,10 @@ class Remedy:
     # one's description; empty for a single change.
     together: tuple[str, ...] = ()
 
+    @property
+    def layout(self) -> Layout:
+        return self.job.layout
+
     def to_dict(self) -> dict[str, Any]:
         """What the report's "cheapest next change" line says, for `estimate --json` (a tool reading the
         JSON of a layout that does not fit was told nothing of what to change): the change as the line
@@ -46,7 +52,7 @@ class Remedy:
         of the training, its fp8_param_gather, keeps the layout and is said in ``change``) and what the
         changed layout would give."""
         return {"change": self.description, "together": list(self.together),
-                "layout": layout_to_mapping(self.layout), "peak_bytes": int(round(self.peak_bytes)),
+                "layout": layout_section(self.job), "peak_bytes": int(round(self.peak_bytes)),
                 "fits": self.fits, "memory_verdict": self.verdict, "step_time_s": self.step_time_s}
 
 
@@ -176,24 +182,8 @@ class Estimate:
         return min(ladder, key=lambda r: r.peak_bytes) if ladder else None
 
     def layout_mapping(self) -> dict[str, Any]:
-        """The layout as a case file gives it, selective recomputation with the modules it runs
-        named (``activations.selective_modules``) where the engine recomputes by module: what the
-        emitted arguments say, and what a launcher or a later case can take as is."""
-        section = layout_to_mapping(self.job.layout)
-        lay, job = self.job.layout, self.job
-        if job.training.engine.splits_by_block_cost:
-            # The split such an engine (nanotron) runs is its own, whatever the case stated: said as
-            # the report says it, and which a later case may give back without a note.
-            section.pop("chunk_layers", None)
-            section.pop("stage_layers", None)
-            if lay.pp > 1:
-                section["stage_layers"] = list(job.stage_layers)
-        if lay.recompute == "selective" and lay.recompute_modules is None \
-                and job.training.engine.selective == "attention":
-            modules = selective_modules(job.model, job.training, lay)
-            if modules:  # none frees memory: nothing is recomputed, and no module list says that
-                section["recompute_modules"] = list(modules)
-        return section
+        """The layout as a case file gives it (:func:`layout_section`)."""
+        return layout_section(self.job)
 
     def to_dict(self) -> dict[str, Any]:
         model = self.job.model
@@ -242,6 +232,30 @@ class Estimate:
             "cheapest_change": None if (remedy := self.remedy()) is None else
             {**remedy.to_dict(), "takes": change_takes(self.job, remedy.layout)},
         }
+
+
+def layout_section(job: Job) -> dict[str, Any]:
+    """``job``'s layout as a case file gives it, selective recomputation with the modules it runs
+    named (``activations.selective_modules``) where the engine recomputes by module: what the
+    emitted arguments say, and what a launcher or a later case can take as is. Every layout a JSON
+    output prints is this one (the estimate's, its cheapest change, plan's advice where nothing fits):
+    the bare ``layout_to_mapping`` gave nanotron's case the stage split it does not run, and a later case
+    fed it was priced on another split, with a note that nanotron ignores it."""
+    section = layout_to_mapping(job.layout)
+    lay = job.layout
+    if job.training.engine.splits_by_block_cost:
+        # The split such an engine (nanotron) runs is its own, whatever the case stated: said as
+        # the report says it, and which a later case may give back without a note.
+        section.pop("chunk_layers", None)
+        section.pop("stage_layers", None)
+        if lay.pp > 1:
+            section["stage_layers"] = list(job.stage_layers)
+    if lay.recompute == "selective" and lay.recompute_modules is None \
+            and job.training.engine.selective == "attention":
+        modules = selective_modules(job.model, job.training, lay)
+        if modules:  # none frees memory: nothing is recomputed, and no module list says that
+            section["recompute_modules"] = list(modules)
+    return section
 
 
 def estimate_job(case: Case, job: Job, time: Optional[StepTime] = None) -> Estimate:
@@ -358,7 +372,7 @@ def _try(job: Job, headroom: float, description: str, **changes) -> Optional[Rem
             continue
         peak = peak_stage_memory(candidate).total
         fits = peak <= fit_limit(job, headroom) and host_fits(candidate, headroom)
-        return Remedy(shown, candidate.layout, peak, fits, verdict_of(candidate, peak, fits, headroom),
+        return Remedy(shown, candidate, peak, fits, verdict_of(candidate, peak, fits, headroom),
                       step_time(candidate).total if fits else None)
     return None
 
@@ -380,7 +394,7 @@ def _quantized_weights(job: Job, headroom: float) -> Optional[Remedy]:
     peak = peak_stage_memory(candidate).total
     fits = peak <= fit_limit(job, headroom)
     return Remedy("training.fp8_param_gather: true (the weights kept quantized, no 16-bit copy beside them)",
-                  job.layout, peak, fits, verdict_of(candidate, peak, fits, headroom),
+                  candidate, peak, fits, verdict_of(candidate, peak, fits, headroom),
                   step_time(candidate).total if fits else None)
 
 

@@ -11,13 +11,13 @@ from cost_models.specs import Job, Layout
 
 from .api_values import BoolArg, CaseArg, FloatArg, IntArg
 from .bands import fit_limit, indistinguishable_gap
-from .case import CASE_ENGINES, Case, check_batch_tokens, layout_to_mapping, load_case, spec_errors
+from .case import CASE_ENGINES, Case, check_batch_tokens, load_case, spec_errors
 from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
 from .errors import CaseError, one_line, safe_repr
 from .fields import canonical_choice, read_bool
 from .fitted import other_fabric_notes
-from .estimate import Estimate, check_step_time, estimate_job
+from .estimate import Estimate, check_step_time, estimate_job, layout_section
 from .search_memory import fit_tier
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_PCT, MAX_STEP_TIME_S, MAX_TOP_K
 from .search import search
@@ -52,7 +52,9 @@ class NoFit:
     term: str  # the largest memory term of the layout closest to fitting
     peak_bytes: float
     limit_bytes: float
-    closest_layout: Optional[Layout]
+    # The job of the layout closest to fitting (its layout: closest_layout), kept whole as the other
+    # layouts' below: the case-file section a JSON output prints is the job's (estimate.layout_section).
+    closest_job: Optional[Job]
     gpus_that_fit: Optional[int]  # the fewest GPUs at which some layout fits
     seq_len_that_fits: Optional[int]  # the longest sequence (same GPUs) at which some layout fits
     # When no layout was scored at all: what excluded every one (the pins, the engine, ...).
@@ -74,15 +76,27 @@ class NoFit:
     # that fits, with theirs (the same size where it is the fastest).
     fewer_gpus_tokens_per_s: Optional[float] = None
     fewer_gpus_mfu: Optional[float] = None
-    fewer_gpus_layout: Optional[Layout] = None
+    fewer_gpus_job: Optional[Job] = None
     most_fewer_gpus_that_fit: Optional[int] = None
     most_fewer_gpus_tokens_per_s: Optional[float] = None
     most_fewer_gpus_mfu: Optional[float] = None
-    most_fewer_gpus_layout: Optional[Layout] = None
+    most_fewer_gpus_job: Optional[Job] = None
     # Where the search section pins or bounds choices and a layout of these GPUs fits without them: the
     # keys it narrows (:func:`narrowed_keys`), the cause, where the advice's GPUs and sequences, searched
     # under the same pins, said nothing or blamed the cluster.
     fits_without: Optional[tuple[str, ...]] = None
+
+    @property
+    def closest_layout(self) -> Optional[Layout]:
+        return _layout(self.closest_job)
+
+    @property
+    def fewer_gpus_layout(self) -> Optional[Layout]:
+        return _layout(self.fewer_gpus_job)
+
+    @property
+    def most_fewer_gpus_layout(self) -> Optional[Layout]:
+        return _layout(self.most_fewer_gpus_job)
 
     def describe(self) -> str:
         known_layout = self.closest_layout is not None
@@ -124,21 +138,26 @@ class NoFit:
         known = self.closest_layout is not None
         return {"term": self.term if known else None, "peak_bytes": int(self.peak_bytes) if known else None,
                 "limit_bytes": int(self.limit_bytes),
-                "closest_layout": layout_to_mapping(self.closest_layout) if known else None,
+                "closest_layout": _mapping(self.closest_job),
                 "gpus_that_fit": self.gpus_that_fit, "seq_len_that_fits": self.seq_len_that_fits,
                 "excluded_by": self.excluded_by, "fewer_gpus_that_fit": self.fewer_gpus_that_fit,
                 "fewer_gpus_tokens_per_s": self.fewer_gpus_tokens_per_s, "fewer_gpus_mfu": self.fewer_gpus_mfu,
-                "fewer_gpus_layout": _mapping(self.fewer_gpus_layout),
+                "fewer_gpus_layout": _mapping(self.fewer_gpus_job),
                 "most_fewer_gpus_that_fit": self.most_fewer_gpus_that_fit,
                 "most_fewer_gpus_tokens_per_s": self.most_fewer_gpus_tokens_per_s,
                 "most_fewer_gpus_mfu": self.most_fewer_gpus_mfu,
-                "most_fewer_gpus_layout": _mapping(self.most_fewer_gpus_layout),
+                "most_fewer_gpus_layout": _mapping(self.most_fewer_gpus_job),
                 "host_overflowed": self.host_overflowed, "engine": self.engine,
                 "fits_without": list(self.fits_without) if self.fits_without else None}
 
 
-def _mapping(layout: Optional[Layout]) -> Optional[dict[str, Any]]:
-    return layout_to_mapping(layout) if layout is not None else None
+def _layout(job: Optional[Job]) -> Optional[Layout]:
+    return job.layout if job is not None else None
+
+
+def _mapping(job: Optional[Job]) -> Optional[dict[str, Any]]:
+    """The job's layout in the case-file schema, as `estimate --json` prints its own (None for none)."""
+    return layout_section(job) if job is not None else None
 
 
 def _speed_text(tokens_per_s: Optional[float], mfu: Optional[float], layout: Optional[Layout]) -> str:
@@ -438,7 +457,7 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job], host_overflow
         # No layout of these GPUs at all: the divisors they share with the batch, heads and layers left
         # none (doubling the nodes keeps the odd factor: 125 nodes, 250, 500 … never have one).
         fewer = _fewer_gpus(case, spec, nodes, per_node)
-    return NoFit(term, peak_bytes, limit, tightest.layout if tightest else None, gpus_that_fit, seq_that_fits,
+    return NoFit(term, peak_bytes, limit, tightest, gpus_that_fit, seq_that_fits,
                  excluded_by, host_overflowed=host_overflowed, fits_without=fits_without, **fewer)
 
 
@@ -482,7 +501,7 @@ def _fewer_gpus(case: Case, spec: SearchSpec, nodes: int, per_node: int) -> dict
         sized, candidate = entry
         est = estimate_job(sized, candidate.job, candidate.time)
         return {f"{prefix}_that_fit": sized.cluster.num_gpus, f"{prefix}_tokens_per_s": est.tokens_per_s,
-                f"{prefix}_mfu": est.mfu, f"{prefix}_layout": candidate.job.layout}
+                f"{prefix}_mfu": est.mfu, f"{prefix}_job": est.job}
 
     return {**figures("fewer_gpus", best), **figures("most_fewer_gpus", most)}
 
