@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Iterable, Optional, Union
 
 import typer
 try:  # typer ≥ 0.20 ships its own click; earlier ones use click itself (as main's UsageError)
@@ -125,18 +125,16 @@ def estimate_command(
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
 ) -> None:
     """Memory per GPU of the case's layout, by term, and whether it fits."""
-    warned = _profile_warnings(case)
     try:
         est = estimate(case)
-        warned += [f"note: {one_line(note, 1000)}" for note in est.notes]  # the API's Estimate.notes
     except CaseError as error:
         _fail(error)
-    _say(warned)
+    _say(_lines("warning", est.warnings) + _lines("note", est.notes))  # the API's Estimate.warnings and notes
     if as_json:
         # The notes said on stderr, under `notes` as plan --json and size --json carry theirs: a tool
         # reading the JSON alone lost them (nanotron's own stage split, unstated MoE routing). Beside
         # Estimate.to_dict, which the API keeps without them (an estimate inside a plan has none).
-        print(json.dumps({**est.to_dict(), "notes": list(est.notes)}, indent=2))
+        print(json.dumps({**est.to_dict(), "notes": list(est.notes), "warnings": list(est.warnings)}, indent=2))
     else:
         from .report import print_estimate
 
@@ -145,13 +143,9 @@ def estimate_command(
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
-def _profile_warnings(case: Path) -> list[str]:
-    """A quick or poorly fitted hardware profile is said on stderr, never used silently: the lines,
-    said (:func:`_say`) once the command has read its case whole, so that a case refused later is
-    one line, the refusal."""
-    from .case import profile_warnings
-
-    return [f"warning: {one_line(warning, 1000)}" for warning in profile_warnings(case)]
+def _lines(kind: str, texts: Iterable[str]) -> list[str]:
+    """The stderr lines of ``texts``, each one line after its kind: ``warning: …``, ``note: …``."""
+    return [f"{kind}: {one_line(text, 1000)}" for text in texts]
 
 
 def _say(lines: list[str]) -> None:
@@ -193,7 +187,6 @@ def plan_command(
 
     written: list[Path] = []
     notes: list[str] = []
-    warned = _profile_warnings(case)
     # --emit Megatron and --engine Megatron name megatron, as training.engine does: the files, the
     # report and the notes say megatron.
     emit, engine = canonical_choice(emit, CASE_ENGINES), canonical_choice(engine, CASE_ENGINES)
@@ -259,9 +252,10 @@ def plan_command(
         if error.source == "plan" and error.key == "tokens":  # the API's argument is this command's option
             error = CaseError("--tokens", "", error.expected)
         _fail(error)
-    _say(warned)
-    for note in notes:
-        print(f"note: {one_line(note, 1000)}", file=sys.stderr)
+    # A quick, poorly fitted or disturbed hardware profile is said, never used silently (the API's
+    # Plan.warnings, in --json too): said once the command has read its case whole, so that a case
+    # refused later is one line, the refusal.
+    _say(_lines("warning", result.warnings) + _lines("note", notes))
     if as_json:
         # Every note said above, not the plan's alone: --plot's and --emit's (nothing drawn, files
         # written or taken out) were said on stderr only, and a tool reading the JSON was told nothing.
@@ -300,7 +294,6 @@ def size_command(
     With neither --deadline nor a budget: the front of days against GPU-hours (cost), its knee marked."""
     from .size import size, size_target
 
-    warned = _profile_warnings(case)
     options = {"tokens": "--tokens", "deadline": "--deadline", "max_gpus": "--max-gpus", "max_nodes": "--max-nodes",
                "gpu_hour_cost": "--gpu-hour-cost", "top_k": "--top"}
     try:
@@ -314,9 +307,7 @@ def size_command(
         if error.source == "size" and error.key in options:  # the API's argument is this command's option
             error = CaseError(options[error.key], "", error.expected)
         _fail(error)
-    _say(warned)
-    for note in result.notes:  # the ignored layout section's among them
-        print(f"note: {one_line(note, 1000)}", file=sys.stderr)
+    _say(_lines("warning", result.warnings) + _lines("note", result.notes))  # the ignored layout section's among them
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -14,7 +14,7 @@ from cost_models.specs import Job, Layout, SpecError
 
 from .api_values import CaseArg
 from .bands import Band, memory_band, throughput_band
-from .case import LAYOUT_UNSET_TEXT, Case, layout_to_mapping, load_case, spec_errors
+from .case import LAYOUT_UNSET_TEXT, Case, layout_to_mapping, load_case, profile_warnings, spec_errors
 from .engines import ENGINES
 from .errors import CaseError
 from .limits import MAX_STEP_TIME_S
@@ -72,6 +72,9 @@ class Estimate:
     # theirs: the API's `planner.estimate` fills it, an estimate inside a plan or a sizing leaves it empty
     # (theirs carry it). Beside the figures: not in to_dict (`estimate --json`), nor in equality.
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # What makes the case's hardware profile doubtful (``case.profile_warnings``: a quick calibration, a poor
+    # fit, a busy machine, links one rank never measured), filled and kept as ``notes`` are.
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def step_time_s(self) -> float:
@@ -303,7 +306,7 @@ def estimate(case: Union[CaseArg, Case]) -> Estimate:
         check_step_time(loaded.source, result.step_time_s, result.time.by_part())  # "0 tokens/s", exit 0 otherwise
     if isinstance(case, Case):  # the planner's own callers (a fit's runs): nothing to tell
         return result
-    return replace(result, notes=tuple(estimate_notes(case, loaded)))
+    return replace(result, notes=tuple(estimate_notes(case, loaded)), warnings=tuple(profile_warnings(case)))
 
 
 def estimate_notes(case: Any, loaded: Case) -> list[str]:

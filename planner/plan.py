@@ -11,7 +11,7 @@ from cost_models.specs import Job, Layout
 
 from .api_values import BoolArg, CaseArg, FloatArg, IntArg
 from .bands import fit_limit, indistinguishable_gap
-from .case import CASE_ENGINES, Case, check_batch_tokens, load_case, spec_errors
+from .case import CASE_ENGINES, Case, check_batch_tokens, load_case, profile_warnings, spec_errors
 from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
 from .errors import CaseError, one_line, safe_repr
@@ -198,6 +198,9 @@ class Plan:
     # What the case gives that `plan` does not read (a layout section, `size`'s cluster keys): the CLI
     # prints these on stderr, and the API's caller had no way to learn them.
     notes: tuple[str, ...] = ()
+    # What makes the case's hardware profile doubtful (``case.profile_warnings``), which the CLI says on
+    # stderr: a script reading the JSON alone could not tell its figures rest on such a profile.
+    warnings: tuple[str, ...] = ()
     tokens: Optional[float] = None  # the run's tokens (`plan --tokens`), for the days the best takes
 
     @property
@@ -306,6 +309,7 @@ class Plan:
              if self.fastest is not None else None},
             "search": {"scored": self.scored, "fitting": self.fitting, "pruned": self.pruned},
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
             "no_fit": self.no_fit.to_dict() if self.no_fit else None,
         }
 
@@ -652,6 +656,7 @@ def plan(case: Union[CaseArg, Case], simplest_within: Optional[FloatArg] = None,
     if fastest and simplest_within is not None:  # as the CLI refuses --fastest with --simplest-within
         raise CaseError("plan", "fastest", "give either fastest or simplest_within, not both")
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
     if isinstance(case, Case):
         if engine is not None:
             raise CaseError(case.source, "engine", "applies to a case path or dict, not to a loaded Case")
@@ -660,9 +665,11 @@ def plan(case: Union[CaseArg, Case], simplest_within: Optional[FloatArg] = None,
         notes = tuple(note for note in (check_ignored_layout(case), ignored_sizing_keys(case)) if note)
         loaded = load_case(case, engine=engine, ignore_layout=True)
         notes += case_notes(case, loaded)
+        warnings = tuple(profile_warnings(case))
     if run_tokens is not None:
         check_run_tokens(loaded, run_tokens, "plan")
-    return replace(_planned(loaded, simplest_within, top_k, target, engine, fastest), notes=notes, tokens=run_tokens)
+    return replace(_planned(loaded, simplest_within, top_k, target, engine, fastest), notes=notes, warnings=warnings,
+                   tokens=run_tokens)
 
 
 def _planned(loaded: Case, simplest_within: Optional[float], top_k: Optional[int], target: Optional[str],

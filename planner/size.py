@@ -44,7 +44,7 @@ from cost_models.specs import EXPERT_DISPATCHES, PRECISIONS, GPUSpec, SpecError
 from cost_models.layer_time import layer_time_bound
 
 from .api_values import CaseArg, FloatArg, IntArg
-from .case import Case, build_case, check_usable_memory, read_case, read_sections, spec_errors
+from .case import Case, build_case, check_usable_memory, profile_warnings, read_case, read_sections, spec_errors
 from .cluster_options import ClusterOption, read_cluster_options, with_part_racks
 from .errors import CaseError, one_line, safe_repr
 from .fields import canonical_choice, read_choice, read_price
@@ -252,6 +252,8 @@ class Sizing:
     # of its GPU type on GPUs, days and spend at once (so that "no other size meets it" is said only when true).
     beaten_meeting: int = 0
     notes: tuple[str, ...] = ()  # what the case gives that the sizing could not use (a price of some types only)
+    # What makes a hardware profile of the case doubtful, cluster's or an option's (``case.profile_warnings``).
+    warnings: tuple[str, ...] = ()
 
     @property
     def deadline_days(self) -> Optional[float]:
@@ -284,6 +286,7 @@ class Sizing:
                              for alt in self.alternatives],
             "objective": self.objective, "tokens": self.tokens, "deadline_days": self.deadline_days,
             "status": self.status, "solver_status": self.solver_status, "spend": self.spend, "notes": list(self.notes),
+            "warnings": list(self.warnings),
             "front": front, "knee": self.knee_index, "spend_bound": self.spend_bound,
             # What the report says beside the answer, which a tool reading the JSON was not told: the most
             # GPUs of the knee's type the limits allow, as gpus_paid counts them (a knee short of it holds no
@@ -373,7 +376,8 @@ def size(case: CaseArg, tokens: Union[FloatArg, str], deadline: Optional[str] = 
     return replace(result, notes=tuple(n for n in (ignored, unread_count_note(case, options, target), *result.notes,
                                                    unpriced_note(options, target),
                                                    part_unit_note(loaded.source, options, target),
-                                                   fitted_note(result), *case_notes(case, loaded)) if n))
+                                                   fitted_note(result), *case_notes(case, loaded)) if n),
+                   warnings=tuple(profile_warnings(case)))
 
 
 def fitted_note(result: Sizing) -> Optional[str]:

@@ -3,6 +3,8 @@ say so on stderr (issue 52), and the smaller refusals name where a key belongs."
 
 from __future__ import annotations
 
+import json
+
 import yaml
 
 import planner
@@ -153,3 +155,18 @@ def test_a_profile_among_sizes_gpu_types_is_warned_about_too(tmp_path):
     done = run_cli("size", str(case), "--tokens", "1B")
     warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 2 and "calibrate --quick" in warnings[0] and "39% rms error" in warnings[1], done.stderr
+
+
+def test_json_carries_the_profiles_warnings_stderr_says(tmp_path):
+    """A script reading `estimate`, `plan` or `size --json` could not tell that its figures rest on a quick,
+    poorly fitted profile: the warnings went to stderr alone. Each carries them under `warnings`, what stderr
+    says after `warning: ` (docs/commands.md), and a good profile's list is empty."""
+    case = profile(tmp_path, quick=True, error=0.39)
+    for command in (("estimate",), ("plan",), ("size", "--tokens", "1B")):
+        done = run_cli(*command, str(case), "--json")
+        said = [line.removeprefix("warning: ") for line in done.stderr.splitlines() if line.startswith("warning: ")]
+        warnings = json.loads(done.stdout)["warnings"]
+        assert warnings == said and len(warnings) == 2, (command, done.stderr)
+        assert "calibrate --quick" in warnings[0] and "39% rms error" in warnings[1]
+    good = profile(tmp_path, quick=False, error=0.05)
+    assert json.loads(run_cli("estimate", str(good), "--json").stdout)["warnings"] == []
