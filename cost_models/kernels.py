@@ -111,11 +111,22 @@ def gemm_time(gemm: Gemm, gpu: GPUSpec, precision: str, recipe: Optional[Recipe]
     ``recipe``'s (:func:`_rate_and_size`). The fixed cost t₀ (launch, prologue and epilogue)
     weighs on small GEMMs. Quantizing the operands is priced apart (:func:`elementwise_time`).
     """
+    return _gemm_time(gemm.m, gemm.n, gemm.k, gpu, precision, recipe)
+
+
+# A search prices the same GEMM shapes many times over: a linear's backward GEMMs recur under each
+# quantize setting and weight share :func:`linear_time` is keyed by, and each engine's training is its
+# own key there (DeepSeek-V3's plan with no engine named: 6,620 GEMMs priced, 2,574 of them distinct).
+# Keyed by the shape alone (a GEMM's name prices nothing); typed, so that an int dimension and the
+# equal float are priced apart, as the arithmetic below would treat them.
+@lru_cache(maxsize=16384, typed=True)
+def _gemm_time(m: float, n: float, k: float, gpu: GPUSpec, precision: str, recipe: Optional[Recipe]) -> float:
+    """:func:`gemm_time` of the m×n×k GEMM."""
     perf = gpu.performance
     rate, size = _rate_and_size(gpu, precision, recipe)
-    traffic = size * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    traffic = size * (m * k + k * n + m * n)
     hbm = perf.hbm_efficiency * gpu.hbm_bandwidth
-    compute = gemm.flops / (rate * wave_efficiency(gemm.m, gemm.n, gpu, gemm.k) * k_loop_efficiency(gemm.k, gpu, precision))
+    compute = 2.0 * m * n * k / (rate * wave_efficiency(m, n, gpu, k) * k_loop_efficiency(k, gpu, precision))
     return max(compute, traffic / hbm) + perf.kernel_overhead_s
 
 
@@ -216,14 +227,21 @@ def grouped_gemm_time(gemm: Gemm, groups: int, gpu: GPUSpec, precision: str, rec
       ``nvte_get_num_compute_streams()`` = 4 streams), which is what makes many small local
       experts slower per FLOP than a few large ones.
     """
+    return _grouped_gemm_time(gemm.m, gemm.n, gemm.k, groups, gpu, precision, recipe, streams)
+
+
+@lru_cache(maxsize=16384, typed=True)  # as :func:`_gemm_time`'s, for the experts' GEMMs
+def _grouped_gemm_time(m: float, n: float, k: float, groups: int, gpu: GPUSpec, precision: str,
+                       recipe: Optional[Recipe], streams: int) -> float:
+    """:func:`grouped_gemm_time` of ``groups`` m×n×k GEMMs."""
     perf = gpu.performance
     rate, size = _rate_and_size(gpu, precision, recipe)
-    rows = math.ceil(gemm.m / perf.gemm_tile_m) * perf.gemm_tile_m if gemm.m else 0.0
-    flops = groups * 2.0 * rows * gemm.n * gemm.k
-    traffic = size * groups * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    rows = math.ceil(m / perf.gemm_tile_m) * perf.gemm_tile_m if m else 0.0
+    flops = groups * 2.0 * rows * n * k
+    traffic = size * groups * (m * k + k * n + m * n)
     side_by_side = min(groups, streams or groups)  # one grouped kernel: every group at once
-    compute = flops / (rate * wave_efficiency(rows * side_by_side, gemm.n, gpu, gemm.k)
-                       * k_loop_efficiency(gemm.k, gpu, precision))
+    compute = flops / (rate * wave_efficiency(rows * side_by_side, n, gpu, k)
+                       * k_loop_efficiency(k, gpu, precision))
     return max(compute, traffic / (perf.hbm_efficiency * gpu.hbm_bandwidth)) \
         + math.ceil(groups / side_by_side) * perf.kernel_overhead_s
 
