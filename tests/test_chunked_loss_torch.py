@@ -39,8 +39,6 @@ B, S, H, V, N = 1, 64, 32, 4096, 8
 SCRIPT = PRELUDE + textwrap.dedent('''
 import gc, json, weakref
 from torch.distributed.device_mesh import init_device_mesh
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 import torchtitan.components.loss as L
 
@@ -67,23 +65,7 @@ def record(self, *a, **k):
     seen["accumulator"].append([list(self._buffer.shape), str(self._buffer.dtype)])
 L.GradAccumulator.__init__ = record
 
-class Bytes(TorchDispatchMode):
-    """The most bytes live at once in tensors of one size (``elements``, 2 or 4 bytes each): every
-    storage an op makes is followed until it is freed, whatever an allocator would reuse."""
-    def __init__(self, elements):
-        super().__init__(); self.sizes = (2 * elements, 4 * elements); self.live, self.now, self.peak = {}, 0, 0
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if type(t) is torch.Tensor and t.untyped_storage().nbytes() in self.sizes:
-                storage = t.untyped_storage()
-                if storage._cdata not in self.live:
-                    self.live[storage._cdata] = storage.nbytes(); self.now += storage.nbytes()
-                    weakref.finalize(storage, self.free, storage._cdata)
-        self.peak = max(self.peak, self.now)
-        return out
-    def free(self, key):
-        self.now -= self.live.pop(key, 0)
+from tests.live_bytes import SizedBytes as Bytes
 
 decoder = torch.randn(B, S, H, requires_grad=True)
 hidden = decoder.to(torch.bfloat16) * 1.0

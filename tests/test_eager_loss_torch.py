@@ -10,8 +10,6 @@ allocator (and no caching allocator's reuse) is involved, so the figure is the o
 
 from __future__ import annotations
 
-import weakref
-
 import pytest
 
 from cost_models.activations import loss_gradient_bytes, saved_logit_bytes
@@ -19,35 +17,11 @@ from planner.case import load_case
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_flatten  # noqa: E402
+from live_bytes import SizedBytes  # noqa: E402
 
 # Tokens, hidden width, vocabulary: the head's weight (V·H) is sized apart from the logits (T·V).
 T, H, V = 64, 48, 4096
 
-
-class LogitBytes(TorchDispatchMode):
-    """The most bytes live at once in storages of the logits' size, in 2 or 4 bytes an element."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live: dict[int, int] = {}
-        self.now = self.peak = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if type(t) is torch.Tensor and t.untyped_storage().nbytes() in (2 * T * V, 4 * T * V):
-                storage = t.untyped_storage()
-                if storage._cdata not in self.live:
-                    self.live[storage._cdata] = storage.nbytes()
-                    self.now += storage.nbytes()
-                    weakref.finalize(storage, self._free, storage._cdata)
-        self.peak = max(self.peak, self.now)
-        return out
-
-    def _free(self, key: int) -> None:
-        self.now -= self.live.pop(key, 0)
 
 
 def measured_bytes_per_logit() -> tuple[float, float]:
@@ -56,7 +30,7 @@ def measured_bytes_per_logit() -> tuple[float, float]:
     head = torch.nn.Linear(H, V, bias=False).to(torch.bfloat16)
     hidden = torch.randn(T, H, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(V, (T,))
-    tally = LogitBytes()
+    tally = SizedBytes(T * V)
     with tally:
         logits = head(hidden)
         loss = F.cross_entropy(logits.float(), labels, reduction="sum")

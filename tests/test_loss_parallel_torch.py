@@ -33,10 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 S, H, V, N, TP = 64, 48, 4096, 8, 2
 
 SCRIPT = PRELUDE + textwrap.dedent('''
-import json, weakref
+import json
 from torch.distributed.device_mesh import init_device_mesh
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 import torchtitan.components.loss as L
 from torchtitan.distributed import spmd_types as ST
 
@@ -50,22 +48,7 @@ def spy(*args):
     taken.append(list(args[0].shape)); return apply(*args)
 L._LossParallelCrossEntropy.apply = spy
 
-class Bytes(TorchDispatchMode):
-    """The most bytes live at once in storages of ``elements`` elements, 2 or 4 bytes each."""
-    def __init__(self, elements):
-        super().__init__(); self.sizes = (2 * elements, 4 * elements); self.live, self.now, self.peak = {}, 0, 0
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if type(t) is torch.Tensor and t.untyped_storage().nbytes() in self.sizes:
-                storage = t.untyped_storage()
-                if storage._cdata not in self.live:
-                    self.live[storage._cdata] = storage.nbytes(); self.now += storage.nbytes()
-                    weakref.finalize(storage, self.free, storage._cdata)
-        self.peak = max(self.peak, self.now)
-        return out
-    def free(self, key):
-        self.now -= self.live.pop(key, 0)
+from tests.live_bytes import SizedBytes as Bytes
 
 seen = {}
 torch.manual_seed(0)
