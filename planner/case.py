@@ -27,8 +27,8 @@ from .case_errors import case_message, spec_errors
 from .engines import ENGINES
 from .errors import CaseError, as_typed, one_line
 from .fitted import check_fitted_figures_kept, read_fitted
-from .fields import (canonical_choice, describe, read_bool, read_choice, read_figure, read_file_path, read_for, read_int, read_mapping,
-                     read_number, read_recompute_layers, read_str, read_unit, required)
+from .fields import (canonical_choice, describe, read_bool, read_choice, read_figure, read_file_path, read_for,
+                     read_int, read_mapping, read_number, read_recompute_layers, read_str, read_unit, required)
 from .hf_config import read_hf_config
 from .inputs import load_yaml, read_text
 from .limits import (MAX_BATCH_TOKENS, MAX_CASE_YAML_NODES, MAX_EXPERTS, MAX_GLOBAL_BATCH, MAX_LAYERS,

@@ -121,8 +121,8 @@ class EngineSupport:
             out.append(("training.compiled_loss", self.reason(
                 "compiled_loss", "its cross-entropy is its own kernel, not a compiled one")))
         if ((training.loss_chunks or 1) > 1 or training.chunked_loss) and not self.chunked_loss:
-            out.append(("training.loss_chunks" if (training.loss_chunks or 1) > 1 else "training.chunked_loss", self.reason(
-                "chunked_loss", "its LM head and loss run on the whole sequence, not in chunks")))
+            key = "training.loss_chunks" if (training.loss_chunks or 1) > 1 else "training.chunked_loss"
+            out.append((key, self.reason("chunked_loss", "its LM head and loss run on the whole sequence, not in chunks")))
         if training.fused_attention is not None and training.fused_attention not in self.fused_attention:
             out.append(("training.fused_attention", self.reason(
                 "fused_attention", "its attention runs one kernel of its own")))

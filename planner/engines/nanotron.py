@@ -58,7 +58,8 @@ SUPPORT = EngineSupport(
 BEHAVIOUR = EngineBehaviour(
     name="nanotron", fp32_grads_for_bf16=True, vocab_padding_multiple=1,
     zero1_gather_in_step=True, zero1_gather_copies=True, zero1_fp32_reduce_after_backward=True,
-    splits_by_block_cost=True, pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3, cross_domain_tp_rank_s=0.06e-3,
+    splits_by_block_cost=True,
+    pipeline_collective_floor_s=0.75e-3, pipeline_collective_floor_rank_s=0.31e-3, cross_domain_tp_rank_s=0.06e-3,
     # nanotron's own cross-entropy (parallel/tensor_parallel/functional.py, ``sharded_cross_entropy``) is
     # not eager PyTorch's: its backward writes the gradient into the saved softmax (``grad_input =
     # softmax``, ``mul_``), 4 + 2 with the bf16 cast. Its peak is in the forward: the bf16 logits, their
