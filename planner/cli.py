@@ -367,6 +367,7 @@ def diagnose_command(
                           stage_layers=None if stage_layers is None else _stage_layers(stage_layers))
     except CaseError as error:
         _fail(error)
+    _say(_lines("warning", result.warnings))  # the case's profile, as estimate, plan and size say it
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

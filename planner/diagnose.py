@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .api_values import StageLayersArg
-from .case import Case, load_case
+from .case import Case, load_case, profile_warnings
 from cost_models.specs import Job, Layout
 
 from .errors import Argument, CaseError, cli_flag, named
@@ -27,6 +27,9 @@ class Diagnosis:
     # The training settings the Megatron arguments decided where the case leaves them to the engine: the
     # planner's best is planned with them too (:func:`taken_from_arguments`).
     planned_with: Optional[str] = None
+    # What makes the case's hardware profile doubtful (``case.profile_warnings``), as estimate, plan and size
+    # say it: the config's figures and the planner's best rest on that profile alike.
+    warnings: tuple[str, ...] = ()
 
     @property
     def speedup(self) -> Optional[float]:
@@ -102,7 +105,7 @@ class Diagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "config": self.estimate.to_dict(), "resolved": list(self.resolved),
-                "notes": list(self.notes), "planned_with": self.planned_with,
+                "notes": list(self.notes), "warnings": list(self.warnings), "planned_with": self.planned_with,
                 "best": self.plan.best.to_dict() if self.plan.best else None,
                 "speedup": self.speedup, "verdict": self.verdict, "change_advised": self.change_advised,
                 "differs_from_best": self.differences() if self.plan.best else None,
@@ -426,7 +429,8 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
             notes += ("the planner's best sends tokens across NVLink domains with DeepEP (--moe-token-dispatcher-type "
                       "flex --moe-flex-dispatcher-backend deepep, which its emitted files set), where these "
                       "arguments run Megatron-LM's all-to-all",)
-    return Diagnosis(engine, estimate, best, reading.resolved, notes, reading.planned_with)
+    return Diagnosis(engine, estimate, best, reading.resolved, notes, reading.planned_with,
+                     tuple(profile_warnings(case)))
 
 
 def _in_the_config(error: CaseError, case_source: str, config: Path, engine: str, layout) -> CaseError:

@@ -170,3 +170,17 @@ def test_json_carries_the_profiles_warnings_stderr_says(tmp_path):
         assert "calibrate --quick" in warnings[0] and "39% rms error" in warnings[1]
     good = profile(tmp_path, quick=False, error=0.05)
     assert json.loads(run_cli("estimate", str(good), "--json").stdout)["warnings"] == []
+
+
+def test_diagnose_says_the_profiles_warnings_as_the_other_commands_do(tmp_path):
+    """`diagnose` priced a DeepSpeed config and the planner's best on a quick, poorly fitted profile without a
+    word, on stderr or in its --json: both rest on the profile as `estimate`'s figures do."""
+    case = profile(tmp_path, quick=True, error=0.39)
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+                                  "gradient_accumulation_steps": 8, "bf16": {"enabled": True},
+                                  "zero_optimization": {"stage": 3}}))
+    done = run_cli("diagnose", str(case), "--config", str(config), "--json")
+    said = [line.removeprefix("warning: ") for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert said == json.loads(run_cli("estimate", str(case), "--json").stdout)["warnings"]
+    assert json.loads(done.stdout)["warnings"] == said and len(said) == 2
