@@ -719,22 +719,19 @@ def own_split_note(case: Any, loaded: Case) -> Optional[str]:
     """A line where the case gives ``layout.stage_layers`` (or ``chunk_layers``, which sets it: without
     interleaving, the same split) to an engine that takes no split (nanotron:
     ``EngineBehaviour.splits_by_block_cost``) and it is not the one the engine cuts: the layout is
-    priced with the engine's, which is what runs (``placement.stage_layers``)."""
+    priced with the engine's, which is what runs (``placement.stage_layers``). The layout keeps the stated
+    split (``Job`` checks it), so the note reads it there."""
     from cost_models.placement import stage_layers
 
-    from .case import read_case
-
-    if loaded.layout is None or not loaded.training.engine.splits_by_block_cost:
+    layout = loaded.layout
+    if layout is None or not loaded.training.engine.splits_by_block_cost or layout.stage_layers is None:
         return None
-    data, src, _ = read_case(case)
-    section = data.get("layout") if isinstance(data, dict) else None
-    key = next((k for k in ("stage_layers", "chunk_layers") if isinstance(section, dict)
-                and section.get(k) is not None), None)
-    stated = section[key] if key is not None else None
-    own = list(stage_layers(loaded.model, loaded.training, loaded.layout))
-    if not isinstance(stated, (list, tuple)) or [int(n) for n in stated] == own:
+    key = "chunk_layers" if layout.chunk_layers is not None else "stage_layers"
+    stated = list(getattr(layout, key))
+    own = list(stage_layers(loaded.model, loaded.training, layout))
+    if stated == own:
         return None
-    return (f"{src}: layout.{key} {[int(n) for n in stated]} is not a split {loaded.training.engine.name} "
+    return (f"{loaded.source}: layout.{key} {stated} is not a split {loaded.training.engine.name} "
             f"runs: it cuts its stages itself, each rank filled to its share of the layers' running cost "
             f"(nanotron/models/base.py, build_model), here {own}: priced with that split")
 
