@@ -1282,3 +1282,37 @@ def test_a_multi_node_launch_script_says_to_set_master_addr_to_node_0_and_stops_
     given = subprocess.run([bash, str(tmp_path / "launch.sh")], capture_output=True, text=True, check=True,
                            env={**env, "MASTER_ADDR": "node0", "NODE_RANK": "1"}).stdout.splitlines()
     assert given[given.index(addr) + 1] == "node0" and given[given.index(rank) + 1] == "1"
+
+
+def test_tp_comm_overlap_beside_the_experts_overlap_runs_with_more_connections():
+    """Mixtral 8x7B at tp 2 (sequence parallel) and ep 8 on H100s with both overlaps on: the launch
+    exports CUDA_DEVICE_MAX_CONNECTIONS past 1, as the experts' all-to-all overlap requires (megatron-core's
+    MoE README: "Requirements for EP A2A Overlap: expert_model_parallel_size > 1, CUDA_DEVICE_MAX_CONNECTIONS
+    > 1"), and the estimate still credits --tp-comm-overlap, which runs there: it is Transformer Engine's
+    userbuffers comm-GEMM overlap, which since TE 2.0 (NVIDIA/TransformerEngine#1308) orders its
+    communication kernel's launch before the GEMM with a launch-completion event where a device of compute
+    capability 9 (Hopper) has more than one connection (comm_gemm_overlap.cpp, CommOverlapCore: "using Fast
+    Dependent Launch when CUDA_DEVICE_MAX_CONNECTIONS>1"; TE's test_bulk_overlaps runs it at 8 connections
+    on Hopper), and megatron-core 0.16 takes TE 2.9 or later. What relies on one connection (the async
+    sequence-parallel collectives of megatron-core's own linear layers, layers.py, which only warn) is not
+    credited: without --tp-comm-overlap the estimate prices the tensor-parallel collectives in the open."""
+    import importlib.metadata
+    import re
+
+    base = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16", "engine": "megatron",
+                         "moe_comm_overlap": True, "tp_comm_overlap": True},
+            "layout": {"tp": 2, "pp": 1, "ep": 8, "micro_batch_size": 1, "sequence_parallel": True}}
+    case = load_case(base)
+    result = estimate_job(case, case.job())
+    files = megatron.render(result, ["header"])
+    connections = re.search(r"^export CUDA_DEVICE_MAX_CONNECTIONS=(\d+)", files[megatron.LAUNCH_FILE], re.M)
+    assert connections is not None and int(connections.group(1)) > 1
+    for flag in ("--tp-comm-overlap", "--sequence-parallel", "--overlap-moe-expert-parallel-comm"):
+        assert f"\n{flag}\n" in files[megatron.ARGS_FILE]
+    assert case.cluster.gpu.compute_capability_major == 9  # where TE orders the launches itself
+    te = next(r for r in importlib.metadata.requires("megatron-core") if r.startswith("transformer-engine"))
+    assert int(re.search(r">=(\d+)\.", te).group(1)) >= 2
+    # credited: the overlapped collectives take less of the step than the same ones in the open
+    plain = load_case({**base, "training": {**base["training"], "tp_comm_overlap": False}})
+    assert result.time.tp_comm_s < estimate_job(plain, plain.job()).time.tp_comm_s

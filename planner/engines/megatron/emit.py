@@ -507,7 +507,11 @@ def connections_line(job: Job) -> str:
     Under Megatron-FSDP (the emitted files' ZeRO 2 and 3) anything but 1: unset. With the experts'
     dispatch and combine overlapped (training.moe_comm_overlap, which the estimate credits) more than
     one before Blackwell too: PerfEnvPlugin's 8, 32 with DeepEP, as validate_args then only warns
-    that one connection serializes that overlap."""
+    that one connection serializes that overlap. The tensor-parallel overlap the estimate credits beside
+    it (--tp-comm-overlap, Transformer Engine's userbuffers) still runs there: TE 2.0 on orders its
+    communication kernel's launch before the GEMM on Hopper with more than one connection
+    (comm_gemm_overlap.cpp, CommOverlapCore's launch-completion event); only megatron-core's own async
+    sequence-parallel collectives (tensor_parallel/layers.py) want one, and no estimate credits those."""
     lay = job.layout
     if lay.zero_stage >= 2:
         return "unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP refuses 1\n"
