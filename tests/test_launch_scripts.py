@@ -2199,3 +2199,36 @@ def test_status_variable_of_a_command_not_run_is_said():
     assert [c.fields for c in read.commands] == [("torchrun", "a"), ("torchrun", "b")]
     assert any("line 2" in n.text and "$?" in n.text and "torchrun is not run" in n.text for n in read.notes), \
         read.notes
+
+
+MIXTRAL_ON_64 = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+                 "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16", "engine": "megatron"}}
+MIXTRAL_TRAIN = ("torchrun --nproc_per_node 8 --nnodes 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+                 "--ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 "
+                 "--swiglu --untie-embeddings-and-output-weights --seq-length 4096 --num-experts 8 "
+                 "--moe-router-topk 2 --moe-grouped-gemm --micro-batch-size 1 --global-batch-size 256 --bf16 "
+                 "--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 8 "
+                 "--use-distributed-optimizer --moe-token-dispatcher-type alltoall "
+                 "--overlap-moe-expert-parallel-comm --tp-comm-overlap")
+
+
+@pytest.mark.parametrize("setting, said", [
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=1\n", True),
+    ("CUDA_DEVICE_MAX_CONNECTIONS=1 ", True),  # the launch's own prefix
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=8\n", False),  # Megatron-Bridge's PerfEnvPlugin: both overlaps run
+    ("export CUDA_DEVICE_MAX_CONNECTIONS=32\n", False),
+])
+def test_the_experts_overlap_under_one_connection_is_said(tmp_path, setting, said):
+    """A launch that turns on --overlap-moe-expert-parallel-comm and gives the training
+    CUDA_DEVICE_MAX_CONNECTIONS=1 was read without a word, the estimate hiding the experts' dispatch and
+    combine behind the other micro-batch's compute, which megatron-core's MoE README says needs more than one
+    connection ("Requirements for EP A2A Overlap: expert_model_parallel_size > 1, CUDA_DEVICE_MAX_CONNECTIONS
+    > 1"). validate_args only warns there (tp 2 with the overlap), so the run starts: said in a note. With 8
+    or 32 no note: the experts' overlap has its queues, and --tp-comm-overlap (Transformer Engine's
+    userbuffers) orders its own launches on Hopper (comm_gemm_overlap.cpp)."""
+    case, args = files(tmp_path, "#!/bin/bash\n" + setting + MIXTRAL_TRAIN + "\n", MIXTRAL_ON_64)
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.training.moe_comm_overlap and result.estimate.job.layout.ep == 8
+    notes = [note for note in result.notes if "--overlap-moe-expert-parallel-comm" in note]
+    assert len(notes) == int(said), result.notes
+    assert not said or "CUDA_DEVICE_MAX_CONNECTIONS > 1" in notes[0]

@@ -217,7 +217,27 @@ def connection_notes(path: Path, case) -> list[str]:
     except CaseError:
         return []  # refused as the layout is read
     return (_parallelism_connection_notes(path, flags, launch.environment, tp, cp, case.cluster.gpu)
+            + _expert_overlap_connection_notes(path, flags, launch.environment, case.cluster.gpu)
             + _unexported_setting_notes(path, flags, launch.environment))
+
+
+def _expert_overlap_connection_notes(path: Path, flags: dict, environment: tuple, gpu) -> list[str]:
+    """--overlap-moe-expert-parallel-comm in a launch whose script gives the training
+    CUDA_DEVICE_MAX_CONNECTIONS=1 (exported, decided): the experts' dispatch and combine the estimate
+    hides behind the other micro-batch's compute (training.moe_comm_overlap) do not run beside it, as
+    megatron-core's MoE README requires more than one connection for that overlap ("Requirements for EP
+    A2A Overlap: expert_model_parallel_size > 1, CUDA_DEVICE_MAX_CONNECTIONS > 1") and validate_args warns
+    that one connection gives the priority to tensor and context parallelism. Said, not refused: the run
+    starts. Only on NVIDIA GPUs, whose CUDA runtime reads the variable (ROCm's HIP does not)."""
+    setting = _connections_setting(environment)
+    if _MOE_OVERLAP not in flags or getattr(gpu, "vendor", "nvidia") != "nvidia" \
+            or setting is None or setting != ("1", True, False):
+        return []
+    return [f"{path.name} gives the training {_CONNECTIONS}=1 with {_MOE_OVERLAP}: the experts' dispatch and combine it "
+            "overlaps with the other micro-batch's compute, which the estimate hides, share one hardware queue with "
+            f"that compute and do not run beside it (megatron-core's MoE README requires {_CONNECTIONS} > 1 for "
+            "the overlap; validate_args warns that 1 gives tensor and context parallelism the priority); export "
+            "8, or 32 with DeepEP, as Megatron-Bridge's PerfEnvPlugin does (--tp-comm-overlap still runs there)"]
 
 
 def _parallelism_connection_notes(path: Path, flags: dict, environment: tuple, tp: int, cp: int, gpu) -> list[str]:
