@@ -21,6 +21,7 @@ from .limits import MAX_STEP_TIME_S
 # The memory limit every command holds a layout to, shared with the search; named here too.
 from .search_memory import fit_limit, fits_with_margin, host_fits, usable_bytes
 from .search_recompute import selective_bundles
+from .units import whole_bytes
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Remedy:
         of the training, its fp8_param_gather, keeps the layout and is said in ``change``) and what the
         changed layout would give."""
         return {"change": self.description, "together": list(self.together),
-                "layout": layout_section(self.job), "peak_bytes": int(round(self.peak_bytes)),
+                "layout": layout_section(self.job), "peak_bytes": whole_bytes(self.peak_bytes),
                 "fits": self.fits, "memory_verdict": self.verdict, "step_time_s": self.step_time_s}
 
 
@@ -196,18 +197,18 @@ class Estimate:
             "fits": self.fits,
             "memory_verdict": self.memory_verdict,
             "memory": {
-                "peak_bytes": int(round(self.peak.total)),
+                "peak_bytes": whole_bytes(self.peak.total),
                 # the 80 % band: the peak times the 10th and 90th percentiles of measured / predicted
                 # peaks of published runs of this class (planner/bands.py)
-                "peak_band_bytes": [int(round(self.peak.total * b)) for b in (mem.low, mem.high)],
+                "peak_band_bytes": [whole_bytes(self.peak.total * b) for b in (mem.low, mem.high)],
                 "band": mem.to_dict(),
-                "capacity_bytes": int(round(self.capacity_bytes)),
-                "usable_bytes": int(round(self.usable_bytes)),
+                "capacity_bytes": whole_bytes(self.capacity_bytes),
+                "usable_bytes": whole_bytes(self.usable_bytes),
                 # the CUDA context and NCCL's buffers, beside the allocator's peak (``Overheads.cuda_context``)
-                "outside_allocator_bytes": int(round(self.job.overheads.cuda_context)),
+                "outside_allocator_bytes": whole_bytes(self.job.overheads.cuda_context),
                 "stage": self.peak.stage,
-                "by_term": {term: int(round(v)) for term, v in self.peak.by_term().items()},
-                "host_bytes": int(round(self.host_bytes)),
+                "by_term": {term: whole_bytes(v) for term, v in self.peak.by_term().items()},
+                "host_bytes": whole_bytes(self.host_bytes),
                 "overflows": self.overflows,  # "gpu", "host" or None
             },
             "layout": self.layout_mapping(),

@@ -23,7 +23,7 @@ from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_
 from .search import search
 from .search_rows import Candidate, SearchResult
 from .search_options import SearchSpec, retarget
-from .units import UnitError, figure_text, parse_tokens, run_days
+from .units import UnitError, figure_text, parse_tokens, run_days, whole_bytes
 
 # The solver's table holds every fitting layout within this share of the fastest (or the
 # --simplest-within margin, if wider), and at least the top-k: all that the answer,
@@ -136,8 +136,9 @@ class NoFit:
 
     def to_dict(self) -> dict[str, Any]:
         known = self.closest_layout is not None
-        return {"term": self.term if known else None, "peak_bytes": int(self.peak_bytes) if known else None,
-                "limit_bytes": int(self.limit_bytes),
+        return {"term": self.term if known else None,
+                "peak_bytes": whole_bytes(self.peak_bytes) if known else None,
+                "limit_bytes": whole_bytes(self.limit_bytes),
                 "closest_layout": _mapping(self.closest_job),
                 "gpus_that_fit": self.gpus_that_fit, "seq_len_that_fits": self.seq_len_that_fits,
                 "excluded_by": self.excluded_by, "fewer_gpus_that_fit": self.fewer_gpus_that_fit,

@@ -54,7 +54,8 @@ from .engines import ENGINES
 from .plan import DECIDED_ENGINES, _check_size, check_run_tokens, layout_table, plan
 from .search import Candidate, cp_too_thin, divisors
 from .search_options import SearchSpec, retarget
-from .units import UnitError, duration_text, figure_text, parse_duration, parse_tokens, run_days
+from .units import (UnitError, duration_text, figure_text, parse_duration, parse_tokens, run_days,
+                    whole_bytes)
 
 SECONDS_PER_DAY = 86400.0
 DEFAULT_ALTERNATIVES = 3
@@ -192,7 +193,7 @@ class SizeChoice:
                 "tokens_per_s": self.tokens_per_s, "days": self.days, "gpu_hours": self.gpu_hours,
                 "cost": self.cost, "mfu": self.estimate.mfu,
                 # `size` times each cluster by its fastest layout: one may fit only at its memory band's low end
-                "memory_verdict": self.estimate.memory_verdict, "peak_bytes": int(round(self.estimate.peak.total))}
+                "memory_verdict": self.estimate.memory_verdict, "peak_bytes": whole_bytes(self.estimate.peak.total)}
 
     @property
     def step_time_s(self) -> float:

@@ -123,6 +123,13 @@ def run_days(tokens: float, tokens_per_s: float) -> float:
     return tokens / tokens_per_s / DURATION_UNITS["d"]
 
 
+def whole_bytes(value: float) -> int:
+    """A byte count as the JSON outputs print it: rounded to the nearest byte. One rule for every
+    command, so that one layout's peak reads the same in `estimate`, `plan`'s no_fit and `size`
+    (no_fit cut it down where the others rounded: a byte apart)."""
+    return int(round(value))
+
+
 def figure_text(value: float, decimals: int = 0) -> str:
     """``value`` grouped with ``decimals`` decimals, or to two significant figures where those would
     round a small figure away (a run of a billion tokens is 0.0115 days, not 0.0): every figure of
