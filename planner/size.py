@@ -707,25 +707,29 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
         return _unmet(sweep, options, limits, step_deadline, choice, decide, common(sweep, status),
                       lambda: ([], None))
 
+    # --top limits the list, not what is counted: the sweep and the solver look for one runner-up at
+    # least, whatever --top, as beaten_meeting needs to know whether the answer stands alone (under
+    # --top 0 the cut held one size, skipped the rest as dearer and counted 1 of 3 that met the deadline).
+    wanted = max(target.top_k, 1) + 1
     # Racks used whole and in part are two options whose sizes beat each other only once both are
     # priced (undominated): the sweep keeps twice the runners-up there, so that the list can be filled.
-    kept = (target.top_k + 1) * (2 if any(option.rack for option in options) else 1)
+    kept = wanted * (2 if any(option.rack for option in options) else 1)
     sweep = _Sweep(case, spec, options, limits, weights, objective, step_deadline, kept, progress).run()
     all_rows, sweep.rows = sweep.rows, sweep.unbeaten_rows()  # the runners-up among sizes not beaten
     # Sizes a rack's whole and partial use beat across each other (undominated) leave the list short of
     # --top: more are asked for until it is full or none is left (GB200's next best lost 14 partial racks).
-    count, picks, status = target.top_k + 1, [], "INFEASIBLE"
+    count, picks, status = wanted, [], "INFEASIBLE"
     while True:
         status, chosen = decide(sweep, objective, step_deadline, count)
         picks = undominated([choice(sweep, row) for row in chosen])
-        if len(picks) >= target.top_k + 1 or len(chosen) < count:
+        if len(picks) >= wanted or len(chosen) < count:
             break
-        count += target.top_k + 1 - len(picks)
-    picks = picks[:target.top_k + 1]
+        count += wanted - len(picks)
     sweep.rows = all_rows
     if picks:
-        return Sizing(OK, best=picks[0], alternatives=tuple(picks[1:]),
-                      beaten_meeting=_beaten_meeting(all_rows, chosen[0], step_deadline) if len(picks) == 1 else 0,
+        alone = len(picks) == 1  # no runner-up within the limits: the others meeting the deadline are beaten
+        return Sizing(OK, best=picks[0], alternatives=tuple(picks[1:target.top_k + 1]),
+                      beaten_meeting=_beaten_meeting(all_rows, chosen[0], step_deadline) if alone else 0,
                       **common(sweep, status))
 
     def quickest() -> tuple[list, Optional[_Sweep]]:

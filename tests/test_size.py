@@ -1003,3 +1003,18 @@ def test_size_json_counts_the_sizes_that_meet_the_deadline_though_beaten(tmp_pat
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
     assert printed["gpus"] == 64 and printed["alternatives"] == [] and printed["beaten_meeting"] == 3
+
+
+def test_size_top_zero_counts_the_sizes_that_meet_the_deadline_as_any_top_does(tmp_path):
+    """`--top` limits what is listed, not what is counted (docs/sizing.md): the small mixture of experts
+    on up to two GB200 NVL72 racks has three sizes besides the answer that meet 10 days, each slower on
+    more GPUs (timed with `plan` in test_sizes_left_out_as_beaten_are_not_said_not_to_meet_the_deadline).
+    Under `--top 0` the sweep's cut held the answer alone and skipped the dearer sizes: it counted 1."""
+    from test_size_front import SMALL_MOE_ON_TWO_RACKS
+
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(SMALL_MOE_ON_TWO_RACKS))
+    done = run_cli("size", str(path), "--tokens", "1T", "--deadline", "10d", "--top", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["gpus"] == 64 and printed["alternatives"] == [] and printed["beaten_meeting"] == 3
