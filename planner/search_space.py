@@ -95,6 +95,11 @@ def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, in
     model, training, cluster = case.model, case.training, case.cluster
     engine = spec.engine
     n = cluster.num_gpus
+    # More stages than layers leave ranks without one. An engine that splits evenly refuses that; nanotron,
+    # which cuts its stages by block cost, runs it (``build_model`` moves to the next rank at most once a
+    # block and never past the last, so the ranks past its blocks hold none: the Playbook measured 28
+    # layers on 32 ranks), and those ranks still count in its 1F1B schedule (each rank's warm-up is
+    # pp - rank - 1 forwards), which the pricing of its split holds (cost_models.partition).
     # Each degree is taken among the divisors of what it must divide, not of the GPUs alone: tp of
     # the heads and FFN width, cp of half the sequence, dp of the global batch. The same layouts in
     # the same order; `size` enumerates them on a hundred thousand cluster sizes, and the divisors
@@ -115,7 +120,7 @@ def structures(case: Case, spec: SearchSpec) -> Iterator[tuple[int, int, int, in
             ranks = n // (tp * cp)
             for dp in reversed(divisors(math.gcd(ranks, training.global_batch_size))):  # pp ascending
                 pp = ranks // dp
-                if pp > model.num_layers:
+                if pp > model.num_layers and not training.engine.splits_by_block_cost:
                     continue
                 if tp > 1 and pp > 1 and not engine.tp_with_pp:
                     continue

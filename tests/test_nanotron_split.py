@@ -87,3 +87,27 @@ def test_a_stated_split_is_still_checked_against_the_model():
     model's 28 layers is a mistake in the case, refused as for any engine."""
     with pytest.raises(planner.CaseError, match="stage_layers: must sum to num_layers 28, got 32"):
         planner.estimate(case([4] * 8))
+
+
+def test_the_search_offers_nanotron_more_stages_than_layers():
+    """nanotron runs more pipeline ranks than layers (``build_model`` moves on a rank at most once a
+    block, and never past the last: the ranks past the blocks hold none), and the Playbook measured
+    it: its 3B's 28 layers at tp 4 on 128 GPUs, dp 1, so pp 32. Each layer's 113.2 M passes its
+    1/32 share of 3,574 M (111.7 M), so the first 28 ranks take one each and the last 4 none. The
+    search skipped every pp above the layers, which left no layout at those pins; Megatron, which
+    splits the layers evenly, still has none at pp 32."""
+    pinned = {**case(), "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 128},
+              "search": {"tp": 4, "dp": 1, "micro_batch_size": 1}}
+    del pinned["layout"]
+    best = planner.plan(pinned).best
+    layout = best.job.layout
+    assert (layout.pp, best.job.stage_layers) == (32, (1,) * 28 + (0,) * 4)
+    # Priced as estimate prices the layout it names, empty ranks and all.
+    again = planner.estimate({**pinned, "layout": {"dp": 1, "tp": 4, "pp": 32, "micro_batch_size": 1,
+                                                   "zero_stage": layout.zero_stage,
+                                                   "sequence_parallel": layout.sequence_parallel,
+                                                   "recompute": layout.recompute}})
+    assert again.step_time_s == best.step_time_s
+    with pytest.raises(planner.CaseError, match="no megatron layout of 128 GPUs"):
+        planner.plan({**pinned, "training": {**pinned["training"], "engine": "megatron"},
+                      "search": {**pinned["search"], "cp": 1}})  # cp 1 as nanotron runs: cp 2 fills the ranks
