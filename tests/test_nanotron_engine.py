@@ -167,3 +167,23 @@ def test_a_mixture_of_experts_is_refused_as_the_engine_module_says(tmp_path):
         data = moe if command == "plan" else {**moe, "layout": {"dp": 8, "tp": 8, "zero_stage": 1, "recompute": "full"}}
         line = one_line_error(run_cli(command, str(write(tmp_path, data))))
         assert "model.num_experts: nanotron cannot run it" in line and "megatron" in line
+
+
+def test_fewer_micro_batches_than_the_1f1b_warm_up_needs_are_refused_as_nanotron_asserts():
+    # nanotron's OneForwardOneBackwardPipelineEngine asserts nb_microbatches >= pp - 1
+    # (parallel/pipeline_parallel/engine.py): at pp 8, 7 micro-batches run and 6 do not.
+    runs = case(training={"global_batch_size": 7})
+    assert planner.estimate(runs).job.layout.pp == 8
+    with pytest.raises(CaseError) as refused:
+        planner.estimate(case(training={"global_batch_size": 6}))
+    assert refused.value.key == "layout.micro_batch_size"
+    assert "at least pp - 1 = 7 micro-batches" in refused.value.expected and "got 6" in refused.value.expected
+
+
+def test_plan_offers_no_pipeline_deeper_than_its_micro_batches_allow():
+    # 6 sequences a step on 8 GPUs held to pp 8 by the search: it would need 7 micro-batches.
+    held = {k: v for k, v in case(training={"global_batch_size": 6}, search={"pp": 8}).items() if k != "layout"}
+    with pytest.raises(CaseError) as refused:
+        planner.plan(held)
+    assert refused.value.key == "search"
+    assert planner.plan({**held, "search": {"pp": 4}}).best.job.layout.pp == 4

@@ -21,6 +21,7 @@ Playbook's sweep (1,265 layouts on 1-64 nodes of 8 H100s over EFA) measured it.
 from __future__ import annotations
 
 from cost_models.behaviour import EngineBehaviour
+from cost_models.job import Job
 from cost_models.specs import ModelSpec
 
 from .base import Engine, EngineSupport
@@ -80,4 +81,20 @@ def model_rules(model: ModelSpec) -> list[tuple[str, str]]:
     return []
 
 
-ENGINE = Engine("nanotron", SUPPORT, BEHAVIOUR, title="nanotron", model_rules=model_rules)
+def rules(job: Job) -> list[tuple[str, str]]:
+    """nanotron's one-forward-one-backward engine, the schedule priced here, asserts at least pp − 1
+    micro-batches a step (``parallel/pipeline_parallel/engine.py``,
+    ``OneForwardOneBackwardPipelineEngine.train_batch_iter``: "Number of microbatches ... must be at
+    least PP_SIZE-1"): the first rank's warm-up alone runs pp − 1 forwards. None of the Playbook's 1,265
+    layouts ran fewer. Its all-forward-all-backward engine has no such bound, but holds every
+    micro-batch's activations at once, which the planner does not price."""
+    lay = job.layout
+    if lay.pp > 1 and job.num_microbatches < lay.pp - 1:
+        return [("layout.micro_batch_size",
+                 f"nanotron's 1F1B pipeline engine needs at least pp - 1 = {lay.pp - 1} micro-batches a step "
+                 f"(pipeline_parallel/engine.py asserts it), got {job.num_microbatches}: a smaller micro-batch "
+                 "or fewer pipeline stages")]
+    return []
+
+
+ENGINE = Engine("nanotron", SUPPORT, BEHAVIOUR, rules=rules, title="nanotron", model_rules=model_rules)
