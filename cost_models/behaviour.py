@@ -310,9 +310,11 @@ class EngineBehaviour:
     # pipeline on several nodes, it runs at its GPU time (bench/pipeline_floor.py). nanotron's
     # pipeline reads the shape of every tensor it receives on the host (``P2P._recv_meta``:
     # blocking receives, then the metadata read back from the GPU), so a stage cannot issue ahead
-    # of its last receive; why the cost then grows with the ranks of each collective is not
-    # established. Fitted to that sweep (bench/fit_performance.py h100: 0.75 ms and 0.31 ms, with
-    # the host cost above from 300 to 200 us); 0 for the engines that send fixed shapes.
+    # of its last receive; yet the sweep's excess grows with the stage's layers, linearly and
+    # from nearly nought, as a cost per receive would not (bench/pipeline_floor.py, third table),
+    # and why it grows with the ranks of each collective is not established. Fitted to that
+    # sweep (bench/fit_performance.py h100: 0.75 ms and 0.31 ms, with the host cost above from
+    # 300 to 200 us); 0 for the engines that send fixed shapes.
     pipeline_collective_floor_s: float = 0.0
     pipeline_collective_floor_rank_s: float = 0.0
     # The least time of a tensor-parallel collective whose group spans NVLink domains, per rank of

@@ -54,8 +54,11 @@ def cross_domain_pipeline_floor(job: Job, collectives: float) -> float:
     tensor-parallel collectives costs at least f₀ + f₁·(tp − 1)
     (``EngineBehaviour.pipeline_collective_floor_s``, ``pipeline_collective_floor_rank_s``), and
     the stage's GPU work runs beneath that, not after it (the Playbook's nanotron sweep: the 1B's
-    stages at tp 8 and pp 2 take about 26 ms a layer at micro-batches of 1, 2 and 4). 0 without tensor
-    parallelism, without a pipeline, within one domain, or for an engine that shows none."""
+    stages at tp 8 and pp 2 take about 26 ms a layer at micro-batches of 1, 2 and 4). Per collective,
+    so per layer, not once per stage and micro-batch as nanotron's one blocking receive would be
+    (``P2P._recv_meta``): the sweep's excess over the GPU's time grows with the stage's layers, from
+    nearly nought (bench/pipeline_floor.py, third table). 0 without tensor parallelism, without a
+    pipeline, within one domain, or for an engine that shows none."""
     lay, engine = job.layout, job.training.engine
     per_collective = engine.pipeline_collective_floor_s + engine.pipeline_collective_floor_rank_s * (lay.tp - 1)
     if lay.pp == 1 or lay.tp == 1 or not per_collective or group_links(job.cluster, lay, "pp").domains == 1:
