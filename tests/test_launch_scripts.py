@@ -1263,7 +1263,7 @@ def test_what_may_set_the_variable_and_is_not_followed_is_said_naming_it(tmp_pat
     assert bash_connections(tmp_path, script, caller="1") == "32"
     case, args = files(tmp_path, script, BF16)
     notes = diagnose(case, megatron_args=args).notes
-    assert any(f"line 2: " in note and f"may set {CONNECTIONS}: its value could not be read" in note
+    assert any("line 2: " in note and f"may set {CONNECTIONS}: its value could not be read" in note
                for note in notes), notes
 
 
@@ -1719,7 +1719,7 @@ def test_an_env_option_after_its_settings_is_the_command_it_runs(tmp_path, env, 
     read_as_bash_does(tmp_path, f"#!/bin/bash\n{env} {TRAIN} || {TRAIN}\n", None)
     result = read_script(f"#!/bin/bash\n{env} {TRAIN}\n", "t.sh")
     assert result.commands == []
-    assert any(n.text.startswith(f"t.sh: line 2: ") and f"runs a command named {word}" in n.text
+    assert any(n.text.startswith("t.sh: line 2: ") and f"runs a command named {word}" in n.text
                for n in result.notes), result.notes
 
 
