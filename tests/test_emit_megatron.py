@@ -1316,3 +1316,41 @@ def test_tp_comm_overlap_beside_the_experts_overlap_runs_with_more_connections()
     # credited: the overlapped collectives take less of the step than the same ones in the open
     plain = load_case({**base, "training": {**base["training"], "tp_comm_overlap": False}})
     assert result.time.tp_comm_s < estimate_job(plain, plain.job()).time.tp_comm_s
+
+
+@pytest.mark.parametrize("gpu, multicast", [("a100-sxm-80gb", False), ("v100-sxm-32gb", False),
+                                            ("h100-sxm-80gb", True), ("b200", True)])
+def test_tp_comm_overlap_starts_where_the_gpu_has_no_cuda_multicast(tmp_path, gpu, multicast):
+    """--tp-comm-overlap on A100s was launched without UB_SKIPMC, and Transformer Engine's initialize_ub
+    (which Megatron-LM calls for the flag, megatron/training/initialize.py) raises on a device without CUDA
+    multicast unless UB_SKIPMC is a non-zero integer: ``if not tex.device_supports_multicast(): ... if not
+    bool(int(os.getenv("UB_SKIPMC", "0"))): raise RuntimeError(... "Launch app with UB_SKIPMC=1 to try CUDA
+    IPC instead.")`` (transformer_engine/pytorch/module/base.py:183-187 at v2.9, 220-225 at 2.20.0.dev0),
+    and multicast needs compute capability 9.0 or newer (TE's examples/pytorch/comm_gemm_overlap/README.md:
+    "Devices older than compute capability 9.0 require UB_SKIPMC=1"). So the estimate priced an overlap
+    whose run stopped before its first step. The training started by launch.sh gets what TE asks where the
+    GPU has no multicast, and the multicast path is left on from Hopper on ("For best performance")."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    case = load_case({"model": {"preset": "llama2-7b"}, "cluster": {"gpu": gpu, "num_gpus": 8},
+                      "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "fp16" if gpu.startswith(
+                          "v100") else "bf16", "engine": "megatron", "tp_comm_overlap": True},
+                      "layout": {"tp": 2, "pp": 1, "micro_batch_size": 1, "sequence_parallel": True}})
+    assert (case.cluster.gpu.compute_capability_major >= 9) == multicast
+    files = megatron.render(estimate_job(case, case.job()), ["header"])
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # torchrun reporting what the training would get: TE's own reading of UB_SKIPMC, and the arguments
+    (bin_dir / "torchrun").write_text('#!/bin/sh\necho "UB_SKIPMC=${UB_SKIPMC:-0}"\nfor a in "$@"; do echo "$a"; '
+                                      'done\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "UB_SKIPMC"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    given = subprocess.run([bash, str(tmp_path / "launch.sh")], capture_output=True, text=True, check=True,
+                           env=env).stdout.splitlines()
+    assert "--tp-comm-overlap" in given
+    skip = bool(int(given[0].removeprefix("UB_SKIPMC=")))
+    assert skip != multicast

@@ -279,7 +279,7 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args.append(("--overlap-grad-reduce", None))
         if lay.zero_stage >= 1 and job.training.engine.overlap_param_gather:
             args.append(("--overlap-param-gather", None))
-    if t.tp_comm_overlap and lay.tp > 1:
+    if tp_comm_overlapped(job):
         args.append(("--tp-comm-overlap", None))  # Transformer Engine userbuffers
     if lay.offload_optimizer:
         # HybridDeviceOptimizer: validate_args wants the precision-aware optimizer with it.
@@ -528,6 +528,53 @@ def connections_line(job: Job) -> str:
             "(Megatron-Bridge's PerfEnvPlugin)\n")
 
 
+def tp_comm_overlapped(job: Job) -> bool:
+    """Whether the launch runs --tp-comm-overlap: the case asks for it and tensor parallelism has
+    collectives to overlap (tp > 1)."""
+    return job.training.tp_comm_overlap and job.layout.tp > 1
+
+
+# The first CUDA compute capability major whose GPUs hold CUDA multicast objects, which Transformer
+# Engine's userbuffers take for --tp-comm-overlap unless UB_SKIPMC=1: Hopper (TE's
+# examples/pytorch/comm_gemm_overlap/README.md: multicast "on devices with compute capability 9.0 or
+# newer"; "Devices older than compute capability 9.0 require UB_SKIPMC=1").
+MULTICAST_FROM_ARCH = 9
+
+
+def lacks_multicast(gpu) -> Optional[bool]:
+    """Whether ``gpu`` has no CUDA multicast, so that Transformer Engine's ``initialize_ub`` (which
+    Megatron-LM's --tp-comm-overlap calls, megatron/training/initialize.py) raises "CUDA device, driver
+    and/or toolkit version does not support comm+GEMM overlap with CUDA Multicast. Launch app with
+    UB_SKIPMC=1 to try CUDA IPC instead" unless UB_SKIPMC is a non-zero integer
+    (transformer_engine/pytorch/module/base.py:183-187 at v2.9, 220-225 at 2.20.0.dev0; so since TE 2.0,
+    and megatron-core 0.16 takes 2.9 on; ``device_supports_multicast`` reads the device's
+    CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, common/util/cuda_runtime.cpp): True below compute
+    capability 9 (V100, A100), False from Hopper on (the presets' NVSwitch boards and NVL72 racks), None
+    where the capability is not known. False for AMD GPUs, whose HIP majors say nothing of it."""
+    if getattr(gpu, "vendor", "nvidia") != "nvidia":
+        return False
+    major = gpu.compute_capability_major
+    return None if major is None else major < MULTICAST_FROM_ARCH
+
+
+def userbuffers_line(job: Job) -> str:
+    """UB_SKIPMC=1 where the launch runs --tp-comm-overlap on a GPU without CUDA multicast, or whose
+    capability is not known (as :func:`connections_line` reads it): without it Transformer Engine's
+    initialize_ub raises before the first step (:func:`lacks_multicast`). With it the userbuffers
+    exchange through CUDA IPC handles, the path TE's communicator takes where multicast is off
+    (userbuffers-host.cpp, create_communicator_grouped2: "MC NOT initialized and used"), and the overlap
+    the estimate credits runs."""
+    if not tp_comm_overlapped(job) or lacks_multicast(job.cluster.gpu) is False:
+        return ""
+    return ("export UB_SKIPMC=1  # --tp-comm-overlap: Transformer Engine's userbuffers through CUDA IPC, "
+            "as this GPU has no CUDA multicast (before Hopper)\n")
+
+
+def environment_lines(job: Job) -> str:
+    """What the launch and the batch script export before the training starts."""
+    return connections_line(job) + userbuffers_line(job)
+
+
 def render(estimate, header_lines) -> dict[str, str]:
     job = estimate.job
     args = arguments(job)
@@ -558,7 +605,7 @@ def render(estimate, header_lines) -> dict[str, str]:
         ]) +
         "set -euo pipefail\n"
         "set -f  # no globbing of the arguments (a pipeline layout holds '*')\n"
-        + connections_line(job) +
+        + environment_lines(job) +
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
         f"torchrun --nnodes {shell_word(nodes)} --nproc-per-node {shell_word(per_node)} \\\n"
         '    --node-rank "${NODE_RANK:-0}" --master-addr ' + master_addr(nodes) + ' '
@@ -572,7 +619,7 @@ def render(estimate, header_lines) -> dict[str, str]:
     batch = sbatch(header + comment(["MEGATRON_LM: a Megatron-LM checkout (export it before sbatch); extra arguments "
                                      "(data, tokenizer, learning rate, --train-samples or --train-iters, "
                                      "--save/--save-interval/--load) pass through."]),
-                   nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $ARGS "$@"', connections_line(job),
+                   nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $ARGS "$@"', environment_lines(job),
                    cluster=job.cluster, files='ARGS="$(grep -v \'^#\' "$HERE/' + ARGS_FILE + '")"\n' + checkout)
     return {ARGS_FILE: args_text, LAUNCH_FILE: launch, SBATCH_FILE: batch}
 
