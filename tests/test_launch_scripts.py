@@ -2232,3 +2232,43 @@ def test_the_experts_overlap_under_one_connection_is_said(tmp_path, setting, sai
     notes = [note for note in result.notes if "--overlap-moe-expert-parallel-comm" in note]
     assert len(notes) == int(said), result.notes
     assert not said or "CUDA_DEVICE_MAX_CONNECTIONS > 1" in notes[0]
+
+
+LLAMA_ON_A100 = {"model": {"preset": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 16},
+                 "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16", "engine": "megatron"}}
+LLAMA_TRAIN = ("torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+               "--ffn-hidden-size 11008 --num-attention-heads 32 --swiglu --untie-embeddings-and-output-weights "
+               "--seq-length 4096 --micro-batch-size 1 --global-batch-size 256 --bf16 "
+               "--tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer --tp-comm-overlap")
+
+
+@pytest.mark.parametrize("gpu, setting, outcome", [
+    ("a100-sxm-80gb", "", "note"),  # left to the caller
+    ("a100-sxm-80gb", "UB_SKIPMC=${UB_SKIPMC:-1}\n", "note"),  # set without export: the caller's export decides
+    ("a100-sxm-80gb", "export UB_SKIPMC=1\n", None),
+    ("a100-sxm-80gb", "UB_SKIPMC=1 ", None),  # the launch's own prefix
+    ("a100-sxm-80gb", "export UB_SKIPMC=0\n", "refused"),
+    ("a100-sxm-80gb", "export UB_SKIPMC=yes\n", "refused"),  # int("yes") raises in TE too
+    ("h100-sxm-80gb", "", None),  # multicast: initialize_ub takes it without UB_SKIPMC
+])
+def test_tp_comm_overlap_without_ub_skipmc_before_hopper_is_said(tmp_path, gpu, setting, outcome):
+    """A launch with --tp-comm-overlap on A100s that does not give the training UB_SKIPMC was read without a
+    word, its estimate crediting the overlap: Transformer Engine's initialize_ub, which Megatron-LM calls for
+    the flag, raises on a device without CUDA multicast unless ``bool(int(os.getenv("UB_SKIPMC", "0")))``
+    ("Launch app with UB_SKIPMC=1 to try CUDA IPC instead", transformer_engine/pytorch/module/base.py:183-187
+    at v2.9), and multicast needs compute capability 9 (TE's comm_gemm_overlap README: "Devices older than
+    compute capability 9.0 require UB_SKIPMC=1"). A script that decides another value is refused (the run
+    would not start); one that leaves it to the caller is said in a note."""
+    case_data = {**LLAMA_ON_A100, "cluster": {**LLAMA_ON_A100["cluster"], "gpu": gpu}}
+    case, args = files(tmp_path, "#!/bin/bash\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" + setting + LLAMA_TRAIN + "\n",
+                       case_data)
+    if outcome == "refused":
+        with pytest.raises(CaseError, match=r"train.sh: UB_SKIPMC: is .*initialize_ub raise.*export UB_SKIPMC=1"):
+            diagnose(case, megatron_args=args)
+        done = run_cli("diagnose", str(case), "--megatron-args", str(args))
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        return
+    result = diagnose(case, megatron_args=args)
+    assert result.estimate.job.training.tp_comm_overlap and result.estimate.job.layout.tp == 2
+    notes = [note for note in result.notes if "UB_SKIPMC" in note]
+    assert len(notes) == int(outcome == "note"), result.notes

@@ -19,7 +19,7 @@ from cost_models.stage_time import cp_runs_all_to_all
 
 from planner.case import case_message
 from planner.engines.megatron.engine import BEHAVIOUR
-from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD, one_connection_asserted
+from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD, lacks_multicast, one_connection_asserted
 from planner.engines.megatron.launch import (NEMO_SECTIONS, NPROC_WORDS, TORCHRUN, environment_value, flags_of,
                                            launch_of, torchrun_world, with_included_args)
 from planner.errors import CaseError, one_line
@@ -114,6 +114,7 @@ def read(path: Path, case) -> Layout:
         _check_attention_environment(src, flags, launch.environment)
         layout = _layout(src, flags, case)
         _check_connections_for_parallelism(src, flags, launch.environment, layout.tp, layout.cp, case.cluster.gpu)
+        _check_multicast_skip(src, flags, launch.environment, case.cluster.gpu)
         return layout
     except CaseError as error:
         raise launch.explain(error) from None
@@ -218,6 +219,7 @@ def connection_notes(path: Path, case) -> list[str]:
         return []  # refused as the layout is read
     return (_parallelism_connection_notes(path, flags, launch.environment, tp, cp, case.cluster.gpu)
             + _expert_overlap_connection_notes(path, flags, launch.environment, case.cluster.gpu)
+            + _multicast_skip_notes(path, flags, launch.environment, case.cluster.gpu)
             + _unexported_setting_notes(path, flags, launch.environment))
 
 
@@ -238,6 +240,65 @@ def _expert_overlap_connection_notes(path: Path, flags: dict, environment: tuple
             f"that compute and do not run beside it (megatron-core's MoE README requires {_CONNECTIONS} > 1 for "
             "the overlap; validate_args warns that 1 gives tensor and context parallelism the priority); export "
             "8, or 32 with DeepEP, as Megatron-Bridge's PerfEnvPlugin does (--tp-comm-overlap still runs there)"]
+
+
+_SKIP_MULTICAST = "UB_SKIPMC"
+
+
+def _skips_multicast(value: Optional[str]) -> bool:
+    """Whether Transformer Engine's initialize_ub takes ``value`` of UB_SKIPMC as leaving CUDA multicast
+    off: ``bool(int(os.getenv("UB_SKIPMC", "0")))`` (transformer_engine/pytorch/module/base.py), so a
+    non-zero integer; a word int() refuses stops the run there too (ValueError)."""
+    try:
+        return value is not None and int(value) != 0
+    except ValueError:
+        return False
+
+
+def _multicast_skip_asked(flags: dict, gpu) -> bool:
+    """--tp-comm-overlap on a GPU known to have no CUDA multicast (emit.lacks_multicast), where
+    Transformer Engine's initialize_ub raises unless UB_SKIPMC is a non-zero integer."""
+    return "--tp-comm-overlap" in flags and lacks_multicast(gpu) is True
+
+
+def _multicast_rule(gpu) -> str:
+    """Why UB_SKIPMC must be a non-zero integer for --tp-comm-overlap on ``gpu``, in the words of a message."""
+    return (f"--tp-comm-overlap on {gpu.name} (compute capability {gpu.compute_capability_major}, without the CUDA "
+            "multicast of Hopper's 9 on) makes Transformer Engine's initialize_ub raise unless UB_SKIPMC is a "
+            "non-zero integer (transformer_engine/pytorch/module/base.py: 'Launch app with UB_SKIPMC=1 to try CUDA "
+            "IPC instead')")
+
+
+def _check_multicast_skip(src: str, flags: dict, environment: tuple, gpu) -> None:
+    """UB_SKIPMC that the launch script decides to anything but a non-zero integer (unset, 0, a word), with
+    --tp-comm-overlap on a GPU without CUDA multicast: Transformer Engine's initialize_ub raises, so the run
+    would not start. Set without export, a value that is not one fails either way (the caller's export
+    gives it, no export gives nothing). What the script leaves to the caller is said in a note
+    (:func:`_multicast_skip_notes`)."""
+    setting = environment_value(environment, _SKIP_MULTICAST)
+    if setting is None or not setting[1] or _skips_multicast(setting[0]) or not _multicast_skip_asked(flags, gpu):
+        return
+    value, _, conditional = setting
+    said = "unset in the training's environment (the script unsets it)" if value is None else \
+        f"{one_line(value, 20)!r} in the training's environment" + (
+            " where the caller exports it, and absent where not (the script sets it without export)"
+            if conditional else " (the script sets it so)")
+    raise CaseError(src, _SKIP_MULTICAST, f"is {said}, and {_multicast_rule(gpu)}, so the run would not start; "
+                                          "export UB_SKIPMC=1")
+
+
+def _multicast_skip_notes(path: Path, flags: dict, environment: tuple, gpu) -> list[str]:
+    """The note for a launch script with --tp-comm-overlap on a GPU without CUDA multicast that leaves
+    UB_SKIPMC to the caller (does not set it, takes it from the caller's environment, or sets a non-zero
+    integer without export): the run starts only where the caller exports it."""
+    setting = environment_value(environment, _SKIP_MULTICAST)
+    left = setting is None or not setting[1] or (setting[2] and _skips_multicast(setting[0]))
+    if not left or not _multicast_skip_asked(flags, gpu):
+        return []
+    how = "does not set UB_SKIPMC" if setting is None else \
+        "sets UB_SKIPMC without export" if setting[1] else "takes UB_SKIPMC from the caller's environment"
+    return [f"{path.name} {how}: {_multicast_rule(gpu)}, so the run starts only where the caller exports "
+            "UB_SKIPMC=1 (the planner's launch.sh exports it)"]
 
 
 def _parallelism_connection_notes(path: Path, flags: dict, environment: tuple, tp: int, cp: int, gpu) -> list[str]:
