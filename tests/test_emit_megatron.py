@@ -1354,3 +1354,35 @@ def test_tp_comm_overlap_starts_where_the_gpu_has_no_cuda_multicast(tmp_path, gp
     assert "--tp-comm-overlap" in given
     skip = bool(int(given[0].removeprefix("UB_SKIPMC=")))
     assert skip != multicast
+
+
+@pytest.mark.parametrize("gpu", ["b200", "gb200", "b300", "gb300"])
+def test_tp_comm_overlap_runs_on_blackwell_with_the_connections_it_exports(gpu):
+    """On Blackwell the launch exports CUDA_DEVICE_MAX_CONNECTIONS past 1 (validate_args asks for 1 only
+    below compute capability 10: "CUDA_DEVICE_MAX_CONNECTIONS requirement no longer exists since the
+    Blackwell architecture", megatron/training/arguments.py), and the estimate credits --tp-comm-overlap
+    there, which runs as priced: Transformer Engine's userbuffers order their communication kernel before
+    the GEMM only where the device's major is 9, "needed only for Hopper, which uses persistent CTA
+    execution" (transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp:118-133 at v2.9, 162-177
+    at 2.20.0.dev0), and elsewhere set the GEMM's SMs apart from the communication's (initialize_ub's
+    default set_sm_margin for the pipelined and bulk overlaps: _math_sms = sm_count - num_comm_sm) or copy on
+    the copy engines (use_ce, the ring exchange), on streams joined by events, whatever the connections. Blackwell
+    has CUDA multicast (compute capability 10 >= 9), so initialize_ub starts without UB_SKIPMC, the
+    multicast path kept; and NVIDIA's Blackwell performance recipes run it at PerfEnvPlugin's 32 connections
+    (the NeMo and Megatron-Bridge rows on B200, B300, GB200 and GB300 with tp past 1, which
+    planner/published_runs.py prices with tp_comm_overlap)."""
+    import re
+
+    base = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": gpu, "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16", "engine": "megatron",
+                         "tp_comm_overlap": True},
+            "layout": {"tp": 4, "pp": 2, "micro_batch_size": 1, "sequence_parallel": True, "zero_stage": 1}}
+    case = load_case(base)
+    assert case.cluster.gpu.compute_capability_major == 10
+    result = estimate_job(case, case.job())
+    files = megatron.render(result, ["header"])
+    connections = re.search(r"^export CUDA_DEVICE_MAX_CONNECTIONS=(\d+)", files[megatron.LAUNCH_FILE], re.M)
+    assert connections is not None and int(connections.group(1)) > 1
+    assert "\n--tp-comm-overlap\n" in files[megatron.ARGS_FILE] and "UB_SKIPMC" not in files[megatron.LAUNCH_FILE]
+    plain = load_case({**base, "training": {**base["training"], "tp_comm_overlap": False}})
+    assert result.time.tp_comm_s < estimate_job(plain, plain.job()).time.tp_comm_s

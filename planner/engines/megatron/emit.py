@@ -510,8 +510,12 @@ def connections_line(job: Job) -> str:
     that one connection serializes that overlap. The tensor-parallel overlap the estimate credits beside
     it (--tp-comm-overlap, Transformer Engine's userbuffers) still runs there: TE 2.0 on orders its
     communication kernel's launch before the GEMM on Hopper with more than one connection
-    (comm_gemm_overlap.cpp, CommOverlapCore's launch-completion event); only megatron-core's own async
-    sequence-parallel collectives (tensor_parallel/layers.py) want one, and no estimate credits those."""
+    (comm_gemm_overlap.cpp, CommOverlapCore's launch-completion event), and needs no order elsewhere
+    ("needed only for Hopper, which uses persistent CTA execution": on Ampere and Blackwell the GEMM
+    leaves the communication its SMs, initialize_ub's set_sm_margin, or the ring exchange copies on the
+    copy engines, use_ce); only megatron-core's own async sequence-parallel
+    collectives (tensor_parallel/layers.py) want one, and no estimate credits those. Before Hopper the
+    overlap also needs UB_SKIPMC=1 (:func:`userbuffers_line`)."""
     lay = job.layout
     if lay.zero_stage >= 2:
         return "unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP refuses 1\n"
