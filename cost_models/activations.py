@@ -27,6 +27,7 @@ from typing import Optional
 
 from .experts import (exchanged_token_bytes, moe_act_output_bytes, moe_mlp_activation_bytes,
                       shared_expert_activation_bytes)
+from .behaviour import LOSS_GRADIENT_BYTES
 from .model_states import FP32_BYTES
 from .parameters import built_vocab
 from .quantization import activation_bytes, saved_input_bytes
@@ -345,10 +346,13 @@ def _per_logit_gradient_bytes(training: TrainingSpec, tp: int) -> float:
     logits' width. At ``tp`` > 1, an engine's own vocab-parallel loss where it states one
     (``EngineBehaviour.tp_loss_gradient_bytes``): torchtitan's ``_LossParallelCrossEntropy.backward``
     (components/loss.py), ``zeros_like(log_probs)``, ``exp(log_probs)``, their sum and its product
-    with the loss's gradient, three fp32 tensors at once, 12."""
+    with the loss's gradient, three fp32 tensors at once, 12. Where the case names the loss
+    (``training.loss``: ``behaviour.LOSS_GRADIENT_BYTES``), that one's."""
     if training.loss_compiled:
         return activation_bytes(training.precision)
     engine = training.engine
+    if training.loss is not None:  # the case names the loss its script runs (training.loss)
+        return LOSS_GRADIENT_BYTES[training.loss]
     if tp > 1 and engine.tp_loss_gradient_bytes is not None:
         return engine.tp_loss_gradient_bytes
     return engine.loss_gradient_bytes

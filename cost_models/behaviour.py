@@ -20,6 +20,15 @@ QUANTIZERS = ("transformer_engine", "torchao")
 # or Megatron-FSDP: megatron/training/arguments.py).
 QUANTIZED_GATHER_ZERO_STAGES = (1, 3)
 
+# The cross-entropies a case can name (``training.loss``) on whole logits, uncompiled, and the bytes
+# each holds per logit beside its saved fp32 softmax at its peak (``activations.loss_gradient_bytes``):
+# Megatron's ``vocab_parallel_cross_entropy`` (megatron.core.tensor_parallel) writes the gradient into
+# the saved softmax and hands back a 16-bit copy, 2; eager PyTorch's ``F.cross_entropy`` on fp32
+# logits (Hugging Face's ``ForCausalLMLoss`` upcasts them) holds the fp32 gradients of the
+# log-softmax and of the logits at once, 4 + 4 (measured: tests/test_eager_loss_torch.py).
+LOSS_GRADIENT_BYTES = {"megatron": 2.0, "eager": 8.0}
+LOSSES = tuple(LOSS_GRADIENT_BYTES)
+
 
 @dataclass(frozen=True)
 class EngineBehaviour:
@@ -248,8 +257,13 @@ class EngineBehaviour:
     # of the logits' shape), and ``_log_softmax_backward_data`` (aten/src/ATen/native/SoftMax.cpp) writes
     # the fp32 gradient of the logits while that one is still its input; the bf16 cast comes after the
     # first is freed (measured on CPU: tests/test_eager_loss_torch.py). 2 for Megatron's vocab-parallel
-    # cross-entropy, which writes the gradient into the saved softmax and hands back a bf16 copy.
-    loss_gradient_bytes: float = 8.0
+    # cross-entropy, which writes the gradient into the saved softmax and hands back a bf16 copy
+    # (``LOSS_GRADIENT_BYTES``).
+    loss_gradient_bytes: float = LOSS_GRADIENT_BYTES["eager"]
+    # The loss of ``LOSSES`` that ``loss_gradient_bytes`` prices, where a case may name the other
+    # (``training.loss``: DeepSpeed runs the user's train.py, which runs either); None: the engine's loss
+    # is its own and the case names none.
+    loss: Optional[str] = None
     # The same bytes where tp > 1 and the engine runs the loss vocab-parallel on its own terms: None, as
     # ``loss_gradient_bytes``. torchtitan 0.3.0 at tp > 1 (any ``parallelism.spmd_backend``: its LM head's
     # logits are vocab-sharded) runs ``_LossParallelCrossEntropy`` (components/loss.py, which replaces

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from .behaviour import GENERIC, EngineBehaviour
+from .behaviour import GENERIC, LOSSES, EngineBehaviour
 from .frozen import cached_hash, cached_property, state_without_hash
 from .quantization import FP8_RECIPES, Recipe, recipe_for
 from .spec_checks import SpecError, _choice, _positive_int
@@ -64,6 +64,10 @@ class TrainingSpec:
     # torch.compile(loss_fn)): inductor fuses its upcast, log-softmax and NLL
     # (``EngineBehaviour.compiled_loss``). None: the engine's default (``loss_compiled``).
     compiled_loss: Optional[bool] = None
+    # The cross-entropy on whole logits (``behaviour.LOSSES``): Megatron's vocab-parallel one, in place,
+    # or eager PyTorch's on fp32 logits, where the engine runs either (DeepSpeed runs the user's
+    # train.py). None: the engine's (``EngineBehaviour.loss``, ``loss_gradient_bytes``).
+    loss: Optional[str] = None
     # The sequence chunks the LM head and the loss run in (torchtitan's ChunkedLossWrapper
     # ``num_chunks``; ``EngineBehaviour.loss_chunks``). None: the engine's (``loss_chunk_count``).
     loss_chunks: Optional[int] = None
@@ -123,6 +127,8 @@ class TrainingSpec:
                                 else f"applies only with precision fp8, not {self.precision}")
         if self.expert_dispatch is not None:
             _choice(s, "expert_dispatch", self.expert_dispatch, EXPERT_DISPATCHES)
+        if self.loss is not None:
+            _choice(s, "loss", self.loss, LOSSES)
         if self.fp8_param_gather and self.precision not in ("fp8", "mxfp8", "nvfp4"):
             raise SpecError(s, "fp8_param_gather", f"applies only to a low precision (fp8, mxfp8, nvfp4), "
                                                    f"not {self.precision}")
@@ -136,6 +142,12 @@ class TrainingSpec:
     def loss_compiled(self) -> bool:
         """Whether the loss runs compiled: as the case says, else as the engine does."""
         return self.engine.compiled_loss if self.compiled_loss is None else self.compiled_loss
+
+    @property
+    def loss_name(self) -> Optional[str]:
+        """The cross-entropy of ``LOSSES`` priced: as the case says, else the engine's (None where its
+        loss is its own, unnamed)."""
+        return self.engine.loss if self.loss is None else self.loss
 
     @property
     def loss_chunk_count(self) -> int:

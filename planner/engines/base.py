@@ -79,6 +79,9 @@ class EngineSupport:
     # The loss compiled by torch.compile, or not (``training.compiled_loss``): the PyTorch stacks
     # run either; Megatron's and Megatron-DeepSpeed's vocab-parallel cross-entropy is their own.
     compiled_loss: bool = True
+    # The cross-entropies a case may name (``training.loss``, ``behaviour.LOSSES``): none where the engine's
+    # loss is its own; DeepSpeed, which runs the user's train.py, either.
+    losses: tuple[str, ...] = ()
     # The LM head and the loss run in sequence chunks (``training.loss_chunks`` above 1, or
     # ``training.chunked_loss``): torchtitan's ChunkedLossWrapper; the others run them on the whole
     # sequence.
@@ -120,6 +123,10 @@ class EngineSupport:
         if training.compiled_loss and not self.compiled_loss:
             out.append(("training.compiled_loss", self.reason(
                 "compiled_loss", "its cross-entropy is its own kernel, not a compiled one")))
+        if training.loss is not None and training.loss not in self.losses:
+            out.append(("training.loss", self.reason(
+                "loss", "its loss is its own, not one a case names (training.compiled_loss and loss_chunks say how it runs)")
+                        + (f": {', '.join(self.losses)}" if self.losses else "") + f", not {training.loss}"))
         if ((training.loss_chunks or 1) > 1 or training.chunked_loss) and not self.chunked_loss:
             key = "training.loss_chunks" if (training.loss_chunks or 1) > 1 else "training.chunked_loss"
             out.append((key, self.reason("chunked_loss", "its LM head and loss run on the whole sequence, not in chunks")))

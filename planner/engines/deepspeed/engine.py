@@ -24,7 +24,7 @@
 
 from __future__ import annotations
 
-from cost_models.behaviour import EngineBehaviour
+from cost_models.behaviour import LOSS_GRADIENT_BYTES, LOSSES, EngineBehaviour
 from cost_models.model_states import fp32_gradients
 from cost_models.specs import GPUSpec, Job, TrainingSpec
 
@@ -38,7 +38,7 @@ SUPPORT = EngineSupport(
     # Transformer Engine's fp8_autocast around the model (Megatron-DeepSpeed's TE layers), with
     # TE's per-tensor and block recipes; its ZeRO gathers the bf16 weights.
     fp8_recipes=("delayed", "tensorwise", "blockwise"), fp8_param_gather=False, expert_dispatches=("all_to_all",),
-    compiled_loss=False,
+    compiled_loss=False, losses=LOSSES,
     why=(("compiled_loss", "Megatron-DeepSpeed computes its loss in Megatron's vocab-parallel cross-entropy, "
                            "not a compiled one"),
          ("fp8_recipe", "DeepSpeed's fp8 is Transformer Engine's, whose recipes are"),
@@ -76,7 +76,11 @@ BEHAVIOUR = EngineBehaviour(
     zero_step_gradient_copy_stages=(1, 2, 3), zero3_step_sub_group_params=1e9,
     moe_scores_after_experts=True, router_input_fp32=True,
     offload_accumulates_on_host=True, offload_staging_buffers=True,
-    bucket_params=5e8, bucket_bytes=0.0, reduce_bucket_buffers=2, overlap_param_gather=False, loss_gradient_bytes=2.0,
+    bucket_params=5e8, bucket_bytes=0.0, reduce_bucket_buffers=2, overlap_param_gather=False,
+    # Priced by default as Megatron-DeepSpeed runs the loss (Megatron's vocab-parallel cross-entropy, as
+    # BLOOM and the published ZeRO-3 runs trained); the files run the user's train.py, whose loss the
+    # case names with training.loss, and launch.sh says which was priced.
+    loss="megatron", loss_gradient_bytes=LOSS_GRADIENT_BYTES["megatron"],
     # The updated weights gathered after the step one parameter group at a time (runtime/utils.py,
     # all_gather_dp_groups): the one group of the optimizer its ds_config section builds over
     # model.parameters(), as the emitted train.py hands it, the experts in groups of at most 178,956,971

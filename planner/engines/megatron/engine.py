@@ -26,7 +26,7 @@
 
 from __future__ import annotations
 
-from cost_models.behaviour import QUANTIZED_GATHER_ZERO_STAGES, EngineBehaviour
+from cost_models.behaviour import LOSS_GRADIENT_BYTES, QUANTIZED_GATHER_ZERO_STAGES, EngineBehaviour
 from cost_models.quantization import RECIPES
 from cost_models.stage_time import cp_runs_all_to_all
 from cost_models.specs import Job, ModelSpec, TrainingSpec
@@ -48,11 +48,12 @@ SUPPORT = EngineSupport(
     # Transformer Engine's fp8 recipes as megatron-core 0.16 names them (TransformerConfig.fp8_recipe:
     # tensorwise, delayed, mxfp8, blockwise); torchao's row-wise scaling has no TE counterpart.
     fp8_recipes=("delayed", "tensorwise", "blockwise"),
-    pure_bf16=False, compiled_loss=False, fused_attention=(True,),
+    pure_bf16=False, compiled_loss=False, losses=("megatron",), fused_attention=(True,),
     why=(("activation_offload_with_recompute", ACTIVATION_OFFLOAD_RECOMPUTE),
          ("activation_offload_with_pipeline", ACTIVATION_OFFLOAD_PIPELINE),
          ("compiled_loss", "Megatron computes its loss in its own fused vocab-parallel cross-entropy "
                            "(tensor_parallel.vocab_parallel_cross_entropy), not a compiled one"),
+         ("loss", "Megatron computes its loss in its own vocab-parallel cross-entropy"),
          ("fused_attention", "Megatron's attention is Transformer Engine's DotProductAttention, whose fused "
                              "(cuDNN) kernel the emitted arguments leave it to run (--attention-backend auto)"),
          ("pure_bf16", "Megatron's optimizer keeps main parameters in fp32 or fp16 beside the bf16 weights "
@@ -71,7 +72,7 @@ BEHAVIOUR = EngineBehaviour(
     name="megatron", gradient_bucket_copy=False, vocab_padding_multiple=128,
     sharded_master_weights=False, zero3_unit_copies=False, zero3_root_unit=False,
     p2p_overlap_interleaved=True, bucket_params=40e6, bucket_params_per_dp_rank=1e6, bucket_bytes=0.0,
-    overlap_param_gather=True, loss_gradient_bytes=2.0, selective="attention", fused_attention=True,
+    overlap_param_gather=True, loss="megatron", loss_gradient_bytes=LOSS_GRADIENT_BYTES["megatron"], selective="attention", fused_attention=True,
     fused_elementwise=True, fp8_recipe="delayed", quantizer="transformer_engine", fp8_weight_cache=True,
     grouped_gemm_streams=4,
     collective_launch_s=0.0, balance_stages=False, hierarchical_dispatch=True,

@@ -1,0 +1,69 @@
+"""The loss a DeepSpeed job's train.py runs (``training.loss``): Megatron's vocab-parallel cross-entropy,
+in place, as Megatron-DeepSpeed runs it (the engine's default), or eager PyTorch's ``F.cross_entropy`` on
+fp32 logits, as a Hugging Face model's ``ForCausalLMLoss`` or a plain script runs it. Both priced by
+the one memory function (``activations.loss_gradient_bytes``), each with its own bytes a logit."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import planner
+from cli_in_process import run_cli
+from cost_models.activations import head_activation_bytes, loss_gradient_bytes, saved_logit_bytes
+from cost_models.memory import peak_stage_memory
+from planner.case import load_case
+from planner.errors import CaseError
+
+# Llama 3 8B (vocabulary 128,256) at seq 4096, micro-batch 1, tp 1: the case the loss's bytes matter in.
+VOCAB, SEQ = 128_256, 4096
+
+
+def case(**training) -> dict:
+    return {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 64, "seq_len": SEQ, "engine": "deepspeed", **training},
+            "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": 3, "recompute": "full"}}
+
+
+def loss_peak_bytes(job) -> float:
+    """What the loss holds of the logits' shape at its peak: the saved softmax and the gradients beside it."""
+    logits = SEQ * VOCAB
+    return saved_logit_bytes(job.training) * logits + loss_gradient_bytes(job.model, job.layout, job.training)
+
+
+def test_eager_loss_holds_the_bytes_measured_for_eager_pytorch():
+    from test_eager_loss_torch import measured_bytes_per_logit
+
+    _, measured = measured_bytes_per_logit()  # eager F.cross_entropy on fp32 logits: 12 a logit at its peak
+    megatron = load_case(case()).job()
+    eager = load_case(case(loss="Eager")).job()  # any letter case, as the other choices
+    assert loss_peak_bytes(eager) == measured * SEQ * VOCAB
+    # Megatron's vocab_parallel_cross_entropy keeps the fp32 softmax and writes the gradient into it,
+    # handing back one bf16 copy: 4 + 2 a logit, the default's, as Megatron-DeepSpeed runs it.
+    assert loss_peak_bytes(megatron) == (4 + 2) * SEQ * VOCAB
+    assert load_case(case(loss="megatron")).job().training.loss_name == megatron.training.loss_name == "megatron"
+    # The head's saved tensors are the same; the eager loss's peak is ~3.2 GB more for this case.
+    assert head_activation_bytes(eager.model, eager.training, eager.layout) \
+        == head_activation_bytes(megatron.model, megatron.training, megatron.layout)
+    assert peak_stage_memory(eager).total > peak_stage_memory(megatron).total
+
+
+def test_only_deepspeed_takes_either_loss():
+    # Megatron-LM's loss is its own vocab-parallel one: named, it is what runs; eager is refused, as it
+    # is by the engines whose loss training.compiled_loss and loss_chunks describe.
+    assert planner.estimate({**case(), "training": {**case()["training"], "engine": "megatron", "loss": "megatron"}})
+    for engine in ("megatron", "torchtitan", "any"):
+        with pytest.raises(CaseError, match="training.loss"):
+            planner.estimate({**case(), "training": {**case()["training"], "engine": engine, "loss": "eager"}})
+
+
+def test_an_unknown_loss_is_one_line_naming_the_key(tmp_path):
+    path = tmp_path / "case.yaml"
+    path.write_text("model: {preset: llama3-8b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 8}\n"
+                    "training: {global_batch_size: 64, seq_len: 4096, engine: deepspeed, loss: fused}\n"
+                    "layout: {dp: 8, micro_batch_size: 1, zero_stage: 3}\n")
+    done = run_cli("estimate", str(path))
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert str(path) in done.stderr and "training.loss" in done.stderr and "megatron, eager" in done.stderr
