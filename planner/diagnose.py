@@ -13,7 +13,7 @@ from cost_models.specs import Job, Layout
 from .errors import Argument, CaseError, cli_flag, named
 from .fields import read_path
 from .estimate import Estimate, change_takes, estimate_job
-from .plan import Plan, case_notes, plan_case
+from .plan import Plan, case_notes, plan_case, unstated_loss
 from .search_options import retarget
 
 
@@ -422,6 +422,8 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     # What `estimate` and `plan` say of the case (routing it leaves unstated, a sequence past its
     # hf_config's positions), of the training as the config runs it, first.
     notes = case_notes(case, loaded) + reading.notes
+    # A DeepSpeed loss the case leaves unstated, said of the layout the config runs.
+    notes += tuple(note for note in (unstated_loss(loaded.source, job),) if note)
     if engine == "megatron" and best.best is not None:
         from .engines.megatron.emit import needs_deepep
 

@@ -315,11 +315,11 @@ def estimate_notes(case: Any, loaded: Case) -> list[str]:
     mixture of experts priced with balanced routing where the case states no imbalance
     (``plan.unstated_routing``), a sequence past its hf_config's positions (``plan.past_positions``),
     a fabric other than the one a fitted profile's runs ran on (``fitted.other_fabric_notes``),
-    and a case that names no engine, which `estimate` prices as plain PyTorch runs it where `plan` decides between the engines it writes files for: the same layout
+    a DeepSpeed loss left unstated (``plan.unstated_loss``), and a case that names no engine, which `estimate` prices as plain PyTorch runs it where `plan` decides between the engines it writes files for: the same layout
     copied from a plan's report prices otherwise unless the case names the plan's engine."""
-    from .plan import case_notes
+    from .plan import case_notes, unstated_loss
 
-    notes = list(case_notes(case, loaded))
+    notes = list(case_notes(case, loaded)) + [note for note in (unstated_loss(loaded.source, loaded.job()),) if note]
     if loaded.training.engine.name == "any":  # neither training.engine nor search.target names one
         notes.append(f"{loaded.source}: training.engine is unset (or any): priced as plain PyTorch runs it (DDP buckets, "
                      "FSDP units, eager kernels); `plan` decides between Megatron-LM, DeepSpeed and torchtitan, so "

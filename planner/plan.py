@@ -669,8 +669,10 @@ def plan(case: Union[CaseArg, Case], simplest_within: Optional[FloatArg] = None,
         warnings = tuple(profile_warnings(case))
     if run_tokens is not None:
         check_run_tokens(loaded, run_tokens, "plan")
-    return replace(_planned(loaded, simplest_within, top_k, target, engine, fastest), notes=notes, warnings=warnings,
-                   tokens=run_tokens)
+    planned = _planned(loaded, simplest_within, top_k, target, engine, fastest)
+    if planned.best is not None and not isinstance(case, Case):  # the case's layout, if any, is not the plan's
+        notes += tuple(note for note in (unstated_loss(loaded.source, planned.best.job),) if note)
+    return replace(planned, notes=notes, warnings=warnings, tokens=run_tokens)
 
 
 def _planned(loaded: Case, simplest_within: Optional[float], top_k: Optional[int], target: Optional[str],
@@ -714,6 +716,25 @@ def case_notes(case: Any, loaded: Case) -> tuple[str, ...]:
     (``fitted.other_fabric_notes``)."""
     return tuple(note for note in (unstated_routing(case, loaded), past_positions(case, loaded),
                                    own_split_note(case, loaded), *other_fabric_notes(case)) if note)
+
+
+def unstated_loss(source: str, job: Job) -> Optional[str]:
+    """A line where the case leaves ``training.loss`` unset for an engine that runs either loss (DeepSpeed
+    runs the user's train.py): which one was priced, the engine's (Megatron-DeepSpeed's in-place
+    vocab-parallel cross-entropy), and what the other (a Hugging Face model's own eager loss on fp32
+    logits) would add to ``job``'s peak (``Engine.other_loss``); None where the case states it, the
+    engine's loss is its own, or the other changes the peak by less than the 0.01 GB the line shows."""
+    other = ENGINES[job.training.engine.name].other_loss(job)
+    if job.training.loss is not None or other is None:
+        return None
+    loss, (name, extra) = job.training.loss_name, other
+    if round(extra / 1e9, 2) == 0:  # nothing at stake: the peak is not the loss's (an earlier pipeline stage's)
+        return None
+    change = f"adds {extra / 1e9:.2f} GB to" if extra >= 0 else f"takes {-extra / 1e9:.2f} GB off"
+    return (f"{source}: training.loss is unstated: priced as {job.training.engine.name}'s default, {loss} "
+            f"(Megatron's vocab-parallel cross-entropy, in place); train.py's loss is yours, and {name} "
+            f"(PyTorch's on fp32 logits, a Hugging Face model's own) {change} the peak of "
+            f"{peak_stage_memory(job).total / 1e9:.2f} GB: state training.loss")
 
 
 def own_split_note(case: Any, loaded: Case) -> Optional[str]:

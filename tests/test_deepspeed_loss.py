@@ -67,3 +67,51 @@ def test_an_unknown_loss_is_one_line_naming_the_key(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
     assert str(path) in done.stderr and "training.loss" in done.stderr and "megatron, eager" in done.stderr
+
+
+def launch_sh(estimate) -> str:
+    from planner.engines.deepspeed.emit import launch_text
+    return " ".join(launch_text(estimate).replace("#", " ").split())  # the header's prose, unwrapped
+
+
+def at_stake_gb(stated: dict, other: dict) -> str:
+    """What the other loss adds to the peak: the two estimates' difference, as `estimate` prices each."""
+    return f"{(planner.estimate(other).peak.total - planner.estimate(stated).peak.total) / 1e9:.2f} GB"
+
+
+def test_launch_header_says_which_loss_was_priced_and_how_train_py_runs_it():
+    default = planner.estimate(case())
+    text = launch_sh(default)
+    assert "Loss: priced as Megatron's vocab-parallel cross-entropy (training.loss unset: the engine's, megatron)" in text
+    # vocab_parallel_cross_entropy asserts Megatron's tensor-parallel group is initialized (megatron-core 0.16,
+    # parallel_state.get_tensor_model_parallel_group): at tp 1, a group of one rank.
+    assert "parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)" in text
+    assert "vocab_parallel_cross_entropy(logits, labels.clamp(min=0))" in text
+    assert f"(training.loss eager: a Hugging Face model's own loss (ForCausalLMLoss)" in text
+    assert f"it adds {at_stake_gb(case(), case(loss='eager'))} to this plan's peak" in text
+    eager = launch_sh(planner.estimate(case(loss="eager")))
+    assert "Loss: priced as eager PyTorch cross-entropy on fp32 logits (training.loss eager)" in eager
+    assert "initialize_model_parallel" not in eager
+    assert f"it takes {at_stake_gb(case(), case(loss='eager'))} off this plan's peak" in eager
+
+
+def test_inside_a_pipeline_the_loss_runs_over_the_grids_tensor_parallel_ranks():
+    # The LM head's Megatron-style layer shards the vocabulary over the grid's model-parallel ranks,
+    # consecutive ranks as Megatron's tensor-parallel groups are.
+    piped = {**case(), "layout": {"dp": 2, "tp": 2, "pp": 2, "micro_batch_size": 1, "zero_stage": 1,
+                                  "recompute": "full"}}
+    assert "initialize_model_parallel(tensor_model_parallel_size=2)" in launch_sh(planner.estimate(piped))
+
+
+def test_estimate_notes_the_unstated_loss_and_the_gigabytes_at_stake(tmp_path):
+    import yaml
+
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case()))
+    done = run_cli("estimate", str(path))
+    assert done.returncode == 0
+    note = next(line for line in done.stderr.splitlines() if "training.loss" in line)
+    assert note.startswith(f"note: {path}: training.loss is unstated: priced as deepspeed's default, megatron")
+    assert f"adds {at_stake_gb(case(), case(loss='eager'))} to the peak" in note
+    path.write_text(yaml.safe_dump(case(loss="eager")))
+    assert "training.loss" not in run_cli("estimate", str(path)).stderr

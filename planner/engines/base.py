@@ -10,12 +10,13 @@ the search filters by, ``estimate`` refuses on and the emitters repeat.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from cost_models.behaviour import EngineBehaviour
 from cost_models.job import dispatch_refusal
+from cost_models.memory import peak_stage_memory
 from cost_models.quantization import FP8_RECIPES, LOW_PRECISIONS
 from cost_models.specs import EXPERT_DISPATCHES, GPUSpec, Job, ModelSpec, TrainingSpec
 
@@ -283,6 +284,17 @@ class Engine:
         if self.reader is None:
             raise ValueError(f"{self.name}'s configs are not read back")
         return importlib.import_module(self.reader)
+
+    def other_loss(self, job: Job) -> Optional[tuple[str, float]]:
+        """Where a case may name the loss (``support.losses``: DeepSpeed runs the user's train.py), the one
+        ``job`` was not priced with and the bytes it adds to the job's peak stage (less than nothing where
+        it holds less): the same memory model with the job's training naming it. None where the engine's
+        loss is its own."""
+        others = [loss for loss in self.support.losses if loss != job.training.loss_name]
+        if len(others) != 1:
+            return None
+        priced = peak_stage_memory(job).total
+        return others[0], peak_stage_memory(replace(job, training=replace(job.training, loss=others[0]))).total - priced
 
     def problems(self, job: Job) -> list[tuple[str, str]]:
         """(key, reason) for everything in ``job`` this engine cannot run; [] if it can."""

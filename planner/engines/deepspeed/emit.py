@@ -22,6 +22,7 @@ What the files rest on (DeepSpeed 0.19.8 source):
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any, Union
 
 from cost_models.model_states import fp32_gradients
@@ -198,6 +199,7 @@ def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
         out.append(comment(_autotp_snippet(lay)))
     if lay.pp > 1:
         out.append(comment(_pipeline_snippet(job)))
+    out.append(comment(_loss_snippet(estimate)))
     if nodes > 1:
         # What follows the script's name goes to train.py: a --hostfile there never reached the launcher.
         out.append(comment(["", f"{nodes} nodes: the launcher reads the hosts from /job/hostfile, or from "
@@ -229,7 +231,7 @@ TRAIN_SCRIPT_LINES = [
     "builds your model and data, and calls deepspeed.initialize(args=args, model=model,",
     "model_parameters=model.parameters()) without an optimizer of its own (ds_config.json has it), then",
     "engine.backward(loss) and engine.step() each micro-batch (a pipeline: engine.train_batch() a step),",
-    "its model set up as the notes above say.",
+    "its model set up and its loss computed as launch.sh's notes say (the plan priced one loss).",
 ]
 
 
@@ -280,6 +282,62 @@ def _moe_snippet(job) -> list[str]:
         # either way (DeepSpeed sends every copy to its expert's rank).
         lines.append(f"    # DeepSpeed-MoE's TopKGate has no group-limited routing: keep the model's router "
                      f"({m.moe_router_num_groups} groups, {m.moe_router_group_topk} picked) in place of its gate")
+    return lines
+
+
+# Each loss in the user's words: what it is, where a train.py gets it, and what it holds a logit at its
+# peak beside the 16-bit logits (the saved fp32 softmax and behaviour.LOSS_GRADIENT_BYTES).
+LOSS_WORDS = {"megatron": ("Megatron's vocab-parallel cross-entropy", "as Megatron-DeepSpeed runs it",
+                           "keeps the fp32 softmax and writes the gradient into it, 4 + 2 bytes a logit"),
+              "eager": ("eager PyTorch cross-entropy on fp32 logits",
+                        "a Hugging Face model's own loss (ForCausalLMLoss) or F.cross_entropy(logits.float(), labels)",
+                        "keeps the fp32 log-softmax, and its backward two fp32 gradients, 4 + 4 + 4 bytes a logit")}
+
+
+WIDTH = 100  # the header's prose lines, as wide as the other notes'
+
+
+def _loss_snippet(estimate) -> list[str]:
+    """Which loss the plan priced (``training.loss``, else the engine's), how train.py runs it, and what
+    the other would add to this plan's peak (``Engine.other_loss``): train.py is the user's, and a Hugging
+    Face model's own loss holds twice the bytes a logit of Megatron's in-place one."""
+    job = estimate.job
+    other = ENGINES["deepspeed"].other_loss(job)
+    loss = job.training.loss_name
+    if other is None or loss not in LOSS_WORDS or job.training.loss_compiled:
+        return []  # an estimate another engine priced, with a loss of its own: no DeepSpeed loss to name
+    other, extra = other
+    name, where, holds = LOSS_WORDS[loss]
+    stated = f"training.loss {loss}" if job.training.loss is not None else f"training.loss unset: the engine's, {loss}"
+    lines = [""] + textwrap.wrap(f"Loss: priced as {name} ({stated}), {where}: it {holds} at its peak.", WIDTH)
+    if loss == "megatron":
+        # vocab_parallel_cross_entropy all-reduces over Megatron's tensor-parallel group and asserts it
+        # is initialized (parallel_state.get_tensor_model_parallel_group). Inside a pipeline with tp > 1
+        # the LM head's logits are vocab-sharded over the grid's model-parallel ranks, consecutive ones as
+        # Megatron's groups are; AutoTP's training LM head gathers its output, so each rank's logits are whole.
+        tp = job.layout.tp if job.layout.pp > 1 else 1
+        lines += [
+            "train.py runs it from megatron-core, which needs Megatron's tensor-parallel group (else it",
+            "asserts), and masks the labels itself (it has no ignore_index):",
+            "",
+            "    from megatron.core import parallel_state",
+            "    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy",
+            "    deepspeed.init_distributed()",
+            f"    parallel_state.initialize_model_parallel(tensor_model_parallel_size={tp})",
+            "    logits = model(input_ids).logits  # no labels=: not the model's own loss",
+            "    mask = labels != -100  # labels shifted by one, as the model's own loss shifts them",
+            "    loss = (vocab_parallel_cross_entropy(logits, labels.clamp(min=0)) * mask).sum() / mask.sum()",
+            "    del logits  # nothing else keeps the 16-bit logits through the backward",
+            "",
+        ]
+    else:
+        lines += textwrap.wrap("Drop the model's output (outputs.logits) before engine.backward(loss): the plan "
+                               "holds no 16-bit logits through the backward.", WIDTH)
+    other_name, other_where, other_holds = LOSS_WORDS[other]
+    change = f"adds {extra / 1e9:.2f} GB to" if extra >= 0 else f"takes {-extra / 1e9:.2f} GB off"
+    lines += textwrap.wrap(f"{other_name[0].upper()}{other_name[1:]} (training.loss {other}: {other_where}) "
+                           f"{other_holds}: it {change} this plan's peak of {estimate.peak.total / 1e9:.2f} GB. "
+                           "Plan with the loss train.py runs.", WIDTH)
     return lines
 
 
