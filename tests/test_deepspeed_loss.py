@@ -5,8 +5,6 @@ the one memory function (``activations.loss_gradient_bytes``), each with its own
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 import planner
@@ -87,7 +85,7 @@ def test_launch_header_says_which_loss_was_priced_and_how_train_py_runs_it():
     # parallel_state.get_tensor_model_parallel_group): at tp 1, a group of one rank.
     assert "parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)" in text
     assert "vocab_parallel_cross_entropy(logits, labels.clamp(min=0))" in text
-    assert f"(training.loss eager: a Hugging Face model's own loss (ForCausalLMLoss)" in text
+    assert "(training.loss eager: a Hugging Face model's own loss (ForCausalLMLoss)" in text
     assert f"it adds {at_stake_gb(case(), case(loss='eager'))} to this plan's peak" in text
     eager = launch_sh(planner.estimate(case(loss="eager")))
     assert "Loss: priced as eager PyTorch cross-entropy on fp32 logits (training.loss eager)" in eager
