@@ -11,6 +11,8 @@ row gives. Nothing here is fitted: these are the facts the model is scored again
 
 from __future__ import annotations
 
+import copy
+import os
 import re
 from pathlib import Path
 from typing import Any, Optional
@@ -112,15 +114,36 @@ class Rows(list):
     origins: list[str]
 
 
+# What each runs file read so far parsed to, by its path: (its text, the data). The shipped files are
+# 4 MB of YAML, 2 s to parse, and `validate-published --leave-family-out` loaded them twice (its scores,
+# then the families'), as a Python session scoring them more than once does.
+_PARSED: dict[str, tuple[str, Any]] = {}
+_PARSED_LIMIT = 16  # emptied when full: a session reading many files of its own keeps no more than this
+
+
+def _runs_data(path: Path) -> Any:
+    """A runs file's YAML, parsed again only when its text changed; a copy each time, so that a caller
+    that edits its rows changes no other caller's."""
+    from .inputs import load_yaml, read_text
+
+    text, name = read_text(path, "YAML"), os.fsdecode(path)
+    cached = _PARSED.get(name)
+    if cached is None or cached[0] != text:
+        if len(_PARSED) >= _PARSED_LIMIT:
+            _PARSED.clear()
+        cached = _PARSED[name] = (text, load_yaml(text, name))  # a file it refuses raises, cached as nothing
+    return copy.deepcopy(cached[1])
+
+
 def load_rows(paths=DEFAULT_FILES) -> Rows:
     """The rows of the given published-run files (the repo's own copies by default)."""
-    from .inputs import check_each_file_once, read_yaml
+    from .inputs import check_each_file_once
 
     check_each_file_once(paths, "runs")
     rows = Rows()
     rows.origins = []
     for path in paths:
-        data = read_yaml(Path(path))
+        data = _runs_data(Path(path))
         if not isinstance(data, list):
             raise CaseError(str(path), "", "expected a list of published runs")
         # A row that is not a run is reported by whoever reads it; a team's run without its source is its

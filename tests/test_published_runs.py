@@ -350,3 +350,35 @@ def test_a_pcie_card_is_no_sxm_preset(name):
                                           ("NVIDIA Blackwell GPU (GB200) 189471 MiB [Tyche (8x NVIDIA GB200 NVL72)]", "gb200")])
 def test_the_sxm_and_nvl72_parts_keep_their_presets(name, preset):
     assert gpu_preset(name) == preset
+
+
+def test_a_runs_file_is_parsed_once_while_its_text_is_unchanged_and_each_caller_gets_its_own_rows(
+        tmp_path, monkeypatch):
+    """The shipped runs are 4 MB of YAML, seconds to parse: `validate-published --leave-family-out`
+    loaded them twice (its scores, then the families'), as does a Python session scoring them more than
+    once. A file whose text has not changed is not parsed again; one that changed is; and a caller
+    that edits its rows changes no other caller's."""
+    from planner import inputs
+
+    parsed: list[str] = []
+    real = inputs.load_yaml
+
+    def counting(text, source, *args, **kwargs):
+        parsed.append(source)
+        return real(text, source, *args, **kwargs)
+
+    monkeypatch.setattr(inputs, "load_yaml", counting)
+    first = load_rows()
+    parsed.clear()
+    again = load_rows()
+    assert parsed == [] and again == first
+    again[0]["model"]["name"] = "edited"
+    again[0]["id"] = "edited"
+    assert load_rows()[0] == first[0] != again[0]
+
+    runs = tmp_path / "runs.yaml"
+    runs.write_text("- {id: a, source: mine}\n")
+    assert [r["id"] for r in load_rows([runs])] == ["a"]
+    runs.write_text("- {id: b, source: mine}\n")
+    assert [r["id"] for r in load_rows([runs])] == ["b"]
+    assert parsed == [str(runs), str(runs)]
