@@ -792,14 +792,27 @@ def test_a_pipelines_zero_1_holds_one_reduction_buffer(tmp_path, world):
     assert priced == pytest.approx(buffers * bucket * 2, rel=1e-9)
 
 
-def on_one_rank(script: str, *args) -> list[float]:
-    """The figures a DeepSpeed script on one CPU rank (gloo) prints last, run in a process of its own."""
+def on_one_rank(runs: dict[str, tuple]) -> dict[str, list[float]]:
+    """The figures each DeepSpeed script (``runs``: name -> (script, its arguments)) prints last, each on
+    an engine of its own on one CPU rank (gloo), all in one process of their own: each process spent
+    5-6 s importing torch's compiler stack (DeepSpeed's optimizer check imports it), the same for each."""
+    import json
     import sys
 
-    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
-                          timeout=240)
+    bodies = {name: (script[len(DEEPSPEED_PRELUDE):], [str(a) for a in args]) for name, (script, *args) in runs.items()}
+    driver = DEEPSPEED_PRELUDE + f"""
+import contextlib, io, json
+base, figures = dict(globals()), {{}}
+for name, (body, args) in {bodies!r}.items():
+    sys.argv, printed = ["-c", *args], io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(body, dict(base))
+    figures[name] = [float(word) for word in printed.getvalue().splitlines()[-1].split()]
+print(json.dumps(figures))
+"""
+    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
-    return [float(word) for word in done.stdout.splitlines()[-1].split()]
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 # DeepSpeed's ZeRO optimizer on one CPU rank (gloo): its step's copies of the gradient partition,
@@ -856,11 +869,11 @@ print(largest[0] / largest[1], largest[1] / n, len(held))
 
 
 @pytest.mark.slow
-def test_the_zero_3_steps_copies_of_a_sub_group_are_in_the_peak():
+def test_the_zero_3_steps_copies_of_a_sub_group_are_in_the_peak(step_figures):
     """DeepSpeed's ZeRO-3 step copies its gradient partition as ZeRO-1/2's does, 2 + 4 bytes a parameter, one
     sub-group at a time (stage3.py, _prepare_fp32_grad_for_sub_group; sub_group_size 1e9 by default): measured
     on its own step; it was priced at ZeRO 1 and 2 only. Llama 3 8B on 8 GPUs at ZeRO 3 holds 6 GB of it."""
-    per_parameter, share, groups = on_one_rank(ZERO3_STEP)
+    per_parameter, share, groups = step_figures["zero3"]
     from planner.engines.deepspeed.engine import BEHAVIOUR
     assert per_parameter == BEHAVIOUR.zero_step_gradient_copy_bytes == 6 and share == 0.25 and groups == 4
     assert BEHAVIOUR.zero3_step_sub_group_params == 1e9  # zero/config.py: sub_group_size's default
@@ -878,12 +891,12 @@ def test_the_zero_3_steps_copies_of_a_sub_group_are_in_the_peak():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("zero_stage", [1, 2])
-def test_the_zero_optimizers_step_copies_are_in_the_peak(zero_stage):
+def test_the_zero_optimizers_step_copies_are_in_the_peak(step_figures, zero_stage):
     """DeepSpeed's ZeRO-1/2 step flattens a rank's 16-bit gradient partition and casts the flat copy to fp32
     before the optimizer runs (runtime/zero/stage_1_and_2.py, step): measured here on its own step, 6 bytes a
     parameter of the partition. Unpriced, Llama-3-8B's shape cut to 8 layers on 2 H100s at ZeRO 2 with full
     recomputation was 31.5 GB where the step holds 8.4 GB more (the activations long gone)."""
-    measured, = on_one_rank(ZERO_STEP, zero_stage)
+    measured, = step_figures[f"zero{zero_stage}"]
     from planner.engines.deepspeed.engine import BEHAVIOUR
     assert measured == BEHAVIOUR.zero_step_gradient_copy_bytes == 6
 
@@ -915,8 +928,15 @@ print(staging / n, host.numel() * host.element_size(), gpu.numel() * gpu.element
 """
 
 
+@pytest.fixture(scope="module")
+def step_figures() -> dict[str, list[float]]:
+    """What the ZeRO scripts above measure, in one process (on_one_rank)."""
+    return on_one_rank({"zero3": (ZERO3_STEP,), "zero1": (ZERO_STEP, 1), "zero2": (ZERO_STEP, 2),
+                        "offload": (OFFLOAD_STAGING,)})
+
+
 @pytest.mark.slow
-def test_an_offloaded_zero_optimizers_staging_buffers_are_priced():
+def test_an_offloaded_zero_optimizers_staging_buffers_are_priced(step_figures):
     """DeepSpeed's ZeRO-1/2 optimizer with cpu_offload keeps a 16-bit copy of the rank's partition on the
     host, the updated weights' way back (param_buffer_of_bit16_for_cpu_offload_groups), and a 16-bit buffer
     the size of the largest parameter on the host and another on the GPU (temp_grad_buffer_for_*_offload,
@@ -924,7 +944,7 @@ def test_an_offloaded_zero_optimizers_staging_buffers_are_priced():
     embedding's 1,000 × 128 in 16 bits each. Unpriced: 1 GB on the GPU for Llama 3 8B's embedding."""
     from cost_models.memory import offload_staging_bytes, optimizer_local_parameters
 
-    per_parameter, host, gpu = on_one_rank(OFFLOAD_STAGING)
+    per_parameter, host, gpu = step_figures["offload"]
     assert per_parameter == 2 and host == gpu == 1000 * 128 * 2
     case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
             "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"},
