@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from .frozen import cached_hash, state_without_hash
-from .quantization import recipe_for
+from .quantization import RECIPES
 from .spec_checks import SpecError, _choice, _positive_float, _positive_int
 
 # Block-scaled formats a GPU's tensor cores run natively (GPUSpec.block_scaling): OCP MX (32-element
@@ -221,6 +221,14 @@ class GPUSpec:
         for precision, flops in self.peak_flops.items():
             _positive_float(s, f"peak_flops.{precision}", flops)
 
+    def offload_host(self) -> HostSpec:
+        """The host that offload reaches; a SpecError where the GPU has none (``Job`` refuses an
+        offloading layout on such a GPU, so the cost model's offload terms always find one)."""
+        if self.host is None:
+            raise SpecError(GPUSpec, "host", "has no host figures (memory, link and memory bandwidth) "
+                                             "for the layout's offload")
+        return self.host
+
     @property
     def deepep_refusal(self) -> Optional[str]:
         """Why DeepEP's expert dispatch cannot run on this GPU, None where it can: it needs NVSHMEM and
@@ -245,7 +253,7 @@ class GPUSpec:
                 raise SpecError("TrainingSpec", "precision", f"{precision} needs tensor cores that scale its blocks "
                                                          f"({'Blackwell or CDNA4' if precision == 'mxfp8' else 'Blackwell'}), "
                                                          f"and {self.name} has none (GPUSpec.block_scaling)")
-            return self.peak(recipe_for(precision, None).peak)
+            return self.peak(RECIPES[precision].peak)
         key = peak_key(precision, self.peak_flops)
         if key not in self.peak_flops:
             if precision == "fp8":  # Transformer Engine refuses fp8 below compute capability 8.9

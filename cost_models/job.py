@@ -139,8 +139,8 @@ class Job:
             raise SpecError(TrainingSpec, "global_batch_size",
                             f"{t.global_batch_size} must divide by micro_batch_size·dp = "
                             f"{lay.micro_batch_size}·{lay.dp} = {per_step}")
-        refusal = lay.vpp > 1 and interleaving_refusal(lay.pp, self.num_microbatches,
-                                                        self.training.engine.interleaving_rounds)
+        refusal = interleaving_refusal(lay.pp, self.num_microbatches,
+                                       self.training.engine.interleaving_rounds) if lay.vpp > 1 else None
         if refusal:
             raise SpecError(s, "vpp", refusal)
 
@@ -148,9 +148,8 @@ class Job:
         """The checks of :meth:`__post_init__` that read the layout's ``ACTIVATION_FIELDS`` (``Layout.offloads``
         reads offload_activations), in its order: :meth:`at_activations` runs these alone."""
         lay, s = self.layout, Layout
-        if lay.offloads and self.cluster.gpu.host is None:
-            raise SpecError(GPUSpec, "host", "has no host figures (memory, link and memory bandwidth) "
-                                                   "for the layout's offload")
+        if lay.offloads:
+            self.cluster.gpu.offload_host()  # raises where the GPU has no host figures
         if lay.offload_activations > max(self.stage_layers):
             raise SpecError(s, "offload_activations",
                             f"at most the {max(self.stage_layers)} layers of a stage, got {lay.offload_activations}")

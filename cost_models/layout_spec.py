@@ -111,7 +111,7 @@ class Layout:
             raise SpecError(s, "offload_params", "needs zero_stage 3 (only sharded parameters live off the GPU)")
         self._check_offload_activations()
         if self.chunk_layers is not None:
-            self._check_chunk_layers()
+            self._check_chunk_layers(self.chunk_layers)
         if self.stage_layers is not None:
             if len(self.stage_layers) != self.pp:
                 raise SpecError(s, "stage_layers", f"expected {self.pp} entries (one per stage), got {len(self.stage_layers)}")
@@ -152,8 +152,8 @@ class Layout:
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise SpecError(Layout, "offload_activations", f"expected a non-negative integer, got {n!r}")
 
-    def _check_chunk_layers(self) -> None:
-        s, chunks = Layout, self.chunk_layers
+    def _check_chunk_layers(self, chunks: tuple[int, ...]) -> None:
+        s = Layout
         if len(chunks) != self.pp * self.vpp:
             raise SpecError(s, "chunk_layers", f"expected pp·vpp = {self.pp * self.vpp} entries (one per model "
                                                f"chunk), got {len(chunks)}")

@@ -148,8 +148,9 @@ def quantizes_weights_once_a_step(job: Job) -> bool:
     module's forward unless ``keep_fp8_transpose_cache``), or where the weights are themselves
     kept quantized (``TrainingSpec.fp8_param_gather``: the optimizer writes them so)."""
     training = job.training
+    # bool(): fp8_param_gather is None on a training not yet resolved (resolution.resolve_training)
     return training.engine.fp8_weight_cache and training.recipe is not None \
-        and (job.layout.zero_stage < 3 or training.fp8_param_gather)
+        and (job.layout.zero_stage < 3 or bool(training.fp8_param_gather))
 
 
 def bucket_copy_bytes(training: TrainingSpec, zero_stage: int, shards: int) -> float:
@@ -174,7 +175,8 @@ def gathers_quantized_shards(training: TrainingSpec) -> bool:
     16 bits into the gradient buffer and quantizes both layouts after the gather
     (``--reuse-grad-buf-for-mxfp8-param-ag``: ``fp8_utils.copy_tensors_to_quantized_params``)."""
     recipe = training.recipe
-    return training.fp8_param_gather and recipe is not None and recipe.weight_layouts_from_one
+    # bool(): fp8_param_gather is None on a training not yet resolved (resolution.resolve_training)
+    return bool(training.fp8_param_gather) and recipe is not None and recipe.weight_layouts_from_one
 
 
 def gathered_weight_bytes(training: TrainingSpec) -> float:

@@ -120,7 +120,7 @@ def optimizer_offload_time(job: Job, local_params: float, backward_s: float) -> 
     if not lay.offload_optimizer:
         return 0.0
     perf = gpu.performance
-    link = gpu.host.link_bandwidth * perf.host_link_efficiency
+    link = gpu.offload_host().link_bandwidth * perf.host_link_efficiency
     local = local_params * lay.offload_optimizer
     out = sum(count * exposed(local * per_param / link, backward_s, perf) for per_param, count in gradient_copies(job)
               if count)
@@ -140,7 +140,7 @@ def _optimizer_offload_parts(job: Job, local_params: float) -> tuple[float, floa
     lay, gpu = job.layout, job.cluster.gpu
     if not lay.offload_optimizer:
         return 0.0, 0.0
-    perf, host = gpu.performance, gpu.host
+    perf, host = gpu.performance, gpu.offload_host()
     shards = zero_shards(job)
     per_param = state_bytes(job.training, lay.zero_stage, shards)
     local = local_params * lay.offload_optimizer
@@ -177,8 +177,8 @@ def param_offload_time(job: Job, shard: float, microbatch_s: float, gathers: int
     # on the GPU without it (DeepSpeed: :func:`gradients_on_host`).
     out = per_param.gradients if gradients_on_host(job) and not accumulates_on_host(job) else 0.0
     copies = shard * (gathers * per_param.weights + out)
-    return job.num_microbatches * exposed(copies / (gpu.host.link_bandwidth * perf.host_link_efficiency),
-                                          microbatch_s, perf)
+    link = gpu.offload_host().link_bandwidth * perf.host_link_efficiency
+    return job.num_microbatches * exposed(copies / link, microbatch_s, perf)
 
 
 def activation_offload_time(job: Job, stage: int, layer_bytes: float, forward_s: float,
@@ -189,5 +189,5 @@ def activation_offload_time(job: Job, stage: int, layer_bytes: float, forward_s:
         return 0.0
     gpu = job.cluster.gpu
     perf = gpu.performance
-    copy = layers * layer_bytes / (gpu.host.link_bandwidth * perf.host_link_efficiency)
+    copy = layers * layer_bytes / (gpu.offload_host().link_bandwidth * perf.host_link_efficiency)
     return job.num_microbatches * (exposed(copy, forward_s, perf) + exposed(copy, backward_s, perf))

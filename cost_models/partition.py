@@ -128,13 +128,17 @@ def cost_balanced_partition(costs: tuple[float, ...], stages: int, head_cost: fl
         return (end,) + tuple(reversed(counts)) if first <= bound else None
 
     low, high = max(costs), sum(costs) + head_cost
+    best = split(high)
+    # Every layer's cost with the head's bounds any stage, so the first bound always splits.
+    assert best is not None
     for _ in range(60):  # to a relative 1e-18 of the range: the split no longer moves
         middle = (low + high) / 2
-        if split(middle) is None:
+        found = split(middle)
+        if found is None:
             low = middle
         else:
-            high = middle
-    return _evened(list(split(high)), costs, head_cost)
+            high, best = middle, found
+    return _evened(list(best), costs, head_cost)
 
 
 def _evened(counts: list[int], costs: tuple[float, ...], head_cost: float) -> tuple[int, ...]:

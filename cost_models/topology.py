@@ -189,7 +189,7 @@ def _group_links(shape: _Shape, fabric: FabricSpec, stride: int, size: int) -> G
     farthest = (size - 1) * stride if domains > 1 else None
     edges = _edges([0] + [r for r in {same, other, farthest} if r is not None], shape)
     intra_bw = _path_bandwidth(edges, shape, 0, same) if same is not None else shape.intra
-    if other is None:
+    if other is None or farthest is None:  # both or neither: one NVLink domain holds the group
         return GroupLinks(size, per_domain, domains, intra_bw, shape.nic * fabric.efficiency_for(1),
                           fabric.latency_s, fabric.tree_latency_s, fabric.rails, shape.nic * fabric.alltoall_efficiency)
     line = min(_path_bandwidth(edges, shape, 0, other), _path_bandwidth(edges, shape, 0, farthest))
