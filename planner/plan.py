@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from cost_models.memory import peak_stage_memory, usable_bytes
 from cost_models.specs import Job, Layout
@@ -209,14 +209,19 @@ class Plan:
         """Days the best layout takes for the run's tokens, as `size` counts them; None without either."""
         return None if self.tokens is None or self.best is None else run_days(self.tokens, self.best.tokens_per_s)
 
+    def picked(self, reader: str) -> Estimate:
+        """The best, for ``reader`` (a method of the plan's, or a caller that kept only plans with one);
+        a CaseError where the plan found no layout."""
+        if self.best is None:
+            raise CaseError(reader, "best", f"the plan found no layout ({self.status}): nothing to "
+                                            "set another against")
+        return self.best
+
     def differences(self, other: Estimate) -> dict[str, list]:
         """Layout fields where ``other`` differs from the best: {field: [best, other]}, led by the
         engine where another engine runs it (the fastest of a case naming none may be another
         engine's: its layout alone named a change the pick's engine may not run)."""
-        if self.best is None:
-            raise CaseError("Plan.differences", "best", f"the plan found no layout ({self.status}): nothing to "
-                                                        "set another against")
-        mine, theirs = self.best.to_dict(), other.to_dict()
+        mine, theirs = self.picked("Plan.differences").to_dict(), other.to_dict()
         keys = ["engine", "grad_accum"] + list(dict.fromkeys(list(mine["layout"]) + list(theirs["layout"])))
         # A key of one recomputation mode says nothing of a layout in another: recompute none→full is
         # the difference, and its layers unset on the side without full read "2→all" (all layers
@@ -248,11 +253,12 @@ class Plan:
         complex layout" of a simpler runner-up that --fastest had set below by 1.5 ms."""
         if self.margin_set_by == "fastest":
             return None
-        fastest = self.fastest if self.fastest is not None else self.best
+        best = self.picked("Plan._rank_set_apart")
+        fastest = self.fastest if self.fastest is not None else best
         if runner.step_time_s > fastest.step_time_s * (1 + self.margin):
             return None
-        ours, theirs = (robust_rank(Candidate(e.job.layout, e.step_time_s, e.peak.total, e.job), e.case)
-                        for e in (self.best, runner))
+        ours, theirs = (robust_rank(_candidate_of(e), e.case)
+                        for e in (best, runner))
         if theirs[0] != ours[0]:
             return "fit"
         return "complexity" if theirs[1] != ours[1] else None
@@ -326,10 +332,19 @@ def _check_size(case: Case) -> None:
     check_batch_tokens(case.source, case.training.global_batch_size, case.training.seq_len)
 
 
+class PlanOptions(NamedTuple):
+    """`plan`'s options as :func:`plan_options` let them through: Python's numbers (the API's numpy
+    scalars made so by ``api_values.plain_arguments``), the tokens read."""
+
+    top_k: Optional[int]
+    simplest_within: Optional[float]
+    tokens: Optional[float]
+
+
 def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[dict[str, str]] = None,
-                 engine: Any = None, tokens: Any = None) -> Optional[float]:
+                 engine: Any = None, tokens: Any = None) -> PlanOptions:
     """Refuse options `plan` cannot honour, as a CaseError naming the option (``names``: CLI spellings);
-    the run's tokens, read as `size --tokens` reads them (15.6T), or None."""
+    the options let through, the run's tokens read as `size --tokens` reads them (15.6T), or None."""
     names = names or {}
 
     def refuse(key: str, expected: str, value: Any) -> CaseError:
@@ -351,7 +366,7 @@ def plan_options(top_k: Any, simplest_within: Any, target: Any, names: Optional[
         # Here, not in load_case: the API's error names its argument (the CLI's, --engine).
         raise refuse("engine", f"expected one of {', '.join(CASE_ENGINES)}", engine)
     try:
-        return None if tokens is None else parse_tokens(tokens)
+        return PlanOptions(top_k, simplest_within, None if tokens is None else parse_tokens(tokens))
     except UnitError as error:
         raise CaseError(names.get("tokens", "plan"), "" if "tokens" in names else "tokens", str(error)) from None
 
@@ -417,7 +432,7 @@ def _advice(case: Case, spec: SearchSpec, tightest: Optional[Job], host_overflow
     if tightest is not None:
         peak = peak_stage_memory(tightest)
         terms = peak.by_term()
-        term, peak_bytes = max(terms, key=terms.get), peak.total
+        term, peak_bytes = max(terms, key=lambda name: terms[name]), peak.total
     else:  # not one layout was scored: say what left none
         term, peak_bytes = "parameters", math.inf
         excluded_by = excluded_text(case, spec, () if spec.target == "any" else (spec.target,))
@@ -504,7 +519,7 @@ def _fewer_gpus(case: Case, spec: SearchSpec, nodes: int, per_node: int) -> dict
 
     def figures(prefix: str, entry: tuple[Case, Candidate]) -> dict[str, Any]:
         sized, candidate = entry
-        est = estimate_job(sized, candidate.job, candidate.time)
+        est = estimate_job(sized, candidate.searched_job, candidate.time)
         return {f"{prefix}_that_fit": sized.cluster.num_gpus, f"{prefix}_tokens_per_s": est.tokens_per_s,
                 f"{prefix}_mfu": est.mfu, f"{prefix}_job": est.job}
 
@@ -521,11 +536,16 @@ def layout_table(case: Case, spec: SearchSpec, slack: float = TABLE_SLACK, ceili
     return result, _table(result.candidates, slack, spec.top_k)
 
 
+def _candidate_of(estimate: Estimate) -> Candidate:
+    """An estimate as the search's candidate, for :func:`robust_rank`."""
+    return Candidate(estimate.job.layout, estimate.step_time_s, estimate.peak.total, estimate.job)
+
+
 def robust_rank(candidate: Candidate, case: Case) -> tuple:
     """The robust pick's order among layouts the model cannot tell apart: the surest to fit first
     (``search_memory.fit_tier``: the memory band's upper end fits, else the predicted peak), then the
     simplest (``complexity``), then the faster."""
-    return (fit_tier(candidate.job, candidate.peak_bytes, case.search.headroom),
+    return (fit_tier(candidate.searched_job, candidate.peak_bytes, case.search.headroom),
             complexity(candidate, case.training.global_batch_size), candidate.step_time_s)
 
 
@@ -610,7 +630,7 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
         model.exclude(nxt.index)
 
     def estimate_of(index: int) -> Estimate:
-        return estimate_job(case, table[index].job, table[index].time)
+        return estimate_job(case, table[index].searched_job, table[index].time)
 
     best, fastest_layout = estimate_of(chosen), estimate_of(fastest_index) if chosen != fastest_index else None
     return Plan(status, best, tuple(estimate_of(i) for i in alternatives),
@@ -649,7 +669,8 @@ def plan(case: Union[CaseArg, Case], simplest_within: Optional[FloatArg] = None,
     (a count, or `size --tokens`'s "15.6T"), ``.days`` is how long the best takes to train on them."""
     # The engines as a case names them, in any letter case ("Megatron" is megatron)
     target, engine = canonical_choice(target, ENGINES), canonical_choice(engine, CASE_ENGINES)
-    run_tokens = plan_options(top_k, simplest_within, target, engine=engine, tokens=tokens)
+    options = plan_options(top_k, simplest_within, target, engine=engine, tokens=tokens)
+    run_tokens = options.tokens
     if target is not None and engine is not None and target != engine:
         raise CaseError("plan", "target", f"{target!r} differs from engine {engine!r}, which replaces the case's "
                                           "engine and target: give one of them")
@@ -669,7 +690,7 @@ def plan(case: Union[CaseArg, Case], simplest_within: Optional[FloatArg] = None,
         warnings = tuple(profile_warnings(case))
     if run_tokens is not None:
         check_run_tokens(loaded, run_tokens, "plan")
-    planned = _planned(loaded, simplest_within, top_k, target, engine, fastest)
+    planned = _planned(loaded, options.simplest_within, options.top_k, target, engine, fastest)
     if planned.best is not None and not isinstance(case, Case):  # the case's layout, if any, is not the plan's
         notes += tuple(note for note in (unstated_loss(loaded.source, planned.best.job),) if note)
     return replace(planned, notes=notes, warnings=warnings, tokens=run_tokens)
@@ -868,7 +889,7 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
             # as 7.9 % fewer tokens/s, a step 8.6 % longer than the one weighed.
             near = "as fast as the fastest" if fastest else \
                 f"whose step is within {margin:.1%} (the gap the pick weighs) of the fastest"
-            entry = (name, None, f"no layout {near}: {quickest.best.job.training.engine.name}'s "
+            entry = (name, None, f"no layout {near}: {_raw(quickest).job.training.engine.name}'s "
                                  f"{_raw(quickest).step_time_s:.3f} s ({_raw(quickest).tokens_per_s:,.0f} tokens/s), "
                                  "so planned no further")
         plans.append(entry)
@@ -886,7 +907,7 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
                 shown, shown_margin = _told_apart(behind, margin)
                 weighs = "" if fastest else f": beyond the {shown_margin} the pick weighs"
                 plans[index] = (name, p, f"its fastest, a step {shown} longer than the fastest of "
-                                         f"{quickest.best.job.training.engine.name} "
+                                         f"{_raw(quickest).job.training.engine.name} "
                                          f"({_raw(quickest).tokens_per_s:,.0f} tokens/s){weighs}, so planned no further")
     ran = [p for _, p, _ in plans if p is not None and p.best is not None]
     if not ran:
@@ -913,25 +934,25 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
             raise CaseError(case.source, "training.engine", "no engine can run it: "
                             + "; ".join(f"{name}: {why}" for name, _, why in plans))
         names = tuple(name for name, p, _ in plans if p is not None)
-        advised = [(name, p) for name, p, _ in plans if p is not None and p.no_fit is not None
+        advised = [(name, p, p.no_fit) for name, p, _ in plans if p is not None and p.no_fit is not None
                    and p.no_fit.closest_layout is not None]
         if advised:
-            def closeness(entry: tuple[str, Plan]) -> tuple[float, float]:
-                advice = entry[1].no_fit
+            def closeness(entry: tuple[str, Plan, NoFit]) -> tuple[float, float]:
+                advice = entry[2]
                 return (advice.gpus_that_fit or math.inf, advice.peak_bytes)
-            name, first = min(advised, key=closeness)  # ties: the first engine's, as before
+            name, first, advice = min(advised, key=closeness)  # ties: the first engine's, as before
             if len(advised) > 1:
-                first = replace(first, no_fit=replace(first.no_fit, engine=name))
+                first = replace(first, no_fit=replace(advice, engine=name))
         else:
             # No engine has a layout of these GPUs at all: the advice of the engine whose size below runs
             # fastest (Llama 3 8B on 1,000 H100s: Megatron-LM's 768 GPUs, torchtitan's 896 run slower).
-            fewer = [(name, p) for name, p, _ in plans if p is not None and p.no_fit is not None
-                     and p.no_fit.fewer_gpus_tokens_per_s is not None]
+            fewer = [(name, p, p.no_fit, p.no_fit.fewer_gpus_tokens_per_s) for name, p, _ in plans
+                     if p is not None and p.no_fit is not None and p.no_fit.fewer_gpus_tokens_per_s is not None]
             if fewer:
                 # ties: the first engine's
-                name, first = max(fewer, key=lambda entry: entry[1].no_fit.fewer_gpus_tokens_per_s)
+                name, first, advice, _ = max(fewer, key=lambda entry: entry[3])
                 if len(fewer) > 1:
-                    first = replace(first, no_fit=replace(first.no_fit, engine=name))
+                    first = replace(first, no_fit=replace(advice, engine=name))
         if first.no_fit is not None and first.no_fit.excluded_by is not None:
             # Said of the first engine's search: every engine planned came to the same.
             first = replace(first, no_fit=replace(first.no_fit, excluded_by=excluded_text(case, case.search, names)))
@@ -942,13 +963,12 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
     if fastest:
         return replace(quickest, engines=tuple(plans))
     limit = _raw(quickest).step_time_s * (1 + margin)
-    chosen = min((p for p in ran if p.best.step_time_s <= limit),
-                 key=lambda p: robust_rank(Candidate(p.best.job.layout, p.best.step_time_s, p.best.peak.total,
-                                                     p.best.job), p.best.case))
+    chosen = min((p for p in ran if p.picked("plan_engines").step_time_s <= limit),
+                 key=lambda p: robust_rank(_candidate_of(p.picked("plan_engines")), p.picked("plan_engines").case))
     overall = _raw(quickest)
     same = chosen is quickest and chosen.best is overall
     return replace(chosen, engines=tuple(plans), margin=margin, margin_set_by=_margin_set_by(simplest_within),
-                   picked_on=picked_on(chosen.best, None if same else overall, chosen.headroom),
+                   picked_on=picked_on(chosen.picked("plan_engines"), None if same else overall, chosen.headroom),
                    fastest=None if same else overall)
 
 
@@ -963,5 +983,5 @@ def _told_apart(share: float, bound: float) -> tuple[str, str]:
 
 
 def _raw(plan: Plan) -> Estimate:
-    """A plan's fastest layout, whatever its pick."""
-    return plan.fastest if plan.fastest is not None else plan.best
+    """A plan's fastest layout, whatever its pick (of a plan that found one: `plan_engines` times only those)."""
+    return plan.fastest if plan.fastest is not None else plan.picked("plan._raw")

@@ -25,6 +25,14 @@ class Candidate:
     # kept for the robust pick alone, not as one of the runners-up.
     safer: bool = False
 
+    @property
+    def searched_job(self) -> Job:
+        """The job the search scored; a candidate built without one (a solver's table in a test) has
+        none to estimate or rank by fit."""
+        if self.job is None:
+            raise ValueError(f"the candidate {self.layout} carries no job: only the search's are estimated")
+        return self.job
+
 
 @dataclass
 class SearchResult:
