@@ -59,10 +59,9 @@ class Diagnosis:
         """The verdict and whether it advises the change."""
         from .search_memory import fit_tier
 
-        best, config = self.plan.best, self.estimate
-        if best is None:
+        best, config, speedup, margin = self.plan.best, self.estimate, self.speedup, self.plan.margin
+        if best is None or speedup is None:  # both or neither: no best to set the config against
             return None
-        speedup, margin = self.speedup, self.plan.margin
         if config.memory_verdict == "does not fit":
             return f"the config does not fit as predicted; the planner's best does ({best.memory_verdict})", True
         tiers = [fit_tier(e.job, e.peak.total, self.plan.headroom) for e in (best, config)]
@@ -84,7 +83,7 @@ class Diagnosis:
         """What each field of :meth:`differences` takes to change to the best's, where no key of the config
         sets it (``estimate.change_takes``); empty where each is a key of the config."""
         differs = self.differences()
-        return {key: text for key, text in change_takes(self.estimate.job, self.plan.best.job.layout).items()
+        return {key: text for key, text in change_takes(self.estimate.job, self.plan.picked("Diagnosis.takes").job.layout).items()
                 if key in differs}
 
     def differences(self) -> dict[str, list]:
@@ -95,7 +94,7 @@ class Diagnosis:
         reductions a step: a ZeRO-1 config in the best's own layout was 1.12× slower, and the report
         said "worth the change" with no change to make)."""
         out = self.plan.differences(self.estimate)
-        best, config = self.plan.best, self.estimate
+        best, config = self.plan.picked("Diagnosis.differences"), self.estimate
         if self.engine == "deepspeed" and all(0 < e.job.layout.zero_stage < 3 for e in (best, config)):
             ours, theirs = (e.job.training.engine for e in (best, config))
             if not (ours.flat_gradient_accumulator or theirs.flat_gradient_accumulator) \

@@ -120,7 +120,7 @@ def print_estimate(est: Estimate, console: Console) -> None:
     # What the verdict holds the peak to: the capacity less the headroom and what lives outside the allocator.
     table.add_row("usable by the peak", f"{est.usable_bytes / GB:.2f}", f"{total / est.usable_bytes:.0%} of it")
     if job.layout.offloads:
-        host = job.cluster.gpu.host.memory_bytes
+        host = job.cluster.gpu.offload_host().memory_bytes
         table.add_row("host (offload)", f"{est.host_bytes / GB:.2f}", f"{est.host_bytes / host:.0%} of "
                                                                         f"{host / GB:.0f} GB a GPU used")
     console.print(table)
@@ -160,7 +160,7 @@ def print_estimate(est: Estimate, console: Console) -> None:
         console.print(f"[yellow]at risk[/]: {where}, not at the band's upper end ({escape(spread)})")
         return
     if est.overflows == "host":
-        host = est.job.cluster.gpu.host.memory_bytes
+        host = est.job.cluster.gpu.offload_host().memory_bytes
         console.print(f"[red]does not fit[/]: the host: the offload takes {est.host_bytes / GB:.1f} GB a GPU of its "
                       f"{host / GB:.0f} GB share of host memory (the GPU holds its {est.peak.total / GB:.1f} GB peak)")
     else:
