@@ -92,12 +92,13 @@ def size_target(tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nod
     def refuse(key: str, expected: str) -> CaseError:
         return CaseError(names.get(key, "size"), "" if key in names else key, expected)
 
-    def count(key: str, value: Any, most: int, least: int = 1) -> Optional[int]:
-        if value is None:
-            return None
+    def bounded(key: str, value: Any, most: int, least: int = 1) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
             raise refuse(key, f"expected an integer from {least} to {most}, got {one_line(safe_repr(value), 60)}")
         return value
+
+    def count(key: str, value: Any, most: int, least: int = 1) -> Optional[int]:
+        return None if value is None else bounded(key, value, most, least)
 
     try:
         parsed_tokens = parse_tokens(tokens)
@@ -121,7 +122,7 @@ def size_target(tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nod
         read_price(names.get("gpu_hour_cost", "size"), "" if "gpu_hour_cost" in names else "gpu_hour_cost", gpu_hour_cost)
     return SizeTarget(parsed_tokens, deadline_s, count("max_gpus", max_gpus, MAX_GPUS),
                       count("max_nodes", max_nodes, MAX_GPUS), price,
-                      DEFAULT_ALTERNATIVES if top_k is None else count("top_k", top_k, MAX_TOP_K, least=0))
+                      DEFAULT_ALTERNATIVES if top_k is None else bounded("top_k", top_k, MAX_TOP_K, least=0))
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,21 @@ class Sizing:
 
     def spent(self, choice: SizeChoice) -> float:
         """A choice's spend: its cost where every type has a price, else its GPU-hours."""
-        return choice.cost if self.spend == "cost" else choice.gpu_hours
+        return _spend(choice, self.spend == "cost")
+
+    def picked(self, reader: str) -> SizeChoice:
+        """The answer, for ``reader`` (one that prints a result whose status is OK, which has one); a
+        CaseError where the sizing found none."""
+        if self.best is None:
+            raise CaseError(reader, "best", f"the sizing found no answer ({self.status})")
+        return self.best
+
+    def _alternatives(self) -> list[dict[str, Any]]:
+        """The alternatives as to_dict gives them, each with its trade against the best (only a result
+        with a best has alternatives: ``size_case``)."""
+        best = self.best
+        return [] if best is None else [{**alt.to_dict(), "trade": best.trade(alt), "trades": best.trade_text(alt)}
+                                        for alt in self.alternatives]
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best.to_dict() if self.best else dict.fromkeys(_CHOICE_KEYS)
@@ -283,8 +298,7 @@ class Sizing:
                           "trades": before.trade_text(point) if before else None})
         return {
             **best,
-            "alternatives": [{**alt.to_dict(), "trade": self.best.trade(alt), "trades": self.best.trade_text(alt)}
-                             for alt in self.alternatives],
+            "alternatives": self._alternatives(),
             "objective": self.objective, "tokens": self.tokens, "deadline_days": self.deadline_days,
             "status": self.status, "solver_status": self.solver_status, "spend": self.spend, "notes": list(self.notes),
             "warnings": list(self.warnings),
@@ -305,6 +319,38 @@ class Sizing:
         }
 
 
+def _check_peaks(src: str, options: Sequence[ClusterOption], precision: str) -> None:
+    """A type that has no peak for the precision, refused as its entry (the error named cluster.gpu,
+    a key an options case does not have)."""
+    for option in options:
+        try:
+            option.gpu.peak(precision)
+        except SpecError as error:
+            if error.field == "precision":
+                raise CaseError(src, option.key, f"{option.gpu.name} cannot train in {precision}: {error.message}; "
+                                                 "drop the type, or train in a precision it has") from None
+
+
+def _spend(choice: SizeChoice, priced: bool) -> float:
+    """A choice's spend: its cost where every type has a price (``priced``), else its GPU-hours."""
+    if not priced:
+        return choice.gpu_hours
+    if choice.cost is None:  # size_case prices every choice where it spends by cost
+        raise ValueError(f"{choice.option.gpu.name} has no price, but the spend is its cost")
+    return choice.cost
+
+
+def _knee(points: Sequence[SizeChoice], days: Callable[[SizeChoice], float],
+          spent: Callable[[SizeChoice], float]) -> SizeChoice:
+    """The knee (``size_front.knee_index``) of points that hold one at least."""
+    from .size_front import knee_index
+
+    index = knee_index(points, days, spent)
+    if index is None:
+        raise ValueError("no point to take the knee of")
+    return points[index]
+
+
 def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
     """The case (on one node of its first GPU type: `size` chooses the cluster) and its GPU types.
 
@@ -320,15 +366,8 @@ def load_sizing_case(case: Any) -> tuple[Case, tuple[ClusterOption, ...]]:
         # Refused as the training's key, not a GPU's (it was "cluster: h100-sxm-80gb cannot train in banana");
         # read as build_case reads it, so that "BF16" is bf16 here too.
         precision = read_choice(src, "training.precision", precision, PRECISIONS)
-    for option in options if isinstance(precision, str) else ():
-        # A type that has no peak for the precision, named as its entry (the error named cluster.gpu,
-        # a key an options case does not have).
-        try:
-            option.gpu.peak(precision)
-        except SpecError as error:
-            if error.field == "precision":
-                raise CaseError(src, option.key, f"{option.gpu.name} cannot train in {precision}: {error.message}; "
-                                                 "drop the type, or train in a precision it has") from None
+    if isinstance(precision, str):
+        _check_peaks(src, options, precision)
     dispatch = training.get("expert_dispatch") if isinstance(training, dict) else None
     dispatch = canonical_choice(dispatch, EXPERT_DISPATCHES) if isinstance(dispatch, str) else dispatch
     for option in options if dispatch == "deepep" else ():
@@ -387,7 +426,7 @@ def fitted_note(result: Sizing) -> Optional[str]:
     (``fitted.outside``), as `estimate` and `plan` say it."""
     choice = result.best or result.fastest
     outside = choice.estimate.outside_fitted_runs if choice is not None else []
-    if not outside:
+    if choice is None or not outside:
         return None
     what = "the answer" if result.best is not None else "the fastest within the limits"
     return f"{what}, {choice.gpus:,} × {choice.option.gpu.name}: " + "; ".join(outside)
@@ -412,7 +451,9 @@ def unread_count_note(case: Any, options: Sequence[ClusterOption], target: SizeT
         return None
     data, src, _ = read_case(case)
     section = data.get("cluster") if isinstance(data, dict) else None
-    count = next((k for k in ("num_gpus", "nodes") if isinstance(section, dict) and k in section), None)
+    if not isinstance(section, dict):
+        return None
+    count = next((k for k in ("num_gpus", "nodes") if k in section), None)
     limit = options[0].limit_key
     if count is None or limit in (None, f"cluster.{count}"):
         return None
@@ -643,20 +684,21 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
                                                 f"its limit); at most {MAX_CLUSTER_SIZES:,} can be sized: lower "
                                                 f"max_gpus, max_nodes, --max-gpus or --max-nodes, or give fewer types")
     prices = [target.gpu_hour_cost if target.gpu_hour_cost is not None else o.gpu_hour_cost for o in options]
-    priced = all(p is not None for p in prices)
+    rates = [p for p in prices if p is not None]
+    priced = len(rates) == len(prices)
     budget = target.max_gpus is not None or target.max_nodes is not None
     front_mode = target.deadline_s is None and not budget
     objective = "front" if front_mode else "time" if target.deadline_s is None else "cost" if priced else "gpu_hours"
     # Spend per GPU used and second: where a run uses part of each rack, the whole rack's.
-    weights = [(p if priced else 1.0) * o.paid_unit / o.unit for p, o in zip(prices, options)]
+    weights = [rate * o.paid_unit / o.unit for rate, o in zip(rates if priced else [1.0] * len(options), options)]
     tokens_per_step = case.training.global_batch_size * case.training.seq_len
     check_run_tokens(case, target.tokens, "size")  # a run shorter than one step: its deadline per step is endless
     step_deadline = None if target.deadline_s is None else target.deadline_s * tokens_per_step / target.tokens
     gbs = case.training.global_batch_size
 
-    def decide(sweep: _Sweep, objective: str, deadline: Optional[float], count: int) -> tuple[str, list]:
+    def decide(sweep: _Sweep, objective: str, deadline: Optional[float], count: int) -> tuple[str, list[SizeRow]]:
         model = SizeModel(sweep.rows, options, limits, weights, spec, gbs, objective, deadline, case.overheads)
-        status, chosen = "INFEASIBLE", []
+        status, chosen = "INFEASIBLE", list[SizeRow]()
         for _ in range(count):
             solution = model.solve()
             if solution.index is None:
@@ -679,7 +721,7 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
                     solver_status=solver_status, spend="cost" if priced else "gpu_hours")
 
     if front_mode:
-        from .size_front import FRONT_SPAN, FrontSweep, knee_index, pareto_front
+        from .size_front import FRONT_SPAN, FrontSweep, pareto_front
 
         sweep = _Sweep(case, spec, options, limits, weights, "gpu_hours", None, 1, progress)
         steps = target.tokens / tokens_per_step
@@ -695,11 +737,11 @@ def size_case(case: Case, options: tuple[ClusterOption, ...], target: SizeTarget
                 return c.days
 
             def spent(c: SizeChoice) -> float:
-                return c.cost if priced else c.gpu_hours
+                return _spend(c, priced)
 
-            knee = picks[knee_index(picks, days, spent)]
+            knee = _knee(picks, days, spent)
             front = pareto_front([c for c in picks if c.days <= FRONT_SPAN * knee.days * (1 + 1e-12)], days, spent)
-            knee = front[knee_index(front, days, spent)]
+            knee = _knee(front, days, spent)
             limit = limits[next(i for i, o in enumerate(options) if o is knee.option)]
             return Sizing(OK, best=knee, alternatives=(), front=tuple(front), knee=knee,
                           spend_bound=found.spend_bound, knee_limit=limit // knee.option.unit * knee.option.unit,

@@ -62,7 +62,7 @@ def print_sizing(sizing: Sizing, console: Console, top_k: Optional[int] = None) 
     if sizing.status != OK:
         print_unmet(sizing, console)
         return
-    best = sizing.best
+    best = sizing.picked("print_sizing")
     job = best.estimate.job
     deadline = f" within {duration_text(sizing.deadline_s)}" if sizing.deadline_s is not None else ""
     what = (f"days against {_spend_text(sizing)} (no deadline or budget), the knee marked" if sizing.front
@@ -131,7 +131,9 @@ def print_front(sizing: Sizing, console: Console) -> None:
     for row in rows:
         table.add_row(*row)
     console.print(table)
-    knee = sizing.knee
+    knee, spend_bound = sizing.knee, sizing.spend_bound
+    if knee is None or spend_bound is None:  # size_case gives a front both
+        raise ValueError("a front without its knee or its work bound")
     _print_choice(console, knee, "knee: ")
     console.print(f"The knee: the front's least days × {spend}, where 1% more {spend} stops buying 1% fewer days "
                   f"(doubling one type's GPUs pays when it cuts the days by more than {DOUBLING_SAVES:.1%}).",
@@ -144,7 +146,7 @@ def print_front(sizing: Sizing, console: Console) -> None:
     elif knee is sizing.front[-1]:
         console.print("The knee is the front's fastest size: the limit binds, and more GPUs may still pay "
                       "(the case's num_gpus, nodes, max_gpus or max_nodes).", markup=False)
-    bound = f"{_figure(sizing.spend_bound)} {'in cost' if sizing.spend == 'cost' else 'GPU-hours'}"
+    bound = f"{_figure(spend_bound)} {'in cost' if sizing.spend == 'cost' else 'GPU-hours'}"
     console.print(f"The front lists sizes up to {FRONT_SPAN:g}× the knee's days; no size of any type spends less "
                   f"than {bound} (the work bound).", markup=False)
 
