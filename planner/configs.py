@@ -233,7 +233,8 @@ def read_layout(loaded: Case, engine: str, path: Path, pp: Optional[int] = None,
                                 "recompute": recompute, "ep": ep, "stage_layers": stage_layers}.items()
              if v is not None}
     reader = ENGINES[engine]
-    options = {k: v for k, v in given.items() if k in reader.reader_options}
+    # The options the reader takes, and the argument namer where it takes any: a reader's own keywords.
+    options: dict[str, object] = {k: v for k, v in given.items() if k in reader.reader_options}
     if reader.reader_options:  # a reader that takes options names them as the caller spells them
         options["argument"] = argument
     layout = reader.reader_module().read(path, loaded, **options)

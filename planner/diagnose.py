@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from .api_values import StageLayersArg
+from .api_values import IntArg, StageLayersArg
 from .case import Case, load_case, profile_warnings
 from cost_models.specs import Job, Layout
 
@@ -276,21 +276,21 @@ class ConfigReading:
     planning: Optional[Case] = None
 
 
-def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: Optional[int] = None,
-             micro_batch_size: Optional[int] = None, recompute: Optional[str] = None, ep: Optional[int] = None,
+def read_job(case: Any, engine: str, path: Path, pp: Optional[IntArg] = None, tp: Optional[IntArg] = None,
+             micro_batch_size: Optional[IntArg] = None, recompute: Optional[str] = None, ep: Optional[IntArg] = None,
              stage_layers: Optional[StageLayersArg] = None, argument: Argument = cli_flag) -> ConfigReading:
     """The config at ``path`` for ``engine`` (deepspeed: a ds_config.json; megatron: an argument list or
     launch script; torchtitan: overrides, a launch script or a 0.2 TOML file) on ``case``: every
     refusal `diagnose` makes of it, options the config contradicts named as ``argument`` names them
-    (the CLI's flag, the API's argument). ``micro_batch_size`` and ``recompute`` say what a Hugging
+    (the CLI's flag, the API's argument); the options are the caller's (``checked_options`` reads them).
+    ``micro_batch_size`` and ``recompute`` say what a Hugging
     Face Trainer's DeepSpeed config leaves to the Trainer (its per_device_train_batch_size, its
     gradient_checkpointing); ``ep`` what DeepSpeed-MoE's model code sets (its ep_size),
     ``stage_layers`` its PipelineModule's split."""
     from .configs import checked_options, read_layout  # configs names Diagnosis as its API's result
 
+    # The options as checked (ints, the split a tuple), read from here on, never the caller's values
     options = checked_options(pp, tp, micro_batch_size, recompute, ep, stage_layers, argument)
-    pp, tp, micro_batch_size, ep, stage_layers = (options[k] for k in ("pp", "tp", "micro_batch_size", "ep",
-                                                                        "stage_layers"))
     if engine == "torchtitan":
         return _read_torchtitan(case, path, options, argument)
     # The case is read as the config's engine runs it, whatever engine it names (a Megatron case
@@ -312,7 +312,8 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[int] = None, tp: O
     else:
         from .engines.deepspeed.read import auto_resolved, misspelled_keys
 
-        resolved = tuple(auto_resolved(path, loaded, pp, tp, micro_batch_size, argument))
+        resolved = tuple(auto_resolved(path, loaded, options["pp"], options["tp"], options["micro_batch_size"],
+                                        argument))
         misspelled = tuple(misspelled_keys(path))
     try:
         layout = read_layout(loaded, engine, path, **options, argument=argument)
@@ -395,8 +396,8 @@ def _blamed(error: CaseError, case_source: str, path: Path, engine: str, layout,
 
 
 def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[Path] = None,
-             pp: Optional[int] = None, tp: Optional[int] = None, micro_batch_size: Optional[int] = None,
-             recompute: Optional[str] = None, ep: Optional[int] = None,
+             pp: Optional[IntArg] = None, tp: Optional[IntArg] = None, micro_batch_size: Optional[IntArg] = None,
+             recompute: Optional[str] = None, ep: Optional[IntArg] = None,
              stage_layers: Optional[StageLayersArg] = None, torchtitan: Optional[Path] = None,
              argument: Argument = cli_flag) -> Diagnosis:
     """The config (a ds_config ``config``, ``megatron_args`` or ``torchtitan`` command-line overrides,

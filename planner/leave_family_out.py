@@ -99,7 +99,7 @@ def evaluate_families(rows: Sequence[dict], progress: Callable[[str], None] = la
     rows = [r for r in rows if isinstance(r, dict)]
     ratios = _derived_ratios()
     scored = {r.row["id"] for r in evaluate([r for r in rows if family_of(r)], experts=False).rows if r.measured}
-    families = sorted({family_of(r) for r in rows if r.get("id") in scored} - {None})
+    families = sorted({family for r in rows if r.get("id") in scored and (family := family_of(r)) is not None})
     fitted_types = {kind: {family_of(r) for r in rows if r.get("id") in scored
                            and gpu_preset(str(r.get("gpu", ""))) in TYPES[kind]} for kind in FITTED}
     progress("refitting on every run")

@@ -16,7 +16,7 @@ The global batch in every emitted config equals the case's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Collection, Iterable, Union
+from typing import Callable, Collection, Iterable, Sequence, Union
 
 from ..engines import EMITTING as ENGINES  # the engines' registry says which write launch files
 from .quoting import comment, comment_text
@@ -48,7 +48,7 @@ def provenance(estimate, source: str) -> list[str]:
          if not estimate.fits else [])
 
 
-def header_lines(header: Union[list[str], str]) -> list[str]:
+def header_lines(header: Union[Sequence[str], str]) -> list[str]:
     """Provenance lines without their comment markers, from a list or an already-marked block."""
     if isinstance(header, str):
         return [line[2:] if line.startswith("# ") else line.lstrip("#") for line in header.splitlines()]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from typing import Any, Union
+from typing import Any, Sequence, Union
 
 from cost_models.model_states import fp32_gradients
 from cost_models.specs import Layout
@@ -55,7 +55,7 @@ def check_expressible(estimate) -> None:
     ENGINES["deepspeed"].refuse_unrunnable(estimate.job)
 
 
-def config_dict(estimate, header_lines: Union[list[str], str] = ()) -> dict[str, Any]:
+def config_dict(estimate, header_lines: Union[Sequence[str], str] = ()) -> dict[str, Any]:
     """The ds_config for the estimate's layout (as a dict, before JSON)."""
     check_expressible(estimate)
     job = estimate.job
@@ -150,6 +150,8 @@ def _zero(stage: int, hidden: int) -> dict[str, Any]:
     # integrations/deepspeed.py): buckets of hidden² elements, parameters under 10·hidden kept whole.
     # The prefetch bucket and live parameters as the estimate priced them (engine.py).
     behaviour = ds_engine.BEHAVIOUR
+    if behaviour.zero3_max_live_parameters is None:  # None is FSDP's whole units: DeepSpeed's engine sets a cap
+        raise ValueError("DeepSpeed's behaviour sets no zero3_max_live_parameters to write")
     return {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": hidden * hidden,
             "stage3_prefetch_bucket_size": int(behaviour.zero3_prefetch_bucket_h2 * hidden * hidden),
             "stage3_param_persistence_threshold": 10 * hidden,
@@ -163,7 +165,7 @@ TE_RECIPES = {"delayed": "DelayedScaling()", "tensorwise": "Float8CurrentScaling
               "blockwise": "Float8BlockScaling()"}
 
 
-def launch_text(estimate, header_lines: Union[list[str], str] = ()) -> str:
+def launch_text(estimate, header_lines: Union[Sequence[str], str] = ()) -> str:
     check_expressible(estimate)
     job = estimate.job
     lay, cluster = job.layout, job.cluster
@@ -428,7 +430,7 @@ def _pipeline_snippet(job) -> list[str]:
     return lines
 
 
-def render(estimate, header_lines: Union[list[str], str]) -> dict[str, str]:
+def render(estimate, header_lines: Union[Sequence[str], str]) -> dict[str, str]:
     """``ds_config.json`` and ``launch.sh`` for the estimate's layout."""
     config = config_dict(estimate, header_lines)
     cluster = estimate.job.cluster
