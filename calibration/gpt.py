@@ -190,9 +190,10 @@ class SDPACoreAttention(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        extra = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}  # torch >= 2.5
-        return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True, **extra)
+        dropout_p = self.dropout if self.training else 0.0
+        if q.shape[1] != k.shape[1]:  # grouped-query attention: enable_gqa is torch >= 2.5's, named only here
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
 
 
 class SelfAttention(nn.Module):
@@ -277,6 +278,8 @@ class GPT(nn.Module):
     the mean token loss, computed on fp32 logits (as Megatron's cross-entropy does).
     """
 
+    position_ids: torch.Tensor  # a buffer (register_buffer), which nn.Module's hints type as Tensor | Module
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
@@ -306,6 +309,7 @@ class GPT(nn.Module):
                 module.reset_parameters()
         out_std = std / math.sqrt(2 * self.config.num_layers)
         for layer in self.layers:
+            assert isinstance(layer, TransformerLayer)  # a ModuleList's items are Modules to a type checker
             nn.init.normal_(layer.attention.proj.weight, 0.0, out_std)
             nn.init.normal_(layer.mlp.fc2.weight, 0.0, out_std)
 

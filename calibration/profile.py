@@ -38,7 +38,7 @@ import yaml
 from cost_models.kernels import PAGE_BYTES, attention_shape_efficiency
 from cost_models.specs import Performance, peak_key
 
-from .fit import ATTENTION_PASSES, KINDS, fit_attention, fit_collective, fit_gemm, percentile
+from .fit import ATTENTION_PASSES, KINDS, CollectiveFit, fit_attention, fit_collective, fit_gemm, percentile
 from .shapes import AttentionShape, GemmShape
 
 
@@ -152,16 +152,18 @@ def compute_figures(m: Measurements, main_precision: str, datasheet_peaks: Optio
         # tiles: its profile turns the effect off.
         if not tiled_attention:
             performance["attention_head_dim_half"] = performance["attention_seq_half"] = 1e-3
-        shape_perf = Performance(**{k: performance[k] for k in ("attention_head_dim_half", "attention_seq_half")
-                                    if k in performance})
+        defaults = Performance()
+        shape_perf = Performance(
+            attention_head_dim_half=performance.get("attention_head_dim_half", defaults.attention_head_dim_half),
+            attention_seq_half=performance.get("attention_seq_half", defaults.attention_seq_half))
         q = [attention_shape_efficiency(s.head_dim, s.seq_len, shape_perf) for s, _ in m.attention]
-        fit = fit_attention([s.forward_flops for s, _ in m.attention], [_median(t) for _, t in m.attention],
-                            peak, overhead, q)
-        performance["attention_efficiency"] = sig(fit.efficiency)
+        attention_fit = fit_attention([s.forward_flops for s, _ in m.attention],
+                                      [_median(t) for _, t in m.attention], peak, overhead, q)
+        performance["attention_efficiency"] = sig(attention_fit.efficiency)
         measured["attention"] = {
             "precision": p, "kernel": "torch scaled_dot_product_attention, causal, forward + backward",
-            "fit": {"attention_efficiency": sig(fit.efficiency), "kernel_overhead_s": sig(overhead),
-                    "rms_relative_error": sig(fit.rms_rel_error, 3)},
+            "fit": {"attention_efficiency": sig(attention_fit.efficiency), "kernel_overhead_s": sig(overhead),
+                    "rms_relative_error": sig(attention_fit.rms_rel_error, 3)},
             "points": [{"name": s.name, "batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads,
                         "seq_len": s.seq_len, "head_dim": s.head_dim, "forward_flops": s.forward_flops,
                         "tflops": sig(ATTENTION_PASSES * s.forward_flops / _median(t) / 1e12), **spread(t)}
@@ -172,17 +174,17 @@ def compute_figures(m: Measurements, main_precision: str, datasheet_peaks: Optio
     # figure: on a GPU the copy's, on a CPU the in-place add's, since a write to a fresh tensor
     # first reads its line there. Each class of element-wise kernel gets its share of it.
     memory_section: dict[str, Any] = {}
-    for op, points in m.memory.items():
+    for op, sizes in m.memory.items():
         memory_section[op] = [{"tensor_bytes": size, "bytes_moved": moved,
-                               "gb_s": sig(moved / _median(t) / 1e9), **spread(t)} for size, moved, t in points]
-    largest = {op: max(points, key=lambda p: p[0]) for op, points in m.memory.items() if points}
+                               "gb_s": sig(moved / _median(t) / 1e9), **spread(t)} for size, moved, t in sizes]
+    largest = {op: max(sizes, key=lambda p: p[0]) for op, sizes in m.memory.items() if sizes}
 
     def rate(ops: tuple[str, ...]) -> Optional[float]:
         """Bytes per second over ``ops`` together (their bytes over their times)."""
         points = [largest[op] for op in ops if op in largest]
         return sum(p[1] for p in points) / sum(_median(p[2]) for p in points) if points else None
 
-    hbm = max(rate((op,)) for op in ("copy", "add", "add_in_place") if op in largest)
+    hbm = max(r for op in ("copy", "add", "add_in_place") if (r := rate((op,))) is not None)
     for name, ops in (("hbm_efficiency", ("copy", "add")), ("in_place_efficiency", ("add_in_place",)),
                       ("transcendental_efficiency", ("gelu",))):
         achieved = rate(ops)
@@ -191,7 +193,10 @@ def compute_figures(m: Measurements, main_precision: str, datasheet_peaks: Optio
     if "fill" in largest and "fill_fresh" in largest:
         performance["page_fault_s"] = sig(page_fault_s(largest["fill_fresh"], largest["fill"]))
     memory_section["hbm_bandwidth_gb_s"] = sig(hbm / 1e9)
-    memory_section["elementwise_gb_s"] = sig(rate(("copy", "add")) / 1e9)
+    elementwise = rate(("copy", "add"))
+    if elementwise is None:  # the worker times every op of benchmarks.MEMORY_OPS
+        raise ValueError("no copy or add was timed: no element-wise rate to give")
+    memory_section["elementwise_gb_s"] = sig(elementwise / 1e9)
     measured["memory"] = memory_section
 
     return peaks, performance, measured, hbm
@@ -212,7 +217,7 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
 
     # Collectives: α and bus bandwidth per kind and link class.
     links: dict[str, dict[str, Any]] = {}
-    coll_fits: dict[str, dict[str, Any]] = {}
+    coll_fits: dict[str, dict[str, CollectiveFit]] = {}
     for link, kinds in m.collectives.items():
         links[link] = {}
         for kind in KINDS:
@@ -235,9 +240,11 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
                      "device copy bandwidth as placeholders, link_latency_s is the cost model's default")
         intra_bw = inter_bw = hbm
     else:
-        intra_bw = intra.bus_bandwidth if intra else inter.bus_bandwidth
+        measured_fit = intra if intra is not None else inter
+        assert measured_fit is not None  # the branch above takes neither measured
+        intra_bw = measured_fit.bus_bandwidth  # the inter-node figure where one rank a node measured none
         inter_bw = inter.bus_bandwidth if inter else intra_bw
-        performance["link_latency_s"] = sig((intra or inter).latency_s)
+        performance["link_latency_s"] = sig(measured_fit.latency_s)
         if intra is None:
             notes.append("one rank per node: intra_node_bandwidth is the inter-node figure")
         if inter is None:
@@ -255,11 +262,11 @@ def build_profile(machine: dict[str, Any], m: Measurements, *, memory_bytes: flo
     # The cost model runs all-gather and reduce-scatter at a share of the all-reduce's bus
     # bandwidth (cost_models.collectives.collective_time): the measured ratios, per link class.
     for link in ("intra_node", "inter_node"):
-        kinds = coll_fits.get(link, {})
-        if "all_reduce" in kinds:
+        link_fits = coll_fits.get(link, {})
+        if "all_reduce" in link_fits:
             for kind in ("all_gather", "reduce_scatter"):
-                if kind in kinds:
-                    ratio = kinds[kind].bus_bandwidth / kinds["all_reduce"].bus_bandwidth
+                if kind in link_fits:
+                    ratio = link_fits[kind].bus_bandwidth / link_fits["all_reduce"].bus_bandwidth
                     performance[f"{kind}_efficiency"] = sig(min(1.0, ratio))
             break
     if m.overlap:

@@ -22,7 +22,9 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from .processes import alive
 from .progress import PEER_FAILURE_EXIT, RankProgress, write_exit
@@ -38,19 +40,27 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@dataclass
+class _Stopping:
+    """What the supervisor's signal handler saw: the signal, and whether it stopped the worker."""
+
+    by: Optional[int] = None
+    stopped_child: bool = False
+
+
 def supervise(argv: list[str]) -> int:
     """Run the worker, record its end, exit with its code."""
     args = _arguments(argv)
     rank = int(os.environ.get("RANK", "0"))
     child = subprocess.Popen([sys.executable, "-m", "calibration.run", "--worker", *argv])
-    stopping = {"by": None, "stopped_child": False}
+    stopping = _Stopping()
 
     def stop(signum, frame):  # torchrun tears the job down with SIGTERM
-        stopping["by"] = signum
+        stopping.by = signum
         # A child that already ended was not stopped: on a loaded host the teardown a peer's failure
         # sets off can arrive before this loop has noticed the child's own exit (a fault of its own).
         if child.poll() is None:
-            stopping["stopped_child"] = True
+            stopping.stopped_child = True
             child.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
@@ -62,13 +72,13 @@ def supervise(argv: list[str]) -> int:
             break
         except subprocess.TimeoutExpired:
             pass
-        if stopping["by"] is None and args.launcher_pid and not alive(args.launcher_pid):
+        if stopping.by is None and args.launcher_pid and not alive(args.launcher_pid):
             stop(signal.SIGTERM, None)
-        if stopping["by"] is not None:
+        if stopping.by is not None:
             deadline = deadline or time.monotonic() + 3.0
             if time.monotonic() > deadline:
                 child.kill()
-    write_exit(args.workdir, rank, code, terminated=stopping["stopped_child"])
+    write_exit(args.workdir, rank, code, terminated=stopping.stopped_child)
     return code if code >= 0 else 128 - code
 
 

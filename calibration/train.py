@@ -229,7 +229,8 @@ def launch(spec: RunSpec, *, timeout_s: float = 600.0, stall_s: Optional[float] 
         if not out_path.exists():
             raise RunFailed("training run failed: rank 0 wrote no measurement")
         data = json.loads(out_path.read_text())
-    return Measurement(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}  # JSON's values
+    return Measurement(**fields)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -260,7 +261,7 @@ def saved_activation_bytes(module, forward, exclude: Sequence = ()) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = forward()
-    counted: dict[int, int] = {}
+    counted: dict[Optional[int], int] = {}  # by storage address (_storage_ptr: None where it has none)
     state_ptrs = {_storage_ptr(t) for t, is_state in saved if is_state}
     for t, _ in saved:
         ptr = _storage_ptr(t)

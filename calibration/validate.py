@@ -237,8 +237,9 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     loaded = load_with_profile(case, profile)
     machine = profiled_machine(case, profile)  # the profile is read once; what follows derives from it
     # Where the profile was named: --profile, else the case's cluster.profile.
-    named = (str(profile), "--profile") if profile is not None else (loaded.source, "cluster.profile")
-    if not machine:
+    named: tuple[str, str] = (str(profile), "--profile") if profile is not None else (loaded.source, "cluster.profile")
+    in_use = profile_in_use(case, profile)
+    if not machine or in_use is None:  # both or neither: a machine section is read from the profile in use
         # A preset (or hand-written) GPU describes another machine: its prediction and a run here
         # do not compare (an H100's 0.0007 s against a CPU's 8 s).
         raise CaseError(*named, "validate runs the layout on this machine, so it needs "
@@ -263,7 +264,7 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
         spec = run_spec(loaded.job(), steps=steps, warmup=warmup, threads=_threads(machine), device=device)
     except Unsupported as error:
         raise CaseError(loaded.source, error.key, error.message) from None
-    if spec.dp > 1 and collectives_not_timed(read_yaml(profile_in_use(case, profile))):
+    if spec.dp > 1 and collectives_not_timed(read_yaml(in_use)):
         # Its link bandwidths are the copy bandwidth, a placeholder: the prediction's all-reduce would run
         # at memory speed (39 GB/s where two gloo ranks measure 1.3), and its ratio read as the model's.
         raise CaseError(*named, f"was measured with one rank, which times no collective, and the layout runs "

@@ -382,8 +382,8 @@ def _measurements(plan: Plan, gathered: list[Any], memory_moved: list[int], coll
         for shape in plan.gemms:
             m.gemm[precision].append((shape, pooled(i)))
             i += 1
-    for shape in plan.attention:
-        m.attention.append((shape, pooled(i)))
+    for attention in plan.attention:
+        m.attention.append((attention, pooled(i)))
         i += 1
     j = 0
     for op in benchmarks.MEMORY_OPS:
