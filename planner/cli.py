@@ -21,7 +21,8 @@ import typer
 try:  # typer ≥ 0.20 ships its own click; earlier ones use click itself (as main's UsageError)
     from typer._click.types import FloatParamType, IntParamType, IntRange
 except ImportError:  # pragma: no cover
-    from click.types import FloatParamType, IntParamType, IntRange
+    # typer < 0.20's click, absent where typer ships its own: the same names, which mypy reads twice
+    from click.types import FloatParamType, IntParamType, IntRange  # type: ignore[import-not-found, no-redef]
 
 from .errors import (INTERRUPTS, CaseError, as_typed, Interrupted, forget_interrupts, ignore_interrupts, interrupt,
                      interrupt_received, interrupted_exit_code, one_line, raise_if_interrupted)
@@ -707,7 +708,7 @@ def main() -> None:
     try:  # typer ≥ 0.20 ships its own click; earlier ones use click itself
         from typer._click.exceptions import UsageError
     except ImportError:  # pragma: no cover
-        from click.exceptions import UsageError
+        from click.exceptions import UsageError  # type: ignore[import-not-found, no-redef]  # as at the top
 
     forget_interrupts()
     # What runs before the command's own ``try`` runs before its handlers are set, under the entry point's

@@ -183,6 +183,7 @@ def evaluate(rows: Optional[list[dict]] = None, experts: bool = True,
             out.skipped[why] = out.skipped.get(why, 0) + 1
             out.skipped_first.setdefault(why, row_name(rows, index))
             continue
+        assert case is not None  # case_of gives a case wherever it gives no why
         # A run copied under another id (the same job, the same measurement) counted twice in every score
         # and band: refused, as load_rows refuses one id twice and calibrate --from-runs a copy.
         first = copies.setdefault((job_key(case), measured, mem), index)
@@ -248,10 +249,11 @@ def _sweeps(out: Fidelity) -> None:
     for job, group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         if len(group) < MIN_SWEEP:
             continue
-        best = max(r.measured for r in group)
+        measured = [r.measured for r in group if r.measured is not None]  # each: only measured rows are grouped
+        best = max(measured)
         pick = max((r for r in group if r.fits), key=lambda r: r.predicted, default=None)
-        regret = best / pick.measured - 1 if pick else float("inf")
-        rho = spearman([r.predicted for r in group], [r.measured for r in group])
+        regret = best / pick.measured - 1 if pick and pick.measured else float("inf")
+        rho = spearman([r.predicted for r in group], measured)
         out.sweeps.append(Sweep(job, len(group), rho, regret, pick.case["layout"] if pick else None))
 
 
@@ -341,11 +343,11 @@ def print_report(f: Fidelity, console, experts: bool = True) -> None:
         table = Table(title="Layout sweeps: the model's pick against the best measured")
         for col in ("model", "GPUs", "layouts", "rank corr.", "regret", "pick"):
             table.add_column(col, justify="left" if col in ("model", "pick") else "right")
-        for s in f.sweeps:
-            pick = " ".join(f"{k}{s.pick[k]}" for k in ("dp", "tp", "pp", "zero_stage", "micro_batch_size")) \
-                if s.pick else "—"
-            table.add_row(escape(str(s.job[1])[:30]), str(s.job[2]), str(s.size), f"{s.rho:+.2f}",
-                          f"{s.regret:.1%}", pick.replace("zero_stage", "z").replace("micro_batch_size", "mb"))
+        for sweep in f.sweeps:
+            pick = " ".join(f"{k}{sweep.pick[k]}" for k in ("dp", "tp", "pp", "zero_stage", "micro_batch_size")) \
+                if sweep.pick else "—"
+            table.add_row(escape(str(sweep.job[1])[:30]), str(sweep.job[2]), str(sweep.size), f"{sweep.rho:+.2f}",
+                          f"{sweep.regret:.1%}", pick.replace("zero_stage", "z").replace("micro_batch_size", "mb"))
         console.print(table)
         console.print(f"sweeps: median regret {f.median_regret:.1%}, max {f.max_regret:.1%}, "
                       f"median rank correlation {f.median_rho:+.2f} over {len(f.sweeps)} sweeps")
