@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Union
+from typing import Callable, Iterable, Optional, Union, overload
 
 import typer
 try:  # typer ≥ 0.20 ships its own click; earlier ones use click itself (as main's UsageError)
@@ -108,6 +108,12 @@ def _fail(error: Exception) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
+@overload
+def _file_option(option: str, value: str) -> Path: ...
+@overload
+def _file_option(option: str, value: None) -> None: ...
+@overload
+def _file_option(option: str, value: Optional[str]) -> Optional[Path]: ...
 def _file_option(option: str, value: Optional[str]) -> Optional[Path]:
     """A file the command writes, as given: typer's Path drops a trailing '/', and `--out dir/` wrote a
     file named dir. A path ending in '/' names a folder."""
@@ -192,7 +198,7 @@ def plan_command(
     # report and the notes say megatron.
     emit, engine = canonical_choice(emit, CASE_ENGINES), canonical_choice(engine, CASE_ENGINES)
     try:
-        plot = _file_option("--plot", plot)
+        plot_file = _file_option("--plot", plot)
         if emit is not None and emit not in ENGINES:
             raise CaseError("--emit", "", unwritten_engine(emit, ENGINES))
         if emit is not None and out is None:
@@ -202,8 +208,8 @@ def plan_command(
         if out == "-":  # stdout to many tools; a folder named "-" to the file system
             raise CaseError("--out", "-", "expected a folder's path: the launch files are several, not one stream "
                                           "(write ./- for a folder of that name)")
-        if plot is not None and out is not None and os.path.abspath(plot) == os.path.abspath(out):
-            raise CaseError("--plot", str(plot), "is --out's folder too; expected a file of its own")
+        if plot_file is not None and out is not None and os.path.abspath(plot_file) == os.path.abspath(out):
+            raise CaseError("--plot", str(plot_file), "is --out's folder too; expected a file of its own")
         if emit is not None and engine not in (None, emit):
             raise CaseError("--engine", engine, f"differs from --emit {emit}; give the same engine to both")
         plan_options(top, simplest_within, None, names={"top_k": "--top", "simplest_within": "--simplest-within",
@@ -213,13 +219,13 @@ def plan_command(
             raise CaseError("--fastest", "", "give either --fastest or --simplest-within, not both")
         if out is not None and emit is None:  # nothing would be written there
             raise CaseError("--out", "", "is the folder for --emit's launch files: give --emit ENGINE with it")
-        if force and emit is None and plot is None:
+        if force and emit is None and plot_file is None:
             raise CaseError("--force", "", "overwrites --emit's or --plot's files: give one of them with it")
-        if plot is not None:
-            if plot.suffix.lower() != ".png":  # the plot is a PNG whatever the name says
+        if plot_file is not None:
+            if plot_file.suffix.lower() != ".png":  # the plot is a PNG whatever the name says
                 raise CaseError("--plot", "", f"expected a .png path (the plots are one PNG), got "
-                                              f"{one_line(str(plot), 200)!r}")
-            check_writable([Output(plot, b"", "--plot")], force)
+                                              f"{one_line(str(plot_file), 200)!r}")
+            check_writable([Output(plot_file, b"", "--plot")], force)
         if emit is not None and out is not None:
             from .emit import EVERY_ENGINE_WRITES
 
@@ -231,18 +237,18 @@ def plan_command(
         outputs: list[Output] = []
         removed: list[Path] = []
         files: dict[str, str] = {}
-        if emit is not None and result.best is not None:
+        if emit is not None and out is not None and result.best is not None:  # --emit needs --out: checked above
             files, emitted = render(result.best, emit, str(case))
             notes += emitted  # after the ignored layout's note, which this once replaced
             outputs += [Output(Path(out) / name, text) for name, text in files.items()]
-        if plot is not None and result.best is not None:
+        if plot_file is not None and result.best is not None:
             from .plots import render_plots
 
-            outputs.append(Output(plot, render_plots(result, plot), "--plot"))
-        elif plot is not None:
-            notes.append(f"--plot: nothing fits, so {plot} was not written (no layout to draw)")
+            outputs.append(Output(plot_file, render_plots(result, plot_file), "--plot"))
+        elif plot_file is not None:
+            notes.append(f"--plot: nothing fits, so {plot_file} was not written (no layout to draw)")
         stale: Union[tuple, Callable[[], list[Path]]] = ()
-        if force and files:
+        if force and files and out is not None:  # files are --emit's, which --out takes
             from .emit import earlier_emission_finder
 
             stale = earlier_emission_finder(out, files, removed, keep=[o.path for o in outputs])
@@ -421,11 +427,11 @@ def validate_published_command(
     from .published_runs import load_rows
 
     try:
-        write_bands = _file_option("--write-bands", write_bands)
-        if force and write_bands is None:  # as plan refuses --force with nothing to overwrite
+        bands_file = _file_option("--write-bands", write_bands)
+        if force and bands_file is None:  # as plan refuses --force with nothing to overwrite
             raise CaseError("--force", "", "overwrites --write-bands's file: give it with it")
-        if write_bands is not None:  # before the work: a folder it cannot write is said at once
-            check_writable([Output(write_bands, "", "--write-bands")], force)
+        if bands_file is not None:  # before the work: a folder it cannot write is said at once
+            check_writable([Output(bands_file, "", "--write-bands")], force)
         with terminal_progress("planning the tuned recipes") as progress:
             result = evaluate(load_rows(runs) if runs else None, experts=experts, progress=progress)
         if not result.rows:  # nothing readable: an empty table would look like a pass
@@ -445,13 +451,13 @@ def validate_published_command(
             from . import leave_family_out as lfo
             families = lfo.evaluate_families(load_rows(runs) if runs else load_rows(),
                                              progress=lambda line: print(line, file=sys.stderr, flush=True))
-        if write_bands is not None:  # last: once it is written, interrupts are ignored (files.write_all)
+        if bands_file is not None:  # last: once it is written, interrupts are ignored (files.write_all)
             document = bands.compute(result.rows, jobs)
             too_few = bands.enough_runs(document)
             if too_few:
                 raise CaseError("--write-bands", "", too_few)
             drawn_from = ", ".join(str(r) for r in runs) if runs else "the repo's published runs (planner/published/*.yaml)"
-            write_all([Output(write_bands, bands.render(document, drawn_from), "--write-bands")], force, last=True)
+            write_all([Output(bands_file, bands.render(document, drawn_from), "--write-bands")], force, last=True)
     except CaseError as error:
         _fail(error)
     if as_json:
@@ -589,7 +595,7 @@ def calibrate_command(
     except (KeyboardInterrupt, Interrupted):  # Ctrl-C or SIGTERM: every rank is stopped, nothing is written
         print("error: calibration interrupted; no profile written", file=sys.stderr)
         raise typer.Exit(interrupted_exit_code())
-    if outcome.path is None:
+    if outcome.path is None or outcome.profile is None:  # both or neither: the profile written, where
         print(f"calibrated {outcome.world_size} ranks in {outcome.seconds:.0f} s; rank 0's node wrote the profile")
         return
     perf = outcome.profile["performance"]
@@ -753,7 +759,7 @@ def _argument_problem(argv: list[str]) -> Optional[CaseError]:
     group = typer.main.get_command(app)
     name = next((w for w in argv if not w.startswith("-")), None)
     command = getattr(group, "commands", {}).get(name) if name else None
-    if command is None:
+    if name is None or command is None:
         return None  # the parser says what is wrong
     options = [p for p in command.params if isinstance(p, core.TyperOption)]
     positionals = [p for p in command.params if isinstance(p, core.TyperArgument)]
