@@ -152,7 +152,7 @@ class Estimate:
     @property
     def largest_term(self) -> str:
         terms = self.peak.by_term()
-        return max(terms, key=terms.get)
+        return max(terms, key=lambda term: terms[term])
 
     @property
     def overflows(self) -> Optional[str]:
@@ -276,7 +276,9 @@ def estimate_job(case: Case, job: Job, time: Optional[StepTime] = None) -> Estim
 def refuse_what_the_engine_cannot_run(case: Case, job: Job) -> None:
     """A layout the case's engine cannot run is the case's error, not a figure (planner/engines/)."""
     engine = ENGINES.get(job.training.engine.name)
-    problems = engine.problems(job) if engine is not None else []
+    if engine is None:  # a behaviour no engine of planner/engines/ names: nothing to refuse it by
+        return
+    problems = engine.problems(job)
     if problems:
         key, why = problems[0]
         raise CaseError(case.source, key, f"{engine.name} cannot run it: {why}")
@@ -294,7 +296,7 @@ def check_step_time(source: str, seconds: float, parts: Optional[dict[str, float
         raise CaseError(source, "training", f"its steps compute for {parts['compute_s'] + parts['recompute_s']:.3g} "
                                             f"s on these GPUs; expected a job (global_batch_size × seq_len tokens) "
                                             f"whose steps take under {MAX_STEP_TIME_S:g} s")
-    slowest = f", {max(parts.values()):.3g} s of it {max(parts, key=parts.get).removesuffix('_s')}" if parts else ""
+    slowest = f", {max(parts.values()):.3g} s of it {max(parts, key=lambda part: parts[part]).removesuffix('_s')}" if parts else ""
     raise CaseError(source, "cluster", f"the GPU's figures give steps of {seconds:.3g} s{slowest}; expected figures "
                                        f"that give steps under {MAX_STEP_TIME_S:g} s")
 

@@ -141,7 +141,7 @@ def _term_colors(best: "Estimate") -> dict[str, str]:
 
 
 def _draw_pareto(ax, plan: "Plan") -> None:
-    best = plan.best
+    best = plan.picked("plots")  # render_plots draws a plan that found a layout
     estimates = [best, *plan.alternatives]
     points = [(e.step_time_s, e.peak.total / GB) for e in estimates]
     cloud = [(t, m / GB) for t, m in plan.candidates] or points

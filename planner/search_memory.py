@@ -47,7 +47,8 @@ def _clear_jobs() -> None:
     _SIBLINGS.clear()
 
 
-_job.cache_clear = _clear_jobs  # type: ignore[attr-defined]
+# Replaced on purpose, so that whoever empties _job's cache empties _SIBLINGS too: mypy reads it as a method.
+_job.cache_clear = _clear_jobs  # type: ignore[method-assign]
 
 
 def case_job(case, layout: Layout) -> Job:
@@ -76,8 +77,9 @@ def fits_with_margin(job: Job, peak: float, headroom: float) -> bool:
 
 def host_fits(job: Job, headroom: float) -> bool:
     """What offload puts on the host fits its share of host memory, less the same headroom."""
-    host = job.cluster.gpu.host
-    return not job.layout.offloads or host_bytes(job) <= host.memory_bytes * (1 - headroom)
+    if not job.layout.offloads:
+        return True
+    return host_bytes(job) <= job.cluster.gpu.offload_host().memory_bytes * (1 - headroom)
 
 
 def fits(job: Job, headroom: float) -> tuple[bool, float]:
