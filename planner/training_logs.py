@@ -130,7 +130,7 @@ class Entry:
             else (5e-324, sys.float_info.max)
         digits = MAX_COUNT_DIGITS
         key_at, figure_at = self.key.search, _FIGURE.match
-        found = []
+        found: list[tuple[int, float]] = []
         if marker not in lines.text:
             return found
         append = found.append
@@ -144,7 +144,7 @@ class Entry:
             last = key_at(line, 0, at)
             if last is None:
                 if self.loose is not None:
-                    _no_misprinted_key(self, line, at, src, number)
+                    _no_misprinted_key(self, self.loose, line, at, src, number)
                 continue
             while (later := key_at(line, last.end(), at)) is not None:
                 last = later
@@ -294,11 +294,11 @@ def _lowest_rank_lines(text: str, lines: Optional[list[str]] = None) -> str:
     lowest label's: torchtitan logs its steps on every rank, and the ranks' steps one after another
     were refused as "more than one run". ``text`` itself where its lines carry one label or none."""
     def label(line: str) -> Optional[tuple[int, int]]:
-        m = RANK_LABEL.match(line)
-        return None if not m.group(0) else (int(m.group(1) or 0), int(m.group(2) or 0))
+        m = RANK_LABEL.match(line)  # its parts optional: it matches every line, empty where there is no label
+        return None if m is None or not m.group(0) else (int(m.group(1) or 0), int(m.group(2) or 0))
     lines = text.splitlines() if lines is None else lines  # ``lines``: ``text``'s, split once by the reader
     each = [label(line) for line in lines]
-    labels = set(each) - {None}
+    labels = {each_label for each_label in each if each_label is not None}
     if len(labels) < 2:
         return text
     lowest = min(labels)
@@ -347,13 +347,13 @@ def _grouped(text: str, src: str, line: int, what: str) -> float:
     return _num(text)
 
 
-def _no_misprinted_key(entry: "Entry", line: str, at: int, src: str, number: int) -> None:
+def _no_misprinted_key(entry: "Entry", loose: re.Pattern, line: str, at: int, src: str, number: int) -> None:
     """A CaseError naming ``line`` where it holds the entry's key misprinted (``Entry.loose``) before the
     marker at ``at``: a step line whose step is no whole number ("step: -20")."""
     from .errors import CaseError
 
     bad = None
-    for bad in entry.loose.finditer(line, 0, at):
+    for bad in loose.finditer(line, 0, at):
         pass
     # A whole step is no misprinted step: Megatron-LM's "iteration 20/ -1 |" misprints its total, not its
     # step, and is passed over as before (it was refused as "'iteration' 20 …: expected a whole step count").
@@ -477,15 +477,14 @@ def read_log(path: Path) -> LogReading:
     titan = TITAN_STEP.points_of(lines, src)
     deepspeed = DS_THROUGHPUT.points_of(lines, src)
     pipe = DS_PIPE_STEP.points_of(lines, src)
-    timers = [(number, total) for number, line in lines.holding("time (ms)") for m in DS_TIMERS.finditer(line)
-              if (total := _timer_total(m)) is not None]
-    timers = [(i + 1, total, number) for i, (number, total) in enumerate(timers)]
-    for _, total, number in timers:
+    timed = [(number, total) for number, line in lines.holding("time (ms)") for m in DS_TIMERS.finditer(line)
+             if (total := _timer_total(m)) is not None]
+    for number, total in timed:
         if not math.isfinite(total) or total <= 0:
             raise CaseError(src, f"line {number}",
                             "a 'time (ms) | fwd: … | bwd: … | step: …' timer line: expected milliseconds, none negative, whose sum "
                             "is positive")
-    timers = [(step, total) for step, total, _ in timers]
+    timers = [(i + 1, total) for i, (_, total) in enumerate(timed)]  # each line a step
     if titan and (megatron or deepspeed or pipe or timers):
         # Megatron-DeepSpeed prints Megatron-LM's lines and DeepSpeed's together; torchtitan beside
         # either is two runs' logs in one file, and the steps of one would be fitted as the other's.
@@ -528,40 +527,40 @@ def read_log(path: Path) -> LogReading:
         if ranked is not text:
             titan = TITAN_STEP.points_of(ranked_lines, src)
         times = _after_warmup(_in_order(_per_step(titan, statistics.median), src, "step"))
-        memory = _after_warmup(_per_step(TITAN_MEMORY.points_of(ranked_lines, src), max))
+        peaks = _after_warmup(_per_step(TITAN_MEMORY.points_of(ranked_lines, src), max))
         params = [_grouped(m.group(1), src, number, "total parameters")
                   for number, line in lines.holding("total parameters") for m in TITAN_PARAMETERS.finditer(line)]
-        stated = ((("parameters", params[0]),) if params else ()) + _titan_mesh(lines)
+        statements = ((("parameters", params[0]),) if params else ()) + _titan_mesh(lines)
         reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
-                             peak_gib=max(memory) if memory else None, peak_of_rank_0_only=bool(memory),
-                             stated=stated)
+                             peak_gib=max(peaks) if peaks else None, peak_of_rank_0_only=bool(peaks),
+                             stated=statements)
     elif deepspeed or pipe or timers:
         # DeepSpeed's ThroughputTimer logs on every rank (utils/timer.py, no rank filter): as torchtitan's.
         ranked = _lowest_rank_lines(text, lines.lines)
         ranked_lines = lines if ranked is text else _Lines(ranked)
         if ranked is not text:
             deepspeed = DS_THROUGHPUT.points_of(ranked_lines, src)
-        memory = _after_warmup(_per_step(DS_MEMORY.points_of(ranked_lines, src), max))
+        peaks = _after_warmup(_per_step(DS_MEMORY.points_of(ranked_lines, src), max))
         args = _arguments(lines)
         # Its ZeRO stage too (DeepSpeedConfig.print: "zero_optimization_stage ...... 3"): a ZeRO-3 log was
         # fitted as its case's ZeRO-1 run, its all-gathers and sharded states priced as another layout's.
-        stated = tuple(_stated(args, ("train_batch_size", "train_micro_batch_size_per_gpu", "zero_optimization_stage"),
-                               src))
+        statements = tuple(_stated(args, ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                          "zero_optimization_stage"), src))
         if deepspeed:
             rates = _after_warmup(_in_order(_per_step(deepspeed, statistics.median), src, "global_step"))
             reading = LogReading("deepspeed", samples_per_s=_median(rates, src, "'CurrSamplesPerSec='"),
-                                 steps=len(rates), stated=stated)
+                                 steps=len(rates), stated=statements)
         elif pipe:
             # Each line's time is the mean over the steps since the last (steps_per_print of them).
             steps = _after_warmup(_in_order(pipe, src, "steps"))
             reading = LogReading("deepspeed", step_time_s=_median(steps, src, "'iter time (s):'"), steps=len(steps),
-                                 stated=stated)
+                                 stated=statements)
         else:
             steps = _after_warmup(timers)
             step = _median(steps, src, "'time (ms) | fwd: … | bwd: … | step: …'") / 1e3
-            reading = LogReading("deepspeed", step_time_s=step, steps=len(steps), stated=stated)
+            reading = LogReading("deepspeed", step_time_s=step, steps=len(steps), stated=statements)
         # ThroughputTimer prints no reserved peak: its MaxMemAllocated is held to the allocated prediction.
-        reading = replace(reading, peak_gib=max(memory) if memory else None, peak_scope="allocated")
+        reading = replace(reading, peak_gib=max(peaks) if peaks else None, peak_scope="allocated")
     else:
         raise CaseError(src, "", "holds no step time: looked for Megatron-LM's 'elapsed time per iteration (ms)', "
                                  "torchtitan's 'tps:' and DeepSpeed's 'CurrSamplesPerSec=', its pipeline engine's "
