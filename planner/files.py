@@ -198,6 +198,16 @@ def _the_interrupt(error: BaseException) -> BaseException:
     return error
 
 
+def _write_new(path: Path, data: Union[str, bytes]) -> None:
+    """``data`` written to ``path``: bytes as they are, text in UTF-8."""
+    if isinstance(data, bytes):
+        with open(path, "wb") as binary:
+            binary.write(data)
+    else:
+        with open(path, "w", encoding="utf-8") as text:
+            text.write(data)
+
+
 def write_all(outputs: list[Output], force: bool, last: bool = False,
               removes: Union[Sequence[Path], Callable[[], Sequence[Path]]] = (),
               committed: Optional[list[bool]] = None) -> list[Path]:
@@ -229,9 +239,7 @@ def write_all(outputs: list[Output], force: bool, last: bool = False,
                 _make_folder(folder, created)
                 _stage(folder, stages)
                 tmp = stages[folder] / out.path.name
-                mode = "wb" if isinstance(out.data, bytes) else "w"
-                with open(tmp, mode, **({} if isinstance(out.data, bytes) else {"encoding": "utf-8"})) as f:
-                    f.write(out.data)
+                _write_new(tmp, out.data)
                 # open() gives the file what writing it in place would (0o666 less the umask), with no
                 # os.umask to read the mask (it sets it for every thread at once). A script (#!) is
                 # executable by whoever may read it, as `chmod +x` leaves it: ./launch.sh and

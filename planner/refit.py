@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import statistics
 import sys
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import planner.engines as engines
 from planner.fidelity import evaluate
@@ -136,7 +136,7 @@ def objective(rows: list[dict], weight: float) -> tuple[float, dict]:
 
 
 def fit(kind: str, rows: list[dict], grid: dict[str, tuple], rounds: int = 2, weight: float = 0.5,
-        progress: Optional[callable] = None) -> dict:
+        progress: Optional[Callable[[str], None]] = None) -> dict:
     """Coordinate descent of ``grid``'s figures on ``rows``; leaves the best set applied and returns
     it ({name: value}, None where the preset leaves a figure to the default and nothing beat it)."""
     current = {name: current_value(kind, name) for name in grid}
