@@ -304,11 +304,11 @@ def _loss_snippet(estimate) -> list[str]:
     the other would add to this plan's peak (``Engine.other_loss``): train.py is the user's, and a Hugging
     Face model's own loss holds twice the bytes a logit of Megatron's in-place one."""
     job = estimate.job
-    other = ENGINES["deepspeed"].other_loss(job)
+    alternative = ENGINES["deepspeed"].other_loss(job)
     loss = job.training.loss_name
-    if other is None or loss not in LOSS_WORDS or job.training.loss_compiled:
+    if alternative is None or loss not in LOSS_WORDS or job.training.loss_compiled:
         return []  # an estimate another engine priced, with a loss of its own: no DeepSpeed loss to name
-    other, extra = other
+    other, extra = alternative
     name, where, holds = LOSS_WORDS[loss]
     stated = f"training.loss {loss}" if job.training.loss is not None else f"training.loss unset: the engine's, {loss}"
     lines = [""] + textwrap.wrap(f"Loss: priced as {name} ({stated}), {where}: it {holds} at its peak.", WIDTH)
