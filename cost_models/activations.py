@@ -27,7 +27,7 @@ from typing import Optional
 
 from .experts import (exchanged_token_bytes, moe_act_output_bytes, moe_mlp_activation_bytes,
                       shared_expert_activation_bytes)
-from .behaviour import LOSS_GRADIENT_BYTES
+from .behaviour import LOSS_GRADIENT_BYTES, EngineBehaviour
 from .model_states import FP32_BYTES
 from .parameters import built_vocab
 from .quantization import activation_bytes, saved_input_bytes
@@ -338,6 +338,14 @@ def chunked_loss(model: ModelSpec, training: TrainingSpec) -> bool:
     return not model.mtp_layers and training.loss_in_chunks
 
 
+def logit_shards(layout: Layout, engine: EngineBehaviour) -> int:
+    """The ranks one position's logits are split over: the tensor-parallel ones (the LM head is
+    column-parallel over the vocabulary), or none where the engine gathers the head's output
+    (``EngineBehaviour.gathers_logits_without_pipeline``: DeepSpeed's AutoTP), so that every rank
+    holds the whole logits and runs the loss on all of them."""
+    return 1 if engine.gathers_logits_without_pipeline and layout.pp == 1 else layout.tp
+
+
 def _per_logit_gradient_bytes(training: TrainingSpec, tp: int) -> float:
     """The logits' gradients beside what the loss saved, per logit, at their peak: eager PyTorch's
     fp32 gradients of the log-softmax (``nll_loss_backward``) and of the logits
@@ -383,15 +391,16 @@ def loss_gradient_bytes(model: ModelSpec, layout: Layout, training: TrainingSpec
     s = training.seq_len / layout.cp
     b = layout.micro_batch_size
     chunks = loss_chunks(model, training)
-    logits = s * b * built_vocab(model, layout.tp, training.engine) / layout.tp
+    shards = logit_shards(layout, training.engine)
+    logits = s * b * built_vocab(model, layout.tp, training.engine) / shards
     if not chunked_loss(model, training):
-        return _per_logit_gradient_bytes(training, layout.tp) * logits
+        return _per_logit_gradient_bytes(training, shards) * logits
     p = activation_bytes(training.precision)
     accumulator = FP32_BYTES * s * b * model.hidden_size if p != FP32_BYTES else 0.0  # .to(fp32) is no copy
     # The head's output, alive through the chunk's backward; eager cross-entropy saves an fp32 copy
     # of it, a compiled loss saves it (saved_logit_bytes), already counted here.
     head_output = 0.0 if training.loss_compiled else p
-    per_logit = head_output + saved_logit_bytes(training) + _per_logit_gradient_bytes(training, layout.tp)
+    per_logit = head_output + saved_logit_bytes(training) + _per_logit_gradient_bytes(training, shards)
     return per_logit * logits / chunks + accumulator
 
 
@@ -430,4 +439,5 @@ def head_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layo
     if chunked_loss(model, training):
         return norm_input + 2 * p * s * b * model.hidden_size
     return norm_input + p * s * b * model.hidden_size / sp \
-        + saved_logit_bytes(training) * s * b * built_vocab(model, layout.tp, training.engine) / layout.tp
+        + saved_logit_bytes(training) * s * b * built_vocab(model, layout.tp, training.engine) \
+        / logit_shards(layout, training.engine)

@@ -272,6 +272,16 @@ class EngineBehaviour:
     # three fp32 tensors of the local logits' shape beside the saved one at its peak: 12 (measured on CPU
     # over gloo groups of two: tests/test_loss_parallel_torch.py). A compiled loss is priced as compiled.
     tp_loss_gradient_bytes: Optional[float] = None
+    # Without a pipeline, tensor parallelism gathers the LM head's output: every tensor-parallel rank
+    # holds the whole logits and runs the loss on them (``activations.logit_shards``). DeepSpeed 0.19.8's
+    # AutoTP training (``runtime/engine.py``, ``_apply_autotp_partitioning``) leaves a model's lm_head
+    # whole unless the model's Hugging Face tp plan shards it, and then as ``colwise_rep`` /
+    # ``colwise_gather_output``: ``LinearLayer(gather_output=True)``, whose forward all-gathers the
+    # vocabulary shards (``module_inject/layers.py``); only ``vocab_parallel_lm_head``, which the files
+    # do not write, keeps them sharded. With a pipeline the tensor parallelism is the model's own
+    # Megatron-style layers (Megatron-DeepSpeed), whose logits stay vocab-parallel. Measured on CPU over
+    # a gloo group of two: tests/test_autotp_logits_torch.py.
+    gathers_logits_without_pipeline: bool = False
     # The loss compiled by torch.compile (torchtitan's compile.components default ["model",
     # "loss"]): inductor fuses the upcast, log-softmax and NLL, saves the logits at their own
     # width and two fp32 numbers a row, and writes their gradient at that width in one kernel

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
-from .activations import selective_modules
+from .activations import logit_shards, selective_modules
 from .collectives import all_to_all_time, exposed, p2p_time
 from .experts import dispatch_combine_time, moe_recompute_time
 from .flops import head_gemm, mtp_projection_gemm
@@ -74,19 +75,23 @@ def cp_all_to_all_per_layer(model: ModelSpec, training: TrainingSpec, cluster: C
 
 
 @lru_cache(maxsize=4096)
-def head_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float) -> float:
+def head_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float,
+              shards: Optional[int] = None) -> float:
     """The last stage's LM head and loss on ``tokens`` tokens, forward and backward. The head runs
     in bf16 under every recipe (Transformer Engine's output layer is Megatron's bf16
     ColumnParallelLinear, bar megatron-core's opt-in MXFP8 head of 2026-05-31, ``fp8_output_proj``,
     which no case asks for; torchao's conversions skip lm_head); its backward is twice its forward;
     the loss's traffic is its own. Each multi-token prediction module runs the head and the loss
     again, after its 2h → h projection (priced as the head). Both run over the vocabulary the engine
-    builds (``parameters.built_vocab``: Megatron-LM's padded). Cached: it depends on no cluster size."""
+    builds (``parameters.built_vocab``: Megatron-LM's padded). The loss runs on the logits a rank holds:
+    a ``shards``-th of them (``activations.logit_shards``; None: tp), whole where the engine gathers the
+    head's output (DeepSpeed's AutoTP), whose GEMM still runs on the rank's tp-th of the vocabulary.
+    Cached: it depends on no cluster size."""
     high_precision = high_precision_precision(training)
     heads = 1 + model.mtp_layers
     vocab = built_vocab(model, tp, training.engine)
     time = heads * (3 * gemm_time(head_gemm(model, tokens, tp, vocab), gpu, high_precision)
-                    + cross_entropy_time(tokens * vocab / tp, training, gpu))
+                    + cross_entropy_time(tokens * vocab / (shards or tp), training, gpu))
     if model.mtp_layers:
         time += model.mtp_layers * 3 * gemm_time(mtp_projection_gemm(model, tokens, tp), gpu, high_precision)
     return time
@@ -174,7 +179,7 @@ def _stage_time(job: Job, stage: int) -> StageTime:
     high = min(high, layers - moe_layers)
     compute = (layers - high - moe_layers) * low.total + high * kept.total + moe_layers * moe.total
     if last:
-        compute += head_time(model, training, gpu, lay.tp, tokens)
+        compute += head_time(model, training, gpu, lay.tp, tokens, logit_shards(lay, training.engine))
     if stage == 0:
         compute += 3 * perf.kernel_overhead_s  # embedding gather: memory-trivial
     compute += gradient_accumulation_time(job, stage)

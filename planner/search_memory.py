@@ -107,12 +107,14 @@ def fits_within_tier(tier: int) -> Callable[[Job, float], tuple[bool, float]]:
 
 
 def most_micro_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, overheads: Overheads,
-                     headroom: float, tp: int, cp: int) -> float:
-    """The largest micro-batch any layout of tensor- and context-parallel widths ``tp`` and ``cp``
-    could fit: the last pipeline stage of every layout holds the LM head's saved activations and
-    the loss's gradients at its peak (``memory.stage_activation_bytes``), which neither
-    recomputation nor offload removes, and they grow in proportion to the micro-batch."""
-    one = Layout(tp=tp, cp=cp)
+                     headroom: float, tp: int, cp: int, pp: int) -> float:
+    """The largest micro-batch any layout of tensor-, context- and pipeline-parallel widths ``tp``,
+    ``cp`` and ``pp`` could fit: the last pipeline stage of every layout holds the LM head's saved
+    activations and the loss's gradients at its peak (``memory.stage_activation_bytes``), which neither
+    recomputation nor offload removes, and they grow in proportion to the micro-batch (whole logits
+    on every tensor-parallel rank where the engine gathers them without a pipeline:
+    ``activations.logit_shards``)."""
+    one = Layout(tp=tp, cp=cp, pp=pp)
     per_sequence = head_activation_bytes(model, training, one) + loss_gradient_bytes(model, one, training)
     usable = allocator_usable_bytes(cluster.gpu.memory_bytes, overheads, headroom)
     return band_fit_limit(usable, model, cluster, training) / per_sequence

@@ -259,7 +259,7 @@ def group_families(case: Case, spec: SearchSpec) -> Iterator[tuple[Group, tuple[
         if True in sp_options and not training.engine.costs_per_collective:
             sp_options = [True]  # dominates False (planner.search's docstring)
         zeros, offload_only = _zero_stages(case, spec, pp, dp, cp)
-        largest = most_micro_batch(case.model, case.cluster, training, case.overheads, spec.headroom, tp, cp)
+        largest = most_micro_batch(case.model, case.cluster, training, case.overheads, spec.headroom, tp, cp, pp)
         families = _expert_families(expert_options(case, spec, tp, cp, dp))
         for partition, stage_layers, vpp in _splits(case, spec, pp):
             micro_batches = tuple(mbs for mbs in divisors(training.global_batch_size // dp)

@@ -81,6 +81,9 @@ BEHAVIOUR = EngineBehaviour(
     # BLOOM and the published ZeRO-3 runs trained); the files run the user's train.py, whose loss the
     # case names with training.loss, and launch.sh says which was priced.
     loss="megatron", loss_gradient_bytes=LOSS_GRADIENT_BYTES["megatron"],
+    # AutoTP (tensor parallelism without a pipeline) gathers the LM head's output: whole logits on
+    # every rank (tests/test_autotp_logits_torch.py); Megatron-DeepSpeed's, with one, keeps them sharded.
+    gathers_logits_without_pipeline=True,
     # The updated weights gathered after the step one parameter group at a time (runtime/utils.py,
     # all_gather_dp_groups): the one group of the optimizer its ds_config section builds over
     # model.parameters(), as the emitted train.py hands it, the experts in groups of at most 178,956,971

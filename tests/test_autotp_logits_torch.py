@@ -1,0 +1,196 @@
+"""DeepSpeed 0.19.8's AutoTP training at tp = 2, run on real PyTorch on CPU over a gloo group of two
+ranks: ``deepspeed.initialize`` with ``tensor_parallel.autotp_size`` 2, as the emitted ds_config.json
+asks, on a tiny Llama-named model. Either way AutoTP treats the LM head, every rank holds the whole
+logits: a model without a Hugging Face tp plan keeps its ``lm_head`` whole (the heuristic path replaces
+only the transformer layers' linears; ``replace_module.set_lm_head`` returns in training mode), and one
+whose plan says ``colwise_gather_output`` (transformers' Llama) gets ``LinearLayer(gather_output=True)``,
+which runs the GEMM on its tp-th of the vocabulary and all-gathers the output. What the loss holds is
+what the deepspeed engine prices without a pipeline (``EngineBehaviour.gathers_logits_without_pipeline``,
+``activations.logit_shards``); Megatron-DeepSpeed's tensor parallelism, with a pipeline, stays
+vocab-parallel. Live tensors are counted by their storages, as ``tests/test_eager_loss_torch.py`` does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+
+from cost_models.activations import logit_shards, loss_gradient_bytes, saved_logit_bytes  # noqa: E402
+from cost_models.flops import head_gemm  # noqa: E402
+from cost_models.kernels import gemm_time, high_precision_precision  # noqa: E402
+from cost_models.layer_time import cross_entropy_time  # noqa: E402
+from cost_models.stage_time import head_time  # noqa: E402
+from planner.case import load_case  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+# Sequence, hidden width, vocabulary, tensor-parallel width: the head's weight (V·H) is sized apart
+# from the logits (S·V), and a vocabulary shard's logits (S·V/TP) apart from the whole's.
+S, H, V, TP = 64, 16, 4096, 2
+
+SCRIPT = textwrap.dedent('''
+import json, os, socket, sys, types
+os.environ["DS_ACCELERATOR"] = "cpu"
+import torch, torch.multiprocessing as mp, torch.nn as nn, torch.nn.functional as F
+
+S, H, V, TP = SHAPE
+# Llama's names, which AutoTP's heuristic parser looks for (q/k/v/o_proj, gate/up/down_proj, lm_head).
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            setattr(self, name, nn.Linear(H, H, bias=False))
+    def forward(self, x):
+        core = F.scaled_dot_product_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), is_causal=True)
+        return self.o_proj(core)
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(H, 4 * H, bias=False), nn.Linear(H, 4 * H, bias=False)
+        self.down_proj = nn.Linear(4 * H, H, bias=False)
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm, self.post_attention_layernorm = nn.LayerNorm(H), nn.LayerNorm(H)
+        self.self_attn, self.mlp = Attention(), MLP()
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens, self.layers = nn.Embedding(V, H), nn.ModuleList([Layer(), Layer()])
+        self.norm, self.lm_head = nn.LayerNorm(H), nn.Linear(H, V, bias=False)
+    def forward(self, ids):
+        x = self.embed_tokens(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+class PlannedModel(Model):
+    """A Hugging Face model's tp plan, as transformers' Llama states it (``_tp_plan``, ``base_model_tp_plan``)."""
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    def __init__(self):
+        super().__init__()
+        plan = {f"layers.*.{m}": s for m, s in (("self_attn.q_proj", "colwise"), ("self_attn.k_proj", "colwise"),
+                ("self_attn.v_proj", "colwise"), ("self_attn.o_proj", "rowwise"), ("mlp.gate_proj", "colwise"),
+                ("mlp.up_proj", "colwise"), ("mlp.down_proj", "rowwise"))}
+        self.config = types.SimpleNamespace(base_model_tp_plan=plan, num_attention_heads=2,
+                                            num_key_value_heads=2, hidden_size=H)
+
+def rank_main(rank, port, out):
+    # AutoTP's update_linear_policies only compares a layer's class with transformers' GPT2Block.
+    gpt2 = types.SimpleNamespace(GPT2Block=type("GPT2Block", (), {}))
+    stand_in = types.ModuleType("transformers")
+    stand_in.models = types.SimpleNamespace(gpt2=types.SimpleNamespace(modeling_gpt2=gpt2))
+    sys.modules.setdefault("transformers", stand_in)
+    import deepspeed, deepspeed.ops
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(TP),
+                      LOCAL_RANK=str(rank))
+    deepspeed.init_distributed(dist_backend="gloo")
+    sys.path.insert(0, os.getcwd())
+    from tests.live_bytes import SizedBytes
+    seen = {}
+    for kind, build in (("heuristic", Model), ("planned", PlannedModel)):
+        torch.manual_seed(0)
+        model = build().to(torch.bfloat16)
+        config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
+                  "tensor_parallel": {"autotp_size": TP},
+                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        ids, labels = torch.randint(V, (1, S)), torch.randint(V, (1, S))
+        tally = SizedBytes(S * V)
+        tally.sizes = (S * V, 2 * S * V, 4 * S * V)  # a shard's bf16 logits too, beside the whole's bf16 and fp32
+        with tally:
+            logits = engine(ids)
+            shape = list(logits.shape)
+            # Eager cross-entropy on fp32 logits (training.loss eager); the step drops the output first.
+            loss = F.cross_entropy(logits.float().view(-1, V), labels.view(-1), reduction="sum")
+            del logits
+            engine.backward(loss)
+        head = engine.module.lm_head
+        seen[kind] = {"head": type(head).__name__, "rows": head.weight.shape[0], "logits": shape, "peak": tally.peak,
+                      "o_proj": type(engine.module.layers[0].self_attn.o_proj).__name__}
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(seen, f)
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = sys.argv[1]
+    mp.spawn(rank_main, args=(port, out), nprocs=TP)
+    print(json.dumps([json.load(open(f"{out}.{rank}")) for rank in range(TP)]))
+''')
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    folder = tmp_path_factory.mktemp("autotp")
+    script = folder / "autotp.py"
+    script.write_text(SCRIPT.replace("SHAPE", repr((S, H, V, TP))))
+    run = subprocess.run([sys.executable, str(script), str(folder / "seen")], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    if run.returncode != 0 and "gloo" in run.stderr.lower() and "Error" in run.stderr:
+        pytest.skip("this platform cannot run a gloo group: " + run.stderr.strip().splitlines()[-1])
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def deepspeed_job(pp: int = 1, loss: str = "eager"):
+    """A DeepSpeed job of the script's shape at tp 2: AutoTP without a pipeline, Megatron-DeepSpeed with one."""
+    return load_case({"model": {"num_layers": 2, "hidden_size": H, "num_attention_heads": 4, "vocab_size": V},
+                      "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": TP * pp},
+                      "training": {"global_batch_size": 2, "seq_len": S, "engine": "deepspeed", "loss": loss},
+                      "layout": {"dp": 1, "tp": TP, "pp": pp, "zero_stage": 1, "micro_batch_size": 1,
+                                 "recompute": "none"}}).job()
+
+
+def test_autotp_leaves_every_rank_the_whole_logits(ranks):
+    for seen in ranks:
+        heuristic, planned = seen["heuristic"], seen["planned"]
+        assert heuristic["o_proj"] == planned["o_proj"] == "LinearAllreduce"  # the layers are tensor-parallel
+        # No tp plan: the head stays an nn.Linear of the whole vocabulary. Llama's plan: its GEMM runs on
+        # V/tp rows, then the output is gathered.
+        assert (heuristic["head"], heuristic["rows"]) == ("Linear", V)
+        assert (planned["head"], planned["rows"]) == ("LinearLayer", V // TP)
+        assert heuristic["logits"] == planned["logits"] == [1, S, V]
+
+
+def test_the_loss_on_autotps_gathered_logits_peaks_at_what_the_deepspeed_engine_prices(ranks):
+    # The eager loss on whole logits: its saved fp32 log-softmax and the backward's two fp32 gradients,
+    # 4 + 4 + 4 a logit (tests/test_eager_loss_torch.py), of all S·V logits on each rank.
+    for seen in ranks:
+        assert seen["heuristic"]["peak"] == seen["planned"]["peak"] == 12 * S * V
+    job = deepspeed_job()
+    assert logit_shards(job.layout, job.training.engine) == 1
+    priced = saved_logit_bytes(job.training) * S * V + loss_gradient_bytes(job.model, job.layout, job.training)
+    assert priced == ranks[0]["planned"]["peak"]
+
+
+def test_megatron_deepspeeds_tensor_parallelism_keeps_the_logits_vocab_parallel():
+    # With a pipeline the tp is the model's own Megatron-style layers (BLOOM's): Megatron's
+    # vocab-parallel cross-entropy keeps its fp32 softmax of V/tp logits a position and writes the
+    # gradient into it, handing back one bf16 copy, 2 a logit.
+    job = deepspeed_job(pp=2, loss="megatron")
+    assert logit_shards(job.layout, job.training.engine) == TP
+    assert loss_gradient_bytes(job.model, job.layout, job.training) == 2 * S * V / TP
+
+
+def test_autotps_loss_runs_on_the_whole_logits_and_its_gemm_on_a_shard(ranks):
+    # Llama's plan (the head's V/tp rows measured above): the GEMM, forward and both backward GEMMs, on
+    # V/tp of the vocabulary; the loss over the S·V logits every rank holds.
+    job = deepspeed_job()
+    training, gpu = job.training, job.cluster.gpu
+    assert ranks[0]["planned"]["rows"] == V // TP
+    gemm = 3 * gemm_time(head_gemm(job.model, S, TP, V), gpu, high_precision_precision(training))
+    assert head_time(job.model, training, gpu, TP, S, logit_shards(job.layout, training.engine)) \
+        == pytest.approx(gemm + cross_entropy_time(S * V, training, gpu), rel=1e-12)
