@@ -5,6 +5,8 @@ the one memory function (``activations.loss_gradient_bytes``), each with its own
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import planner
@@ -113,3 +115,23 @@ def test_estimate_notes_the_unstated_loss_and_the_gigabytes_at_stake(tmp_path):
     assert f"adds {at_stake_gb(case(), case(loss='eager'))} to the peak" in note
     path.write_text(yaml.safe_dump(case(loss="eager")))
     assert "training.loss" not in run_cli("estimate", str(path)).stderr
+
+
+@pytest.mark.parametrize("said", [True, "yes"])  # pydantic's lax bool, as DeepSpeed's config reads it
+def test_autotps_vocabulary_parallel_head_is_refused_in_one_line(tmp_path, said):
+    # DeepSpeed 0.19.8's tensor_parallel.vocab_parallel_lm_head keeps AutoTP's logits vocabulary-sharded and
+    # runs its own distributed loss (runtime/engine.py, configure_vocab_parallel_loss): not the gathered
+    # head's whole logits the engine prices (tests/test_autotp_logits_torch.py); false is that head.
+    path = tmp_path / "case.yaml"
+    path.write_text("model: {preset: llama3-8b}\ncluster: {gpu: h100-sxm-80gb, num_gpus: 8}\n"
+                    "training: {global_batch_size: 4, seq_len: 4096, engine: deepspeed}\n")
+    config = tmp_path / "ds_config.json"
+    for value, refused in ((said, True), (False, False)):
+        config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                      "zero_optimization": {"stage": 1},
+                                      "tensor_parallel": {"autotp_size": 2, "vocab_parallel_lm_head": value}}))
+        done = run_cli("diagnose", str(path), "--config", str(config))
+        key = "tensor_parallel.vocab_parallel_lm_head"
+        assert (done.returncode, key in done.stderr) == ((2, True) if refused else (0, False)), done.stderr
+        if refused:
+            assert done.stderr.strip().count("\n") == 0 and str(config) in done.stderr and "false or absent" in done.stderr

@@ -738,6 +738,18 @@ def _dp(src: str, config: dict, case, pp: int, tp: Optional[int], said: Optional
     return case.cluster.num_gpus // (tp * pp)
 
 
+def _check_gathered_lm_head(src: str, tp_section: dict) -> None:
+    """AutoTP's LM head as priced: gathered, whole logits on every rank (``EngineBehaviour.
+    gathers_logits_without_pipeline``). ``vocab_parallel_lm_head: true`` keeps them vocabulary-sharded and
+    runs DeepSpeed's own distributed loss (``deepspeed/sequence/cross_entropy.py``), which is not priced;
+    DeepSpeed's config takes a bool or null (``runtime/tensor_parallel/config.py``)."""
+    key = "tensor_parallel.vocab_parallel_lm_head"
+    value = tp_section.get("vocab_parallel_lm_head")
+    if value is not None and _lax_bool(src, key, value):
+        raise CaseError(src, key, "true: AutoTP's vocabulary-parallel LM head and DeepSpeed's distributed loss are "
+                                  "not priced (the gathered head's whole logits are); expected false or absent")
+
+
 def _check_degrees_divide(src: str, case, tp: int, pp: int, said: Optional[tuple[str, str]]) -> None:
     """tp x pp divides the cluster's GPUs (DeepSpeed's world is their product times dp), said by who set them."""
     gpus = case.cluster.num_gpus
@@ -891,6 +903,8 @@ def read(path: Union[str, Path], case, pp: Optional[int] = None, tp: Optional[in
         if autotp and autotp != tp:
             raise CaseError(src, "tensor_parallel.autotp_size", f"{autotp} differs from {tp_said} {tp}")
     tp = tp or autotp or 1
+    if pp == 1 and tp > 1:
+        _check_gathered_lm_head(src, tp_section)
     _check_degrees_divide(src, case, tp, pp, degrees_said)
     gpus = case.cluster.num_gpus
     dp = gpus // (tp * pp)
