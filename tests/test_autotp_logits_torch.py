@@ -118,6 +118,7 @@ def rank_main(rank, port, out):
             engine.backward(loss)
         head = engine.module.lm_head
         seen[kind] = {"head": type(head).__name__, "rows": head.weight.shape[0], "logits": shape, "peak": tally.peak,
+                      "embedding_rows": engine.module.embed_tokens.weight.shape[0],
                       "o_proj": type(engine.module.layers[0].self_attn.o_proj).__name__}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(seen, f)
@@ -163,6 +164,14 @@ def test_autotp_leaves_every_rank_the_whole_logits(ranks):
         assert (heuristic["head"], heuristic["rows"]) == ("Linear", V)
         assert (planned["head"], planned["rows"]) == ("LinearLayer", V // TP)
         assert heuristic["logits"] == planned["logits"] == [1, S, V]
+
+
+def test_autotp_leaves_the_input_embedding_whole_on_every_rank(ranks):
+    # Neither path shards the embedding (the heuristic one replaces the transformer layers' linears, and
+    # Llama's plan names none for embed_tokens): V rows on every rank, where the memory model prices a
+    # tp-th of them for every engine. Pinned here, not priced (docs/fidelity.md).
+    for seen in ranks:
+        assert seen["heuristic"]["embedding_rows"] == seen["planned"]["embedding_rows"] == V
 
 
 def test_the_loss_on_autotps_gathered_logits_peaks_at_what_the_deepspeed_engine_prices(ranks):
