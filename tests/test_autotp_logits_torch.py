@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 # from the logits (S·V), and a vocabulary shard's logits (S·V/TP) apart from the whole's.
 S, H, V, TP = 64, 16, 4096, 2
 
+pytestmark = pytest.mark.slow  # its module fixture starts two DeepSpeed ranks: tens of seconds
+
 SCRIPT = textwrap.dedent('''
 import json, os, socket, sys, types
 os.environ["DS_ACCELERATOR"] = "cpu"
