@@ -323,7 +323,8 @@ def test_a_host_section_giving_only_its_memory_keeps_the_gpus_other_host_figures
     preset = yaml.safe_load((Path(planner.__file__).parent / "presets" / "gpus.yaml").read_text())["h100-sxm-80gb"]
     case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8,
                                                            "host": {"memory": "100 GB"}},
-            "training": {"global_batch_size": 8, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"},
+            "training": {"global_batch_size": 8, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed",
+                         "loss": "megatron"},  # stated: no note of the loss train.py runs
             "layout": {"zero_stage": 3, "offload_optimizer": 1.0, "offload_params": True, "recompute": "full"}}
     whole = {**case, "cluster": {**case["cluster"], "host": {**preset["host"], "memory": "100 GB"}}}
     (tmp_path / "case.yaml").write_text(yaml.safe_dump(case))
