@@ -282,6 +282,16 @@ class EngineBehaviour:
     # Megatron-style layers (Megatron-DeepSpeed), whose logits stay vocab-parallel. Measured on CPU over
     # a gloo group of two: tests/test_autotp_logits_torch.py.
     gathers_logits_without_pipeline: bool = False
+    # Without a pipeline, tensor parallelism leaves the input embedding whole on every tensor-parallel
+    # rank (``parameters.embedding_shards``), and a head tied to it with it. DeepSpeed 0.19.8's AutoTP
+    # training replaces the transformer layers' linears (the heuristic path) or what the model's Hugging
+    # Face tp plan names, and Llama-style plans name no embedding: ``embed_tokens`` keeps its V rows
+    # (``module_inject/auto_tp.py``), and a head tied to it is left replicated to keep the tie
+    # (``_configure_gathered_column_tie_fallbacks``). An untied head is still priced split over tp, as a
+    # plan's ``colwise_gather_output`` splits its weight (``LinearLayer``); a model without a plan keeps
+    # it whole, which the emitted header says. With a pipeline the tp is Megatron-DeepSpeed's own
+    # vocab-parallel layers. Measured on CPU over a gloo group of two: tests/test_autotp_logits_torch.py.
+    whole_embedding_without_pipeline: bool = False
     # The loss compiled by torch.compile (torchtitan's compile.components default ["model",
     # "loss"]): inductor fuses the upcast, log-softmax and NLL, saves the logits at their own
     # width and two fp32 numbers a row, and writes their gradient at that width in one kernel

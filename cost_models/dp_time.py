@@ -9,7 +9,7 @@ from typing import Optional
 
 from .collectives import collective_time, exposed, p2p_time
 from .kernels import elementwise_time, first_touch_time
-from .memory import accumulates_unsharded, job_stage_parameters, job_vocab
+from .memory import accumulates_unsharded, job_embedding_shards, job_stage_parameters, job_vocab
 from .parameters import embedding_parameters, norm_parameters
 from .model_states import folds_gradients_into_fp32, fp32_gradients, gathered_weight_bytes, working_bytes, zero_shards
 from .job import Job
@@ -104,8 +104,9 @@ def first_unit_parameters(job: Job, stage: int) -> float:
 
 
 def input_embedding_shard(job: Job, stage: int) -> float:
-    """Parameters of the input embedding on ``stage``: V·h/tp (vocab-parallel) on the first, 0 elsewhere."""
-    return embedding_parameters(job.model, job_vocab(job)) / job.layout.tp if stage == 0 else 0.0
+    """Parameters of the input embedding on ``stage``: V·h/tp (vocab-parallel; whole where the engine
+    leaves it so, :func:`memory.job_embedding_shards`) on the first, 0 elsewhere."""
+    return embedding_parameters(job.model, job_vocab(job)) / job_embedding_shards(job) if stage == 0 else 0.0
 
 
 def last_bucket_parameters(job: Job, stage: int) -> float:

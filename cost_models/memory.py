@@ -16,8 +16,8 @@ from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_grad
                            gathered_weight_bytes, keeps_weights_quantized, quantizes_weights_once_a_step,
                            sharded_state_bytes, state_bytes, working_bytes, zero_shards)
 from .offload import accumulates_on_host, gradients_on_host, host_gradient_bytes, offloaded_activation_layers
-from .parameters import (StageParameters, attention_parameters, built_vocab, embedding_parameters, expert_parameters,
-                         largest_parameter, mlp_parameters, router_parameters, shared_expert_parameters,
+from .parameters import (StageParameters, attention_parameters, built_vocab, embedding_parameters, embedding_shards,
+                         expert_parameters, largest_parameter, mlp_parameters, router_parameters, shared_expert_parameters,
                          stage_dense_linear_parameters, stage_linear_parameters, stage_parameters, total_parameters)
 from .quantization import cached_weight_bytes
 from .pipeline import first_chunk_in_flight, in_flight_chunks, in_flight_peak
@@ -72,6 +72,11 @@ def job_vocab(job: Job) -> int:
     return built_vocab(job.model, job.layout.tp, job.training.engine)
 
 
+def job_embedding_shards(job: Job) -> int:
+    """The tensor-parallel ranks the job's input embedding is split over (:func:`embedding_shards`)."""
+    return embedding_shards(job.layout.tp, job.layout.pp, job.training.engine)
+
+
 def job_stage_parameters(job: Job, stage: int) -> StageParameters:
     """Parameters one GPU of pipeline stage ``stage`` holds before ZeRO sharding. Kept on the job, as
     ``stage_time.stage_time`` keeps its stage times: a Job never changes, and the model states, the
@@ -84,15 +89,16 @@ def _job_stage_parameters(job: Job, stage: int) -> StageParameters:
     lay = job.layout
     if not job.model.is_moe:
         return stage_parameters(job.model, job.stage_layers[stage], stage == 0, stage == lay.pp - 1, lay.tp,
-                                vocab=job_vocab(job))
+                                vocab=job_vocab(job), embedding_tp=job_embedding_shards(job))
     return stage_parameters(job.model, job.stage_layers[stage], stage == 0, stage == lay.pp - 1, lay.tp,
-                            job.stage_moe_layers[stage], lay.ep, lay.expert_tp, job_vocab(job))
+                            job.stage_moe_layers[stage], lay.ep, lay.expert_tp, job_vocab(job), job_embedding_shards(job))
 
 
 def job_largest_parameter(job: Job, stage: int) -> float:
     """Elements of the largest parameter tensor a GPU of pipeline stage ``stage`` holds (:func:`largest_parameter`)."""
     lay = job.layout
-    return largest_parameter(job.model, stage == 0, stage == lay.pp - 1, lay.tp, job_vocab(job))
+    return largest_parameter(job.model, stage == 0, stage == lay.pp - 1, lay.tp, job_vocab(job),
+                             job_embedding_shards(job))
 
 
 def optimizer_local_parameters(job: Job, stage: int) -> float:
@@ -272,7 +278,7 @@ def zero3_gather_bytes(job: Job) -> float:
     engine = job.training.engine
     if engine.zero3_max_live_parameters is not None:
         largest = max(max(g.n * g.k for g in layer_gemms(model, 1, lay.tp)),
-                      embedding_parameters(model, job_vocab(job)) / lay.tp)
+                      embedding_parameters(model, job_vocab(job)) / job_embedding_shards(job))
         live = min(engine.zero3_max_live_parameters + largest, total_parameters(model) / lay.tp)
         return live * gathered_weight_bytes(job.training)
     per_layer = (attention_parameters(model) + mlp_parameters(model)) / lay.tp

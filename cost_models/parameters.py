@@ -118,6 +118,13 @@ def built_vocab(model: ModelSpec, tp: int, engine: EngineBehaviour) -> int:
     return model.vocab_size if multiple is None else padded_vocab(model.vocab_size, tp, multiple)
 
 
+def embedding_shards(tp: int, pp: int, engine: EngineBehaviour) -> int:
+    """The tensor-parallel ranks the input embedding (and a head tied to it) is split over: tp (Megatron's
+    vocab-parallel embedding), or none where the engine leaves it whole on every rank
+    (``EngineBehaviour.whole_embedding_without_pipeline``: DeepSpeed's AutoTP, ``pp`` 1)."""
+    return 1 if engine.whole_embedding_without_pipeline and pp == 1 else tp
+
+
 def embedding_parameters(model: ModelSpec, vocab: Optional[int] = None) -> int:
     """The input embedding's (or an untied LM head's) V × h, of ``vocab`` rows where given (the
     engine's, :func:`built_vocab`), else the model's."""
@@ -176,20 +183,31 @@ class StageParameters:
 
 
 @lru_cache(maxsize=4096)
-def largest_parameter(model: ModelSpec, first: bool, last: bool, tp: int, vocab: Optional[int] = None) -> float:
+def largest_parameter(model: ModelSpec, first: bool, last: bool, tp: int, vocab: Optional[int] = None,
+                      embedding_tp: Optional[int] = None) -> float:
     """Elements of the largest parameter tensor a GPU of a pipeline stage holds: the embedding (the
     first stage) or the LM head (the last), of ``vocab`` rows where given (:func:`built_vocab`), else a
-    layer's largest matrix (an MLP's h × f, an expert's, W_Q's h × a·d), each split over tp."""
+    layer's largest matrix (an MLP's h × f, an expert's, W_Q's h × a·d), each split over tp, the input
+    embedding (and a head tied to it on its stage) over ``embedding_tp`` where given
+    (:func:`embedding_shards`)."""
     largest = model.hidden_size * max(model.ffn_hidden_size, model.moe_ffn_hidden_size, model.q_size) / tp
-    return max(largest, embedding_parameters(model, vocab) / tp) if first or last else largest
+    embedding = embedding_parameters(model, vocab)
+    lookup_tp = tp if embedding_tp is None else embedding_tp
+    if first:
+        largest = max(largest, embedding / lookup_tp)
+    if last:
+        largest = max(largest, embedding / (lookup_tp if first and model.tied_embeddings else tp))
+    return largest
 
 
 @lru_cache(maxsize=8192)
 def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp: int, moe_layers: int = 0,
-                     ep: int = 1, etp: int = 1, vocab: Optional[int] = None) -> StageParameters:
+                     ep: int = 1, etp: int = 1, vocab: Optional[int] = None,
+                     embedding_tp: Optional[int] = None) -> StageParameters:
     """Parameters one GPU of a pipeline stage of ``layers`` layers (``moe_layers`` of them with
     experts) holds, before any ZeRO sharding, its embeddings of ``vocab`` rows where given (the
-    engine's, :func:`built_vocab`), else of the model's.
+    engine's, :func:`built_vocab`), else of the model's, the input embedding (with a head tied to it)
+    split over ``embedding_tp`` where given (:func:`embedding_shards`), else over tp.
 
     Matrices split over tp (Megatron column/row-parallel layers and the vocab-parallel
     embedding); norms, the router and MLA's down-projections are replicated. Each GPU holds
@@ -203,7 +221,10 @@ def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp:
     replicated = whole + layers * 2 * norms + moe_layers * router_parameters(model)
     experts = _local_experts(model, moe_layers, ep, etp)
     if first:
-        split += embedding_parameters(model, vocab)
+        if embedding_tp is None or embedding_tp == tp:  # vocab-parallel, summed with the rest as before
+            split += embedding_parameters(model, vocab)
+        else:
+            replicated += embedding_parameters(model, vocab) / embedding_tp
     if last:
         replicated += norms
         if not model.tied_embeddings or not first:

@@ -26,6 +26,7 @@ from cost_models.activations import logit_shards, loss_gradient_bytes, saved_log
 from cost_models.flops import head_gemm  # noqa: E402
 from cost_models.kernels import gemm_time, high_precision_precision  # noqa: E402
 from cost_models.layer_time import cross_entropy_time  # noqa: E402
+from cost_models.memory import job_stage_parameters, stage_state_bytes  # noqa: E402
 from cost_models.stage_time import head_time  # noqa: E402
 from planner.case import load_case  # noqa: E402
 
@@ -121,6 +122,7 @@ def rank_main(rank, port, out):
         head = engine.module.lm_head
         seen[kind] = {"head": type(head).__name__, "rows": head.weight.shape[0], "logits": shape, "peak": tally.peak,
                       "embedding_rows": engine.module.embed_tokens.weight.shape[0],
+                      "embedding_numel": engine.module.embed_tokens.weight.numel(), "head_numel": head.weight.numel(),
                       "o_proj": type(engine.module.layers[0].self_attn.o_proj).__name__}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(seen, f)
@@ -148,9 +150,9 @@ def ranks(tmp_path_factory) -> list[dict]:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def deepspeed_job(pp: int = 1, loss: str = "eager"):
+def deepspeed_job(pp: int = 1, loss: str = "eager", vocab: int = V):
     """A DeepSpeed job of the script's shape at tp 2: AutoTP without a pipeline, Megatron-DeepSpeed with one."""
-    return load_case({"model": {"num_layers": 2, "hidden_size": H, "num_attention_heads": 4, "vocab_size": V},
+    return load_case({"model": {"num_layers": 2, "hidden_size": H, "num_attention_heads": 4, "vocab_size": vocab},
                       "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": TP * pp},
                       "training": {"global_batch_size": 2, "seq_len": S, "engine": "deepspeed", "loss": loss},
                       "layout": {"dp": 1, "tp": TP, "pp": pp, "zero_stage": 1, "micro_batch_size": 1,
@@ -170,10 +172,30 @@ def test_autotp_leaves_every_rank_the_whole_logits(ranks):
 
 def test_autotp_leaves_the_input_embedding_whole_on_every_rank(ranks):
     # Neither path shards the embedding (the heuristic one replaces the transformer layers' linears, and
-    # Llama's plan names none for embed_tokens): V rows on every rank, where the memory model prices a
-    # tp-th of them for every engine. Pinned here, not priced (docs/fidelity.md).
+    # Llama's plan names none for embed_tokens): V rows on every rank, which the deepspeed engine prices
+    # without a pipeline (EngineBehaviour.whole_embedding_without_pipeline; docs/fidelity.md).
     for seen in ranks:
         assert seen["heuristic"]["embedding_rows"] == seen["planned"]["embedding_rows"] == V
+
+
+def test_the_deepspeed_engine_prices_the_embedding_and_head_autotp_leaves_each_rank(ranks):
+    # What each rank holds of the two vocabulary matrices, per vocabulary row: the whole embedding on both
+    # paths, the head whole without a tp plan and a tp-th with Llama's. The engine prices the plan's (the
+    # head split, as its GEMM on V/tp is priced: below) and the embedding whole, under ZeRO 1 over dp 1 at
+    # 16 bytes a parameter held (2 of bf16 weights, 2 of gradients, 12 of fp32 master and moments:
+    # cost_models/model_states). A vocabulary twice the script's adds V rows of each matrix and nothing else.
+    planned, heuristic = ranks[0]["planned"], ranks[0]["heuristic"]
+    assert planned["embedding_numel"] == heuristic["embedding_numel"] == V * H
+    assert (planned["head_numel"], heuristic["head_numel"]) == (V * H // TP, V * H)
+    held = planned["embedding_numel"] + planned["head_numel"]
+    job, wider = deepspeed_job(), deepspeed_job(vocab=2 * V)
+    assert job_stage_parameters(wider, 0).total - job_stage_parameters(job, 0).total == held
+    assert stage_state_bytes(wider, 0).total - stage_state_bytes(job, 0).total == 16 * held
+    # Megatron-DeepSpeed's layers, with a pipeline: both vocab-parallel, V·H/tp each on its stage.
+    piped, piped_wider = deepspeed_job(pp=2, loss="megatron"), deepspeed_job(pp=2, loss="megatron", vocab=2 * V)
+    for stage in (0, 1):
+        assert job_stage_parameters(piped_wider, stage).total - job_stage_parameters(piped, stage).total \
+            == V * H / TP
 
 
 def test_the_loss_on_autotps_gathered_logits_peaks_at_what_the_deepspeed_engine_prices(ranks):

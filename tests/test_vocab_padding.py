@@ -17,7 +17,7 @@ from cost_models.flops import Gemm, model_flops_per_token
 from cost_models.job import Job
 from cost_models.kernels import gemm_time, high_precision_precision
 from cost_models.layer_time import cross_entropy_time
-from cost_models.memory import job_stage_parameters, per_parameter_states, stage_state_bytes
+from cost_models.memory import job_embedding_shards, job_stage_parameters, per_parameter_states, stage_state_bytes
 from cost_models.parameters import built_vocab, padded_vocab, stage_parameters, total_parameters
 from cost_models.stage_time import head_time
 from planner.case import load_case
@@ -66,8 +66,10 @@ def test_megatrons_embedding_and_head_hold_the_padded_rows():
 
 @pytest.mark.parametrize("engine", ["torchtitan", "deepspeed"])
 def test_other_engines_hold_the_models_vocabulary(engine):
+    # The model's rows, split as the engine splits them (DeepSpeed's AutoTP keeps the embedding whole).
     j = job(engine, zero_stage=1)
-    assert job_stage_parameters(j, 0) == stage_parameters(j.model, j.model.num_layers, True, True, TP)
+    assert job_stage_parameters(j, 0) == stage_parameters(j.model, j.model.num_layers, True, True, TP,
+                                                          embedding_tp=job_embedding_shards(j))
 
 
 def test_megatrons_lm_head_gemm_and_loss_run_over_the_padded_vocabulary():

@@ -84,6 +84,9 @@ BEHAVIOUR = EngineBehaviour(
     # AutoTP (tensor parallelism without a pipeline) gathers the LM head's output: whole logits on
     # every rank (tests/test_autotp_logits_torch.py); Megatron-DeepSpeed's, with one, keeps them sharded.
     gathers_logits_without_pipeline=True,
+    # ... and keeps the input embedding whole on every rank, with a head tied to it; an untied head's
+    # weight priced split, as a Hugging Face tp plan splits it (tests/test_autotp_logits_torch.py).
+    whole_embedding_without_pipeline=True,
     # The updated weights gathered after the step one parameter group at a time (runtime/utils.py,
     # all_gather_dp_groups): the one group of the optimizer its ds_config section builds over
     # model.parameters(), as the emitted train.py hands it, the experts in groups of at most 178,956,971
