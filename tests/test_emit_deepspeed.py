@@ -280,6 +280,27 @@ def test_tensor_parallelism_in_a_pipeline_is_the_models_own(tmp_path, world):
     assert (got.dp, got.tp, got.pp) == (8, 2, 2)
 
 
+def test_the_autotp_header_says_which_lm_head_was_priced_and_the_config_reads_back_so(tmp_path, world):
+    """AutoTP leaves the input embedding whole on every rank, and splits the LM head's weight only where
+    the user's model has a Hugging Face tp plan (tests/test_autotp_logits_torch.py): launch.sh says the
+    plan priced the split head, and what a model without a plan holds more, (1 − 1/tp)·V·h parameters at
+    the ZeRO 1 bytes of bf16 training over dp 16: 2 of weights, 2 of gradients, 12/16 of optimizer
+    states (cost_models/model_states)."""
+    estimate = estimate_of({"engine": "deepspeed"}, tp=2)
+    files = emit(estimate, tmp_path)
+    header = " ".join(line.lstrip("# ") for line in files["launch.sh"].splitlines())
+    assert "the input embedding whole on every tensor-parallel rank" in header
+    assert "the LM head's weight split over the 2 ranks" in header
+    more = (2 + 2 + 12 / 16) * 32000 * 4096 / 2
+    assert f"keeps its lm_head whole on every rank: {more / 1e9:.2f} GB more a GPU" in header
+    # The emitted ds_config reads back as the layout priced: AutoTP at tp 2, the embedding whole.
+    world(32)
+    case = load_case({**BASE, "training": {**BASE["training"], "engine": "deepspeed"}, "layout": None})
+    got = ds_reader.read(tmp_path / "ds_config.json", case)
+    assert (got.dp, got.tp, got.pp) == (16, 2, 1)
+    assert job_stage_parameters(case.job(got), 0) == job_stage_parameters(estimate.job, 0)
+
+
 def test_full_recompute_of_every_layer_is_accepted():
     files = ds.render(estimate_of(recompute="full", recompute_num_layers=32), ["x"])
     assert "activation_checkpointing" in json.loads(files["ds_config.json"])

@@ -25,8 +25,9 @@ import json
 import textwrap
 from typing import Any, Sequence, Union
 
+from cost_models.memory import job_vocab, per_parameter_states
 from cost_models.model_states import fp32_gradients
-from cost_models.specs import Layout
+from cost_models.parameters import embedding_parameters
 
 from planner.engines import ENGINES
 from planner.engines.deepspeed import engine as ds_engine
@@ -198,7 +199,7 @@ def launch_text(estimate, header_lines: Union[Sequence[str], str] = ()) -> str:
     if job.model.is_moe:
         out.append(comment(_moe_snippet(job)))
     if lay.tp > 1 and lay.pp == 1:
-        out.append(comment(_autotp_snippet(lay)))
+        out.append(comment(_autotp_snippet(job)))
     if lay.pp > 1:
         out.append(comment(_pipeline_snippet(job)))
     out.append(comment(_loss_snippet(estimate)))
@@ -343,7 +344,8 @@ def _loss_snippet(estimate) -> list[str]:
     return lines
 
 
-def _autotp_snippet(lay: Layout) -> list[str]:
+def _autotp_snippet(job) -> list[str]:
+    lay = job.layout
     world = lay.dp * lay.tp
     return [
         "",
@@ -360,7 +362,25 @@ def _autotp_snippet(lay: Layout) -> list[str]:
         "                                                   model_parameters=model.parameters(), mpu=groups)",
         "",
         f"and feed the same micro-batch to the {lay.tp} ranks of each tensor-parallel group.",
-    ]
+    ] + _autotp_vocabulary_lines(job)
+
+
+def _autotp_vocabulary_lines(job) -> list[str]:
+    """Which of AutoTP's two LM heads the plan priced: the emitted files run the user's model, and only
+    its Hugging Face tp plan splits the head's weight (``EngineBehaviour.whole_embedding_without_pipeline``);
+    the input embedding stays whole either way."""
+    lay, model = job.layout, job.model
+    if model.tied_embeddings:
+        head = "tied to it, whole with it (AutoTP leaves a tied head replicated)"
+        return ["", *textwrap.wrap(f"Priced: the input embedding whole on every tensor-parallel rank (AutoTP "
+                                   f"shards none), the LM head {head}.", WIDTH)]
+    per_param = per_parameter_states(job)[0].total
+    more = per_param * embedding_parameters(model, job_vocab(job)) * (1 - 1 / lay.tp)
+    return ["", *textwrap.wrap(
+        f"Priced: the input embedding whole on every tensor-parallel rank (AutoTP shards none), the LM "
+        f"head's weight split over the {lay.tp} ranks, as a Hugging Face tp plan splits it (transformers' "
+        f"lm_head: colwise_gather_output). A model without a tp plan keeps its lm_head whole on every rank: "
+        f"{more / 1e9:.2f} GB more a GPU of its weights, gradients and optimizer states.", WIDTH)]
 
 
 def _pipeline_snippet(job) -> list[str]:
