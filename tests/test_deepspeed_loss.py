@@ -135,3 +135,22 @@ def test_autotps_vocabulary_parallel_head_is_refused_in_one_line(tmp_path, said)
         assert (done.returncode, key in done.stderr) == ((2, True) if refused else (0, False)), done.stderr
         if refused:
             assert done.stderr.strip().count("\n") == 0 and str(config) in done.stderr and "false or absent" in done.stderr
+
+
+def test_the_emitted_autotp_config_keeps_the_gathered_head_it_priced():
+    # Left unset, DeepSpeed 0.19.8 turns the vocabulary-parallel head and its distributed loss on by itself
+    # for a tied embedding under a Hugging Face tp plan asking "embedding_rowwise" (runtime/engine.py:
+    # auto_vocab_parallel_lm_head is "vocab_parallel_lm_head is None and has_tied_vocab_head"); the plan
+    # prices the gathered head's whole logits, so the files must say false, and DeepSpeed's own config
+    # model must read it so.
+    from deepspeed.runtime.tensor_parallel.config import get_tensor_parallel_config
+
+    import planner
+    from planner.engines.deepspeed.emit import config_dict
+
+    est = planner.estimate({"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+                            "training": {"global_batch_size": 4, "seq_len": 4096, "engine": "deepspeed"},
+                            "layout": {"dp": 4, "tp": 2, "pp": 1, "micro_batch_size": 1, "zero_stage": 1,
+                                       "recompute": "full"}})
+    config = config_dict(est)
+    assert get_tensor_parallel_config(config).vocab_parallel_lm_head is False

@@ -116,7 +116,12 @@ def config_dict(estimate, header_lines: Union[Sequence[str], str] = ()) -> dict[
                                               "profile": False}
     config["gradient_clipping"] = 1.0
     if lay.tp > 1 and lay.pp == 1:  # with a pipeline the model's own layers split (launch.sh)
-        config["tensor_parallel"] = {"autotp_size": lay.tp}
+        # The gathered LM head the plan prices (whole logits on every rank), said: left unset, DeepSpeed
+        # 0.19.8 turns on its vocabulary-parallel head and distributed loss by itself for a model whose
+        # embedding is tied to its head under a Hugging Face tp plan asking "embedding_rowwise"
+        # (runtime/engine.py: auto_vocab_parallel_lm_head, "Set vocab_parallel_lm_head=false to retain
+        # full-vocabulary logits").
+        config["tensor_parallel"] = {"autotp_size": lay.tp, "vocab_parallel_lm_head": False}
     config["steps_per_print"] = 10
     config["wall_clock_breakdown"] = False
     return config

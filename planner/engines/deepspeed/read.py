@@ -742,7 +742,10 @@ def _check_gathered_lm_head(src: str, tp_section: dict) -> None:
     """AutoTP's LM head as priced: gathered, whole logits on every rank (``EngineBehaviour.
     gathers_logits_without_pipeline``). ``vocab_parallel_lm_head: true`` keeps them vocabulary-sharded and
     runs DeepSpeed's own distributed loss (``deepspeed/sequence/cross_entropy.py``), which is not priced;
-    DeepSpeed's config takes a bool or null (``runtime/tensor_parallel/config.py``)."""
+    DeepSpeed's config takes a bool or null (``runtime/tensor_parallel/config.py``). Null (absent) is the
+    gathered head unless a Hugging Face tp plan asks ``embedding_rowwise`` of a tied embedding, where
+    DeepSpeed turns the vocabulary-parallel head on by itself (``runtime/engine.py``,
+    ``auto_vocab_parallel_lm_head``): the emitted files say false; a config cannot say which model it runs."""
     key = "tensor_parallel.vocab_parallel_lm_head"
     value = tp_section.get("vocab_parallel_lm_head")
     if value is not None and _lax_bool(src, key, value):
