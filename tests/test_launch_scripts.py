@@ -2166,6 +2166,33 @@ def test_options_given_to_an_inner_shell_reach_its_script(tmp_path, script):
 
 @needs_bash
 @pytest.mark.parametrize("script", [
+    "bash -c 'exit 3'\ntorchrun a $?\nbash -c 'false'\ntorchrun b $?\nbash -c 'exit 300'\ntorchrun c $?\n",
+    "bash -c '(exit 4); exit'\nif [ $? -eq 4 ]; then TP=8; else TP=1; fi\ntorchrun a $TP\n",  # exit alone: the last's
+    "env X=1 bash -c 'exit 5'\ntorchrun a $?\nbash <<'EOF'\nexit 6\nEOF\ntorchrun b $?\n",
+    "bash -c 'torchrun a; true'\ntorchrun b $?\nbash -c '[ 1 -gt 2 ]' || torchrun c\n",
+    "set -e\nbash -c 'exit 2'\ntorchrun a\n",  # a failing inner script ends a set -e caller
+])
+def test_status_variable_after_bash_c_is_its_scripts_status(tmp_path, script):
+    """After `bash -c 'exit 3'`, `$?` was read as 0 (a command not run, said), so a guard on it took the branch
+    bash does not: bash -c leaves its script's status (bash(1), EXIT STATUS: a script's is its last command's or
+    its exit's), which the reader knows where the script alone decides it. Real bash is the oracle."""
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
+
+
+@needs_bash
+@pytest.mark.parametrize("script", [
+    "bash -O nocasematch -c '[[ LLAMA =~ ^llama$ ]] && torchrun a'\n",
+    "bash -O nocasematch +O nocasematch -c '[[ LLAMA =~ ^llama$ ]] || torchrun a'\n",  # the last word wins
+    "bash -O extglob -c 'torchrun a'\nbash -eO extglob -c 'false; torchrun b'\ntorchrun c\n",
+])
+def test_shopt_options_given_to_an_inner_shell_reach_its_script(tmp_path, script):
+    """`bash -O nocasematch -c` read its script with regard to case: bash starts it under the shopt options of
+    its invocation (bash(1), OPTIONS: -O shopt_option, +O unsets), and a -O's name is no script."""
+    assert reader_calls(tmp_path, script) == bash_words(tmp_path, script)
+
+
+@needs_bash
+@pytest.mark.parametrize("script", [
     "unset T\ntorchrun a \"${T:?set T}\"\ntorchrun b\n",  # bash: "T: set T", the script ends
     "T=\ntorchrun a \"${T:?}\"\ntorchrun b\n",  # set, empty: :? ends it, ? does not
     "T=\ntorchrun a \"${T?}\"\nunset T\n(torchrun b \"${T?}\")\ntorchrun c $?\n",  # a subshell alone, status 1

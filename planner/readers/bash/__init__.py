@@ -24,7 +24,8 @@ in a function) scoped to the call, ``declare -i``, ``printf -v NAME`` with ``%s`
 (hexadecimal, octal and character arguments as bash reads them), ``${!name}``, word splitting on the
 script's ``IFS`` (a run of separators one boundary: no empty fields), and
 ``bash -c STRING`` (read as a script of its own, with the exported variables, under the options of its
-invocation: ``bash -euo pipefail -c``, ``sh -u -c``, ``bash -e <<EOF``).
+invocation: ``bash -euo pipefail -c``, ``sh -u -c``, ``bash -e <<EOF``, shopt's ``bash -O nocasematch -c``;
+its status, which ``$?`` reads after it, is its script's where the script alone decides it).
 
 The environment each command starts with (``Command.environment``): what the script exports
 (``export``, ``declare -x``, ``local -x``, ``set -a``/``set -o allexport``; a declaration bash rejects,

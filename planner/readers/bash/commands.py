@@ -463,6 +463,9 @@ class _Commands(_Expander):
             # -o pipefail; -u / -o nounset: expanding an unset variable ends the script
             if option in ("allexport", "keyword", "errexit", "pipefail", "nounset"):
                 setattr(self, option, on)
+            # bash -O NAME / +O NAME: shopt's options, kept apart from set's (set -o lastpipe is no option)
+            elif option.startswith(SHOPT_PREFIX) and option[len(SHOPT_PREFIX):] in SHOPT_FOLLOWED:
+                setattr(self, option[len(SHOPT_PREFIX):], on)
 
     def builtin(self, fields: list[str], ctx: _Ctx, node: _Simple, assignments: tuple = ()) -> _Status:
         name, args = fields[0], fields[1:]
@@ -537,15 +540,13 @@ class _Commands(_Expander):
             rest = args[3:] if args[2] == "--" else args[2:]  # printf -v X -- FORMAT ...
             if rest:
                 return self.printf_to(args[1], rest[0], rest[1:], ctx)
-        if name == "shopt" and "lastpipe" in args:
-            letters = "".join(a[1:] for a in args[:args.index("lastpipe")] if a.startswith("-"))
-            if "s" in letters or "u" in letters:
-                self.lastpipe = letters.rfind("s") > letters.rfind("u")
-        if name == "shopt" and "nocasematch" in args:
-            # -s sets and -u unsets, in any word of options before the names (shopt -qs, -q -s); the last wins
-            letters = "".join(a[1:] for a in args[:args.index("nocasematch")] if a.startswith("-"))
-            if "s" in letters or "u" in letters:
-                self.nocasematch = letters.rfind("s") > letters.rfind("u")
+        if name == "shopt":
+            for option in SHOPT_FOLLOWED:
+                if option in args:
+                    # -s sets and -u unsets, in any word of options before the names (shopt -qs, -q -s); the last wins
+                    letters = "".join(a[1:] for a in args[:args.index(option)] if a.startswith("-"))
+                    if "s" in letters or "u" in letters:
+                        setattr(self, option, letters.rfind("s") > letters.rfind("u"))
         if name == "eval" and not ctx.deps:
             with self.prefixes_set(assignments):
                 return self.eval_string(" ".join(args))
@@ -571,8 +572,9 @@ class _Commands(_Expander):
         # env -S's string read as the words env makes of it: the program it names, a bash -c among them
         words = list(started_words(fields))
         shell = _inline_script(words)
+        inner: Optional[_Status] = None
         if shell is not None:
-            self.run_inline(shell, node, self.environment(list(assignments), fields))
+            inner = self.run_inline(shell, node, self.environment(list(assignments), fields))
         elif node.heredoc is not None and name.rsplit("/", 1)[-1] in HEREDOC_SHELLS:
             # `sbatch <<EOF ... EOF`, `bash <<EOF`: the here-document is the script they run, expanded as
             # bash expands an unquoted one (as inside double quotes, its own quotes kept), or as written.
@@ -580,7 +582,7 @@ class _Commands(_Expander):
             text = body if quoted else self.string('"' + body.replace('"', '\\"') + '"', ctx, "here-document")
             # `bash -e <<EOF`: the shell's options reach the script it reads (sbatch's are its own)
             options = shell_options(fields, 1)[0] if name.rsplit("/", 1)[-1] in ("bash", "sh") else []
-            self.run_inline((text, [], options), node, self.environment(list(assignments), fields))
+            inner = self.run_inline((text, [], options), node, self.environment(list(assignments), fields))
         unset = tuple(name for name, how in ctx.deps.items() if how == _READ_EMPTY)
         not_run = tuple(name for name, how in ctx.deps.items() if how in (_NOT_RUN, _PROCESS, REMATCH_UNKNOWN))
         defaulted = tuple((name, ast.literal_eval(how[len(_DEFAULTED) + 1:])) for name, how in ctx.deps.items()
@@ -589,6 +591,11 @@ class _Commands(_Expander):
             self.note(said, None)
         self.commands.append(Command(tuple(words), self.line_of(node.start), unset, not_run, defaulted,
                                      self.environment(list(assignments), fields)))
+        program = started_program(words)
+        if inner is not None and program is not None and program.rsplit("/", 1)[-1] in ("bash", "sh"):
+            # bash -c started itself (through env, nice, sudo...: each execs it) leaves its script's status
+            # (bash(1), EXIT STATUS); started by another (srun, echo), the status is that command's own.
+            return inner
         return _Status(None, True, reason=f"{one_line(name, 40)} is not run")
 
     def eval_string(self, text: str) -> _Status:
@@ -898,8 +905,8 @@ def shell_options(fields: Sequence[str], i: int) -> tuple[list[tuple[str, bool]]
     """The options of a ``bash`` (or ``sh``) whose first word after its name is ``fields[i]``, as bash reads
     its invocation (bash(1), OPTIONS: the set builtin's letters and ``-o NAME``, which the script it runs starts
     with, ``-c``, ``-O NAME``, long ``--norc``-like ones): (the set options by long name, as :func:`_set_options`
-    gives them: ``-u`` is nounset; whether ``-c`` is among them; the index of the word after them, past a
-    ``--`` or ``-`` that ends them)."""
+    gives them: ``-u`` is nounset, ``-O NAME`` SHOPT_PREFIX + NAME; whether ``-c`` is among them; the index of
+    the word after them, past a ``--`` or ``-`` that ends them)."""
     options: list[tuple[str, bool]] = []
     command = False
     while i < len(fields) and fields[i].startswith(("-", "+")) and fields[i] not in ("-", "--"):
@@ -910,9 +917,9 @@ def shell_options(fields: Sequence[str], i: int) -> tuple[list[tuple[str, bool]]
         for letter in word[1:]:
             if letter == "c":
                 command = True
-            elif letter in "oO":  # -o NAME, -O NAME (shopt's): the name is the next word
-                if letter == "o" and i < len(fields):
-                    options.append((fields[i], word[0] == "-"))
+            elif letter in "oO":  # -o NAME, -O NAME (shopt's, marked as such): the name is the next word
+                if i < len(fields):
+                    options.append(((SHOPT_PREFIX if letter == "O" else "") + fields[i], word[0] == "-"))
                 i += 1
             else:
                 options.append((_SET_LETTERS.get(letter, letter), word[0] == "-"))
@@ -1215,6 +1222,10 @@ def _parse(text: str, line_of):
 
 # set's one-letter options that the reading follows, by the long name ``set -o`` gives them
 _SET_LETTERS = {"a": "allexport", "k": "keyword", "e": "errexit", "u": "nounset"}
+# shopt's options the reading follows (each an attribute of the shell of that name); a bash invocation's
+# -O NAME is given to apply_options as SHOPT_PREFIX + NAME, apart from set's -o NAME.
+SHOPT_FOLLOWED = ("lastpipe", "nocasematch")
+SHOPT_PREFIX = "shopt "
 
 
 def _set_options(args: Sequence[str]) -> tuple[list[tuple[str, bool]], Optional[list[str]]]:

@@ -394,11 +394,13 @@ class _Shell(_Commands):
                       self.flags_in(node.start, node.end))
         return _TRUE
 
-    def run_inline(self, inline: tuple[str, list[str], list], node: _Simple, environment: tuple = ()) -> None:
+    def run_inline(self, inline: tuple[str, list[str], list], node: _Simple,
+                   environment: tuple = ()) -> Optional[_Status]:
         """``bash -c 'script' name args`` (or a here-document fed to sbatch, bash or sh): read as a script
         of its own, whose variables are the environment the command gives it (:meth:`environment`: the
         exported variables, its NAME=value prefixes, env -u's and env -i's changes), started with the
-        shell's options (``bash -u -c``: set -u)."""
+        shell's options (``bash -u -c``: set -u). Its status where the script alone decides it
+        (:func:`_inline_status`), else None."""
         text, positional, options = inline
         if self.depth >= MAX_DEPTH:
             raise ScriptLimit(f"line {self.line}", f"nests bash -c past {MAX_DEPTH} levels")
@@ -417,12 +419,14 @@ class _Shell(_Commands):
                     var = _Var(value, size=len(value))
                 # a value there only where the caller exported its name stays so in the inner script
                 exported[name] = replace(var, exported=not conditional, inherited=conditional)
-        inner = run_script(text, f"{self.name} (bash -c at line {self.line_of(node.start)})", self.command_output,
-                           exported, positional[1:], self.steps, self.depth + 1,
-                           positional[0] if positional else "bash", cleared - set(exported), emptied, options)
+        inner, status = _run_script(text, f"{self.name} (bash -c at line {self.line_of(node.start)})",
+                                    self.command_output, exported, positional[1:], self.steps, self.depth + 1,
+                                    positional[0] if positional else "bash", cleared - set(exported), emptied,
+                                    options)
         self.commands += inner.commands
         for note in inner.notes:
             self.note_as_is(note)
+        return status
 
 
 # Parameter expansions nested in one another (${A:-${B:-...}}): no launch script nests a handful, and
@@ -451,6 +455,16 @@ def run_script(text: str, name: str, command_output: Optional[Callable[[str], Op
                cleared: Optional[set] = None, emptied: bool = False, options: Sequence = ()) -> Script:
     """``read_script``'s reading, and that of a ``bash -c`` string inside it: ``steps`` (a one-item
     list) counts the commands followed across both, ``depth`` their nesting, ``argv0`` is ``$0``."""
+    return _run_script(text, name, command_output, variables, positional, steps, depth, argv0, cleared, emptied,
+                       options)[0]
+
+
+def _run_script(text: str, name: str, command_output: Optional[Callable[[str], Optional[str]]] = None,
+                variables: Optional[dict] = None, positional: Optional[list] = None,
+                steps: Optional[list] = None, depth: int = 0, argv0: Optional[str] = None,
+                cleared: Optional[set] = None, emptied: bool = False,
+                options: Sequence = ()) -> tuple[Script, Optional[_Status]]:
+    """:func:`run_script`'s reading and the status the script leaves, where :func:`_inline_status` knows it."""
     if len(text) > MAX_EXPANDED_CHARS:
         raise ScriptLimit("", f"holds {len(text):,} characters, past the {MAX_EXPANDED_CHARS:,} a launch script "
                               "is read to")
@@ -470,11 +484,13 @@ def run_script(text: str, name: str, command_output: Optional[Callable[[str], Op
         shell.cleared = set(cleared or ())  # what the outer script unset, out of the inner one's environment too
         shell.caller_emptied = emptied  # env -i bash -c: no name comes from a caller's environment
         shell.apply_options(options)  # bash -u -c, bash -e <<EOF: the inner script starts under them
+        status: Optional[_Status] = None
         try:
             shell.run_program(program)
-        except _Exit:
-            pass
-        except _Return:
+            status = shell.last_status
+        except _Exit as exited:
+            status = exited.status
+        except _Return:  # bash: "can only `return' from a function", its status not followed here
             pass
         except _LoopControl:
             pass
@@ -486,4 +502,14 @@ def run_script(text: str, name: str, command_output: Optional[Callable[[str], Op
     if shell.more_notes:
         notes = notes + [Note(f"{name}: {shell.more_notes} more branches decided on what the script does not set",
                               None)]
-    return Script(shell.commands, notes)
+    return Script(shell.commands, notes), _inline_status(status)
+
+
+def _inline_status(status: Optional[_Status]) -> Optional[_Status]:
+    """The status a script leaves as its caller's ``$?`` reads it: where the script alone decides it (an
+    ``exit 3``, a ``false``, a ``[ ]`` the reader decides); None where it cannot be known (a command not run
+    last, ``exit $RC``) or turns on what the caller's environment sets, whose names the caller's notes would
+    not show as the inner script read them: the caller reads it as a command not run, said."""
+    if status is None or status.known is None or status.deps:
+        return None
+    return status
