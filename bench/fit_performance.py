@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from planner import refit
+from planner.errors import CaseError
 from planner.published_runs import gpu_preset, load_rows
 
 
@@ -28,7 +29,10 @@ def main() -> None:
         if unknown:
             parser.error(f"--only: not in the {args.gpu} grid: {', '.join(sorted(unknown))}")
         grid = {name: values for name, values in grid.items() if name in args.only.split(",")}
-    fitted = refit.fit(args.gpu, rows, grid, args.rounds, args.weight, progress=lambda line: print(line, flush=True))
+    try:
+        fitted = refit.fit(args.gpu, rows, grid, args.rounds, args.weight, progress=lambda line: print(line, flush=True))
+    except CaseError as error:  # runs with no tokens/s to fit to: one line and exit 2, as the CLI refuses them
+        parser.exit(2, f"error: {error}\n")
     print("fitted:", {k: v for k, v in fitted.items() if v is not None})
 
 

@@ -432,6 +432,7 @@ def validate_published_command(
             raise CaseError("--force", "", "overwrites --write-bands's file: give it with it")
         if bands_file is not None:  # before the work: a folder it cannot write is said at once
             check_writable([Output(bands_file, "", "--write-bands")], force)
+        where = ", ".join(str(r) for r in runs) if runs else "planner/published"  # the runs' files, as errors name them
         with terminal_progress("planning the tuned recipes") as progress:
             result = evaluate(load_rows(runs) if runs else None, experts=experts, progress=progress)
         if not result.rows:  # nothing readable: an empty table would look like a pass
@@ -439,7 +440,7 @@ def validate_published_command(
             why = unread[:10] + ([f"and {len(unread) - 10} more"] if len(unread) > 10 else []) \
                 + [f"{n} {reason}" + (f", {result.skipped_first[reason]} the first" if reason in result.skipped_first
                                       else "") for reason, n in result.skipped.items()]
-            raise CaseError(", ".join(str(r) for r in runs) if runs else "planner/published", "",
+            raise CaseError(where, "",
                             "no published run could be scored" + (f" ({'; '.join(why)})" if why else
                                                                   ": the files hold no runs"))
         jobs = [load_case(r.case).job() for r in result.rows]
@@ -450,7 +451,8 @@ def validate_published_command(
         if leave_family_out:
             from . import leave_family_out as lfo
             families = lfo.evaluate_families(load_rows(runs) if runs else load_rows(),
-                                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+                                             progress=lambda line: print(line, file=sys.stderr, flush=True),
+                                             source=where)
         if bands_file is not None:  # last: once it is written, interrupts are ignored (files.write_all)
             document = bands.compute(result.rows, jobs)
             too_few = bands.enough_runs(document)

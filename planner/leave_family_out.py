@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from .errors import CaseError
 from .fidelity import Summary, evaluate
 from .published_runs import gpu_preset
 from .refit import TYPES, apply, fit, grid_for, held
@@ -58,16 +59,24 @@ def family_of(row: dict) -> Optional[str]:
     return next((family for family, pattern in FAMILIES if re.search(pattern, name)), None)
 
 
-def _refit(rows: Sequence[dict], leave: Optional[str], ratios: dict[str, float]) -> None:
+def _refit(rows: Sequence[dict], leave: Optional[str], ratios: dict[str, float], source: str) -> None:
     """Rerun each fitted type's fit on its runs (without ``leave``'s), one round, and set the derived
-    figures at their shipped ratio (``ratios``) to the refit ones."""
+    figures at their shipped ratio (``ratios``) to the refit ones. CaseError (naming ``source``) where a
+    type's runs give the fit no tokens/s to fit to: without ``leave``'s, the figures kept were fitted
+    with them, and its score "left out" would not be."""
     from .presets import performance_presets
 
     presets = performance_presets()
     for kind, names in FITTED.items():
         own = fitted_rows(rows, kind, leave)
         if own:
-            fit(kind, own, {name: values for name, values in grid_for(kind).items() if name in names}, rounds=1)
+            try:
+                fit(kind, own, {name: values for name, values in grid_for(kind).items() if name in names}, rounds=1,
+                    source=source)
+            except CaseError as error:
+                if leave is None:
+                    raise
+                raise CaseError(error.source, error.key, f"{error.expected}, {leave}'s runs left out") from None
     for gpu, (base, name) in DERIVED.items():
         presets[gpu] = {**presets[gpu], name: ratios[gpu] * presets[TYPES[base][0]][name]}
     apply(next(iter(FITTED)), {})  # clears the cost models' caches after the derived figures
@@ -94,8 +103,10 @@ def _errors(rows: Sequence[dict], family: str) -> Optional[Summary]:
     return Summary.of(errors) if errors else None
 
 
-def evaluate_families(rows: Sequence[dict], progress: Callable[[str], None] = lambda _: None) -> list[FamilyScore]:
-    """Every MoE family's error with the fits on every run and without its own (module docstring)."""
+def evaluate_families(rows: Sequence[dict], progress: Callable[[str], None] = lambda _: None,
+                      source: str = "planner/published") -> list[FamilyScore]:
+    """Every MoE family's error with the fits on every run and without its own (module docstring);
+    CaseError, naming ``source`` (the runs' files), where a refit has no tokens/s to fit to."""
     rows = [r for r in rows if isinstance(r, dict)]
     ratios = _derived_ratios()
     scored = {r.row["id"] for r in evaluate([r for r in rows if family_of(r)], experts=False).rows if r.measured}
@@ -104,7 +115,7 @@ def evaluate_families(rows: Sequence[dict], progress: Callable[[str], None] = la
                            and gpu_preset(str(r.get("gpu", ""))) in TYPES[kind]} for kind in FITTED}
     progress("refitting on every run")
     with held():
-        _refit(rows, None, ratios)
+        _refit(rows, None, ratios, source)
         reference = {family: _errors(rows, family) for family in families}
     out = []
     for family in families:
@@ -114,7 +125,7 @@ def evaluate_families(rows: Sequence[dict], progress: Callable[[str], None] = la
         if seen:
             progress(f"refitting without {family}")
             with held():
-                _refit(rows, family, ratios)
+                _refit(rows, family, ratios, source)
                 left = _errors(rows, family)
         out.append(FamilyScore(family, runs, reference[family], left, seen))
     return out

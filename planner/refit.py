@@ -24,7 +24,8 @@ import sys
 from typing import Callable, Iterator, Optional
 
 import planner.engines as engines
-from planner.fidelity import evaluate
+from planner.errors import CaseError
+from planner.fidelity import Fidelity, evaluate
 from planner.presets import fabric_presets, gpu_presets, performance_presets
 
 TYPES = {"a100": ("a100-sxm-80gb", "a100-sxm-40gb"), "h100": ("h100-sxm-80gb",), "b200": ("b200",),
@@ -127,29 +128,53 @@ def held() -> Iterator[None]:
 
 
 def objective(rows: list[dict], weight: float) -> tuple[float, dict]:
-    f = evaluate(rows, experts=False)
+    return score(evaluate(rows, experts=False), weight)
+
+
+def score(f: Fidelity, weight: float) -> tuple[float, dict]:
+    """The fit's objective on ``f`` (module docstring), which has a throughput score (:func:`check_scored`)."""
+    headline, median_regret = f.throughput_headline, f.median_regret
+    if headline is None:  # a caller's slip, not the runs': check_scored refuses runs that give none
+        raise ValueError("no throughput scored: the fit's objective has nothing to score")
     rho = statistics.mean(s.rho for s in f.sweeps) if f.sweeps else 1.0
-    regret = min(f.median_regret, 1.0) if f.sweeps else 0.0
-    score = f.throughput_headline + weight * ((1 - rho) + regret)
-    return score, {"throughput": round(f.throughput_headline, 4), "rho": round(rho, 3), "regret": round(regret, 3),
+    regret = min(median_regret, 1.0) if median_regret is not None else 0.0  # None: no sweep
+    value = headline + weight * ((1 - rho) + regret)
+    return value, {"throughput": round(headline, 4), "rho": round(rho, 3), "regret": round(regret, 3),
                    **{s[:14]: round(v.mean_abs, 3) for s, v in f.throughput.items()}}
 
 
+def check_scored(f: Fidelity, kind: str, runs: int, source: str) -> None:
+    """Refuse runs none of which has a throughput score: the objective is the error of tokens/s (the
+    sweeps' terms need measured tokens/s too), so a memory-only run, or a tokens/s below half its
+    sweep's best, gives it nothing to fit, and the figures the fit would return are the presets' own.
+    Which runs are scored turns on the measurements alone, not the figures: checked once."""
+    if f.throughput_headline is not None:
+        return
+    why = [f"{n} {reason}" for reason, n in f.skipped.items()] + \
+        [f"{len(f.rows)} with memory alone"] * bool(f.rows) + \
+        [f"{n} {what}" for n, what in ((len(f.malformed), "malformed"), (len(f.failed), "the model cannot take")) if n]
+    raise CaseError(source, "measured", f"expected a tokens/s the fit can score among the {kind} runs its figures "
+                                        f"are fitted to ({runs} given), got none ({'; '.join(why) or 'no run'})")
+
+
 def fit(kind: str, rows: list[dict], grid: dict[str, tuple], rounds: int = 2, weight: float = 0.5,
-        progress: Optional[Callable[[str], None]] = None) -> dict:
+        progress: Optional[Callable[[str], None]] = None, source: str = "planner/published") -> dict:
     """Coordinate descent of ``grid``'s figures on ``rows``; leaves the best set applied and returns
-    it ({name: value}, None where the preset leaves a figure to the default and nothing beat it)."""
+    it ({name: value}, None where the preset leaves a figure to the default and nothing beat it).
+    CaseError (naming ``source``, the runs' files) where no run has a throughput to fit to."""
     current = {name: current_value(kind, name) for name in grid}
-    best, report = objective(rows, weight)
+    first = evaluate(rows, experts=False)
+    check_scored(first, kind, len(rows), source)
+    best, report = score(first, weight)
     if progress:
         progress(f"start {best:.4f} {report}")
     for round_ in range(rounds):
         for name, values in grid.items():
             for value in values:
                 apply(kind, {name: value})
-                score, trial = objective(rows, weight)
-                if score < best - 1e-6:
-                    best, report, current[name] = score, trial, value
+                trial_score, trial = objective(rows, weight)
+                if trial_score < best - 1e-6:
+                    best, report, current[name] = trial_score, trial, value
             apply(kind, {name: current[name]} if current[name] is not None else {})
             if progress:
                 progress(f"round {round_} {name} = {current[name]}: {best:.4f} {report}")
