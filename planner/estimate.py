@@ -174,9 +174,9 @@ class Estimate:
         # deeper pipeline, say, shards nothing more of it), and what it moves back must fit the GPU.
         ladder = list(host_remedies(self.job, self.headroom) if self.overflows == "host"
                       else remedies(self.job, self.headroom))
-        fitting = [r for r in ladder if r.fits]
-        if fitting:
-            return min(fitting, key=lambda r: r.step_time_s)
+        fastest = _fastest(ladder)
+        if fastest is not None:
+            return fastest
         if self.overflows != "host":
             # No single change fits: the fewest together that do (a ZeRO-2 Mixtral with its optimizer
             # offloaded was told "micro_batch_size 1", 96.8 GB of 87.0, as its cheapest next change).
@@ -538,9 +538,19 @@ def combined_remedy(job: Job, headroom: float = 0.0) -> Optional[Remedy]:
                     made = tuple(", ".join(c for c in said if c.split(" ", 1)[0] in change and
                                            c.split(" ", 1)[0] != "dp") for _, change in rungs)
                     fitting.append(replace(remedy, description=", ".join(said), together=made))
-        if fitting:
-            return min(fitting, key=lambda r: r.step_time_s)
+        fastest = _fastest(fitting)
+        if fastest is not None:
+            return fastest
     return None
+
+
+def _fastest(remedies: list[Remedy]) -> Optional[Remedy]:
+    """Of ``remedies``, the one that fits whose step is shortest (the first of equals), None where none fits.
+    A remedy's step is priced exactly where it fits (:func:`_try`, :func:`_quantized_weights`: every remedy is
+    made by one of them), so those that fit are those priced: the check below selects them and proves the
+    step a number to compare."""
+    priced = [(r.step_time_s, r) for r in remedies if r.fits and r.step_time_s is not None]
+    return min(priced, key=lambda pair: pair[0])[1] if priced else None
 
 
 def _changed_fields(before: Layout, after: Layout, global_batch: int) -> list[str]:
