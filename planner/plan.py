@@ -213,8 +213,7 @@ class Plan:
         """The best, for ``reader`` (a method of the plan's, or a caller that kept only plans with one);
         a CaseError where the plan found no layout."""
         if self.best is None:
-            raise CaseError(reader, "best", f"the plan found no layout ({self.status}): nothing to "
-                                            "set another against")
+            raise CaseError(reader, "best", f"the plan found no layout ({self.status})")
         return self.best
 
     def differences(self, other: Estimate) -> dict[str, list]:
