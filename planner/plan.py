@@ -750,10 +750,12 @@ def unstated_loss(source: str, job: Job) -> Optional[str]:
     loss, (name, extra) = job.training.loss_name, other
     if round(extra / 1e9, 2) == 0:  # nothing at stake: the peak is not the loss's (an earlier pipeline stage's)
         return None
+    from .engines.deepspeed.engine import LOSS_WORDS
+
     change = f"adds {extra / 1e9:.2f} GB to" if extra >= 0 else f"takes {-extra / 1e9:.2f} GB off"
     return (f"{source}: training.loss is unstated: priced as {job.training.engine.name}'s default, {loss} "
-            f"(Megatron's vocab-parallel cross-entropy, in place); train.py's loss is yours, and {name} "
-            f"(PyTorch's on fp32 logits, a Hugging Face model's own) {change} the peak of "
+            f"({LOSS_WORDS[loss][0]}, {LOSS_WORDS[loss][1]}); train.py's loss is yours, and {name} "
+            f"({LOSS_WORDS[name][0]}: {LOSS_WORDS[name][1]}) {change} the peak of "
             f"{peak_stage_memory(job).total / 1e9:.2f} GB: state training.loss")
 
 

@@ -293,15 +293,6 @@ def _moe_snippet(job) -> list[str]:
     return lines
 
 
-# Each loss in the user's words: what it is, where a train.py gets it, and what it holds a logit at its
-# peak beside the 16-bit logits (the saved fp32 softmax and behaviour.LOSS_GRADIENT_BYTES).
-LOSS_WORDS = {"megatron": ("Megatron's vocab-parallel cross-entropy", "as Megatron-DeepSpeed runs it",
-                           "keeps the fp32 softmax and writes the gradient into it, 4 + 2 bytes a logit"),
-              "eager": ("eager PyTorch cross-entropy on fp32 logits",
-                        "a Hugging Face model's own loss (ForCausalLMLoss) or F.cross_entropy(logits.float(), labels)",
-                        "keeps the fp32 log-softmax, and its backward two fp32 gradients, 4 + 4 + 4 bytes a logit")}
-
-
 WIDTH = 100  # the header's prose lines, as wide as the other notes'
 
 
@@ -312,10 +303,10 @@ def _loss_snippet(estimate) -> list[str]:
     job = estimate.job
     alternative = ENGINES["deepspeed"].other_loss(job)
     loss = job.training.loss_name
-    if alternative is None or loss not in LOSS_WORDS or job.training.loss_compiled:
+    if alternative is None or loss not in ds_engine.LOSS_WORDS or job.training.loss_compiled:
         return []  # an estimate another engine priced, with a loss of its own: no DeepSpeed loss to name
     other, extra = alternative
-    name, where, holds = LOSS_WORDS[loss]
+    name, where, holds = ds_engine.LOSS_WORDS[loss]
     stated = f"training.loss {loss}" if job.training.loss is not None else f"training.loss unset: the engine's, {loss}"
     lines = [""] + textwrap.wrap(f"Loss: priced as {name} ({stated}), {where}: it {holds} at its peak.", WIDTH)
     if loss == "megatron":
@@ -341,7 +332,7 @@ def _loss_snippet(estimate) -> list[str]:
     else:
         lines += textwrap.wrap("Drop the model's output (outputs.logits) before engine.backward(loss): the plan "
                                "holds no 16-bit logits through the backward.", WIDTH)
-    other_name, other_where, other_holds = LOSS_WORDS[other]
+    other_name, other_where, other_holds = ds_engine.LOSS_WORDS[other]
     change = f"adds {extra / 1e9:.2f} GB to" if extra >= 0 else f"takes {-extra / 1e9:.2f} GB off"
     lines += textwrap.wrap(f"{other_name[0].upper()}{other_name[1:]} (training.loss {other}: {other_where}) "
                            f"{other_holds}: it {change} this plan's peak of {estimate.peak.total / 1e9:.2f} GB. "

@@ -30,6 +30,15 @@ from cost_models.specs import GPUSpec, Job, TrainingSpec
 
 from planner.engines.base import Engine, EngineSupport
 
+# Each loss in the user's words: what it is, where a train.py gets it, and what it holds a logit at its
+# peak beside the 16-bit logits (the saved fp32 softmax and behaviour.LOSS_GRADIENT_BYTES).
+LOSS_WORDS = {"megatron": ("Megatron's vocab-parallel cross-entropy", "as Megatron-DeepSpeed runs it",
+                           "keeps the fp32 softmax and writes the gradient into it, 4 + 2 bytes a logit"),
+              "eager": ("eager PyTorch cross-entropy on fp32 logits",
+                        "a Hugging Face model's own loss (ForCausalLMLoss) or F.cross_entropy(logits.float(), labels)",
+                        "keeps the fp32 log-softmax, and its backward two fp32 gradients, 4 + 4 + 4 bytes a logit")}
+
+
 SUPPORT = EngineSupport(
     zero_stages=(0, 1, 2, 3), max_zero_with_pp=1, interleaving=False, context_parallel=False,
     sequence_parallel=(False,), recompute=("none", "full"), partial_recompute=False,
