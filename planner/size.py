@@ -395,7 +395,7 @@ def size(case: CaseArg, tokens: Union[FloatArg, str], deadline: Optional[str] = 
     "15T"), optionally by a ``deadline`` ("60d", "36h"), within ``max_gpus`` or ``max_nodes``
     (of any one type), at ``gpu_hour_cost`` per GPU-hour (replacing every type's price);
     ``progress(done, total)`` is told of each cluster size as it is searched."""
-    from .plan import case_notes, check_ignored_layout
+    from .plan import case_notes, check_ignored_layout, unstated_loss
 
     target = size_target(tokens, deadline, max_gpus, max_nodes, gpu_hour_cost, top_k)
     if progress is None:  # as documented: no progress told
@@ -416,7 +416,10 @@ def size(case: CaseArg, tokens: Union[FloatArg, str], deadline: Optional[str] = 
     return replace(result, notes=tuple(n for n in (ignored, unread_count_note(case, options, target), *result.notes,
                                                    unpriced_note(options, target),
                                                    part_unit_note(loaded.source, options, target),
-                                                   fitted_note(result), *case_notes(case, loaded)) if n),
+                                                   fitted_note(result), *case_notes(case, loaded),
+                                                   # the answer's loss, as plan says it of its best
+                                                   unstated_loss(loaded.source, result.best.estimate.job)
+                                                   if result.best is not None else None) if n),
                    warnings=tuple(profile_warnings(case)))
 
 

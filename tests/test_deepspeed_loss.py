@@ -154,3 +154,16 @@ def test_the_emitted_autotp_config_keeps_the_gathered_head_it_priced():
                                        "recompute": "full"}})
     config = config_dict(est)
     assert get_tensor_parallel_config(config).vocab_parallel_lm_head is False
+
+
+def test_size_says_the_unstated_loss_of_its_answer_as_plan_says_it_of_its_best():
+    # size picks a layout as plan does, and its answer's peak holds the same loss: the note a user of
+    # plan reads (the loss priced, the other's gigabytes) belongs to size's answer too, and goes with a
+    # stated loss.
+    sized = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+             "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "engine": "deepspeed"}}
+    answer = planner.size(sized, tokens="10B", deadline="30d")
+    said = [n for n in answer.notes if "training.loss is unstated" in n]
+    assert len(said) == 1 and "priced as deepspeed's default, megatron" in said[0]
+    stated = {**sized, "training": {**sized["training"], "loss": "megatron"}}
+    assert not [n for n in planner.size(stated, tokens="10B", deadline="30d").notes if "training.loss" in n]
