@@ -352,7 +352,8 @@ def diagnose_command(
                                                  help="A Megatron-LM argument list or launch script."),
     torchtitan: Optional[Path] = typer.Option(None, "--torchtitan",
                                               help="torchtitan command-line overrides (overrides.txt), a launch "
-                                                   "script's words after -m torchtitan.train, or a 0.2 TOML job file."),
+                                                   "script's words after -m torchtitan.train, the planner's torchtitan_config.py, "
+                                                   "or a 0.2 TOML job file."),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", click_type=_WholeRange(1, MAX_GLOBAL_BATCH),
                                                    help="The Hugging Face Trainer's per_device_train_batch_size, "
                                                         "for a ds_config whose micro-batch is \"auto\"."),

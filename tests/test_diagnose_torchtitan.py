@@ -206,6 +206,33 @@ def test_the_plans_own_launch_script_reads_back_through_its_config_module(tmp_pa
     assert result.speedup == pytest.approx(1.0, abs=1e-12) and result.planned_with is None
 
 
+def test_the_plans_config_module_given_itself_reads_as_its_launch_starts_it(tmp_path):
+    """torchtitan 0.3.0 runs a config registry only as a command names it (config/manager.py
+    ``ConfigManager._load_config``: ``--module M --config F``); the emitted torchtitan_config.py given to
+    --torchtitan is read as its launch.sh starts it, ``--module torchtitan_config --config layout_planner``.
+    It was read as shell words and refused at its docstring's apostrophe ("a quote with no end")."""
+    case, pins = ROUND_TRIPS["70b_64"]
+    best = best_for(case, pins)
+    written = planner.emit(best, "torchtitan", tmp_path / "run")
+    module = next(p for p in written.paths if p.name == "torchtitan_config.py")
+    launch = next(p for p in written.paths if p.name == "launch.sh")
+    result = diagnose(case, torchtitan=module)
+    assert layout_to_mapping(result.estimate.job.layout) == layout_to_mapping(best.job.layout)
+    assert result.estimate.step_time_s == best.step_time_s and result.estimate.peak.total == best.peak.total
+    assert result.estimate.step_time_s == diagnose(case, torchtitan=launch).estimate.step_time_s
+    assert any("--module torchtitan_config --config layout_planner" in note for note in result.notes)
+
+    # Another Python file is no command: refused in one line naming it and what to give instead.
+    other = tmp_path / "my_registry.py"
+    other.write_text(module.read_text())
+    case_file = tmp_path / "case.yaml"
+    case_file.write_text(json.dumps(case))
+    done = run_cli("diagnose", str(case_file), "--torchtitan", str(other))
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(other) in lines[0] and "--module M --config F" in lines[0]
+
+
 # --- torchtitan's own parse of hand-written overrides -------------------------------------------
 
 STUB = "tt_read_stub"

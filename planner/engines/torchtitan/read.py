@@ -340,6 +340,8 @@ def _parse(path: Path, text: str) -> _Settings:
             depth = max(0, depth - 1)
     if deepest > MAX_TOML_NESTING:
         raise CaseError(src, "", f"nests brackets past {MAX_TOML_NESTING} levels: nested too deeply to read")
+    if path.suffix.lower() == ".py":
+        return _config_module(path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -378,6 +380,22 @@ def _parse(path: Path, text: str) -> _Settings:
         notes = (*notes, f"{Path(src).name} names no base config: read on the one its header's command names "
                          f"(--module {header.group(1)} --config {header.group(2)})")
     return replace(_from_words(src, words), script_notes=notes, torchrun=torchrun)
+
+
+def _config_module(path: Path) -> _Settings:
+    """A Python file: a torchtitan 0.3.0 config registry, which no command line runs by itself: ConfigManager
+    imports it by the ``--module M --config F`` its launch names (config/manager.py ``_load_config``). The
+    planner's own ``torchtitan_config.py`` is read as its ``launch.sh`` starts it (``--module torchtitan_config
+    --config layout_planner``, no overrides); any other is refused, naming what to give instead (read as
+    shell words, its first quote with no end on one line was the refusal)."""
+    src = str(path)
+    if path.name != CONFIG_FILE:
+        raise CaseError(src, "", "is a Python file: a torchtitan config registry runs only as a command names it "
+                                 "(--module M --config F, config/manager.py): give the launch script, or the "
+                                 "overrides with --module and --config, that start it")
+    words = ["--module", CONFIG_MODULE, "--config", CONFIG_FUNCTION]
+    note = f"{path.name} read as its launch.sh starts it: -m torchtitan.train {' '.join(words)}, no other overrides"
+    return replace(_from_words(src, words), script_notes=(note,))
 
 
 # The command the planner's overrides.txt gives in its header (emit.render): the base config it runs on.
