@@ -280,7 +280,9 @@ class EngineBehaviour:
     # vocabulary shards (``module_inject/layers.py``); only ``vocab_parallel_lm_head``, which the files
     # do not write, keeps them sharded. With a pipeline the tensor parallelism is the model's own
     # Megatron-style layers (Megatron-DeepSpeed), whose logits stay vocab-parallel. Measured on CPU over
-    # a gloo group of two: tests/test_autotp_logits_torch.py.
+    # a gloo group of two: tests/test_autotp_logits_torch.py. The gather's time is the last stage's
+    # tensor-parallel time (``stage_time.logit_gather_time``): one all-gather of the logits per head and
+    # micro-batch in forward, none in backward.
     gathers_logits_without_pipeline: bool = False
     # Without a pipeline, tensor parallelism leaves the input embedding whole on every tensor-parallel
     # rank (``parameters.embedding_shards``), and a head tied to it with it. DeepSpeed 0.19.8's AutoTP

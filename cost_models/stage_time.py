@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Optional
 
 from .activations import logit_shards, selective_modules
-from .collectives import all_to_all_time, exposed, p2p_time
+from .collectives import all_to_all_time, collective_time, exposed, p2p_time
 from .experts import dispatch_combine_time, moe_recompute_time
 from .flops import head_gemm, mtp_projection_gemm
 from .kernels import gemm_time, high_precision_precision, in_place_time
@@ -19,7 +19,7 @@ from .quantization import activation_bytes
 from .pipeline import interleaved_warmup
 from .job import Job, kept_by_stage
 from .specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
-from .topology import cp_group_links
+from .topology import cp_group_links, group_links
 from .layer_time import cross_entropy_time, layer_time, moe_layer_time, selective_recompute_time, weight_quantize_share
 from .tp_time import (cross_domain_pipeline_floor, cross_domain_tp_floor, moe_layer_tp_share, tp_collectives_per_pass,
                       tp_exposed_per_layer)
@@ -95,6 +95,40 @@ def head_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, t
     if model.mtp_layers:
         time += model.mtp_layers * 3 * gemm_time(mtp_projection_gemm(model, tokens, tp), gpu, high_precision)
     return time
+
+
+def gathered_logit_bytes(model: ModelSpec, training: TrainingSpec, tp: int, tokens: float) -> float:
+    """The buffer one LM head's logits are all-gathered into on ``tokens`` tokens where the engine
+    gathers them (:func:`logit_gather_time`): DeepSpeed 0.19.8's ``LinearLayer(gather_output=True)``
+    hands its output, in the head's dtype (the model's: bf16 under bf16, fp32 under fp32), to
+    ``GatherFromTensorParallelRegion.forward`` (``module_inject/layers.py``), which pads each rank's
+    shard of the vocabulary to the widest and runs one ``all_gather_into_tensor`` into tp of them. The
+    shards are the ``get_shard_size_list`` split of the vocabulary the engine builds
+    (``parameters.built_vocab``; ``module_inject/tp_shard.py``, ``get_shard_size`` at the default
+    ``tp_grain_size`` 1: V // tp, one more on the first V mod tp ranks), so the widest is ⌈V/tp⌉."""
+    widest = -(-built_vocab(model, tp, training.engine) // tp)
+    return activation_bytes(training.precision) * tokens * tp * widest
+
+
+def logit_gather_time(job: Job) -> float:
+    """The last stage's all-gather of the LM head's logits, per micro-batch, where the engine gathers
+    them (``activations.logit_shards`` below tp: DeepSpeed's AutoTP without a pipeline,
+    ``EngineBehaviour.gathers_logits_without_pipeline``). ``LinearLayer.forward`` (DeepSpeed 0.19.8,
+    ``module_inject/layers.py``) runs ``GatherFromTensorParallelRegion`` on the head's output: one
+    all-gather over the tensor-parallel group of :func:`gathered_logit_bytes`, which the loss waits
+    for, so nothing hides it; its ``backward`` only narrows the gradient to the rank's shard (no
+    collective). Once per head (each multi-token prediction module runs the head again, as
+    :func:`head_time` prices), issued from eager Python (``EngineBehaviour.collective_launch_s``); the
+    head is outside the checkpointed layers, so recomputation does not repeat it. A head tied to the
+    input embedding is left replicated by AutoTP (``module_inject/auto_tp.py``,
+    ``_configure_gathered_column_tie_fallbacks``): it gathers nothing."""
+    model, lay, training = job.model, job.layout, job.training
+    if logit_shards(lay, training.engine) == lay.tp or model.tied_embeddings:
+        return 0.0
+    tokens = lay.micro_batch_size * training.seq_len / lay.cp
+    size = gathered_logit_bytes(model, training, lay.tp, tokens)
+    one = collective_time("all_gather", size, group_links(job.cluster, lay, "tp"), job.cluster.gpu.performance)
+    return (1 + model.mtp_layers) * (one + training.engine.collective_launch_s)
 
 
 @dataclass(frozen=True)
@@ -218,6 +252,8 @@ def _stage_time(job: Job, stage: int) -> StageTime:
     if moe_layers and model.moe_shared_expert_ffn_hidden_size and {"moe", "shared_experts"} & set(modules):
         repeated += moe_layers / 2
     tp_comm = tp_layers * (tp_fwd + tp_bwd) + repeated * tp_fwd
+    if last:
+        tp_comm += logit_gather_time(job)  # the loss waits for it: exposed, and not recomputed
 
     # Expert parallelism: each MoE layer dispatches and combines its tokens in forward and again
     # (reversed) in backward, and once more for a recomputed forward; nothing hides them in

@@ -27,7 +27,10 @@ from cost_models.flops import head_gemm  # noqa: E402
 from cost_models.kernels import gemm_time, high_precision_precision  # noqa: E402
 from cost_models.layer_time import cross_entropy_time  # noqa: E402
 from cost_models.memory import job_stage_parameters, stage_state_bytes  # noqa: E402
-from cost_models.stage_time import head_time  # noqa: E402
+from cost_models.collectives import collective_time  # noqa: E402
+from cost_models.stage_time import gathered_logit_bytes, head_time, logit_gather_time, stage_time  # noqa: E402
+from cost_models.topology import group_links  # noqa: E402
+from cost_models.tp_time import tp_exposed_per_layer  # noqa: E402
 from planner.case import load_case  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,6 +113,15 @@ def rank_main(rank, port, out):
                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
         ids, labels = torch.randint(V, (1, S)), torch.randint(V, (1, S))
+        # The bytes of every all-gather the step hands torch.distributed, forward and backward: the
+        # function DeepSpeed's communication backend bound at init (deepspeed/comm/torch.py,
+        # all_gather_into_tensor -> all_gather_function), wrapped so that each call's output buffer is noted.
+        backend = deepspeed.comm.comm.cdb
+        gather, phase, gathered = backend.all_gather_function, ["forward"], {"forward": [], "backward": []}
+        def noted(output_tensor, input_tensor, group=None, async_op=False):
+            gathered[phase[0]].append(output_tensor.numel() * output_tensor.element_size())
+            return gather(output_tensor=output_tensor, input_tensor=input_tensor, group=group, async_op=async_op)
+        backend.all_gather_function = noted
         tally = SizedBytes(S * V)
         tally.sizes = (S * V, 2 * S * V, 4 * S * V)  # a shard's bf16 logits too, beside the whole's bf16 and fp32
         with tally:
@@ -118,12 +130,14 @@ def rank_main(rank, port, out):
             # Eager cross-entropy on fp32 logits (training.loss eager); the step drops the output first.
             loss = F.cross_entropy(logits.float().view(-1, V), labels.view(-1), reduction="sum")
             del logits
+            phase[0] = "backward"
             engine.backward(loss)
+        backend.all_gather_function = gather
         head = engine.module.lm_head
         seen[kind] = {"head": type(head).__name__, "rows": head.weight.shape[0], "logits": shape, "peak": tally.peak,
                       "embedding_rows": engine.module.embed_tokens.weight.shape[0],
                       "embedding_numel": engine.module.embed_tokens.weight.numel(), "head_numel": head.weight.numel(),
-                      "o_proj": type(engine.module.layers[0].self_attn.o_proj).__name__}
+                      "o_proj": type(engine.module.layers[0].self_attn.o_proj).__name__, "gathered": gathered}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(seen, f)
 
@@ -227,3 +241,36 @@ def test_autotps_loss_runs_on_the_whole_logits_and_its_gemm_on_a_shard(ranks):
     gemm = 3 * gemm_time(head_gemm(job.model, S, TP, V), gpu, high_precision_precision(training))
     assert head_time(job.model, training, gpu, TP, S, logit_shards(job.layout, training.engine)) \
         == pytest.approx(gemm + cross_entropy_time(S * V, training, gpu), rel=1e-12)
+
+
+def test_autotps_head_all_gathers_in_forward_the_bytes_the_deepspeed_engine_prices(ranks):
+    # Llama's plan: one all-gather per step, in the forward, of the S·V bf16 logits, its backward only
+    # narrowing the gradient to the rank's shard (GatherFromTensorParallelRegion); the whole head of the
+    # heuristic path gathers nothing, and neither path's layers gather (AutoTP has no sequence parallelism).
+    for seen in ranks:
+        assert seen["planned"]["gathered"] == {"forward": [2 * S * V], "backward": []}
+        assert seen["heuristic"]["gathered"] == {"forward": [], "backward": []}
+    job = deepspeed_job()
+    measured = ranks[0]["planned"]["gathered"]["forward"][0]
+    assert gathered_logit_bytes(job.model, job.training, TP, S) == measured
+    # Priced in the stage's tensor-parallel time as one exposed all-gather of those bytes over the
+    # tensor-parallel group, per micro-batch, beside its layers' two all-reduces a pass (the deepspeed
+    # engine launches its collectives at no extra cost: collective_launch_s 0).
+    lay, cluster = job.layout, job.cluster
+    links, perf = group_links(cluster, lay, "tp"), cluster.gpu.performance
+    layers = job.model.num_layers * sum(tp_exposed_per_layer(job.model, job.training, cluster, TP, 1, 1))
+    assert stage_time(job, 0).tp_comm - layers \
+        == pytest.approx(collective_time("all_gather", measured, links, perf), rel=1e-9)
+    # Megatron-DeepSpeed's tensor parallelism, with a pipeline, keeps the logits vocab-parallel: none.
+    assert logit_gather_time(deepspeed_job(pp=2, loss="megatron")) == 0.0
+
+
+@pytest.mark.parametrize("vocab, tp", [(50257, 4), (32001, 2), (128256, 8)])
+def test_the_gathered_buffer_holds_tp_of_autotps_widest_vocabulary_shards(vocab, tp):
+    # A vocabulary tp does not divide: DeepSpeed's near-even split of the head's rows (the lm_head's
+    # get_shard_size_list, at the default tp_grain_size 1), each shard padded to the widest before the
+    # all_gather_into_tensor (GatherFromTensorParallelRegion.forward).
+    from deepspeed.module_inject.tp_shard import AutoTPMeta, get_shard_size_list
+    widest = max(get_shard_size_list(vocab, tp, AutoTPMeta(), "lm_head"))
+    job = deepspeed_job(vocab=vocab)
+    assert gathered_logit_bytes(job.model, job.training, tp, S) == 2 * S * tp * widest
