@@ -332,7 +332,7 @@ def size_command(
 @app.command("diagnose")
 def diagnose_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster and training."),
-    config: Optional[Path] = typer.Option(None, "--config", help="A DeepSpeed ds_config.json."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A DeepSpeed ds_config.json, or a launch script that passes one (--deepspeed_config PATH)."),
     pp: Optional[int] = typer.Option(None, "--pp", click_type=_WholeRange(1, MAX_GPUS),
                                      help="Pipeline stages of the DeepSpeed run (ds_config has none; "
                                           "default: a ds_config plan --emit wrote: its planned layout; else the case's layout; else 1)."),

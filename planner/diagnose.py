@@ -274,13 +274,16 @@ class ConfigReading:
     # The case the planner's best is searched on, where it differs from ``case``: every layout as the
     # engine's own files run it (a ds_config's reduce_bucket_size prices its own layout, not the rest).
     planning: Optional[Case] = None
+    # The file read (a DeepSpeed launch script given: the ds_config it passes); None: the one given.
+    path: Optional[Path] = None
 
 
 def read_job(case: Any, engine: str, path: Path, pp: Optional[IntArg] = None, tp: Optional[IntArg] = None,
              micro_batch_size: Optional[IntArg] = None, recompute: Optional[str] = None, ep: Optional[IntArg] = None,
              stage_layers: Optional[StageLayersArg] = None, argument: Argument = cli_flag) -> ConfigReading:
-    """The config at ``path`` for ``engine`` (deepspeed: a ds_config.json; megatron: an argument list or
-    launch script; torchtitan: overrides, a launch script or a 0.2 TOML file) on ``case``: every
+    """The config at ``path`` for ``engine`` (deepspeed: a ds_config.json, or a launch script that passes
+    one; megatron: an argument list or launch script; torchtitan: overrides, a launch script or a 0.2 TOML
+    file) on ``case``: every
     refusal `diagnose` makes of it, options the config contradicts named as ``argument`` names them
     (the CLI's flag, the API's argument); the options are the caller's (``checked_options`` reads them).
     ``micro_batch_size`` and ``recompute`` say what a Hugging
@@ -310,8 +313,10 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[IntArg] = None, tp
         loaded = with_megatron_training(loaded, path, settings)
         notes = tuple(launch_notes(path)) + tuple(architecture_notes(path, loaded)) + tuple(connection_notes(path, loaded))
     else:
-        from .engines.deepspeed.read import auto_resolved, misspelled_keys
+        from .engines.deepspeed.read import auto_resolved, launched_config, misspelled_keys
 
+        path, followed = launched_config(path)  # a launch script: the ds_config it passes
+        notes = (followed,) if followed else ()
         resolved = tuple(auto_resolved(path, loaded, options["pp"], options["tp"], options["micro_batch_size"],
                                         argument))
         misspelled = tuple(misspelled_keys(path))
@@ -323,7 +328,7 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[IntArg] = None, tp
         raise CaseError(error.source, error.key, f"{error.expected} ({'; '.join(misspelled)})") from None
     taken = None
     if engine == "deepspeed":
-        notes = misspelled + _model_code_notes(loaded, layout, path, options, _layout_keys(case), argument)
+        notes += misspelled + _model_code_notes(loaded, layout, path, options, _layout_keys(case), argument)
     else:
         if said_dispatch is None:
             loaded = _dispatch_left_open(loaded, layout)
@@ -350,7 +355,7 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[IntArg] = None, tp
         from .engines.deepspeed.read import unpriced_notes
 
         notes += tuple(unpriced_notes(path, job))
-    return ConfigReading(engine, loaded, layout, job, resolved, notes, taken, planning)
+    return ConfigReading(engine, loaded, layout, job, resolved, notes, taken, planning, path)
 
 
 def _read_torchtitan(case: Any, path: Path, options: dict, argument: Argument) -> ConfigReading:
@@ -411,6 +416,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
                                                          ("torchtitan", "torchtitan", torchtitan)) if p is not None)
     path = read_path("diagnose", key, given)
     reading = read_job(case, engine, path, pp, tp, micro_batch_size, recompute, ep, stage_layers, argument)
+    path = reading.path or path  # the ds_config a launch script passes: where a refusal names its keys
     loaded, layout, job = reading.case, reading.layout, reading.job
     try:
         estimate = estimate_job(loaded, job)

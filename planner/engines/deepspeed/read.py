@@ -446,6 +446,103 @@ def load_config(path: Path) -> dict:
     return data
 
 
+# The flags that hand a training script its ds_config: DeepSpeed's own (deepspeed/__init__.py,
+# _add_core_arguments: --deepspeed_config PATH, and --deepscale_config, its deprecated name; its --deepspeed
+# is a switch) and the Hugging Face Trainer's (TrainingArguments.deepspeed: --deepspeed PATH).
+CONFIG_FLAGS = ("--deepspeed_config", "--deepscale_config")
+TRAINER_CONFIG_FLAG = "--deepspeed"
+
+# The programs a launch script starts a DeepSpeed training with (or a .py script), which tell a launch
+# script from a config that bash would read as commands too.
+LAUNCHERS = ("deepspeed", "torchrun", "accelerate", "python", "python3")
+
+# The directory a launch script finds itself in (the planner's own: HERE="$(cd "$(dirname
+# "${BASH_SOURCE[0]}")" && pwd)"), which the bash reader does not run: answered with the script's directory.
+_OWN_DIRECTORY = re.compile(r"""\s*cd\s+(["']?)\$\(\s*dirname\s+(["']?)\$(?:\{BASH_SOURCE(?:\[0\])?\}|\{0\}|0)\2\s*\)\1"""
+                            r"""\s*&&\s*pwd\s*""")
+# The planner's sbatch.sh's CONFIG="$(realpath -e "$HERE/ds_config.json")": FILE beside the script, from any
+# directory variable ($HERE, ${SCRIPT_DIR}...), as Megatron's reader takes its arguments file.
+_REALPATH = re.compile(r"""\s*realpath\s+(?:-e\s+)?"?\$\{?[A-Za-z_][A-Za-z0-9_]*\}?/([A-Za-z0-9_.-]+)"?\s*""")
+
+
+def launched_config(path: Union[str, Path]) -> tuple[Path, Optional[str]]:
+    """The ds_config diagnose reads for ``path``, and a note where it followed a launch script to it.
+    A ds_config (JSON or Hjson) is itself. A launch script (``#!``, or commands that start deepspeed,
+    torchrun, accelerate or Python) is read as bash would expand it (planner.readers.bash, as Megatron's
+    reader reads one) for the ds_config its command passes: ``--deepspeed_config PATH`` (or ``=PATH``), or the
+    Hugging Face Trainer's ``--deepspeed PATH``; a relative PATH resolved against the script's directory,
+    and ``$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)`` read as that directory, as the planner's own
+    launch.sh finds the ds_config beside it. A script that passes none is refused, naming it."""
+    from planner.readers import bash
+
+    path = Path(path)
+    text = read_text(path, "valid JSON")
+    if text.lstrip().startswith("{"):  # a JSON object, or Hjson's: a config
+        return path, None
+    shebang = text.startswith("#!")
+    src = str(path)
+    here, answered = str(path.parent.resolve()), []
+
+    def own_directory(command: str) -> Optional[str]:
+        beside = _REALPATH.fullmatch(command)
+        answered.append(beside is not None or _OWN_DIRECTORY.fullmatch(command) is not None)
+        if beside is not None:
+            return str(Path(here) / beside.group(1))
+        return here if answered[-1] else None
+
+    try:
+        script = bash.read_script(text, src, own_directory)
+    except bash.ScriptError as error:
+        if not shebang:  # no script bash reads: a config (Hjson without braces), refused as one where it is not
+            return path, None
+        raise CaseError(src, error.key, f"{error.message}; expected a launch script that passes a ds_config "
+                                        "(--deepspeed_config PATH), or the ds_config.json itself") from None
+    for command in script.commands:
+        found = _config_word(command.fields)
+        if found is None:
+            continue
+        flag, value = found
+        # What the reading could not know, which may have made the path: variables the script leaves
+        # unset, and command substitutions it does not run, read as empty as bash reads them.
+        empty = [f"the script leaves {', '.join(command.unset[:3])} unset"] if command.unset else []
+        empty += [f"{one_line(c, 60)} is not run" for c in command.not_run[:2]]
+        why = f" ({'; '.join(empty)}: read as empty)" if empty else ""
+        if not value:
+            raise CaseError(src, flag, f"line {command.line}: takes the ds_config's path, and none follows it{why}: "
+                                       "give diagnose --config the ds_config.json the script passes")
+        config = Path(value) if Path(value).is_absolute() else path.parent / value
+        if not config.is_file():
+            raise CaseError(src, flag, f"line {command.line}: {one_line(value, 120)}: no such file, resolved against "
+                                       f"the script's directory ({path.parent}){why}: give diagnose --config the "
+                                       "ds_config.json the script passes")
+        how = [f"resolved against the script's directory: {config}"] if not Path(value).is_absolute() else []
+        if any(answered):
+            how.append("the script's own directory read as where it lies, as the planner's launch.sh finds it")
+        return config, (f"{src}: a launch script: read the ds_config its line {command.line} passes ({flag} "
+                        f"{one_line(value, 120)}{''.join('; ' + h for h in how)})")
+    launches = any(Path(c.fields[0]).name in LAUNCHERS or any(f.endswith(".py") for f in c.fields)
+                   for c in script.commands if c.fields)
+    if shebang or launches:
+        raise CaseError(src, "", "is a launch script whose commands pass no ds_config (--deepspeed_config PATH, "
+                                 "or the Hugging Face Trainer's --deepspeed PATH): give diagnose --config the "
+                                 "ds_config.json it passes")
+    return path, None
+
+
+def _config_word(words: tuple[str, ...]) -> Optional[tuple[str, str]]:
+    """(flag, path) of the first ds_config a command's words pass, as argparse reads them (the value after
+    ``=`` or the next word); the Trainer's ``--deepspeed`` only where a value follows it (DeepSpeed's own
+    --deepspeed is a switch, followed by the next flag). None where they pass none."""
+    for i, word in enumerate(words):
+        name, eq, inline = word.partition("=")
+        following = words[i + 1] if i + 1 < len(words) else ""
+        if name in CONFIG_FLAGS:
+            return name, inline if eq else ("" if following.startswith("-") else following)
+        if name == TRAINER_CONFIG_FLAG and (eq or following and not following.startswith("-")):
+            return name, inline if eq else following
+    return None
+
+
 def resolve_auto(src: str, config: dict, case, dp: int, micro_batch_size: Optional[int],
                  argument: Argument = cli_flag) -> tuple[dict, list[str]]:
     """``config`` with each ``"auto"`` the Hugging Face Trainer fills in resolved as it does
