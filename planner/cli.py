@@ -277,6 +277,18 @@ def plan_command(
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
+# `emit` is what the planner calls its engines' writers, and the command users guess: the launch files
+# come from plan --emit, and typer's "No such command 'emit'" did not say so. Hidden from --help; every
+# argument (--help too) taken, so that what follows it is answered with the same line.
+@app.command("emit", hidden=True, add_help_option=False,
+             context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def emit_command() -> None:
+    from .engines import EMITTING
+
+    _fail(CaseError("layout-planner emit", "", "no such command: the launch files come from `layout-planner plan "
+                                               f"CASE --emit ENGINE --out DIR` (ENGINE: {', '.join(EMITTING)})"))
+
+
 @app.command("size")
 def size_command(
     case: Path = typer.Argument(..., help="Case file (YAML) with model, cluster (one GPU type, or cluster.options) "

@@ -460,3 +460,20 @@ def test_estimate_says_what_a_case_leaves_unsaid_prices(tmp_path):
     path.write_text(yaml.safe_dump(moe))
     done = run_cli("estimate", str(path))
     assert "model.moe_load_imbalance is unstated" in done.stderr and "training.engine" not in done.stderr
+
+
+@pytest.mark.parametrize("args", [(), ("CASE", "--engine", "deepspeed", "--out", "OUT"), ("--help",)])
+def test_emit_is_answered_with_the_plan_command_that_writes_the_launch_files(tmp_path, args):
+    """`layout-planner emit ...` (what the planner calls its writers, and what users guess) said typer's
+    "No such command 'emit'": the launch files come from `plan CASE --emit ENGINE --out DIR`, which the
+    one line names; the command it names writes them, and `emit` wrote nothing."""
+    case, out = write(tmp_path, CASE), tmp_path / "out"
+    given = [{"CASE": str(case), "OUT": str(out)}.get(a, a) for a in args]
+    done = cli("emit", *given)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: layout-planner emit: ")
+    assert "`layout-planner plan CASE --emit ENGINE --out DIR`" in done.stderr and "deepspeed" in done.stderr
+    assert not out.exists()
+    planned = cli("plan", str(case), "--emit", "deepspeed", "--out", str(out))
+    assert planned.returncode == 0, planned.stderr
+    assert {"ds_config.json", "launch.sh"} <= {p.name for p in out.iterdir()}
