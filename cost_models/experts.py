@@ -244,13 +244,36 @@ def remote_domains_per_token(model: ModelSpec, domains: int) -> float:
     return (domains - 1) / domains * reached
 
 
-def hierarchical_dispatch(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec) -> bool:
+# The expert groups DeepEP's normal (training) kernels run: its Buffer has a dispatch and a combine config
+# for these rank counts only and asserts "Unsupported number of EP ranks" for any other
+# (deep_ep/buffer.py, Buffer.get_dispatch_config and get_combine_config, at eb9cee7, the commit
+# megatron-core 0.16.1's docker/Dockerfile.ci.dev installs; the same in v1.2.1), and at most 8 NVLink
+# peers × 20 RDMA peers = 160 ranks outside its low-latency mode (csrc/deep_ep.cpp, Buffer's constructor).
+# megatron-core (transformer/moe/fused_a2a.py, get_buffer) and NeMo AutoModel build it over the expert
+# tensor- and expert-parallel group, etp·ep ranks.
+DEEPEP_GROUP_SIZES = (2, 4, 8, 16, 24, 32, 64, 128, 144, 160)
+
+
+def deepep_group_refusal(etp: int, ep: int) -> Optional[str]:
+    """Why DeepEP cannot dispatch over an expert group of etp·ep ranks (:data:`DEEPEP_GROUP_SIZES`), None
+    where it can. A group of one rank dispatches nothing, and no engine runs DeepEP over it."""
+    ranks = etp * ep
+    if ranks == 1 or ranks in DEEPEP_GROUP_SIZES:
+        return None
+    return (f"DeepEP dispatches over expert groups (etp × ep) of {', '.join(map(str, DEEPEP_GROUP_SIZES))} ranks "
+            f"only (deep_ep/buffer.py, get_dispatch_config: \"Unsupported number of EP ranks\"), not "
+            f"{etp} × {ep} = {ranks} ranks")
+
+
+def hierarchical_dispatch(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, etp: int, ep: int) -> bool:
     """Whether the dispatch sends a token once per NVLink domain (DeepEP: ``TrainingSpec.hierarchical_dispatch``).
     Not with a capacity factor: DeepEP pads no expert to a capacity (megatron-core's flex dispatcher
     refuses ``moe_pad_expert_input_to_capacity``, ``TransformerConfig.__post_init__``), so a padded
     router dispatches by the plain all-to-all, as Megatron-Bridge's token-drop runs do. Nor on a GPU
-    DeepEP does not run on (``GPUSpec.vendor``): an engine that would run it dispatches by its all-to-all."""
-    return training.hierarchical_dispatch and model.moe_capacity_factor is None and gpu.deepep_refusal is None
+    DeepEP does not run on (``GPUSpec.vendor``), nor over an expert group of etp·ep ranks it has no config
+    for (:func:`deepep_group_refusal`): an engine that would run it dispatches by its all-to-all."""
+    return training.hierarchical_dispatch and model.moe_capacity_factor is None and gpu.deepep_refusal is None \
+        and deepep_group_refusal(etp, ep) is None
 
 
 @lru_cache(maxsize=4096)
@@ -269,7 +292,7 @@ def dispatch_combine_time(model: ModelSpec, training: TrainingSpec, cluster: Clu
     size = dispatch_bytes(model, training, tp, cp, micro_batch_size)
     links = expert_group_links(cluster, "ep", etp, ep)
     crossing = None
-    if hierarchical_dispatch(model, training, cluster.gpu) and links.domains > 1:
+    if hierarchical_dispatch(model, training, cluster.gpu, etp, ep) and links.domains > 1:
         crossing = size / model.moe_top_k * remote_domains_per_token(model, links.domains)
     time = 2 * all_to_all_time(size, links, perf, crossing)
     if etp > 1:

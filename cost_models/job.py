@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, TypeVar
 
 from . import placement
+from .experts import deepep_group_refusal
 from .frozen import cached_property
 from .hardware import ClusterSpec, GPUSpec
 from .layout_spec import Layout
@@ -193,6 +194,10 @@ class Job:
             raise SpecError(s, "ep", f"etp·ep = {etp}·{lay.ep} must divide tp·cp·dp = "
                                      f"{lay.tp}·{lay.cp}·{lay.dp} = {lay.tp * lay.cp * lay.dp} (the expert grid "
                                      "folds over the same GPUs)")
+        if self.training.expert_dispatch == "deepep" and deepep_group_refusal(etp, lay.ep):
+            # Left to the engine, such a group dispatches by the all-to-all (experts.hierarchical_dispatch).
+            raise SpecError(s, "ep", f"training.expert_dispatch deepep: {deepep_group_refusal(etp, lay.ep)}; "
+                                     "choose another ep (or etp), or dispatch all_to_all")
 
     @property
     def grad_accum(self) -> int:

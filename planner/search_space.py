@@ -10,6 +10,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Iterator, Optional
 
+from cost_models.experts import deepep_group_refusal
 from cost_models.layer_time import layer_time_for
 from cost_models.partition import (balanced_partition, cost_balanced_partition, default_partition, layer_and_head_cost,
                                    virtual_partition)
@@ -133,7 +134,8 @@ def expert_options(case: Case, spec: SearchSpec, tp: int, cp: int, dp: int) -> l
     mixture of experts every ep that divides the experts and, with etp, the attention's
     tp·cp·dp ranks (the expert grid folds over them), and the engine's etp choices (1 and tp
     where it runs any: ``EngineSupport.expert_tp_choices``; any the search section pins) within
-    one NVLink domain unless ``tp_across_nodes``."""
+    one NVLink domain unless ``tp_across_nodes``; under ``training.expert_dispatch: deepep``, only the
+    etp·ep groups DeepEP runs (``experts.deepep_group_refusal``)."""
     model, cluster = case.model, case.cluster
     if not model.is_moe:
         return [(1, None)]
@@ -154,6 +156,8 @@ def expert_options(case: Case, spec: SearchSpec, tp: int, cp: int, dp: int) -> l
                 continue
             if engine.expert_refusals(tp, ep, etp):  # an expert split the engine does not run
                 continue
+            if case.training.expert_dispatch == "deepep" and deepep_group_refusal(etp, ep):
+                continue  # a group DeepEP has no config for, which the case's dispatch refuses (Job)
             out.append((ep, etp))
     return out
 

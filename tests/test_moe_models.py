@@ -437,6 +437,40 @@ def test_deepep_needs_an_expert_group_of_more_than_one_rank(tmp_path):
     assert best.expert_tp * best.ep > 1
 
 
+QWEN3_235B_ON_512 = {"model": {"preset": "qwen3-235b-a22b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 512},
+                     "training": {"global_batch_size": 1024, "seq_len": 4096, "engine": "megatron"}}
+
+
+@pytest.mark.parametrize("ep, etp, deepep", [(128, 2, False), (64, 2, True), (128, 1, True)])
+def test_deepep_runs_only_the_expert_groups_it_has_a_config_for(ep, etp, deepep):
+    """megatron-core's flex dispatcher builds DeepEP's Buffer over the etp × ep group (core_v0.16.1
+    transformer/moe/fused_a2a.py, get_buffer: Buffer.get_dispatch_config(group.size())), and DeepEP has a
+    config for 2, 4, 8, 16, 24, 32, 64, 128, 144 and 160 ranks only, asserting "Unsupported number of EP
+    ranks" otherwise (deep_ep/buffer.py, get_dispatch_config and get_combine_config, at eb9cee7, the commit
+    core_v0.16.1's docker/Dockerfile.ci.dev installs; csrc/deep_ep.cpp asserts at most 8 × 20 = 160 ranks
+    in its normal kernels). Qwen3-235B at tp 2, etp 2, ep 128 across 32 nodes was priced and written as
+    DeepEP over 256 ranks, which stops at the first MoE layer: it runs, and is priced as, the all-to-all,
+    and a case that asks for DeepEP there is refused; 128 ranks still dispatch by DeepEP."""
+    from planner.engines.megatron.emit import arguments
+
+    layout = {"tp": 2, "pp": 2, "ep": ep, "etp": etp, "sequence_parallel": True, "micro_batch_size": 1,
+              "zero_stage": 1, "recompute": "full"}
+    left = estimate({**QWEN3_235B_ON_512, "layout": layout})
+    assert left.to_dict()["nvlink_domains_spanned"]["ep"] > 1
+    dispatcher = dict(arguments(left.job))["--moe-token-dispatcher-type"]
+    assert dispatcher == ("flex" if deepep else "alltoall")
+    told = {**QWEN3_235B_ON_512["training"], "expert_dispatch": "all_to_all"}
+    all_to_all = estimate({**QWEN3_235B_ON_512, "training": told, "layout": layout})
+    assert (left.step_time_s == all_to_all.step_time_s) == (not deepep)
+    asked = {**QWEN3_235B_ON_512["training"], "expert_dispatch": "deepep"}
+    if deepep:
+        assert estimate({**QWEN3_235B_ON_512, "training": asked, "layout": layout}).step_time_s == left.step_time_s
+    else:
+        with pytest.raises(CaseError) as refused:
+            estimate({**QWEN3_235B_ON_512, "training": asked, "layout": layout})
+        assert refused.value.key == "layout.ep" and f"{etp * ep} ranks" in str(refused.value)
+
+
 def test_a_plan_says_when_it_priced_balanced_routing_the_case_did_not_state():
     """The default moe_load_imbalance 1 is forced balancing, which the emitted files leave off (it
     changes what is trained): the plan said nothing, and a trained router's busiest rank is slower."""

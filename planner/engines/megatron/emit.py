@@ -377,7 +377,8 @@ def needs_deepep(job: Job) -> bool:
     if not (job.model.is_moe and lay.expert_tp * lay.ep > 1):
         return False
     return job.training.expert_dispatch == "deepep" or bool(
-        hierarchical_dispatch(job.model, job.training, job.cluster.gpu) and domains_spanned(job.cluster, lay).get("ep", 1) > 1)
+        hierarchical_dispatch(job.model, job.training, job.cluster.gpu, lay.expert_tp, lay.ep)
+        and domains_spanned(job.cluster, lay).get("ep", 1) > 1)
 
 
 DEEPEP_NOTE = ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep needs DeepEP "
