@@ -2219,6 +2219,27 @@ def test_required_expansion_of_what_the_caller_sets_is_said():
                for n in read.notes), read.notes
 
 
+@needs_bash
+@pytest.mark.parametrize("op", [":?", "?"])
+def test_required_expansion_under_set_u_is_said_once_as_bash_says_it(tmp_path, op):
+    """Under `set -u`, `${T:?word}` (and `${T?word}`) of an unset T ends the script with the expansion's own
+    message, "T: word", not set -u's "unbound variable": bash tests the operator, not nounset (Bash Reference
+    Manual, 3.5.3). The reader said both: every emitted launch.sh (`set -euo pipefail` and
+    `"${MASTER_ADDR:?set MASTER_ADDR ...}"`) got two notes on its line that MASTER_ADDR may end it, one naming
+    set -u; and where the script unsets T, it quoted bash as saying "T: unbound variable"."""
+    unset = f"set -u\nunset T\ntorchrun a \"${{T{op}set T}}\"\ntorchrun b\n"
+    (tmp_path / "t.sh").write_text(unset)
+    said = subprocess.run([BASH, str(tmp_path / "t.sh")], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"]}).stderr
+    assert "T: set T" in said and "unbound variable" not in said
+    notes = [n.text for n in read_script(unset, "t.sh").notes]
+    assert any('(bash: "T: set T")' in n for n in notes) and not any("unbound variable" in n for n in notes), notes
+    left = read_script(f"set -euo pipefail\ntorchrun a \"${{MASTER_ADDR{op}set MASTER_ADDR}}\"\n", "t.sh")
+    assert [c.fields for c in left.commands] == [("torchrun", "a", "")]
+    about = [n.text for n in left.notes if "MASTER_ADDR" in n.text]
+    assert len(about) == 1 and f"${{MASTER_ADDR{op}set MASTER_ADDR}}" in about[0] and "set -u" not in about[0], about
+
+
 def test_status_variable_of_a_command_not_run_is_said():
     """After a command the reader does not run (the launch itself), its status is not known: read as 0,
     the way that goes on, and said, where it was silently 0."""

@@ -213,7 +213,9 @@ class _Expander(_Arithmetic):
         if rest and not op:
             raise ScriptSyntax(f"line {self.line}", f"a bad substitution ${{{one_line(inner, 40)}}}")
         if not is_set and op[-1:] not in ("-", "=", "+"):
-            if not splat:  # "$@" and "${A[@]}" of none expand to nothing under set -u too (bash 4.4 on)
+            # "$@" and "${A[@]}" of none expand to nothing under set -u too (bash 4.4 on); ${X:?word} and
+            # ${X?word} end the script with their own message, "X: word", set -u or not (below, required)
+            if not splat and op[-1:] != "?":
                 self.unbound(name, label)
             ctx.deps.setdefault(label, _READ_EMPTY)
             value = [] if splat else ""
