@@ -214,6 +214,13 @@ class GPUSpec:
             _positive_float(s, name, getattr(self, name))
         _positive_int(s, "gpus_per_node", self.gpus_per_node)
         _positive_int(s, "nvlink_domain", self.nvlink_domain)
+        if self.nvlink_domain % self.gpus_per_node and self.gpus_per_node % self.nvlink_domain:
+            # Ranks fill GPU r of node r // gpus_per_node and domain r // nvlink_domain
+            # (cost_models.topology): a domain neither whole nodes (an NVL72 rack's trays) nor a part
+            # of a node that divides it (an HGX board's 8, two islands of 4) would join GPUs of two
+            # nodes over NVLink that no switch joins.
+            raise SpecError(s, "nvlink_domain", f"expected whole nodes of {self.gpus_per_node} GPUs (gpus_per_node) "
+                                                f"or a part of one that divides it, got {self.nvlink_domain}")
         if self.sm_count is not None:
             _positive_int(s, "sm_count", self.sm_count)
         if self.compute_capability_major is not None:

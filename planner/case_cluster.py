@@ -11,7 +11,7 @@ from cost_models.hardware import GPU_VENDORS
 from cost_models.spec_checks import SpecError
 from cost_models.specs import BLOCK_SCALED_FORMATS, ClusterSpec, FabricSpec, GPUSpec, HostSpec, Performance
 
-from .case_errors import spec_errors
+from .case_errors import case_key, case_message, field_key, spec_errors
 from .errors import CaseError
 from .fields import (canonical_choice, describe, read_bool, read_choice, read_figure, read_file_path, read_for,
                      read_int, read_mapping, read_number, read_price, read_str, read_time, read_unit, required)
@@ -63,7 +63,7 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
     formats = data.get("block_scaling", [])
     if not isinstance(formats, list) or not all(isinstance(f, str) for f in formats):
         raise CaseError(src, f"{key}.block_scaling", f"expected a list of formats, got {describe(formats)}")
-    with spec_errors(src):
+    try:
         return GPUSpec(
             name=name,
             memory_bytes=read_unit(src, f"{key}.memory", data["memory"], parse_memory),
@@ -86,6 +86,8 @@ def gpu_from_mapping(src: str, key: str, name: str, data: Any) -> GPUSpec:
                                               maximum=MAX_COMPUTE_CAPABILITY_MAJOR)
             if "compute_capability_major" in data else None,
         )
+    except SpecError as error:  # named where the mapping sits: a profile's gpu, cluster.options[1].gpu, a preset
+        raise CaseError(src, f"{key}.{field_key(error.spec, error.field)}", case_message(error.message)) from None
 
 
 def host_from_mapping(src: str, key: str, data: Any, base: Optional[HostSpec] = None) -> HostSpec:
@@ -336,8 +338,15 @@ def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster", 
     if "performance" in section:
         overrides["performance"] = performance_from_mapping(src, f"{key}.performance", section["performance"],
                                                             gpu.performance)
-    with spec_errors(src):
+    try:
         return replace(gpu, **overrides), fabric
+    except SpecError as error:
+        if error.field == "nvlink_domain" and per_node is not None and "nvlink_domain" not in section:
+            # The GPU's domain kept, the node the case gave breaks GPUSpec's rule: 12 H100s a node would
+            # join GPUs 8-15 of two nodes in one NVLink domain of 8.
+            raise CaseError(src, f"{key}.gpus_per_node", f"expected a multiple of the GPU's NVLink domain of "
+                                                         f"{gpu.nvlink_domain} GPUs or a divisor of it, got {per_node}") from None
+        raise CaseError(src, case_key(error), case_message(error.message)) from None
 
 
 def _cluster(src: str, section: Any, base: Path) -> ClusterSpec:

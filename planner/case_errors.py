@@ -25,12 +25,17 @@ SPEC_FIELD_KEYS = {("GPUSpec", "memory_bytes"): "memory", ("GPUSpec", "peak_flop
                    ("HostSpec", "memory_bytes"): "memory"}
 
 
+def field_key(spec: str, field: str) -> str:
+    """A spec's field as its mapping spells it (``GPUSpec.memory_bytes`` is ``memory``); a field's
+    sub-key (``peak_flops.bf16``) is kept."""
+    name, dot, rest = field.partition(".")
+    return f"{SPEC_FIELD_KEYS.get((spec, name), name)}{dot}{rest}"
+
+
 def spec_key(spec: str, field: str) -> str:
     """The case-file key of a spec's field (``Performance.comm_overlap`` is
     ``cluster.performance.comm_overlap``); a field's sub-key (``peak_flops.bf16``) is kept."""
-    name, dot, rest = field.partition(".")
-    name = SPEC_FIELD_KEYS.get((spec, name), name)
-    return f"{SPEC_SECTIONS.get(spec, spec)}.{name}{dot}{rest}"
+    return f"{SPEC_SECTIONS.get(spec, spec)}.{field_key(spec, field)}"
 
 
 def case_key(error: SpecError) -> str:

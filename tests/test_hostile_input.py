@@ -716,6 +716,38 @@ def test_a_smaller_node_than_the_presets_is_a_smaller_nvlink_domain(tmp_path):
     assert two_nodes.time.tp_comm_s > one_node.time.tp_comm_s  # across the fabric, not NVLink: slower
 
 
+GPU_MAPPING = {"memory": "80 GiB", "peak_tflops": {"bf16": 989.4}, "hbm_bandwidth": "3.35 TB/s",
+               "intra_node_bandwidth": "450 GB/s", "inter_node_bandwidth": "50 GB/s"}
+
+
+@pytest.mark.parametrize("cluster, command, key, needle", [
+    # H100's domain of 8 in nodes of 12: GPUs 8-15 of two nodes were one NVLink domain ("NVLink domain of 8
+    # GPUs; groups leaving it: dp (3 domains)"), and size priced "whole racks of 24".
+    ({"gpu": "h100-sxm-80gb", "num_gpus": 24, "gpus_per_node": 12}, ("plan",), "cluster.gpus_per_node",
+     "expected a multiple of the GPU's NVLink domain of 8 GPUs or a divisor of it, got 12"),
+    ({"options": [{"gpu": "h100-sxm-80gb", "max_gpus": 48, "gpus_per_node": 12}]}, ("size", "--tokens", "1T"),
+     "cluster.options[0].gpus_per_node", "got 12"),
+    # A GPU of its own whose domain of 5 straddles its nodes of 8.
+    ({"gpu": {**GPU_MAPPING, "gpus_per_node": 8, "nvlink_domain": 5}, "num_gpus": 16}, ("plan",),
+     "cluster.gpu.nvlink_domain", "expected whole nodes of 8 GPUs (gpus_per_node) or a part of one that divides it, got 5"),
+])
+def test_an_nvlink_domain_that_straddles_nodes_is_refused(tmp_path, cluster, command, key, needle):
+    case = write(tmp_path / "case.yaml", yaml.safe_dump({
+        "model": {"preset": "llama2-7b"}, "cluster": cluster, "training": {"global_batch_size": 48, "seq_len": 4096}}))
+    one_line_error(cli(command[0], str(case), *command[1:]), f"{case}: {key}: ", needle)
+
+
+def test_a_node_that_holds_whole_domains_or_a_part_of_one_is_taken():
+    """The rule's two sides: 16 H100s a node hold two domains of 8 (as a DGX-2's 16 GPUs would be cut),
+    and GB200's trays of 4 fill its domain of 72."""
+    for cluster, domain in (({"gpu": "h100-sxm-80gb", "num_gpus": 32, "gpus_per_node": 16}, 8),
+                            ({"gpu": "gb200", "num_gpus": 72}, 72)):
+        estimate = planner.estimate({"model": {"preset": "llama2-7b"}, "cluster": cluster,
+                                     "training": {"global_batch_size": 144, "seq_len": 4096},
+                                     "layout": {"tp": 8, "micro_batch_size": 1}})
+        assert estimate.job.cluster.gpu.nvlink_domain == domain
+
+
 def test_at_risk_says_when_the_prediction_itself_is_over_the_usable_memory(tmp_path):
     """Llama 3.1 405B on 24 H100s: the fastest layout's peak of 86.9 GB of 84.0 usable was reported
     'at risk: fits as predicted' (the band's low end fits, the prediction does not). (The robust pick
@@ -1043,6 +1075,8 @@ PROFILE = Path(__file__).resolve().parent.parent / "calibration" / "profiles" / 
     # named as the case's cluster.gpu…, in FLOP/s: "got -1000000000000.0"
     ("gpu.peak_tflops.fp32", -1, "gpu.peak_tflops.fp32", "expected a positive number, got int -1"),
     ("fabric.efficiency", 0, "fabric.efficiency", "expected a positive number, got int 0"),
+    # a domain of 3 of the profile's 2-GPU node was named as the case's cluster.gpu.nvlink_domain, or taken
+    ("gpu.nvlink_domain", 3, "gpu.nvlink_domain", "expected whole nodes of 2 GPUs (gpus_per_node) or a part of one"),
 ])
 def test_a_profile_names_its_own_key_and_the_value_as_written(tmp_path, where, value, key, expected):
     profile = yaml.safe_load(PROFILE.read_text())

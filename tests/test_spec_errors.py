@@ -122,3 +122,14 @@ def test_the_cli_line_names_the_case_file_key(tmp_path):
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == f"error: {path}: cluster.performance.comm_overlap: expected a fraction in [0, 1], " \
                                     "got 1.5", result.stderr
+
+
+def test_a_gpu_spec_whose_nvlink_domain_straddles_its_nodes_is_refused_by_the_spec():
+    """The API's GPUSpec took a domain of 5 in nodes of 8: topology's domain r // 5 then joined GPUs
+    of two nodes over NVLink."""
+    figures = dict(name="g", memory_bytes=80e9, peak_flops={"bf16": 1e15}, hbm_bandwidth=3e12,
+                   intra_node_bandwidth=450e9, inter_node_bandwidth=50e9)
+    error = spec_error(lambda: GPUSpec(**figures, gpus_per_node=8, nvlink_domain=5))
+    assert (error.spec, error.field) == ("GPUSpec", "nvlink_domain")
+    for per_node, domain in ((8, 4), (8, 8), (4, 72), (16, 8)):  # a part of a node, or whole nodes
+        assert GPUSpec(**figures, gpus_per_node=per_node, nvlink_domain=domain).nvlink_domain == domain
