@@ -1585,6 +1585,18 @@ def test_an_empty_torchtitan_toml_is_no_job_file(tmp_path, text):
     assert "seq_len" not in line
 
 
+@pytest.mark.parametrize("text", ["", "# nothing yet\n", "\n  \n"])
+def test_an_empty_torchtitan_overrides_file_is_refused(tmp_path, text):
+    """An empty overrides.txt was diagnosed on torchtitan's defaults, as an empty .toml was: for a case
+    at those defaults' sequence (2,048) and batch it passed as a job of that layout (exit 0)."""
+    case = write(tmp_path / "tt.yaml", yaml.safe_dump({
+        "model": {"preset": "llama2-7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+        "training": {"global_batch_size": 64, "seq_len": 2048, "engine": "torchtitan"}}))
+    overrides = write(tmp_path / "overrides.txt", text)
+    one_line_error(cli("diagnose", str(case), "--torchtitan", str(overrides)), "overrides.txt: ",
+                   "holds no words (it is empty or only comments)")
+
+
 def test_an_unknown_option_after_the_checkpoint_subcommand_is_named_as_unknown(tmp_path):
     """activation_checkpoint:selective then --activation_checkpoint.selective_ac_option 0 (0.2's option) said
     "the subcommand goes last"; moved before it, the option was refused again for another reason."""

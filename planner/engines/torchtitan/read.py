@@ -496,6 +496,10 @@ def _words(src: str, text: str) -> tuple[list[str], Optional[tuple[Optional[str]
         if got is None:
             raise CaseError(src, f"line {number}", "cannot be split into words as a shell does: a quote with no end")
         words += got
+    if not words:
+        # An empty or comment-only overrides file was diagnosed on torchtitan's defaults, as a .toml one was.
+        raise CaseError(src, "", "holds no words (it is empty or only comments): expected torchtitan's "
+                                 "command-line overrides, a launch script or a TOML job file")
     start = next((i for i in range(len(words)) if _starts_training(words, i)), None)
     return (words, None, (), ()) if start is None else (words[start + 1:], _torchrun_flags(words[:start]), (), ())
 
