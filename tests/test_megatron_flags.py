@@ -96,6 +96,14 @@ def test_no_flag_megatron_core_defines_is_taken_for_a_misspelling():
     (("--bf16", "--bf16 stray"), "--bf16", "takes no value, but 'stray' follows it"),
     (("--tensor-model-parallel-size 4", "--tensor-model-parallel-size 4 8"), "--tensor-model-parallel-size",
      "takes one value, but '8' follows it"),
+    # argparse reads a negative number as a positional argument, not an option: "unrecognized arguments: -1"
+    # (Python's argparse, _negative_number_matcher); it was let through as if it were a flag
+    (("--bf16", "--bf16 -1"), "--bf16", "takes no value, but '-1' follows it"),
+    (("--tensor-model-parallel-size 4", "--tensor-model-parallel-size 4 -.5"), "--tensor-model-parallel-size",
+     "takes one value, but '-.5' follows it"),
+    # validate_args asserts max_position_embeddings >= seq_length (arguments.py, core_v0.16.1 to core_v0.19.0)
+    (("--bf16", "--bf16 --max-position-embeddings 2048"), "--max-position-embeddings",
+     "2048 is below the sequence length 4096"),
     # a flag with no value, or an empty one: argparse's "expected one argument" and "invalid choice: ''"
     (("--bf16", "--normalization --bf16"), "--normalization", "takes a value, and none follows it"),
     (("--bf16", "--bf16 --optimizer="), "--optimizer", "got ''"),
@@ -117,6 +125,15 @@ def test_a_word_after_the_arguments_that_is_no_argument_passes():
     # An unexpanded variable, an array's close, a redirection: no argument of Megatron-LM's.
     for tail in (["$EXTRA_ARGS"], [")"], ["2>&1"], ["|", "tee", "log"], ["OTHER=(--seq-length", "4096)"]):
         assert flags_of(["--bf16", *tail], "args.txt")["--bf16"] is None
+    # A flag's negative value is its value (argparse takes -3 for --tp's one argument), and a positions
+    # table as long as the sequence is what validate_args asks.
+    assert flags_of(["--tensor-model-parallel-size", "-3", "--bf16"], "args.txt")["--tensor-model-parallel-size"] == "-3"
+
+
+def test_a_positions_table_as_long_as_the_sequence_is_taken(tmp_path):
+    args = ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --micro-batch-size 1 "
+            "--global-batch-size 64 --seq-length 4096 --max-position-embeddings 4096 --bf16 --use-distributed-optimizer\n")
+    assert diagnosed(tmp_path, args).estimate.job.layout.tp == 4
 
 
 def test_muon_is_not_priced_as_adam(tmp_path):

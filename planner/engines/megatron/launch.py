@@ -275,11 +275,17 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
 _NOT_AN_ARGUMENT = re.compile(r"^(?:[$()|&;<>\\]|\d*[<>]|[A-Za-z_][A-Za-z0-9_]*=\()")
 
 
+# What argparse reads as a negative number, not an option, where the parser defines no option that looks
+# like one (Megatron-LM's defines none): argparse.ArgumentParser._negative_number_matcher, Python 3.10-3.12.
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
 def _check_not_stray(src: str, flag: str, word: str, switch: bool) -> None:
     """A word after a switch, or after a flag's one value, that is no flag: argparse takes it for a
     positional argument Megatron-LM's parser does not define ("unrecognized arguments"), so the run
-    would not start (``--swiglu stray``, ``--tensor-model-parallel-size 4 8``)."""
-    if not word or word.startswith("-") or _NOT_AN_ARGUMENT.match(word):
+    would not start (``--swiglu stray``, ``--tensor-model-parallel-size 4 8``, ``--swiglu -1``: a
+    negative number is a positional argument to argparse, not an option)."""
+    if not word or (word.startswith("-") and not _NEGATIVE_NUMBER.match(word)) or _NOT_AN_ARGUMENT.match(word):
         return
     takes = "no value" if switch else "one value"
     raise CaseError(src, flag, f"takes {takes}, but {one_line(word, 60)!r} follows it: Megatron-LM's parser "

@@ -553,6 +553,14 @@ def _check_model(args: _Args, model, training) -> None:
         value = args.integer(flag)
         if value is not None and value != expected:
             raise CaseError(args.src, flag, f"{value} differs from the case's {expected}")
+    positions = args.integer("--max-position-embeddings")
+    if positions is not None and positions < training.seq_len:
+        # validate_args asserts max_position_embeddings >= seq_length whatever the position embedding
+        # (megatron/training/arguments.py, core_v0.16.1 to core_v0.19.0): the run would not start.
+        raise CaseError(args.src, "--max-position-embeddings", f"{positions} is below the sequence length "
+                                                               f"{training.seq_len}: Megatron-LM's validate_args "
+                                                               "asserts max_position_embeddings >= seq_length, and "
+                                                               "the run would not start")
     # Widths the estimate prices by, where the list gives them. Multi-latent attention takes its
     # heads' widths from --qk-head-dim, --qk-pos-emb-head-dim and --v-head-dim and never reads
     # --kv-channels (megatron-core's multi_latent_attention.py): Megatron-LM's DeepSeek scripts pass one.
