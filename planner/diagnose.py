@@ -276,6 +276,9 @@ class ConfigReading:
     planning: Optional[Case] = None
     # The file read (a DeepSpeed launch script given: the ds_config it passes); None: the one given.
     path: Optional[Path] = None
+    # The config's own word on the routing (a switch that forces it balanced: :func:`forced_routing`),
+    # said in place of the case's unstated routing (``plan.unstated_routing``); None: the case's stands.
+    routing: Optional[str] = None
 
 
 def read_job(case: Any, engine: str, path: Path, pp: Optional[IntArg] = None, tp: Optional[IntArg] = None,
@@ -303,14 +306,17 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[IntArg] = None, tp
     resolved: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     misspelled: tuple[str, ...] = ()
+    routing = None  # DeepSpeed-MoE's gates have no switch that forces the routing
     if engine == "megatron":
         from .engines.megatron.launch import launch_notes
         from .engines.megatron.read import architecture_notes, connection_notes, read_training
+        from .engines.megatron.read import forced_routing as megatron_forced_routing
 
         said_dispatch = loaded.training.expert_dispatch
         settings = read_training(path, loaded)  # read once, for the case and the note
         as_given = loaded
         loaded = with_megatron_training(loaded, path, settings)
+        loaded, routing = forced_routing(loaded, path, megatron_forced_routing(path))
         notes = tuple(launch_notes(path)) + tuple(architecture_notes(path, loaded)) + tuple(connection_notes(path, loaded))
     else:
         from .engines.deepspeed.read import auto_resolved, launched_config, misspelled_keys
@@ -355,7 +361,7 @@ def read_job(case: Any, engine: str, path: Path, pp: Optional[IntArg] = None, tp
         from .engines.deepspeed.read import unpriced_notes
 
         notes += tuple(unpriced_notes(path, job))
-    return ConfigReading(engine, loaded, layout, job, resolved, notes, taken, planning, path)
+    return ConfigReading(engine, loaded, layout, job, resolved, notes, taken, planning, path, routing)
 
 
 def _read_torchtitan(case: Any, path: Path, options: dict, argument: Argument) -> ConfigReading:
@@ -378,6 +384,28 @@ def _read_torchtitan(case: Any, path: Path, options: dict, argument: Argument) -
     job = _job(loaded, layout, path, engine, options, argument)
     return ConfigReading(engine, loaded, layout, job, (), tuple(reading_notes(path, loaded, job)),
                          taken_from_job(as_given, settings, path))
+
+
+def forced_routing(case: Case, path: Path, how: Optional[str]) -> tuple[Case, Optional[str]]:
+    """``case`` routed as a config that forces the routing balanced runs it (``how``: the engine reader's
+    ``forced_routing``, the switch and what the engine does; None where the config leaves the router its
+    own), and the one note that says so in place of ``plan.unstated_routing``'s, which told such a launch
+    to state the imbalance its runs measure. A forced router's busiest rank takes the mean, the routing
+    ``model.moe_load_imbalance`` 1 prices; diagnose estimates the launch, so a case that states a trained
+    router's imbalance is priced as the launch runs, and the note says the two disagree. The planner's
+    best is searched on the same case, so the two are set side by side on the same routing."""
+    if how is None or not case.model.is_moe:  # a dense model has no router: the switch does nothing
+        return case, None
+    stated = case.model.moe_load_imbalance
+    note = (f"{Path(path).name} forces balanced routing ({how}): a benchmarking switch, the routing no longer "
+            "depends on the model, so the loss is not that of real training; priced as such, every "
+            "expert-parallel rank given the same tokens (model.moe_load_imbalance 1), the planner's best too")
+    if stated != 1:
+        note += (f"; the case's model.moe_load_imbalance {stated:g} (a trained router's) and the launch disagree: "
+                 "priced as the launch runs, balanced (without the switch it would be priced at "
+                 f"{stated:g})")
+        case = replace(case, model=replace(case.model, moe_load_imbalance=1.0))
+    return case, note
 
 
 def _job(case: Case, layout: Layout, path: Path, engine: str, options: dict, argument: Argument) -> Job:
@@ -427,7 +455,7 @@ def diagnose(case: Any, config: Optional[Path] = None, megatron_args: Optional[P
     best = plan_case(reading.planning or loaded, target=engine)
     # What `estimate` and `plan` say of the case (routing it leaves unstated, a sequence past its
     # hf_config's positions), of the training as the config runs it, first.
-    notes = case_notes(case, loaded) + reading.notes
+    notes = case_notes(case, loaded, routing=reading.routing) + reading.notes
     # A DeepSpeed loss the case leaves unstated, said of the layout the config runs.
     notes += tuple(note for note in (unstated_loss(loaded.source, job),) if note)
     if engine == "megatron" and best.best is not None:

@@ -729,12 +729,13 @@ def check_ignored_layout(case: Any, command: str = "plan") -> Optional[str]:
             f"search.<key> pins a choice for {command})")
 
 
-def case_notes(case: Any, loaded: Case) -> tuple[str, ...]:
+def case_notes(case: Any, loaded: Case, routing: Optional[str] = None) -> tuple[str, ...]:
     """What `estimate`, `plan`, `size` and `diagnose` say on stderr of the case they price, one line each:
     routing it leaves unstated, a sequence past its hf_config's positions, a pipeline split the engine
     does not run, and a fabric other than the one a fitted profile's runs ran on
-    (``fitted.other_fabric_notes``)."""
-    return tuple(note for note in (unstated_routing(case, loaded), past_positions(case, loaded),
+    (``fitted.other_fabric_notes``). ``routing``: `diagnose`'s word on a launch that forces its routing
+    balanced (``diagnose.forced_routing``), said in the place of the unstated routing's."""
+    return tuple(note for note in (routing or unstated_routing(case, loaded), past_positions(case, loaded),
                                    own_split_note(case, loaded), *other_fabric_notes(case)) if note)
 
 

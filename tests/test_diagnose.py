@@ -1067,6 +1067,42 @@ def test_diagnose_says_what_estimate_and_plan_say_of_the_case(tmp_path):
     assert not any("moe_load_imbalance" in note for note in diagnose(stated, megatron_args=args).notes)
 
 
+def test_a_launch_that_forces_balanced_routing_is_priced_so_and_not_asked_for_its_imbalance(tmp_path):
+    """--moe-router-force-load-balancing replaces the router's logits by random ones (megatron-core 0.16
+    router.py, TopKRouter.forward: ``apply_random_logits``; moe_utils.RandomSTE draws them ``normal_()``):
+    every expert alike, the routing model.moe_load_imbalance 1 prices. diagnose told such a launch its
+    imbalance was unstated and to state what its runs measure; a case that stated 1.3 was priced at 1.3,
+    where the launch runs balanced."""
+    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16"},
+            "search": {"pp": 2}}
+    best = planner.plan(case, target="megatron").best
+    files, _ = render(best, "megatron", "<generated>")
+    written = write_all([Output(tmp_path / name, text) for name, text in files.items()], force=False)
+    args = next(p for p in written if p.name == "megatron_args.txt")
+    # The planner plans real training: its files leave the benchmarking switch off.
+    assert not any("force-load-balancing" in p.read_text() for p in written)
+    plain = diagnose(case, megatron_args=args).notes
+    assert any("model.moe_load_imbalance is unstated" in note for note in plain)
+    assert not any("forces balanced routing" in note for note in plain)
+    forced = tmp_path / "forced_args.txt"
+    forced.write_text(args.read_text() + "--moe-router-force-load-balancing\n")
+    notes = diagnose(case, megatron_args=forced).notes
+    assert not any("moe_load_imbalance is unstated" in note for note in notes), notes
+    said = [note for note in notes if "forces balanced routing" in note]
+    assert len(said) == 1 and "--moe-router-force-load-balancing" in said[0] and "benchmark" in said[0]
+    assert "model.moe_load_imbalance 1" in said[0] and "disagree" not in said[0]
+    # A case that states a trained router's imbalance disagrees with the launch: priced as the launch runs
+    # (balanced: the estimate of the case stated at 1), and said.
+    skewed = {**case, "model": {**case["model"], "moe_load_imbalance": 1.3}}
+    balanced = {**case, "model": {**case["model"], "moe_load_imbalance": 1.0}}
+    run = diagnose(skewed, megatron_args=forced)
+    assert run.estimate.step_time_s == diagnose(balanced, megatron_args=args).estimate.step_time_s
+    assert run.estimate.step_time_s < diagnose(skewed, megatron_args=args).estimate.step_time_s
+    said = [note for note in run.notes if "forces balanced routing" in note]
+    assert len(said) == 1 and "model.moe_load_imbalance 1.3" in said[0] and "disagree" in said[0]
+
+
 def test_differences_no_gain_asks_for_are_not_said_as_a_change(tmp_path):
     """Megatron-LM's files of `plan --fastest` for Mixtral 8x7B on 96 H200s (a global batch of 333, 3²·37):
     the robust pick is another layout, slower by less than the gap the model cannot tell apart. diagnose

@@ -897,7 +897,7 @@ def _expert_notes(name: str, flags: dict, model) -> list[str]:
     balancing = (flags.get("--moe-router-load-balancing-type") or "aux_loss").split()
     balanced = "--moe-router-enable-expert-bias" in flags or "sinkhorn" in balancing or (
         any(_positive(c) for c in coefficients) and set(balancing) != {"none"})
-    if not balanced and "--moe-router-force-load-balancing" not in flags:
+    if not balanced and FORCED_ROUTING_FLAG not in flags:  # forced: diagnose's note on forced_routing
         # router.py adds the auxiliary loss only with a coefficient above 0 (arguments.py: default 0.0)
         notes.append(f"{name} trains the router without load balancing (--moe-aux-loss-coeff "
                      f"{flags.get('--moe-aux-loss-coeff') or 'absent: 0.0'}, no expert bias): the experts may "
@@ -907,6 +907,25 @@ def _expert_notes(name: str, flags: dict, model) -> list[str]:
                      "megatron-core drops the tokens over capacity and pads no expert, priced padded to capacity "
                      "(model.moe_capacity_factor), so the run may compute less than priced")
     return notes
+
+
+FORCED_ROUTING_FLAG = "--moe-router-force-load-balancing"
+
+
+def forced_routing(path: Path) -> Optional[str]:
+    """How the argument list at ``path`` forces the routing balanced, as `diagnose`'s note says it; None
+    where it leaves the router its own. ``--moe-router-force-load-balancing`` (TransformerConfig's
+    ``moe_router_force_load_balancing``, a benchmarking switch): ``TopKRouter.forward``
+    (megatron/core/transformer/moe/router.py) replaces the gate's logits by random ones
+    (moe_utils.py ``apply_random_logits``: ``RandomSTE`` draws them ``normal_()``), so every expert is as
+    likely as the next whatever the token: the same tokens a rank in expectation, as
+    ``model.moe_load_imbalance`` 1 prices."""
+    path = Path(path)
+    launch = launch_of(path, read_text(path))
+    if FORCED_ROUTING_FLAG not in flags_of(launch.words, launch.src, launch.shell):
+        return None
+    return (f"{FORCED_ROUTING_FLAG}: megatron-core routes on random logits, router.py's apply_random_logits, "
+            "every expert alike")
 
 
 def architecture_notes(path: Path, case) -> list[str]:
