@@ -370,6 +370,7 @@ def _read_torchtitan(case: Any, path: Path, options: dict, argument: Argument) -
     the estimate does not see as the job runs it. ``options`` are the DeepSpeed reader's, refused
     where they differ from what the job states (``read_layout``)."""
     from .configs import read_layout
+    from .engines.torchtitan.read import forced_routing as torchtitan_forced_routing
     from .engines.torchtitan.read import read_training, reading_notes, taken_from_job, with_training
 
     engine = "torchtitan"
@@ -377,13 +378,14 @@ def _read_torchtitan(case: Any, path: Path, options: dict, argument: Argument) -
     settings = read_training(path, loaded)
     as_given = loaded
     loaded = with_training(loaded, path, settings)
+    loaded, routing = forced_routing(loaded, path, torchtitan_forced_routing(path))
     layout = read_layout(loaded, engine, path, **{k: v for k, v in options.items() if v is not None},
                          argument=argument)
     spec, training = retarget(loaded.source, loaded.search, loaded.training, engine)
     loaded = replace(loaded, training=training, search=spec)
     job = _job(loaded, layout, path, engine, options, argument)
     return ConfigReading(engine, loaded, layout, job, (), tuple(reading_notes(path, loaded, job)),
-                         taken_from_job(as_given, settings, path))
+                         taken_from_job(as_given, settings, path), routing=routing)
 
 
 def forced_routing(case: Case, path: Path, how: Optional[str]) -> tuple[Case, Optional[str]]:

@@ -102,6 +102,51 @@ def test_the_emitted_overrides_read_back_to_the_plans_layout_and_step_time(tmp_p
     assert all("base config" in note or note in case_notes for note in result.notes) and result.planned_with is None
 
 
+def test_a_job_that_forces_balanced_routing_is_priced_so_and_not_asked_for_its_imbalance(tmp_path):
+    """torchtitan's debugging switch debug.moe_force_load_balance (config/configs.py: "for debugging usage
+    only"; 0.2.0's training.debug_moe_force_load_balance, 0.2.2's [debug] table) gives the experts the
+    token-slots round-robin (models/common/moe.py, TokenChoiceTopKRouter._debug_force_load_balance_routing:
+    ``arange(B·L·K) % E``): the busiest expert takes the mean, model.moe_load_imbalance 1. diagnose told such
+    a job its imbalance was unstated and to state what its runs measure."""
+    case, pins = ROUND_TRIPS["qwen3_moe"]
+    case = {**case, "search": pins}
+    _, overrides = emitted(*ROUND_TRIPS["qwen3_moe"], tmp_path)
+    # The planner plans real training: its files leave the switch off.
+    assert not any("force_load_balance" in p.read_text() for p in tmp_path.iterdir() if p.is_file())
+    plain = diagnose(case, torchtitan=overrides).notes
+    assert any("model.moe_load_imbalance is unstated" in note for note in plain)
+    forced = tmp_path / "forced.txt"
+    forced.write_text("--debug.moe_force_load_balance\n" + overrides.read_text())  # before the subcommand
+    notes = diagnose(case, torchtitan=forced).notes
+    assert not any("moe_load_imbalance is unstated" in note for note in notes), notes
+    said = [note for note in notes if "forces balanced routing" in note]
+    assert len(said) == 1 and "debug.moe_force_load_balance" in said[0] and "round-robin" in said[0]
+    # tyro's --debug.no_moe_force_load_balance turns it off
+    forced.write_text("--debug.no_moe_force_load_balance\n" + overrides.read_text())
+    assert any("moe_load_imbalance is unstated" in note for note in diagnose(case, torchtitan=forced).notes)
+    # torchtitan 0.2's job files: 0.2.0's [training] key and 0.2.2's [debug] table; a case that states a
+    # trained router's imbalance is priced as the job runs, balanced (the estimate of the case stated at 1)
+    skewed = {**case, "model": {**case["model"], "moe_load_imbalance": 1.3}}
+    balanced = {**case, "model": {**case["model"], "moe_load_imbalance": 1.0}}
+    job = ("[training]\nlocal_batch_size = 16\nglobal_batch_size = 256\nseq_len = 4096\n{training}"
+           "[parallelism]\nexpert_parallel_degree = 8\n[activation_checkpoint]\nmode = \"full\"\n{debug}")
+    toml = tmp_path / "job.toml"
+    toml.write_text(job.format(training="", debug=""))
+    unforced = diagnose(balanced, torchtitan=toml).estimate.step_time_s
+    assert diagnose(skewed, torchtitan=toml).estimate.step_time_s > unforced
+    for training, debug, key in (("debug_moe_force_load_balance = true\n", "", "training.debug_moe_force_load_balance"),
+                                 ("", "[debug]\nmoe_force_load_balance = true\n", "debug.moe_force_load_balance")):
+        toml.write_text(job.format(training=training, debug=debug))
+        run = diagnose(skewed, torchtitan=toml)
+        assert run.estimate.step_time_s == unforced
+        said = [note for note in run.notes if "forces balanced routing" in note]
+        assert len(said) == 1 and key in said[0] and "model.moe_load_imbalance 1.3" in said[0], run.notes
+    toml.write_text(job.format(training="", debug="[debug]\nmoe_force_load_balance = \"yes\"\n"))
+    with pytest.raises(CaseError) as refused:
+        diagnose(case, torchtitan=toml)
+    assert refused.value.key == "debug.moe_force_load_balance" and "true or false" in refused.value.expected
+
+
 def test_the_round_trips_cover_the_layouts_torchtitan_runs(tmp_path):
     """The cases above reach what the reader inverts: sharding and replication, TP, CP, pipelines with
     and without interleaving, offload, async TP and experts (a pin the search ignored would leave a

@@ -96,7 +96,11 @@ SECTIONS = ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer",
 # The boolean fields among them: tyro makes each a switch (--s.k / --s.no_k) that takes no value.
 SWITCHES = ("parallelism.enable_fsdp_symm_mem", "parallelism.enable_sequence_parallel", "training.enable_cpu_offload",
             "training.disable_cuda_graphs", "training.gc_debug", "compile.enable",
-            "compile.enable_async_tensor_parallel", "parallelism.enable_async_tensor_parallel")
+            "compile.enable_async_tensor_parallel", "parallelism.enable_async_tensor_parallel",
+            "debug.moe_force_load_balance")
+# The debugging switch that routes every MoE layer's tokens round-robin (:func:`forced_routing`): DebugConfig's
+# in 0.3.0 (config/configs.py) and 0.2.2's [debug] (config/job_config.py, Debug), TrainingConfig's in 0.2.0.
+FORCED_ROUTING_KEYS = ("debug.moe_force_load_balance", "training.debug_moe_force_load_balance")
 
 # torch.distributed.pipelining.schedules.get_schedule_class's names (case-insensitive), by the stages
 # a rank holds: one (PipelineScheduleSingle) or several (PipelineScheduleMulti). The cost model times
@@ -437,6 +441,10 @@ def _from_toml(src: str, data: dict) -> _Settings:
     for name, table in (linear.items() if isinstance(linear, dict) else ()):
         if isinstance(table, dict):
             values.update({f"quantize.linear.{name}.{key}": value for key, value in table.items()})
+    debug = data.get("debug")
+    if isinstance(debug, dict) and "moe_force_load_balance" in debug:
+        # 0.2.2's [debug] table, read for this switch alone (forced_routing): nothing else in it is priced
+        values["debug.moe_force_load_balance"] = debug["moe_force_load_balance"]
     if values.get("parallelism.pipeline_parallel_split_points"):
         # torchtitan 0.2's older way to cut the stages, at the named modules: not read here.
         raise CaseError(src, "parallelism.pipeline_parallel_split_points", "is not read: give the stages as "
@@ -1366,6 +1374,20 @@ def taken_from_job(case, settings: dict, path: Union[str, Path]) -> Optional[str
     taken = [f"training.{key} {str(value).lower()} ({where(key)})" for key, value in settings.items()
              if _left_open(case.training, key, value)]
     return "; ".join(taken) or None
+
+
+def forced_routing(path: Union[str, Path]) -> Optional[str]:
+    """How the job at ``path`` forces its routing balanced, as `diagnose`'s note says it; None where it
+    leaves the router its own. ``debug.moe_force_load_balance`` (0.2.0's
+    ``training.debug_moe_force_load_balance``), "for debugging usage only" (config/configs.py):
+    ``TokenChoiceTopKRouter._debug_force_load_balance_routing`` (models/common/moe.py) gives the
+    micro-batch's token-slots the experts round-robin, ``arange(B·L·K) % E``, whatever the scores: every
+    expert the same tokens to within one, as ``model.moe_load_imbalance`` 1 prices."""
+    s = _load(Path(path))
+    key = next((k for k in FORCED_ROUTING_KEYS if s.switch(k, False)), None)
+    if key is None:
+        return None
+    return f"{key}: torchtitan gives the experts the tokens round-robin, models/common/moe.py, every expert alike"
 
 
 def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
