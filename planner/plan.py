@@ -812,10 +812,12 @@ def unstated_routing(case: Any, loaded: Case) -> Optional[str]:
     was priced with every expert-parallel rank given the same tokens (the default, 1), as the published
     benchmarks run with forced balancing (Megatron-LM's --moe-router-force-load-balancing, which the
     emitted files leave off: it changes what is trained). A trained router is less even, and each MoE
-    layer waits for its busiest rank; None where the case states it or has no experts."""
+    layer waits for its busiest rank; None where the case states it, has no experts, or pads them to a
+    capacity factor (the busiest rank's share is then the factor, whatever the imbalance:
+    ``ModelSpec.routed_factor``)."""
     from .case import read_case
 
-    if not loaded.model.is_moe:
+    if not loaded.model.is_moe or loaded.model.moe_capacity_factor is not None:
         return None
     data, src, _ = read_case(case)
     section = data.get("model") if isinstance(data, dict) else None

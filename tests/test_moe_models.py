@@ -481,6 +481,16 @@ def test_a_plan_says_when_it_priced_balanced_routing_the_case_did_not_state():
     assert not any("moe_load_imbalance" in note for note in planner.plan(case, top_k=0).notes)
 
 
+def test_a_router_padded_to_a_capacity_is_not_asked_for_its_imbalance():
+    """With a capacity factor every expert is padded to that multiple of the mean (megatron-core's
+    moe_pad_expert_input_to_capacity, tokens past it dropped), so the busiest rank's share is the factor
+    whatever the router's imbalance (ModelSpec.routed_factor): the note asking for the imbalance was untrue."""
+    case = {"model": {"preset": "mixtral-8x7b", "moe_capacity_factor": 1.25},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"}}
+    assert not any("moe_load_imbalance" in note for note in planner.plan(case, top_k=0).notes)
+
+
 QWEN3_EP8 = {"model": {"preset": "qwen3-30b-a3b", "num_layers": 4, "moe_load_imbalance": 1},
              "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
              "training": {"global_batch_size": 8, "seq_len": 4096, "precision": "bf16"},
