@@ -166,8 +166,7 @@ def outside(fitted: dict, job: Job) -> list[str]:
     lines = []
     known = facts(job)
     gemm = PRECISION_FIGURE.get(known["precision"], GEMM)
-    # Expert parallelism and ZeRO inside one node run over NVLink, not the fabric.
-    exchange = "performance.intra_node_efficiency" if known["nodes"] == 1 else None
+    exchange = {k: _exchange(job, k) for k in ("ep", "zero_stage", "nodes")}
     for k, v in known.items():
         seen = cover.get(k)
         if not isinstance(seen, list) or not seen or v in seen:
@@ -175,15 +174,30 @@ def outside(fitted: dict, job: Job) -> list[str]:
         if k in RANGED and min(seen) <= v <= max(seen):
             continue
         if k == "model_kind":
-            lines.append(_kind_line(v, seen, figures, gemm, known["ep"], exchange))
+            lines.append(_kind_line(v, seen, figures, gemm, known["ep"], exchange["ep"]))
             continue
-        figure = PRECISION_FIGURE.get(v, GEMM) if k == "precision" else \
-            exchange if k in ("ep", "zero_stage") and exchange else LEANS_ON[k]
+        figure = PRECISION_FIGURE.get(v, GEMM) if k == "precision" else exchange.get(k) or LEANS_ON[k]
         if figure == GEMM:
             figure = gemm
         lines.append(f"{k.replace('_', ' ')} {v} lies outside the fitted profile's runs "
                      f"({', '.join(str(x) for x in seen)}); it leans on {_lean(figures, figure)}")
     return lines
+
+
+def _exchange(job: Job, respect: str) -> Optional[str]:
+    """The figure a respect whose traffic may cross the fabric (the experts' dispatch, ZeRO's gathers and
+    reductions, the node count) leans on where that traffic stays inside one NVLink domain: the NVLink's
+    efficiency, not the fabric's (None where it crosses domains: LEANS_ON's fabric figure). Domains, not
+    nodes, as the cost model prices it (``cost_models.topology.group_links``): on an NVL72 rack 8 GPUs of
+    two 4-GPU trays stay on NVLink, and on DGX H100 nodes an ep group of 2 inside a 16-GPU job does too;
+    both were said to lean on the fabric's figures, which their step time does not depend on."""
+    from cost_models.topology import group_links
+
+    if respect == "nodes":  # every group of the job: inside one domain where the job is
+        inside = job.cluster.num_gpus <= job.cluster.gpu.nvlink_domain
+    else:  # the experts' group, or ZeRO's: data parallel with context parallel folded in
+        inside = group_links(job.cluster, job.layout, "ep" if respect == "ep" else "dp_cp").domains == 1
+    return "performance.intra_node_efficiency" if inside else None
 
 
 def _kind_line(kind: str, seen: list, figures: dict, gemm: str, ep: int, exchange: Optional[str]) -> str:

@@ -1776,6 +1776,44 @@ def test_a_mixture_of_experts_on_a_profile_of_dense_runs_says_so_at_ep_1(tmp_pat
     assert "their all-to-all leans on fabric.alltoall_efficiency 0.85, the preset's: no run informed it" in kind
 
 
+def test_a_plan_whose_exchange_stays_inside_an_nvlink_domain_names_the_nvlink_figure_it_leans_on(tmp_path):
+    """The runs' experts dispatched across nodes (ep 16 and 32 on DGX H100s, and on GB300 trays of 4). An
+    ep of 2 on 16 H100s keeps each expert group inside one node, and ZeRO's group of 8 GB300s (two trays)
+    stays inside their 72-GPU NVLink domain, yet the notes named the fabric's figures as the ones they
+    leaned on: counted in nodes (gpus_per_node), not in NVLink domains as the cost model prices the
+    traffic. The figure a note names must be one the job's step time moves with."""
+
+    def on(gpu: str, gpus: int, ep: int, zero: int = 1) -> dict:
+        new = moe_case(gpus, ep, 1)
+        new["cluster"]["gpu"] = gpu
+        new["training"]["global_batch_size"] = 8 * gpus
+        new["layout"]["zero_stage"] = zero
+        return new
+
+    def notes_and_moves(new: dict, path: Path) -> tuple[dict[str, str], dict[str, float]]:
+        """The notes on the profile by respect, and how far the job's step moves with each figure halved."""
+        hw = prior_hardware([Run("x", new)], "runs")
+        base = estimate(new).step_time_s
+        moves = {name: estimate(with_figures(new, hw, {name: value / 2})).step_time_s / base - 1
+                 for name, value in (("fabric.alltoall_efficiency", hw.fabric_mapping.get("alltoall_efficiency", 0.85)),
+                                     ("fabric.efficiency", hw.fabric_mapping["efficiency"]),
+                                     ("performance.intra_node_efficiency", hw.performance.intra_node_efficiency))}
+        notes = estimate({**new, "cluster": {"profile": str(path), "num_gpus": new["cluster"]["num_gpus"]}})
+        return {n.split(" lies outside")[0]: n for n in notes.outside_fitted_runs}, moves
+
+    # (the GPU, the job, the respects it leaves the runs in, the fabric figures its step does not move with)
+    for gpu, new, respects, unmoved in (
+            ("h100-sxm-80gb", on("h100-sxm-80gb", 16, 2), ("ep 2",), ("fabric.alltoall_efficiency",)),
+            ("gb300", on("gb300", 8, 8, zero=3), ("ep 8", "zero stage 3", "nodes 2"),
+             ("fabric.alltoall_efficiency", "fabric.efficiency"))):
+        run = on(gpu, 32, 16)  # one run whose experts dispatch across two nodes or eight trays
+        notes, moves = notes_and_moves(new, profile_file(tmp_path, [Run("run", run, estimate(run).tokens_per_s)],
+                                                         f"{gpu}.yaml"))
+        assert all(moves[name] == 0 for name in unmoved) and moves["performance.intra_node_efficiency"] > 0, gpu
+        for said in respects:
+            assert "it leans on performance.intra_node_efficiency" in notes[said], notes[said]
+
+
 def test_a_dense_model_on_a_profile_of_mixtures_of_experts_says_so(tmp_path):
     runs = [Run(f"run{i}", moe_case(*lay), estimate(moe_case(*lay)).tokens_per_s)
             for i, lay in enumerate(MOE_LAYOUTS[:3])]
