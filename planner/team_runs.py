@@ -198,7 +198,9 @@ def _missing(row: dict) -> Optional[tuple[str, str]]:
     if model.get("kv_heads") is None and not mla:
         return "model.kv_heads", "expected the key-value heads (heads again for multi-head attention), got None"
     moe = model.get("moe") if isinstance(model.get("moe"), dict) else {}
-    dense_layers = not moe or moe.get("first_dense_layers") or moe.get("moe_layer_freq") is not None
+    # A frequency of 1 (Megatron-LM's --moe-layer-freq 1, the published rows' Qwen3-30B-A3B) makes every layer
+    # a mixture of experts: no dense MLP for the width to be in, and its run was refused for want of one.
+    dense_layers = not moe or moe.get("first_dense_layers") or moe.get("moe_layer_freq") not in (None, 1, "1")
     if model.get("ffn_hidden") is None and dense_layers:  # a MoE model's dense layers run it too
         return "model.ffn_hidden", "expected the MLP's width (of the dense layers), got None"
     if model.get("ffn_act") is None:

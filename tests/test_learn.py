@@ -1239,6 +1239,19 @@ def test_a_team_run_is_read_as_it_ran_or_refused_naming_its_key(changes, key, ne
         runs_from_rows([published_row(**changes)], "runs.yaml")
 
 
+def test_a_team_run_of_experts_in_every_layer_needs_no_dense_mlp_width():
+    """A mixture of experts in every layer (moe_layer_freq 1, no first dense layers: Qwen3-30B-A3B as the
+    repo's Megatron-Bridge rows state it) has no dense MLP, yet its run was refused for want of the dense
+    MLP's width: its predicted step is the same whatever that width is."""
+    moe = {"num_experts": 128, "top_k": 8, "expert_ffn_hidden": 768, "first_dense_layers": 0, "moe_layer_freq": 1}
+    rows = [published_row(model__ffn_hidden=width, model__moe=moe, parallel__ep=8) for width in (None, 6144, 24576)]
+    steps = {estimate(runs_from_rows([row], "runs.yaml")[0].case).step_time_s for row in rows}
+    assert len(steps) == 1
+    with pytest.raises(CaseError, match=r"model\.ffn_hidden: expected the MLP's width \(of the dense layers\)"):
+        runs_from_rows([published_row(model__ffn_hidden=None, model__moe={**moe, "first_dense_layers": 1},
+                                      parallel__ep=8)], "runs.yaml")
+
+
 def test_runs_apart_are_not_taken_for_one_run_twice():
     """Ids apart past their 80th character were cut there and refused as one run twice; two files' runs
     without ids were both '[0]'."""
