@@ -17,7 +17,7 @@ from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_grad
                            sharded_state_bytes, state_bytes, working_bytes, zero_shards)
 from .offload import accumulates_on_host, gradients_on_host, host_gradient_bytes, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, built_vocab, embedding_parameters, embedding_shards,
-                         expert_parameters, largest_parameter, mlp_parameters, router_parameters, shared_expert_parameters,
+                         expert_parameters, head_shards, largest_parameter, mlp_parameters, router_parameters, shared_expert_parameters,
                          stage_dense_linear_parameters, stage_linear_parameters, stage_parameters, total_parameters)
 from .quantization import cached_weight_bytes
 from .pipeline import first_chunk_in_flight, in_flight_chunks, in_flight_peak
@@ -75,6 +75,11 @@ def job_vocab(job: Job) -> int:
 def job_embedding_shards(job: Job) -> int:
     """The tensor-parallel ranks the job's input embedding is split over (:func:`embedding_shards`)."""
     return embedding_shards(job.layout.tp, job.layout.pp, job.training.engine)
+
+
+def job_head_shards(job: Job) -> int:
+    """The tensor-parallel ranks the job's LM head is split over (:func:`head_shards`)."""
+    return head_shards(job.model, job.layout.tp, job.layout.pp, job.training.engine)
 
 
 def job_stage_parameters(job: Job, stage: int) -> StageParameters:

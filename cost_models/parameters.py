@@ -125,6 +125,16 @@ def embedding_shards(tp: int, pp: int, engine: EngineBehaviour) -> int:
     return 1 if engine.whole_embedding_without_pipeline and pp == 1 else tp
 
 
+def head_shards(model: ModelSpec, tp: int, pp: int, engine: EngineBehaviour) -> int:
+    """The tensor-parallel ranks the LM head's weight, and so its GEMM's vocabulary columns, is split
+    over. A head tied to the input embedding is that matrix, split as it is (:func:`embedding_shards`):
+    DeepSpeed 0.19.8's AutoTP leaves a gathered-output head tied to an embedding replicated, with the
+    embedding (``module_inject/auto_tp.py``, ``_configure_gathered_column_tie_fallbacks``), so its GEMM
+    runs over all V on every rank. An untied head is column-parallel over tp (megatron-core's
+    ``ColumnParallelLinear``, torchtitan's colwise ``lm_head``, AutoTP's ``colwise_gather_output`` plan)."""
+    return embedding_shards(tp, pp, engine) if model.tied_embeddings else tp
+
+
 def embedding_parameters(model: ModelSpec, vocab: Optional[int] = None) -> int:
     """The input embedding's (or an untied LM head's) V × h, of ``vocab`` rows where given (the
     engine's, :func:`built_vocab`), else the model's."""

@@ -10,9 +10,9 @@ from typing import Optional
 from .activations import logit_shards, selective_modules
 from .collectives import all_to_all_time, collective_time, exposed, p2p_time
 from .experts import dispatch_combine_time, moe_recompute_time
-from .flops import head_gemm, mtp_projection_gemm
+from .flops import Gemm, head_gemm, mtp_projection_gemm
 from .kernels import gemm_time, high_precision_precision, in_place_time
-from .memory import job_stage_parameters
+from .memory import job_head_shards, job_stage_parameters
 from .parameters import built_vocab
 from .model_states import folds_gradients_into_flat_buffer, folds_gradients_into_fp32
 from .quantization import activation_bytes
@@ -76,7 +76,7 @@ def cp_all_to_all_per_layer(model: ModelSpec, training: TrainingSpec, cluster: C
 
 @lru_cache(maxsize=4096)
 def head_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, tokens: float,
-              shards: Optional[int] = None) -> float:
+              shards: Optional[int] = None, weight_shards: Optional[int] = None) -> float:
     """The last stage's LM head and loss on ``tokens`` tokens, forward and backward. The head runs
     in bf16 under every recipe (Transformer Engine's output layer is Megatron's bf16
     ColumnParallelLinear, bar megatron-core's opt-in MXFP8 head of 2026-05-31, ``fp8_output_proj``,
@@ -85,16 +85,42 @@ def head_time(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, tp: int, t
     again, after its 2h → h projection (priced as the head). Both run over the vocabulary the engine
     builds (``parameters.built_vocab``: Megatron-LM's padded). The loss runs on the logits a rank holds:
     a ``shards``-th of them (``activations.logit_shards``; None: tp), whole where the engine gathers the
-    head's output (DeepSpeed's AutoTP), whose GEMM still runs on the rank's tp-th of the vocabulary.
+    head's output (DeepSpeed's AutoTP). Its GEMMs run on the ``weight_shards``-th of the vocabulary the
+    rank's head weight holds (``parameters.head_shards``; None: tp): a tp-th where the head is column-
+    parallel, even where its output is gathered; all of it where AutoTP leaves a tied head whole.
     Cached: it depends on no cluster size."""
     high_precision = high_precision_precision(training)
     heads = 1 + model.mtp_layers
     vocab = built_vocab(model, tp, training.engine)
-    time = heads * (3 * gemm_time(head_gemm(model, tokens, tp, vocab), gpu, high_precision)
+    time = heads * (3 * gemm_time(rank_head_gemm(model, training, tp, tokens, weight_shards), gpu, high_precision)
                     + cross_entropy_time(tokens * vocab / (shards or tp), training, gpu))
     if model.mtp_layers:
         time += model.mtp_layers * 3 * gemm_time(mtp_projection_gemm(model, tokens, tp), gpu, high_precision)
     return time
+
+
+def rank_head_gemm(model: ModelSpec, training: TrainingSpec, tp: int, tokens: float,
+                   weight_shards: Optional[int] = None) -> Gemm:
+    """The GEMM one rank's LM head runs on ``tokens`` tokens (forward; each backward GEMM is its size):
+    h → the ``weight_shards``-th (None: tp) of the vocabulary the engine builds at ``tp``
+    (``parameters.built_vocab``) that the rank's head weight holds (``parameters.head_shards``)."""
+    return head_gemm(model, tokens, tp if weight_shards is None else weight_shards, built_vocab(model, tp, training.engine))
+
+
+def job_head_gemm(job: Job) -> Gemm:
+    """The GEMM the last stage's LM head runs per micro-batch (:func:`rank_head_gemm`)."""
+    lay = job.layout
+    return rank_head_gemm(job.model, job.training, lay.tp, lay.micro_batch_size * job.training.seq_len / lay.cp,
+                          job_head_shards(job))
+
+
+def job_head_time(job: Job) -> float:
+    """The last stage's LM head and loss per micro-batch (:func:`head_time`), on the logits a rank
+    holds (``activations.logit_shards``) and the vocabulary rows its head weight holds
+    (``memory.job_head_shards``), as :func:`job_head_gemm` builds its GEMM."""
+    lay, training = job.layout, job.training
+    return head_time(job.model, training, job.cluster.gpu, lay.tp, lay.micro_batch_size * training.seq_len / lay.cp,
+                     logit_shards(lay, training.engine), job_head_shards(job))
 
 
 def gathered_logit_bytes(model: ModelSpec, training: TrainingSpec, tp: int, tokens: float) -> float:
@@ -121,9 +147,9 @@ def logit_gather_time(job: Job) -> float:
     :func:`head_time` prices), issued from eager Python (``EngineBehaviour.collective_launch_s``); the
     head is outside the checkpointed layers, so recomputation does not repeat it. A head tied to the
     input embedding is left replicated by AutoTP (``module_inject/auto_tp.py``,
-    ``_configure_gathered_column_tie_fallbacks``): it gathers nothing."""
+    ``_configure_gathered_column_tie_fallbacks``; ``memory.job_head_shards`` 1): it gathers nothing."""
     model, lay, training = job.model, job.layout, job.training
-    if logit_shards(lay, training.engine) == lay.tp or model.tied_embeddings:
+    if logit_shards(lay, training.engine) == lay.tp or job_head_shards(job) == 1:
         return 0.0
     tokens = lay.micro_batch_size * training.seq_len / lay.cp
     size = gathered_logit_bytes(model, training, lay.tp, tokens)
@@ -213,7 +239,7 @@ def _stage_time(job: Job, stage: int) -> StageTime:
     high = min(high, layers - moe_layers)
     compute = (layers - high - moe_layers) * low.total + high * kept.total + moe_layers * moe.total
     if last:
-        compute += head_time(model, training, gpu, lay.tp, tokens, logit_shards(lay, training.engine))
+        compute += job_head_time(job)
     if stage == 0:
         compute += 3 * perf.kernel_overhead_s  # embedding gather: memory-trivial
     compute += gradient_accumulation_time(job, stage)

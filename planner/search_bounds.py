@@ -162,8 +162,9 @@ class StepBounds:
         shape = (tp, cp, mbs)
         if shape not in self._heads:
             training = self.case.training
-            # The loss on a tp-th of the logits: at most what any layout's takes (DeepSpeed's AutoTP runs it
-            # on the whole logits: activations.logit_shards), so the bound stays a bound.
+            # The loss on a tp-th of the logits and the GEMM on a tp-th of the vocabulary: at most what any
+            # layout's take (DeepSpeed's AutoTP runs the loss on the whole logits, activations.logit_shards,
+            # and a tied head's GEMM on all of the vocabulary, parameters.head_shards), so the bound stays a bound.
             self._heads[shape] = head_time(self.case.model, training, self.case.cluster.gpu, tp,
                                            mbs * training.seq_len / cp)
         return self._heads[shape]

@@ -23,12 +23,13 @@ pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
 from cost_models.activations import logit_shards, loss_gradient_bytes, saved_logit_bytes  # noqa: E402
-from cost_models.flops import head_gemm  # noqa: E402
+from cost_models.flops import Gemm, head_gemm  # noqa: E402
 from cost_models.kernels import gemm_time, high_precision_precision  # noqa: E402
 from cost_models.layer_time import cross_entropy_time  # noqa: E402
 from cost_models.memory import job_stage_parameters, stage_state_bytes  # noqa: E402
 from cost_models.collectives import collective_time  # noqa: E402
-from cost_models.stage_time import gathered_logit_bytes, head_time, logit_gather_time, stage_time  # noqa: E402
+from cost_models.stage_time import (gathered_logit_bytes, head_time, job_head_gemm, job_head_time,  # noqa: E402
+                                   logit_gather_time, stage_time)
 from cost_models.topology import group_links  # noqa: E402
 from cost_models.tp_time import tp_exposed_per_layer  # noqa: E402
 from planner.case import load_case  # noqa: E402
@@ -90,6 +91,11 @@ class PlannedModel(Model):
                 ("mlp.up_proj", "colwise"), ("mlp.down_proj", "rowwise"))}
         self.config = types.SimpleNamespace(base_model_tp_plan=plan, num_attention_heads=2,
                                             num_key_value_heads=2, hidden_size=H)
+class TiedModel(PlannedModel):
+    """Llama's plan on a model whose head is its input embedding (tie_word_embeddings: Llama 3.2 1B's)."""
+    def __init__(self):
+        super().__init__()
+        self.lm_head.weight = self.embed_tokens.weight
 
 def rank_main(rank, port, out):
     # AutoTP's update_linear_policies only compares a layer's class with transformers' GPT2Block.
@@ -105,7 +111,7 @@ def rank_main(rank, port, out):
     sys.path.insert(0, os.getcwd())
     from tests.live_bytes import SizedBytes
     seen = {}
-    for kind, build in (("heuristic", Model), ("planned", PlannedModel)):
+    for kind, build in (("heuristic", Model), ("planned", PlannedModel), ("tied", TiedModel)):
         torch.manual_seed(0)
         model = build().to(torch.bfloat16)
         config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
@@ -137,7 +143,8 @@ def rank_main(rank, port, out):
         seen[kind] = {"head": type(head).__name__, "rows": head.weight.shape[0], "logits": shape, "peak": tally.peak,
                       "embedding_rows": engine.module.embed_tokens.weight.shape[0],
                       "embedding_numel": engine.module.embed_tokens.weight.numel(), "head_numel": head.weight.numel(),
-                      "o_proj": type(engine.module.layers[0].self_attn.o_proj).__name__, "gathered": gathered}
+                      "o_proj": type(engine.module.layers[0].self_attn.o_proj).__name__, "gathered": gathered,
+                      "tied": head.weight is engine.module.embed_tokens.weight}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(seen, f)
 
@@ -164,11 +171,13 @@ def ranks(tmp_path_factory) -> list[dict]:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def deepspeed_job(pp: int = 1, loss: str = "eager", vocab: int = V):
+def deepspeed_job(pp: int = 1, loss: str = "eager", vocab: int = V, tied: bool = False, hidden: int = H,
+                  seq: int = S):
     """A DeepSpeed job of the script's shape at tp 2: AutoTP without a pipeline, Megatron-DeepSpeed with one."""
-    return load_case({"model": {"num_layers": 2, "hidden_size": H, "num_attention_heads": 4, "vocab_size": vocab},
+    return load_case({"model": {"num_layers": 2, "hidden_size": hidden, "num_attention_heads": 4, "vocab_size": vocab,
+                                "tied_embeddings": tied},
                       "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": TP * pp},
-                      "training": {"global_batch_size": 2, "seq_len": S, "engine": "deepspeed", "loss": loss},
+                      "training": {"global_batch_size": 2, "seq_len": seq, "engine": "deepspeed", "loss": loss},
                       "layout": {"dp": 1, "tp": TP, "pp": pp, "zero_stage": 1, "micro_batch_size": 1,
                                  "recompute": "none"}}).job()
 
@@ -274,3 +283,31 @@ def test_the_gathered_buffer_holds_tp_of_autotps_widest_vocabulary_shards(vocab,
     widest = max(get_shard_size_list(vocab, tp, AutoTPMeta(), "lm_head"))
     job = deepspeed_job(vocab=vocab)
     assert gathered_logit_bytes(job.model, job.training, tp, S) == 2 * S * tp * widest
+
+
+def test_autotp_leaves_a_tied_head_whole_and_the_deepspeed_engine_prices_its_gemm_on_all_the_vocabulary(ranks):
+    # Llama's plan on a tied model: AutoTP leaves the head and the embedding it shares replicated
+    # (module_inject/auto_tp.py, _configure_gathered_column_tie_fallbacks), so every rank's head GEMM,
+    # forward and both backward GEMMs, runs over all V rows, and its output is whole without a gather.
+    for seen in ranks:
+        tied = seen["tied"]
+        assert tied["tied"] and (tied["head"], tied["rows"], tied["embedding_rows"]) == ("Linear", V, V)
+        assert tied["logits"] == [1, S, V] and tied["gathered"] == {"forward": [], "backward": []}
+        assert tied["peak"] == 12 * S * V  # the eager loss on the whole logits, as on the other paths
+    rows, width = ranks[0]["tied"]["rows"], ranks[0]["tied"]["logits"][-1]
+    job = deepspeed_job(tied=True)
+    # The GEMM the engine prices: S tokens by the measured rows (N = V) by H, no all-gather of its output.
+    assert job_head_gemm(job) == Gemm("lm_head", S, rows, H)
+    assert logit_shards(job.layout, job.training.engine) == 1 and logit_gather_time(job) == 0.0
+    # And the stage's head time: three GEMMs of that N and the loss on the S·V logits each rank holds,
+    # at a size where a GEMM's time follows its shape (the script's is one launch whatever its N).
+    big = deepspeed_job(tied=True, hidden=4096, seq=4096)
+    training, gpu = big.training, big.cluster.gpu
+    gemm = 3 * gemm_time(Gemm("lm_head", 4096, rows, 4096), gpu, high_precision_precision(training))
+    assert job_head_time(big) == pytest.approx(gemm + cross_entropy_time(4096 * width, training, gpu), rel=1e-12)
+    # Memory: the one V·H matrix each rank holds, head and embedding alike, at 16 bytes a parameter.
+    wider = deepspeed_job(vocab=2 * V, tied=True)
+    held = ranks[0]["tied"]["embedding_numel"]
+    assert held == ranks[0]["tied"]["head_numel"] == V * H
+    assert job_stage_parameters(wider, 0).total - job_stage_parameters(job, 0).total == held
+    assert stage_state_bytes(wider, 0).total - stage_state_bytes(job, 0).total == 16 * held
