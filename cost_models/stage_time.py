@@ -234,7 +234,6 @@ def _stage_time(job: Job, stage: int) -> StageTime:
     low = layer_time(job)
     kept = layer_time(job, quantized=False) if high else low
     moe = moe_layer_time(job) if moe_layers else low
-    tokens = lay.micro_batch_size * training.seq_len / lay.cp
     # The tail the recipe keeps high is counted among the dense layers (no MoE model keeps one).
     high = min(high, layers - moe_layers)
     compute = (layers - high - moe_layers) * low.total + high * kept.total + moe_layers * moe.total
