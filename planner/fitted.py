@@ -39,6 +39,17 @@ MODEL_KINDS = ("dense", "moe")
 GEMM = "performance.gemm_efficiency"
 PRECISION_FIGURE = {"fp8": "performance.gemm_efficiency_fp8", "mxfp8": "performance.gemm_efficiency_fp8",
                     "nvfp4": "performance.gemm_efficiency_fp4"}
+ROWWISE = "performance.gemm_efficiency_fp8_rowwise"
+
+
+def gemm_figure(job: Job) -> str:
+    """The GEMM figure ``job``'s GEMMs run at (``Performance.gemm_efficiency_for``): its recipe's row-scaled
+    kernels' where its GPU sets a figure of their own (torchao's rowwise recipes), else its precision's."""
+    recipe = job.training.recipe
+    if recipe is not None and recipe.kernel == "fp8_rowwise" \
+            and job.cluster.gpu.performance.gemm_efficiency_fp8_rowwise is not None:
+        return ROWWISE
+    return PRECISION_FIGURE.get(job.training.precision, GEMM)
 
 
 def _named_values() -> dict[str, tuple[str, ...]]:
@@ -165,7 +176,7 @@ def outside(fitted: dict, job: Job) -> list[str]:
     cover, figures = fitted.get("coverage") or {}, fitted.get("figures") or {}
     lines = []
     known = facts(job)
-    gemm = PRECISION_FIGURE.get(known["precision"], GEMM)
+    gemm = gemm_figure(job)
     exchange = {k: _exchange(job, k) for k in ("ep", "zero_stage", "nodes")}
     for k, v in known.items():
         seen = cover.get(k)
@@ -176,7 +187,7 @@ def outside(fitted: dict, job: Job) -> list[str]:
         if k == "model_kind":
             lines.append(_kind_line(v, seen, figures, gemm, known["ep"], exchange["ep"]))
             continue
-        figure = PRECISION_FIGURE.get(v, GEMM) if k == "precision" else exchange.get(k) or LEANS_ON[k]
+        figure = gemm if k == "precision" else exchange.get(k) or LEANS_ON[k]
         if figure == GEMM:
             figure = gemm
         lines.append(f"{k.replace('_', ' ')} {v} lies outside the fitted profile's runs "

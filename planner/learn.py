@@ -134,6 +134,11 @@ PARAMETERS: tuple[Parameter, ...] = (
               why="share of the 16-bit peak a large GEMM sustains"),
     Parameter("performance.gemm_efficiency_fp8", True, 0.12, 0.02, 1.0,
               why="share of the fp8 peak an fp8 GEMM sustains"),
+    # Row-scaled fp8 GEMMs (torchao's rowwise recipes, torchtitan's fp8) run their own kernels at their own
+    # share of the fp8 peak (cost_models.hardware.Performance.gemm_efficiency_for): a fitted figure where the
+    # priors have one (not_priced), else those GEMMs run at gemm_efficiency_fp8's and move with it.
+    Parameter("performance.gemm_efficiency_fp8_rowwise", True, 0.12, 0.02, 1.0,
+              why="share of the fp8 peak a row-scaled fp8 GEMM sustains (torchao's rowwise recipes)"),
     Parameter("performance.gemm_efficiency_fp4", True, 0.12, 0.02, 1.0,
               why="share of the fp4 peak an fp4 GEMM sustains"),
     Parameter("performance.attention_efficiency", True, 0.12, 0.02, 1.0,
@@ -224,12 +229,25 @@ def prior_value(p: Parameter, hw: Hardware) -> float:
         perf = hw.performance
         if p.key == "gemm_efficiency_fp8":
             return perf.gemm_efficiency_for("fp8")
+        if p.key == "gemm_efficiency_fp8_rowwise":
+            return perf.gemm_efficiency_for("fp8_rowwise")
         if p.key == "gemm_efficiency_fp4":
             return perf.gemm_efficiency_for("fp4")
         return getattr(perf, p.key)
     if p.section == "fabric":
         return float(hw.fabric_mapping.get(p.key, getattr(FabricSpec, p.key)))
     return float(getattr(hw.overheads, p.key))
+
+
+def not_priced(p: Parameter, hw: Hardware) -> str:
+    """Why no run's step time moves with ``p`` on ``hw`` (its fallback prices those GEMMs), or "".
+
+    Row-scaled fp8 GEMMs run at gemm_efficiency_fp8's figure where the priors set none of their own
+    (``Performance.gemm_efficiency_for``): fitting a row-scaled figure there too would fit two figures to
+    the same GEMMs, and write one into the profile that the preset never had."""
+    if p.key == "gemm_efficiency_fp8_rowwise" and hw.performance.gemm_efficiency_fp8_rowwise is None:
+        return "the preset sets no row-scaled fp8 figure: those GEMMs run at gemm_efficiency_fp8's"
+    return ""
 
 
 # --- a case under fitted figures -----------------------------------------------------------
@@ -655,7 +673,9 @@ def _fit_figures(runs: Sequence[Run], hw: Hardware, priors: dict[str, float],
     figures: list[Figure] = []
     values = dict(priors)
     for memory, group in ((False, timed), (True, weighed)):
-        params = [p for p in PARAMETERS if p.memory == memory]
+        figures += [Figure(p.name, priors[p.name], priors[p.name], 0, False, not_priced(p, hw))
+                    for p in PARAMETERS if p.memory == memory and not_priced(p, hw)]
+        params = [p for p in PARAMETERS if p.memory == memory and not not_priced(p, hw)]
         if not group:
             figures += [Figure(p.name, priors[p.name], priors[p.name], 0, False,
                                "no run measured " + ("a peak" if memory else "a step time")) for p in params]
@@ -677,7 +697,8 @@ def _fit_figures(runs: Sequence[Run], hw: Hardware, priors: dict[str, float],
                                    if abs(row[j]) >= INFORMS), key=lambda x: -x[1])) if total > 0 else ()
             figures.append(Figure(p.name, priors[p.name], values[p.name], informs[j], j in chosen, why,
                                   at if j in chosen else None, shares))
-    return figures, values
+    order = {p.name: i for i, p in enumerate(PARAMETERS)}  # the report's and the profile's order
+    return sorted(figures, key=lambda f: order[f.name]), values
 
 
 def _residuals(runs: Sequence[Run], hw: Hardware, priors: dict[str, float],

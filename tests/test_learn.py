@@ -1858,14 +1858,65 @@ def fp8_runs(layouts=LAYOUTS) -> list[Run]:
 
 def test_an_fp8_case_outside_the_runs_engines_names_the_fp8_gemm_figure(tmp_path):
     """An fp8 case under an engine no run used was said to lean on the 16-bit gemm_efficiency, a figure
-    its GEMMs never run at."""
+    its GEMMs never run at. torchtitan's fp8 is torchao's rowwise recipe (its default): its GEMMs run at the
+    row-scaled figure, which the Megatron runs (delayed scaling, gemm_efficiency_fp8) did not inform either."""
     path = profile_file(tmp_path, fp8_runs(LAYOUTS[:4]))
     new = case(8, 1, 1, 1, 1)
     new["training"] = {**new["training"], "precision": "fp8", "engine": "torchtitan"}
     new["layout"] = {**new["layout"], "sequence_parallel": False, "zero_stage": 3}
     notes = estimate({**new, "cluster": {"profile": str(path), "num_gpus": 8}}).outside_fitted_runs
     engine = next(n for n in notes if n.startswith("engine torchtitan"))
-    assert "it leans on performance.gemm_efficiency_fp8 " in engine
+    assert "it leans on performance.gemm_efficiency_fp8_rowwise 0.35, the preset's: no run informed it" in engine
+    new["training"]["engine"] = "any"  # plain PyTorch: tensorwise fp8, the Megatron runs' fp8 figure
+    new["layout"]["zero_stage"] = 1
+    notes = estimate({**new, "cluster": {"profile": str(path), "num_gpus": 8}}).outside_fitted_runs
+    assert "it leans on performance.gemm_efficiency_fp8 " in next(n for n in notes if n.startswith("engine any"))
+
+
+def rowwise_case(gpus: int, tp: int, pp: int, mb: int, zero: int) -> dict:
+    """``case``'s layout in torchtitan's fp8: torchao's rowwise recipe, FSDP2 (ZeRO 3)."""
+    c = case(gpus, tp, pp, mb, zero)
+    c["training"].update(precision="fp8", engine="torchtitan", fp8_recipe="rowwise")
+    c["layout"]["zero_stage"] = 3
+    return c
+
+
+def test_row_scaled_fp8_runs_fit_the_row_scaled_figure_not_the_16_bit_one(tmp_path):
+    """A team's torchtitan fp8 runs (row-scaled GEMMs, at H100's gemm_efficiency_fp8_rowwise 0.35) moved no
+    figure of their GEMMs: their error went to the 16-bit GEMM and attention figures, which priced the
+    team's bf16 runs off. Runs measured where the row-scaled GEMMs reach 1.2x the preset's (0.42), beside
+    bf16 runs at the preset's figures: the row-scaled figure takes the difference (the prior keeps it
+    short of 0.42, never past it: twelve runs of the 16-bit figure reached two thirds of the way, above),
+    the 16-bit one stays at its prior, and the written profile prices a run as the fit did."""
+    from planner.learn import render
+
+    bf16 = measured_runs(LAYOUTS[:4], {})  # at the preset's figures
+    fp8 = []
+    for i, lay in enumerate(LAYOUTS):
+        c = rowwise_case(*lay)
+        truth = {**c, "cluster": {**c["cluster"], "performance": {"gemm_efficiency_fp8_rowwise": 0.35 * 1.2}}}
+        fp8.append(Run(f"fp8-{i}", c, estimate(truth).tokens_per_s))
+    profile, result = calibrate_from_runs(bf16 + fp8)
+    rowwise = figure(result, "performance.gemm_efficiency_fp8_rowwise")
+    assert rowwise.prior == 0.35 and rowwise.fitted and rowwise.runs == 12
+    assert 0.35 * 1.2 ** 0.5 < rowwise.value <= 0.42  # more than half the way in log terms
+    assert figure(result, "performance.gemm_efficiency").value == pytest.approx(0.50, rel=0.01)
+    assert figure(result, "performance.gemm_efficiency_fp8").runs == 0  # no tensorwise or delayed run
+    assert all(abs(r.throughput_after) < 0.005 for r in result.residuals[:4])  # the bf16 runs: still priced
+    written = profile["fitted"]["figures"]["performance.gemm_efficiency_fp8_rowwise"]
+    assert written["runs"] == 12 and profile["performance"]["gemm_efficiency_fp8_rowwise"] == written["value"]
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    run, residual = fp8[3], result.residuals[4 + 3]
+    on_profile = estimate({**run.case, "cluster": {"profile": str(path), "num_gpus": run.case["cluster"]["num_gpus"]}})
+    assert on_profile.tokens_per_s / run.tokens_per_s - 1 == pytest.approx(residual.throughput_after, abs=2e-3)
+    # A rowwise plan on a profile of bf16 runs leans on the row-scaled figure, which its GEMMs run at.
+    bf16_path = tmp_path / "bf16.yaml"
+    bf16_path.write_text(fitted_profile_text())
+    notes = estimate({**rowwise_case(8, 1, 1, 1, 3), "cluster": {"profile": str(bf16_path), "num_gpus": 8}}
+                     ).outside_fitted_runs
+    assert "it leans on performance.gemm_efficiency_fp8_rowwise 0.35, the preset's" in \
+        next(n for n in notes if n.startswith("precision fp8"))
 
 
 def test_a_profile_of_one_run_says_one_run_not_one_runs(tmp_path):
