@@ -151,10 +151,16 @@ def read_fitted(src: str, section: Any) -> Optional[dict]:
 
 
 def facts(job: Job) -> dict[str, Any]:
-    """The job's degrees, nodes, ZeRO stage and precision, as coverage lists them."""
+    """The job's degrees, nodes, ZeRO stage and precision, as coverage lists them.
+
+    "nodes" counts the NVLink domains the job spans, not its OS nodes: what its traffic leaving a domain
+    runs at, the fabric's efficiency, is priced by the domains a group spans
+    (``cost_models.topology._group_links``: ``fabric.efficiency_for(domains)``). On DGX-class nodes a domain
+    is a node; on an NVL72 rack (GB200, GB300: 4-GPU trays) it is the rack, and 8 GPUs on two trays were
+    "2 nodes", so a profile of 72-GPU runs (one rack) said a 36-GPU plan on that rack left its node range."""
     lay = job.layout
     return {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "zero_stage": lay.zero_stage,
-            "nodes": math.ceil(job.cluster.num_gpus / job.cluster.gpu.gpus_per_node),
+            "nodes": math.ceil(job.cluster.num_gpus / job.cluster.gpu.nvlink_domain),
             "precision": job.training.precision, "seq_len": job.training.seq_len,
             "micro_batch_size": lay.micro_batch_size, "recompute": lay.recompute, "engine": job.training.engine.name,
             "model_kind": "moe" if job.model.is_moe else "dense"}
@@ -190,9 +196,18 @@ def outside(fitted: dict, job: Job) -> list[str]:
         figure = gemm if k == "precision" else exchange.get(k) or LEANS_ON[k]
         if figure == GEMM:
             figure = gemm
-        lines.append(f"{k.replace('_', ' ')} {v} lies outside the fitted profile's runs "
+        lines.append(f"{_respect(k, job)} {v} lies outside the fitted profile's runs "
                      f"({', '.join(str(x) for x in seen)}); it leans on {_lean(figures, figure)}")
     return lines
+
+
+def _respect(key: str, job: Job) -> str:
+    """A respect of coverage as a note names it: "nodes", said as NVLink domains where a domain is not an OS
+    node (an NVL72 rack of 4-GPU trays: "nodes 2" of a 144-GPU job would read as two trays)."""
+    gpu = job.cluster.gpu
+    if key == "nodes" and gpu.nvlink_domain != gpu.gpus_per_node:
+        return f"nodes (NVLink domains of {gpu.nvlink_domain} GPUs)"
+    return key.replace("_", " ")
 
 
 def _exchange(job: Job, respect: str) -> Optional[str]:

@@ -1817,7 +1817,7 @@ def test_a_plan_whose_exchange_stays_inside_an_nvlink_domain_names_the_nvlink_fi
     # (the GPU, the job, the respects it leaves the runs in, the fabric figures its step does not move with)
     for gpu, new, respects, unmoved in (
             ("h100-sxm-80gb", on("h100-sxm-80gb", 16, 2), ("ep 2",), ("fabric.alltoall_efficiency",)),
-            ("gb300", on("gb300", 8, 8, zero=3), ("ep 8", "zero stage 3", "nodes 2"),
+            ("gb300", on("gb300", 8, 8, zero=3), ("ep 8", "zero stage 3"),
              ("fabric.alltoall_efficiency", "fabric.efficiency"))):
         run = on(gpu, 32, 16)  # one run whose experts dispatch across two nodes or eight trays
         notes, moves = notes_and_moves(new, profile_file(tmp_path, [Run("run", run, estimate(run).tokens_per_s)],
@@ -1825,6 +1825,36 @@ def test_a_plan_whose_exchange_stays_inside_an_nvlink_domain_names_the_nvlink_fi
         assert all(moves[name] == 0 for name in unmoved) and moves["performance.intra_node_efficiency"] > 0, gpu
         for said in respects:
             assert "it leans on performance.intra_node_efficiency" in notes[said], notes[said]
+        if gpu == "gb300":  # one NVLink domain, as the run's: no node note
+            assert not [n for n in notes if n.startswith("nodes")], notes
+
+
+def test_node_counts_on_an_nvl72_rack_count_its_nvlink_domains(tmp_path):
+    """The node axis of a fitted profile's coverage counted 4-GPU trays (gpus_per_node) on GB300 NVL72: runs
+    on 72 GPUs were 18 nodes, and a plan on 36 GPUs of the same rack (9) was said to leave their node range,
+    though a step's cross-node traffic is priced by the NVLink domains its groups span
+    (cost_models.topology: fabric.efficiency_for(domains)) and neither job's leaves its rack. A plan on two
+    racks does leave the runs' range, and its data-parallel traffic crosses the fabric the runs never used."""
+
+    def on_gb300(gpus: int, tp: int) -> dict:
+        new = case(gpus, tp, 1, 1, 1)
+        new["cluster"]["gpu"] = "gb300"
+        new["training"]["global_batch_size"] = 144
+        return new
+
+    runs = [Run(f"run{tp}", on_gb300(72, tp), estimate(on_gb300(72, tp)).tokens_per_s) for tp in (1, 2, 4)]
+    path = profile_file(tmp_path, runs)
+    assert yaml.safe_load(path.read_text())["fitted"]["coverage"]["nodes"] == [1]
+
+    def node_notes(gpus: int) -> list[str]:
+        new = on_gb300(gpus, 4)
+        notes = estimate({**new, "cluster": {"profile": str(path), "num_gpus": gpus}}).outside_fitted_runs
+        return [n for n in notes if n.startswith("nodes")]
+
+    assert node_notes(36) == []
+    line, = node_notes(144)
+    assert line.startswith("nodes (NVLink domains of 72 GPUs) 2 lies outside the fitted profile's runs (1); "
+                           "it leans on fabric.efficiency")
 
 
 def test_a_dense_model_on_a_profile_of_mixtures_of_experts_says_so(tmp_path):
