@@ -558,7 +558,7 @@ def calibrate_command(
                                                               "Megatron-LM, torchtitan or DeepSpeed), with --case."),
     case: Optional[list[Path]] = typer.Option(None, "--case",
                                               help="Time the GEMM and attention shapes of this case's model; with "
-                                                   "--from-logs, the case the logs ran (once, or once per log)."),
+                                                   "--from-logs, the case the logs ran (once, or once per log: --case A.yaml --case B.yaml)."),
     nproc: Optional[int] = typer.Option(None, "--nproc", click_type=WHOLE,
                                         help="Ranks on this node (default: the GPUs, or 2 on a CPU-only machine)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny shapes and few repeats: a smoke test, not a profile."),

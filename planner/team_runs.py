@@ -26,7 +26,7 @@ from .published_runs import (MEASURES_AGREE, ROW_MEASURES, accumulation_problem,
                              measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
                              published_memory_stage, row_key, row_problem,
                              tokens_per_batch_problem)
-from .training_logs import read_log
+from .training_logs import is_case_file, read_log
 
 
 @dataclass(frozen=True)
@@ -675,6 +675,13 @@ def runs_from_logs(logs: Sequence[Any], cases: Sequence[Any], argument: Argument
     logs_named, cases_named = argument("from_logs"), argument("case")
     if not logs:
         raise CaseError(*logs_named, "expected at least one training log")
+    for log in logs:
+        if is_case_file(log):  # first: the counts of logs and cases below are off by the cases taken as logs
+            flag = cases_named[1] or cases_named[0]
+            how = (f"repeat {flag} for each case ({flag} A.yaml {flag} B.yaml): {flag} takes one file, and the "
+                   "files after it are read as logs") if flag.startswith("--") else f"give it in {flag}, not among the logs"
+            raise CaseError(str(log), "", f"is a case file (a mapping with model, cluster or training), given where a "
+                                          f"training log is expected: {how}")
     _check_run_count(len(logs), logs_named[0])
     check_each_file_once(logs, "runs")
     if len(cases) not in (1, len(logs)):

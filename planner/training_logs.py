@@ -451,6 +451,28 @@ def _in_order(points: list[tuple[int, float]], src: str, what: str) -> list[tupl
     return points
 
 
+# A case file is small; a file larger than this is read as the log it was given as.
+CASE_FILE_BYTES = 2**20
+
+
+def is_case_file(path: Path) -> bool:
+    """Whether ``path``, given as a training log, is a case file: a YAML (or JSON) mapping holding a case's
+    model, cluster or training section, where a log is lines of an engine's output that parse as no such
+    mapping. `calibrate --from-logs L --case A B` binds B as a log (--case takes one file; the command's
+    positional files are the logs), and B was then read as one: "holds no step time", or "the log states
+    global_batch_size …" against A. Judged by content, not by the extension (a log named run.yaml is a log)."""
+    import yaml
+
+    from .errors import CaseError
+    from .inputs import read_bytes
+
+    try:
+        data = yaml.safe_load(read_bytes(path, CASE_FILE_BYTES).decode("utf-8-sig"))
+    except (CaseError, UnicodeDecodeError, yaml.YAMLError, RecursionError, ValueError):
+        return False  # unreadable, too large, or no YAML: read_log says what it is
+    return isinstance(data, dict) and any(section in data for section in ("model", "cluster", "training"))
+
+
 def read_log(path: Path) -> LogReading:
     """The facts of a training log (module docstring); a CaseError naming the file and what was
     looked for where it holds no step time past warm-up."""

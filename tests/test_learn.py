@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner import calibrate_from_runs, estimate
+from planner import calibrate_from_logs, calibrate_from_runs, estimate
 from planner.errors import CaseError
 from planner.learn import RUN_SCATTER, fit, measured_step_s, predict, prior_hardware, with_figures
 from planner.team_runs import Run, runs_from_logs, runs_from_rows
@@ -394,6 +394,29 @@ def test_runs_from_logs_take_the_cases_layout_and_refuse_another_model(tmp_path)
     done = run_cli("calibrate", "--from-logs", str(tmp_path / "megatron.log"), "--case", str(case_path),
                    "--out", str(tmp_path / "p.yaml"))
     assert done.returncode == 0, done.stderr
+
+
+def test_a_case_file_given_where_a_log_is_expected_is_refused_saying_to_repeat_the_case_option(tmp_path):
+    """`calibrate --from-logs A.log B.log --case A.yaml B.yaml`: --case takes one file, so B.yaml was bound as a
+    third log and read as one, refused as a log of another batch or with no step time, which named nothing of
+    the mistake. A case file is told apart by what it holds (a mapping with model, cluster or training), not
+    by its name: a log named .yaml is still read as a log."""
+    log = write(tmp_path, "megatron.log", MEGATRON_LOG)
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(yaml.safe_dump(case(8, 1, 1, 1, 1)))
+    other = case(8, 1, 1, 1, 1)
+    other["training"]["global_batch_size"] = 15360
+    second.write_text(yaml.safe_dump(other))
+    out = tmp_path / "p.yaml"
+    refused = run_cli("calibrate", "--from-logs", str(log), "--case", str(first), str(second), "--out", str(out))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith(f"error: {second}: is a case file") and "repeat --case for each case" in \
+        refused.stderr
+    assert not out.exists()
+    with pytest.raises(CaseError, match=r"b\.yaml: is a case file .* give it in cases, not among the logs"):
+        calibrate_from_logs([log, second], [first])
+    named_yaml = write(tmp_path, "megatron.yaml", MEGATRON_LOG)  # a log, whatever its extension
+    assert run_cli("calibrate", "--from-logs", str(named_yaml), "--case", str(first), "--out", str(out)).returncode == 0
 
 
 @pytest.mark.parametrize("value", ["nan", "0x10", "9" * 5000, "4096.5"])
