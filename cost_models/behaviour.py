@@ -294,6 +294,15 @@ class EngineBehaviour:
     # it whole, which the emitted header says. With a pipeline the tp is Megatron-DeepSpeed's own
     # vocab-parallel layers. Measured on CPU over a gloo group of two: tests/test_autotp_logits_torch.py.
     whole_embedding_without_pipeline: bool = False
+    # Without a pipeline, tensor parallelism replaces each column-parallel linear of a layer on its own,
+    # and each all-reduces its input's gradient in backward: DeepSpeed 0.19.8's AutoTP training
+    # (``module_inject/layers.py``: ``LinearLayer.forward`` wraps its input in ``ColumnParallel``, whose
+    # ``backward`` all-reduces it; ``LinearAllreduce``, row-parallel, all-reduces its output in forward
+    # and nothing in backward). A Llama layer's backward runs five all-reduces of b·s·h (q, k, v, gate,
+    # up), not Megatron's two (``tp_time.column_linear_backward_time``); its forward runs the same two.
+    # Measured on CPU over a gloo group of two: tests/test_autotp_logits_torch.py. With a pipeline the
+    # tp is Megatron-DeepSpeed's own layers, which reduce once per sub-layer.
+    reduces_each_column_linear_input: bool = False
     # The loss compiled by torch.compile (torchtitan's compile.components default ["model",
     # "loss"]): inductor fuses the upcast, log-softmax and NLL, saves the logits at their own
     # width and two fp32 numbers a row, and writes their gradient at that width in one kernel

@@ -21,8 +21,8 @@ from .job import Job, kept_by_stage
 from .specs import ClusterSpec, GPUSpec, ModelSpec, TrainingSpec
 from .topology import cp_group_links, group_links
 from .layer_time import cross_entropy_time, layer_time, moe_layer_time, selective_recompute_time, weight_quantize_share
-from .tp_time import (cross_domain_pipeline_floor, cross_domain_tp_floor, moe_layer_tp_share, tp_collectives_per_pass,
-                      tp_exposed_per_layer)
+from .tp_time import (column_linear_backward_time, column_linear_input_widths, cross_domain_pipeline_floor,
+                      cross_domain_tp_floor, moe_layer_tp_share, tp_collectives_per_pass, tp_exposed_per_layer)
 
 
 @lru_cache(maxsize=4096)
@@ -276,7 +276,17 @@ def _stage_time(job: Job, stage: int) -> StageTime:
         repeated += (layers - moe_layers) / 2
     if moe_layers and model.moe_shared_expert_ffn_hidden_size and {"moe", "shared_experts"} & set(modules):
         repeated += moe_layers / 2
-    tp_comm = tp_layers * (tp_fwd + tp_bwd) + repeated * tp_fwd
+    backward_collectives = tp_collectives_per_pass(lay.sequence_parallel) * tp_layers
+    if training.engine.reduces_each_column_linear_input and lay.pp == 1 and lay.tp > 1:
+        # DeepSpeed's AutoTP: one all-reduce per column-parallel linear in backward, not two a layer.
+        args = (model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size)
+        dense = layers - moe_layers
+        tp_bwd_all = dense * column_linear_backward_time(*args) + moe_layers * column_linear_backward_time(*args, True)
+        backward_collectives = dense * len(column_linear_input_widths(model)) \
+            + moe_layers * len(column_linear_input_widths(model, True))
+    else:
+        tp_bwd_all = tp_layers * tp_bwd
+    tp_comm = tp_layers * tp_fwd + tp_bwd_all + repeated * tp_fwd
     if last:
         tp_comm += logit_gather_time(job)  # the loss waits for it: exposed, and not recomputed
 
@@ -299,7 +309,7 @@ def _stage_time(job: Job, stage: int) -> StageTime:
     cp_comm = layers * cp_exposed_per_layer(model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size, low.core)
     # A stage whose pipeline neighbours, or tensor-parallel peers, are across the fabric may not run
     # faster than its collectives' floor (the larger of the two): what it adds shows as tensor-parallel time.
-    collectives = tp_collectives_per_pass(lay.sequence_parallel) * (2 * tp_layers + repeated)
+    collectives = tp_collectives_per_pass(lay.sequence_parallel) * (tp_layers + repeated) + backward_collectives
     floor = max(cross_domain_pipeline_floor(job, collectives), cross_domain_tp_floor(job, collectives))
     tp_comm += max(0.0, floor - (compute + recompute + tp_comm + cp_comm + ep_comm))
     return StageTime(compute=compute, recompute=recompute, tp_comm=tp_comm, cp_comm=cp_comm, ep_comm=ep_comm)

@@ -48,6 +48,47 @@ def tp_collectives_per_pass(sequence_parallel: bool) -> int:
     return 4 if sequence_parallel else 2
 
 
+def column_linear_input_widths(model: ModelSpec, moe_layer: bool = False) -> tuple[int, ...]:
+    """The input widths of one layer's column-parallel linears as DeepSpeed 0.19.8's AutoTP replaces
+    them, one ``LinearLayer`` each (``module_inject/auto_tp.py``, ``_replace``; ``module_inject/layers.py``,
+    ``LinearLayer``), for a model named as Hugging Face's Llama-style models are: attention's q_proj,
+    k_proj and v_proj, and the MLP's gate_proj and up_proj (one up projection without a gated
+    activation). Each runs its input through ``ColumnParallel``, whose backward all-reduces that
+    input's gradient over the tensor-parallel group, so a layer's backward reduces one gradient per
+    linear, as wide as the linear's input (h for k and v under GQA too: only their outputs are
+    narrower). The row-parallel o_proj and down_proj (``LinearAllreduce``) reduce in forward only.
+    Multi-head latent attention: AutoTP leaves q_a_proj and kv_a_proj_with_mqa whole, so its column
+    linears are q_b_proj (q_proj without a query LoRA) and kv_b_proj, of the LoRA ranks' widths. An
+    MoE layer's routed experts need no tensor-parallel collective (:func:`moe_layer_tp_share`); its
+    shared experts are an MLP. A model whose own code fuses q, k and v (or gate and up) into one
+    linear runs fewer (``fused_LinearLayer``, ``GateUpPack_LinearLayer``): not priced."""
+    if model.attention_type == "mla":
+        attention: tuple[int, ...] = (model.q_lora_rank or model.hidden_size, model.kv_lora_rank)
+    else:
+        attention = (model.hidden_size,) * 3
+    mlp = (model.hidden_size,) * (2 if model.activation == "swiglu" else 1)
+    if moe_layer and not model.moe_shared_expert_ffn_hidden_size:
+        mlp = ()
+    return attention + mlp
+
+
+@lru_cache(maxsize=4096)
+def column_linear_backward_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
+                                micro_batch_size: int, moe_layer: bool = False) -> float:
+    """One layer's tensor-parallel time in backward where the engine replaces each column-parallel
+    linear on its own (``EngineBehaviour.reduces_each_column_linear_input``: DeepSpeed's AutoTP):
+    one all-reduce of b·(s/cp)·w elements per linear of :func:`column_linear_input_widths` (five of
+    b·s·h for Llama's layer, where Megatron's fused layer runs one per sub-layer), each issued from
+    eager Python (``EngineBehaviour.collective_launch_s``), nothing hiding them."""
+    if tp == 1:
+        return 0.0
+    tokens = micro_batch_size * training.seq_len / cp
+    links = group_links(cluster, Layout(tp=tp, dp=cluster.num_gpus // tp), "tp")
+    p, perf = activation_bytes(training.precision), cluster.gpu.performance
+    return sum(collective_time("all_reduce", p * tokens * width, links, perf) + training.engine.collective_launch_s
+               for width in column_linear_input_widths(model, moe_layer))
+
+
 def cross_domain_pipeline_floor(job: Job, collectives: float) -> float:
     """The least time one micro-batch takes through a stage whose pipeline neighbours are in
     another NVLink domain, for the engines that show one: each of its ``collectives``

@@ -31,7 +31,7 @@ from cost_models.collectives import collective_time  # noqa: E402
 from cost_models.stage_time import (gathered_logit_bytes, head_time, job_head_gemm, job_head_time,  # noqa: E402
                                    logit_gather_time, stage_time)
 from cost_models.topology import group_links  # noqa: E402
-from cost_models.tp_time import tp_exposed_per_layer  # noqa: E402
+from cost_models.tp_time import column_linear_input_widths  # noqa: E402
 from planner.case import load_case  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,6 +128,24 @@ def rank_main(rank, port, out):
             gathered[phase[0]].append(output_tensor.numel() * output_tensor.element_size())
             return gather(output_tensor=output_tensor, input_tensor=input_tensor, group=group, async_op=async_op)
         backend.all_gather_function = noted
+        # The bytes of every all-reduce the step hands the backend over the tensor-parallel group
+        # (deepspeed/comm/comm.py, all_reduce -> cdb.all_reduce), each put down to the replaced linear
+        # whose input gradient it is: a module's full backward hook runs once the gradient of its input
+        # is whole, so after the all-reduce its ColumnParallel.backward ran (module_inject/layers.py).
+        reduce, pending, reduced = backend.all_reduce, [], {"forward": [], "backward": {}}
+        def noted_reduce(tensor, op=None, group=None, async_op=False):
+            if torch.distributed.get_world_size(group) == TP:
+                size = tensor.numel() * tensor.element_size()
+                (reduced["forward"] if phase[0] == "forward" else pending).append(size)
+            return reduce(tensor, op, group, async_op)
+        def settle(name):
+            def hook(module, grad_input, grad_output):
+                reduced["backward"].setdefault(name, []).extend(pending)
+                pending.clear()
+            return hook
+        hooks = [m.register_full_backward_hook(settle(n)) for n, m in engine.module.named_modules()
+                 if type(m).__name__ in ("LinearLayer", "LinearAllreduce")]
+        backend.all_reduce = noted_reduce
         tally = SizedBytes(S * V)
         tally.sizes = (S * V, 2 * S * V, 4 * S * V)  # a shard's bf16 logits too, beside the whole's bf16 and fp32
         with tally:
@@ -138,12 +156,16 @@ def rank_main(rank, port, out):
             del logits
             phase[0] = "backward"
             engine.backward(loss)
-        backend.all_gather_function = gather
+        backend.all_gather_function, backend.all_reduce = gather, reduce
+        for hook in hooks:
+            hook.remove()
+        reduced["unattributed"] = pending
         head = engine.module.lm_head
         seen[kind] = {"head": type(head).__name__, "rows": head.weight.shape[0], "logits": shape, "peak": tally.peak,
                       "embedding_rows": engine.module.embed_tokens.weight.shape[0],
                       "embedding_numel": engine.module.embed_tokens.weight.numel(), "head_numel": head.weight.numel(),
                       "o_proj": type(engine.module.layers[0].self_attn.o_proj).__name__, "gathered": gathered,
+                      "reduced": reduced,
                       "tied": head.weight is engine.module.embed_tokens.weight}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(seen, f)
@@ -172,10 +194,10 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 
 def deepspeed_job(pp: int = 1, loss: str = "eager", vocab: int = V, tied: bool = False, hidden: int = H,
-                  seq: int = S):
+                  seq: int = S, **model):
     """A DeepSpeed job of the script's shape at tp 2: AutoTP without a pipeline, Megatron-DeepSpeed with one."""
     return load_case({"model": {"num_layers": 2, "hidden_size": hidden, "num_attention_heads": 4, "vocab_size": vocab,
-                                "tied_embeddings": tied},
+                                "tied_embeddings": tied, **model},
                       "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": TP * pp},
                       "training": {"global_batch_size": 2, "seq_len": seq, "engine": "deepspeed", "loss": loss},
                       "layout": {"dp": 1, "tp": TP, "pp": pp, "zero_stage": 1, "micro_batch_size": 1,
@@ -263,13 +285,12 @@ def test_autotps_head_all_gathers_in_forward_the_bytes_the_deepspeed_engine_pric
     measured = ranks[0]["planned"]["gathered"]["forward"][0]
     assert gathered_logit_bytes(job.model, job.training, TP, S) == measured
     # Priced in the stage's tensor-parallel time as one exposed all-gather of those bytes over the
-    # tensor-parallel group, per micro-batch, beside its layers' two all-reduces a pass (the deepspeed
-    # engine launches its collectives at no extra cost: collective_launch_s 0).
+    # tensor-parallel group, per micro-batch, beside its layers' all-reduces (the stage's whole
+    # tensor-parallel time is checked against the measured collectives below; the deepspeed engine
+    # launches its collectives at no extra cost: collective_launch_s 0).
     lay, cluster = job.layout, job.cluster
     links, perf = group_links(cluster, lay, "tp"), cluster.gpu.performance
-    layers = job.model.num_layers * sum(tp_exposed_per_layer(job.model, job.training, cluster, TP, 1, 1))
-    assert stage_time(job, 0).tp_comm - layers \
-        == pytest.approx(collective_time("all_gather", measured, links, perf), rel=1e-9)
+    assert logit_gather_time(job) == pytest.approx(collective_time("all_gather", measured, links, perf), rel=1e-9)
     # Megatron-DeepSpeed's tensor parallelism, with a pipeline, keeps the logits vocab-parallel: none.
     assert logit_gather_time(deepspeed_job(pp=2, loss="megatron")) == 0.0
 
@@ -311,3 +332,46 @@ def test_autotp_leaves_a_tied_head_whole_and_the_deepspeed_engine_prices_its_gem
     assert held == ranks[0]["tied"]["head_numel"] == V * H
     assert job_stage_parameters(wider, 0).total - job_stage_parameters(job, 0).total == held
     assert stage_state_bytes(wider, 0).total - stage_state_bytes(job, 0).total == 16 * held
+
+
+# The script's layer as AutoTP replaces it: which linears all-reduce their input's gradient in backward.
+COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROW = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def test_each_autotp_column_linear_all_reduces_its_input_gradient_in_backward(ranks):
+    # LinearLayer runs its input through ColumnParallel, whose backward all-reduces the input's gradient:
+    # one all-reduce of the S·H bf16 hidden states per column-parallel linear, five a Llama layer, none
+    # coalesced; the row-parallel LinearAllreduce reduces in forward only (RowParallel.backward passes the
+    # gradient on). Every path alike (the heuristic parser, Llama's tp plan, a tied head).
+    for seen in ranks:
+        for kind in ("heuristic", "planned", "tied"):
+            backward = seen[kind]["reduced"]["backward"]
+            assert seen[kind]["reduced"]["unattributed"] == []
+            for layer in range(2):
+                assert {name: backward[f"layers.{layer}.{name}"] for name in COLUMN + ROW} \
+                    == {**{name: [2 * S * H] for name in COLUMN}, **{name: [] for name in ROW}}
+            # The forward: o_proj's and down_proj's all-reduce of the S·H outputs, two a layer.
+            assert [size for size in seen[kind]["reduced"]["forward"] if size == 2 * S * H] == [2 * S * H] * 4
+
+
+def test_the_deepspeed_engine_prices_the_all_reduces_autotps_layers_run(ranks):
+    # The script's model at tp 2 without a pipeline, gated as its MLP is: the stage's tensor-parallel time,
+    # beside the head's gather of the logits (priced above), is each layer's measured all-reduces, two in
+    # forward and five in backward, priced one by one over the tensor-parallel group.
+    job = deepspeed_job(activation="swiglu", ffn_hidden_size=4 * H)
+    seen = ranks[0]["heuristic"]["reduced"]
+    links, perf = group_links(job.cluster, job.layout, "tp"), job.cluster.gpu.performance
+    backward = [size for name, sizes in seen["backward"].items() if name.startswith("layers.0.") for size in sizes]
+    forward = [2 * S * H] * 2
+    layer = sum(collective_time("all_reduce", size, links, perf) for size in forward + backward)
+    assert len(backward) == len(column_linear_input_widths(job.model)) == 5
+    assert stage_time(job, 0).tp_comm - logit_gather_time(job) == pytest.approx(job.model.num_layers * layer,
+                                                                              rel=1e-12)
+    # Grouped-query attention narrows k_proj's and v_proj's outputs, not their input: the same bytes.
+    gqa = deepspeed_job(activation="swiglu", ffn_hidden_size=4 * H, num_kv_heads=2)
+    assert stage_time(gqa, 0).tp_comm == stage_time(job, 0).tp_comm
+    # Megatron-DeepSpeed's layers, with a pipeline, reduce once a sub-layer each way: two a pass.
+    piped = deepspeed_job(pp=2, loss="megatron", activation="swiglu", ffn_hidden_size=4 * H)
+    one = collective_time("all_reduce", 2 * S * H, group_links(piped.cluster, piped.layout, "tp"), perf)
+    assert stage_time(piped, 0).tp_comm == pytest.approx(4 * one, rel=1e-12)  # the stage's one layer

@@ -96,6 +96,9 @@ BEHAVIOUR = EngineBehaviour(
     # ... and keeps the input embedding whole on every rank, with a head tied to it; an untied head's
     # weight priced split, as a Hugging Face tp plan splits it (tests/test_autotp_logits_torch.py).
     whole_embedding_without_pipeline=True,
+    # ... and all-reduces each column-parallel linear's input gradient in backward: five a Llama layer
+    # (tests/test_autotp_logits_torch.py).
+    reduces_each_column_linear_input=True,
     # The updated weights gathered after the step one parameter group at a time (runtime/utils.py,
     # all_gather_dp_groups): the one group of the optimizer its ds_config section builds over
     # model.parameters(), as the emitted train.py hands it, the experts in groups of at most 178,956,971
