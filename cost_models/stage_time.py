@@ -137,8 +137,8 @@ def gathered_logit_bytes(model: ModelSpec, training: TrainingSpec, tp: int, toke
 
 
 def logit_gather_time(job: Job) -> float:
-    """The last stage's all-gather of the LM head's logits, per micro-batch, where the engine gathers
-    them (``activations.logit_shards`` below tp: DeepSpeed's AutoTP without a pipeline,
+    """The last stage's all-gather of the LM head's logits and all-reduce of its input's gradient, per
+    micro-batch, where the engine gathers them (``activations.logit_shards`` below tp: DeepSpeed's AutoTP without a pipeline,
     ``EngineBehaviour.gathers_logits_without_pipeline``). ``LinearLayer.forward`` (DeepSpeed 0.19.8,
     ``module_inject/layers.py``) runs ``GatherFromTensorParallelRegion`` on the head's output: one
     all-gather over the tensor-parallel group of :func:`gathered_logit_bytes`, which the loss waits
@@ -147,14 +147,19 @@ def logit_gather_time(job: Job) -> float:
     :func:`head_time` prices), issued from eager Python (``EngineBehaviour.collective_launch_s``); the
     head is outside the checkpointed layers, so recomputation does not repeat it. A head tied to the
     input embedding is left replicated by AutoTP (``module_inject/auto_tp.py``,
-    ``_configure_gathered_column_tie_fallbacks``; ``memory.job_head_shards`` 1): it gathers nothing."""
+    ``_configure_gathered_column_tie_fallbacks``; ``memory.job_head_shards`` 1): it gathers nothing.
+    The split head is a column-parallel ``LinearLayer`` like the layers' (``tp_time.
+    column_linear_input_widths``): its input runs through ``ColumnParallel``, whose backward all-reduces
+    the input's gradient, b·(s/cp)·h elements, over the same group, once per head and micro-batch."""
     model, lay, training = job.model, job.layout, job.training
     if logit_shards(lay, training.engine) == lay.tp or job_head_shards(job) == 1:
         return 0.0
     tokens = lay.micro_batch_size * training.seq_len / lay.cp
     size = gathered_logit_bytes(model, training, lay.tp, tokens)
-    one = collective_time("all_gather", size, group_links(job.cluster, lay, "tp"), job.cluster.gpu.performance)
-    return (1 + model.mtp_layers) * (one + training.engine.collective_launch_s)
+    links, perf = group_links(job.cluster, lay, "tp"), job.cluster.gpu.performance
+    gather = collective_time("all_gather", size, links, perf)
+    reduce = collective_time("all_reduce", activation_bytes(training.precision) * tokens * model.hidden_size, links, perf)
+    return (1 + model.mtp_layers) * (gather + reduce + 2 * training.engine.collective_launch_s)
 
 
 @dataclass(frozen=True)

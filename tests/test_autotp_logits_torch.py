@@ -276,7 +276,8 @@ def test_autotps_loss_runs_on_the_whole_logits_and_its_gemm_on_a_shard(ranks):
 
 def test_autotps_head_all_gathers_in_forward_the_bytes_the_deepspeed_engine_prices(ranks):
     # Llama's plan: one all-gather per step, in the forward, of the S·V bf16 logits, its backward only
-    # narrowing the gradient to the rank's shard (GatherFromTensorParallelRegion); the whole head of the
+    # narrowing the gradient to the rank's shard (GatherFromTensorParallelRegion; the head's input is
+    # all-reduced in backward, below); the whole head of the
     # heuristic path gathers nothing, and neither path's layers gather (AutoTP has no sequence parallelism).
     for seen in ranks:
         assert seen["planned"]["gathered"] == {"forward": [2 * S * V], "backward": []}
@@ -288,9 +289,17 @@ def test_autotps_head_all_gathers_in_forward_the_bytes_the_deepspeed_engine_pric
     # tensor-parallel group, per micro-batch, beside its layers' all-reduces (the stage's whole
     # tensor-parallel time is checked against the measured collectives below; the deepspeed engine
     # launches its collectives at no extra cost: collective_launch_s 0).
+    # The split head is a column-parallel LinearLayer too: its backward all-reduces its input's gradient,
+    # the S·H bf16 hidden states (ColumnParallel.backward), which the whole heads of the other paths do not.
+    for seen in ranks:
+        assert seen["planned"]["reduced"]["backward"]["lm_head"] == [2 * S * H]
+        assert "lm_head" not in seen["heuristic"]["reduced"]["backward"]
+        assert "lm_head" not in seen["tied"]["reduced"]["backward"]
+    reduced = ranks[0]["planned"]["reduced"]["backward"]["lm_head"][0]
     lay, cluster = job.layout, job.cluster
     links, perf = group_links(cluster, lay, "tp"), cluster.gpu.performance
-    assert logit_gather_time(job) == pytest.approx(collective_time("all_gather", measured, links, perf), rel=1e-9)
+    assert logit_gather_time(job) == pytest.approx(collective_time("all_gather", measured, links, perf)
+                                                   + collective_time("all_reduce", reduced, links, perf), rel=1e-9)
     # Megatron-DeepSpeed's tensor parallelism, with a pipeline, keeps the logits vocab-parallel: none.
     assert logit_gather_time(deepspeed_job(pp=2, loss="megatron")) == 0.0
 
