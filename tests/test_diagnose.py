@@ -6,6 +6,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -1051,16 +1052,24 @@ def test_a_zero_size_past_the_planners_bound_is_refused_as_the_planners(tmp_path
     assert "the planner's bound" in error.value.expected and "DeepSpeed's config refuses" not in error.value.expected
 
 
+QWEN3_ON_32 = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+               "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16"},
+               "search": {"pp": 2}}
+
+
+def _emitted_megatron_launch(case: dict, folder) -> tuple[list, Path]:
+    """The files plan --emit megatron writes for ``case``'s best into ``folder``, and its argument list."""
+    best = planner.plan(case, target="megatron").best
+    files, _ = render(best, "megatron", "<generated>")
+    written = write_all([Output(folder / name, text) for name, text in files.items()], force=False)
+    return written, next(p for p in written if p.name == "megatron_args.txt")
+
+
 def test_diagnose_says_what_estimate_and_plan_say_of_the_case(tmp_path):
     """An MoE case that leaves its routing unstated is priced with balanced routing: `estimate` and
     `plan` said so on stderr, `diagnose`, which prices the same case twice, said nothing."""
-    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
-            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16"},
-            "search": {"pp": 2}}
-    best = planner.plan(case, target="megatron").best
-    files, _ = render(best, "megatron", "<generated>")
-    written = write_all([Output(tmp_path / name, text) for name, text in files.items()], force=False)
-    args = next(p for p in written if p.name == "megatron_args.txt")
+    case = QWEN3_ON_32
+    written, args = _emitted_megatron_launch(case, tmp_path)
     notes = diagnose(case, megatron_args=args).notes
     assert any("model.moe_load_imbalance is unstated: priced with balanced routing" in note for note in notes)
     stated = {**case, "model": {**case["model"], "moe_load_imbalance": 1.0}}
@@ -1073,13 +1082,8 @@ def test_a_launch_that_forces_balanced_routing_is_priced_so_and_not_asked_for_it
     every expert alike, the routing model.moe_load_imbalance 1 prices. diagnose told such a launch its
     imbalance was unstated and to state what its runs measure; a case that stated 1.3 was priced at 1.3,
     where the launch runs balanced."""
-    case = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
-            "training": {"global_batch_size": 256, "seq_len": 4096, "precision": "bf16"},
-            "search": {"pp": 2}}
-    best = planner.plan(case, target="megatron").best
-    files, _ = render(best, "megatron", "<generated>")
-    written = write_all([Output(tmp_path / name, text) for name, text in files.items()], force=False)
-    args = next(p for p in written if p.name == "megatron_args.txt")
+    case = QWEN3_ON_32
+    written, args = _emitted_megatron_launch(case, tmp_path)
     # The planner plans real training: its files leave the benchmarking switch off.
     assert not any("force-load-balancing" in p.read_text() for p in written)
     plain = diagnose(case, megatron_args=args).notes
