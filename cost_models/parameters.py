@@ -228,7 +228,7 @@ def stage_parameters(model: ModelSpec, layers: int, first: bool, last: bool, tp:
     """
     norms = norm_parameters(model)
     split, whole = _layer_linears(model, layers, moe_layers)
-    replicated = whole + layers * 2 * norms + moe_layers * router_parameters(model)
+    replicated: float = whole + layers * 2 * norms + moe_layers * router_parameters(model)
     experts = _local_experts(model, moe_layers, ep, etp)
     if first:
         if embedding_tp is None or embedding_tp == tp:  # vocab-parallel, summed with the rest as before

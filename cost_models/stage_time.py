@@ -284,9 +284,9 @@ def _stage_time(job: Job, stage: int) -> StageTime:
     backward_collectives = tp_collectives_per_pass(lay.sequence_parallel) * tp_layers
     if training.engine.reduces_each_column_linear_input and lay.pp == 1 and lay.tp > 1:
         # DeepSpeed's AutoTP: one all-reduce per column-parallel linear in backward, not two a layer.
-        args = (model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size)
+        group = (model, training, cluster, lay.tp, lay.cp, lay.micro_batch_size)
         dense = layers - moe_layers
-        tp_bwd_all = dense * column_linear_backward_time(*args) + moe_layers * column_linear_backward_time(*args, True)
+        tp_bwd_all = dense * column_linear_backward_time(*group) + moe_layers * column_linear_backward_time(*group, True)
         backward_collectives = dense * len(column_linear_input_widths(model)) \
             + moe_layers * len(column_linear_input_widths(model, True))
     else:
