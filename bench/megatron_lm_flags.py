@@ -9,7 +9,9 @@ MEGATRON_LM_GIT_DIR is a clone of NVIDIA/Megatron-LM (default: the mirror under 
 releases are its core_vX.Y.Z tags (no release candidates) from core_v0.16.1 on. For each, the parser
 is megatron/training/arguments.py's add_megatron_arguments and the extra_args_provider pretrain_gpt.py
 hands parse_args (add_modelopt_args of megatron/post_training/arguments.py, in every release so far:
-passed whenever nvidia-modelopt is installed); the list is their union. The release's megatron/
+passed whenever nvidia-modelopt is installed); the list is their union, each flag with what argparse
+checks of its value (its type where int, float or str, nargs, choices: merge, where releases differ
+what any of them takes). The release's megatron/
 (training, core, post_training/arguments.py) is taken into a temporary directory, with
 megatron/training/__init__.py, utils and global_vars (which pull in the whole training loop) replaced
 by stubs, and the modules that import triton at their top (kernels; triton is absent here) by empty
@@ -51,7 +53,12 @@ HEADER = """\
 # megatron-core's config dataclasses) and the extra_args_provider its pretrain_gpt.py passes
 # (add_modelopt_args, megatron/post_training/arguments.py, wherever nvidia-modelopt is installed).
 # Made by bench/megatron_lm_flags.py, which builds each release's parser and lists its actions' option
-# strings.
+# strings, each with what argparse checks of its value: nothing after a switch (nargs 0); else its
+# type, int, float or str (int() refuses "1.5", float() "abc"; 'value': a function of Megatron-LM's
+# or an enum's, not checked here), nargs:N, nargs:+, nargs:* or nargs:? where the action sets it
+# (none: one word), and choice:a,b,... (argparse's choices, compared after the type, case-sensitive).
+# Where the releases differ, what any of them takes: choices that differ are their union, and a type
+# or nargs that differs is 'any' (not checked).
 # Releases: {releases}
 # {count} option strings, one a line.
 """
@@ -111,6 +118,21 @@ PARSERS = """\
 import argparse, os, sys, traceback, typing
 typing.override = getattr(typing, 'override', lambda f: f)
 import torch, torch.distributed, torch.distributed.tensor, torch._dynamo, torch._inductor.compile_fx  # noqa: what torch.compile loads
+TYPES = {int: 'int', float: 'float', str: 'str', None: 'str'}
+def spec(action):
+    # What argparse checks of the action's value: nothing for a switch (nargs 0); its type where it
+    # is int, float or str ('value': a function of Megatron's or an enum's, whose refusals are not
+    # listed), nargs where set, and choices where they are of that type and words without commas.
+    if action.nargs == 0:
+        return ''
+    kind = TYPES.get(action.type, 'value')
+    words = [kind] + ([f'nargs:{action.nargs}'] if action.nargs is not None else [])
+    python = {'int': int, 'float': float, 'str': str}.get(kind)
+    choices = list(action.choices) if action.choices is not None else None
+    if choices and python and all(type(c) is python and str(c) and ',' not in str(c) and not str(c).isspace()
+                                  and ' ' not in str(c) for c in choices):
+        words.append('choice:' + ','.join(str(c) for c in choices))
+    return ' '.join(words)
 failed = 0
 for tmp, extra, module in zip(*[iter(sys.argv[1:])] * 3):
     sys.stdout.flush(); sys.stderr.flush()
@@ -124,7 +146,8 @@ for tmp, extra, module in zip(*[iter(sys.argv[1:])] * 3):
                 parser = getattr(__import__(module, fromlist=[extra]), extra)(parser)
             import megatron.core; assert megatron.core.__file__.startswith(sys.path[0])
             with open(os.path.join(tmp, 'flags.txt'), 'w') as out:
-                out.write('\\n'.join(sorted({o for a in parser._actions for o in a.option_strings})) + '\\n')
+                out.write(''.join(sorted({f'{o} {spec(a)}'.rstrip() + '\\n' for a in parser._actions
+                                          for o in a.option_strings})))
         except BaseException:
             traceback.print_exc()
             sys.stderr.flush()
@@ -162,7 +185,34 @@ def parser_flags(git_dir: str, ref: str) -> list[str]:
 
 
 def union(git_dir: str, refs: list[str]) -> list[str]:
-    return sorted(set().union(*parsers_flags(git_dir, refs).values()))
+    """Every option string some release's parser defines, each with what argparse checks of its value
+    (merge)."""
+    return merge(parsers_flags(git_dir, refs).values())
+
+
+def merge(releases_lines) -> list[str]:
+    """One line a flag from each release's ``flag [type] [nargs:N] [choice:a,b]`` lines: what the releases
+    that define the flag agree on, so that no value one of them takes is refused. Choices that differ
+    (a release adds one) are their union, in the first release's order; a type or nargs that differs (or
+    a switch in one release that takes a value in another) leaves the flag unchecked: ``any``."""
+    specs: dict[str, list[list[str]]] = {}
+    for lines in releases_lines:
+        for line in lines:
+            flag, *spec = line.split()
+            specs.setdefault(flag, []).append(spec)
+    merged = []
+    for flag, seen in sorted(specs.items()):
+        plain = [[w for w in spec if not w.startswith("choice:")] for spec in seen]
+        if any(p != plain[0] for p in plain):
+            merged.append(f"{flag} any")
+            continue
+        choices = [next((w[len("choice:"):].split(",") for w in spec if w.startswith("choice:")), None)
+                   for spec in seen]
+        words = plain[0]
+        if all(c is not None for c in choices):
+            words = words + ["choice:" + ",".join(dict.fromkeys(c for cs in choices for c in cs))]
+        merged.append(" ".join([flag, *words]))
+    return merged
 
 
 def shipped() -> tuple[list[str], list[str]]:

@@ -626,6 +626,18 @@ def test_one_dash_or_underscores_are_no_flag_of_megatron_lm(typo, says):
     assert refused.value.key == typo and says in refused.value.expected
 
 
+def taken(flag: str) -> list[str]:
+    """Words Megatron-LM's parser takes after ``flag``, by its line of megatron_lm_flags.txt: none after a
+    switch, its first choice, or as many words as its nargs asks of "1" (an int, a float, a str)."""
+    from planner.engines.megatron.launch import PARSER_VALUES
+
+    if flag not in PARSER_VALUES:
+        return []
+    value = PARSER_VALUES[flag]
+    word = value.choices[0] if value.choices else "1"
+    return [word] * (int(value.nargs) if (value.nargs or "").isdigit() else 1)
+
+
 def test_an_argument_list_of_more_flags_than_megatron_lm_defines_is_refused_quickly():
     """Each flag the reading does not read is checked for a misspelling: 100,000 made-up flags kept
     diagnose busy past 30 s. Megatron-LM's parsers for pretrain_gpt.py (core_v0.16.1 to core_v0.19.0)
@@ -648,7 +660,7 @@ def test_an_argument_list_of_more_flags_than_megatron_lm_defines_is_refused_quic
     # (those it defines only to stop on, or that build another model, are refused by name)
     read = {*INT_FLAGS, *STR_FLAGS, *BOOL_FLAGS, *LIST_FLAGS, *ALIASES, *NO_LONGER_VALID, *MEGATRON_DEEPSPEED,
             *HYBRID_MODEL, *NO_LONGER_DEFINED}
-    unread = [w for flag in sorted(PARSER_FLAGS - read) if flag.startswith("--") for w in (flag, "1")]
+    unread = [w for flag in sorted(PARSER_FLAGS - read) if flag.startswith("--") for w in (flag, *taken(flag))]
     assert len(unread) > 2 * 400 and flags_of(unread, "args.txt") == {}
 
 
@@ -853,3 +865,105 @@ def test_fine_grained_activation_offloading_is_refused_not_priced_on_the_gpu(tmp
     with pytest.raises(CaseError) as error:
         diagnosed(tmp_path, args.replace("\n", " --fine-grained-activation-offloading --offload-modules core_attn\n"))
     assert error.value.key == "--fine-grained-activation-offloading"
+
+
+# Values of flags the reading does not read that Megatron-LM's parser converts and checks (their type,
+# nargs and choices, megatron_lm_flags.txt, from its argparse actions): each refused where the parser
+# refuses it, in one line naming the flag and what argparse expects (None: the parser takes it).
+PARSER_VALUE_ROWS = [
+    ("--lr abc", "--lr", "expected a number, got 'abc'"),  # type=float
+    ("--weight-decay x", "--weight-decay", "expected a number, got 'x'"),
+    ("--train-iters 1.5", "--train-iters", "expected an integer, got '1.5'"),  # int() refuses "1.5"
+    ("--train-iters=1e3", "--train-iters", "expected an integer, got '1e3'"),
+    ("--lr-decay-style banana", "--lr-decay-style", "expected one of constant, linear, cosine"),
+    ("--lr-decay-style Cosine", "--lr-decay-style", "got 'Cosine'"),  # choices are case-sensitive
+    ("--empty-unused-memory-level 3", "--empty-unused-memory-level", "expected one of 0, 1, 2, got '3'"),
+    ("--lr --bf16", "--lr", "takes one argument, and none follows it"),
+    ("--bf16 --lr", "--lr", "takes one argument, and none follows it"),
+    ("--iterations-to-skip --bf16", "--iterations-to-skip", "takes at least one argument"),  # nargs='+'
+    ("--iterations-to-skip 10 x", "--iterations-to-skip", "expected an integer, got 'x'"),
+    # what the parser takes
+    ("--lr 1e-4 --weight-decay 0.1 --train-iters 1_000", None, None),  # int() and float() take these
+    # argparse's negative numbers (_negative_number_matcher) are -3 and -.5, not -3e-4: that is an option
+    ("--lr -3e-4 --bf16", "--lr", "takes one argument, and none follows it"),
+    ("--lr -0.5 --bf16", None, None),  # a negative number is a value, not an option, to argparse
+    ("--lr-decay-style=cosine --empty-unused-memory-level 2", None, None),
+    ("--iterations-to-skip 10 -20 --data-path 0.5 a 0.5 b", None, None),
+    ("--data-path --bf16", None, None),  # nargs='*'
+]
+
+
+@pytest.mark.parametrize("words, flag, said", PARSER_VALUE_ROWS)
+def test_a_value_megatrons_parser_converts_and_refuses_is_refused(words, flag, said):
+    """--lr abc, --train-iters 1.5, --lr-decay-style banana passed: only the flags the reading reads had
+    their values checked. Megatron-LM's parser converts every flag's words (type=int, type=float, choices,
+    nargs) and stops on one it cannot, so the run would not start."""
+    argv = ARGS.split() + words.split()
+    if flag is None:
+        assert flags_of(argv, "args.txt")["--tensor-model-parallel-size"] == "4"
+        return
+    with pytest.raises(CaseError) as refused:
+        flags_of(argv, "args.txt")
+    assert refused.value.key == flag and said in refused.value.expected, str(refused.value)
+
+
+def test_a_bad_value_of_an_unread_flag_is_one_line_exit_2(tmp_path):
+    (tmp_path / "case.yaml").write_text(CASE)
+    (tmp_path / "args.txt").write_text(ARGS + "--lr-decay-style banana\n")
+    done = run_cli("diagnose", str(tmp_path / "case.yaml"), "--megatron-args", str(tmp_path / "args.txt"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "args.txt: --lr-decay-style: expected one of constant, linear, cosine, inverse-square-root, WSD, " \
+           "got 'banana'" in done.stderr
+
+
+# Builds each release's parser (bench/megatron_lm_flags.py's extraction) and parses the words: "refused"
+# where argparse exits (SystemExit 2), else "taken".
+_REAL_PARSE = """
+import argparse, contextlib, io, json, sys, typing
+typing.override = getattr(typing, 'override', lambda f: f)
+import torch  # noqa: imported before megatron, as pretrain_gpt.py does
+tmp, extra, module, rows = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+sys.path.insert(0, tmp)
+from megatron.training.arguments import add_megatron_arguments
+parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+if extra != '-':
+    parser = getattr(__import__(module, fromlist=[extra]), extra)(parser)
+said = []
+for words in rows:
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            parser.parse_args(words)
+        said.append('taken')
+    except SystemExit:
+        said.append('refused')
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release", ["core_v0.16.1", "core_v0.19.0"])
+def test_megatron_lms_own_parser_refuses_what_the_reading_refuses(tmp_path, release):
+    """Each row above given to the release's real parser (megatron/training/arguments.py's
+    add_megatron_arguments, and add_modelopt_args pretrain_gpt.py adds): refused where the reading
+    refuses, taken where it takes. The first and the last release the flag list follows."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "bench"))
+    import megatron_lm_flags
+
+    mirror = megatron_lm_flags.MIRROR
+    if not Path(mirror).is_dir() or subprocess.run(["git", "--git-dir", mirror, "rev-parse", "-q", "--verify", release],
+                                                   capture_output=True).returncode:
+        pytest.skip(f"no Megatron-LM clone with {release} at {mirror}")
+    extra = megatron_lm_flags.extract(mirror, release, tmp_path)
+    rows = [ARGS.split() + words.split() for words, _, _ in PARSER_VALUE_ROWS]
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", _REAL_PARSE, str(tmp_path), extra or "-",
+                           megatron_lm_flags.EXTRA[extra] if extra else "-", json.dumps(rows)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    real = json.loads(done.stdout.splitlines()[-1])
+    expected = ["taken" if flag is None else "refused" for _, flag, _ in PARSER_VALUE_ROWS]
+    assert real == expected, [(row[0], r) for row, r in zip(PARSER_VALUE_ROWS, real)]

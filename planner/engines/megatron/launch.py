@@ -262,6 +262,9 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
             _check_value(src, flag, found[flag])
             if i > script_at and flag not in LIST_FLAGS and not closes(words[i]) and i + 1 < len(words):
                 _check_not_stray(src, flag, words[i + 1], flag in BOOL_FLAGS)
+        elif i > script_at and gpt and flag in PARSER_VALUES:
+            # a flag the reading does not read: its words are checked as the parser converts them
+            i = _check_parser_words(src, flag, words, i, inline if "=" in word else None, closes, shell)
         i += 1
     # torchrun, or its module (torch.distributed.launch, deprecated, runs the same launcher)
     if any(Path(w).name == "torchrun" or w in ("torch.distributed.run", "torch.distributed.launch")
@@ -292,6 +295,47 @@ def _check_not_stray(src: str, flag: str, word: str, switch: bool) -> None:
                                "refuses a word it does not take (unrecognized arguments), and the run would not start")
 
 
+def _is_option(word: str) -> bool:
+    """A word argparse takes for an option, which ends the words a flag takes (argparse's
+    _parse_optional): it starts with '-', is more than '-', is no negative number (the parser defines
+    no option that looks like one) and holds no space."""
+    return word.startswith("-") and word != "-" and not _NEGATIVE_NUMBER.match(word) and " " not in word
+
+
+def _check_parser_words(src: str, flag: str, words: Sequence[str], at: int, inline: Optional[str],
+                        closes: Callable[[str], bool], shell: bool) -> int:
+    """The words argparse gives the flag at ``words[at]`` (its inline ``--flag=value``, or those that
+    follow up to the next option, as many as its nargs takes), each checked as the parser converts it;
+    too few refused ("expected one argument", "expected 3 arguments"). A variable left unexpanded, a
+    shell operator or an array's close ends them without a refusal (what it stands for is not known); so
+    do too few words in a launch's words as bash expands them, where an unset variable ($1, the checkpoint
+    path Megatron-LM's example scripts take as an argument) leaves no word. Returns the index of the last
+    word taken."""
+    spec = PARSER_VALUES[flag]
+    most = {None: 1, "?": 1, "*": len(words), "+": len(words)}.get(spec.nargs)
+    most = int(spec.nargs) if most is None else most
+    least = {None: 1, "?": 0, "*": 0, "+": 1}.get(spec.nargs, most)
+    values, ended = ([inline], True) if inline is not None else ([], False)
+    i = at
+    while not ended and len(values) < most and i + 1 < len(words) and not closes(words[i]):
+        word = words[i + 1].rstrip(")") if closes(words[i + 1]) else words[i + 1]
+        if _is_option(word):
+            break
+        if _NOT_AN_ARGUMENT.match(word) or "$" in word:
+            return i + 1  # what follows is not known: nothing refused
+        values.append(word)
+        i += 1
+    if len(values) < least and not shell and not (i + 1 < len(words) and (_NOT_AN_ARGUMENT.match(words[i + 1]) or closes(words[i]))):
+        expected = "one argument" if spec.nargs is None else \
+            "at least one argument" if spec.nargs == "+" else f"{spec.nargs} arguments"
+        raise CaseError(src, flag, f"takes {expected}, and {len(values) or 'none'} follow{'s' if len(values) < 2 else ''} "
+                                   f"it: Megatron-LM's parser refuses it (expected {expected}), and the run would not "
+                                   "start")
+    for value in values:
+        _check_parser_value(src, flag, value)
+    return i
+
+
 def _check_value(src: str, flag: str, value: Optional[str]) -> None:
     """A value Megatron-LM's parser refuses, refused: the run would not start."""
     if value is None:
@@ -306,51 +350,31 @@ def _check_value(src: str, flag: str, value: Optional[str]) -> None:
         raise CaseError(src, flag, f"expected an integer <= {MAX_INT}, got one of {len(value.strip().lstrip('+-')):,} "
                                    "digits: Megatron-LM's parser refuses it (invalid int value), and the run would "
                                    "not start")
-    if flag in FLOAT_FLAGS and not _is_float(value):
-        raise CaseError(src, flag, f"expected a number, got {one_line(value, 60)!r}: Megatron-LM's parser "
-                                   "refuses it (type=float), and the run would not start")
-    if flag in ARGPARSE_CHOICES and value not in ARGPARSE_CHOICES[flag]:  # argparse strips nothing
-        raise CaseError(src, flag, f"expected one of {', '.join(ARGPARSE_CHOICES[flag])}, got "
-                                   f"{one_line(value, 60)!r}: Megatron-LM's parser refuses it (its choices are "
-                                   "case-sensitive), and the run would not start")
+    if flag in PARSER_VALUES and PARSER_VALUES[flag].nargs is None:
+        _check_parser_value(src, flag, value)
 
 
-# The values Megatron-LM's parser takes for the arguments read() reads that it holds to a choice:
-# argparse's choices in megatron/training/arguments.py, and those it makes from TransformerConfig's
-# Literal fields (megatron/training/argument_utils.py, ArgumentGroupFactory._extract_type;
-# megatron/core/transformer/transformer_config.py), Megatron-LM d98e8a64dd. A value outside them
-# stops the parser: the run would not start (tests/test_megatron_flags.py holds the Literal fields
-# to the installed megatron-core's).
-ARGPARSE_CHOICES = {
-    "--optimizer": ("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"),
-    "--normalization": ("LayerNorm", "RMSNorm"),
-    "--position-embedding-type": ("learned_absolute", "rope", "yarn", "mrope", "relative", "none"),
-    "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
-    "--moe-flex-dispatcher-backend": ("deepep", "hybridep", "ncclep"),
-    "--fp8-format": ("e4m3", "hybrid"),
-    "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
-    "--fp4-format": ("e2m1",),
-    "--fp4-recipe": ("nvfp4", "custom"),
-    "--recompute-granularity": ("full", "selective"),
-    "--recompute-method": ("uniform", "block"),
-    "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
-    "--main-grads-dtype": ("fp32", "bf16"),
-    "--megatron-fsdp-main-grads-dtype": ("fp32", "bf16", "fp16", "auto"),
-    "--tokenizer-type": ("BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer", "SentencePieceTokenizer",
-                         "GPTSentencePieceTokenizer", "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer",
-                         "MultimodalTokenizer", "NullTokenizer", "NullMultimodalTokenizer", "SFTTokenizer"),
-}
-# The arguments read() reads that Megatron-LM's parser takes as type=float.
-FLOAT_FLAGS = ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
-               "--optimizer-offload-fraction")
-
-
-def _is_float(value: str) -> bool:
+def _check_parser_value(src: str, flag: str, value: str) -> None:
+    """A word Megatron-LM's parser refuses as the flag's value (megatron_lm_flags.txt, from its argparse
+    action): int() or float() refuses it ("1.5" for an int, "abc" for a float), or it is none of the
+    choices (compared after the type; argparse strips nothing and its choices are case-sensitive). A word
+    that still holds a variable ($LR) is not known here, and passes."""
+    spec = PARSER_VALUES[flag]
+    if "$" in value or "`" in value:
+        return
+    convert = {"int": int, "float": float, "str": str}.get(spec.kind)
+    if convert is None:
+        return
     try:
-        float(value)
-    except ValueError:
-        return False
-    return True
+        converted = convert(value)
+    except ValueError:  # int() past Python's 4,300 digits too: argparse's "invalid int value"
+        expected = "an integer" if spec.kind == "int" else "a number"
+        raise CaseError(src, flag, f"expected {expected}, got {one_line(value, 60)!r}: Megatron-LM's parser "
+                                   f"refuses it (type={spec.kind}), and the run would not start") from None
+    if spec.choices and converted not in [convert(c) for c in spec.choices]:
+        why = "its choices are case-sensitive" if spec.kind == "str" else f"type={spec.kind}, then its choices"
+        raise CaseError(src, flag, f"expected one of {', '.join(spec.choices)}, got {one_line(value, 60)!r}: "
+                                   f"Megatron-LM's parser refuses it ({why}), and the run would not start")
 
 
 # What torchrun takes beside a count: --nnodes MIN:MAX (an elastic range), --nproc-per-node gpu or
@@ -385,7 +409,32 @@ _INTEGER = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")
 # releases, and the most other flags an argument list may give (a list of 100,000 made-up flags kept
 # diagnose busy past 30 s).
 _FLAGS_FILE = Path(__file__).with_name("megatron_lm_flags.txt").read_text(encoding="utf-8").splitlines()
-PARSER_FLAGS = frozenset(line for line in _FLAGS_FILE if line and not line.startswith("#"))
+PARSER_FLAGS = frozenset(line.split()[0] for line in _FLAGS_FILE if line and not line.startswith("#"))
+
+
+@dataclass(frozen=True)
+class ParserValue:
+    """What Megatron-LM's parser checks of a flag's value (a line of megatron_lm_flags.txt, from the
+    argparse action itself): ``kind`` int, float or str (argparse calls int() or float() on each word)
+    or value (a function of Megatron-LM's, not checked here); ``nargs`` None (one word), "?", "*", "+"
+    or a count; ``choices`` where the parser holds it to some (after the type, case-sensitive)."""
+    kind: str
+    nargs: Optional[str]
+    choices: tuple[str, ...]
+
+
+def _parser_value(words: list[str]) -> ParserValue:
+    nargs = next((w[len("nargs:"):] for w in words if w.startswith("nargs:")), None)
+    choices = next((tuple(w[len("choice:"):].split(",")) for w in words if w.startswith("choice:")), ())
+    return ParserValue(words[0], nargs, choices)
+
+
+# The flags that take a value, with what the parser checks of it; a switch (nargs 0) is not here, nor a
+# flag whose type or nargs differs between the releases ("any": the release run is not known).
+PARSER_VALUES = {line.split()[0]: _parser_value(line.split()[1:]) for line in _FLAGS_FILE
+                 if line and not line.startswith("#") and len(line.split()) > 1 and line.split()[1] != "any"}
+# The choices of those the parser holds to some (the union over the releases: what any of them takes).
+ARGPARSE_CHOICES = {flag: value.choices for flag, value in PARSER_VALUES.items() if value.choices}
 PARSER_RELEASES = tuple(next(line.split(":", 1)[1].split() for line in _FLAGS_FILE if line.startswith("# Releases:")))
 RELEASES = f"{PARSER_RELEASES[0]} to {PARSER_RELEASES[-1]}"
 MEGATRON_LM_FLAGS = len(PARSER_FLAGS)
