@@ -888,6 +888,11 @@ PARSER_VALUE_ROWS = [
     ("--bf16 --lr", "--lr", "takes one argument, and none follows it"),
     ("--iterations-to-skip --bf16", "--iterations-to-skip", "takes at least one argument"),  # nargs='+'
     ("--iterations-to-skip 10 x", "--iterations-to-skip", "expected an integer, got 'x'"),
+    # the flags the reading reads and prices take their words as argparse counts them too
+    ("--recompute-modules --bf16", "--recompute-modules", "takes at least one argument, and none"),  # nargs='+'
+    ("--rampup-batch-size 16 16 --bf16", "--rampup-batch-size", "takes 3 arguments, and 2 follow it"),  # nargs=3
+    ("--moe-aux-loss-coeff 1e-2 abc", "--moe-aux-loss-coeff", "expected a number, got 'abc'"),
+    ("--hidden-dropout -1e-1 --bf16", "--hidden-dropout", "(expected one argument)"),  # -1e-1: an option
     # what the parser takes
     ("--lr 1e-4 --weight-decay 0.1 --train-iters 1_000", None, None),  # int() and float() take these
     # argparse's negative numbers (_negative_number_matcher) are -3 and -.5, not -3e-4: that is an option
@@ -896,6 +901,7 @@ PARSER_VALUE_ROWS = [
     ("--lr-decay-style=cosine --empty-unused-memory-level 2", None, None),
     ("--iterations-to-skip 10 -20 --data-path 0.5 a 0.5 b", None, None),
     ("--data-path --bf16", None, None),  # nargs='*'
+    ("--hidden-dropout -.1 --recompute-modules core_attn mlp --rampup-batch-size 16 16 1000", None, None),
 ]
 
 

@@ -242,6 +242,10 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
                                                "Megatron-LM's parser refuses it, and the run would not start")
                 found[flag] = None
             elif flag in LIST_FLAGS:  # its values, space-separated, up to the next flag
+                if i > script_at and gpt and flag in PARSER_VALUES:
+                    # argparse's count (nargs '+', 3) and conversion of the words it gives the flag: a bare
+                    # --recompute-modules stops the parser ("expected at least one argument").
+                    _check_parser_words(src, flag, words, i, inline if "=" in word else None, closes, shell)
                 values = [inline] if inline else []
                 while i + 1 < len(words) and not words[i + 1].startswith("--") and not closes(words[i]):
                     values.append(strip(words[i + 1]))
@@ -249,7 +253,9 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
                 found[flag] = " ".join(values)
             elif "=" in word:  # --flag=value, its value that alone (--flag= : an empty one)
                 found[flag] = inline
-            elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+            elif i + 1 < len(words) and not _is_option(strip(words[i + 1])):
+                # argparse ends a flag's words at any option-looking word: -1e-1 is one (no negative number
+                # to its _negative_number_matcher), so "--hidden-dropout -1e-1" has no value.
                 found[flag] = strip(words[i + 1])
                 i += 1
             elif shell and i < script_at:
