@@ -1067,6 +1067,17 @@ def test_context_parallelism_of_a_sliding_window_runs_and_is_priced_as_all_to_al
     (tmp_path / "ring.txt").write_text(args.read_text().replace("--cp-comm-type a2a", ""))
     with pytest.raises(CaseError, match=r"ring.txt: --cp-comm-type: absent .* only as a2a"):
         diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "ring.txt")
+    # The flag takes a type a layer (arguments.py: nargs='+'; TransformerConfig asserts num_layers of them,
+    # 24 for gpt-oss-20b): all a2a reads as a2a; was refused as "takes one value, but 'a2a' follows it".
+    (tmp_path / "per_layer.txt").write_text(args.read_text().replace("--cp-comm-type a2a", "--cp-comm-type" + " a2a" * 24))
+    assert diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "per_layer.txt").estimate.step_time_s \
+        == pytest.approx(best.step_time_s)
+    (tmp_path / "mixed.txt").write_text(args.read_text().replace("--cp-comm-type a2a", "--cp-comm-type" + " a2a p2p" * 12))
+    with pytest.raises(CaseError, match=r"mixed.txt: --cp-comm-type: gives the layers different types \(a2a, p2p\)"):
+        diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "mixed.txt")
+    (tmp_path / "three.txt").write_text(args.read_text().replace("--cp-comm-type a2a", "--cp-comm-type a2a a2a a2a"))
+    with pytest.raises(CaseError, match=r"three.txt: --cp-comm-type: gives 3 types: expected one, or one a layer \(24\)"):
+        diagnose(tmp_path / "case.yaml", megatron_args=tmp_path / "three.txt")
     # Its all-to-all splits the heads over the cp ranks: 8 key-value groups over cp 16 cannot.
     with pytest.raises(CaseError, match=r"layout.cp.*must divide by it"):
         planner.estimate({**case, "layout": {"cp": 16, "dp": 4, "micro_batch_size": 1, "zero_stage": 1}})

@@ -61,7 +61,7 @@ INT_FLAGS = (
 )
 # Flags of several values (argparse nargs="*"): the reader keeps all the words up to the next flag.
 LIST_FLAGS = ("--recompute-modules", "--rampup-batch-size", "--step-batch-size-schedule",
-              "--moe-router-load-balancing-type", "--moe-aux-loss-coeff")
+              "--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--cp-comm-type")
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",
              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
              "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
@@ -70,7 +70,7 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--normalization", "--position-embedding-type", "--window-size", "--optimizer",
              "--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
              "--window-attn-skip-freq", "--moe-layer-freq", "--tokenizer-type", "--attention-backend",
-             "--cp-comm-type", "--no-rope-freq", "--moe-router-bias-update-rate", "--rotary-percent",
+             "--no-rope-freq", "--moe-router-bias-update-rate", "--rotary-percent",
              "--moe-router-topk-scaling-factor", "--moe-router-score-function")
 BOOL_FLAGS = (
     "--disable-bias-linear", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",

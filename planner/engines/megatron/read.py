@@ -624,8 +624,21 @@ def _check_model(args: _Args, model, training) -> None:
             "absent (Megatron-LM's default, auto: a fused kernel)"
         raise CaseError(args.src, "--attention-backend", f"{said}, but the case says training.flash_attention: "
                                                          f"{str(training.flash_attention).lower()}")
-    cp_comm = (args.flags.get("--cp-comm-type") or "p2p").lower()
-    if args.integer("--context-parallel-size", 1) > 1 and cp_runs_all_to_all(model, training) and cp_comm != "a2a":
+    # One type for every layer, or one a layer (Megatron-LM's --cp-comm-type is nargs='+';
+    # TransformerConfig.__post_init__ asserts a list as long as num_layers, and TransformerLayer gives
+    # layer i the i-th): the estimate prices one context-parallel exchange for every layer.
+    cp_types = (args.flags.get("--cp-comm-type") or "p2p").lower().split() or ["p2p"]
+    cp = args.integer("--context-parallel-size", 1)
+    if cp > 1 and len(cp_types) not in (1, model.num_layers):
+        raise CaseError(args.src, "--cp-comm-type", f"gives {len(cp_types)} types: expected one, or one a layer "
+                                                    f"({model.num_layers}): megatron-core's TransformerConfig "
+                                                    "refuses another count")
+    if cp > 1 and len(set(cp_types)) > 1:
+        raise CaseError(args.src, "--cp-comm-type", f"gives the layers different types ({', '.join(sorted(set(cp_types)))}"
+                                                    "): Megatron-LM runs them, but the planner prices one "
+                                                    "context-parallel exchange for every layer: give one type")
+    cp_comm = cp_types[0]
+    if cp > 1 and cp_runs_all_to_all(model, training) and cp_comm != "a2a":
         said = f"--cp-comm-type {cp_comm}" if "--cp-comm-type" in args.flags else "absent (Megatron-LM's default, p2p)"
         raise CaseError(args.src, "--cp-comm-type", f"{said}: Transformer Engine runs the model's sliding-window "
                                                     "attention under context parallelism only as a2a (the estimate "
