@@ -893,6 +893,15 @@ PARSER_VALUE_ROWS = [
     ("--rampup-batch-size 16 16 --bf16", "--rampup-batch-size", "takes 3 arguments, and 2 follow it"),  # nargs=3
     ("--moe-aux-loss-coeff 1e-2 abc", "--moe-aux-loss-coeff", "expected a number, got 'abc'"),
     ("--hidden-dropout -1e-1 --bf16", "--hidden-dropout", "(expected one argument)"),  # -1e-1: an option
+    # argparse gives a flag as many words as its nargs takes, and refuses a word no flag takes after them
+    ("--rampup-batch-size 16 16 1000 4", "--rampup-batch-size", "takes 3 values, but '4' follows"),  # nargs=3
+    ("--step-batch-size-schedule 0:16 100:32", "--step-batch-size-schedule", "one value, but '100:32'"),
+    ("--weight-decay 0.1 stray", "--weight-decay", "takes one value, but 'stray' follows"),
+    # an option-looking word no flag defines (-1e-2 is no negative number to argparse): unrecognized
+    ("--lr 1e-3 -1e-2", "--lr", "'-1e-2' follows it, which argparse takes for an option"),
+    ("--iterations-to-skip 10 -1e-2", "--iterations-to-skip", "'-1e-2' follows it"),  # ends the nargs='+'
+    ("--moe-aux-loss-coeff 1e-2 -1e-2", "--moe-aux-loss-coeff", "'-1e-2' follows it"),  # a read list
+    ("--bf16 -1e-2", "--bf16", "takes no value, but '-1e-2' follows it"),
     # what the parser takes
     ("--lr 1e-4 --weight-decay 0.1 --train-iters 1_000", None, None),  # int() and float() take these
     # argparse's negative numbers (_negative_number_matcher) are -3 and -.5, not -3e-4: that is an option
@@ -902,6 +911,7 @@ PARSER_VALUE_ROWS = [
     ("--iterations-to-skip 10 -20 --data-path 0.5 a 0.5 b", None, None),
     ("--data-path --bf16", None, None),  # nargs='*'
     ("--hidden-dropout -.1 --recompute-modules core_attn mlp --rampup-batch-size 16 16 1000", None, None),
+    ("--moe-aux-loss-coeff 1e-2 -1 --weight-decay 0.1", None, None),  # -1: a negative number, a value
 ]
 
 

@@ -59,7 +59,8 @@ INT_FLAGS = (
     # torchrun
     "--nnodes", "--nproc-per-node",
 )
-# Flags of several values (argparse nargs="*"): the reader keeps all the words up to the next flag.
+# Flags of several values (argparse nargs "+", 3; --step-batch-size-schedule one quoted word of several):
+# the reader keeps the words argparse gives the flag (launch.py, _check_parser_words).
 LIST_FLAGS = ("--recompute-modules", "--rampup-batch-size", "--step-batch-size-schedule",
               "--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--cp-comm-type")
 STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method", "--fp8-format",

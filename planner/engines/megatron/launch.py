@@ -241,13 +241,18 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
                     raise CaseError(src, flag, f"is a switch and takes no value, got {one_line(word, 60)!r}: "
                                                "Megatron-LM's parser refuses it, and the run would not start")
                 found[flag] = None
-            elif flag in LIST_FLAGS:  # its values, space-separated, up to the next flag
+            elif flag in LIST_FLAGS:  # its values, space-separated: the words argparse gives it
+                last = len(words)  # another program's parser: up to the next option
                 if i > script_at and gpt and flag in PARSER_VALUES:
-                    # argparse's count (nargs '+', 3) and conversion of the words it gives the flag: a bare
-                    # --recompute-modules stops the parser ("expected at least one argument").
-                    _check_parser_words(src, flag, words, i, inline if "=" in word else None, closes, shell)
+                    # argparse's count (nargs '+', 3, one for --step-batch-size-schedule) and conversion of the
+                    # words it gives the flag: a bare --recompute-modules stops the parser ("expected at least
+                    # one argument"); past its count, or past a word the parser takes for an option, the
+                    # reading reads no further (--rampup-batch-size 16 16 1000 4 gives it three).
+                    end, counted = _check_parser_words(src, flag, words, i, inline if "=" in word else None,
+                                                       closes, shell)
+                    last = end if counted else last
                 values = [inline] if inline else []
-                while i + 1 < len(words) and not words[i + 1].startswith("--") and not closes(words[i]):
+                while i + 1 < len(words) and i < last and not _is_option(strip(words[i + 1])) and not closes(words[i]):
                     values.append(strip(words[i + 1]))
                     i += 1
                 found[flag] = " ".join(values)
@@ -266,11 +271,15 @@ def _flags_of(words: tuple[str, ...], src: str, shell: bool) -> dict[str, Option
                                            "(expected one argument), and the run would not start")
             # argparse converts and checks every occurrence, not only the last it keeps.
             _check_value(src, flag, found[flag])
-            if i > script_at and flag not in LIST_FLAGS and not closes(words[i]) and i + 1 < len(words):
-                _check_not_stray(src, flag, words[i + 1], flag in BOOL_FLAGS)
+            if i > script_at and not closes(words[i]) and i + 1 < len(words) and \
+                    (flag not in LIST_FLAGS or (gpt and flag in PARSER_VALUES and last == i)):
+                _check_not_stray(src, flag, words[i + 1], "no value" if flag in BOOL_FLAGS else _takes(flag))
         elif i > script_at and gpt and flag in PARSER_VALUES:
-            # a flag the reading does not read: its words are checked as the parser converts them
-            i = _check_parser_words(src, flag, words, i, inline if "=" in word else None, closes, shell)
+            # a flag the reading does not read: its words are checked as the parser converts them, and
+            # what follows them is a flag or a word the parser refuses ("--weight-decay 0.1 stray")
+            i, counted = _check_parser_words(src, flag, words, i, inline if "=" in word else None, closes, shell)
+            if counted and not closes(words[i]) and i + 1 < len(words):
+                _check_not_stray(src, flag, words[i + 1], _takes(flag))
         i += 1
     # torchrun, or its module (torch.distributed.launch, deprecated, runs the same launcher)
     if any(Path(w).name == "torchrun" or w in ("torch.distributed.run", "torch.distributed.launch")
@@ -287,17 +296,34 @@ _NOT_AN_ARGUMENT = re.compile(r"^(?:[$()|&;<>\\]|\d*[<>]|[A-Za-z_][A-Za-z0-9_]*=
 # What argparse reads as a negative number, not an option, where the parser defines no option that looks
 # like one (Megatron-LM's defines none): argparse.ArgumentParser._negative_number_matcher, Python 3.10-3.12.
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+# An option-looking word that no parser here defines (no option string starts with a digit or a dot):
+# -1e-2, which argparse takes for an option, not a negative number, and refuses (unrecognized arguments).
+_NUMBER_LIKE = re.compile(r"^-[\d.]")
 
 
-def _check_not_stray(src: str, flag: str, word: str, switch: bool) -> None:
-    """A word after a switch, or after a flag's one value, that is no flag: argparse takes it for a
-    positional argument Megatron-LM's parser does not define ("unrecognized arguments"), so the run
-    would not start (``--swiglu stray``, ``--tensor-model-parallel-size 4 8``, ``--swiglu -1``: a
-    negative number is a positional argument to argparse, not an option)."""
-    if not word or (word.startswith("-") and not _NEGATIVE_NUMBER.match(word)) or _NOT_AN_ARGUMENT.match(word):
+def _takes(flag: str) -> str:
+    """The words the flag takes, as its argparse nargs counts them (a flag not in PARSER_VALUES: one)."""
+    nargs = PARSER_VALUES[flag].nargs if flag in PARSER_VALUES else None
+    return {None: "one value", "?": "at most one value", "*": "values up to the next option",
+            "+": "values up to the next option"}.get(nargs, f"{nargs} values")
+
+
+def _check_not_stray(src: str, flag: str, word: str, takes: str) -> None:
+    """A word after a switch, or after the words argparse gives a flag (``takes``: "no value", "one
+    value", "3 values"), that is no flag: argparse takes it for a positional argument Megatron-LM's parser
+    does not define ("unrecognized arguments"), so the run would not start (``--swiglu stray``,
+    ``--tensor-model-parallel-size 4 8``, ``--rampup-batch-size 16 16 1000 4``, ``--swiglu -1``: a
+    negative number is a positional argument to argparse, not an option); or an option no parser defines
+    (``--lr 1e-3 -1e-2``: -1e-2 is no negative number to argparse's _negative_number_matcher). Another
+    option is the flag the reading reads next, and checked there."""
+    # A word of two dashes is an option even with a space in it ('--optimizer= adam': argparse matches
+    # its flag before it looks for spaces); an option is read, and checked, as the flag it names.
+    if not word or (word.startswith("-") and not _NEGATIVE_NUMBER.match(word) and not _NUMBER_LIKE.match(word)) \
+            or _NOT_AN_ARGUMENT.match(word):
         return
-    takes = "no value" if switch else "one value"
-    raise CaseError(src, flag, f"takes {takes}, but {one_line(word, 60)!r} follows it: Megatron-LM's parser "
+    why = ", which argparse takes for an option (no negative number to it) that no parser defines" \
+        if _is_option(word) else ""
+    raise CaseError(src, flag, f"takes {takes}, but {one_line(word, 60)!r} follows it{why}: Megatron-LM's parser "
                                "refuses a word it does not take (unrecognized arguments), and the run would not start")
 
 
@@ -309,14 +335,15 @@ def _is_option(word: str) -> bool:
 
 
 def _check_parser_words(src: str, flag: str, words: Sequence[str], at: int, inline: Optional[str],
-                        closes: Callable[[str], bool], shell: bool) -> int:
+                        closes: Callable[[str], bool], shell: bool) -> tuple[int, bool]:
     """The words argparse gives the flag at ``words[at]`` (its inline ``--flag=value``, or those that
     follow up to the next option, as many as its nargs takes), each checked as the parser converts it;
     too few refused ("expected one argument", "expected 3 arguments"). A variable left unexpanded, a
     shell operator or an array's close ends them without a refusal (what it stands for is not known); so
     do too few words in a launch's words as bash expands them, where an unset variable ($1, the checkpoint
     path Megatron-LM's example scripts take as an argument) leaves no word. Returns the index of the last
-    word taken."""
+    word taken, and whether argparse's count ends there (False where a word not known here ended them:
+    what follows it may still be the flag's)."""
     spec = PARSER_VALUES[flag]
     most = {None: 1, "?": 1, "*": len(words), "+": len(words)}.get(spec.nargs)
     most = int(spec.nargs) if most is None else most
@@ -328,7 +355,7 @@ def _check_parser_words(src: str, flag: str, words: Sequence[str], at: int, inli
         if _is_option(word):
             break
         if _NOT_AN_ARGUMENT.match(word) or "$" in word:
-            return i + 1  # what follows is not known: nothing refused
+            return i + 1, False  # what follows is not known: nothing refused
         values.append(word)
         i += 1
     if len(values) < least and not shell and not (i + 1 < len(words) and (_NOT_AN_ARGUMENT.match(words[i + 1]) or closes(words[i]))):
@@ -339,7 +366,7 @@ def _check_parser_words(src: str, flag: str, words: Sequence[str], at: int, inli
                                    "start")
     for value in values:
         _check_parser_value(src, flag, value)
-    return i
+    return i, True
 
 
 def _check_value(src: str, flag: str, value: Optional[str]) -> None:
