@@ -76,6 +76,22 @@ def test_a_hand_written_script_is_followed_to_its_config_beside_it(tmp_path, mon
     assert "line 5" in _followed(through, script)[0] and str(jobs / "ds.json") in _followed(through, script)[0]
 
 
+@pytest.mark.parametrize("passes", ["--deepspeed_config_file ds.json", "--deepspeed_config_file=ds.json"])
+def test_accelerate_launchs_config_file_is_followed(tmp_path, passes):
+    """`accelerate launch --use_deepspeed --deepspeed_config_file PATH train.py` (accelerate/commands/launch.py,
+    launch_command_parser) hands DeepSpeed that file: diagnosed as the file itself is."""
+    config = _emitted(tmp_path / "emitted") / "ds_config.json"
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "ds.json").write_text(config.read_text())
+    script = jobs / "train.sh"
+    script.write_text("#!/bin/bash\nset -e\naccelerate launch --num_processes 8 --use_deepspeed "
+                      f"{passes} train.py --bf16\n")
+    through = diagnose(CASE, config=script)
+    _same_but_the_note(diagnose(CASE, config=config), through, script)
+    assert "line 3" in _followed(through, script)[0] and str(jobs / "ds.json") in _followed(through, script)[0]
+
+
 def test_a_script_that_passes_no_config_is_refused_in_one_line(tmp_path):
     script = tmp_path / "run.sh"
     script.write_text("#!/bin/bash\ntorchrun --nproc-per-node 8 train.py --deepspeed --bf16\n")

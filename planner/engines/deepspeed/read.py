@@ -446,10 +446,12 @@ def load_config(path: Path) -> dict:
     return data
 
 
-# The flags that hand a training script its ds_config: DeepSpeed's own (deepspeed/__init__.py,
+# The flags that hand a training its ds_config: DeepSpeed's own (deepspeed/__init__.py,
 # _add_core_arguments: --deepspeed_config PATH, and --deepscale_config, its deprecated name; its --deepspeed
-# is a switch) and the Hugging Face Trainer's (TrainingArguments.deepspeed: --deepspeed PATH).
-CONFIG_FLAGS = ("--deepspeed_config", "--deepscale_config")
+# is a switch), Hugging Face Accelerate's launcher's (accelerate/commands/launch.py, launch_command_parser:
+# `accelerate launch --use_deepspeed --deepspeed_config_file PATH train.py`, the file handed to DeepSpeed as
+# it is) and the Hugging Face Trainer's (TrainingArguments.deepspeed: --deepspeed PATH).
+CONFIG_FLAGS = ("--deepspeed_config", "--deepscale_config", "--deepspeed_config_file")
 TRAINER_CONFIG_FLAG = "--deepspeed"
 
 # The programs a launch script starts a DeepSpeed training with (or a .py script), which tell a launch
@@ -469,8 +471,8 @@ def launched_config(path: Union[str, Path]) -> tuple[Path, Optional[str]]:
     """The ds_config diagnose reads for ``path``, and a note where it followed a launch script to it.
     A ds_config (JSON or Hjson) is itself. A launch script (``#!``, or commands that start deepspeed,
     torchrun, accelerate or Python) is read as bash would expand it (planner.readers.bash, as Megatron's
-    reader reads one) for the ds_config its command passes: ``--deepspeed_config PATH`` (or ``=PATH``), or the
-    Hugging Face Trainer's ``--deepspeed PATH``; a relative PATH resolved against the script's directory,
+    reader reads one) for the ds_config its command passes: ``--deepspeed_config PATH`` (or ``=PATH``),
+    Accelerate's ``--deepspeed_config_file PATH``, or the Hugging Face Trainer's ``--deepspeed PATH``; a relative PATH resolved against the script's directory,
     and ``$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)`` read as that directory, as the planner's own
     launch.sh finds the ds_config beside it. A script that passes none is refused, naming it."""
     from planner.readers import bash
@@ -524,7 +526,8 @@ def launched_config(path: Union[str, Path]) -> tuple[Path, Optional[str]]:
                    for c in script.commands if c.fields)
     if shebang or launches:
         raise CaseError(src, "", "is a launch script whose commands pass no ds_config (--deepspeed_config PATH, "
-                                 "or the Hugging Face Trainer's --deepspeed PATH): give diagnose --config the "
+                                 "accelerate's --deepspeed_config_file PATH or the Hugging Face Trainer's "
+                                 "--deepspeed PATH): give diagnose --config the "
                                  "ds_config.json it passes")
     return path, None
 
