@@ -163,6 +163,30 @@ class SizeChoice:
     def cost(self) -> Optional[float]:
         return None if self.price is None else self.gpu_hours * self.price
 
+    @property
+    def tokens_per_s_band(self) -> tuple[float, float]:
+        """The 80 % band of the tokens/s, as `estimate` gives it on this cluster and layout: the
+        prediction times the 10th and 90th percentiles of measured / predicted over published runs
+        of its class (docs/robust-plans.md, ``planner.bands``)."""
+        band = self.estimate.throughput_band
+        return (self.tokens_per_s * band.low, self.tokens_per_s * band.high)
+
+    @property
+    def days_band(self) -> tuple[float, float]:
+        """The days at the band's fast and slow ends: the run's tokens at each end's tokens/s, by the
+        one formula the days take (``run_days``); the slow end is the low tokens/s."""
+        slow, fast = self.tokens_per_s_band
+        return (run_days(self.tokens, fast), run_days(self.tokens, slow))
+
+    @property
+    def gpu_hours_band(self) -> tuple[float, float]:
+        """The GPU-hours at the band's ends: the GPUs paid for as long as the run takes there."""
+        return tuple(days * 24 * self.gpus_paid for days in self.days_band)  # type: ignore[return-value]
+
+    @property
+    def cost_band(self) -> Optional[tuple[float, float]]:
+        return None if self.price is None else tuple(h * self.price for h in self.gpu_hours_band)  # type: ignore
+
     def trade(self, other: "SizeChoice") -> dict[str, Optional[float]]:
         """``other`` against this choice: each measure as a ratio."""
         return {"gpus": other.gpus_paid / self.gpus_paid, "days": other.days / self.days,
@@ -192,7 +216,13 @@ class SizeChoice:
                 "gpus_paid": self.gpus_paid, "nvlink_domain": self.estimate.job.cluster.gpu.nvlink_domain,
                 "engine": self.engine, "layout": self.estimate.to_dict()["layout"], "step_time_s": self.step_time_s,
                 "tokens_per_s": self.tokens_per_s, "days": self.days, "gpu_hours": self.gpu_hours,
-                "cost": self.cost, "mfu": self.estimate.mfu,
+                "cost": self.cost,
+                # The 80 % band of the tokens/s (as `estimate --json` gives it) carried to the days and
+                # the spend: a deadline or a budget read off the point figures alone may be missed.
+                "tokens_per_s_band": list(self.tokens_per_s_band), "days_band": list(self.days_band),
+                "gpu_hours_band": list(self.gpu_hours_band),
+                "cost_band": None if self.cost_band is None else list(self.cost_band),
+                "band": self.estimate.throughput_band.to_dict(), "mfu": self.estimate.mfu,
                 # `size` times each cluster by its fastest layout: one may fit only at its memory band's low end
                 "memory_verdict": self.estimate.memory_verdict, "peak_bytes": whole_bytes(self.estimate.peak.total)}
 
@@ -223,7 +253,8 @@ OVER_BUDGET = "over budget"  # no layout fits within the limits (the budget, els
 NOTHING_FITS = "nothing fits"  # no layout fits within the limits, nor on any cluster past them the search tried
 STATUSES = (OK, DEADLINE_NOT_MET, OVER_BUDGET, NOTHING_FITS)
 _CHOICE_KEYS = ("gpu", "option", "gpus", "nodes", "gpus_paid", "nvlink_domain", "engine", "layout", "step_time_s",
-                "tokens_per_s", "days", "gpu_hours", "cost", "mfu", "memory_verdict", "peak_bytes")
+                "tokens_per_s", "days", "gpu_hours", "cost", "tokens_per_s_band", "days_band", "gpu_hours_band",
+                "cost_band", "band", "mfu", "memory_verdict", "peak_bytes")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from .bands import indistinguishable_gap
 from .report import _layout_summary, count_text
-from .size import OBJECTIVE_TEXT, OK, SizeChoice, Sizing
+from .size import OBJECTIVE_TEXT, OK, SECONDS_PER_DAY, SizeChoice, Sizing
 from .size_front import DOUBLING_SAVES, FRONT_SPAN
 from .units import duration_text, figure_text as _figure
 
@@ -41,10 +41,26 @@ def _takes(choice: SizeChoice) -> str:
             f"{_figure(choice.days, 1)} days, {_figure(choice.gpu_hours)} GPU-hours{cost}")
 
 
-def _print_choice(console: Console, choice: SizeChoice, label: str = "") -> None:
+def _band(choice: SizeChoice) -> str:
+    """The tokens/s band carried to the days and the spend, as `plan` words its tokens/s band."""
+    band = choice.estimate.throughput_band
+    days, hours, cost = choice.days_band, choice.gpu_hours_band, choice.cost_band
+    costs = f", cost {_figure(cost[0])}–{_figure(cost[1])}" if cost is not None else ""
+    return (f"80% band {_figure(days[0], 1)}–{_figure(days[1], 1)} days, {_figure(hours[0])}–{_figure(hours[1])} "
+            f"GPU-hours{costs} ({band.runs:,} published runs of this class: {band.of})")
+
+
+def _print_choice(console: Console, choice: SizeChoice, label: str = "",
+                  deadline_s: Optional[float] = None) -> None:
     console.print(f"{label}[bold]{escape(_cluster(choice))}[/], {escape(choice.engine)}: "
                   + escape(_layout_summary(choice.estimate.to_dict()["layout"])))
     console.print(escape(_takes(choice)))
+    console.print(escape(_band(choice)))
+    slow = choice.days_band[1]
+    if deadline_s is not None and slow * SECONDS_PER_DAY > deadline_s:
+        # The deadline is met by the prediction; the band says how far a measured run may fall short of it.
+        console.print(f"[yellow]deadline at risk[/]: at its band's slow end this run takes {_figure(slow, 1)} days, "
+                      f"past {escape(duration_text(deadline_s))}")
     est = choice.estimate
     if est.memory_verdict == "at risk":
         # `size` times a cluster by its fastest layout, where `plan`'s robust pick takes one surer to fit.
@@ -72,7 +88,7 @@ def print_sizing(sizing: Sizing, console: Console, top_k: Optional[int] = None) 
     if sizing.front:
         print_front(sizing, console)
     else:
-        _print_choice(console, best)
+        _print_choice(console, best, deadline_s=sizing.deadline_s)
         if sizing.alternatives:
             # The cost's words only where some answer has a price (its column is "-" where none has).
             priced = any(c.cost is not None for c in (best, *sizing.alternatives))
@@ -158,4 +174,4 @@ def print_unmet(sizing: Sizing, console: Console) -> None:
         _print_choice(console, sizing.fastest, "fastest within the limits: ")
     if sizing.would_meet is not None:
         target = "would meet the deadline: " if sizing.deadline_s is not None else "would fit: "
-        _print_choice(console, sizing.would_meet, target)
+        _print_choice(console, sizing.would_meet, target, sizing.deadline_s)

@@ -4,6 +4,7 @@ the constraints its solver holds, the cluster-options schema and the command lin
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -410,6 +411,39 @@ def test_size_and_plan_agree_on_the_chosen_cluster_of_the_example():
     assert planned.step_time_s == best.step_time_s
     # What estimate says of that layout is what size reports.
     assert planner.estimate({**one, "layout": planned.to_dict()["layout"]}).step_time_s == best.step_time_s
+
+
+def test_the_tokens_per_s_band_carries_to_days_gpu_hours_and_cost_as_estimate_gives_it(tmp_path):
+    """docs/robust-plans.md: a prediction's 80 % band of tokens/s. A run of T tokens at the band's
+    ends takes T ÷ tokens/s ÷ 86,400 days at each (the slow end at the low tokens/s), for GPU-hours
+    of the GPUs paid for those days and the cost at the type's price; the band is what `estimate`
+    gives of that layout on that cluster. A deadline the prediction meets but the slow end misses is
+    said to be at risk, and one the slow end meets is not."""
+    result = planner.size(MID, "1T", deadline="20d")
+    price = {"h100-sxm-80gb": 2.5, "a100-sxm-80gb": 1.2}
+    for choice in (result.best, *result.alternatives):
+        one = {**MID, "cluster": {"gpu": choice.option.gpu.name, "num_gpus": choice.gpus},
+               "layout": choice.estimate.to_dict()["layout"], "training": {**MID["training"], "engine": "megatron"}}
+        one.pop("search")
+        low, high = planner.estimate(one).to_dict()["tokens_per_s_band"]
+        days = (1e12 / high / 86400, 1e12 / low / 86400)
+        hours = tuple(d * 24 * choice.gpus for d in days)
+        printed = choice.to_dict()
+        assert printed["tokens_per_s_band"] == pytest.approx([low, high], rel=1e-12)
+        assert printed["days_band"] == pytest.approx(list(days), rel=1e-12)
+        assert printed["gpu_hours_band"] == pytest.approx(list(hours), rel=1e-12)
+        assert printed["cost_band"] == pytest.approx([h * price[choice.option.gpu.name] for h in hours], rel=1e-12)
+        assert days[0] < choice.days < days[1]
+    best = result.best
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(MID))
+    for hours, at_risk in ((math.ceil(best.days * 24) + 1, True), (math.ceil(best.days_band[1] * 24) + 1, False)):
+        assert best.days * 24 < hours < best.days_band[1] * 24 or not at_risk
+        done = cli("size", str(path), "--tokens", "1T", "--deadline", f"{hours}h")
+        assert done.returncode == 0, done.stderr
+        text = " ".join(done.stdout.split())
+        assert "80% band " in text
+        assert ("deadline at risk: at its band's slow end this run takes" in text) == at_risk, text
 
 
 # --- the solver's constraints ---------------------------------------------------------------
