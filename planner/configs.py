@@ -133,7 +133,10 @@ def emit(result: Union[Plan, Estimate], engine: str, out_dir: PathArg, *, source
     if source is not None:  # written into every file's header: a 5 there named no case
         read_str("emit", "source", source)
     out = read_path("emit", "out_dir", out_dir)
-    files, notes = render(result, engine, source, force_unfit)
+    try:
+        files, notes = render(result, engine, source, force_unfit)
+    except CaseError as error:
+        raise _as_the_apis(error) from None
     removed: list[Path] = []
     committed = [False]
     outputs = [Output(out / name, text, "out_dir", "force=True") for name, text in files.items()]
@@ -150,6 +153,18 @@ def emit(result: Union[Plan, Estimate], engine: str, out_dir: PathArg, *, source
             error.add_note(interrupted_after(paths, removed))
         raise
     return emitted  # bound inside the try: an interrupt as Emitted(...) returns is still told of the files
+
+
+def _as_the_apis(error: CaseError) -> CaseError:
+    """An emitter's refusal as the API says it: the emitters name the CLI's flag (``--emit: megatron: 12
+    GPUs do not fill whole 8-GPU nodes …``, ``plan with --engine megatron``), which an API caller never
+    gave; here the call and its argument (``emit: engine: megatron: …``, ``engine='megatron'``), as every
+    other refusal of emit names them. Any other error is the case's or the argument's already."""
+    if error.source != "--emit":
+        return error
+    engine = error.key
+    expected = error.expected.replace(f"plan with --engine {engine}", f"plan with engine={engine!r}")
+    return CaseError("emit", "engine", f"{engine}: {expected}")
 
 
 def interrupted_after(paths: list[Path], removed: list[Path]) -> str:

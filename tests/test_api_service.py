@@ -410,3 +410,27 @@ planner.calibrate_from_runs(["runs.yaml", {"id": "r"}])
     out, err, status = mypy.run(["--follow-imports=silent", "--ignore-missing-imports", "--no-incremental",
                                  "--cache-dir", str(tmp_path / "cache"), str(script)])
     assert status == 0, out + err
+
+
+def test_an_emitters_refusal_names_the_apis_argument_not_the_clis_flag(tmp_path):
+    """An engine's emitter refuses a layout its launcher cannot start: 12 GPUs on 8-GPU nodes start
+    no torchrun that gives every node the same number of processes. The CLI says it of its flag
+    (`--emit: megatron: …`); the API said the same, naming a flag its caller never gave, where every other
+    refusal of emit names the argument as the call spells it (docs/commands.md, Python API)."""
+    import yaml
+
+    from cli_in_process import run_cli
+
+    case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 12},
+            "training": {"global_batch_size": 48, "seq_len": 4096, "engine": "megatron"}}
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case))
+    done = run_cli("plan", str(path), "--emit", "megatron", "--out", str(tmp_path / "cli"))
+    said = "12 GPUs do not fill whole 8-GPU nodes: the plan was priced on 1 full node(s) and 4 GPU(s) of one more"
+    assert done.returncode == 2 and done.stderr.startswith(f"error: --emit: megatron: {said}"), done.stderr
+    with pytest.raises(planner.CaseError) as refused:
+        planner.emit(planner.plan(path, top_k=0), "megatron", tmp_path / "api")
+    assert (refused.value.source, refused.value.key) == ("emit", "engine")
+    # The same words as the CLI's, after the call's own name for what was given.
+    assert str(refused.value) == "emit: engine: megatron: " + done.stderr.strip()[len("error: --emit: megatron: "):]
+    assert not (tmp_path / "api").exists()
