@@ -65,7 +65,8 @@ def _estimate_of(result: Any) -> Estimate:
     from .plan import Plan
 
     if isinstance(result, Plan):
-        raise CaseError("plan", "best", "nothing fits, so there is no layout to write")
+        raise CaseError("emit", "result", f"a Plan whose status is {result.status}: nothing fits, so there is no "
+                                          "layout to write (its no_fit says why)")
     # A Sizing's best (a SizeChoice) holds the layout's estimate, but which of its choices to write is the caller's.
     hint = (" (its best.estimate is one)" if isinstance(getattr(getattr(result, "best", None), "estimate", None), Estimate)
             else " (its estimate is one)" if isinstance(getattr(result, "estimate", None), Estimate) else "")

@@ -434,3 +434,17 @@ def test_an_emitters_refusal_names_the_apis_argument_not_the_clis_flag(tmp_path)
     # The same words as the CLI's, after the call's own name for what was given.
     assert str(refused.value) == "emit: engine: megatron: " + done.stderr.strip()[len("error: --emit: megatron: "):]
     assert not (tmp_path / "api").exists()
+
+
+def test_emit_of_a_plan_where_nothing_fits_names_its_own_argument(tmp_path):
+    """Llama 3.1 405B on one 8-GPU node: no layout fits (its parameters alone overflow), so the plan has
+    no best to write. emit said so as "plan: best: …", a call and an argument that were not the one
+    made: its refusals name emit's own (``emit: result:``, as a layout that does not fit is)."""
+    case = {"model": {"preset": "llama3.1-405b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"global_batch_size": 8, "seq_len": 4096, "engine": "megatron"}}
+    nothing = planner.plan(case, top_k=0)
+    assert (nothing.status, nothing.best) == ("INFEASIBLE", None)
+    with pytest.raises(planner.CaseError) as refused:
+        planner.emit(nothing, "megatron", tmp_path / "run")
+    assert (refused.value.source, refused.value.key) == ("emit", "result")
+    assert not (tmp_path / "run").exists()
