@@ -241,6 +241,8 @@ def plan_command(
             files, emitted = render(result.best, emit, str(case))
             notes += emitted  # after the ignored layout's note, which this once replaced
             outputs += [Output(Path(out) / name, text) for name, text in files.items()]
+        elif emit is not None and out is not None:
+            notes.append(f"--emit: nothing fits, so no launch files were written to {out} (no layout to run)")
         if plot_file is not None and result.best is not None:
             from .plots import render_plots
 

@@ -175,6 +175,20 @@ def test_plan_json_carries_every_note_the_command_says(tmp_path):
     assert json.loads(result.stdout)["notes"] == said
 
 
+def test_plan_emit_where_nothing_fits_says_no_files_were_written(tmp_path):
+    """`plan --emit` where nothing fits wrote nothing, exit 3, and said nothing of --out, as --plot does
+    of its file: Llama 2 70B's bf16 weights (138 GB) are over one 40 GB A100 whatever the layout."""
+    case = copy.deepcopy(CASE)
+    case["model"], case["cluster"] = {"preset": "llama2-70b"}, {"gpu": "a100-sxm-40gb", "num_gpus": 1}
+    del case["layout"]
+    out = tmp_path / "launch"
+    result = cli("plan", str(write(tmp_path, case)), "--emit", "megatron", "--out", str(out), "--json")
+    assert result.returncode == 3 and not out.exists()
+    said = [line.removeprefix("note: ") for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert f"--emit: nothing fits, so no launch files were written to {out} (no layout to run)" in said
+    assert json.loads(result.stdout)["notes"] == said
+
+
 PLAYBOOK_3B = {"name": "playbook-3B", "num_layers": 28, "hidden_size": 3072, "num_attention_heads": 32,
                "ffn_hidden_size": 8192, "activation": "swiglu", "vocab_size": 131072, "tied_embeddings": True}
 
