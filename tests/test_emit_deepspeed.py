@@ -186,7 +186,7 @@ def test_launch_script(index, tmp_path):
     # across nodes, the hostfile from HOSTFILE (what follows the script's name goes to train.py, not
     # to the launcher: `--hostfile FILE`, as the comment said, never reached it)
     hostfile = '${HOSTFILE:+--hostfile "$HOSTFILE"} ' if nodes > 1 else ""
-    assert (f'\ndeepspeed {hostfile}--num_nodes {nodes} --num_gpus {gpus} "${{TRAIN_SCRIPT:-$HERE/train.py}}" '
+    assert (f'\nexec deepspeed {hostfile}--num_nodes {nodes} --num_gpus {gpus} "${{TRAIN_SCRIPT:-$HERE/train.py}}" '
             f'--deepspeed --deepspeed_config "$HERE/ds_config.json"') in text
     assert ("or pass --hostfile" not in text) and ((nodes > 1) == ("HOSTFILE=FILE bash launch.sh" in text))
     assert 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"' in text

@@ -180,3 +180,67 @@ def test_torchtitans_launch_imports_its_config_from_a_folder_holding_a_colon(tmp
                              text=True, timeout=60)
     assert outside.returncode == 1 and "ModuleNotFoundError" not in outside.stderr
     assert outside.stderr.count("\n") == 1 and "holds a ':'" in outside.stderr, outside.stderr
+
+
+def _recording_launcher(bin_dir, names, pid_file) -> None:
+    """Stand-ins for the launchers the scripts start (torchrun, deepspeed, srun): each writes its
+    process id and sleeps as that same process, as torchrun's agent waits on its ranks."""
+    bin_dir.mkdir(exist_ok=True)
+    for name in names:
+        (bin_dir / name).write_text(f'#!/usr/bin/env bash\necho $$ > "{pid_file}"\nexec sleep 60\n')
+        (bin_dir / name).chmod(0o755)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("script", ["launch.sh", "sbatch.sh"])
+@pytest.mark.parametrize("engine", sorted(CASES))
+def test_a_signal_to_the_script_reaches_the_launcher_it_starts(engine, script, tmp_path):
+    """A scheduler or a user ends a launch by signalling its process (kill, a container's stop,
+    scancel --batch): bash, waiting on a foreground command, dies of SIGTERM and leaves it running,
+    orphaned, with every rank it started (bash(1), SIGNALS: a trap is run only once the command
+    completes). Started with exec, the launcher is the script's process and takes the signal itself:
+    torchrun's agent stops its ranks on SIGTERM (torch/distributed/elastic/multiprocessing/api.py,
+    _terminate_process_handler), as DeepSpeed's runner does (deepspeed/launcher/runner.py,
+    sigkill_handler), and srun forwards it to the step's tasks (srun(1), SIGNALS AND ESCAPE SEQUENCES)."""
+    import os
+    import signal
+    import time
+
+    est = planner.estimate(CASES[engine])
+    files = tmp_path / "files"
+    planner.emit(est, engine, files, force_unfit=not est.fits)
+    pid_file = tmp_path / "launcher.pid"
+    _fake_tools(tmp_path / "bin", 2)
+    _recording_launcher(tmp_path / "bin", ["torchrun", "deepspeed", "srun"], pid_file)
+    (files / "train.py").write_text("")  # DeepSpeed's, the user's to write
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu[0-1]",
+           "SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "96", "SLURM_SUBMIT_DIR": str(files), "MASTER_ADDR": "gpu0",
+           "HOSTFILE": str(tmp_path / "hostfile"), "MEGATRON_LM": str(_megatron_checkout(tmp_path))}
+    proc = subprocess.Popen(["bash", str(files / script)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    launcher = None
+    try:
+        for _ in range(200):  # until the launcher has started (or the script has ended)
+            if pid_file.exists() and pid_file.read_text().strip() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()
+        launcher = int(pid_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        assert not _alive(launcher), f"{script} ended on SIGTERM and left {launcher} running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if launcher is not None and _alive(launcher):
+            os.kill(launcher, signal.SIGKILL)

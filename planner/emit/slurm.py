@@ -1,6 +1,6 @@
 """``sbatch.sh``: a Slurm batch script beside every engine's ``launch.sh``.
 
-One task per node (``srun --ntasks-per-node=1``), each starting torchrun with the GPUs of its node;
+One task per node (``exec srun --ntasks-per-node=1``: a signal to the script reaches srun), each starting torchrun with the GPUs of its node;
 the rendezvous (torchrun's c10d backend) on the first node of the allocation
 (``scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p``), keyed by the job id; the whole
 nodes (``--exclusive``), every CPU of a node to its task. The folder of the files is the one ``sbatch`` was called from
@@ -97,7 +97,9 @@ def sbatch(header: str, nodes: int, per_node: int, entry: str, env: str = "", cl
         + (comment([f"The files beside {SBATCH_FILE}, from the folder sbatch was called in: "
                     "the job stops here where they are not."]) + files if files else "")
         + 'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"\n'
-        f"srun --nodes={shell_word(nodes)} --ntasks-per-node=1 --cpus-per-task=\"$SLURM_CPUS_ON_NODE\" \\\n"
+        # exec: srun is the batch script's process, so a signal to the script (scancel --batch, the
+        # --signal=B: warning) reaches srun, which forwards it to every node's torchrun.
+        f"exec srun --nodes={shell_word(nodes)} --ntasks-per-node=1 --cpus-per-task=\"$SLURM_CPUS_ON_NODE\" \\\n"
         f"    torchrun --nnodes {shell_word(nodes)} --nproc-per-node {shell_word(per_node)} \\\n"
         '    --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$HEAD_NODE:${MASTER_PORT:-29500}" \\\n'
         f"    {entry}\n"

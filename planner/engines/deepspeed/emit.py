@@ -224,7 +224,10 @@ def launch_text(estimate, header_lines: Union[Sequence[str], str] = ()) -> str:
         out.append(f'case "$HERE" in *[[:space:]]*) echo "{LAUNCH}: $HERE holds a space, which DeepSpeed\'s '
                    'multi-node launcher (pdsh) splits: move the folder" >&2; exit 1;; esac\n')
         hostfile = '${HOSTFILE:+--hostfile "$HOSTFILE"} '
-    out.append(f"\ndeepspeed {hostfile}--num_nodes {shell_word(nodes)} --num_gpus {shell_word(per_node)} "
+    # exec: the launcher is this script's process, so a signal that ends the script (kill, a
+    # container's stop) reaches it and it stops its ranks (runner.py, sigkill_handler); bash would die
+    # of SIGTERM and leave it running.
+    out.append(f"\nexec deepspeed {hostfile}--num_nodes {shell_word(nodes)} --num_gpus {shell_word(per_node)} "
                f"{TRAIN_COMMAND}\n")
     return "".join(out)
 

@@ -497,7 +497,8 @@ def render(estimate, header_lines: list[str] | str) -> dict[str, str]:
         'PYTHONPATH splits, so the ranks could not import ' + CONFIG_MODULE + ' from it: run it from that '
         'folder, or move the folder" >&2; exit 1; };; esac\n'
         'export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"\n'
-        f"torchrun --nnodes {shell_word(nnodes)} --nproc_per_node {shell_word(nproc)} \\\n"
+        # exec: a signal that ends the script reaches torchrun, whose agent stops the ranks.
+        f"exec torchrun --nnodes {shell_word(nnodes)} --nproc_per_node {shell_word(nproc)} \\\n"
         '    --node_rank "${NODE_RANK:-0}" --master_addr ' + master_addr(nnodes) + ' '
         '--master_port "${MASTER_PORT:-29500}" \\\n'
         f'    -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION} "$@"\n'
