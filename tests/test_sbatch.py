@@ -244,3 +244,28 @@ def test_a_signal_to_the_script_reaches_the_launcher_it_starts(engine, script, t
             proc.wait()
         if launcher is not None and _alive(launcher):
             os.kill(launcher, signal.SIGKILL)
+
+
+def test_megatrons_launch_stops_before_torchrun_where_its_arguments_file_is_not(tmp_path):
+    """launch.sh read megatron_args.txt inside torchrun's arguments: a command substitution there that
+    fails does not stop the script under set -e (bash(1), set -e: only a simple command's status
+    counts, not an expansion's inside it), so without the file every rank started with no
+    arguments and Megatron-LM stopped on "either num-layers or encoder-num-layers should be specified"
+    (megatron/training/arguments.py), the cause hidden, as sbatch.sh once did."""
+    import os
+
+    files = tmp_path / "files"
+    planner.emit(planner.estimate(CASES["megatron"]), "megatron", files)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "{tmp_path / "torchrun.txt"}"\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MASTER_ADDR": "gpu0"}
+    done = subprocess.run(["bash", str(files / "launch.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--tensor-model-parallel-size" in (tmp_path / "torchrun.txt").read_text().split("\n")
+    (tmp_path / "torchrun.txt").unlink()
+    (files / "megatron_args.txt").unlink()
+    done = subprocess.run(["bash", str(files / "launch.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "megatron_args.txt" in done.stderr
+    assert not (tmp_path / "torchrun.txt").exists()  # no rank started

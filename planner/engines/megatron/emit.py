@@ -613,12 +613,15 @@ def render(estimate, header_lines) -> dict[str, str]:
         "set -f  # no globbing of the arguments (a pipeline layout holds '*')\n"
         + environment_lines(job) +
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+        # Read before torchrun, as sbatch.sh reads it: a failed substitution inside torchrun's arguments
+        # escapes set -e, and every rank started without them.
+        'ARGS="$(grep -v \'^#\' "$HERE/' + ARGS_FILE + '")"\n'
         # exec: torchrun is this script's process, so a signal that ends the script reaches it and its
         # agent stops the ranks; bash would die of SIGTERM and leave them running.
         f"exec torchrun --nnodes {shell_word(nodes)} --nproc-per-node {shell_word(per_node)} \\\n"
         '    --node-rank "${NODE_RANK:-0}" --master-addr ' + master_addr(nodes) + ' '
         '--master-port "${MASTER_PORT:-6000}" \\\n'
-        '    "${MEGATRON_LM:-.}/pretrain_gpt.py" $(grep -v \'^#\' "$HERE/' + ARGS_FILE + '") "$@"\n'
+        '    "${MEGATRON_LM:-.}/pretrain_gpt.py" $ARGS "$@"\n'
     )
     # Submitted from the folder of these files, ./pretrain_gpt.py is there only where they were written
     # into a Megatron-LM checkout: without MEGATRON_LM every rank failed to open it, once the nodes started.
