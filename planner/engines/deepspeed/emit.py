@@ -233,12 +233,14 @@ def launch_text(estimate, header_lines: Union[Sequence[str], str] = ()) -> str:
 
 
 # DeepSpeed has no training entry point of its own (``deepspeed`` starts the script it is given, with
-# --local_rank: launcher/launch.py): the files run the user's, train.py beside them unless TRAIN_SCRIPT
+# --local_rank: launcher/launch.py; torchrun, sbatch.sh's, gives LOCAL_RANK in the environment and no
+# such argument: torch/distributed/run.py): the files run the user's, train.py beside them unless TRAIN_SCRIPT
 # names another, and say what it must do for the plan to run as priced.
 TRAIN_COMMAND = f'"${{TRAIN_SCRIPT:-$HERE/train.py}}" --deepspeed --deepspeed_config "$HERE/{CONFIG}" "$@"'
 TRAIN_SCRIPT_LINES = [
     "train.py (not written here: DeepSpeed has no training script of its own; TRAIN_SCRIPT=PATH runs",
-    "another) is yours: it parses --local_rank, which the launcher adds, and deepspeed.add_config_arguments;",
+    "another) is yours: it accepts --local_rank (launch.sh's deepspeed launcher adds it; sbatch.sh's torchrun",
+    "sets LOCAL_RANK instead), parses deepspeed.add_config_arguments;",
     "builds your model and data, and calls deepspeed.initialize(args=args, model=model,",
     "model_parameters=model.parameters()) without an optimizer of its own (ds_config.json has it), then",
     "engine.backward(loss) and engine.step() each micro-batch (a pipeline: engine.train_batch() a step),",
