@@ -137,6 +137,14 @@ class Estimate:
         return throughput_band(self.job)
 
     @property
+    def tokens_per_s_band(self) -> tuple[float, float]:
+        """The 80 % band of the tokens/s, low end first: the prediction times the 10th and 90th
+        percentiles of measured / predicted over published runs of its class (docs/robust-plans.md,
+        ``planner.bands``). `estimate`'s, `plan`'s and `size`'s, one formula."""
+        band = self.throughput_band
+        return (self.tokens_per_s * band.low, self.tokens_per_s * band.high)
+
+    @property
     def memory_verdict(self) -> str:
         """"fits" (the band's upper end fits), "at risk" (the peak may or may not: the band straddles
         the usable memory) or "does not fit"."""
@@ -223,7 +231,7 @@ class Estimate:
             "step_time_s": self.step_time_s,
             "step_time_band_s": [self.step_time_s / band.high, self.step_time_s / band.low],
             "tokens_per_s": self.tokens_per_s,
-            "tokens_per_s_band": [self.tokens_per_s * band.low, self.tokens_per_s * band.high],
+            "tokens_per_s_band": list(self.tokens_per_s_band),
             "band": band.to_dict(),
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "mfu": self.mfu,

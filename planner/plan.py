@@ -23,7 +23,7 @@ from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SIMPLEST_WITHIN_
 from .search import search
 from .search_rows import Candidate, SearchResult
 from .search_options import SearchSpec, retarget
-from .units import UnitError, figure_text, parse_tokens, run_days, whole_bytes
+from .units import UnitError, figure_text, parse_tokens, run_days, run_days_band, whole_bytes
 
 # The solver's table holds every fitting layout within this share of the fastest (or the
 # --simplest-within margin, if wider), and at least the top-k: all that the answer,
@@ -209,6 +209,13 @@ class Plan:
         """Days the best layout takes for the run's tokens, as `size` counts them; None without either."""
         return None if self.tokens is None or self.best is None else run_days(self.tokens, self.best.tokens_per_s)
 
+    @property
+    def days_band(self) -> Optional[tuple[float, float]]:
+        """The days at the ends of the best's 80 % tokens/s band, fast end first, as `size`'s days_band
+        gives them; None where ``days`` is."""
+        return None if self.tokens is None or self.best is None else \
+            run_days_band(self.tokens, self.best.tokens_per_s_band)
+
     def picked(self, reader: str) -> Estimate:
         """The best, for ``reader`` (a method of the plan's, or a caller that kept only plans with one);
         a CaseError where the plan found no layout."""
@@ -307,6 +314,8 @@ class Plan:
                         for name, p, why in self.engines},
             "engine": self.best.job.training.engine.name if self.best else None,
             "tokens": self.tokens, "days": self.days,
+            # The point days read alone may be missed: the band's slow end says by how much (size's field).
+            "days_band": None if self.days_band is None else list(self.days_band),
             # Where nothing fits nothing was picked: the defaults said "made on speed, within a margin
             # of 0.0 set by the model", whose margin is the 7.9 % gap.
             "pick": None if self.best is None else

@@ -139,9 +139,9 @@ def print_estimate(est: Estimate, console: Console) -> None:
     console.print(time)
     for line in est.outside_fitted_runs:
         console.print(f"note: {line}", markup=False)
-    band = est.throughput_band
-    console.print(f"{est.tokens_per_s:,.0f} tokens/s (80% band {est.tokens_per_s * band.low:,.0f}–"
-                  f"{est.tokens_per_s * band.high:,.0f}; {band.runs:,} published runs of this class: "
+    band, (low, high) = est.throughput_band, est.tokens_per_s_band
+    console.print(f"{est.tokens_per_s:,.0f} tokens/s (80% band {low:,.0f}–"
+                  f"{high:,.0f}; {band.runs:,} published runs of this class: "
                   f"{band.of}), {_tflops(est.model_tflops_per_gpu)} model TFLOP/s per GPU, "
                   f"MFU {est.mfu:.1%}" + (f" ({est.mfu_bf16:.1%} of the bf16 peak)"
                                           if est.job.training.precision == "fp8" and est.mfu_bf16 else ""),
@@ -250,8 +250,10 @@ def print_plan(plan, console: Console) -> None:
     best = plan.best
     print_estimate(best, console)
     if plan.days is not None:  # `size`'s figure, for this layout on these GPUs
-        console.print(f"{count_text(plan.tokens)} tokens: {figure_text(plan.days, 1)} days at "
-                      f"{best.tokens_per_s:,.0f} tokens/s", markup=False)
+        fast, slow = plan.days_band
+        console.print(f"{count_text(plan.tokens)} tokens: {figure_text(plan.days, 1)} days (80% band "
+                      f"{figure_text(fast, 1)}–{figure_text(slow, 1)}) at {best.tokens_per_s:,.0f} tokens/s",
+                      markup=False)
     console.print(f"solver: {plan.status} over {plan.fitting} fitting layouts ({plan.scored} scored)")
     if plan.engines:
         parts = [f"{name} {p.best.tokens_per_s:,.0f} tokens/s ({p.best.memory_verdict}{'; ' + why if why else ''})"

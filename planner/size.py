@@ -54,7 +54,7 @@ from .engines import ENGINES
 from .plan import DECIDED_ENGINES, _check_size, check_run_tokens, layout_table, plan
 from .search import Candidate, cp_too_thin, divisors
 from .search_options import SearchSpec, retarget
-from .units import (UnitError, duration_text, figure_text, parse_duration, parse_tokens, run_days,
+from .units import (UnitError, duration_text, figure_text, parse_duration, parse_tokens, run_days, run_days_band,
                     whole_bytes)
 
 SECONDS_PER_DAY = 86400.0
@@ -165,18 +165,13 @@ class SizeChoice:
 
     @property
     def tokens_per_s_band(self) -> tuple[float, float]:
-        """The 80 % band of the tokens/s, as `estimate` gives it on this cluster and layout: the
-        prediction times the 10th and 90th percentiles of measured / predicted over published runs
-        of its class (docs/robust-plans.md, ``planner.bands``)."""
-        band = self.estimate.throughput_band
-        return (self.tokens_per_s * band.low, self.tokens_per_s * band.high)
+        """The 80 % band of the tokens/s, as `estimate` gives it on this cluster and layout."""
+        return self.estimate.tokens_per_s_band
 
     @property
     def days_band(self) -> tuple[float, float]:
-        """The days at the band's fast and slow ends: the run's tokens at each end's tokens/s, by the
-        one formula the days take (``run_days``); the slow end is the low tokens/s."""
-        slow, fast = self.tokens_per_s_band
-        return (run_days(self.tokens, fast), run_days(self.tokens, slow))
+        """The days at the band's fast and slow ends (``run_days_band``, `plan --tokens`'s too)."""
+        return run_days_band(self.tokens, self.tokens_per_s_band)
 
     @property
     def gpu_hours_band(self) -> tuple[float, float]:

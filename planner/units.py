@@ -123,6 +123,14 @@ def run_days(tokens: float, tokens_per_s: float) -> float:
     return tokens / tokens_per_s / DURATION_UNITS["d"]
 
 
+def run_days_band(tokens: float, tokens_per_s_band: tuple[float, float]) -> tuple[float, float]:
+    """Days a run of ``tokens`` takes at each end of a tokens/s band given low end first (``Estimate.
+    tokens_per_s_band``), by :func:`run_days`: the fast end first, the slow end (the low tokens/s) last.
+    `size`'s days_band and `plan --tokens`'s, one formula."""
+    slow, fast = tokens_per_s_band
+    return (run_days(tokens, fast), run_days(tokens, slow))
+
+
 def whole_bytes(value: float) -> int:
     """A byte count as the JSON outputs print it: rounded to the nearest byte. One rule for every
     command, so that one layout's peak reads the same in `estimate`, `plan`'s no_fit and `size`

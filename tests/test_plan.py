@@ -649,13 +649,39 @@ def test_plan_says_the_days_its_pick_takes_for_a_token_count(tmp_path):
     printed = json.loads(run_cli("plan", str(path), "--top", "0", "--tokens", "2T", "--json").stdout)
     assert (printed["tokens"], printed["days"]) == (2e12, result.days)
     out = run_cli("plan", str(path), "--top", "0", "--tokens", "2T")
-    assert f"2T tokens: {result.days:,.1f} days at {result.best.tokens_per_s:,.0f} tokens/s" in out.stdout, out.stdout
+    assert f"2T tokens: {result.days:,.1f} days (80% band " in out.stdout, out.stdout
     assert json.loads(run_cli("plan", str(path), "--top", "0", "--json").stdout)["days"] is None
     for tokens, said in (("2X", "error: --tokens: expected a token count like 15T (K, M, B, T), got '2X'"),
                          ("1K", "error: --tokens: expected at least one global batch of")):
         refused = run_cli("plan", str(path), "--tokens", tokens)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and refused.stderr.startswith(said), \
             refused.stderr
+
+
+def test_plan_carries_the_tokens_per_s_band_to_the_days_as_size_does(tmp_path):
+    """`plan --tokens` gave the days as a point ("2T tokens: 9.8 days at ...") under a tokens/s line
+    showing its 80 % band. docs/robust-plans.md: the band is the prediction times the 10th and 90th
+    percentiles of measured / predicted over the published runs of its class, as `estimate` gives it
+    for the picked layout on these GPUs; a run of T tokens at each end takes T ÷ tokens/s ÷ 86,400 days,
+    the slow end at the low tokens/s and listed last, as `size`'s days_band lists it."""
+    from cli_in_process import run_cli
+
+    path = tmp_path / "case.yaml"
+    path.write_text(json.dumps(BASE))
+    result = planner.plan(path, top_k=0, tokens="2T")
+    picked = result.best.to_dict()
+    low, high = planner.estimate({**BASE, "layout": picked["layout"],
+                                  "training": {**BASE["training"], **picked["training"]}}
+                                 ).to_dict()["tokens_per_s_band"]
+    assert low < result.best.tokens_per_s < high
+    days = [2e12 / high / 86400, 2e12 / low / 86400]
+    assert list(result.days_band) == pytest.approx(days, rel=1e-12)
+    printed = json.loads(run_cli("plan", str(path), "--top", "0", "--tokens", "2T", "--json").stdout)
+    assert printed["days_band"] == pytest.approx(days, rel=1e-12)
+    out = " ".join(run_cli("plan", str(path), "--top", "0", "--tokens", "2T").stdout.split())
+    assert (f"2T tokens: {result.days:,.1f} days (80% band {days[0]:,.1f}–{days[1]:,.1f}) at "
+            f"{result.best.tokens_per_s:,.0f} tokens/s") in out, out
+    assert json.loads(run_cli("plan", str(path), "--top", "0", "--json").stdout)["days_band"] is None
 
 
 def test_the_runner_up_on_a_step_of_milliseconds_is_said_by_its_gap_not_rounded_to_zero():
