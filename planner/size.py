@@ -191,14 +191,26 @@ class SizeChoice:
     def trade_text(self, other: "SizeChoice") -> str:
         """What ``other`` trades against this choice, e.g. "1.30× the GPUs for 0.80× the days"."""
         ratio = self.trade(other)
-        # The GPU type named where it differs: a same-type option on whole racks is another object.
-        same = (other.option.key, other.option.gpu.name) == (self.option.key, self.option.gpu.name)
-        kind = "" if same else f"{other.option.gpu.name}: "
+        kind = self._differs(other)
         spent = f"{ratio['cost']:.2f}× the cost" if ratio["cost"] is not None else \
             f"{ratio['gpu_hours']:.2f}× the GPU-hours"
         # The ratio is of the GPUs paid: on part of each rack, more than the GPUs the row shows.
         paid = " paid" if (self.gpus_paid, other.gpus_paid) != (self.gpus, other.gpus) else ""
         return f"{kind}{ratio['gpus']:.2f}× the GPUs{paid} for {ratio['days']:.2f}× the days ({spent})"
+
+    def _differs(self, other: "SizeChoice") -> str:
+        """What names ``other``'s cluster where it is not this one's: its GPU type where that differs;
+        where the case lists one type twice (reserved, on demand) the entry, as the case names it
+        ("cluster.options[1]"), with its price where that differs, since the type alone named a cluster
+        that does not differ. Nothing for this entry: a same-type option on part of each rack is
+        another object of this entry, which the ratio's "paid" tells."""
+        if other.option.key == self.option.key:
+            return ""
+        if other.option.gpu.name != self.option.gpu.name:
+            return f"{other.option.gpu.name}: "
+        price = "" if other.price is None or other.price == self.price else \
+            f" at {figure_text(other.price, 2)} per GPU-hour"
+        return f"{other.option.key}{price}: "
 
     @property
     def engine(self) -> str:

@@ -219,6 +219,33 @@ def test_a_same_type_runner_up_on_whole_racks_is_not_named_as_another_gpu():
         assert not result.best.trade_text(alt).startswith("gb200"), result.best.trade_text(alt)
 
 
+def test_one_gpu_type_at_two_prices_is_told_apart_by_its_entry_and_the_cheaper_is_the_answer():
+    """Reserved and on-demand H100s, two cluster.options entries at two prices (docs/sizing.md): the
+    answer's own cluster at the on-demand price was runner-up #1, its trade "h100-sxm-80gb: 1.00× the
+    GPUs for 1.00× the days (2.00× the cost)", naming a type that does not differ. It names the entry
+    as the case names it, with its price. Identical hardware at twice the price costs exactly twice as
+    much a size (cost = GPU-hours × price): the cheaper is the answer where the objective is the least
+    cost (a deadline both meet) and where a budget's least days tie, whichever entry the case lists first."""
+    reserved = {"gpu": "h100-sxm-80gb", "max_gpus": 1024, "gpu_hour_cost": 2.0}
+    on_demand = {**reserved, "gpu_hour_cost": 4.0}
+    for order in ([reserved, on_demand], [on_demand, reserved]):
+        case = {"model": {"preset": "llama3-8b"}, "cluster": {"options": order},
+                "training": {"global_batch_size": 512, "seq_len": 8192, "engine": "megatron"}}
+        cheap, dear = (f"cluster.options[{order.index(o)}]" for o in (reserved, on_demand))
+        for bound in ({"deadline": "2d"}, {"deadline": "10d"}, {"max_gpus": 256}):
+            result = planner.size(case, "1T", **bound)
+            assert result.best.option.key == cheap, (order, bound)
+            for alt in result.alternatives:
+                text = result.best.trade_text(alt)
+                assert text.startswith(f"{dear} at 4.00 per GPU-hour: " if alt.option.key == dear else
+                                       f"{alt.gpus / result.best.gpus:.2f}× the GPUs"), text
+            if "max_gpus" not in bound and bound["deadline"] == "2d":  # 1,024 GPUs alone meet it, on either entry
+                twin = result.alternatives[0]
+                assert (twin.option.key, twin.gpus) == (dear, result.best.gpus)
+                assert result.to_dict()["alternatives"][0]["trades"] == \
+                    f"{dear} at 4.00 per GPU-hour: 1.00× the GPUs for 1.00× the days (2.00× the cost)"
+
+
 def test_the_answer_piped_keeps_every_figure_whole_and_its_days_one_way(tmp_path):
     """Piped (rich draws 80 columns off a terminal), the next-best table cut its cells ("1,045,957,9…",
     "h100-sxm-80g…"); the status line gave 1.053e+04 days for the 10,527.2 its detail lines did; a token
