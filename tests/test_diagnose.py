@@ -1148,3 +1148,43 @@ def test_json_says_what_would_fit_where_the_planner_finds_nothing(tmp_path):
     planned = planner.plan(case).to_dict()
     assert found["best"] is None and planned["best"] is None
     assert found["no_fit"] == planned["no_fit"] and found["no_fit"]["gpus_that_fit"] > 8
+
+
+@pytest.mark.parametrize("section, written, meant", [("bf16", {"enabled": True, "enable": True}, "enabled"),
+                                                     ("fp16", {"enabled": False, "loss_scal": 0}, "loss_scale"),
+                                                     ("tensor_parallel", {"autotp_sise": 1}, "autotp_size")])
+def test_a_misspelled_key_in_a_section_deepspeed_validates_is_refused_as_deepspeed_refuses_it(tmp_path, section,
+                                                                                               written, meant):
+    """bf16, fp16 and tensor_parallel are pydantic models that forbid extra fields (runtime/config_utils.py,
+    DeepSpeedConfigModel; runtime/precision_config.py, runtime/tensor_parallel/config.py): DeepSpeed refuses
+    bf16's "enable" and the launch does not start, where diagnose priced the config with exit 0. An "auto"
+    DeepSpeedConfigModel drops before reading, so both take it."""
+    from pydantic import ValidationError
+
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
+
+    model = {"bf16": DeepSpeedBF16Config, "fp16": DeepSpeedFP16Config, "tensor_parallel": TPTrainingConfig}[section]
+    typo = next(k for k in written if k not in ("enabled",) or section == "tensor_parallel")
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        model(**written)
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+              "bf16": {"enabled": True}}
+    with pytest.raises(CaseError) as error:
+        diagnose(CASE_8, config=_write_config(tmp_path, {**config, section: {**config.get(section, {}), **written}}),
+                 recompute="full")
+    assert error.value.key == f"{section}.{typo}" and f"did you mean {meant}?" in error.value.expected
+    model(**{typo: "auto"})
+    diagnose(CASE_8, config=_write_config(tmp_path, {**config, section: {**config.get(section, {}), typo: "auto"}}),
+             recompute="full")
+
+
+def test_the_section_keys_are_deepspeeds():
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
+    from planner.engines.deepspeed.read import SECTION_KEYS
+
+    for name, model in (("fp16", DeepSpeedFP16Config), ("bf16", DeepSpeedBF16Config),
+                        ("tensor_parallel", TPTrainingConfig)):
+        fields = {n for n in model.model_fields} | {f.alias for f in model.model_fields.values() if f.alias}
+        assert set(SECTION_KEYS[name]) == fields

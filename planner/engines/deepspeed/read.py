@@ -98,6 +98,23 @@ OFFLOAD_KEYS = {
 }
 
 
+# The top-level sections DeepSpeed builds into a pydantic model that forbids keys it does not know
+# (DeepSpeedConfigModel, runtime/config_utils.py: extra="forbid"), DeepSpeed 0.19: fp16 and bf16
+# (runtime/precision_config.py, DeepSpeedFP16Config and DeepSpeedBF16Config, each built from its section
+# as written: get_float16_config, get_bfloat16_config) and tensor_parallel (runtime/tensor_parallel/config.py,
+# TPTrainingConfig: get_tensor_parallel_config). Their fields and aliases: a misspelled one (bf16's
+# "enable", fp16's "loss_scal") stops the launch, and was read as absent.
+SECTION_KEYS = {
+    "fp16": ("auto_cast", "consecutive_hysteresis", "enabled", "fp16_master_weights_and_grads", "hysteresis",
+             "initial_scale_power", "loss_scale", "loss_scale_window", "min_loss_scale"),
+    "bf16": ("bf16_master_weights_and_grads", "bf16_optimizer_states", "check_grad_overflow", "enabled",
+             "immediate_grad_update"),
+    "tensor_parallel": ("autotp_size", "dtype", "injection_policy_tuple", "keep_module_on_host", "kernel_inject",
+                        "partition_config", "preset_model", "replace_with_kernel_inject", "tensor_parallel", "tp",
+                        "tp_overlap_comm", "vocab_parallel_ce_backend", "vocab_parallel_lm_head"),
+}
+
+
 # What DeepSpeed 0.19 took out and refuses in a config (runtime/config.py, _REMOVED_TOP_LEVEL_CONFIG_KEYS and
 # _REMOVED_ZERO_CONFIG_KEYS): at the top level, features an older release ran (apex AMP, elasticity, ...);
 # in zero_optimization, MiCS and LoCo, which no release this reads priced.
@@ -138,6 +155,18 @@ def misspelled_keys(path: Union[str, Path]) -> list[str]:
         if key in REMOVED_KEYS:
             notes.append(f"{path.name}: {key}: removed from DeepSpeed (0.19 refuses the config: runtime/config.py, "
                          f"_REMOVED_TOP_LEVEL_CONFIG_KEYS); an older DeepSpeed runs it, unpriced")
+    for name, known in SECTION_KEYS.items():
+        # bf16's section is the one DeepSpeed reads where both spellings are given (get_bfloat16_config).
+        section = config.get(name) if name != "bf16" or config.get("bf16") is not None else config.get("bfloat16")
+        written = "bfloat16" if name == "bf16" and config.get("bf16") is None else name
+        for inner in section if isinstance(section, dict) else {}:
+            # DeepSpeedConfigModel drops any "auto" before pydantic reads the rest (config_utils.py, __init__).
+            if inner not in known and section[inner] != "auto":
+                close = difflib.get_close_matches(str(inner), known, n=1, cutoff=0.8)
+                raise CaseError(str(path), f"{written}.{one_line(str(inner), 60)}",
+                                f"unknown key{f' (did you mean {close[0]}?)' if close else ''}: DeepSpeed's {written} "
+                                "section takes no other (a pydantic model that forbids extra fields, "
+                                "runtime/config_utils.py), and the launch would not start")
     zero = config.get("zero_optimization")
     for key in zero if isinstance(zero, dict) else {}:
         if key in REMOVED_ZERO_KEYS:
