@@ -1188,3 +1188,43 @@ def test_the_section_keys_are_deepspeeds():
                         ("tensor_parallel", TPTrainingConfig)):
         fields = {n for n in model.model_fields} | {f.alias for f in model.model_fields.values() if f.alias}
         assert set(SECTION_KEYS[name]) == fields
+
+
+def test_zero3_with_overlap_comm_off_is_said_to_gather_and_reduce_on_the_compute_stream(tmp_path):
+    """ZeRO-3 overlaps unless the file says false (zero/config.py, overlap_comm_valid); off, DeepSpeed
+    gathers the weights and reduce-scatters the gradients on the default stream (zero/parameter_offload.py,
+    the allgather stream; zero/stage3.py, reduce_and_partition_stream), where the estimate prices them
+    prefetched behind the compute: a ZeRO-3 file with overlap_comm false was priced as overlapped, and
+    said nothing."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    assert DeepSpeedZeroConfig(stage=3).overlap_comm is True
+    assert DeepSpeedZeroConfig(stage=3, overlap_comm=False).overlap_comm is False
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3}}
+    said = "overlap_comm false: DeepSpeed's ZeRO-3 gathers the weights and reduce-scatters the gradients on the " \
+           "compute stream"
+    assert not [n for n in diagnose(CASE_8, config=_write_config(tmp_path, config), recompute="full").notes
+                if "overlap_comm" in n]
+    config["zero_optimization"]["overlap_comm"] = False
+    assert [n for n in diagnose(CASE_8, config=_write_config(tmp_path, config), recompute="full").notes if said in n]
+
+
+@pytest.mark.parametrize("key", ["stage3_param_persistence_threshold", "param_persistence_threshold"])
+def test_a_persistence_threshold_that_keeps_weight_matrices_gathered_is_said(tmp_path, key):
+    """DeepSpeed keeps every parameter of at most stage3_param_persistence_threshold elements gathered on
+    every rank (zero/parameter_offload.py, mark_persistent_parameters): at 1e9 every weight of Llama 3 8B
+    (the largest, the 128256 x 4096 embedding, is 525M elements), 16 GB a GPU unsharded, which the estimate
+    priced sharded, saying nothing. DeepSpeed's default (1e5) and the Trainer's 10 x hidden keep norms only."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    assert DeepSpeedZeroConfig(stage=3, **{key: 10**9}).param_persistence_threshold == 10**9
+    assert DeepSpeedZeroConfig(stage=3).param_persistence_threshold == 100_000
+    assert 128256 * 4096 < 10**9
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3, key: 10 * 4096}}
+    assert not [n for n in diagnose(CASE_8, config=_write_config(tmp_path, config), recompute="full").notes
+                if "persistence" in n]
+    config["zero_optimization"][key] = 10**9
+    notes = diagnose(CASE_8, config=_write_config(tmp_path, config), recompute="full").notes
+    assert [n for n in notes if n.startswith(f"zero_optimization.{key} 1,000,000,000: DeepSpeed keeps every parameter")]

@@ -268,7 +268,7 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
     # its reduce bucket gt=0)
     for key, least in (("reduce_bucket_size", 1), ("allgather_bucket_size", 0), ("zero_hpz_partition_size", 0),
                        ("stage3_prefetch_bucket_size", 0), ("stage3_max_live_parameters", 0),
-                       ("stage3_param_persistence_threshold", 0), ("stage3_max_reuse_distance", 0),
+                       ("stage3_param_persistence_threshold", 0), ("param_persistence_threshold", 0), ("stage3_max_reuse_distance", 0),
                        ("stage3_model_persistence_threshold", 0), ("sub_group_size", 0)):
         if zero.get(key) == "auto":
             del zero[key]
@@ -335,6 +335,27 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
         said = "false" if "overlap_comm" in zero else "absent (DeepSpeed's default below stage 3: off)"
         notes.append(f"zero_optimization.overlap_comm {said}: DeepSpeed reduces the gradients after the backward, not "
                      "behind it; priced with the overlap, so the run may step slower")
+    if lay.dp * lay.cp > 1 and stage == 3 and zero.get("overlap_comm") is False:
+        # ZeRO-3 turns it on unless the file says false (zero/config.py, overlap_comm_valid); off, its weight
+        # gathers and gradient reduce-scatters run on the compute stream (zero/parameter_offload.py and
+        # zero/stage3.py: default_stream() where overlap_comm is off), where the estimate prefetches them
+        # behind the compute (dp_time.dp_comm_exposed).
+        notes.append("zero_optimization.overlap_comm false: DeepSpeed's ZeRO-3 gathers the weights and "
+                     "reduce-scatters the gradients on the compute stream, not behind the compute; priced with the "
+                     "overlap, so the run may step slower")
+    # (one of the field and its alias: ZERO_KEY_PAIRS refuses the two together)
+    persist_key = next((k for k in ("stage3_param_persistence_threshold", "param_persistence_threshold")
+                        if isinstance(zero.get(k), int)), None)
+    persist = zero.get(persist_key) if persist_key else None
+    if stage == 3 and persist is not None and persist > max(100_000, 10 * job.model.hidden_size):
+        # Every parameter of at most this many elements stays gathered on every rank, up to
+        # model_persistence_threshold in all (zero/parameter_offload.py, mark_persistent_parameters). The
+        # estimate keeps the norms' and biases' whole, as DeepSpeed's default (1e5) and the Trainer's 10 x hidden
+        # do; larger, whole weight matrices stay unsharded.
+        notes.append(f"zero_optimization.{persist_key} {persist:,}: DeepSpeed keeps every "
+                     "parameter of at most that many elements gathered on every GPU, weight matrices among them "
+                     "(runtime/zero/parameter_offload.py, mark_persistent_parameters); priced as sharded, so the "
+                     "run holds more memory and gathers less")
     # (The reduce bucket is priced as the config sizes it: reduction_as_configured.)
     bucket = zero.get("allgather_bucket_size")
     if stage in (1, 2) and isinstance(bucket, int) and bucket % 2 and not folds_gradients_into_fp32(job):
