@@ -1191,3 +1191,50 @@ def test_a_key_a_toml_gives_twice_is_named(tmp_path, edit, key, second):
         read_config(case_of("llama3-8b", 64, 64, 8192), "torchtitan", path)
     line = max(i for i, t in enumerate(text.splitlines(), 1) if t.strip() == second)
     assert error.value.key == key and f"given twice (line {line})" in error.value.expected
+
+
+def _unbalanced_ring_ratio(cp: int) -> float:
+    """The busiest CP rank's attention blocks over the mean's, counted by torch's own ring attention without a
+    load balancer (``_context_parallel_shard`` sets ``enable_load_balance`` False when none is given): each
+    ring step's block is run whole, causally (half of it) or skipped, per ``_is_causal_behavior``."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention as ring
+
+    saved = ring._cp_options.enable_load_balance
+    ring._cp_options.enable_load_balance = False
+    try:
+        share = {ring._CausalBehavior.NOT_IS_CAUSAL: 1.0, ring._CausalBehavior.IS_CAUSAL: 0.5,
+                 ring._CausalBehavior.SKIP: 0.0}
+        work = [sum(share[ring._is_causal_behavior(rank, cp, step, True)] for step in range(cp)) for rank in range(cp)]
+    finally:
+        ring._cp_options.enable_load_balance = saved
+    return max(work) / (sum(work) / cp)
+
+
+def test_the_context_parallel_load_balancer_is_read_as_torchtitan_shards_with_it(tmp_path):
+    """--parallelism.context_parallel_load_balancer was not read: None (the sequence sharded in order, the last
+    CP rank attending most under the causal mask) was priced as headtail without a word, and a value torchtitan's
+    cp_shard raises on ('none', 'zigzag') was diagnosed."""
+    case, pins = ROUND_TRIPS["8b_16_cp"]
+    _, overrides = emitted(case, pins, tmp_path)
+    lines = overrides.read_text().splitlines()
+
+    def with_balancer(word: str) -> Path:
+        path = tmp_path / f"balancer_{len(word)}_{word.strip(chr(39))}.txt"
+        path.write_text("\n".join(lines[:-1] + [f"--parallelism.context-parallel-load-balancer {word}", lines[-1]])
+                        + "\n")
+        return path
+
+    balanced = diagnose({**case, "search": pins}, torchtitan=with_balancer("headtail"))
+    unbalanced = diagnose({**case, "search": pins}, torchtitan=with_balancer("None"))
+    assert not any("load_balancer" in note for note in balanced.notes)
+    said = [note for note in unbalanced.notes if note.startswith("parallelism.context_parallel_load_balancer None")]
+    assert len(said) == 1 and f"{_unbalanced_ring_ratio(2):.2f}× the mean rank's" in said[0], unbalanced.notes
+    assert _unbalanced_ring_ratio(2) == 1.5  # rank 1: its causal half block and rank 0's whole one; rank 0: its half
+    # cp_shard (distributed/context_parallel/api.py, which imports triton here) raises "Invalid
+    # load_balancer_type" on any word but headtail, ptrr and None; ParallelismConfig refuses "".
+    for word in ("none", "zigzag"):
+        with pytest.raises(CaseError, match="expected headtail, ptrr or None") as error:
+            diagnose({**case, "search": pins}, torchtitan=with_balancer(word))
+        assert error.value.key == "parallelism.context_parallel_load_balancer"
+    with pytest.raises(CaseError, match="empty string") as error:
+        diagnose({**case, "search": pins}, torchtitan=with_balancer("''"))

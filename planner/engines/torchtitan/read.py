@@ -144,6 +144,13 @@ FLOAT8_RECIPE_DEFAULT = "rowwise"
 # Where each release keeps the float8 recipe: 0.1's [float8], 0.2's [quantize.linear.float8].
 FLOAT8_RECIPE_KEYS = ("quantize.linear.float8.recipe_name", "float8.recipe_name")
 
+# The load balancers torchtitan's context-parallel sharding builds (distributed/context_parallel/api.py
+# ``cp_shard``, 0.2.2's distributed/context_parallel.py alike): "headtail" for SDPA, "ptrr" for FlexAttention, or
+# None (tyro's word for ``str | None``), which shards the sequence in order; any other value is cp_shard's
+# ValueError at the first step, and "" ParallelismConfig.__post_init__'s at parse.
+CP_BALANCER_KEY = "parallelism.context_parallel_load_balancer"
+CP_BALANCERS = ("headtail", "ptrr")
+
 # Where a torchtitan job states each layout field a refusal may name (the DeepSpeed reader's KEY_OF_FIELD's twin).
 KEY_OF_FIELD = {
     "dp": "parallelism.data_parallel_shard_degree", "zero_stage": "parallelism.data_parallel_shard_degree",
@@ -832,6 +839,23 @@ def _zero_stage(s: _Settings, d: _Degrees) -> int:
     return 3 if reshard == "always" or s.switch("training.enable_cpu_offload", False) else 0
 
 
+def _cp_balanced(s: _Settings, cp: int) -> bool:
+    """Whether the job's context parallelism balances causal attention over its ranks (headtail or ptrr), False
+    where ``context_parallel_load_balancer`` is None (the command line's word ``None``); refused where torchtitan
+    refuses the value (:data:`CP_BALANCERS`)."""
+    value = s.string(CP_BALANCER_KEY, "headtail")
+    if value == "":
+        raise CaseError(s.src, CP_BALANCER_KEY, "expected headtail, ptrr or None, got an empty string "
+                                                "(ParallelismConfig.__post_init__ refuses it, config/configs.py)")
+    unbalanced = s.cli and value == "None"
+    if cp > 1 and not unbalanced and value not in CP_BALANCERS:
+        hint = " (None, capitalised, is tyro's word for no balancer)" if value.lower() == "none" else ""
+        raise CaseError(s.src, CP_BALANCER_KEY, f"expected headtail, ptrr or None, got {one_line(value, 40)!r}"
+                                                f"{hint}: torchtitan's cp_shard raises at the first step with "
+                                                "context parallelism (distributed/context_parallel/api.py)")
+    return not unbalanced
+
+
 def _schedule(s: _Settings, pp: int) -> tuple[str, bool]:
     """(the schedule's name, whether a rank holds several stages), refused where not priced."""
     key = "parallelism.pipeline_parallel_schedule"
@@ -1270,6 +1294,7 @@ def read(path: Union[str, Path], case) -> Layout:
     _check_own_model(s, case)
     d = _degrees(s, case.cluster.num_gpus)
     zero = _zero_stage(s, d)
+    _cp_balanced(s, d.cp)
     _check_training(s, case, d)
     pipeline = _pipeline(s, d.pp, model.num_layers)
     micro = _batch(s, case, d.dp, d.pp)
@@ -1423,6 +1448,15 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
         notes.append(f"parallelism.fsdp_reshard_after_forward {reshard}: FSDP keeps the parameters gathered "
                      "between micro-batches; priced resharded after each forward (\"always\"), so the run holds more "
                      "memory and gathers less")
+    if lay.cp > 1 and not _cp_balanced(s, lay.cp):
+        # torch's _context_parallel_shard turns load balancing off without a balancer, and its ring attention
+        # then skips the key blocks wholly in the future (_is_causal_behavior's SKIP): CP rank r runs r full
+        # blocks and one causal half, the last rank cp − ½ against the mean's cp/2.
+        ratio = (2 * lay.cp - 1) / lay.cp
+        notes.append(f"{CP_BALANCER_KEY} None: torchtitan shards the sequence in order (context_parallel/api.py "
+                     f"cp_shard), so under the causal mask the last of the {lay.cp} CP ranks attends "
+                     f"{ratio:.2f}× the mean rank's query-key pairs; priced balanced (headtail), so each layer's "
+                     "attention waits on that rank and the run steps slower")
     if lay.pp > 1:
         local = s.integer("training.local_batch_size", 8)
         flushes = case.training.global_batch_size // (local * lay.dp)
