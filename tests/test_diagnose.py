@@ -1228,3 +1228,44 @@ def test_a_persistence_threshold_that_keeps_weight_matrices_gathered_is_said(tmp
     config["zero_optimization"][key] = 10**9
     notes = diagnose(CASE_8, config=_write_config(tmp_path, config), recompute="full").notes
     assert [n for n in notes if n.startswith(f"zero_optimization.{key} 1,000,000,000: DeepSpeed keeps every parameter")]
+
+
+@pytest.mark.parametrize("where, key", [("zero_optimization", "not_a_key"), ("zero_optimization", "replace_method"),
+                                        ("offload_optimizer", "not_a_key"), ("offload_param", "not_a_key"),
+                                        ("offload_optimizer", "replace_method"), ("bf16", "replace_method"),
+                                        ("fp16", "replace_method"), ("tensor_parallel", "replace_method"),
+                                        ("compile", "not_a_key"), ("compile", "replace_method")])
+def test_an_unknown_key_set_to_auto_is_refused_exactly_where_deepspeed_refuses_it(tmp_path, where, key):
+    """DeepSpeedConfigModel.__init__ drops every "auto", known key or not, except replace_method's
+    (runtime/config_utils.py), before its pydantic model forbids extra fields: DeepSpeed starts with
+    zero_optimization's "not_a_key": "auto" (and the Trainer, whose fill_match fills only known keys,
+    leaves it), which diagnose refused; "replace_method": "auto" it keeps and refuses, which diagnose took
+    in bf16, fp16 and tensor_parallel. diagnose's verdict is DeepSpeed 0.19's own, by its config classes."""
+    from pydantic import ValidationError
+
+    from deepspeed.runtime.config import CompileConfig
+    from deepspeed.runtime.precision_config import get_bfloat16_config, get_float16_config
+    from deepspeed.runtime.tensor_parallel.config import get_tensor_parallel_config
+    from deepspeed.runtime.zero.config import get_zero_config
+
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                    "offload_param": {"device": "cpu"}}}
+    if where.startswith("offload"):
+        config["zero_optimization"][where][key] = "auto"
+    else:
+        config[where] = {**config.get(where, {}), key: "auto"}
+    try:
+        get_zero_config(config), get_bfloat16_config(config), get_float16_config(config)
+        get_tensor_parallel_config(config), CompileConfig(**config.get("compile", {}))
+        deepspeed_starts = True
+    except ValidationError:
+        deepspeed_starts = False
+    assert deepspeed_starts is (key != "replace_method")
+    try:
+        diagnose(CASE_8, config=_write_config(tmp_path, config), recompute="full")
+        diagnose_takes = True
+    except CaseError as error:
+        assert error.key.endswith(f"{where}.{key}") and "unknown key" in error.expected
+        diagnose_takes = False
+    assert diagnose_takes is deepspeed_starts

@@ -123,6 +123,16 @@ REMOVED_KEYS = ("nebula", "compression_training", "amp", "quantize_training", "s
 REMOVED_ZERO_KEYS = ("mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param")
 
 
+
+def dropped_as_auto(key: Any, value: Any) -> bool:
+    """Whether DeepSpeed drops ``key: value`` from a section before pydantic reads it, known key or not:
+    DeepSpeedConfigModel.__init__ keeps only ``v != "auto" or k == "replace_method"`` (DeepSpeed 0.19,
+    runtime/config_utils.py), in every section built from one (zero_optimization and its offload sections,
+    fp16, bf16, tensor_parallel, compile). So ``"foo": "auto"`` starts, and ``"replace_method": "auto"``,
+    kept, is refused where the section has no such field (extra="forbid")."""
+    return isinstance(value, str) and value == "auto" and key != "replace_method"
+
+
 # Where a ds_config states each layout field a refusal may name (the Megatron emitter's FLAG_OF_FIELD's twin).
 KEY_OF_FIELD = {"zero_stage": "zero_optimization.stage", "micro_batch_size": "train_micro_batch_size_per_gpu",
                 "offload_optimizer": "zero_optimization.offload_optimizer",
@@ -160,8 +170,7 @@ def misspelled_keys(path: Union[str, Path]) -> list[str]:
         section = config.get(name) if name != "bf16" or config.get("bf16") is not None else config.get("bfloat16")
         written = "bfloat16" if name == "bf16" and config.get("bf16") is None else name
         for inner in section if isinstance(section, dict) else {}:
-            # DeepSpeedConfigModel drops any "auto" before pydantic reads the rest (config_utils.py, __init__).
-            if inner not in known and section[inner] != "auto":
+            if inner not in known and not dropped_as_auto(inner, section[inner]):
                 close = difflib.get_close_matches(str(inner), known, n=1, cutoff=0.8)
                 raise CaseError(str(path), f"{written}.{one_line(str(inner), 60)}",
                                 f"unknown key{f' (did you mean {close[0]}?)' if close else ''}: DeepSpeed's {written} "
@@ -176,14 +185,14 @@ def misspelled_keys(path: Union[str, Path]) -> list[str]:
         section = zero[key]
         if key in OFFLOAD_KEYS and isinstance(section, dict):
             for inner in section:
-                if inner not in OFFLOAD_KEYS[key]:
+                if inner not in OFFLOAD_KEYS[key] and not dropped_as_auto(inner, section[inner]):
                     close = difflib.get_close_matches(str(inner), OFFLOAD_KEYS[key], n=1, cutoff=0.8)
                     meant = f" (did you mean {close[0]}?)" if close else ""
                     raise CaseError(str(path), f"zero_optimization.{key}.{one_line(str(inner), 60)}",
                                     f"unknown key{meant}: DeepSpeed's {key} takes no other (a pydantic model that "
                                     "forbids extra fields, runtime/zero/offload_config.py), and the launch would not "
                                     "start")
-        if key not in ZERO_KEYS:
+        if key not in ZERO_KEYS and not dropped_as_auto(key, section):
             close = difflib.get_close_matches(str(key), ZERO_KEYS, n=1, cutoff=0.85)
             meant = f" (did you mean {close[0]}?)" if close else ""
             raise CaseError(str(path), f"zero_optimization.{one_line(key, 60)}",
@@ -282,7 +291,7 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
     if compiled is not None and not isinstance(compiled, dict):
         raise CaseError(src, "compile", f"expected a mapping (DeepSpeed's CompileConfig), got "
                                         f"{one_line(safe_repr(compiled), 40)}")
-    compiled = {k: v for k, v in (compiled or {}).items() if v != "auto"}  # dropped, DeepSpeedConfigModel
+    compiled = {k: v for k, v in (compiled or {}).items() if not dropped_as_auto(k, v)}
     for key in compiled:
         if key not in COMPILE_KEYS:
             import difflib
@@ -722,11 +731,11 @@ def as_deepspeed_reads(src: str, config: dict) -> tuple[dict, list[str]]:
         # zero_optimization and in its offload sections alike: the default is what runs. (The Trainer fills
         # its three ZeRO sizes first, resolve_auto; the stage's is said below.) "contiguous_gradients":
         # "auto" was refused as a value "DeepSpeed's config refuses", which it runs as true.
-        for key in [k for k, v in zero.items() if v == "auto" and k not in TRAINER_FILLED_ZERO_KEYS + ("stage",)]:
+        for key in [k for k, v in zero.items() if dropped_as_auto(k, v) and k not in TRAINER_FILLED_ZERO_KEYS + ("stage",)]:
             del zero[key]
         for section in OFFLOAD_KEYS:
             if isinstance(zero.get(section), dict):
-                zero[section] = {k: v for k, v in zero[section].items() if v != "auto"}
+                zero[section] = {k: v for k, v in zero[section].items() if not dropped_as_auto(k, v)}
         for name, other, why in ZERO_KEY_PAIRS:
             # Both spellings of one field: pydantic takes one as the field and refuses the other as an
             # extra input; a deprecated key beside its replacement fails DeepSpeed's assertion
