@@ -1269,3 +1269,35 @@ def test_an_unknown_key_set_to_auto_is_refused_exactly_where_deepspeed_refuses_i
         assert error.key.endswith(f"{where}.{key}") and "unknown key" in error.expected
         diagnose_takes = False
     assert diagnose_takes is deepspeed_starts
+
+
+@pytest.mark.parametrize("key", ["stage3_max_reuse_distance", "max_reuse_distance"])
+def test_a_reuse_distance_that_regathers_recomputed_layers_for_their_backward_is_said(tmp_path, key):
+    """DeepSpeed releases a submodule's gathered weights unless the modules traced before their next use
+    hold fewer than max_reuse_distance elements (zero/partitioned_param_coordinator.py, __params_to_release):
+    under full recomputation a layer's recompute forward and backward lie up to twice its parameters apart,
+    so at 0, or below 2 x 218,112,000 for Llama 3 8B's layer (4096 hidden, 14336 FFN, 8 KV heads of 128:
+    4096 x (2 x 4096 + 2 x 1024) + 3 x 4096 x 14336 + 2 x 4096), the backward gathers them a second time,
+    priced as one gather, and diagnose said nothing. DeepSpeed's default, 1e9, is past it; so is 5e8."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    assert DeepSpeedZeroConfig(stage=3).max_reuse_distance == 10**9
+    assert DeepSpeedZeroConfig(stage=3, **{key: 0}).max_reuse_distance == 0
+    layer = 4096 * (2 * 4096 + 2 * 1024) + 3 * 4096 * 14336 + 2 * 4096
+    assert layer == 218_112_000
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3}}
+
+    def said(distance, recompute="full"):
+        if distance is not None:
+            config["zero_optimization"][key] = distance
+        notes = diagnose(CASE_8, config=_write_config(tmp_path, config), recompute=recompute).notes
+        return [n for n in notes if "reuse_distance" in n]
+
+    assert not said(None) and not said(5 * 10**8) and not said(0, recompute="none")
+    assert said(0) == [f"zero_optimization.{key} 0 under full recomputation, below twice a layer's 218,112,000 "
+                       "parameters: DeepSpeed releases a recomputed layer's gathered weights after its recompute "
+                       "forward and gathers every one again for its backward (runtime/zero/"
+                       "partitioned_param_coordinator.py, __params_to_release); priced as one gather for both, so "
+                       "the run gathers more and may step slower"]
+    assert "those used first in the layer" in said(4 * 10**8)[0]
