@@ -1301,3 +1301,47 @@ def test_a_reuse_distance_that_regathers_recomputed_layers_for_their_backward_is
                        "partitioned_param_coordinator.py, __params_to_release); priced as one gather for both, so "
                        "the run gathers more and may step slower"]
     assert "those used first in the layer" in said(4 * 10**8)[0]
+
+
+@pytest.mark.parametrize("stage, where, value, said", [
+    (2, "zero_optimization.reduce_scatter", False, "zero_optimization.reduce_scatter false: DeepSpeed all-reduces"),
+    (1, "zero_optimization.reduce_scatter", False, "zero_optimization.reduce_scatter false: DeepSpeed all-reduces"),
+    (2, "zero_optimization.round_robin_gradients", True, "zero_optimization.round_robin_gradients true: DeepSpeed "
+                                                         "reorders"),
+    (3, "zero_optimization.stage3_use_all_reduce_for_fetch_params", True,
+     "zero_optimization.stage3_use_all_reduce_for_fetch_params true: DeepSpeed fetches ZeRO-3's weights with an "
+     "all-reduce"),
+    (3, "zero_optimization.use_all_reduce_for_fetch_params", True,
+     "zero_optimization.use_all_reduce_for_fetch_params true: DeepSpeed fetches"),
+    (3, "mics_shard_size", 2, "mics_shard_size at the top level: DeepSpeed 0.19 ignores it there"),
+    (3, "zero_quantized_weights", True, "zero_quantized_weights at the top level: DeepSpeed 0.19 ignores it there"),
+    (2, "wall_clock_breakdown", True, "wall_clock_breakdown on: DeepSpeed reads its timers after every micro-batch")])
+def test_what_a_ds_config_changes_and_the_estimate_does_not_price_is_said(tmp_path, stage, where, value, said):
+    """Each of these changes the run and was read silently: DeepSpeed all-reduces each ZeRO-1/2 bucket
+    where reduce_scatter is false (zero/stage_1_and_2.py, average_tensor), reorders the gradients with
+    round_robin_gradients (_round_robin_reorder), fetches ZeRO-3's weights with an all-reduce
+    (zero/partition_parameters.py, _all_gather_coalesced), reads MiCS and ZeRO++ keys only inside
+    zero_optimization (DeepSpeedZeroConfig), and with wall_clock_breakdown the host waits on each timer's
+    CUDA event after every step() (utils/timer.py). The same config without the key gets no such note."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": stage}}
+    section, _, key = where.rpartition(".")
+    if section:
+        # DeepSpeed takes the value where the file gives it, and defaults to the other
+        assert getattr(DeepSpeedZeroConfig(stage=stage, **{key: value}), key.replace("stage3_", "")) == value
+        assert getattr(DeepSpeedZeroConfig(stage=stage), key.replace("stage3_", "")) != value
+    elif key != "wall_clock_breakdown":
+        # at the top level DeepSpeed starts, and its ZeRO config is the one without the key
+        read = DeepSpeedConfig({**config, key: value, "train_batch_size": 8}, mpu=None)
+        assert getattr(read.zero_config, key, None) in (None, False) and read.zero_config.stage == stage
+    first = diagnose(CASE_8, config=_write_config(tmp_path, config), recompute="full").notes
+    assert not [n for n in first if said in n]
+    if section:
+        config[section][key] = value
+    else:
+        config[key] = value
+    notes = diagnose(CASE_8, config=_write_config(tmp_path, config), recompute="full").notes
+    assert len([n for n in notes if said in n]) == 1, notes

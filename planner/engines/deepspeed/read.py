@@ -269,7 +269,8 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
     # they refuse them: a value of another kind was read as absent, and its note lost.
     # ("auto" is the Hugging Face Trainer's to fill in: read as absent here.)
     for key in ("overlap_comm", "zero_quantized_weights", "zero_quantized_gradients",
-                "zero_quantized_nontrainable_weights"):
+                "zero_quantized_nontrainable_weights", "reduce_scatter", "round_robin_gradients",
+                "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params"):
         if zero.get(key) == "auto":
             del zero[key]
         elif key in zero:
@@ -447,6 +448,43 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
             # (stage_1_and_2.py, stage3.py: pin_memory only where it is set)
             notes.append(f"zero_optimization.{section}.pin_memory false: the copies to and from the host run "
                          "through pageable memory, priced at a pinned copy's bandwidth, so the run may step slower")
+    if lay.dp * lay.cp > 1 and stage in (1, 2) and zero.get("reduce_scatter") is False:
+        # Each bucket is all-reduced whole and this rank's slice kept (zero/stage_1_and_2.py, average_tensor:
+        # `if not self.reduce_scatter`, gradient_reduction_w_predivide), where dp_time prices a reduce-scatter.
+        notes.append("zero_optimization.reduce_scatter false: DeepSpeed all-reduces each gradient bucket whole and "
+                     "keeps its own slice (runtime/zero/stage_1_and_2.py, average_tensor), about twice the traffic "
+                     "of the reduce-scatter priced, so the run may step slower")
+    if lay.dp * lay.cp > 1 and stage in (1, 2) and zero.get("round_robin_gradients") is True:
+        # Reorders each group's parameters so consecutive gradients belong to different ranks
+        # (stage_1_and_2.py, _round_robin_reorder), for offload's parallel copies to the host.
+        notes.append("zero_optimization.round_robin_gradients true: DeepSpeed reorders the parameters so that "
+                     "consecutive gradients belong to different ranks (runtime/zero/stage_1_and_2.py, "
+                     "_round_robin_reorder); not priced")
+    fetch_key = next((k for k in ("stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params")
+                      if zero.get(k) is True), None)
+    if lay.dp * lay.cp > 1 and stage == 3 and fetch_key:
+        # _all_gather_coalesced (zero/partition_parameters.py): each rank copies its shard into a zeroed buffer
+        # of the whole weights and all-reduces it (without ZeRO++'s quantized or secondary-tensor gathers).
+        notes.append(f"zero_optimization.{fetch_key} true: DeepSpeed fetches ZeRO-3's weights with an all-reduce "
+                     "of a zero-filled buffer of the whole weights, not an all-gather "
+                     "(runtime/zero/partition_parameters.py, _all_gather_coalesced): about twice the traffic "
+                     "priced, so the run may step slower")
+    # DeepSpeed 0.19 reads these only inside zero_optimization (DeepSpeedZeroConfig; runtime/config.py reads no
+    # top-level one, and refuses only zero_optimization's removed MiCS keys), so where they stand they do nothing.
+    for key in ("mics_shard_size", "mics_hierarchical_params_gather", "zero_quantized_weights",
+                "zero_quantized_gradients"):
+        if key in config:
+            notes.append(f"{path.name}: {key} at the top level: DeepSpeed 0.19 ignores it there (it reads "
+                         f"{'only zero_optimization.' + key + ', which it refuses as removed' if key.startswith('mics') else 'zero_optimization.' + key}), "
+                         "and so does this reading")
+    if config.get("wall_clock_breakdown"):
+        # Read raw and tested for its truth (runtime/config.py, get_wall_clock_breakdown). The engine then
+        # logs its micro timers after every engine.step() (runtime/engine.py), and reading a timer waits on
+        # its CUDA end event (utils/timer.py, CudaEventTimer.get_elapsed_msec: end_event.synchronize()).
+        notes.append("wall_clock_breakdown on: DeepSpeed reads its timers after every micro-batch's step(), the host "
+                     "waiting for the GPU at each (utils/timer.py, CudaEventTimer: end_event.synchronize()), so it "
+                     "cannot queue the next micro-batch's kernels ahead; a measured step includes those waits, "
+                     "which the estimate does not price")
     if unpriced:
         notes.append(f"{', '.join(unpriced)}: not priced (the estimate is of plain ZeRO-{stage}, eager kernels and "
                      "the case's recomputation), so the run's memory and step time may differ")
