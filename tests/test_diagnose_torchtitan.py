@@ -1238,3 +1238,57 @@ def test_the_context_parallel_load_balancer_is_read_as_torchtitan_shards_with_it
         assert error.value.key == "parallelism.context_parallel_load_balancer"
     with pytest.raises(CaseError, match="empty string") as error:
         diagnose({**case, "search": pins}, torchtitan=with_balancer("''"))
+
+
+def test_debug_fields_set_in_a_base_config_are_read_as_torchtitan_runs_them(tmp_path):
+    """The base config's debug section was skipped (base_config.UNREAD): a registry function's
+    ``debug=DebugConfig(moe_force_load_balance=True)``, or the line a user adds to the emitted apply_layout,
+    was priced with the case's imbalance and no word, though torchtitan runs the base config's DebugConfig
+    unless an override changes it (ConfigManager: F() first, then tyro). Read as --debug.<field> is:
+    forced routing priced balanced with its note, deterministic and anomaly detection noted, batch_invariant
+    refused as Trainer.Config.__post_init__ refuses it."""
+    import ast as python_ast
+
+    from planner.engines.torchtitan.base_config import _read_function
+
+    source = textwrap.dedent("""
+        def forced():
+            return Trainer.Config(training=TrainingConfig(seq_len=4096), debug=DebugConfig(moe_force_load_balance=True))
+        def replaced():
+            config = forced()
+            config.debug = DebugConfig(seed=3)
+            return config
+        def edited():
+            config = replaced()
+            config.debug.deterministic = True
+            return config
+    """)
+    functions = {node.name: node for node in python_ast.parse(source).body}
+    assert _read_function(functions, "forced", "f.py", 0).values["debug.moe_force_load_balance"] is True
+    # replaced whole: DebugConfig's default (off) again, as Python builds it
+    assert "debug.moe_force_load_balance" not in _read_function(functions, "replaced", "f.py", 0).values
+    assert _read_function(functions, "edited", "f.py", 0).values["debug.deterministic"] is True
+
+    case, pins = ROUND_TRIPS["qwen3_moe"]
+    skewed = {**case, "model": {**case["model"], "moe_load_imbalance": 1.3}, "search": pins}
+    balanced = {**case, "model": {**case["model"], "moe_load_imbalance": 1.0}, "search": pins}
+    emitted(case, pins, tmp_path)
+    module = tmp_path / "torchtitan_config.py"
+    text = module.read_text()
+    assert "debug" not in text.partition("def apply_layout")[2]  # the planner's files leave DebugConfig be
+
+    def with_debug(line: str) -> Path:
+        module.write_text(text.replace("    return config\n", f"    {line}\n    return config\n"))
+        return module
+
+    unforced = diagnose(balanced, torchtitan=module).estimate.step_time_s
+    assert diagnose(skewed, torchtitan=module).estimate.step_time_s > unforced
+    run = diagnose(skewed, torchtitan=with_debug("config.debug.moe_force_load_balance = True"))
+    said = [note for note in run.notes if "forces balanced routing" in note]
+    assert run.estimate.step_time_s == unforced and len(said) == 1 and "debug.moe_force_load_balance" in said[0]
+    run = diagnose(balanced, torchtitan=with_debug("config.debug.deterministic = True"))
+    assert run.estimate.step_time_s == unforced
+    assert any(note.startswith("debug.deterministic on") for note in run.notes), run.notes
+    with pytest.raises(CaseError, match="Trainer.Config.__post_init__") as error:
+        diagnose(balanced, torchtitan=with_debug("config.debug.batch_invariant = True"))
+    assert error.value.key == "debug.batch_invariant"

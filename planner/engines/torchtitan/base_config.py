@@ -87,7 +87,11 @@ def read_base(module: str, function: str, beside: Path) -> Optional[BaseConfig]:
 OVERRIDE_HELPERS = ("enable_fused_swiglu",)
 # Trainer.Config's sections the reader does not read, which a function may set as it likes.
 UNREAD = ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer", "dataloader", "optimizer",
-          "lr_scheduler", "checkpoint", "comm", "validator", "debug", "override")
+          "lr_scheduler", "checkpoint", "comm", "validator", "override")
+# DebugConfig (config/configs.py), read field by field as the command line's --debug.<field>: torchtitan runs
+# the base config's value unless an override changes it, and moe_force_load_balance (the routing), batch_invariant
+# (Trainer.Config refuses it), deterministic and detect_anomaly (slower kernels, anomaly checks) change the run.
+DEBUG_CONFIG = "DebugConfig"
 # The model spec's expert dispatch (model_registry's keywords): Trainer.Config._validate_cuda_graphs runs
 # CUDA graphs with expert parallelism only for MinimalAsyncEP, or HybridEP with a non-blocking capacity.
 DISPATCH_KEYWORDS = ("moe_comm_backend", "non_blocking_capacity_factor")
@@ -163,6 +167,20 @@ def _apply(state: dict, path: list[str], value: ast.AST, names: dict) -> bool:
         if len(path) == 2:
             try:
                 values[f"{head}.{path[1]}"] = ast.literal_eval(value)
+            except ValueError:
+                return False
+            return True
+        return False
+    if head == "debug":
+        if len(path) == 1:
+            if not isinstance(value, ast.Call) or ast.unparse(value.func) != DEBUG_CONFIG or value.args:
+                return False
+            for key in [k for k in values if k.startswith("debug.")]:
+                del values[key]  # replaced whole: its fields are the new one's or DebugConfig's defaults
+            return all(_apply(state, ["debug", field.arg], field.value, names) for field in value.keywords)
+        if len(path) == 2:
+            try:
+                values[f"debug.{path[1]}"] = ast.literal_eval(value)
             except ValueError:
                 return False
             return True
@@ -253,6 +271,16 @@ def _read_own(path: Path) -> Optional[BaseConfig]:
         # (files emitted before CHUNKED_LOSS have none: whole logits).
         if names["LOSS_CHUNKS"] == 1 and names.get("CHUNKED_LOSS") is not True:
             values[WHOLE_LOGITS] = True
+    state = {"values": values, "ac_mode": None}
+    for function in (node for node in tree.body if isinstance(node, ast.FunctionDef)
+                     and node.name in ("apply_layout", CONFIG_FUNCTION)):
+        # A debug field set in apply_layout (or the config function) by hand: torchtitan runs it, as it runs a
+        # base config's (DebugConfig; the emitted file sets none). Other edits there are not read.
+        for node in ast.walk(function):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                chain = _attribute_chain(node.targets[0])
+                if chain and len(chain) > 1 and chain[1] == "debug" and not _apply(state, chain[1:], node.value, {}):
+                    return None
     mode = names.get("ACTIVATION_CHECKPOINT")
     model = {name: names[name] for name in MODEL_NAMES if name in names}
     return BaseConfig(values, mode if isinstance(mode, str) else (below.ac_mode if below else None), str(path),

@@ -97,10 +97,16 @@ SECTIONS = ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer",
 SWITCHES = ("parallelism.enable_fsdp_symm_mem", "parallelism.enable_sequence_parallel", "training.enable_cpu_offload",
             "training.disable_cuda_graphs", "training.gc_debug", "compile.enable",
             "compile.enable_async_tensor_parallel", "parallelism.enable_async_tensor_parallel",
-            "debug.moe_force_load_balance")
+            "debug.moe_force_load_balance", "debug.deterministic", "debug.detect_anomaly", "debug.batch_invariant")
 # The debugging switch that routes every MoE layer's tokens round-robin (:func:`forced_routing`): DebugConfig's
 # in 0.3.0 (config/configs.py) and 0.2.2's [debug] (config/job_config.py, Debug), TrainingConfig's in 0.2.0.
 FORCED_ROUTING_KEYS = ("debug.moe_force_load_balance", "training.debug_moe_force_load_balance")
+# DebugConfig's switches (config/configs.py) that change how fast the run steps, not priced: what each does
+# (distributed/utils.py set_determinism), said in a note where the command line or its base config sets it.
+SLOWER_DEBUG = {"debug.deterministic": "torch.use_deterministic_algorithms(True) and deterministic cuBLAS and "
+                                       "cuDNN kernels (\"may be slower\", config/configs.py)",
+                "debug.detect_anomaly": "torch.autograd.set_detect_anomaly (\"incurs significant overhead\", "
+                                        "config/configs.py)"}
 
 # torch.distributed.pipelining.schedules.get_schedule_class's names (case-insensitive), by the stages
 # a rank holds: one (PipelineScheduleSingle) or several (PipelineScheduleMulti). The cost model times
@@ -1295,6 +1301,10 @@ def read(path: Union[str, Path], case) -> Layout:
     d = _degrees(s, case.cluster.num_gpus)
     zero = _zero_stage(s, d)
     _cp_balanced(s, d.cp)
+    if s.cli and s.switch("debug.batch_invariant", False):
+        raise CaseError(s.src, "debug.batch_invariant", "true (given or set by the base config): torchtitan refuses "
+                                                        "the config (Trainer.Config.__post_init__, trainer.py: "
+                                                        "batch-invariant mode is not supported in pre-training)")
     _check_training(s, case, d)
     pipeline = _pipeline(s, d.pp, model.num_layers)
     micro = _batch(s, case, d.dp, d.pp)
@@ -1457,6 +1467,10 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
                      f"cp_shard), so under the causal mask the last of the {lay.cp} CP ranks attends "
                      f"{ratio:.2f}× the mean rank's query-key pairs; priced balanced (headtail), so each layer's "
                      "attention waits on that rank and the run steps slower")
+    for key, what in SLOWER_DEBUG.items():
+        if s.cli and s.switch(key, False):
+            notes.append(f"{key} on: torchtitan runs {what}; priced with the default kernels, so the run steps "
+                         "slower")
     if lay.pp > 1:
         local = s.integer("training.local_batch_size", 8)
         flushes = case.training.global_batch_size // (local * lay.dp)
