@@ -1005,6 +1005,15 @@ OWN_MODEL_EDITS = {
                      "converts the experts only, but the case"),
     "experts_on_dense": ("llama3_8b_fp8", None, "CONVERTERS = [['Float8GroupedExpertsConverter', {}]]", "CONVERTERS",
                          "converts grouped experts only, but the case's model has none"),
+    # 0.2's float8 options, which 0.3.0's Float8LinearConverter.Config (components/quantization/float8.py:
+    # recipe_name, filter_fqns, emulate; a kw_only slots dataclass) does not take: converters() raises TypeError
+    # at startup. Both were diagnosed as runnable, the FSDP fp8 all-gather priced as if it ran.
+    "fp8_all_gather": ("llama3_8b_fp8", "'filter_fqns': ['lm_head']",
+                       "'filter_fqns': ['lm_head'], 'enable_fsdp_float8_all_gather': True", "CONVERTERS",
+                       "Float8LinearConverter has no field 'enable_fsdp_float8_all_gather' in torchtitan 0.3.0"),
+    "fp8_precompute": ("llama3_8b_fp8", "'filter_fqns': ['lm_head']",
+                       "'filter_fqns': ['lm_head'], 'precompute_float8_dynamic_scale_for_fsdp': True", "CONVERTERS",
+                       "has no field 'precompute_float8_dynamic_scale_for_fsdp'"),
     # An annotated assignment binds the name as a plain one does: it was read as absent.
     "mtp_annotated": ("deepseek_v3", "MTP_LAYERS = 1", "MTP_LAYERS: int = 0", "MTP_LAYERS",
                       "0: apply_layout rebuilds the model with no multi-token prediction layers, but the case"),
@@ -1292,3 +1301,21 @@ def test_debug_fields_set_in_a_base_config_are_read_as_torchtitan_runs_them(tmp_
     with pytest.raises(CaseError, match="Trainer.Config.__post_init__") as error:
         diagnose(balanced, torchtitan=with_debug("config.debug.batch_invariant = True"))
     assert error.value.key == "debug.batch_invariant"
+
+
+def test_an_emulated_float8_converter_is_said_not_priced_as_fp8_tensor_cores(tmp_path, own_files):
+    """Float8LinearConverter.Config.emulate (components/quantization/float8.py: "for test purpose only";
+    torchao's Float8LinearConfig(emulate=True)) runs no fp8 GEMM: it was read as the case's fp8 without a word."""
+    best, launch = own_files["llama3_8b_fp8"]
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for path in launch.parent.iterdir():
+        text = path.read_text()
+        if path.name == "torchtitan_config.py":
+            assert "'filter_fqns': ['lm_head']" in text
+            text = text.replace("'filter_fqns': ['lm_head']", "'filter_fqns': ['lm_head'], 'emulate': True")
+        (copy / path.name).write_text(text)
+    result = diagnose(OWN_MODEL_CASES["llama3_8b_fp8"], torchtitan=copy / "launch.sh")
+    said = [note for note in result.notes if "emulate True" in note]
+    assert len(said) == 1 and "not on fp8 tensor cores" in said[0], result.notes
+    assert not any("emulate" in note for note in diagnose(OWN_MODEL_CASES["llama3_8b_fp8"], torchtitan=launch).notes)

@@ -145,6 +145,14 @@ CONVERTER_PRECISIONS = {"float8": "fp8", "mx": "mxfp8", "quantize.linear.float8"
 CONVERTER_CLASSES = {"Float8LinearConverter": ("fp8", False), "Float8GroupedExpertsConverter": ("fp8", True),
                      "MXFP8LinearConverter": ("mxfp8", False), "MXFP8GroupedExpertsConverter": ("mxfp8", True),
                      "NVFP4LinearConverter": ("nvfp4", False)}
+# The fields each converter's Config takes besides model_compile_enabled, which the file's converters() passes
+# itself (components/quantization/float8.py, mx.py, nvfp4.py: kw_only slots dataclasses, so Config(**fields)
+# raises TypeError at startup on any other: 0.2's enable_fsdp_float8_all_gather and
+# precompute_float8_dynamic_scale_for_fsdp among them, which 0.3.0's rowwise recipes dropped).
+CONVERTER_FIELDS = {"Float8LinearConverter": ("recipe_name", "filter_fqns", "emulate"),
+                    "Float8GroupedExpertsConverter": (),
+                    "MXFP8LinearConverter": ("fqns",), "MXFP8GroupedExpertsConverter": ("recipe_name", "pad_multiple"),
+                    "NVFP4LinearConverter": ("fqns",)}
 # Float8LinearConverter.Config.recipe_name's default (components/quantization/float8.py).
 FLOAT8_RECIPE_DEFAULT = "rowwise"
 # Where each release keeps the float8 recipe: 0.1's [float8], 0.2's [quantize.linear.float8].
@@ -1251,6 +1259,13 @@ def _check_own_model(s: _Settings, case) -> None:
     if unknown:
         raise CaseError(src, key, f"{one_line(unknown[0], 40)!r} is not read: expected one of "
                                   f"{', '.join(CONVERTER_CLASSES)} (torchtitan.components.quantization)")
+    for name, fields in entries:
+        other = [field for field in fields if field not in CONVERTER_FIELDS[name]]
+        if other:
+            takes = ", ".join(CONVERTER_FIELDS[name]) or "none"
+            raise CaseError(src, key, f"{name} has no field {one_line(str(other[0]), 60)!r} in torchtitan 0.3.0 (its "
+                                      f"Config takes {takes}, components/quantization): converters() raises "
+                                      "TypeError at startup")
     runs = {CONVERTER_CLASSES[name][0] for name, _ in entries}
     if len(runs) > 1:
         raise CaseError(src, key, f"converts to {' and '.join(sorted(runs))} together: expected one precision")
@@ -1484,6 +1499,15 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
         notes.append(f"the case's model has {job.model.mtp_layers} multi-token prediction layer(s), priced; torchtitan "
                      f"builds them only where the base config's model asks (its DeepSeek-V3 flavors build none), so "
                      f"the job may run without them (set model.mtp_layers: 0 to price it so)")
+    entries = (s.own_model or {}).get("CONVERTERS")
+    if isinstance(entries, (list, tuple)) and any(isinstance(e, (list, tuple)) and len(e) == 2 and isinstance(e[1], dict)
+                                                  and e[0] == "Float8LinearConverter" and e[1].get("emulate") is True
+                                                  for e in entries):
+        # Float8LinearConverter.Config.emulate (components/quantization/float8.py): torchao's emulated float8,
+        # "for test purpose only", its GEMMs not the hardware's fp8 ones the estimate prices.
+        notes.append("CONVERTERS: Float8LinearConverter emulate True runs float8 emulated (torchao's "
+                     "Float8LinearConfig(emulate=True), \"for test purpose only\"), not on fp8 tensor cores: priced "
+                     f"in the case's {job.training.precision}, so the run steps slower")
     if s.cli and job.training.recipe is not None and s.own_model is None:
         # The planner's own config module carries them (CONVERTERS), read and checked by _check_own_model.
         notes.append(f"{path.name}: torchtitan's quantization converters are no command-line option (the model "
