@@ -257,6 +257,13 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
                                 "this machine); calibrate without --quick, or pass "
                                 "--allow-quick")
     device = _device(machine)
+    # Every profile `calibrate` writes names the CPU model (and on GPUs the GPU model) it ran on. One that
+    # does not cannot be told from a profile of another machine, whose ratio would be read as the model's.
+    recorded = "gpu" if device == "cuda" else "cpu"
+    if not isinstance(machine.get(recorded), str):
+        raise CaseError(str(in_use), f"machine.{recorded}",
+                        f"missing: expected the {recorded.upper()} model the profile was measured on, as `calibrate` "
+                        "records it, which validate checks against this machine's; calibrate here")
     other = device_mismatch(machine, cpu_model(), device, local_gpu() if device == "cuda" else None)
     if other:
         raise CaseError(*named, other)

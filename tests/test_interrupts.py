@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from calibration.host import cpu_model
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -205,7 +207,7 @@ def descendants(pid: int) -> set[int]:
 
 
 PROFILE = {
-    "machine": {"device": "test-cpu"},
+    "machine": {"device": "test-cpu", "cpu": cpu_model()},  # this machine's: validate checks it
     "gpu": {"memory": "4 GiB", "peak_tflops": {"fp32": 0.1}, "hbm_bandwidth": "10 GB/s",
             "intra_node_bandwidth": "1 GB/s", "inter_node_bandwidth": "1 GB/s", "gpus_per_node": 2,
             "nvlink_domain": 2},

@@ -32,6 +32,7 @@ import yaml
 
 pytest.importorskip("torch")
 
+from calibration.host import cpu_model  # noqa: E402
 from calibration.train import Unsupported, run_spec  # noqa: E402
 from calibration.validate import forward_activation_bytes, load_with_profile, validate  # noqa: E402
 from planner.errors import CaseError  # noqa: E402
@@ -39,7 +40,7 @@ from planner.errors import CaseError  # noqa: E402
 pytestmark = pytest.mark.slow
 
 PROFILE = {
-    "machine": {"device": "test-cpu"},
+    "machine": {"device": "test-cpu", "cpu": cpu_model()},  # this machine's: validate checks it
     "gpu": {"memory": "4 GiB", "peak_tflops": {"fp32": 0.1}, "hbm_bandwidth": "10 GB/s",
             "intra_node_bandwidth": "1 GB/s", "inter_node_bandwidth": "1 GB/s",
             "gpus_per_node": 2, "nvlink_domain": 2},
@@ -325,6 +326,25 @@ def test_validate_refuses_a_profile_from_another_cpu_before_running(tmp_path, pr
     with pytest.raises(CaseError, match=r"other.yaml: --profile: was measured on another CPU \(Some Other CPU\); "
                                         r"this machine has AMD EPYC 9654"):
         validate(case(num_gpus=1, micro_batch_size=2), other_cpu, steps=1, warmup=0, timeout_s=120)
+
+
+@pytest.mark.parametrize("machine, key", [
+    ({"device": "CPU: x", "backend": "gloo"}, "machine.cpu"),
+    ({"device": "NVIDIA H200", "backend": "nccl"}, "machine.gpu"),
+])
+def test_a_profile_that_does_not_say_its_device_is_refused_before_running(tmp_path, monkeypatch, machine, key):
+    """A profile whose machine.cpu was left out (every profile `calibrate` writes has it) skipped the
+    check of the CPU model: a profile of another machine ran, exit 0, and its ratio was read as the model's."""
+    import calibration.host as host
+    import calibration.validate as validation
+
+    monkeypatch.setattr(host, "local_gpu", lambda: "NVIDIA H200")
+    monkeypatch.setattr(host, "local_gpu_count", lambda: 1)
+    monkeypatch.setattr(validation, "launch", lambda *a, **k: pytest.fail("ran on a profile of an unknown device"))
+    unnamed = tmp_path / "unnamed.yaml"
+    unnamed.write_text(yaml.safe_dump({**PROFILE, "machine": machine}))
+    with pytest.raises(CaseError, match=rf"^{unnamed}: {key.replace('.', '[.]')}: missing: expected the "):
+        validate(case(num_gpus=1, micro_batch_size=2), unnamed, steps=1, warmup=0, timeout_s=120, allow_busy=True)
 
 
 def test_a_profile_fitted_to_runs_is_refused_before_anything_runs(tmp_path):
