@@ -267,15 +267,18 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     other = device_mismatch(machine, cpu_model(), device, local_gpu() if device == "cuda" else None)
     if other:
         raise CaseError(*named, other)
+    ranks = loaded.layout.dp
+    if ranks > 1 and collectives_not_timed(read_yaml(in_use)):
+        # Its link bandwidths are the copy bandwidth, a placeholder: the prediction's all-reduce would run
+        # at memory speed (39 GB/s where two gloo ranks measure 1.3), and its ratio read as the model's.
+        # Asked before run_spec: `calibrate --nproc 1` gives its rank every core, so the ranks' threads
+        # would be refused first, naming the case's layout.dp, where the profile is what cannot serve.
+        raise CaseError(*named, f"was measured with one rank, which times no collective, and the layout runs "
+                                f"{ranks} ranks: calibrate with --nproc {ranks} or more, and validate with that profile")
     try:
         spec = run_spec(loaded.job(), steps=steps, warmup=warmup, threads=_threads(machine), device=device)
     except Unsupported as error:
         raise CaseError(loaded.source, error.key, error.message) from None
-    if spec.dp > 1 and collectives_not_timed(read_yaml(in_use)):
-        # Its link bandwidths are the copy bandwidth, a placeholder: the prediction's all-reduce would run
-        # at memory speed (39 GB/s where two gloo ranks measure 1.3), and its ratio read as the model's.
-        raise CaseError(*named, f"was measured with one rank, which times no collective, and the layout runs "
-                                f"{spec.dp} ranks: calibrate with --nproc {spec.dp} or more, and validate with that profile")
     if spec.device == "cuda":
         if spec.dp > local_gpu_count():  # one GPU per rank: caught here, not as a rank's crash
             raise CaseError(loaded.source, "layout.dp", f"{spec.dp} ranks need {spec.dp} GPUs, one each, and this "

@@ -173,6 +173,29 @@ def test_a_profile_of_one_rank_is_refused_for_a_layout_of_several(tmp_path, monk
     assert error.value.key == "--profile" and "measured with one rank" in error.value.expected
 
 
+def test_a_one_rank_profile_as_calibrate_writes_it_is_refused_for_its_collectives(tmp_path, monkeypatch):
+    """`calibrate --nproc 1` gives its one rank every core (machine.threads_per_rank), so a layout of two
+    ranks on it was refused as `tiny.yaml: layout.dp: 2 ranks × 2 threads do not fit in this machine's 2
+    cores`: the case's key, and no way out, where the profile is what cannot serve (it timed no collective)
+    and the documented refusal, with its remedy (calibrate with --nproc 2), never came."""
+    import yaml
+
+    import calibration.validate as validation
+    from calibration.host import cores
+    from planner.errors import CaseError
+    from test_validate_loop import PROFILE, case
+
+    monkeypatch.setattr(validation, "launch", lambda *args, **kwargs: pytest.fail("a rank was started"))
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({**PROFILE, "machine": {**PROFILE["machine"], "world_size": 1,
+                                                              "threads_per_rank": cores()},
+                                       "measurements": {"collectives": {}}}))
+    with pytest.raises(CaseError) as error:
+        validation.validate(case(num_gpus=2, micro_batch_size=1), profile, steps=1, warmup=0, allow_busy=True)
+    assert (error.value.source, error.value.key) == (str(profile), "--profile")
+    assert "measured with one rank" in error.value.expected and "--nproc 2" in error.value.expected
+
+
 def test_a_gpu_profile_needs_a_gpu_for_every_rank(tmp_path, monkeypatch):
     """A GPU profile on a machine with that GPU, but fewer of them than the layout's ranks:
     refused with layout.dp before any rank starts (the ranks would crash on a missing device)."""
