@@ -267,7 +267,7 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     other = device_mismatch(machine, cpu_model(), device, local_gpu() if device == "cuda" else None)
     if other:
         raise CaseError(*named, other)
-    ranks = loaded.layout.dp
+    ranks = loaded.layout.dp if loaded.layout is not None else 1  # no layout: run_spec names it below
     if ranks > 1 and collectives_not_timed(read_yaml(in_use)):
         # Its link bandwidths are the copy bandwidth, a placeholder: the prediction's all-reduce would run
         # at memory speed (39 GB/s where two gloo ranks measure 1.3), and its ratio read as the model's.
