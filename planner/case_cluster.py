@@ -240,6 +240,42 @@ def read_machine(src: str, value: Any) -> dict:
     return value
 
 
+def fitted_figures_present(src: str, performance: Any, measurements: Any) -> None:
+    """Refuse a profile whose performance section lacks a figure its measurements section fitted.
+
+    `calibrate` writes each GEMM and attention figure twice (calibration/profile.py): in ``performance``,
+    which the cost model reads, and in the fit under ``measurements`` it came from. Every key of
+    ``performance`` is optional (a hand-written or runs-fitted profile states what it knows), so one
+    deleted from a calibrated profile was priced on Performance()'s generic default (GEMMs at 0.75 of the
+    peak, no kernel overhead) with no word. The GEMM fit of a 16-bit precision gives ``gemm_efficiency``
+    and an fp32 one beside it ``gemm_efficiency_fp32``; alone, a precision's fit gives ``gemm_efficiency``."""
+    if not isinstance(measurements, dict) or not isinstance(performance, dict):
+        return  # a malformed section is named where it is read; no measurements, nothing fitted to hold to
+    wanted: dict[str, str] = {}
+    gemm = measurements.get("gemm")
+    if isinstance(gemm, dict):
+        fitted = [p for p, section in gemm.items() if isinstance(section, dict) and isinstance(section.get("fit"), dict)]
+        sixteen_bit = next((p for p in ("bf16", "fp16") if p in fitted), None)
+        for precision in fitted:
+            where = f"measurements.gemm.{precision}.fit"
+            if "kernel_overhead_s" in gemm[precision]["fit"]:
+                wanted.setdefault("kernel_overhead_s", where)
+            if "gemm_efficiency" in gemm[precision]["fit"]:
+                if precision == "fp32" and sixteen_bit:
+                    wanted["gemm_efficiency_fp32"] = where
+                elif precision == (sixteen_bit or precision):
+                    wanted["gemm_efficiency"] = where
+    attention = measurements.get("attention")
+    if isinstance(attention, dict) and isinstance(attention.get("fit"), dict) \
+            and "attention_efficiency" in attention["fit"]:
+        wanted["attention_efficiency"] = "measurements.attention.fit"
+    for key, where in wanted.items():
+        if key not in performance:
+            raise CaseError(src, f"performance.{key}", f"missing: expected the figure {where} gives, which "
+                                                       "`calibrate` writes in both (a generic default would stand "
+                                                       "in for this machine's); calibrate again")
+
+
 def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional[FabricSpec]]:
     """The measured GPU of a hardware profile written by `layout-planner calibrate`, and its
     measured fabric where the profile has one.
@@ -256,6 +292,7 @@ def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional
     # An empty section (null) is none; false, 0 or [] is no mapping (they were taken as none). Without
     # one, Performance()'s generic figures stand in: said on stderr (case.profile_warnings).
     performance = performance_from_mapping(src, "performance", _section(data, "performance"), Performance())
+    fitted_figures_present(src, _section(data, "performance"), data.get("measurements"))
     gpu = gpu_from_mapping(src, "gpu", name, gpu_data)
     if data.get("alone") is not None:
         # Checked whichever case reads the profile (a malformed section passed where no one-rank case

@@ -1098,6 +1098,33 @@ def test_a_profile_names_its_own_key_and_the_value_as_written(tmp_path, where, v
 
 
 
+@pytest.mark.parametrize("key", ["gemm_efficiency", "kernel_overhead_s", "attention_efficiency"])
+def test_a_calibrated_profile_without_a_figure_its_measurements_fitted_is_refused(tmp_path, key):
+    """The development profile with one fitted figure deleted from its performance section was priced on
+    Performance()'s generic default for it (GEMMs at 0.75 of the peak for its measured 0.82, no kernel
+    overhead for its 85 µs), exit 0 and no word: its measurements section still holds the fit that
+    `calibrate` copied there."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    fits = {"gemm_efficiency": "measurements.gemm.fp32.fit", "kernel_overhead_s": "measurements.gemm.fp32.fit",
+            "attention_efficiency": "measurements.attention.fit"}
+    *path, last = fits[key].split(".")
+    node = profile
+    for part in path + [last]:
+        node = node[part]
+    assert key in node and key in profile["performance"]  # calibrate wrote both
+    del profile["performance"][key]
+    written = tmp_path / "profile.yaml"
+    written.write_text(yaml.safe_dump(profile))
+    case = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
+            "cluster": {"profile": str(written), "num_gpus": 1},
+            "training": {"global_batch_size": 2, "seq_len": 64, "precision": "fp32"},
+            "layout": {"dp": 1, "micro_batch_size": 1}}
+    with pytest.raises(CaseError) as info:
+        planner.estimate(case)
+    assert (info.value.source, info.value.key) == (str(written), f"performance.{key}")
+    assert info.value.expected.startswith("missing: ") and fits[key] in info.value.expected
+
+
 def test_a_profile_without_its_gpu_names_the_key_as_written(tmp_path):
     """It said ".gpu: missing", the top-level key behind a dot."""
     profile = yaml.safe_load(PROFILE.read_text())
