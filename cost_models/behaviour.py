@@ -68,6 +68,13 @@ class EngineBehaviour:
     # (``memory.zero3_gather_bytes``); its prefetch bucket (in units of h²) is what the emitter writes.
     zero3_max_live_parameters: Optional[float] = None
     zero3_prefetch_bucket_h2: float = 0.0
+    # How many parameters DeepSpeed looks ahead in its trace before it releases a submodule's gathered
+    # weights (``stage3_max_reuse_distance``, DeepSpeedZeroConfig's default 1e9;
+    # ``zero/partitioned_param_coordinator.py``, ``__params_to_release``): under full recomputation a
+    # weight whose backward use lies further than this from its recompute is gathered again
+    # (:func:`dp_time.regathered_parameters`). None: a unit stays gathered from its recompute through its
+    # backward (FSDP recomputes inside the unit its pre-backward hook gathered).
+    zero3_max_reuse_distance: Optional[float] = None
     # Megatron-FSDP prefetches whole units until this many of their parameters (a rank's) are in
     # flight beyond the running one, or one unit where a unit holds more (``megatron_fsdp.py``:
     # suggested_AG_prefetch_size = max(1e9, 2 units) // 2; ``param_and_grad_buffer.py``, the

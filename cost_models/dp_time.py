@@ -10,7 +10,8 @@ from typing import Optional
 from .collectives import collective_time, exposed, p2p_time
 from .kernels import elementwise_time, first_touch_time
 from .memory import accumulates_unsharded, job_embedding_shards, job_stage_parameters, job_vocab
-from .parameters import embedding_parameters, norm_parameters
+from .model_spec import ModelSpec
+from .parameters import attention_matrices, embedding_parameters, mlp_matrices, norm_parameters, router_parameters
 from .model_states import folds_gradients_into_fp32, fp32_gradients, gathered_weight_bytes, working_bytes, zero_shards
 from .job import Job
 from .topology import group_links
@@ -193,9 +194,9 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     # the first gather of each pass waits, and what the pass's compute cannot cover.
     gather, reduce = zero3_collectives(job, stage, params, dp_links)
     # One gather serves a recomputed unit's forward and its backward: FSDP recomputes inside the
-    # unit its backward pre-hook gathered, and DeepSpeed keeps a module gathered where it is used
-    # again within max_reuse_distance (partitioned_param_coordinator.py, __params_to_release).
-    backward_gathers = 1
+    # unit its backward pre-hook gathered; DeepSpeed keeps a module gathered only where it is used
+    # again within max_reuse_distance, and gathers the rest again (regathered_parameters).
+    backward_gathers = 1 + regathered_parameters(job, stage, expert) / params
     # The pass waits in the open for its first unit (the embedding's, where it is larger than a
     # layer's), and the backward for the same unit's reduce-scatter at its end.
     opening = max(1 / chunks, min(1.0, first_unit / params))
@@ -209,6 +210,62 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     per_microbatch = pipelined(gather, chunks, forward, perf, opening) \
         + pipelined(backward_gathers * gather + reduce, chunks, backward_last, perf, opening)
     return tied + job.num_microbatches * per_microbatch
+
+
+def layer_submodules(model: ModelSpec, moe: bool, tp: int, ep: int, etp: int) -> tuple[tuple[float, bool], ...]:
+    """A layer's weight-holding submodules in the order its forward runs them, each as (one rank's
+    parameters, whether an expert's): standard attention's W_Q, W_K, W_V, then W_O (MLA's projections as
+    one), split over tp; then an MoE layer's router (whole), its rank's routed experts (each one's
+    matrices, split over etp) and its shared expert, or the dense MLP's matrices (gate, up, down; GeLU's
+    up and down). Norms are left out: ZeRO-3 keeps parameters under its persistence threshold (1e5 by
+    default, 10·h as the emitter writes it) whole on every rank (``zero/parameter_offload.py``)."""
+    h = model.hidden_size
+    if model.attention_type == "mla":
+        split, whole = attention_matrices(model)
+        modules: list[tuple[float, bool]] = [(split / tp + whole, False)]
+    else:
+        modules = [(h * model.q_size / tp, False), (h * model.kv_size / tp, False), (h * model.v_size / tp, False),
+                   (model.context_size * h / tp, False)]
+    matrices = mlp_matrices(model)
+    if not moe:
+        return tuple(modules + [(h * model.ffn_hidden_size / tp, False)] * matrices)
+    modules.append((float(router_parameters(model)), False))
+    modules += [(h * model.moe_ffn_hidden_size / etp, True)] * (matrices * (model.num_experts // ep))
+    if model.moe_shared_expert_ffn_hidden_size:
+        modules += [(h * model.moe_shared_expert_ffn_hidden_size / tp, False)] * matrices
+    return tuple(modules)
+
+
+def regathered_parameters(job: Job, stage: int, expert: bool = False) -> float:
+    """Parameters (the experts', with ``expert``, else the rest) one rank of the stage gathers a second
+    time in each micro-batch's backward under full recomputation, where the engine releases gathered
+    weights by their reuse distance (``EngineBehaviour.zero3_max_reuse_distance``: DeepSpeed's ZeRO-3).
+
+    After a submodule runs, DeepSpeed releases its weights unless they appear again among the submodules
+    its trace runs next, counted until those hold the distance (``zero/partitioned_param_coordinator.py``,
+    ``__params_to_release``: from the next step on, stopping once ``max_reuse_dist_in_numel`` elements are
+    traversed). A recomputed layer's recompute forward and its backward run back to back, the backward in
+    reverse order: between a submodule's recompute and its backward lie the F parameters of the
+    submodules after it, twice; it is gathered again where 2·F reaches the distance (at a distance of 0,
+    every submodule). Its first forward is released either way (its next use, the recompute, is the rest
+    of the pass away), as without recomputation; at DeepSpeed's default 1e9 only layers above 5e8
+    parameters regather any (Llama-3 70B its attention's 151 M of 856 M)."""
+    lay, model = job.layout, job.model
+    distance = job.training.engine.zero3_max_reuse_distance
+    layers = job.stage_layers[stage]
+    if distance is None or lay.recompute != "full" or not layers:
+        return 0.0
+    recomputed = layers if lay.recompute_num_layers is None else min(lay.recompute_num_layers, layers)
+    moe_layers = job.stage_moe_layers[stage] if model.is_moe else 0
+    again = 0.0
+    for moe, count in ((True, moe_layers), (False, layers - moe_layers)):
+        modules = layer_submodules(model, moe, lay.tp, lay.ep, lay.expert_tp) if count else ()
+        after = sum(size for size, _ in modules)
+        for size, of_expert in modules:
+            after -= size
+            if 2 * after >= distance and of_expert == expert:
+                again += count * size
+    return again * recomputed / layers
 
 
 def after_step_gather(job: Job, weights: float, dp_links, buckets: int, params: float, tensors: int,

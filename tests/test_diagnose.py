@@ -1272,35 +1272,49 @@ def test_an_unknown_key_set_to_auto_is_refused_exactly_where_deepspeed_refuses_i
 
 
 @pytest.mark.parametrize("key", ["stage3_max_reuse_distance", "max_reuse_distance"])
-def test_a_reuse_distance_that_regathers_recomputed_layers_for_their_backward_is_said(tmp_path, key):
+def test_a_reuse_distance_that_regathers_recomputed_layers_for_their_backward_is_priced(tmp_path, key):
     """DeepSpeed releases a submodule's gathered weights unless the modules traced before their next use
     hold fewer than max_reuse_distance elements (zero/partitioned_param_coordinator.py, __params_to_release):
-    under full recomputation a layer's recompute forward and backward lie up to twice its parameters apart,
-    so at 0, or below 2 x 218,112,000 for Llama 3 8B's layer (4096 hidden, 14336 FFN, 8 KV heads of 128:
-    4096 x (2 x 4096 + 2 x 1024) + 3 x 4096 x 14336 + 2 x 4096), the backward gathers them a second time,
-    priced as one gather, and diagnose said nothing. DeepSpeed's default, 1e9, is past it; so is 5e8."""
+    under full recomputation a layer's recompute forward and backward lie up to twice its weights apart, so
+    at 0 the backward gathers every weight of Llama 3 8B's 32 layers a second time (4096 x (2 x 4096 + 2 x 1024)
+    + 3 x 4096 x 14336 each, its norms kept whole), and at DeepSpeed's default, 1e9, none: its first
+    projection, W_Q, has 2 x 201,326,592 after it, under 1e9. The file's distance was read as 1e9 whatever it said."""
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from cost_models.dp_time import regathered_parameters
 
     assert DeepSpeedZeroConfig(stage=3).max_reuse_distance == 10**9
     assert DeepSpeedZeroConfig(stage=3, **{key: 0}).max_reuse_distance == 0
-    layer = 4096 * (2 * 4096 + 2 * 1024) + 3 * 4096 * 14336 + 2 * 4096
-    assert layer == 218_112_000
+    layer = 4096 * (2 * 4096 + 2 * 1024) + 3 * 4096 * 14336
     config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
               "zero_optimization": {"stage": 3}}
 
-    def said(distance, recompute="full"):
+    def diagnosed(distance, recompute="full"):
         if distance is not None:
             config["zero_optimization"][key] = distance
-        notes = diagnose(CASE_8, config=_write_config(tmp_path, config), recompute=recompute).notes
-        return [n for n in notes if "reuse_distance" in n]
+        return diagnose(CASE_8, config=_write_config(tmp_path, config), recompute=recompute).estimate
 
-    assert not said(None) and not said(5 * 10**8) and not said(0, recompute="none")
-    assert said(0) == [f"zero_optimization.{key} 0 under full recomputation, below twice a layer's 218,112,000 "
-                       "parameters: DeepSpeed releases a recomputed layer's gathered weights after its recompute "
-                       "forward and gathers every one again for its backward (runtime/zero/"
-                       "partitioned_param_coordinator.py, __params_to_release); priced as one gather for both, so "
-                       "the run gathers more and may step slower"]
-    assert "those used first in the layer" in said(4 * 10**8)[0]
+    default, zero = diagnosed(None), diagnosed(0)
+    assert regathered_parameters(default.job, 0) == 0
+    assert regathered_parameters(zero.job, 0) == 32 * layer
+    assert zero.time.dp_comm_s > default.time.dp_comm_s
+    assert regathered_parameters(diagnosed(0, recompute="none").job, 0) == 0
+
+
+def test_deepspeeds_default_reuse_distance_regathers_a_70b_layers_attention():
+    """At DeepSpeed's default max_reuse_distance, 1e9, Llama 3 70B's layer (8192 hidden, 28672 FFN, 64 heads and
+    8 KV heads of 128) keeps its MLP gathered from its recompute to its backward (W_gate has 2 x 2 x 8192 x 28672
+    = 939,524,096 after it, under 1e9) and gathers its attention again (W_O has 2 x 3 x 8192 x 28672 after it):
+    8192 x (8192 + 1024 + 1024) + 8192 x 8192 a layer. FSDP keeps its unit gathered: none."""
+    from cost_models.dp_time import regathered_parameters
+
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "precision": "bf16", "optimizer": "adam",
+                         "engine": "deepspeed"},
+            "layout": {"dp": 64, "tp": 1, "pp": 1, "micro_batch_size": 1, "zero_stage": 3, "recompute": "full"}}
+    assert regathered_parameters(planner.estimate(case).job, 0) == 80 * 8192 * (8192 + 1024 + 1024 + 8192)
+    case["training"]["engine"] = "torchtitan"
+    assert regathered_parameters(planner.estimate(case).job, 0) == 0
 
 
 @pytest.mark.parametrize("stage, where, value, said", [

@@ -25,7 +25,7 @@ THROUGHPUT = {
     "NVIDIA/NeMo docs/source/performance/pe": 0.029,
     # DeepSpeed ZeRO-3's rows ran 1.4-2.4x below the model (docs/fidelity.md): 0.166 while the recompute was
     # priced a third all-gather, which DeepSpeed's coordinator does not make (partitioned_param_coordinator.py).
-    "Narayanan et al. 2021": 0.180,
+    "Narayanan et al. 2021": 0.171,
     "The Ultra-Scale Playbook: Training LLM": 0.089,  # 0.096 while the bubble ran every stage at the slowest's pace
     "TorchAO MX formats README: training e2": 0.036,
     "TorchAO float8 training README: e2e tr": 0.063,  # its bf16 Llama 3 8B runs GEMMs of K 4096-14336, above the

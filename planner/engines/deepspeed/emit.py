@@ -162,7 +162,7 @@ def _zero(stage: int, hidden: int) -> dict[str, Any]:
             "stage3_prefetch_bucket_size": int(behaviour.zero3_prefetch_bucket_h2 * hidden * hidden),
             "stage3_param_persistence_threshold": 10 * hidden,
             "stage3_max_live_parameters": int(behaviour.zero3_max_live_parameters),
-            "stage3_max_reuse_distance": 1_000_000_000,
+            "stage3_max_reuse_distance": int(behaviour.zero3_max_reuse_distance or 0),
             "stage3_gather_16bit_weights_on_model_save": True}
 
 

@@ -78,6 +78,8 @@ BEHAVIOUR = EngineBehaviour(
     # integrations/deepspeed.py), which the emitter writes: a prefetch bucket of 0.9·h², and
     # DeepSpeed's default of 1e9 live parameters.
     zero3_max_live_parameters=1e9, zero3_prefetch_bucket_h2=0.9,
+    # DeepSpeedZeroConfig's default max_reuse_distance (runtime/zero/config.py), which the emitter writes.
+    zero3_max_reuse_distance=1e9,
     # Without fp32 master weights: bf16.bf16_master_weights_and_grads and bf16_optimizer_states.
     bf16_master_partition=True,
     reduce_after_pipeline=True, zero0_reduce_after_backward=True, fp32_accumulation_bytes=20.0,

@@ -11,7 +11,6 @@ from typing import Any, Optional, Union
 
 from cost_models.memory import job_stage_parameters
 from cost_models.model_states import folds_gradients_into_fp32, fp32_gradients
-from cost_models.parameters import dense_layer_parameters
 from cost_models.specs import Layout
 
 from planner.fields import read_int as integer
@@ -368,24 +367,6 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
                      "parameter of at most that many elements gathered on every GPU, weight matrices among them "
                      "(runtime/zero/parameter_offload.py, mark_persistent_parameters); priced as sharded, so the "
                      "run holds more memory and gathers less")
-    # (one of the field and its alias, as the persistence threshold's; DeepSpeedZeroConfig's default 1e9)
-    reuse_key = next((k for k in ("stage3_max_reuse_distance", "max_reuse_distance") if k in zero), None)
-    reuse = zero[reuse_key] if reuse_key else 1_000_000_000
-    layer = dense_layer_parameters(job.model)
-    if lay.dp * lay.cp > 1 and stage == 3 and lay.recompute == "full" and reuse < 2 * layer:
-        # After a submodule runs, DeepSpeed releases its gathered weights unless the modules traced before
-        # their next use hold fewer than max_reuse_distance elements (runtime/zero/partitioned_param_coordinator.py,
-        # __params_to_release). Under checkpointing a layer's recompute forward and its backward run back to back:
-        # between a weight's two uses lie the rest of the layer twice (its recompute, then its backward), up to
-        # 2 x a layer's parameters, so a shorter distance gathers those weights a second time for the backward
-        # (at 0 every weight). dp_time prices one gather for both (backward_gathers).
-        said = f"zero_optimization.{reuse_key} {reuse:,}" if reuse_key else \
-            f"zero_optimization.stage3_max_reuse_distance absent (DeepSpeed's default {reuse:,})"
-        notes.append(f"{said} under full recomputation, below twice a layer's {layer:,} parameters: DeepSpeed "
-                     "releases a recomputed layer's gathered weights after its recompute forward and gathers "
-                     f"{'every one' if reuse == 0 else 'those used first in the layer'} again for its backward "
-                     "(runtime/zero/partitioned_param_coordinator.py, __params_to_release); priced as one gather "
-                     "for both, so the run gathers more and may step slower")
     # (The reduce bucket is priced as the config sizes it: reduction_as_configured.)
     bucket = zero.get("allgather_bucket_size")
     if stage in (1, 2) and isinstance(bucket, int) and bucket % 2 and not folds_gradients_into_fp32(job):
@@ -886,7 +867,15 @@ def reduction_as_configured(path: Union[str, Path], case, engine, pp: int = 1):
             live = float(_lax_int(src, f"zero_optimization.{key}", zero[key], 0))
     if zero.get("sub_group_size", "auto") != "auto":
         sub_group = float(_lax_int(src, "zero_optimization.sub_group_size", zero["sub_group_size"], 0))
-    engine = replace(engine, zero3_max_live_parameters=live, zero3_step_sub_group_params=sub_group)
+    # And how far ahead it looks before releasing a module's gathered weights (max_reuse_distance, alias
+    # stage3_max_reuse_distance, 1e9 unless set): under full recomputation, what lies further is gathered again
+    # for the backward (dp_time.regathered_parameters).
+    reuse = engine.zero3_max_reuse_distance
+    for key in ("stage3_max_reuse_distance", "max_reuse_distance"):
+        if zero.get(key, "auto") != "auto":
+            reuse = float(_lax_int(src, f"zero_optimization.{key}", zero[key], 0))
+    engine = replace(engine, zero3_max_live_parameters=live, zero3_step_sub_group_params=sub_group,
+                     zero3_max_reuse_distance=reuse)
     if runs_bf16_optimizer_with_bf16_gradients(src, config, pp):
         # Read as ZeRO-1 (its states are sharded so), but no ZeRO optimizer's buckets: the BF16_Optimizer's
         # flat bf16 accumulator instead (EngineBehaviour.flat_gradient_accumulator).
