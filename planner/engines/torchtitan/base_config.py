@@ -29,7 +29,8 @@ from planner.inputs import read_text
 
 from .emit import BASE_LOSS_CHUNKS, CONFIG_FILE, CONFIG_FUNCTION, CONFIG_MODULE
 
-SECTIONS = {"TrainingConfig": "training", "ParallelismConfig": "parallelism", "CompileConfig": "compile"}
+SECTIONS = {"TrainingConfig": "training", "ParallelismConfig": "parallelism", "CompileConfig": "compile",
+            "DebugConfig": "debug"}
 AC_CONFIGS = {"FullAC.Config": "full", "SelectiveAC.Config": "selective"}
 LOSS_CHUNKS = {"ChunkedLossWrapper.Config": BASE_LOSS_CHUNKS, "CrossEntropyLoss.Config": 1}
 # Set where the base config's loss runs on whole logits (a loss other than ChunkedLossWrapper, or the
@@ -88,10 +89,10 @@ OVERRIDE_HELPERS = ("enable_fused_swiglu",)
 # Trainer.Config's sections the reader does not read, which a function may set as it likes.
 UNREAD = ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer", "dataloader", "optimizer",
           "lr_scheduler", "checkpoint", "comm", "validator", "override")
-# DebugConfig (config/configs.py), read field by field as the command line's --debug.<field>: torchtitan runs
-# the base config's value unless an override changes it, and moe_force_load_balance (the routing), batch_invariant
-# (Trainer.Config refuses it), deterministic and detect_anomaly (slower kernels, anomaly checks) change the run.
-DEBUG_CONFIG = "DebugConfig"
+# DebugConfig (config/configs.py) is read field by field (SECTIONS) as the command line's --debug.<field>:
+# torchtitan runs the base config's value unless an override changes it, and moe_force_load_balance (the
+# routing), batch_invariant (Trainer.Config refuses it), deterministic and detect_anomaly (slower kernels,
+# anomaly checks) change the run.
 # The model spec's expert dispatch (model_registry's keywords): Trainer.Config._validate_cuda_graphs runs
 # CUDA graphs with expert parallelism only for MinimalAsyncEP, or HybridEP with a non-blocking capacity.
 DISPATCH_KEYWORDS = ("moe_comm_backend", "non_blocking_capacity_factor")
@@ -159,7 +160,7 @@ def _apply(state: dict, path: list[str], value: ast.AST, names: dict) -> bool:
         return True
     if head in SECTIONS.values():
         if len(path) == 1:
-            if not isinstance(value, ast.Call) or SECTIONS.get(ast.unparse(value.func)) != head:
+            if not isinstance(value, ast.Call) or SECTIONS.get(ast.unparse(value.func)) != head or value.args:
                 return False
             for key in [k for k in values if k.startswith(head + ".")]:
                 del values[key]  # a section replaced whole: its fields are the new one's or the defaults
@@ -167,20 +168,6 @@ def _apply(state: dict, path: list[str], value: ast.AST, names: dict) -> bool:
         if len(path) == 2:
             try:
                 values[f"{head}.{path[1]}"] = ast.literal_eval(value)
-            except ValueError:
-                return False
-            return True
-        return False
-    if head == "debug":
-        if len(path) == 1:
-            if not isinstance(value, ast.Call) or ast.unparse(value.func) != DEBUG_CONFIG or value.args:
-                return False
-            for key in [k for k in values if k.startswith("debug.")]:
-                del values[key]  # replaced whole: its fields are the new one's or DebugConfig's defaults
-            return all(_apply(state, ["debug", field.arg], field.value, names) for field in value.keywords)
-        if len(path) == 2:
-            try:
-                values[f"debug.{path[1]}"] = ast.literal_eval(value)
             except ValueError:
                 return False
             return True
