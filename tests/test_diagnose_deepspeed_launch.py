@@ -56,40 +56,29 @@ def test_the_planners_own_launch_script_is_read_as_the_ds_config_it_passes(tmp_p
     assert planner.read_config(CASE, "deepspeed", folder / name) == direct.estimate.job.layout
 
 
-@pytest.mark.parametrize("passes", ["--deepspeed_config ds.json", "--deepspeed_config=ds.json",
-                                    "--deepspeed ds.json", "--deepspeed=ds.json", "--deepspeed --deepspeed_config ds.json",
-                                    '--deepspeed_config "$CONFIG"'])
-def test_a_hand_written_script_is_followed_to_its_config_beside_it(tmp_path, monkeypatch, passes):
+DEEPSPEED = 'deepspeed --num_gpus "$NGPUS" train.py --model_name_or_path llama \\\n    {} --bf16\n'
+# accelerate/commands/launch.py, launch_command_parser: --deepspeed_config_file, handed to DeepSpeed as it is
+ACCELERATE = 'accelerate launch --num_processes "$NGPUS" --use_deepspeed {} \\\n    train.py --bf16\n'
+
+
+@pytest.mark.parametrize("command, passes", [(DEEPSPEED, p) for p in (
+    "--deepspeed_config ds.json", "--deepspeed_config=ds.json", "--deepspeed ds.json", "--deepspeed=ds.json",
+    "--deepspeed --deepspeed_config ds.json", '--deepspeed_config "$CONFIG"')] + [
+    (ACCELERATE, "--deepspeed_config_file ds.json"), (ACCELERATE, "--deepspeed_config_file=ds.json")])
+def test_a_hand_written_script_is_followed_to_its_config_beside_it(tmp_path, monkeypatch, command, passes):
     """DeepSpeed's --deepspeed_config (deepspeed/__init__.py, _add_core_arguments; its --deepspeed a switch),
-    and the Hugging Face Trainer's --deepspeed PATH (TrainingArguments.deepspeed): a relative path resolved
-    against the script's directory, not the caller's."""
+    accelerate launch's --deepspeed_config_file and the Hugging Face Trainer's --deepspeed PATH
+    (TrainingArguments.deepspeed): a relative path resolved against the script's directory, not the caller's."""
     config = _emitted(tmp_path / "emitted") / "ds_config.json"
     jobs = tmp_path / "jobs"
     jobs.mkdir()
     (jobs / "ds.json").write_text(config.read_text())
     script = jobs / "train.sh"
-    script.write_text('#!/bin/bash\nset -e\nCONFIG=ds.json\nNGPUS=${NGPUS:-8}\n'
-                      f'deepspeed --num_gpus "$NGPUS" train.py --model_name_or_path llama \\\n    {passes} --bf16\n')
+    script.write_text('#!/bin/bash\nset -e\nCONFIG=ds.json\nNGPUS=${NGPUS:-8}\n' + command.format(passes))
     monkeypatch.chdir(tmp_path)  # elsewhere than the script
     through = diagnose(CASE, config=script)
     _same_but_the_note(diagnose(CASE, config=config), through, script)
     assert "line 5" in _followed(through, script)[0] and str(jobs / "ds.json") in _followed(through, script)[0]
-
-
-@pytest.mark.parametrize("passes", ["--deepspeed_config_file ds.json", "--deepspeed_config_file=ds.json"])
-def test_accelerate_launchs_config_file_is_followed(tmp_path, passes):
-    """`accelerate launch --use_deepspeed --deepspeed_config_file PATH train.py` (accelerate/commands/launch.py,
-    launch_command_parser) hands DeepSpeed that file: diagnosed as the file itself is."""
-    config = _emitted(tmp_path / "emitted") / "ds_config.json"
-    jobs = tmp_path / "jobs"
-    jobs.mkdir()
-    (jobs / "ds.json").write_text(config.read_text())
-    script = jobs / "train.sh"
-    script.write_text("#!/bin/bash\nset -e\naccelerate launch --num_processes 8 --use_deepspeed "
-                      f"{passes} train.py --bf16\n")
-    through = diagnose(CASE, config=script)
-    _same_but_the_note(diagnose(CASE, config=config), through, script)
-    assert "line 3" in _followed(through, script)[0] and str(jobs / "ds.json") in _followed(through, script)[0]
 
 
 def test_a_script_that_passes_no_config_is_refused_in_one_line(tmp_path):
