@@ -88,6 +88,17 @@ def test_sbatch_reaches_srun_on_a_long_node_list_and_stops_where_its_files_are_n
     assert not (tmp_path / "srun.txt").exists()  # no node started
 
 
+def _stand_in(tmp_path, tool: str, body: str, **env: str) -> dict:
+    """The environment of a launch whose ``tool`` (torchrun, deepspeed) is a stand-in running ``body``."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / tool).write_text(f"#!/usr/bin/env bash\n{body}\n")
+    (bin_dir / tool).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env}
+
+
 def _megatron_checkout(tmp_path):
     checkout = tmp_path / "Megatron-LM"
     checkout.mkdir(exist_ok=True)
@@ -142,11 +153,7 @@ def test_deepspeeds_multi_node_launch_refuses_a_folder_its_launcher_would_split(
     est = planner.estimate(CASES["deepspeed"])  # 2 nodes
     folder = tmp_path / "my runs"
     planner.emit(est, "deepspeed", folder)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "deepspeed").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$DS_ARGS"\n')
-    (bin_dir / "deepspeed").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DS_ARGS": str(tmp_path / "ds.txt")}
+    env = _stand_in(tmp_path, "deepspeed", 'printf "%s\\n" "$@" > "$DS_ARGS"', DS_ARGS=str(tmp_path / "ds.txt"))
     done = subprocess.run(["bash", str(folder / "launch.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "holds a space" in done.stderr and not (tmp_path / "ds.txt").exists()
     os.rename(folder, tmp_path / "runs")
@@ -163,16 +170,11 @@ def test_torchtitans_launch_imports_its_config_from_a_folder_holding_a_colon(tmp
     folder, the ranks (python -m) import it from their working folder, as python puts it on sys.path;
     from elsewhere the launch says so before starting anything. The stand-in torchrun imports the config
     as a rank would."""
-    import os
     import sys
 
     folder = tmp_path / "run:1"
     planner.emit(planner.estimate(CASES["torchtitan"]), "torchtitan", folder)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "torchrun").write_text(f'#!/usr/bin/env bash\nexec {sys.executable} -c "import torchtitan_config"\n')
-    (bin_dir / "torchrun").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MASTER_ADDR": "localhost"}
+    env = _stand_in(tmp_path, "torchrun", f'exec {sys.executable} -c "import torchtitan_config"', MASTER_ADDR="localhost")
     env.pop("PYTHONSAFEPATH", None)
     inside = subprocess.run(["bash", "launch.sh"], env=env, cwd=folder, capture_output=True, text=True, timeout=60)
     assert inside.returncode == 0, inside.stderr
@@ -252,15 +254,9 @@ def test_megatrons_launch_stops_before_torchrun_where_its_arguments_file_is_not(
     counts, not an expansion's inside it), so without the file every rank started with no
     arguments and Megatron-LM stopped on "either num-layers or encoder-num-layers should be specified"
     (megatron/training/arguments.py), the cause hidden, as sbatch.sh once did."""
-    import os
-
     files = tmp_path / "files"
     planner.emit(planner.estimate(CASES["megatron"]), "megatron", files)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "torchrun").write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "{tmp_path / "torchrun.txt"}"\n')
-    (bin_dir / "torchrun").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MASTER_ADDR": "gpu0"}
+    env = _stand_in(tmp_path, "torchrun", f'printf "%s\\n" "$@" > "{tmp_path / "torchrun.txt"}"', MASTER_ADDR="gpu0")
     done = subprocess.run(["bash", str(files / "launch.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--tensor-model-parallel-size" in (tmp_path / "torchrun.txt").read_text().split("\n")
