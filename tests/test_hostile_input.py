@@ -1057,6 +1057,19 @@ def test_calibrate_refuses_a_gpu_preset_on_a_machine_without_one(tmp_path):
 PROFILE = Path(__file__).resolve().parent.parent / "calibration" / "profiles" / "cpu-2core-dev.yaml"
 
 
+def _estimated_on(tmp_path, profile: dict):
+    """The profile written to a file, and the refusal of an estimate of a small fp32 case on it."""
+    written = tmp_path / "profile.yaml"
+    written.write_text(yaml.safe_dump(profile))
+    case = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
+            "cluster": {"profile": str(written), "num_gpus": 1},
+            "training": {"global_batch_size": 2, "seq_len": 64, "precision": "fp32"},
+            "layout": {"dp": 1, "micro_batch_size": 1}}
+    with pytest.raises(CaseError) as info:
+        planner.estimate(case)
+    return written, info
+
+
 @pytest.mark.parametrize("where, value, key, expected", [
     # quick: "yes" skipped validate's refusal of a --quick profile; cpu: 5 its check of the CPU model;
     # backend: NCCL ran as gloo; an infinite reference GEMM was printed as Infinity in --json.
@@ -1085,14 +1098,7 @@ def test_a_profile_names_its_own_key_and_the_value_as_written(tmp_path, where, v
     for part in path:
         node = node.setdefault(part, {})
     node[last] = value
-    written = tmp_path / "profile.yaml"
-    written.write_text(yaml.safe_dump(profile))
-    case = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
-            "cluster": {"profile": str(written), "num_gpus": 1},
-            "training": {"global_batch_size": 2, "seq_len": 64, "precision": "fp32"},
-            "layout": {"dp": 1, "micro_batch_size": 1}}
-    with pytest.raises(CaseError) as info:
-        planner.estimate(case)
+    written, info = _estimated_on(tmp_path, profile)
     assert info.value.source == str(written) and info.value.key == key
     assert expected in str(info.value)
 
@@ -1113,14 +1119,7 @@ def test_a_calibrated_profile_without_a_figure_its_measurements_fitted_is_refuse
         node = node[part]
     assert key in node and key in profile["performance"]  # calibrate wrote both
     del profile["performance"][key]
-    written = tmp_path / "profile.yaml"
-    written.write_text(yaml.safe_dump(profile))
-    case = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
-            "cluster": {"profile": str(written), "num_gpus": 1},
-            "training": {"global_batch_size": 2, "seq_len": 64, "precision": "fp32"},
-            "layout": {"dp": 1, "micro_batch_size": 1}}
-    with pytest.raises(CaseError) as info:
-        planner.estimate(case)
+    written, info = _estimated_on(tmp_path, profile)
     assert (info.value.source, info.value.key) == (str(written), f"performance.{key}")
     assert info.value.expected.startswith("missing: ") and fits[key] in info.value.expected
 
