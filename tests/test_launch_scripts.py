@@ -2320,3 +2320,98 @@ def test_tp_comm_overlap_without_ub_skipmc_before_hopper_is_said(tmp_path, gpu, 
     assert result.estimate.job.training.tp_comm_overlap and result.estimate.job.layout.tp == 2
     notes = [note for note in result.notes if "UB_SKIPMC" in note]
     assert len(notes) == int(outcome == "note"), result.notes
+
+
+# DeepEP at the commit megatron-core 0.16.1 installs (docker/Dockerfile.ci.dev: eb9cee7), where a mirror of it
+# is at hand; else the lines quoted from it.
+DEEPEP_MIRROR = Path("/work/.mirror/deepseek-ai+DeepEP/repo")
+DEEPEP_COMMIT = "eb9cee7"
+# deep_ep/buffer.py:104-123 at eb9cee7, in Buffer.__init__, under
+# "if self.runtime.get_num_rdma_ranks() > 1 or low_latency_mode or self.disable_nvlink_for_normal_mode:".
+DEEPEP_SETS_ITSELF = {"NVSHMEM_DISABLE_P2P", "NVSHMEM_IB_ENABLE_IBGDA", "NVSHMEM_IBGDA_NUM_RC_PER_PE",
+                      "NVSHMEM_QP_DEPTH", "NVSHMEM_MAX_TEAMS", "NVSHMEM_DISABLE_NVLS", "NVSHMEM_CUMEM_GRANULARITY",
+                      "NVSHMEM_DISABLE_MNNVL"}
+# third-party/README.md:43 at eb9cee7, "2.1 Configure NVIDIA driver" (modify /etc/modprobe.d/nvidia.conf).
+DEEPEP_DRIVER_OPTIONS = 'NVreg_EnableStreamMemOPs=1 NVreg_RegistryDwords="PeerMappingOverride=1;"'
+
+
+def deepep_source(path: str) -> Optional[str]:
+    """``path`` in DeepEP at :data:`DEEPEP_COMMIT`, None without the mirror (or git)."""
+    if not DEEPEP_MIRROR.is_dir() or shutil.which("git") is None:
+        return None
+    run = subprocess.run(["git", "-C", str(DEEPEP_MIRROR), "show", f"{DEEPEP_COMMIT}:{path}"],
+                         capture_output=True, text=True, timeout=30)
+    return run.stdout if run.returncode == 0 else None
+
+
+def test_the_quoted_deepep_lines_are_deepeps():
+    """What the test below holds the files to is DeepEP's own: the NVSHMEM variables its Buffer exports in
+    the training process once it has more than one RDMA rank, and the driver options its NVSHMEM guide
+    gives for IBGDA (read from its source where a mirror is at hand)."""
+    import re
+
+    buffer, guide = deepep_source("deep_ep/buffer.py"), deepep_source("third-party/README.md")
+    if buffer is None or guide is None:
+        pytest.skip("no DeepEP mirror to read the quoted lines from")
+    branch = buffer.split("if self.runtime.get_num_rdma_ranks() > 1", 1)[1].split("# Synchronize using the root ID")[0]
+    assert set(re.findall(r"os\.environ\['(\w+)'\]\s*=", branch)) == DEEPEP_SETS_ITSELF
+    assert f"options nvidia {DEEPEP_DRIVER_OPTIONS}" in guide
+
+
+def exported_by(tmp_path: Path, script: str) -> dict[str, str]:
+    """The environment real bash gives the script's torchrun (a stand-in that prints it), started with an
+    empty one: what the script itself sets, srun and numactl passed through."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(exist_ok=True)
+    (stubs / "torchrun").write_text("#!/bin/sh\nenv >&3\n")
+    (stubs / "torchrun").chmod(0o755)
+    for launcher in ("srun", "numactl", "scontrol"):
+        (stubs / launcher).write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\n'
+                                      '[ "$0" = "${0%scontrol}" ] && exec "$@"; echo node0\n')
+        (stubs / launcher).chmod(0o755)
+    (tmp_path / "oracle.sh").write_text(script)
+    (tmp_path / "pretrain_gpt.py").touch()  # sbatch.sh looks for it before it starts the nodes
+    run = subprocess.run(["env", "-i", f"PATH={stubs}:/usr/bin:/bin", "MASTER_ADDR=node0", "MEGATRON_LM=.",
+                          "SLURM_JOB_ID=1", "SLURM_JOB_NODELIST=node0", "SLURM_CPUS_ON_NODE=1",
+                          f"SLURM_SUBMIT_DIR={tmp_path}", BASH, "-c", 'exec bash "$0" 3>&1 1>&2',
+                          str(tmp_path / "oracle.sh")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.stdout, run.stderr
+    return dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
+
+
+@needs_bash
+@pytest.mark.parametrize("dispatch, ep, across", [("deepep", 16, True), ("deepep", 8, False),
+                                                  ("all_to_all", 16, False)])
+def test_deepep_across_nodes_is_launched_as_deepep_runs_it_and_the_cluster_told_its_part(tmp_path, dispatch, ep,
+                                                                                        across):
+    """The plan priced DeepEP's dispatch across nodes, and nothing in its launch files said what DeepEP's
+    internode kernels need. DeepEP exports its NVSHMEM settings itself, in-process, once its group holds
+    more than its 8 NVLink peers (deep_ep/buffer.py, Buffer.__init__), overwriting any a script sets: the
+    scripts set none of them, and say once in each file what the cluster must provide (NVSHMEM, IBGDA's
+    driver options or GDRCopy). A group of 8 (DeepEP's NVLink peers) or the plain all-to-all says nothing.
+    diagnose reads the launch back at the plan's layout."""
+    from planner.engines.megatron import emit as megatron
+    from planner.estimate import estimate
+
+    case = {"model": {"preset": "deepseek-v2-lite"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+            "training": {"global_batch_size": 64, "seq_len": 4096, "engine": "megatron", "expert_dispatch": dispatch},
+            "layout": {"tp": 1, "pp": 1, "ep": ep, "etp": 1, "zero_stage": 1, "recompute": "full"}}
+    planned = estimate(case)
+    rendered = megatron.render(planned, ["header"])
+    (tmp_path / megatron.ARGS_FILE).write_text(rendered[megatron.ARGS_FILE])
+    for name in (megatron.LAUNCH_FILE, "sbatch.sh"):
+        exported = exported_by(tmp_path, rendered[name])
+        assert not {key for key in exported if key.startswith("NVSHMEM_")}, (name, exported)
+        assert not DEEPEP_SETS_ITSELF & set(exported), name
+    for name, text in rendered.items():
+        told = [line for line in text.splitlines() if line.startswith("#") and DEEPEP_DRIVER_OPTIONS in line]
+        assert len(told) == (1 if across else 0), (name, told)
+        if across:
+            assert "NVSHMEM" in told[0] and "GDRCopy" in told[0] and "files set none" in told[0], told
+    launch, case_path = tmp_path / megatron.LAUNCH_FILE, tmp_path / "case.yaml"
+    launch.write_text(rendered[megatron.LAUNCH_FILE])
+    case_path.write_text(yaml.safe_dump(case))
+    read = diagnose(case_path, megatron_args=launch).estimate.job
+    assert (read.layout.ep, read.layout.expert_tp, read.layout.dp) == (planned.job.layout.ep, 1,
+                                                                        planned.job.layout.dp)
+    assert read.training.expert_dispatch == planned.job.training.expert_dispatch

@@ -386,9 +386,49 @@ DEEPEP_NOTE = ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend d
                "(deepseek-ai/DeepEP) installed beside Megatron-LM: the plan priced its dispatch")
 
 
+# DeepEP's NVLink peers: a Buffer over more ranks than these runs its internode kernels, over RDMA
+# (num_rdma_ranks = max(1, num_ranks / NUM_MAX_NVL_PEERS), csrc/deep_ep.cpp:160, NUM_MAX_NVL_PEERS 8 in
+# csrc/kernels/configs.cuh:3, at eb9cee7, the commit megatron-core 0.16.1's Dockerfile.ci.dev installs).
+DEEPEP_NVL_PEERS = 8
+
+
+def deepep_internode(job: Job) -> bool:
+    """Whether the emitted flex dispatcher runs DeepEP's internode kernels: its Buffer spans
+    megatron-core's expert tensor- and expert-parallel group (fused_a2a.py, get_buffer), etp·ep ranks,
+    and more than :data:`DEEPEP_NVL_PEERS` of them are several RDMA ranks, which it joins through
+    NVSHMEM with IBGDA (deep_ep/buffer.py:104 at eb9cee7, ``get_num_rdma_ranks() > 1``)."""
+    return needs_deepep(job) and job.layout.expert_tp * job.layout.ep > DEEPEP_NVL_PEERS
+
+
+# What DeepEP's internode kernels need that no launch script can set. The NVSHMEM settings they run with
+# DeepEP's Buffer exports itself, in the training process, before NVSHMEM starts (deep_ep/buffer.py:104-123
+# at eb9cee7: NVSHMEM_IB_ENABLE_IBGDA=1, NVSHMEM_IBGDA_NUM_RC_PER_PE, NVSHMEM_QP_DEPTH, NVSHMEM_DISABLE_P2P,
+# NVSHMEM_MAX_TEAMS, NVSHMEM_DISABLE_NVLS, NVSHMEM_CUMEM_GRANULARITY, NVSHMEM_DISABLE_MNNVL), overwriting
+# any a script exported, so the files set none. The rest is the cluster's: DeepEP built with NVSHMEM_DIR
+# ("disable all internode and low-latency features if not specified", README.md:85), RDMA NICs with
+# GPUDirect RDMA and IBGDA, the driver's regkeys or GDRCopy (third-party/README.md:12-14, 36-56).
+DEEPEP_INTERNODE_NOTE = (
+    "DeepEP across nodes ({ranks} ranks, {rdma} RDMA ranks of 8 NVLink peers): its Buffer exports the NVSHMEM_* "
+    "settings its internode kernels need itself, in-process (deep_ep/buffer.py), so these files set none; the "
+    "cluster must provide DeepEP built against NVSHMEM (NVSHMEM_DIR at build, else it has no internode kernels), "
+    "RDMA NICs with GPUDirect RDMA, and IBGDA: the NVIDIA driver loaded with NVreg_EnableStreamMemOPs=1 "
+    "NVreg_RegistryDwords=\"PeerMappingOverride=1;\" (/etc/modprobe.d/nvidia.conf), or GDRCopy's gdrdrv module "
+    "(DeepEP's third-party/README.md)")
+
+
+def internode_notes(job: Job) -> list[str]:
+    """The cluster's part of a DeepEP dispatch across nodes (:data:`DEEPEP_INTERNODE_NOTE`), said once in
+    each file that launches or configures it; nothing for any other plan."""
+    if not deepep_internode(job):
+        return []
+    ranks = job.layout.expert_tp * job.layout.ep
+    return [DEEPEP_INTERNODE_NOTE.format(ranks=ranks, rdma=max(1, ranks // DEEPEP_NVL_PEERS))]
+
+
 def warnings(estimate) -> list[str]:
-    """What the user must know to launch the files as priced: libraries beyond Megatron-LM."""
-    return [DEEPEP_NOTE] if needs_deepep(estimate.job) else []
+    """What the user must know to launch the files as priced: libraries beyond Megatron-LM, and what a
+    DeepEP dispatch across nodes needs of the cluster."""
+    return ([DEEPEP_NOTE] if needs_deepep(estimate.job) else []) + internode_notes(estimate.job)
 
 
 def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
@@ -608,7 +648,7 @@ def render(estimate, header_lines) -> dict[str, str]:
             + (" and MASTER_ADDR set to node 0." if nodes > 1 else "."),
             "MEGATRON_LM: a Megatron-LM checkout; extra arguments (data, tokenizer, learning rate, "
             "--train-samples or --train-iters, --save/--save-interval/--load) pass through.",
-        ]) +
+        ] + internode_notes(job)) +
         "set -euo pipefail\n"
         "set -f  # no globbing of the arguments (a pipeline layout holds '*')\n"
         + environment_lines(job) +
@@ -629,7 +669,7 @@ def render(estimate, header_lines) -> dict[str, str]:
                 '${MEGATRON_LM:-.}: export MEGATRON_LM=<a Megatron-LM checkout> before sbatch" >&2; exit 1; }\n')
     batch = sbatch(header + comment(["MEGATRON_LM: a Megatron-LM checkout (export it before sbatch); extra arguments "
                                      "(data, tokenizer, learning rate, --train-samples or --train-iters, "
-                                     "--save/--save-interval/--load) pass through."]),
+                                     "--save/--save-interval/--load) pass through."] + internode_notes(job)),
                    nodes, per_node, '"${MEGATRON_LM:-.}/pretrain_gpt.py" $ARGS "$@"', environment_lines(job),
                    cluster=job.cluster, files='ARGS="$(grep -v \'^#\' "$HERE/' + ARGS_FILE + '")"\n' + checkout)
     return {ARGS_FILE: args_text, LAUNCH_FILE: launch, SBATCH_FILE: batch}
