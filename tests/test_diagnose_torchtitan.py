@@ -1319,3 +1319,83 @@ def test_an_emulated_float8_converter_is_said_not_priced_as_fp8_tensor_cores(tmp
     said = [note for note in result.notes if "emulate True" in note]
     assert len(said) == 1 and "not on fp8 tensor cores" in said[0], result.notes
     assert not any("emulate" in note for note in diagnose(OWN_MODEL_CASES["llama3_8b_fp8"], torchtitan=launch).notes)
+
+
+def test_the_optimizer_implementation_is_read_refused_outside_torchtitans_choices_and_its_bf16_moments_noted(tmp_path):
+    """``optimizer.implementation`` was not read, from the overrides or a base config: a word torchtitan
+    refuses was diagnosed as runnable, and fused_opt_states_bf16, whose Adam moments torchtitan creates in
+    bfloat16 (OptimizersContainer._register_bf16_optimizer_state_hook, measured here on CPU torch), was priced
+    with fp32 moments without a word. The choices are torchtitan's own Literal."""
+    import ast as python_ast
+    import typing
+
+    import torch
+    from torchtitan.components.optimizer import OptimizersContainer, default_adamw
+
+    from cost_models.model_states import state_bytes
+    from planner.engines.torchtitan.base_config import _read_function
+    from planner.engines.torchtitan.read import OPTIMIZER_IMPLEMENTATIONS
+
+    hint = typing.get_type_hints(OptimizersContainer.Config)["implementation"]
+    assert typing.get_args(hint) == OPTIMIZER_IMPLEMENTATIONS
+
+    # What fused_opt_states_bf16 holds a parameter: its step pre-hook run as the first step runs it.
+    linear = torch.nn.Linear(16, 16)
+    config = default_adamw()
+    config.implementation = "fused_opt_states_bf16"
+    optimizers = OptimizersContainer(config, model_parts=[linear])
+    linear(torch.randn(2, 16)).sum().backward()
+    adamw = optimizers.optimizers[0]
+    for hook in adamw._optimizer_step_pre_hooks.values():
+        hook(adamw, (), {})
+    held = sum(t.element_size() for k, t in adamw.state[linear.weight].items() if k != "step")
+    assert held == 4
+
+    case, pins = ROUND_TRIPS["8b_4_tp"]
+    _, overrides = emitted(case, pins, tmp_path)
+    words = overrides.read_text()
+    plain = diagnose({**case, "search": pins}, torchtitan=overrides)
+    assert not any("optimizer.implementation" in note for note in plain.notes)
+    job = plain.estimate.job
+    assert state_bytes(job.training, job.layout.zero_stage, job.layout.dp).optimizer == 8  # fp32 moments priced
+
+    def with_words(extra: str) -> Path:
+        overrides.write_text(f"{extra}\n{words}")  # before the activation_checkpoint subcommand, which goes last
+        return overrides
+
+    run = diagnose({**case, "search": pins}, torchtitan=with_words("--optimizer.implementation fused_opt_states_bf16"))
+    assert run.estimate.step_time_s == plain.estimate.step_time_s
+    said = [note for note in run.notes if note.startswith("optimizer.implementation fused_opt_states_bf16")]
+    assert len(said) == 1 and "bfloat16" in said[0], run.notes
+    run = diagnose({**case, "search": pins}, torchtitan=with_words("--optimizer.implementation for-loop"))
+    assert any(note.startswith("optimizer.implementation for-loop") for note in run.notes), run.notes
+    with pytest.raises(CaseError, match="OptimizersContainer.Config") as error:
+        diagnose({**case, "search": pins}, torchtitan=with_words("--optimizer.implementation adam8bit"))
+    assert error.value.key == "optimizer.implementation"
+
+    # A registry function's optimizer, replaced whole or edited.
+    source = textwrap.dedent("""
+        def foreach():
+            return Trainer.Config(optimizer=OptimizersContainer.Config(implementation="foreach"))
+        def adamw():
+            config = foreach()
+            config.optimizer = default_adamw(lr=3e-4)
+            return config
+        def bf16():
+            config = adamw()
+            config.optimizer.implementation = "fused_opt_states_bf16"
+            return config
+    """)
+    functions = {node.name: node for node in python_ast.parse(source).body}
+    assert _read_function(functions, "foreach", "f.py", 0).values["optimizer.implementation"] == "foreach"
+    assert "optimizer.implementation" not in _read_function(functions, "adamw", "f.py", 0).values
+    assert _read_function(functions, "bf16", "f.py", 0).values["optimizer.implementation"] == "fused_opt_states_bf16"
+
+    # The line a user adds to the emitted apply_layout.
+    module = tmp_path / "torchtitan_config.py"
+    text = module.read_text()
+    assert "optimizer" not in text.partition("def apply_layout")[2]
+    module.write_text(text.replace("    return config\n", "    config.optimizer.implementation = 'foreach'\n"
+                                                          "    return config\n"))
+    run = diagnose({**case, "search": pins}, torchtitan=module)
+    assert any(note.startswith("optimizer.implementation foreach") for note in run.notes), run.notes

@@ -87,12 +87,16 @@ def read_base(module: str, function: str, beside: Path) -> Optional[BaseConfig]:
 # (deepseek_v3/config_registry.py ``enable_fused_swiglu``: it appends to ``config.override.imports``).
 OVERRIDE_HELPERS = ("enable_fused_swiglu",)
 # Trainer.Config's sections the reader does not read, which a function may set as it likes.
-UNREAD = ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer", "dataloader", "optimizer",
-          "lr_scheduler", "checkpoint", "comm", "validator", "override")
+UNREAD = ("hf_assets_path", "dump_folder", "profiler", "metrics", "tokenizer", "dataloader", "lr_scheduler",
+          "checkpoint", "comm", "validator", "override")
 # DebugConfig (config/configs.py) is read field by field (SECTIONS) as the command line's --debug.<field>:
 # torchtitan runs the base config's value unless an override changes it, and moe_force_load_balance (the
 # routing), batch_invariant (Trainer.Config refuses it), deterministic and detect_anomaly (slower kernels,
 # anomaly checks) change the run.
+# The optimizer section (components/optimizer/optimizer.py): of it the reader reads implementation only, which
+# decides the dtype of Adam's moments (OptimizersContainer.Config; default "fused", as default_adamw leaves it).
+# A call other than these builds an optimizer config the reader cannot see into: its implementation is not read.
+OPTIMIZER_CONFIGS = ("OptimizersContainer.Config", "default_adamw")
 # The model spec's expert dispatch (model_registry's keywords): Trainer.Config._validate_cuda_graphs runs
 # CUDA graphs with expert parallelism only for MinimalAsyncEP, or HybridEP with a non-blocking capacity.
 DISPATCH_KEYWORDS = ("moe_comm_backend", "non_blocking_capacity_factor")
@@ -158,6 +162,23 @@ def _apply(state: dict, path: list[str], value: ast.AST, names: dict) -> bool:
     head = path[0]
     if head in UNREAD:
         return True
+    if head == "optimizer":
+        if len(path) == 1:
+            values.pop("optimizer.implementation", None)  # replaced whole: the new one's, or the default
+            if isinstance(value, ast.Call) and ast.unparse(value.func) in OPTIMIZER_CONFIGS:
+                given = [k for k in value.keywords if k.arg == "implementation"]
+                if given and ast.unparse(value.func) == OPTIMIZER_CONFIGS[0]:
+                    try:
+                        values["optimizer.implementation"] = ast.literal_eval(given[0].value)
+                    except ValueError:
+                        return False
+            return True
+        if path[1:] == ["implementation"]:
+            try:
+                values["optimizer.implementation"] = ast.literal_eval(value)
+            except ValueError:
+                return False
+        return True  # the learning rate, the groups: not priced
     if head in SECTIONS.values():
         if len(path) == 1:
             if not isinstance(value, ast.Call) or SECTIONS.get(ast.unparse(value.func)) != head or value.args:
@@ -261,12 +282,14 @@ def _read_own(path: Path) -> Optional[BaseConfig]:
     state = {"values": values, "ac_mode": None}
     for function in (node for node in tree.body if isinstance(node, ast.FunctionDef)
                      and node.name in ("apply_layout", CONFIG_FUNCTION)):
-        # A debug field set in apply_layout (or the config function) by hand: torchtitan runs it, as it runs a
-        # base config's (DebugConfig; the emitted file sets none). Other edits there are not read.
+        # A debug field or the optimizer's implementation set in apply_layout (or the config function) by hand:
+        # torchtitan runs it, as it runs a base config's (the emitted file sets neither). Other edits there are
+        # not read.
         for node in ast.walk(function):
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
                 chain = _attribute_chain(node.targets[0])
-                if chain and len(chain) > 1 and chain[1] == "debug" and not _apply(state, chain[1:], node.value, {}):
+                if chain and len(chain) > 1 and chain[1] in ("debug", "optimizer") \
+                        and not _apply(state, chain[1:], node.value, {}):
                     return None
     mode = names.get("ACTIVATION_CHECKPOINT")
     model = {name: names[name] for name in MODEL_NAMES if name in names}

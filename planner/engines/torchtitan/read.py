@@ -107,6 +107,25 @@ SLOWER_DEBUG = {"debug.deterministic": "torch.use_deterministic_algorithms(True)
                                        "cuDNN kernels (\"may be slower\", config/configs.py)",
                 "debug.detect_anomaly": "torch.autograd.set_detect_anomaly (\"incurs significant overhead\", "
                                         "config/configs.py)"}
+# OptimizersContainer.Config.implementation's choices (components/optimizer/optimizer.py, a Literal that tyro
+# refuses any other word for) and its default; the estimate prices the default: fused Adam(W) with fp32 moments
+# (model_states.state_bytes), stepped in one pass over the states (optimizer_time.optimizer_time).
+OPTIMIZER_IMPLEMENTATION = "optimizer.implementation"
+OPTIMIZER_IMPLEMENTATIONS = ("for-loop", "foreach", "fused", "fused_opt_states_bf16")
+OPTIMIZER_IMPLEMENTATION_DEFAULT = "fused"
+# What each other choice runs that the estimate does not price (OptimizersContainer: _build_impl_kwargs gives
+# torch.optim.Adam(W) fused= / foreach=; _register_bf16_optimizer_state_hook creates exp_avg and exp_avg_sq in
+# bfloat16 for fused_opt_states_bf16). The cost model's states have no field for bf16 moments beside fp32
+# master weights, so the note says what the run holds instead.
+UNPRICED_IMPLEMENTATIONS = {
+    "fused_opt_states_bf16": "keeps Adam's exp_avg and exp_avg_sq in bfloat16 (OptimizersContainer."
+                             "_register_bf16_optimizer_state_hook): 4 bytes of moments a parameter, priced as fp32's "
+                             "8, so the run holds less optimizer-state memory than estimated",
+    "foreach": "steps with torch's foreach Adam(W) (multi-tensor kernels that write their intermediates), not the "
+               "fused kernel priced, so the optimizer step runs slower",
+    "for-loop": "steps with torch's single-tensor Adam(W) (a chain of kernels a parameter), not the fused kernel "
+                "priced, so the optimizer step runs slower",
+}
 
 # torch.distributed.pipelining.schedules.get_schedule_class's names (case-insensitive), by the stages
 # a rank holds: one (PipelineScheduleSingle) or several (PipelineScheduleMulti). The cost model times
@@ -1320,6 +1339,8 @@ def read(path: Union[str, Path], case) -> Layout:
         raise CaseError(s.src, "debug.batch_invariant", "true (given or set by the base config): torchtitan refuses "
                                                         "the config (Trainer.Config.__post_init__, trainer.py: "
                                                         "batch-invariant mode is not supported in pre-training)")
+    if s.cli:
+        _optimizer_implementation(s)
     _check_training(s, case, d)
     pipeline = _pipeline(s, d.pp, model.num_layers)
     micro = _batch(s, case, d.dp, d.pp)
@@ -1336,6 +1357,19 @@ def read(path: Union[str, Path], case) -> Layout:
     if layout.stage_layers is not None and _default_split(case, layout):
         layout = replace(layout, stage_layers=None, chunk_layers=None)
     return layout
+
+
+def _optimizer_implementation(s: _Settings) -> str:
+    """``optimizer.implementation`` as the command line or its base config sets it; a word outside
+    OptimizersContainer.Config's Literal is refused, as tyro refuses it at parse (or the base config's
+    ``assert config.implementation in [...]``, _build_impl_kwargs, when it builds the optimizers)."""
+    value = s.string(OPTIMIZER_IMPLEMENTATION, OPTIMIZER_IMPLEMENTATION_DEFAULT)
+    if value not in OPTIMIZER_IMPLEMENTATIONS:
+        raise CaseError(s.src, OPTIMIZER_IMPLEMENTATION, f"expected one of {', '.join(OPTIMIZER_IMPLEMENTATIONS)} "
+                                                         f"(OptimizersContainer.Config, components/optimizer/"
+                                                         f"optimizer.py), got {one_line(value, 40)!r}: torchtitan "
+                                                         "refuses it")
+    return value
 
 
 # --- the training settings, and what the reading could not see ----------------------------------
@@ -1486,6 +1520,10 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
         if s.cli and s.switch(key, False):
             notes.append(f"{key} on: torchtitan runs {what}; priced with the default kernels, so the run steps "
                          "slower")
+    implementation = _optimizer_implementation(s) if s.cli else OPTIMIZER_IMPLEMENTATION_DEFAULT
+    if implementation in UNPRICED_IMPLEMENTATIONS:
+        notes.append(f"{OPTIMIZER_IMPLEMENTATION} {implementation}: torchtitan "
+                     f"{UNPRICED_IMPLEMENTATIONS[implementation]}")
     if lay.pp > 1:
         local = s.integer("training.local_batch_size", 8)
         flushes = case.training.global_batch_size // (local * lay.dp)
