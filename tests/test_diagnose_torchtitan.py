@@ -1399,3 +1399,42 @@ def test_the_optimizer_implementation_is_read_refused_outside_torchtitans_choice
                                                           "    return config\n"))
     run = diagnose({**case, "search": pins}, torchtitan=module)
     assert any(note.startswith("optimizer.implementation foreach") for note in run.notes), run.notes
+
+
+def test_a_converter_that_converts_the_lm_head_the_estimate_prices_in_bf16_is_said(tmp_path):
+    """CONVERTERS' filter_fqns / fqns were not compared with what the estimate prices in bf16: filter_fqns []
+    converts the LM head too (torchtitan's module_filter_fn), priced in bf16 without a word. The rule is
+    torchtitan's own: both dimensions divisible by 16 and no filter a substring of the FQN."""
+    import ast as python_ast
+    import importlib.util
+    from types import SimpleNamespace
+
+    from planner.engines.torchtitan.read import _linear_converted
+
+    # torchtitan's module_filter_fn itself, taken from its source: its module imports the MoE dispatchers,
+    # which need triton (absent on CPU); Linear is only its annotation.
+    origin = Path(importlib.util.find_spec("torchtitan").origin).parent / "components/quantization/utils.py"
+    tree = python_ast.parse(origin.read_text())
+    found = [node for node in tree.body if isinstance(node, python_ast.FunctionDef) and node.name == "module_filter_fn"]
+    space = {"Linear": SimpleNamespace(Config=object)}
+    exec(compile(python_ast.Module(body=found, type_ignores=[]), str(origin), "exec"), space)
+    module_filter_fn = space["module_filter_fn"]
+
+    for features, filters in (((4096, 128256), []), ((4096, 128256), ["lm_head"]), ((4096, 128250), []),
+                              ((4100, 128256), ["output"])):
+        config = SimpleNamespace(in_features=features[0], out_features=features[1])
+        assert _linear_converted("Float8LinearConverter", {"filter_fqns": filters}, "lm_head", features) \
+            == module_filter_fn(config, "lm_head", filters)
+
+    case = case_of("llama3-8b", 4, 32, 8192, precision="fp8")
+    emitted(case, {}, tmp_path)
+    module = tmp_path / "torchtitan_config.py"
+    text = module.read_text()
+    assert "'filter_fqns': ['lm_head']" in text or '"filter_fqns": ["lm_head"]' in text
+    plain = diagnose({**case, "search": {}}, torchtitan=module)
+    assert not any("LM head" in note for note in plain.notes), plain.notes
+    module.write_text(text.replace("['lm_head']", "[]").replace('["lm_head"]', "[]"))
+    run = diagnose({**case, "search": {}}, torchtitan=module)
+    said = [note for note in run.notes if "converts the LM head" in note]
+    assert len(said) == 1 and "filter_fqns" in said[0], run.notes
+    assert run.estimate.step_time_s == plain.estimate.step_time_s

@@ -172,6 +172,13 @@ CONVERTER_FIELDS = {"Float8LinearConverter": ("recipe_name", "filter_fqns", "emu
                     "Float8GroupedExpertsConverter": (),
                     "MXFP8LinearConverter": ("fqns",), "MXFP8GroupedExpertsConverter": ("recipe_name", "pad_multiple"),
                     "NVFP4LinearConverter": ("fqns",)}
+# The linears the estimate prices in bf16 whatever the recipe (cost_models.kernels.high_precision_precision: the
+# LM head, the MoE router's gate), by their FQN in torchtitan 0.3.0's model config (models/common/decoder.py
+# lm_head; models/common/moe.py Router.Config gate under layers.N.moe.router), with (in, out) features.
+BF16_PRICED_LINEARS = {"lm_head": ("LM head", lambda m: (m.hidden_size, m.vocab_size)),
+                       "layers.0.moe.router.gate": ("MoE router's gate", lambda m: (m.hidden_size, m.num_experts))}
+# Float8LinearConverter's filter_fqns word that swaps module_filter_fn for torchao's size heuristic.
+AUTO_FILTER = "auto_filter_small_kn"
 # Float8LinearConverter.Config.recipe_name's default (components/quantization/float8.py).
 FLOAT8_RECIPE_DEFAULT = "rowwise"
 # Where each release keeps the float8 recipe: 0.1's [float8], 0.2's [quantize.linear.float8].
@@ -1359,6 +1366,50 @@ def read(path: Union[str, Path], case) -> Layout:
     return layout
 
 
+def _linear_converted(name: str, fields: dict, fqn: str, features: tuple[int, int]) -> Optional[bool]:
+    """Whether a linear converter of CONVERTERS converts the linear ``fqn`` of ``features`` (in, out), as
+    torchtitan 0.3.0 decides: Float8LinearConverter by module_filter_fn (components/quantization/utils.py: both
+    dimensions divisible by 16, no filter_fqns entry a substring of the FQN); MXFP8LinearConverter and
+    NVFP4LinearConverter by their fqns (mx.py, nvfp4.py convert: all where empty, else those an entry is a
+    substring of). None where it cannot say: torchao's auto filter (``auto_filter_small_kn``) or fields not
+    lists of strings (refused or said elsewhere)."""
+    key = "filter_fqns" if name == "Float8LinearConverter" else "fqns"
+    words = fields.get(key, [])
+    if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) for w in words):
+        return None
+    if name == "Float8LinearConverter":
+        if AUTO_FILTER in words:
+            return None
+        return all(f % 16 == 0 for f in features) and not any(word in fqn for word in words)
+    if name in ("MXFP8LinearConverter", "NVFP4LinearConverter"):
+        return not words or any(word in fqn for word in words)
+    return False
+
+
+def _converted_beyond_scope(entries: Any, model) -> list[str]:
+    """A note for each linear the estimate prices in bf16 (BF16_PRICED_LINEARS) that the planner's
+    CONVERTERS converts all the same: the cost model keeps the LM head and the router in high precision
+    (kernels.high_precision_precision), so a file that converts them runs them in low precision, priced bf16."""
+    if not isinstance(entries, (list, tuple)):
+        return []
+    notes = []
+    for entry in entries:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[1], dict)):
+            continue
+        name, fields = entry
+        for fqn, (what, features) in BF16_PRICED_LINEARS.items():
+            if "router" in fqn and not model.is_moe:
+                continue
+            if _linear_converted(name, fields, fqn, features(model)):
+                key = "filter_fqns" if name == "Float8LinearConverter" else "fqns"
+                given = fields.get(key, [])
+                notes.append(f"CONVERTERS: {name} {key} {given!r} converts the {what} ({fqn.replace('layers.0.', 'layers.N.')}) "
+                             f"to {CONVERTER_CLASSES[name][0]} too (torchtitan's "
+                             f"{'module_filter_fn' if key == 'filter_fqns' else 'fqns substring match'}): priced in "
+                             f"bf16, as the cost model keeps it, so the run's {what} GEMMs step faster than estimated")
+    return notes
+
+
 def _optimizer_implementation(s: _Settings) -> str:
     """``optimizer.implementation`` as the command line or its base config sets it; a word outside
     OptimizersContainer.Config's Literal is refused, as tyro refuses it at parse (or the base config's
@@ -1546,6 +1597,7 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
         notes.append("CONVERTERS: Float8LinearConverter emulate True runs float8 emulated (torchao's "
                      "Float8LinearConfig(emulate=True), \"for test purpose only\"), not on fp8 tensor cores: priced "
                      f"in the case's {job.training.precision}, so the run steps slower")
+    notes += _converted_beyond_scope(entries, job.model)
     if s.cli and job.training.recipe is not None and s.own_model is None:
         # The planner's own config module carries them (CONVERTERS), read and checked by _check_own_model.
         notes.append(f"{path.name}: torchtitan's quantization converters are no command-line option (the model "
