@@ -7,7 +7,11 @@ where a source publishes it) and ships its 10th and 90th percentiles with the cl
 (``planner/published/bands.yaml``, written by ``validate-published --write-bands``). A job's
 80 % band is its prediction times those two ratios, from the most specific class with at least
 MIN_RUNS runs: a class with fewer falls back to its parent (the nodes dropped, then dense or
-experts, then the precision, then the GPU generation, then the engine).
+experts, then the precision, then the GPU generation, then the engine). A band says which of the
+job's keys it dropped (:attr:`Band.dropped`): a band of another class is not the job's own. Every
+published run ran on GPUs; a job on CPUs (a profile `calibrate` measured on them) gets no band at all,
+for no published run says how far the model is off on a device of that kind, and falling back to all
+runs would quote the GPUs' spread as if it were its own.
 
 The same file holds the gap below which the model cannot tell two layouts apart
 (:func:`indistinguishable_gap`): from the published layout sweeps, every pair of measured
@@ -50,6 +54,17 @@ GENERATIONS = (("a100", "ampere"), ("h100", "hopper"), ("h200", "hopper"), ("h80
                ("mi300", "cdna3"), ("mi325", "cdna3"), ("mi355", "cdna4"), ("v100", "volta"))
 PRECISION_FAMILIES = {"fp32": "16-bit or wider", "bf16": "16-bit or wider", "fp16": "16-bit or wider",
                       "fp8": "8-bit", "mxfp8": "8-bit", "nvfp4": "4-bit"}
+
+
+# What calibration/worker.py names the device of a profile measured on CPUs ("CPU: " and the CPU model).
+CPU_DEVICE_PREFIX = "CPU: "
+NO_BAND = "no published run was measured on CPUs, so none says how far the model is off on them"
+
+
+def on_cpus(cluster: ClusterSpec) -> bool:
+    """Whether the job's devices are CPUs: a profile `calibrate` measured on them (its machine's device,
+    the GPU spec's name, is "CPU: <model>", calibration/worker.py)."""
+    return cluster.gpu.name.startswith(CPU_DEVICE_PREFIX)
 
 
 def generation(gpu_name: str) -> str:
@@ -219,46 +234,74 @@ def _lookup(table: list[dict], cls: dict[str, str], keys: Sequence[str]) -> dict
 
 @dataclass(frozen=True)
 class Band:
-    """Measured / predicted at the 10th and 90th percentiles, over ``runs`` published runs of ``of``."""
+    """Measured / predicted at the 10th and 90th percentiles, over ``runs`` published runs of ``of``;
+    ``dropped``: the job's own (key, value) pairs the band's class leaves out, in KEYS' order, because
+    fewer than MIN_RUNS runs shared them (empty where the band is the job's whole class)."""
 
     low: float
     high: float
     runs: int
     of: str
+    dropped: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"low": self.low, "high": self.high, "runs": self.runs, "class": self.of}
+        return {"low": self.low, "high": self.high, "runs": self.runs, "class": self.of,
+                "dropped": dict(self.dropped)}
+
+    def text(self) -> str:
+        """The runs the band is drawn from, as a report says them: the class, or the class it fell
+        back to and which of the job's keys it dropped."""
+        if not self.dropped:
+            return f"{self.runs:,} published runs of this class: {self.of}"
+        key, value = self.dropped[0]
+        runs = f"all {self.runs:,} published runs" if self.of == "all runs" else \
+            f"{self.runs:,} published runs of {self.of}"
+        return (f"{runs}; fewer than {MIN_RUNS} of them share its {key} "
+                f"({value}): {', '.join(k for k, _ in self.dropped)} dropped")
 
 
-def throughput_band(job: Job) -> Band:
-    entry = _lookup(_load()["throughput"], class_of(job), KEYS)
-    return Band(entry["p10"], entry["p90"], entry["runs"], _name(entry["class"], list(entry["class"])))
+def _band(entry: dict, cls: dict[str, str], keys: Sequence[str]) -> Band:
+    level = len(entry["class"])
+    return Band(entry["p10"], entry["p90"], entry["runs"], _name(entry["class"], list(entry["class"])),
+                tuple((k, cls[k]) for k in keys[level:]))
 
 
-def memory_band(job: Job) -> Band:
+def throughput_band(job: Job) -> Optional[Band]:
+    """The job's 80 % tokens/s band, None on CPUs (module docstring)."""
+    if on_cpus(job.cluster):
+        return None
+    cls = class_of(job)
+    return _band(_lookup(_load()["throughput"], cls, KEYS), cls, KEYS)
+
+
+def memory_band(job: Job) -> Optional[Band]:
     return memory_band_of(job.model, job.cluster, job.training)
 
 
 @functools.lru_cache(maxsize=256)
-def memory_band_of(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> Band:
-    """The memory band of a job of these specs. Cached on them: every fit test of a search asks for
-    it (search_memory.fit_limit, 4,000 times a three-engine plan), of a few specs, each deriving
-    its class again."""
+def memory_band_of(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> Optional[Band]:
+    """The memory band of a job of these specs, None on CPUs (module docstring). Cached on them: every
+    fit test of a search asks for it (search_memory.fit_limit, 4,000 times a three-engine plan), of a
+    few specs, each deriving its class again."""
+    if on_cpus(cluster):
+        return None
     cls = class_of_parts(model, cluster, training)
     return _memory_band(tuple(cls[k] for k in MEMORY_KEYS))
 
 
 @functools.lru_cache(maxsize=None)
 def _memory_band(key: tuple) -> Band:
-    entry = _lookup(_load()["memory"], dict(zip(MEMORY_KEYS, key)), MEMORY_KEYS)
-    return Band(entry["p10"], entry["p90"], entry["runs"], _name(entry["class"], list(entry["class"])))
+    cls = dict(zip(MEMORY_KEYS, key))
+    return _band(_lookup(_load()["memory"], cls, MEMORY_KEYS), cls, MEMORY_KEYS)
 
 
 def fit_limit(usable: float, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> float:
     """The most a layout's predicted peak may be and still be said to fit: what the allocator may
     hold (``usable``), over the memory band's low end. Above it even the low end of the band
-    overflows: the layout does not fit. Between ``usable / high`` and it, the layout is at risk."""
-    return usable / memory_band_of(model, cluster, training).low
+    overflows: the layout does not fit. Between ``usable / high`` and it, the layout is at risk.
+    With no band (CPUs) the prediction is all there is: it fits where the predicted peak does."""
+    band = memory_band_of(model, cluster, training)
+    return usable if band is None else usable / band.low
 
 
 def indistinguishable_gap() -> float:

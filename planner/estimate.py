@@ -13,7 +13,7 @@ from cost_models.step_time import StepTime, model_flops_per_step, step_time
 from cost_models.specs import Job, Layout, SpecError
 
 from .api_values import CaseArg
-from .bands import Band, memory_band, throughput_band
+from .bands import NO_BAND, Band, memory_band, throughput_band
 from .case import LAYOUT_UNSET_TEXT, Case, layout_to_mapping, load_case, profile_warnings, spec_errors
 from .engines import ENGINES
 from .errors import CaseError
@@ -129,20 +129,22 @@ class Estimate:
         return self.overflows is None
 
     @property
-    def memory_band(self) -> Band:
+    def memory_band(self) -> Optional[Band]:
+        """None on CPUs, which no published run measured (``planner.bands``)."""
         return memory_band(self.job)
 
     @property
-    def throughput_band(self) -> Band:
+    def throughput_band(self) -> Optional[Band]:
+        """None on CPUs, which no published run measured (``planner.bands``)."""
         return throughput_band(self.job)
 
     @property
-    def tokens_per_s_band(self) -> tuple[float, float]:
+    def tokens_per_s_band(self) -> Optional[tuple[float, float]]:
         """The 80 % band of the tokens/s, low end first: the prediction times the 10th and 90th
         percentiles of measured / predicted over published runs of its class (docs/robust-plans.md,
-        ``planner.bands``). `estimate`'s, `plan`'s and `size`'s, one formula."""
+        ``planner.bands``); None where there is no band. `estimate`'s, `plan`'s and `size`'s, one formula."""
         band = self.throughput_band
-        return (self.tokens_per_s * band.low, self.tokens_per_s * band.high)
+        return None if band is None else (self.tokens_per_s * band.low, self.tokens_per_s * band.high)
 
     @property
     def memory_verdict(self) -> str:
@@ -208,8 +210,9 @@ class Estimate:
                 "peak_bytes": whole_bytes(self.peak.total),
                 # the 80 % band: the peak times the 10th and 90th percentiles of measured / predicted
                 # peaks of published runs of this class (planner/bands.py)
-                "peak_band_bytes": [whole_bytes(self.peak.total * b) for b in (mem.low, mem.high)],
-                "band": mem.to_dict(),
+                "peak_band_bytes": None if mem is None else
+                [whole_bytes(self.peak.total * b) for b in (mem.low, mem.high)],
+                "band": None if mem is None else mem.to_dict(),
                 "capacity_bytes": whole_bytes(self.capacity_bytes),
                 "usable_bytes": whole_bytes(self.usable_bytes),
                 # the CUDA context and NCCL's buffers, beside the allocator's peak (``Overheads.cuda_context``)
@@ -229,10 +232,12 @@ class Estimate:
             "nvlink_domains_spanned": domains_spanned(self.job.cluster, self.job.layout),
             "grad_accum": self.job.grad_accum,
             "step_time_s": self.step_time_s,
-            "step_time_band_s": [self.step_time_s / band.high, self.step_time_s / band.low],
+            "step_time_band_s": None if band is None else [self.step_time_s / band.high, self.step_time_s / band.low],
             "tokens_per_s": self.tokens_per_s,
-            "tokens_per_s_band": list(self.tokens_per_s_band),
-            "band": band.to_dict(),
+            "tokens_per_s_band": None if band is None else list(self.tokens_per_s_band),
+            "band": None if band is None else band.to_dict(),
+            # Why the three above (and memory's band) are null: CPUs, which no published run measured.
+            "no_band": NO_BAND if band is None else None,
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "mfu": self.mfu,
             "mfu_bf16": self.mfu_bf16,

@@ -212,9 +212,9 @@ class Plan:
     @property
     def days_band(self) -> Optional[tuple[float, float]]:
         """The days at the ends of the best's 80 % tokens/s band, fast end first, as `size`'s days_band
-        gives them; None where ``days`` is."""
-        return None if self.tokens is None or self.best is None else \
-            run_days_band(self.tokens, self.best.tokens_per_s_band)
+        gives them; None where ``days`` is, or where the best has no band (CPUs)."""
+        band = None if self.best is None else self.best.tokens_per_s_band
+        return None if self.tokens is None or band is None else run_days_band(self.tokens, band)
 
     def picked(self, reader: str) -> Estimate:
         """The best, for ``reader`` (a method of the plan's, or a caller that kept only plans with one);

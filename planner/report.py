@@ -11,6 +11,7 @@ from rich.table import Table
 from cost_models.activations import selective_modules
 from cost_models.topology import domains_spanned
 
+from .bands import NO_BAND
 from .case import LAYOUT_UNSET_TEXT
 from .engines import ENGINES
 from .errors import one_line
@@ -139,15 +140,16 @@ def print_estimate(est: Estimate, console: Console) -> None:
     console.print(time)
     for line in est.outside_fitted_runs:
         console.print(f"note: {line}", markup=False)
-    band, (low, high) = est.throughput_band, est.tokens_per_s_band
-    console.print(f"{est.tokens_per_s:,.0f} tokens/s (80% band {low:,.0f}–"
-                  f"{high:,.0f}; {band.runs:,} published runs of this class: "
-                  f"{band.of}), {_tflops(est.model_tflops_per_gpu)} model TFLOP/s per GPU, "
+    band, spread = est.throughput_band, est.tokens_per_s_band
+    said = f"no 80% band: {NO_BAND}" if band is None or spread is None else \
+        f"80% band {spread[0]:,.0f}–{spread[1]:,.0f}; {band.text()}"
+    console.print(f"{est.tokens_per_s:,.0f} tokens/s ({said}), {_tflops(est.model_tflops_per_gpu)} model TFLOP/s per GPU, "
                   f"MFU {est.mfu:.1%}" + (f" ({est.mfu_bf16:.1%} of the bf16 peak)"
                                           if est.job.training.precision == "fp8" and est.mfu_bf16 else ""),
                   markup=False)
     memory = est.memory_band
-    spread = (f"peak {est.peak.total / GB:.1f} GB, 80% band {est.peak.total * memory.low / GB:.1f}–"
+    spread = (f"peak {est.peak.total / GB:.1f} GB of {est.usable_bytes / GB:.1f} GB usable, no 80% band" if memory is None
+              else f"peak {est.peak.total / GB:.1f} GB, 80% band {est.peak.total * memory.low / GB:.1f}–"
               f"{est.peak.total * memory.high / GB:.1f} GB of {est.usable_bytes / GB:.1f} GB usable")
     if est.memory_verdict == "fits":
         console.print(f"[green]fits[/] ({escape(spread)})")
@@ -250,10 +252,10 @@ def print_plan(plan, console: Console) -> None:
     best = plan.best
     print_estimate(best, console)
     if plan.days is not None:  # `size`'s figure, for this layout on these GPUs
-        fast, slow = plan.days_band
-        console.print(f"{count_text(plan.tokens)} tokens: {figure_text(plan.days, 1)} days (80% band "
-                      f"{figure_text(fast, 1)}–{figure_text(slow, 1)}) at {best.tokens_per_s:,.0f} tokens/s",
-                      markup=False)
+        spread = "no 80% band" if plan.days_band is None else \
+            f"80% band {figure_text(plan.days_band[0], 1)}–{figure_text(plan.days_band[1], 1)}"
+        console.print(f"{count_text(plan.tokens)} tokens: {figure_text(plan.days, 1)} days ({spread}) "
+                      f"at {best.tokens_per_s:,.0f} tokens/s", markup=False)
     console.print(f"solver: {plan.status} over {plan.fitting} fitting layouts ({plan.scored} scored)")
     if plan.engines:
         parts = [f"{name} {p.best.tokens_per_s:,.0f} tokens/s ({p.best.memory_verdict}{'; ' + why if why else ''})"

@@ -71,8 +71,10 @@ def fit_limit(job: Job, headroom: float) -> float:
 
 
 def fits_with_margin(job: Job, peak: float, headroom: float) -> bool:
-    """Whether ``peak`` fits at its memory band's upper end (``bands.memory_band``): no risk left."""
-    return peak * memory_band(job).high <= usable_bytes(job, headroom)
+    """Whether ``peak`` fits at its memory band's upper end (``bands.memory_band``): no risk left. With
+    no band (CPUs), where the predicted peak fits: no band straddles the usable memory, none is at risk."""
+    band = memory_band(job)
+    return peak * (1.0 if band is None else band.high) <= usable_bytes(job, headroom)
 
 
 def host_fits(job: Job, headroom: float) -> bool:

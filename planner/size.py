@@ -125,6 +125,10 @@ def size_target(tokens: Any, deadline: Any = None, max_gpus: Any = None, max_nod
                       DEFAULT_ALTERNATIVES if top_k is None else bounded("top_k", top_k, MAX_TOP_K, least=0))
 
 
+def _listed(pair: Optional[tuple[float, float]]) -> Optional[list[float]]:
+    return None if pair is None else list(pair)
+
+
 @dataclass(frozen=True)
 class SizeChoice:
     """A GPU type, a cluster size and its layout, and what the run takes on them."""
@@ -164,23 +168,26 @@ class SizeChoice:
         return None if self.price is None else self.gpu_hours * self.price
 
     @property
-    def tokens_per_s_band(self) -> tuple[float, float]:
-        """The 80 % band of the tokens/s, as `estimate` gives it on this cluster and layout."""
+    def tokens_per_s_band(self) -> Optional[tuple[float, float]]:
+        """The 80 % band of the tokens/s, as `estimate` gives it on this cluster and layout (None on CPUs)."""
         return self.estimate.tokens_per_s_band
 
     @property
-    def days_band(self) -> tuple[float, float]:
+    def days_band(self) -> Optional[tuple[float, float]]:
         """The days at the band's fast and slow ends (``run_days_band``, `plan --tokens`'s too)."""
-        return run_days_band(self.tokens, self.tokens_per_s_band)
+        band = self.tokens_per_s_band
+        return None if band is None else run_days_band(self.tokens, band)
 
     @property
-    def gpu_hours_band(self) -> tuple[float, float]:
+    def gpu_hours_band(self) -> Optional[tuple[float, float]]:
         """The GPU-hours at the band's ends: the GPUs paid for as long as the run takes there."""
-        return tuple(days * 24 * self.gpus_paid for days in self.days_band)  # type: ignore[return-value]
+        days = self.days_band
+        return None if days is None else tuple(d * 24 * self.gpus_paid for d in days)  # type: ignore[return-value]
 
     @property
     def cost_band(self) -> Optional[tuple[float, float]]:
-        return None if self.price is None else tuple(h * self.price for h in self.gpu_hours_band)  # type: ignore
+        hours = self.gpu_hours_band
+        return None if self.price is None or hours is None else tuple(h * self.price for h in hours)  # type: ignore
 
     def trade(self, other: "SizeChoice") -> dict[str, Optional[float]]:
         """``other`` against this choice: each measure as a ratio."""
@@ -226,10 +233,11 @@ class SizeChoice:
                 "cost": self.cost,
                 # The 80 % band of the tokens/s (as `estimate --json` gives it) carried to the days and
                 # the spend: a deadline or a budget read off the point figures alone may be missed.
-                "tokens_per_s_band": list(self.tokens_per_s_band), "days_band": list(self.days_band),
-                "gpu_hours_band": list(self.gpu_hours_band),
-                "cost_band": None if self.cost_band is None else list(self.cost_band),
-                "band": self.estimate.throughput_band.to_dict(), "mfu": self.estimate.mfu,
+                "tokens_per_s_band": _listed(self.tokens_per_s_band), "days_band": _listed(self.days_band),
+                "gpu_hours_band": _listed(self.gpu_hours_band), "cost_band": _listed(self.cost_band),
+                # null on CPUs, which no published run measured (``bands.NO_BAND``)
+                "band": None if (band := self.estimate.throughput_band) is None else band.to_dict(),
+                "mfu": self.estimate.mfu,
                 # `size` times each cluster by its fastest layout: one may fit only at its memory band's low end
                 "memory_verdict": self.estimate.memory_verdict, "peak_bytes": whole_bytes(self.estimate.peak.total)}
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .bands import indistinguishable_gap
+from .bands import NO_BAND, indistinguishable_gap
 from .report import _layout_summary, count_text
 from .size import OBJECTIVE_TEXT, OK, SECONDS_PER_DAY, SizeChoice, Sizing
 from .size_front import DOUBLING_SAVES, FRONT_SPAN
@@ -45,9 +45,11 @@ def _band(choice: SizeChoice) -> str:
     """The tokens/s band carried to the days and the spend, as `plan` words its tokens/s band."""
     band = choice.estimate.throughput_band
     days, hours, cost = choice.days_band, choice.gpu_hours_band, choice.cost_band
+    if band is None or days is None or hours is None:
+        return f"no 80% band: {NO_BAND}"
     costs = f", cost {_figure(cost[0])}–{_figure(cost[1])}" if cost is not None else ""
     return (f"80% band {_figure(days[0], 1)}–{_figure(days[1], 1)} days, {_figure(hours[0])}–{_figure(hours[1])} "
-            f"GPU-hours{costs} ({band.runs:,} published runs of this class: {band.of})")
+            f"GPU-hours{costs} ({band.text()})")
 
 
 def _print_choice(console: Console, choice: SizeChoice, label: str = "",
@@ -56,8 +58,8 @@ def _print_choice(console: Console, choice: SizeChoice, label: str = "",
                   + escape(_layout_summary(choice.estimate.to_dict()["layout"])))
     console.print(escape(_takes(choice)))
     console.print(escape(_band(choice)))
-    slow = choice.days_band[1]
-    if deadline_s is not None and slow * SECONDS_PER_DAY > deadline_s:
+    slow = None if choice.days_band is None else choice.days_band[1]
+    if deadline_s is not None and slow is not None and slow * SECONDS_PER_DAY > deadline_s:
         # The deadline is met by the prediction; the band says how far a measured run may fall short of it.
         console.print(f"[yellow]deadline at risk[/]: at its band's slow end this run takes {_figure(slow, 1)} days, "
                       f"past {escape(duration_text(deadline_s))}")

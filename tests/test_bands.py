@@ -34,7 +34,8 @@ def test_an_estimates_band_is_its_prediction_times_its_class_percentiles():
     entry = shipped("throughput", engine="megatron", generation="hopper", precision="8-bit")
     assert entry["runs"] >= bands.MIN_RUNS
     assert data["band"] == {"low": entry["p10"], "high": entry["p90"], "runs": entry["runs"],
-                            "class": "engine megatron, hopper, 8-bit"}
+                            "class": "engine megatron, hopper, 8-bit",
+                            "dropped": {"experts": "dense", "nodes": "one node"}}
     assert data["tokens_per_s_band"] == pytest.approx([est.tokens_per_s * entry["p10"], est.tokens_per_s * entry["p90"]])
     assert data["step_time_band_s"] == pytest.approx([est.step_time_s / entry["p90"], est.step_time_s / entry["p10"]])
     # No megatron run publishes its peak: every run that does is the memory band's.
@@ -58,13 +59,86 @@ def test_estimate_cli_prints_the_band_and_the_verdict(tmp_path):
     path.write_text(yaml.safe_dump(EIGHT_B_FP8))
     done = run_cli("estimate", str(path))
     assert done.returncode == 0, done.stderr
-    assert "80% band" in done.stdout and "published runs of this class: engine megatron, hopper, 8-bit" \
-        in " ".join(done.stdout.split())
+    # Its band is its parent class's, and the report says so: not "of this class".
+    assert "80% band" in done.stdout and "27 published runs of engine megatron, hopper, 8-bit; fewer than 20 of them " \
+        "share its experts (dense): experts, nodes dropped" in " ".join(done.stdout.split())
     assert "at risk" in done.stdout
     overflowing = tmp_path / "big.yaml"
     overflowing.write_text(yaml.safe_dump({**EIGHT_B_FP8, "training": {**EIGHT_B_FP8["training"], "seq_len": 16384}}))
     refused = run_cli("estimate", "--json", str(overflowing))
     assert refused.returncode == 3 and json.loads(refused.stdout)["memory_verdict"] == "does not fit"
+
+
+def _classes(kind: str) -> list[dict]:
+    return [e["class"] for e in SHIPPED[kind]]
+
+
+@pytest.mark.parametrize("gpu, engine, precision, of, dropped", [
+    # No shipped class of megatron on CDNA3 (no published MI300X run under it): the engine's band.
+    ("mi300x", "megatron", "bf16", "engine megatron",
+     {"generation": "cdna3", "precision": "16-bit or wider", "experts": "dense", "nodes": "one node"}),
+    # No published nvfp4 run: megatron on Blackwell, any precision.
+    ("b200", "megatron", "nvfp4", "engine megatron, blackwell",
+     {"precision": "4-bit", "experts": "dense", "nodes": "one node"}),
+    # Fewer than 20 scored DeepSpeed runs: all runs.
+    ("h100-sxm-80gb", "deepspeed", "bf16", "all runs",
+     {"engine": "deepspeed", "generation": "hopper", "precision": "16-bit or wider", "experts": "dense",
+      "nodes": "one node"}),
+])
+def test_a_band_of_a_class_the_job_falls_outside_names_the_keys_it_dropped(gpu, engine, precision, of, dropped):
+    case = {**EIGHT_B_FP8, "cluster": {"gpu": gpu, "num_gpus": 8},
+            "training": {**EIGHT_B_FP8["training"], "engine": engine, "precision": precision}}
+    band = planner.estimate(case).throughput_band
+    kept = {k: v for k, v in bands.class_of(planner.estimate(case).job).items() if k not in dropped}
+    # The shipped data has the class kept and not the next finer one: the drop is the data's, not the code's.
+    first = next(iter(dropped))
+    assert kept in _classes("throughput") and {**kept, first: dropped[first]} not in _classes("throughput")
+    assert (band.of, dict(band.dropped), band.runs) == (of, dropped, shipped("throughput", **kept)["runs"])
+    assert band.to_dict()["dropped"] == dropped
+
+
+CPU_PROFILE = __import__("pathlib").Path(bands.__file__).parent.parent / "calibration" / "profiles" / "cpu-2core-dev.yaml"
+
+
+def _cpu_case(memory: str = "") -> dict:
+    cluster = {"profile": str(CPU_PROFILE), "num_gpus": 2, **({"memory": memory} if memory else {})}
+    return {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
+            "cluster": cluster, "training": {"global_batch_size": 4, "seq_len": 64, "precision": "fp32"},
+            "layout": {"dp": 2, "micro_batch_size": 1}}
+
+
+def test_a_job_on_cpus_gets_no_band_of_gpu_runs():
+    """Every published run ran on GPUs: a CPU profile's job gets no band, not all runs' (engine any)."""
+    est = planner.estimate(_cpu_case())
+    assert bands.on_cpus(est.job.cluster)
+    assert est.throughput_band is None and est.memory_band is None and est.tokens_per_s_band is None
+    data = est.to_dict()
+    assert (data["band"], data["tokens_per_s_band"], data["step_time_band_s"]) == (None, None, None)
+    assert (data["memory"]["band"], data["memory"]["peak_band_bytes"]) == (None, None)
+    assert data["no_band"] == bands.NO_BAND
+
+
+def test_a_job_on_cpus_fits_where_its_predicted_peak_does():
+    """With no band, nothing straddles the usable memory: a peak just inside it fits (the GPUs' band
+    would have called it at risk) and one just over it does not (their low end, 0.97, would have fitted it)."""
+    est = planner.estimate(_cpu_case())
+    peak, usable, capacity = est.peak.total, est.usable_bytes, est.capacity_bytes
+    per_byte = 1 - est.headroom  # usable grows by this per byte of capacity: the context is a constant
+    for share, verdict in ((1.01, "fits"), (0.99, "does not fit")):
+        memory = capacity + (peak * share - usable) / per_byte
+        again = planner.estimate(_cpu_case(f"{memory:.0f} B"))
+        assert again.peak.total == pytest.approx(peak)
+        assert again.usable_bytes == pytest.approx(peak * share, rel=1e-6)
+        assert again.memory_verdict == verdict and again.fits == (verdict == "fits")
+
+
+def test_estimate_cli_on_cpus_says_there_is_no_band(tmp_path):
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(_cpu_case()))
+    done = run_cli("estimate", str(path))
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert f"no 80% band: {bands.NO_BAND}" in text and "published runs" not in text
 
 
 def test_isotonic_pools_adjacent_violators():
