@@ -67,8 +67,15 @@ def on_cpus(cluster: ClusterSpec) -> bool:
     return cluster.gpu.name.startswith(CPU_DEVICE_PREFIX)
 
 
+# The vendor words a device name starts with where torch.cuda.get_device_name gives it, as a profile
+# `calibrate` measured on GPUs names them ("NVIDIA H100 80GB HBM3", "AMD Instinct MI300X").
+VENDOR_WORDS = ("nvidia ", "amd instinct ", "amd ")
+
+
 def generation(gpu_name: str) -> str:
+    """The generation of a preset's GPU, or of a profile's device as torch names it."""
     name = gpu_name.lower()
+    name = next((name[len(w):] for w in VENDOR_WORDS if name.startswith(w)), name)
     return next((g for prefix, g in GENERATIONS if name.startswith(prefix)), "other")
 
 

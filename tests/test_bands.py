@@ -553,3 +553,14 @@ def test_where_no_engine_fits_the_advice_is_the_engine_that_comes_closest():
     assert alone["torchtitan"].gpus_that_fit < alone["megatron"].gpus_that_fit
     assert (decided.engine, decided.gpus_that_fit) == ("torchtitan", alone["torchtitan"].gpus_that_fit)
     assert "torchtitan's layouts, which come closest of the engines planned" in decided.describe()
+
+
+@pytest.mark.parametrize("device, generation", [
+    ("NVIDIA H100 80GB HBM3", "hopper"), ("NVIDIA A100-SXM4-80GB", "ampere"), ("NVIDIA H200", "hopper"),
+    ("NVIDIA B200", "blackwell"), ("NVIDIA GB200", "blackwell"), ("AMD Instinct MI300X", "cdna3"),
+    ("h100-sxm-80gb", "hopper"), ("NVIDIA GeForce RTX 4090", "other")])
+def test_a_profiles_device_as_torch_names_it_has_its_generation(device, generation):
+    """A profile `calibrate` measured on GPUs names its device as torch.cuda.get_device_name gives it (the
+    driver's product name: "NVIDIA H100 80GB HBM3"), which no preset prefix matched: its band fell back past
+    its generation as an unknown GPU's."""
+    assert bands.generation(device) == generation
