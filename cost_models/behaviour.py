@@ -30,6 +30,13 @@ LOSS_GRADIENT_BYTES = {"megatron": 2.0, "eager": 8.0}
 LOSSES = tuple(LOSS_GRADIENT_BYTES)
 
 
+# DeepEP's NVLink peers: its Buffer joins at most this many consecutive ranks of its group over NVLink and
+# the rest as RDMA ranks (csrc/kernels/configs.cuh:3, NUM_MAX_NVL_PEERS 8; csrc/deep_ep.cpp:160,
+# num_rdma_ranks = max(1, num_ranks / NUM_MAX_NVL_PEERS), at eb9cee7, the commit megatron-core 0.16.1's
+# docker/Dockerfile.ci.dev installs).
+DEEPEP_NVL_PEERS = 8
+
+
 @dataclass(frozen=True)
 class EngineBehaviour:
     __hash__ = cached_hash
@@ -432,6 +439,14 @@ class EngineBehaviour:
     # flex token dispatcher of megatron-core), rather than once per expert
     # (``experts.dispatch_combine_time``).
     hierarchical_dispatch: bool = False
+    # The ranks that dispatch treats as NVLink peers, wherever it runs (``training.expert_dispatch: deepep``
+    # too); the rest of its group it reaches through the NICs, whatever NVLink joins
+    # (``experts.dispatch_links``). DeepEP's, as megatron-core (transformer/moe/fused_a2a.py, get_buffer:
+    # ``Buffer(group, num_nvl_bytes, num_rdma_bytes)``) and NeMo AutoModel (components/moe/megatron/fused_a2a.py)
+    # build its Buffer: :data:`DEEPEP_NVL_PEERS`, with ``allow_mnnvl`` left False, which exports
+    # NVSHMEM_DISABLE_MNNVL=1 (deep_ep/buffer.py:121-123 at eb9cee7), so its RDMA ranks talk over the NICs
+    # even inside a GB200/GB300 NVL72 rack. None: the cluster's whole NVLink domain.
+    hierarchical_dispatch_nvlink_peers: Optional[int] = DEEPEP_NVL_PEERS
     # Context parallelism of a model with sliding-window layers runs as all-to-all (DeepSpeed-Ulysses'
     # exchange of heads for sequence, Jacobs et al. 2023): Transformer Engine's attention with CP asserts
     # cp_comm_type a2a for a window (``attn_forward_func_with_cp``), its ring (p2p) taking full

@@ -38,7 +38,7 @@ from .hardware import ClusterSpec, GPUSpec
 from .layout_spec import Layout
 from .model_spec import ModelSpec
 from .training_spec import TrainingSpec
-from .topology import expert_group_links
+from .topology import GroupLinks, expert_group_links
 
 # Bytes per element of the router's scores: megatron-core computes the logits and the
 # softmax or sigmoid in fp32 (``moe_router_dtype: fp32`` in the Megatron-Bridge MoE recipes).
@@ -276,27 +276,69 @@ def hierarchical_dispatch(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec
         and deepep_group_refusal(etp, ep) is None
 
 
+def dispatch_links(cluster: ClusterSpec, training: TrainingSpec, etp: int, ep: int, hierarchical: bool) -> GroupLinks:
+    """The links the expert-parallel dispatch runs over (``topology.expert_group_links``: stride etp, ep ranks).
+
+    The plain all-to-all (NCCL) reaches every rank of the cluster's NVLink domain over NVLink: on a
+    GB200/GB300 NVL72 rack, all 72. DeepEP does not: its Buffer joins at most NUM_MAX_NVL_PEERS
+    consecutive ranks of its etp·ep group over NVLink and the rest as RDMA ranks
+    (csrc/deep_ep.cpp:160 at eb9cee7, ``num_rdma_ranks = max(1, num_ranks / NUM_MAX_NVL_PEERS)``),
+    which it joins through NVSHMEM with multi-node NVLink disabled unless its Buffer is built with
+    ``allow_mnnvl`` (deep_ep/buffer.py:121-123), and megatron-core builds it without
+    (transformer/moe/fused_a2a.py, get_buffer). So the hierarchical dispatch's NVLink domains are
+    blocks of min(domain, ``EngineBehaviour.hierarchical_dispatch_nvlink_peers``) GPUs, and what
+    leaves them goes through each GPU's NIC at the fabric's all-to-all figure, as between 8-GPU nodes."""
+    peers = training.engine.hierarchical_dispatch_nvlink_peers if hierarchical else None
+    return expert_group_links(cluster, "ep", etp, ep, peers)
+
+
+def _pair_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
+               micro_batch_size: int, ep: int, etp: int, hierarchical: bool) -> float:
+    # One dispatch and one combine over the ep group (dispatch_combine_time, without etp's collectives).
+    size = dispatch_bytes(model, training, tp, cp, micro_batch_size)
+    links = dispatch_links(cluster, training, etp, ep, hierarchical)
+    crossing = None
+    if hierarchical and links.domains > 1:
+        crossing = size / model.moe_top_k * remote_domains_per_token(model, links.domains)
+    return 2 * all_to_all_time(size, links, cluster.gpu.performance, crossing)
+
+
+@lru_cache(maxsize=4096)
+def dispatches_hierarchically(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
+                              micro_batch_size: int, ep: int, etp: int) -> bool:
+    """Whether the job's dispatch runs hierarchically (DeepEP): where the case says ``deepep`` and DeepEP
+    can (:func:`hierarchical_dispatch`); left to an engine that runs it, only where its group spans
+    more than one block of its NVLink peers (:func:`dispatch_links`) and it is no slower than the plain
+    all-to-all, which is what the planner then emits (Megatron: ``flex`` with the deepep backend, else
+    ``alltoall``). Over an NVL72 rack an expert group of 16 to 72 ranks stays on NVLink under the
+    all-to-all, where DeepEP sends its crossing tokens through the NICs."""
+    if not hierarchical_dispatch(model, training, cluster.gpu, etp, ep):
+        return False
+    if training.expert_dispatch == "deepep":
+        return True
+    if dispatch_links(cluster, training, etp, ep, True).domains <= 1:
+        return False  # inside its NVLink peers it prices as the all-to-all, which needs no library
+    return _pair_time(model, training, cluster, tp, cp, micro_batch_size, ep, etp, True) \
+        <= _pair_time(model, training, cluster, tp, cp, micro_batch_size, ep, etp, False)
+
+
 @lru_cache(maxsize=4096)
 def dispatch_combine_time(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, tp: int, cp: int,
                           micro_batch_size: int, ep: int, etp: int) -> float:
     """One dispatch and one combine (a forward pass; the backward runs the same pair reversed)
-    over the links the expert-parallel group spans (``topology.group_shape``: stride etp, ep
-    ranks), with etp's all-gather and reduce-scatter of the routed copies.
+    over the links the expert-parallel group spans (:func:`dispatch_links`), with etp's all-gather
+    and reduce-scatter of the routed copies.
 
     A plain all-to-all sends every copy to its expert's rank: (ep − per-domain)/ep of them
-    leave the domain. A hierarchical dispatch (``EngineBehaviour.hierarchical_dispatch``)
-    sends each token once to each other domain that holds one of its experts
+    leave the domain. A hierarchical dispatch (:func:`dispatches_hierarchically`) sends each
+    token once to each other block of its NVLink peers that holds one of its experts
     (:func:`remote_domains_per_token`) and forwards it there over NVLink; the combine reduces
-    in the domain before sending back (``TrainingSpec.hierarchical_dispatch``)."""
+    in the block before sending back (``TrainingSpec.hierarchical_dispatch``)."""
     perf = cluster.gpu.performance
-    size = dispatch_bytes(model, training, tp, cp, micro_batch_size)
-    links = expert_group_links(cluster, "ep", etp, ep)
-    crossing = None
-    if hierarchical_dispatch(model, training, cluster.gpu, etp, ep) and links.domains > 1:
-        crossing = size / model.moe_top_k * remote_domains_per_token(model, links.domains)
-    time = 2 * all_to_all_time(size, links, perf, crossing)
+    hierarchical = dispatches_hierarchically(model, training, cluster, tp, cp, micro_batch_size, ep, etp)
+    time = _pair_time(model, training, cluster, tp, cp, micro_batch_size, ep, etp, hierarchical)
     if etp > 1:
-        gathered = size * etp
+        gathered = dispatch_bytes(model, training, tp, cp, micro_batch_size) * etp
         links = expert_group_links(cluster, "etp", etp, ep)
         time += collective_time("all_gather", gathered, links, perf) + \
             collective_time("reduce_scatter", gathered, links, perf)

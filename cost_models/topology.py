@@ -13,7 +13,7 @@ rank r on GPU r.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Iterable, Optional
 
@@ -170,9 +170,13 @@ def cp_group_links(cluster: ClusterSpec, tp: int, cp: int) -> GroupLinks:
     return group_links(cluster, Layout(tp=tp, cp=cp, dp=cluster.num_gpus // (tp * cp)), "cp")
 
 
-def expert_group_links(cluster: ClusterSpec, dim: str, etp: int, ep: int) -> GroupLinks:
-    """The links of an etp or ep group (:func:`group_links` without a whole layout)."""
-    return _cluster_group_links(cluster, *expert_group_shape(dim, etp, ep))
+def expert_group_links(cluster: ClusterSpec, dim: str, etp: int, ep: int,
+                       nvlink_peers: Optional[int] = None) -> GroupLinks:
+    """The links of an etp or ep group (:func:`group_links` without a whole layout). ``nvlink_peers``:
+    the ranks the group's collective treats as one NVLink domain, where it reaches fewer than the
+    cluster's (``experts.dispatch_links``): blocks of min(domain, nvlink_peers) consecutive GPUs, the
+    rest of the group through the NICs."""
+    return _cluster_group_links(cluster, *expert_group_shape(dim, etp, ep), nvlink_peers)
 
 
 @lru_cache(maxsize=4096)
@@ -202,8 +206,12 @@ def group_links(cluster: ClusterSpec, layout: Layout, dim: str) -> GroupLinks:
 
 
 @lru_cache(maxsize=4096)
-def _cluster_group_links(cluster: ClusterSpec, stride: int, size: int) -> GroupLinks:
-    return _group_links(_shape(cluster), cluster.fabric, stride, size)
+def _cluster_group_links(cluster: ClusterSpec, stride: int, size: int,
+                         nvlink_peers: Optional[int] = None) -> GroupLinks:
+    shape = _shape(cluster)
+    if nvlink_peers is not None and nvlink_peers < shape.domain:
+        shape = replace(shape, domain=nvlink_peers)
+    return _group_links(shape, cluster.fabric, stride, size)
 
 
 def domains_spanned(cluster: ClusterSpec, layout: Layout) -> dict[str, int]:

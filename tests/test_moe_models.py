@@ -547,3 +547,35 @@ def test_torchtitans_selective_checkpointing_keeps_the_all_to_alls_outputs_not_t
     assert exchanged_token_bytes(job.model, job.training, job.layout) == exchanged + 2 * T * (shared + h)
     local = planner.estimate({**case, "layout": {**case["layout"], "ep": 1}}).job
     assert exchanged_token_bytes(local.model, local.training, local.layout) == 2 * T * (shared + h)
+
+
+def test_deepep_on_an_nvl72_rack_reaches_only_its_8_nvlink_peers_over_nvlink():
+    """DeepEP joins at most 8 consecutive ranks of its group over NVLink (NUM_MAX_NVL_PEERS; csrc/deep_ep.cpp,
+    num_rdma_ranks = max(1, num_ranks / NUM_MAX_NVL_PEERS), at eb9cee7) and the rest through NVSHMEM with
+    multi-node NVLink disabled (deep_ep/buffer.py: NVSHMEM_DISABLE_MNNVL=1 unless allow_mnnvl, which
+    megatron-core's get_buffer does not pass). An expert group of 16 inside one GB200 NVL72 rack was priced
+    as staying on NVLink under DeepEP: it runs as DeepEP does between two 8-GPU nodes with the same NICs,
+    while NCCL's all-to-all keeps all 16 on NVLink, as in one domain holding the whole cluster. Left to
+    Megatron the plan dispatches by the cheaper, the all-to-all, and writes it; told deepep, it writes flex."""
+    from cost_models.experts import dispatch_combine_time
+    from planner.engines.megatron.emit import arguments
+
+    def job(**training):
+        return estimate({"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"gpu": "gb200", "num_gpus": 144},
+                         "training": {"global_batch_size": 288, "seq_len": 4096, "engine": "megatron", **training},
+                         "layout": {"tp": 1, "dp": 144, "ep": 16, "micro_batch_size": 1, "zero_stage": 1}}).job
+
+    def pair(j, nvlink_domain=None):
+        cluster = j.cluster if nvlink_domain is None else \
+            replace(j.cluster, gpu=replace(j.cluster.gpu, nvlink_domain=nvlink_domain))
+        assert cluster.gpu.gpus_per_node == 4 and cluster.gpu.inter_node_bandwidth == j.cluster.gpu.inter_node_bandwidth
+        return dispatch_combine_time(j.model, j.training, cluster, 1, 1, 1, 16, 1)
+
+    deepep, all_to_all, left = job(expert_dispatch="deepep"), job(expert_dispatch="all_to_all"), job()
+    assert pair(deepep) == pytest.approx(pair(deepep, nvlink_domain=8), rel=1e-12)
+    assert pair(all_to_all) == pytest.approx(pair(all_to_all, nvlink_domain=144), rel=1e-12)
+    assert pair(all_to_all) < pair(all_to_all, nvlink_domain=8)  # the all-to-all does use the rack's NVLink
+    assert pair(deepep) > pair(all_to_all)
+    assert pair(left) == pytest.approx(pair(all_to_all), rel=1e-12)
+    assert dict(arguments(left))["--moe-token-dispatcher-type"] == "alltoall"
+    assert dict(arguments(deepep))["--moe-token-dispatcher-type"] == "flex"

@@ -29,7 +29,8 @@ from __future__ import annotations
 from typing import Optional
 
 from cost_models.activations import selective_modules
-from cost_models.experts import hierarchical_dispatch
+from cost_models.behaviour import DEEPEP_NVL_PEERS
+from cost_models.experts import dispatches_hierarchically
 from cost_models.model_states import fp32_gradients
 from cost_models.partition import chunk_layers, rank_chunks
 from cost_models.specs import Job, Layout
@@ -371,32 +372,27 @@ def unstated_architecture(m) -> list[str]:
 def needs_deepep(job: Job) -> bool:
     """Whether the emitted dispatcher is DeepEP's (flex): the case asks for it
     (``training.expert_dispatch: deepep``, which diagnose then reads back), or the estimate priced
-    the hierarchical dispatch and the expert-parallel group spans NVLink domains."""
+    the hierarchical dispatch (``experts.dispatches_hierarchically``: left to the engine, where its
+    group spans more than DeepEP's NVLink peers and that is no slower than the all-to-all)."""
     lay = job.layout
     # The flex dispatcher spans the expert tensor- and expert-parallel groups, and refuses one of a
     # single rank (megatron-core token_dispatcher.py, MoEFlexTokenDispatcher: "requires TPxEP > 1").
     if not (job.model.is_moe and lay.expert_tp * lay.ep > 1):
         return False
-    return job.training.expert_dispatch == "deepep" or bool(
-        hierarchical_dispatch(job.model, job.training, job.cluster.gpu, lay.expert_tp, lay.ep)
-        and domains_spanned(job.cluster, lay).get("ep", 1) > 1)
+    return job.training.expert_dispatch == "deepep" or dispatches_hierarchically(
+        job.model, job.training, job.cluster, lay.tp, lay.cp, lay.micro_batch_size, lay.ep, lay.expert_tp)
 
 
 DEEPEP_NOTE = ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep needs DeepEP "
                "(deepseek-ai/DeepEP) installed beside Megatron-LM: the plan priced its dispatch")
 
 
-# DeepEP's NVLink peers: a Buffer over more ranks than these runs its internode kernels, over RDMA
-# (num_rdma_ranks = max(1, num_ranks / NUM_MAX_NVL_PEERS), csrc/deep_ep.cpp:160, NUM_MAX_NVL_PEERS 8 in
-# csrc/kernels/configs.cuh:3, at eb9cee7, the commit megatron-core 0.16.1's Dockerfile.ci.dev installs).
-DEEPEP_NVL_PEERS = 8
-
-
 def deepep_internode(job: Job) -> bool:
     """Whether the emitted flex dispatcher runs DeepEP's internode kernels: its Buffer spans
     megatron-core's expert tensor- and expert-parallel group (fused_a2a.py, get_buffer), etp·ep ranks,
-    and more than :data:`DEEPEP_NVL_PEERS` of them are several RDMA ranks, which it joins through
-    NVSHMEM with IBGDA (deep_ep/buffer.py:104 at eb9cee7, ``get_num_rdma_ranks() > 1``)."""
+    and more than its NVLink peers (``behaviour.DEEPEP_NVL_PEERS``) of them are several RDMA ranks, which
+    it joins through NVSHMEM with IBGDA (deep_ep/buffer.py:104 at eb9cee7, ``get_num_rdma_ranks() > 1``),
+    over the NICs even where NVLink joins them (an NVL72 rack: megatron-core builds it without ``allow_mnnvl``)."""
     return needs_deepep(job) and job.layout.expert_tp * job.layout.ep > DEEPEP_NVL_PEERS
 
 
@@ -469,9 +465,10 @@ def moe_arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         args.append(("--moe-router-pre-softmax", None))  # TransformerConfig: softmax over one expert has no gradient
     args += [("--expert-model-parallel-size", str(lay.ep)), ("--expert-tensor-parallel-size", str(lay.expert_tp)),
              ("--moe-grouped-gemm", None)]
-    # The dispatch the estimate priced (experts.hierarchical_dispatch: no DeepEP with a capacity factor):
-    # DeepEP's flex dispatcher only where it saves something, an expert group that leaves its NVLink
-    # domain; inside one, it prices as the all-to-all, which needs no library beyond Megatron-LM.
+    # The dispatch the estimate priced (experts.dispatches_hierarchically: no DeepEP with a capacity factor):
+    # DeepEP's flex dispatcher only where it saves something, an expert group that leaves DeepEP's NVLink
+    # peers and runs no slower than the all-to-all (on an NVL72 rack the all-to-all keeps all 72 GPUs on
+    # NVLink, DeepEP 8); inside its peers it prices as the all-to-all, which needs no library beyond Megatron-LM.
     if needs_deepep(job):
         args += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
     else:
