@@ -35,7 +35,6 @@ from cost_models.model_states import fp32_gradients
 from cost_models.partition import chunk_layers, rank_chunks
 from cost_models.specs import Job, Layout
 from cost_models.stage_time import cp_runs_all_to_all
-from cost_models.topology import domains_spanned
 
 from planner.engines import ENGINES
 from planner.errors import CaseError
