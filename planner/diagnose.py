@@ -540,9 +540,10 @@ def _param_gather_left_open(case: Case, as_given: Case, layout, settings: dict) 
 
 def _dispatch_left_open(case: Case, layout) -> Case:
     """``case`` with the expert dispatch left to the engine where the arguments' all-to-all runs inside
-    one NVLink domain: there it prices as DeepEP's (a token crosses no domain), and Megatron's files
-    say alltoall whatever the engine would run across domains (the planner's own do: DeepEP only
-    where it saves something), so the arguments do not decide the dispatch for the planner's best."""
+    one NVLink domain: there an engine left to choose runs the all-to-all too (DeepEP only where it
+    saves something: ``experts.dispatches_hierarchically``), and Megatron's files say alltoall whatever
+    the engine would run across domains, so the arguments do not decide the dispatch for the planner's
+    best."""
     from cost_models.topology import domains_spanned
 
     if case.training.expert_dispatch != "all_to_all" or domains_spanned(case.cluster, layout).get("ep", 1) > 1:
