@@ -89,17 +89,25 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
       weights are the master, their gradients bf16, and the moments take their dtype
       (torch.optim.Adam's ``zeros_like(param)``): 2 + 2 + 4 = 8 bytes for Adam; 10 where the
       engine keeps a bf16 master partition of its own (``EngineBehaviour.bf16_master_partition``).
+    - Adam's moments in bf16 beside the fp32 master (``TrainingSpec.optimizer_moments`` "bf16"):
+      2 bytes each, so the optimizer keeps 4 + 2 + 2 = 8 bytes (4 where the weights are the fp32
+      master): torchtitan's "fused_opt_states_bf16" (components/optimizer/optimizer.py,
+      _register_bf16_optimizer_state_hook: exp_avg and exp_avg_sq ``zeros_like(p,
+      dtype=torch.bfloat16)`` beside the fp32 parameter, stepped by torch's fused mixed-precision
+      Adam kernel).
     """
     moments = 1 if training.optimizer == "sgd" else 2
+    moment_bytes = 2 if training.optimizer_moments == "bf16" else 4
     if not training.master_weights:
         master = 2 if training.engine.bf16_master_partition else 0
         return StateBytes(weights=2, gradients=2, optimizer=master + 2 * moments)
     if weights_are_master(training, zero_stage, shards):
-        return StateBytes(weights=4, gradients=4, optimizer=4 * moments)
+        return StateBytes(weights=4, gradients=4, optimizer=moment_bytes * moments)
     weights = 2.0
     if keeps_weights_quantized(training):  # the linear layers' weights; memory.stage_state_bytes the rest
         weights = training.recipe.quantized_bytes
-    return StateBytes(weights=weights, gradients=4 if fp32_gradients(training) else 2, optimizer=4 + 4 * moments)
+    return StateBytes(weights=weights, gradients=4 if fp32_gradients(training) else 2,
+                      optimizer=4 + moment_bytes * moments)
 
 
 def folds_gradients_into_fp32(job: Job) -> bool:

@@ -14,9 +14,10 @@ from .layout_spec import RECOMPUTE, RECOMPUTE_MODULES, Layout
 from .model_spec import ACTIVATIONS, ATTENTION_TYPES, NORMALIZATIONS, POSITION_EMBEDDINGS, ROUTERS, ModelSpec
 from .placement import moe_layers_per_stage
 from .spec_checks import SpecError
-from .training_spec import EXPERT_DISPATCHES, OPTIMIZERS, PRECISIONS, Overheads, TrainingSpec
+from .training_spec import EXPERT_DISPATCHES, OPTIMIZER_MOMENTS, OPTIMIZERS, PRECISIONS, Overheads, TrainingSpec
 
 __all__ = ["ACTIVATIONS", "ATTENTION_TYPES", "BLOCK_SCALED_FORMATS", "EXPERT_DISPATCHES", "NORMALIZATIONS",
-           "OPTIMIZERS", "POSITION_EMBEDDINGS", "PRECISIONS", "RECOMPUTE", "RECOMPUTE_MODULES", "ROUTERS",
+           "OPTIMIZER_MOMENTS", "OPTIMIZERS", "POSITION_EMBEDDINGS", "PRECISIONS", "RECOMPUTE", "RECOMPUTE_MODULES",
+           "ROUTERS",
            "ClusterSpec", "FabricSpec", "GPUSpec", "HostSpec", "Job", "Layout", "ModelSpec", "Overheads",
            "Performance", "SpecError", "TrainingSpec", "moe_layers_per_stage", "peak_key"]

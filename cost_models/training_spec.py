@@ -14,6 +14,8 @@ from .spec_checks import SpecError, _choice, _positive_int
 
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+# The dtype Adam keeps its two moments in beside fp32 master weights (``TrainingSpec.optimizer_moments``).
+OPTIMIZER_MOMENTS = ("fp32", "bf16")
 # How expert-parallel tokens reach their experts (``TrainingSpec.expert_dispatch``): one
 # all-to-all copy per chosen expert, or DeepEP-style kernels that send a token once to each
 # NVLink domain holding one of its experts and forward it inside the domain.
@@ -60,6 +62,12 @@ class TrainingSpec:
     # bf16 weights themselves and its moments take their dtype, as torch.optim.Adam does for a
     # model built in bf16 (NeMo AutoModel builds its models in config.torch_dtype, bf16).
     master_weights: bool = True
+    # The dtype of Adam's two moments (exp_avg, exp_avg_sq) beside fp32 master weights
+    # (``OPTIMIZER_MOMENTS``). "bf16": 2 bytes each, as torchtitan's optimizer.implementation
+    # "fused_opt_states_bf16" keeps them (components/optimizer/optimizer.py,
+    # _register_bf16_optimizer_state_hook). It changes the numerics, so the case states it: the
+    # planner never picks it.
+    optimizer_moments: str = "fp32"
     # The loss compiled by torch.compile (torchtitan's compile.components "loss"; a script's
     # torch.compile(loss_fn)): inductor fuses its upcast, log-softmax and NLL
     # (``EngineBehaviour.compiled_loss``). None: the engine's default (``loss_compiled``).
@@ -87,6 +95,16 @@ class TrainingSpec:
         _positive_int(s, "seq_len", self.seq_len)
         _choice(s, "precision", self.precision, PRECISIONS)
         _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
+        _choice(s, "optimizer_moments", self.optimizer_moments, OPTIMIZER_MOMENTS)
+        if self.optimizer_moments == "bf16":
+            if self.optimizer == "sgd":
+                raise SpecError(s, "optimizer_moments", "bf16 keeps Adam's two moments in bf16: it needs optimizer "
+                                                        "adam or adamw, not sgd")
+            if not self.master_weights:
+                # Without a master copy the moments already take the bf16 weights' dtype.
+                raise SpecError(s, "optimizer_moments", "bf16 keeps the moments in bf16 beside fp32 master weights: "
+                                                        "it needs master_weights true (without them the moments "
+                                                        "take the weights' bf16 already)")
         if not isinstance(self.engine, EngineBehaviour):
             raise SpecError(s, "engine", f"expected an engine's behaviour, got {self.engine!r}")
         for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather",

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from cost_models.behaviour import LOSSES
-from cost_models.specs import (ACTIVATIONS, ATTENTION_TYPES, EXPERT_DISPATCHES, NORMALIZATIONS, OPTIMIZERS,
+from cost_models.specs import (ACTIVATIONS, ATTENTION_TYPES, EXPERT_DISPATCHES, NORMALIZATIONS, OPTIMIZER_MOMENTS,
+                               OPTIMIZERS,
                                POSITION_EMBEDDINGS, PRECISIONS, RECOMPUTE, ROUTERS, ClusterSpec, Job, Layout, ModelSpec,
                                Overheads, Performance, TrainingSpec)
 from cost_models.memory import usable_bytes
@@ -50,7 +51,8 @@ CASE_ENGINES = tuple(ENGINES)
 
 # The training keys that name one of a few values (read in any letter case: "BF16", "AdamW").
 TRAINING_CHOICES = {"precision": PRECISIONS, "optimizer": OPTIMIZERS, "engine": CASE_ENGINES,
-                    "fp8_recipe": FP8_RECIPES, "expert_dispatch": EXPERT_DISPATCHES, "loss": LOSSES}
+                    "fp8_recipe": FP8_RECIPES, "expert_dispatch": EXPERT_DISPATCHES, "loss": LOSSES,
+                    "optimizer_moments": OPTIMIZER_MOMENTS}
 
 # The model keys that name one of a few values, read as the training's are.
 MODEL_CHOICES = {"activation": ACTIVATIONS, "attention_type": ATTENTION_TYPES, "moe_router": ROUTERS,
@@ -85,7 +87,7 @@ OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidd
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
                  "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_recipe", "fp8_param_gather",
                  "expert_dispatch", "master_weights", "compiled_loss", "fused_attention", "loss_chunks",
-                 "chunked_loss", "loss")
+                 "chunked_loss", "loss", "optimizer_moments")
 
 
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",

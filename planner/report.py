@@ -56,6 +56,8 @@ def describe_layout(est: Estimate) -> str:
     if not job.training.master_weights:
         parts.append("bf16 master weights" if job.training.engine.bf16_master_partition
                      else "no master weights (pure bf16)")
+    if job.training.optimizer_moments != "fp32":
+        parts.append(f"Adam's moments in {job.training.optimizer_moments}")
     if lay.offload_optimizer:
         parts.append("optimizer offloaded" if lay.offload_optimizer == 1
                      else f"{lay.offload_optimizer:.0%} of the optimizer offloaded")

@@ -18,7 +18,7 @@ from cost_models.behaviour import EngineBehaviour
 from cost_models.job import dispatch_refusal
 from cost_models.memory import peak_stage_memory
 from cost_models.quantization import FP8_RECIPES, LOW_PRECISIONS
-from cost_models.specs import EXPERT_DISPATCHES, GPUSpec, Job, ModelSpec, TrainingSpec
+from cost_models.specs import EXPERT_DISPATCHES, OPTIMIZER_MOMENTS, GPUSpec, Job, ModelSpec, TrainingSpec
 
 from planner.errors import CaseError
 
@@ -77,6 +77,9 @@ class EngineSupport:
     # Training without master weights (``training.master_weights: false``): the optimizer steps the
     # bf16 weights themselves, as plain PyTorch does for a model built in bf16.
     pure_bf16: bool = True
+    # The dtypes the engine keeps Adam's moments in beside fp32 master weights
+    # (``training.optimizer_moments``): torch's fused Adam steps bf16 moments beside fp32 parameters.
+    optimizer_moments: tuple[str, ...] = OPTIMIZER_MOMENTS
     # The loss compiled by torch.compile, or not (``training.compiled_loss``): the PyTorch stacks
     # run either; Megatron's and Megatron-DeepSpeed's vocab-parallel cross-entropy is their own.
     compiled_loss: bool = True
@@ -137,6 +140,10 @@ class EngineSupport:
         if not training.master_weights and not self.pure_bf16:
             out.append(("training.master_weights", self.reason(
                 "pure_bf16", "its optimizer keeps master weights beside the bf16 ones")))
+        if training.optimizer_moments not in self.optimizer_moments:
+            out.append(("training.optimizer_moments", self.reason(
+                "optimizer_moments", "its optimizer keeps Adam's moments in")
+                        + f" {', '.join(self.optimizer_moments)}, not {training.optimizer_moments}"))
         return out
 
     def expert_tp_choices(self, tp: int) -> tuple[int, ...]:

@@ -30,6 +30,7 @@ SUPPORT = EngineSupport(
     zero_stages=(0, 1), max_zero_with_pp=1, interleaving=False, context_parallel=False,
     sequence_parallel=(False, True), recompute=("none", "full"), partial_recompute=False,
     expert_parallel=False, fp8_recipes=(), fp8_param_gather=False, pure_bf16=False, compiled_loss=False,
+    optimizer_moments=("fp32",),
     fused_attention=(False,),
     why=(("zero_stages", "nanotron's optimizer.zero_stage is 0 or 1"),
          ("max_zero_with_pp", "nanotron's optimizer.zero_stage is 0 or 1"),
@@ -52,6 +53,9 @@ SUPPORT = EngineSupport(
                         "recipes (training.engine megatron or torchtitan)"),
          ("fp8_param_gather", "nanotron gathers bf16 weights"),
          ("pure_bf16", "nanotron keeps fp32 master weights"),
+         # nanotron's optimizer/ builds torch.optim.Adam(W) over its fp32 master copy: states of its dtype.
+         ("optimizer_moments", "nanotron's Adam keeps its moments in the fp32 master's dtype (torch.optim.AdamW "
+                               "over the fp32 master copy): it keeps them in"),
          ("compiled_loss", "nanotron's loss is its own sharded cross-entropy, not compiled"),
          ("fused_attention", "nanotron's attention is flash-attn 2")),
 )

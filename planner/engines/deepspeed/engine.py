@@ -47,8 +47,13 @@ SUPPORT = EngineSupport(
     # Transformer Engine's fp8_autocast around the model (Megatron-DeepSpeed's TE layers), with
     # TE's per-tensor and block recipes; its ZeRO gathers the bf16 weights.
     fp8_recipes=("delayed", "tensorwise", "blockwise"), fp8_param_gather=False, expert_dispatches=("all_to_all",),
-    compiled_loss=False, losses=LOSSES,
-    why=(("compiled_loss", "Megatron-DeepSpeed computes its loss in Megatron's vocab-parallel cross-entropy, "
+    compiled_loss=False, losses=LOSSES, optimizer_moments=("fp32",),
+    why=(("optimizer_moments", "DeepSpeed keeps bf16 moments only beside bf16 master weights (runtime/config.py: "
+                               "'bf16_optimizer_states requires bf16_master_weights_and_grads'; that is "
+                               "training.master_weights false), and its Adam's moments beside an fp32 master take "
+                               "the master's dtype (DeepSpeedCPUAdam's fp32_optimizer_states false: p.dtype): it "
+                               "keeps them in"),
+         ("compiled_loss", "Megatron-DeepSpeed computes its loss in Megatron's vocab-parallel cross-entropy, "
                            "not a compiled one"),
          ("fp8_recipe", "DeepSpeed's fp8 is Transformer Engine's, whose recipes are"),
          ("expert_dispatch", "DeepSpeed-MoE dispatches with one all-to-all (deepspeed.moe.sharded_moe, _AllToAll): "

@@ -48,8 +48,13 @@ SUPPORT = EngineSupport(
     # Transformer Engine's fp8 recipes as megatron-core 0.16 names them (TransformerConfig.fp8_recipe:
     # tensorwise, delayed, mxfp8, blockwise); torchao's row-wise scaling has no TE counterpart.
     fp8_recipes=("delayed", "tensorwise", "blockwise"),
-    pure_bf16=False, compiled_loss=False, losses=("megatron",), fused_attention=(True,),
-    why=(("activation_offload_with_recompute", ACTIVATION_OFFLOAD_RECOMPUTE),
+    pure_bf16=False, compiled_loss=False, losses=("megatron",), fused_attention=(True,), optimizer_moments=("fp32",),
+    why=(("optimizer_moments", "Megatron keeps bf16 moments only in Transformer Engine's FusedAdam under "
+                               "--use-precision-aware-optimizer (--exp-avg-dtype, --exp-avg-sq-dtype), which keeps "
+                               "the fp32 master as 16-bit remainders beside the bf16 weights "
+                               "(OptimizerConfig.store_param_remainders, on by default, no flag turns it off): "
+                               "not the 4-byte master priced, so it keeps them in"),
+         ("activation_offload_with_recompute", ACTIVATION_OFFLOAD_RECOMPUTE),
          ("activation_offload_with_pipeline", ACTIVATION_OFFLOAD_PIPELINE),
          ("compiled_loss", "Megatron computes its loss in its own fused vocab-parallel cross-entropy "
                            "(tensor_parallel.vocab_parallel_cross_entropy), not a compiled one"),
