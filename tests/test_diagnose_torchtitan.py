@@ -1321,11 +1321,12 @@ def test_an_emulated_float8_converter_is_said_not_priced_as_fp8_tensor_cores(tmp
     assert not any("emulate" in note for note in diagnose(OWN_MODEL_CASES["llama3_8b_fp8"], torchtitan=launch).notes)
 
 
-def test_the_optimizer_implementation_is_read_refused_outside_torchtitans_choices_and_its_bf16_moments_noted(tmp_path):
+def test_the_optimizer_implementation_is_read_refused_outside_torchtitans_choices_and_its_bf16_moments_priced(tmp_path):
     """``optimizer.implementation`` was not read, from the overrides or a base config: a word torchtitan
     refuses was diagnosed as runnable, and fused_opt_states_bf16, whose Adam moments torchtitan creates in
     bfloat16 (OptimizersContainer._register_bf16_optimizer_state_hook, measured here on CPU torch), was priced
-    with fp32 moments without a word. The choices are torchtitan's own Literal."""
+    with fp32 moments, then only noted: it is read as training.optimizer_moments bf16 and priced so. The
+    choices are torchtitan's own Literal."""
     import ast as python_ast
     import typing
 
@@ -1364,9 +1365,18 @@ def test_the_optimizer_implementation_is_read_refused_outside_torchtitans_choice
         return overrides
 
     run = diagnose({**case, "search": pins}, torchtitan=with_words("--optimizer.implementation fused_opt_states_bf16"))
-    assert run.estimate.step_time_s == plain.estimate.step_time_s
-    said = [note for note in run.notes if note.startswith("optimizer.implementation fused_opt_states_bf16")]
-    assert len(said) == 1 and "bfloat16" in said[0], run.notes
+    job = run.estimate.job
+    assert job.training.optimizer_moments == "bf16" and job.layout == plain.estimate.job.layout
+    assert state_bytes(job.training, job.layout.zero_stage, job.layout.dp).optimizer == held  # the moments measured
+    assert run.estimate.peak.optimizer_states == pytest.approx(plain.estimate.peak.optimizer_states / 2)
+    assert not any("optimizer.implementation" in note for note in run.notes), run.notes
+    assert "training.optimizer_moments bf16 (optimizer.implementation)" in run.planned_with
+    # fp32, the case's default, leaves the job's bf16 standing; a case that states bf16 against a job that
+    # keeps fp32 moments is refused, naming the key.
+    with pytest.raises(CaseError, match="keeps Adam's moments in fp32") as error:
+        diagnose({**case, "training": {**case["training"], "optimizer_moments": "bf16"}, "search": pins},
+                 torchtitan=with_words(""))
+    assert error.value.key == "optimizer.implementation"
     run = diagnose({**case, "search": pins}, torchtitan=with_words("--optimizer.implementation for-loop"))
     assert any(note.startswith("optimizer.implementation for-loop") for note in run.notes), run.notes
     with pytest.raises(CaseError, match="OptimizersContainer.Config") as error:
@@ -1399,6 +1409,34 @@ def test_the_optimizer_implementation_is_read_refused_outside_torchtitans_choice
                                                           "    return config\n"))
     run = diagnose({**case, "search": pins}, torchtitan=module)
     assert any(note.startswith("optimizer.implementation foreach") for note in run.notes), run.notes
+
+
+def test_a_plan_with_bf16_moments_is_emitted_as_fused_opt_states_bf16_and_reads_back_priced_so(tmp_path):
+    """training.optimizer_moments bf16 was priced (model_states.state_bytes) but the files ran torchtitan's
+    default fused Adam, with fp32 moments. The overrides and the config module set
+    optimizer.implementation "fused_opt_states_bf16", which torchtitan's OptimizersContainer.Config takes and
+    builds fused (its _build_impl_kwargs), and both read back to the plan's estimate."""
+    from torchtitan.components.optimizer import OptimizersContainer
+
+    case, pins = ROUND_TRIPS["8b_4_tp"]
+    case = {**case, "training": {**case["training"], "optimizer_moments": "bf16"}}
+    best = best_for(case, pins)
+    assert best.job.training.optimizer_moments == "bf16"
+    written = planner.emit(best, "torchtitan", tmp_path / "run")
+    by_name = {p.name: p for p in written.paths}
+    words = override_words(by_name["overrides.txt"])
+    value = words[words.index("--optimizer.implementation") + 1]
+    config = OptimizersContainer.Config(implementation=value)
+    assert OptimizersContainer._build_impl_kwargs(config) == {"fused": True, "foreach": False}
+    for path in (by_name["overrides.txt"], by_name["torchtitan_config.py"]):
+        result = diagnose({**case, "search": pins}, torchtitan=path)
+        assert result.estimate.job.training.optimizer_moments == "bf16", path.name
+        assert result.estimate.step_time_s == best.step_time_s and result.estimate.peak.total == best.peak.total
+        assert result.planned_with is None, path.name
+    # The plain plan writes no optimizer section: torchtitan's default, fused with fp32 moments.
+    plain = planner.emit(best_for(*ROUND_TRIPS["8b_4_tp"]), "torchtitan", tmp_path / "plain")
+    assert not any("optimizer" in p.read_text().partition("def apply_layout")[2]
+                   or "--optimizer." in p.read_text() for p in plain.paths if p.suffix in (".txt", ".py"))
 
 
 def test_a_converter_that_converts_the_lm_head_the_estimate_prices_in_bf16_is_said(tmp_path):

@@ -9,7 +9,7 @@ torchtitan's ``ConfigManager._load_config`` (``config/manager.py``) imports ``M.
 ``TrainingConfig(...)``, ``ParallelismConfig(...)``, ``CompileConfig(...)``, an activation-checkpoint
 config and a loss; or another function's config with sections or fields set on it. Their literal
 fields are read here (:func:`_read_function`). The planner's own config module (``emit.CONFIG_MODULE``,
-beside the launch script) is read the same way: its PARALLELISM, TRAINING and COMPILE dicts and its
+beside the launch script) is read the same way: its PARALLELISM, TRAINING, COMPILE (and OPTIMIZER) dicts and its
 checkpointing and loss chunks, over its own base config; and what its apply_layout rebuilds the model
 spec with (MTP_LAYERS, CONVERTERS), which no command-line option sets.
 
@@ -273,6 +273,8 @@ def _read_own(path: Path) -> Optional[BaseConfig]:
         if not isinstance(table, dict):
             return None
         values.update({f"{section}.{key}": value for key, value in table.items()})
+    if isinstance(names.get("OPTIMIZER"), dict):  # written where the plan keeps Adam's moments in bf16
+        values.update({f"optimizer.{key}": value for key, value in names["OPTIMIZER"].items()})
     if names.get("LOSS_CHUNKS") is not None and not isinstance(names["LOSS_CHUNKS"], NotLiteral):
         values["loss.num_chunks"] = names["LOSS_CHUNKS"]
         # apply_layout: LOSS_CHUNKS 1 is the loss on whole logits unless CHUNKED_LOSS keeps the wrapper

@@ -247,6 +247,11 @@ def settings(estimate) -> dict[str, Any]:
                        # Async TP pipelines the TP collectives with their matmuls; torchtitan builds it
                        # with torch.compile of the model (CompileConfig refuses it otherwise).
                        "enable_async_tensor_parallel": bool(training.tp_comm_overlap and lay.tp > 1)}}
+    if training.optimizer_moments == "bf16":
+        # OptimizersContainer's step pre-hook creates Adam's exp_avg and exp_avg_sq in bfloat16 beside the
+        # float32 parameters (components/optimizer/optimizer.py, _register_bf16_optimizer_state_hook), as
+        # model_states.state_bytes prices them.
+        out["optimizer"] = {"implementation": "fused_opt_states_bf16"}
     if training.recipe is not None:
         out["converters"] = converters(job)
     if needs_flex_attention(job):
@@ -288,7 +293,7 @@ def overrides(estimate) -> list[list[str]]:
     (a tyro union) comes last, since options after it belong to its scope."""
     s = settings(estimate)
     out = []
-    for section in ("parallelism", "training", "compile"):
+    for section in ("parallelism", "training", "compile", "optimizer"):
         for key, value in s.get(section, {}).items():
             out.append(_cli_option(section, key, value))
     chunks = s.get("loss_chunks", BASE_LOSS_CHUNKS)
@@ -398,6 +403,8 @@ def _config_module(estimate, header: list[str]) -> str:
         + block("PARALLELISM", s["parallelism"]) + "\n"
         + block("TRAINING", s["training"]) + "\n"
         + block("COMPILE", s.get("compile", {})) + "\n"
+        # Written only where the plan keeps Adam's moments in bf16 (fused_opt_states_bf16).
+        + (block("OPTIMIZER", s["optimizer"]) + "\n" if "optimizer" in s else "")
         + f"ACTIVATION_CHECKPOINT = {python_literal(s['activation_checkpoint'])}  # none | selective | full\n\n"
         + converter_block
         + "def apply_layout(config):\n"
@@ -408,6 +415,8 @@ def _config_module(estimate, header: list[str]) -> str:
         "        setattr(config.training, key, value)\n"
         "    for key, value in COMPILE.items():\n"
         "        setattr(config.compile, key, value)\n"
+        + ("    for key, value in OPTIMIZER.items():\n"
+           "        setattr(config.optimizer, key, value)\n" if "optimizer" in s else "") +
         "    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC\n\n"
         "    config.activation_checkpoint = {\n"
         '        "none": None, "selective": SelectiveAC.Config(), "full": FullAC.Config(),\n'

@@ -113,14 +113,13 @@ SLOWER_DEBUG = {"debug.deterministic": "torch.use_deterministic_algorithms(True)
 OPTIMIZER_IMPLEMENTATION = "optimizer.implementation"
 OPTIMIZER_IMPLEMENTATIONS = ("for-loop", "foreach", "fused", "fused_opt_states_bf16")
 OPTIMIZER_IMPLEMENTATION_DEFAULT = "fused"
+# The choice that keeps Adam's moments in bfloat16 (OptimizersContainer._register_bf16_optimizer_state_hook
+# creates exp_avg and exp_avg_sq so for the fused kernel's mixed-precision path): read as
+# training.optimizer_moments bf16 and priced so (model_states.state_bytes).
+BF16_MOMENTS_IMPLEMENTATION = "fused_opt_states_bf16"
 # What each other choice runs that the estimate does not price (OptimizersContainer: _build_impl_kwargs gives
-# torch.optim.Adam(W) fused= / foreach=; _register_bf16_optimizer_state_hook creates exp_avg and exp_avg_sq in
-# bfloat16 for fused_opt_states_bf16). The cost model's states have no field for bf16 moments beside fp32
-# master weights, so the note says what the run holds instead.
+# torch.optim.Adam(W) fused= / foreach=).
 UNPRICED_IMPLEMENTATIONS = {
-    "fused_opt_states_bf16": "keeps Adam's exp_avg and exp_avg_sq in bfloat16 (OptimizersContainer."
-                             "_register_bf16_optimizer_state_hook): 4 bytes of moments a parameter, priced as fp32's "
-                             "8, so the run holds less optimizer-state memory than estimated",
     "foreach": "steps with torch's foreach Adam(W) (multi-tensor kernels that write their intermediates), not the "
                "fused kernel priced, so the optimizer step runs slower",
     "for-loop": "steps with torch's single-tensor Adam(W) (a chain of kernels a parameter), not the fused kernel "
@@ -204,7 +203,8 @@ KEY_OF_FIELD = {
 }
 # Where it states the training settings read_training reads.
 SETTING_KEYS = {"compiled_loss": "compile.components", "tp_comm_overlap": "compile.enable_async_tensor_parallel",
-                "loss_chunks": "loss.num_chunks", "chunked_loss": "loss.num_chunks"}
+                "loss_chunks": "loss.num_chunks", "chunked_loss": "loss.num_chunks",
+                "optimizer_moments": "optimizer.implementation"}
 
 
 @dataclass(frozen=True)
@@ -1437,7 +1437,9 @@ def read_training(path: Union[str, Path], case) -> dict:
     - ``loss_chunks``: ``loss.num_chunks`` where the command line sets it; 1 for a 0.1 or 0.2 job file;
     - ``chunked_loss`` (where ``loss_chunks`` is 1): whether that 1 is ChunkedLossWrapper's
       (``--loss.num_chunks 1``), which runs its one chunk as it runs eight (``activations.chunked_loss``),
-      or a loss on whole logits (a job file, a base config's CrossEntropyLoss)."""
+      or a loss on whole logits (a job file, a base config's CrossEntropyLoss);
+    - ``optimizer_moments``: bf16 where ``optimizer.implementation`` is "fused_opt_states_bf16" (on the
+      command line or in its base config), fp32 otherwise."""
     path = Path(path)
     s = _load(path)
     enabled = s.switch("compile.enable", False) or (not s.cli and s.switch("training.compile", False))
@@ -1450,6 +1452,8 @@ def read_training(path: Union[str, Path], case) -> dict:
         raise CaseError(s.src, async_key, "needs the model compiled (compile.enable, with \"model\" in "
                                           "compile.components): torchtitan refuses async TP otherwise")
     settings: dict = {"compiled_loss": enabled and "loss" in components}
+    implementation = _optimizer_implementation(s) if s.cli else OPTIMIZER_IMPLEMENTATION_DEFAULT
+    settings["optimizer_moments"] = "bf16" if implementation == BF16_MOMENTS_IMPLEMENTATION else "fp32"
     if s.integer("parallelism.tensor_parallel_degree", 1) > 1:
         settings["tp_comm_overlap"] = async_tp
     if not s.cli:
@@ -1474,6 +1478,8 @@ def _left_open(training, key: str, value: bool) -> bool:
         return said is False and value is True
     if key == "chunked_loss":  # read only as true (one chunk in the wrapper), which no engine defaults to
         return said is None and value is True
+    if key == "optimizer_moments":  # fp32 is the default, as tp_comm_overlap's false: the job's bf16 stands
+        return said == "fp32" and value == "bf16"
     return said is None and value != getattr(training.engine, key)  # the engine's field of the same name
 
 
@@ -1492,7 +1498,9 @@ def with_training(case, path: Union[str, Path], settings: dict):
                     "tp_comm_overlap": "runs async TP" if value else "runs TP without async TP",
                     "loss_chunks": f"runs its LM head and loss in {value} sequence chunk(s)",
                     "chunked_loss": "runs its LM head and loss in ChunkedLossWrapper (one chunk)" if value
-                    else "runs its loss on whole logits"}[key]
+                    else "runs its loss on whole logits",
+                    "optimizer_moments": "keeps Adam's moments in bf16 (fused_opt_states_bf16)" if value == "bf16"
+                    else "keeps Adam's moments in fp32 (an implementation other than fused_opt_states_bf16)"}[key]
             raise CaseError(str(path), SETTING_KEYS[key], f"the job {runs}, but the case {case.source} says "
                                                           f"training.{key}: {str(said).lower()}")
     return replace(case, training=replace(requested, **changes)) if changes else case
