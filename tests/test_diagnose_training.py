@@ -75,6 +75,25 @@ def test_an_fp16_runs_16_bit_reduction_is_not_said_to_be_bf16s_flag(tmp_path):
     assert "gradients reduced in fp32 (an fp32 run" in said and "bf16 (" not in said
 
 
+@pytest.mark.parametrize("extra, expected", [
+    # One moment in bf16, the other fp32 (the default), and both: TE's FusedAdam under the precision-aware
+    # optimizer, whose fp32 master it keeps as 16-bit remainders (OptimizerConfig.store_param_remainders).
+    ("--use-precision-aware-optimizer --exp-avg-dtype bf16", "--exp-avg-dtype: bf16: Adam's moments in bf16"),
+    ("--use-precision-aware-optimizer --exp-avg-sq-dtype bf16", "--exp-avg-sq-dtype: bf16: Adam's moments in bf16"),
+    ("--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", "16-bit remainders"),
+    # Without it OptimizerConfig.__post_init__ asserts fp32.
+    ("--exp-avg-sq-dtype bf16", "--exp-avg-sq-dtype: bf16 needs --use-precision-aware-optimizer"),
+])
+def test_adams_moments_in_another_dtype_are_refused_not_priced_as_fp32(tmp_path, extra, expected):
+    """--exp-avg-dtype and --exp-avg-sq-dtype were not read: a launch keeping Adam's moments in bf16 was
+    priced with fp32 moments (and 4-byte master weights) without a word."""
+    case, args = files(tmp_path, ARGS + extra + "\n")
+    with pytest.raises(CaseError, match="^.*" + expected.replace("(", r"\(").replace(")", r"\)")):
+        diagnose(case, megatron_args=args)
+    case, args = files(tmp_path, ARGS + "--use-precision-aware-optimizer --exp-avg-dtype fp32\n")
+    assert diagnose(case, megatron_args=args).estimate.job.training.optimizer_moments == "fp32"
+
+
 def test_a_case_that_contradicts_the_arguments_is_refused_naming_both(tmp_path):
     case, args = files(tmp_path, ARGS, {**CASE, "training": {**CASE["training"], "fp32_grads": False}})
     with pytest.raises(CaseError, match=r"args.txt: --grad-reduce-in-bf16: the arguments' Megatron-LM reduces "

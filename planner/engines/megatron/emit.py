@@ -67,7 +67,7 @@ STR_FLAGS = ("--pipeline-model-parallel-layout", "--recompute-granularity", "--r
              "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--data-parallel-sharding-strategy",
              "--optimizer-offload-fraction", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
              "--main-grads-dtype", "--megatron-fsdp-main-grads-dtype", "--moe-token-dispatcher-type",
-             "--moe-flex-dispatcher-backend",
+             "--moe-flex-dispatcher-backend", "--exp-avg-dtype", "--exp-avg-sq-dtype",
              "--normalization", "--position-embedding-type", "--window-size", "--optimizer",
              "--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor",
              "--window-attn-skip-freq", "--moe-layer-freq", "--tokenizer-type", "--attention-backend",
@@ -84,7 +84,7 @@ BOOL_FLAGS = (
     "--overlap-moe-expert-parallel-comm", "--moe-enable-deepep", "--overlap-grad-reduce", "--overlap-param-gather",
     "--qk-layernorm", "--multi-latent-attention", "--moe-layer-recompute", "--moe-grouped-gemm",
     "--moe-pad-expert-input-to-capacity", "--moe-router-enable-expert-bias", "--moe-router-force-load-balancing",
-    "--qk-l2-norm", "--add-qkv-bias", "--fine-grained-activation-offloading",
+    "--qk-l2-norm", "--add-qkv-bias", "--fine-grained-activation-offloading", "--use-precision-aware-optimizer",
 )
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
                  "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split"}

@@ -1372,6 +1372,20 @@ def _training(flags: dict, case, src: str) -> dict:
         # Megatron-FSDP keeps its gradients in the dtype this flag names (Megatron-LM's
         # mcore_fsdp_adapter), whatever --grad-reduce-in-bf16 says
         fp32_grads = fsdp_grads.lower() in ("fp32", "float32")
+    for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype"):
+        dtype = (flags.get(flag) or "fp32").lower()
+        if dtype != "fp32" and "--use-precision-aware-optimizer" not in flags:
+            raise CaseError(src, flag, f"{dtype} needs --use-precision-aware-optimizer (OptimizerConfig.__post_init__ "
+                                       "asserts fp32 without it): the run would not start")
+        if dtype != "fp32":
+            # OptimizerConfig hands both to Transformer Engine's FusedAdam (megatron/core/optimizer/__init__.py),
+            # which then keeps the fp32 master as 16-bit remainders beside the bf16 weights (store_param_remainders,
+            # on by default, no flag turns it off): neither that master nor one moment in bf16 beside the other in
+            # fp32 is what training.optimizer_moments prices.
+            raise CaseError(src, flag, f"{dtype}: Adam's moments in {dtype} under --use-precision-aware-optimizer, "
+                                       "in Transformer Engine's FusedAdam, which keeps the fp32 master as 16-bit "
+                                       "remainders (OptimizerConfig.store_param_remainders): not priced for Megatron "
+                                       "(training.optimizer_moments bf16 is refused there); expected fp32")
     tp = int(flags.get("--tensor-model-parallel-size") or 1)
     if "--tp-comm-overlap" in flags and (tp == 1 or "--sequence-parallel" not in flags):
         # validate_args turns sequence parallelism off at tp 1, then asserts it under --tp-comm-overlap
