@@ -90,7 +90,9 @@ def test_adams_moments_in_another_dtype_are_refused_not_priced_as_fp32(tmp_path,
     case, args = files(tmp_path, ARGS + extra + "\n")
     with pytest.raises(CaseError, match="^.*" + expected.replace("(", r"\(").replace(")", r"\)")):
         diagnose(case, megatron_args=args)
-    case, args = files(tmp_path, ARGS + "--use-precision-aware-optimizer --exp-avg-dtype fp32\n")
+    # With the optimizer offload it is emitted with (without it the master's 16-bit remainders are refused:
+    # tests/test_precision_aware_optimizer.py).
+    case, args = files(tmp_path, ARGS + "--use-precision-aware-optimizer --exp-avg-dtype fp32 --optimizer-cpu-offload\n")
     assert diagnose(case, megatron_args=args).estimate.job.training.optimizer_moments == "fp32"
 
 

@@ -1337,6 +1337,39 @@ def _offload(args: _Args) -> tuple[float, int]:
     return offload_optimizer, args.integer("--cpu-offloading-num-layers", 0)
 
 
+def precision_aware_master_refusal(flags: dict) -> Optional[str]:
+    """Why the master weights an argument list's --use-precision-aware-optimizer keeps are not those priced,
+    or None where they are (``model_states.state_bytes``: a 4-byte fp32 master per parameter).
+
+    megatron-core 0.16 (``megatron/core/optimizer``): without --optimizer-cpu-offload, the flag hands the
+    master weights to Transformer Engine's FusedAdam wherever ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``
+    holds (optimizer_config.py ``__post_init__``: --main-params-dtype other than fp32, or an fp8 recipe that is
+    none or delayed, which TransformerConfig.fp8_recipe is by default), with ``store_param_remainders``
+    (__init__.py ~387; True by default, line ~192, no argument sets it, False only under Transformer Engine
+    before 2.1): under --bf16 the master is the 16 bits of each fp32 weight that its bf16 weight lacks
+    (distrib_optimizer.py ~801: ``master_param`` int16), 2 bytes, and --main-params-dtype fp16 keeps it in
+    2 bytes too. With --optimizer-cpu-offload the HybridDeviceOptimizer steps instead, built without
+    store_param_remainders (__init__.py ~306-334, ``param_update_in_fp32=True``): fp32 copies of the bf16
+    shards, wherever they are stepped (cpu_offloading/hybrid_optimizer.py,
+    ``_get_sub_optimizer_param_groups``), and moments of their dtype: the 4 + 8 bytes priced."""
+    if "--use-precision-aware-optimizer" not in flags or "--optimizer-cpu-offload" in flags:
+        return None
+    main_params = (flags.get("--main-params-dtype") or "fp32").lower()
+    if main_params != "fp32":
+        return (f"with --main-params-dtype {main_params} and no --optimizer-cpu-offload, Transformer Engine's "
+                f"FusedAdam keeps the master weights in {main_params} (2 bytes a parameter), which the estimate "
+                "does not price (it prices a 4-byte fp32 master); add --optimizer-cpu-offload, or diagnose the "
+                "launch without it")
+    recipe = flags.get("--fp8-recipe") or "delayed"  # TransformerConfig.fp8_recipe's default
+    if "--bf16" in flags and recipe == "delayed":
+        return ("without --optimizer-cpu-offload, under --bf16, Transformer Engine's FusedAdam keeps the fp32 "
+                "master weights as the 16-bit remainders beside the bf16 weights (OptimizerConfig."
+                "store_param_remainders, on by default, no argument turns it off): 2 bytes a parameter, which the "
+                "estimate does not price (it prices a 4-byte fp32 master, as --optimizer-cpu-offload's "
+                "HybridDeviceOptimizer keeps); add --optimizer-cpu-offload, or diagnose the launch without it")
+    return None
+
+
 def read_training(path: Path, case) -> dict:
     """The training settings a Megatron-LM argument list runs, in TrainingSpec's fields, with
     Megatron-LM's defaults where an argument is absent:
@@ -1386,6 +1419,9 @@ def _training(flags: dict, case, src: str) -> dict:
                                        "in Transformer Engine's FusedAdam, which keeps the fp32 master as 16-bit "
                                        "remainders (OptimizerConfig.store_param_remainders): not priced for Megatron "
                                        "(training.optimizer_moments bf16 is refused there); expected fp32")
+    refusal = precision_aware_master_refusal(flags)
+    if refusal:
+        raise CaseError(src, "--use-precision-aware-optimizer", refusal)
     tp = int(flags.get("--tensor-model-parallel-size") or 1)
     if "--tp-comm-overlap" in flags and (tp == 1 or "--sequence-parallel" not in flags):
         # validate_args turns sequence parallelism off at tp 1, then asserts it under --tp-comm-overlap
