@@ -255,14 +255,15 @@ class Band:
         return {"low": self.low, "high": self.high, "runs": self.runs, "class": self.of,
                 "dropped": dict(self.dropped)}
 
-    def text(self) -> str:
+    def text(self, what: str = "runs") -> str:
         """The runs the band is drawn from, as a report says them: the class, or the class it fell
-        back to and which of the job's keys it dropped."""
+        back to and which of the job's keys it dropped. ``what`` names the runs ("peaks" for the
+        memory band: the runs that published one)."""
         if not self.dropped:
-            return f"{self.runs:,} published runs of this class: {self.of}"
+            return f"{self.runs:,} published {what} of this class: {self.of}"
         key, value = self.dropped[0]
-        runs = f"all {self.runs:,} published runs" if self.of == "all runs" else \
-            f"{self.runs:,} published runs of {self.of}"
+        runs = f"all {self.runs:,} published {what}" if self.of == "all runs" else \
+            f"{self.runs:,} published {what} of {self.of}"
         return (f"{runs}; fewer than {MIN_RUNS} of them share its {key} "
                 f"({value}): {', '.join(k for k, _ in self.dropped)} dropped")
 

@@ -152,7 +152,9 @@ def print_estimate(est: Estimate, console: Console) -> None:
     memory = est.memory_band
     spread = (f"peak {est.peak.total / GB:.1f} GB of {est.usable_bytes / GB:.1f} GB usable, no 80% band" if memory is None
               else f"peak {est.peak.total / GB:.1f} GB, 80% band {est.peak.total * memory.low / GB:.1f}–"
-              f"{est.peak.total * memory.high / GB:.1f} GB of {est.usable_bytes / GB:.1f} GB usable")
+              f"{est.peak.total * memory.high / GB:.1f} GB of {est.usable_bytes / GB:.1f} GB usable; "
+              # whose peaks: most engines' band is all runs' (only nanotron's class publishes peaks)
+              f"{memory.text('peaks')}")
     if est.memory_verdict == "fits":
         console.print(f"[green]fits[/] ({escape(spread)})")
         return

@@ -63,12 +63,13 @@ def _print_choice(console: Console, choice: SizeChoice, label: str = "",
         # The deadline is met by the prediction; the band says how far a measured run may fall short of it.
         console.print(f"[yellow]deadline at risk[/]: at its band's slow end this run takes {_figure(slow, 1)} days, "
                       f"past {escape(duration_text(deadline_s))}")
-    est = choice.estimate
-    if est.memory_verdict == "at risk":
+    est, memory = choice.estimate, choice.estimate.memory_band
+    if est.memory_verdict == "at risk" and memory is not None:  # a band straddles: never on CPUs
         # `size` times a cluster by its fastest layout, where `plan`'s robust pick takes one surer to fit.
         where = "within" if est.peak.total <= est.usable_bytes else "over"
         console.print(f"[yellow]at risk[/]: this layout's predicted peak, {est.peak.total / 1e9:.1f} GB, is {where} the "
-                      f"{est.usable_bytes / 1e9:.1f} GB usable and its memory band's upper end over it; `plan` on this "
+                      f"{est.usable_bytes / 1e9:.1f} GB usable and its memory band's upper end over it "
+                      f"({escape(memory.text('peaks'))}); `plan` on this "
                       f"cluster may pick a layout surer to fit, slower by up to {indistinguishable_gap():.1%}")
 
 

@@ -69,6 +69,37 @@ def test_estimate_cli_prints_the_band_and_the_verdict(tmp_path):
     assert refused.returncode == 3 and json.loads(refused.stdout)["memory_verdict"] == "does not fit"
 
 
+# A dense 1B under nanotron on one node of H100s: the one engine whose class published its peaks (the Playbook's).
+NANOTRON_1B = {"model": {"preset": "mpt-1b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+               "training": {"global_batch_size": 64, "seq_len": 2048, "precision": "bf16", "engine": "nanotron"}}
+MEGATRON_FALLS_BACK = (f"all {shipped('memory')['runs']:,} published peaks; fewer than 20 of them share its engine "
+                       "(megatron): engine, generation, precision, experts dropped")
+NANOTRON_OWN = (f"{shipped('memory', engine='nanotron', generation='hopper', precision='16-bit or wider', experts='dense')['runs']:,}"
+                " published peaks of this class: engine nanotron, hopper, 16-bit or wider, dense")
+
+
+def test_the_memory_line_names_whose_peaks_its_band_is(tmp_path):
+    """The fit verdict's band said no class: a Megatron job's band is every published peak's (no
+    Megatron run publishes one), a nanotron job's its own class's. estimate's line and plan's (the
+    pick's estimate) name them as the tokens/s line does."""
+    megatron = tmp_path / "megatron.yaml"
+    megatron.write_text(yaml.safe_dump(EIGHT_B_FP8))
+    est = planner.estimate(EIGHT_B_FP8)
+    text = " ".join(run_cli("estimate", str(megatron)).stdout.split())
+    assert (f"not at the band's upper end (peak {est.peak.total / 1e9:.1f} GB, 80% band "
+            f"{est.peak.total * shipped('memory')['p10'] / 1e9:.1f}–{est.peak.total * shipped('memory')['p90'] / 1e9:.1f} "
+            f"GB of {est.usable_bytes / 1e9:.1f} GB usable; {MEGATRON_FALLS_BACK})") in text, text
+    for engine, words in (("nanotron", NANOTRON_OWN), ("megatron", MEGATRON_FALLS_BACK)):
+        case = {**NANOTRON_1B, "training": {**NANOTRON_1B["training"], "engine": engine}}
+        path = tmp_path / f"{engine}.yaml"
+        path.write_text(yaml.safe_dump({**case, "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": 1}}))
+        done = run_cli("estimate", str(path))
+        assert done.returncode == 0 and f"GB usable; {words})" in " ".join(done.stdout.split()), done.stdout
+        path.write_text(yaml.safe_dump(case))
+        done = run_cli("plan", "--top", "0", str(path))
+        assert done.returncode == 0 and f"GB usable; {words})" in " ".join(done.stdout.split()), done.stdout
+
+
 def _classes(kind: str) -> list[dict]:
     return [e["class"] for e in SHIPPED[kind]]
 

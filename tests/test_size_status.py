@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 import planner
+from planner import bands
 from cli_in_process import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,6 +128,11 @@ def test_a_size_whose_fastest_layout_is_at_risk_says_so(tmp_path):
     text = " ".join(done.stdout.split())
     assert done.returncode == 0 and f"at risk: this layout's predicted peak, {answer['peak_bytes'] / 1e9:.1f} GB, is " \
         "over the" in text and "`plan` on this cluster may pick a layout surer to fit" in text, done.stdout
+    # Whose peaks the band is: every published peak's (no Megatron run publishes one), said as the days' band says its runs.
+    memory = yaml.safe_load(bands.BANDS_FILE.read_text())["memory"][-1]
+    assert memory["class"] == {} and (f"its memory band's upper end over it (all {memory['runs']:,} published peaks; fewer "
+                                      "than 20 of them share its engine (megatron): engine, generation, precision, "
+                                      "experts dropped); `plan` on this cluster") in text, done.stdout
 
 
 def test_the_progress_of_a_missed_deadline_never_goes_back():
