@@ -59,6 +59,9 @@ PRECISION_FAMILIES = {"fp32": "16-bit or wider", "bf16": "16-bit or wider", "fp1
 # What calibration/worker.py names the device of a profile measured on CPUs ("CPU: " and the CPU model).
 CPU_DEVICE_PREFIX = "CPU: "
 NO_BAND = "no published run was measured on CPUs, so none says how far the model is off on them"
+# Why `plan`'s robust pick weighs no margin on CPUs (``pick_margin``).
+NO_GAP = ("no published layout sweep ran on CPUs, so none says which gap the model cannot tell layouts apart "
+          "within on them: the pick is the fastest")
 
 
 def on_cpus(cluster: ClusterSpec) -> bool:
@@ -315,6 +318,14 @@ def fit_limit(usable: float, model: ModelSpec, cluster: ClusterSpec, training: T
 def indistinguishable_gap() -> float:
     """The predicted step-time gap (a fraction) below which two layouts are not told apart."""
     return float(_load()["indistinguishable_gap"]["value"])
+
+
+def pick_margin(cluster: ClusterSpec) -> Optional[float]:
+    """The gap `plan`'s robust pick weighs on this cluster when no margin is set by hand: the
+    indistinguishable gap, learned from published sweeps, all on GPUs; None on CPUs, where, as no band
+    is (module docstring), no gap is either: the GPU sweeps' gap is not the model's ordering error on a
+    CPU, and the pick is the fastest (``NO_GAP``)."""
+    return None if on_cpus(cluster) else indistinguishable_gap()
 
 
 HEADER = """\

@@ -170,7 +170,7 @@ def plan_command(
         None, "--simplest-within", click_type=NUMBER,
         help="Make the robust pick within PCT percent of the fastest (the surest to fit, then the least complex) "
              f"instead of within the gap the model cannot tell apart (0 to {MAX_SIMPLEST_WITHIN_PCT:g}; default: "
-             "that gap, learned from published sweeps, planner/published/bands.yaml)."),
+             "that gap, learned from published GPU sweeps, planner/published/bands.yaml; on CPUs none: the fastest)."),
     fastest: bool = typer.Option(False, "--fastest", help="Return the raw optimum of the model, not the robust pick "
                                                           "(the simplest layout the model cannot tell from it)."),
     plot: Optional[str] = typer.Option(None, "--plot", metavar="FILE", help="Write the memory and Pareto plots to this PNG (needs matplotlib: the `plot` extra)."),

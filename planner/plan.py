@@ -10,7 +10,7 @@ from cost_models.memory import peak_stage_memory, usable_bytes
 from cost_models.specs import Job, Layout
 
 from .api_values import BoolArg, CaseArg, FloatArg, IntArg
-from .bands import fit_limit, indistinguishable_gap
+from .bands import NO_GAP, fit_limit, pick_margin
 from .case import CASE_ENGINES, Case, check_batch_tokens, load_case, profile_warnings, spec_errors
 from .complexity import COMPLEXITY_ORDER, complexity
 from .engines import ENGINES
@@ -320,6 +320,8 @@ class Plan:
             # of 0.0 set by the model", whose margin is the 7.9 % gap.
             "pick": None if self.best is None else
             {"made_on": self.picked_on, "margin": self.margin, "margin_set_by": self.margin_set_by,
+             # Why no margin was weighed on CPUs (margin_set_by "no_band"), as estimate's no_band says why no band.
+             "no_gap": NO_GAP if self.margin_set_by == "no_band" else None,
              "fastest": {**self.fastest.to_dict(), "differs_from_best": self.differences(self.fastest)}
              if self.fastest is not None else None},
             "search": {"scored": self.scored, "fitting": self.fitting, "pruned": self.pruned},
@@ -594,7 +596,7 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
     # hand: the same rule either way (it took the least complex within the margin whatever its fit, a
     # layout predicted over memory where the default picked one that fits at its band's upper end).
     robust = not fastest
-    margin = indistinguishable_gap() if simplest_within is None else simplest_within / 100
+    margin = _margin(case, simplest_within)
     slack = 0.0 if fastest_alone else max(TABLE_SLACK, margin)
     result, table = layout_table(case, spec, slack, ceiling=ceiling if fastest_alone else math.inf,
                                  robust=margin if robust else None)
@@ -645,7 +647,7 @@ def plan_case(case: Case, simplest_within: Optional[float] = None, top_k: Option
                 result.scored, len(result.candidates), pruned=result.pruned,
                 candidates=tuple((c.step_time_s, c.peak_bytes) for c in result.candidates), headroom=spec.headroom,
                 picked_on=picked_on(best, fastest_layout, spec.headroom), margin=margin if robust else 0.0,
-                margin_set_by=_margin_set_by(simplest_within, fastest), fastest=fastest_layout)
+                margin_set_by=_margin_set_by(case, simplest_within, fastest), fastest=fastest_layout)
 
 
 def picked_on(best: Estimate, fastest: Optional[Estimate], headroom: float) -> str:
@@ -660,9 +662,23 @@ def picked_on(best: Estimate, fastest: Optional[Estimate], headroom: float) -> s
     return "fit" if surer else "simplicity"
 
 
-def _margin_set_by(simplest_within: Optional[float], fastest: bool = False) -> str:
-    """What set the margin the pick was made within: none with --fastest (the raw optimum, margin 0)."""
-    return "fastest" if fastest else "model" if simplest_within is None else "simplest_within"
+def _margin(case: Case, simplest_within: Optional[float]) -> float:
+    """The margin the robust pick weighs: --simplest-within's, else the gap the model cannot tell apart,
+    else (CPUs, which no published sweep ran on: ``bands.pick_margin``) none."""
+    if simplest_within is not None:
+        return simplest_within / 100
+    gap = pick_margin(case.cluster)
+    return 0.0 if gap is None else gap
+
+
+def _margin_set_by(case: Case, simplest_within: Optional[float], fastest: bool = False) -> str:
+    """What set the margin the pick was made within: none with --fastest (the raw optimum, margin 0), nor
+    on CPUs with none set by hand ("no_band": no published sweep gives their gap, ``bands.NO_GAP``)."""
+    if fastest:
+        return "fastest"
+    if simplest_within is not None:
+        return "simplest_within"
+    return "no_band" if pick_margin(case.cluster) is None else "model"
 
 
 def plan(case: Union[CaseArg, Case], simplest_within: Optional[FloatArg] = None, top_k: Optional[IntArg] = None,
@@ -870,7 +886,7 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
     not needed either: its search for it stops at that margin of the quickest fastest found so far
     (torchtitan's, 0.14 s, in 0.02 s), and the report says that no layout of it comes within."""
     _check_size(case)
-    margin = indistinguishable_gap() if simplest_within is None else simplest_within / 100
+    margin = _margin(case, simplest_within)
     errors: list[CaseError] = []
 
     def planned(name: str, alone: bool, advise: bool = True,
@@ -900,7 +916,7 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
             # nothing of its fastest): it can be picked by neither rule.
             # The margin is a gap in step time, said so: "within 7.9 % of the fastest (340,817 tokens/s)" read
             # as 7.9 % fewer tokens/s, a step 8.6 % longer than the one weighed.
-            near = "as fast as the fastest" if fastest else \
+            near = "as fast as the fastest" if fastest or not margin else \
                 f"whose step is within {margin:.1%} (the gap the pick weighs) of the fastest"
             entry = (name, None, f"no layout {near}: {_raw(quickest).job.training.engine.name}'s "
                                  f"{_raw(quickest).step_time_s:.3f} s ({_raw(quickest).tokens_per_s:,.0f} tokens/s), "
@@ -918,7 +934,7 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
                 plans[index] = planned(name, alone=False)
             else:
                 shown, shown_margin = _told_apart(behind, margin)
-                weighs = "" if fastest else f": beyond the {shown_margin} the pick weighs"
+                weighs = "" if fastest or not margin else f": beyond the {shown_margin} the pick weighs"
                 plans[index] = (name, p, f"its fastest, a step {shown} longer than the fastest of "
                                          f"{_raw(quickest).job.training.engine.name} "
                                          f"({_raw(quickest).tokens_per_s:,.0f} tokens/s){weighs}, so planned no further")
@@ -980,7 +996,7 @@ def plan_engines(case: Case, simplest_within: Optional[float], top_k: Optional[i
                  key=lambda p: robust_rank(_candidate_of(p.picked("plan_engines")), p.picked("plan_engines").case))
     overall = _raw(quickest)
     same = chosen is quickest and chosen.best is overall
-    return replace(chosen, engines=tuple(plans), margin=margin, margin_set_by=_margin_set_by(simplest_within),
+    return replace(chosen, engines=tuple(plans), margin=margin, margin_set_by=_margin_set_by(case, simplest_within),
                    picked_on=picked_on(chosen.picked("plan_engines"), None if same else overall, chosen.headroom),
                    fastest=None if same else overall)
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from cost_models.activations import selective_modules
 from cost_models.topology import domains_spanned
 
-from .bands import NO_BAND
+from .bands import NO_BAND, NO_GAP, indistinguishable_gap
 from .case import LAYOUT_UNSET_TEXT
 from .engines import ENGINES
 from .errors import one_line
@@ -267,11 +267,15 @@ def print_plan(plan, console: Console) -> None:
                  and p.best is not None else f"{name}: {why or 'nothing fits'}" for name, p, why in plan.engines]
         console.print(f"engines (the case names none, or any: each that can run it was planned; --engine any plans "
                       f"plain PyTorch alone): {'; '.join(parts)}; picked {best.job.training.engine.name}", markup=False)
+    if plan.margin_set_by == "no_band":  # CPUs: the GPU sweeps' gap is not theirs (bands.pick_margin)
+        console.print(f"pick: {NO_GAP} (the {indistinguishable_gap():.1%} gap of the published GPU sweeps is not "
+                      "applied; --simplest-within PCT sets a margin by hand)", markup=False)
     if plan.fastest is not None:
         from .search_memory import fit_tier
 
         fastest = plan.fastest
         within = (f"within --simplest-within ({plan.margin:.1%})" if plan.margin_set_by == "simplest_within" else
+                  "as fast as the fastest (no margin on CPUs)" if plan.margin_set_by == "no_band" else
                   f"within {plan.margin:.1%} of the fastest, which the model cannot tell apart (published sweeps: "
                   f"planner/published/bands.yaml)")
         tiers = [fit_tier(e.job, e.peak.total, plan.headroom) for e in (best, fastest)]
