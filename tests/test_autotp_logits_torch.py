@@ -98,6 +98,8 @@ class TiedModel(PlannedModel):
         self.lm_head.weight = self.embed_tokens.weight
 
 def rank_main(rank, port, out):
+    import gc
+
     # AutoTP's update_linear_policies only compares a layer's class with transformers' GPT2Block.
     gpt2 = types.SimpleNamespace(GPT2Block=type("GPT2Block", (), {}))
     stand_in = types.ModuleType("transformers")
@@ -151,6 +153,11 @@ def rank_main(rank, port, out):
         with tally:
             logits = engine(ids)
             shape = list(logits.shape)
+            # A storage only a reference cycle holds goes when the collector runs, which depends on what
+            # the process allocated before: collected here, so that the peak is the code's, not the
+            # collector's timing (one run of the suite measured S·V bytes more on Llama's plan: the size
+            # of the head's bf16 shard).
+            gc.collect()
             # Eager cross-entropy on fp32 logits (training.loss eager); the step drops the output first.
             loss = F.cross_entropy(logits.float().view(-1, V), labels.view(-1), reduction="sum")
             del logits
