@@ -123,7 +123,6 @@ REMOVED_KEYS = ("nebula", "compression_training", "amp", "quantize_training", "s
 REMOVED_ZERO_KEYS = ("mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param")
 
 
-
 def dropped_as_auto(key: Any, value: Any) -> bool:
     """Whether DeepSpeed drops ``key: value`` from a section before pydantic reads it, known key or not:
     DeepSpeedConfigModel.__init__ keeps only ``v != "auto" or k == "replace_method"`` (DeepSpeed 0.19,
@@ -170,12 +169,7 @@ def misspelled_keys(path: Union[str, Path]) -> list[str]:
         section = config.get(name) if name != "bf16" or config.get("bf16") is not None else config.get("bfloat16")
         written = "bfloat16" if name == "bf16" and config.get("bf16") is None else name
         for inner in section if isinstance(section, dict) else {}:
-            if inner not in known and not dropped_as_auto(inner, section[inner]):
-                close = difflib.get_close_matches(str(inner), known, n=1, cutoff=0.8)
-                raise CaseError(str(path), f"{written}.{one_line(str(inner), 60)}",
-                                f"unknown key{f' (did you mean {close[0]}?)' if close else ''}: DeepSpeed's {written} "
-                                "section takes no other (a pydantic model that forbids extra fields, "
-                                "runtime/config_utils.py), and the launch would not start")
+            _refuse_unknown(path, written, inner, section[inner], known, "runtime/config_utils.py")
     zero = config.get("zero_optimization")
     for key in zero if isinstance(zero, dict) else {}:
         if key in REMOVED_ZERO_KEYS:
@@ -185,20 +179,26 @@ def misspelled_keys(path: Union[str, Path]) -> list[str]:
         section = zero[key]
         if key in OFFLOAD_KEYS and isinstance(section, dict):
             for inner in section:
-                if inner not in OFFLOAD_KEYS[key] and not dropped_as_auto(inner, section[inner]):
-                    close = difflib.get_close_matches(str(inner), OFFLOAD_KEYS[key], n=1, cutoff=0.8)
-                    meant = f" (did you mean {close[0]}?)" if close else ""
-                    raise CaseError(str(path), f"zero_optimization.{key}.{one_line(str(inner), 60)}",
-                                    f"unknown key{meant}: DeepSpeed's {key} takes no other (a pydantic model that "
-                                    "forbids extra fields, runtime/zero/offload_config.py), and the launch would not "
-                                    "start")
-        if key not in ZERO_KEYS and not dropped_as_auto(key, section):
-            close = difflib.get_close_matches(str(key), ZERO_KEYS, n=1, cutoff=0.85)
-            meant = f" (did you mean {close[0]}?)" if close else ""
-            raise CaseError(str(path), f"zero_optimization.{one_line(key, 60)}",
-                            f"unknown key{meant}: DeepSpeed's zero_optimization takes no other (a pydantic model "
-                            "that forbids extra fields, runtime/zero/config.py), and the launch would not start")
+                _refuse_unknown(path, f"zero_optimization.{key}", inner, section[inner], OFFLOAD_KEYS[key],
+                                "runtime/zero/offload_config.py")
+        _refuse_unknown(path, "zero_optimization", key, section, ZERO_KEYS, "runtime/zero/config.py", cutoff=0.85)
     return notes
+
+
+def _refuse_unknown(path: Path, section: str, key: Any, value: Any, known, model_file: str,
+                    cutoff: float = 0.8) -> None:
+    """Refuse ``key`` of a section DeepSpeed builds into a pydantic model that forbids extra fields (defined in
+    ``model_file``), where it is none of ``known`` and DeepSpeed does not drop it first (:func:`dropped_as_auto`):
+    the launch would not start. A near miss is named."""
+    import difflib
+
+    if key in known or dropped_as_auto(key, value):
+        return
+    close = difflib.get_close_matches(str(key), known, n=1, cutoff=cutoff)
+    meant = f" (did you mean {close[0]}?)" if close else ""
+    raise CaseError(str(path), f"{section}.{one_line(str(key), 60)}",
+                    f"unknown key{meant}: DeepSpeed's {section.rsplit('.', 1)[-1]} takes no other (a pydantic model "
+                    f"that forbids extra fields, {model_file}), and the launch would not start")
 
 
 # How DeepSpeed's config models (DeepSpeedConfigModel, runtime/config_utils.py: pydantic BaseModels in lax
@@ -570,8 +570,8 @@ def launched_config(path: Union[str, Path]) -> tuple[Path, Optional[str]]:
     A ds_config (JSON or Hjson) is itself. A launch script (``#!``, or commands that start deepspeed,
     torchrun, accelerate or Python) is read as bash would expand it (planner.readers.bash, as Megatron's
     reader reads one) for the ds_config its command passes: ``--deepspeed_config PATH`` (or ``=PATH``),
-    Accelerate's ``--deepspeed_config_file PATH``, or the Hugging Face Trainer's ``--deepspeed PATH``; a relative PATH resolved against the script's directory,
-    and ``$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)`` read as that directory, as the planner's own
+    Accelerate's ``--deepspeed_config_file PATH``, or the Hugging Face Trainer's ``--deepspeed PATH``; a
+    relative PATH resolved against the script's directory, and ``$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)`` read as that directory, as the planner's own
     launch.sh finds the ds_config beside it. A script that passes none is refused, naming it."""
     from planner.readers import bash
 
@@ -861,21 +861,21 @@ def reduction_as_configured(path: Union[str, Path], case, engine, pp: int = 1):
     # max_live_parameters (alias stage3_max_live_parameters) and sub_group_size, 1e9 each unless set ("auto", which
     # DeepSpeedConfigModel drops, the same; runtime/zero/config.py). Both were priced at 1e9 whatever the file said:
     # stage3_max_live_parameters 1e11, which keeps an 8B model's every weight gathered, read as 1e9.
-    live, sub_group = engine.zero3_max_live_parameters, engine.zero3_step_sub_group_params
-    for key in ("stage3_max_live_parameters", "max_live_parameters"):
-        if zero.get(key, "auto") != "auto":
-            live = float(_lax_int(src, f"zero_optimization.{key}", zero[key], 0))
-    if zero.get("sub_group_size", "auto") != "auto":
-        sub_group = float(_lax_int(src, "zero_optimization.sub_group_size", zero["sub_group_size"], 0))
     # And how far ahead it looks before releasing a module's gathered weights (max_reuse_distance, alias
     # stage3_max_reuse_distance, 1e9 unless set): under full recomputation, what lies further is gathered again
     # for the backward (dp_time.regathered_parameters).
-    reuse = engine.zero3_max_reuse_distance
-    for key in ("stage3_max_reuse_distance", "max_reuse_distance"):
-        if zero.get(key, "auto") != "auto":
-            reuse = float(_lax_int(src, f"zero_optimization.{key}", zero[key], 0))
-    engine = replace(engine, zero3_max_live_parameters=live, zero3_step_sub_group_params=sub_group,
-                     zero3_max_reuse_distance=reuse)
+    def size(keys: tuple[str, ...], default):
+        for key in keys:
+            if zero.get(key, "auto") != "auto":
+                return float(_lax_int(src, f"zero_optimization.{key}", zero[key], 0))
+        return default
+
+    engine = replace(engine,
+                     zero3_max_live_parameters=size(("stage3_max_live_parameters", "max_live_parameters"),
+                                                    engine.zero3_max_live_parameters),
+                     zero3_step_sub_group_params=size(("sub_group_size",), engine.zero3_step_sub_group_params),
+                     zero3_max_reuse_distance=size(("stage3_max_reuse_distance", "max_reuse_distance"),
+                                                   engine.zero3_max_reuse_distance))
     if runs_bf16_optimizer_with_bf16_gradients(src, config, pp):
         # Read as ZeRO-1 (its states are sharded so), but no ZeRO optimizer's buckets: the BF16_Optimizer's
         # flat bf16 accumulator instead (EngineBehaviour.flat_gradient_accumulator).
