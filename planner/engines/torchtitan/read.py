@@ -1366,6 +1366,12 @@ def read(path: Union[str, Path], case) -> Layout:
     return layout
 
 
+def _fqns_key(name: str) -> str:
+    """The field of a linear converter's Config that names the linears it converts (filter_fqns: those it
+    leaves; fqns: those it takes)."""
+    return "filter_fqns" if name == "Float8LinearConverter" else "fqns"
+
+
 def _linear_converted(name: str, fields: dict, fqn: str, features: tuple[int, int]) -> Optional[bool]:
     """Whether a linear converter of CONVERTERS converts the linear ``fqn`` of ``features`` (in, out), as
     torchtitan 0.3.0 decides: Float8LinearConverter by module_filter_fn (components/quantization/utils.py: both
@@ -1373,8 +1379,7 @@ def _linear_converted(name: str, fields: dict, fqn: str, features: tuple[int, in
     NVFP4LinearConverter by their fqns (mx.py, nvfp4.py convert: all where empty, else those an entry is a
     substring of). None where it cannot say: torchao's auto filter (``auto_filter_small_kn``) or fields not
     lists of strings (refused or said elsewhere)."""
-    key = "filter_fqns" if name == "Float8LinearConverter" else "fqns"
-    words = fields.get(key, [])
+    words = fields.get(_fqns_key(name), [])
     if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) for w in words):
         return None
     if name == "Float8LinearConverter":
@@ -1401,9 +1406,9 @@ def _converted_beyond_scope(entries: Any, model) -> list[str]:
             if "router" in fqn and not model.is_moe:
                 continue
             if _linear_converted(name, fields, fqn, features(model)):
-                key = "filter_fqns" if name == "Float8LinearConverter" else "fqns"
-                given = fields.get(key, [])
-                notes.append(f"CONVERTERS: {name} {key} {given!r} converts the {what} ({fqn.replace('layers.0.', 'layers.N.')}) "
+                key = _fqns_key(name)
+                where = fqn.replace("layers.0.", "layers.N.")
+                notes.append(f"CONVERTERS: {name} {key} {fields.get(key, [])!r} converts the {what} ({where}) "
                              f"to {CONVERTER_CLASSES[name][0]} too (torchtitan's "
                              f"{'module_filter_fn' if key == 'filter_fqns' else 'fqns substring match'}): priced in "
                              f"bf16, as the cost model keeps it, so the run's {what} GEMMs step faster than estimated")
