@@ -159,9 +159,13 @@ class SizeChoice:
     def days(self) -> float:
         return run_days(self.tokens, self.tokens_per_s)
 
+    def _gpu_hours(self, days: float) -> float:
+        """The GPUs paid for as long as the run takes: days × 24 × GPUs."""
+        return days * 24 * self.gpus_paid
+
     @property
     def gpu_hours(self) -> float:
-        return self.days * 24 * self.gpus_paid
+        return self._gpu_hours(self.days)
 
     @property
     def cost(self) -> Optional[float]:
@@ -180,14 +184,16 @@ class SizeChoice:
 
     @property
     def gpu_hours_band(self) -> Optional[tuple[float, float]]:
-        """The GPU-hours at the band's ends: the GPUs paid for as long as the run takes there."""
+        """The GPU-hours at the band's ends."""
         days = self.days_band
-        return None if days is None else tuple(d * 24 * self.gpus_paid for d in days)  # type: ignore[return-value]
+        return None if days is None else (self._gpu_hours(days[0]), self._gpu_hours(days[1]))
 
     @property
     def cost_band(self) -> Optional[tuple[float, float]]:
         hours = self.gpu_hours_band
-        return None if self.price is None or hours is None else tuple(h * self.price for h in hours)  # type: ignore
+        if self.price is None or hours is None:
+            return None
+        return hours[0] * self.price, hours[1] * self.price
 
     def trade(self, other: "SizeChoice") -> dict[str, Optional[float]]:
         """``other`` against this choice: each measure as a ratio."""
