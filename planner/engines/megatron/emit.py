@@ -403,7 +403,7 @@ def deepep_internode(job: Job) -> bool:
 # ("disable all internode and low-latency features if not specified", README.md:85), RDMA NICs with
 # GPUDirect RDMA and IBGDA, the driver's regkeys or GDRCopy (third-party/README.md:12-14, 36-56).
 DEEPEP_INTERNODE_NOTE = (
-    "DeepEP across nodes ({ranks} ranks, {rdma} RDMA ranks of 8 NVLink peers): its Buffer exports the NVSHMEM_* "
+    "DeepEP across nodes ({ranks} ranks, {rdma} RDMA ranks of {peers} NVLink peers): its Buffer exports the NVSHMEM_* "
     "settings its internode kernels need itself, in-process (deep_ep/buffer.py), so these files set none; the "
     "cluster must provide DeepEP built against NVSHMEM (NVSHMEM_DIR at build, else it has no internode kernels), "
     "RDMA NICs with GPUDirect RDMA, and IBGDA: the NVIDIA driver loaded with NVreg_EnableStreamMemOPs=1 "
@@ -417,7 +417,7 @@ def internode_notes(job: Job) -> list[str]:
     if not deepep_internode(job):
         return []
     ranks = job.layout.expert_tp * job.layout.ep
-    return [DEEPEP_INTERNODE_NOTE.format(ranks=ranks, rdma=max(1, ranks // DEEPEP_NVL_PEERS))]
+    return [DEEPEP_INTERNODE_NOTE.format(ranks=ranks, rdma=max(1, ranks // DEEPEP_NVL_PEERS), peers=DEEPEP_NVL_PEERS)]
 
 
 def warnings(estimate) -> list[str]:
