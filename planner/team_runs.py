@@ -639,12 +639,25 @@ def _check_log_settings(log: str, src: str, job, settings: dict[str, str]) -> No
             raise CaseError(log, "precision", f"the log's arguments train in {precision}, the case {src}'s "
                                               f"training.precision is {ran}: a log of another run than the case")
     if "use_distributed_optimizer" in settings:
-        sharded = 3 if true("use_torch_fsdp2") or true("use_megatron_fsdp") else \
-            1 if true("use_distributed_optimizer") else 0
-        if (sharded == 0) != (job.layout.zero_stage == 0):
-            raise CaseError(log, "use_distributed_optimizer", f"the log's {settings['use_distributed_optimizer']}, "
-                                                              f"the case {src}'s layout.zero_stage "
-                                                              f"{job.layout.zero_stage}: a log of another run than the case")
+        from .engines.megatron.read import sharding_stage  # the launch reader's reading of the same settings
+
+        megatron_fsdp = true("use_megatron_fsdp") or true("use_custom_fsdp")
+        strategy = settings.get("data_parallel_sharding_strategy")
+        stage = sharding_stage(true("use_distributed_optimizer"), true("use_torch_fsdp2"), megatron_fsdp, strategy)
+        zero = job.layout.zero_stage
+        # A dump without the strategy (or with one this reading does not know) says only that it sharded.
+        differs = zero == 0 if stage is None else stage != zero
+        if differs:
+            if true("use_torch_fsdp2"):
+                key, said = "use_torch_fsdp2", "True (torch FSDP2: ZeRO 3)"
+            elif megatron_fsdp:
+                key, said = "data_parallel_sharding_strategy", \
+                    f"{strategy} (Megatron-FSDP: {'sharded' if stage is None else f'ZeRO {stage}'})"
+            else:
+                key, said = "use_distributed_optimizer", settings["use_distributed_optimizer"] + \
+                    (" (the distributed optimizer without FSDP: ZeRO 1)" if stage else "")
+            raise CaseError(log, key, f"the log's {said}, the case {src}'s layout.zero_stage {zero}: a log of another "
+                                      "run than the case")
     # The layout's own settings the dump prints after validate_args (which turns sequence parallelism off
     # at tp 1, as a case refuses it there): a log without sequence parallelism fitted as the case's run
     # with it was priced with a tp-th of its norms' and dropouts' activations, moving the fragmentation.

@@ -582,6 +582,39 @@ def test_a_log_whose_arguments_ran_otherwise_than_its_case_is_refused(tmp_path, 
     runs_from_logs([write(tmp_path, "same.log", log)], [case_path])
 
 
+FSDP_OFF = {"use_distributed_optimizer": "True", "use_torch_fsdp2": "False", "use_megatron_fsdp": "False",
+            "data_parallel_sharding_strategy": "optim_grads_params"}  # Megatron-LM's default strategy, printed unused
+
+
+@pytest.mark.parametrize("dump, zero, refused", [
+    (FSDP_OFF, 3, "use_distributed_optimizer"),  # the distributed optimizer (ZeRO 1) fitted as Megatron-FSDP
+    (FSDP_OFF, 2, "use_distributed_optimizer"),
+    ({**FSDP_OFF, "use_megatron_fsdp": "True"}, 1, "data_parallel_sharding_strategy"),  # FSDP fitted as ZeRO 1
+    ({**FSDP_OFF, "use_megatron_fsdp": "True", "data_parallel_sharding_strategy": "optim_grads"}, 3,
+     "data_parallel_sharding_strategy"),
+    ({**FSDP_OFF, "use_distributed_optimizer": "False", "use_torch_fsdp2": "True"}, 1, "use_torch_fsdp2"),
+    (FSDP_OFF, 1, None),
+    ({**FSDP_OFF, "use_megatron_fsdp": "True"}, 3, None),
+    ({**FSDP_OFF, "use_megatron_fsdp": "True", "data_parallel_sharding_strategy": "optim_grads"}, 2, None),
+    ({**FSDP_OFF, "use_distributed_optimizer": "False", "use_torch_fsdp2": "True"}, 3, None),
+])
+def test_a_log_sharding_the_optimizer_otherwise_than_its_case_is_refused(tmp_path, dump, zero, refused):
+    """The argument dump says which ZeRO stage the run sharded at, as the Megatron-LM reader reads a launch's
+    flags (engines/megatron/read.py): the distributed optimizer alone is ZeRO 1, Megatron-FSDP its
+    data_parallel_sharding_strategy's stage, torch FSDP2 ZeRO 3. Only "sharded or not" was compared, so a
+    distributed-optimizer log was fitted as its case's Megatron-FSDP run at ZeRO 3 (another step: the weights
+    gathered every micro-batch; another peak), and an FSDP log as a ZeRO-1 case's."""
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump(case(8, 1, 1, 1, zero)))
+    lines = "".join(f"  {name} {'.' * 20} {value}\n" for name, value in dump.items())
+    log = write(tmp_path, "ran.log", MEGATRON_LOG.replace("  global_batch_size", lines + "  global_batch_size", 1))
+    if refused is None:
+        assert runs_from_logs([log], [case_path])[0].case["layout"]["zero_stage"] == zero
+    else:
+        with pytest.raises(CaseError, match=rf"ran.log: {refused}: .*layout.zero_stage {zero}"):
+            runs_from_logs([log], [case_path])
+
+
 @pytest.mark.parametrize("setting, key, says", [
     ("sequence_parallel False", "sequence_parallel", "the log's False, the case"),
     ("virtual_pipeline_model_parallel_size 4", "virtual_pipeline_model_parallel_size", "the log's 4, the case"),

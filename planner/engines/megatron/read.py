@@ -19,7 +19,8 @@ from cost_models.stage_time import cp_runs_all_to_all
 
 from planner.case import case_message
 from planner.engines.megatron.engine import BEHAVIOUR
-from planner.engines.megatron.emit import ACCOUNT_FLAGS, FLAG_OF_FIELD, lacks_multicast, one_connection_asserted
+from planner.engines.megatron.emit import (ACCOUNT_FLAGS, FLAG_OF_FIELD, FSDP_STRATEGIES, lacks_multicast,
+                                          one_connection_asserted)
 from planner.engines.megatron.launch import (NEMO_SECTIONS, NPROC_WORDS, TORCHRUN, environment_value, flags_of,
                                            launch_of, torchrun_world, with_included_args)
 from planner.errors import CaseError, one_line
@@ -1223,18 +1224,36 @@ def _pipeline(args: _Args, model, pp: int, micro: int, dp: int, global_batch: in
     return _Pipeline(vpp, stage_layers, chunk_split, accounted)
 
 
+# Megatron-FSDP's --data-parallel-sharding-strategy as a ZeRO stage: the emitter's FSDP_STRATEGIES read back.
+FSDP_STAGES = {strategy: stage for stage, strategy in FSDP_STRATEGIES.items()}
+
+
+def sharding_stage(distributed_optimizer: bool, torch_fsdp2: bool, megatron_fsdp: bool,
+                   strategy: Optional[str]) -> Optional[int]:
+    """The ZeRO stage of Megatron-LM's optimizer sharding, as a launch's flags or a log's argument dump
+    state it: torch FSDP2 shards everything (3); Megatron-FSDP (``--use-megatron-fsdp``, earlier
+    ``--use-custom-fsdp``) what its sharding strategy names (FSDP_STAGES), at least the distributed
+    optimizer's 1 beside it; else the distributed optimizer (1) or nothing (0). None where Megatron-FSDP's
+    strategy is not one of FSDP_STAGES (the caller refuses it, naming its source)."""
+    if torch_fsdp2:
+        return 3
+    zero = 1 if distributed_optimizer else 0
+    if megatron_fsdp:
+        if strategy not in FSDP_STAGES:
+            return None
+        zero = max(zero, FSDP_STAGES[strategy])
+    return zero
+
+
 def _zero_stage(args: _Args) -> int:
     """The optimizer's sharding as a ZeRO stage."""
-    zero = 1 if "--use-distributed-optimizer" in args.flags else 0
-    if "--use-torch-fsdp2" in args.flags:
-        zero = 3
-    elif "--use-megatron-fsdp" in args.flags or "--use-custom-fsdp" in args.flags:
-        strategy = args.flags.get("--data-parallel-sharding-strategy") or "no_shard"
-        stages_of = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
-        if strategy not in stages_of:
-            raise CaseError(args.src, "--data-parallel-sharding-strategy",
-                            f"expected one of {', '.join(stages_of)}, got {strategy!r}")
-        zero = max(zero, stages_of[strategy])
+    megatron_fsdp = "--use-megatron-fsdp" in args.flags or "--use-custom-fsdp" in args.flags
+    strategy = args.flags.get("--data-parallel-sharding-strategy") or "no_shard"
+    zero = sharding_stage("--use-distributed-optimizer" in args.flags, "--use-torch-fsdp2" in args.flags,
+                          megatron_fsdp, strategy)
+    if zero is None:
+        raise CaseError(args.src, "--data-parallel-sharding-strategy",
+                        f"expected one of {', '.join(FSDP_STAGES)}, got {strategy!r}")
     return zero
 
 
