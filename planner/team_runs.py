@@ -26,7 +26,7 @@ from .published_runs import (MEASURES_AGREE, ROW_MEASURES, accumulation_problem,
                              measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
                              published_memory_stage, row_key, row_problem,
                              tokens_per_batch_problem)
-from .training_logs import is_case_file, read_log
+from .training_logs import TITAN_ZERO, is_case_file, read_log
 
 
 @dataclass(frozen=True)
@@ -621,7 +621,8 @@ STATED_IN_CASE = {"num_layers": ("model", "num_layers"), "hidden_size": ("model"
                   "data_parallel_size": ("layout", "dp"), "world_size": ("cluster", "num_gpus"),
                   # torchtitan's mesh line (training_logs._titan_mesh), in its own names
                   "pp": ("layout", "pp"), "dp_replicate·dp_shard": ("layout", "dp"), "cp": ("layout", "cp"),
-                  "tp": ("layout", "tp"), "ep": ("layout", "ep"), "world": ("cluster", "num_gpus")}
+                  "tp": ("layout", "tp"), "ep": ("layout", "ep"), "world": ("cluster", "num_gpus"),
+                  TITAN_ZERO: ("layout", "zero_stage")}
 
 
 def _check_log_settings(log: str, src: str, job, settings: dict[str, str]) -> None:

@@ -78,6 +78,8 @@ MEGATRON_ARG = re.compile(r"^(?:[ \t]*(?:\[[^\]\n]*\]:?|\d{1,9}:))*[ \t]*([a-z_0
 TITAN_PARAMETERS = re.compile(r"size:\s*" + NUMBER + r"\s*total parameters")
 # torchtitan's mesh, printed at start by every rank (distributed/parallel_dims.py, ParallelDims.build_mesh):
 # "Building device mesh with parallelism: pp=1, dp_replicate=1, dp_shard=32, cp=1, tp=2, ep=1".
+# The ZeRO stage the mesh's data-parallel degrees make (_titan_mesh), as a statement names it.
+TITAN_ZERO = "dp_shard·cp's zero_stage"
 TITAN_MESH = re.compile(r"Building device mesh with parallelism: pp=(\d+), dp_replicate=(\d+), dp_shard=(\d+), "
                         r"cp=(\d+), tp=(\d+), ep=(\d+)")
 # DeepSpeed's wall-clock breakdown: "time (ms)" and each timer's "| name: figure". Any figure after a
@@ -594,13 +596,18 @@ def read_log(path: Path) -> LogReading:
 def _titan_mesh(lines: _Lines) -> tuple[tuple[str, float], ...]:
     """The degrees torchtitan's first mesh line states, as the case holds them (team_runs.STATED_IN_CASE):
     its data parallelism is dp_replicate·dp_shard (ParallelDims: batch = dp_replicate·dp_shard), its world
-    the product of every degree but ep, which borrows its GPUs from the others. None where it printed none."""
+    the product of every degree but ep, which borrows its GPUs from the others; and its ZeRO stage where the
+    mesh says it, as torchtitan's launch reader reads the same degrees (engines/torchtitan/read.py,
+    ``_zero_stage``): FSDP2 sharding over dp_shard·cp (cp folds into the FSDP mesh) is zero_stage 3,
+    replication alone 0 (both at once, HSDP, and a mesh of one data-parallel GPU say neither). None where it
+    printed none."""
     for _, line in lines.holding("Building device mesh"):
         found = TITAN_MESH.search(line)
         if found:
             pp, replicate, shard, cp, tp, ep = (int(g) for g in found.groups())
+            sharding = () if (replicate > 1) == (shard * cp > 1) else ((TITAN_ZERO, 3 if shard * cp > 1 else 0),)
             return (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp_replicate·dp_shard", replicate * shard),
-                    ("world", pp * replicate * shard * cp * tp))
+                    ("world", pp * replicate * shard * cp * tp)) + sharding
     return ()
 
 

@@ -472,6 +472,31 @@ def test_a_torchtitan_log_whose_mesh_differs_from_its_case_is_refused(tmp_path, 
         pytest.approx(from_row.tokens_per_s)
 
 
+@pytest.mark.parametrize("replicate, shard, zero, refused", [
+    (8, 1, 3, True),  # DDP (replicated) fitted as its case's FSDP2 run
+    (1, 8, 0, True),  # FSDP2 fitted as a replicated case's
+    (1, 8, 3, False), (8, 1, 0, False)])
+def test_a_torchtitan_log_sharding_otherwise_than_its_case_is_refused(tmp_path, replicate, shard, zero, refused):
+    """The mesh line says whether the data-parallel GPUs shard (FSDP2, zero_stage 3) or replicate (zero_stage 0),
+    as torchtitan's emitter writes and its reader reads them (engines/torchtitan: data_parallel_shard_degree dp
+    for ZeRO 3, data_parallel_replicate_degree dp for ZeRO 0): only their product was held to the case's dp, so
+    a replicated log was fitted as its case's sharded run (no all-gathers, whole optimizer states: another step
+    and another peak)."""
+    row = published_row(framework="torchtitan", parallel__zero_stage=3,
+                        measured={"tokens_per_sec_per_gpu": 6000.0, "memory_gb_per_gpu": 66.41})
+    from_row, = runs_from_rows([row], "runs.yaml")
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump({**from_row.case, "layout": {**from_row.case["layout"], "zero_stage": zero}}))
+    mesh = TITAN_MESH_LINE.format(pp=1, shard=shard, tp=1).replace("dp_replicate=1", f"dp_replicate={replicate}")
+    log = write(tmp_path, "ran.log", mesh + TITAN_LOG)
+    if refused:
+        with pytest.raises(CaseError, match=rf"ran.log: .*dp_shard.*: the log states .* the case .* layout.zero_stage "
+                                            rf"{zero}"):
+            runs_from_logs([log], [case_path])
+    else:
+        assert runs_from_logs([log], [case_path])[0].case["layout"]["zero_stage"] == zero
+
+
 def test_a_torchtitan_log_under_a_case_of_any_engine_is_priced_as_torchtitan(tmp_path):
     """A case's training.engine "any" (plain PyTorch) priced a torchtitan log as another engine's run
     (its memory 18 % apart), and torchtitan's plans on the profile lay "outside the fitted runs"."""
