@@ -21,7 +21,7 @@ from .errors import Argument, CaseError, cli_flag, one_line, safe_repr
 from .inputs import check_each_file_once, read_yaml
 from .limits import MAX_FIT_RUNS, MAX_GPUS, MAX_STRING_CHARS, MIN_FIGURE
 from .presets import fabric_presets, gpu_presets
-from .published_runs import (MEASURES_AGREE, ROW_MEASURES, accumulation_problem, case_of, copied_run, family_preset, gpu_expected, gpu_preset, job_key, unsupported,
+from .published_runs import (MEASURES_AGREE, ROW_MEASURES, accumulation_problem, case_of, copied_run, engine as row_engine, family_preset, gpu_expected, gpu_preset, job_key, unsupported,
                              measure_in_bounds,
                              measured_tokens_per_s, measures_problem, RECOMPUTE_WORDS, grid_problem, named_precision,
                              published_memory_stage, row_key, row_problem,
@@ -67,6 +67,7 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
         problem = row_problem(row) or _missing(row)
         if problem:
             raise CaseError(source, f"{name}.{problem[0]}", problem[1])
+        row = _engine_defaults(row)
         try:
             case, why = case_of(row)
             tokens = measured_tokens_per_s(row) if case else None
@@ -104,6 +105,9 @@ def runs_from_rows(rows: Any, source: str) -> list[Run]:
             raise CaseError(source, f"{name}.measured", "expected a step time, tokens/s or a peak memory")
         run = Run(name, case, tokens, float(peak) if peak else None, stage, scope, source=source)
         _check_grid(source, name, row, case)  # before check_run builds its job: a grid off its GPUs named as such
+        problem = _unstated_setting(row)  # after the grid: a tp the GPUs cannot hold is named as such first
+        if problem:
+            raise CaseError(source, f"{name}.{problem[0]}", problem[1])
         check_run(run, source, throughput_key=_throughput_key(row))
         _check_team_row(source, name, row, case)
         runs.append(run)
@@ -207,6 +211,75 @@ def _missing(row: dict) -> Optional[tuple[str, str]]:
         return "model.ffn_act", ("expected the MLP's activation: swiglu or geglu (a gated MLP, three matrices), gelu, "
                                  "relu or squared_relu (two), got None")
     return None
+
+
+# What a team's run sets that changes its priced step or peak, and where the engine its framework names
+# fixes a default in its code, that default (the run's parallel key: its value). The published reader's
+# guesses (published_runs.case_of: sequence parallelism and the distributed optimizer for Megatron-Core,
+# as its performance recipes run them) are the tables' conventions, not a team's run's: where no engine
+# default fixes a setting, a run that leaves it out is refused (_unstated_setting).
+#  - torchtitan: ParallelismConfig.enable_sequence_parallel = True, data_parallel_shard_degree = -1 (the
+#    data-parallel and context-parallel GPUs all shard with FSDP2: zero_stage 3) and
+#    data_parallel_replicate_degree = 1 (torchtitan/config/configs.py);
+#  - DeepSpeed: no sequence parallelism of Megatron's kind (its engine allows none) and
+#    DeepSpeedZeroConfig.stage = 0 (deepspeed/runtime/zero/config.py);
+#  - nanotron: ParallelismArgs.tp_mode ALL_REDUCE where none is given, no sequence parallelism
+#    (config/parallelism_config.py, __post_init__); its OptimizerArgs.zero_stage has no default.
+# Megatron-LM's own defaults (no --sequence-parallel, no --use-distributed-optimizer) are not its
+# recipes' (NeMo's and Megatron-Bridge's turn both on), which one framework name covers: none is taken.
+ENGINE_DEFAULTS = {"torchtitan": {"sp": True, "zero_stage": 3}, "deepspeed": {"sp": False, "zero_stage": 0},
+                   "nanotron": {"sp": False}}
+# The keys that state a run's sharding (published_runs.zero_stage reads them).
+SHARDING_KEYS = ("zero_stage", "distributed_optimizer", "fsdp")
+
+
+def _run_engine(row: dict) -> str:
+    """The engine whose defaults a run's framework takes (ENGINE_DEFAULTS), as runs_from_rows prices it."""
+    return "torchtitan" if "torchtitan" in row["framework"].lower() else row_engine(row)
+
+
+def _unstated_setting(row: dict) -> Optional[tuple[str, str]]:
+    """(the dotted key, what was expected) of the first setting a team's run leaves out that changes its
+    priced step or peak and that no default of its engine fixes (ENGINE_DEFAULTS): its recomputation,
+    always (a forgotten ``recompute: full`` was priced as none, and the forward it ran again, a third more
+    compute, was fitted into the GEMM efficiency); its sequence parallelism at tp > 1; its sharding where
+    more than one GPU holds each replica's states (dp·cp > 1)."""
+    if row.get("recompute") is None:
+        return "recompute", ("missing: expected none, selective or full, the recomputation the run ran (left out, "
+                             "a run that recomputed was fitted as one that did not: its extra forward pass went "
+                             "into the GEMM efficiency)")
+    par = row["parallel"]
+    defaults = ENGINE_DEFAULTS.get(_run_engine(row), {})
+    framework = one_line(row["framework"], 40)
+    tp, pp, cp = par.get("tp"), par.get("pp"), par.get("cp") or 1
+    if isinstance(tp, int) and tp > 1 and par.get("sp") is None and "sp" not in defaults:
+        return "parallel.sp", (f"missing: expected true or false, whether the run's tensor parallelism (tp {tp}) ran "
+                               f"sequence parallelism ({framework} fixes no default: Megatron-LM's is off, NeMo's "
+                               "and Megatron-Bridge's recipes turn it on)")
+    if isinstance(tp, int) and isinstance(pp, int) and isinstance(cp, int) and row["num_gpus"] // (tp * pp) > 1 \
+            and all(par.get(k) is None for k in SHARDING_KEYS) and "zero_stage" not in defaults:
+        return "parallel.zero_stage", (f"missing: expected 0, 1, 2 or 3, how the run's data-parallel GPUs shard its "
+                                       f"states (or parallel.distributed_optimizer or parallel.fsdp; {framework} "
+                                       "fixes no default: Megatron-LM runs without the distributed optimizer, "
+                                       "NeMo's and Megatron-Bridge's recipes with it)")
+    return None
+
+
+def _engine_defaults(row: dict) -> dict:
+    """``row`` with the settings it leaves out that its engine's code fixes (ENGINE_DEFAULTS) stated, so
+    the published reader's guesses for tables never price a team's run."""
+    defaults = ENGINE_DEFAULTS.get(_run_engine(row), {})
+    par = dict(row["parallel"])
+    tp, pp = par.get("tp"), par.get("pp")
+    # Sequence parallelism splits what tensor parallelism splits: none at tp 1 (torchtitan's reader:
+    # d.tp > 1 and enable_sequence_parallel).
+    if "sp" in defaults and par.get("sp") is None and isinstance(tp, int) and tp > 1:
+        par["sp"] = defaults["sp"]
+    if "zero_stage" in defaults and all(par.get(k) is None for k in SHARDING_KEYS):
+        # One GPU a replica (dp·cp 1) shards nothing: left to the reader, which prices it as none.
+        if isinstance(tp, int) and isinstance(pp, int) and row["num_gpus"] // (tp * pp) > 1:
+            par["zero_stage"] = defaults["zero_stage"]
+    return {**row, "parallel": par}
 
 
 def _check_recompute(source: str, name: str, stated: Any) -> None:

@@ -18,7 +18,7 @@ def row(gpu: str, **measured) -> dict:
             "gpu": gpu, "num_gpus": 8, "precision": "fp16",
             "model": {"name": "gpt-1.3b", "layers": 24, "hidden": 2048, "heads": 16, "kv_heads": 16, "ffn_hidden": 8192,
                       "ffn_act": "gelu", "vocab": 50304, "seq_len": 2048},
-            "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 1},
+            "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 1}, "recompute": "none",
             "batch": {"global_batch_size": 128, "micro_batch_size": 1},
             "measured": {"iteration_time_s": 8.0, **measured}}
 

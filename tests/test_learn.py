@@ -179,7 +179,7 @@ def published_row(**changes) -> dict:
            "gpu": "H100 SXM 80GB", "num_gpus": 8, "precision": "bf16",
            "model": {"name": "ours", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
                      "ffn_act": "swiglu", "vocab": 128256, "seq_len": 4096},
-           "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 1},
+           "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 1}, "recompute": "none",
            "batch": {"global_batch_size": 128, "micro_batch_size": 1}, "measured": {"iteration_time_s": 12.0}}
     for key, value in changes.items():
         section, _, field = key.partition("__")
@@ -267,6 +267,53 @@ def test_a_run_that_contradicts_itself_or_its_gpu_is_refused_naming_the_key(chan
         runs_from_rows([published_row(measured__tokens_per_sec_per_gpu=128 * 4096 / 12.04 / 8)], "runs.yaml")
 
 
+@pytest.mark.parametrize("changes, key, needle", [
+    # priced as none: a run that recomputed in full ran a third more compute than was priced
+    ({"recompute": None}, "recompute", "missing: expected none, selective or full"),
+    # Megatron-LM runs without sequence parallelism unless told, NeMo's and Bridge's recipes with it
+    ({"parallel": {"tp": 2, "pp": 1, "dp": 4, "zero_stage": 1}}, "parallel.sp", "missing: expected true or false"),
+    # guessed as the distributed optimizer (ZeRO 1) for "Megatron-Core", as none for a plain PyTorch stack
+    ({"parallel": {"tp": 1, "pp": 1, "dp": 8}}, "parallel.zero_stage", "missing: expected 0, 1, 2 or 3"),
+    ({"framework": "PyTorch FSDP", "parallel": {"tp": 1, "pp": 1, "dp": 8}}, "parallel.zero_stage", "missing"),
+    ({"framework": "PyTorch", "parallel": {"tp": 2, "pp": 1, "dp": 4, "zero_stage": 0}}, "parallel.sp", "missing"),
+    # nanotron's OptimizerArgs.zero_stage has no default (config/config.py)
+    ({"framework": "nanotron", "parallel": {"tp": 1, "pp": 1, "dp": 8}}, "parallel.zero_stage", "missing"),
+])
+def test_a_team_run_that_leaves_out_a_setting_no_engine_default_fixes_is_refused(changes, key, needle):
+    """A team's run was priced with the published tables' guesses where it left its recomputation, its
+    sequence parallelism or its sharding out: a forgotten ``recompute: full`` went into the fitted GEMM
+    efficiency."""
+    with pytest.raises(CaseError, match=rf"^runs.yaml: team-run-1\.{re.escape(key)}: {re.escape(needle)}"):
+        runs_from_rows([published_row(**changes)], "runs.yaml")
+
+
+def test_a_team_run_without_an_id_that_leaves_a_setting_out_is_named_by_its_file_and_index(tmp_path):
+    runs = tmp_path / "runs.yaml"
+    runs.write_text(yaml.safe_dump([published_row(), {**published_row(), "id": None, "recompute": None}]))
+    done = run_cli("calibrate", "--from-runs", str(runs), "--out", str(tmp_path / "profile.yaml"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: {runs}: {runs}[1].recompute: missing: expected none, selective or full, the recomputation the run "
+        "ran (left out, a run that recomputed was fitted as one that did not: its extra forward pass went into the "
+        "GEMM efficiency)"]
+    assert not (tmp_path / "profile.yaml").exists()
+
+
+@pytest.mark.parametrize("framework, changes, sp, zero", [
+    # torchtitan/config/configs.py: enable_sequence_parallel = True, data_parallel_shard_degree = -1 (FSDP2
+    # over every data-parallel GPU), data_parallel_replicate_degree = 1; both were priced off (sp false, ZeRO 0)
+    ("torchtitan", {"tp": 2, "pp": 1, "dp": 4}, True, 3),
+    ("torchtitan", {"tp": 2, "pp": 1, "dp": 4, "sp": False, "zero_stage": 0}, False, 0),  # stated: kept
+    # deepspeed/runtime/zero/config.py: DeepSpeedZeroConfig.stage = 0; its AutoTP has no sequence parallelism
+    ("DeepSpeed", {"tp": 1, "pp": 1, "dp": 8}, False, 0),
+    # nanotron's ParallelismArgs.tp_mode is ALL_REDUCE where none is given (config/parallelism_config.py)
+    ("nanotron", {"tp": 2, "pp": 1, "dp": 4, "zero_stage": 1}, False, 1),
+])
+def test_a_team_run_takes_the_default_its_engines_code_fixes(framework, changes, sp, zero):
+    run, = runs_from_rows([published_row(framework=framework, parallel=changes)], "runs.yaml")
+    assert (run.case["layout"]["sequence_parallel"], run.case["layout"]["zero_stage"]) == (sp, zero)
+
+
 def test_the_api_refuses_a_run_given_twice_as_the_cli_does(tmp_path):
     import planner
 
@@ -290,7 +337,7 @@ def test_a_run_with_no_layout_is_refused():
 
 def test_the_cli_writes_the_profile_and_a_bad_run_writes_nothing(tmp_path):
     good = tmp_path / "runs.yaml"
-    good.write_text(yaml.safe_dump([published_row(), published_row(id="team-run-2", parallel__tp=2, parallel__dp=4,
+    good.write_text(yaml.safe_dump([published_row(), published_row(id="team-run-2", parallel__tp=2, parallel__dp=4, parallel__sp=True,
                                                                    measured={"iteration_time_s": 11.0})]))
     out = tmp_path / "profile.yaml"
     done = run_cli("calibrate", "--from-runs", str(good), "--out", str(out))
@@ -1195,7 +1242,7 @@ def test_validate_published_skips_a_run_faster_than_its_gpu_naming_it():
     refuses it."""
     from planner.fidelity import evaluate
     rows = [published_row(id="impossible", measured__iteration_time_s=0.5),
-            published_row(id="sane", parallel__tp=2, parallel__dp=4)]
+            published_row(id="sane", parallel__tp=2, parallel__dp=4, parallel__sp=True)]
     result = evaluate(rows, experts=False)
     assert [r.row["id"] for r in result.rows] == ["sane"]
     assert len(result.malformed) == 1 and result.malformed[0][0].startswith("impossible")
@@ -1209,7 +1256,7 @@ def test_validate_published_skips_a_run_whose_step_time_and_tokens_per_s_disagre
     known. It is skipped, named by the key, as a precision that names none is."""
     from planner.fidelity import evaluate
     rows = [published_row(id="two-speeds", measured={"iteration_time_s": 12.0, "tokens_per_sec_total": 5.0}),
-            published_row(id="sane", parallel__tp=2, parallel__dp=4)]
+            published_row(id="sane", parallel__tp=2, parallel__dp=4, parallel__sp=True)]
     result = evaluate(rows, experts=False)
     assert [r.row["id"] for r in result.rows] == ["sane"]
     assert [name for name, _ in result.malformed] == ["two-speeds (row 0)"]
@@ -1223,7 +1270,7 @@ def test_validate_published_refuses_a_run_copied_under_another_id(tmp_path):
     from planner.published_runs import load_rows
     from planner.fidelity import evaluate
     runs = tmp_path / "runs.yaml"
-    runs.write_text(yaml.safe_dump([published_row(), published_row(id="team-run-2", parallel__tp=2, parallel__dp=4),
+    runs.write_text(yaml.safe_dump([published_row(), published_row(id="team-run-2", parallel__tp=2, parallel__dp=4, parallel__sp=True),
                                     published_row(id="team-run-1-again")]))
     with pytest.raises(CaseError) as refused:
         evaluate(load_rows([runs]), experts=False)
@@ -2068,8 +2115,10 @@ def nemo_fp8_rows(**changed: dict) -> list[dict]:
     """The five rows, each run id in ``changed`` with those fields replaced."""
     rows = [{"id": rid, "record_type": "measured_throughput", "framework": "NeMo 24.07 (Megatron-Core)",
              "gpu": "H100-SXM-80GB", "num_gpus": gpus, "model": {"name": rid, **model},
-             "parallel": {"cp": 1, "ep": 1, **parallel}, "batch": batch, "precision": "fp8",
-             "measured": {"tokens_per_sec_per_gpu": tps}} for rid, gpus, model, parallel, batch, tps in NEMO_FP8_ROWS]
+             # NeMo's recipes: the distributed optimizer, and sequence parallelism with tensor parallelism
+             "parallel": {"cp": 1, "ep": 1, "distributed_optimizer": True, **parallel,
+                          **({"sp": True} if parallel["tp"] > 1 else {})}, "batch": batch, "precision": "fp8",
+             "recompute": "none", "measured": {"tokens_per_sec_per_gpu": tps}} for rid, gpus, model, parallel, batch, tps in NEMO_FP8_ROWS]
     return [{**row, **changed.get(row["id"].replace("-", "_"), {})} for row in rows]
 
 
@@ -2236,7 +2285,7 @@ def test_the_profile_path_calibrate_prints_is_found_from_a_case_in_another_folde
 
 def _runs_files(tmp_path, second_rows):
     first = tmp_path / "ours.yaml"
-    first.write_text(yaml.safe_dump([published_row(), published_row(id="team-run-2", parallel__tp=2, parallel__dp=4,
+    first.write_text(yaml.safe_dump([published_row(), published_row(id="team-run-2", parallel__tp=2, parallel__dp=4, parallel__sp=True,
                                                                      measured={"iteration_time_s": 11.0})]))
     second = tmp_path / "theirs.yaml"
     second.write_text(yaml.safe_dump(second_rows))
@@ -2245,7 +2294,8 @@ def _runs_files(tmp_path, second_rows):
 
 def _ms_rows():
     """Four runs whose step times were written in milliseconds: most of the six runs stay far off."""
-    return [published_row(id=f"ms-{tp}-{mb}", parallel__tp=tp, parallel__dp=8 // tp, batch__micro_batch_size=mb,
+    return [published_row(id=f"ms-{tp}-{mb}", parallel__tp=tp, parallel__dp=8 // tp, parallel__sp=tp > 1,
+                          batch__micro_batch_size=mb,
                           measured={"iteration_time_s": 12000.0 + 100 * tp + mb})
             for tp, mb in ((1, 2), (2, 2), (4, 1), (8, 1))]
 
