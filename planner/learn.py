@@ -852,13 +852,16 @@ def print_fit(result: Fit, console: Any) -> None:
     from rich.table import Table  # the CLI's; `import planner` stays without it
 
     table = Table(title=f"Figures fitted to the runs ({result.hardware.gpu} on {result.hardware.fabric})")
-    for column in ("figure", "prior", "fitted", "runs", "note"):
-        table.add_column(column, justify="right" if column in ("prior", "fitted", "runs") else "left",
-                         no_wrap=column != "note")
+    for column in ("figure", "prior", "fitted", "runs"):
+        table.add_column(column, justify="right" if column in ("prior", "fitted", "runs") else "left", no_wrap=True)
     for f in result.figures:
-        table.add_row(f.name, _show(f.name, f.prior), _show(f.name, f.value) if f.fitted else "—", str(f.runs),
-                      f.why_not or BY_NAME[f.name].why)
+        table.add_row(f.name, _show(f.name, f.prior), _show(f.name, f.value) if f.fitted else "—", str(f.runs))
     console.print(table)
+    # Each figure's note under the table, a line of its own that the console wraps between words: as a
+    # fifth column it was what the 40-character names left of 80 columns, about 5 characters, each row
+    # ten lines tall with its words cut ("16-b…").
+    for f in result.figures:
+        console.print(f"{f.name}: {f.why_not or BY_NAME[f.name].why}", markup=False, highlight=False)
     runs = Table(title="Runs: predicted / measured − 1, before → after")
     for column in ("run", "tokens/s", "peak memory"):
         runs.add_column(column, justify="left" if column == "run" else "right")

@@ -22,7 +22,7 @@ import yaml
 
 from planner import calibrate_from_logs, calibrate_from_runs, estimate
 from planner.errors import CaseError
-from planner.learn import RUN_SCATTER, fit, measured_step_s, predict, prior_hardware, with_figures
+from planner.learn import BY_NAME, RUN_SCATTER, fit, measured_step_s, predict, prior_hardware, with_figures
 from planner.team_runs import Run, runs_from_logs, runs_from_rows
 from planner.training_logs import read_log
 from cli_in_process import run_cli
@@ -285,6 +285,27 @@ def test_a_team_run_that_leaves_out_a_setting_no_engine_default_fixes_is_refused
     efficiency."""
     with pytest.raises(CaseError, match=rf"^runs.yaml: team-run-1\.{re.escape(key)}: {re.escape(needle)}"):
         runs_from_rows([published_row(**changes)], "runs.yaml")
+
+
+def test_the_fit_report_keeps_each_notes_words_whole_on_an_80_column_terminal(tmp_path, monkeypatch):
+    """The report's fifth column, each figure's note, got what the figures' names left of 80 columns (about
+    5 characters): each row wrapped to ten lines, its words cut ("16-b…", "sustai…")."""
+    import planner
+
+    monkeypatch.setenv("COLUMNS", "80")
+    runs = tmp_path / "runs.yaml"
+    runs.write_text(yaml.safe_dump([published_row(measured={"iteration_time_s": 12.0, "memory_gb_per_gpu": 60.0}),
+                                    published_row(id="team-run-2", parallel__tp=2, parallel__dp=4, parallel__sp=True,
+                                                  measured={"iteration_time_s": 11.0})]))
+    done = run_cli("calibrate", "--from-runs", str(runs), "--out", str(tmp_path / "profile.yaml"))
+    assert done.returncode == 0, done.stderr
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+    printed = set(done.stdout.split())
+    _, result = planner.calibrate_from_runs([runs])
+    notes = {f.name: f.why_not or BY_NAME[f.name].why for f in result.figures}
+    assert "share of the 16-bit peak a large GEMM sustains" in notes.values()
+    for name, note in notes.items():
+        assert set(note.split()) <= printed, (name, sorted(set(note.split()) - printed))
 
 
 def test_a_team_run_without_an_id_that_leaves_a_setting_out_is_named_by_its_file_and_index(tmp_path):
