@@ -555,7 +555,7 @@ def read_log(path: Path) -> LogReading:
         peaks = _after_warmup(_per_step(TITAN_MEMORY.points_of(ranked_lines, src), max))
         params = [_grouped(m.group(1), src, number, "total parameters")
                   for number, line in lines.holding("total parameters") for m in TITAN_PARAMETERS.finditer(line)]
-        statements = ((("parameters", params[0]),) if params else ()) + _titan_mesh(lines)
+        statements = ((("parameters", params[0]),) if params else ()) + _titan_mesh(lines, src)
         reading = LogReading("torchtitan", tokens_per_s_per_gpu=_median(times, src, "'tps:'"), steps=len(times),
                              peak_gib=max(peaks) if peaks else None, peak_of_rank_0_only=bool(peaks),
                              stated=statements)
@@ -593,19 +593,27 @@ def read_log(path: Path) -> LogReading:
     return reading
 
 
-def _titan_mesh(lines: _Lines) -> tuple[tuple[str, float], ...]:
+def _titan_mesh(lines: _Lines, src: str) -> tuple[tuple[str, float], ...]:
     """The degrees torchtitan's first mesh line states, as the case holds them (team_runs.STATED_IN_CASE):
     its data parallelism is dp_replicate·dp_shard (ParallelDims: batch = dp_replicate·dp_shard), its world
     the product of every degree but ep, which borrows its GPUs from the others; and its ZeRO stage where the
     mesh says it, as torchtitan's launch reader reads the same degrees (engines/torchtitan/read.py,
-    ``_zero_stage``): FSDP2 sharding over dp_shard·cp (cp folds into the FSDP mesh) is zero_stage 3,
-    replication alone 0 (both at once, HSDP, and a mesh of one data-parallel GPU say neither). None where it
-    printed none."""
+    ``degrees_zero_stage``): FSDP2 sharding over dp_shard·cp (cp folds into the FSDP mesh) is zero_stage 3,
+    replication alone 0 (a mesh of one data-parallel GPU says neither). None where it printed none. A
+    CaseError where it replicates and shards at once (HSDP), which the launch reader refuses as unpriced
+    (``hsdp_refusal``): it states no stage, and passed against a case of any."""
+    from .engines.torchtitan.read import degrees_zero_stage, hsdp_refusal
+    from .errors import CaseError
+
     for _, line in lines.holding("Building device mesh"):
         found = TITAN_MESH.search(line)
         if found:
             pp, replicate, shard, cp, tp, ep = (int(g) for g in found.groups())
-            sharding = () if (replicate > 1) == (shard * cp > 1) else ((TITAN_ZERO, 3 if shard * cp > 1 else 0),)
+            refusal = hsdp_refusal(replicate, shard, cp)
+            if refusal:
+                raise CaseError(src, "dp_replicate", refusal)
+            stage = degrees_zero_stage(replicate, shard, cp)
+            sharding = () if stage is None else ((TITAN_ZERO, stage),)
             return (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("dp_replicate·dp_shard", replicate * shard),
                     ("world", pp * replicate * shard * cp * tp)) + sharding
     return ()

@@ -565,6 +565,36 @@ def test_a_torchtitan_log_sharding_otherwise_than_its_case_is_refused(tmp_path, 
         assert runs_from_logs([log], [case_path])[0].case["layout"]["zero_stage"] == zero
 
 
+@pytest.mark.parametrize("replicate, shard, cp, zero", [(2, 4, 1, 3), (2, 4, 1, 0), (8, 1, 2, 3)])
+def test_a_torchtitan_log_of_hsdp_is_refused_as_its_launch_reader_refuses_it(tmp_path, replicate, shard, cp, zero):
+    """A mesh that replicates over dp_replicate and shards over dp_shard·cp (HSDP) states no ZeRO stage, so its
+    log passed against a case of either stage, fitted as a layout it did not run; torchtitan's launch reader
+    refuses the same degrees as unpriced (engines/torchtitan/read.py: HSDP)."""
+    from planner.configs import read_config
+
+    row = published_row(framework="torchtitan", num_gpus=8 * cp, parallel__zero_stage=zero, parallel__dp=8,
+                        parallel__cp=cp, measured={"tokens_per_sec_per_gpu": 6000.0, "memory_gb_per_gpu": 66.41})
+    from_row, = runs_from_rows([row], "runs.yaml")
+    case_path = tmp_path / "case.yaml"
+    case_path.write_text(yaml.safe_dump(from_row.case))
+    mesh = TITAN_MESH_LINE.format(pp=1, shard=shard, tp=1).replace("dp_replicate=1", f"dp_replicate={replicate}") \
+        .replace("cp=1", f"cp={cp}")
+    log = write(tmp_path, "ran.log", mesh + TITAN_LOG)
+    # The same degrees in a launch's overrides, as torchtitan's launch reader (diagnose, validate) reads them.
+    launch = tmp_path / "overrides.txt"
+    launch.write_text(f"--training.local_batch_size {64 // (replicate * shard)} --training.global_batch_size 64 "
+                      f"--training.seq_len 4096 --parallelism.data_parallel_replicate_degree {replicate} "
+                      f"--parallelism.data_parallel_shard_degree {shard} --parallelism.context_parallel_degree {cp}\n")
+    launched_case = {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8 * cp},
+                     "training": {"global_batch_size": 64, "seq_len": 4096}}
+    with pytest.raises(CaseError) as launched:
+        read_config(launched_case, "torchtitan", launch)
+    assert launched.value.key == "parallelism.data_parallel_replicate_degree" and "HSDP" in launched.value.expected
+    done = run_cli("calibrate", "--from-logs", str(log), "--case", str(case_path), "--out", str(tmp_path / "p.yaml"))
+    assert done.returncode == 2
+    assert done.stderr == f"error: {log}: dp_replicate: {launched.value.expected}\n"
+
+
 def test_a_torchtitan_log_under_a_case_of_any_engine_is_priced_as_torchtitan(tmp_path):
     """A case's training.engine "any" (plain PyTorch) priced a torchtitan log as another engine's run
     (its memory 18 % apart), and torchtitan's plans on the profile lay "outside the fitted runs"."""

@@ -858,24 +858,42 @@ def _degrees(s: _Settings, num_gpus: int) -> _Degrees:
     return _Degrees(replicate, shard, tp, cp, pp, ep)
 
 
+def hsdp_refusal(replicate: int, shard: int, cp: int) -> Optional[str]:
+    """Why data-parallel degrees that replicate over dp_replicate and shard over dp_shard·cp (HSDP:
+    torchtitan folds cp into its FSDP mesh, ParallelDims.build_mesh: fsdp = dp_shard·cp) are refused,
+    else None: HSDP has no ZeRO stage the cost model prices. The launch reader's rule (:func:`_zero_stage`),
+    and a training log's mesh line's (training_logs._titan_mesh)."""
+    if replicate > 1 and shard * cp > 1:
+        over = f"data_parallel_shard_degree {shard}" if shard > 1 else f"context_parallel_degree {cp}"
+        return (f"{replicate} with {over} is HSDP (replicated over one group, sharded over the other), which the "
+                "cost model does not price: shard over all the data-parallel GPUs (replicate 1) or replicate over "
+                "them (shard 1, no cp)")
+    return None
+
+
+def degrees_zero_stage(replicate: int, shard: int, cp: int) -> Optional[int]:
+    """The ZeRO stage torchtitan's data-parallel degrees make, where they make one: FSDP2 sharding over
+    dp_shard·cp is ZeRO 3, replication alone ZeRO 0; None on one data-parallel GPU, where the config's other
+    settings decide (:func:`_zero_stage`). HSDP is refused first (:func:`hsdp_refusal`)."""
+    if shard * cp > 1:
+        return 3
+    return 0 if replicate > 1 else None
+
+
 def _zero_stage(s: _Settings, d: _Degrees) -> int:
     """FSDP2 sharding is ZeRO 3, replication ZeRO 0; sharding and replication together (HSDP) has no
-    ZeRO stage the cost model prices. torchtitan folds cp into its FSDP mesh (ParallelDims.build_mesh:
-    fsdp = dp_shard·cp), so cp > 1 shards. With nothing to shard over, FSDP2 still wraps the model
-    (models/llama3/parallelize.py: apply_fsdp_to_decoder at shard degree 1); the emitter marks ZeRO 3
-    there by fsdp_reshard_after_forward "always" (and CPU offload needs FSDP)."""
-    key = "parallelism.data_parallel_replicate_degree"
+    ZeRO stage the cost model prices (:func:`degrees_zero_stage`, :func:`hsdp_refusal`). With nothing
+    to shard over, FSDP2 still wraps the model (models/llama3/parallelize.py: apply_fsdp_to_decoder at
+    shard degree 1); the emitter marks ZeRO 3 there by fsdp_reshard_after_forward "always" (and CPU
+    offload needs FSDP)."""
     # ParallelismConfig's Literal: refused by tyro whatever the degrees
     reshard = s.choice("parallelism.fsdp_reshard_after_forward", "default", ("default", "always", "never"))
-    if d.replicate > 1 and d.shard * d.cp > 1:
-        over = f"data_parallel_shard_degree {d.shard}" if d.shard > 1 else f"context_parallel_degree {d.cp}"
-        raise CaseError(s.src, key, f"{d.replicate} with {over} is HSDP (replicated over one group, sharded over "
-                                    "the other), which the cost model does not price: shard over all the "
-                                    "data-parallel GPUs (replicate 1) or replicate over them (shard 1, no cp)")
-    if d.shard * d.cp > 1:
-        return 3
-    if d.replicate > 1:
-        return 0
+    refusal = hsdp_refusal(d.replicate, d.shard, d.cp)
+    if refusal:
+        raise CaseError(s.src, "parallelism.data_parallel_replicate_degree", refusal)
+    stage = degrees_zero_stage(d.replicate, d.shard, d.cp)
+    if stage is not None:
+        return stage
     return 3 if reshard == "always" or s.switch("training.enable_cpu_offload", False) else 0
 
 
