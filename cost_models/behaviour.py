@@ -462,6 +462,18 @@ class EngineBehaviour:
     # the host: Megatron-LM's arguments.py asserts that --optimizer-cpu-offload with
     # --fp8-param-gather runs --fp8-recipe delayed.
     quantized_param_gather_offloaded: tuple[str, ...] = ()
+    # Where Adam's moments are kept in bf16 (``TrainingSpec.optimizer_moments``), the engine's optimizer
+    # keeps the fp32 master as the 16-bit remainders of the bf16 weights (``TrainingSpec.master_remainders``)
+    # at these ZeRO stages, with the optimizer on the GPU, under these recipes ("" for none: bf16), where a
+    # job does not say (``keeps_master_remainders``). megatron-core 0.16: bf16 moments run under
+    # --use-precision-aware-optimizer, which needs the distributed optimizer (OptimizerConfig.__post_init__),
+    # and hands the master to Transformer Engine's FusedAdam, ``store_param_remainders`` on, wherever
+    # ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` holds: no fp8 recipe or delayed (optimizer_config.py);
+    # under the other recipes MCore keeps its own fp32 master (distrib_optimizer.py,
+    # ``shard_main_param = shard_model_param.clone().float()``) and FusedAdam only the moments. With
+    # --optimizer-cpu-offload the HybridDeviceOptimizer steps fp32 copies instead (optimizer/__init__.py).
+    bf16_moments_remainder_recipes: tuple[str, ...] = ()
+    bf16_moments_remainder_zero_stages: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.selective not in ("attention", "matmuls"):
@@ -489,6 +501,14 @@ class EngineBehaviour:
         job does not say (``quantized_param_gather``, ``quantized_param_gather_offloaded``)."""
         recipes = self.quantized_param_gather_offloaded if optimizer_offloaded else self.quantized_param_gather
         return recipe in recipes and zero_stage in QUANTIZED_GATHER_ZERO_STAGES
+
+    def keeps_master_remainders(self, moments: str, recipe: Optional[str], zero_stage: int,
+                                optimizer_offloaded: bool) -> bool:
+        """Whether the engine keeps the fp32 master as remainders of the bf16 weights where a job does not
+        say (``bf16_moments_remainder_recipes``, ``bf16_moments_remainder_zero_stages``), for Adam's moments
+        in ``moments`` under ``recipe`` (None: none) at ``zero_stage``."""
+        return moments == "bf16" and not optimizer_offloaded and (recipe or "") in self.bf16_moments_remainder_recipes \
+            and zero_stage in self.bf16_moments_remainder_zero_stages
 
     @property
     def fused_quantize(self) -> bool:

@@ -14,7 +14,7 @@ from .flops import layer_gemms
 from .model_states import (FP32_BYTES, StateBytes, bucket_copy_bytes, folds_gradients_into_flat_buffer,
                            folds_gradients_into_fp32, fp32_gradients,
                            gathered_weight_bytes, keeps_weights_quantized, quantizes_weights_once_a_step,
-                           sharded_state_bytes, state_bytes, working_bytes, zero_shards)
+                           sharded_state_bytes, state_bytes, steps_master_in_kernel, working_bytes, zero_shards)
 from .offload import accumulates_on_host, gradients_on_host, host_gradient_bytes, offloaded_activation_layers
 from .parameters import (StageParameters, attention_parameters, built_vocab, embedding_parameters, embedding_shards,
                          expert_parameters, head_shards, largest_parameter, mlp_parameters, router_parameters, shared_expert_parameters,
@@ -526,10 +526,14 @@ def step_gradient_copy_bytes(job: Job, stage: int) -> float:
       (``stage_1_and_2.py``, ``step``), once it has freed a ZeRO-1 rank's gradients of the parameters
       outside its partition (``free_grad_in_param_list``: only what passes them counts), and its ZeRO-3
       step the same, one sub-group at a time (``stage3.py``, ``_prepare_fp32_grad_for_sub_group``);
-      Megatron's distributed optimizer casts its shard, 4, its gradient buffer kept."""
+      Megatron's distributed optimizer casts its shard, 4, its gradient buffer kept; none where the
+      optimizer's kernel holds the master as remainders and reads the 16-bit shard itself
+      (``model_states.steps_master_in_kernel``)."""
     training, lay = job.training, job.layout
     engine = training.engine
-    if training.precision == "fp32" or fp32_gradients(training):
+    if training.precision == "fp32" or fp32_gradients(training) or steps_master_in_kernel(training):
+        # steps_master_in_kernel: the optimizer reads the 16-bit gradient shard itself (megatron-core's
+        # ``decoupled_grad``, a view of the buffer), no fp32 copy
         return 0.0
     if lay.zero_stage == 0:
         return engine.step_gradient_copy_bytes * job_stage_parameters(job, stage).total

@@ -95,6 +95,13 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
       _register_bf16_optimizer_state_hook: exp_avg and exp_avg_sq ``zeros_like(p,
       dtype=torch.bfloat16)`` beside the fp32 parameter, stepped by torch's fused mixed-precision
       Adam kernel).
+    - The fp32 master kept as remainders (``TrainingSpec.master_remainders``): 2 bytes, the 16 low
+      bits of each fp32 master weight its bf16 weight lacks, beside the moments: 2 + 2 + 2 = 6 bytes
+      of optimizer state with bf16 moments. Transformer Engine's FusedAdam under megatron-core 0.16's
+      precision-aware optimizer (optimizer/__init__.py: ``master_weights``, ``store_param_remainders``;
+      FusedAdam ``_initialize_state``: ``torch.zeros_like(param, dtype=torch.int16)``), which holds the
+      master of the distributed optimizer's bf16 shards: megatron-core then keeps no fp32 shard of its own
+      (distrib_optimizer.py, ``shard_main_param = None``: "main params are held by FusedAdam").
     """
     moments = 1 if training.optimizer == "sgd" else 2
     moment_bytes = 2 if training.optimizer_moments == "bf16" else 4
@@ -106,8 +113,9 @@ def state_bytes(training: TrainingSpec, zero_stage: int = 0, shards: int = 1) ->
     weights = 2.0
     if keeps_weights_quantized(training):  # the linear layers' weights; memory.stage_state_bytes the rest
         weights = training.recipe.quantized_bytes
+    master = 2 if training.master_remainders else 4
     return StateBytes(weights=weights, gradients=4 if fp32_gradients(training) else 2,
-                      optimizer=4 + moment_bytes * moments)
+                      optimizer=master + moment_bytes * moments)
 
 
 def folds_gradients_into_fp32(job: Job) -> bool:
@@ -206,12 +214,27 @@ MASTER_BYTES = FP32_BYTES
 def adam_step_bytes(per_param: StateBytes, master_weights: bool = False) -> float:
     """Bytes the optimizer's own fused kernel (Adam, or SGD) streams per parameter: it reads the
     gradient, reads and writes the optimizer's states (master weights and moments), and writes the
-    new weights; where the weights are the master (``master_weights``, :func:`weights_are_master`),
-    it reads them too."""
+    new weights; where the weights are the master (``master_weights``: :func:`weights_are_master`, or
+    the bf16 weights that with their remainders make it, :func:`steps_master_in_kernel`), it reads
+    them too (Transformer Engine's ``multi_tensor_adam_param_remainder`` rebuilds each fp32 master
+    from the bf16 weight and its int16 remainder, and writes both back)."""
     return per_param.gradients + 2 * per_param.optimizer + per_param.weights * (2 if master_weights else 1)
 
 
-def optimizer_step_bytes(per_param: StateBytes, master_weights: bool, engine: EngineBehaviour) -> float:
+def steps_master_in_kernel(training: TrainingSpec) -> bool:
+    """Whether the optimizer's kernel holds the master as remainders of the bf16 weights
+    (``TrainingSpec.master_remainders``) and so reads the weights and writes them itself: no separate
+    kernel copies a master into them, and no fp32 copy of the gradients is made for it. megatron-core
+    0.16 (optimizer/distrib_optimizer.py): ``_copy_main_params_to_model_params`` returns at once under
+    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` ("main params are held by self.optimizer. It will
+    also do the work of copying"), and ``_copy_model_grads_to_main_grads`` hands FusedAdam a view of the
+    gradient buffer (``shard_main_param.decoupled_grad = shard_model_grad``) where it otherwise makes
+    ``shard_model_grad.float()``."""
+    return bool(training.master_remainders) and training.master_weights
+
+
+def optimizer_step_bytes(per_param: StateBytes, master_weights: bool, engine: EngineBehaviour,
+                         master_in_kernel: bool = False) -> float:
     """Bytes a whole optimizer step streams per parameter: the optimizer's kernel
     (:func:`adam_step_bytes`) and around it
 
@@ -221,15 +244,17 @@ def optimizer_step_bytes(per_param: StateBytes, master_weights: bool, engine: En
       writes them (megatron-core ``clip_grads.py`` with Transformer Engine and torch's
       ``_clip_grads_with_norm_`` scale every step, by a coefficient clamped to 1);
     - ``engine``'s own passes: the fp32 master read again by a separate copy into the 16-bit
-      weights (``EngineBehaviour.master_copy_kernel``), the gradient buffer zeroed
+      weights (``EngineBehaviour.master_copy_kernel``), unless the optimizer's kernel writes them from
+      the master it holds as their remainders (``master_in_kernel``, :func:`steps_master_in_kernel`,
+      whose kernel reads the weights as part of the master), the gradient buffer zeroed
       (``zeroes_gradient_buffer``).
 
     Megatron-LM in bf16 with fp32 gradients thus streams 50 bytes a parameter where Adam alone
     moves 30; torchtitan's FSDP2, whose fp32 shard is the master, 40 where Adam moves 28."""
     clipping = 3 * per_param.gradients
-    own = (MASTER_BYTES if engine.master_copy_kernel and not master_weights else 0.0) \
+    own = (MASTER_BYTES if engine.master_copy_kernel and not (master_weights or master_in_kernel) else 0.0) \
         + (per_param.gradients if engine.zeroes_gradient_buffer else 0.0)
-    return adam_step_bytes(per_param, master_weights) + clipping + own
+    return adam_step_bytes(per_param, master_weights or master_in_kernel) + clipping + own
 
 
 @lru_cache(maxsize=4096)

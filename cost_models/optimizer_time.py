@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .kernels import in_place_time
 from .memory import optimizer_local_parameters, per_microbatch
-from .model_states import optimizer_step_bytes, state_bytes, weights_are_master, zero_shards
+from .model_states import optimizer_step_bytes, state_bytes, steps_master_in_kernel, weights_are_master, zero_shards
 from .offload import activation_offload_time, optimizer_offload_floor, optimizer_offload_time, param_offload_time
 from .job import Job
 from .stage_time import StageTime
@@ -19,7 +19,8 @@ def optimizer_time(job: Job, stage: int) -> float:
     per_param = state_bytes(job.training, lay.zero_stage, shards)
     local = optimizer_local_parameters(job, stage) * (1 - lay.offload_optimizer)
     master = weights_are_master(job.training, lay.zero_stage, shards)
-    return in_place_time(local * optimizer_step_bytes(per_param, master, job.training.engine), gpu)
+    return in_place_time(local * optimizer_step_bytes(per_param, master, job.training.engine,
+                                                      steps_master_in_kernel(job.training)), gpu)
 
 
 def offload_time(job: Job, stage: int, slowest: "StageTime") -> float:

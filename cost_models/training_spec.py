@@ -68,6 +68,13 @@ class TrainingSpec:
     # _register_bf16_optimizer_state_hook). It changes the numerics, so the case states it: the
     # planner never picks it.
     optimizer_moments: str = "fp32"
+    # The fp32 master weights kept as the 16 low bits each bf16 weight lacks (its "remainder"), so
+    # that the bf16 weight and its remainder together are the fp32 master: 2 bytes a parameter, not
+    # 4 (Transformer Engine's FusedAdam ``store_param_remainders``, which megatron-core 0.16's
+    # precision-aware optimizer turns on: optimizer/optimizer_config.py, ``store_param_remainders``
+    # True, no argument sets it). None: as the engine runs the job at its layout
+    # (``EngineBehaviour.keeps_master_remainders``, ``resolution.resolve_training``).
+    master_remainders: Optional[bool] = None
     # The loss compiled by torch.compile (torchtitan's compile.components "loss"; a script's
     # torch.compile(loss_fn)): inductor fuses its upcast, log-softmax and NLL
     # (``EngineBehaviour.compiled_loss``). None: the engine's default (``loss_compiled``).
@@ -108,10 +115,11 @@ class TrainingSpec:
         if not isinstance(self.engine, EngineBehaviour):
             raise SpecError(s, "engine", f"expected an engine's behaviour, got {self.engine!r}")
         for name in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather",
-                     "master_weights", "compiled_loss", "fused_attention", "chunked_loss"):
+                     "master_weights", "compiled_loss", "fused_attention", "chunked_loss", "master_remainders"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name in ("fp32_grads", "fp8_param_gather", "compiled_loss",
-                                                             "fused_attention", "chunked_loss") and value is None):
+                                                             "fused_attention", "chunked_loss",
+                                                             "master_remainders") and value is None):
                 raise SpecError(s, name, f"expected true or false, got {value!r}")
         if self.loss_chunks is not None:
             _positive_int(s, "loss_chunks", self.loss_chunks)
@@ -150,6 +158,22 @@ class TrainingSpec:
         if self.fp8_param_gather and self.precision not in ("fp8", "mxfp8", "nvfp4"):
             raise SpecError(s, "fp8_param_gather", f"applies only to a low precision (fp8, mxfp8, nvfp4), "
                                                    f"not {self.precision}")
+        if self.master_remainders:
+            # The remainder completes a bf16 weight into its fp32 master (Transformer Engine's
+            # FusedAdam: "Works only when param type is BF16 and master weight type is FP32").
+            if not self.master_weights:
+                raise SpecError(s, "master_remainders", "true keeps the fp32 master as remainders of the bf16 "
+                                                        "weights: it needs master_weights true")
+            if self.precision in ("fp32", "fp16"):
+                raise SpecError(s, "master_remainders", f"true completes bf16 weights into their fp32 master: it "
+                                                        f"needs weights kept in bf16 (precision bf16, fp8, mxfp8 "
+                                                        f"or nvfp4), not {self.precision}")
+            if self.optimizer == "sgd":
+                raise SpecError(s, "master_remainders", "true is an Adam kernel's (Transformer Engine's FusedAdam): "
+                                                        "it needs optimizer adam or adamw, not sgd")
+            if self.fp8_param_gather:
+                raise SpecError(s, "master_remainders", "true completes a bf16 weight, and fp8_param_gather true "
+                                                        "keeps the weights quantized: set one of them false")
 
     @property
     def attention_fused(self) -> bool:

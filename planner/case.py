@@ -87,7 +87,7 @@ OPTIONAL_COUNT_KEYS = ("q_lora_rank", "num_experts", "moe_shared_expert_ffn_hidd
 TRAINING_KEYS = ("global_batch_size", "seq_len", "precision", "optimizer", "flash_attention", "engine",
                  "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_recipe", "fp8_param_gather",
                  "expert_dispatch", "master_weights", "compiled_loss", "fused_attention", "loss_chunks",
-                 "chunked_loss", "loss", "optimizer_moments")
+                 "chunked_loss", "loss", "optimizer_moments", "master_remainders")
 
 
 LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
@@ -424,7 +424,7 @@ def _training(src: str, section: Any) -> TrainingSpec:
     if "engine" in values:
         values["engine"] = ENGINES[values["engine"]].behaviour
     for key in ("flash_attention", "tp_comm_overlap", "fp32_grads", "moe_comm_overlap", "fp8_param_gather",
-                "master_weights", "compiled_loss", "fused_attention", "chunked_loss"):
+                "master_weights", "compiled_loss", "fused_attention", "chunked_loss", "master_remainders"):
         if key in section:
             values[key] = read_bool(src, f"training.{key}", section[key])
     with spec_errors(src):

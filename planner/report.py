@@ -58,6 +58,8 @@ def describe_layout(est: Estimate) -> str:
                      else "no master weights (pure bf16)")
     if job.training.optimizer_moments != "fp32":
         parts.append(f"Adam's moments in {job.training.optimizer_moments}")
+    if job.training.master_remainders:  # the case's, or its engine's at this layout
+        parts.append("fp32 master kept as remainders of the bf16 weights")
     if lay.offload_optimizer:
         parts.append("optimizer offloaded" if lay.offload_optimizer == 1
                      else f"{lay.offload_optimizer:.0%} of the optimizer offloaded")

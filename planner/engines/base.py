@@ -80,6 +80,9 @@ class EngineSupport:
     # The dtypes the engine keeps Adam's moments in beside fp32 master weights
     # (``training.optimizer_moments``): torch's fused Adam steps bf16 moments beside fp32 parameters.
     optimizer_moments: tuple[str, ...] = OPTIMIZER_MOMENTS
+    # The fp32 master kept as remainders of the bf16 weights (``training.master_remainders: true``):
+    # Transformer Engine's FusedAdam, which torch's Adam and the engines built on it do not run.
+    master_remainders: bool = False
     # The loss compiled by torch.compile, or not (``training.compiled_loss``): the PyTorch stacks
     # run either; Megatron's and Megatron-DeepSpeed's vocab-parallel cross-entropy is their own.
     compiled_loss: bool = True
@@ -144,6 +147,10 @@ class EngineSupport:
             out.append(("training.optimizer_moments", self.reason(
                 "optimizer_moments", "its optimizer keeps Adam's moments in")
                         + f" {', '.join(self.optimizer_moments)}, not {training.optimizer_moments}"))
+        if training.master_remainders and not self.master_remainders:
+            out.append(("training.master_remainders", self.reason(
+                "master_remainders", "its optimizer keeps the fp32 master whole (4 bytes), not as remainders of "
+                                     "the bf16 weights (Transformer Engine's FusedAdam store_param_remainders)")))
         return out
 
     def expert_tp_choices(self, tp: int) -> tuple[int, ...]:
