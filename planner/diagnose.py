@@ -132,7 +132,9 @@ def with_megatron_training(case: Case, path: Path, settings: dict) -> Case:
     changes = {}
     for key, value in settings.items():
         said = getattr(requested, key)
-        if said is None or (said is False and value is True and key.endswith("overlap")):
+        if said is None or (said is False and value is True and key.endswith("overlap")) \
+                or (key == "optimizer_moments" and said == "fp32"):
+            # fp32 moments are the case's default, as an overlap's false: the arguments' bf16 stands
             changes[key] = value
         elif said != value:
             flag = SETTING_FLAGS[key]
@@ -152,6 +154,8 @@ def taken_from_arguments(case: Case, settings: dict) -> Optional[str]:
 
     taken = []
     for key, value in settings.items():
+        if key == "optimizer_moments" and value != case.training.optimizer_moments:
+            taken.append(f"Adam's moments in {value} (--exp-avg-dtype, --exp-avg-sq-dtype)")
         if getattr(case.training, key) is not None:
             continue
         flag = "--fp4-param-gather" if key == "fp8_param_gather" and case.training.precision == "nvfp4" \

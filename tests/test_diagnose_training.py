@@ -76,21 +76,28 @@ def test_an_fp16_runs_16_bit_reduction_is_not_said_to_be_bf16s_flag(tmp_path):
 
 
 @pytest.mark.parametrize("extra, expected", [
-    # One moment in bf16, the other fp32 (the default), and both: TE's FusedAdam under the precision-aware
-    # optimizer, whose fp32 master it keeps as 16-bit remainders (OptimizerConfig.store_param_remainders).
-    ("--use-precision-aware-optimizer --exp-avg-dtype bf16", "--exp-avg-dtype: bf16: Adam's moments in bf16"),
-    ("--use-precision-aware-optimizer --exp-avg-sq-dtype bf16", "--exp-avg-sq-dtype: bf16: Adam's moments in bf16"),
-    ("--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", "16-bit remainders"),
+    # One moment in bf16, the other fp32 (the default): training.optimizer_moments keeps both in one dtype.
+    ("--use-precision-aware-optimizer --exp-avg-dtype bf16", "--exp-avg-sq-dtype: fp32 beside --exp-avg-dtype bf16"),
+    ("--use-precision-aware-optimizer --exp-avg-sq-dtype bf16", "--exp-avg-sq-dtype: bf16 beside --exp-avg-dtype fp32"),
+    # fp16 and fp8 moments, which FusedAdam scales per tensor (fused_adam.py, _apply_scale).
+    ("--use-precision-aware-optimizer --exp-avg-dtype fp16 --exp-avg-sq-dtype fp16", "--exp-avg-dtype: fp16: Adam's "
+                                                                                     "moments in fp16"),
+    ("--use-precision-aware-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype fp8", "--exp-avg-dtype: fp8: Adam's "
+                                                                                   "moments in fp8"),
+    # The HybridDeviceOptimizer is handed no moment dtype (megatron/core/optimizer/__init__.py ~306-334).
+    ("--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --optimizer-cpu-offload",
+     "--exp-avg-dtype: bf16 with --optimizer-cpu-offload"),
     # Without it OptimizerConfig.__post_init__ asserts fp32.
     ("--exp-avg-sq-dtype bf16", "--exp-avg-sq-dtype: bf16 needs --use-precision-aware-optimizer"),
 ])
 def test_adams_moments_in_another_dtype_are_refused_not_priced_as_fp32(tmp_path, extra, expected):
     """--exp-avg-dtype and --exp-avg-sq-dtype were not read: a launch keeping Adam's moments in bf16 was
-    priced with fp32 moments (and 4-byte master weights) without a word."""
+    priced with fp32 moments (and 4-byte master weights) without a word. Both in bf16 are read as
+    training.optimizer_moments bf16 (tests/test_precision_aware_optimizer.py); what it cannot say is refused."""
     case, args = files(tmp_path, ARGS + extra + "\n")
     with pytest.raises(CaseError, match="^.*" + expected.replace("(", r"\(").replace(")", r"\)")):
         diagnose(case, megatron_args=args)
-    # With the optimizer offload it is emitted with (without it the master's 16-bit remainders are refused:
+    # With the optimizer offload it is emitted with (without it the master's 16-bit remainders are read:
     # tests/test_precision_aware_optimizer.py).
     case, args = files(tmp_path, ARGS + "--use-precision-aware-optimizer --exp-avg-dtype fp32 --optimizer-cpu-offload\n")
     assert diagnose(case, megatron_args=args).estimate.job.training.optimizer_moments == "fp32"

@@ -89,11 +89,11 @@ def test_a_word_for_the_moments_names_the_key():
 
 
 @pytest.mark.parametrize("engine, reason", [
-    ("megatron", "store_param_remainders"),
     ("deepspeed", "bf16_optimizer_states requires bf16_master_weights_and_grads"),
     ("nanotron", "fp32 master's dtype"),
 ])
 def test_engines_that_keep_fp32_moments_beside_an_fp32_master_refuse_the_case(engine, reason):
+    """(Megatron runs them: tests/test_precision_aware_optimizer.py.)"""
     case = {**CASE, "training": {**CASE["training"], "engine": engine},
             "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": 1}}
     with pytest.raises(CaseError) as error:

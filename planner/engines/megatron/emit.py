@@ -286,6 +286,12 @@ def arguments(job: Job) -> list[tuple[str, Optional[str]]]:
         # HybridDeviceOptimizer: validate_args wants the precision-aware optimizer with it.
         args += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", f"{lay.offload_optimizer:g}"),
                  ("--use-precision-aware-optimizer", None), ("--overlap-cpu-optimizer-d2h-h2d", None)]
+    elif t.optimizer_moments == "bf16" or t.master_remainders:
+        # Transformer Engine's FusedAdam, with the master as remainders of the bf16 weights where
+        # megatron-core hands it the master (engine.precision_aware_rules), the moments in the case's dtype.
+        args.append(("--use-precision-aware-optimizer", None))
+    if t.optimizer_moments == "bf16":
+        args += [("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
     if lay.offload_activations:
         # The count alone turns it on: validate_args sets cpu_offloading where it is > 0, and
         # cpu_offloading itself has no argument (megatron/training/arguments.py, core_v0.16.1).

@@ -48,13 +48,11 @@ SUPPORT = EngineSupport(
     # Transformer Engine's fp8 recipes as megatron-core 0.16 names them (TransformerConfig.fp8_recipe:
     # tensorwise, delayed, mxfp8, blockwise); torchao's row-wise scaling has no TE counterpart.
     fp8_recipes=("delayed", "tensorwise", "blockwise"),
-    pure_bf16=False, compiled_loss=False, losses=("megatron",), fused_attention=(True,), optimizer_moments=("fp32",),
-    why=(("optimizer_moments", "Megatron keeps bf16 moments only in Transformer Engine's FusedAdam under "
-                               "--use-precision-aware-optimizer (--exp-avg-dtype, --exp-avg-sq-dtype), which keeps "
-                               "the fp32 master as 16-bit remainders beside the bf16 weights "
-                               "(OptimizerConfig.store_param_remainders, on by default, no flag turns it off): "
-                               "not the 4-byte master priced, so it keeps them in"),
-         ("activation_offload_with_recompute", ACTIVATION_OFFLOAD_RECOMPUTE),
+    pure_bf16=False, compiled_loss=False, losses=("megatron",), fused_attention=(True,),
+    # bf16 moments and the master's remainders: --use-precision-aware-optimizer, Transformer Engine's FusedAdam
+    # (megatron/core/optimizer/__init__.py; rules below for where megatron-core runs them).
+    optimizer_moments=("fp32", "bf16"), master_remainders=True,
+    why=(         ("activation_offload_with_recompute", ACTIVATION_OFFLOAD_RECOMPUTE),
          ("activation_offload_with_pipeline", ACTIVATION_OFFLOAD_PIPELINE),
          ("compiled_loss", "Megatron computes its loss in its own fused vocab-parallel cross-entropy "
                            "(tensor_parallel.vocab_parallel_cross_entropy), not a compiled one"),
@@ -89,6 +87,10 @@ BEHAVIOUR = EngineBehaviour(
     # distributed optimizer); Megatron-FSDP (ZeRO 2, 3) the same of each shard's bf16 gradient
     # (param_and_grad_buffer.py, update_main_grads: optimizer_grad.to(param.dtype))
     step_gradient_copy_bytes=4.0, zero_step_gradient_copy_bytes=4.0, zero_step_gradient_copy_stages=(1, 2, 3),
+    # bf16 moments run under --use-precision-aware-optimizer, whose FusedAdam keeps the master as remainders
+    # where use_precision_aware_optimizer_no_fp8_or_ds_fp8 holds (optimizer_config.py: --fp8-recipe delayed,
+    # TransformerConfig's default, which a bf16 run keeps too): on the distributed optimizer (ZeRO 1).
+    bf16_moments_remainder_recipes=("", "delayed"), bf16_moments_remainder_zero_stages=(1,),
     zero3_prefetch_params=5e8, zero3_edges_gathered=True, unfused_weight_gradients_from_zero=2,
 )
 
@@ -106,6 +108,7 @@ def rules(job: Job) -> list[tuple[str, str]]:
         out.append(("layout.offload_optimizer", "Megatron-LM offloads only Adam: --optimizer-cpu-offload needs "
                                                 "--use-precision-aware-optimizer, which OptimizerConfig takes only "
                                                 "with --optimizer adam, not sgd"))
+    out += precision_aware_rules(job)
     if lay.offload_activations:  # TransformerConfig.__post_init__ (cpu_offloading)
         if lay.pp > 1 and not SUPPORT.activation_offload_with_pipeline:
             out.append(("layout.offload_activations", ACTIVATION_OFFLOAD_PIPELINE))
@@ -165,6 +168,62 @@ def rules(job: Job) -> list[tuple[str, str]]:
         out.append(("layout.recompute_num_layers", f"--recompute-num-layers counts layers per model chunk: "
                                                    f"{lay.recompute_num_layers} must divide by vpp {lay.vpp}"))
     return out
+
+
+# Megatron's precision-aware optimizer (--use-precision-aware-optimizer) as megatron-core 0.16 runs it.
+PRECISION_AWARE_ZERO = ("--use-precision-aware-optimizer needs the distributed optimizer (OptimizerConfig."
+                        "__post_init__: 'only supported with distributed optimizer'): zero_stage 1")
+PRECISION_AWARE_OFFLOAD = ("with --optimizer-cpu-offload the HybridDeviceOptimizer steps fp32 copies of the shards "
+                           "with fp32 moments and no remainders (megatron/core/optimizer/__init__.py passes it "
+                           "neither exp_avg_dtype nor store_param_remainders)")
+
+
+def precision_aware_rules(job: Job) -> list[tuple[str, str]]:
+    """Where megatron-core 0.16 runs Adam's moments in bf16 and the master as remainders
+    (``TrainingSpec.optimizer_moments``, ``master_remainders``): both only under
+    --use-precision-aware-optimizer (the moments' dtypes are asserted fp32 without it:
+    OptimizerConfig.__post_init__), on the distributed optimizer, with the optimizer on the GPU; the
+    remainders wherever ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` holds under --bf16 (no fp8
+    recipe or delayed), and only there (optimizer_config.py; optimizer/__init__.py hands FusedAdam
+    ``master_weights`` there alone, ``store_param_remainders`` True with no argument to turn it off)."""
+    lay, training = job.layout, job.training
+    moments, remainders = training.optimizer_moments == "bf16", bool(training.master_remainders)
+    if not (moments or remainders):
+        return []
+    key = "training.master_remainders" if remainders and not moments else "training.optimizer_moments"
+    what = f"{key.split('.')[1]} {'bf16' if key.endswith('moments') else 'true'}"
+    if lay.zero_stage != 1:
+        return [(key, f"{what}: {PRECISION_AWARE_ZERO}, not {lay.zero_stage}")]
+    if lay.offload_optimizer:
+        return [("layout.offload_optimizer", f"training.{what}: {PRECISION_AWARE_OFFLOAD}")]
+    if training.precision in ("fp32", "fp16"):
+        # FusedAdam then keeps an fp32 master_param of every parameter beside the fp32 or fp16 weights
+        # (transformer_engine/pytorch/optimizers/fused_adam.py, initialize_state), which no term prices.
+        return [(key, f"{what}: megatron-core's precision-aware optimizer under {training.precision} weights "
+                      f"keeps a whole fp32 master in Transformer Engine's FusedAdam, not priced; it is priced "
+                      f"under bf16 weights (precision bf16, fp8, mxfp8)")]
+    recipe = training.recipe.name if training.recipe else ""
+    if recipe == "nvfp4":
+        return [(key, f"{what}: under NVFP4 Megatron-LM's --fp8-recipe stays delayed, and FusedAdam's master beside "
+                      "NVFP4 weights is not priced")]
+    keeps = recipe in BEHAVIOUR.bf16_moments_remainder_recipes
+    if keeps and training.fp8_param_gather:
+        # FusedAdam is handed the quantized (Float8Tensor) shards and steps them in its fp8 kernel
+        # (multi_tensor_adam_fp8) with a master of its own: not the bf16 weights and remainders priced.
+        return [("training.fp8_param_gather", f"true with training.{what} under {recipe}: Transformer Engine's "
+                                              "FusedAdam then holds the master of fp8 weights, not priced; set "
+                                              "fp8_param_gather false")]
+    if remainders and not keeps:
+        return [("training.master_remainders", f"true: under the {recipe} recipe megatron-core keeps its own fp32 "
+                                               "master (distrib_optimizer.py: use_precision_aware_optimizer_no_fp8_"
+                                               "or_ds_fp8 is false) and Transformer Engine's FusedAdam the moments "
+                                               "alone; expected false")]
+    if training.master_remainders is False and keeps:
+        return [("training.master_remainders", "false: megatron-core's precision-aware optimizer keeps the fp32 master "
+                                               "as remainders of the bf16 weights here (OptimizerConfig."
+                                               "store_param_remainders, True, no argument turns it off); expected "
+                                               "true, or leave it unset")]
+    return []
 
 
 def _recompute_module_rules(job: Job) -> list[tuple[str, str]]:

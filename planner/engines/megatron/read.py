@@ -1356,37 +1356,79 @@ def _offload(args: _Args) -> tuple[float, int]:
     return offload_optimizer, args.integer("--cpu-offloading-num-layers", 0)
 
 
-def precision_aware_master_refusal(flags: dict) -> Optional[str]:
-    """Why the master weights an argument list's --use-precision-aware-optimizer keeps are not those priced,
-    or None where they are (``model_states.state_bytes``: a 4-byte fp32 master per parameter).
+def read_precision_aware(src: str, flags: dict) -> tuple[str, bool]:
+    """(training.optimizer_moments, training.master_remainders) an argument list's optimizer runs, or a
+    CaseError naming the flag where it runs what the estimate does not price.
 
-    megatron-core 0.16 (``megatron/core/optimizer``): without --optimizer-cpu-offload, the flag hands the
-    master weights to Transformer Engine's FusedAdam wherever ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``
-    holds (optimizer_config.py ``__post_init__``: --main-params-dtype other than fp32, or an fp8 recipe that is
-    none or delayed, which TransformerConfig.fp8_recipe is by default), with ``store_param_remainders``
-    (__init__.py ~387; True by default, line ~192, no argument sets it, False only under Transformer Engine
-    before 2.1): under --bf16 the master is the 16 bits of each fp32 weight that its bf16 weight lacks
-    (distrib_optimizer.py ~801: ``master_param`` int16), 2 bytes, and --main-params-dtype fp16 keeps it in
-    2 bytes too. With --optimizer-cpu-offload the HybridDeviceOptimizer steps instead, built without
-    store_param_remainders (__init__.py ~306-334, ``param_update_in_fp32=True``): fp32 copies of the bf16
-    shards, wherever they are stepped (cpu_offloading/hybrid_optimizer.py,
-    ``_get_sub_optimizer_param_groups``), and moments of their dtype: the 4 + 8 bytes priced."""
-    if "--use-precision-aware-optimizer" not in flags or "--optimizer-cpu-offload" in flags:
-        return None
+    megatron-core 0.16 (``megatron/core/optimizer``): --exp-avg-dtype and --exp-avg-sq-dtype other than
+    fp32 need --use-precision-aware-optimizer (optimizer_config.py ``__post_init__`` asserts fp32 without
+    it). Without --optimizer-cpu-offload the flag hands the moments to Transformer Engine's FusedAdam
+    (__init__.py ~365: ``exp_avg_dtype``, ``exp_avg_sq_dtype``), and the master weights too wherever
+    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` holds (--main-params-dtype other than fp32, or an fp8
+    recipe that is delayed, TransformerConfig.fp8_recipe's default, which a bf16 run keeps too), with
+    ``store_param_remainders`` (__init__.py ~387; True by default, optimizer_config.py ~192, no argument
+    sets it, False only under Transformer Engine before 2.1): under --bf16 the master is the 16 bits of
+    each fp32 weight that its bf16 weight lacks (distrib_optimizer.py ~801: ``master_param`` int16), and
+    megatron-core keeps no fp32 shard of its own (``shard_main_param = None``). Under tensorwise, blockwise
+    and mxfp8 megatron-core keeps its fp32 master shard and FusedAdam the moments alone. With
+    --optimizer-cpu-offload the HybridDeviceOptimizer steps instead, built without store_param_remainders
+    or the moments' dtypes (__init__.py ~306-334, ``param_update_in_fp32=True``): fp32 copies of the bf16
+    shards and moments of their dtype, the 4 + 8 bytes priced."""
+    aware = "--use-precision-aware-optimizer" in flags
+    dtypes = {flag: (flags.get(flag) or "fp32").lower() for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype")}
+    for flag, dtype in dtypes.items():
+        if dtype != "fp32" and not aware:
+            raise CaseError(src, flag, f"{dtype} needs --use-precision-aware-optimizer (OptimizerConfig.__post_init__ "
+                                       "asserts fp32 without it): the run would not start")
+    if not aware:
+        return "fp32", False
+    offloaded = "--optimizer-cpu-offload" in flags
+    for flag, dtype in dtypes.items():
+        if dtype not in ("fp32", "bf16"):
+            # FusedAdam keeps fp16 and fp8 moments scaled by an fp32 factor of each tensor (fused_adam.py,
+            # _apply_scale), which training.optimizer_moments (fp32, bf16) does not price.
+            raise CaseError(src, flag, f"{dtype}: Adam's moments in {dtype}, scaled by Transformer Engine's FusedAdam, "
+                                       "are not priced (training.optimizer_moments: fp32 or bf16); expected fp32 or "
+                                       "bf16")
+        if dtype == "bf16" and offloaded:
+            raise CaseError(src, flag, "bf16 with --optimizer-cpu-offload: the HybridDeviceOptimizer is handed no "
+                                       "moment dtype (megatron/core/optimizer/__init__.py) and keeps them in fp32; "
+                                       "expected fp32")
+    if dtypes["--exp-avg-dtype"] != dtypes["--exp-avg-sq-dtype"]:
+        raise CaseError(src, "--exp-avg-sq-dtype", f"{dtypes['--exp-avg-sq-dtype']} beside --exp-avg-dtype "
+                                                   f"{dtypes['--exp-avg-dtype']}: one moment in each dtype is not "
+                                                   "priced (training.optimizer_moments keeps both in one); expected "
+                                                   f"{dtypes['--exp-avg-dtype']}")
+    moments = dtypes["--exp-avg-dtype"]
+    if offloaded:
+        return moments, False
     main_params = (flags.get("--main-params-dtype") or "fp32").lower()
     if main_params != "fp32":
-        return (f"with --main-params-dtype {main_params} and no --optimizer-cpu-offload, Transformer Engine's "
-                f"FusedAdam keeps the master weights in {main_params} (2 bytes a parameter), which the estimate "
-                "does not price (it prices a 4-byte fp32 master); add --optimizer-cpu-offload, or diagnose the "
-                "launch without it")
-    recipe = flags.get("--fp8-recipe") or "delayed"  # TransformerConfig.fp8_recipe's default
-    if "--bf16" in flags and recipe == "delayed":
-        return ("without --optimizer-cpu-offload, under --bf16, Transformer Engine's FusedAdam keeps the fp32 "
-                "master weights as the 16-bit remainders beside the bf16 weights (OptimizerConfig."
-                "store_param_remainders, on by default, no argument turns it off): 2 bytes a parameter, which the "
-                "estimate does not price (it prices a 4-byte fp32 master, as --optimizer-cpu-offload's "
-                "HybridDeviceOptimizer keeps); add --optimizer-cpu-offload, or diagnose the launch without it")
-    return None
+        raise CaseError(src, "--use-precision-aware-optimizer",
+                        f"with --main-params-dtype {main_params} and no --optimizer-cpu-offload, Transformer Engine's "
+                        f"FusedAdam keeps the master weights in {main_params} (2 bytes a parameter, scaled), which the "
+                        "estimate does not price (it prices an fp32 master, whole or as bf16 remainders); expected "
+                        "--main-params-dtype fp32")
+    if "--use-megatron-fsdp" in flags:
+        raise CaseError(src, "--use-precision-aware-optimizer", "under --use-megatron-fsdp: Megatron-FSDP's own main "
+                                                                "weights beside FusedAdam are not priced (the "
+                                                                "precision-aware optimizer is priced on the distributed "
+                                                                "optimizer, zero_stage 1)")
+    precision = read_precision(flags)
+    name = precision[0] if precision else "fp32"
+    if name in ("fp32", "fp16", "nvfp4"):
+        raise CaseError(src, "--use-precision-aware-optimizer",
+                        f"under {name} Transformer Engine's FusedAdam keeps a master of its own beside the "
+                        f"{name} weights, which the estimate does not price (it prices the precision-aware "
+                        "optimizer under --bf16 and the fp8 recipes run with it)")
+    recipe = flags.get("--fp8-recipe") or "delayed"  # TransformerConfig.fp8_recipe's default, a bf16 run's too
+    remainders = recipe == "delayed"  # use_precision_aware_optimizer_no_fp8_or_ds_fp8 at --main-params-dtype fp32
+    if remainders and "--fp8-param-gather" in flags:
+        raise CaseError(src, "--fp8-param-gather", "with --use-precision-aware-optimizer under the delayed recipe: "
+                                                   "Transformer Engine's FusedAdam then holds the master of fp8 "
+                                                   "weights (multi_tensor_adam_fp8), which the estimate does not price; "
+                                                   "diagnose the launch without one of them")
+    return moments, remainders
 
 
 def read_training(path: Path, case) -> dict:
@@ -1424,23 +1466,7 @@ def _training(flags: dict, case, src: str) -> dict:
         # Megatron-FSDP keeps its gradients in the dtype this flag names (Megatron-LM's
         # mcore_fsdp_adapter), whatever --grad-reduce-in-bf16 says
         fp32_grads = fsdp_grads.lower() in ("fp32", "float32")
-    for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype"):
-        dtype = (flags.get(flag) or "fp32").lower()
-        if dtype != "fp32" and "--use-precision-aware-optimizer" not in flags:
-            raise CaseError(src, flag, f"{dtype} needs --use-precision-aware-optimizer (OptimizerConfig.__post_init__ "
-                                       "asserts fp32 without it): the run would not start")
-        if dtype != "fp32":
-            # OptimizerConfig hands both to Transformer Engine's FusedAdam (megatron/core/optimizer/__init__.py),
-            # which then keeps the fp32 master as 16-bit remainders beside the bf16 weights (store_param_remainders,
-            # on by default, no flag turns it off): neither that master nor one moment in bf16 beside the other in
-            # fp32 is what training.optimizer_moments prices.
-            raise CaseError(src, flag, f"{dtype}: Adam's moments in {dtype} under --use-precision-aware-optimizer, "
-                                       "in Transformer Engine's FusedAdam, which keeps the fp32 master as 16-bit "
-                                       "remainders (OptimizerConfig.store_param_remainders): not priced for Megatron "
-                                       "(training.optimizer_moments bf16 is refused there); expected fp32")
-    refusal = precision_aware_master_refusal(flags)
-    if refusal:
-        raise CaseError(src, "--use-precision-aware-optimizer", refusal)
+    moments, remainders = read_precision_aware(src, flags)
     tp = int(flags.get("--tensor-model-parallel-size") or 1)
     if "--tp-comm-overlap" in flags and (tp == 1 or "--sequence-parallel" not in flags):
         # validate_args turns sequence parallelism off at tp 1, then asserts it under --tp-comm-overlap
@@ -1450,6 +1476,8 @@ def _training(flags: dict, case, src: str) -> dict:
     settings = {
         "fp32_grads": fp32_grads,
         "moe_comm_overlap": "--overlap-moe-expert-parallel-comm" in flags,
+        "optimizer_moments": moments,
+        "master_remainders": remainders,
     }
     if tp > 1:  # at tp 1 there is no tensor-parallel communication to overlap: the case's word stands
         settings["tp_comm_overlap"] = "--tp-comm-overlap" in flags
@@ -1494,7 +1522,8 @@ def _training(flags: dict, case, src: str) -> dict:
 SETTING_FLAGS = {"fp32_grads": "--grad-reduce-in-bf16", "tp_comm_overlap": "--tp-comm-overlap",
                  "fp8_param_gather": "--fp8-param-gather",
                  "moe_comm_overlap": "--overlap-moe-expert-parallel-comm",
-                 "expert_dispatch": "--moe-token-dispatcher-type", "fp8_recipe": "--fp8-recipe"}
+                 "expert_dispatch": "--moe-token-dispatcher-type", "fp8_recipe": "--fp8-recipe",
+                 "optimizer_moments": "--exp-avg-dtype", "master_remainders": "--use-precision-aware-optimizer"}
 
 
 def _check_quantized_weights(src: str, flags: dict, job: Job) -> None:
