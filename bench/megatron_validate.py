@@ -192,7 +192,8 @@ FIELDS = ["tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual
           "fp8", "fp8_param_gather", "fp4", "bf16", "fp16", "optimizer_cpu_offload", "optimizer_offload_fraction",
           "cpu_offloading", "cpu_offloading_num_layers", "tp_comm_overlap", "overlap_moe_expert_parallel_comm",
           "pipeline_model_parallel_layout", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-          "num_experts", "seq_length"]
+          "num_experts", "seq_length", "use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype",
+          "main_params_dtype"]
 
 MODELS = ("llama3-8b", "llama3-70b", "llama2-7b", "llama2-13b", "mistral-7b", "qwen2.5-72b", "gpt-1.7b",
           "mixtral-8x7b", "deepseek-v2-lite", "qwen3-30b-a3b")
@@ -295,6 +296,17 @@ def compare(case: dict, estimate, m: dict) -> list[str]:
         issues.append("overlap_param_gather: priced overlapped, resolved off")
     if bool(m["tp_comm_overlap"]) != bool(job.training.tp_comm_overlap and layout["tp"] > 1):
         issues.append(f"tp_comm_overlap: planned {job.training.tp_comm_overlap}, resolved {m['tp_comm_overlap']}")
+    # The optimizer's states as priced (model_states.state_bytes): the moments' dtype, and the precision-aware
+    # optimizer (Transformer Engine's FusedAdam) wherever the master is kept as remainders or the moments in bf16.
+    moments = job.training.optimizer_moments
+    for field in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+        if m.get(field) is not None and str(m[field]) != f"torch.{'bfloat16' if moments == 'bf16' else 'float32'}":
+            issues.append(f"{field}: planned {moments}, resolved {m[field]}")
+    aware = moments == "bf16" or bool(job.training.master_remainders) or bool(layout.get("offload_optimizer"))
+    if m.get("use_precision_aware_optimizer") is not None and bool(m["use_precision_aware_optimizer"]) != aware:
+        issues.append(f"use_precision_aware_optimizer: planned {aware}, resolved {m['use_precision_aware_optimizer']}")
+    if m.get("main_params_dtype") is not None and str(m["main_params_dtype"]) != "torch.float32":
+        issues.append(f"main_params_dtype: priced an fp32 master, resolved {m['main_params_dtype']}")
     if job.model.is_moe and m["num_experts"] != job.model.num_experts:
         issues.append(f"num_experts: model {job.model.num_experts}, resolved {m['num_experts']}")
     return issues

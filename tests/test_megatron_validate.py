@@ -29,8 +29,9 @@ def has_release(git_dir: str, ref: str) -> bool:
     return Path(git_dir).exists() and done.returncode == 0
 
 
-# Four cases that reach a pipeline with its stage split, interleaving, context parallelism, experts,
-# optimizer offload with partial recomputation, Megatron FSDP (ZeRO 3) with selective recomputation and fp8 on Hopper (validate_args's fp8 and Hopper rules).
+# Five cases that reach a pipeline with its stage split, interleaving, context parallelism, experts,
+# optimizer offload with partial recomputation, Megatron FSDP (ZeRO 3) with selective recomputation and fp8 on
+# Hopper (validate_args's fp8 and Hopper rules), and Adam's moments in bf16 (--use-precision-aware-optimizer).
 CASES = [
     {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
      "training": {"global_batch_size": 256, "seq_len": 8192, "precision": "fp8"},
@@ -42,6 +43,10 @@ CASES = [
     {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
      "training": {"global_batch_size": 16, "seq_len": 4096},
      "search": {"target": "megatron", "offload_optimizer": 1}},
+    # Adam's moments in bf16: the precision-aware optimizer, its master as remainders.
+    {"model": {"preset": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+     "training": {"global_batch_size": 64, "seq_len": 4096, "optimizer_moments": "bf16"},
+     "search": {"target": "megatron"}},
 ]
 
 
