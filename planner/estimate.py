@@ -227,7 +227,8 @@ class Estimate:
             # in the case-file's keys, so that a tool passing the job on (to `estimate`, to a launcher)
             # gets what was priced: a plan that decided between engines names the one it picked.
             "training": {"engine": self.job.training.engine.name,
-                         "fp8_param_gather": self.job.training.fp8_param_gather},
+                         "fp8_param_gather": self.job.training.fp8_param_gather,
+                         "master_remainders": self.job.training.master_remainders},
             # NVLink domains (nodes, or NVL72 racks) each parallel group spans: > 1 leaves it.
             "nvlink_domains_spanned": domains_spanned(self.job.cluster, self.job.layout),
             "grad_accum": self.job.grad_accum,
