@@ -77,6 +77,7 @@ def test_resolved_arguments_are_compared_key_by_key():
         class job:  # noqa: N801
             class training:  # noqa: N801
                 precision, tp_comm_overlap = "bf16", False
+                optimizer_moments, master_remainders = "bf16", True
 
             class model:  # noqa: N801
                 is_moe = False
@@ -87,14 +88,19 @@ def test_resolved_arguments_are_compared_key_by_key():
                     context_parallel_size=1, micro_batch_size=2, global_batch_size=32, use_distributed_optimizer=True,
                     use_megatron_fsdp=False, sequence_parallel=True, expert_model_parallel_size=1,
                     expert_tensor_parallel_size=2, seq_length=4096, bf16=True, fp16=False, overlap_grad_reduce=True,
-                    overlap_param_gather=True, tp_comm_overlap=False, num_layers=32)
+                    overlap_param_gather=True, tp_comm_overlap=False, num_layers=32,
+                    use_precision_aware_optimizer=True, exp_avg_dtype="torch.bfloat16",
+                    exp_avg_sq_dtype="torch.bfloat16", main_params_dtype="torch.float32")
     assert megatron_validate.compare(case, Planned(), resolved) == []
-    wrong = {**resolved, "micro_batch_size": 1, "use_distributed_optimizer": False, "overlap_param_gather": False}
+    wrong = {**resolved, "micro_batch_size": 1, "use_distributed_optimizer": False, "overlap_param_gather": False,
+             "exp_avg_sq_dtype": "torch.float32", "use_precision_aware_optimizer": False}
     assert megatron_validate.compare(case, Planned(), wrong) == [
         "micro_batch_size: planned 2, Megatron-LM resolved 1",
         "zero_stage: planned 1, Megatron-LM resolved 0",
         "gradient accumulation: planned 4, resolved 8",
         "overlap_param_gather: priced overlapped, resolved off",
+        "exp_avg_sq_dtype: planned bf16, resolved torch.float32",
+        "use_precision_aware_optimizer: planned True, resolved False",
     ]
 
 
