@@ -61,6 +61,21 @@ def profiled_speed(machine: dict[str, Any]) -> Optional[float]:
     return statistics.mean(figures) if figures else None
 
 
+def unchecked_reason(profile: str, machine: dict[str, Any]) -> Optional[str]:
+    """Why `validate` cannot check this machine's speed against a CPU profile's, or None where it can:
+    a profile without the reference GEMM's figures (one written before `calibrate` timed it, as the
+    repo's own ``calibration/profiles/cpu-2core-dev.yaml``) gives no speed to compare with, and a
+    slower machine than the one profiled would pass unnoticed. Said, not refused: the documented
+    refusal is of a machine shown to be slower, and this one is not shown either way."""
+    if profiled_speed(machine) is not None:
+        return None
+    state = "missing" if "reference_gemm_tflops" not in machine else "holds no figure"
+    return (f"{profile}: machine.reference_gemm_tflops: {state} (the reference GEMM's speed when the profile was "
+            "measured, which `calibrate` records): this machine's speed is not checked against the profile's, so "
+            f"a machine more than {SLOWER_SHARE:.0%} slower than the one profiled is not refused; calibrate again "
+            "to have it checked")
+
+
 def moved_reason(before: float, after: float) -> Optional[str]:
     """Why a calibration whose machine changed speed under it describes neither machine, or None."""
     if abs(after / before - 1) <= SLOWER_SHARE:

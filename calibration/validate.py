@@ -22,7 +22,7 @@ from cost_models.specs import Job
 from planner.errors import CaseError
 from planner.estimate import Estimate, estimate
 
-from .speed import Speed, profiled_speed, reference_gemm_tflops
+from .speed import Speed, profiled_speed, reference_gemm_tflops, unchecked_reason
 from .train import Measurement, RunSpec, Unsupported, launch, run_spec
 
 # The repo's own GPT (calibration/gpt.py) as `layout-planner validate` trains it: PyTorch DDP
@@ -62,6 +62,8 @@ class Validation:
     gpu_use: Optional[dict[str, float]] = None
     # On CPUs, the reference GEMM's speed when profiled and around the run (speed.Speed).
     speed: Optional[Speed] = None
+    # On CPUs, why that speed was not checked: the profile records none (speed.unchecked_reason).
+    speed_not_checked: Optional[str] = None
 
     @property
     def predicted_step_s(self) -> float:
@@ -98,7 +100,8 @@ class Validation:
             "profile": self.profile,
             "gpu": self.estimate.job.cluster.gpu.name,
             "host": {"other_cpu_share": self.other_cpu_share, "gpu_use": self.gpu_use,
-                     "reference_gemm_tflops": self.speed.to_dict() if self.speed else None},
+                     "reference_gemm_tflops": self.speed.to_dict() if self.speed else None,
+                     "speed_not_checked": self.speed_not_checked},
             "run": {"dp": self.spec.dp, "micro_batch_size": self.spec.micro_batch_size,
                     "grad_accum": self.spec.grad_accum, "zero_stage": self.spec.zero_stage,
                     "recompute": self.spec.config["recompute"], "attention": self.spec.config["attention"],
@@ -218,7 +221,9 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     machine whose other processes keep it busy (:func:`host.busy_reason`; on GPUs,
     :func:`host.gpu_busy_reason`), or a CPU that runs the reference GEMM slower than when it was
     profiled (:mod:`calibration.speed`), is refused, or with ``allow_busy`` warned about; what was
-    measured is in the result, with the reference GEMM timed again after the run. A rank that makes no
+    measured is in the result, with the reference GEMM timed again after the run. A CPU profile that records
+    no reference GEMM (``machine.reference_gemm_tflops``) leaves the speed unchecked: ``warn`` gets why, and
+    so does the result (``speed_not_checked``). A rank that makes no
     progress for ``stall_s`` (default: 20 predicted steps, at least two minutes) is taken for
     hung and the run stopped, naming it, without waiting for ``timeout_s``.
     """
@@ -300,6 +305,8 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     used = gpu_use(spec.dp) if spec.device == "cuda" else None
     profiled = profiled_speed(machine) if spec.device == "cpu" else None
     speed = Speed(profiled, reference_gemm_tflops(spec.threads)) if profiled else None
+    # A CPU profile with no reference GEMM to compare with: the check below cannot run, and is said not to have.
+    not_checked = unchecked_reason(str(in_use), machine) if spec.device == "cpu" else None
     slower = speed.slower_reason() if speed else None
     for reason in (busy_reason(others), gpu_busy_reason(used),
                    slower and f"{slower}: timings taken now describe a slower machine; wait, or calibrate again, or "
@@ -314,6 +321,8 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
 
     for reason in measured_while_disturbed(str(profile_in_use(case, profile)), machine):
         warn(reason)
+    if not_checked:
+        warn(not_checked)
     progress(f"validate: predicted {est.step_time_s:.3g} s a step; running {spec.warmup} warm-up and {spec.steps} "
              f"timed steps on {spec.dp} rank{'s' if spec.dp > 1 else ''} ({spec.device}), stopped after "
              f"{timeout_s:.0f} s at most")
@@ -326,7 +335,7 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
             warn(f"{speed.slower_reason()} after the run: the measured steps may describe a slower machine")
     used_profile = profile_in_use(case, profile)  # the case's own, where --profile is not given: recorded too
     return Validation(est, spec, measurement, str(used_profile) if used_profile is not None else None, others, used,
-                      speed)
+                      speed, not_checked)
 
 
 def print_validation(result: Validation, console) -> None:
@@ -364,3 +373,5 @@ def print_validation(result: Validation, console) -> None:
         s = result.speed
         console.print(f"this machine's speed: reference GEMM {s.before:.3g} TFLOP/s before the run, "
                       f"{s.after:.3g} after, against {s.profiled:.3g} when profiled (ratio {s.ratio:.3f})")
+    elif result.speed_not_checked:
+        console.print(f"this machine's speed: not checked: {escape(result.speed_not_checked)}")

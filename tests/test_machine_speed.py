@@ -125,3 +125,49 @@ def test_validate_times_the_machine_around_the_run_and_records_it(tmp_path):
     assert timed["profiled"] == 1000.0 and 0 < timed["before"] < 1000 and 0 < timed["after"] < 1000
     assert timed["ratio"] == pytest.approx(min(timed["before"], timed["after"]) / 1000)
     assert "warning: this machine runs the reference GEMM" in run.stderr  # measured anyway, and said so
+
+
+def test_a_profile_without_the_reference_gemm_says_the_speed_went_unchecked(tmp_path, monkeypatch):
+    """A profile written before `calibrate` timed the reference GEMM (the repo's own cpu-2core-dev.yaml) gave
+    validate no speed to compare with: its refusal of a machine slower than profiled was skipped with no word,
+    and --json's host said reference_gemm_tflops: null, as for a GPU, where no such check applies."""
+    pytest.importorskip("torch")
+    import io
+
+    from rich.console import Console
+
+    import calibration.host as host
+    import calibration.validate as validation
+    from calibration.train import Measurement
+    from test_validate_loop import PROFILE, case
+
+    profile = tmp_path / "profile.yaml"
+    assert "reference_gemm_tflops" not in PROFILE["machine"]
+    profile.write_text(yaml.safe_dump(PROFILE))
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(case(micro_batch_size=1, zero_stage=0)))
+    monkeypatch.setattr(host, "other_cpu_share", lambda: 0.0)  # the tests beside this one are not its subject
+    timed = []
+    monkeypatch.setattr(validation, "reference_gemm_tflops", lambda threads: timed.append(threads) or 0.1)
+    # The note's subject is what validate says around the run, not the run: its steps are not started.
+    monkeypatch.setattr(validation, "launch", lambda spec, timeout_s, stall_s=None: Measurement(
+        step_times_s=(1.0,), optimizer_times_s=(0.1,), warmup_times_s=(1.0,), activation_bytes=1, losses=(2.0, 1.0),
+        threads=spec.threads, torch_version="x"))
+    warned: list[str] = []
+    result = validation.validate(path, profile, steps=1, warmup=1, warn=warned.append)
+    note = (f"{profile}: machine.reference_gemm_tflops: missing (the reference GEMM's speed when the profile was "
+            "measured, which `calibrate` records): this machine's speed is not checked against the profile's, so a "
+            "machine more than 10% slower than the one profiled is not refused; calibrate again to have it checked")
+    assert warned == [note] and timed == []  # nothing to compare a timing with: none taken
+    host_section = result.to_dict()["host"]
+    assert host_section["reference_gemm_tflops"] is None and host_section["speed_not_checked"] == note
+    out = io.StringIO()
+    validation.print_validation(result, Console(file=out, width=1000))
+    assert f"this machine's speed: not checked: {note}" in out.getvalue().splitlines()
+
+    # One that records it is checked, and says nothing of the kind.
+    path, profile = write_case(tmp_path, 0.1)
+    warned.clear()
+    result = validation.validate(path, profile, steps=1, warmup=1, warn=warned.append)
+    assert warned == [] and result.to_dict()["host"]["speed_not_checked"] is None
+    assert result.speed.profiled == pytest.approx(0.1) and len(timed) == 2  # before and after the run
