@@ -3,6 +3,7 @@ inline), its host, the fabric, what each GPU achieves, how many there are, and t
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -240,40 +241,78 @@ def read_machine(src: str, value: Any) -> dict:
     return value
 
 
-def fitted_figures_present(src: str, performance: Any, measurements: Any) -> None:
-    """Refuse a profile whose performance section lacks a figure its measurements section fitted.
+# `calibrate` writes each fitted figure in ``performance`` and in its fit under ``measurements`` from one
+# number at 4 significant figures (calibration/profile.py, ``sig``), so the two are equal. Rounding that
+# number to 4 figures moves it by at most half a unit of the fourth, 0.05 % of it (a leading 1): 0.1 % leaves
+# room for a copy rewritten from the unrounded fit, and none for a figure rescaled or measured again (the
+# development profile's two copies of its attention figure differed by 17 %).
+FITTED_COPY_REL_TOL = 1e-3
 
-    `calibrate` writes each GEMM and attention figure twice (calibration/profile.py): in ``performance``,
-    which the cost model reads, and in the fit under ``measurements`` it came from. Every key of
-    ``performance`` is optional (a hand-written or runs-fitted profile states what it knows), so one
-    deleted from a calibrated profile was priced on Performance()'s generic default (GEMMs at 0.75 of the
-    peak, no kernel overhead) with no word. The GEMM fit of a 16-bit precision gives ``gemm_efficiency``
-    and an fp32 one beside it ``gemm_efficiency_fp32``; alone, a precision's fit gives ``gemm_efficiency``."""
-    if not isinstance(measurements, dict) or not isinstance(performance, dict):
-        return  # a malformed section is named where it is read; no measurements, nothing fitted to hold to
-    wanted: dict[str, str] = {}
+
+def _fitted_copies(measurements: dict) -> dict[str, tuple[str, list[tuple[str, float]]]]:
+    """Each ``performance`` key a calibrated profile's measurements fitted: where its fit is, and the figures
+    it may equal, each with its fit (several for ``kernel_overhead_s``: the training precision's GEMM fit
+    gives it, and the file does not name that precision; a figure that is no number is not compared: the
+    cost model never reads it)."""
+    def number(fit: dict, key: str, where: str) -> list[tuple[str, float]]:
+        value = fit.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return [(where, float(value))] if ok else []
+
+    wanted: dict[str, tuple[str, list[tuple[str, float]]]] = {}
     gemm = measurements.get("gemm")
     if isinstance(gemm, dict):
         fitted = [p for p, section in gemm.items() if isinstance(section, dict) and isinstance(section.get("fit"), dict)]
         sixteen_bit = next((p for p in ("bf16", "fp16") if p in fitted), None)
         for precision in fitted:
-            where = f"measurements.gemm.{precision}.fit"
-            if "kernel_overhead_s" in gemm[precision]["fit"]:
-                wanted.setdefault("kernel_overhead_s", where)
-            if "gemm_efficiency" in gemm[precision]["fit"]:
+            fit, where = gemm[precision]["fit"], f"measurements.gemm.{precision}.fit"
+            if "kernel_overhead_s" in fit:
+                first, figures = wanted.get("kernel_overhead_s", (where, []))
+                wanted["kernel_overhead_s"] = (first, figures + number(fit, "kernel_overhead_s", where))
+            if "gemm_efficiency" in fit:
                 if precision == "fp32" and sixteen_bit:
-                    wanted["gemm_efficiency_fp32"] = where
+                    wanted["gemm_efficiency_fp32"] = (where, number(fit, "gemm_efficiency", where))
                 elif precision == (sixteen_bit or precision):
-                    wanted["gemm_efficiency"] = where
+                    wanted["gemm_efficiency"] = (where, number(fit, "gemm_efficiency", where))
     attention = measurements.get("attention")
     if isinstance(attention, dict) and isinstance(attention.get("fit"), dict) \
             and "attention_efficiency" in attention["fit"]:
-        wanted["attention_efficiency"] = "measurements.attention.fit"
-    for key, where in wanted.items():
+        where = "measurements.attention.fit"
+        wanted["attention_efficiency"] = (where, number(attention["fit"], "attention_efficiency", where))
+    return wanted
+
+
+def check_fitted_copies(src: str, performance: Any, measurements: Any, section: str = "performance",
+                        required: bool = True) -> None:
+    """Refuse a profile whose performance section lacks a figure its measurements section fitted, or states
+    one that disagrees with that fit beyond rounding (:data:`FITTED_COPY_REL_TOL`).
+
+    `calibrate` writes each GEMM and attention figure twice (calibration/profile.py): in ``performance``,
+    which the cost model reads, and in the fit under ``measurements`` it came from. Every key of
+    ``performance`` is optional (a hand-written or runs-fitted profile states what it knows), so one
+    deleted from a calibrated profile was priced on Performance()'s generic default (GEMMs at 0.75 of the
+    peak, no kernel overhead) with no word; and one edited (or rescaled by hand, as the development
+    profile's attention figure was) priced a figure no measurement gave while the file showed the fitted one.
+    The GEMM fit of a 16-bit precision gives ``gemm_efficiency`` and an fp32 one beside it
+    ``gemm_efficiency_fp32``; alone, a precision's fit gives ``gemm_efficiency``. ``section`` names the
+    performance section (``alone.performance`` holds rank 0's figures, fitted under
+    ``measurements.alone``); without ``required``, a figure it leaves out is not refused (it falls back to
+    the section above it)."""
+    if not isinstance(measurements, dict) or not isinstance(performance, dict):
+        return  # a malformed section is named where it is read; no measurements, nothing fitted to hold to
+    for key, (where, figures) in _fitted_copies(measurements).items():
         if key not in performance:
-            raise CaseError(src, f"performance.{key}", f"missing: expected the figure {where} gives, which "
-                                                       "`calibrate` writes in both (a generic default would stand "
-                                                       "in for this machine's); calibrate again")
+            if required:
+                raise CaseError(src, f"{section}.{key}", f"missing: expected the figure {where} gives, which "
+                                                         "`calibrate` writes in both (a generic default would stand "
+                                                         "in for this machine's); calibrate again")
+            continue
+        stated = performance[key]
+        if figures and not any(math.isclose(stated, f, rel_tol=FITTED_COPY_REL_TOL) for _, f in figures):
+            fitted = " or ".join(f"the {f:g} of {fit}" for fit, f in figures)
+            raise CaseError(src, f"{section}.{key}", f"{stated:g} disagrees with {fitted}, which "
+                                                     "`calibrate` writes as the same figure (an edited or damaged "
+                                                     "file); calibrate again, or make the two agree")
 
 
 def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional[FabricSpec]]:
@@ -292,7 +331,7 @@ def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional
     # An empty section (null) is none; false, 0 or [] is no mapping (they were taken as none). Without
     # one, Performance()'s generic figures stand in: said on stderr (case.profile_warnings).
     performance = performance_from_mapping(src, "performance", _section(data, "performance"), Performance())
-    fitted_figures_present(src, _section(data, "performance"), data.get("measurements"))
+    check_fitted_copies(src, _section(data, "performance"), data.get("measurements"))
     gpu = gpu_from_mapping(src, "gpu", name, gpu_data)
     if data.get("alone") is not None:
         # Checked whichever case reads the profile (a malformed section passed where no one-rank case
@@ -313,6 +352,10 @@ def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional
         gpu_alone = gpu_from_mapping(src, "alone", name, merged)
         performance_alone = performance_from_mapping(src, "alone.performance", _section(one, "performance"),
                                                      performance)
+        measured = data.get("measurements")
+        check_fitted_copies(src, _section(one, "performance"),
+                               measured.get("alone") if isinstance(measured, dict) else None, "alone.performance",
+                               required=False)
         if alone:
             gpu, performance = gpu_alone, performance_alone
     fabric = fabric_from_mapping(src, "fabric", "measured", data["fabric"])[0] if data.get("fabric") is not None \

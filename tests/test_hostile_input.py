@@ -1057,17 +1057,22 @@ def test_calibrate_refuses_a_gpu_preset_on_a_machine_without_one(tmp_path):
 PROFILE = Path(__file__).resolve().parent.parent / "calibration" / "profiles" / "cpu-2core-dev.yaml"
 
 
-def _estimated_on(tmp_path, profile: dict):
-    """The profile written to a file, and the refusal of an estimate of a small fp32 case on it."""
+def _estimated_case(tmp_path, profile: dict) -> dict:
+    """A small fp32 case of one rank on ``profile``, written to a file."""
     written = tmp_path / "profile.yaml"
     written.write_text(yaml.safe_dump(profile))
-    case = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
+    return {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 512},
             "cluster": {"profile": str(written), "num_gpus": 1},
             "training": {"global_batch_size": 2, "seq_len": 64, "precision": "fp32"},
             "layout": {"dp": 1, "micro_batch_size": 1}}
+
+
+def _estimated_on(tmp_path, profile: dict):
+    """The profile written to a file, and the refusal of an estimate of a small fp32 case on it."""
+    case = _estimated_case(tmp_path, profile)
     with pytest.raises(CaseError) as info:
         planner.estimate(case)
-    return written, info
+    return Path(case["cluster"]["profile"]), info
 
 
 @pytest.mark.parametrize("where, value, key, expected", [
@@ -1122,6 +1127,49 @@ def test_a_calibrated_profile_without_a_figure_its_measurements_fitted_is_refuse
     written, info = _estimated_on(tmp_path, profile)
     assert (info.value.source, info.value.key) == (str(written), f"performance.{key}")
     assert info.value.expected.startswith("missing: ") and fits[key] in info.value.expected
+
+
+FITS = {"gemm_efficiency": "measurements.gemm.fp32.fit", "kernel_overhead_s": "measurements.gemm.fp32.fit",
+        "attention_efficiency": "measurements.attention.fit"}
+
+
+@pytest.mark.parametrize("key", sorted(FITS))
+def test_a_calibrated_profile_whose_two_copies_of_a_figure_disagree_is_refused(tmp_path, key):
+    """The development profile's attention figure was rescaled by hand in its performance section (0.338)
+    and left as fitted in its measurements (0.2897): every estimate priced the one and the file showed the
+    other, with no word. `calibrate` writes both from one figure at 4 significant figures
+    (calibration/profile.py), so a copy that differs by more than a unit of the fourth is an edit."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    fit = profile
+    for part in FITS[key].split("."):
+        fit = fit[part]
+    fitted = fit[key]
+    assert profile["performance"][key] == fitted  # calibrate wrote both, the same
+    # Within rounding: half a unit of the fourth significant figure where that is the largest share (a
+    # leading 1), what writing the unrounded fit at 4 figures can move it by.
+    profile["performance"][key] = fitted * (1 + 5e-4)
+    planner.estimate(_estimated_case(tmp_path, profile))
+    profile["performance"][key] = fitted * 1.005  # half a percent: no rounding of a 4-figure number
+    written, info = _estimated_on(tmp_path, profile)
+    assert (info.value.source, info.value.key) == (str(written), f"performance.{key}")
+    assert info.value.expected == (f"{fitted * 1.005:g} disagrees with the {fitted:g} of {FITS[key]}, which "
+                                   "`calibrate` writes as the same figure (an edited or damaged file); calibrate "
+                                   "again, or make the two agree")
+
+
+def test_a_profiles_alone_figures_are_held_to_their_own_fit(tmp_path):
+    """Rank 0's figures (alone.performance, which a case of one rank is priced on) come from the fits under
+    measurements.alone: a figure there that disagrees with its fit is refused as the shared ones are, and one
+    left out still falls back to the shared figure."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    fitted = profile["measurements"]["attention"]["fit"]["attention_efficiency"]
+    profile["measurements"]["alone"] = {"attention": {"fit": {"attention_efficiency": fitted / 2}}}
+    profile["alone"] = {"performance": {}}
+    planner.estimate(_estimated_case(tmp_path, profile))  # left out: the shared figure stands
+    profile["alone"]["performance"]["attention_efficiency"] = fitted
+    written, info = _estimated_on(tmp_path, profile)
+    assert (info.value.source, info.value.key) == (str(written), "alone.performance.attention_efficiency")
+    assert info.value.expected.startswith(f"{fitted:g} disagrees with the {fitted / 2:g} of measurements.attention.fit")
 
 
 def test_a_profile_without_its_gpu_names_the_key_as_written(tmp_path):
