@@ -1411,6 +1411,42 @@ def test_the_optimizer_implementation_is_read_refused_outside_torchtitans_choice
     assert any(note.startswith("optimizer.implementation foreach") for note in run.notes), run.notes
 
 
+def test_a_0_2_job_files_optimizer_implementation_is_read_by_the_same_rule(tmp_path):
+    """A torchtitan 0.2 job file's [optimizer] implementation was not read (only 0.3's
+    optimizer.implementation was): its "foreach" and "for-loop", which build_optimizers hands torch.optim.AdamW
+    as foreach= / fused=False (components/optimizer.py at v0.2.2), were priced as the fused step without a word,
+    and "fused_opt_states_bf16", which 0.2's Optimizer.implementation Literal does not have and build_optimizers
+    asserts against (assert implementation in ["fused", "foreach", "for-loop"]), was diagnosed as runnable.
+    Read now as the command line's is, with 0.2's choices; a launch's --optimizer.implementation over the file
+    likewise."""
+    case = case_of("llama3-8b", 8, 64, 4096)
+    body = ("[training]\nlocal_batch_size = 8\nglobal_batch_size = 64\nseq_len = 4096\n[parallelism]\n"
+            "data_parallel_shard_degree = -1\n[activation_checkpoint]\nmode = \"full\"\n")
+    path = tmp_path / "job.toml"
+    path.write_text(body)
+    plain = diagnose(case, torchtitan=path)
+    assert not any("optimizer.implementation" in note for note in plain.notes), plain.notes
+    for implementation, priced in (("fused", False), ("foreach", True), ("for-loop", True)):
+        path.write_text(body + f"[optimizer]\nname = \"AdamW\"\nlr = 3e-4\nimplementation = \"{implementation}\"\n")
+        run = diagnose(case, torchtitan=path)
+        said = [note for note in run.notes if note.startswith(f"optimizer.implementation {implementation}")]
+        assert len(said) == int(priced), run.notes
+        assert run.estimate.job.training.optimizer_moments == "fp32"
+        assert run.estimate.step_time_s == plain.estimate.step_time_s
+    for value, said in (("fused_opt_states_bf16", "expected one of for-loop, foreach, fused"), (3, "a string")):
+        path.write_text(body + f"[optimizer]\nimplementation = {json.dumps(value)}\n")
+        with pytest.raises(CaseError, match=said) as refused:
+            diagnose(case, torchtitan=path)
+        assert refused.value.key == "optimizer.implementation", refused.value
+    # A 0.2 launch's override over its job file, as ConfigManager merges them.
+    path.write_text(body)
+    launch = tmp_path / "run_train.sh"
+    launch.write_text(f"torchrun --nproc-per-node 8 -m torchtitan.train --job.config_file {path} "
+                      "--optimizer.implementation foreach\n")
+    run = diagnose(case, torchtitan=launch)
+    assert any(note.startswith("optimizer.implementation foreach") for note in run.notes), run.notes
+
+
 def test_a_plan_with_bf16_moments_is_emitted_as_fused_opt_states_bf16_and_reads_back_priced_so(tmp_path):
     """training.optimizer_moments bf16 was priced (model_states.state_bytes) but the files ran torchtitan's
     default fused Adam, with fp32 moments. The overrides and the config module set

@@ -113,6 +113,10 @@ SLOWER_DEBUG = {"debug.deterministic": "torch.use_deterministic_algorithms(True)
 OPTIMIZER_IMPLEMENTATION = "optimizer.implementation"
 OPTIMIZER_IMPLEMENTATIONS = ("for-loop", "foreach", "fused", "fused_opt_states_bf16")
 OPTIMIZER_IMPLEMENTATION_DEFAULT = "fused"
+# torchtitan 0.1's and 0.2's choices (config_manager.py at v0.1.0, config/job_config.py at v0.2.0 and v0.2.2:
+# Optimizer.implementation, a Literal; build_optimizers asserts the same list, components/optimizer.py), for a
+# job file's [optimizer] implementation: no fused_opt_states_bf16, which 0.3 added. The same default, "fused".
+TOML_OPTIMIZER_IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
 # The choice that keeps Adam's moments in bfloat16 (OptimizersContainer._register_bf16_optimizer_state_hook
 # creates exp_avg and exp_avg_sq so for the fused kernel's mixed-precision path): read as
 # training.optimizer_moments bf16 and priced so (model_states.state_bytes).
@@ -488,6 +492,11 @@ def _from_toml(src: str, data: dict) -> _Settings:
     for name, table in (linear.items() if isinstance(linear, dict) else ()):
         if isinstance(table, dict):
             values.update({f"quantize.linear.{name}.{key}": value for key, value in table.items()})
+    optimizer = data.get("optimizer")
+    if isinstance(optimizer, dict) and "implementation" in optimizer:
+        # [optimizer] read for its implementation alone (_optimizer_implementation), which decides the
+        # optimizer step's kernels; its learning rate and betas price nothing
+        values[OPTIMIZER_IMPLEMENTATION] = optimizer["implementation"]
     debug = data.get("debug")
     if isinstance(debug, dict) and "moe_force_load_balance" in debug:
         # 0.2.2's [debug] table, read for this switch alone (forced_routing): nothing else in it is priced
@@ -1364,8 +1373,7 @@ def read(path: Union[str, Path], case) -> Layout:
         raise CaseError(s.src, "debug.batch_invariant", "true (given or set by the base config): torchtitan refuses "
                                                         "the config (Trainer.Config.__post_init__, trainer.py: "
                                                         "batch-invariant mode is not supported in pre-training)")
-    if s.cli:
-        _optimizer_implementation(s)
+    _optimizer_implementation(s)
     _check_training(s, case, d)
     pipeline = _pipeline(s, d.pp, model.num_layers)
     micro = _batch(s, case, d.dp, d.pp)
@@ -1434,15 +1442,19 @@ def _converted_beyond_scope(entries: Any, model) -> list[str]:
 
 
 def _optimizer_implementation(s: _Settings) -> str:
-    """``optimizer.implementation`` as the command line or its base config sets it; a word outside
-    OptimizersContainer.Config's Literal is refused, as tyro refuses it at parse (or the base config's
-    ``assert config.implementation in [...]``, _build_impl_kwargs, when it builds the optimizers)."""
+    """``optimizer.implementation`` as the job sets it, one rule for both forms: on 0.3.0's command line or
+    its base config, a word outside OptimizersContainer.Config's Literal is refused, as tyro refuses it at
+    parse (or the base config's ``assert config.implementation in [...]``, _build_impl_kwargs, when it builds
+    the optimizers); in a 0.1 or 0.2 job file's [optimizer] table (or its launch's --optimizer.implementation),
+    one outside 0.2's Optimizer.implementation Literal, which build_optimizers asserts
+    (components/optimizer.py at v0.2.2): fused_opt_states_bf16 among them, which 0.2 does not have."""
     value = s.string(OPTIMIZER_IMPLEMENTATION, OPTIMIZER_IMPLEMENTATION_DEFAULT)
-    if value not in OPTIMIZER_IMPLEMENTATIONS:
-        raise CaseError(s.src, OPTIMIZER_IMPLEMENTATION, f"expected one of {', '.join(OPTIMIZER_IMPLEMENTATIONS)} "
-                                                         f"(OptimizersContainer.Config, components/optimizer/"
-                                                         f"optimizer.py), got {one_line(value, 40)!r}: torchtitan "
-                                                         "refuses it")
+    choices, where = (OPTIMIZER_IMPLEMENTATIONS, "OptimizersContainer.Config, components/optimizer/optimizer.py") \
+        if s.cli else (TOML_OPTIMIZER_IMPLEMENTATIONS, "torchtitan 0.2's Optimizer.implementation, "
+                                                       "config/job_config.py; build_optimizers asserts it")
+    if value not in choices:
+        raise CaseError(s.src, OPTIMIZER_IMPLEMENTATION, f"expected one of {', '.join(choices)} ({where}), got "
+                                                         f"{one_line(value, 40)!r}: torchtitan refuses it")
     return value
 
 
@@ -1475,7 +1487,7 @@ def read_training(path: Union[str, Path], case) -> dict:
         raise CaseError(s.src, async_key, "needs the model compiled (compile.enable, with \"model\" in "
                                           "compile.components): torchtitan refuses async TP otherwise")
     settings: dict = {"compiled_loss": enabled and "loss" in components}
-    implementation = _optimizer_implementation(s) if s.cli else OPTIMIZER_IMPLEMENTATION_DEFAULT
+    implementation = _optimizer_implementation(s)
     settings["optimizer_moments"] = "bf16" if implementation == BF16_MOMENTS_IMPLEMENTATION else "fp32"
     if s.integer("parallelism.tensor_parallel_degree", 1) > 1:
         settings["tp_comm_overlap"] = async_tp
@@ -1602,7 +1614,7 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
         if s.cli and s.switch(key, False):
             notes.append(f"{key} on: torchtitan runs {what}; priced with the default kernels, so the run steps "
                          "slower")
-    implementation = _optimizer_implementation(s) if s.cli else OPTIMIZER_IMPLEMENTATION_DEFAULT
+    implementation = _optimizer_implementation(s)
     if implementation in UNPRICED_IMPLEMENTATIONS:
         notes.append(f"{OPTIMIZER_IMPLEMENTATION} {implementation}: torchtitan "
                      f"{UNPRICED_IMPLEMENTATIONS[implementation]}")
