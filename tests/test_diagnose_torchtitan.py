@@ -1354,8 +1354,11 @@ def test_the_optimizer_implementation_is_read_refused_outside_torchtitans_choice
 
     case, pins = ROUND_TRIPS["8b_4_tp"]
     _, overrides = emitted(case, pins, tmp_path)
-    words = overrides.read_text()
     plain = diagnose({**case, "search": pins}, torchtitan=overrides)
+    # The implementation the plan priced (fused) is pinned; the words below stand in for it.
+    words = overrides.read_text()
+    assert "--optimizer.implementation fused\n" in words
+    words = words.replace("--optimizer.implementation fused\n", "")
     assert not any("optimizer.implementation" in note for note in plain.notes)
     job = plain.estimate.job
     assert state_bytes(job.training, job.layout.zero_stage, job.layout.dp).optimizer == 8  # fp32 moments priced
@@ -1404,7 +1407,7 @@ def test_the_optimizer_implementation_is_read_refused_outside_torchtitans_choice
     # The line a user adds to the emitted apply_layout.
     module = tmp_path / "torchtitan_config.py"
     text = module.read_text()
-    assert "optimizer" not in text.partition("def apply_layout")[2]
+    assert "config.optimizer.implementation" not in text.partition("def apply_layout")[2]
     module.write_text(text.replace("    return config\n", "    config.optimizer.implementation = 'foreach'\n"
                                                           "    return config\n"))
     run = diagnose({**case, "search": pins}, torchtitan=module)
@@ -1469,10 +1472,64 @@ def test_a_plan_with_bf16_moments_is_emitted_as_fused_opt_states_bf16_and_reads_
         assert result.estimate.job.training.optimizer_moments == "bf16", path.name
         assert result.estimate.step_time_s == best.step_time_s and result.estimate.peak.total == best.peak.total
         assert result.planned_with is None, path.name
-    # The plain plan writes no optimizer section: torchtitan's default, fused with fp32 moments.
-    plain = planner.emit(best_for(*ROUND_TRIPS["8b_4_tp"]), "torchtitan", tmp_path / "plain")
-    assert not any("optimizer" in p.read_text().partition("def apply_layout")[2]
-                   or "--optimizer." in p.read_text() for p in plain.paths if p.suffix in (".txt", ".py"))
+
+
+BF16_MOMENTS_BASE = "tt_bf16_moments_base"
+BF16_MOMENTS_SOURCE = textwrap.dedent('''
+    from dataclasses import dataclass, field
+
+    from torchtitan.components.optimizer import OptimizersContainer
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        """Trainer.Config's layout and optimizer sections (trainer.py), its optimizer keeping bf16 moments."""
+
+        hf_assets_path: str = "."
+        training: TrainingConfig = field(default_factory=TrainingConfig)
+        parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+        compile: CompileConfig = field(default_factory=CompileConfig)
+        optimizer: OptimizersContainer.Config = field(
+            default_factory=lambda: OptimizersContainer.Config(implementation="fused_opt_states_bf16"))
+
+
+    def base():
+        return Config()
+''')
+
+
+def test_the_emitted_files_pin_the_optimizer_implementation_the_plan_priced_over_any_base(tmp_path):
+    """The files wrote optimizer.implementation only for bf16 moments, so a launch on a base config that sets
+    fused_opt_states_bf16 itself ran bf16 moments (OptimizersContainer._register_bf16_optimizer_state_hook,
+    components/optimizer/optimizer.py) where the plan priced fp32, and one that sets foreach ran the slower
+    step. The overrides and the config module now pin "fused" (fp32 moments, the fused kernel:
+    OptimizersContainer._build_impl_kwargs) or "fused_opt_states_bf16": checked by torchtitan's own
+    ConfigManager over such a base, and read back by diagnose as the plan priced it."""
+    from torchtitan.components.optimizer import OptimizersContainer
+
+    case, pins = ROUND_TRIPS["8b_4_tp"]
+    best = best_for(case, pins)
+    assert best.job.training.optimizer_moments == "fp32"
+    written = planner.emit(best, "torchtitan", tmp_path / "run")
+    by_name = {p.name: p for p in written.paths}
+    words = override_words(by_name["overrides.txt"])
+    assert "--optimizer.implementation" in words
+    (tmp_path / f"{BF16_MOMENTS_BASE}.py").write_text(BF16_MOMENTS_SOURCE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        at = words.index("--optimizer.implementation")
+        config = ConfigManager().parse_args(["--module", BF16_MOMENTS_BASE, "--config", "base", *words[at:at + 2]])
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert config.optimizer.implementation == "fused"
+    assert OptimizersContainer._build_impl_kwargs(config.optimizer) == {"fused": True, "foreach": False}
+    assert "'implementation': 'fused'" in by_name["torchtitan_config.py"].read_text() \
+        or '"implementation": "fused"' in by_name["torchtitan_config.py"].read_text()
+    for path in (by_name["overrides.txt"], by_name["torchtitan_config.py"]):
+        result = diagnose({**case, "search": pins}, torchtitan=path)
+        assert result.estimate.job.training.optimizer_moments == "fp32", path.name
+        assert result.estimate.peak.total == best.peak.total and result.planned_with is None, path.name
 
 
 def test_a_converter_that_converts_the_lm_head_the_estimate_prices_in_bf16_is_said(tmp_path):

@@ -50,6 +50,7 @@ STUB_SOURCE = textwrap.dedent('''
 
     import tyro
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+    from torchtitan.components.optimizer import OptimizersContainer
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
 
@@ -63,6 +64,8 @@ STUB_SOURCE = textwrap.dedent('''
         parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
         compile: CompileConfig = field(default_factory=CompileConfig)
         activation_checkpoint: ActivationCheckpointingConfig = field(default_factory=SelectiveAC.Config)
+        # As Trainer.Config (trainer.py): the files pin its implementation.
+        optimizer: OptimizersContainer.Config = field(default_factory=OptimizersContainer.Config)
         # As Trainer.Config: not command-line options.
         model_spec: Annotated[object, tyro.conf.Suppress] = None
         # As every torchtitan model's config_registry sets it.

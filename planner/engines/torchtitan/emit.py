@@ -247,11 +247,13 @@ def settings(estimate) -> dict[str, Any]:
                        # Async TP pipelines the TP collectives with their matmuls; torchtitan builds it
                        # with torch.compile of the model (CompileConfig refuses it otherwise).
                        "enable_async_tensor_parallel": bool(training.tp_comm_overlap and lay.tp > 1)}}
-    if training.optimizer_moments == "bf16":
-        # OptimizersContainer's step pre-hook creates Adam's exp_avg and exp_avg_sq in bfloat16 beside the
-        # float32 parameters (components/optimizer/optimizer.py, _register_bf16_optimizer_state_hook), as
-        # model_states.state_bytes prices them.
-        out["optimizer"] = {"implementation": "fused_opt_states_bf16"}
+    # The implementation the plan priced, written in both directions whatever the base config says: with bf16
+    # moments, OptimizersContainer's step pre-hook creates Adam's exp_avg and exp_avg_sq in bfloat16 beside the
+    # float32 parameters (components/optimizer/optimizer.py, _register_bf16_optimizer_state_hook), as
+    # model_states.state_bytes prices them; with fp32 moments, "fused", torchtitan's default, which a base
+    # config that sets fused_opt_states_bf16 (or foreach, as kimi_k2_7's does) would otherwise replace.
+    out["optimizer"] = {"implementation": "fused_opt_states_bf16" if training.optimizer_moments == "bf16"
+                        else "fused"}
     if training.recipe is not None:
         out["converters"] = converters(job)
     if needs_flex_attention(job):
@@ -403,8 +405,8 @@ def _config_module(estimate, header: list[str]) -> str:
         + block("PARALLELISM", s["parallelism"]) + "\n"
         + block("TRAINING", s["training"]) + "\n"
         + block("COMPILE", s.get("compile", {})) + "\n"
-        # Written only where the plan keeps Adam's moments in bf16 (fused_opt_states_bf16).
-        + (block("OPTIMIZER", s["optimizer"]) + "\n" if "optimizer" in s else "")
+        # The implementation the plan priced its Adam moments with (fused_opt_states_bf16: bf16; fused: fp32).
+        + block("OPTIMIZER", s["optimizer"]) + "\n"
         + f"ACTIVATION_CHECKPOINT = {python_literal(s['activation_checkpoint'])}  # none | selective | full\n\n"
         + converter_block
         + "def apply_layout(config):\n"
@@ -415,8 +417,8 @@ def _config_module(estimate, header: list[str]) -> str:
         "        setattr(config.training, key, value)\n"
         "    for key, value in COMPILE.items():\n"
         "        setattr(config.compile, key, value)\n"
-        + ("    for key, value in OPTIMIZER.items():\n"
-           "        setattr(config.optimizer, key, value)\n" if "optimizer" in s else "") +
+        + "    for key, value in OPTIMIZER.items():\n"
+          "        setattr(config.optimizer, key, value)\n" +
         "    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC\n\n"
         "    config.activation_checkpoint = {\n"
         '        "none": None, "selective": SelectiveAC.Config(), "full": FullAC.Config(),\n'
