@@ -1569,3 +1569,64 @@ def test_a_converter_that_converts_the_lm_head_the_estimate_prices_in_bf16_is_sa
     said = [note for note in run.notes if "converts the LM head" in note]
     assert len(said) == 1 and "filter_fqns" in said[0], run.notes
     assert run.estimate.step_time_s == plain.estimate.step_time_s
+
+
+def test_a_converter_filter_that_leaves_a_decoder_linear_in_bf16_is_refused(tmp_path, own_files):
+    """Float8's filter_fqns were read for the LM head and the router alone: a filter that left an attention or
+    MLP projection in bf16 was priced in fp8, and ``auto_filter_small_kn`` was not followed. The cost model
+    prices a decoder layer's linears in one precision, so such a filter is refused naming the linear. In
+    torchtitan 0.3.0 the auto filter converts nothing: Float8LinearConverter.convert hands torchao's
+    _auto_filter_for_recipe each Linear.Config (checked below in its source), which torchao's
+    ``isinstance(mod, nn.Linear)`` turns down. In 0.2 it runs on nn.Linear modules, and torchao's rowwise
+    thresholds (torchao 0.18.0 _auto_filter_for_rowwise: out features N <= 2048 stays bf16) keep Llama 3 8B's
+    wk and wv (4096 → 8 KV heads × 128 = 1024) in bf16."""
+    import ast as python_ast
+    import importlib.util
+
+    origin = Path(importlib.util.find_spec("torchtitan").origin).parent / "components/quantization/float8.py"
+    tree = python_ast.parse(origin.read_text())
+    convert = next(node for cls in tree.body if isinstance(cls, python_ast.ClassDef)
+                   and cls.name == "Float8LinearConverter" for node in cls.body
+                   if isinstance(node, python_ast.FunctionDef) and node.name == "convert")
+    source = python_ast.unparse(convert)
+    assert "model_config.traverse(Linear.Config)" in source and "self.filter_fn(linear_config, fqn)" in source
+
+    case = OWN_MODEL_CASES["llama3_8b_fp8"]
+    best, launch = own_files["llama3_8b_fp8"]
+
+    def with_filters(filters: str) -> Path:
+        copy = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        copy.mkdir()
+        for path in launch.parent.iterdir():
+            text = path.read_text()
+            if path.name == "torchtitan_config.py":
+                assert "'filter_fqns': ['lm_head']" in text
+                text = text.replace("'filter_fqns': ['lm_head']", f"'filter_fqns': {filters}")
+            (copy / path.name).write_text(text)
+        return copy / "launch.sh"
+
+    # A filter that matches no linear, beside the head's: runs as planned.
+    kept = diagnose(case, torchtitan=with_filters("['lm_head', 'tok_embeddings']"))
+    assert kept.estimate.step_time_s == best.step_time_s
+    for filters, needle in (("['lm_head', 'auto_filter_small_kn']", "no linear converts"),
+                            ("['lm_head', 'attention.wo']", "layers.0.attention.wo (4096 → 4096) in bf16"),
+                            ("['lm_head', 'layers.31.feed_forward']", "layers.31.feed_forward.w1 (4096 → 14336)")):
+        with pytest.raises(CaseError) as refused:
+            diagnose(case, torchtitan=with_filters(filters))
+        assert refused.value.key == "CONVERTERS" and needle in refused.value.expected, refused.value
+
+    # torchtitan 0.2's job file: [quantize.linear.float8] filter_fqns, module_filter_fn's substring rule.
+    toml_case = case_of("llama3-8b", 8, 64, 4096, precision="fp8", fp8_recipe="rowwise")
+    body = ("[training]\nlocal_batch_size = 8\nglobal_batch_size = 64\nseq_len = 4096\n[parallelism]\n"
+            "data_parallel_shard_degree = -1\n[activation_checkpoint]\nmode = \"full\"\n"
+            "[model]\nconverters = [\"quantize.linear.float8\"]\n[quantize.linear.float8]\nrecipe_name = \"rowwise\"\n")
+    path = tmp_path / "job.toml"
+    path.write_text(body + "filter_fqns = [\"output\"]\n")
+    diagnose(toml_case, torchtitan=path)
+    for filters, needle in (('["output", "auto_filter_small_kn"]', "layers.0.attention.wk (4096 → 1024)"),
+                            ('["output", "w2"]', "layers.0.feed_forward.w2 (14336 → 4096)")):
+        path.write_text(body + f"filter_fqns = {filters}\n")
+        with pytest.raises(CaseError) as refused:
+            diagnose(toml_case, torchtitan=path)
+        assert refused.value.key == "quantize.linear.float8.filter_fqns" and needle in refused.value.expected, \
+            refused.value

@@ -182,6 +182,10 @@ BF16_PRICED_LINEARS = {"lm_head": ("LM head", lambda m: (m.hidden_size, m.vocab_
                        "layers.0.moe.router.gate": ("MoE router's gate", lambda m: (m.hidden_size, m.num_experts))}
 # Float8LinearConverter's filter_fqns word that swaps module_filter_fn for torchao's size heuristic.
 AUTO_FILTER = "auto_filter_small_kn"
+# Where a 0.1 or 0.2 job file lists the linears its linear converter leaves in bf16 (module_filter_fn's
+# filter_fqns, components/quantization/utils.py at v0.2.2), by the converter [model] converters names.
+TOML_FILTER_KEYS = {"float8": ("float8.filter_fqns",), "quantize.linear.float8": ("quantize.linear.float8.filter_fqns",),
+                    "mx": ("mx.filter_fqns",), "quantize.linear.mx": ("quantize.linear.mx.filter_fqns",)}
 # Float8LinearConverter.Config.recipe_name's default (components/quantization/float8.py).
 FLOAT8_RECIPE_DEFAULT = "rowwise"
 # Where each release keeps the float8 recipe: 0.1's [float8], 0.2's [quantize.linear.float8].
@@ -573,7 +577,8 @@ def _words(src: str, text: str) -> tuple[list[str], Optional[tuple[Optional[str]
 JOB_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 # The list fields of 0.2's tables the reader reads: one comma-separated word on the command line
 # (ConfigManager's list_str_rule), a list in TOML; module_fqns_per_model_part: a word per model part.
-_TOML_LISTS = ("model.converters", "compile.components", "float8.filter_fqns", "mx.filter_fqns")
+_TOML_LISTS = ("model.converters", "compile.components", "float8.filter_fqns", "mx.filter_fqns",
+               "quantize.linear.float8.filter_fqns", "quantize.linear.mx.filter_fqns")
 
 
 def _job_file(src: str, words: list[str], defaulted) -> Optional[tuple[Path, str, int]]:
@@ -1183,6 +1188,108 @@ def _check_linears_converted(src: str, key: str, grouped: list[bool], case) -> N
                               f"{precision} (training.precision): expected a linear converter too")
 
 
+def decoder_linears(model, release: str) -> list[tuple[str, int, int]]:
+    """The linears of each decoder layer torchtitan builds for ``model``, as (FQN under ``layers.N.``, in
+    features, out features), for ``release`` "0.2" (nn.Linear modules: models/{llama3,qwen3}/model/model.py
+    Attention's wq, wk, wv, wo; models/deepseek_v3/model/model.py's MLA wq or wq_a and wq_b, wkv_a, wkv_b, wo;
+    FeedForward's w1, w2, w3; models/moe/moe.py's router.gate and shared_experts) or "0.3" (Linear.Config:
+    models/common/config_utils.py, whose GQA configs fuse wq, wk and wv into qkv_linear.wqkv, fuse_qkv True in
+    every llama3, qwen3 and gpt_oss flavour; models/deepseek_v3/__init__.py's MLA as 0.2's). The MoE layer's
+    router gate is listed (priced bf16, BF16_PRICED_LINEARS); the routed experts are grouped GEMMs, no
+    linears. A dense layer lists feed_forward, an MoE layer moe.*; the caller picks by ``is_moe_layer``."""
+    h = model.hidden_size
+    if model.attention_type == "mla":
+        heads, rope = model.num_attention_heads, model.qk_rope_head_dim
+        q = heads * (model.qk_head_dim + rope)
+        attention = ([("attention.wq", h, q)] if not model.q_lora_rank else
+                     [("attention.wq_a", h, model.q_lora_rank), ("attention.wq_b", model.q_lora_rank, q)])
+        attention += [("attention.wkv_a", h, model.kv_lora_rank + rope),
+                      ("attention.wkv_b", model.kv_lora_rank, heads * (model.qk_head_dim + model.v_head_dim))]
+    elif release == "0.2":
+        attention = [("attention.wq", h, model.q_size), ("attention.wk", h, model.kv_size),
+                     ("attention.wv", h, model.v_size)]
+    else:
+        attention = [("attention.qkv_linear.wqkv", h, model.q_size + model.kv_size + model.v_size)]
+    attention.append(("attention.wo", model.context_size, h))
+    ffn, shared = model.ffn_hidden_size, model.moe_shared_expert_ffn_hidden_size
+    dense = [("feed_forward.w1", h, ffn), ("feed_forward.w2", ffn, h), ("feed_forward.w3", h, ffn)]
+    moe = [("moe.router.gate", h, model.num_experts)] if model.is_moe else []
+    if model.is_moe and shared:
+        moe += [("moe.shared_experts.w1", h, shared), ("moe.shared_experts.w2", shared, h),
+                ("moe.shared_experts.w3", h, shared)]
+    return attention + dense + moe
+
+
+def _rowwise_auto_filter_converts(in_features: int, out_features: int) -> bool:
+    """torchao's ``_auto_filter_for_rowwise`` (torchao/float8/float8_linear_utils.py, torchao 0.18.0), on an
+    nn.Linear of this shape: ``N, K = mod.weight.shape`` (out, in features), both divisible by 16, and above its
+    H100 thresholds: not N <= 2048, not K <= 1024, not (N <= 4096 and K <= 2048)."""
+    n, k = out_features, in_features
+    if k % 16 or n % 16:
+        return False
+    return not (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048))
+
+
+def _low_precision_linears(case, release: str):
+    """(FQN, in, out) of every decoder linear the estimate prices in the case's low precision: all but the
+    MoE router's gate (BF16_PRICED_LINEARS) and the layers of the recipe's bf16 tail
+    (placement.high_precision_tail, NVFP4's last 15%)."""
+    from cost_models.placement import high_precision_tail
+
+    model = case.model
+    last = model.num_layers - high_precision_tail(model, case.training)
+    per_layer = decoder_linears(model, release)
+    for index in range(last):
+        moe = model.is_moe_layer(index)
+        for name, fan_in, fan_out in per_layer:
+            if name.startswith("moe.") != moe or name == "moe.router.gate":
+                continue
+            yield f"layers.{index}.{name}", fan_in, fan_out
+
+
+def _bf16_linear_refusal(case, release: str, converts) -> Optional[str]:
+    """Why a linear converter is refused, or None: the first decoder linear the estimate prices in the case's
+    low precision that ``converts(fqn, in, out)`` leaves in bf16. The cost model prices a layer's linears in one
+    precision (kernels.high_precision_precision keeps only the LM head and the router's gate bf16), so a run
+    with some of a layer's projections in bf16 is not one it can price."""
+    for fqn, fan_in, fan_out in _low_precision_linears(case, release):
+        if not converts(fqn, fan_in, fan_out):
+            return (f"leaves the decoder linear {fqn} ({fan_in} → {fan_out}) in bf16, which the estimate prices in "
+                    f"{case.training.precision} (the cost model prices a decoder layer's projections in one "
+                    "precision): filter the LM head or the router's gate only")
+    return None
+
+
+def _check_toml_filters(s: _Settings, case, names: list[str]) -> None:
+    """A 0.1 or 0.2 job file's linear converter's filter_fqns, as its module_filter_fn applies them to each
+    nn.Linear (components/quantization/utils.py at v0.2.2: both dimensions divisible by 16 and no entry a
+    substring of the FQN), and float8's ``auto_filter_small_kn`` as torchao's rowwise heuristic
+    (components/quantization/float8.py at v0.2.2 ``_init_filter_fn``; tensorwise is refused before this, and
+    rowwise_with_gw_hp raises NotImplementedError in torchao's _auto_filter_for_recipe): a decoder linear left
+    in bf16 is refused (:func:`_bf16_linear_refusal`)."""
+    for name in names:
+        for key in TOML_FILTER_KEYS.get(name, ()):
+            filters = s.names(key, [])
+            auto = AUTO_FILTER in filters and "float8" in name
+            words = [w for w in filters if not (auto and w == AUTO_FILTER)]
+            if auto:
+                recipe = next((s.string(k, None) for k in FLOAT8_RECIPE_KEYS if s.string(k, None)), "tensorwise")
+                if recipe == "rowwise_with_gw_hp":
+                    raise CaseError(s.src, key, f"{AUTO_FILTER} with recipe rowwise_with_gw_hp: torchao's "
+                                                "_auto_filter_for_recipe raises NotImplementedError (Unsupported "
+                                                "recipe), so torchtitan 0.2 fails at startup")
+
+            def converts(fqn, fan_in, fan_out, words=words, auto=auto):
+                if any(word in fqn for word in words) or fan_in % 16 or fan_out % 16:
+                    return False
+                return _rowwise_auto_filter_converts(fan_in, fan_out) if auto else True
+
+            why = _bf16_linear_refusal(case, "0.2", converts)
+            if why:
+                said = f"{filters!r}" + (" (torchao's size thresholds, _auto_filter_for_rowwise)" if auto else "")
+                raise CaseError(s.src, key, f"{one_line(said, 120)} {why}")
+
+
 def _check_converters(s: _Settings, case) -> None:
     """torchtitan 0.2's [model] converters run the case's precision: float8 fp8 (its [float8]
     recipe_name the case's recipe; None, 0.2's default, is tensorwise scaling), mx MXFP8."""
@@ -1215,6 +1322,7 @@ def _check_converters(s: _Settings, case) -> None:
         if recipe != case.training.recipe.name:
             raise CaseError(s.src, where, f"scales fp8 {recipe}, but the case's recipe is "
                                           f"{case.training.recipe.name} (training.fp8_recipe)")
+    _check_toml_filters(s, case, names)
 
 
 def _experts(s: _Settings, model, d: _Degrees) -> dict:
@@ -1332,6 +1440,7 @@ def _check_own_model(s: _Settings, case) -> None:
         return
     experts = [name for name, _ in entries if CONVERTER_CLASSES[name][1]]
     _check_linears_converted(src, key, [CONVERTER_CLASSES[name][1] for name, _ in entries], case)
+    _check_own_filters(src, key, entries, case)
     if model.is_moe and not experts:
         # The experts' weights are most of a mixture's GEMMs: left in bf16 they run slower than priced.
         raise CaseError(src, key, f"converts the linears only, but the case {case.source} trains its experts in "
@@ -1415,6 +1524,32 @@ def _linear_converted(name: str, fields: dict, fqn: str, features: tuple[int, in
     if name in ("MXFP8LinearConverter", "NVFP4LinearConverter"):
         return not words or any(word in fqn for word in words)
     return False
+
+
+def _check_own_filters(src: str, key: str, entries, case) -> None:
+    """The linear converters' filters of the planner's CONVERTERS, as torchtitan 0.3.0 applies them to each
+    Linear.Config of the model (:func:`_linear_converted`; a decoder linear left in bf16 is refused,
+    :func:`_bf16_linear_refusal`). ``auto_filter_small_kn`` is refused whole: Float8LinearConverter hands
+    torchao's _auto_filter_for_recipe each Linear.Config (components/quantization/float8.py,
+    ``convert``: ``self.filter_fn(linear_config, fqn)`` over ``model_config.traverse(Linear.Config)``), which
+    its ``if not isinstance(mod, nn.Linear): return False`` turns down, so no linear converts at all (with
+    rowwise_with_gw_hp it raises NotImplementedError at startup)."""
+    linears = [(name, fields) for name, fields in entries if not CONVERTER_CLASSES[name][1]]
+    for name, fields in linears:
+        words = fields.get(_fqns_key(name), [])
+        if name == "Float8LinearConverter" and isinstance(words, (list, tuple)) and AUTO_FILTER in words:
+            raise CaseError(src, key, f"Float8LinearConverter filter_fqns {one_line(safe_repr(words), 80)}: "
+                                      f"torchtitan 0.3.0 hands torchao's _auto_filter_for_recipe each Linear.Config "
+                                      "(float8.py convert), which it turns down as no nn.Linear, so no linear "
+                                      f"converts and the model trains in bf16, priced in {case.training.precision}")
+
+    def converts(fqn, fan_in, fan_out):
+        return any(_linear_converted(name, fields, fqn, (fan_in, fan_out)) for name, fields in linears)
+
+    why = _bf16_linear_refusal(case, "0.3", converts)
+    if why:
+        said = "; ".join(f"{name} {_fqns_key(name)} {fields.get(_fqns_key(name), [])!r}" for name, fields in linears)
+        raise CaseError(src, key, f"{one_line(said, 120)} {why}")
 
 
 def _converted_beyond_scope(entries: Any, model) -> list[str]:
