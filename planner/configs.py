@@ -35,6 +35,10 @@ from .search_options import retarget
 class Emitted:
     """The files an emitter wrote, and what the user must know about them."""
 
+    # Compared by value, never hashed, as every result the API returns (docs/commands.md, Python API): most
+    # hold dicts, which may change after hashing; hash() names the type rather than failing on a dict inside.
+    __hash__ = None  # type: ignore[assignment]
+
     paths: tuple[Path, ...]
     notes: tuple[str, ...]
 

@@ -19,6 +19,10 @@ from .search_options import retarget
 
 @dataclass(frozen=True)
 class Diagnosis:
+    # Compared by value, never hashed, as every result the API returns (docs/commands.md, Python API): most
+    # hold dicts, which may change after hashing; hash() names the type rather than failing on a dict inside.
+    __hash__ = None  # type: ignore[assignment]
+
     engine: str
     estimate: Estimate  # the config's own layout
     plan: Plan  # the planner's best for the same model, cluster, global batch and engine

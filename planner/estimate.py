@@ -28,6 +28,10 @@ from .units import whole_bytes
 class Remedy:
     """One change to a layout that does not fit, and what it would give."""
 
+    # Compared by value, never hashed, as every result the API returns (docs/commands.md, Python API): most
+    # hold dicts, which may change after hashing; hash() names the type rather than failing on a dict inside.
+    __hash__ = None  # type: ignore[assignment]
+
     description: str
     # The job as changed: its layout, and the training it resolves to there (where the change is of the
     # training, fp8_param_gather, the layout is the job's own), which the case-file section needs.
@@ -59,6 +63,10 @@ class Remedy:
 
 @dataclass(frozen=True)
 class Estimate:
+    # Compared by value, never hashed, as every result the API returns (docs/commands.md, Python API): most
+    # hold dicts, which may change after hashing; hash() names the type rather than failing on a dict inside.
+    __hash__ = None  # type: ignore[assignment]
+
     case: Case
     job: Job
     stages: tuple[StageMemory, ...]

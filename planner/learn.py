@@ -373,6 +373,10 @@ FAR_FROM_PRIOR = 2.0
 
 @dataclass(frozen=True)
 class Fit:
+    # Compared by value, never hashed, as every result the API returns (docs/commands.md, Python API): most
+    # hold dicts, which may change after hashing; hash() names the type rather than failing on a dict inside.
+    __hash__ = None  # type: ignore[assignment]
+
     hardware: Hardware
     figures: tuple[Figure, ...]
     residuals: tuple[Residual, ...]

@@ -49,6 +49,10 @@ def _table(candidates: list[Candidate], slack: float, top_k: int) -> list[Candid
 class NoFit:
     """Why nothing fits, and the smallest changes that would."""
 
+    # Compared by value, never hashed, as every result the API returns (docs/commands.md, Python API): most
+    # hold dicts, which may change after hashing; hash() names the type rather than failing on a dict inside.
+    __hash__ = None  # type: ignore[assignment]
+
     term: str  # the largest memory term of the layout closest to fitting
     peak_bytes: float
     limit_bytes: float
@@ -172,6 +176,10 @@ def _speed_text(tokens_per_s: Optional[float], mfu: Optional[float], layout: Opt
 
 @dataclass(frozen=True)
 class Plan:
+    # Compared by value, never hashed, as every result the API returns (docs/commands.md, Python API): most
+    # hold dicts, which may change after hashing; hash() names the type rather than failing on a dict inside.
+    __hash__ = None  # type: ignore[assignment]
+
     status: str  # CP-SAT's status: OPTIMAL, or INFEASIBLE when nothing fits
     best: Optional[Estimate]
     alternatives: tuple[Estimate, ...]

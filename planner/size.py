@@ -133,6 +133,10 @@ def _listed(pair: Optional[tuple[float, float]]) -> Optional[list[float]]:
 class SizeChoice:
     """A GPU type, a cluster size and its layout, and what the run takes on them."""
 
+    # Compared by value, never hashed, as every result the API returns (docs/commands.md, Python API): most
+    # hold dicts, which may change after hashing; hash() names the type rather than failing on a dict inside.
+    __hash__ = None  # type: ignore[assignment]
+
     option: ClusterOption
     estimate: Estimate  # the layout on this cluster, as `estimate` gives it
     tokens: float
@@ -280,6 +284,10 @@ _CHOICE_KEYS = ("gpu", "option", "gpus", "nodes", "gpus_paid", "nvlink_domain", 
 
 @dataclass(frozen=True)
 class Sizing:
+    # Compared by value, never hashed, as every result the API returns (docs/commands.md, Python API): most
+    # hold dicts, which may change after hashing; hash() names the type rather than failing on a dict inside.
+    __hash__ = None  # type: ignore[assignment]
+
     status: str  # one of STATUSES: ok, deadline not met, over budget, nothing fits
     objective: str  # gpu_hours, cost or time; front with neither a deadline nor a budget
     tokens: float

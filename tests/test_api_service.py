@@ -448,3 +448,39 @@ def test_emit_of_a_plan_where_nothing_fits_names_its_own_argument(tmp_path):
         planner.emit(nothing, "megatron", tmp_path / "run")
     assert (refused.value.source, refused.value.key) == ("emit", "result")
     assert not (tmp_path / "run").exists()
+
+
+def test_every_result_the_api_returns_compares_by_value_and_refuses_a_hash_by_its_name(tmp_path):
+    """hash() of an Estimate raised "unhashable type: 'dict'" (the case's dicts, deep inside), while a
+    plan where nothing fits hashed (its NoFit holds no dict): a set of plans worked for some cases and
+    failed for others. Every result compares by value and is unhashable by its own name, Python's
+    convention for values whose contents may change (a dict's, a list's); a Layout, a spec holding no
+    mutable value, stays hashable."""
+    import collections.abc
+    import json
+
+    case = dict(CASE, training=dict(CASE["training"], engine="megatron"), layout={"tp": 2, "micro_batch_size": 1})
+    estimate = planner.estimate(case)
+    assert estimate == planner.estimate(case)  # by value: another call's equal result
+    nothing = planner.plan(dict(CASE, model={"preset": "llama3.1-405b"}, search={"target": "megatron"},
+                                cluster={"gpu": "h100-sxm-80gb", "num_gpus": 1}), top_k=0)
+    unfit = planner.estimate(dict(CASE, model={"preset": "llama3-70b"}, layout={"dp": 8, "micro_batch_size": 1}))
+    from planner.team_runs import Run
+
+    fit_report = planner.calibrate_from_runs(Run("a", case, estimate.tokens_per_s))[1]
+    results = {"Estimate": estimate, "Plan": planner.plan(case, top_k=0), "NoFit": nothing.no_fit,
+               "Remedy": unfit.remedy(), "Emitted": planner.emit(estimate, "megatron", tmp_path),
+               "Sizing": planner.size(dict(CASE, search={"target": "megatron"}), "1e9", max_gpus=8),
+               "Fit": fit_report}
+    results["SizeChoice"] = results["Sizing"].best
+    results["Diagnosis"] = planner.diagnose(case, "megatron", tmp_path / "megatron_args.txt")
+    results["infeasible Plan"] = nothing
+    for name, result in results.items():
+        assert not isinstance(result, collections.abc.Hashable), name
+        with pytest.raises(TypeError, match=f"unhashable type: '{name.split()[-1]}'"):
+            hash(result)
+        assert result == result, name
+    layout = estimate.job.layout
+    assert {layout: 1}[planner.estimate(case).job.layout] == 1
+    # What a cache can key on instead: the result's JSON, equal for equal results.
+    assert json.dumps(estimate.to_dict(), sort_keys=True) == json.dumps(planner.estimate(case).to_dict(), sort_keys=True)
