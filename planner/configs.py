@@ -41,6 +41,13 @@ class Emitted:
 
     paths: tuple[Path, ...]
     notes: tuple[str, ...]
+    engine: str  # whose files they are, as the case file names it ("megatron" for "Megatron")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The emission as plain JSON types, as every other result gives itself (`plan --emit --json` prints
+        the plan, not the files: its notes carry these ``notes``): the engine, each file written (its path
+        as ``out_dir`` was given, joined with the file's name) and what the user must know of them."""
+        return {"engine": self.engine, "paths": [str(path) for path in self.paths], "notes": list(self.notes)}
 
 
 def unwritten_engine(engine: Any, kinds: tuple[str, ...], reading: bool = False) -> str:
@@ -138,6 +145,7 @@ def emit(result: Union[Plan, Estimate], engine: str, out_dir: PathArg, *, source
     if source is not None:  # written into every file's header: a 5 there named no case
         read_str("emit", "source", source)
     out = read_path("emit", "out_dir", out_dir)
+    engine = canonical_choice(engine, tuple(ENGINES))  # named as render names it: "Megatron" is megatron
     try:
         files, notes = render(result, engine, source, force_unfit)
     except CaseError as error:
@@ -149,7 +157,7 @@ def emit(result: Union[Plan, Estimate], engine: str, out_dir: PathArg, *, source
     try:
         written = write_all(outputs, force, removes=earlier_emission_finder(out, files, removed) if force else (),
                             committed=committed)
-        emitted = Emitted(tuple(written), tuple(notes) + tuple(removed_notes(removed)))
+        emitted = Emitted(tuple(written), tuple(notes) + tuple(removed_notes(removed)), engine)
     except BaseException as error:
         # An interrupt before the files were in place leaves none of them (write_all puts back what it moved).
         # One after (in write_all's clean-up, or here) cannot undo them, and the CLI's way, ignoring it, is no

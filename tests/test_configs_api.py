@@ -84,6 +84,26 @@ def test_existing_files_are_kept_unless_forced(tmp_path):
     assert (tmp_path / "megatron_args.txt").read_text() != "mine\n"
 
 
+def test_an_emission_gives_itself_as_json_with_its_engine_files_and_notes(tmp_path):
+    """Emitted was the one result with no to_dict(): a job logging what it launched took its paths apart by
+    hand, and was not told whose files they were. Its dict names the engine as the case file does (given
+    "DeepSpeed"), each file emit wrote (those in the folder, no other) and the notes: DeepSpeed runs the
+    caller's own train.py, and the earlier emission's Megatron-LM files that force took out."""
+    import json
+
+    est = planner.estimate({**CASE, "layout": {"dp": 16, "micro_batch_size": 2, "zero_stage": 1}})  # plain PyTorch
+    megatron = planner.emit(est, "megatron", tmp_path)
+    assert megatron.to_dict()["engine"] == "megatron"
+    written = planner.emit(est, "DeepSpeed", tmp_path, force=True)
+    report = json.loads(json.dumps(written.to_dict()))
+    assert report["engine"] == "deepspeed" and list(report) == ["engine", "paths", "notes"]
+    assert sorted(report["paths"]) == sorted(str(p) for p in tmp_path.iterdir()) == \
+        sorted(str(tmp_path / name) for name in ("ds_config.json", "launch.sh", "sbatch.sh"))
+    assert report["notes"] == list(written.notes)
+    assert any("train.py" in note for note in report["notes"])
+    assert any(note.startswith(f"removed {tmp_path / 'megatron_args.txt'}") for note in report["notes"])
+
+
 def test_a_layout_that_does_not_fit_is_not_written_unless_asked_and_then_says_so(tmp_path):
     """169 GB a GPU on 80 GB H100s as plain PyTorch runs it, 148 GB as Megatron-LM does (the figure its
     files are written with): an orchestration tool would launch a job that dies at its first step."""
