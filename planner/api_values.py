@@ -6,7 +6,8 @@ file read from YAML never holds either, and the readers (:mod:`planner.fields`) 
 types only, so the public functions take every argument through :func:`plain` first: numpy scalars
 become the Python numbers (and booleans) they hold (not dates and durations, whose item may be an
 integer of nanoseconds), arrays the lists they hold, tuples inside a dict case the lists the schema
-takes, ``os.PathLike`` values their path strings, and a subclass of int, float or str (an
+takes, a :class:`Layout` there (a plan's ``best.job.layout``) the case-file section it gives as
+``to_dict()``, ``os.PathLike`` values their path strings, and a subclass of int, float or str (an
 ``IntEnum``, a ``str`` Enum, numpy's ``str_``) the plain value it holds. The
 caller's own objects are never changed; anything else is left for the readers to accept or refuse.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar, Union
 
@@ -54,6 +56,7 @@ def plain(value: Any) -> Any:
     deep) made the Python value it stands for; a structure that holds itself is left as it is where it
     recurs."""
     memo: dict[tuple[int, bool], Any] = {}
+    made: list[Any] = []
 
     def walk(v: Any, depth: int = 0, in_case: bool = False) -> Any:
         if isinstance(v, (Mapping, list, tuple)) and depth < MAX_DEPTH:
@@ -78,6 +81,12 @@ def plain(value: Any) -> Any:
                 out = tuple(walk(x, depth + 1) for x in v)
             memo[key] = out
             return out
+        if in_case and _is_layout(v):
+            # The layout a result carries (plan(...).best.job.layout, read_config's) put back into a case, to
+            # estimate a variant: its case-file section, which it gives as to_dict() (the section's schema).
+            # Kept for the walk: ``memo`` is keyed by id, which a freed section's successor could take.
+            made.append(v.to_dict())
+            return walk(made[-1], depth, in_case)
         if isinstance(v, (int, float, str)) and type(v) not in _PLAIN:
             return _held(v)
         if isinstance(v, os.PathLike):
@@ -94,6 +103,13 @@ def plain(value: Any) -> Any:
         return v
 
     return walk(value)
+
+
+def _is_layout(v: Any) -> bool:
+    """Whether ``v`` is the project's own Layout (cost_models.layout_spec), looked up where it is loaded: no
+    Layout exists before its module is, and the package's import loads nothing it need not (docs/speed.md)."""
+    module = sys.modules.get("cost_models.layout_spec")
+    return module is not None and isinstance(v, module.Layout)
 
 
 # The types the readers keep as given. A subclass of one (an IntEnum, a str Enum, numpy's str_ and

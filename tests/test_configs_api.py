@@ -48,6 +48,29 @@ def test_a_plans_best_layout_is_what_emit_writes(tmp_path):
     assert planner.read_config(CASE, "megatron", tmp_path / "megatron_args.txt") == result.best.job.layout
 
 
+def test_a_plans_best_layout_object_goes_back_into_a_case_to_estimate_a_variant():
+    """A Plan's best carries its Layout (best.job.layout); put back into a case dict, as a caller
+    estimating a variant of it would, it was refused ("layout: expected a mapping, got Layout"). It is
+    its case-file section (to_dict()): the plan's own figures, as estimate of the best layout gives them
+    (Llama 3 70B on 64 H100s, pp 4 with 20 virtual stages), and a variant's those of its section."""
+    from dataclasses import replace
+
+    case = {"model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"}}
+    best = planner.plan(case, top_k=0).best
+    given = {**case, "layout": best.job.layout}
+    again = planner.estimate(given)
+    assert (again.step_time_s, again.peak.total, again.to_dict()) == \
+        (best.step_time_s, best.peak.total, best.to_dict())
+    assert given["layout"] is best.job.layout  # the caller's dict is not changed
+    variant = replace(best.job.layout, micro_batch_size=2)
+    by_section = planner.estimate({**case, "layout": {**best.to_dict()["layout"], "micro_batch_size": 2}})
+    assert planner.estimate({**case, "layout": variant}).to_dict() == by_section.to_dict()
+    # Read as any section is: a layout of 64 GPUs on 8 is the case's one-line error.
+    with pytest.raises(CaseError, match=r"^<case>: layout"):
+        planner.estimate({**case, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}, "layout": best.job.layout})
+
+
 def test_a_layout_timed_for_one_engine_is_not_written_for_another(tmp_path):
     est = planner.estimate({**CASE, "training": {**CASE["training"], "engine": "deepspeed"},
                             "layout": {"dp": 16, "micro_batch_size": 2, "zero_stage": 1}})
