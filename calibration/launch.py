@@ -5,7 +5,7 @@ Checks the arguments, then runs ``calibration.worker`` on ``--nproc`` ranks thro
 ``timeout`` seconds ends the run; its diagnosis names the rank that failed), with a fresh
 temporary folder for the run. Meanwhile it draws a progress bar from rank 0's progress. On
 success it checks that the profile rank 0 left in the folder loads
-(``planner.case.gpu_from_profile``) and only then writes it to ``out``, atomically
+(``planner.case_cluster.gpu_from_profile``) and only then writes it to ``out``, atomically
 (``planner.files.write_all``); on failure or an interrupt it writes nothing.
 Before the ranks start it measures what else uses the machine (other processes' CPU share;
 on GPUs, their utilisation), and on CPUs it times the reference GEMM before and after them

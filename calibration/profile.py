@@ -1,6 +1,6 @@
 """The hardware profile: measured figures and fits, in the form ``cluster.profile`` reads.
 
-``planner.case.gpu_from_profile`` reads these sections:
+``planner.case_cluster.gpu_from_profile`` reads these sections:
 
 - ``machine``: where and how it was measured (host, device, torch, NCCL, date, ranks);
 - ``gpu``: the fields of a GPU preset, measured: ``peak_tflops`` per precision timed,

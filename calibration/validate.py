@@ -173,6 +173,15 @@ def profile_in_use(case: Union[str, Path, dict], profile: Optional[Union[str, Pa
     return Path(case).parent / path if not path.is_absolute() and not isinstance(case, dict) else path
 
 
+def given_inline(case: Union[str, Path, dict]) -> bool:
+    """Whether the case gives its ``cluster.profile`` as the profile's contents, not a file's path."""
+    from planner.inputs import read_yaml
+
+    data = case if isinstance(case, dict) else read_yaml(Path(case))
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    return isinstance(cluster, dict) and isinstance(cluster.get("profile"), dict)
+
+
 def profiled_machine(case: Union[str, Path, dict], profile: Optional[Union[str, Path]]) -> dict:
     """The ``machine`` section of the profile in use (:func:`profile_in_use`), or {} without one."""
     from planner.inputs import read_yaml
@@ -244,6 +253,11 @@ def validate(case: Union[str, Path, dict], profile: Optional[Union[str, Path]] =
     # Where the profile was named: --profile, else the case's cluster.profile.
     named: tuple[str, str] = (str(profile), "--profile") if profile is not None else (loaded.source, "cluster.profile")
     in_use = profile_in_use(case, profile)
+    if in_use is None and given_inline(case):
+        # A case may give its profile's contents (the API's calibrate_from_runs hands one on): validate
+        # records the file its prediction came from, and a profile fitted to runs it refuses below anyway.
+        raise CaseError(*named, "is given inline: validate compares this machine with the profile file `calibrate` "
+                                "wrote here, which it records; give its path (or --profile)")
     if not machine or in_use is None:  # both or neither: a machine section is read from the profile in use
         # A preset (or hand-written) GPU describes another machine: its prediction and a run here
         # do not compare (an H100's 0.0007 s against a CPU's 8 s).

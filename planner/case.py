@@ -24,7 +24,7 @@ from cost_models.specs import (ACTIVATIONS, ATTENTION_TYPES, EXPERT_DISPATCHES, 
 from cost_models.memory import usable_bytes
 from cost_models.quantization import FP8_RECIPES
 
-from .case_cluster import _cluster, cluster_profile, gpu_from_profile
+from .case_cluster import _cluster, cluster_profile, gpu_of_profile
 from .case_errors import case_message, spec_errors
 from .engines import ENGINES
 from .errors import CaseError, as_typed, one_line
@@ -529,15 +529,16 @@ def profile_warnings(case: Any) -> list[str]:
         data, src, base = read_case(case)
         cluster = data.get("cluster") if isinstance(data, dict) else None
         options = cluster.get("options") if isinstance(cluster, dict) else None
-        sections = [cluster] + (list(options) if isinstance(options, list) else [])
-        found = [f for f in (cluster_profile(src, section, base) for section in sections) if f is not None]
+        sections = [("cluster", cluster)] + [(f"cluster.options[{i}]", section)
+                                            for i, section in enumerate(options if isinstance(options, list) else [])]
+        found = [f for f in (cluster_profile(src, section, base, key) for key, section in sections) if f is not None]
     except CaseError:
         return []  # the command itself reports a case it cannot read
     out: list[str] = []
     for path in dict.fromkeys(path for path, _ in found):
         out += warnings_of_profile(path, next(profile for p, profile in found if p == path))
-    for section in sections:
-        out += links_not_measured(src, section, base)
+    for key, section in sections:
+        out += links_not_measured(src, section, base, key)
     return out
 
 
@@ -548,20 +549,20 @@ def collectives_not_timed(profile: dict) -> bool:
     return isinstance(measured, dict) and measured.get("collectives") == {}
 
 
-def links_not_measured(src: str, section: Any, base: Path) -> list[str]:
+def links_not_measured(src: str, section: Any, base: Path, key: str = "cluster") -> list[str]:
     """A warning for a cluster section of more than one GPU (or one of `size`'s options, which size up)
     on a profile `calibrate` measured with one rank, which timed no collective: its link bandwidths are
     placeholders, the device's own copy bandwidth (calibration/profile.py), so every collective between
     its GPUs was priced at memory speed (39 GB/s for two gloo ranks on this project's 2-core machine,
     which measures 1.3 GB/s between two), with no word. None where the section gives its own."""
-    found = cluster_profile(src, section, base)
+    found = cluster_profile(src, section, base, key)
     if found is None or section.get("num_gpus") == 1 or "intra_node_bandwidth" in section:
         return []
     path, profile = found
     if not collectives_not_timed(profile):
         return []
     try:
-        gpu, _ = gpu_from_profile(Path(path))
+        gpu, _ = gpu_of_profile(path, profile)
     except CaseError:
         return []  # the command's one line says what is wrong with it, with no warning before it
     return [f"{path} was measured with one rank, which times no collective: its gpu.intra_node_bandwidth and "
@@ -596,9 +597,10 @@ def measured_while_disturbed(path: str, machine: dict) -> list[str]:
 
 def warnings_of_profile(path: str, profile: dict, disturbed: bool = True) -> list[str]:
     """:func:`profile_warnings` of one profile (what `calibrate` says of the profile it writes, with
-    ``disturbed`` False: it said those as it measured)."""
+    ``disturbed`` False: it said those as it measured); ``path`` is what errors name it by, a profile
+    given inline the case's key (:func:`case_cluster.inline_profile`)."""
     try:
-        gpu_from_profile(Path(path))
+        gpu_of_profile(path, profile)
     except CaseError:
         return []  # nor one whose profile it refuses: its one line, not warnings before it
     out = []

@@ -4,6 +4,7 @@ inline), its host, the fabric, what each GPU achieves, how many there are, and t
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -317,15 +318,42 @@ def check_fitted_copies(src: str, performance: Any, measurements: Any, section: 
 
 def gpu_from_profile(path: Path, alone: bool = False) -> tuple[GPUSpec, Optional[FabricSpec]]:
     """The measured GPU of a hardware profile written by `layout-planner calibrate`, and its
-    measured fabric where the profile has one.
+    measured fabric where the profile has one (:func:`gpu_of_profile` of the file's contents)."""
+    return gpu_of_profile(str(path), read_yaml(path), alone)
+
+
+def inline_profile(src: str, key: str) -> str:
+    """What an error names a profile given inline (a mapping at the case's ``key``, as
+    `calibrate_from_runs` returns it) by, where it names a profile file by its path: the case and the key
+    (``<case>: cluster.profile``), the profile's own key after it (``<case>: cluster.profile: gpu.memory``)."""
+    return f"{src}: {key}"
+
+
+def read_profile(src: str, key: str, value: Any, base: Path) -> tuple[str, Any, Optional[Path]]:
+    """The hardware profile a cluster section gives at ``key`` (``cluster.profile``): (what its errors
+    name it by, its contents, its file). A path is a profile file's, relative to the case (its YAML);
+    a mapping is the profile itself, in the file's schema (what `calibrate_from_runs` and
+    `calibrate_from_logs` return, which an API caller hands on without writing it), its file None."""
+    if isinstance(value, dict):
+        return inline_profile(src, key), value, None
+    if not isinstance(value, str):
+        raise CaseError(src, key, f"expected a profile file's path, or the profile itself (a mapping in the file's "
+                                  f"schema: the first of what calibrate_from_runs returns), got {describe(value)}")
+    path = read_file_path(src, key, value, base)
+    with read_for(src, key, path):
+        return str(path), read_yaml(path), path
+
+
+def gpu_of_profile(src: str, data: Any, alone: bool = False) -> tuple[GPUSpec, Optional[FabricSpec]]:
+    """The measured GPU of a hardware profile's contents (``src``: what errors name it by, its file's
+    path or :func:`inline_profile`), and its measured fabric where the profile has one.
 
     A profile holds ``gpu`` (the fields of a GPU preset, with measured figures),
     ``performance`` and ``fabric`` (the fitted achieved figures), ``machine`` and ``measurements``,
     and ``alone``: the compute and memory figures measured with one rank running, which a case of
     one rank (``alone``) takes where the profile has them.
     """
-    src = str(path)
-    data = read_mapping(src, "", read_yaml(path), PROFILE_KEYS)
+    data = read_mapping(src, "", data, PROFILE_KEYS)
     name = read_machine(src, data.get("machine")).get("device") or "profiled"
     gpu_data = required(src, "", data, "gpu")
     # An empty section (null) is none; false, 0 or [] is no mapping (they were taken as none). Without
@@ -378,9 +406,9 @@ def cluster_hardware(src: str, section: dict, base: Path, key: str = "cluster", 
         if "gpu" in section:
             raise CaseError(src, f"{key}.profile", "give either gpu or profile, not both")
         gpu_entry = None
-        path = read_file_path(src, f"{key}.profile", section["profile"], base)
-        with read_for(src, f"{key}.profile", path):
-            gpu, profile_fabric = gpu_from_profile(path, alone)
+        where, data, path = read_profile(src, f"{key}.profile", section["profile"], base)
+        with read_for(src, f"{key}.profile", path) if path is not None else nullcontext():
+            gpu, profile_fabric = gpu_of_profile(where, data, alone)
     else:
         gpu_entry = required(src, key, section, "gpu")
     if isinstance(gpu_entry, str):
@@ -478,14 +506,17 @@ def sizing_terms(src: str, section: dict, key: str, gpus_per_node: int) -> tuple
     return most, price
 
 
-def cluster_profile(src: str, section: Any, base: Path) -> Optional[tuple[str, dict]]:
-    """(path, data) of the hardware profile a cluster section names, None where it names none:
-    its ``overheads`` (the allocator's, fitted to a team's runs) are the case's defaults."""
+def cluster_profile(src: str, section: Any, base: Path, key: str = "cluster") -> Optional[tuple[str, dict]]:
+    """(path, data) of the hardware profile a cluster section (at ``key``) names, None where it names
+    none: its ``overheads`` (the allocator's, fitted to a team's runs) are the case's defaults. A
+    profile given inline is named as its errors name it (:func:`inline_profile`)."""
+    if isinstance(section, dict) and isinstance(section.get("profile"), dict):
+        return inline_profile(src, f"{key}.profile"), section["profile"]
     if not isinstance(section, dict) or not isinstance(section.get("profile"), str):
         return None  # _cluster reports a malformed section
     path = Path(section["profile"])
     path = path if path.is_absolute() else base / path
-    with read_for(src, "cluster.profile", path):
+    with read_for(src, f"{key}.profile", path):
         data = read_yaml(path)
     return str(path), data if isinstance(data, dict) else {}
 

@@ -143,7 +143,7 @@ def _limit_key(key: str, section: dict) -> Optional[str]:
 def _fitted(src: str, key: str, entry: dict, base: Path) -> Optional[dict]:
     """The ``fitted`` section of the profile a GPU type is given by (None: no profile, or one not fitted
     to runs), its fabric kept."""
-    profile = cluster_profile(src, entry, base)
+    profile = cluster_profile(src, entry, base, key)
     fitted = read_fitted(profile[0], profile[1].get("fitted")) if profile else None
     check_fitted_figures_kept(src, key, entry, fitted)
     return fitted

@@ -282,7 +282,7 @@ def other_fabric_notes(case: Any) -> list[str]:
                                             for i, section in enumerate(options if isinstance(options, list) else [])]
         lines = []
         for key, section in sections:
-            found = cluster_profile(src, section, base)
+            found = cluster_profile(src, section, base, key)
             if found is None or "fabric" not in section:
                 continue
             path, profile = found

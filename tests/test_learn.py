@@ -153,6 +153,63 @@ def test_the_written_profile_prices_a_case_as_the_fit_does(tmp_path):
     assert estimate(new).outside_fitted_runs == []  # a preset has no runs behind it
 
 
+def test_the_profile_calibrate_from_runs_returns_goes_into_a_case_as_it_is(tmp_path):
+    """cluster.profile took a path alone: the profile calibrate_from_runs returns had to be written to a
+    file (render) before a case could use it. Given as it is, it prices the case as the fit does, and as
+    the file written from it does, with its fitted section's coverage (16 nodes lie outside the runs); for
+    `size`'s GPU types too. The caller's profile is not changed."""
+    import copy
+
+    from planner import size
+    from planner.learn import render
+
+    profile, result = calibrate_from_runs(measured_runs())
+    kept = copy.deepcopy(profile)
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(profile))
+    new = case(128, 4, 2, 1, 1)
+    by_fit = estimate(with_figures(new, result.hardware, result.values))
+    given = estimate({**new, "cluster": {"profile": profile, "num_gpus": 128}})
+    written = estimate({**new, "cluster": {"profile": str(path), "num_gpus": 128}})
+    assert given.step_time_s == pytest.approx(by_fit.step_time_s, rel=1e-3)
+    assert given.peak.total == pytest.approx(by_fit.peak.total, rel=1e-3)
+    assert given.to_dict() == written.to_dict() and given.outside_fitted_runs == written.outside_fitted_runs
+    assert given.outside_fitted_runs[0].startswith("nodes 16 lies outside the fitted profile's runs (1, 2, 4, 8)")
+    options = {"options": [{"profile": profile, "max_gpus": 1024}]}
+    sized = size({**new, "cluster": options}, "2T", deadline="7d")
+    on_file = size({**new, "cluster": {"options": [{"profile": str(path), "max_gpus": 1024}]}}, "2T", deadline="7d")
+    assert sized.to_dict() == on_file.to_dict()
+    assert any("lies outside the fitted profile's runs (1, 2, 4, 8)" in n for n in sized.notes)
+    assert profile == kept
+
+
+def test_a_profile_given_inline_is_checked_as_its_file_is_naming_the_cases_key(tmp_path):
+    """What a profile file is refused for, its contents given inline are too: named by the case's key and
+    then the profile's (the file's errors name its path, then the key). A calibration's whole answer, the
+    (profile, fit) pair, is refused saying which of it to give."""
+    from planner import size
+    from planner.learn import render
+
+    profile, result = calibrate_from_runs(measured_runs(LAYOUTS[:3]))
+    bad = {**profile, "gpu": {**profile["gpu"], "memory": "lots"}}
+    path = tmp_path / "profile.yaml"
+    path.write_text(render(bad))
+    new = case(8, 1, 1, 1, 1)
+    with pytest.raises(CaseError) as inline:
+        estimate({**new, "cluster": {"profile": bad, "num_gpus": 8}})
+    with pytest.raises(CaseError) as on_file:
+        estimate({**new, "cluster": {"profile": str(path), "num_gpus": 8}})
+    assert (inline.value.source, inline.value.key) == ("<case>: cluster.profile", "gpu.memory")
+    assert (on_file.value.source, on_file.value.key) == (str(path), "gpu.memory")
+    assert inline.value.expected == on_file.value.expected
+    with pytest.raises(CaseError, match=r"^<case>: cluster.options\[0\].profile: bogus: unknown key"):
+        size({**new, "cluster": {"options": [{"profile": {**profile, "bogus": 1}, "max_gpus": 8}]}}, "1T")
+    with pytest.raises(CaseError) as pair:
+        estimate({**new, "cluster": {"profile": (profile, result), "num_gpus": 8}})
+    assert (pair.value.source, pair.value.key) == ("<case>", "cluster.profile")
+    assert "the first of what calibrate_from_runs returns" in pair.value.expected
+
+
 def test_a_node_count_between_the_runs_lies_inside_them(tmp_path):
     """Runs on 1, 2, 4 and 8 nodes: 3 nodes lie between them, where the fitted fabric efficiency holds as
     it does at 2 and 4; it was said to lie outside them, as 16 nodes does."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 import planner
@@ -184,3 +185,33 @@ def test_diagnose_says_the_profiles_warnings_as_the_other_commands_do(tmp_path):
     said = [line.removeprefix("warning: ") for line in done.stderr.splitlines() if line.startswith("warning: ")]
     assert said == json.loads(run_cli("estimate", str(case), "--json").stdout)["warnings"]
     assert json.loads(done.stdout)["warnings"] == said and len(said) == 2
+
+
+def test_a_profile_given_inline_is_warned_about_as_its_file_is(tmp_path):
+    """A case may give its profile's contents at cluster.profile (as the API's calibrate_from_runs hands
+    one on): a quick one with a poor fit is said of the case's key, as a file is said of its path, by
+    the API and by the CLI on a case file that gives it so."""
+    on_file = tmp_path / "case.yaml"
+    doc = yaml.safe_load(profile(tmp_path, quick=True, error=0.39).read_text())
+    doc["cluster"]["profile"] = yaml.safe_load((tmp_path / "profile.yaml").read_text())
+    warnings = planner.estimate(doc).warnings
+    assert len(warnings) == 2 and all(w.startswith("<case>: cluster.profile") for w in warnings)
+    assert "calibrate --quick" in warnings[0] and "with a 39% rms error" in warnings[1]
+    assert planner.estimate(doc).to_dict() == planner.estimate(on_file).to_dict()
+    on_file.write_text(yaml.safe_dump(doc))
+    done = run_cli("estimate", str(on_file))
+    assert done.returncode == 0 and f"warning: {on_file}: cluster.profile was written by `calibrate --quick`" \
+        in done.stderr, done.stderr
+
+
+def test_validate_refuses_a_profile_given_inline_saying_to_give_its_file(tmp_path):
+    """validate compares this machine with the profile file `calibrate` wrote, which its result records: an
+    inline profile was refused as if the case had none ("needs ... cluster.profile in the case")."""
+    from calibration.validate import validate
+
+    doc = yaml.safe_load(profile(tmp_path, quick=False, error=0.05).read_text())
+    doc["cluster"]["profile"] = yaml.safe_load((tmp_path / "profile.yaml").read_text())
+    with pytest.raises(planner.CaseError) as refused:
+        validate(doc)
+    assert (refused.value.source, refused.value.key) == ("<case>", "cluster.profile")
+    assert refused.value.expected.startswith("is given inline") and "give its path (or --profile)" in refused.value.expected
