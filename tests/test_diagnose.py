@@ -1318,7 +1318,8 @@ def test_deepspeeds_default_reuse_distance_regathers_a_70b_layers_attention():
 
 
 @pytest.mark.parametrize("stage, where, value, said", [
-    (2, "zero_optimization.reduce_scatter", False, "zero_optimization.reduce_scatter false: DeepSpeed all-reduces"),
+    (2, "zero_optimization.reduce_scatter", False, "reduce_scatter true while use_multi_rank_bucket_allreduce is "
+                                                   "true (its default): the same traffic either way"),
     (1, "zero_optimization.reduce_scatter", False, "zero_optimization.reduce_scatter false: DeepSpeed all-reduces"),
     (2, "zero_optimization.round_robin_gradients", True, "zero_optimization.round_robin_gradients true: DeepSpeed "
                                                          "reorders"),
@@ -1326,7 +1327,7 @@ def test_deepspeeds_default_reuse_distance_regathers_a_70b_layers_attention():
      "zero_optimization.stage3_use_all_reduce_for_fetch_params true: DeepSpeed fetches ZeRO-3's weights with an "
      "all-reduce"),
     (3, "zero_optimization.use_all_reduce_for_fetch_params", True,
-     "zero_optimization.use_all_reduce_for_fetch_params true: DeepSpeed fetches"),
+     "and with an all-gather where it holds one (runtime/zero/partition_parameters.py"),
     (3, "mics_shard_size", 2, "mics_shard_size at the top level: DeepSpeed 0.19 ignores it there"),
     (3, "zero_quantized_weights", True, "zero_quantized_weights at the top level: DeepSpeed 0.19 ignores it there"),
     (2, "wall_clock_breakdown", True, "wall_clock_breakdown on: DeepSpeed reads its timers after every micro-batch")])
@@ -1347,6 +1348,10 @@ def test_what_a_ds_config_changes_and_the_estimate_does_not_price_is_said(tmp_pa
         # DeepSpeed takes the value where the file gives it, and defaults to the other
         assert getattr(DeepSpeedZeroConfig(stage=stage, **{key: value}), key.replace("stage3_", "")) == value
         assert getattr(DeepSpeedZeroConfig(stage=stage), key.replace("stage3_", "")) != value
+        if key == "reduce_scatter":
+            # The default that makes reduce_scatter true all-reduce each bucket too (stage_1_and_2.py,
+            # average_tensor: the ("allreduce", group) key → allreduce_and_scatter), so the note says so.
+            assert DeepSpeedZeroConfig(stage=stage).use_multi_rank_bucket_allreduce is True
     elif key != "wall_clock_breakdown":
         # at the top level DeepSpeed starts, and its ZeRO config is the one without the key
         read = DeepSpeedConfig({**config, key: value, "train_batch_size": 8}, mpu=None)

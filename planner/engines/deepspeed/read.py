@@ -430,11 +430,17 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
             notes.append(f"zero_optimization.{section}.pin_memory false: the copies to and from the host run "
                          "through pageable memory, priced at a pinned copy's bandwidth, so the run may step slower")
     if lay.dp * lay.cp > 1 and stage in (1, 2) and zero.get("reduce_scatter") is False:
-        # Each bucket is all-reduced whole and this rank's slice kept (zero/stage_1_and_2.py, average_tensor:
-        # `if not self.reduce_scatter`, gradient_reduction_w_predivide), where dp_time prices a reduce-scatter.
+        # Not priced as a change, because DeepSpeed 0.19 all-reduces each bucket whole either way
+        # (zero/stage_1_and_2.py, average_tensor): false, through gradient_reduction_w_predivide; true, with
+        # use_multi_rank_bucket_allreduce at its default (true, zero/config.py), by putting every rank's slices
+        # under one ("allreduce", group) key, allreduce_and_scatter → allreduce_bucket → dist.all_reduce. Only
+        # use_multi_rank_bucket_allreduce false reduces each slice to its owner (dist.reduce). dp_time prices
+        # a reduce-scatter for both, which this note says rather than pricing a difference that does not run.
         notes.append("zero_optimization.reduce_scatter false: DeepSpeed all-reduces each gradient bucket whole and "
-                     "keeps its own slice (runtime/zero/stage_1_and_2.py, average_tensor), about twice the traffic "
-                     "of the reduce-scatter priced, so the run may step slower")
+                     "keeps its own slice (runtime/zero/stage_1_and_2.py, average_tensor), as it also does with "
+                     "reduce_scatter true while use_multi_rank_bucket_allreduce is true (its default): the same "
+                     "traffic either way, about twice the reduce-scatter the estimate prices, so the run may step "
+                     "slower")
     if lay.dp * lay.cp > 1 and stage in (1, 2) and zero.get("round_robin_gradients") is True:
         # Reorders each group's parameters so consecutive gradients belong to different ranks
         # (stage_1_and_2.py, _round_robin_reorder), for offload's parallel copies to the host.
@@ -445,11 +451,19 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
                       if zero.get(k) is True), None)
     if lay.dp * lay.cp > 1 and stage == 3 and fetch_key:
         # _all_gather_coalesced (zero/partition_parameters.py): each rank copies its shard into a zeroed buffer
-        # of the whole weights and all-reduces it (without ZeRO++'s quantized or secondary-tensor gathers).
+        # of the whole weights and all-reduces it (without ZeRO++'s quantized or secondary-tensor gathers), but
+        # all_gather_coalesced takes that path only for a call of several parameters: a call of one goes to
+        # _all_gather_sequential, an all-gather. Which calls hold one depends on the trace: a module's own fetch
+        # holds its parameters, a prefetch those popped from the trace's queue until stage3_prefetch_bucket_size
+        # is reached (zero/partitioned_param_coordinator.py, _fetch_sub_module_impl), so a weight matrix larger
+        # than the bucket often goes alone. dp_time's ZeRO-3 collectives are uniform per layer and follow no
+        # trace, so it cannot say which share of the bytes is all-reduced: between none and all of it.
         notes.append(f"zero_optimization.{fetch_key} true: DeepSpeed fetches ZeRO-3's weights with an all-reduce "
-                     "of a zero-filled buffer of the whole weights, not an all-gather "
-                     "(runtime/zero/partition_parameters.py, _all_gather_coalesced): about twice the traffic "
-                     "priced, so the run may step slower")
+                     "of a zero-filled buffer of the whole weights where one fetch or prefetch holds several "
+                     "parameters, and with an all-gather where it holds one (runtime/zero/partition_parameters.py, "
+                     "all_gather_coalesced); which do depends on the module trace and the prefetch bucket, which "
+                     "the estimate does not follow, so it prices all-gathers: up to twice that traffic runs, and "
+                     "the run may step slower")
     # DeepSpeed 0.19 reads these only inside zero_optimization (DeepSpeedZeroConfig; runtime/config.py reads no
     # top-level one, and refuses only zero_optimization's removed MiCS keys), so where they stand they do nothing.
     for key in ("mics_shard_size", "mics_hierarchical_params_gather", "zero_quantized_weights",
