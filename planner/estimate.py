@@ -86,6 +86,12 @@ class Estimate:
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
+    def layout(self) -> Layout:
+        """The job's layout, as :attr:`Remedy.layout` gives the changed one: ``plan.best.layout`` is the
+        plan's best, which goes back into a dict case's ``layout`` as its case-file section."""
+        return self.job.layout
+
+    @property
     def step_time_s(self) -> float:
         return self.time.total
 

@@ -71,6 +71,19 @@ def test_a_plans_best_layout_object_goes_back_into_a_case_to_estimate_a_variant(
         planner.estimate({**case, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}, "layout": best.job.layout})
 
 
+def test_a_plans_best_gives_its_layout_as_a_remedy_does():
+    """An Estimate had no .layout, where a Remedy has one: a caller reading a plan's best layout wrote
+    plan.best.job.layout. plan.best.layout is that Layout, and put back into the case it estimates to the
+    plan's own figures (Llama 2 7B on 16 H100s, Megatron-LM), as every estimate of the best layout does."""
+    case = {**CASE, "training": {**CASE["training"], "engine": "megatron"}}
+    best = planner.plan(case, top_k=0).best
+    assert best.layout is best.job.layout
+    again = planner.estimate({**case, "layout": best.layout})
+    assert again.layout == best.layout
+    assert (again.step_time_s, again.peak.total, again.to_dict()) == \
+        (best.step_time_s, best.peak.total, best.to_dict())
+
+
 def test_a_layout_timed_for_one_engine_is_not_written_for_another(tmp_path):
     est = planner.estimate({**CASE, "training": {**CASE["training"], "engine": "deepspeed"},
                             "layout": {"dp": 16, "micro_batch_size": 2, "zero_stage": 1}})
