@@ -240,7 +240,11 @@ class Layout:
         }
         if self.ep > 1 or self.etp is not None:
             section["ep"] = self.ep
-            section["etp"] = self.expert_tp
+        if self.etp is not None:
+            # Only where the layout states it: etp None is tp wherever it is read (``expert_tp``), and
+            # the section a case reads back must give this layout, equal to it (the resolved figure is
+            # the results' to state: ``planner.estimate.layout_section``).
+            section["etp"] = self.etp
         if self.recompute_num_layers is not None:
             section["recompute_num_layers"] = self.recompute_num_layers
         if self.recompute_modules is not None:

@@ -272,9 +272,16 @@ def layout_section(job: Job) -> dict[str, Any]:
     emitted arguments say, and what a launcher or a later case can take as is. Every layout a JSON
     output prints is this one (the estimate's, its cheapest change, plan's advice where nothing fits):
     the bare ``layout_to_mapping`` gave nanotron's case the stage split it does not run, and a later case
-    fed it was priced on another split, with a note that nanotron ignores it."""
+    fed it was priced on another split, with a note that nanotron ignores it. The expert tensor parallel
+    degree is stated where the experts are split (ep > 1), resolved where the layout leaves it to tp."""
     section = layout_to_mapping(job.layout)
     lay = job.layout
+    if lay.ep > 1 and lay.etp is None:
+        # The expert tensor parallel degree the experts run at, where the layout leaves it to its default
+        # (tp): what the launch files state (Megatron-LM's --expert-tensor-parallel-size), beside ep.
+        items = list(section.items())
+        after_ep = list(section).index("ep") + 1
+        section = dict(items[:after_ep] + [("etp", lay.expert_tp)] + items[after_ep:])
     if job.training.engine.splits_by_block_cost:
         # The split such an engine (nanotron) runs is its own, whatever the case stated: said as
         # the report says it, and which a later case may give back without a note.

@@ -84,6 +84,21 @@ def test_a_plans_best_gives_its_layout_as_a_remedy_does():
         (best.step_time_s, best.peak.total, best.to_dict())
 
 
+def test_a_layout_that_leaves_etp_to_tp_goes_round_a_case_unchanged_and_its_json_states_etp():
+    """A Layout of ep 8 leaving etp to its default went into a case with etp 2 stated and came back
+    unequal to itself. It comes back equal, priced the same; the estimate's JSON still states the etp the
+    experts run at, tp (megatron-core's arguments.py: expert_tensor_parallel_size None is
+    tensor_model_parallel_size), as the launch files state it."""
+    case = {"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+            "training": {"global_batch_size": 256, "seq_len": 4096, "engine": "megatron"},
+            "layout": {"tp": 2, "pp": 4, "ep": 8, "zero_stage": 1, "sequence_parallel": True, "recompute": "full"}}
+    est = planner.estimate(case)
+    assert est.layout.etp is None and est.to_dict()["layout"]["etp"] == 2
+    again = planner.estimate({**case, "layout": est.layout})
+    assert again.layout == est.layout
+    assert again.to_dict() == est.to_dict()
+
+
 def test_a_layout_timed_for_one_engine_is_not_written_for_another(tmp_path):
     est = planner.estimate({**CASE, "training": {**CASE["training"], "engine": "deepspeed"},
                             "layout": {"dp": 16, "micro_batch_size": 2, "zero_stage": 1}})

@@ -140,3 +140,41 @@ def test_recomputation_and_offload_never_shorten_the_step(job, data):
     except SpecError:
         assume(False)
     assert step_time(heavier).total >= step_time(bare).total * (1 - 1e-12)
+
+
+@st.composite
+def moe_layouts(draw):
+    """Layouts of a mixture of experts: expert parallelism on the attention's grid, the expert tensor
+    parallel degree stated (1 or tp, what the search tries, or another) or left to its default, tp;
+    with the other fields a case's section may state, so the whole section goes round."""
+    tp, pp, cp, dp = (draw(st.sampled_from(options)) for options in ([1, 2, 4, 8], [1, 2, 4], [1, 2], [1, 2, 4, 8]))
+    ep = draw(st.sampled_from([d for d in (1, 2, 4, 8, 16, 32) if (tp * cp * dp) % d == 0]))
+    etp = draw(st.sampled_from([None, 1, tp, 2, 4]))
+    recompute = draw(st.sampled_from(["none", "selective", "full"]))
+    try:
+        return Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=draw(st.sampled_from([1, 2])) if pp > 1 else 1,
+                      micro_batch_size=draw(st.sampled_from([1, 2, 4])), ep=ep, etp=etp,
+                      zero_stage=draw(st.integers(0, 3)), sequence_parallel=tp > 1 and draw(st.booleans()),
+                      recompute=recompute,
+                      recompute_num_layers=draw(st.sampled_from([None, 1, 2])) if recompute == "full" else None,
+                      offload_optimizer=draw(st.sampled_from([0.0, 0.5, 1.0])))
+    except SpecError:
+        assume(False)
+
+
+@SETTINGS
+@given(moe_layouts())
+def test_a_layouts_case_section_reads_back_as_the_same_layout(layout):
+    """Layout.to_dict() is the case-file section a dict case takes a Layout as (planner.api_values): it
+    wrote etp = tp where the layout left etp to its default, so a layout of ep 4 that went into a case
+    came back with etp 2 stated, unequal to the one given, though each runs the same expert grid (etp
+    None resolves to tp: Layout.expert_tp). The section, through JSON as a case file holds it, reads
+    back as the layout it came from."""
+    import json
+
+    from planner.case import layout_from_mapping
+
+    section = json.loads(json.dumps(layout.to_dict()))
+    again = layout_from_mapping("<case>", section, layout.dp * layout.tp * layout.pp * layout.cp)
+    assert again == layout
+    assert (again.ep, again.expert_tp, again.edp) == (layout.ep, layout.expert_tp, layout.edp)
