@@ -1571,6 +1571,42 @@ def test_a_converter_that_converts_the_lm_head_the_estimate_prices_in_bf16_is_sa
     assert run.estimate.step_time_s == plain.estimate.step_time_s
 
 
+def test_a_0_2_job_file_whose_converter_converts_the_lm_head_is_said_so(tmp_path):
+    """A torchtitan 0.2 job file whose float8 converter's filter_fqns leave out "output" (0.2's LM head,
+    Transformer.output) converts the LM head to fp8 (module_filter_fn: 4096 and 128256 divide by 16), which
+    the estimate prices in bf16: the 0.3 config module was told so, the job file not. Its default is float8's
+    [] (converts it) and mx's ["output"] (leaves it: config/job_config.py at v0.2.2). Read as diagnose reads
+    it (read_job, without the plan beside it): the same job priced either way."""
+    from planner.diagnose import read_job
+
+    body = ("[training]\nlocal_batch_size = 8\nglobal_batch_size = 64\nseq_len = 4096\n[parallelism]\n"
+            "data_parallel_shard_degree = -1\n[activation_checkpoint]\nmode = \"full\"\n[model]\nconverters = ")
+    float8 = body + "[\"quantize.linear.float8\"]\n[quantize.linear.float8]\nrecipe_name = \"rowwise\"\n"
+    path = tmp_path / "job.toml"
+
+    def lm_head_notes(case, text):
+        path.write_text(text)
+        reading = read_job(case, "torchtitan", path)
+        return [note for note in reading.notes if "LM head" in note], reading.job
+
+    case = case_of("llama3-8b", 8, 64, 4096, precision="fp8", fp8_recipe="rowwise")
+    kept, job = lm_head_notes(case, float8 + "filter_fqns = [\"output\"]\n")
+    assert kept == []
+    for filters in ("filter_fqns = []\n", ""):
+        said, converted = lm_head_notes(case, float8 + filters)
+        assert said == ["quantize.linear.float8.filter_fqns [] converts the LM head (output) to fp8 too (torchtitan's "
+                        "module_filter_fn): priced in bf16, as the cost model keeps it, so the run's LM head GEMMs "
+                        "step faster than estimated"], filters
+        assert converted == job
+    mx = case_of("llama3-8b", 8, 64, 4096, precision="mxfp8")
+    mx["cluster"]["gpu"] = "b200"
+    mx_file = body + "[\"quantize.linear.mx\"]\n"
+    assert lm_head_notes(mx, mx_file)[0] == []  # mx leaves "output" out unless told
+    said = lm_head_notes(mx, mx_file + "[quantize.linear.mx]\nfilter_fqns = []\n")[0]
+    assert len(said) == 1 and said[0].startswith("quantize.linear.mx.filter_fqns [] converts the LM head (output) "
+                                                 "to mxfp8 too"), said
+
+
 def test_a_converter_filter_that_leaves_a_decoder_linear_in_bf16_is_refused(tmp_path, own_files):
     """Float8's filter_fqns were read for the LM head and the router alone: a filter that left an attention or
     MLP projection in bf16 was priced in fp8, and ``auto_filter_small_kn`` was not followed. The cost model

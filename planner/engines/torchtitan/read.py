@@ -180,12 +180,18 @@ CONVERTER_FIELDS = {"Float8LinearConverter": ("recipe_name", "filter_fqns", "emu
 # lm_head; models/common/moe.py Router.Config gate under layers.N.moe.router), with (in, out) features.
 BF16_PRICED_LINEARS = {"lm_head": ("LM head", lambda m: (m.hidden_size, m.vocab_size)),
                        "layers.0.moe.router.gate": ("MoE router's gate", lambda m: (m.hidden_size, m.num_experts))}
+# The FQN a 0.1 or 0.2 job file's model gives a BF16_PRICED_LINEARS linear where it differs from 0.3.0's: the LM
+# head is Transformer.output (models/llama3/model/model.py at v0.1.0 and v0.2.2); the router's gate is the same.
+TOML_FQNS = {"lm_head": "output"}
 # Float8LinearConverter's filter_fqns word that swaps module_filter_fn for torchao's size heuristic.
 AUTO_FILTER = "auto_filter_small_kn"
 # Where a 0.1 or 0.2 job file lists the linears its linear converter leaves in bf16 (module_filter_fn's
 # filter_fqns, components/quantization/utils.py at v0.2.2), by the converter [model] converters names.
 TOML_FILTER_KEYS = {"float8": ("float8.filter_fqns",), "quantize.linear.float8": ("quantize.linear.float8.filter_fqns",),
                     "mx": ("mx.filter_fqns",), "quantize.linear.mx": ("quantize.linear.mx.filter_fqns",)}
+# Their value where the file leaves them out (config_manager.py at v0.1.0, config/job_config.py at v0.2.2): float8's
+# an empty list, mx's ["output"] ("By default we always skip the output layer").
+TOML_FILTER_DEFAULTS = {"mx.filter_fqns": ["output"], "quantize.linear.mx.filter_fqns": ["output"]}
 # Float8LinearConverter.Config.recipe_name's default (components/quantization/float8.py).
 FLOAT8_RECIPE_DEFAULT = "rowwise"
 # Where each release keeps the float8 recipe: 0.1's [float8], 0.2's [quantize.linear.float8].
@@ -1267,27 +1273,37 @@ def _check_toml_filters(s: _Settings, case, names: list[str]) -> None:
     (components/quantization/float8.py at v0.2.2 ``_init_filter_fn``; tensorwise is refused before this, and
     rowwise_with_gw_hp raises NotImplementedError in torchao's _auto_filter_for_recipe): a decoder linear left
     in bf16 is refused (:func:`_bf16_linear_refusal`)."""
+    for name, key, filters, auto, converts in _toml_linear_converters(s, names):
+        if auto:
+            recipe = next((s.string(k, None) for k in FLOAT8_RECIPE_KEYS if s.string(k, None)), "tensorwise")
+            if recipe == "rowwise_with_gw_hp":
+                raise CaseError(s.src, key, f"{AUTO_FILTER} with recipe rowwise_with_gw_hp: torchao's "
+                                            "_auto_filter_for_recipe raises NotImplementedError (Unsupported "
+                                            "recipe), so torchtitan 0.2 fails at startup")
+        why = _bf16_linear_refusal(case, "0.2", converts)
+        if why:
+            said = f"{filters!r}" + (" (torchao's size thresholds, _auto_filter_for_rowwise)" if auto else "")
+            raise CaseError(s.src, key, f"{one_line(said, 120)} {why}")
+
+
+def _toml_linear_converters(s: _Settings, names: list[str]):
+    """(converter, filter key, filters, auto, converts) for each linear converter a 0.1 or 0.2 job file's
+    [model] converters names: ``converts(fqn, in, out)`` whether it converts that nn.Linear, by its
+    module_filter_fn (components/quantization/utils.py at v0.2.2: both dimensions divisible by 16 and no
+    filter_fqns entry a substring of the FQN), where float8's filters hold ``auto_filter_small_kn`` (``auto``)
+    by torchao's rowwise size heuristic besides (:func:`_rowwise_auto_filter_converts`)."""
     for name in names:
         for key in TOML_FILTER_KEYS.get(name, ()):
-            filters = s.names(key, [])
+            filters = s.names(key, TOML_FILTER_DEFAULTS.get(key, []))
             auto = AUTO_FILTER in filters and "float8" in name
             words = [w for w in filters if not (auto and w == AUTO_FILTER)]
-            if auto:
-                recipe = next((s.string(k, None) for k in FLOAT8_RECIPE_KEYS if s.string(k, None)), "tensorwise")
-                if recipe == "rowwise_with_gw_hp":
-                    raise CaseError(s.src, key, f"{AUTO_FILTER} with recipe rowwise_with_gw_hp: torchao's "
-                                                "_auto_filter_for_recipe raises NotImplementedError (Unsupported "
-                                                "recipe), so torchtitan 0.2 fails at startup")
 
             def converts(fqn, fan_in, fan_out, words=words, auto=auto):
                 if any(word in fqn for word in words) or fan_in % 16 or fan_out % 16:
                     return False
                 return _rowwise_auto_filter_converts(fan_in, fan_out) if auto else True
 
-            why = _bf16_linear_refusal(case, "0.2", converts)
-            if why:
-                said = f"{filters!r}" + (" (torchao's size thresholds, _auto_filter_for_rowwise)" if auto else "")
-                raise CaseError(s.src, key, f"{one_line(said, 120)} {why}")
+            yield name, key, filters, auto, converts
 
 
 def _check_converters(s: _Settings, case) -> None:
@@ -1552,28 +1568,49 @@ def _check_own_filters(src: str, key: str, entries, case) -> None:
         raise CaseError(src, key, f"{one_line(said, 120)} {why}")
 
 
-def _converted_beyond_scope(entries: Any, model) -> list[str]:
-    """A note for each linear the estimate prices in bf16 (BF16_PRICED_LINEARS) that the planner's
-    CONVERTERS converts all the same: the cost model keeps the LM head and the router in high precision
-    (kernels.high_precision_precision), so a file that converts them runs them in low precision, priced bf16."""
+def _converted_beyond_scope(model, release: str, converters) -> list[str]:
+    """A note for each linear the estimate prices in bf16 (BF16_PRICED_LINEARS) that a converter the job runs
+    converts all the same: the cost model keeps the LM head and the router in high precision
+    (kernels.high_precision_precision), so a job that converts them runs them in low precision, priced bf16.
+    ``converters``: (what the note quotes of it, the precision it converts to, the rule it converts by,
+    ``converts(fqn, in, out)``) for each, by the FQNs of ``release`` ("0.2": TOML_FQNS, or "0.3")."""
+    notes = []
+    for said, to, rule, converts in converters:
+        for fqn, (what, features) in BF16_PRICED_LINEARS.items():
+            if "router" in fqn and not model.is_moe:
+                continue
+            fqn = TOML_FQNS.get(fqn, fqn) if release == "0.2" else fqn
+            if converts(fqn, *features(model)):
+                where = fqn.replace("layers.0.", "layers.N.")
+                notes.append(f"{said} converts the {what} ({where}) to {to} too (torchtitan's {rule}): priced in "
+                             f"bf16, as the cost model keeps it, so the run's {what} GEMMs step faster than estimated")
+    return notes
+
+
+def _own_converters(entries: Any) -> list:
+    """The planner's config module's CONVERTERS as :func:`_converted_beyond_scope` takes them, each converter
+    by torchtitan 0.3.0's rule (:func:`_linear_converted`)."""
     if not isinstance(entries, (list, tuple)):
         return []
-    notes = []
+    out = []
     for entry in entries:
         if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[1], dict)):
             continue
         name, fields = entry
-        for fqn, (what, features) in BF16_PRICED_LINEARS.items():
-            if "router" in fqn and not model.is_moe:
-                continue
-            if _linear_converted(name, fields, fqn, features(model)):
-                key = _fqns_key(name)
-                where = fqn.replace("layers.0.", "layers.N.")
-                notes.append(f"CONVERTERS: {name} {key} {fields.get(key, [])!r} converts the {what} ({where}) "
-                             f"to {CONVERTER_CLASSES[name][0]} too (torchtitan's "
-                             f"{'module_filter_fn' if key == 'filter_fqns' else 'fqns substring match'}): priced in "
-                             f"bf16, as the cost model keeps it, so the run's {what} GEMMs step faster than estimated")
-    return notes
+        key = _fqns_key(name)
+        rule = "module_filter_fn" if key == "filter_fqns" else "fqns substring match"
+        out.append((f"CONVERTERS: {name} {key} {fields.get(key, [])!r}", CONVERTER_CLASSES.get(name, ("",))[0], rule,
+                    lambda fqn, fan_in, fan_out, name=name, fields=fields:
+                    _linear_converted(name, fields, fqn, (fan_in, fan_out))))
+    return out
+
+
+def _toml_converters(s: _Settings) -> list:
+    """A 0.1 or 0.2 job file's linear converters as :func:`_converted_beyond_scope` takes them, each by its
+    module_filter_fn (:func:`_toml_linear_converters`), torchao's size heuristic with ``auto_filter_small_kn``."""
+    return [(f"{key} {filters!r}", CONVERTER_PRECISIONS[name],
+             "module_filter_fn with torchao's _auto_filter_for_rowwise" if auto else "module_filter_fn", converts)
+            for name, key, filters, auto, converts in _toml_linear_converters(s, s.names("model.converters", []))]
 
 
 def _optimizer_implementation(s: _Settings) -> str:
@@ -1775,7 +1812,8 @@ def reading_notes(path: Union[str, Path], case, job: Job) -> list[str]:
         notes.append("CONVERTERS: Float8LinearConverter emulate True runs float8 emulated (torchao's "
                      "Float8LinearConfig(emulate=True), \"for test purpose only\"), not on fp8 tensor cores: priced "
                      f"in the case's {job.training.precision}, so the run steps slower")
-    notes += _converted_beyond_scope(entries, job.model)
+    notes += _converted_beyond_scope(job.model, "0.3", _own_converters(entries)) if s.cli else \
+        _converted_beyond_scope(job.model, "0.2", _toml_converters(s))
     if s.cli and job.training.recipe is not None and s.own_model is None:
         # The planner's own config module carries them (CONVERTERS), read and checked by _check_own_model.
         notes.append(f"{path.name}: torchtitan's quantization converters are no command-line option (the model "
