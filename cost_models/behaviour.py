@@ -113,6 +113,14 @@ class EngineBehaviour:
     # them behind: DeepSpeed's engine at stage 0 (``runtime/engine.py``: ``allreduce_gradients`` →
     # ``buffered_allreduce_fallback`` at the accumulation boundary, after ``loss.backward()``).
     zero0_reduce_after_backward: bool = False
+    # At ZeRO 1 and 2, each gradient bucket all-reduced whole and each rank keeping its own slice, not
+    # reduce-scattered: DeepSpeed 0.19's ``average_tensor`` (``runtime/zero/stage_1_and_2.py``) puts every
+    # slice of a bucket under one ("allreduce", process_group) key while ``use_multi_rank_bucket_allreduce``
+    # is true (its default, ``runtime/zero/config.py``), and ``allreduce_and_scatter`` → ``allreduce_bucket``
+    # all-reduces them together; ``reduce_scatter: false`` takes ``gradient_reduction_w_predivide``, an
+    # all-reduce too. The experts' buckets likewise, over their expert_dp_process_group. Twice the bytes
+    # of a reduce-scatter on a ring (2(n−1)/n of the bucket against (n−1)/n); the bucket's memory is the same.
+    zero12_bucket_all_reduce: bool = False
     # Gradients of bf16 training accumulated and reduced in fp32 unless told otherwise:
     # torchtitan's FSDP2 reduces in float32 (``torchtitan/config/configs.py``,
     # mixed_precision_reduce). Megatron-core's DistributedDataParallelConfig reduces in the

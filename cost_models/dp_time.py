@@ -23,7 +23,8 @@ def dp_comm_exposed(job: Job, stage: int, slowest: StageTime) -> float:
     """Data-parallel traffic of one step that compute does not hide, for the stage's ranks.
 
     - ZeRO 0: gradient all-reduce, bucketed and overlapped with the last micro-batch's backward.
-    - ZeRO 1/2: gradient reduce-scatter (overlapped likewise) and the parameter all-gather
+    - ZeRO 1/2: gradient reduce-scatter (overlapped likewise; an all-reduce of each bucket where the
+      engine reduces so, ``EngineBehaviour.zero12_bucket_all_reduce``: DeepSpeed) and the parameter all-gather
       after the optimizer step (behind the next forward where the engine prefetches it; one per
       bucket, or per optimizer parameter group where the engine gathers so: :func:`after_step_gather`).
       ZeRO-2 keeps only its gradient shard, so it reduce-scatters every micro-batch's
@@ -166,7 +167,8 @@ def _dp_traffic_exposed(job: Job, stage: int, slowest: StageTime, params: float,
     if lay.zero_stage < 3:
         # Buckets reduce as the last micro-batch's backward produces them; the last bucket waits,
         # and on the first stage it holds the input embedding's gradients (the last produced).
-        kind = "all_reduce" if lay.zero_stage == 0 else "reduce_scatter"
+        # DeepSpeed all-reduces its ZeRO-1/2 buckets whole (EngineBehaviour.zero12_bucket_all_reduce).
+        kind = "all_reduce" if lay.zero_stage == 0 or engine.zero12_bucket_all_reduce else "reduce_scatter"
         last = max(1 / chunks, min(1.0, last_bucket_parameters(job, stage) / params))
         if lay.zero_stage == 1 and engine.zero1_fp32_reduce_after_backward and fp32_gradients(training):
             # No DDP: the whole fp32 gradient buffer in one all-reduce, once the backward is done.

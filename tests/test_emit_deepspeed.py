@@ -1087,3 +1087,77 @@ def test_a_case_layout_the_ds_config_runs_otherwise_is_named_in_a_note(tmp_path)
     assert "layout.micro_batch_size 4 (runs 1), layout.zero_stage 3 (runs 1)" in said[0]
     # tp, pp and recompute the file leaves to the model's code: taken from the case, so not named
     assert not any(f"layout.{key} " in said[0] for key in ("tp", "pp", "recompute"))
+
+
+# DeepSpeed's ZeRO-1/2 optimizer on one CPU rank, with the zero_optimization section given (argv[1], JSON): the
+# deepspeed.comm collectives one backward reduces its gradients with, as shares of the model's parameters.
+GRADIENT_REDUCTION = DEEPSPEED_PRELUDE + """
+import json
+import deepspeed.comm as comm
+model = torch.nn.Sequential(*[torch.nn.Linear(128, 128, bias=False) for _ in range(4)])
+n = sum(p.numel() for p in model.parameters())
+config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2,
+          "bf16": {"enabled": True}, "zero_optimization": json.loads(sys.argv[1]),
+          "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}}}
+engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+kinds = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_fn")
+moved, calls, own = dict.fromkeys(kinds, 0), dict.fromkeys(kinds, 0), {k: getattr(comm, k) for k in kinds}
+def counted(kind):
+    def call(tensor, *args, **kwargs):
+        moved[kind] += tensor.numel()
+        calls[kind] += 1
+        return own[kind](tensor, *args, **kwargs)
+    return call
+for kind in kinds:
+    setattr(comm, kind, counted(kind))
+engine.backward(engine(torch.randn(2, 128, dtype=torch.bfloat16)).float().pow(2).mean())
+for kind in kinds:
+    setattr(comm, kind, own[kind])
+scattered = sum(moved[k] for k in kinds[2:])
+print(moved["all_reduce"] / n, calls["all_reduce"], moved["reduce"] / n, calls["reduce"], scattered / n)
+"""
+
+
+@pytest.mark.slow
+def test_deepspeeds_zero_1_and_2_all_reduce_each_bucket_and_are_priced_so():
+    """DeepSpeed 0.19 reduces a ZeRO-1/2 bucket with one all-reduce of the whole bucket while
+    use_multi_rank_bucket_allreduce is true, its default, which the emitted ds_config leaves unset
+    (runtime/zero/stage_1_and_2.py, average_tensor: every slice under one ("allreduce", group) key →
+    allreduce_and_scatter → allreduce_bucket → dist.all_reduce); false, each slice is reduced to its owner
+    (dist.reduce). Measured on its own optimizer's backward: the emitted config all-reduces the model's
+    65,536 gradients in one call, no reduce-scatter. The estimate priced a reduce-scatter, half the bytes."""
+    import json
+
+    emitted = {stage: ds._zero(stage, 128) for stage in (1, 2)}
+    assert all("use_multi_rank_bucket_allreduce" not in zero for zero in emitted.values())
+    per_owner = {**emitted[2], "use_multi_rank_bucket_allreduce": False}
+    figures = on_one_rank({"zero1": (GRADIENT_REDUCTION, json.dumps(emitted[1])),
+                           "zero2": (GRADIENT_REDUCTION, json.dumps(emitted[2])),
+                           "per_owner": (GRADIENT_REDUCTION, json.dumps(per_owner))})
+    # (all-reduced share, all-reduce calls, reduced-to-owner share, reduce calls, reduce-scattered share)
+    assert figures["zero1"] == figures["zero2"] == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert figures["per_owner"] == [0.0, 0.0, 1.0, 1.0, 0.0]  # one owner on one rank: one reduce call
+
+    # Priced so: on a ring of n ranks an all-reduce moves 2(n−1)/n of its buffer through each rank, an
+    # all-gather or a reduce-scatter (n−1)/n (nccl-tests' bus bandwidth, doc/PERFORMANCE.md). With no latency
+    # and nothing overlapped, DeepSpeed's ZeRO-2 reduction of a micro-batch's bf16 gradients then costs twice
+    # the after-step all-gather of the bf16 weights, the same bytes; as a reduce-scatter, as much.
+    # ZeRO-2 reduces every micro-batch (m of them) and gathers once: exposed = m·reduction + gather.
+    from cost_models.dp_time import dp_comm_exposed
+    from cost_models.stage_time import stage_time
+    case = {"model": {"preset": "llama2-7b"},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8,
+                        "performance": {"comm_overlap": 0.0, "link_latency_s": 0.0}},
+            "training": {"seq_len": 4096, "precision": "bf16", "engine": "deepspeed"},
+            "layout": {"dp": 8, "micro_batch_size": 1, "zero_stage": 2}}
+
+    def exposed(batch):
+        job = planner.estimate({**case, "training": {**case["training"], "global_batch_size": batch}}).job
+        assert job.num_microbatches == batch // 8 and job.cluster.gpu.performance.all_gather_efficiency \
+            == job.cluster.gpu.performance.reduce_scatter_efficiency == 1.0
+        return dp_comm_exposed(job, 0, stage_time(job, 0))
+
+    one, two = exposed(8), exposed(16)
+    reduction, gather = two - one, 2 * one - two
+    assert gather > 0
+    assert reduction == pytest.approx(2 * gather, rel=1e-9)

@@ -88,6 +88,10 @@ BEHAVIOUR = EngineBehaviour(
     # Without fp32 master weights: bf16.bf16_master_weights_and_grads and bf16_optimizer_states.
     bf16_master_partition=True,
     reduce_after_pipeline=True, zero0_reduce_after_backward=True, fp32_accumulation_bytes=20.0,
+    # ZeRO-1/2 buckets all-reduced whole: use_multi_rank_bucket_allreduce's default (runtime/zero/config.py),
+    # which the emitter leaves unset (stage_1_and_2.py, average_tensor; the reader turns it off where a
+    # ds_config turns it off: read.reduction_as_configured).
+    zero12_bucket_all_reduce=True,
     step_gradient_copy_bytes=8.0, zero_step_gradient_copy_bytes=6.0, step_frees_unpartitioned_gradients=True,
     zero_step_gradient_copy_stages=(1, 2, 3), zero3_step_sub_group_params=1e9,
     moe_scores_after_experts=True, router_input_fp32=True,
