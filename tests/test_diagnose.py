@@ -1321,6 +1321,9 @@ def test_deepspeeds_default_reuse_distance_regathers_a_70b_layers_attention():
     (2, "zero_optimization.reduce_scatter", False, "reduce_scatter true while use_multi_rank_bucket_allreduce is "
                                                    "true (its default): the same traffic either way"),
     (1, "zero_optimization.reduce_scatter", False, "zero_optimization.reduce_scatter false: DeepSpeed all-reduces"),
+    (2, "zero_optimization.use_multi_rank_bucket_allreduce", False, "zero_optimization.use_multi_rank_bucket_allreduce "
+                                                                    "false: DeepSpeed reduces each gradient bucket's "
+                                                                    "slices to their owners, one reduce call per"),
     (2, "zero_optimization.round_robin_gradients", True, "zero_optimization.round_robin_gradients true: DeepSpeed "
                                                          "reorders"),
     (3, "zero_optimization.stage3_use_all_reduce_for_fetch_params", True,
@@ -1364,3 +1367,25 @@ def test_what_a_ds_config_changes_and_the_estimate_does_not_price_is_said(tmp_pa
         config[key] = value
     notes = diagnose(CASE_8, config=_write_config(tmp_path, config), recompute="full").notes
     assert len([n for n in notes if said in n]) == 1, notes
+
+
+@pytest.mark.slow
+def test_a_ds_config_that_reduces_each_slice_to_its_owner_is_priced_as_a_reduce_scatter(tmp_path):
+    """DeepSpeed 0.19 all-reduces each ZeRO-1/2 bucket whole unless use_multi_rank_bucket_allreduce is false
+    and reduce_scatter is not (zero/stage_1_and_2.py, average_tensor: the ("allreduce", group) key, or
+    reduce_scatter false's gradient_reduction_w_predivide); with both, each slice is reduced to its owner, a
+    reduce-scatter's bytes. Read from the file: only that config prices the reduce-scatter, and the rest the
+    all-reduce, whose ring moves 2(n−1)/n of each bucket against (n−1)/n: twice the traffic, so that one config
+    steps faster than the others while its memory is the same."""
+    def read(**keys):
+        config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                  "zero_optimization": {"stage": 2, **keys}}
+        return diagnose(CASE_8, config=_write_config(tmp_path, config), recompute="full").estimate
+
+    default, said_true = read(), read(use_multi_rank_bucket_allreduce=True)
+    per_owner = read(use_multi_rank_bucket_allreduce="false", reduce_scatter=True)
+    whole = read(use_multi_rank_bucket_allreduce=False, reduce_scatter=False)
+    assert default.job.training.engine.zero12_bucket_all_reduce and whole.job.training.engine.zero12_bucket_all_reduce
+    assert not per_owner.job.training.engine.zero12_bucket_all_reduce
+    assert default.time.dp_comm_s == said_true.time.dp_comm_s == whole.time.dp_comm_s > per_owner.time.dp_comm_s
+    assert per_owner.peak.total == default.peak.total

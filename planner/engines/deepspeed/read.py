@@ -268,7 +268,8 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
     # they refuse them: a value of another kind was read as absent, and its note lost.
     # ("auto" is the Hugging Face Trainer's to fill in: read as absent here.)
     for key in ("overlap_comm", "zero_quantized_weights", "zero_quantized_gradients",
-                "zero_quantized_nontrainable_weights", "reduce_scatter", "round_robin_gradients",
+                "zero_quantized_nontrainable_weights", "reduce_scatter", "use_multi_rank_bucket_allreduce",
+                "round_robin_gradients",
                 "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params"):
         if zero.get(key) == "auto":
             del zero[key]
@@ -430,17 +431,25 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
             notes.append(f"zero_optimization.{section}.pin_memory false: the copies to and from the host run "
                          "through pageable memory, priced at a pinned copy's bandwidth, so the run may step slower")
     if lay.dp * lay.cp > 1 and stage in (1, 2) and zero.get("reduce_scatter") is False:
-        # Not priced as a change, because DeepSpeed 0.19 all-reduces each bucket whole either way
-        # (zero/stage_1_and_2.py, average_tensor): false, through gradient_reduction_w_predivide; true, with
-        # use_multi_rank_bucket_allreduce at its default (true, zero/config.py), by putting every rank's slices
-        # under one ("allreduce", group) key, allreduce_and_scatter → allreduce_bucket → dist.all_reduce. Only
-        # use_multi_rank_bucket_allreduce false reduces each slice to its owner (dist.reduce). dp_time prices
-        # a reduce-scatter for both, which this note says rather than pricing a difference that does not run.
+        # Said, though priced as it runs, because the key reads as a change and is none at the default:
+        # DeepSpeed 0.19 all-reduces each bucket whole either way (zero/stage_1_and_2.py, average_tensor):
+        # false, through gradient_reduction_w_predivide; true, with use_multi_rank_bucket_allreduce at its
+        # default (true, zero/config.py), by putting every rank's slices under one ("allreduce", group) key,
+        # allreduce_and_scatter → allreduce_bucket → dist.all_reduce. dp_time prices an all-reduce for both
+        # (EngineBehaviour.zero12_bucket_all_reduce).
         notes.append("zero_optimization.reduce_scatter false: DeepSpeed all-reduces each gradient bucket whole and "
                      "keeps its own slice (runtime/zero/stage_1_and_2.py, average_tensor), as it also does with "
                      "reduce_scatter true while use_multi_rank_bucket_allreduce is true (its default): the same "
-                     "traffic either way, about twice the reduce-scatter the estimate prices, so the run may step "
-                     "slower")
+                     "traffic either way, and the all-reduce the estimate prices")
+    if lay.dp * lay.cp > 1 and stage in (1, 2) and zero.get("use_multi_rank_bucket_allreduce") is False \
+            and zero.get("reduce_scatter") is not False:
+        # Each slice reduced to its owner, one dist.reduce per destination rank of a bucket (average_tensor's
+        # ("reduce", dst, group) keys → allreduce_no_retain with rank=dst): a reduce-scatter's bytes, priced as
+        # one reduce-scatter (reduction_as_configured), whose single latency stands for those calls'.
+        notes.append("zero_optimization.use_multi_rank_bucket_allreduce false: DeepSpeed reduces each gradient "
+                     "bucket's slices to their owners, one reduce call per destination rank "
+                     "(runtime/zero/stage_1_and_2.py, average_tensor), priced as one reduce-scatter of the same "
+                     "bytes; the latency of the further calls is not priced, so the run may step slower")
     if lay.dp * lay.cp > 1 and stage in (1, 2) and zero.get("round_robin_gradients") is True:
         # Reorders each group's parameters so consecutive gradients belong to different ranks
         # (stage_1_and_2.py, _round_robin_reorder), for offload's parallel copies to the host.
@@ -884,7 +893,17 @@ def reduction_as_configured(path: Union[str, Path], case, engine, pp: int = 1):
                 return float(_lax_int(src, f"zero_optimization.{key}", zero[key], 0))
         return default
 
-    engine = replace(engine,
+    # How ZeRO-1/2 reduces each bucket (zero/stage_1_and_2.py, average_tensor): all-reduced whole unless
+    # use_multi_rank_bucket_allreduce is false (true by default, zero/config.py) and reduce_scatter is not; then
+    # each slice goes to its owner alone, one dist.reduce per destination rank (allreduce_no_retain with
+    # rank=dst), which moves a reduce-scatter's bytes and is priced as one: the latency of those dp·cp calls
+    # per bucket, against the one collective priced, is not.
+    def flag(key: str) -> bool:
+        said = zero.get(key, True)
+        return True if said == "auto" else _lax_bool(src, f"zero_optimization.{key}", said)
+
+    per_owner = not flag("use_multi_rank_bucket_allreduce") and flag("reduce_scatter")
+    engine = replace(engine, zero12_bucket_all_reduce=engine.zero12_bucket_all_reduce and not per_owner,
                      zero3_max_live_parameters=size(("stage3_max_live_parameters", "max_live_parameters"),
                                                     engine.zero3_max_live_parameters),
                      zero3_step_sub_group_params=size(("sub_group_size",), engine.zero3_step_sub_group_params),
