@@ -427,10 +427,11 @@ def test_deepspeed_gathers_its_updated_weights_once_per_parameter_group_whatever
     """DeepSpeed's ZeRO-1/2 optimizer gathers the updated bf16 weights after the step with
     ``all_gather_dp_groups`` (runtime/utils.py): where torch has all_gather_into_tensor (any since 1.13) it
     issues one all_gather_into_tensor of each parameter group's flat buffer (``bit16_groups_flat``),
-    reading neither reduce_bucket_size nor allgather_bucket_size; the reduce-scatter goes bucket by
-    bucket. So a reduce bucket of 16 M elements (the Hugging Face Trainer's "auto", h², at h = 4096)
-    in place of 5e8 adds the reduce-scatters' latencies, not the gather's: 106 buckets of the 1.765 B
-    parameters instead of 4, 102 reduce-scatter latencies more. The BF16_Optimizer's gather
+    reading neither reduce_bucket_size nor allgather_bucket_size; the gradients go bucket by bucket,
+    each bucket all-reduced whole (stage_1_and_2.py ``average_tensor``, ``use_multi_rank_bucket_allreduce``
+    on by default). So a reduce bucket of 16 M elements (the Hugging Face Trainer's "auto", h², at
+    h = 4096) in place of 5e8 adds the buckets' latencies, not the gather's: 106 buckets of the 1.765 B
+    parameters instead of 4, 102 all-reduce latencies more. The BF16_Optimizer's gather
     (``update_lp_params``, the same function) likewise, after its bucketed all-reduce, and the
     optimizer the emitted train.py builds (ds_config's, over model.parameters()) has one group."""
     from cost_models.collectives import latency
@@ -452,7 +453,7 @@ def test_deepspeed_gathers_its_updated_weights_once_per_parameter_group_whatever
     assert (gradient_chunks(job, params, 2), gradient_chunks(big_buckets, params, 2)) == (106, 4)
     links = group_links(job.cluster, job.layout, "dp_cp")
     assert latency("all_gather", links, gpu.performance) > 0
-    assert small - large == pytest.approx(102 * latency("reduce_scatter", links, gpu.performance), rel=1e-9)
+    assert small - large == pytest.approx(102 * latency("all_reduce", links, gpu.performance), rel=1e-9)
     # BF16_Optimizer (fp32 gradients at ZeRO-1): all-reduce buckets, one gather.
     small, _ = exposed_dp(16_777_216, fp32_grads=True)
     large, _ = exposed_dp(5e8, fp32_grads=True)
