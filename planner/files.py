@@ -99,9 +99,15 @@ def signals_held() -> Iterator[None]:
     Blocked in this thread, and deferred by the CLI's handler too (``interrupts_deferred``): a process
     with other threads (rich's progress bar, a library's pool) takes a signal in one of them, and
     Python runs its handler in the main thread all the same, mid-rename (the old file was deleted with
-    the staging folder)."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    the staging folder).
+
+    The mask to restore is read before anything is blocked: a signal whose C-level handler ran just
+    before the block has its Python handler run at the first bytecode after the blocking call returns,
+    and an exception raised there, before the ``try``, left the signals blocked for the rest of the
+    process and every process it started."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # the mask as it is: blocks nothing
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
         with interrupts_deferred():
             yield
     finally:
