@@ -251,13 +251,12 @@ def _unstated_setting(row: dict) -> Optional[tuple[str, str]]:
     par = row["parallel"]
     defaults = ENGINE_DEFAULTS.get(_run_engine(row), {})
     framework = one_line(row["framework"], 40)
-    tp, pp, cp = par.get("tp"), par.get("pp"), par.get("cp") or 1
+    tp = par.get("tp")
     if isinstance(tp, int) and tp > 1 and par.get("sp") is None and "sp" not in defaults:
         return "parallel.sp", (f"missing: expected true or false, whether the run's tensor parallelism (tp {tp}) ran "
                                f"sequence parallelism ({framework} fixes no default: Megatron-LM's is off, NeMo's "
                                "and Megatron-Bridge's recipes turn it on)")
-    if isinstance(tp, int) and isinstance(pp, int) and isinstance(cp, int) and row["num_gpus"] // (tp * pp) > 1 \
-            and all(par.get(k) is None for k in SHARDING_KEYS) and "zero_stage" not in defaults:
+    if _shards_over_gpus(row) and all(par.get(k) is None for k in SHARDING_KEYS) and "zero_stage" not in defaults:
         return "parallel.zero_stage", (f"missing: expected 0, 1, 2 or 3, how the run's data-parallel GPUs shard its "
                                        f"states (or parallel.distributed_optimizer or parallel.fsdp; {framework} "
                                        "fixes no default: Megatron-LM runs without the distributed optimizer, "
@@ -265,19 +264,27 @@ def _unstated_setting(row: dict) -> Optional[tuple[str, str]]:
     return None
 
 
+def _shards_over_gpus(row: dict) -> bool:
+    """Whether more than one GPU holds each model replica's states (dp·cp > 1: num_gpus over tp·pp), where
+    its sharding changes the priced peak and step."""
+    par = row["parallel"]
+    tp, pp = par.get("tp"), par.get("pp")
+    return isinstance(tp, int) and isinstance(pp, int) and row["num_gpus"] // (tp * pp) > 1
+
+
 def _engine_defaults(row: dict) -> dict:
     """``row`` with the settings it leaves out that its engine's code fixes (ENGINE_DEFAULTS) stated, so
     the published reader's guesses for tables never price a team's run."""
     defaults = ENGINE_DEFAULTS.get(_run_engine(row), {})
     par = dict(row["parallel"])
-    tp, pp = par.get("tp"), par.get("pp")
+    tp = par.get("tp")
     # Sequence parallelism splits what tensor parallelism splits: none at tp 1 (torchtitan's reader:
     # d.tp > 1 and enable_sequence_parallel).
     if "sp" in defaults and par.get("sp") is None and isinstance(tp, int) and tp > 1:
         par["sp"] = defaults["sp"]
     if "zero_stage" in defaults and all(par.get(k) is None for k in SHARDING_KEYS):
         # One GPU a replica (dp·cp 1) shards nothing: left to the reader, which prices it as none.
-        if isinstance(tp, int) and isinstance(pp, int) and row["num_gpus"] // (tp * pp) > 1:
+        if _shards_over_gpus(row):
             par["zero_stage"] = defaults["zero_stage"]
     return {**row, "parallel": par}
 
