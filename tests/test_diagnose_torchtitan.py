@@ -1475,28 +1475,12 @@ def test_a_plan_with_bf16_moments_is_emitted_as_fused_opt_states_bf16_and_reads_
 
 
 BF16_MOMENTS_BASE = "tt_bf16_moments_base"
-BF16_MOMENTS_SOURCE = textwrap.dedent('''
-    from dataclasses import dataclass, field
-
-    from torchtitan.components.optimizer import OptimizersContainer
-    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
-
-
-    @dataclass(kw_only=True, slots=True)
-    class Config:
-        """Trainer.Config's layout and optimizer sections (trainer.py), its optimizer keeping bf16 moments."""
-
-        hf_assets_path: str = "."
-        training: TrainingConfig = field(default_factory=TrainingConfig)
-        parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
-        compile: CompileConfig = field(default_factory=CompileConfig)
-        optimizer: OptimizersContainer.Config = field(
-            default_factory=lambda: OptimizersContainer.Config(implementation="fused_opt_states_bf16"))
-
-
-    def base():
-        return Config()
-''')
+# The module's stub base with Trainer.Config's optimizer section, its optimizer keeping bf16 moments.
+_AC_FIELD = "    activation_checkpoint: ActivationCheckpointingConfig = field(default_factory=SelectiveAC.Config)\n"
+assert _AC_FIELD in STUB_SOURCE
+BF16_MOMENTS_SOURCE = "from torchtitan.components.optimizer import OptimizersContainer\n" + STUB_SOURCE.replace(
+    _AC_FIELD, _AC_FIELD + "    optimizer: OptimizersContainer.Config = field(\n"
+    "        default_factory=lambda: OptimizersContainer.Config(implementation=\"fused_opt_states_bf16\"))\n")
 
 
 def test_the_emitted_files_pin_the_optimizer_implementation_the_plan_priced_over_any_base(tmp_path):
