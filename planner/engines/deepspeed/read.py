@@ -223,6 +223,22 @@ def _lax_bool(src: str, key: str, value: Any) -> bool:
     raise CaseError(src, key, f"expected true or false (DeepSpeed's config refuses it), got {one_line(safe_repr(value), 40)}")
 
 
+
+def _zero12_flag(src: str, zero: dict, key: str) -> bool:
+    """A ZeRO-1/2 switch of DeepSpeedZeroConfig that defaults to true (reduce_scatter,
+    use_multi_rank_bucket_allreduce: runtime/zero/config.py), as DeepSpeed reads it ("auto" dropped: the
+    default)."""
+    said = zero.get(key, True)
+    return True if said == "auto" else _lax_bool(src, f"zero_optimization.{key}", said)
+
+
+def _reduces_to_owners(src: str, zero: dict) -> bool:
+    """Whether ZeRO-1/2 reduces each bucket's slices to their owners, one dist.reduce per destination rank,
+    rather than all-reducing the bucket whole (zero/stage_1_and_2.py, average_tensor): only with
+    use_multi_rank_bucket_allreduce false and reduce_scatter true (false takes gradient_reduction_w_predivide,
+    an all-reduce)."""
+    return not _zero12_flag(src, zero, "use_multi_rank_bucket_allreduce") and _zero12_flag(src, zero, "reduce_scatter")
+
 def _lax_int(src: str, key: str, value: Any, least: int) -> int:
     """A whole number of at least ``least`` as pydantic's lax mode reads it (5e8, "500000000" and
     true are whole), else refused as it is (DeepSpeed's bucket sizes are int, ge=0; its ZeRO stage an int
@@ -430,7 +446,7 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
             # (stage_1_and_2.py, stage3.py: pin_memory only where it is set)
             notes.append(f"zero_optimization.{section}.pin_memory false: the copies to and from the host run "
                          "through pageable memory, priced at a pinned copy's bandwidth, so the run may step slower")
-    if lay.dp * lay.cp > 1 and stage in (1, 2) and zero.get("reduce_scatter") is False:
+    if lay.dp * lay.cp > 1 and stage in (1, 2) and not _zero12_flag(src, zero, "reduce_scatter"):
         # Said, though priced as it runs, because the key reads as a change and is none at the default:
         # DeepSpeed 0.19 all-reduces each bucket whole either way (zero/stage_1_and_2.py, average_tensor):
         # false, through gradient_reduction_w_predivide; true, with use_multi_rank_bucket_allreduce at its
@@ -441,8 +457,7 @@ def unpriced_notes(path: Union[str, Path], job) -> list[str]:
                      "keeps its own slice (runtime/zero/stage_1_and_2.py, average_tensor), as it also does with "
                      "reduce_scatter true while use_multi_rank_bucket_allreduce is true (its default): the same "
                      "traffic either way, and the all-reduce the estimate prices")
-    if lay.dp * lay.cp > 1 and stage in (1, 2) and zero.get("use_multi_rank_bucket_allreduce") is False \
-            and zero.get("reduce_scatter") is not False:
+    if lay.dp * lay.cp > 1 and stage in (1, 2) and _reduces_to_owners(src, zero):
         # Each slice reduced to its owner, one dist.reduce per destination rank of a bucket (average_tensor's
         # ("reduce", dst, group) keys → allreduce_no_retain with rank=dst): a reduce-scatter's bytes, priced as
         # one reduce-scatter (reduction_as_configured), whose single latency stands for those calls'.
@@ -898,11 +913,7 @@ def reduction_as_configured(path: Union[str, Path], case, engine, pp: int = 1):
     # each slice goes to its owner alone, one dist.reduce per destination rank (allreduce_no_retain with
     # rank=dst), which moves a reduce-scatter's bytes and is priced as one: the latency of those dp·cp calls
     # per bucket, against the one collective priced, is not.
-    def flag(key: str) -> bool:
-        said = zero.get(key, True)
-        return True if said == "auto" else _lax_bool(src, f"zero_optimization.{key}", said)
-
-    per_owner = not flag("use_multi_rank_bucket_allreduce") and flag("reduce_scatter")
+    per_owner = _reduces_to_owners(src, zero)
     engine = replace(engine, zero12_bucket_all_reduce=engine.zero12_bucket_all_reduce and not per_owner,
                      zero3_max_live_parameters=size(("stage3_max_live_parameters", "max_live_parameters"),
                                                     engine.zero3_max_live_parameters),
