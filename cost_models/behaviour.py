@@ -100,6 +100,14 @@ class EngineBehaviour:
     # one (Megatron-core ``overlap_p2p_comm``, on unless --no-overlap-p2p-communication;
     # ``pipeline_parallel/schedules.py``).
     p2p_overlap_interleaved: bool = False
+    # Each send and each receive of a pipeline step is a blocking call of its own, one after the
+    # other, so a micro-batch's activation and gradient never cross a boundary at the same time:
+    # DeepSpeed's ``TrainSchedule.steps`` (``runtime/pipe/schedule.py``) puts two transfers in each
+    # step (SendGrad and RecvActivation in a forward step, RecvGrad and SendActivation in a backward
+    # one) and ``p2p.send``/``p2p.recv`` issue each as a blocking ``dist.send``/``dist.recv``, as in
+    # 2022 (then RecvActivation before SendGrad). Megatron and torch's pipelining post a step's send
+    # and receive together (``batch_isend_irecv``).
+    p2p_serial: bool = False
     # The interleaved schedule is torch's ScheduleInterleaved1F1B (``torch/distributed/pipelining/
     # schedules.py``, "flex_pp"): it runs the micro-batches in max(1, m // pp) rounds, any m those
     # divide (pipeline.interleaving_refusal, pipeline.microbatches_per_round); else groups of pp,

@@ -21,7 +21,11 @@ def pipeline_comm(job: Job) -> float:
     is exposed per stage, the others overlap with other stages' compute. With tp > 1
     each tensor-parallel rank sends only its 1/t slice over its own NIC: the slice that
     sequence parallelism already holds, or Megatron's scatter-gather of the replicated
-    activation, re-assembled over NVLink (Narayanan et al. 2021, §4.1).
+    activation, re-assembled over NVLink (Narayanan et al. 2021, §4.1; DeepSpeed's
+    ``PartitionedTensor`` where the pipeline is model-parallel, ``runtime/pipe/engine.py``).
+    Where the engine issues a step's send and receive one after the other
+    (``EngineBehaviour.p2p_serial``: DeepSpeed's four blocking transfers a micro-batch), the
+    two directions no longer share the time: two sends per micro-batch and direction.
     """
     lay, training, cluster = job.layout, job.training, job.cluster
     if lay.pp == 1:
@@ -39,7 +43,8 @@ def pipeline_comm(job: Job) -> float:
     # The chunk passes on the critical path: m·v, the fill and drain, and where the rounds are shorter
     # than the pipeline, the waits between them (pipeline.round_stall_passes).
     passes = job.num_microbatches * lay.vpp + lay.pp - 1 + round_stall_passes(lay.pp, lay.vpp, job.num_microbatches)
-    return 2 * send * passes
+    per_pass = 4 if job.training.engine.p2p_serial else 2
+    return per_pass * send * passes
 
 
 @dataclass(frozen=True)

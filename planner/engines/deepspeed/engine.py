@@ -88,6 +88,7 @@ BEHAVIOUR = EngineBehaviour(
     # Without fp32 master weights: bf16.bf16_master_weights_and_grads and bf16_optimizer_states.
     bf16_master_partition=True,
     reduce_after_pipeline=True, zero0_reduce_after_backward=True, fp32_accumulation_bytes=20.0,
+    p2p_serial=True,
     # ZeRO-1/2 buckets all-reduced whole: use_multi_rank_bucket_allreduce's default (runtime/zero/config.py),
     # which the emitter leaves unset (stage_1_and_2.py, average_tensor; the reader turns it off where a
     # ds_config turns it off: read.reduction_as_configured).
