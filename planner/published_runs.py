@@ -466,13 +466,14 @@ def zero_stage(row: dict) -> int:
 def engine(row: dict) -> str:
     """The engine a user of the run would name: DeepSpeed where it drives the run, Megatron for
     Megatron-LM, NeMo, Megatron-Bridge and MegaScale, nanotron for its own runs (the Playbook's),
-    and no engine in particular for the other PyTorch stacks (FSDP, torchtitan)."""
-    fw = row["framework"]
-    if fw.lower().startswith("nanotron"):
+    and no engine in particular for the other PyTorch stacks (FSDP, torchtitan). The names are matched
+    whatever their letters' case: a team's ``deepspeed 0.16`` was priced as plain PyTorch."""
+    fw = row["framework"].lower()
+    if fw.startswith("nanotron"):
         return "nanotron"
-    if "DeepSpeed" in fw or "GPT-NeoX" in fw:
+    if "deepspeed" in fw or "gpt-neox" in fw:
         return "deepspeed"
-    if any(k in fw for k in ("Megatron", "NeMo", "MegaScale")) and "FSDP" not in fw:
+    if any(k in fw for k in ("megatron", "nemo", "megascale")) and "fsdp" not in fw:
         return "megatron"
     return "any"
 

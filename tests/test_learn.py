@@ -392,6 +392,17 @@ def test_a_team_run_takes_the_default_its_engines_code_fixes(framework, changes,
     assert (run.case["layout"]["sequence_parallel"], run.case["layout"]["zero_stage"]) == (sp, zero)
 
 
+@pytest.mark.parametrize("framework, engine", [
+    # A team writes its framework as it likes: "deepspeed 0.16" was priced as plain PyTorch (the generic
+    # engine), its DeepSpeed defaults and kernels unused, where "DeepSpeed 0.16" was DeepSpeed's.
+    ("deepspeed 0.16", "deepspeed"), ("DEEPSPEED", "deepspeed"), ("megatron-core 0.16", "megatron"),
+    ("nemo 25.09", "megatron"), ("Nanotron", "nanotron"), ("pytorch fsdp2", "any"),
+])
+def test_a_team_runs_framework_names_its_engine_whatever_its_letters_case(framework, engine):
+    run, = runs_from_rows([published_row(framework=framework)], "runs.yaml")
+    assert run.case["training"]["engine"] == engine
+
+
 def test_the_api_refuses_a_run_given_twice_as_the_cli_does(tmp_path):
     import planner
 
