@@ -185,11 +185,32 @@ def _team_fields(source: str, name: str, row: dict) -> dict:
 REQUIRED = {"model": ("layers", "hidden", "heads", "vocab", "seq_len"), "batch": ("global_batch_size",)}
 
 
+# The engines a framework's words name (published_runs.engine, ENGINE_DEFAULTS): a word a letter or two off
+# one of them and no engine's name elsewhere is a typo, not another PyTorch stack.
+ENGINE_WORDS = ("deepspeed", "megatron", "torchtitan", "nanotron")
+
+
+def _engine_name_misspelt(framework: str) -> Optional[str]:
+    """The engine name a framework's word misspells ("deepspeeed"), where no word of it names one; else None."""
+    words = re.findall(r"[a-z0-9]+", framework.lower())
+    if any(name in word for word in words for name in ENGINE_WORDS + ("nemo", "megascale", "neox")):
+        return None
+    for word in words:
+        close = difflib.get_close_matches(word, ENGINE_WORDS, n=1, cutoff=0.85)  # DeepSeek is 0.82 off deepspeed
+        if close:
+            return close[0]
+    return None
+
+
 def _missing(row: dict) -> Optional[tuple[str, str]]:
     """(the dotted key, what was expected) of the first field a team's run must state and does not."""
     if not isinstance(row.get("framework"), str) or not row["framework"].strip():
         return "framework", "expected the framework that ran it (Megatron-Core, DeepSpeed, torchtitan, nanotron, " \
                             f"PyTorch FSDP …), got {one_line(safe_repr(row.get('framework')), 60)}"
+    typo = _engine_name_misspelt(row["framework"])
+    if typo:
+        return "framework", (f"{one_line(row['framework'], 60)!r} names no engine the planner prices, and is a "
+                             f"letter off one (did you mean {typo}?): it would be priced as plain PyTorch")
     for section, keys in REQUIRED.items():
         for key in keys:
             if row[section].get(key) is None:

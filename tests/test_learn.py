@@ -397,10 +397,22 @@ def test_a_team_run_takes_the_default_its_engines_code_fixes(framework, changes,
     # engine), its DeepSpeed defaults and kernels unused, where "DeepSpeed 0.16" was DeepSpeed's.
     ("deepspeed 0.16", "deepspeed"), ("DEEPSPEED", "deepspeed"), ("megatron-core 0.16", "megatron"),
     ("nemo 25.09", "megatron"), ("Nanotron", "nanotron"), ("pytorch fsdp2", "any"),
+    ("HAI-LLM (DeepSeek internal)", "any"),  # a published framework; no misspelt DeepSpeed
 ])
 def test_a_team_runs_framework_names_its_engine_whatever_its_letters_case(framework, engine):
     run, = runs_from_rows([published_row(framework=framework)], "runs.yaml")
     assert run.case["training"]["engine"] == engine
+
+
+@pytest.mark.parametrize("framework, meant", [
+    # A name a letter off an engine's was priced as plain PyTorch, with no word: the run's DeepSpeed
+    # defaults and kernels unused, and a profile fitted to the wrong engine.
+    ("deepspeeed 0.16", "deepspeed"), ("Megatorn-LM", "megatron"), ("torchtitian", "torchtitan"),
+    ("nanotorn", "nanotron"),
+])
+def test_a_team_runs_framework_a_letter_off_an_engines_name_is_refused(framework, meant):
+    with pytest.raises(CaseError, match=rf"runs\.yaml: team-run-1\.framework: .*did you mean {meant}\?"):
+        runs_from_rows([published_row(framework=framework)], "runs.yaml")
 
 
 def test_the_api_refuses_a_run_given_twice_as_the_cli_does(tmp_path):
